@@ -1,0 +1,79 @@
+"""Run a stdlib HTTP handler on 127.0.0.1 in a background thread.
+
+Every fake in this package is a plain ``http.server`` handler so that tests see real sockets: real
+resets, real stalls, real chunked bodies. ``LoopbackServer`` starts it on a free port and stops it
+cleanly; ``serve_forever_cli`` lets a fake run alone (``python -m tests.fakes.<name> --port N``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ssl
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address, handler, state: Any):
+        super().__init__(address, handler)
+        self.state = state
+
+
+class LoopbackServer:
+    """A handler class served on 127.0.0.1; ``state`` is reachable from handlers as ``self.server.state``."""
+
+    def __init__(
+        self,
+        handler: type[BaseHTTPRequestHandler],
+        state: Any = None,
+        port: int = 0,
+        ssl_context: ssl.SSLContext | None = None,
+    ):
+        self._httpd = _Server(("127.0.0.1", port), handler, state)
+        if ssl_context is not None:
+            self._httpd.socket = ssl_context.wrap_socket(self._httpd.socket, server_side=True)
+        self.scheme = "https" if ssl_context is not None else "http"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def state(self) -> Any:
+        return self._httpd.state
+
+    @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.port}"
+
+    def start(self) -> "LoopbackServer":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> "LoopbackServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def serve_forever_cli(handler: type[BaseHTTPRequestHandler], state: Any, description: str) -> None:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--port", type=int, default=8080)
+    args = parser.parse_args()
+    server = LoopbackServer(handler, state, port=args.port)
+    print(f"{description} listening on {server.base_url}", flush=True)
+    try:
+        server._httpd.serve_forever()
+    except KeyboardInterrupt:
+        pass
