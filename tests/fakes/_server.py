@@ -8,6 +8,7 @@ cleanly; ``serve_forever_cli`` lets a fake run alone (``python -m tests.fakes.<n
 from __future__ import annotations
 
 import argparse
+import socket
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,6 +22,12 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, address, handler, state: Any):
         super().__init__(address, handler)
         self.state = state
+
+    def get_request(self):
+        # Without TCP_NODELAY, keep-alive requests wait ~40 ms each on delayed ACKs.
+        conn, address = super().get_request()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn, address
 
 
 class LoopbackServer:
@@ -37,7 +44,7 @@ class LoopbackServer:
         if ssl_context is not None:
             self._httpd.socket = ssl_context.wrap_socket(self._httpd.socket, server_side=True)
         self.scheme = "https" if ssl_context is not None else "http"
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
 
     @property
     def state(self) -> Any:

@@ -1,0 +1,104 @@
+"""Duration values of the configuration: parsing, formatting and the pydantic type.
+
+Accepted forms (case-insensitive):
+
+* ISO 8601 durations: ``PT30M``, ``PT5S``, ``PT1M30S``, ``P1D``, ``P1DT2H``, ``P1W``, fractional parts
+  such as ``PT0.5S``. Years and months are rejected because their length is not fixed.
+* Short forms: a sequence of number+unit with units ``d``, ``h``, ``m``, ``s``, ``ms``: ``30m``, ``30s``,
+  ``1h30m``, ``500ms``, ``1.5s``.
+* A bare ``0`` (number or string): zero needs no unit, and several keys give 0 a meaning
+  ("use the built-in default").
+
+Any other bare number is rejected: ``30`` could mean seconds or minutes, and the earlier configuration
+shape used integer minutes and seconds side by side.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, PlainSerializer
+from pydantic_core import PydanticCustomError
+
+ACCEPTED_FORMS = (
+    "use ISO 8601 (PT30M, PT5S, PT1M30S, P1D, PT0.5S) or a short form (30m, 30s, 1h30m, 500ms)"
+)
+
+_NUMBER = r"(\d+(?:\.\d+)?)"
+_ISO_PATTERN = re.compile(
+    rf"P(?:{_NUMBER}W)?(?:{_NUMBER}D)?(?:T(?:{_NUMBER}H)?(?:{_NUMBER}M)?(?:{_NUMBER}S)?)?",
+    re.IGNORECASE,
+)
+_SHORT_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)", re.IGNORECASE)
+_SHORT_PATTERN = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|d|h|m|s))+", re.IGNORECASE)
+_SHORT_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> timedelta:
+    """Parse one duration string; raise ValueError naming the accepted forms when it is not one."""
+    value = text.strip()
+    if value == "0":
+        return timedelta(0)
+    if re.fullmatch(r"[+-]?\d+(\.\d+)?", value):
+        raise ValueError(f"'{value}' has no unit, which is ambiguous; {ACCEPTED_FORMS}")
+    iso = _ISO_PATTERN.fullmatch(value)
+    if iso and any(iso.groups()) and not value.upper().endswith("T"):
+        weeks, days, hours, minutes, seconds = (float(part) if part else 0.0 for part in iso.groups())
+        return timedelta(weeks=weeks, days=days, hours=hours, minutes=minutes, seconds=seconds)
+    if _SHORT_PATTERN.fullmatch(value):
+        total = sum(
+            float(number) * _SHORT_UNIT_SECONDS[unit.lower()]
+            for number, unit in _SHORT_PART.findall(value)
+        )
+        return timedelta(seconds=total)
+    raise ValueError(f"'{value}' is not a duration; {ACCEPTED_FORMS}")
+
+
+def format_duration(value: timedelta) -> str:
+    """Format a timedelta as a compact ISO 8601 duration (PT1M30S, P1D, PT0.5S, PT0S)."""
+    total_ms = round(value.total_seconds() * 1000)
+    days, rest_ms = divmod(total_ms, 86_400_000)
+    hours, rest_ms = divmod(rest_ms, 3_600_000)
+    minutes, rest_ms = divmod(rest_ms, 60_000)
+    seconds = rest_ms / 1000
+    date_part = f"{days}D" if days else ""
+    time_part = "".join(
+        f"{amount}{unit}" for amount, unit in ((hours, "H"), (minutes, "M")) if amount
+    )
+    if seconds:
+        time_part += f"{seconds:g}S"
+    if not date_part and not time_part:
+        return "PT0S"
+    return "P" + date_part + ("T" + time_part if time_part else "")
+
+
+def _validate_duration(value: Any) -> Any:
+    """Turn the configuration's duration spellings into a timedelta (pydantic before-validator)."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool):
+        raise PydanticCustomError("duration", "must be a duration, not true/false; {forms}", {"forms": ACCEPTED_FORMS})
+    if isinstance(value, (int, float)):
+        if value == 0:
+            return timedelta(0)
+        raise PydanticCustomError(
+            "duration",
+            "a bare number ({number}) is ambiguous because it has no unit; {forms}",
+            {"number": value, "forms": ACCEPTED_FORMS},
+        )
+    if isinstance(value, str):
+        try:
+            return parse_duration(value)
+        except ValueError as error:
+            raise PydanticCustomError("duration", "{reason}", {"reason": str(error)}) from None
+    raise PydanticCustomError("duration", "must be a duration; {forms}", {"forms": ACCEPTED_FORMS})
+
+
+Duration = Annotated[
+    timedelta,
+    BeforeValidator(_validate_duration),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
+]
+"""A timedelta field written in the configuration as an ISO 8601 or short-form duration."""

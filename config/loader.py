@@ -1,0 +1,390 @@
+"""The one configuration loader: YAML file + ${VAR} + APP_* environment + command-line overrides -> Settings.
+
+Precedence, highest first: overrides (command-line flags), APP_* environment variables, the file, defaults.
+
+Environment variables: the name of every key is ``APP_`` + its dotted path upper-cased with ``.`` -> ``_``
+(APP_SERVICES_EXTRACTOR_BASE_URL, APP_RETRY_MAX_ATTEMPTS, ...). Names are resolved by enumerating the known
+leaf keys of the models (plus the deprecated extractor keys), never by splitting on ``_``, so BASE_URL is never
+mistaken for nesting. Decisions:
+
+* APP_* variables that match no key are ignored silently: other tools may share the prefix.
+* A variable set to the empty string counts as unset (``APP_X=`` in compose files), like an unset variable.
+* Lists accept ``a,b`` or a JSON/YAML flow list ``[a, b]``.
+
+The value source of every leaf key is recorded in ``LoadedConfig.sources``: "default", "file",
+"env APP_...", or "flag <label>" (label ``--set <key>`` unless ``override_labels`` names the real flag).
+All problems found are raised together as one ConfigError. No message ever contains a configured value
+of a secret; pydantic's own errors are reworded (dotted path, no input, no documentation URL).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import cache
+from pathlib import Path
+from typing import Any, get_args
+
+import annotated_types
+import yaml
+from pydantic import BaseModel, SecretStr, ValidationError
+
+from config.durations import format_duration
+from config.settings import Problem, Settings, env_var_name, join_key_path, legacy_key_paths
+
+ENRICHMENTS_KEY = "services.crtdl_preprocessing.enrichments"
+
+
+class ConfigError(Exception):
+    """The configuration was rejected. ``problems`` holds one message per problem (key path, cause, fix)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__(self.problems)
+
+    def __str__(self) -> str:
+        count = len(self.problems)
+        lines = "\n".join(f"  - {problem}" for problem in self.problems)
+        return f"invalid configuration ({count} problem{'s' if count != 1 else ''}):\n{lines}"
+
+
+@dataclass(frozen=True)
+class LoadedConfig:
+    settings: Settings
+    sources: dict[str, str]
+    warnings: list[str] = field(default_factory=list)
+
+
+# --- key paths ------------------------------------------------------------------------------------------
+
+
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    """The model class a field annotation holds directly or inside list/Optional, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in get_args(annotation):
+        model = _nested_model(argument)
+        if model is not None:
+            return model
+    return None
+
+
+def _leaf_paths_of(model: type[BaseModel], prefix: str) -> Iterator[str]:
+    for name, info in model.model_fields.items():
+        path = join_key_path(prefix, name)
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield from _leaf_paths_of(annotation, path)
+        else:
+            yield path
+
+
+@cache
+def leaf_paths() -> tuple[str, ...]:
+    """Every settable key as a dotted path, in model order. Lists (also of rules) are single leaves."""
+    return tuple(_leaf_paths_of(Settings, ""))
+
+
+@cache
+def _settable_paths() -> frozenset[str]:
+    return frozenset(leaf_paths()) | frozenset(legacy_key_paths())
+
+
+@cache
+def env_var_index() -> dict[str, str]:
+    """APP_* variable name -> dotted key path, built from the models (current and deprecated keys)."""
+    index: dict[str, str] = {}
+    for path in sorted(_settable_paths()):
+        name = env_var_name(path)
+        if name in index:
+            raise RuntimeError(f"keys {index[name]} and {path} share the variable {name}")
+        index[name] = path
+    return index
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class that validates the value at ``loc`` (list indices are skipped)."""
+    model: type[BaseModel] | None = Settings
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        info = model.model_fields.get(part) if model else None
+        model = _nested_model(info.annotation) if info else None
+    return model
+
+
+# --- reading the file -----------------------------------------------------------------------------------
+
+_REFERENCE = re.compile(r"\$\$\{|\$\{([^}]*)\}")
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _read_yaml(config_path: Path) -> dict[str, Any]:
+    try:
+        text = config_path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError([f"{config_path}: cannot read the configuration file ({error.strerror}); check the path"])
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        raise ConfigError([f"{config_path}: invalid YAML at {where} ({error.problem}); fix the syntax"]) from None
+    except yaml.YAMLError:
+        raise ConfigError([f"{config_path}: invalid YAML; fix the syntax"]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{config_path}: the top level must be a mapping of keys (services, pipeline, ...)"])
+    return data
+
+
+def _substitute_text(text: str, path: str, env: Mapping[str, str], problems: list[Problem]) -> str:
+    """Expand ${VAR} in one string; $${X} stays the literal ${X}."""
+
+    def expand(match: re.Match[str]) -> str:
+        if match.group(0) == "$${":
+            return "${"
+        name = match.group(1)
+        if not _VARIABLE_NAME.fullmatch(name):
+            problems.append((path, f"'${{{name}}}' is not a valid variable reference; write ${{NAME}} "
+                                   "(letters, digits, _) or $${...} for a literal ${...}"))
+        elif name not in env:
+            problems.append((path, f"environment variable {name} (referenced as ${{{name}}}) is not set; "
+                                   f"set {name} or change the value"))
+        else:
+            return env[name]
+        return match.group(0)
+
+    return _REFERENCE.sub(expand, text)
+
+
+def substitute_variables(node: Any, env: Mapping[str, str], problems: list[Problem], path: str = "") -> Any:
+    """Expand ${VAR} in every string value of a parsed YAML tree (mappings and lists, recursively)."""
+    if isinstance(node, dict):
+        return {key: substitute_variables(value, env, problems, join_key_path(path, str(key)))
+                for key, value in node.items()}
+    if isinstance(node, list):
+        return [substitute_variables(item, env, problems, f"{path}[{index}]") for index, item in enumerate(node)]
+    if isinstance(node, str):
+        return _substitute_text(node, path, env, problems)
+    return node
+
+
+# --- merging env and flags ------------------------------------------------------------------------------
+
+
+def _has_path(tree: Mapping[str, Any], path: str) -> bool:
+    node: Any = tree
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _set_path(tree: dict[str, Any], path: str, value: Any) -> None:
+    *parents, leaf = path.split(".")
+    node = tree
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[leaf] = value
+
+
+def _apply_env(tree: dict[str, Any], env: Mapping[str, str], sources: dict[str, str]) -> None:
+    index = env_var_index()
+    for name in sorted(name for name in env if name in index and env[name] != ""):
+        _set_path(tree, index[name], env[name])
+        sources[index[name]] = f"env {name}"
+
+
+def _apply_overrides(
+    tree: dict[str, Any], overrides: Mapping[str, str], labels: Mapping[str, str],
+    sources: dict[str, str], problems: list[str],
+) -> None:
+    for key, value in overrides.items():
+        label = labels.get(key, f"--set {key}")
+        if key not in _settable_paths():
+            close = difflib.get_close_matches(key, leaf_paths(), n=1)
+            hint = f"did you mean {close[0]}?" if close else "run config check to list the keys"
+            problems.append(f"{label}: unknown configuration key {key}; {hint}")
+            continue
+        _set_path(tree, key, value)
+        sources[key] = f"flag {label}"
+
+
+# --- turning validation errors into problems ------------------------------------------------------------
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
+
+
+def _range_text(loc: tuple[Any, ...]) -> str:
+    model = _model_at(loc[:-1])
+    info = model.model_fields.get(loc[-1]) if model else None
+    bounds = {type(item).__name__: item for item in (info.metadata if info else [])}
+    low, high = bounds.get("Ge"), bounds.get("Le")
+    if isinstance(low, annotated_types.Ge) and isinstance(high, annotated_types.Le):
+        return f"must be between {low.ge} and {high.le}; set a value in that range"
+    if isinstance(low, annotated_types.Ge):
+        return f"must be at least {low.ge}; raise it"
+    if isinstance(high, annotated_types.Le):
+        return f"must be at most {high.le}; lower it"
+    return "is out of range; fix the value"
+
+
+def _unknown_key_text(loc: tuple[Any, ...]) -> str:
+    model = _model_at(loc[:-1])
+    valid = list(model.model_fields) if model else []
+    close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return f"unknown key; {hint}remove or rename it (valid keys here: {', '.join(valid)})"
+
+
+_FIXED_TEXTS = {
+    "missing": "is required; add it",
+    "int_parsing": "must be a whole number (e.g. 5)",
+    "int_type": "must be a whole number (e.g. 5)",
+    "int_from_float": "must be a whole number (e.g. 5)",
+    "bool_parsing": "must be true or false",
+    "bool_type": "must be true or false",
+    "string_type": "must be a text value; quote it in YAML (e.g. \"123\")",
+    "list_type": "must be a list; write [a, b] in YAML or a,b in an environment variable or flag",
+    "model_type": "must be a block of keys (a YAML mapping)",
+    "model_attributes_type": "must be a block of keys (a YAML mapping)",
+    "dict_type": "must be a block of keys (a YAML mapping)",
+    "string_too_short": "must not be empty; set a value",
+}
+_RANGE_TYPES = {"greater_than_equal", "less_than_equal", "greater_than", "less_than"}
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    """Our wording for one pydantic error (never its input value or documentation URL)."""
+    kind, loc = error["type"], error["loc"]
+    if kind == "extra_forbidden":
+        return _unknown_key_text(loc)
+    if kind in _RANGE_TYPES:
+        return _range_text(loc)
+    if kind == "literal_error":
+        return f"must be one of {error['ctx']['expected']}; set one of those"
+    if kind == "value_error":
+        return f"{error['ctx']['error']}"
+    return _FIXED_TEXTS.get(kind, error["msg"])
+
+
+def _origin_note(path: str, sources: Mapping[str, str]) -> str:
+    """' (from APP_X)' when the offending value came from the environment or a flag."""
+    for key, source in sources.items():
+        if (path == key or path.startswith((key + ".", key + "["))) and source.startswith(("env ", "flag ")):
+            return f" (from {source.split(' ', 1)[1]})"
+    return ""
+
+
+def _problems_of(error: ValidationError, sources: Mapping[str, str], skip: set[str]) -> list[str]:
+    problems: list[str] = []
+    for item in error.errors(include_url=False, include_input=False):
+        base = _format_loc(item["loc"])
+        entries = item["ctx"]["problems"] if item["type"] == "config_rule" else [("", _describe(item))]
+        for relative, message in entries:
+            path = join_key_path(base, relative)
+            if not any(path == s or path.startswith((s + ".", s + "[")) for s in skip):
+                problems.append(f"{path or '(top level)'}{_origin_note(path, sources)}: {message}")
+    return problems
+
+
+# --- public API -----------------------------------------------------------------------------------------
+
+
+def _final_sources(raw_sources: Mapping[str, str]) -> dict[str, str]:
+    legacy = legacy_key_paths()
+    sources = dict.fromkeys(leaf_paths(), "default")
+    for path, source in raw_sources.items():
+        if path in legacy:
+            source = f"{source} (deprecated key {path})" if source == "file" else source
+        sources[legacy.get(path, path)] = source
+    return sources
+
+
+def load_settings(
+    config_path: str | Path | None,
+    *,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, str] | None = None,
+    override_labels: Mapping[str, str] | None = None,
+) -> LoadedConfig:
+    """Load and validate the configuration; raise ConfigError listing every problem found.
+
+    ``env`` defaults to os.environ (for ${VAR} and APP_*). ``overrides`` maps dotted keys to raw strings from
+    the command line; ``override_labels`` maps a key to the flag that set it (e.g. "--dir") for the sources.
+    ``config_path`` None means defaults + environment + overrides only.
+    """
+    env = os.environ if env is None else env
+    unresolved: list[Problem] = []
+    tree: dict[str, Any] = {}
+    if config_path is not None:
+        tree = substitute_variables(_read_yaml(Path(config_path)), env, unresolved)
+    raw_sources = {path: "file" for path in sorted(_settable_paths()) if _has_path(tree, path)}
+    _apply_env(tree, env, raw_sources)
+    flag_problems: list[str] = []
+    _apply_overrides(tree, overrides or {}, override_labels or {}, raw_sources, flag_problems)
+    # A ${VAR} in a file value that the environment or a flag replaces does no harm.
+    unresolved = [(path, message) for path, message in unresolved if raw_sources.get(path, "file") == "file"]
+    problems = [f"{path}: {message}" for path, message in unresolved] + flag_problems
+    warnings: list[str] = []
+    settings = None
+    try:
+        settings = Settings.model_validate(copy.deepcopy(tree), context={"warnings": warnings})
+    except ValidationError as error:
+        problems += _problems_of(error, raw_sources, {path for path, _ in unresolved})
+    if problems or settings is None:
+        raise ConfigError(problems)
+    sources = _final_sources(raw_sources)
+    enrichments_path = settings.services.crtdl_preprocessing.enrichments_path
+    if enrichments_path is not None:
+        sources[ENRICHMENTS_KEY] = f"enrichment file {enrichments_path}"
+    return LoadedConfig(settings=settings, sources=sources, warnings=warnings)
+
+
+def _display(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, SecretStr):
+        return "********"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, timedelta):
+        return format_duration(value)
+    if isinstance(value, BaseModel):
+        return json.dumps(value.model_dump(mode="json"), separators=(",", ":"))
+    if isinstance(value, list):
+        return "[" + ", ".join(_display(item) for item in value) + "]"
+    return str(value)
+
+
+def _value_at(settings: Settings, path: str) -> Any:
+    if path == ENRICHMENTS_KEY:
+        return settings.services.crtdl_preprocessing.rules or None
+    node: Any = settings
+    for part in path.split("."):
+        node = getattr(node, part)
+    return node
+
+
+def effective_config_rows(loaded: LoadedConfig) -> list[tuple[str, str, str]]:
+    """(dotted key, display value, source) for every leaf key; secrets show as ******** when set.
+
+    The enrichments row shows the effective rules, inline or read from enrichments_path.
+    """
+    return [
+        (path, _display(_value_at(loaded.settings, path)), loaded.sources.get(path, "default"))
+        for path in leaf_paths()
+    ]

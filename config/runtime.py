@@ -1,0 +1,31 @@
+"""The process environment that is not dupflow configuration: Prefect's own settings.
+
+Kept here because config/ is the one place that reads environment variables.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Defaults for Prefect on these machines (see ../shared/prefect-notes.md); a value the user set wins.
+PREFECT_DEFAULTS = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+}
+
+
+def apply_prefect_defaults() -> None:
+    for name, value in PREFECT_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+
+
+def prefect_api_url() -> str | None:
+    """The Prefect server in use, or None for the embedded (ephemeral) API."""
+    return os.environ.get("PREFECT_API_URL") or None
+
+
+def default_jobs_dir() -> str:
+    """jobs_dir for commands that read jobs without a configuration file: APP_JOBS_DIR, else the default."""
+    from config.settings import Settings
+
+    return os.environ.get("APP_JOBS_DIR") or Settings.model_fields["jobs_dir"].default

@@ -1,0 +1,354 @@
+"""The command line: ``python -m flows.run start|continue|status|list|config check``.
+
+Exit codes: 0 done or paused for inspection, 1 job failed, 2 usage or configuration error,
+130 interrupted (Ctrl+C or SIGTERM; ``continue`` resumes).
+
+``status`` and ``list`` read the job directory (and the Prefect server when PREFECT_API_URL is set)
+without importing Prefect, so they answer in well under 2 s even when no server runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, NoReturn, Sequence
+
+from config.loader import ConfigError, LoadedConfig, effective_config_rows, load_settings
+from config.runtime import apply_prefect_defaults, default_jobs_dir, prefect_api_url
+from flows.jobs import (
+    JobFile,
+    JobLockedError,
+    effective_state,
+    find_job_dir,
+    is_locked,
+    list_job_dirs,
+    new_job_id,
+    read_step_result,
+)
+from tasks.layout import JobPaths
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EMBEDDED_CONFIG = REPO_ROOT / "config" / "default.yaml"
+EMBEDDED_SAMPLE = REPO_ROOT / "config" / "sample-data"
+FLAG_KEYS = {"dir": "services.local_import.dir", "anonymization_config": "services.pseudonymizer.anonymization_config"}
+
+
+class UsageError(Exception):
+    pass
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.command(args)
+    except (UsageError, ConfigError, JobLockedError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m flows.run", description="dupflow: FHIR research data pipeline")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    start = commands.add_parser("start", help="start a new job")
+    start.add_argument("config", nargs="?", help="configuration YAML (default: the embedded sample job)")
+    start.add_argument("input", nargs="?", help="a CRTDL file, a directory or a URL, depending on the import step")
+    add_override_flags(start)
+    add_progress_flag(start)
+    start.set_defaults(command=cmd_start)
+
+    resume = commands.add_parser("continue", help="resume a paused, failed or interrupted job")
+    resume.add_argument("job", help="job id or job directory")
+    add_jobs_dir_flag(resume)
+    add_progress_flag(resume)
+    resume.set_defaults(command=cmd_continue)
+
+    status = commands.add_parser("status", help="show a job's steps, files and state")
+    status.add_argument("job", help="job id or job directory")
+    add_jobs_dir_flag(status)
+    status.set_defaults(command=cmd_status)
+
+    listing = commands.add_parser("list", help="list jobs, newest first")
+    add_jobs_dir_flag(listing)
+    listing.set_defaults(command=cmd_list)
+
+    config = commands.add_parser("config", help="configuration commands")
+    config_commands = config.add_subparsers(required=True, metavar="SUBCOMMAND")
+    check = config_commands.add_parser("check", help="validate a configuration and show every effective value")
+    check.add_argument("config", help="configuration YAML")
+    add_override_flags(check)
+    check.set_defaults(command=cmd_config_check)
+    return parser
+
+
+def add_override_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dir", help="import directory (overrides services.local_import.dir)")
+    parser.add_argument(
+        "--anonymization-config", help="anonymization YAML (overrides services.pseudonymizer.anonymization_config)"
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override any key, e.g. retry.max_attempts=3"
+    )
+
+
+def add_progress_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars or progress lines")
+
+
+def add_jobs_dir_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--jobs-dir", help="jobs directory (default: jobs_dir of APP_JOBS_DIR, else ./jobs)")
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
+    """``--dir``, ``--anonymization-config`` and ``--set`` as (dotted key -> raw value, key -> flag label)."""
+    overrides: dict[str, str] = {}
+    labels: dict[str, str] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set {item!r}: write it as KEY=VALUE, e.g. --set retry.max_attempts=3")
+        overrides[key.strip()] = value
+        labels[key.strip()] = f"--set {key.strip()}"
+    for attr, key in FLAG_KEYS.items():
+        value = getattr(args, attr)
+        if value is not None:
+            overrides[key] = value
+            labels[key] = "--" + attr.replace("_", "-")
+    return overrides, labels
+
+
+def load(config_path: str | None, overrides: dict[str, str], labels: dict[str, str]) -> LoadedConfig:
+    loaded = load_settings(config_path, overrides=overrides, override_labels=labels)
+    refuse_secret_overrides(loaded, overrides)
+    return loaded
+
+
+def refuse_secret_overrides(loaded: LoadedConfig, overrides: dict[str, str]) -> None:
+    """Flags end up in Prefect's flow-run parameters and job.json, so they must never carry a secret."""
+    secret = [key for key in overrides if is_secret_key(loaded, key)]
+    if secret:
+        raise UsageError(
+            f"{', '.join(secret)} is a secret and cannot be given on the command line (it would be stored "
+            "with the job); set it with ${VAR} in the configuration file or an APP_* environment variable"
+        )
+
+
+def is_secret_key(loaded: LoadedConfig, key: str) -> bool:
+    return any(row[0] == key and row[1] == "********" for row in effective_config_rows(loaded)) or key.rsplit(
+        ".", 1
+    )[-1] in {"password", "oauth_client_secret", "api_key", "secret_access_key", "access_key_id"}
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    overrides, labels = overrides_from_flags(args)
+    loaded = load(args.config, overrides, labels)
+    rows = effective_config_rows(loaded)
+    width = max(len(key) for key, _, _ in rows)
+    for key, value, source in rows:
+        print(f"{key:<{width}}  {value}  ({source})")
+    for warning in loaded.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    print("configuration OK", file=sys.stderr)
+    return EXIT_OK
+
+
+# --- running a job ---------------------------------------------------------------------------
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    overrides, labels = overrides_from_flags(args)
+    config_path, job_input = args.config, args.input
+    if config_path is None:
+        config_path, job_input = str(EMBEDDED_CONFIG), str(EMBEDDED_SAMPLE)
+    config_path = str(Path(config_path).resolve())
+    loaded = load(config_path, overrides, labels)
+    refuse_unavailable_steps(loaded)
+    if job_input and "://" not in job_input:
+        job_input = str(Path(job_input).resolve())
+    job_id = new_job_id()
+    paths = JobPaths(Path(loaded.settings.jobs_dir).resolve() / job_id)
+    JobFile(job_id, config_path, job_input, overrides, list(loaded.settings.pipeline.enabled_steps)).write(paths)
+    print(f"job {job_id}: {paths.job_dir}")
+    return run_job(paths, args.no_progress)
+
+
+def refuse_unavailable_steps(loaded: LoadedConfig) -> None:
+    from flows.pipeline import unavailable_steps
+
+    missing = unavailable_steps(list(loaded.settings.pipeline.enabled_steps))
+    if missing:
+        raise UsageError(
+            f"step {', '.join(missing)} is not available in this version (pipeline.enabled_steps); "
+            "remove it from the pipeline"
+        )
+
+
+def cmd_continue(args: argparse.Namespace) -> int:
+    paths = JobPaths(find_job_dir(args.job, jobs_dir_for(args)))
+    job = JobFile.read(paths)
+    if job.awaiting_wait_position is not None:
+        marker = paths.wait_release_marker(job.awaiting_wait_position)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    print(f"job {job.job_id}: continuing in {paths.job_dir}")
+    return run_job(paths, args.no_progress)
+
+
+def run_job(paths: JobPaths, no_progress: bool) -> int:
+    """Run the flow in this process under the job lock and report where the outputs are."""
+    job = JobFile.read(paths)
+    if is_locked(paths):
+        raise JobLockedError(f"job {job.job_id} is running in another process; wait for it to end or stop it")
+    choose_progress_display(no_progress)
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    try:
+        state = run_flow(job)
+    except KeyboardInterrupt:
+        print(f"interrupted; resume with: python -m flows.run continue {job.job_id}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return report_outcome(paths, state)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+def choose_progress_display(no_progress: bool) -> None:
+    from tasks.progress import use_display
+
+    use_display("none" if no_progress else "bar" if sys.stderr.isatty() else "log")
+
+
+def run_flow(job: JobFile) -> Any:
+    apply_prefect_defaults()
+    from prefect import tags
+    from prefect.exceptions import TerminationSignal
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    from flows.pipeline import pipeline
+
+    try:
+        with tags(f"job-{job.job_id}"), temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+            state = pipeline(
+                job_id=job.job_id,
+                config_path=job.config_path,
+                job_input=job.job_input,
+                overrides=job.overrides,
+                return_state=True,
+            )
+    except TerminationSignal as exc:
+        raise KeyboardInterrupt from exc
+    flush_task_run_records(state)
+    return state
+
+
+def flush_task_run_records(state: Any, settle_seconds: float = 1.0, limit_seconds: float = 6.0) -> None:
+    """Wait until the run's task-run records have reached the API.
+
+    The embedded API receives task runs as events and is stopped when this process exits, losing
+    the ones not yet written (see prefect-notes). Poll until the count stops changing.
+    """
+    if prefect_api_url() is not None or state.state_details.flow_run_id is None:
+        return
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    flow_filter = FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+    deadline = time.monotonic() + limit_seconds
+    last, stable_since = -1, time.monotonic()
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            count = len(client.read_task_runs(flow_run_filter=flow_filter, limit=200))
+            if count != last:
+                last, stable_since = count, time.monotonic()
+            elif time.monotonic() - stable_since >= settle_seconds:
+                return
+            time.sleep(0.25)
+
+
+def report_outcome(paths: JobPaths, state: Any) -> int:
+    job = JobFile.read(paths)
+    if state.is_completed():
+        print(f"{job.state.lower()}: {job.state_message}")
+        print(f"job directory: {paths.job_dir}")
+        return EXIT_OK
+    print(f"job {job.job_id} failed: {job.state_message or state.message}", file=sys.stderr)
+    print(f"after fixing the cause, resume with: python -m flows.run continue {job.job_id}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+# --- reading jobs ----------------------------------------------------------------------------
+
+
+def jobs_dir_for(args: argparse.Namespace) -> Path:
+    return Path(args.jobs_dir or default_jobs_dir())
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    paths = JobPaths(find_job_dir(args.job, jobs_dir_for(args)))
+    job = JobFile.read(paths)
+    print(f"job {job.job_id}")
+    print(f"  directory: {paths.job_dir}")
+    print(f"  state:     {job_state(paths, job)}" + (f" — {job.state_message}" if job.state_message else ""))
+    print(f"  created:   {job.created_at}   updated: {job.updated_at}")
+    print(f"  input:     {job.job_input or '-'}")
+    for position, step in enumerate(job.enabled_steps):
+        print_step_status(paths, job, position, step)
+    return EXIT_OK
+
+
+def job_state(paths: JobPaths, job: JobFile) -> str:
+    """From the Prefect server when one is configured, else from the job directory."""
+    if prefect_api_url() is not None:
+        from flows.server_state import latest_flow_run_state
+
+        server_state = latest_flow_run_state(job.job_id)
+        if server_state:
+            return server_state
+    return effective_state(paths, job)
+
+
+def print_step_status(paths: JobPaths, job: JobFile, position: int, step: str) -> None:
+    result = read_step_result(paths, position, step)
+    if job.awaiting_wait_position == position:
+        print(f"  {position + 1}. {step}: paused for inspection")
+        return
+    if result is None:
+        print(f"  {position + 1}. {step}: not finished")
+        return
+    files = result.get("files", [])
+    total = sum(f["size"] for f in files)
+    print(f"  {position + 1}. {step}: done, {len(files)} file(s), {total} bytes in {result.get('folder')}")
+    for key, value in (result.get("record") or {}).items():
+        print(f"       {key}: {value}")
+    for f in files:
+        print(f"       {f['name']}  {f['size']} bytes  {f['resources']} resources")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    now = datetime.now(timezone.utc)
+    for job_dir in list_job_dirs(jobs_dir_for(args)):
+        paths = JobPaths(job_dir)
+        job = JobFile.read(paths)
+        age = now - datetime.fromisoformat(job.created_at)
+        print(f"{job.job_id}  {effective_state(paths, job):<11}  {format_age(age.total_seconds()):>8}  {job.job_input or ''}")
+    return EXIT_OK
+
+
+def format_age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit} ago"
+    return f"{seconds:.0f}s ago"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+"""Credentials for outgoing calls, scoped to the origin of the configured service URL.
+
+``ServiceAuth`` is the one ``httpx.Auth`` every client gets. Per request (and per redirect hop) it
+
+- attaches the configured credentials — Basic (``httpx.BasicAuth``) or an OAuth 2.0 client-credentials bearer
+  token, plus the API key header — only when the request goes to the service's origin (scheme, host, port with
+  default ports normalised); requests to any other origin (manifest file URLs, redirects) go out without
+  Authorization, Proxy-Authorization or the API key header, and that is logged once per origin;
+- follows redirects itself: clients are built with ``follow_redirects=False`` so httpx hands each redirect back
+  here as ``response.next_request`` and the origin check runs again for the next hop, which also lets a hop
+  back to the service carry credentials again. (httpx's own redirect following strips only Authorization, and
+  an auth flow never sees its intermediate hops.) httpx still enforces ``max_redirects`` because every hop
+  lands in the response history. A request event hook (``strip_foreign_credentials``) checks every request
+  once more, so a caller passing ``follow_redirects=True`` cannot leak credentials either;
+- on a 401 from the service while using OAuth, fetches exactly one fresh token and sends the request once more.
+
+Tokens come from a ``TokenSource`` shared per (issuer, client id) across all clients of the process; it asks
+authlib's ``OAuth2Client`` for them and renews them shortly before ``expires_in`` runs out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import ssl
+import threading
+import time
+from collections.abc import AsyncGenerator, Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import anyio.to_thread
+import httpx
+from authlib.integrations.httpx_client import OAuth2Client
+
+from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, truncate
+
+if TYPE_CHECKING:
+    from config.settings import AuthSettings
+
+log = logging.getLogger("dupflow.clients")
+
+CREDENTIAL_HEADERS = ("Authorization", "Proxy-Authorization")
+TOKEN_REQUEST_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+MAX_RENEWAL_LEEWAY_SECONDS = 30.0
+
+Origin = tuple[str, str, int]
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin_of(url: httpx.URL | str) -> Origin:
+    """(scheme, host, port) with the default port filled in, so https://h and https://h:443 are one origin."""
+    url = httpx.URL(url)
+    return url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme, 0)
+
+
+def _origin_text(origin: Origin) -> str:
+    scheme, host, port = origin
+    return f"{scheme}://{host}:{port}"
+
+
+# --- OAuth 2.0 client credentials -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, repr=False)
+class _Token:
+    access_token: str
+    renew_at: float | None  # time.monotonic() after which the token is renewed; None: until rejected
+
+    def is_due(self) -> bool:
+        return self.renew_at is not None and time.monotonic() >= self.renew_at
+
+
+def _renewal_leeway(expires_in: float) -> float:
+    """Renew a quarter of the lifetime early, at most 30 s: a 300 s Keycloak token is renewed after 270 s."""
+    return min(MAX_RENEWAL_LEEWAY_SECONDS, expires_in / 4)
+
+
+class TokenSource:
+    """Client-credentials access tokens of one (issuer, client id), cached and renewed; thread-safe.
+
+    The token endpoint is discovered from ``{issuer}/.well-known/openid-configuration`` (``token_endpoint``);
+    where discovery fails, ``{issuer}/protocol/openid-connect/token`` (Keycloak) is used. The id and secret are
+    sent in the form body (client_secret_post). A token without ``expires_in`` is used until the service
+    rejects it.
+    """
+
+    def __init__(self, issuer: str, client_id: str, client_secret: str, verify: ssl.SSLContext | bool):
+        self.issuer = issuer.rstrip("/")
+        self.client_id = client_id
+        self._client_secret = client_secret
+        self._verify = verify
+        self._token_endpoint: str | None = None
+        self._token: _Token | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"TokenSource(issuer={self.issuer!r}, client_id={self.client_id!r})"
+
+    def access_token(self, *, rejected: str | None = None) -> str:
+        """A valid access token; pass the token a service just rejected to get a fresh one instead.
+
+        If another caller already replaced the rejected token, that replacement is returned (one renewal
+        per rejection, however many requests saw the 401).
+        """
+        with self._lock:
+            token = self._token
+            if token is None or token.is_due() or token.access_token == rejected:
+                self._token = token = self._fetch()
+            return token.access_token
+
+    async def access_token_async(self, *, rejected: str | None = None) -> str:
+        """``access_token`` for async callers: the blocking fetch runs in a worker thread."""
+        return await anyio.to_thread.run_sync(lambda: self.access_token(rejected=rejected))
+
+    def _fetch(self) -> _Token:
+        with OAuth2Client(
+            client_id=self.client_id,
+            client_secret=self._client_secret,
+            token_endpoint_auth_method="client_secret_post",
+            verify=self._verify,
+            timeout=TOKEN_REQUEST_TIMEOUT,
+        ) as client:
+            client.register_compliance_hook("access_token_response", self._raise_for_token_error)
+            endpoint = self._token_endpoint or self._discover_token_endpoint(client)
+            token = client.fetch_token(endpoint, grant_type="client_credentials")
+        self._token_endpoint = endpoint
+        log.debug("fetched an OAuth access token for client %s from %s", self.client_id, endpoint)
+        return self._cached(token)
+
+    @staticmethod
+    def _cached(token: dict) -> _Token:
+        expires_in = token.get("expires_in")
+        if not isinstance(expires_in, (int, float)) or expires_in <= 0:
+            return _Token(token["access_token"], None)
+        return _Token(token["access_token"], time.monotonic() + expires_in - _renewal_leeway(expires_in))
+
+    def _discover_token_endpoint(self, client: OAuth2Client) -> str:
+        try:
+            response = client.request("GET", f"{self.issuer}/.well-known/openid-configuration", withhold_token=True)
+            endpoint = response.json().get("token_endpoint") if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            endpoint = None
+        if isinstance(endpoint, str) and endpoint:
+            return endpoint
+        fallback = f"{self.issuer}/protocol/openid-connect/token"
+        log.info("OIDC discovery failed for issuer %s; using %s", self.issuer, fallback)
+        return fallback
+
+    def _raise_for_token_error(self, response: httpx.Response) -> httpx.Response:
+        """authlib compliance hook: turn a non-2xx token response into a ServiceError (never the body itself)."""
+        if not response.is_error:
+            return response
+        response.read()
+        raise ServiceError(
+            "fetch OAuth token",
+            response.status_code,
+            f"issuer {self.issuer}, client {self.client_id}: {_oauth_error_text(response)}",
+            transient=is_transient_status(response.status_code),
+            service="oauth",
+        )
+
+
+def _oauth_error_text(response: httpx.Response) -> str:
+    """RFC 6749 ``error`` and ``error_description`` of a token error response, else the status line."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        description = body.get("error_description")
+        text = f"{body['error']}: {description}" if isinstance(description, str) else body["error"]
+        return truncate(text, MAX_TEXT_CHARS)
+    return f"HTTP {response.status_code} {response.reason_phrase}"
+
+
+_token_sources: dict[tuple[str, str, str], TokenSource] = {}
+_token_sources_lock = threading.Lock()
+
+
+def token_source_for(auth: AuthSettings, verify: ssl.SSLContext | bool) -> TokenSource:
+    """The process-wide token source of this issuer and client id (a changed secret gets its own)."""
+    issuer, client_id = auth.oauth_issuer_uri.rstrip("/"), auth.oauth_client_id
+    secret = auth.oauth_client_secret.get_secret_value()
+    key = (issuer, client_id, hashlib.sha256(secret.encode()).hexdigest())
+    with _token_sources_lock:
+        if key not in _token_sources:
+            _token_sources[key] = TokenSource(issuer, client_id, secret, verify)
+        return _token_sources[key]
+
+
+# --- the auth flow ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _NeedToken:
+    """Asked by the shared flow; the sync or async driver answers with an access token."""
+
+    rejected: str | None = None
+
+
+class ServiceAuth(httpx.Auth):
+    """Scoped credentials of one service; see the module docstring."""
+
+    def __init__(self, service: str, base_url: str, auth: AuthSettings | None, verify: ssl.SSLContext | bool):
+        self.service = service
+        self.origin = origin_of(base_url)
+        self._basic: httpx.BasicAuth | None = None
+        self._tokens: TokenSource | None = None
+        self._api_key: tuple[str, str] | None = None
+        if auth is not None:
+            if auth.uses_oauth:
+                self._tokens = token_source_for(auth, verify)
+            elif auth.uses_basic:
+                self._basic = httpx.BasicAuth(auth.username, auth.password.get_secret_value())
+            if auth.api_key is not None:
+                self._api_key = (auth.api_key_header, auth.api_key.get_secret_value())
+        self._withheld_origins: set[Origin] = set()
+
+    @property
+    def schemes(self) -> list[str]:
+        """The kinds of credentials attached, for logs and reprs (never their values)."""
+        kinds = [("basic", self._basic), ("oauth", self._tokens), ("api-key", self._api_key)]
+        return [name for name, configured in kinds if configured is not None]
+
+    def __repr__(self) -> str:
+        return f"ServiceAuth(service={self.service!r}, origin={_origin_text(self.origin)!r}, schemes={self.schemes!r})"
+
+    def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        if self._tokens is not None:
+            request.read()  # a 401 is answered by sending the same request again
+        flow = self._flow(request)
+        message = next(flow)
+        while True:
+            if isinstance(message, _NeedToken):
+                answer = self._tokens.access_token(rejected=message.rejected)
+            else:
+                answer = yield message
+            try:
+                message = flow.send(answer)
+            except StopIteration:
+                return
+
+    async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
+        if self._tokens is not None:
+            await request.aread()
+        flow = self._flow(request)
+        message = next(flow)
+        while True:
+            if isinstance(message, _NeedToken):
+                answer = await self._tokens.access_token_async(rejected=message.rejected)
+            else:
+                answer = yield message
+            try:
+                message = flow.send(answer)
+            except StopIteration:
+                return
+
+    def _flow(self, request: httpx.Request):
+        """Yields requests to send (answered with responses) and ``_NeedToken`` (answered with a token)."""
+        renewed = False
+        rejected: str | None = None
+        while True:
+            token = yield from self._scope_credentials(request, rejected)
+            response = yield request
+            if token is not None and response.status_code == 401 and not renewed:
+                log.info("%s answered 401; retrying once with a fresh OAuth token", self.service)
+                renewed, rejected = True, token
+                continue
+            rejected = None
+            if response.next_request is None:
+                return
+            request = response.next_request
+
+    def strip_foreign_credentials(self, request: httpx.Request) -> None:
+        """Request event hook: a last check on every request sent, including hops httpx follows by itself
+        when a caller passes ``follow_redirects=True`` (httpx would keep the API key header on those)."""
+        if origin_of(request.url) != self.origin:
+            self._withhold(request)
+
+    async def strip_foreign_credentials_async(self, request: httpx.Request) -> None:
+        """``strip_foreign_credentials`` for the event hooks of an ``httpx.AsyncClient``."""
+        self.strip_foreign_credentials(request)
+
+    def _scope_credentials(self, request: httpx.Request, rejected: str | None):
+        """Attach credentials for the service's origin, strip them for any other; returns the bearer token used."""
+        if origin_of(request.url) != self.origin:
+            self._withhold(request)
+            return None
+        token = (yield _NeedToken(rejected)) if self._tokens is not None else None
+        if self._basic is not None:
+            next(self._basic.auth_flow(request))
+        if token is not None:
+            request.headers["Authorization"] = f"Bearer {token}"
+        if self._api_key is not None:
+            header, key = self._api_key
+            request.headers[header] = key
+        return token
+
+    def _withhold(self, request: httpx.Request) -> None:
+        names = [*CREDENTIAL_HEADERS, *([self._api_key[0]] if self._api_key else [])]
+        for name in names:
+            request.headers.pop(name, None)
+        origin = origin_of(request.url)
+        if self.schemes and origin not in self._withheld_origins:
+            self._withheld_origins.add(origin)
+            log.info(
+                "%s: sending no credentials to %s (not the service origin %s)",
+                self.service,
+                _origin_text(origin),
+                _origin_text(self.origin),
+            )

@@ -1,0 +1,170 @@
+"""Typed errors of outgoing service calls: transient (worth retrying) or terminal.
+
+A ``ServiceError`` says which service and operation failed, the HTTP status (None for network errors),
+and a message the user can act on. Response bodies are never echoed, because they could carry secrets
+or patient data; only the texts of a FHIR OperationOutcome (``issue[].diagnostics`` and
+``issue[].details.text``) are taken over, truncated, since services put their explanation there.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import ssl
+from datetime import datetime, timezone
+
+import httpx
+
+MAX_TEXT_CHARS = 500
+MAX_MESSAGE_CHARS = 2000
+MAX_PARSED_BODY_BYTES = 1_000_000
+
+
+class ServiceError(Exception):
+    """A failed call to a service.
+
+    ``transient`` is True for network errors, 408, 429 and 5xx (retrying may help) and False otherwise.
+    ``retry_after`` is the server's Retry-After in seconds, when it sent one.
+    """
+
+    def __init__(
+        self,
+        operation: str,
+        status_code: int | None,
+        message: str,
+        *,
+        transient: bool,
+        service: str | None = None,
+        retry_after: float | None = None,
+    ):
+        self.operation = operation
+        self.status_code = status_code
+        self.message = message
+        self.transient = transient
+        self.service = service
+        self.retry_after = retry_after
+        super().__init__(self._describe())
+
+    @property
+    def kind(self) -> str:
+        return "transient" if self.transient else "terminal"
+
+    def _describe(self) -> str:
+        who = f"{self.service}: " if self.service else ""
+        status = f" with HTTP {self.status_code}" if self.status_code is not None else ""
+        return f"{who}{self.operation} failed{status} ({self.kind}): {self.message}"
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(service={self.service!r}, operation={self.operation!r}, "
+            f"status_code={self.status_code!r}, kind={self.kind!r}, message={self.message!r})"
+        )
+
+
+def is_transient_status(status_code: int) -> bool:
+    """408, 429 and every 5xx are worth retrying; other 4xx are not."""
+    return status_code in (408, 429) or status_code >= 500
+
+
+def is_transient_network_error(exc: BaseException) -> bool:
+    """A transport error is transient, except a URL we cannot speak to or a certificate we do not trust."""
+    if not isinstance(exc, httpx.TransportError) or isinstance(exc, httpx.UnsupportedProtocol):
+        return False
+    return not _caused_by(exc, ssl.SSLCertVerificationError)
+
+
+def _caused_by(exc: BaseException, cause_type: type[BaseException]) -> bool:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, cause_type):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def network_error(exc: httpx.TransportError, *, operation: str, service: str | None) -> ServiceError:
+    """Wrap a transport error (connect, read, reset, timeout, …) as a structured error."""
+    return ServiceError(
+        operation,
+        None,
+        f"network error: {type(exc).__name__}: {exc}",
+        transient=is_transient_network_error(exc),
+        service=service,
+    )
+
+
+def error_from_response(response: httpx.Response, *, operation: str, service: str | None) -> ServiceError:
+    """Build the error for a 4xx/5xx response; the body must have been read."""
+    texts = operation_outcome_texts(response.content)
+    message = truncate("; ".join(texts), MAX_MESSAGE_CHARS) if texts else f"HTTP {response.status_code} {response.reason_phrase}"
+    return ServiceError(
+        operation,
+        response.status_code,
+        message,
+        transient=is_transient_status(response.status_code),
+        service=service,
+        retry_after=parse_retry_after(response.headers.get("Retry-After")),
+    )
+
+
+def raise_for_service_status(response: httpx.Response, *, operation: str, service: str | None) -> None:
+    """Raise a ``ServiceError`` for a 4xx/5xx response (reading a streamed body first)."""
+    if response.is_error:
+        response.read()
+        raise error_from_response(response, operation=operation, service=service)
+
+
+async def raise_for_service_status_async(
+    response: httpx.Response, *, operation: str, service: str | None
+) -> None:
+    """``raise_for_service_status`` for responses of an ``httpx.AsyncClient``."""
+    if response.is_error:
+        await response.aread()
+        raise error_from_response(response, operation=operation, service=service)
+
+
+def operation_outcome_texts(body: bytes) -> list[str]:
+    """The diagnostics and details texts of a FHIR OperationOutcome body, each truncated; [] for anything else."""
+    if not body or len(body) > MAX_PARSED_BODY_BYTES:
+        return []
+    try:
+        outcome = json.loads(body)
+    except ValueError:
+        return []
+    if not isinstance(outcome, dict) or outcome.get("resourceType") != "OperationOutcome":
+        return []
+    texts: list[str] = []
+    for issue in outcome.get("issue") or []:
+        if isinstance(issue, dict):
+            texts.extend(truncate(text, MAX_TEXT_CHARS) for text in _issue_texts(issue))
+    return texts
+
+
+def _issue_texts(issue: dict) -> list[str]:
+    details = issue.get("details")
+    candidates = [issue.get("diagnostics"), details.get("text") if isinstance(details, dict) else None]
+    return [text.strip() for text in candidates if isinstance(text, str) and text.strip()]
+
+
+def truncate(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header: delay-seconds or an HTTP date; None when absent or invalid."""
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - (now or datetime.now(timezone.utc))).total_seconds())

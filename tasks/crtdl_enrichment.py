@@ -1,0 +1,161 @@
+"""CRTDL preprocessing: add the attributes pseudonymization needs (e.g. ``Patient.identifier``) to a CRTDL.
+
+Plain Python on parsed JSON with ``config.settings.EnrichmentRule`` objects; the pipeline step reads and writes
+the files.
+
+Decisions (spec: services.crtdl_preprocessing):
+
+- A rule enriches every attribute group whose ``groupReference`` equals its ``group_reference``.
+- A missing attribute is appended as ``{"attributeRef", "mustHave"[, "linkedGroups"]}``. An existing one is never
+  weakened: ``mustHave`` becomes ``existing or rule``; linked group ids are added, never removed.
+- A missing group is created (appended to ``dataExtraction.attributeGroups``, creating ``dataExtraction`` if
+  needed) only when the rule has ``create_if_not_exists``; its ``id`` is a slug of the group name (lower case,
+  runs of other characters as ``-``), made unique with ``-2``, ``-3``, ... Otherwise the rule is skipped and a
+  warning is returned: enrichment is a best effort to add identifiers, not a reason to stop a job.
+- ``linked_groups`` are profile URLs, resolved after all rules ran (so a rule may link to a group another rule
+  creates) to the ids of every group with that ``groupReference``. A target group without an ``id`` gets one
+  derived as for created groups. A URL no group has is an ``EnrichmentError``.
+- The input is never mutated; unknown fields and key order are preserved (new keys are appended).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from config.settings import AttributeToAdd, EnrichmentRule
+
+Json = dict[str, Any]
+
+
+class EnrichmentError(ValueError):
+    """The CRTDL cannot be enriched as the rules ask (unresolvable linked group, malformed dataExtraction)."""
+
+
+class UnresolvedLinkError(EnrichmentError):
+    def __init__(self, group_reference: str, attribute_ref: str, url: str):
+        super().__init__(
+            f"enrichment rule for group {group_reference!r}: attribute {attribute_ref!r} links to {url!r}, "
+            "but no attribute group has that groupReference"
+        )
+        self.group_reference, self.attribute_ref, self.url = group_reference, attribute_ref, url
+
+
+class EnrichmentResult(NamedTuple):
+    crtdl: Json
+    warnings: list[str]
+    """One line per skipped rule, for the caller to log or show."""
+
+
+@dataclass
+class _PendingLink:
+    rule: EnrichmentRule
+    attribute: Json
+    url: str
+
+
+def enrich_crtdl(crtdl: Json, rules: Iterable[EnrichmentRule]) -> EnrichmentResult:
+    """Apply ``rules`` in order to a copy of ``crtdl``; see the module docstring for the semantics."""
+    enriched = copy.deepcopy(crtdl)
+    warnings: list[str] = []
+    pending_links: list[_PendingLink] = []
+    for rule in rules:
+        groups = _groups_for(enriched, rule, warnings)
+        for group in groups:
+            for wanted in rule.attributes_to_add:
+                attribute = _ensure_attribute(group, wanted)
+                pending_links.extend(_PendingLink(rule, attribute, url) for url in wanted.linked_groups or [])
+    _resolve_links(enriched, pending_links)
+    return EnrichmentResult(enriched, warnings)
+
+
+def _groups_for(crtdl: Json, rule: EnrichmentRule, warnings: list[str]) -> list[Json]:
+    """The groups a rule enriches: the existing ones, a newly created one, or none (with a warning)."""
+    groups = _groups_with_reference(_existing_groups(crtdl), rule.group_reference)
+    if groups:
+        return groups
+    if rule.create_if_not_exists is None:
+        warnings.append(
+            f"CRTDL enrichment skipped a rule: no attribute group has groupReference {rule.group_reference!r} "
+            "and the rule does not ask to create it (create_if_not_exists)"
+        )
+        return []
+    return [_create_group(crtdl, rule.group_reference, rule.create_if_not_exists.group_name)]
+
+
+def _existing_groups(crtdl: Json) -> list[Json]:
+    data_extraction = crtdl.get("dataExtraction")
+    if data_extraction is None:
+        return []
+    if not isinstance(data_extraction, dict):
+        raise EnrichmentError("CRTDL dataExtraction is not a JSON object")
+    groups = data_extraction.get("attributeGroups", [])
+    if not isinstance(groups, list) or not all(isinstance(group, dict) for group in groups):
+        raise EnrichmentError("CRTDL dataExtraction.attributeGroups is not a list of objects")
+    return groups
+
+
+def _groups_with_reference(groups: list[Json], group_reference: str) -> list[Json]:
+    return [group for group in groups if group.get("groupReference") == group_reference]
+
+
+def _create_group(crtdl: Json, group_reference: str, group_name: str) -> Json:
+    groups = _existing_groups(crtdl)
+    group = {
+        "id": _unique_id(group_name, groups),
+        "name": group_name,
+        "groupReference": group_reference,
+        "attributes": [],
+    }
+    if crtdl.get("dataExtraction") is None:
+        crtdl["dataExtraction"] = {}
+    crtdl["dataExtraction"].setdefault("attributeGroups", groups).append(group)
+    return group
+
+
+def _unique_id(name: str, groups: list[Json]) -> str:
+    taken = {group.get("id") for group in groups}
+    base = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "group"
+    candidate, counter = base, 1
+    while candidate in taken:
+        counter += 1
+        candidate = f"{base}-{counter}"
+    return candidate
+
+
+def _ensure_attribute(group: Json, wanted: AttributeToAdd) -> Json:
+    """The group's attribute for ``wanted.attribute_ref``, appended if missing; mustHave is only ever raised."""
+    attributes = group.setdefault("attributes", [])
+    if not isinstance(attributes, list):
+        raise EnrichmentError(f"attributes of attribute group {group.get('id')!r} is not a list")
+    for attribute in attributes:
+        if isinstance(attribute, dict) and attribute.get("attributeRef") == wanted.attribute_ref:
+            attribute["mustHave"] = bool(attribute.get("mustHave")) or wanted.must_have
+            return attribute
+    attribute = {"attributeRef": wanted.attribute_ref, "mustHave": wanted.must_have}
+    attributes.append(attribute)
+    return attribute
+
+
+def _resolve_links(crtdl: Json, pending_links: list[_PendingLink]) -> None:
+    groups = _existing_groups(crtdl)
+    for link in pending_links:
+        targets = _groups_with_reference(groups, link.url)
+        if not targets:
+            raise UnresolvedLinkError(link.rule.group_reference, link.attribute["attributeRef"], link.url)
+        linked_ids = link.attribute.setdefault("linkedGroups", [])
+        for target in targets:
+            target_id = _id_of(target, groups)
+            if target_id not in linked_ids:
+                linked_ids.append(target_id)
+
+
+def _id_of(group: Json, groups: list[Json]) -> str:
+    """The group's id, giving an id-less group one derived from its name or its profile's last path segment."""
+    if not group.get("id"):
+        name = group.get("name") or str(group.get("groupReference", "")).rstrip("/").rsplit("/", 1)[-1]
+        group["id"] = _unique_id(name, groups)
+    return group["id"]

@@ -1,0 +1,266 @@
+"""The one streaming primitive for NDJSON files, plain or zstd-compressed.
+
+Every step reads and writes data files through this module, so that all of them share the same
+rules: zstd is recognised by its magic bytes (not by the file name), a line longer than
+``pipeline.max_ndjson_line_size_mb`` is an error naming the file and line, memory stays flat
+whatever the file size, and a file is only ever visible under its final name once it is complete
+(written to ``.<name>.part`` and renamed).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+import orjson
+import zstandard
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+CHUNK_SIZE = 1 << 20
+DATA_SUFFIXES = (".ndjson", ".ndjson.zst")
+PART_PREFIX = "."
+PART_SUFFIX = ".part"
+
+# zstd levels matching the spec's speed/ratio table on FHIR NDJSON (measured with
+# tests/benchmarks/bench_compression.py on a 2-core machine; figures in the README).
+ZSTD_LEVELS: dict[str, int] = {"fastest": 1, "default": 3, "better": 7, "best": 12}
+
+CompressionLevel = Literal["fastest", "default", "better", "best"]
+
+
+class NdjsonError(Exception):
+    """A data file that cannot be read as NDJSON; the message names the file and what to do."""
+
+
+class LineTooLongError(NdjsonError):
+    def __init__(self, path: Path, line_number: int, limit_bytes: int):
+        self.path, self.line_number, self.limit_bytes = path, line_number, limit_bytes
+        super().__init__(
+            f"{path}: line {line_number} is longer than {limit_bytes // (1024 * 1024)} MB; "
+            "raise pipeline.max_ndjson_line_size_mb if such large resources are expected"
+        )
+
+
+@dataclass(frozen=True)
+class FileStats:
+    """What a written data file holds: bytes on disk and resources (non-empty lines)."""
+
+    size: int
+    resources: int
+
+
+def is_data_file(path: Path) -> bool:
+    return path.is_file() and path.name.endswith(DATA_SUFFIXES) and not is_partial(path)
+
+
+def is_partial(path: Path) -> bool:
+    return path.name.startswith(PART_PREFIX) and path.name.endswith(PART_SUFFIX)
+
+
+def output_name(name: str, compress: bool) -> str:
+    """``core.ndjson.zst`` / ``batch`` / ``a.json`` → ``<stem>.ndjson`` (+ ``.zst`` when compressing)."""
+    stem = name
+    for suffix in (".zst", ".ndjson", ".json"):
+        if stem.endswith(suffix) and len(stem) > len(suffix):
+            stem = stem[: -len(suffix)]
+    return stem + (".ndjson.zst" if compress else ".ndjson")
+
+
+def is_zstd(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == ZSTD_MAGIC
+
+
+def iter_chunks(path: Path) -> Iterator[bytes]:
+    """The decompressed content of a data file, in chunks; zstd is detected by its magic bytes."""
+    with open(path, "rb") as raw:
+        if raw.read(4) != ZSTD_MAGIC:
+            raw.seek(0)
+            while chunk := raw.read(CHUNK_SIZE):
+                yield chunk
+            return
+        raw.seek(0)
+        yield from _zstd_chunks(path, raw)
+
+
+def _zstd_chunks(path: Path, raw: BinaryIO) -> Iterator[bytes]:
+    """Decompress frame after frame; a frame cut short is an error (stream readers end silently)."""
+    context = zstandard.ZstdDecompressor()
+    frame, frame_has_input = context.decompressobj(), False
+    try:
+        while data := raw.read(CHUNK_SIZE):
+            while data:
+                frame_has_input = True
+                if out := frame.decompress(data):
+                    yield out
+                if not frame.eof:
+                    break
+                data = frame.unused_data
+                frame, frame_has_input = context.decompressobj(), False
+    except zstandard.ZstdError as exc:
+        raise NdjsonError(f"{path}: not readable as zstd ({exc}); the file is damaged") from exc
+    if frame_has_input:
+        raise NdjsonError(f"{path}: not readable as zstd (the data ends in the middle of a frame); the file is truncated")
+
+
+def iter_lines(path: Path, max_line_bytes: int) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(line number, line)`` for every non-empty line, without its newline."""
+    pending = bytearray()
+    line_number = 0
+    for chunk in iter_chunks(path):
+        start = 0
+        while (end := chunk.find(b"\n", start)) != -1:
+            line_number += 1
+            if pending:
+                pending += chunk[start:end]
+                line = bytes(pending)
+                pending.clear()
+            else:
+                line = chunk[start:end]
+            if len(line) > max_line_bytes:
+                raise LineTooLongError(path, line_number, max_line_bytes)
+            if line.strip():
+                yield line_number, line
+            start = end + 1
+        pending += chunk[start:]
+        if len(pending) > max_line_bytes:
+            raise LineTooLongError(path, line_number + 1, max_line_bytes)
+    if pending.strip():
+        yield line_number + 1, bytes(pending)
+
+
+def iter_resources(path: Path, max_line_bytes: int) -> Iterator[tuple[int, dict]]:
+    """Yield ``(line number, parsed resource)``; a line that is not a JSON object is an error."""
+    for line_number, line in iter_lines(path, max_line_bytes):
+        try:
+            resource = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise NdjsonError(f"{path}: line {line_number} is not valid JSON ({exc})") from exc
+        if not isinstance(resource, dict):
+            raise NdjsonError(f"{path}: line {line_number} is not a JSON object")
+        yield line_number, resource
+
+
+class LineCounter:
+    """Counts non-empty lines in a byte stream fed in arbitrary chunks, enforcing the line limit."""
+
+    def __init__(self, source: str, max_line_bytes: int):
+        self._source = source
+        self._max = max_line_bytes
+        self._current_len = 0
+        self._current_blank = True
+        self.lines = 0
+        self.resources = 0
+
+    def feed(self, chunk: bytes) -> None:
+        start = 0
+        while (end := chunk.find(b"\n", start)) != -1:
+            self._add_segment(chunk, start, end)
+            self._end_line()
+            start = end + 1
+        self._add_segment(chunk, start, len(chunk))
+
+    def finish(self) -> None:
+        if self._current_len:
+            self._end_line()
+
+    def _add_segment(self, chunk: bytes, start: int, end: int) -> None:
+        if end <= start:
+            return
+        self._current_len += end - start
+        if self._current_len > self._max:
+            raise LineTooLongError(Path(self._source), self.lines + 1, self._max)
+        if self._current_blank and chunk[start:end].strip():
+            self._current_blank = False
+
+    def _end_line(self) -> None:
+        self.lines += 1
+        if not self._current_blank:
+            self.resources += 1
+        self._current_len = 0
+        self._current_blank = True
+
+
+class AtomicNdjsonWriter:
+    """Writes ``dest`` through a hidden temporary file, compressing with zstd when asked.
+
+    Use as a context manager: on success the temporary file is synced and renamed to ``dest``; on
+    any exception (including KeyboardInterrupt) it is deleted, so a half-written file is never
+    taken for a finished one. ``stats`` is set after a successful close.
+    """
+
+    def __init__(self, dest: Path, level: CompressionLevel | None, max_line_bytes: int):
+        self.dest = dest
+        self.part = dest.with_name(f"{PART_PREFIX}{dest.name}{PART_SUFFIX}")
+        self._level = level
+        self._counter = LineCounter(str(dest), max_line_bytes)
+        self._ends_with_newline = True
+        self.stats: FileStats | None = None
+
+    def __enter__(self) -> "AtomicNdjsonWriter":
+        self.dest.parent.mkdir(parents=True, exist_ok=True)
+        self._raw = open(self.part, "wb")
+        if self._level is None:
+            self._out: BinaryIO = self._raw
+        else:
+            compressor = zstandard.ZstdCompressor(level=ZSTD_LEVELS[self._level], threads=0)
+            self._out = compressor.stream_writer(self._raw, closefd=False)
+        return self
+
+    def write(self, chunk: bytes) -> None:
+        """Append raw NDJSON bytes (any chunking; lines may span calls)."""
+        if not chunk:
+            return
+        self._counter.feed(chunk)
+        self._out.write(chunk)
+        self._ends_with_newline = chunk.endswith(b"\n")
+
+    def write_line(self, line: bytes) -> None:
+        self.write(line + b"\n")
+
+    def write_resource(self, resource: dict) -> None:
+        self.write(orjson.dumps(resource) + b"\n")
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self._discard()
+            return
+        try:
+            if not self._ends_with_newline:
+                self.write(b"\n")
+            self._counter.finish()
+            if self._out is not self._raw:
+                self._out.close()
+            self._raw.flush()
+            os.fsync(self._raw.fileno())
+            self._raw.close()
+            os.replace(self.part, self.dest)
+        except BaseException:
+            self._discard()
+            raise
+        self.stats = FileStats(size=self.dest.stat().st_size, resources=self._counter.resources)
+
+    def _discard(self) -> None:
+        try:
+            self._raw.close()
+        finally:
+            self.part.unlink(missing_ok=True)
+
+
+def remove_partial_files(folder: Path) -> None:
+    """Delete temporary files a killed process left behind (they are never resumed from)."""
+    if folder.is_dir():
+        for path in folder.iterdir():
+            if is_partial(path):
+                path.unlink(missing_ok=True)
+
+
+def count_resources(path: Path, max_line_bytes: int) -> int:
+    counter = LineCounter(str(path), max_line_bytes)
+    for chunk in iter_chunks(path):
+        counter.feed(chunk)
+    counter.finish()
+    return counter.resources

@@ -1,0 +1,49 @@
+"""Session-wide fixtures: one Prefect test API for the whole run, shared with CLI subprocesses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TESTDATA = REPO_ROOT.parent / "shared" / "testdata"
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+os.environ.setdefault("PREFECT_LOGGING_TO_API_BATCH_INTERVAL", "0.3")
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory: pytest.TempPathFactory):
+    """A temporary Prefect server; PREFECT_API_URL is exported so CLI subprocesses use it too."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_DATABASE_CONNECTION_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    previous = {name: os.environ.get(name) for name in ("PREFECT_API_URL", "PREFECT_HOME")}
+    os.environ["PREFECT_HOME"] = str(home)
+    with prefect_test_harness(server_startup_timeout=120):
+        os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
+        database = PREFECT_SERVER_DATABASE_CONNECTION_URL.value().split("///", 1)[-1]
+        yield {"api_url": PREFECT_API_URL.value(), "database": Path(database)}
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 120):
+    """Run ``python -m flows.run`` in a subprocess, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "flows.run", *args],
+        cwd=cwd or REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -1,0 +1,531 @@
+"""Fake extraction server (TORCH) for dupflow's tests: a real HTTP server on 127.0.0.1.
+
+Implements /work/shared/spec/extraction-server-api.md plus the real server's deviations recorded in
+protocols.md, with fault switches. Run alone: ``python -m tests.fakes.extraction_server --port N``.
+
+Public API
+----------
+    start_extraction_server(*, ssl_context=None, file_origin=False, **state_options) -> ExtractionServer
+        Started server (a ``LoopbackServer``); the caller stops it, or uses it as a context manager.
+        ``state_options`` are ``ExtractionServerState`` fields. ``file_origin=True`` also starts a second
+        origin serving the result files (``srv.file_server``) and points ``files_base_url`` at it.
+    ExtractionServerState    dataclass with every switch and record (tests/fakes/extraction_state.py);
+                             reach it as ``srv.state``; switches may be changed at any time.
+    ExtractionHandler        the API handler (also serves the files under ``files_path``).
+    ExtractionFilesHandler   the static file handler alone, for a second origin.
+    JobStatus                job states; ``state.force_status(job_id, JobStatus.TEMP_FAILED)`` etc.
+
+Switches (``ExtractionServerState`` fields; see the comments there)
+-------------------------------------------------------------------
+    simulation   durations{PENDING, RUNNING_GET_COHORT, RUNNING_PROCESS_BATCH (per batch), RUNNING_PROCESS_CORE},
+                 cohort_size, batch_size, max_concurrency, max_running_jobs, resources_per_patient,
+                 core_resources_per_group, default_core_types, clock (inject a manual clock for exact timing)
+    variants     kickoff_status (202|200), extension_style ("torch"|"extractor"), stale_version_status (409|412),
+                 lenient_transitions, result_shape ("manifest"|"parameters"),
+                 file_url_style ("absolute"|"relative"|"host_prefixed"), files_base_url, files_path,
+                 requires_access_token, status_102 (None|"interim"|"final": httpx only sees "interim")
+    faults       response_delay, omit_content_location, status_unavailable_polls (503 storm),
+                 fail_next_status (500), fail_jobs + failure_diagnostics, empty_output ("with_issues"|
+                 "without_issues"), job_issues, file_not_ready_probes, head_status (405|403),
+                 stall_downloads/stall_after_bytes/stall_seconds, reset_downloads/reset_after_bytes, delete_fails
+    methods      forget_jobs() (restart: handles 404), force_status(job_id, status), job(job_id),
+                 requests_to(path_prefix, origin)
+    records      requests (origin, method, path, lower-cased headers), submissions (body, headers, status,
+                 job_id), polls, file_gets, file_heads, range_probes, file_requests (Counters keyed
+                 "<jobId>/<file>" or job id)
+
+Endpoints
+---------
+    POST   /fhir/$extract-data            202 (``kickoff_status``) + Content-Location, 400 OperationOutcome, 406
+    GET    /fhir/__status/{id}            202 progress / 200 manifest / 400 / 404 / 410 / 500 / 503
+    GET    /fhir/Task, /fhir/Task/{id}    search (``Prefer: handling=strict``), read
+    PUT    /fhir/Task/{id}                priority; If-Match W/"<version>" (428, 409 or 412)
+    POST   /fhir/Task/{id}/$pause|$resume|$cancel, DELETE /fhir/Task/{id}
+    GET    /fhir/metadata                 minimal CapabilityStatement
+    GET|HEAD {files_path}/<jobId>/<file>  <batchId>.ndjson, core.ndjson, <batchId>_consent.ndjson,
+                                          reports/job-summary.json, reports/*.csv; Range -> 206
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import ssl
+import struct
+import time
+import uuid
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from tests.fakes._server import LoopbackServer, serve_forever_cli
+from tests.fakes.extraction_content import materialize, remove_job_files
+from tests.fakes.extraction_crtdl import KickoffError, parse_kickoff
+from tests.fakes.extraction_state import (
+    ExtractionServerState,
+    JobStatus,
+    RecordedRequest,
+    Submission,
+    TransitionError,
+)
+from tests.fakes.extraction_views import (
+    files_ready,
+    manifest,
+    outcome,
+    parameters_result,
+    progress_outcome,
+    progress_text,
+    search_bundle,
+    task_resource,
+)
+
+__all__ = [
+    "ExtractionFilesHandler",
+    "ExtractionHandler",
+    "ExtractionServer",
+    "ExtractionServerState",
+    "JobStatus",
+    "start_extraction_server",
+]
+
+FHIR_JSON = "application/fhir+json"
+_CHUNK = 64 * 1024
+_TASK_PRIORITIES = frozenset({"routine", "urgent", "asap", "stat"})
+_ACCEPTABLE = frozenset({"application/fhir+json", "application/*", "*/*"})
+_CONTENT_TYPES = {".ndjson": "application/fhir+ndjson", ".json": "application/json", ".csv": "text/csv"}
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+class _Abort(Exception):
+    """Raised after the connection was reset on purpose; ends the request quietly."""
+
+
+class ExtractionFilesHandler(BaseHTTPRequestHandler):
+    """Static result-file server (the nginx next to TORCH): GET, HEAD, Range; nothing else."""
+
+    protocol_version = "HTTP/1.1"
+    server_version = "FakeTorch/1.0"
+    disable_nagle_algorithm = True  # headers and body go out as separate writes; avoid 40 ms delayed-ACK stalls
+    origin = "files"
+
+    @property
+    def state(self) -> ExtractionServerState:
+        return self.server.state  # type: ignore[attr-defined]
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_HEAD(self) -> None:
+        self._handle("HEAD")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_PUT(self) -> None:
+        self._handle("PUT")
+
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")
+
+    def _handle(self, method: str) -> None:
+        self.body = self._read_body()
+        self.path_only = unquote(urlsplit(self.path).path)
+        self.query = parse_qs(urlsplit(self.path).query, keep_blank_values=True)
+        self.state.record_request(
+            RecordedRequest(self.origin, method, self.path, {k.lower(): v for k, v in self.headers.items()})
+        )
+        if self.state.response_delay:
+            time.sleep(self.state.response_delay)
+        try:
+            self.route(method)
+        except _Abort:
+            self.close_connection = True
+
+    def route(self, method: str) -> None:
+        if method in ("GET", "HEAD") and self.path_only.startswith(self.state.files_path + "/"):
+            self._serve_file(method, self.path_only[len(self.state.files_path) + 1 :])
+        else:
+            self._send_html(404, "Not Found")
+
+    # --- request/response helpers -------------------------------------------------------------
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks = []
+            while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                pass
+            return b"".join(chunks)
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def api_base(self) -> str:
+        scheme = "https" if isinstance(self.connection, ssl.SSLSocket) else "http"
+        host = self.headers.get("Host") or "{}:{}".format(*self.server.server_address[:2])
+        return f"{scheme}://{host}"
+
+    def files_base(self) -> str:
+        return self.state.files_base_url or self.api_base() + self.state.files_path
+
+    def send(
+        self, status: int, body: bytes = b"", content_type: str | None = None, headers: dict | None = None
+    ) -> None:
+        self.send_response(status)
+        if content_type:
+            self.send_header("Content-Type", content_type)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if body and self.command != "HEAD":
+            self.wfile.write(body)
+
+    def send_json(
+        self, status: int, document: dict, content_type: str = FHIR_JSON, headers: dict | None = None
+    ) -> None:
+        self.send(status, json.dumps(document).encode(), content_type, headers)
+
+    def _send_html(self, status: int, text: str) -> None:
+        self.send(status, f"<html><body><h1>{status} {text}</h1></body></html>".encode(), "text/html")
+
+    # --- files ----------------------------------------------------------------------------------
+    def _serve_file(self, method: str, relative: str) -> None:
+        state, key = self.state, relative
+        job_id, _, name = relative.partition("/")
+        ranged = self.headers.get("Range")
+        with state.lock:
+            state.file_requests[key] += 1
+            not_ready = state.file_requests[key] <= state.file_not_ready_probes
+            (state.file_heads if method == "HEAD" else state.file_gets)[key] += 1
+            if ranged and method == "GET":
+                state.range_probes[key] += 1
+        if not_ready:
+            return self._send_html(404, "Not Found")
+        if method == "HEAD" and state.head_status:
+            return self._send_html(state.head_status, "Not Allowed")
+        job = state.job(job_id)
+        if job is None or name not in files_ready(state, job, state.now()):
+            return self._send_html(404, "Not Found")
+        path = materialize(state, job, name)
+        size = path.stat().st_size
+        content_type = _CONTENT_TYPES.get(Path(name).suffix, "application/octet-stream")
+        span = _parse_range(ranged, size) if ranged else (0, size - 1)
+        if span is None:
+            return self.send(416, b"", "text/html", {"Content-Range": f"bytes */{size}"})
+        start, end = span
+        headers = {"Accept-Ranges": "bytes", "Last-Modified": self.date_time_string(int(path.stat().st_mtime))}
+        status = 200
+        if ranged:
+            status, headers["Content-Range"] = 206, f"bytes {start}-{end}/{size}"
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        for header, value in headers.items():
+            self.send_header(header, value)
+        self.send_header("Content-Length", str(max(end - start + 1, 0)))
+        self.end_headers()
+        if method == "GET":
+            self._stream(path, start, end - start + 1, faults=not ranged)
+
+    def _stream(self, path: Path, start: int, length: int, faults: bool) -> None:
+        reset_at = self.state.reset_after_bytes if faults and self.state.take("reset_downloads") else None
+        stall_at = self.state.stall_after_bytes if faults and self.state.take("stall_downloads") else None
+        sent = 0
+        with path.open("rb") as source:
+            source.seek(start)
+            while sent < length:
+                limit = min(_CHUNK, length - sent)
+                for mark in (reset_at, stall_at):
+                    if mark is not None and sent < mark:
+                        limit = min(limit, mark - sent)
+                chunk = source.read(limit)
+                if not chunk:
+                    break
+                self.wfile.write(chunk)
+                sent += len(chunk)
+                if sent == reset_at:
+                    self._reset_connection()
+                if sent == stall_at:
+                    self.wfile.flush()
+                    time.sleep(self.state.stall_seconds)
+
+    def _reset_connection(self) -> None:
+        """Close with RST (SO_LINGER 0) although Content-Length promised more bytes."""
+        self.wfile.flush()
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.connection.close()
+        raise _Abort
+
+
+class ExtractionHandler(ExtractionFilesHandler):
+    """The extraction API (kick-off, status, Task API, metadata) plus the result files."""
+
+    origin = "api"
+
+    def route(self, method: str) -> None:
+        path = self.path_only
+        if method == "POST" and path == "/fhir/$extract-data":
+            return self._kickoff()
+        if method == "GET" and (match := re.fullmatch(r"/fhir/__status/([^/]+)", path)):
+            return self._status(match.group(1))
+        if method == "GET" and path == "/fhir/Task":
+            return self._search_tasks()
+        if match := re.fullmatch(r"/fhir/Task/([^/]+)", path):
+            return self._task(method, match.group(1))
+        if method == "POST" and (match := re.fullmatch(r"/fhir/Task/([^/]+)/\$(pause|resume|cancel)", path)):
+            return self._task_operation(match.group(1), match.group(2))
+        if method == "GET" and path == "/fhir/metadata":
+            return self.send_json(200, _capability_statement())
+        if path.startswith(self.state.files_path + "/"):
+            return super().route(method)
+        self.send_json(404, outcome("error", "not-found", f"No route for {method} {path}"))
+
+    # --- kick-off ---------------------------------------------------------------------------------
+    def _kickoff(self) -> None:
+        state = self.state
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        accept = self.headers.get("Accept")
+        if accept and not {t.split(";")[0].strip().lower() for t in accept.split(",")} & _ACCEPTABLE:
+            self._record_submission(406, None, headers)
+            return self.send_json(406, outcome("error", "not-supported", f"Not acceptable: {accept}"))
+        try:
+            crtdl, patients = parse_kickoff(self.body)
+        except KickoffError as error:
+            self._record_submission(400, None, headers)
+            return self.send_json(400, outcome("fatal", "invalid", str(error)))
+        job = state.submit(crtdl, patients)
+        self._record_submission(state.kickoff_status, job.id, headers)
+        location = {} if state.omit_content_location else {"Content-Location": self._status_url(job.id)}
+        self.send(state.kickoff_status, b"", None, location)
+
+    def _record_submission(self, status: int, job_id: str | None, headers: dict[str, str]) -> None:
+        with self.state.lock:
+            self.state.submissions.append(Submission(self.body, headers, status, job_id))
+
+    def _status_url(self, job_id: str) -> str:
+        return f"{self.api_base()}/fhir/__status/{job_id}"
+
+    # --- status -----------------------------------------------------------------------------------
+    def _status(self, job_id: str) -> None:
+        status, document, headers = self._status_answer(job_id)
+        if status == 202 and self.state.status_102 == "interim":
+            self.wfile.write(b"HTTP/1.1 102 Processing\r\n\r\n")
+        if status == 202 and self.state.status_102 == "final":
+            status, self.close_connection = 102, True
+            headers = {**(headers or {}), "Connection": "close"}
+        self.send_json(status, document, "application/json", headers)
+
+    def _status_answer(self, job_id: str) -> tuple[int, dict, dict | None]:
+        """Status code, body and extra headers of a status poll (decided under the state lock)."""
+        state = self.state
+        if not _is_uuid(job_id):
+            return 400, outcome("fatal", "invalid", f"Invalid job id: {job_id}"), None
+        with state.lock:
+            state.polls[job_id] += 1
+            if state.take("status_unavailable_polls"):
+                return 503, outcome("error", "transient", "Service temporarily unavailable"), None
+            job = state.job(job_id)
+            if job is None:
+                return 404, outcome("error", "not-found", f"Job {job_id} not found"), None
+            if state.fail_next_status:
+                state.fail_next_status = False
+                state.force_status(job_id, JobStatus.FAILED, state.failure_diagnostics)
+            now = state.now()
+            if job.status is JobStatus.CANCELLED:
+                return 410, outcome("error", "deleted", f"Job {job_id} was cancelled"), None
+            if job.status is JobStatus.FAILED:
+                return 500, outcome("fatal", "exception", job.failure or "Job failed"), None
+            if job.status is JobStatus.TEMP_FAILED:
+                return 503, outcome("error", "transient", f"Job {job_id} failed temporarily"), None
+            if job.status is JobStatus.COMPLETED:
+                render = parameters_result if state.result_shape == "parameters" else manifest
+                return 200, render(state, job, now, self._status_url(job_id), self.files_base()), None
+            return 202, progress_outcome(state, job, now), {"X-Progress": progress_text(state, job, now)}
+
+    # --- Task API ---------------------------------------------------------------------------------
+    def _search_tasks(self) -> None:
+        state = self.state
+        unsupported = sorted(k for k in self.query if k not in ("_id", "status"))
+        ids, bad_ids = _split_values(self.query.get("_id"), _is_uuid)
+        statuses, bad_statuses = _split_values(self.query.get("status"), lambda v: v in JobStatus.__members__)
+        problems = [
+            f"{label}: [{', '.join(values)}]"
+            for label, values in (
+                ("Unsupported search parameters", unsupported),
+                ("Invalid _id values", bad_ids),
+                ("Invalid status values", bad_statuses),
+            )
+            if values
+        ]
+        if problems and "handling=strict" in (self.headers.get("Prefer") or "").replace(" ", ""):
+            return self.send_json(400, outcome("error", "invalid", "; ".join(problems)))
+        with state.lock:
+            state.advance()
+            now = state.now()
+            jobs = sorted(state.jobs.values(), key=lambda j: j.seq)
+            tasks = [
+                task_resource(state, j, now, self.files_base())
+                for j in jobs
+                if (not ids or j.id in ids) and (not statuses or j.status.value in statuses)
+            ]
+        self.send_json(200, search_bundle(tasks))
+
+    def _task(self, method: str, job_id: str) -> None:
+        state = self.state
+        job = state.job(job_id)
+        if job is None:
+            return self._task_not_found(job_id)
+        if method == "GET":
+            return self._send_task(job_id)
+        if method == "PUT":
+            return self._put_priority(job_id)
+        if method == "DELETE":
+            if state.delete_fails:
+                return self.send_json(
+                    500, outcome("error", "exception", f"Failed to delete result files for job {job_id}")
+                )
+            state.delete_job(job_id)
+            remove_job_files(state, job_id)
+            return self.send(204)
+        self.send_json(405, outcome("error", "not-supported", f"{method} not allowed on Task"))
+
+    def _put_priority(self, job_id: str) -> None:
+        state = self.state
+        if_match = self.headers.get("If-Match")
+        if not if_match:
+            return self.send_json(
+                428, outcome("error", "required", "If-Match header is required for PUT /fhir/Task/{id}")
+            )
+        try:
+            task = json.loads(self.body)
+            if not isinstance(task, dict) or task.get("resourceType") != "Task":
+                raise ValueError("not a Task resource")
+        except ValueError as exc:
+            return self.send_json(400, outcome("error", "invalid", f"Could not parse Task resource: {exc}"))
+        priority = task.get("priority") or "routine"
+        if priority not in _TASK_PRIORITIES:
+            return self.send_json(400, outcome("error", "invalid", f"Invalid Task.priority: {priority}"))
+        given = if_match.strip().removeprefix("W/").strip('"')
+        with state.lock:
+            state.advance()
+            job = state.jobs[job_id]
+            expected = str(state.version(job, state.now()))
+            if given != expected:
+                return self.send_json(
+                    state.stale_version_status,
+                    outcome("error", "conflict", f"Version mismatch: expected {expected}, got {given}"),
+                )
+            state.set_priority(job, priority)
+        self._send_task(job_id)
+
+    def _task_operation(self, job_id: str, operation: str) -> None:
+        state = self.state
+        with state.lock:
+            job = state.job(job_id)
+            if job is None:
+                return self._task_not_found(job_id)
+            try:
+                getattr(state, operation)(job)
+            except TransitionError as error:
+                return self.send_json(
+                    409, outcome("error", "conflict", f"Task/{job_id} cannot be ${operation}: {error}")
+                )
+        self._send_task(job_id)
+
+    def _send_task(self, job_id: str) -> None:
+        state = self.state
+        with state.lock:
+            job = state.job(job_id)
+            if job is None:
+                return self._task_not_found(job_id)
+            document = task_resource(state, job, state.now(), self.files_base())
+        self.send_json(200, document)
+
+    def _task_not_found(self, job_id: str) -> None:
+        self.send_json(404, outcome("error", "not-found", f"Task/{job_id} not found"))
+
+
+class ExtractionServer(LoopbackServer):
+    """The API server, optionally with a second origin for the files; ``start()`` is idempotent so the
+    already started server returned by ``start_extraction_server`` also works in a ``with`` block."""
+
+    def __init__(
+        self, state: ExtractionServerState, ssl_context: ssl.SSLContext | None = None, file_origin: bool = False
+    ):
+        super().__init__(ExtractionHandler, state, ssl_context=ssl_context)
+        self.file_server = LoopbackServer(ExtractionFilesHandler, state) if file_origin else None
+        self._started = False
+
+    def start(self) -> ExtractionServer:
+        if not self._started:
+            self._started = True
+            super().start()
+            if self.file_server is not None:
+                self.file_server.start()
+                self.state.files_base_url = self.file_server.base_url + self.state.files_path
+        return self
+
+    def stop(self) -> None:
+        super().stop()
+        if self.file_server is not None:
+            self.file_server.stop()
+        self.state.close()
+
+
+def start_extraction_server(
+    *, ssl_context: ssl.SSLContext | None = None, file_origin: bool = False, **state_options: Any
+) -> ExtractionServer:
+    """Start a fake extraction server on 127.0.0.1 (state built from ``state_options``)."""
+    return ExtractionServer(ExtractionServerState(**state_options), ssl_context, file_origin).start()
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        return str(uuid.UUID(value)) == value.lower()
+    except ValueError:
+        return False
+
+
+def _split_values(raw: list[str] | None, valid: Callable[[str], bool]) -> tuple[set[str], list[str]]:
+    values = [v.strip() for item in raw or [] for v in item.split(",") if v.strip()]
+    return {v for v in values if valid(v)}, [v for v in values if not valid(v)]
+
+
+def _parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """(start, end) of a single ``bytes=`` range, or None when unsatisfiable."""
+    match = _RANGE.match(header.strip())
+    if not match or match.groups() == ("", ""):
+        return None
+    first, last = match.groups()
+    if first == "":
+        start, end = max(size - int(last), 0), size - 1
+    else:
+        start, end = int(first), min(int(last), size - 1) if last else size - 1
+    return (start, end) if start <= end and start < size else None
+
+
+def _capability_statement() -> dict:
+    return {
+        "resourceType": "CapabilityStatement",
+        "status": "active",
+        "kind": "instance",
+        "fhirVersion": "4.0.1",
+        "format": ["json"],
+        "software": {"name": "Fake TORCH"},
+        "rest": [
+            {
+                "mode": "server",
+                "resource": [{"type": "Task", "interaction": [{"code": "read"}, {"code": "search-type"}]}],
+                "operation": [{"name": "extract-data", "definition": "$extract-data"}],
+            }
+        ],
+    }
+
+
+if __name__ == "__main__":
+    serve_forever_cli(ExtractionHandler, ExtractionServerState(), "Fake extraction server (TORCH)")

@@ -1,0 +1,203 @@
+"""Retry of outgoing calls: attempts, backoff schedule, Retry-After, transient vs terminal errors."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from datetime import datetime, timedelta, timezone
+from email.utils import format_datetime
+
+import pytest
+
+from config.settings import RetrySettings, TlsSettings
+from tasks.clients.errors import ServiceError, parse_retry_after
+from tasks.clients.http import (
+    ServiceEndpoint,
+    build_async_client,
+    build_client,
+    http_timeout,
+    request_with_retry,
+    request_with_retry_async,
+)
+from tests.fakes._server import LoopbackServer
+from tests.fakes.echo import EchoHandler, EchoState, Reply, operation_outcome
+
+TLS = TlsSettings()
+RETRY = RetrySettings(max_attempts=5, initial_backoff_ms=100, max_backoff_ms=1000)
+
+
+class FakeSleep:
+    """Records the waits instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
+@pytest.fixture
+def sleep() -> FakeSleep:
+    return FakeSleep()
+
+
+def serve(*replies: Reply) -> LoopbackServer:
+    return LoopbackServer(EchoHandler, EchoState(replies=list(replies)))
+
+
+def call(server: LoopbackServer, sleep: FakeSleep, *, retry: RetrySettings = RETRY, retryable: bool = True,
+         method: str = "GET"):
+    with build_client(ServiceEndpoint("validator", server.base_url), TLS) as client:
+        return request_with_retry(client, method, "/fhir/$validate", retry=retry, operation="validate bundle",
+                                  retryable=retryable, sleep=sleep)
+
+
+def test_transient_5xx_is_retried_with_doubling_backoff(sleep):
+    with serve(Reply(503), Reply(502), Reply(500)) as server:
+        response = call(server, sleep)
+
+        assert response.status_code == 200
+        assert len(server.state.requests) == 4
+    assert sleep.waits == [0.1, 0.2, 0.4]
+
+
+def test_backoff_is_capped_at_max_backoff(sleep):
+    retry = RetrySettings(max_attempts=6, initial_backoff_ms=100, max_backoff_ms=250)
+    with serve(*[Reply(503)] * 5) as server:
+        call(server, sleep, retry=retry)
+    assert sleep.waits == [0.1, 0.2, 0.25, 0.25, 0.25]
+
+
+def test_attempts_stop_at_max_attempts_with_a_transient_error(sleep):
+    retry = RetrySettings(max_attempts=3, initial_backoff_ms=100, max_backoff_ms=1000)
+    with serve(*[Reply(500, body=operation_outcome("database unavailable"))] * 3) as server:
+        with pytest.raises(ServiceError) as raised:
+            call(server, sleep, retry=retry)
+
+        assert len(server.state.requests) == 3
+    error = raised.value
+    assert (error.status_code, error.transient, error.kind) == (500, True, "transient")
+    assert (error.service, error.operation) == ("validator", "validate bundle")
+    assert "database unavailable" in str(error)
+    assert sleep.waits == [0.1, 0.2]
+
+
+@pytest.mark.parametrize("status", [408, 429])
+def test_request_timeout_and_too_many_requests_are_transient(sleep, status):
+    with serve(Reply(status)) as server:
+        assert call(server, sleep).status_code == 200
+        assert len(server.state.requests) == 2
+
+
+def test_retry_after_seconds_replaces_the_backoff(sleep):
+    with serve(Reply(429, {"Retry-After": "0.7"})) as server:
+        call(server, sleep)
+    assert sleep.waits == [0.7]
+
+
+def test_retry_after_is_capped_at_max_backoff(sleep):
+    with serve(Reply(503, {"Retry-After": "120"})) as server:
+        call(server, sleep)
+    assert sleep.waits == [1.0]
+
+
+def test_retry_after_http_date_is_honoured(sleep):
+    in_a_moment = format_datetime(datetime.now(timezone.utc) + timedelta(seconds=3), usegmt=True)
+    retry = RetrySettings(max_attempts=2, initial_backoff_ms=100, max_backoff_ms=10_000)
+    with serve(Reply(503, {"Retry-After": in_a_moment})) as server:
+        call(server, sleep, retry=retry)
+    assert len(sleep.waits) == 1 and 1.5 < sleep.waits[0] <= 3.0
+
+
+def test_retry_after_parsing():
+    now = datetime(2025, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+    assert parse_retry_after("5", now=now) == 5.0
+    assert parse_retry_after("Wed, 01 Jan 2025 12:00:30 GMT", now=now) == 30.0
+    assert parse_retry_after("Wed, 01 Jan 2025 11:00:00 GMT", now=now) == 0.0  # in the past: no wait
+    assert parse_retry_after("soon", now=now) is None
+    assert parse_retry_after(None) is None
+
+
+def test_terminal_4xx_is_not_retried_and_reports_the_operation_outcome_text(sleep):
+    outcome = operation_outcome("Profile http://example.org/Foo not found", "Unknown code 'xyz'")
+    with serve(Reply(422, body=outcome)) as server:
+        with pytest.raises(ServiceError) as raised:
+            call(server, sleep)
+
+        assert len(server.state.requests) == 1
+    error = raised.value
+    assert (error.status_code, error.transient) == (422, False)
+    assert error.message == "Profile http://example.org/Foo not found; Unknown code 'xyz'"
+    assert sleep.waits == []
+
+
+def test_error_bodies_other_than_operation_outcomes_are_not_echoed(sleep):
+    body = b"<html>upstream said: password=hunter2</html>"
+    with serve(Reply(400, {"Content-Type": "text/html"}, body)) as server:
+        with pytest.raises(ServiceError) as raised:
+            call(server, sleep)
+    assert "hunter2" not in str(raised.value) + repr(raised.value)
+    assert raised.value.message == "HTTP 400 Bad Request"
+
+
+def test_never_retry_call_is_attempted_once_even_on_a_transient_error(sleep):
+    with serve(Reply(503)) as server:
+        with pytest.raises(ServiceError) as raised:
+            call(server, sleep, retryable=False, method="POST")
+
+        assert len(server.state.requests) == 1
+    assert raised.value.transient
+    assert sleep.waits == []
+
+
+def test_connection_reset_is_retried(sleep):
+    with serve(Reply(reset=True), Reply(reset=True)) as server:
+        response = call(server, sleep)
+
+        assert response.status_code == 200
+        assert len(server.state.requests) == 3
+    assert sleep.waits == [0.1, 0.2]
+
+
+def test_read_timeout_is_transient_and_retried(sleep):
+    with serve(Reply(delay=0.5)) as server:
+        endpoint = ServiceEndpoint("flattener", server.base_url, timeout=http_timeout(timedelta(seconds=0.1)))
+        with build_client(endpoint, TLS) as client:
+            response = request_with_retry(client, "POST", "/$flatten", retry=RETRY, operation="flatten", sleep=sleep)
+
+        assert response.status_code == 200
+        assert len(server.state.requests) == 2
+    assert sleep.waits == [0.1]
+
+
+def test_unreachable_service_ends_as_a_transient_network_error(sleep):
+    with socket.socket() as placeholder:  # a port that nobody listens on
+        placeholder.bind(("127.0.0.1", 0))
+        port = placeholder.getsockname()[1]
+    retry = RetrySettings(max_attempts=3, initial_backoff_ms=100, max_backoff_ms=1000)
+    with build_client(ServiceEndpoint("extractor", f"http://127.0.0.1:{port}"), TLS) as client:
+        with pytest.raises(ServiceError) as raised:
+            request_with_retry(client, "GET", "/fhir/metadata", retry=retry, operation="poll", sleep=sleep)
+
+    error = raised.value
+    assert (error.status_code, error.transient, error.operation) == (None, True, "poll")
+    assert "ConnectError" in error.message
+    assert sleep.waits == [0.1, 0.2]
+
+
+def test_async_requests_retry_with_the_same_schedule():
+    waits: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        waits.append(seconds)
+
+    async def scenario(base_url: str) -> int:
+        async with build_async_client(ServiceEndpoint("pseudonymizer", base_url), TLS) as client:
+            response = await request_with_retry_async(client, "POST", "/fhir/$de-identify", retry=RETRY,
+                                                      operation="pseudonymize", sleep=fake_sleep, json={})
+            return response.status_code
+
+    with serve(Reply(503), Reply(reset=True), Reply(429, {"Retry-After": "0.5"})) as server:
+        assert asyncio.run(scenario(server.base_url)) == 200
+        assert len(server.state.requests) == 4
+    assert waits == [0.1, 0.2, 0.5]

@@ -1,0 +1,137 @@
+"""Credentials go only to the origin of the configured service URL — also across redirects."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from config.settings import AuthSettings, TlsSettings
+from tasks.clients.auth import origin_of
+from tasks.clients.http import ServiceEndpoint, build_async_client, build_client
+from tests.fakes._server import LoopbackServer
+from tests.fakes.echo import EchoHandler, EchoState, Reply
+from tests.fakes.oauth import REALM_PATH, OAuthHandler, OAuthState
+
+CREDENTIAL_HEADERS = {"authorization", "proxy-authorization", "x-api-key"}
+TLS = TlsSettings()
+
+
+@pytest.fixture
+def service():
+    with LoopbackServer(EchoHandler, EchoState()) as server:
+        yield server
+
+
+@pytest.fixture
+def elsewhere():
+    """A second loopback server: same host, another port, so another origin."""
+    with LoopbackServer(EchoHandler, EchoState()) as server:
+        yield server
+
+
+@pytest.fixture
+def issuer():
+    with LoopbackServer(OAuthHandler, OAuthState()) as server:
+        yield server
+
+
+@pytest.fixture(params=["basic+api-key", "oauth+api-key"])
+def auth(request, issuer) -> AuthSettings:
+    if request.param == "basic+api-key":
+        return AuthSettings(username="alice", password="pw-secret", api_key="key-secret")
+    state: OAuthState = issuer.state
+    return AuthSettings(oauth_issuer_uri=issuer.base_url + REALM_PATH, oauth_client_id=state.client_id,
+                        oauth_client_secret=state.client_secret, api_key="key-secret")
+
+
+def credentials_seen(server: LoopbackServer) -> list[set[str]]:
+    return [set(request.headers) & CREDENTIAL_HEADERS for request in server.state.requests]
+
+
+def test_absolute_url_on_another_origin_gets_no_credentials(service, elsewhere, auth):
+    with build_client(ServiceEndpoint("extractor", service.base_url, auth), TLS) as client:
+        client.get("/fhir/$status", headers={"Proxy-Authorization": "Basic c2VjcmV0"})
+        client.get(f"{elsewhere.base_url}/output/batch-1.ndjson", headers={"Proxy-Authorization": "Basic c2VjcmV0"})
+
+    assert credentials_seen(service) == [{"authorization", "x-api-key", "proxy-authorization"}]
+    assert credentials_seen(elsewhere) == [set()]
+
+
+def test_cross_origin_redirect_is_followed_without_credentials(service, elsewhere, auth):
+    service.state.replies.append(Reply(302, {"Location": f"{elsewhere.base_url}/files/core.ndjson"}))
+
+    with build_client(ServiceEndpoint("extractor", service.base_url, auth), TLS) as client:
+        response = client.get("/output/core.ndjson")
+
+    assert response.status_code == 200
+    assert [r.status_code for r in response.history] == [302]
+    assert credentials_seen(service) == [{"authorization", "x-api-key"}]
+    assert credentials_seen(elsewhere) == [set()]
+    assert elsewhere.state.requests[0].path == "/files/core.ndjson"
+
+
+def test_redirect_back_to_the_service_origin_carries_credentials_again(service, elsewhere, auth):
+    service.state.replies.append(Reply(307, {"Location": f"{elsewhere.base_url}/hop"}))
+    elsewhere.state.replies.append(Reply(303, {"Location": f"{service.base_url}/final"}))
+
+    with build_client(ServiceEndpoint("send", service.base_url, auth), TLS) as client:
+        response = client.post("/start", content=b"payload")
+
+    assert response.status_code == 200
+    assert [(r.method, r.path) for r in service.state.requests] == [("POST", "/start"), ("GET", "/final")]
+    assert elsewhere.state.requests[0].method == "POST" and elsewhere.state.requests[0].body == b"payload"
+    assert credentials_seen(service) == [{"authorization", "x-api-key"}] * 2
+    assert credentials_seen(elsewhere) == [set()]
+
+
+def test_async_client_drops_credentials_on_a_cross_origin_redirect(service, elsewhere, auth):
+    service.state.replies.append(Reply(301, {"Location": f"{elsewhere.base_url}/moved"}))
+
+    async def follow() -> int:
+        async with build_async_client(ServiceEndpoint("pseudonymizer", service.base_url, auth), TLS) as client:
+            return (await client.get("/old")).status_code
+
+    assert asyncio.run(follow()) == 200
+    assert credentials_seen(service) == [{"authorization", "x-api-key"}]
+    assert credentials_seen(elsewhere) == [set()]
+
+
+def test_withheld_credentials_are_logged_once_per_origin(service, elsewhere, caplog):
+    caplog.set_level(logging.INFO, logger="dupflow.clients")
+    auth = AuthSettings(api_key="key-secret")
+
+    with build_client(ServiceEndpoint("extractor", service.base_url, auth), TLS) as client:
+        for name in ("a", "b", "c"):
+            client.get(f"{elsewhere.base_url}/{name}")
+
+    withheld = [r for r in caplog.records if "sending no credentials" in r.getMessage()]
+    assert len(withheld) == 1
+    assert f"127.0.0.1:{elsewhere.port}" in withheld[0].getMessage()
+    assert "key-secret" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("configured", "requested", "same"),
+    [
+        ("https://fhir.example.org", "https://fhir.example.org:443/fhir/Patient", True),
+        ("http://fhir.example.org:80/base", "http://FHIR.example.org/other", True),
+        ("https://fhir.example.org", "http://fhir.example.org/", False),
+        ("https://fhir.example.org", "https://files.example.org/", False),
+        ("https://fhir.example.org:8443", "https://fhir.example.org/", False),
+    ],
+)
+def test_origin_compares_scheme_host_and_normalised_port(configured, requested, same):
+    assert (origin_of(configured) == origin_of(requested)) is same
+
+
+def test_redirect_followed_by_httpx_itself_still_drops_credentials(service, elsewhere, auth):
+    service.state.replies.append(Reply(302, {"Location": f"{elsewhere.base_url}/files/core.ndjson"}))
+
+    with build_client(ServiceEndpoint("extractor", service.base_url, auth), TLS) as client:
+        response = client.get("/output/core.ndjson", follow_redirects=True)
+
+    assert response.status_code == 200
+    assert credentials_seen(service) == [{"authorization", "x-api-key"}]
+    assert credentials_seen(elsewhere) == [set()]

@@ -1,0 +1,137 @@
+"""TLS of outgoing calls: extra CA bundle on top of the system CAs, or verification skipped with a warning."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+
+import botocore.exceptions
+import pytest
+import trustme
+from moto.server import ThreadedMotoServer
+
+from config.settings import RetrySettings, S3Settings, SendSettings, TlsSettings
+from tasks.clients.errors import ServiceError
+from tasks.clients.http import ServiceEndpoint, build_client, request_with_retry, ssl_verify
+from tasks.clients.s3 import make_s3_client
+from tests.fakes._server import LoopbackServer
+from tests.fakes.echo import EchoHandler, EchoState
+
+RETRY = RetrySettings(max_attempts=3, initial_backoff_ms=1, max_backoff_ms=1)
+
+
+@pytest.fixture(scope="module")
+def test_ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture
+def ca_pem(test_ca, tmp_path) -> str:
+    path = tmp_path / "test-ca.pem"
+    test_ca.cert_pem.write_to_path(str(path))
+    return str(path)
+
+
+def tls_server_context(test_ca: trustme.CA) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    test_ca.issue_cert("127.0.0.1").configure_cert(context)
+    return context
+
+
+@pytest.fixture
+def https_service(test_ca):
+    with LoopbackServer(EchoHandler, EchoState(), ssl_context=tls_server_context(test_ca)) as server:
+        yield server
+
+
+def get_metadata(server: LoopbackServer, tls: TlsSettings, sleep=lambda _: None):
+    with build_client(ServiceEndpoint("extractor", server.base_url), tls) as client:
+        return request_with_retry(client, "GET", "/fhir/metadata", retry=RETRY, operation="read metadata", sleep=sleep)
+
+
+def test_certificate_from_an_unknown_ca_is_rejected_without_retry(https_service):
+    sleeps: list[float] = []
+
+    with pytest.raises(ServiceError) as raised:
+        get_metadata(https_service, TlsSettings(), sleep=sleeps.append)
+
+    assert raised.value.status_code is None and not raised.value.transient
+    assert "CERTIFICATE_VERIFY_FAILED" in raised.value.message
+    assert sleeps == []
+    assert https_service.state.requests == []
+
+
+def test_ca_cert_path_makes_the_server_trusted(https_service, ca_pem):
+    assert get_metadata(https_service, TlsSettings(ca_cert_path=ca_pem)).status_code == 200
+    assert len(https_service.state.requests) == 1
+
+
+def test_system_cas_stay_trusted_next_to_ca_cert_path(ca_pem, test_ca):
+    context = ssl_verify(TlsSettings(ca_cert_path=ca_pem), purpose="test")
+
+    subjects = [dict(part[0] for part in cert["subject"]) for cert in context.get_ca_certs()]
+    assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
+    assert any("trustme" in subject.get("organizationName", "") for subject in subjects)
+    assert any(subject.get("commonName") == "ISRG Root X1" for subject in subjects)  # a public root CA
+
+
+def test_insecure_skip_verify_accepts_any_certificate_and_warns(https_service, caplog):
+    caplog.set_level(logging.WARNING, logger="dupflow.clients")
+
+    assert get_metadata(https_service, TlsSettings(insecure_skip_verify=True)).status_code == 200
+    assert any(r.levelno == logging.WARNING and "verification is disabled for extractor" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_unreadable_ca_cert_path_is_reported_with_its_path(tmp_path):
+    missing = str(tmp_path / "nope.pem")
+    with pytest.raises(ValueError, match="tls.ca_cert_path .*nope.pem"):
+        ssl_verify(TlsSettings(ca_cert_path=missing), purpose="test")
+
+
+# --- S3 behind a TLS endpoint (a TLS reverse proxy in front of moto) ------------------------------------------
+
+
+@pytest.fixture
+def https_s3(test_ca):
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    moto.start()
+    host, port = moto.get_host_and_port()
+    state = EchoState(upstream=f"http://{host}:{port}")
+    with LoopbackServer(EchoHandler, state, ssl_context=tls_server_context(test_ca)) as proxy:
+        yield proxy
+    moto.stop()
+
+
+def s3_send(endpoint: str) -> SendSettings:
+    return SendSettings(s3=S3Settings(bucket="secure", region="us-east-1", access_key_id="AKIDTEST",
+                                      secret_access_key="s3-secret-key", endpoint=endpoint, use_path_style=True))
+
+
+def test_s3_client_trusts_ca_cert_path(https_s3, ca_pem):
+    s3 = make_s3_client(s3_send(https_s3.base_url), TlsSettings(ca_cert_path=ca_pem), RetrySettings(max_attempts=1))
+
+    s3.create_bucket(Bucket="secure")
+    s3.put_object(Bucket="secure", Key="job/a.ndjson", Body=b"{}\n")
+
+    assert s3.get_object(Bucket="secure", Key="job/a.ndjson")["Body"].read() == b"{}\n"
+
+
+def test_s3_client_rejects_an_unknown_ca(https_s3):
+    s3 = make_s3_client(s3_send(https_s3.base_url), TlsSettings(), RetrySettings(max_attempts=1))
+
+    with pytest.raises(botocore.exceptions.SSLError):
+        s3.create_bucket(Bucket="secure")
+    assert https_s3.state.requests == []
+
+
+@pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
+def test_s3_client_with_insecure_skip_verify_connects_and_warns(https_s3, caplog):
+    caplog.set_level(logging.WARNING, logger="dupflow.clients")
+    s3 = make_s3_client(s3_send(https_s3.base_url), TlsSettings(insecure_skip_verify=True),
+                        RetrySettings(max_attempts=1))
+
+    s3.create_bucket(Bucket="secure")
+
+    assert len(https_s3.state.requests) == 1
+    assert "verification is disabled for S3" in caplog.text

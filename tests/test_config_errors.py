@@ -1,0 +1,247 @@
+"""Every configuration error of the spec: the message names the full key path and says how to fix it."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from config.loader import ConfigError, load_settings
+from config.settings import env_var_name
+
+LOCAL_ONLY = {"pipeline": {"enabled_steps": ["local_import"]}}
+OAUTH = {"oauth_issuer_uri": "https://auth.example.org", "oauth_client_id": "dupflow",
+         "oauth_client_secret": "oauth-secret-value"}
+BASIC = {"username": "dupflow", "password": "basic-secret-value"}
+
+
+def _write(tmp_path: Path, config: dict[str, Any]) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({**LOCAL_ONLY, **config}), encoding="utf-8")
+    return path
+
+
+def rejected(tmp_path: Path, config: dict[str, Any], env: dict[str, str] | None = None,
+             **kwargs: Any) -> ConfigError:
+    with pytest.raises(ConfigError) as error:
+        load_settings(_write(tmp_path, config), env=env or {}, **kwargs)
+    return error.value
+
+
+def assert_reported(error: ConfigError, key_path: str, fix: str) -> None:
+    """One problem starts with the key path and contains the fix."""
+    matching = [p for p in error.problems if p.startswith((f"{key_path}:", f"{key_path} (")) and fix in p]
+    assert matching, f"no problem for {key_path} with {fix!r} in {error.problems}"
+
+
+def services(**blocks: Any) -> dict[str, Any]:
+    return {"services": blocks}
+
+
+@pytest.mark.parametrize(
+    ("config", "key_path", "fix"),
+    [
+        pytest.param(services(extractor={"auth": {**BASIC, **OAUTH}}), "services.extractor.auth",
+                     "keep only one of the two schemes", id="basic-and-oauth"),
+        pytest.param(services(pseudonymizer={"auth": {"username": "u"}}), "services.pseudonymizer.auth.password",
+                     "needs username and password together", id="username-without-password"),
+        pytest.param(services(send={"auth": {"password": "p"}}), "services.send.auth.username",
+                     "needs username and password together", id="password-without-username"),
+        pytest.param(services(extractor={"auth": {"oauth_issuer_uri": "https://i"}}),
+                     "services.extractor.auth.oauth_client_secret", "together (set it or remove the others)",
+                     id="oauth-without-client"),
+        pytest.param(services(extractor={"auth": {"api_key_header": "x api key"}}),
+                     "services.extractor.auth.api_key_header", "e.g. x-api-key", id="header-not-a-token"),
+        pytest.param(services(extractor={"auth": {**BASIC, "api_key_header": "authorization"}}),
+                     "services.extractor.auth.api_key_header", "use another header", id="authorization-with-basic"),
+        pytest.param(services(send={"auth": {**OAUTH, "api_key_header": "Authorization"}}),
+                     "services.send.auth.api_key_header", "use another header", id="authorization-with-oauth"),
+        pytest.param(services(extractor={"username": "u", "password": "p", "auth": {"api_key": "k"}}),
+                     "services.extractor.auth", "move them into services.extractor.auth", id="flat-and-block"),
+        pytest.param(services(extractor={"polling_interval": "500ms"}), "services.extractor.polling_interval",
+                     "at least PT1S", id="polling-below-1s"),
+        pytest.param(services(extractor={"polling_interval": "PT10S", "max_polling_interval": "PT5S"}),
+                     "services.extractor.max_polling_interval", "at least polling_interval",
+                     id="max-polling-below-polling"),
+        pytest.param({"retry": {"max_attempts": 0}}, "retry.max_attempts", "between 1 and 10", id="attempts-0"),
+        pytest.param({"retry": {"max_attempts": 11}}, "retry.max_attempts", "between 1 and 10", id="attempts-11"),
+        pytest.param(services(pseudonymizer={"bundle_split_threshold_mb": 0}),
+                     "services.pseudonymizer.bundle_split_threshold_mb", "between 1 and 100", id="split-0"),
+        pytest.param(services(pseudonymizer={"bundle_split_threshold_mb": 101}),
+                     "services.pseudonymizer.bundle_split_threshold_mb", "between 1 and 100", id="split-101"),
+        pytest.param(services(send={"batch_size": 1001}), "services.send.batch_size", "between 0 and 1000",
+                     id="batch-1001"),
+        pytest.param(services(send={"batch_size": -1}), "services.send.batch_size", "between 0 and 1000",
+                     id="batch-negative"),
+        pytest.param(services(crtdl_preprocessing={"enrichments_path": "e.json", "enrichments": []}),
+                     "services.crtdl_preprocessing", "keep either the inline rules", id="enrichments-twice"),
+        pytest.param(services(extractor={"polling_interval": "PT5S", "polling_interval_seconds": 5}),
+                     "services.extractor.polling_interval_seconds", "delete the deprecated",
+                     id="legacy-and-new-key"),
+        pytest.param(services(extractor={"base_ulr": "https://x"}), "services.extractor.base_ulr",
+                     "did you mean base_url?", id="misspelt-key"),
+        pytest.param(services(extractor={"polling_interval": 30}), "services.extractor.polling_interval",
+                     "PT30M", id="bare-integer-duration"),
+        pytest.param({"compression": {"level": "max"}}, "compression.level", "set one of those", id="bad-level"),
+    ],
+)
+def test_configuration_error_names_key_path_and_fix(
+    tmp_path: Path, config: dict[str, Any], key_path: str, fix: str
+) -> None:
+    assert_reported(rejected(tmp_path, config), key_path, fix)
+
+
+@pytest.mark.parametrize(
+    ("steps", "fix"),
+    [
+        pytest.param([], "list the steps to run", id="empty"),
+        pytest.param(["pseudonymizer"], "needs exactly one import step", id="no-import-step"),
+        pytest.param(["local_import", "extractor"], "found local_import, extractor", id="two-import-steps"),
+        pytest.param(["pseudonymizer", "local_import"], "must come first", id="import-not-first"),
+        pytest.param(["wait", "local_import"], "cannot be first", id="wait-first"),
+        pytest.param(["local_import", "wait", "wait"], "cannot directly follow another wait", id="wait-wait"),
+        pytest.param(["local_import", "pseudo"], "valid steps are extractor, local_import", id="unknown-step"),
+        pytest.param(["local_import", "csv_conversion"], "use flattening instead", id="csv-conversion"),
+        pytest.param(["local_import", "parquet_conversion"], "use flattening instead", id="parquet-conversion"),
+        pytest.param(["local_import", "validation", "validation"], "list it once", id="duplicate-step"),
+    ],
+)
+def test_pipeline_step_rules(tmp_path: Path, steps: list[str], fix: str) -> None:
+    assert_reported(rejected(tmp_path, {"pipeline": {"enabled_steps": steps}}), "pipeline.enabled_steps", fix)
+
+
+def test_wait_may_appear_twice_when_not_adjacent(tmp_path: Path) -> None:
+    steps = ["local_import", "wait", "validation", "wait"]
+    loaded = load_settings(_write(tmp_path, {"pipeline": {"enabled_steps": steps},
+                                             **services(validation={"url": "https://v"})}), env={})
+    assert loaded.settings.pipeline.enabled_steps == steps
+
+
+@pytest.mark.parametrize(
+    ("steps", "config", "key_path"),
+    [
+        (["extractor"], {}, "services.extractor.base_url"),
+        (["local_import", "pseudonymizer"], {}, "services.pseudonymizer.url"),
+        (["local_import", "validation"], {}, "services.validation.url"),
+        (["local_import", "flattening"], {}, "services.flattening.service_url"),
+        (["local_import", "flattening"], {}, "services.flattening.lookup_path"),
+        (["local_import", "send"], {}, "services.send.send_as"),
+        (["local_import", "send"], {"send_as": "direct_resource_load", "auth": BASIC}, "services.send.url"),
+        (["local_import", "send"], {"send_as": "transfer_load", "url": "https://f", "auth": BASIC},
+         "services.send.transfer.project_identifier"),
+        (["local_import", "send"], {"send_as": "transfer_load", "url": "https://f", "auth": BASIC},
+         "services.send.transfer.organization_identifier"),
+        (["local_import", "send"], {"send_as": "s3_upload"}, "services.send.s3.bucket"),
+        (["local_import", "send"], {"send_as": "s3_upload"}, "services.send.s3.region"),
+        (["local_import", "send"], {"send_as": "s3_upload"}, "services.send.s3.access_key_id"),
+        (["local_import", "send"], {"send_as": "s3_upload"}, "services.send.s3.secret_access_key"),
+    ],
+)
+def test_keys_required_by_an_enabled_step(
+    tmp_path: Path, steps: list[str], config: dict[str, Any], key_path: str
+) -> None:
+    error = rejected(tmp_path, {"pipeline": {"enabled_steps": steps}, **services(send=config)})
+    fix = "set one of direct_resource_load" if key_path.endswith("send_as") else env_var_name(key_path)
+    assert_reported(error, key_path, fix)
+
+
+def test_keys_of_disabled_steps_are_not_required(tmp_path: Path) -> None:
+    loaded = load_settings(_write(tmp_path, services(send={"send_as": "s3_upload"})), env={})
+    assert loaded.settings.services.send.s3.bucket is None
+
+
+@pytest.mark.parametrize("auth", [{}, {"api_key": "k"}], ids=["no-auth", "api-key-only"])
+def test_send_fhir_modes_need_basic_or_oauth(tmp_path: Path, auth: dict[str, str]) -> None:
+    send = {"send_as": "direct_resource_load", "url": "https://fhir", "auth": auth}
+    error = rejected(tmp_path, {"pipeline": {"enabled_steps": ["local_import", "send"]}, **services(send=send)})
+    assert_reported(error, "services.send.auth", "needs exactly one of Basic Auth")
+
+
+S3_SEND = {"send_as": "s3_upload", "s3": {"bucket": "b", "region": "r", "access_key_id": "ak",
+                                          "secret_access_key": "sk"}}
+SEND_STEPS = {"pipeline": {"enabled_steps": ["local_import", "send"]}}
+
+
+def test_s3_upload_rejects_oauth_proxy_auth(tmp_path: Path) -> None:
+    error = rejected(tmp_path, {**SEND_STEPS, **services(send={**S3_SEND, "auth": OAUTH})})
+    assert_reported(error, "services.send.auth", "remove the oauth_* keys")
+
+
+def test_s3_upload_accepts_basic_proxy_auth_and_ignores_api_key_with_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = {**SEND_STEPS, **services(send={**S3_SEND, "auth": {**BASIC, "api_key": "k"}})}
+    with caplog.at_level(logging.WARNING, logger="dupflow.config"):
+        loaded = load_settings(_write(tmp_path, config), env={})
+    assert loaded.settings.services.send.auth.uses_basic
+    assert any("services.send.auth.api_key is ignored" in w for w in loaded.warnings)
+    assert any("services.send.auth.api_key is ignored" in r.getMessage() for r in caplog.records)
+
+
+def test_authorization_header_is_allowed_for_a_static_token_alone(tmp_path: Path) -> None:
+    config = services(extractor={"auth": {"api_key": "Bearer static", "api_key_header": "Authorization"}})
+    loaded = load_settings(_write(tmp_path, config), env={})
+    assert loaded.settings.services.extractor.auth.api_key_header == "Authorization"
+
+
+def test_several_errors_are_reported_together(tmp_path: Path) -> None:
+    config = {
+        "pipeline": {"enabled_steps": ["wait", "local_import"]},
+        "retry": {"max_attempts": 42},
+        **services(extractor={"auth": {**BASIC, **OAUTH}}, pseudonymizer={"bundle_split_threshold_mb": 500}),
+    }
+    error = rejected(tmp_path, config, env={"APP_SERVICES_VALIDATION_FAIL_ON_ERROR": "maybe"})
+    assert_reported(error, "pipeline.enabled_steps", "cannot be first")
+    assert_reported(error, "retry.max_attempts", "between 1 and 10")
+    assert_reported(error, "services.extractor.auth", "keep only one")
+    assert_reported(error, "services.pseudonymizer.bundle_split_threshold_mb", "between 1 and 100")
+    assert_reported(error, "services.validation.fail_on_error", "must be true or false")
+    assert str(error).startswith(f"invalid configuration ({len(error.problems)} problems)")
+    assert all(problem in str(error) for problem in error.problems)
+
+
+def test_malformed_env_value_names_the_variable(tmp_path: Path) -> None:
+    error = rejected(tmp_path, {}, env={"APP_RETRY_MAX_ATTEMPTS": "many"})
+    assert_reported(error, "retry.max_attempts", "(from APP_RETRY_MAX_ATTEMPTS)")
+    assert_reported(error, "retry.max_attempts", "whole number")
+
+
+def test_malformed_env_duration_names_the_variable(tmp_path: Path) -> None:
+    error = rejected(tmp_path, {}, env={"APP_SERVICES_EXTRACTOR_POLLING_INTERVAL": "10"})
+    assert_reported(error, "services.extractor.polling_interval", "(from APP_SERVICES_EXTRACTOR_POLLING_INTERVAL)")
+
+
+def test_unknown_override_key_is_an_error_naming_it(tmp_path: Path) -> None:
+    error = rejected(tmp_path, {}, overrides={"services.local_import.dirr": "/data"})
+    assert any("services.local_import.dirr" in p and "did you mean services.local_import.dir?" in p
+               for p in error.problems), error.problems
+
+
+def test_errors_never_show_secret_values_or_pydantic_urls(tmp_path: Path) -> None:
+    config = services(
+        extractor={"auth": {**BASIC, **OAUTH, "api_key": ["list-secret-value"]}},
+        send={"auth": {"password": "send-secret-value"}, "s3": {"secret_access_key": {"x": "s3-secret"}}},
+    )
+    error = rejected(tmp_path, config, env={"APP_SERVICES_PSEUDONYMIZER_AUTH_PASSWORD": "env-secret-value"})
+    text = str(error)
+    assert "services.extractor.auth.api_key" in text and "services.send.s3.secret_access_key" in text
+    for secret in ("basic-secret-value", "oauth-secret-value", "list-secret-value", "send-secret-value",
+                   "s3-secret", "env-secret-value"):
+        assert secret not in text
+    assert "pydantic.dev" not in text and "input_value" not in text
+
+
+def test_missing_config_file_is_reported_with_its_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="nope.yaml: cannot read the configuration file"):
+        load_settings(tmp_path / "nope.yaml", env={})
+
+
+def test_invalid_yaml_reports_position_without_content(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("services:\n  extractor: {password: hunter2\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as error:
+        load_settings(path, env={})
+    assert "invalid YAML at line" in str(error.value) and "hunter2" not in str(error.value)

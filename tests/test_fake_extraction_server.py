@@ -1,0 +1,572 @@
+"""The fake extraction server follows the extraction-server contract (spec + real-server deviations)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.fakes.extraction_server import ExtractionServer, JobStatus, start_extraction_server
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TESTDATA = REPO_ROOT.parent / "shared" / "testdata"
+CRTDL_DIR = TESTDATA / "crtdl"
+ATTRIBUTE_GROUP_SYSTEM = "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"
+
+
+class ManualClock:
+    """Simulation time that only moves when the test says so."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def tick(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def kickoff_body(crtdl: bytes, patients: tuple[str, ...] = ()) -> dict:
+    parameters = [{"name": "crtdl", "valueBase64Binary": base64.b64encode(crtdl).decode()}]
+    parameters += [{"name": "patient", "valueString": p} for p in patients]
+    return {"resourceType": "Parameters", "parameter": parameters}
+
+
+def submit(client: httpx.Client, srv: ExtractionServer, crtdl_name: str = "CRTDL_diagnosis_basic.json", **kw) -> str:
+    response = client.post(
+        f"{srv.base_url}/fhir/$extract-data",
+        json=kickoff_body((CRTDL_DIR / crtdl_name).read_bytes(), **kw),
+        headers={"Content-Type": "application/fhir+json", "Accept": "application/fhir+json"},
+    )
+    assert response.status_code == 202, response.text
+    return response.headers["Content-Location"]
+
+
+def poll_until_done(client: httpx.Client, status_url: str, timeout: float = 5.0) -> httpx.Response:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        response = client.get(status_url, headers={"Accept": "application/json"})
+        if response.status_code != 202:
+            return response
+        time.sleep(0.02)
+    raise AssertionError("job did not finish")
+
+
+def job_id(status_url: str) -> str:
+    return status_url.rsplit("/", 1)[1]
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def client():
+    with httpx.Client(timeout=10) as c:
+        yield c
+
+
+@pytest.fixture
+def srv():
+    with start_extraction_server() as server:
+        yield server
+
+
+@pytest.fixture
+def manual(clock):
+    """A server whose jobs move only when ``clock.tick`` is called."""
+    with start_extraction_server(clock=clock) as server:
+        yield server
+
+
+def finish(clock: ManualClock) -> None:
+    clock.tick(10)
+
+
+# --- kick-off, poll, download ---------------------------------------------------------------------
+def test_kickoff_then_polling_reaches_a_manifest_whose_files_hold_patient_bundles_with_provenance(srv, client):
+    status_url = submit(client, srv, "CRTDL_MedicationAdministraion_linked_encounter_linked_medication.json")
+    assert status_url == f"{srv.base_url}/fhir/__status/{job_id(status_url)}"
+
+    first = client.get(status_url, headers={"Accept": "application/json"})
+    assert first.status_code == 202
+    assert first.headers["Content-Type"] == "application/json"
+    assert first.headers["X-Progress"] == "Pending"
+    assert first.json()["issue"][-1]["diagnostics"] == (
+        f"Job {job_id(status_url)}\n status: PENDING\n batch progress: 0%\n cohort Size: 0"
+    )
+
+    done = poll_until_done(client, status_url)
+    assert done.status_code == 200
+    manifest = done.json()
+    assert manifest["request"] == status_url
+    assert manifest["requiresAccessToken"] is False
+    assert manifest["error"] == []
+    assert {o["type"] for o in manifest["output"]} == {"NDJSON Bundle"}
+    urls = [o["url"] for o in manifest["output"]]
+    assert urls[-1].endswith("/core.ndjson") and len(urls) == 4  # 5 patients in batches of 2, then core
+    extensions = {e["url"]: e for e in manifest["extension"]}
+    job_record = extensions["https://torch.mii.de/fhir/StructureDefinition/torch-job"]["valueObject"]
+    assert (job_record["id"], job_record["status"]) == (job_id(status_url), "COMPLETED")
+    summary = extensions["torch-job-diagnostics-summary"]["valueObject"]
+    assert summary["Num-Cohort-Patients"] == 5
+    assert set(summary["Duration-Measurements"]) == {
+        "CONSENT_FETCH",
+        "DIRECT_LOAD",
+        "REFERENCE_RESOLVE",
+        "CASCADING_DELETE",
+        "COPY_REDACT",
+    }
+    for name in ("torch-resource-exclusions", "torch-patient-exclusions", "torch-job-diagnostics-summary"):
+        assert client.get(extensions[name]["valueUrl"]).status_code == 200
+    assert "torch-job-issues" not in extensions
+
+    crtdl = json.loads(
+        (CRTDL_DIR / "CRTDL_MedicationAdministraion_linked_encounter_linked_medication.json").read_text()
+    )
+    group_ids = {g["id"] for g in crtdl["dataExtraction"]["attributeGroups"]}
+    patients = []
+    for url in urls[:-1]:
+        response = client.get(url, headers={"Accept": "application/fhir+ndjson"})
+        assert response.headers["Content-Type"] == "application/fhir+ndjson"
+        for line in response.text.splitlines():
+            bundle = json.loads(line)
+            assert bundle["type"] == "transaction"
+            resources = {f"{e['resource']['resourceType']}/{e['resource']['id']}": e for e in bundle["entry"]}
+            assert all(e["request"] == {"method": "PUT", "url": ref} for ref, e in resources.items())
+            [patient] = [e["resource"] for e in bundle["entry"] if e["resource"]["resourceType"] == "Patient"]
+            patients.append(patient["id"])
+            assert patient["identifier"]
+            provenances = [e["resource"] for e in bundle["entry"] if e["resource"]["resourceType"] == "Provenance"]
+            routed = set()
+            for provenance in provenances:
+                [group] = [
+                    x["what"]["identifier"]["value"]
+                    for x in provenance["entity"]
+                    if x["what"]["identifier"]["system"] == ATTRIBUTE_GROUP_SYSTEM
+                ]
+                assert group in group_ids
+                routed |= {t["reference"] for t in provenance["target"]}
+            assert routed == {ref for ref in resources if not ref.startswith("Provenance/")}
+    assert len(set(patients)) == 5
+
+    core = json.loads(client.get(urls[-1]).text)
+    assert core["type"] == "transaction"
+    assert {e["resource"]["resourceType"] for e in core["entry"]} == {"Medication", "Provenance"}
+
+
+def test_patient_parameters_replace_the_cohort(srv, client):
+    status_url = submit(client, srv, patients=("Patient/VHF00006", "1"))
+    manifest = poll_until_done(client, status_url).json()
+    [batch_url, _core] = [o["url"] for o in manifest["output"]]
+    bundles = [json.loads(line) for line in client.get(batch_url).text.splitlines()]
+    patient_ids = [
+        e["resource"]["id"] for b in bundles for e in b["entry"] if e["resource"]["resourceType"] == "Patient"
+    ]
+    assert patient_ids == ["VHF00006", "1"]
+    assert srv.state.submissions[-1].headers["content-type"] == "application/fhir+json"
+
+
+def _parameters_with_crtdl(value: str) -> bytes:
+    return json.dumps(
+        {"resourceType": "Parameters", "parameter": [{"name": "crtdl", "valueBase64Binary": value}]}
+    ).encode()
+
+
+@pytest.mark.parametrize(
+    ("body", "diagnostics"),
+    [
+        ((TESTDATA / "extraction/Parameters_invalid_CRTDL.json").read_bytes(), "No Patient Attribute Group"),
+        (b"{not json", "Input is not a valid Parameters Resource"),
+        (b'{"resourceType": "Parameters", "parameter": []}', "Missing parameter 'crtdl'"),
+        (_parameters_with_crtdl("%%% not base64 %%%"), "Parameter 'crtdl' is not valid Base64"),
+        (_parameters_with_crtdl(base64.b64encode(b"{oops").decode()), "CRTDL is not valid JSON"),
+        (_parameters_with_crtdl(base64.b64encode(b'{"dataExtraction": {}}').decode()), "CRTDL has no cohortDefinition"),
+    ],
+)
+def test_invalid_kickoff_answers_400_with_a_fatal_outcome(srv, client, body, diagnostics):
+    response = client.post(
+        f"{srv.base_url}/fhir/$extract-data", content=body, headers={"Content-Type": "application/fhir+json"}
+    )
+    assert response.status_code == 400
+    [issue] = response.json()["issue"]
+    assert (issue["severity"], issue["code"]) == ("fatal", "invalid")
+    assert issue["diagnostics"].startswith(diagnostics)
+    assert srv.state.submissions[-1].status == 400 and srv.state.jobs == {}
+
+
+def test_kickoff_needs_an_acceptable_accept_header(srv, client):
+    body = kickoff_body((CRTDL_DIR / "CRTDL_patient.json").read_bytes())
+    assert (
+        client.post(f"{srv.base_url}/fhir/$extract-data", json=body, headers={"Accept": "text/plain"}).status_code
+        == 406
+    )
+    assert client.post(f"{srv.base_url}/fhir/$extract-data", json=body, headers={"Accept": "*/*"}).status_code == 202
+
+
+def test_kickoff_switches_answer_200_or_omit_content_location(client):
+    body = kickoff_body((CRTDL_DIR / "CRTDL_patient.json").read_bytes())
+    with start_extraction_server(kickoff_status=200, omit_content_location=True) as server:
+        response = client.post(f"{server.base_url}/fhir/$extract-data", json=body)
+    assert response.status_code == 200 and "Content-Location" not in response.headers
+    assert len(server.state.jobs) == 1
+
+
+# --- status rows ------------------------------------------------------------------------------------
+def test_progress_moves_through_every_running_state_with_x_progress(client, clock):
+    one_second_each = dict.fromkeys(
+        ("PENDING", "RUNNING_GET_COHORT", "RUNNING_PROCESS_BATCH", "RUNNING_PROCESS_CORE"), 1.0
+    )
+    with start_extraction_server(
+        clock=clock, durations=one_second_each, cohort_size=8, batch_size=2, max_concurrency=2
+    ) as server:
+        status_url = submit(client, server)
+        seen = []
+        for _ in range(6):
+            response = client.get(status_url)
+            seen.append(response.headers.get("X-Progress"))
+            clock.tick(1.0)
+        assert seen == [
+            "Pending",
+            "Getting cohort",
+            "Processing batches (0%)",
+            "Processing batches (50%)",
+            "Processing core resources",
+            None,
+        ]
+        assert response.status_code == 200
+
+
+def test_status_codes_follow_the_job_state(manual, client, clock):
+    base = manual.base_url
+    assert client.get(f"{base}/fhir/__status/not-a-uuid").status_code == 400
+    assert client.get(f"{base}/fhir/__status/6f1b8ad4-0000-4000-8000-000000000000").status_code == 404
+
+    cancelled = submit(client, manual)
+    assert client.post(f"{base}/fhir/Task/{job_id(cancelled)}/$cancel").status_code == 200
+    assert client.get(cancelled).status_code == 410
+
+    temp_failed = submit(client, manual)
+    manual.state.force_status(job_id(temp_failed), JobStatus.TEMP_FAILED)
+    assert client.get(temp_failed).status_code == 503
+
+    paused = submit(client, manual)
+    clock.tick(0.06)
+    assert client.post(f"{base}/fhir/Task/{job_id(paused)}/$pause").status_code == 200
+    response = client.get(paused)
+    assert (response.status_code, response.headers["X-Progress"]) == (202, "Paused")
+
+    deleted = submit(client, manual)
+    assert client.delete(f"{base}/fhir/Task/{job_id(deleted)}").status_code == 204
+    assert client.get(deleted).status_code == 404
+
+
+def test_failed_job_answers_500_with_its_diagnostics(client, clock):
+    with start_extraction_server(clock=clock, fail_jobs=True, failure_diagnostics="cohort exploded") as server:
+        status_url = submit(client, server)
+        finish(clock)
+        response = client.get(status_url)
+        assert response.status_code == 500
+        assert response.json()["issue"][0] == {
+            "severity": "fatal",
+            "code": "exception",
+            "diagnostics": "cohort exploded",
+        }
+        task = client.get(f"{server.base_url}/fhir/Task/{job_id(status_url)}").json()
+        assert task["status"] == "failed"
+
+
+def test_fault_switches_on_status_polls(manual, client, clock):
+    status_url = submit(client, manual)
+    manual.state.status_unavailable_polls = 2
+    assert [client.get(status_url).status_code for _ in range(3)] == [503, 503, 202]
+
+    manual.state.fail_next_status = True
+    assert client.get(status_url).status_code == 500
+
+    second = submit(client, manual)
+    manual.state.forget_jobs()
+    assert client.get(second).status_code == 404
+    assert manual.state.polls[job_id(status_url)] == 4
+
+
+def test_102_interim_answer_precedes_the_202(manual, client):
+    manual.state.status_102 = "interim"
+    response = client.get(submit(client, manual))
+    assert response.status_code == 202  # httpx skips the informational 102
+
+
+# --- manifest variants ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("options", "check"),
+    [
+        ({"file_url_style": "relative"}, lambda url, base: url.startswith("/files/")),
+        (
+            {"file_url_style": "host_prefixed"},
+            lambda url, base: url.startswith(base.removeprefix("http://") + "/files/"),
+        ),
+        ({"extension_style": "extractor"}, None),
+    ],
+)
+def test_manifest_url_and_extension_styles(client, clock, options, check):
+    with start_extraction_server(clock=clock, **options) as server:
+        status_url = submit(client, server)
+        finish(clock)
+        manifest = client.get(status_url).json()
+    if check:
+        assert all(check(o["url"], server.base_url) for o in manifest["output"])
+    else:
+        urls = {e["url"] for e in manifest["extension"]}
+        assert "https://torch.mii.de/fhir/StructureDefinition/extractor-job" in urls
+        assert "extractor-job-diagnostics-summary" in urls
+
+
+def test_parameters_result_shape_carries_output_url_parts(client, clock):
+    with start_extraction_server(clock=clock, result_shape="parameters") as server:
+        status_url = submit(client, server)
+        finish(clock)
+        result = client.get(status_url).json()
+    assert result["resourceType"] == "Parameters"
+    urls = [
+        p["valueUri"] for o in result["parameter"] if o["name"] == "output" for p in o["part"] if p["name"] == "url"
+    ]
+    assert len(urls) == 4 and urls[-1].endswith("/core.ndjson")
+
+
+@pytest.mark.parametrize(("mode", "issues_expected"), [("with_issues", True), ("without_issues", False)])
+def test_empty_output_with_and_without_issues(client, clock, mode, issues_expected):
+    with start_extraction_server(clock=clock, empty_output=mode) as server:
+        status_url = submit(client, server)
+        finish(clock)
+        manifest = client.get(status_url).json()
+    assert manifest["output"] == []
+    issues = [e["valueObject"] for e in manifest["extension"] if e["url"] == "torch-job-issues"]
+    assert bool(issues) is issues_expected
+
+
+# --- Task API -------------------------------------------------------------------------------------
+def test_task_search_is_lenient_unless_strict_handling_is_preferred(manual, client):
+    first, second = job_id(submit(client, manual)), job_id(submit(client, manual))
+    search = f"{manual.base_url}/fhir/Task"
+
+    bundle = client.get(search, params={"_id": f"{first},not-a-uuid", "foo": "1"}).json()
+    assert (bundle["type"], bundle["total"], bundle["entry"][0]["resource"]["id"]) == ("searchset", 1, first)
+    assert client.get(search, params={"status": "PENDING"}).json()["total"] == 2
+    assert client.get(search, params={"status": "COMPLETED"}).json()["total"] == 0
+    assert {e["resource"]["id"] for e in client.get(search).json()["entry"]} == {first, second}
+
+    strict = client.get(search, params={"_id": "not-a-uuid", "foo": "1"}, headers={"Prefer": "handling=strict"})
+    assert strict.status_code == 400
+    assert strict.json()["issue"][0]["diagnostics"] == (
+        "Unsupported search parameters: [foo]; Invalid _id values: [not-a-uuid]"
+    )
+
+
+def test_task_read_maps_status_and_shows_progress_extension_with_active_batches(client, clock):
+    with start_extraction_server(clock=clock, cohort_size=6, batch_size=2, max_concurrency=2) as server:
+        task_url = f"{server.base_url}/fhir/Task/{job_id(submit(client, server))}"
+        pending = client.get(task_url).json()
+        assert (pending["status"], pending["businessStatus"]["coding"][0]["code"]) == ("requested", "PENDING")
+        assert "extension" not in pending
+
+        clock.tick(0.11)  # pending 0.05 + cohort 0.05 -> batch phase
+        task = client.get(task_url).json()
+        assert task["status"] == "in-progress" and task["priority"] == "routine"
+        [progress] = task["extension"]
+        assert progress["url"] == "https://torch.mii.de/fhir/torch-job-progress"
+        values = {e["url"]: e.get("valueInteger") for e in progress["extension"]}
+        assert values | {"activeBatch": None} == {
+            "cohortSize": 6,
+            "batchSize": 2,
+            "batchesTotal": 3,
+            "batchesCompleted": 0,
+            "activeBatch": None,
+        }
+        active = [e for e in progress["extension"] if e["url"] == "activeBatch"]
+        assert len(active) == 2
+        assert {p["url"] for p in active[0]["extension"]} == {"batchId", "stage"}
+
+        assert (
+            client.get(f"{server.base_url}/fhir/Task/6f1b8ad4-0000-4000-8000-000000000000").json()["issue"][0]["code"]
+            == "not-found"
+        )
+
+
+def test_priority_put_needs_a_current_if_match_version(manual, client):
+    task_url = f"{manual.base_url}/fhir/Task/{job_id(submit(client, manual))}"
+    version = client.get(task_url).json()["meta"]["versionId"]
+    body = {"resourceType": "Task", "status": "requested", "intent": "order", "priority": "asap"}
+
+    assert client.put(task_url, json=body).status_code == 428
+    stale = client.put(task_url, json=body, headers={"If-Match": 'W/"0"'})
+    assert stale.status_code == 409
+    assert stale.json()["issue"][0]["diagnostics"] == f"Version mismatch: expected {version}, got 0"
+
+    updated = client.put(task_url, json=body, headers={"If-Match": f'W/"{version}"'})
+    assert updated.status_code == 200
+    assert updated.json()["priority"] == "asap"
+    assert int(updated.json()["meta"]["versionId"]) > int(version)
+
+    manual.state.stale_version_status = 412
+    assert client.put(task_url, json=body, headers={"If-Match": f'W/"{version}"'}).status_code == 412
+
+
+def test_high_priority_jobs_leave_the_queue_first(client, clock):
+    with start_extraction_server(clock=clock, max_running_jobs=1) as server:
+        running, normal, urgent = (job_id(submit(client, server)) for _ in range(3))
+        clock.tick(0.06)
+        task_url = f"{server.base_url}/fhir/Task/{urgent}"
+        version = client.get(task_url).json()["meta"]["versionId"]
+        client.put(task_url, json={"resourceType": "Task", "priority": "stat"}, headers={"If-Match": f'W/"{version}"'})
+        clock.tick(0.2)  # the first job completes; one slot frees
+        statuses = {j: server.state.job(j).status for j in (running, normal, urgent)}
+    assert statuses == {
+        running: JobStatus.COMPLETED,
+        normal: JobStatus.PENDING,
+        urgent: JobStatus.RUNNING_PROCESS_BATCH,
+    }
+
+
+def test_pause_resume_cancel_follow_the_transition_table(manual, client, clock):
+    task = f"{manual.base_url}/fhir/Task/{job_id(submit(client, manual))}"
+    assert client.post(f"{task}/$pause").status_code == 409  # PENDING is not running
+    assert client.post(f"{task}/$resume").status_code == 409
+    clock.tick(0.06)
+    paused = client.post(f"{task}/$pause").json()
+    assert (paused["status"], paused["businessStatus"]["coding"][0]["code"]) == ("on-hold", "PAUSED")
+    clock.tick(5)  # paused jobs do not advance
+    resumed = client.post(f"{task}/$resume").json()
+    assert resumed["businessStatus"]["coding"][0]["code"] == "RUNNING_GET_COHORT"
+    cancelled = client.post(f"{task}/$cancel").json()
+    assert (cancelled["status"], "end" in cancelled["executionPeriod"]) == ("cancelled", True)
+    again = client.post(f"{task}/$cancel")
+    assert again.status_code == 409
+    assert again.json()["issue"][0]["diagnostics"].endswith("cannot be $cancel: already cancelled")
+
+
+def test_real_server_transitions_allow_pause_from_pending_and_repeated_cancel(client, clock):
+    with start_extraction_server(clock=clock, lenient_transitions=True) as server:
+        task = f"{server.base_url}/fhir/Task/{job_id(submit(client, server))}"
+        assert client.post(f"{task}/$pause").json()["businessStatus"]["coding"][0]["code"] == "PAUSED"
+        assert client.post(f"{task}/$cancel").status_code == 200
+        assert client.post(f"{task}/$cancel").status_code == 200
+
+
+def test_delete_removes_the_job_and_its_files(manual, client, clock):
+    status_url = submit(client, manual)
+    finish(clock)
+    file_url = client.get(status_url).json()["output"][0]["url"]
+    assert client.get(file_url).status_code == 200
+    task_url = f"{manual.base_url}/fhir/Task/{job_id(status_url)}"
+    manual.state.delete_fails = True
+    assert client.delete(task_url).status_code == 500
+    manual.state.delete_fails = False
+    assert client.delete(task_url).status_code == 204
+    assert client.delete(task_url).status_code == 404
+    assert client.get(file_url).status_code == 404
+
+
+def test_consent_audit_files_are_linked_from_task_output(manual, client, clock):
+    status_url = submit(client, manual, "CRTDL_test_consent-ext.json")
+    finish(clock)
+    task = client.get(f"{manual.base_url}/fhir/Task/{job_id(status_url)}").json()
+    assert len(task["output"]) == 3 and task["output"][0]["type"] == {"text": "Consent audit NDJSON"}
+    audit = [json.loads(line) for line in client.get(task["output"][0]["valueUrl"]).text.splitlines()]
+    assert {b["type"] for b in audit} == {"collection"}
+    assert {e["resource"]["resourceType"] for b in audit for e in b["entry"]} == {"Consent"}
+    assert not any("_consent" in o["url"] for o in client.get(status_url).json()["output"])
+
+
+# --- files: HEAD, Range, faults -------------------------------------------------------------------
+@pytest.fixture
+def file_url(manual, client, clock) -> str:
+    status_url = submit(client, manual)
+    finish(clock)
+    return client.get(status_url).json()["output"][0]["url"]
+
+
+def test_head_and_range_probes(manual, client, file_url):
+    full = client.get(file_url)
+    head = client.head(file_url)
+    assert (head.status_code, int(head.headers["Content-Length"])) == (200, len(full.content))
+    probe = client.get(file_url, headers={"Range": "bytes=0-0"})
+    assert probe.status_code == 206
+    assert probe.headers["Content-Range"] == f"bytes 0-0/{len(full.content)}"
+    assert probe.content == full.content[:1]
+    key = file_url.split("/files/", 1)[1]
+    assert (manual.state.file_heads[key], manual.state.range_probes[key], manual.state.file_gets[key]) == (1, 1, 2)
+
+    manual.state.head_status = 405
+    assert client.head(file_url).status_code == 405
+
+
+def test_files_answer_404_until_they_become_visible(manual, client, file_url):
+    manual.state.file_not_ready_probes = 2
+    assert [client.head(file_url).status_code for _ in range(3)] == [404, 404, 200]
+
+
+def test_reset_mid_body_breaks_the_download(manual, client, file_url):
+    manual.state.reset_downloads, manual.state.reset_after_bytes = 1, 100
+    with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+        client.get(file_url)
+    assert client.get(file_url).status_code == 200  # only the next download was affected
+
+
+def test_stall_mid_body_delays_but_completes_the_download(manual, client, file_url):
+    expected = client.get(file_url).content
+    manual.state.stall_downloads, manual.state.stall_after_bytes, manual.state.stall_seconds = 1, 50, 0.3
+    started = time.monotonic()
+    assert client.get(file_url).content == expected
+    assert time.monotonic() - started >= 0.3
+
+
+def test_files_on_a_second_origin_see_their_own_requests(client, clock):
+    with start_extraction_server(clock=clock, file_origin=True) as server:
+        status_url = submit(client, server)
+        finish(clock)
+        manifest = client.get(status_url, headers={"Authorization": "Bearer api-only"}).json()
+        url = manifest["output"][0]["url"]
+        assert url.startswith(server.file_server.base_url + "/files/")
+        assert client.get(url).status_code == 200
+        file_requests = server.state.requests_to("/files/", origin="files")
+    assert len(file_requests) == 1 and file_requests[0].header("Authorization") is None
+    assert server.state.requests_to("/fhir/__status/", origin="api")[-1].header("Authorization") == "Bearer api-only"
+
+
+def test_response_delay_slows_every_answer(client):
+    with start_extraction_server(response_delay=0.2) as server:
+        started = time.monotonic()
+        assert client.get(f"{server.base_url}/fhir/metadata").status_code == 200
+    assert time.monotonic() - started >= 0.2
+
+
+def test_runs_alone_from_the_command_line(client, unused_tcp_port):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.fakes.extraction_server", "--port", str(unused_tcp_port)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert "listening" in process.stdout.readline()
+        metadata = client.get(f"http://127.0.0.1:{unused_tcp_port}/fhir/metadata")
+        assert metadata.json()["resourceType"] == "CapabilityStatement"
+    finally:
+        process.terminate()
+        process.wait(timeout=5)
+
+
+@pytest.fixture
+def unused_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,197 @@
+"""Jobs end to end through the command line, against a real (temporary) Prefect API."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
+from tests.conftest import REPO_ROOT, run_cli
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+
+
+def write_config(path: Path, jobs_dir: Path, steps: list[str], extra: str = "") -> Path:
+    path.write_text(
+        f"pipeline:\n  enabled_steps: {json.dumps(steps)}\njobs_dir: {jobs_dir}\n"
+        "compression:\n  level: fastest\n" + extra
+    )
+    return path
+
+
+def write_ndjson(path: Path, count: int, pad: int = 0) -> Path:
+    filler = "x" * pad
+    path.write_bytes(
+        b"".join(b'{"resourceType":"Patient","id":"p%d","note":"%s"}\n' % (i, filler.encode()) for i in range(count))
+    )
+    return path
+
+
+def only_job_dir(jobs_dir: Path) -> Path:
+    (job_dir,) = [d for d in jobs_dir.iterdir() if d.is_dir()]
+    return job_dir
+
+
+def job_file(job_dir: Path) -> dict:
+    return json.loads((job_dir / "job.json").read_text())
+
+
+def resources_in(path: Path) -> int:
+    data = path.read_bytes()
+    if path.name.endswith(".zst"):
+        data = zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    return sum(1 for line in data.splitlines() if line.strip())
+
+
+def test_the_embedded_default_job_imports_the_sample_data(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["start", "--no-progress"]) == EXIT_OK
+    job_dir = only_job_dir(tmp_path / "jobs")
+    imported = sorted(p.name for p in (job_dir / "import").iterdir())
+    assert imported == ["b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson.zst", "fhir-data.ndjson.zst"]
+    assert str(job_dir / "import") in capsys.readouterr().out
+    assert job_file(job_dir)["state"] == "Completed"
+
+
+def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp_path, capsys):
+    source = tmp_path / "in"
+    source.mkdir()
+    write_ndjson(source / "a.ndjson", 3)
+    config = write_config(tmp_path / "c.yaml", tmp_path / "jobs", ["local_import", "wait"])
+
+    assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
+    job_dir = only_job_dir(tmp_path / "jobs")
+    record = job_file(job_dir)
+    assert record["state"] == "Paused" and record["awaiting_wait_position"] == 1
+    assert (job_dir / "import_wait").is_dir()
+    assert f"continue {job_dir.name}" in record["state_message"]
+
+    write_ndjson(job_dir / "import_wait" / "a.ndjson", 2)
+    assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_OK
+    record = job_file(job_dir)
+    assert record["state"] == "Completed"
+    assert record["state_message"].endswith("import_wait")
+    assert len(record["flow_run_ids"]) == 2
+
+
+def test_a_step_that_has_not_landed_is_refused_by_start(tmp_path, capsys):
+    config = write_config(
+        tmp_path / "c.yaml", tmp_path / "jobs", ["extractor"], "services:\n  extractor:\n    base_url: http://x\n"
+    )
+    assert main(["start", str(config), str(tmp_path)]) == EXIT_USAGE
+    assert "step extractor is not available in this version" in capsys.readouterr().err
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_a_failing_import_exits_1_names_the_problem_and_records_it(tmp_path, capsys):
+    config = write_config(tmp_path / "c.yaml", tmp_path / "jobs", ["local_import"])
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    assert main(["start", str(config), str(empty), "--no-progress"]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "no .ndjson or .ndjson.zst files" in err and "services.local_import.recursive" in err
+    assert job_file(only_job_dir(tmp_path / "jobs"))["state"] == "Failed"
+
+
+def test_status_and_list_read_the_job_without_importing_prefect(tmp_path):
+    source = tmp_path / "in"
+    source.mkdir()
+    write_ndjson(source / "a.ndjson", 4)
+    config = write_config(tmp_path / "c.yaml", tmp_path / "jobs", ["local_import", "wait"])
+    assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
+    job_dir = only_job_dir(tmp_path / "jobs")
+
+    probe = (
+        "import sys, flows.run as r\n"
+        f"r.main(['status', {job_dir.name!r}, '--jobs-dir', {str(tmp_path / 'jobs')!r}])\n"
+        f"r.main(['list', '--jobs-dir', {str(tmp_path / 'jobs')!r}])\n"
+        "print('prefect imported:', 'prefect' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert "prefect imported: False" in out
+    assert "1. local_import: done, 1 file(s)" in out and "a.ndjson.zst" in out and "4 resources" in out
+    assert "2. wait: paused for inspection" in out
+    assert f"{job_dir.name}  Paused" in out
+
+
+@pytest.mark.slow
+def test_killed_multi_file_import_redoes_only_unfinished_files_on_continue(tmp_path):
+    source = tmp_path / "in"
+    source.mkdir()
+    write_ndjson(source / "a.ndjson", 10)
+    write_ndjson(source / "b.ndjson", 20)
+    write_ndjson(source / "c.ndjson", 400_000, pad=400)  # ~170 MB: long enough to be killed mid-file
+    jobs = tmp_path / "jobs"
+    config = write_config(tmp_path / "c.yaml", jobs, ["local_import"])
+    config.write_text(config.read_text().replace("level: fastest", "level: best"))
+
+    process = start_cli_process("start", str(config), str(source), "--no-progress")
+    partial = wait_for(lambda: next(jobs.glob("*/import/.c.ndjson.zst.part"), None), process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    job_dir = partial.parent.parent
+    finished = {p.name: p.stat().st_mtime_ns for p in (job_dir / "import").glob("[ab].ndjson.zst")}
+    assert set(finished) == {"a.ndjson.zst", "b.ndjson.zst"}
+
+    result = run_cli("continue", str(job_dir), "--no-progress")
+    assert result.returncode == EXIT_OK, result.stderr
+    import_dir = job_dir / "import"
+    assert {p.name: p.stat().st_mtime_ns for p in import_dir.glob("[ab].ndjson.zst")} == finished
+    assert resources_in(import_dir / "c.ndjson.zst") == 400_000
+    assert not list(import_dir.glob(".*.part"))
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_run_cleanly_and_continue_finishes_it(tmp_path):
+    source = tmp_path / "in"
+    source.mkdir()
+    write_ndjson(source / "c.ndjson", 400_000, pad=400)
+    jobs = tmp_path / "jobs"
+    config = write_config(tmp_path / "c.yaml", jobs, ["local_import"])
+    config.write_text(config.read_text().replace("level: fastest", "level: best"))
+
+    process = start_cli_process("start", str(config), str(source), "--no-progress")
+    partial = wait_for(lambda: next(jobs.glob("*/import/.c.ndjson.zst.part"), None), process)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == EXIT_INTERRUPTED, err
+    job_dir = partial.parent.parent
+    assert not partial.exists() and not (job_dir / "import" / "c.ndjson.zst").exists()
+    assert job_file(job_dir)["state"] == "Interrupted"
+
+    assert run_cli("continue", str(job_dir), "--no-progress").returncode == EXIT_OK
+    assert resources_in(job_dir / "import" / "c.ndjson.zst") == 400_000
+
+
+def start_cli_process(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.run", *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(probe, process: subprocess.Popen, timeout: float = 90.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (found := probe()) is not None:
+            return found
+        if process.poll() is not None:
+            raise AssertionError(f"process ended early: {process.communicate()}")
+        time.sleep(0.02)
+    process.kill()
+    raise AssertionError("condition not reached in time")

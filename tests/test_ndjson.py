@@ -1,0 +1,111 @@
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from tasks.ndjson import (
+    AtomicNdjsonWriter,
+    LineTooLongError,
+    NdjsonError,
+    count_resources,
+    is_zstd,
+    iter_lines,
+    iter_resources,
+    output_name,
+    remove_partial_files,
+)
+
+MB = 1024 * 1024
+
+
+def write_zstd(path: Path, data: bytes) -> Path:
+    path.write_bytes(zstandard.ZstdCompressor().compress(data))
+    return path
+
+
+def test_zstd_content_is_recognised_by_magic_bytes_whatever_the_name(tmp_path):
+    path = write_zstd(tmp_path / "looks-plain.ndjson", b'{"a":1}\n{"b":2}\n')
+    assert is_zstd(path)
+    assert [line for _, line in iter_lines(path, MB)] == [b'{"a":1}', b'{"b":2}']
+
+
+def test_lines_spanning_chunks_and_a_missing_final_newline_are_read_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr("tasks.ndjson.CHUNK_SIZE", 7)
+    path = tmp_path / "x.ndjson"
+    path.write_bytes(b'{"resourceType":"Patient"}\n\n  \n{"resourceType":"Condition"}')
+    assert [(n, r["resourceType"]) for n, r in iter_resources(path, MB)] == [(1, "Patient"), (4, "Condition")]
+
+
+def test_a_line_over_the_limit_names_file_line_and_key(tmp_path):
+    path = tmp_path / "big.ndjson"
+    path.write_bytes(b"{}\n" + b"x" * (2 * MB) + b"\n")
+    with pytest.raises(LineTooLongError) as error:
+        list(iter_lines(path, MB))
+    assert "big.ndjson: line 2" in str(error.value)
+    assert "pipeline.max_ndjson_line_size_mb" in str(error.value)
+
+
+def test_damaged_zstd_is_a_clear_error(tmp_path):
+    path = tmp_path / "bad.ndjson.zst"
+    whole = zstandard.ZstdCompressor().compress(b"".join(b'{"n":%d}\n' % i for i in range(5000)))
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(NdjsonError, match="not readable as zstd"):
+        list(iter_lines(path, MB))
+    path.write_bytes(b"\x28\xb5\x2f\xfd" + b"garbage" * 10)
+    with pytest.raises(NdjsonError, match="not readable as zstd"):
+        list(iter_lines(path, MB))
+
+
+def test_writer_counts_resources_and_compresses(tmp_path):
+    dest = tmp_path / "out.ndjson.zst"
+    with AtomicNdjsonWriter(dest, "fastest", MB) as writer:
+        writer.write(b'{"a":1}\n{"b"')
+        writer.write(b":2}\n\n")
+        writer.write_resource({"c": 3})
+    assert writer.stats.resources == 3 and writer.stats.size == dest.stat().st_size
+    assert is_zstd(dest) and count_resources(dest, MB) == 3
+
+
+def test_writer_adds_the_missing_final_newline(tmp_path):
+    dest = tmp_path / "out.ndjson"
+    with AtomicNdjsonWriter(dest, None, MB) as writer:
+        writer.write(b'{"a":1}')
+    assert dest.read_bytes() == b'{"a":1}\n'
+
+
+def test_a_failed_write_leaves_neither_the_file_nor_its_temporary(tmp_path):
+    dest = tmp_path / "out.ndjson"
+    with pytest.raises(RuntimeError):
+        with AtomicNdjsonWriter(dest, None, MB) as writer:
+            writer.write(b'{"a":1}\n')
+            assert writer.part.exists() and not dest.exists()
+            raise RuntimeError("disk gone")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_line_over_the_limit_while_writing_discards_the_output(tmp_path):
+    dest = tmp_path / "out.ndjson"
+    with pytest.raises(LineTooLongError):
+        with AtomicNdjsonWriter(dest, None, 10) as writer:
+            writer.write(b"x" * 11)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_leftover_temporaries_of_a_killed_run_are_removed(tmp_path):
+    (tmp_path / ".a.ndjson.part").write_bytes(b"half")
+    (tmp_path / "b.ndjson").write_bytes(b"{}\n")
+    remove_partial_files(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["b.ndjson"]
+
+
+@pytest.mark.parametrize(
+    ("name", "compress", "expected"),
+    [
+        ("core.ndjson", True, "core.ndjson.zst"),
+        ("core.ndjson.zst", False, "core.ndjson"),
+        ("batch", True, "batch.ndjson.zst"),
+        ("data.json", False, "data.ndjson"),
+    ],
+)
+def test_output_names_carry_the_ndjson_and_compression_extension(name, compress, expected):
+    assert output_name(name, compress) == expected
