@@ -91,6 +91,28 @@ def leaf_paths() -> tuple[str, ...]:
     return tuple(_leaf_paths_of(Settings, ""))
 
 
+def _holds_secret(annotation: Any) -> bool:
+    return annotation is SecretStr or any(_holds_secret(argument) for argument in get_args(annotation))
+
+
+def _secret_paths_of(model: type[BaseModel], prefix: str) -> Iterator[str]:
+    for name, info in model.model_fields.items():
+        path = join_key_path(prefix, name)
+        nested = _nested_model(info.annotation)
+        if nested is not None:
+            yield from _secret_paths_of(nested, path)
+        elif _holds_secret(info.annotation):
+            yield path
+
+
+@cache
+def secret_key_paths() -> frozenset[str]:
+    """Dotted paths of every secret key (SecretStr fields), including the deprecated flat extractor keys."""
+    secrets = set(_secret_paths_of(Settings, ""))
+    deprecated = {old for old, current in legacy_key_paths().items() if current in secrets}
+    return frozenset(secrets | deprecated)
+
+
 @cache
 def _settable_paths() -> frozenset[str]:
     return frozenset(leaf_paths()) | frozenset(legacy_key_paths())

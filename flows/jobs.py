@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tasks.layout import JobPaths, step_cache_key
+from tasks.layout import JobPaths
 
 LOCK_FILE = ".lock"
 # Job states as the CLI shows them; Prefect's own state names where they exist.
@@ -144,22 +144,6 @@ def effective_state(paths: JobPaths, job: JobFile) -> str:
     if job.state == RUNNING and not is_locked(paths):
         return "Crashed"
     return job.state
-
-
-def read_step_result(paths: JobPaths, position: int, step: str) -> dict | None:
-    """The newest persisted result of a finished step, read straight from Prefect's JSON result file.
-
-    With a separate key storage, Prefect writes the bare JSON-serialised result to the result file.
-    """
-    prefix = step_cache_key(paths.job_id, position, step, "step", "")
-    candidates = [p for p in paths.results.glob(prefix + "*") if p.is_file()] if paths.results.is_dir() else []
-    if not candidates:
-        return None
-    newest = max(candidates, key=lambda p: p.stat().st_mtime_ns)
-    try:
-        return json.loads(newest.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def find_job_dir(job: str, jobs_dir: Path) -> Path:

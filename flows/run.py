@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
-from config.loader import ConfigError, LoadedConfig, effective_config_rows, load_settings
+from config.loader import ConfigError, LoadedConfig, effective_config_rows, load_settings, secret_key_paths
 from config.runtime import apply_prefect_defaults, default_jobs_dir, prefect_api_url
 from flows.jobs import (
     JobFile,
@@ -27,9 +27,8 @@ from flows.jobs import (
     is_locked,
     list_job_dirs,
     new_job_id,
-    read_step_result,
 )
-from tasks.layout import JobPaths
+from tasks.layout import JobPaths, read_newest_result
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -133,18 +132,12 @@ def load(config_path: str | None, overrides: dict[str, str], labels: dict[str, s
 
 def refuse_secret_overrides(loaded: LoadedConfig, overrides: dict[str, str]) -> None:
     """Flags end up in Prefect's flow-run parameters and job.json, so they must never carry a secret."""
-    secret = [key for key in overrides if is_secret_key(loaded, key)]
+    secret = [key for key in overrides if key in secret_key_paths()]
     if secret:
         raise UsageError(
             f"{', '.join(secret)} is a secret and cannot be given on the command line (it would be stored "
             "with the job); set it with ${VAR} in the configuration file or an APP_* environment variable"
         )
-
-
-def is_secret_key(loaded: LoadedConfig, key: str) -> bool:
-    return any(row[0] == key and row[1] == "********" for row in effective_config_rows(loaded)) or key.rsplit(
-        ".", 1
-    )[-1] in {"password", "oauth_client_secret", "api_key", "secret_access_key", "access_key_id"}
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
@@ -317,12 +310,14 @@ def job_state(paths: JobPaths, job: JobFile) -> str:
 
 
 def print_step_status(paths: JobPaths, job: JobFile, position: int, step: str) -> None:
-    result = read_step_result(paths, position, step)
+    result = read_newest_result(paths, position, step)
     if job.awaiting_wait_position == position:
         print(f"  {position + 1}. {step}: paused for inspection")
         return
     if result is None:
         print(f"  {position + 1}. {step}: not finished")
+        for key, value in (read_newest_result(paths, position, step, "record") or {}).items():
+            print(f"       {key}: {value}")
         return
     files = result.get("files", [])
     total = sum(f["size"] for f in files)

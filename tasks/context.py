@@ -17,6 +17,7 @@ from typing import Any, Callable, TypedDict, TypeVar
 
 from prefect import Task
 from prefect.cache_policies import CacheKeyFnPolicy
+from prefect.transactions import CommitMode, transaction
 
 from config.settings import Settings
 from tasks.layout import JobPaths, step_cache_key, step_folder
@@ -85,7 +86,10 @@ class StepContext:
     def run_cached(self, task: Task[..., R], kind: str, key_input: Any, *args: Any, **kwargs: Any) -> R:
         """Run ``task`` with its result persisted under a key from this step and ``key_input``."""
         key = step_cache_key(self.job_id, self.position, self.step, kind, digest(key_input))
-        return task.with_options(**self._cache_options(key))(*args, **kwargs)
+        # EAGER: a sub-task's result is committed when it finishes, not when the enclosing step's
+        # transaction does; otherwise a kill mid-step would lose every finished file's record.
+        with transaction(commit_mode=CommitMode.EAGER):
+            return task.with_options(**self._cache_options(key))(*args, **kwargs)
 
     def _cache_options(self, key: str) -> dict[str, Any]:
         paths = self.paths

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,3 +45,21 @@ class JobPaths:
 
     def wait_release_marker(self, position: int) -> Path:
         return self.job_dir / PREFECT_DIR / f"wait-{position:02d}.released"
+
+
+def read_newest_result(paths: JobPaths, position: int, step: str, kind: str = "step") -> dict | None:
+    """The newest persisted result of one kind for a step, read straight from Prefect's result file.
+
+    Kinds: ``step`` (the finished step's output), ``record`` (facts a step persists while it runs,
+    such as the extraction status URL, which ``status`` shows before the step has finished).
+    With a separate key storage, Prefect writes the bare JSON-serialised result to the result file.
+    """
+    prefix = step_cache_key(paths.job_id, position, step, kind, "")
+    candidates = [p for p in paths.results.glob(prefix + "*") if p.is_file()] if paths.results.is_dir() else []
+    if not candidates:
+        return None
+    newest = max(candidates, key=lambda p: p.stat().st_mtime_ns)
+    try:
+        return json.loads(newest.read_text())
+    except (OSError, ValueError):
+        return None

@@ -26,7 +26,7 @@ PART_SUFFIX = ".part"
 
 # zstd levels matching the spec's speed/ratio table on FHIR NDJSON (measured with
 # tests/benchmarks/bench_compression.py on a 2-core machine; figures in the README).
-ZSTD_LEVELS: dict[str, int] = {"fastest": 1, "default": 3, "better": 7, "best": 12}
+ZSTD_LEVELS: dict[str, int] = {"fastest": 1, "default": 5, "better": 9, "best": 12}
 
 CompressionLevel = Literal["fastest", "default", "better", "best"]
 

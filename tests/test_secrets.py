@@ -1,0 +1,77 @@
+"""Secrets reach the services and nowhere else: not the Prefect database, artifacts, logs or job files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+
+SECRETS = {
+    "DUPFLOW_TEST_PASSWORD": "pw-4f1c9e-in-file-via-var",
+    "APP_SERVICES_PSEUDONYMIZER_AUTH_API_KEY": "key-77ab01-from-env",
+    "APP_SERVICES_SEND_AUTH_OAUTH_CLIENT_SECRET": "cs-90d2aa-from-env",
+    "APP_SERVICES_SEND_S3_SECRET_ACCESS_KEY": "s3-5be4c1-from-env",
+    "APP_SERVICES_SEND_S3_ACCESS_KEY_ID": "AKIA-3e9f00-from-env",
+}
+CONFIG = """
+services:
+  extractor:
+    base_url: http://127.0.0.1:9
+    auth:
+      username: researcher
+      password: ${DUPFLOW_TEST_PASSWORD}
+  pseudonymizer:
+    url: http://127.0.0.1:9
+  send:
+    auth:
+      oauth_issuer_uri: http://127.0.0.1:9/realms/x
+      oauth_client_id: dupflow
+pipeline:
+  enabled_steps: [local_import, wait]
+jobs_dir: %s
+"""
+
+
+def files_under(root: Path):
+    return (p for p in root.rglob("*") if p.is_file())
+
+
+def test_no_secret_value_appears_in_prefect_artifacts_logs_or_the_job_directory(tmp_path, prefect_api):
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "a.ndjson").write_text('{"resourceType":"Patient","id":"1"}\n')
+    config = tmp_path / "secret.yaml"
+    config.write_text(CONFIG % (tmp_path / "jobs"))
+
+    outputs = [run_cli("config", "check", str(config), env=SECRETS)]
+    outputs.append(run_cli("start", str(config), str(source), "--no-progress", env=SECRETS))
+    assert outputs[-1].returncode == 0, outputs[-1].stderr
+    (job_dir,) = (tmp_path / "jobs").iterdir()
+    outputs.append(run_cli("status", str(job_dir), env=SECRETS))
+    outputs.append(run_cli("continue", str(job_dir), "--no-progress", env=SECRETS))
+    assert outputs[-1].returncode == 0, outputs[-1].stderr
+    assert json.loads((job_dir / "job.json").read_text())["state"] == "Completed"
+
+    printed = "".join(o.stdout + o.stderr for o in outputs)
+    assert "Beginning flow run" in printed  # the run's logs were captured
+    assert "********" in printed  # config check showed the secrets masked
+    stores = [*files_under(job_dir), *prefect_api["database"].parent.glob(prefect_api["database"].name + "*")]
+    assert any(p.name.endswith(".db") for p in stores)
+    for secret in SECRETS.values():
+        assert secret not in printed
+        for path in stores:
+            assert secret.encode() not in path.read_bytes(), f"{secret} leaked into {path}"
+
+
+def test_a_secret_given_on_the_command_line_is_refused(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("pipeline:\n  enabled_steps: [local_import]\n")
+    result = run_cli("start", str(config), str(tmp_path), "--set", "services.send.s3.secret_access_key=abc")
+    assert result.returncode == 2
+    assert "services.send.s3.secret_access_key is a secret" in result.stderr
+    assert "APP_* environment variable" in result.stderr
