@@ -84,10 +84,13 @@ def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp
 
 def test_a_step_that_has_not_landed_is_refused_by_start(tmp_path, capsys):
     config = write_config(
-        tmp_path / "c.yaml", tmp_path / "jobs", ["extractor"], "services:\n  extractor:\n    base_url: http://x\n"
+        tmp_path / "c.yaml",
+        tmp_path / "jobs",
+        ["local_import", "validation"],
+        "services:\n  validation:\n    url: http://x\n",
     )
     assert main(["start", str(config), str(tmp_path)]) == EXIT_USAGE
-    assert "step extractor is not available in this version" in capsys.readouterr().err
+    assert "step validation is not available in this version" in capsys.readouterr().err
     assert not (tmp_path / "jobs").exists()
 
 

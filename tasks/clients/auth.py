@@ -25,13 +25,19 @@ import logging
 import ssl
 import threading
 import time
+import warnings
 from collections.abc import AsyncGenerator, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio.to_thread
+import authlib.deprecate  # noqa: F401  (installs authlib's "always" filter first, so ours below wins)
 import httpx
-from authlib.integrations.httpx_client import OAuth2Client
+
+# authlib 1.9 announces a move of its httpx integration to the httpx2 package; the httpx one is what we use.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="The httpx module is deprecated")
+    from authlib.integrations.httpx_client import OAuth2Client
 
 from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, truncate
 
