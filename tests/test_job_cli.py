@@ -60,6 +60,20 @@ def test_the_embedded_default_job_imports_the_sample_data(tmp_path, monkeypatch,
     assert str(job_dir / "import") in capsys.readouterr().out
     assert job_file(job_dir)["state"] == "Completed"
 
+    artifacts = read_artifacts(f"job-{job_dir.name}")
+    assert "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson.zst" in artifacts[f"job-{job_dir.name}-00-local-import"]
+    assert "| 1 | local_import | `import` | 2 |" in artifacts[f"job-{job_dir.name}-summary"]
+
+
+def read_artifacts(key_prefix: str) -> dict[str, str]:
+    """The job's artifacts in the Prefect API, by key (data as text)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_=key_prefix)))
+    return {artifact.key: str(artifact.data) for artifact in found}
+
 
 def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp_path, capsys):
     source = tmp_path / "in"

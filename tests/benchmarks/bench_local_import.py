@@ -1,0 +1,72 @@
+"""local_import throughput and memory: ``python -m tests.benchmarks.bench_local_import [MB ...]``.
+
+For each size, writes an NDJSON file of synthetic patient bundles, imports it with the step's own
+function at every compression level, and prints MB/s and the peak RSS of a fresh child process, so
+memory can be compared across file sizes (it must stay flat).
+"""
+
+from __future__ import annotations
+
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from tests.benchmarks.bench_compression import patient_bundle
+
+
+def write_source(path: Path, megabytes: int) -> None:
+    rng = random.Random(3)
+    block = b"".join(orjson.dumps(patient_bundle(rng, ["lab", "value", "high", "low"])) + b"\n" for _ in range(400))
+    with open(path, "wb") as f:
+        for _ in range(max(1, megabytes * 1024 * 1024 // len(block))):
+            f.write(block)
+
+
+def import_once(source: str, level: str) -> None:
+    """Child process: one import, then report seconds and peak RSS."""
+    from config.loader import load_settings
+    from tasks.context import StepContext
+    from tasks.local_import import import_file
+
+    overrides = {"pipeline.enabled_steps": "local_import"}
+    if level == "off":
+        overrides["compression.enabled"] = "false"
+    else:
+        overrides["compression.level"] = level
+    settings = load_settings(None, env={}, overrides=overrides).settings
+    job_dir = Path(tempfile.mkdtemp())
+    ctx = StepContext("bench", job_dir, 0, "local_import", settings, None)
+    start = time.perf_counter()
+    record = import_file.fn(ctx, Path(source), ctx.folder / "out.ndjson.zst")
+    seconds = time.perf_counter() - start
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"{seconds} {peak_mb} {record['size']}")
+
+
+def main() -> None:
+    sizes = [int(a) for a in sys.argv[1:]] or [256, 2048]
+    print("size MB  level    MB/s  ratio  peak RSS MB")
+    with tempfile.TemporaryDirectory() as tmp:
+        for megabytes in sizes:
+            source = Path(tmp) / f"{megabytes}.ndjson"
+            write_source(source, megabytes)
+            size = source.stat().st_size
+            for level in ("off", "fastest", "default", "better", "best"):
+                out = subprocess.run(
+                    [sys.executable, "-c", f"from tests.benchmarks.bench_local_import import import_once; "
+                     f"import_once({str(source)!r}, {level!r})"],
+                    capture_output=True, text=True, check=True,
+                ).stdout.split()
+                seconds, peak, written = float(out[0]), float(out[1]), int(out[2])
+                print(f"{size / 1e6:7.0f}  {level:<7} {size / 1e6 / seconds:6.0f}  {size / written:5.1f}x  {peak:8.0f}")
+            source.unlink()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""`config check` and the flags shared with `start`, through the command line's entry point."""
+
+from __future__ import annotations
+
+from flows.run import EXIT_OK, EXIT_USAGE, main
+
+
+def test_config_check_shows_every_value_with_its_source_and_masks_secrets(tmp_path, monkeypatch, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "services:\n  extractor:\n    base_url: http://torch\n    auth:\n      username: u\n      password: ${PW}\n"
+        "pipeline:\n  enabled_steps: [local_import]\n"
+    )
+    monkeypatch.setenv("PW", "hunter2-secret")
+    monkeypatch.setenv("APP_RETRY_MAX_ATTEMPTS", "3")
+    code = main(["config", "check", str(config), "--dir", "/data", "--set", "compression.level=best"])
+    out = capsys.readouterr().out
+    assert code == EXIT_OK
+    assert "hunter2-secret" not in out
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    assert "********" in lines["services.extractor.auth.password"]
+    assert lines["retry.max_attempts"].endswith("3  (env APP_RETRY_MAX_ATTEMPTS)")
+    assert lines["services.local_import.dir"].endswith("/data  (flag --dir)")
+    assert lines["compression.level"].endswith("best  (flag --set compression.level)")
+    assert lines["services.extractor.base_url"].endswith("(file)")
+    assert lines["jobs_dir"].endswith("(default)")
+
+
+def test_config_check_exits_2_and_reports_every_problem_together(tmp_path, monkeypatch, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "services:\n  extractor:\n    polling_interval: PT0.5S\n"
+        "retry:\n  max_attempts: 11\npipeline:\n  enabled_steps: [wait, local_import]\n"
+    )
+    assert main(["config", "check", str(config)]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    for key in ("services.extractor.polling_interval", "retry.max_attempts", "pipeline.enabled_steps"):
+        assert key in err
+
+
+def test_a_malformed_set_flag_is_a_usage_error(tmp_path, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("pipeline:\n  enabled_steps: [local_import]\n")
+    assert main(["config", "check", str(config), "--set", "retry.max_attempts"]) == EXIT_USAGE
+    assert "KEY=VALUE" in capsys.readouterr().err
+    assert main(["config", "check", str(config), "--set", "retry.nope=1"]) == EXIT_USAGE
+    assert "retry.nope" in capsys.readouterr().err

@@ -1,0 +1,100 @@
+"""local_import's rules and error cases, driven through the step's plain functions (no Prefect run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from config.loader import load_settings
+from tasks.context import StepContext
+from tasks.local_import import LocalImportError, find_ndjson_files, import_file, source_directory, target_names
+from tasks.ndjson import LineTooLongError, NdjsonError, is_zstd
+
+
+def context(tmp_path: Path, job_input: str | None = None, **settings: str) -> StepContext:
+    overrides = {"pipeline.enabled_steps": "local_import", **settings}
+    loaded = load_settings(None, env={}, overrides=overrides)
+    return StepContext("job", tmp_path / "job", 0, "local_import", loaded.settings, job_input)
+
+
+def test_the_job_input_directory_wins_over_the_configured_one(tmp_path):
+    (tmp_path / "given").mkdir()
+    ctx = context(tmp_path, str(tmp_path / "given"), **{"services.local_import.dir": str(tmp_path / "other")})
+    assert source_directory(ctx) == (tmp_path / "given").resolve()
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: None, "does not exist"),
+        (lambda p: p.write_text("{}"), "is a file, not a directory"),
+    ],
+)
+def test_a_missing_directory_or_a_file_in_its_place_is_a_clear_error(tmp_path, make, message):
+    target = tmp_path / "data"
+    make(target)
+    with pytest.raises(LocalImportError, match=message):
+        source_directory(context(tmp_path, str(target)))
+
+
+def test_no_directory_at_all_says_where_to_give_one(tmp_path):
+    with pytest.raises(LocalImportError, match="--dir, or set services.local_import.dir"):
+        source_directory(context(tmp_path))
+
+
+def test_an_empty_directory_with_subdirectories_hints_at_recursive(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "a.ndjson").write_text("{}\n")
+    with pytest.raises(LocalImportError, match="services.local_import.recursive: true"):
+        find_ndjson_files(tmp_path, recursive=False)
+    assert find_ndjson_files(tmp_path, recursive=True) == [tmp_path / "sub" / "a.ndjson"]
+
+
+def test_only_ndjson_files_are_picked_up(tmp_path):
+    for name in ("a.ndjson", "b.ndjson.zst", "c.json", "notes.txt", ".hidden.ndjson"):
+        (tmp_path / name).write_text("{}\n")
+    assert [p.name for p in find_ndjson_files(tmp_path, recursive=False)] == ["a.ndjson", "b.ndjson.zst"]
+
+
+def test_two_files_that_would_get_one_name_are_refused(tmp_path):
+    files = [tmp_path / "x" / "a.ndjson", tmp_path / "y" / "a.ndjson.zst"]
+    with pytest.raises(LocalImportError, match="would both be imported as a.ndjson.zst"):
+        target_names(files, compress=True)
+
+
+def test_plain_input_is_compressed_and_counted(tmp_path):
+    source = tmp_path / "a.ndjson"
+    source.write_bytes(b'{"id":"1"}\n\n{"id":"2"}\n')
+    ctx = context(tmp_path, **{"compression.level": "best"})
+    record = import_file.fn(ctx, source, ctx.folder / "a.ndjson.zst")
+    assert record == {"name": "a.ndjson.zst", "size": (ctx.folder / "a.ndjson.zst").stat().st_size, "resources": 2}
+    assert is_zstd(ctx.folder / "a.ndjson.zst")
+
+
+def test_zstd_input_is_written_plain_when_compression_is_off(tmp_path):
+    source = tmp_path / "a.ndjson"  # zstd content under a plain name: recognised by magic bytes
+    source.write_bytes(zstandard.ZstdCompressor().compress(b'{"id":"1"}\n'))
+    ctx = context(tmp_path, **{"compression.enabled": "false"})
+    import_file.fn(ctx, source, ctx.folder / "a.ndjson")
+    assert (ctx.folder / "a.ndjson").read_bytes() == b'{"id":"1"}\n'
+
+
+def test_a_line_over_the_limit_names_file_line_and_key_and_leaves_nothing(tmp_path):
+    source = tmp_path / "big.ndjson"
+    source.write_bytes(b"{}\n{}\n" + b"x" * (1024 * 1024 + 1) + b"\n")
+    ctx = context(tmp_path, **{"pipeline.max_ndjson_line_size_mb": "1"})
+    with pytest.raises(LineTooLongError) as error:
+        import_file.fn(ctx, source, ctx.folder / "big.ndjson.zst")
+    assert "line 3" in str(error.value) and "pipeline.max_ndjson_line_size_mb" in str(error.value)
+    assert list(ctx.folder.iterdir()) == []
+
+
+def test_unreadable_zstd_is_a_clear_error_and_leaves_nothing(tmp_path):
+    source = tmp_path / "bad.ndjson.zst"
+    source.write_bytes(b"\x28\xb5\x2f\xfd" + b"not really zstd")
+    ctx = context(tmp_path)
+    with pytest.raises(NdjsonError, match="bad.ndjson.zst: not readable as zstd"):
+        import_file.fn(ctx, source, ctx.folder / "bad.ndjson.zst")
+    assert list(ctx.folder.iterdir()) == []
