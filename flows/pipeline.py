@@ -19,12 +19,16 @@ from config.loader import load_settings
 from config.settings import Settings
 from flows.jobs import COMPLETED, FAILED, INTERRUPTED, PAUSED, RUNNING, JobFile, JobLock, new_job_id, update_job_state
 from tasks.context import StepContext, StepOutput
+from tasks.extractor import extractor
+from tasks.http_import import http_import
 from tasks.layout import JobPaths
 from tasks.local_import import local_import
 from tasks.wait import wait
 
 # Steps whose issue has landed. ``start`` refuses the others; ``config check`` still validates them.
 STEP_TASKS = {
+    "extractor": extractor,
+    "http_import": http_import,
     "local_import": local_import,
     "wait": wait,
 }

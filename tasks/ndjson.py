@@ -9,6 +9,7 @@ whatever the file size, and a file is only ever visible under its final name onc
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -77,21 +78,29 @@ def is_zstd(path: Path) -> bool:
 def iter_chunks(path: Path) -> Iterator[bytes]:
     """The decompressed content of a data file, in chunks; zstd is detected by its magic bytes."""
     with open(path, "rb") as raw:
-        if raw.read(4) != ZSTD_MAGIC:
-            raw.seek(0)
-            while chunk := raw.read(CHUNK_SIZE):
-                yield chunk
-            return
-        raw.seek(0)
-        yield from _zstd_chunks(path, raw)
+        yield from decompress_if_zstd(iter(lambda: raw.read(CHUNK_SIZE), b""), str(path))
 
 
-def _zstd_chunks(path: Path, raw: BinaryIO) -> Iterator[bytes]:
-    """Decompress frame after frame; a frame cut short is an error (stream readers end silently)."""
+def decompress_if_zstd(chunks: Iterator[bytes], source: str) -> Iterator[bytes]:
+    """Pass plain bytes through; decompress a zstd stream (by its magic bytes), frame after frame.
+
+    A stream that ends in the middle of a frame is an error: zstd stream readers end silently there,
+    which would make a truncated file look complete.
+    """
+    head = b""
+    for chunk in chunks:
+        head += chunk
+        if len(head) >= len(ZSTD_MAGIC):
+            break
+    if not head.startswith(ZSTD_MAGIC):
+        if head:
+            yield head
+        yield from chunks
+        return
     context = zstandard.ZstdDecompressor()
     frame, frame_has_input = context.decompressobj(), False
     try:
-        while data := raw.read(CHUNK_SIZE):
+        for data in itertools.chain([head], chunks):
             while data:
                 frame_has_input = True
                 if out := frame.decompress(data):
@@ -101,9 +110,9 @@ def _zstd_chunks(path: Path, raw: BinaryIO) -> Iterator[bytes]:
                 data = frame.unused_data
                 frame, frame_has_input = context.decompressobj(), False
     except zstandard.ZstdError as exc:
-        raise NdjsonError(f"{path}: not readable as zstd ({exc}); the file is damaged") from exc
+        raise NdjsonError(f"{source}: not readable as zstd ({exc}); the data are damaged") from exc
     if frame_has_input:
-        raise NdjsonError(f"{path}: not readable as zstd (the data ends in the middle of a frame); the file is truncated")
+        raise NdjsonError(f"{source}: not readable as zstd (the data end in the middle of a frame); they are truncated")
 
 
 def iter_lines(path: Path, max_line_bytes: int) -> Iterator[tuple[int, bytes]]:

@@ -1,0 +1,274 @@
+"""Streaming download of one NDJSON file into the job directory (used by ``extractor`` and ``http_import``).
+
+Plain Python, no Prefect. The caller passes a client from ``tasks.clients.http.build_client``, so TLS and
+credential scoping (credentials only to the configured origin) come from the client layer.
+
+Rules (spec "Extraction step procedure" 7 and "Errors"):
+
+- The body is streamed with ``Accept: application/fhir+ndjson`` and no whole-request deadline: the read
+  timeout is the stall timeout, so a download is cancelled only when no byte arrives for that long.
+- Retried (``retry.*``): only a retryable structured error, i.e. a transient HTTP status (5xx, 408, 429)
+  or a connection error before the response arrived. Never retried: a stall (a read timeout, whether
+  waiting for the headers or inside the body), a connection reset or any other transport error once the
+  body has started, a write error. These raise ``DownloadError``; ``continue`` redoes the file.
+- The body must be NDJSON: an HTML answer (``Content-Type: text/html`` or a body starting with ``<``) or a
+  first line that is not a JSON object is an error. A zstd-compressed body (magic bytes) is decompressed.
+- Output goes through ``AtomicNdjsonWriter`` (temporary name, renamed when complete), so a failed
+  download never leaves a file under its final name.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
+
+import httpx
+import orjson
+
+from tasks.clients.errors import is_transient_status, raise_for_service_status
+from tasks.clients.http import call_with_retry, http_timeout, service_name
+from tasks.ndjson import (
+    CHUNK_SIZE,
+    AtomicNdjsonWriter,
+    CompressionLevel,
+    FileStats,
+    decompress_if_zstd,
+    output_name,
+)
+
+if TYPE_CHECKING:
+    from config.settings import RetrySettings
+
+NDJSON_ACCEPT = "application/fhir+ndjson"
+# A result file that is not there yet: the file server (or a proxy in front of it) answers 404.
+PROBE_FALLBACK_STATUSES = (403, 404, 405)
+PROBE_TIMEOUT = http_timeout(timedelta(seconds=30))
+_NON_SPACE = re.compile(rb"\S")
+
+
+class DownloadError(Exception):
+    """A download that failed terminally; the message names the URL and what to do."""
+
+
+class UnsafeFileNameError(DownloadError):
+    """A URL whose last segment cannot be used as a file name inside ``import/``."""
+
+
+class FileNotReadyError(DownloadError):
+    """A result file that stayed unavailable through every availability check."""
+
+
+# --- file names ----------------------------------------------------------------------------------------------
+
+
+def safe_file_name(url: str, compress: bool) -> str:
+    """``<last URL segment>`` forced to ``.ndjson`` (+ ``.zst``); names that could leave the folder are refused."""
+    raw_path = httpx.URL(url).raw_path.decode("ascii").split("?", 1)[0]
+    segment = unquote(raw_path.rsplit("/", 1)[-1])  # split before decoding: %2F is not a separator here
+    if not segment or segment.startswith(".") or any(c in segment for c in "/\\\x00"):
+        raise UnsafeFileNameError(
+            f"{display_url(url)}: cannot use {segment!r} as a file name in import/ (empty, hidden or containing "
+            "a path separator); the URL must end with a plain file name"
+        )
+    return output_name(segment, compress)
+
+
+def target_names(urls: Iterable[str], compress: bool) -> dict[str, str]:
+    """URL -> file name in ``import/``; two URLs that would land on one name are an error, never an overwrite."""
+    names: dict[str, str] = {}
+    owners: dict[str, str] = {}
+    for url in urls:
+        name = safe_file_name(url, compress)
+        if name in owners and owners[name] != url:
+            raise DownloadError(
+                f"{display_url(owners[name])} and {display_url(url)} would both be saved as {name}; "
+                "the server listed two files with the same name"
+            )
+        owners[name], names[url] = url, name
+    return names
+
+
+def display_url(url: str) -> str:
+    """A URL safe to show: no user info, query or fragment (they may carry credentials or tokens)."""
+    parsed = httpx.URL(url)
+    port = f":{parsed.port}" if parsed.port else ""
+    return f"{parsed.scheme}://{parsed.host}{port}{parsed.path}" if parsed.host else parsed.path
+
+
+# --- availability --------------------------------------------------------------------------------------------
+
+
+def wait_until_available(
+    client: httpx.Client,
+    url: str,
+    *,
+    checks: int,
+    interval: timedelta,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Check up to ``checks`` times, ``interval`` apart, that the file can be fetched; ``checks <= 0``: skip."""
+    for check in range(checks):
+        if is_available(client, url):
+            return
+        if check < checks - 1:
+            sleep(interval.total_seconds())
+    if checks > 0:
+        raise FileNotReadyError(
+            f"{display_url(url)} was still not available after {checks} checks {interval.total_seconds():g} s "
+            "apart; raise services.extractor.file_ready_retries or file_ready_interval, or run continue later"
+        )
+
+
+def is_available(client: httpx.Client, url: str) -> bool:
+    """HEAD; on 403/404/405 a GET for the first byte. Not ready: 404 on the fallback, a transient status or
+    a network error. Any other 4xx is terminal (e.g. 401: the credentials are wrong)."""
+    status = _probe_status(client, "HEAD", url)
+    if status in PROBE_FALLBACK_STATUSES:
+        status = _probe_status(client, "GET", url, headers={"Range": "bytes=0-0"})
+        if status == 404:
+            return False
+    if status is None or is_transient_status(status):
+        return False
+    if status < 400 or status == 416:  # 416: an empty file has no byte 0, but it exists
+        return True
+    raise DownloadError(f"{display_url(url)}: the availability check was answered HTTP {status}; "
+                        "check the credentials and the URL")
+
+
+def _probe_status(client: httpx.Client, method: str, url: str, headers: dict | None = None) -> int | None:
+    """The status of a request whose body is never read (a server may ignore Range); None on a network error."""
+    try:
+        with client.stream(method, url, headers=headers, timeout=PROBE_TIMEOUT) as response:
+            return response.status_code
+    except httpx.TransportError:
+        return None
+
+
+# --- download ------------------------------------------------------------------------------------------------
+
+
+def download_ndjson(
+    client: httpx.Client,
+    url: str,
+    dest: Path,
+    *,
+    level: CompressionLevel | None,
+    max_line_bytes: int,
+    stall_timeout: timedelta,
+    retry: RetrySettings,
+    on_bytes: Callable[[int], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> FileStats:
+    """Stream ``url`` into ``dest`` (compressed at ``level``, plain when None); returns size and resource count."""
+    operation = f"download {display_url(url)}"
+
+    def attempt() -> FileStats:
+        return _download_once(client, url, dest, level, max_line_bytes, http_timeout(stall_timeout), on_bytes)
+
+    try:
+        return call_with_retry(attempt, retry, operation=operation, service=service_name(client), sleep=sleep)
+    except httpx.ReadTimeout as exc:  # waiting for the headers is a stall too
+        raise _stalled(url, stall_timeout) from exc
+
+
+def _download_once(
+    client: httpx.Client,
+    url: str,
+    dest: Path,
+    level: CompressionLevel | None,
+    max_line_bytes: int,
+    timeout: httpx.Timeout,
+    on_bytes: Callable[[int], None] | None,
+) -> FileStats:
+    with client.stream("GET", url, headers={"Accept": NDJSON_ACCEPT}, timeout=timeout) as response:
+        raise_for_service_status(response, operation=f"download {display_url(url)}", service=service_name(client))
+        check_response(response, url)
+        try:
+            return _write_body(response.iter_bytes(CHUNK_SIZE), url, dest, level, max_line_bytes, on_bytes)
+        except httpx.ReadTimeout as exc:
+            raise _stalled(url, timedelta(seconds=timeout.read or 0)) from exc
+        except httpx.TransportError as exc:
+            raise DownloadError(
+                f"{display_url(url)}: the connection broke in the middle of the file ({type(exc).__name__}: {exc}); "
+                "not retried, as the file is incomplete: run continue to download it again"
+            ) from exc
+
+
+def check_response(response: httpx.Response, url: str) -> None:
+    """Only a 200 with a non-HTML body is a file (a proxy's error page must never be saved as data)."""
+    if response.status_code != 200:
+        raise DownloadError(f"{display_url(url)}: expected HTTP 200 with the file, got HTTP {response.status_code}")
+    if response.headers.get("Content-Type", "").split(";")[0].strip().lower() == "text/html":
+        raise DownloadError(f"{display_url(url)}: the server answered with an HTML page, not NDJSON; check the URL")
+
+
+def _stalled(url: str, stall_timeout: timedelta) -> DownloadError:
+    return DownloadError(
+        f"{display_url(url)}: no data arrived for {stall_timeout.total_seconds():g} s, download cancelled "
+        "(services.extractor.download_stall_timeout); run continue to download it again"
+    )
+
+
+def _write_body(
+    chunks: Iterator[bytes],
+    url: str,
+    dest: Path,
+    level: CompressionLevel | None,
+    max_line_bytes: int,
+    on_bytes: Callable[[int], None] | None,
+) -> FileStats:
+    with AtomicNdjsonWriter(dest, level, max_line_bytes) as writer:
+        for chunk in checked_ndjson(decompress_if_zstd(_counted(chunks, on_bytes), display_url(url)), url, max_line_bytes):
+            try:
+                writer.write(chunk)
+            except OSError as exc:
+                raise DownloadError(f"writing {dest} failed: {exc}; free space or fix permissions, then run continue") from exc
+    assert writer.stats is not None
+    return writer.stats
+
+
+def _counted(chunks: Iterator[bytes], on_bytes: Callable[[int], None] | None) -> Iterator[bytes]:
+    for chunk in chunks:
+        if on_bytes is not None:
+            on_bytes(len(chunk))
+        yield chunk
+
+
+def checked_ndjson(chunks: Iterator[bytes], url: str, max_line_bytes: int) -> Iterator[bytes]:
+    """Pass the body through once its first non-empty line has proved to be a JSON object.
+
+    A first line longer than ``max_line_bytes`` is passed on unchecked: the writer reports it as too long.
+    """
+    pending = bytearray()
+    content_at = -1
+    for chunk in chunks:
+        searched = len(pending)
+        pending += chunk
+        if content_at < 0 and (match := _NON_SPACE.search(pending, searched)):
+            content_at = match.start()
+        if content_at >= 0 and pending.find(b"\n", max(searched, content_at)) >= 0:
+            break
+        if len(pending) > max_line_bytes:
+            yield bytes(pending)
+            yield from chunks
+            return
+    if content_at >= 0:
+        _check_first_line(bytes(pending[content_at:]).split(b"\n", 1)[0], url)
+    yield bytes(pending)
+    yield from chunks
+
+
+def _check_first_line(line: bytes, url: str) -> None:
+    if line.startswith(b"<"):
+        raise DownloadError(f"{display_url(url)}: the server answered with an HTML or XML page, not NDJSON; check the URL")
+    try:
+        first = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        first = None
+    if not isinstance(first, dict):
+        raise DownloadError(f"{display_url(url)}: the body is not NDJSON (its first line is not a JSON object)")

@@ -1,0 +1,388 @@
+"""Client of the extraction server (TORCH): submit a CRTDL, poll the job, read the result's file URLs.
+
+Plain Python, no Prefect. Follows /work/shared/spec/extraction-server-api.md and the real server's
+deviations in protocols.md (kick-off answers 202; X-Progress header; CANCELLED is 410; progress extension
+url ``https://torch.mii.de/fhir/torch-job-progress``).
+
+- ``submit`` posts once and never retries (a retry could start a second job).
+- ``poll_until_complete`` implements the poll table of pipeline-tool.md ("States and transitions"): 202/102
+  progress, 200 done, 404/410 ``DeadHandleError`` (the caller decides to submit again), 500
+  ``ExtractionFailedError``, 408/429/other 5xx and network failures retried after the back-off, other 4xx
+  terminal. The back-off doubles from ``polling_interval`` to ``max_polling_interval``; only
+  ``extraction_timeout`` without a 200/202 ends the wait. Time is injectable (``clock``, ``sleep``).
+- Progress: the X-Progress header (or the OperationOutcome diagnostics) and, where the server has it, the
+  batches done/total of the Task's progress extension (read per poll; failures there are ignored).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from tasks.clients.errors import (
+    error_from_response,
+    is_transient_network_error,
+    is_transient_status,
+    network_error,
+    operation_outcome_texts,
+    parse_retry_after,
+    raise_for_service_status,
+)
+from tasks.clients.http import ServiceEndpoint, build_client, http_timeout, request_with_retry
+
+if TYPE_CHECKING:
+    from config.settings import ExtractorSettings, RetrySettings, TlsSettings
+
+log = logging.getLogger("dupflow.extractor")
+
+SERVICE = "extractor"
+FHIR_JSON = "application/fhir+json"
+SUBMIT_PATH = "/fhir/$extract-data"
+SUBMIT_TIMEOUT = timedelta(seconds=60)
+POLL_TIMEOUT = timedelta(seconds=30)
+TASK_TIMEOUT = timedelta(seconds=10)
+# The spec's {extension_base}/extractor-job-progress and the real server's torch-job-progress.
+PROGRESS_EXTENSION_SUFFIXES = ("/extractor-job-progress", "/torch-job-progress")
+ISSUES_EXTENSION_SUFFIXES = ("extractor-job-issues", "torch-job-issues")
+IN_PROGRESS = (102, 202)
+DEAD_HANDLE = (404, 410)
+JOB_FAILED = 500
+NO_MATCHING_DATA = (
+    "the extraction finished without result files: no data matched the CRTDL. Typical causes: the cohort "
+    "criteria matched no patient, the time period is out of range of the data, or the cohort or a profile "
+    "is unknown to the server; check the CRTDL"
+)
+
+
+class ExtractionError(Exception):
+    """A terminal failure of the extraction; the message says what happened and what to do."""
+
+
+class InvalidCrtdlError(ExtractionError):
+    pass
+
+
+class DeadHandleError(ExtractionError):
+    """The server no longer knows the job (404/410 on a status poll)."""
+
+    def __init__(self, handle: ExtractionHandle, status_code: int):
+        self.handle, self.status_code = handle, status_code
+        super().__init__(
+            f"extraction job {handle.job_id} is gone from the extraction server (HTTP {status_code} on "
+            f"{handle.status_url})"
+        )
+
+
+class ExtractionFailedError(ExtractionError):
+    pass
+
+
+class ExtractionTimeoutError(ExtractionError):
+    pass
+
+
+class NoMatchingDataError(ExtractionError):
+    pass
+
+
+@dataclass(frozen=True)
+class ExtractionHandle:
+    status_url: str
+    job_id: str
+
+    @classmethod
+    def from_status_url(cls, status_url: str) -> ExtractionHandle:
+        """The extraction job ID is the last path segment of the status URL."""
+        return cls(status_url, httpx.URL(status_url).path.rstrip("/").rsplit("/", 1)[-1])
+
+
+@dataclass(frozen=True)
+class PollProgress:
+    """What the server tells about a running job. Batches are known once the cohort query has finished."""
+
+    text: str | None
+    batches_completed: int | None = None
+    batches_total: int | None = None
+
+    @property
+    def percent(self) -> float | None:
+        if self.batches_total:
+            return 100.0 * (self.batches_completed or 0) / self.batches_total
+        match = re.search(r"(\d+(?:\.\d+)?)\s*%", self.text or "")
+        return float(match.group(1)) if match else None
+
+    def describe(self) -> str:
+        parts = [self.text or "running"]
+        if self.batches_total is not None:
+            parts.append(f"batches {self.batches_completed or 0}/{self.batches_total}")
+        return ", ".join(parts)
+
+
+ProgressCallback = Callable[[PollProgress], None]
+
+
+def parse_crtdl(data: bytes, source: str | Path) -> dict[str, Any]:
+    """The CRTDL as a JSON object; anything else is an ``InvalidCrtdlError`` naming ``source``."""
+    try:
+        crtdl = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidCrtdlError(f"invalid CRTDL {source}: not valid JSON ({exc}); nothing was submitted") from exc
+    if not isinstance(crtdl, dict):
+        raise InvalidCrtdlError(f"invalid CRTDL {source}: expected a JSON object; nothing was submitted")
+    return crtdl
+
+
+def kickoff_parameters(crtdl: bytes) -> dict[str, Any]:
+    return {
+        "resourceType": "Parameters",
+        "parameter": [{"name": "crtdl", "valueBase64Binary": base64.b64encode(crtdl).decode("ascii")}],
+    }
+
+
+class ExtractionServerClient:
+    """One extraction server, as configured by ``services.extractor``. Use as a context manager."""
+
+    def __init__(
+        self,
+        settings: ExtractorSettings,
+        tls: TlsSettings,
+        retry: RetrySettings,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        if not settings.base_url:
+            raise ExtractionError("services.extractor.base_url is not set; set it to the extraction server's URL")
+        self.settings, self.retry = settings, retry
+        self.base_url = settings.base_url.rstrip("/")
+        self.clock, self.sleep = clock, sleep
+        timeout = http_timeout(min(POLL_TIMEOUT, settings.extraction_timeout))
+        self.http = build_client(ServiceEndpoint(SERVICE, self.base_url, settings.auth, timeout), tls)
+
+    def __enter__(self) -> ExtractionServerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    # --- submission --------------------------------------------------------------------------------------
+
+    def submit(self, crtdl: bytes) -> ExtractionHandle:
+        """POST $extract-data exactly once; the status URL from Content-Location, made absolute."""
+        response = request_with_retry(
+            self.http,
+            "POST",
+            self.base_url + SUBMIT_PATH,
+            retry=self.retry,
+            operation="submit extraction",
+            retryable=False,
+            content=json.dumps(kickoff_parameters(crtdl)).encode(),
+            headers={"Content-Type": FHIR_JSON, "Accept": FHIR_JSON},
+            timeout=http_timeout(SUBMIT_TIMEOUT),
+        )
+        if response.status_code not in (200, 202):
+            raise ExtractionError(
+                f"submit extraction: the server answered HTTP {response.status_code}, expected 200 or 202"
+            )
+        location = response.headers.get("Content-Location")
+        if not location:
+            raise ExtractionError(
+                "submit extraction: the server accepted the request but sent no Content-Location header, so the "
+                "job cannot be followed; check base_url points at the extraction server (not a proxy page)"
+            )
+        return ExtractionHandle.from_status_url(str(response.url.join(location)))
+
+    # --- polling -----------------------------------------------------------------------------------------
+
+    def poll_until_complete(self, handle: ExtractionHandle, on_progress: ProgressCallback | None = None) -> list[str]:
+        """Poll until the job is complete and return the absolute URLs of its result files."""
+        interval = self.settings.polling_interval.total_seconds()
+        cap = self.settings.max_polling_interval.total_seconds()
+        window = self.settings.extraction_timeout.total_seconds()
+        last_contact = self.clock()
+        while True:
+            response = self._poll_once(handle)
+            retry_after = None
+            if response is not None:
+                if response.status_code == 200:
+                    return self.result_file_urls(response)
+                if response.status_code in IN_PROGRESS:
+                    last_contact = self.clock()
+                    if on_progress is not None:
+                        on_progress(self.progress(handle, response))
+                else:
+                    self._raise_unless_transient(handle, response)
+                    retry_after = parse_retry_after(response.headers.get("Retry-After"))
+            silent_for = self.clock() - last_contact
+            if silent_for >= window:
+                raise self._timeout(handle)
+            self.sleep(min(retry_after if retry_after is not None else interval, cap, window - silent_for))
+            interval = min(interval * 2, cap)
+
+    def _poll_once(self, handle: ExtractionHandle) -> httpx.Response | None:
+        """One status GET; a transient network failure is swallowed (None): the liveness window is the net."""
+        try:
+            return self.http.get(handle.status_url, headers={"Accept": "application/json"})
+        except httpx.TransportError as exc:
+            if not is_transient_network_error(exc):
+                raise network_error(exc, operation="poll extraction status", service=SERVICE) from exc
+            log.warning("extractor: status poll of job %s failed (%s: %s); polling again", handle.job_id,
+                        type(exc).__name__, exc)
+            return None
+
+    def _raise_unless_transient(self, handle: ExtractionHandle, response: httpx.Response) -> None:
+        status = response.status_code
+        if status in DEAD_HANDLE:
+            raise DeadHandleError(handle, status)
+        if status == JOB_FAILED:
+            texts = operation_outcome_texts(response.content)
+            reason = "; ".join(texts) if texts else "the server gave no reason"
+            raise ExtractionFailedError(
+                f"extraction job {handle.job_id} failed on the extraction server (HTTP 500): {reason}. "
+                "Fix the cause, then start a new job"
+            )
+        if is_transient_status(status):
+            log.warning("extractor: status poll of job %s answered HTTP %d; polling again", handle.job_id, status)
+            return
+        if status >= 400:
+            raise error_from_response(response, operation="poll extraction status", service=SERVICE)
+        raise ExtractionError(f"poll extraction status: unexpected HTTP {status} from {handle.status_url}")
+
+    def _timeout(self, handle: ExtractionHandle) -> ExtractionTimeoutError:
+        window = self.settings.extraction_timeout
+        return ExtractionTimeoutError(
+            f"extraction timeout: the extraction server gave no 200/202 answer for job {handle.job_id} for "
+            f"{window.total_seconds():g} s (services.extractor.extraction_timeout). The job may still run: "
+            "continue re-attaches to it; raise services.extractor.extraction_timeout if the server is slow"
+        )
+
+    # --- progress ----------------------------------------------------------------------------------------
+
+    def progress(self, handle: ExtractionHandle, response: httpx.Response) -> PollProgress:
+        text = response.headers.get("X-Progress") or next(iter(operation_outcome_texts(response.content)), None)
+        batches = self.task_batches(handle.job_id)
+        return PollProgress(text, *(batches or (None, None)))
+
+    def task_batches(self, job_id: str) -> tuple[int, int] | None:
+        """(batches completed, batches total) from the Task's progress extension; None if not (yet) there."""
+        try:
+            response = self.http.get(f"{self.base_url}/fhir/Task/{job_id}", headers={"Accept": FHIR_JSON},
+                                     timeout=http_timeout(TASK_TIMEOUT))
+            raise_for_service_status(response, operation="read task", service=SERVICE)
+            return batches_from_task(response.json())
+        except Exception as exc:  # progress is informational: any failure just means "unknown"
+            log.debug("extractor: no task progress for %s (%s)", job_id, type(exc).__name__)
+            return None
+
+    # --- result ------------------------------------------------------------------------------------------
+
+    def result_file_urls(self, response: httpx.Response) -> list[str]:
+        try:
+            document = response.json()
+        except ValueError as exc:
+            raise ExtractionError("the completed extraction's answer is not JSON; cannot find the result files") from exc
+        return [self.resolve_url(url) for url in result_urls(document)]
+
+    def resolve_url(self, url: str) -> str:
+        return resolve_file_url(self.base_url, url)
+
+
+def batches_from_task(task: Any) -> tuple[int, int] | None:
+    for extension in task.get("extension") or [] if isinstance(task, dict) else []:
+        if isinstance(extension, dict) and str(extension.get("url", "")).endswith(PROGRESS_EXTENSION_SUFFIXES):
+            values = {e.get("url"): e.get("valueInteger") for e in extension.get("extension") or [] if isinstance(e, dict)}
+            done, total = values.get("batchesCompleted"), values.get("batchesTotal")
+            if isinstance(done, int) and isinstance(total, int):
+                return done, total
+    return None
+
+
+def result_urls(document: Any) -> list[str]:
+    """The file URLs of a completed job, from a manifest (``output[].url``) or a Parameters resource
+    (``output`` parameters with a ``url`` part). No URL: ``NoMatchingDataError`` with the server's errors."""
+    if isinstance(document, dict) and document.get("resourceType") == "Parameters":
+        urls, errors = _parameters_urls(document)
+    elif isinstance(document, dict) and isinstance(document.get("output"), list):
+        urls, errors = _manifest_urls(document)
+    else:
+        raise ExtractionError("the completed extraction's answer is neither a manifest nor a Parameters resource")
+    if urls:
+        return urls
+    if errors:
+        raise NoMatchingDataError(
+            "the extraction finished without result files; the server reported: " + "; ".join(errors)
+        )
+    raise NoMatchingDataError(NO_MATCHING_DATA)
+
+
+def _manifest_urls(manifest: dict) -> tuple[list[str], list[str]]:
+    urls = [o["url"] for o in manifest["output"] if isinstance(o, dict) and isinstance(o.get("url"), str)]
+    errors = [_error_entry_text(e) for e in manifest.get("error") or []]
+    for extension in manifest.get("extension") or []:
+        if isinstance(extension, dict) and str(extension.get("url", "")).endswith(ISSUES_EXTENSION_SUFFIXES):
+            errors += [_issue_text(i) for i in extension.get("valueObject") or [] if isinstance(i, dict)]
+    return urls, [e for e in errors if e]
+
+
+def _error_entry_text(entry: Any) -> str:
+    if isinstance(entry, dict):
+        return f"error file {entry['url']}" if isinstance(entry.get("url"), str) else json.dumps(entry)[:500]
+    return str(entry)
+
+
+def _issue_text(issue: dict) -> str:
+    parts = [str(issue[k]) for k in ("severity", "msg", "diagnostics") if issue.get(k)]
+    return ": ".join(parts[:1] + [" - ".join(parts[1:])]) if len(parts) > 1 else "".join(parts)
+
+
+def _parameters_urls(parameters: dict) -> tuple[list[str], list[str]]:
+    urls, errors = [], []
+    for parameter in parameters.get("parameter") or []:
+        if not isinstance(parameter, dict):
+            continue
+        parts = {p.get("name"): _value(p) for p in parameter.get("part") or [] if isinstance(p, dict)}
+        if parameter.get("name") == "output" and parts.get("url"):
+            urls.append(parts["url"])
+        elif parameter.get("name") == "error":
+            errors.append(parts.get("diagnostics") or _value(parameter) or "error")
+    return urls, errors
+
+
+def _value(element: dict) -> str | None:
+    for key in ("valueUri", "valueUrl", "valueString", "valueCode"):
+        if isinstance(element.get(key), str):
+            return element[key]
+    return None
+
+
+def resolve_file_url(base_url: str, url: str) -> str:
+    """Absolute URLs are kept; ``host[:port]/path`` inherits base_url's scheme; other paths resolve
+    against base_url (``/files/x`` against its origin, ``files/x`` against its path)."""
+    base = httpx.URL(base_url.rstrip("/") + "/")
+    if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", url):
+        return url
+    if url.startswith("//"):
+        return f"{base.scheme}:{url}"
+    first, slash, _ = url.partition("/")
+    if slash and _looks_like_host(first):
+        return f"{base.scheme}://{url}"
+    return str(base.join(url))
+
+
+def _looks_like_host(segment: str) -> bool:
+    """``127.0.0.1:8080``, ``files.example.org``, ``localhost:80`` — not ``files`` or ``job-1``."""
+    host = segment.rsplit(":", 1)[0] if re.search(r":\d+$", segment) else segment
+    return bool(host) and (host == "localhost" or host != segment or "." in host)

@@ -1,0 +1,428 @@
+"""The extraction server client and the shared downloader, against the fake TORCH and scripted servers.
+
+Simulated time: the fake server and the client share one manual clock and the client's ``sleep`` advances
+it, so polling through a whole extraction takes no real waiting.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+import zstandard
+
+from config.settings import AuthSettings, ExtractorSettings, RetrySettings, TlsSettings
+from tasks.clients.downloads import (
+    DownloadError,
+    FileNotReadyError,
+    UnsafeFileNameError,
+    download_ndjson,
+    safe_file_name,
+    target_names,
+    wait_until_available,
+)
+from tasks.clients.errors import ServiceError
+from tasks.clients.extraction_server import (
+    DeadHandleError,
+    ExtractionError,
+    ExtractionFailedError,
+    ExtractionHandle,
+    ExtractionServerClient,
+    ExtractionTimeoutError,
+    InvalidCrtdlError,
+    NoMatchingDataError,
+    PollProgress,
+    parse_crtdl,
+    resolve_file_url,
+)
+from tests.conftest import TESTDATA
+from tests.fakes._server import LoopbackServer
+from tests.fakes.echo import EchoHandler, EchoState, Reply
+from tests.fakes.extraction_server import ExtractionServer, JobStatus, start_extraction_server
+
+CRTDL = (TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json").read_bytes()
+FAST_RETRY = RetrySettings(max_attempts=3, initial_backoff_ms=1, max_backoff_ms=5)
+LONG_JOB = {"PENDING": 2.0, "RUNNING_GET_COHORT": 3.0, "RUNNING_PROCESS_BATCH": 4.0, "RUNNING_PROCESS_CORE": 2.0}
+
+
+class SimulatedTime:
+    """A clock the fake server and the client share; ``sleep`` moves it instead of waiting."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def sim() -> SimulatedTime:
+    return SimulatedTime()
+
+
+@pytest.fixture
+def torch(sim):
+    with start_extraction_server(clock=sim, durations=dict(LONG_JOB)) as server:
+        yield server
+
+
+def extractor_settings(base_url: str, **overrides) -> ExtractorSettings:
+    values = dict(base_url=base_url, polling_interval="PT1S", max_polling_interval="PT8S",
+                  extraction_timeout="PT60S") | overrides
+    return ExtractorSettings(**values)
+
+
+def client_for(base_url: str, sim: SimulatedTime, **overrides) -> ExtractionServerClient:
+    return ExtractionServerClient(extractor_settings(base_url, **overrides), TlsSettings(), FAST_RETRY,
+                                  clock=sim, sleep=sim.sleep)
+
+
+def run_extraction(server: ExtractionServer, sim: SimulatedTime, **overrides) -> list[str]:
+    with client_for(server.base_url, sim, **overrides) as client:
+        return client.poll_until_complete(client.submit(CRTDL))
+
+
+# --- submission ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kickoff_status", [202, 200])
+def test_submission_posts_the_crtdl_base64_in_parameters_once(sim, kickoff_status):
+    with start_extraction_server(clock=sim, kickoff_status=kickoff_status) as server:
+        with client_for(server.base_url, sim) as client:
+            handle = client.submit(CRTDL)
+        (submission,) = server.state.submissions
+    body = json.loads(submission.body)
+    assert body["resourceType"] == "Parameters"
+    assert base64.b64decode(body["parameter"][0]["valueBase64Binary"]) == CRTDL
+    assert submission.headers["content-type"] == "application/fhir+json"
+    assert submission.headers["accept"] == "application/fhir+json"
+    assert handle.status_url == f"{server.base_url}/fhir/__status/{submission.job_id}"
+    assert handle.job_id == submission.job_id
+
+
+def test_kickoff_error_reports_the_servers_diagnostics_and_is_not_retried(sim):
+    invalid = (TESTDATA / "crtdl" / "invalid-no-patient-group.json").read_bytes()
+    with start_extraction_server(clock=sim) as server, client_for(server.base_url, sim) as client:
+        with pytest.raises(ServiceError) as caught:
+            client.submit(invalid)
+        assert len(server.state.submissions) == 1
+    assert caught.value.status_code == 400 and "No Patient Attribute Group" in str(caught.value)
+
+
+def test_kickoff_500_is_attempted_exactly_once():
+    state = EchoState(replies=[Reply(500, {"Content-Type": "application/fhir+json"},
+                                     json.dumps({"resourceType": "OperationOutcome", "issue": [
+                                         {"severity": "fatal", "code": "exception", "diagnostics": "db down"}]}).encode())])
+    with LoopbackServer(EchoHandler, state) as server, client_for(server.base_url, SimulatedTime()) as client:
+        with pytest.raises(ServiceError, match="db down"):
+            client.submit(CRTDL)
+    assert len(state.requests) == 1
+
+
+def test_missing_content_location_is_an_error(sim):
+    with start_extraction_server(clock=sim, omit_content_location=True) as server:
+        with client_for(server.base_url, sim) as client, pytest.raises(ExtractionError, match="Content-Location"):
+            client.submit(CRTDL)
+
+
+def test_relative_content_location_is_made_absolute():
+    state = EchoState(replies=[Reply(202, {"Content-Location": "/fhir/__status/abc-1"}, b"")])
+    with LoopbackServer(EchoHandler, state) as server, client_for(server.base_url, SimulatedTime()) as client:
+        handle = client.submit(CRTDL)
+    assert handle == ExtractionHandle(f"{server.base_url}/fhir/__status/abc-1", "abc-1")
+
+
+def test_a_crtdl_that_is_not_json_is_rejected_naming_the_file():
+    with pytest.raises(InvalidCrtdlError, match="invalid CRTDL /x/c.json: not valid JSON"):
+        parse_crtdl(b"{nope", "/x/c.json")
+    with pytest.raises(InvalidCrtdlError, match="expected a JSON object"):
+        parse_crtdl(b"[1]", "/x/c.json")
+
+
+# --- the poll table ------------------------------------------------------------------------------------------
+
+
+def test_in_progress_polls_back_off_doubling_to_the_cap_and_report_progress(torch, sim):
+    seen: list[PollProgress] = []
+    with client_for(torch.base_url, sim, max_polling_interval="PT2S") as client:
+        urls = client.poll_until_complete(client.submit(CRTDL), seen.append)
+    assert sim.sleeps[:5] == [1.0, 2.0, 2.0, 2.0, 2.0]
+    assert len(urls) == 4 and urls[-1].endswith("/core.ndjson")
+    texts = [p.text for p in seen]
+    assert texts[0] == "Pending" and "Getting cohort" in texts
+    batches = [p for p in seen if p.batches_total]
+    assert batches and batches[0].batches_total == 3 and batches[0].describe().endswith("batches 0/3")
+
+
+@pytest.mark.parametrize("style", ["torch", "extractor"])
+def test_batches_come_from_either_progress_extension_url(sim, style):
+    with start_extraction_server(clock=sim, durations=dict(LONG_JOB), extension_style=style) as server:
+        seen: list[PollProgress] = []
+        with client_for(server.base_url, sim) as client:
+            client.poll_until_complete(client.submit(CRTDL), seen.append)
+    assert any(p.batches_total == 3 for p in seen)
+
+
+def test_102_interim_answers_count_as_in_progress(sim):
+    with start_extraction_server(clock=sim, durations=dict(LONG_JOB), status_102="interim") as server:
+        assert len(run_extraction(server, sim)) == 4
+
+
+def test_404_on_poll_raises_dead_handle(torch, sim):
+    with client_for(torch.base_url, sim) as client:
+        handle = client.submit(CRTDL)
+        torch.state.forget_jobs()
+        with pytest.raises(DeadHandleError) as caught:
+            client.poll_until_complete(handle)
+    assert caught.value.status_code == 404 and caught.value.handle == handle
+
+
+def test_410_for_a_cancelled_job_raises_dead_handle(torch, sim):
+    with client_for(torch.base_url, sim) as client:
+        handle = client.submit(CRTDL)
+        torch.state.force_status(handle.job_id, JobStatus.CANCELLED)
+        with pytest.raises(DeadHandleError) as caught:
+            client.poll_until_complete(handle)
+    assert caught.value.status_code == 410
+
+
+def test_500_is_a_terminal_failure_with_the_servers_diagnostics(sim):
+    with start_extraction_server(clock=sim, durations=dict(LONG_JOB), fail_jobs=True,
+                                 failure_diagnostics="Cohort query failed: Blaze said 500") as server:
+        with pytest.raises(ExtractionFailedError, match="Cohort query failed: Blaze said 500"):
+            run_extraction(server, sim)
+        assert len(server.state.submissions) == 1
+
+
+def test_503_storm_is_transient_and_polling_continues(torch, sim):
+    torch.state.status_unavailable_polls = 4
+    assert len(run_extraction(torch, sim)) == 4
+    assert sum(torch.state.polls.values()) > 4
+
+
+def scripted_status_server(*replies: Reply) -> tuple[LoopbackServer, EchoState]:
+    state = EchoState(replies=list(replies))
+    return LoopbackServer(EchoHandler, state), state
+
+
+def manifest_reply(base_url_path: str = "/files/j/core.ndjson") -> Reply:
+    body = {"output": [{"type": "NDJSON Bundle", "url": base_url_path}], "error": []}
+    return Reply(200, {"Content-Type": "application/json"}, json.dumps(body).encode())
+
+
+def test_408_429_and_other_5xx_are_retried_after_backing_off(sim):
+    server, state = scripted_status_server(Reply(408), Reply(429, {"Retry-After": "3"}), Reply(502), Reply(504),
+                                           manifest_reply())
+    with server, client_for(server.base_url, sim) as client:
+        urls = client.poll_until_complete(ExtractionHandle(f"{server.base_url}/fhir/__status/j", "j"))
+    assert urls == [f"{server.base_url}/files/j/core.ndjson"]
+    assert sim.sleeps == [1.0, 3.0, 4.0, 8.0]  # Retry-After replaces one wait
+    assert [r.headers["accept"] for r in state.requests] == ["application/json"] * 5
+
+
+def test_network_failures_on_a_poll_are_swallowed(sim):
+    server, state = scripted_status_server(Reply(reset=True), Reply(reset=True), manifest_reply())
+    with server, client_for(server.base_url, sim) as client:
+        urls = client.poll_until_complete(ExtractionHandle(f"{server.base_url}/fhir/__status/j", "j"))
+    assert len(urls) == 1 and len(state.requests) == 3
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 409])
+def test_other_4xx_on_a_poll_is_terminal(sim, status):
+    server, state = scripted_status_server(Reply(status))
+    with server, client_for(server.base_url, sim) as client, pytest.raises(ServiceError) as caught:
+        client.poll_until_complete(ExtractionHandle(f"{server.base_url}/fhir/__status/j", "j"))
+    assert caught.value.status_code == status and not caught.value.transient and len(state.requests) == 1
+
+
+def test_silence_longer_than_the_liveness_window_is_a_timeout_naming_the_setting(sim):
+    server, state = scripted_status_server(*[Reply(503)] * 50)
+    with server, client_for(server.base_url, sim, extraction_timeout="PT20S") as client:
+        with pytest.raises(ExtractionTimeoutError, match="services.extractor.extraction_timeout"):
+            client.poll_until_complete(ExtractionHandle(f"{server.base_url}/fhir/__status/j", "j"))
+    assert sum(sim.sleeps) == pytest.approx(20.0)
+
+
+def test_each_202_resets_the_liveness_window(sim):
+    in_progress = Reply(202, {"X-Progress": "Pending"}, b"{}")
+    # 15 s of 503s, a 202, 16 s of 503s, then done: 31 s in all, never 20 s of silence.
+    server, _ = scripted_status_server(Reply(503), Reply(503), Reply(503), Reply(503), in_progress,
+                                       Reply(503), Reply(503), manifest_reply())
+    with server, client_for(server.base_url, sim, extraction_timeout="PT20S") as client:
+        urls = client.poll_until_complete(ExtractionHandle(f"{server.base_url}/fhir/__status/j", "j"))
+    assert len(urls) == 1 and sum(sim.sleeps) > 20
+
+
+# --- the result ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", ["manifest", "parameters"])
+@pytest.mark.parametrize("style", ["absolute", "relative", "host_prefixed"])
+def test_both_result_shapes_and_all_url_forms_give_absolute_file_urls(sim, shape, style):
+    with start_extraction_server(clock=sim, result_shape=shape, file_url_style=style) as server:
+        urls = run_extraction(server, sim)
+        job_id = server.state.submissions[0].job_id
+    assert len(urls) == 4
+    assert all(u.startswith(f"{server.base_url}/files/{job_id}/") for u in urls)
+
+
+@pytest.mark.parametrize(
+    "url, expected",
+    [
+        ("https://files.example.org/x/a.ndjson", "https://files.example.org/x/a.ndjson"),
+        ("/files/j/a.ndjson", "https://torch.example.org/files/j/a.ndjson"),
+        ("files/j/a.ndjson", "https://torch.example.org/base/files/j/a.ndjson"),
+        ("files.example.org:8080/j/a.ndjson", "https://files.example.org:8080/j/a.ndjson"),
+        ("localhost:81/j/a.ndjson", "https://localhost:81/j/a.ndjson"),
+    ],
+)
+def test_file_urls_resolve_against_base_url(url, expected):
+    assert resolve_file_url("https://torch.example.org/base", url) == expected
+
+
+@pytest.mark.parametrize("shape", ["manifest", "parameters"])
+def test_empty_output_reports_the_servers_issues(sim, shape):
+    with start_extraction_server(clock=sim, empty_output="with_issues", result_shape=shape) as server:
+        with pytest.raises(NoMatchingDataError, match="no consenting patients"):
+            run_extraction(server, sim)
+
+
+@pytest.mark.parametrize("shape", ["manifest", "parameters"])
+def test_empty_output_without_issues_is_the_no_matching_data_message(sim, shape):
+    with start_extraction_server(clock=sim, empty_output="without_issues", result_shape=shape) as server:
+        with pytest.raises(NoMatchingDataError, match="no data matched the CRTDL.*time period"):
+            run_extraction(server, sim)
+
+
+# --- downloads -----------------------------------------------------------------------------------------------
+
+
+def completed_job_urls(server: ExtractionServer, sim: SimulatedTime) -> list[str]:
+    urls = run_extraction(server, sim)
+    server.state.requests.clear()
+    return urls
+
+
+def download(client: httpx.Client, url: str, dest: Path, **overrides) -> object:
+    options = dict(level="fastest", max_line_bytes=1 << 20, stall_timeout=timedelta(seconds=5), retry=FAST_RETRY)
+    return download_ndjson(client, url, dest, **(options | overrides))
+
+
+def file_key(url: str) -> str:
+    return "/".join(url.split("/")[-2:])
+
+
+def test_download_writes_compressed_ndjson_and_counts_resources(torch, sim, tmp_path):
+    urls = completed_job_urls(torch, sim)
+    with client_for(torch.base_url, sim) as client:
+        stats = download(client.http, urls[0], tmp_path / "a.ndjson.zst")
+    data = zstandard.ZstdDecompressor().decompressobj().decompress((tmp_path / "a.ndjson.zst").read_bytes())
+    assert stats.resources == 2 == len(data.splitlines())
+    assert stats.size == (tmp_path / "a.ndjson.zst").stat().st_size
+    (request,) = torch.state.requests_to("/files/")
+    assert request.header("accept") == "application/fhir+ndjson"
+
+
+def test_availability_check_falls_back_from_head_to_a_range_get(torch, sim):
+    torch.state.head_status = 405
+    (url, *_) = completed_job_urls(torch, sim)
+    with client_for(torch.base_url, sim) as client:
+        wait_until_available(client.http, url, checks=3, interval=timedelta(seconds=1), sleep=sim.sleep)
+    assert torch.state.file_heads[file_key(url)] == 1 and torch.state.range_probes[file_key(url)] == 1
+
+
+def test_a_file_not_yet_visible_is_checked_again_until_it_appears(torch, sim):
+    (url, *_) = completed_job_urls(torch, sim)
+    torch.state.file_not_ready_probes = 3  # HEAD 404, Range 404, HEAD 404, then visible
+    sim.sleeps.clear()
+    with client_for(torch.base_url, sim) as client:
+        wait_until_available(client.http, url, checks=3, interval=timedelta(seconds=2), sleep=sim.sleep)
+    assert sim.sleeps == [2.0]
+    assert torch.state.range_probes[file_key(url)] == 2
+
+
+def test_a_file_that_never_appears_fails_after_the_configured_checks(torch, sim):
+    (url, *_) = completed_job_urls(torch, sim)
+    torch.state.file_not_ready_probes = 100
+    sim.sleeps.clear()
+    with client_for(torch.base_url, sim) as client, pytest.raises(FileNotReadyError, match="file_ready_retries"):
+        wait_until_available(client.http, url, checks=4, interval=timedelta(seconds=1), sleep=sim.sleep)
+    assert sim.sleeps == [1.0] * 3
+
+
+def test_zero_checks_disable_the_availability_check(torch, sim):
+    (url, *_) = completed_job_urls(torch, sim)
+    with client_for(torch.base_url, sim) as client:
+        wait_until_available(client.http, url, checks=0, interval=timedelta(seconds=1))
+    assert torch.state.requests_to("/files/") == []
+
+
+def test_a_stalled_download_is_cancelled_after_the_stall_timeout_and_not_retried(torch, sim, tmp_path):
+    (url, *_) = completed_job_urls(torch, sim)
+    torch.state.stall_downloads, torch.state.stall_after_bytes, torch.state.stall_seconds = 1, 100, 1.0
+    with client_for(torch.base_url, sim) as client, pytest.raises(DownloadError, match="no data arrived for 0.3 s"):
+        download(client.http, url, tmp_path / "a.ndjson", stall_timeout=timedelta(seconds=0.3))
+    assert torch.state.file_gets[file_key(url)] == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_slow_but_flowing_download_is_not_a_stall(torch, sim, tmp_path):
+    (url, *_) = completed_job_urls(torch, sim)
+    torch.state.stall_downloads, torch.state.stall_after_bytes, torch.state.stall_seconds = 1, 100, 0.3
+    with client_for(torch.base_url, sim) as client:
+        stats = download(client.http, url, tmp_path / "a.ndjson", stall_timeout=timedelta(seconds=2))
+    assert stats.resources == 2
+
+
+def test_a_connection_reset_mid_body_fails_the_file_without_retry(torch, sim, tmp_path):
+    (url, *_) = completed_job_urls(torch, sim)
+    torch.state.reset_downloads, torch.state.reset_after_bytes = 1, 100
+    with client_for(torch.base_url, sim) as client, pytest.raises(DownloadError, match="connection broke"):
+        download(client.http, url, tmp_path / "a.ndjson")
+    assert torch.state.file_gets[file_key(url)] == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_transient_status_is_retried_and_the_file_then_downloaded(tmp_path):
+    body = b'{"resourceType":"Bundle"}\n{"resourceType":"Bundle"}\n'
+    state = EchoState(replies=[Reply(503), Reply(reset=True), Reply(200, {"Content-Type": "application/fhir+ndjson"}, body)])
+    with LoopbackServer(EchoHandler, state) as server, client_for(server.base_url, SimulatedTime()) as client:
+        stats = download(client.http, f"{server.base_url}/f/a.ndjson", tmp_path / "a.ndjson", level=None)
+    assert stats.resources == 2 and (tmp_path / "a.ndjson").read_bytes() == body
+    assert len(state.requests) == 3
+
+
+def test_credentials_go_only_to_the_configured_origin_not_to_a_file_server_elsewhere(sim, tmp_path):
+    auth = AuthSettings(username="u", password="p")
+    with start_extraction_server(clock=sim, file_origin=True) as server:
+        with client_for(server.base_url, sim, auth=auth) as client:
+            urls = client.poll_until_complete(client.submit(CRTDL))
+            download(client.http, urls[0], tmp_path / "a.ndjson")
+        api = server.state.requests_to("/fhir/", "api")
+        files = server.state.requests_to("/files/", "files")
+    assert api and all(r.header("authorization", ).startswith("Basic ") for r in api)
+    assert files and all(r.header("authorization") is None for r in files)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://h/files/..", "http://h/files/", "http://h/files/.hidden", "http://h/files/a%2F..%2Fb", "http://h/a%5Cb"]
+)
+def test_file_names_that_could_escape_import_are_refused(url):
+    with pytest.raises(UnsafeFileNameError):
+        safe_file_name(url, compress=False)
+
+
+def test_file_names_are_forced_to_ndjson_and_duplicates_are_an_error():
+    assert safe_file_name("http://h/j/batch-1", compress=True) == "batch-1.ndjson.zst"
+    assert safe_file_name("http://h/j/core.ndjson?x=1", compress=False) == "core.ndjson"
+    with pytest.raises(DownloadError, match="would both be saved as core.ndjson"):
+        target_names(["http://h/j1/core.ndjson", "http://h/j2/core.ndjson"], compress=False)

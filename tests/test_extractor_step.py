@@ -1,0 +1,236 @@
+"""The extractor step end to end through the command line, against the fake extraction server.
+
+The fake runs in the test process; jobs run in-process (``flows.run.main``) or, where a test kills the run,
+as a CLI subprocess. polling_interval is the spec's minimum of 1 s, so each job takes a second or more.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from flows.run import EXIT_FAILED, EXIT_OK, main
+from tasks.layout import JobPaths, read_newest_result
+from tests.conftest import TESTDATA, run_cli
+from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
+from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+
+CRTDL = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
+
+
+@pytest.fixture
+def torch():
+    with start_extraction_server() as server:
+        yield server
+
+
+def write_config(tmp_path: Path, server: ExtractionServer, extra: str = "", stall: str = "PT10S") -> Path:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"pipeline:\n  enabled_steps: [extractor]\njobs_dir: {tmp_path / 'jobs'}\n"
+        "compression:\n  level: fastest\n"
+        "retry:\n  max_attempts: 3\n  initial_backoff_ms: 10\n  max_backoff_ms: 50\n"
+        f"services:\n  extractor:\n    base_url: {server.base_url}\n    polling_interval: PT1S\n"
+        f"    max_polling_interval: PT1S\n    file_ready_interval: PT1S\n    download_stall_timeout: {stall}\n"
+        + extra
+    )
+    return config
+
+
+def submitted_crtdl(server: ExtractionServer, index: int = 0) -> bytes:
+    parameters = json.loads(server.state.submissions[index].body)
+    return base64.b64decode(parameters["parameter"][0]["valueBase64Binary"])
+
+
+def decompressed_lines(path: Path) -> int:
+    data = zstandard.ZstdDecompressor().decompressobj(read_across_frames=True).decompress(path.read_bytes())
+    return len(data.splitlines())
+
+
+def jobs_dir_of(tmp_path: Path) -> Path:
+    return tmp_path / "jobs"
+
+
+def step_result(job_dir: Path, kind: str = "step") -> dict:
+    result = read_newest_result(JobPaths(job_dir), 0, "extractor", kind)
+    assert result is not None
+    return result
+
+
+def test_an_extraction_job_downloads_every_file_core_first_and_records_the_handle(tmp_path, torch, capsys):
+    assert main(["start", str(write_config(tmp_path, torch)), str(CRTDL), "--no-progress"]) == EXIT_OK
+    job_dir = only_job_dir(jobs_dir_of(tmp_path))
+    (submission,) = torch.state.submissions
+    assert (job_dir / "crtdl.json").read_bytes() == CRTDL.read_bytes() == submitted_crtdl(torch)
+
+    result = step_result(job_dir)
+    files = result["files"]
+    assert files[0]["name"] == "core.ndjson.zst" and len(files) == 4
+    for record in files:
+        assert decompressed_lines(job_dir / "import" / record["name"]) == record["resources"] > 0
+        assert (job_dir / "import" / record["name"]).stat().st_size == record["size"]
+    assert result["record"]["extraction_job_id"] == submission.job_id
+    assert result["record"]["status_url"] == f"{torch.base_url}/fhir/__status/{submission.job_id}"
+    assert result["record"]["crtdl_path"] == str(job_dir / "crtdl.json")
+    assert not list((job_dir / "import").glob(".*"))
+
+    capsys.readouterr()
+    main(["status", str(job_dir)])
+    assert f"extraction_job_id: {submission.job_id}" in capsys.readouterr().out
+
+
+def test_extraction_progress_is_published_as_a_prefect_artifact(tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with start_extraction_server(durations={"PENDING": 1.5, "RUNNING_GET_COHORT": 0.05,
+                                            "RUNNING_PROCESS_BATCH": 0.05, "RUNNING_PROCESS_CORE": 0.05}) as torch:
+        assert main(["start", str(write_config(tmp_path, torch)), str(CRTDL), "--no-progress"]) == EXIT_OK
+    job_dir = only_job_dir(jobs_dir_of(tmp_path))
+    key = f"job-{job_dir.name}-00-extractor-progress"
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    assert artifacts and artifacts[0].type == "progress" and float(artifacts[0].data) == 100.0
+
+
+def test_an_invalid_crtdl_fails_naming_the_file_and_sends_nothing(tmp_path, torch, capsys):
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"cohortDefinition": ')
+    assert main(["start", str(write_config(tmp_path, torch)), str(broken), "--no-progress"]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert f"invalid CRTDL {broken}" in err and "not valid JSON" in err
+    assert torch.state.submissions == [] and torch.state.requests == []
+
+
+def test_enrichment_rules_write_an_enriched_crtdl_that_is_what_gets_submitted(tmp_path, torch):
+    rules = (
+        "  crtdl_preprocessing:\n    enabled: true\n    enrichments:\n"
+        "      - group_reference: https://www.medizininformatik-initiative.de/fhir/core/modul-person/StructureDefinition/PatientPseudonymisiert\n"
+        "        attributes_to_add:\n          - attribute_ref: Patient.identifier\n            must_have: true\n"
+    )
+    assert main(["start", str(write_config(tmp_path, torch, rules)), str(CRTDL), "--no-progress"]) == EXIT_OK
+    job_dir = only_job_dir(jobs_dir_of(tmp_path))
+    enriched = job_dir / "enriched-crtdl.json"
+    assert not (job_dir / "crtdl.json").exists()
+    assert json.loads(submitted_crtdl(torch)) == json.loads(enriched.read_bytes())
+    assert "Patient.identifier" in enriched.read_text()
+    assert step_result(job_dir)["record"]["crtdl_path"] == str(enriched)
+
+
+def test_a_complete_result_url_as_input_is_downloaded_without_submitting(tmp_path, torch):
+    import httpx
+
+    from tests.test_fake_extraction_server import poll_until_done, submit
+
+    with httpx.Client() as client:
+        status_url = submit(client, torch)
+        assert poll_until_done(client, status_url).status_code == 200
+    assert main(["start", str(write_config(tmp_path, torch)), status_url, "--no-progress"]) == EXIT_OK
+    job_dir = only_job_dir(jobs_dir_of(tmp_path))
+    assert len(torch.state.submissions) == 1  # the test's own
+    assert len(step_result(job_dir)["files"]) == 4
+    assert step_result(job_dir)["record"]["crtdl_path"] is None
+
+
+def test_a_server_restart_mid_job_leads_to_exactly_one_fresh_submission(tmp_path):
+    slow = {"PENDING": 1.5, "RUNNING_GET_COHORT": 0.05, "RUNNING_PROCESS_BATCH": 0.05, "RUNNING_PROCESS_CORE": 0.05}
+    with start_extraction_server(durations=slow) as torch:
+        restart = threading.Thread(target=forget_jobs_after_first_poll, args=(torch,), daemon=True)
+        restart.start()
+        assert main(["start", str(write_config(tmp_path, torch)), str(CRTDL), "--no-progress"]) == EXIT_OK
+        restart.join(5)
+        first, second = torch.state.submissions
+    job_dir = only_job_dir(jobs_dir_of(tmp_path))
+    record = step_result(job_dir)["record"]
+    assert record["extraction_job_id"] == second.job_id != first.job_id and record["generation"] == 1
+    assert len(step_result(job_dir)["files"]) == 4
+
+
+def forget_jobs_after_first_poll(server: ExtractionServer, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not server.state.polls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    server.state.forget_jobs()
+
+
+def record_files(jobs_dir: Path) -> list[Path]:
+    return sorted(jobs_dir.glob("*/.prefect/results/*-00-extractor-record-*"))
+
+
+@pytest.mark.slow
+def test_killed_while_polling_continue_reattaches_without_submitting_again(tmp_path):
+    with start_extraction_server(durations={"PENDING": 4.0, "RUNNING_GET_COHORT": 0.05,
+                                            "RUNNING_PROCESS_BATCH": 0.05, "RUNNING_PROCESS_CORE": 0.05}) as torch:
+        process = start_cli_process("start", str(write_config(tmp_path, torch)), str(CRTDL), "--no-progress")
+        wait_for(lambda: torch.state.polls or None, process)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        job_dir = only_job_dir(jobs_dir_of(tmp_path))
+        result = run_cli("continue", str(job_dir), "--no-progress")
+        assert result.returncode == EXIT_OK, result.stderr
+        assert len(torch.state.submissions) == 1
+    assert job_file(job_dir)["state"] == "Completed"
+    assert len(step_result(job_dir)["files"]) == 4
+
+
+@pytest.mark.slow
+def test_killed_after_a_resubmission_continue_reattaches_to_the_newest_job(tmp_path):
+    slow = {"PENDING": 4.0, "RUNNING_GET_COHORT": 0.05, "RUNNING_PROCESS_BATCH": 0.05, "RUNNING_PROCESS_CORE": 0.05}
+    with start_extraction_server(durations=slow) as torch:
+        process = start_cli_process("start", str(write_config(tmp_path, torch)), str(CRTDL), "--no-progress")
+        wait_for(lambda: torch.state.polls or None, process)
+        torch.state.forget_jobs()
+        wait_for(lambda: len(record_files(jobs_dir_of(tmp_path))) == 2 or None, process)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        job_dir = only_job_dir(jobs_dir_of(tmp_path))
+        result = run_cli("continue", str(job_dir), "--no-progress")
+        assert result.returncode == EXIT_OK, result.stderr
+        first, second = torch.state.submissions
+    assert step_result(job_dir)["record"]["extraction_job_id"] == second.job_id
+
+
+@pytest.mark.slow
+def test_killed_during_downloads_continue_fetches_only_the_unfinished_file(tmp_path):
+    with start_extraction_server(cohort_size=8, stall_downloads=1, stall_after_bytes=10, stall_seconds=20) as torch:
+        config = write_config(tmp_path, torch, stall="PT60S")
+        process = start_cli_process("start", str(config), str(CRTDL), "--no-progress")
+        import_dir = lambda: next(jobs_dir_of(tmp_path).glob("*/import"), None)  # noqa: E731
+        wait_for(lambda: (d := import_dir()) and len(list(d.glob("*.ndjson.zst"))) == 4 or None, process)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        job_dir = only_job_dir(jobs_dir_of(tmp_path))
+        fetched_before = dict(torch.state.file_gets)
+        result = run_cli("continue", str(job_dir), "--no-progress")
+        assert result.returncode == EXIT_OK, result.stderr
+        fetched_again = {k: n - fetched_before.get(k, 0) for k, n in torch.state.file_gets.items()}
+    assert len(fetched_before) == 5
+    assert sorted(fetched_again.values()) == [0, 0, 0, 0, 1]
+    assert len(torch.state.submissions) == 1
+    assert len(step_result(job_dir)["files"]) == 5
+
+
+def test_a_handle_that_keeps_dying_gives_up_after_max_attempts_fresh_submissions(tmp_path, capsys):
+    from tests.fakes._server import LoopbackServer
+    from tests.fakes.echo import EchoHandler, EchoState, Reply
+
+    def accepted(n: int) -> Reply:
+        return Reply(202, {"Content-Location": f"/fhir/__status/job-{n}"}, b"")
+
+    state = EchoState(replies=[r for n in range(4) for r in (accepted(n), Reply(404))])
+    with LoopbackServer(EchoHandler, state) as server:
+        config = write_config(tmp_path, server)
+        assert main(["start", str(config), str(CRTDL), "--no-progress"]) == EXIT_FAILED
+    posts = [r for r in state.requests if r.method == "POST"]
+    assert len(posts) == 4  # the first submission and retry.max_attempts = 3 fresh ones
+    err = capsys.readouterr().err
+    assert "job-3 is gone" in err and "3 fresh submission(s)" in err and "retry.max_attempts" in err
