@@ -23,6 +23,7 @@ from tasks.extractor import extractor
 from tasks.http_import import http_import
 from tasks.layout import JobPaths
 from tasks.local_import import local_import
+from tasks.pseudonymizer import pseudonymizer
 from tasks.wait import wait
 
 # Steps whose issue has landed. ``start`` refuses the others; ``config check`` still validates them.
@@ -30,6 +31,7 @@ STEP_TASKS = {
     "extractor": extractor,
     "http_import": http_import,
     "local_import": local_import,
+    "pseudonymizer": pseudonymizer,
     "wait": wait,
 }
 

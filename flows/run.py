@@ -119,7 +119,8 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
     for attr, key in FLAG_KEYS.items():
         value = getattr(args, attr)
         if value is not None:
-            overrides[key] = value
+            # Absolute, so that ``continue`` from another working directory reads the same file.
+            overrides[key] = str(Path(value).expanduser().resolve())
             labels[key] = "--" + attr.replace("_", "-")
     return overrides, labels
 

@@ -149,12 +149,19 @@ def _wait_seconds(retry: RetrySettings) -> Callable[[RetryCallState], float]:
     return wait
 
 
+def describe_exception(exc: BaseException | None) -> str:
+    """The exception's text, or its type where the text is empty (many network errors have none)."""
+    if exc is None:
+        return "no error"
+    return str(exc) or type(exc).__name__
+
+
 def _retry_policy(retry: RetrySettings, *, operation: str, service: str | None, retryable: bool) -> dict:
     attempts = retry.max_attempts if retryable else 1
 
     def log_retry(state: RetryCallState) -> None:
         log.warning("%s%s failed (%s); attempt %d of %d, retrying in %.1f s", f"{service}: " if service else "",
-                    operation, state.outcome.exception(), state.attempt_number, attempts,
+                    operation, describe_exception(state.outcome.exception()), state.attempt_number, attempts,
                     state.next_action.sleep if state.next_action else 0.0)
 
     return {

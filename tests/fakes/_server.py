@@ -18,6 +18,7 @@ from typing import Any
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # the default backlog of 5 resets connections under concurrent clients
 
     def __init__(self, address, handler, state: Any):
         super().__init__(address, handler)

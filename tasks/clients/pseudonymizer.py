@@ -1,0 +1,235 @@
+"""Client of the pseudonymization service (FHIR Pseudonymizer / DIMP): ``POST {url}/fhir/$de-identify``.
+
+Wire contract (spec/protocols.md, "Pseudonymization service"): the body is the bare resource, or — with an
+anonymization config — a ``Parameters`` whose parts are, in this order, ``config`` (the YAML as a base64
+``valueAttachment``) and ``resource``; the answer is the de-identified resource itself.
+
+Bundles whose compact JSON is larger than the split threshold are sent as greedy, order-preserving chunks of their
+``entry[]`` (each a Bundle with the same Bundle-level fields and id ``<bundle id>-chunk-<i>``, i from 0) and put
+back together in the original order. Every answer is checked: same resource type as sent and, for Bundles, as
+many entries as sent, so a resource can never get lost on the way.
+
+Requests go through the client layer (``tasks.clients.http``): retry of 5xx/408/429 and network errors, other 4xx
+terminal with the service's OperationOutcome text. At most ``max_concurrent_requests`` requests are in flight per
+``Pseudonymizer`` (an ``asyncio.Semaphore``). Plain Python: no Prefect in here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import orjson
+
+from tasks.clients.http import request_with_retry_async
+
+if TYPE_CHECKING:
+    from config.settings import RetrySettings
+
+DE_IDENTIFY_PATH = "/fhir/$de-identify"
+FHIR_JSON = "application/fhir+json"
+REQUEST_HEADERS = {"Content-Type": FHIR_JSON, "Accept": FHIR_JSON}
+MB = 1024 * 1024
+
+
+class PseudonymizationError(Exception):
+    """A resource that cannot be sent, or an answer that cannot be used; the message says which and why."""
+
+
+class EntryTooLargeError(PseudonymizationError):
+    """One Bundle entry alone does not fit in a request below the split threshold."""
+
+    def __init__(self, entry: Any, index: int, size: int, threshold_bytes: int):
+        self.entry_label, self.index = resource_label(entry), index
+        self.size, self.threshold_bytes = size, threshold_bytes
+        super().__init__(
+            f"Bundle entry {index} ({self.entry_label}) is {size / MB:.1f} MB, larger than the split threshold of "
+            f"{threshold_bytes // MB} MB, so it cannot be sent on its own; raise "
+            "services.pseudonymizer.bundle_split_threshold_mb (up to 100) and, if needed, the pseudonymization "
+            "service's request body limit"
+        )
+
+
+@dataclass(frozen=True)
+class AnonymizationConfig:
+    """The anonymization YAML sent with each request; its bytes stay out of reprs (they may hold a hash key)."""
+
+    path: str
+    data: bytes = field(repr=False)
+
+    @classmethod
+    def read(cls, path: str | Path) -> "AnonymizationConfig":
+        """Read the file once; raises ``OSError`` when it cannot be read."""
+        path = Path(path).expanduser()
+        return cls(str(path), path.read_bytes())
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+
+@dataclass(frozen=True)
+class Pseudonymized:
+    """One de-identified resource as an NDJSON line (no newline), and what it took to get it."""
+
+    line: bytes
+    requests: int
+    split: bool
+
+
+class RequestBody:
+    """Builds ``$de-identify`` bodies from a resource's JSON bytes, without re-serialising the resource."""
+
+    def __init__(self, config: AnonymizationConfig | None):
+        if config is None:
+            self._prefix, self._suffix = b"", b""
+            return
+        config_part = {
+            "name": "config",
+            "valueAttachment": {"contentType": "application/yaml", "data": base64.b64encode(config.data).decode()},
+        }
+        self._prefix = (
+            b'{"resourceType":"Parameters","parameter":['
+            + orjson.dumps(config_part)
+            + b',{"name":"resource","resource":'
+        )
+        self._suffix = b"}]}"
+
+    def __call__(self, resource_json: bytes) -> bytes:
+        return self._prefix + resource_json + self._suffix if self._prefix else resource_json
+
+
+class Pseudonymizer:
+    """De-identifies resources through one ``httpx.AsyncClient`` (made by ``build_async_client``)."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        retry: RetrySettings,
+        *,
+        config: AnonymizationConfig | None = None,
+        split_threshold_mb: int = 10,
+        max_concurrent_requests: int = 4,
+    ):
+        self._client = client
+        self._retry = retry
+        self._body = RequestBody(config)
+        self.split_threshold_bytes = split_threshold_mb * MB
+        self._slots = asyncio.Semaphore(max_concurrent_requests)
+
+    async def pseudonymize(self, resource_json: bytes, resource: dict[str, Any]) -> Pseudonymized:
+        """De-identify one resource given as its JSON bytes and parsed form; large Bundles are split."""
+        if needs_split(resource, self.split_threshold_bytes):
+            chunks = split_bundle(resource, self.split_threshold_bytes)
+            answers = await self._deidentify_all(chunks)
+            return Pseudonymized(orjson.dumps(reassemble_bundle(resource, answers)), len(chunks), True)
+        line, _ = await self._deidentify(resource_json, resource)
+        return Pseudonymized(line, 1, False)
+
+    async def _deidentify_all(self, resources: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """De-identify several resources at once; the first failure cancels the others and is raised as is."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                calls = [group.create_task(self._deidentify(orjson.dumps(r), r)) for r in resources]
+        except ExceptionGroup as failures:
+            raise failures.exceptions[0]  # noqa: B904 - the first failure is the news, not the group
+        return [call.result()[1] for call in calls]
+
+    async def _deidentify(self, resource_json: bytes, resource: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+        async with self._slots:
+            response = await request_with_retry_async(
+                self._client,
+                "POST",
+                DE_IDENTIFY_PATH,
+                retry=self._retry,
+                operation=f"de-identify {resource.get('resourceType')}",
+                content=self._body(resource_json),
+                headers=REQUEST_HEADERS,
+            )
+        return checked_answer(response.content, resource)
+
+
+def checked_answer(content: bytes, sent: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+    """The answer as one NDJSON line and parsed; it must be a resource of the sent type with all its entries."""
+    try:
+        answer = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        raise PseudonymizationError("the service answered with something that is not JSON") from None
+    sent_type = sent.get("resourceType")
+    if not isinstance(answer, dict) or answer.get("resourceType") != sent_type:
+        got = answer.get("resourceType") if isinstance(answer, dict) else type(answer).__name__
+        raise PseudonymizationError(f"the service answered with {got!r} instead of a de-identified {sent_type}")
+    if sent_type == "Bundle" and len(answer.get("entry") or []) != len(sent.get("entry") or []):
+        raise PseudonymizationError(
+            f"the service answered with {len(answer.get('entry') or [])} Bundle entries for "
+            f"{len(sent.get('entry') or [])} sent; refusing to lose resources"
+        )
+    return as_ndjson_line(content, answer), answer
+
+
+def as_ndjson_line(content: bytes, parsed: dict[str, Any]) -> bytes:
+    """The answer's own bytes when they already form one line (keeps decimals as written), else compact JSON."""
+    content = content.strip()
+    return orjson.dumps(parsed) if b"\n" in content or b"\r" in content else content
+
+
+def compact_size(resource: Any) -> int:
+    return len(orjson.dumps(resource))
+
+
+def needs_split(resource: dict[str, Any], threshold_bytes: int) -> bool:
+    return (
+        resource.get("resourceType") == "Bundle"
+        and bool(resource.get("entry"))
+        and compact_size(resource) > threshold_bytes
+    )
+
+
+def split_bundle(bundle: dict[str, Any], threshold_bytes: int) -> list[dict[str, Any]]:
+    """Greedy, order-preserving chunks of ``entry[]``, each a Bundle of at most ``threshold_bytes`` compact JSON.
+
+    Every chunk keeps the Bundle-level fields (so the service de-identifies them too) with id
+    ``<bundle id>-chunk-<i>``. Raises ``EntryTooLargeError`` for an entry that cannot fit in any chunk.
+    """
+    entries = bundle.get("entry") or []
+    bundle_id = bundle.get("id", "bundle")
+    skeleton = {name: value for name, value in bundle.items() if name != "entry"}
+    # The largest chunk id bounds the overhead of every chunk.
+    overhead = compact_size({**skeleton, "id": f"{bundle_id}-chunk-{len(entries)}", "entry": []})
+    groups: list[list[Any]] = [[]]
+    size = overhead
+    for index, entry in enumerate(entries):
+        entry_size = compact_size(entry)
+        if overhead + entry_size > threshold_bytes:
+            raise EntryTooLargeError(entry.get("resource") if isinstance(entry, dict) else None, index, entry_size,
+                                     threshold_bytes)
+        added = entry_size + (1 if groups[-1] else 0)  # the comma between entries
+        if size + added > threshold_bytes:
+            groups.append([])
+            size, added = overhead, entry_size
+        groups[-1].append(entry)
+        size += added
+    return [{**skeleton, "id": f"{bundle_id}-chunk-{i}", "entry": group} for i, group in enumerate(groups)]
+
+
+def reassemble_bundle(original: dict[str, Any], chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One Bundle from de-identified chunks, as protocols.md defines it: the first chunk's Bundle-level fields,
+    every entry in order, and the original ``type`` and ``timestamp``."""
+    bundle = {name: value for name, value in chunks[0].items() if name != "entry"}
+    for name in ("type", "timestamp"):
+        if name in original:
+            bundle[name] = original[name]
+    bundle["entry"] = [entry for chunk in chunks for entry in chunk.get("entry") or []]
+    return bundle
+
+
+def resource_label(resource: Any) -> str:
+    """``Type/id`` of a resource for messages (never its content)."""
+    if not isinstance(resource, dict):
+        return "no resource"
+    return f"{resource.get('resourceType', 'unknown type')}/{resource.get('id', '(no id)')}"

@@ -1,0 +1,289 @@
+"""The ``pseudonymizer`` step: every resource of the previous step's files through the service's ``$de-identify``.
+
+Files are worked on one after the other (``core`` first), each as its own cached task, so a resumed job skips the
+finished ones and redoes a partial one from the start. Within a file, ``max_concurrent_requests`` requests are in
+flight while the output keeps the input order: lines are read into a window of at most twice that many pending
+resources, and the oldest is written as soon as its answer is in (memory stays bounded whatever the file size).
+The anonymization YAML (``services.pseudonymizer.anonymization_config`` / ``--anonymization-config``) is read
+once per run and sent with every request. Every file must come out with as many resources as went in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypedDict
+
+import orjson
+from prefect import task
+from prefect.artifacts import create_table_artifact
+
+from tasks.clients.errors import ServiceError
+from tasks.clients.http import ServiceEndpoint, build_async_client, http_timeout
+from tasks.clients.pseudonymizer import (
+    AnonymizationConfig,
+    PseudonymizationError,
+    Pseudonymized,
+    Pseudonymizer,
+    resource_label,
+)
+from tasks.context import FileRecord, StepContext, StepOutput, input_files
+from tasks.ndjson import (
+    AtomicNdjsonWriter,
+    CompressionLevel,
+    NdjsonError,
+    iter_lines,
+    output_name,
+    remove_partial_files,
+)
+from tasks.progress import track
+
+CONFIG_KEY = "services.pseudonymizer.anonymization_config"
+TOO_LARGE_HINT = (
+    "the request was larger than the pseudonymization service accepts: lower "
+    "services.pseudonymizer.bundle_split_threshold_mb so that Bundles are sent in smaller chunks, or raise the "
+    "service's request body limit"
+)
+
+
+class PseudonymizerStepError(Exception):
+    """The step cannot go on; the message names the file, line and resource and says what to do."""
+
+
+class FileReport(TypedDict):
+    file: str
+    resources_in: int
+    resources_out: int
+    bundles_split: int
+    requests: int
+    seconds: float
+
+
+class FileResult(TypedDict):
+    file: FileRecord
+    report: FileReport
+
+
+@task(name="pseudonymizer")
+def pseudonymizer(ctx: StepContext, previous: StepOutput | None = None) -> StepOutput:
+    if previous is None:
+        raise PseudonymizerStepError("the pseudonymizer step needs an import step before it (pipeline.enabled_steps)")
+    config = read_anonymization_config(ctx.settings.services.pseudonymizer.anonymization_config)
+    expected = {f["name"]: f["resources"] for f in previous["files"]}
+    remove_partial_files(ctx.folder)
+    results: list[FileResult] = []
+    for source in input_files(ctx.job_dir, previous):
+        dest = ctx.folder / output_name(source.name, ctx.compression_level is not None)
+        key = file_identity(source, dest, config)
+        expected_resources = expected.get(source.name)
+        results.append(ctx.run_cached(pseudonymize_file, "file", key, ctx, source, dest, config, expected_resources))
+    reports = [result["report"] for result in results]
+    publish_report(ctx, reports)
+    return ctx.output(
+        [result["file"] for result in results],
+        anonymization_config=config.path if config else "the service's own",
+        requests=sum(r["requests"] for r in reports),
+        bundles_split=sum(r["bundles_split"] for r in reports),
+    )
+
+
+@task(name="pseudonymize-file")
+def pseudonymize_file(
+    ctx: StepContext, source: Path, dest: Path, config: AnonymizationConfig | None, expected_resources: int | None
+) -> FileResult:
+    started = time.monotonic()
+    counts = asyncio.run(pseudonymize_with_service(ctx, source, dest, config, expected_resources))
+    report = FileReport(
+        file=source.name,
+        resources_in=counts.resources_in,
+        resources_out=counts.resources_out,
+        bundles_split=counts.bundles_split,
+        requests=counts.requests,
+        seconds=round(time.monotonic() - started, 3),
+    )
+    return FileResult(file=FileRecord(name=dest.name, size=counts.size, resources=counts.resources_out), report=report)
+
+
+async def pseudonymize_with_service(
+    ctx: StepContext, source: Path, dest: Path, config: AnonymizationConfig | None, expected_resources: int | None
+) -> FileCounts:
+    settings = ctx.settings.services.pseudonymizer
+    if not settings.url:
+        raise PseudonymizerStepError("services.pseudonymizer.url is not set")
+    endpoint = ServiceEndpoint("pseudonymizer", settings.url, settings.auth, http_timeout(settings.timeout))
+    async with build_async_client(endpoint, ctx.settings.tls) as client:
+        service = Pseudonymizer(
+            client,
+            ctx.settings.retry,
+            config=config,
+            split_threshold_mb=settings.bundle_split_threshold_mb,
+            max_concurrent_requests=settings.max_concurrent_requests,
+        )
+        return await pseudonymize_path(
+            source,
+            dest,
+            service,
+            level=ctx.compression_level,
+            max_line_bytes=ctx.max_line_bytes,
+            window=window_size(settings.max_concurrent_requests),
+            expected_resources=expected_resources,
+        )
+
+
+# --- one file ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class FileCounts:
+    resources_in: int = 0
+    resources_out: int = 0
+    requests: int = 0
+    bundles_split: int = 0
+    size: int = 0
+
+    def add(self, result: Pseudonymized) -> None:
+        self.requests += result.requests
+        self.bundles_split += result.split
+
+
+def window_size(max_concurrent_requests: int) -> int:
+    """Resources read ahead: twice the requests in flight, so a slow one does not stall the others."""
+    return 2 * max_concurrent_requests
+
+
+async def pseudonymize_path(
+    source: Path,
+    dest: Path,
+    service: Pseudonymizer,
+    *,
+    level: CompressionLevel | None,
+    max_line_bytes: int,
+    window: int,
+    expected_resources: int | None = None,
+) -> FileCounts:
+    """De-identify every resource of ``source`` into ``dest`` (written atomically), in input order."""
+    counts = FileCounts()
+    with track(f"pseudonymize {source.name}", expected_resources, "resources") as progress:
+        with AtomicNdjsonWriter(dest, level, max_line_bytes) as writer:
+
+            def write(result: Pseudonymized) -> None:
+                writer.write_line(result.line)
+                counts.add(result)
+                progress.advance(1)
+
+            counts.resources_in = await pseudonymize_lines(source, service, max_line_bytes, window, write)
+    assert writer.stats is not None
+    counts.resources_out, counts.size = writer.stats.resources, writer.stats.size
+    if counts.resources_out != counts.resources_in:
+        dest.unlink(missing_ok=True)
+        raise PseudonymizerStepError(
+            f"{source}: {counts.resources_in} resources went in but {counts.resources_out} came out; "
+            "the output was discarded"
+        )
+    return counts
+
+
+async def pseudonymize_lines(
+    source: Path, service: Pseudonymizer, max_line_bytes: int, window: int, write: Callable[[Pseudonymized], None]
+) -> int:
+    """Send each line as soon as it is read, keep at most ``window`` pending, write answers in input order.
+
+    Returns how many resources were read. On any failure the pending requests are cancelled.
+    """
+    pending: deque[tuple[int, str, asyncio.Task[Pseudonymized]]] = deque()
+    resources = 0
+    try:
+        for line_number, line in iter_lines(source, max_line_bytes):
+            resource = parse_resource(source, line_number, line)
+            resources += 1
+            call = asyncio.create_task(service.pseudonymize(line, resource))
+            pending.append((line_number, resource_label(resource), call))
+            if len(pending) >= window:
+                write(await oldest_answer(source, pending))
+        while pending:
+            write(await oldest_answer(source, pending))
+    finally:
+        await cancel_pending(pending)
+    return resources
+
+
+async def oldest_answer(source: Path, pending: deque[tuple[int, str, asyncio.Task[Pseudonymized]]]) -> Pseudonymized:
+    line_number, label, call = pending.popleft()
+    try:
+        return await call
+    except (ServiceError, PseudonymizationError) as exc:
+        raise PseudonymizerStepError(failure_message(source, line_number, label, exc)) from exc
+
+
+async def cancel_pending(pending: deque[tuple[int, str, asyncio.Task[Pseudonymized]]]) -> None:
+    calls = [call for _, _, call in pending]
+    for call in calls:
+        call.cancel()
+    await asyncio.gather(*calls, return_exceptions=True)
+
+
+def parse_resource(source: Path, line_number: int, line: bytes) -> dict[str, Any]:
+    try:
+        resource = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise NdjsonError(f"{source}: line {line_number} is not valid JSON ({exc})") from exc
+    if not isinstance(resource, dict):
+        raise NdjsonError(f"{source}: line {line_number} is not a JSON object")
+    return resource
+
+
+def failure_message(source: Path, line_number: int, label: str, exc: Exception) -> str:
+    message = f"{source}: line {line_number} ({label}): {exc}"
+    if isinstance(exc, ServiceError) and exc.status_code == 413:
+        message += f"; {TOO_LARGE_HINT}"
+    return message
+
+
+# --- step helpers --------------------------------------------------------------------------------------------
+
+
+def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
+    """Read the YAML once per run; an unreadable file stops the step before any request."""
+    if not path:
+        return None
+    try:
+        return AnonymizationConfig.read(path)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise PseudonymizerStepError(
+            f"{CONFIG_KEY} (--anonymization-config): cannot read {path}: {reason}; "
+            "fix the path or the file's permissions"
+        ) from None
+
+
+def file_identity(source: Path, dest: Path, config: AnonymizationConfig | None) -> list:
+    """What makes a file's result reusable on resume: the input's name and size, the config, the output name."""
+    return [source.name, source.stat().st_size, config.sha256 if config else None, dest.name]
+
+
+def report_key(ctx: StepContext) -> str:
+    """Artifact keys allow lowercase letters, digits and dashes only."""
+    return f"job-{ctx.job_id}-{ctx.position:02d}-pseudonymizer-report".lower().replace("_", "-")
+
+
+def publish_report(ctx: StepContext, reports: list[FileReport]) -> None:
+    rows = [
+        {
+            "file": r["file"],
+            "resources in": r["resources_in"],
+            "resources out": r["resources_out"],
+            "bundles split": r["bundles_split"],
+            "requests": r["requests"],
+            "duration (s)": r["seconds"],
+        }
+        for r in reports
+    ]
+    create_table_artifact(
+        key=report_key(ctx),
+        table=rows or [{"file": "(no files)"}],
+        description=f"Step {ctx.position + 1} `pseudonymizer`: resources, split Bundles and requests per file",
+    )

@@ -1,0 +1,273 @@
+"""The ``pseudonymizer`` step: whole files through the fake service, in order, resumable, end to end via the CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from config.loader import ConfigError, load_settings
+from flows.run import EXIT_FAILED, EXIT_OK, main
+from tasks.clients.pseudonymizer import MB
+from tasks.ndjson import iter_resources
+from tasks.pseudonymizer import (
+    FileCounts,
+    PseudonymizerStepError,
+    pseudonymize_path,
+    read_anonymization_config,
+    window_size,
+)
+from tests.conftest import run_cli
+from tests.fakes._server import LoopbackServer
+from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
+from tests.test_pseudonymizer_client import (  # noqa: F401 - fixtures
+    OVERRIDE_CONFIG,
+    OVERRIDE_DIR,
+    ConcurrencyProbe,
+    fake,
+    observation_bundle,
+    open_service,
+    patient,
+    running_fake,
+    server_side,
+)
+
+
+def write_lines(path: Path, resources: list[dict[str, Any]]) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in resources))
+    return path
+
+
+def read_output(path: Path) -> list[dict[str, Any]]:
+    return [resource for _, resource in iter_resources(path, 100 * MB)]
+
+
+def run_file(fake: LoopbackServer, source: Path, dest: Path, concurrency: int = 4, **options: Any) -> FileCounts:
+    async def run() -> FileCounts:
+        async with open_service(fake, max_concurrent_requests=concurrency, **options) as service:
+            return await pseudonymize_path(
+                source, dest, service, level="fastest", max_line_bytes=100 * MB, window=window_size(concurrency)
+            )
+
+    return asyncio.run(run())
+
+
+# --- one file ----------------------------------------------------------------------------------------------------
+
+
+def test_output_keeps_the_input_order_when_answers_come_back_out_of_order_with_8_in_flight(fake, tmp_path):
+    probe = ConcurrencyProbe(fake, hold_seconds=0.02, jitter=True)
+    fake.state.reset(status_hook=probe)
+    patients = [patient(i) for i in range(160)]
+    source = write_lines(tmp_path / "Patient.ndjson", patients)
+
+    counts = run_file(fake, source, tmp_path / "out.ndjson.zst", concurrency=8)
+
+    assert probe.finished != sorted(probe.finished), "answers should have completed out of order"
+    assert probe.most_in_flight == 8
+    assert read_output(tmp_path / "out.ndjson.zst") == [server_side(p, fake) for p in patients]
+    assert (counts.resources_in, counts.resources_out, counts.requests) == (160, 160, 160)
+
+
+def test_a_slow_answer_holds_back_at_most_twice_max_concurrent_requests_resources(fake, tmp_path):
+    release = threading.Event()
+    head = patient(0, note="the only resource of this size")
+    fake.state.reset(status_hook=lambda r: release.wait(10) and None if r.size == len(orjson.dumps(head)) else None)
+    source = write_lines(tmp_path / "Patient.ndjson", [head] + [patient(i) for i in range(1, 100)])
+    worker = threading.Thread(target=run_file, args=(fake, source, tmp_path / "out.ndjson.zst", 3))
+    worker.start()
+    try:
+        time.sleep(0.5)
+        assert len(fake.state.requests) == window_size(3) == 6
+    finally:
+        release.set()
+        worker.join(10)
+    assert len(read_output(tmp_path / "out.ndjson.zst")) == 100
+
+
+def test_a_file_with_a_large_bundle_counts_requests_and_split_bundles_and_loses_no_entry(fake, tmp_path):
+    bundle = observation_bundle(count=30, pad=100_000)
+    resources = [patient(0), bundle, patient(1)]
+    source = write_lines(tmp_path / "core.ndjson", resources)
+
+    counts = run_file(fake, source, tmp_path / "core.ndjson.zst", split_threshold_mb=1)
+
+    out = read_output(tmp_path / "core.ndjson.zst")
+    assert [r["resourceType"] for r in out] == ["Patient", "Bundle", "Patient"]
+    assert [e["resource"]["valueInteger"] for e in out[1]["entry"]] == list(range(30))
+    assert counts.bundles_split == 1 and counts.requests == len(fake.state.requests) >= 5
+    assert counts.resources_in == counts.resources_out == 3
+
+
+def test_a_rejected_resource_fails_naming_file_line_and_the_services_text_and_leaves_no_output(fake, tmp_path):
+    broken = {"resourceType": "Parameters", "id": "q1", "parameter": []}
+    source = write_lines(tmp_path / "a.ndjson", [patient(1), patient(2), broken, patient(3)])
+
+    with pytest.raises(PseudonymizerStepError) as caught:
+        run_file(fake, source, tmp_path / "a.ndjson.zst")
+
+    message = str(caught.value)
+    assert f"{source}: line 3 (Parameters/q1)" in message
+    assert "HTTP 400" in message and "Parameters has no 'resource' part" in message
+    assert list(tmp_path.iterdir()) == [source]
+
+
+def test_an_oversized_entry_fails_naming_file_line_resource_size_threshold_and_remedies(fake, tmp_path):
+    bundle = observation_bundle(count=2, pad=10)
+    bundle["entry"][0]["resource"]["note"][0]["text"] = "y" * (2 * MB)
+    source = write_lines(tmp_path / "b.ndjson", [patient(1), bundle])
+
+    with pytest.raises(PseudonymizerStepError) as caught:
+        run_file(fake, source, tmp_path / "b.ndjson.zst", split_threshold_mb=1)
+
+    message = str(caught.value)
+    assert f"{source}: line 2 (Bundle/b1)" in message and "(Observation/o0) is 2.0 MB" in message
+    assert "threshold of 1 MB" in message and "bundle_split_threshold_mb (up to 100)" in message
+
+
+def test_a_413_fails_with_the_hint_to_lower_the_threshold_or_raise_the_server_limit(fake, tmp_path):
+    fake.state.reset(max_body_bytes=500)
+    source = write_lines(tmp_path / "c.ndjson", [observation_bundle(count=3, pad=400)])
+
+    with pytest.raises(PseudonymizerStepError) as caught:
+        run_file(fake, source, tmp_path / "c.ndjson.zst", split_threshold_mb=1)
+
+    assert "HTTP 413" in str(caught.value) and "lower services.pseudonymizer.bundle_split_threshold_mb" in str(
+        caught.value
+    )
+    assert [r.status for r in fake.state.requests] == [413]
+
+
+def test_an_unreadable_anonymization_config_names_the_key_and_the_path(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(PseudonymizerStepError) as caught:
+        read_anonymization_config(str(missing))
+    assert "services.pseudonymizer.anonymization_config" in str(caught.value) and str(missing) in str(caught.value)
+
+
+def test_max_concurrent_requests_defaults_to_4_and_must_be_at_least_1():
+    steps = {"pipeline.enabled_steps": "[local_import]"}
+    assert load_settings(None, env={}, overrides=steps).settings.services.pseudonymizer.max_concurrent_requests == 4
+    with pytest.raises(ConfigError, match="max_concurrent_requests .*must be at least 1"):
+        load_settings(None, env={}, overrides={**steps, "services.pseudonymizer.max_concurrent_requests": "0"})
+
+
+# --- end to end through the CLI ----------------------------------------------------------------------------------
+
+
+def write_job_config(tmp_path: Path, fake: LoopbackServer, concurrency: int = 4) -> Path:
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        'pipeline:\n  enabled_steps: ["local_import", "pseudonymizer"]\n'
+        f"jobs_dir: {tmp_path / 'jobs'}\n"
+        "compression:\n  level: fastest\n"
+        "retry:\n  initial_backoff_ms: 1\n  max_backoff_ms: 5\n"
+        f"services:\n  pseudonymizer:\n    url: {fake.base_url}\n    max_concurrent_requests: {concurrency}\n"
+    )
+    return config
+
+
+def override_patients_dir(tmp_path: Path) -> Path:
+    source = tmp_path / "in"
+    source.mkdir()
+    shutil.copy(OVERRIDE_DIR / "Patient.ndjson", source / "Patient.ndjson")
+    return source
+
+
+def read_report_artifact(key: str) -> list[dict[str, Any]]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        (artifact,) = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), limit=1)
+    data = artifact.data
+    return json.loads(data) if isinstance(data, str) else data
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_start_with_anonymization_config_sends_parameters_and_the_request_rules_apply(fake, tmp_path):
+    source = override_patients_dir(tmp_path)
+    config = write_job_config(tmp_path, fake)
+
+    code = main(["start", str(config), str(source), "--anonymization-config", str(OVERRIDE_CONFIG), "--no-progress"])
+
+    assert code == EXIT_OK
+    assert all(r.body_kind == "parameters" and r.parameter_names == ["config", "resource"] for r in fake.state.requests)
+    assert len(fake.state.requests) == 2 and fake.state.config_parses == 1
+    job_dir = only_job_dir(tmp_path / "jobs")
+    out = read_output(job_dir / "pseudonymizer" / "Patient.ndjson.zst")
+    assert [p["name"] for p in out] == [[{"family": "Doe", "given": ["John"]}], [{"family": "Roe", "given": ["Jane"]}]]
+    assert [p["id"] for p in out] == ["anon-patient-1", "anon-patient-2"] and all("gender" not in p for p in out)
+    report = read_report_artifact(f"job-{job_dir.name}-01-pseudonymizer-report")
+    assert report == [{"file": "Patient.ndjson.zst", "resources in": 2, "resources out": 2, "bundles split": 0,
+                       "requests": 2, "duration (s)": report[0]["duration (s)"]}]
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_start_without_anonymization_config_sends_bare_resources_and_the_servers_rules_apply(fake, tmp_path):
+    source = override_patients_dir(tmp_path)
+    config = write_job_config(tmp_path, fake)
+
+    assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
+
+    assert [r.body_kind for r in fake.state.requests] == ["resource", "resource"]
+    job_dir = only_job_dir(tmp_path / "jobs")
+    originals = [json.loads(line) for line in (source / "Patient.ndjson").read_text().splitlines()]
+    assert read_output(job_dir / "pseudonymizer" / "Patient.ndjson.zst") == [server_side(p, fake) for p in originals]
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_an_unreadable_anonymization_config_fails_the_step_before_any_request(fake, tmp_path, capsys):
+    source = override_patients_dir(tmp_path)
+    config = write_job_config(tmp_path, fake)
+    missing = tmp_path / "missing.yaml"
+
+    code = main(["start", str(config), str(source), "--anonymization-config", str(missing), "--no-progress"])
+
+    assert code == EXIT_FAILED
+
+    err = capsys.readouterr().err
+    assert "services.pseudonymizer.anonymization_config" in err and str(missing) in err
+    assert fake.state.requests == []
+    assert job_file(only_job_dir(tmp_path / "jobs"))["state"] == "Failed"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_killed_mid_file_continue_redoes_only_the_unfinished_file_without_losing_or_duplicating(fake, tmp_path):
+    fake.state.reset(latency_seconds=0.02)
+    source = tmp_path / "in"
+    source.mkdir()
+    first = [patient(i) for i in range(20)]
+    second = [patient(i) for i in range(100, 700)]
+    write_lines(source / "a.ndjson", first)
+    write_lines(source / "b.ndjson", second)
+    jobs = tmp_path / "jobs"
+    config = write_job_config(tmp_path, fake, concurrency=2)
+
+    process = start_cli_process("start", str(config), str(source), "--no-progress")
+    probe = lambda: next(jobs.glob("*/pseudonymizer/.b.ndjson.zst.part"), None)  # noqa: E731
+    partial = wait_for(probe, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    folder = partial.parent
+    finished_mtime = (folder / "a.ndjson.zst").stat().st_mtime_ns
+    assert not (folder / "b.ndjson.zst").exists()
+
+    fake.state.reset()
+    result = run_cli("continue", str(folder.parent), "--no-progress")
+
+    assert result.returncode == EXIT_OK, result.stderr
+    assert (folder / "a.ndjson.zst").stat().st_mtime_ns == finished_mtime
+    assert read_output(folder / "a.ndjson.zst") == [server_side(p, fake) for p in first]
+    assert read_output(folder / "b.ndjson.zst") == [server_side(p, fake) for p in second]
+    assert len(fake.state.requests) == len(second)  # only the unfinished file was sent again
+    assert not list(folder.glob(".*.part"))
