@@ -22,9 +22,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, PlainSerializer
 from pydantic_core import PydanticCustomError
 
-ACCEPTED_FORMS = (
-    "use ISO 8601 (PT30M, PT5S, PT1M30S, P1D, PT0.5S) or a short form (30m, 30s, 1h30m, 500ms)"
-)
+ACCEPTED_FORMS = "use ISO 8601 (PT30M, PT5S, PT1M30S, P1D, PT0.5S) or a short form (30m, 30s, 1h30m, 500ms)"
 
 _NUMBER = r"(\d+(?:\.\d+)?)"
 _ISO_PATTERN = re.compile(
@@ -48,10 +46,7 @@ def parse_duration(text: str) -> timedelta:
         weeks, days, hours, minutes, seconds = (float(part) if part else 0.0 for part in iso.groups())
         return timedelta(weeks=weeks, days=days, hours=hours, minutes=minutes, seconds=seconds)
     if _SHORT_PATTERN.fullmatch(value):
-        total = sum(
-            float(number) * _SHORT_UNIT_SECONDS[unit.lower()]
-            for number, unit in _SHORT_PART.findall(value)
-        )
+        total = sum(float(number) * _SHORT_UNIT_SECONDS[unit.lower()] for number, unit in _SHORT_PART.findall(value))
         return timedelta(seconds=total)
     raise ValueError(f"'{value}' is not a duration; {ACCEPTED_FORMS}")
 
@@ -64,9 +59,7 @@ def format_duration(value: timedelta) -> str:
     minutes, rest_ms = divmod(rest_ms, 60_000)
     seconds = rest_ms / 1000
     date_part = f"{days}D" if days else ""
-    time_part = "".join(
-        f"{amount}{unit}" for amount, unit in ((hours, "H"), (minutes, "M")) if amount
-    )
+    time_part = "".join(f"{amount}{unit}" for amount, unit in ((hours, "H"), (minutes, "M")) if amount)
     if seconds:
         time_part += f"{seconds:g}S"
     if not date_part and not time_part:

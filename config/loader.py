@@ -151,7 +151,9 @@ def _read_yaml(config_path: Path) -> dict[str, Any]:
     try:
         text = config_path.read_text(encoding="utf-8")
     except OSError as error:
-        raise ConfigError([f"{config_path}: cannot read the configuration file ({error.strerror}); check the path"])
+        raise ConfigError(
+            [f"{config_path}: cannot read the configuration file ({error.strerror}); check the path"]
+        ) from error
     try:
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as error:
@@ -175,11 +177,21 @@ def _substitute_text(text: str, path: str, env: Mapping[str, str], problems: lis
             return "${"
         name = match.group(1)
         if not _VARIABLE_NAME.fullmatch(name):
-            problems.append((path, f"'${{{name}}}' is not a valid variable reference; write ${{NAME}} "
-                                   "(letters, digits, _) or $${...} for a literal ${...}"))
+            problems.append(
+                (
+                    path,
+                    f"'${{{name}}}' is not a valid variable reference; write ${{NAME}} "
+                    "(letters, digits, _) or $${...} for a literal ${...}",
+                )
+            )
         elif name not in env:
-            problems.append((path, f"environment variable {name} (referenced as ${{{name}}}) is not set; "
-                                   f"set {name} or change the value"))
+            problems.append(
+                (
+                    path,
+                    f"environment variable {name} (referenced as ${{{name}}}) is not set; "
+                    f"set {name} or change the value",
+                )
+            )
         else:
             return env[name]
         return match.group(0)
@@ -190,8 +202,10 @@ def _substitute_text(text: str, path: str, env: Mapping[str, str], problems: lis
 def substitute_variables(node: Any, env: Mapping[str, str], problems: list[Problem], path: str = "") -> Any:
     """Expand ${VAR} in every string value of a parsed YAML tree (mappings and lists, recursively)."""
     if isinstance(node, dict):
-        return {key: substitute_variables(value, env, problems, join_key_path(path, str(key)))
-                for key, value in node.items()}
+        return {
+            key: substitute_variables(value, env, problems, join_key_path(path, str(key)))
+            for key, value in node.items()
+        }
     if isinstance(node, list):
         return [substitute_variables(item, env, problems, f"{path}[{index}]") for index, item in enumerate(node)]
     if isinstance(node, str):
@@ -229,8 +243,11 @@ def _apply_env(tree: dict[str, Any], env: Mapping[str, str], sources: dict[str, 
 
 
 def _apply_overrides(
-    tree: dict[str, Any], overrides: Mapping[str, str], labels: Mapping[str, str],
-    sources: dict[str, str], problems: list[str],
+    tree: dict[str, Any],
+    overrides: Mapping[str, str],
+    labels: Mapping[str, str],
+    sources: dict[str, str],
+    problems: list[str],
 ) -> None:
     for key, value in overrides.items():
         label = labels.get(key, f"--set {key}")
@@ -279,7 +296,7 @@ _FIXED_TEXTS = {
     "int_from_float": "must be a whole number (e.g. 5)",
     "bool_parsing": "must be true or false",
     "bool_type": "must be true or false",
-    "string_type": "must be a text value; quote it in YAML (e.g. \"123\")",
+    "string_type": 'must be a text value; quote it in YAML (e.g. "123")',
     "list_type": "must be a list; write [a, b] in YAML or a,b in an environment variable or flag",
     "model_type": "must be a block of keys (a YAML mapping)",
     "model_attributes_type": "must be a block of keys (a YAML mapping)",
@@ -407,6 +424,5 @@ def effective_config_rows(loaded: LoadedConfig) -> list[tuple[str, str, str]]:
     The enrichments row shows the effective rules, inline or read from enrichments_path.
     """
     return [
-        (path, _display(_value_at(loaded.settings, path)), loaded.sources.get(path, "default"))
-        for path in leaf_paths()
+        (path, _display(_value_at(loaded.settings, path)), loaded.sources.get(path, "default")) for path in leaf_paths()
     ]

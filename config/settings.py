@@ -16,6 +16,8 @@ context has a ``"warnings"`` list, appended to it.
 
 from __future__ import annotations
 
+import itertools
+
 import json
 import logging
 import re
@@ -64,9 +66,7 @@ def raise_problems(problems: list[Problem]) -> None:
     """Raise every problem of one model at once as a single pydantic error the loader can unpack."""
     if problems:
         summary = "; ".join(f"{path}: {message}" if path else message for path, message in problems)
-        raise PydanticCustomError(
-            "config_rule", "{summary}", {"summary": summary, "problems": list(problems)}
-        )
+        raise PydanticCustomError("config_rule", "{summary}", {"summary": summary, "problems": list(problems)})
 
 
 def emit_warning(info: ValidationInfo | None, message: str) -> None:
@@ -94,9 +94,7 @@ def _list_from_text(value: Any) -> Any:
         try:
             return yaml.safe_load(text)
         except yaml.YAMLError:
-            raise PydanticCustomError(
-                "list_syntax", "is not a valid flow list; write a,b or [a, b]"
-            ) from None
+            raise PydanticCustomError("list_syntax", "is not a valid flow list; write a,b or [a, b]") from None
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
@@ -174,33 +172,47 @@ class AuthSettings(ConfigModel):
         basic, oauth = self._set_fields(_BASIC_FIELDS), self._set_fields(_OAUTH_FIELDS)
         problems: list[Problem] = []
         if basic and oauth:
-            problems.append((
-                "",
-                "sets both Basic Auth (username/password) and OAuth 2.0 (oauth_*); both would set the "
-                "Authorization header, so keep only one of the two schemes",
-            ))
+            problems.append(
+                (
+                    "",
+                    "sets both Basic Auth (username/password) and OAuth 2.0 (oauth_*); both would set the "
+                    "Authorization header, so keep only one of the two schemes",
+                )
+            )
         problems += [
-            (name, f"is missing while {', '.join(basic)} is set; Basic Auth needs username and password "
-                   "together (set it, e.g. via ${VAR}, or remove the other)")
-            for name in _BASIC_FIELDS if basic and name not in basic
+            (
+                name,
+                f"is missing while {', '.join(basic)} is set; Basic Auth needs username and password "
+                "together (set it, e.g. via ${VAR}, or remove the other)",
+            )
+            for name in _BASIC_FIELDS
+            if basic and name not in basic
         ]
         problems += [
-            (name, f"is missing while {', '.join(oauth)} is set; OAuth 2.0 needs oauth_issuer_uri, "
-                   "oauth_client_id and oauth_client_secret together (set it or remove the others)")
-            for name in _OAUTH_FIELDS if oauth and name not in oauth
+            (
+                name,
+                f"is missing while {', '.join(oauth)} is set; OAuth 2.0 needs oauth_issuer_uri, "
+                "oauth_client_id and oauth_client_secret together (set it or remove the others)",
+            )
+            for name in _OAUTH_FIELDS
+            if oauth and name not in oauth
         ]
         if not _HTTP_TOKEN.fullmatch(self.api_key_header):
-            problems.append((
-                "api_key_header",
-                f"'{self.api_key_header}' is not a valid HTTP header name; use only letters, digits and "
-                "!#$%&'*+-.^_`|~ (no spaces or colons), e.g. x-api-key",
-            ))
+            problems.append(
+                (
+                    "api_key_header",
+                    f"'{self.api_key_header}' is not a valid HTTP header name; use only letters, digits and "
+                    "!#$%&'*+-.^_`|~ (no spaces or colons), e.g. x-api-key",
+                )
+            )
         elif self.api_key_header.lower() == "authorization" and (basic or oauth):
-            problems.append((
-                "api_key_header",
-                "is Authorization, which Basic Auth/OAuth 2.0 also set; use another header for the API "
-                "key (default x-api-key) or remove the Basic/OAuth fields",
-            ))
+            problems.append(
+                (
+                    "api_key_header",
+                    "is Authorization, which Basic Auth/OAuth 2.0 also set; use another header for the API "
+                    "key (default x-api-key) or remove the Basic/OAuth fields",
+                )
+            )
         return problems
 
 
@@ -218,9 +230,7 @@ EXTRACTOR_PATH = "services.extractor"
 def legacy_key_paths() -> dict[str, str]:
     """Deprecated dotted key -> the current key it feeds (used for env names and value sources)."""
     flat = {f"{EXTRACTOR_PATH}.{key}": f"{EXTRACTOR_PATH}.auth.{key}" for key in LEGACY_FLAT_AUTH_KEYS}
-    durations = {
-        f"{EXTRACTOR_PATH}.{old}": f"{EXTRACTOR_PATH}.{new}" for old, (new, _) in LEGACY_DURATION_KEYS.items()
-    }
+    durations = {f"{EXTRACTOR_PATH}.{old}": f"{EXTRACTOR_PATH}.{new}" for old, (new, _) in LEGACY_DURATION_KEYS.items()}
     return flat | durations
 
 
@@ -239,11 +249,13 @@ def _migrate_flat_auth(data: dict[str, Any], info: ValidationInfo) -> list[Probl
     if not flat:
         return []
     if data.get("auth") not in (None, {}):
-        return [(
-            "auth",
-            f"is used together with the deprecated flat keys {', '.join(flat)} in {EXTRACTOR_PATH}; "
-            f"move them into {EXTRACTOR_PATH}.auth and delete the flat keys",
-        )]
+        return [
+            (
+                "auth",
+                f"is used together with the deprecated flat keys {', '.join(flat)} in {EXTRACTOR_PATH}; "
+                f"move them into {EXTRACTOR_PATH}.auth and delete the flat keys",
+            )
+        ]
     data["auth"] = {key: data.pop(key) for key in flat}
     emit_warning(
         info,
@@ -324,11 +336,15 @@ class ExtractorSettings(ConfigModel):
     @model_validator(mode="after")
     def _max_polling_not_below_polling(self) -> ExtractorSettings:
         if self.max_polling_interval < self.polling_interval:
-            raise_problems([(
-                "max_polling_interval",
-                f"is {format_duration(self.max_polling_interval)}, below polling_interval "
-                f"{format_duration(self.polling_interval)}; set it to at least polling_interval",
-            )])
+            raise_problems(
+                [
+                    (
+                        "max_polling_interval",
+                        f"is {format_duration(self.max_polling_interval)}, below polling_interval "
+                        f"{format_duration(self.polling_interval)}; set it to at least polling_interval",
+                    )
+                ]
+            )
         return self
 
 
@@ -515,8 +531,10 @@ def _file_error_text(error: Any) -> str:
     where = f"rule [{loc[0]}]" if loc and isinstance(loc[0], int) else "top level"
     field = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc[1:]).lstrip(".")
     if error["type"] == "extra_forbidden":
-        return f"{where}: unknown field {field}; remove it (allowed: groupReference, createIfNotExists, " \
-               "addGroupIfNotExists, attributesToAdd with attributeRef, mustHave, linkedGroups)"
+        return (
+            f"{where}: unknown field {field}; remove it (allowed: groupReference, createIfNotExists, "
+            "addGroupIfNotExists, attributesToAdd with attributeRef, mustHave, linkedGroups)"
+        )
     if error["type"] == "missing":
         return f"{where}: {field} is required; add it"
     if error["type"] == "list_type" and not field:
@@ -556,10 +574,15 @@ class CrtdlPreprocessingSettings(ConfigModel):
     @model_validator(mode="after")
     def _load_rules(self) -> CrtdlPreprocessingSettings:
         if self.enrichments is not None and self.enrichments_path is not None:
-            raise_problems([(
-                "", "enrichments and enrichments_path are both set; keep either the inline rules "
-                    "(enrichments) or the external file (enrichments_path)",
-            )])
+            raise_problems(
+                [
+                    (
+                        "",
+                        "enrichments and enrichments_path are both set; keep either the inline rules "
+                        "(enrichments) or the external file (enrichments_path)",
+                    )
+                ]
+            )
         if self.enrichments_path is not None:
             rules, problems = read_enrichment_file(self.enrichments_path)
             raise_problems([("enrichments_path", problem) for problem in problems])
@@ -580,7 +603,14 @@ class ServicesSettings(ConfigModel):
 # --- pipeline -------------------------------------------------------------------------------------------
 
 STEP_NAMES = (
-    "extractor", "local_import", "http_import", "pseudonymizer", "wait", "flattening", "send", "validation",
+    "extractor",
+    "local_import",
+    "http_import",
+    "pseudonymizer",
+    "wait",
+    "flattening",
+    "send",
+    "validation",
 )
 IMPORT_STEPS = ("extractor", "local_import", "http_import")
 REPEATABLE_STEPS = ("wait",)
@@ -591,8 +621,13 @@ def _step_name_problems(steps: list[str]) -> list[Problem]:
     problems: list[Problem] = []
     for step in steps:
         if step in REMOVED_STEPS:
-            problems.append(("", f"step {step} was a placeholder and no longer exists; use "
-                                 f"{REMOVED_STEPS[step]} instead (it produces CSV through the flattening service)"))
+            problems.append(
+                (
+                    "",
+                    f"step {step} was a placeholder and no longer exists; use "
+                    f"{REMOVED_STEPS[step]} instead (it produces CSV through the flattening service)",
+                )
+            )
         elif step not in STEP_NAMES:
             problems.append(("", f"unknown step '{step}'; valid steps are {', '.join(STEP_NAMES)}"))
     duplicates = sorted({s for s in steps if steps.count(s) > 1 and s not in REPEATABLE_STEPS + IMPORT_STEPS})
@@ -605,13 +640,18 @@ def _step_order_problems(steps: list[str]) -> list[Problem]:
     imports = [step for step in steps if step in IMPORT_STEPS]
     if len(imports) != 1:
         found = f"found {', '.join(imports)}" if imports else "found none"
-        problems.append(("", f"needs exactly one import step ({', '.join(IMPORT_STEPS)}), {found}; "
-                             "keep exactly one and put it first"))
+        problems.append(
+            (
+                "",
+                f"needs exactly one import step ({', '.join(IMPORT_STEPS)}), {found}; "
+                "keep exactly one and put it first",
+            )
+        )
     elif steps[0] not in IMPORT_STEPS:
         problems.append(("", f"the import step {imports[0]} must come first; move it to the start of the list"))
     if steps[0] == "wait":
         problems.append(("", "a wait step cannot be first; put it after the import step"))
-    if any(a == b == "wait" for a, b in zip(steps, steps[1:])):
+    if any(a == b == "wait" for a, b in itertools.pairwise(steps)):
         problems.append(("", "a wait step cannot directly follow another wait step; remove one of them"))
     return problems
 
@@ -635,8 +675,15 @@ class PipelineSettings(ConfigModel):
     @classmethod
     def _steps_follow_the_rules(cls, steps: list[str]) -> list[str]:
         if not steps:
-            raise_problems([("", "is empty; list the steps to run in order, starting with one import step, "
-                                 "e.g. [local_import, pseudonymizer, send]")])
+            raise_problems(
+                [
+                    (
+                        "",
+                        "is empty; list the steps to run in order, starting with one import step, "
+                        "e.g. [local_import, pseudonymizer, send]",
+                    )
+                ]
+            )
         raise_problems(_step_name_problems(steps) + _step_order_problems(steps))
         return steps
 
@@ -673,8 +720,13 @@ def _required(key_path: str, reason: str) -> Problem:
 
 def _send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]:
     if send.send_as is None:
-        return [("services.send.send_as", "is required because the send step is enabled; set one of "
-                                          "direct_resource_load, transfer_load, s3_upload")]
+        return [
+            (
+                "services.send.send_as",
+                "is required because the send step is enabled; set one of "
+                "direct_resource_load, transfer_load, s3_upload",
+            )
+        ]
     if send.send_as in FHIR_SEND_MODES:
         return _fhir_send_problems(send)
     return _s3_send_problems(send, info)
@@ -684,9 +736,14 @@ def _fhir_send_problems(send: SendSettings) -> list[Problem]:
     reason = f"for send_as {send.send_as}"
     problems = [_required("services.send.url", reason)] if send.url is None else []
     if not (send.auth.uses_basic or send.auth.uses_oauth):
-        problems.append(("services.send.auth", f"send_as {send.send_as} needs exactly one of Basic Auth "
-                         "(username, password) or OAuth 2.0 client credentials (oauth_issuer_uri, "
-                         "oauth_client_id, oauth_client_secret); set one of them"))
+        problems.append(
+            (
+                "services.send.auth",
+                f"send_as {send.send_as} needs exactly one of Basic Auth "
+                "(username, password) or OAuth 2.0 client credentials (oauth_issuer_uri, "
+                "oauth_client_id, oauth_client_secret); set one of them",
+            )
+        )
     if send.send_as == "transfer_load":
         problems += [
             _required(f"services.send.transfer.{key}", reason)
@@ -703,9 +760,14 @@ def _s3_send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]
         if getattr(send.s3, key) is None
     ]
     if send.auth.uses_oauth:
-        problems.append(("services.send.auth", "OAuth 2.0 is not supported with send_as s3_upload, where the auth "
-                         "block only carries proxy Basic Auth (username, password); remove the oauth_* keys (the "
-                         "bucket itself uses services.send.s3.access_key_id/secret_access_key)"))
+        problems.append(
+            (
+                "services.send.auth",
+                "OAuth 2.0 is not supported with send_as s3_upload, where the auth "
+                "block only carries proxy Basic Auth (username, password); remove the oauth_* keys (the "
+                "bucket itself uses services.send.s3.access_key_id/secret_access_key)",
+            )
+        )
     if send.auth.api_key is not None:
         emit_warning(info, "services.send.auth.api_key is ignored with send_as s3_upload; remove it")
     if send.url is not None:

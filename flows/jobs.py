@@ -19,7 +19,7 @@ import json
 import os
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ def new_job_id() -> str:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 @dataclass
@@ -55,7 +55,7 @@ class JobFile:
     flow_run_ids: list[str] = field(default_factory=list)
 
     @classmethod
-    def read(cls, paths: JobPaths) -> "JobFile":
+    def read(cls, paths: JobPaths) -> JobFile:
         data = json.loads(paths.job_file.read_text())
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
@@ -91,7 +91,7 @@ class JobLock:
         self._path = paths.job_dir / LOCK_FILE
         self._fd: int | None = None
 
-    def acquire(self) -> "JobLock":
+    def acquire(self) -> JobLock:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -115,7 +115,7 @@ class JobLock:
             os.close(self._fd)
             self._fd = None
 
-    def __enter__(self) -> "JobLock":
+    def __enter__(self) -> JobLock:
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:

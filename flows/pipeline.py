@@ -161,7 +161,6 @@ def publish_summary(paths: JobPaths, settings: Settings, outputs: list[StepOutpu
             f"| {output['position'] + 1} | {output['step']} | `{output['folder']}` | {len(files)} "
             f"| {sum(f['resources'] for f in files)} | {sum(f['size'] for f in files)} |"
         )
-    pending = settings.pipeline.enabled_steps[len(outputs):]
+    pending = settings.pipeline.enabled_steps[len(outputs) :]
     lines += [f"| {len(outputs) + i + 1} | {step} | not run yet | | | |" for i, step in enumerate(pending)]
     create_markdown_artifact(key=artifact_key(paths, "summary"), markdown="\n".join(lines), description="Job summary")
-

@@ -13,9 +13,10 @@ import argparse
 import signal
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
-from typing import Any, NoReturn, Sequence
+from typing import Any, NoReturn
+from collections.abc import Sequence
 
 from config.loader import ConfigError, LoadedConfig, effective_config_rows, load_settings, secret_key_paths
 from config.runtime import apply_prefect_defaults, default_jobs_dir, prefect_api_url
@@ -330,12 +331,12 @@ def print_step_status(paths: JobPaths, job: JobFile, position: int, step: str) -
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     for job_dir in list_job_dirs(jobs_dir_for(args)):
         paths = JobPaths(job_dir)
         job = JobFile.read(paths)
-        age = now - datetime.fromisoformat(job.created_at)
-        print(f"{job.job_id}  {effective_state(paths, job):<11}  {format_age(age.total_seconds()):>8}  {job.job_input or ''}")
+        age = format_age((now - datetime.fromisoformat(job.created_at)).total_seconds())
+        print(f"{job.job_id}  {effective_state(paths, job):<11}  {age:>8}  {job.job_input or ''}")
     return EXIT_OK
 
 

@@ -13,7 +13,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, TypedDict, TypeVar
+from typing import Any, TypedDict, TypeVar
+from collections.abc import Callable
 
 from prefect import Task
 from prefect.cache_policies import CacheKeyFnPolicy

@@ -23,7 +23,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 from uuid import UUID
 
 import orjson
@@ -83,8 +83,9 @@ def download_result_file(
     ctx: StepContext, client: ExtractionServerClient, url: str, dest: Path, on_bytes: Callable[[int], None]
 ) -> FileRecord:
     extractor_settings = ctx.settings.services.extractor
-    wait_until_available(client.http, url, checks=extractor_settings.file_ready_retries,
-                         interval=extractor_settings.file_ready_interval)
+    wait_until_available(
+        client.http, url, checks=extractor_settings.file_ready_retries, interval=extractor_settings.file_ready_interval
+    )
     stats = download_ndjson(
         client.http,
         url,
@@ -243,7 +244,14 @@ def download_result_files(ctx: StepContext, client: ExtractionServerClient, urls
         futures = [
             pool.submit(
                 contextvars.copy_context().run,
-                ctx.run_cached, download_result_file, "file", {"url": url}, ctx, client, url, ctx.folder / name,
+                ctx.run_cached,
+                download_result_file,
+                "file",
+                {"url": url},
+                ctx,
+                client,
+                url,
+                ctx.folder / name,
                 on_bytes,
             )
             for url, name in names.items()

@@ -29,7 +29,7 @@ def local_import(ctx: StepContext, previous: StepOutput | None = None) -> StepOu
     remove_partial_files(ctx.folder)
     records = [
         ctx.run_cached(import_file, "file", file_identity(path), ctx, path, ctx.folder / name)
-        for path, name in zip(files, targets)
+        for path, name in zip(files, targets, strict=True)
     ]
     return ctx.output(records, source=str(source))
 
@@ -49,8 +49,7 @@ def source_directory(ctx: StepContext) -> Path:
     configured = ctx.job_input or ctx.settings.services.local_import.dir
     if not configured:
         raise LocalImportError(
-            "local_import has no directory: give one as the job input, with --dir, "
-            "or set services.local_import.dir"
+            "local_import has no directory: give one as the job input, with --dir, or set services.local_import.dir"
         )
     source = Path(configured).expanduser()
     if not source.exists():
@@ -62,7 +61,9 @@ def source_directory(ctx: StepContext) -> Path:
 
 def find_ndjson_files(source: Path, recursive: bool) -> list[Path]:
     candidates = source.rglob("*") if recursive else source.iterdir()
-    files = sorted(p for p in candidates if p.is_file() and p.name.endswith(DATA_SUFFIXES) and not p.name.startswith("."))
+    files = sorted(
+        p for p in candidates if p.is_file() and p.name.endswith(DATA_SUFFIXES) and not p.name.startswith(".")
+    )
     if files:
         return files
     hint = ""
@@ -77,9 +78,7 @@ def target_names(files: list[Path], compress: bool) -> list[str]:
     for path in files:
         name = output_name(path.name, compress)
         if name in seen:
-            raise LocalImportError(
-                f"{seen[name]} and {path} would both be imported as {name}; rename one of them"
-            )
+            raise LocalImportError(f"{seen[name]} and {path} would both be imported as {name}; rename one of them")
         seen[name] = path
     return list(seen)
 

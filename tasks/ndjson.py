@@ -209,7 +209,7 @@ class AtomicNdjsonWriter:
         self._ends_with_newline = True
         self.stats: FileStats | None = None
 
-    def __enter__(self) -> "AtomicNdjsonWriter":
+    def __enter__(self) -> AtomicNdjsonWriter:
         self.dest.parent.mkdir(parents=True, exist_ok=True)
         self._raw = open(self.part, "wb")
         if self._level is None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from typing import Iterator, Literal, Protocol
+from typing import Literal, Protocol
+from collections.abc import Iterator
 
 LOG_EVERY_SECONDS = 5.0
 logger = logging.getLogger("dupflow.progress")

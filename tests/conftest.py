@@ -47,3 +47,20 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
         text=True,
         timeout=timeout,
     )
+
+
+@pytest.fixture(scope="module")
+def running_pseudonymizer():
+    """The pseudonymizer fake, one per test module (starting a server per test is slow)."""
+    from tests.fakes.pseudonymizer import start_pseudonymizer
+
+    server = start_pseudonymizer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pseudonymizer_fake(running_pseudonymizer):
+    """The module's pseudonymizer fake, with every switch and record reset."""
+    running_pseudonymizer.state.reset()
+    return running_pseudonymizer

@@ -198,8 +198,11 @@ def test_async_client_replaces_a_rejected_token_once(resource, issuer, oauth):
 
 
 def test_wrong_client_secret_is_a_terminal_error_that_names_the_client_not_the_secret(resource, issuer, oauth):
-    auth = AuthSettings(oauth_issuer_uri=issuer.base_url + REALM_PATH, oauth_client_id=oauth.client_id,
-                        oauth_client_secret="wrong-secret-999")
+    auth = AuthSettings(
+        oauth_issuer_uri=issuer.base_url + REALM_PATH,
+        oauth_client_id=oauth.client_id,
+        oauth_client_secret="wrong-secret-999",
+    )
     with build_client(ServiceEndpoint("svc", resource.base_url, auth), TLS) as client:
         with pytest.raises(ServiceError) as raised:
             request_with_retry(client, "GET", "/data", retry=RetrySettings(), operation="read data")
@@ -220,16 +223,23 @@ def test_secrets_appear_in_no_repr_or_log_line(service, issuer, oauth, caplog):
     secrets = [PASSWORD, API_KEY, oauth.client_secret]
     with LoopbackServer(EchoHandler, EchoState()) as elsewhere:
         clients = [
-            build_client(ServiceEndpoint("basic", service.base_url,
-                                         AuthSettings(username="u", password=PASSWORD, api_key=API_KEY)), TLS),
+            build_client(
+                ServiceEndpoint(
+                    "basic", service.base_url, AuthSettings(username="u", password=PASSWORD, api_key=API_KEY)
+                ),
+                TLS,
+            ),
             build_client(ServiceEndpoint("oauth", service.base_url, oauth_auth(issuer, oauth, api_key=API_KEY)), TLS),
         ]
         for client in clients:
             client.get("/own")
             client.get(elsewhere.base_url + "/foreign")
             client.close()
-        issued_tokens = [request.headers["authorization"].removeprefix("Bearer ")
-                         for request in service.state.requests if request.headers.get("authorization", "").startswith("Bearer")]
+        issued_tokens = [
+            request.headers["authorization"].removeprefix("Bearer ")
+            for request in service.state.requests
+            if request.headers.get("authorization", "").startswith("Bearer")
+        ]
 
     texts = [repr(client.auth) + str(client.auth) for client in clients] + [caplog.text]
     assert "sending no credentials" in caplog.text
@@ -254,8 +264,14 @@ def test_s3_client_sends_proxy_authorization_on_every_request_and_ignores_the_ap
         send = SendSettings(
             send_as="s3_upload",
             auth=AuthSettings(username="proxy-user", password=PASSWORD, api_key=API_KEY),
-            s3=S3Settings(bucket="research", region="eu-central-1", access_key_id="AKIDTEST",
-                          secret_access_key="s3-secret-key", endpoint=proxy.base_url, use_path_style=True),
+            s3=S3Settings(
+                bucket="research",
+                region="eu-central-1",
+                access_key_id="AKIDTEST",
+                secret_access_key="s3-secret-key",
+                endpoint=proxy.base_url,
+                use_path_style=True,
+            ),
         )
         s3 = make_s3_client(send, TLS, NO_RETRY)
         s3.create_bucket(Bucket="research", CreateBucketConfiguration={"LocationConstraint": "eu-central-1"})
@@ -274,9 +290,16 @@ def test_s3_client_sends_proxy_authorization_on_every_request_and_ignores_the_ap
 
 def test_s3_client_without_auth_sends_no_proxy_authorization(moto_s3):
     with LoopbackServer(EchoHandler, EchoState(upstream=moto_s3)) as proxy:
-        send = SendSettings(s3=S3Settings(bucket="plain", region="us-east-1", access_key_id="AKIDTEST",
-                                          secret_access_key="s3-secret-key", endpoint=proxy.base_url,
-                                          use_path_style=True))
+        send = SendSettings(
+            s3=S3Settings(
+                bucket="plain",
+                region="us-east-1",
+                access_key_id="AKIDTEST",
+                secret_access_key="s3-secret-key",
+                endpoint=proxy.base_url,
+                use_path_style=True,
+            )
+        )
         make_s3_client(send, TLS, NO_RETRY).create_bucket(Bucket="plain")
 
         (request,) = proxy.state.requests

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta, UTC
 from email.utils import format_datetime
 
 import pytest
@@ -45,11 +45,24 @@ def serve(*replies: Reply) -> LoopbackServer:
     return LoopbackServer(EchoHandler, EchoState(replies=list(replies)))
 
 
-def call(server: LoopbackServer, sleep: FakeSleep, *, retry: RetrySettings = RETRY, retryable: bool = True,
-         method: str = "GET"):
+def call(
+    server: LoopbackServer,
+    sleep: FakeSleep,
+    *,
+    retry: RetrySettings = RETRY,
+    retryable: bool = True,
+    method: str = "GET",
+):
     with build_client(ServiceEndpoint("validator", server.base_url), TLS) as client:
-        return request_with_retry(client, method, "/fhir/$validate", retry=retry, operation="validate bundle",
-                                  retryable=retryable, sleep=sleep)
+        return request_with_retry(
+            client,
+            method,
+            "/fhir/$validate",
+            retry=retry,
+            operation="validate bundle",
+            retryable=retryable,
+            sleep=sleep,
+        )
 
 
 def test_transient_5xx_is_retried_with_doubling_backoff(sleep):
@@ -102,7 +115,7 @@ def test_retry_after_is_capped_at_max_backoff(sleep):
 
 
 def test_retry_after_http_date_is_honoured(sleep):
-    in_a_moment = format_datetime(datetime.now(timezone.utc) + timedelta(seconds=3), usegmt=True)
+    in_a_moment = format_datetime(datetime.now(UTC) + timedelta(seconds=3), usegmt=True)
     retry = RetrySettings(max_attempts=2, initial_backoff_ms=100, max_backoff_ms=10_000)
     with serve(Reply(503, {"Retry-After": in_a_moment})) as server:
         call(server, sleep, retry=retry)
@@ -110,7 +123,7 @@ def test_retry_after_http_date_is_honoured(sleep):
 
 
 def test_retry_after_parsing():
-    now = datetime(2025, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+    now = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
     assert parse_retry_after("5", now=now) == 5.0
     assert parse_retry_after("Wed, 01 Jan 2025 12:00:30 GMT", now=now) == 30.0
     assert parse_retry_after("Wed, 01 Jan 2025 11:00:00 GMT", now=now) == 0.0  # in the past: no wait
@@ -193,8 +206,9 @@ def test_async_requests_retry_with_the_same_schedule():
 
     async def scenario(base_url: str) -> int:
         async with build_async_client(ServiceEndpoint("pseudonymizer", base_url), TLS) as client:
-            response = await request_with_retry_async(client, "POST", "/fhir/$de-identify", retry=RETRY,
-                                                      operation="pseudonymize", sleep=fake_sleep, json={})
+            response = await request_with_retry_async(
+                client, "POST", "/fhir/$de-identify", retry=RETRY, operation="pseudonymize", sleep=fake_sleep, json={}
+            )
             return response.status_code
 
     with serve(Reply(503), Reply(reset=True), Reply(429, {"Retry-After": "0.5"})) as server:

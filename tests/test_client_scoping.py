@@ -42,8 +42,12 @@ def auth(request, issuer) -> AuthSettings:
     if request.param == "basic+api-key":
         return AuthSettings(username="alice", password="pw-secret", api_key="key-secret")
     state: OAuthState = issuer.state
-    return AuthSettings(oauth_issuer_uri=issuer.base_url + REALM_PATH, oauth_client_id=state.client_id,
-                        oauth_client_secret=state.client_secret, api_key="key-secret")
+    return AuthSettings(
+        oauth_issuer_uri=issuer.base_url + REALM_PATH,
+        oauth_client_id=state.client_id,
+        oauth_client_secret=state.client_secret,
+        api_key="key-secret",
+    )
 
 
 def credentials_seen(server: LoopbackServer) -> list[set[str]]:

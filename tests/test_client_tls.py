@@ -79,8 +79,10 @@ def test_insecure_skip_verify_accepts_any_certificate_and_warns(https_service, c
     caplog.set_level(logging.WARNING, logger="dupflow.clients")
 
     assert get_metadata(https_service, TlsSettings(insecure_skip_verify=True)).status_code == 200
-    assert any(r.levelno == logging.WARNING and "verification is disabled for extractor" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        r.levelno == logging.WARNING and "verification is disabled for extractor" in r.getMessage()
+        for r in caplog.records
+    )
 
 
 def test_unreadable_ca_cert_path_is_reported_with_its_path(tmp_path):
@@ -104,8 +106,16 @@ def https_s3(test_ca):
 
 
 def s3_send(endpoint: str) -> SendSettings:
-    return SendSettings(s3=S3Settings(bucket="secure", region="us-east-1", access_key_id="AKIDTEST",
-                                      secret_access_key="s3-secret-key", endpoint=endpoint, use_path_style=True))
+    return SendSettings(
+        s3=S3Settings(
+            bucket="secure",
+            region="us-east-1",
+            access_key_id="AKIDTEST",
+            secret_access_key="s3-secret-key",
+            endpoint=endpoint,
+            use_path_style=True,
+        )
+    )
 
 
 def test_s3_client_trusts_ca_cert_path(https_s3, ca_pem):
@@ -128,8 +138,9 @@ def test_s3_client_rejects_an_unknown_ca(https_s3):
 @pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
 def test_s3_client_with_insecure_skip_verify_connects_and_warns(https_s3, caplog):
     caplog.set_level(logging.WARNING, logger="dupflow.clients")
-    s3 = make_s3_client(s3_send(https_s3.base_url), TlsSettings(insecure_skip_verify=True),
-                        RetrySettings(max_attempts=1))
+    s3 = make_s3_client(
+        s3_send(https_s3.base_url), TlsSettings(insecure_skip_verify=True), RetrySettings(max_attempts=1)
+    )
 
     s3.create_bucket(Bucket="secure")
 

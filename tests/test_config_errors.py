@@ -13,8 +13,11 @@ from config.loader import ConfigError, load_settings
 from config.settings import env_var_name
 
 LOCAL_ONLY = {"pipeline": {"enabled_steps": ["local_import"]}}
-OAUTH = {"oauth_issuer_uri": "https://auth.example.org", "oauth_client_id": "dupflow",
-         "oauth_client_secret": "oauth-secret-value"}
+OAUTH = {
+    "oauth_issuer_uri": "https://auth.example.org",
+    "oauth_client_id": "dupflow",
+    "oauth_client_secret": "oauth-secret-value",
+}
 BASIC = {"username": "dupflow", "password": "basic-secret-value"}
 
 
@@ -24,8 +27,7 @@ def _write(tmp_path: Path, config: dict[str, Any]) -> Path:
     return path
 
 
-def rejected(tmp_path: Path, config: dict[str, Any], env: dict[str, str] | None = None,
-             **kwargs: Any) -> ConfigError:
+def rejected(tmp_path: Path, config: dict[str, Any], env: dict[str, str] | None = None, **kwargs: Any) -> ConfigError:
     with pytest.raises(ConfigError) as error:
         load_settings(_write(tmp_path, config), env=env or {}, **kwargs)
     return error.value
@@ -44,47 +46,110 @@ def services(**blocks: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("config", "key_path", "fix"),
     [
-        pytest.param(services(extractor={"auth": {**BASIC, **OAUTH}}), "services.extractor.auth",
-                     "keep only one of the two schemes", id="basic-and-oauth"),
-        pytest.param(services(pseudonymizer={"auth": {"username": "u"}}), "services.pseudonymizer.auth.password",
-                     "needs username and password together", id="username-without-password"),
-        pytest.param(services(send={"auth": {"password": "p"}}), "services.send.auth.username",
-                     "needs username and password together", id="password-without-username"),
-        pytest.param(services(extractor={"auth": {"oauth_issuer_uri": "https://i"}}),
-                     "services.extractor.auth.oauth_client_secret", "together (set it or remove the others)",
-                     id="oauth-without-client"),
-        pytest.param(services(extractor={"auth": {"api_key_header": "x api key"}}),
-                     "services.extractor.auth.api_key_header", "e.g. x-api-key", id="header-not-a-token"),
-        pytest.param(services(extractor={"auth": {**BASIC, "api_key_header": "authorization"}}),
-                     "services.extractor.auth.api_key_header", "use another header", id="authorization-with-basic"),
-        pytest.param(services(send={"auth": {**OAUTH, "api_key_header": "Authorization"}}),
-                     "services.send.auth.api_key_header", "use another header", id="authorization-with-oauth"),
-        pytest.param(services(extractor={"username": "u", "password": "p", "auth": {"api_key": "k"}}),
-                     "services.extractor.auth", "move them into services.extractor.auth", id="flat-and-block"),
-        pytest.param(services(extractor={"polling_interval": "500ms"}), "services.extractor.polling_interval",
-                     "at least PT1S", id="polling-below-1s"),
-        pytest.param(services(extractor={"polling_interval": "PT10S", "max_polling_interval": "PT5S"}),
-                     "services.extractor.max_polling_interval", "at least polling_interval",
-                     id="max-polling-below-polling"),
+        pytest.param(
+            services(extractor={"auth": {**BASIC, **OAUTH}}),
+            "services.extractor.auth",
+            "keep only one of the two schemes",
+            id="basic-and-oauth",
+        ),
+        pytest.param(
+            services(pseudonymizer={"auth": {"username": "u"}}),
+            "services.pseudonymizer.auth.password",
+            "needs username and password together",
+            id="username-without-password",
+        ),
+        pytest.param(
+            services(send={"auth": {"password": "p"}}),
+            "services.send.auth.username",
+            "needs username and password together",
+            id="password-without-username",
+        ),
+        pytest.param(
+            services(extractor={"auth": {"oauth_issuer_uri": "https://i"}}),
+            "services.extractor.auth.oauth_client_secret",
+            "together (set it or remove the others)",
+            id="oauth-without-client",
+        ),
+        pytest.param(
+            services(extractor={"auth": {"api_key_header": "x api key"}}),
+            "services.extractor.auth.api_key_header",
+            "e.g. x-api-key",
+            id="header-not-a-token",
+        ),
+        pytest.param(
+            services(extractor={"auth": {**BASIC, "api_key_header": "authorization"}}),
+            "services.extractor.auth.api_key_header",
+            "use another header",
+            id="authorization-with-basic",
+        ),
+        pytest.param(
+            services(send={"auth": {**OAUTH, "api_key_header": "Authorization"}}),
+            "services.send.auth.api_key_header",
+            "use another header",
+            id="authorization-with-oauth",
+        ),
+        pytest.param(
+            services(extractor={"username": "u", "password": "p", "auth": {"api_key": "k"}}),
+            "services.extractor.auth",
+            "move them into services.extractor.auth",
+            id="flat-and-block",
+        ),
+        pytest.param(
+            services(extractor={"polling_interval": "500ms"}),
+            "services.extractor.polling_interval",
+            "at least PT1S",
+            id="polling-below-1s",
+        ),
+        pytest.param(
+            services(extractor={"polling_interval": "PT10S", "max_polling_interval": "PT5S"}),
+            "services.extractor.max_polling_interval",
+            "at least polling_interval",
+            id="max-polling-below-polling",
+        ),
         pytest.param({"retry": {"max_attempts": 0}}, "retry.max_attempts", "between 1 and 10", id="attempts-0"),
         pytest.param({"retry": {"max_attempts": 11}}, "retry.max_attempts", "between 1 and 10", id="attempts-11"),
-        pytest.param(services(pseudonymizer={"bundle_split_threshold_mb": 0}),
-                     "services.pseudonymizer.bundle_split_threshold_mb", "between 1 and 100", id="split-0"),
-        pytest.param(services(pseudonymizer={"bundle_split_threshold_mb": 101}),
-                     "services.pseudonymizer.bundle_split_threshold_mb", "between 1 and 100", id="split-101"),
-        pytest.param(services(send={"batch_size": 1001}), "services.send.batch_size", "between 0 and 1000",
-                     id="batch-1001"),
-        pytest.param(services(send={"batch_size": -1}), "services.send.batch_size", "between 0 and 1000",
-                     id="batch-negative"),
-        pytest.param(services(crtdl_preprocessing={"enrichments_path": "e.json", "enrichments": []}),
-                     "services.crtdl_preprocessing", "keep either the inline rules", id="enrichments-twice"),
-        pytest.param(services(extractor={"polling_interval": "PT5S", "polling_interval_seconds": 5}),
-                     "services.extractor.polling_interval_seconds", "delete the deprecated",
-                     id="legacy-and-new-key"),
-        pytest.param(services(extractor={"base_ulr": "https://x"}), "services.extractor.base_ulr",
-                     "did you mean base_url?", id="misspelt-key"),
-        pytest.param(services(extractor={"polling_interval": 30}), "services.extractor.polling_interval",
-                     "PT30M", id="bare-integer-duration"),
+        pytest.param(
+            services(pseudonymizer={"bundle_split_threshold_mb": 0}),
+            "services.pseudonymizer.bundle_split_threshold_mb",
+            "between 1 and 100",
+            id="split-0",
+        ),
+        pytest.param(
+            services(pseudonymizer={"bundle_split_threshold_mb": 101}),
+            "services.pseudonymizer.bundle_split_threshold_mb",
+            "between 1 and 100",
+            id="split-101",
+        ),
+        pytest.param(
+            services(send={"batch_size": 1001}), "services.send.batch_size", "between 0 and 1000", id="batch-1001"
+        ),
+        pytest.param(
+            services(send={"batch_size": -1}), "services.send.batch_size", "between 0 and 1000", id="batch-negative"
+        ),
+        pytest.param(
+            services(crtdl_preprocessing={"enrichments_path": "e.json", "enrichments": []}),
+            "services.crtdl_preprocessing",
+            "keep either the inline rules",
+            id="enrichments-twice",
+        ),
+        pytest.param(
+            services(extractor={"polling_interval": "PT5S", "polling_interval_seconds": 5}),
+            "services.extractor.polling_interval_seconds",
+            "delete the deprecated",
+            id="legacy-and-new-key",
+        ),
+        pytest.param(
+            services(extractor={"base_ulr": "https://x"}),
+            "services.extractor.base_ulr",
+            "did you mean base_url?",
+            id="misspelt-key",
+        ),
+        pytest.param(
+            services(extractor={"polling_interval": 30}),
+            "services.extractor.polling_interval",
+            "PT30M",
+            id="bare-integer-duration",
+        ),
         pytest.param({"compression": {"level": "max"}}, "compression.level", "set one of those", id="bad-level"),
     ],
 )
@@ -115,8 +180,9 @@ def test_pipeline_step_rules(tmp_path: Path, steps: list[str], fix: str) -> None
 
 def test_wait_may_appear_twice_when_not_adjacent(tmp_path: Path) -> None:
     steps = ["local_import", "wait", "validation", "wait"]
-    loaded = load_settings(_write(tmp_path, {"pipeline": {"enabled_steps": steps},
-                                             **services(validation={"url": "https://v"})}), env={})
+    loaded = load_settings(
+        _write(tmp_path, {"pipeline": {"enabled_steps": steps}, **services(validation={"url": "https://v"})}), env={}
+    )
     assert loaded.settings.pipeline.enabled_steps == steps
 
 
@@ -130,10 +196,16 @@ def test_wait_may_appear_twice_when_not_adjacent(tmp_path: Path) -> None:
         (["local_import", "flattening"], {}, "services.flattening.lookup_path"),
         (["local_import", "send"], {}, "services.send.send_as"),
         (["local_import", "send"], {"send_as": "direct_resource_load", "auth": BASIC}, "services.send.url"),
-        (["local_import", "send"], {"send_as": "transfer_load", "url": "https://f", "auth": BASIC},
-         "services.send.transfer.project_identifier"),
-        (["local_import", "send"], {"send_as": "transfer_load", "url": "https://f", "auth": BASIC},
-         "services.send.transfer.organization_identifier"),
+        (
+            ["local_import", "send"],
+            {"send_as": "transfer_load", "url": "https://f", "auth": BASIC},
+            "services.send.transfer.project_identifier",
+        ),
+        (
+            ["local_import", "send"],
+            {"send_as": "transfer_load", "url": "https://f", "auth": BASIC},
+            "services.send.transfer.organization_identifier",
+        ),
         (["local_import", "send"], {"send_as": "s3_upload"}, "services.send.s3.bucket"),
         (["local_import", "send"], {"send_as": "s3_upload"}, "services.send.s3.region"),
         (["local_import", "send"], {"send_as": "s3_upload"}, "services.send.s3.access_key_id"),
@@ -160,8 +232,10 @@ def test_send_fhir_modes_need_basic_or_oauth(tmp_path: Path, auth: dict[str, str
     assert_reported(error, "services.send.auth", "needs exactly one of Basic Auth")
 
 
-S3_SEND = {"send_as": "s3_upload", "s3": {"bucket": "b", "region": "r", "access_key_id": "ak",
-                                          "secret_access_key": "sk"}}
+S3_SEND = {
+    "send_as": "s3_upload",
+    "s3": {"bucket": "b", "region": "r", "access_key_id": "ak", "secret_access_key": "sk"},
+}
 SEND_STEPS = {"pipeline": {"enabled_steps": ["local_import", "send"]}}
 
 
@@ -216,8 +290,9 @@ def test_malformed_env_duration_names_the_variable(tmp_path: Path) -> None:
 
 def test_unknown_override_key_is_an_error_naming_it(tmp_path: Path) -> None:
     error = rejected(tmp_path, {}, overrides={"services.local_import.dirr": "/data"})
-    assert any("services.local_import.dirr" in p and "did you mean services.local_import.dir?" in p
-               for p in error.problems), error.problems
+    assert any(
+        "services.local_import.dirr" in p and "did you mean services.local_import.dir?" in p for p in error.problems
+    ), error.problems
 
 
 def test_errors_never_show_secret_values_or_pydantic_urls(tmp_path: Path) -> None:
@@ -228,8 +303,14 @@ def test_errors_never_show_secret_values_or_pydantic_urls(tmp_path: Path) -> Non
     error = rejected(tmp_path, config, env={"APP_SERVICES_PSEUDONYMIZER_AUTH_PASSWORD": "env-secret-value"})
     text = str(error)
     assert "services.extractor.auth.api_key" in text and "services.send.s3.secret_access_key" in text
-    for secret in ("basic-secret-value", "oauth-secret-value", "list-secret-value", "send-secret-value",
-                   "s3-secret", "env-secret-value"):
+    for secret in (
+        "basic-secret-value",
+        "oauth-secret-value",
+        "list-secret-value",
+        "send-secret-value",
+        "s3-secret",
+        "env-secret-value",
+    ):
         assert secret not in text
     assert "pydantic.dev" not in text and "input_value" not in text
 

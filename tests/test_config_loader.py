@@ -40,8 +40,11 @@ def test_precedence_flag_over_env_over_file_over_default(
     env = {"APP_RETRY_MAX_ATTEMPTS": "4"} if in_env else {}
     overrides = {"retry.max_attempts": "6"} if in_flag else {}
     loaded = load_settings(path, env=env, overrides=overrides)
-    expected = (6, "flag --set retry.max_attempts") if in_flag else (
-        (4, "env APP_RETRY_MAX_ATTEMPTS") if in_env else ((3, "file") if in_file else (5, "default")))
+    expected = (
+        (6, "flag --set retry.max_attempts")
+        if in_flag
+        else ((4, "env APP_RETRY_MAX_ATTEMPTS") if in_env else ((3, "file") if in_file else (5, "default")))
+    )
     assert (loaded.settings.retry.max_attempts, loaded.sources["retry.max_attempts"]) == expected
 
 
@@ -50,8 +53,10 @@ def test_override_labels_name_the_real_flag() -> None:
         None,
         env={"APP_PIPELINE_ENABLED_STEPS": "local_import"},
         overrides={"services.local_import.dir": "/data/in", "services.pseudonymizer.anonymization_config": "a.yaml"},
-        override_labels={"services.local_import.dir": "--dir",
-                         "services.pseudonymizer.anonymization_config": "--anonymization-config"},
+        override_labels={
+            "services.local_import.dir": "--dir",
+            "services.pseudonymizer.anonymization_config": "--anonymization-config",
+        },
     )
     assert loaded.settings.services.local_import.dir == "/data/in"
     assert loaded.sources["services.local_import.dir"] == "flag --dir"
@@ -93,8 +98,9 @@ def test_env_overrides_keys_absent_from_the_file(write_config) -> None:
     assert settings.pipeline.enabled_steps == ["extractor", "wait"]
 
 
-@pytest.mark.parametrize("text", ["local_import,wait", " local_import , wait ", "[local_import, wait]",
-                                  '["local_import", "wait"]'])
+@pytest.mark.parametrize(
+    "text", ["local_import,wait", " local_import , wait ", "[local_import, wait]", '["local_import", "wait"]']
+)
 def test_env_lists_accept_comma_separated_and_flow_lists(text: str) -> None:
     loaded = load_settings(None, env={"APP_PIPELINE_ENABLED_STEPS": text})
     assert loaded.settings.pipeline.enabled_steps == ["local_import", "wait"]
@@ -102,8 +108,9 @@ def test_env_lists_accept_comma_separated_and_flow_lists(text: str) -> None:
 
 def test_env_replaces_a_file_value_and_unset_or_empty_variables_leave_it(write_config) -> None:
     path = write_config(LOCAL_ONLY + "services:\n  local_import:\n    dir: /from/file\n    recursive: true\n")
-    loaded = load_settings(path, env={"APP_SERVICES_LOCAL_IMPORT_DIR": "/from/env",
-                                      "APP_SERVICES_LOCAL_IMPORT_RECURSIVE": ""})
+    loaded = load_settings(
+        path, env={"APP_SERVICES_LOCAL_IMPORT_DIR": "/from/env", "APP_SERVICES_LOCAL_IMPORT_RECURSIVE": ""}
+    )
     assert loaded.settings.services.local_import.dir == "/from/env"
     assert loaded.settings.services.local_import.recursive is True
     assert loaded.sources["services.local_import.recursive"] == "file"
@@ -142,8 +149,9 @@ def test_variables_are_substituted_in_nested_strings_and_list_items(write_config
 
 
 def test_unset_variable_is_an_error_naming_variable_and_key_path(write_config) -> None:
-    path = write_config(LOCAL_ONLY + "services:\n  send:\n    auth:\n      username: u\n"
-                                     "      password: ${SEND_PASSWORD}\n")
+    path = write_config(
+        LOCAL_ONLY + "services:\n  send:\n    auth:\n      username: u\n      password: ${SEND_PASSWORD}\n"
+    )
     with pytest.raises(ConfigError) as error:
         load_settings(path, env={})
     assert error.value.problems == [
@@ -176,8 +184,11 @@ def test_flat_extractor_auth_keys_move_into_auth_with_a_logged_warning(
 
 
 def test_flat_extractor_auth_keys_are_accepted_from_env() -> None:
-    env = {"APP_PIPELINE_ENABLED_STEPS": "local_import", "APP_SERVICES_EXTRACTOR_USERNAME": "u",
-           "APP_SERVICES_EXTRACTOR_PASSWORD": "p"}
+    env = {
+        "APP_PIPELINE_ENABLED_STEPS": "local_import",
+        "APP_SERVICES_EXTRACTOR_USERNAME": "u",
+        "APP_SERVICES_EXTRACTOR_PASSWORD": "p",
+    }
     loaded = load_settings(None, env=env)
     assert loaded.settings.services.extractor.auth.username == "u"
     assert loaded.sources["services.extractor.auth.password"] == "env APP_SERVICES_EXTRACTOR_PASSWORD"
@@ -185,8 +196,10 @@ def test_flat_extractor_auth_keys_are_accepted_from_env() -> None:
 
 
 def test_legacy_integer_timing_keys_become_durations_with_warnings(write_config) -> None:
-    path = write_config(LOCAL_ONLY + "services:\n  extractor:\n    extraction_timeout_minutes: 45\n"
-                                     "    polling_interval_seconds: 2\n    max_polling_interval_seconds: 20\n")
+    path = write_config(
+        LOCAL_ONLY + "services:\n  extractor:\n    extraction_timeout_minutes: 45\n"
+        "    polling_interval_seconds: 2\n    max_polling_interval_seconds: 20\n"
+    )
     loaded = load_settings(path, env={})
     extractor = loaded.settings.services.extractor
     assert extractor.extraction_timeout == timedelta(minutes=45)
@@ -199,8 +212,10 @@ def test_legacy_integer_timing_keys_become_durations_with_warnings(write_config)
 def test_url_ending_in_fhir_is_trimmed_with_a_warning(write_config, block: str, url: str) -> None:
     loaded = load_settings(write_config(LOCAL_ONLY + f"services:\n  {block}:\n    url: {url}\n"), env={})
     assert getattr(loaded.settings.services, block).url == url.rstrip("/").removesuffix("/fhir")
-    assert loaded.warnings == [f"services.{block}.url: ends with /fhir, which the client appends itself; the "
-                               f"suffix was dropped. Remove /fhir from services.{block}.url."]
+    assert loaded.warnings == [
+        f"services.{block}.url: ends with /fhir, which the client appends itself; the "
+        f"suffix was dropped. Remove /fhir from services.{block}.url."
+    ]
 
 
 def test_max_ndjson_line_size_exposes_bytes(write_config) -> None:
@@ -218,17 +233,31 @@ def _enrichment_file(tmp_path: Path, rules: Any) -> Path:
 
 
 def test_enrichment_file_is_parsed_into_rules(tmp_path: Path, write_config, monkeypatch) -> None:
-    _enrichment_file(tmp_path, [
-        {"groupReference": "https://example.org/StructureDefinition/Patient",
-         "createIfNotExists": {"groupName": "Patients"},
-         "attributesToAdd": [{"attributeRef": "Patient.identifier", "mustHave": True,
-                              "linkedGroups": ["https://example.org/StructureDefinition/Encounter"]}]},
-        {"groupReference": DIAGNOSE, "addGroupIfNotExists": True,
-         "attributesToAdd": [{"attributeRef": "Condition.code"}]},
-    ])
+    _enrichment_file(
+        tmp_path,
+        [
+            {
+                "groupReference": "https://example.org/StructureDefinition/Patient",
+                "createIfNotExists": {"groupName": "Patients"},
+                "attributesToAdd": [
+                    {
+                        "attributeRef": "Patient.identifier",
+                        "mustHave": True,
+                        "linkedGroups": ["https://example.org/StructureDefinition/Encounter"],
+                    }
+                ],
+            },
+            {
+                "groupReference": DIAGNOSE,
+                "addGroupIfNotExists": True,
+                "attributesToAdd": [{"attributeRef": "Condition.code"}],
+            },
+        ],
+    )
     monkeypatch.chdir(tmp_path)
-    path = write_config(LOCAL_ONLY + "services:\n  crtdl_preprocessing:\n    enabled: true\n"
-                                     "    enrichments_path: enrichments.json\n")
+    path = write_config(
+        LOCAL_ONLY + "services:\n  crtdl_preprocessing:\n    enabled: true\n    enrichments_path: enrichments.json\n"
+    )
     loaded = load_settings(path, env={})
     preprocessing = loaded.settings.services.crtdl_preprocessing
     first, second = preprocessing.rules
@@ -242,9 +271,11 @@ def test_enrichment_file_is_parsed_into_rules(tmp_path: Path, write_config, monk
 
 
 def test_inline_enrichments_use_snake_case_and_are_the_rules(write_config) -> None:
-    path = write_config(LOCAL_ONLY + "services:\n  crtdl_preprocessing:\n    enrichments:\n"
-                                     f"      - group_reference: {DIAGNOSE}\n"
-                                     "        attributes_to_add: [{attribute_ref: Condition.code, must_have: true}]\n")
+    path = write_config(
+        LOCAL_ONLY + "services:\n  crtdl_preprocessing:\n    enrichments:\n"
+        f"      - group_reference: {DIAGNOSE}\n"
+        "        attributes_to_add: [{attribute_ref: Condition.code, must_have: true}]\n"
+    )
     rules = load_settings(path, env={}).settings.services.crtdl_preprocessing.rules
     assert [(r.group_reference, r.attributes_to_add[0].must_have) for r in rules] == [(DIAGNOSE, True)]
 
@@ -252,12 +283,18 @@ def test_inline_enrichments_use_snake_case_and_are_the_rules(write_config) -> No
 @pytest.mark.parametrize(
     ("rules", "fragment"),
     [
-        ([{"groupReference": DIAGNOSE}, {"groupReference": DIAGNOSE, "attributesToAdd": [{"attributeRef": "a",
-                                                                                          "mustHav": True}]}],
-         "rule [1]: unknown field attributesToAdd[0].mustHav; remove it"),
+        (
+            [
+                {"groupReference": DIAGNOSE},
+                {"groupReference": DIAGNOSE, "attributesToAdd": [{"attributeRef": "a", "mustHav": True}]},
+            ],
+            "rule [1]: unknown field attributesToAdd[0].mustHav; remove it",
+        ),
         ([{"groupReference": DIAGNOSE, "group_name": "x"}], "rule [0]: unknown field group_name; remove it"),
-        ([{"groupReference": DIAGNOSE, "addGroupIfNotExists": True, "createIfNotExists": {"groupName": "D"}}],
-         "rule [0]: addGroupIfNotExists and createIfNotExists are mutually exclusive; keep one"),
+        (
+            [{"groupReference": DIAGNOSE, "addGroupIfNotExists": True, "createIfNotExists": {"groupName": "D"}}],
+            "rule [0]: addGroupIfNotExists and createIfNotExists are mutually exclusive; keep one",
+        ),
         ({"groupReference": DIAGNOSE}, "must contain a JSON list"),
     ],
 )
@@ -266,8 +303,9 @@ def test_enrichment_file_errors_name_rule_and_field(tmp_path: Path, write_config
     path = write_config(LOCAL_ONLY + f"services:\n  crtdl_preprocessing:\n    enrichments_path: {enrichments}\n")
     with pytest.raises(ConfigError) as error:
         load_settings(path, env={})
-    assert any(p.startswith("services.crtdl_preprocessing.enrichments_path:") and fragment in p
-               for p in error.value.problems), error.value.problems
+    assert any(
+        p.startswith("services.crtdl_preprocessing.enrichments_path:") and fragment in p for p in error.value.problems
+    ), error.value.problems
 
 
 def test_missing_enrichment_file_is_an_error(tmp_path: Path, write_config) -> None:
@@ -280,8 +318,12 @@ def test_missing_enrichment_file_is_an_error(tmp_path: Path, write_config) -> No
 
 
 def test_effective_rows_cover_every_leaf_and_mask_secrets() -> None:
-    env = {"APP_PIPELINE_ENABLED_STEPS": "local_import", "APP_SERVICES_SEND_AUTH_USERNAME": "u",
-           "APP_SERVICES_SEND_AUTH_PASSWORD": "row-secret", "APP_SERVICES_EXTRACTOR_POLLING_INTERVAL": "1500ms"}
+    env = {
+        "APP_PIPELINE_ENABLED_STEPS": "local_import",
+        "APP_SERVICES_SEND_AUTH_USERNAME": "u",
+        "APP_SERVICES_SEND_AUTH_PASSWORD": "row-secret",
+        "APP_SERVICES_EXTRACTOR_POLLING_INTERVAL": "1500ms",
+    }
     loaded = load_settings(None, env=env)
     rows = {key: (value, source) for key, value, source in effective_config_rows(loaded)}
     assert list(rows) == list(leaf_paths())
@@ -297,6 +339,9 @@ def test_example_file_validates_without_warnings_and_mentions_every_key() -> Non
     loaded = load_settings(EXAMPLE, env={})
     assert loaded.settings.pipeline.enabled_steps == ["local_import"] and loaded.warnings == []
     text = EXAMPLE.read_text(encoding="utf-8")
-    missing = [path for path in leaf_paths()
-               if not re.search(rf"^\s*(#\s*)?(- )?{re.escape(path.rsplit('.', 1)[-1])}:", text, re.MULTILINE)]
+    missing = [
+        path
+        for path in leaf_paths()
+        if not re.search(rf"^\s*(#\s*)?(- )?{re.escape(path.rsplit('.', 1)[-1])}:", text, re.MULTILINE)
+    ]
     assert missing == []

@@ -80,7 +80,10 @@ def test_defaults_follow_the_spec() -> None:
     settings = Settings(pipeline=PipelineSettings(enabled_steps=["local_import"]))
     extractor = settings.services.extractor
     assert (extractor.extraction_timeout, extractor.polling_interval, extractor.max_polling_interval) == (
-        timedelta(minutes=30), timedelta(seconds=5), timedelta(seconds=30))
+        timedelta(minutes=30),
+        timedelta(seconds=5),
+        timedelta(seconds=30),
+    )
     assert (extractor.file_ready_retries, extractor.file_ready_interval) == (10, timedelta(seconds=10))
     assert extractor.download_stall_timeout == timedelta(minutes=1)
     assert settings.services.pseudonymizer.bundle_split_threshold_mb == 10
@@ -91,7 +94,10 @@ def test_defaults_follow_the_spec() -> None:
     assert settings.services.send.s3.timeout == timedelta(minutes=30)
     assert settings.services.validation.fail_on_error is True
     assert (settings.retry.max_attempts, settings.retry.initial_backoff_ms, settings.retry.max_backoff_ms) == (
-        5, 1000, 30000)
+        5,
+        1000,
+        30000,
+    )
     assert (settings.compression.enabled, settings.compression.level) == (True, "default")
     assert settings.jobs_dir == "./jobs"
     assert settings.services.extractor.auth.api_key_header == "x-api-key"
@@ -120,8 +126,9 @@ def test_secrets_are_masked_in_reprs() -> None:
 
 def test_direct_construction_applies_the_same_rules() -> None:
     with pytest.raises(ValidationError, match="keep only one"):
-        AuthSettings(username="u", password="p", oauth_issuer_uri="https://i", oauth_client_id="c",
-                     oauth_client_secret="s")
+        AuthSettings(
+            username="u", password="p", oauth_issuer_uri="https://i", oauth_client_id="c", oauth_client_secret="s"
+        )
     with pytest.raises(ValidationError, match="import step"):
         PipelineSettings(enabled_steps=["pseudonymizer"])
 

@@ -76,14 +76,17 @@ def torch(sim):
 
 
 def extractor_settings(base_url: str, **overrides) -> ExtractorSettings:
-    values = dict(base_url=base_url, polling_interval="PT1S", max_polling_interval="PT8S",
-                  extraction_timeout="PT60S") | overrides
+    values = (
+        dict(base_url=base_url, polling_interval="PT1S", max_polling_interval="PT8S", extraction_timeout="PT60S")
+        | overrides
+    )
     return ExtractorSettings(**values)
 
 
 def client_for(base_url: str, sim: SimulatedTime, **overrides) -> ExtractionServerClient:
-    return ExtractionServerClient(extractor_settings(base_url, **overrides), TlsSettings(), FAST_RETRY,
-                                  clock=sim, sleep=sim.sleep)
+    return ExtractionServerClient(
+        extractor_settings(base_url, **overrides), TlsSettings(), FAST_RETRY, clock=sim, sleep=sim.sleep
+    )
 
 
 def run_extraction(server: ExtractionServer, sim: SimulatedTime, **overrides) -> list[str]:
@@ -119,9 +122,20 @@ def test_kickoff_error_reports_the_servers_diagnostics_and_is_not_retried(sim):
 
 
 def test_kickoff_500_is_attempted_exactly_once():
-    state = EchoState(replies=[Reply(500, {"Content-Type": "application/fhir+json"},
-                                     json.dumps({"resourceType": "OperationOutcome", "issue": [
-                                         {"severity": "fatal", "code": "exception", "diagnostics": "db down"}]}).encode())])
+    state = EchoState(
+        replies=[
+            Reply(
+                500,
+                {"Content-Type": "application/fhir+json"},
+                json.dumps(
+                    {
+                        "resourceType": "OperationOutcome",
+                        "issue": [{"severity": "fatal", "code": "exception", "diagnostics": "db down"}],
+                    }
+                ).encode(),
+            )
+        ]
+    )
     with LoopbackServer(EchoHandler, state) as server, client_for(server.base_url, SimulatedTime()) as client:
         with pytest.raises(ServiceError, match="db down"):
             client.submit(CRTDL)
@@ -196,8 +210,9 @@ def test_410_for_a_cancelled_job_raises_dead_handle(torch, sim):
 
 
 def test_500_is_a_terminal_failure_with_the_servers_diagnostics(sim):
-    with start_extraction_server(clock=sim, durations=dict(LONG_JOB), fail_jobs=True,
-                                 failure_diagnostics="Cohort query failed: Blaze said 500") as server:
+    with start_extraction_server(
+        clock=sim, durations=dict(LONG_JOB), fail_jobs=True, failure_diagnostics="Cohort query failed: Blaze said 500"
+    ) as server:
         with pytest.raises(ExtractionFailedError, match="Cohort query failed: Blaze said 500"):
             run_extraction(server, sim)
         assert len(server.state.submissions) == 1
@@ -220,8 +235,9 @@ def manifest_reply(base_url_path: str = "/files/j/core.ndjson") -> Reply:
 
 
 def test_408_429_and_other_5xx_are_retried_after_backing_off(sim):
-    server, state = scripted_status_server(Reply(408), Reply(429, {"Retry-After": "3"}), Reply(502), Reply(504),
-                                           manifest_reply())
+    server, state = scripted_status_server(
+        Reply(408), Reply(429, {"Retry-After": "3"}), Reply(502), Reply(504), manifest_reply()
+    )
     with server, client_for(server.base_url, sim) as client:
         urls = client.poll_until_complete(ExtractionHandle(f"{server.base_url}/fhir/__status/j", "j"))
     assert urls == [f"{server.base_url}/files/j/core.ndjson"]
@@ -255,8 +271,9 @@ def test_silence_longer_than_the_liveness_window_is_a_timeout_naming_the_setting
 def test_each_202_resets_the_liveness_window(sim):
     in_progress = Reply(202, {"X-Progress": "Pending"}, b"{}")
     # 15 s of 503s, a 202, 16 s of 503s, then done: 31 s in all, never 20 s of silence.
-    server, _ = scripted_status_server(Reply(503), Reply(503), Reply(503), Reply(503), in_progress,
-                                       Reply(503), Reply(503), manifest_reply())
+    server, _ = scripted_status_server(
+        Reply(503), Reply(503), Reply(503), Reply(503), in_progress, Reply(503), Reply(503), manifest_reply()
+    )
     with server, client_for(server.base_url, sim, extraction_timeout="PT20S") as client:
         urls = client.poll_until_complete(ExtractionHandle(f"{server.base_url}/fhir/__status/j", "j"))
     assert len(urls) == 1 and sum(sim.sleeps) > 20
@@ -394,7 +411,9 @@ def test_a_connection_reset_mid_body_fails_the_file_without_retry(torch, sim, tm
 
 def test_a_transient_status_is_retried_and_the_file_then_downloaded(tmp_path):
     body = b'{"resourceType":"Bundle"}\n{"resourceType":"Bundle"}\n'
-    state = EchoState(replies=[Reply(503), Reply(reset=True), Reply(200, {"Content-Type": "application/fhir+ndjson"}, body)])
+    state = EchoState(
+        replies=[Reply(503), Reply(reset=True), Reply(200, {"Content-Type": "application/fhir+ndjson"}, body)]
+    )
     with LoopbackServer(EchoHandler, state) as server, client_for(server.base_url, SimulatedTime()) as client:
         stats = download(client.http, f"{server.base_url}/f/a.ndjson", tmp_path / "a.ndjson", level=None)
     assert stats.resources == 2 and (tmp_path / "a.ndjson").read_bytes() == body
@@ -409,12 +428,18 @@ def test_credentials_go_only_to_the_configured_origin_not_to_a_file_server_elsew
             download(client.http, urls[0], tmp_path / "a.ndjson")
         api = server.state.requests_to("/fhir/", "api")
         files = server.state.requests_to("/files/", "files")
-    assert api and all(r.header("authorization", ).startswith("Basic ") for r in api)
+    assert api and all(
+        r.header(
+            "authorization",
+        ).startswith("Basic ")
+        for r in api
+    )
     assert files and all(r.header("authorization") is None for r in files)
 
 
 @pytest.mark.parametrize(
-    "url", ["http://h/files/..", "http://h/files/", "http://h/files/.hidden", "http://h/files/a%2F..%2Fb", "http://h/a%5Cb"]
+    "url",
+    ["http://h/files/..", "http://h/files/", "http://h/files/.hidden", "http://h/files/a%2F..%2Fb", "http://h/a%5Cb"],
 )
 def test_file_names_that_could_escape_import_are_refused(url):
     with pytest.raises(UnsafeFileNameError):

@@ -40,8 +40,7 @@ def write_config(tmp_path: Path, server: ExtractionServer, extra: str = "", stal
         "compression:\n  level: fastest\n"
         "retry:\n  max_attempts: 3\n  initial_backoff_ms: 10\n  max_backoff_ms: 50\n"
         f"services:\n  extractor:\n    base_url: {server.base_url}\n    polling_interval: PT1S\n"
-        f"    max_polling_interval: PT1S\n    file_ready_interval: PT1S\n    download_stall_timeout: {stall}\n"
-        + extra
+        f"    max_polling_interval: PT1S\n    file_ready_interval: PT1S\n    download_stall_timeout: {stall}\n" + extra
     )
     return config
 
@@ -92,8 +91,14 @@ def test_extraction_progress_is_published_as_a_prefect_artifact(tmp_path):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    with start_extraction_server(durations={"PENDING": 1.5, "RUNNING_GET_COHORT": 0.05,
-                                            "RUNNING_PROCESS_BATCH": 0.05, "RUNNING_PROCESS_CORE": 0.05}) as torch:
+    with start_extraction_server(
+        durations={
+            "PENDING": 1.5,
+            "RUNNING_GET_COHORT": 0.05,
+            "RUNNING_PROCESS_BATCH": 0.05,
+            "RUNNING_PROCESS_CORE": 0.05,
+        }
+    ) as torch:
         assert main(["start", str(write_config(tmp_path, torch)), str(CRTDL), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(jobs_dir_of(tmp_path))
     key = f"job-{job_dir.name}-00-extractor-progress"
@@ -168,8 +173,14 @@ def record_files(jobs_dir: Path) -> list[Path]:
 
 @pytest.mark.slow
 def test_killed_while_polling_continue_reattaches_without_submitting_again(tmp_path):
-    with start_extraction_server(durations={"PENDING": 4.0, "RUNNING_GET_COHORT": 0.05,
-                                            "RUNNING_PROCESS_BATCH": 0.05, "RUNNING_PROCESS_CORE": 0.05}) as torch:
+    with start_extraction_server(
+        durations={
+            "PENDING": 4.0,
+            "RUNNING_GET_COHORT": 0.05,
+            "RUNNING_PROCESS_BATCH": 0.05,
+            "RUNNING_PROCESS_CORE": 0.05,
+        }
+    ) as torch:
         process = start_cli_process("start", str(write_config(tmp_path, torch)), str(CRTDL), "--no-progress")
         wait_for(lambda: torch.state.polls or None, process)
         process.send_signal(signal.SIGKILL)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +11,6 @@ import httpx
 import pytest
 
 from tests.fakes._server import LoopbackServer
-from tests.fakes.pseudonymizer import start_pseudonymizer
 
 TESTDATA = Path("/work/shared/testdata/pseudonymizer")
 SERVER_SIDE_CONFIG = (TESTDATA / "anonymization.yaml").read_bytes()
@@ -22,19 +20,6 @@ OVERRIDE_PATIENTS = [
 ]
 FHIR_JSON = {"Content-Type": "application/fhir+json", "Accept": "application/fhir+json"}
 HASH_IDS_CONFIG = b"fhirPathRules:\n  - path: Resource.id\n    method: cryptoHash\n"
-
-
-@pytest.fixture(scope="module")
-def running_fake() -> Iterator[LoopbackServer]:
-    server = start_pseudonymizer()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def fake(running_fake: LoopbackServer) -> LoopbackServer:
-    running_fake.state.reset()
-    return running_fake
 
 
 def de_identify(server: LoopbackServer, body: dict[str, Any], headers: dict[str, str] | None = None) -> httpx.Response:
@@ -84,9 +69,9 @@ def patient_bundle() -> dict[str, Any]:
 
 
 def test_bare_resource_is_answered_with_the_de_identified_resource_using_the_server_config(
-    fake: LoopbackServer,
+    pseudonymizer_fake: LoopbackServer,
 ) -> None:
-    response = de_identify(fake, OVERRIDE_PATIENTS[0])
+    response = de_identify(pseudonymizer_fake, OVERRIDE_PATIENTS[0])
 
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/fhir+json"
@@ -95,11 +80,13 @@ def test_bare_resource_is_answered_with_the_de_identified_resource_using_the_ser
     assert patient["id"] != "anon-patient-1" and len(patient["id"]) == 64
     assert "name" not in patient  # the built-in server config redacts HumanName
     assert patient["gender"] == "male"
-    assert fake.state.requests[0].body_kind == "resource"
+    assert pseudonymizer_fake.state.requests[0].body_kind == "resource"
 
 
-def test_parameters_with_config_applies_the_request_rules_and_returns_the_bare_resource(fake: LoopbackServer) -> None:
-    response = de_identify(fake, with_config(REQUEST_OVERRIDE_CONFIG, OVERRIDE_PATIENTS[1]))
+def test_parameters_with_config_applies_the_request_rules_and_returns_the_bare_resource(
+    pseudonymizer_fake: LoopbackServer,
+) -> None:
+    response = de_identify(pseudonymizer_fake, with_config(REQUEST_OVERRIDE_CONFIG, OVERRIDE_PATIENTS[1]))
 
     assert response.status_code == 200
     patient = response.json()
@@ -107,7 +94,7 @@ def test_parameters_with_config_applies_the_request_rules_and_returns_the_bare_r
     assert patient["id"] == "anon-patient-2"  # Resource.id: keep
     assert patient["name"] == [{"family": "Roe", "given": ["Jane"]}]  # HumanName: keep
     assert "gender" not in patient  # Patient.gender: redact
-    recorded = fake.state.requests[0]
+    recorded = pseudonymizer_fake.state.requests[0]
     assert (recorded.body_kind, recorded.resource_type, recorded.parameter_names) == (
         "parameters",
         "Patient",
@@ -115,24 +102,24 @@ def test_parameters_with_config_applies_the_request_rules_and_returns_the_bare_r
     )
 
 
-def test_same_config_gives_same_pseudonyms_and_parses_the_config_once(fake: LoopbackServer) -> None:
-    first = de_identify(fake, with_config(HASH_IDS_CONFIG, OVERRIDE_PATIENTS[0])).json()
-    second = de_identify(fake, with_config(HASH_IDS_CONFIG, OVERRIDE_PATIENTS[0])).json()
+def test_same_config_gives_same_pseudonyms_and_parses_the_config_once(pseudonymizer_fake: LoopbackServer) -> None:
+    first = de_identify(pseudonymizer_fake, with_config(HASH_IDS_CONFIG, OVERRIDE_PATIENTS[0])).json()
+    second = de_identify(pseudonymizer_fake, with_config(HASH_IDS_CONFIG, OVERRIDE_PATIENTS[0])).json()
 
     assert first == second
     assert first["id"] != "anon-patient-1"
-    assert fake.state.config_parses == 1
+    assert pseudonymizer_fake.state.config_parses == 1
 
 
 def test_different_configs_give_different_pseudonyms_unless_they_share_a_key_derivation_context(
-    fake: LoopbackServer,
+    pseudonymizer_fake: LoopbackServer,
 ) -> None:
     other_rules = HASH_IDS_CONFIG + b"  - path: Patient.gender\n    method: redact\n"
     project_a = HASH_IDS_CONFIG + b"parameters:\n  keyDerivationContext: project-a\n"
     project_a_other_rules = other_rules + b"parameters:\n  keyDerivationContext: project-a\n"
 
     ids = {
-        name: de_identify(fake, with_config(config, OVERRIDE_PATIENTS[0])).json()["id"]
+        name: de_identify(pseudonymizer_fake, with_config(config, OVERRIDE_PATIENTS[0])).json()["id"]
         for name, config in [
             ("plain", HASH_IDS_CONFIG),
             ("other", other_rules),
@@ -145,8 +132,8 @@ def test_different_configs_give_different_pseudonyms_unless_they_share_a_key_der
     assert ids["a"] == ids["a2"]
 
 
-def test_bundle_entries_keep_order_and_references_still_resolve(fake: LoopbackServer) -> None:
-    bundle = de_identify(fake, patient_bundle()).json()
+def test_bundle_entries_keep_order_and_references_still_resolve(pseudonymizer_fake: LoopbackServer) -> None:
+    bundle = de_identify(pseudonymizer_fake, patient_bundle()).json()
 
     patient_entry, observation_entry = bundle["entry"]
     patient, observation = patient_entry["resource"], observation_entry["resource"]
@@ -161,31 +148,33 @@ def test_bundle_entries_keep_order_and_references_still_resolve(fake: LoopbackSe
 
 
 def test_upstream_server_config_hashes_with_truncation_and_reports_rules_it_does_not_implement(
-    fake: LoopbackServer,
+    pseudonymizer_fake: LoopbackServer,
 ) -> None:
-    bundle = de_identify(fake, with_config(SERVER_SIDE_CONFIG, patient_bundle())).json()
+    bundle = de_identify(pseudonymizer_fake, with_config(SERVER_SIDE_CONFIG, patient_bundle())).json()
 
     patient, observation = (entry["resource"] for entry in bundle["entry"])
     assert len(patient["id"]) == 32
     assert observation["subject"]["reference"] == f"Patient/{patient['id']}"
-    assert "Patient.birthDate (generalize)" in fake.state.unsupported_rules
-    assert any(rule.startswith("nodesByType('Identifier').where(") for rule in fake.state.unsupported_rules)
+    assert "Patient.birthDate (generalize)" in pseudonymizer_fake.state.unsupported_rules
+    assert any(
+        rule.startswith("nodesByType('Identifier').where(") for rule in pseudonymizer_fake.state.unsupported_rules
+    )
 
 
-def test_body_over_the_size_limit_is_rejected_with_413(fake: LoopbackServer) -> None:
-    fake.state.reset(max_body_bytes=1000)
+def test_body_over_the_size_limit_is_rejected_with_413(pseudonymizer_fake: LoopbackServer) -> None:
+    pseudonymizer_fake.state.reset(max_body_bytes=1000)
     big = dict(OVERRIDE_PATIENTS[0], text={"status": "generated", "div": "<div>" + "x" * 2000 + "</div>"})
 
-    response = de_identify(fake, big)
-    small = de_identify(fake, OVERRIDE_PATIENTS[0])
+    response = de_identify(pseudonymizer_fake, big)
+    small = de_identify(pseudonymizer_fake, OVERRIDE_PATIENTS[0])
 
     assert response.status_code == 413
     assert response.json()["resourceType"] == "OperationOutcome"
     assert small.status_code == 200
 
 
-def test_wrong_content_type_is_rejected_with_415(fake: LoopbackServer) -> None:
-    response = de_identify(fake, OVERRIDE_PATIENTS[0], headers={"Content-Type": "application/json"})
+def test_wrong_content_type_is_rejected_with_415(pseudonymizer_fake: LoopbackServer) -> None:
+    response = de_identify(pseudonymizer_fake, OVERRIDE_PATIENTS[0], headers={"Content-Type": "application/json"})
 
     assert response.status_code == 415
     assert response.json()["issue"][0]["code"] == "not-supported"
@@ -200,32 +189,34 @@ def test_wrong_content_type_is_rejected_with_415(fake: LoopbackServer) -> None:
         ),
     ],
 )
-def test_bad_config_or_missing_resource_part_is_rejected_with_400(fake: LoopbackServer, body: dict[str, Any]) -> None:
-    response = de_identify(fake, body)
+def test_bad_config_or_missing_resource_part_is_rejected_with_400(
+    pseudonymizer_fake: LoopbackServer, body: dict[str, Any]
+) -> None:
+    response = de_identify(pseudonymizer_fake, body)
 
     assert response.status_code == 400
     assert response.json()["issue"][0]["severity"] == "error"
 
 
-def test_configured_api_key_is_required(fake: LoopbackServer) -> None:
-    fake.state.reset(api_key="sesame")
+def test_configured_api_key_is_required(pseudonymizer_fake: LoopbackServer) -> None:
+    pseudonymizer_fake.state.reset(api_key="sesame")
 
-    without_key = de_identify(fake, OVERRIDE_PATIENTS[0])
-    with_key = de_identify(fake, OVERRIDE_PATIENTS[0], headers={**FHIR_JSON, "X-Api-Key": "sesame"})
+    without_key = de_identify(pseudonymizer_fake, OVERRIDE_PATIENTS[0])
+    with_key = de_identify(pseudonymizer_fake, OVERRIDE_PATIENTS[0], headers={**FHIR_JSON, "X-Api-Key": "sesame"})
 
     assert (without_key.status_code, with_key.status_code) == (401, 200)
 
 
-def test_failure_switches_fail_then_recover(fake: LoopbackServer) -> None:
-    fake.state.reset_next = 1
-    fake.state.fail_next, fake.state.fail_status = 1, 503
+def test_failure_switches_fail_then_recover(pseudonymizer_fake: LoopbackServer) -> None:
+    pseudonymizer_fake.state.reset_next = 1
+    pseudonymizer_fake.state.fail_next, pseudonymizer_fake.state.fail_status = 1, 503
 
     with pytest.raises(httpx.TransportError):
-        de_identify(fake, OVERRIDE_PATIENTS[0])
-    failed = de_identify(fake, OVERRIDE_PATIENTS[0])
-    recovered = de_identify(fake, OVERRIDE_PATIENTS[0])
+        de_identify(pseudonymizer_fake, OVERRIDE_PATIENTS[0])
+    failed = de_identify(pseudonymizer_fake, OVERRIDE_PATIENTS[0])
+    recovered = de_identify(pseudonymizer_fake, OVERRIDE_PATIENTS[0])
 
     assert failed.status_code == 503
     assert failed.json()["issue"][0]["severity"] == "fatal"
     assert recovered.status_code == 200
-    assert [request.status for request in fake.state.requests] == [0, 503, 200]
+    assert [request.status for request in pseudonymizer_fake.state.requests] == [0, 503, 200]

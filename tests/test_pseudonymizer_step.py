@@ -28,15 +28,13 @@ from tasks.pseudonymizer import (
 from tests.conftest import run_cli
 from tests.fakes._server import LoopbackServer
 from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
-from tests.test_pseudonymizer_client import (  # noqa: F401 - fixtures
+from tests.test_pseudonymizer_client import (
     OVERRIDE_CONFIG,
     OVERRIDE_DIR,
     ConcurrencyProbe,
-    fake,
     observation_bundle,
     open_service,
     patient,
-    running_fake,
     server_side,
 )
 
@@ -50,9 +48,11 @@ def read_output(path: Path) -> list[dict[str, Any]]:
     return [resource for _, resource in iter_resources(path, 100 * MB)]
 
 
-def run_file(fake: LoopbackServer, source: Path, dest: Path, concurrency: int = 4, **options: Any) -> FileCounts:
+def run_file(
+    pseudonymizer_fake: LoopbackServer, source: Path, dest: Path, concurrency: int = 4, **options: Any
+) -> FileCounts:
     async def run() -> FileCounts:
-        async with open_service(fake, max_concurrent_requests=concurrency, **options) as service:
+        async with open_service(pseudonymizer_fake, max_concurrent_requests=concurrency, **options) as service:
             return await pseudonymize_path(
                 source, dest, service, level="fastest", max_line_bytes=100 * MB, window=window_size(concurrency)
             )
@@ -63,56 +63,62 @@ def run_file(fake: LoopbackServer, source: Path, dest: Path, concurrency: int = 
 # --- one file ----------------------------------------------------------------------------------------------------
 
 
-def test_output_keeps_the_input_order_when_answers_come_back_out_of_order_with_8_in_flight(fake, tmp_path):
-    probe = ConcurrencyProbe(fake, hold_seconds=0.02, jitter=True)
-    fake.state.reset(status_hook=probe)
+def test_output_keeps_the_input_order_when_answers_come_back_out_of_order_with_8_in_flight(
+    pseudonymizer_fake, tmp_path
+):
+    probe = ConcurrencyProbe(pseudonymizer_fake, hold_seconds=0.02, jitter=True)
+    pseudonymizer_fake.state.reset(status_hook=probe)
     patients = [patient(i) for i in range(160)]
     source = write_lines(tmp_path / "Patient.ndjson", patients)
 
-    counts = run_file(fake, source, tmp_path / "out.ndjson.zst", concurrency=8)
+    counts = run_file(pseudonymizer_fake, source, tmp_path / "out.ndjson.zst", concurrency=8)
 
     assert probe.finished != sorted(probe.finished), "answers should have completed out of order"
     assert probe.most_in_flight == 8
-    assert read_output(tmp_path / "out.ndjson.zst") == [server_side(p, fake) for p in patients]
+    assert read_output(tmp_path / "out.ndjson.zst") == [server_side(p, pseudonymizer_fake) for p in patients]
     assert (counts.resources_in, counts.resources_out, counts.requests) == (160, 160, 160)
 
 
-def test_a_slow_answer_holds_back_at_most_twice_max_concurrent_requests_resources(fake, tmp_path):
+def test_a_slow_answer_holds_back_at_most_twice_max_concurrent_requests_resources(pseudonymizer_fake, tmp_path):
     release = threading.Event()
     head = patient(0, note="the only resource of this size")
-    fake.state.reset(status_hook=lambda r: release.wait(10) and None if r.size == len(orjson.dumps(head)) else None)
+    pseudonymizer_fake.state.reset(
+        status_hook=lambda r: release.wait(10) and None if r.size == len(orjson.dumps(head)) else None
+    )
     source = write_lines(tmp_path / "Patient.ndjson", [head] + [patient(i) for i in range(1, 100)])
-    worker = threading.Thread(target=run_file, args=(fake, source, tmp_path / "out.ndjson.zst", 3))
+    worker = threading.Thread(target=run_file, args=(pseudonymizer_fake, source, tmp_path / "out.ndjson.zst", 3))
     worker.start()
     try:
         time.sleep(0.5)
-        assert len(fake.state.requests) == window_size(3) == 6
+        assert len(pseudonymizer_fake.state.requests) == window_size(3) == 6
     finally:
         release.set()
         worker.join(10)
     assert len(read_output(tmp_path / "out.ndjson.zst")) == 100
 
 
-def test_a_file_with_a_large_bundle_counts_requests_and_split_bundles_and_loses_no_entry(fake, tmp_path):
+def test_a_file_with_a_large_bundle_counts_requests_and_split_bundles_and_loses_no_entry(pseudonymizer_fake, tmp_path):
     bundle = observation_bundle(count=30, pad=100_000)
     resources = [patient(0), bundle, patient(1)]
     source = write_lines(tmp_path / "core.ndjson", resources)
 
-    counts = run_file(fake, source, tmp_path / "core.ndjson.zst", split_threshold_mb=1)
+    counts = run_file(pseudonymizer_fake, source, tmp_path / "core.ndjson.zst", split_threshold_mb=1)
 
     out = read_output(tmp_path / "core.ndjson.zst")
     assert [r["resourceType"] for r in out] == ["Patient", "Bundle", "Patient"]
     assert [e["resource"]["valueInteger"] for e in out[1]["entry"]] == list(range(30))
-    assert counts.bundles_split == 1 and counts.requests == len(fake.state.requests) >= 5
+    assert counts.bundles_split == 1 and counts.requests == len(pseudonymizer_fake.state.requests) >= 5
     assert counts.resources_in == counts.resources_out == 3
 
 
-def test_a_rejected_resource_fails_naming_file_line_and_the_services_text_and_leaves_no_output(fake, tmp_path):
+def test_a_rejected_resource_fails_naming_file_line_and_the_services_text_and_leaves_no_output(
+    pseudonymizer_fake, tmp_path
+):
     broken = {"resourceType": "Parameters", "id": "q1", "parameter": []}
     source = write_lines(tmp_path / "a.ndjson", [patient(1), patient(2), broken, patient(3)])
 
     with pytest.raises(PseudonymizerStepError) as caught:
-        run_file(fake, source, tmp_path / "a.ndjson.zst")
+        run_file(pseudonymizer_fake, source, tmp_path / "a.ndjson.zst")
 
     message = str(caught.value)
     assert f"{source}: line 3 (Parameters/q1)" in message
@@ -120,30 +126,30 @@ def test_a_rejected_resource_fails_naming_file_line_and_the_services_text_and_le
     assert list(tmp_path.iterdir()) == [source]
 
 
-def test_an_oversized_entry_fails_naming_file_line_resource_size_threshold_and_remedies(fake, tmp_path):
+def test_an_oversized_entry_fails_naming_file_line_resource_size_threshold_and_remedies(pseudonymizer_fake, tmp_path):
     bundle = observation_bundle(count=2, pad=10)
     bundle["entry"][0]["resource"]["note"][0]["text"] = "y" * (2 * MB)
     source = write_lines(tmp_path / "b.ndjson", [patient(1), bundle])
 
     with pytest.raises(PseudonymizerStepError) as caught:
-        run_file(fake, source, tmp_path / "b.ndjson.zst", split_threshold_mb=1)
+        run_file(pseudonymizer_fake, source, tmp_path / "b.ndjson.zst", split_threshold_mb=1)
 
     message = str(caught.value)
     assert f"{source}: line 2 (Bundle/b1)" in message and "(Observation/o0) is 2.0 MB" in message
     assert "threshold of 1 MB" in message and "bundle_split_threshold_mb (up to 100)" in message
 
 
-def test_a_413_fails_with_the_hint_to_lower_the_threshold_or_raise_the_server_limit(fake, tmp_path):
-    fake.state.reset(max_body_bytes=500)
+def test_a_413_fails_with_the_hint_to_lower_the_threshold_or_raise_the_server_limit(pseudonymizer_fake, tmp_path):
+    pseudonymizer_fake.state.reset(max_body_bytes=500)
     source = write_lines(tmp_path / "c.ndjson", [observation_bundle(count=3, pad=400)])
 
     with pytest.raises(PseudonymizerStepError) as caught:
-        run_file(fake, source, tmp_path / "c.ndjson.zst", split_threshold_mb=1)
+        run_file(pseudonymizer_fake, source, tmp_path / "c.ndjson.zst", split_threshold_mb=1)
 
     assert "HTTP 413" in str(caught.value) and "lower services.pseudonymizer.bundle_split_threshold_mb" in str(
         caught.value
     )
-    assert [r.status for r in fake.state.requests] == [413]
+    assert [r.status for r in pseudonymizer_fake.state.requests] == [413]
 
 
 def test_an_unreadable_anonymization_config_names_the_key_and_the_path(tmp_path):
@@ -163,14 +169,15 @@ def test_max_concurrent_requests_defaults_to_4_and_must_be_at_least_1():
 # --- end to end through the CLI ----------------------------------------------------------------------------------
 
 
-def write_job_config(tmp_path: Path, fake: LoopbackServer, concurrency: int = 4) -> Path:
+def write_job_config(tmp_path: Path, pseudonymizer_fake: LoopbackServer, concurrency: int = 4) -> Path:
     config = tmp_path / "job.yaml"
     config.write_text(
         'pipeline:\n  enabled_steps: ["local_import", "pseudonymizer"]\n'
         f"jobs_dir: {tmp_path / 'jobs'}\n"
         "compression:\n  level: fastest\n"
         "retry:\n  initial_backoff_ms: 1\n  max_backoff_ms: 5\n"
-        f"services:\n  pseudonymizer:\n    url: {fake.base_url}\n    max_concurrent_requests: {concurrency}\n"
+        f"services:\n  pseudonymizer:\n    url: {pseudonymizer_fake.base_url}\n"
+        f"    max_concurrent_requests: {concurrency}\n"
     )
     return config
 
@@ -193,41 +200,56 @@ def read_report_artifact(key: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.usefixtures("prefect_api")
-def test_start_with_anonymization_config_sends_parameters_and_the_request_rules_apply(fake, tmp_path):
+def test_start_with_anonymization_config_sends_parameters_and_the_request_rules_apply(pseudonymizer_fake, tmp_path):
     source = override_patients_dir(tmp_path)
-    config = write_job_config(tmp_path, fake)
+    config = write_job_config(tmp_path, pseudonymizer_fake)
 
     code = main(["start", str(config), str(source), "--anonymization-config", str(OVERRIDE_CONFIG), "--no-progress"])
 
     assert code == EXIT_OK
-    assert all(r.body_kind == "parameters" and r.parameter_names == ["config", "resource"] for r in fake.state.requests)
-    assert len(fake.state.requests) == 2 and fake.state.config_parses == 1
+    assert all(
+        r.body_kind == "parameters" and r.parameter_names == ["config", "resource"]
+        for r in pseudonymizer_fake.state.requests
+    )
+    assert len(pseudonymizer_fake.state.requests) == 2 and pseudonymizer_fake.state.config_parses == 1
     job_dir = only_job_dir(tmp_path / "jobs")
     out = read_output(job_dir / "pseudonymizer" / "Patient.ndjson.zst")
     assert [p["name"] for p in out] == [[{"family": "Doe", "given": ["John"]}], [{"family": "Roe", "given": ["Jane"]}]]
     assert [p["id"] for p in out] == ["anon-patient-1", "anon-patient-2"] and all("gender" not in p for p in out)
     report = read_report_artifact(f"job-{job_dir.name}-01-pseudonymizer-report")
-    assert report == [{"file": "Patient.ndjson.zst", "resources in": 2, "resources out": 2, "bundles split": 0,
-                       "requests": 2, "duration (s)": report[0]["duration (s)"]}]
+    assert report == [
+        {
+            "file": "Patient.ndjson.zst",
+            "resources in": 2,
+            "resources out": 2,
+            "bundles split": 0,
+            "requests": 2,
+            "duration (s)": report[0]["duration (s)"],
+        }
+    ]
 
 
 @pytest.mark.usefixtures("prefect_api")
-def test_start_without_anonymization_config_sends_bare_resources_and_the_servers_rules_apply(fake, tmp_path):
+def test_start_without_anonymization_config_sends_bare_resources_and_the_servers_rules_apply(
+    pseudonymizer_fake, tmp_path
+):
     source = override_patients_dir(tmp_path)
-    config = write_job_config(tmp_path, fake)
+    config = write_job_config(tmp_path, pseudonymizer_fake)
 
     assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
 
-    assert [r.body_kind for r in fake.state.requests] == ["resource", "resource"]
+    assert [r.body_kind for r in pseudonymizer_fake.state.requests] == ["resource", "resource"]
     job_dir = only_job_dir(tmp_path / "jobs")
     originals = [json.loads(line) for line in (source / "Patient.ndjson").read_text().splitlines()]
-    assert read_output(job_dir / "pseudonymizer" / "Patient.ndjson.zst") == [server_side(p, fake) for p in originals]
+    assert read_output(job_dir / "pseudonymizer" / "Patient.ndjson.zst") == [
+        server_side(p, pseudonymizer_fake) for p in originals
+    ]
 
 
 @pytest.mark.usefixtures("prefect_api")
-def test_an_unreadable_anonymization_config_fails_the_step_before_any_request(fake, tmp_path, capsys):
+def test_an_unreadable_anonymization_config_fails_the_step_before_any_request(pseudonymizer_fake, tmp_path, capsys):
     source = override_patients_dir(tmp_path)
-    config = write_job_config(tmp_path, fake)
+    config = write_job_config(tmp_path, pseudonymizer_fake)
     missing = tmp_path / "missing.yaml"
 
     code = main(["start", str(config), str(source), "--anonymization-config", str(missing), "--no-progress"])
@@ -236,14 +258,16 @@ def test_an_unreadable_anonymization_config_fails_the_step_before_any_request(fa
 
     err = capsys.readouterr().err
     assert "services.pseudonymizer.anonymization_config" in err and str(missing) in err
-    assert fake.state.requests == []
+    assert pseudonymizer_fake.state.requests == []
     assert job_file(only_job_dir(tmp_path / "jobs"))["state"] == "Failed"
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
-def test_killed_mid_file_continue_redoes_only_the_unfinished_file_without_losing_or_duplicating(fake, tmp_path):
-    fake.state.reset(latency_seconds=0.02)
+def test_killed_mid_file_continue_redoes_only_the_unfinished_file_without_losing_or_duplicating(
+    pseudonymizer_fake, tmp_path
+):
+    pseudonymizer_fake.state.reset(latency_seconds=0.02)
     source = tmp_path / "in"
     source.mkdir()
     first = [patient(i) for i in range(20)]
@@ -251,7 +275,7 @@ def test_killed_mid_file_continue_redoes_only_the_unfinished_file_without_losing
     write_lines(source / "a.ndjson", first)
     write_lines(source / "b.ndjson", second)
     jobs = tmp_path / "jobs"
-    config = write_job_config(tmp_path, fake, concurrency=2)
+    config = write_job_config(tmp_path, pseudonymizer_fake, concurrency=2)
 
     process = start_cli_process("start", str(config), str(source), "--no-progress")
     probe = lambda: next(jobs.glob("*/pseudonymizer/.b.ndjson.zst.part"), None)  # noqa: E731
@@ -262,12 +286,12 @@ def test_killed_mid_file_continue_redoes_only_the_unfinished_file_without_losing
     finished_mtime = (folder / "a.ndjson.zst").stat().st_mtime_ns
     assert not (folder / "b.ndjson.zst").exists()
 
-    fake.state.reset()
+    pseudonymizer_fake.state.reset()
     result = run_cli("continue", str(folder.parent), "--no-progress")
 
     assert result.returncode == EXIT_OK, result.stderr
     assert (folder / "a.ndjson.zst").stat().st_mtime_ns == finished_mtime
-    assert read_output(folder / "a.ndjson.zst") == [server_side(p, fake) for p in first]
-    assert read_output(folder / "b.ndjson.zst") == [server_side(p, fake) for p in second]
-    assert len(fake.state.requests) == len(second)  # only the unfinished file was sent again
+    assert read_output(folder / "a.ndjson.zst") == [server_side(p, pseudonymizer_fake) for p in first]
+    assert read_output(folder / "b.ndjson.zst") == [server_side(p, pseudonymizer_fake) for p in second]
+    assert len(pseudonymizer_fake.state.requests) == len(second)  # only the unfinished file was sent again
     assert not list(folder.glob(".*.part"))

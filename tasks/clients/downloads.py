@@ -136,8 +136,9 @@ def is_available(client: httpx.Client, url: str) -> bool:
         return False
     if status < 400 or status == 416:  # 416: an empty file has no byte 0, but it exists
         return True
-    raise DownloadError(f"{display_url(url)}: the availability check was answered HTTP {status}; "
-                        "check the credentials and the URL")
+    raise DownloadError(
+        f"{display_url(url)}: the availability check was answered HTTP {status}; check the credentials and the URL"
+    )
 
 
 def _probe_status(client: httpx.Client, method: str, url: str, headers: dict | None = None) -> int | None:
@@ -223,11 +224,15 @@ def _write_body(
     on_bytes: Callable[[int], None] | None,
 ) -> FileStats:
     with AtomicNdjsonWriter(dest, level, max_line_bytes) as writer:
-        for chunk in checked_ndjson(decompress_if_zstd(_counted(chunks, on_bytes), display_url(url)), url, max_line_bytes):
+        for chunk in checked_ndjson(
+            decompress_if_zstd(_counted(chunks, on_bytes), display_url(url)), url, max_line_bytes
+        ):
             try:
                 writer.write(chunk)
             except OSError as exc:
-                raise DownloadError(f"writing {dest} failed: {exc}; free space or fix permissions, then run continue") from exc
+                raise DownloadError(
+                    f"writing {dest} failed: {exc}; free space or fix permissions, then run continue"
+                ) from exc
     assert writer.stats is not None
     return writer.stats
 
@@ -265,7 +270,9 @@ def checked_ndjson(chunks: Iterator[bytes], url: str, max_line_bytes: int) -> It
 
 def _check_first_line(line: bytes, url: str) -> None:
     if line.startswith(b"<"):
-        raise DownloadError(f"{display_url(url)}: the server answered with an HTML or XML page, not NDJSON; check the URL")
+        raise DownloadError(
+            f"{display_url(url)}: the server answered with an HTML or XML page, not NDJSON; check the URL"
+        )
     try:
         first = orjson.loads(line)
     except orjson.JSONDecodeError:

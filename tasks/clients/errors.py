@@ -11,7 +11,7 @@ from __future__ import annotations
 import email.utils
 import json
 import ssl
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 import httpx
 
@@ -98,7 +98,11 @@ def network_error(exc: httpx.TransportError, *, operation: str, service: str | N
 def error_from_response(response: httpx.Response, *, operation: str, service: str | None) -> ServiceError:
     """Build the error for a 4xx/5xx response; the body must have been read."""
     texts = operation_outcome_texts(response.content)
-    message = truncate("; ".join(texts), MAX_MESSAGE_CHARS) if texts else f"HTTP {response.status_code} {response.reason_phrase}"
+    message = (
+        truncate("; ".join(texts), MAX_MESSAGE_CHARS)
+        if texts
+        else f"HTTP {response.status_code} {response.reason_phrase}"
+    )
     return ServiceError(
         operation,
         response.status_code,
@@ -116,9 +120,7 @@ def raise_for_service_status(response: httpx.Response, *, operation: str, servic
         raise error_from_response(response, operation=operation, service=service)
 
 
-async def raise_for_service_status_async(
-    response: httpx.Response, *, operation: str, service: str | None
-) -> None:
+async def raise_for_service_status_async(response: httpx.Response, *, operation: str, service: str | None) -> None:
     """``raise_for_service_status`` for responses of an ``httpx.AsyncClient``."""
     if response.is_error:
         await response.aread()
@@ -166,5 +168,5 @@ def parse_retry_after(value: str | None, *, now: datetime | None = None) -> floa
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - (now or datetime.now(timezone.utc))).total_seconds())
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())

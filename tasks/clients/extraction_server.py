@@ -239,8 +239,12 @@ class ExtractionServerClient:
         except httpx.TransportError as exc:
             if not is_transient_network_error(exc):
                 raise network_error(exc, operation="poll extraction status", service=SERVICE) from exc
-            log.warning("extractor: status poll of job %s failed (%s: %s); polling again", handle.job_id,
-                        type(exc).__name__, exc)
+            log.warning(
+                "extractor: status poll of job %s failed (%s: %s); polling again",
+                handle.job_id,
+                type(exc).__name__,
+                exc,
+            )
             return None
 
     def _raise_unless_transient(self, handle: ExtractionHandle, response: httpx.Response) -> None:
@@ -279,8 +283,9 @@ class ExtractionServerClient:
     def task_batches(self, job_id: str) -> tuple[int, int] | None:
         """(batches completed, batches total) from the Task's progress extension; None if not (yet) there."""
         try:
-            response = self.http.get(f"{self.base_url}/fhir/Task/{job_id}", headers={"Accept": FHIR_JSON},
-                                     timeout=http_timeout(TASK_TIMEOUT))
+            response = self.http.get(
+                f"{self.base_url}/fhir/Task/{job_id}", headers={"Accept": FHIR_JSON}, timeout=http_timeout(TASK_TIMEOUT)
+            )
             raise_for_service_status(response, operation="read task", service=SERVICE)
             return batches_from_task(response.json())
         except Exception as exc:  # progress is informational: any failure just means "unknown"
@@ -293,7 +298,9 @@ class ExtractionServerClient:
         try:
             document = response.json()
         except ValueError as exc:
-            raise ExtractionError("the completed extraction's answer is not JSON; cannot find the result files") from exc
+            raise ExtractionError(
+                "the completed extraction's answer is not JSON; cannot find the result files"
+            ) from exc
         return [self.resolve_url(url) for url in result_urls(document)]
 
     def resolve_url(self, url: str) -> str:
@@ -303,7 +310,9 @@ class ExtractionServerClient:
 def batches_from_task(task: Any) -> tuple[int, int] | None:
     for extension in task.get("extension") or [] if isinstance(task, dict) else []:
         if isinstance(extension, dict) and str(extension.get("url", "")).endswith(PROGRESS_EXTENSION_SUFFIXES):
-            values = {e.get("url"): e.get("valueInteger") for e in extension.get("extension") or [] if isinstance(e, dict)}
+            values = {
+                e.get("url"): e.get("valueInteger") for e in extension.get("extension") or [] if isinstance(e, dict)
+            }
             done, total = values.get("batchesCompleted"), values.get("batchesTotal")
             if isinstance(done, int) and isinstance(total, int):
                 return done, total

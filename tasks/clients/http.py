@@ -77,8 +77,11 @@ def ssl_verify(tls: TlsSettings, *, purpose: str) -> ssl.SSLContext | bool:
     ``purpose`` names the client in the warning logged when verification is off.
     """
     if tls.insecure_skip_verify:
-        log.warning("TLS certificate verification is disabled for %s (tls.insecure_skip_verify); "
-                    "use this for development and testing only", purpose)
+        log.warning(
+            "TLS certificate verification is disabled for %s (tls.insecure_skip_verify); "
+            "use this for development and testing only",
+            purpose,
+        )
         return False
     context = ssl.create_default_context()
     context.load_verify_locations(cafile=certifi.where())
@@ -160,9 +163,15 @@ def _retry_policy(retry: RetrySettings, *, operation: str, service: str | None, 
     attempts = retry.max_attempts if retryable else 1
 
     def log_retry(state: RetryCallState) -> None:
-        log.warning("%s%s failed (%s); attempt %d of %d, retrying in %.1f s", f"{service}: " if service else "",
-                    operation, describe_exception(state.outcome.exception()), state.attempt_number, attempts,
-                    state.next_action.sleep if state.next_action else 0.0)
+        log.warning(
+            "%s%s failed (%s); attempt %d of %d, retrying in %.1f s",
+            f"{service}: " if service else "",
+            operation,
+            describe_exception(state.outcome.exception()),
+            state.attempt_number,
+            attempts,
+            state.next_action.sleep if state.next_action else 0.0,
+        )
 
     return {
         "stop": stop_after_attempt(attempts),
@@ -188,8 +197,9 @@ def call_with_retry(
     failing at the end is raised as a ``ServiceError`` (status None). ``retryable=False``: exactly one attempt.
     """
     try:
-        return Retrying(sleep=sleep, **_retry_policy(retry, operation=operation, service=service,
-                                                      retryable=retryable))(fn)
+        return Retrying(sleep=sleep, **_retry_policy(retry, operation=operation, service=service, retryable=retryable))(
+            fn
+        )
     except httpx.TransportError as exc:
         raise network_error(exc, operation=operation, service=service) from exc
 
@@ -205,8 +215,9 @@ async def call_with_retry_async(
 ) -> T:
     """``call_with_retry`` for coroutine functions."""
     try:
-        return await AsyncRetrying(sleep=sleep, **_retry_policy(retry, operation=operation, service=service,
-                                                                 retryable=retryable))(fn)
+        return await AsyncRetrying(
+            sleep=sleep, **_retry_policy(retry, operation=operation, service=service, retryable=retryable)
+        )(fn)
     except httpx.TransportError as exc:
         raise network_error(exc, operation=operation, service=service) from exc
 
@@ -252,5 +263,6 @@ async def request_with_retry_async(
         await raise_for_service_status_async(response, operation=operation, service=service)
         return response
 
-    return await call_with_retry_async(attempt, retry, operation=operation, service=service,
-                                       retryable=retryable, sleep=sleep)
+    return await call_with_retry_async(
+        attempt, retry, operation=operation, service=service, retryable=retryable, sleep=sleep
+    )

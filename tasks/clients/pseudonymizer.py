@@ -63,7 +63,7 @@ class AnonymizationConfig:
     data: bytes = field(repr=False)
 
     @classmethod
-    def read(cls, path: str | Path) -> "AnonymizationConfig":
+    def read(cls, path: str | Path) -> AnonymizationConfig:
         """Read the file once; raises ``OSError`` when it cannot be read."""
         path = Path(path).expanduser()
         return cls(str(path), path.read_bytes())
@@ -206,8 +206,9 @@ def split_bundle(bundle: dict[str, Any], threshold_bytes: int) -> list[dict[str,
     for index, entry in enumerate(entries):
         entry_size = compact_size(entry)
         if overhead + entry_size > threshold_bytes:
-            raise EntryTooLargeError(entry.get("resource") if isinstance(entry, dict) else None, index, entry_size,
-                                     threshold_bytes)
+            raise EntryTooLargeError(
+                entry.get("resource") if isinstance(entry, dict) else None, index, entry_size, threshold_bytes
+            )
         added = entry_size + (1 if groups[-1] else 0)  # the comma between entries
         if size + added > threshold_bytes:
             groups.append([])

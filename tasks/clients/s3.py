@@ -55,8 +55,13 @@ def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings) -
         client.meta.events.register(
             "before-send.s3", ProxyAuthorization(send.auth.username, send.auth.password.get_secret_value())
         )
-    log.info("S3 client for bucket %s at %s (%s addressing)%s", s3.bucket, s3.endpoint or "the default endpoint",
-             "path-style" if s3.use_path_style else "automatic", " with proxy authentication" if proxy_auth else "")
+    log.info(
+        "S3 client for bucket %s at %s (%s addressing)%s",
+        s3.bucket,
+        s3.endpoint or "the default endpoint",
+        "path-style" if s3.use_path_style else "automatic",
+        " with proxy authentication" if proxy_auth else "",
+    )
     return client
 
 
@@ -76,15 +81,17 @@ class ProxyAuthorization:
 def s3_verify(tls: TlsSettings) -> str | bool:
     """botocore's ``verify``: False when skipping, else a CA bundle file (certifi + system CAs + ca_cert_path)."""
     if tls.insecure_skip_verify:
-        log.warning("TLS certificate verification is disabled for S3 (tls.insecure_skip_verify); "
-                    "use this for development and testing only")
+        log.warning(
+            "TLS certificate verification is disabled for S3 (tls.insecure_skip_verify); "
+            "use this for development and testing only"
+        )
         return False
     if not tls.ca_cert_path:
         return certifi.where()
     return _combined_ca_bundle(tls.ca_cert_path)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _combined_ca_bundle(ca_cert_path: str) -> str:
     """botocore takes a single bundle file, so the extra PEMs are appended to the default CAs in a temp file."""
     try:

@@ -33,26 +33,59 @@ def fhir_ndjson(megabytes: int) -> bytes:
 
 def patient_bundle(rng: random.Random, words: list[str]) -> dict:
     def uid() -> str:
-        return "%032x" % rng.getrandbits(128)
+        return f"{rng.getrandbits(128):032x}"
 
     def date() -> str:
-        return f"20{rng.randint(10, 25)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:00+01:00"
+        day = f"20{rng.randint(10, 25)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+        return f"{day}T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:00+01:00"
 
     patient = uid()
-    resources = [{"resourceType": "Patient", "id": patient, "gender": rng.choice(["male", "female"]),
-                  "birthDate": date()[:10], "identifier": [{"system": "https://example.org/mrn", "value": uid()[:10]}]}]
+    resources = [
+        {
+            "resourceType": "Patient",
+            "id": patient,
+            "gender": rng.choice(["male", "female"]),
+            "birthDate": date()[:10],
+            "identifier": [{"system": "https://example.org/mrn", "value": uid()[:10]}],
+        }
+    ]
     for _ in range(rng.randint(5, 30)):
-        resources.append({
-            "resourceType": "Observation", "id": uid(), "status": "final",
-            "meta": {"profile": ["https://www.medizininformatik-initiative.de/fhir/core/modul-labor/StructureDefinition/ObservationLab"]},
-            "code": {"coding": [{"system": "http://loinc.org", "code": f"{rng.randint(1000, 99999)}-{rng.randint(0, 9)}",
-                                 "display": " ".join(rng.choices(words, k=3))}]},
-            "subject": {"reference": f"Patient/{patient}"}, "effectiveDateTime": date(),
-            "valueQuantity": {"value": round(rng.uniform(0, 500), 2), "unit": rng.choice(["mg/dL", "mmol/L", "g/L"]),
-                              "system": "http://unitsofmeasure.org"},
-        })
-    return {"resourceType": "Bundle", "type": "transaction", "id": uid(),
-            "entry": [{"resource": r, "request": {"method": "PUT", "url": f"{r['resourceType']}/{r['id']}"}} for r in resources]}
+        resources.append(
+            {
+                "resourceType": "Observation",
+                "id": uid(),
+                "status": "final",
+                "meta": {
+                    "profile": [
+                        "https://www.medizininformatik-initiative.de/fhir/core/modul-labor/StructureDefinition/ObservationLab"
+                    ]
+                },
+                "code": {
+                    "coding": [
+                        {
+                            "system": "http://loinc.org",
+                            "code": f"{rng.randint(1000, 99999)}-{rng.randint(0, 9)}",
+                            "display": " ".join(rng.choices(words, k=3)),
+                        }
+                    ]
+                },
+                "subject": {"reference": f"Patient/{patient}"},
+                "effectiveDateTime": date(),
+                "valueQuantity": {
+                    "value": round(rng.uniform(0, 500), 2),
+                    "unit": rng.choice(["mg/dL", "mmol/L", "g/L"]),
+                    "system": "http://unitsofmeasure.org",
+                },
+            }
+        )
+    return {
+        "resourceType": "Bundle",
+        "type": "transaction",
+        "id": uid(),
+        "entry": [
+            {"resource": r, "request": {"method": "PUT", "url": f"{r['resourceType']}/{r['id']}"}} for r in resources
+        ],
+    }
 
 
 def measure(data: bytes, level: int) -> tuple[float, float]:

@@ -68,7 +68,9 @@ def run_benchmark(gigabytes: float, files: int, level: CompressionLevel) -> None
         urls = [u for u in extraction_urls(server.base_url) if not u.endswith("/core.ndjson")]
         started = time.perf_counter()
         sizes = materialize(urls)
-        print(f"fake server wrote {len(urls)} files, {sum(sizes) / MB:,.0f} MB, in {time.perf_counter() - started:.1f} s")
+        print(
+            f"fake server wrote {len(urls)} files, {sum(sizes) / MB:,.0f} MB, in {time.perf_counter() - started:.1f} s"
+        )
         results = {mode: in_child(mode, urls, level) for mode in ("raw", "dupflow", "plain")}
         zstd_rate = zstd_compression_rate(server.state.workdir, level)
     total = sum(sizes) / MB
@@ -107,8 +109,17 @@ def materialize(urls: list[str]) -> list[int]:
 
 
 def in_child(mode: str, urls: list[str], level: str) -> dict:
-    command = [sys.executable, "-m", "tests.benchmarks.bench_download", "--child", mode, "--urls", json.dumps(urls),
-               "--level", level]
+    command = [
+        sys.executable,
+        "-m",
+        "tests.benchmarks.bench_download",
+        "--child",
+        mode,
+        "--urls",
+        json.dumps(urls),
+        "--level",
+        level,
+    ]
     output = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
     return json.loads(output.strip().splitlines()[-1])
 
@@ -120,8 +131,13 @@ def measure(mode: str, urls: list[str], level: CompressionLevel) -> dict:
         else:
             names = target_names(urls, compress=mode == "dupflow")
             work = lambda url: download_ndjson(  # noqa: E731
-                client, url, Path(folder) / names[url], level=level if mode == "dupflow" else None,
-                max_line_bytes=100 * MB, stall_timeout=timedelta(minutes=1), retry=RetrySettings(),
+                client,
+                url,
+                Path(folder) / names[url],
+                level=level if mode == "dupflow" else None,
+                max_line_bytes=100 * MB,
+                stall_timeout=timedelta(minutes=1),
+                retry=RetrySettings(),
             )
         started = time.perf_counter()
         with ThreadPoolExecutor(DOWNLOAD_CONCURRENCY) as pool:

@@ -59,9 +59,15 @@ def main() -> None:
             size = source.stat().st_size
             for level in ("off", "fastest", "default", "better", "best"):
                 out = subprocess.run(
-                    [sys.executable, "-c", f"from tests.benchmarks.bench_local_import import import_once; "
-                     f"import_once({str(source)!r}, {level!r})"],
-                    capture_output=True, text=True, check=True,
+                    [
+                        sys.executable,
+                        "-c",
+                        f"from tests.benchmarks.bench_local_import import import_once; "
+                        f"import_once({str(source)!r}, {level!r})",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
                 ).stdout.split()
                 seconds, peak, written = float(out[0]), float(out[1]), int(out[2])
                 print(f"{size / 1e6:7.0f}  {level:<7} {size / 1e6 / seconds:6.0f}  {size / written:5.1f}x  {peak:8.0f}")

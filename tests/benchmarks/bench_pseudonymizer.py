@@ -20,7 +20,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+from collections.abc import Iterator
 
 import orjson
 
@@ -28,19 +29,39 @@ MB = 1024 * 1024
 
 
 def bundle(i: int) -> dict[str, Any]:
-    patient = {"resourceType": "Patient", "id": f"p{i}", "name": [{"family": f"Doe{i}", "given": ["Jane"]}],
-               "gender": "female", "birthDate": "1980-01-01",
-               "identifier": [{"system": "http://example.org/mrn", "value": f"MRN{i:08d}"}]}
-    encounter = {"resourceType": "Encounter", "id": f"e{i}", "status": "finished",
-                 "class": {"system": "http://terminology.hl7.org/CodeSystem/v3-ActCode", "code": "IMP"},
-                 "subject": {"reference": f"Patient/p{i}"}, "period": {"start": "2024-01-01", "end": "2024-01-05"}}
-    observation = {"resourceType": "Observation", "id": f"o{i}", "status": "final",
-                   "code": {"coding": [{"system": "http://loinc.org", "code": "718-7"}]},
-                   "subject": {"reference": f"Patient/p{i}"}, "encounter": {"reference": f"Encounter/e{i}"},
-                   "valueQuantity": {"value": 13.2, "unit": "g/dL"}}
-    return {"resourceType": "Bundle", "id": f"b{i}", "type": "collection",
-            "entry": [{"fullUrl": f"urn:uuid:{r['resourceType']}-{i}", "resource": r}
-                      for r in (patient, encounter, observation)]}
+    patient = {
+        "resourceType": "Patient",
+        "id": f"p{i}",
+        "name": [{"family": f"Doe{i}", "given": ["Jane"]}],
+        "gender": "female",
+        "birthDate": "1980-01-01",
+        "identifier": [{"system": "http://example.org/mrn", "value": f"MRN{i:08d}"}],
+    }
+    encounter = {
+        "resourceType": "Encounter",
+        "id": f"e{i}",
+        "status": "finished",
+        "class": {"system": "http://terminology.hl7.org/CodeSystem/v3-ActCode", "code": "IMP"},
+        "subject": {"reference": f"Patient/p{i}"},
+        "period": {"start": "2024-01-01", "end": "2024-01-05"},
+    }
+    observation = {
+        "resourceType": "Observation",
+        "id": f"o{i}",
+        "status": "final",
+        "code": {"coding": [{"system": "http://loinc.org", "code": "718-7"}]},
+        "subject": {"reference": f"Patient/p{i}"},
+        "encounter": {"reference": f"Encounter/e{i}"},
+        "valueQuantity": {"value": 13.2, "unit": "g/dL"},
+    }
+    return {
+        "resourceType": "Bundle",
+        "id": f"b{i}",
+        "type": "collection",
+        "entry": [
+            {"fullUrl": f"urn:uuid:{r['resourceType']}-{i}", "resource": r} for r in (patient, encounter, observation)
+        ],
+    }
 
 
 def write_bundles(path: Path, count: int) -> Path:
@@ -90,15 +111,26 @@ def measure(base_url: str, source: str, dest: str, concurrency: int) -> dict[str
         endpoint = ServiceEndpoint("pseudonymizer", base_url, AuthSettings())
         async with build_async_client(endpoint, TlsSettings()) as client:
             service = Pseudonymizer(client, RetrySettings(), max_concurrent_requests=concurrency)
-            return await pseudonymize_path(Path(source), Path(dest), service, level="default",
-                                           max_line_bytes=100 * MB, window=window_size(concurrency))
+            return await pseudonymize_path(
+                Path(source),
+                Path(dest),
+                service,
+                level="default",
+                max_line_bytes=100 * MB,
+                window=window_size(concurrency),
+            )
 
     baseline = peak_rss_mb()
     started = time.perf_counter()
     counts = asyncio.run(run())
     seconds = time.perf_counter() - started
-    return {"resources": counts.resources_out, "requests": counts.requests, "seconds": seconds,
-            "baseline_mb": baseline, "peak_mb": peak_rss_mb()}
+    return {
+        "resources": counts.resources_out,
+        "requests": counts.requests,
+        "seconds": seconds,
+        "baseline_mb": baseline,
+        "peak_mb": peak_rss_mb(),
+    }
 
 
 def main() -> None:
@@ -117,10 +149,13 @@ def main() -> None:
                 with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
                     dest = str(Path(tmp) / f"out-{concurrency}.ndjson.zst")
                     r = pool.submit(measure, base_url, str(source), dest, concurrency).result()
-                print(f"max_concurrent_requests={concurrency}: {r['resources']} resources in {r['seconds']:.1f} s "
-                      f"= {r['resources'] / r['seconds']:.0f} resources/s ({r['requests']} requests); "
-                      f"peak RSS {r['peak_mb']:.0f} MB ({r['peak_mb'] - r['baseline_mb']:+.0f} MB over the "
-                      f"{r['baseline_mb']:.0f} MB after imports)", flush=True)
+                print(
+                    f"max_concurrent_requests={concurrency}: {r['resources']} resources in {r['seconds']:.1f} s "
+                    f"= {r['resources'] / r['seconds']:.0f} resources/s ({r['requests']} requests); "
+                    f"peak RSS {r['peak_mb']:.0f} MB ({r['peak_mb'] - r['baseline_mb']:+.0f} MB over the "
+                    f"{r['baseline_mb']:.0f} MB after imports)",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ cleanly; ``serve_forever_cli`` lets a fake run alone (``python -m tests.fakes.<n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import socket
 import ssl
 import threading
@@ -59,7 +60,7 @@ class LoopbackServer:
     def base_url(self) -> str:
         return f"{self.scheme}://127.0.0.1:{self.port}"
 
-    def start(self) -> "LoopbackServer":
+    def start(self) -> LoopbackServer:
         self._thread.start()
         return self
 
@@ -68,7 +69,7 @@ class LoopbackServer:
         self._httpd.server_close()
         self._thread.join(timeout=5)
 
-    def __enter__(self) -> "LoopbackServer":
+    def __enter__(self) -> LoopbackServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -81,7 +82,5 @@ def serve_forever_cli(handler: type[BaseHTTPRequestHandler], state: Any, descrip
     args = parser.parse_args()
     server = LoopbackServer(handler, state, port=args.port)
     print(f"{description} listening on {server.base_url}", flush=True)
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         server._httpd.serve_forever()
-    except KeyboardInterrupt:
-        pass

@@ -84,11 +84,14 @@ class OAuthHandler(_JsonHandler):
         state: OAuthState = self.server.state
         if self.path == f"{REALM_PATH}/.well-known/openid-configuration" and state.discovery:
             issuer = f"http://{self.headers['Host']}{REALM_PATH}"
-            self._send_json(200, {
-                "issuer": issuer,
-                "token_endpoint": f"http://{self.headers['Host']}{DISCOVERED_TOKEN_PATH}",
-                "grant_types_supported": ["client_credentials"],
-            })
+            self._send_json(
+                200,
+                {
+                    "issuer": issuer,
+                    "token_endpoint": f"http://{self.headers['Host']}{DISCOVERED_TOKEN_PATH}",
+                    "grant_types_supported": ["client_credentials"],
+                },
+            )
         else:
             self._send_json(404, {"error": "not_found"})
 
@@ -103,11 +106,15 @@ class OAuthHandler(_JsonHandler):
         if form.get("grant_type") != "client_credentials":
             self._send_json(400, {"error": "unsupported_grant_type"})
         elif self._client_credentials(form) != (state.client_id, state.client_secret):
-            self._send_json(401, {"error": "invalid_client", "error_description": "Invalid client credentials"},
-                            {"WWW-Authenticate": 'Basic realm="dupflow"'})
+            self._send_json(
+                401,
+                {"error": "invalid_client", "error_description": "Invalid client credentials"},
+                {"WWW-Authenticate": 'Basic realm="dupflow"'},
+            )
         else:
-            self._send_json(200, {"access_token": state.issue_token(), "token_type": "Bearer",
-                                  "expires_in": state.expires_in})
+            self._send_json(
+                200, {"access_token": state.issue_token(), "token_type": "Bearer", "expires_in": state.expires_in}
+            )
 
     def _client_credentials(self, form: dict[str, str]) -> tuple[str | None, str | None]:
         authorization = self.headers.get("Authorization", "")
@@ -129,9 +136,14 @@ class ResourceHandler(_JsonHandler):
         if scheme.lower() == "bearer" and state.is_valid(token):
             self._send_json(200, {"ok": True, "path": self.path})
         else:
-            self._send_json(401, {"resourceType": "OperationOutcome", "issue": [
-                {"severity": "error", "code": "login", "diagnostics": "invalid or expired token"}]},
-                {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+            self._send_json(
+                401,
+                {
+                    "resourceType": "OperationOutcome",
+                    "issue": [{"severity": "error", "code": "login", "diagnostics": "invalid or expired token"}],
+                },
+                {"WWW-Authenticate": 'Bearer error="invalid_token"'},
+            )
 
     do_GET = do_POST = do_PUT = _handle
 
