@@ -144,13 +144,18 @@ def iter_lines(path: Path, max_line_bytes: int) -> Iterator[tuple[int, bytes]]:
 def iter_resources(path: Path, max_line_bytes: int) -> Iterator[tuple[int, dict]]:
     """Yield ``(line number, parsed resource)``; a line that is not a JSON object is an error."""
     for line_number, line in iter_lines(path, max_line_bytes):
-        try:
-            resource = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            raise NdjsonError(f"{path}: line {line_number} is not valid JSON ({exc})") from exc
-        if not isinstance(resource, dict):
-            raise NdjsonError(f"{path}: line {line_number} is not a JSON object")
-        yield line_number, resource
+        yield line_number, parse_resource(path, line_number, line)
+
+
+def parse_resource(source: Path, line_number: int, line: bytes) -> dict:
+    """One NDJSON line as a JSON object; anything else is an error naming the file and line."""
+    try:
+        resource = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise NdjsonError(f"{source}: line {line_number} is not valid JSON ({exc})") from exc
+    if not isinstance(resource, dict):
+        raise NdjsonError(f"{source}: line {line_number} is not a JSON object")
+    return resource
 
 
 class LineCounter:

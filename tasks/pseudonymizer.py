@@ -16,9 +16,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
-import orjson
 from prefect import task
 from prefect.artifacts import create_table_artifact
 
@@ -35,9 +34,9 @@ from tasks.context import FileRecord, StepContext, StepOutput, input_files
 from tasks.ndjson import (
     AtomicNdjsonWriter,
     CompressionLevel,
-    NdjsonError,
     iter_lines,
     output_name,
+    parse_resource,
     remove_partial_files,
 )
 from tasks.progress import track
@@ -224,16 +223,6 @@ async def cancel_pending(pending: deque[tuple[int, str, asyncio.Task[Pseudonymiz
     for call in calls:
         call.cancel()
     await asyncio.gather(*calls, return_exceptions=True)
-
-
-def parse_resource(source: Path, line_number: int, line: bytes) -> dict[str, Any]:
-    try:
-        resource = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        raise NdjsonError(f"{source}: line {line_number} is not valid JSON ({exc})") from exc
-    if not isinstance(resource, dict):
-        raise NdjsonError(f"{source}: line {line_number} is not a JSON object")
-    return resource
 
 
 def failure_message(source: Path, line_number: int, label: str, exc: Exception) -> str:

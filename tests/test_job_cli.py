@@ -35,6 +35,15 @@ def write_ndjson(path: Path, count: int, pad: int = 0) -> Path:
     return path
 
 
+def source_dir(tmp_path: Path, files: dict[str, int], pad: int = 0) -> Path:
+    """An import directory holding NDJSON files of the given numbers of resources."""
+    source = tmp_path / "in"
+    source.mkdir()
+    for name, count in files.items():
+        write_ndjson(source / name, count, pad)
+    return source
+
+
 def only_job_dir(jobs_dir: Path) -> Path:
     (job_dir,) = [d for d in jobs_dir.iterdir() if d.is_dir()]
     return job_dir
@@ -76,9 +85,7 @@ def read_artifacts(key_prefix: str) -> dict[str, str]:
 
 
 def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp_path, capsys):
-    source = tmp_path / "in"
-    source.mkdir()
-    write_ndjson(source / "a.ndjson", 3)
+    source = source_dir(tmp_path, {"a.ndjson": 3})
     config = write_config(tmp_path / "c.yaml", tmp_path / "jobs", ["local_import", "wait"])
 
     assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
@@ -119,9 +126,7 @@ def test_a_failing_import_exits_1_names_the_problem_and_records_it(tmp_path, cap
 
 
 def test_status_and_list_read_the_job_without_importing_prefect(tmp_path):
-    source = tmp_path / "in"
-    source.mkdir()
-    write_ndjson(source / "a.ndjson", 4)
+    source = source_dir(tmp_path, {"a.ndjson": 4})
     config = write_config(tmp_path / "c.yaml", tmp_path / "jobs", ["local_import", "wait"])
     assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")
@@ -144,11 +149,8 @@ def test_status_and_list_read_the_job_without_importing_prefect(tmp_path):
 
 @pytest.mark.slow
 def test_killed_multi_file_import_redoes_only_unfinished_files_on_continue(tmp_path):
-    source = tmp_path / "in"
-    source.mkdir()
-    write_ndjson(source / "a.ndjson", 10)
-    write_ndjson(source / "b.ndjson", 20)
-    write_ndjson(source / "c.ndjson", 400_000, pad=400)  # ~170 MB: long enough to be killed mid-file
+    # c is ~170 MB: long enough to be killed in the middle of it
+    source = source_dir(tmp_path, {"a.ndjson": 10, "b.ndjson": 20, "c.ndjson": 400_000}, pad=400)
     jobs = tmp_path / "jobs"
     config = write_config(tmp_path / "c.yaml", jobs, ["local_import"])
     config.write_text(config.read_text().replace("level: fastest", "level: best"))
@@ -171,9 +173,7 @@ def test_killed_multi_file_import_redoes_only_unfinished_files_on_continue(tmp_p
 
 @pytest.mark.slow
 def test_sigterm_ends_the_run_cleanly_and_continue_finishes_it(tmp_path):
-    source = tmp_path / "in"
-    source.mkdir()
-    write_ndjson(source / "c.ndjson", 400_000, pad=400)
+    source = source_dir(tmp_path, {"c.ndjson": 400_000}, pad=400)
     jobs = tmp_path / "jobs"
     config = write_config(tmp_path / "c.yaml", jobs, ["local_import"])
     config.write_text(config.read_text().replace("level: fastest", "level: best"))
