@@ -147,6 +147,18 @@ def test_status_and_list_read_the_job_without_importing_prefect(tmp_path):
     assert f"{job_dir.name}  Paused" in out
 
 
+def test_status_reads_the_prefect_server_when_one_is_configured(tmp_path, capsys):
+    source = source_dir(tmp_path, {"a.ndjson": 1})
+    config = write_config(tmp_path / "c.yaml", tmp_path / "jobs", ["local_import"])
+    assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
+    job_dir = only_job_dir(tmp_path / "jobs")
+    (flow_run_id,) = job_file(job_dir)["flow_run_ids"]
+    capsys.readouterr()
+
+    assert main(["status", str(job_dir)]) == EXIT_OK
+    assert f"state:     Completed (flow run {flow_run_id})" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_killed_multi_file_import_redoes_only_unfinished_files_on_continue(tmp_path):
     # c is ~170 MB: long enough to be killed in the middle of it
