@@ -426,3 +426,21 @@ def effective_config_rows(loaded: LoadedConfig) -> list[tuple[str, str, str]]:
     return [
         (path, _display(_value_at(loaded.settings, path)), loaded.sources.get(path, "default")) for path in leaf_paths()
     ]
+
+
+# Keys that name files or directories. A job freezes them as absolute paths when it starts, so that
+# ``continue`` from another working directory (or a deployment worker) reads the same files.
+PATH_KEYS = (
+    "jobs_dir",
+    "services.local_import.dir",
+    "services.pseudonymizer.anonymization_config",
+    "services.crtdl_preprocessing.enrichments_path",
+    "services.flattening.lookup_path",
+    "tls.ca_cert_path",
+)
+
+
+def absolute_path_overrides(loaded: LoadedConfig) -> dict[str, str]:
+    """Every path key that is set, made absolute against the current directory."""
+    paths = {key: _value_at(loaded.settings, key) for key in PATH_KEYS}
+    return {key: str(Path(value).expanduser().resolve()) for key, value in paths.items() if value}

@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 from collections.abc import Sequence
 
-from config.loader import ConfigError, LoadedConfig, effective_config_rows, load_settings, secret_key_paths
+from config.loader import (
+    ConfigError,
+    LoadedConfig,
+    absolute_path_overrides,
+    effective_config_rows,
+    load_settings,
+    secret_key_paths,
+)
 from config.runtime import apply_prefect_defaults, default_jobs_dir, prefect_api_url
 from flows.jobs import (
     JobFile,
@@ -120,8 +127,7 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
     for attr, key in FLAG_KEYS.items():
         value = getattr(args, attr)
         if value is not None:
-            # Absolute, so that ``continue`` from another working directory reads the same file.
-            overrides[key] = str(Path(value).expanduser().resolve())
+            overrides[key] = value
             labels[key] = "--" + attr.replace("_", "-")
     return overrides, labels
 
@@ -168,8 +174,9 @@ def cmd_start(args: argparse.Namespace) -> int:
     refuse_unavailable_steps(loaded)
     if job_input and "://" not in job_input:
         job_input = str(Path(job_input).resolve())
+    overrides |= absolute_path_overrides(loaded)
     job_id = new_job_id()
-    paths = JobPaths(Path(loaded.settings.jobs_dir).resolve() / job_id)
+    paths = JobPaths(Path(overrides["jobs_dir"]) / job_id)
     JobFile(job_id, config_path, job_input, overrides, list(loaded.settings.pipeline.enabled_steps)).write(paths)
     print(f"job {job_id}: {paths.job_dir}")
     return run_job(paths, args.no_progress)
@@ -205,7 +212,7 @@ def run_job(paths: JobPaths, no_progress: bool) -> int:
     choose_progress_display(no_progress)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     try:
-        state = run_flow(job)
+        state = run_flow(job, paths)
     except KeyboardInterrupt:
         print(f"interrupted; resume with: python -m flows.run continue {job.job_id}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -222,7 +229,7 @@ def choose_progress_display(no_progress: bool) -> None:
     use_display("none" if no_progress else "bar" if sys.stderr.isatty() else "log")
 
 
-def run_flow(job: JobFile) -> Any:
+def run_flow(job: JobFile, paths: JobPaths) -> Any:
     apply_prefect_defaults()
     from prefect import tags
     from prefect.exceptions import TerminationSignal
@@ -236,7 +243,8 @@ def run_flow(job: JobFile) -> Any:
                 job_id=job.job_id,
                 config_path=job.config_path,
                 job_input=job.job_input,
-                overrides=job.overrides,
+                # The directory this command found the job in, whatever jobs_dir says now.
+                overrides={**job.overrides, "jobs_dir": str(paths.job_dir.parent)},
                 return_state=True,
             )
     except TerminationSignal as exc:

@@ -392,6 +392,15 @@ def test_a_stalled_download_is_cancelled_after_the_stall_timeout_and_not_retried
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_server_silent_before_the_headers_is_a_stall_too_and_not_retried(torch, sim, tmp_path):
+    (url, *_) = completed_job_urls(torch, sim)
+    torch.state.response_delay = 1.0
+    with client_for(torch.base_url, sim) as client, pytest.raises(DownloadError, match="no data arrived for 0.3 s"):
+        download(client.http, url, tmp_path / "a.ndjson", stall_timeout=timedelta(seconds=0.3))
+    assert len(torch.state.requests_to("/files/")) == 1  # counted on arrival, before the silence
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_slow_but_flowing_download_is_not_a_stall(torch, sim, tmp_path):
     (url, *_) = completed_job_urls(torch, sim)
     torch.state.stall_downloads, torch.state.stall_after_bytes, torch.state.stall_seconds = 1, 100, 0.3

@@ -38,7 +38,7 @@ def write_ndjson(path: Path, count: int, pad: int = 0) -> Path:
 def source_dir(tmp_path: Path, files: dict[str, int], pad: int = 0) -> Path:
     """An import directory holding NDJSON files of the given numbers of resources."""
     source = tmp_path / "in"
-    source.mkdir()
+    source.mkdir(parents=True)
     for name, count in files.items():
         write_ndjson(source / name, count, pad)
     return source
@@ -101,6 +101,21 @@ def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp
     assert record["state"] == "Completed"
     assert record["state_message"].endswith("import_wait")
     assert len(record["flow_run_ids"]) == 2
+
+
+def test_continue_from_another_directory_works_on_the_same_job_and_files(tmp_path):
+    first, elsewhere = tmp_path / "first", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    source_dir(first, {"a.ndjson": 2})
+    (first / "c.yaml").write_text("pipeline:\n  enabled_steps: [local_import, wait]\njobs_dir: ./jobs\n")
+    started = run_cli("start", "c.yaml", "in", "--no-progress", cwd=first)
+    assert started.returncode == EXIT_OK, started.stderr
+    job_dir = only_job_dir(first / "jobs")
+
+    resumed = run_cli("continue", str(job_dir), "--no-progress", cwd=elsewhere)
+    assert resumed.returncode == EXIT_OK, resumed.stderr
+    assert job_file(job_dir)["state"] == "Completed"
+    assert list(elsewhere.iterdir()) == []
 
 
 def test_a_step_that_has_not_landed_is_refused_by_start(tmp_path, capsys):

@@ -19,6 +19,8 @@ Rules (spec "Extraction step procedure" 7 and "Errors"):
 
 from __future__ import annotations
 
+import contextlib
+
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -169,12 +171,9 @@ def download_ndjson(
     operation = f"download {display_url(url)}"
 
     def attempt() -> FileStats:
-        return _download_once(client, url, dest, level, max_line_bytes, http_timeout(stall_timeout), on_bytes)
+        return _download_once(client, url, dest, level, max_line_bytes, stall_timeout, on_bytes)
 
-    try:
-        return call_with_retry(attempt, retry, operation=operation, service=service_name(client), sleep=sleep)
-    except httpx.ReadTimeout as exc:  # waiting for the headers is a stall too
-        raise _stalled(url, stall_timeout) from exc
+    return call_with_retry(attempt, retry, operation=operation, service=service_name(client), sleep=sleep)
 
 
 def _download_once(
@@ -183,16 +182,24 @@ def _download_once(
     dest: Path,
     level: CompressionLevel | None,
     max_line_bytes: int,
-    timeout: httpx.Timeout,
+    stall_timeout: timedelta,
     on_bytes: Callable[[int], None] | None,
 ) -> FileStats:
-    with client.stream("GET", url, headers={"Accept": NDJSON_ACCEPT}, timeout=timeout) as response:
+    """One attempt. Only failures before the response starts (connection refused, 5xx) may be retried: a
+    stall, while waiting for the headers or in the body, and a break in the body are final for this run."""
+    with contextlib.ExitStack() as stack:
+        try:
+            response = stack.enter_context(
+                client.stream("GET", url, headers={"Accept": NDJSON_ACCEPT}, timeout=http_timeout(stall_timeout))
+            )
+        except httpx.ReadTimeout as exc:
+            raise _stalled(url, stall_timeout) from exc
         raise_for_service_status(response, operation=f"download {display_url(url)}", service=service_name(client))
         check_response(response, url)
         try:
             return _write_body(response.iter_bytes(CHUNK_SIZE), url, dest, level, max_line_bytes, on_bytes)
         except httpx.ReadTimeout as exc:
-            raise _stalled(url, timedelta(seconds=timeout.read or 0)) from exc
+            raise _stalled(url, stall_timeout) from exc
         except httpx.TransportError as exc:
             raise DownloadError(
                 f"{display_url(url)}: the connection broke in the middle of the file ({type(exc).__name__}: {exc}); "
