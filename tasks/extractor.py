@@ -18,10 +18,11 @@ client, so a resumed job fetches only the files it had not finished.
 from __future__ import annotations
 
 import contextvars
+import functools
+import queue
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from collections.abc import Callable
 from uuid import UUID
@@ -237,12 +238,17 @@ class ProgressReporter:
 
 def download_result_files(ctx: StepContext, client: ExtractionServerClient, urls: list[str]) -> list[FileRecord]:
     """Download every file (cached per URL), ``core`` first in the record; raise the first failure after all
-    others have ended, so every file that could be finished is kept for ``continue``."""
+    others have ended, so every file that could be finished is kept for ``continue``.
+
+    On an interrupt (Ctrl+C, SIGTERM) the downloads in flight stop at their next chunk and their temporary
+    files are removed at once; the workers are daemon threads, so a stalled read never delays the exit.
+    """
     names = target_names(urls, compress=ctx.compression_level is not None)
-    with track(f"download {len(names)} file(s)") as progress, ThreadPoolExecutor(DOWNLOAD_CONCURRENCY) as pool:
-        on_bytes = thread_safe(progress.advance)
-        futures = [
-            pool.submit(
+    cancelled = threading.Event()
+    with track(f"download {len(names)} file(s)") as progress:
+        on_bytes = cancellable(cancelled, thread_safe(progress.advance))
+        calls = [
+            functools.partial(
                 contextvars.copy_context().run,
                 ctx.run_cached,
                 download_result_file,
@@ -256,11 +262,59 @@ def download_result_files(ctx: StepContext, client: ExtractionServerClient, urls
             )
             for url, name in names.items()
         ]
-        errors = [f.exception() for f in futures if f.exception() is not None]
+        try:
+            outcomes = run_bounded(calls, DOWNLOAD_CONCURRENCY, cancelled)
+        except BaseException:
+            cancelled.set()
+            remove_partial_files(ctx.folder)
+            raise
+    errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
     if errors:
         raise errors[0]
-    records = [f.result() for f in futures]
-    return sorted(records, key=lambda r: (not r["name"].startswith("core."), r["name"]))
+    return sorted(outcomes, key=lambda r: (not r["name"].startswith("core."), r["name"]))
+
+
+class DownloadCancelled(Exception):
+    """Raised inside a download when the run is being interrupted."""
+
+
+def cancellable(cancelled: threading.Event, advance: Callable[[int], None]) -> Callable[[int], None]:
+    def checked(amount: int) -> None:
+        if cancelled.is_set():
+            raise DownloadCancelled("the run was interrupted")
+        advance(amount)
+
+    return checked
+
+
+def run_bounded(calls: list[Callable[[], FileRecord]], workers: int, cancelled: threading.Event) -> list:
+    """Run ``calls`` on at most ``workers`` daemon threads; each outcome is a result or the exception raised.
+
+    The caller's thread waits in short joins, so a signal reaches it at once.
+    """
+    outcomes: list = [None] * len(calls)
+    pending = queue.SimpleQueue()
+    for index in range(len(calls)):
+        pending.put(index)
+
+    def work() -> None:
+        while not cancelled.is_set():
+            try:
+                index = pending.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                outcomes[index] = calls[index]()
+            except Exception as exc:  # kept for the caller, which raises the first one
+                outcomes[index] = exc
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(min(workers, len(calls)))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.2)
+    return outcomes
 
 
 def thread_safe(advance: Callable[[int], None]) -> Callable[[int], None]:

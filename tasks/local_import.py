@@ -28,16 +28,17 @@ def local_import(ctx: StepContext, previous: StepOutput | None = None) -> StepOu
     targets = target_names(files, compress=ctx.compression_level is not None)
     remove_partial_files(ctx.folder)
     records = [
-        ctx.run_cached(import_file, "file", file_identity(path), ctx, path, ctx.folder / name)
-        for path, name in zip(files, targets, strict=True)
+        ctx.run_cached(import_file, "file", file_identity(path), ctx, path, ctx.folder / name, f"{i}/{len(files)}")
+        for i, (path, name) in enumerate(zip(files, targets, strict=True), start=1)
     ]
     return ctx.output(records, source=str(source))
 
 
 @task(name="import-file")
-def import_file(ctx: StepContext, source: Path, dest: Path) -> FileRecord:
-    with track(f"import {source.name}", source.stat().st_size) as progress:
-        with AtomicNdjsonWriter(dest, ctx.compression_level, ctx.max_line_bytes) as writer:
+def import_file(ctx: StepContext, source: Path, dest: Path, counter: str = "") -> FileRecord:
+    """Copy one file; ``counter`` (``2/5``) tells the progress display which file of how many this is."""
+    with track(f"import {counter} {source.name}".replace("  ", " "), source.stat().st_size) as progress:
+        with AtomicNdjsonWriter(dest, ctx.compression_level, ctx.max_line_bytes, source=str(source)) as writer:
             for chunk in iter_chunks(source):
                 writer.write(chunk)
                 progress.advance(len(chunk))
@@ -53,7 +54,7 @@ def source_directory(ctx: StepContext) -> Path:
         )
     source = Path(configured).expanduser()
     if not source.exists():
-        raise LocalImportError(f"import directory {source} does not exist (services.local_import.dir / --dir)")
+        raise LocalImportError(f"import directory {source} does not exist")
     if not source.is_dir():
         raise LocalImportError(f"import directory {source} is a file, not a directory; give the folder that holds it")
     return source.resolve()

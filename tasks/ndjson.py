@@ -37,7 +37,7 @@ class NdjsonError(Exception):
 
 
 class LineTooLongError(NdjsonError):
-    def __init__(self, path: Path, line_number: int, limit_bytes: int):
+    def __init__(self, path: Path | str, line_number: int, limit_bytes: int):
         self.path, self.line_number, self.limit_bytes = path, line_number, limit_bytes
         super().__init__(
             f"{path}: line {line_number} is longer than {limit_bytes // (1024 * 1024)} MB; "
@@ -186,7 +186,7 @@ class LineCounter:
             return
         self._current_len += end - start
         if self._current_len > self._max:
-            raise LineTooLongError(Path(self._source), self.lines + 1, self._max)
+            raise LineTooLongError(self._source, self.lines + 1, self._max)
         if self._current_blank and chunk[start:end].strip():
             self._current_blank = False
 
@@ -203,14 +203,15 @@ class AtomicNdjsonWriter:
 
     Use as a context manager: on success the temporary file is synced and renamed to ``dest``; on
     any exception (including KeyboardInterrupt) it is deleted, so a half-written file is never
-    taken for a finished one. ``stats`` is set after a successful close.
+    taken for a finished one. ``stats`` is set after a successful close. ``source`` names the data's
+    origin (input file, URL) in errors about its lines; it defaults to ``dest``.
     """
 
-    def __init__(self, dest: Path, level: CompressionLevel | None, max_line_bytes: int):
+    def __init__(self, dest: Path, level: CompressionLevel | None, max_line_bytes: int, source: str | None = None):
         self.dest = dest
         self.part = dest.with_name(f"{PART_PREFIX}{dest.name}{PART_SUFFIX}")
         self._level = level
-        self._counter = LineCounter(str(dest), max_line_bytes)
+        self._counter = LineCounter(source or str(dest), max_line_bytes)
         self._ends_with_newline = True
         self.stats: FileStats | None = None
 

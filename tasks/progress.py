@@ -87,13 +87,19 @@ def _rich_bar(label: str, total: int | None, unit: str) -> Iterator[Tracker]:
         DownloadColumn,
         MofNCompleteColumn,
         Progress,
+        ProgressColumn,
         TextColumn,
         TimeRemainingColumn,
         TransferSpeedColumn,
     )
+    from rich.text import Text
+
+    class RateColumn(ProgressColumn):
+        def render(self, task) -> Text:
+            return Text(f"{task.speed or 0:>8,.0f} {unit}/s")
 
     amount_column = DownloadColumn() if unit == "B" else MofNCompleteColumn()
-    speed_column = TransferSpeedColumn() if unit == "B" else TextColumn("")
+    speed_column = TransferSpeedColumn() if unit == "B" else RateColumn()
     columns = (TextColumn("{task.description}"), BarColumn(), amount_column, speed_column, TimeRemainingColumn())
     with Progress(*columns, transient=True) as bar:
         task_id = bar.add_task(label, total=total)

@@ -167,7 +167,7 @@ async def pseudonymize_path(
     """De-identify every resource of ``source`` into ``dest`` (written atomically), in input order."""
     counts = FileCounts()
     with track(f"pseudonymize {source.name}", expected_resources, "resources") as progress:
-        with AtomicNdjsonWriter(dest, level, max_line_bytes) as writer:
+        with AtomicNdjsonWriter(dest, level, max_line_bytes, source=str(source)) as writer:
 
             def write(result: Pseudonymized) -> None:
                 writer.write_line(result.line)

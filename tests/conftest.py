@@ -17,6 +17,11 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_BATCH_INTERVAL", "0.3")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if not TESTDATA.is_dir():
+        raise pytest.UsageError(f"the tests read real third-party inputs from {TESTDATA}: put shared/ beside the clone")
+
+
 @pytest.fixture(scope="session")
 def prefect_api(tmp_path_factory: pytest.TempPathFactory):
     """A temporary Prefect server; PREFECT_API_URL is exported so CLI subprocesses use it too."""

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from config.settings import AttributeToAdd, CreateIfNotExists, EnrichmentRule
 from tasks.crtdl_enrichment import EnrichmentError, UnresolvedLinkError, enrich_crtdl
+from tests.conftest import TESTDATA
 
-CRTDL_DIR = Path("/work/shared/testdata/crtdl")
+CRTDL_DIR = TESTDATA / "crtdl"
 PATIENT_PSEUDONYMISIERT = (
     "https://www.medizininformatik-initiative.de/fhir/core/modul-person/StructureDefinition/PatientPseudonymisiert"
 )

@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import base64
 import json
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer
 
-TESTDATA = Path("/work/shared/testdata/pseudonymizer")
-SERVER_SIDE_CONFIG = (TESTDATA / "anonymization.yaml").read_bytes()
-REQUEST_OVERRIDE_CONFIG = (TESTDATA / "request-override" / "anonymization.yaml").read_bytes()
+PSEUDONYMIZER_DATA = TESTDATA / "pseudonymizer"
+SERVER_SIDE_CONFIG = (PSEUDONYMIZER_DATA / "anonymization.yaml").read_bytes()
+REQUEST_OVERRIDE_CONFIG = (PSEUDONYMIZER_DATA / "request-override" / "anonymization.yaml").read_bytes()
 OVERRIDE_PATIENTS = [
-    json.loads(line) for line in (TESTDATA / "request-override" / "Patient.ndjson").read_text().splitlines()
+    json.loads(line) for line in (PSEUDONYMIZER_DATA / "request-override" / "Patient.ndjson").read_text().splitlines()
 ]
 FHIR_JSON = {"Content-Type": "application/fhir+json", "Accept": "application/fhir+json"}
 HASH_IDS_CONFIG = b"fhirPathRules:\n  - path: Resource.id\n    method: cryptoHash\n"

@@ -87,7 +87,8 @@ def test_a_line_over_the_limit_names_file_line_and_key_and_leaves_nothing(tmp_pa
     ctx = context(tmp_path, **{"pipeline.max_ndjson_line_size_mb": "1"})
     with pytest.raises(LineTooLongError) as error:
         import_file.fn(ctx, source, ctx.folder / "big.ndjson.zst")
-    assert "line 3" in str(error.value) and "pipeline.max_ndjson_line_size_mb" in str(error.value)
+    assert str(error.value).startswith(f"{source}: line 3 ")
+    assert "pipeline.max_ndjson_line_size_mb" in str(error.value)
     assert list(ctx.folder.iterdir()) == []
 
 

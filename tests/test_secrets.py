@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -75,3 +76,53 @@ def test_a_secret_given_on_the_command_line_is_refused(tmp_path):
     assert result.returncode == 2
     assert "services.send.s3.secret_access_key is a secret" in result.stderr
     assert "APP_* environment variable" in result.stderr
+
+
+@pytest.mark.slow
+def test_credentials_used_against_services_and_on_an_error_path_leak_nowhere(tmp_path, prefect_api):
+    from tests.conftest import TESTDATA
+    from tests.fakes._server import LoopbackServer
+    from tests.fakes.extraction_server import start_extraction_server
+    from tests.fakes.oauth import REALM_PATH, OAuthHandler, OAuthState
+    from tests.fakes.pseudonymizer import start_pseudonymizer
+
+    secrets = {
+        "EXTRACTOR_PW": "pw-extractor-8c1d",
+        "APP_SERVICES_EXTRACTOR_AUTH_API_KEY": "key-extractor-2b7e",
+        "PSEUDO_KEY": "key-pseudo-6a0f",
+        "APP_SERVICES_PSEUDONYMIZER_AUTH_OAUTH_CLIENT_SECRET": "cs-pseudo-93e1",
+    }
+    oauth_state = OAuthState(client_secret=secrets["APP_SERVICES_PSEUDONYMIZER_AUTH_OAUTH_CLIENT_SECRET"])
+    pseudonymizer = start_pseudonymizer(api_key=secrets["PSEUDO_KEY"], fail_next=1, fail_status=500)
+    with start_extraction_server() as torch, LoopbackServer(OAuthHandler, oauth_state) as oauth:
+        config = tmp_path / "c.yaml"
+        config.write_text(
+            "services:\n"
+            f"  extractor:\n    base_url: {torch.base_url}\n    polling_interval: PT1S\n"
+            "    max_polling_interval: PT1S\n    file_ready_interval: PT1S\n"
+            "    auth:\n      username: researcher\n      password: ${EXTRACTOR_PW}\n"
+            f"  pseudonymizer:\n    url: {pseudonymizer.base_url}\n"
+            f"    auth:\n      oauth_issuer_uri: {oauth.base_url}{REALM_PATH}\n"
+            "      oauth_client_id: dupflow-client\n      api_key: ${PSEUDO_KEY}\n"
+            "pipeline:\n  enabled_steps: [extractor, pseudonymizer]\n"
+            "retry:\n  max_attempts: 3\n  initial_backoff_ms: 10\n  max_backoff_ms: 50\n"
+            f"jobs_dir: {tmp_path / 'jobs'}\n"
+        )
+        crtdl = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
+        result = run_cli("start", str(config), str(crtdl), "--no-progress", env=secrets)
+        assert result.returncode == 0, result.stderr
+        assert (torch.state.requests[0].header("authorization") or "").startswith("Basic ")
+        assert any(r.headers.get("authorization", "").startswith("Bearer ") for r in pseudonymizer.state.requests)
+        issued_tokens = list(oauth_state._issued)
+    pseudonymizer.stop()
+
+    (job_dir,) = (tmp_path / "jobs").iterdir()
+    leaked = [*secrets.values(), *issued_tokens, base64.b64encode(b"researcher:" + secrets["EXTRACTOR_PW"].encode())]
+    stores = [*files_under(job_dir), *prefect_api["database"].parent.glob(prefect_api["database"].name + "*")]
+    printed = (result.stdout + result.stderr).encode()
+    assert b"retrying" in printed  # the pseudonymizer's 500 went through the error path
+    for secret in leaked:
+        value = secret.encode() if isinstance(secret, str) else secret
+        assert value not in printed
+        for path in stores:
+            assert value not in path.read_bytes(), f"a credential leaked into {path}"

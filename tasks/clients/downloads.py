@@ -230,7 +230,7 @@ def _write_body(
     max_line_bytes: int,
     on_bytes: Callable[[int], None] | None,
 ) -> FileStats:
-    with AtomicNdjsonWriter(dest, level, max_line_bytes) as writer:
+    with AtomicNdjsonWriter(dest, level, max_line_bytes, source=display_url(url)) as writer:
         for chunk in checked_ndjson(
             decompress_if_zstd(_counted(chunks, on_bytes), display_url(url)), url, max_line_bytes
         ):

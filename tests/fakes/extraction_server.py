@@ -1,6 +1,6 @@
 """Fake extraction server (TORCH) for dupflow's tests: a real HTTP server on 127.0.0.1.
 
-Implements /work/shared/spec/extraction-server-api.md plus the real server's deviations recorded in
+Implements ../shared/spec/extraction-server-api.md plus the real server's deviations recorded in
 protocols.md, with fault switches. Run alone: ``python -m tests.fakes.extraction_server --port N``.
 
 Public API
