@@ -38,8 +38,15 @@ STEP_TASKS = {
 AWAITING_INSPECTION = "AwaitingInspection"
 
 
-def unavailable_steps(steps: list[str]) -> list[str]:
-    return [step for step in steps if step not in STEP_TASKS]
+def unavailable_steps_problem(steps: list[str]) -> str | None:
+    """What to tell a user whose pipeline names a step this version does not have, if it does."""
+    missing = [step for step in steps if step not in STEP_TASKS]
+    if not missing:
+        return None
+    return (
+        f"step {', '.join(missing)} is not available in this version (pipeline.enabled_steps); "
+        "remove it from the pipeline"
+    )
 
 
 @flow(name="dupflow", flow_run_name="{job_id}", log_prints=False, persist_result=False)
@@ -51,6 +58,8 @@ def pipeline(
 ) -> Any:
     """Run (or resume) one job. Without ``job_id`` a new job is created (scheduled deployments)."""
     settings = load_settings(config_path, overrides=overrides or {}).settings
+    if problem := unavailable_steps_problem(list(settings.pipeline.enabled_steps)):
+        raise ValueError(problem)
     job_id = job_id or new_job_id()
     paths = JobPaths(Path(settings.jobs_dir).resolve() / job_id)
     with JobLock(paths):
@@ -64,14 +73,14 @@ def pipeline(
         except BaseException:
             update_job_state(paths, INTERRUPTED, "interrupted; run continue to resume")
             raise
-    publish_summary(paths, settings, outputs)
-    last = outputs[-1]
-    if last.get("awaiting"):
-        message = f"paused for inspection at step {last['position'] + 1} (wait); continue with: continue {job_id}"
-        update_job_state(paths, PAUSED, message, awaiting=last["position"])
-        return Completed(name=AWAITING_INSPECTION, message=message, data=job_summary(paths, outputs))
-    update_job_state(paths, COMPLETED, f"outputs in {paths.job_dir / last['folder']}")
-    return job_summary(paths, outputs)
+        publish_summary(paths, settings, outputs)
+        last = outputs[-1]
+        if last.get("awaiting"):
+            message = f"paused for inspection at step {last['position'] + 1} (wait); continue with: continue {job_id}"
+            update_job_state(paths, PAUSED, message, awaiting=last["position"])
+            return Completed(name=AWAITING_INSPECTION, message=message, data=job_summary(paths, outputs))
+        update_job_state(paths, COMPLETED, f"outputs in {paths.job_dir / last['folder']}")
+        return job_summary(paths, outputs)
 
 
 def run_steps(paths: JobPaths, settings: Settings, job_input: str | None) -> list[StepOutput]:

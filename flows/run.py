@@ -183,14 +183,10 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def refuse_unavailable_steps(loaded: LoadedConfig) -> None:
-    from flows.pipeline import unavailable_steps
+    from flows.pipeline import unavailable_steps_problem
 
-    missing = unavailable_steps(list(loaded.settings.pipeline.enabled_steps))
-    if missing:
-        raise UsageError(
-            f"step {', '.join(missing)} is not available in this version (pipeline.enabled_steps); "
-            "remove it from the pipeline"
-        )
+    if problem := unavailable_steps_problem(list(loaded.settings.pipeline.enabled_steps)):
+        raise UsageError(problem)
 
 
 def cmd_continue(args: argparse.Namespace) -> int:

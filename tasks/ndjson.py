@@ -236,9 +236,6 @@ class AtomicNdjsonWriter:
     def write_line(self, line: bytes) -> None:
         self.write(line + b"\n")
 
-    def write_resource(self, resource: dict) -> None:
-        self.write(orjson.dumps(resource) + b"\n")
-
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self._discard()

@@ -61,7 +61,7 @@ def test_writer_counts_resources_and_compresses(tmp_path):
     with AtomicNdjsonWriter(dest, "fastest", MB) as writer:
         writer.write(b'{"a":1}\n{"b"')
         writer.write(b":2}\n\n")
-        writer.write_resource({"c": 3})
+        writer.write_line(b'{"c":3}')
     assert writer.stats.resources == 3 and writer.stats.size == dest.stat().st_size
     assert is_zstd(dest) and count_resources(dest, MB) == 3
 
