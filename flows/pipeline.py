@@ -49,7 +49,12 @@ def unavailable_steps_problem(steps: list[str]) -> str | None:
     )
 
 
-@flow(name="dupflow", flow_run_name="{job_id}", log_prints=False, persist_result=False)
+def flow_run_name() -> str:
+    """The job id; a scheduled run without one gets its job id inside the run, so it is named for its kind."""
+    return runtime.flow_run.parameters.get("job_id") or "scheduled-job"
+
+
+@flow(name="dupflow", flow_run_name=flow_run_name, log_prints=False, persist_result=False)
 def pipeline(
     job_id: str | None = None,
     config_path: str | None = None,
