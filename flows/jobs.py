@@ -21,9 +21,8 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, UTC
 from pathlib import Path
-from typing import Any
 
-from tasks.layout import JobPaths
+from tasks.layout import JobPaths, write_file_atomically
 
 LOCK_FILE = ".lock"
 # Job states as the CLI shows them; Prefect's own state names where they exist.
@@ -61,14 +60,7 @@ class JobFile:
 
     def write(self, paths: JobPaths) -> None:
         self.updated_at = now_iso()
-        write_json_atomically(paths.job_file, self.__dict__)
-
-
-def write_json_atomically(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.part")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+        write_file_atomically(paths.job_file, (json.dumps(self.__dict__, indent=2) + "\n").encode())
 
 
 def update_job_state(paths: JobPaths, state: str, message: str = "", awaiting: int | None = None) -> None:

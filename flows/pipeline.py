@@ -21,7 +21,7 @@ from flows.jobs import COMPLETED, FAILED, INTERRUPTED, PAUSED, RUNNING, JobFile,
 from tasks.context import StepContext, StepOutput
 from tasks.extractor import extractor
 from tasks.http_import import http_import
-from tasks.layout import JobPaths
+from tasks.layout import JobPaths, artifact_key
 from tasks.local_import import local_import
 from tasks.pseudonymizer import pseudonymizer
 from tasks.wait import wait
@@ -149,15 +149,10 @@ def job_summary(paths: JobPaths, outputs: list[StepOutput]) -> dict[str, Any]:
     }
 
 
-def artifact_key(paths: JobPaths, *parts: str) -> str:
-    """Artifact keys allow lowercase letters, digits and dashes only."""
-    return "-".join(("job", paths.job_id, *parts)).lower().replace("_", "-")
-
-
 def publish_step_table(paths: JobPaths, output: StepOutput) -> None:
     rows = [{"name": f["name"], "size": f["size"], "resources": f["resources"]} for f in output["files"]]
     create_table_artifact(
-        key=artifact_key(paths, f"{output['position']:02d}", output["step"]),
+        key=artifact_key(paths.job_id, f"{output['position']:02d}", output["step"]),
         table=rows or [{"name": "(no files)", "size": 0, "resources": 0}],
         description=f"Step {output['position'] + 1} `{output['step']}`: files in `{output['folder']}`",
     )
@@ -177,4 +172,6 @@ def publish_summary(paths: JobPaths, settings: Settings, outputs: list[StepOutpu
         )
     pending = settings.pipeline.enabled_steps[len(outputs) :]
     lines += [f"| {len(outputs) + i + 1} | {step} | not run yet | | | |" for i, step in enumerate(pending)]
-    create_markdown_artifact(key=artifact_key(paths, "summary"), markdown="\n".join(lines), description="Job summary")
+    create_markdown_artifact(
+        key=artifact_key(paths.job_id, "summary"), markdown="\n".join(lines), description="Job summary"
+    )

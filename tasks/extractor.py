@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextvars
 import functools
 import queue
-import os
 import threading
 import time
 from pathlib import Path
@@ -42,7 +41,7 @@ from tasks.clients.extraction_server import (
 )
 from tasks.context import FileRecord, StepContext, StepOutput
 from tasks.crtdl_enrichment import enrich_crtdl
-from tasks.layout import read_newest_result
+from tasks.layout import artifact_key, read_newest_result, write_file_atomically
 from tasks.ndjson import remove_partial_files
 from tasks.progress import track
 
@@ -52,6 +51,7 @@ DOWNLOAD_CONCURRENCY = 4
 CRTDL_NAME = "crtdl.json"
 ENRICHED_CRTDL_NAME = "enriched-crtdl.json"
 ARTIFACT_EVERY_SECONDS = 1.0
+CANCEL_GRACE_SECONDS = 1.0
 
 
 @task(name="extractor")
@@ -87,6 +87,7 @@ def download_result_file(
     wait_until_available(
         client.http, url, checks=extractor_settings.file_ready_retries, interval=extractor_settings.file_ready_interval
     )
+    on_bytes(0)  # an interrupted run starts no new file
     stats = download_ndjson(
         client.http,
         url,
@@ -125,7 +126,7 @@ def prepare_crtdl(ctx: StepContext) -> Path:
         for warning in warnings:
             get_run_logger().warning("CRTDL preprocessing: %s", warning)
         data = orjson.dumps(crtdl, option=orjson.OPT_INDENT_2)
-    write_atomically(target, data)
+    write_file_atomically(target, data)
     return target
 
 
@@ -137,16 +138,6 @@ def crtdl_source(job_input: str | None) -> Path:
         problem = "is a directory" if source.is_dir() else "does not exist"
         raise ExtractionError(f"CRTDL {source} {problem}; give the CRTDL JSON file as the job input")
     return source
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.part")
-    with open(temporary, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, path)
 
 
 # --- submission and polling ----------------------------------------------------------------------------------
@@ -207,7 +198,7 @@ class ProgressReporter:
     """Shows polling progress in the log (when it changes) and as a Prefect progress artifact (<= 1/s)."""
 
     def __init__(self, ctx: StepContext):
-        self._key = f"job-{ctx.job_id}-{ctx.position:02d}-extractor-progress".lower()
+        self._key = artifact_key(ctx.job_id, f"{ctx.position:02d}", ctx.step, "progress")
         self._artifact: UUID | None = None
         self._last_text: str | None = None
         self._last_update = float("-inf")
@@ -240,8 +231,9 @@ def download_result_files(ctx: StepContext, client: ExtractionServerClient, urls
     """Download every file (cached per URL), ``core`` first in the record; raise the first failure after all
     others have ended, so every file that could be finished is kept for ``continue``.
 
-    On an interrupt (Ctrl+C, SIGTERM) the downloads in flight stop at their next chunk and their temporary
-    files are removed at once; the workers are daemon threads, so a stalled read never delays the exit.
+    On an interrupt (Ctrl+C, SIGTERM) the downloads in flight stop at their next chunk, no new file starts, and
+    after a grace of ``CANCEL_GRACE_SECONDS`` every temporary file is removed; the workers are daemon threads,
+    so a stalled read never delays the exit beyond that.
     """
     names = target_names(urls, compress=ctx.compression_level is not None)
     cancelled = threading.Event()
@@ -265,7 +257,6 @@ def download_result_files(ctx: StepContext, client: ExtractionServerClient, urls
         try:
             outcomes = run_bounded(calls, DOWNLOAD_CONCURRENCY, cancelled)
         except BaseException:
-            cancelled.set()
             remove_partial_files(ctx.folder)
             raise
     errors = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
@@ -311,9 +302,17 @@ def run_bounded(calls: list[Callable[[], FileRecord]], workers: int, cancelled: 
     threads = [threading.Thread(target=work, daemon=True) for _ in range(min(workers, len(calls)))]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        while thread.is_alive():
-            thread.join(0.2)
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.2)
+    except BaseException:
+        # Give the workers a moment to notice and discard their files; a stalled read is not waited for.
+        cancelled.set()
+        grace_ends = time.monotonic() + CANCEL_GRACE_SECONDS
+        for thread in threads:
+            thread.join(max(0.0, grace_ends - time.monotonic()))
+        raise
     return outcomes
 
 

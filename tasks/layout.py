@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,3 +64,19 @@ def read_newest_result(paths: JobPaths, position: int, step: str, kind: str = "s
         return json.loads(newest.read_text())
     except (OSError, ValueError):
         return None
+
+
+def artifact_key(job_id: str, *parts: str) -> str:
+    """A Prefect artifact key for a job: lowercase letters, digits and dashes only."""
+    return "-".join(("job", job_id, *parts)).lower().replace("_", "-")
+
+
+def write_file_atomically(path: Path, data: bytes) -> None:
+    """Write a small job file (job.json, the CRTDL copy) under a temporary name, synced, then renamed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.part")
+    with open(temporary, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, path)

@@ -31,6 +31,7 @@ from tasks.clients.pseudonymizer import (
     resource_label,
 )
 from tasks.context import FileRecord, StepContext, StepOutput, input_files
+from tasks.layout import artifact_key
 from tasks.ndjson import (
     AtomicNdjsonWriter,
     CompressionLevel,
@@ -254,11 +255,6 @@ def file_identity(source: Path, dest: Path, config: AnonymizationConfig | None) 
     return [source.name, source.stat().st_size, config.sha256 if config else None, dest.name]
 
 
-def report_key(ctx: StepContext) -> str:
-    """Artifact keys allow lowercase letters, digits and dashes only."""
-    return f"job-{ctx.job_id}-{ctx.position:02d}-pseudonymizer-report".lower().replace("_", "-")
-
-
 def publish_report(ctx: StepContext, reports: list[FileReport]) -> None:
     rows = [
         {
@@ -272,7 +268,7 @@ def publish_report(ctx: StepContext, reports: list[FileReport]) -> None:
         for r in reports
     ]
     create_table_artifact(
-        key=report_key(ctx),
+        key=artifact_key(ctx.job_id, f"{ctx.position:02d}", ctx.step, "report"),
         table=rows or [{"file": "(no files)"}],
         description=f"Step {ctx.position + 1} `pseudonymizer`: resources, split Bundles and requests per file",
     )

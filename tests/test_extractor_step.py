@@ -241,10 +241,10 @@ def test_sigterm_during_stalled_downloads_ends_the_run_at_once_without_partial_f
         wait_for(lambda: next(jobs_dir_of(tmp_path).glob("*/import/.*.part"), None), process)
         signalled = time.monotonic()
         process.send_signal(signal.SIGTERM)
-        process.communicate(timeout=30)
+        _, err = process.communicate(timeout=30)
         took = time.monotonic() - signalled
     job_dir = only_job_dir(jobs_dir_of(tmp_path))
-    assert process.returncode == 130
+    assert process.returncode == 130, err
     assert took < 15, f"the run needed {took:.0f} s to stop"
     assert list((job_dir / "import").glob(".*.part")) == []
     assert job_file(job_dir)["state"] == "Interrupted"
