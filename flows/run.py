@@ -27,6 +27,7 @@ from config.loader import (
     secret_key_paths,
 )
 from config.runtime import apply_prefect_defaults, default_jobs_dir, prefect_api_url
+from flows import extraction_cli, view_cli
 from flows.jobs import (
     JobFile,
     JobLockedError,
@@ -90,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("config", help="configuration YAML")
     add_override_flags(check)
     check.set_defaults(command=cmd_config_check)
+
+    extraction_cli.register(commands)
+    view_cli.register(commands)
     return parser
 
 

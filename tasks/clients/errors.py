@@ -15,12 +15,14 @@ from datetime import datetime, UTC
 
 import httpx
 
+from tasks.errors import DupflowError
+
 MAX_TEXT_CHARS = 500
 MAX_MESSAGE_CHARS = 2000
 MAX_PARSED_BODY_BYTES = 1_000_000
 
 
-class ServiceError(Exception):
+class ServiceError(DupflowError):
     """A failed call to a service.
 
     ``transient`` is True for network errors, 408, 429 and 5xx (retrying may help) and False otherwise.
@@ -37,17 +39,14 @@ class ServiceError(Exception):
         service: str | None = None,
         retry_after: float | None = None,
     ):
-        self.operation = operation
-        self.status_code = status_code
-        self.message = message
-        self.transient = transient
         self.service = service
         self.retry_after = retry_after
-        super().__init__(self._describe())
+        super().__init__(message, operation=operation, status_code=status_code, transient=transient)
+        self.message = message
+        self.args = (self._describe(),)
 
-    @property
-    def kind(self) -> str:
-        return "transient" if self.transient else "terminal"
+    def __str__(self) -> str:
+        return self._describe()
 
     def _describe(self) -> str:
         who = f"{self.service}: " if self.service else ""

@@ -266,3 +266,62 @@ async def request_with_retry_async(
     return await call_with_retry_async(
         attempt, retry, operation=operation, service=service, retryable=retryable, sleep=sleep
     )
+
+
+# --- the service client ------------------------------------------------------------------------------------
+
+
+class ServiceClient:
+    """A client for one configured service that retries and classifies every call by default.
+
+    ``request`` retries transient failures (network errors, 408, 429, 5xx) per ``retry.*`` and raises a
+    ``ServiceError`` for any 4xx/5xx answer. A call that could create something twice (the extraction
+    submission) says so with ``idempotent=False`` and is attempted exactly once. ``http`` is the underlying
+    ``httpx.Client`` for streaming downloads, which have their own retry rules.
+    """
+
+    def __init__(self, endpoint: ServiceEndpoint, tls: TlsSettings, retry: RetrySettings):
+        self.endpoint = endpoint
+        self.retry = retry
+        self.http = build_client(endpoint, tls)
+
+    def request(
+        self, method: str, url: str | httpx.URL, *, operation: str, idempotent: bool = True, **request_kwargs
+    ) -> httpx.Response:
+        return request_with_retry(
+            self.http, method, url, retry=self.retry, operation=operation, retryable=idempotent, **request_kwargs
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> ServiceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncServiceClient:
+    """``ServiceClient`` for asyncio code (bounded fan-out of many requests on one connection pool)."""
+
+    def __init__(self, endpoint: ServiceEndpoint, tls: TlsSettings, retry: RetrySettings):
+        self.endpoint = endpoint
+        self.retry = retry
+        self.http = build_async_client(endpoint, tls)
+
+    async def request(
+        self, method: str, url: str | httpx.URL, *, operation: str, idempotent: bool = True, **request_kwargs
+    ) -> httpx.Response:
+        return await request_with_retry_async(
+            self.http, method, url, retry=self.retry, operation=operation, retryable=idempotent, **request_kwargs
+        )
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self) -> AsyncServiceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

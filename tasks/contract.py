@@ -1,0 +1,214 @@
+"""The step contract: what a step task receives, what it returns, and how its result is cached.
+
+A step is a Prefect task declared with ``@step_task``; its one parameter is a ``StepInput``: small, serializable
+and secret-free (job id and directory, the step's position, its input folder and files, the job's facts). The
+task loads the job's settings itself (``settings_of``), so no secret is ever a task parameter, and returns a
+``StepResult``. Per-file sub-tasks are declared with ``@file_task`` and take the ``StepInput`` plus small values
+(names, paths, digests); they are called through ``commit_each`` so each finished file is recorded at once.
+
+Caching (resume): the cache key of every step and file task is the path of its result inside the job directory,
+``<job dir>/.prefect/results/<job id>-<NN>-<step>-<task>-<digest of the inputs>``, declared once on the
+decorators below. A re-run with the same job gets every finished step and file back from there.
+
+Step kinds (``StepKind``) tell the flow where the next step's input comes from:
+``import`` writes ``import/``; ``transform`` reads its input and writes its own folder, which the next step reads;
+``pass-through`` (validation) and ``sink`` (send) read their input and write reports, and the next step reads
+what they read; ``gate`` (wait) pauses, and afterwards the next step reads ``<input folder>_wait/`` when it holds
+data, else the gate's input.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import threading
+from collections.abc import Callable
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, TypeVar
+
+from prefect import task
+from prefect.cache_policies import CacheKeyFnPolicy
+from prefect.context import TaskRunContext
+from prefect.transactions import CommitMode, transaction
+from pydantic import BaseModel, ConfigDict, Field
+
+from config.settings import Settings
+from tasks.layout import PREFECT_DIR, step_folder
+from tasks.record import record_facts
+
+R = TypeVar("R")
+
+
+class StepKind(StrEnum):
+    IMPORT = "import"
+    TRANSFORM = "transform"
+    PASS_THROUGH = "pass-through"
+    GATE = "gate"
+    SINK = "sink"
+
+
+class DataFile(BaseModel):
+    """One data file of a step's folder: its name, bytes on disk, resources (NDJSON lines; CSV rows)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    size: int
+    resources: int
+
+    @property
+    def core(self) -> bool:
+        return self.name.startswith("core.")
+
+
+class StepInput(BaseModel):
+    """What a step task receives. ``folder`` is relative to the job directory (None for import steps)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    job_dir: str
+    position: int
+    step: str
+    job_input: str | None = None
+    folder: str | None = None
+    files: list[DataFile] = Field(default_factory=list)
+    facts: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def job_path(self) -> Path:
+        return Path(self.job_dir)
+
+    @property
+    def output_dir(self) -> Path:
+        """The folder this step writes (``import/`` for every import step)."""
+        return self.job_path / step_folder(self.step)
+
+    @property
+    def input_dir(self) -> Path | None:
+        return self.job_path / self.folder if self.folder is not None else None
+
+    def input_paths(self) -> list[Path]:
+        """The input data files, ``core`` first (referential integrity), then by name."""
+        assert self.input_dir is not None, f"step {self.step} has no input folder"
+        ordered = sorted(self.files, key=lambda f: (not f.core, f.name))
+        return [self.input_dir / f.name for f in ordered]
+
+    @property
+    def crtdl_path(self) -> Path | None:
+        value = self.facts.get("crtdl_path")
+        return Path(value) if value else None
+
+    def result(self, files: list[DataFile], folder: Path | None = None, **summary: Any) -> StepResult:
+        """The result of a step that wrote ``files`` into ``folder`` (default: its own folder)."""
+        folder = folder or self.output_dir
+        return StepResult(
+            step=self.step,
+            position=self.position,
+            folder=str(folder.relative_to(self.job_path)),
+            files=files,
+            summary=summary,
+        )
+
+    def record_facts(self, **facts: Any) -> None:
+        """Add facts to the job record now (``facts.json``), e.g. the extraction handle as soon as it is known."""
+        record_facts(self.job_path, **facts)
+
+    def cache_identity(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude={"job_dir"})
+
+
+class StepResult(BaseModel):
+    """What a step task returns: the folder it wrote, its files, and counts for the job record and artifacts."""
+
+    step: str
+    position: int
+    folder: str
+    files: list[DataFile] = Field(default_factory=list)
+    summary: dict[str, Any] = Field(default_factory=dict)
+    awaiting: bool = False
+
+    @property
+    def resources(self) -> int:
+        return sum(f.resources for f in self.files)
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+# --- settings inside a task ------------------------------------------------------------------------------------
+
+_settings: dict[str, Settings] = {}
+_settings_lock = threading.Lock()
+
+
+def register_settings(job_dir: Path, settings: Settings) -> None:
+    """The flow hands the job's settings to the step tasks of this process (secrets never become parameters)."""
+    with _settings_lock:
+        _settings[str(job_dir)] = settings
+
+
+def settings_of(step: StepInput) -> Settings:
+    """The job's settings: as the flow loaded them, or (another process, e.g. a Dask worker) from ``job.json``."""
+    with _settings_lock:
+        if (known := _settings.get(step.job_dir)) is not None:
+            return known
+    from config.loader import load_settings
+
+    job = json.loads((step.job_path / "job.json").read_text())
+    settings = load_settings(job.get("config_path"), overrides=job.get("overrides") or {}).settings
+    register_settings(step.job_path, settings)
+    return settings
+
+
+# --- caching ---------------------------------------------------------------------------------------------------
+
+
+def digest(value: Any) -> str:
+    """A short, stable digest of any JSON-serialisable value (for cache keys)."""
+    encoded = json.dumps(value, sort_keys=True, default=str).encode()
+    return hashlib.sha256(encoded).hexdigest()[:20]
+
+
+def job_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    """The result's path in the job directory; dashes only in the name (a ``/`` there breaks lock managers)."""
+    step: StepInput = parameters["step"]
+    others = {name: value for name, value in parameters.items() if name != "step"}
+    name = context.task.name.replace("_", "-")
+    key = f"{step.job_id}-{step.position:02d}-{step.step}-{name}-{digest([step.cache_identity(), others])}"
+    return str(step.job_path / PREFECT_DIR / "results" / key)
+
+
+JOB_CACHE = CacheKeyFnPolicy(cache_key_fn=job_cache_key)
+
+# Results are JSON files at the absolute path the cache key names; "/" as the storage root lets the key choose.
+_PERSISTED = dict(cache_policy=JOB_CACHE, persist_result=True, result_serializer="json", result_storage=Path("/"))
+
+
+def step_task(name: str, **options: Any) -> Callable[[Callable[..., R]], Any]:
+    """Declare a step's Prefect task: cached in the job directory, run named after the step."""
+    return task(name=name, task_run_name=f"{name}" + "[{step.position}]", **{**_PERSISTED, **options})
+
+
+def file_task(name: str, run_name: str, **options: Any) -> Callable[[Callable[..., R]], Any]:
+    """Declare a per-file (or per-batch) sub-task; ``run_name`` is a template over its parameters, e.g.
+    ``"pseudonymize[{name}]"``."""
+    return task(name=name, task_run_name=run_name, **{**_PERSISTED, **options})
+
+
+def commit_each(call: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+    """Call a ``file_task`` so that its result is committed the moment it finishes, not when the step does:
+    a run killed in the middle of a step keeps every file it had finished."""
+    with transaction(commit_mode=CommitMode.EAGER):
+        return call(*args, **kwargs)
+
+
+def in_thread(call: Callable[..., R]) -> Callable[..., R]:
+    """``call`` bound to the current context (Prefect's run context), to run on a worker thread."""
+    import contextvars
+
+    context = contextvars.copy_context()
+    return functools.partial(context.run, call)

@@ -1,0 +1,107 @@
+"""Bounded, cancellable fan-out: the one way a step works on several files or requests at once.
+
+Two shapes, both bounded and both cancelled as a whole when one call fails or the run is interrupted:
+
+- ``run_bounded``: blocking calls (file downloads, uploads) on at most N daemon threads. Every call's
+  outcome (its result or the exception it raised) is returned, so the caller can keep every file that
+  finished before raising the first failure.
+- ``ordered_map``: coroutines (service requests on one ``httpx.AsyncClient``) with at most ``window`` in
+  flight, yielded in input order as soon as the oldest is done, so output files keep the input order while
+  memory stays bounded whatever the input size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+CANCEL_GRACE_SECONDS = 1.0
+
+
+class Cancelled(Exception):
+    """Raised inside a call (by its progress callback) when the fan-out is being cancelled."""
+
+
+def run_bounded(
+    calls: list[Callable[[], R]], workers: int, cancelled: threading.Event | None = None
+) -> list[R | Exception]:
+    """Run ``calls`` on at most ``workers`` daemon threads; each outcome is a result or the exception raised.
+
+    ``cancelled`` is set when the caller is interrupted (Ctrl+C, SIGTERM): no new call starts, running calls
+    that check it (``raise_if_cancelled``) stop, and after ``CANCEL_GRACE_SECONDS`` the caller goes on; a
+    stalled call is not waited for (daemon threads). The caller's thread waits in short joins, so a signal
+    reaches it at once.
+    """
+    cancelled = cancelled or threading.Event()
+    outcomes: list = [None] * len(calls)
+    pending: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for index in range(len(calls)):
+        pending.put(index)
+
+    def work() -> None:
+        while not cancelled.is_set():
+            try:
+                index = pending.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                outcomes[index] = calls[index]()
+            except Exception as exc:  # kept for the caller, which decides what to raise
+                outcomes[index] = exc
+
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(min(workers, len(calls)))]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.2)
+    except BaseException:
+        cancelled.set()
+        grace_ends = time.monotonic() + CANCEL_GRACE_SECONDS
+        for thread in threads:
+            thread.join(max(0.0, grace_ends - time.monotonic()))
+        raise
+    return outcomes
+
+
+def first_failure(outcomes: list[R | Exception]) -> Exception | None:
+    return next((outcome for outcome in outcomes if isinstance(outcome, Exception)), None)
+
+
+def raise_if_cancelled(cancelled: threading.Event) -> None:
+    if cancelled.is_set():
+        raise Cancelled("the run was interrupted")
+
+
+async def ordered_map(
+    items: Iterable[T], call: Callable[[T], Awaitable[R]], window: int
+) -> AsyncIterator[tuple[T, R]]:
+    """Start ``call(item)`` for each item with at most ``window`` pending; yield ``(item, result)`` in input order.
+
+    The first failure propagates from the oldest failed item; every pending call is then cancelled, and so
+    are they when the consumer stops early or the run is cancelled.
+    """
+    pending: deque[tuple[T, asyncio.Task[R]]] = deque()
+    try:
+        for item in items:
+            pending.append((item, asyncio.ensure_future(call(item))))
+            if len(pending) >= window:
+                oldest, task = pending.popleft()
+                yield oldest, await task
+        while pending:
+            oldest, task = pending.popleft()
+            yield oldest, await task
+    finally:
+        tasks = [task for _, task in pending]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
