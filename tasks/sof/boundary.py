@@ -1,0 +1,125 @@
+"""FHIRPath ``lowBoundary`` / ``highBoundary`` for decimals, dates, date-times and times.
+
+A value stands for the range its precision allows: ``1.5`` for [1.45, 1.55), ``2010-10`` for October 2010. The
+boundaries are that range's ends, at the requested precision (decimals: digits after the point, default 8;
+dates and times: digits of the value, e.g. 4 year, 6 month, 8 day, 17 millisecond). A date-time without a time
+zone may be in any zone: its low boundary is in +14:00, its high boundary in -12:00.
+"""
+
+from __future__ import annotations
+
+import calendar
+import re
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, InvalidOperation
+from typing import Any
+
+from fhirpathpy.engine.nodes import FP_DateTime, FP_Time
+
+DEFAULT_DECIMAL_PRECISION = 8
+_DATE = re.compile(r"^(\d{4})(?:-(\d{2})(?:-(\d{2}))?)?$")
+_DATETIME = re.compile(
+    r"^(\d{4})(?:-(\d{2})(?:-(\d{2})(?:T(\d{2})(?::(\d{2})(?::(\d{2})(?:\.(\d+))?)?)?)?)?)?"
+    r"(Z|[+-]\d{2}:\d{2})?$"
+)
+_TIME = re.compile(r"^(\d{2})(?::(\d{2})(?::(\d{2})(?:\.(\d+))?)?)?$")
+_DATE_TYPES = {"date"}
+_DATETIME_TYPES = {"dateTime", "instant"}
+
+
+def low_boundary(value: Any, type_name: str | None, precision: int | None) -> Any:
+    return _boundary(value, type_name, precision, high=False)
+
+
+def high_boundary(value: Any, type_name: str | None, precision: int | None) -> Any:
+    return _boundary(value, type_name, precision, high=True)
+
+
+def _boundary(value: Any, type_name: str | None, precision: int | None, *, high: bool) -> Any:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | Decimal | float):
+        return _decimal(Decimal(str(value)), precision, high)
+    if isinstance(value, FP_Time):
+        return _time(str(value).lstrip("T"), precision, high)
+    if isinstance(value, FP_DateTime):
+        text = str(value)
+        return _datetime(text, precision, high) if "T" in text else _date(text, precision, high)
+    if not isinstance(value, str):
+        return None
+    if type_name in _DATE_TYPES:
+        return _date(value, precision, high)
+    if type_name in _DATETIME_TYPES:
+        return _datetime(value, precision, high)
+    if type_name == "time" or (type_name is None and _TIME.match(value) and ":" in value):
+        return _time(value, precision, high)
+    if type_name is None and "T" in value:
+        return _datetime(value, precision, high)
+    if type_name is None and _DATE.match(value):
+        return _date(value, precision, high)
+    return None
+
+
+def _decimal(value: Decimal, precision: int | None, high: bool) -> Decimal | None:
+    digits = DEFAULT_DECIMAL_PRECISION if precision is None else precision
+    if digits < 0 or digits > 28:
+        return None
+    scale = max(-value.as_tuple().exponent, 0) if isinstance(value.as_tuple().exponent, int) else 0
+    half = Decimal(5).scaleb(-(scale + 1))
+    bound = value + half if high else value - half
+    try:
+        return bound.quantize(Decimal(1).scaleb(-digits), rounding=ROUND_CEILING if high else ROUND_FLOOR)
+    except InvalidOperation:
+        return None
+
+
+def _date(text: str, precision: int | None, high: bool) -> str | None:
+    match = _DATE.match(text)
+    if match is None:
+        return None
+    year = int(match[1])
+    month = int(match[2]) if match[2] else (12 if high else 1)
+    day = int(match[3]) if match[3] else (calendar.monthrange(year, month)[1] if high else 1)
+    full = f"{year:04d}-{month:02d}-{day:02d}"
+    return _cut_date(full, precision)
+
+
+def _cut_date(full: str, precision: int | None) -> str | None:
+    cuts = {4: 4, 6: 7, 8: 10}
+    if precision is None:
+        return full
+    return full[: cuts[precision]] if precision in cuts else None
+
+
+def _datetime(text: str, precision: int | None, high: bool) -> str | None:
+    match = _DATETIME.match(text)
+    if match is None:
+        return None
+    year, month, day, hour, minute, second, fraction, zone = match.groups()
+    year_number = int(year)
+    month_number = int(month) if month else (12 if high else 1)
+    day_number = int(day) if day else (calendar.monthrange(year_number, month_number)[1] if high else 1)
+    hour = hour or ("23" if high else "00")
+    minute = minute or ("59" if high else "00")
+    second = second or ("59" if high else "00")
+    fraction = (fraction or "")[:3].ljust(3, "9" if high else "0")
+    zone = zone or ("-12:00" if high else "+14:00")
+    date = f"{year_number:04d}-{month_number:02d}-{day_number:02d}"
+    if precision is None or precision == 17:
+        return f"{date}T{hour}:{minute}:{second}.{fraction}{zone}"
+    cuts = {4: date[:4], 6: date[:7], 8: date, 10: f"{date}T{hour}", 12: f"{date}T{hour}:{minute}"}
+    cuts[14] = f"{date}T{hour}:{minute}:{second}"
+    return cuts.get(precision)
+
+
+def _time(text: str, precision: int | None, high: bool) -> str | None:
+    match = _TIME.match(text)
+    if match is None:
+        return None
+    hour, minute, second, fraction = match.groups()
+    minute = minute or ("59" if high else "00")
+    second = second or ("59" if high else "00")
+    fraction = (fraction or "")[:3].ljust(3, "9" if high else "0")
+    if precision is None or precision == 9:
+        return f"{hour}:{minute}:{second}.{fraction}"
+    cuts = {2: hour, 4: f"{hour}:{minute}", 6: f"{hour}:{minute}:{second}"}
+    return cuts.get(precision)

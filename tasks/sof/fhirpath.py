@@ -1,0 +1,254 @@
+"""FHIRPath for ViewDefinitions: each expression compiled once, plain member paths without the interpreter.
+
+``compile_path`` turns an expression into a callable ``(focus, env) -> list[Item]``. A focus is an ``Item``: the
+element's data plus its FHIR type path (``Patient.name``, ``HumanName``, …) so that expressions evaluated later on
+it still resolve choice types (``value.ofType(Quantity)``) the way fhirpathpy does with its R4 model.
+
+Two ways to evaluate:
+
+- **Member paths** such as ``code.coding``, ``name.first().given``, ``value.ofType(Quantity).value`` or ``$this``
+  are walked directly over the JSON (dict lookups and the model's type tables, the same rules fhirpathpy's member
+  navigation applies). They are most paths in real views and cost a few microseconds instead of tens.
+- Everything else goes through fhirpathpy's parser and evaluator, once parsed. The functions SQL-on-FHIR adds to
+  FHIRPath (``getResourceKey``, ``getReferenceKey``, ``lowBoundary``, ``highBoundary``) are registered through
+  fhirpathpy's invocation table (its extension point for user functions).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from fhirpathpy.engine import do_eval
+from fhirpathpy.engine.invocations.constants import constants as fhirpath_constants
+from fhirpathpy.engine.nodes import FP_Quantity, FP_Type, ResourceNode
+from fhirpathpy.engine.util import arraify
+from fhirpathpy.models import models
+from fhirpathpy.parser import parse
+
+from tasks.sof.boundary import high_boundary, low_boundary
+
+MODEL = models["r4"]
+_CHOICES: dict[str, list[str]] = MODEL["choiceTypePaths"]
+_ELSEWHERE: dict[str, str] = MODEL["pathsDefinedElsewhere"]
+_TYPES: dict[str, str] = MODEL["path2Type"]
+
+_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
+_SEGMENT = re.compile(rf"(?P<first>first\(\))|(?P<member>{_IDENTIFIER})(?:\.ofType\((?P<type>{_IDENTIFIER})\))?")
+_MEMBER_PATH = re.compile(
+    rf"^(?:first\(\)|{_IDENTIFIER}(?:\.ofType\({_IDENTIFIER}\))?)(?:\.(?:first\(\)|{_IDENTIFIER}(?:\.ofType\({_IDENTIFIER}\))?))*$"
+)
+_KEYWORDS = {"and", "or", "xor", "implies", "div", "mod", "in", "contains", "is", "as", "true", "false"}
+
+
+class FhirPathError(ValueError):
+    """An expression that cannot be parsed or evaluated; the message names the expression."""
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One element of a collection: its JSON data and its FHIR type path (None for computed values)."""
+
+    data: Any
+    path: str | None = None
+
+
+Env = Mapping[str, Any]
+Compiled = Callable[[Item, Env], list[Item]]
+
+
+def compile_path(expression: str) -> Compiled:
+    """The expression as a callable over one focus item; raises ``FhirPathError`` when it does not parse."""
+    if not isinstance(expression, str) or not expression.strip():
+        raise FhirPathError(f"expected a FHIRPath expression, got {expression!r}")
+    steps = member_steps(expression)
+    if steps is not None:
+        return _member_path(steps)
+    return _interpreted(expression)
+
+
+def values(items: list[Item]) -> list[Any]:
+    """The plain values of a result (FHIRPath system types as their text)."""
+    return [plain(item.data) for item in items]
+
+
+def plain(value: Any) -> Any:
+    if isinstance(value, FP_Quantity):
+        return str(value)
+    if isinstance(value, FP_Type):
+        return str(value)
+    if isinstance(value, float):
+        return Decimal(repr(value))
+    return value
+
+
+# --- member paths, walked directly ------------------------------------------------------------------------------
+
+
+def member_steps(expression: str) -> list[tuple[str, str | None]] | None:
+    """``[(member, ofType or None), …]`` (``first()`` as member ``""``) for a plain member path, else None.
+
+    ``$this`` alone is the empty list. A leading capitalised name (a type filter such as ``Patient.name``) and
+    anything with operators, literals, indexes or other functions is left to the interpreter.
+    """
+    text = expression.strip()
+    if text == "$this":
+        return []
+    if not _MEMBER_PATH.match(text):
+        return None
+    steps: list[tuple[str, str | None]] = []
+    for match in _SEGMENT.finditer(text):
+        if match["first"]:
+            if not steps:
+                return None
+            steps.append(("", None))
+            continue
+        member = match["member"]
+        if member in _KEYWORDS or (not steps and member[0].isupper()):
+            return None
+        steps.append((member, match["type"]))
+    return steps
+
+
+def _member_path(steps: list[tuple[str, str | None]]) -> Compiled:
+    def evaluate(focus: Item, env: Env) -> list[Item]:
+        items = [focus]
+        for member, of_type in steps:
+            if not member:
+                items = items[:1]
+                continue
+            found: list[Item] = []
+            for item in items:
+                found.extend(child_items(item, member, of_type))
+            items = found
+            if not items:
+                break
+        return items
+
+    return evaluate
+
+
+def child_items(item: Item, member: str, of_type: str | None = None) -> list[Item]:
+    """``item.member`` (or ``item.member.ofType(T)`` on a choice element), with fhirpathpy's type bookkeeping."""
+    data = item.data
+    if not isinstance(data, Mapping):
+        return []
+    path = data.get("resourceType") if "resourceType" in data else item.path
+    child_path = f"{path}.{member}" if path else f".{member}"
+    child_path = _ELSEWHERE.get(child_path, child_path)
+    choices = _CHOICES.get(child_path)
+    if choices:
+        value = None
+        wanted = [of_type[0].upper() + of_type[1:]] if of_type else choices
+        for choice in wanted:
+            if choice in choices and (value := data.get(member + choice)) is not None:
+                child_path += choice
+                break
+    else:
+        value = data.get(member)
+        if member == "extension":
+            child_path = "Extension"
+    if value is None:
+        return []
+    child_path = _TYPES.get(child_path, child_path)
+    if of_type is not None and not choices and child_path != of_type:
+        return []
+    if isinstance(value, list):
+        return [Item(v, child_path) for v in value if v is not None]
+    return [Item(value, child_path)]
+
+
+# --- everything else: fhirpathpy --------------------------------------------------------------------------------
+
+
+def _interpreted(expression: str) -> Compiled:
+    try:
+        parsed = parse(expression)
+    except Exception as exc:  # fhirpathpy raises bare Exceptions from its ANTLR parser
+        raise FhirPathError(f"cannot parse FHIRPath {expression!r}: {exc}") from exc
+    root = parsed["children"][0]
+
+    def evaluate(focus: Item, env: Env) -> list[Item]:
+        node = ResourceNode.create_node(focus.data, focus.path)
+        data_root = arraify(node)
+        ctx = {
+            "dataRoot": data_root,
+            "vars": {"context": node, "ucum": "http://unitsofmeasure.org", **env},
+            "model": MODEL,
+            "userInvocationTable": SOF_FUNCTIONS,
+        }
+        fhirpath_constants.reset()
+        try:
+            result = do_eval(ctx, data_root, root)
+        except Exception as exc:
+            raise FhirPathError(f"FHIRPath {expression!r} failed: {exc}") from exc
+        return [_as_item(value) for value in arraify(result) if not _is_primitive_extension_only(value)]
+
+    return evaluate
+
+
+def _as_item(value: Any) -> Item:
+    if isinstance(value, ResourceNode):
+        return Item(value.data, value.path)
+    return Item(value)
+
+
+def _is_primitive_extension_only(value: Any) -> bool:
+    """fhirpathpy yields ``_element`` siblings (extensions of primitives) as their own nodes; they are no values."""
+    return isinstance(value, ResourceNode) and isinstance(value.data, Mapping) and list(value.data) == ["extension"]
+
+
+# --- SQL-on-FHIR's FHIRPath functions ---------------------------------------------------------------------------
+
+
+def get_resource_key(ctx: dict, inputs: list) -> list[str]:
+    """``Type/id`` of each resource in the input (the key ``getReferenceKey`` gives for a reference to it)."""
+    keys = []
+    for node in inputs:
+        data = node.data if isinstance(node, ResourceNode) else node
+        if isinstance(data, Mapping) and "resourceType" in data and "id" in data:
+            keys.append(f"{data['resourceType']}/{data['id']}")
+    return keys
+
+
+def get_reference_key(ctx: dict, inputs: list, type_info: Any = None) -> list[str]:
+    """``Type/id`` of each Reference (history and base URL dropped); only those of the given type, if any."""
+    wanted = getattr(type_info, "name", None)
+    keys = []
+    for node in inputs:
+        data = node.data if isinstance(node, ResourceNode) else node
+        reference = data.get("reference") if isinstance(data, Mapping) else None
+        if not isinstance(reference, str):
+            continue
+        parts = reference.split("/_history")[0].split("/")
+        if len(parts) < 2:
+            continue
+        if wanted is None or parts[-2] == wanted:
+            keys.append(f"{parts[-2]}/{parts[-1]}")
+    return keys
+
+
+def _boundary(compute: Callable[[Any, str | None, int | None], Any]) -> Callable[..., list]:
+    def invoke(ctx: dict, inputs: list, precision: Any = None) -> list:
+        digits = None if precision in (None, []) else int(precision)
+        results = []
+        for node in inputs:
+            type_path = node.path if isinstance(node, ResourceNode) else None
+            data = node.data if isinstance(node, ResourceNode) else node
+            result = compute(data, type_path, digits)
+            if result is not None:
+                results.append(result)
+        return results
+
+    return invoke
+
+
+SOF_FUNCTIONS: dict[str, dict[str, Any]] = {
+    "getResourceKey": {"fn": get_resource_key, "arity": {0: []}},
+    "getReferenceKey": {"fn": get_reference_key, "arity": {0: [], 1: ["TypeSpecifier"]}},
+    "lowBoundary": {"fn": _boundary(low_boundary), "arity": {0: [], 1: ["Integer"]}},
+    "highBoundary": {"fn": _boundary(high_boundary), "arity": {0: [], 1: ["Integer"]}},
+}
