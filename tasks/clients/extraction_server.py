@@ -12,16 +12,19 @@ url ``https://torch.mii.de/fhir/torch-job-progress``).
   ``extraction_timeout`` without a 200/202 ends the wait. Time is injectable (``clock``, ``sleep``).
 - Progress: the X-Progress header (or the OperationOutcome diagnostics) and, where the server has it, the
   batches done/total of the Task's progress extension (read per poll; failures there are ignored).
+- ``ExtractionTaskClient``: the operator's Task API (search, read, $pause/$resume/$cancel, priority PUT with
+  If-Match and re-read on 409/412, DELETE) and the cohort preview ``$evaluate-cohort`` (404: not supported).
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from tasks.clients.errors import (
+    ServiceError,
     error_from_response,
     is_transient_network_error,
     is_transient_status,
@@ -38,7 +42,7 @@ from tasks.clients.errors import (
     parse_retry_after,
     raise_for_service_status,
 )
-from tasks.clients.http import ServiceEndpoint, build_client, http_timeout, request_with_retry
+from tasks.clients.http import ServiceClient, ServiceEndpoint, build_client, http_timeout, request_with_retry
 
 if TYPE_CHECKING:
     from config.settings import ExtractorSettings, RetrySettings, TlsSettings
@@ -395,3 +399,351 @@ def _looks_like_host(segment: str) -> bool:
     """``127.0.0.1:8080``, ``files.example.org``, ``localhost:80`` — not ``files`` or ``job-1``."""
     host = segment.rsplit(":", 1)[0] if re.search(r":\d+$", segment) else segment
     return bool(host) and (host == "localhost" or host != segment or "." in host)
+
+
+# --- Task API and cohort preview ---------------------------------------------------------------------------
+#
+# The operator's side of the server (``python -m flows.run extraction …`` and ``cohort preview``): list,
+# read, pause, resume, cancel, reprioritise and delete jobs through the FHIR Task API, and evaluate a cohort
+# without starting a job. Every call goes through ``ServiceClient`` (retry and classification by default);
+# failures are ``ServiceError``s, the subclasses below for the answers an operator needs explained.
+
+JOB_STATUSES = (
+    "PENDING",
+    "RUNNING_GET_COHORT",
+    "RUNNING_PROCESS_BATCH",
+    "RUNNING_PROCESS_CORE",
+    "PAUSED",
+    "TEMP_FAILED",
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+)
+RUNNING_STATUSES = frozenset({"RUNNING_GET_COHORT", "RUNNING_PROCESS_BATCH", "RUNNING_PROCESS_CORE"})
+FINAL_STATUSES = frozenset({"COMPLETED", "FAILED", "CANCELLED"})
+HIGH_TASK_PRIORITIES = frozenset({"asap", "stat", "urgent"})
+TASK_PRIORITY_FOR = {"high": "asap", "normal": "routine"}
+# A stale If-Match answers 409 in the spec and 412 on the real server: the version moved on, read it again.
+STALE_VERSION = (409, 412)
+PRIORITY_ATTEMPTS = 5
+COHORT_PREVIEW_TIMEOUT = timedelta(minutes=10)
+CONSENT_AUDIT_TEXT = "Consent audit NDJSON"
+# Per operation: the states the job ends in (already there means nothing to do) and why a 409 happens.
+CONTROL_OPERATIONS = {
+    "pause": ({"PAUSED"}, "only running jobs can be paused"),
+    "resume": (set(RUNNING_STATUSES), "only paused jobs can be resumed"),
+    "cancel": ({"CANCELLED"}, "only jobs that have not finished can be cancelled"),
+}
+
+
+class JobNotFoundError(ServiceError):
+    """The server knows no job with this id (404)."""
+
+
+class TransitionRefusedError(ServiceError):
+    """$pause, $resume or $cancel is not allowed in the job's state (409); ``job_status`` is that state."""
+
+    def __init__(self, operation: str, message: str, job_status: str | None):
+        self.job_status = job_status
+        super().__init__(operation, 409, message, transient=False, service=SERVICE)
+
+
+class SearchRejectedError(ServiceError):
+    """A strict Task search that the server refused (400); ``problems`` lists what was wrong."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("search extraction jobs", 400, "; ".join(problems), transient=False, service=SERVICE)
+
+
+class VersionConflictError(ServiceError):
+    """The Task's version kept moving while we tried to change its priority."""
+
+
+class CohortPreviewUnsupportedError(ServiceError):
+    """The server has no $evaluate-cohort (older servers answer 404)."""
+
+
+@dataclass(frozen=True)
+class ExtractionJob:
+    """One job as the Task API shows it. Progress fields are None until the cohort query has finished."""
+
+    id: str
+    status: str  # the JobStatus code (Task.businessStatus), e.g. RUNNING_PROCESS_BATCH
+    priority: str  # HIGH or NORMAL
+    version: str | None
+    authored_on: str | None
+    last_updated: str | None
+    cohort_size: int | None = None
+    batch_size: int | None = None
+    batches_total: int | None = None
+    batches_completed: int | None = None
+    active_batches: tuple[tuple[str, str | None], ...] = ()  # (batch id, stage)
+    consent_audit_files: tuple[str, ...] = ()
+
+    @classmethod
+    def from_task(cls, task: dict[str, Any]) -> ExtractionJob:
+        meta = task.get("meta") if isinstance(task.get("meta"), dict) else {}
+        progress = _progress_values(task)
+        return cls(
+            id=str(task.get("id")),
+            status=_job_status(task),
+            priority="HIGH" if task.get("priority") in HIGH_TASK_PRIORITIES else "NORMAL",
+            version=meta.get("versionId"),
+            authored_on=task.get("authoredOn"),
+            last_updated=meta.get("lastUpdated"),
+            cohort_size=progress.get("cohortSize"),
+            batch_size=progress.get("batchSize"),
+            batches_total=progress.get("batchesTotal"),
+            batches_completed=progress.get("batchesCompleted"),
+            active_batches=progress.get("activeBatch", ()),
+            consent_audit_files=tuple(
+                o["valueUrl"]
+                for o in task.get("output") or []
+                if isinstance(o, dict)
+                and isinstance(o.get("valueUrl"), str)
+                and (o.get("type") or {}).get("text") == CONSENT_AUDIT_TEXT
+            ),
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["active_batches"] = [{"batch_id": b, "stage": s} for b, s in self.active_batches]
+        data["consent_audit_files"] = list(self.consent_audit_files)
+        return data
+
+
+@dataclass(frozen=True)
+class ControlResult:
+    job: ExtractionJob
+    changed: bool  # False: the job already was where the operation would have put it
+
+
+@dataclass(frozen=True)
+class CohortPreview:
+    patient_ids: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.patient_ids)
+
+
+def _job_status(task: dict[str, Any]) -> str:
+    business = task.get("businessStatus") if isinstance(task.get("businessStatus"), dict) else {}
+    for coding in business.get("coding") or []:
+        if isinstance(coding, dict) and isinstance(coding.get("code"), str):
+            return coding["code"]
+    return str(task.get("status") or "unknown")
+
+
+def _progress_values(task: dict[str, Any]) -> dict[str, Any]:
+    """Sub-extension values of the progress extension; ``activeBatch`` as (batch id, stage) pairs."""
+    for extension in task.get("extension") or []:
+        if isinstance(extension, dict) and str(extension.get("url", "")).endswith(PROGRESS_EXTENSION_SUFFIXES):
+            values: dict[str, Any] = {"activeBatch": ()}
+            for sub in extension.get("extension") or []:
+                if not isinstance(sub, dict):
+                    continue
+                if sub.get("url") == "activeBatch":
+                    parts = {p.get("url"): p.get("valueString") for p in sub.get("extension") or []}
+                    values["activeBatch"] += ((str(parts.get("batchId")), parts.get("stage")),)
+                elif isinstance(sub.get("valueInteger"), int):
+                    values[sub["url"]] = sub["valueInteger"]
+            return values
+    return {}
+
+
+def cohort_patient_ids(document: Any) -> tuple[str, ...]:
+    """Patient ids of an $evaluate-cohort List (``entry[].item.reference``, ``Patient/`` dropped)."""
+    if not isinstance(document, dict) or document.get("resourceType") != "List":
+        raise ExtractionError("cohort preview: the server's answer is not a FHIR List")
+    ids = []
+    for entry in document.get("entry") or []:
+        item = entry.get("item") if isinstance(entry, dict) else None
+        reference = item.get("reference") if isinstance(item, dict) else None
+        if isinstance(reference, str):
+            ids.append(reference.removeprefix("Patient/"))
+    return tuple(ids)
+
+
+class ExtractionTaskClient:
+    """The Task API and $evaluate-cohort of the server configured by ``services.extractor``."""
+
+    def __init__(self, settings: ExtractorSettings, tls: TlsSettings, retry: RetrySettings):
+        if not settings.base_url:
+            raise ExtractionError("services.extractor.base_url is not set; set it to the extraction server's URL")
+        self.base_url = settings.base_url.rstrip("/")
+        endpoint = ServiceEndpoint(SERVICE, self.base_url, settings.auth, http_timeout(TASK_TIMEOUT))
+        self.client = ServiceClient(endpoint, tls, retry)
+
+    def __enter__(self) -> ExtractionTaskClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.client.close()
+
+    def search(
+        self, ids: Sequence[str] = (), statuses: Sequence[str] = (), *, strict: bool = False
+    ) -> list[ExtractionJob]:
+        """GET /fhir/Task; with ``strict`` the server refuses bad parameters (``SearchRejectedError``)."""
+        params = {name: ",".join(values) for name, values in (("_id", ids), ("status", statuses)) if values}
+        headers = {"Accept": FHIR_JSON} | ({"Prefer": "handling=strict"} if strict else {})
+        try:
+            response = self.client.request(
+                "GET", "/fhir/Task", operation="search extraction jobs", params=params, headers=headers
+            )
+        except ServiceError as exc:
+            if exc.status_code == 400:
+                raise SearchRejectedError(exc.message.split("; ")) from exc
+            raise
+        bundle = response.json()
+        return [
+            ExtractionJob.from_task(entry["resource"])
+            for entry in bundle.get("entry") or []
+            if isinstance(entry, dict) and isinstance(entry.get("resource"), dict)
+        ]
+
+    def read_task(self, job_id: str) -> dict[str, Any]:
+        response = self._job_request("GET", job_id, "", operation="read extraction job")
+        return response.json()
+
+    def job(self, job_id: str) -> ExtractionJob:
+        return ExtractionJob.from_task(self.read_task(job_id))
+
+    def control(self, job_id: str, operation: str) -> ControlResult:
+        """POST $pause, $resume or $cancel. A 409 is explained with the job's state; a job already in the
+        state the operation leads to is reported as unchanged, not as an error (the real server answers a
+        repeated $cancel with 200, the spec with 409)."""
+        target, rule = CONTROL_OPERATIONS[operation]
+        before = self.job(job_id)
+        if before.status in target:
+            return ControlResult(before, changed=False)
+        try:
+            response = self._job_request("POST", job_id, f"/${operation}", operation=f"{operation} extraction job")
+        except ServiceError as exc:
+            if exc.status_code != 409:
+                raise
+            now = self.job(job_id)
+            if now.status in target:
+                return ControlResult(now, changed=False)
+            raise TransitionRefusedError(
+                f"{operation} extraction job", f"job {job_id} is {now.status}; {rule}", now.status
+            ) from exc
+        return ControlResult(ExtractionJob.from_task(response.json()), changed=True)
+
+    def set_priority(self, job_id: str, level: str, attempts: int = PRIORITY_ATTEMPTS) -> ControlResult:
+        """Read the Task and PUT it with ``If-Match: W/"<versionId>"``; on a stale version (409/412) read it
+        again and retry, up to ``attempts`` times. ``level`` is ``high`` or ``normal``."""
+        priority = TASK_PRIORITY_FOR[level]
+        for _ in range(attempts):
+            task = self.read_task(job_id)
+            job = ExtractionJob.from_task(task)
+            if job.priority == level.upper():
+                return ControlResult(job, changed=False)
+            try:
+                response = self._job_request(
+                    "PUT",
+                    job_id,
+                    "",
+                    operation="set extraction job priority",
+                    content=json.dumps(_priority_update(task, priority)).encode(),
+                    headers={"Content-Type": FHIR_JSON, "Accept": FHIR_JSON, "If-Match": f'W/"{job.version}"'},
+                )
+            except ServiceError as exc:
+                if exc.status_code in STALE_VERSION:
+                    log.info("extractor: job %s changed while setting its priority; reading it again", job_id)
+                    continue
+                if exc.status_code == 428:
+                    raise ServiceError(
+                        exc.operation,
+                        428,
+                        "the server says If-Match is missing, but dupflow sent it; this is a bug in dupflow, "
+                        "please report it",
+                        transient=False,
+                        service=SERVICE,
+                    ) from exc
+                raise
+            return ControlResult(self._updated_job(job_id, response), changed=True)
+        raise VersionConflictError(
+            "set extraction job priority",
+            None,
+            f"job {job_id} kept changing (its version moved on {attempts} times in a row, e.g. as batches "
+            "finished); try again",
+            transient=True,
+            service=SERVICE,
+        )
+
+    def delete(self, job_id: str) -> None:
+        """DELETE the job and its result files. Attempted once: a repeat after a 500 could answer a misleading
+        404 for a job whose files were left behind."""
+        try:
+            self._job_request("DELETE", job_id, "", operation="delete extraction job", idempotent=False)
+        except ServiceError as exc:
+            if exc.status_code == 500:
+                raise ServiceError(
+                    exc.operation,
+                    500,
+                    f"the server could not remove the result files of job {job_id} ({exc.message}); check the "
+                    "server's disk and logs, then delete again",
+                    transient=False,
+                    service=SERVICE,
+                ) from exc
+            raise
+
+    def evaluate_cohort(self, crtdl: bytes) -> CohortPreview:
+        """POST /fhir/$evaluate-cohort with the CRTDL as plain JSON; the patients of the resulting List."""
+        try:
+            response = self.client.request(
+                "POST",
+                "/fhir/$evaluate-cohort",
+                operation="preview cohort",
+                content=crtdl,
+                headers={"Content-Type": "application/json", "Accept": FHIR_JSON},
+                timeout=http_timeout(COHORT_PREVIEW_TIMEOUT),
+            )
+        except ServiceError as exc:
+            if exc.status_code in (404, 405):
+                raise CohortPreviewUnsupportedError(
+                    "preview cohort",
+                    exc.status_code,
+                    f"the extraction server at {self.base_url} does not support cohort preview ($evaluate-cohort "
+                    "exists only in newer servers)",
+                    transient=False,
+                    service=SERVICE,
+                ) from exc
+            raise
+        return CohortPreview(cohort_patient_ids(response.json()))
+
+    def _job_request(self, method: str, job_id: str, suffix: str, *, operation: str, **kwargs) -> httpx.Response:
+        try:
+            return self.client.request(method, f"/fhir/Task/{job_id}{suffix}", operation=operation, **kwargs)
+        except ServiceError as exc:
+            if exc.status_code == 404:
+                raise JobNotFoundError(
+                    operation, 404, f"the extraction server has no job {job_id}", transient=False, service=SERVICE
+                ) from exc
+            raise
+
+    def _updated_job(self, job_id: str, response: httpx.Response) -> ExtractionJob:
+        """The Task of a successful PUT (its body is not specified: read the Task when it is not one)."""
+        try:
+            document = response.json()
+        except ValueError:
+            document = None
+        if isinstance(document, dict) and document.get("resourceType") == "Task":
+            return ExtractionJob.from_task(document)
+        return self.job(job_id)
+
+
+def _priority_update(task: dict[str, Any], priority: str) -> dict[str, Any]:
+    """The full Task the PUT needs (resourceType, id, status, intent, priority); only priority is read."""
+    return {
+        "resourceType": "Task",
+        "id": task.get("id"),
+        "status": task.get("status"),
+        "intent": task.get("intent") or "order",
+        "priority": priority,
+    }

@@ -6,7 +6,8 @@ the group's profile, referencing the patient), and one Provenance per group that
 (``entity[].what.identifier`` = attribute_group system + group id, ``target[]`` = what it produced).
 
 Files are written once, line by line, into the state's temporary directory the first time they are
-asked for, so a benchmark can ask for gigabytes without holding them in memory.
+asked for, so a benchmark can ask for gigabytes without holding them in memory. In directory mode
+(``serve_dir``) the files are an existing directory's NDJSON files instead, served as they are.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ _AUDIT_FIELDS = {
     "Encounter": ("id", "meta", "subject", "period"),
 }
 _FILE_LOCK = threading.Lock()
+SERVED_SUFFIXES = (".ndjson", ".ndjson.zst")
 
 
 @dataclass(frozen=True)
@@ -338,8 +340,21 @@ def consent_file(batch_id: str) -> str:
     return f"{batch_id}_consent.ndjson"
 
 
+def served_files(directory: Path) -> list[str]:
+    """Directory mode: the NDJSON files (plain or zstd) under ``directory`` as relative paths, core last."""
+    names = sorted(
+        path.relative_to(directory).as_posix()
+        for path in directory.rglob("*")
+        if path.is_file() and path.name.endswith(SERVED_SUFFIXES) and not path.name.startswith(".")
+    )
+    return sorted(names, key=lambda name: Path(name).name.startswith(CORE_FILE))
+
+
 def materialize(state: ExtractionServerState, job: Job, name: str) -> Path:
-    """The file on disk, written on first use (to a temporary name, then renamed)."""
+    """The file on disk: in directory mode the served file itself, otherwise generated on first use (to a
+    temporary name, then renamed)."""
+    if state.serve_dir is not None:
+        return Path(state.serve_dir) / name
     path = state.workdir / job.id / name
     if path.exists():
         return path

@@ -1,7 +1,8 @@
 """Fake extraction server (TORCH) for dupflow's tests: a real HTTP server on 127.0.0.1.
 
 Implements ../shared/spec/extraction-server-api.md plus the real server's deviations recorded in
-protocols.md, with fault switches. Run alone: ``python -m tests.fakes.extraction_server --port N``.
+protocols.md, with fault switches. Run alone: ``python -m tests.fakes.extraction_server --port N``;
+``--serve-dir DIR`` serves an existing directory of result files (see "Directory mode").
 
 Public API
 ----------
@@ -23,7 +24,10 @@ Switches (``ExtractionServerState`` fields; see the comments there)
     variants     kickoff_status (202|200), extension_style ("torch"|"extractor"), stale_version_status (409|412),
                  lenient_transitions, result_shape ("manifest"|"parameters"),
                  file_url_style ("absolute"|"relative"|"host_prefixed"), files_base_url, files_path,
-                 requires_access_token, status_102 (None|"interim"|"final": httpx only sees "interim")
+                 requires_access_token, status_102 (None|"interim"|"final": httpx only sees "interim"),
+                 cohort_preview (False: no $evaluate-cohort, 404 as older servers), delete_files_after
+                 (seconds the files of a deleted job stay readable; the real server removes them later),
+                 auth_check (callable on the lower-cased request headers; False answers 401)
     faults       response_delay, omit_content_location, status_unavailable_polls (503 storm),
                  fail_next_status (500), fail_jobs + failure_diagnostics, empty_output ("with_issues"|
                  "without_issues"), job_issues, file_not_ready_probes, head_status (405|403),
@@ -42,17 +46,31 @@ Endpoints
     PUT    /fhir/Task/{id}                priority; If-Match W/"<version>" (428, 409 or 412)
     POST   /fhir/Task/{id}/$pause|$resume|$cancel, DELETE /fhir/Task/{id}
     GET    /fhir/metadata                 minimal CapabilityStatement
+    POST   /fhir/$evaluate-cohort         CRTDL or CCDL as application/json -> List of Patient references
     GET|HEAD {files_path}/<jobId>/<file>  <batchId>.ndjson, core.ndjson, <batchId>_consent.ndjson,
                                           reports/job-summary.json, reports/*.csv; Range -> 206
+
+Kick-off and PUT need a JSON Content-Type (415 otherwise); If-Match must be a weak ETag (400 otherwise).
+
+Directory mode
+--------------
+    start_extraction_server(serve_dir=DIR) or ``--serve-dir DIR``: the server holds a completed job
+    (``srv.served_job_id``, ``srv.served_status_url``) whose manifest lists every ``*.ndjson`` and
+    ``*.ndjson.zst`` under DIR (relative paths, core last); submitted jobs run as usual and end with the same
+    output. Files are streamed from disk (sendfile) with HEAD and Range; nothing is read into memory.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import hashlib
 import json
 import re
 import socket
 import ssl
 import struct
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -61,7 +79,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tests.fakes._server import LoopbackServer, serve_forever_cli
+from tests.fakes._server import LoopbackServer
 from tests.fakes.extraction_content import materialize, remove_job_files
 from tests.fakes.extraction_crtdl import KickoffError, parse_kickoff
 from tests.fakes.extraction_state import (
@@ -72,6 +90,7 @@ from tests.fakes.extraction_state import (
     TransitionError,
 )
 from tests.fakes.extraction_views import (
+    cohort_list,
     files_ready,
     manifest,
     outcome,
@@ -95,7 +114,14 @@ FHIR_JSON = "application/fhir+json"
 _CHUNK = 64 * 1024
 _TASK_PRIORITIES = frozenset({"routine", "urgent", "asap", "stat"})
 _ACCEPTABLE = frozenset({"application/fhir+json", "application/*", "*/*"})
-_CONTENT_TYPES = {".ndjson": "application/fhir+ndjson", ".json": "application/json", ".csv": "text/csv"}
+_CONTENT_TYPES = {
+    ".ndjson": "application/fhir+ndjson",
+    ".zst": "application/zstd",
+    ".json": "application/json",
+    ".csv": "text/csv",
+}
+_JSON_BODIES = frozenset({"application/fhir+json", "application/json"})
+_WEAK_ETAG = re.compile(r'^W/"([^"]*)"$')
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
@@ -142,6 +168,8 @@ class ExtractionFilesHandler(BaseHTTPRequestHandler):
         )
         if self.state.response_delay:
             time.sleep(self.state.response_delay)
+        for job_id in self.state.due_file_removals():
+            remove_job_files(self.state, job_id)
         try:
             self.route(method)
         except _Abort:
@@ -209,7 +237,7 @@ class ExtractionFilesHandler(BaseHTTPRequestHandler):
             return self._send_html(404, "Not Found")
         if method == "HEAD" and state.head_status:
             return self._send_html(state.head_status, "Not Allowed")
-        job = state.job(job_id)
+        job = state.files_job(job_id)
         if job is None or name not in files_ready(state, job, state.now()):
             return self._send_html(404, "Not Found")
         path = materialize(state, job, name)
@@ -237,6 +265,10 @@ class ExtractionFilesHandler(BaseHTTPRequestHandler):
         stall_at = self.state.stall_after_bytes if faults and self.state.take("stall_downloads") else None
         sent = 0
         with path.open("rb") as source:
+            if reset_at is None and stall_at is None:
+                # From disk to socket without passing through Python (large served files, benchmarks).
+                self.connection.sendfile(source, start, length)
+                return
             source.seek(start)
             while sent < length:
                 limit = min(_CHUNK, length - sent)
@@ -269,8 +301,15 @@ class ExtractionHandler(ExtractionFilesHandler):
 
     def route(self, method: str) -> None:
         path = self.path_only
+        check = self.state.auth_check
+        if check is not None and not check({k.lower(): v for k, v in self.headers.items()}):
+            return self.send_json(
+                401, outcome("error", "login", "Authentication required"), headers={"WWW-Authenticate": "Basic"}
+            )
         if method == "POST" and path == "/fhir/$extract-data":
             return self._kickoff()
+        if method == "POST" and path == "/fhir/$evaluate-cohort" and self.state.cohort_preview:
+            return self._evaluate_cohort()
         if method == "GET" and (match := re.fullmatch(r"/fhir/__status/([^/]+)", path)):
             return self._status(match.group(1))
         if method == "GET" and path == "/fhir/Task":
@@ -280,7 +319,7 @@ class ExtractionHandler(ExtractionFilesHandler):
         if method == "POST" and (match := re.fullmatch(r"/fhir/Task/([^/]+)/\$(pause|resume|cancel)", path)):
             return self._task_operation(match.group(1), match.group(2))
         if method == "GET" and path == "/fhir/metadata":
-            return self.send_json(200, _capability_statement())
+            return self.send_json(200, _capability_statement(self.state.cohort_preview))
         if path.startswith(self.state.files_path + "/"):
             return super().route(method)
         self.send_json(404, outcome("error", "not-found", f"No route for {method} {path}"))
@@ -293,6 +332,9 @@ class ExtractionHandler(ExtractionFilesHandler):
         if accept and not {t.split(";")[0].strip().lower() for t in accept.split(",")} & _ACCEPTABLE:
             self._record_submission(406, None, headers)
             return self.send_json(406, outcome("error", "not-supported", f"Not acceptable: {accept}"))
+        if not self._json_body():
+            self._record_submission(415, None, headers)
+            return self._unsupported_media_type()
         try:
             crtdl, patients = parse_kickoff(self.body)
         except KickoffError as error:
@@ -303,12 +345,45 @@ class ExtractionHandler(ExtractionFilesHandler):
         location = {} if state.omit_content_location else {"Content-Location": self._status_url(job.id)}
         self.send(state.kickoff_status, b"", None, location)
 
+    def _json_body(self) -> bool:
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        return content_type in _JSON_BODIES
+
+    def _unsupported_media_type(self) -> None:
+        given = self.headers.get("Content-Type") or "none"
+        self.send_json(
+            415, outcome("error", "not-supported", f"Unsupported Content-Type: {given}; send application/fhir+json")
+        )
+
     def _record_submission(self, status: int, job_id: str | None, headers: dict[str, str]) -> None:
         with self.state.lock:
             self.state.submissions.append(Submission(self.body, headers, status, job_id))
 
     def _status_url(self, job_id: str) -> str:
         return f"{self.api_base()}/fhir/__status/{job_id}"
+
+    # --- cohort preview -------------------------------------------------------------------------
+    def _evaluate_cohort(self) -> None:
+        """A full CRTDL (only its cohortDefinition counts) or a bare CCDL, as plain JSON; no job is made."""
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            given = self.headers.get("Content-Type") or "none"
+            return self.send_json(
+                415, outcome("error", "not-supported", f"Unsupported Content-Type: {given}; send application/json")
+            )
+        try:
+            definition = json.loads(self.body)
+        except (ValueError, UnicodeDecodeError):
+            definition = None
+        if not isinstance(definition, dict) or not (
+            isinstance(definition.get("cohortDefinition"), dict) or "inclusionCriteria" in definition
+        ):
+            return self.send_json(
+                400, outcome("fatal", "invalid", "Body is neither a CRTDL with a cohortDefinition nor a CCDL")
+            )
+        state = self.state
+        patients = state.cohort_of(hashlib.sha256(self.body).hexdigest()[:8])
+        self.send_json(200, cohort_list(patients, state.wall(state.now())))
 
     # --- status -----------------------------------------------------------------------------------
     def _status(self, job_id: str) -> None:
@@ -401,6 +476,13 @@ class ExtractionHandler(ExtractionFilesHandler):
             return self.send_json(
                 428, outcome("error", "required", "If-Match header is required for PUT /fhir/Task/{id}")
             )
+        weak = _WEAK_ETAG.match(if_match.strip())
+        if weak is None:
+            return self.send_json(
+                400, outcome("error", "invalid", f'If-Match must be a weak ETag W/"<version>", got {if_match}')
+            )
+        if not self._json_body():
+            return self._unsupported_media_type()
         try:
             task = json.loads(self.body)
             if not isinstance(task, dict) or task.get("resourceType") != "Task":
@@ -410,7 +492,7 @@ class ExtractionHandler(ExtractionFilesHandler):
         priority = task.get("priority") or "routine"
         if priority not in _TASK_PRIORITIES:
             return self.send_json(400, outcome("error", "invalid", f"Invalid Task.priority: {priority}"))
-        given = if_match.strip().removeprefix("W/").strip('"')
+        given = weak.group(1)
         with state.lock:
             state.advance()
             job = state.jobs[job_id]
@@ -455,20 +537,32 @@ class ExtractionServer(LoopbackServer):
     already started server returned by ``start_extraction_server`` also works in a ``with`` block."""
 
     def __init__(
-        self, state: ExtractionServerState, ssl_context: ssl.SSLContext | None = None, file_origin: bool = False
+        self,
+        state: ExtractionServerState,
+        ssl_context: ssl.SSLContext | None = None,
+        file_origin: bool = False,
+        port: int = 0,
     ):
-        super().__init__(ExtractionHandler, state, ssl_context=ssl_context)
+        super().__init__(ExtractionHandler, state, port=port, ssl_context=ssl_context)
+        self.served_job_id: str | None = None
         self.file_server = LoopbackServer(ExtractionFilesHandler, state) if file_origin else None
         self._started = False
 
     def start(self) -> ExtractionServer:
         if not self._started:
             self._started = True
+            if self.state.serve_dir is not None:
+                self.served_job_id = self.state.add_served_job().id
             super().start()
             if self.file_server is not None:
                 self.file_server.start()
                 self.state.files_base_url = self.file_server.base_url + self.state.files_path
         return self
+
+    @property
+    def served_status_url(self) -> str:
+        """Directory mode: the status URL of the completed job whose output is the served directory."""
+        return f"{self.base_url}/fhir/__status/{self.served_job_id}"
 
     def stop(self) -> None:
         super().stop()
@@ -480,7 +574,9 @@ class ExtractionServer(LoopbackServer):
 def start_extraction_server(
     *, ssl_context: ssl.SSLContext | None = None, file_origin: bool = False, **state_options: Any
 ) -> ExtractionServer:
-    """Start a fake extraction server on 127.0.0.1 (state built from ``state_options``)."""
+    """Start a fake extraction server on 127.0.0.1 (state built from ``state_options``). With
+    ``serve_dir=<directory>`` the server also holds a completed job whose output is that directory's NDJSON
+    files (``srv.served_status_url``), and every submitted job's output is those files too."""
     return ExtractionServer(ExtractionServerState(**state_options), ssl_context, file_origin).start()
 
 
@@ -509,7 +605,7 @@ def _parse_range(header: str, size: int) -> tuple[int, int] | None:
     return (start, end) if start <= end and start < size else None
 
 
-def _capability_statement() -> dict:
+def _capability_statement(cohort_preview: bool) -> dict:
     return {
         "resourceType": "CapabilityStatement",
         "status": "active",
@@ -521,11 +617,31 @@ def _capability_statement() -> dict:
             {
                 "mode": "server",
                 "resource": [{"type": "Task", "interaction": [{"code": "read"}, {"code": "search-type"}]}],
-                "operation": [{"name": "extract-data", "definition": "$extract-data"}],
+                "operation": [{"name": "extract-data", "definition": "$extract-data"}]
+                + ([{"name": "evaluate-cohort", "definition": "$evaluate-cohort"}] if cohort_preview else []),
             }
         ],
     }
 
 
+def main(argv: list[str] | None = None) -> None:
+    """``python -m tests.fakes.extraction_server [--port P] [--serve-dir DIR]``."""
+    parser = argparse.ArgumentParser(description="Fake extraction server (TORCH)")
+    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument(
+        "--serve-dir", type=Path, help="serve this directory's NDJSON files (plain or .zst) as a completed job"
+    )
+    args = parser.parse_args(argv)
+    if args.serve_dir is not None and not args.serve_dir.is_dir():
+        parser.error(f"--serve-dir {args.serve_dir}: not a directory")
+    server = ExtractionServer(ExtractionServerState(serve_dir=args.serve_dir), port=args.port).start()
+    print(f"Fake extraction server (TORCH) listening on {server.base_url}", flush=True)
+    if args.serve_dir is not None:
+        print(f"completed job serving {args.serve_dir}: {server.served_status_url}", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        threading.Event().wait()
+    server.stop()
+
+
 if __name__ == "__main__":
-    serve_forever_cli(ExtractionHandler, ExtractionServerState(), "Fake extraction server (TORCH)")
+    main()

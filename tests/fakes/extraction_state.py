@@ -182,6 +182,12 @@ class ExtractionServerState:
     reset_downloads: int = 0  # next N full GETs are reset after ``reset_after_bytes``
     reset_after_bytes: int = 1024
     delete_fails: bool = False
+    delete_files_after: float = 0.0  # real server: DELETE marks the job deleted, its files vanish later
+    cohort_preview: bool = True  # False: no $evaluate-cohort (older servers answer 404)
+    auth_check: Callable[[dict[str, str]], bool] | None = None  # API requests failing it answer 401
+
+    # --- directory mode -----------------------------------------------------------------------------
+    serve_dir: Path | None = None  # every job's output is this directory's NDJSON files (plain or .zst)
 
     # --- records --------------------------------------------------------------------------------
     requests: list[RecordedRequest] = field(default_factory=list)
@@ -193,6 +199,7 @@ class ExtractionServerState:
     file_requests: Counter = field(default_factory=Counter)  # any request per file (readiness faults)
 
     jobs: dict[str, Job] = field(default_factory=dict)
+    deleted: dict[str, tuple[Job, float]] = field(default_factory=dict)  # job id -> (job, files removed at)
     lock: threading.RLock = field(default_factory=threading.RLock, repr=False)
     _cursor: float | None = field(default=None, repr=False)
     _seq: int = field(default=0, repr=False)
@@ -249,9 +256,7 @@ class ExtractionServerState:
             self.advance(now)
             self._seq += 1
             job_id = str(uuid.uuid4())
-            patients = tuple(patient_ids) or tuple(
-                f"pat-{crtdl.digest}-{i:05d}" for i in range(1, self.cohort_size + 1)
-            )
+            patients = tuple(patient_ids) or self.cohort_of(crtdl.digest)
             batch_count = math.ceil(len(patients) / self.batch_size)
             job = Job(
                 id=job_id,
@@ -269,6 +274,11 @@ class ExtractionServerState:
             self.jobs[job_id] = job
             return job
 
+    def cohort_of(self, digest: str) -> tuple[str, ...]:
+        """The patients a cohort definition selects: ``cohort_size`` ids seeded by the CRTDL's digest, so a
+        cohort preview and an extraction of the same CRTDL agree."""
+        return tuple(f"pat-{digest}-{i:05d}" for i in range(1, self.cohort_size + 1))
+
     def job(self, job_id: str) -> Job | None:
         with self.lock:
             self.advance()
@@ -280,8 +290,51 @@ class ExtractionServerState:
             self.jobs.clear()
 
     def delete_job(self, job_id: str) -> bool:
+        """Forget the job at once; its files stay readable for ``delete_files_after`` seconds."""
         with self.lock:
-            return self.jobs.pop(job_id, None) is not None
+            job = self.jobs.pop(job_id, None)
+            if job is not None:
+                self.deleted[job_id] = (job, self.now() + self.delete_files_after)
+            return job is not None
+
+    def files_job(self, job_id: str) -> Job | None:
+        """The job whose files the file server may still serve: a live job, or a deleted one whose files
+        have not been removed yet."""
+        with self.lock:
+            self.advance()
+            return self.jobs.get(job_id) or (self.deleted[job_id][0] if job_id in self.deleted else None)
+
+    def due_file_removals(self) -> list[str]:
+        """Ids of deleted jobs whose files are due for removal now (each is returned once)."""
+        with self.lock:
+            now = self.now()
+            due = [job_id for job_id, (_, at) in self.deleted.items() if at <= now]
+            for job_id in due:
+                del self.deleted[job_id]
+            return due
+
+    def add_served_job(self) -> Job:
+        """A completed job whose output is ``serve_dir`` (directory mode); its id derives from the path."""
+        with self.lock:
+            job_id = str(uuid.uuid5(uuid.NAMESPACE_URL, Path(self.serve_dir).resolve().as_uri()))
+            now = self.now()
+            self._seq += 1
+            job = Job(
+                id=job_id,
+                seq=self._seq,
+                crtdl=Crtdl(data={}, digest="served", groups=()),
+                patient_ids=(),
+                batch_ids=(),
+                batch_size=self.batch_size,
+                plan=ContentPlan(0, 0, ()),
+                submitted_at=now,
+                started_at=now,
+                phase_start=now,
+                last_updated=now,
+            )
+            self._enter_phase(job, JobStatus.COMPLETED, now)
+            self.jobs[job_id] = job
+            return job
 
     def version(self, job: Job, now: float) -> int:
         """Task.meta.versionId: moves on with every transition, priority change and finished batch."""

@@ -14,6 +14,7 @@ from tests.fakes.extraction_content import (
     consent_file,
     diagnostics_summary,
     has_consent_audit,
+    served_files,
 )
 from tests.fakes.extraction_state import FINAL, ExtractionServerState, Job, JobStatus
 
@@ -105,6 +106,8 @@ def output_files(state: ExtractionServerState, job: Job) -> list[str]:
     """Manifest output: batch files, then core.ndjson last; none when ``empty_output`` is set."""
     if state.empty_output:
         return []
+    if state.serve_dir is not None:
+        return served_files(state.serve_dir)
     return [batch_file(b) for b in job.batch_ids] + [CORE_FILE]
 
 
@@ -257,6 +260,18 @@ def _consent_outputs(state: ExtractionServerState, job: Job, now: float, files_b
     ]
 
 
+def cohort_list(patient_ids: list[str] | tuple[str, ...], wall: datetime) -> dict:
+    """The $evaluate-cohort answer: a FHIR List with one entry per matching patient."""
+    return {
+        "resourceType": "List",
+        "status": "current",
+        "mode": "snapshot",
+        "title": "Cohort",
+        "date": wall.isoformat(timespec="seconds").replace("+00:00", "Z"),
+        "entry": [{"item": {"reference": f"Patient/{patient_id}"}} for patient_id in patient_ids],
+    }
+
+
 def search_bundle(tasks: list[dict]) -> dict:
     return {
         "resourceType": "Bundle",
@@ -268,7 +283,10 @@ def search_bundle(tasks: list[dict]) -> dict:
 
 # --- files ---------------------------------------------------------------------------------------
 def files_ready(state: ExtractionServerState, job: Job, now: float) -> list[str]:
-    """Files the file server has now: finished batches (and their audit files), the rest at completion."""
+    """Files the file server has now: finished batches (and their audit files), the rest at completion;
+    in directory mode, the directory's files once the job completed."""
+    if state.serve_dir is not None:
+        return served_files(state.serve_dir) if job.status is JobStatus.COMPLETED else []
     finished = job.batch_ids[: state.batch_progress(job, now).completed]
     names = [batch_file(b) for b in finished]
     if has_consent_audit(job):
