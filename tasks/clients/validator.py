@@ -1,0 +1,254 @@
+"""Client of the validation service (the HL7/MII FHIR validator in server mode): ``POST {url}/validateResource``.
+
+Wire contract (spec/protocols.md, "Validation service"): the body is a ``collection`` Bundle whose entries are
+``{fullUrl, resource}``, ``fullUrl`` being ``http://localhost/fhir/<Type>/<id>`` so that references between the
+resources resolve; entries of Bundle resources that lack a ``fullUrl`` get one the same way. The answer is an
+``OperationOutcome``: issues of severity ``error``/``fatal`` are data-quality findings, ``warning`` and
+``information`` are not. An HTTP error is an infrastructure failure, never a finding, with one exception: older
+HAPI-based servers answer findings with 412 or 422 and the OperationOutcome as body, which is taken as findings.
+
+Chunks are cut from a stream of NDJSON lines by the serialized size of the request body (``chunk_bytes``): each
+resource's own bytes are used as read (no re-serialisation) unless a nested Bundle entry needed a ``fullUrl``. A
+resource too large for a chunk on its own goes alone into its own chunk, flagged ``oversized``.
+
+Plain Python: no Prefect in here. Requests go through the client layer (retry of 5xx/408/429 and network errors).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tasks.clients.errors import raise_for_service_status_async
+from tasks.clients.http import AsyncServiceClient, call_with_retry_async
+from tasks.ndjson import parse_resource
+
+VALIDATE_PATH = "/validateResource"
+FHIR_JSON = "application/fhir+json"
+REQUEST_HEADERS = {"Content-Type": FHIR_JSON, "Accept": FHIR_JSON}
+FULL_URL_BASE = "http://localhost/fhir"
+FINDINGS_STATUSES = (412, 422)
+ERROR_SEVERITIES = frozenset({"error", "fatal"})
+MB = 1024 * 1024
+
+BODY_PREFIX = b'{"resourceType":"Bundle","type":"collection","entry":['
+BODY_SUFFIX = b"]}"
+
+# How a report line says which chunk it answers and which resources that chunk held.
+CHUNK_EXTENSION = "urn:dupflow:validation:chunk"
+RESOURCE_EXTENSION = "urn:dupflow:validation:resource"
+
+_ENTRY_INDEX = re.compile(r"^\s*Bundle\.entry\[(\d+)\]")
+
+
+class ValidationServiceError(Exception):
+    """The service answered 200 with something that is not an OperationOutcome."""
+
+
+# --- chunks ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One request: its number in the file (from 1), its body, and ``Type/id`` of each resource it holds."""
+
+    number: int
+    body: bytes = field(repr=False)
+    labels: tuple[str, ...]
+    oversized: bool = False
+
+
+def iter_chunks(lines: Iterable[tuple[int, bytes]], chunk_bytes: int, source: Path | str) -> Iterator[Chunk]:
+    """Greedy, order-preserving chunks of ``(line number, resource line)``, each body at most ``chunk_bytes``.
+
+    Only one chunk's entries are held at a time. A resource whose entry alone exceeds ``chunk_bytes`` is sent
+    alone in a chunk flagged ``oversized``.
+    """
+    entries: list[bytes] = []
+    labels: list[str] = []
+    size = len(BODY_PREFIX) + len(BODY_SUFFIX)
+    number = 0
+    for line_number, line in lines:
+        entry, label = bundle_entry(parse_resource(Path(source), line_number, line), line.strip(), line_number)
+        added = len(entry) + (1 if entries else 0)
+        if entries and size + added > chunk_bytes:
+            number += 1
+            yield Chunk(number, join_entries(entries), tuple(labels))
+            entries, labels, size, added = [], [], len(BODY_PREFIX) + len(BODY_SUFFIX), len(entry)
+        entries.append(entry)
+        labels.append(label)
+        size += added
+        if len(entries) == 1 and size > chunk_bytes:
+            number += 1
+            yield Chunk(number, join_entries(entries), tuple(labels), oversized=True)
+            entries, labels, size = [], [], len(BODY_PREFIX) + len(BODY_SUFFIX)
+    if entries:
+        yield Chunk(number + 1, join_entries(entries), tuple(labels))
+
+
+def join_entries(entries: list[bytes]) -> bytes:
+    return BODY_PREFIX + b",".join(entries) + BODY_SUFFIX
+
+
+def bundle_entry(resource: dict[str, Any], resource_json: bytes, line_number: int) -> tuple[bytes, str]:
+    """The entry ``{fullUrl, resource}`` for one resource as JSON bytes, and the resource's label."""
+    if with_full_urls(resource):
+        resource_json = orjson.dumps(resource)
+    full_url = orjson.dumps(full_url_of(resource))
+    return b'{"fullUrl":' + full_url + b',"resource":' + resource_json + b"}", resource_label(resource, line_number)
+
+
+def full_url_of(resource: Any) -> str:
+    """``http://localhost/fhir/<Type>/<id>``, or a fresh ``urn:uuid:`` for a resource without type or id."""
+    if isinstance(resource, dict) and resource.get("resourceType") and resource.get("id"):
+        return f"{FULL_URL_BASE}/{resource['resourceType']}/{resource['id']}"
+    return f"urn:uuid:{uuid.uuid4()}"
+
+
+def with_full_urls(resource: dict[str, Any]) -> bool:
+    """Give every entry of a Bundle resource (nested ones too) that lacks a ``fullUrl`` one; True if any did."""
+    if resource.get("resourceType") != "Bundle":
+        return False
+    changed = False
+    for entry in resource.get("entry") or []:
+        if not isinstance(entry, dict):
+            continue
+        if not entry.get("fullUrl"):
+            entry["fullUrl"] = full_url_of(entry.get("resource"))
+            changed = True
+        if isinstance(entry.get("resource"), dict):
+            changed = with_full_urls(entry["resource"]) or changed
+    return changed
+
+
+def resource_label(resource: dict[str, Any], line_number: int) -> str:
+    """``Type/id`` of a resource for reports and messages (never its content); the line where it has no id."""
+    resource_type = resource.get("resourceType", "unknown type")
+    return f"{resource_type}/{resource['id']}" if resource.get("id") else f"{resource_type} (line {line_number})"
+
+
+# --- answers ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One error issue: the resource it is about, where in it (FHIRPath), and what the validator said."""
+
+    resource: str
+    location: str
+    message: str
+
+    def describe(self) -> str:
+        return f"{self.resource} at {self.location}: {self.message}"
+
+
+@dataclass
+class ChunkFindings:
+    """What one chunk's OperationOutcome says, counted by severity and mapped to the chunk's resources."""
+
+    errors: int = 0
+    warnings: int = 0
+    information: int = 0
+    resources_with_errors: set[int] = field(default_factory=set)
+    """Entry indexes (in the chunk) that have at least one error."""
+    findings: list[Finding] = field(default_factory=list)
+
+
+def read_findings(outcome: dict[str, Any], labels: tuple[str, ...], keep: int) -> ChunkFindings:
+    """Count the issues of ``outcome`` and keep the first ``keep`` errors with their resource and location.
+
+    An error is tied to a resource through its FHIRPath (``Bundle.entry[i]...``); an error without one is
+    counted but belongs to no resource, except in a chunk of a single resource.
+    """
+    counted = ChunkFindings()
+    for issue in outcome.get("issue") or []:
+        if not isinstance(issue, dict):
+            continue
+        severity = issue.get("severity")
+        if severity == "warning":
+            counted.warnings += 1
+        elif severity not in ERROR_SEVERITIES:
+            counted.information += 1
+        else:
+            counted.errors += 1
+            location = issue_location(issue)
+            index = entry_index(location, len(labels))
+            if index is not None:
+                counted.resources_with_errors.add(index)
+            if len(counted.findings) < keep:
+                resource = labels[index] if index is not None else "(not tied to a resource)"
+                counted.findings.append(Finding(resource, location or "(no location)", issue_message(issue)))
+    return counted
+
+
+def issue_location(issue: dict[str, Any]) -> str | None:
+    for name in ("expression", "location"):
+        values = issue.get(name)
+        if isinstance(values, list) and values and isinstance(values[0], str):
+            return values[0]
+    return None
+
+
+def entry_index(location: str | None, entries: int) -> int | None:
+    if location and (match := _ENTRY_INDEX.match(location)):
+        index = int(match.group(1))
+        return index if index < entries else None
+    return 0 if entries == 1 else None
+
+
+def issue_message(issue: dict[str, Any]) -> str:
+    details = issue.get("details")
+    for text in (details.get("text") if isinstance(details, dict) else None, issue.get("diagnostics")):
+        if isinstance(text, str) and text.strip():
+            return text.strip()
+    return f"({issue.get('code') or 'no code'}, no message)"
+
+
+def annotated(outcome: dict[str, Any], chunk: Chunk) -> dict[str, Any]:
+    """The outcome as a report line: extensions give the chunk number and every resource it held, in order."""
+    marks = [{"url": CHUNK_EXTENSION, "valueInteger": chunk.number}]
+    marks += [{"url": RESOURCE_EXTENSION, "valueString": label} for label in chunk.labels]
+    existing = outcome.get("extension") if isinstance(outcome.get("extension"), list) else []
+    return {"resourceType": "OperationOutcome", **outcome, "extension": existing + marks}
+
+
+def as_operation_outcome(content: bytes) -> dict[str, Any] | None:
+    try:
+        answer = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    return answer if isinstance(answer, dict) and answer.get("resourceType") == "OperationOutcome" else None
+
+
+# --- the service -----------------------------------------------------------------------------------------------
+
+
+class Validator:
+    """Validates chunks through one ``AsyncServiceClient`` (retrying transient failures per ``retry.*``)."""
+
+    def __init__(self, client: AsyncServiceClient):
+        self._client = client
+
+    async def validate(self, chunk: Chunk, source: str) -> dict[str, Any]:
+        """The service's OperationOutcome for ``chunk``; raises ``ServiceError`` for an infrastructure failure."""
+        operation = f"validate {source} chunk {chunk.number}"
+        service = self._client.endpoint.name
+
+        async def attempt() -> dict[str, Any]:
+            response = await self._client.http.post(VALIDATE_PATH, content=chunk.body, headers=REQUEST_HEADERS)
+            outcome = as_operation_outcome(response.content)
+            if outcome is not None and (response.is_success or response.status_code in FINDINGS_STATUSES):
+                return outcome
+            await raise_for_service_status_async(response, operation=operation, service=service)
+            raise ValidationServiceError(
+                f"{service}: {operation}: the service answered HTTP {response.status_code} without an "
+                "OperationOutcome; is services.validation.url the validator's root?"
+            )
+
+        return await call_with_retry_async(attempt, self._client.retry, operation=operation, service=service)

@@ -1,0 +1,264 @@
+"""The ``validation`` step: every resource of the step's input through the validator's ``/validateResource``.
+
+A pass-through step: it reads its input folder (``core`` first) and writes only reports into its own folder; the
+next step reads what this one read. Per input file, resources are cut into ``collection`` Bundles of at most
+``bundle_chunk_size_mb`` (streamed: at most ``max_concurrent_requests`` chunks exist at a time), up to
+``max_concurrent_requests`` are in flight, and the answers are written in chunk order to one report per file:
+NDJSON, one OperationOutcome per chunk, annotated with the chunk number and the resources it held
+(``tasks.clients.validator.annotated``). Each file is its own cached task, so a resumed job skips files that
+already have a report and redoes an unfinished one from the start (reports are written atomically).
+
+Findings never fail a file: ``fail_on_error`` decides, once every report is written, whether the job stops. An
+HTTP failure of the service (after the client layer's retries) fails the step, naming the file and chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import orjson
+from prefect.artifacts import create_table_artifact
+from prefect.exceptions import MissingContextError
+from prefect.logging import get_run_logger
+from pydantic import BaseModel
+
+from config.settings import Settings
+from tasks.clients.errors import ServiceError
+from tasks.clients.http import AsyncServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.validator import (
+    MB,
+    Chunk,
+    ValidationServiceError,
+    Validator,
+    annotated,
+    iter_chunks,
+    read_findings,
+)
+from tasks.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
+from tasks.errors import StepError
+from tasks.fanout import ordered_map
+from tasks.layout import artifact_key
+from tasks.ndjson import AtomicNdjsonWriter, CompressionLevel, iter_lines, output_name, remove_partial_files
+from tasks.progress import track
+
+FIRST_ERRORS = 5
+"""Error messages kept per file for the step's summary and artifact."""
+READ_TIMEOUT = timedelta(minutes=10)
+"""The validator is silent while it works on a chunk; a 10 MB chunk can take minutes."""
+REPORT_LINE_LIMIT = 1 << 30
+"""Report lines hold a whole chunk's OperationOutcome; the NDJSON line limit is for input resources."""
+TOO_LARGE_HINT = (
+    "the chunk was larger than the validation service accepts: lower services.validation.bundle_chunk_size_mb, "
+    "or raise the service's request body limit"
+)
+
+stdlib_logger = logging.getLogger("dupflow.validation")
+
+
+class FileValidation(BaseModel):
+    """What the validation of one input file found, and the report it wrote."""
+
+    file: str
+    report: DataFile
+    resources: int
+    chunks: int
+    resources_with_errors: int
+    errors: int
+    warnings: int
+    information: int
+    first_errors: list[str]
+
+
+@step_task("validation")
+def validation(step: StepInput) -> StepResult:
+    settings = settings_of(step)
+    service = settings.services.validation
+    if not service.url:
+        raise StepError("services.validation.url is not set; the validation step needs the validator's root URL")
+    remove_partial_files(step.output_dir)
+    checked = [commit_each(validate_file, step, path.name, service.bundle_chunk_size_mb) for path in step.input_paths()]
+    publish_artifact(step, checked)
+    if service.fail_on_error and any(c.errors for c in checked):
+        raise StepError(failure_message(step.output_dir, checked))
+    return step.result(
+        [c.report for c in checked],
+        files=[c.model_dump(exclude={"report"}) for c in checked],
+        resources=sum(c.resources for c in checked),
+        resources_with_errors=sum(c.resources_with_errors for c in checked),
+        errors=sum(c.errors for c in checked),
+        warnings=sum(c.warnings for c in checked),
+        reports=str(step.output_dir),
+    )
+
+
+@file_task("validate-file", "validate[{name}]")
+def validate_file(step: StepInput, name: str, chunk_size_mb: int) -> FileValidation:
+    """Validate one input file into its report (``chunk_size_mb`` is a parameter: it shapes the report)."""
+    settings = settings_of(step)
+    assert step.input_dir is not None
+    source = step.input_dir / name
+    dest = step.output_dir / output_name(name, settings.compression.enabled)
+    expected = next((f.resources for f in step.files if f.name == name), None)
+    return asyncio.run(validate_with_service(settings, source, dest, chunk_size_mb, expected))
+
+
+async def validate_with_service(
+    settings: Settings, source: Path, dest: Path, chunk_size_mb: int, expected_resources: int | None
+) -> FileValidation:
+    service = settings.services.validation
+    assert service.url is not None
+    endpoint = ServiceEndpoint("validation", service.url, None, http_timeout(READ_TIMEOUT))
+    async with AsyncServiceClient(endpoint, settings.tls, settings.retry) as client:
+        return await validate_path(
+            source,
+            dest,
+            Validator(client),
+            chunk_bytes=chunk_size_mb * MB,
+            window=service.max_concurrent_requests,
+            level=settings.compression.level if settings.compression.enabled else None,
+            max_line_bytes=settings.pipeline.max_ndjson_line_size_bytes,
+            expected_resources=expected_resources,
+        )
+
+
+# --- one file ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Tally:
+    """Counts over a file's chunks, as they come back in order."""
+
+    resources: int = 0
+    chunks: int = 0
+    resources_with_errors: int = 0
+    errors: int = 0
+    warnings: int = 0
+    information: int = 0
+    first_errors: list[str] = field(default_factory=list)
+
+    def add(self, chunk: Chunk, outcome: dict[str, Any]) -> None:
+        findings = read_findings(outcome, chunk.labels, FIRST_ERRORS - len(self.first_errors))
+        self.resources += len(chunk.labels)
+        self.chunks += 1
+        self.resources_with_errors += len(findings.resources_with_errors)
+        self.errors += findings.errors
+        self.warnings += findings.warnings
+        self.information += findings.information
+        self.first_errors += [finding.describe() for finding in findings.findings]
+
+
+async def validate_path(
+    source: Path,
+    dest: Path,
+    validator: Validator,
+    *,
+    chunk_bytes: int,
+    window: int,
+    level: CompressionLevel | None,
+    max_line_bytes: int,
+    expected_resources: int | None = None,
+) -> FileValidation:
+    """Validate ``source`` chunk by chunk, ``window`` requests in flight, into the report ``dest`` (atomic)."""
+    tally = Tally()
+
+    async def validate(chunk: Chunk) -> dict[str, Any]:
+        try:
+            return await validator.validate(chunk, source.name)
+        except (ServiceError, ValidationServiceError) as exc:
+            raise StepError(chunk_failure(source, chunk, exc)) from exc
+
+    with track(f"validate {source.name}", expected_resources, "resources") as progress:
+        with AtomicNdjsonWriter(dest, level, REPORT_LINE_LIMIT, source=str(dest)) as writer:
+            chunks = warn_oversized(iter_chunks(iter_lines(source, max_line_bytes), chunk_bytes, source), source)
+            async for chunk, outcome in ordered_map(chunks, validate, window):
+                writer.write_line(orjson.dumps(annotated(outcome, chunk)))
+                tally.add(chunk, outcome)
+                progress.advance(len(chunk.labels))
+    assert writer.stats is not None
+    return FileValidation(
+        file=source.name,
+        report=DataFile(name=dest.name, size=writer.stats.size, resources=writer.stats.resources),
+        resources=tally.resources,
+        chunks=tally.chunks,
+        resources_with_errors=tally.resources_with_errors,
+        errors=tally.errors,
+        warnings=tally.warnings,
+        information=tally.information,
+        first_errors=tally.first_errors,
+    )
+
+
+def warn_oversized(chunks: Iterator[Chunk], source: Path) -> Iterator[Chunk]:
+    """Pass chunks through, warning about each resource that is larger than a chunk on its own."""
+    for chunk in chunks:
+        if chunk.oversized:
+            step_logger().warning(
+                "%s: %s is %.1f MB, larger than services.validation.bundle_chunk_size_mb; it is sent alone in chunk %d",
+                source.name,
+                chunk.labels[0],
+                len(chunk.body) / MB,
+                chunk.number,
+            )
+        yield chunk
+
+
+def chunk_failure(source: Path, chunk: Chunk, exc: Exception) -> str:
+    held = chunk.labels[0] if len(chunk.labels) == 1 else f"{chunk.labels[0]} … {chunk.labels[-1]}"
+    message = (
+        f"{source}: validation of chunk {chunk.number} ({len(chunk.labels)} resources: {held}) failed: {exc}; "
+        "this is a failure of the validation service, not a finding in the data"
+    )
+    if isinstance(exc, ServiceError) and exc.status_code == 413:
+        message += f"; {TOO_LARGE_HINT}"
+    return message
+
+
+def step_logger() -> logging.Logger | logging.LoggerAdapter:
+    """The task run's logger inside Prefect (so warnings reach the run's log), else a plain logger."""
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return stdlib_logger
+
+
+# --- step helpers --------------------------------------------------------------------------------------------
+
+
+def failure_message(folder: Path, checked: list[FileValidation]) -> str:
+    per_file = "; ".join(
+        f"{c.file}: {c.resources_with_errors} of {c.resources} resources with errors ({c.errors} errors)"
+        for c in checked
+        if c.errors
+    )
+    return (
+        f"validation found data-quality errors: {per_file}. Reports (one NDJSON of OperationOutcomes per input "
+        f"file) are in {folder}. Fix the data, or set services.validation.fail_on_error: false to go on despite them"
+    )
+
+
+def publish_artifact(step: StepInput, checked: list[FileValidation]) -> None:
+    rows = [
+        {
+            "file": c.file,
+            "resources": c.resources,
+            "chunks": c.chunks,
+            "resources with errors": c.resources_with_errors,
+            "errors": c.errors,
+            "warnings": c.warnings,
+            "information": c.information,
+            "first errors": "; ".join(c.first_errors),
+            "report": f"{step.output_dir.name}/{c.report.name}",
+        }
+        for c in checked
+    ]
+    create_table_artifact(
+        key=artifact_key(step.job_id, f"{step.position:02d}", step.step, "report"),
+        table=rows or [{"file": "(no files)"}],
+        description=f"Step {step.position + 1} `validation`: findings per file; reports in `{step.output_dir}`",
+    )
