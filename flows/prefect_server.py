@@ -1,0 +1,299 @@
+"""A local Prefect server for the command line: started on first need, found again, reused, stoppable.
+
+Without ``PREFECT_API_URL`` Prefect starts a temporary server for every command (9-11 s, 190 MB), and a
+kill -9 of the command leaves that server running. Instead, the first command that needs the API starts one
+``prefect server start`` in the background, bound to 127.0.0.1, with its database, state file and log in
+``PREFECT_HOME``; later commands find it through the state file and its health endpoint and reuse it. It
+outlives the command on purpose (``server stop`` ends it); nothing depends on it staying up: when it is gone,
+the next command starts another. ``PREFECT_API_URL`` still wins.
+
+No Prefect import here: the command line's fast commands import this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+from config.runtime import prefect_api_url
+from tasks.errors import DupflowError
+from tasks.layout import write_file_atomically
+
+STATE_FILE = "dupflow-server.json"
+LOCK_FILE = "dupflow-server.lock"
+LOG_FILE = "dupflow-server.log"
+HOST = "127.0.0.1"
+PROBE_TIMEOUT = 0.5
+# A fresh PREFECT_HOME runs the database migrations first: 15-25 s on a busy 2-core machine.
+STARTUP_TIMEOUT = 120.0
+STOP_GRACE = 10.0
+POLL_INTERVAL = 0.2
+
+
+class ServerStartError(DupflowError):
+    """The local Prefect server did not come up; the message names its log file."""
+
+
+@dataclass(frozen=True)
+class ServerRecord:
+    """What the state file remembers about the server this tool started."""
+
+    pid: int
+    port: int
+    url: str
+    log: str
+    started_at: str
+
+    @property
+    def ui_url(self) -> str:
+        return ui_url(self.url)
+
+
+# --- the API ---------------------------------------------------------------------------------
+
+
+def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_TIMEOUT) -> str:
+    """The Prefect API URL to use: ``PREFECT_API_URL`` if set, else a running local server, started if need be.
+
+    A file lock in PREFECT_HOME around the check-and-start keeps two commands starting at once from
+    starting two servers: the second waits and then finds the first one's server.
+    """
+    if api_url := prefect_api_url():
+        return api_url
+    home = prefect_home(home)
+    with home_lock(home):
+        record = read_record(home)
+        if record is not None and process_is_server(record.pid):
+            if wait_until_healthy(record, startup_timeout):
+                return record.url
+            terminate(record.pid)
+        return start_server(home, startup_timeout).url
+
+
+def stop_server(home: Path | None = None) -> bool:
+    """Stop the server recorded in PREFECT_HOME (SIGTERM, SIGKILL after a grace); whether one was running."""
+    home = prefect_home(home)
+    with home_lock(home):
+        record = read_record(home)
+        if record is None:
+            return False
+        running = process_is_server(record.pid)
+        if running:
+            terminate(record.pid)
+        (home / STATE_FILE).unlink(missing_ok=True)
+        return running
+
+
+def server_status(home: Path | None = None) -> dict | None:
+    """The recorded server (url, ui_url, pid, port, log, started_at, healthy), or None if none is running."""
+    record = read_record(prefect_home(home))
+    if record is None or not process_is_server(record.pid):
+        return None
+    return {**asdict(record), "ui_url": record.ui_url, "healthy": is_healthy(record.url)}
+
+
+def ui_url(api_url: str) -> str:
+    """The UI address of a Prefect server from its API URL."""
+    return api_url.rstrip("/").removesuffix("/api")
+
+
+# --- starting and finding the server -----------------------------------------------------------
+
+
+def prefect_home(home: Path | None = None) -> Path:
+    """``home``, else ``PREFECT_HOME``, else Prefect's default ``~/.prefect``; created if missing."""
+    path = Path(home or os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser().resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextmanager
+def home_lock(home: Path) -> Iterator[None]:
+    """An exclusive lock on PREFECT_HOME's server state; the kernel releases it if the holder dies."""
+    with open(home / LOCK_FILE, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def start_server(home: Path, startup_timeout: float) -> ServerRecord:
+    """Start ``prefect server start`` detached (own session, log file), record it, and wait until it is healthy."""
+    port = free_port()
+    url = f"http://{HOST}:{port}/api"
+    log = rotate_log(home)
+    print(f"starting a local Prefect server on {ui_url(url)} (log: {log})", file=sys.stderr)
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=home,
+            env=server_environment(home, url),
+            start_new_session=True,
+        )
+    record = ServerRecord(process.pid, port, url, str(log), datetime.now(UTC).isoformat(timespec="seconds"))
+    write_file_atomically(home / STATE_FILE, json.dumps(asdict(record)).encode())
+    if not wait_until_healthy(record, startup_timeout):
+        terminate(record.pid)
+        (home / STATE_FILE).unlink(missing_ok=True)
+        raise ServerStartError(
+            f"the local Prefect server did not come up within {startup_timeout:.0f} s; see its log {log}"
+        )
+    return record
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return probe.getsockname()[1]
+
+
+def rotate_log(home: Path) -> Path:
+    """The log file for a new server; the previous server's log is kept as ``.1``."""
+    log = home / LOG_FILE
+    if log.exists():
+        log.replace(log.with_name(LOG_FILE + ".1"))
+    return log
+
+
+def server_environment(home: Path, url: str) -> dict[str, str]:
+    """The server's environment: this one without dupflow's APP_* settings (they may hold secrets, and
+    the server outlives the command), with analytics off and the UI pointed at this server's own API."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
+    env.pop("PREFECT_API_URL", None)
+    env |= {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": url}
+    return env
+
+
+def read_record(home: Path) -> ServerRecord | None:
+    try:
+        return ServerRecord(**json.loads((home / STATE_FILE).read_text()))
+    except (FileNotFoundError, ValueError, TypeError):
+        return None
+
+
+def wait_until_healthy(record: ServerRecord, timeout: float) -> bool:
+    """Poll the health endpoint while the process lives; False if it dies or stays silent for ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if is_healthy(record.url):
+            return process_is_server(record.pid)
+        if not process_is_server(record.pid) or time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_INTERVAL)
+
+
+def is_healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=PROBE_TIMEOUT).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+# --- the server process ------------------------------------------------------------------------
+
+
+def process_is_server(pid: int) -> bool:
+    """Whether ``pid`` is alive and still a ``prefect server start`` (a recycled pid is not)."""
+    reap(pid)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return not Path("/proc/self").exists()  # no /proc (macOS): the pid check above is all there is
+    return b"prefect" in arguments and b"server" in arguments and b"start" in arguments
+
+
+def reap(pid: int) -> None:
+    """Collect ``pid``'s exit status if it is this process's exited child, so it does not linger as a zombie."""
+    with suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def terminate(pid: int, grace: float = STOP_GRACE) -> None:
+    """SIGTERM the server's process group (it leads its own session), SIGKILL if it outlives ``grace``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        if wait_for_exit(pid, grace):
+            return
+
+
+def wait_for_exit(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while process_is_server(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_INTERVAL / 2)
+    return True
+
+
+# --- command line ----------------------------------------------------------------------------
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``server start|stop|status`` to the ``python -m flows.run`` parser."""
+    server = commands.add_parser("server", help="the local Prefect server (and its UI) that jobs use")
+    server_commands = server.add_subparsers(required=True, metavar="SUBCOMMAND")
+    start = server_commands.add_parser("start", help="start the local Prefect server if none runs; print its UI URL")
+    start.set_defaults(command=cmd_server_start)
+    stop = server_commands.add_parser("stop", help="stop the local Prefect server")
+    stop.set_defaults(command=cmd_server_stop)
+    status = server_commands.add_parser("status", help="show the local Prefect server (exit code 1 if none runs)")
+    status.set_defaults(command=cmd_server_status)
+
+
+def cmd_server_start(args: argparse.Namespace) -> int:
+    if api_url := prefect_api_url():
+        print(f"PREFECT_API_URL is set: jobs use {api_url}; no local server started")
+        return 0
+    try:
+        api_url = ensure_server()
+    except ServerStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"Prefect UI: {ui_url(api_url)}")
+    print(f"API: {api_url}")
+    return 0
+
+
+def cmd_server_stop(args: argparse.Namespace) -> int:
+    print("stopped the local Prefect server" if stop_server() else "no local Prefect server was running")
+    return 0
+
+
+def cmd_server_status(args: argparse.Namespace) -> int:
+    if api_url := prefect_api_url():
+        print(f"PREFECT_API_URL is set: jobs use {api_url}, not the local server")
+    status = server_status()
+    if status is None:
+        print("no local Prefect server is running (the next job starts one)")
+        return 1
+    print(f"Prefect UI: {status['ui_url']}")
+    print(f"API: {status['url']} ({'healthy' if status['healthy'] else 'not answering'})")
+    print(f"pid {status['pid']}, started {status['started_at']}, log {status['log']}")
+    return 0
