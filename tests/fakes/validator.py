@@ -155,12 +155,9 @@ def binding_issues(node: Any, path: str) -> list[dict[str, Any]]:
     if allowed is not None and node.get("code") not in allowed:
         found.append(code_issue(node.get("code"), node["system"], f"{path}.code"))
     for name, value in node.items():
-        if (
-            name in REQUIRED_CODES_BY_ELEMENT
-            and isinstance(value, str)
-            and value not in REQUIRED_CODES_BY_ELEMENT[name]
-        ):
-            found.append(code_issue(value, name, f"{path}.{name}"))
+        value_set, codes = REQUIRED_CODES_BY_ELEMENT.get(name, (None, set()))
+        if value_set is not None and isinstance(value, str) and value not in codes:
+            found.append(code_issue(value, value_set, f"{path}.{name}"))
         elif isinstance(value, dict | list):
             found += binding_issues(value, f"{path}.{name}")
     return found
