@@ -175,7 +175,7 @@ def compile_view(view: Any) -> CompiledView:
         raise ViewDefinitionError("the ViewDefinition has no select")
     constants = _constants(view.get("constant", []))
     known_variables = _BUILTIN_VARIABLES | set(constants)
-    root = _compile_select({"select": selects}, "select", known_variables)
+    root = _compile_select({"select": selects}, "view", known_variables)
     _check_unique(root.names)
     where = []
     for index, clause in enumerate(_list_of(view.get("where", []), "where")):

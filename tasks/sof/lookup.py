@@ -1,0 +1,216 @@
+"""The flattening lookup file: profile URL → element ids → ViewDefinition snippets (spec/protocols.md).
+
+A lookup file is a JSON array of tables ``{url, resourceType, elements: {<element id>: {viewDefinition,
+children?}}}``. Parent links come from ``children`` (the deprecated ``parent`` field is ignored). ``lookup_problems``
+lists everything wrong with a file, each problem naming its table url and element id: the schema (the same rules
+as aether's flatten-lookup schema), table urls listed twice, children that are no element of the table, a child
+claimed by two parents, cycles, and snippets that are no valid ViewDefinition select.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from tasks.sof.view import ViewDefinitionError, compile_view
+
+# The rules of aether's flatten-lookup.schema.json (shared/testdata/flattening), descriptions left out.
+LOOKUP_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "array",
+    "items": {"$ref": "#/$defs/lookupTable"},
+    "$defs": {
+        "lookupTable": {
+            "type": "object",
+            "required": ["url", "resourceType", "elements"],
+            "properties": {
+                "url": {"type": "string", "minLength": 1},
+                "resourceType": {"type": "string", "minLength": 1},
+                "elements": {"type": "object", "additionalProperties": {"$ref": "#/$defs/lookupElement"}},
+            },
+            "additionalProperties": False,
+        },
+        "lookupElement": {
+            "type": "object",
+            "required": ["viewDefinition"],
+            "properties": {
+                "parent": {"type": "string", "minLength": 1},
+                "children": {"type": "array", "items": {"type": "string", "minLength": 1}},
+                "viewDefinition": {"$ref": "#/$defs/selectClause"},
+            },
+            "additionalProperties": False,
+        },
+        "selectClause": {
+            "type": "object",
+            "properties": {
+                "forEach": {"type": "string", "minLength": 1},
+                "forEachOrNull": {"type": "string", "minLength": 1},
+                "column": {"type": "array", "items": {"$ref": "#/$defs/column"}},
+                "select": {"type": "array", "items": {"$ref": "#/$defs/selectClause"}},
+            },
+            "additionalProperties": False,
+        },
+        "column": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "minLength": 1},
+                "path": {"type": "string"},
+                "type": {"type": "string"},
+                "collection": {"type": "boolean"},
+                "description": {"type": "string"},
+            },
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+class LookupError(ValueError):  # noqa: A001 - the lookup file's error, not the builtin's KeyError family
+    """A lookup file that cannot be used; ``problems`` lists every problem found."""
+
+    def __init__(self, path: Path | str, problems: list[str]):
+        self.problems = problems
+        super().__init__(f"lookup file {path}: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class LookupTable:
+    url: str
+    resource_type: str
+    elements: dict[str, dict[str, Any]]
+    parents: dict[str, str]
+
+    def snippet(self, element_id: str) -> dict[str, Any]:
+        return self.elements[element_id]["viewDefinition"]
+
+    def children(self, element_id: str) -> list[str]:
+        return list(self.elements[element_id].get("children", []))
+
+    def ancestors(self, element_id: str) -> list[str]:
+        """The element's ancestors, outermost first."""
+        chain = []
+        while (element_id := self.parents.get(element_id)) is not None:
+            chain.append(element_id)
+        return chain[::-1]
+
+
+def lookup_problems(path: Path) -> list[str]:
+    """Every problem of the lookup file at ``path`` (each names its table url and element id); [] when valid."""
+    document, problems = _read(Path(path))
+    if document is None:
+        return problems
+    return _document_problems(document)
+
+
+def load_lookup(path: Path) -> dict[str, LookupTable]:
+    """The lookup file's tables by profile url; raises ``LookupError`` listing every problem."""
+    document, problems = _read(Path(path))
+    if document is None or (problems := _document_problems(document)):
+        raise LookupError(path, problems)
+    tables = {}
+    for table in document:
+        elements = table["elements"]
+        parents = {child: parent for parent, element in elements.items() for child in element.get("children", [])}
+        tables[table["url"]] = LookupTable(table["url"], table["resourceType"], table["elements"], parents)
+    return tables
+
+
+def _read(path: Path) -> tuple[Any, list[str]]:
+    try:
+        return json.loads(path.read_bytes()), []
+    except OSError as exc:
+        return None, [f"cannot read the lookup file {path}: {exc.strerror or exc}"]
+    except ValueError as exc:
+        return None, [f"the lookup file {path} is not valid JSON: {exc}"]
+
+
+def _document_problems(document: Any) -> list[str]:
+    problems = [_schema_problem(document, error) for error in _schema_errors(document)]
+    if problems:
+        return problems
+    seen: set[str] = set()
+    for table in document:
+        url = table["url"]
+        if url in seen:
+            problems.append(f"table {url}: the url is listed more than once (each profile needs one table)")
+        seen.add(url)
+        problems += _table_problems(table)
+    return problems
+
+
+def _schema_errors(document: Any) -> list:
+    validator = Draft202012Validator(LOOKUP_SCHEMA)
+    return sorted(validator.iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path])
+
+
+def _schema_problem(document: Any, error: Any) -> str:
+    """A schema error as text naming the table url and element id it is in."""
+    where = list(error.absolute_path)
+    label = "lookup file"
+    if where and isinstance(where[0], int) and isinstance(document, list) and where[0] < len(document):
+        table = document[where[0]]
+        url = table.get("url") if isinstance(table, dict) else None
+        label = f"table {url}" if isinstance(url, str) else f"table #{where[0] + 1}"
+        if len(where) >= 3 and where[1] == "elements":
+            label += f" element {where[2]}"
+            where = where[3:]
+        else:
+            where = where[1:]
+    location = f" (at {'/'.join(str(p) for p in where)})" if where else ""
+    return f"{label}: {error.message}{location}"
+
+
+def _table_problems(table: dict[str, Any]) -> list[str]:
+    url, elements = table["url"], table["elements"]
+    problems = []
+    parent_of: dict[str, str] = {}
+    for element_id, element in elements.items():
+        for child in element.get("children", []):
+            if child not in elements:
+                problems.append(f"table {url} element {element_id}: child {child} is not an element of this table")
+            elif child in parent_of and parent_of[child] != element_id:
+                problems.append(
+                    f"table {url} element {child}: it is a child of both {parent_of[child]} and {element_id} "
+                    "(an element can have one parent)"
+                )
+            else:
+                parent_of[child] = element_id
+        problems += _snippet_problems(url, table["resourceType"], element_id, element["viewDefinition"])
+    problems += _cycle_problems(url, elements)
+    return problems
+
+
+def _cycle_problems(url: str, elements: dict[str, dict[str, Any]]) -> list[str]:
+    """Cycles in the children links (depth-first search; each cycle reported once, at the element it returns to)."""
+    problems: list[str] = []
+    finished: set[str] = set()
+
+    def visit(element_id: str, path: list[str]) -> None:
+        path.append(element_id)
+        for child in elements[element_id].get("children", []):
+            if child in path:
+                cycle = " → ".join(path[path.index(child) :] + [child])
+                problems.append(f"table {url} element {child}: its children lead back to it ({cycle})")
+            elif child in elements and child not in finished:
+                visit(child, path)
+        path.pop()
+        finished.add(element_id)
+
+    for element_id in elements:
+        if element_id not in finished:
+            visit(element_id, [])
+    return problems
+
+
+def _snippet_problems(url: str, resource_type: str, element_id: str, snippet: dict[str, Any]) -> list[str]:
+    """A snippet must be a valid select on its own (FHIRPath that parses, proper columns)."""
+    try:
+        compile_view({"resource": resource_type, "select": [snippet]})
+    except ViewDefinitionError as exc:
+        return [f"table {url} element {element_id}: {exc}"]
+    return []
