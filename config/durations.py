@@ -9,6 +9,8 @@ Accepted forms (case-insensitive):
 * A bare ``0`` (number or string): zero needs no unit, and several keys give 0 a meaning
   ("use the built-in default").
 
+At most ``MAX_DURATION`` (P3650D, 10 years).
+
 Any other bare number is rejected: ``30`` could mean seconds or minutes, and the earlier configuration
 shape used integer minutes and seconds side by side.
 """
@@ -32,6 +34,10 @@ _ISO_PATTERN = re.compile(
 _SHORT_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)", re.IGNORECASE)
 _SHORT_PATTERN = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|d|h|m|s))+", re.IGNORECASE)
 _SHORT_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_ISO_UNIT_SECONDS = (604800.0, 86400.0, 3600.0, 60.0, 1.0)  # W, D, H, M, S
+MAX_DURATION = timedelta(days=3650)
+"""Longer values are refused: no wait is meant to last more than 10 years, and sleeping that long overflows."""
+MAX_SHOWN_CHARS = 40
 
 
 def parse_duration(text: str) -> timedelta:
@@ -40,15 +46,23 @@ def parse_duration(text: str) -> timedelta:
     if value == "0":
         return timedelta(0)
     if re.fullmatch(r"[+-]?\d+(\.\d+)?", value):
-        raise ValueError(f"'{value}' has no unit, which is ambiguous; {ACCEPTED_FORMS}")
+        raise ValueError(f"'{value[:MAX_SHOWN_CHARS]}' has no unit, which is ambiguous; {ACCEPTED_FORMS}")
+    shown = value if len(value) <= MAX_SHOWN_CHARS else value[:MAX_SHOWN_CHARS] + "…"
     iso = _ISO_PATTERN.fullmatch(value)
     if iso and any(iso.groups()) and not value.upper().endswith("T"):
-        weeks, days, hours, minutes, seconds = (float(part) if part else 0.0 for part in iso.groups())
-        return timedelta(weeks=weeks, days=days, hours=hours, minutes=minutes, seconds=seconds)
+        amounts = (float(part) if part else 0.0 for part in iso.groups())
+        total = sum(amount * unit for amount, unit in zip(amounts, _ISO_UNIT_SECONDS, strict=True))
+        return _bounded(total, shown)
     if _SHORT_PATTERN.fullmatch(value):
         total = sum(float(number) * _SHORT_UNIT_SECONDS[unit.lower()] for number, unit in _SHORT_PART.findall(value))
-        return timedelta(seconds=total)
-    raise ValueError(f"'{value}' is not a duration; {ACCEPTED_FORMS}")
+        return _bounded(total, shown)
+    raise ValueError(f"'{shown}' is not a duration; {ACCEPTED_FORMS}")
+
+
+def _bounded(seconds: float, shown: str) -> timedelta:
+    if not seconds <= MAX_DURATION.total_seconds():  # also catches inf and nan from absurdly long numbers
+        raise ValueError(f"'{shown}' is longer than the maximum of {format_duration(MAX_DURATION)} (10 years)")
+    return timedelta(seconds=seconds)
 
 
 def format_duration(value: timedelta) -> str:

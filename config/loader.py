@@ -147,26 +147,138 @@ _REFERENCE = re.compile(r"\$\$\{|\$\{([^}]*)\}")
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _read_yaml(config_path: Path) -> dict[str, Any]:
+MAX_CONFIG_BYTES = 1_000_000
+MAX_YAML_DEPTH = 32
+MAX_YAML_NODES = 100_000
+MAX_NUMBER_CHARS = 100
+_NUMBER_LIKE = re.compile(r"[-+]?[0-9][0-9_.eExXoObB:+-]*|[-+]?\.[0-9][0-9_eE+-]*")
+_YamlLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _DuplicateKeyError(yaml.MarkedYAMLError):
+    """Two entries of one mapping with the same key (PyYAML would silently keep the last)."""
+
+
+class _StrictLoader(_YamlLoader):  # type: ignore[misc, valid-type]
+    """YAML's safe loader that refuses duplicate keys instead of keeping the last value."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in seen:
+                    raise _DuplicateKeyError(problem=f"key {key!r} appears twice", problem_mark=key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_text(config_path: Path) -> str:
+    """The file as text: at most MAX_CONFIG_BYTES, UTF-8."""
     try:
-        text = config_path.read_text(encoding="utf-8")
+        with open(config_path, "rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as error:
         raise ConfigError(
             [f"{config_path}: cannot read the configuration file ({error.strerror}); check the path"]
         ) from error
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            [f"{config_path}: larger than {MAX_CONFIG_BYTES // 1_000_000} MB, more than any configuration needs"]
+        )
     try:
-        data = yaml.safe_load(text)
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise ConfigError(
+            [f"{config_path}: not UTF-8 text (byte 0x{data[error.start]:02x} on line {line}); save the file as UTF-8"]
+        ) from None
+
+
+def _check_yaml_shape(text: str, config_path: Path) -> None:
+    """Refuse, before building anything, documents that would cost more than a configuration ever needs:
+    nesting deeper than MAX_YAML_DEPTH, more than MAX_YAML_NODES values once aliases are expanded (an
+    "alias bomb" of a few hundred bytes expands to billions), and numbers longer than MAX_NUMBER_CHARS.
+    Reads parser events only, so memory and time stay proportional to the text."""
+    anchors: dict[str, int] = {}
+    open_nodes: list[list[Any]] = [[None, 0]]  # [anchor, expanded size] per open collection; [0] is the root
+
+    def add(size: int, where: yaml.Mark) -> None:
+        open_nodes[-1][1] += size
+        if open_nodes[-1][1] > MAX_YAML_NODES:
+            raise ConfigError(
+                [
+                    f"{config_path}: line {where.line + 1}: more than {MAX_YAML_NODES:,} values once YAML aliases "
+                    "(*name) are expanded; write the values out or use fewer aliases"
+                ]
+            )
+
+    for event in yaml.parse(text, Loader=_YamlLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            open_nodes.append([event.anchor, 1])
+            if len(open_nodes) - 1 > MAX_YAML_DEPTH:
+                raise ConfigError(
+                    [
+                        f"{config_path}: line {event.start_mark.line + 1}: nested more than {MAX_YAML_DEPTH} levels "
+                        "deep; a configuration needs far fewer, check the file"
+                    ]
+                )
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            anchor, size = open_nodes.pop()
+            if anchor is not None:
+                anchors[anchor] = size
+            add(size, event.start_mark)
+        elif isinstance(event, yaml.ScalarEvent):
+            _check_scalar(event, config_path)
+            if event.anchor is not None:
+                anchors[event.anchor] = 1
+            add(1, event.start_mark)
+        elif isinstance(event, yaml.AliasEvent):
+            add(anchors.get(event.anchor, 1), event.start_mark)
+
+
+def _check_scalar(event: yaml.ScalarEvent, config_path: Path) -> None:
+    if event.style is None and len(event.value) > MAX_NUMBER_CHARS and _NUMBER_LIKE.fullmatch(event.value):
+        raise ConfigError(
+            [
+                f"{config_path}: line {event.start_mark.line + 1}: a number {len(event.value):,} characters long; "
+                "no setting takes such a number, shorten it (quote it if it is meant as text)"
+            ]
+        )
+
+
+def _read_yaml(config_path: Path) -> dict[str, Any]:
+    text = _read_text(config_path)
+    try:
+        _check_yaml_shape(text, config_path)
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a safe loader that also refuses duplicate keys
+    except _DuplicateKeyError as error:
+        line = error.problem_mark.line + 1 if error.problem_mark else 0
+        raise ConfigError(
+            [f"{config_path}: line {line}: {error.problem} in the same block; keep only one of them"]
+        ) from None
     except yaml.MarkedYAMLError as error:
         mark = error.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
         raise ConfigError([f"{config_path}: invalid YAML at {where} ({error.problem}); fix the syntax"]) from None
-    except yaml.YAMLError:
-        raise ConfigError([f"{config_path}: invalid YAML; fix the syntax"]) from None
+    except (yaml.YAMLError, ValueError, RecursionError) as error:
+        raise ConfigError([f"{config_path}: invalid YAML ({type(error).__name__}); fix the syntax"]) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError([f"{config_path}: the top level must be a mapping of keys (services, pipeline, ...)"])
     return data
+
+
+def drop_empty_keys(node: Any) -> Any:
+    """A key written with no value (``auth:`` with every line commented out) is the same as the key absent."""
+    if isinstance(node, dict):
+        return {key: drop_empty_keys(value) for key, value in node.items() if value is not None}
+    if isinstance(node, list):
+        return [drop_empty_keys(item) for item in node]
+    return node
 
 
 def _substitute_text(text: str, path: str, env: Mapping[str, str], problems: list[Problem]) -> str:
@@ -370,7 +482,8 @@ def load_settings(
     unresolved: list[Problem] = []
     tree: dict[str, Any] = {}
     if config_path is not None:
-        tree = substitute_variables(_read_yaml(Path(config_path)), env, unresolved)
+        tree = drop_empty_keys(substitute_variables(_read_yaml(Path(config_path)), env, unresolved))
+        resolve_file_paths(tree, Path(config_path).expanduser().resolve().parent)
     raw_sources = {path: "file" for path in sorted(_settable_paths()) if _has_path(tree, path)}
     _apply_env(tree, env, raw_sources)
     flag_problems: list[str] = []
@@ -386,6 +499,7 @@ def load_settings(
         problems += _problems_of(error, raw_sources, {path for path, _ in unresolved})
     if problems or settings is None:
         raise ConfigError(problems)
+    register_secrets(settings)
     sources = _final_sources(raw_sources)
     enrichments_path = settings.services.crtdl_preprocessing.enrichments_path
     if enrichments_path is not None:
@@ -428,8 +542,10 @@ def effective_config_rows(loaded: LoadedConfig) -> list[tuple[str, str, str]]:
     ]
 
 
-# Keys that name files or directories. A job freezes them as absolute paths when it starts, so that
-# ``continue`` from another working directory (or a deployment worker) reads the same files.
+# Keys that name files or directories. A relative path in the configuration file is relative to the file's
+# directory; one from a flag, --set, an APP_* variable or the default is relative to the current directory.
+# A job freezes them as absolute paths when it starts, so that ``continue`` from another working directory
+# (or a deployment worker) reads the same files.
 PATH_KEYS = (
     "jobs_dir",
     "services.local_import.dir",
@@ -440,7 +556,51 @@ PATH_KEYS = (
 )
 
 
+def resolve_file_paths(tree: dict[str, Any], config_dir: Path) -> None:
+    """Make the relative path keys of a parsed configuration file absolute against ``config_dir``, in place."""
+    for key in PATH_KEYS:
+        *parents, leaf = key.split(".")
+        node: Any = tree
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        value = node.get(leaf) if isinstance(node, dict) else None
+        if isinstance(value, str) and value.strip() and not Path(value).expanduser().is_absolute():
+            node[leaf] = str(config_dir / value)
+
+
 def absolute_path_overrides(loaded: LoadedConfig) -> dict[str, str]:
-    """Every path key that is set, made absolute against the current directory."""
+    """Every path key that is set, as an absolute path: file values are already absolute against the file's
+    directory (``load_settings``); the others are made absolute against the current directory here."""
     paths = {key: _value_at(loaded.settings, key) for key in PATH_KEYS}
     return {key: str(Path(value).expanduser().resolve()) for key, value in paths.items() if value}
+
+
+def refuse_secret_overrides(overrides: Mapping[str, str], source: str) -> None:
+    """Refuse secret keys among parameter overrides, which are stored with the job (job.json, Prefect's
+    flow-run parameters); ``source`` names where they came from ("--set", "the deployment's overrides
+    parameter"). Call it before anything else looks at the overrides."""
+    secret = sorted(key for key in overrides if key in secret_key_paths())
+    if secret:
+        raise ConfigError(
+            [
+                f"{key} (in {source}): is a secret and cannot be given in {source}, which is stored with the job; "
+                f"set it with ${{VAR}} in the configuration file or the environment variable {env_var_name(key)}"
+                for key in secret
+            ]
+        )
+
+
+def register_secrets(settings: Settings) -> None:
+    """Hand every configured secret to the client layer's redaction (``tasks.clients.errors.redact``), so a
+    service that echoes one back in an error never gets it into a message, log line or record."""
+    from tasks.clients.errors import register_basic_credentials, register_secret
+
+    for path in secret_key_paths():
+        if path not in legacy_key_paths():
+            value = _value_at(settings, path)
+            if isinstance(value, SecretStr):
+                register_secret(value.get_secret_value())
+    services = settings.services
+    for auth in (services.extractor.auth, services.pseudonymizer.auth, services.send.auth):
+        if auth.username is not None and auth.password is not None:
+            register_basic_credentials(auth.username, auth.password.get_secret_value())

@@ -17,16 +17,18 @@ context has a ``"warnings"`` list, appended to it.
 from __future__ import annotations
 
 import itertools
-
 import json
 import logging
 import re
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -120,6 +122,21 @@ def _require_positive(value: timedelta, key: str) -> timedelta:
     return value
 
 
+def _refuse_userinfo(url: str | None) -> str | None:
+    """A URL must not carry a user name or password: it would be stored with the job and shown in logs."""
+    if url is not None and "@" in urlsplit(url.strip()).netloc:
+        raise PydanticCustomError(
+            "url_userinfo",
+            "contains a user name or password (user:password@host), which would be stored with the job and "
+            "shown in logs and status; remove it from the URL and put the credentials in the service's auth "
+            "block (username, password, set with ${{VAR}} or an APP_* variable)",
+        )
+    return url
+
+
+OptionalUrl = Annotated[str | None, BeforeValidator(_blank_to_none), AfterValidator(_refuse_userinfo)]
+
+
 def _strip_fhir_suffix(url: str | None, key_path: str, info: ValidationInfo) -> str | None:
     """Drop a trailing /fhir (the clients append it) and warn, as the earlier shape included it."""
     if url is None:
@@ -146,7 +163,7 @@ class AuthSettings(ConfigModel):
 
     username: OptionalStr = None
     password: OptionalSecret = None
-    oauth_issuer_uri: OptionalStr = None
+    oauth_issuer_uri: OptionalUrl = None
     oauth_client_id: OptionalStr = None
     oauth_client_secret: OptionalSecret = None
     api_key: OptionalSecret = None
@@ -292,12 +309,12 @@ class ExtractorSettings(ConfigModel):
 
     DEFAULT_DOWNLOAD_STALL_TIMEOUT: ClassVar[timedelta] = timedelta(minutes=1)
 
-    base_url: OptionalStr = None
+    base_url: OptionalUrl = None
     auth: AuthSettings = Field(default_factory=AuthSettings)
     extraction_timeout: Duration = timedelta(minutes=30)
     polling_interval: Duration = timedelta(seconds=5)
     max_polling_interval: Duration = timedelta(seconds=30)
-    file_ready_retries: int = 10
+    file_ready_retries: int = Field(default=10, le=10_000)
     file_ready_interval: Duration = timedelta(seconds=10)
     download_stall_timeout: Duration = DEFAULT_DOWNLOAD_STALL_TIMEOUT
 
@@ -351,12 +368,12 @@ class ExtractorSettings(ConfigModel):
 class PseudonymizerSettings(ConfigModel):
     """services.pseudonymizer."""
 
-    url: OptionalStr = None
+    url: OptionalUrl = None
     bundle_split_threshold_mb: int = Field(default=10, ge=1, le=100)
     timeout: Duration = timedelta(seconds=30)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     anonymization_config: OptionalStr = None
-    max_concurrent_requests: int = Field(default=4, ge=1)
+    max_concurrent_requests: int = Field(default=4, ge=1, le=1000)
 
     @field_validator("url")
     @classmethod
@@ -374,16 +391,26 @@ class FlatteningSettings(ConfigModel):
 
     DEFAULT_BATCH_SIZE_MB: ClassVar[int] = 500
 
-    service_url: OptionalStr = None
+    service_url: OptionalUrl = None
     lookup_path: OptionalStr = None
     formats: StrList = Field(default_factory=lambda: ["csv"])
     timeout: Duration = timedelta(minutes=30)
-    batch_size_mb: int = Field(default=DEFAULT_BATCH_SIZE_MB, ge=0)
+    batch_size_mb: int = Field(default=DEFAULT_BATCH_SIZE_MB, ge=0, le=1_000_000)
 
     @field_validator("timeout")
     @classmethod
     def _timeout_positive(cls, value: timedelta) -> timedelta:
         return _require_positive(value, "default PT30M")
+
+    @field_validator("formats")
+    @classmethod
+    def _csv_only(cls, formats: list[str]) -> list[str]:
+        formats = [name.strip().lower() for name in formats]
+        if formats != ["csv"] and set(formats) != {"csv"}:
+            raise PydanticCustomError(
+                "formats", "only csv is supported; set formats: [csv] or remove the key (csv is the default)"
+            )
+        return ["csv"]
 
     @field_validator("batch_size_mb")
     @classmethod
@@ -405,7 +432,7 @@ class S3Settings(ConfigModel):
     region: OptionalStr = None
     access_key_id: OptionalSecret = None
     secret_access_key: OptionalSecret = None
-    endpoint: OptionalStr = None
+    endpoint: OptionalUrl = None
     use_path_style: bool = False
     timeout: Duration = timedelta(minutes=30)
 
@@ -423,7 +450,7 @@ class SendSettings(ConfigModel):
     """services.send."""
 
     send_as: SendMode | None = None
-    url: OptionalStr = None
+    url: OptionalUrl = None
     batch_size: int = Field(default=100, ge=0, le=1000)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     transfer: TransferSettings = Field(default_factory=TransferSettings)
@@ -438,9 +465,9 @@ class SendSettings(ConfigModel):
 class ValidationSettings(ConfigModel):
     """services.validation."""
 
-    url: OptionalStr = None
-    max_concurrent_requests: int = Field(default=4, ge=1)
-    bundle_chunk_size_mb: int = Field(default=10, ge=1)
+    url: OptionalUrl = None
+    max_concurrent_requests: int = Field(default=4, ge=1, le=1000)
+    bundle_chunk_size_mb: int = Field(default=10, ge=1, le=1024)
     fail_on_error: bool = True
 
 
@@ -544,11 +571,15 @@ def _file_error_text(error: Any) -> str:
 
 
 def read_enrichment_file(path: str) -> tuple[list[EnrichmentRule], list[str]]:
-    """Read an external enrichment JSON file: (rules, problems). Relative paths use the working directory."""
+    """Read an external enrichment JSON file: (rules, problems). The loader has made a path written in the
+    configuration file absolute against the file's directory; other relative paths use the working directory."""
     try:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as error:
-        return [], [f"cannot read {path} ({error.strerror}); check the path (relative to the working directory)"]
+        return [], [
+            f"cannot read {path} ({error.strerror}); check the path (in the configuration file, relative to the "
+            "file's directory; in a flag or APP_* variable, to the current directory)"
+        ]
     except json.JSONDecodeError as error:
         return [], [f"{path} is not valid JSON (line {error.lineno}, column {error.colno}); fix the file"]
     try:
@@ -615,11 +646,18 @@ STEP_NAMES = (
 IMPORT_STEPS = ("extractor", "local_import", "http_import")
 REPEATABLE_STEPS = ("wait",)
 REMOVED_STEPS = {"csv_conversion": "flattening", "parquet_conversion": "flattening"}
+MAX_LISTED_UNKNOWN_STEPS = 5
 
 
 def _step_name_problems(steps: list[str]) -> list[Problem]:
     problems: list[Problem] = []
-    for step in steps:
+    counts = Counter(steps)
+    unknown = [step for step in counts if step not in STEP_NAMES and step not in REMOVED_STEPS]
+    if unknown:
+        shown = ", ".join(f"'{step}'" for step in unknown[:MAX_LISTED_UNKNOWN_STEPS])
+        more = f" and {len(unknown) - MAX_LISTED_UNKNOWN_STEPS} more" if len(unknown) > MAX_LISTED_UNKNOWN_STEPS else ""
+        problems.append(("", f"unknown step {shown}{more}; valid steps are {', '.join(STEP_NAMES)}"))
+    for step in counts:
         if step in REMOVED_STEPS:
             problems.append(
                 (
@@ -628,9 +666,8 @@ def _step_name_problems(steps: list[str]) -> list[Problem]:
                     f"{REMOVED_STEPS[step]} instead (it produces CSV through the flattening service)",
                 )
             )
-        elif step not in STEP_NAMES:
-            problems.append(("", f"unknown step '{step}'; valid steps are {', '.join(STEP_NAMES)}"))
-    duplicates = sorted({s for s in steps if steps.count(s) > 1 and s not in REPEATABLE_STEPS + IMPORT_STEPS})
+    once_only = set(STEP_NAMES) - set(REPEATABLE_STEPS + IMPORT_STEPS)
+    duplicates = sorted(step for step, count in counts.items() if count > 1 and step in once_only)
     problems += [("", f"step {step} is listed more than once; list it once") for step in duplicates]
     return problems
 
@@ -639,7 +676,7 @@ def _step_order_problems(steps: list[str]) -> list[Problem]:
     problems: list[Problem] = []
     imports = [step for step in steps if step in IMPORT_STEPS]
     if len(imports) != 1:
-        found = f"found {', '.join(imports)}" if imports else "found none"
+        found = f"found {', '.join(dict.fromkeys(imports))}" if imports else "found none"
         problems.append(
             (
                 "",
@@ -662,7 +699,7 @@ class PipelineSettings(ConfigModel):
     DEFAULT_MAX_NDJSON_LINE_SIZE_MB: ClassVar[int] = 100
 
     enabled_steps: StrList = Field(default_factory=list, validate_default=True)
-    max_ndjson_line_size_mb: int = Field(default=DEFAULT_MAX_NDJSON_LINE_SIZE_MB, ge=0)
+    max_ndjson_line_size_mb: int = Field(default=DEFAULT_MAX_NDJSON_LINE_SIZE_MB, ge=0, le=4096)
 
     @property
     def max_ndjson_line_size_bytes(self) -> int:
@@ -697,8 +734,8 @@ class RetrySettings(ConfigModel):
     """retry: wait = min(initial_backoff_ms * 2^attempt, max_backoff_ms)."""
 
     max_attempts: int = Field(default=5, ge=1, le=10)
-    initial_backoff_ms: int = Field(default=1000, ge=0)
-    max_backoff_ms: int = Field(default=30000, ge=0)
+    initial_backoff_ms: int = Field(default=1000, ge=0, le=3_600_000)
+    max_backoff_ms: int = Field(default=30000, ge=0, le=3_600_000)
 
 
 class TlsSettings(ConfigModel):
@@ -735,15 +772,6 @@ def _send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]:
 def _fhir_send_problems(send: SendSettings) -> list[Problem]:
     reason = f"for send_as {send.send_as}"
     problems = [_required("services.send.url", reason)] if send.url is None else []
-    if not (send.auth.uses_basic or send.auth.uses_oauth):
-        problems.append(
-            (
-                "services.send.auth",
-                f"send_as {send.send_as} needs exactly one of Basic Auth "
-                "(username, password) or OAuth 2.0 client credentials (oauth_issuer_uri, "
-                "oauth_client_id, oauth_client_secret); set one of them",
-            )
-        )
     if send.send_as == "transfer_load":
         problems += [
             _required(f"services.send.transfer.{key}", reason)

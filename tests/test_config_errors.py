@@ -226,10 +226,24 @@ def test_keys_of_disabled_steps_are_not_required(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("auth", [{}, {"api_key": "k"}], ids=["no-auth", "api-key-only"])
-def test_send_fhir_modes_need_basic_or_oauth(tmp_path: Path, auth: dict[str, str]) -> None:
+def test_send_fhir_modes_accept_an_unauthenticated_server(tmp_path: Path, auth: dict[str, str]) -> None:
     send = {"send_as": "direct_resource_load", "url": "https://fhir", "auth": auth}
-    error = rejected(tmp_path, {"pipeline": {"enabled_steps": ["local_import", "send"]}, **services(send=send)})
-    assert_reported(error, "services.send.auth", "needs exactly one of Basic Auth")
+    loaded = load_settings(_write(tmp_path, {**SEND_STEPS, **services(send=send)}), env={})
+    assert not (loaded.settings.services.send.auth.uses_basic or loaded.settings.services.send.auth.uses_oauth)
+
+
+def test_send_fhir_modes_refuse_basic_and_oauth_together(tmp_path: Path) -> None:
+    auth = {"username": "u", "password": "p", "oauth_issuer_uri": "https://i", "oauth_client_id": "c"}
+    auth["oauth_client_secret"] = "s"
+    send = {"send_as": "transfer_load", "url": "https://fhir", "auth": auth}
+    error = rejected(tmp_path, {**SEND_STEPS, **services(send=send)})
+    assert_reported(error, "services.send.auth", "keep only one of the two schemes")
+
+
+def test_send_fhir_modes_refuse_an_incomplete_scheme(tmp_path: Path) -> None:
+    send = {"send_as": "direct_resource_load", "url": "https://fhir", "auth": {"username": "u"}}
+    error = rejected(tmp_path, {**SEND_STEPS, **services(send=send)})
+    assert_reported(error, "services.send.auth.password", "Basic Auth needs username and password together")
 
 
 S3_SEND = {

@@ -84,7 +84,7 @@ def test_env_overrides_keys_absent_from_the_file(write_config) -> None:
         "APP_SERVICES_EXTRACTOR_MAX_POLLING_INTERVAL": "1m",
         "APP_RETRY_MAX_ATTEMPTS": "7",
         "APP_SERVICES_SEND_S3_USE_PATH_STYLE": "true",
-        "APP_SERVICES_FLATTENING_FORMATS": "csv,parquet",
+        "APP_SERVICES_FLATTENING_FORMATS": "csv",
         "APP_PIPELINE_ENABLED_STEPS": "extractor,wait",
     }
     settings = load_settings(write_config("jobs_dir: /var/jobs\n"), env=env).settings
@@ -94,7 +94,7 @@ def test_env_overrides_keys_absent_from_the_file(write_config) -> None:
     assert (extractor.polling_interval, extractor.max_polling_interval) == (timedelta(seconds=2), timedelta(minutes=1))
     assert settings.retry.max_attempts == 7
     assert settings.services.send.s3.use_path_style is True
-    assert settings.services.flattening.formats == ["csv", "parquet"]
+    assert settings.services.flattening.formats == ["csv"]
     assert settings.pipeline.enabled_steps == ["extractor", "wait"]
 
 
@@ -266,8 +266,8 @@ def test_enrichment_file_is_parsed_into_rules(tmp_path: Path, write_config, monk
     assert first.attributes_to_add[0].linked_groups == ["https://example.org/StructureDefinition/Encounter"]
     assert second.create_if_not_exists.group_name == "Diagnose"
     assert second.attributes_to_add[0].must_have is False
-    assert preprocessing.enrichments_path == "enrichments.json" and preprocessing.enrichments is None
-    assert loaded.sources["services.crtdl_preprocessing.enrichments"] == "enrichment file enrichments.json"
+    assert preprocessing.enrichments_path == str(tmp_path / "enrichments.json") and preprocessing.enrichments is None
+    assert loaded.sources["services.crtdl_preprocessing.enrichments"] == f"enrichment file {tmp_path}/enrichments.json"
 
 
 def test_inline_enrichments_use_snake_case_and_are_the_rules(write_config) -> None:
@@ -310,7 +310,7 @@ def test_enrichment_file_errors_name_rule_and_field(tmp_path: Path, write_config
 
 def test_missing_enrichment_file_is_an_error(tmp_path: Path, write_config) -> None:
     path = write_config(LOCAL_ONLY + "services:\n  crtdl_preprocessing:\n    enrichments_path: absent.json\n")
-    with pytest.raises(ConfigError, match="enrichments_path: cannot read absent.json"):
+    with pytest.raises(ConfigError, match=f"enrichments_path: cannot read {tmp_path}/absent.json"):
         load_settings(path, env={})
 
 

@@ -39,7 +39,7 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="The httpx module is deprecated")
     from authlib.integrations.httpx_client import OAuth2Client
 
-from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, truncate
+from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, register_secret, truncate
 
 if TYPE_CHECKING:
     from config.settings import AuthSettings
@@ -136,6 +136,7 @@ class TokenSource:
 
     @staticmethod
     def _cached(token: dict) -> _Token:
+        register_secret(token["access_token"])
         expires_in = token.get("expires_in")
         if not isinstance(expires_in, (int, float)) or expires_in <= 0:
             return _Token(token["access_token"], None)

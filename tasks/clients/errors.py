@@ -4,14 +4,26 @@ A ``ServiceError`` says which service and operation failed, the HTTP status (Non
 and a message the user can act on. Response bodies are never echoed, because they could carry secrets
 or patient data; only the texts of a FHIR OperationOutcome (``issue[].diagnostics`` and
 ``issue[].details.text``) are taken over, truncated, since services put their explanation there.
+
+Every text that leaves a client passes through ``redact``: a service may quote the request back (its
+``Authorization`` header, API key or form body) in an error. ``redact`` removes every secret value the
+configuration loader registered (``register_secret``; also their URL-encoded, JSON-escaped and Basic-encoded
+forms), OAuth access tokens as they are fetched, ``Authorization: …`` values, ``Basic``/``Bearer`` tokens and
+passwords in URLs. ``ServiceError`` messages are redacted when made; ``RedactingFilter`` does it for log records
+(installed on the ``dupflow.clients`` and ``httpx`` loggers here; the job's log handlers can use it too).
 """
 
 from __future__ import annotations
 
+import base64
 import email.utils
 import json
+import logging
+import re
 import ssl
+import threading
 from datetime import datetime, UTC
+from urllib.parse import quote, quote_plus
 
 import httpx
 
@@ -20,6 +32,74 @@ from tasks.errors import DupflowError
 MAX_TEXT_CHARS = 500
 MAX_MESSAGE_CHARS = 2000
 MAX_PARSED_BODY_BYTES = 1_000_000
+
+# --- redaction ---------------------------------------------------------------------------------------------
+
+REDACTED = "***"
+MIN_SECRET_CHARS = 4
+"""Shorter values are not registered: replacing every "ab" would garble every message and hide nothing."""
+
+_AUTHORIZATION_VALUE = re.compile(r"(?i)(\b(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)[^\"'\r\n,;}]+")
+_SCHEME_TOKEN = re.compile(r"(?i)\b(basic|bearer)(\s+)([A-Za-z0-9._~+/-]{8,}=*)")
+_URL_USERINFO = re.compile(r"(://)[^/@\s:]*:[^/@\s]*@")
+
+_secrets: set[str] = set()
+_secrets_pattern: re.Pattern[str] | None = None
+_secrets_lock = threading.Lock()
+
+
+def register_secret(value: str) -> None:
+    """Redact ``value`` (and its URL-encoded and JSON-escaped forms) from every text ``redact`` sees."""
+    global _secrets_pattern
+    if len(value) < MIN_SECRET_CHARS:
+        return
+    forms = {value, quote_plus(value), quote(value, safe=""), json.dumps(value)[1:-1]}
+    with _secrets_lock:
+        if forms <= _secrets:
+            return
+        _secrets.update(forms)
+        ordered = sorted(_secrets, key=len, reverse=True)  # a secret inside a longer one must not split it
+        _secrets_pattern = re.compile("|".join(re.escape(secret) for secret in ordered))
+
+
+def register_basic_credentials(username: str, password: str) -> None:
+    """Register the password and the Basic header token of the pair (an echoed header shows only the token)."""
+    register_secret(password)
+    register_secret(base64.b64encode(f"{username}:{password}".encode()).decode())
+
+
+def _looks_like_token(word: str) -> bool:
+    """A credential rather than prose ("Basic Auth", "Bearer authentication"): digits, symbols or mixed case."""
+    return any(c.isdigit() or c in "+/=._~-" for c in word) or (any(c.isupper() for c in word[1:]))
+
+
+def redact(text: str) -> str:
+    """``text`` without any registered secret, Authorization value, Basic/Bearer token or URL password."""
+    if not text:
+        return text
+    pattern = _secrets_pattern
+    if pattern is not None:
+        text = pattern.sub(REDACTED, text)
+    text = _AUTHORIZATION_VALUE.sub(lambda m: m.group(1) + REDACTED, text)
+    text = _SCHEME_TOKEN.sub(
+        lambda m: m.group(1) + m.group(2) + (REDACTED if _looks_like_token(m.group(3)) else m.group(3)), text
+    )
+    return _URL_USERINFO.sub(rf"\g<1>{REDACTED}@", text)
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that passes every record through ``redact`` (message with its arguments)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        return True
+
+
+for _logger_name in ("dupflow.clients", "httpx"):
+    logging.getLogger(_logger_name).addFilter(RedactingFilter())
 
 
 class ServiceError(DupflowError):
@@ -41,6 +121,7 @@ class ServiceError(DupflowError):
     ):
         self.service = service
         self.retry_after = retry_after
+        message = redact(message)
         super().__init__(message, operation=operation, status_code=status_code, transient=transient)
         self.message = message
         self.args = (self._describe(),)
@@ -51,7 +132,7 @@ class ServiceError(DupflowError):
     def _describe(self) -> str:
         who = f"{self.service}: " if self.service else ""
         status = f" with HTTP {self.status_code}" if self.status_code is not None else ""
-        return f"{who}{self.operation} failed{status} ({self.kind}): {self.message}"
+        return redact(f"{who}{self.operation} failed{status} ({self.kind}): {self.message}")
 
     def __repr__(self) -> str:
         return (
