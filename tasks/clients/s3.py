@@ -1,4 +1,5 @@
-"""boto3 S3 client factory for the s3_upload send mode: endpoint, addressing, TLS, timeouts, retry, proxy auth.
+"""S3 for the s3_upload send mode: the boto3 client (endpoint, addressing, TLS, timeouts, retry, proxy auth) and
+the uploader with its manifest of uploaded objects.
 
 The S3 API is authenticated by ``s3.access_key_id`` / ``s3.secret_access_key``. ``send.auth`` username and
 password become a ``Proxy-Authorization: Basic`` header on every request for an upstream proxy in front of the
@@ -6,23 +7,43 @@ store; ``api_key`` is ignored. The header is added on botocore's ``before-send``
 it is not part of the signature and a proxy may strip it without breaking the request.
 
 botocore does its own retry backoff; only the number of attempts (``retry.max_attempts``) carries over.
+
+``S3Uploader`` uploads files through boto3's transfer manager (multipart with parallel parts above its threshold)
+and records each uploaded object (key, size, ETag) in a JSON manifest, rewritten atomically, so a resumed job skips
+objects that are recorded and still in the bucket. A process killed during a multipart upload leaves an incomplete
+upload on the server (boto3 aborts it itself only when it fails in-process); the next upload of the same key aborts
+such leftovers first. botocore's error texts are not passed on as they are: they are rebuilt from the error code and
+message with every configured credential blanked out, and the exception chain is cut, so neither logs nor job
+records can show them.
 """
 
 from __future__ import annotations
 
 import atexit
 import functools
+import json
 import logging
 import os
+import re
 import ssl
 import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import boto3
 import certifi
+from boto3.exceptions import S3UploadFailedError
+from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, SSLError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 from urllib3.util import make_headers
+
+from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, is_transient_status, truncate
+from tasks.layout import write_file_atomically
 
 if TYPE_CHECKING:
     from config.settings import RetrySettings, SendSettings, TlsSettings
@@ -36,20 +57,21 @@ def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings) -
     """A boto3 S3 client configured from ``services.send`` (its ``s3`` block and ``auth``), ``tls`` and ``retry``."""
     s3 = send.s3
     timeout = s3.timeout.total_seconds()
-    client = boto3.session.Session().client(
-        "s3",
-        region_name=s3.region,
-        endpoint_url=s3.endpoint or None,
-        aws_access_key_id=s3.access_key_id.get_secret_value() if s3.access_key_id else None,
-        aws_secret_access_key=s3.secret_access_key.get_secret_value() if s3.secret_access_key else None,
-        verify=s3_verify(tls),
-        config=Config(
-            s3={"addressing_style": "path" if s3.use_path_style else "auto"},
-            connect_timeout=min(DEFAULT_CONNECT_TIMEOUT_SECONDS, timeout),
-            read_timeout=timeout,
-            retries={"mode": "standard", "total_max_attempts": retry.max_attempts},
-        ),
-    )
+    with _SESSION_LOCK:  # creating clients from one session is not thread-safe; reusing it saves ~0.2 s a client
+        client = _session().client(
+            "s3",
+            region_name=s3.region,
+            endpoint_url=s3.endpoint or None,
+            aws_access_key_id=s3.access_key_id.get_secret_value() if s3.access_key_id else None,
+            aws_secret_access_key=s3.secret_access_key.get_secret_value() if s3.secret_access_key else None,
+            verify=s3_verify(tls),
+            config=Config(
+                s3={"addressing_style": "path" if s3.use_path_style else "auto"},
+                connect_timeout=min(DEFAULT_CONNECT_TIMEOUT_SECONDS, timeout),
+                read_timeout=timeout,
+                retries={"mode": "standard", "total_max_attempts": retry.max_attempts},
+            ),
+        )
     proxy_auth = send.auth.uses_basic
     if proxy_auth:
         client.meta.events.register(
@@ -63,6 +85,33 @@ def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings) -
         " with proxy authentication" if proxy_auth else "",
     )
     return client
+
+
+_SESSION_LOCK = threading.Lock()
+
+
+@functools.cache
+def _session() -> boto3.session.Session:
+    return boto3.session.Session()
+
+
+class HideCredentialsInBotocoreDebugLogs(logging.Filter):
+    """botocore's DEBUG records show every request's headers and every response body: the ``Authorization`` header
+    names the access key id, and an error body may quote it (``<AWSAccessKeyId>``). This blanks both out.
+    ``Proxy-Authorization`` is added after botocore logs the request, so it never shows."""
+
+    CREDENTIALS = re.compile(r"('(?:Proxy-)?Authorization': )b?'[^']*'|(<AWSAccessKeyId>)[^<]*(?=</AWSAccessKeyId>)")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        cleaned = self.CREDENTIALS.sub(lambda match: (match.group(1) or match.group(2)) + "'<hidden>'", message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, ()
+        return True
+
+
+for _logger_name in ("botocore.endpoint", "botocore.parsers"):
+    logging.getLogger(_logger_name).addFilter(HideCredentialsInBotocoreDebugLogs())
 
 
 class ProxyAuthorization:
@@ -107,3 +156,188 @@ def _combined_ca_bundle(ca_cert_path: str) -> str:
         bundle.write("\n".join(parts))
     atexit.register(Path(bundle.name).unlink, missing_ok=True)
     return bundle.name
+
+
+# --- uploader --------------------------------------------------------------------------------------------------
+
+SERVICE = "s3"
+MANIFEST_VERSION = 1
+HIDDEN = "<hidden>"
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class UploadedObject:
+    """One object in the bucket, as the manifest records it. ``etag`` is S3's ETag without its quotes."""
+
+    key: str
+    size: int
+    etag: str
+
+
+class S3Uploader:
+    """Uploads files to ``services.send.s3.bucket`` and keeps the manifest of what is there; thread-safe."""
+
+    def __init__(self, send: SendSettings, tls: TlsSettings, retry: RetrySettings, manifest_path: Path):
+        self._bucket = send.s3.bucket
+        self._client = make_s3_client(send, tls, retry)
+        self._secrets = configured_secrets(send)
+        self._transfer = TransferConfig()  # boto3's defaults: 8 MB threshold and parts, 10 parts in parallel
+        self._manifest_path = manifest_path
+        self._lock = threading.Lock()
+        self._objects = read_manifest(manifest_path, self._bucket)
+
+    def upload(self, path: Path, key: str) -> UploadedObject:
+        """Upload ``path`` as ``key``, unless the manifest records it with this size and it is still in the bucket."""
+        size = path.stat().st_size
+        recorded = self._recorded(key, size)
+        if recorded is not None and self._is_stored(recorded):
+            log.info("S3 object %s is already in bucket %s (manifest); not uploading it again", key, self._bucket)
+            return recorded
+        started = time.perf_counter()
+        try:
+            self._abort_incomplete_uploads(key)
+            self._client.upload_file(str(path), self._bucket, key, Config=self._transfer)
+            head = self._client.head_object(Bucket=self._bucket, Key=key)
+        except (BotoCoreError, ClientError, S3UploadFailedError) as exc:
+            raise self._service_error(f"upload {key}", exc) from None
+        uploaded = UploadedObject(key, head["ContentLength"], head["ETag"].strip('"'))
+        if uploaded.size != size:
+            raise ServiceError(
+                f"upload {key}",
+                None,
+                f"the bucket holds {uploaded.size} bytes after uploading {size}; was the file changed meanwhile?",
+                transient=False,
+                service=SERVICE,
+            )
+        self._record(uploaded)
+        elapsed = time.perf_counter() - started
+        log.info(
+            "uploaded %s to S3 bucket %s: %.1f MB in %.1f s (%.1f MB/s)",
+            key,
+            self._bucket,
+            size / MB,
+            elapsed,
+            size / MB / max(elapsed, 1e-9),
+        )
+        return uploaded
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _recorded(self, key: str, size: int) -> UploadedObject | None:
+        with self._lock:
+            recorded = self._objects.get(key)
+        return recorded if recorded is not None and recorded.size == size else None
+
+    def _is_stored(self, recorded: UploadedObject) -> bool:
+        """Whether the bucket still holds the recorded object (same size and ETag)."""
+        try:
+            head = self._client.head_object(Bucket=self._bucket, Key=recorded.key)
+        except ClientError as exc:
+            if _status_of(exc) == 404:
+                return False
+            raise self._service_error(f"check {recorded.key}", exc) from None
+        except BotoCoreError as exc:
+            raise self._service_error(f"check {recorded.key}", exc) from None
+        return head["ContentLength"] == recorded.size and head["ETag"].strip('"') == recorded.etag
+
+    def _abort_incomplete_uploads(self, key: str) -> None:
+        """Abort multipart uploads of ``key`` left by a killed run; the server would keep their parts forever."""
+        pages = self._client.get_paginator("list_multipart_uploads").paginate(Bucket=self._bucket, Prefix=key)
+        for page in pages:
+            for upload in page.get("Uploads", []):
+                if upload["Key"] == key:
+                    log.info("aborting an incomplete multipart upload of %s left by an earlier run", key)
+                    self._client.abort_multipart_upload(Bucket=self._bucket, Key=key, UploadId=upload["UploadId"])
+
+    def _record(self, uploaded: UploadedObject) -> None:
+        with self._lock:
+            self._objects[uploaded.key] = uploaded
+            write_manifest(self._manifest_path, self._bucket, self._objects.values())
+
+    def _service_error(self, operation: str, exc: BaseException) -> ServiceError:
+        return service_error(operation, exc, bucket=self._bucket, secrets=self._secrets)
+
+
+def read_manifest(path: Path, bucket: str | None) -> dict[str, UploadedObject]:
+    """The manifest's objects by key; empty when there is none yet or it describes another bucket."""
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log.warning("S3 manifest %s is unreadable (%s); every file is uploaded again", path, exc)
+        return {}
+    if manifest.get("bucket") != bucket:
+        log.warning(
+            "S3 manifest %s describes bucket %s, not %s; every file is uploaded again",
+            path,
+            manifest.get("bucket"),
+            bucket,
+        )
+        return {}
+    return {entry["key"]: UploadedObject(**entry) for entry in manifest.get("objects", [])}
+
+
+def write_manifest(path: Path, bucket: str | None, objects: Any) -> None:
+    manifest = {
+        "version": MANIFEST_VERSION,
+        "bucket": bucket,
+        "objects": [asdict(uploaded) for uploaded in sorted(objects, key=lambda uploaded: uploaded.key)],
+    }
+    write_file_atomically(path, (json.dumps(manifest, indent=2) + "\n").encode())
+
+
+def configured_secrets(send: SendSettings) -> tuple[str, ...]:
+    """Every credential of the s3_upload settings, in the forms an error text could carry them."""
+    values = [send.s3.access_key_id, send.s3.secret_access_key, send.auth.password]
+    secrets = [value.get_secret_value() for value in values if value is not None]
+    if send.auth.uses_basic:
+        header = make_headers(proxy_basic_auth=f"{send.auth.username}:{send.auth.password.get_secret_value()}")
+        secrets.append(header["proxy-authorization"].removeprefix("Basic "))
+    return tuple(secret for secret in secrets if secret)
+
+
+def service_error(operation: str, exc: BaseException, *, bucket: str | None, secrets: tuple[str, ...]) -> ServiceError:
+    """A ``ServiceError`` for a boto3/botocore failure, classified, with a message rebuilt and cleaned of secrets."""
+    if isinstance(exc, S3UploadFailedError) and isinstance(exc.__context__, ClientError):
+        exc = exc.__context__  # boto3 wraps the ClientError of a failed upload into a text
+    if isinstance(exc, ClientError):
+        status = _status_of(exc)
+        transient = status is not None and is_transient_status(status)
+        message = _client_error_message(exc, status, bucket)
+    else:
+        status = None
+        transient = isinstance(exc, HTTPClientError | BotoConnectionError) and not isinstance(exc, SSLError)
+        message = f"{'network error: ' if transient else ''}{type(exc).__name__}: {exc}"
+    return ServiceError(
+        operation,
+        status,
+        truncate(blank_out(message, secrets), MAX_MESSAGE_CHARS),
+        transient=transient,
+        service=SERVICE,
+    )
+
+
+def _status_of(exc: ClientError) -> int | None:
+    return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+
+
+def _client_error_message(exc: ClientError, status: int | None, bucket: str | None) -> str:
+    error = exc.response.get("Error", {})
+    code, text = error.get("Code", ""), error.get("Message", "")
+    message = f"{code}: {text}" if text and text != code else code or "no error text"
+    if status == 407:
+        return f"{message}; the proxy in front of the store wants services.send.auth username and password"
+    if code == "NoSuchBucket":
+        return f"{message}; bucket {bucket} (services.send.s3.bucket) does not exist"
+    if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied"):
+        return f"{message}; check services.send.s3.access_key_id and secret_access_key"
+    return message
+
+
+def blank_out(text: str, secrets: tuple[str, ...]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, HIDDEN)
+    return text

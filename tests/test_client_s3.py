@@ -1,0 +1,385 @@
+"""The S3 uploader against moto in server mode behind a proxy that demands Proxy-Authorization.
+
+Path-style addressing, region eu-central-1. What the bucket holds is read back from moto directly (not through
+the uploader): objects, contents and incomplete multipart uploads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import uuid
+from contextlib import closing
+from pathlib import Path
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+
+from config.settings import RetrySettings, SendSettings, TlsSettings
+from tasks.clients.errors import ServiceError
+from tasks.clients.s3 import S3Uploader, UploadedObject
+from tests.conftest import REPO_ROOT
+from tests.fakes.echo import Reply
+from tests.fakes.s3_proxy import start_s3_proxy
+
+REGION = "eu-central-1"
+ACCESS_KEY_ID = "AKIDS3UPLOADTEST"
+SECRET_ACCESS_KEY = "s3-secret-9f8e7d"
+PROXY_USER = "proxy-user"
+PROXY_PASSWORD = "proxy-pw-31337"
+SECRETS = (ACCESS_KEY_ID, SECRET_ACCESS_KEY, PROXY_PASSWORD)
+MB = 1024 * 1024
+TLS = TlsSettings()
+RETRY = RetrySettings(max_attempts=3)
+NO_RETRY = RetrySettings(max_attempts=1)
+
+
+@pytest.fixture(scope="module")
+def moto_url():
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def running_proxy(moto_url):
+    proxy = start_s3_proxy(moto_url, username=PROXY_USER, password=PROXY_PASSWORD)
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture
+def proxy(running_proxy):
+    running_proxy.state.reset()
+    yield running_proxy
+    running_proxy.state.release.set()  # let any held part go, so no handler thread waits past the test
+
+
+@pytest.fixture(scope="module")
+def store(moto_url):
+    """A moto client that bypasses the proxy, to look at what the bucket really holds."""
+    return boto3.client(
+        "s3",
+        region_name=REGION,
+        endpoint_url=moto_url,
+        aws_access_key_id=ACCESS_KEY_ID,
+        aws_secret_access_key=SECRET_ACCESS_KEY,
+    )
+
+
+@pytest.fixture
+def bucket(store) -> str:
+    name = f"research-{uuid.uuid4().hex[:12]}"
+    store.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
+    return name
+
+
+def send_config(endpoint: str, bucket: str, *, password: str = PROXY_PASSWORD, timeout: str = "PT30M") -> dict:
+    return {
+        "send_as": "s3_upload",
+        "auth": {"username": PROXY_USER, "password": password, "api_key": "api-key-ignored"},
+        "s3": {
+            "bucket": bucket,
+            "region": REGION,
+            "access_key_id": ACCESS_KEY_ID,
+            "secret_access_key": SECRET_ACCESS_KEY,
+            "endpoint": endpoint,
+            "use_path_style": True,
+            "timeout": timeout,
+        },
+    }
+
+
+def uploader(proxy, bucket: str, manifest: Path, *, retry: RetrySettings = RETRY, **config) -> S3Uploader:
+    return S3Uploader(SendSettings(**send_config(proxy.base_url, bucket, **config)), TLS, retry, manifest)
+
+
+def data_file(path: Path, size: int, seed: int = 7) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(random.Random(seed).randbytes(size))
+    return path
+
+
+def listing(store, bucket: str) -> list[UploadedObject]:
+    contents = store.list_objects_v2(Bucket=bucket).get("Contents", [])
+    return [UploadedObject(item["Key"], item["Size"], item["ETag"].strip('"')) for item in contents]
+
+
+def manifest_objects(manifest: Path) -> list[UploadedObject]:
+    return [UploadedObject(**entry) for entry in json.loads(manifest.read_text())["objects"]]
+
+
+def incomplete_uploads(store, bucket: str) -> list[dict]:
+    return store.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+
+
+def stored_digest(store, bucket: str, key: str) -> str:
+    return hashlib.sha256(store.get_object(Bucket=bucket, Key=key)["Body"].read()).hexdigest()
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --- upload and manifest ---------------------------------------------------------------------------------------
+
+
+def test_a_small_file_is_one_put_with_proxy_auth_and_lands_in_the_manifest(proxy, store, bucket, tmp_path):
+    source = data_file(tmp_path / "in" / "core.ndjson", 100_000)
+    manifest = tmp_path / "job" / "s3-manifest.json"
+    with closing(uploader(proxy, bucket, manifest)) as s3:
+        uploaded = s3.upload(source, "job-1/core.ndjson")
+
+    assert uploaded == UploadedObject("job-1/core.ndjson", 100_000, uploaded.etag)
+    assert listing(store, bucket) == [uploaded] == manifest_objects(manifest)
+    assert json.loads(manifest.read_text())["bucket"] == bucket
+    assert stored_digest(store, bucket, "job-1/core.ndjson") == file_digest(source)
+    assert "PutObject" in proxy.state.operations()
+    assert all(request.authorized for request in proxy.state.requests)
+    assert all(request.path.startswith(f"/{bucket}") for request in proxy.state.requests)  # path style
+    assert [p.name for p in manifest.parent.iterdir()] == ["s3-manifest.json"]  # no temporary left
+
+
+def test_a_large_file_goes_up_in_parallel_parts(proxy, store, bucket, tmp_path):
+    source = data_file(tmp_path / "batch-0001.ndjson", 20 * MB)
+    manifest = tmp_path / "s3-manifest.json"
+    with closing(uploader(proxy, bucket, manifest)) as s3:
+        uploaded = s3.upload(source, "job-1/batch-0001.ndjson")
+
+    operations = proxy.state.operations()
+    assert operations.count("CreateMultipartUpload") == 1
+    assert operations.count("UploadPart") == 3  # boto3's 8 MB parts
+    assert operations.count("CompleteMultipartUpload") == 1
+    assert uploaded.etag.endswith("-3") and uploaded.size == 20 * MB
+    assert listing(store, bucket) == [uploaded] == manifest_objects(manifest)
+    assert stored_digest(store, bucket, uploaded.key) == file_digest(source)
+
+
+def test_a_resumed_job_skips_objects_the_manifest_records_and_the_bucket_holds(proxy, store, bucket, tmp_path):
+    first, second = data_file(tmp_path / "a.ndjson", 5000, seed=1), data_file(tmp_path / "b.ndjson", 6000, seed=2)
+    manifest = tmp_path / "s3-manifest.json"
+    with closing(uploader(proxy, bucket, manifest)) as s3:
+        recorded = s3.upload(first, "job-1/a.ndjson")
+    proxy.state.reset()
+
+    with closing(uploader(proxy, bucket, manifest)) as s3:
+        again = s3.upload(first, "job-1/a.ndjson")
+        other = s3.upload(second, "job-1/b.ndjson")
+
+    assert again == recorded
+    assert proxy.state.operations().count("PutObject") == 1  # b only
+    assert [r.path for r in proxy.state.requests if r.operation == "PutObject"] == [f"/{bucket}/job-1/b.ndjson"]
+    assert listing(store, bucket) == [recorded, other] == manifest_objects(manifest)
+
+
+def test_a_recorded_object_gone_from_the_bucket_is_uploaded_again(proxy, store, bucket, tmp_path):
+    source = data_file(tmp_path / "a.ndjson", 5000)
+    manifest = tmp_path / "s3-manifest.json"
+    with closing(uploader(proxy, bucket, manifest)) as s3:
+        s3.upload(source, "job-1/a.ndjson")
+    store.delete_object(Bucket=bucket, Key="job-1/a.ndjson")
+
+    with closing(uploader(proxy, bucket, manifest)) as s3:
+        uploaded = s3.upload(source, "job-1/a.ndjson")
+
+    assert proxy.state.operations().count("PutObject") == 2
+    assert listing(store, bucket) == [uploaded] == manifest_objects(manifest)
+
+
+def test_a_file_of_another_size_than_recorded_is_uploaded_again(proxy, store, bucket, tmp_path):
+    source = data_file(tmp_path / "a.ndjson", 5000)
+    manifest = tmp_path / "s3-manifest.json"
+    with closing(uploader(proxy, bucket, manifest)) as s3:
+        s3.upload(source, "job-1/a.ndjson")
+    data_file(source, 7000, seed=3)
+
+    with closing(uploader(proxy, bucket, manifest)) as s3:
+        uploaded = s3.upload(source, "job-1/a.ndjson")
+
+    assert uploaded.size == 7000
+    assert listing(store, bucket) == [uploaded] == manifest_objects(manifest)
+    assert stored_digest(store, bucket, uploaded.key) == file_digest(source)
+
+
+def test_a_manifest_of_another_bucket_or_unreadable_is_not_trusted(proxy, store, bucket, tmp_path, caplog):
+    source = data_file(tmp_path / "a.ndjson", 5000)
+    manifest = tmp_path / "s3-manifest.json"
+    manifest.write_text(
+        json.dumps({"bucket": "elsewhere", "objects": [{"key": "job-1/a.ndjson", "size": 5000, "etag": "x"}]})
+    )
+    with closing(uploader(proxy, bucket, manifest)) as s3:
+        s3.upload(source, "job-1/a.ndjson")
+    manifest.write_text("{not json")
+    with closing(uploader(proxy, bucket, manifest)) as s3:
+        uploaded = s3.upload(source, "job-1/a.ndjson")
+
+    assert "describes bucket elsewhere" in caplog.text and "is unreadable" in caplog.text
+    assert proxy.state.operations().count("PutObject") == 2
+    assert manifest_objects(manifest) == [uploaded] == listing(store, bucket)
+
+
+def test_uploads_from_threads_share_one_manifest(proxy, store, bucket, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    sources = [data_file(tmp_path / f"batch-{n:04d}.ndjson", 3000 + n, seed=n) for n in range(8)]
+    manifest = tmp_path / "s3-manifest.json"
+    with closing(uploader(proxy, bucket, manifest)) as s3, ThreadPoolExecutor(4) as pool:
+        uploaded = list(pool.map(lambda path: s3.upload(path, f"job-1/{path.name}"), sources))
+
+    assert sorted(uploaded, key=lambda u: u.key) == listing(store, bucket) == manifest_objects(manifest)
+
+
+# --- kill during a multipart upload -----------------------------------------------------------------------------
+
+CHILD = """
+import json, sys
+from pathlib import Path
+from config.settings import RetrySettings, SendSettings, TlsSettings
+from tasks.clients.s3 import S3Uploader
+config, source, key, manifest = json.loads(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
+S3Uploader(SendSettings(**config), TlsSettings(), RetrySettings(max_attempts=1), manifest).upload(source, key)
+"""
+
+
+def test_a_kill_during_a_multipart_upload_leaves_no_orphaned_upload_after_the_next_run(proxy, store, bucket, tmp_path):
+    source = data_file(tmp_path / "batch-0001.ndjson", 20 * MB)
+    manifest = tmp_path / "s3-manifest.json"
+    key = "job-1/batch-0001.ndjson"
+    proxy.state.hold_parts = True
+    config = json.dumps(send_config(proxy.base_url, bucket))
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, config, str(source), key, str(manifest)],
+        cwd=REPO_ROOT,
+        env={name: value for name, value in os.environ.items() if not name.startswith(("APP_", "AWS_"))},
+    )
+    try:
+        assert proxy.state.part_held.wait(60), "the child never started a part upload"
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(30)
+    proxy.state.hold_parts = False
+    proxy.state.release.set()
+    assert len(incomplete_uploads(store, bucket)) == 1  # what a killed run leaves behind
+    assert not manifest.exists()
+
+    with closing(uploader(proxy, bucket, manifest)) as s3:
+        uploaded = s3.upload(source, key)
+
+    assert "AbortMultipartUpload" in proxy.state.operations()
+    assert incomplete_uploads(store, bucket) == []
+    assert listing(store, bucket) == [uploaded] == manifest_objects(manifest)
+    assert stored_digest(store, bucket, key) == file_digest(source)
+
+
+# --- errors: classified, and never with a credential in them ----------------------------------------------------
+
+
+def assert_clean(error: ServiceError) -> None:
+    texts = (str(error), repr(error), error.message)
+    for secret in SECRETS:
+        assert all(secret not in text for text in texts), secret
+    assert error.__cause__ is None and error.__suppress_context__  # botocore's own exception is not chained
+
+
+def test_a_wrong_proxy_password_is_a_terminal_error_naming_the_auth_keys(proxy, bucket, tmp_path):
+    source = data_file(tmp_path / "a.ndjson", 5000)
+    with closing(uploader(proxy, bucket, tmp_path / "m.json", password="wrong-password")) as s3:
+        with pytest.raises(ServiceError) as caught:
+            s3.upload(source, "job-1/a.ndjson")
+
+    error = caught.value
+    assert error.status_code == 407 and not error.transient
+    assert "services.send.auth" in error.message and "wrong-password" not in str(error)
+    assert_clean(error)
+    assert not any(request.authorized for request in proxy.state.requests)
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_a_503_is_retried_by_botocore(proxy, store, bucket, tmp_path):
+    proxy.state.replies.extend([Reply(503, body=b"<Error><Code>SlowDown</Code></Error>")])
+    source = data_file(tmp_path / "a.ndjson", 5000)
+    with closing(uploader(proxy, bucket, tmp_path / "m.json")) as s3:
+        uploaded = s3.upload(source, "job-1/a.ndjson")
+
+    assert listing(store, bucket) == [uploaded]
+    assert len(proxy.state.requests) >= 3  # the list of incomplete uploads was answered 503 and asked again
+
+
+@pytest.mark.parametrize(
+    ("reply", "status"),
+    [(Reply(503, body=b"<Error><Code>ServiceUnavailable</Code></Error>"), 503), (Reply(reset=True), None)],
+    ids=["503", "reset"],
+)
+def test_unavailable_or_reset_after_the_last_attempt_is_transient(proxy, bucket, tmp_path, reply, status):
+    proxy.state.replies.append(reply)
+    source = data_file(tmp_path / "a.ndjson", 5000)
+    with closing(uploader(proxy, bucket, tmp_path / "m.json", retry=NO_RETRY)) as s3:
+        with pytest.raises(ServiceError) as caught:
+            s3.upload(source, "job-1/a.ndjson")
+
+    assert caught.value.transient and caught.value.status_code == status
+    assert_clean(caught.value)
+
+
+def test_a_stalled_request_times_out_after_s3_timeout(proxy, bucket, tmp_path):
+    proxy.state.replies.append(Reply(200, delay=3.0))
+    source = data_file(tmp_path / "a.ndjson", 5000)
+    with closing(uploader(proxy, bucket, tmp_path / "m.json", retry=NO_RETRY, timeout="PT1S")) as s3:
+        with pytest.raises(ServiceError, match="network error: ReadTimeoutError") as caught:
+            s3.upload(source, "job-1/a.ndjson")
+
+    assert caught.value.transient
+
+
+def test_an_error_text_quoting_the_credentials_is_blanked_out(proxy, bucket, tmp_path):
+    body = (
+        "<Error><Code>InvalidAccessKeyId</Code><Message>Access key "
+        f"{ACCESS_KEY_ID} with secret {SECRET_ACCESS_KEY} via {PROXY_PASSWORD} is unknown</Message>"
+        f"<AWSAccessKeyId>{ACCESS_KEY_ID}</AWSAccessKeyId></Error>"
+    ).encode()
+    proxy.state.replies.append(Reply(403, {"Content-Type": "application/xml"}, body))
+    source = data_file(tmp_path / "a.ndjson", 5000)
+    with closing(uploader(proxy, bucket, tmp_path / "m.json")) as s3:
+        with pytest.raises(ServiceError) as caught:
+            s3.upload(source, "job-1/a.ndjson")
+
+    error = caught.value
+    assert error.status_code == 403 and not error.transient
+    assert "Access key <hidden> with secret <hidden> via <hidden> is unknown" in error.message
+    assert "services.send.s3.access_key_id" in error.message
+    assert_clean(error)
+
+
+def test_a_missing_bucket_is_a_terminal_error_naming_the_key(proxy, tmp_path):
+    source = data_file(tmp_path / "a.ndjson", 5000)
+    with closing(uploader(proxy, "no-such-bucket", tmp_path / "m.json")) as s3:
+        with pytest.raises(ServiceError, match=r"bucket no-such-bucket \(services.send.s3.bucket\) does not exist"):
+            s3.upload(source, "job-1/a.ndjson")
+
+
+def test_debug_logs_of_boto_carry_no_credentials(proxy, bucket, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
+    refusal = (
+        "<Error><Code>InvalidAccessKeyId</Code><Message>The AWS Access Key Id you provided does not exist in our "
+        f"records.</Message><AWSAccessKeyId>{ACCESS_KEY_ID}</AWSAccessKeyId></Error>"
+    ).encode()
+    with closing(uploader(proxy, bucket, tmp_path / "m.json")) as s3:
+        s3.upload(data_file(tmp_path / "a.ndjson", 5000), "job-1/a.ndjson")
+        s3.upload(data_file(tmp_path / "b.ndjson", 9 * MB), "job-1/b.ndjson")
+        proxy.state.replies.append(Reply(403, {"Content-Type": "application/xml"}, refusal))
+        with pytest.raises(ServiceError, match="InvalidAccessKeyId"):
+            s3.upload(data_file(tmp_path / "c.ndjson", 5000), "job-1/c.ndjson")
+
+    proxy_header = proxy.state.requests[0].proxy_authorization
+    assert "Sending http request" in caplog.text and "<AWSAccessKeyId>'<hidden>'" in caplog.text
+    for secret in (*SECRETS, proxy_header.removeprefix("Basic ")):
+        assert secret not in caplog.text, secret
