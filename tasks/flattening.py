@@ -347,6 +347,7 @@ class FlattenOutcome:
             "skipped_groups": [{"group": g.name, "profile": g.profile} for g in self.skipped],
             "unrouted": dict(sorted(self.unrouted.items())),
             "unrouted_total": sum(self.unrouted.values()),
+            "resources_of_skipped_groups": dict(sorted(self.skipped_resources.items())),
         }
 
 
@@ -431,6 +432,7 @@ class Router:
 
     def route(self, resource: dict[str, Any], routes: dict[str, set[str]]) -> None:
         kind = str(resource.get("resourceType"))
+        skipped = False
         if not self.by_provenance:
             targets = self.by_type.get(kind, [])
         else:
@@ -439,11 +441,14 @@ class Router:
                 if group in self.index:
                     targets.append(self.index[group])
                 elif group in self.skipped_ids:
-                    self.outcome.skipped_resources[kind] += 1
+                    skipped = True
                 else:
                     self.outcome.unknown_groups[group] += 1
+        if skipped and not targets:
+            self.outcome.skipped_resources[kind] += 1
         if not targets:
-            self.outcome.unrouted[kind] += 1
+            if not skipped:
+                self.outcome.unrouted[kind] += 1
             return
         for target in targets:
             self.outcome.groups[target].resources += 1

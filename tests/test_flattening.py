@@ -1,0 +1,351 @@
+"""The flattening step's plain functions: the shared example byte for byte (embedded and through a fake ``$run``),
+routing through Provenance, unrouted counts, CSV cell rules, budgets, health checks, no half-written files."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import zstandard
+
+from config.settings import RetrySettings, TlsSettings
+from tasks.clients.flattener import Flattener, FlattenerError, run_parameters
+from tasks.clients.http import ServiceClient, ServiceEndpoint
+from tasks.flattening import (
+    FlatteningError,
+    flatten_paths,
+    parse_line,
+    plan_views,
+    reference_key,
+    save_view_definitions,
+)
+from tasks.sof.crtdl_views import csv_file_name
+from tests.conftest import TESTDATA
+from tests.fakes.flattener import start_flattener
+
+EXAMPLE = TESTDATA / "flattening" / "example"
+LOOKUP = TESTDATA / "flattening" / "flatten-lookup.json"
+TORCH_RESULT = TESTDATA / "extraction" / "example-result"
+MB = 1024 * 1024
+EXPECTED = sorted(p.name for p in (EXAMPLE / "expected").iterdir())
+
+
+@pytest.fixture(scope="module")
+def running_flattener():
+    server = start_flattener()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def flattener_fake(running_flattener):
+    running_flattener.state.reset()
+    return running_flattener
+
+
+def open_service(server, **retry: Any) -> ServiceClient:
+    endpoint = ServiceEndpoint("flattening", server.base_url)
+    return ServiceClient(endpoint, TlsSettings(), RetrySettings(initial_backoff_ms=1, max_backoff_ms=5, **retry))
+
+
+def run_example(out: Path, service: Flattener | None = None, budget: int = 500 * MB, inputs: list[Path] | None = None):
+    views, skipped = plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)
+    paths = inputs or [EXAMPLE / "input" / "fhir-data.ndjson"]
+    return flatten_paths(paths, out, views, skipped, max_line_bytes=10 * MB, service=service, budget=budget)
+
+
+def assert_expected_csvs(out: Path) -> None:
+    assert sorted(p.name for p in out.iterdir()) == EXPECTED
+    for name in EXPECTED:
+        assert (out / name).read_bytes() == (EXAMPLE / "expected" / name).read_bytes(), name
+
+
+# --- the shared example ------------------------------------------------------------------------------------------
+
+
+def test_the_example_gives_the_expected_csvs_byte_for_byte_through_the_embedded_engine(tmp_path):
+    outcome = run_example(tmp_path / "out")
+
+    assert_expected_csvs(tmp_path / "out")
+    assert outcome.routing == "provenance" and outcome.engine == "embedded"
+    assert [(g.csv, g.resources, g.rows) for g in outcome.groups] == [
+        ("MII PR Person Patient (Pseudonymisiert).csv", 2, 2),
+        ("Diagnosis.csv", 1, 2),
+        ("Procedure.csv", 1, 1),
+    ]
+    assert not outcome.unrouted
+    assert sorted((f.name, f.resources) for f in outcome.files) == [
+        ("Diagnosis.csv", 2),
+        ("MII PR Person Patient (Pseudonymisiert).csv", 2),
+        ("Procedure.csv", 1),
+    ]
+
+
+def test_the_example_gives_the_expected_csvs_byte_for_byte_through_the_service(flattener_fake, tmp_path):
+    with open_service(flattener_fake) as client:
+        service = Flattener(client)
+        service.check()
+        outcome = run_example(tmp_path / "out", service)
+
+    assert_expected_csvs(tmp_path / "out")
+    assert outcome.engine == "service"
+    assert sorted(run.resources for run in flattener_fake.state.runs) == [1, 1, 2]
+
+
+def test_the_service_budget_splits_a_group_into_several_runs_with_the_same_rows(flattener_fake, tmp_path):
+    with open_service(flattener_fake) as client:
+        run_example(tmp_path / "out", Flattener(client), budget=3 * 100)
+
+    assert_expected_csvs(tmp_path / "out")
+    assert [run.resources for run in flattener_fake.state.runs] == [1, 1, 1, 1]
+
+
+def test_a_zstd_input_reads_like_a_plain_one(tmp_path):
+    source = tmp_path / "in" / "batch.ndjson.zst"
+    source.parent.mkdir()
+    source.write_bytes(zstandard.ZstdCompressor().compress((EXAMPLE / "input" / "fhir-data.ndjson").read_bytes()))
+
+    run_example(tmp_path / "out", inputs=[source])
+
+    assert_expected_csvs(tmp_path / "out")
+
+
+# --- the service client -----------------------------------------------------------------------------------------
+
+
+def test_a_server_without_run_on_viewdefinition_is_not_a_flattening_service(flattener_fake):
+    flattener_fake.state.reset(not_a_flattener=True)
+    with open_service(flattener_fake) as client, pytest.raises(FlattenerError, match="is not a flattening service"):
+        Flattener(client).check()
+
+
+def test_run_failures_are_retried_and_the_rows_come_back(flattener_fake, tmp_path):
+    flattener_fake.state.reset(fail_next=2)
+    with open_service(flattener_fake, max_attempts=3) as client:
+        rows = list(
+            Flattener(client).run(
+                b'{"resource":"Patient","select":[{"column":[{"name":"id","path":"id"}]}]}',
+                [b'{"resourceType":"Patient","id":"p1"}'],
+            )
+        )
+    assert rows == [{"id": "p1"}]
+
+
+def test_the_run_body_is_a_parameters_with_the_view_first_then_one_part_per_resource():
+    body = json.loads(run_parameters(b'{"resource":"Patient"}', [b'{"id":"a"}', b'{"id":"b"}']))
+    assert body == {
+        "resourceType": "Parameters",
+        "parameter": [
+            {"name": "viewDefinition", "resource": {"resource": "Patient"}},
+            {"name": "resources", "resource": {"id": "a"}},
+            {"name": "resources", "resource": {"id": "b"}},
+        ],
+    }
+
+
+# --- routing ----------------------------------------------------------------------------------------------------
+
+
+def test_a_torch_batch_routes_through_provenance_and_counts_what_nothing_routes(tmp_path):
+    crtdl = TORCH_RESULT / "example-crtdl-multi-procedure.json"
+    views, skipped = plan_views(crtdl, LOOKUP)
+    paths = [TORCH_RESULT / "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson"]
+
+    outcome = flatten_paths(paths, tmp_path / "out", views, skipped, max_line_bytes=10 * MB)
+
+    counts = {g.group.name: g.resources for g in outcome.groups}
+    assert counts == {
+        "MII PR Person Patient (Pseudonymisiert)": 1,
+        "Diagnosis": 2,
+        "Procedure one": 2,
+        "Procedure two": 2,
+    }
+    assert outcome.unrouted == Counter({"Encounter": 2})
+    assert outcome.unknown_groups == Counter({"generated-86a1da51": 2})
+    assert outcome.summary()["unrouted"] == {"Encounter": 2}
+    procedure_two = (tmp_path / "out" / "Procedure two.csv").read_text().splitlines()
+    assert procedure_two[0] == "id,patient,system_ops,code_ops,system_sct,code_sct,status"
+    assert len(procedure_two) == 3
+
+
+def test_without_any_provenance_resources_are_routed_by_type_and_it_says_so(tmp_path):
+    bundle = json.loads((EXAMPLE / "input" / "fhir-data.ndjson").read_text())
+    plain = tmp_path / "in" / "plain.ndjson"
+    plain.parent.mkdir()
+    resources = [e["resource"] for e in bundle["entry"] if e["resource"]["resourceType"] != "Provenance"]
+    plain.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in resources + [{"resourceType": "Encounter", "id": "e"}]))
+
+    outcome = run_example(tmp_path / "out", inputs=[plain])
+
+    assert outcome.routing == "resource type"
+    assert_expected_csvs(tmp_path / "out")
+    assert outcome.unrouted == Counter({"Encounter": 1})
+
+
+def test_bare_provenance_lines_route_the_bare_resources_of_their_file(tmp_path):
+    bundle = json.loads((EXAMPLE / "input" / "fhir-data.ndjson").read_text())
+    resources = [e["resource"] for e in bundle["entry"]]
+    provenance_first = [r for r in resources if r["resourceType"] == "Provenance"][::-1]
+    data = [r for r in resources if r["resourceType"] != "Provenance"]
+    source = tmp_path / "in" / "bare.ndjson"
+    source.parent.mkdir()
+    source.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in data[:2] + provenance_first + data[2:]))
+
+    outcome = run_example(tmp_path / "out", inputs=[source])
+
+    assert outcome.routing == "provenance"
+    assert_expected_csvs(tmp_path / "out")
+
+
+def test_a_resource_routed_to_two_groups_is_in_both_csvs(tmp_path):
+    bundle = json.loads((EXAMPLE / "input" / "fhir-data.ndjson").read_text())
+    for entry in bundle["entry"]:
+        if entry["resource"]["id"] == "provenance-procedure-group":
+            entry["resource"]["entity"].append(
+                {"what": {"identifier": dict(entry["resource"]["entity"][0]["what"]["identifier"], value="other")}}
+            )
+    crtdl = json.loads((EXAMPLE / "example-crtdl.json").read_text())
+    second = dict(crtdl["dataExtraction"]["attributeGroups"][2], id="other", name="Procedure again")
+    crtdl["dataExtraction"]["attributeGroups"].append(second)
+    (tmp_path / "crtdl.json").write_text(json.dumps(crtdl))
+    (tmp_path / "in.ndjson").write_text(json.dumps(bundle) + "\n")
+    views, skipped = plan_views(tmp_path / "crtdl.json", LOOKUP)
+
+    outcome = flatten_paths([tmp_path / "in.ndjson"], tmp_path / "out", views, skipped, max_line_bytes=MB)
+
+    assert [g.resources for g in outcome.groups] == [2, 1, 1, 1]
+    again = (tmp_path / "out" / "Procedure again.csv").read_bytes()
+    assert again == (EXAMPLE / "expected" / "Procedure.csv").read_bytes()
+
+
+def test_references_are_keyed_by_type_and_id():
+    assert reference_key("Patient/1") == "Patient/1"
+    assert reference_key("https://fhir.example/fhir/Patient/1/_history/3") == "Patient/1"
+    assert reference_key("urn:uuid:abc") is None
+
+
+# --- groups, files, cells ---------------------------------------------------------------------------------------
+
+
+def test_a_group_without_a_lookup_table_is_skipped_with_a_warning_naming_its_profile(tmp_path, caplog):
+    crtdl = json.loads((EXAMPLE / "example-crtdl.json").read_text())
+    crtdl["dataExtraction"]["attributeGroups"][1]["groupReference"] = "https://example.org/StructureDefinition/Unknown"
+    (tmp_path / "crtdl.json").write_text(json.dumps(crtdl))
+
+    with caplog.at_level("WARNING", logger="dupflow.flattening"):
+        views, skipped = plan_views(tmp_path / "crtdl.json", LOOKUP)
+        outcome = flatten_paths(
+            [EXAMPLE / "input" / "fhir-data.ndjson"], tmp_path / "out", views, skipped, max_line_bytes=MB
+        )
+
+    assert "https://example.org/StructureDefinition/Unknown" in caplog.text
+    assert [g.name for g in skipped] == ["Diagnosis"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "MII PR Person Patient (Pseudonymisiert).csv",
+        "Procedure.csv",
+    ]
+    assert outcome.skipped_resources == Counter({"Condition": 1})
+    assert not outcome.unrouted
+
+
+def test_a_group_with_no_rows_writes_no_file(tmp_path):
+    bundle = json.loads((EXAMPLE / "input" / "fhir-data.ndjson").read_text())
+    bundle["entry"] = [e for e in bundle["entry"] if e["resource"]["resourceType"] != "Procedure"]
+    (tmp_path / "in.ndjson").write_text(json.dumps(bundle) + "\n")
+
+    outcome = run_example(tmp_path / "out", inputs=[tmp_path / "in.ndjson"])
+
+    assert "Procedure.csv" not in [p.name for p in (tmp_path / "out").iterdir()]
+    assert outcome.summary()["groups"][2] == {
+        "group": "Procedure",
+        "id": outcome.groups[2].group.id,
+        "csv": None,
+        "resources": 0,
+        "rows": 0,
+    }
+
+
+def test_cells_keep_numbers_as_written_strings_verbatim_and_json_for_objects(tmp_path):
+    lookup = [
+        {
+            "url": "https://example.org/Obs",
+            "resourceType": "Observation",
+            "elements": {
+                "Observation.value[x]": {
+                    "viewDefinition": {
+                        "column": [
+                            {"name": "value", "path": "value.ofType(Quantity).value"},
+                            {"name": "quantity", "path": "value.ofType(Quantity)"},
+                            {"name": "note", "path": "note.text.first()"},
+                            {"name": "flag", "path": "value.ofType(Quantity).value > 1"},
+                        ]
+                    }
+                }
+            },
+        }
+    ]
+    crtdl = {
+        "dataExtraction": {
+            "attributeGroups": [
+                {
+                    "id": "g",
+                    "name": "Obs: a/b",
+                    "groupReference": "https://example.org/Obs",
+                    "attributes": [{"attributeRef": "Observation.value[x]"}],
+                }
+            ]
+        }
+    }
+    o1 = '"id":"o1","subject":{"reference":"Patient/1"},"valueQuantity":{"value":1.50,"unit":"mg"}'
+    note = '"note":[{"text":"=1+1, \\"quoted\\"\\nnext"}]'
+    o2 = '"id":"o2","subject":{"reference":"Patient/2"},"valueQuantity":{"value":12345678901234567890.000001}'
+    (tmp_path / "lookup.json").write_text(json.dumps(lookup))
+    (tmp_path / "crtdl.json").write_text(json.dumps(crtdl))
+    source = tmp_path / "obs.ndjson"
+    source.write_text(f'{{"resourceType":"Observation",{o1},{note}}}\n{{"resourceType":"Observation",{o2}}}\n')
+    views, skipped = plan_views(tmp_path / "crtdl.json", tmp_path / "lookup.json")
+
+    flatten_paths([source], tmp_path / "out", views, skipped, max_line_bytes=MB)
+
+    assert csv_file_name("Obs: a/b") == "Obs_ a_b.csv"
+    assert (tmp_path / "out" / "Obs_ a_b.csv").read_bytes() == (
+        b"id,patient,value,quantity,note,flag\n"
+        b'o1,Patient/1,1.50,"{""value"":1.50,""unit"":""mg""}","=1+1, ""quoted""\nnext",true\n'
+        b'o2,Patient/2,12345678901234567890.000001,"{""value"":12345678901234567890.000001}",,true\n'
+    )
+
+
+def test_a_failure_midway_leaves_no_csv_and_no_temporary_file(tmp_path):
+    source = tmp_path / "in.ndjson"
+    shutil.copy(EXAMPLE / "input" / "fhir-data.ndjson", source)
+    with source.open("a") as out:
+        out.write("{not json\n")
+
+    with pytest.raises(FlatteningError, match="line 2 is not valid JSON"):
+        run_example(tmp_path / "out", inputs=[source])
+
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_each_view_is_saved_as_json_that_runs_again(tmp_path):
+    views, _ = plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)
+    save_view_definitions(tmp_path / "viewdefinitions", views)
+
+    saved = sorted(p.name for p in (tmp_path / "viewdefinitions").iterdir())
+    assert saved == ["Diagnosis.json", "MII PR Person Patient (Pseudonymisiert).json", "Procedure.json"]
+    view = json.loads((tmp_path / "viewdefinitions" / "Diagnosis.json").read_text())
+    assert view["resourceType"] == "ViewDefinition" and view["resource"] == "Condition"
+
+
+def test_lines_with_decimals_keep_their_digits_and_others_parse_fast():
+    assert parse_line(Path("x"), 1, b'{"a":1.50,"b":"2024-01-01T10:00:00.5"}') == {
+        "a": Decimal("1.50"),
+        "b": "2024-01-01T10:00:00.5",
+    }
+    assert parse_line(Path("x"), 1, b'{"a":1,"b":[true]}') == {"a": 1, "b": [True]}
