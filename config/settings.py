@@ -317,6 +317,7 @@ class ExtractorSettings(ConfigModel):
     file_ready_retries: int = Field(default=10, le=10_000)
     file_ready_interval: Duration = timedelta(seconds=10)
     download_stall_timeout: Duration = DEFAULT_DOWNLOAD_STALL_TIMEOUT
+    max_result_files: int = Field(default=100_000, ge=1)
 
     @model_validator(mode="before")
     @classmethod

@@ -5,12 +5,18 @@ rules: zstd is recognised by its magic bytes (not by the file name), a line long
 ``pipeline.max_ndjson_line_size_mb`` is an error naming the file and line, memory stays flat
 whatever the file size, and a file is only ever visible under its final name once it is complete
 (written to ``.<name>.part`` and renamed).
+
+Content is checked while it streams: every non-blank line must be a JSON object with a ``resourceType`` (a
+binary file or a stray text line never travels to the next step), and a last line without a newline must be
+complete (a truncated file is never taken for a finished one). File names are checked too: no control or
+bidirectional-override characters, and short enough for the file system.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +25,15 @@ from typing import BinaryIO, Literal
 import orjson
 import zstandard
 
+from tasks.errors import StepError
+
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 CHUNK_SIZE = 1 << 20
 DATA_SUFFIXES = (".ndjson", ".ndjson.zst")
 PART_PREFIX = "."
 PART_SUFFIX = ".part"
+MAX_NAME_BYTES = 255
+BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 # zstd levels matching the spec's speed/ratio table on FHIR NDJSON (measured with
 # tests/benchmarks/bench_compression.py on a 2-core machine; figures in the README).
@@ -32,8 +42,16 @@ ZSTD_LEVELS: dict[str, int] = {"fastest": 1, "default": 5, "better": 9, "best": 
 CompressionLevel = Literal["fastest", "default", "better", "best"]
 
 
-class NdjsonError(Exception):
+class NdjsonError(StepError):
     """A data file that cannot be read as NDJSON; the message names the file and what to do."""
+
+
+class TruncatedLineError(NdjsonError):
+    """The data end without a newline in the middle of a line: they were cut off (a broken download)."""
+
+
+class UnsafeNameError(NdjsonError):
+    """A file name that cannot be used in a job directory (control characters, too long, ...)."""
 
 
 class LineTooLongError(NdjsonError):
@@ -62,12 +80,37 @@ def is_partial(path: Path) -> bool:
 
 
 def output_name(name: str, compress: bool) -> str:
-    """``core.ndjson.zst`` / ``batch`` / ``a.json`` → ``<stem>.ndjson`` (+ ``.zst`` when compressing)."""
+    """``core.ndjson.zst`` / ``batch`` / ``a.json`` → ``<stem>.ndjson`` (+ ``.zst`` when compressing).
+
+    Raises ``UnsafeNameError`` for a name that ``check_file_name`` refuses.
+    """
     stem = name
     for suffix in (".zst", ".ndjson", ".json"):
         if stem.endswith(suffix) and len(stem) > len(suffix):
             stem = stem[: -len(suffix)]
-    return stem + (".ndjson.zst" if compress else ".ndjson")
+    output = stem + (".ndjson.zst" if compress else ".ndjson")
+    check_file_name(output)
+    return output
+
+
+def check_file_name(name: str) -> None:
+    """Refuse names that would break listings or deceive a reader: control characters (a newline splits a
+    ``status`` line), bidirectional overrides (they make a name display as another) and names whose temporary
+    form ``.<name>.part`` does not fit in the 255 bytes a file name may have."""
+    shown = ascii(name) if len(name) <= 80 else ascii(name[:80]) + "…"
+    if any(unicodedata.category(char) == "Cc" for char in name):
+        raise UnsafeNameError(f"the file name {shown} contains a control character (such as a newline); rename it")
+    if any(char in BIDI_CONTROLS for char in name):
+        raise UnsafeNameError(
+            f"the file name {shown} contains a bidirectional text control character, which can make it display "
+            "as another name; rename it"
+        )
+    size = len(f"{PART_PREFIX}{name}{PART_SUFFIX}".encode("utf-8", "surrogateescape"))
+    if size > MAX_NAME_BYTES:
+        raise UnsafeNameError(
+            f"the file name {shown} is too long: with its temporary form it takes {size} bytes, more than the "
+            f"{MAX_NAME_BYTES} a file name may have; use a name shorter than {MAX_NAME_BYTES - 6} bytes"
+        )
 
 
 def is_zstd(path: Path) -> bool:
@@ -142,60 +185,80 @@ def iter_lines(path: Path, max_line_bytes: int) -> Iterator[tuple[int, bytes]]:
 
 
 def iter_resources(path: Path, max_line_bytes: int) -> Iterator[tuple[int, dict]]:
-    """Yield ``(line number, parsed resource)``; a line that is not a JSON object is an error."""
+    """Yield ``(line number, parsed resource)``; a line that is not a FHIR resource is an error."""
     for line_number, line in iter_lines(path, max_line_bytes):
         yield line_number, parse_resource(path, line_number, line)
 
 
-def parse_resource(source: Path, line_number: int, line: bytes) -> dict:
-    """One NDJSON line as a JSON object; anything else is an error naming the file and line."""
+def parse_resource(source: Path | str, line_number: int, line: bytes | bytearray | memoryview) -> dict:
+    """One NDJSON line as a JSON object with a ``resourceType``; anything else is an error naming the file
+    and line (never quoting the line, which may hold patient data)."""
     try:
         resource = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
-        raise NdjsonError(f"{source}: line {line_number} is not valid JSON ({exc})") from exc
+        raise NdjsonError(f"{source}: line {line_number} is not valid JSON ({exc}); the file is not NDJSON") from None
     if not isinstance(resource, dict):
-        raise NdjsonError(f"{source}: line {line_number} is not a JSON object")
+        raise NdjsonError(f"{source}: line {line_number} is not a JSON object; NDJSON holds one resource per line")
+    resource_type = resource.get("resourceType")
+    if not isinstance(resource_type, str) or not resource_type:
+        raise NdjsonError(f"{source}: line {line_number} is a JSON object without a resourceType, not a FHIR resource")
     return resource
 
 
-class LineCounter:
-    """Counts non-empty lines in a byte stream fed in arbitrary chunks, enforcing the line limit."""
+def _is_blank(line: bytes | bytearray | memoryview) -> bool:
+    return not bytes(line).strip()
+
+
+class LineChecker:
+    """Counts and checks the lines of a byte stream fed in arbitrary chunks: every non-blank line must be a
+    FHIR resource (``parse_resource``) of at most ``max_line_bytes``. Only a line that spans chunks is buffered
+    (bounded by the line limit), so memory stays flat."""
 
     def __init__(self, source: str, max_line_bytes: int):
         self._source = source
         self._max = max_line_bytes
-        self._current_len = 0
-        self._current_blank = True
+        self._pending = bytearray()
         self.lines = 0
         self.resources = 0
 
     def feed(self, chunk: bytes) -> None:
         start = 0
         while (end := chunk.find(b"\n", start)) != -1:
-            self._add_segment(chunk, start, end)
-            self._end_line()
+            if self._pending:
+                self._pending += chunk[start:end]
+                self._check_line(bytes(self._pending))
+                self._pending = bytearray()
+            else:
+                self._check_line(chunk[start:end])  # a bytes copy: orjson parses bytes twice as fast as a view
             start = end + 1
-        self._add_segment(chunk, start, len(chunk))
+        if len(self._pending) + len(chunk) - start > self._max:
+            raise LineTooLongError(self._source, self.lines + 1, self._max)
+        self._pending += chunk[start:]
 
     def finish(self) -> None:
-        if self._current_len:
-            self._end_line()
-
-    def _add_segment(self, chunk: bytes, start: int, end: int) -> None:
-        if end <= start:
+        """Check the last line when the data do not end with a newline: it must be a complete resource."""
+        if not self._pending or _is_blank(self._pending):
             return
-        self._current_len += end - start
-        if self._current_len > self._max:
-            raise LineTooLongError(self._source, self.lines + 1, self._max)
-        if self._current_blank and chunk[start:end].strip():
-            self._current_blank = False
+        try:
+            self._check_line(bytes(self._pending))
+        except LineTooLongError:
+            raise
+        except NdjsonError:
+            raise TruncatedLineError(
+                f"{self._source}: the data end in the middle of line {self.lines}, without a newline; "
+                "they are truncated"
+            ) from None
+        finally:
+            self._pending = bytearray()
 
-    def _end_line(self) -> None:
+    def _check_line(self, line: bytes) -> None:
         self.lines += 1
-        if not self._current_blank:
-            self.resources += 1
-        self._current_len = 0
-        self._current_blank = True
+        if len(line) > self._max:
+            raise LineTooLongError(self._source, self.lines, self._max)
+        if not line or (line[0] in b" \t\r" and _is_blank(line)):
+            return
+        parse_resource(self._source, self.lines, line)
+        self.resources += 1
 
 
 class AtomicNdjsonWriter:
@@ -211,7 +274,7 @@ class AtomicNdjsonWriter:
         self.dest = dest
         self.part = dest.with_name(f"{PART_PREFIX}{dest.name}{PART_SUFFIX}")
         self._level = level
-        self._counter = LineCounter(source or str(dest), max_line_bytes)
+        self._checker = LineChecker(source or str(dest), max_line_bytes)
         self._ends_with_newline = True
         self.stats: FileStats | None = None
 
@@ -229,7 +292,7 @@ class AtomicNdjsonWriter:
         """Append raw NDJSON bytes (any chunking; lines may span calls)."""
         if not chunk:
             return
-        self._counter.feed(chunk)
+        self._checker.feed(chunk)
         self._out.write(chunk)
         self._ends_with_newline = chunk.endswith(b"\n")
 
@@ -241,9 +304,9 @@ class AtomicNdjsonWriter:
             self._discard()
             return
         try:
+            self._checker.finish()
             if not self._ends_with_newline:
-                self.write(b"\n")
-            self._counter.finish()
+                self._out.write(b"\n")
             if self._out is not self._raw:
                 self._out.close()
             self._raw.flush()
@@ -253,7 +316,7 @@ class AtomicNdjsonWriter:
         except BaseException:
             self._discard()
             raise
-        self.stats = FileStats(size=self.dest.stat().st_size, resources=self._counter.resources)
+        self.stats = FileStats(size=self.dest.stat().st_size, resources=self._checker.resources)
 
     def _discard(self) -> None:
         try:
@@ -271,8 +334,9 @@ def remove_partial_files(folder: Path) -> None:
 
 
 def count_resources(path: Path, max_line_bytes: int) -> int:
-    counter = LineCounter(str(path), max_line_bytes)
+    """The resources of a data file, each line checked like ``AtomicNdjsonWriter`` checks it."""
+    checker = LineChecker(str(path), max_line_bytes)
     for chunk in iter_chunks(path):
-        counter.feed(chunk)
-    counter.finish()
-    return counter.resources
+        checker.feed(chunk)
+    checker.finish()
+    return checker.resources

@@ -11,6 +11,8 @@ from tasks.ndjson import (
     is_zstd,
     iter_lines,
     iter_resources,
+    TruncatedLineError,
+    UnsafeNameError,
     output_name,
     remove_partial_files,
 )
@@ -59,9 +61,9 @@ def test_damaged_zstd_is_a_clear_error(tmp_path):
 def test_writer_counts_resources_and_compresses(tmp_path):
     dest = tmp_path / "out.ndjson.zst"
     with AtomicNdjsonWriter(dest, "fastest", MB) as writer:
-        writer.write(b'{"a":1}\n{"b"')
-        writer.write(b":2}\n\n")
-        writer.write_line(b'{"c":3}')
+        writer.write(b'{"resourceType":"A"}\n{"resourceType"')
+        writer.write(b':"B"}\n\n')
+        writer.write_line(b'{"resourceType":"C"}')
     assert writer.stats.resources == 3 and writer.stats.size == dest.stat().st_size
     assert is_zstd(dest) and count_resources(dest, MB) == 3
 
@@ -69,15 +71,15 @@ def test_writer_counts_resources_and_compresses(tmp_path):
 def test_writer_adds_the_missing_final_newline(tmp_path):
     dest = tmp_path / "out.ndjson"
     with AtomicNdjsonWriter(dest, None, MB) as writer:
-        writer.write(b'{"a":1}')
-    assert dest.read_bytes() == b'{"a":1}\n'
+        writer.write(b'{"resourceType":"A"}')
+    assert dest.read_bytes() == b'{"resourceType":"A"}\n'
 
 
 def test_a_failed_write_leaves_neither_the_file_nor_its_temporary(tmp_path):
     dest = tmp_path / "out.ndjson"
     with pytest.raises(RuntimeError):
         with AtomicNdjsonWriter(dest, None, MB) as writer:
-            writer.write(b'{"a":1}\n')
+            writer.write(b'{"resourceType":"A"}\n')
             assert writer.part.exists() and not dest.exists()
             raise RuntimeError("disk gone")
     assert list(tmp_path.iterdir()) == []
@@ -109,3 +111,64 @@ def test_leftover_temporaries_of_a_killed_run_are_removed(tmp_path):
 )
 def test_output_names_carry_the_ndjson_and_compression_extension(name, compress, expected):
     assert output_name(name, compress) == expected
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (b'{"resourceType":"A"}\n\x00\x01\xff binary\n', "line 2 is not valid JSON"),
+        (b'{"resourceType":"A"}\nnot json at all\n', "line 2 is not valid JSON"),
+        (b'{"resourceType":"A"}\n[1, 2]\n', "line 2 is not a JSON object"),
+        (b'{"resourceType":"A"}\n\n{"id":"x"}\n', "line 3 is a JSON object without a resourceType"),
+        (b'{"resourceType":""}\n', "line 1 is a JSON object without a resourceType"),
+    ],
+    ids=["binary", "text", "array", "no-resource-type", "empty-resource-type"],
+)
+def test_every_line_is_checked_to_be_a_resource_while_writing(tmp_path, content, fragment):
+    dest = tmp_path / "out.ndjson"
+    with pytest.raises(NdjsonError, match=fragment) as error:
+        with AtomicNdjsonWriter(dest, None, MB, source="input/a.ndjson") as writer:
+            for start in range(0, len(content), 5):
+                writer.write(content[start : start + 5])
+    assert str(error.value).startswith("input/a.ndjson: ")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_last_line_cut_off_without_a_newline_is_a_truncation(tmp_path):
+    dest = tmp_path / "out.ndjson"
+    with pytest.raises(TruncatedLineError, match="end in the middle of line 2"):
+        with AtomicNdjsonWriter(dest, None, MB) as writer:
+            writer.write(b'{"resourceType":"A"}\n{"resou')
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_blank_lines_and_crlf_line_ends_are_accepted(tmp_path):
+    dest = tmp_path / "out.ndjson"
+    with AtomicNdjsonWriter(dest, None, MB) as writer:
+        writer.write(b'\r\n{"resourceType":"A"}\r\n  \n\t\n{"resourceType":"B"}\r\n')
+    assert writer.stats.resources == 2
+
+
+def test_counting_a_file_checks_its_lines_too(tmp_path):
+    path = tmp_path / "a.ndjson"
+    path.write_bytes(b'{"resourceType":"A"}\n{"oops"\n')
+    with pytest.raises(NdjsonError, match="a.ndjson: line 2 is not valid JSON"):
+        count_resources(path, MB)
+
+
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        ("a\nb.ndjson", "control character"),
+        ("a\rb.ndjson", "control character"),
+        ("a\x1bb.ndjson", "control character"),
+        ("evil\u202egpj.ndjson", "bidirectional"),
+        ("x" * 250 + ".ndjson", "too long"),
+        ("\u00e9" * 120 + ".ndjson", "too long"),
+    ],
+    ids=["newline", "carriage-return", "escape", "bidi-override", "long", "long-in-bytes"],
+)
+def test_unsafe_file_names_are_refused_with_the_name_escaped(name, fragment):
+    with pytest.raises(UnsafeNameError, match=fragment) as error:
+        output_name(name, compress=True)
+    assert "\n" not in str(error.value) and "\r" not in str(error.value) and "\u202e" not in str(error.value)

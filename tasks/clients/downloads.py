@@ -12,7 +12,12 @@ Rules (spec "Extraction step procedure" 7 and "Errors"):
   waiting for the headers or inside the body), a connection reset or any other transport error once the
   body has started, a write error. These raise ``DownloadError``; ``continue`` redoes the file.
 - The body must be NDJSON: an HTML answer (``Content-Type: text/html`` or a body starting with ``<``) or a
-  first line that is not a JSON object is an error. A zstd-compressed body (magic bytes) is decompressed.
+  line that is not a FHIR resource is an error naming the URL and line. A zstd-compressed body (magic bytes)
+  is decompressed.
+- A body that ends in the middle of a line (a last line without a newline that does not parse: the server
+  closed the connection early and sent no Content-Length to tell) is incomplete: a transient error, retried.
+- File names come from the URL's last segment and are checked (``tasks.ndjson.check_file_name``); a manifest
+  listing more than ``max_files`` files is refused.
 - Output goes through ``AtomicNdjsonWriter`` (temporary name, renamed when complete), so a failed
   download never leaves a file under its final name.
 """
@@ -32,13 +37,16 @@ from urllib.parse import unquote
 import httpx
 import orjson
 
-from tasks.clients.errors import is_transient_status, raise_for_service_status
+from tasks.clients.errors import ServiceError, is_transient_status, raise_for_service_status
 from tasks.clients.http import call_with_retry, http_timeout, service_name
+from tasks.errors import StepError
 from tasks.ndjson import (
     CHUNK_SIZE,
     AtomicNdjsonWriter,
     CompressionLevel,
     FileStats,
+    TruncatedLineError,
+    UnsafeNameError,
     decompress_if_zstd,
     output_name,
 )
@@ -50,10 +58,11 @@ NDJSON_ACCEPT = "application/fhir+ndjson"
 # A result file that is not there yet: the file server (or a proxy in front of it) answers 404.
 PROBE_FALLBACK_STATUSES = (403, 404, 405)
 PROBE_TIMEOUT = http_timeout(timedelta(seconds=30))
+DEFAULT_MAX_FILES = 100_000
 _NON_SPACE = re.compile(rb"\S")
 
 
-class DownloadError(Exception):
+class DownloadError(StepError):
     """A download that failed terminally; the message names the URL and what to do."""
 
 
@@ -74,17 +83,26 @@ def safe_file_name(url: str, compress: bool) -> str:
     segment = unquote(raw_path.rsplit("/", 1)[-1])  # split before decoding: %2F is not a separator here
     if not segment or segment.startswith(".") or any(c in segment for c in "/\\\x00"):
         raise UnsafeFileNameError(
-            f"{display_url(url)}: cannot use {segment!r} as a file name in import/ (empty, hidden or containing "
-            "a path separator); the URL must end with a plain file name"
+            f"{display_url(url)}: cannot use {ascii(segment)} as a file name in import/ (empty, hidden or "
+            "containing a path separator); the URL must end with a plain file name"
         )
-    return output_name(segment, compress)
+    try:
+        return output_name(segment, compress)
+    except UnsafeNameError as exc:
+        raise UnsafeFileNameError(f"{display_url(url)}: {exc}; the server must list plain file names") from None
 
 
-def target_names(urls: Iterable[str], compress: bool) -> dict[str, str]:
-    """URL -> file name in ``import/``; two URLs that would land on one name are an error, never an overwrite."""
+def target_names(urls: Iterable[str], compress: bool, max_files: int = DEFAULT_MAX_FILES) -> dict[str, str]:
+    """URL -> file name in ``import/``; two URLs that would land on one name are an error, never an overwrite,
+    and so are more than ``max_files`` URLs (services.extractor.max_result_files)."""
     names: dict[str, str] = {}
     owners: dict[str, str] = {}
-    for url in urls:
+    for count, url in enumerate(urls, start=1):
+        if count > max_files:
+            raise DownloadError(
+                f"the result lists more than {max_files:,} files, more than services.extractor.max_result_files "
+                "allows; check the extraction (raise the key if the result is really that large)"
+            )
         name = safe_file_name(url, compress)
         if name in owners and owners[name] != url:
             raise DownloadError(
@@ -230,16 +248,24 @@ def _write_body(
     max_line_bytes: int,
     on_bytes: Callable[[int], None] | None,
 ) -> FileStats:
-    with AtomicNdjsonWriter(dest, level, max_line_bytes, source=display_url(url)) as writer:
-        for chunk in checked_ndjson(
-            decompress_if_zstd(_counted(chunks, on_bytes), display_url(url)), url, max_line_bytes
-        ):
-            try:
-                writer.write(chunk)
-            except OSError as exc:
-                raise DownloadError(
-                    f"writing {dest} failed: {exc}; free space or fix permissions, then run continue"
-                ) from exc
+    try:
+        with AtomicNdjsonWriter(dest, level, max_line_bytes, source=display_url(url)) as writer:
+            for chunk in checked_ndjson(
+                decompress_if_zstd(_counted(chunks, on_bytes), display_url(url)), url, max_line_bytes
+            ):
+                try:
+                    writer.write(chunk)
+                except OSError as exc:
+                    raise DownloadError(
+                        f"writing {dest} failed: {exc}; free space or fix permissions, then run continue"
+                    ) from exc
+    except TruncatedLineError as exc:
+        raise ServiceError(
+            f"download {display_url(url)}",
+            None,
+            f"{exc} (the connection ended before the whole file arrived)",
+            transient=True,
+        ) from None
     assert writer.stats is not None
     return writer.stats
 
