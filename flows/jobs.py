@@ -1,12 +1,15 @@
-"""Job identity and the job directory: ids, folders, the lock, and reading a job back fast.
+"""Jobs: one preparation for every entry point, the job directory, its lock, and the state cache.
 
-A job is one job directory ``<jobs_dir>/<job id>/`` and one or more Prefect flow runs (one per
-``start`` / ``continue``), all named after the job id and tagged ``job-<id>``. Prefect keeps the
-record: every step's result is persisted as JSON under ``.prefect/results/`` with a cache key
-derived from (job id, step position, step, input digest), which is what makes ``continue`` skip
-finished work. ``job.json`` holds only what is needed to start the flow again (the configuration's
-location, the input and non-secret overrides) and the last state the flow reported, so that
-``status`` and ``list`` answer without starting Prefect's embedded API (9-11 s).
+A job is a job directory ``<jobs_dir>/<job id>/`` and one or more Prefect flow runs, all named after the job id
+and tagged ``job-<id>``. ``prepare_job`` is the one function that makes or finds a job, whether the command line
+starts it, a deployment runs it or a schedule does: it refuses secrets in any parameter, fixes the job id,
+freezes every path of the configuration as absolute, and prepares the job's CRTDL (copied, or enriched) in the
+job directory when the job has one.
+
+Prefect is the record of a job's state: its latest flow run's state. ``job.json`` holds what a re-run needs (the
+configuration's location, the input, non-secret overrides) and a cache of that state, written from the flow's
+state hooks, so ``status`` and ``list`` answer without a Prefect server. The facts the spec requires and every
+finished step's files are in the project's own files (``tasks.record``).
 
 This module must stay import-light (no Prefect): ``status`` and ``list`` use it.
 """
@@ -18,15 +21,26 @@ import fcntl
 import json
 import os
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, UTC
+from datetime import UTC, datetime
 from pathlib import Path
 
-from tasks.layout import JobPaths, write_file_atomically
+from config.loader import LoadedConfig, absolute_path_overrides, load_settings, refuse_secret_overrides
+from config.settings import Settings
+from tasks.errors import JobError
+from tasks.layout import IMPORT_STEPS, JobPaths, is_crtdl_file, write_file_atomically
+from tasks.record import read_facts, record_facts
 
 LOCK_FILE = ".lock"
-# Job states as the CLI shows them; Prefect's own state names where they exist.
-RUNNING, COMPLETED, PAUSED, FAILED, INTERRUPTED = "Running", "Completed", "Paused", "Failed", "Interrupted"
+
+# Job states: Prefect's state names, the same in every view (CLI with or without a server, job.json, README).
+RUNNING, COMPLETED, FAILED, CRASHED, CANCELLED = "Running", "Completed", "Failed", "Crashed", "Cancelled"
+AWAITING_INSPECTION = "AwaitingInspection"
+FINAL_STATES = (COMPLETED, FAILED, CRASHED, CANCELLED, AWAITING_INSPECTION)
+
+CRTDL_NAME = "crtdl.json"
+ENRICHED_CRTDL_NAME = "enriched-crtdl.json"
 
 
 def new_job_id() -> str:
@@ -39,7 +53,7 @@ def now_iso() -> str:
 
 @dataclass
 class JobFile:
-    """What ``continue`` needs to start the flow again, and the last state the flow reported."""
+    """What a re-run needs to start the flow again, and the cached state of the job's latest flow run."""
 
     job_id: str
     config_path: str | None
@@ -50,7 +64,6 @@ class JobFile:
     state: str = RUNNING
     state_message: str = ""
     updated_at: str = field(default_factory=now_iso)
-    awaiting_wait_position: int | None = None
     flow_run_ids: list[str] = field(default_factory=list)
 
     @classmethod
@@ -63,13 +76,151 @@ class JobFile:
         write_file_atomically(paths.job_file, (json.dumps(self.__dict__, indent=2) + "\n").encode())
 
 
-def update_job_state(paths: JobPaths, state: str, message: str = "", awaiting: int | None = None) -> None:
+def cache_state(paths: JobPaths, state: str, message: str = "", flow_run_id: str | None = None) -> None:
+    """Write the job's latest flow-run state into ``job.json`` (a cache for ``status``/``list`` without a server)."""
     job = JobFile.read(paths)
-    job.state, job.state_message, job.awaiting_wait_position = state, message, awaiting
+    job.state, job.state_message = state, message
+    if flow_run_id and flow_run_id not in job.flow_run_ids:
+        job.flow_run_ids.append(flow_run_id)
     job.write(paths)
 
 
-class JobLockedError(Exception):
+# --- preparing a job ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    paths: JobPaths
+    file: JobFile
+    settings: Settings
+
+    @property
+    def job_id(self) -> str:
+        return self.paths.job_id
+
+
+def prepare_job(
+    job_id: str | None,
+    config_path: str | None,
+    job_input: str | None,
+    overrides: Mapping[str, str] | None,
+    *,
+    overrides_source: str,
+    jobs_dir: Path | None = None,
+) -> Job:
+    """Make a new job, or find the existing one with ``job_id``; the same for every entry point.
+
+    ``overrides_source`` names where overrides came from ("--set", "the deployment's overrides parameter") in
+    the error that refuses a secret among them, which comes before any other validation. ``jobs_dir`` is where an
+    existing job was found (``continue`` from anywhere works on the same directory).
+    """
+    overrides = dict(overrides or {})
+    refuse_secret_overrides(overrides, overrides_source)
+    if job_id and jobs_dir is not None and JobPaths(jobs_dir / job_id).job_file.is_file():
+        return existing_job(JobPaths(jobs_dir / job_id), overrides)
+    loaded = load_settings(config_path, overrides=overrides)
+    job_id = job_id or new_job_id()
+    paths = JobPaths(Path(loaded.settings.jobs_dir).resolve() / job_id)
+    if paths.job_file.is_file():
+        return existing_job(paths, overrides)
+    return new_job(paths, config_path, job_input, overrides, loaded)
+
+
+def existing_job(paths: JobPaths, overrides: Mapping[str, str]) -> Job:
+    """A job found again; ``overrides`` (non-secret) replace the frozen ones, so "fix the cause and continue" works."""
+    job = JobFile.read(paths)
+    if overrides:
+        job.overrides = {**job.overrides, **overrides}
+    job.overrides["jobs_dir"] = str(paths.job_dir.parent)
+    settings = load_settings(job.config_path, overrides=job.overrides).settings
+    if overrides:
+        job.write(paths)
+    return Job(paths, job, settings)
+
+
+def new_job(
+    paths: JobPaths, config_path: str | None, job_input: str | None, overrides: dict[str, str], loaded: LoadedConfig
+) -> Job:
+    config_path = str(Path(config_path).resolve()) if config_path else None
+    if job_input and "://" not in job_input:
+        job_input = str(Path(job_input).expanduser().resolve())
+    frozen = {**overrides, **absolute_path_overrides(loaded), "jobs_dir": str(paths.job_dir.parent)}
+    steps = list(loaded.settings.pipeline.enabled_steps)
+    crtdl = crtdl_input(steps, job_input)
+    require_crtdl_where_needed(steps, crtdl)
+    # The CRTDL is read (and enriched) before anything is written: a bad one leaves no job behind.
+    effective = effective_crtdl(crtdl, loaded.settings) if crtdl is not None else None
+    job = JobFile(paths.job_id, config_path, job_input, frozen, steps)
+    paths.job_dir.mkdir(parents=True, exist_ok=True)
+    job.write(paths)
+    if crtdl is not None and effective is not None:
+        write_crtdl(paths, crtdl, effective)
+    return Job(paths, job, loaded.settings)
+
+
+def crtdl_input(steps: list[str], job_input: str | None) -> Path | None:
+    """The job's CRTDL: the extractor's input unless that is a result URL; for the other import steps the input
+    when it is a ``.json`` file (their data come from a directory or a URL)."""
+    if not job_input or "://" in job_input:
+        return None
+    if steps[0] == "extractor" or is_crtdl_file(job_input):
+        return Path(job_input)
+    return None
+
+
+def require_crtdl_where_needed(steps: list[str], crtdl: Path | None) -> None:
+    """Spec rule 3: flattening needs a CRTDL (and so does an extraction that is not a result URL)."""
+    if "flattening" in steps and crtdl is None:
+        raise JobError(
+            "the flattening step needs a CRTDL: give the CRTDL file as INPUT "
+            "(with local_import: start CONFIG CRTDL --dir DATA; with extractor: start CONFIG CRTDL)"
+        )
+
+
+@dataclass(frozen=True)
+class EffectiveCrtdl:
+    name: str
+    data: bytes
+    warnings: list[str]
+
+
+def effective_crtdl(source: Path, settings: Settings) -> EffectiveCrtdl:
+    """Spec procedure step 1: the CRTDL as given, or enriched when preprocessing has rules; a missing file, invalid
+    JSON or a rule that cannot be applied is an error naming the file."""
+    from tasks.clients.extraction_server import ExtractionError, parse_crtdl
+    from tasks.crtdl_enrichment import EnrichmentError, enrich_crtdl
+
+    if not source.is_file():
+        problem = "is a directory" if source.is_dir() else "does not exist"
+        raise JobError(f"CRTDL {source} {problem}; give the CRTDL JSON file as the job input")
+    data = source.read_bytes()
+    preprocessing = settings.services.crtdl_preprocessing
+    try:
+        parsed = parse_crtdl(data, source)
+        if not (preprocessing.enabled and preprocessing.rules):
+            return EffectiveCrtdl(CRTDL_NAME, data, [])
+        enriched, warnings = enrich_crtdl(parsed, preprocessing.rules)
+    except (ExtractionError, EnrichmentError) as exc:
+        raise JobError(f"{source}: {exc}" if isinstance(exc, EnrichmentError) else str(exc)) from exc
+    return EffectiveCrtdl(ENRICHED_CRTDL_NAME, (json.dumps(enriched, indent=2) + "\n").encode(), warnings)
+
+
+def write_crtdl(paths: JobPaths, source: Path, crtdl: EffectiveCrtdl) -> Path:
+    """The job's one CRTDL in its directory, recorded as ``crtdl_path`` for every step that needs it."""
+    target = paths.job_dir / crtdl.name
+    write_file_atomically(target, crtdl.data)
+    record_facts(paths.job_dir, crtdl_path=str(target), crtdl_source=str(source), crtdl_warnings=crtdl.warnings or None)
+    return target
+
+
+def is_import_step(step: str) -> bool:
+    return step in IMPORT_STEPS
+
+
+# --- the lock ----------------------------------------------------------------------------------------------
+
+
+class JobLockedError(JobError):
     pass
 
 
@@ -91,10 +242,7 @@ class JobLock:
         except OSError as exc:
             os.close(fd)
             if exc.errno in (errno.EAGAIN, errno.EACCES):
-                raise JobLockedError(
-                    f"job {self._path.parent.name} is being worked on by another process; "
-                    "wait for it to end (or stop it) before running continue"
-                ) from exc
+                raise JobLockedError(locked_message(self._path.parent.name)) from exc
             raise
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
@@ -112,6 +260,10 @@ class JobLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def locked_message(job_id: str) -> str:
+    return f"job {job_id} is being worked on by another process; wait for it to end (or stop it) and run continue"
 
 
 def is_locked(paths: JobPaths) -> bool:
@@ -132,10 +284,13 @@ def is_locked(paths: JobPaths) -> bool:
 
 
 def effective_state(paths: JobPaths, job: JobFile) -> str:
-    """The recorded state, corrected to Crashed when it says Running but no process holds the job."""
+    """The cached state, corrected to Crashed when it says Running but no process holds the job (killed)."""
     if job.state == RUNNING and not is_locked(paths):
-        return "Crashed"
+        return CRASHED
     return job.state
+
+
+# --- finding jobs ------------------------------------------------------------------------------------------
 
 
 def find_job_dir(job: str, jobs_dir: Path) -> Path:
@@ -146,7 +301,7 @@ def find_job_dir(job: str, jobs_dir: Path) -> Path:
     candidate = jobs_dir / job
     if JobPaths(candidate).job_file.is_file():
         return candidate.resolve()
-    raise FileNotFoundError(f"no job {job!r} in {jobs_dir} (give a job id or the path of a job directory)")
+    raise JobError(f"no job {job} in {jobs_dir.resolve()}; pass --jobs-dir (or give the job's directory)")
 
 
 def list_job_dirs(jobs_dir: Path) -> list[Path]:
@@ -159,3 +314,7 @@ def list_job_dirs(jobs_dir: Path) -> list[Path]:
         if paths.job_file.is_file():
             jobs.append((JobFile.read(paths).created_at, job_dir))
     return [job_dir for _, job_dir in sorted(jobs, reverse=True)]
+
+
+def job_facts(paths: JobPaths) -> dict:
+    return read_facts(paths.job_dir)

@@ -1,46 +1,62 @@
-"""The ``dupflow`` flow: run the steps named by ``pipeline.enabled_steps``, in order, for one job.
+"""The ``dupflow`` flow: one job, its steps in the order of ``pipeline.enabled_steps``.
 
-Parameters carry no secret: the configuration's location, the job input and non-secret overrides.
-The configuration (with its secrets) is loaded inside the run. Each step is a Prefect task from
-``STEP_TASKS``; its result is cached in the job directory (see ``tasks.context``), so running the
-flow again with the same ``job_id`` skips every finished step and file.
+Every entry point (the command line, a deployment run, a scheduled run) runs this flow; ``prepare_job`` makes or
+finds the job, and the flow run is named after the job id and tagged ``job-<id>``. Parameters carry no secret:
+the configuration's location, the job input and non-secret overrides; the configuration (with its secrets) is
+loaded inside the run. Each step is a Prefect task registered in ``STEPS`` with its kind (``StepKind``), which
+decides what the next step reads. Finished steps and files come back from their cached results in the job
+directory, so running the flow again for the same job resumes it.
+
+The job's state is the flow run's state; the state hooks below copy it into ``job.json`` for ``status`` and
+``list`` without a server. A job that reaches a ``wait`` step ends its run as ``AwaitingInspection`` (a Paused
+state, never a green Completed) in a local run, and is suspended with an input form in a deployment run.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.states import Completed
+from prefect.input import RunInput
+from prefect.states import Completed, Paused
+from pydantic import Field
 
-from config.loader import load_settings
 from config.settings import Settings
-from flows.jobs import COMPLETED, FAILED, INTERRUPTED, PAUSED, RUNNING, JobFile, JobLock, new_job_id, update_job_state
-from tasks.context import StepContext, StepOutput
+from flows.jobs import AWAITING_INSPECTION, RUNNING, Job, JobLock, cache_state, prepare_job
+from tasks.contract import StepInput, StepKind, StepResult, register_settings
+from tasks.errors import JobError
 from tasks.extractor import extractor
 from tasks.http_import import http_import
 from tasks.layout import JobPaths, artifact_key
 from tasks.local_import import local_import
 from tasks.pseudonymizer import pseudonymizer
-from tasks.wait import wait
+from tasks.record import read_facts, record_facts, write_step_manifest
+from tasks.wait import release, wait
 
-# Steps whose issue has landed. ``start`` refuses the others; ``config check`` still validates them.
-STEP_TASKS = {
-    "extractor": extractor,
-    "http_import": http_import,
-    "local_import": local_import,
-    "pseudonymizer": pseudonymizer,
-    "wait": wait,
+SUSPEND_TIMEOUT_SECONDS = 7 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    kind: StepKind
+    task: Any
+
+
+STEPS: dict[str, StepSpec] = {
+    "extractor": StepSpec(StepKind.IMPORT, extractor),
+    "local_import": StepSpec(StepKind.IMPORT, local_import),
+    "http_import": StepSpec(StepKind.IMPORT, http_import),
+    "pseudonymizer": StepSpec(StepKind.TRANSFORM, pseudonymizer),
+    "wait": StepSpec(StepKind.GATE, wait),
 }
-
-AWAITING_INSPECTION = "AwaitingInspection"
 
 
 def unavailable_steps_problem(steps: list[str]) -> str | None:
     """What to tell a user whose pipeline names a step this version does not have, if it does."""
-    missing = [step for step in steps if step not in STEP_TASKS]
+    missing = [step for step in steps if step not in STEPS]
     if not missing:
         return None
     return (
@@ -49,129 +65,197 @@ def unavailable_steps_problem(steps: list[str]) -> str | None:
     )
 
 
+class InspectionInput(RunInput):
+    """The form a person fills in to resume a job suspended for inspection."""
+
+    confirmed: bool = Field(description="I have inspected the data (and put any corrected files in the _wait folder)")
+    note: str = Field(default="", description="A note for the job record: what was checked or changed")
+
+
+# --- state hooks: the job.json cache of the flow run's state ---------------------------------------------------
+
+_job_dirs: dict[str, Path] = {}
+
+
+def cache_final_state(flow: Any, flow_run: Any, state: Any) -> None:
+    job_dir = _job_dirs.pop(str(flow_run.id), None)
+    if job_dir is not None:
+        cache_state(JobPaths(job_dir), state.name, state_message(state), str(flow_run.id))
+
+
+def state_message(state: Any) -> str:
+    message = state.message or ""
+    for prefix in ("Flow run encountered an exception: ",):
+        message = message.removeprefix(prefix)
+    return message
+
+
 def flow_run_name() -> str:
-    """The job id; a scheduled run without one gets its job id inside the run, so it is named for its kind."""
-    return runtime.flow_run.parameters.get("job_id") or "scheduled-job"
+    """The job id; a deployment run without one is renamed to its new job id as soon as the job exists."""
+    return runtime.flow_run.parameters.get("job_id") or "new-job"
 
 
-@flow(name="dupflow", flow_run_name=flow_run_name, log_prints=False, persist_result=False)
+@flow(
+    name="dupflow",
+    flow_run_name=flow_run_name,
+    log_prints=False,
+    persist_result=False,
+    on_completion=[cache_final_state],
+    on_failure=[cache_final_state],
+    on_crashed=[cache_final_state],
+    on_cancellation=[cache_final_state],
+)
 def pipeline(
     job_id: str | None = None,
     config_path: str | None = None,
     job_input: str | None = None,
     overrides: dict[str, str] | None = None,
 ) -> Any:
-    """Run (or resume) one job. Without ``job_id`` a new job is created (scheduled deployments)."""
-    settings = load_settings(config_path, overrides=overrides or {}).settings
-    if problem := unavailable_steps_problem(list(settings.pipeline.enabled_steps)):
-        raise ValueError(problem)
-    job_id = job_id or new_job_id()
-    paths = JobPaths(Path(settings.jobs_dir).resolve() / job_id)
-    with JobLock(paths):
-        ensure_job_file(paths, config_path, job_input, overrides or {}, settings)
-        record_flow_run(paths)
-        try:
-            outputs = run_steps(paths, settings, job_input)
-        except Exception as exc:
-            update_job_state(paths, FAILED, str(exc))
-            raise
-        except BaseException:
-            update_job_state(paths, INTERRUPTED, "interrupted; run continue to resume")
-            raise
-        publish_summary(paths, settings, outputs)
-        last = outputs[-1]
-        if last.get("awaiting"):
-            message = f"paused for inspection at step {last['position'] + 1} (wait); continue with: continue {job_id}"
-            update_job_state(paths, PAUSED, message, awaiting=last["position"])
-            return Completed(name=AWAITING_INSPECTION, message=message, data=job_summary(paths, outputs))
-        update_job_state(paths, COMPLETED, f"outputs in {paths.job_dir / last['folder']}")
-        return job_summary(paths, outputs)
+    """Run (or resume) one dupflow job.
+
+    Args:
+        job_id: The job to resume; empty for a new job (scheduled and deployment runs).
+        config_path: Path of the configuration YAML (absolute, or relative to the worker's directory).
+        job_input: A CRTDL file, a data directory, or a URL, depending on the import step.
+        overrides: Non-secret configuration keys to override, e.g. {"retry.max_attempts": "3"}.
+    """
+    job = prepare_job(job_id, config_path, job_input, overrides, overrides_source="the flow's overrides parameter")
+    if problem := unavailable_steps_problem(list(job.settings.pipeline.enabled_steps)):
+        raise JobError(problem)
+    flow_run_id = str(runtime.flow_run.id)
+    name_and_tag_flow_run(job.job_id)
+    with JobLock(job.paths):
+        _job_dirs[flow_run_id] = job.paths.job_dir
+        register_settings(job.paths.job_dir, job.settings)
+        cache_state(job.paths, RUNNING, flow_run_id=flow_run_id)
+        results = run_steps(job)
+        last = results[-1]
+        if last.awaiting:
+            _job_dirs.pop(flow_run_id, None)
+            message = f"awaiting inspection at step {last.position + 1} (wait); continue with: continue {job.job_id}"
+            cache_state(job.paths, AWAITING_INSPECTION, message, flow_run_id)
+            return Paused(name=AWAITING_INSPECTION, message=message, data=job_summary(job, results))
+    summary = job_summary(job, results)
+    return Completed(message=f"outputs in {summary['output_dir']}", data=summary)
 
 
-def run_steps(paths: JobPaths, settings: Settings, job_input: str | None) -> list[StepOutput]:
-    logger = get_run_logger()
-    outputs: list[StepOutput] = []
-    previous: StepOutput | None = None
-    for position, step in enumerate(settings.pipeline.enabled_steps):
-        ctx = StepContext(paths.job_id, paths.job_dir, position, step, settings, job_input)
-        task = STEP_TASKS[step]
-        if step == "wait":
-            output = task(ctx, previous)
-        else:
-            output = ctx.run_cached(task, "step", step_input(previous, job_input), ctx, previous)
-        outputs.append(output)
-        if output.get("awaiting"):
-            break
-        publish_step_table(paths, output)
-        logger.info("step %d %s: %d file(s) in %s", position + 1, step, len(output["files"]), output["folder"])
-        previous = output
-    return outputs
+def name_and_tag_flow_run(job_id: str) -> None:
+    """The flow run itself carries the job: name = job id, tag ``job-<id>`` (deployment runs included)."""
+    from prefect.client.orchestration import get_client
 
-
-def step_input(previous: StepOutput | None, job_input: str | None) -> Any:
-    """What a step's cache key depends on: the previous step's files, or the job input for an import."""
-    if previous is None:
-        return {"input": job_input}
-    return {"folder": previous["folder"], "files": previous["files"]}
-
-
-def ensure_job_file(
-    paths: JobPaths, config_path: str | None, job_input: str | None, overrides: dict[str, str], settings: Settings
-) -> None:
-    if paths.job_file.exists():
+    tag = f"job-{job_id}"
+    tags = set(runtime.flow_run.tags or [])
+    if runtime.flow_run.name == job_id and tag in tags:
         return
-    JobFile(
-        job_id=paths.job_id,
-        config_path=config_path,
-        job_input=job_input,
-        overrides=overrides,
-        enabled_steps=list(settings.pipeline.enabled_steps),
-    ).write(paths)
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(runtime.flow_run.id, name=job_id, tags=sorted(tags | {tag}))
 
 
-def record_flow_run(paths: JobPaths) -> None:
-    job = JobFile.read(paths)
-    job.flow_run_ids.append(str(runtime.flow_run.id))
-    job.state, job.state_message = RUNNING, ""
-    job.write(paths)
+def run_steps(job: Job) -> list[StepResult]:
+    """Run every step in order; each step's input follows the kinds of the steps before it."""
+    logger = get_run_logger()
+    results: list[StepResult] = []
+    current: StepResult | None = None  # what the next step reads
+    for position, name in enumerate(job.settings.pipeline.enabled_steps):
+        spec = STEPS[name]
+        step = step_input(job, position, name, current)
+        result = run_gate(job, step) if spec.kind is StepKind.GATE else spec.task(step)
+        write_step_manifest(job.paths.job_dir, position, name, result.model_dump(mode="json"))
+        results.append(result)
+        publish_job_record(job, results)
+        if result.awaiting:
+            break
+        publish_step_table(job, result)
+        logger.info(
+            "step %d %s: %d file(s), %d resources in %s",
+            position + 1,
+            name,
+            len(result.files),
+            result.resources,
+            result.folder,
+        )
+        if spec.kind in (StepKind.IMPORT, StepKind.TRANSFORM, StepKind.GATE):
+            current = result
+    return results
 
 
-def job_summary(paths: JobPaths, outputs: list[StepOutput]) -> dict[str, Any]:
-    finished = [o for o in outputs if not o.get("awaiting")]
+def step_input(job: Job, position: int, name: str, current: StepResult | None) -> StepInput:
+    return StepInput(
+        job_id=job.job_id,
+        job_dir=str(job.paths.job_dir),
+        position=position,
+        step=name,
+        job_input=job.file.job_input,
+        folder=current.folder if current else None,
+        files=current.files if current else [],
+        facts=read_facts(job.paths.job_dir),
+    )
+
+
+def run_gate(job: Job, step: StepInput) -> StepResult:
+    """A wait step: in a deployment run, suspend until resumed with the inspection form; locally, stop the run."""
+    in_deployment = runtime.deployment.id is not None
+    hint = (
+        "press Resume on this flow run in the Prefect UI and fill in the form (or POST /api/flow_runs/<id>/resume), "
+        f"or run: python -m flows.run continue {job.job_id}"
+        if in_deployment
+        else f"python -m flows.run continue {job.job_id}"
+    )
+    result = wait(step, hint)
+    if not result.awaiting or not in_deployment:
+        return result
+    inspection = suspend_for_inspection(job, step.position)
+    record_facts(
+        job.paths.job_dir,
+        **{f"inspection_{step.position:02d}": {"confirmed": inspection.confirmed, "note": inspection.note}},
+    )
+    release(job.paths.job_dir, step.position)
+    return wait(step, hint)
+
+
+def suspend_for_inspection(job: Job, position: int) -> InspectionInput:
+    """Suspend the deployment run (its process ends); a resume re-runs the flow, and this returns the form's input."""
+    from prefect.flow_runs import suspend_flow_run
+
+    cache_state(job.paths, "Suspended", f"awaiting inspection at step {position + 1} (wait); resume in the UI")
+    return suspend_flow_run(wait_for_input=InspectionInput, timeout=SUSPEND_TIMEOUT_SECONDS, key=f"wait-{position:02d}")
+
+
+# --- the job record in the UI ----------------------------------------------------------------------------------
+
+
+def job_summary(job: Job, results: list[StepResult]) -> dict[str, Any]:
+    finished = [r for r in results if not r.awaiting]
     return {
-        "job_id": paths.job_id,
-        "job_dir": str(paths.job_dir),
-        "output_dir": str(paths.job_dir / finished[-1]["folder"]) if finished else None,
-        "steps": [
-            {"step": o["step"], "folder": o["folder"], "files": len(o["files"]), "awaiting": bool(o.get("awaiting"))}
-            for o in outputs
-        ],
+        "job_id": job.job_id,
+        "job_dir": str(job.paths.job_dir),
+        "output_dir": str(job.paths.job_dir / finished[-1].folder) if finished else None,
+        "steps": [{"step": r.step, "folder": r.folder, "files": len(r.files), "awaiting": r.awaiting} for r in results],
     }
 
 
-def publish_step_table(paths: JobPaths, output: StepOutput) -> None:
-    rows = [{"name": f["name"], "size": f["size"], "resources": f["resources"]} for f in output["files"]]
+def publish_step_table(job: Job, result: StepResult) -> None:
+    rows = [{"name": f.name, "size": f.size, "resources": f.resources} for f in result.files]
     create_table_artifact(
-        key=artifact_key(paths.job_id, f"{output['position']:02d}", output["step"]),
+        key=artifact_key(job.job_id, f"{result.position:02d}", result.step),
         table=rows or [{"name": "(no files)", "size": 0, "resources": 0}],
-        description=f"Step {output['position'] + 1} `{output['step']}`: files in `{output['folder']}`",
+        description=f"Job {job.job_id}, step {result.position + 1} `{result.step}`: files in `{result.folder}`",
     )
 
 
-def publish_summary(paths: JobPaths, settings: Settings, outputs: list[StepOutput]) -> None:
-    lines = [f"# dupflow job `{paths.job_id}`", "", f"Job directory: `{paths.job_dir}`", ""]
-    lines += ["| # | step | folder | files | resources | bytes |", "|---|---|---|---|---|---|"]
-    for output in outputs:
-        if output.get("awaiting"):
-            lines.append(f"| {output['position'] + 1} | {output['step']} | paused for inspection | | | |")
-            continue
-        files = output["files"]
+def publish_job_record(job: Job, results: list[StepResult]) -> None:
+    """One readable record per job (key ``job-<id>``): steps, files, resources, bytes, and the recorded facts."""
+    settings: Settings = job.settings
+    lines = [f"# dupflow job `{job.job_id}`", "", f"Job directory: `{job.paths.job_dir}`", ""]
+    lines += ["| # | step | state | folder | files | resources | bytes |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        state = "awaiting inspection" if r.awaiting else "done"
         lines.append(
-            f"| {output['position'] + 1} | {output['step']} | `{output['folder']}` | {len(files)} "
-            f"| {sum(f['resources'] for f in files)} | {sum(f['size'] for f in files)} |"
+            f"| {r.position + 1} | {r.step} | {state} | `{r.folder}` | {len(r.files)} | {r.resources} | {r.size} |"
         )
-    pending = settings.pipeline.enabled_steps[len(outputs) :]
-    lines += [f"| {len(outputs) + i + 1} | {step} | not run yet | | | |" for i, step in enumerate(pending)]
-    create_markdown_artifact(
-        key=artifact_key(paths.job_id, "summary"), markdown="\n".join(lines), description="Job summary"
-    )
+    pending = settings.pipeline.enabled_steps[len(results) :]
+    lines += [f"| {len(results) + i + 1} | {step} | not run yet | | | | |" for i, step in enumerate(pending)]
+    facts = read_facts(job.paths.job_dir)
+    if facts:
+        lines += ["", "## Facts", ""] + [f"- **{key}**: `{value}`" for key, value in sorted(facts.items())]
+    create_markdown_artifact(key=artifact_key(job.job_id), markdown="\n".join(lines), description="Job record")

@@ -1,15 +1,18 @@
-"""The command line: ``python -m flows.run start|continue|status|list|config check``.
+"""The command line: ``python -m flows.run start|continue|status|list|config check|…``.
 
 Exit codes: 0 done or paused for inspection, 1 job failed, 2 usage or configuration error,
 130 interrupted (Ctrl+C or SIGTERM; ``continue`` resumes).
 
-``status`` and ``list`` read the job directory (and the Prefect server when PREFECT_API_URL is set)
-without importing Prefect, so they answer in well under 2 s even when no server runs.
+A failure prints one line that says what went wrong and where the job's log file (with the full trace) is; no
+traceback reaches the terminal. ``status`` and ``list`` read the job directory (and the Prefect server when
+PREFECT_API_URL is set) without importing Prefect, so they answer in well under 2 s even when no server runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import signal
 import sys
 import time
@@ -18,26 +21,23 @@ from pathlib import Path
 from typing import Any, NoReturn
 from collections.abc import Sequence
 
-from config.loader import (
-    ConfigError,
-    LoadedConfig,
-    absolute_path_overrides,
-    effective_config_rows,
-    load_settings,
-    secret_key_paths,
-)
+from config.loader import ConfigError, LoadedConfig, effective_config_rows, load_settings, refuse_secret_overrides
 from config.runtime import apply_prefect_defaults, default_jobs_dir, prefect_api_url
 from flows import extraction_cli, view_cli
 from flows.jobs import (
+    AWAITING_INSPECTION,
+    COMPLETED,
     JobFile,
-    JobLockedError,
     effective_state,
     find_job_dir,
     is_locked,
     list_job_dirs,
-    new_job_id,
+    locked_message,
+    prepare_job,
 )
-from tasks.layout import JobPaths, read_newest_result
+from tasks.errors import DupflowError, JobError
+from tasks.layout import JobPaths
+from tasks.record import read_facts, read_step_manifest, record_facts
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +46,7 @@ EMBEDDED_SAMPLE = REPO_ROOT / "config" / "sample-data"
 FLAG_KEYS = {"dir": "services.local_import.dir", "anonymization_config": "services.pseudonymizer.anonymization_config"}
 
 
-class UsageError(Exception):
+class UsageError(DupflowError):
     pass
 
 
@@ -54,9 +54,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.command(args)
-    except (UsageError, ConfigError, JobLockedError, FileNotFoundError) as exc:
+    except (DupflowError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        # The reader went away (``list | head``): stop quietly, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,6 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     resume.add_argument("job", help="job id or job directory")
     add_jobs_dir_flag(resume)
     add_progress_flag(resume)
+    resume.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="replace a non-secret key for this job"
+    )
+    in_doubt = resume.add_mutually_exclusive_group()
+    in_doubt.add_argument("--attach", metavar="STATUS_URL", help="follow this extraction (after a submission in doubt)")
+    in_doubt.add_argument(
+        "--resubmit", action="store_true", help="submit the extraction anew (after a submission in doubt)"
+    )
     resume.set_defaults(command=cmd_continue)
 
     status = commands.add_parser("status", help="show a job's steps, files and state")
@@ -119,7 +131,10 @@ def add_jobs_dir_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
-    """``--dir``, ``--anonymization-config`` and ``--set`` as (dotted key -> raw value, key -> flag label)."""
+    """``--dir``, ``--anonymization-config`` and ``--set`` as (dotted key -> raw value, key -> flag label).
+
+    Flags end up in Prefect's flow-run parameters and job.json, so a secret among them is refused first.
+    """
     overrides: dict[str, str] = {}
     labels: dict[str, str] = {}
     for item in args.set:
@@ -128,8 +143,9 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
             raise UsageError(f"--set {item!r}: write it as KEY=VALUE, e.g. --set retry.max_attempts=3")
         overrides[key.strip()] = value
         labels[key.strip()] = f"--set {key.strip()}"
+    refuse_secret_overrides(overrides, "--set")
     for attr, key in FLAG_KEYS.items():
-        value = getattr(args, attr)
+        value = getattr(args, attr, None)
         if value is not None:
             overrides[key] = value
             labels[key] = "--" + attr.replace("_", "-")
@@ -137,19 +153,7 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
 
 
 def load(config_path: str | None, overrides: dict[str, str], labels: dict[str, str]) -> LoadedConfig:
-    loaded = load_settings(config_path, overrides=overrides, override_labels=labels)
-    refuse_secret_overrides(loaded, overrides)
-    return loaded
-
-
-def refuse_secret_overrides(loaded: LoadedConfig, overrides: dict[str, str]) -> None:
-    """Flags end up in Prefect's flow-run parameters and job.json, so they must never carry a secret."""
-    secret = [key for key in overrides if key in secret_key_paths()]
-    if secret:
-        raise UsageError(
-            f"{', '.join(secret)} is a secret and cannot be given on the command line (it would be stored "
-            "with the job); set it with ${VAR} in the configuration file or an APP_* environment variable"
-        )
+    return load_settings(config_path, overrides=overrides, override_labels=labels)
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
@@ -173,17 +177,11 @@ def cmd_start(args: argparse.Namespace) -> int:
     config_path, job_input = args.config, args.input
     if config_path is None:
         config_path, job_input = str(EMBEDDED_CONFIG), str(EMBEDDED_SAMPLE)
-    config_path = str(Path(config_path).resolve())
     loaded = load(config_path, overrides, labels)
     refuse_unavailable_steps(loaded)
-    if job_input and "://" not in job_input:
-        job_input = str(Path(job_input).resolve())
-    overrides |= absolute_path_overrides(loaded)
-    job_id = new_job_id()
-    paths = JobPaths(Path(overrides["jobs_dir"]) / job_id)
-    JobFile(job_id, config_path, job_input, overrides, list(loaded.settings.pipeline.enabled_steps)).write(paths)
-    print(f"job {job_id}: {paths.job_dir}")
-    return run_job(paths, args.no_progress)
+    job = prepare_job(None, config_path, job_input, overrides, overrides_source="--set")
+    print(f"job {job.job_id}: {job.paths.job_dir}")
+    return run_job(job.paths, args.no_progress)
 
 
 def refuse_unavailable_steps(loaded: LoadedConfig) -> None:
@@ -194,29 +192,53 @@ def refuse_unavailable_steps(loaded: LoadedConfig) -> None:
 
 
 def cmd_continue(args: argparse.Namespace) -> int:
+    overrides, _ = overrides_from_flags(args)
     paths = JobPaths(find_job_dir(args.job, jobs_dir_for(args)))
     job = JobFile.read(paths)
-    if job.awaiting_wait_position is not None:
-        marker = paths.wait_release_marker(job.awaiting_wait_position)
-        marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.touch()
+    if is_locked(paths):
+        raise JobError(locked_message(job.job_id))
+    if job.state == COMPLETED and not overrides:
+        print(f"job {job.job_id} is already completed; nothing to do (outputs in {paths.job_dir})")
+        return EXIT_OK
+    prepare_job(job.job_id, None, None, overrides, overrides_source="--set", jobs_dir=paths.job_dir.parent)
+    settle_submission_in_doubt(paths, args.attach, args.resubmit)
+    if job.state == AWAITING_INSPECTION:
+        release_awaiting_gates(paths, job)
     print(f"job {job.job_id}: continuing in {paths.job_dir}")
     return run_job(paths, args.no_progress)
 
 
+def settle_submission_in_doubt(paths: JobPaths, attach: str | None, resubmit: bool) -> None:
+    """``--attach URL`` follows a given extraction; ``--resubmit`` allows a fresh submission."""
+    if attach:
+        job_id = attach.rstrip("/").rsplit("/", 1)[-1]
+        record_facts(paths.job_dir, extraction_status_url=attach, extraction_job_id=job_id, extraction_submission=None)
+    elif resubmit:
+        record_facts(paths.job_dir, extraction_status_url=None, extraction_job_id=None, extraction_submission=None)
+
+
+def release_awaiting_gates(paths: JobPaths, job: JobFile) -> None:
+    from tasks.wait import release
+
+    for position, step in enumerate(job.enabled_steps):
+        manifest = read_step_manifest(paths.job_dir, position, step)
+        if manifest and manifest.get("awaiting"):
+            release(paths.job_dir, position)
+
+
 def run_job(paths: JobPaths, no_progress: bool) -> int:
-    """Run the flow in this process under the job lock and report where the outputs are."""
+    """Run the flow in this process and report the outcome in one line; the full trace goes to the job's log."""
     job = JobFile.read(paths)
-    if is_locked(paths):
-        raise JobLockedError(f"job {job.job_id} is running in another process; wait for it to end or stop it")
     choose_progress_display(no_progress)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    log_file = paths.job_dir / "job.log"
     try:
-        state = run_flow(job, paths)
+        with job_logging(log_file):
+            state = run_flow(job, paths)
     except KeyboardInterrupt:
         print(f"interrupted; resume with: python -m flows.run continue {job.job_id}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    return report_outcome(paths, state)
+    return report_outcome(paths, state, log_file)
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> NoReturn:
@@ -229,28 +251,102 @@ def choose_progress_display(no_progress: bool) -> None:
     use_display("none" if no_progress else "bar" if sys.stderr.isatty() else "log")
 
 
+class _NoTraceback(logging.Formatter):
+    """Console lines without tracebacks: the terminal gets one line per event, the job log the whole story."""
+
+    def __init__(self, wrapped: logging.Formatter | None):
+        super().__init__()
+        self._wrapped = wrapped or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text, record.stack_info
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        try:
+            return self._wrapped.format(record).splitlines()[0]
+        finally:
+            record.exc_info, record.exc_text, record.stack_info = saved
+
+
+class job_logging:
+    """Send every log record (with tracebacks) to the job's log file, and keep tracebacks off the terminal."""
+
+    def __init__(self, log_file: Path):
+        self._file_handler = logging.FileHandler(log_file)
+        self._file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self._patched: list[tuple[logging.Handler, logging.Formatter | None]] = []
+
+    def __enter__(self) -> job_logging:
+        apply_prefect_defaults()
+        import prefect.logging  # noqa: F401  (sets up Prefect's handlers, which are patched below)
+        from prefect.logging.configuration import setup_logging
+
+        setup_logging()
+        for name in ("prefect", "dupflow"):
+            logging.getLogger(name).addHandler(self._file_handler)
+        for handler in _console_handlers():
+            self._patched.append((handler, handler.formatter))
+            handler.setFormatter(_NoTraceback(handler.formatter))
+        logging.getLogger("dupflow").setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handler, formatter in self._patched:
+            handler.setFormatter(formatter)
+        for name in ("prefect", "dupflow"):
+            logging.getLogger(name).removeHandler(self._file_handler)
+        self._file_handler.close()
+
+
+def _console_handlers() -> list[logging.Handler]:
+    handlers = []
+    for logger in [logging.getLogger(), *(logging.getLogger(n) for n in logging.root.manager.loggerDict)]:
+        for handler in getattr(logger, "handlers", []):
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                handlers.append(handler)
+    return handlers
+
+
 def run_flow(job: JobFile, paths: JobPaths) -> Any:
-    apply_prefect_defaults()
     from prefect import tags
     from prefect.exceptions import TerminationSignal
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     from flows.pipeline import pipeline
 
+    parameters = dict(
+        job_id=job.job_id,
+        config_path=job.config_path,
+        job_input=job.job_input,
+        # The directory this command found the job in, whatever jobs_dir says now.
+        overrides={**job.overrides, "jobs_dir": str(paths.job_dir.parent)},
+    )
     try:
         with tags(f"job-{job.job_id}"), temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-            state = pipeline(
-                job_id=job.job_id,
-                config_path=job.config_path,
-                job_input=job.job_input,
-                # The directory this command found the job in, whatever jobs_dir says now.
-                overrides={**job.overrides, "jobs_dir": str(paths.job_dir.parent)},
-                return_state=True,
-            )
+            paused_run = paused_flow_run(job)
+            if paused_run is not None:
+                from prefect.flow_engine import run_flow as run_existing
+
+                state = run_existing(pipeline, flow_run=paused_run, parameters=parameters, return_type="state")
+            else:
+                state = pipeline(**parameters, return_state=True)
     except TerminationSignal as exc:
         raise KeyboardInterrupt from exc
     flush_task_run_records(state)
     return state
+
+
+def paused_flow_run(job: JobFile) -> Any:
+    """The job's latest flow run when it ended awaiting inspection: ``continue`` resumes that run, not a new one."""
+    if job.state != AWAITING_INSPECTION or not job.flow_run_ids:
+        return None
+    from prefect.client.orchestration import get_client
+
+    try:
+        with get_client(sync_client=True) as client:
+            run = client.read_flow_run(job.flow_run_ids[-1])
+    except Exception:  # not in this server's database (another PREFECT_HOME): a new run does the same work
+        return None
+    return run if run.state is not None and run.state.is_paused() else None
 
 
 def flush_task_run_records(state: Any, settle_seconds: float = 1.0, limit_seconds: float = 6.0) -> None:
@@ -277,13 +373,18 @@ def flush_task_run_records(state: Any, settle_seconds: float = 1.0, limit_second
             time.sleep(0.25)
 
 
-def report_outcome(paths: JobPaths, state: Any) -> int:
+def report_outcome(paths: JobPaths, state: Any, log_file: Path) -> int:
     job = JobFile.read(paths)
-    if state.is_completed():
-        print(f"{job.state.lower()}: {job.state_message}")
+    if state.is_completed() or state.is_paused():
+        print(f"{job.state}: {job.state_message}" if job.state_message else job.state)
+        if state.is_completed():
+            output = (state.result(raise_on_failure=False) or {}) if state.is_completed() else {}
+            if isinstance(output, dict) and output.get("output_dir"):
+                print(f"outputs: {output['output_dir']}")
         print(f"job directory: {paths.job_dir}")
         return EXIT_OK
     print(f"job {job.job_id} failed: {job.state_message or state.message}", file=sys.stderr)
+    print(f"full log: {log_file}", file=sys.stderr)
     print(f"after fixing the cause, resume with: python -m flows.run continue {job.job_id}", file=sys.stderr)
     return EXIT_FAILED
 
@@ -303,8 +404,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"  state:     {job_state(paths, job)}" + (f" — {job.state_message}" if job.state_message else ""))
     print(f"  created:   {job.created_at}   updated: {job.updated_at}")
     print(f"  input:     {job.job_input or '-'}")
+    for key, value in sorted(read_facts(paths.job_dir).items()):
+        print(f"  {key}: {value}")
     for position, step in enumerate(job.enabled_steps):
-        print_step_status(paths, job, position, step)
+        print_step_status(paths, position, step)
     return EXIT_OK
 
 
@@ -319,32 +422,36 @@ def job_state(paths: JobPaths, job: JobFile) -> str:
     return effective_state(paths, job)
 
 
-def print_step_status(paths: JobPaths, job: JobFile, position: int, step: str) -> None:
-    result = read_newest_result(paths, position, step)
-    if job.awaiting_wait_position == position:
-        print(f"  {position + 1}. {step}: paused for inspection")
-        return
+def print_step_status(paths: JobPaths, position: int, step: str) -> None:
+    result = read_step_manifest(paths.job_dir, position, step)
     if result is None:
         print(f"  {position + 1}. {step}: not finished")
-        for key, value in (read_newest_result(paths, position, step, "record") or {}).items():
-            print(f"       {key}: {value}")
+        return
+    if result.get("awaiting"):
+        print(f"  {position + 1}. {step}: awaiting inspection")
         return
     files = result.get("files", [])
     total = sum(f["size"] for f in files)
     print(f"  {position + 1}. {step}: done, {len(files)} file(s), {total} bytes in {result.get('folder')}")
-    for key, value in (result.get("record") or {}).items():
+    for key, value in (result.get("summary") or {}).items():
         print(f"       {key}: {value}")
     for f in files:
         print(f"       {f['name']}  {f['size']} bytes  {f['resources']} resources")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    jobs_dir = jobs_dir_for(args)
+    job_dirs = list_job_dirs(jobs_dir)
+    if not job_dirs:
+        print(f"no jobs in {jobs_dir.resolve()}")
+        return EXIT_OK
     now = datetime.now(UTC)
-    for job_dir in list_job_dirs(jobs_dir_for(args)):
+    print(f"{'JOB':<36}  {'STATE':<18}  {'AGE':>8}  INPUT")
+    for job_dir in job_dirs:
         paths = JobPaths(job_dir)
         job = JobFile.read(paths)
         age = format_age((now - datetime.fromisoformat(job.created_at)).total_seconds())
-        print(f"{job.job_id}  {effective_state(paths, job):<11}  {age:>8}  {job.job_input or ''}")
+        print(f"{job.job_id}  {effective_state(paths, job):<18}  {age:>8}  {job.job_input or ''}")
     return EXIT_OK
 
 

@@ -19,7 +19,6 @@ data, else the gate's input.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import threading
@@ -204,11 +203,3 @@ def commit_each(call: Callable[..., R], *args: Any, **kwargs: Any) -> R:
     a run killed in the middle of a step keeps every file it had finished."""
     with transaction(commit_mode=CommitMode.EAGER):
         return call(*args, **kwargs)
-
-
-def in_thread(call: Callable[..., R]) -> Callable[..., R]:
-    """``call`` bound to the current context (Prefect's run context), to run on a worker thread."""
-    import contextvars
-
-    context = contextvars.copy_context()
-    return functools.partial(context.run, call)

@@ -13,6 +13,7 @@ Two shapes, both bounded and both cancelled as a whole when one call fails or th
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import queue
 import threading
 import time
@@ -27,20 +28,23 @@ CANCEL_GRACE_SECONDS = 1.0
 
 
 class Cancelled(Exception):
-    """Raised inside a call (by its progress callback) when the fan-out is being cancelled."""
+    """Raised inside a call (``raise_if_cancelled``) when its fan-out is being cancelled."""
 
 
-def run_bounded(
-    calls: list[Callable[[], R]], workers: int, cancelled: threading.Event | None = None
-) -> list[R | Exception]:
+_cancelled: contextvars.ContextVar[threading.Event] = contextvars.ContextVar("fanout_cancelled")
+
+
+def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exception]:
     """Run ``calls`` on at most ``workers`` daemon threads; each outcome is a result or the exception raised.
 
-    ``cancelled`` is set when the caller is interrupted (Ctrl+C, SIGTERM): no new call starts, running calls
-    that check it (``raise_if_cancelled``) stop, and after ``CANCEL_GRACE_SECONDS`` the caller goes on; a
-    stalled call is not waited for (daemon threads). The caller's thread waits in short joins, so a signal
-    reaches it at once.
+    Each call runs in a copy of the caller's context (Prefect's run context included). When the caller is
+    interrupted (Ctrl+C, SIGTERM) no new call starts, running calls stop at their next ``raise_if_cancelled``,
+    and after ``CANCEL_GRACE_SECONDS`` the caller goes on; a stalled call is not waited for (daemon threads).
+    The caller's thread waits in short joins, so a signal reaches it at once.
     """
-    cancelled = cancelled or threading.Event()
+    cancelled = threading.Event()
+    context = contextvars.copy_context()
+    context.run(_cancelled.set, cancelled)
     outcomes: list = [None] * len(calls)
     pending: queue.SimpleQueue[int] = queue.SimpleQueue()
     for index in range(len(calls)):
@@ -53,7 +57,7 @@ def run_bounded(
             except queue.Empty:
                 return
             try:
-                outcomes[index] = calls[index]()
+                outcomes[index] = context.copy().run(calls[index])
             except Exception as exc:  # kept for the caller, which decides what to raise
                 outcomes[index] = exc
 
@@ -77,14 +81,14 @@ def first_failure(outcomes: list[R | Exception]) -> Exception | None:
     return next((outcome for outcome in outcomes if isinstance(outcome, Exception)), None)
 
 
-def raise_if_cancelled(cancelled: threading.Event) -> None:
-    if cancelled.is_set():
+def raise_if_cancelled() -> None:
+    """Stop a call of ``run_bounded`` whose fan-out is being cancelled (a no-op outside one)."""
+    event = _cancelled.get(None)
+    if event is not None and event.is_set():
         raise Cancelled("the run was interrupted")
 
 
-async def ordered_map(
-    items: Iterable[T], call: Callable[[T], Awaitable[R]], window: int
-) -> AsyncIterator[tuple[T, R]]:
+async def ordered_map(items: Iterable[T], call: Callable[[T], Awaitable[R]], window: int) -> AsyncIterator[tuple[T, R]]:
     """Start ``call(item)`` for each item with at most ``window`` pending; yield ``(item, result)`` in input order.
 
     The first failure propagates from the oldest failed item; every pending call is then cancelled, and so

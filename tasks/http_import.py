@@ -10,49 +10,48 @@ URL, so ``continue`` does not fetch a finished file again. The stall timeout is 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import httpx
-from prefect import task
 
 from config.settings import ExtractorSettings
 from tasks.clients.downloads import display_url, download_ndjson, safe_file_name
 from tasks.clients.http import ServiceEndpoint, build_client, http_timeout
-from tasks.context import FileRecord, StepContext, StepOutput
+from tasks.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
+from tasks.errors import StepError
 from tasks.ndjson import remove_partial_files
 from tasks.progress import track
 
 STALL_TIMEOUT = ExtractorSettings.DEFAULT_DOWNLOAD_STALL_TIMEOUT
 
 
-class HttpImportError(Exception):
+class HttpImportError(StepError):
     """Bad http_import input; the message says what is wrong and what to do."""
 
 
-@task(name="http_import")
-def http_import(ctx: StepContext, previous: StepOutput | None = None) -> StepOutput:
-    url = source_url(ctx.job_input)
-    name = safe_file_name(url, compress=ctx.compression_level is not None)
-    remove_partial_files(ctx.folder)
-    record = ctx.run_cached(fetch_url, "file", {"url": url}, ctx, url, ctx.folder / name)
-    return ctx.output([record], source=display_url(url))
+@step_task("http_import")
+def http_import(step: StepInput) -> StepResult:
+    url = source_url(step.job_input)
+    name = safe_file_name(url, compress=settings_of(step).compression.enabled)
+    remove_partial_files(step.output_dir)
+    record = commit_each(fetch_url, step, url, name)
+    return step.result([record], source=display_url(url))
 
 
-@task(name="fetch-url")
-def fetch_url(ctx: StepContext, url: str, dest: Path) -> FileRecord:
+@file_task("fetch-url", "fetch[{name}]")
+def fetch_url(step: StepInput, url: str, name: str) -> DataFile:
+    settings = settings_of(step)
     endpoint = ServiceEndpoint("http_import", origin(url), None, http_timeout(STALL_TIMEOUT))
-    with build_client(endpoint, ctx.settings.tls) as client, track(f"download {dest.name}") as progress:
+    with build_client(endpoint, settings.tls) as client, track(f"download {name}") as progress:
         stats = download_ndjson(
             client,
             url,
-            dest,
-            level=ctx.compression_level,
-            max_line_bytes=ctx.max_line_bytes,
+            step.output_dir / name,
+            level=settings.compression.level if settings.compression.enabled else None,
+            max_line_bytes=settings.pipeline.max_ndjson_line_size_bytes,
             stall_timeout=STALL_TIMEOUT,
-            retry=ctx.settings.retry,
+            retry=settings.retry,
             on_bytes=progress.advance,
         )
-    return FileRecord(name=dest.name, size=stats.size, resources=stats.resources)
+    return DataFile(name=name, size=stats.size, resources=stats.resources)
 
 
 def source_url(job_input: str | None) -> str:

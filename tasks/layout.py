@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,12 +15,9 @@ def step_folder(step: str) -> str:
     return "import" if step in IMPORT_STEPS else step
 
 
-def step_cache_key(job_id: str, position: int, step: str, kind: str, digest: str) -> str:
-    """A cache key for a step (kind ``step``) or one file within it (kind ``file``).
-
-    Dashes only: a ``/`` breaks Prefect's file lock manager.
-    """
-    return f"{job_id}-{position:02d}-{step}-{kind}-{digest}"
+def is_crtdl_file(job_input: str | None) -> bool:
+    """A job input that is a CRTDL: an existing ``.json`` file (a directory or a URL is data, not a CRTDL)."""
+    return bool(job_input) and "://" not in job_input and job_input.endswith(".json") and Path(job_input).is_file()
 
 
 @dataclass(frozen=True)
@@ -40,30 +36,8 @@ class JobPaths:
     def results(self) -> Path:
         return self.job_dir / PREFECT_DIR / "results"
 
-    @property
-    def cache_keys(self) -> Path:
-        return self.job_dir / PREFECT_DIR / "keys"
-
     def wait_release_marker(self, position: int) -> Path:
         return self.job_dir / PREFECT_DIR / f"wait-{position:02d}.released"
-
-
-def read_newest_result(paths: JobPaths, position: int, step: str, kind: str = "step") -> dict | None:
-    """The newest persisted result of one kind for a step, read straight from Prefect's result file.
-
-    Kinds: ``step`` (the finished step's output), ``record`` (facts a step persists while it runs,
-    such as the extraction status URL, which ``status`` shows before the step has finished).
-    With a separate key storage, Prefect writes the bare JSON-serialised result to the result file.
-    """
-    prefix = step_cache_key(paths.job_id, position, step, kind, "")
-    candidates = [p for p in paths.results.glob(prefix + "*") if p.is_file()] if paths.results.is_dir() else []
-    if not candidates:
-        return None
-    newest = max(candidates, key=lambda p: p.stat().st_mtime_ns)
-    try:
-        return json.loads(newest.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def artifact_key(job_id: str, *parts: str) -> str:

@@ -1,53 +1,69 @@
 """The ``local_import`` step: copy NDJSON files from a local directory into the job's ``import/``.
 
-Source: a directory given as the job input, else ``services.local_import.dir`` (which ``--dir``
-overrides). ``.ndjson`` and ``.ndjson.zst`` files are picked up (zstd is recognised by its magic
-bytes, whatever the name says), recompressed at the configured level or written plain, and counted.
-Each file is its own cached task, so a resumed job copies only the files not finished before.
+Source: a directory given as the job input, else ``services.local_import.dir`` (which ``--dir`` overrides).
+``.ndjson`` and ``.ndjson.zst`` files are picked up (zstd is recognised by its magic bytes, whatever the name says),
+recompressed at the configured level or written plain, and counted. Each file is its own cached task, so a
+resumed job copies only the files not finished before; files are copied on every core at once (zstd releases the
+GIL, so threads use the cores). A directory or file that cannot be read fails the step with its path named.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from prefect import task
-
-from tasks.context import FileRecord, StepContext, StepOutput
-from tasks.ndjson import AtomicNdjsonWriter, DATA_SUFFIXES, iter_chunks, output_name, remove_partial_files
+from tasks.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
+from tasks.errors import StepError
+from tasks.fanout import first_failure, raise_if_cancelled, run_bounded
+from tasks.layout import is_crtdl_file
+from tasks.ndjson import DATA_SUFFIXES, AtomicNdjsonWriter, iter_chunks, output_name, remove_partial_files
 from tasks.progress import track
 
 
-class LocalImportError(Exception):
+class LocalImportError(StepError):
     """Bad import input; the message says what is wrong and what to do."""
 
 
-@task(name="local_import")
-def local_import(ctx: StepContext, previous: StepOutput | None = None) -> StepOutput:
-    source = source_directory(ctx)
-    files = find_ndjson_files(source, ctx.settings.services.local_import.recursive)
-    targets = target_names(files, compress=ctx.compression_level is not None)
-    remove_partial_files(ctx.folder)
-    records = [
-        ctx.run_cached(import_file, "file", file_identity(path), ctx, path, ctx.folder / name, f"{i}/{len(files)}")
-        for i, (path, name) in enumerate(zip(files, targets, strict=True), start=1)
+@step_task("local_import")
+def local_import(step: StepInput) -> StepResult:
+    settings = settings_of(step)
+    source = source_directory(step.job_input, settings.services.local_import.dir)
+    files = find_ndjson_files(source, settings.services.local_import.recursive)
+    targets = target_names(files, compress=settings.compression.enabled)
+    remove_partial_files(step.output_dir)
+    calls = [
+        lambda path=path, name=name: commit_each(import_file, step, str(path), name, file_identity(path))
+        for path, name in zip(files, targets, strict=True)
     ]
-    return ctx.output(records, source=str(source))
+    try:
+        outcomes = run_bounded(calls, workers=os.cpu_count() or 1)
+    finally:
+        remove_partial_files(step.output_dir)
+    if failure := first_failure(outcomes):
+        raise failure
+    return step.result(list(outcomes), source=str(source))
 
 
-@task(name="import-file")
-def import_file(ctx: StepContext, source: Path, dest: Path, counter: str = "") -> FileRecord:
-    """Copy one file; ``counter`` (``2/5``) tells the progress display which file of how many this is."""
-    with track(f"import {counter} {source.name}".replace("  ", " "), source.stat().st_size) as progress:
-        with AtomicNdjsonWriter(dest, ctx.compression_level, ctx.max_line_bytes, source=str(source)) as writer:
-            for chunk in iter_chunks(source):
+@file_task("import-file", "import[{name}]")
+def import_file(step: StepInput, source: str, name: str, identity: list) -> DataFile:
+    """Copy one file into ``import/<name>``; ``identity`` (path, size, mtime) makes a changed source a new file."""
+    settings = settings_of(step)
+    level = settings.compression.level if settings.compression.enabled else None
+    source_path = Path(source)
+    max_line_bytes = settings.pipeline.max_ndjson_line_size_bytes
+    with track(f"import {source_path.name}", source_path.stat().st_size) as progress:
+        with AtomicNdjsonWriter(step.output_dir / name, level, max_line_bytes, source=source) as writer:
+            for chunk in iter_chunks(source_path):
+                raise_if_cancelled()
                 writer.write(chunk)
                 progress.advance(len(chunk))
     assert writer.stats is not None
-    return FileRecord(name=dest.name, size=writer.stats.size, resources=writer.stats.resources)
+    return DataFile(name=name, size=writer.stats.size, resources=writer.stats.resources)
 
 
-def source_directory(ctx: StepContext) -> Path:
-    configured = ctx.job_input or ctx.settings.services.local_import.dir
+def source_directory(job_input: str | None, configured_dir: str | None) -> Path:
+    """The job input, unless it is the job's CRTDL; else ``services.local_import.dir`` (``--dir``)."""
+    configured = job_input if job_input and not is_crtdl_file(job_input) else configured_dir
     if not configured:
         raise LocalImportError(
             "local_import has no directory: give one as the job input, with --dir, or set services.local_import.dir"
@@ -61,16 +77,32 @@ def source_directory(ctx: StepContext) -> Path:
 
 
 def find_ndjson_files(source: Path, recursive: bool) -> list[Path]:
-    candidates = source.rglob("*") if recursive else source.iterdir()
-    files = sorted(
-        p for p in candidates if p.is_file() and p.name.endswith(DATA_SUFFIXES) and not p.name.startswith(".")
-    )
+    files = sorted(p for p in scan(source, recursive) if p.name.endswith(DATA_SUFFIXES) and not p.name.startswith("."))
     if files:
         return files
     hint = ""
     if not recursive and any(p.is_dir() for p in source.iterdir()):
         hint = "; it has subdirectories: set services.local_import.recursive: true to scan them"
     raise LocalImportError(f"no .ndjson or .ndjson.zst files in {source}{hint}")
+
+
+def scan(source: Path, recursive: bool) -> list[Path]:
+    """Every file of ``source`` (and its subdirectories); an unreadable directory is an error naming it."""
+
+    def unreadable(exc: OSError) -> None:
+        raise LocalImportError(
+            f"cannot read directory {exc.filename}: {exc.strerror}; fix its permissions or remove it from the import"
+        )
+
+    files = []
+    for folder, subfolders, names in os.walk(source, onerror=unreadable):
+        files.extend(Path(folder, name) for name in names if Path(folder, name).is_file())
+        if not recursive:
+            subfolders.clear()
+    for path in files:
+        if not os.access(path, os.R_OK):
+            raise LocalImportError(f"cannot read file {path}: permission denied; fix its permissions")
+    return files
 
 
 def target_names(files: list[Path], compress: bool) -> list[str]:

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
-from prefect import task
 from prefect.artifacts import create_table_artifact
+
+from config.settings import Settings
 
 from tasks.clients.errors import ServiceError
 from tasks.clients.http import ServiceEndpoint, build_async_client, http_timeout
@@ -30,7 +31,8 @@ from tasks.clients.pseudonymizer import (
     Pseudonymizer,
     resource_label,
 )
-from tasks.context import FileRecord, StepContext, StepOutput, input_files
+from tasks.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
+from tasks.errors import StepError
 from tasks.layout import artifact_key
 from tasks.ndjson import (
     AtomicNdjsonWriter,
@@ -50,7 +52,7 @@ TOO_LARGE_HINT = (
 )
 
 
-class PseudonymizerStepError(Exception):
+class PseudonymizerStepError(StepError):
     """The step cannot go on; the message names the file, line and resource and says what to do."""
 
 
@@ -64,26 +66,24 @@ class FileReport(TypedDict):
 
 
 class FileResult(TypedDict):
-    file: FileRecord
+    file: DataFile
     report: FileReport
 
 
-@task(name="pseudonymizer")
-def pseudonymizer(ctx: StepContext, previous: StepOutput | None = None) -> StepOutput:
-    if previous is None:
-        raise PseudonymizerStepError("the pseudonymizer step needs an import step before it (pipeline.enabled_steps)")
-    config = read_anonymization_config(ctx.settings.services.pseudonymizer.anonymization_config)
-    expected = {f["name"]: f["resources"] for f in previous["files"]}
-    remove_partial_files(ctx.folder)
+@step_task("pseudonymizer")
+def pseudonymizer(step: StepInput) -> StepResult:
+    settings = settings_of(step)
+    config = read_anonymization_config(settings.services.pseudonymizer.anonymization_config)
+    compress = settings.compression.enabled
+    remove_partial_files(step.output_dir)
     results: list[FileResult] = []
-    for source in input_files(ctx.job_dir, previous):
-        dest = ctx.folder / output_name(source.name, ctx.compression_level is not None)
-        key = file_identity(source, dest, config)
-        expected_resources = expected.get(source.name)
-        results.append(ctx.run_cached(pseudonymize_file, "file", key, ctx, source, dest, config, expected_resources))
+    for source, record in zip(step.input_paths(), ordered_files(step), strict=True):
+        name = output_name(source.name, compress)
+        config_digest = config.sha256 if config else None
+        results.append(commit_each(pseudonymize_file, step, source.name, name, record.resources, config_digest))
     reports = [result["report"] for result in results]
-    publish_report(ctx, reports)
-    return ctx.output(
+    publish_report(step, reports)
+    return step.result(
         [result["file"] for result in results],
         anonymization_config=config.path if config else "the service's own",
         requests=sum(r["requests"] for r in reports),
@@ -91,12 +91,19 @@ def pseudonymizer(ctx: StepContext, previous: StepOutput | None = None) -> StepO
     )
 
 
-@task(name="pseudonymize-file")
+@file_task("pseudonymize-file", "pseudonymize[{source_name}]")
 def pseudonymize_file(
-    ctx: StepContext, source: Path, dest: Path, config: AnonymizationConfig | None, expected_resources: int | None
+    step: StepInput, source_name: str, name: str, expected_resources: int, config_digest: str | None
 ) -> FileResult:
+    """De-identify ``<input folder>/<source_name>`` into ``pseudonymizer/<name>``; ``config_digest`` (the YAML's
+    SHA-256) makes a changed anonymization config a new result."""
+    settings = settings_of(step)
+    config = read_anonymization_config(settings.services.pseudonymizer.anonymization_config)
+    source = step.input_dir / source_name
     started = time.monotonic()
-    counts = asyncio.run(pseudonymize_with_service(ctx, source, dest, config, expected_resources))
+    counts = asyncio.run(
+        pseudonymize_with_service(settings, source, step.output_dir / name, config, expected_resources)
+    )
     report = FileReport(
         file=source.name,
         resources_in=counts.resources_in,
@@ -105,31 +112,39 @@ def pseudonymize_file(
         requests=counts.requests,
         seconds=round(time.monotonic() - started, 3),
     )
-    return FileResult(file=FileRecord(name=dest.name, size=counts.size, resources=counts.resources_out), report=report)
+    return FileResult(file=DataFile(name=name, size=counts.size, resources=counts.resources_out), report=report)
+
+
+def ordered_files(step: StepInput) -> list[DataFile]:
+    """The input files' records in ``input_paths`` order (core first)."""
+    by_name = {f.name: f for f in step.files}
+    return [by_name[path.name] for path in step.input_paths()]
 
 
 async def pseudonymize_with_service(
-    ctx: StepContext, source: Path, dest: Path, config: AnonymizationConfig | None, expected_resources: int | None
+    settings: Settings, source: Path, dest: Path, config: AnonymizationConfig | None, expected_resources: int | None
 ) -> FileCounts:
-    settings = ctx.settings.services.pseudonymizer
-    if not settings.url:
+    service_settings = settings.services.pseudonymizer
+    if not service_settings.url:
         raise PseudonymizerStepError("services.pseudonymizer.url is not set")
-    endpoint = ServiceEndpoint("pseudonymizer", settings.url, settings.auth, http_timeout(settings.timeout))
-    async with build_async_client(endpoint, ctx.settings.tls) as client:
+    endpoint = ServiceEndpoint(
+        "pseudonymizer", service_settings.url, service_settings.auth, http_timeout(service_settings.timeout)
+    )
+    async with build_async_client(endpoint, settings.tls) as client:
         service = Pseudonymizer(
             client,
-            ctx.settings.retry,
+            settings.retry,
             config=config,
-            split_threshold_mb=settings.bundle_split_threshold_mb,
-            max_concurrent_requests=settings.max_concurrent_requests,
+            split_threshold_mb=service_settings.bundle_split_threshold_mb,
+            max_concurrent_requests=service_settings.max_concurrent_requests,
         )
         return await pseudonymize_path(
             source,
             dest,
             service,
-            level=ctx.compression_level,
-            max_line_bytes=ctx.max_line_bytes,
-            window=window_size(settings.max_concurrent_requests),
+            level=settings.compression.level if settings.compression.enabled else None,
+            max_line_bytes=settings.pipeline.max_ndjson_line_size_bytes,
+            window=window_size(service_settings.max_concurrent_requests),
             expected_resources=expected_resources,
         )
 
@@ -250,12 +265,7 @@ def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
         ) from None
 
 
-def file_identity(source: Path, dest: Path, config: AnonymizationConfig | None) -> list:
-    """What makes a file's result reusable on resume: the input's name and size, the config, the output name."""
-    return [source.name, source.stat().st_size, config.sha256 if config else None, dest.name]
-
-
-def publish_report(ctx: StepContext, reports: list[FileReport]) -> None:
+def publish_report(step: StepInput, reports: list[FileReport]) -> None:
     rows = [
         {
             "file": r["file"],
@@ -268,7 +278,7 @@ def publish_report(ctx: StepContext, reports: list[FileReport]) -> None:
         for r in reports
     ]
     create_table_artifact(
-        key=artifact_key(ctx.job_id, f"{ctx.position:02d}", ctx.step, "report"),
+        key=artifact_key(step.job_id, f"{step.position:02d}", step.step, "report"),
         table=rows or [{"file": "(no files)"}],
-        description=f"Step {ctx.position + 1} `pseudonymizer`: resources, split Bundles and requests per file",
+        description=f"Step {step.position + 1} `pseudonymizer`: resources, split Bundles and requests per file",
     )

@@ -1,69 +1,79 @@
-"""The ``wait`` step: pause the job so a person can inspect (and correct) the data so far.
+"""The ``wait`` step: a gate where the job stops so a person can inspect (and correct) the data so far.
 
-The gate is a marker file in the job directory, checked by an uncached task, so it survives any
-process: a local run ends with the job paused and ``continue`` sets the marker and re-runs the flow
-(finished steps come back from their cached results); a deployment run pauses the flow run in
-Prefect and the UI's Resume sets the marker and carries on.
-
-Corrected files go into ``<previous folder>_wait/``. If that folder holds any data file when the job
-continues, the next step reads that folder instead of the previous step's output.
+The gate is a marker file in the job directory, checked by an uncached task, so it survives any process. The first
+time the job reaches the gate, the task prepares ``<input folder>_wait/`` for corrected files, publishes what to
+inspect and how to go on (log line and markdown artifact), and answers "awaiting". The flow then stops the run for
+inspection: a local run ends as ``AwaitingInspection`` and ``continue`` re-runs it; a deployment run is suspended
+until someone resumes it in the UI (with a short form). Either way the marker is set on resume, and the task then
+answers with the folder the next step reads: ``<input folder>_wait/`` when it holds any data file, else its input.
 """
 
 from __future__ import annotations
 
-import logging
-from datetime import timedelta
 from pathlib import Path
 
-from prefect import runtime, task
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
-from prefect.flow_runs import pause_flow_run
 
-from tasks.context import FileRecord, StepContext, StepOutput
+from tasks.contract import DataFile, StepInput, StepResult, settings_of
+from tasks.layout import JobPaths, artifact_key
 from tasks.ndjson import count_resources, is_data_file
 
-# How long a deployment run stays paused in the UI before Prefect fails it; ``continue`` still works after.
-DEPLOYMENT_PAUSE_TIMEOUT = timedelta(days=7)
 
-logger = logging.getLogger("dupflow.wait")
-
-
-@task(name="wait", cache_policy=NO_CACHE, persist_result=False)
-def wait(ctx: StepContext, previous: StepOutput) -> StepOutput:
-    marker = ctx.paths.wait_release_marker(ctx.position)
-    wait_dir = ctx.job_dir / f"{previous['folder']}_wait"
-    if not marker.exists():
-        wait_dir.mkdir(parents=True, exist_ok=True)
-        logger.warning("%s", inspection_instructions(ctx, previous, wait_dir))
-        if runtime.deployment.id is None:
-            return StepOutput(step=ctx.step, position=ctx.position, folder=previous["folder"], awaiting=True, files=[])
-        pause_flow_run(timeout=int(DEPLOYMENT_PAUSE_TIMEOUT.total_seconds()), key=f"wait-{ctx.position:02d}")
-        marker.touch()
-    return released_output(ctx, previous, wait_dir)
+@task(name="wait", task_run_name="wait[{step.position}]", cache_policy=NO_CACHE, persist_result=False)
+def wait(step: StepInput, resume_hint: str = "") -> StepResult:
+    if not release_marker(step).exists():
+        wait_dir(step).mkdir(parents=True, exist_ok=True)
+        publish_instructions(step, resume_hint)
+        return StepResult(step=step.step, position=step.position, folder=step.folder or "", awaiting=True)
+    return released_result(step)
 
 
-def inspection_instructions(ctx: StepContext, previous: StepOutput, wait_dir: Path) -> str:
-    how_to_continue = (
-        "press Resume on this flow run in the Prefect UI"
-        if runtime.deployment.id is not None
-        else f"run: python -m flows.run continue {ctx.job_id}"
-    )
+def release_marker(step: StepInput) -> Path:
+    return JobPaths(step.job_path).wait_release_marker(step.position)
+
+
+def release(job_dir: Path, position: int) -> None:
+    """Open the gate at ``position`` (``continue``, or a resumed deployment run)."""
+    marker = JobPaths(job_dir).wait_release_marker(position)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+
+
+def wait_dir(step: StepInput) -> Path:
+    return step.job_path / f"{step.folder}_wait"
+
+
+def inspection_text(step: StepInput, resume_hint: str) -> str:
     return (
-        f"Job {ctx.job_id} is paused for inspection.\n"
-        f"  Data to inspect: {ctx.job_dir / previous['folder']}\n"
-        f"  To change it, put the corrected .ndjson/.ndjson.zst files in {wait_dir}\n"
-        f"  (when that folder holds any file, the next step reads only that folder).\n"
-        f"  To continue, {how_to_continue}"
+        f"Job {step.job_id} is paused for inspection before step {step.position + 2}.\n"
+        f"  Data to inspect: {step.input_dir}\n"
+        f"  Corrected files go into: {wait_dir(step)}\n"
+        f"  When that folder holds any .ndjson/.ndjson.zst file on resume, the next step reads only that folder; "
+        f"otherwise it reads {step.input_dir} unchanged.\n"
+        f"  To continue: {resume_hint or f'python -m flows.run continue {step.job_id}'}"
     )
 
 
-def released_output(ctx: StepContext, previous: StepOutput, wait_dir: Path) -> StepOutput:
-    replaced = sorted(p for p in wait_dir.iterdir() if is_data_file(p)) if wait_dir.is_dir() else []
-    if not replaced:
-        return StepOutput(step=ctx.step, position=ctx.position, folder=previous["folder"], files=previous["files"])
-    records = [
-        FileRecord(name=p.name, size=p.stat().st_size, resources=count_resources(p, ctx.max_line_bytes))
-        for p in replaced
+def publish_instructions(step: StepInput, resume_hint: str) -> None:
+    text = inspection_text(step, resume_hint)
+    get_run_logger().info("%s", text)
+    lines = text.splitlines()
+    create_markdown_artifact(
+        key=artifact_key(step.job_id, "inspection"),
+        markdown="\n".join([f"# {lines[0]}", "", *[f"- {line.strip()}" for line in lines[1:]]]),
+        description=f"Job {step.job_id}: what to inspect and how to resume",
+    )
+
+
+def released_result(step: StepInput) -> StepResult:
+    corrected = sorted(p for p in wait_dir(step).iterdir() if is_data_file(p)) if wait_dir(step).is_dir() else []
+    if not corrected:
+        return StepResult(step=step.step, position=step.position, folder=step.folder or "", files=step.files)
+    max_line_bytes = settings_of(step).pipeline.max_ndjson_line_size_bytes
+    files = [
+        DataFile(name=p.name, size=p.stat().st_size, resources=count_resources(p, max_line_bytes)) for p in corrected
     ]
-    logger.info("continuing with %d corrected file(s) from %s", len(records), wait_dir)
-    return ctx.output(records, folder=wait_dir)
+    get_run_logger().info("continuing with %d corrected file(s) from %s", len(files), wait_dir(step))
+    return step.result(files, folder=wait_dir(step))

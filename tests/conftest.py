@@ -17,6 +17,13 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_BATCH_INTERVAL", "0.3")
 
 
+@pytest.fixture(autouse=True)
+def no_caller_app_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test depends on the caller's APP_* variables (they would override every configuration under test)."""
+    for name in [name for name in os.environ if name.startswith("APP_")]:
+        monkeypatch.delenv(name)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if not TESTDATA.is_dir():
         raise pytest.UsageError(f"the tests read real third-party inputs from {TESTDATA}: put shared/ beside the clone")

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from flows.run import EXIT_FAILED, EXIT_OK, main
-from tasks.layout import JobPaths, read_newest_result
+from flows.run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from tasks.record import read_facts, read_step_manifest
 from tests.conftest import TESTDATA, run_cli
 from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
 from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
@@ -59,8 +59,8 @@ def jobs_dir_of(tmp_path: Path) -> Path:
     return tmp_path / "jobs"
 
 
-def step_result(job_dir: Path, kind: str = "step") -> dict:
-    result = read_newest_result(JobPaths(job_dir), 0, "extractor", kind)
+def step_result(job_dir: Path) -> dict:
+    result = read_step_manifest(job_dir, 0, "extractor")
     assert result is not None
     return result
 
@@ -77,9 +77,11 @@ def test_an_extraction_job_downloads_every_file_core_first_and_records_the_handl
     for record in files:
         assert decompressed_lines(job_dir / "import" / record["name"]) == record["resources"] > 0
         assert (job_dir / "import" / record["name"]).stat().st_size == record["size"]
-    assert result["record"]["extraction_job_id"] == submission.job_id
-    assert result["record"]["status_url"] == f"{torch.base_url}/fhir/__status/{submission.job_id}"
-    assert result["record"]["crtdl_path"] == str(job_dir / "crtdl.json")
+    facts = read_facts(job_dir)
+    assert facts["extraction_job_id"] == submission.job_id
+    assert facts["extraction_status_url"] == f"{torch.base_url}/fhir/__status/{submission.job_id}"
+    assert facts["crtdl_path"] == str(job_dir / "crtdl.json")
+    assert "extraction_submission" not in facts
     assert not list((job_dir / "import").glob(".*"))
 
     capsys.readouterr()
@@ -107,13 +109,14 @@ def test_extraction_progress_is_published_as_a_prefect_artifact(tmp_path):
     assert artifacts and artifacts[0].type == "progress" and float(artifacts[0].data) == 100.0
 
 
-def test_an_invalid_crtdl_fails_naming_the_file_and_sends_nothing(tmp_path, torch, capsys):
+def test_an_invalid_crtdl_is_refused_at_start_naming_the_file_and_sends_nothing(tmp_path, torch, capsys):
     broken = tmp_path / "broken.json"
     broken.write_text('{"cohortDefinition": ')
-    assert main(["start", str(write_config(tmp_path, torch)), str(broken), "--no-progress"]) == EXIT_FAILED
+    assert main(["start", str(write_config(tmp_path, torch)), str(broken), "--no-progress"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert f"invalid CRTDL {broken}" in err and "not valid JSON" in err
     assert torch.state.submissions == [] and torch.state.requests == []
+    assert not jobs_dir_of(tmp_path).exists() or not list(jobs_dir_of(tmp_path).iterdir())
 
 
 def test_enrichment_rules_write_an_enriched_crtdl_that_is_what_gets_submitted(tmp_path, torch):
@@ -128,7 +131,7 @@ def test_enrichment_rules_write_an_enriched_crtdl_that_is_what_gets_submitted(tm
     assert not (job_dir / "crtdl.json").exists()
     assert json.loads(submitted_crtdl(torch)) == json.loads(enriched.read_bytes())
     assert "Patient.identifier" in enriched.read_text()
-    assert step_result(job_dir)["record"]["crtdl_path"] == str(enriched)
+    assert read_facts(job_dir)["crtdl_path"] == str(enriched)
 
 
 def test_a_complete_result_url_as_input_is_downloaded_without_submitting(tmp_path, torch):
@@ -143,7 +146,7 @@ def test_a_complete_result_url_as_input_is_downloaded_without_submitting(tmp_pat
     job_dir = only_job_dir(jobs_dir_of(tmp_path))
     assert len(torch.state.submissions) == 1  # the test's own
     assert len(step_result(job_dir)["files"]) == 4
-    assert step_result(job_dir)["record"]["crtdl_path"] is None
+    assert "crtdl_path" not in read_facts(job_dir)
 
 
 def test_a_server_restart_mid_job_leads_to_exactly_one_fresh_submission(tmp_path):
@@ -155,8 +158,8 @@ def test_a_server_restart_mid_job_leads_to_exactly_one_fresh_submission(tmp_path
         restart.join(5)
         first, second = torch.state.submissions
     job_dir = only_job_dir(jobs_dir_of(tmp_path))
-    record = step_result(job_dir)["record"]
-    assert record["extraction_job_id"] == second.job_id != first.job_id and record["generation"] == 1
+    facts = read_facts(job_dir)
+    assert facts["extraction_job_id"] == second.job_id != first.job_id and facts["extraction_generation"] == 1
     assert len(step_result(job_dir)["files"]) == 4
 
 
@@ -167,8 +170,13 @@ def forget_jobs_after_first_poll(server: ExtractionServer, timeout: float = 30) 
     server.state.forget_jobs()
 
 
-def record_files(jobs_dir: Path) -> list[Path]:
-    return sorted(jobs_dir.glob("*/.prefect/results/*-00-extractor-record-*"))
+def recorded_generation(jobs_dir: Path) -> int | None:
+    """The extraction generation the job record holds (1 after one fresh submission), once it holds a handle."""
+    for job_dir in jobs_dir.glob("*"):
+        facts = read_facts(job_dir)
+        if facts.get("extraction_status_url"):
+            return facts.get("extraction_generation")
+    return None
 
 
 @pytest.mark.slow
@@ -200,14 +208,14 @@ def test_killed_after_a_resubmission_continue_reattaches_to_the_newest_job(tmp_p
         process = start_cli_process("start", str(write_config(tmp_path, torch)), str(CRTDL), "--no-progress")
         wait_for(lambda: torch.state.polls or None, process)
         torch.state.forget_jobs()
-        wait_for(lambda: len(record_files(jobs_dir_of(tmp_path))) == 2 or None, process)
+        wait_for(lambda: recorded_generation(jobs_dir_of(tmp_path)) == 1 or None, process)
         process.send_signal(signal.SIGKILL)
         process.wait()
         job_dir = only_job_dir(jobs_dir_of(tmp_path))
         result = run_cli("continue", str(job_dir), "--no-progress")
         assert result.returncode == EXIT_OK, result.stderr
         first, second = torch.state.submissions
-    assert step_result(job_dir)["record"]["extraction_job_id"] == second.job_id
+    assert read_facts(job_dir)["extraction_job_id"] == second.job_id
 
 
 @pytest.mark.slow
@@ -218,7 +226,11 @@ def test_killed_during_downloads_continue_fetches_only_the_unfinished_file(tmp_p
         # Four files finished means four persisted per-file results (a renamed file whose result is not yet
         # written would be fetched again, harmlessly but not what this test counts).
         wait_for(
-            lambda: len(list(jobs_dir_of(tmp_path).glob("*/.prefect/results/*-extractor-file-*"))) == 4 or None, process
+            lambda: (
+                len(list(jobs_dir_of(tmp_path).glob("*/.prefect/results/*-00-extractor-download-result-file-*"))) == 4
+                or None
+            ),
+            process,
         )
         process.send_signal(signal.SIGKILL)
         process.wait()
@@ -247,7 +259,7 @@ def test_sigterm_during_stalled_downloads_ends_the_run_at_once_without_partial_f
     assert process.returncode == 130, err
     assert took < 15, f"the run needed {took:.0f} s to stop"
     assert list((job_dir / "import").glob(".*.part")) == []
-    assert job_file(job_dir)["state"] == "Interrupted"
+    assert job_file(job_dir)["state"] == "Crashed"
 
 
 def test_a_handle_that_keeps_dying_gives_up_after_max_attempts_fresh_submissions(tmp_path, capsys):

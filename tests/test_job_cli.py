@@ -71,7 +71,7 @@ def test_the_embedded_default_job_imports_the_sample_data(tmp_path, monkeypatch,
 
     artifacts = read_artifacts(f"job-{job_dir.name}")
     assert "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson.zst" in artifacts[f"job-{job_dir.name}-00-local-import"]
-    assert "| 1 | local_import | `import` | 2 |" in artifacts[f"job-{job_dir.name}-summary"]
+    assert "| 1 | local_import | done | `import` | 2 |" in artifacts[f"job-{job_dir.name}"]
 
 
 def read_artifacts(key_prefix: str) -> dict[str, str]:
@@ -91,16 +91,27 @@ def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp
     assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")
     record = job_file(job_dir)
-    assert record["state"] == "Paused" and record["awaiting_wait_position"] == 1
+    assert record["state"] == "AwaitingInspection"
     assert (job_dir / "import_wait").is_dir()
     assert f"continue {job_dir.name}" in record["state_message"]
+    (paused_run,) = record["flow_run_ids"]
+    assert flow_run_state(paused_run) == ("PAUSED", "AwaitingInspection")  # never a green Completed run
 
     write_ndjson(job_dir / "import_wait" / "a.ndjson", 2)
     assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_OK
     record = job_file(job_dir)
     assert record["state"] == "Completed"
     assert record["state_message"].endswith("import_wait")
-    assert len(record["flow_run_ids"]) == 2
+    assert record["flow_run_ids"] == [paused_run]  # continue resumed the paused run itself
+    assert flow_run_state(paused_run) == ("COMPLETED", "Completed")
+
+
+def flow_run_state(flow_run_id: str) -> tuple[str, str]:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(flow_run_id).state
+    return state.type.value, state.name
 
 
 def test_continue_from_another_directory_works_on_the_same_job_and_files(tmp_path):
@@ -158,8 +169,8 @@ def test_status_and_list_read_the_job_without_importing_prefect(tmp_path):
     ).stdout
     assert "prefect imported: False" in out
     assert "1. local_import: done, 1 file(s)" in out and "a.ndjson.zst" in out and "4 resources" in out
-    assert "2. wait: paused for inspection" in out
-    assert f"{job_dir.name}  Paused" in out
+    assert "2. wait: awaiting inspection" in out
+    assert f"{job_dir.name}  AwaitingInspection" in out
 
 
 def test_status_reads_the_prefect_server_when_one_is_configured(tmp_path, capsys):
@@ -212,7 +223,8 @@ def test_sigterm_ends_the_run_cleanly_and_continue_finishes_it(tmp_path):
     assert process.returncode == EXIT_INTERRUPTED, err
     job_dir = partial.parent.parent
     assert not partial.exists() and not (job_dir / "import" / "c.ndjson.zst").exists()
-    assert job_file(job_dir)["state"] == "Interrupted"
+    record = job_file(job_dir)
+    assert record["state"] == "Crashed" and "interrupt" in record["state_message"]
 
     assert run_cli("continue", str(job_dir), "--no-progress").returncode == EXIT_OK
     assert resources_in(job_dir / "import" / "c.ndjson.zst") == 400_000

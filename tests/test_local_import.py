@@ -7,22 +7,19 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from config.loader import load_settings
-from tasks.context import StepContext
+from tasks.contract import DataFile, StepInput
 from tasks.local_import import LocalImportError, find_ndjson_files, import_file, source_directory, target_names
 from tasks.ndjson import LineTooLongError, NdjsonError, is_zstd
+from tests.steps import step_input
 
 
-def context(tmp_path: Path, job_input: str | None = None, **settings: str) -> StepContext:
-    overrides = {"pipeline.enabled_steps": "local_import", **settings}
-    loaded = load_settings(None, env={}, overrides=overrides)
-    return StepContext("job", tmp_path / "job", 0, "local_import", loaded.settings, job_input)
+def context(tmp_path: Path, job_input: str | None = None, **settings: str) -> StepInput:
+    return step_input(tmp_path / "job", "local_import", job_input=job_input, **settings)
 
 
 def test_the_job_input_directory_wins_over_the_configured_one(tmp_path):
     (tmp_path / "given").mkdir()
-    ctx = context(tmp_path, str(tmp_path / "given"), **{"services.local_import.dir": str(tmp_path / "other")})
-    assert source_directory(ctx) == (tmp_path / "given").resolve()
+    assert source_directory(str(tmp_path / "given"), str(tmp_path / "other")) == (tmp_path / "given").resolve()
 
 
 @pytest.mark.parametrize(
@@ -36,12 +33,12 @@ def test_a_missing_directory_or_a_file_in_its_place_is_a_clear_error(tmp_path, m
     target = tmp_path / "data"
     make(target)
     with pytest.raises(LocalImportError, match=message):
-        source_directory(context(tmp_path, str(target)))
+        source_directory(str(target), None)
 
 
 def test_no_directory_at_all_says_where_to_give_one(tmp_path):
     with pytest.raises(LocalImportError, match="--dir, or set services.local_import.dir"):
-        source_directory(context(tmp_path))
+        source_directory(None, None)
 
 
 def test_an_empty_directory_with_subdirectories_hints_at_recursive(tmp_path):
@@ -66,30 +63,30 @@ def test_two_files_that_would_get_one_name_are_refused(tmp_path):
 
 def test_plain_input_is_compressed_and_counted(tmp_path):
     source = tmp_path / "a.ndjson"
-    source.write_bytes(b'{"id":"1"}\n\n{"id":"2"}\n')
+    source.write_bytes(b'{"resourceType":"Patient","id":"1"}\n\n{"resourceType":"Patient","id":"2"}\n')
     ctx = context(tmp_path, **{"compression.level": "best"})
-    record = import_file.fn(ctx, source, ctx.folder / "a.ndjson.zst")
-    assert record == {"name": "a.ndjson.zst", "size": (ctx.folder / "a.ndjson.zst").stat().st_size, "resources": 2}
-    assert is_zstd(ctx.folder / "a.ndjson.zst")
+    record = import_file.fn(ctx, str(source), "a.ndjson.zst", [])
+    assert record == DataFile(name="a.ndjson.zst", size=(ctx.output_dir / "a.ndjson.zst").stat().st_size, resources=2)
+    assert is_zstd(ctx.output_dir / "a.ndjson.zst")
 
 
 def test_zstd_input_is_written_plain_when_compression_is_off(tmp_path):
     source = tmp_path / "a.ndjson"  # zstd content under a plain name: recognised by magic bytes
-    source.write_bytes(zstandard.ZstdCompressor().compress(b'{"id":"1"}\n'))
+    source.write_bytes(zstandard.ZstdCompressor().compress(b'{"resourceType":"Patient","id":"1"}\n'))
     ctx = context(tmp_path, **{"compression.enabled": "false"})
-    import_file.fn(ctx, source, ctx.folder / "a.ndjson")
-    assert (ctx.folder / "a.ndjson").read_bytes() == b'{"id":"1"}\n'
+    import_file.fn(ctx, str(source), "a.ndjson", [])
+    assert (ctx.output_dir / "a.ndjson").read_bytes() == b'{"resourceType":"Patient","id":"1"}\n'
 
 
 def test_a_line_over_the_limit_names_file_line_and_key_and_leaves_nothing(tmp_path):
     source = tmp_path / "big.ndjson"
-    source.write_bytes(b"{}\n{}\n" + b"x" * (1024 * 1024 + 1) + b"\n")
+    source.write_bytes(b'{"resourceType":"Patient"}\n{"resourceType":"Patient"}\n' + b"x" * (1024 * 1024 + 1) + b"\n")
     ctx = context(tmp_path, **{"pipeline.max_ndjson_line_size_mb": "1"})
     with pytest.raises(LineTooLongError) as error:
-        import_file.fn(ctx, source, ctx.folder / "big.ndjson.zst")
+        import_file.fn(ctx, str(source), "big.ndjson.zst", [])
     assert str(error.value).startswith(f"{source}: line 3 ")
     assert "pipeline.max_ndjson_line_size_mb" in str(error.value)
-    assert list(ctx.folder.iterdir()) == []
+    assert list(ctx.output_dir.iterdir()) == []
 
 
 def test_unreadable_zstd_is_a_clear_error_and_leaves_nothing(tmp_path):
@@ -97,5 +94,5 @@ def test_unreadable_zstd_is_a_clear_error_and_leaves_nothing(tmp_path):
     source.write_bytes(b"\x28\xb5\x2f\xfd" + b"not really zstd")
     ctx = context(tmp_path)
     with pytest.raises(NdjsonError, match="bad.ndjson.zst: not readable as zstd"):
-        import_file.fn(ctx, source, ctx.folder / "bad.ndjson.zst")
-    assert list(ctx.folder.iterdir()) == []
+        import_file.fn(ctx, str(source), "bad.ndjson.zst", [])
+    assert list(ctx.output_dir.iterdir()) == []

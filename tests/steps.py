@@ -1,0 +1,37 @@
+"""Build a step's input for tests that drive a step's plain functions or ``task.fn`` without a Prefect run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from config.loader import load_settings
+from tasks.contract import DataFile, StepInput, register_settings
+
+
+def step_input(
+    job_dir: Path,
+    step: str,
+    *,
+    job_input: str | None = None,
+    folder: str | None = None,
+    files: list[DataFile] | None = None,
+    facts: dict | None = None,
+    position: int = 0,
+    **settings: str,
+) -> StepInput:
+    """A ``StepInput`` for ``job_dir`` whose settings (built-in defaults plus ``settings``, dotted keys with ``__``
+    for ``.``) are registered as the job's, as the flow would do."""
+    overrides = {"pipeline.enabled_steps": step, **{key.replace("__", "."): value for key, value in settings.items()}}
+    loaded = load_settings(None, env={}, overrides=overrides)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    register_settings(job_dir, loaded.settings)
+    return StepInput(
+        job_id=job_dir.name,
+        job_dir=str(job_dir),
+        position=position,
+        step=step,
+        job_input=job_input,
+        folder=folder,
+        files=files or [],
+        facts=facts or {},
+    )
