@@ -31,7 +31,8 @@ Switches (``ExtractionServerState`` fields; see the comments there)
     faults       response_delay, omit_content_location, status_unavailable_polls (503 storm),
                  fail_next_status (500), fail_jobs + failure_diagnostics, empty_output ("with_issues"|
                  "without_issues"), job_issues, file_not_ready_probes, head_status (405|403),
-                 stall_downloads/stall_after_bytes/stall_seconds, reset_downloads/reset_after_bytes, delete_fails
+                 stall_downloads/stall_after_bytes/stall_seconds, reset_downloads/reset_after_bytes, delete_fails,
+                 move_version_on_put (next N priority PUTs meet a version that just moved on: 409/412)
     methods      forget_jobs() (restart: handles 404), force_status(job_id, status), job(job_id),
                  requests_to(path_prefix, origin)
     records      requests (origin, method, path, lower-cased headers), submissions (body, headers, status,
@@ -496,6 +497,8 @@ class ExtractionHandler(ExtractionFilesHandler):
         with state.lock:
             state.advance()
             job = state.jobs[job_id]
+            if state.take("move_version_on_put"):
+                state.move_version(job)
             expected = str(state.version(job, state.now()))
             if given != expected:
                 return self.send_json(

@@ -182,6 +182,7 @@ class ExtractionServerState:
     reset_downloads: int = 0  # next N full GETs are reset after ``reset_after_bytes``
     reset_after_bytes: int = 1024
     delete_fails: bool = False
+    move_version_on_put: int = 0  # next N priority PUTs find the version moved on (as when a batch finishes)
     delete_files_after: float = 0.0  # real server: DELETE marks the job deleted, its files vanish later
     cohort_preview: bool = True  # False: no $evaluate-cohort (older servers answer 404)
     auth_check: Callable[[dict[str, str]], bool] | None = None  # API requests failing it answer 401
@@ -339,6 +340,11 @@ class ExtractionServerState:
     def version(self, job: Job, now: float) -> int:
         """Task.meta.versionId: moves on with every transition, priority change and finished batch."""
         return job.version_events + self.batch_progress(job, now).completed
+
+    def move_version(self, job: Job) -> None:
+        """Something changed on the job without a state transition (e.g. a batch finished)."""
+        with self.lock:
+            self._touch(job, self.now())
 
     # --- Task operations --------------------------------------------------------------------------
     def set_priority(self, job: Job, priority: str) -> None:

@@ -1,0 +1,455 @@
+"""``extraction …`` and ``cohort preview`` against the fake extraction server: the spec's behaviour and the real
+server's deviations (412 for a stale If-Match, $pause from PENDING, a repeated $cancel answered 200), with Basic,
+OAuth and API-key auth.
+
+Commands run in-process through the real argument parser (``flows.run.main``); the server's clock is manual,
+so a job is exactly where the test put it.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from flows.run import main
+from tasks.record import record_facts
+from tests.conftest import TESTDATA
+from tests.fakes._server import LoopbackServer
+from tests.fakes.extraction_server import ExtractionServer, JobStatus, start_extraction_server
+from tests.fakes.extraction_state import BATCH_STAGES
+from tests.fakes.oauth import REALM_PATH, OAuthHandler, OAuthState
+
+CRTDL = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
+CONSENT_CRTDL = TESTDATA / "crtdl" / "CRTDL_test_consent-ext.json"
+PASSWORD = "cli-basic-pw-4711"
+API_KEY = "cli-api-key-0815"
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def tick(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@pytest.fixture(autouse=True)
+def no_app_environment(monkeypatch):
+    """The caller's APP_* variables must not change what these tests see."""
+    for name in [n for n in os.environ if n.startswith("APP_")]:
+        monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def torch(clock):
+    with start_extraction_server(clock=clock, cohort_size=6, batch_size=2, max_concurrency=2) as server:
+        yield server
+
+
+def write_config(tmp_path: Path, server: ExtractionServer, auth: str = "") -> Path:
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "pipeline:\n  enabled_steps: [extractor]\n"
+        "retry:\n  max_attempts: 2\n  initial_backoff_ms: 1\n  max_backoff_ms: 5\n"
+        f"services:\n  extractor:\n    base_url: {server.base_url}\n" + auth
+    )
+    return config
+
+
+@pytest.fixture
+def config(tmp_path, torch) -> Path:
+    return write_config(tmp_path, torch)
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def submit(server: ExtractionServer, crtdl: Path = CRTDL) -> str:
+    crtdl_bytes = crtdl.read_bytes()
+    from tests.fakes.extraction_crtdl import parse_crtdl
+
+    return server.state.submit(parse_crtdl(crtdl_bytes), []).id
+
+
+def status_of(server: ExtractionServer, job_id: str) -> JobStatus:
+    return server.state.job(job_id).status
+
+
+# --- list -----------------------------------------------------------------------------------------------------
+
+
+def test_list_shows_a_table_of_jobs_with_status_priority_batches_cohort_and_age(capsys, torch, clock, config):
+    running = submit(torch)
+    clock.tick(0.11)  # pending 0.05 + cohort 0.05: batches are being processed
+    queued = submit(torch)
+
+    code, out, _ = cli(capsys, "extraction", "list", str(config))
+
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split() == ["ID", "STATUS", "PRIORITY", "BATCHES", "COHORT", "AGE"]
+    assert rows[0].split() == [running, "RUNNING_PROCESS_BATCH", "NORMAL", "0/3", "6", "0s", "ago"]
+    assert rows[1].split() == [queued, "PENDING", "NORMAL", "-", "-", "0s", "ago"]
+
+
+def test_list_filters_by_status_and_id_and_prints_json(capsys, torch, clock, config):
+    first, second = submit(torch), submit(torch)
+    clock.tick(0.06)
+    torch.state.force_status(second, JobStatus.PAUSED)
+
+    code, out, _ = cli(capsys, "extraction", "list", str(config), "--status", "paused", "--json")
+    assert code == 0
+    assert [job["id"] for job in json.loads(out)["jobs"]] == [second]
+    assert json.loads(out)["jobs"][0]["status"] == "PAUSED"
+
+    code, out, _ = cli(capsys, "extraction", "list", str(config), "--id", f"{first},{second}", "--json")
+    assert {job["id"] for job in json.loads(out)["jobs"]} == {first, second}
+
+    code, out, _ = cli(capsys, "extraction", "list", str(config), "--status", "COMPLETED")
+    assert (code, out.strip()) == (0, "no extraction jobs match")
+
+
+def test_strict_list_shows_the_servers_400_as_a_list_of_problems(capsys, torch, config):
+    submit(torch)
+    lenient = cli(capsys, "extraction", "list", str(config), "--id", "not-a-uuid", "--status", "SLEEPING")
+    assert lenient[0] == 0  # unsupported values are silently ignored without --strict
+
+    code, out, err = cli(
+        capsys, "extraction", "list", str(config), "--id", "not-a-uuid", "--status", "SLEEPING", "--strict"
+    )
+    assert code == 2 and out == ""
+    assert "the extraction server rejected the search:\n" in err
+    assert "  - Invalid _id values: [not-a-uuid]\n" in err
+    assert "  - Invalid status values: [SLEEPING]\n" in err
+    assert torch.state.requests_to("/fhir/Task")[-1].header("Prefer") == "handling=strict"
+
+    code, out, _ = cli(capsys, "extraction", "list", str(config), "--status", "SLEEPING", "--strict", "--json")
+    assert code == 2 and json.loads(out)["problems"] == ["Invalid status values: [SLEEPING]"]
+
+
+# --- show -----------------------------------------------------------------------------------------------------
+
+
+def test_show_prints_progress_with_active_batches_and_their_stages(capsys, torch, clock, config):
+    job_id = submit(torch)
+    clock.tick(0.11)
+
+    code, out, _ = cli(capsys, "extraction", "show", str(config), job_id)
+
+    assert code == 0
+    assert f"extraction job {job_id}\n" in out
+    assert "  status:    RUNNING_PROCESS_BATCH\n" in out
+    assert "  cohort:    6 patients, batch size 2\n" in out
+    assert "  batches:   0/3 done, 2 active\n" in out
+    active = [line.split() for line in out.splitlines() if line.startswith("    ")]
+    assert len(active) == 2 and {stage for _, stage in active} <= set(BATCH_STAGES)
+
+
+def test_show_lists_consent_audit_files_and_json_carries_the_task(capsys, torch, clock, config):
+    job_id = submit(torch, CONSENT_CRTDL)
+    clock.tick(10)
+
+    code, out, _ = cli(capsys, "extraction", "show", str(config), job_id)
+    assert code == 0
+    assert "  consent audit files (3):\n" in out
+    assert out.count("_consent.ndjson") == 3
+
+    code, out, _ = cli(capsys, "extraction", "show", str(config), job_id, "--json")
+    shown = json.loads(out)
+    assert (shown["status"], shown["batches_completed"], shown["batches_total"]) == ("COMPLETED", 3, 3)
+    assert len(shown["consent_audit_files"]) == 3 and shown["task"]["resourceType"] == "Task"
+
+
+def test_a_dupflow_job_id_resolves_to_its_recorded_extraction_job(capsys, tmp_path, torch, config):
+    job_id = submit(torch)
+    jobs_dir = tmp_path / "jobs"
+    dupflow_job = "3f2a7c5e-1d2b-4c3d-9e8f-0a1b2c3d4e5f"
+    (jobs_dir / dupflow_job).mkdir(parents=True)
+    record_facts(jobs_dir / dupflow_job, extraction_job_id=job_id)
+
+    code, out, _ = cli(capsys, "extraction", "show", str(config), dupflow_job, "--jobs-dir", str(jobs_dir), "--json")
+    assert code == 0 and json.loads(out)["id"] == job_id
+
+    not_submitted = "9b1deb4d-3b7d-4bad-9bdd-2b0d7b3dcb6d"
+    (jobs_dir / not_submitted).mkdir()
+    code, _, err = cli(capsys, "extraction", "show", str(config), not_submitted, "--jobs-dir", str(jobs_dir))
+    assert code == 2 and "has no extraction job yet" in err
+
+
+def test_an_unknown_job_is_explained(capsys, torch, config):
+    code, _, err = cli(capsys, "extraction", "show", str(config), "6f1b8ad4-0000-4000-8000-000000000000")
+    assert code == 1
+    assert "the extraction server has no job 6f1b8ad4-0000-4000-8000-000000000000" in err
+
+
+# --- pause, resume, cancel ---------------------------------------------------------------------------------------
+
+
+def test_pause_and_resume_a_running_job(capsys, torch, clock, config):
+    job_id = submit(torch)
+    clock.tick(0.11)
+
+    code, out, _ = cli(capsys, "extraction", "pause", str(config), job_id)
+    assert (code, out.strip()) == (0, f"extraction job {job_id}: paused (status PAUSED)")
+    clock.tick(60)  # a paused job does not advance
+    assert status_of(torch, job_id) is JobStatus.PAUSED
+
+    code, out, _ = cli(capsys, "extraction", "pause", str(config), job_id)
+    assert (code, out.strip()) == (0, f"extraction job {job_id}: already paused (status PAUSED)")
+
+    code, out, _ = cli(capsys, "extraction", "resume", str(config), job_id, "--json")
+    assert code == 0
+    assert json.loads(out) | {"job": None} == {"ok": True, "operation": "resume", "changed": True, "job": None}
+    assert json.loads(out)["job"]["status"] == "RUNNING_PROCESS_BATCH"
+
+
+def test_a_409_is_explained_with_the_jobs_state(capsys, torch, clock, config):
+    job_id = submit(torch)
+    clock.tick(10)
+
+    code, _, err = cli(capsys, "extraction", "pause", str(config), job_id)
+    assert code == 1
+    assert f"job {job_id} is COMPLETED; only running jobs can be paused" in err
+    code, _, err = cli(capsys, "extraction", "cancel", str(config), job_id, "--json")
+    assert code == 1
+    assert "is COMPLETED; only jobs that have not finished can be cancelled" in err
+
+
+@pytest.mark.parametrize("lenient", [False, True], ids=["spec", "real-server"])
+def test_pause_from_pending_is_refused_by_the_spec_and_allowed_by_the_real_server(capsys, torch, config, lenient):
+    torch.state.lenient_transitions = lenient
+    job_id = submit(torch)
+
+    code, out, err = cli(capsys, "extraction", "pause", str(config), job_id)
+
+    if lenient:
+        assert (code, status_of(torch, job_id)) == (0, JobStatus.PAUSED)
+    else:
+        assert code == 1 and f"job {job_id} is PENDING; only running jobs can be paused" in err
+
+
+@pytest.mark.parametrize("lenient", [False, True], ids=["spec-409", "real-server-200"])
+def test_cancelling_a_cancelled_job_says_it_already_is(capsys, torch, clock, config, lenient):
+    torch.state.lenient_transitions = lenient
+    job_id = submit(torch)
+    clock.tick(0.11)
+    assert cli(capsys, "extraction", "cancel", str(config), job_id)[0] == 0
+
+    code, out, _ = cli(capsys, "extraction", "cancel", str(config), job_id)
+
+    assert (code, out.strip()) == (0, f"extraction job {job_id}: already cancelled (status CANCELLED)")
+
+
+# --- priority -----------------------------------------------------------------------------------------------------
+
+
+def test_priority_puts_the_task_with_a_weak_etag_of_its_version(capsys, torch, config):
+    job_id = submit(torch)
+
+    code, out, _ = cli(capsys, "extraction", "priority", str(config), job_id, "high")
+
+    assert (code, out.strip()) == (0, f"extraction job {job_id}: priority set to HIGH (status PENDING)")
+    assert torch.state.job(job_id).priority == "asap"
+    [put] = [r for r in torch.state.requests if r.method == "PUT"]
+    assert put.header("If-Match") == 'W/"1"' and put.header("Content-Type") == "application/fhir+json"
+
+    code, out, _ = cli(capsys, "extraction", "priority", str(config), job_id, "high")
+    assert out.strip() == f"extraction job {job_id}: priority already HIGH (status PENDING)"
+    assert cli(capsys, "extraction", "priority", str(config), job_id, "normal")[0] == 0
+    assert torch.state.job(job_id).priority == "routine"
+
+
+@pytest.mark.parametrize("stale_status", [409, 412], ids=["spec-409", "real-server-412"])
+def test_a_version_that_moved_on_is_read_again_and_the_put_repeated(capsys, torch, config, stale_status):
+    torch.state.stale_version_status = stale_status
+    torch.state.move_version_on_put = 2
+    job_id = submit(torch)
+
+    code, _, _ = cli(capsys, "extraction", "priority", str(config), job_id, "high")
+
+    assert code == 0 and torch.state.job(job_id).priority == "asap"
+    puts = [r.header("If-Match") for r in torch.state.requests if r.method == "PUT"]
+    assert puts == ['W/"1"', 'W/"2"', 'W/"3"']  # each attempt carries the version it just read
+
+
+def test_a_version_that_keeps_moving_gives_up_after_a_bounded_number_of_attempts(capsys, torch, config):
+    torch.state.move_version_on_put = 100
+    job_id = submit(torch)
+
+    code, _, err = cli(capsys, "extraction", "priority", str(config), job_id, "high")
+
+    assert code == 1 and "kept changing" in err
+    assert len([r for r in torch.state.requests if r.method == "PUT"]) == 5
+    assert not any(r.method == "PUT" and r.header("If-Match") is None for r in torch.state.requests)
+
+
+# --- delete -------------------------------------------------------------------------------------------------------
+
+
+def test_delete_with_yes_then_again_is_explained(capsys, torch, clock, config):
+    job_id = submit(torch)
+    clock.tick(10)
+
+    code, out, _ = cli(capsys, "extraction", "delete", str(config), job_id, "--yes")
+    assert (code, out.strip()) == (0, f"extraction job {job_id}: deleted; the server removes its result files")
+
+    code, _, err = cli(capsys, "extraction", "delete", str(config), job_id, "--yes")
+    assert code == 1 and f"the extraction server has no job {job_id}" in err
+
+
+def test_delete_asks_for_confirmation(capsys, monkeypatch, torch, config):
+    job_id = submit(torch)
+    monkeypatch.setattr("sys.stdin", io.StringIO("n\n"))
+    code, _, err = cli(capsys, "extraction", "delete", str(config), job_id)
+    assert code == 1 and f"Delete extraction job {job_id} and its result files" in err
+    assert torch.state.job(job_id) is not None
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # no terminal, no answer: no
+    assert cli(capsys, "extraction", "delete", str(config), job_id)[0] == 1
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("yes\n"))
+    assert cli(capsys, "extraction", "delete", str(config), job_id)[0] == 0
+    assert torch.state.job(job_id) is None
+
+
+def test_a_delete_the_server_could_not_finish_is_explained_and_attempted_once(capsys, torch, config):
+    torch.state.delete_fails = True
+    job_id = submit(torch)
+
+    code, _, err = cli(capsys, "extraction", "delete", str(config), job_id, "--yes", "--json")
+
+    assert code == 1 and "could not remove the result files" in err
+    assert len([r for r in torch.state.requests if r.method == "DELETE"]) == 1
+
+
+# --- cohort preview -----------------------------------------------------------------------------------------------
+
+
+def test_cohort_preview_posts_the_crtdl_as_plain_json_and_prints_the_size(capsys, torch, config):
+    code, out, _ = cli(capsys, "cohort", "preview", str(config), str(CRTDL))
+    assert (code, out.strip()) == (0, "cohort size: 6 patients")
+
+    code, out, _ = cli(capsys, "cohort", "preview", str(config), str(CRTDL), "--ids", "--json")
+    preview = json.loads(out)
+    assert preview["cohort_size"] == 6 and len(preview["patient_ids"]) == 6
+    [request] = torch.state.requests_to("/fhir/$evaluate-cohort")[-1:]
+    assert request.header("Content-Type") == "application/json"
+    assert torch.state.jobs == {}  # no job is created
+
+    code, out, _ = cli(capsys, "cohort", "preview", str(config), str(CRTDL), "--ids")
+    assert out.splitlines()[1:] == preview["patient_ids"]
+
+
+def test_cohort_preview_agrees_with_the_cohort_an_extraction_gets(capsys, torch, config):
+    _, out, _ = cli(capsys, "cohort", "preview", str(config), str(CRTDL), "--ids", "--json")
+    job_id = submit(torch)
+    assert tuple(json.loads(out)["patient_ids"]) == torch.state.job(job_id).patient_ids
+
+
+def test_an_older_server_without_cohort_preview_is_explained(capsys, torch, config):
+    torch.state.cohort_preview = False
+    code, _, err = cli(capsys, "cohort", "preview", str(config), str(CRTDL))
+    assert code == 1 and "does not support cohort preview" in err
+
+
+def test_a_crtdl_that_is_not_json_is_a_usage_error(capsys, tmp_path, torch, config):
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    code, _, err = cli(capsys, "cohort", "preview", str(config), str(broken))
+    assert code == 2 and "not valid JSON" in err
+    assert cli(capsys, "cohort", "preview", str(config), str(tmp_path / "missing.json"))[0] == 2
+    assert torch.state.requests_to("/fhir/$evaluate-cohort") == []
+
+
+# --- configuration and auth ---------------------------------------------------------------------------------------
+
+
+def test_configuration_problems_are_usage_errors(capsys, tmp_path, torch):
+    no_url = tmp_path / "no-url.yaml"
+    no_url.write_text("pipeline:\n  enabled_steps: [local_import]\n")
+    code, _, err = cli(capsys, "extraction", "list", str(no_url))
+    assert code == 2 and "services.extractor.base_url is not set" in err
+
+    invalid = tmp_path / "invalid.yaml"
+    invalid.write_text("pipeline:\n  enabled_steps: [extractor]\nretry:\n  max_attempts: 99\n")
+    code, out, err = cli(capsys, "extraction", "list", str(invalid), "--json")
+    assert code == 2 and "invalid configuration" in json.loads(out)["error"]
+
+
+def basic_header(username: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+
+
+@pytest.fixture
+def oauth_issuer():
+    state = OAuthState()
+    with LoopbackServer(OAuthHandler, state) as server:
+        yield server, state
+
+
+def auth_variants(oauth_issuer) -> dict:
+    issuer, oauth = oauth_issuer
+    return {
+        "basic": (
+            f"    auth:\n      username: dupflow\n      password: {PASSWORD}\n",
+            lambda h: h.get("authorization") == basic_header("dupflow", PASSWORD),
+        ),
+        "oauth": (
+            f"    auth:\n      oauth_issuer_uri: {issuer.base_url}{REALM_PATH}\n"
+            f"      oauth_client_id: {oauth.client_id}\n      oauth_client_secret: {oauth.client_secret}\n",
+            lambda h: oauth.is_valid(h.get("authorization", "").removeprefix("Bearer ")),
+        ),
+        "api-key": (
+            f"    auth:\n      api_key: {API_KEY}\n      api_key_header: X-Api-Key\n",
+            lambda h: h.get("x-api-key") == API_KEY,
+        ),
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", ["basic", "oauth", "api-key"])
+def test_every_command_authenticates_as_configured(capsys, tmp_path, torch, clock, oauth_issuer, scheme):
+    auth, check = auth_variants(oauth_issuer)[scheme]
+    torch.state.auth_check = check
+    config = write_config(tmp_path, torch, auth)
+    job_id = submit(torch)
+    clock.tick(0.11)
+
+    commands = [  # one of each kind of call: search, read + PUT, read + POST, DELETE, $evaluate-cohort
+        ("extraction", "list"),
+        ("extraction", "priority", job_id, "high"),
+        ("extraction", "pause", job_id),
+        ("extraction", "delete", job_id, "--yes"),
+        ("cohort", "preview", str(CRTDL)),
+    ]
+    for group, name, *rest in commands:
+        code, _, err = cli(capsys, group, name, str(config), *rest)
+        assert code == 0, (name, err)
+    assert torch.state.job(job_id) is None
+    assert len(torch.state.requests) == 7 and all(check(r.headers) for r in torch.state.requests)
+
+
+def test_refused_credentials_fail_without_showing_the_secret(capsys, tmp_path, torch):
+    torch.state.auth_check = lambda h: h.get("authorization") == basic_header("dupflow", "the-right-one")
+    config = write_config(tmp_path, torch, f"    auth:\n      username: dupflow\n      password: {PASSWORD}\n")
+
+    code, out, err = cli(capsys, "extraction", "list", str(config), "--json")
+
+    assert code == 1 and "HTTP 401" in err
+    assert PASSWORD not in out + err and base64.b64encode(PASSWORD.encode()).decode() not in out + err
