@@ -27,11 +27,8 @@ import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
-
-import orjson
 
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
@@ -44,6 +41,8 @@ from tasks.sof.crtdl_views import AttributeGroup, GroupView, attribute_groups, b
 from tasks.sof.lookup import LookupError as LookupFileError
 from tasks.sof.lookup import load_lookup
 from tasks.sof.output import csv_cells, csv_writer, json_bytes
+from tasks.sof.resources import ResourceLineError, line_resources
+from tasks.sof.resources import parse_line as parse_resource_line
 from tasks.sof.view import CompiledView, ViewError
 
 log = logging.getLogger("dupflow.flattening")
@@ -52,7 +51,6 @@ ATTRIBUTE_GROUP_SYSTEM = "https://www.medizininformatik-initiative.de/fhir/fdpg/
 VIEWS_FOLDER = "viewdefinitions"
 MB = 1024 * 1024
 PART_PREFIX, PART_SUFFIX = ".", ".part"
-_DECIMAL_NUMBER = re.compile(rb"[:\[,]\s*-?\d+(?:\.\d|[eE])")
 _BARE_PROVENANCE = re.compile(rb'^\s*\{.*?"resourceType"\s*:\s*"Provenance"')
 _BUNDLE = re.compile(rb'"resourceType"\s*:\s*"Bundle"')
 
@@ -192,21 +190,10 @@ def add_routes(routes: dict[str, set[str]], provenance: dict[str, Any]) -> None:
 
 
 def parse_line(source: Path, number: int, line: bytes) -> dict[str, Any]:
-    """One NDJSON line; decimals as ``Decimal`` (they reach the CSV as written), the fast parser when there are none."""
     try:
-        resource = json.loads(line, parse_float=Decimal) if _DECIMAL_NUMBER.search(line) else orjson.loads(line)
-    except ValueError as exc:
-        raise FlatteningError(f"{source}: line {number} is not valid JSON ({exc})") from exc
-    if not isinstance(resource, dict):
-        raise FlatteningError(f"{source}: line {number} is not a JSON object")
-    return resource
-
-
-def line_resources(resource: dict[str, Any]) -> list[dict[str, Any]]:
-    """The resources of one line: a Bundle's entries, or the resource itself."""
-    if resource.get("resourceType") != "Bundle":
-        return [resource]
-    return [e["resource"] for e in resource.get("entry") or [] if isinstance((e or {}).get("resource"), dict)]
+        return parse_resource_line(source, number, line)
+    except ResourceLineError as exc:
+        raise FlatteningError(str(exc)) from exc
 
 
 @dataclass

@@ -1,0 +1,72 @@
+"""``python -m flows.run view run``: rows printed as NDJSON or CSV, invalid views exit 2, no Prefect."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import zstandard
+
+from tests.conftest import REPO_ROOT, TESTDATA, run_cli
+
+EXAMPLE_INPUT = TESTDATA / "flattening" / "example" / "input" / "fhir-data.ndjson"
+PATIENT_VIEW = {
+    "resourceType": "ViewDefinition",
+    "resource": "Patient",
+    "select": [{"column": [{"name": "id", "path": "id"}, {"name": "active", "path": "active"}]}],
+}
+
+
+def test_view_run_prints_one_json_object_per_row_from_bundles_and_zstd(tmp_path):
+    (tmp_path / "view.json").write_text(json.dumps(PATIENT_VIEW))
+    packed = tmp_path / "data.ndjson.zst"
+    packed.write_bytes(zstandard.ZstdCompressor().compress(EXAMPLE_INPUT.read_bytes()))
+
+    result = run_cli("view", "run", str(tmp_path / "view.json"), str(packed))
+
+    assert result.returncode == 0, result.stderr
+    assert [json.loads(line) for line in result.stdout.splitlines()] == [
+        {"id": "mii-patient-example-1", "active": True},
+        {"id": "mii-patient-example-42", "active": True},
+    ]
+
+
+def test_view_run_prints_csv_like_the_flattening_step(tmp_path):
+    (tmp_path / "view.json").write_text(json.dumps(PATIENT_VIEW))
+
+    result = run_cli("view", "run", str(tmp_path / "view.json"), str(EXAMPLE_INPUT), "--format", "csv")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "id,active\nmii-patient-example-1,true\nmii-patient-example-42,true\n"
+
+
+def test_an_invalid_viewdefinition_exits_2_with_the_reason(tmp_path):
+    view = dict(
+        PATIENT_VIEW,
+        select=[{"unionAll": [{"column": [{"name": "a", "path": "id"}]}, {"column": [{"name": "b", "path": "id"}]}]}],
+    )
+    (tmp_path / "view.json").write_text(json.dumps(view))
+
+    result = run_cli("view", "run", str(tmp_path / "view.json"), str(EXAMPLE_INPUT))
+
+    assert result.returncode == 2
+    assert "unionAll[1] has columns ['b']" in result.stderr
+    assert result.stdout == ""
+
+
+def test_a_row_error_exits_1_naming_the_column(tmp_path):
+    view = dict(PATIENT_VIEW, select=[{"column": [{"name": "ids", "path": "identifier.system | id"}]}])
+    (tmp_path / "view.json").write_text(json.dumps(view))
+
+    result = run_cli("view", "run", str(tmp_path / "view.json"), str(EXAMPLE_INPUT))
+
+    assert result.returncode == 1
+    assert "Collection value for column 'ids'" in result.stderr
+
+
+def test_the_command_does_not_import_prefect():
+    probe = "import sys, flows.view_cli; sys.exit('prefect' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, env={"PYTHONPATH": str(REPO_ROOT)}).returncode == 0
+    )
