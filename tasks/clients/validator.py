@@ -70,12 +70,13 @@ def iter_chunks(lines: Iterable[tuple[int, bytes]], chunk_bytes: int, source: Pa
     Only one chunk's entries are held at a time. A resource whose entry alone exceeds ``chunk_bytes`` is sent
     alone in a chunk flagged ``oversized``.
     """
+    source = Path(source)
     entries: list[bytes] = []
     labels: list[str] = []
     size = len(BODY_PREFIX) + len(BODY_SUFFIX)
     number = 0
     for line_number, line in lines:
-        entry, label = bundle_entry(parse_resource(Path(source), line_number, line), line.strip(), line_number)
+        entry, label = bundle_entry(parse_resource(source, line_number, line), line.strip(), line_number)
         added = len(entry) + (1 if entries else 0)
         if entries and size + added > chunk_bytes:
             number += 1

@@ -95,15 +95,16 @@ def resource_issues(resource: dict[str, Any], path: str) -> list[dict[str, Any]]
     except (ValueError, TypeError, KeyError):
         return [issue("error", "structure", f"Unknown resource type {resource_type!r}", path)]
     entries = resource.get("entry") if resource_type == "Bundle" else None
-    shell = {k: v for k, v in resource.items() if k != "entry"} if isinstance(entries, list) else resource
+    if not isinstance(entries, list):
+        return model_issues(model, resource, path) + binding_issues(resource, path)
+    # The Bundle with its entries' own fields (fullUrl, request, ...) in one go; each entry's resource apart.
+    shells = [{k: v for k, v in e.items() if k != "resource"} if isinstance(e, dict) else e for e in entries]
+    shell = {**resource, "entry": shells}
     issues = model_issues(model, shell, path) + binding_issues(shell, path)
-    for index, entry in enumerate(entries if isinstance(entries, list) else []):
-        entry_path = f"{path}.entry[{index}]"
+    for index, entry in enumerate(entries):
         nested = entry.get("resource") if isinstance(entry, dict) else None
         if isinstance(nested, dict):
-            issues += resource_issues(nested, f"{entry_path}.resource")
-            entry = {k: v for k, v in entry.items() if k != "resource"}
-        issues += entry_issues(entry, entry_path)
+            issues += resource_issues(nested, f"{path}.entry[{index}].resource")
     return issues
 
 
@@ -116,17 +117,6 @@ def model_issues(model: Any, resource: dict[str, Any], path: str) -> list[dict[s
             for error in exc.errors()
         ]
     return []
-
-
-def entry_issues(entry: Any, path: str) -> list[dict[str, Any]]:
-    """The entry's own fields (fullUrl, request, ...) checked by the Bundle model, without the resource."""
-    if not isinstance(entry, dict):
-        return [issue("error", "structure", "a Bundle entry must be an object", path)]
-    shell = {"resourceType": "Bundle", "type": "collection", "entry": [entry]}
-    issues = model_issues(get_fhir_model_class("Bundle"), shell, "Bundle")
-    for found in issues:
-        found["expression"] = found["location"] = [found["expression"][0].replace("Bundle.entry[0]", path, 1)]
-    return issues
 
 
 def error_code(pydantic_type: str) -> str:

@@ -1,0 +1,253 @@
+"""The validation of whole files (no Prefect): reports in chunk order, bounded concurrency, edge-case inputs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from config.settings import RetrySettings, TlsSettings
+from tasks.clients.http import AsyncServiceClient, ServiceEndpoint
+from tasks.clients.validator import CHUNK_EXTENSION, MB, RESOURCE_EXTENSION, Validator
+from tasks.errors import StepError
+from tasks.ndjson import iter_resources
+from tasks.validation import FileValidation, failure_message, validate_path
+from tests.conftest import TESTDATA
+from tests.fakes._server import LoopbackServer
+from tests.fakes.validator import start_validator
+
+FAST_RETRY = RetrySettings(max_attempts=3, initial_backoff_ms=1, max_backoff_ms=5)
+
+
+@pytest.fixture(scope="module")
+def running_validator():
+    server = start_validator()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def validator_fake(running_validator):
+    running_validator.state.reset()
+    return running_validator
+
+
+def run_file(
+    server: LoopbackServer, source: Path, dest: Path, chunk_bytes: int = MB, window: int = 4
+) -> FileValidation:
+    async def run() -> FileValidation:
+        endpoint = ServiceEndpoint("validation", server.base_url)
+        async with AsyncServiceClient(endpoint, TlsSettings(), FAST_RETRY) as client:
+            return await validate_path(
+                source,
+                dest,
+                Validator(client),
+                chunk_bytes=chunk_bytes,
+                window=window,
+                level="fastest",
+                max_line_bytes=8 * MB,
+            )
+
+    return asyncio.run(run())
+
+
+def report_lines(path: Path) -> list[dict[str, Any]]:
+    return [outcome for _, outcome in iter_resources(path, 1 << 30)]
+
+
+def marks(outcome: dict[str, Any]) -> tuple[int, list[str]]:
+    """(chunk number, resources held) of one report line."""
+    extensions = outcome["extension"]
+    (number,) = [e["valueInteger"] for e in extensions if e["url"] == CHUNK_EXTENSION]
+    return number, [e["valueString"] for e in extensions if e["url"] == RESOURCE_EXTENSION]
+
+
+def write_lines(path: Path, resources: list[dict[str, Any]]) -> Path:
+    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in resources))
+    return path
+
+
+def varied_patients(count: int, seed: int = 7, max_pad: int = 400) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    genders = ["male", "female", "other", "unknown"]
+    return [
+        {
+            "resourceType": "Patient",
+            "id": f"p{i}",
+            "gender": rng.choice(genders),
+            "birthDate": f"{rng.randint(1920, 2020)}-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}",
+            "name": [{"family": f"{rng.getrandbits(4 * max_pad):x}"[: rng.randint(1, max_pad)]}],
+        }
+        for i in range(count)
+    ]
+
+
+# --- the shared validation data --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "resources", "with_errors", "errors", "first_error"),
+    [
+        ("Patient.ndjson", 2, 0, 0, None),
+        (
+            "InvalidPatient.ndjson",
+            2,
+            2,
+            4,
+            "Patient/val-invalid-1 at Bundle.entry[0].resource.birthDate: Value error, Date value string does not "
+            "match spec regex.",
+        ),
+        ("Condition.ndjson", 1, 1, 2, "Condition/val-condition-1 at Bundle.entry[0].resource.subject: Field required"),
+    ],
+)
+def test_the_shared_validation_data_gives_the_expected_findings(
+    validator_fake, tmp_path, name, resources, with_errors, errors, first_error
+):
+    result = run_file(validator_fake, TESTDATA / "validation" / name, tmp_path / f"{name}.zst")
+
+    assert (result.resources, result.chunks, result.resources_with_errors, result.errors) == (
+        resources,
+        1,
+        with_errors,
+        errors,
+    )
+    assert result.first_errors[:1] == ([first_error] if first_error else [])
+    (outcome,) = report_lines(tmp_path / f"{name}.zst")
+    assert marks(outcome) == (
+        1,
+        [f"{r['resourceType']}/{r['id']}" for _, r in iter_resources(TESTDATA / "validation" / name, MB)],
+    )
+    assert result.report.name == f"{name}.zst" and result.report.resources == 1
+
+
+def test_the_condition_with_a_bad_clinical_status_code_is_reported_with_its_location(validator_fake, tmp_path):
+    result = run_file(validator_fake, TESTDATA / "validation" / "Condition.ndjson", tmp_path / "c.ndjson")
+    assert any(
+        "at Bundle.entry[0].resource.clinicalStatus.coding[0].code:" in e and "'bogus-status'" in e
+        for e in result.first_errors
+    )
+
+
+def test_a_valid_file_counts_the_validators_information_but_no_warnings_or_errors(validator_fake, tmp_path):
+    result = run_file(validator_fake, TESTDATA / "validation" / "Patient.ndjson", tmp_path / "p.ndjson")
+    assert (result.errors, result.warnings, result.information) == (0, 0, 1)
+
+
+def test_findings_answered_with_422_are_findings_in_the_report(validator_fake, tmp_path):
+    validator_fake.state.reset(findings_status=422)
+    result = run_file(validator_fake, TESTDATA / "validation" / "InvalidPatient.ndjson", tmp_path / "i.ndjson")
+    assert (result.resources_with_errors, result.errors) == (2, 4)
+
+
+# --- order, concurrency, sizes ---------------------------------------------------------------------------------
+
+
+def test_reports_keep_chunk_order_when_answers_finish_out_of_order_with_the_window_in_flight(validator_fake, tmp_path):
+    rng = random.Random(3)
+    validator_fake.state.reset(delay_for=lambda index: rng.choice([0.0, 0.03, 0.08]))
+    patients = varied_patients(600, max_pad=2000)
+    patients[437]["birthDate"] = "yesterday"
+    source = write_lines(tmp_path / "Patient.ndjson", patients)
+
+    result = run_file(validator_fake, source, tmp_path / "report.ndjson.zst", chunk_bytes=32 * 1024, window=4)
+
+    lines = report_lines(tmp_path / "report.ndjson.zst")
+    assert [marks(o)[0] for o in lines] == list(range(1, result.chunks + 1)) and result.chunks > 12
+    assert [label for o in lines for label in marks(o)[1]] == [f"Patient/p{i}" for i in range(600)]
+    assert validator_fake.state.most_in_flight == 4
+    assert sorted(r.entries for r in validator_fake.state.requests) == sorted(len(marks(o)[1]) for o in lines)
+    (held,) = [marks(o)[1] for o in lines if "Patient/p437" in marks(o)[1]]
+    assert (result.resources_with_errors, result.errors) == (1, 1)
+    assert result.first_errors == [
+        f"Patient/p437 at Bundle.entry[{held.index('Patient/p437')}].resource.birthDate: Value error, Date value "
+        "string does not match spec regex."
+    ]
+
+
+def test_a_resource_larger_than_the_chunk_size_is_sent_alone_with_a_warning(validator_fake, tmp_path, caplog):
+    patients = varied_patients(5, max_pad=50)
+    patients[2]["name"][0]["family"] = "x" * (2 * MB)
+    source = write_lines(tmp_path / "big.ndjson", patients)
+
+    with caplog.at_level(logging.WARNING, logger="dupflow.validation"):
+        result = run_file(validator_fake, source, tmp_path / "big.ndjson.zst", chunk_bytes=MB)
+
+    assert [marks(o)[1] for o in report_lines(tmp_path / "big.ndjson.zst")] == [
+        ["Patient/p0", "Patient/p1"],
+        ["Patient/p2"],
+        ["Patient/p3", "Patient/p4"],
+    ]
+    assert result.errors == 0 and result.resources == 5
+    assert "big.ndjson: Patient/p2 is 2.0 MB, larger than services.validation.bundle_chunk_size_mb" in caplog.text
+
+
+def test_an_empty_file_gets_an_empty_report_without_any_request(validator_fake, tmp_path):
+    source = tmp_path / "empty.ndjson"
+    source.write_bytes(b"")
+
+    result = run_file(validator_fake, source, tmp_path / "empty.ndjson.zst")
+
+    assert (result.resources, result.chunks, result.errors) == (0, 0, 0)
+    assert report_lines(tmp_path / "empty.ndjson.zst") == [] and validator_fake.state.requests == []
+
+
+def test_a_file_of_50000_resources_is_validated_in_order_in_chunks_of_the_set_size(validator_fake, tmp_path):
+    validator_fake.state.reset(shallow=True)  # the client's work at this size; findings are tested above
+    source = write_lines(tmp_path / "many.ndjson", varied_patients(50_000, max_pad=60))
+
+    result = run_file(validator_fake, source, tmp_path / "many.ndjson.zst", chunk_bytes=MB)
+
+    lines = report_lines(tmp_path / "many.ndjson.zst")
+    assert result.resources == 50_000 and result.chunks == len(lines) == len(validator_fake.state.requests) > 3
+    assert [marks(o)[0] for o in lines] == list(range(1, len(lines) + 1))
+    assert [label for o in lines for label in marks(o)[1]] == [f"Patient/p{i}" for i in range(50_000)]
+    assert sum(r.entries for r in validator_fake.state.requests) == 50_000
+    assert all(r.size <= MB for r in validator_fake.state.requests)
+
+
+# --- infrastructure failures -----------------------------------------------------------------------------------
+
+
+def test_a_service_failure_after_the_retries_fails_naming_file_and_chunk_and_leaves_no_report(validator_fake, tmp_path):
+    validator_fake.state.reset(fail_next=100, fail_status=502)
+    source = write_lines(tmp_path / "a.ndjson", varied_patients(3))
+
+    with pytest.raises(StepError) as caught:
+        run_file(validator_fake, source, tmp_path / "out" / "a.ndjson.zst")
+
+    message = str(caught.value)
+    assert f"{source}: validation of chunk 1 (3 resources: Patient/p0 … Patient/p2) failed" in message
+    assert "HTTP 502" in message and "not a finding in the data" in message
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_413_fails_with_the_hint_to_lower_the_chunk_size(validator_fake, tmp_path):
+    validator_fake.state.reset(max_body_bytes=200)
+    source = write_lines(tmp_path / "a.ndjson", varied_patients(3))
+
+    with pytest.raises(StepError, match="HTTP 413.*lower services.validation.bundle_chunk_size_mb"):
+        run_file(validator_fake, source, tmp_path / "a.ndjson.zst")
+    assert len(validator_fake.state.requests) == 1
+
+
+def test_the_fail_on_error_message_gives_resources_with_errors_per_file_and_where_the_reports_are(tmp_path):
+    def checked(name: str, resources: int, with_errors: int, errors: int) -> FileValidation:
+        report = {"name": name, "size": 1, "resources": 1}
+        return FileValidation(
+            file=name, report=report, resources=resources, chunks=1, resources_with_errors=with_errors,
+            errors=errors, warnings=0, information=0, first_errors=[],
+        )  # fmt: skip
+
+    message = failure_message(
+        tmp_path / "validation",
+        [checked("ok.ndjson", 3, 0, 0), checked("a.ndjson", 5, 2, 3), checked("b.ndjson", 1, 1, 1)],
+    )
+
+    assert "a.ndjson: 2 of 5 resources with errors (3 errors); b.ndjson: 1 of 1 resources with errors" in message
+    assert "ok.ndjson" not in message and str(tmp_path / "validation") in message
+    assert "services.validation.fail_on_error: false" in message
