@@ -1,0 +1,521 @@
+"""The ``send`` step: deliver the previous data-producing step's files to their destination.
+
+Three modes (``services.send.send_as``), all reading the step's input folder (NDJSON plain or zstd; CSV after
+flattening) and writing only their records into ``<job>/send/``:
+
+- ``direct_resource_load``: every resource as an entry of a transaction Bundle of at most ``batch_size`` entries
+  (0 = 100) to ``POST {url}/fhir``; ``PUT Type/id`` for a resource with an id, ``POST Type`` otherwise;
+  transaction/collection/searchset Bundles are unwrapped into their entries; ``core`` first. One batch is in
+  memory at a time. After each confirmed batch the file's progress (``send/progress/<file>.json``) records where
+  the next batch starts, so a killed run resumes at the first unsent batch. A POST entry carries a tag derived from
+  the job, file and position and is sent as a conditional create on that tag (``ifNoneExist``): re-sending a batch
+  whose answer was lost never creates it twice. A rejected batch stops the step; its request and the server's
+  answer are kept in ``send/failed/<file>-batch-<n>.request.json`` and ``.response.txt``.
+- ``transfer_load`` (MII data transfer through the DSF): per file a ``Binary`` (the file, zstd-decompressed, zipped
+  as one entry, base64 in ``data``) ``PUT {url}/fhir/Binary/<uuid>``, streamed from a temporary zip file; then one
+  ``DocumentReference`` per job ``PUT {url}/fhir/DocumentReference/<uuid>`` with one attachment per Binary. The
+  ids are uuid5 of the job id (and file name), so a resumed job PUTs the same ids and there is only ever one
+  DocumentReference; ``send/transfer.json`` records them.
+- ``s3_upload``: each file as object ``<job id>/<file name>`` through ``tasks.clients.s3.S3Uploader`` (boto3's
+  transfer manager; its manifest ``send/s3-manifest.json`` lets a resumed job skip uploaded objects).
+
+Files are sent one after the other, each as its own cached task (``send[<file>]``), so a resumed job skips the
+finished ones.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import re
+import time
+import uuid
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from config.settings import TransferSettings
+from tasks.clients.errors import ServiceError
+from tasks.clients.fhir_server import FhirServer, TransactionRejected
+from tasks.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
+from tasks.errors import StepError
+from tasks.layout import write_file_atomically
+from tasks.ndjson import CHUNK_SIZE, NdjsonError, iter_chunks, iter_lines, parse_resource
+
+log = logging.getLogger("dupflow.send")
+
+DEFAULT_BATCH_SIZE = 100
+UNWRAPPED_BUNDLE_TYPES = ("transaction", "collection", "searchset")
+SEND_ENTRY_TAG_SYSTEM = "urn:dupflow:send-entry"
+PROJECT_IDENTIFIER_SYSTEM = "http://medizininformatik-initiative.de/sid/project-identifier"
+ORGANIZATION_IDENTIFIER_SYSTEM = "http://dsf.dev/sid/organization-identifier"
+ZIP_CONTENT_TYPE = "application/zip"
+TRANSFER_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://dupflow/send/transfer_load")
+BASE64_CHUNK = 3 * CHUNK_SIZE  # a multiple of 3, so chunks encode without padding in between
+
+
+@step_task("send")
+def send(step: StepInput) -> StepResult:
+    settings = settings_of(step)
+    mode = settings.services.send.send_as
+    step.output_dir.mkdir(parents=True, exist_ok=True)
+    files = sorted(step.files, key=lambda f: (not f.core, f.name))
+    if mode == "direct_resource_load":
+        refuse_csv_input(files)
+        reports = [commit_each(send_file_direct, step, f.name, f.size) for f in files]
+        summary = {"transactions": sum(r["batches"] for r in reports), "entries": sum(r["entries"] for r in reports)}
+    elif mode == "transfer_load":
+        reports = [commit_each(send_file_binary, step, f.name, f.size) for f in files]
+        document = commit_each(send_document_reference, step, [r["binary"] for r in reports])
+        summary = {"document_reference": document, "binaries": [r["binary"] for r in reports]}
+    elif mode == "s3_upload":
+        reports = [commit_each(send_file_s3, step, f.name, f.size) for f in files]
+        summary = {"bucket": settings.services.send.s3.bucket, "objects": [r["key"] for r in reports]}
+    else:
+        raise StepError(f"services.send.send_as is {mode!r}; set one of direct_resource_load, transfer_load, s3_upload")
+    return step.result(files, folder=step.input_dir, mode=mode, files_sent=len(files), **summary)
+
+
+@file_task("send-file-direct", "send[{name}]")
+def send_file_direct(step: StepInput, name: str, size: int) -> dict[str, Any]:
+    settings = settings_of(step)
+    with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
+        return send_resources(
+            server,
+            step.input_dir / name,
+            step.output_dir,
+            job_id=step.job_id,
+            batch_size=effective_batch_size(settings.services.send.batch_size),
+            max_line_bytes=settings.pipeline.max_ndjson_line_size_bytes,
+        ).as_dict()
+
+
+@file_task("send-file-binary", "send[{name}]")
+def send_file_binary(step: StepInput, name: str, size: int) -> dict[str, Any]:
+    settings = settings_of(step)
+    with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
+        binary = send_binary(server, step.input_dir / name, binary_id(step.job_id, name), step.output_dir)
+    return {"binary": binary}
+
+
+@file_task("send-document-reference", "send[DocumentReference]")
+def send_document_reference(step: StepInput, binaries: list[dict[str, Any]]) -> str:
+    settings = settings_of(step)
+    with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
+        return put_document_reference(
+            server, step.output_dir / "transfer.json", step.job_id, binaries, settings.services.send.transfer
+        )
+
+
+@file_task("send-file-s3", "send[{name}]")
+def send_file_s3(step: StepInput, name: str, size: int) -> dict[str, Any]:
+    from tasks.clients.s3 import S3Uploader
+
+    settings = settings_of(step)
+    uploader = S3Uploader(settings.services.send, settings.tls, settings.retry, step.output_dir / "s3-manifest.json")
+    try:
+        uploaded = uploader.upload(step.input_dir / name, object_key(step, name))
+    finally:
+        uploader.close()
+    return {"key": uploaded.key, "size": uploaded.size, "etag": uploaded.etag}
+
+
+# --- checks -------------------------------------------------------------------------------------------------
+
+
+def refuse_csv_input(files: list[DataFile]) -> None:
+    """direct_resource_load sends FHIR resources; flattened CSV files cannot be loaded into a FHIR server."""
+    csv = [f.name for f in files if not f.name.endswith((".ndjson", ".ndjson.zst"))]
+    if csv:
+        raise StepError(
+            f"send_as direct_resource_load loads FHIR resources (NDJSON) into a server, but the input holds "
+            f"{', '.join(csv)}; put send before flattening in pipeline.enabled_steps, or send the CSV files "
+            "with send_as transfer_load or s3_upload"
+        )
+
+
+def effective_batch_size(batch_size: int) -> int:
+    """``services.send.batch_size``; 0 means the default of 100."""
+    return batch_size or DEFAULT_BATCH_SIZE
+
+
+def object_key(step: StepInput, name: str) -> str:
+    """``<job id>/<path relative to the step's input folder>``."""
+    return f"{step.job_id}/{(step.input_dir / name).relative_to(step.input_dir).as_posix()}"
+
+
+# --- direct_resource_load: batches --------------------------------------------------------------------------
+
+
+@dataclass
+class Batch:
+    """One transaction's entries (JSON bytes each), their labels (Type/id) and where the next batch starts."""
+
+    number: int
+    entries: list[bytes] = field(default_factory=list)
+    labels: list[str] = field(default_factory=list)
+    next_line: int = 0
+    next_entry: int = 0
+
+    def body(self) -> bytes:
+        return b'{"resourceType":"Bundle","type":"transaction","entry":[' + b",".join(self.entries) + b"]}"
+
+
+def iter_batches(
+    source: Path,
+    batch_size: int,
+    *,
+    tag_prefix: str,
+    max_line_bytes: int,
+    start_line: int = 0,
+    start_entry: int = 0,
+    first_number: int = 1,
+) -> Iterator[Batch]:
+    """The transaction batches of ``source``, from entry ``start_entry`` of line ``start_line`` on.
+
+    Lines before ``start_line`` are skipped unparsed. A batch's ``next_line``/``next_entry`` is the position
+    right after its last entry, which is where a resumed run starts.
+    """
+    batch = Batch(first_number)
+    for line_number, line in iter_lines(source, max_line_bytes):
+        if line_number < start_line:
+            continue
+        skip = start_entry if line_number == start_line else 0
+        for index, (entry, label) in enumerate(line_entries(source, line_number, line, tag_prefix)):
+            if index < skip:
+                continue
+            batch.entries.append(entry)
+            batch.labels.append(label)
+            batch.next_line, batch.next_entry = line_number, index + 1
+            if len(batch.entries) == batch_size:
+                yield batch
+                batch = Batch(batch.number + 1)
+    if batch.entries:
+        yield batch
+
+
+def line_entries(source: Path, line_number: int, line: bytes, tag_prefix: str) -> Iterator[tuple[bytes, str]]:
+    """The transaction entries of one NDJSON line: the resource, or the resources of an unwrapped Bundle."""
+    try:
+        resource = parse_resource(source, line_number, line)
+    except NdjsonError as exc:
+        raise StepError(str(exc)) from exc
+    where = f"{source.name} line {line_number}"
+    if resource.get("resourceType") == "Bundle" and resource.get("type") in UNWRAPPED_BUNDLE_TYPES:
+        for index, item in enumerate(resource.get("entry") or []):
+            inner = item.get("resource") if isinstance(item, dict) else None
+            if isinstance(inner, dict):
+                tag = f"{tag_prefix}:{line_number}:{index}"
+                yield transaction_entry(inner, None, tag, f"{where} entry {index + 1}", item.get("fullUrl"))
+        return
+    yield transaction_entry(resource, line, f"{tag_prefix}:{line_number}", where)
+
+
+def transaction_entry(
+    resource: dict, raw: bytes | None, tag: str, where: str, full_url: str | None = None
+) -> tuple[bytes, str]:
+    """``(entry JSON, "Type/id")``: ``PUT Type/id`` with an id; otherwise a conditional ``POST Type`` on a tag.
+
+    ``raw`` is the resource's JSON as read (sent as is, saving a re-serialisation) or None.
+    """
+    resource_type, resource_id = resource.get("resourceType"), resource.get("id")
+    if not isinstance(resource_type, str) or not resource_type:
+        raise StepError(f"{where}: the resource has no resourceType; it cannot be sent to a FHIR server")
+    if resource_id is not None and not isinstance(resource_id, str):
+        raise StepError(f"{where}: {resource_type}.id is not a string")
+    prefix = b'{"fullUrl":' + orjson.dumps(full_url) + b"," if full_url else b"{"
+    if resource_id:
+        label = f"{resource_type}/{resource_id}"
+        request = {"method": "PUT", "url": label}
+        body = raw if raw is not None else orjson.dumps(resource)
+    else:
+        label = f"{resource_type} (no id)"
+        code = entry_tag(tag)
+        request = {"method": "POST", "url": resource_type, "ifNoneExist": f"_tag={SEND_ENTRY_TAG_SYSTEM}|{code}"}
+        body = orjson.dumps(with_tag(resource, code))
+    return prefix + b'"resource":' + body + b',"request":' + orjson.dumps(request) + b"}", label
+
+
+def entry_tag(position: str) -> str:
+    """The tag code of a POST entry: stable for the job, file and position, short."""
+    return hashlib.sha256(position.encode()).hexdigest()[:32]
+
+
+def with_tag(resource: dict, code: str) -> dict:
+    meta = dict(resource.get("meta") or {})
+    meta["tag"] = [*(meta.get("tag") or []), {"system": SEND_ENTRY_TAG_SYSTEM, "code": code}]
+    return {**resource, "meta": meta}
+
+
+# --- direct_resource_load: one file ---------------------------------------------------------------------------
+
+
+@dataclass
+class DirectReport:
+    file: str
+    batches: int = 0
+    entries: int = 0
+    resumed_at_batch: int | None = None
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "batches": self.batches,
+            "entries": self.entries,
+            "resumed_at_batch": self.resumed_at_batch,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+class BatchProgress:
+    """Where sending a file stands: ``send/progress/<file>.json``, rewritten (temporary name, rename) per batch.
+
+    It belongs to one input (name, size) and batch size; a record for anything else is ignored and the file is
+    sent from the start (safe: PUTs and conditional creates do not duplicate).
+    """
+
+    def __init__(self, path: Path, identity: dict[str, Any]):
+        self.path = path
+        self.identity = identity
+        self.state = {"batches": 0, "entries": 0, "next_line": 0, "next_entry": 0, "complete": False}
+        try:
+            stored = orjson.loads(path.read_bytes())
+        except (OSError, orjson.JSONDecodeError):
+            return
+        if stored.get("identity") == identity:
+            self.state.update({key: stored[key] for key in self.state if key in stored})
+        else:
+            log.warning("%s: progress record is for another input or batch size; sending from the start", path.name)
+
+    def record(self, batch: Batch, complete: bool = False) -> None:
+        self.state.update(
+            batches=batch.number,
+            entries=self.state["entries"] + len(batch.entries),
+            next_line=batch.next_line,
+            next_entry=batch.next_entry,
+            complete=complete,
+        )
+        self._write()
+
+    def finish(self) -> None:
+        self.state["complete"] = True
+        self._write()
+
+    def _write(self) -> None:
+        write_file_atomically(self.path, orjson.dumps({"identity": self.identity, **self.state}))
+
+
+def send_resources(
+    server: FhirServer, source: Path, records: Path, *, job_id: str, batch_size: int, max_line_bytes: int
+) -> DirectReport:
+    """Send every resource of ``source`` in transactions of at most ``batch_size`` entries, resuming from the
+    file's progress record in ``records`` (the step's folder)."""
+    started = time.monotonic()
+    identity = {"file": source.name, "size": source.stat().st_size, "batch_size": batch_size}
+    progress = BatchProgress(records / "progress" / f"{source.name}.json", identity)
+    report = DirectReport(source.name)
+    if progress.state["complete"]:
+        report.batches, report.entries = progress.state["batches"], progress.state["entries"]
+        return report
+    if progress.state["batches"]:
+        report.resumed_at_batch = progress.state["batches"] + 1
+        log.info("%s: resuming at batch %d", source.name, report.resumed_at_batch)
+    batches = iter_batches(
+        source,
+        batch_size,
+        tag_prefix=f"{job_id}:{source.name}",
+        max_line_bytes=max_line_bytes,
+        start_line=progress.state["next_line"],
+        start_entry=progress.state["next_entry"],
+        first_number=progress.state["batches"] + 1,
+    )
+    for batch in batches:
+        send_batch(server, source.name, batch, records / "failed")
+        progress.record(batch)
+    progress.finish()
+    report.batches, report.entries = progress.state["batches"], progress.state["entries"]
+    report.seconds = time.monotonic() - started
+    log.info("%s: %d entries sent in %d transactions", source.name, report.entries, report.batches)
+    return report
+
+
+def send_batch(server: FhirServer, name: str, batch: Batch, failed_dir: Path) -> None:
+    """One transaction; a rejection stops the step with a message naming the file, batch and first failing entry,
+    after keeping the request and the answer in ``failed_dir``."""
+    body = batch.body()
+    try:
+        server.transaction(body, len(batch.entries))
+    except ServiceError as exc:
+        answer = exc.response_text if isinstance(exc, TransactionRejected) else f"no answer: {exc}\n"
+        kept = keep_failed_batch(failed_dir, name, batch.number, body, answer)
+        raise StepError(
+            rejection_message(name, batch, exc) + kept, status_code=exc.status_code, transient=exc.transient
+        ) from exc
+
+
+def rejection_message(name: str, batch: Batch, exc: ServiceError) -> str:
+    where = f"{name}: batch {batch.number} ({len(batch.entries)} entries)"
+    if not isinstance(exc, TransactionRejected):
+        return f"{where} could not be sent: {exc}"
+    status = f"HTTP {exc.status_code}" if exc.status_code is not None else "no status"
+    outcome = exc.outcome or exc.message
+    entry = failing_entry(batch.labels, exc.failed_entry, outcome)
+    return f"{where} was rejected ({status}); first failing entry: {entry}; the server says: {outcome}"
+
+
+def failing_entry(labels: list[str], index: int | None, outcome: str) -> str:
+    """The failing entry as the server named it: by index, else by a Type/id or a resource type in its text."""
+    if index is not None and 0 <= index < len(labels):
+        return f"entry {index + 1} ({labels[index]})"
+    named = [i for i, label in enumerate(labels) if label in outcome]
+    if not named:
+        types = {label.split("/")[0].split(" ")[0] for label in labels}
+        mentioned = [t for t in types if re.search(rf"\b{re.escape(t)}\b", outcome)]
+        named = [i for i, label in enumerate(labels) if label.split("/")[0].split(" ")[0] in mentioned]
+    if len(named) == 1:
+        return f"entry {named[0] + 1} ({labels[named[0]]})"
+    if named:
+        return (
+            "one of " + ", ".join(f"entry {i + 1} ({labels[i]})" for i in named[:5]) + (", …" if len(named) > 5 else "")
+        )
+    return "not named by the server"
+
+
+def keep_failed_batch(failed_dir: Path, name: str, number: int, body: bytes, answer: str) -> str:
+    """Write the rejected request and the answer; returns the sentence that says where (or why not)."""
+    stem = failed_dir / f"{name}-batch-{number}"
+    try:
+        write_file_atomically(stem.with_name(stem.name + ".request.json"), body)
+        write_file_atomically(stem.with_name(stem.name + ".response.txt"), answer.encode())
+    except OSError as exc:
+        log.warning("could not keep the rejected batch in %s: %s", failed_dir, exc)
+        return f". (The request could not be kept in {failed_dir}: {exc.strerror or exc})"
+    return f". The request and the answer are in {stem}.request.json and {stem.name}.response.txt"
+
+
+# --- transfer_load ----------------------------------------------------------------------------------------------
+
+
+def binary_id(job_id: str, name: str) -> str:
+    """The Binary id of one input file: the same for every run of the job."""
+    return str(uuid.uuid5(TRANSFER_NAMESPACE, f"{job_id}/Binary/{name}"))
+
+
+def document_reference_id(job_id: str) -> str:
+    return str(uuid.uuid5(TRANSFER_NAMESPACE, f"{job_id}/DocumentReference"))
+
+
+def zip_entry_name(name: str) -> str:
+    """The file's name inside the zip: without ``.zst``, since the content is decompressed."""
+    return name[: -len(".zst")] if name.endswith(".zst") else name
+
+
+def send_binary(server: FhirServer, source: Path, resource_id: str, work_dir: Path) -> dict[str, Any]:
+    """PUT ``Binary/<id>`` holding ``source`` decompressed and zipped; the zip goes through a temporary file and
+    its base64 is streamed into the request, so memory stays flat whatever the file size."""
+    started = time.monotonic()
+    temporary = work_dir / f".{source.name}.zip.part"
+    try:
+        zip_data_file(source, temporary)
+        body, length = binary_body(resource_id, temporary)
+        server.put("Binary", resource_id, body, length=length)
+        zip_size = temporary.stat().st_size
+    finally:
+        temporary.unlink(missing_ok=True)
+    log.info("%s: sent as Binary/%s (%d bytes zipped)", source.name, resource_id, zip_size)
+    return {
+        "file": source.name,
+        "id": resource_id,
+        "title": zip_entry_name(source.name),
+        "zip_size": zip_size,
+        "seconds": round(time.monotonic() - started, 3),
+    }
+
+
+def zip_data_file(source: Path, dest: Path) -> None:
+    """``source`` (zstd decompressed when it is zstd) as the single entry of the zip ``dest``."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(dest, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as archive:
+        with archive.open(zip_entry_name(source.name), "w", force_zip64=True) as entry:
+            try:
+                for chunk in iter_chunks(source):
+                    entry.write(chunk)
+            except NdjsonError as exc:
+                raise StepError(str(exc)) from exc
+
+
+def binary_body(resource_id: str, zip_path: Path) -> tuple[Any, int]:
+    """A function streaming the Binary's JSON (base64 of the zip encoded on the fly) and its length in bytes."""
+    head = orjson.dumps({"resourceType": "Binary", "id": resource_id, "contentType": ZIP_CONTENT_TYPE})
+    prefix, suffix = head[:-1] + b',"data":"', b'"}'
+    size = zip_path.stat().st_size
+
+    def stream() -> Iterator[bytes]:
+        yield prefix
+        with open(zip_path, "rb") as data:
+            while chunk := data.read(BASE64_CHUNK):
+                yield base64.b64encode(chunk)
+        yield suffix
+
+    return stream, len(prefix) + 4 * ((size + 2) // 3) + len(suffix)
+
+
+def document_reference(
+    resource_id: str, binaries: list[dict[str, Any]], transfer: TransferSettings, date: str
+) -> dict[str, Any]:
+    """The job's one DocumentReference: the fields protocols.md lists, one attachment per Binary.
+
+    The project identifier is also an ``identifier``, because some servers search ``identifier`` only over that
+    element (the DSF's HAPI also covers ``masterIdentifier``).
+    """
+    project = {"system": PROJECT_IDENTIFIER_SYSTEM, "value": transfer.project_identifier}
+    return {
+        "resourceType": "DocumentReference",
+        "id": resource_id,
+        "masterIdentifier": project,
+        "identifier": [project],
+        "status": "current",
+        "docStatus": "final",
+        "date": date,
+        "author": [
+            {
+                "type": "Organization",
+                "identifier": {"system": ORGANIZATION_IDENTIFIER_SYSTEM, "value": transfer.organization_identifier},
+            }
+        ],
+        "content": [
+            {"attachment": {"contentType": ZIP_CONTENT_TYPE, "url": f"Binary/{b['id']}", "title": b["title"]}}
+            for b in binaries
+        ],
+    }
+
+
+def put_document_reference(
+    server: FhirServer, record: Path, job_id: str, binaries: list[dict[str, Any]], transfer: TransferSettings
+) -> str:
+    """PUT the job's DocumentReference (same id and date on every run of the job); returns ``DocumentReference/<id>``.
+
+    ``record`` (``send/transfer.json``) keeps the id, the date and whether it was written.
+    """
+    resource_id = document_reference_id(job_id)
+    try:
+        state = orjson.loads(record.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        state = {}
+    if state.get("id") != resource_id:
+        state = {"id": resource_id, "date": datetime.now(UTC).isoformat(timespec="seconds"), "written": False}
+    state["binaries"] = [b["id"] for b in binaries]
+    write_file_atomically(record, orjson.dumps(state))
+    resource = document_reference(resource_id, binaries, transfer, state["date"])
+    server.put("DocumentReference", resource_id, orjson.dumps(resource))
+    state["written"] = True
+    write_file_atomically(record, orjson.dumps(state))
+    log.info("DocumentReference/%s written with %d attachments", resource_id, len(binaries))
+    return f"DocumentReference/{resource_id}"

@@ -1,0 +1,193 @@
+"""A small fake FHIR server for the send step's faults a real server does not produce on demand.
+
+It speaks just enough of the FHIR REST API: ``POST /fhir`` with a transaction Bundle (answered with a
+``transaction-response``, one ``201 Created`` per entry) and ``PUT /fhir/<Type>/<id>`` (answered with the stored
+resource's id, the body itself is only counted). Fault switches (``FhirFakeState``):
+
+- ``unavailable``: the next n requests get 503 with an OperationOutcome (a 503 storm);
+- ``reset_mid_response``: the next n requests are read in full, then the connection is closed half-way through
+  the answer's headers (an ambiguous failure: the server did the work, the client never hears of it);
+- ``fail_entry``: the 0-based index of an entry that fails with ``422`` and an OperationOutcome inside an
+  otherwise 200 ``transaction-response`` (``fail_entry_once`` to fail one transaction only);
+- ``oauth``: an ``OAuthState`` (tests/fakes/oauth.py) whose tokens are required; a request with an unknown or
+  revoked token gets 401, so a client must fetch a fresh token and try once more.
+
+Every request is recorded (method, path, entries or body bytes); transaction entries are kept per ``Type/id`` (or
+conditional-create tag) so a test can count what arrived, and how often.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+from tests.fakes._server import LoopbackServer, serve_forever_cli
+from tests.fakes.oauth import OAuthState
+
+FHIR_JSON = "application/fhir+json"
+READ_CHUNK = 1 << 20
+
+
+@dataclass
+class FhirFakeState:
+    unavailable: int = 0
+    reset_mid_response: int = 0
+    fail_entry: int | None = None
+    fail_entry_once: bool = False
+    oauth: OAuthState | None = None
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    applied: Counter = field(default_factory=Counter)  # Type/id or POST tag -> times a transaction applied it
+    put_bytes: dict[str, int] = field(default_factory=dict)  # Type/id -> body size of the last PUT
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.unavailable = self.reset_mid_response = 0
+            self.fail_entry, self.fail_entry_once, self.oauth = None, False, None
+            self.requests.clear()
+            self.applied.clear()
+            self.put_bytes.clear()
+
+    def take(self, switch: str) -> bool:
+        """Consume one unit of a counting fault switch."""
+        with self.lock:
+            if getattr(self, switch) > 0:
+                setattr(self, switch, getattr(self, switch) - 1)
+                return True
+            return False
+
+    @property
+    def transactions(self) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r["method"] == "POST"]
+
+
+def outcome(code: str, text: str) -> dict:
+    return {"resourceType": "OperationOutcome", "issue": [{"severity": "error", "code": code, "diagnostics": text}]}
+
+
+def entry_key(entry: dict) -> str:
+    request = entry.get("request") or {}
+    if request.get("method") == "POST":
+        return f"{request.get('url')}?{request.get('ifNoneExist', '')}"
+    return str(request.get("url"))
+
+
+class FhirHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "FakeFhir/1.0"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    @property
+    def state(self) -> FhirFakeState:
+        return self.server.state
+
+    def do_POST(self) -> None:
+        body = self._read_body()
+        if self._refused():
+            return
+        if self.path.rstrip("/") != "/fhir":
+            return self._send(404, outcome("not-found", f"no route {self.path}"))
+        try:
+            bundle = json.loads(body)
+        except ValueError:
+            return self._send(400, outcome("structure", "body is not JSON"))
+        entries = bundle.get("entry") or []
+        with self.state.lock:
+            self.state.requests.append(
+                {"method": "POST", "path": self.path, "entries": [entry_key(e) for e in entries]}
+            )
+            failing = self.state.fail_entry
+            if self.state.fail_entry_once:
+                self.state.fail_entry = None
+        if failing is not None and failing < len(entries):
+            answers = [{"response": {"status": "200 OK"}} for _ in entries]
+            answers[failing] = {
+                "response": {
+                    "status": "422 Unprocessable Entity",
+                    "outcome": outcome("processing", f"{entry_key(entries[failing])}: profile validation failed"),
+                }
+            }
+            return self._send(200, {"resourceType": "Bundle", "type": "transaction-response", "entry": answers})
+        with self.state.lock:
+            self.state.applied.update(entry_key(e) for e in entries)
+        if self.state.take("reset_mid_response"):
+            return self._reset()
+        answers = [{"response": {"status": "201 Created", "location": f"{entry_key(e)}/_history/1"}} for e in entries]
+        self._send(200, {"resourceType": "Bundle", "type": "transaction-response", "entry": answers})
+
+    def do_PUT(self) -> None:
+        size = self._count_body()
+        if self._refused():
+            return
+        parts = [p for p in self.path.split("?")[0].split("/") if p]
+        if len(parts) != 3 or parts[0] != "fhir":
+            return self._send(404, outcome("not-found", f"no route {self.path}"))
+        key = f"{parts[1]}/{parts[2]}"
+        with self.state.lock:
+            self.state.requests.append({"method": "PUT", "path": self.path, "bytes": size})
+            created = key not in self.state.put_bytes
+            self.state.put_bytes[key] = size
+            self.state.applied[key] += 1
+        if self.state.take("reset_mid_response"):
+            return self._reset()
+        self._send(201 if created else 200, {"resourceType": parts[1], "id": parts[2]})
+
+    def _refused(self) -> bool:
+        """Answer a fault (503, 401) instead of the request; True when one was answered."""
+        if self.state.take("unavailable"):
+            self._send(503, outcome("transient", "the server is busy, try again later"))
+            return True
+        oauth = self.state.oauth
+        if oauth is not None:
+            header = self.headers.get("Authorization", "")
+            token = header[len("Bearer ") :] if header.startswith("Bearer ") else ""
+            if not oauth.is_valid(token):
+                self._send(401, outcome("login", "the access token is missing, expired or revoked"))
+                return True
+        return False
+
+    def _read_body(self) -> bytes:
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def _count_body(self) -> int:
+        """Read and discard the body (a Binary may be large), returning its size."""
+        remaining = int(self.headers.get("Content-Length") or 0)
+        size = remaining
+        while remaining:
+            chunk = self.rfile.read(min(READ_CHUNK, remaining))
+            if not chunk:
+                break
+            remaining -= len(chunk)
+        return size
+
+    def _send(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", FHIR_JSON)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _reset(self) -> None:
+        """Start the answer, then reset the connection (RST) half-way through its headers."""
+        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/fhir+json\r\n")
+        self.wfile.flush()
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.connection.close()
+        self.close_connection = True
+
+
+def start_fhir_fake(state: FhirFakeState | None = None) -> LoopbackServer:
+    return LoopbackServer(FhirHandler, state or FhirFakeState()).start()
+
+
+if __name__ == "__main__":
+    serve_forever_cli(FhirHandler, FhirFakeState(), "fake FHIR server")

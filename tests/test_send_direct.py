@@ -1,0 +1,386 @@
+"""direct_resource_load: transactions against the real sekmet-fhir server (what it stores is searched back), and
+the faults only the fake produces (503 storms, resets, a failed entry, 401 then a fresh token)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import zstandard
+
+from config.settings import Settings
+from tasks.clients.fhir_server import FhirServer
+from tasks.contract import DataFile
+from tasks.errors import StepError
+from tasks.send import (
+    SEND_ENTRY_TAG_SYSTEM,
+    effective_batch_size,
+    entry_tag,
+    iter_batches,
+    refuse_csv_input,
+    send_resources,
+)
+from tests.conftest import REPO_ROOT, TESTDATA
+from tests.fakes.fhir_server import start_fhir_fake
+from tests.fakes.oauth import OAuthHandler, OAuthState, REALM_PATH
+from tests.fakes._server import LoopbackServer
+from tests.sekmet import PASSWORD, USERNAME, start_sekmet, without_meta
+
+MB = 1024 * 1024
+BLAZE_BUNDLE = TESTDATA / "extraction" / "BlazeBundle.json"
+TORCH_RESULT = TESTDATA / "extraction" / "example-result" / "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson"
+
+
+@pytest.fixture(scope="module")
+def sekmet(tmp_path_factory):
+    server = start_sekmet(tmp_path_factory.mktemp("sekmet"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def fake():
+    server = start_fhir_fake()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fhir_fake(fake):
+    fake.state.reset()
+    return fake
+
+
+def settings_for(url: str, *, basic: bool = True, **send: Any) -> Settings:
+    auth = {"username": USERNAME, "password": PASSWORD} if basic else {}
+    return Settings.model_validate(
+        {
+            "pipeline": {"enabled_steps": ["local_import"]},
+            "services": {"send": {"send_as": "direct_resource_load", "url": url, "auth": auth, **send}},
+            "retry": {"max_attempts": 3, "initial_backoff_ms": 10, "max_backoff_ms": 50},
+        }
+    )
+
+
+def send_file(url: str, source: Path, records: Path, *, batch_size: int = 100, job_id: str = "job-1", **options):
+    settings = settings_for(url, **options)
+    with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
+        return send_resources(server, source, records, job_id=job_id, batch_size=batch_size, max_line_bytes=16 * MB)
+
+
+def write_ndjson(path: Path, resources: list[dict], *, zstd: bool = False) -> Path:
+    data = b"".join(orjson.dumps(r) + b"\n" for r in resources)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(zstandard.ZstdCompressor().compress(data) if zstd else data)
+    return path
+
+
+def generated(count: int, prefix: str, seed: int = 7) -> list[dict]:
+    """Patients and their Observations with varied content; ids start with ``prefix``."""
+    rng = random.Random(seed)
+    resources: list[dict] = []
+    for i in range(count):
+        if i % 3 == 0:
+            resources.append(
+                {"resourceType": "Patient", "id": f"{prefix}-p{i}", "gender": rng.choice(["male", "female"])}
+            )
+        else:
+            patient = f"{prefix}-p{i - i % 3}"
+            resources.append(
+                {
+                    "resourceType": "Observation",
+                    "id": f"{prefix}-o{i}",
+                    "status": "final",
+                    "code": {"coding": [{"system": "http://loinc.org", "code": f"{rng.randint(1000, 9999)}-{i % 10}"}]},
+                    "subject": {"reference": f"Patient/{patient}"},
+                    "valueQuantity": {"value": round(rng.uniform(0, 200), 2), "unit": "mg/dL"},
+                }
+            )
+    return resources
+
+
+def stored_as_sent(sekmet, resources: list[dict]) -> dict[str, dict]:
+    """Every resource is on the server as it was sent; returns what the server holds, by Type/id."""
+    stored = sekmet.stored(resources)
+    for resource in resources:
+        label = f"{resource['resourceType']}/{resource['id']}"
+        assert label in stored, f"{label} is not on the server"
+        assert without_meta(stored[label]) == without_meta(resource)
+    return stored
+
+
+# --- against the real server --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("zstd", [False, True])
+def test_real_torch_data_lands_on_the_server_as_it_was(sekmet, tmp_path, zstd):
+    """The TORCH result file (one transaction Bundle per line) and the test patients, plain and zstd."""
+    blaze = json.loads(BLAZE_BUNDLE.read_text())
+    batch_file = write_ndjson(tmp_path / "in" / "batch-1.ndjson", [blaze], zstd=zstd)
+    torch_file = tmp_path / "in" / "b4a838f8.ndjson"
+    torch_file.write_bytes(TORCH_RESULT.read_bytes())
+
+    first = send_file(sekmet.url, batch_file, tmp_path / "send", batch_size=10)
+    second = send_file(sekmet.url, torch_file, tmp_path / "send", batch_size=0)
+
+    assert (first.entries, first.batches) == (23, 3)
+    stored_as_sent(sekmet, [entry["resource"] for entry in blaze["entry"]])
+    torch_bundle = json.loads(TORCH_RESULT.read_text())
+    stored_as_sent(sekmet, [entry["resource"] for entry in torch_bundle["entry"]])
+    assert second.entries == len(torch_bundle["entry"])
+
+
+def test_generated_resources_in_batches_all_arrive_once(sekmet, tmp_path):
+    prefix = uuid.uuid4().hex[:8]
+    resources = generated(95, prefix)
+    source = write_ndjson(tmp_path / "core.ndjson", resources, zstd=True)
+
+    report = send_file(sekmet.url, source, tmp_path / "send", batch_size=10)
+
+    assert (report.batches, report.entries) == (10, 95)
+    stored = stored_as_sent(sekmet, resources)
+    assert {resource["meta"]["versionId"] for resource in stored.values()} == {"1"}
+
+
+def test_resources_without_id_are_created_once_even_when_the_batch_is_sent_again(sekmet, tmp_path):
+    """POST entries are conditional creates on a stable tag: a batch re-sent (its answer lost, or a resumed job
+    whose progress record missed it) does not create them twice."""
+    job = uuid.uuid4().hex
+    no_ids = [{"resourceType": "Observation", "status": "final", "code": {"text": f"x{i}"}} for i in range(5)]
+    source = write_ndjson(tmp_path / "core.ndjson", no_ids)
+
+    send_file(sekmet.url, source, tmp_path / "send", job_id=job)
+    (tmp_path / "send" / "progress" / "core.ndjson.json").unlink()  # as if killed before the record was written
+    send_file(sekmet.url, source, tmp_path / "send", job_id=job)
+
+    for line in range(1, 6):
+        tagged = sekmet.search("Observation", _tag=f"{SEND_ENTRY_TAG_SYSTEM}|{entry_tag(f'{job}:core.ndjson:{line}')}")
+        assert len(tagged) == 1
+        assert tagged[0]["code"] == {"text": f"x{line - 1}"}
+
+
+def test_a_rejected_batch_names_file_batch_entry_and_the_servers_text_and_is_kept(sekmet, tmp_path):
+    prefix = uuid.uuid4().hex[:8]
+    resources = generated(12, prefix)
+    resources[7] = {"resourceType": "NotAType", "id": f"{prefix}-bad"}
+    source = write_ndjson(tmp_path / "batch-3.ndjson", resources)
+
+    with pytest.raises(StepError) as caught:
+        send_file(sekmet.url, source, tmp_path / "send", batch_size=5)
+
+    message = str(caught.value)
+    assert "batch-3.ndjson: batch 2 (5 entries)" in message
+    assert f"entry 3 (NotAType/{prefix}-bad)" in message
+    assert "NotAType' is not supported" in message  # sekmet's OperationOutcome text
+    kept = tmp_path / "send" / "failed"
+    request = json.loads((kept / "batch-3.ndjson-batch-2.request.json").read_bytes())
+    assert [e["resource"]["id"] for e in request["entry"]] == [r["id"] for r in resources[5:10]]
+    assert "HTTP 404" in (kept / "batch-3.ndjson-batch-2.response.txt").read_text()
+    assert sekmet.read("Patient", f"{prefix}-p0") is not None  # batch 1 went through
+    assert sekmet.read("Patient", f"{prefix}-p6") is None  # batch 2 was rolled back as a whole
+
+
+def test_bundles_are_unwrapped_into_entries_and_a_batch_counts_entries(tmp_path):
+    resources = generated(7, "u")
+    collection = {"resourceType": "Bundle", "type": "collection", "entry": [{"resource": r} for r in resources[:4]]}
+    searchset = {"resourceType": "Bundle", "type": "searchset", "entry": [{"resource": r} for r in resources[4:6]]}
+    document = {"resourceType": "Bundle", "id": "doc-1", "type": "document", "entry": [{"resource": resources[6]}]}
+    source = write_ndjson(tmp_path / "x.ndjson", [collection, searchset, document])
+
+    batches = list(iter_batches(source, 3, tag_prefix="t", max_line_bytes=MB))
+
+    assert [b.labels for b in batches] == [
+        ["Patient/u-p0", "Observation/u-o1", "Observation/u-o2"],
+        ["Patient/u-p3", "Observation/u-o4", "Observation/u-o5"],
+        ["Bundle/doc-1"],
+    ]
+    assert [(b.next_line, b.next_entry) for b in batches] == [(1, 3), (2, 2), (3, 1)]
+    resumed = list(iter_batches(source, 3, tag_prefix="t", max_line_bytes=MB, start_line=2, start_entry=1))
+    assert [b.labels for b in resumed] == [["Observation/u-o5", "Bundle/doc-1"]]
+
+
+def test_batch_size_zero_means_one_hundred(fhir_fake, tmp_path):
+    source = write_ndjson(tmp_path / "core.ndjson", generated(250, "z"))
+
+    report = send_file(fhir_fake.base_url, source, tmp_path / "send", batch_size=effective_batch_size(0))
+
+    assert [len(t["entries"]) for t in fhir_fake.state.transactions] == [100, 100, 50]
+    assert report.batches == 3
+
+
+def test_csv_input_is_refused_with_a_way_out():
+    with pytest.raises(StepError, match="send_as transfer_load or s3_upload"):
+        refuse_csv_input(
+            [DataFile(name="core.ndjson", size=1, resources=1), DataFile(name="Patient.csv", size=1, resources=1)]
+        )
+
+
+# --- faults (the fake) --------------------------------------------------------------------------------------
+
+
+def test_a_failed_entry_in_a_200_transaction_response_stops_the_step(fhir_fake, tmp_path):
+    fhir_fake.state.fail_entry = 2
+    source = write_ndjson(tmp_path / "core.ndjson", generated(4, "f"))
+
+    with pytest.raises(StepError) as caught:
+        send_file(fhir_fake.base_url, source, tmp_path / "send")
+
+    message = str(caught.value)
+    assert "core.ndjson: batch 1 (4 entries) was rejected (HTTP 200)" in message
+    assert "entry 3 (Observation/f-o2)" in message
+    assert "profile validation failed" in message
+    assert "422" in (tmp_path / "send" / "failed" / "core.ndjson-batch-1.response.txt").read_text()
+    assert not (tmp_path / "send" / "progress" / "core.ndjson.json").exists()  # nothing was confirmed
+
+
+def test_a_failing_dump_does_not_hide_the_send_error(fhir_fake, tmp_path):
+    fhir_fake.state.fail_entry = 0
+    (tmp_path / "send").mkdir()
+    (tmp_path / "send" / "failed").write_text("a file where the folder should be")
+    source = write_ndjson(tmp_path / "core.ndjson", generated(2, "d"))
+
+    with pytest.raises(StepError) as caught:
+        send_file(fhir_fake.base_url, source, tmp_path / "send")
+
+    assert "entry 1 (Patient/d-p0)" in str(caught.value)
+    assert "could not be kept" in str(caught.value)
+
+
+def test_a_503_storm_is_retried_and_an_endless_one_is_a_transient_failure(fhir_fake, tmp_path):
+    source = write_ndjson(tmp_path / "core.ndjson", generated(3, "s"))
+    fhir_fake.state.unavailable = 2
+
+    assert send_file(fhir_fake.base_url, source, tmp_path / "send").entries == 3
+
+    fhir_fake.state.unavailable = 100
+    with pytest.raises(StepError) as caught:
+        send_file(fhir_fake.base_url, source, tmp_path / "other")
+    assert caught.value.transient
+    assert "HTTP 503" in str(caught.value)
+
+
+def test_a_reset_mid_response_is_retried_and_the_batch_applies_idempotently(fhir_fake, tmp_path):
+    resources = generated(3, "r") + [{"resourceType": "Observation", "status": "final", "code": {"text": "no id"}}]
+    source = write_ndjson(tmp_path / "core.ndjson", resources)
+    fhir_fake.state.reset_mid_response = 1
+
+    send_file(fhir_fake.base_url, source, tmp_path / "send")
+
+    first, again = fhir_fake.state.transactions
+    assert first["entries"] == again["entries"]  # the same batch, sent once more after the lost answer
+    assert first["entries"][:3] == ["Patient/r-p0", "Observation/r-o1", "Observation/r-o2"]
+    assert first["entries"][3].startswith(f"Observation?_tag={SEND_ENTRY_TAG_SYSTEM}|")
+
+
+def test_oauth_401_fetches_a_fresh_token_once_and_succeeds(fhir_fake, tmp_path):
+    oauth = OAuthState()
+    with LoopbackServer(OAuthHandler, oauth) as issuer:
+        fhir_fake.state.oauth = oauth
+        settings = Settings.model_validate(
+            {
+                "pipeline": {"enabled_steps": ["local_import"]},
+                "services": {
+                    "send": {
+                        "send_as": "direct_resource_load",
+                        "url": fhir_fake.base_url,
+                        "auth": {
+                            "oauth_issuer_uri": issuer.base_url + REALM_PATH,
+                            "oauth_client_id": oauth.client_id,
+                            "oauth_client_secret": oauth.client_secret,
+                        },
+                    }
+                },
+            }
+        )
+        source = write_ndjson(tmp_path / "core.ndjson", generated(6, "o"))
+        with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
+            send_resources(server, source, tmp_path / "send", job_id="j", batch_size=3, max_line_bytes=MB)
+            oauth.revoke_all()
+            (tmp_path / "send" / "progress" / "core.ndjson.json").unlink()
+            send_resources(server, source, tmp_path / "send", job_id="j", batch_size=3, max_line_bytes=MB)
+
+    assert len(oauth.token_requests) == 2  # the first token, then one fresh one after the 401
+    assert len(fhir_fake.state.transactions) == 4
+
+
+@pytest.mark.slow  # a second sekmet server
+def test_no_auth_is_possible_against_an_open_server(tmp_path):
+    server = start_sekmet(tmp_path / "open", basic_auth=False)
+    try:
+        resources = generated(4, "n")
+        send_file(server.url, write_ndjson(tmp_path / "core.ndjson", resources), tmp_path / "send", basic=False)
+        stored_as_sent(server, resources)
+    finally:
+        server.stop()
+
+
+# --- resume after kill -9 -----------------------------------------------------------------------------------
+
+KILLABLE_SEND = """
+import sys
+from pathlib import Path
+from tests.test_send_direct import send_file
+url, source, records, job = sys.argv[1:5]
+send_file(url, Path(source), Path(records), batch_size=10, job_id=job)
+"""
+
+
+@pytest.mark.slow
+def test_kill_9_mid_file_then_continue_resumes_at_the_first_unsent_batch(sekmet, tmp_path):
+    job, prefix = uuid.uuid4().hex, uuid.uuid4().hex[:8]
+    resources = generated(1500, prefix)
+    for r in resources[::50]:
+        del r["id"]  # some POST entries, which must still arrive exactly once
+    source = write_ndjson(tmp_path / "batch-1.ndjson", resources, zstd=True)
+    progress = tmp_path / "send" / "progress" / "batch-1.ndjson.json"
+    process = subprocess.Popen(
+        [sys.executable, "-c", KILLABLE_SEND, sekmet.url, str(source), str(tmp_path / "send"), job],
+        cwd=REPO_ROOT,
+        env={k: v for k, v in os.environ.items() if not k.startswith("APP_")} | {"PYTHONPATH": str(REPO_ROOT)},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while recorded_batches(progress) < 5:
+            assert process.poll() is None, "the sender ended before it could be killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        process.wait(timeout=30)
+    killed_at = recorded_batches(progress)
+    assert killed_at < 150
+
+    report = send_file(sekmet.url, source, tmp_path / "send", batch_size=10, job_id=job)
+
+    assert report.resumed_at_batch == killed_at + 1
+    assert (report.batches, report.entries) == (150, 1500)
+    with_ids = [r for r in resources if "id" in r]
+    stored = stored_as_sent(sekmet, with_ids)
+    assert (
+        sum(r["meta"]["versionId"] != "1" for r in stored.values()) <= 10
+    )  # at most the one batch in flight at the kill was sent twice
+    without = [i for i, r in enumerate(resources) if "id" not in r]
+    for index in without:
+        code = entry_tag(f"{job}:batch-1.ndjson:{index + 1}")
+        assert (
+            len(sekmet.search("Observation", _tag=f"{SEND_ENTRY_TAG_SYSTEM}|{code}"))
+            + len(sekmet.search("Patient", _tag=f"{SEND_ENTRY_TAG_SYSTEM}|{code}"))
+            == 1
+        )
+
+
+def recorded_batches(progress: Path) -> int:
+    try:
+        return orjson.loads(progress.read_bytes())["batches"]
+    except (OSError, orjson.JSONDecodeError):
+        return 0
