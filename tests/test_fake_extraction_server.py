@@ -12,12 +12,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+import zstandard
 
 from tests.fakes.extraction_server import ExtractionServer, JobStatus, start_extraction_server
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTDATA = REPO_ROOT.parent / "shared" / "testdata"
 CRTDL_DIR = TESTDATA / "crtdl"
+FHIR_JSON = "application/fhir+json"
 ATTRIBUTE_GROUP_SYSTEM = "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"
 
 
@@ -461,6 +463,33 @@ def test_real_server_transitions_allow_pause_from_pending_and_repeated_cancel(cl
         assert client.post(f"{task}/$cancel").status_code == 200
 
 
+def test_kickoff_and_put_need_a_json_content_type_and_if_match_a_weak_etag(manual, client):
+    body = json.dumps(kickoff_body((CRTDL_DIR / "CRTDL_diagnosis_basic.json").read_bytes()))
+    kickoff = client.post(f"{manual.base_url}/fhir/$extract-data", content=body, headers={"Content-Type": "text/plain"})
+    assert kickoff.status_code == 415 and manual.state.jobs == {}
+    task_url = f"{manual.base_url}/fhir/Task/{job_id(submit(client, manual))}"
+    version = client.get(task_url).json()["meta"]["versionId"]
+    task = json.dumps({"resourceType": "Task", "priority": "asap"})
+
+    strong = client.put(task_url, content=task, headers={"If-Match": f'"{version}"', "Content-Type": FHIR_JSON})
+    assert strong.status_code == 400 and "weak ETag" in strong.json()["issue"][0]["diagnostics"]
+    plain = client.put(task_url, content=task, headers={"If-Match": f'W/"{version}"', "Content-Type": "text/plain"})
+    assert plain.status_code == 415
+    assert client.put(
+        task_url, content=task, headers={"If-Match": f'W/"{version}"', "Content-Type": FHIR_JSON}
+    ).is_success
+
+
+def test_a_put_can_meet_a_version_that_just_moved_on(manual, client):
+    task_url = f"{manual.base_url}/fhir/Task/{job_id(submit(client, manual))}"
+    manual.state.move_version_on_put = 1
+    body = {"resourceType": "Task", "priority": "asap"}
+    version = client.get(task_url).json()["meta"]["versionId"]
+    assert client.put(task_url, json=body, headers={"If-Match": f'W/"{version}"'}).status_code == 409
+    version = client.get(task_url).json()["meta"]["versionId"]
+    assert client.put(task_url, json=body, headers={"If-Match": f'W/"{version}"'}).status_code == 200
+
+
 def test_delete_removes_the_job_and_its_files(manual, client, clock):
     status_url = submit(client, manual)
     finish(clock)
@@ -473,6 +502,70 @@ def test_delete_removes_the_job_and_its_files(manual, client, clock):
     assert client.delete(task_url).status_code == 204
     assert client.delete(task_url).status_code == 404
     assert client.get(file_url).status_code == 404
+
+
+def test_deleted_jobs_files_vanish_later_as_on_the_real_server(client, clock):
+    with start_extraction_server(clock=clock, delete_files_after=30) as server:
+        status_url = submit(client, server)
+        finish(clock)
+        file_url = client.get(status_url).json()["output"][0]["url"]
+        assert client.delete(f"{server.base_url}/fhir/Task/{job_id(status_url)}").status_code == 204
+        assert client.get(status_url).status_code == 404
+        assert client.get(f"{server.base_url}/fhir/Task/{job_id(status_url)}").status_code == 404
+        assert client.get(file_url).status_code == 200  # the job is gone, its files not yet
+        clock.tick(30)
+        assert client.get(file_url).status_code == 404
+        assert not (server.state.workdir / job_id(status_url)).exists()
+
+
+# --- cohort preview -------------------------------------------------------------------------------
+def test_evaluate_cohort_answers_a_list_of_the_matching_patients_without_creating_a_job(srv, client):
+    crtdl = (CRTDL_DIR / "CRTDL_diagnosis_basic.json").read_bytes()
+    answer = client.post(
+        f"{srv.base_url}/fhir/$evaluate-cohort", content=crtdl, headers={"Content-Type": "application/json"}
+    )
+    assert answer.status_code == 200
+    cohort = answer.json()
+    assert (cohort["resourceType"], cohort["mode"]) == ("List", "snapshot")
+    references = [e["item"]["reference"] for e in cohort["entry"]]
+    assert len(references) == 5 and all(r.startswith("Patient/") for r in references)
+    assert srv.state.jobs == {}
+    extracted = srv.state.job(job_id(submit(client, srv))).patient_ids
+    assert tuple(r.removeprefix("Patient/") for r in references) == extracted
+
+    ccdl = json.dumps(json.loads(crtdl)["cohortDefinition"]).encode()
+    bare = client.post(
+        f"{srv.base_url}/fhir/$evaluate-cohort", content=ccdl, headers={"Content-Type": "application/json"}
+    )
+    assert bare.status_code == 200 and len(bare.json()["entry"]) == 5
+
+
+@pytest.mark.parametrize(
+    ("content", "content_type", "status"),
+    [(b'{"foo": 1}', "application/json", 400), (b"{", "application/json", 400), (b"{}", FHIR_JSON, 415)],
+)
+def test_evaluate_cohort_refuses_what_is_no_cohort_definition(srv, client, content, content_type, status):
+    answer = client.post(
+        f"{srv.base_url}/fhir/$evaluate-cohort", content=content, headers={"Content-Type": content_type}
+    )
+    assert answer.status_code == status
+
+
+def test_older_servers_have_no_cohort_preview(client):
+    with start_extraction_server(cohort_preview=False) as server:
+        crtdl = (CRTDL_DIR / "CRTDL_diagnosis_basic.json").read_bytes()
+        answer = client.post(
+            f"{server.base_url}/fhir/$evaluate-cohort", content=crtdl, headers={"Content-Type": "application/json"}
+        )
+        operations = client.get(f"{server.base_url}/fhir/metadata").json()["rest"][0]["operation"]
+    assert answer.status_code == 404
+    assert [o["name"] for o in operations] == ["extract-data"]
+
+
+def test_auth_check_answers_401_to_api_requests_without_the_credentials(client):
+    with start_extraction_server(auth_check=lambda headers: headers.get("x-api-key") == "k") as server:
+        assert client.get(f"{server.base_url}/fhir/Task").status_code == 401
+        assert client.get(f"{server.base_url}/fhir/Task", headers={"X-Api-Key": "k"}).status_code == 200
 
 
 def test_consent_audit_files_are_linked_from_task_output(manual, client, clock):
@@ -540,6 +633,78 @@ def test_files_on_a_second_origin_see_their_own_requests(client, clock):
         file_requests = server.state.requests_to("/files/", origin="files")
     assert len(file_requests) == 1 and file_requests[0].header("Authorization") is None
     assert server.state.requests_to("/fhir/__status/", origin="api")[-1].header("Authorization") == "Bearer api-only"
+
+
+# --- directory mode -------------------------------------------------------------------------------
+@pytest.fixture
+def result_dir(tmp_path) -> Path:
+    """Real TORCH result files: a batch file plain, the same zstd-compressed in a subfolder, and a core file."""
+    source = TESTDATA / "extraction" / "example-result" / "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson"
+    (tmp_path / "results" / "more").mkdir(parents=True)
+    (tmp_path / "results" / "core.ndjson").write_bytes(b"")
+    (tmp_path / "results" / source.name).write_bytes(source.read_bytes())
+    compressed = zstandard.ZstdCompressor().compress(source.read_bytes())
+    (tmp_path / "results" / "more" / "batch-2.ndjson.zst").write_bytes(compressed)
+    (tmp_path / "results" / "notes.txt").write_text("not a result file")
+    return tmp_path / "results"
+
+
+def test_directory_mode_serves_a_directory_as_a_completed_jobs_output(client, result_dir):
+    with start_extraction_server(serve_dir=result_dir) as server:
+        manifest = client.get(server.served_status_url).json()
+        urls = [o["url"] for o in manifest["output"]]
+        base = f"{server.base_url}/files/{server.served_job_id}/"
+        assert urls == [
+            base + "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson",
+            base + "more/batch-2.ndjson.zst",
+            base + "core.ndjson",
+        ]
+        original = (result_dir / "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson").read_bytes()
+        plain = client.get(urls[0])
+        assert plain.content == original and plain.headers["Content-Type"] == "application/fhir+ndjson"
+        compressed = client.get(urls[1])
+        assert zstandard.ZstdDecompressor().decompress(compressed.content) == original
+        assert compressed.headers["Content-Type"] == "application/zstd"
+        head = client.head(urls[0])
+        assert (head.status_code, int(head.headers["Content-Length"])) == (200, len(original))
+        probe = client.get(urls[0], headers={"Range": "bytes=10-19"})
+        assert (probe.status_code, probe.content) == (206, original[10:20])
+        assert client.get(base + "notes.txt").status_code == 404
+        assert client.get(base + "../results/notes.txt").status_code == 404
+
+
+def test_directory_mode_jobs_submitted_later_end_with_the_same_files(client, result_dir):
+    with start_extraction_server(serve_dir=result_dir) as server:
+        status_url = submit(client, server)
+        manifest = poll_until_done(client, status_url).json()
+        names = [o["url"].rsplit(job_id(status_url) + "/", 1)[1] for o in manifest["output"]]
+    assert names == ["b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson", "more/batch-2.ndjson.zst", "core.ndjson"]
+
+
+def test_directory_mode_from_the_command_line(client, result_dir, unused_tcp_port):
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tests.fakes.extraction_server",
+            "--port",
+            str(unused_tcp_port),
+            "--serve-dir",
+            str(result_dir),
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert "listening" in process.stdout.readline()
+        status_url = process.stdout.readline().rsplit(" ", 1)[1].strip()
+        manifest = client.get(status_url).json()
+        assert len(manifest["output"]) == 3
+        assert client.get(manifest["output"][0]["url"]).content.startswith(b'{"resourceType":')
+    finally:
+        process.terminate()
+        process.wait(timeout=5)
 
 
 def test_response_delay_slows_every_answer(client):
