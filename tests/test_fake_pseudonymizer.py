@@ -174,10 +174,19 @@ def test_body_over_the_size_limit_is_rejected_with_413(pseudonymizer_fake: Loopb
 
 
 def test_wrong_content_type_is_rejected_with_415(pseudonymizer_fake: LoopbackServer) -> None:
-    response = de_identify(pseudonymizer_fake, OVERRIDE_PATIENTS[0], headers={"Content-Type": "application/json"})
+    response = de_identify(pseudonymizer_fake, OVERRIDE_PATIENTS[0], headers={"Content-Type": "text/plain"})
 
     assert response.status_code == 415
     assert response.json()["issue"][0]["code"] == "not-supported"
+
+
+def test_plain_json_content_type_is_accepted_like_the_real_service(pseudonymizer_fake: LoopbackServer) -> None:
+    response = de_identify(
+        pseudonymizer_fake, OVERRIDE_PATIENTS[0], headers={"Content-Type": "application/json; charset=utf-8"}
+    )
+
+    assert response.status_code == 200
+    assert response.json()["resourceType"] == "Patient"
 
 
 @pytest.mark.parametrize(

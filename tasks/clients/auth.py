@@ -12,7 +12,8 @@
   an auth flow never sees its intermediate hops.) httpx still enforces ``max_redirects`` because every hop
   lands in the response history. A request event hook (``strip_foreign_credentials``) checks every request
   once more, so a caller passing ``follow_redirects=True`` cannot leak credentials either;
-- on a 401 from the service while using OAuth, fetches exactly one fresh token and sends the request once more.
+- on a 401 from the service while using OAuth, fetches exactly one fresh token and sends the request once more;
+- refuses a redirect loop (a URL redirecting to itself or back to an earlier hop) with an error naming the URL.
 
 Tokens come from a ``TokenSource`` shared per (issuer, client id) across all clients of the process; it asks
 authlib's ``OAuth2Client`` for them and renews them shortly before ``expires_in`` runs out.
@@ -58,6 +59,12 @@ def origin_of(url: httpx.URL | str) -> Origin:
     """(scheme, host, port) with the default port filled in, so https://h and https://h:443 are one origin."""
     url = httpx.URL(url)
     return url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme, 0)
+
+
+def _shown_url(url: httpx.URL) -> str:
+    """A URL for messages: no user info, query or fragment (they may carry credentials or tokens)."""
+    port = f":{url.port}" if url.port else ""
+    return f"{url.scheme}://{url.host}{port}{url.path}"
 
 
 def _origin_text(origin: Origin) -> str:
@@ -267,6 +274,7 @@ class ServiceAuth(httpx.Auth):
         """Yields requests to send (answered with responses) and ``_NeedToken`` (answered with a token)."""
         renewed = False
         rejected: str | None = None
+        visited = {request.url}
         while True:
             token = yield from self._scope_credentials(request, rejected)
             response = yield request
@@ -278,6 +286,20 @@ class ServiceAuth(httpx.Auth):
             if response.next_request is None:
                 return
             request = response.next_request
+            if request.url in visited:
+                raise self._redirect_loop(response, request.url)
+            visited.add(request.url)
+
+    def _redirect_loop(self, response: httpx.Response, target: httpx.URL) -> ServiceError:
+        source, again = _shown_url(response.request.url), _shown_url(target)
+        where = f"{source} redirects to itself" if source == again else f"{source} redirects back to {again}"
+        return ServiceError(
+            f"{response.request.method} {source}",
+            response.status_code,
+            f"redirect loop: {where}; check the URL and the server's configuration",
+            transient=False,
+            service=self.service,
+        )
 
     def strip_foreign_credentials(self, request: httpx.Request) -> None:
         """Request event hook: a last check on every request sent, including hops httpx follows by itself

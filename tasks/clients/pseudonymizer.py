@@ -10,8 +10,10 @@ back together in the original order. Every answer is checked: same resource type
 many entries as sent, so a resource can never get lost on the way.
 
 Requests go through the client layer (``tasks.clients.http``): retry of 5xx/408/429 and network errors, other 4xx
-terminal with the service's OperationOutcome text. At most ``max_concurrent_requests`` requests are in flight per
-``Pseudonymizer`` (an ``asyncio.Semaphore``). Plain Python: no Prefect in here.
+terminal with the service's OperationOutcome text. ``services.pseudonymizer.timeout`` is the deadline of each whole
+request (connect, send, answer), not of each read, so a server dripping bytes is cut off; a request past its
+deadline counts as a transient failure and is retried. At most ``max_concurrent_requests`` requests are in flight
+per ``Pseudonymizer`` (an ``asyncio.Semaphore``). Plain Python: no Prefect in here.
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ import asyncio
 import base64
 import hashlib
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
 
-from tasks.clients.http import request_with_retry_async
+from tasks.clients.errors import ServiceError, raise_for_service_status_async
+from tasks.clients.http import call_with_retry_async, service_name
 
 if TYPE_CHECKING:
     from config.settings import RetrySettings
@@ -115,9 +119,13 @@ class Pseudonymizer:
         config: AnonymizationConfig | None = None,
         split_threshold_mb: int = 10,
         max_concurrent_requests: int = 4,
+        deadline: timedelta | None = None,
     ):
+        """``deadline`` bounds each whole request; by default the client's read timeout, which ``http_timeout``
+        sets to the configured ``services.pseudonymizer.timeout``."""
         self._client = client
         self._retry = retry
+        self._deadline = deadline.total_seconds() if deadline is not None else client.timeout.read
         self._body = RequestBody(config)
         self.split_threshold_bytes = split_threshold_mb * MB
         self._slots = asyncio.Semaphore(max_concurrent_requests)
@@ -141,16 +149,28 @@ class Pseudonymizer:
         return [call.result()[1] for call in calls]
 
     async def _deidentify(self, resource_json: bytes, resource: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+        operation = f"de-identify {resource.get('resourceType')}"
+        service = service_name(self._client)
+        body = self._body(resource_json)
+
+        async def attempt() -> httpx.Response:
+            try:
+                async with asyncio.timeout(self._deadline):
+                    response = await self._client.post(DE_IDENTIFY_PATH, content=body, headers=REQUEST_HEADERS)
+                    await raise_for_service_status_async(response, operation=operation, service=service)
+                    return response
+            except TimeoutError:
+                raise ServiceError(
+                    operation,
+                    None,
+                    f"no complete answer within {self._deadline:g} s (services.pseudonymizer.timeout, the deadline "
+                    "of one request); raise it for large bundles",
+                    transient=True,
+                    service=service,
+                ) from None
+
         async with self._slots:
-            response = await request_with_retry_async(
-                self._client,
-                "POST",
-                DE_IDENTIFY_PATH,
-                retry=self._retry,
-                operation=f"de-identify {resource.get('resourceType')}",
-                content=self._body(resource_json),
-                headers=REQUEST_HEADERS,
-            )
+            response = await call_with_retry_async(attempt, self._retry, operation=operation, service=service)
         return checked_answer(response.content, resource)
 
 

@@ -2,7 +2,8 @@
 
 Wire contract (see spec/protocols.md, "Pseudonymization service"):
 
-- ``Content-Type: application/fhir+json`` is required (415 otherwise).
+- ``Content-Type: application/fhir+json`` or ``application/json`` is required (415 otherwise), like the real
+  service, which consumes both.
 - The body is either the bare resource (or Bundle), de-identified with the server's own config, or a
   ``Parameters`` with a ``config`` part (``valueAttachment`` with base64 YAML) and a ``resource`` part; the
   response is always the de-identified resource itself, never wrapped.
@@ -58,6 +59,7 @@ from tests.fakes._server import LoopbackServer, serve_forever_cli
 
 DE_IDENTIFY_PATH = "/fhir/$de-identify"
 FHIR_JSON = "application/fhir+json"
+ACCEPTED_CONTENT_TYPES = (FHIR_JSON, "application/json")
 DEFAULT_MAX_BODY_BYTES = 30 * 1024 * 1024
 
 DEFAULT_SERVER_CONFIG = b"""\
@@ -525,8 +527,9 @@ class PseudonymizerHandler(BaseHTTPRequestHandler):
         if self.path.split("?", 1)[0] != DE_IDENTIFY_PATH:
             raise _Rejection(404, f"unknown path {self.path}", "not-found")
         content_type = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
-        if content_type != FHIR_JSON:
-            raise _Rejection(415, f"unsupported content type {content_type!r}, expected {FHIR_JSON}", "not-supported")
+        if content_type not in ACCEPTED_CONTENT_TYPES:
+            expected = " or ".join(ACCEPTED_CONTENT_TYPES)
+            raise _Rejection(415, f"unsupported content type {content_type!r}, expected {expected}", "not-supported")
         body = self._read_body_within(self.state.max_body_bytes, recorded.size)
         recorded.size = len(body)
         return body
