@@ -27,21 +27,26 @@ from tasks.clients.downloads import (
 )
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_server import (
+    CohortPreviewUnsupportedError,
     DeadHandleError,
     ExtractionError,
     ExtractionFailedError,
     ExtractionHandle,
+    ExtractionJob,
     ExtractionServerClient,
+    ExtractionTaskClient,
     ExtractionTimeoutError,
     InvalidCrtdlError,
     NoMatchingDataError,
     PollProgress,
+    cohort_patient_ids,
     parse_crtdl,
     resolve_file_url,
 )
 from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
+from tests.fakes.extraction_crtdl import parse_crtdl as parse_fake_crtdl
 from tests.fakes.extraction_server import ExtractionServer, JobStatus, start_extraction_server
 
 CRTDL = (TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json").read_bytes()
@@ -460,3 +465,112 @@ def test_file_names_are_forced_to_ndjson_and_duplicates_are_an_error():
     assert safe_file_name("http://h/j/core.ndjson?x=1", compress=False) == "core.ndjson"
     with pytest.raises(DownloadError, match="would both be saved as core.ndjson"):
         target_names(["http://h/j1/core.ndjson", "http://h/j2/core.ndjson"], compress=False)
+
+
+# --- Task API and cohort preview ---------------------------------------------------------------------------------
+
+TASK_EXAMPLES = TESTDATA / "extraction" / "task-examples"
+
+
+def task_client(base_url: str) -> ExtractionTaskClient:
+    return ExtractionTaskClient(ExtractorSettings(base_url=base_url), TlsSettings(), FAST_RETRY)
+
+
+def json_reply(status: int, document: dict) -> Reply:
+    return Reply(status, {"Content-Type": "application/fhir+json"}, json.dumps(document).encode())
+
+
+def example(name: str) -> dict:
+    return json.loads((TASK_EXAMPLES / name).read_text())
+
+
+def test_the_servers_documented_tasks_read_as_jobs():
+    running = ExtractionJob.from_task(example("task-running.json"))
+    assert (running.id, running.status, running.priority, running.version) == (
+        "550e8400-e29b-41d4-a716-446655440000",
+        "RUNNING_PROCESS_BATCH",
+        "NORMAL",
+        "3",
+    )
+    assert running.cohort_size is None and running.active_batches == ()
+    assert ExtractionJob.from_task(example("task-put-priority-response.json")).priority == "HIGH"
+    assert ExtractionJob.from_task(example("task-paused.json")).status == "PAUSED"
+    audit = ExtractionJob.from_task(example("task-completed-consent-output.json"))
+    assert audit.status == "completed"  # no businessStatus in that example: Task.status stands in
+    assert audit.consent_audit_files == (example("task-completed-consent-output.json")["output"][0]["valueUrl"],)
+    [searched] = [e["resource"] for e in example("task-search-bundle.json")["entry"]]
+    assert ExtractionJob.from_task(searched) == running
+
+
+def test_progress_extension_with_active_batches_reads_from_either_url(sim):
+    for style in ("torch", "extractor"):
+        with start_extraction_server(clock=sim, cohort_size=6, batch_size=2, extension_style=style) as server:
+            job_id = server.state.submit(parse_fake_crtdl(CRTDL), []).id
+            sim.now += 0.11
+            with task_client(server.base_url) as client:
+                job = client.job(job_id)
+        assert (job.cohort_size, job.batch_size, job.batches_total, job.batches_completed) == (6, 2, 3, 0)
+        assert len(job.active_batches) == 3 and all(stage for _, stage in job.active_batches)
+
+
+def test_the_real_servers_412_for_a_stale_version_is_read_again_like_the_specs_409():
+    server, state = scripted_status_server(
+        json_reply(200, example("task-running.json")),
+        json_reply(412, example("outcome-put-version-conflict.json")),
+        json_reply(200, example("task-running.json") | {"meta": {"versionId": "4"}}),
+        json_reply(200, example("task-put-priority-response.json")),
+    )
+    with server, task_client(server.base_url) as client:
+        result = client.set_priority("550e8400-e29b-41d4-a716-446655440000", "high")
+    assert result.changed and result.job.priority == "HIGH"
+    puts = [r for r in state.requests if r.method == "PUT"]
+    assert [r.headers["if-match"] for r in puts] == ['W/"3"', 'W/"4"']
+    assert json.loads(puts[-1].body) == example("task-put-priority-request.json")
+
+
+def test_a_428_is_reported_as_a_bug_in_dupflow_not_retried():
+    server, state = scripted_status_server(
+        json_reply(200, example("task-running.json")), json_reply(428, example("outcome-put-missing-if-match.json"))
+    )
+    with server, task_client(server.base_url) as client, pytest.raises(ServiceError) as caught:
+        client.set_priority("550e8400-e29b-41d4-a716-446655440000", "high")
+    assert caught.value.status_code == 428 and "bug in dupflow" in str(caught.value)
+    assert len(state.requests) == 2
+
+
+def test_a_successful_put_without_a_task_body_reads_the_task_again():
+    server, state = scripted_status_server(
+        json_reply(200, example("task-running.json")),
+        Reply(200, {}, b""),
+        json_reply(200, example("task-put-priority-response.json")),
+    )
+    with server, task_client(server.base_url) as client:
+        assert client.set_priority("550e8400-e29b-41d4-a716-446655440000", "high").job.priority == "HIGH"
+    assert [r.method for r in state.requests] == ["GET", "PUT", "GET"]
+
+
+def test_task_reads_are_retried_on_5xx_and_deletes_are_attempted_once():
+    server, state = scripted_status_server(Reply(503), json_reply(200, example("task-running.json")))
+    with server, task_client(server.base_url) as client:
+        assert client.job("550e8400-e29b-41d4-a716-446655440000").status == "RUNNING_PROCESS_BATCH"
+    server, state = scripted_status_server(json_reply(500, example("outcome-delete-io-error.json")))
+    with server, task_client(server.base_url) as client, pytest.raises(ServiceError) as caught:
+        client.delete("550e8400-e29b-41d4-a716-446655440000")
+    assert "could not remove the result files" in str(caught.value) and len(state.requests) == 1
+
+
+def test_cohort_preview_reads_the_patients_of_the_list_and_404_means_unsupported():
+    cohort = {"resourceType": "List", "entry": [{"item": {"reference": "Patient/a"}}, {"item": {"reference": "b"}}]}
+    server, state = scripted_status_server(
+        json_reply(200, cohort), json_reply(404, {"resourceType": "OperationOutcome"})
+    )
+    with server, task_client(server.base_url) as client:
+        assert client.evaluate_cohort(CRTDL).patient_ids == ("a", "b")
+        with pytest.raises(CohortPreviewUnsupportedError):
+            client.evaluate_cohort(CRTDL)
+    assert state.requests[0].body == CRTDL and state.requests[0].headers["content-type"] == "application/json"
+
+
+def test_a_cohort_preview_that_is_no_list_is_an_error():
+    with pytest.raises(ExtractionError, match="not a FHIR List"):
+        cohort_patient_ids({"resourceType": "Bundle"})
