@@ -27,7 +27,12 @@ from fhirpathpy.engine.invocations.constants import constants as fhirpath_consta
 from fhirpathpy.engine.nodes import FP_Quantity, FP_Type, ResourceNode
 from fhirpathpy.engine.util import arraify
 from fhirpathpy.models import models
-from fhirpathpy.parser import parse
+from antlr4 import CommonTokenStream, InputStream, Token
+from antlr4.error.ErrorListener import ErrorListener
+from antlr4.tree.Tree import ParseTreeWalker
+from fhirpathpy.parser.ASTPathListener import ASTPathListener
+from fhirpathpy.parser.generated.FHIRPathLexer import FHIRPathLexer
+from fhirpathpy.parser.generated.FHIRPathParser import FHIRPathParser
 
 from tasks.sof.boundary import high_boundary, low_boundary
 
@@ -164,10 +169,35 @@ def child_items(item: Item, member: str, of_type: str | None = None) -> list[Ite
 # --- everything else: fhirpathpy --------------------------------------------------------------------------------
 
 
+class _RaisingErrorListener(ErrorListener):
+    def syntaxError(self, recognizer, offendingSymbol, line, column, msg, e):  # noqa: N802, N803 - ANTLR's names
+        raise FhirPathError(f"column {column + 1}: {msg}")
+
+
+def parse(expression: str) -> dict[str, Any]:
+    """fhirpathpy's parse tree of ``expression``, strictly: fhirpathpy's own ``parse`` recovers from syntax errors
+    silently (``status.where(`` parses), so its lexer and parser run here with a listener that raises."""
+    listener = _RaisingErrorListener()
+    lexer = FHIRPathLexer(InputStream(expression))
+    lexer.removeErrorListeners()
+    lexer.addErrorListener(listener)
+    tokens = CommonTokenStream(lexer)
+    parser = FHIRPathParser(tokens)
+    parser.buildParseTrees = True
+    parser.removeErrorListeners()
+    parser.addErrorListener(listener)
+    tree = parser.expression()
+    if tokens.LA(1) != Token.EOF:
+        raise FhirPathError(f"unexpected {tokens.LT(1).text!r} at column {tokens.LT(1).column + 1}")
+    ast = ASTPathListener()
+    ParseTreeWalker().walk(ast, tree)
+    return ast.parentStack[0]
+
+
 def _interpreted(expression: str) -> Compiled:
     try:
         parsed = parse(expression)
-    except Exception as exc:  # fhirpathpy raises bare Exceptions from its ANTLR parser
+    except Exception as exc:  # FhirPathError from the listener, bare exceptions from fhirpathpy's AST builder
         raise FhirPathError(f"cannot parse FHIRPath {expression!r}: {exc}") from exc
     root = parsed["children"][0]
 
