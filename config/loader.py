@@ -240,7 +240,8 @@ def _check_yaml_shape(text: str, config_path: Path) -> None:
 
 
 def _check_scalar(event: yaml.ScalarEvent, config_path: Path) -> None:
-    if event.style is None and len(event.value) > MAX_NUMBER_CHARS and _NUMBER_LIKE.fullmatch(event.value):
+    plain = event.implicit[0]
+    if plain and len(event.value) > MAX_NUMBER_CHARS and _NUMBER_LIKE.fullmatch(event.value):
         raise ConfigError(
             [
                 f"{config_path}: line {event.start_mark.line + 1}: a number {len(event.value):,} characters long; "

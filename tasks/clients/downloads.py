@@ -114,10 +114,12 @@ def target_names(urls: Iterable[str], compress: bool, max_files: int = DEFAULT_M
 
 
 def display_url(url: str) -> str:
-    """A URL safe to show: no user info, query or fragment (they may carry credentials or tokens)."""
+    """A URL safe to show: no user info, query or fragment (they may carry credentials or tokens), and its
+    path percent-encoded as sent (a decoded %0A would break the message's line)."""
     parsed = httpx.URL(url)
     port = f":{parsed.port}" if parsed.port else ""
-    return f"{parsed.scheme}://{parsed.host}{port}{parsed.path}" if parsed.host else parsed.path
+    path = parsed.raw_path.decode("ascii").split("?", 1)[0]
+    return f"{parsed.scheme}://{parsed.host}{port}{path}" if parsed.host else path
 
 
 # --- availability --------------------------------------------------------------------------------------------

@@ -1,0 +1,389 @@
+"""Hostile servers, files and configurations (issue 15): each test fails without its fix.
+
+Every hostile peer is a real server on 127.0.0.1 or a real file in tmp_path. The tests check a clear error,
+nothing half-written left or taken as finished, and no secret in what leaves the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import threading
+import time
+import tracemalloc
+from collections.abc import Iterator
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+
+import pytest
+
+from config.loader import ConfigError, load_settings, refuse_secret_overrides
+from config.settings import RetrySettings, TlsSettings
+from tasks.clients.downloads import DownloadError, UnsafeFileNameError, download_ndjson, safe_file_name, target_names
+from tasks.clients.errors import ServiceError, redact, register_secret
+from tasks.clients.http import ServiceClient, ServiceEndpoint, build_async_client, build_client, http_timeout
+from tasks.clients.pseudonymizer import Pseudonymizer
+from tasks.ndjson import NdjsonError
+from tests.conftest import run_cli
+from tests.fakes._server import LoopbackServer
+from tests.fakes.echo import EchoHandler, EchoState, Reply, operation_outcome
+
+MB = 1024 * 1024
+NO_RETRY = RetrySettings(max_attempts=1, initial_backoff_ms=0, max_backoff_ms=0)
+QUICK_RETRY = RetrySettings(max_attempts=3, initial_backoff_ms=0, max_backoff_ms=0)
+TLS = TlsSettings()
+PASSWORD = "pw-Echoed-7f3a9"
+API_KEY = "key-Echoed-2b8c1"
+CLIENT_SECRET = "cs-Echoed-5d0e4"
+
+
+@pytest.fixture
+def echo() -> Iterator[LoopbackServer]:
+    with LoopbackServer(EchoHandler, EchoState()) as server:
+        yield server
+
+
+def resource_lines(count: int) -> bytes:
+    return b"".join(b'{"resourceType":"Observation","id":"o%d","status":"final"}\n' % i for i in range(count))
+
+
+# --- 1. secrets a service echoes back -------------------------------------------------------------------
+
+
+def secret_config(tmp_path: Path, base_url: str, auth: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        f"pipeline: {{enabled_steps: [extractor]}}\nservices:\n  extractor:\n    base_url: {base_url}\n"
+        f"    auth:\n{auth}",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_secrets_echoed_in_errors_and_retry_logs_are_redacted(echo, tmp_path, caplog) -> None:
+    auth = "      username: dupflow\n      password: ${PW}\n      api_key: ${KEY}\n"
+    settings = load_settings(secret_config(tmp_path, echo.base_url, auth), env={"PW": PASSWORD, "KEY": API_KEY})
+    token = base64.b64encode(f"dupflow:{PASSWORD}".encode()).decode()
+    echoed = operation_outcome(
+        f"Authorization: Basic {token}",
+        f"x-api-key: {API_KEY} rejected",
+        f"form body username=dupflow&password={PASSWORD}",
+    )
+    echo.state.replies.extend([Reply(500, body=echoed), Reply(401, body=echoed)])
+    endpoint = ServiceEndpoint("extractor", echo.base_url, settings.settings.services.extractor.auth)
+
+    caplog.set_level(logging.INFO)
+    with ServiceClient(endpoint, TLS, QUICK_RETRY) as client, pytest.raises(ServiceError) as error:
+        client.request("GET", "/fhir/__status/x", operation="poll")
+
+    assert echo.state.requests[0].headers["x-api-key"] == API_KEY  # the secrets did go to the service
+    texts = [str(error.value), repr(error.value), error.value.message, caplog.text]
+    for secret in (PASSWORD, API_KEY, token):
+        assert not any(secret in text for text in texts), secret
+    assert "HTTP 401" in str(error.value) and "***" in str(error.value)
+
+
+def test_an_oauth_error_description_quoting_the_client_secret_is_redacted(echo, tmp_path) -> None:
+    auth = (
+        f"      oauth_issuer_uri: {echo.base_url}/realms/x\n      oauth_client_id: dupflow\n"
+        "      oauth_client_secret: ${SECRET}\n"
+    )
+    settings = load_settings(secret_config(tmp_path, echo.base_url, auth), env={"SECRET": CLIENT_SECRET})
+    description = f"bad credentials: client_secret={CLIENT_SECRET}"
+    echo.state.replies.extend(
+        [Reply(404), Reply(401, body=b'{"error":"invalid_client","error_description":"%s"}' % description.encode())]
+    )
+    endpoint = ServiceEndpoint("extractor", echo.base_url, settings.settings.services.extractor.auth)
+
+    with ServiceClient(endpoint, TLS, NO_RETRY) as client, pytest.raises(ServiceError) as error:
+        client.request("GET", "/fhir/metadata", operation="probe")
+
+    assert "invalid_client" in str(error.value)
+    assert CLIENT_SECRET not in str(error.value) and CLIENT_SECRET not in repr(error.value)
+
+
+def test_redaction_removes_tokens_but_leaves_prose_alone() -> None:
+    register_secret("registered-Secret-1")
+    text = redact(
+        'got "Authorization": "Bearer eyJhbGciOi.J9x" and Bearer abc123DEF456ghi and registered-Secret-1 '
+        "at https://user:pass@host/x; Basic Auth needs username and password"
+    )
+    assert "eyJhbGciOi" not in text and "abc123DEF456ghi" not in text and "registered-Secret-1" not in text
+    assert "user:pass" not in text
+    assert "Basic Auth needs username and password" in text
+
+
+def test_a_secret_in_overrides_is_refused_naming_key_and_the_way_to_give_it() -> None:
+    with pytest.raises(ConfigError) as error:
+        refuse_secret_overrides(
+            {"retry.max_attempts": "3", "services.send.s3.secret_access_key": "sk-123"},
+            "the deployment's overrides parameter",
+        )
+    (problem,) = error.value.problems
+    assert problem.startswith("services.send.s3.secret_access_key")
+    assert "the deployment's overrides parameter" in problem and "APP_SERVICES_SEND_S3_SECRET_ACCESS_KEY" in problem
+    assert "${VAR}" in problem and "sk-123" not in str(error.value)
+
+
+# --- 2. a password in a URL -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "yaml_block"),
+    [
+        ("services.extractor.base_url", "services: {extractor: {base_url: 'http://user:pw-in-url@torch:8080'}}"),
+        ("services.pseudonymizer.url", "services: {pseudonymizer: {url: 'https://:pw-in-url@pseudo'}}"),
+        (
+            "services.send.auth.oauth_issuer_uri",
+            "services: {send: {auth: {oauth_issuer_uri: 'https://a:pw-in-url@kc/realms/x'}}}",
+        ),
+    ],
+)
+def test_a_password_in_a_url_is_refused_without_repeating_it(tmp_path, key, yaml_block) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(f"pipeline: {{enabled_steps: [local_import]}}\n{yaml_block}\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as error:
+        load_settings(path, env={})
+    assert any(p.startswith(f"{key}:") and "auth block" in p for p in error.value.problems), error.value.problems
+    assert "pw-in-url" not in str(error.value)
+
+
+# --- 3. truncated downloads -----------------------------------------------------------------------------
+
+
+class TruncatingHandler(BaseHTTPRequestHandler):
+    """Serves ``state["body"]``; the first ``state["truncate"]`` answers stop in the middle of a line and close,
+    without Content-Length (HTTP/1.0 style) or as a well-formed chunked body (``state["chunked"]``)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        state = self.server.state
+        with state["lock"]:
+            state["requests"] += 1
+            truncate = state["truncate"] > 0
+            state["truncate"] -= 1
+        body = state["body"][: state["cut_at"]] if truncate else state["body"]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/fhir+ndjson")
+        if state["chunked"]:
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for start in range(0, len(body), 4096):
+                piece = body[start : start + 4096]
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.write(b"0\r\n\r\n")
+        else:
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+        self.close_connection = True
+
+
+def truncating_server(*, truncate: int, chunked: bool) -> LoopbackServer:
+    body = resource_lines(1000)
+    cut_at = body.index(b"\n", len(body) // 2) + 1 + len(b'{"resou')  # 501 whole lines, then a broken one
+    state = {"body": body, "cut_at": cut_at, "truncate": truncate, "chunked": chunked}
+    return LoopbackServer(TruncatingHandler, state | {"requests": 0, "lock": threading.Lock()})
+
+
+def download(server: LoopbackServer, dest: Path, retry: RetrySettings = QUICK_RETRY):
+    endpoint = ServiceEndpoint("http_import", server.base_url, None, http_timeout(timedelta(seconds=10)))
+    with build_client(endpoint, TLS) as client:
+        return download_ndjson(
+            client,
+            f"{server.base_url}/core.ndjson",
+            dest,
+            level="fastest",
+            max_line_bytes=MB,
+            stall_timeout=timedelta(seconds=10),
+            retry=retry,
+        )
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["no-content-length", "chunked"])
+def test_a_download_cut_mid_line_is_never_taken_as_finished(tmp_path, chunked) -> None:
+    with truncating_server(truncate=99, chunked=chunked) as server, pytest.raises(ServiceError) as error:
+        download(server, tmp_path / "core.ndjson.zst")
+    assert error.value.transient and "end in the middle of line 502" in str(error.value)
+    assert server.state["requests"] == QUICK_RETRY.max_attempts
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_download_cut_mid_line_is_retried_and_then_complete(tmp_path) -> None:
+    with truncating_server(truncate=1, chunked=False) as server:
+        stats = download(server, tmp_path / "core.ndjson.zst")
+    assert stats.resources == 1000 and server.state["requests"] == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["core.ndjson.zst"]
+
+
+# --- 4. a pseudonymizer dripping its answer -------------------------------------------------------------
+
+
+class DrippingHandler(BaseHTTPRequestHandler):
+    """Answers 200 and then one byte every 0.1 s, never finishing (until the client hangs up)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/fhir+json")
+        self.send_header("Content-Length", "1000000")
+        self.end_headers()
+        stop: threading.Event = self.server.state
+        try:
+            while not stop.wait(0.1):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+        except OSError:
+            pass
+
+
+def test_the_pseudonymizer_timeout_bounds_the_whole_request(tmp_path) -> None:
+    stop = threading.Event()
+    with LoopbackServer(DrippingHandler, stop) as server:
+        endpoint = ServiceEndpoint("pseudonymizer", server.base_url, None, http_timeout(timedelta(seconds=1)))
+
+        async def pseudonymize() -> None:
+            async with build_async_client(endpoint, TLS) as client:
+                service = Pseudonymizer(client, NO_RETRY)
+                await service.pseudonymize(b'{"resourceType":"Patient"}', {"resourceType": "Patient"})
+
+        started = time.monotonic()
+        try:
+            with pytest.raises(ServiceError) as error:
+                asyncio.run(pseudonymize())
+        finally:
+            stop.set()
+    assert time.monotonic() - started < 10  # a per-read timeout would wait forever
+    assert error.value.transient and "services.pseudonymizer.timeout" in str(error.value)
+
+
+# --- 8. file names --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("segment", "fragment"),
+    [
+        ("a%0Ab.ndjson.zst", "control character"),
+        ("a%0Db.ndjson", "control character"),
+        ("report%E2%80%AEgpj.ndjson", "bidirectional"),
+        ("x" * 300 + ".ndjson", "too long"),
+    ],
+    ids=["newline", "carriage-return", "bidi-override", "over-255-bytes"],
+)
+def test_unsafe_result_file_names_are_refused_clearly(segment, fragment) -> None:
+    with pytest.raises(UnsafeFileNameError, match=fragment) as error:
+        safe_file_name(f"http://files.example/result/{segment}", compress=True)
+    assert "http://files.example/result/" in str(error.value)
+    assert "\n" not in str(error.value) and "\r" not in str(error.value) and "\u202e" not in str(error.value)
+
+
+def test_a_manifest_with_too_many_files_is_refused() -> None:
+    urls = (f"http://files.example/batch-{i}.ndjson" for i in range(11))
+    with pytest.raises(DownloadError, match="more than 10 files.*services.extractor.max_result_files"):
+        target_names(urls, compress=True, max_files=10)
+
+
+# --- 9. hostile configuration files ---------------------------------------------------------------------
+
+ALIAS_BOMB = """\
+a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]
+b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
+"""
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (ALIAS_BOMB.encode(), "once YAML aliases (*name) are expanded"),
+        (
+            b"pipeline:\n  enabled_steps: [local_import]\njobs_dir: /tmp/\xff\xfe\n",
+            "not UTF-8 text (byte 0xff on line 3)",
+        ),
+        (b"a: " + b"[" * 5000 + b"]" * 5000 + b"\n", "nested more than 32 levels deep"),
+        (b"retry:\n  max_attempts: " + b"9" * 100_000 + b"\n", "a number 100,000 characters long"),
+        (b"services:\n  extractor:\n    extraction_timeout: P99999999999D\n", "longer than the maximum of P3650D"),
+        (b"retry:\n  max_attempts: 3\n  max_attempts: 4\n", "line 3: key 'max_attempts' appears twice"),
+        (b"\x00\x01\x02binary", "invalid YAML"),
+    ],
+    ids=["alias-bomb", "non-utf8", "deep-nesting", "huge-integer", "huge-duration", "duplicate-key", "binary"],
+)
+def test_hostile_configuration_files_end_in_a_clear_error_quickly(tmp_path, content, fragment) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_bytes(content)
+    tracemalloc.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(ConfigError) as error:
+            load_settings(path, env={})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert fragment in str(error.value)
+    assert time.monotonic() - started < 1.0 and peak < 50 * MB
+
+
+def test_a_long_step_list_is_checked_in_linear_time(tmp_path) -> None:
+    steps = ["local_import"] + ["nonsense"] * 50_000 + ["pseudonymizer"] * 50_000
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as error:
+        load_settings(None, env={"APP_PIPELINE_ENABLED_STEPS": ",".join(steps)})
+    assert time.monotonic() - started < 1.0
+    assert "unknown step 'nonsense'" in str(error.value) and "step pseudonymizer is listed more than once" in str(
+        error.value
+    )
+
+
+def test_an_alias_bomb_exits_2_through_the_command_line(tmp_path) -> None:
+    path = tmp_path / "bomb.yaml"
+    path.write_text(ALIAS_BOMB, encoding="utf-8")
+    result = run_cli("config", "check", str(path), timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "once YAML aliases (*name) are expanded" in result.stderr and "Traceback" not in result.stderr
+
+
+# --- 10. content that is not NDJSON ---------------------------------------------------------------------
+
+
+def test_a_download_with_a_non_json_line_fails_naming_url_and_line(echo, tmp_path) -> None:
+    body = resource_lines(3) + b"\x00\x9f binary garbage\n" + resource_lines(2)
+    echo.state.replies.append(Reply(200, {"Content-Type": "application/fhir+ndjson"}, body))
+    with pytest.raises(NdjsonError, match=r"/core.ndjson: line 4 is not valid JSON"):
+        download(echo, tmp_path / "core.ndjson.zst", NO_RETRY)
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- smaller ones ---------------------------------------------------------------------------------------
+
+
+def test_a_self_redirect_names_the_url(echo) -> None:
+    echo.state.replies.extend([Reply(302, {"Location": "/fhir/loop?token=abc"})] * 3)
+    endpoint = ServiceEndpoint("extractor", echo.base_url)
+    with ServiceClient(endpoint, TLS, NO_RETRY) as client, pytest.raises(ServiceError) as error:
+        client.request("GET", "/fhir/loop?token=abc", operation="poll")
+    assert f"{echo.base_url}/fhir/loop redirects to itself" in str(error.value)
+    assert "token=abc" not in str(error.value) and len(echo.state.requests) == 1
+
+
+def test_a_redirect_loop_through_two_urls_names_them(echo) -> None:
+    echo.state.replies.extend([Reply(302, {"Location": "/b"}), Reply(302, {"Location": "/a"})])
+    with ServiceClient(ServiceEndpoint("extractor", echo.base_url), TLS, NO_RETRY) as client:
+        with pytest.raises(ServiceError, match=f"{echo.base_url}/b redirects back to {echo.base_url}/a"):
+            client.request("GET", "/a", operation="poll")
