@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from flows.run import main
-from tasks.record import record_facts
+from tasks.record import read_facts, record_facts
 from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer
 from tests.fakes.extraction_server import ExtractionServer, JobStatus, start_extraction_server
@@ -453,3 +453,59 @@ def test_refused_credentials_fail_without_showing_the_secret(capsys, tmp_path, t
 
     assert code == 1 and "HTTP 401" in err
     assert PASSWORD not in out + err and base64.b64encode(PASSWORD.encode()).decode() not in out + err
+
+
+# --- the operator's story -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_an_operator_pauses_and_resumes_a_running_pipeline_extraction(capsys, tmp_path):
+    """Start an extraction through the pipeline, see it running, pause it (the pipeline keeps polling, 202,
+    without failing), resume it, and the pipeline completes."""
+    from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
+
+    # Batches take a minute until the test has paused and resumed the job, so it cannot finish in between.
+    slow_batches = {
+        "PENDING": 0.05,
+        "RUNNING_GET_COHORT": 0.05,
+        "RUNNING_PROCESS_BATCH": 60.0,
+        "RUNNING_PROCESS_CORE": 0.05,
+    }
+    with start_extraction_server(durations=slow_batches) as torch:
+        jobs_dir = tmp_path / "jobs"
+        config = write_config(tmp_path, torch)
+        config.write_text(
+            config.read_text()
+            + f"    polling_interval: PT1S\n    max_polling_interval: PT1S\n    file_ready_interval: PT1S\n"
+            f"jobs_dir: {jobs_dir}\ncompression:\n  level: fastest\n"
+        )
+        process = start_cli_process("start", str(config), str(CRTDL), "--no-progress")
+        try:
+            wait_for(lambda: (jobs_dir.is_dir() and list(jobs_dir.glob("*/facts.json"))) or None, process)
+            job_dir = only_job_dir(jobs_dir)
+            extraction_id = wait_for(lambda: read_facts(job_dir).get("extraction_job_id"), process)
+            wait_for(lambda: status_of(torch, extraction_id) is JobStatus.RUNNING_PROCESS_BATCH or None, process)
+
+            code, out, _ = cli(capsys, "extraction", "list", str(config), "--json")
+            assert code == 0
+            assert [(j["id"], j["status"]) for j in json.loads(out)["jobs"]] == [
+                (extraction_id, "RUNNING_PROCESS_BATCH")
+            ]
+
+            pause = cli(capsys, "extraction", "pause", str(config), job_dir.name, "--jobs-dir", str(jobs_dir))
+            assert pause[0] == 0 and status_of(torch, extraction_id) is JobStatus.PAUSED
+            polls_when_paused = torch.state.polls[extraction_id]
+            wait_for(lambda: torch.state.polls[extraction_id] >= polls_when_paused + 2 or None, process)
+            assert process.poll() is None  # still polling, not failed
+
+            torch.state.durations["RUNNING_PROCESS_BATCH"] = 0.05
+            assert cli(capsys, "extraction", "resume", str(config), extraction_id)[0] == 0
+            process.wait(timeout=120)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        stdout, stderr = process.communicate()
+    assert process.returncode == 0, stderr
+    assert job_file(job_dir)["state"] == "Completed"
+    assert len(torch.state.submissions) == 1
