@@ -1,10 +1,13 @@
-"""Serve the dupflow flow as a Prefect deployment, optionally on a schedule.
+"""Serve the dupflow flow as a Prefect deployment from this process, optionally on a schedule.
 
-    PREFECT_API_URL=http://127.0.0.1:4200/api python -m deployments.serve CONFIG [INPUT] [--cron "0 2 * * *"]
+    PREFECT_API_URL=http://127.0.0.1:4200/api python -m deployments.serve CONFIG [INPUT] \\
+        [--name dupflow] [--cron "0 2 * * *" --timezone Europe/Berlin]
 
-Each scheduled run is a new job (a new job id) with CONFIG and INPUT as parameters; secrets come from the
-serving process's environment (``${VAR}`` / ``APP_*``), never from the deployment's parameters. A run that
-reaches a ``wait`` step pauses; press Resume in the UI to continue it. Scheduling needs a real Prefect server.
+Each run is a job of its own (a new job id, the run's name) with CONFIG and INPUT as parameters; relative paths in
+CONFIG resolve against CONFIG's directory, so the job lands in the same place whichever directory this process
+runs in. Secrets come from this process's environment (``${VAR}`` / ``APP_*``), never from the parameters. A run
+that reaches a ``wait`` step is suspended (the process keeps serving others); Resume in the UI continues it. For a
+work pool and workers instead of one serving process, see ``deployments/prefect.yaml``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import argparse
 from pathlib import Path
 
 from config.runtime import apply_prefect_defaults
-from flows.pipeline import pipeline
 
 
 def main() -> None:
@@ -22,13 +24,20 @@ def main() -> None:
     parser.add_argument("input", nargs="?", help="job input (directory, CRTDL file or URL)")
     parser.add_argument("--name", default="dupflow", help="deployment name")
     parser.add_argument("--cron", help="cron schedule, e.g. '0 2 * * *'")
+    parser.add_argument("--timezone", default="UTC", help="time zone of the cron schedule, e.g. Europe/Berlin")
     args = parser.parse_args()
     apply_prefect_defaults()
+    from prefect.schedules import Cron
+
+    from flows.pipeline import pipeline
+
     job_input = args.input if args.input is None or "://" in args.input else str(Path(args.input).resolve())
     pipeline.serve(
         name=args.name,
-        cron=args.cron,
+        schedules=[Cron(args.cron, timezone=args.timezone)] if args.cron else None,
         parameters={"config_path": str(Path(args.config).resolve()), "job_input": job_input},
+        description="dupflow: one job per run (extract, pseudonymize, inspect, validate, flatten, send)",
+        pause_on_shutdown=False,
     )
 
 

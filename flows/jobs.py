@@ -29,15 +29,14 @@ from pathlib import Path
 from config.loader import LoadedConfig, absolute_path_overrides, load_settings, refuse_secret_overrides
 from config.settings import Settings
 from tasks.errors import JobError
-from tasks.layout import IMPORT_STEPS, JobPaths, is_crtdl_file, write_file_atomically
-from tasks.record import read_facts, record_facts
+from tasks.layout import JobPaths, is_crtdl_file, write_file_atomically
+from tasks.record import record_facts
 
 LOCK_FILE = ".lock"
 
 # Job states: Prefect's state names, the same in every view (CLI with or without a server, job.json, README).
 RUNNING, COMPLETED, FAILED, CRASHED, CANCELLED = "Running", "Completed", "Failed", "Crashed", "Cancelled"
 AWAITING_INSPECTION = "AwaitingInspection"
-FINAL_STATES = (COMPLETED, FAILED, CRASHED, CANCELLED, AWAITING_INSPECTION)
 
 CRTDL_NAME = "crtdl.json"
 ENRICHED_CRTDL_NAME = "enriched-crtdl.json"
@@ -148,6 +147,8 @@ def new_job(
     steps = list(loaded.settings.pipeline.enabled_steps)
     crtdl = crtdl_input(steps, job_input)
     require_crtdl_where_needed(steps, crtdl)
+    if problems := step_file_problems(loaded.settings):
+        raise JobError("; ".join(problems))
     # The CRTDL is read (and enriched) before anything is written: a bad one leaves no job behind.
     effective = effective_crtdl(crtdl, loaded.settings) if crtdl is not None else None
     job = JobFile(paths.job_id, config_path, job_input, frozen, steps)
@@ -175,6 +176,19 @@ def require_crtdl_where_needed(steps: list[str], crtdl: Path | None) -> None:
             "the flattening step needs a CRTDL: give the CRTDL file as INPUT "
             "(with local_import: start CONFIG CRTDL --dir DATA; with extractor: start CONFIG CRTDL)"
         )
+
+
+def step_file_problems(settings: Settings) -> list[str]:
+    """Problems of files the enabled steps will read, found before any work starts (and by ``config check``):
+    the flattening lookup file (schema, unique tables, children that exist, one parent each, no cycles)."""
+    lookup = settings.services.flattening.lookup_path
+    if not settings.pipeline.has_step("flattening") or not lookup:
+        return []
+    from tasks.sof.lookup import lookup_problems
+
+    return [
+        f"services.flattening.lookup_path: {problem}; fix the lookup file" for problem in lookup_problems(Path(lookup))
+    ]
 
 
 @dataclass(frozen=True)
@@ -211,10 +225,6 @@ def write_crtdl(paths: JobPaths, source: Path, crtdl: EffectiveCrtdl) -> Path:
     write_file_atomically(target, crtdl.data)
     record_facts(paths.job_dir, crtdl_path=str(target), crtdl_source=str(source), crtdl_warnings=crtdl.warnings or None)
     return target
-
-
-def is_import_step(step: str) -> bool:
-    return step in IMPORT_STEPS
 
 
 # --- the lock ----------------------------------------------------------------------------------------------
@@ -314,7 +324,3 @@ def list_job_dirs(jobs_dir: Path) -> list[Path]:
         if paths.job_file.is_file():
             jobs.append((JobFile.read(paths).created_at, job_dir))
     return [job_dir for _, job_dir in sorted(jobs, reverse=True)]
-
-
-def job_facts(paths: JobPaths) -> dict:
-    return read_facts(paths.job_dir)

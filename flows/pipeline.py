@@ -27,13 +27,15 @@ from pydantic import Field
 from config.settings import Settings
 from flows.jobs import AWAITING_INSPECTION, RUNNING, Job, JobLock, cache_state, prepare_job
 from tasks.contract import StepInput, StepKind, StepResult, register_settings
-from tasks.errors import JobError
 from tasks.extractor import extractor
+from tasks.flattening import flattening
 from tasks.http_import import http_import
 from tasks.layout import JobPaths, artifact_key
 from tasks.local_import import local_import
 from tasks.pseudonymizer import pseudonymizer
 from tasks.record import read_facts, record_facts, write_step_manifest
+from tasks.send import send
+from tasks.validation import validation
 from tasks.wait import release, wait
 
 SUSPEND_TIMEOUT_SECONDS = 7 * 24 * 3600
@@ -51,18 +53,10 @@ STEPS: dict[str, StepSpec] = {
     "http_import": StepSpec(StepKind.IMPORT, http_import),
     "pseudonymizer": StepSpec(StepKind.TRANSFORM, pseudonymizer),
     "wait": StepSpec(StepKind.GATE, wait),
+    "validation": StepSpec(StepKind.PASS_THROUGH, validation),
+    "flattening": StepSpec(StepKind.TRANSFORM, flattening),
+    "send": StepSpec(StepKind.SINK, send),
 }
-
-
-def unavailable_steps_problem(steps: list[str]) -> str | None:
-    """What to tell a user whose pipeline names a step this version does not have, if it does."""
-    missing = [step for step in steps if step not in STEPS]
-    if not missing:
-        return None
-    return (
-        f"step {', '.join(missing)} is not available in this version (pipeline.enabled_steps); "
-        "remove it from the pipeline"
-    )
 
 
 class InspectionInput(RunInput):
@@ -120,8 +114,6 @@ def pipeline(
         overrides: Non-secret configuration keys to override, e.g. {"retry.max_attempts": "3"}.
     """
     job = prepare_job(job_id, config_path, job_input, overrides, overrides_source="the flow's overrides parameter")
-    if problem := unavailable_steps_problem(list(job.settings.pipeline.enabled_steps)):
-        raise JobError(problem)
     flow_run_id = str(runtime.flow_run.id)
     name_and_tag_flow_run(job.job_id)
     with JobLock(job.paths):

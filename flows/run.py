@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any, NoReturn
@@ -23,7 +22,7 @@ from collections.abc import Sequence
 
 from config.loader import ConfigError, LoadedConfig, effective_config_rows, load_settings, refuse_secret_overrides
 from config.runtime import apply_prefect_defaults, default_jobs_dir, prefect_api_url
-from flows import extraction_cli, view_cli
+from flows import extraction_cli, prefect_server, view_cli
 from flows.jobs import (
     AWAITING_INSPECTION,
     COMPLETED,
@@ -34,6 +33,7 @@ from flows.jobs import (
     list_job_dirs,
     locked_message,
     prepare_job,
+    step_file_problems,
 )
 from tasks.errors import DupflowError, JobError
 from tasks.layout import JobPaths
@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     extraction_cli.register(commands)
     view_cli.register(commands)
+    prefect_server.register(commands)
     return parser
 
 
@@ -159,6 +160,8 @@ def load(config_path: str | None, overrides: dict[str, str], labels: dict[str, s
 def cmd_config_check(args: argparse.Namespace) -> int:
     overrides, labels = overrides_from_flags(args)
     loaded = load(args.config, overrides, labels)
+    if problems := step_file_problems(loaded.settings):
+        raise ConfigError(problems)
     rows = effective_config_rows(loaded)
     width = max(len(key) for key, _, _ in rows)
     for key, value, source in rows:
@@ -177,18 +180,10 @@ def cmd_start(args: argparse.Namespace) -> int:
     config_path, job_input = args.config, args.input
     if config_path is None:
         config_path, job_input = str(EMBEDDED_CONFIG), str(EMBEDDED_SAMPLE)
-    loaded = load(config_path, overrides, labels)
-    refuse_unavailable_steps(loaded)
+    load(config_path, overrides, labels)  # configuration errors name the flag that set a value
     job = prepare_job(None, config_path, job_input, overrides, overrides_source="--set")
     print(f"job {job.job_id}: {job.paths.job_dir}")
     return run_job(job.paths, args.no_progress)
-
-
-def refuse_unavailable_steps(loaded: LoadedConfig) -> None:
-    from flows.pipeline import unavailable_steps_problem
-
-    if problem := unavailable_steps_problem(list(loaded.settings.pipeline.enabled_steps)):
-        raise UsageError(problem)
 
 
 def cmd_continue(args: argparse.Namespace) -> int:
@@ -232,6 +227,7 @@ def run_job(paths: JobPaths, no_progress: bool) -> int:
     choose_progress_display(no_progress)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     log_file = paths.job_dir / "job.log"
+    use_prefect_server()
     try:
         with job_logging(log_file):
             state = run_flow(job, paths)
@@ -239,6 +235,14 @@ def run_job(paths: JobPaths, no_progress: bool) -> int:
         print(f"interrupted; resume with: python -m flows.run continue {job.job_id}", file=sys.stderr)
         return EXIT_INTERRUPTED
     return report_outcome(paths, state, log_file)
+
+
+def use_prefect_server() -> None:
+    """``PREFECT_API_URL`` when set; else the local server this tool keeps running (started on first need)."""
+    if prefect_api_url() is None:
+        api_url = prefect_server.ensure_server()
+        os.environ["PREFECT_API_URL"] = api_url
+        print(f"Prefect UI: {prefect_server.ui_url(api_url)}", file=sys.stderr)
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> NoReturn:
@@ -331,7 +335,6 @@ def run_flow(job: JobFile, paths: JobPaths) -> Any:
                 state = pipeline(**parameters, return_state=True)
     except TerminationSignal as exc:
         raise KeyboardInterrupt from exc
-    flush_task_run_records(state)
     return state
 
 
@@ -349,38 +352,10 @@ def paused_flow_run(job: JobFile) -> Any:
     return run if run.state is not None and run.state.is_paused() else None
 
 
-def flush_task_run_records(state: Any, settle_seconds: float = 1.0, limit_seconds: float = 6.0) -> None:
-    """Wait until the run's task-run records have reached the API.
-
-    The embedded API receives task runs as events and is stopped when this process exits, losing
-    the ones not yet written (see prefect-notes). Poll until the count stops changing.
-    """
-    if prefect_api_url() is not None or state.state_details.flow_run_id is None:
-        return
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-    flow_filter = FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
-    deadline = time.monotonic() + limit_seconds
-    last, stable_since = -1, time.monotonic()
-    with get_client(sync_client=True) as client:
-        while time.monotonic() < deadline:
-            count = len(client.read_task_runs(flow_run_filter=flow_filter, limit=200))
-            if count != last:
-                last, stable_since = count, time.monotonic()
-            elif time.monotonic() - stable_since >= settle_seconds:
-                return
-            time.sleep(0.25)
-
-
 def report_outcome(paths: JobPaths, state: Any, log_file: Path) -> int:
     job = JobFile.read(paths)
     if state.is_completed() or state.is_paused():
         print(f"{job.state}: {job.state_message}" if job.state_message else job.state)
-        if state.is_completed():
-            output = (state.result(raise_on_failure=False) or {}) if state.is_completed() else {}
-            if isinstance(output, dict) and output.get("output_dir"):
-                print(f"outputs: {output['output_dir']}")
         print(f"job directory: {paths.job_dir}")
         return EXIT_OK
     print(f"job {job.job_id} failed: {job.state_message or state.message}", file=sys.stderr)

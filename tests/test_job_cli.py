@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
+from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, main
 from tests.conftest import REPO_ROOT, run_cli
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
@@ -127,18 +127,6 @@ def test_continue_from_another_directory_works_on_the_same_job_and_files(tmp_pat
     assert resumed.returncode == EXIT_OK, resumed.stderr
     assert job_file(job_dir)["state"] == "Completed"
     assert list(elsewhere.iterdir()) == []
-
-
-def test_a_step_that_has_not_landed_is_refused_by_start(tmp_path, capsys):
-    config = write_config(
-        tmp_path / "c.yaml",
-        tmp_path / "jobs",
-        ["local_import", "validation"],
-        "services:\n  validation:\n    url: http://x\n",
-    )
-    assert main(["start", str(config), str(tmp_path)]) == EXIT_USAGE
-    assert "step validation is not available in this version" in capsys.readouterr().err
-    assert not (tmp_path / "jobs").exists()
 
 
 def test_a_failing_import_exits_1_names_the_problem_and_records_it(tmp_path, capsys):

@@ -1,0 +1,133 @@
+"""A deployment run is a job like any other, against a real ``prefect server start`` on loopback.
+
+The flow is served (``python -m deployments.serve``) from a directory other than the configuration's, and runs
+are created through the server's REST API, as the UI or a schedule would: the run is named after its job id and
+tagged ``job-<id>``, the job lands under the configuration's directory (relative paths in a configuration file
+resolve against that file), ``status`` agrees with the server, and a secret among the deployment's overrides is
+refused before the run does any work.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from flows.prefect_server import ensure_server, stop_server
+from tests.conftest import REPO_ROOT, run_cli
+from tests.test_prefect_server import kill_servers_of
+
+pytestmark = pytest.mark.slow
+
+SERVER_TIMEOUT = 240.0
+RUN_TIMEOUT = 180.0
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    """A real Prefect server in a PREFECT_HOME of its own (one for the module: a start takes 15-40 s here); the API
+    URL and the environment for its clients."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.delenv("PREFECT_API_URL", raising=False)
+        monkeypatch.setenv("PREFECT_HOME", str(home))
+        api_url = ensure_server(home, startup_timeout=SERVER_TIMEOUT)
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api_url, "PYTHONPATH": str(REPO_ROOT)}
+    env = {name: value for name, value in env.items() if not name.startswith("APP_")}
+    yield api_url, env
+    stop_server(home)
+    kill_servers_of(home)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A site directory with a configuration whose paths are relative to it, and data to import."""
+    site = tmp_path_factory.mktemp("site")
+    (site / "data").mkdir(parents=True)
+    (site / "data" / "a.ndjson").write_text(
+        '{"resourceType":"Patient","id":"1"}\n{"resourceType":"Patient","id":"2"}\n'
+    )
+    (site / "job.yaml").write_text(
+        "pipeline:\n  enabled_steps: [local_import]\njobs_dir: ./jobs\n"
+        "services:\n  local_import:\n    dir: ./data\n  pseudonymizer:\n    url: http://127.0.0.1:9\n"
+    )
+    return site
+
+
+@pytest.fixture(scope="module")
+def served(server, site: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The flow served from another working directory; yields the deployment id."""
+    api_url, env = server
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "deployments.serve", str(site / "job.yaml"), "--name", name],
+        cwd=elsewhere,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield wait_for_deployment(api_url, f"dupflow/{name}", process)
+    finally:
+        process.terminate()
+        process.wait(30)
+    assert list(elsewhere.iterdir()) == []
+
+
+def wait_for_deployment(api_url: str, name: str, process: subprocess.Popen) -> str:
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the serve process ended"
+        response = httpx.get(f"{api_url}/deployments/name/{name}")
+        if response.status_code == 200:
+            return response.json()["id"]
+        time.sleep(0.5)
+    raise AssertionError(f"deployment {name} did not appear")
+
+
+def run_deployment(api_url: str, deployment_id: str, parameters: dict) -> dict:
+    """Create a run as the UI does and wait for it to end; the final flow run as the server has it."""
+    created = httpx.post(f"{api_url}/deployments/{deployment_id}/create_flow_run", json={"parameters": parameters})
+    created.raise_for_status()
+    run_id = created.json()["id"]
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while time.monotonic() < deadline:
+        run = httpx.get(f"{api_url}/flow_runs/{run_id}").json()
+        if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return run
+        time.sleep(0.5)
+    raise AssertionError(f"flow run {run_id} did not end")
+
+
+def test_a_deployment_run_is_a_named_tagged_job_under_the_configs_directory(server, site, served):
+    api_url, env = server
+    run = run_deployment(api_url, served, {})
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    job_id = run["name"]
+    assert str(uuid.UUID(job_id)) == job_id
+    assert f"job-{job_id}" in run["tags"]
+    job_dir = site / "jobs" / job_id
+    assert (job_dir / "import" / "a.ndjson.zst").is_file()
+
+    status = run_cli("status", job_id, "--jobs-dir", str(site / "jobs"), env=env)
+    assert status.returncode == 0, status.stderr
+    assert f"state:     Completed (flow run {run['id']})" in status.stdout
+
+
+def test_a_secret_in_the_deployments_overrides_is_refused_before_any_work(server, site, served):
+    api_url, _ = server
+    jobs_before = set((site / "jobs").glob("*")) if (site / "jobs").exists() else set()
+    secret = "hunter2-" + uuid.uuid4().hex
+    run = run_deployment(api_url, served, {"overrides": {"services.pseudonymizer.auth.password": secret}})
+    assert run["state"]["type"] == "FAILED"
+    assert "services.pseudonymizer.auth.password" in run["state"]["message"]
+    assert "secret" in run["state"]["message"] and secret not in run["state"]["message"]
+    jobs_after = set((site / "jobs").glob("*")) if (site / "jobs").exists() else set()
+    assert jobs_after == jobs_before
