@@ -88,7 +88,7 @@ def validation(step: StepInput) -> StepResult:
         raise StepError(failure_message(step.output_dir, checked))
     return step.result(
         [c.report for c in checked],
-        files=[c.model_dump(exclude={"report"}) for c in checked],
+        per_file=[c.model_dump(exclude={"report"}) for c in checked],
         resources=sum(c.resources for c in checked),
         resources_with_errors=sum(c.resources_with_errors for c in checked),
         errors=sum(c.errors for c in checked),
