@@ -17,10 +17,11 @@ from typing import Any
 import orjson
 import pytest
 import zstandard
+from prefect import flow
 
 from config.settings import Settings
 from tasks.clients.fhir_server import FhirServer
-from tasks.contract import DataFile
+from tasks.contract import DataFile, StepInput, StepResult, register_settings
 from tasks.errors import StepError
 from tasks.send import (
     SEND_ENTRY_TAG_SYSTEM,
@@ -28,6 +29,7 @@ from tasks.send import (
     entry_tag,
     iter_batches,
     refuse_csv_input,
+    send,
     send_resources,
 )
 from tests.conftest import REPO_ROOT, TESTDATA
@@ -384,3 +386,40 @@ def recorded_batches(progress: Path) -> int:
         return orjson.loads(progress.read_bytes())["batches"]
     except (OSError, orjson.JSONDecodeError):
         return 0
+
+
+# --- the Prefect step -----------------------------------------------------------------------------------------
+
+
+@flow
+def run_send_step(step: StepInput) -> StepResult:
+    return send(step)
+
+
+@pytest.mark.slow  # a Prefect test server
+def test_the_step_task_sends_core_first_and_a_second_run_is_served_from_the_job_cache(sekmet, tmp_path, prefect_api):
+    prefix = uuid.uuid4().hex[:8]
+    resources = generated(30, prefix)
+    job_dir = tmp_path / "job"
+    core = write_ndjson(job_dir / "import" / "core.ndjson.zst", resources[:3], zstd=True)
+    batch = write_ndjson(job_dir / "import" / "batch-1.ndjson", resources[3:])
+    register_settings(job_dir, settings_for(sekmet.url, batch_size=7))
+    step = StepInput(
+        job_id=f"job-{prefix}",
+        job_dir=str(job_dir),
+        position=1,
+        step="send",
+        folder="import",
+        files=[DataFile(name=p.name, size=p.stat().st_size, resources=n) for p, n in ((batch, 27), (core, 3))],
+    )
+
+    result = run_send_step(step)
+    again = run_send_step(step)
+
+    assert result.folder == "import"
+    assert [f.name for f in result.files] == ["core.ndjson.zst", "batch-1.ndjson"]
+    assert result.summary["entries"] == 30 and result.summary["transactions"] == 1 + 4
+    assert again.summary == result.summary
+    stored = stored_as_sent(sekmet, resources)
+    assert {resource["meta"]["versionId"] for resource in stored.values()} == {"1"}  # nothing sent twice
+    assert orjson.loads((job_dir / "send" / "progress" / "batch-1.ndjson.json").read_bytes())["complete"]
