@@ -159,10 +159,10 @@ def test_an_unreadable_anonymization_config_names_the_key_and_the_path(tmp_path)
     assert "services.pseudonymizer.anonymization_config" in str(caught.value) and str(missing) in str(caught.value)
 
 
-def test_max_concurrent_requests_defaults_to_4_and_must_be_at_least_1():
+def test_max_concurrent_requests_defaults_to_4_and_must_be_between_1_and_1000():
     steps = {"pipeline.enabled_steps": "[local_import]"}
     assert load_settings(None, env={}, overrides=steps).settings.services.pseudonymizer.max_concurrent_requests == 4
-    with pytest.raises(ConfigError, match="max_concurrent_requests .*must be at least 1"):
+    with pytest.raises(ConfigError, match="max_concurrent_requests .*must be between 1 and 1000"):
         load_settings(None, env={}, overrides={**steps, "services.pseudonymizer.max_concurrent_requests": "0"})
 
 
