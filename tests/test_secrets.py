@@ -74,8 +74,9 @@ def test_a_secret_given_on_the_command_line_is_refused(tmp_path):
     config.write_text("pipeline:\n  enabled_steps: [local_import]\n")
     result = run_cli("start", str(config), str(tmp_path), "--set", "services.send.s3.secret_access_key=abc")
     assert result.returncode == 2
-    assert "services.send.s3.secret_access_key is a secret" in result.stderr
-    assert "APP_* environment variable" in result.stderr
+    assert "services.send.s3.secret_access_key (in --set): is a secret" in result.stderr
+    assert "${VAR}" in result.stderr and "APP_SERVICES_SEND_S3_SECRET_ACCESS_KEY" in result.stderr
+    assert "abc" not in result.stderr
 
 
 @pytest.mark.slow
