@@ -42,9 +42,10 @@ _ELSEWHERE: dict[str, str] = MODEL["pathsDefinedElsewhere"]
 _TYPES: dict[str, str] = MODEL["path2Type"]
 
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
-_SEGMENT = re.compile(rf"(?P<first>first\(\))|(?P<member>{_IDENTIFIER})(?:\.ofType\((?P<type>{_IDENTIFIER})\))?")
-_MEMBER_PATH = re.compile(
-    rf"^(?:first\(\)|{_IDENTIFIER}(?:\.ofType\({_IDENTIFIER}\))?)(?:\.(?:first\(\)|{_IDENTIFIER}(?:\.ofType\({_IDENTIFIER}\))?))*$"
+_SEGMENT = re.compile(
+    rf"(?P<first>first\(\))"
+    rf"|where\(\s*(?P<where>{_IDENTIFIER})\s*=\s*'(?P<literal>[^'\\]*)'\s*\)"
+    rf"|(?P<member>{_IDENTIFIER})(?:\.ofType\((?P<type>{_IDENTIFIER})\))?"
 )
 _KEYWORDS = {"and", "or", "xor", "implies", "div", "mod", "in", "contains", "is", "as", "true", "false"}
 
@@ -93,47 +94,64 @@ def plain(value: Any) -> Any:
 # --- member paths, walked directly ------------------------------------------------------------------------------
 
 
-def member_steps(expression: str) -> list[tuple[str, str | None]] | None:
-    """``[(member, ofType or None), …]`` (``first()`` as member ``""``) for a plain member path, else None.
+Step = tuple[str, str, str | None]  # ("member", name, ofType) | ("first", "", None) | ("where", member, literal)
 
-    ``$this`` alone is the empty list. A leading capitalised name (a type filter such as ``Patient.name``) and
-    anything with operators, literals, indexes or other functions is left to the interpreter.
+
+def member_steps(expression: str) -> list[Step] | None:
+    """The steps of a plain member path, else None (the interpreter evaluates it).
+
+    Plain: members (``code.coding``), ``member.ofType(Type)``, ``first()`` and ``where(member = 'text')`` joined
+    by dots; ``$this`` alone is no step at all. A leading capitalised name (a type filter such as
+    ``Patient.name``), operators, other literals, indexes and other functions are left to the interpreter.
     """
     text = expression.strip()
     if text == "$this":
         return []
-    if not _MEMBER_PATH.match(text):
-        return None
-    steps: list[tuple[str, str | None]] = []
-    for match in _SEGMENT.finditer(text):
-        if match["first"]:
-            if not steps:
-                return None
-            steps.append(("", None))
-            continue
-        member = match["member"]
-        if member in _KEYWORDS or (not steps and member[0].isupper()):
+    steps: list[Step] = []
+    position = 0
+    while True:
+        match = _SEGMENT.match(text, position)
+        if match is None:
             return None
-        steps.append((member, match["type"]))
-    return steps
+        if match["first"]:
+            steps.append(("first", "", None))
+        elif match["where"]:
+            steps.append(("where", match["where"], match["literal"]))
+        else:
+            member = match["member"]
+            if member in _KEYWORDS or (not steps and member[0].isupper()):
+                return None
+            steps.append(("member", member, match["type"]))
+        position = match.end()
+        if position == len(text):
+            return steps
+        if text[position] != ".":
+            return None
+        position += 1
 
 
-def _member_path(steps: list[tuple[str, str | None]]) -> Compiled:
+def _member_path(steps: list[Step]) -> Compiled:
     def evaluate(focus: Item, env: Env) -> list[Item]:
         items = [focus]
-        for member, of_type in steps:
-            if not member:
+        for kind, name, argument in steps:
+            if kind == "first":
                 items = items[:1]
-                continue
-            found: list[Item] = []
-            for item in items:
-                found.extend(child_items(item, member, of_type))
-            items = found
+            elif kind == "where":
+                items = [item for item in items if _values_of(item, name) == [argument]]
+            else:
+                found: list[Item] = []
+                for item in items:
+                    found.extend(child_items(item, name, argument))
+                items = found
             if not items:
                 break
         return items
 
     return evaluate
+
+
+def _values_of(item: Item, member: str) -> list[Any]:
+    return [child.data for child in child_items(item, member)]
 
 
 def child_items(item: Item, member: str, of_type: str | None = None) -> list[Item]:
@@ -206,6 +224,7 @@ def _interpreted(expression: str) -> Compiled:
         data_root = arraify(node)
         ctx = {
             "dataRoot": data_root,
+            "$this": data_root,
             "vars": {"context": node, "ucum": "http://unitsofmeasure.org", **env},
             "model": MODEL,
             "userInvocationTable": SOF_FUNCTIONS,

@@ -1,0 +1,241 @@
+"""Benchmark: resources/s of the embedded SQL-on-FHIR engine in the flattening step, beside the ``sqlonfhir`` package.
+
+Run: ``uv run python -m tests.benchmarks.bench_flattening [--patients N] [--reference-sample N]``.
+
+Data: seeded random TORCH-shaped batch lines (one transaction Bundle per patient: a Patient, Conditions with one
+to three ICD-10 codings, Procedures with OPS and SNOMED codings, Encounters no group routes, one Provenance per
+attribute group), flattened with the shared example's CRTDL and lookup (three groups). Figures printed:
+
+- anchor: parsing the same bytes with orjson (resources/s), the floor any JSON pipeline pays;
+- ours: the whole step's work (scan, parse, route, rows, CSV) on every resource, and peak RSS;
+- reference: ``sqlonfhir`` (the SQL-on-FHIR reference runner on fhirpathpy; it pins an older fhirpathpy, so it
+  runs in its own environment through ``uv run --no-project --with sqlonfhir``) evaluating the same three views
+  over the same resources, already parsed and grouped by type (so only view evaluation is timed), on the first
+  ``--reference-sample`` resources.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+from tasks.flattening import flatten_paths, plan_views
+from tasks.sof.resources import line_resources
+from tests.conftest import TESTDATA
+
+EXAMPLE = TESTDATA / "flattening" / "example"
+LOOKUP = TESTDATA / "flattening" / "flatten-lookup.json"
+GROUP_SYSTEM = "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"
+ICD = "http://fhir.de/CodeSystem/bfarm/icd-10-gm"
+
+REFERENCE_SCRIPT = r"""
+import json, sys, time
+import sqlonfhir
+views = json.loads(open(sys.argv[1]).read())
+by_type = {}
+for line in open(sys.argv[2]):
+    resource = json.loads(line)
+    by_type.setdefault(resource["resourceType"], []).append(resource)
+count = sum(len(v) for v in by_type.values())
+started = time.perf_counter()
+rows = 0
+for view in views:
+    rows += len(sqlonfhir.evaluate(by_type.get(view["resource"], []), view))
+seconds = time.perf_counter() - started
+print(json.dumps({"resources": count, "rows": rows, "seconds": seconds}))
+"""
+
+
+def patient_bundle(rng: random.Random, index: int, groups: dict[str, str]) -> dict:
+    pid = f"pat-{index}"
+    subject = {"reference": f"Patient/{pid}"}
+    entries = [
+        {
+            "resourceType": "Patient",
+            "id": pid,
+            "meta": {
+                "profile": [
+                    "https://www.medizininformatik-initiative.de/fhir/core/modul-person/StructureDefinition/PatientPseudonymisiert"
+                ]
+            },
+            "active": rng.random() < 0.9,
+            "gender": rng.choice(["male", "female", "other"]),
+            "birthDate": f"{rng.randint(1930, 2020)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
+            **(
+                {"deceasedDateTime": f"20{rng.randint(10, 24)}-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}"}
+                if rng.random() < 0.1
+                else {}
+            ),
+        }
+    ]
+    conditions = [
+        {
+            "resourceType": "Condition",
+            "id": f"{pid}-cond-{c}",
+            "clinicalStatus": {
+                "coding": [{"system": "http://terminology.hl7.org/CodeSystem/condition-clinical", "code": "active"}]
+            },
+            "verificationStatus": {
+                "coding": [
+                    {"system": "http://terminology.hl7.org/CodeSystem/condition-ver-status", "code": "confirmed"}
+                ]
+            },
+            "code": {
+                "coding": [
+                    {
+                        "system": ICD,
+                        "version": "2024",
+                        "code": f"{rng.choice('ABCDEIJKM')}{rng.randint(0, 99):02d}.{rng.randint(0, 9)}",
+                    }
+                    for _ in range(rng.randint(1, 3))
+                ]
+            },
+            "subject": subject,
+            "recordedDate": f"2024-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}T10:30:00+01:00",
+            "extension": [
+                {"url": "http://hl7.org/fhir/StructureDefinition/condition-assertedDate", "valueDateTime": "2024-01-15"}
+            ],
+        }
+        for c in range(rng.randint(1, 4))
+    ]
+    procedures = [
+        {
+            "resourceType": "Procedure",
+            "id": f"{pid}-proc-{p}",
+            "status": "completed",
+            "code": {
+                "coding": [
+                    {
+                        "system": "http://fhir.de/CodeSystem/bfarm/ops",
+                        "version": "2024",
+                        "code": f"{rng.randint(1, 9)}-{rng.randint(100, 999)}",
+                    },
+                    {"system": "http://snomed.info/sct", "code": str(rng.randint(10**8, 10**9))},
+                ]
+            },
+            "subject": subject,
+            "performedPeriod": {"start": "2024-01-15T11:00:00+01:00", "end": "2024-01-17T14:30:00+01:00"},
+        }
+        for p in range(rng.randint(0, 3))
+    ]
+    encounters = [
+        {"resourceType": "Encounter", "id": f"{pid}-enc-{e}", "status": "finished", "subject": subject}
+        for e in range(rng.randint(0, 2))
+    ]
+    resources = entries + conditions + procedures + encounters
+    provenance = [
+        {
+            "resourceType": "Provenance",
+            "id": f"{pid}-prov-{name}",
+            "target": [{"reference": f"{r['resourceType']}/{r['id']}"} for r in members],
+            "entity": [{"role": "source", "what": {"identifier": {"system": GROUP_SYSTEM, "value": groups[name]}}}],
+        }
+        for name, members in (("Patient", entries), ("Condition", conditions), ("Procedure", procedures))
+        if members
+    ]
+    return {
+        "resourceType": "Bundle",
+        "type": "transaction",
+        "entry": [
+            {"resource": r, "request": {"method": "PUT", "url": f"{r['resourceType']}/{r['id']}"}}
+            for r in resources + provenance
+        ],
+    }
+
+
+def write_data(folder: Path, patients: int, seed: int) -> tuple[Path, int]:
+    crtdl = json.loads((EXAMPLE / "example-crtdl.json").read_text())
+    ids = [g["id"] for g in crtdl["dataExtraction"]["attributeGroups"]]
+    groups = dict(zip(("Patient", "Condition", "Procedure"), ids, strict=True))
+    rng = random.Random(seed)
+    path = folder / "batch.ndjson"
+    count = 0
+    with path.open("wb") as out:
+        for index in range(patients):
+            bundle = patient_bundle(rng, index, groups)
+            count += sum(1 for e in bundle["entry"] if e["resource"]["resourceType"] != "Provenance")
+            out.write(orjson.dumps(bundle) + b"\n")
+    return path, count
+
+
+def anchor(path: Path) -> float:
+    started = time.perf_counter()
+    count = 0
+    with path.open("rb") as lines:
+        for line in lines:
+            count += len(orjson.loads(line)["entry"])
+    return count / (time.perf_counter() - started)
+
+
+def reference(views: list[dict], path: Path, sample: int, folder: Path) -> dict | None:
+    flat = folder / "resources.ndjson"
+    taken = 0
+    with path.open("rb") as lines, flat.open("wb") as out:
+        for line in lines:
+            for item in line_resources(orjson.loads(line)):
+                if item["resourceType"] != "Provenance" and taken < sample:
+                    out.write(orjson.dumps(item) + b"\n")
+                    taken += 1
+    (folder / "views.json").write_text(json.dumps(views))
+    command = [
+        "uv",
+        "run",
+        "--no-project",
+        "--with",
+        "sqlonfhir",
+        "python",
+        "-c",
+        REFERENCE_SCRIPT,
+        str(folder / "views.json"),
+        str(flat),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=folder)
+    if done.returncode != 0:
+        print(f"sqlonfhir could not run: {done.stderr.strip()[-400:]}")
+        return None
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--patients", type=int, default=17_000)
+    parser.add_argument("--reference-sample", type=int, default=10_000)
+    parser.add_argument("--seed", type=int, default=11)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        path, count = write_data(folder, args.patients, args.seed)
+        size_mb = path.stat().st_size / 1e6
+        print(f"data: {count} resources (no Provenance) in {args.patients} patient Bundles, {size_mb:.1f} MB")
+        print(f"anchor: orjson parse of the same bytes: {anchor(path):,.0f} resources/s")
+        views, skipped = plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)
+        started = time.perf_counter()
+        outcome = flatten_paths([path], folder / "out", views, skipped, max_line_bytes=64 << 20)
+        seconds = time.perf_counter() - started
+        rows = sum(g.rows for g in outcome.groups)
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        ours = count / seconds
+        print(
+            f"ours (whole step: scan, parse, route, rows, CSV): {ours:,.0f} resources/s, {rows} rows, "
+            f"peak RSS {peak_mb:.0f} MB"
+        )
+        result = reference([v.view for v in views], path, args.reference_sample, folder)
+        if result:
+            theirs = result["resources"] / result["seconds"]
+            print(
+                f"sqlonfhir (view evaluation only, {result['resources']} resources): {theirs:,.0f} resources/s, "
+                f"{result['rows']} rows"
+            )
+            print(f"ratio: {ours / theirs:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
