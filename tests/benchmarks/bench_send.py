@@ -196,12 +196,11 @@ def memory(megabytes: int, work: Path) -> None:
         fake.terminate()
         fake.wait(timeout=10)
     print(f"peak memory, input {plain / MB:.0f} MB NDJSON ({source.stat().st_size / MB:.0f} MB zstd), fake server:")
-    print(
-        f"  direct_resource_load (batch_size 1000)  +{(peak_d - base_d) / 1024:6.0f} MB RSS, {plain / MB / direct_s:6.1f} MB/s"
-    )
-    print(
-        f"  transfer_load (zip + base64 stream)     +{(peak_t - base_t) / 1024:6.0f} MB RSS, {plain / MB / transfer_s:6.1f} MB/s"
-    )
+    for label, base, peak, seconds in (
+        ("direct_resource_load (batch_size 1000)", base_d, peak_d, direct_s),
+        ("transfer_load (zip + base64 stream)   ", base_t, peak_t, transfer_s),
+    ):
+        print(f"  {label}  +{(peak - base) / 1024:6.0f} MB RSS, {plain / MB / seconds:6.1f} MB/s")
     print(f"  anchor: reading + decompressing alone    {plain / MB / read_s:6.1f} MB/s")
 
 
