@@ -250,6 +250,7 @@ S3Uploader(SendSettings(**config), TlsSettings(), RetrySettings(max_attempts=1),
 """
 
 
+@pytest.mark.slow
 def test_a_kill_during_a_multipart_upload_leaves_no_orphaned_upload_after_the_next_run(proxy, store, bucket, tmp_path):
     source = data_file(tmp_path / "batch-0001.ndjson", 20 * MB)
     manifest = tmp_path / "s3-manifest.json"

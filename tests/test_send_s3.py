@@ -1,0 +1,191 @@
+"""The send step in s3_upload mode end to end through the CLI: moto in server mode (path style, eu-central-1) behind
+a proxy that demands Proxy-Authorization; what the bucket holds is read from moto directly.
+
+Runs once the flow offers the ``send`` step (``flows.pipeline.STEPS``).
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import signal
+from pathlib import Path
+
+import orjson
+import pytest
+import zstandard
+
+from flows.pipeline import STEPS
+from flows.run import EXIT_OK, main
+from tests.conftest import TESTDATA, run_cli
+from tests import test_client_s3 as s3
+from tests.test_client_s3 import (
+    ACCESS_KEY_ID,
+    PROXY_PASSWORD,
+    PROXY_USER,
+    REGION,
+    SECRET_ACCESS_KEY,
+    file_digest,
+    incomplete_uploads,
+    listing,
+    manifest_objects,
+    stored_digest,
+)
+from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
+
+pytestmark = [
+    pytest.mark.skipif("send" not in STEPS, reason="the flow does not offer the send step yet (flows.pipeline.STEPS)"),
+    pytest.mark.usefixtures("prefect_api"),
+]
+
+moto_url, running_proxy, proxy, store, bucket = s3.moto_url, s3.running_proxy, s3.proxy, s3.store, s3.bucket
+
+SECRETS = (ACCESS_KEY_ID, SECRET_ACCESS_KEY, PROXY_PASSWORD)
+EXAMPLE_RESULT = TESTDATA / "extraction" / "example-result" / "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson"
+BLAZE_BUNDLE = TESTDATA / "extraction" / "BlazeBundle.json"
+
+
+@pytest.fixture
+def credentials(monkeypatch):
+    """The secrets reach the configuration through ${VAR} substitution, as the spec recommends."""
+    monkeypatch.setenv("DUPFLOW_TEST_S3_KEY_ID", ACCESS_KEY_ID)
+    monkeypatch.setenv("DUPFLOW_TEST_S3_SECRET", SECRET_ACCESS_KEY)
+    monkeypatch.setenv("DUPFLOW_TEST_PROXY_PASSWORD", PROXY_PASSWORD)
+
+
+def write_config(tmp_path: Path, proxy, bucket: str, steps: list[str], *, compression: bool = True, extra: str = ""):
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        f"pipeline:\n  enabled_steps: {orjson.dumps(steps).decode()}\n"
+        f"jobs_dir: {tmp_path / 'jobs'}\n"
+        f"compression:\n  enabled: {str(compression).lower()}\n  level: fastest\n"
+        "retry:\n  initial_backoff_ms: 1\n  max_backoff_ms: 5\n"
+        "services:\n"
+        "  send:\n"
+        "    send_as: s3_upload\n"
+        f"    auth:\n      username: {PROXY_USER}\n      password: ${{DUPFLOW_TEST_PROXY_PASSWORD}}\n"
+        "    s3:\n"
+        f"      bucket: {bucket}\n"
+        f"      region: {REGION}\n"
+        "      access_key_id: ${DUPFLOW_TEST_S3_KEY_ID}\n"
+        "      secret_access_key: ${DUPFLOW_TEST_S3_SECRET}\n"
+        f"      endpoint: {proxy.base_url}\n"
+        "      use_path_style: true\n" + extra
+    )
+    return config
+
+
+def real_inputs(tmp_path: Path) -> Path:
+    """A real TORCH result file (plain) and the TORCH test patients as one zstd-compressed Bundle line."""
+    source = tmp_path / "in"
+    source.mkdir()
+    shutil.copy(EXAMPLE_RESULT, source / EXAMPLE_RESULT.name)
+    line = orjson.dumps(orjson.loads(BLAZE_BUNDLE.read_bytes())) + b"\n"
+    (source / "blaze.ndjson.zst").write_bytes(zstandard.ZstdCompressor().compress(line))
+    return source
+
+
+def assert_bucket_matches_folder(store, bucket: str, job_dir: Path, folder: str) -> None:
+    """Every file of the step's input folder is one object ``<job id>/<name>`` with its bytes, and nothing else;
+    the manifest agrees with the listing; no multipart upload is left open."""
+    files = sorted(p for p in (job_dir / folder).iterdir() if p.is_file() and not p.name.startswith("."))
+    objects = listing(store, bucket)
+    assert [o.key for o in objects] == [f"{job_dir.name}/{p.name}" for p in files]
+    assert all(stored_digest(store, bucket, o.key) == file_digest(p) for o, p in zip(objects, files, strict=True))
+    assert manifest_objects(job_dir / "send" / "s3-manifest.json") == objects
+    assert incomplete_uploads(store, bucket) == []
+
+
+def assert_no_secret_under(folder: Path, *texts: str) -> None:
+    for secret in SECRETS:
+        assert all(secret not in text for text in texts), secret
+        for path in folder.rglob("*"):
+            if path.is_file():
+                assert secret.encode() not in path.read_bytes(), (secret, path)
+
+
+@pytest.mark.parametrize("compression", [True, False], ids=["zstd", "plain"])
+def test_local_import_then_s3_upload_puts_every_file_once_through_the_proxy(
+    credentials, proxy, store, bucket, tmp_path, compression
+):
+    config = write_config(tmp_path, proxy, bucket, ["local_import", "send"], compression=compression)
+
+    result = run_cli("start", str(config), str(real_inputs(tmp_path)), "--no-progress")
+
+    assert result.returncode == EXIT_OK, result.stderr
+    job_dir = only_job_dir(tmp_path / "jobs")
+    assert job_file(job_dir)["state"] == "Completed"
+    suffix = ".ndjson.zst" if compression else ".ndjson"
+    assert all(o.key.endswith(suffix) for o in listing(store, bucket)) and len(listing(store, bucket)) == 2
+    assert_bucket_matches_folder(store, bucket, job_dir, "import")
+    assert proxy.state.requests and all(r.authorized for r in proxy.state.requests)
+    assert_no_secret_under(tmp_path / "jobs", result.stdout, result.stderr)
+
+
+def test_after_the_pseudonymizer_the_pseudonymized_files_are_uploaded(
+    credentials, proxy, store, bucket, pseudonymizer_fake, tmp_path, capsys
+):
+    extra = f"  pseudonymizer:\n    url: {pseudonymizer_fake.base_url}\n"
+    config = write_config(tmp_path, proxy, bucket, ["local_import", "pseudonymizer", "send"], extra=extra)
+
+    assert main(["start", str(config), str(real_inputs(tmp_path)), "--no-progress"]) == EXIT_OK
+
+    job_dir = only_job_dir(tmp_path / "jobs")
+    assert_bucket_matches_folder(store, bucket, job_dir, "pseudonymizer")
+    out = capsys.readouterr()
+    assert_no_secret_under(tmp_path / "jobs", out.out, out.err)
+
+
+def test_a_refused_proxy_login_fails_the_job_naming_the_auth_keys_without_the_password(
+    credentials, proxy, store, bucket, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("DUPFLOW_TEST_PROXY_PASSWORD", "not-the-password")
+    config = write_config(tmp_path, proxy, bucket, ["local_import", "send"])
+
+    result = run_cli("start", str(config), str(real_inputs(tmp_path)), "--no-progress")
+
+    assert result.returncode != EXIT_OK
+    assert "407" in result.stderr and "services.send.auth" in result.stderr
+    assert "not-the-password" not in result.stdout + result.stderr
+    assert listing(store, bucket) == []
+    assert_no_secret_under(tmp_path / "jobs", result.stdout, result.stderr)
+
+
+def random_resources(path: Path, megabytes: int, seed: int) -> Path:
+    """NDJSON Observations with random notes: ``megabytes`` of data that does not compress away."""
+    rng = random.Random(seed)
+    with open(path, "wb") as out:
+        for n in range(megabytes * 1024):
+            note = rng.randbytes(500).hex()
+            out.write(orjson.dumps({"resourceType": "Observation", "id": f"o-{n}", "note": [{"text": note}]}) + b"\n")
+    return path
+
+
+@pytest.mark.slow
+def test_kill_during_a_multipart_upload_then_continue_leaves_every_object_once(
+    credentials, proxy, store, bucket, tmp_path
+):
+    source = tmp_path / "in"
+    source.mkdir()
+    shutil.copy(EXAMPLE_RESULT, source / "a.ndjson")
+    random_resources(source / "b.ndjson", 20, seed=5)
+    config = write_config(tmp_path, proxy, bucket, ["local_import", "send"], compression=False)
+    proxy.state.hold_parts = True
+
+    process = start_cli_process("start", str(config), str(source), "--no-progress")
+    wait_for(lambda: proxy.state.part_held.wait(0.05) or None, process, timeout=120)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    proxy.state.hold_parts = False
+    proxy.state.release.set()
+    job_dir = only_job_dir(tmp_path / "jobs")
+    assert [o.key for o in listing(store, bucket)] == [f"{job_dir.name}/a.ndjson"]
+    assert len(incomplete_uploads(store, bucket)) == 1
+    proxy.state.reset()
+
+    result = run_cli("continue", str(job_dir), "--no-progress")
+
+    assert result.returncode == EXIT_OK, result.stderr
+    assert_bucket_matches_folder(store, bucket, job_dir, "import")
+    uploads = [r.path for r in proxy.state.requests if r.operation in ("PutObject", "CreateMultipartUpload")]
+    assert uploads == [f"/{bucket}/{job_dir.name}/b.ndjson?uploads"]  # a.ndjson was not sent again
