@@ -42,7 +42,7 @@ from tasks.record import read_facts, read_step_manifest, record_facts
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EMBEDDED_CONFIG = REPO_ROOT / "config" / "default.yaml"
-EMBEDDED_SAMPLE = REPO_ROOT / "config" / "sample-data"
+EMBEDDED_CRTDL = REPO_ROOT / "config" / "sample-data" / "crtdl.json"
 FLAG_KEYS = {"dir": "services.local_import.dir", "anonymization_config": "services.pseudonymizer.anonymization_config"}
 
 
@@ -179,7 +179,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     overrides, labels = overrides_from_flags(args)
     config_path, job_input = args.config, args.input
     if config_path is None:
-        config_path, job_input = str(EMBEDDED_CONFIG), str(EMBEDDED_SAMPLE)
+        config_path, job_input = str(EMBEDDED_CONFIG), str(EMBEDDED_CRTDL)
     load(config_path, overrides, labels)  # configuration errors name the flag that set a value
     job = prepare_job(None, config_path, job_input, overrides, overrides_source="--set")
     print(f"job {job.job_id}: {job.paths.job_dir}")

@@ -60,14 +60,17 @@ def resources_in(path: Path) -> int:
     return sum(1 for line in data.splitlines() if line.strip())
 
 
-def test_the_embedded_default_job_imports_the_sample_data(tmp_path, monkeypatch, capsys):
+def test_the_embedded_default_job_imports_and_flattens_the_sample_data(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["start", "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")
     imported = sorted(p.name for p in (job_dir / "import").iterdir())
     assert imported == ["b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson.zst", "fhir-data.ndjson.zst"]
-    assert str(job_dir / "import") in capsys.readouterr().out
+    csvs = sorted(p.name for p in (job_dir / "flattening").glob("*.csv"))
+    assert "Diagnosis.csv" in csvs and "Procedure.csv" in csvs
+    assert str(job_dir / "flattening") in capsys.readouterr().out
     assert job_file(job_dir)["state"] == "Completed"
+    assert (job_dir / "crtdl.json").read_bytes() == (REPO_ROOT / "config" / "sample-data" / "crtdl.json").read_bytes()
 
     artifacts = read_artifacts(f"job-{job_dir.name}")
     assert "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson.zst" in artifacts[f"job-{job_dir.name}-00-local-import"]
