@@ -825,7 +825,6 @@ class Settings(ConfigModel):
             ("extractor", "services.extractor.base_url", services.extractor.base_url),
             ("pseudonymizer", "services.pseudonymizer.url", services.pseudonymizer.url),
             ("validation", "services.validation.url", services.validation.url),
-            ("flattening", "services.flattening.service_url", services.flattening.service_url),
             ("flattening", "services.flattening.lookup_path", services.flattening.lookup_path),
         ]
         problems = [
