@@ -1,0 +1,230 @@
+"""Issue 12 acceptance: a deployment from ``deployments/prefect.yaml`` on a process work pool, inspected and resumed.
+
+Against a real ``prefect server start`` on loopback, as a user would do it from a clean clone: create the process
+pool, ``prefect deploy --all`` from the repository root, start a worker, trigger a ``local_import → wait →
+pseudonymizer`` job from the ``on-demand`` deployment. The run suspends at the wait step (its process ends) with the
+inspection artifact and log line; the worker is killed and started again; a corrected file goes into the ``_wait``
+folder; the run is resumed through the REST API with the form's input, and completes reading that folder. The job
+id is the run's name and tag throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from flows.prefect_server import ensure_server, stop_server
+from tasks.ndjson import iter_resources
+from tests.conftest import REPO_ROOT
+from tests.test_prefect_server import kill_servers_of
+
+pytestmark = pytest.mark.slow
+
+POOL = "dupflow"  # the work pool deployments/prefect.yaml names
+SERVER_TIMEOUT = 240.0
+TIMEOUT = 180.0
+PARAMETERS = ("job_id", "config_path", "job_input", "overrides")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    """A real Prefect server in a PREFECT_HOME of its own; its API URL and the environment for its clients."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.delenv("PREFECT_API_URL", raising=False)
+        monkeypatch.setenv("PREFECT_HOME", str(home))
+        api_url = ensure_server(home, startup_timeout=SERVER_TIMEOUT)
+    env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
+    env |= {
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": api_url,
+        "PYTHONPATH": str(REPO_ROOT),
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+    }
+    yield api_url, env
+    stop_server(home)
+    kill_servers_of(home)
+
+
+@pytest.fixture(scope="module")
+def deployed(server) -> dict[str, dict[str, Any]]:
+    """``prefect work-pool create`` and ``prefect deploy --all`` from the repository root; the deployments by name."""
+    api_url, env = server
+    prefect("work-pool", "create", POOL, "--type", "process", env=env)
+    prefect("--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml", env=env)
+    names = ("nightly-sample", "on-demand")
+    deployments = {name: api(api_url, "GET", f"/deployments/name/dupflow/{name}") for name in names}
+    # The nightly schedule must not fire a sample job into the repository while the tests run.
+    api(api_url, "PATCH", f"/deployments/{deployments['nightly-sample']['id']}", json={"paused": True})
+    return deployments
+
+
+@pytest.fixture
+def site(tmp_path: Path, running_pseudonymizer) -> Path:
+    """A configuration for ``local_import → wait → pseudonymizer`` (paths relative to it) and data to import."""
+    (tmp_path / "data").mkdir()
+    write_patients(tmp_path / "data" / "a.ndjson", ["p1", "p2"])
+    (tmp_path / "job.yaml").write_text(
+        "pipeline:\n  enabled_steps: [local_import, wait, pseudonymizer]\njobs_dir: ./jobs\n"
+        f"services:\n  pseudonymizer:\n    url: {running_pseudonymizer.base_url}\n"
+    )
+    return tmp_path
+
+
+def test_deployments_from_prefect_yaml_have_a_schedule_and_a_described_parameter_form(deployed):
+    nightly = deployed["nightly-sample"]
+    (schedule,) = nightly["schedules"]
+    assert schedule["schedule"]["cron"] == "0 2 * * *"
+    assert schedule["schedule"]["timezone"] == "Europe/Berlin"
+    assert nightly["work_pool_name"] == POOL
+    assert nightly["description"]
+    assert nightly["parameters"]["config_path"] == "config/default.yaml"
+    for deployment in deployed.values():
+        properties = deployment["parameter_openapi_schema"]["properties"]
+        for name in PARAMETERS:
+            assert properties[name].get("description"), f"{deployment['name']}: {name} has no description"
+
+
+def test_a_suspended_job_survives_a_worker_restart_and_resumes_with_the_form_reading_the_wait_folder(
+    server, deployed, site, tmp_path_factory
+):
+    api_url, env = server
+    logs = tmp_path_factory.mktemp("worker-logs")
+    worker = start_worker(env, logs / "first.log")
+    try:
+        run_id = api(
+            api_url,
+            "POST",
+            f"/deployments/{deployed['on-demand']['id']}/create_flow_run",
+            json={"parameters": {"config_path": str(site / "job.yaml"), "job_input": str(site / "data")}},
+        )["id"]
+        run = wait_for_run(api_url, run_id, lambda run: run["state"]["type"] == "PAUSED", worker, logs)
+        assert run["state"]["name"] == "Suspended", run["state"]
+        job_id = run["name"]
+        assert str(uuid.UUID(job_id)) == job_id and f"job-{job_id}" in run["tags"]
+        job_dir = site / "jobs" / job_id
+        wait_dir = job_dir / "import_wait"
+        inspection = api(api_url, "GET", f"/artifacts/job-{job_id}-inspection/latest")["data"]
+        assert str(job_dir / "import") in inspection and str(wait_dir) in inspection
+        assert "/api/flow_runs/<id>/resume" in inspection and f"continue {job_id}" in inspection
+        assert str(wait_dir) in run_log(api_url, run_id)
+        assert wait_for_exit_of_flow_processes(worker)
+    finally:
+        stop_worker(worker)
+
+    write_patients(wait_dir / "corrected.ndjson", ["c1", "c2", "c3"])
+    worker = start_worker(env, logs / "second.log")
+    try:
+        note = "checked 2 patients, added 1"
+        api(api_url, "POST", f"/flow_runs/{run_id}/resume", json={"run_input": {"confirmed": True, "note": note}})
+        run = wait_for_run(api_url, run_id, lambda run: run["state"]["type"] in FINAL, worker, logs)
+    finally:
+        stop_worker(worker)
+
+    assert run["state"]["type"] == "COMPLETED", (run["state"], run_log(api_url, run_id))
+    assert run["name"] == job_id and f"job-{job_id}" in run["tags"]
+    outputs = sorted((job_dir / "pseudonymizer").iterdir())
+    assert [p.name for p in outputs] == ["corrected.ndjson.zst"]
+    assert len(list(iter_resources(outputs[0], 1 << 20))) == 3
+    facts = json.loads((job_dir / "facts.json").read_text())
+    assert facts["inspection_01"] == {"confirmed": True, "note": note}
+    record = api(api_url, "GET", f"/artifacts/job-{job_id}/latest")["data"]
+    assert "pseudonymizer" in record and note in record
+    assert [p.name for p in (site / "jobs").iterdir()] == [job_id], "the resumed run must not start a new job"
+
+
+# --- helpers ---------------------------------------------------------------------------------------------------
+
+FINAL = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+
+
+def write_patients(path: Path, ids: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"resourceType": "Patient", "id": i}) + "\n" for i in ids))
+
+
+def prefect(*args: str, env: dict[str, str]) -> None:
+    """A ``prefect`` command run from the repository root, as the README tells a user to."""
+    done = subprocess.run(
+        [sys.executable, "-m", "prefect", *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, f"prefect {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
+
+
+def api(api_url: str, method: str, path: str, **kwargs: Any) -> Any:
+    """One REST call; a 503 (the SQLite database busy on a loaded machine) is retried, as Prefect's client does."""
+    for attempt in range(5):
+        response = httpx.request(method, f"{api_url}{path}", timeout=30, **kwargs)
+        if response.status_code != 503:
+            break
+        time.sleep(0.5 * 2**attempt)
+    assert response.is_success, f"{method} {path}: {response.status_code} {response.text}"
+    return response.json() if response.content else None
+
+
+def start_worker(env: dict[str, str], log: Path) -> subprocess.Popen:
+    """``prefect worker start --pool dupflow`` from the repository root, in a process group of its own."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "prefect", "worker", "start", "--pool", POOL],
+            cwd=REPO_ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def stop_worker(worker: subprocess.Popen) -> None:
+    """kill -9 of the worker and everything it started: nothing may depend on it ending cleanly."""
+    with suppress(ProcessLookupError):
+        os.killpg(worker.pid, signal.SIGKILL)
+    worker.wait(30)
+
+
+def wait_for_exit_of_flow_processes(worker: subprocess.Popen) -> bool:
+    """A suspended run holds no process: the worker's flow-run child ends (bounded wait)."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        if not children_of(worker.pid):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def children_of(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def wait_for_run(
+    api_url: str, run_id: str, done: Callable[[dict], bool], worker: subprocess.Popen, logs: Path
+) -> dict[str, Any]:
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        assert worker.poll() is None, "the worker ended:\n" + "\n".join(p.read_text() for p in logs.iterdir())
+        run = api(api_url, "GET", f"/flow_runs/{run_id}")
+        if done(run) or run["state"]["type"] in FINAL:
+            return run
+        time.sleep(0.5)
+    raise AssertionError(f"flow run {run_id} stayed {run['state']}:\n{run_log(api_url, run_id)}")
+
+
+def run_log(api_url: str, run_id: str) -> str:
+    logs = api(api_url, "POST", "/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200})
+    return "\n".join(f"{entry['level']} {entry['message']}" for entry in logs)
