@@ -1,7 +1,6 @@
-"""The send step in s3_upload mode end to end through the CLI: moto in server mode (path style, eu-central-1) behind
-a proxy that demands Proxy-Authorization; what the bucket holds is read from moto directly.
-
-Runs once the flow offers the ``send`` step (``flows.pipeline.STEPS``).
+"""The send step in s3_upload mode end to end through the CLI (in-process; as processes for kill and continue):
+moto in server mode (path style, eu-central-1) behind a proxy that demands Proxy-Authorization; what the bucket
+holds is read from moto directly.
 """
 
 from __future__ import annotations
@@ -15,8 +14,7 @@ import orjson
 import pytest
 import zstandard
 
-from flows.pipeline import STEPS
-from flows.run import EXIT_OK, main
+from flows.run import EXIT_FAILED, EXIT_OK, main
 from tests.conftest import TESTDATA, run_cli
 from tests import test_client_s3 as s3
 from tests.test_client_s3 import (
@@ -33,10 +31,7 @@ from tests.test_client_s3 import (
 )
 from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
 
-pytestmark = [
-    pytest.mark.skipif("send" not in STEPS, reason="the flow does not offer the send step yet (flows.pipeline.STEPS)"),
-    pytest.mark.usefixtures("prefect_api"),
-]
+pytestmark = pytest.mark.usefixtures("prefect_api")
 
 moto_url, running_proxy, proxy, store, bucket = s3.moto_url, s3.running_proxy, s3.proxy, s3.store, s3.bucket
 
@@ -106,20 +101,20 @@ def assert_no_secret_under(folder: Path, *texts: str) -> None:
 
 @pytest.mark.parametrize("compression", [True, False], ids=["zstd", "plain"])
 def test_local_import_then_s3_upload_puts_every_file_once_through_the_proxy(
-    credentials, proxy, store, bucket, tmp_path, compression
+    credentials, proxy, store, bucket, tmp_path, compression, capsys
 ):
     config = write_config(tmp_path, proxy, bucket, ["local_import", "send"], compression=compression)
 
-    result = run_cli("start", str(config), str(real_inputs(tmp_path)), "--no-progress")
+    assert main(["start", str(config), str(real_inputs(tmp_path)), "--no-progress"]) == EXIT_OK
 
-    assert result.returncode == EXIT_OK, result.stderr
     job_dir = only_job_dir(tmp_path / "jobs")
     assert job_file(job_dir)["state"] == "Completed"
     suffix = ".ndjson.zst" if compression else ".ndjson"
     assert all(o.key.endswith(suffix) for o in listing(store, bucket)) and len(listing(store, bucket)) == 2
     assert_bucket_matches_folder(store, bucket, job_dir, "import")
     assert proxy.state.requests and all(r.authorized for r in proxy.state.requests)
-    assert_no_secret_under(tmp_path / "jobs", result.stdout, result.stderr)
+    out = capsys.readouterr()
+    assert_no_secret_under(tmp_path / "jobs", out.out, out.err)
 
 
 def test_after_the_pseudonymizer_the_pseudonymized_files_are_uploaded(
@@ -137,18 +132,19 @@ def test_after_the_pseudonymizer_the_pseudonymized_files_are_uploaded(
 
 
 def test_a_refused_proxy_login_fails_the_job_naming_the_auth_keys_without_the_password(
-    credentials, proxy, store, bucket, tmp_path, monkeypatch
+    credentials, proxy, store, bucket, tmp_path, monkeypatch, capsys
 ):
     monkeypatch.setenv("DUPFLOW_TEST_PROXY_PASSWORD", "not-the-password")
     config = write_config(tmp_path, proxy, bucket, ["local_import", "send"])
 
-    result = run_cli("start", str(config), str(real_inputs(tmp_path)), "--no-progress")
+    assert main(["start", str(config), str(real_inputs(tmp_path)), "--no-progress"]) == EXIT_FAILED
 
-    assert result.returncode != EXIT_OK
-    assert "407" in result.stderr and "services.send.auth" in result.stderr
-    assert "not-the-password" not in result.stdout + result.stderr
+    out = capsys.readouterr()
+    assert "407" in out.err and "services.send.auth" in out.err
+    assert "not-the-password" not in out.out + out.err
+    assert job_file(only_job_dir(tmp_path / "jobs"))["state"] == "Failed"
     assert listing(store, bucket) == []
-    assert_no_secret_under(tmp_path / "jobs", result.stdout, result.stderr)
+    assert_no_secret_under(tmp_path / "jobs", out.out, out.err)
 
 
 def random_resources(path: Path, megabytes: int, seed: int) -> Path:
