@@ -583,6 +583,10 @@ def read_enrichment_file(path: str) -> tuple[list[EnrichmentRule], list[str]]:
         ]
     except json.JSONDecodeError as error:
         return [], [f"{path} is not valid JSON (line {error.lineno}, column {error.colno}); fix the file"]
+    except RecursionError:
+        return [], [f"{path} is nested too deeply to be an enrichment file; fix the file"]
+    except UnicodeDecodeError:
+        return [], [f"{path} is not UTF-8 text; save it as UTF-8"]
     try:
         entries = _ENRICHMENT_FILE.validate_python(raw)
     except ValidationError as error:

@@ -340,6 +340,23 @@ def test_hostile_configuration_files_end_in_a_clear_error_quickly(tmp_path, cont
     assert time.monotonic() - started < 1.0 and peak < 50 * MB
 
 
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [(b"[" * 100_000 + b"]" * 100_000, "nested too deeply"), (b"[\xff]", "not UTF-8 text")],
+    ids=["deep", "non-utf8"],
+)
+def test_a_hostile_enrichment_file_is_a_clear_error(tmp_path, content, fragment) -> None:
+    (tmp_path / "rules.json").write_bytes(content)
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "pipeline: {enabled_steps: [local_import]}\nservices: {crtdl_preprocessing: {enrichments_path: rules.json}}\n"
+    )
+    with pytest.raises(ConfigError) as error:
+        load_settings(path, env={})
+    (problem,) = error.value.problems
+    assert problem.startswith("services.crtdl_preprocessing.enrichments_path:") and fragment in problem
+
+
 def test_a_long_step_list_is_checked_in_linear_time(tmp_path) -> None:
     steps = ["local_import"] + ["nonsense"] * 50_000 + ["pseudonymizer"] * 50_000
     started = time.monotonic()
