@@ -23,7 +23,6 @@ with their size, entry count and status; ``most_in_flight`` is the concurrency t
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field, fields
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+import orjson
 from fhir.resources.R4B import get_fhir_model_class
 from pydantic import ValidationError
 
@@ -297,8 +297,8 @@ class ValidatorHandler(BaseHTTPRequestHandler):
                 [issue("error", "not-supported", f"unsupported content type {recorded.content_type!r}")]
             )
         try:
-            document = json.loads(body)
-        except ValueError:
+            document = orjson.loads(body)
+        except orjson.JSONDecodeError:
             return 400, outcome([issue("fatal", "structure", "the body is not valid JSON")])
         if isinstance(document, dict) and isinstance(document.get("entry"), list):
             recorded.entries = len(document["entry"])
@@ -307,7 +307,7 @@ class ValidatorHandler(BaseHTTPRequestHandler):
         return (self.state.findings_status if has_errors else 200), outcome(issues)
 
     def _send_json(self, status: int, document: dict[str, Any]) -> None:
-        payload = json.dumps(document, separators=(",", ":")).encode("utf-8")
+        payload = orjson.dumps(document)
         self.send_response(status)
         self.send_header("Content-Type", FHIR_JSON)
         self.send_header("Content-Length", str(len(payload)))
