@@ -192,7 +192,6 @@ def test_wait_may_appear_twice_when_not_adjacent(tmp_path: Path) -> None:
         (["extractor"], {}, "services.extractor.base_url"),
         (["local_import", "pseudonymizer"], {}, "services.pseudonymizer.url"),
         (["local_import", "validation"], {}, "services.validation.url"),
-        (["local_import", "flattening"], {}, "services.flattening.service_url"),
         (["local_import", "flattening"], {}, "services.flattening.lookup_path"),
         (["local_import", "send"], {}, "services.send.send_as"),
         (["local_import", "send"], {"send_as": "direct_resource_load", "auth": BASIC}, "services.send.url"),
