@@ -28,6 +28,7 @@ from pathlib import Path
 
 from config.loader import LoadedConfig, absolute_path_overrides, load_settings, refuse_secret_overrides
 from config.settings import Settings
+from tasks.clients.errors import redact
 from tasks.errors import JobError
 from tasks.layout import JobPaths, is_crtdl_file, write_file_atomically
 from tasks.record import record_facts
@@ -78,7 +79,7 @@ class JobFile:
 def cache_state(paths: JobPaths, state: str, message: str = "", flow_run_id: str | None = None) -> None:
     """Write the job's latest flow-run state into ``job.json`` (a cache for ``status``/``list`` without a server)."""
     job = JobFile.read(paths)
-    job.state, job.state_message = state, message
+    job.state, job.state_message = state, redact(message)
     if flow_run_id and flow_run_id not in job.flow_run_ids:
         job.flow_run_ids.append(flow_run_id)
     job.write(paths)
@@ -140,6 +141,7 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str]) -> Job:
 def new_job(
     paths: JobPaths, config_path: str | None, job_input: str | None, overrides: dict[str, str], loaded: LoadedConfig
 ) -> Job:
+    refuse_credentials_in_url(job_input)
     config_path = str(Path(config_path).resolve()) if config_path else None
     if job_input and "://" not in job_input:
         job_input = str(Path(job_input).expanduser().resolve())
@@ -157,6 +159,15 @@ def new_job(
     if crtdl is not None and effective is not None:
         write_crtdl(paths, crtdl, effective)
     return Job(paths, job, loaded.settings)
+
+
+def refuse_credentials_in_url(job_input: str | None) -> None:
+    """A URL given as the job input is stored with the job: a user name or password in it is refused."""
+    if job_input and "://" in job_input and "@" in job_input.split("://", 1)[1].split("/", 1)[0]:
+        raise JobError(
+            "the input URL carries a user name or password (user:password@host); they would be stored with the job: "
+            "give the URL without them"
+        )
 
 
 def crtdl_input(steps: list[str], job_input: str | None) -> Path | None:

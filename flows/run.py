@@ -35,6 +35,7 @@ from flows.jobs import (
     prepare_job,
     step_file_problems,
 )
+from tasks.clients.errors import RedactingFilter, redact
 from tasks.errors import DupflowError, JobError
 from tasks.layout import JobPaths
 from tasks.record import read_facts, read_step_manifest, record_facts
@@ -277,7 +278,9 @@ class job_logging:
     def __init__(self, log_file: Path):
         self._file_handler = logging.FileHandler(log_file)
         self._file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        self._file_handler.addFilter(RedactingFilter())
         self._patched: list[tuple[logging.Handler, logging.Formatter | None]] = []
+        self._redacting = RedactingFilter()
 
     def __enter__(self) -> job_logging:
         apply_prefect_defaults()
@@ -290,12 +293,14 @@ class job_logging:
         for handler in _console_handlers():
             self._patched.append((handler, handler.formatter))
             handler.setFormatter(_NoTraceback(handler.formatter))
+            handler.addFilter(self._redacting)
         logging.getLogger("dupflow").setLevel(logging.INFO)
         return self
 
     def __exit__(self, *exc: object) -> None:
         for handler, formatter in self._patched:
             handler.setFormatter(formatter)
+            handler.removeFilter(self._redacting)
         for name in ("prefect", "dupflow"):
             logging.getLogger(name).removeHandler(self._file_handler)
         self._file_handler.close()
@@ -358,7 +363,7 @@ def report_outcome(paths: JobPaths, state: Any, log_file: Path) -> int:
         print(f"{job.state}: {job.state_message}" if job.state_message else job.state)
         print(f"job directory: {paths.job_dir}")
         return EXIT_OK
-    print(f"job {job.job_id} failed: {job.state_message or state.message}", file=sys.stderr)
+    print(f"job {job.job_id} failed: {job.state_message or redact(state.message or '')}", file=sys.stderr)
     print(f"full log: {log_file}", file=sys.stderr)
     print(f"after fixing the cause, resume with: python -m flows.run continue {job.job_id}", file=sys.stderr)
     return EXIT_FAILED

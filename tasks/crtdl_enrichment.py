@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from config.settings import AttributeToAdd, EnrichmentRule
+from tasks.errors import StepError
 
 Json = dict[str, Any]
 
 
-class EnrichmentError(ValueError):
+class EnrichmentError(StepError, ValueError):
     """The CRTDL cannot be enriched as the rules ask (unresolvable linked group, malformed dataExtraction)."""
 
 

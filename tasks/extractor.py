@@ -221,7 +221,10 @@ def download_result_files(step: StepInput, urls: list[str]) -> list[DataFile]:
     """Download every file (each its own cached sub-task), ``core`` first in the record; raise the first failure
     after all others have ended, so every file that could be finished is kept for ``continue``. On an interrupt the
     downloads in flight stop at their next chunk, no new one starts, and temporary files are removed."""
-    names = target_names(urls, compress=settings_of(step).compression.enabled)
+    settings = settings_of(step)
+    names = target_names(
+        urls, compress=settings.compression.enabled, max_files=settings.services.extractor.max_result_files
+    )
     calls = [
         lambda url=url, name=name: commit_each(download_result_file, step, url, name) for url, name in names.items()
     ]

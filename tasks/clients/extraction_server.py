@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+import orjson
 
 from tasks.clients.errors import (
     ServiceError,
@@ -42,6 +43,7 @@ from tasks.clients.errors import (
     parse_retry_after,
     raise_for_service_status,
 )
+from tasks.errors import StepError
 from tasks.clients.http import ServiceClient, ServiceEndpoint, build_client, http_timeout, request_with_retry
 
 if TYPE_CHECKING:
@@ -68,7 +70,7 @@ NO_MATCHING_DATA = (
 )
 
 
-class ExtractionError(Exception):
+class ExtractionError(StepError):
     """A terminal failure of the extraction; the message says what happened and what to do."""
 
 
@@ -300,10 +302,11 @@ class ExtractionServerClient:
 
     def result_file_urls(self, response: httpx.Response) -> list[str]:
         try:
-            document = response.json()
-        except ValueError as exc:
+            document = orjson.loads(response.content)  # orjson bounds the nesting depth (json recurses)
+        except (orjson.JSONDecodeError, RecursionError) as exc:
             raise ExtractionError(
-                "the completed extraction's answer is not JSON; cannot find the result files"
+                "the completed extraction's answer is not JSON (or nested deeper than JSON's sane limits); "
+                "cannot find the result files"
             ) from exc
         return [self.resolve_url(url) for url in result_urls(document)]
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
+from tasks.errors import StepError
 from tasks.clients.errors import ServiceError, raise_for_service_status_async
 from tasks.clients.http import call_with_retry_async, service_name
 
@@ -41,7 +42,7 @@ REQUEST_HEADERS = {"Content-Type": FHIR_JSON, "Accept": FHIR_JSON}
 MB = 1024 * 1024
 
 
-class PseudonymizationError(Exception):
+class PseudonymizationError(StepError):
     """A resource that cannot be sent, or an answer that cannot be used; the message says which and why."""
 
 
