@@ -97,6 +97,31 @@ def test_deployments_from_prefect_yaml_have_a_schedule_and_a_described_parameter
             assert properties[name].get("description"), f"{deployment['name']}: {name} has no description"
 
 
+def test_the_nightly_deployment_runs_the_sample_job_from_its_parameter_defaults(server, deployed, tmp_path):
+    api_url, env = server
+    pull = deployed["nightly-sample"]["pull_steps"][0]["prefect.deployments.steps.set_working_directory"]
+    assert pull["directory"] == str(REPO_ROOT), "runs start in the directory prefect deploy ran in"
+    (tmp_path / "logs").mkdir()
+    worker = start_worker(env, tmp_path / "logs" / "worker.log")
+    try:
+        run_id = api(
+            api_url,
+            "POST",
+            f"/deployments/{deployed['nightly-sample']['id']}/create_flow_run",
+            json={"parameters": {"overrides": {"jobs_dir": str(tmp_path / "jobs")}}},
+        )["id"]
+        run = wait_for_run(api_url, run_id, lambda run: False, worker, tmp_path / "logs")
+    finally:
+        stop_worker(worker)
+    assert run["state"]["type"] == "COMPLETED", (run["state"], run_log(api_url, run_id))
+    job_dir = tmp_path / "jobs" / run["name"]
+    assert f"job-{run['name']}" in run["tags"]
+    assert sorted(p.name for p in (job_dir / "import").iterdir()) == sorted(
+        p.name + ".zst" for p in (REPO_ROOT / "config" / "sample-data").glob("*.ndjson")
+    )
+    assert list((job_dir / "flattening").rglob("*.csv")), "the sample flattens to CSV"
+
+
 def test_a_suspended_job_survives_a_worker_restart_and_resumes_with_the_form_reading_the_wait_folder(
     server, deployed, site, tmp_path_factory
 ):
