@@ -20,6 +20,7 @@ import pytest
 
 from flows.prefect_server import (
     STATE_FILE,
+    ServerRecord,
     ServerStartError,
     ensure_server,
     process_is_server,
@@ -87,6 +88,15 @@ def is_healthy(url: str) -> bool:
     return response.status_code == 200 and response.json() is True
 
 
+def wait_for_record(home: Path, process: subprocess.Popen, timeout: float = 60.0) -> ServerRecord:
+    deadline = time.monotonic() + timeout
+    while (record := read_record(home)) is None:
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "no server recorded in time"
+        time.sleep(0.02)
+    return record
+
+
 def wait_until_gone(pid: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while process_is_server(pid):
@@ -142,14 +152,20 @@ def test_a_server_is_started_once_reused_restarted_when_gone_and_stopped(home, m
 
 
 @pytest.mark.slow
-def test_two_commands_starting_at_once_start_one_server(home):
-    first, second = ensure_server_in_subprocess(home), ensure_server_in_subprocess(home)
+def test_commands_starting_at_once_or_after_a_killed_starter_share_one_server(home):
+    # A command killed (kill -9) while its server starts leaves that server recorded and starting.
+    starter = ensure_server_in_subprocess(home)
+    started = wait_for_record(home, starter)
+    starter.kill()
+    starter.wait()
 
+    # The next two commands, at once, wait for that server instead of starting their own.
+    first, second = ensure_server_in_subprocess(home), ensure_server_in_subprocess(home)
     urls = {url_from(first), url_from(second)}
 
-    assert len(urls) == 1
-    assert servers_of(home) == [read_record(home).pid]
-    assert is_healthy(urls.pop())
+    assert urls == {started.url}
+    assert read_record(home) == started and servers_of(home) == [started.pid]
+    assert is_healthy(started.url)
 
 
 def test_prefect_api_url_wins(tmp_path, monkeypatch):
