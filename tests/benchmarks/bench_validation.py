@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
+import os
 import random
 import resource
 import tempfile
@@ -146,10 +147,11 @@ def measure(base_url: str, source: str, dest: str, concurrency: int, chunk_mb: i
             )
 
     baseline = peak_rss_mb()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     result = asyncio.run(run())
     seconds = time.perf_counter() - started
     return {
+        "cpu_seconds": time.process_time() - cpu_started,
         "resources": result.resources,
         "chunks": result.chunks,
         "seconds": seconds,
@@ -185,10 +187,12 @@ def throughput(tmp: Path, size_mb: int, latency: float) -> None:
             print(
                 f"  max_concurrent_requests={concurrency}: {r['chunks']} chunks in {r['seconds']:.2f} s = "
                 f"{rates[concurrency]:.1f} chunks/s, {r['resources'] / r['seconds']:,.0f} resources/s "
-                f"(latency bound {concurrency / latency:.0f} chunks/s)",
+                f"(latency bound {concurrency / latency:.0f} chunks/s); client CPU "
+                f"{r['cpu_seconds'] / r['chunks'] * 1000:.1f} ms per chunk",
                 flush=True,
             )
     print(f"  rate at 4 / (4 x rate at 1) = {rates[4] / (4 * rates[1]):.2f} (goal: at least 1/1.3 = 0.77)")
+    print(f"  load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (others' work slows both)")
 
 
 def memory(tmp: Path, size_gb: float, latency: float) -> None:
