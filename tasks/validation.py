@@ -2,8 +2,8 @@
 
 A pass-through step: it reads its input folder (``core`` first) and writes only reports into its own folder; the
 next step reads what this one read. Per input file, resources are cut into ``collection`` Bundles of at most
-``bundle_chunk_size_mb`` (streamed: at most ``max_concurrent_requests`` chunks exist at a time), up to
-``max_concurrent_requests`` are in flight, and the answers are written in chunk order to one report per file:
+``bundle_chunk_size_mb`` (streamed: the chunks in flight and the one being cut are all that is in memory), up
+to ``max_concurrent_requests`` are in flight, and the answers are written in chunk order to one report per file:
 NDJSON, one OperationOutcome per chunk, annotated with the chunk number and the resources it held
 (``tasks.clients.validator.annotated``). Each file is its own cached task, so a resumed job skips files that
 already have a report and redoes an unfinished one from the start (reports are written atomically).
