@@ -116,7 +116,9 @@ class StepInput(BaseModel):
         record_facts(self.job_path, **facts)
 
     def cache_identity(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", exclude={"job_dir"})
+        """What a step's (and its files') results depend on: its input, not the facts the job learns as it runs
+        (a step that recorded an extraction handle must still find its finished files on ``continue``)."""
+        return self.model_dump(mode="json", exclude={"job_dir", "facts"})
 
 
 class StepResult(BaseModel):
