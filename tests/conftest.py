@@ -24,6 +24,15 @@ def no_caller_app_variables(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_lasting_prefect_server():
+    """A command run without the test API starts the local Prefect server of PREFECT_HOME: stop it at the end."""
+    yield
+    from flows.prefect_server import stop_server
+
+    stop_server()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     if not TESTDATA.is_dir():
         raise pytest.UsageError(f"the tests read real third-party inputs from {TESTDATA}: put shared/ beside the clone")
