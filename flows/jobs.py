@@ -38,6 +38,7 @@ LOCK_FILE = ".lock"
 # Job states: Prefect's state names, the same in every view (CLI with or without a server, job.json, README).
 RUNNING, COMPLETED, FAILED, CRASHED, CANCELLED = "Running", "Completed", "Failed", "Crashed", "Cancelled"
 AWAITING_INSPECTION = "AwaitingInspection"
+SUSPENDED = "Suspended"  # a deployment run at a wait step, resumed with the inspection form
 
 CRTDL_NAME = "crtdl.json"
 ENRICHED_CRTDL_NAME = "enriched-crtdl.json"

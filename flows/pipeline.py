@@ -25,7 +25,7 @@ from prefect.states import Completed, Paused
 from pydantic import Field
 
 from config.settings import Settings
-from flows.jobs import AWAITING_INSPECTION, RUNNING, Job, JobLock, cache_state, prepare_job
+from flows.jobs import AWAITING_INSPECTION, RUNNING, SUSPENDED, Job, JobLock, cache_state, prepare_job
 from tasks.contract import StepInput, StepKind, StepResult, register_settings
 from tasks.extractor import extractor
 from tasks.flattening import flattening
@@ -86,7 +86,18 @@ def state_message(state: Any) -> str:
 
 def flow_run_name() -> str:
     """The job id; a deployment run without one is renamed to its new job id as soon as the job exists."""
-    return runtime.flow_run.parameters.get("job_id") or "new-job"
+    return run_job_id(runtime.flow_run.parameters.get("job_id")) or "new-job"
+
+
+def run_job_id(job_id: str | None) -> str | None:
+    """The job this flow run works on: ``job_id``, else the job it already made (its ``job-<id>`` tag).
+
+    A resumed deployment run starts the flow again with the same parameters (no job id): the tag makes it
+    resume its own job instead of starting a new one.
+    """
+    if job_id:
+        return job_id
+    return next((tag.removeprefix("job-") for tag in runtime.flow_run.tags or [] if tag.startswith("job-")), None)
 
 
 @flow(
@@ -113,7 +124,9 @@ def pipeline(
         job_input: A CRTDL file, a data directory, or a URL, depending on the import step.
         overrides: Non-secret configuration keys to override, e.g. {"retry.max_attempts": "3"}.
     """
-    job = prepare_job(job_id, config_path, job_input, overrides, overrides_source="the flow's overrides parameter")
+    job = prepare_job(
+        run_job_id(job_id), config_path, job_input, overrides, overrides_source="the flow's overrides parameter"
+    )
     flow_run_id = str(runtime.flow_run.id)
     name_and_tag_flow_run(job.job_id)
     with JobLock(job.paths):
@@ -151,7 +164,7 @@ def run_steps(job: Job) -> list[StepResult]:
     for position, name in enumerate(job.settings.pipeline.enabled_steps):
         spec = STEPS[name]
         step = step_input(job, position, name, current)
-        result = run_gate(job, step) if spec.kind is StepKind.GATE else spec.task(step)
+        result = run_gate(job, step, results) if spec.kind is StepKind.GATE else spec.task(step)
         write_step_manifest(job.paths.job_dir, position, name, result.model_dump(mode="json"))
         results.append(result)
         publish_job_record(job, results)
@@ -184,7 +197,7 @@ def step_input(job: Job, position: int, name: str, current: StepResult | None) -
     )
 
 
-def run_gate(job: Job, step: StepInput) -> StepResult:
+def run_gate(job: Job, step: StepInput, done: list[StepResult]) -> StepResult:
     """A wait step: in a deployment run, suspend until resumed with the inspection form; locally, stop the run."""
     in_deployment = runtime.deployment.id is not None
     hint = (
@@ -196,6 +209,7 @@ def run_gate(job: Job, step: StepInput) -> StepResult:
     result = wait(step, hint)
     if not result.awaiting or not in_deployment:
         return result
+    publish_job_record(job, [*done, result])  # the record shows the gate awaiting while the run is suspended
     inspection = suspend_for_inspection(job, step.position)
     record_facts(
         job.paths.job_dir,
@@ -209,7 +223,7 @@ def suspend_for_inspection(job: Job, position: int) -> InspectionInput:
     """Suspend the deployment run (its process ends); a resume re-runs the flow, and this returns the form's input."""
     from prefect.flow_runs import suspend_flow_run
 
-    cache_state(job.paths, "Suspended", f"awaiting inspection at step {position + 1} (wait); resume in the UI")
+    cache_state(job.paths, SUSPENDED, f"awaiting inspection at step {position + 1} (wait); resume in the UI")
     return suspend_flow_run(wait_for_input=InspectionInput, timeout=SUSPEND_TIMEOUT_SECONDS, key=f"wait-{position:02d}")
 
 

@@ -26,6 +26,7 @@ from flows import extraction_cli, prefect_server, view_cli
 from flows.jobs import (
     AWAITING_INSPECTION,
     COMPLETED,
+    SUSPENDED,
     JobFile,
     effective_state,
     find_job_dir,
@@ -86,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     in_doubt.add_argument("--attach", metavar="STATUS_URL", help="follow this extraction (after a submission in doubt)")
     in_doubt.add_argument(
         "--resubmit", action="store_true", help="submit the extraction anew (after a submission in doubt)"
+    )
+    resume.add_argument(
+        "--note", default="continued from the command line", help="the inspection note (a suspended deployment run)"
     )
     resume.set_defaults(command=cmd_continue)
 
@@ -193,6 +197,8 @@ def cmd_continue(args: argparse.Namespace) -> int:
     job = JobFile.read(paths)
     if is_locked(paths):
         raise JobError(locked_message(job.job_id))
+    if job.state == SUSPENDED:
+        return resume_suspended_run(job, args.note)
     if job.state == COMPLETED and not overrides:
         print(f"job {job.job_id} is already completed; nothing to do (outputs in {paths.job_dir})")
         return EXIT_OK
@@ -202,6 +208,17 @@ def cmd_continue(args: argparse.Namespace) -> int:
         release_awaiting_gates(paths, job)
     print(f"job {job.job_id}: continuing in {paths.job_dir}")
     return run_job(paths, args.no_progress)
+
+
+def resume_suspended_run(job: JobFile, note: str) -> int:
+    """A deployment run suspended at a wait step is resumed where it is, with the inspection form's answers: a
+    worker of its work pool continues it (a local run instead would stop at the same gate again)."""
+    from prefect.flow_runs import resume_flow_run
+
+    use_prefect_server()
+    resume_flow_run(job.flow_run_ids[-1], run_input={"confirmed": True, "note": note})
+    print(f"job {job.job_id}: resumed its suspended flow run {job.flow_run_ids[-1]}; a worker of its pool continues it")
+    return EXIT_OK
 
 
 def settle_submission_in_doubt(paths: JobPaths, attach: str | None, resubmit: bool) -> None:
