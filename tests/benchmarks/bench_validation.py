@@ -1,6 +1,6 @@
 """Throughput and memory of the validation step's file loop against the fake validator.
 
-    python -m tests.benchmarks.bench_validation [--throughput-mb 40] [--latency 0.05] [--memory-gb 2] [--skip-memory]
+    python -m tests.benchmarks.bench_validation [--throughput-mb 100] [--latency 0.05] [--memory-gb 2] [--skip-memory]
 
 Throughput: a file of varied (seeded random) Patients, Encounters and Observations (about 0.5-2 KB each) is
 validated in 1 MB chunks by ``validate_path`` (the step's per-file loop: real HTTP through the client layer, report
@@ -212,7 +212,7 @@ def memory(tmp: Path, size_gb: float, latency: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--throughput-mb", type=int, default=40, help="size of the throughput input (default 40)")
+    parser.add_argument("--throughput-mb", type=int, default=100, help="size of the throughput input (default 100)")
     parser.add_argument("--latency", type=float, default=0.05, help="fake latency per request in seconds")
     parser.add_argument("--memory-gb", type=float, default=2.0, help="size of the memory input (default 2)")
     parser.add_argument("--skip-memory", action="store_true", help="measure throughput only")
