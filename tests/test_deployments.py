@@ -94,7 +94,17 @@ def wait_for_deployment(api_url: str, name: str, process: subprocess.Popen) -> s
 
 def run_deployment(api_url: str, deployment_id: str, parameters: dict) -> dict:
     """Create a run as the UI does and wait for it to end; the final flow run as the server has it."""
-    created = httpx.post(f"{api_url}/deployments/{deployment_id}/create_flow_run", json={"parameters": parameters})
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while (
+        (
+            created := httpx.post(
+                f"{api_url}/deployments/{deployment_id}/create_flow_run", json={"parameters": parameters}
+            )
+        ).status_code
+        == 503
+        and time.monotonic() < deadline
+    ):  # a busy SQLite server asks to try again, as Prefect's client does
+        time.sleep(0.5)
     created.raise_for_status()
     run_id = created.json()["id"]
     deadline = time.monotonic() + RUN_TIMEOUT
