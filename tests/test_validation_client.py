@@ -269,8 +269,8 @@ def test_a_200_that_is_not_an_operation_outcome_is_refused():
 
 
 def test_a_slow_drip_longer_than_the_read_timeout_completes_while_bytes_keep_coming(validator_fake):
-    validator_fake.state.reset(drip_seconds=1.0)
-    outcome = validate(validator_fake, one_chunk(*shared_data("InvalidPatient.ndjson")), read_timeout=0.5)
+    validator_fake.state.reset(drip_seconds=1.5)
+    outcome = validate(validator_fake, one_chunk(*shared_data("InvalidPatient.ndjson")), read_timeout=1.0)
     assert len([i for i in outcome["issue"] if i["severity"] == "error"]) == 4
 
 

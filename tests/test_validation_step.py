@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +150,16 @@ def test_findings_answered_with_422_are_findings_in_the_report(validator_fake, t
 
 def test_reports_keep_chunk_order_when_answers_finish_out_of_order_with_the_window_in_flight(validator_fake, tmp_path):
     rng = random.Random(3)
-    validator_fake.state.reset(delay_for=lambda index: rng.choice([0.0, 0.03, 0.08]))
+    state = validator_fake.state
+
+    def delay(index: int) -> float:
+        if index == 0:  # hold the first answer until the whole window is in flight
+            deadline = time.monotonic() + 30
+            while state.in_flight < 4 and time.monotonic() < deadline:
+                time.sleep(0.005)
+        return rng.choice([0.0, 0.03, 0.08])
+
+    state.reset(delay_for=delay)
     patients = varied_patients(600, max_pad=2000)
     patients[437]["birthDate"] = "yesterday"
     source = write_lines(tmp_path / "Patient.ndjson", patients)

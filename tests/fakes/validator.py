@@ -212,8 +212,8 @@ class ValidatorState:
     delay_for: Callable[[int], float] | None = None
     """Extra seconds before answering the request with this index (to make answers finish out of order)."""
     requests: list[RecordedRequest] = field(default_factory=list)
-    in_flight: int = 0
     most_in_flight: int = 0
+    _open: set[int] = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def reset(self, **options: Any) -> None:
@@ -228,13 +228,19 @@ class ValidatorState:
         """Record a request; returns its index (0 for the first since the last reset)."""
         with self._lock:
             self.requests.append(request)
-            self.in_flight += 1
-            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            self._open.add(id(request))
+            self.most_in_flight = max(self.most_in_flight, len(self._open))
             return len(self.requests) - 1
 
-    def leave(self) -> None:
+    def leave(self, request: RecordedRequest) -> None:
+        """The request is answered; one from before the last reset no longer counts."""
         with self._lock:
-            self.in_flight -= 1
+            self._open.discard(id(request))
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._open)
 
     def take_failure(self) -> int | None:
         with self._lock:
@@ -273,7 +279,7 @@ class ValidatorHandler(BaseHTTPRequestHandler):
             recorded.status = status
             self._send_json(status, answer)
         finally:
-            self.state.leave()
+            self.state.leave(recorded)
 
     def _discard_body(self, size: int) -> None:
         """Read a refused body so the client gets to read the answer (an unread body ends in a reset)."""
