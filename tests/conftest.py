@@ -80,6 +80,23 @@ def running_pseudonymizer():
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def running_validator():
+    """The validator fake, one per test module."""
+    from tests.fakes.validator import start_validator
+
+    server = start_validator()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def validator_fake(running_validator):
+    """The module's validator fake, with every switch and record reset."""
+    running_validator.state.reset()
+    return running_validator
+
+
 @pytest.fixture
 def pseudonymizer_fake(running_pseudonymizer):
     """The module's pseudonymizer fake, with every switch and record reset."""

@@ -7,25 +7,11 @@ import time
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.conftest import TESTDATA
-from tests.fakes.validator import FHIR_JSON, VALIDATE_PATH, start_validator, validate_document
+from tests.fakes.validator import FHIR_JSON, VALIDATE_PATH, validate_document
 
 VALIDATION_DATA = TESTDATA / "validation"
-
-
-@pytest.fixture(scope="module")
-def running_validator():
-    server = start_validator()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def validator_fake(running_validator):
-    running_validator.state.reset()
-    return running_validator
 
 
 def collection(*resources: dict[str, Any], full_urls: bool = True) -> dict[str, Any]:

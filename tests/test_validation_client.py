@@ -26,23 +26,9 @@ from tasks.clients.validator import (
 )
 from tasks.ndjson import NdjsonError
 from tests.fakes._server import LoopbackServer
-from tests.fakes.validator import start_validator
 from tests.test_fake_validator import shared_data
 
 FAST_RETRY = RetrySettings(max_attempts=3, initial_backoff_ms=1, max_backoff_ms=5)
-
-
-@pytest.fixture(scope="module")
-def running_validator():
-    server = start_validator()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def validator_fake(running_validator):
-    running_validator.state.reset()
-    return running_validator
 
 
 def lines_of(*resources: dict[str, Any]) -> list[tuple[int, bytes]]:

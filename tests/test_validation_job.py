@@ -25,25 +25,11 @@ from tasks.errors import StepError
 from tasks.ndjson import count_resources, iter_resources
 from tasks.validation import validation
 from tests.conftest import REPO_ROOT, TESTDATA
-from tests.fakes.validator import start_validator
 from tests.test_job_cli import wait_for
 from tests.test_pseudonymizer_step import read_report_artifact
 from tests.test_validation_step import marks, varied_patients, write_lines
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
-
-
-@pytest.fixture(scope="module")
-def running_validator():
-    server = start_validator()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def validator_fake(running_validator):
-    running_validator.state.reset()
-    return running_validator
 
 
 @flow(name="validation-test", persist_result=False)

@@ -20,22 +20,8 @@ from tasks.ndjson import iter_resources
 from tasks.validation import FileValidation, failure_message, validate_path
 from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer
-from tests.fakes.validator import start_validator
 
 FAST_RETRY = RetrySettings(max_attempts=3, initial_backoff_ms=1, max_backoff_ms=5)
-
-
-@pytest.fixture(scope="module")
-def running_validator():
-    server = start_validator()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def validator_fake(running_validator):
-    running_validator.state.reset()
-    return running_validator
 
 
 def run_file(
