@@ -25,7 +25,6 @@ Rules (spec "Extraction step procedure" 7 and "Errors"):
 from __future__ import annotations
 
 import contextlib
-
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -41,7 +40,6 @@ from tasks.clients.errors import ServiceError, is_transient_status, raise_for_se
 from tasks.clients.http import call_with_retry, http_timeout, service_name
 from tasks.errors import StepError
 from tasks.ndjson import (
-    CHUNK_SIZE,
     AtomicNdjsonWriter,
     CompressionLevel,
     FileStats,
@@ -217,7 +215,9 @@ def _download_once(
         raise_for_service_status(response, operation=f"download {display_url(url)}", service=service_name(client))
         check_response(response, url)
         try:
-            return _write_body(response.iter_bytes(CHUNK_SIZE), url, dest, level, max_line_bytes, on_bytes)
+            # The body as httpcore reads it off the socket: iter_bytes(size) would copy every byte once more
+            # to re-cut the pieces, and the writer takes any chunking.
+            return _write_body(response.iter_bytes(), url, dest, level, max_line_bytes, on_bytes)
         except httpx.ReadTimeout as exc:
             raise _stalled(url, stall_timeout) from exc
         except httpx.TransportError as exc:
