@@ -1,0 +1,605 @@
+"""One comparison: each step's throughput next to its physical anchor on the same bytes, in one table.
+
+Run on demand (not collected by pytest):
+
+    python -m tests.benchmarks.compare [--size 256] [--files 8] [--runs 3] [--no-startup]
+
+Data: ``--size`` MB of seeded, varied TORCH-shaped batch files (one transaction Bundle per patient: Patient,
+Conditions, Procedures, Encounters and Provenance shaped for the shared flattening example, plus Observations
+with random ids, LOINC codes, values and dates), in ``--files`` files. Nothing repeats line for line, so zstd
+cannot look faster than it is on real data.
+
+Each step runs its plain code (no Prefect), ``--runs`` times in a fresh child process (its peak RSS is its own);
+the best run is kept, and so for every anchor (the machine is shared: the best run is the least disturbed):
+
+- import:     ``local_import``'s per-file copy (``iter_chunks`` into ``AtomicNdjsonWriter``, one file per core),
+              plain and zstd ``default``, next to ``cp`` and ``zstd -5 -T1`` of the same files;
+- download:   ``download_ndjson`` from the fake extraction server serving the files (its own process),
+              ``DOWNLOAD_CONCURRENCY`` at a time as the extractor step, next to ``curl --parallel`` and a plain
+              parallel httpx fetch into files;
+- pseudonymization: ``pseudonymize_path`` against the fake service (its own process, fixed latency) at the
+              default ``max_concurrent_requests``, next to latency x requests / concurrency;
+- flattening: ``flatten_paths`` (embedded engine, the shared example's CRTDL and lookup) next to orjson parsing
+              the same bytes alone;
+- start-up:   ``flows.run start`` of the embedded tiny job, with no server (cold) and with the local server
+              running (warm), and the peak RSS of the process tree (the flow process plus the server).
+
+The ratio column is ours / anchor for rates (higher is better) and anchor / ours for times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import orjson
+import zstandard
+
+from tests.benchmarks.bench_flattening import EXAMPLE, LOOKUP
+from tests.benchmarks.bench_flattening import patient_bundle as flattening_bundle
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+MB = 1_000_000
+MAX_LINE_BYTES = 64 << 20
+LATENCY_SECONDS = 0.01
+PSEUDONYMIZED_BUNDLES = 1000
+FLATTENED_MB = 16
+
+
+@dataclass
+class Row:
+    step: str
+    ours: str
+    ours_rate: float
+    anchor: str
+    anchor_rate: float
+    unit: str
+    peak_mb: float | None = None
+    lower_is_better: bool = False
+
+    @property
+    def ratio(self) -> float:
+        if self.lower_is_better:
+            return self.anchor_rate / self.ours_rate
+        return self.ours_rate / self.anchor_rate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=256, help="MB of data for import and download (default 256)")
+    parser.add_argument("--files", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=3, help="runs per measurement; the best is kept")
+    parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--no-startup", action="store_true", help="skip the start-up rows (about a minute)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(CHILDREN[args.child](**json.loads(sys.stdin.read()))))
+        return
+    print(
+        f"{os.cpu_count()} cores, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}, "
+        f"Python {platform.python_version()}, best of {args.runs} runs each"
+    )
+    with tempfile.TemporaryDirectory(prefix="dupflow-compare-", dir=scratch_root()) as scratch:
+        root = Path(scratch)
+        started = time.perf_counter()
+        files = write_dataset(root / "data", args.size, args.files, args.seed)
+        total = sum(p.stat().st_size for p in files)
+        print(f"data: {len(files)} files, {total / MB:,.0f} MB, written in {time.perf_counter() - started:.0f} s")
+        rows = import_rows(root, files, args.runs)
+        rows += download_rows(root, files, args.runs)
+        rows += pseudonymization_rows(root, files[0], args.runs)
+        rows += flattening_rows(root, files, args.runs)
+        tree = None
+        if not args.no_startup:
+            startup, tree = startup_rows(root, args.runs)
+            rows += startup
+    print_table(rows)
+    if tree:
+        flow_mb, server_mb = tree
+        print(
+            f"process tree peak RSS, tiny job with the server running: flow process {flow_mb:,.0f} MB + "
+            f"Prefect server {server_mb:,.0f} MB = {flow_mb + server_mb:,.0f} MB"
+        )
+
+
+def scratch_root() -> str | None:
+    """/dev/shm would make the disk anchors unfair; the default temporary directory is on the job's disk."""
+    return os.environ.get("DUPFLOW_BENCH_DIR")
+
+
+# --- data ----------------------------------------------------------------------------------------------------
+
+
+def write_dataset(folder: Path, megabytes: int, files: int, seed: int) -> list[Path]:
+    """``files`` NDJSON files of about ``megabytes / files`` MB each, every line a different patient."""
+    crtdl = json.loads((EXAMPLE / "example-crtdl.json").read_text())
+    ids = [g["id"] for g in crtdl["dataExtraction"]["attributeGroups"]]
+    groups = dict(zip(("Patient", "Condition", "Procedure"), ids, strict=True))
+    rng = random.Random(seed)
+    folder.mkdir(parents=True)
+    paths, index = [], 0
+    for number in range(1, files + 1):
+        path = folder / f"batch-{number:04d}.ndjson"
+        size = 0
+        with path.open("wb") as out:
+            while size < megabytes * MB / files:
+                line = orjson.dumps(torch_bundle(rng, index, groups)) + b"\n"
+                out.write(line)
+                size, index = size + len(line), index + 1
+        paths.append(path)
+    return paths
+
+
+def torch_bundle(rng: random.Random, index: int, groups: dict[str, str]) -> dict:
+    """The flattening example's patient Bundle with random ids, plus Observations as TORCH returns them."""
+    bundle = flattening_bundle(rng, index, groups)
+    patient = bundle["entry"][0]["resource"]
+    patient["id"] = f"{rng.getrandbits(128):032x}"
+    for entry in bundle["entry"][1:]:
+        resource = entry["resource"]
+        if "subject" in resource:
+            resource["subject"] = {"reference": f"Patient/{patient['id']}"}
+    for _ in range(rng.randint(3, 20)):
+        observation = {
+            "resourceType": "Observation",
+            "id": f"{rng.getrandbits(128):032x}",
+            "meta": {
+                "profile": [
+                    "https://www.medizininformatik-initiative.de/fhir/core/modul-labor/StructureDefinition/ObservationLab"
+                ]
+            },
+            "status": "final",
+            "code": {
+                "coding": [{"system": "http://loinc.org", "code": f"{rng.randint(1000, 99999)}-{rng.randint(0, 9)}"}]
+            },
+            "subject": {"reference": f"Patient/{patient['id']}"},
+            "effectiveDateTime": f"20{rng.randint(10, 25)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+            f"T{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:00+01:00",
+            "valueQuantity": {
+                "value": round(rng.uniform(0, 500), 2),
+                "unit": rng.choice(["mg/dL", "mmol/L", "g/L", "U/L"]),
+                "system": "http://unitsofmeasure.org",
+            },
+        }
+        bundle["entry"].append(
+            {"resource": observation, "request": {"method": "PUT", "url": f"Observation/{observation['id']}"}}
+        )
+    return bundle
+
+
+# --- running and timing --------------------------------------------------------------------------------------
+
+
+def in_child(name: str, **arguments) -> dict:
+    """Run ``CHILDREN[name](**arguments)`` in a fresh interpreter; its JSON answer plus its peak RSS."""
+    command = [sys.executable, "-m", "tests.benchmarks.compare", "--child", name]
+    done = subprocess.run(
+        command, cwd=REPO_ROOT, input=json.dumps(arguments), capture_output=True, text=True, timeout=1800
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def best_seconds(work: Callable[[], object], runs: int, before: Callable[[], object] = lambda: None) -> float:
+    seconds = []
+    for _ in range(runs):
+        before()
+        started = time.perf_counter()
+        work()
+        seconds.append(time.perf_counter() - started)
+    return min(seconds)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_command(command: list[str]) -> None:
+    """Run a command quietly (curl --parallel draws its progress meter even with -s); fail on its failure."""
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def fresh(folder: Path) -> Callable[[], None]:
+    def clear() -> None:
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+
+    return clear
+
+
+# --- import --------------------------------------------------------------------------------------------------
+
+
+def import_rows(root: Path, files: list[Path], runs: int) -> list[Row]:
+    total = sum(p.stat().st_size for p in files) / MB
+    out = root / "anchor-out"
+    cp = total / best_seconds(lambda: run_command(["cp", *map(str, files), str(out)]), runs, fresh(out))
+    zstd_label, zstd_seconds = zstd_anchor(files, out, runs)
+    rows = []
+    for level, anchor, rate in ((None, "cp", cp), ("default", zstd_label, total / zstd_seconds)):
+        result = in_child("import", files=list(map(str, files)), out=str(root / "import"), level=level, runs=runs)
+        ours = total / result["seconds"]
+        label = f"import, {'plain' if level is None else 'zstd ' + level}, {len(files)} files"
+        rows.append(Row(label, "local_import copy", ours, anchor, rate, "MB/s", result["peak_mb"]))
+    shutil.rmtree(out, ignore_errors=True)
+    return rows
+
+
+def zstd_anchor(files: list[Path], out: Path, runs: int) -> tuple[str, float]:
+    """``zstd -5 -T1`` over the files, one after the other; python-zstandard, one thread, without the command."""
+    if shutil.which("zstd"):
+        command = ["zstd", "-q", "-f", "-5", "-T1", "--output-dir-flat", str(out), *map(str, files)]
+        return "zstd -5 -T1", best_seconds(lambda: run_command(command), runs, fresh(out))
+
+    def compress_all() -> None:
+        for path in files:
+            with open(path, "rb") as source, open(out / (path.name + ".zst"), "wb") as dest:
+                zstandard.ZstdCompressor(level=5).copy_stream(source, dest)
+
+    print("the zstd command is missing: the zstd anchor is python-zstandard, level 5, one thread")
+    return "python-zstandard 5, 1 thread", best_seconds(compress_all, runs, fresh(out))
+
+
+def child_import(files: list[str], out: str, level: str | None, runs: int) -> dict:
+    from tasks.fanout import first_failure, run_bounded
+    from tasks.ndjson import AtomicNdjsonWriter, iter_chunks
+
+    folder = Path(out)
+
+    def copy(source: Path) -> None:
+        # The body of tasks.local_import.import_file without its progress display and cancellation check.
+        name = source.name + (".zst" if level else "")
+        with AtomicNdjsonWriter(folder / name, level, MAX_LINE_BYTES, source=str(source)) as writer:
+            for chunk in iter_chunks(source):
+                writer.write(chunk)
+
+    def import_all() -> None:
+        calls = [lambda path=Path(p): copy(path) for p in files]
+        if failure := first_failure(run_bounded(calls, workers=os.cpu_count() or 1)):
+            raise failure
+
+    seconds = best_seconds(import_all, runs, fresh(folder))
+    shutil.rmtree(folder, ignore_errors=True)
+    return {"seconds": seconds, "peak_mb": peak_rss_mb()}
+
+
+# --- download ------------------------------------------------------------------------------------------------
+
+
+def download_rows(root: Path, files: list[Path], runs: int) -> list[Row]:
+    from tasks.extractor import DOWNLOAD_CONCURRENCY
+
+    total = sum(p.stat().st_size for p in files) / MB
+    out = root / "anchor-out"
+    with serving(files[0].parent) as urls:
+        curl = ["curl", "-s", "--fail", "--parallel", "--parallel-max", str(DOWNLOAD_CONCURRENCY)]
+        for number, url in enumerate(urls):
+            curl += ["-o", str(out / f"{number}.ndjson"), url]
+        curl_rate = total / best_seconds(lambda: run_command(curl), runs, fresh(out))
+        plain = in_child("fetch", urls=urls, out=str(out), runs=runs, concurrency=DOWNLOAD_CONCURRENCY)
+        rows = [
+            Row(
+                "download, plain httpx fetch",
+                "httpx threads",
+                total / plain["seconds"],
+                "curl --parallel",
+                curl_rate,
+                "MB/s",
+                plain["peak_mb"],
+            )
+        ]
+        for level in (None, "default"):
+            result = in_child("download", urls=urls, out=str(root / "download"), level=level, runs=runs)
+            label = f"download, {'plain' if level is None else 'zstd ' + level}, {DOWNLOAD_CONCURRENCY} at a time"
+            rows.append(
+                Row(
+                    label,
+                    "download_ndjson",
+                    total / result["seconds"],
+                    "curl --parallel",
+                    curl_rate,
+                    "MB/s",
+                    result["peak_mb"],
+                )
+            )
+    shutil.rmtree(out, ignore_errors=True)
+    return rows
+
+
+class serving:
+    """The fake extraction server serving ``folder`` from its own process; yields the result file URLs."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def __enter__(self) -> list[str]:
+        from flows.prefect_server import free_port
+
+        port = free_port()
+        command = [sys.executable, "-m", "tests.fakes.extraction_server", "--port", str(port), "--serve-dir"]
+        self.process = subprocess.Popen([*command, str(self.folder)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+        status_url = None
+        for line in self.process.stdout:
+            if line.startswith("completed job serving"):
+                status_url = line.rsplit(": ", 1)[1].strip()
+                break
+        if status_url is None:
+            raise SystemExit("the fake extraction server did not start")
+        return [item["url"] for item in httpx.get(status_url, timeout=60).json()["output"]]
+
+    def __exit__(self, *exc) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+
+def child_fetch(urls: list[str], out: str, runs: int, concurrency: int) -> dict:
+    folder = Path(out)
+
+    def fetch(client: httpx.Client, number: int, url: str) -> None:
+        with client.stream("GET", url) as response, open(folder / f"{number}.ndjson", "wb") as dest:
+            for chunk in response.iter_bytes():
+                dest.write(chunk)
+
+    def fetch_all() -> None:
+        with httpx.Client(timeout=60) as client, ThreadPoolExecutor(concurrency) as pool:
+            list(pool.map(lambda item: fetch(client, *item), enumerate(urls)))
+
+    seconds = best_seconds(fetch_all, runs, fresh(folder))
+    shutil.rmtree(folder, ignore_errors=True)
+    return {"seconds": seconds, "peak_mb": peak_rss_mb()}
+
+
+def child_download(urls: list[str], out: str, level: str | None, runs: int) -> dict:
+    from config.settings import RetrySettings
+    from tasks.clients.downloads import download_ndjson, target_names
+    from tasks.extractor import DOWNLOAD_CONCURRENCY
+
+    folder = Path(out)
+    names = target_names(urls, compress=level is not None)
+
+    def download(client: httpx.Client, url: str) -> None:
+        download_ndjson(
+            client,
+            url,
+            folder / names[url],
+            level=level,
+            max_line_bytes=MAX_LINE_BYTES,
+            stall_timeout=timedelta(minutes=1),
+            retry=RetrySettings(),
+        )
+
+    def download_all() -> None:
+        with httpx.Client(timeout=60) as client, ThreadPoolExecutor(DOWNLOAD_CONCURRENCY) as pool:
+            list(pool.map(lambda url: download(client, url), urls))
+
+    seconds = best_seconds(download_all, runs, fresh(folder))
+    shutil.rmtree(folder, ignore_errors=True)
+    return {"seconds": seconds, "peak_mb": peak_rss_mb()}
+
+
+# --- pseudonymization ----------------------------------------------------------------------------------------
+
+
+def pseudonymization_rows(root: Path, source: Path, runs: int) -> list[Row]:
+    from config.settings import PseudonymizerSettings
+    from tests.benchmarks.bench_pseudonymizer import fake_in_own_process
+
+    concurrency = PseudonymizerSettings().max_concurrent_requests
+    subset = root / "pseudonymize.ndjson"
+    with source.open("rb") as lines, subset.open("wb") as out:
+        for _, line in zip(range(PSEUDONYMIZED_BUNDLES), lines, strict=False):
+            out.write(line)
+    with fake_in_own_process(LATENCY_SECONDS) as base_url:
+        result = in_child(
+            "pseudonymize",
+            base_url=base_url,
+            source=str(subset),
+            out=str(root / "pseudonymized"),
+            runs=runs,
+            concurrency=concurrency,
+        )
+    ideal = LATENCY_SECONDS * result["requests"] / concurrency
+    anchor = f"{LATENCY_SECONDS * 1000:.0f} ms x {result['requests']} req / {concurrency}"
+    rate, anchor_rate = result["resources"] / result["seconds"], result["resources"] / ideal
+    return [
+        Row(
+            "pseudonymization, zstd default", "pseudonymize_path", rate, anchor, anchor_rate, "res/s", result["peak_mb"]
+        )
+    ]
+
+
+def child_pseudonymize(base_url: str, source: str, out: str, runs: int, concurrency: int) -> dict:
+    from config.settings import AuthSettings, RetrySettings, TlsSettings
+    from tasks.clients.http import ServiceEndpoint, build_async_client
+    from tasks.clients.pseudonymizer import Pseudonymizer
+    from tasks.progress import use_display
+    from tasks.pseudonymizer import pseudonymize_path, window_size
+
+    use_display("none")
+    counts = []
+
+    async def pseudonymize() -> None:
+        endpoint = ServiceEndpoint("pseudonymizer", base_url, AuthSettings())
+        async with build_async_client(endpoint, TlsSettings()) as client:
+            service = Pseudonymizer(client, RetrySettings(), max_concurrent_requests=concurrency)
+            counts.append(
+                await pseudonymize_path(
+                    Path(source),
+                    Path(out) / "out.ndjson.zst",
+                    service,
+                    level="default",
+                    max_line_bytes=MAX_LINE_BYTES,
+                    window=window_size(concurrency),
+                )
+            )
+
+    seconds = best_seconds(lambda: asyncio.run(pseudonymize()), runs, fresh(Path(out)))
+    return {
+        "seconds": seconds,
+        "resources": counts[-1].resources_out,
+        "requests": counts[-1].requests,
+        "peak_mb": peak_rss_mb(),
+    }
+
+
+# --- flattening ----------------------------------------------------------------------------------------------
+
+
+def flattening_rows(root: Path, files: list[Path], runs: int) -> list[Row]:
+    subset = root / "flatten.ndjson"
+    with subset.open("wb") as out:
+        for path in files:
+            with path.open("rb") as lines:
+                for line in lines:
+                    out.write(line)
+                    if out.tell() >= FLATTENED_MB * MB:
+                        break
+            if out.tell() >= FLATTENED_MB * MB:
+                break
+    size = subset.stat().st_size / MB
+    result = in_child("flatten", source=str(subset), out=str(root / "flattened"), runs=runs)
+    return [
+        Row(
+            f"flattening, {size:.0f} MB",
+            "flatten_paths",
+            size / result["seconds"],
+            "orjson parse alone",
+            size / result["parse_seconds"],
+            "MB/s",
+            result["peak_mb"],
+        )
+    ]
+
+
+def child_flatten(source: str, out: str, runs: int) -> dict:
+    from tasks.flattening import flatten_paths, plan_views
+
+    views, skipped = plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)
+    path = Path(source)
+
+    def parse() -> None:
+        with path.open("rb") as lines:
+            for line in lines:
+                orjson.loads(line)
+
+    parse_seconds = best_seconds(parse, runs)
+    folder = Path(out)
+    seconds = best_seconds(
+        lambda: flatten_paths([path], folder, views, skipped, max_line_bytes=MAX_LINE_BYTES), runs, fresh(folder)
+    )
+    return {"seconds": seconds, "parse_seconds": parse_seconds, "peak_mb": peak_rss_mb()}
+
+
+# --- start-up ------------------------------------------------------------------------------------------------
+
+
+def startup_rows(root: Path, runs: int) -> tuple[list[Row], tuple[float, float]]:
+    """The cold and warm tiny job next to a command that never imports Prefect; the flow's and server's peak RSS."""
+    from flows.prefect_server import ensure_server, server_status, stop_server
+    from tests.benchmarks.bench_startup import cli, clean_environment
+
+    home = root / "prefect-home"
+    env = clean_environment(home, root / "jobs")
+    os.environ.pop("PREFECT_API_URL", None)  # ensure_server here must find the same local server
+    anchor = min(timed_tree(cli("list"), env)[0] for _ in range(runs))
+    try:
+        ensure_server(home)  # migrates a fresh database: not part of any later command's start-up
+        stop_server(home)
+        cold, _ = timed_tree(cli("start", "--no-progress"), env)
+        ensure_server(home)
+        warm = [timed_tree(cli("start", "--no-progress"), env) for _ in range(runs)]
+        status = server_status(home) or {}
+        server_mb = tree_peak_mb(status["pid"]) if status.get("pid") else 0.0
+    finally:
+        stop_server(home)
+    seconds, flow_mb = min(warm)
+    return [
+        Row("start-up, tiny job, no server", "flows.run start", cold, "flows.run list", anchor, "s", flow_mb, True),
+        Row(
+            "start-up, tiny job, server runs", "flows.run start", seconds, "flows.run list", anchor, "s", flow_mb, True
+        ),
+    ], (flow_mb, server_mb)
+
+
+def timed_tree(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Wall-clock seconds and the command's own peak RSS in MB (os.wait4: this child's rusage alone)."""
+    started = time.perf_counter()
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - started
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise SystemExit(f"{' '.join(command[1:])} failed ({process.returncode}): {process.stderr.read()[-3000:]}")
+    return seconds, usage.ru_maxrss / 1024
+
+
+def tree_peak_mb(pid: int) -> float:
+    """The peak RSS (VmHWM) of ``pid`` and its descendants, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        todo += children.get(current, [])
+        try:
+            for line in Path(f"/proc/{current}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1]) / 1024
+        except OSError:
+            continue
+    return total
+
+
+# --- table ---------------------------------------------------------------------------------------------------
+
+
+def print_table(rows: list[Row]) -> None:
+    print()
+    print(f"{'step':<36} {'ours':<19} {'':>9} {'anchor':<28} {'':>9} {'unit':<6} {'ratio':>6} {'peak RSS':>9}")
+    for row in rows:
+        peak = f"{row.peak_mb:,.0f} MB" if row.peak_mb is not None else ""
+        print(
+            f"{row.step:<36} {row.ours:<19} {figure(row.ours_rate):>9} {row.anchor:<28} {figure(row.anchor_rate):>9} "
+            f"{row.unit:<6} {row.ratio:>5.2f}x {peak:>9}"
+        )
+
+
+def figure(value: float) -> str:
+    return f"{value:,.2f}" if value < 10 else f"{value:,.0f}"
+
+
+CHILDREN: dict[str, Callable[..., dict]] = {
+    "import": child_import,
+    "fetch": child_fetch,
+    "download": child_download,
+    "pseudonymize": child_pseudonymize,
+    "flatten": child_flatten,
+}
+
+
+if __name__ == "__main__":
+    main()
