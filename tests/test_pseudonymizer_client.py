@@ -94,10 +94,23 @@ def observation_bundle(count: int, pad: int, bundle_id: str = "b1") -> dict[str,
 
 class ConcurrencyProbe:
     """A fake status hook that holds each request a while (random when ``jitter``) and records how many overlap
-    and in which order they finish (as indices of arrival)."""
+    and in which order they finish (as indices of arrival).
 
-    def __init__(self, pseudonymizer_fake: LoopbackServer, hold_seconds: float, jitter: bool = False):
+    With ``fill``, the first requests are held until ``fill`` of them are in flight at once (or ``fill_timeout``
+    passed), so the overlap the client allows is seen whatever the machine's load, not only when timing permits.
+    """
+
+    def __init__(
+        self,
+        pseudonymizer_fake: LoopbackServer,
+        hold_seconds: float,
+        jitter: bool = False,
+        fill: int = 0,
+        fill_timeout: float = 30.0,
+    ):
         self._fake, self._hold, self._jitter = pseudonymizer_fake, hold_seconds, jitter
+        self._fill, self._fill_timeout = fill, fill_timeout
+        self._filled = threading.Event()
         self._lock = threading.Lock()
         self._current = 0
         self.most_in_flight = 0
@@ -108,6 +121,9 @@ class ConcurrencyProbe:
             self._current += 1
             self.most_in_flight = max(self.most_in_flight, self._current)
             arrival = next(i for i, r in enumerate(self._fake.state.requests) if r is recorded)
+            if self._current >= self._fill:
+                self._filled.set()
+        self._filled.wait(self._fill_timeout)
         time.sleep(self._hold * ((hash((arrival, 7)) % 100) / 100 if self._jitter else 1))
         with self._lock:
             self._current -= 1
@@ -293,7 +309,7 @@ def test_a_failing_chunk_fails_the_bundle_with_the_services_error(pseudonymizer_
 
 
 def test_no_more_than_max_concurrent_requests_are_in_flight(pseudonymizer_fake):
-    probe = ConcurrencyProbe(pseudonymizer_fake, hold_seconds=0.03)
+    probe = ConcurrencyProbe(pseudonymizer_fake, hold_seconds=0.03, fill=3)
     pseudonymizer_fake.state.reset(status_hook=probe)
 
     async def run():

@@ -60,13 +60,20 @@ def run_file(
     return asyncio.run(run())
 
 
+def wait_until(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
 # --- one file ----------------------------------------------------------------------------------------------------
 
 
 def test_output_keeps_the_input_order_when_answers_come_back_out_of_order_with_8_in_flight(
     pseudonymizer_fake, tmp_path
 ):
-    probe = ConcurrencyProbe(pseudonymizer_fake, hold_seconds=0.02, jitter=True)
+    probe = ConcurrencyProbe(pseudonymizer_fake, hold_seconds=0.02, jitter=True, fill=8)
     pseudonymizer_fake.state.reset(status_hook=probe)
     patients = [patient(i) for i in range(160)]
     source = write_lines(tmp_path / "Patient.ndjson", patients)
@@ -89,7 +96,9 @@ def test_a_slow_answer_holds_back_at_most_twice_max_concurrent_requests_resource
     worker = threading.Thread(target=run_file, args=(pseudonymizer_fake, source, tmp_path / "out.ndjson.zst", 3))
     worker.start()
     try:
-        time.sleep(0.5)
+        # Once the five others are answered, only the held one is pending: the client must not read further.
+        answered = lambda: sum(r.status == 200 for r in pseudonymizer_fake.state.requests)  # noqa: E731
+        wait_until(lambda: answered() >= window_size(3) - 1)
         assert len(pseudonymizer_fake.state.requests) == window_size(3) == 6
     finally:
         release.set()

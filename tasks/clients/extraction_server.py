@@ -82,10 +82,11 @@ class DeadHandleError(ExtractionError):
     """The server no longer knows the job (404/410 on a status poll)."""
 
     def __init__(self, handle: ExtractionHandle, status_code: int):
-        self.handle, self.status_code = handle, status_code
+        self.handle = handle
         super().__init__(
             f"extraction job {handle.job_id} is gone from the extraction server (HTTP {status_code} on "
-            f"{handle.status_url})"
+            f"{handle.status_url})",
+            status_code=status_code,
         )
 
 
