@@ -146,13 +146,16 @@ def test_one_token_serves_every_client_of_the_same_issuer_and_client_id(resource
     assert len(oauth.token_requests) == 1
 
 
-def test_token_is_renewed_shortly_before_it_expires(resource, issuer, oauth):
-    oauth.expires_in = 0.4  # renewed after 0.3 s (a quarter of the lifetime early)
+def test_token_is_renewed_shortly_before_it_expires(resource, issuer, oauth, monkeypatch):
+    oauth.expires_in = 400  # renewed after 370 s (30 s early); the client's clock is moved on instead of waited for
+    now = [time.monotonic()]
+    monkeypatch.setattr("tasks.clients.auth.clock", lambda: now[0])
     with build_client(ServiceEndpoint("svc", resource.base_url, oauth_auth(issuer, oauth)), TLS) as client:
         assert client.get("/1").status_code == 200
+        now[0] += 369
         assert client.get("/2").status_code == 200
         assert len(oauth.token_requests) == 1
-        time.sleep(0.32)
+        now[0] += 2
         assert client.get("/3").status_code == 200
 
     assert len(oauth.token_requests) == 2
