@@ -2,17 +2,21 @@
 
 Run on demand (not collected by pytest):
 
-    python -m tests.benchmarks.bench_download [--gigabytes 1] [--files 8] [--level default]
+    python -m tests.benchmarks.bench_download [--megabytes 512] [--files 8] [--level default] [--runs 3]
 
-It starts the fake extraction server, runs an extraction whose result is about ``--gigabytes`` in ``--files``
-batch files, and then measures, each in a fresh child process (so its peak RSS is its own):
+Writes ``--megabytes`` of seeded, varied TORCH-shaped NDJSON in ``--files`` files (``tests.benchmarks.compare``'s
+data), serves them from the fake extraction server's directory mode in its own process, and measures, each in a
+fresh child process (so its peak RSS is its own), the best of ``--runs``:
 
-- raw:      httpx streaming every file to nowhere (the ceiling of the wire and the fake server);
-- dupflow:  ``tasks.clients.downloads.download_ndjson`` (NDJSON check, line counting, zstd at ``--level``,
-            temporary file + rename), ``DOWNLOAD_CONCURRENCY`` files at a time, as the extractor step does;
-- plain:    the same with compression off.
+- curl:     ``curl --parallel`` into files, ``DOWNLOAD_CONCURRENCY`` at a time (the anchor);
+- raw:      httpx streaming every file to nowhere (the ceiling of httpx on this wire);
+- plain:    ``tasks.clients.downloads.download_ndjson`` with compression off (NDJSON check of every line, line
+            count, temporary file + fsync + rename), ``DOWNLOAD_CONCURRENCY`` files at a time, as the extractor;
+- dupflow:  the same at zstd ``--level``.
 
-Then the single-thread zstd compression rate at ``--level`` on the same bytes. Figures go to stdout.
+Then the two costs inside a download on the same bytes, one core, from memory: the per-line check alone
+(``tasks.ndjson.LineChecker``: orjson per line) and zstd at ``--level``. Figures go to stdout, with the CPU
+seconds per GB of each child (on a shared machine the steadier figure).
 """
 
 from __future__ import annotations
@@ -23,7 +27,6 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
@@ -31,119 +34,101 @@ from pathlib import Path
 import httpx
 import zstandard
 
-from config.settings import ExtractorSettings, RetrySettings, TlsSettings
+from config.settings import RetrySettings
 from tasks.clients.downloads import download_ndjson, target_names
-from tasks.clients.extraction_server import ExtractionServerClient
 from tasks.extractor import DOWNLOAD_CONCURRENCY
-from tasks.ndjson import ZSTD_LEVELS, CompressionLevel
+from tasks.ndjson import ZSTD_LEVELS, CompressionLevel, LineChecker
+from tests.benchmarks.compare import MAX_LINE_BYTES, MB, best_seconds, fresh, run_command, serving, write_dataset
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-CRTDL = REPO_ROOT.parent / "shared" / "testdata" / "crtdl" / "CRTDL_diagnosis_basic.json"
-RESOURCES_PER_PATIENT = 40  # about 28 KB per patient bundle line, a realistic size
-MB = 1024 * 1024
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gigabytes", type=float, default=1.0)
+    parser.add_argument("--megabytes", type=int, default=512)
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--level", choices=list(ZSTD_LEVELS), default="default")
+    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--child", choices=["raw", "dupflow", "plain"], help=argparse.SUPPRESS)
-    parser.add_argument("--urls", help=argparse.SUPPRESS)
+    parser.add_argument("--arguments", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child, json.loads(args.urls), args.level)))
+        print(json.dumps(measure(args.child, level=args.level, runs=args.runs, **json.loads(args.arguments))))
         return
-    run_benchmark(args.gigabytes, args.files, args.level)
+    run_benchmark(args.megabytes, args.files, args.level, args.runs)
 
 
-def run_benchmark(gigabytes: float, files: int, level: CompressionLevel) -> None:
-    from tests.fakes.extraction_server import start_extraction_server
-
-    per_patient = bytes_per_patient()
-    patients_per_file = max(1, round(gigabytes * 1024 * MB / files / per_patient))
-    with start_extraction_server(
-        cohort_size=patients_per_file * files, batch_size=patients_per_file, resources_per_patient=RESOURCES_PER_PATIENT
-    ) as server:
-        urls = [u for u in extraction_urls(server.base_url) if not u.endswith("/core.ndjson")]
-        started = time.perf_counter()
-        sizes = materialize(urls)
-        print(
-            f"fake server wrote {len(urls)} files, {sum(sizes) / MB:,.0f} MB, in {time.perf_counter() - started:.1f} s"
-        )
-        results = {mode: in_child(mode, urls, level) for mode in ("raw", "dupflow", "plain")}
-        zstd_rate = zstd_compression_rate(server.state.workdir, level)
-    total = sum(sizes) / MB
-    print(f"\n{len(urls)} files, {total:,.0f} MB over loopback, {DOWNLOAD_CONCURRENCY} at a time, zstd level {level}")
-    print(f"{'measurement':<44} {'MB/s':>8} {'seconds':>8} {'peak RSS':>10}")
+def run_benchmark(megabytes: int, files: int, level: CompressionLevel, runs: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-download-") as scratch:
+        root = Path(scratch)
+        paths = write_dataset(root / "data", megabytes, files, seed=14)
+        total = sum(p.stat().st_size for p in paths) / MB
+        out = root / "out"
+        with serving(root / "data") as urls:
+            curl = ["curl", "-s", "--fail", "--parallel", "--parallel-max", str(DOWNLOAD_CONCURRENCY)]
+            for number, url in enumerate(urls):
+                curl += ["-o", str(out / f"{number}.ndjson"), url]
+            curl_seconds = best_seconds(lambda: run_command(curl), runs, fresh(out))
+            results = {mode: in_child(mode, urls, str(out), level, runs) for mode in ("raw", "plain", "dupflow")}
+        check_rate, zstd_rate = line_check_rate(paths), zstd_rate_of(paths, level)
+    print(f"{len(paths)} files, {total:,.0f} MB over loopback, {DOWNLOAD_CONCURRENCY} at a time, best of {runs}")
+    print(f"{'measurement':<44} {'MB/s':>8} {'x curl':>7} {'CPU s/GB':>9} {'peak RSS':>10}")
+    curl_rate = total / curl_seconds
+    print(f"{'curl --parallel into files':<44} {curl_rate:>8,.0f} {1:>7.2f}")
     labels = {
         "raw": "raw httpx stream to /dev/null",
-        "dupflow": f"dupflow download_ndjson, zstd {level}",
         "plain": "dupflow download_ndjson, no compression",
+        "dupflow": f"dupflow download_ndjson, zstd {level}",
     }
     for mode, result in results.items():
         rate = total / result["seconds"]
-        print(f"{labels[mode]:<44} {rate:>8,.0f} {result['seconds']:>8.1f} {result['maxrss_kb'] / 1024:>8,.0f} MB")
-    print(f"{f'zstd {level} compression, 1 thread':<44} {zstd_rate:>8,.0f}")
+        print(
+            f"{labels[mode]:<44} {rate:>8,.0f} {rate / curl_rate:>7.2f} {result['cpu'] / total * 1000:>9.2f} "
+            f"{result['maxrss_kb'] / 1024:>7,.0f} MB"
+        )
+    print(f"{'line check alone (orjson per line), 1 core':<44} {check_rate:>8,.0f}")
+    print(f"{f'zstd {level} compression alone, 1 thread':<44} {zstd_rate:>8,.0f}")
 
 
-def bytes_per_patient() -> float:
-    """Calibrate the size of one patient bundle line for this CRTDL on a small job."""
-    from tests.fakes.extraction_server import start_extraction_server
-
-    with start_extraction_server(cohort_size=50, batch_size=50, resources_per_patient=RESOURCES_PER_PATIENT) as server:
-        (url,) = [u for u in extraction_urls(server.base_url) if not u.endswith("/core.ndjson")]
-        return materialize([url])[0] / 50
-
-
-def extraction_urls(base_url: str) -> list[str]:
-    settings = ExtractorSettings(base_url=base_url, polling_interval="PT1S", max_polling_interval="PT1S")
-    with ExtractionServerClient(settings, TlsSettings(), RetrySettings()) as client:
-        return client.poll_until_complete(client.submit(CRTDL.read_bytes()))
-
-
-def materialize(urls: list[str]) -> list[int]:
-    """HEAD every file: the fake writes it on first request, outside the timed runs. Returns the sizes."""
-    with httpx.Client(timeout=600) as client, ThreadPoolExecutor(DOWNLOAD_CONCURRENCY) as pool:
-        return list(pool.map(lambda u: int(client.head(u).headers["Content-Length"]), urls))
-
-
-def in_child(mode: str, urls: list[str], level: str) -> dict:
-    command = [
-        sys.executable,
-        "-m",
-        "tests.benchmarks.bench_download",
-        "--child",
-        mode,
-        "--urls",
-        json.dumps(urls),
-        "--level",
-        level,
-    ]
+def in_child(mode: str, urls: list[str], out: str, level: str, runs: int) -> dict:
+    arguments = json.dumps({"urls": urls, "out": out})
+    command = [sys.executable, "-m", "tests.benchmarks.bench_download", "--child", mode, "--arguments", arguments]
+    command += ["--level", level, "--runs", str(runs)]
     output = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
     return json.loads(output.strip().splitlines()[-1])
 
 
-def measure(mode: str, urls: list[str], level: CompressionLevel) -> dict:
-    with tempfile.TemporaryDirectory() as folder, httpx.Client(timeout=httpx.Timeout(60)) as client:
+def measure(mode: str, urls: list[str], out: str, level: CompressionLevel, runs: int) -> dict:
+    folder = Path(out)
+    names = target_names(urls, compress=mode == "dupflow")
+
+    def work(client: httpx.Client, url: str) -> None:
         if mode == "raw":
-            work = lambda url: stream_to_nowhere(client, url)  # noqa: E731
-        else:
-            names = target_names(urls, compress=mode == "dupflow")
-            work = lambda url: download_ndjson(  # noqa: E731
-                client,
-                url,
-                Path(folder) / names[url],
-                level=level if mode == "dupflow" else None,
-                max_line_bytes=100 * MB,
-                stall_timeout=timedelta(minutes=1),
-                retry=RetrySettings(),
-            )
-        started = time.perf_counter()
-        with ThreadPoolExecutor(DOWNLOAD_CONCURRENCY) as pool:
-            list(pool.map(work, urls))
-        seconds = time.perf_counter() - started
-    return {"seconds": seconds, "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+            stream_to_nowhere(client, url)
+            return
+        download_ndjson(
+            client,
+            url,
+            folder / names[url],
+            level=level if mode == "dupflow" else None,
+            max_line_bytes=MAX_LINE_BYTES,
+            stall_timeout=timedelta(minutes=1),
+            retry=RetrySettings(),
+        )
+
+    def all_files() -> None:
+        with httpx.Client(timeout=httpx.Timeout(60)) as client, ThreadPoolExecutor(DOWNLOAD_CONCURRENCY) as pool:
+            list(pool.map(lambda url: work(client, url), urls))
+
+    cpu_before = cpu_seconds()
+    seconds = best_seconds(all_files, runs, fresh(folder))
+    cpu = (cpu_seconds() - cpu_before) / runs
+    return {"seconds": seconds, "cpu": cpu, "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def stream_to_nowhere(client: httpx.Client, url: str) -> int:
@@ -154,18 +139,25 @@ def stream_to_nowhere(client: httpx.Client, url: str) -> int:
     return received
 
 
-def zstd_compression_rate(workdir: Path, level: CompressionLevel) -> float:
-    """MB/s of one zstd stream at ``level`` over the served files (read from disk, output discarded)."""
-    files = [p for p in workdir.rglob("*.ndjson") if p.name != "core.ndjson"]
-    total, started = 0, time.perf_counter()
-    for path in files:
-        stream = zstandard.ZstdCompressor(level=ZSTD_LEVELS[level]).compressobj()
-        with open(path, "rb") as source:
-            while chunk := source.read(MB):
-                stream.compress(chunk)
-                total += len(chunk)
-        stream.flush()
-    return total / MB / (time.perf_counter() - started)
+def line_check_rate(paths: list[Path]) -> float:
+    """MB/s of ``LineChecker`` alone over the first file, fed 1 MiB chunks from memory, best of 3."""
+    data = paths[0].read_bytes()
+    chunks = [data[i : i + (1 << 20)] for i in range(0, len(data), 1 << 20)]
+
+    def check() -> None:
+        checker = LineChecker(str(paths[0]), MAX_LINE_BYTES)
+        for chunk in chunks:
+            checker.feed(chunk)
+        checker.finish()
+
+    return len(data) / MB / best_seconds(check, 3)
+
+
+def zstd_rate_of(paths: list[Path], level: CompressionLevel) -> float:
+    """MB/s of one zstd stream at ``level`` over the first file from memory (output discarded), best of 3."""
+    data = paths[0].read_bytes()
+    compressor = zstandard.ZstdCompressor(level=ZSTD_LEVELS[level])
+    return len(data) / MB / best_seconds(lambda: compressor.compress(data), 3)
 
 
 if __name__ == "__main__":
