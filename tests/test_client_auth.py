@@ -13,7 +13,7 @@ from moto.server import ThreadedMotoServer
 
 from config.settings import AuthSettings, RetrySettings, S3Settings, SendSettings, TlsSettings
 from tasks.clients.errors import ServiceError
-from tasks.clients.http import ServiceEndpoint, build_async_client, build_client, request_with_retry
+from tasks.clients.http import ReplayableBody, ServiceEndpoint, build_async_client, build_client, request_with_retry
 from tasks.clients.s3 import make_s3_client
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState
@@ -173,6 +173,24 @@ def test_rejected_token_is_replaced_once_and_the_request_sent_again(resource, is
     assert len(oauth.token_requests) == 2
     assert len(oauth.resource_requests) == 3
     assert [r.status_code for r in response.history] == [401]
+
+
+def test_a_replayable_body_is_streamed_again_after_a_401_instead_of_being_held_in_memory(resource, issuer, oauth):
+    streamed = []
+
+    def body():
+        streamed.append(len(streamed) + 1)
+        yield b'{"resourceType":'
+        yield b'"Bundle"}'
+
+    with build_client(ServiceEndpoint("svc", resource.base_url, oauth_auth(issuer, oauth)), TLS) as client:
+        assert client.get("/before").status_code == 200
+        oauth.revoke_all()
+        response = client.put("/after", content=ReplayableBody(body), headers={"Content-Length": "25"})
+
+    assert response.status_code == 200
+    assert [r.status_code for r in response.history] == [401]
+    assert streamed == [1, 2]  # once per attempt, never read whole beforehand
 
 
 def test_a_second_401_after_a_fresh_token_is_reported_not_retried_again(resource, issuer, oauth):

@@ -84,6 +84,16 @@ class _Token:
         return self.renew_at is not None and clock() >= self.renew_at
 
 
+def _replayable(request: httpx.Request) -> bool:
+    """A body that can be streamed again (``ReplayableBody``), so a resend after a 401 needs no copy in memory.
+
+    httpx keeps the iterable given as ``content`` as its stream's ``_stream``.
+    """
+    from tasks.clients.http import ReplayableBody
+
+    return isinstance(getattr(request.stream, "_stream", None), ReplayableBody)
+
+
 def clock() -> float:
     """Token lifetimes are measured on the monotonic clock (one name, so a test can move it on)."""
     return time.monotonic()
@@ -246,7 +256,7 @@ class ServiceAuth(httpx.Auth):
         return f"ServiceAuth(service={self.service!r}, origin={_origin_text(self.origin)!r}, schemes={self.schemes!r})"
 
     def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        if self._tokens is not None:
+        if self._tokens is not None and not _replayable(request):
             request.read()  # a 401 is answered by sending the same request again
         flow = self._flow(request)
         message = next(flow)
@@ -261,7 +271,7 @@ class ServiceAuth(httpx.Auth):
                 return
 
     async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
-        if self._tokens is not None:
+        if self._tokens is not None and not _replayable(request):
             await request.aread()
         flow = self._flow(request)
         message = next(flow)

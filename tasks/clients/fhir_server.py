@@ -29,7 +29,7 @@ from tasks.clients.errors import (
     operation_outcome_texts,
     truncate,
 )
-from tasks.clients.http import ServiceClient, ServiceEndpoint, call_with_retry, http_timeout
+from tasks.clients.http import ReplayableBody, ServiceClient, ServiceEndpoint, call_with_retry, http_timeout
 
 if TYPE_CHECKING:
     from config.settings import RetrySettings, SendSettings, TlsSettings
@@ -134,7 +134,7 @@ class FhirServer:
             "PUT",
             f"/fhir/{resource_type}/{resource_id}",
             operation=f"PUT {resource_type}/{resource_id}",
-            content=body if isinstance(body, bytes) else _Replayable(body),
+            content=body if isinstance(body, bytes) else ReplayableBody(body),
             headers=headers,
         )
 
@@ -142,16 +142,6 @@ class FhirServer:
         """GET a resource or a search under ``{url}/fhir`` (used to read back what was sent)."""
         response = self._client.request("GET", f"/fhir/{path}", operation=f"GET {path}", params=params)
         return orjson.loads(response.content)
-
-
-class _Replayable:
-    """A request body streamed from a function, afresh each time httpx iterates it (every retry attempt)."""
-
-    def __init__(self, make: Callable[[], Iterable[bytes]]):
-        self._make = make
-
-    def __iter__(self):
-        yield from self._make()
 
 
 def rejected_by_status(response: httpx.Response, error: ServiceError) -> TransactionRejected:

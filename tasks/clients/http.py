@@ -26,7 +26,7 @@ import functools
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, TypeVar
@@ -273,6 +273,20 @@ async def request_with_retry_async(
     return await call_with_retry_async(
         attempt, retry, operation=operation, service=service, retryable=retryable, sleep=sleep
     )
+
+
+# --- request bodies ---------------------------------------------------------------------------------------
+
+
+class ReplayableBody:
+    """A request body streamed from a function, afresh each time httpx iterates it: on every retry attempt, and
+    when an OAuth token is replaced after a 401 (the auth flow then need not hold the whole body in memory)."""
+
+    def __init__(self, make: Callable[[], Iterable[bytes]]):
+        self._make = make
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._make()
 
 
 # --- the service client ------------------------------------------------------------------------------------
