@@ -30,23 +30,16 @@ def write_source(path: Path, megabytes: int) -> None:
 
 def import_once(source: str, level: str) -> None:
     """Child process: one import, then report seconds and peak RSS."""
-    from config.loader import load_settings
-    from tasks.context import StepContext
     from tasks.local_import import import_file
+    from tests.steps import step_input
 
-    overrides = {"pipeline.enabled_steps": "local_import"}
-    if level == "off":
-        overrides["compression.enabled"] = "false"
-    else:
-        overrides["compression.level"] = level
-    settings = load_settings(None, env={}, overrides=overrides).settings
-    job_dir = Path(tempfile.mkdtemp())
-    ctx = StepContext("bench", job_dir, 0, "local_import", settings, None)
+    overrides = {"compression.enabled": "false"} if level == "off" else {"compression.level": level}
+    step = step_input(Path(tempfile.mkdtemp()) / "bench", "local_import", **overrides)
     start = time.perf_counter()
-    record = import_file.fn(ctx, Path(source), ctx.folder / "out.ndjson.zst")
+    record = import_file.fn(step, source, "out.ndjson.zst", [])
     seconds = time.perf_counter() - start
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"{seconds} {peak_mb} {record['size']}")
+    print(f"{seconds} {peak_mb} {record.size}")
 
 
 def main() -> None:
