@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import sys
-from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any, NoReturn
 from collections.abc import Sequence
@@ -442,21 +441,13 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not job_dirs:
         print(f"no jobs in {jobs_dir.resolve()}")
         return EXIT_OK
-    now = datetime.now(UTC)
     print(f"{'JOB':<36}  {'STATE':<18}  {'AGE':>8}  INPUT")
     for job_dir in job_dirs:
         paths = JobPaths(job_dir)
         job = JobFile.read(paths)
-        age = format_age((now - datetime.fromisoformat(job.created_at)).total_seconds())
+        age = extraction_cli.age(job.created_at)
         print(f"{job.job_id}  {effective_state(paths, job):<18}  {age:>8}  {job.job_input or ''}")
     return EXIT_OK
-
-
-def format_age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit} ago"
-    return f"{seconds:.0f}s ago"
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, main
+from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
 from tests.conftest import REPO_ROOT, run_cli
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
@@ -247,3 +247,47 @@ def wait_for(probe, process: subprocess.Popen, timeout: float = 90.0):
         time.sleep(0.02)
     process.kill()
     raise AssertionError("condition not reached in time")
+
+
+def test_list_without_jobs_says_so_with_the_absolute_directory(tmp_path, capsys):
+    assert main(["list", "--jobs-dir", str(tmp_path / "none")]) == EXIT_OK
+    assert capsys.readouterr().out == f"no jobs in {tmp_path / 'none'}\n"
+
+
+def test_an_unknown_job_names_the_absolute_jobs_directory_and_the_flag(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["status", "nope", "--jobs-dir", "jobs"]) == EXIT_USAGE
+    assert f"no job nope in {tmp_path / 'jobs'}; pass --jobs-dir" in capsys.readouterr().err
+
+
+def test_list_piped_into_head_ends_quietly(tmp_path):
+    from flows.jobs import JobFile
+    from tasks.layout import JobPaths
+
+    for number in range(3000):  # more than a pipe holds, so head goes away while list is still writing
+        job_id = f"00000000-0000-0000-0000-{number:012d}"
+        JobFile(job_id, None, f"/data/{number}", {}, ["local_import"], state="Completed").write(
+            JobPaths(tmp_path / "jobs" / job_id)
+        )
+    piped = subprocess.run(
+        f"{sys.executable} -m flows.run list --jobs-dir {tmp_path / 'jobs'} | head -2",
+        shell=True,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert piped.stdout.startswith("JOB") and len(piped.stdout.splitlines()) == 2
+    assert piped.stderr == ""
+
+
+def test_continue_on_a_completed_job_says_so_and_runs_nothing(tmp_path, capsys):
+    source = source_dir(tmp_path, {"a.ndjson": 1})
+    config = write_config(tmp_path / "c.yaml", tmp_path / "jobs", ["local_import"])
+    assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
+    job_dir = only_job_dir(tmp_path / "jobs")
+    runs = job_file(job_dir)["flow_run_ids"]
+    capsys.readouterr()
+    assert main(["continue", str(job_dir)]) == EXIT_OK
+    assert "is already completed; nothing to do" in capsys.readouterr().out
+    assert job_file(job_dir)["flow_run_ids"] == runs
