@@ -36,22 +36,20 @@ import yaml
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from config.durations import format_duration
+from tasks.errors import DupflowError
 from config.settings import Problem, Settings, env_var_name, join_key_path, legacy_key_paths
 
 ENRICHMENTS_KEY = "services.crtdl_preprocessing.enrichments"
 
 
-class ConfigError(Exception):
+class ConfigError(DupflowError):
     """The configuration was rejected. ``problems`` holds one message per problem (key path, cause, fix)."""
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
-        super().__init__(self.problems)
-
-    def __str__(self) -> str:
         count = len(self.problems)
         lines = "\n".join(f"  - {problem}" for problem in self.problems)
-        return f"invalid configuration ({count} problem{'s' if count != 1 else ''}):\n{lines}"
+        super().__init__(f"invalid configuration ({count} problem{'s' if count != 1 else ''}):\n{lines}")
 
 
 @dataclass(frozen=True)

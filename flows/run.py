@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.command(args)
-    except (DupflowError, ConfigError) as exc:
+    except DupflowError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:
@@ -441,13 +441,23 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not job_dirs:
         print(f"no jobs in {jobs_dir.resolve()}")
         return EXIT_OK
+    server_states = states_on_server([job_dir.name for job_dir in job_dirs])
     print(f"{'JOB':<36}  {'STATE':<18}  {'AGE':>8}  INPUT")
     for job_dir in job_dirs:
         paths = JobPaths(job_dir)
         job = JobFile.read(paths)
-        age = extraction_cli.age(job.created_at)
-        print(f"{job.job_id}  {effective_state(paths, job):<18}  {age:>8}  {job.job_input or ''}")
+        state = server_states.get(job.job_id) or effective_state(paths, job)
+        print(f"{job.job_id}  {state:<18}  {extraction_cli.age(job.created_at):>8}  {job.job_input or ''}")
     return EXIT_OK
+
+
+def states_on_server(job_ids: list[str]) -> dict[str, str]:
+    """The jobs' states from the Prefect server when one is configured (one request), else none."""
+    if prefect_api_url() is None:
+        return {}
+    from flows.server_state import latest_states
+
+    return latest_states(job_ids)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Read a job's newest flow-run state from a Prefect server over its REST API (no Prefect import)."""
+"""Read jobs' newest flow-run states from a Prefect server over its REST API (no Prefect import)."""
 
 from __future__ import annotations
 
@@ -6,20 +6,45 @@ import httpx
 
 from config.runtime import prefect_api_url
 
+PAGE = 200  # the most flow runs the API returns at once
+
 
 def latest_flow_run_state(job_id: str, timeout: float = 2.0) -> str | None:
     """``"<state name> (flow run <id>)"`` of the newest flow run tagged ``job-<id>``, or None if unknown."""
+    runs = _newest_runs([job_id], limit=1, timeout=timeout)
+    return f"{runs[job_id]['state_name']} (flow run {runs[job_id]['id']})" if job_id in runs else None
+
+
+def latest_states(job_ids: list[str], timeout: float = 2.0) -> dict[str, str]:
+    """The newest flow run's state name per job (jobs the server does not know are left out), in one request
+    per ``PAGE`` jobs."""
+    states: dict[str, str] = {}
+    for start in range(0, len(job_ids), PAGE):
+        runs = _newest_runs(job_ids[start : start + PAGE], limit=PAGE, timeout=timeout)
+        states |= {job_id: run["state_name"] for job_id, run in runs.items()}
+    return states
+
+
+def _newest_runs(job_ids: list[str], limit: int, timeout: float) -> dict[str, dict]:
     api = prefect_api_url()
-    if api is None:
-        return None
-    body = {"flow_runs": {"tags": {"all_": [f"job-{job_id}"]}}, "sort": "EXPECTED_START_TIME_DESC", "limit": 1}
+    if api is None or not job_ids:
+        return {}
+    body = {
+        "flow_runs": {"tags": {"any_": [f"job-{job_id}" for job_id in job_ids]}},
+        "sort": "EXPECTED_START_TIME_DESC",
+        "limit": limit,
+    }
     try:
         response = httpx.post(f"{api.rstrip('/')}/flow_runs/filter", json=body, timeout=timeout)
         response.raise_for_status()
         runs = response.json()
     except (httpx.HTTPError, ValueError):
-        return None
-    if not runs:
-        return None
-    run = runs[0]
-    return f"{run.get('state_name') or run.get('state', {}).get('name')} (flow run {run['id']})"
+        return {}
+    newest: dict[str, dict] = {}
+    for run in runs:
+        name = run.get("state_name") or (run.get("state") or {}).get("name")
+        for tag in run.get("tags") or []:
+            job_id = tag.removeprefix("job-")
+            if tag.startswith("job-") and job_id in job_ids and job_id not in newest:
+                newest[job_id] = {"id": run["id"], "state_name": name}
+    return newest

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
@@ -33,6 +32,7 @@ from tasks.clients.pseudonymizer import (
 )
 from tasks.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
 from tasks.errors import StepError
+from tasks.fanout import ordered_map
 from tasks.layout import artifact_key
 from tasks.ndjson import (
     AtomicNdjsonWriter,
@@ -209,36 +209,24 @@ async def pseudonymize_lines(
 
     Returns how many resources were read. On any failure the pending requests are cancelled.
     """
-    pending: deque[tuple[int, str, asyncio.Task[Pseudonymized]]] = deque()
-    resources = 0
-    try:
+    read = 0
+
+    def resources() -> Iterator[tuple[int, bytes, dict]]:
+        nonlocal read
         for line_number, line in iter_lines(source, max_line_bytes):
-            resource = parse_resource(source, line_number, line)
-            resources += 1
-            call = asyncio.create_task(service.pseudonymize(line, resource))
-            pending.append((line_number, resource_label(resource), call))
-            if len(pending) >= window:
-                write(await oldest_answer(source, pending))
-        while pending:
-            write(await oldest_answer(source, pending))
-    finally:
-        await cancel_pending(pending)
-    return resources
+            yield line_number, line, parse_resource(source, line_number, line)
+            read += 1
 
+    async def pseudonymize(item: tuple[int, bytes, dict]) -> Pseudonymized:
+        line_number, line, resource = item
+        try:
+            return await service.pseudonymize(line, resource)
+        except (ServiceError, PseudonymizationError) as exc:
+            raise PseudonymizerStepError(failure_message(source, line_number, resource_label(resource), exc)) from exc
 
-async def oldest_answer(source: Path, pending: deque[tuple[int, str, asyncio.Task[Pseudonymized]]]) -> Pseudonymized:
-    line_number, label, call = pending.popleft()
-    try:
-        return await call
-    except (ServiceError, PseudonymizationError) as exc:
-        raise PseudonymizerStepError(failure_message(source, line_number, label, exc)) from exc
-
-
-async def cancel_pending(pending: deque[tuple[int, str, asyncio.Task[Pseudonymized]]]) -> None:
-    calls = [call for _, _, call in pending]
-    for call in calls:
-        call.cancel()
-    await asyncio.gather(*calls, return_exceptions=True)
+    async for _, result in ordered_map(resources(), pseudonymize, window):
+        write(result)
+    return read
 
 
 def failure_message(source: Path, line_number: int, label: str, exc: Exception) -> str:

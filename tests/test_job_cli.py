@@ -180,6 +180,12 @@ def test_status_reads_the_prefect_server_when_one_is_configured(tmp_path, capsys
     assert main(["status", str(job_dir)]) == EXIT_OK
     assert f"state:     Completed (flow run {flow_run_id})" in capsys.readouterr().out
 
+    # The cache in job.json says otherwise (as after a kill): list believes the server.
+    record = job_file(job_dir) | {"state": "Running"}
+    (job_dir / "job.json").write_text(json.dumps(record))
+    assert main(["list", "--jobs-dir", str(tmp_path / "jobs")]) == EXIT_OK
+    assert f"{job_dir.name}  Completed" in capsys.readouterr().out
+
 
 @pytest.mark.slow
 def test_killed_multi_file_import_redoes_only_unfinished_files_on_continue(tmp_path):
