@@ -196,7 +196,9 @@ def test_killed_multi_file_import_redoes_only_unfinished_files_on_continue(tmp_p
     config.write_text(config.read_text().replace("level: fastest", "level: best"))
 
     process = start_cli_process("start", str(config), str(source), "--no-progress")
+    # Files are imported in parallel: kill once c is being written and the results of a and b are recorded.
     partial = wait_for(lambda: next(jobs.glob("*/import/.c.ndjson.zst.part"), None), process)
+    wait_for(lambda: len(list(jobs.glob("*/.prefect/results/*-00-local_import-import-file-*"))) == 2 or None, process)
     process.send_signal(signal.SIGKILL)
     process.wait()
     job_dir = partial.parent.parent
