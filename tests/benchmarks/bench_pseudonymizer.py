@@ -14,16 +14,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
-import resource
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterator
 
 import orjson
+
+from tests.benchmarks.fakes import fake_in_own_process, peak_rss_mb
 
 MB = 1024 * 1024
 
@@ -69,32 +68,6 @@ def write_bundles(path: Path, count: int) -> Path:
         for i in range(count):
             out.write(orjson.dumps(bundle(i)) + b"\n")
     return path
-
-
-def serve_fake(latency: float, ports: multiprocessing.Queue) -> None:
-    from tests.fakes.pseudonymizer import start_pseudonymizer
-
-    server = start_pseudonymizer(latency_seconds=latency)
-    ports.put(server.port)
-    while True:
-        time.sleep(3600)
-
-
-@contextmanager
-def fake_in_own_process(latency: float) -> Iterator[str]:
-    context = multiprocessing.get_context("spawn")
-    ports: multiprocessing.Queue = context.Queue()
-    process = context.Process(target=serve_fake, args=(latency, ports), daemon=True)
-    process.start()
-    try:
-        yield f"http://127.0.0.1:{ports.get(timeout=60)}"
-    finally:
-        process.terminate()
-        process.join(10)
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
 
 
 def measure(base_url: str, source: str, dest: str, concurrency: int) -> dict[str, float]:
@@ -144,7 +117,9 @@ def main() -> None:
         source = write_bundles(Path(tmp) / "core.ndjson", args.bundles)
         size_mb = source.stat().st_size / MB
         print(f"input: {args.bundles} Bundles, {size_mb:.1f} MB; fake latency {args.latency * 1000:.0f} ms")
-        with fake_in_own_process(args.latency) as base_url:
+        with fake_in_own_process(
+            "tests.fakes.pseudonymizer:start_pseudonymizer", latency_seconds=args.latency
+        ) as base_url:
             for concurrency in args.concurrency:
                 with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
                     dest = str(Path(tmp) / f"out-{concurrency}.ndjson.zst")

@@ -22,16 +22,15 @@ import asyncio
 import multiprocessing
 import os
 import random
-import resource
 import tempfile
 import time
-from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from tests.benchmarks.fakes import fake_in_own_process, peak_rss_mb
 
 MB = 1024 * 1024
 POOL_SIZE = 5000
@@ -97,32 +96,6 @@ def write_input(path: Path, size_bytes: int, seed: int = 20260101) -> tuple[int,
     return count, written
 
 
-def serve_fake(latency: float, ports: multiprocessing.Queue) -> None:
-    from tests.fakes.validator import start_validator
-
-    server = start_validator(latency_seconds=latency, shallow=True)
-    ports.put(server.port)
-    while True:
-        time.sleep(3600)
-
-
-@contextmanager
-def fake_in_own_process(latency: float) -> Iterator[str]:
-    context = multiprocessing.get_context("spawn")
-    ports: multiprocessing.Queue = context.Queue()
-    process = context.Process(target=serve_fake, args=(latency, ports), daemon=True)
-    process.start()
-    try:
-        yield f"http://127.0.0.1:{ports.get(timeout=60)}"
-    finally:
-        process.terminate()
-        process.join(10)
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KB on Linux
-
-
 def measure(base_url: str, source: str, dest: str, concurrency: int, chunk_mb: int) -> dict[str, float]:
     """Runs in a fresh process: one pass of the step's file loop."""
     from config.settings import RetrySettings, TlsSettings
@@ -180,7 +153,9 @@ def throughput(tmp: Path, size_mb: int, latency: float) -> None:
     print(f"throughput input: {resources} resources, {size / MB:.1f} MB; 1 MB chunks; latency {latency * 1000:.0f} ms")
     print(f"  anchor: orjson parse of the same bytes: {orjson_rate(source):,.0f} resources/s")
     rates: dict[int, float] = {}
-    with fake_in_own_process(latency) as base_url:
+    with fake_in_own_process(
+        "tests.fakes.validator:start_validator", latency_seconds=latency, shallow=True
+    ) as base_url:
         for concurrency in (1, 4):
             r = in_fresh_process(base_url, str(source), str(tmp / f"report-{concurrency}.ndjson.zst"), concurrency, 1)
             rates[concurrency] = r["chunks"] / r["seconds"]
@@ -196,7 +171,9 @@ def throughput(tmp: Path, size_mb: int, latency: float) -> None:
 
 
 def memory(tmp: Path, size_gb: float, latency: float) -> None:
-    with fake_in_own_process(latency) as base_url:
+    with fake_in_own_process(
+        "tests.fakes.validator:start_validator", latency_seconds=latency, shallow=True
+    ) as base_url:
         for fraction in (0.1, 1.0):
             source = tmp / "memory.ndjson"
             resources, size = write_input(source, int(size_gb * fraction * 1024 * MB))
