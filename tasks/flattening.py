@@ -67,9 +67,6 @@ def flattening(step: StepInput) -> StepResult:
         raise FlatteningError("the flattening step needs the job's CRTDL (give it as INPUT when starting the job)")
     if not config.lookup_path:
         raise FlatteningError("services.flattening.lookup_path is not set (the lookup file flattening needs)")
-    unsupported = [f for f in config.formats if f.lower() != "csv"]
-    if unsupported:
-        log.warning("services.flattening.formats: %s not supported; writing CSV only", ", ".join(unsupported))
     views, skipped = plan_views(step.crtdl_path, Path(config.lookup_path))
     save_view_definitions(step.job_path / VIEWS_FOLDER, views)
     budget = config.batch_size_mb * MB
