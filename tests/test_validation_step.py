@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -137,12 +138,16 @@ def test_findings_answered_with_422_are_findings_in_the_report(validator_fake, t
 def test_reports_keep_chunk_order_when_answers_finish_out_of_order_with_the_window_in_flight(validator_fake, tmp_path):
     rng = random.Random(3)
     state = validator_fake.state
+    filled = threading.Event()
 
     def delay(index: int) -> float:
-        if index == 0:  # hold the first answer until the whole window is in flight
-            deadline = time.monotonic() + 30
-            while state.in_flight < 4 and time.monotonic() < deadline:
-                time.sleep(0.005)
+        # Hold every answer until the whole window has been in flight once (then let them finish out of order):
+        # waiting for the first alone could wait forever on a busy machine, once the others were answered.
+        deadline = time.monotonic() + 20
+        while not filled.is_set() and time.monotonic() < deadline:
+            if state.in_flight >= 4:
+                filled.set()
+            time.sleep(0.005)
         return rng.choice([0.0, 0.03, 0.08])
 
     state.reset(delay_for=delay)
