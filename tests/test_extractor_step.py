@@ -170,6 +170,18 @@ def forget_jobs_after_first_poll(server: ExtractionServer, timeout: float = 30) 
     server.state.forget_jobs()
 
 
+def complete_results(jobs_dir: Path) -> int:
+    """Per-file download results written whole: a result file seen while Prefect still writes it does not count."""
+    complete = 0
+    for path in jobs_dir.glob("*/.prefect/results/*-00-extractor-download-result-file-*"):
+        try:
+            json.loads(path.read_bytes())
+        except ValueError:
+            continue
+        complete += 1
+    return complete
+
+
 def recorded_generation(jobs_dir: Path) -> int | None:
     """The extraction generation the job record holds (1 after one fresh submission), once it holds a handle."""
     for job_dir in jobs_dir.glob("*"):
@@ -226,10 +238,7 @@ def test_killed_during_downloads_continue_fetches_only_the_unfinished_file(tmp_p
         # Four files finished means four persisted per-file results (a renamed file whose result is not yet
         # written would be fetched again, harmlessly but not what this test counts).
         wait_for(
-            lambda: (
-                len(list(jobs_dir_of(tmp_path).glob("*/.prefect/results/*-00-extractor-download-result-file-*"))) == 4
-                or None
-            ),
+            lambda: complete_results(jobs_dir_of(tmp_path)) == 4 or None,
             process,
         )
         process.send_signal(signal.SIGKILL)
