@@ -33,9 +33,10 @@ from tasks.clients.extraction_server import (
     ExtractionServerClient,
     PollProgress,
 )
-from tasks.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
+from tasks.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.errors import StepError
-from tasks.fanout import first_failure, raise_if_cancelled, run_bounded
+from tasks.fanout import first_failure, raise_if_cancelled
+from tasks.filework import map_files
 from tasks.layout import artifact_key
 from tasks.ndjson import remove_partial_files
 from tasks.progress import track
@@ -225,11 +226,9 @@ def download_result_files(step: StepInput, urls: list[str]) -> list[DataFile]:
     names = target_names(
         urls, compress=settings.compression.enabled, max_files=settings.services.extractor.max_result_files
     )
-    calls = [
-        lambda url=url, name=name: commit_each(download_result_file, step, url, name) for url, name in names.items()
-    ]
+    arguments = [(step, url, name) for url, name in names.items()]
     try:
-        outcomes = run_bounded(calls, DOWNLOAD_CONCURRENCY)
+        outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
     finally:
         remove_partial_files(step.output_dir)
     if failure := first_failure(outcomes):

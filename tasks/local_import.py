@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tasks.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
+from tasks.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.errors import StepError
-from tasks.fanout import first_failure, raise_if_cancelled, run_bounded
+from tasks.fanout import first_failure, raise_if_cancelled
+from tasks.filework import map_files
 from tasks.layout import is_crtdl_file
 from tasks.ndjson import DATA_SUFFIXES, AtomicNdjsonWriter, iter_chunks, output_name, remove_partial_files
 from tasks.progress import track
@@ -31,12 +32,9 @@ def local_import(step: StepInput) -> StepResult:
     files = find_ndjson_files(source, settings.services.local_import.recursive)
     targets = target_names(files, compress=settings.compression.enabled)
     remove_partial_files(step.output_dir)
-    calls = [
-        lambda path=path, name=name: commit_each(import_file, step, str(path), name, file_identity(path))
-        for path, name in zip(files, targets, strict=True)
-    ]
+    arguments = [(step, str(path), name, file_identity(path)) for path, name in zip(files, targets, strict=True)]
     try:
-        outcomes = run_bounded(calls, workers=os.cpu_count() or 1)
+        outcomes = map_files(import_file, arguments, workers=os.cpu_count() or 1)
     finally:
         remove_partial_files(step.output_dir)
     if failure := first_failure(outcomes):
