@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -21,31 +20,13 @@ from tasks.record import read_facts, record_facts
 from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer
 from tests.fakes.extraction_server import ExtractionServer, JobStatus, start_extraction_server
-from tests.fakes.extraction_state import BATCH_STAGES
+from tests.fakes.extraction_state import BATCH_STAGES, ManualClock
 from tests.fakes.oauth import REALM_PATH, OAuthHandler, OAuthState
 
 CRTDL = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
 CONSENT_CRTDL = TESTDATA / "crtdl" / "CRTDL_test_consent-ext.json"
 PASSWORD = "cli-basic-pw-4711"
 API_KEY = "cli-api-key-0815"
-
-
-class ManualClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def tick(self, seconds: float) -> None:
-        self.t += seconds
-
-
-@pytest.fixture(autouse=True)
-def no_app_environment(monkeypatch):
-    """The caller's APP_* variables must not change what these tests see."""
-    for name in [n for n in os.environ if n.startswith("APP_")]:
-        monkeypatch.delenv(name)
 
 
 @pytest.fixture

@@ -15,25 +15,13 @@ import pytest
 import zstandard
 
 from tests.fakes.extraction_server import ExtractionServer, JobStatus, start_extraction_server
+from tests.fakes.extraction_state import ManualClock
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTDATA = REPO_ROOT.parent / "shared" / "testdata"
 CRTDL_DIR = TESTDATA / "crtdl"
 FHIR_JSON = "application/fhir+json"
 ATTRIBUTE_GROUP_SYSTEM = "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"
-
-
-class ManualClock:
-    """Simulation time that only moves when the test says so."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def tick(self, seconds: float) -> None:
-        self.t += seconds
 
 
 def kickoff_body(crtdl: bytes, patients: tuple[str, ...] = ()) -> dict:

@@ -13,8 +13,24 @@ import socket
 import sys
 import ssl
 import threading
+from dataclasses import dataclass, field, fields
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+
+@dataclass
+class ResettableState:
+    """A fake's switches and records, shared by its request threads under ``_lock``."""
+
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, kw_only=True)
+
+    def reset(self, **options: Any) -> None:
+        """Back to a fresh state with ``options``, so one running server can serve many tests."""
+        fresh = type(self)(**options)
+        with self._lock:
+            for item in fields(self):
+                if item.name != "_lock":
+                    setattr(self, item.name, getattr(fresh, item.name))
 
 
 class _Server(ThreadingHTTPServer):

@@ -490,3 +490,16 @@ def _reason(status: JobStatus, fallback: str) -> str:
         JobStatus.CANCELLED: "already cancelled",
     }
     return reasons.get(status, f"{fallback} (status {status.value})")
+
+
+class ManualClock:
+    """Simulation time for ``clock``: it only moves when a test says so."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def tick(self, seconds: float) -> None:
+        self.t += seconds

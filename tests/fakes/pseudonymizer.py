@@ -46,16 +46,15 @@ import json
 import re
 import socket
 import struct
-import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import yaml
 
-from tests.fakes._server import LoopbackServer, serve_forever_cli
+from tests.fakes._server import LoopbackServer, ResettableState, serve_forever_cli
 
 DE_IDENTIFY_PATH = "/fhir/$de-identify"
 FHIR_JSON = "application/fhir+json"
@@ -387,7 +386,7 @@ StatusHook = Callable[[RecordedRequest], int | None]
 
 
 @dataclass
-class PseudonymizerState:
+class PseudonymizerState(ResettableState):
     """Switches and records of one fake; every mutation goes through the lock (handlers run in threads)."""
 
     server_config: bytes = DEFAULT_SERVER_CONFIG
@@ -405,15 +404,6 @@ class PseudonymizerState:
     """How many times a config was parsed (the cache keyed by the bytes' hash avoids repeats)."""
     unsupported_rules: set[str] = field(default_factory=set)
     _config_cache: dict[str, AnonymizationConfig] = field(default_factory=dict, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def reset(self, **options: Any) -> None:
-        """Back to a fresh state with ``options``, so one running server can serve many tests."""
-        fresh = PseudonymizerState(**options)
-        with self._lock:
-            for item in fields(self):
-                if item.name != "_lock":
-                    setattr(self, item.name, getattr(fresh, item.name))
 
     def record(self, request: RecordedRequest) -> None:
         with self._lock:

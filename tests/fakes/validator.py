@@ -23,10 +23,9 @@ with their size, entry count and status; ``most_in_flight`` is the concurrency t
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -34,7 +33,7 @@ import orjson
 from fhir.resources.R4B import get_fhir_model_class
 from pydantic import ValidationError
 
-from tests.fakes._server import LoopbackServer, serve_forever_cli
+from tests.fakes._server import LoopbackServer, ResettableState, serve_forever_cli
 
 VALIDATE_PATH = "/validateResource"
 FHIR_JSON = "application/fhir+json"
@@ -199,7 +198,7 @@ class RecordedRequest:
 
 
 @dataclass
-class ValidatorState:
+class ValidatorState(ResettableState):
     """Switches and records of one fake; every mutation goes through the lock (handlers run in threads)."""
 
     latency_seconds: float = 0.0
@@ -214,15 +213,6 @@ class ValidatorState:
     requests: list[RecordedRequest] = field(default_factory=list)
     most_in_flight: int = 0
     _open: set[int] = field(default_factory=set, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def reset(self, **options: Any) -> None:
-        """Back to a fresh state with ``options``, so one running server can serve many tests."""
-        fresh = ValidatorState(**options)
-        with self._lock:
-            for item in fields(self):
-                if item.name != "_lock":
-                    setattr(self, item.name, getattr(fresh, item.name))
 
     def enter(self, request: RecordedRequest) -> int:
         """Record a request; returns its index (0 for the first since the last reset)."""
