@@ -3,60 +3,77 @@
 1. The job's CRTDL and the lookup file (``services.flattening.lookup_path``) give one ViewDefinition per attribute
    group (``tasks.sof.crtdl_views``); a group whose profile has no lookup table is skipped with a warning. Each view
    is saved as ``<job>/viewdefinitions/<group name>.json`` so it can be rerun elsewhere (``view run``).
-2. Resources are routed to groups through the extraction's Provenance records (``entity.what.identifier`` with the
-   attribute-group system names the group, ``target`` the resources; one resource may belong to several groups).
-   TORCH puts them in the same Bundle line as the resources they route; bare Provenance lines route the bare
-   resources of their file. Resources that nothing routes are counted per type and reported. When the input holds
-   no attribute-group Provenance at all (a plain local import), each resource goes to the groups of its type.
+2. Resources are routed to groups through the extraction's Provenance records (``tasks.sof.flatten``: one resource
+   may belong to several groups; resources that nothing routes are counted per type and reported). When the input
+   holds no attribute-group Provenance at all (a plain local import), each resource goes to the groups of its type.
 3. Rows come from the embedded SQL-on-FHIR engine (``tasks.sof``), or from the flattening service's ``$run`` when
    ``services.flattening.service_url`` is set (health-checked first). For the service, resources are buffered per
-   group up to ``batch_size_mb`` divided by the number of groups, then sent as one request; the embedded engine
-   turns each resource into rows at once, so it buffers nothing.
-4. Each group's rows go to ``<group name>.csv`` under a temporary name, renamed when the step completes; a group
-   with no rows writes no file.
+   group up to ``batch_size_mb`` divided by the number of groups, then sent as one request, file after file.
+4. The embedded engine works file by file, each file its own cached task (``flatten[<file>]``) writing its rows per
+   group into ``.parts/<file>/``; when the input is large enough to pay for starting them, the files are flattened
+   in worker processes on every core (``tasks.processes``: JSON parsing and FHIRPath hold the GIL). The parts are
+   then concatenated in input order under one header, so the CSVs are the same bytes however many processes ran.
+5. Each group's CSV is written under a temporary name and all are renamed when the step completes; a group with no
+   rows writes no file.
 
-Resume: the step is redone as a whole (files are only renamed at its very end, so a killed run leaves no CSV
-behind to append to; leftovers of earlier attempts are removed at the start).
+Resume: a resumed job keeps the files whose parts are finished (a part missing on disk is flattened again) and
+redoes the rest; no CSV is visible before all are complete. The service path is redone as a whole.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
-import re
+import multiprocessing
+import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
-from tasks.contract import DataFile, StepInput, StepResult, settings_of, step_task
-from tasks.errors import StepError
+from tasks.contract import DataFile, StepInput, StepResult, digest, file_task, settings_of, step_task
+from tasks.fanout import first_failure, run_bounded
+from tasks.filework import map_files
 from tasks.layout import artifact_key, write_file_atomically
 from tasks.ndjson import iter_lines
+from tasks.processes import pool_size, run_in_process
 from tasks.sof import compile_view
 from tasks.sof.crtdl_views import AttributeGroup, GroupView, attribute_groups, build_view
+from tasks.sof.flatten import (
+    FileParts,
+    FilePlan,
+    FlatteningError,
+    GroupPlan,
+    RouteCounts,
+    Router,
+    bare_routes,
+    flatten_file,
+    has_group_provenance,
+    parse_line,
+    reference_key,
+)
 from tasks.sof.lookup import LookupError as LookupFileError
 from tasks.sof.lookup import load_lookup
 from tasks.sof.output import csv_cells, csv_writer, json_bytes
-from tasks.sof.resources import ResourceLineError, line_resources
-from tasks.sof.resources import parse_line as parse_resource_line
 from tasks.sof.view import CompiledView, ViewError
 
 log = logging.getLogger("dupflow.flattening")
 
-ATTRIBUTE_GROUP_SYSTEM = "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"
 VIEWS_FOLDER = "viewdefinitions"
+PARTS_FOLDER = ".parts"
 MB = 1024 * 1024
 PART_PREFIX, PART_SUFFIX = ".", ".part"
-_BARE_PROVENANCE = re.compile(rb'^\s*\{.*?"resourceType"\s*:\s*"Provenance"')
-_BUNDLE = re.compile(rb'"resourceType"\s*:\s*"Bundle"')
+COPY_CHUNK = 1 << 20
+# Worker processes start in about a second (a fork server importing the engine, then one fork per core); below
+# this much input that costs more than it saves, so the files are flattened in the calling process.
+PROCESS_MIN_BYTES = 16 * MB
+WORKER_MODULES = ("tasks.sof.flatten",)
 
-
-class FlatteningError(StepError):
-    """The step cannot flatten its input; the message says what is wrong and what to do."""
+__all__ = ["FlatteningError", "flatten_paths", "flattening", "parse_line", "plan_views", "reference_key"]
 
 
 @step_task("flattening")
@@ -69,7 +86,6 @@ def flattening(step: StepInput) -> StepResult:
         raise FlatteningError("services.flattening.lookup_path is not set (the lookup file flattening needs)")
     views, skipped = plan_views(step.crtdl_path, Path(config.lookup_path))
     save_view_definitions(step.job_path / VIEWS_FOLDER, views)
-    budget = config.batch_size_mb * MB
     max_line = settings.pipeline.max_ndjson_line_size_bytes
     clean_output(step.output_dir)
     if config.service_url:
@@ -84,21 +100,37 @@ def flattening(step: StepInput) -> StepResult:
                 skipped,
                 max_line_bytes=max_line,
                 service=service,
-                budget=budget,
+                budget=config.batch_size_mb * MB,
             )
     else:
-        outcome = flatten_paths(
-            step.input_paths(), step.output_dir, views, skipped, max_line_bytes=max_line, budget=budget
-        )
+        outcome = flatten_step_files(step, views, skipped, max_line)
     report(outcome, step)
     return step.result(outcome.files, **outcome.summary())
+
+
+@file_task("flatten-file", "flatten[{name}]")
+def flatten_input_file(step: StepInput, name: str, by_provenance: bool, plan_digest: str) -> FileParts:
+    """Flatten ``<input folder>/<name>`` into ``flattening/.parts/<name>/``; ``plan_digest`` (the views and the
+    skipped groups) makes a changed CRTDL or lookup file a new result."""
+    settings = settings_of(step)
+    lookup = Path(settings.services.flattening.lookup_path or "")
+    assert step.crtdl_path is not None and step.input_dir is not None
+    views, skipped = plan_views(step.crtdl_path, lookup, warn=False)
+    max_line = settings.pipeline.max_ndjson_line_size_bytes
+    plan = file_plan(step.input_dir / name, step.output_dir / PARTS_FOLDER, views, skipped, by_provenance, max_line)
+    if use_processes(sum(f.size for f in step.files), len(step.files)):
+        return run_in_process(flatten_file, plan, preload=WORKER_MODULES)
+    return flatten_file(plan)
 
 
 # --- planning ---------------------------------------------------------------------------------------------------
 
 
-def plan_views(crtdl_path: Path, lookup_path: Path) -> tuple[list[GroupView], list[AttributeGroup]]:
-    """One ViewDefinition per attribute group that has a lookup table; the groups skipped for lack of one."""
+def plan_views(
+    crtdl_path: Path, lookup_path: Path, *, warn: bool = True
+) -> tuple[list[GroupView], list[AttributeGroup]]:
+    """One ViewDefinition per attribute group that has a lookup table; the groups skipped for lack of one.
+    ``warn`` logs what is left out (the step does, once; its per-file tasks plan again silently)."""
     try:
         crtdl = json.loads(Path(crtdl_path).read_bytes())
         groups = attribute_groups(crtdl)
@@ -112,9 +144,12 @@ def plan_views(crtdl_path: Path, lookup_path: Path) -> tuple[list[GroupView], li
     for group in groups:
         table = tables.get(group.profile)
         if table is None:
-            log.warning(
-                "attribute group %r is skipped: the lookup file has no table for profile %s", group.name, group.profile
-            )
+            if warn:
+                log.warning(
+                    "attribute group %r is skipped: the lookup file has no table for profile %s",
+                    group.name,
+                    group.profile,
+                )
             skipped.append(group)
             continue
         try:
@@ -123,7 +158,7 @@ def plan_views(crtdl_path: Path, lookup_path: Path) -> tuple[list[GroupView], li
             raise FlatteningError(
                 f"attribute group {group.name!r} ({group.profile}): invalid ViewDefinition: {exc}"
             ) from exc
-        if built.skipped_attributes:
+        if built.skipped_attributes and warn:
             log.warning(
                 "attribute group %r: no lookup element for %s (left out of its CSV)",
                 group.name,
@@ -144,78 +179,160 @@ def save_view_definitions(folder: Path, views: list[GroupView]) -> None:
 
 
 def clean_output(folder: Path) -> None:
-    """Remove CSVs and temporaries of an earlier attempt: the step is redone as a whole."""
+    """Remove CSVs and temporaries of an earlier attempt (the finished files' parts are kept for resume)."""
     if folder.is_dir():
         for path in folder.iterdir():
             if path.is_file() and (path.name.endswith(".csv") or path.name.endswith(PART_SUFFIX)):
                 path.unlink()
 
 
-# --- routing ----------------------------------------------------------------------------------------------------
+def file_plan(
+    source: Path,
+    parts_dir: Path,
+    views: list[GroupView],
+    skipped: list[AttributeGroup],
+    by_provenance: bool,
+    max_line_bytes: int,
+) -> FilePlan:
+    groups = tuple(
+        GroupPlan(view.group.id, view.group.csv_name, view.resource_type, json.dumps(view.view)) for view in views
+    )
+    skipped_ids = tuple(group.id for group in skipped)
+    return FilePlan(str(source), str(parts_dir), groups, skipped_ids, by_provenance, max_line_bytes)
 
 
-def resource_key(resource: dict[str, Any]) -> str | None:
-    kind, ident = resource.get("resourceType"), resource.get("id")
-    return f"{kind}/{ident}" if isinstance(kind, str) and isinstance(ident, str) else None
+def use_processes(input_bytes: int, files: int) -> bool:
+    """Worker processes pay for their start-up only on a large input of several files, with cores to spare, and
+    never inside a daemonic process (a Dask worker, which may not have children)."""
+    return (
+        files > 1
+        and input_bytes >= PROCESS_MIN_BYTES
+        and pool_size() > 1
+        and not multiprocessing.current_process().daemon
+    )
 
 
-def reference_key(reference: Any) -> str | None:
-    """``Type/id`` of a literal reference (absolute URLs and ``_history`` dropped)."""
-    if not isinstance(reference, str) or "/" not in reference:
-        return None
-    parts = reference.split("/_history")[0].rstrip("/").split("/")
-    return f"{parts[-2]}/{parts[-1]}" if len(parts) >= 2 else None
+# --- the embedded engine, file by file ------------------------------------------------------------------------------
 
 
-def provenance_routes(provenance: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    """``(resource key, group id)`` for each target and attribute group a TORCH Provenance names."""
-    groups = []
-    for entity in provenance.get("entity") or []:
-        identifier = ((entity or {}).get("what") or {}).get("identifier") or {}
-        if identifier.get("system") == ATTRIBUTE_GROUP_SYSTEM and isinstance(identifier.get("value"), str):
-            groups.append(identifier["value"])
-    for target in provenance.get("target") or []:
-        key = reference_key((target or {}).get("reference"))
-        if key is not None:
-            for group in groups:
-                yield key, group
+def flatten_step_files(
+    step: StepInput, views: list[GroupView], skipped: list[AttributeGroup], max_line_bytes: int
+) -> FlattenOutcome:
+    """Each input file through its cached ``flatten[<file>]`` task, then the parts joined into the CSVs."""
+    paths = step.input_paths()
+    by_provenance = any(has_group_provenance(path, max_line_bytes) for path in paths)
+    plan_digest = digest([[v.group.id, v.group.csv_name, v.view] for v in views] + [g.id for g in skipped])
+    arguments = [(step, path.name, by_provenance, plan_digest) for path in paths]
+    workers = pool_size() if use_processes(sum(f.size for f in step.files), len(paths)) else 1
+    parts_dir = step.output_dir / PARTS_FOLDER
+    results = finished(map_files(flatten_input_file, arguments, workers))
+    if missing := [i for i, result in enumerate(results) if not parts_on_disk(parts_dir, views, result)]:
+        log.warning("parts of %d finished files are gone: flattening them again", len(missing))
+        again = finished(
+            map_files(flatten_input_file.with_options(refresh_cache=True), [arguments[i] for i in missing], workers)
+        )
+        for i, result in zip(missing, again, strict=True):
+            results[i] = result
+    outcome = join_parts(step.output_dir, parts_dir, views, skipped, results, by_provenance)
+    shutil.rmtree(parts_dir, ignore_errors=True)
+    return outcome
 
 
-def add_routes(routes: dict[str, set[str]], provenance: dict[str, Any]) -> None:
-    for key, group in provenance_routes(provenance):
-        routes.setdefault(key, set()).add(group)
+def finished(outcomes: list[FileParts | Exception]) -> list[FileParts]:
+    if failure := first_failure(outcomes):
+        raise failure
+    return outcomes  # type: ignore[return-value] - no exception among them
 
 
-def parse_line(source: Path, number: int, line: bytes) -> dict[str, Any]:
+def parts_on_disk(parts_dir: Path, views: list[GroupView], result: FileParts) -> bool:
+    """Whether every part a (possibly cached) file result names is on disk with its size."""
+    for view, rows, size in zip(views, result["rows"], result["bytes"], strict=True):
+        part = parts_dir / result["file"] / view.group.csv_name
+        if rows and (not part.is_file() or part.stat().st_size != size):
+            return False
+    return True
+
+
+def join_parts(
+    out_dir: Path,
+    parts_dir: Path,
+    views: list[GroupView],
+    skipped: list[AttributeGroup],
+    results: list[FileParts],
+    by_provenance: bool,
+) -> FlattenOutcome:
+    """Each group's CSV: its header, then its part of every file in input order; all renamed at the end."""
+    outcome = new_outcome(views, skipped, by_provenance, "embedded")
+    for result in results:
+        for counts, resources, rows in zip(outcome.groups, result["resources"], result["rows"], strict=True):
+            counts.resources += resources
+            counts.rows += rows
+        outcome.unrouted.update(result["unrouted"])
+        outcome.skipped_resources.update(result["skipped_resources"])
+        outcome.unknown_groups.update(result["unknown_groups"])
+    written: list[tuple[Path, Path, int]] = []
     try:
-        return parse_resource_line(source, number, line)
-    except ResourceLineError as exc:
-        raise FlatteningError(str(exc)) from exc
+        for i, (view, counts) in enumerate(zip(views, outcome.groups, strict=True)):
+            if not counts.rows:
+                continue
+            name = view.group.csv_name
+            temporary = out_dir / f"{PART_PREFIX}{name}{PART_SUFFIX}"
+            written.append((temporary, out_dir / name, counts.rows))
+            with temporary.open("wb") as out:
+                out.write(header_line(compile_view(view.view).columns))
+                for result in results:
+                    if result["rows"][i]:
+                        with (parts_dir / result["file"] / name).open("rb") as part:
+                            shutil.copyfileobj(part, out, COPY_CHUNK)
+    except BaseException:
+        for temporary, _, _ in written:
+            temporary.unlink(missing_ok=True)
+        raise
+    for temporary, dest, rows in written:
+        temporary.replace(dest)
+        outcome.files.append(DataFile(name=dest.name, size=dest.stat().st_size, resources=rows))
+    return outcome
 
 
-@dataclass
-class FileScan:
-    """What a cheap first pass over a file finds: attribute-group Provenance anywhere, and bare Provenance routes."""
-
-    has_group_provenance: bool = False
-    bare_routes: dict[str, set[str]] = field(default_factory=dict)
+def header_line(columns: list[str]) -> bytes:
+    text = io.StringIO(newline="")
+    csv_writer(text).writerow(columns)
+    return text.getvalue().encode()
 
 
-def scan_file(path: Path, max_line_bytes: int) -> FileScan:
-    scan = FileScan()
-    marker = ATTRIBUTE_GROUP_SYSTEM.encode()
-    for number, line in iter_lines(path, max_line_bytes):
-        if marker not in line:
-            continue
-        scan.has_group_provenance = True
-        if _BARE_PROVENANCE.match(line) and not _BUNDLE.search(line):
-            resource = parse_line(path, number, line)
-            if resource.get("resourceType") == "Provenance":
-                add_routes(scan.bare_routes, resource)
-    return scan
+def flatten_paths(
+    paths: list[Path],
+    out_dir: Path,
+    views: list[GroupView],
+    skipped: list[AttributeGroup],
+    *,
+    max_line_bytes: int,
+    service: Flattener | None = None,
+    budget: int = 500 * MB,
+    processes: int = 1,
+) -> FlattenOutcome:
+    """Flatten the resources of ``paths`` (plain or zstd NDJSON, bare resources or Bundles) into ``out_dir``;
+    with the embedded engine, ``processes`` files at once in worker processes (1: in this process)."""
+    if service is not None:
+        return flatten_with_service(paths, out_dir, views, skipped, max_line_bytes, service, budget)
+    by_provenance = any(has_group_provenance(path, max_line_bytes) for path in paths)
+    parts_dir = out_dir / PARTS_FOLDER
+    plans = [file_plan(path, parts_dir, views, skipped, by_provenance, max_line_bytes) for path in paths]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        if processes > 1:
+            calls: list[Callable[[], FileParts]] = [
+                lambda plan=plan: run_in_process(flatten_file, plan, preload=WORKER_MODULES) for plan in plans
+            ]
+            results = finished(run_bounded(calls, processes))
+        else:
+            results = [flatten_file(plan) for plan in plans]
+        return join_parts(out_dir, parts_dir, views, skipped, results, by_provenance)
+    finally:
+        shutil.rmtree(parts_dir, ignore_errors=True)
 
 
-# --- rows into CSV files ----------------------------------------------------------------------------------------
+# --- the flattening service ---------------------------------------------------------------------------------------
 
 
 class GroupCsv:
@@ -231,7 +348,7 @@ class GroupCsv:
         self._writer = csv_writer(self._stream)
         self._writer.writerow(columns)
 
-    def write(self, rows: Iterator[tuple] | list[tuple]) -> None:
+    def write(self, rows: Any) -> None:
         for row in rows:
             self._writer.writerow(csv_cells(row))
             self.rows += 1
@@ -247,28 +364,6 @@ class GroupCsv:
     def discard(self) -> None:
         self._stream.close()
         self.part.unlink(missing_ok=True)
-
-
-class Engine(Protocol):
-    def add(self, resource: dict[str, Any]) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class EmbeddedGroup:
-    """A group's rows from the embedded engine, written as each resource arrives (nothing buffered)."""
-
-    def __init__(self, view: CompiledView, out: GroupCsv):
-        self.view, self.out = view, out
-
-    def add(self, resource: dict[str, Any]) -> None:
-        try:
-            self.out.write(self.view.rows(resource))
-        except ViewError as exc:
-            raise FlatteningError(f"{self.out.dest.name}: resource {resource_key(resource)}: {exc}") from exc
-
-    def close(self) -> None:
-        return None
 
 
 class RemoteGroup:
@@ -293,6 +388,52 @@ class RemoteGroup:
         columns = self.out.columns
         self.out.write(tuple(row.get(c) for c in columns) for row in self.service.run(self.view, self.pending))
         self.pending, self.pending_bytes = [], 0
+
+
+def flatten_with_service(
+    paths: list[Path],
+    out_dir: Path,
+    views: list[GroupView],
+    skipped: list[AttributeGroup],
+    max_line_bytes: int,
+    service: Flattener,
+    budget: int,
+) -> FlattenOutcome:
+    """Every file's resources, in order, to the service in batches of up to ``budget`` divided among the groups."""
+    by_provenance = any(has_group_provenance(path, max_line_bytes) for path in paths)
+    compiled: list[CompiledView] = [compile_view(view.view) for view in views]
+    outs = [GroupCsv(out_dir, view.group.csv_name, c.columns) for view, c in zip(views, compiled, strict=True)]
+    per_group = budget // max(len(views), 1)
+    engines = [RemoteGroup(service, view.view, out, per_group) for view, out in zip(views, outs, strict=True)]
+    outcome = new_outcome(views, skipped, by_provenance, "service")
+    counts = RouteCounts([0] * len(views), outcome.unrouted, outcome.skipped_resources, outcome.unknown_groups)
+    router = Router(
+        [v.group.id for v in views],
+        [v.resource_type for v in views],
+        [g.id for g in skipped],
+        engines,
+        counts,
+        by_provenance,
+    )
+    try:
+        for path in paths:
+            routes = bare_routes(path, max_line_bytes) if by_provenance else {}
+            for number, line in iter_lines(path, max_line_bytes):
+                router.route_line(parse_line(path, number, line), routes)
+        for engine in engines:
+            engine.close()
+    except BaseException:
+        for out in outs:
+            out.discard()
+        raise
+    for group, resources, out in zip(outcome.groups, counts.resources, outs, strict=True):
+        group.resources, group.rows = resources, out.rows
+        if (data_file := out.finish()) is not None:
+            outcome.files.append(data_file)
+    return outcome
+
+
+# --- outcome --------------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -335,108 +476,18 @@ class FlattenOutcome:
         }
 
 
-def flatten_paths(
-    paths: list[Path],
-    out_dir: Path,
-    views: list[GroupView],
-    skipped: list[AttributeGroup],
-    *,
-    max_line_bytes: int,
-    service: Flattener | None = None,
-    budget: int = 500 * MB,
+def new_outcome(
+    views: list[GroupView], skipped: list[AttributeGroup], by_provenance: bool, engine: str
 ) -> FlattenOutcome:
-    """Flatten the resources of ``paths`` (plain or zstd NDJSON, bare resources or Bundles) into ``out_dir``."""
-    scans = [scan_file(path, max_line_bytes) for path in paths]
-    by_provenance = any(scan.has_group_provenance for scan in scans)
-    compiled = [compile_view(view.view) for view in views]
-    outs = [GroupCsv(out_dir, view.group.csv_name, c.columns) for view, c in zip(views, compiled, strict=True)]
-    engines: list[Engine] = []
-    per_group = budget // max(len(views), 1)
-    for view, view_compiled, out in zip(views, compiled, outs, strict=True):
-        if service is None:
-            engines.append(EmbeddedGroup(view_compiled, out))
-        else:
-            engines.append(RemoteGroup(service, view.view, out, per_group))
-    outcome = FlattenOutcome(
+    return FlattenOutcome(
         groups=[GroupCounts(view.group, view.group.csv_name) for view in views],
         skipped=skipped,
         skipped_resources=Counter(),
         unrouted=Counter(),
         unknown_groups=Counter(),
         routing="provenance" if by_provenance else "resource type",
-        engine="service" if service is not None else "embedded",
+        engine=engine,
     )
-    router = Router(views, skipped, engines, outcome, by_provenance)
-    try:
-        for path, scan in zip(paths, scans, strict=True):
-            for number, line in iter_lines(path, max_line_bytes):
-                router.route_line(parse_line(path, number, line), scan.bare_routes)
-        for engine in engines:
-            engine.close()
-    except BaseException:
-        for out in outs:
-            out.discard()
-        raise
-    for counts, out in zip(outcome.groups, outs, strict=True):
-        counts.rows = out.rows
-        if (data_file := out.finish()) is not None:
-            outcome.files.append(data_file)
-    return outcome
-
-
-class Router:
-    """Sends each resource to the engines of its groups and counts what goes where."""
-
-    def __init__(
-        self,
-        views: list[GroupView],
-        skipped: list[AttributeGroup],
-        engines: list[Engine],
-        outcome: FlattenOutcome,
-        by_provenance: bool,
-    ):
-        self.index = {view.group.id: i for i, view in enumerate(views)}
-        self.skipped_ids = {group.id for group in skipped}
-        self.by_type: dict[str, list[int]] = {}
-        for i, view in enumerate(views):
-            self.by_type.setdefault(view.resource_type, []).append(i)
-        self.engines, self.outcome, self.by_provenance = engines, outcome, by_provenance
-
-    def route_line(self, resource: dict[str, Any], bare_routes: dict[str, set[str]]) -> None:
-        resources = line_resources(resource)
-        routes = bare_routes
-        if resource.get("resourceType") == "Bundle" and self.by_provenance:
-            routes = {key: set(groups) for key, groups in bare_routes.items()} if bare_routes else {}
-            for item in resources:
-                if item.get("resourceType") == "Provenance":
-                    add_routes(routes, item)
-        for item in resources:
-            if item.get("resourceType") != "Provenance":
-                self.route(item, routes)
-
-    def route(self, resource: dict[str, Any], routes: dict[str, set[str]]) -> None:
-        kind = str(resource.get("resourceType"))
-        skipped = False
-        if not self.by_provenance:
-            targets = self.by_type.get(kind, [])
-        else:
-            targets = []
-            for group in sorted(routes.get(resource_key(resource) or "", ())):
-                if group in self.index:
-                    targets.append(self.index[group])
-                elif group in self.skipped_ids:
-                    skipped = True
-                else:
-                    self.outcome.unknown_groups[group] += 1
-        if skipped and not targets:
-            self.outcome.skipped_resources[kind] += 1
-        if not targets:
-            if not skipped:
-                self.outcome.unrouted[kind] += 1
-            return
-        for target in targets:
-            self.outcome.groups[target].resources += 1
-            self.engines[target].add(resource)
 
 
 # --- reporting --------------------------------------------------------------------------------------------------

@@ -1,0 +1,164 @@
+"""Worker processes for CPU-bound per-file work (JSON parsing, FHIRPath): the one pool a step sends such work to.
+
+Threads do not help there (the GIL), so ``run_in_process(function, *args)`` runs a plain, picklable function in
+one of at most ``pool_size()`` worker processes and blocks the calling thread until it is done. The pool is created
+on first use (a job that never needs it pays nothing) from a fork server that has imported only the modules named
+in ``preload`` (plain ones: no Prefect), so a worker starts with a fork, not a fresh interpreter, and stays lean.
+
+Shutdown: a cancelled call (``tasks.fanout.raise_if_cancelled``), an interrupt in the waiting thread, or the
+interpreter exiting terminates every worker; a worker whose parent dies (kill -9) exits by itself.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import select
+import sys
+import threading
+import time
+import types
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
+from multiprocessing.context import ForkServerContext, ForkServerProcess
+from typing import Any, TypeVar
+
+from tasks.fanout import raise_if_cancelled
+
+R = TypeVar("R")
+
+MAX_PROCESSES = 8
+POLL_SECONDS = 0.2
+
+_lock = threading.Lock()
+_pool: ProcessPoolExecutor | None = None
+_main_lock = threading.Lock()
+
+
+def pool_size() -> int:
+    """Worker processes: one per core, at most ``MAX_PROCESSES`` (each holds its own interpreter in memory)."""
+    return max(1, min(os.cpu_count() or 1, MAX_PROCESSES))
+
+
+def run_in_process(function: Callable[..., R], *args: Any, preload: tuple[str, ...] = ()) -> R:
+    """``function(*args)`` in a worker process; its result, or the exception it raised.
+
+    The calling thread waits in short slices, so a cancelled fan-out (``raise_if_cancelled``) or an interrupt
+    stops the wait at once: the pool is then terminated (a running worker cannot be stopped any other way).
+    ``preload`` names the modules ``function`` needs, imported once in the fork server when the pool starts.
+    """
+    future = _submit(function, args, preload)
+    try:
+        while True:
+            try:
+                return future.result(timeout=POLL_SECONDS)
+            except FutureTimeout:
+                raise_if_cancelled()
+    except BrokenProcessPool:
+        shutdown_pool()
+        raise
+    except BaseException:
+        if not future.done():
+            shutdown_pool()
+        raise
+
+
+def shutdown_pool() -> None:
+    """Terminate every worker process now (running calls fail with ``BrokenProcessPool``); a later call starts
+    a new pool."""
+    global _pool
+    with _lock:
+        pool, _pool = _pool, None
+    if pool is None:
+        return
+    # ProcessPoolExecutor has no public way to stop a running worker before Python 3.14 (terminate_workers).
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        process.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.join(timeout=5)
+
+
+def worker_pids() -> list[int]:
+    """The pids of the live worker processes (for tests and benchmarks that measure them)."""
+    with _lock:
+        pool = _pool
+    processes = (getattr(pool, "_processes", None) or {}).values() if pool else ()
+    return [process.pid for process in processes if process.pid is not None and process.is_alive()]
+
+
+def _submit(function: Callable[..., R], args: tuple, preload: tuple[str, ...]) -> Future[R]:
+    global _pool
+    with _lock:
+        if _pool is None:
+            context = _LeanForkServerContext()
+            context.set_forkserver_preload([__name__, *preload])
+            _pool = ProcessPoolExecutor(
+                pool_size(), mp_context=context, initializer=_exit_with_parent, initargs=(os.getpid(),)
+            )
+        return _pool.submit(function, *args)
+
+
+atexit.register(shutdown_pool)
+
+
+# --- lean workers -------------------------------------------------------------------------------------------------
+
+
+class _LeanProcess(ForkServerProcess):
+    """A worker that does not import the parent's ``__main__``.
+
+    multiprocessing re-imports the parent's main module in every child so that functions defined there can be
+    unpickled; ours (``flows.run``, a benchmark, a Prefect worker) would pull in Prefect and the whole command line.
+    The functions run here live in importable modules, so the main module is hidden while a worker is launched.
+    """
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:  # noqa: N802 - the multiprocessing hook's name
+        with _main_hidden():
+            return ForkServerProcess._Popen(process_obj)
+
+
+class _LeanForkServerContext(ForkServerContext):
+    Process = _LeanProcess
+
+
+@contextmanager
+def _main_hidden() -> Iterator[None]:
+    with _main_lock:
+        main = sys.modules["__main__"]
+        sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            yield
+        finally:
+            sys.modules["__main__"] = main
+
+
+def _exit_with_parent(parent: int) -> None:
+    """In a worker: a daemon thread that ends the process as soon as the process that made the pool is gone."""
+    threading.Thread(target=_wait_for_exit, args=(parent,), daemon=True, name="exit-with-parent").start()
+
+
+def _wait_for_exit(pid: int) -> None:
+    try:
+        handle = os.pidfd_open(pid)
+    except OSError:  # already gone
+        os._exit(1)
+    except AttributeError:  # no pidfd (not Linux): poll
+        while _alive(pid):
+            time.sleep(0.5)
+    else:
+        select.select([handle], [], [])
+    os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

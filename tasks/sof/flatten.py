@@ -1,0 +1,283 @@
+"""Flattening's plain per-file work: routing resources to attribute groups, and one input file's rows as CSV parts.
+
+Routing (spec/protocols.md, "Flattening"): the extraction's Provenance records name, for each target resource, the
+attribute groups it belongs to (``entity.what.identifier`` with the attribute-group system). TORCH puts them in the
+same Bundle line as the resources they route; bare Provenance lines route the bare resources of their file. When
+no input file holds attribute-group Provenance at all (a plain local import), resources go to the groups of their
+type. Whether that is so is decided over all files first (``has_group_provenance``); everything else is per file.
+
+``flatten_file(plan)`` writes one input file's rows, per group, into ``<parts>/<file name>/<csv name>`` (rows only,
+no header; a group without rows gets no part) and returns its counts. The parent concatenates the parts of all files
+in input order under one header, so the CSVs are the same bytes whether the files ran one after the other or in
+parallel. It imports no Prefect, so it runs in a lean worker process (``tasks.processes``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import IO, Any, Protocol, TypedDict
+
+from tasks.errors import StepError
+from tasks.fanout import raise_if_cancelled
+from tasks.ndjson import iter_lines
+from tasks.sof.output import csv_cells, csv_writer
+from tasks.sof.resources import ResourceLineError, line_resources
+from tasks.sof.resources import parse_line as parse_resource_line
+from tasks.sof.view import CompiledView, ViewError, compile_view
+
+ATTRIBUTE_GROUP_SYSTEM = "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"
+_GROUP_MARKER = ATTRIBUTE_GROUP_SYSTEM.encode()
+_BARE_PROVENANCE = re.compile(rb'^\s*\{.*?"resourceType"\s*:\s*"Provenance"')
+_BUNDLE = re.compile(rb'"resourceType"\s*:\s*"Bundle"')
+
+
+class FlatteningError(StepError):
+    """The step cannot flatten its input; the message says what is wrong and what to do."""
+
+
+# --- routing ----------------------------------------------------------------------------------------------------
+
+
+def resource_key(resource: dict[str, Any]) -> str | None:
+    kind, ident = resource.get("resourceType"), resource.get("id")
+    return f"{kind}/{ident}" if isinstance(kind, str) and isinstance(ident, str) else None
+
+
+def reference_key(reference: Any) -> str | None:
+    """``Type/id`` of a literal reference (absolute URLs and ``_history`` dropped)."""
+    if not isinstance(reference, str) or "/" not in reference:
+        return None
+    parts = reference.split("/_history")[0].rstrip("/").split("/")
+    return f"{parts[-2]}/{parts[-1]}" if len(parts) >= 2 else None
+
+
+def provenance_routes(provenance: dict[str, Any]) -> Iterator[tuple[str, str]]:
+    """``(resource key, group id)`` for each target and attribute group a TORCH Provenance names."""
+    groups = []
+    for entity in provenance.get("entity") or []:
+        identifier = ((entity or {}).get("what") or {}).get("identifier") or {}
+        if identifier.get("system") == ATTRIBUTE_GROUP_SYSTEM and isinstance(identifier.get("value"), str):
+            groups.append(identifier["value"])
+    for target in provenance.get("target") or []:
+        key = reference_key((target or {}).get("reference"))
+        if key is not None:
+            for group in groups:
+                yield key, group
+
+
+def add_routes(routes: dict[str, set[str]], provenance: dict[str, Any]) -> None:
+    for key, group in provenance_routes(provenance):
+        routes.setdefault(key, set()).add(group)
+
+
+def parse_line(source: Path, number: int, line: bytes) -> dict[str, Any]:
+    try:
+        return parse_resource_line(source, number, line)
+    except ResourceLineError as exc:
+        raise FlatteningError(str(exc)) from exc
+
+
+def has_group_provenance(path: Path, max_line_bytes: int) -> bool:
+    """Whether any line of the file mentions the attribute-group system (stops at the first that does)."""
+    return any(_GROUP_MARKER in line for _, line in iter_lines(path, max_line_bytes))
+
+
+def bare_routes(path: Path, max_line_bytes: int) -> dict[str, set[str]]:
+    """The routes of the file's bare (not in a Bundle) attribute-group Provenance lines."""
+    routes: dict[str, set[str]] = {}
+    for number, line in iter_lines(path, max_line_bytes):
+        if _GROUP_MARKER in line and _BARE_PROVENANCE.match(line) and not _BUNDLE.search(line):
+            resource = parse_line(path, number, line)
+            if resource.get("resourceType") == "Provenance":
+                add_routes(routes, resource)
+    return routes
+
+
+class Engine(Protocol):
+    def add(self, resource: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class RouteCounts:
+    """What routing found: resources per group (in group order), and per type what no group took."""
+
+    resources: list[int]
+    unrouted: Counter = field(default_factory=Counter)
+    skipped_resources: Counter = field(default_factory=Counter)
+    unknown_groups: Counter = field(default_factory=Counter)
+
+
+class Router:
+    """Sends each resource to the engines of its groups and counts what goes where."""
+
+    def __init__(
+        self,
+        group_ids: list[str],
+        resource_types: list[str],
+        skipped_ids: list[str],
+        engines: list[Engine],
+        counts: RouteCounts,
+        by_provenance: bool,
+    ):
+        self.index = {group: i for i, group in enumerate(group_ids)}
+        self.skipped_ids = set(skipped_ids)
+        self.by_type: dict[str, list[int]] = {}
+        for i, kind in enumerate(resource_types):
+            self.by_type.setdefault(kind, []).append(i)
+        self.engines, self.counts, self.by_provenance = engines, counts, by_provenance
+
+    def route_line(self, resource: dict[str, Any], bare: dict[str, set[str]]) -> None:
+        resources = line_resources(resource)
+        routes = bare
+        if resource.get("resourceType") == "Bundle" and self.by_provenance:
+            routes = {key: set(groups) for key, groups in bare.items()} if bare else {}
+            for item in resources:
+                if item.get("resourceType") == "Provenance":
+                    add_routes(routes, item)
+        for item in resources:
+            if item.get("resourceType") != "Provenance":
+                self.route(item, routes)
+
+    def route(self, resource: dict[str, Any], routes: dict[str, set[str]]) -> None:
+        kind = str(resource.get("resourceType"))
+        skipped = False
+        if not self.by_provenance:
+            targets = self.by_type.get(kind, [])
+        else:
+            targets = []
+            for group in sorted(routes.get(resource_key(resource) or "", ())):
+                if group in self.index:
+                    targets.append(self.index[group])
+                elif group in self.skipped_ids:
+                    skipped = True
+                else:
+                    self.counts.unknown_groups[group] += 1
+        if skipped and not targets:
+            self.counts.skipped_resources[kind] += 1
+        if not targets:
+            if not skipped:
+                self.counts.unrouted[kind] += 1
+            return
+        for target in targets:
+            self.counts.resources[target] += 1
+            self.engines[target].add(resource)
+
+
+# --- one file's rows as parts -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """What a worker needs of one attribute group: its id, CSV name, resource type and ViewDefinition (JSON)."""
+
+    id: str
+    csv_name: str
+    resource_type: str
+    view_json: str
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    """One input file's flattening, as a worker process receives it (small and picklable)."""
+
+    source: str
+    parts_dir: str
+    groups: tuple[GroupPlan, ...]
+    skipped_ids: tuple[str, ...]
+    by_provenance: bool
+    max_line_bytes: int
+
+
+class FileParts(TypedDict):
+    """What ``flatten_file`` wrote: per group (in group order) resources routed, rows and part bytes."""
+
+    file: str
+    resources: list[int]
+    rows: list[int]
+    bytes: list[int]
+    unrouted: dict[str, int]
+    skipped_resources: dict[str, int]
+    unknown_groups: dict[str, int]
+
+
+class RowsWriter:
+    """A group's rows as CSV lines (no header) in ``path``, opened at the first row."""
+
+    def __init__(self, path: Path, view: CompiledView, name: str):
+        self.path, self.view, self.name = path, view, name
+        self.rows = 0
+        self._stream: IO[str] | None = None
+        self._writer: Any = None
+
+    def add(self, resource: dict[str, Any]) -> None:
+        try:
+            rows = list(self.view.rows(resource))
+        except ViewError as exc:
+            raise FlatteningError(f"{self.name}: resource {resource_key(resource)}: {exc}") from exc
+        if rows and self._writer is None:
+            self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by close
+            self._writer = csv_writer(self._stream)
+        for row in rows:
+            self._writer.writerow(csv_cells(row))
+        self.rows += len(rows)
+
+    def close(self) -> int:
+        """Close the part; its size in bytes (0 when it has no rows)."""
+        if self._stream is None:
+            return 0
+        self._stream.close()
+        return self.path.stat().st_size
+
+
+def flatten_file(plan: FilePlan) -> FileParts:
+    """Flatten ``plan.source`` into ``<parts_dir>/<file name>/``, written as ``.<file name>.tmp`` and renamed when
+    complete (an earlier attempt's parts of the same file are replaced)."""
+    source, parts_dir = Path(plan.source), Path(plan.parts_dir)
+    work, final = parts_dir / f".{source.name}.tmp", parts_dir / source.name
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    writers = [RowsWriter(work / g.csv_name, compiled_view(g.view_json), g.csv_name) for g in plan.groups]
+    counts = RouteCounts([0] * len(writers))
+    router = Router(
+        [g.id for g in plan.groups],
+        [g.resource_type for g in plan.groups],
+        list(plan.skipped_ids),
+        writers,
+        counts,
+        plan.by_provenance,
+    )
+    try:
+        routes = bare_routes(source, plan.max_line_bytes) if plan.by_provenance else {}
+        for number, line in iter_lines(source, plan.max_line_bytes):
+            raise_if_cancelled()
+            router.route_line(parse_line(source, number, line), routes)
+        sizes = [writer.close() for writer in writers]
+    except BaseException:
+        for writer in writers:
+            writer.close()
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    shutil.rmtree(final, ignore_errors=True)
+    work.rename(final)
+    return FileParts(
+        file=source.name,
+        resources=counts.resources,
+        rows=[writer.rows for writer in writers],
+        bytes=sizes,
+        unrouted=dict(counts.unrouted),
+        skipped_resources=dict(counts.skipped_resources),
+        unknown_groups=dict(counts.unknown_groups),
+    )
+
+
+@lru_cache(maxsize=64)
+def compiled_view(view_json: str) -> CompiledView:
+    """A ViewDefinition compiled once per process, however many files use it."""
+    return compile_view(json.loads(view_json))

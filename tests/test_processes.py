@@ -1,0 +1,124 @@
+"""The worker process pool: results and errors come back, workers stay lean, and none outlives its parent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+import pytest
+
+from tasks import processes
+from tasks.errors import StepError
+
+REPO = Path(__file__).resolve().parents[1]
+DEADLINE_SECONDS = 30
+
+PARENT_SCRIPT = """
+import sys, threading, time
+from tasks import processes
+threading.Thread(target=processes.run_in_process, args=(time.sleep, 600), daemon=True).start()
+while not processes.worker_pids():
+    time.sleep(0.05)
+print(" ".join(map(str, processes.worker_pids())), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture(autouse=True)
+def fresh_pool():
+    yield
+    processes.shutdown_pool()
+
+
+def gone(pid: int) -> bool:
+    """No such process, or a zombie nobody has reaped yet (it runs no code)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+def wait_until(condition, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_function_runs_in_another_process_and_its_result_comes_back():
+    assert processes.run_in_process(os.getpid) != os.getpid()
+    assert processes.run_in_process(sorted, [3, 1, 2]) == [1, 2, 3]
+
+
+def test_an_error_in_the_worker_is_raised_in_the_caller():
+    with pytest.raises(StepError, match="no such thing"):
+        processes.run_in_process(raise_step_error, "no such thing")
+
+
+def raise_step_error(message: str) -> None:
+    raise StepError(message)
+
+
+def test_workers_do_not_import_the_parents_main_module_nor_prefect():
+    modules = processes.run_in_process(eval, "sorted(__import__('sys').modules)")  # the main module here: pytest's
+    assert "prefect" not in modules
+    assert "pytest" not in modules and "_pytest" not in modules
+
+
+def test_shutting_the_pool_down_stops_a_running_worker():
+    failure: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            processes.run_in_process(time.sleep, 600)
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    wait_until(processes.worker_pids, "the worker started")
+    pids = processes.worker_pids()
+
+    processes.shutdown_pool()
+
+    thread.join(DEADLINE_SECONDS)
+    assert failure and isinstance(failure[0], BrokenProcessPool)
+    wait_until(lambda: all(gone(pid) for pid in pids), "the worker exited")
+
+
+def test_workers_exit_by_themselves_when_their_parent_is_killed():
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT_SCRIPT], cwd=REPO, stdout=subprocess.PIPE, text=True, env=plain_environment()
+    )
+    try:
+        workers = [int(pid) for pid in parent.stdout.readline().split()]
+        assert workers
+        helpers = children_of(parent.pid)  # the fork server and multiprocessing's resource tracker
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    wait_until(lambda: all(gone(pid) for pid in workers + helpers), "every worker and helper process exited")
+
+
+def plain_environment() -> dict[str, str]:
+    return {key: value for key, value in os.environ.items() if not key.startswith("APP_")}
