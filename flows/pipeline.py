@@ -27,6 +27,7 @@ from pydantic import Field
 from config.settings import Settings
 from flows.jobs import AWAITING_INSPECTION, RUNNING, SUSPENDED, Job, JobLock, cache_state, prepare_job
 from tasks.contract import StepInput, StepKind, StepResult, register_settings
+from tasks.errors import DupflowError
 from tasks.extractor import extractor
 from tasks.flattening import flattening
 from tasks.http_import import http_import
@@ -164,13 +165,18 @@ def run_steps(job: Job) -> list[StepResult]:
     for position, name in enumerate(job.settings.pipeline.enabled_steps):
         spec = STEPS[name]
         step = step_input(job, position, name, current)
-        result = run_gate(job, step, results) if spec.kind is StepKind.GATE else spec.task(step)
+        try:
+            result = run_gate(job, step, results) if spec.kind is StepKind.GATE else run_step(spec.task, step)
+        except BaseException as exc:
+            publish_job_record(job, results, failed=(name, exc))
+            raise
         write_step_manifest(job.paths.job_dir, position, name, result.model_dump(mode="json"))
         results.append(result)
+        if not result.awaiting:
+            publish_step_table(job, result)
         publish_job_record(job, results)
         if result.awaiting:
             break
-        publish_step_table(job, result)
         logger.info(
             "step %d %s: %d file(s), %d resources in %s",
             position + 1,
@@ -182,6 +188,13 @@ def run_steps(job: Job) -> list[StepResult]:
         if spec.kind in (StepKind.IMPORT, StepKind.TRANSFORM, StepKind.GATE):
             current = result
     return results
+
+
+def run_step(step_task: Any, step: StepInput) -> StepResult:
+    """Run a step's task; a result Prefect answers from the job's cache is marked ``cached`` for the record."""
+    state = step_task(step, return_state=True)
+    result: StepResult = state.result()
+    return result.model_copy(update={"cached": True}) if state.name == "Cached" else result
 
 
 def step_input(job: Job, position: int, name: str, current: StepResult | None) -> StepInput:
@@ -249,19 +262,99 @@ def publish_step_table(job: Job, result: StepResult) -> None:
     )
 
 
-def publish_job_record(job: Job, results: list[StepResult]) -> None:
-    """One readable record per job (key ``job-<id>``): steps, files, resources, bytes, and the recorded facts."""
+def publish_job_record(job: Job, results: list[StepResult], failed: tuple[str, BaseException] | None = None) -> None:
+    """One readable record per job (key ``job-<id>``), published at every step boundary: per step its state,
+    folder, files, resources, bytes, wall time (that of the run that made it, for a step served from the cache)
+    and links to its artifacts; the step time so far, the recorded facts, and a link to this flow run."""
     settings: Settings = job.settings
+    base = ui_base_url()
+    links = artifact_links(job.job_id, base)
     lines = [f"# dupflow job `{job.job_id}`", "", f"Job directory: `{job.paths.job_dir}`", ""]
-    lines += ["| # | step | state | folder | files | resources | bytes |", "|---|---|---|---|---|---|---|"]
+    if runtime.flow_run.id:
+        lines += [f"Latest flow run: [{runtime.flow_run.name}]({base}/runs/flow-run/{runtime.flow_run.id})", ""]
+    lines += [
+        "| # | step | state | folder | files | resources | bytes | time | artifacts |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
-        state = "awaiting inspection" if r.awaiting else "done"
+        state = "awaiting inspection" if r.awaiting else "done (cached)" if r.cached else "done"
         lines.append(
-            f"| {r.position + 1} | {r.step} | {state} | `{r.folder}` | {len(r.files)} | {r.resources} | {r.size} |"
+            f"| {r.position + 1} | {r.step} | {state} | `{r.folder}` | {len(r.files)} | {r.resources} | {r.size} "
+            f"| {seconds_text(r.seconds)} | {step_links(links, r.position)} |"
         )
-    pending = settings.pipeline.enabled_steps[len(results) :]
-    lines += [f"| {len(results) + i + 1} | {step} | not run yet | | | | |" for i, step in enumerate(pending)]
+    pending = list(enumerate(settings.pipeline.enabled_steps))[len(results) :]
+    if failed is not None and pending:
+        (position, step), *pending = pending
+        cause = one_line(failed[1])
+        lines.append(f"| {position + 1} | {step} | failed: {cause} | | | | | | {step_links(links, position)} |")
+    lines += [f"| {position + 1} | {step} | not run yet | | | | | | |" for position, step in pending]
+    lines += ["", step_time_text(results)]
+    if others := links.pop(None, []):
+        lines += ["", f"Other artifacts: {' · '.join(others)}"]
     facts = read_facts(job.paths.job_dir)
     if facts:
         lines += ["", "## Facts", ""] + [f"- **{key}**: `{value}`" for key, value in sorted(facts.items())]
     create_markdown_artifact(key=artifact_key(job.job_id), markdown="\n".join(lines), description="Job record")
+
+
+def step_links(links: dict[int | None, list[str]], position: int) -> str:
+    return " · ".join(links.pop(position, []))
+
+
+def seconds_text(seconds: float | None) -> str:
+    return "" if seconds is None else f"{seconds:.1f} s"
+
+
+def step_time_text(results: list[StepResult]) -> str:
+    """The step time so far; the part served from the cache is what earlier runs spent."""
+    total = sum(r.seconds or 0.0 for r in results)
+    cached = sum(r.seconds or 0.0 for r in results if r.cached)
+    text = f"**Step time so far**: {total:.1f} s"
+    return text + (f" ({cached:.1f} s of it in earlier runs, served from the cache)" if cached else "")
+
+
+def one_line(exc: BaseException) -> str:
+    """A failure's cause for a table cell: the first line of its message, no pipes."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    message = exc.message if isinstance(exc, DupflowError) else f"{type(exc).__name__}: {exc}"
+    first = (message.strip().splitlines() or [""])[0]
+    return first.replace("|", "\\|")[:300]
+
+
+def ui_base_url() -> str:
+    """The Prefect UI's address (PREFECT_UI_URL, or derived by Prefect from the API's); empty: links relative to
+    the UI's own origin."""
+    from prefect.settings import get_current_settings
+
+    return (get_current_settings().ui_url or "").rstrip("/")
+
+
+def artifact_links(job_id: str, base: str) -> dict[int | None, list[str]]:
+    """Markdown links to the job's existing artifacts (the UI's ``/artifacts/key/<key>`` page), by step position
+    (None: artifacts of no single step, e.g. the inspection note); each labelled by what follows the step's key."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
+
+    prefix = artifact_key(job_id) + "-"
+    with get_client(sync_client=True) as client:
+        found = client.read_latest_artifacts(
+            artifact_filter=ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(like_=prefix))
+        )
+    links: dict[int | None, list[str]] = {}
+    for key in sorted(a.key for a in found if a.key and a.key.startswith(prefix)):
+        position, label = artifact_label(key.removeprefix(prefix))
+        links.setdefault(position, []).append(f"[{label}]({base}/artifacts/key/{key})")
+    return links
+
+
+def artifact_label(rest: str) -> tuple[int | None, str]:
+    """``03-pseudonymizer-report`` → (3, ``report``); ``03-pseudonymizer`` (the step's file table) → (3,
+    ``files``); ``inspection`` → (None, ``inspection``)."""
+    number, _, named = rest.partition("-")
+    if not (number.isdigit() and named):
+        return None, rest
+    step = next((s for s in STEPS if named == s.replace("_", "-") or named.startswith(s.replace("_", "-") + "-")), None)
+    if step is None:
+        return None, rest
+    return int(number), named.removeprefix(step.replace("_", "-")).removeprefix("-") or "files"

@@ -19,9 +19,11 @@ data, else the gate's input.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
@@ -34,7 +36,8 @@ from prefect.transactions import CommitMode, transaction
 from pydantic import BaseModel, ConfigDict, Field
 
 from config.settings import Settings
-from tasks.layout import PREFECT_DIR, step_folder
+from tasks.layout import PREFECT_DIR, artifact_key, step_folder
+from tasks.progress import StepWork, step_progress
 from tasks.record import record_facts
 
 R = TypeVar("R")
@@ -122,7 +125,12 @@ class StepInput(BaseModel):
 
 
 class StepResult(BaseModel):
-    """What a step task returns: the folder it wrote, its files, and counts for the job record and artifacts."""
+    """What a step task returns: the folder it wrote, its files, and counts for the job record and artifacts.
+
+    ``seconds`` is the wall time of the run that made the result (set by ``step_task``; kept when the result
+    comes back from the cache; None in results cached before it existed). ``cached`` is set by the flow when
+    this run got the result from the cache.
+    """
 
     step: str
     position: int
@@ -130,6 +138,8 @@ class StepResult(BaseModel):
     files: list[DataFile] = Field(default_factory=list)
     summary: dict[str, Any] = Field(default_factory=dict)
     awaiting: bool = False
+    seconds: float | None = None
+    cached: bool = False
 
     @property
     def resources(self) -> int:
@@ -189,9 +199,28 @@ JOB_CACHE = CacheKeyFnPolicy(cache_key_fn=job_cache_key)
 _PERSISTED = dict(cache_policy=JOB_CACHE, persist_result=True, result_serializer="json", result_storage=Path("/"))
 
 
-def step_task(name: str, **options: Any) -> Callable[[Callable[..., R]], Any]:
-    """Declare a step's Prefect task: cached in the job directory, run named after the step."""
-    return task(name=name, task_run_name=f"{name}" + "[{step.position}]", **{**_PERSISTED, **options})
+def step_task(name: str, **options: Any) -> Callable[[Callable[..., StepResult]], Any]:
+    """Declare a step's Prefect task: cached in the job directory, run named after the step, timed (the result's
+    ``seconds``), its file work shown as one progress artifact (``job-<id>-NN-<step>-progress``)."""
+
+    def declare(function: Callable[..., StepResult]) -> Any:
+        @functools.wraps(function)
+        def timed(step: StepInput, *args: Any, **kwargs: Any) -> StepResult:
+            started = time.monotonic()
+            key = artifact_key(step.job_id, f"{step.position:02d}", step.step, "progress")
+            with step_progress(key, step.step, known_work(step)):
+                result = function(step, *args, **kwargs)
+            return result.model_copy(update={"seconds": round(time.monotonic() - started, 3)})
+
+        return task(name=name, task_run_name=f"{name}" + "[{step.position}]", **{**_PERSISTED, **options})(timed)
+
+    return declare
+
+
+def known_work(step: StepInput) -> StepWork:
+    return StepWork(
+        files=len(step.files), size=sum(f.size for f in step.files), resources=sum(f.resources for f in step.files)
+    )
 
 
 def file_task(name: str, run_name: str, **options: Any) -> Callable[[Callable[..., R]], Any]:

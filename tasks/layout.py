@@ -39,6 +39,10 @@ class JobPaths:
     def wait_release_marker(self, position: int) -> Path:
         return self.job_dir / PREFECT_DIR / f"wait-{position:02d}.released"
 
+    def wait_pause_marker(self, position: int) -> Path:
+        """Set when the gate at ``position`` first paused the job (its instructions are published once)."""
+        return self.job_dir / PREFECT_DIR / f"wait-{position:02d}.paused"
+
 
 def artifact_key(job_id: str, *parts: str) -> str:
     """A Prefect artifact key for a job: lowercase letters, digits and dashes only."""

@@ -2,7 +2,8 @@
 
 The gate is a marker file in the job directory, checked by an uncached task, so it survives any process. The first
 time the job reaches the gate, the task prepares ``<input folder>_wait/`` for corrected files, publishes what to
-inspect and how to go on (log line and markdown artifact), and answers "awaiting". The flow then stops the run for
+inspect and how to go on (log line and markdown artifact; once: a second marker remembers it), and answers
+"awaiting". The flow then stops the run for
 inspection: a local run ends as ``AwaitingInspection`` and ``continue`` re-runs it; a deployment run is suspended
 until someone resumes it in the UI (with a short form). Either way the marker is set on resume, and the task then
 answers with the folder the next step reads: ``<input folder>_wait/`` when it holds any data file, else its input.
@@ -24,8 +25,12 @@ from tasks.ndjson import count_resources, is_data_file
 @task(name="wait", task_run_name="wait[{step.position}]", cache_policy=NO_CACHE, persist_result=False)
 def wait(step: StepInput, resume_hint: str = "") -> StepResult:
     if not release_marker(step).exists():
-        wait_dir(step).mkdir(parents=True, exist_ok=True)
-        publish_instructions(step, resume_hint)
+        pause_marker = JobPaths(step.job_path).wait_pause_marker(step.position)
+        if not pause_marker.exists():  # a resumed deployment run passes the closed gate once more: publish once
+            wait_dir(step).mkdir(parents=True, exist_ok=True)
+            publish_instructions(step, resume_hint)
+            pause_marker.parent.mkdir(parents=True, exist_ok=True)
+            pause_marker.touch()
         return StepResult(step=step.step, position=step.position, folder=step.folder or "", awaiting=True)
     return released_result(step)
 
