@@ -1,13 +1,17 @@
-"""Benchmark: resources/s of the embedded SQL-on-FHIR engine in the flattening step, beside the ``sqlonfhir`` package.
+"""Benchmark: resources/s of the embedded SQL-on-FHIR engine in the flattening step, in one process and in worker
+processes, beside orjson parsing alone and the ``sqlonfhir`` package.
 
-Run: ``uv run python -m tests.benchmarks.bench_flattening [--patients N] [--reference-sample N]``.
+Run: ``uv run python -m tests.benchmarks.bench_flattening [--patients N] [--files N] [--reference-sample N]``.
 
 Data: seeded random TORCH-shaped batch lines (one transaction Bundle per patient: a Patient, Conditions with one
 to three ICD-10 codings, Procedures with OPS and SNOMED codings, Encounters no group routes, one Provenance per
-attribute group), flattened with the shared example's CRTDL and lookup (three groups). Figures printed:
+attribute group) in ``--files`` batch files as TORCH writes them, flattened with the shared example's CRTDL and
+lookup (three groups). Figures printed:
 
-- anchor: parsing the same bytes with orjson (resources/s), the floor any JSON pipeline pays;
-- ours: the whole step's work (scan, parse, route, rows, CSV) on every resource, and peak RSS;
+- anchor: parsing the same bytes with orjson in one process (resources/s), the floor any JSON pipeline pays;
+- ours, 1 process: the whole step's work (scan, parse, route, rows, CSV) on every resource, and peak RSS;
+- ours, N processes: the same with one worker process per core (``tasks.processes``; start-up included), the
+  CSVs checked byte for byte against the 1-process run, and the workers' peak RSS;
 - reference: ``sqlonfhir`` (the SQL-on-FHIR reference runner on fhirpathpy; it pins an older fhirpathpy, so it
   runs in its own environment through ``uv run --no-project --with sqlonfhir``) evaluating the same three views
   over the same resources, already parsed and grouped by type (so only view evaluation is timed), on the first
@@ -28,6 +32,7 @@ from pathlib import Path
 import orjson
 
 from tasks.flattening import flatten_paths, plan_views
+from tasks.processes import pool_size, shutdown_pool, worker_pids
 from tasks.sof.resources import line_resources
 from tests.conftest import TESTDATA
 
@@ -151,28 +156,41 @@ def patient_bundle(rng: random.Random, index: int, groups: dict[str, str]) -> di
     }
 
 
-def write_data(folder: Path, patients: int, seed: int) -> tuple[Path, int]:
+def write_data(folder: Path, patients: int, files: int, seed: int) -> tuple[list[Path], int]:
     crtdl = json.loads((EXAMPLE / "example-crtdl.json").read_text())
     ids = [g["id"] for g in crtdl["dataExtraction"]["attributeGroups"]]
     groups = dict(zip(("Patient", "Condition", "Procedure"), ids, strict=True))
     rng = random.Random(seed)
-    path = folder / "batch.ndjson"
+    paths = [folder / f"batch-{number:04d}.ndjson" for number in range(1, files + 1)]
     count = 0
-    with path.open("wb") as out:
-        for index in range(patients):
-            bundle = patient_bundle(rng, index, groups)
-            count += sum(1 for e in bundle["entry"] if e["resource"]["resourceType"] != "Provenance")
-            out.write(orjson.dumps(bundle) + b"\n")
-    return path, count
+    for number, path in enumerate(paths):
+        with path.open("wb") as out:
+            for index in range(number * patients // files, (number + 1) * patients // files):
+                bundle = patient_bundle(rng, index, groups)
+                count += sum(1 for e in bundle["entry"] if e["resource"]["resourceType"] != "Provenance")
+                out.write(orjson.dumps(bundle) + b"\n")
+    return paths, count
 
 
-def anchor(path: Path) -> float:
+def anchor(paths: list[Path]) -> float:
+    """Resources/s of parsing every line with orjson in this process (Provenance included)."""
     started = time.perf_counter()
     count = 0
-    with path.open("rb") as lines:
-        for line in lines:
-            count += len(orjson.loads(line)["entry"])
+    for path in paths:
+        with path.open("rb") as lines:
+            for line in lines:
+                count += len(orjson.loads(line)["entry"])
     return count / (time.perf_counter() - started)
+
+
+def workers_peak_mb() -> list[float]:
+    """Each live worker process's peak RSS (``VmHWM``; Linux)."""
+    peaks = []
+    for pid in worker_pids():
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                peaks.append(int(line.split()[1]) / 1024)
+    return peaks
 
 
 def reference(views: list[dict], path: Path, sample: int, folder: Path) -> dict | None:
@@ -207,27 +225,44 @@ def reference(views: list[dict], path: Path, sample: int, folder: Path) -> dict 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--patients", type=int, default=17_000)
+    parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--reference-sample", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=11)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        path, count = write_data(folder, args.patients, args.seed)
-        size_mb = path.stat().st_size / 1e6
-        print(f"data: {count} resources (no Provenance) in {args.patients} patient Bundles, {size_mb:.1f} MB")
-        print(f"anchor: orjson parse of the same bytes: {anchor(path):,.0f} resources/s")
+        paths, count = write_data(folder, args.patients, args.files, args.seed)
+        size_mb = sum(path.stat().st_size for path in paths) / 1e6
+        print(
+            f"data: {count} resources (no Provenance) in {args.patients} patient Bundles, {args.files} files, "
+            f"{size_mb:.1f} MB"
+        )
+        print(f"anchor: orjson parse of the same bytes, 1 process: {anchor(paths):,.0f} resources/s")
         views, skipped = plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)
         started = time.perf_counter()
-        outcome = flatten_paths([path], folder / "out", views, skipped, max_line_bytes=64 << 20)
+        outcome = flatten_paths(paths, folder / "one", views, skipped, max_line_bytes=64 << 20)
         seconds = time.perf_counter() - started
         rows = sum(g.rows for g in outcome.groups)
         peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         ours = count / seconds
         print(
-            f"ours (whole step: scan, parse, route, rows, CSV): {ours:,.0f} resources/s, {rows} rows, "
+            f"ours, 1 process (whole step: scan, parse, route, rows, CSV): {ours:,.0f} resources/s, {rows} rows, "
             f"peak RSS {peak_mb:.0f} MB"
         )
-        result = reference([v.view for v in views], path, args.reference_sample, folder)
+        workers = pool_size()
+        started = time.perf_counter()
+        flatten_paths(paths, folder / "many", views, skipped, max_line_bytes=64 << 20, processes=workers)
+        parallel = count / (time.perf_counter() - started)
+        peaks = ", ".join(f"{mb:.0f}" for mb in workers_peak_mb())
+        shutdown_pool()
+        same = all(
+            (folder / "many" / p.name).read_bytes() == p.read_bytes() for p in (folder / "one").iterdir()
+        ) and sorted(p.name for p in (folder / "many").iterdir()) == sorted(p.name for p in (folder / "one").iterdir())
+        print(
+            f"ours, {workers} processes (start-up included): {parallel:,.0f} resources/s ({parallel / ours:.2f}x), "
+            f"CSVs {'identical' if same else 'DIFFERENT'}, workers' peak RSS {peaks} MB"
+        )
+        result = reference([v.view for v in views], paths[0], args.reference_sample, folder)
         if result:
             theirs = result["resources"] / result["seconds"]
             print(
