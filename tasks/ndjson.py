@@ -8,7 +8,9 @@ whatever the file size, and a file is only ever visible under its final name onc
 
 Content is checked while it streams: every non-blank line must be a JSON object with a ``resourceType`` (a
 binary file or a stray text line never travels to the next step), and a last line without a newline must be
-complete (a truncated file is never taken for a finished one). File names are checked too: no control or
+complete (a truncated file is never taken for a finished one). The check validates with simdjson (no Python
+objects are built) and hands every line simdjson does not prove a resource to orjson, so it accepts exactly what
+``parse_resource`` accepts and reports errors in its words. File names are checked too: no control or
 bidirectional-override characters, and short enough for the file system.
 """
 
@@ -23,11 +25,13 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 
 import orjson
+import simdjson
 import zstandard
 
 from tasks.errors import StepError
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+UTF8_BOM = b"\xef\xbb\xbf"
 CHUNK_SIZE = 1 << 20
 DATA_SUFFIXES = (".ndjson", ".ndjson.zst")
 PART_PREFIX = "."
@@ -211,13 +215,19 @@ def _is_blank(line: bytes | bytearray | memoryview) -> bool:
 
 class LineChecker:
     """Counts and checks the lines of a byte stream fed in arbitrary chunks: every non-blank line must be a
-    FHIR resource (``parse_resource``) of at most ``max_line_bytes``. Only a line that spans chunks is buffered
-    (bounded by the line limit), so memory stays flat."""
+    FHIR resource (``parse_resource``'s rules) of at most ``max_line_bytes``. Only a line that spans chunks is
+    buffered (bounded by the line limit), so memory stays flat.
+
+    A line is validated by simdjson, which checks all of it (structure, numbers, UTF-8, escapes) without building
+    Python objects: four to eight times orjson's speed on FHIR lines. Whatever simdjson does not prove a resource
+    goes to ``parse_resource``, which raises orjson's error or accepts what simdjson cannot represent (integers
+    beyond 64 bits, nesting at orjson's depth limit). The checker is not thread-safe (one simdjson parser each)."""
 
     def __init__(self, source: str, max_line_bytes: int):
         self._source = source
         self._max = max_line_bytes
         self._pending = bytearray()
+        self._parser = simdjson.Parser()
         self.lines = 0
         self.resources = 0
 
@@ -231,7 +241,7 @@ class LineChecker:
                     self._check_line(bytes(self._pending))
                     self._pending = bytearray()
                 else:
-                    self._check_line(chunk[start:end])  # a bytes copy: orjson parses bytes faster than a view
+                    self._check_line(chunk[start:end])  # a bytes copy: simdjson parses bytes faster than a view
                 start = end + 1
             if len(self._pending) + len(chunk) - start > self._max:
                 raise LineTooLongError(self._source, self.lines + 1, self._max)
@@ -259,8 +269,30 @@ class LineChecker:
             raise LineTooLongError(self._source, self.lines, self._max)
         if not line or (line[0] in b" \t\r" and _is_blank(line)):
             return
-        parse_resource(self._source, self.lines, line)
+        if not self._is_resource(line):
+            parse_resource(self._source, self.lines, line)
         self.resources += 1
+
+    def _is_resource(self, line: bytes) -> bool:
+        """True when simdjson proves ``line`` a resource; False leaves the verdict to ``parse_resource``."""
+        if line.startswith(UTF8_BOM):  # simdjson skips a byte order mark, orjson refuses it
+            return False
+        try:
+            document = self._parser.parse(line)
+        except (ValueError, RuntimeError):  # invalid JSON, too deep, a big integer (UnicodeDecodeError included)
+            return False
+        try:
+            if type(document) is not simdjson.Object:
+                return False
+            # orjson keeps the last of duplicate keys, simdjson's lookup finds the first: only a single key is sure.
+            keys = 0
+            for key in document:
+                if key == "resourceType":
+                    keys += 1
+            resource_type = document.get("resourceType") if keys == 1 else None
+            return type(resource_type) is str and resource_type != ""
+        finally:
+            del document  # the parser cannot parse again while a proxy into its document is alive
 
 
 class AtomicNdjsonWriter:
