@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import re
 from collections import Counter
 from datetime import timedelta
@@ -698,13 +699,74 @@ def _step_order_problems(steps: list[str]) -> list[Problem]:
     return problems
 
 
+DASK_ADDRESS_SCHEMES = ("tcp", "tls")
+
+
+class TaskRunnerSettings(ConfigModel):
+    """pipeline.task_runner: where the per-file work of every step runs.
+
+    ``in_process`` (the default): threads of the flow's own process. ``dask``: each file is a Prefect task run on a
+    Dask cluster (prefect-dask's ``DaskTaskRunner``): the running scheduler at ``dask_address``, or else a local
+    cluster of ``dask_workers`` worker processes (one thread each; default one per core) started for the flow run
+    and closed at its end. Every worker must see the jobs directory at the same path and reach the same Prefect
+    API. Dask costs ~0.1 s per task run: it pays for file-sized work only.
+    """
+
+    kind: Literal["in_process", "dask"] = "in_process"
+    dask_address: OptionalStr = None
+    dask_workers: int | None = Field(default=None, ge=1, le=1024)
+
+    @property
+    def local_workers(self) -> int:
+        """Worker processes of a local cluster."""
+        return self.dask_workers or os.cpu_count() or 1
+
+    @field_validator("dask_address")
+    @classmethod
+    def _scheduler_address(cls, address: str | None) -> str | None:
+        if address is None:
+            return None
+        parts = urlsplit(address.strip())
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme not in DASK_ADDRESS_SCHEMES or not parts.hostname or port is None or parts.path.strip("/"):
+            raise PydanticCustomError(
+                "dask_address",
+                "is not a Dask scheduler address; write tcp://<host>:<port> (or tls://), e.g. tcp://scheduler:8786",
+            )
+        return address.strip()
+
+    @model_validator(mode="after")
+    def _keys_fit_the_kind(self) -> TaskRunnerSettings:
+        problems: list[Problem] = []
+        if self.kind == "in_process":
+            problems += [
+                (key, "is set but kind is in_process; set kind: dask to run the per-file work on Dask, or remove it")
+                for key in ("dask_address", "dask_workers")
+                if getattr(self, key) is not None
+            ]
+        elif self.dask_address is not None and self.dask_workers is not None:
+            problems.append(
+                (
+                    "dask_workers",
+                    "sizes a local cluster, but dask_address names a running scheduler whose workers are started "
+                    "where they run; remove dask_workers (or dask_address, for a local cluster)",
+                )
+            )
+        raise_problems(problems)
+        return self
+
+
 class PipelineSettings(ConfigModel):
-    """pipeline: the ordered steps of a job."""
+    """pipeline: the ordered steps of a job, and where their per-file work runs (``task_runner``)."""
 
     DEFAULT_MAX_NDJSON_LINE_SIZE_MB: ClassVar[int] = 100
 
     enabled_steps: StrList = Field(default_factory=list, validate_default=True)
     max_ndjson_line_size_mb: int = Field(default=DEFAULT_MAX_NDJSON_LINE_SIZE_MB, ge=0, le=4096)
+    task_runner: TaskRunnerSettings = Field(default_factory=TaskRunnerSettings)
 
     @property
     def max_ndjson_line_size_bytes(self) -> int:

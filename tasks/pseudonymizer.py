@@ -1,7 +1,8 @@
 """The ``pseudonymizer`` step: every resource of the previous step's files through the service's ``$de-identify``.
 
-Files are worked on one after the other (``core`` first), each as its own cached task, so a resumed job skips the
-finished ones and redoes a partial one from the start. Within a file, ``max_concurrent_requests`` requests are in
+Files are worked on one after the other (``core`` first; on a Dask cluster one per worker, see
+``pipeline.task_runner``), each as its own cached task, so a resumed job skips the finished ones and redoes a
+partial one from the start. Within a file, ``max_concurrent_requests`` requests are in
 flight while the output keeps the input order: lines are read into a window of at most twice that many pending
 resources, and the oldest is written as soon as its answer is in (memory stays bounded whatever the file size).
 The anonymization YAML (``services.pseudonymizer.anonymization_config`` / ``--anonymization-config``) is read
@@ -30,9 +31,10 @@ from tasks.clients.pseudonymizer import (
     Pseudonymizer,
     resource_label,
 )
-from tasks.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
+from tasks.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.errors import StepError
-from tasks.fanout import ordered_map
+from tasks.fanout import first_failure, ordered_map
+from tasks.filework import map_files
 from tasks.layout import artifact_key
 from tasks.ndjson import (
     AtomicNdjsonWriter,
@@ -45,6 +47,8 @@ from tasks.ndjson import (
 from tasks.progress import track
 
 CONFIG_KEY = "services.pseudonymizer.anonymization_config"
+FILES_AT_ONCE = 1
+"""In-process, one file at a time: within a file ``max_concurrent_requests`` already keeps the service busy."""
 TOO_LARGE_HINT = (
     "the request was larger than the pseudonymization service accepts: lower "
     "services.pseudonymizer.bundle_split_threshold_mb so that Bundles are sent in smaller chunks, or raise the "
@@ -75,12 +79,16 @@ def pseudonymizer(step: StepInput) -> StepResult:
     settings = settings_of(step)
     config = read_anonymization_config(settings.services.pseudonymizer.anonymization_config)
     compress = settings.compression.enabled
+    config_digest = config.sha256 if config else None
+    arguments = [
+        (step, source.name, output_name(source.name, compress), record.resources, config_digest)
+        for source, record in zip(step.input_paths(), ordered_files(step), strict=True)
+    ]
     remove_partial_files(step.output_dir)
-    results: list[FileResult] = []
-    for source, record in zip(step.input_paths(), ordered_files(step), strict=True):
-        name = output_name(source.name, compress)
-        config_digest = config.sha256 if config else None
-        results.append(commit_each(pseudonymize_file, step, source.name, name, record.resources, config_digest))
+    outcomes = map_files(pseudonymize_file, arguments, workers=FILES_AT_ONCE)
+    if failure := first_failure(outcomes):
+        raise failure
+    results: list[FileResult] = outcomes
     reports = [result["report"] for result in results]
     publish_report(step, reports)
     return step.result(

@@ -19,8 +19,8 @@ flattening) and writing only their records into ``<job>/send/``:
 - ``s3_upload``: each file as object ``<job id>/<file name>`` through ``tasks.clients.s3.S3Uploader`` (boto3's
   transfer manager; its manifest ``send/s3-manifest.json`` lets a resumed job skip uploaded objects).
 
-Files are sent one after the other, each as its own cached task (``send[<file>]``), so a resumed job skips the
-finished ones.
+Files are sent one after the other (on a Dask cluster, one per worker; with direct_resource_load the ``core``
+files before all others), each as its own cached task (``send[<file>]``), so a resumed job skips the finished ones.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ from tasks.clients.errors import ServiceError
 from tasks.clients.fhir_server import FhirServer, TransactionRejected
 from tasks.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
 from tasks.errors import StepError
+from tasks.fanout import first_failure
+from tasks.filework import map_files
 from tasks.layout import write_file_atomically
 from tasks.ndjson import CHUNK_SIZE, NdjsonError, iter_chunks, iter_lines, parse_resource
 
@@ -58,6 +60,8 @@ ORGANIZATION_IDENTIFIER_SYSTEM = "http://dsf.dev/sid/organization-identifier"
 ZIP_CONTENT_TYPE = "application/zip"
 TRANSFER_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://dupflow/send/transfer_load")
 BASE64_CHUNK = 3 * CHUNK_SIZE  # a multiple of 3, so chunks encode without padding in between
+FILES_AT_ONCE = 1
+"""In-process, one file at a time (on a Dask cluster, one per worker)."""
 
 
 @step_task("send")
@@ -68,18 +72,27 @@ def send(step: StepInput) -> StepResult:
     files = sorted(step.files, key=lambda f: (not f.core, f.name))
     if mode == "direct_resource_load":
         refuse_csv_input(files)
-        reports = [commit_each(send_file_direct, step, f.name, f.size) for f in files]
+        core, others = [f for f in files if f.core], [f for f in files if not f.core]
+        reports = send_files(send_file_direct, step, core) + send_files(send_file_direct, step, others)
         summary = {"transactions": sum(r["batches"] for r in reports), "entries": sum(r["entries"] for r in reports)}
     elif mode == "transfer_load":
-        reports = [commit_each(send_file_binary, step, f.name, f.size) for f in files]
+        reports = send_files(send_file_binary, step, files)
         document = commit_each(send_document_reference, step, [r["binary"] for r in reports])
         summary = {"document_reference": document, "binaries": [r["binary"] for r in reports]}
     elif mode == "s3_upload":
-        reports = [commit_each(send_file_s3, step, f.name, f.size) for f in files]
+        reports = send_files(send_file_s3, step, files)
         summary = {"bucket": settings.services.send.s3.bucket, "objects": [r["key"] for r in reports]}
     else:
         raise StepError(f"services.send.send_as is {mode!r}; set one of direct_resource_load, transfer_load, s3_upload")
     return step.result(files, folder=step.input_dir, mode=mode, files_sent=len(files), **summary)
+
+
+def send_files(send_file: Any, step: StepInput, files: list[DataFile]) -> list[dict[str, Any]]:
+    """Send ``files`` through the per-file task ``send_file``; every finished file is kept, the first failure raised."""
+    outcomes = map_files(send_file, [(step, f.name, f.size) for f in files], workers=FILES_AT_ONCE)
+    if failure := first_failure(outcomes):
+        raise failure
+    return outcomes
 
 
 @file_task("send-file-direct", "send[{name}]")

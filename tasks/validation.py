@@ -40,13 +40,16 @@ from tasks.clients.validator import (
     iter_chunks,
     read_findings,
 )
-from tasks.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
+from tasks.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.errors import StepError
-from tasks.fanout import ordered_map
+from tasks.fanout import first_failure, ordered_map
+from tasks.filework import map_files
 from tasks.layout import artifact_key
 from tasks.ndjson import AtomicNdjsonWriter, CompressionLevel, iter_lines, output_name, remove_partial_files
 from tasks.progress import track
 
+FILES_AT_ONCE = 1
+"""In-process, one file at a time: within a file ``max_concurrent_requests`` already keeps the validator busy."""
 FIRST_ERRORS = 5
 """Error messages kept per file for the step's summary and artifact."""
 READ_TIMEOUT = timedelta(minutes=10)
@@ -82,7 +85,11 @@ def validation(step: StepInput) -> StepResult:
     if not service.url:
         raise StepError("services.validation.url is not set; the validation step needs the validator's root URL")
     remove_partial_files(step.output_dir)
-    checked = [commit_each(validate_file, step, path.name, service.bundle_chunk_size_mb) for path in step.input_paths()]
+    arguments = [(step, path.name, service.bundle_chunk_size_mb) for path in step.input_paths()]
+    outcomes = map_files(validate_file, arguments, workers=FILES_AT_ONCE)
+    if failure := first_failure(outcomes):
+        raise failure
+    checked: list[FileValidation] = outcomes
     publish_artifact(step, checked)
     if service.fail_on_error and any(c.errors for c in checked):
         raise StepError(failure_message(step.output_dir, checked))

@@ -1,0 +1,167 @@
+"""pipeline.task_runner: the per-file work of a job on a Dask cluster gives the same files as the default runner;
+the setting's errors name the key and the fix; the cluster's worker processes end with the run."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from config.loader import ConfigError, load_settings
+from flows.run import EXIT_FAILED, EXIT_OK, main
+from tests.test_job_cli import only_job_dir
+
+SAMPLE = Path(__file__).resolve().parent.parent / "config" / "sample-data"
+DASK = ["--set", "pipeline.task_runner.kind=dask", "--set", "pipeline.task_runner.dask_workers=2"]
+
+
+def write_config(path: Path, jobs_dir: Path) -> Path:
+    path.write_text(
+        "pipeline:\n  enabled_steps: [local_import, flattening]\n"
+        f"services:\n  local_import:\n    dir: {SAMPLE}\n  flattening:\n    lookup_path: {SAMPLE}/flatten-lookup.json\n"
+        f"compression:\n  level: best\njobs_dir: {jobs_dir}\n"
+    )
+    return path
+
+
+def data_files(job_dir: Path) -> dict[str, bytes]:
+    """Every output data file of the job (import and flattening), by path relative to the job directory."""
+    found = [*job_dir.glob("import/*.ndjson*"), *job_dir.glob("flattening/*.csv")]
+    return {str(path.relative_to(job_dir)): path.read_bytes() for path in found}
+
+
+class WorkerWatch(threading.Thread):
+    """Watches this process's Dask worker processes (multiprocessing spawn children) while a run goes on."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.seen: dict[int, psutil.Process] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.05):
+            for worker in workers():
+                self.seen.setdefault(worker.pid, worker)
+
+
+def workers() -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "spawn_main" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_a_job_on_a_two_process_local_cluster_writes_the_same_bytes_as_the_default_runner(tmp_path, capsys):
+    crtdl = str(SAMPLE / "crtdl.json")
+    default_config = write_config(tmp_path / "default.yaml", tmp_path / "default-jobs")
+    assert main(["start", str(default_config), crtdl, "--no-progress"]) == EXIT_OK, capsys.readouterr().err
+    expected = data_files(only_job_dir(tmp_path / "default-jobs"))
+
+    watch = WorkerWatch()
+    watch.start()
+    dask_config = write_config(tmp_path / "dask.yaml", tmp_path / "dask-jobs")
+    assert main(["start", str(dask_config), crtdl, "--no-progress", *DASK]) == EXIT_OK, capsys.readouterr().err
+    watch.stop.set()
+    watch.join()
+    assert len(watch.seen) == 2
+    _, alive = psutil.wait_procs(list(watch.seen.values()), timeout=30)
+    assert not alive, "worker processes outlived the run"
+
+    produced = data_files(only_job_dir(tmp_path / "dask-jobs"))
+    assert len(expected) == 6 and sorted(produced) == sorted(expected)
+    assert all(produced[name] == expected[name] for name in expected)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_an_address_where_no_scheduler_answers_fails_the_run_naming_the_key(tmp_path, capsys):
+    config = write_config(tmp_path / "c.yaml", tmp_path / "jobs")
+    address = "tcp://127.0.0.1:9"
+    started = time.monotonic()
+    code = main(
+        ["start", str(config), str(SAMPLE / "crtdl.json"), "--no-progress", "--set", "pipeline.task_runner.kind=dask"]
+        + ["--set", f"pipeline.task_runner.dask_address={address}"]
+    )
+    assert code == EXIT_FAILED
+    assert time.monotonic() - started < 90  # the connect timeout is 10 s
+    message = capsys.readouterr().err
+    assert f"pipeline.task_runner.dask_address: no Dask scheduler answers at {address}" in message
+    assert not (only_job_dir(tmp_path / "jobs") / "import").exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key_path", "fix"),
+    [
+        pytest.param(
+            {"pipeline.task_runner.dask_workers": "2"},
+            "pipeline.task_runner.dask_workers",
+            "is set but kind is in_process; set kind: dask",
+            id="workers-without-dask",
+        ),
+        pytest.param(
+            {"pipeline.task_runner.dask_address": "tcp://scheduler:8786"},
+            "pipeline.task_runner.dask_address",
+            "is set but kind is in_process; set kind: dask",
+            id="address-without-dask",
+        ),
+        pytest.param(
+            {
+                "pipeline.task_runner.kind": "dask",
+                "pipeline.task_runner.dask_address": "tcp://scheduler:8786",
+                "pipeline.task_runner.dask_workers": "2",
+            },
+            "pipeline.task_runner.dask_workers",
+            "remove dask_workers (or dask_address, for a local cluster)",
+            id="address-and-workers",
+        ),
+        pytest.param(
+            {"pipeline.task_runner.kind": "dask", "pipeline.task_runner.dask_address": "scheduler:8786"},
+            "pipeline.task_runner.dask_address",
+            "write tcp://<host>:<port>",
+            id="address-without-scheme",
+        ),
+        pytest.param(
+            {"pipeline.task_runner.kind": "dask", "pipeline.task_runner.dask_address": "http://scheduler"},
+            "pipeline.task_runner.dask_address",
+            "write tcp://<host>:<port>",
+            id="address-without-port",
+        ),
+        pytest.param(
+            {"pipeline.task_runner.kind": "dask", "pipeline.task_runner.dask_workers": "0"},
+            "pipeline.task_runner.dask_workers",
+            "greater than or equal to 1",
+            id="no-workers",
+        ),
+        pytest.param(
+            {"pipeline.task_runner.kind": "threads"},
+            "pipeline.task_runner.kind",
+            "must be one of 'in_process' or 'dask'",
+            id="unknown-kind",
+        ),
+    ],
+)
+def test_a_task_runner_setting_that_does_not_fit_names_the_key_and_the_fix(overrides, key_path, fix):
+    with pytest.raises(ConfigError) as error:
+        load_settings(None, env={}, overrides={"pipeline.enabled_steps": "local_import", **overrides})
+    assert [p for p in error.value.problems if p.startswith(f"{key_path} (") and fix in p], error.value.problems
+
+
+def test_the_setting_comes_from_the_environment_too():
+    env = {"APP_PIPELINE_TASK_RUNNER_KIND": "dask", "APP_PIPELINE_TASK_RUNNER_DASK_ADDRESS": "tcp://10.0.0.5:8786"}
+    runner = load_settings(None, env=env, overrides={"pipeline.enabled_steps": "local_import"}).settings
+    assert runner.pipeline.task_runner.kind == "dask"
+    assert runner.pipeline.task_runner.dask_address == "tcp://10.0.0.5:8786"
+
+
+def test_the_default_is_the_in_process_runner():
+    settings = load_settings(None, env={}, overrides={"pipeline.enabled_steps": "local_import"}).settings
+    assert settings.pipeline.task_runner.kind == "in_process"
