@@ -1,0 +1,183 @@
+"""The job record in the UI: step times (kept from the cache and marked on ``continue``), links to the artifacts of
+each step, the cause of a failed step; one progress artifact per step run, throttled; the inspection note once.
+
+Against the suite's temporary Prefect API, read back as the UI reads it; the pseudonymizer fake's latency makes
+the pseudonymizer step last a few seconds of known work.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from itertools import pairwise
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prefect import flow
+
+from flows.run import EXIT_FAILED, EXIT_OK, main
+from tasks.progress import StepWork, step_progress, track
+from tasks.wait import wait
+from tests.steps import step_input
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+
+RESOURCES = 40  # per file; one request per resource, two at once, LATENCY each: about 2 s for the step
+LATENCY = 0.05
+LINK = re.compile(r"\[([a-z]+)\]\(([^)]*)/artifacts/key/([a-z0-9-]+)\)")
+
+
+def write_job(tmp_path: Path, pseudonymizer_url: str) -> tuple[Path, Path]:
+    source = tmp_path / "in"
+    source.mkdir()
+    for name in ("a.ndjson", "b.ndjson"):
+        (source / name).write_text(
+            "".join(json.dumps({"resourceType": "Patient", "id": f"{name}-{i}"}) + "\n" for i in range(RESOURCES))
+        )
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        'pipeline:\n  enabled_steps: ["local_import", "pseudonymizer"]\n'
+        f"jobs_dir: {tmp_path / 'jobs'}\n"
+        "retry:\n  max_attempts: 1\n"
+        f"services:\n  pseudonymizer:\n    url: {pseudonymizer_url}\n    max_concurrent_requests: 2\n"
+    )
+    return config, source
+
+
+def test_a_failed_step_is_named_and_continue_marks_cached_steps_with_the_time_they_took(pseudonymizer_fake, tmp_path):
+    config, source = write_job(tmp_path, pseudonymizer_fake.base_url)
+    pseudonymizer_fake.state.reset(fail_next=1000, fail_status=400)
+
+    assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_FAILED
+
+    (job_dir,) = (tmp_path / "jobs").iterdir()
+    record = latest(f"job-{job_dir.name}")["data"]
+    first_import = row(record, "local_import")
+    assert first_import["state"] == "done" and first_import["time"].endswith(" s")
+    failed = row(record, "pseudonymizer")["state"]
+    assert failed.startswith("failed: ") and "400" in failed, record
+
+    pseudonymizer_fake.state.reset()
+    assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_OK
+
+    record = latest(f"job-{job_dir.name}")["data"]
+    cached = row(record, "local_import")
+    assert cached["state"] == "done (cached)" and cached["time"] == first_import["time"], record
+    assert row(record, "pseudonymizer")["state"] == "done"
+    assert "served from the cache" in record
+
+
+def test_the_record_links_every_artifact_and_a_step_has_one_progress_artifact_updated_at_most_once_a_second(
+    pseudonymizer_fake, tmp_path, prefect_api
+):
+    config, source = write_job(tmp_path, pseudonymizer_fake.base_url)
+    pseudonymizer_fake.state.reset(latency_seconds=LATENCY)
+
+    started = time.monotonic()
+    assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
+    elapsed = time.monotonic() - started
+
+    (job_dir,) = (tmp_path / "jobs").iterdir()
+    progress = latest(f"job-{job_dir.name}-01-pseudonymizer-progress")
+    assert progress["type"] == "progress" and progress["data"] == 100.0
+    assert progress["description"].startswith("pseudonymizer done: 2 / 2 files, 80 resources"), progress
+    assert len(versions(progress["key"])) == 1, "one artifact per step run, updated in place"
+    updates = artifact_updates(prefect_api["api_url"], progress["id"], until=lambda event: event["data"] == 100.0)
+    # Throttled: at most one update a second while the step runs, then the final 100 at once.
+    assert len(updates) - 1 <= elapsed + 1, (len(updates), elapsed)
+    # Events are stamped after each request, whose time varies on a loaded machine: a margin below the second.
+    times = [datetime.fromisoformat(event["occurred"]) for event in updates[:-1]]
+    assert all((later - earlier).total_seconds() >= 0.5 for earlier, later in pairwise(times)), times
+    assert len(updates) >= 2, "the step lasts seconds: at least one update before the final one"
+    assert [event["data"] for event in updates] == sorted(event["data"] for event in updates), "never goes back"
+
+    record = latest(f"job-{job_dir.name}")["data"]
+    pseudonymized = row(record, "pseudonymizer")
+    assert float(pseudonymized["time"].removesuffix(" s")) >= 40 * LATENCY, "two requests at once, 80 in all"
+    links = {(label, key) for label, _, key in LINK.findall(pseudonymized["artifacts"])}
+    prefix = f"job-{job_dir.name}-01-pseudonymizer"
+    assert links == {("files", prefix), ("report", f"{prefix}-report"), ("progress", f"{prefix}-progress")}
+    from prefect.settings import get_current_settings
+
+    ui_url = (get_current_settings().ui_url or "").rstrip("/")
+    for _, base, key in LINK.findall(record):
+        assert base == ui_url and latest(key)["key"] == key, f"{key}: the link must open an existing artifact"
+    assert "**Step time so far**" in record
+
+
+def test_the_inspection_note_is_published_once_when_the_gate_is_passed_again_before_its_release(tmp_path):
+    step = step_input(
+        tmp_path / "gate-job", "wait", folder="import", position=1, pipeline__enabled_steps="local_import,wait"
+    )
+
+    @flow
+    def reach_the_gate_twice() -> list[bool]:
+        return [wait(step).awaiting, wait(step).awaiting]
+
+    assert reach_the_gate_twice() == [True, True]
+    assert len(versions(f"job-{step.job_id}-inspection")) == 1
+
+
+def test_progress_outside_a_prefect_run_publishes_nothing():
+    with step_progress("job-x-00-local-import-progress", "local_import", StepWork(files=1, size=10)) as aggregate:
+        with track("import a", 10) as progress:
+            progress.advance(10)
+    assert aggregate is None
+
+
+# --- helpers ---------------------------------------------------------------------------------------------------
+
+
+def row(record: str, step: str) -> dict[str, str]:
+    """The job record's table row of ``step``, by column name."""
+    lines = record.splitlines()
+    header = next(line for line in lines if line.startswith("| # |"))
+    names = [cell.strip() for cell in header.strip("|").split("|")]
+    (line,) = [line for line in lines if line.startswith("| ") and f"| {step} |" in line]
+    return dict(zip(names, [cell.strip() for cell in re.split(r"(?<!\\)\|", line.strip("|"))], strict=True))
+
+
+def latest(key: str) -> dict[str, Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
+
+    with get_client(sync_client=True) as client:
+        (found,) = client.read_latest_artifacts(
+            artifact_filter=ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(any_=[key]))
+        )
+    fields = {"key": found.key, "id": str(found.latest_id), "type": found.type, "data": found.data}
+    return fields | {"description": found.description}
+
+
+def versions(key: str) -> list[Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+
+
+def artifact_updates(api_url: str, artifact_id: str, until, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """The ``prefect.artifact.updated`` events of an artifact, oldest first (occurred, data), once ``until`` holds
+    for the newest (events reach the server's store asynchronously)."""
+    deadline = time.monotonic() + timeout
+    body = {
+        "filter": {
+            "event": {"name": ["prefect.artifact.updated"]},
+            "resource": {"id": [f"prefect.artifact.{artifact_id}"]},
+            "order": "ASC",
+        },
+        "limit": 50,
+    }
+    while True:
+        response = httpx.post(f"{api_url}/events/filter", json=body, timeout=10)
+        response.raise_for_status()
+        events = [{"occurred": e["occurred"], "data": e["payload"].get("data")} for e in response.json()["events"]]
+        if events and until(events[-1]):
+            return events
+        assert time.monotonic() < deadline, f"no final update event of artifact {artifact_id}: {events}"
+        time.sleep(0.2)
