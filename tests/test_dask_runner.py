@@ -3,6 +3,7 @@ the setting's errors name the key and the fix; the cluster's worker processes en
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from pathlib import Path
@@ -12,7 +13,8 @@ import pytest
 
 from config.loader import ConfigError, load_settings
 from flows.run import EXIT_FAILED, EXIT_OK, main
-from tests.test_job_cli import only_job_dir
+from tests.conftest import run_cli
+from tests.test_job_cli import only_job_dir, resources_in, source_dir, start_cli_process, wait_for
 
 SAMPLE = Path(__file__).resolve().parent.parent / "config" / "sample-data"
 DASK = ["--set", "pipeline.task_runner.kind=dask", "--set", "pipeline.task_runner.dask_workers=2"]
@@ -165,3 +167,35 @@ def test_the_setting_comes_from_the_environment_too():
 def test_the_default_is_the_in_process_runner():
     settings = load_settings(None, env={}, overrides={"pipeline.enabled_steps": "local_import"}).settings
     assert settings.pipeline.task_runner.kind == "in_process"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.usefixtures("prefect_api")
+def test_a_killed_dask_run_resumes_with_its_finished_files_and_leaves_no_worker(tmp_path):
+    # c is ~85 MB at zstd best: long enough to be killed in the middle of it
+    source = source_dir(tmp_path, {"a.ndjson": 10, "b.ndjson": 20, "c.ndjson": 200_000}, pad=400)
+    jobs = tmp_path / "jobs"
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        f"pipeline:\n  enabled_steps: [local_import]\n  task_runner:\n    kind: dask\n    dask_workers: 2\n"
+        f"compression:\n  level: best\njobs_dir: {jobs}\n"
+    )
+    process = start_cli_process("start", str(config), str(source), "--no-progress")
+    wait_for(lambda: next(jobs.glob("*/import/.c.ndjson.zst.part"), None), process)
+    wait_for(lambda: len(list(jobs.glob("*/.prefect/results/*-00-local_import-import-file-*"))) == 2 or None, process)
+    cluster = psutil.Process(process.pid).children(recursive=True)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    _, alive = psutil.wait_procs(cluster, timeout=60)
+    assert not alive, "Dask worker processes outlived the killed run"
+    job_dir = only_job_dir(jobs)
+    finished = {p.name: p.stat().st_mtime_ns for p in (job_dir / "import").glob("[ab].ndjson.zst")}
+    assert set(finished) == {"a.ndjson.zst", "b.ndjson.zst"}
+
+    result = run_cli("continue", str(job_dir), "--no-progress", timeout=600)
+    assert result.returncode == EXIT_OK, result.stderr
+    import_dir = job_dir / "import"
+    assert {p.name: p.stat().st_mtime_ns for p in import_dir.glob("[ab].ndjson.zst")} == finished
+    assert resources_in(import_dir / "c.ndjson.zst") == 200_000
+    assert not list(import_dir.glob(".*.part"))

@@ -1,0 +1,127 @@
+"""The Dask runner against the default one on a CPU-bound step: ``python -m tests.benchmarks.bench_dask [MB] [files]``.
+
+The ``local_import`` step task (zstd ``best``) over ``files`` (default 8) seeded, varied TORCH-shaped files of
+``MB`` (default 128) in all, in one Prefect run against a temporary API (``prefect_test_harness``): with the
+default in-process runner (one thread per core), then with a local Dask cluster of 2 worker processes. Each is
+timed twice on fresh job directories; the Dask cluster's start and its workers' first task (imports) are shown
+apart. Next to them, the physical anchor on the same bytes: the ``zstd`` command at the same level, one core
+(``-T1``, the files one after the other) and every core (``-T0``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.benchmarks.compare import MB, best_seconds, fresh, run_command, write_dataset
+
+RUNS = 2
+DASK_WORKERS = 2
+
+
+def main() -> None:
+    megabytes = int(sys.argv[1]) if len(sys.argv) > 1 else 128
+    files = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect.testing.utilities import prefect_test_harness
+
+    with tempfile.TemporaryDirectory(dir=os.environ.get("DUPFLOW_BENCH_DIR")) as tmp:
+        root = Path(tmp)
+        sources = write_dataset(root / "in", megabytes, files, seed=12)
+        total = sum(p.stat().st_size for p in sources) / MB
+        print(f"{len(sources)} files, {total:.0f} MB, zstd best, {os.cpu_count()} cores")
+        anchors = zstd_anchors(sources, root / "anchor")
+        with prefect_test_harness(server_startup_timeout=120):
+            os.environ["PREFECT_API_URL"] = prefect_api_url()
+            timings = measure(str(root), str(root / "in"))
+    default, dask = timings["in_process"], timings["dask"]
+    print()
+    print(f"{'runner':<56} {'seconds':>8} {'MB/s':>7}")
+    rows = [
+        (f"in-process ({os.cpu_count()} threads), best of {RUNS}", min(default)),
+        (f"Dask, {DASK_WORKERS} worker processes, warm, best of {RUNS - 1}", min(dask[1:])),
+        (f"Dask, {DASK_WORKERS} worker processes, first step (cold workers)", dask[0]),
+        (f"zstd -{ZSTD_LEVEL} -T1 (one core)", anchors["T1"]),
+        (f"zstd -{ZSTD_LEVEL} -T0 (every core)", anchors["T0"]),
+    ]
+    for label, seconds in rows:
+        print(f"{label:<56} {seconds:8.2f} {total / seconds:7.1f}")
+    print(f"{'Dask cluster start (not in the step)':<56} {timings['cluster_start']:8.2f}")
+    print(f"speed-up of Dask (warm) over the default runner: {min(default) / min(dask[1:]):.2f}x")
+
+
+# --- the runs ------------------------------------------------------------------------------------------------
+
+ZSTD_LEVEL = 12  # tasks.ndjson.ZSTD_LEVELS["best"]
+
+
+def prefect_api_url() -> str:
+    from prefect.settings import PREFECT_API_URL
+
+    return PREFECT_API_URL.value()
+
+
+def _measure(root: str, source: str) -> dict:
+    """Inside one flow run: the step with the default runner, then on a 2-process local cluster."""
+    from config.settings import TaskRunnerSettings
+    from tasks.filework import file_runner
+
+    timings: dict = {"in_process": [], "dask": []}
+    for run in range(RUNS):
+        timings["in_process"].append(import_step(Path(root) / f"default-{run}", source))
+    dask_dir = Path(root) / "dask"
+    started = time.perf_counter()
+    with file_runner(TaskRunnerSettings(kind="dask", dask_workers=DASK_WORKERS), dask_dir):
+        timings["cluster_start"] = time.perf_counter() - started
+        for _ in range(RUNS):
+            timings["dask"].append(import_step(dask_dir, source, fresh_output=True))
+    return timings
+
+
+def import_step(job_dir: Path, source: str, fresh_output: bool = False) -> float:
+    """The local_import step task on ``source`` into ``job_dir``: seconds. A job.json lets Dask workers load the
+    job's settings, as for a real job; a fresh position per run makes a new cache key (nothing comes Cached)."""
+    from config.loader import load_settings
+    from tasks.contract import StepInput, register_settings
+    from tasks.local_import import local_import
+
+    overrides = {"pipeline.enabled_steps": "local_import", "compression.level": "best"}
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "job.json").write_text(json.dumps({"config_path": None, "overrides": overrides}))
+    register_settings(job_dir, load_settings(None, env={}, overrides=overrides).settings)
+    position = len(list(job_dir.glob("run-*")))
+    (job_dir / f"run-{position}").touch()
+    if fresh_output:
+        shutil.rmtree(job_dir / "import", ignore_errors=True)
+    step = StepInput(
+        job_id=job_dir.name, job_dir=str(job_dir), position=position, step="local_import", job_input=source
+    )
+    started = time.perf_counter()
+    local_import(step)
+    return time.perf_counter() - started
+
+
+def zstd_anchors(sources: list[Path], out: Path) -> dict[str, float]:
+    anchors = {}
+    for threads in ("T1", "T0"):
+        command = ["zstd", "-q", "-f", f"-{ZSTD_LEVEL}", f"-{threads}", "--output-dir-flat", str(out)]
+        command += map(str, sources)
+        anchors[threads] = best_seconds(lambda command=command: run_command(command), RUNS, fresh(out))
+    shutil.rmtree(out, ignore_errors=True)
+    return anchors
+
+
+def _flow():
+    from prefect import flow
+
+    return flow(_measure, name="bench-dask", persist_result=False)
+
+
+if __name__ == "__main__":
+    measure = _flow()
+    main()
