@@ -15,7 +15,7 @@ fresh child process (so its peak RSS is its own), the best of ``--runs``:
 - dupflow:  the same at zstd ``--level``.
 
 Then the two costs inside a download on the same bytes, one core, from memory: the per-line check alone
-(``tasks.ndjson.LineChecker``: orjson per line) and zstd at ``--level``. Figures go to stdout, with the CPU
+(``tasks.ndjson.LineChecker``: simdjson per line) and zstd at ``--level``. Figures go to stdout, with the CPU
 seconds per GB of each child (on a shared machine the steadier figure).
 """
 
@@ -86,7 +86,7 @@ def run_benchmark(megabytes: int, files: int, level: CompressionLevel, runs: int
             f"{labels[mode]:<44} {rate:>8,.0f} {rate / curl_rate:>7.2f} {result['cpu'] / total * 1000:>9.2f} "
             f"{result['maxrss_kb'] / 1024:>7,.0f} MB"
         )
-    print(f"{'line check alone (orjson per line), 1 core':<44} {check_rate:>8,.0f}")
+    print(f"{'line check alone (simdjson per line), 1 core':<44} {check_rate:>8,.0f}")
     print(f"{f'zstd {level} compression alone, 1 thread':<44} {zstd_rate:>8,.0f}")
 
 

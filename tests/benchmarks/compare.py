@@ -2,7 +2,7 @@
 
 Run on demand (not collected by pytest):
 
-    python -m tests.benchmarks.compare [--size 256] [--files 8] [--runs 3] [--no-startup]
+    python -m tests.benchmarks.compare [--size 256] [--files 8] [--runs 3] [--no-startup] [--only import,download]
 
 Data: ``--size`` MB of seeded, varied TORCH-shaped batch files (one transaction Bundle per patient: Patient,
 Conditions, Procedures, Encounters and Provenance shaped for the shared flattening example, plus Observations
@@ -87,6 +87,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement; the best is kept")
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--no-startup", action="store_true", help="skip the start-up rows (about a minute)")
+    parser.add_argument(
+        "--only",
+        type=sections,
+        default=SECTIONS,
+        help=f"sections to run, comma-separated (default all: {','.join(SECTIONS)})",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -102,12 +108,15 @@ def main() -> None:
         files = write_dataset(root / "data", args.size, args.files, args.seed)
         total = sum(p.stat().st_size for p in files)
         print(f"data: {len(files)} files, {total / MB:,.0f} MB, written in {time.perf_counter() - started:.0f} s")
-        rows = import_rows(root, files, args.runs)
-        rows += download_rows(root, files, args.runs)
-        rows += pseudonymization_rows(root, files[0], args.runs)
-        rows += flattening_rows(root, files, args.runs)
+        rows = import_rows(root, files, args.runs) if "import" in args.only else []
+        if "download" in args.only:
+            rows += download_rows(root, files, args.runs)
+        if "pseudonymization" in args.only:
+            rows += pseudonymization_rows(root, files[0], args.runs)
+        if "flattening" in args.only:
+            rows += flattening_rows(root, files, args.runs)
         tree = None
-        if not args.no_startup:
+        if "startup" in args.only and not args.no_startup:
             startup, tree = startup_rows(root, args.runs)
             rows += startup
     print_table(rows)
@@ -117,6 +126,16 @@ def main() -> None:
             f"process tree peak RSS, tiny job with the server running: flow process {flow_mb:,.0f} MB + "
             f"Prefect server {server_mb:,.0f} MB = {flow_mb + server_mb:,.0f} MB"
         )
+
+
+SECTIONS = ("import", "download", "pseudonymization", "flattening", "startup")
+
+
+def sections(text: str) -> tuple[str, ...]:
+    chosen = tuple(part.strip() for part in text.split(",") if part.strip())
+    if unknown := set(chosen) - set(SECTIONS):
+        raise argparse.ArgumentTypeError(f"unknown sections {', '.join(sorted(unknown))}; choose from {SECTIONS}")
+    return chosen
 
 
 def scratch_root() -> str | None:
@@ -306,12 +325,15 @@ def download_rows(root: Path, files: list[Path], runs: int) -> list[Row]:
                 plain["peak_mb"],
             )
         ]
-        for level in (None, "default"):
-            result = in_child("download", urls=urls, out=str(root / "download"), level=level, runs=runs)
-            label = f"download, {'plain' if level is None else 'zstd ' + level}, {DOWNLOAD_CONCURRENCY} at a time"
+        for level, processes in ((None, 1), ("default", 1), (None, 2), ("default", 2)):
+            result = in_child(
+                "download", urls=urls, out=str(root / "download"), level=level, runs=runs, processes=processes
+            )
+            threads = DOWNLOAD_CONCURRENCY // processes
+            where = f"{DOWNLOAD_CONCURRENCY} at a time" if processes == 1 else f"{processes} procs x {threads}"
             rows.append(
                 Row(
-                    label,
+                    f"download, {'plain' if level is None else 'zstd ' + level}, {where}",
                     "download_ndjson",
                     total / result["seconds"],
                     "curl --parallel",
@@ -367,32 +389,53 @@ def child_fetch(urls: list[str], out: str, runs: int, concurrency: int) -> dict:
     return {"seconds": seconds, "peak_mb": peak_rss_mb()}
 
 
-def child_download(urls: list[str], out: str, level: str | None, runs: int) -> dict:
-    from config.settings import RetrySettings
-    from tasks.clients.downloads import download_ndjson, target_names
+def child_download(urls: list[str], out: str, level: str | None, runs: int, processes: int = 1) -> dict:
+    """``download_ndjson`` over ``urls``, ``DOWNLOAD_CONCURRENCY`` at a time: in threads of this process, or
+    spread over ``processes`` worker processes (started before the timing) of as many threads each."""
+    from concurrent.futures import ProcessPoolExecutor, wait
+
     from tasks.extractor import DOWNLOAD_CONCURRENCY
 
     folder = Path(out)
+    if processes == 1:
+        seconds = best_seconds(lambda: download_group(urls, out, level, DOWNLOAD_CONCURRENCY), runs, fresh(folder))
+        shutil.rmtree(folder, ignore_errors=True)
+        return {"seconds": seconds, "peak_mb": peak_rss_mb()}
+    threads = max(1, DOWNLOAD_CONCURRENCY // processes)
+    with ProcessPoolExecutor(processes) as pool:
+        wait([pool.submit(peak_rss_mb) for _ in range(processes)])  # the workers start outside the timing
+
+        def download_all() -> None:
+            groups = [urls[number::processes] for number in range(processes)]
+            for future in [pool.submit(download_group, group, out, level, threads) for group in groups]:
+                future.result()
+
+        seconds = best_seconds(download_all, runs, fresh(folder))
+        peaks = [future.result() for future in [pool.submit(peak_rss_mb) for _ in range(processes)]]
+    shutil.rmtree(folder, ignore_errors=True)
+    return {"seconds": seconds, "peak_mb": peak_rss_mb() + sum(peaks)}
+
+
+def download_group(urls: list[str], out: str, level: str | None, threads: int) -> None:
+    """``download_ndjson`` for each URL, ``threads`` at a time on one client, as the extractor step does."""
+    from config.settings import RetrySettings
+    from tasks.clients.downloads import download_ndjson, target_names
+
     names = target_names(urls, compress=level is not None)
 
     def download(client: httpx.Client, url: str) -> None:
         download_ndjson(
             client,
             url,
-            folder / names[url],
+            Path(out) / names[url],
             level=level,
             max_line_bytes=MAX_LINE_BYTES,
             stall_timeout=timedelta(minutes=1),
             retry=RetrySettings(),
         )
 
-    def download_all() -> None:
-        with httpx.Client(timeout=60) as client, ThreadPoolExecutor(DOWNLOAD_CONCURRENCY) as pool:
-            list(pool.map(lambda url: download(client, url), urls))
-
-    seconds = best_seconds(download_all, runs, fresh(folder))
-    shutil.rmtree(folder, ignore_errors=True)
-    return {"seconds": seconds, "peak_mb": peak_rss_mb()}
+    with httpx.Client(timeout=60) as client, ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda url: download(client, url), urls))
 
 
 # --- pseudonymization ----------------------------------------------------------------------------------------
@@ -464,48 +507,71 @@ def child_pseudonymize(base_url: str, source: str, out: str, runs: int, concurre
 
 
 def flattening_rows(root: Path, files: list[Path], runs: int) -> list[Row]:
-    subset = root / "flatten.ndjson"
-    with subset.open("wb") as out:
-        for path in files:
-            with path.open("rb") as lines:
-                for line in lines:
-                    out.write(line)
-                    if out.tell() >= FLATTENED_MB * MB:
-                        break
-            if out.tell() >= FLATTENED_MB * MB:
-                break
-    size = subset.stat().st_size / MB
-    result = in_child("flatten", source=str(subset), out=str(root / "flattened"), runs=runs)
+    """The first ``FLATTENED_MB`` of the data as four batch files (TORCH writes several), flattened in one process
+    and in one worker process per core."""
+    subsets = [root / f"flatten-{number}.ndjson" for number in range(4)]
+    for number, subset in enumerate(subsets):
+        with files[number % len(files)].open("rb") as lines, subset.open("wb") as out:
+            for line in lines:
+                out.write(line)
+                if out.tell() >= FLATTENED_MB * MB / len(subsets):
+                    break
+    size = sum(subset.stat().st_size for subset in subsets) / MB
+    result = in_child("flatten", sources=[str(s) for s in subsets], out=str(root / "flattened"), runs=runs)
+    anchor = size / result["parse_seconds"]
     return [
         Row(
             f"flattening, {size:.0f} MB",
-            "flatten_paths",
+            "flatten_paths, 1 process",
             size / result["seconds"],
             "orjson parse alone",
-            size / result["parse_seconds"],
+            anchor,
             "MB/s",
             result["peak_mb"],
-        )
+        ),
+        Row(
+            f"flattening, {size:.0f} MB",
+            f"flatten_paths, {result['processes']} processes",
+            size / result["parallel_seconds"],
+            "orjson parse alone",
+            anchor,
+            "MB/s",
+            result["peak_mb"],
+        ),
     ]
 
 
-def child_flatten(source: str, out: str, runs: int) -> dict:
+def child_flatten(sources: list[str], out: str, runs: int) -> dict:
     from tasks.flattening import flatten_paths, plan_views
+    from tasks.processes import pool_size, shutdown_pool
 
     views, skipped = plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)
-    path = Path(source)
+    paths = [Path(source) for source in sources]
 
     def parse() -> None:
-        with path.open("rb") as lines:
-            for line in lines:
-                orjson.loads(line)
+        for path in paths:
+            with path.open("rb") as lines:
+                for line in lines:
+                    orjson.loads(line)
 
     parse_seconds = best_seconds(parse, runs)
     folder = Path(out)
     seconds = best_seconds(
-        lambda: flatten_paths([path], folder, views, skipped, max_line_bytes=MAX_LINE_BYTES), runs, fresh(folder)
+        lambda: flatten_paths(paths, folder, views, skipped, max_line_bytes=MAX_LINE_BYTES), runs, fresh(folder)
     )
-    return {"seconds": seconds, "parse_seconds": parse_seconds, "peak_mb": peak_rss_mb()}
+
+    def in_processes() -> None:  # the pool's start-up included, as a step pays it
+        flatten_paths(paths, folder, views, skipped, max_line_bytes=MAX_LINE_BYTES, processes=pool_size())
+        shutdown_pool()
+
+    parallel_seconds = best_seconds(in_processes, runs, fresh(folder))
+    return {
+        "seconds": seconds,
+        "parallel_seconds": parallel_seconds,
+        "processes": pool_size(),
+        "parse_seconds": parse_seconds,
+        "peak_mb": peak_rss_mb(),
+    }
 
 
 # --- start-up ------------------------------------------------------------------------------------------------
