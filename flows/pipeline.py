@@ -14,6 +14,8 @@ state, never a green Completed) in a local run, and is suspended with an input f
 
 from __future__ import annotations
 
+import logging
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,6 @@ from flows.jobs import AWAITING_INSPECTION, RUNNING, SUSPENDED, Job, JobLock, ca
 from tasks.contract import StepInput, StepKind, StepResult, register_settings
 from tasks.errors import DupflowError
 from tasks.extractor import extractor
-from tasks.filework import file_runner
 from tasks.flattening import flattening
 from tasks.http_import import http_import
 from tasks.layout import JobPaths, artifact_key
@@ -135,8 +136,7 @@ def pipeline(
         _job_dirs[flow_run_id] = job.paths.job_dir
         register_settings(job.paths.job_dir, job.settings)
         cache_state(job.paths, RUNNING, flow_run_id=flow_run_id)
-        with file_runner(job.settings.pipeline.task_runner, job.paths.job_dir):
-            results = run_steps(job)
+        results = run_steps(job)
         last = results[-1]
         if last.awaiting:
             _job_dirs.pop(flow_run_id, None)
@@ -162,6 +162,7 @@ def name_and_tag_flow_run(job_id: str) -> None:
 def run_steps(job: Job) -> list[StepResult]:
     """Run every step in order; each step's input follows the kinds of the steps before it."""
     logger = get_run_logger()
+    keep_one_trace_per_failure()
     results: list[StepResult] = []
     current: StepResult | None = None  # what the next step reads
     for position, name in enumerate(job.settings.pipeline.enabled_steps):
@@ -190,6 +191,36 @@ def run_steps(job: Job) -> list[StepResult]:
         if spec.kind in (StepKind.IMPORT, StepKind.TRANSFORM, StepKind.GATE):
             current = result
     return results
+
+
+class OneTracePerFailure(logging.Filter):
+    """Prefect logs a failure with its trace at every run it passes through (file task, step task, flow run): the
+    first record keeps the trace, later records of the same failure keep their one line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._traced: deque[tuple[str, str]] = deque(maxlen=64)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        failure = record.exc_info[1] if record.exc_info else None
+        if failure is not None:
+            identity = (type(failure).__qualname__, str(failure))
+            if identity in self._traced:
+                record.exc_info, record.exc_text = None, None
+            else:
+                self._traced.append(identity)
+        return True
+
+
+_one_trace = OneTracePerFailure()
+
+
+def keep_one_trace_per_failure() -> None:
+    """On Prefect's run loggers, so the console, the job log and the UI's run log all get one trace (idempotent)."""
+    for name in ("prefect.task_runs", "prefect.flow_runs"):
+        logger = logging.getLogger(name)
+        if _one_trace not in logger.filters:
+            logger.addFilter(_one_trace)
 
 
 def run_step(step_task: Any, step: StepInput) -> StepResult:

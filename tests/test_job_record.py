@@ -60,6 +60,10 @@ def test_a_failed_step_is_named_and_continue_marks_cached_steps_with_the_time_th
     assert first_import["state"] == "done" and first_import["time"].endswith(" s")
     failed = row(record, "pseudonymizer")["state"]
     assert failed.startswith("failed: ") and "400" in failed, record
+    log = (job_dir / "job.log").read_text()
+    first_trace = log.index("Traceback (most recent call last)")
+    assert "Traceback" not in log[log.index("ERROR", first_trace) :], "the trace is logged once, by the first run"
+    assert "Encountered exception during execution: PseudonymizerStepError" in log
 
     pseudonymizer_fake.state.reset()
     assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_OK
