@@ -31,6 +31,7 @@ from flows.jobs import AWAITING_INSPECTION, RUNNING, SUSPENDED, Job, JobLock, ca
 from tasks.contract import StepInput, StepKind, StepResult, register_settings
 from tasks.errors import DupflowError
 from tasks.extractor import extractor
+from tasks.filework import file_runner
 from tasks.flattening import flattening
 from tasks.http_import import http_import
 from tasks.layout import JobPaths, artifact_key
@@ -136,7 +137,8 @@ def pipeline(
         _job_dirs[flow_run_id] = job.paths.job_dir
         register_settings(job.paths.job_dir, job.settings)
         cache_state(job.paths, RUNNING, flow_run_id=flow_run_id)
-        results = run_steps(job)
+        with file_runner(job.settings.pipeline.task_runner, job.paths.job_dir):
+            results = run_steps(job)
         last = results[-1]
         if last.awaiting:
             _job_dirs.pop(flow_run_id, None)
