@@ -140,7 +140,7 @@ def test_an_address_where_no_scheduler_answers_fails_the_run_naming_the_key(tmp_
         pytest.param(
             {"pipeline.task_runner.kind": "dask", "pipeline.task_runner.dask_workers": "0"},
             "pipeline.task_runner.dask_workers",
-            "greater than or equal to 1",
+            "must be between 1 and 1024",
             id="no-workers",
         ),
         pytest.param(
