@@ -13,13 +13,13 @@ per file). On Dask every submitted file runs to its end.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from config.runtime import prefect_api_url
 from config.settings import TaskRunnerSettings
 from tasks.contract import StepInput, commit_each
 from tasks.errors import DupflowError
@@ -135,7 +135,7 @@ def worker_environment() -> dict[str, str]:
     """The Prefect API of this run for the local workers (they report their task runs to it)."""
     from prefect.settings import get_current_settings
 
-    api_url = get_current_settings().api.url or os.environ.get("PREFECT_API_URL")
+    api_url = get_current_settings().api.url or prefect_api_url()
     return {"PREFECT_API_URL": str(api_url)} if api_url else {}
 
 
