@@ -32,6 +32,7 @@ from tasks.errors import StepError
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 UTF8_BOM = b"\xef\xbb\xbf"
+PARSER_KEPT_BYTES = 1 << 20  # a line checker keeps simdjson's buffers for lines up to this size, not larger
 CHUNK_SIZE = 1 << 20
 DATA_SUFFIXES = (".ndjson", ".ndjson.zst")
 PART_PREFIX = "."
@@ -271,6 +272,8 @@ class LineChecker:
             return
         if not self._is_resource(line):
             parse_resource(self._source, self.lines, line)
+        if len(line) > PARSER_KEPT_BYTES:  # simdjson's buffers grow to twice the largest line: give them back
+            self._parser = simdjson.Parser()
         self.resources += 1
 
     def _is_resource(self, line: bytes) -> bool:

@@ -120,3 +120,12 @@ def test_a_line_only_orjson_can_read_does_not_stop_the_lines_after_it():
     checker.feed((big + b"\n" + RESOURCE + b"\n") * 3)
     checker.finish()
     assert (checker.lines, checker.resources) == (6, 6)
+
+
+def test_lines_after_a_large_one_are_still_checked():
+    large = b'{"resourceType":"Binary","data":"' + b"x" * (3 * MB) + b'"}'
+    checker = LineChecker("a.ndjson", 8 * MB)
+    checker.feed(large + b"\n" + RESOURCE + b"\n" + large + b"\n")
+    with pytest.raises(NdjsonError, match="a.ndjson: line 4 is not valid JSON"):
+        checker.feed(b'{"resourceType":"A"\n')
+    assert (checker.lines, checker.resources) == (4, 3)
