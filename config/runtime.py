@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import os
 
-# Defaults for Prefect on these machines (see ../shared/prefect-notes.md); a value the user set wins.
+# Defaults for Prefect on these machines (see ../shared/prefect-notes.md); a value the user set wins. No
+# analytics: the server's, and the SDK's (DO_NOT_TRACK), which in a terminal shows a notice, writes milestone
+# files to PREFECT_HOME and sends events from a thread that the command waits for (up to 2 s) at exit.
 PREFECT_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
 }
 
