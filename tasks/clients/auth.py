@@ -32,17 +32,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio.to_thread
-import authlib.deprecate  # noqa: F401  (installs authlib's "always" filter first, so ours below wins)
 import httpx
-
-# authlib 1.9 announces a move of its httpx integration to the httpx2 package; the httpx one is what we use.
-with warnings.catch_warnings():
-    warnings.filterwarnings("ignore", message="The httpx module is deprecated")
-    from authlib.integrations.httpx_client import OAuth2Client
 
 from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, register_secret, truncate
 
 if TYPE_CHECKING:
+    from authlib.integrations.httpx_client import OAuth2Client
+
     from config.settings import AuthSettings
 
 log = logging.getLogger("dupflow.clients")
@@ -50,6 +46,19 @@ log = logging.getLogger("dupflow.clients")
 CREDENTIAL_HEADERS = ("Authorization", "Proxy-Authorization")
 TOKEN_REQUEST_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 MAX_RENEWAL_LEEWAY_SECONDS = 30.0
+
+
+def oauth2_client_class() -> type[OAuth2Client]:
+    """authlib's OAuth client, imported on first use (authlib, joserfc and cryptography cost every command
+    about 0.1 s otherwise)."""
+    import authlib.deprecate  # noqa: F401  (installs authlib's "always" filter first, so ours below wins)
+
+    # authlib 1.9 announces a move of its httpx integration to the httpx2 package; the httpx one is what we use.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The httpx module is deprecated")
+        from authlib.integrations.httpx_client import OAuth2Client
+    return OAuth2Client
+
 
 Origin = tuple[str, str, int]
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -142,7 +151,7 @@ class TokenSource:
         return await anyio.to_thread.run_sync(lambda: self.access_token(rejected=rejected))
 
     def _fetch(self) -> _Token:
-        with OAuth2Client(
+        with oauth2_client_class()(
             client_id=self.client_id,
             client_secret=self._client_secret,
             token_endpoint_auth_method="client_secret_post",
