@@ -219,9 +219,10 @@ class ProgressReporter:
 
 
 def download_result_files(step: StepInput, urls: list[str]) -> list[DataFile]:
-    """Download every file (each its own cached sub-task), ``core`` first in the record; raise the first failure
-    after all others have ended, so every file that could be finished is kept for ``continue``. On an interrupt the
-    downloads in flight stop at their next chunk, no new one starts, and temporary files are removed."""
+    """Download every file (each its own cached sub-task), ``core`` first in the record. After a failure no new
+    download starts; those in flight end, every finished file is kept for ``continue``, and the first failure is
+    raised. On an interrupt the downloads in flight stop at their next chunk, no new one starts, and temporary
+    files are removed."""
     settings = settings_of(step)
     names = target_names(
         urls, compress=settings.compression.enabled, max_files=settings.services.extractor.max_result_files
