@@ -22,12 +22,14 @@ from typing import Any
 
 from prefect import flow, get_run_logger, runtime
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.exceptions import ExternalSignal, PrefectSignal
 from prefect.input import RunInput
 from prefect.states import Completed, Paused
 from pydantic import Field
 
 from config.settings import Settings
 from flows.jobs import AWAITING_INSPECTION, RUNNING, SUSPENDED, Job, JobLock, cache_state, prepare_job
+from tasks.clients.errors import redact
 from tasks.contract import StepInput, StepKind, StepResult, register_settings
 from tasks.errors import DupflowError
 from tasks.extractor import extractor
@@ -172,8 +174,10 @@ def run_steps(job: Job) -> list[StepResult]:
         step = step_input(job, position, name, current)
         try:
             result = run_gate(job, step, results) if spec.kind is StepKind.GATE else run_step(spec.task, step)
+        except PrefectSignal:  # a suspend for inspection (Pause) or an abort: not a failure of the step
+            raise
         except BaseException as exc:
-            publish_job_record(job, results, failed=(name, exc))
+            publish_failure(job, results, name, exc)
             raise
         write_step_manifest(job.paths.job_dir, position, name, result.model_dump(mode="json"))
         results.append(result)
@@ -197,11 +201,15 @@ def run_steps(job: Job) -> list[StepResult]:
 
 class OneTracePerFailure(logging.Filter):
     """Prefect logs a failure with its trace at every run it passes through (file task, step task, flow run): the
-    first record keeps the trace, later records of the same failure keep their one line."""
+    first record keeps the trace, later records of the same failure (same type and text) keep their one line.
+    ``forget`` starts over for a new flow run, so a later job failing the same way gets its trace too."""
 
     def __init__(self) -> None:
         super().__init__()
         self._traced: deque[tuple[str, str]] = deque(maxlen=64)
+
+    def forget(self) -> None:
+        self._traced.clear()
 
     def filter(self, record: logging.LogRecord) -> bool:
         failure = record.exc_info[1] if record.exc_info else None
@@ -218,7 +226,9 @@ _one_trace = OneTracePerFailure()
 
 
 def keep_one_trace_per_failure() -> None:
-    """On Prefect's run loggers, so the console, the job log and the UI's run log all get one trace (idempotent)."""
+    """On Prefect's run loggers, so the console, the job log and the UI's run log all get one trace (idempotent);
+    called at the start of each flow run."""
+    _one_trace.forget()
     for name in ("prefect.task_runs", "prefect.flow_runs"):
         logger = logging.getLogger(name)
         if _one_trace not in logger.filters:
@@ -348,12 +358,21 @@ def step_time_text(results: list[StepResult]) -> str:
     return text + (f" ({cached:.1f} s of it in earlier runs, served from the cache)" if cached else "")
 
 
+def publish_failure(job: Job, results: list[StepResult], step: str, exc: BaseException) -> None:
+    """The record with the failed step's cause; a record that cannot be published (the API may be what failed)
+    is logged, never put in place of the step's own error."""
+    try:
+        publish_job_record(job, results, failed=(step, exc))
+    except Exception as publish_error:
+        get_run_logger().warning("the job record could not be updated: %s", one_line(publish_error))
+
+
 def one_line(exc: BaseException) -> str:
-    """A failure's cause for a table cell: the first line of its message, no pipes."""
-    if isinstance(exc, KeyboardInterrupt):
+    """A failure's cause for a table cell: the first line of its message, no pipes, secrets redacted."""
+    if isinstance(exc, KeyboardInterrupt | ExternalSignal):
         return "interrupted"
     message = exc.message if isinstance(exc, DupflowError) else f"{type(exc).__name__}: {exc}"
-    first = (message.strip().splitlines() or [""])[0]
+    first = (redact(message).strip().splitlines() or [""])[0]
     return first.replace("|", "\\|")[:300]
 
 

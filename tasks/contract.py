@@ -152,27 +152,45 @@ class StepResult(BaseModel):
 
 # --- settings inside a task ------------------------------------------------------------------------------------
 
-_settings: dict[str, Settings] = {}
+# Per job directory: the settings and what they were loaded from (None: handed over by this process's flow run).
+_settings: dict[str, tuple[tuple | None, Settings]] = {}
 _settings_lock = threading.Lock()
 
 
 def register_settings(job_dir: Path, settings: Settings) -> None:
     """The flow hands the job's settings to the step tasks of this process (secrets never become parameters)."""
     with _settings_lock:
-        _settings[str(job_dir)] = settings
+        _settings[str(job_dir)] = (None, settings)
 
 
 def settings_of(step: StepInput) -> Settings:
-    """The job's settings: as the flow loaded them, or (another process, e.g. a Dask worker) from ``job.json``."""
+    """The job's settings: as the flow loaded them, or (another process, e.g. a Dask worker) from ``job.json``.
+
+    A long-lived worker loads them again when the job's configuration changed since (``continue --set``, an
+    edited configuration file), so "fix the cause and continue" reaches the workers too.
+    """
     with _settings_lock:
-        if (known := _settings.get(step.job_dir)) is not None:
-            return known
+        source, settings = _settings.get(step.job_dir, (None, None))
+    if settings is not None and source is None:
+        return settings
     from config.loader import load_settings
 
     job = json.loads((step.job_path / "job.json").read_text())
-    settings = load_settings(job.get("config_path"), overrides=job.get("overrides") or {}).settings
-    register_settings(step.job_path, settings)
+    config_path, overrides = job.get("config_path"), job.get("overrides") or {}
+    current = (config_path, digest(overrides), modified_ns(config_path))
+    if settings is None or source != current:
+        settings = load_settings(config_path, overrides=overrides).settings
+        with _settings_lock:
+            _settings[step.job_dir] = (current, settings)
     return settings
+
+
+def modified_ns(path: str | None) -> int | None:
+    """When the file was last changed; None for no file (the loader reports a missing one clearly)."""
+    try:
+        return Path(path).stat().st_mtime_ns if path else None
+    except OSError:
+        return None
 
 
 # --- caching ---------------------------------------------------------------------------------------------------

@@ -51,6 +51,8 @@ def map_files(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]],
 
 
 def map_in_process(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]], workers: int) -> list:
+    """One file at a time runs in the calling thread, so Ctrl+C or SIGTERM stops it where it is (a daemon thread
+    would go on sending until the process exits); more at once run on ``run_bounded``'s threads."""
     failures: list[Exception] = []
 
     def call(args: tuple[Any, ...]) -> R:
@@ -62,7 +64,16 @@ def map_in_process(file_task: Callable[..., R], arguments: Sequence[tuple[Any, .
             failures.append(exc)
             raise
 
+    if workers <= 1:
+        return [outcome_of(call, args) for args in arguments]
     return run_bounded([lambda args=args: call(args) for args in arguments], workers)
+
+
+def outcome_of(call: Callable[[tuple[Any, ...]], R], args: tuple[Any, ...]) -> R | Exception:
+    try:
+        return call(args)
+    except Exception as exc:  # kept for the caller, which decides what to raise
+        return exc
 
 
 def map_on_dask(runner: DaskTaskRunner, file_task: Any, arguments: Sequence[tuple[Any, ...]]) -> list:

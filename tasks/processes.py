@@ -50,7 +50,7 @@ def run_in_process(function: Callable[..., R], *args: Any, preload: tuple[str, .
     stops the wait at once: the pool is then terminated (a running worker cannot be stopped any other way).
     ``preload`` names the modules ``function`` needs, imported once in the fork server when the pool starts.
     """
-    future = _submit(function, args, preload)
+    pool, future = _submit(function, args, preload)
     try:
         while True:
             try:
@@ -58,19 +58,22 @@ def run_in_process(function: Callable[..., R], *args: Any, preload: tuple[str, .
             except FutureTimeout:
                 raise_if_cancelled()
     except BrokenProcessPool:
-        shutdown_pool()
+        shutdown_pool(pool)
         raise
     except BaseException:
         if not future.done():
-            shutdown_pool()
+            shutdown_pool(pool)
         raise
 
 
-def shutdown_pool() -> None:
+def shutdown_pool(only: ProcessPoolExecutor | None = None) -> None:
     """Terminate every worker process now (running calls fail with ``BrokenProcessPool``); a later call starts
-    a new pool."""
+    a new pool. With ``only``, nothing happens unless that pool is still the current one (a call that saw its
+    pool break must not stop the pool another thread has started since)."""
     global _pool
     with _lock:
+        if only is not None and _pool is not only:
+            return
         pool, _pool = _pool, None
     if pool is None:
         return
@@ -91,7 +94,7 @@ def worker_pids() -> list[int]:
     return [process.pid for process in processes if process.pid is not None and process.is_alive()]
 
 
-def _submit(function: Callable[..., R], args: tuple, preload: tuple[str, ...]) -> Future[R]:
+def _submit(function: Callable[..., R], args: tuple, preload: tuple[str, ...]) -> tuple[ProcessPoolExecutor, Future[R]]:
     global _pool
     with _lock:
         if _pool is None:
@@ -100,7 +103,7 @@ def _submit(function: Callable[..., R], args: tuple, preload: tuple[str, ...]) -
             _pool = ProcessPoolExecutor(
                 pool_size(), mp_context=context, initializer=_exit_with_parent, initargs=(os.getpid(),)
             )
-        return _pool.submit(function, *args)
+        return _pool, _pool.submit(function, *args)
 
 
 atexit.register(shutdown_pool)

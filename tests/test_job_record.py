@@ -185,3 +185,13 @@ def artifact_updates(api_url: str, artifact_id: str, until, timeout: float = 30.
             return events
         assert time.monotonic() < deadline, f"no final update event of artifact {artifact_id}: {events}"
         time.sleep(0.2)
+
+
+def test_a_failure_cause_in_the_record_is_one_line_with_secrets_redacted():
+    from flows.pipeline import one_line
+    from tasks.clients.errors import register_secret
+
+    register_secret("record-secret-4711")
+    cause = one_line(RuntimeError("token record-secret-4711 was refused | try again\nsecond line"))
+
+    assert "record-secret-4711" not in cause and "\n" not in cause and "\\|" in cause

@@ -145,6 +145,8 @@ def test_a_suspended_job_survives_a_worker_restart_and_resumes_with_the_form_rea
         assert str(job_dir / "import") in inspection and str(wait_dir) in inspection
         assert "/api/flow_runs/<id>/resume" in inspection and f"continue {job_id}" in inspection
         assert str(wait_dir) in run_log(api_url, run_id)
+        record = api(api_url, "GET", f"/artifacts/job-{job_id}/latest")["data"]
+        assert "awaiting inspection" in record and "failed:" not in record, record  # a suspend is no failure
         assert wait_for_exit_of_flow_processes(worker)
     finally:
         stop_worker(worker)

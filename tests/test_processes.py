@@ -122,3 +122,11 @@ def test_workers_exit_by_themselves_when_their_parent_is_killed():
 
 def plain_environment() -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if not key.startswith("APP_")}
+
+
+def test_a_call_that_saw_an_old_pool_break_leaves_the_current_pool_running():
+    assert processes.run_in_process(abs, -3) == 3
+    current = processes._pool  # noqa: SLF001 - the pool object is what the call holds on to
+    processes.shutdown_pool(only=object())  # a pool that is no longer the current one
+
+    assert processes._pool is current and processes.run_in_process(abs, -4) == 4  # noqa: SLF001
