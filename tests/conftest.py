@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -56,6 +57,19 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory):
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+def complete_results(jobs_dir: Path, task: str) -> int:
+    """Persisted results of ``task`` (e.g. ``00-local_import-import-file``) written whole: a result file seen while
+    Prefect still writes it does not count (a kill then makes ``continue`` redo that file, harmlessly)."""
+    complete = 0
+    for path in jobs_dir.glob(f"*/.prefect/results/*-{task}-*"):
+        try:
+            json.loads(path.read_bytes())
+        except ValueError:
+            continue
+        complete += 1
+    return complete
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 120):

@@ -13,7 +13,7 @@ import pytest
 
 from config.loader import ConfigError, load_settings
 from flows.run import EXIT_FAILED, EXIT_OK, main
-from tests.conftest import run_cli
+from tests.conftest import complete_results, run_cli
 from tests.test_job_cli import only_job_dir, resources_in, source_dir, start_cli_process, wait_for
 
 SAMPLE = Path(__file__).resolve().parent.parent / "config" / "sample-data"
@@ -183,7 +183,7 @@ def test_a_killed_dask_run_resumes_with_its_finished_files_and_leaves_no_worker(
     )
     process = start_cli_process("start", str(config), str(source), "--no-progress")
     wait_for(lambda: next(jobs.glob("*/import/.c.ndjson.zst.part"), None), process)
-    wait_for(lambda: len(list(jobs.glob("*/.prefect/results/*-00-local_import-import-file-*"))) == 2 or None, process)
+    wait_for(lambda: complete_results(jobs, "00-local_import-import-file") == 2 or None, process)
     cluster = psutil.Process(process.pid).children(recursive=True)
     process.send_signal(signal.SIGKILL)
     process.wait()

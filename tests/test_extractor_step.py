@@ -18,7 +18,7 @@ import zstandard
 
 from flows.run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 from tasks.record import read_facts, read_step_manifest
-from tests.conftest import TESTDATA, run_cli
+from tests.conftest import TESTDATA, complete_results, run_cli
 from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
 from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
 
@@ -170,18 +170,6 @@ def forget_jobs_after_first_poll(server: ExtractionServer, timeout: float = 30) 
     server.state.forget_jobs()
 
 
-def complete_results(jobs_dir: Path) -> int:
-    """Per-file download results written whole: a result file seen while Prefect still writes it does not count."""
-    complete = 0
-    for path in jobs_dir.glob("*/.prefect/results/*-00-extractor-download-result-file-*"):
-        try:
-            json.loads(path.read_bytes())
-        except ValueError:
-            continue
-        complete += 1
-    return complete
-
-
 def recorded_generation(jobs_dir: Path) -> int | None:
     """The extraction generation the job record holds (1 after one fresh submission), once it holds a handle."""
     for job_dir in jobs_dir.glob("*"):
@@ -238,7 +226,7 @@ def test_killed_during_downloads_continue_fetches_only_the_unfinished_file(tmp_p
         # Four files finished means four persisted per-file results (a renamed file whose result is not yet
         # written would be fetched again, harmlessly but not what this test counts).
         wait_for(
-            lambda: complete_results(jobs_dir_of(tmp_path)) == 4 or None,
+            lambda: complete_results(jobs_dir_of(tmp_path), "00-extractor-download-result-file") == 4 or None,
             process,
         )
         process.send_signal(signal.SIGKILL)

@@ -14,7 +14,7 @@ import pytest
 import zstandard
 
 from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
-from tests.conftest import REPO_ROOT, run_cli
+from tests.conftest import REPO_ROOT, complete_results, run_cli
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
@@ -198,7 +198,7 @@ def test_killed_multi_file_import_redoes_only_unfinished_files_on_continue(tmp_p
     process = start_cli_process("start", str(config), str(source), "--no-progress")
     # Files are imported in parallel: kill once c is being written and the results of a and b are recorded.
     partial = wait_for(lambda: next(jobs.glob("*/import/.c.ndjson.zst.part"), None), process)
-    wait_for(lambda: len(list(jobs.glob("*/.prefect/results/*-00-local_import-import-file-*"))) == 2 or None, process)
+    wait_for(lambda: complete_results(jobs, "00-local_import-import-file") == 2 or None, process)
     process.send_signal(signal.SIGKILL)
     process.wait()
     job_dir = partial.parent.parent
