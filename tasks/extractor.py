@@ -35,7 +35,7 @@ from tasks.clients.extraction_server import (
 )
 from tasks.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.errors import StepError
-from tasks.fanout import first_failure, raise_if_cancelled
+from tasks.fanout import raise_if_cancelled, results_or_raise
 from tasks.filework import map_files
 from tasks.layout import artifact_key
 from tasks.ndjson import remove_partial_files
@@ -232,6 +232,4 @@ def download_result_files(step: StepInput, urls: list[str]) -> list[DataFile]:
         outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
     finally:
         remove_partial_files(step.output_dir)
-    if failure := first_failure(outcomes):
-        raise failure
-    return sorted(outcomes, key=lambda f: (not f.core, f.name))
+    return sorted(results_or_raise(outcomes), key=lambda f: (not f.core, f.name))

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -79,6 +79,14 @@ def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exceptio
 
 def first_failure(outcomes: list[R | Exception]) -> Exception | None:
     return next((outcome for outcome in outcomes if isinstance(outcome, Exception)), None)
+
+
+def results_or_raise(outcomes: list[R | Exception]) -> list[R]:
+    """The results when every call succeeded; else the first failure is raised (after all calls ended, so the
+    caller has kept every file that finished)."""
+    if failure := first_failure(outcomes):
+        raise failure
+    return cast(list[R], outcomes)
 
 
 def raise_if_cancelled() -> None:

@@ -7,8 +7,8 @@ file task is a top-level transaction of its own, so its result is committed in t
 finishes, as ``commit_each`` does in-process: a killed run keeps every finished file either way.
 
 No file starts after one has failed (in-process): the first failure is every unstarted file's outcome, so a
-caller keeps every file that finished and raises ``first_failure`` (a service that is down is not retried once
-per file). On Dask every submitted file runs to its end.
+caller keeps every file that finished and raises the first failure with ``tasks.fanout.results_or_raise`` (a
+service that is down is not retried once per file). On Dask every submitted file runs to its end.
 """
 
 from __future__ import annotations

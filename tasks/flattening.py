@@ -36,7 +36,7 @@ from typing import Any
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
 from tasks.contract import DataFile, StepInput, StepResult, digest, file_task, settings_of, step_task
-from tasks.fanout import first_failure, run_bounded
+from tasks.fanout import results_or_raise, run_bounded
 from tasks.filework import map_files
 from tasks.layout import artifact_key, write_file_atomically
 from tasks.ndjson import iter_lines
@@ -225,10 +225,10 @@ def flatten_step_files(
     arguments = [(step, path.name, by_provenance, plan_digest) for path in paths]
     workers = pool_size() if use_processes(sum(f.size for f in step.files), len(paths)) else 1
     parts_dir = step.output_dir / PARTS_FOLDER
-    results = finished(map_files(flatten_input_file, arguments, workers))
+    results = results_or_raise(map_files(flatten_input_file, arguments, workers))
     if missing := [i for i, result in enumerate(results) if not parts_on_disk(parts_dir, views, result)]:
         log.warning("parts of %d finished files are gone: flattening them again", len(missing))
-        again = finished(
+        again = results_or_raise(
             map_files(flatten_input_file.with_options(refresh_cache=True), [arguments[i] for i in missing], workers)
         )
         for i, result in zip(missing, again, strict=True):
@@ -236,12 +236,6 @@ def flatten_step_files(
     outcome = join_parts(step.output_dir, parts_dir, views, skipped, results, by_provenance)
     shutil.rmtree(parts_dir, ignore_errors=True)
     return outcome
-
-
-def finished(outcomes: list[FileParts | Exception]) -> list[FileParts]:
-    if failure := first_failure(outcomes):
-        raise failure
-    return outcomes  # type: ignore[return-value] - no exception among them
 
 
 def parts_on_disk(parts_dir: Path, views: list[GroupView], result: FileParts) -> bool:
@@ -324,7 +318,7 @@ def flatten_paths(
             calls: list[Callable[[], FileParts]] = [
                 lambda plan=plan: run_in_process(flatten_file, plan, preload=WORKER_MODULES) for plan in plans
             ]
-            results = finished(run_bounded(calls, processes))
+            results = results_or_raise(run_bounded(calls, processes))
         else:
             results = [flatten_file(plan) for plan in plans]
         return join_parts(out_dir, parts_dir, views, skipped, results, by_provenance)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tasks.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.errors import StepError
-from tasks.fanout import first_failure, raise_if_cancelled
+from tasks.fanout import raise_if_cancelled, results_or_raise
 from tasks.filework import map_files
 from tasks.layout import is_crtdl_file
 from tasks.ndjson import DATA_SUFFIXES, AtomicNdjsonWriter, iter_chunks, output_name, remove_partial_files
@@ -37,9 +37,7 @@ def local_import(step: StepInput) -> StepResult:
         outcomes = map_files(import_file, arguments, workers=os.cpu_count() or 1)
     finally:
         remove_partial_files(step.output_dir)
-    if failure := first_failure(outcomes):
-        raise failure
-    return step.result(list(outcomes), source=str(source))
+    return step.result(results_or_raise(outcomes), source=str(source))
 
 
 @file_task("import-file", "import[{name}]")

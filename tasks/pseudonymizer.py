@@ -33,7 +33,7 @@ from tasks.clients.pseudonymizer import (
 )
 from tasks.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.errors import StepError
-from tasks.fanout import first_failure, ordered_map
+from tasks.fanout import ordered_map, results_or_raise
 from tasks.filework import map_files
 from tasks.layout import artifact_key
 from tasks.ndjson import (
@@ -85,10 +85,7 @@ def pseudonymizer(step: StepInput) -> StepResult:
         for source, record in zip(step.input_paths(), ordered_files(step), strict=True)
     ]
     remove_partial_files(step.output_dir)
-    outcomes = map_files(pseudonymize_file, arguments, workers=FILES_AT_ONCE)
-    if failure := first_failure(outcomes):
-        raise failure
-    results: list[FileResult] = outcomes
+    results: list[FileResult] = results_or_raise(map_files(pseudonymize_file, arguments, workers=FILES_AT_ONCE))
     reports = [result["report"] for result in results]
     publish_report(step, reports)
     return step.result(

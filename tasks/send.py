@@ -45,7 +45,7 @@ from tasks.clients.errors import ServiceError
 from tasks.clients.fhir_server import FhirServer, TransactionRejected
 from tasks.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
 from tasks.errors import StepError
-from tasks.fanout import first_failure
+from tasks.fanout import results_or_raise
 from tasks.filework import map_files
 from tasks.layout import write_file_atomically
 from tasks.ndjson import CHUNK_SIZE, NdjsonError, iter_chunks, iter_lines, parse_resource
@@ -89,10 +89,7 @@ def send(step: StepInput) -> StepResult:
 
 def send_files(send_file: Any, step: StepInput, files: list[DataFile]) -> list[dict[str, Any]]:
     """Send ``files`` through the per-file task ``send_file``; every finished file is kept, the first failure raised."""
-    outcomes = map_files(send_file, [(step, f.name, f.size) for f in files], workers=FILES_AT_ONCE)
-    if failure := first_failure(outcomes):
-        raise failure
-    return outcomes
+    return results_or_raise(map_files(send_file, [(step, f.name, f.size) for f in files], workers=FILES_AT_ONCE))
 
 
 @file_task("send-file-direct", "send[{name}]")

@@ -42,7 +42,7 @@ from tasks.clients.validator import (
 )
 from tasks.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.errors import StepError
-from tasks.fanout import first_failure, ordered_map
+from tasks.fanout import ordered_map, results_or_raise
 from tasks.filework import map_files
 from tasks.layout import artifact_key
 from tasks.ndjson import AtomicNdjsonWriter, CompressionLevel, iter_lines, output_name, remove_partial_files
@@ -86,10 +86,7 @@ def validation(step: StepInput) -> StepResult:
         raise StepError("services.validation.url is not set; the validation step needs the validator's root URL")
     remove_partial_files(step.output_dir)
     arguments = [(step, path.name, service.bundle_chunk_size_mb) for path in step.input_paths()]
-    outcomes = map_files(validate_file, arguments, workers=FILES_AT_ONCE)
-    if failure := first_failure(outcomes):
-        raise failure
-    checked: list[FileValidation] = outcomes
+    checked: list[FileValidation] = results_or_raise(map_files(validate_file, arguments, workers=FILES_AT_ONCE))
     publish_artifact(step, checked)
     if service.fail_on_error and any(c.errors for c in checked):
         raise StepError(failure_message(step.output_dir, checked))
