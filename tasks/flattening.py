@@ -25,7 +25,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import multiprocessing
 import shutil
 from collections import Counter
 from collections.abc import Callable
@@ -40,7 +39,7 @@ from tasks.fanout import results_or_raise, run_bounded
 from tasks.filework import map_files
 from tasks.layout import artifact_key, write_file_atomically
 from tasks.ndjson import iter_lines
-from tasks.processes import pool_size, run_in_process
+from tasks.processes import pool_size, processes_allowed, run_in_process
 from tasks.sof import compile_view
 from tasks.sof.crtdl_views import AttributeGroup, GroupView, attribute_groups, build_view
 from tasks.sof.flatten import (
@@ -202,14 +201,8 @@ def file_plan(
 
 
 def use_processes(input_bytes: int, files: int) -> bool:
-    """Worker processes pay for their start-up only on a large input of several files, with cores to spare, and
-    never inside a daemonic process (a Dask worker, which may not have children)."""
-    return (
-        files > 1
-        and input_bytes >= PROCESS_MIN_BYTES
-        and pool_size() > 1
-        and not multiprocessing.current_process().daemon
-    )
+    """Worker processes pay for their start-up only on a large input of several files (and where they can help)."""
+    return files > 1 and input_bytes >= PROCESS_MIN_BYTES and processes_allowed()
 
 
 # --- the embedded engine, file by file ------------------------------------------------------------------------------

@@ -47,8 +47,9 @@ def import_file(step: StepInput, source: str, name: str, identity: list) -> Data
     level = settings.compression.level if settings.compression.enabled else None
     source_path = Path(source)
     max_line_bytes = settings.pipeline.max_ndjson_line_size_bytes
-    with track(f"import {source_path.name}", source_path.stat().st_size) as progress:
-        with AtomicNdjsonWriter(step.output_dir / name, level, max_line_bytes, source=source) as writer:
+    size = source_path.stat().st_size
+    with track(f"import {source_path.name}", size) as progress:
+        with AtomicNdjsonWriter(step.output_dir / name, level, max_line_bytes, source, expected_size=size) as writer:
             for chunk in iter_chunks(source_path):
                 raise_if_cancelled()
                 writer.write(chunk)

@@ -12,6 +12,7 @@ interpreter exiting terminates every worker; a worker whose parent dies (kill -9
 from __future__ import annotations
 
 import atexit
+import multiprocessing
 import os
 import select
 import sys
@@ -41,6 +42,12 @@ _main_lock = threading.Lock()
 def pool_size() -> int:
     """Worker processes: one per core, at most ``MAX_PROCESSES`` (each holds its own interpreter in memory)."""
     return max(1, min(os.cpu_count() or 1, MAX_PROCESSES))
+
+
+def processes_allowed() -> bool:
+    """Worker processes can help: there is more than one core, and this is no daemonic process (a Dask worker,
+    which may not have children)."""
+    return pool_size() > 1 and not multiprocessing.current_process().daemon
 
 
 def run_in_process(function: Callable[..., R], *args: Any, preload: tuple[str, ...] = ()) -> R:
@@ -119,6 +126,12 @@ class _LeanProcess(ForkServerProcess):
     unpickled; ours (``flows.run``, a benchmark, a Prefect worker) would pull in Prefect and the whole command line.
     The functions run here live in importable modules, so the main module is hidden while a worker is launched.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        # Daemonic: a parent that is itself a multiprocessing child (a benchmark's worker, say) terminates the pool
+        # on exit; it would otherwise wait for workers that wait for work. Workers never start children.
+        self.daemon = True
 
     @staticmethod
     def _Popen(process_obj: Any) -> Any:  # noqa: N802 - the multiprocessing hook's name

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -43,6 +44,8 @@ from tasks.clients.extraction_server import (
     parse_crtdl,
     resolve_file_url,
 )
+from tasks import processes
+from tasks.ndjson import CHECK_IN_PROCESS_MIN_BYTES, NdjsonError
 from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
@@ -432,6 +435,57 @@ def test_a_transient_status_is_retried_and_the_file_then_downloaded(tmp_path):
         stats = download(client.http, f"{server.base_url}/f/a.ndjson", tmp_path / "a.ndjson", level=None)
     assert stats.resources == 2 and (tmp_path / "a.ndjson").read_bytes() == body
     assert len(state.requests) == 3
+
+
+def large_ndjson(last_line: bytes) -> bytes:
+    """A plain body large enough to be checked in a worker process once written, ending with ``last_line``."""
+    line = b'{"resourceType":"Patient","id":"p%06d","text":"' + b"x" * 1000 + b'"}\n'
+    lines = [line.replace(b"%06d", b"%06d" % number) for number in range(CHECK_IN_PROCESS_MIN_BYTES // len(line) + 1)]
+    return b"".join(lines) + last_line
+
+
+def serve_once_each(*bodies: bytes) -> EchoState:
+    return EchoState(replies=[Reply(200, {"Content-Type": "application/fhir+ndjson"}, body) for body in bodies])
+
+
+@pytest.fixture
+def worker_pool():
+    """The worker processes a large plain download is checked in, stopped after the test."""
+    yield
+    processes.shutdown_pool()
+
+
+def test_a_large_plain_file_is_checked_in_a_worker_process_and_counted(tmp_path, worker_pool):
+    body = large_ndjson(b"")
+    with (
+        LoopbackServer(EchoHandler, serve_once_each(body)) as server,
+        client_for(server.base_url, SimulatedTime()) as c,
+    ):
+        stats = download(c.http, f"{server.base_url}/f/a.ndjson", tmp_path / "a.ndjson", level=None)
+    assert stats.resources == body.count(b"\n") and (tmp_path / "a.ndjson").read_bytes() == body
+    assert processes.worker_pids()
+
+
+def test_a_bad_line_in_a_large_file_is_the_same_error_as_in_a_small_one(tmp_path, worker_pool):
+    body = large_ndjson(b'{"id":"no type"}\n')
+    line = body.count(b"\n")
+    with (
+        LoopbackServer(EchoHandler, serve_once_each(body)) as server,
+        client_for(server.base_url, SimulatedTime()) as c,
+    ):
+        expected = f"{server.base_url}/f/a.ndjson: line {line} is a JSON object without a resourceType"
+        with pytest.raises(NdjsonError, match=re.escape(expected)):
+            download(c.http, f"{server.base_url}/f/a.ndjson", tmp_path / "a.ndjson", level=None)
+    assert processes.worker_pids() and list(tmp_path.iterdir()) == []
+
+
+def test_a_large_file_whose_last_line_is_cut_off_is_retried_as_incomplete(tmp_path, worker_pool):
+    cut, whole = large_ndjson(b'{"resourceType":"Pat'), large_ndjson(b"")
+    state = serve_once_each(cut, whole)
+    with LoopbackServer(EchoHandler, state) as server, client_for(server.base_url, SimulatedTime()) as c:
+        stats = download(c.http, f"{server.base_url}/f/a.ndjson", tmp_path / "a.ndjson", level=None)
+    assert len(state.requests) == 2
+    assert stats.resources == whole.count(b"\n") and (tmp_path / "a.ndjson").read_bytes() == whole
 
 
 def test_credentials_go_only_to_the_configured_origin_not_to_a_file_server_elsewhere(sim, tmp_path):

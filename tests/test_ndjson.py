@@ -3,7 +3,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from tasks import processes
 from tasks.ndjson import (
+    CHECK_IN_PROCESS_MIN_BYTES,
     AtomicNdjsonWriter,
     LineTooLongError,
     NdjsonError,
@@ -18,6 +20,19 @@ from tasks.ndjson import (
 )
 
 MB = 1024 * 1024
+# The writer checks a plain file this large in a worker process after the last write, not in the writing thread.
+LARGE = CHECK_IN_PROCESS_MIN_BYTES
+WHERE_CHECKED = pytest.mark.parametrize("expected_size", [None, LARGE], ids=["while-writing", "in-a-worker"])
+
+
+@pytest.fixture(autouse=True)
+def no_pool_left():
+    yield
+    processes.shutdown_pool()
+
+
+def checked_in_a_worker(expected_size: int | None) -> bool:
+    return bool(processes.worker_pids()) == (expected_size is not None)
 
 
 def write_zstd(path: Path, data: bytes) -> Path:
@@ -124,22 +139,54 @@ def test_output_names_carry_the_ndjson_and_compression_extension(name, compress,
     ],
     ids=["binary", "text", "array", "no-resource-type", "empty-resource-type"],
 )
-def test_every_line_is_checked_to_be_a_resource_while_writing(tmp_path, content, fragment):
+@WHERE_CHECKED
+def test_every_line_is_checked_to_be_a_resource(tmp_path, content, fragment, expected_size):
     dest = tmp_path / "out.ndjson"
     with pytest.raises(NdjsonError, match=fragment) as error:
-        with AtomicNdjsonWriter(dest, None, MB, source="input/a.ndjson") as writer:
+        with AtomicNdjsonWriter(dest, None, MB, source="input/a.ndjson", expected_size=expected_size) as writer:
             for start in range(0, len(content), 5):
                 writer.write(content[start : start + 5])
     assert str(error.value).startswith("input/a.ndjson: ")
     assert list(tmp_path.iterdir()) == []
+    assert checked_in_a_worker(expected_size)
 
 
-def test_a_last_line_cut_off_without_a_newline_is_a_truncation(tmp_path):
+@WHERE_CHECKED
+def test_a_last_line_cut_off_without_a_newline_is_a_truncation(tmp_path, expected_size):
     dest = tmp_path / "out.ndjson"
     with pytest.raises(TruncatedLineError, match="end in the middle of line 2"):
-        with AtomicNdjsonWriter(dest, None, MB) as writer:
+        with AtomicNdjsonWriter(dest, None, MB, expected_size=expected_size) as writer:
             writer.write(b'{"resourceType":"A"}\n{"resou')
     assert list(tmp_path.iterdir()) == []
+    assert checked_in_a_worker(expected_size)
+
+
+@WHERE_CHECKED
+def test_a_plain_file_is_counted_and_completed_alike_wherever_it_is_checked(tmp_path, expected_size):
+    dest = tmp_path / "out.ndjson"
+    with AtomicNdjsonWriter(dest, None, MB, expected_size=expected_size) as writer:
+        writer.write(b'{"resourceType":"A"}\n\n{"resourceType":"B"}\n{"resourceType":')
+        writer.write(b'"C"}')
+    assert writer.stats.resources == 3 and writer.stats.size == dest.stat().st_size
+    assert dest.read_bytes().endswith(b'{"resourceType":"C"}\n')
+    assert checked_in_a_worker(expected_size)
+
+
+def test_a_line_over_the_limit_found_in_a_worker_names_file_line_and_key(tmp_path):
+    dest = tmp_path / "out.ndjson"
+    with pytest.raises(LineTooLongError, match="max_ndjson_line_size_mb") as error:
+        with AtomicNdjsonWriter(dest, None, 32, source="input/a.ndjson", expected_size=LARGE) as writer:
+            writer.write(b'{"resourceType":"A"}\n' + b"x" * 40)
+    assert (error.value.path, error.value.line_number) == ("input/a.ndjson", 2)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_compressed_file_is_always_checked_while_writing(tmp_path):
+    with pytest.raises(NdjsonError, match="line 1 is not valid JSON"):
+        with AtomicNdjsonWriter(tmp_path / "out.ndjson.zst", "fastest", MB, expected_size=LARGE) as writer:
+            writer.write(b"not json\n")
+            raise AssertionError("the line is checked as it is written")
+    assert not processes.worker_pids()
 
 
 def test_blank_lines_and_crlf_line_ends_are_accepted(tmp_path):

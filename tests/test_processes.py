@@ -130,3 +130,33 @@ def test_a_call_that_saw_an_old_pool_break_leaves_the_current_pool_running():
     processes.shutdown_pool(only=object())  # a pool that is no longer the current one
 
     assert processes._pool is current and processes.run_in_process(abs, -4) == 4  # noqa: SLF001
+
+
+CHILD_SCRIPT = """
+import multiprocessing, os, sys
+from tasks import processes
+
+def use_the_pool():
+    sys.exit(0 if processes.run_in_process(os.getpid) != os.getpid() else 3)
+
+if __name__ == "__main__":
+    child = multiprocessing.get_context("fork").Process(target=use_the_pool)
+    child.start()
+    child.join()
+    print(child.exitcode, flush=True)
+"""
+
+
+def test_a_multiprocessing_child_that_used_the_pool_still_exits():
+    """The pool's workers are daemonic: a parent that is itself a multiprocessing child terminates them on exit
+    instead of waiting for workers that wait for work (this hung a benchmark)."""
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD_SCRIPT],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=plain_environment(),
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "0"

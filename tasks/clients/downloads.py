@@ -219,7 +219,9 @@ def _download_once(
         try:
             # The body as httpcore reads it off the socket: iter_bytes(size) would copy every byte once more
             # to re-cut the pieces, and the writer takes any chunking.
-            return _write_body(response.iter_bytes(), url, dest, level, max_line_bytes, on_bytes)
+            return _write_body(
+                response.iter_bytes(), url, dest, level, max_line_bytes, on_bytes, content_length(response)
+            )
         except httpx.ReadTimeout as exc:
             raise _stalled(url, stall_timeout) from exc
         except httpx.TransportError as exc:
@@ -250,6 +252,13 @@ def check_response(response: httpx.Response, url: str) -> None:
         raise DownloadError(f"{display_url(url)}: the server answered with an HTML page, not NDJSON; check the URL")
 
 
+def content_length(response: httpx.Response) -> int | None:
+    try:
+        return int(response.headers["Content-Length"])
+    except (KeyError, ValueError):
+        return None
+
+
 def _stalled(url: str, stall_timeout: timedelta) -> DownloadError:
     return DownloadError(
         f"{display_url(url)}: no data arrived for {stall_timeout.total_seconds():g} s, download cancelled "
@@ -264,9 +273,12 @@ def _write_body(
     level: CompressionLevel | None,
     max_line_bytes: int,
     on_bytes: Callable[[int], None] | None,
+    expected_size: int | None,
 ) -> FileStats:
     try:
-        with AtomicNdjsonWriter(dest, level, max_line_bytes, source=display_url(url)) as writer:
+        with AtomicNdjsonWriter(
+            dest, level, max_line_bytes, source=display_url(url), expected_size=expected_size
+        ) as writer:
             for chunk in checked_ndjson(
                 decompress_if_zstd(_counted(chunks, on_bytes), display_url(url)), url, max_line_bytes
             ):

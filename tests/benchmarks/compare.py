@@ -9,8 +9,9 @@ Conditions, Procedures, Encounters and Provenance shaped for the shared flatteni
 with random ids, LOINC codes, values and dates), in ``--files`` files. Nothing repeats line for line, so zstd
 cannot look faster than it is on real data.
 
-Each step runs its plain code (no Prefect), ``--runs`` times in a fresh child process (its peak RSS is its own);
-the best run is kept, and so for every anchor (the machine is shared: the best run is the least disturbed):
+Each step runs its plain code (no Prefect), ``--runs`` times in a fresh child process (its peak RSS: its own plus
+its worker processes'); the best run is kept, and so for every anchor (the machine is shared: the best run is the
+least disturbed):
 
 - import:     ``local_import``'s per-file copy (``iter_chunks`` into ``AtomicNdjsonWriter``, one file per core),
               plain and zstd ``default``, next to ``cp`` and ``zstd -5 -T1`` of the same files;
@@ -22,7 +23,10 @@ the best run is kept, and so for every anchor (the machine is shared: the best r
 - flattening: ``flatten_paths`` (embedded engine, the shared example's CRTDL and lookup) next to orjson parsing
               the same bytes alone;
 - start-up:   ``flows.run start`` of the embedded tiny job, with no server (cold) and with the local server
-              running (warm), and the peak RSS of the process tree (the flow process plus the server).
+              running (warm), and the peak RSS of the process tree (the flow process plus the server);
+- memory:     a ``--job-size`` MB job (local_import + flattening of these data, plain and zstd ``default``)
+              through ``flows.run start`` with the local server running: the peak RSS of the command's process
+              tree (the flow process and its worker processes, sampled), and the reused server's apart.
 
 The ratio column is ours / anchor for rates (higher is better) and anchor / ours for times.
 """
@@ -35,7 +39,6 @@ import json
 import os
 import platform
 import random
-import resource
 import shutil
 import subprocess
 import sys
@@ -87,6 +90,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement; the best is kept")
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--no-startup", action="store_true", help="skip the start-up rows (about a minute)")
+    parser.add_argument("--job-size", type=int, default=2048, help="MB of data for the memory job (default 2048)")
     parser.add_argument(
         "--only",
         type=sections,
@@ -119,7 +123,10 @@ def main() -> None:
         if "startup" in args.only and not args.no_startup:
             startup, tree = startup_rows(root, args.runs)
             rows += startup
+        memory = memory_lines(root, args.job_size, args.files, args.seed) if "memory" in args.only else []
     print_table(rows)
+    for line in memory:
+        print(line)
     if tree:
         flow_mb, server_mb = tree
         print(
@@ -128,7 +135,7 @@ def main() -> None:
         )
 
 
-SECTIONS = ("import", "download", "pseudonymization", "flattening", "startup")
+SECTIONS = ("import", "download", "pseudonymization", "flattening", "startup", "memory")
 
 
 def sections(text: str) -> tuple[str, ...]:
@@ -228,7 +235,8 @@ def best_seconds(work: Callable[[], object], runs: int, before: Callable[[], obj
 
 
 def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """This process's peak RSS plus its live children's (the worker processes a large plain file is checked in)."""
+    return tree_peak_mb(os.getpid())
 
 
 def run_command(command: list[str]) -> None:
@@ -286,7 +294,8 @@ def child_import(files: list[str], out: str, level: str | None, runs: int) -> di
     def copy(source: Path) -> None:
         # The body of tasks.local_import.import_file without its progress display and cancellation check.
         name = source.name + (".zst" if level else "")
-        with AtomicNdjsonWriter(folder / name, level, MAX_LINE_BYTES, source=str(source)) as writer:
+        size = source.stat().st_size
+        with AtomicNdjsonWriter(folder / name, level, MAX_LINE_BYTES, str(source), expected_size=size) as writer:
             for chunk in iter_chunks(source):
                 writer.write(chunk)
 
@@ -325,15 +334,11 @@ def download_rows(root: Path, files: list[Path], runs: int) -> list[Row]:
                 plain["peak_mb"],
             )
         ]
-        for level, processes in ((None, 1), ("default", 1), (None, 2), ("default", 2)):
-            result = in_child(
-                "download", urls=urls, out=str(root / "download"), level=level, runs=runs, processes=processes
-            )
-            threads = DOWNLOAD_CONCURRENCY // processes
-            where = f"{DOWNLOAD_CONCURRENCY} at a time" if processes == 1 else f"{processes} procs x {threads}"
+        for level in (None, "default"):
+            result = in_child("download", urls=urls, out=str(root / "download"), level=level, runs=runs)
             rows.append(
                 Row(
-                    f"download, {'plain' if level is None else 'zstd ' + level}, {where}",
+                    f"download, {'plain' if level is None else 'zstd ' + level}, {DOWNLOAD_CONCURRENCY} at a time",
                     "download_ndjson",
                     total / result["seconds"],
                     "curl --parallel",
@@ -389,31 +394,14 @@ def child_fetch(urls: list[str], out: str, runs: int, concurrency: int) -> dict:
     return {"seconds": seconds, "peak_mb": peak_rss_mb()}
 
 
-def child_download(urls: list[str], out: str, level: str | None, runs: int, processes: int = 1) -> dict:
-    """``download_ndjson`` over ``urls``, ``DOWNLOAD_CONCURRENCY`` at a time: in threads of this process, or
-    spread over ``processes`` worker processes (started before the timing) of as many threads each."""
-    from concurrent.futures import ProcessPoolExecutor, wait
-
+def child_download(urls: list[str], out: str, level: str | None, runs: int) -> dict:
+    """``download_ndjson`` over ``urls``, ``DOWNLOAD_CONCURRENCY`` at a time in threads, as the extractor step."""
     from tasks.extractor import DOWNLOAD_CONCURRENCY
 
     folder = Path(out)
-    if processes == 1:
-        seconds = best_seconds(lambda: download_group(urls, out, level, DOWNLOAD_CONCURRENCY), runs, fresh(folder))
-        shutil.rmtree(folder, ignore_errors=True)
-        return {"seconds": seconds, "peak_mb": peak_rss_mb()}
-    threads = max(1, DOWNLOAD_CONCURRENCY // processes)
-    with ProcessPoolExecutor(processes) as pool:
-        wait([pool.submit(peak_rss_mb) for _ in range(processes)])  # the workers start outside the timing
-
-        def download_all() -> None:
-            groups = [urls[number::processes] for number in range(processes)]
-            for future in [pool.submit(download_group, group, out, level, threads) for group in groups]:
-                future.result()
-
-        seconds = best_seconds(download_all, runs, fresh(folder))
-        peaks = [future.result() for future in [pool.submit(peak_rss_mb) for _ in range(processes)]]
+    seconds = best_seconds(lambda: download_group(urls, out, level, DOWNLOAD_CONCURRENCY), runs, fresh(folder))
     shutil.rmtree(folder, ignore_errors=True)
-    return {"seconds": seconds, "peak_mb": peak_rss_mb() + sum(peaks)}
+    return {"seconds": seconds, "peak_mb": peak_rss_mb()}
 
 
 def download_group(urls: list[str], out: str, level: str | None, threads: int) -> None:
@@ -605,6 +593,71 @@ def startup_rows(root: Path, runs: int) -> tuple[list[Row], tuple[float, float]]
     ], (flow_mb, server_mb)
 
 
+def memory_lines(root: Path, megabytes: int, files: int, seed: int) -> list[str]:
+    """A large job through the command line with the local server running: the command's process tree (flow
+    process plus worker processes, each pid's peak summed: an upper bound) and the server's peak, apart."""
+    from flows.prefect_server import ensure_server, server_status, stop_server
+    from tests.benchmarks.bench_startup import cli, clean_environment
+
+    data = write_dataset(root / "job-data", megabytes, files, seed + 1)
+    size = sum(p.stat().st_size for p in data) / MB
+    config = root / "memory-job.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "pipeline": {"enabled_steps": ["local_import", "flattening"]},
+                "services": {"flattening": {"lookup_path": str(LOOKUP)}},
+            }
+        )
+    )
+    home = root / "prefect-home"
+    env = clean_environment(home, root / "jobs")
+    os.environ.pop("PREFECT_API_URL", None)
+    lines = []
+    try:
+        ensure_server(home)
+        for compression in ("enabled=false", "level=default"):
+            command = cli(
+                "start",
+                str(config),
+                str(EXAMPLE / "example-crtdl.json"),
+                "--dir",
+                str(data[0].parent),
+                "--set",
+                f"compression.{compression}",
+                "--no-progress",
+            )
+            seconds, tree_mb, flow_mb = sampled_tree(command, env)
+            server_pid = (server_status(home) or {}).get("pid")
+            server_mb = tree_peak_mb(server_pid) if server_pid else 0.0
+            lines.append(
+                f"memory, {size:,.0f} MB job (local_import + flattening, compression.{compression}, {seconds:.0f} s): "
+                f"command tree {tree_mb:,.0f} MB (flow process {flow_mb:,.0f} MB); reused server {server_mb:,.0f} MB"
+            )
+            shutil.rmtree(root / "jobs", ignore_errors=True)
+    finally:
+        stop_server(home)
+    shutil.rmtree(root / "job-data", ignore_errors=True)
+    return lines
+
+
+def sampled_tree(command: list[str], env: dict[str, str]) -> tuple[float, float, float]:
+    """Seconds, the sum of every tree member's peak RSS (sampled every 0.1 s; the flow's own from wait4) and the
+    flow process's peak, in MB."""
+    started = time.perf_counter()
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peaks: dict[int, float] = {}
+    while process.poll() is None:
+        for pid in descendants(process.pid):
+            peaks[pid] = max(peaks.get(pid, 0.0), vm_hwm_mb(pid))
+        time.sleep(0.1)
+    seconds = time.perf_counter() - started
+    if process.returncode != 0:
+        raise SystemExit(f"{' '.join(command[1:])} failed ({process.returncode}): {process.stderr.read()[-3000:]}")
+    flow_mb = max(peaks.pop(process.pid, 0.0), vm_hwm_mb(process.pid))
+    return seconds, flow_mb + sum(peaks.values()), flow_mb
+
+
 def timed_tree(command: list[str], env: dict[str, str]) -> tuple[float, float]:
     """Wall-clock seconds and the command's own peak RSS in MB (os.wait4: this child's rusage alone)."""
     started = time.perf_counter()
@@ -618,7 +671,12 @@ def timed_tree(command: list[str], env: dict[str, str]) -> tuple[float, float]:
 
 
 def tree_peak_mb(pid: int) -> float:
-    """The peak RSS (VmHWM) of ``pid`` and its descendants, from /proc."""
+    """The peak RSS (VmHWM) of ``pid`` and its live descendants, from /proc."""
+    return sum(vm_hwm_mb(member) for member in descendants(pid))
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every live process under it."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -627,17 +685,22 @@ def tree_peak_mb(pid: int) -> float:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(parent, []).append(int(entry.name))
-    total, todo = 0.0, [pid]
+    found, todo = [], [pid]
     while todo:
         current = todo.pop()
+        found.append(current)
         todo += children.get(current, [])
-        try:
-            for line in Path(f"/proc/{current}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    total += int(line.split()[1]) / 1024
-        except OSError:
-            continue
-    return total
+    return found
+
+
+def vm_hwm_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
 
 
 # --- table ---------------------------------------------------------------------------------------------------
