@@ -35,6 +35,7 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 UTF8_BOM = b"\xef\xbb\xbf"
 PARSER_KEPT_BYTES = 1 << 20  # a line checker keeps simdjson's buffers for lines up to this size, not larger
 CHUNK_SIZE = 1 << 20
+ZSTD_INPUT_PIECE = 64 << 10  # compressed bytes per decompression call: about 1 MiB out at FHIR's 15:1
 # A plain file of at least this size is checked in a worker process once written, not line by line in the writing
 # thread: the check holds the GIL, and there it took half a download's speed. Below it the pool's start costs more.
 CHECK_IN_PROCESS_MIN_BYTES = 16 << 20
@@ -155,7 +156,7 @@ def decompress_if_zstd(chunks: Iterator[bytes], source: str) -> Iterator[bytes]:
     context = zstandard.ZstdDecompressor()
     frame, frame_has_input = context.decompressobj(), False
     try:
-        for data in itertools.chain([head], chunks):
+        for data in _zstd_pieces(itertools.chain([head], chunks)):
             while data:
                 frame_has_input = True
                 if out := frame.decompress(data):
@@ -168,6 +169,15 @@ def decompress_if_zstd(chunks: Iterator[bytes], source: str) -> Iterator[bytes]:
         raise NdjsonError(f"{source}: not readable as zstd ({exc}); the data are damaged") from exc
     if frame_has_input:
         raise NdjsonError(f"{source}: not readable as zstd (the data end in the middle of a frame); they are truncated")
+
+
+def _zstd_pieces(chunks: Iterator[bytes]) -> Iterator[memoryview]:
+    """Compressed chunks cut into ``ZSTD_INPUT_PIECE`` views: each decompresses to a bounded output (a whole
+    1 MiB of FHIR NDJSON at 15:1 came out as one 16 MB piece, in every process reading it)."""
+    for chunk in chunks:
+        with memoryview(chunk) as view:
+            for start in range(0, len(view), ZSTD_INPUT_PIECE):
+                yield view[start : start + ZSTD_INPUT_PIECE]
 
 
 def iter_lines(path: Path, max_line_bytes: int) -> Iterator[tuple[int, bytes]]:
