@@ -6,12 +6,13 @@ rules: zstd is recognised by its magic bytes (not by the file name), a line long
 whatever the file size, and a file is only ever visible under its final name once it is complete
 (written to ``.<name>.part`` and renamed).
 
-Content is checked while it streams: every non-blank line must be a JSON object with a ``resourceType`` (a
-binary file or a stray text line never travels to the next step), and a last line without a newline must be
-complete (a truncated file is never taken for a finished one). The check validates with simdjson (no Python
-objects are built) and hands every line simdjson does not prove a resource to orjson, so it accepts exactly what
-``parse_resource`` accepts and reports errors in its words. File names are checked too: no control or
-bidirectional-override characters, and short enough for the file system.
+Content is checked while it streams (a large plain file: by a worker process once written, before its rename):
+every non-blank line must be a JSON object with a ``resourceType`` (a binary file or a stray text line never
+travels to the next step), and a last line without a newline must be complete (a truncated file is never taken
+for a finished one). The check validates with simdjson (no Python objects are built) and hands every line
+simdjson does not prove a resource to orjson, so it accepts exactly what ``parse_resource`` accepts and reports
+errors in its words. File names are checked too: no control or bidirectional-override characters, and short
+enough for the file system.
 """
 
 from __future__ import annotations

@@ -28,7 +28,9 @@ WHERE_CHECKED = pytest.mark.parametrize("expected_size", [None, LARGE], ids=["wh
 
 
 @pytest.fixture(autouse=True)
-def no_pool_left():
+def no_pool_running():
+    """No worker process before (one left by an earlier test would hide where a file was checked) nor after."""
+    processes.shutdown_pool()
     yield
     processes.shutdown_pool()
 

@@ -130,8 +130,8 @@ def main() -> None:
     if tree:
         flow_mb, server_mb = tree
         print(
-            f"process tree peak RSS, tiny job with the server running: flow process {flow_mb:,.0f} MB + "
-            f"Prefect server {server_mb:,.0f} MB = {flow_mb + server_mb:,.0f} MB"
+            f"peak RSS, tiny job with the server running: flow process {flow_mb:,.0f} MB; the reused server (a "
+            f"long-lived process of its own, not in the command's tree) {server_mb:,.0f} MB"
         )
 
 
@@ -431,14 +431,16 @@ def download_group(urls: list[str], out: str, level: str | None, threads: int) -
 
 def pseudonymization_rows(root: Path, source: Path, runs: int) -> list[Row]:
     from config.settings import PseudonymizerSettings
-    from tests.benchmarks.bench_pseudonymizer import fake_in_own_process
+    from tests.benchmarks.fakes import fake_in_own_process
 
     concurrency = PseudonymizerSettings().max_concurrent_requests
     subset = root / "pseudonymize.ndjson"
     with source.open("rb") as lines, subset.open("wb") as out:
         for _, line in zip(range(PSEUDONYMIZED_BUNDLES), lines, strict=False):
             out.write(line)
-    with fake_in_own_process(LATENCY_SECONDS) as base_url:
+    with fake_in_own_process(
+        "tests.fakes.pseudonymizer:start_pseudonymizer", latency_seconds=LATENCY_SECONDS
+    ) as base_url:
         result = in_child(
             "pseudonymize",
             base_url=base_url,
@@ -708,11 +710,11 @@ def vm_hwm_mb(pid: int) -> float:
 
 def print_table(rows: list[Row]) -> None:
     print()
-    print(f"{'step':<36} {'ours':<19} {'':>9} {'anchor':<28} {'':>9} {'unit':<6} {'ratio':>6} {'peak RSS':>9}")
+    print(f"{'step':<36} {'ours':<26} {'':>9} {'anchor':<28} {'':>9} {'unit':<6} {'ratio':>6} {'peak RSS':>9}")
     for row in rows:
         peak = f"{row.peak_mb:,.0f} MB" if row.peak_mb is not None else ""
         print(
-            f"{row.step:<36} {row.ours:<19} {figure(row.ours_rate):>9} {row.anchor:<28} {figure(row.anchor_rate):>9} "
+            f"{row.step:<36} {row.ours:<26} {figure(row.ours_rate):>9} {row.anchor:<28} {figure(row.anchor_rate):>9} "
             f"{row.unit:<6} {row.ratio:>5.2f}x {peak:>9}"
         )
 
