@@ -2,7 +2,8 @@
 
 Every fake in this package is a plain ``http.server`` handler so that tests see real sockets: real
 resets, real stalls, real chunked bodies. ``LoopbackServer`` starts it on a free port and stops it
-cleanly; ``serve_forever_cli`` lets a fake run alone (``python -m tests.fakes.<name> --port N``).
+cleanly; ``serve_forever_cli`` lets a fake run alone (``python -m tests.fakes.<name> --port N``, and
+``--latency SECONDS`` for the pseudonymizer and the validator).
 """
 
 from __future__ import annotations
@@ -99,9 +100,16 @@ class LoopbackServer:
 
 
 def serve_forever_cli(handler: type[BaseHTTPRequestHandler], state: Any, description: str) -> None:
+    """``--port N``, and ``--latency SECONDS`` for a fake whose state has ``latency_seconds``."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--port", type=int, default=8080)
+    if hasattr(state, "latency_seconds"):
+        parser.add_argument(
+            "--latency", type=float, default=state.latency_seconds, metavar="SECONDS", help="wait before each answer"
+        )
     args = parser.parse_args()
+    if hasattr(state, "latency_seconds"):
+        state.latency_seconds = args.latency
     server = LoopbackServer(handler, state, port=args.port)
     print(f"{description} listening on {server.base_url}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
