@@ -70,7 +70,6 @@ COPY_CHUNK = 1 << 20
 # Worker processes start in about a second (a fork server importing the engine, then one fork per core); below
 # this much input that costs more than it saves, so the files are flattened in the calling process.
 PROCESS_MIN_BYTES = 16 * MB
-WORKER_MODULES = ("tasks.sof.flatten",)
 
 __all__ = ["FlatteningError", "flatten_paths", "flattening", "parse_line", "plan_views", "reference_key"]
 
@@ -118,7 +117,7 @@ def flatten_input_file(step: StepInput, name: str, by_provenance: bool, plan_dig
     max_line = settings.pipeline.max_ndjson_line_size_bytes
     plan = file_plan(step.input_dir / name, step.output_dir / PARTS_FOLDER, views, skipped, by_provenance, max_line)
     if use_processes(sum(f.size for f in step.files), len(step.files)):
-        return run_in_process(flatten_file, plan, preload=WORKER_MODULES)
+        return run_in_process(flatten_file, plan)
     return flatten_file(plan)
 
 
@@ -309,7 +308,7 @@ def flatten_paths(
     try:
         if processes > 1:
             calls: list[Callable[[], FileParts]] = [
-                lambda plan=plan: run_in_process(flatten_file, plan, preload=WORKER_MODULES) for plan in plans
+                lambda plan=plan: run_in_process(flatten_file, plan) for plan in plans
             ]
             results = results_or_raise(run_bounded(calls, processes))
         else:

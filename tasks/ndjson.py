@@ -21,6 +21,7 @@ import itertools
 import os
 import unicodedata
 from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
@@ -134,8 +135,13 @@ def is_zstd(path: Path) -> bool:
 
 def iter_chunks(path: Path) -> Iterator[bytes]:
     """The decompressed content of a data file, in chunks; zstd is detected by its magic bytes."""
+    yield from decompress_if_zstd(raw_chunks(path), str(path))
+
+
+def raw_chunks(path: Path | str) -> Iterator[bytes]:
+    """The bytes of a file as they are on disk, in chunks."""
     with open(path, "rb") as raw:
-        yield from decompress_if_zstd(iter(lambda: raw.read(CHUNK_SIZE), b""), str(path))
+        yield from iter(lambda: raw.read(CHUNK_SIZE), b"")
 
 
 def decompress_if_zstd(chunks: Iterator[bytes], source: str) -> Iterator[bytes]:
@@ -173,8 +179,9 @@ def decompress_if_zstd(chunks: Iterator[bytes], source: str) -> Iterator[bytes]:
 
 
 def _zstd_pieces(chunks: Iterator[bytes]) -> Iterator[memoryview]:
-    """Compressed chunks cut into ``ZSTD_INPUT_PIECE`` views: each decompresses to a bounded output (a whole
-    1 MiB of FHIR NDJSON at 15:1 came out as one 16 MB piece, in every process reading it)."""
+    """Compressed chunks cut into ``ZSTD_INPUT_PIECE`` views, so that each decompresses to about a megabyte of
+    FHIR NDJSON (a whole 1 MiB at 15:1 came out as one 16 MB piece, in every process reading it). The bound
+    follows the ratio: data made to compress thousands to one still come out in large pieces."""
     for chunk in chunks:
         with memoryview(chunk) as view:
             for start in range(0, len(view), ZSTD_INPUT_PIECE):
@@ -324,9 +331,10 @@ class AtomicNdjsonWriter:
     taken for a finished one. ``stats`` is set after a successful close. ``source`` names the data's
     origin (input file, URL) in errors about its lines; it defaults to ``dest``.
 
-    ``expected_size`` (the source's size or Content-Length, when known) lets a large plain file be checked in a
-    worker process after the last write, before the rename (``check_plain_file``), so that the writing thread
-    only moves bytes; the verdict and messages are the same, only a bad line is reported at the end.
+    ``expected_size`` (the source's size or Content-Length, when known; for a compressed source its compressed
+    size) lets a large plain file be checked in a worker process after the last write, before the rename
+    (``check_plain_file``), so that the writing thread only moves bytes. The verdict and messages are the same;
+    a bad line is reported once the whole file is written (a download broken after it: as the broken download).
     """
 
     def __init__(
@@ -342,8 +350,8 @@ class AtomicNdjsonWriter:
         self._level = level
         self._source = source or str(dest)
         self._max_line_bytes = max_line_bytes
-        self._checker = LineChecker(self._source, max_line_bytes)
-        self._check_later = level is None and (expected_size or 0) >= CHECK_IN_PROCESS_MIN_BYTES and processes_allowed()
+        check_later = level is None and (expected_size or 0) >= CHECK_IN_PROCESS_MIN_BYTES and processes_allowed()
+        self._checker = None if check_later else LineChecker(self._source, max_line_bytes)  # None: in a worker
         self._ends_with_newline = True
         self.stats: FileStats | None = None
 
@@ -361,7 +369,7 @@ class AtomicNdjsonWriter:
         """Append raw NDJSON bytes (any chunking; lines may span calls)."""
         if not chunk:
             return
-        if not self._check_later:
+        if self._checker is not None:
             self._checker.feed(chunk)
         self._out.write(chunk)
         self._ends_with_newline = chunk.endswith(b"\n")
@@ -389,11 +397,15 @@ class AtomicNdjsonWriter:
         self.stats = FileStats(size=self.dest.stat().st_size, resources=resources)
 
     def _checked_resources(self) -> int:
-        if not self._check_later:
+        if self._checker is not None:
             self._checker.finish()
             return self._checker.resources
         self._raw.flush()
-        return run_in_process(check_plain_file, str(self.part), self._source, self._max_line_bytes, preload=(__name__,))
+        part = os.fspath(self.part.absolute())  # a worker keeps the directory it started in
+        try:
+            return run_in_process(check_plain_file, part, self._source, self._max_line_bytes)
+        except BrokenProcessPool:  # a worker died under the check (the OOM killer, a kill): check it here
+            return check_plain_file(part, self._source, self._max_line_bytes)
 
     def _discard(self) -> None:
         try:
@@ -418,8 +430,7 @@ def count_resources(path: Path, max_line_bytes: int) -> int:
 def check_plain_file(path: str, source: str, max_line_bytes: int) -> int:
     """The resources of ``path`` read as it is (never decompressed: the writer wrote these very bytes), each line
     checked as ``AtomicNdjsonWriter`` checks it; errors name ``source``. Runs in a worker process."""
-    with open(path, "rb") as raw:
-        return _checked_count(iter(lambda: raw.read(CHUNK_SIZE), b""), source, max_line_bytes)
+    return _checked_count(raw_chunks(path), source, max_line_bytes)
 
 
 def _checked_count(chunks: Iterator[bytes], source: str, max_line_bytes: int) -> int:

@@ -2,8 +2,9 @@
 
 Threads do not help there (the GIL), so ``run_in_process(function, *args)`` runs a plain, picklable function in
 one of at most ``pool_size()`` worker processes and blocks the calling thread until it is done. The pool is created
-on first use (a job that never needs it pays nothing) from a fork server that has imported only the modules named
-in ``preload`` (plain ones: no Prefect), so a worker starts with a fork, not a fresh interpreter, and stays lean.
+on first use (a job that never needs it pays nothing) from a fork server that has imported only ``WORKER_MODULES``
+(plain ones: no Prefect), so a worker starts with a fork, not a fresh interpreter, and stays lean. A pool that a
+dead worker broke while idle is replaced on the next call.
 
 Shutdown: a cancelled call (``tasks.fanout.raise_if_cancelled``), an interrupt in the waiting thread, or the
 interpreter exiting terminates every worker; a worker whose parent dies (kill -9) exits by itself.
@@ -32,6 +33,9 @@ from tasks.fanout import raise_if_cancelled
 R = TypeVar("R")
 
 MAX_PROCESSES = 8
+# What the workers run, imported once in the fork server. One list for every caller: a process has one fork server,
+# and it takes its preload list only when it first starts.
+WORKER_MODULES = ("tasks.ndjson", "tasks.sof.flatten")
 POLL_SECONDS = 0.2
 
 _lock = threading.Lock()
@@ -50,14 +54,13 @@ def processes_allowed() -> bool:
     return pool_size() > 1 and not multiprocessing.current_process().daemon
 
 
-def run_in_process(function: Callable[..., R], *args: Any, preload: tuple[str, ...] = ()) -> R:
+def run_in_process(function: Callable[..., R], *args: Any) -> R:
     """``function(*args)`` in a worker process; its result, or the exception it raised.
 
     The calling thread waits in short slices, so a cancelled fan-out (``raise_if_cancelled``) or an interrupt
     stops the wait at once: the pool is then terminated (a running worker cannot be stopped any other way).
-    ``preload`` names the modules ``function`` needs, imported once in the fork server when the pool starts.
     """
-    pool, future = _submit(function, args, preload)
+    pool, future = _submit(function, args)
     try:
         while True:
             try:
@@ -101,16 +104,26 @@ def worker_pids() -> list[int]:
     return [process.pid for process in processes if process.pid is not None and process.is_alive()]
 
 
-def _submit(function: Callable[..., R], args: tuple, preload: tuple[str, ...]) -> tuple[ProcessPoolExecutor, Future[R]]:
+def _submit(function: Callable[..., R], args: tuple) -> tuple[ProcessPoolExecutor, Future[R]]:
+    pool = _current_pool()
+    try:
+        return pool, pool.submit(function, *args)
+    except BrokenProcessPool:  # a worker died while the pool was idle (the OOM killer, a kill): a new pool
+        shutdown_pool(only=pool)
+        pool = _current_pool()
+        return pool, pool.submit(function, *args)
+
+
+def _current_pool() -> ProcessPoolExecutor:
     global _pool
     with _lock:
         if _pool is None:
             context = _LeanForkServerContext()
-            context.set_forkserver_preload([__name__, *preload])
+            context.set_forkserver_preload([__name__, *WORKER_MODULES])
             _pool = ProcessPoolExecutor(
                 pool_size(), mp_context=context, initializer=_exit_with_parent, initargs=(os.getpid(),)
             )
-        return _pool, _pool.submit(function, *args)
+        return _pool
 
 
 atexit.register(shutdown_pool)

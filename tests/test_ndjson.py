@@ -1,4 +1,10 @@
+import contextlib
+import os
 import random
+import signal
+import threading
+import time
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pytest
@@ -24,7 +30,10 @@ from tasks.ndjson import (
 MB = 1024 * 1024
 # The writer checks a plain file this large in a worker process after the last write, not in the writing thread.
 LARGE = CHECK_IN_PROCESS_MIN_BYTES
-WHERE_CHECKED = pytest.mark.parametrize("expected_size", [None, LARGE], ids=["while-writing", "in-a-worker"])
+NEEDS_WORKERS = pytest.mark.skipif(not processes.processes_allowed(), reason="one core: no worker processes")
+WHERE_CHECKED = pytest.mark.parametrize(
+    "expected_size", [None, pytest.param(LARGE, marks=NEEDS_WORKERS)], ids=["while-writing", "in-a-worker"]
+)
 
 
 @pytest.fixture(autouse=True)
@@ -176,6 +185,7 @@ def test_a_plain_file_is_counted_and_completed_alike_wherever_it_is_checked(tmp_
     assert checked_in_a_worker(expected_size)
 
 
+@NEEDS_WORKERS
 def test_a_line_over_the_limit_found_in_a_worker_names_file_line_and_key(tmp_path):
     dest = tmp_path / "out.ndjson"
     with pytest.raises(LineTooLongError, match="max_ndjson_line_size_mb") as error:
@@ -239,3 +249,45 @@ def test_a_compressed_file_is_read_in_pieces_of_bounded_size(tmp_path):
     pieces = list(iter_chunks(path))
     assert b"".join(pieces) == plain
     assert max(map(len, pieces)) <= 2 * MB
+
+
+@NEEDS_WORKERS
+def test_a_worker_dying_under_the_check_leaves_the_check_to_the_writing_thread(tmp_path):
+    busy = processes.pool_size()
+    for _ in range(busy):  # every worker busy, so the file's check waits in the pool's queue behind them
+        threading.Thread(target=sleep_in_a_worker, daemon=True).start()
+    wait_for_calls_in_the_pool(busy)
+    killed: list[int] = []
+    killer = threading.Thread(target=kill_a_worker_once_queued, args=(busy + 1, killed), daemon=True)
+    killer.start()
+    dest = tmp_path / "out.ndjson"
+    with AtomicNdjsonWriter(dest, None, MB, expected_size=LARGE) as writer:
+        writer.write(b'{"resourceType":"A"}\n{"resourceType":"B"}\n')
+    killer.join(DEADLINE_SECONDS)
+    assert killed, "the worker was killed while the check waited"
+    assert writer.stats.resources == 2 and dest.read_bytes().count(b"\n") == 2
+
+
+DEADLINE_SECONDS = 60
+
+
+def sleep_in_a_worker() -> None:
+    with contextlib.suppress(BrokenProcessPool):
+        processes.run_in_process(time.sleep, 600)
+
+
+def wait_for_calls_in_the_pool(calls: int) -> None:
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while not (pool := processes._pool) or len(pool._pending_work_items) < calls:  # noqa: SLF001
+        assert time.monotonic() < deadline, f"{calls} calls never reached the pool"
+        time.sleep(0.02)
+
+
+def kill_a_worker_once_queued(calls: int, killed: list[int]) -> None:
+    wait_for_calls_in_the_pool(calls)
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while not (pids := processes.worker_pids()):
+        assert time.monotonic() < deadline, "no worker started"
+        time.sleep(0.02)
+    os.kill(pids[0], signal.SIGKILL)
+    killed.append(pids[0])

@@ -160,3 +160,14 @@ def test_a_multiprocessing_child_that_used_the_pool_still_exits():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "0"
+
+
+def test_a_pool_broken_while_idle_is_replaced_on_the_next_call():
+    assert processes.run_in_process(abs, -1) == 1
+    pool = processes._pool  # noqa: SLF001 - the pool object whose brokenness is observed
+    for pid in processes.worker_pids():
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: pool._broken, "the pool noticed its dead worker")  # noqa: SLF001
+
+    assert processes.run_in_process(abs, -2) == 2
+    assert processes._pool is not pool  # noqa: SLF001

@@ -32,7 +32,7 @@ def write_source(path: Path, megabytes: int) -> None:
 def import_once(source: str, level: str) -> None:
     """Child process: one import, then report seconds and peak RSS (its own plus its worker processes')."""
     from tasks.local_import import import_file
-    from tests.benchmarks.compare import tree_peak_mb
+    from tests.benchmarks.memory import tree_peak_mb
     from tests.steps import step_input
 
     overrides = {"compression.enabled": "false"} if level == "off" else {"compression.level": level}

@@ -41,6 +41,7 @@ from pathlib import Path
 import httpx
 
 from flows.prefect_server import ensure_server, server_status, stop_server
+from tests.benchmarks.memory import tree_peak_mb
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROJECT_PACKAGES = ("config", "flows", "tasks")
@@ -134,26 +135,6 @@ def report_memory(home: Path, flow_mb: float) -> None:
         f"= {flow_mb + server_mb:.0f} MB",
         flush=True,
     )
-
-
-def tree_peak_mb(pid: int) -> float:
-    """The peak RSS (VmHWM) of ``pid`` and its children, from /proc."""
-    total = 0.0
-    for member in [pid, *children_of(pid)]:
-        try:
-            for line in Path(f"/proc/{member}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    total += int(line.split()[1]) / 1024
-        except OSError:
-            continue
-    return total
-
-
-def children_of(pid: int) -> list[int]:
-    try:
-        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
 
 
 def run_counts(api_url: str) -> tuple[int, int]:

@@ -55,6 +55,7 @@ import orjson
 import zstandard
 
 from tests.benchmarks.bench_flattening import EXAMPLE, LOOKUP
+from tests.benchmarks.memory import descendants, tree_peak_mb, vm_hwm_mb
 from tests.benchmarks.bench_flattening import patient_bundle as flattening_bundle
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -526,7 +527,7 @@ def flattening_rows(root: Path, files: list[Path], runs: int) -> list[Row]:
             "orjson parse alone",
             anchor,
             "MB/s",
-            result["peak_mb"],
+            result["parallel_peak_mb"],
         ),
     ]
 
@@ -550,8 +551,12 @@ def child_flatten(sources: list[str], out: str, runs: int) -> dict:
         lambda: flatten_paths(paths, folder, views, skipped, max_line_bytes=MAX_LINE_BYTES), runs, fresh(folder)
     )
 
+    peak_mb = peak_rss_mb()
+    parallel_peaks = []
+
     def in_processes() -> None:  # the pool's start-up included, as a step pays it
         flatten_paths(paths, folder, views, skipped, max_line_bytes=MAX_LINE_BYTES, processes=pool_size())
+        parallel_peaks.append(peak_rss_mb())  # the workers', before they stop
         shutdown_pool()
 
     parallel_seconds = best_seconds(in_processes, runs, fresh(folder))
@@ -560,7 +565,8 @@ def child_flatten(sources: list[str], out: str, runs: int) -> dict:
         "parallel_seconds": parallel_seconds,
         "processes": pool_size(),
         "parse_seconds": parse_seconds,
-        "peak_mb": peak_rss_mb(),
+        "peak_mb": peak_mb,
+        "parallel_peak_mb": max(parallel_peaks),
     }
 
 
@@ -644,19 +650,24 @@ def memory_lines(root: Path, megabytes: int, files: int, seed: int) -> list[str]
 
 
 def sampled_tree(command: list[str], env: dict[str, str]) -> tuple[float, float, float]:
-    """Seconds, the sum of every tree member's peak RSS (sampled every 0.1 s; the flow's own from wait4) and the
+    """Seconds, the sum of every tree member's peak RSS (sampled every 0.1 s, the flow's own from wait4) and the
     flow process's peak, in MB."""
-    started = time.perf_counter()
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    peaks: dict[int, float] = {}
-    while process.poll() is None:
-        for pid in descendants(process.pid):
-            peaks[pid] = max(peaks.get(pid, 0.0), vm_hwm_mb(pid))
-        time.sleep(0.1)
-    seconds = time.perf_counter() - started
-    if process.returncode != 0:
-        raise SystemExit(f"{' '.join(command[1:])} failed ({process.returncode}): {process.stderr.read()[-3000:]}")
-    flow_mb = max(peaks.pop(process.pid, 0.0), vm_hwm_mb(process.pid))
+    with tempfile.TemporaryFile() as output:
+        started = time.perf_counter()
+        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=output)
+        peaks: dict[int, float] = {}
+        while (ended := os.wait4(process.pid, os.WNOHANG))[0] == 0:
+            for pid in descendants(process.pid):
+                peaks[pid] = max(peaks.get(pid, 0.0), vm_hwm_mb(pid))
+            time.sleep(0.1)
+        seconds = time.perf_counter() - started
+        _, status, usage = ended
+        process.returncode = os.waitstatus_to_exitcode(status)
+        if process.returncode != 0:
+            output.seek(0)
+            raise SystemExit(f"{' '.join(command[1:])} failed ({process.returncode}): {output.read()[-3000:]!r}")
+    peaks.pop(process.pid, None)
+    flow_mb = usage.ru_maxrss / 1024
     return seconds, flow_mb + sum(peaks.values()), flow_mb
 
 
@@ -670,39 +681,6 @@ def timed_tree(command: list[str], env: dict[str, str]) -> tuple[float, float]:
     if process.returncode != 0:
         raise SystemExit(f"{' '.join(command[1:])} failed ({process.returncode}): {process.stderr.read()[-3000:]}")
     return seconds, usage.ru_maxrss / 1024
-
-
-def tree_peak_mb(pid: int) -> float:
-    """The peak RSS (VmHWM) of ``pid`` and its live descendants, from /proc."""
-    return sum(vm_hwm_mb(member) for member in descendants(pid))
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every live process under it."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        todo += children.get(current, [])
-    return found
-
-
-def vm_hwm_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 # --- table ---------------------------------------------------------------------------------------------------

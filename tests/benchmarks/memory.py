@@ -1,0 +1,39 @@
+"""Peak memory of a process and the processes under it, from /proc (Linux), without importing the project."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def tree_peak_mb(pid: int) -> float:
+    """The peak RSS (VmHWM) of ``pid`` and its live descendants, summed (pages they share count more than once)."""
+    return sum(vm_hwm_mb(member) for member in descendants(pid))
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every live process under it."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo += children.get(current, [])
+    return found
+
+
+def vm_hwm_mb(pid: int) -> float:
+    """The peak RSS of ``pid`` so far in MB; 0 for a process that is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
