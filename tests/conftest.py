@@ -116,3 +116,11 @@ def pseudonymizer_fake(running_pseudonymizer):
     """The module's pseudonymizer fake, with every switch and record reset."""
     running_pseudonymizer.state.reset()
     return running_pseudonymizer
+
+
+@pytest.fixture
+def unused_tcp_port() -> int:
+    """A free port on 127.0.0.1, for a fake started as its own process."""
+    from flows.prefect_server import free_port
+
+    return free_port()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,16 +21,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flows.prefect_server import free_port
+
 SEKMET_VERSION = "0.1.1"
 STARTUP_SECONDS = 180.0  # the first start installs the package into uv's cache
 USERNAME = "dupflow"
 PASSWORD = "sekmet-password-42"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class SekmetServer:

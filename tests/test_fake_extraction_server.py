@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -716,10 +715,3 @@ def test_runs_alone_from_the_command_line(client, unused_tcp_port):
     finally:
         process.terminate()
         process.wait(timeout=5)
-
-
-@pytest.fixture
-def unused_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

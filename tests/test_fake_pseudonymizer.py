@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -237,23 +236,18 @@ def test_failure_switches_fail_then_recover(pseudonymizer_fake: LoopbackServer) 
     assert [request.status for request in pseudonymizer_fake.state.requests] == [0, 503, 200]
 
 
-def test_runs_alone_from_the_command_line_with_a_latency(unused_port: int) -> None:
-    command = [sys.executable, "-m", "tests.fakes.pseudonymizer", "--port", str(unused_port), "--latency", "0.3"]
+def test_runs_alone_from_the_command_line_with_a_latency(unused_tcp_port: int) -> None:
+    command = [sys.executable, "-m", "tests.fakes.pseudonymizer", "--port", str(unused_tcp_port), "--latency", "0.3"]
     process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
     try:
         assert "listening" in process.stdout.readline()
         started = time.monotonic()
         answer = httpx.post(
-            f"http://127.0.0.1:{unused_port}/fhir/$de-identify", content=json.dumps(patient_bundle()), headers=FHIR_JSON
+            f"http://127.0.0.1:{unused_tcp_port}/fhir/$de-identify",
+            content=json.dumps(patient_bundle()),
+            headers=FHIR_JSON,
         )
         assert answer.status_code == 200 and time.monotonic() - started >= 0.3
     finally:
         process.terminate()
         process.wait(timeout=10)
-
-
-@pytest.fixture
-def unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
