@@ -9,7 +9,9 @@ directory, so running the flow again for the same job resumes it.
 
 The job's state is the flow run's state; the state hooks below copy it into ``job.json`` for ``status`` and
 ``list`` without a server. A job that reaches a ``wait`` step ends its run as ``AwaitingInspection`` (a Paused
-state, never a green Completed) in a local run, and is suspended with an input form in a deployment run.
+state, never a green Completed) in a local run, and is suspended with an input form in a deployment run. Only a
+resume that confirms the inspection opens the gate: one without (the form's toggle is off until a person turns it
+on) suspends the run again, with a log line and the inspection artifact saying why.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from tasks.pseudonymizer import pseudonymizer
 from tasks.record import read_facts, record_facts, write_step_manifest
 from tasks.send import send
 from tasks.validation import validation
-from tasks.wait import release, wait
+from tasks.wait import refuse_unconfirmed_resume, release, wait
 
 SUSPEND_TIMEOUT_SECONDS = 7 * 24 * 3600
 
@@ -68,7 +70,10 @@ STEPS: dict[str, StepSpec] = {
 class InspectionInput(RunInput):
     """The form a person fills in to resume a job suspended for inspection."""
 
-    confirmed: bool = Field(description="I have inspected the data (and put any corrected files in the _wait folder)")
+    confirmed: bool = Field(
+        description="Turn on to confirm: I have inspected the data (and put any corrected files in the _wait folder). "
+        "Submitted off, the job stays suspended.",
+    )
     note: str = Field(default="", description="A note for the job record: what was checked or changed")
 
 
@@ -268,7 +273,7 @@ def run_gate(job: Job, step: StepInput, done: list[StepResult]) -> StepResult:
     if not result.awaiting or not in_deployment:
         return result
     publish_job_record(job, [*done, result])  # the record shows the gate awaiting while the run is suspended
-    inspection = suspend_for_inspection(job, step.position)
+    inspection = confirmed_inspection(job, step, hint)
     record_facts(
         job.paths.job_dir,
         **{f"inspection_{step.position:02d}": {"confirmed": inspection.confirmed, "note": inspection.note}},
@@ -277,12 +282,31 @@ def run_gate(job: Job, step: StepInput, done: list[StepResult]) -> StepResult:
     return wait(step, hint)
 
 
-def suspend_for_inspection(job: Job, position: int) -> InspectionInput:
-    """Suspend the deployment run (its process ends); a resume re-runs the flow, and this returns the form's input."""
+def confirmed_inspection(job: Job, step: StepInput, hint: str) -> InspectionInput:
+    """The form of the resume that confirmed the inspection. A resume without confirmation is counted in the job's
+    facts and suspends the run again under a new key (a key already resumed returns its input at once, which is
+    how a resumed run, started again from the top, gets past the suspends before it)."""
+    unconfirmed = read_facts(job.paths.job_dir).get(unconfirmed_resumes_fact(step.position), 0)
+    while not (inspection := suspend_for_inspection(job, step.position, unconfirmed)).confirmed:
+        unconfirmed += 1
+        record_facts(job.paths.job_dir, **{unconfirmed_resumes_fact(step.position): unconfirmed})
+        refuse_unconfirmed_resume(step, hint, inspection.note)
+    return inspection
+
+
+def unconfirmed_resumes_fact(position: int) -> str:
+    return f"inspection_{position:02d}_unconfirmed_resumes"
+
+
+def suspend_for_inspection(job: Job, position: int, unconfirmed: int) -> InspectionInput:
+    """Suspend the deployment run (its process ends); a resume re-runs the flow, and this returns the form's input.
+    The key is new after every resume without confirmation, so that the run is suspended once more."""
     from prefect.flow_runs import suspend_flow_run
 
-    cache_state(job.paths, SUSPENDED, f"awaiting inspection at step {position + 1} (wait); resume in the UI")
-    return suspend_flow_run(wait_for_input=InspectionInput, timeout=SUSPEND_TIMEOUT_SECONDS, key=f"wait-{position:02d}")
+    message = f"awaiting inspection at step {position + 1} (wait); resume in the UI with the confirmation turned on"
+    cache_state(job.paths, SUSPENDED, message)
+    key = f"wait-{position:02d}" + (f"-unconfirmed-{unconfirmed}" if unconfirmed else "")
+    return suspend_flow_run(wait_for_input=InspectionInput, timeout=SUSPEND_TIMEOUT_SECONDS, key=key)
 
 
 # --- the job record in the UI ----------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ inspect and how to go on (log line and markdown artifact; once: a second marker 
 inspection: a local run ends as ``AwaitingInspection`` and ``continue`` re-runs it; a deployment run is suspended
 until someone resumes it in the UI (with a short form). Either way the marker is set on resume, and the task then
 answers with the folder the next step reads: ``<input folder>_wait/`` when it holds any data file, else its input.
+A deployment run resumed without the form's confirmation stays at the gate: ``refuse_unconfirmed_resume`` logs why
+and publishes the inspection artifact again with the reason on top.
 """
 
 from __future__ import annotations
@@ -64,6 +66,23 @@ def inspection_text(step: StepInput, resume_hint: str) -> str:
 def publish_instructions(step: StepInput, resume_hint: str) -> None:
     text = inspection_text(step, resume_hint)
     get_run_logger().info("%s", text)
+    publish_inspection_artifact(step, text)
+
+
+def refuse_unconfirmed_resume(step: StepInput, resume_hint: str, note: str) -> None:
+    """A resume without the confirmation passes nothing: say so in the log and on top of the inspection artifact."""
+    reason = (
+        f"Job {step.job_id} is still waiting for inspection: it was resumed without confirmation"
+        + (f" (note: {note!r})" if note else "")
+        + ".\n  It stays suspended and nothing after the wait step has run; resume again with the confirmation "
+        'turned on (the form\'s toggle, or "confirmed": true).'
+    )
+    get_run_logger().warning("%s", reason)
+    publish_inspection_artifact(step, f"{reason}\n{inspection_text(step, resume_hint)}")
+
+
+def publish_inspection_artifact(step: StepInput, text: str) -> None:
+    """The artifact ``job-<id>-inspection``: the text's first line as the title, the others as a list."""
     lines = text.splitlines()
     create_markdown_artifact(
         key=artifact_key(step.job_id, "inspection"),
