@@ -7,10 +7,12 @@ or patient data; only the texts of a FHIR OperationOutcome (``issue[].diagnostic
 
 Every text that leaves a client passes through ``redact``: a service may quote the request back (its
 ``Authorization`` header, API key or form body) in an error. ``redact`` removes every secret value the
-configuration loader registered (``register_secret``; also their URL-encoded, JSON-escaped and Basic-encoded
-forms), OAuth access tokens as they are fetched, ``Authorization: …`` values, ``Basic``/``Bearer`` tokens and
-passwords in URLs. ``ServiceError`` messages are redacted when made; ``RedactingFilter`` does it for log records
-(installed on the ``dupflow.clients`` and ``httpx`` loggers here; the job's log handlers can use it too).
+configuration loader registered (``register_secret``; also their URL-encoded, JSON-escaped, base64 and
+Basic-encoded forms), OAuth access tokens as they are fetched, ``Authorization: …`` values, ``Basic``/``Bearer``
+tokens and passwords in URLs. ``ServiceError`` messages are redacted when made, OperationOutcome texts when taken
+(``operation_outcome_texts``), a whole answer kept for inspection with ``redact`` and a parsed one with
+``redact_strings``; ``RedactingFilter`` does it for log records, their traceback included (installed on the
+``dupflow.clients`` and ``httpx`` loggers here; the job's log handlers use it too).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import re
 import ssl
 import threading
 from datetime import datetime, UTC
+from typing import Any
 from urllib.parse import quote, quote_plus
 
 import httpx
@@ -49,11 +52,12 @@ _secrets_lock = threading.Lock()
 
 
 def register_secret(value: str) -> None:
-    """Redact ``value`` (and its URL-encoded and JSON-escaped forms) from every text ``redact`` sees."""
+    """Redact ``value`` (and its URL-encoded, JSON-escaped and base64 forms) from every text ``redact`` sees."""
     global _secrets_pattern
     if len(value) < MIN_SECRET_CHARS:
         return
-    forms = {value, quote_plus(value), quote(value, safe=""), json.dumps(value)[1:-1]}
+    encoded = base64.b64encode(value.encode()).decode().rstrip("=")  # unpadded: matches with or without padding
+    forms = {value, quote_plus(value), quote(value, safe=""), json.dumps(value)[1:-1], encoded}
     with _secrets_lock:
         if forms <= _secrets:
             return
@@ -87,14 +91,34 @@ def redact(text: str) -> str:
     return _URL_USERINFO.sub(rf"\g<1>{REDACTED}@", text)
 
 
+def redact_strings(value: Any) -> Any:
+    """A parsed JSON answer with ``redact`` applied to every string in it (the structure stays valid JSON)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {key: redact_strings(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [redact_strings(item) for item in value]
+    return value
+
+
 class RedactingFilter(logging.Filter):
-    """A logging filter that passes every record through ``redact`` (message with its arguments)."""
+    """A logging filter that passes every record through ``redact``: the message with its arguments, and the
+    traceback (the formatted text is kept on the record, where every handler's formatter takes it from)."""
+
+    _formatter = logging.Formatter()
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         redacted = redact(message)
         if redacted != message:
             record.msg, record.args = redacted, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self._formatter.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
         return True
 
 
@@ -175,9 +199,11 @@ def network_error(exc: httpx.TransportError, *, operation: str, service: str | N
     )
 
 
-def error_from_response(response: httpx.Response, *, operation: str, service: str | None) -> ServiceError:
-    """Build the error for a 4xx/5xx response; the body must have been read."""
-    texts = operation_outcome_texts(response.content)
+def error_from_response(
+    response: httpx.Response, *, operation: str, service: str | None, body: bytes | None = None
+) -> ServiceError:
+    """Build the error for a 4xx/5xx response from its ``body`` (by default the read response's content)."""
+    texts = operation_outcome_texts(response.content if body is None else body)
     message = (
         truncate("; ".join(texts), MAX_MESSAGE_CHARS)
         if texts
@@ -194,21 +220,49 @@ def error_from_response(response: httpx.Response, *, operation: str, service: st
 
 
 def raise_for_service_status(response: httpx.Response, *, operation: str, service: str | None) -> None:
-    """Raise a ``ServiceError`` for a 4xx/5xx response (reading a streamed body first)."""
+    """Raise a ``ServiceError`` for a 4xx/5xx response (reading at most ``MAX_PARSED_BODY_BYTES`` of a streamed
+    body: only an OperationOutcome's texts are used, and an error page can be of any size)."""
     if response.is_error:
-        response.read()
-        raise error_from_response(response, operation=operation, service=service)
+        raise error_from_response(response, operation=operation, service=service, body=error_body(response))
 
 
 async def raise_for_service_status_async(response: httpx.Response, *, operation: str, service: str | None) -> None:
     """``raise_for_service_status`` for responses of an ``httpx.AsyncClient``."""
     if response.is_error:
-        await response.aread()
-        raise error_from_response(response, operation=operation, service=service)
+        raise error_from_response(response, operation=operation, service=service, body=await error_body_async(response))
+
+
+def error_body(response: httpx.Response) -> bytes:
+    """An error answer's body: all of it when already read, else its first ``MAX_PARSED_BODY_BYTES`` and a bit."""
+    try:
+        return response.content
+    except httpx.ResponseNotRead:
+        pass
+    body = bytearray()
+    for piece in response.iter_bytes():
+        body += piece
+        if len(body) > MAX_PARSED_BODY_BYTES:
+            break
+    return bytes(body)
+
+
+async def error_body_async(response: httpx.Response) -> bytes:
+    """``error_body`` for responses of an ``httpx.AsyncClient``."""
+    try:
+        return response.content
+    except httpx.ResponseNotRead:
+        pass
+    body = bytearray()
+    async for piece in response.aiter_bytes():
+        body += piece
+        if len(body) > MAX_PARSED_BODY_BYTES:
+            break
+    return bytes(body)
 
 
 def operation_outcome_texts(body: bytes) -> list[str]:
-    """The diagnostics and details texts of a FHIR OperationOutcome body, each truncated; [] for anything else."""
+    """The diagnostics and details texts of a FHIR OperationOutcome body, each redacted and truncated; [] for
+    anything else."""
     if not body or len(body) > MAX_PARSED_BODY_BYTES:
         return []
     try:
@@ -220,7 +274,7 @@ def operation_outcome_texts(body: bytes) -> list[str]:
     texts: list[str] = []
     for issue in outcome.get("issue") or []:
         if isinstance(issue, dict):
-            texts.extend(truncate(text, MAX_TEXT_CHARS) for text in _issue_texts(issue))
+            texts.extend(truncate(redact(text), MAX_TEXT_CHARS) for text in _issue_texts(issue))
     return texts
 
 

@@ -27,6 +27,7 @@ from tasks.clients.errors import (
     ServiceError,
     error_from_response,
     operation_outcome_texts,
+    redact,
     truncate,
 )
 from tasks.clients.http import ReplayableBody, ServiceClient, ServiceEndpoint, call_with_retry, http_timeout
@@ -206,6 +207,9 @@ def _bad_answer(response: httpx.Response, reason: str) -> TransactionRejected:
 
 
 def response_text(response: httpx.Response) -> str:
-    """What the server answered, for the failure dump: status line, content type, body."""
+    """What the server answered, for the failure dump: status line, content type, body; credentials it quoted
+    back are blanked out (``redact``)."""
     content_type = response.headers.get("Content-Type", "")
-    return f"HTTP {response.status_code} {response.reason_phrase}\nContent-Type: {content_type}\n\n{response.text}"
+    return redact(
+        f"HTTP {response.status_code} {response.reason_phrase}\nContent-Type: {content_type}\n\n{response.text}"
+    )

@@ -30,7 +30,7 @@ import httpx
 import orjson
 
 from tasks.errors import StepError
-from tasks.clients.errors import ServiceError, raise_for_service_status_async
+from tasks.clients.errors import ServiceError, raise_for_service_status_async, redact
 from tasks.clients.http import call_with_retry_async, service_name
 
 if TYPE_CHECKING:
@@ -184,7 +184,7 @@ def checked_answer(content: bytes, sent: dict[str, Any]) -> tuple[bytes, dict[st
     sent_type = sent.get("resourceType")
     if not isinstance(answer, dict) or answer.get("resourceType") != sent_type:
         got = answer.get("resourceType") if isinstance(answer, dict) else type(answer).__name__
-        raise PseudonymizationError(f"the service answered with {got!r} instead of a de-identified {sent_type}")
+        raise PseudonymizationError(redact(f"the service answered with {got!r} instead of a de-identified {sent_type}"))
     if sent_type == "Bundle" and len(answer.get("entry") or []) != len(sent.get("entry") or []):
         raise PseudonymizationError(
             f"the service answered with {len(answer.get('entry') or [])} Bundle entries for "

@@ -42,7 +42,7 @@ from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, SSL
 from botocore.exceptions import ConnectionError as BotoConnectionError
 from urllib3.util import make_headers
 
-from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, is_transient_status, truncate
+from tasks.clients.errors import MAX_MESSAGE_CHARS, RedactingFilter, ServiceError, is_transient_status, truncate
 from tasks.layout import write_file_atomically
 
 if TYPE_CHECKING:
@@ -112,6 +112,7 @@ class HideCredentialsInBotocoreDebugLogs(logging.Filter):
 
 for _logger_name in ("botocore.endpoint", "botocore.parsers"):
     logging.getLogger(_logger_name).addFilter(HideCredentialsInBotocoreDebugLogs())
+    logging.getLogger(_logger_name).addFilter(RedactingFilter())  # a response body quoting a registered secret
 
 
 class ProxyAuthorization:

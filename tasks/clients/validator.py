@@ -12,6 +12,10 @@ resource's own bytes are used as read (no re-serialisation) unless a nested Bund
 resource too large for a chunk on its own goes alone into its own chunk, flagged ``oversized``.
 
 Plain Python: no Prefect in here. Requests go through the client layer (retry of 5xx/408/429 and network errors).
+Each request has a whole-request deadline, ``REQUEST_DEADLINE`` (10 minutes; the spec has no key for it), and a
+request past it is a transient failure, retried; an answer is read up to ``MAX_ANSWER_BYTES`` (64 MB), and a
+larger one fails the chunk with its size and the limit (``tasks.clients.bounds``). Texts of an answer are redacted
+before they reach a report, log or artifact (``tasks.clients.errors.redact_strings``).
 """
 
 from __future__ import annotations
@@ -20,12 +24,15 @@ import re
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 
-from tasks.clients.errors import raise_for_service_status_async
+from tasks.clients.bounds import Deadline, read_answer_async, within_deadline
+from tasks.clients.errors import raise_for_service_status_async, redact_strings
 from tasks.clients.http import AsyncServiceClient, call_with_retry_async
 from tasks.ndjson import parse_resource
 
@@ -37,6 +44,13 @@ FINDINGS_STATUSES = (412, 422)
 ERROR_SEVERITIES = frozenset({"error", "fatal"})
 MB = 1024 * 1024
 SEND_PIECE = MB
+REQUEST_DEADLINE = timedelta(minutes=10)
+"""Whole-request deadline of one chunk (send, validate, answer); the spec has no key for it. The validator is
+silent while it works on a chunk, and a 10 MB chunk can take minutes."""
+DEADLINE_SETTING = "REQUEST_DEADLINE of tasks/clients/validator.py"
+MAX_ANSWER_BYTES = 64 * MB
+"""The most of one answer that is read: an OperationOutcome is parsed whole and kept as one report line."""
+TOO_LARGE_ANSWER_HINT = "lower services.validation.bundle_chunk_size_mb so that each chunk gets a smaller answer"
 
 BODY_PREFIX = b'{"resourceType":"Bundle","type":"collection","entry":['
 BODY_SUFFIX = b"]}"
@@ -221,21 +235,37 @@ def annotated(outcome: dict[str, Any], chunk: Chunk) -> dict[str, Any]:
 
 
 def as_operation_outcome(content: bytes) -> dict[str, Any] | None:
+    """The answer as an OperationOutcome, every text in it redacted (it goes into reports, logs and artifacts);
+    None when it is not one."""
     try:
         answer = orjson.loads(content)
     except orjson.JSONDecodeError:
         return None
-    return answer if isinstance(answer, dict) and answer.get("resourceType") == "OperationOutcome" else None
+    if not isinstance(answer, dict) or answer.get("resourceType") != "OperationOutcome":
+        return None
+    return redact_strings(answer)
 
 
 # --- the service -----------------------------------------------------------------------------------------------
 
 
 class Validator:
-    """Validates chunks through one ``AsyncServiceClient`` (retrying transient failures per ``retry.*``)."""
+    """Validates chunks through one ``AsyncServiceClient`` (retrying transient failures per ``retry.*``).
 
-    def __init__(self, client: AsyncServiceClient):
+    Each request has a whole-request ``deadline`` (``REQUEST_DEADLINE``: the spec has no key for it) and its
+    answer is read up to ``max_answer_bytes`` (``MAX_ANSWER_BYTES``), never more.
+    """
+
+    def __init__(
+        self,
+        client: AsyncServiceClient,
+        *,
+        deadline: timedelta = REQUEST_DEADLINE,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
+    ):
         self._client = client
+        self._deadline = deadline.total_seconds()
+        self._max_answer_bytes = max_answer_bytes
 
     async def validate(self, chunk: Chunk, source: str) -> dict[str, Any]:
         """The service's OperationOutcome for ``chunk``; raises ``ServiceError`` for an infrastructure failure."""
@@ -244,17 +274,34 @@ class Validator:
 
         async def attempt() -> dict[str, Any]:
             headers = {**REQUEST_HEADERS, "Content-Length": str(len(chunk.body))}
-            response = await self._client.http.post(VALIDATE_PATH, content=pieces(chunk.body), headers=headers)
-            outcome = as_operation_outcome(response.content)
-            if outcome is not None and (response.is_success or response.status_code in FINDINGS_STATUSES):
-                return outcome
-            await raise_for_service_status_async(response, operation=operation, service=service)
-            raise ValidationServiceError(
-                f"{service}: {operation}: the service answered HTTP {response.status_code} without an "
-                "OperationOutcome; is services.validation.url the validator's root?"
+            request = self._client.http.build_request(
+                "POST", VALIDATE_PATH, content=pieces(chunk.body), headers=headers
             )
+            response = await self._client.http.send(request, stream=True)
+            try:
+                return await self._outcome(response, operation, service)
+            finally:
+                await response.aclose()
 
-        return await call_with_retry_async(attempt, self._client.retry, operation=operation, service=service)
+        async def bounded_attempt() -> dict[str, Any]:
+            deadline = Deadline(self._deadline, DEADLINE_SETTING)
+            return await within_deadline(attempt, deadline, operation=operation, service=service)
+
+        return await call_with_retry_async(bounded_attempt, self._client.retry, operation=operation, service=service)
+
+    async def _outcome(self, response: httpx.Response, operation: str, service: str) -> dict[str, Any]:
+        """The answer's OperationOutcome: a 2xx, or findings answered with 412/422; anything else raises."""
+        if response.is_success or response.status_code in FINDINGS_STATUSES:
+            content = await read_answer_async(
+                response, self._max_answer_bytes, operation=operation, service=service, hint=TOO_LARGE_ANSWER_HINT
+            )
+            if (outcome := as_operation_outcome(content)) is not None:
+                return outcome
+        await raise_for_service_status_async(response, operation=operation, service=service)
+        raise ValidationServiceError(
+            f"{service}: {operation}: the service answered HTTP {response.status_code} without an "
+            "OperationOutcome; is services.validation.url the validator's root?"
+        )
 
 
 async def pieces(body: bytes) -> AsyncIterator[memoryview]:

@@ -10,7 +10,14 @@ resource's id, the body itself is only counted). Fault switches (``FhirFakeState
 - ``fail_entry``: the 0-based index of an entry that fails with ``422`` and an OperationOutcome inside an
   otherwise 200 ``transaction-response`` (``fail_entry_once`` to fail one transaction only);
 - ``oauth``: an ``OAuthState`` (tests/fakes/oauth.py) whose tokens are required; a request with an unknown or
-  revoked token gets 401, so a client must fetch a fresh token and try once more.
+  revoked token gets 401, so a client must fetch a fresh token and try once more;
+- ``echo_credentials``: every request is refused with ``echo_status`` and a body that quotes the request's
+  credentials back (``"text"``: a plain-text page; ``"outcome"``: an OperationOutcome's diagnostics), as careless
+  servers and proxies do: the ``Authorization`` and ``X-Api-Key`` headers, and a Basic password in plain, base64
+  and URL-encoded forms (``echoed_credentials`` lists what a test must not find stored anywhere);
+- ``drip_seconds``: every answer's body goes out one byte every that many seconds (a server that never finishes);
+- ``answer_padding``: a successful answer carries that many extra bytes (whitespace inside the JSON), for tests of
+  a client's bound on what it reads.
 
 Every request is recorded (method, path, entries or body bytes); transaction entries are kept per ``Type/id`` (or
 conditional-create tag) so a test can count what arrived, and how often.
@@ -18,20 +25,24 @@ conditional-create tag) so a test can count what arrived, and how often.
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import struct
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 from tests.fakes._server import LoopbackServer, serve_forever_cli
 from tests.fakes.oauth import OAuthState
 
 FHIR_JSON = "application/fhir+json"
 READ_CHUNK = 1 << 20
+PADDING_PIECE = 1 << 20
 
 
 @dataclass
@@ -41,6 +52,10 @@ class FhirFakeState:
     fail_entry: int | None = None
     fail_entry_once: bool = False
     oauth: OAuthState | None = None
+    echo_credentials: str | None = None  # "text" or "outcome"
+    echo_status: int = 401
+    drip_seconds: float = 0.0
+    answer_padding: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
     applied: Counter = field(default_factory=Counter)  # Type/id or POST tag -> times a transaction applied it
     put_bytes: dict[str, int] = field(default_factory=dict)  # Type/id -> body size of the last PUT
@@ -50,6 +65,8 @@ class FhirFakeState:
         with self.lock:
             self.unavailable = self.reset_mid_response = 0
             self.fail_entry, self.fail_entry_once, self.oauth = None, False, None
+            self.echo_credentials, self.echo_status = None, 401
+            self.drip_seconds, self.answer_padding = 0.0, 0
             self.requests.clear()
             self.applied.clear()
             self.put_bytes.clear()
@@ -65,6 +82,24 @@ class FhirFakeState:
     @property
     def transactions(self) -> list[dict[str, Any]]:
         return [r for r in self.requests if r["method"] == "POST"]
+
+
+def echoed_credentials(authorization: str, api_key: str = "") -> list[str]:
+    """What the fake quotes back of a request's credentials: the header values, and a Basic password in plain,
+    base64 and URL-encoded forms."""
+    echoed = [authorization, api_key]
+    scheme, _, value = authorization.partition(" ")
+    if scheme.lower() == "basic":
+        _, _, password = base64.b64decode(value).decode().partition(":")
+        echoed += [
+            password,
+            base64.b64encode(password.encode()).decode(),
+            quote(password, safe=""),
+            quote_plus(password),
+        ]
+    elif scheme.lower() == "bearer":
+        echoed.append(value)
+    return [text for text in echoed if text]
 
 
 def outcome(code: str, text: str) -> dict:
@@ -141,7 +176,10 @@ class FhirHandler(BaseHTTPRequestHandler):
         self._send(201 if created else 200, {"resourceType": parts[1], "id": parts[2]})
 
     def _refused(self) -> bool:
-        """Answer a fault (503, 401) instead of the request; True when one was answered."""
+        """Answer a fault (503, 401, an echo of the credentials) instead of the request; True when one was answered."""
+        if self.state.echo_credentials is not None:
+            self._echo_credentials()
+            return True
         if self.state.take("unavailable"):
             self._send(503, outcome("transient", "the server is busy, try again later"))
             return True
@@ -153,6 +191,22 @@ class FhirHandler(BaseHTTPRequestHandler):
                 self._send(401, outcome("login", "the access token is missing, expired or revoked"))
                 return True
         return False
+
+    def _echo_credentials(self) -> None:
+        """Each form on its own line (text) or in its own issue (outcome), so one redaction cannot hide another."""
+        quoted = echoed_credentials(self.headers.get("Authorization", ""), self.headers.get("X-Api-Key", ""))
+        lines = [f"you sent Authorization: {self.headers.get('Authorization', '')}", *(f"you sent {q}" for q in quoted)]
+        if self.state.echo_credentials == "outcome":
+            issues = [outcome("security", line)["issue"][0] for line in lines]
+            return self._send(self.state.echo_status, {"resourceType": "OperationOutcome", "issue": issues})
+        text = "request refused\n" + "\n".join(lines)
+        data = text.encode()
+        self.send_response(self.state.echo_status)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("WWW-Authenticate", f'Basic realm="{lines[-1]}"')
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def _read_body(self) -> bytes:
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -170,11 +224,30 @@ class FhirHandler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, body: dict) -> None:
         data = json.dumps(body).encode()
+        padding = self.state.answer_padding if status < 300 else 0
         self.send_response(status)
         self.send_header("Content-Type", FHIR_JSON)
-        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Length", str(len(data) + padding))
         self.end_headers()
-        self.wfile.write(data)
+        if self.state.drip_seconds > 0:
+            return self._drip(data)
+        self.wfile.write(data[:1])
+        self._pad(padding)
+        self.wfile.write(data[1:])
+
+    def _pad(self, size: int) -> None:
+        """Whitespace after the answer's opening brace: still the same JSON, only larger."""
+        while size > 0:
+            piece = min(size, PADDING_PIECE)
+            self.wfile.write(b" " * piece)
+            size -= piece
+
+    def _drip(self, data: bytes) -> None:
+        """One byte every ``drip_seconds``, until the client gives up (or, eventually, the answer is complete)."""
+        for index in range(len(data)):
+            self.wfile.write(data[index : index + 1])
+            self.wfile.flush()
+            time.sleep(self.state.drip_seconds)
 
     def _reset(self) -> None:
         """Start the answer, then reset the connection (RST) half-way through its headers."""

@@ -16,6 +16,10 @@ the body a resource, usually a ``collection`` Bundle of ``{fullUrl, resource}`` 
 Switches (``ValidatorState``): ``latency_seconds`` per request, ``delay_for`` (extra delay by request index, so
 answers finish out of order), ``fail_next``/``fail_status`` (5xx storms, a fatal OperationOutcome),
 ``max_body_bytes`` (413 above it), ``drip_seconds`` (the answer trickles out in small pieces over that long),
+``drip_byte_seconds`` (one byte of the answer every that many seconds), ``answer_padding`` (that many spaces inside
+the answer's JSON, generated as sent; ``bytes_written`` counts what went out before the client stopped reading),
+``chunked_answer`` (no Content-Length: the client learns the size only by reading), ``quote`` (a text every
+answer repeats in an extra error issue, as a service quoting a credential back would),
 ``findings_status`` (answer findings with 412/422 like older HAPI servers), ``shallow`` (count the entries and
 answer "All OK" without model validation: for benchmarks of the client's throughput). Requests are recorded
 with their size, entry count and status; ``most_in_flight`` is the concurrency the server saw.
@@ -39,6 +43,7 @@ VALIDATE_PATH = "/validateResource"
 FHIR_JSON = "application/fhir+json"
 DEFAULT_MAX_BODY_BYTES = 1 << 30
 DRIP_PIECES = 20
+PAD_PIECE = 1 << 20
 
 # Required bindings that fhir.resources does not enforce: element name -> allowed codes, and code system ->
 # allowed codes for Codings.
@@ -208,6 +213,12 @@ class ValidatorState(ResettableState):
     drip_seconds: float = 0.0
     findings_status: int = 200
     shallow: bool = False
+    quote: str = ""
+    """A text quoted back in an extra error issue of every answer (a secret a careless service repeats)."""
+    drip_byte_seconds: float = 0.0
+    answer_padding: int = 0
+    chunked_answer: bool = False
+    bytes_written: int = 0
     delay_for: Callable[[int], float] | None = None
     """Extra seconds before answering the request with this index (to make answers finish out of order)."""
     requests: list[RecordedRequest] = field(default_factory=list)
@@ -226,6 +237,10 @@ class ValidatorState(ResettableState):
         """The request is answered; one from before the last reset no longer counts."""
         with self._lock:
             self._open.discard(id(request))
+
+    def count_written(self, size: int) -> None:
+        with self._lock:
+            self.bytes_written += size
 
     @property
     def in_flight(self) -> int:
@@ -299,15 +314,25 @@ class ValidatorHandler(BaseHTTPRequestHandler):
         if isinstance(document, dict) and isinstance(document.get("entry"), list):
             recorded.entries = len(document["entry"])
         issues = validate_document(document, self.state.shallow)
+        if self.state.quote:
+            issues.append(issue("error", "security", f"the request came with {self.state.quote}"))
         has_errors = any(found["severity"] in ("error", "fatal") for found in issues)
         return (self.state.findings_status if has_errors else 200), outcome(issues)
 
     def _send_json(self, status: int, document: dict[str, Any]) -> None:
         payload = orjson.dumps(document)
+        padding = self.state.answer_padding
         self.send_response(status)
         self.send_header("Content-Type", FHIR_JSON)
-        self.send_header("Content-Length", str(len(payload)))
+        if self.state.chunked_answer:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(len(payload) + padding))
         self.end_headers()
+        if self.state.drip_byte_seconds > 0:
+            return self._drip_bytes(payload)
+        if padding or self.state.chunked_answer:
+            return self._send_padded(payload, padding)
         if self.state.drip_seconds <= 0:
             self.wfile.write(payload)
             return
@@ -316,6 +341,29 @@ class ValidatorHandler(BaseHTTPRequestHandler):
             self.wfile.write(payload[start : start + piece])
             self.wfile.flush()
             time.sleep(self.state.drip_seconds / DRIP_PIECES)
+
+    def _drip_bytes(self, payload: bytes) -> None:
+        """One byte every ``drip_byte_seconds``: a server that never quite finishes."""
+        for index in range(len(payload)):
+            self.wfile.write(payload[index : index + 1])
+            self.wfile.flush()
+            time.sleep(self.state.drip_byte_seconds)
+
+    def _send_padded(self, payload: bytes, padding: int) -> None:
+        """The answer with ``padding`` spaces after its opening brace (the same JSON, only larger), written in
+        pieces as generated, counting what went out (``bytes_written``) until the client stops reading."""
+        pieces = [payload[:1], *(b" " * min(PAD_PIECE, padding - start) for start in range(0, padding, PAD_PIECE))]
+        for piece in [*pieces, payload[1:]]:
+            self._write_piece(piece)
+            self.state.count_written(len(piece))
+        if self.state.chunked_answer:
+            self.wfile.write(b"0\r\n\r\n")
+
+    def _write_piece(self, piece: bytes) -> None:
+        if self.state.chunked_answer:
+            self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+        else:
+            self.wfile.write(piece)
 
 
 def outcome(issues: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,0 +1,136 @@
+"""Bounds of one call to a service: a whole-request deadline, and a cap on how much of an answer is read.
+
+A per-read timeout (``http_timeout``) never cuts off a server that drips its answer a byte at a time, and an
+answer read whole can be larger than memory. So every call a client makes is bounded twice:
+
+- ``Deadline``: the call's whole duration (connect, send, answer). Async clients run the attempt under
+  ``asyncio.timeout`` (``within_deadline``), which also covers a server dripping its headers. Sync clients check
+  it before each piece of the body they send and after each piece of the answer they read, with the per-read
+  timeout as the bound of a silent server (so a deadline there is exact for a dripping body and a silent server,
+  and a server that drips its status line and headers is cut off only by the read timeout). Past the deadline the
+  call fails with a transient ``ServiceError`` that names the limit and the setting (or constant) behind it, and
+  the client layer retries it like any other transient failure.
+- ``read_answer`` / ``read_answer_async``: the answer's bytes, refused (a terminal ``ServiceError`` naming the
+  size and the limit) as soon as it is known to be larger than the caller's cap: from its Content-Length before
+  reading anything, else once the bytes read pass the cap, so at most the cap is ever held. Error answers are read
+  by ``tasks.clients.errors`` up to ``MAX_PARSED_BODY_BYTES`` only (their OperationOutcome texts).
+
+Plain Python: no Prefect in here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import TypeVar
+
+import httpx
+
+from tasks.clients.errors import ServiceError
+
+T = TypeVar("T")
+MB = 1024 * 1024
+
+
+def describe_size(size: int) -> str:
+    return f"{size / MB:.1f} MB" if size >= MB else f"{size} bytes"
+
+
+class Deadline:
+    """The end of one call: ``seconds`` from now. ``setting`` names what sets it, for the error message."""
+
+    def __init__(self, seconds: float, setting: str):
+        self.seconds, self.setting = seconds, setting
+        self._end = time.monotonic() + seconds
+
+    def check(self, operation: str, service: str | None) -> None:
+        """Raise the deadline's ``ServiceError`` once it has passed."""
+        if time.monotonic() >= self._end:
+            raise self.exceeded(operation, service)
+
+    def exceeded(self, operation: str, service: str | None) -> ServiceError:
+        return ServiceError(
+            operation,
+            None,
+            f"no complete answer within {self.seconds:g} s ({self.setting}, the deadline of one request)",
+            transient=True,
+            service=service,
+        )
+
+    def pieces(self, body: Iterable[bytes], operation: str, service: str | None) -> Iterator[bytes]:
+        """``body`` as it is sent, checking the deadline before each piece (a server that reads slowly)."""
+        for piece in body:
+            self.check(operation, service)
+            yield piece
+
+
+async def within_deadline(
+    attempt: Callable[[], Awaitable[T]], deadline: Deadline, *, operation: str, service: str | None
+) -> T:
+    """Run one async attempt of a call; past ``deadline`` it is cancelled and the deadline's error raised."""
+    try:
+        async with asyncio.timeout(deadline.seconds):
+            return await attempt()
+    except TimeoutError:
+        raise deadline.exceeded(operation, service) from None
+
+
+def answer_too_large(size: str, limit: int, *, operation: str, service: str | None, hint: str) -> ServiceError:
+    return ServiceError(
+        operation,
+        None,
+        f"the answer is {size}, more than the {describe_size(limit)} read from this service; {hint}",
+        transient=False,
+        service=service,
+    )
+
+
+def declared_size(response: httpx.Response) -> int | None:
+    value = response.headers.get("Content-Length", "")
+    return int(value) if value.isdigit() else None
+
+
+def read_answer(
+    response: httpx.Response,
+    limit: int,
+    *,
+    operation: str,
+    service: str | None,
+    hint: str,
+    deadline: Deadline | None = None,
+) -> bytes:
+    """The body of a streamed ``response``, at most ``limit`` bytes (else a terminal ``ServiceError``); the
+    ``deadline`` is checked after each piece."""
+    _refuse_declared(response, limit, operation=operation, service=service, hint=hint)
+    body = bytearray()
+    for piece in response.iter_bytes():
+        body += piece
+        if len(body) > limit:
+            raise answer_too_large(
+                f"over {describe_size(limit)}", limit, operation=operation, service=service, hint=hint
+            )
+        if deadline is not None:
+            deadline.check(operation, service)
+    return bytes(body)
+
+
+async def read_answer_async(
+    response: httpx.Response, limit: int, *, operation: str, service: str | None, hint: str
+) -> bytes:
+    """``read_answer`` for a streamed response of an ``httpx.AsyncClient`` (run it ``within_deadline``)."""
+    _refuse_declared(response, limit, operation=operation, service=service, hint=hint)
+    body = bytearray()
+    async for piece in response.aiter_bytes():
+        body += piece
+        if len(body) > limit:
+            raise answer_too_large(
+                f"over {describe_size(limit)}", limit, operation=operation, service=service, hint=hint
+            )
+    return bytes(body)
+
+
+def _refuse_declared(response: httpx.Response, limit: int, *, operation: str, service: str | None, hint: str) -> None:
+    size = declared_size(response)
+    if size is not None and size > limit:
+        raise answer_too_large(describe_size(size), limit, operation=operation, service=service, hint=hint)

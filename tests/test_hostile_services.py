@@ -1,0 +1,218 @@
+"""Hostile services (issue 22, "Hardening, round two"): a service that quotes credentials back, one that drips its
+answer a byte at a time, one whose answer is larger than memory.
+
+Every fake is a real HTTP server on 127.0.0.1 (tests/fakes/); the secrets are searched for in everything a run
+stores: the job directory (job.log, send/failed/, reports, Prefect results), what the command printed, and the
+Prefect database (logs, artifacts, states).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, quote_plus
+
+import orjson
+import pytest
+
+from config.settings import RetrySettings, TlsSettings
+from flows.run import EXIT_FAILED
+from tasks.clients.errors import ServiceError, register_secret
+from tasks.clients.http import AsyncServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.validator import Validator, iter_chunks
+from tasks.ndjson import iter_resources
+from tasks.validation import validate_path
+from tests.conftest import run_cli
+from tests.fakes._server import LoopbackServer
+from tests.fakes.fhir_server import start_fhir_fake
+from tests.fakes.oauth import REALM_PATH, OAuthHandler, OAuthState
+from tests.test_job_cli import job_file, only_job_dir
+from tests.test_send_direct import generated, write_ndjson
+
+MB = 1024 * 1024
+FAST_RETRY = RetrySettings(max_attempts=3, initial_backoff_ms=1, max_backoff_ms=5)
+READ_TIMEOUT = timedelta(seconds=30)
+"""Longer than any test's deadline: what cuts a dripping server off is the deadline, not the read timeout."""
+USERNAME = "sender"
+PASSWORD = "s3cr/et+pa=ss&w0rd-7c1e"
+"""URL-encoding changes it (``/``, ``+``, ``=``, ``&``), so every encoded form is a different string to find."""
+
+
+@pytest.fixture(scope="module")
+def fake_fhir():
+    server = start_fhir_fake()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fhir_fake(fake_fhir):
+    fake_fhir.state.reset()
+    return fake_fhir
+
+
+# --- item 1: a secret echoed by a service is stored nowhere --------------------------------------------------
+
+
+def basic_forms(username: str, password: str) -> list[str]:
+    """The Basic password as a server could quote it back: plain, base64, URL-encoded, and the header's token."""
+    token = base64.b64encode(f"{username}:{password}".encode()).decode()
+    return [
+        password,
+        base64.b64encode(password.encode()).decode(),
+        quote(password, safe=""),
+        quote_plus(password),
+        token,
+    ]
+
+
+def send_job_config(tmp_path: Path, url: str, auth: str) -> Path:
+    write_ndjson(tmp_path / "in" / "core.ndjson", generated(4, "echo"))
+    config = tmp_path / "job.yaml"
+    config.write_text(
+        "pipeline:\n  enabled_steps: [local_import, send]\n"
+        f"jobs_dir: {tmp_path / 'jobs'}\n"
+        "retry:\n  max_attempts: 2\n  initial_backoff_ms: 10\n  max_backoff_ms: 50\n"
+        f"services:\n  local_import:\n    dir: {tmp_path / 'in'}\n"
+        f"  send:\n    send_as: direct_resource_load\n    url: {url}\n    auth:\n{auth}"
+    )
+    return config
+
+
+def stored_everywhere(job_dir: Path, printed: str, prefect_api: dict) -> dict[str, bytes]:
+    """Everything a run stored or printed, by where: the job's files, the output, the Prefect database's files."""
+    database = prefect_api["database"]
+    paths = [*(p for p in job_dir.rglob("*") if p.is_file()), *database.parent.glob(database.name + "*")]
+    return {"printed": printed.encode(), **{str(path): path.read_bytes() for path in paths}}
+
+
+def assert_stored_nowhere(secrets: list[str], stores: dict[str, bytes]) -> None:
+    leaks = [
+        f"{secret!r} in {where}" for secret in secrets for where, data in stores.items() if secret.encode() in data
+    ]
+    assert not leaks, "secrets were stored: " + "; ".join(leaks)
+
+
+@pytest.mark.slow  # a job through the command line
+@pytest.mark.parametrize("echo", ["text", "outcome"])
+def test_basic_credentials_quoted_back_by_the_fhir_server_are_stored_nowhere(fhir_fake, tmp_path, prefect_api, echo):
+    fhir_fake.state.echo_credentials = echo
+    fhir_fake.state.echo_status = 401 if echo == "text" else 422
+    auth = f"      username: {USERNAME}\n      password: ${{SEND_PASSWORD}}\n"
+    config = send_job_config(tmp_path, fhir_fake.base_url, auth)
+    result = run_cli("start", str(config), "--no-progress", env={"SEND_PASSWORD": PASSWORD})
+
+    assert result.returncode == EXIT_FAILED, result.stderr
+    job_dir = only_job_dir(tmp_path / "jobs")
+    assert job_file(job_dir)["state"] == "Failed"
+    (answer,) = (job_dir / "send" / "failed").glob("*-batch-1.response.txt")
+    assert f"HTTP {fhir_fake.state.echo_status}" in answer.read_text()
+    assert "you sent Authorization: ***" in answer.read_text()  # kept for inspection, credentials blanked
+    stores = stored_everywhere(job_dir, result.stdout + result.stderr, prefect_api)
+    assert_stored_nowhere(basic_forms(USERNAME, PASSWORD), stores)
+
+
+@pytest.mark.slow  # a job through the command line
+def test_an_oauth_token_quoted_back_by_the_fhir_server_is_stored_nowhere(fhir_fake, tmp_path, prefect_api):
+    oauth = OAuthState(client_secret="oauth-client-secret-5d9a")
+    with LoopbackServer(OAuthHandler, oauth) as issuer:
+        fhir_fake.state.oauth, fhir_fake.state.echo_credentials = oauth, "outcome"
+        auth = (
+            f"      oauth_issuer_uri: {issuer.base_url}{REALM_PATH}\n      oauth_client_id: {oauth.client_id}\n"
+            "      oauth_client_secret: ${CLIENT_SECRET}\n"
+        )
+        config = send_job_config(tmp_path, fhir_fake.base_url, auth)
+        result = run_cli("start", str(config), "--no-progress", env={"CLIENT_SECRET": oauth.client_secret})
+
+    assert result.returncode == EXIT_FAILED, result.stderr
+    tokens = list(oauth._issued)
+    assert len(tokens) == 2  # the first token, and the fresh one fetched after the 401
+    job_dir = only_job_dir(tmp_path / "jobs")
+    (answer,) = (job_dir / "send" / "failed").glob("*-batch-1.response.txt")
+    assert "you sent Bearer ***" in answer.read_text()
+    stores = stored_everywhere(job_dir, result.stdout + result.stderr, prefect_api)
+    assert_stored_nowhere([oauth.client_secret, *tokens], stores)
+
+
+def test_a_secret_a_validator_quotes_back_reaches_no_report_summary_or_log(validator_fake, tmp_path, caplog):
+    secret = "validator-quoted-secret-41be"
+    register_secret(secret)
+    validator_fake.state.quote = f"Authorization: Basic {base64.b64encode(secret.encode()).decode()} ({secret})"
+    source = tmp_path / "in.ndjson"
+    source.write_bytes(b"".join(orjson.dumps(patient(i)) + b"\n" for i in range(3)))
+
+    async def run() -> Any:
+        endpoint = ServiceEndpoint("validation", validator_fake.base_url)
+        async with AsyncServiceClient(endpoint, TlsSettings(), FAST_RETRY) as client:
+            return await validate_path(
+                source,
+                tmp_path / "report.ndjson",
+                Validator(client),
+                chunk_bytes=MB,
+                window=2,
+                level=None,
+                max_line_bytes=MB,
+            )
+
+    checked = asyncio.run(run())
+
+    assert checked.errors == 1 and "the request came with Authorization: ***" in checked.first_errors[0]
+    report = (tmp_path / "report.ndjson").read_bytes()
+    assert b"the request came with Authorization: ***" in report
+    assert [o["resourceType"] for _, o in iter_resources(tmp_path / "report.ndjson", MB)] == ["OperationOutcome"]
+    stores = {"report": report, "summary": checked.model_dump_json().encode(), "log": caplog.text.encode()}
+    assert_stored_nowhere([secret, base64.b64encode(secret.encode()).decode()], stores)
+
+
+# --- items 7 and 8: every call has a whole-request deadline and a bounded answer ------------------------------
+
+
+def patient(i: int) -> dict[str, Any]:
+    return {"resourceType": "Patient", "id": f"p{i}", "gender": "male"}
+
+
+def one_chunk():
+    (chunk,) = iter_chunks([(1, orjson.dumps(patient(1)))], MB, "a.ndjson")
+    return chunk
+
+
+def validate_chunk(server: LoopbackServer, **options: Any) -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        endpoint = ServiceEndpoint("validation", server.base_url, None, http_timeout(READ_TIMEOUT))
+        async with AsyncServiceClient(endpoint, TlsSettings(), FAST_RETRY) as client:
+            return await Validator(client, **options).validate(one_chunk(), "a.ndjson")
+
+    return asyncio.run(run())
+
+
+def wait_until(probe, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        assert time.monotonic() < deadline, "the fake did not get there in time"
+        time.sleep(0.05)
+
+
+def test_a_validator_dripping_its_answer_is_cut_off_at_the_request_deadline_and_retried(validator_fake):
+    validator_fake.state.reset(drip_byte_seconds=0.3)
+    started = time.monotonic()
+    with pytest.raises(ServiceError, match=r"no complete answer within 1 s \(REQUEST_DEADLINE") as caught:
+        validate_chunk(validator_fake, deadline=timedelta(seconds=1))
+    assert caught.value.transient and caught.value.status_code is None
+    assert len(validator_fake.state.requests) == FAST_RETRY.max_attempts
+    assert time.monotonic() - started < 15  # three attempts of 1 s each, not three answers of minutes
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_validator_answer_over_the_cap_is_refused_without_being_read_whole(validator_fake, chunked):
+    validator_fake.state.reset(answer_padding=200 * MB, chunked_answer=chunked)
+    size = "over 1.0 MB" if chunked else "200.0 MB"
+    expected = f"the answer is {size}, more than the 1.0 MB read from this service; lower services.validation"
+    with pytest.raises(ServiceError, match=expected) as caught:
+        validate_chunk(validator_fake, max_answer_bytes=MB)
+    assert not caught.value.transient and len(validator_fake.state.requests) == 1
+    wait_until(lambda: validator_fake.state.in_flight == 0)
+    assert validator_fake.state.bytes_written < 50 * MB  # the client hung up: no more than the socket buffers
