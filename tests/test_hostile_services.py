@@ -21,10 +21,14 @@ import pytest
 
 from config.settings import RetrySettings, TlsSettings
 from flows.run import EXIT_FAILED
+from config.settings import Settings
 from tasks.clients.errors import ServiceError, register_secret
+from tasks.clients.fhir_server import FhirServer
 from tasks.clients.http import AsyncServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.validator import Validator, iter_chunks
+from tasks.errors import StepError
 from tasks.ndjson import iter_resources
+from tasks.send import send_resources
 from tasks.validation import validate_path
 from tests.conftest import run_cli
 from tests.fakes._server import LoopbackServer
@@ -216,3 +220,36 @@ def test_a_validator_answer_over_the_cap_is_refused_without_being_read_whole(val
     assert not caught.value.transient and len(validator_fake.state.requests) == 1
     wait_until(lambda: validator_fake.state.in_flight == 0)
     assert validator_fake.state.bytes_written < 50 * MB  # the client hung up: no more than the socket buffers
+
+
+def send_to(server: LoopbackServer, tmp_path: Path, **bounds: Any):
+    """Send four resources in one transaction to ``server`` with the FHIR client's ``bounds``."""
+    settings = Settings.model_validate(
+        {
+            "pipeline": {"enabled_steps": ["local_import", "send"]},
+            "services": {"send": {"send_as": "direct_resource_load", "url": server.base_url}},
+            "retry": {"max_attempts": 2, "initial_backoff_ms": 10, "max_backoff_ms": 50},
+        }
+    )
+    source = write_ndjson(tmp_path / "core.ndjson", generated(4, "bounded"))
+    with FhirServer.connect(settings.services.send, settings.tls, settings.retry, **bounds) as fhir:
+        return send_resources(fhir, source, tmp_path / "send", job_id="j", batch_size=10, max_line_bytes=MB)
+
+
+def test_a_fhir_server_dripping_its_answer_is_cut_off_at_the_request_deadline_and_retried(fhir_fake, tmp_path):
+    fhir_fake.state.drip_seconds = 0.3
+    started = time.monotonic()
+    with pytest.raises(
+        StepError, match=r"batch 1 .* could not be sent: .*no complete answer within 1 s \(REQUEST_DEADLINE"
+    ):
+        send_to(fhir_fake, tmp_path, deadline=timedelta(seconds=1))
+    assert len(fhir_fake.state.transactions) == 2  # retried once (retry.max_attempts: 2), like a lost answer
+    assert time.monotonic() - started < 15
+    assert not (tmp_path / "send" / "progress" / "core.ndjson.json").exists()  # the batch is not taken as sent
+
+
+def test_a_fhir_server_answer_over_the_cap_fails_the_batch_without_being_read_whole(fhir_fake, tmp_path):
+    fhir_fake.state.answer_padding = 100 * MB
+    with pytest.raises(StepError, match="the answer is 100.0 MB, more than the 1.0 MB read from this service; lower"):
+        send_to(fhir_fake, tmp_path, max_answer_bytes=MB)
+    assert len(fhir_fake.state.transactions) == 1  # terminal: not retried

@@ -53,7 +53,7 @@ class Deadline:
         return ServiceError(
             operation,
             None,
-            f"no complete answer within {self.seconds:g} s ({self.setting}, the deadline of one request)",
+            f"no complete answer within {round(self.seconds, 1):g} s ({self.setting}, the deadline of one request)",
             transient=True,
             service=service,
         )

@@ -8,7 +8,13 @@ creates (``ifNoneExist``), see tasks/send.py.
 
 A 2xx answer to a transaction is not yet a success: every entry of the ``transaction-response`` is checked, and
 one failed entry (or a missing one) rejects the batch like an HTTP error would. A rejection carries the server's
-answer (status and body) so the step can keep it for inspection.
+answer (status and body, credentials it quoted back blanked out) so the step can keep it for inspection.
+
+Bounds (``tasks.clients.bounds``; services.send has no timeout key, so they are constants): each read waits up to
+``SEND_TIMEOUT`` (10 minutes); each call has a whole-request deadline of ``REQUEST_DEADLINE`` (10 minutes) plus
+1 s per MB of its body (``SLOWEST_UPLOAD_BYTES_PER_SECOND``), checked as the body goes out and as the answer comes
+in, so a server dripping its answer is cut off; a call past it is a transient failure and retried. At most
+``MAX_ANSWER_BYTES`` (64 MB) of an answer is read, 1 MB of an error answer, none of a PUT's answer.
 """
 
 from __future__ import annotations
@@ -17,14 +23,17 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
 
+from tasks.clients.bounds import Deadline
+from tasks.clients.bounds import read_answer as read_bounded
 from tasks.clients.errors import (
     MAX_MESSAGE_CHARS,
     ServiceError,
+    error_body,
     error_from_response,
     operation_outcome_texts,
     redact,
@@ -38,9 +47,19 @@ if TYPE_CHECKING:
 FHIR_JSON = "application/fhir+json"
 REQUEST_HEADERS = {"Content-Type": FHIR_JSON, "Accept": FHIR_JSON}
 SERVICE_NAME = "FHIR server"
+MB = 1024 * 1024
 # services.send has no timeout key; a transaction of 1000 resources or a Binary of a large file can keep a server
 # busy for minutes before it answers, so one read may take this long.
 SEND_TIMEOUT = timedelta(minutes=10)
+REQUEST_DEADLINE = timedelta(minutes=10)
+"""Whole-request deadline of one call (send, answer), plus the upload time of its body (below)."""
+SLOWEST_UPLOAD_BYTES_PER_SECOND = MB
+"""A body adds its size at this rate to the deadline: a 2 GB Binary may take 34 minutes more to go out."""
+DEADLINE_SETTING = "REQUEST_DEADLINE of tasks/clients/fhir_server.py, plus 1 s per MB sent"
+MAX_ANSWER_BYTES = 64 * MB
+"""The most of one answer that is read (a transaction-response, a read back); a PUT's answer body is not read."""
+TOO_LARGE_ANSWER_HINT = "lower services.send.batch_size so that each transaction gets a smaller answer"
+UPLOAD_PIECE = MB
 _ENTRY_NUMBER = re.compile(r"\bentry\s*\[?\s*(\d+)", re.IGNORECASE)
 
 
@@ -75,16 +94,25 @@ class EntryFailure:
 
 
 class FhirServer:
-    """One FHIR server (``{url}/fhir``) reached through a ``ServiceClient``."""
+    """One FHIR server (``{url}/fhir``) reached through a ``ServiceClient``.
 
-    def __init__(self, client: ServiceClient):
+    Every call has a whole-request deadline, ``deadline`` plus the time a body of its size takes at
+    ``SLOWEST_UPLOAD_BYTES_PER_SECOND``, and reads at most ``max_answer_bytes`` of an answer (``tasks.clients.bounds``).
+    """
+
+    def __init__(
+        self, client: ServiceClient, *, deadline: timedelta = REQUEST_DEADLINE, max_answer_bytes: int = MAX_ANSWER_BYTES
+    ):
         self._client = client
+        self._deadline = deadline.total_seconds()
+        self._max_answer_bytes = max_answer_bytes
 
     @classmethod
-    def connect(cls, send: SendSettings, tls: TlsSettings, retry: RetrySettings) -> FhirServer:
-        """A client for ``services.send.url`` with ``services.send.auth`` (Basic, OAuth or none, plus API key)."""
+    def connect(cls, send: SendSettings, tls: TlsSettings, retry: RetrySettings, **bounds: Any) -> FhirServer:
+        """A client for ``services.send.url`` with ``services.send.auth`` (Basic, OAuth or none, plus API key);
+        ``bounds`` are ``deadline`` and ``max_answer_bytes`` when not the defaults."""
         endpoint = ServiceEndpoint(SERVICE_NAME, send.url or "", send.auth, http_timeout(SEND_TIMEOUT))
-        return cls(ServiceClient(endpoint, tls, retry))
+        return cls(ServiceClient(endpoint, tls, retry), **bounds)
 
     def close(self) -> None:
         self._client.close()
@@ -99,24 +127,13 @@ class FhirServer:
         """POST a transaction Bundle of ``entries`` entries; the ``transaction-response`` when every entry succeeded.
 
         Raises ``TransactionRejected`` for an HTTP error (after retries of the transient ones) or a failed entry,
-        and ``ServiceError`` (status None) when the server could not be reached.
+        and ``ServiceError`` (status None) when the server could not be reached or took longer than the deadline.
         """
-        answer: list[httpx.Response] = []
-
-        def attempt() -> httpx.Response:
-            response = self._client.http.request("POST", "/fhir", content=body, headers=REQUEST_HEADERS)
-            if response.is_error:
-                answer[:] = [response]
-                raise error_from_response(response, operation="transaction", service=SERVICE_NAME)
-            return response
-
         try:
-            response = call_with_retry(attempt, self._client.retry, operation="transaction", service=SERVICE_NAME)
-        except ServiceError as exc:
-            if not answer or exc.status_code is None:
-                raise
-            raise rejected_by_status(answer[0], exc) from None
-        return checked_transaction_response(response, entries)
+            answer = self._call("POST", "/fhir", "transaction", body, len(body))
+        except Refused as refused:
+            raise rejected_by_status(refused.answer, refused.error) from None
+        return checked_transaction_response(answer, entries)
 
     def put(
         self,
@@ -125,62 +142,159 @@ class FhirServer:
         body: Callable[[], Iterable[bytes]] | bytes,
         *,
         length: int | None = None,
-    ) -> httpx.Response:
+    ) -> None:
         """PUT ``{url}/fhir/<type>/<id>``; ``body`` is the JSON, or a function that streams it afresh per attempt
-        (its total ``length`` then goes into Content-Length, so the body is not sent chunked)."""
-        headers = dict(REQUEST_HEADERS)
-        if length is not None:
-            headers["Content-Length"] = str(length)
-        return self._client.request(
-            "PUT",
-            f"/fhir/{resource_type}/{resource_id}",
-            operation=f"PUT {resource_type}/{resource_id}",
-            content=body if isinstance(body, bytes) else ReplayableBody(body),
-            headers=headers,
-        )
+        (its total ``length`` then goes into Content-Length, so the body is not sent chunked). The answer's body
+        is not read: a server may send a large Binary back, and only the status matters."""
+        size = len(body) if isinstance(body, bytes) else length
+        operation = f"PUT {resource_type}/{resource_id}"
+        try:
+            self._call("PUT", f"/fhir/{resource_type}/{resource_id}", operation, body, size, read_answer=False)
+        except Refused as refused:
+            raise refused.error from None
 
     def get(self, path: str, **params: str) -> dict:
         """GET a resource or a search under ``{url}/fhir`` (used to read back what was sent)."""
-        response = self._client.request("GET", f"/fhir/{path}", operation=f"GET {path}", params=params)
-        return orjson.loads(response.content)
+        try:
+            answer = self._call("GET", f"/fhir/{path}", f"GET {path}", params=params)
+        except Refused as refused:
+            raise refused.error from None
+        return orjson.loads(answer.body)
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        operation: str,
+        body: Callable[[], Iterable[bytes]] | bytes | None = None,
+        size: int | None = None,
+        *,
+        read_answer: bool = True,
+        params: dict[str, str] | None = None,
+    ) -> Answer:
+        """One call with retry; a 4xx/5xx answer (after the retries of the transient ones) raises ``Refused`` with
+        the error and what the server said."""
+        refused: list[Refused] = []
+
+        def attempt() -> Answer:
+            try:
+                return self._attempt(method, path, operation, body, size, read_answer=read_answer, params=params)
+            except Refused as exc:
+                refused[:] = [exc]
+                raise exc.error from None
+
+        try:
+            return call_with_retry(attempt, self._client.retry, operation=operation, service=SERVICE_NAME)
+        except ServiceError as exc:
+            if refused and exc is refused[0].error:
+                raise refused[0] from None
+            raise
+
+    def _attempt(
+        self,
+        method: str,
+        path: str,
+        operation: str,
+        body: Callable[[], Iterable[bytes]] | bytes | None,
+        size: int | None,
+        *,
+        read_answer: bool,
+        params: dict[str, str] | None,
+    ) -> Answer:
+        """One request within its deadline: the body checked piece by piece as it goes out, the answer as it
+        comes in (at most ``max_answer_bytes`` of it, none when ``read_answer`` is False)."""
+        deadline = Deadline(self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND, DEADLINE_SETTING)
+        content = (
+            None if body is None else ReplayableBody(lambda: deadline.pieces(pieces_of(body), operation, SERVICE_NAME))
+        )
+        headers = {**REQUEST_HEADERS, **({"Content-Length": str(size)} if size is not None else {})}
+        read_timeout = http_timeout(min(SEND_TIMEOUT, timedelta(seconds=deadline.seconds)))
+        request = self._client.http.build_request(
+            method, path, content=content, headers=headers, params=params, timeout=read_timeout
+        )
+        response = self._client.http.send(request, stream=True)
+        try:
+            deadline.check(operation, SERVICE_NAME)
+            if response.is_error:
+                error = Answer(response, error_body(response))
+                raise Refused(
+                    error, error_from_response(response, operation=operation, service=SERVICE_NAME, body=error.body)
+                )
+            if not read_answer:
+                return Answer(response, b"")
+            limit, hint = self._max_answer_bytes, TOO_LARGE_ANSWER_HINT
+            return Answer(
+                response,
+                read_bounded(response, limit, operation=operation, service=SERVICE_NAME, hint=hint, deadline=deadline),
+            )
+        finally:
+            response.close()
 
 
-def rejected_by_status(response: httpx.Response, error: ServiceError) -> TransactionRejected:
+@dataclass(frozen=True)
+class Answer:
+    """A server's answer: its status line and headers, and as much of its body as was read."""
+
+    response: httpx.Response
+    body: bytes
+
+    @property
+    def status_code(self) -> int:
+        return self.response.status_code
+
+
+class Refused(Exception):
+    """A 4xx/5xx answer that ended a call: the client error for it, and the answer (for the failure dump)."""
+
+    def __init__(self, answer: Answer, error: ServiceError):
+        super().__init__(str(error))
+        self.answer, self.error = answer, error
+
+
+def pieces_of(body: Callable[[], Iterable[bytes]] | bytes) -> Iterable[bytes]:
+    """A request body in pieces of at most ``UPLOAD_PIECE``, so the deadline is checked as it goes out."""
+    if not isinstance(body, bytes):
+        return body()
+    view = memoryview(body)
+    return (bytes(view[start : start + UPLOAD_PIECE]) for start in range(0, len(view), UPLOAD_PIECE))
+
+
+def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionRejected:
     """The rejection of a transaction the server answered with 4xx/5xx; names the entry when the server did."""
-    texts = operation_outcome_texts(response.content)
+    texts = operation_outcome_texts(answer.body)
     outcome = "; ".join(texts)
     match = next((m for text in texts if (m := _ENTRY_NUMBER.search(text))), None)
     return TransactionRejected(
         error.message,
-        status_code=response.status_code,
+        status_code=answer.status_code,
         transient=error.transient,
-        response_text=response_text(response),
+        response_text=response_text(answer),
         failed_entry=int(match.group(1)) if match else None,
         outcome=truncate(outcome, MAX_MESSAGE_CHARS),
     )
 
 
-def checked_transaction_response(response: httpx.Response, sent: int) -> dict:
+def checked_transaction_response(answer: Answer, sent: int) -> dict:
     """The parsed ``transaction-response``; a failed or missing entry raises ``TransactionRejected``."""
     try:
-        bundle = orjson.loads(response.content)
+        bundle = orjson.loads(answer.body)
     except orjson.JSONDecodeError:
         bundle = None
     if not isinstance(bundle, dict) or bundle.get("resourceType") != "Bundle":
-        raise _bad_answer(response, "the answer is not a Bundle")
+        raise _bad_answer(answer, "the answer is not a Bundle")
     entries = bundle.get("entry") or []
     if failure := first_failed_entry(entries):
         return_text = f"entry {failure.index + 1} failed with {failure.status}"
         raise TransactionRejected(
             return_text + (f": {failure.outcome}" if failure.outcome else ""),
-            status_code=response.status_code,
+            status_code=answer.status_code,
             transient=False,
-            response_text=response_text(response),
+            response_text=response_text(answer),
             failed_entry=failure.index,
             outcome=failure.outcome,
         )
     if len(entries) != sent:
-        raise _bad_answer(response, f"the transaction-response has {len(entries)} entries for {sent} sent")
+        raise _bad_answer(answer, f"the transaction-response has {len(entries)} entries for {sent} sent")
     return bundle
 
 
@@ -197,19 +311,19 @@ def first_failed_entry(entries: list) -> EntryFailure | None:
     return None
 
 
-def _bad_answer(response: httpx.Response, reason: str) -> TransactionRejected:
+def _bad_answer(answer: Answer, reason: str) -> TransactionRejected:
     return TransactionRejected(
         f"{reason}; the server's answer cannot confirm the batch",
-        status_code=response.status_code,
+        status_code=answer.status_code,
         transient=False,
-        response_text=response_text(response),
+        response_text=response_text(answer),
     )
 
 
-def response_text(response: httpx.Response) -> str:
-    """What the server answered, for the failure dump: status line, content type, body; credentials it quoted
-    back are blanked out (``redact``)."""
+def response_text(answer: Answer) -> str:
+    """What the server answered, for the failure dump: status line, content type, body (as much as was read);
+    credentials it quoted back are blanked out (``redact``)."""
+    response = answer.response
     content_type = response.headers.get("Content-Type", "")
-    return redact(
-        f"HTTP {response.status_code} {response.reason_phrase}\nContent-Type: {content_type}\n\n{response.text}"
-    )
+    body = answer.body.decode(response.encoding or "utf-8", errors="replace")
+    return redact(f"HTTP {response.status_code} {response.reason_phrase}\nContent-Type: {content_type}\n\n{body}")
