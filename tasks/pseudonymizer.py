@@ -142,6 +142,7 @@ async def pseudonymize_with_service(
             config=config,
             split_threshold_mb=service_settings.bundle_split_threshold_mb,
             max_concurrent_requests=service_settings.max_concurrent_requests,
+            max_answer_bytes=settings.pipeline.max_ndjson_line_size_bytes,
         )
         return await pseudonymize_path(
             source,

@@ -35,6 +35,7 @@ from tests.fakes._server import LoopbackServer
 from tests.fakes.fhir_server import start_fhir_fake
 from tests.fakes.oauth import REALM_PATH, OAuthHandler, OAuthState
 from tests.test_job_cli import job_file, only_job_dir
+from tests.test_pseudonymizer_client import pseudonymize
 from tests.test_send_direct import generated, write_ndjson
 
 MB = 1024 * 1024
@@ -203,7 +204,9 @@ def wait_until(probe, timeout: float = 30.0) -> None:
 def test_a_validator_dripping_its_answer_is_cut_off_at_the_request_deadline_and_retried(validator_fake):
     validator_fake.state.reset(drip_byte_seconds=0.3)
     started = time.monotonic()
-    with pytest.raises(ServiceError, match=r"no complete answer within 1 s \(REQUEST_DEADLINE") as caught:
+    with pytest.raises(
+        ServiceError, match=r"no complete answer within 1 s, the deadline of one request \(REQUEST_DEADLINE"
+    ) as caught:
         validate_chunk(validator_fake, deadline=timedelta(seconds=1))
     assert caught.value.transient and caught.value.status_code is None
     assert len(validator_fake.state.requests) == FAST_RETRY.max_attempts
@@ -240,7 +243,8 @@ def test_a_fhir_server_dripping_its_answer_is_cut_off_at_the_request_deadline_an
     fhir_fake.state.drip_seconds = 0.3
     started = time.monotonic()
     with pytest.raises(
-        StepError, match=r"batch 1 .* could not be sent: .*no complete answer within 1 s \(REQUEST_DEADLINE"
+        StepError,
+        match=r"batch 1 .* could not be sent: .*no complete answer within 1 s, the deadline of one request \(REQUEST_",
     ):
         send_to(fhir_fake, tmp_path, deadline=timedelta(seconds=1))
     assert len(fhir_fake.state.transactions) == 2  # retried once (retry.max_attempts: 2), like a lost answer
@@ -253,3 +257,13 @@ def test_a_fhir_server_answer_over_the_cap_fails_the_batch_without_being_read_wh
     with pytest.raises(StepError, match="the answer is 100.0 MB, more than the 1.0 MB read from this service; lower"):
         send_to(fhir_fake, tmp_path, max_answer_bytes=MB)
     assert len(fhir_fake.state.transactions) == 1  # terminal: not retried
+
+
+def test_a_pseudonymizer_answer_over_the_cap_is_refused_without_being_read_whole(pseudonymizer_fake):
+    pseudonymizer_fake.state.answer_padding = 100 * MB
+    expected = (
+        "the answer is 100.0 MB, more than the 1.0 MB read from this service; .* pipeline.max_ndjson_line_size_mb"
+    )
+    with pytest.raises(ServiceError, match=expected) as caught:
+        pseudonymize(pseudonymizer_fake, patient(1), max_answer_bytes=MB)
+    assert not caught.value.transient and len(pseudonymizer_fake.state.requests) == 1

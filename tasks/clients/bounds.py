@@ -53,7 +53,7 @@ class Deadline:
         return ServiceError(
             operation,
             None,
-            f"no complete answer within {round(self.seconds, 1):g} s ({self.setting}, the deadline of one request)",
+            f"no complete answer within {round(self.seconds, 1):g} s, the deadline of one request ({self.setting})",
             transient=True,
             service=service,
         )

@@ -12,7 +12,9 @@ many entries as sent, so a resource can never get lost on the way.
 Requests go through the client layer (``tasks.clients.http``): retry of 5xx/408/429 and network errors, other 4xx
 terminal with the service's OperationOutcome text. ``services.pseudonymizer.timeout`` is the deadline of each whole
 request (connect, send, answer), not of each read, so a server dripping bytes is cut off; a request past its
-deadline counts as a transient failure and is retried. At most ``max_concurrent_requests`` requests are in flight
+deadline counts as a transient failure and is retried. At most ``max_answer_bytes`` of an answer is read (the
+step's ``pipeline.max_ndjson_line_size_mb``; ``MAX_ANSWER_BYTES``, 100 MB, by default), and a larger one fails
+with its size and the limit (``tasks.clients.bounds``). At most ``max_concurrent_requests`` requests are in flight
 per ``Pseudonymizer`` (an ``asyncio.Semaphore``). Plain Python: no Prefect in here.
 """
 
@@ -30,7 +32,8 @@ import httpx
 import orjson
 
 from tasks.errors import StepError
-from tasks.clients.errors import ServiceError, raise_for_service_status_async, redact
+from tasks.clients.bounds import Deadline, read_answer_async, within_deadline
+from tasks.clients.errors import raise_for_service_status_async, redact
 from tasks.clients.http import call_with_retry_async, service_name
 
 if TYPE_CHECKING:
@@ -40,6 +43,13 @@ DE_IDENTIFY_PATH = "/fhir/$de-identify"
 FHIR_JSON = "application/fhir+json"
 REQUEST_HEADERS = {"Content-Type": FHIR_JSON, "Accept": FHIR_JSON}
 MB = 1024 * 1024
+MAX_ANSWER_BYTES = 100 * MB
+"""The most of one answer that is read, unless the step says otherwise: pipeline.max_ndjson_line_size_mb's
+default, since the answer becomes one line of the step's output."""
+DEADLINE_SETTING = "services.pseudonymizer.timeout; raise it for large bundles"
+TOO_LARGE_ANSWER_HINT = (
+    "the de-identified resource is larger than an output line may be; raise pipeline.max_ndjson_line_size_mb"
+)
 
 
 class PseudonymizationError(StepError):
@@ -121,12 +131,15 @@ class Pseudonymizer:
         split_threshold_mb: int = 10,
         max_concurrent_requests: int = 4,
         deadline: timedelta | None = None,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ):
         """``deadline`` bounds each whole request; by default the client's read timeout, which ``http_timeout``
-        sets to the configured ``services.pseudonymizer.timeout``."""
+        sets to the configured ``services.pseudonymizer.timeout``. At most ``max_answer_bytes`` of an answer is
+        read (the step passes ``pipeline.max_ndjson_line_size_mb``: the answer becomes one line of its output)."""
         self._client = client
         self._retry = retry
         self._deadline = deadline.total_seconds() if deadline is not None else client.timeout.read
+        self._max_answer_bytes = max_answer_bytes
         self._body = RequestBody(config)
         self.split_threshold_bytes = split_threshold_mb * MB
         self._slots = asyncio.Semaphore(max_concurrent_requests)
@@ -154,25 +167,23 @@ class Pseudonymizer:
         service = service_name(self._client)
         body = self._body(resource_json)
 
-        async def attempt() -> httpx.Response:
+        async def attempt() -> bytes:
+            request = self._client.build_request("POST", DE_IDENTIFY_PATH, content=body, headers=REQUEST_HEADERS)
+            response = await self._client.send(request, stream=True)
             try:
-                async with asyncio.timeout(self._deadline):
-                    response = await self._client.post(DE_IDENTIFY_PATH, content=body, headers=REQUEST_HEADERS)
-                    await raise_for_service_status_async(response, operation=operation, service=service)
-                    return response
-            except TimeoutError:
-                raise ServiceError(
-                    operation,
-                    None,
-                    f"no complete answer within {self._deadline:g} s (services.pseudonymizer.timeout, the deadline "
-                    "of one request); raise it for large bundles",
-                    transient=True,
-                    service=service,
-                ) from None
+                await raise_for_service_status_async(response, operation=operation, service=service)
+                limit, hint = self._max_answer_bytes, TOO_LARGE_ANSWER_HINT
+                return await read_answer_async(response, limit, operation=operation, service=service, hint=hint)
+            finally:
+                await response.aclose()
+
+        async def bounded_attempt() -> bytes:
+            deadline = Deadline(self._deadline, DEADLINE_SETTING)
+            return await within_deadline(attempt, deadline, operation=operation, service=service)
 
         async with self._slots:
-            response = await call_with_retry_async(attempt, self._retry, operation=operation, service=service)
-        return checked_answer(response.content, resource)
+            content = await call_with_retry_async(bounded_attempt, self._retry, operation=operation, service=service)
+        return checked_answer(content, resource)
 
 
 def checked_answer(content: bytes, sent: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:

@@ -60,6 +60,7 @@ DE_IDENTIFY_PATH = "/fhir/$de-identify"
 FHIR_JSON = "application/fhir+json"
 ACCEPTED_CONTENT_TYPES = (FHIR_JSON, "application/json")
 DEFAULT_MAX_BODY_BYTES = 30 * 1024 * 1024
+PAD_PIECE = 1 << 20
 
 DEFAULT_SERVER_CONFIG = b"""\
 fhirVersion: R4
@@ -397,6 +398,8 @@ class PseudonymizerState(ResettableState):
     fail_next: int = 0
     fail_status: int = 500
     reset_next: int = 0
+    answer_padding: int = 0
+    """Spaces added inside every 200 answer's JSON (generated as sent): an answer larger than memory."""
     status_hook: StatusHook | None = None
     """Called per request after recording; a returned status is answered with an OperationOutcome."""
     requests: list[RecordedRequest] = field(default_factory=list)
@@ -587,11 +590,15 @@ class PseudonymizerHandler(BaseHTTPRequestHandler):
 
     def _send_json(self, status: int, document: dict[str, Any]) -> None:
         payload = json.dumps(document, separators=(",", ":")).encode("utf-8")
+        padding = self.state.answer_padding if status == 200 else 0
         self.send_response(status)
         self.send_header("Content-Type", FHIR_JSON)
-        self.send_header("Content-Length", str(len(payload)))
+        self.send_header("Content-Length", str(len(payload) + padding))
         self.end_headers()
-        self.wfile.write(payload)
+        self.wfile.write(payload[:1])
+        for start in range(0, padding, PAD_PIECE):  # spaces inside the JSON: the same answer, only larger
+            self.wfile.write(b" " * min(PAD_PIECE, padding - start))
+        self.wfile.write(payload[1:])
 
     def _reset_connection(self) -> None:
         """Close with SO_LINGER 0 so the client sees a TCP reset, not a clean end of stream."""
