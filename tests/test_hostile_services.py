@@ -24,7 +24,8 @@ from flows.run import EXIT_FAILED
 from config.settings import Settings
 from tasks.clients.errors import ServiceError, register_secret
 from tasks.clients.fhir_server import FhirServer
-from tasks.clients.http import AsyncServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.flattener import Flattener
+from tasks.clients.http import AsyncServiceClient, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.validator import Validator, iter_chunks
 from tasks.errors import StepError
 from tasks.ndjson import iter_resources
@@ -33,6 +34,7 @@ from tasks.validation import validate_path
 from tests.conftest import run_cli
 from tests.fakes._server import LoopbackServer
 from tests.fakes.fhir_server import start_fhir_fake
+from tests.fakes.flattener import start_flattener
 from tests.fakes.oauth import REALM_PATH, OAuthHandler, OAuthState
 from tests.test_job_cli import job_file, only_job_dir
 from tests.test_pseudonymizer_client import pseudonymize
@@ -267,3 +269,49 @@ def test_a_pseudonymizer_answer_over_the_cap_is_refused_without_being_read_whole
     with pytest.raises(ServiceError, match=expected) as caught:
         pseudonymize(pseudonymizer_fake, patient(1), max_answer_bytes=MB)
     assert not caught.value.transient and len(pseudonymizer_fake.state.requests) == 1
+
+
+PATIENT_IDS = orjson.dumps(
+    {"resourceType": "ViewDefinition", "resource": "Patient", "select": [{"column": [{"name": "id", "path": "id"}]}]}
+)
+
+
+@pytest.fixture(scope="module")
+def running_flattener():
+    server = start_flattener()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def flattener_fake(running_flattener):
+    running_flattener.state.reset()
+    return running_flattener
+
+
+def flattener(server: LoopbackServer, **options: Any) -> ServiceClient:
+    endpoint = ServiceEndpoint("flattening", server.base_url, None, http_timeout(READ_TIMEOUT))
+    return ServiceClient(endpoint, TlsSettings(), FAST_RETRY)
+
+
+def test_flattener_rows_are_streamed_one_line_at_a_time_never_the_whole_answer(flattener_fake):
+    flattener_fake.state.repeat_rows = 4_000_000  # about 50 MB of {"id":"p1"} rows
+    total = 4_000_000 * len(b'{"id":"p1"}\n')
+    with flattener(flattener_fake) as client:
+        rows = Flattener(client).run(PATIENT_IDS, [orjson.dumps(patient(1))])
+        first = [next(rows) for _ in range(1000)]
+        rows.close()  # the consumer stops: the answer is closed, not read to its end
+    assert first == [{"id": "p1"}] * 1000
+    wait_until(lambda: flattener_fake.state.streams_ended == 1)
+    assert flattener_fake.state.bytes_written < total / 2
+
+
+def test_a_flattener_dripping_its_rows_is_cut_off_at_the_request_deadline(flattener_fake):
+    flattener_fake.state.drip_byte_seconds = 0.3
+    started = time.monotonic()
+    with flattener(flattener_fake) as client:
+        service = Flattener(client, deadline=timedelta(seconds=1))
+        expected = r"no complete answer within 1 s, the deadline of one request \(services.flattening.timeout\)"
+        with pytest.raises(ServiceError, match=expected):
+            list(service.run(PATIENT_IDS, [orjson.dumps(patient(1))]))
+    assert time.monotonic() - started < 10

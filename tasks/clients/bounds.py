@@ -31,6 +31,8 @@ from tasks.clients.errors import ServiceError
 
 T = TypeVar("T")
 MB = 1024 * 1024
+UPLOAD_PIECE = MB
+"""A request body goes out in pieces of this size, the deadline checked before each."""
 
 
 def describe_size(size: int) -> str:
@@ -63,6 +65,12 @@ class Deadline:
         for piece in body:
             self.check(operation, service)
             yield piece
+
+
+def in_pieces(body: bytes) -> Iterator[bytes]:
+    """``body`` in pieces of at most ``UPLOAD_PIECE`` (for ``Deadline.pieces``)."""
+    view = memoryview(body)
+    return (bytes(view[start : start + UPLOAD_PIECE]) for start in range(0, len(view), UPLOAD_PIECE))
 
 
 async def within_deadline(

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from tasks.clients.bounds import Deadline
+from tasks.clients.bounds import Deadline, in_pieces
 from tasks.clients.bounds import read_answer as read_bounded
 from tasks.clients.errors import (
     MAX_MESSAGE_CHARS,
@@ -59,7 +59,6 @@ DEADLINE_SETTING = "REQUEST_DEADLINE of tasks/clients/fhir_server.py, plus 1 s p
 MAX_ANSWER_BYTES = 64 * MB
 """The most of one answer that is read (a transaction-response, a read back); a PUT's answer body is not read."""
 TOO_LARGE_ANSWER_HINT = "lower services.send.batch_size so that each transaction gets a smaller answer"
-UPLOAD_PIECE = MB
 _ENTRY_NUMBER = re.compile(r"\bentry\s*\[?\s*(\d+)", re.IGNORECASE)
 
 
@@ -252,11 +251,8 @@ class Refused(Exception):
 
 
 def pieces_of(body: Callable[[], Iterable[bytes]] | bytes) -> Iterable[bytes]:
-    """A request body in pieces of at most ``UPLOAD_PIECE``, so the deadline is checked as it goes out."""
-    if not isinstance(body, bytes):
-        return body()
-    view = memoryview(body)
-    return (bytes(view[start : start + UPLOAD_PIECE]) for start in range(0, len(view), UPLOAD_PIECE))
+    """A request body in pieces, so the deadline is checked as it goes out."""
+    return in_pieces(body) if isinstance(body, bytes) else body()
 
 
 def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionRejected:

@@ -8,23 +8,40 @@ Wire contract (spec/protocols.md, "Flattening service"):
   ``Accept: application/x-ndjson``; the body is a ``Parameters`` with a ``viewDefinition`` part and one
   ``resources`` part per resource. The answer is NDJSON, one object per row keyed by column name.
 
-``$run`` computes rows and changes nothing on the server, so it is retried like a read. Numbers in the answer are
-read as ``Decimal`` so that they reach the CSV as written. Plain Python: no Prefect in here.
+``$run`` computes rows and changes nothing on the server, so it is retried like a read until its answer starts.
+The answer is streamed: rows are parsed one line at a time as they arrive (never the whole answer in memory), each
+line at most ``MAX_ROW_BYTES`` (16 MB). ``services.flattening.timeout`` is the deadline of each whole request, the
+answer's rows included, checked as the body goes out and as the answer comes in (``tasks.clients.bounds``), so a
+server dripping its answer is cut off. Numbers in the answer are read as ``Decimal`` so that they reach the CSV as
+written. Plain Python: no Prefect in here.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from tasks.clients.http import ServiceClient
+import httpx
+
+from tasks.clients.bounds import Deadline, in_pieces, read_answer
+from tasks.clients.errors import network_error, raise_for_service_status, redact
+from tasks.clients.http import ServiceClient, call_with_retry
 from tasks.errors import StepError
 
 METADATA_PATH = "/fhir/metadata"
 RUN_PATH = "/fhir/ViewDefinition/$run"
 RUN_HEADERS = {"Content-Type": "application/fhir+json", "Accept": "application/x-ndjson"}
+MB = 1024 * 1024
+MAX_ROW_BYTES = 16 * MB
+"""The longest line of a ``$run`` answer that is read: one row, one CSV line."""
+MAX_METADATA_BYTES = 16 * MB
+"""The most of a CapabilityStatement that is read (a full FHIR server's runs to a few hundred KB)."""
+DEADLINE_SETTING = "services.flattening.timeout"
+NOT_A_SERVICE_HINT = "is services.flattening.service_url the flattening service's root?"
 
 
 class FlattenerError(StepError):
@@ -32,45 +49,119 @@ class FlattenerError(StepError):
 
 
 class Flattener:
-    """The flattening service behind ``client`` (a ``ServiceClient`` rooted at ``service_url``)."""
+    """The flattening service behind ``client`` (a ``ServiceClient`` rooted at ``service_url``).
 
-    def __init__(self, client: ServiceClient):
+    ``deadline`` bounds each whole request, the answer's rows included; by default the client's read timeout, which
+    ``http_timeout`` sets to the configured ``services.flattening.timeout``.
+    """
+
+    def __init__(self, client: ServiceClient, *, deadline: timedelta | None = None):
         self.client = client
+        self._deadline = deadline.total_seconds() if deadline is not None else client.endpoint.timeout.read
 
     def check(self) -> None:
         """Raise ``FlattenerError`` unless the service's CapabilityStatement lists ``$run`` on ViewDefinition."""
-        response = self.client.request("GET", METADATA_PATH, operation="read the flattening service's metadata")
+        operation = "read the flattening service's metadata"
+        with self._answer("GET", METADATA_PATH, operation) as (response, deadline):
+            content = read_answer(
+                response,
+                MAX_METADATA_BYTES,
+                operation=operation,
+                service=self._service,
+                hint=NOT_A_SERVICE_HINT,
+                deadline=deadline,
+            )
         try:
-            statement = response.json()
+            statement = json.loads(content)
         except ValueError:
             statement = None
         if not lists_view_run(statement):
             raise FlattenerError(
-                f"{self.client.endpoint.base_url} is not a flattening service: its {METADATA_PATH} lists no $run "
-                "operation on ViewDefinition (check services.flattening.service_url)"
+                redact(
+                    f"{self.client.endpoint.base_url} is not a flattening service: its {METADATA_PATH} lists no $run "
+                )
+                + "operation on ViewDefinition (check services.flattening.service_url)"
             )
 
     def run(self, view: bytes, resources: list[bytes]) -> Iterator[dict[str, Any]]:
-        """The rows of ``view`` (compact JSON) over ``resources`` (each compact JSON), as the service answers."""
+        """The rows of ``view`` (compact JSON) over ``resources`` (each compact JSON), one at a time as the service
+        sends them (the answer is never held whole)."""
         body = run_parameters(view, resources)
-        response = self.client.request(
-            "POST",
-            RUN_PATH,
-            operation=f"$run over {len(resources)} resources",
-            params={"_format": "ndjson"},
-            headers=RUN_HEADERS,
-            content=body,
-        )
-        for number, line in enumerate(response.text.splitlines(), start=1):
-            if not line.strip():
-                continue
+        operation = f"$run over {len(resources)} resources"
+        headers = {**RUN_HEADERS, "Content-Length": str(len(body))}
+        request = {"params": {"_format": "ndjson"}, "headers": headers, "body": body}
+        with self._answer("POST", RUN_PATH, operation, **request) as (response, deadline):
+            lines = answer_lines(response, deadline, operation, self._service)
+            for number, line in enumerate(lines, start=1):
+                if line.strip():
+                    yield parse_row(line, number)
+
+    @property
+    def _service(self) -> str:
+        return self.client.endpoint.name
+
+    @contextmanager
+    def _answer(
+        self, method: str, path: str, operation: str, *, body: bytes | None = None, **request: Any
+    ) -> Iterator[tuple[httpx.Response, Deadline]]:
+        """A 2xx answer whose body is still to be read, and the deadline its reading must keep. Failures before the
+        answer starts are retried (``$run`` changes nothing); a failure while it is read is not (rows were taken)."""
+
+        def attempt() -> tuple[httpx.Response, Deadline]:
+            deadline = Deadline(self._deadline, DEADLINE_SETTING)
+            content = None if body is None else deadline.pieces(in_pieces(body), operation, self._service)
+            sent = self.client.http.send(
+                self.client.http.build_request(method, path, content=content, **request), stream=True
+            )
             try:
-                row = json.loads(line, parse_float=Decimal)
-            except ValueError as exc:
-                raise FlattenerError(f"the flattening service's $run answer line {number} is not JSON ({exc})") from exc
-            if not isinstance(row, dict):
-                raise FlattenerError(f"the flattening service's $run answer line {number} is not a JSON object")
-            yield row
+                deadline.check(operation, self._service)
+                raise_for_service_status(sent, operation=operation, service=self._service)
+            except BaseException:
+                sent.close()
+                raise
+            return sent, deadline
+
+        response, deadline = call_with_retry(attempt, self.client.retry, operation=operation, service=self._service)
+        try:
+            yield response, deadline
+        finally:
+            response.close()
+
+
+def answer_lines(response: httpx.Response, deadline: Deadline, operation: str, service: str) -> Iterator[bytes]:
+    """The answer's lines as they arrive (without their newline), each at most ``MAX_ROW_BYTES``; the deadline is
+    checked after each piece read."""
+    line = bytearray()
+    try:
+        for piece in response.iter_bytes():
+            deadline.check(operation, service)
+            start = 0
+            while (end := piece.find(b"\n", start)) >= 0:
+                line += piece[start:end]
+                yield bytes(line)
+                line.clear()
+                start = end + 1
+            line += piece[start:]
+            if len(line) > MAX_ROW_BYTES:
+                raise FlattenerError(
+                    f"a row of the flattening service's $run answer is longer than {MAX_ROW_BYTES // MB} MB "
+                    "(MAX_ROW_BYTES); the service's answer is not NDJSON rows"
+                )
+    except httpx.TransportError as exc:
+        raise network_error(exc, operation=operation, service=service) from exc
+    if line:
+        yield bytes(line)
+
+
+def parse_row(line: bytes, number: int) -> dict[str, Any]:
+    """One row of the answer, numbers as ``Decimal``; a ``FlattenerError`` naming the line for anything else."""
+    try:
+        row = json.loads(line, parse_float=Decimal)
+    except ValueError as exc:
+        raise FlattenerError(f"the flattening service's $run answer line {number} is not JSON ({exc})") from exc
+    if not isinstance(row, dict):
+        raise FlattenerError(f"the flattening service's $run answer line {number} is not a JSON object")
+    return row
 
 
 def run_parameters(view: bytes, resources: list[bytes]) -> bytes:

@@ -10,14 +10,18 @@ Wire contract (spec/protocols.md, "Flattening service"):
   413 (body over ``max_body_bytes``), 415, 500.
 
 Switches on ``FlattenerState``: ``not_a_flattener`` (metadata is a CapabilityStatement without ``$run``),
-``fail_next`` (that many ``$run`` calls answer 500), ``max_body_bytes``. Every ``$run`` is recorded
-(``runs``: resources per request, body size).
+``fail_next`` (that many ``$run`` calls answer 500), ``max_body_bytes``, ``repeat_rows`` (the answer's rows that
+many times over, generated as sent: an answer larger than memory; ``bytes_written`` counts what went out before
+the client stopped reading, ``streams_ended`` how many such answers ended, written whole or not),
+``drip_byte_seconds`` (one byte of the answer every that many seconds). Every ``$run`` is recorded (``runs``:
+resources per request, body size).
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler
@@ -68,6 +72,10 @@ class FlattenerState:
     not_a_flattener: bool = False
     fail_next: int = 0
     max_body_bytes: int = 100 * 1024 * 1024
+    repeat_rows: int = 1
+    drip_byte_seconds: float = 0.0
+    bytes_written: int = 0
+    streams_ended: int = 0
     runs: list[RunRecord] = field(default_factory=list)
     metadata_reads: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -75,6 +83,7 @@ class FlattenerState:
     def reset(self, **switches: Any) -> None:
         with self.lock:
             self.not_a_flattener, self.fail_next, self.max_body_bytes = False, 0, 100 * 1024 * 1024
+            self.repeat_rows, self.drip_byte_seconds, self.bytes_written, self.streams_ended = 1, 0.0, 0, 0
             self.runs, self.metadata_reads = [], 0
             for name, value in switches.items():
                 setattr(self, name, value)
@@ -121,7 +130,30 @@ class FlattenerHandler(BaseHTTPRequestHandler):
         with self.state.lock:
             self.state.runs.append(RunRecord(len(resources), length, view.get("name")))
         lines = b"".join(json_bytes({k: v for k, v in row.items() if v is not None}) + b"\n" for row in rows)
+        if self.state.repeat_rows > 1 or self.state.drip_byte_seconds > 0:
+            return self._send_streamed(lines)
         self._send(200, "application/x-ndjson", lines)
+
+    def _send_streamed(self, lines: bytes) -> None:
+        """The rows ``repeat_rows`` times (generated as sent, counted in ``bytes_written`` until the client stops
+        reading), or one byte every ``drip_byte_seconds``."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Content-Length", str(len(lines) * self.state.repeat_rows))
+        self.end_headers()
+        pieces = [lines[i : i + 1] for i in range(len(lines))] if self.state.drip_byte_seconds > 0 else [lines]
+        try:
+            for _ in range(self.state.repeat_rows):
+                for piece in pieces:
+                    self.wfile.write(piece)
+                    with self.state.lock:
+                        self.state.bytes_written += len(piece)
+                    if self.state.drip_byte_seconds > 0:
+                        self.wfile.flush()
+                        time.sleep(self.state.drip_byte_seconds)
+        finally:
+            with self.state.lock:
+                self.state.streams_ended += 1
 
     def _outcome(self, status: int, text: str) -> None:
         severity = "fatal" if status >= 500 else "error"
