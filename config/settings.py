@@ -17,10 +17,10 @@ context has a ``"warnings"`` list, appended to it.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import re
+import unicodedata
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
@@ -46,6 +46,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from config.durations import Duration, format_duration
+from tasks.layout import JsonFileError, read_json_file
 
 logger = logging.getLogger("dupflow.config")
 
@@ -102,6 +103,22 @@ def _list_from_text(value: Any) -> Any:
 
 
 OptionalStr = Annotated[str | None, BeforeValidator(_blank_to_none)]
+
+
+def _refuse_control_characters(path: str | None) -> str | None:
+    """A path with a NUL, newline or other control character passes every other check and then fails the step
+    that opens it: refused here, so ``config check`` names the key."""
+    control = next((char for char in path or "" if unicodedata.category(char) == "Cc"), None)
+    if control is not None:
+        raise PydanticCustomError(
+            "path_control",
+            "contains the control character U+{code}, which no path should have; remove it from the path",
+            {"code": f"{ord(control):04X}"},
+        )
+    return path
+
+
+OptionalPath = Annotated[str | None, BeforeValidator(_blank_to_none), AfterValidator(_refuse_control_characters)]
 OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_blank_to_none)]
 StrList = Annotated[list[str], BeforeValidator(_list_from_text)]
 
@@ -374,7 +391,7 @@ class PseudonymizerSettings(ConfigModel):
     bundle_split_threshold_mb: int = Field(default=10, ge=1, le=100)
     timeout: Duration = timedelta(seconds=30)
     auth: AuthSettings = Field(default_factory=AuthSettings)
-    anonymization_config: OptionalStr = None
+    anonymization_config: OptionalPath = None
     max_concurrent_requests: int = Field(default=4, ge=1, le=1000)
 
     @field_validator("url")
@@ -394,7 +411,7 @@ class FlatteningSettings(ConfigModel):
     DEFAULT_BATCH_SIZE_MB: ClassVar[int] = 500
 
     service_url: OptionalUrl = None
-    lookup_path: OptionalStr = None
+    lookup_path: OptionalPath = None
     formats: StrList = Field(default_factory=lambda: ["csv"])
     timeout: Duration = timedelta(minutes=30)
     batch_size_mb: int = Field(default=DEFAULT_BATCH_SIZE_MB, ge=0, le=1_000_000)
@@ -476,7 +493,7 @@ class ValidationSettings(ConfigModel):
 class LocalImportSettings(ConfigModel):
     """services.local_import."""
 
-    dir: OptionalStr = None
+    dir: OptionalPath = None
     recursive: bool = False
 
 
@@ -553,6 +570,7 @@ def _last_path_segment(profile_url: str) -> str:
 
 
 _ENRICHMENT_FILE = TypeAdapter(list[_FileEnrichmentRule])
+MAX_ENRICHMENT_FILE_BYTES = 16 * 1024 * 1024  # rules for every MII profile fit in a few KB
 
 
 def _file_error_text(error: Any) -> str:
@@ -576,18 +594,9 @@ def read_enrichment_file(path: str) -> tuple[list[EnrichmentRule], list[str]]:
     """Read an external enrichment JSON file: (rules, problems). The loader has made a path written in the
     configuration file absolute against the file's directory; other relative paths use the working directory."""
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as error:
-        return [], [
-            f"cannot read {path} ({error.strerror}); check the path (in the configuration file, relative to the "
-            "file's directory; in a flag or APP_* variable, to the current directory)"
-        ]
-    except json.JSONDecodeError as error:
-        return [], [f"{path} is not valid JSON (line {error.lineno}, column {error.colno}); fix the file"]
-    except RecursionError:
-        return [], [f"{path} is nested too deeply to be an enrichment file; fix the file"]
-    except UnicodeDecodeError:
-        return [], [f"{path} is not UTF-8 text; save it as UTF-8"]
+        raw = read_json_file(Path(path), MAX_ENRICHMENT_FILE_BYTES, path)
+    except JsonFileError as error:
+        return [], [str(error)]
     try:
         entries = _ENRICHMENT_FILE.validate_python(raw)
     except ValidationError as error:
@@ -599,7 +608,7 @@ class CrtdlPreprocessingSettings(ConfigModel):
     """services.crtdl_preprocessing. ``rules`` is the effective list, inline or read from enrichments_path."""
 
     enabled: bool = False
-    enrichments_path: OptionalStr = None
+    enrichments_path: OptionalPath = None
     enrichments: Annotated[list[EnrichmentRule] | None, BeforeValidator(_list_from_text)] = None
     _file_rules: list[EnrichmentRule] | None = PrivateAttr(default=None)
 
@@ -806,7 +815,7 @@ class RetrySettings(ConfigModel):
 
 
 class TlsSettings(ConfigModel):
-    ca_cert_path: OptionalStr = None
+    ca_cert_path: OptionalPath = None
     insecure_skip_verify: bool = False
 
 
@@ -878,7 +887,7 @@ class Settings(ConfigModel):
     retry: RetrySettings = Field(default_factory=RetrySettings)
     tls: TlsSettings = Field(default_factory=TlsSettings)
     compression: CompressionSettings = Field(default_factory=CompressionSettings)
-    jobs_dir: str = Field(default="./jobs", min_length=1)
+    jobs_dir: Annotated[str, AfterValidator(_refuse_control_characters)] = Field(default="./jobs", min_length=1)
 
     @model_validator(mode="after")
     def _enabled_steps_are_configured(self, info: ValidationInfo) -> Settings:

@@ -20,6 +20,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,7 +31,15 @@ from config.loader import LoadedConfig, absolute_path_overrides, load_settings, 
 from config.settings import Settings
 from tasks.clients.errors import redact
 from tasks.errors import JobError
-from tasks.layout import JobPaths, is_crtdl_file, write_file_atomically
+from tasks.layout import (
+    JobPaths,
+    JsonFileError,
+    is_crtdl_file,
+    parse_json_document,
+    read_limited,
+    write_error,
+    write_file_atomically,
+)
 from tasks.record import record_facts
 
 LOCK_FILE = ".lock"
@@ -42,6 +51,7 @@ SUSPENDED = "Suspended"  # a deployment run at a wait step, resumed with the ins
 
 CRTDL_NAME = "crtdl.json"
 ENRICHED_CRTDL_NAME = "enriched-crtdl.json"
+MAX_CRTDL_BYTES = 16 * 1024 * 1024  # a large real CRTDL is under 1 MB; more is a wrong file (or /dev/zero)
 
 
 def new_job_id() -> str:
@@ -155,10 +165,7 @@ def new_job(
     # The CRTDL is read (and enriched) before anything is written: a bad one leaves no job behind.
     effective = effective_crtdl(crtdl, loaded.settings) if crtdl is not None else None
     job = JobFile(paths.job_id, config_path, job_input, frozen, steps)
-    paths.job_dir.mkdir(parents=True, exist_ok=True)
-    job.write(paths)
-    if crtdl is not None and effective is not None:
-        write_crtdl(paths, crtdl, effective)
+    create_job_files(paths, job, crtdl, effective)
     return Job(paths, job, loaded.settings)
 
 
@@ -169,6 +176,22 @@ def refuse_credentials_in_url(job_input: str | None) -> None:
             "the input URL carries a user name or password (user:password@host); they would be stored with the job: "
             "give the URL without them"
         )
+
+
+def create_job_files(paths: JobPaths, job: JobFile, crtdl: Path | None, effective: EffectiveCrtdl | None) -> None:
+    """The new job's directory, ``job.json`` and CRTDL; when one cannot be written (a full disk), the directory
+    is removed again and ``JobWriteError`` says why, so no half-made job is left to be continued."""
+    try:
+        paths.job_dir.mkdir(parents=True)
+    except OSError as exc:
+        raise write_error(exc, paths.job_dir) from None
+    try:
+        job.write(paths)
+        if crtdl is not None and effective is not None:
+            write_crtdl(paths, crtdl, effective)
+    except OSError:
+        shutil.rmtree(paths.job_dir, ignore_errors=True)
+        raise
 
 
 def crtdl_input(steps: list[str], job_input: str | None) -> Path | None:
@@ -211,24 +234,55 @@ class EffectiveCrtdl:
 
 
 def effective_crtdl(source: Path, settings: Settings) -> EffectiveCrtdl:
-    """Spec procedure step 1: the CRTDL as given, or enriched when preprocessing has rules; a missing file, invalid
-    JSON or a rule that cannot be applied is an error naming the file."""
-    from tasks.clients.extraction_server import ExtractionError, parse_crtdl
+    """Spec procedure step 1: the CRTDL as given, or enriched when preprocessing has rules; a missing, oversized
+    (MAX_CRTDL_BYTES) or too deeply nested file, invalid JSON, a rule that cannot be applied or, with flattening,
+    a group name that cannot name its CSV is an error naming the file."""
     from tasks.crtdl_enrichment import EnrichmentError, enrich_crtdl
 
-    if not source.is_file():
-        problem = "is a directory" if source.is_dir() else "does not exist"
-        raise JobError(f"CRTDL {source} {problem}; give the CRTDL JSON file as the job input")
-    data = source.read_bytes()
+    parsed, data = read_crtdl(source)
     preprocessing = settings.services.crtdl_preprocessing
-    try:
-        parsed = parse_crtdl(data, source)
-        if not (preprocessing.enabled and preprocessing.rules):
-            return EffectiveCrtdl(CRTDL_NAME, data, [])
-        enriched, warnings = enrich_crtdl(parsed, preprocessing.rules)
-    except (ExtractionError, EnrichmentError) as exc:
-        raise JobError(f"{source}: {exc}" if isinstance(exc, EnrichmentError) else str(exc)) from exc
+    enriched, warnings = parsed, []
+    if preprocessing.enabled and preprocessing.rules:
+        try:
+            enriched, warnings = enrich_crtdl(parsed, preprocessing.rules)
+        except EnrichmentError as exc:
+            raise JobError(f"{source}: {exc}") from exc
+    if settings.pipeline.has_step("flattening"):
+        refuse_unusable_group_names(source, enriched)
+    if enriched is parsed:
+        return EffectiveCrtdl(CRTDL_NAME, data, [])
     return EffectiveCrtdl(ENRICHED_CRTDL_NAME, (json.dumps(enriched, indent=2) + "\n").encode(), warnings)
+
+
+def read_crtdl(source: Path) -> tuple[dict, bytes]:
+    """The CRTDL at ``source``, parsed, and its bytes; ``JobError`` naming the file when it cannot be one."""
+    if not source.is_file():
+        problem = "is a directory" if source.is_dir() else "is no regular file" if source.exists() else "does not exist"
+        raise JobError(f"CRTDL {source} {problem}; give the CRTDL JSON file as the job input")
+    try:
+        data = read_limited(source, MAX_CRTDL_BYTES, f"CRTDL {source}")
+    except JsonFileError as exc:
+        raise JobError(f"{exc}; give the CRTDL JSON file as the job input") from None
+    try:
+        parsed = parse_json_document(data, f"CRTDL {source}")
+    except JsonFileError as exc:
+        raise JobError(f"invalid {exc}; nothing was submitted") from None
+    if not isinstance(parsed, dict):
+        raise JobError(f"invalid CRTDL {source}: expected a JSON object; nothing was submitted")
+    return parsed, data
+
+
+def refuse_unusable_group_names(source: Path, crtdl: dict) -> None:
+    """Item 6 of issue 22: a group name becomes a CSV and a ViewDefinition file name (and an S3 key); names that
+    cannot (control or bidi characters, ``..``, too long) or that would collide are refused before the job exists."""
+    from tasks.sof.crtdl_views import group_name_problems
+
+    try:
+        problems = group_name_problems(crtdl)
+    except ValueError as exc:
+        raise JobError(f"invalid CRTDL {source}: {exc}; flattening needs its attribute groups") from None
+    if problems:
+        raise JobError(f"CRTDL {source}: " + "; ".join(problems))
 
 
 def write_crtdl(paths: JobPaths, source: Path, crtdl: EffectiveCrtdl) -> Path:

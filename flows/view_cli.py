@@ -3,23 +3,26 @@
 For people who write or check views (for example the ones a flattening job saves in ``viewdefinitions/``): the
 embedded engine runs over the resources (plain or zstd NDJSON; Bundles are opened into their entries) and the
 rows are printed, as NDJSON (one object per row keyed by column name, values as the engine produced them) or as
-the flattening step's CSV. An invalid ViewDefinition exits 2 with the reason. Prefect is not started (or imported).
+the flattening step's CSV. An invalid ViewDefinition exits 2 with the reason, and so does a VIEW.json larger than
+MAX_VIEW_BYTES or nested deeper than ``tasks.layout.MAX_JSON_DEPTH``; Ctrl+C exits 130 with one line, after the last
+complete row. Prefect is not started (or imported).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from tasks.layout import JsonFileError, read_json_file
 from tasks.ndjson import NdjsonError, iter_lines
 from tasks.sof import ViewDefinitionError, ViewError, compile_view
 from tasks.sof.output import csv_cells, csv_writer, json_bytes
 from tasks.sof.resources import ResourceLineError, line_resources, parse_line
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 MAX_LINE_BYTES = 1024 * 1024 * 1024
+MAX_VIEW_BYTES = 16 * 1024 * 1024  # a ViewDefinition is a few KB; more is the wrong file (or /dev/zero)
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -35,14 +38,22 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def cmd_view_run(args: argparse.Namespace) -> int:
     try:
-        view = compile_view(json.loads(Path(args.view).read_bytes()))
-    except OSError as exc:
-        print(f"cannot read {args.view}: {exc.strerror or exc}", file=sys.stderr)
+        view = compile_view(read_json_file(Path(args.view), MAX_VIEW_BYTES, args.view))
+    except JsonFileError as exc:
+        print(f"view run: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except ValueError as exc:  # JSONDecodeError and ViewDefinitionError
-        reason = str(exc) if isinstance(exc, ViewDefinitionError) else f"not valid JSON ({exc})"
-        print(f"invalid ViewDefinition {args.view}: {reason}", file=sys.stderr)
+    except ViewDefinitionError as exc:
+        print(f"invalid ViewDefinition {args.view}: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    try:
+        return print_rows(view, args)
+    except KeyboardInterrupt:
+        sys.stdout.flush()  # rows are written whole, so the output ends after the last complete one
+        print("view run interrupted (Ctrl+C); the rows above are complete", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def print_rows(view, args: argparse.Namespace) -> int:
     out = sys.stdout
     try:
         if args.format == "csv":

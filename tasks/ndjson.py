@@ -11,15 +11,14 @@ every non-blank line must be a JSON object with a ``resourceType`` (a binary fil
 travels to the next step), and a last line without a newline must be complete (a truncated file is never taken
 for a finished one). The check validates with simdjson (no Python objects are built) and hands every line
 simdjson does not prove a resource to orjson, so it accepts exactly what ``parse_resource`` accepts and reports
-errors in its words. File names are checked too: no control or bidirectional-override characters, and short
-enough for the file system.
+errors in its words. File names are checked too, by the one rule for names from data
+(``tasks.layout.name_from_data_problem``).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import unicodedata
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ import simdjson
 import zstandard
 
 from tasks.errors import StepError
+from tasks.layout import name_from_data_problem, show_name
 from tasks.processes import processes_allowed, run_in_process
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -44,8 +44,6 @@ CHECK_IN_PROCESS_MIN_BYTES = 16 << 20
 DATA_SUFFIXES = (".ndjson", ".ndjson.zst")
 PART_PREFIX = "."
 PART_SUFFIX = ".part"
-MAX_NAME_BYTES = 255
-BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 # zstd levels matching the spec's speed/ratio table on FHIR NDJSON (measured with
 # tests/benchmarks/bench_compression.py on a 2-core machine; figures in the README).
@@ -109,23 +107,10 @@ def output_name(name: str, compress: bool) -> str:
 
 
 def check_file_name(name: str) -> None:
-    """Refuse names that would break listings or deceive a reader: control characters (a newline splits a
-    ``status`` line), bidirectional overrides (they make a name display as another) and names whose temporary
-    form ``.<name>.part`` does not fit in the 255 bytes a file name may have."""
-    shown = ascii(name) if len(name) <= 80 else ascii(name[:80]) + "…"
-    if any(unicodedata.category(char) == "Cc" for char in name):
-        raise UnsafeNameError(f"the file name {shown} contains a control character (such as a newline); rename it")
-    if any(char in BIDI_CONTROLS for char in name):
-        raise UnsafeNameError(
-            f"the file name {shown} contains a bidirectional text control character, which can make it display "
-            "as another name; rename it"
-        )
-    size = len(f"{PART_PREFIX}{name}{PART_SUFFIX}".encode("utf-8", "surrogateescape"))
-    if size > MAX_NAME_BYTES:
-        raise UnsafeNameError(
-            f"the file name {shown} is too long: with its temporary form it takes {size} bytes, more than the "
-            f"{MAX_NAME_BYTES} a file name may have; use a name shorter than {MAX_NAME_BYTES - 6} bytes"
-        )
+    """Refuse a name that breaks ``tasks.layout.name_from_data_problem``, the one rule for names from data
+    (control and bidi characters would split a ``status`` line or make a name display as another)."""
+    if problem := name_from_data_problem(name):
+        raise UnsafeNameError(f"the file name {show_name(name)} {problem}; rename it")
 
 
 def is_zstd(path: Path) -> bool:

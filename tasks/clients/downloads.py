@@ -16,7 +16,7 @@ Rules (spec "Extraction step procedure" 7 and "Errors"):
   is decompressed.
 - A body that ends in the middle of a line (a last line without a newline that does not parse: the server
   closed the connection early and sent no Content-Length to tell) is incomplete: a transient error, retried.
-- File names come from the URL's last segment and are checked (``tasks.ndjson.check_file_name``); a manifest
+- File names come from the URL's last segment and are checked (``tasks.layout.name_from_data_problem``); a manifest
   listing more than ``max_files`` files is refused.
 - Output goes through ``AtomicNdjsonWriter`` (temporary name, renamed when complete), so a failed
   download never leaves a file under its final name.
@@ -39,6 +39,7 @@ import orjson
 from tasks.clients.errors import ServiceError, is_transient_status, raise_for_service_status
 from tasks.clients.http import call_with_retry, http_timeout, service_name
 from tasks.errors import StepError
+from tasks.layout import name_from_data_problem, show_name
 from tasks.ndjson import (
     AtomicNdjsonWriter,
     CompressionLevel,
@@ -80,10 +81,10 @@ def safe_file_name(url: str, compress: bool) -> str:
     """``<last URL segment>`` forced to ``.ndjson`` (+ ``.zst``); names that could leave the folder are refused."""
     raw_path = httpx.URL(url).raw_path.decode("ascii").split("?", 1)[0]
     segment = unquote(raw_path.rsplit("/", 1)[-1])  # split before decoding: %2F is not a separator here
-    if not segment or segment.startswith(".") or any(c in segment for c in "/\\\x00"):
+    if problem := name_from_data_problem(segment):
         raise UnsafeFileNameError(
-            f"{display_url(url)}: cannot use {ascii(segment)} as a file name in import/ (empty, hidden or "
-            "containing a path separator); the URL must end with a plain file name"
+            f"{display_url(url)}: cannot use {show_name(segment)} as a file name in import/: it {problem}; "
+            "the URL must end with a plain file name"
         )
     try:
         return output_name(segment, compress)

@@ -10,15 +10,26 @@ by that ancestor and skipped.
 Sibling slices of one element (``Condition.code.coding:icd10-gm``, ``…:sct``) are sibling selects inside their
 parent, each a ``forEachOrNull``: a slice that matches nothing gives nulls, so a coding yields one row with its
 slice's columns filled (the expected CSVs of shared/testdata/flattening/example show this shape).
+
+Names. A group without an ``id`` is known by the id its Provenance carries: ``generated-`` and the first
+GENERATED_ID_HEX_DIGITS hex digits of the SHA-256 of the group's JSON (keys sorted), the id the extraction server
+derives (see the fake in tests/fakes/extraction_crtdl.py and the ``generated-86a1da51`` group in the real TORCH batch
+of shared/testdata/extraction/example-result); a group without a ``name`` is named by its id. The CSV and the saved
+ViewDefinition are named after the group: the characters ``/ \\ : * ? " < > |`` become ``_``, and a name that then
+still breaks ``tasks.layout.name_from_data_problem`` (a control or bidi character, ``..``, too long), or two groups
+whose files would share a name, are refused when the job starts (``group_name_problems``).
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from tasks.layout import name_from_data_problem, show_name
 from tasks.sof.lookup import LookupTable
 from tasks.sof.view import compile_view
 
@@ -44,6 +55,8 @@ PATIENT_REFERENCE_PATHS: dict[str, str | None] = {
 }
 DEFAULT_PATIENT_REFERENCE = "subject.reference"
 _UNSAFE_FILE_CHARACTERS = re.compile(r'[/\\:*?"<>|]')
+GENERATED_ID_PREFIX = "generated-"
+GENERATED_ID_HEX_DIGITS = 8
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,11 @@ class AttributeGroup:
     @property
     def csv_name(self) -> str:
         return csv_file_name(self.name)
+
+    @property
+    def view_file_name(self) -> str:
+        """The name its ViewDefinition is saved under (``viewdefinitions/``)."""
+        return self.csv_name.removesuffix(".csv") + ".json"
 
 
 @dataclass(frozen=True)
@@ -74,7 +92,8 @@ def csv_file_name(group_name: str) -> str:
 
 
 def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
-    """The CRTDL's attribute groups in order; a group without a name is named by its id."""
+    """The CRTDL's attribute groups in order; a group without an id gets the extraction server's generated one,
+    a group without a name is named by its id."""
     groups = []
     extraction = crtdl.get("dataExtraction") if isinstance(crtdl, dict) else None
     if not isinstance(extraction, dict):
@@ -82,10 +101,36 @@ def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
     for index, group in enumerate(extraction.get("attributeGroups") or []):
         if not isinstance(group, dict) or not isinstance(group.get("groupReference"), str):
             raise ValueError(f"attribute group {index + 1} of the CRTDL has no groupReference")
-        group_id = str(group.get("id") or f"group-{index + 1}")
+        group_id = str(group.get("id") or generated_group_id(group))
         refs = [a["attributeRef"] for a in group.get("attributes") or [] if isinstance(a, dict) and "attributeRef" in a]
         groups.append(AttributeGroup(group_id, str(group.get("name") or group_id), group["groupReference"], refs))
     return groups
+
+
+def generated_group_id(group: dict[str, Any]) -> str:
+    """The id the extraction server's Provenance gives a CRTDL group written without one."""
+    digest = hashlib.sha256(json.dumps(group, sort_keys=True).encode()).hexdigest()
+    return GENERATED_ID_PREFIX + digest[:GENERATED_ID_HEX_DIGITS]
+
+
+def group_name_problems(crtdl: dict[str, Any]) -> list[str]:
+    """Every attribute group whose name cannot name its CSV and ViewDefinition, and every two groups whose files
+    would share a name; each problem names the group and the fix. Raises ``ValueError`` for a CRTDL without
+    attribute groups (as ``attribute_groups``)."""
+    problems = []
+    owners: dict[str, AttributeGroup] = {}
+    for group in attribute_groups(crtdl):
+        if problem := name_from_data_problem(group.view_file_name):
+            problems.append(
+                f"attribute group {show_name(group.id)}: its name {show_name(group.name)} cannot name its CSV file: "
+                f"the file name {problem}; rename the group in the CRTDL"
+            )
+        elif (owner := owners.setdefault(group.csv_name, group)) is not group:
+            problems.append(
+                f"attribute groups {show_name(owner.id)} and {show_name(group.id)} would both write "
+                f'{show_name(group.csv_name)}; give them names that differ in more than / \\ : * ? " < > |'
+            )
+    return problems
 
 
 def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:

@@ -4,19 +4,24 @@ A lookup file is a JSON array of tables ``{url, resourceType, elements: {<elemen
 children?}}}``. Parent links come from ``children`` (the deprecated ``parent`` field is ignored). ``lookup_problems``
 lists everything wrong with a file, each problem naming its table url and element id: the schema (the same rules
 as aether's flatten-lookup schema), table urls listed twice, children that are no element of the table, a child
-claimed by two parents, cycles, and snippets that are no valid ViewDefinition select.
+claimed by two parents, cycles, children nested deeper than MAX_ELEMENT_DEPTH levels, and snippets that are no valid
+ViewDefinition select. The file is read through ``tasks.layout.read_json_file``: at most MAX_LOOKUP_BYTES (a path
+such as /dev/zero is refused, not read to its end) and nested at most ``tasks.layout.MAX_JSON_DEPTH`` levels.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
 
+from tasks.layout import JsonFileError, read_json_file
 from tasks.sof.view import ViewDefinitionError, compile_view
+
+MAX_LOOKUP_BYTES = 16 * 1024 * 1024  # aether's lookup for every MII profile is under 1 MB
+MAX_ELEMENT_DEPTH = 64  # FHIR elements nest a dozen levels; a deeper children chain is a broken file
 
 # The rules of aether's flatten-lookup.schema.json (shared/testdata/flattening), descriptions left out.
 LOOKUP_SCHEMA: dict[str, Any] = {
@@ -122,11 +127,9 @@ def load_lookup(path: Path) -> dict[str, LookupTable]:
 
 def _read(path: Path) -> tuple[Any, list[str]]:
     try:
-        return json.loads(path.read_bytes()), []
-    except OSError as exc:
-        return None, [f"cannot read the lookup file {path}: {exc.strerror or exc}"]
-    except ValueError as exc:
-        return None, [f"the lookup file {path} is not valid JSON: {exc}"]
+        return read_json_file(path, MAX_LOOKUP_BYTES, f"the lookup file {path}"), []
+    except JsonFileError as exc:
+        return None, [str(exc)]
 
 
 def _document_problems(document: Any) -> list[str]:
@@ -186,24 +189,37 @@ def _table_problems(table: dict[str, Any]) -> list[str]:
 
 
 def _cycle_problems(url: str, elements: dict[str, dict[str, Any]]) -> list[str]:
-    """Cycles in the children links (depth-first search; each cycle reported once, at the element it returns to)."""
+    """Cycles in the children links (each reported once, at the element it returns to) and chains deeper than
+    MAX_ELEMENT_DEPTH; a depth-first walk with its own stack, so a chain of any length costs no recursion."""
     problems: list[str] = []
     finished: set[str] = set()
+    for root in elements:
+        if root not in finished:
+            problems += _walk_problems(url, elements, root, finished)
+    return problems
 
-    def visit(element_id: str, path: list[str]) -> None:
-        path.append(element_id)
-        for child in elements[element_id].get("children", []):
-            if child in path:
-                cycle = " → ".join(path[path.index(child) :] + [child])
-                problems.append(f"table {url} element {child}: its children lead back to it ({cycle})")
-            elif child in elements and child not in finished:
-                visit(child, path)
-        path.pop()
-        finished.add(element_id)
 
-    for element_id in elements:
-        if element_id not in finished:
-            visit(element_id, [])
+def _walk_problems(url: str, elements: dict[str, dict[str, Any]], root: str, finished: set[str]) -> list[str]:
+    problems: list[str] = []
+    path, pending = [root], [iter(elements[root].get("children", []))]
+    while pending:
+        child = next(pending[-1], None)
+        if child is None:
+            finished.add(path.pop())
+            pending.pop()
+        elif child in path:
+            cycle = " → ".join(path[path.index(child) :] + [child])
+            problems.append(f"table {url} element {child}: its children lead back to it ({cycle})")
+        elif child in elements and child not in finished:
+            if len(path) >= MAX_ELEMENT_DEPTH:
+                problems.append(
+                    f"table {url} element {root}: its children nest more than {MAX_ELEMENT_DEPTH} levels deep "
+                    f"(through {child}), far deeper than any FHIR element"
+                )
+                finished.update(elements)  # one such problem per table: the rest of the chain says the same
+                return problems
+            path.append(child)
+            pending.append(iter(elements[child].get("children", [])))
     return problems
 
 

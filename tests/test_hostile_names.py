@@ -1,0 +1,389 @@
+"""Issue 22, hardening round two: names that come from data, hostile lookup and CRTDL files, and clear errors
+where a traceback used to be.
+
+Every file here is a real file in tmp_path (or a real device), every command a real ``python -m flows.run`` in its
+own process where the exit code and the one-line error are what the user sees.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows.jobs import prepare_job
+from tasks.clients.downloads import UnsafeFileNameError, safe_file_name
+from tasks.errors import DupflowError
+from tasks.flattening import flatten_paths, plan_views
+from tasks.layout import name_from_data_problem
+from tasks.ndjson import UnsafeNameError, output_name
+from tasks.sof.lookup import lookup_problems
+from tests.conftest import REPO_ROOT, TESTDATA, run_cli
+from tests.fakes.extraction_content import ContentPlan, patient_bundle
+from tests.fakes.extraction_crtdl import parse_crtdl as fake_server_parse_crtdl
+from tests.fakes.extraction_state import Job
+
+EXAMPLE = TESTDATA / "flattening" / "example"
+EXAMPLE_CRTDL = EXAMPLE / "example-crtdl.json"
+LOOKUP = TESTDATA / "flattening" / "flatten-lookup.json"
+MB = 1024 * 1024
+
+
+def write_config(tmp_path: Path, lookup: Path | str = LOOKUP, steps: str = "[local_import, flattening]") -> Path:
+    """local_import of the flattening example's data, then flattening with ``lookup``; jobs in tmp_path/jobs."""
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    (data / "fhir-data.ndjson").write_bytes((EXAMPLE / "input" / "fhir-data.ndjson").read_bytes())
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"jobs_dir: {json.dumps(str(tmp_path / 'jobs'))}\n"
+        f"pipeline: {{enabled_steps: {steps}}}\n"
+        f"services:\n  local_import: {{dir: {json.dumps(str(data))}}}\n"
+        f"  flattening: {{lookup_path: {json.dumps(str(lookup))}}}\n",
+        encoding="utf-8",
+    )
+    return config
+
+
+def example_crtdl() -> dict[str, Any]:
+    return json.loads(EXAMPLE_CRTDL.read_text())
+
+
+def crtdl_named(tmp_path: Path, *names: str) -> Path:
+    """The example CRTDL with one Condition group per name (ids kept unique)."""
+    crtdl = example_crtdl()
+    groups = crtdl["dataExtraction"]["attributeGroups"]
+    template = next(g for g in groups if g["name"] == "Diagnosis")
+    groups.remove(template)
+    for index, name in enumerate(names):
+        groups.append({**copy.deepcopy(template), "id": f"diagnosis-{index}", "name": name})
+    path = tmp_path / "crtdl.json"
+    path.write_text(json.dumps(crtdl), encoding="utf-8")
+    return path
+
+
+def assert_one_clear_line(result: subprocess.CompletedProcess, code: int = 2) -> str:
+    """The command failed with ``code`` and said so in one line, without a traceback; returns that line."""
+    assert result.returncode == code, (result.returncode, result.stderr[-2000:])
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr[-2000:]
+    return lines[0]
+
+
+def config_check_problem(config: Path) -> str:
+    """``config check`` refused ``config`` with exit 2 and one problem, without a traceback; returns the problem."""
+    result = run_cli("config", "check", str(config), timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    heading, problem = result.stderr.strip().splitlines()
+    assert heading == "error: invalid configuration (1 problem):"
+    return problem
+
+
+def refused_start(config: Path, crtdl: Path | str, **overrides: str) -> str:
+    """``start``'s preparation refused the job (the command prints it as one line and exits 2); returns it."""
+    with pytest.raises(DupflowError) as error:
+        prepare_job(None, str(config), str(crtdl), overrides, overrides_source="--set")
+    message = str(error.value)
+    assert "\n" not in message and "\r" not in message
+    return message
+
+
+def jobs_in(folder: Path) -> list[Path]:
+    return sorted(folder.iterdir()) if folder.is_dir() else []
+
+
+# --- item 6: one rule for a name from data --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        ("x\ny.csv", "control character U+000A"),
+        ("x\ry.csv", "control character U+000D"),
+        ("x\ty.csv", "control character U+0009"),
+        ("evil\u202egpj.csv", "bidirectional text control character U+202E"),
+        ("a\u2066b.csv", "bidirectional text control character U+2066"),
+        ("zero\u200bwidth.csv", "invisible format character U+200B"),
+        ("line\u2028sep.csv", "U+2028"),
+        ("a/b.csv", "contains /"),
+        ('a\\b:c*d?e"f<g>h|i.csv', 'contains " * : < > ? \\ |'),
+        ("..", "contains .."),
+        ("a..b.csv", "contains .."),
+        (".hidden.csv", "starts with a dot"),
+        ("", "is empty"),
+        ("é" * 121, "too long: 242 bytes"),
+    ],
+)
+def test_the_one_rule_for_a_name_from_data_says_what_is_wrong(name, fragment):
+    assert fragment in (name_from_data_problem(name) or "")
+
+
+@pytest.mark.parametrize("name", ["Diagnosis.csv", "MII PR Person Patient (Pseudonymisiert).csv", "é" * 120, "a.b-c_d"])
+def test_the_one_rule_accepts_ordinary_names(name):
+    assert name_from_data_problem(name) is None
+
+
+def test_start_refuses_group_names_with_control_and_bidi_characters_before_any_job_exists(tmp_path):
+    config = write_config(tmp_path)
+    crtdl = crtdl_named(tmp_path, "x\ny", "a\rb", "t\tab", "evil\u202egpj.csv")
+
+    line = refused_start(config, crtdl)
+
+    assert all(code in line for code in ("U+000A", "U+000D", "U+0009", "U+202E"))
+    assert str(crtdl) in line and "rename the group in the CRTDL" in line
+    assert "\u202e" not in line and "\t" not in line
+    assert jobs_in(tmp_path / "jobs") == []
+
+
+def test_start_refuses_group_names_whose_files_would_collide_after_escaping(tmp_path):
+    config = write_config(tmp_path)
+    crtdl = crtdl_named(tmp_path, "Obs a/b", "Obs a:b")
+
+    assert "'diagnosis-0' and 'diagnosis-1' would both write 'Obs a_b.csv'" in refused_start(config, crtdl)
+    assert jobs_in(tmp_path / "jobs") == []
+
+
+@pytest.mark.parametrize("name", ["zero\u200bwidth.ndjson", "para\u2029graph.ndjson", "a:b.ndjson", "a..ndjson"])
+def test_an_import_file_name_that_breaks_the_rule_is_refused(name):
+    with pytest.raises(UnsafeNameError, match=f"the file name {re.escape(ascii(name))} .*; rename it"):
+        output_name(name, compress=False)
+
+
+@pytest.mark.parametrize("segment", ["zero%E2%80%8Bwidth.ndjson", "a%3Ab.ndjson", "bidi%E2%81%A6x.ndjson"])
+def test_a_result_file_name_that_breaks_the_rule_is_refused_before_download(segment):
+    with pytest.raises(UnsafeFileNameError, match="cannot use .* as a file name in import/: it contains"):
+        safe_file_name(f"http://files.example/result/{segment}", compress=True)
+
+
+# --- item 17a: attribute groups without an id -----------------------------------------------------------------
+
+
+def test_groups_without_an_id_are_routed_by_the_id_the_extraction_server_gives_them(tmp_path):
+    crtdl = example_crtdl()
+    for group in crtdl["dataExtraction"]["attributeGroups"]:
+        del group["id"]
+    crtdl_path = tmp_path / "crtdl.json"
+    crtdl_path.write_text(json.dumps(crtdl))
+    served = fake_server_parse_crtdl(crtdl_path.read_bytes())
+    job = Job(
+        id=str(uuid.uuid4()),
+        seq=1,
+        crtdl=served,
+        patient_ids=("p1", "p2"),
+        batch_ids=("b1",),
+        batch_size=2,
+        plan=ContentPlan(resources_per_patient=4, core_resources_per_group=0, default_core_types=()),
+        submitted_at=0.0,
+    )
+    batch = tmp_path / "batch.ndjson"
+    batch.write_text(
+        "".join(json.dumps(patient_bundle(job, p, "2026-01-01T00:00:00Z")) + "\n" for p in job.patient_ids)
+    )
+
+    views, skipped = plan_views(crtdl_path, LOOKUP)
+    outcome = flatten_paths([batch], tmp_path / "out", views, skipped, max_line_bytes=10 * MB)
+
+    assert not skipped and not outcome.unknown_groups and not outcome.unrouted
+    assert {g.group.id for g in outcome.groups} == {g.id for g in served.groups}
+    assert {g.group.name: g.resources for g in outcome.groups} == {
+        "MII PR Person Patient (Pseudonymisiert)": 2,
+        "Diagnosis": 4,
+        "Procedure": 4,
+    }
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.csv")) == [
+        "Diagnosis.csv",
+        "MII PR Person Patient (Pseudonymisiert).csv",
+        "Procedure.csv",
+    ]
+
+
+# --- item 11: clear errors instead of tracebacks ----------------------------------------------------------------
+
+
+def children_chain(length: int) -> list[dict[str, Any]]:
+    elements = {
+        f"Observation.e{i}": {
+            "viewDefinition": {"column": [{"name": f"c{i}", "path": "id"}]},
+            "children": [f"Observation.e{i + 1}"],
+        }
+        for i in range(length)
+    }
+    elements[f"Observation.e{length}"] = {"viewDefinition": {"column": [{"name": "last", "path": "id"}]}}
+    return [{"url": "https://example.org/chain", "resourceType": "Observation", "elements": elements}]
+
+
+def hostile_lookup(tmp_path: Path, kind: str) -> Path:
+    if kind == "dev-zero":
+        return Path("/dev/zero")
+    path = tmp_path / f"{kind}.json"
+    if kind == "children-chain":
+        path.write_text(json.dumps(children_chain(3000)))
+    else:
+        path.write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "fragment"),
+    [
+        ("children-chain", "its children nest more than 64 levels deep"),
+        ("deep-document", "is nested too deeply (more than 128 levels)"),
+        ("dev-zero", "is larger than 16 MB"),
+    ],
+)
+def test_a_hostile_lookup_file_is_one_clear_line_from_config_check(tmp_path, kind, fragment):
+    lookup = hostile_lookup(tmp_path, kind)
+    config = write_config(tmp_path, lookup)
+
+    line = config_check_problem(config)
+
+    assert line.startswith("  - services.flattening.lookup_path: ") and fragment in line
+    assert line.endswith("; fix the lookup file") and (kind == "children-chain" or str(lookup) in line)
+
+
+def test_a_children_chain_is_reported_once_without_recursion(tmp_path):
+    path = tmp_path / "lookup.json"
+    path.write_text(json.dumps(children_chain(3000)))
+    (problem,) = lookup_problems(path)
+    assert problem.startswith("table https://example.org/chain element Observation.e0: its children nest")
+
+
+def test_a_100000_deep_crtdl_is_refused_at_start_without_a_traceback(tmp_path):
+    config = write_config(tmp_path)
+    crtdl = tmp_path / "deep.json"
+    crtdl.write_bytes(b"[" * 100_000 + b"]" * 100_000)
+
+    line = refused_start(config, crtdl)
+
+    assert (
+        line
+        == f"invalid CRTDL {crtdl} is nested too deeply (more than 128 levels); fix the file; nothing was submitted"
+    )
+    assert jobs_in(tmp_path / "jobs") == []
+
+
+def test_an_oversized_crtdl_is_refused_at_start_without_reading_all_of_it(tmp_path):
+    config = write_config(tmp_path)
+    crtdl = tmp_path / "huge.json"
+    with open(crtdl, "wb") as out:
+        out.truncate(17 * MB)  # sparse: 17 MB of NUL bytes
+
+    line = refused_start(config, crtdl)
+
+    assert (
+        line == f"CRTDL {crtdl} is larger than 16 MB, more than such a file ever needs; check the path; give the "
+        "CRTDL JSON file as the job input"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "yaml_value", "code"),
+    [
+        ("services.flattening.lookup_path", '"/tmp/look\\0up.json"', "U+0000"),
+        ("services.local_import.dir", '"/tmp/da\\nta"', "U+000A"),
+        ("jobs_dir", '"/tmp/jo\\0bs"', "U+0000"),
+        ("tls.ca_cert_path", '"/tmp/ca\\x1b.pem"', "U+001B"),
+        ("services.pseudonymizer.anonymization_config", '"/tmp/an\\0on.yaml"', "U+0000"),
+    ],
+)
+def test_a_control_character_in_a_path_key_is_refused_by_config_check_naming_the_key(tmp_path, key, yaml_value, code):
+    config = tmp_path / "config.yaml"
+    *parents, leaf = key.split(".")
+    block = f"{leaf}: {yaml_value}"
+    for parent in reversed(parents):
+        block = f"{parent}: {{{block}}}"
+    config.write_text(f"pipeline: {{enabled_steps: [local_import]}}\n{block}\n", encoding="utf-8")
+
+    problem = config_check_problem(config)
+
+    assert (
+        problem
+        == f"  - {key}: contains the control character {code}, which no path should have; remove it from the path"
+    )
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB tmpfs, filled to the last byte; skipped where mounting is not allowed."""
+    mount_point = tmp_path / "small"
+    mount_point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode(errors='replace').strip()}")
+    try:
+        (mount_point / "jobs").mkdir()
+        filler = os.open(mount_point / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(filler, b"\0" * 512):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(filler)
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def test_a_full_disk_at_job_creation_says_no_space_left_and_leaves_nothing(tmp_path, full_disk):
+    config = write_config(tmp_path)
+    jobs = full_disk / "jobs"
+
+    line = refused_start(config, EXAMPLE_CRTDL, jobs_dir=str(jobs))
+
+    assert line.startswith(f"no space left on {jobs}") and "free space there" in line
+    assert not any(path.name.endswith(".part") for path in full_disk.rglob("*"))
+    assert jobs_in(jobs) == []
+
+
+def test_view_run_with_5000_nested_selects_exits_2_with_one_clear_line(tmp_path):
+    select = '{"select": [' * 5000 + '{"column": [{"name": "id", "path": "id"}]}' + "]}" * 5000
+    view = tmp_path / "view.json"
+    view.write_text(f'{{"resourceType": "ViewDefinition", "resource": "Patient", "select": [{select}]}}')
+
+    line = assert_one_clear_line(run_cli("view", "run", str(view), str(EXAMPLE / "input" / "fhir-data.ndjson")))
+
+    assert line == f"view run: {view} is nested too deeply (more than 128 levels); fix the file"
+
+
+def test_ctrl_c_of_view_run_exits_130_with_one_line_after_the_last_complete_row(tmp_path):
+    view = tmp_path / "view.json"
+    view.write_text(json.dumps({"resource": "Patient", "select": [{"column": [{"name": "id", "path": "id"}]}]}))
+    resources = tmp_path / "patients.ndjson"
+    with open(resources, "w") as out:
+        for i in range(400_000):
+            out.write(f'{{"resourceType":"Patient","id":"p{i}"}}\n')
+    rows = tmp_path / "rows.ndjson"
+    with open(rows, "wb") as stdout:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "flows.run", "view", "run", str(view), str(resources)],
+            cwd=REPO_ROOT,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"},
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 60
+        while rows.stat().st_size < 10_000 and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert process.poll() is None, "view run ended before it could be interrupted"
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+
+    assert process.returncode == 130, stderr.decode()
+    assert stderr.decode().strip().splitlines() == ["view run interrupted (Ctrl+C); the rows above are complete"]
+    written = rows.read_bytes()
+    assert written.endswith(b"\n")
+    lines = written.splitlines()
+    assert 0 < len(lines) < 400_000
+    assert [json.loads(line)["id"] for line in lines] == [f"p{i}" for i in range(len(lines))]
