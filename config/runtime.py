@@ -27,6 +27,11 @@ def prefect_api_url() -> str | None:
     return os.environ.get("PREFECT_API_URL") or None
 
 
+def local_server_port() -> str | None:
+    """The port asked of the command line's local Prefect server (Prefect's own setting), or None."""
+    return os.environ.get("PREFECT_SERVER_API_PORT") or None
+
+
 def default_jobs_dir() -> str:
     """jobs_dir for commands that read jobs without a configuration file: APP_JOBS_DIR, else the default."""
     from config.settings import Settings

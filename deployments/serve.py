@@ -7,15 +7,18 @@ Each run is a job of its own (a new job id, the run's name) with CONFIG and INPU
 CONFIG resolve against CONFIG's directory, so the job lands in the same place whichever directory this process
 runs in. Secrets come from this process's environment (``${VAR}`` / ``APP_*``), never from the parameters. A run
 that reaches a ``wait`` step is suspended (the process keeps serving others); Resume in the UI continues it. For a
-work pool and workers instead of one serving process, see ``deployments/prefect.yaml``.
+work pool and workers instead of one serving process, see ``deployments/prefect.yaml``. A ``PREFECT_API_URL`` that
+does not answer is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from config.runtime import apply_prefect_defaults
+from config.runtime import apply_prefect_defaults, prefect_api_url
+from flows.prefect_server import ApiUnreachableError, require_answer
 
 
 def main() -> None:
@@ -27,6 +30,12 @@ def main() -> None:
     parser.add_argument("--timezone", default="UTC", help="time zone of the cron schedule, e.g. Europe/Berlin")
     args = parser.parse_args()
     apply_prefect_defaults()
+    if api_url := prefect_api_url():
+        try:
+            require_answer(api_url)
+        except ApiUnreachableError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
     from prefect.schedules import Cron
 
     from flows.pipeline import pipeline

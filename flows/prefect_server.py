@@ -5,7 +5,16 @@ kill -9 of the command leaves that server running. Instead, the first command th
 ``prefect server start`` in the background, bound to 127.0.0.1, with its database, state file and log in
 ``PREFECT_HOME``; later commands find it through the state file and its health endpoint and reuse it. It
 outlives the command on purpose (``server stop`` ends it); nothing depends on it staying up: when it is gone,
-the next command starts another. ``PREFECT_API_URL`` still wins.
+the next command starts another. ``PREFECT_API_URL`` still wins, and must answer: ``require_answer`` turns a
+stale or dead one into one line before any job exists (exit code 2).
+
+The server keeps its address across restarts, so an exported ``PREFECT_API_URL`` and the links in older job
+records stay valid: it listens on ``PREFECT_SERVER_API_PORT`` (Prefect's own setting, read in config.runtime;
+``DEFAULT_PORT`` 4200 as in Prefect), or, when another program holds that port, on the next free one of
+``PORT_SEARCH`` ports, said in the line that announces the start (after waiting up to ``PORT_RELEASE_TIMEOUT`` for
+the port of this home's previous server, whose processes may still be exiting). A server of another PREFECT_HOME
+that takes the port while this one starts is recognised by its home (``/api/admin/settings``), and the start moves
+on to the next free port, at most ``PORT_ATTEMPTS`` times.
 
 No Prefect import here: the command line's fast commands import this module.
 """
@@ -31,7 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from config.runtime import prefect_api_url
+from config.runtime import local_server_port, prefect_api_url
 from tasks.errors import DupflowError
 from tasks.layout import write_file_atomically
 
@@ -47,7 +56,13 @@ PREPARED_SERVER_SETTINGS = {
     "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
 }
 HOST = "127.0.0.1"
+DEFAULT_PORT = 4200  # Prefect's
+PORT_SEARCH = 100  # ports tried from the configured one upwards
+PORT_ATTEMPTS = 3  # starts when another home's server takes the chosen port first
+PORT_RELEASE_TIMEOUT = 10.0  # for the processes of a killed server to let go of its port
 PROBE_TIMEOUT = 0.5
+# PREFECT_API_URL may name a server elsewhere: time for it to answer before it counts as unreachable.
+API_ANSWER_TIMEOUT = 5.0
 # A fresh PREFECT_HOME runs the database migrations first: 15-25 s on a busy 2-core machine.
 STARTUP_TIMEOUT = 120.0
 STOP_GRACE = 10.0
@@ -56,6 +71,10 @@ POLL_INTERVAL = 0.2
 
 class ServerStartError(DupflowError):
     """The local Prefect server did not come up; the message names its log file."""
+
+
+class ApiUnreachableError(DupflowError):
+    """``PREFECT_API_URL`` names a server that does not answer."""
 
 
 @dataclass(frozen=True)
@@ -88,10 +107,20 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
     with home_lock(home):
         record = read_record(home)
         if record is not None and process_is_server(record.pid):
-            if wait_until_healthy(record, startup_timeout):
+            if wait_until_healthy(record, startup_timeout, home):
                 return record.url
             terminate(record.pid)
-        return start_server(home, startup_timeout).url
+        return start_server(home, startup_timeout, previous=record).url
+
+
+def require_answer(api_url: str) -> None:
+    """Raise ``ApiUnreachableError`` unless the server at ``api_url`` answers HTTP at all (any status: a server
+    elsewhere may want a key for its health endpoint); called before a job is made or run."""
+    if not answers(api_url):
+        raise ApiUnreachableError(
+            f"the Prefect API {api_url} (PREFECT_API_URL) does not answer; start that server, set PREFECT_API_URL "
+            "to one that runs, or unset it to use the local server (python -m flows.run server start)"
+        )
 
 
 def stop_server(home: Path | None = None) -> bool:
@@ -142,12 +171,35 @@ def home_lock(home: Path) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def start_server(home: Path, startup_timeout: float) -> ServerRecord:
-    """Start ``prefect server start`` detached (own session, log file), record it, and wait until it is healthy."""
-    port = free_port()
+def start_server(home: Path, startup_timeout: float, previous: ServerRecord | None = None) -> ServerRecord:
+    """Start ``prefect server start`` on the configured port (the next free one if it is taken), record it, and wait
+    until it is healthy; when another home's server took the port meanwhile, start again on the next free one.
+    ``previous``: this home's server before, gone or ended; its port is given time to be released."""
+    wanted = configured_port()
+    if previous is not None and previous.port == wanted:
+        wait_for_free_port(wanted, PORT_RELEASE_TIMEOUT)
+    port = wanted
+    for _ in range(PORT_ATTEMPTS):
+        port = next_free_port(port)
+        record = launch_server(home, port, wanted)
+        if wait_until_healthy(record, startup_timeout, home):
+            record_database_prepared(home)
+            return record
+        terminate(record.pid)
+        (home / STATE_FILE).unlink(missing_ok=True)
+        if not is_healthy(record.url):  # nothing else answers there: this server itself failed
+            break
+    raise ServerStartError(
+        f"the local Prefect server did not come up within {startup_timeout:.0f} s; see its log {record.log}"
+    )
+
+
+def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
+    """``prefect server start`` detached (own session, log file) on ``port``, recorded in the state file."""
     url = f"http://{HOST}:{port}/api"
     log = rotate_log(home)
-    print(f"starting a local Prefect server on {ui_url(url)} (log: {log})", file=sys.stderr)
+    moved = "" if port == wanted else f"; port {wanted} is taken (PREFECT_SERVER_API_PORT chooses another)"
+    print(f"starting a local Prefect server on {ui_url(url)}{moved} (log: {log})", file=sys.stderr)
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port)],
@@ -160,17 +212,52 @@ def start_server(home: Path, startup_timeout: float) -> ServerRecord:
         )
     record = ServerRecord(process.pid, port, url, str(log), datetime.now(UTC).isoformat(timespec="seconds"))
     write_file_atomically(home / STATE_FILE, json.dumps(asdict(record)).encode())
-    if not wait_until_healthy(record, startup_timeout):
-        terminate(record.pid)
-        (home / STATE_FILE).unlink(missing_ok=True)
-        raise ServerStartError(
-            f"the local Prefect server did not come up within {startup_timeout:.0f} s; see its log {log}"
-        )
-    record_database_prepared(home)
     return record
 
 
+def configured_port() -> int:
+    """``PREFECT_SERVER_API_PORT``, else ``DEFAULT_PORT``."""
+    value = local_server_port()
+    if value is None:
+        return DEFAULT_PORT
+    if value.isdigit() and 0 < int(value) < 65536:
+        return int(value)
+    raise ServerStartError(
+        f"PREFECT_SERVER_API_PORT={value!r} is not a port: set it to a number from 1 to 65535, or unset it "
+        f"for {DEFAULT_PORT}"
+    )
+
+
+def next_free_port(port: int) -> int:
+    """``port`` or the first free one above it (of ``PORT_SEARCH``)."""
+    for candidate in range(port, min(port + PORT_SEARCH, 65536)):
+        if port_is_free(candidate):
+            return candidate
+    raise ServerStartError(
+        f"ports {port}-{port + PORT_SEARCH - 1} on {HOST} are all taken; set PREFECT_SERVER_API_PORT to a free one"
+    )
+
+
+def wait_for_free_port(port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not port_is_free(port) and time.monotonic() < deadline:
+        time.sleep(POLL_INTERVAL)
+
+
+def port_is_free(port: int) -> bool:
+    """Whether a server could listen on ``port`` now (SO_REUSEADDR as uvicorn binds it: connections of a stopped
+    server still in TIME_WAIT do not count as taken, a listening socket does)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port() -> int:
+    """Any free port on 127.0.0.1, chosen by the kernel (tests start their fakes and servers on these)."""
     with socket.socket() as probe:
         probe.bind((HOST, 0))
         return probe.getsockname()[1]
@@ -246,15 +333,50 @@ def read_record(home: Path) -> ServerRecord | None:
         return None
 
 
-def wait_until_healthy(record: ServerRecord, timeout: float) -> bool:
-    """Poll the health endpoint while the process lives; False if it dies or stays silent for ``timeout``."""
+def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool:
+    """Poll the health endpoint while the process lives until the server of ``home`` answers there; False if the
+    process dies (its port may have been taken by another home's server, which answers meanwhile) or ``timeout``
+    passes first."""
     deadline = time.monotonic() + timeout
     while True:
-        if is_healthy(record.url):
+        if is_healthy(record.url) and serves_home(record.url, home):
             return process_is_server(record.pid)
         if not process_is_server(record.pid) or time.monotonic() >= deadline:
             return False
         time.sleep(POLL_INTERVAL)
+
+
+def serves_home(url: str, home: Path) -> bool:
+    """Whether the server at ``url`` runs on ``home`` (its settings say so; the same port is no proof)."""
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=API_ANSWER_TIMEOUT)
+    try:
+        connection.request("GET", f"{parts.path}/admin/settings")
+        response = connection.getresponse()
+        return response.status == 200 and Path(json.loads(response.read())["home"]).resolve() == home.resolve()
+    except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
+        return False
+    finally:
+        connection.close()
+
+
+def answers(url: str) -> bool:
+    """Whether an HTTP(S) server answers at ``url`` within ``API_ANSWER_TIMEOUT``, whatever its status."""
+    parts = urlsplit(url)
+    secure = parts.scheme == "https"
+    kind = http.client.HTTPSConnection if secure else http.client.HTTPConnection
+    try:
+        connection = kind(parts.hostname or "", parts.port, timeout=API_ANSWER_TIMEOUT)
+    except ValueError:
+        return False
+    try:
+        connection.request("GET", f"{parts.path.rstrip('/')}/health")
+        connection.getresponse()
+        return True
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        connection.close()
 
 
 def is_healthy(url: str) -> bool:
@@ -297,7 +419,8 @@ def reap(pid: int) -> None:
 
 
 def terminate(pid: int, grace: float = STOP_GRACE) -> None:
-    """SIGTERM the server's process group (it leads its own session), SIGKILL if it outlives ``grace``."""
+    """SIGTERM the server's process group (it leads its own session), SIGKILL if it outlives ``grace``; returns when
+    every process of the group is gone (one left would hold the port)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pid, sig)
@@ -309,10 +432,20 @@ def terminate(pid: int, grace: float = STOP_GRACE) -> None:
 
 def wait_for_exit(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
-    while process_is_server(pid):
+    while process_is_server(pid) or group_is_alive(pid):
         if time.monotonic() >= deadline:
             return False
         time.sleep(POLL_INTERVAL / 2)
+    return True
+
+
+def group_is_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
     return True
 
 

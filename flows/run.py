@@ -187,6 +187,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     if config_path is None:
         config_path, job_input = str(EMBEDDED_CONFIG), str(EMBEDDED_CRTDL)
     load(config_path, overrides, labels)  # configuration errors name the flag that set a value
+    use_prefect_server()  # a dead PREFECT_API_URL stops here, before a job exists
     job = prepare_job(None, config_path, job_input, overrides, overrides_source="--set")
     print(f"job {job.job_id}: {job.paths.job_dir}")
     return run_job(job.paths, args.no_progress)
@@ -203,6 +204,7 @@ def cmd_continue(args: argparse.Namespace) -> int:
     if job.state == COMPLETED and not overrides:
         print(f"job {job.job_id} is already completed; nothing to do (outputs in {paths.job_dir})")
         return EXIT_OK
+    use_prefect_server()
     prepare_job(job.job_id, None, None, overrides, overrides_source="--set", jobs_dir=paths.job_dir.parent)
     settle_submission_in_doubt(paths, args.attach, args.resubmit)
     if job.state == AWAITING_INSPECTION:
@@ -257,8 +259,11 @@ def run_job(paths: JobPaths, no_progress: bool) -> int:
 
 
 def use_prefect_server() -> None:
-    """``PREFECT_API_URL`` when set; else the local server this tool keeps running (started on first need)."""
-    if prefect_api_url() is None:
+    """``PREFECT_API_URL`` when set (it must answer); else the local server this tool keeps running (started on
+    first need)."""
+    if (api_url := prefect_api_url()) is not None:
+        prefect_server.require_answer(api_url)
+    else:
         api_url = prefect_server.ensure_server()
         os.environ["PREFECT_API_URL"] = api_url
         print(f"Prefect UI: {prefect_server.ui_url(api_url)}", file=sys.stderr)

@@ -10,12 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from flows.prefect_server import free_port
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TESTDATA = REPO_ROOT.parent / "shared" / "testdata"
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_BATCH_INTERVAL", "0.3")
+# The command line's local Prefect server listens on PREFECT_SERVER_API_PORT (else 4200): never 4200 in tests.
+os.environ["PREFECT_SERVER_API_PORT"] = str(free_port())
 
 
 @pytest.fixture(autouse=True)
