@@ -11,6 +11,11 @@ configuration's location, the input, non-secret overrides) and a cache of that s
 state hooks, so ``status`` and ``list`` answer without a Prefect server. The facts the spec requires and every
 finished step's files are in the project's own files (``tasks.record``).
 
+Files a user gives are read within bounds: the CRTDL at most MAX_CRTDL_BYTES and 128 levels deep
+(``tasks.layout.read_json_file``); the anonymization config and the CA bundle must be regular files of at most
+MAX_SETTINGS_FILE_BYTES (``step_file_problems``, also run by ``config check``). A job is created only whole: a
+failed write (a full disk) removes its directory again and says why.
+
 This module must stay import-light (no Prefect): ``status`` and ``list`` use it.
 """
 
@@ -21,6 +26,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -52,6 +58,7 @@ SUSPENDED = "Suspended"  # a deployment run at a wait step, resumed with the ins
 CRTDL_NAME = "crtdl.json"
 ENRICHED_CRTDL_NAME = "enriched-crtdl.json"
 MAX_CRTDL_BYTES = 16 * 1024 * 1024  # a large real CRTDL is under 1 MB; more is a wrong file (or /dev/zero)
+MAX_SETTINGS_FILE_BYTES = 16 * 1024 * 1024  # an anonymization config or a CA bundle is a few hundred KB at most
 
 
 def new_job_id() -> str:
@@ -215,15 +222,38 @@ def require_crtdl_where_needed(steps: list[str], crtdl: Path | None) -> None:
 
 def step_file_problems(settings: Settings) -> list[str]:
     """Problems of files the enabled steps will read, found before any work starts (and by ``config check``):
-    the flattening lookup file (schema, unique tables, children that exist, one parent each, no cycles)."""
+    the flattening lookup file (schema, unique tables, children that exist, one parent each, no cycles), and an
+    anonymization config or CA bundle that is no regular file or larger than MAX_SETTINGS_FILE_BYTES."""
+    problems = [
+        f"{key}: {problem}"
+        for key, path in (
+            ("services.pseudonymizer.anonymization_config", settings.services.pseudonymizer.anonymization_config),
+            ("tls.ca_cert_path", settings.tls.ca_cert_path),
+        )
+        if path and (problem := settings_file_problem(Path(path)))
+    ]
     lookup = settings.services.flattening.lookup_path
     if not settings.pipeline.has_step("flattening") or not lookup:
-        return []
+        return problems
     from tasks.sof.lookup import lookup_problems
 
-    return [
+    return problems + [
         f"services.flattening.lookup_path: {problem}; fix the lookup file" for problem in lookup_problems(Path(lookup))
     ]
+
+
+def settings_file_problem(path: Path) -> str | None:
+    """Why a file a setting names cannot be read whole (a device such as /dev/zero, a huge file); a missing file
+    is left to the step that reads it, which says so."""
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(status.st_mode):
+        return f"{path} is no regular file; give the path of a file"
+    if status.st_size > MAX_SETTINGS_FILE_BYTES:
+        return f"{path} is larger than {MAX_SETTINGS_FILE_BYTES // (1024 * 1024)} MB, more than such a file needs"
+    return None
 
 
 @dataclass(frozen=True)

@@ -252,6 +252,45 @@ def test_a_hostile_lookup_file_is_one_clear_line_from_config_check(tmp_path, kin
     assert line.endswith("; fix the lookup file") and (kind == "children-chain" or str(lookup) in line)
 
 
+def test_config_check_of_a_lookup_path_of_dev_zero_stays_small(tmp_path):
+    """The read is bounded: the command's peak memory stays far below what reading /dev/zero to the end would take
+    (2.7 GB before the fix), measured in a parent process that waits for it."""
+    config = write_config(tmp_path, "/dev/zero")
+    measure = (
+        "import resource, subprocess, sys\n"
+        "command = [sys.executable, '-m', 'flows.run', 'config', 'check', sys.argv[1]]\n"
+        "done = subprocess.run(command, capture_output=True)\n"
+        "print(done.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", measure, str(config)],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    code, peak_kib = map(int, result.stdout.split())
+    assert code == 2 and peak_kib < 400 * 1024, (code, peak_kib)
+
+
+@pytest.mark.parametrize(
+    ("key", "block"),
+    [
+        (
+            "services.pseudonymizer.anonymization_config",
+            "services: {pseudonymizer: {url: 'http://127.0.0.1:9', anonymization_config: /dev/zero}}",
+        ),
+        ("tls.ca_cert_path", "tls: {ca_cert_path: /dev/zero}\nservices: {pseudonymizer: {url: 'http://127.0.0.1:9'}}"),
+    ],
+)
+def test_a_settings_file_that_is_a_device_is_refused_by_config_check(tmp_path, key, block):
+    config = tmp_path / "config.yaml"
+    config.write_text(f"pipeline: {{enabled_steps: [local_import, pseudonymizer]}}\n{block}\n", encoding="utf-8")
+
+    assert config_check_problem(config) == f"  - {key}: /dev/zero is no regular file; give the path of a file"
+
+
 def test_a_children_chain_is_reported_once_without_recursion(tmp_path):
     path = tmp_path / "lookup.json"
     path.write_text(json.dumps(children_chain(3000)))
