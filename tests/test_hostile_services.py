@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
+import subprocess
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -31,7 +34,7 @@ from tasks.errors import StepError
 from tasks.ndjson import iter_resources
 from tasks.send import send_resources
 from tasks.validation import validate_path
-from tests.conftest import run_cli
+from tests.conftest import REPO_ROOT, run_cli
 from tests.fakes._server import LoopbackServer
 from tests.fakes.fhir_server import start_fhir_fake
 from tests.fakes.flattener import start_flattener
@@ -315,3 +318,71 @@ def test_a_flattener_dripping_its_rows_is_cut_off_at_the_request_deadline(flatte
         with pytest.raises(ServiceError, match=expected):
             list(service.run(PATIENT_IDS, [orjson.dumps(patient(1))]))
     assert time.monotonic() - started < 10
+
+
+# --- item 8's acceptance: a 300 MB answer, the client in its own process, its peak RSS under 400 MB -------------
+
+LARGE_ANSWER = 300 * MB
+PEAK_RSS_LIMIT_MB = 400
+CHILD_TIMEOUT = 240
+VALIDATE_IN_A_CHILD = """
+import asyncio, sys
+from config.settings import RetrySettings, TlsSettings
+from tasks.clients.errors import ServiceError
+from tasks.clients.http import AsyncServiceClient, ServiceEndpoint
+from tasks.clients.validator import Validator, iter_chunks
+(chunk,) = iter_chunks([(1, b'{"resourceType":"Patient","id":"p1"}')], 1 << 20, "a.ndjson")
+async def run():
+    endpoint = ServiceEndpoint("validation", sys.argv[1])
+    async with AsyncServiceClient(endpoint, TlsSettings(), RetrySettings(max_attempts=1)) as client:
+        await Validator(client).validate(chunk, "a.ndjson")
+try:
+    asyncio.run(run())
+except ServiceError as exc:
+    print(exc)
+"""
+FLATTEN_IN_A_CHILD = """
+import sys
+from config.settings import RetrySettings, TlsSettings
+from tasks.clients.flattener import Flattener
+from tasks.clients.http import ServiceClient, ServiceEndpoint
+view, resource = sys.argv[2].encode(), sys.argv[3].encode()
+with ServiceClient(ServiceEndpoint("flattening", sys.argv[1]), TlsSettings(), RetrySettings(max_attempts=1)) as client:
+    rows = sum(1 for _ in Flattener(client).run(view, [resource]))
+print(rows, "rows")
+"""
+
+
+PRINT_PEAK_RSS = """
+print("peak", next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")), "kB")
+"""
+
+
+def run_child(script: str, *args: str) -> tuple[str, float]:
+    """Run ``script`` in a child Python (which starts no process of its own); its output and its peak RSS in MB,
+    which it prints last (VmHWM)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    command = [sys.executable, "-c", script + PRINT_PEAK_RSS, *args]
+    child = subprocess.run(command, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT)
+    assert child.returncode == 0, child.stderr
+    output, peak = child.stdout.rsplit("peak", 1)
+    return output, int(peak.split()[0]) / 1024
+
+
+@pytest.mark.slow  # 300 MB over loopback, in a child process
+def test_a_300_mb_validator_answer_keeps_the_clients_peak_rss_under_400_mb(validator_fake):
+    validator_fake.state.reset(answer_padding=LARGE_ANSWER, chunked_answer=True, shallow=True)
+    output, peak_mb = run_child(VALIDATE_IN_A_CHILD, validator_fake.base_url)
+    assert "the answer is over 64.0 MB, more than the 64.0 MB read from this service" in output
+    assert peak_mb < PEAK_RSS_LIMIT_MB
+
+
+@pytest.mark.slow  # 300 MB over loopback, in a child process
+def test_a_300_mb_flattener_answer_is_streamed_with_the_clients_peak_rss_under_400_mb(flattener_fake):
+    resource = orjson.dumps({"resourceType": "Patient", "id": "p" * 1000})
+    row = len(b'{"id":""}\n') + 1000
+    flattener_fake.state.repeat_rows = LARGE_ANSWER // row
+    output, peak_mb = run_child(FLATTEN_IN_A_CHILD, flattener_fake.base_url, PATIENT_IDS.decode(), resource.decode())
+    assert output.split() == [str(LARGE_ANSWER // row), "rows"]
+    assert flattener_fake.state.bytes_written >= LARGE_ANSWER - row
+    assert peak_mb < PEAK_RSS_LIMIT_MB
