@@ -8,10 +8,31 @@ tests start servers of their own in a PREFECT_HOME of their own, on a free port 
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
+import re
+import shutil
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
+from flows.prefect_server import (
+    PORT_SEARCH,
+    STATE_FILE,
+    ServerStartError,
+    ensure_server,
+    free_port,
+    read_record,
+    stop_server,
+)
+from tests.conftest import REPO_ROOT, run_cli
 from tests.test_prefect_native import (
     FINAL,
     api,
@@ -24,6 +45,7 @@ from tests.test_prefect_native import (
     wait_for_run,
     write_patients,
 )
+from tests.test_prefect_server import SERVER_TIMEOUT, kill_servers_of, servers_of, wait_until_gone
 
 # --- 1. inspection cannot be skipped by accident -----------------------------------------------------------------
 
@@ -79,3 +101,144 @@ def test_a_resume_without_confirmation_leaves_the_job_suspended_and_runs_nothing
     assert run["state"]["type"] == "COMPLETED", (run["state"], run_log(api_url, run_id))
     assert [p.name for p in (job_dir / "pseudonymizer").iterdir()] == ["corrected.ndjson.zst"]
     assert json.loads((job_dir / "facts.json").read_text())["inspection_01"] == {"confirmed": True, "note": "ok"}
+
+
+# --- 3. the local server keeps its port; an unreachable API is one line ------------------------------------------
+
+
+def test_an_unreachable_prefect_api_is_one_line_exit_2_and_no_job(tmp_path, unused_tcp_port):
+    dead = f"http://127.0.0.1:{unused_tcp_port}/api"  # a stale PREFECT_API_URL: the server moved or stopped
+    jobs = tmp_path / "jobs"
+
+    done = run_cli("start", "--set", f"jobs_dir={jobs}", "--no-progress", env={"PREFECT_API_URL": dead})
+
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    (line,) = done.stderr.strip().splitlines()
+    assert dead in line and "PREFECT_API_URL" in line and "does not answer" in line
+    assert not jobs.exists() or list(jobs.iterdir()) == [], "no job may be made against a dead API"
+
+
+def test_serving_deployments_against_an_unreachable_api_is_one_line_exit_2(unused_tcp_port):
+    dead = f"http://127.0.0.1:{unused_tcp_port}/api"
+    done = subprocess.run(
+        [sys.executable, "-m", "deployments.serve", str(REPO_ROOT / "config" / "default.yaml")],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PREFECT_API_URL": dead, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    (line,) = done.stderr.strip().splitlines()
+    assert dead in line and "does not answer" in line
+
+
+@pytest.fixture
+def own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A fresh PREFECT_HOME, no PREFECT_API_URL, and a free port asked of the local server (never 4200 here)."""
+    home = tmp_path / "prefect-home"
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(home))
+    monkeypatch.setenv("PREFECT_SERVER_API_PORT", str(free_port()))
+    yield home
+    stop_server(home)
+    kill_servers_of(home)
+
+
+@pytest.mark.slow
+def test_a_restarted_local_server_keeps_its_address(own_home, capsys):
+    port = int(os.environ["PREFECT_SERVER_API_PORT"])
+    url = ensure_server(startup_timeout=SERVER_TIMEOUT)
+    assert url == f"http://127.0.0.1:{port}/api"
+
+    assert stop_server() is True  # `server stop`, then the next command
+    assert ensure_server(startup_timeout=SERVER_TIMEOUT) == url
+
+    killed = read_record(own_home).pid  # killed with -9, then the next command
+    os.killpg(killed, signal.SIGKILL)
+    wait_until_gone(killed)
+    assert ensure_server(startup_timeout=SERVER_TIMEOUT) == url
+    assert read_record(own_home).pid != killed and servers_of(own_home) == [read_record(own_home).pid]
+    assert "taken" not in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_taken_port_moves_the_server_to_the_next_free_one_said_in_one_line(own_home, capsys):
+    port = int(os.environ["PREFECT_SERVER_API_PORT"])
+    with socket.socket() as other_program:
+        other_program.bind(("127.0.0.1", port))
+        other_program.listen()
+        url = ensure_server(startup_timeout=SERVER_TIMEOUT)
+
+    moved = urlsplit(url).port
+    assert port < moved < port + PORT_SEARCH
+    assert read_record(own_home).port == moved and servers_of(own_home) == [read_record(own_home).pid]
+    said = [line for line in capsys.readouterr().err.splitlines() if str(port) in line]
+    assert len(said) == 1 and "taken" in said[0] and url.removesuffix("/api") in said[0], said
+
+
+def test_a_port_that_is_no_port_is_refused_naming_the_variable(own_home, monkeypatch):
+    monkeypatch.setenv("PREFECT_SERVER_API_PORT", "42OO")
+    with pytest.raises(ServerStartError, match="PREFECT_SERVER_API_PORT='42OO' is not a port"):
+        ensure_server()
+    assert not (own_home / STATE_FILE).exists()
+
+
+# --- 4. every command of the README runs as typed ----------------------------------------------------------------
+
+PROGRAMS = ("uv run ", "python ", "prefect ", "dask ", "pytest ", "dupflow ")
+NOT_FOUND = ("Failed to spawn", "No module named", "invalid choice", "No such command", "command not found")
+PLACEHOLDER = re.compile(r"[<\[…]|^[A-Z][A-Z_]+$")  # <job id>, [INPUT], CONFIG, …: what the reader fills in
+
+
+def readme_commands() -> list[str]:
+    """The commands of README.md that run a program, from its ``sh`` blocks and inline code, as typed (without
+    leading ``VAR=value`` assignments; ``a && b`` and ``a & b`` are two commands)."""
+    text = (REPO_ROOT / "README.md").read_text()
+    lines = [line for block in re.findall(r"```sh\n(.*?)```", text, re.S) for line in block.splitlines()]
+    inline = [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S))]
+    commands = []
+    for candidate in lines + inline:
+        for command in re.split(r" && | & ", candidate.strip()):
+            command = re.sub(r"^(\w+=\S* )+", "", command.strip())
+            if command.startswith(PROGRAMS):
+                commands.append(command)
+    return commands
+
+
+def test_every_readme_command_runs_in_the_projects_environment():
+    """After the Quick start only ``uv`` is on the PATH: ``prefect``, ``python -m flows.run`` and the like work as
+    typed through ``uv run``."""
+    commands = readme_commands()
+    assert len(commands) > 20
+    assert [command for command in commands if not command.startswith("uv run ")] == []
+
+
+@pytest.mark.slow
+def test_every_readme_command_starts_as_typed_up_to_what_the_reader_fills_in():
+    """Each command, cut before its first placeholder, with ``--help``: the program, module and subcommands exist
+    (a benchmark that takes no ``--help`` fails on it, after it started)."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
+    tried = set()
+    for command in readme_commands():
+        argv = list(itertools.takewhile(lambda token: not PLACEHOLDER.search(token), shlex.split(command)))
+        if argv[-1] == "-m" or tuple(argv) in tried:  # a module named by a placeholder (bench_<name>)
+            continue
+        tried.add(tuple(argv))
+        done = subprocess.run([*argv, "--help"], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+        not_found = [marker for marker in NOT_FOUND if marker in done.stdout + done.stderr]
+        assert done.returncode == 0 or not not_found, (command, done.stdout[-2000:], done.stderr[-2000:])
+    assert len(tried) > 15
+
+
+# --- 11. no per-command noise or cost ----------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
+def test_uv_run_compiles_nothing_and_prints_nothing_of_its_own():
+    """Byte-compiling is the install step's (``uv sync --compile-bytecode``), not every command's."""
+    done = subprocess.run(
+        ["uv", "run", "--locked", "python", "-c", "pass"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "" and done.stderr == ""
