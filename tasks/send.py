@@ -21,6 +21,10 @@ flattening) and writing only their records into ``<job>/send/``:
 
 Files are sent one after the other (on a Dask cluster, one per worker; with direct_resource_load the ``core``
 files before all others), each as its own cached task (``send[<file>]``), so a resumed job skips the finished ones.
+
+Every call to the FHIR server has a whole-request deadline and a cap on the answer it reads (constants of
+``tasks.clients.fhir_server``: services.send has no timeout key); credentials the server quotes back in an answer are
+blanked out before the answer is kept in ``send/failed/`` or named in a message.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ NDJSON, one OperationOutcome per chunk, annotated with the chunk number and the 
 already have a report and redoes an unfinished one from the start (reports are written atomically).
 
 Findings never fail a file: ``fail_on_error`` decides, once every report is written, whether the job stops. An
-HTTP failure of the service (after the client layer's retries) fails the step, naming the file and chunk.
+HTTP failure of the service (after the client layer's retries) fails the step, naming the file and chunk, and so
+does a chunk whose answer takes longer than the whole-request deadline (``tasks.clients.validator.REQUEST_DEADLINE``,
+10 minutes, retried first) or is larger than ``MAX_ANSWER_BYTES`` (64 MB). Each read waits up to ``READ_TIMEOUT``.
 """
 
 from __future__ import annotations

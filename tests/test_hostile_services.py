@@ -50,6 +50,7 @@ READ_TIMEOUT = timedelta(seconds=30)
 USERNAME = "sender"
 PASSWORD = "s3cr/et+pa=ss&w0rd-7c1e"
 """URL-encoding changes it (``/``, ``+``, ``=``, ``&``), so every encoded form is a different string to find."""
+API_KEY = "api-key-0c7e55-sent-with-basic"
 
 
 @pytest.fixture(scope="module")
@@ -112,9 +113,9 @@ def assert_stored_nowhere(secrets: list[str], stores: dict[str, bytes]) -> None:
 def test_basic_credentials_quoted_back_by_the_fhir_server_are_stored_nowhere(fhir_fake, tmp_path, prefect_api, echo):
     fhir_fake.state.echo_credentials = echo
     fhir_fake.state.echo_status = 401 if echo == "text" else 422
-    auth = f"      username: {USERNAME}\n      password: ${{SEND_PASSWORD}}\n"
+    auth = f"      username: {USERNAME}\n      password: ${{SEND_PASSWORD}}\n      api_key: ${{SEND_API_KEY}}\n"
     config = send_job_config(tmp_path, fhir_fake.base_url, auth)
-    result = run_cli("start", str(config), "--no-progress", env={"SEND_PASSWORD": PASSWORD})
+    result = run_cli("start", str(config), "--no-progress", env={"SEND_PASSWORD": PASSWORD, "SEND_API_KEY": API_KEY})
 
     assert result.returncode == EXIT_FAILED, result.stderr
     job_dir = only_job_dir(tmp_path / "jobs")
@@ -123,7 +124,7 @@ def test_basic_credentials_quoted_back_by_the_fhir_server_are_stored_nowhere(fhi
     assert f"HTTP {fhir_fake.state.echo_status}" in answer.read_text()
     assert "you sent Authorization: ***" in answer.read_text()  # kept for inspection, credentials blanked
     stores = stored_everywhere(job_dir, result.stdout + result.stderr, prefect_api)
-    assert_stored_nowhere(basic_forms(USERNAME, PASSWORD), stores)
+    assert_stored_nowhere([*basic_forms(USERNAME, PASSWORD), API_KEY], stores)
 
 
 @pytest.mark.slow  # a job through the command line
