@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 import os
 import subprocess
 import sys
@@ -25,7 +26,7 @@ import pytest
 from config.settings import RetrySettings, TlsSettings
 from flows.run import EXIT_FAILED
 from config.settings import Settings
-from tasks.clients.errors import ServiceError, register_secret
+from tasks.clients.errors import RedactingFilter, ServiceError, register_secret
 from tasks.clients.fhir_server import FhirServer
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import AsyncServiceClient, ServiceClient, ServiceEndpoint, http_timeout
@@ -177,6 +178,38 @@ def test_a_secret_a_validator_quotes_back_reaches_no_report_summary_or_log(valid
     assert [o["resourceType"] for _, o in iter_resources(tmp_path / "report.ndjson", MB)] == ["OperationOutcome"]
     stores = {"report": report, "summary": checked.model_dump_json().encode(), "log": caplog.text.encode()}
     assert_stored_nowhere([secret, base64.b64encode(secret.encode()).decode()], stores)
+
+
+def test_a_logged_traceback_quoting_a_secret_is_redacted_for_every_handler(tmp_path):
+    secret = "traceback-secret-9e02"
+    register_secret(secret)
+    log_file = tmp_path / "job.log"
+    handler = logging.FileHandler(log_file)
+    handler.addFilter(RedactingFilter())
+    logger = logging.getLogger("dupflow.test.hostile")
+    logger.addHandler(handler)
+    try:
+        try:
+            raise ValueError(f"the server said: you sent {secret}")
+        except ValueError:
+            logger.exception("send failed")
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    logged = log_file.read_text()
+    assert "ValueError: the server said: you sent ***" in logged and "Traceback" in logged
+    assert secret not in logged
+
+
+def test_botocore_debug_logs_of_an_answer_quoting_a_secret_are_redacted(caplog):
+    import tasks.clients.s3  # noqa: F401 - installs the filters on botocore's loggers
+
+    secret = "s3-proxy-secret-77d1"
+    register_secret(secret)
+    with caplog.at_level(logging.DEBUG, logger="botocore.parsers"):
+        logging.getLogger("botocore.parsers").debug("Response body:\n%r", f"<Error>bad {secret}</Error>".encode())
+    assert "Response body" in caplog.text and "bad ***" in caplog.text
+    assert secret not in caplog.text
 
 
 # --- items 7 and 8: every call has a whole-request deadline and a bounded answer ------------------------------
