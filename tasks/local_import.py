@@ -4,12 +4,16 @@ Source: a directory given as the job input, else ``services.local_import.dir`` (
 ``.ndjson`` and ``.ndjson.zst`` files are picked up (zstd is recognised by its magic bytes, whatever the name says),
 recompressed at the configured level or written plain, and counted. Each file is its own cached task, so a
 resumed job copies only the files not finished before; files are copied on every core at once (zstd releases the
-GIL, so threads use the cores). A directory or file that cannot be read fails the step with its path named.
+GIL, so threads use the cores). A directory or file that cannot be read fails the step with its path named, and so
+does anything named like data that is no readable file (a directory, a named pipe, a dangling symbolic link, ...):
+nothing that looks like data is left out silently.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 
 from tasks.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
@@ -74,7 +78,7 @@ def source_directory(job_input: str | None, configured_dir: str | None) -> Path:
 
 
 def find_ndjson_files(source: Path, recursive: bool) -> list[Path]:
-    files = sorted(p for p in scan(source, recursive) if p.name.endswith(DATA_SUFFIXES) and not p.name.startswith("."))
+    files = sorted(scan(source, recursive))
     if files:
         return files
     hint = ""
@@ -84,7 +88,8 @@ def find_ndjson_files(source: Path, recursive: bool) -> list[Path]:
 
 
 def scan(source: Path, recursive: bool) -> list[Path]:
-    """Every file of ``source`` (and its subdirectories); an unreadable directory is an error naming it."""
+    """Every data file of ``source`` (and its subdirectories): whatever is named like one must be a readable file
+    (``check_data_file``). An unreadable directory is an error naming it."""
 
     def unreadable(exc: OSError) -> None:
         raise LocalImportError(
@@ -93,13 +98,48 @@ def scan(source: Path, recursive: bool) -> list[Path]:
 
     files = []
     for folder, subfolders, names in os.walk(source, onerror=unreadable):
-        files.extend(Path(folder, name) for name in names if Path(folder, name).is_file())
+        files.extend(check_data_file(Path(folder, name)) for name in [*names, *subfolders] if is_data_name(name))
         if not recursive:
             subfolders.clear()
-    for path in files:
-        if not os.access(path, os.R_OK):
-            raise LocalImportError(f"cannot read file {path}: permission denied; fix its permissions")
     return files
+
+
+def is_data_name(name: str) -> bool:
+    return name.endswith(DATA_SUFFIXES) and not name.startswith(".")
+
+
+def check_data_file(path: Path) -> Path:
+    """``path``, named like data, as a regular file this process may read; anything else (a directory, a named
+    pipe, a device, a dangling symbolic link or a loop of them, a file without read permission) is an error
+    naming it, never a file silently left out. Only its status is read: opening a named pipe would block."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        raise LocalImportError(f"cannot read {path}: {_stat_problem(path, exc)}; fix or remove it") from None
+    if not stat.S_ISREG(mode):
+        raise LocalImportError(
+            f"{path} is {_file_kind(mode)}, not a file, although its name says data; remove it from the import "
+            "folder or rename it"
+        )
+    if not os.access(path, os.R_OK):
+        raise LocalImportError(f"cannot read file {path}: permission denied; fix its permissions")
+    return path
+
+
+def _stat_problem(path: Path, exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return "it is a loop of symbolic links"
+    if exc.errno == errno.ENOENT and path.is_symlink():
+        return f"it is a symbolic link to {os.readlink(path)}, which does not exist"
+    return exc.strerror or type(exc).__name__
+
+
+def _file_kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    return "a socket" if stat.S_ISSOCK(mode) else "a device"
 
 
 def target_names(files: list[Path], compress: bool) -> list[str]:

@@ -9,10 +9,15 @@ whatever the file size, and a file is only ever visible under its final name onc
 Content is checked while it streams (a large plain file: by a worker process once written, before its rename):
 every non-blank line must be a JSON object with a ``resourceType`` (a binary file or a stray text line never
 travels to the next step), and a last line without a newline must be complete (a truncated file is never taken
-for a finished one). The check validates with simdjson (no Python objects are built) and hands every line
-simdjson does not prove a resource to orjson, so it accepts exactly what ``parse_resource`` accepts and reports
-errors in its words. File names are checked too, by the one rule for names from data
-(``tasks.layout.name_from_data_problem``).
+for a finished one). Blank lines in a row count together against the line limit: more than
+``pipeline.max_ndjson_line_size_mb`` of them is an error too (a file of nothing but newlines is no data). The check
+validates with simdjson (no Python objects are built) and hands every line simdjson does not prove a resource to
+orjson, so it accepts exactly what ``parse_resource`` accepts and reports errors in its words. File names are
+checked too, by the one rule for names from data (``tasks.layout.name_from_data_problem``).
+
+zstd is decompressed in pieces of at most ``ZSTD_OUTPUT_PIECE`` (1 MiB), whatever the compression ratio, so a
+decompression bomb (a few hundred KB that unpack to gigabytes of one byte) costs no more memory than a real file:
+each decompression call is fed at most ``ZSTD_BLOCKS_PER_PIECE`` zstd blocks (``ZstdBlockCutter``).
 """
 
 from __future__ import annotations
@@ -37,13 +42,16 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 UTF8_BOM = b"\xef\xbb\xbf"
 PARSER_KEPT_BYTES = 1 << 20  # a line checker keeps simdjson's buffers for lines up to this size, not larger
 CHUNK_SIZE = 1 << 20
-ZSTD_INPUT_PIECE = 64 << 10  # compressed bytes per decompression call: about 1 MiB out at FHIR's 15:1
+ZSTD_BLOCK_MAX = 128 << 10  # the most a zstd block decompresses to (RFC 8878)
+ZSTD_BLOCKS_PER_PIECE = 8  # zstd blocks per decompression call: about 70 KB in at FHIR's 15:1
+ZSTD_OUTPUT_PIECE = ZSTD_BLOCKS_PER_PIECE * ZSTD_BLOCK_MAX  # the most one decompression call gives, at any ratio
 # A plain file of at least this size is checked in a worker process once written, not line by line in the writing
 # thread: the check holds the GIL, and there it took half a download's speed. Below it the pool's start costs more.
 CHECK_IN_PROCESS_MIN_BYTES = 16 << 20
 DATA_SUFFIXES = (".ndjson", ".ndjson.zst")
 PART_PREFIX = "."
 PART_SUFFIX = ".part"
+BLANK_BYTES = b" \t\r\n\x0b\x0c"  # what ``bytes.strip`` removes
 
 # zstd levels matching the spec's speed/ratio table on FHIR NDJSON (measured with
 # tests/benchmarks/bench_compression.py on a 2-core machine; figures in the README).
@@ -130,7 +138,8 @@ def raw_chunks(path: Path | str) -> Iterator[bytes]:
 
 
 def decompress_if_zstd(chunks: Iterator[bytes], source: str) -> Iterator[bytes]:
-    """Pass plain bytes through; decompress a zstd stream (by its magic bytes), frame after frame.
+    """Pass plain bytes through; decompress a zstd stream (by its magic bytes), frame after frame, in pieces of at
+    most ``ZSTD_OUTPUT_PIECE`` bytes whatever the compression ratio (``ZstdBlockCutter``).
 
     A stream that ends in the middle of a frame is an error: zstd stream readers end silently there,
     which would make a truncated file look complete.
@@ -148,7 +157,7 @@ def decompress_if_zstd(chunks: Iterator[bytes], source: str) -> Iterator[bytes]:
     context = zstandard.ZstdDecompressor()
     frame, frame_has_input = context.decompressobj(), False
     try:
-        for data in _zstd_pieces(itertools.chain([head], chunks)):
+        for data in ZstdBlockCutter().pieces(itertools.chain([head], chunks)):
             while data:
                 frame_has_input = True
                 if out := frame.decompress(data):
@@ -163,23 +172,120 @@ def decompress_if_zstd(chunks: Iterator[bytes], source: str) -> Iterator[bytes]:
         raise NdjsonError(f"{source}: not readable as zstd (the data end in the middle of a frame); they are truncated")
 
 
-def _zstd_pieces(chunks: Iterator[bytes]) -> Iterator[memoryview]:
-    """Compressed chunks cut into ``ZSTD_INPUT_PIECE`` views, so that each decompresses to about a megabyte of
-    FHIR NDJSON (a whole 1 MiB at 15:1 came out as one 16 MB piece, in every process reading it). The bound
-    follows the ratio: data made to compress thousands to one still come out in large pieces."""
-    for chunk in chunks:
-        with memoryview(chunk) as view:
-            for start in range(0, len(view), ZSTD_INPUT_PIECE):
-                yield view[start : start + ZSTD_INPUT_PIECE]
+class ZstdBlockCutter:
+    """Cuts a zstd stream into pieces that each end at most ``ZSTD_BLOCKS_PER_PIECE`` blocks, so that each
+    decompresses to at most ``ZSTD_OUTPUT_PIECE`` bytes.
+
+    zstandard's ``decompressobj().decompress`` has no output limit: a 64 KiB slice of a decompression bomb (runs
+    of one byte, 4 bytes per 128 KiB block) came out as 2 GB at once. A zstd block never holds more than
+    ``ZSTD_BLOCK_MAX`` bytes (RFC 8878), and the decoder only writes a block once all of it has arrived, so
+    counting block ends bounds every call's output whatever the ratio. The cutter reads only the frame and block
+    headers (a few per 128 KiB of output); it never decides what the data are: the decoder still checks them and
+    reports damage and truncation. Where the headers stop making sense (damaged data, not a zstd frame) it stops
+    cutting and leaves the error to the decoder.
+    """
+
+    def __init__(self) -> None:
+        self._header = bytearray()
+        self._need = 4  # header bytes wanted next, read by ``_on_header``
+        self._on_header = self._frame_magic
+        self._skip = 0  # bytes to pass before the next header
+        self._in_block = False  # the bytes skipped are a block's content
+        self._checksum = 0  # bytes of checksum after the frame's last block
+        self._last_block = False
+        self._block_ends = 0  # in the current piece
+        self._lost = False
+
+    def pieces(self, chunks: Iterator[bytes]) -> Iterator[memoryview]:
+        for chunk in chunks:
+            with memoryview(chunk) as view:
+                start = 0
+                for end in self._piece_ends(view):
+                    yield view[start:end]
+                    start = end
+                if start < len(view):
+                    yield view[start:]
+
+    def _piece_ends(self, view: memoryview) -> Iterator[int]:
+        """Offsets in ``view`` after which a piece must end (its last allowed block ended there)."""
+        position, size = 0, len(view)
+        while position < size and not self._lost:
+            if self._skip:
+                step = min(self._skip, size - position)
+                position += step
+                self._skip -= step
+            else:
+                step = min(self._need - len(self._header), size - position)
+                self._header += view[position : position + step]
+                position += step
+                if len(self._header) < self._need:
+                    continue
+                header, self._header = bytes(self._header), bytearray()
+                self._on_header(header)
+            if not self._skip and self._in_block:
+                self._in_block = False
+                self._end_block()
+                self._block_ends += 1
+                if self._block_ends == ZSTD_BLOCKS_PER_PIECE:
+                    self._block_ends = 0
+                    yield position
+
+    def _expect(self, size: int, handler) -> None:
+        self._need, self._on_header = size, handler
+
+    def _frame_magic(self, magic: bytes) -> None:
+        if magic == ZSTD_MAGIC:
+            self._expect(1, self._frame_header_descriptor)
+        elif magic[0] & 0xF0 == 0x50 and magic[1:] == b"\x2a\x4d\x18":  # a skippable frame: its size, then data
+            self._expect(4, self._skippable_size)
+        else:
+            self._lost = True
+
+    def _skippable_size(self, size: bytes) -> None:
+        self._skip = int.from_bytes(size, "little")
+        self._expect(4, self._frame_magic)
+
+    def _frame_header_descriptor(self, descriptor: bytes) -> None:
+        flags = descriptor[0]
+        single_segment = bool(flags & 0x20)
+        content_size_bytes = (1 if single_segment else 0, 2, 4, 8)[flags >> 6]
+        self._skip = (0 if single_segment else 1) + (0, 1, 2, 4)[flags & 0x03] + content_size_bytes
+        self._checksum = 4 if flags & 0x04 else 0
+        self._expect(3, self._block_header)
+
+    def _block_header(self, header: bytes) -> None:
+        value = int.from_bytes(header, "little")
+        block_type, size = (value >> 1) & 0x03, value >> 3
+        if block_type == 3:  # reserved: damaged data
+            self._lost = True
+            return
+        self._last_block = bool(value & 0x01)
+        self._skip = 1 if block_type == 1 else size  # an RLE block holds its one byte, repeated ``size`` times
+        self._in_block = True
+
+    def _end_block(self) -> None:
+        if self._last_block:
+            self._skip = self._checksum
+            self._expect(4, self._frame_magic)
+        else:
+            self._expect(3, self._block_header)
 
 
 def iter_lines(path: Path, max_line_bytes: int) -> Iterator[tuple[int, bytes]]:
     """Yield ``(line number, line)`` for every non-empty line, without its newline."""
     pending = bytearray()
     line_number = 0
+    blanks = BlankRun(path, max_line_bytes)
     for chunk in iter_chunks(path):
         start = 0
         while (end := chunk.find(b"\n", start)) != -1:
+            if not pending and (start == end or chunk[start] in BLANK_BYTES):
+                run_end, lines = blank_lines_at(chunk, start)
+                if lines:
+                    blanks.add(line_number + 1, run_end - start)
+                    line_number += lines
+                    start = run_end
+                    continue
             line_number += 1
             if pending:
                 pending += chunk[start:end]
@@ -190,13 +296,64 @@ def iter_lines(path: Path, max_line_bytes: int) -> Iterator[tuple[int, bytes]]:
             if len(line) > max_line_bytes:
                 raise LineTooLongError(path, line_number, max_line_bytes)
             if line.strip():
+                blanks.end()
                 yield line_number, line
+            else:
+                blanks.add(line_number, len(line) + 1)
             start = end + 1
         pending += chunk[start:]
         if len(pending) > max_line_bytes:
             raise LineTooLongError(path, line_number + 1, max_line_bytes)
     if pending.strip():
         yield line_number + 1, bytes(pending)
+
+
+def blank_lines_at(chunk: bytes, start: int) -> tuple[int, int]:
+    """The run of whole blank lines from ``start`` (a line's start) in ``chunk``: (offset after its last newline,
+    lines in it), or ``(start, 0)``. Found at C speed: a file of nothing but newlines (as a decompression bomb
+    makes) is not read one line at a time."""
+    run_end = chunk.rfind(b"\n", start, first_non_blank(chunk, start)) + 1
+    if run_end <= start:
+        return start, 0
+    return run_end, chunk.count(b"\n", start, run_end)
+
+
+def first_non_blank(chunk: bytes, start: int) -> int:
+    """The offset of the first byte from ``start`` that is not whitespace (``len(chunk)`` if none). Looks through
+    windows growing fourfold, so that the work follows the blank run, not what comes after it (``re`` is ten times
+    slower at this)."""
+    window = 256
+    while start < len(chunk):
+        end = min(start + window, len(chunk))
+        rest = len(chunk[start:end].lstrip())
+        if rest:
+            return end - rest
+        start, window = end, window * 4
+    return len(chunk)
+
+
+class BlankRun:
+    """Counts blank lines in a row; more than ``limit`` bytes of them is an error. Blank lines between resources are
+    allowed, but gigabytes of them are no NDJSON: a decompression bomb of newlines, read to its end."""
+
+    def __init__(self, source: Path | str, limit: int):
+        self._source, self._limit = source, limit
+        self._first_line = 0
+        self._size = 0
+
+    def add(self, first_line: int, size: int) -> None:
+        if not self._size:
+            self._first_line = first_line
+        self._size += size
+        if self._size > self._limit:
+            raise NdjsonError(
+                f"{self._source}: more than {self._limit // (1024 * 1024)} MB of blank lines from line "
+                f"{self._first_line} on (the limit is pipeline.max_ndjson_line_size_mb); this is not NDJSON data: "
+                "check how the file was made"
+            )
+
+    def end(self) -> None:
+        self._size = 0
 
 
 def iter_resources(path: Path, max_line_bytes: int) -> Iterator[tuple[int, dict]]:
@@ -239,6 +396,7 @@ class LineChecker:
         self._max = max_line_bytes
         self._pending = bytearray()
         self._parser = simdjson.Parser()
+        self._blanks = BlankRun(source, max_line_bytes)
         self.lines = 0
         self.resources = 0
 
@@ -251,12 +409,24 @@ class LineChecker:
                     self._pending += view[start:end]
                     self._check_line(bytes(self._pending))
                     self._pending = bytearray()
+                elif (start == end or chunk[start] in BLANK_BYTES) and (after := self._skip_blank_lines(chunk, start)):
+                    start = after
+                    continue
                 else:
                     self._check_line(chunk[start:end])  # a bytes copy: simdjson parses bytes faster than a view
                 start = end + 1
             if len(self._pending) + len(chunk) - start > self._max:
                 raise LineTooLongError(self._source, self.lines + 1, self._max)
             self._pending += view[start:]
+
+    def _skip_blank_lines(self, chunk: bytes, start: int) -> int:
+        """Count the blank lines from ``start`` at once (``blank_lines_at``): the offset after them, 0 if none."""
+        after, lines = blank_lines_at(chunk, start)
+        if not lines:
+            return 0
+        self._blanks.add(self.lines + 1, after - start)
+        self.lines += lines
+        return after
 
     def finish(self) -> None:
         """Check the last line when the data do not end with a newline: it must be a complete resource."""
@@ -279,7 +449,9 @@ class LineChecker:
         if len(line) > self._max:
             raise LineTooLongError(self._source, self.lines, self._max)
         if not line or (line[0] in b" \t\r" and _is_blank(line)):
+            self._blanks.add(self.lines, len(line) + 1)
             return
+        self._blanks.end()
         if not self._is_resource(line):
             parse_resource(self._source, self.lines, line)
         if len(line) > PARSER_KEPT_BYTES:  # simdjson's buffers grow to twice the largest line: give them back

@@ -25,7 +25,6 @@ Rules (spec "Extraction step procedure" 7 and "Errors"):
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
@@ -47,6 +46,7 @@ from tasks.ndjson import (
     TruncatedLineError,
     UnsafeNameError,
     decompress_if_zstd,
+    first_non_blank,
     output_name,
 )
 
@@ -59,7 +59,6 @@ PROBE_FALLBACK_STATUSES = (403, 404, 405)
 PROBE_TIMEOUT = http_timeout(timedelta(seconds=30))
 DEFAULT_MAX_FILES = 100_000
 READ_SIZE = 1 << 20
-_NON_SPACE = re.compile(rb"\S")
 
 
 class DownloadError(StepError):
@@ -310,19 +309,25 @@ def _counted(chunks: Iterator[bytes], on_bytes: Callable[[int], None] | None) ->
 def checked_ndjson(chunks: Iterator[bytes], url: str, max_line_bytes: int) -> Iterator[bytes]:
     """Pass the body through once its first non-empty line has proved to be a JSON object.
 
-    A first line longer than ``max_line_bytes`` is passed on unchecked: the writer reports it as too long.
+    Blank data before it pass on at once (the writer limits them), and a first line longer than ``max_line_bytes``
+    is passed on unchecked, as it is (no copy): the writer reports it as too long.
     """
     pending = bytearray()
     content_at = -1
     for chunk in chunks:
         searched = len(pending)
         pending += chunk
-        if content_at < 0 and (match := _NON_SPACE.search(pending, searched)):
-            content_at = match.start()
-        if content_at >= 0 and pending.find(b"\n", max(searched, content_at)) >= 0:
+        if content_at < 0:
+            content_at = first_non_blank(pending, searched)
+            if content_at == len(pending):
+                content_at = -1
+                yield bytes(pending)
+                pending.clear()
+                continue
+        if pending.find(b"\n", max(searched, content_at)) >= 0:
             break
         if len(pending) > max_line_bytes:
-            yield bytes(pending)
+            yield pending  # a bytearray, not copied: the writer takes any bytes-like chunk
             yield from chunks
             return
     if content_at >= 0:
