@@ -77,10 +77,8 @@ class Flattener:
             statement = None
         if not lists_view_run(statement):
             raise FlattenerError(
-                redact(
-                    f"{self.client.endpoint.base_url} is not a flattening service: its {METADATA_PATH} lists no $run "
-                )
-                + "operation on ViewDefinition (check services.flattening.service_url)"
+                f"{redact(self.client.endpoint.base_url)} is not a flattening service: its {METADATA_PATH} lists no "
+                "$run operation on ViewDefinition (check services.flattening.service_url)"
             )
 
     def run(self, view: bytes, resources: list[bytes]) -> Iterator[dict[str, Any]]:
