@@ -2,7 +2,9 @@
 
 CSV cells (spec/protocols.md): null → empty, strings verbatim (no formula escaping), numbers as written in the input
 (the engine reads decimals as ``Decimal``, which keeps their digits), booleans ``true``/``false``, objects and
-arrays as compact JSON. The CSV dialect is RFC 4180 with LF line ends.
+arrays as compact JSON. The CSV dialect is RFC 4180 with LF line ends: a cell holding a comma, a double quote, a line
+feed or a carriage return is quoted (Python's ``csv`` quotes only the characters of its line terminator, so a bare CR
+would go out unquoted and split the row for every reader; ``CsvWriter`` quotes such rows itself).
 """
 
 from __future__ import annotations
@@ -23,8 +25,31 @@ class CsvDialect(csv.Dialect):
     quoting = csv.QUOTE_MINIMAL
 
 
-def csv_writer(stream: IO[str]) -> Any:
-    return csv.writer(stream, dialect=CsvDialect)
+_NEEDS_QUOTES = (",", '"', "\n", "\r")
+
+
+class CsvWriter:
+    """Rows as RFC 4180 lines: ``csv.writer`` for most, a row with a bare CR quoted here (see the module doc)."""
+
+    def __init__(self, stream: IO[str]):
+        self._stream = stream
+        self._writer = csv.writer(stream, dialect=CsvDialect)
+
+    def writerow(self, cells: list[str]) -> None:
+        if "\r" in "".join(cells):
+            self._stream.write(",".join(map(_quoted, cells)) + CsvDialect.lineterminator)
+        else:
+            self._writer.writerow(cells)
+
+
+def _quoted(cell: str) -> str:
+    if any(special in cell for special in _NEEDS_QUOTES):
+        return '"' + cell.replace('"', '""') + '"'
+    return cell
+
+
+def csv_writer(stream: IO[str]) -> CsvWriter:
+    return CsvWriter(stream)
 
 
 def cell(value: Any) -> str:
