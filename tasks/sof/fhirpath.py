@@ -12,16 +12,30 @@ Two ways to evaluate:
 - Everything else goes through fhirpathpy's parser and evaluator, once parsed. The functions SQL-on-FHIR adds to
   FHIRPath (``getResourceKey``, ``getReferenceKey``, ``lowBoundary``, ``highBoundary``) are registered through
   fhirpathpy's invocation table (its extension point for user functions).
+
+Bounds, each a ``FhirPathError`` naming the expression (data or a lookup file must not hang or exhaust a step):
+
+- ``matches`` and ``replaceMatches`` run on RE2 (``google-re2``), in time linear in the text, where Python's ``re``
+  backtracks exponentially (``matches('^(a+)+$')`` on 35 characters: hours). RE2 has no backreferences or
+  lookaround; such a pattern is an error that says so.
+- ``repeat()`` stops at ``MAX_REPEAT_ELEMENTS`` elements (fhirpathpy's copies its list per element: quadratic).
+- An expression nested more than ``MAX_EXPRESSION_DEPTH`` levels (its parse tree; about half as many parentheses)
+  is refused when compiled: the parser and the evaluator recurse once or more per level and would exhaust
+  Python's stack. A stack that still runs out while evaluating (deeply nested data compared whole) is reported
+  as such, never as a bare ``RecursionError``.
 """
 
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
+from functools import lru_cache
 from typing import Any
 
+import re2
 from fhirpathpy.engine import do_eval
 from fhirpathpy.engine.invocations.constants import constants as fhirpath_constants
 from fhirpathpy.engine.nodes import FP_Quantity, FP_Type, ResourceNode
@@ -48,6 +62,9 @@ _SEGMENT = re.compile(
     rf"|(?P<member>{_IDENTIFIER})(?:\.ofType\((?P<type>{_IDENTIFIER})\))?"
 )
 _KEYWORDS = {"and", "or", "xor", "implies", "div", "mod", "in", "contains", "is", "as", "true", "false"}
+MAX_EXPRESSION_DEPTH = 100
+MAX_REPEAT_ELEMENTS = 10_000
+SHOWN_EXPRESSION_CHARS = 120
 
 
 class FhirPathError(ValueError):
@@ -204,19 +221,49 @@ def parse(expression: str) -> dict[str, Any]:
     parser.buildParseTrees = True
     parser.removeErrorListeners()
     parser.addErrorListener(listener)
-    tree = parser.expression()
+    try:
+        tree = parser.expression()
+    except RecursionError:
+        raise FhirPathError(_too_deep()) from None
     if tokens.LA(1) != Token.EOF:
         raise FhirPathError(f"unexpected {tokens.LT(1).text!r} at column {tokens.LT(1).column + 1}")
     ast = ASTPathListener()
-    ParseTreeWalker().walk(ast, tree)
-    return ast.parentStack[0]
+    try:
+        ParseTreeWalker().walk(ast, tree)
+    except RecursionError:
+        raise FhirPathError(_too_deep()) from None
+    parsed = ast.parentStack[0]
+    if tree_depth(parsed) > MAX_EXPRESSION_DEPTH:
+        raise FhirPathError(_too_deep())
+    return parsed
+
+
+def tree_depth(node: dict[str, Any]) -> int:
+    """Levels of a parse tree (walked with a list, not recursion)."""
+    deepest, pending = 0, [(node, 1)]
+    while pending:
+        node, depth = pending.pop()
+        deepest = max(deepest, depth)
+        pending.extend((child, depth + 1) for child in node.get("children") or ())
+    return deepest
+
+
+def _too_deep() -> str:
+    return f"nested more than {MAX_EXPRESSION_DEPTH} levels deep (split it, or drop redundant parentheses)"
+
+
+def shown(expression: str) -> str:
+    """The expression as error messages quote it (a long one cut short)."""
+    if len(expression) <= SHOWN_EXPRESSION_CHARS:
+        return repr(expression)
+    return repr(expression[:SHOWN_EXPRESSION_CHARS]) + f"... ({len(expression)} characters)"
 
 
 def _interpreted(expression: str) -> Compiled:
     try:
         parsed = parse(expression)
     except Exception as exc:  # FhirPathError from the listener, bare exceptions from fhirpathpy's AST builder
-        raise FhirPathError(f"cannot parse FHIRPath {expression!r}: {exc}") from exc
+        raise FhirPathError(f"cannot parse FHIRPath {shown(expression)}: {exc}") from exc
     root = parsed["children"][0]
 
     def evaluate(focus: Item, env: Env) -> list[Item]:
@@ -232,8 +279,14 @@ def _interpreted(expression: str) -> Compiled:
         fhirpath_constants.reset()
         try:
             result = do_eval(ctx, data_root, root)
+        except FhirPathError as exc:
+            raise FhirPathError(f"FHIRPath {shown(expression)}: {exc}") from exc
+        except RecursionError:
+            raise FhirPathError(
+                f"FHIRPath {shown(expression)} ran out of stack: the data it reads is nested too deeply"
+            ) from None
         except Exception as exc:
-            raise FhirPathError(f"FHIRPath {expression!r} failed: {exc}") from exc
+            raise FhirPathError(f"FHIRPath {shown(expression)} failed: {exc}") from exc
         return [_as_item(value) for value in arraify(result) if not _is_primitive_extension_only(value)]
 
     return evaluate
@@ -295,9 +348,75 @@ def _boundary(compute: Callable[[Any, str | None, int | None], Any]) -> Callable
     return invoke
 
 
+# --- bounded replacements of fhirpathpy functions -----------------------------------------------------------------
+
+
+@lru_cache(maxsize=256)
+def regex(pattern: str, dot_matches_newline: bool) -> Any:
+    """``pattern`` compiled by RE2 (once per process); a pattern RE2 cannot run is a ``FhirPathError``."""
+    options = re2.Options()
+    options.dot_nl = dot_matches_newline
+    options.log_errors = False
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        raise FhirPathError(
+            f"regular expression {pattern!r} is not supported ({_text(exc)}): regexes run on RE2, which has no "
+            "backreferences or lookaround (they can take exponential time)"
+        ) from None
+
+
+def _text(exc: Exception) -> str:
+    reason = exc.args[0] if exc.args else exc
+    return reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)
+
+
+def matches(ctx: dict, inputs: list, pattern: Any) -> Any:
+    """fhirpathpy's ``matches`` (search, ``.`` matching newlines), on RE2."""
+    if not pattern or not inputs:
+        return []
+    return regex(pattern, True).search(_single_string(inputs)) is not None
+
+
+def replace_matches(ctx: dict, inputs: list, pattern: Any, replacement: Any) -> Any:
+    """fhirpathpy's ``replaceMatches`` (``$1`` for the first group), on RE2."""
+    text = _single_string(inputs)
+    if isinstance(pattern, list) or isinstance(replacement, list):
+        return []
+    return regex(pattern, False).sub(re.sub(r"\$(\d+)", r"\\\1", replacement), text)
+
+
+def _single_string(inputs: list) -> str:
+    if len(inputs) == 1:
+        data = inputs[0].data if isinstance(inputs[0], ResourceNode) else inputs[0]
+        if isinstance(data, str):
+            return data
+    raise FhirPathError(f"expected one string, got {inputs!r:.200}")
+
+
+def repeat(ctx: dict, inputs: Any, expression: Callable[[Any], list]) -> list:
+    """fhirpathpy's ``repeat`` (breadth first, each element once), in linear time and bounded."""
+    if not isinstance(inputs, list):
+        return []
+    found: list = []
+    seen: set = set()
+    pending = deque(inputs)
+    while pending:
+        fresh = [element for element in expression(pending.popleft()) if element not in seen]
+        seen.update(fresh)
+        found.extend(fresh)
+        pending.extend(fresh)
+        if len(found) > MAX_REPEAT_ELEMENTS:
+            raise FhirPathError(f"repeat() reaches more than {MAX_REPEAT_ELEMENTS:,} elements")
+    return found
+
+
 SOF_FUNCTIONS: dict[str, dict[str, Any]] = {
     "getResourceKey": {"fn": get_resource_key, "arity": {0: []}},
     "getReferenceKey": {"fn": get_reference_key, "arity": {0: [], 1: ["TypeSpecifier"]}},
     "lowBoundary": {"fn": _boundary(low_boundary), "arity": {0: [], 1: ["Integer"]}},
     "highBoundary": {"fn": _boundary(high_boundary), "arity": {0: [], 1: ["Integer"]}},
+    "matches": {"fn": matches, "arity": {1: ["String"]}, "nullable_input": True},
+    "replaceMatches": {"fn": replace_matches, "arity": {2: ["String", "String"]}, "nullable_input": True},
+    "repeat": {"fn": repeat, "arity": {1: ["Expr"]}},
 }

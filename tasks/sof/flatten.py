@@ -27,7 +27,7 @@ from typing import IO, Any, Protocol, TypedDict
 from tasks.errors import StepError
 from tasks.fanout import raise_if_cancelled
 from tasks.ndjson import iter_lines
-from tasks.sof.output import csv_cells, csv_writer
+from tasks.sof.output import CsvWriter, csv_cells, csv_writer
 from tasks.sof.resources import ResourceLineError, line_resources
 from tasks.sof.resources import parse_line as parse_resource_line
 from tasks.sof.view import CompiledView, ViewError, compile_view
@@ -214,19 +214,22 @@ class RowsWriter:
         self.path, self.view, self.name = path, view, name
         self.rows = 0
         self._stream: IO[str] | None = None
-        self._writer: Any = None
+        self._writer: CsvWriter | None = None
 
     def add(self, resource: dict[str, Any]) -> None:
+        """Write the resource's rows as the view produces them (one resource may give millions)."""
         try:
-            rows = list(self.view.rows(resource))
+            for row in self.view.rows(resource):
+                if self._writer is None:
+                    self._open()
+                self._writer.writerow(csv_cells(row))
+                self.rows += 1
         except ViewError as exc:
-            raise FlatteningError(f"{self.name}: resource {resource_key(resource)}: {exc}") from exc
-        if rows and self._writer is None:
-            self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by close
-            self._writer = csv_writer(self._stream)
-        for row in rows:
-            self._writer.writerow(csv_cells(row))
-        self.rows += len(rows)
+            raise FlatteningError(f"{self.name}: {exc}") from exc
+
+    def _open(self) -> None:
+        self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by close
+        self._writer = csv_writer(self._stream)
 
     def close(self) -> int:
         """Close the part; its size in bytes (0 when it has no rows)."""

@@ -27,6 +27,8 @@ def parse_line(source: Path | str, number: int, line: bytes) -> dict[str, Any]:
         resource = json.loads(line, parse_float=Decimal) if _DECIMAL_NUMBER.search(line) else orjson.loads(line)
     except ValueError as exc:
         raise ResourceLineError(f"{source}: line {number} is not valid JSON ({exc})") from exc
+    except RecursionError:  # the decimal-keeping parser recurses per level; orjson stops at 1024 levels itself
+        raise ResourceLineError(f"{source}: line {number} is nested too deeply to be a FHIR resource") from None
     if not isinstance(resource, dict):
         raise ResourceLineError(f"{source}: line {number} is not a JSON object")
     return resource

@@ -10,17 +10,34 @@ select's rows and the concatenated rows of its ``unionAll`` branches, for each e
 ``forEachOrNull`` / ``repeat`` iterates over (``%rowIndex`` is that element's 0-based position, inherited where a
 select does not iterate). ``forEachOrNull`` over nothing gives one row of nulls; ``forEach`` over nothing gives no
 row. A resource is skipped unless every ``where`` path gives ``true``.
+
+Rows are produced lazily, one at a time: the cartesian product of sibling selects can be millions of rows from one
+small resource (60 codings in each of four slices: 13 million), so no product is held. Each part of a product (a
+nested select, the unionAll branches) is kept as a list when it has at most ``CACHED_ROWS`` rows, as nearly all do;
+a larger part is produced again for each row on its left, so memory stays bounded however large a product grows.
+
+Bounds (each a ``ViewEvaluationError`` naming the view, the resource and what went over):
+
+- ``MAX_ROWS_PER_RESOURCE`` rows from one resource (a product no CSV reader could use; the default of
+  ``compile_view``'s ``max_rows_per_resource``);
+- ``MAX_REPEAT_ELEMENTS`` (``tasks.sof.fhirpath``'s, as for FHIRPath's ``repeat()``) elements one ``repeat``
+  reaches from one focus (several paths to the same child double the elements at every level, and a path back to
+  the focus never ends);
+- ``MAX_SELECT_DEPTH`` levels of nested selects (a ``ViewDefinitionError``: deeper would exhaust Python's stack).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
+from functools import partial
+from itertools import chain, islice, product
+from math import prod
 from typing import Any
 
-from tasks.sof.fhirpath import Compiled, FhirPathError, Item, compile_path, values
+from tasks.sof.fhirpath import MAX_REPEAT_ELEMENTS, Compiled, FhirPathError, Item, compile_path, values
 
 COLUMN_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 ITERATIONS = ("forEach", "forEachOrNull", "repeat")
@@ -30,6 +47,9 @@ ROW_INDEX = "%rowIndex"
 _CONSTANT_REFERENCE = re.compile(r"%([A-Za-z_][A-Za-z0-9_]*)")
 _STRING_LITERAL = re.compile(r"'(?:[^'\\]|\\.)*'")
 _BUILTIN_VARIABLES = {"rowIndex", "context", "resource", "rootResource", "ucum", "sct", "loinc"}
+MAX_ROWS_PER_RESOURCE = 1_000_000
+MAX_SELECT_DEPTH = 64
+CACHED_ROWS = 10_000
 
 
 class ViewError(ValueError):
@@ -73,53 +93,119 @@ class Select:
     union: list[Select] = field(default_factory=list)
     iteration: str | None = None
     iterate: list[Compiled] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
     null_row: tuple = ()
 
-    def rows(self, focus: Item, index: int, env: dict[str, Any]) -> list[tuple]:
+    def rows(self, focus: Item, env: dict[str, Any]) -> Iterable[tuple]:
+        """The select's rows at ``focus``: a tuple when few and at hand, else an iterator producing them."""
         if self.iteration is None:
             return self._rows_at(focus, env)
-        items = self._elements(focus, env)
-        if not items:
-            return [self.null_row] if self.iteration == "forEachOrNull" else []
-        rows: list[tuple] = []
-        for position, item in enumerate(items):
-            rows.extend(self._rows_at(item, {**env, "rowIndex": position}))
-        return rows
+        return self._iterated(focus, env)
 
-    def _elements(self, focus: Item, env: dict[str, Any]) -> list[Item]:
+    def _iterated(self, focus: Item, env: dict[str, Any]) -> Iterator[tuple]:
+        position = -1
+        for position, item in enumerate(self._elements(focus, env)):
+            yield from self._rows_at(item, {**env, "rowIndex": position})
+        if position < 0 and self.iteration == "forEachOrNull":
+            yield self.null_row
+
+    def _elements(self, focus: Item, env: dict[str, Any]) -> Iterable[Item]:
+        if self.iteration == "repeat":
+            return self._repeated(focus, env)
+        return self._evaluated(self.iterate[0], focus, env)
+
+    def _repeated(self, focus: Item, env: dict[str, Any]) -> Iterator[Item]:
+        """Depth first: each element the repeat paths give, followed by the elements repeated from it (a stack of
+        iterators, not recursion: a deep element tree must not exhaust Python's stack)."""
+        pending = [iter(self._children(focus, env))]
+        count = 0
+        while pending:
+            item = next(pending[-1], None)
+            if item is None:
+                pending.pop()
+                continue
+            count += 1
+            if count > MAX_REPEAT_ELEMENTS:
+                raise ViewEvaluationError(
+                    f"repeat {self.paths!r} reaches more than {MAX_REPEAT_ELEMENTS:,} elements (paths that lead back "
+                    "to an element, or several paths to the same children, repeat without end)"
+                )
+            yield item
+            pending.append(iter(self._children(item, env)))
+
+    def _children(self, focus: Item, env: dict[str, Any]) -> list[Item]:
+        found: list[Item] = []
+        for evaluate in self.iterate:
+            found.extend(self._evaluated(evaluate, focus, env))
+        return found
+
+    def _evaluated(self, evaluate: Compiled, focus: Item, env: dict[str, Any]) -> list[Item]:
         try:
-            if self.iteration != "repeat":
-                return self.iterate[0](focus, env)
-            found: list[Item] = []
-            self._repeat(focus, env, found)
-            return found
+            return evaluate(focus, env)
         except FhirPathError as exc:
             raise ViewEvaluationError(f"{self.iteration}: {exc}") from exc
 
-    def _repeat(self, focus: Item, env: dict[str, Any], found: list[Item]) -> None:
-        for evaluate in self.iterate:
-            for item in evaluate(focus, env):
-                found.append(item)
-                self._repeat(item, env, found)
-
-    def _rows_at(self, focus: Item, env: dict[str, Any]) -> list[tuple]:
-        index = env.get("rowIndex", 0)
-        rows: list[tuple] = [tuple(column.value(focus, env) for column in self.columns)]
+    def _rows_at(self, focus: Item, env: dict[str, Any]) -> Iterable[tuple]:
+        """The product of this select's own columns, each nested select's rows and its unionAll branches' rows
+        (none as soon as one of them has none): a tuple of rows when small, else an iterator."""
+        head = tuple(column.value(focus, env) for column in self.columns)
+        if not self.selects and not self.union:
+            return (head,)
+        parts: list[Part] = []
         for select in self.selects:
-            rows = _product(rows, select.rows(focus, index, env))
-            if not rows:
-                return rows
+            parts.append(_part(select.rows, focus, env))
+            if not parts[-1]:
+                return ()
         if self.union:
-            branches: list[tuple] = []
-            for branch in self.union:
-                branches.extend(branch.rows(focus, index, env))
-            rows = _product(rows, branches)
+            parts.append(_part(partial(_concatenated, self.union), focus, env))
+        return _product(head, parts)
+
+
+def _concatenated(branches: list[Select], focus: Item, env: dict[str, Any]) -> Iterator[tuple]:
+    return chain.from_iterable(branch.rows(focus, env) for branch in branches)
+
+
+@dataclass(frozen=True)
+class _Reproduced:
+    """A part of a product with more than ``CACHED_ROWS`` rows: produced again at each pass, never kept."""
+
+    produce: Callable[[], Iterable[tuple]]
+
+    def __iter__(self) -> Iterator[tuple]:
+        return iter(self.produce())
+
+
+Part = tuple | list | _Reproduced
+
+
+def _part(produce: Callable[[Item, dict[str, Any]], Iterable[tuple]], focus: Item, env: dict[str, Any]) -> Part:
+    """A part's rows kept when there are at most ``CACHED_ROWS`` (nearly always one or a few), else reproduced."""
+    rows = produce(focus, env)
+    if isinstance(rows, tuple):
         return rows
+    kept = list(islice(rows, CACHED_ROWS + 1))
+    return kept if len(kept) <= CACHED_ROWS else _Reproduced(partial(produce, focus, env))
 
 
-def _product(left: list[tuple], right: list[tuple]) -> list[tuple]:
-    return [a + b for a in left for b in right]
+def _product(head: tuple, parts: list[Part]) -> Iterable[tuple]:
+    """``head`` joined with each combination of one row of each part, in order: a tuple when it has at most
+    ``CACHED_ROWS`` rows, else produced lazily."""
+    if _Reproduced in map(type, parts) or prod(map(len, parts)) > CACHED_ROWS:
+        return _streamed_product(head, parts)
+    return tuple(sum(combination, head) for combination in product(*parts))
+
+
+def _streamed_product(prefix: tuple, parts: list[Part]) -> Iterator[tuple]:
+    for row in parts[0]:
+        if len(parts) > 1:
+            yield from _streamed_product(prefix + row, parts[1:])
+        else:
+            yield prefix + row
+
+
+def _resource_key(resource: dict[str, Any]) -> str:
+    return f"{resource.get('resourceType')}/{resource.get('id', '(no id)')}"
 
 
 @dataclass
@@ -130,16 +216,42 @@ class CompiledView:
     where: list[tuple[str, Compiled]]
     constants: dict[str, Any]
     definition: dict[str, Any]
+    max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE
 
-    def rows(self, resource: dict[str, Any]) -> Iterator[tuple]:
-        """The resource's rows (none if it is of another type or a ``where`` path is not true)."""
+    def rows(self, resource: dict[str, Any]) -> Iterable[tuple]:
+        """The resource's rows (none if it is of another type or a ``where`` path is not true): a tuple when they
+        are few, else an iterator producing them as they are read. An error names the view and the resource."""
         if resource.get("resourceType") != self.resource:
-            return iter(())
-        focus = Item(resource, self.resource)
-        env = {**self.constants, "rowIndex": 0}
-        if not self._passes(focus, env):
-            return iter(())
-        return iter(self.root.rows(focus, 0, env))
+            return ()
+        try:
+            focus = Item(resource, self.resource)
+            env = {**self.constants, "rowIndex": 0}
+            rows = self.root.rows(focus, env) if self._passes(focus, env) else ()
+        except ViewEvaluationError as exc:
+            raise self._about(resource, exc) from exc
+        if isinstance(rows, tuple) and len(rows) <= self.max_rows_per_resource:
+            return rows
+        return self._streamed(resource, rows)
+
+    def _streamed(self, resource: dict[str, Any], rows: Iterable[tuple]) -> Iterator[tuple]:
+        try:
+            for count, row in enumerate(rows, start=1):
+                if count > self.max_rows_per_resource:
+                    raise ViewEvaluationError(
+                        f"more than {self.max_rows_per_resource:,} rows from this one resource (the product of "
+                        "its selects): narrow the forEach paths (e.g. with where() or first()) or split the view"
+                    )
+                yield row
+        except ViewEvaluationError as exc:
+            raise self._about(resource, exc) from exc
+
+    def _about(self, resource: dict[str, Any], exc: ViewEvaluationError) -> ViewEvaluationError:
+        return ViewEvaluationError(f"view {self.name!r}, {_resource_key(resource)}: {exc}")
+
+    @property
+    def name(self) -> str:
+        """How errors name the view: its ``name``, else its ``title``, else its resource type."""
+        return str(self.definition.get("name") or self.definition.get("title") or self.resource)
 
     def row_dicts(self, resource: dict[str, Any]) -> Iterator[dict[str, Any]]:
         for row in self.rows(resource):
@@ -163,7 +275,7 @@ class CompiledView:
 # --- compilation and validation ---------------------------------------------------------------------------------
 
 
-def compile_view(view: Any) -> CompiledView:
+def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) -> CompiledView:
     """The ViewDefinition, validated and compiled; raises ``ViewDefinitionError`` naming what is wrong."""
     if not isinstance(view, dict):
         raise ViewDefinitionError("a ViewDefinition must be a JSON object")
@@ -182,12 +294,14 @@ def compile_view(view: Any) -> CompiledView:
         if not isinstance(clause, dict) or not isinstance(clause.get("path"), str):
             raise ViewDefinitionError(f"where[{index}] needs a path (a FHIRPath giving a boolean)")
         where.append((clause["path"], _compile(clause["path"], f"where[{index}]", known_variables)))
-    return CompiledView(resource, root.names, root, where, constants, view)
+    return CompiledView(resource, root.names, root, where, constants, view, max_rows_per_resource)
 
 
-def _compile_select(spec: Any, where: str, variables: set[str]) -> Select:
+def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) -> Select:
     if not isinstance(spec, dict):
         raise ViewDefinitionError(f"{where} must be an object")
+    if depth > MAX_SELECT_DEPTH:
+        raise ViewDefinitionError(f"selects are nested more than {MAX_SELECT_DEPTH} levels deep ({where[:60]}...)")
     unknown = set(spec) - SELECT_KEYS
     if unknown:
         raise ViewDefinitionError(f"{where} has unknown elements: {', '.join(sorted(unknown))}")
@@ -204,17 +318,20 @@ def _compile_select(spec: Any, where: str, variables: set[str]) -> Select:
         else:
             expressions = [expressions]
         select.iterate = [_compile(e, f"{where}.{select.iteration}", variables) for e in expressions]
+        select.paths = list(expressions)
     for index, column in enumerate(_list_of(spec.get("column", []), f"{where}.column")):
         select.columns.append(_compile_column(column, f"{where}.column[{index}]", variables))
     select.selects = [
-        _compile_select(s, f"{where}.select[{i}]", variables)
+        _compile_select(s, f"{where}.select[{i}]", variables, depth + 1)
         for i, s in enumerate(_list_of(spec.get("select", []), f"{where}.select"))
     ]
     if "unionAll" in spec:
         branches = _list_of(spec["unionAll"], f"{where}.unionAll")
         if not branches:
             raise ViewDefinitionError(f"{where}.unionAll is empty")
-        select.union = [_compile_select(s, f"{where}.unionAll[{i}]", variables) for i, s in enumerate(branches)]
+        select.union = [
+            _compile_select(s, f"{where}.unionAll[{i}]", variables, depth + 1) for i, s in enumerate(branches)
+        ]
         first = select.union[0].names
         for index, branch in enumerate(select.union[1:], start=1):
             if branch.names != first:
