@@ -15,6 +15,10 @@
    then concatenated in input order under one header, so the CSVs are the same bytes however many processes ran.
 5. Each group's CSV is written under a temporary name and all are renamed when the step completes; a group with no
    rows writes no file.
+6. Input resources that no group takes while no group takes any at all fail the step (``refuse_nothing_routed``):
+   a CRTDL whose group ids are not those in the extraction's Provenance would otherwise complete with no CSV. The
+   error names the groups the CRTDL has and the group ids the Provenance names (up to ``LISTED_IDS`` of each),
+   and the fix.
 
 Resume: a resumed job keeps the files whose parts are finished (a part missing on disk is flattened again) and
 redoes the rest; no CSV is visible before all are complete. The service path is redone as a whole.
@@ -70,6 +74,7 @@ COPY_CHUNK = 1 << 20
 # Worker processes start in about a second (a fork server importing the engine, then one fork per core); below
 # this much input that costs more than it saves, so the files are flattened in the calling process.
 PROCESS_MIN_BYTES = 16 * MB
+LISTED_IDS = 10
 
 __all__ = ["FlatteningError", "flatten_paths", "flattening", "parse_line", "plan_views", "reference_key"]
 
@@ -256,6 +261,7 @@ def join_parts(
         outcome.unrouted.update(result["unrouted"])
         outcome.skipped_resources.update(result["skipped_resources"])
         outcome.unknown_groups.update(result["unknown_groups"])
+    refuse_nothing_routed(outcome)
     written: list[tuple[Path, Path, int]] = []
     try:
         for i, (view, counts) in enumerate(zip(views, outcome.groups, strict=True)):
@@ -408,12 +414,15 @@ def flatten_with_service(
                 router.route_line(parse_line(path, number, line), routes)
         for engine in engines:
             engine.close()
+        for group, resources in zip(outcome.groups, counts.resources, strict=True):
+            group.resources = resources
+        refuse_nothing_routed(outcome)
     except BaseException:
         for out in outs:
             out.discard()
         raise
-    for group, resources, out in zip(outcome.groups, counts.resources, outs, strict=True):
-        group.resources, group.rows = resources, out.rows
+    for group, out in zip(outcome.groups, outs, strict=True):
+        group.rows = out.rows
         if (data_file := out.finish()) is not None:
             outcome.files.append(data_file)
     return outcome
@@ -426,6 +435,7 @@ def flatten_with_service(
 class GroupCounts:
     group: AttributeGroup
     csv: str
+    resource_type: str
     resources: int = 0
     rows: int = 0
 
@@ -466,7 +476,7 @@ def new_outcome(
     views: list[GroupView], skipped: list[AttributeGroup], by_provenance: bool, engine: str
 ) -> FlattenOutcome:
     return FlattenOutcome(
-        groups=[GroupCounts(view.group, view.group.csv_name) for view in views],
+        groups=[GroupCounts(view.group, view.group.csv_name, view.resource_type) for view in views],
         skipped=skipped,
         skipped_resources=Counter(),
         unrouted=Counter(),
@@ -477,6 +487,33 @@ def new_outcome(
 
 
 # --- reporting --------------------------------------------------------------------------------------------------
+
+
+def refuse_nothing_routed(outcome: FlattenOutcome) -> None:
+    """Fail when the input has resources that no group takes and no group took any (see the module doc, 6); a
+    skipped group (no lookup table) that took resources has matching ids, and was warned about already."""
+    if any(group.resources for group in outcome.groups) or outcome.skipped_resources or not outcome.unrouted:
+        return
+    found = ", ".join(f"{kind} {count}" for kind, count in sorted(outcome.unrouted.items()))
+    if outcome.routing == "resource type":
+        wanted = _listed(sorted({f"{g.group.name!r} reads {g.resource_type}" for g in outcome.groups})) or "none"
+        raise FlatteningError(
+            f"no input resource was routed to any attribute group: the input holds {found} (and no attribute-group "
+            f"Provenance to route by), but the CRTDL's groups read other types ({wanted}). Check that the input "
+            "is the data this CRTDL extracted, or give the CRTDL of that data"
+        )
+    expected = _listed([f"{g.group.id} ({g.group.name})" for g in outcome.groups]) or "none"
+    seen = _listed(sorted(outcome.unknown_groups)) or "none"
+    raise FlatteningError(
+        f"no input resource was routed to any attribute group: the CRTDL's groups are {expected}, but the "
+        f"Provenance names the groups {seen}, so {found} would be in no CSV. Give the job the CRTDL the "
+        "extraction ran with (its attributeGroups' ids are the ones in the Provenance), or set those ids in this one"
+    )
+
+
+def _listed(ids: list[str]) -> str:
+    shown = ", ".join(ids[:LISTED_IDS])
+    return shown + (f" and {len(ids) - LISTED_IDS} more" if len(ids) > LISTED_IDS else "")
 
 
 def report(outcome: FlattenOutcome, step: StepInput) -> None:
