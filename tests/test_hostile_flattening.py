@@ -8,6 +8,7 @@ child with a generous deadline, or in process where it now finishes at once.
 from __future__ import annotations
 
 import csv
+import inspect
 import io
 import json
 import os
@@ -27,7 +28,7 @@ from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.flattening import FlatteningError, flatten_paths, plan_views
 from tasks.sof import ViewDefinitionError, compile_view
-from tasks.sof.fhirpath import MAX_EXPRESSION_DEPTH, MAX_REPEAT_ELEMENTS
+from tasks.sof.fhirpath import MAX_EXPRESSION_DEPTH, MAX_REPEAT_ELEMENTS, FhirPathError, Item, compile_path
 from tasks.sof.resources import ResourceLineError, parse_line
 from tasks.sof.view import MAX_ROWS_PER_RESOURCE, MAX_SELECT_DEPTH, ViewEvaluationError
 from tests.conftest import REPO_ROOT, TESTDATA
@@ -438,6 +439,19 @@ def test_a_deeply_nested_expression_is_refused_clearly_when_compiled(expression,
 
     assert fragment in str(error.value)
     assert len(str(error.value)) < 400
+
+
+def test_a_stack_that_runs_out_while_evaluating_is_a_fhirpath_error_not_a_recursion_error() -> None:
+    evaluate = compile_path("(" * 45 + "id" + ")" * 45)  # within MAX_EXPRESSION_DEPTH
+    patient = Item({"resourceType": "Patient", "id": "p"}, "Patient")
+    assert [item.data for item in evaluate(patient, {})] == ["p"]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack()) + 100)  # a caller that is already deep in its stack
+    try:
+        with pytest.raises(FhirPathError, match="ran out of Python's stack"):
+            evaluate(patient, {})
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def test_deeply_nested_selects_are_refused_clearly() -> None:

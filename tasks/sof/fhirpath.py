@@ -283,7 +283,8 @@ def _interpreted(expression: str) -> Compiled:
             raise FhirPathError(f"FHIRPath {shown(expression)}: {exc}") from exc
         except RecursionError:
             raise FhirPathError(
-                f"FHIRPath {shown(expression)} ran out of stack: the data it reads is nested too deeply"
+                f"FHIRPath {shown(expression)} ran out of Python's stack: the expression, or the data it "
+                "compares, is nested too deeply"
             ) from None
         except Exception as exc:
             raise FhirPathError(f"FHIRPath {shown(expression)} failed: {exc}") from exc
