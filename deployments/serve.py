@@ -1,6 +1,6 @@
 """Serve the dupflow flow as a Prefect deployment from this process, optionally on a schedule.
 
-    PREFECT_API_URL=http://127.0.0.1:4200/api python -m deployments.serve CONFIG [INPUT] \\
+    PREFECT_API_URL=http://127.0.0.1:4200/api uv run python -m deployments.serve CONFIG [INPUT] \\
         [--name dupflow] [--cron "0 2 * * *" --timezone Europe/Berlin]
 
 Each run is a job of its own (a new job id, the run's name) with CONFIG and INPUT as parameters; relative paths in
