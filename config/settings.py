@@ -47,6 +47,7 @@ from pydantic_core import PydanticCustomError
 
 from config.durations import Duration, format_duration
 from tasks.layout import JsonFileError, read_json_file
+from tasks.url_credentials import CredentialsInUrlError, refuse_credentials_in_url
 
 logger = logging.getLogger("dupflow.config")
 
@@ -141,14 +142,16 @@ def _require_positive(value: timedelta, key: str) -> timedelta:
 
 
 def _refuse_userinfo(url: str | None) -> str | None:
-    """A URL must not carry a user name or password: it would be stored with the job and shown in logs."""
-    if url is not None and "@" in urlsplit(url.strip()).netloc:
-        raise PydanticCustomError(
-            "url_userinfo",
-            "contains a user name or password (user:password@host), which would be stored with the job and "
-            "shown in logs and status; remove it from the URL and put the credentials in the service's auth "
-            "block (username, password, set with ${{VAR}} or an APP_* variable)",
+    """A URL must not carry a user name or password (the one rule of tasks.url_credentials)."""
+    try:
+        refuse_credentials_in_url(
+            url,
+            door="the URL",
+            fix="remove them from the URL and put the credentials in the service's auth block (username, "
+            "password, set with ${VAR} or an APP_* variable)",
         )
+    except CredentialsInUrlError as exc:
+        raise PydanticCustomError("url_userinfo", "{message}", {"message": str(exc)}) from None
     return url
 
 
@@ -336,6 +339,28 @@ class ExtractorSettings(ConfigModel):
     file_ready_interval: Duration = timedelta(seconds=10)
     download_stall_timeout: Duration = DEFAULT_DOWNLOAD_STALL_TIMEOUT
     max_result_files: int = Field(default=100_000, ge=1)
+    # Origins (scheme://host[:port]) besides base_url's that get the credentials when the manifest says the result
+    # files need a token (requiresAccessToken); without it no other origin gets them.
+    file_origins: StrList = Field(default_factory=list)
+
+    @field_validator("file_origins")
+    @classmethod
+    def _origins_only(cls, values: list[str]) -> list[str]:
+        for value in values:
+            _refuse_userinfo(value)
+            parts = urlsplit(value.strip())
+            if (
+                parts.scheme not in ("http", "https")
+                or not parts.hostname
+                or parts.path not in ("", "/")
+                or parts.query
+            ):
+                raise PydanticCustomError(
+                    "origin",
+                    "'{value}' is not an origin; write scheme://host[:port], e.g. https://files.example.org",
+                    {"value": value},
+                )
+        return [value.strip().rstrip("/") for value in values]
 
     @model_validator(mode="before")
     @classmethod

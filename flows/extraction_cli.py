@@ -39,6 +39,7 @@ from tasks.clients.extraction_server import (
     parse_crtdl,
 )
 from tasks.record import FACTS_FILE, read_facts
+from tasks.url_credentials import CredentialsInUrlError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DONE_WORDS = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}
@@ -111,7 +112,7 @@ def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
         except SearchRejectedError as exc:
             problems = "\n".join(f"  - {problem}" for problem in exc.problems)
             return fail(args, f"the extraction server rejected the search:\n{problems}", EXIT_USAGE, exc.problems)
-        except (ServiceError, ExtractionError) as exc:
+        except (ServiceError, ExtractionError, CredentialsInUrlError) as exc:
             return fail(args, str(exc), EXIT_FAILED)
 
     return run

@@ -30,6 +30,7 @@ import stat
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import ClassVar
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -47,6 +48,7 @@ from tasks.layout import (
     write_file_atomically,
 )
 from tasks.record import record_facts
+from tasks.url_credentials import refuse_credentials_in_url
 
 LOCK_FILE = ".lock"
 
@@ -159,7 +161,11 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str]) -> Job:
 def new_job(
     paths: JobPaths, config_path: str | None, job_input: str | None, overrides: dict[str, str], loaded: LoadedConfig
 ) -> Job:
-    refuse_credentials_in_url(job_input)
+    refuse_credentials_in_url(
+        job_input,
+        door="the job input (INPUT)",
+        fix="give the URL without them and put the credentials in the import service's auth block",
+    )
     config_path = str(Path(config_path).resolve()) if config_path else None
     if job_input and "://" not in job_input:
         job_input = str(Path(job_input).expanduser().resolve())
@@ -174,15 +180,6 @@ def new_job(
     job = JobFile(paths.job_id, config_path, job_input, frozen, steps)
     create_job_files(paths, job, crtdl, effective)
     return Job(paths, job, loaded.settings)
-
-
-def refuse_credentials_in_url(job_input: str | None) -> None:
-    """A URL given as the job input is stored with the job: a user name or password in it is refused."""
-    if job_input and "://" in job_input and "@" in job_input.split("://", 1)[1].split("/", 1)[0]:
-        raise JobError(
-            "the input URL carries a user name or password (user:password@host); they would be stored with the job: "
-            "give the URL without them"
-        )
 
 
 def create_job_files(paths: JobPaths, job: JobFile, crtdl: Path | None, effective: EffectiveCrtdl | None) -> None:
@@ -333,14 +330,20 @@ class JobLockedError(JobError):
 class JobLock:
     """An exclusive lock on a job directory for the lifetime of one process working on it.
 
-    The kernel releases it when the process dies, so a killed run never leaves a stale lock.
+    The kernel releases it when the process dies, so a killed run never leaves a stale lock. A process that holds
+    it may take it again (``continue`` takes it before a flow run exists, then its flow takes it as every run
+    does); it is released when its first holder releases it.
     """
+
+    _held_here: ClassVar[set[Path]] = set()
 
     def __init__(self, paths: JobPaths):
         self._path = paths.job_dir / LOCK_FILE
         self._fd: int | None = None
 
     def acquire(self) -> JobLock:
+        if self._path in JobLock._held_here:
+            return self
         self._path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -353,10 +356,12 @@ class JobLock:
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._fd = fd
+        JobLock._held_here.add(self._path)
         return self
 
     def release(self) -> None:
         if self._fd is not None:
+            JobLock._held_here.discard(self._path)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None

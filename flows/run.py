@@ -29,17 +29,17 @@ from flows.jobs import (
     SUSPENDED,
     JobFile,
     effective_state,
+    JobLock,
     find_job_dir,
-    is_locked,
     list_job_dirs,
-    locked_message,
     prepare_job,
     step_file_problems,
 )
 from tasks.clients.errors import RedactingFilter, redact
-from tasks.errors import DupflowError, JobError
+from tasks.errors import DupflowError
 from tasks.layout import JobPaths
 from tasks.record import read_facts, read_step_manifest, record_facts
+from tasks.url_credentials import refuse_credentials_in_url
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -194,11 +194,22 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_continue(args: argparse.Namespace) -> int:
+    """Resume a job. The job's lock is taken first, before anything is written or a flow run exists: of two
+    ``continue`` at once the second exits 2 ("being worked on") and records nothing. The flow takes the same lock
+    again (as every run of the job does, deployment runs included); the command holds it until it ends."""
     overrides, _ = overrides_from_flags(args)
+    refuse_credentials_in_url(
+        args.attach,
+        door="--attach",
+        fix="give the status URL without them; the credentials come from services.extractor.auth",
+    )
     paths = JobPaths(find_job_dir(args.job, jobs_dir_for(args)))
+    with JobLock(paths):
+        return continue_locked_job(paths, args, overrides)
+
+
+def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: dict[str, str]) -> int:
     job = JobFile.read(paths)
-    if is_locked(paths):
-        raise JobError(locked_message(job.job_id))
     if job.state == SUSPENDED:
         return resume_suspended_run(job, args.note)
     if job.state == COMPLETED and not overrides:

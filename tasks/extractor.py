@@ -60,19 +60,22 @@ def extractor(step: StepInput) -> StepResult:
         _shared_clients[step.job_dir] = client
         try:
             handle, urls = wait_for_result(step, client, current_handle(step, client))
-            files = download_result_files(step, urls)
+            files = download_result_files(step, urls, client.files_need_token)
         finally:
             _shared_clients.pop(step.job_dir, None)
     return step.result(files, status_url=handle.status_url, extraction_job_id=handle.job_id)
 
 
 @file_task("download-result-file", "download[{name}]")
-def download_result_file(step: StepInput, url: str, name: str) -> DataFile:
+def download_result_file(step: StepInput, url: str, name: str, needs_token: bool = False) -> DataFile:
+    """One result file; ``needs_token``: the manifest said requiresAccessToken (credentials to approved origins)."""
     settings = settings_of(step)
     extractor_settings = settings.services.extractor
     client = _shared_clients.get(step.job_dir)
     if client is None:  # another process (a Dask worker): a client of its own
         client = ExtractionServerClient(extractor_settings, settings.tls, settings.retry)
+        if needs_token:
+            client.trust_file_origins([url])
     wait_until_available(
         client.http, url, checks=extractor_settings.file_ready_retries, interval=extractor_settings.file_ready_interval
     )
@@ -218,7 +221,7 @@ class ProgressReporter:
 # --- downloads -----------------------------------------------------------------------------------------------
 
 
-def download_result_files(step: StepInput, urls: list[str]) -> list[DataFile]:
+def download_result_files(step: StepInput, urls: list[str], needs_token: bool) -> list[DataFile]:
     """Download every file (each its own cached sub-task), ``core`` first in the record. After a failure no new
     download starts; those in flight end, every finished file is kept for ``continue``, and the first failure is
     raised. On an interrupt the downloads in flight stop at their next chunk, no new one starts, and temporary
@@ -227,7 +230,7 @@ def download_result_files(step: StepInput, urls: list[str]) -> list[DataFile]:
     names = target_names(
         urls, compress=settings.compression.enabled, max_files=settings.services.extractor.max_result_files
     )
-    arguments = [(step, url, name) for url, name in names.items()]
+    arguments = [(step, url, name, needs_token) for url, name in names.items()]
     try:
         outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
     finally:

@@ -4,8 +4,10 @@
 
 - attaches the configured credentials — Basic (``httpx.BasicAuth``) or an OAuth 2.0 client-credentials bearer
   token, plus the API key header — only when the request goes to the service's origin (scheme, host, port with
-  default ports normalised); requests to any other origin (manifest file URLs, redirects) go out without
-  Authorization, Proxy-Authorization or the API key header, and that is logged once per origin;
+  default ports normalised) or an origin the caller trusted explicitly (``trust``: the extraction server's file
+  origins listed in the configuration, when its manifest says the files need a token); requests to any other
+  origin (manifest file URLs, redirects) go out without Authorization, Proxy-Authorization or the API key
+  header, and that is logged once per origin;
 - follows redirects itself: clients are built with ``follow_redirects=False`` so httpx hands each redirect back
   here as ``response.next_request`` and the origin check runs again for the next hop, which also lets a hop
   back to the service carry credentials again. (httpx's own redirect following strips only Authorization, and
@@ -13,7 +15,8 @@
   lands in the response history. A request event hook (``strip_foreign_credentials``) checks every request
   once more, so a caller passing ``follow_redirects=True`` cannot leak credentials either;
 - on a 401 from the service while using OAuth, fetches exactly one fresh token and sends the request once more;
-- refuses a redirect loop (a URL redirecting to itself or back to an earlier hop) with an error naming the URL.
+- refuses a redirect loop (a URL redirecting to itself or back to an earlier hop) with an error naming the URL,
+  and a redirect to a URL with a user name or password (httpx would send them as Basic auth to that host).
 
 Tokens come from a ``TokenSource`` shared per (issuer, client id) across all clients of the process; it asks
 authlib's ``OAuth2Client`` for them and renews them shortly before ``expires_in`` runs out.
@@ -35,6 +38,7 @@ import anyio.to_thread
 import httpx
 
 from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, register_secret, truncate
+from tasks.url_credentials import CredentialsInUrlError, refuse_credentials_in_url
 
 if TYPE_CHECKING:
     from authlib.integrations.httpx_client import OAuth2Client
@@ -254,6 +258,11 @@ class ServiceAuth(httpx.Auth):
             if auth.api_key is not None:
                 self._api_key = (auth.api_key_header, auth.api_key.get_secret_value())
         self._withheld_origins: set[Origin] = set()
+        self._trusted_origins: set[Origin] = {self.origin}
+
+    def trust(self, origin: Origin) -> None:
+        """Send the credentials to ``origin`` as well (an origin the configuration approved)."""
+        self._trusted_origins.add(origin)
 
     @property
     def schemes(self) -> list[str]:
@@ -310,6 +319,7 @@ class ServiceAuth(httpx.Auth):
             if response.next_request is None:
                 return
             request = response.next_request
+            self._refuse_credentials_in_location(response)
             if request.url in visited:
                 raise self._redirect_loop(response, request.url)
             visited.add(request.url)
@@ -325,10 +335,26 @@ class ServiceAuth(httpx.Auth):
             service=self.service,
         )
 
+    def _refuse_credentials_in_location(self, response: httpx.Response) -> None:
+        try:
+            refuse_credentials_in_url(
+                str(response.next_request.url),
+                door=f"the Location header of {response.request.method} {_shown_url(response.request.url)}",
+                fix="the server redirects there; fix its configuration so that its redirects carry no credentials",
+            )
+        except CredentialsInUrlError as exc:
+            raise ServiceError(
+                f"{response.request.method} {_shown_url(response.request.url)}",
+                response.status_code,
+                str(exc),
+                transient=False,
+                service=self.service,
+            ) from None
+
     def strip_foreign_credentials(self, request: httpx.Request) -> None:
         """Request event hook: a last check on every request sent, including hops httpx follows by itself
         when a caller passes ``follow_redirects=True`` (httpx would keep the API key header on those)."""
-        if origin_of(request.url) != self.origin:
+        if origin_of(request.url) not in self._trusted_origins:
             self._withhold(request)
 
     async def strip_foreign_credentials_async(self, request: httpx.Request) -> None:
@@ -337,7 +363,7 @@ class ServiceAuth(httpx.Auth):
 
     def _scope_credentials(self, request: httpx.Request, rejected: str | None):
         """Attach credentials for the service's origin, strip them for any other; returns the bearer token used."""
-        if origin_of(request.url) != self.origin:
+        if origin_of(request.url) not in self._trusted_origins:
             self._withhold(request)
             return None
         token = (yield _NeedToken(rejected)) if self._tokens is not None else None

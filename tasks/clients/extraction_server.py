@@ -10,8 +10,19 @@ url ``https://torch.mii.de/fhir/torch-job-progress``).
   ``ExtractionFailedError``, 408/429/other 5xx and network failures retried after the back-off, other 4xx
   terminal. The back-off doubles from ``polling_interval`` to ``max_polling_interval``; only
   ``extraction_timeout`` without a 200/202 ends the wait. Time is injectable (``clock``, ``sleep``).
-- Progress: the X-Progress header (or the OperationOutcome diagnostics) and, where the server has it, the
-  batches done/total of the Task's progress extension (read per poll; failures there are ignored).
+- One GET per poll iteration (pipeline-tool.md, procedure step 4). Progress: the X-Progress header (or the
+  OperationOutcome diagnostics) of that answer; the batches done/total of the Task's progress extension are read
+  besides only while batches run, at most once per ``TASK_PROGRESS_INTERVAL``, and never again once the server
+  shows it has no Task API (404/405/501) — failures there are ignored.
+- Status answers are read bounded: a completed job's manifest up to ``MAX_MANIFEST_BYTES`` (more is refused as
+  soon as the wire or Content-Length shows it), any other answer up to ``MAX_STATUS_BODY_BYTES`` (the rest is
+  not read: only its progress or error text matters). A manifest listing more than
+  ``services.extractor.max_result_files`` outputs is refused before any URL is resolved.
+- URLs from the server (Content-Location, the manifest's ``request`` and output URLs) with a user name or
+  password are refused (tasks.url_credentials), never followed: httpx would send them as Basic auth.
+- ``requiresAccessToken: true``: the configured credentials also go to the result files' origins, but only to
+  base_url's origin or one listed in ``services.extractor.file_origins``; any other origin is an error naming
+  it and the key. Without it, credentials go to base_url's origin only.
 - ``ExtractionTaskClient``: the operator's Task API (search, read, $pause/$resume/$cancel, priority PUT with
   If-Match and re-read on 409/412, DELETE) and the cohort preview ``$evaluate-cohort`` (404: not supported).
 """
@@ -44,7 +55,9 @@ from tasks.clients.errors import (
     raise_for_service_status,
 )
 from tasks.errors import StepError
+from tasks.clients.auth import Origin, ServiceAuth, origin_of
 from tasks.clients.http import ServiceClient, ServiceEndpoint, build_client, http_timeout, request_with_retry
+from tasks.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
 
 if TYPE_CHECKING:
     from config.settings import ExtractorSettings, RetrySettings, TlsSettings
@@ -57,6 +70,17 @@ SUBMIT_PATH = "/fhir/$extract-data"
 SUBMIT_TIMEOUT = timedelta(seconds=60)
 POLL_TIMEOUT = timedelta(seconds=30)
 TASK_TIMEOUT = timedelta(seconds=10)
+# Batch progress from the Task API at most this often (the spec's poll is one GET; this is a rare extra read).
+TASK_PROGRESS_INTERVAL = timedelta(minutes=2)
+NO_TASK_API = (404, 405, 501)
+BATCHES_RUNNING = re.compile(r"Processing batches|RUNNING_PROCESS_BATCH")
+# A completed job's manifest: ~150 bytes per output entry, so 32 MiB holds over 200,000 entries (more than the
+# default services.extractor.max_result_files of 100,000) and is refused long before it costs much memory.
+MAX_MANIFEST_BYTES = 32 * 1024 * 1024
+# Any other status answer (progress, errors): only its first MiB is read.
+MAX_STATUS_BODY_BYTES = 1024 * 1024
+# Headers that no longer describe a body read and decoded here.
+BODY_FRAMING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 # The spec's {extension_base}/extractor-job-progress and the real server's torch-job-progress.
 PROGRESS_EXTENSION_SUFFIXES = ("/extractor-job-progress", "/torch-job-progress")
 ISSUES_EXTENSION_SUFFIXES = ("extractor-job-issues", "torch-job-issues")
@@ -175,6 +199,10 @@ class ExtractionServerClient:
         self.clock, self.sleep = clock, sleep
         timeout = http_timeout(min(POLL_TIMEOUT, settings.extraction_timeout))
         self.http = build_client(ServiceEndpoint(SERVICE, self.base_url, settings.auth, timeout), tls)
+        self.files_need_token = False  # the manifest's requiresAccessToken, once the job is complete
+        self._task_api = True
+        self._last_task_read = float("-inf")
+        self._batches: tuple[int, int] | None = None
 
     def __enter__(self) -> ExtractionServerClient:
         return self
@@ -210,6 +238,7 @@ class ExtractionServerClient:
                 "submit extraction: the server accepted the request but sent no Content-Location header, so the "
                 "job cannot be followed; check base_url points at the extraction server (not a proxy page)"
             )
+        refuse_credentials_in_url(location, door="the kick-off answer's Content-Location header", fix=SERVER_URL_FIX)
         return ExtractionHandle.from_status_url(str(response.url.join(location)))
 
     # --- polling -----------------------------------------------------------------------------------------
@@ -242,7 +271,8 @@ class ExtractionServerClient:
     def _poll_once(self, handle: ExtractionHandle) -> httpx.Response | None:
         """One status GET; a transient network failure is swallowed (None): the liveness window is the net."""
         try:
-            return self.http.get(handle.status_url, headers={"Accept": "application/json"})
+            with self.http.stream("GET", handle.status_url, headers={"Accept": "application/json"}) as response:
+                return bounded_answer(response)
         except httpx.TransportError as exc:
             if not is_transient_network_error(exc):
                 raise network_error(exc, operation="poll extraction status", service=SERVICE) from exc
@@ -284,15 +314,26 @@ class ExtractionServerClient:
 
     def progress(self, handle: ExtractionHandle, response: httpx.Response) -> PollProgress:
         text = response.headers.get("X-Progress") or next(iter(operation_outcome_texts(response.content)), None)
-        batches = self.task_batches(handle.job_id)
-        return PollProgress(text, *(batches or (None, None)))
+        if self._task_read_due(text):
+            self._batches = self.task_batches(handle.job_id) or self._batches
+        return PollProgress(text, *(self._batches or (None, None)))
+
+    def _task_read_due(self, text: str | None) -> bool:
+        """Only while batches run (before, the Task has no batches), where the server has the Task API, and at
+        most once per ``TASK_PROGRESS_INTERVAL``."""
+        if not (self._task_api and text and BATCHES_RUNNING.search(text)):
+            return False
+        return self.clock() - self._last_task_read >= TASK_PROGRESS_INTERVAL.total_seconds()
 
     def task_batches(self, job_id: str) -> tuple[int, int] | None:
         """(batches completed, batches total) from the Task's progress extension; None if not (yet) there."""
+        self._last_task_read = self.clock()
         try:
             response = self.http.get(
                 f"{self.base_url}/fhir/Task/{job_id}", headers={"Accept": FHIR_JSON}, timeout=http_timeout(TASK_TIMEOUT)
             )
+            if response.status_code in NO_TASK_API:
+                self._task_api = False
             raise_for_service_status(response, operation="read task", service=SERVICE)
             return batches_from_task(response.json())
         except Exception as exc:  # progress is informational: any failure just means "unknown"
@@ -309,10 +350,89 @@ class ExtractionServerClient:
                 "the completed extraction's answer is not JSON (or nested deeper than JSON's sane limits); "
                 "cannot find the result files"
             ) from exc
-        return [self.resolve_url(url) for url in result_urls(document)]
+        refuse_credentials_in_url(manifest_request(document), door="the manifest's request URL", fix=SERVER_URL_FIX)
+        urls = [self.resolve_url(url) for url in result_urls(document, self.settings.max_result_files)]
+        for url in urls:
+            refuse_credentials_in_url(url, door="a result file URL of the manifest", fix=SERVER_URL_FIX)
+        if requires_access_token(document):
+            self.trust_file_origins(urls)
+        return urls
 
     def resolve_url(self, url: str) -> str:
         return resolve_file_url(self.base_url, url)
+
+    def trust_file_origins(self, urls: Sequence[str]) -> None:
+        """The files need a token: send the credentials to their origins too, if each is base_url's origin or
+        listed in ``services.extractor.file_origins`` (else an error naming the origin and the key)."""
+        self.files_need_token = True
+        auth = self.http.auth
+        assert isinstance(auth, ServiceAuth)
+        allowed = {origin_of(origin) for origin in self.settings.file_origins}
+        for origin in dict.fromkeys(origin_of(url) for url in urls):
+            if origin == auth.origin:
+                continue
+            if origin not in allowed:
+                raise ExtractionError(unapproved_origin_message(origin))
+            auth.trust(origin)
+
+
+def unapproved_origin_message(origin: Origin) -> str:
+    scheme, host, port = origin
+    return (
+        f"the extraction server says its result files need an access token (requiresAccessToken), but they are "
+        f"on {scheme}://{host}:{port}, another origin than services.extractor.base_url; dupflow sends credentials "
+        f"only where you approve: add {scheme}://{host}:{port} to services.extractor.file_origins if that file "
+        "server is yours, then continue the job"
+    )
+
+
+def bounded_answer(response: httpx.Response) -> httpx.Response:
+    """A status answer with its body read from the wire up to a limit: a manifest (200) over
+    ``MAX_MANIFEST_BYTES`` is refused, any other answer is cut at ``MAX_STATUS_BODY_BYTES``."""
+    complete = response.status_code == 200
+    limit = MAX_MANIFEST_BYTES if complete else MAX_STATUS_BODY_BYTES
+    declared = response.headers.get("Content-Length", "")
+    if complete and declared.isdigit() and int(declared) > limit:
+        raise manifest_too_large(f"{int(declared):,} bytes (its Content-Length)")
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > limit:
+            if complete:
+                raise manifest_too_large(f"more than {limit:,} bytes")
+            del body[limit:]
+            break
+    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in BODY_FRAMING_HEADERS]
+    return httpx.Response(response.status_code, headers=headers, content=bytes(body), request=response.request)
+
+
+def manifest_too_large(size: str) -> ExtractionError:
+    return ExtractionError(
+        f"the completed extraction's manifest is {size}, over the limit of {MAX_MANIFEST_BYTES:,} bytes "
+        "(tasks.clients.extraction_server.MAX_MANIFEST_BYTES, room for well over 100,000 result files); the job "
+        "lists too many files to download sensibly: split the extraction (a smaller cohort or fewer attribute "
+        "groups per CRTDL) or check the server"
+    )
+
+
+def manifest_request(document: Any) -> str | None:
+    """The manifest's ``request`` (the status URL), or the Parameters' ``request`` value; None if absent."""
+    if isinstance(document, dict) and document.get("resourceType") == "Parameters":
+        parameters = [p for p in document.get("parameter") or [] if isinstance(p, dict)]
+        return next((_value(p) for p in parameters if p.get("name") == "request"), None)
+    request = document.get("request") if isinstance(document, dict) else None
+    return request if isinstance(request, str) else None
+
+
+def requires_access_token(document: Any) -> bool:
+    """The manifest's (or the Parameters') ``requiresAccessToken`` is true."""
+    if isinstance(document, dict) and document.get("resourceType") == "Parameters":
+        return any(
+            p.get("name") == "requiresAccessToken" and p.get("valueBoolean") is True
+            for p in document.get("parameter") or []
+            if isinstance(p, dict)
+        )
+    return isinstance(document, dict) and document.get("requiresAccessToken") is True
 
 
 def batches_from_task(task: Any) -> tuple[int, int] | None:
@@ -327,9 +447,11 @@ def batches_from_task(task: Any) -> tuple[int, int] | None:
     return None
 
 
-def result_urls(document: Any) -> list[str]:
+def result_urls(document: Any, max_files: int) -> list[str]:
     """The file URLs of a completed job, from a manifest (``output[].url``) or a Parameters resource
-    (``output`` parameters with a ``url`` part). No URL: ``NoMatchingDataError`` with the server's errors."""
+    (``output`` parameters with a ``url`` part). No URL: ``NoMatchingDataError`` with the server's errors.
+    More than ``max_files`` entries: an ``ExtractionError`` before any URL is taken."""
+    refuse_too_many_outputs(document, max_files)
     if isinstance(document, dict) and document.get("resourceType") == "Parameters":
         urls, errors = _parameters_urls(document)
     elif isinstance(document, dict) and isinstance(document.get("output"), list):
@@ -343,6 +465,18 @@ def result_urls(document: Any) -> list[str]:
             "the extraction finished without result files; the server reported: " + "; ".join(errors)
         )
     raise NoMatchingDataError(NO_MATCHING_DATA)
+
+
+def refuse_too_many_outputs(document: Any, max_files: int) -> None:
+    entries = document.get("output") if isinstance(document, dict) else None
+    if isinstance(document, dict) and document.get("resourceType") == "Parameters":
+        entries = document.get("parameter")
+    if isinstance(entries, list) and len(entries) > max_files:
+        raise ExtractionError(
+            f"the completed extraction's manifest lists {len(entries):,} entries, more than "
+            f"services.extractor.max_result_files ({max_files:,}); split the extraction (a smaller cohort or fewer "
+            "attribute groups per CRTDL), or raise max_result_files if the files really are wanted"
+        )
 
 
 def _manifest_urls(manifest: dict) -> tuple[list[str], list[str]]:
@@ -501,13 +635,7 @@ class ExtractionJob:
             batches_total=progress.get("batchesTotal"),
             batches_completed=progress.get("batchesCompleted"),
             active_batches=progress.get("activeBatch", ()),
-            consent_audit_files=tuple(
-                o["valueUrl"]
-                for o in task.get("output") or []
-                if isinstance(o, dict)
-                and isinstance(o.get("valueUrl"), str)
-                and (o.get("type") or {}).get("text") == CONSENT_AUDIT_TEXT
-            ),
+            consent_audit_files=_consent_audit_files(task),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -530,6 +658,19 @@ class CohortPreview:
     @property
     def size(self) -> int:
         return len(self.patient_ids)
+
+
+def _consent_audit_files(task: dict[str, Any]) -> tuple[str, ...]:
+    urls = tuple(
+        o["valueUrl"]
+        for o in task.get("output") or []
+        if isinstance(o, dict)
+        and isinstance(o.get("valueUrl"), str)
+        and (o.get("type") or {}).get("text") == CONSENT_AUDIT_TEXT
+    )
+    for url in urls:
+        refuse_credentials_in_url(url, door="a consent audit file URL of the Task", fix=SERVER_URL_FIX)
+    return urls
 
 
 def _job_status(task: dict[str, Any]) -> str:

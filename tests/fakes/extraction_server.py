@@ -27,12 +27,15 @@ Switches (``ExtractionServerState`` fields; see the comments there)
                  requires_access_token, status_102 (None|"interim"|"final": httpx only sees "interim"),
                  cohort_preview (False: no $evaluate-cohort, 404 as older servers), delete_files_after
                  (seconds the files of a deleted job stay readable; the real server removes them later),
-                 auth_check (callable on the lower-cased request headers; False answers 401)
+                 auth_check (callable on the lower-cased request headers; False answers 401; with
+                 requires_access_token also for file requests), task_api (False: no /fhir/Task, 404)
     faults       response_delay, omit_content_location, status_unavailable_polls (503 storm),
                  fail_next_status (500), fail_jobs + failure_diagnostics, empty_output ("with_issues"|
                  "without_issues"), job_issues, file_not_ready_probes, head_status (405|403),
                  stall_downloads/stall_after_bytes/stall_seconds, reset_downloads/reset_after_bytes, delete_fails,
-                 move_version_on_put (next N priority PUTs meet a version that just moved on: 409/412)
+                 move_version_on_put (next N priority PUTs meet a version that just moved on: 409/412),
+                 url_userinfo ("user:pw" in Content-Location, the manifest's request and file URLs),
+                 extra_output_entries (N more manifest outputs, streamed chunked without Content-Length)
     methods      forget_jobs() (restart: handles 404), force_status(job_id, status), job(job_id),
                  requests_to(path_prefix, origin)
     records      requests (origin, method, path, lower-cased headers), submissions (body, headers, status,
@@ -66,6 +69,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import itertools
 import json
 import re
 import socket
@@ -95,11 +99,13 @@ from tests.fakes.extraction_views import (
     files_ready,
     manifest,
     outcome,
+    padding_entries,
     parameters_result,
     progress_outcome,
     progress_text,
     search_bundle,
     task_resource,
+    with_userinfo,
 )
 
 __all__ = [
@@ -226,6 +232,9 @@ class ExtractionFilesHandler(BaseHTTPRequestHandler):
     # --- files ----------------------------------------------------------------------------------
     def _serve_file(self, method: str, relative: str) -> None:
         state, key = self.state, relative
+        check = state.auth_check if state.requires_access_token else None
+        if check is not None and not check({k.lower(): v for k, v in self.headers.items()}):
+            return self._send_html(401, "Unauthorized")
         job_id, _, name = relative.partition("/")
         ranged = self.headers.get("Range")
         with state.lock:
@@ -315,6 +324,8 @@ class ExtractionHandler(ExtractionFilesHandler):
             return self._status(match.group(1))
         if method == "GET" and path == "/fhir/Task":
             return self._search_tasks()
+        if path.startswith("/fhir/Task") and not self.state.task_api:
+            return self.send_json(404, outcome("error", "not-found", f"No route for {method} {path}"))
         if match := re.fullmatch(r"/fhir/Task/([^/]+)", path):
             return self._task(method, match.group(1))
         if method == "POST" and (match := re.fullmatch(r"/fhir/Task/([^/]+)/\$(pause|resume|cancel)", path)):
@@ -361,7 +372,7 @@ class ExtractionHandler(ExtractionFilesHandler):
             self.state.submissions.append(Submission(self.body, headers, status, job_id))
 
     def _status_url(self, job_id: str) -> str:
-        return f"{self.api_base()}/fhir/__status/{job_id}"
+        return with_userinfo(f"{self.api_base()}/fhir/__status/{job_id}", self.state.url_userinfo)
 
     # --- cohort preview -------------------------------------------------------------------------
     def _evaluate_cohort(self) -> None:
@@ -394,7 +405,28 @@ class ExtractionHandler(ExtractionFilesHandler):
         if status == 202 and self.state.status_102 == "final":
             status, self.close_connection = 102, True
             headers = {**(headers or {}), "Connection": "close"}
+        if status == 200 and self.state.extra_output_entries and "output" in document:
+            return self._send_padded_manifest(job_id, document)
         self.send_json(status, document, "application/json", headers)
+
+    def _send_padded_manifest(self, job_id: str, document: dict) -> None:
+        """The manifest with ``extra_output_entries`` more outputs, chunked (no Content-Length), made as it is
+        sent, after the job's own outputs (so not with ``empty_output``); a client that stops reading ends it."""
+        rest = json.dumps({k: v for k, v in document.items() if k != "output"})
+        head = rest[:-1] + ', "output": [' + ", ".join(json.dumps(o) for o in document["output"])
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        padding = padding_entries(self.files_base(), job_id, self.state.extra_output_entries)
+        pieces = itertools.chain([head], padding, ["]}"])
+        try:
+            for piece in pieces:
+                data = piece.encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
 
     def _status_answer(self, job_id: str) -> tuple[int, dict, dict | None]:
         """Status code, body and extra headers of a status poll (decided under the state lock)."""

@@ -162,7 +162,8 @@ class ExtractionServerState:
     file_url_style: Literal["absolute", "relative", "host_prefixed"] = "absolute"
     files_base_url: str | None = None  # default {base}/files; point at a second origin to go cross-origin
     files_path: str = "/files"
-    requires_access_token: bool = False
+    requires_access_token: bool = False  # also: file requests failing ``auth_check`` answer 401
+    task_api: bool = True  # False: no /fhir/Task (older servers answer 404)
     status_102: Literal["interim", "final"] | None = None  # in-progress polls answered with 102
 
     # --- faults ---------------------------------------------------------------------------------
@@ -186,6 +187,8 @@ class ExtractionServerState:
     delete_files_after: float = 0.0  # real server: DELETE marks the job deleted, its files vanish later
     cohort_preview: bool = True  # False: no $evaluate-cohort (older servers answer 404)
     auth_check: Callable[[dict[str, str]], bool] | None = None  # API requests failing it answer 401
+    url_userinfo: str | None = None  # e.g. "user:pw": put into Content-Location, the manifest's request and file URLs
+    extra_output_entries: int = 0  # a completed manifest lists N more outputs, streamed without Content-Length
 
     # --- directory mode -----------------------------------------------------------------------------
     serve_dir: Path | None = None  # every job's output is this directory's NDJSON files (plain or .zst)

@@ -91,9 +91,26 @@ def progress_outcome(state: ExtractionServerState, job: Job, now: float) -> dict
     }
 
 
+def with_userinfo(url: str, userinfo: str | None) -> str:
+    """``url`` with ``userinfo@`` before its host (the ``url_userinfo`` fault); unchanged without it."""
+    if not userinfo:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{userinfo}@{rest}"
+
+
+def padding_entries(files_base: str, job_id: str, count: int):
+    """``count`` more manifest output entries as JSON text, in slices (the ``extra_output_entries`` fault)."""
+    for start in range(0, count, 1000):
+        yield "".join(
+            f', {{"type": "NDJSON Bundle", "url": "{files_base}/{job_id}/padding-{i}.ndjson"}}'
+            for i in range(start, min(start + 1000, count))
+        )
+
+
 def file_url(state: ExtractionServerState, files_base: str, job_id: str, name: str) -> str:
     """A result file URL in the configured style: absolute, path-relative or host-prefixed without scheme."""
-    absolute = f"{files_base}/{job_id}/{name}"
+    absolute = with_userinfo(f"{files_base}/{job_id}/{name}", state.url_userinfo)
     parts = urlsplit(absolute)
     if state.file_url_style == "relative":
         return parts.path

@@ -1,0 +1,48 @@
+"""The one rule for every URL that enters dupflow: no user name or password in it (``user:password@host``).
+
+A URL is stored with the job (``job.json``, ``facts.json``, the job-record artifact, Prefect parameters) and shown
+in logs and status, so credentials in it would leak; and httpx sends the user info of a URL it follows as Basic
+auth to that URL's host, so one from a server (a Location header, a manifest) would send a password to a host
+nobody approved. Every door calls ``refuse_credentials_in_url``: the job input, ``continue --attach``, the
+configuration, the extraction server's Content-Location and manifest URLs, redirect Locations. The message names
+the door and the fix, and shows the URL without its user info.
+
+Import-light (standard library only): the configuration and the command line use it.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from tasks.errors import DupflowError
+
+SERVER_URL_FIX = (
+    "the server sent it; fix the server's configuration (its public base URL) so that its URLs carry no "
+    "credentials, and put the credentials in services.extractor.auth"
+)
+
+
+class CredentialsInUrlError(DupflowError):
+    """A URL with a user name or password; the message never contains them."""
+
+
+def has_credentials(url: str) -> bool:
+    return "@" in urlsplit(url.strip()).netloc
+
+
+def url_without_credentials(url: str) -> str:
+    """scheme://host[:port]/path for messages: no user info, query or fragment (they may carry secrets)."""
+    parts = urlsplit(url.strip())
+    host = parts.netloc.rpartition("@")[2]
+    return f"{parts.scheme}://{host}{parts.path}" if parts.scheme else f"{host}{parts.path}"
+
+
+def refuse_credentials_in_url(url: str | None, *, door: str, fix: str) -> None:
+    """Raise ``CredentialsInUrlError`` when ``url`` carries user info. ``door`` names where the URL came from (an
+    argument, option, key or header); ``fix`` says what to do instead."""
+    if url is None or not has_credentials(url):
+        return
+    raise CredentialsInUrlError(
+        f"{door}: the URL {url_without_credentials(url)} carries a user name or password (user:password@host), "
+        f"which would be stored with the job, shown in logs and sent as Basic auth to that host; {fix}"
+    )

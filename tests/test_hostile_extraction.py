@@ -1,0 +1,333 @@
+"""Issue 22, hardening round two, the extraction side: URLs with credentials from every door, a manifest too large
+to be sensible, files that need a token on another origin, one request per poll, and two ``continue`` at once.
+
+Against the fake extraction server (tests/fakes/extraction_server.py) and scripted servers on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from config.loader import ConfigError, load_settings
+from config.settings import AuthSettings, TlsSettings
+from flows.jobs import prepare_job
+from flows.run import EXIT_OK, EXIT_USAGE
+from tasks.clients.downloads import download_ndjson, wait_until_available
+from tasks.clients.errors import ServiceError
+from tasks.clients.extraction_server import MAX_MANIFEST_BYTES, TASK_PROGRESS_INTERVAL, ExtractionError
+from tasks.clients.http import ServiceEndpoint, build_client
+from tasks.record import read_facts
+from tasks.url_credentials import CredentialsInUrlError
+from tests.conftest import REPO_ROOT, TESTDATA, run_cli
+from tests.fakes._server import LoopbackServer
+from tests.fakes.echo import EchoHandler, EchoState, Reply
+from tests.fakes.extraction_server import start_extraction_server
+from tests.fakes.extraction_state import ManualClock
+from tests.test_extractor_client import CRTDL, FAST_RETRY, LONG_JOB, SimulatedTime, client_for
+from tests.test_job_cli import job_file, write_config
+
+CRTDL_PATH = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
+PASSWORD = "pw-Sekr3t"
+API_KEY = "key-secret"
+
+
+@pytest.fixture
+def sim() -> SimulatedTime:
+    return SimulatedTime()
+
+
+def extractor_config(tmp_path: Path, base_url: str, extra: str = "") -> Path:
+    return write_config(
+        tmp_path / "c.yaml",
+        tmp_path / "jobs",
+        ["extractor"],
+        f"services:\n  extractor:\n    base_url: {base_url}\n    polling_interval: PT1S\n"
+        "    max_polling_interval: PT1S\n    file_ready_interval: PT1S\n" + extra,
+    )
+
+
+def new_job_dir(tmp_path: Path, base_url: str) -> Path:
+    """A prepared extraction job (its CRTDL in place) that has not run yet."""
+    config = extractor_config(tmp_path, base_url)
+    return prepare_job(None, str(config), str(CRTDL_PATH), {}, overrides_source="--set").paths.job_dir
+
+
+def texts_of_job(job_dir: Path) -> str:
+    return "".join(path.read_text(errors="replace") for path in job_dir.rglob("*") if path.is_file())
+
+
+# --- item 2: one rule for URLs with credentials, at every door ------------------------------------------------
+
+
+@pytest.mark.usefixtures("prefect_api")  # the code before the fix ran the job
+def test_continue_attach_with_a_password_is_refused_naming_the_option_and_stores_nothing(tmp_path):
+    job_dir = new_job_dir(tmp_path, "http://127.0.0.1:9")
+    attach = f"http://alice:{PASSWORD}@127.0.0.1:9/fhir/__status/0b6bd3a4-5c8e-4f8e-9a43-2f1f3b5d1a7e"
+
+    refused = run_cli("continue", str(job_dir), "--attach", attach, "--no-progress")
+
+    assert refused.returncode == EXIT_USAGE
+    assert "--attach" in refused.stderr and "user name or password" in refused.stderr
+    assert "services.extractor.auth" in refused.stderr
+    assert PASSWORD not in refused.stderr + refused.stdout
+    assert "extraction_status_url" not in read_facts(job_dir)
+    assert PASSWORD not in texts_of_job(job_dir)
+    assert job_file(job_dir)["flow_run_ids"] == []
+
+
+def test_the_job_input_and_the_configuration_follow_the_same_rule(tmp_path):
+    config = extractor_config(tmp_path, "http://127.0.0.1:9")
+    with pytest.raises(CredentialsInUrlError) as by_input:
+        prepare_job(
+            None, str(config), f"https://bob:{PASSWORD}@example.org/fhir/__status/1", {}, overrides_source="--set"
+        )
+    with pytest.raises(ConfigError) as by_key:
+        load_settings(str(config), overrides={"services.extractor.base_url": f"https://bob:{PASSWORD}@torch.org"})
+
+    assert "the job input (INPUT)" in str(by_input.value) and "https://example.org/fhir/__status/1" in str(
+        by_input.value
+    )
+    assert "services.extractor.base_url" in str(by_key.value) and "auth block" in str(by_key.value)
+    for message in (str(by_input.value), str(by_key.value)):
+        assert PASSWORD not in message and "bob" not in message and "user name or password" in message
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
+
+
+def test_a_content_location_with_credentials_is_refused_not_followed(sim):
+    with start_extraction_server(clock=sim, url_userinfo=f"torch:{PASSWORD}") as server:
+        with client_for(server.base_url, sim) as client, pytest.raises(CredentialsInUrlError) as caught:
+            client.submit(CRTDL)
+        assert server.state.polls == {}
+    assert "Content-Location" in str(caught.value) and PASSWORD not in str(caught.value)
+
+
+def test_manifest_urls_with_credentials_are_refused_before_any_file_is_touched(sim):
+    with start_extraction_server(clock=sim, durations=dict(LONG_JOB)) as server:
+        with client_for(server.base_url, sim) as client:
+            handle = client.submit(CRTDL)
+            server.state.url_userinfo = f"files:{PASSWORD}"  # the manifest's request and output URLs
+            with pytest.raises(CredentialsInUrlError) as caught:
+                client.poll_until_complete(handle)
+        assert not server.state.file_requests
+    message = str(caught.value)
+    assert "manifest" in message and "services.extractor.auth" in message and PASSWORD not in message
+
+
+def test_a_file_url_with_credentials_is_refused_by_the_same_rule(sim):
+    with start_extraction_server(clock=sim, durations=dict(LONG_JOB)) as server:
+        with client_for(server.base_url, sim) as client:
+            handle = client.submit(CRTDL)
+            server.state.files_base_url = f"http://u:{PASSWORD}@127.0.0.1:{server.port}/files"
+            with pytest.raises(CredentialsInUrlError, match="a result file URL of the manifest") as caught:
+                client.poll_until_complete(handle)
+    assert PASSWORD not in str(caught.value)
+
+
+def test_a_redirect_to_a_url_with_credentials_is_refused(tmp_path):
+    with LoopbackServer(EchoHandler, EchoState()) as target, LoopbackServer(EchoHandler, EchoState()) as service:
+        moved = f"http://mallory:{PASSWORD}@127.0.0.1:{target.port}/file"
+        service.state.replies.append(Reply(302, {"Location": moved}))
+        with build_client(ServiceEndpoint("extractor", service.base_url, AuthSettings()), TlsSettings()) as client:
+            with pytest.raises(ServiceError, match="Location header") as caught:
+                client.get("/result/core.ndjson")
+        assert target.state.requests == []
+    assert PASSWORD not in str(caught.value)
+
+
+# --- item 13: a manifest too large is refused early and cheaply -----------------------------------------------
+
+
+def test_a_manifest_with_more_entries_than_allowed_is_refused_naming_count_and_limit(sim):
+    with start_extraction_server(clock=sim, durations=dict(LONG_JOB), extra_output_entries=200) as server:
+        with client_for(server.base_url, sim, max_result_files=50) as client:
+            with pytest.raises(ExtractionError) as caught:
+                client.poll_until_complete(client.submit(CRTDL))
+    message = str(caught.value)
+    assert "204 entries" in message and "max_result_files (50)" in message
+
+
+HUGE_MANIFEST_CHILD = """
+import sys, time
+from tests.test_extractor_client import client_for, SimulatedTime
+from tasks.clients.extraction_server import ExtractionError, ExtractionHandle
+started = time.monotonic()
+with client_for(sys.argv[1], SimulatedTime(), max_result_files=2_000_000) as client:
+    try:
+        client.poll_until_complete(ExtractionHandle.from_status_url(sys.argv[2]))
+        print("accepted")
+    except ExtractionError as exc:
+        print("refused:", exc)
+hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM"))
+print(f"peak_kb={hwm} seconds={time.monotonic() - started:.1f}")
+"""
+
+
+def test_a_manifest_of_one_and_a_half_million_entries_is_refused_within_seconds_and_flat_memory(sim):
+    """Even with max_result_files raised above the count, the wire cap stops reading at MAX_MANIFEST_BYTES."""
+    with start_extraction_server(clock=sim, extra_output_entries=1_500_000) as server:
+        with client_for(server.base_url, sim) as client:
+            handle = client.submit(CRTDL)
+        sim.now += 3600  # the job is complete
+        child = subprocess.run(
+            [sys.executable, "-c", HUGE_MANIFEST_CHILD, server.base_url, handle.status_url],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert child.returncode == 0, child.stderr
+    refused, measured = child.stdout.strip().splitlines()[-2:]
+    assert refused.startswith("refused:") and f"over the limit of {MAX_MANIFEST_BYTES:,} bytes" in refused
+    peak_mb = int(measured.split()[0].removeprefix("peak_kb=")) / 1024
+    seconds = float(measured.split()[1].removeprefix("seconds="))
+    assert peak_mb < 250, f"peak RSS {peak_mb:.0f} MB"  # the interpreter and imports take ~80 MB, the cap 32 MiB
+    assert seconds < 60
+
+
+# --- item 14: requiresAccessToken ---------------------------------------------------------------------------
+
+
+def needs_api_key(headers: dict[str, str]) -> bool:
+    return headers.get("x-api-key") == API_KEY
+
+
+def file_server_job(sim: SimulatedTime, requires_token: bool):
+    return start_extraction_server(
+        clock=sim,
+        durations=dict(LONG_JOB),
+        file_origin=True,
+        requires_access_token=requires_token,
+        auth_check=needs_api_key,
+    )
+
+
+def test_files_that_need_a_token_on_an_approved_origin_get_it(sim, tmp_path):
+    with file_server_job(sim, requires_token=True) as server:
+        files_origin = server.file_server.base_url
+        with client_for(server.base_url, sim, auth=AuthSettings(api_key=API_KEY), file_origins=[files_origin]) as c:
+            urls = c.poll_until_complete(c.submit(CRTDL))
+            assert all(url.startswith(files_origin) for url in urls)
+            wait_until_available(c.http, urls[0], checks=2, interval=timedelta(0))
+            stats = download_ndjson(
+                c.http,
+                urls[0],
+                tmp_path / "first.ndjson",
+                level=None,
+                max_line_bytes=1 << 20,
+                stall_timeout=timedelta(seconds=30),
+                retry=FAST_RETRY,
+            )
+        file_requests = server.state.requests_to("/files", "files")
+    assert stats.resources > 0
+    assert file_requests and all(r.headers.get("x-api-key") == API_KEY for r in file_requests)
+
+
+def test_files_that_need_a_token_on_an_unapproved_origin_are_an_error_naming_origin_and_key(sim):
+    with file_server_job(sim, requires_token=True) as server:
+        with client_for(server.base_url, sim, auth=AuthSettings(api_key=API_KEY)) as client:
+            with pytest.raises(ExtractionError) as caught:
+                client.poll_until_complete(client.submit(CRTDL))
+        assert server.state.requests_to("/files", "files") == []
+    message = str(caught.value)
+    assert f"http://127.0.0.1:{server.file_server.port}" in message
+    assert "services.extractor.file_origins" in message and API_KEY not in message
+
+
+def test_without_requires_access_token_a_listed_origin_still_gets_no_credentials(sim):
+    with file_server_job(sim, requires_token=False) as server:
+        files_origin = server.file_server.base_url
+        with client_for(server.base_url, sim, auth=AuthSettings(api_key=API_KEY), file_origins=[files_origin]) as c:
+            urls = c.poll_until_complete(c.submit(CRTDL))
+            wait_until_available(c.http, urls[0], checks=2, interval=timedelta(0))
+        file_requests = server.state.requests_to("/files", "files")
+    assert file_requests and all("x-api-key" not in r.headers for r in file_requests)
+
+
+@pytest.mark.parametrize("origin", ["https://files.example.org/path", "files.example.org", "ftp://files.example.org"])
+def test_file_origins_must_be_origins(tmp_path, origin):
+    config = extractor_config(tmp_path, "https://torch.example.org", f"    file_origins: [{origin}]\n")
+    with pytest.raises(ConfigError, match="services.extractor.file_origins.*not an origin"):
+        load_settings(str(config))
+
+
+# --- item 16: one request per poll ------------------------------------------------------------------------------
+
+
+def test_each_poll_is_one_request_with_batch_progress_read_rarely(sim):
+    with start_extraction_server(clock=sim, durations=dict(LONG_JOB)) as server:
+        with client_for(server.base_url, sim) as client:
+            seen = []
+            client.poll_until_complete(client.submit(CRTDL), seen.append)
+        task_reads = server.state.requests_to("/fhir/Task")
+        polls = sum(server.state.polls.values())
+    assert polls >= 4
+    assert len(task_reads) <= 1  # the whole job takes 11 s, less than TASK_PROGRESS_INTERVAL
+    assert any(p.batches_total == 3 for p in seen)  # the one read came while batches ran
+
+
+def test_a_long_batch_phase_reads_the_task_at_most_once_per_interval(sim):
+    durations = dict(LONG_JOB, RUNNING_PROCESS_BATCH=1800.0)
+    with start_extraction_server(clock=sim, durations=durations) as server:
+        with client_for(server.base_url, sim, max_polling_interval="PT30S", extraction_timeout="PT1H") as client:
+            client.poll_until_complete(client.submit(CRTDL), lambda progress: None)
+        task_reads = len(server.state.requests_to("/fhir/Task"))
+        polls = sum(server.state.polls.values())
+    assert polls > 50
+    assert task_reads <= 1800 / TASK_PROGRESS_INTERVAL.total_seconds() + 1
+
+
+def test_a_server_without_the_task_api_is_asked_once(sim):
+    durations = dict(LONG_JOB, RUNNING_PROCESS_BATCH=1800.0)
+    with start_extraction_server(clock=sim, durations=durations, task_api=False) as server:
+        with client_for(server.base_url, sim, max_polling_interval="PT30S", extraction_timeout="PT1H") as client:
+            client.poll_until_complete(client.submit(CRTDL), lambda progress: None)
+        task_reads = len(server.state.requests_to("/fhir/Task"))
+    assert task_reads == 1
+
+
+def wait_until(probe, what: str, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not probe():
+        assert time.monotonic() < deadline, f"not reached in time: {what}"
+        time.sleep(0.05)
+
+
+# --- item 12: two continue at once --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_of_two_continue_at_once_the_second_exits_2_and_makes_no_flow_run(tmp_path):
+    clock = ManualClock()  # the extraction stays PENDING until the test moves the clock
+    with start_extraction_server(clock=clock) as torch:
+        job_dir = new_job_dir(tmp_path, torch.base_url)
+        outcomes: dict[str, subprocess.CompletedProcess] = {}
+        first_done = threading.Event()
+
+        def run(name: str) -> None:
+            outcomes[name] = run_cli("continue", str(job_dir), "--no-progress", timeout=300)
+            first_done.set()
+
+        threads = [threading.Thread(target=run, args=(name,)) for name in ("a", "b")]
+        for thread in threads:
+            thread.start()
+        assert first_done.wait(240), "neither continue ended"
+        wait_until(lambda: torch.state.polls, "the winner polls its extraction")
+        clock.tick(3600)  # now the winner's extraction completes
+        for thread in threads:
+            thread.join(240)
+
+    (loser,) = [o for o in outcomes.values() if o.returncode != EXIT_OK]
+    (winner,) = [o for o in outcomes.values() if o.returncode == EXIT_OK]
+    assert loser.returncode == EXIT_USAGE, loser.stderr
+    assert "is being worked on by another process" in loser.stderr and "Traceback" not in loser.stderr
+    assert "Completed" in winner.stdout
+    assert len(job_file(job_dir)["flow_run_ids"]) == 1
+    assert len(torch.state.submissions) == 1
