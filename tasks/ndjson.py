@@ -22,9 +22,8 @@ each decompression call is fed at most ``ZSTD_BLOCKS_PER_PIECE`` zstd blocks (``
 
 from __future__ import annotations
 
-import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,39 +136,66 @@ def raw_chunks(path: Path | str) -> Iterator[bytes]:
         yield from iter(lambda: raw.read(CHUNK_SIZE), b"")
 
 
-def decompress_if_zstd(chunks: Iterator[bytes], source: str) -> Iterator[bytes]:
-    """Pass plain bytes through; decompress a zstd stream (by its magic bytes), frame after frame, in pieces of at
-    most ``ZSTD_OUTPUT_PIECE`` bytes whatever the compression ratio (``ZstdBlockCutter``).
+def decompress_if_zstd(chunks: Iterable[bytes], source: str) -> Iterator[bytes]:
+    """Pass plain bytes through; decompress a zstd stream (by its magic bytes): ``StreamDecoder`` over ``chunks``."""
+    decoder = StreamDecoder(source)
+    for chunk in chunks:
+        yield from decoder.feed(chunk)
+    yield from decoder.finish()
+
+
+class StreamDecoder:
+    """Bytes fed in as they come (``feed``, then ``finish``): plain bytes pass through, a zstd stream (by its magic
+    bytes) comes out decompressed, frame after frame, in pieces of at most ``ZSTD_OUTPUT_PIECE`` bytes whatever the
+    compression ratio (``ZstdBlockCutter``). Fed rather than iterated, so that a download can go on feeding it from
+    a second connection after the first broke.
 
     A stream that ends in the middle of a frame is an error: zstd stream readers end silently there,
-    which would make a truncated file look complete.
+    which would make a truncated file look complete. ``source`` names the data in errors.
     """
-    head = b""
-    for chunk in chunks:
-        head += chunk
-        if len(head) >= len(ZSTD_MAGIC):
-            break
-    if not head.startswith(ZSTD_MAGIC):
-        if head:
-            yield head
-        yield from chunks
-        return
-    context = zstandard.ZstdDecompressor()
-    frame, frame_has_input = context.decompressobj(), False
-    try:
-        for data in ZstdBlockCutter().pieces(itertools.chain([head], chunks)):
-            while data:
-                frame_has_input = True
-                if out := frame.decompress(data):
-                    yield out
-                if not frame.eof:
-                    break
-                data = frame.unused_data
-                frame, frame_has_input = context.decompressobj(), False
-    except zstandard.ZstdError as exc:
-        raise NdjsonError(f"{source}: not readable as zstd ({exc}); the data are damaged") from exc
-    if frame_has_input:
-        raise NdjsonError(f"{source}: not readable as zstd (the data end in the middle of a frame); they are truncated")
+
+    def __init__(self, source: str):
+        self._source = source
+        self._head = b""  # the first bytes, until there are enough to tell zstd by its magic bytes
+        self._is_zstd: bool | None = None
+        self._context = zstandard.ZstdDecompressor()
+        self._frame = self._context.decompressobj()
+        self._frame_has_input = False
+        self._cutter = ZstdBlockCutter()
+
+    def feed(self, chunk: bytes) -> Iterator[bytes]:
+        if self._is_zstd is None:
+            self._head += chunk
+            if len(self._head) < len(ZSTD_MAGIC):
+                return
+            chunk, self._head = self._head, b""
+            self._is_zstd = chunk.startswith(ZSTD_MAGIC)
+        if not self._is_zstd:
+            yield chunk
+            return
+        try:
+            for data in self._cutter.pieces(chunk):
+                yield from self._decompress(data)
+        except zstandard.ZstdError as exc:
+            raise NdjsonError(f"{self._source}: not readable as zstd ({exc}); the data are damaged") from exc
+
+    def finish(self) -> Iterator[bytes]:
+        if self._head:  # fewer bytes than zstd's magic: plain
+            yield self._head
+        if self._frame_has_input:
+            raise NdjsonError(
+                f"{self._source}: not readable as zstd (the data end in the middle of a frame); they are truncated"
+            )
+
+    def _decompress(self, data: memoryview | bytes) -> Iterator[bytes]:
+        while data:
+            self._frame_has_input = True
+            if out := self._frame.decompress(data):
+                yield out
+            if not self._frame.eof:
+                return
+            data = self._frame.unused_data
+            self._frame, self._frame_has_input = self._context.decompressobj(), False
 
 
 class ZstdBlockCutter:
@@ -196,15 +222,15 @@ class ZstdBlockCutter:
         self._block_ends = 0  # in the current piece
         self._lost = False
 
-    def pieces(self, chunks: Iterator[bytes]) -> Iterator[memoryview]:
-        for chunk in chunks:
-            with memoryview(chunk) as view:
-                start = 0
-                for end in self._piece_ends(view):
-                    yield view[start:end]
-                    start = end
-                if start < len(view):
-                    yield view[start:]
+    def pieces(self, chunk: bytes) -> Iterator[memoryview]:
+        """``chunk``, the next bytes of the stream, cut where pieces must end."""
+        with memoryview(chunk) as view:
+            start = 0
+            for end in self._piece_ends(view):
+                yield view[start:end]
+                start = end
+            if start < len(view):
+                yield view[start:]
 
     def _piece_ends(self, view: memoryview) -> Iterator[int]:
         """Offsets in ``view`` after which a piece must end (its last allowed block ended there)."""
@@ -536,7 +562,7 @@ class AtomicNdjsonWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
-            self._discard()
+            self.discard()
             return
         try:
             resources = self._checked_resources()
@@ -549,7 +575,7 @@ class AtomicNdjsonWriter:
             self._raw.close()
             os.replace(self.part, self.dest)
         except BaseException:
-            self._discard()
+            self.discard()
             raise
         self.stats = FileStats(size=self.dest.stat().st_size, resources=resources)
 
@@ -564,7 +590,8 @@ class AtomicNdjsonWriter:
         except BrokenProcessPool:  # a worker died under the check (the OOM killer, a kill): check it here
             return check_plain_file(part, self._source, self._max_line_bytes)
 
-    def _discard(self) -> None:
+    def discard(self) -> None:
+        """Close and delete the temporary file (what leaving the ``with`` block by an exception does)."""
         try:
             self._raw.close()
         finally:

@@ -21,6 +21,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from tasks.clients.errors import ServiceError
+from tasks.extractor import download_result_file
+from tasks.local_import import LocalImportError, find_ndjson_files, local_import
 from tasks.ndjson import (
     ZSTD_OUTPUT_PIECE,
     AtomicNdjsonWriter,
@@ -30,7 +33,6 @@ from tasks.ndjson import (
     iter_chunks,
     iter_lines,
 )
-from tasks.local_import import LocalImportError, find_ndjson_files, local_import
 from tests.conftest import REPO_ROOT
 from tests.fakes.extraction_server import start_extraction_server
 from tests.steps import step_input
@@ -269,3 +271,89 @@ def test_a_data_file_without_read_permission_is_an_error_naming_it():
     finally:
         shutil.rmtree(top)
     assert message == f"cannot read file {top / 'b.ndjson'}: permission denied; fix its permissions"
+
+
+# --- item 15: a download broken in the middle of the body ------------------------------------------------------
+
+SERVED = b"".join(
+    b'{"resourceType":"Observation","id":"o%05d","valueQuantity":{"value":%d}}\n' % (number, number)
+    for number in range(3000)
+)  # about 200 KB, several socket reads: a reset after the first 64 KiB leaves most of the file to resume
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A result folder holding ``a.ndjson`` (plain) and ``b.ndjson.zst`` (the same data, zstd), and a fake extraction
+    server serving it; yields (server, folder)."""
+    folder = tmp_path / "served"
+    folder.mkdir()
+    (folder / "a.ndjson").write_bytes(SERVED)
+    (folder / "b.ndjson.zst").write_bytes(zstandard.ZstdCompressor(level=19).compress(SERVED * 20))
+    with start_extraction_server(serve_dir=folder) as server:
+        yield server, folder
+
+
+def download_served(tmp_path: Path, server, name: str, *, compress: bool, attempts: int = 3) -> tuple[Path, object]:
+    """The extractor's download of one served file, as a job runs it (retry backoff shortened)."""
+    step = step_input(
+        tmp_path / "job",
+        "extractor",
+        services__extractor__base_url=server.base_url,
+        services__extractor__file_ready_retries="0",
+        compression__enabled=str(compress).lower(),
+        retry__max_attempts=str(attempts),
+        retry__initial_backoff_ms="1",
+        retry__max_backoff_ms="5",
+    )
+    target = "out.ndjson.zst" if compress else "out.ndjson"
+    record = download_result_file.fn(step, f"{server.base_url}/files/{server.served_job_id}/{name}", target)
+    return step.output_dir / target, record
+
+
+def file_key(server, name: str) -> str:
+    return f"{server.served_job_id}/{name}"
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["written-plain", "written-compressed"])
+def test_a_reset_in_the_middle_of_the_body_is_resumed_with_a_range_request(tmp_path, served, compress):
+    server, folder = served
+    server.state.reset_downloads, server.state.reset_after_bytes = 1, 70_001  # inside a line
+    path, record = download_served(tmp_path, server, "a.ndjson", compress=compress)
+    assert b"".join(iter_chunks(path)) == SERVED
+    assert record.resources == SERVED.count(b"\n") and record.size == path.stat().st_size
+    assert server.state.file_gets[file_key(server, "a.ndjson")] == 2
+    assert server.state.range_probes[file_key(server, "a.ndjson")] == 1
+    (resumed,) = [r for r in server.state.requests_to("/files/") if r.header("range")]
+    assert resumed.header("range") == "bytes=70001-"
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+
+
+def test_a_zstd_body_is_resumed_from_the_bytes_received_not_from_the_size_written(tmp_path, served):
+    server, folder = served
+    served_size = (folder / "b.ndjson.zst").stat().st_size
+    server.state.reset_downloads, server.state.reset_after_bytes = 1, served_size // 2
+    path, record = download_served(tmp_path, server, "b.ndjson.zst", compress=True)
+    assert b"".join(iter_chunks(path)) == SERVED * 20 and record.resources == 20 * SERVED.count(b"\n")
+    (resumed,) = [r for r in server.state.requests_to("/files/") if r.header("range")]
+    assert resumed.header("range") == f"bytes={served_size // 2}-"
+
+
+def test_a_server_that_answers_the_range_request_with_the_whole_file_starts_it_over(tmp_path, served):
+    server, _ = served
+    server.state.reset_downloads, server.state.reset_after_bytes = 1, 70_001
+    server.state.ignore_ranges = True
+    path, record = download_served(tmp_path, server, "a.ndjson", compress=False)
+    assert path.read_bytes() == SERVED and record.resources == SERVED.count(b"\n")
+    assert server.state.range_probes[file_key(server, "a.ndjson")] == 1  # asked, answered 200
+
+
+def test_resets_on_every_attempt_end_in_a_clear_error_after_max_attempts(tmp_path, served):
+    server, _ = served
+    server.state.reset_downloads, server.state.reset_after_bytes = 10, 30_000
+    server.state.faults_on_ranges = True
+    with pytest.raises(ServiceError, match=r"the connection broke after 90,000 bytes of the file") as error:
+        download_served(tmp_path, server, "a.ndjson", compress=True, attempts=3)
+    assert "a.ndjson" in str(error.value)
+    assert server.state.file_gets[file_key(server, "a.ndjson")] == 3
+    assert [r.header("range") for r in server.state.requests_to("/files/")] == [None, "bytes=30000-", "bytes=60000-"]
+    assert list((tmp_path / "job").glob("**/*.ndjson*")) == []

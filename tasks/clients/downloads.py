@@ -7,10 +7,14 @@ Rules (spec "Extraction step procedure" 7 and "Errors"):
 
 - The body is streamed with ``Accept: application/fhir+ndjson`` and no whole-request deadline: the read
   timeout is the stall timeout, so a download is cancelled only when no byte arrives for that long.
-- Retried (``retry.*``): only a retryable structured error, i.e. a transient HTTP status (5xx, 408, 429)
-  or a connection error before the response arrived. Never retried: a stall (a read timeout, whether
-  waiting for the headers or inside the body), a connection reset or any other transport error once the
-  body has started, a write error. These raise ``DownloadError``; ``continue`` redoes the file.
+- Retried (``retry.*``, every connection an attempt): only a retryable structured error, i.e. a transient HTTP
+  status (5xx, 408, 429), a connection error before the response arrived, or a connection broken in the middle of
+  the body (a reset, a body shorter than its Content-Length). A broken body is resumed: the next attempt asks for
+  the rest with ``Range: bytes=<received>-`` (bytes of the body as sent, compressed or not) and feeds it on into
+  the same temporary file; a 206 from another byte is an error, and a server that answers 200 (no ranges) sends
+  the whole file again, which then starts over from byte 0. Never retried (spec: a stall and a mid-body write
+  error): a stall (a read timeout, whether waiting for the headers or inside the body), a write error, data that
+  are no NDJSON. These raise ``DownloadError`` or ``NdjsonError``; ``continue`` redoes the file.
 - The body must be NDJSON: an HTML answer (``Content-Type: text/html`` or a body starting with ``<``) or a
   line that is not a FHIR resource is an error naming the URL and line. A zstd-compressed body (magic bytes)
   is decompressed.
@@ -45,7 +49,7 @@ from tasks.ndjson import (
     FileStats,
     TruncatedLineError,
     UnsafeNameError,
-    decompress_if_zstd,
+    StreamDecoder,
     first_non_blank,
     output_name,
 )
@@ -186,49 +190,104 @@ def download_ndjson(
     on_bytes: Callable[[int], None] | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> FileStats:
-    """Stream ``url`` into ``dest`` (compressed at ``level``, plain when None); returns size and resource count."""
-    operation = f"download {display_url(url)}"
+    """Stream ``url`` into ``dest`` (compressed at ``level``, plain when None); returns size and resource count.
 
-    def attempt() -> FileStats:
-        return _download_once(client, url, dest, level, max_line_bytes, stall_timeout, on_bytes)
+    A body broken in the middle is resumed (``_Download``) within ``retry``: every connection is an attempt."""
+    download = _Download(client, url, dest, level, max_line_bytes, stall_timeout, on_bytes)
+    try:
+        return call_with_retry(
+            download.attempt, retry, operation=f"download {display_url(url)}", service=service_name(client), sleep=sleep
+        )
+    finally:
+        download.discard()
 
-    return call_with_retry(attempt, retry, operation=operation, service=service_name(client), sleep=sleep)
 
+class _Download:
+    """One file across attempts. The body's bytes go, as they arrive, through the zstd decoder and the line check
+    into the temporary file (``_Sink``); after a break, the next attempt asks for the rest only (``Range`` from the
+    bytes received: of the body as sent, compressed or not) and feeds it on, so every byte is decoded, checked and
+    counted once. A server that answers the Range request with the whole file (200) is read again from byte 0."""
 
-def _download_once(
-    client: httpx.Client,
-    url: str,
-    dest: Path,
-    level: CompressionLevel | None,
-    max_line_bytes: int,
-    stall_timeout: timedelta,
-    on_bytes: Callable[[int], None] | None,
-) -> FileStats:
-    """One attempt. Only failures before the response starts (connection refused, 5xx) may be retried: a
-    stall, while waiting for the headers or in the body, and a break in the body are final for this run."""
-    with contextlib.ExitStack() as stack:
+    def __init__(
+        self,
+        client: httpx.Client,
+        url: str,
+        dest: Path,
+        level: CompressionLevel | None,
+        max_line_bytes: int,
+        stall_timeout: timedelta,
+        on_bytes: Callable[[int], None] | None,
+    ):
+        self._client, self._url, self._dest = client, url, dest
+        self._level, self._max_line_bytes, self._stall_timeout = level, max_line_bytes, stall_timeout
+        self._on_bytes = on_bytes
+        self._sink: _Sink | None = None
+        self._received = 0  # body bytes in the sink
+
+    def attempt(self) -> FileStats:
+        """One connection. Retried (a transient ``ServiceError``): a failure before the response (connection refused,
+        5xx) and a break in the body. Final: a stall, an error in the data, a write error."""
+        url, headers = self._url, {"Accept": NDJSON_ACCEPT}
+        if self._received:
+            headers["Range"] = f"bytes={self._received}-"
+        with contextlib.ExitStack() as stack:
+            try:
+                response = stack.enter_context(
+                    self._client.stream("GET", url, headers=headers, timeout=http_timeout(self._stall_timeout))
+                )
+            except httpx.ReadTimeout as exc:
+                raise _stalled(url, self._stall_timeout) from exc
+            operation = f"download {display_url(url)}"
+            raise_for_service_status(response, operation=operation, service=service_name(self._client))
+            check_response(response, url, resuming_at=self._received)
+            read_in_large_pieces(response)
+            if response.status_code == 200:  # the whole file: a first attempt, or a server that ignored the Range
+                self.discard()
+                self._sink = _Sink(url, self._dest, self._level, self._max_line_bytes, content_length(response))
+            assert self._sink is not None
+            self._receive(response)
+        return self._finished()
+
+    def _receive(self, response: httpx.Response) -> None:
+        """The body into the sink, as httpcore reads it off the socket (iter_bytes(size) would copy every byte once
+        more to re-cut the pieces, and the sink takes any chunking)."""
+        assert self._sink is not None
         try:
-            response = stack.enter_context(
-                client.stream("GET", url, headers={"Accept": NDJSON_ACCEPT}, timeout=http_timeout(stall_timeout))
-            )
+            for chunk in response.iter_bytes():
+                if self._on_bytes is not None:
+                    self._on_bytes(len(chunk))
+                self._sink.write(chunk)
+                self._received += len(chunk)
         except httpx.ReadTimeout as exc:
-            raise _stalled(url, stall_timeout) from exc
-        raise_for_service_status(response, operation=f"download {display_url(url)}", service=service_name(client))
-        check_response(response, url)
-        read_in_large_pieces(response)
-        try:
-            # The body as httpcore reads it off the socket: iter_bytes(size) would copy every byte once more
-            # to re-cut the pieces, and the writer takes any chunking.
-            return _write_body(
-                response.iter_bytes(), url, dest, level, max_line_bytes, on_bytes, content_length(response)
-            )
-        except httpx.ReadTimeout as exc:
-            raise _stalled(url, stall_timeout) from exc
+            raise _stalled(self._url, self._stall_timeout) from exc
         except httpx.TransportError as exc:
-            raise DownloadError(
-                f"{display_url(url)}: the connection broke in the middle of the file ({type(exc).__name__}: {exc}); "
-                "not retried, as the file is incomplete: run continue to download it again"
+            raise ServiceError(
+                f"download {display_url(self._url)}",
+                None,
+                f"the connection broke after {self._received:,} bytes of the file ({type(exc).__name__}: {exc}); "
+                "resumed from there while retry.max_attempts allows, then run continue to download it again",
+                transient=True,
             ) from exc
+
+    def _finished(self) -> FileStats:
+        assert self._sink is not None
+        try:
+            return self._sink.finish()
+        except TruncatedLineError as exc:  # no Content-Length told the body was short: read it again
+            raise ServiceError(
+                f"download {display_url(self._url)}",
+                None,
+                f"{exc} (the connection ended before the whole file arrived)",
+                transient=True,
+            ) from None
+        finally:
+            self.discard()  # the temporary file of a file that failed its last checks; nothing after the rename
+
+    def discard(self) -> None:
+        """Drop what arrived (the temporary file); nothing once the file is finished."""
+        if self._sink is not None:
+            self._sink.discard()
+        self._sink, self._received = None, 0
 
 
 def read_in_large_pieces(response: httpx.Response) -> None:
@@ -244,9 +303,15 @@ def read_in_large_pieces(response: httpx.Response) -> None:
         connection.READ_NUM_BYTES = max(connection.READ_NUM_BYTES, READ_SIZE)
 
 
-def check_response(response: httpx.Response, url: str) -> None:
-    """Only a 200 with a non-HTML body is a file (a proxy's error page must never be saved as data)."""
-    if response.status_code != 200:
+def check_response(response: httpx.Response, url: str, resuming_at: int = 0) -> None:
+    """Only a 200 with a non-HTML body is a file (a proxy's error page must never be saved as data); asked for the
+    rest from byte ``resuming_at``, a 206 from exactly there is too."""
+    if response.status_code == 206 and resuming_at and range_start(response) != resuming_at:
+        raise DownloadError(
+            f"{display_url(url)}: asked for the file from byte {resuming_at:,}, the server sent "
+            f"{response.headers.get('Content-Range', 'no Content-Range')!r}; run continue to download it again"
+        )
+    if response.status_code != 200 and not (response.status_code == 206 and resuming_at):
         raise DownloadError(f"{display_url(url)}: expected HTTP 200 with the file, got HTTP {response.status_code}")
     if response.headers.get("Content-Type", "").split(";")[0].strip().lower() == "text/html":
         raise DownloadError(f"{display_url(url)}: the server answered with an HTML page, not NDJSON; check the URL")
@@ -266,74 +331,94 @@ def _stalled(url: str, stall_timeout: timedelta) -> DownloadError:
     )
 
 
-def _write_body(
-    chunks: Iterator[bytes],
-    url: str,
-    dest: Path,
-    level: CompressionLevel | None,
-    max_line_bytes: int,
-    on_bytes: Callable[[int], None] | None,
-    expected_size: int | None,
-) -> FileStats:
-    try:
-        with AtomicNdjsonWriter(
-            dest, level, max_line_bytes, source=display_url(url), expected_size=expected_size
-        ) as writer:
-            for chunk in checked_ndjson(
-                decompress_if_zstd(_counted(chunks, on_bytes), display_url(url)), url, max_line_bytes
-            ):
-                try:
-                    writer.write(chunk)
-                except OSError as exc:
-                    raise DownloadError(
-                        f"writing {dest} failed: {exc}; free space or fix permissions, then run continue"
-                    ) from exc
-    except TruncatedLineError as exc:
-        raise ServiceError(
-            f"download {display_url(url)}",
-            None,
-            f"{exc} (the connection ended before the whole file arrived)",
-            transient=True,
-        ) from None
-    assert writer.stats is not None
-    return writer.stats
+def range_start(response: httpx.Response) -> int | None:
+    """The first byte of a 206's ``Content-Range: bytes first-last/size``; None when it has none."""
+    unit, _, span = response.headers.get("Content-Range", "").partition(" ")
+    first = span.split("-", 1)[0]
+    return int(first) if unit == "bytes" and first.isdigit() else None
 
 
-def _counted(chunks: Iterator[bytes], on_bytes: Callable[[int], None] | None) -> Iterator[bytes]:
-    for chunk in chunks:
-        if on_bytes is not None:
-            on_bytes(len(chunk))
-        yield chunk
+class _Sink:
+    """Where a download's body goes: zstd decoded when it is zstd (``StreamDecoder``), its first line checked
+    (``FirstLineCheck``), written through ``AtomicNdjsonWriter`` (temporary name, renamed when complete), which
+    checks every line. Fed across connections; ``finish`` or ``discard`` ends it."""
+
+    def __init__(self, url: str, dest: Path, level: CompressionLevel | None, max_line_bytes: int, size: int | None):
+        self._dest = dest
+        self._decoder = StreamDecoder(display_url(url))
+        self._first_line = FirstLineCheck(url, max_line_bytes)
+        self._writer = AtomicNdjsonWriter(dest, level, max_line_bytes, source=display_url(url), expected_size=size)
+        self._writer.__enter__()  # left by finish or discard: a sink spans attempts, no ``with`` block
+
+    def write(self, chunk: bytes) -> None:
+        for data in self._decoder.feed(chunk):
+            self._write_checked(data)
+
+    def finish(self) -> FileStats:
+        for data in self._decoder.finish():
+            self._write_checked(data)
+        for data in self._first_line.finish():
+            self._write(data)
+        self._writer.__exit__(None, None, None)
+        assert self._writer.stats is not None
+        return self._writer.stats
+
+    def discard(self) -> None:
+        self._writer.discard()
+
+    def _write_checked(self, data: bytes) -> None:
+        for checked in self._first_line.feed(data):
+            self._write(checked)
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self._writer.write(data)
+        except OSError as exc:
+            raise DownloadError(
+                f"writing {self._dest} failed: {exc}; free space or fix permissions, then run continue"
+            ) from exc
 
 
-def checked_ndjson(chunks: Iterator[bytes], url: str, max_line_bytes: int) -> Iterator[bytes]:
-    """Pass the body through once its first non-empty line has proved to be a JSON object.
+class FirstLineCheck:
+    """Holds the body back until its first non-empty line has proved to be a JSON object (an HTML page or another
+    answer that is no NDJSON must not be saved), then passes everything on (``feed``, then ``finish``).
 
-    Blank data before it pass on at once (the writer limits them), and a first line longer than ``max_line_bytes``
-    is passed on unchecked, as it is (no copy): the writer reports it as too long.
+    Blank data before the first line pass on at once (the writer limits them), and a first line longer than
+    ``max_line_bytes`` is passed on unchecked, as it is (no copy): the writer reports it as too long.
     """
-    pending = bytearray()
-    content_at = -1
-    for chunk in chunks:
+
+    def __init__(self, url: str, max_line_bytes: int):
+        self._url, self._max_line_bytes = url, max_line_bytes
+        self._pending: bytearray | None = bytearray()  # None once the first line is checked
+        self._content_at = -1
+
+    def feed(self, chunk: bytes) -> Iterator[bytes]:
+        pending = self._pending
+        if pending is None:
+            yield chunk
+            return
         searched = len(pending)
         pending += chunk
-        if content_at < 0:
-            content_at = first_non_blank(pending, searched)
-            if content_at == len(pending):
-                content_at = -1
+        if self._content_at < 0:
+            self._content_at = first_non_blank(pending, searched)
+            if self._content_at == len(pending):
+                self._content_at = -1
                 yield bytes(pending)
                 pending.clear()
-                continue
-        if pending.find(b"\n", max(searched, content_at)) >= 0:
-            break
-        if len(pending) > max_line_bytes:
+                return
+        if pending.find(b"\n", max(searched, self._content_at)) >= 0:
+            yield from self.finish()
+        elif len(pending) > self._max_line_bytes:
+            self._pending = None
             yield pending  # a bytearray, not copied: the writer takes any bytes-like chunk
-            yield from chunks
+
+    def finish(self) -> Iterator[bytes]:
+        pending, self._pending = self._pending, None
+        if not pending:
             return
-    if content_at >= 0:
-        _check_first_line(bytes(pending[content_at:]).split(b"\n", 1)[0], url)
-    yield bytes(pending)
-    yield from chunks
+        if self._content_at >= 0:
+            _check_first_line(bytes(pending[self._content_at :]).split(b"\n", 1)[0], self._url)
+        yield bytes(pending)
 
 
 def _check_first_line(line: bytes, url: str) -> None:

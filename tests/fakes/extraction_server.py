@@ -32,7 +32,8 @@ Switches (``ExtractionServerState`` fields; see the comments there)
     faults       response_delay, omit_content_location, status_unavailable_polls (503 storm),
                  fail_next_status (500), fail_jobs + failure_diagnostics, empty_output ("with_issues"|
                  "without_issues"), job_issues, file_not_ready_probes, head_status (405|403),
-                 stall_downloads/stall_after_bytes/stall_seconds, reset_downloads/reset_after_bytes, delete_fails,
+                 stall_downloads/stall_after_bytes/stall_seconds, reset_downloads/reset_after_bytes, faults_on_ranges
+                 (stalls and resets hit ranged GETs too), ignore_ranges (200 and the whole file), delete_fails,
                  move_version_on_put (next N priority PUTs meet a version that just moved on: 409/412),
                  url_userinfo ("user:pw" in Content-Location, the manifest's request and file URLs),
                  extra_output_entries (N more manifest outputs, streamed chunked without Content-Length)
@@ -253,11 +254,15 @@ class ExtractionFilesHandler(BaseHTTPRequestHandler):
         path = materialize(state, job, name)
         size = path.stat().st_size
         content_type = _CONTENT_TYPES.get(Path(name).suffix, "application/octet-stream")
+        ranged = None if state.ignore_ranges else ranged
         span = _parse_range(ranged, size) if ranged else (0, size - 1)
         if span is None:
             return self.send(416, b"", "text/html", {"Content-Range": f"bytes */{size}"})
         start, end = span
-        headers = {"Accept-Ranges": "bytes", "Last-Modified": self.date_time_string(int(path.stat().st_mtime))}
+        headers = {
+            "Accept-Ranges": "none" if state.ignore_ranges else "bytes",
+            "Last-Modified": self.date_time_string(int(path.stat().st_mtime)),
+        }
         status = 200
         if ranged:
             status, headers["Content-Range"] = 206, f"bytes {start}-{end}/{size}"
@@ -268,7 +273,7 @@ class ExtractionFilesHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(max(end - start + 1, 0)))
         self.end_headers()
         if method == "GET":
-            self._stream(path, start, end - start + 1, faults=not ranged)
+            self._stream(path, start, end - start + 1, faults=not ranged or state.faults_on_ranges)
 
     def _stream(self, path: Path, start: int, length: int, faults: bool) -> None:
         reset_at = self.state.reset_after_bytes if faults and self.state.take("reset_downloads") else None

@@ -182,6 +182,8 @@ class ExtractionServerState:
     stall_seconds: float = 1.0
     reset_downloads: int = 0  # next N full GETs are reset after ``reset_after_bytes``
     reset_after_bytes: int = 1024
+    faults_on_ranges: bool = False  # the stall and reset switches count GETs with a Range too (resumed downloads)
+    ignore_ranges: bool = False  # every GET is answered 200 with the whole file, as by a server without ranges
     delete_fails: bool = False
     move_version_on_put: int = 0  # next N priority PUTs find the version moved on (as when a batch finishes)
     delete_files_after: float = 0.0  # real server: DELETE marks the job deleted, its files vanish later
