@@ -291,6 +291,15 @@ def test_a_fhir_server_dripping_its_answer_is_cut_off_at_the_request_deadline_an
     assert not (tmp_path / "send" / "progress" / "core.ndjson.json").exists()  # the batch is not taken as sent
 
 
+def test_a_fhir_server_dripping_its_headers_is_cut_off_at_the_request_deadline(fhir_fake, tmp_path):
+    fhir_fake.state.drip_header_seconds = 0.3
+    started = time.monotonic()
+    with pytest.raises(StepError, match=r"could not be sent: .*no complete answer within 1 s, the deadline of one"):
+        send_to(fhir_fake, tmp_path, deadline=timedelta(seconds=1))
+    assert len(fhir_fake.state.transactions) == 2
+    assert time.monotonic() - started < 15
+
+
 def test_a_fhir_server_answer_over_the_cap_fails_the_batch_without_being_read_whole(fhir_fake, tmp_path):
     fhir_fake.state.answer_padding = 100 * MB
     with pytest.raises(StepError, match="the answer is 100.0 MB, more than the 1.0 MB read from this service; lower"):

@@ -4,12 +4,12 @@ A per-read timeout (``http_timeout``) never cuts off a server that drips its ans
 answer read whole can be larger than memory. So every call a client makes is bounded twice:
 
 - ``Deadline``: the call's whole duration (connect, send, answer). Async clients run the attempt under
-  ``asyncio.timeout`` (``within_deadline``), which also covers a server dripping its headers. Sync clients check
-  it before each piece of the body they send and after each piece of the answer they read, with the per-read
-  timeout as the bound of a silent server (so a deadline there is exact for a dripping body and a silent server,
-  and a server that drips its status line and headers is cut off only by the read timeout). Past the deadline the
-  call fails with a transient ``ServiceError`` that names the limit and the setting (or constant) behind it, and
-  the client layer retries it like any other transient failure.
+  ``asyncio.timeout`` (``within_deadline``). Sync clients check it before each piece of the body they send and
+  after each piece of the answer they read; and since a read blocked on a server that drips its status line and
+  headers cannot be interrupted from its own thread, a sync request opens its own connection (``Connection:
+  close``) whose socket ``Deadline.watch`` shuts down when the deadline passes. Past the deadline the call fails
+  with a transient ``ServiceError`` that names the limit and the setting (or constant) behind it, and the client
+  layer retries it like any other transient failure.
 - ``read_answer`` / ``read_answer_async``: the answer's bytes, refused (a terminal ``ServiceError`` naming the
   size and the limit) as soon as it is known to be larger than the caller's cap: from its Content-Length before
   reading anything, else once the bytes read pass the cap, so at most the cap is ever held. Error answers are read
@@ -21,9 +21,12 @@ Plain Python: no Prefect in here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
@@ -45,11 +48,45 @@ class Deadline:
     def __init__(self, seconds: float, setting: str):
         self.seconds, self.setting = seconds, setting
         self._end = time.monotonic() + seconds
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
 
     def check(self, operation: str, service: str | None) -> None:
         """Raise the deadline's ``ServiceError`` once it has passed."""
-        if time.monotonic() >= self._end:
+        if self.passed():
             raise self.exceeded(operation, service)
+
+    def passed(self) -> bool:
+        return time.monotonic() >= self._end
+
+    def watch(self) -> dict[str, Any]:
+        """The extensions of a sync httpx request that opens its own connection (sent with ``Connection: close``):
+        at the deadline the request's socket is shut down, which ends a read blocked on a server that drips its
+        headers. Call ``release`` when the answer is closed."""
+        self._timer = threading.Timer(max(0.0, self._end - time.monotonic()), self._shut_down)
+        self._timer.daemon = True
+        self._timer.start()
+        return {"trace": self._note_connection}
+
+    def release(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _note_connection(self, event: str, info: dict[str, Any]) -> None:
+        """httpcore's trace hook: keep the socket of each connection the request opens."""
+        if event in ("connection.connect_tcp.complete", "connection.start_tls.complete") and info.get("return_value"):
+            with self._lock:
+                self._sockets.append(info["return_value"].get_extra_info("socket"))
+            if self.passed():
+                self._shut_down()
+
+    def _shut_down(self) -> None:
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def exceeded(self, operation: str, service: str | None) -> ServiceError:
         return ServiceError(

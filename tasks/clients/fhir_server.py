@@ -59,6 +59,8 @@ DEADLINE_SETTING = "REQUEST_DEADLINE of tasks/clients/fhir_server.py, plus 1 s p
 MAX_ANSWER_BYTES = 64 * MB
 """The most of one answer that is read (a transaction-response, a read back); a PUT's answer body is not read."""
 TOO_LARGE_ANSWER_HINT = "lower services.send.batch_size so that each transaction gets a smaller answer"
+OWN_CONNECTION = {"Connection": "close"}
+"""Each call on a connection of its own, which its deadline can shut down (``Deadline.watch``)."""
 _ENTRY_NUMBER = re.compile(r"\bentry\s*\[?\s*(\d+)", re.IGNORECASE)
 
 
@@ -206,28 +208,43 @@ class FhirServer:
         content = (
             None if body is None else ReplayableBody(lambda: deadline.pieces(pieces_of(body), operation, SERVICE_NAME))
         )
-        headers = {**REQUEST_HEADERS, **({"Content-Length": str(size)} if size is not None else {})}
+        headers = {**REQUEST_HEADERS, **OWN_CONNECTION, **({"Content-Length": str(size)} if size is not None else {})}
         read_timeout = http_timeout(min(SEND_TIMEOUT, timedelta(seconds=deadline.seconds)))
         request = self._client.http.build_request(
-            method, path, content=content, headers=headers, params=params, timeout=read_timeout
+            method,
+            path,
+            content=content,
+            headers=headers,
+            params=params,
+            timeout=read_timeout,
+            extensions=deadline.watch(),
         )
-        response = self._client.http.send(request, stream=True)
         try:
-            deadline.check(operation, SERVICE_NAME)
-            if response.is_error:
-                error = Answer(response, error_body(response))
-                raise Refused(
-                    error, error_from_response(response, operation=operation, service=SERVICE_NAME, body=error.body)
-                )
-            if not read_answer:
-                return Answer(response, b"")
-            limit, hint = self._max_answer_bytes, TOO_LARGE_ANSWER_HINT
-            return Answer(
-                response,
-                read_bounded(response, limit, operation=operation, service=SERVICE_NAME, hint=hint, deadline=deadline),
-            )
+            response = self._client.http.send(request, stream=True)
+            try:
+                return self._answer(response, deadline, operation, read_answer)
+            finally:
+                response.close()
+        except httpx.TransportError:
+            deadline.check(operation, SERVICE_NAME)  # the deadline shut the connection down
+            raise
         finally:
-            response.close()
+            deadline.release()
+
+    def _answer(self, response: httpx.Response, deadline: Deadline, operation: str, read_answer: bool) -> Answer:
+        deadline.check(operation, SERVICE_NAME)
+        if response.is_error:
+            error = Answer(response, error_body(response))
+            raise Refused(
+                error, error_from_response(response, operation=operation, service=SERVICE_NAME, body=error.body)
+            )
+        if not read_answer:
+            return Answer(response, b"")
+        limit, hint = self._max_answer_bytes, TOO_LARGE_ANSWER_HINT
+        return Answer(
+            response,
+            read_bounded(response, limit, operation=operation, service=SERVICE_NAME, hint=hint, deadline=deadline),
+        )
 
 
 @dataclass(frozen=True)

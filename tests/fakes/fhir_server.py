@@ -16,6 +16,7 @@ resource's id, the body itself is only counted). Fault switches (``FhirFakeState
   servers and proxies do: the ``Authorization`` and ``X-Api-Key`` headers, and a Basic password in plain, base64
   and URL-encoded forms (``echoed_credentials`` lists what a test must not find stored anywhere);
 - ``drip_seconds``: every answer's body goes out one byte every that many seconds (a server that never finishes);
+  ``drip_header_seconds`` the same for its status line and headers (no answer ever starts);
 - ``answer_padding``: a successful answer carries that many extra bytes (whitespace inside the JSON), for tests of
   a client's bound on what it reads.
 
@@ -55,6 +56,7 @@ class FhirFakeState:
     echo_credentials: str | None = None  # "text" or "outcome"
     echo_status: int = 401
     drip_seconds: float = 0.0
+    drip_header_seconds: float = 0.0
     answer_padding: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
     applied: Counter = field(default_factory=Counter)  # Type/id or POST tag -> times a transaction applied it
@@ -66,7 +68,7 @@ class FhirFakeState:
             self.unavailable = self.reset_mid_response = 0
             self.fail_entry, self.fail_entry_once, self.oauth = None, False, None
             self.echo_credentials, self.echo_status = None, 401
-            self.drip_seconds, self.answer_padding = 0.0, 0
+            self.drip_seconds, self.drip_header_seconds, self.answer_padding = 0.0, 0.0, 0
             self.requests.clear()
             self.applied.clear()
             self.put_bytes.clear()
@@ -225,6 +227,8 @@ class FhirHandler(BaseHTTPRequestHandler):
     def _send(self, status: int, body: dict) -> None:
         data = json.dumps(body).encode()
         padding = self.state.answer_padding if status < 300 else 0
+        if self.state.drip_header_seconds > 0:
+            return self._drip_headers(status, len(data) + padding)
         self.send_response(status)
         self.send_header("Content-Type", FHIR_JSON)
         self.send_header("Content-Length", str(len(data) + padding))
@@ -234,6 +238,14 @@ class FhirHandler(BaseHTTPRequestHandler):
         self.wfile.write(data[:1])
         self._pad(padding)
         self.wfile.write(data[1:])
+
+    def _drip_headers(self, status: int, length: int) -> None:
+        """The status line and headers one byte every ``drip_header_seconds`` (the body never comes)."""
+        head = f"HTTP/1.1 {status} OK\r\nContent-Type: {FHIR_JSON}\r\nContent-Length: {length}\r\n" + "X-Slow: x" * 100
+        for index in range(len(head)):
+            self.wfile.write(head[index : index + 1].encode())
+            self.wfile.flush()
+            time.sleep(self.state.drip_header_seconds)
 
     def _pad(self, size: int) -> None:
         """Whitespace after the answer's opening brace: still the same JSON, only larger."""
