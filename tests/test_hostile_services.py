@@ -352,8 +352,9 @@ def test_flattener_rows_are_streamed_one_line_at_a_time_never_the_whole_answer(f
     assert flattener_fake.state.bytes_written < total / 2
 
 
-def test_a_flattener_dripping_its_rows_is_cut_off_at_the_request_deadline(flattener_fake):
-    flattener_fake.state.drip_byte_seconds = 0.3
+@pytest.mark.parametrize("drip", ["drip_byte_seconds", "drip_header_seconds"], ids=["rows", "headers"])
+def test_a_flattener_dripping_its_answer_is_cut_off_at_the_request_deadline(flattener_fake, drip):
+    setattr(flattener_fake.state, drip, 0.3)
     started = time.monotonic()
     with flattener(flattener_fake) as client:
         service = Flattener(client, deadline=timedelta(seconds=1))

@@ -42,6 +42,8 @@ MAX_METADATA_BYTES = 16 * MB
 """The most of a CapabilityStatement that is read (a full FHIR server's runs to a few hundred KB)."""
 DEADLINE_SETTING = "services.flattening.timeout"
 NOT_A_SERVICE_HINT = "is services.flattening.service_url the flattening service's root?"
+OWN_CONNECTION = {"Connection": "close"}
+"""Each request on a connection of its own, which its deadline can shut down (``Deadline.watch``)."""
 
 
 class FlattenerError(StepError):
@@ -100,7 +102,14 @@ class Flattener:
 
     @contextmanager
     def _answer(
-        self, method: str, path: str, operation: str, *, body: bytes | None = None, **request: Any
+        self,
+        method: str,
+        path: str,
+        operation: str,
+        *,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        **request: Any,
     ) -> Iterator[tuple[httpx.Response, Deadline]]:
         """A 2xx answer whose body is still to be read, and the deadline its reading must keep. Failures before the
         answer starts are retried (``$run`` changes nothing); a failure while it is read is not (rows were taken)."""
@@ -108,14 +117,26 @@ class Flattener:
         def attempt() -> tuple[httpx.Response, Deadline]:
             deadline = Deadline(self._deadline, DEADLINE_SETTING)
             content = None if body is None else deadline.pieces(in_pieces(body), operation, self._service)
-            sent = self.client.http.send(
-                self.client.http.build_request(method, path, content=content, **request), stream=True
+            sent_request = self.client.http.build_request(
+                method,
+                path,
+                content=content,
+                headers={**(headers or {}), **OWN_CONNECTION},
+                extensions=deadline.watch(),
+                **request,
             )
+            try:
+                sent = self.client.http.send(sent_request, stream=True)
+            except httpx.TransportError:
+                deadline.release()
+                deadline.check(operation, self._service)  # the deadline shut the connection down
+                raise
             try:
                 deadline.check(operation, self._service)
                 raise_for_service_status(sent, operation=operation, service=self._service)
             except BaseException:
                 sent.close()
+                deadline.release()
                 raise
             return sent, deadline
 
@@ -124,6 +145,7 @@ class Flattener:
             yield response, deadline
         finally:
             response.close()
+            deadline.release()
 
 
 def answer_lines(response: httpx.Response, deadline: Deadline, operation: str, service: str) -> Iterator[bytes]:
@@ -146,6 +168,7 @@ def answer_lines(response: httpx.Response, deadline: Deadline, operation: str, s
                     "(MAX_ROW_BYTES); the service's answer is not NDJSON rows"
                 )
     except httpx.TransportError as exc:
+        deadline.check(operation, service)  # the deadline shut the connection down
         raise network_error(exc, operation=operation, service=service) from exc
     if line:
         yield bytes(line)

@@ -13,7 +13,8 @@ Switches on ``FlattenerState``: ``not_a_flattener`` (metadata is a CapabilitySta
 ``fail_next`` (that many ``$run`` calls answer 500), ``max_body_bytes``, ``repeat_rows`` (the answer's rows that
 many times over, generated as sent: an answer larger than memory; ``bytes_written`` counts what went out before
 the client stopped reading, ``streams_ended`` how many such answers ended, written whole or not),
-``drip_byte_seconds`` (one byte of the answer every that many seconds). Every ``$run`` is recorded (``runs``:
+``drip_byte_seconds`` (one byte of the answer every that many seconds; ``drip_header_seconds`` the same for its
+status line and headers). Every ``$run`` is recorded (``runs``:
 resources per request, body size).
 """
 
@@ -74,6 +75,7 @@ class FlattenerState:
     max_body_bytes: int = 100 * 1024 * 1024
     repeat_rows: int = 1
     drip_byte_seconds: float = 0.0
+    drip_header_seconds: float = 0.0
     bytes_written: int = 0
     streams_ended: int = 0
     runs: list[RunRecord] = field(default_factory=list)
@@ -84,6 +86,7 @@ class FlattenerState:
         with self.lock:
             self.not_a_flattener, self.fail_next, self.max_body_bytes = False, 0, 100 * 1024 * 1024
             self.repeat_rows, self.drip_byte_seconds, self.bytes_written, self.streams_ended = 1, 0.0, 0, 0
+            self.drip_header_seconds = 0.0
             self.runs, self.metadata_reads = [], 0
             for name, value in switches.items():
                 setattr(self, name, value)
@@ -130,9 +133,19 @@ class FlattenerHandler(BaseHTTPRequestHandler):
         with self.state.lock:
             self.state.runs.append(RunRecord(len(resources), length, view.get("name")))
         lines = b"".join(json_bytes({k: v for k, v in row.items() if v is not None}) + b"\n" for row in rows)
+        if self.state.drip_header_seconds > 0:
+            return self._drip_headers()
         if self.state.repeat_rows > 1 or self.state.drip_byte_seconds > 0:
             return self._send_streamed(lines)
         self._send(200, "application/x-ndjson", lines)
+
+    def _drip_headers(self) -> None:
+        """The status line and headers one byte every ``drip_header_seconds`` (no row ever comes)."""
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n" + b"X-Slow: x\r\n" * 100
+        for index in range(len(head)):
+            self.wfile.write(head[index : index + 1])
+            self.wfile.flush()
+            time.sleep(self.state.drip_header_seconds)
 
     def _send_streamed(self, lines: bytes) -> None:
         """The rows ``repeat_rows`` times (generated as sent, counted in ``bytes_written`` until the client stops
