@@ -13,7 +13,8 @@ answer (status and body, credentials it quoted back blanked out) so the step can
 Bounds (``tasks.clients.bounds``; services.send has no timeout key, so they are constants): each read waits up to
 ``SEND_TIMEOUT`` (10 minutes); each call has a whole-request deadline of ``REQUEST_DEADLINE`` (10 minutes) plus
 1 s per MB of its body (``SLOWEST_UPLOAD_BYTES_PER_SECOND``), checked as the body goes out and as the answer comes
-in, so a server dripping its answer is cut off; a call past it is a transient failure and retried. At most
+in; each call has a connection of its own, shut down at the deadline, so a server dripping its headers is cut off
+too. A call past its deadline is a transient failure and retried. At most
 ``MAX_ANSWER_BYTES`` (64 MB) of an answer is read, 1 MB of an error answer, none of a PUT's answer.
 """
 

@@ -11,8 +11,9 @@ Wire contract (spec/protocols.md, "Flattening service"):
 ``$run`` computes rows and changes nothing on the server, so it is retried like a read until its answer starts.
 The answer is streamed: rows are parsed one line at a time as they arrive (never the whole answer in memory), each
 line at most ``MAX_ROW_BYTES`` (16 MB). ``services.flattening.timeout`` is the deadline of each whole request, the
-answer's rows included, checked as the body goes out and as the answer comes in (``tasks.clients.bounds``), so a
-server dripping its answer is cut off. Numbers in the answer are read as ``Decimal`` so that they reach the CSV as
+answer's rows included, checked as the body goes out and as the answer comes in, and each request has a connection
+of its own that is shut down at the deadline (``tasks.clients.bounds``), so a server dripping its answer or its
+headers is cut off. Numbers in the answer are read as ``Decimal`` so that they reach the CSV as
 written. Plain Python: no Prefect in here.
 """
 
