@@ -265,6 +265,7 @@ def effective_crtdl(source: Path, settings: Settings) -> EffectiveCrtdl:
     (MAX_CRTDL_BYTES) or too deeply nested file, invalid JSON, a rule that cannot be applied or, with flattening,
     a group name that cannot name its CSV is an error naming the file."""
     from tasks.crtdl_enrichment import EnrichmentError, enrich_crtdl
+    from tasks.sof.crtdl_views import with_group_ids
 
     parsed, data = read_crtdl(source)
     preprocessing = settings.services.crtdl_preprocessing
@@ -274,11 +275,13 @@ def effective_crtdl(source: Path, settings: Settings) -> EffectiveCrtdl:
             enriched, warnings = enrich_crtdl(parsed, preprocessing.rules)
         except EnrichmentError as exc:
             raise JobError(f"{source}: {exc}") from exc
+    enriched = with_group_ids(enriched)
     if settings.pipeline.has_step("flattening"):
         refuse_unusable_group_names(source, enriched)
     if enriched is parsed:
         return EffectiveCrtdl(CRTDL_NAME, data, [])
-    return EffectiveCrtdl(ENRICHED_CRTDL_NAME, (json.dumps(enriched, indent=2) + "\n").encode(), warnings)
+    name = ENRICHED_CRTDL_NAME if preprocessing.enabled and preprocessing.rules else CRTDL_NAME
+    return EffectiveCrtdl(name, (json.dumps(enriched, indent=2) + "\n").encode(), warnings)
 
 
 def read_crtdl(source: Path) -> tuple[dict, bytes]:

@@ -27,6 +27,7 @@ from tasks.errors import DupflowError
 from tasks.flattening import flatten_paths, plan_views
 from tasks.layout import name_from_data_problem
 from tasks.ndjson import UnsafeNameError, output_name
+from tasks.sof.crtdl_views import generated_group_id
 from tasks.sof.lookup import lookup_problems
 from tests.conftest import REPO_ROOT, TESTDATA, run_cli
 from tests.fakes.extraction_content import ContentPlan, patient_bundle
@@ -169,13 +170,21 @@ def test_a_result_file_name_that_breaks_the_rule_is_refused_before_download(segm
 # --- item 17a: attribute groups without an id -----------------------------------------------------------------
 
 
-def test_groups_without_an_id_are_routed_by_the_id_the_extraction_server_gives_them(tmp_path):
+def test_groups_without_an_id_get_one_in_the_jobs_crtdl_that_extraction_and_flattening_share(tmp_path):
+    """TORCH requires a group id and names the group by it in its Provenance: the job's CRTDL (the one submitted
+    and the one flattening plans from) carries a generated id for each group written without one."""
     crtdl = example_crtdl()
     for group in crtdl["dataExtraction"]["attributeGroups"]:
         del group["id"]
-    crtdl_path = tmp_path / "crtdl.json"
-    crtdl_path.write_text(json.dumps(crtdl))
+    given = tmp_path / "given-crtdl.json"
+    given.write_text(json.dumps(crtdl))
+    config = write_config(tmp_path)
+    prepared = prepare_job(None, str(config), str(given), {}, overrides_source="--set")
+    crtdl_path = prepared.paths.job_dir / "crtdl.json"
+    job_groups = json.loads(crtdl_path.read_text())["dataExtraction"]["attributeGroups"]
+    assert [g["id"] for g in job_groups] == [generated_group_id(g) for g in crtdl["dataExtraction"]["attributeGroups"]]
     served = fake_server_parse_crtdl(crtdl_path.read_bytes())
+    assert [g.id for g in served.groups] == [g["id"] for g in job_groups]
     job = Job(
         id=str(uuid.uuid4()),
         seq=1,

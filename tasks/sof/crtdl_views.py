@@ -11,10 +11,12 @@ Sibling slices of one element (``Condition.code.coding:icd10-gm``, ``…:sct``) 
 parent, each a ``forEachOrNull``: a slice that matches nothing gives nulls, so a coding yields one row with its
 slice's columns filled (the expected CSVs of shared/testdata/flattening/example show this shape).
 
-Names. A group without an ``id`` is known by the id its Provenance carries: ``generated-`` and the first
-GENERATED_ID_HEX_DIGITS hex digits of the SHA-256 of the group's JSON (keys sorted), the id the extraction server
-derives (see the fake in tests/fakes/extraction_crtdl.py and the ``generated-86a1da51`` group in the real TORCH batch
-of shared/testdata/extraction/example-result); a group without a ``name`` is named by its id. The CSV and the saved
+Names. TORCH requires an ``id`` on every attribute group (its Provenance names the group by it). A group written
+without one is given ``generated-`` and the first GENERATED_ID_HEX_DIGITS hex digits of the SHA-256 of the group's
+JSON (keys sorted) in the job's own CRTDL (``with_group_ids``, when the job starts), so the extraction server
+receives that id and flattening looks for the same one; a group without a ``name`` is named by its id. Data
+extracted elsewhere from a CRTDL without ids cannot be routed by the id: flattening then fails, naming the ids
+the Provenance carries. The CSV and the saved
 ViewDefinition are named after the group: the characters ``/ \\ : * ? " < > |`` become ``_``, and a name that then
 still breaks ``tasks.layout.name_from_data_problem`` (a control or bidi character, ``..``, too long), or two groups
 whose files would share a name, are refused when the job starts (``group_name_problems``).
@@ -107,8 +109,22 @@ def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
     return groups
 
 
+def with_group_ids(crtdl: dict[str, Any]) -> dict[str, Any]:
+    """``crtdl`` itself when every attribute group has an id; else a copy in which each group without one has its
+    ``generated_group_id``."""
+    extraction = crtdl.get("dataExtraction")
+    groups = extraction.get("attributeGroups") if isinstance(extraction, dict) else None
+    if not isinstance(groups, list) or all(not isinstance(g, dict) or g.get("id") for g in groups):
+        return crtdl
+    completed = copy.deepcopy(crtdl)
+    for group in completed["dataExtraction"]["attributeGroups"]:
+        if isinstance(group, dict) and not group.get("id"):
+            group["id"] = generated_group_id(group)
+    return completed
+
+
 def generated_group_id(group: dict[str, Any]) -> str:
-    """The id the extraction server's Provenance gives a CRTDL group written without one."""
+    """The id a CRTDL group written without one gets in the job's CRTDL (and so in the Provenance)."""
     digest = hashlib.sha256(json.dumps(group, sort_keys=True).encode()).hexdigest()
     return GENERATED_ID_PREFIX + digest[:GENERATED_ID_HEX_DIGITS]
 
