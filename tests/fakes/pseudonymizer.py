@@ -73,6 +73,8 @@ fhirPathRules:
     method: cryptoHash
   - path: nodesByType('Reference').reference
     method: cryptoHash
+  - path: Provenance.entity
+    method: keep
   - path: nodesByType('Identifier').value
     method: cryptoHash
   - path: nodesByType('HumanName')
@@ -82,7 +84,9 @@ fhirPathRules:
   - path: nodesByType('ContactPoint')
     method: redact
 """
-"""The server's own config, used for bare-resource requests (like the file the real service reads at start)."""
+"""The server's own config, used for bare-resource requests (like the file the real service reads at start). It keeps
+``Provenance.entity`` as the MII configuration does (shared/testdata/pseudonymizer/anonymization.yaml): TORCH names
+the attribute group there, and flattening routes by it."""
 
 
 class ConfigError(ValueError):
