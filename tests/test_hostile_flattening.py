@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 import tracemalloc
 from itertools import islice
 from pathlib import Path
@@ -32,6 +31,7 @@ from tasks.sof.fhirpath import MAX_EXPRESSION_DEPTH, MAX_REPEAT_ELEMENTS, FhirPa
 from tasks.sof.resources import ResourceLineError, parse_line
 from tasks.sof.view import MAX_ROWS_PER_RESOURCE, MAX_SELECT_DEPTH, ViewEvaluationError
 from tests.conftest import REPO_ROOT, TESTDATA
+from tests.peak_rss import run_measured
 from tests.fakes.flattener import start_flattener
 
 EXAMPLE = TESTDATA / "flattening" / "example"
@@ -159,7 +159,7 @@ def test_more_rows_than_the_limit_is_an_error_naming_view_and_resource() -> None
 
 CHILD_FLATTENING = textwrap.dedent(
     """
-    import json, resource, sys
+    import json, sys
     from pathlib import Path
     from tasks.flattening import FlatteningError, flatten_paths, plan_views
 
@@ -170,8 +170,7 @@ CHILD_FLATTENING = textwrap.dedent(
         error = None
     except FlatteningError as exc:
         error = str(exc)
-    peak_kb = max(resource.getrusage(who).ru_maxrss for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    print(json.dumps({"error": error, "peak_mb": peak_kb / 1024}))
+    print(json.dumps({"error": error}))
     """
 )
 
@@ -182,18 +181,19 @@ def test_a_condition_with_60_codings_per_slice_ends_in_bounded_memory_with_a_cle
     assert source.stat().st_size < 20_000  # the issue's 15 KB resource: 60**4 = 12,960,000 rows
     out = tmp_path / "out"
 
-    child = subprocess.run(
-        [sys.executable, "-c", CHILD_FLATTENING, str(source), str(out), str(EXAMPLE_CRTDL), str(LOOKUP)],
-        cwd=REPO_ROOT,
-        env=CHILD_ENV,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    with (tmp_path / "stdout.txt").open("wb") as stdout, (tmp_path / "stderr.txt").open("wb") as stderr:
+        child = run_measured(
+            [sys.executable, "-c", CHILD_FLATTENING, str(source), str(out), str(EXAMPLE_CRTDL), str(LOOKUP)],
+            timeout=300,
+            cwd=REPO_ROOT,
+            env=CHILD_ENV,
+            stdout=stdout,
+            stderr=stderr,
+        )
 
-    assert child.returncode == 0, child.stderr
-    report = json.loads(child.stdout.splitlines()[-1])
-    assert report["peak_mb"] < 400, report
+    assert child.returncode == 0, (tmp_path / "stderr.txt").read_text()
+    report = json.loads((tmp_path / "stdout.txt").read_text().splitlines()[-1])
+    assert child.peak_mb < 400, (child, report)
     assert report["error"] is not None
     assert "Diagnosis.csv: view 'Diagnosis', Condition/c-13-million-rows" in report["error"]
     assert f"more than {MAX_ROWS_PER_RESOURCE:,} rows" in report["error"]
@@ -409,20 +409,13 @@ def test_view_run_over_two_sibling_foreach_of_100k_codings_streams_and_stops_at_
     }
     command = view_cli(tmp_path, view, [observation], "--format", "csv")
     with (tmp_path / "rows.csv").open("wb") as rows, (tmp_path / "stderr.txt").open("wb") as errors:
-        child = subprocess.Popen(command, cwd=REPO_ROOT, env=CHILD_ENV, stdout=rows, stderr=errors)
-        deadline = threading.Timer(300, child.kill)
-        deadline.start()
-        try:
-            _, status, usage = os.wait4(child.pid, 0)  # the child's own peak RSS, not every child's of this process
-        finally:
-            deadline.cancel()
-        child.returncode = os.waitstatus_to_exitcode(status)
+        child = run_measured(command, timeout=300, cwd=REPO_ROOT, env=CHILD_ENV, stdout=rows, stderr=errors)
 
     stderr = (tmp_path / "stderr.txt").read_text()
     assert child.returncode == 1, stderr
     assert "view 'pairs', Observation/o-wide" in stderr and f"more than {MAX_ROWS_PER_RESOURCE:,} rows" in stderr
     assert sum(1 for _ in (tmp_path / "rows.csv").open("rb")) == 1 + MAX_ROWS_PER_RESOURCE
-    assert usage.ru_maxrss < 400 * 1024, f"peak RSS {usage.ru_maxrss / 1024:.0f} MB"
+    assert child.peak_mb < 400, f"peak RSS {child.peak_mb:.0f} MB"
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,8 @@
 """Hostile streams and files (issue 22): decompression bombs, import folders holding things that are no files, and
 downloads broken in the middle of the body.
 
-Memory bounds are measured on a child process (its peak RSS from ``os.wait4``, which covers the processes under it
-too), so that nothing the test process holds counts.
+Memory bounds are measured on a child process started by a small launcher (tests/peak_rss.py: its peak RSS covers
+the processes under it too), so that nothing the test process holds counts.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 from pathlib import Path
 
 import pytest
@@ -35,6 +34,7 @@ from tasks.ndjson import (
 )
 from tests.conftest import REPO_ROOT
 from tests.fakes.extraction_server import start_extraction_server
+from tests.peak_rss import run_measured
 from tests.steps import step_input
 from tests.test_job_hardening import walk_as_nobody
 
@@ -66,27 +66,22 @@ def bombs(tmp_path_factory) -> dict[str, Path]:
 
 
 def peak_rss_mb_of(code: str) -> tuple[float, str]:
-    """Run ``code`` in a child Python: its peak RSS (the largest of it and the processes it waited for, from
-    ``os.wait4``) and its output. A child still running after ``CHILD_DEADLINE`` seconds is killed (the test fails)."""
+    """Run ``code`` in a child Python: its peak RSS (the largest of it and the processes it waited for, see
+    tests/peak_rss.py) and its output. A child still running after ``CHILD_DEADLINE`` seconds is killed (the test
+    fails)."""
     with tempfile.TemporaryFile() as output:
-        child = subprocess.Popen(
+        child = run_measured(
             [sys.executable, "-c", textwrap.dedent(code)],
+            timeout=CHILD_DEADLINE,
             cwd=REPO_ROOT,
             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
             stdout=output,
             stderr=subprocess.STDOUT,
         )
-        watchdog = threading.Timer(CHILD_DEADLINE, child.kill)
-        watchdog.start()
-        try:
-            _, status, usage = os.wait4(child.pid, 0)
-        finally:
-            watchdog.cancel()
-        child.returncode = os.waitstatus_to_exitcode(status)
         output.seek(0)
         text = output.read().decode()
     assert child.returncode == 0, f"the child failed ({child.returncode}):\n{text}"
-    return usage.ru_maxrss / 1024, text
+    return child.peak_mb, text
 
 
 # --- item 3: decompression bombs -----------------------------------------------------------------------------
