@@ -339,12 +339,13 @@ class job_logging:
 
 
 def _console_handlers() -> list[logging.Handler]:
-    handlers = []
+    """Every stream handler once, though several loggers may hold it (patched twice, it kept the wrapper)."""
+    handlers: dict[logging.Handler, None] = {}
     for logger in [logging.getLogger(), *(logging.getLogger(n) for n in logging.root.manager.loggerDict)]:
         for handler in getattr(logger, "handlers", []):
             if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-                handlers.append(handler)
-    return handlers
+                handlers[handler] = None
+    return list(handlers)
 
 
 def run_flow(job: JobFile, paths: JobPaths) -> Any:
