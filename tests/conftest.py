@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,14 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory):
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+def wait_until(probe, what: str = "the condition", timeout: float = 60.0) -> None:
+    """Wait for an event (``probe()`` true), never for a fixed time: a loaded machine is slow, not wrong."""
+    deadline = time.monotonic() + timeout
+    while not probe():
+        assert time.monotonic() < deadline, f"not reached within {timeout} s: {what}"
+        time.sleep(0.02)
 
 
 def complete_results(jobs_dir: Path, task: str) -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from tasks.clients.extraction_server import MAX_MANIFEST_BYTES, TASK_PROGRESS_IN
 from tasks.clients.http import ServiceEndpoint, build_client
 from tasks.record import read_facts
 from tasks.url_credentials import CredentialsInUrlError
-from tests.conftest import REPO_ROOT, TESTDATA, run_cli
+from tests.conftest import REPO_ROOT, TESTDATA, run_cli, wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.extraction_server import start_extraction_server
@@ -290,13 +289,6 @@ def test_a_server_without_the_task_api_is_asked_once(sim):
             client.poll_until_complete(client.submit(CRTDL), lambda progress: None)
         task_reads = len(server.state.requests_to("/fhir/Task"))
     assert task_reads == 1
-
-
-def wait_until(probe, what: str, timeout: float = 240.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        assert time.monotonic() < deadline, f"not reached in time: {what}"
-        time.sleep(0.05)
 
 
 # --- item 12: two continue at once --------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from tasks.errors import StepError
 from tasks.ndjson import iter_resources
 from tasks.send import send_resources
 from tasks.validation import validate_path
-from tests.conftest import REPO_ROOT, run_cli
+from tests.conftest import REPO_ROOT, run_cli, wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.fhir_server import start_fhir_fake
 from tests.fakes.flattener import start_flattener
@@ -231,13 +231,6 @@ def validate_chunk(server: LoopbackServer, **options: Any) -> dict[str, Any]:
             return await Validator(client, **options).validate(one_chunk(), "a.ndjson")
 
     return asyncio.run(run())
-
-
-def wait_until(probe, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        assert time.monotonic() < deadline, "the fake did not get there in time"
-        time.sleep(0.05)
 
 
 def test_a_validator_dripping_its_answer_is_cut_off_at_the_request_deadline_and_retried(validator_fake):

@@ -32,7 +32,7 @@ from flows.prefect_server import (
     read_record,
     stop_server,
 )
-from tests.conftest import REPO_ROOT, run_cli
+from tests.conftest import REPO_ROOT, run_cli, wait_until
 from tests.test_prefect_native import (
     FINAL,
     api,
@@ -86,7 +86,7 @@ def test_a_resume_without_confirmation_leaves_the_job_suspended_and_runs_nothing
         )
         assert run["state"]["name"] == "Suspended", (run["state"], run_log(api_url, run_id))
         assert not (job_dir / "pseudonymizer").exists() and running_pseudonymizer.state.requests == []
-        assert "resumed without confirmation" in run_log(api_url, run_id)
+        wait_until(lambda: "resumed without confirmation" in run_log(api_url, run_id), "the warning reached the API")
         inspection = api(api_url, "GET", f"/artifacts/job-{job_id}-inspection/latest")["data"]
         assert "resumed without confirmation" in inspection and str(job_dir / "import_wait") in inspection
         assert json.loads((job_dir / "job.json").read_text())["state"] == "Suspended"

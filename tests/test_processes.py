@@ -15,6 +15,7 @@ import pytest
 
 from tasks import processes
 from tasks.errors import StepError
+from tests.conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 DEADLINE_SECONDS = 30
@@ -43,13 +44,6 @@ def gone(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return True
     return state in ("Z", "X")
-
-
-def wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
 
 
 def children_of(pid: int) -> list[int]:
@@ -96,14 +90,14 @@ def test_shutting_the_pool_down_stops_a_running_worker():
 
     thread = threading.Thread(target=call, daemon=True)
     thread.start()
-    wait_until(processes.worker_pids, "the worker started")
+    wait_until(processes.worker_pids, "the worker started", DEADLINE_SECONDS)
     pids = processes.worker_pids()
 
     processes.shutdown_pool()
 
     thread.join(DEADLINE_SECONDS)
     assert failure and isinstance(failure[0], BrokenProcessPool)
-    wait_until(lambda: all(gone(pid) for pid in pids), "the worker exited")
+    wait_until(lambda: all(gone(pid) for pid in pids), "the worker exited", DEADLINE_SECONDS)
 
 
 def test_workers_exit_by_themselves_when_their_parent_is_killed():
@@ -117,7 +111,9 @@ def test_workers_exit_by_themselves_when_their_parent_is_killed():
     finally:
         parent.send_signal(signal.SIGKILL)
         parent.wait()
-    wait_until(lambda: all(gone(pid) for pid in workers + helpers), "every worker and helper process exited")
+    wait_until(
+        lambda: all(gone(pid) for pid in workers + helpers), "every worker and helper process exited", DEADLINE_SECONDS
+    )
 
 
 def plain_environment() -> dict[str, str]:
@@ -167,7 +163,7 @@ def test_a_pool_broken_while_idle_is_replaced_on_the_next_call():
     pool = processes._pool  # noqa: SLF001 - the pool object whose brokenness is observed
     for pid in processes.worker_pids():
         os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: pool._broken, "the pool noticed its dead worker")  # noqa: SLF001
+    wait_until(lambda: pool._broken, "the pool noticed its dead worker", DEADLINE_SECONDS)  # noqa: SLF001
 
     assert processes.run_in_process(abs, -2) == 2
     assert processes._pool is not pool  # noqa: SLF001

@@ -7,7 +7,6 @@ import json
 import shutil
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from tasks.pseudonymizer import (
     read_anonymization_config,
     window_size,
 )
-from tests.conftest import run_cli
+from tests.conftest import run_cli, wait_until
 from tests.fakes._server import LoopbackServer
 from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
 from tests.test_pseudonymizer_client import (
@@ -58,13 +57,6 @@ def run_file(
             )
 
     return asyncio.run(run())
-
-
-def wait_until(condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
 
 
 # --- one file ----------------------------------------------------------------------------------------------------
