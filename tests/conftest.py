@@ -64,6 +64,23 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory):
             os.environ[name] = value
 
 
+@pytest.fixture(scope="module")
+def running_flattener():
+    """The fake flattening service, one per test module."""
+    from tests.fakes.flattener import start_flattener
+
+    server = start_flattener()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def flattener_fake(running_flattener):
+    """The module's fake flattening service, reset for this test."""
+    running_flattener.state.reset()
+    return running_flattener
+
+
 def wait_until(probe, what: str = "the condition", timeout: float = 60.0) -> None:
     """Wait for an event (``probe()`` true), never for a fixed time: a loaded machine is slow, not wrong."""
     deadline = time.monotonic() + timeout

@@ -27,26 +27,12 @@ from tasks.flattening import (
 )
 from tasks.sof.crtdl_views import csv_file_name
 from tests.conftest import TESTDATA
-from tests.fakes.flattener import start_flattener
 
 EXAMPLE = TESTDATA / "flattening" / "example"
 LOOKUP = TESTDATA / "flattening" / "flatten-lookup.json"
 TORCH_RESULT = TESTDATA / "extraction" / "example-result"
 MB = 1024 * 1024
 EXPECTED = sorted(p.name for p in (EXAMPLE / "expected").iterdir())
-
-
-@pytest.fixture(scope="module")
-def running_flattener():
-    server = start_flattener()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def flattener_fake(running_flattener):
-    running_flattener.state.reset()
-    return running_flattener
 
 
 def open_service(server, **retry: Any) -> ServiceClient:

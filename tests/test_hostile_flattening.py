@@ -32,7 +32,6 @@ from tasks.sof.resources import ResourceLineError, parse_line
 from tasks.sof.view import MAX_ROWS_PER_RESOURCE, MAX_SELECT_DEPTH, ViewEvaluationError
 from tests.conftest import REPO_ROOT, TESTDATA
 from tests.peak_rss import run_measured
-from tests.fakes.flattener import start_flattener
 
 EXAMPLE = TESTDATA / "flattening" / "example"
 EXAMPLE_CRTDL = EXAMPLE / "example-crtdl.json"
@@ -47,19 +46,6 @@ SLICE_SYSTEMS = (
     "http://fhir.de/CodeSystem/bfarm/alpha-id",
     "http://www.orpha.net",
 )
-
-
-@pytest.fixture(scope="module")
-def running_flattener():
-    server = start_flattener()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def flattener_fake(running_flattener):
-    running_flattener.state.reset()
-    return running_flattener
 
 
 def write_ndjson(path: Path, resources: list[dict]) -> Path:

@@ -38,7 +38,6 @@ from tasks.validation import validate_path
 from tests.conftest import REPO_ROOT, run_cli, wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.fhir_server import start_fhir_fake
-from tests.fakes.flattener import start_flattener
 from tests.fakes.oauth import REALM_PATH, OAuthHandler, OAuthState
 from tests.test_job_cli import job_file, only_job_dir
 from tests.test_pseudonymizer_client import pseudonymize
@@ -313,19 +312,6 @@ def test_a_pseudonymizer_answer_over_the_cap_is_refused_without_being_read_whole
 PATIENT_IDS = orjson.dumps(
     {"resourceType": "ViewDefinition", "resource": "Patient", "select": [{"column": [{"name": "id", "path": "id"}]}]}
 )
-
-
-@pytest.fixture(scope="module")
-def running_flattener():
-    server = start_flattener()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def flattener_fake(running_flattener):
-    running_flattener.state.reset()
-    return running_flattener
 
 
 def flattener(server: LoopbackServer, **options: Any) -> ServiceClient:
