@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from tasks.layout import name_from_data_problem
 from tasks.ndjson import UnsafeNameError, output_name
 from tasks.sof.crtdl_views import generated_group_id
 from tasks.sof.lookup import lookup_problems
-from tests.conftest import REPO_ROOT, TESTDATA, run_cli
+from tests.conftest import REPO_ROOT, TESTDATA, run_cli, wait_until
 from tests.fakes.extraction_content import ContentPlan, patient_bundle
 from tests.fakes.extraction_crtdl import parse_crtdl as fake_server_parse_crtdl
 from tests.fakes.extraction_state import Job
@@ -400,10 +399,9 @@ def test_ctrl_c_of_view_run_exits_130_with_one_line_after_the_last_complete_row(
     view = tmp_path / "view.json"
     view.write_text(json.dumps({"resource": "Patient", "select": [{"column": [{"name": "id", "path": "id"}]}]}))
     resources = tmp_path / "patients.ndjson"
-    with open(resources, "w") as out:
-        for i in range(400_000):
-            out.write(f'{{"resourceType":"Patient","id":"p{i}"}}\n')
+    os.mkfifo(resources)  # the input never ends while the test holds it open: the run is surely interrupted mid-way
     rows = tmp_path / "rows.ndjson"
+    sent = 40_000  # more than one read of the input (1 MiB): rows come out while the rest is awaited
     with open(rows, "wb") as stdout:
         process = subprocess.Popen(
             [sys.executable, "-m", "flows.run", "view", "run", str(view), str(resources)],
@@ -412,17 +410,18 @@ def test_ctrl_c_of_view_run_exits_130_with_one_line_after_the_last_complete_row(
             stdout=stdout,
             stderr=subprocess.PIPE,
         )
-        deadline = time.monotonic() + 60
-        while rows.stat().st_size < 10_000 and process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert process.poll() is None, "view run ended before it could be interrupted"
-        process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=60)
+        with open(resources, "w") as feed:  # opens once the command opens its end
+            feed.write("".join(f'{{"resourceType":"Patient","id":"p{i}"}}\n' for i in range(sent)))
+            feed.flush()
+            wait_until(lambda: rows.stat().st_size >= 10_000 or process.poll() is not None, "rows were written")
+            assert process.poll() is None, process.communicate(timeout=60)[1].decode()
+            process.send_signal(signal.SIGINT)
+            _, stderr = process.communicate(timeout=60)
 
     assert process.returncode == 130, stderr.decode()
     assert stderr.decode().strip().splitlines() == ["view run interrupted (Ctrl+C); the rows above are complete"]
     written = rows.read_bytes()
     assert written.endswith(b"\n")
     lines = written.splitlines()
-    assert 0 < len(lines) < 400_000
+    assert 0 < len(lines) <= sent
     assert [json.loads(line)["id"] for line in lines] == [f"p{i}" for i in range(len(lines))]
