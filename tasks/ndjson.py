@@ -131,8 +131,10 @@ def iter_chunks(path: Path) -> Iterator[bytes]:
 
 
 def raw_chunks(path: Path | str) -> Iterator[bytes]:
-    """The bytes of a file as they are on disk, in chunks."""
-    with open(path, "rb") as raw:
+    """The bytes of a file as they are on disk, in chunks. One ``read`` call each (unbuffered): a buffered read of a
+    pipe loops in C until the chunk is full, and a Ctrl+C that came between two of its reads was lost until the
+    writer sent more."""
+    with open(path, "rb", buffering=0) as raw:
         yield from iter(lambda: raw.read(CHUNK_SIZE), b"")
 
 

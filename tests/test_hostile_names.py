@@ -401,7 +401,7 @@ def test_ctrl_c_of_view_run_exits_130_with_one_line_after_the_last_complete_row(
     resources = tmp_path / "patients.ndjson"
     os.mkfifo(resources)  # the input never ends while the test holds it open: the run is surely interrupted mid-way
     rows = tmp_path / "rows.ndjson"
-    sent = 40_000  # more than one read of the input (1 MiB): rows come out while the rest is awaited
+    sent = 40_000
     with open(rows, "wb") as stdout:
         process = subprocess.Popen(
             [sys.executable, "-m", "flows.run", "view", "run", str(view), str(resources)],
