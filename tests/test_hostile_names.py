@@ -395,6 +395,25 @@ def test_view_run_with_5000_nested_selects_exits_2_with_one_clear_line(tmp_path)
     assert line == f"view run: {view} is nested too deeply (more than 128 levels); fix the file"
 
 
+def sigint_as_in_a_terminal() -> None:
+    """In the child before it starts: SIGINT handled by default and not blocked, whatever the test worker set."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+
+
+def interrupt(process: subprocess.Popen) -> bytes:
+    """Ctrl+C, pressed again while the command has not stopped 10 s later (a signal that lands just before a
+    blocking read is seen only when the read returns); the command's stderr."""
+    for _ in range(6):
+        process.send_signal(signal.SIGINT)
+        try:
+            return process.communicate(timeout=10)[1]
+        except subprocess.TimeoutExpired:
+            continue
+    process.kill()
+    raise AssertionError("view run did not stop on Ctrl+C")
+
+
 def test_ctrl_c_of_view_run_exits_130_with_one_line_after_the_last_complete_row(tmp_path):
     view = tmp_path / "view.json"
     view.write_text(json.dumps({"resource": "Patient", "select": [{"column": [{"name": "id", "path": "id"}]}]}))
@@ -409,16 +428,14 @@ def test_ctrl_c_of_view_run_exits_130_with_one_line_after_the_last_complete_row(
             env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"},
             stdout=stdout,
             stderr=subprocess.PIPE,
+            preexec_fn=sigint_as_in_a_terminal,
         )
         with open(resources, "w") as feed:  # opens once the command opens its end
             feed.write("".join(f'{{"resourceType":"Patient","id":"p{i}"}}\n' for i in range(sent)))
             feed.flush()
             wait_until(lambda: rows.stat().st_size >= 10_000 or process.poll() is not None, "rows were written")
             assert process.poll() is None, process.communicate(timeout=60)[1].decode()
-            # Ctrl+C in a terminal reaches the writer of a pipe too, which then closes it: a signal that lands just
-            # before the reader's blocking read (a window no program can close) is handled when that read returns.
-            process.send_signal(signal.SIGINT)
-        _, stderr = process.communicate(timeout=60)
+            stderr = interrupt(process)
 
     assert process.returncode == 130, stderr.decode()
     assert stderr.decode().strip().splitlines() == ["view run interrupted (Ctrl+C); the rows above are complete"]
