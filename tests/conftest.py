@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from flows.prefect_server import free_port
 
@@ -28,6 +29,36 @@ def no_caller_app_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     """No test depends on the caller's APP_* variables (they would override every configuration under test)."""
     for name in [name for name in os.environ if name.startswith("APP_")]:
         monkeypatch.delenv(name)
+
+
+FAST_RETRY = {"initial_backoff_ms": 1, "max_backoff_ms": 5}
+
+
+@pytest.fixture
+def write_config(tmp_path: Path):
+    """The one way a test writes a configuration file: YAML dumped from a dict tree (the YAML tree of the spec).
+
+    ``write_config({"pipeline": {"enabled_steps": ["local_import"]}, ...})`` writes ``tmp_path/config.yaml`` (or
+    ``path``) and returns its path. ``jobs_dir`` defaults to ``tmp_path/jobs``; pass ``jobs_dir=None`` to leave the
+    key out. Paths anywhere in the tree may be ``Path`` objects.
+    """
+
+    def write(tree: dict, path: Path | str | None = None, *, jobs_dir: Path | str | None = tmp_path / "jobs") -> Path:
+        target = Path(path) if path is not None else tmp_path / "config.yaml"
+        document = {"jobs_dir": jobs_dir, **tree} if jobs_dir is not None and "jobs_dir" not in tree else tree
+        target.write_text(yaml.safe_dump(plain(document), sort_keys=False), encoding="utf-8")
+        return target
+
+    return write
+
+
+def plain(value):
+    """``value`` with every ``Path`` as a string, so ``yaml.safe_dump`` takes it."""
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(item) for item in value]
+    return str(value) if isinstance(value, Path) else value
 
 
 @pytest.fixture(scope="session", autouse=True)
