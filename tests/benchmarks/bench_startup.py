@@ -2,7 +2,7 @@
 
 Run on demand (not collected by pytest):
 
-    python -m tests.benchmarks.bench_startup [--runs 5]
+    python -m tests.benchmarks.bench_startup [--runs 5] [--against REV]
 
 Each measurement is ``python -m flows.run start --no-progress`` (the embedded default job on the bundled
 sample data) in a fresh child process, in a temporary PREFECT_HOME and jobs directory, without
@@ -20,6 +20,11 @@ the steadier one; the load average is printed too). Then the memory of the warm 
 RSS (its own rusage), the server's peak RSS (VmHWM of the server and any child), and their sum. Last, whether
 the server kept every flow run and task run of the warm jobs (task runs reach it as events after the command
 has exited). The server is stopped at the end.
+
+``--against REV`` (e.g. ``91120ab``) compares instead: the tree of that commit (``git archive``, run with this
+checkout's environment) and this tree start the same tiny job in turn, A then B, against the same running server
+(warm) and with the server stopped (cold), so both see the same machine load; the figures of both and their ratio
+are printed side by side.
 
 The project's own modules are byte-compiled first: these machines set PYTHONDONTWRITEBYTECODE=1, so without
 that every command would compile them from source (0.2 s), which no ordinary installation does after its first
@@ -51,18 +56,26 @@ RECORDS_TIMEOUT = 60.0
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs of the cold and warm cases")
-    runs = parser.parse_args().runs
+    parser.add_argument("--against", metavar="REV", help="compare with the tree of this commit, run by run")
+    args = parser.parse_args()
     os.environ.pop("PREFECT_API_URL", None)  # this process's ensure_server must find the local server too
-    for package in PROJECT_PACKAGES:
-        compileall.compile_dir(REPO_ROOT / package, quiet=1)
+    compile_tree(REPO_ROOT)
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as scratch:
         home = Path(scratch) / "prefect-home"
         env = clean_environment(home, Path(scratch) / "jobs")
         print(f"load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
         try:
-            measure(env, home, runs)
+            if args.against:
+                compare(env, home, args.runs, args.against, Path(scratch) / "baseline")
+            else:
+                measure(env, home, args.runs)
         finally:
             stop_server(home)
+
+
+def compile_tree(root: Path) -> None:
+    for package in PROJECT_PACKAGES:
+        compileall.compile_dir(root / package, quiet=1)
 
 
 def measure(env: dict[str, str], home: Path, runs: int) -> None:
@@ -89,6 +102,32 @@ def measure(env: dict[str, str], home: Path, runs: int) -> None:
     report_records(api_url, before, runs + 1)
 
 
+def compare(env: dict[str, str], home: Path, runs: int, revision: str, baseline: Path) -> None:
+    """The tree of ``revision`` (A) and this tree (B), run in turn on the same server and the same load."""
+    baseline.mkdir()
+    archive = subprocess.run(["git", "archive", revision], cwd=REPO_ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(baseline)], input=archive, check=True)
+    compile_tree(baseline)
+    trees = {f"A {revision}": baseline, "B this tree": REPO_ROOT}
+    timed(cli("start", "--no-progress"), env)  # migrates the fresh home; not counted
+    cold: dict[str, list] = {label: [] for label in trees}
+    for _ in range(runs):
+        for label, tree in trees.items():
+            stop_server(home)
+            cold[label].append(timed(cli("start", "--no-progress"), env | {"PYTHONPATH": str(tree)}, cwd=tree))
+    ensure_server(home)
+    timed(cli("start", "--no-progress"), env)  # the server's first job is slower; not counted
+    warm: dict[str, list] = {label: [] for label in trees}
+    for _ in range(runs):
+        for label, tree in trees.items():
+            warm[label].append(timed(cli("start", "--no-progress"), env | {"PYTHONPATH": str(tree)}, cwd=tree))
+    for case, figures in (("cold", cold), ("warm", warm)):
+        for label, measured in figures.items():
+            report(f"{case}, {label}", measured)
+        (a, b) = (statistics.median(wall for wall, _, _ in measured) for measured in figures.values())
+        print(f"{case}: B / A median wall = {b / a:.2f}", flush=True)
+
+
 def clean_environment(home: Path, jobs_dir: Path) -> dict[str, str]:
     """This environment without PREFECT_API_URL and the caller's APP_* settings, in a scratch home and jobs dir."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
@@ -100,12 +139,12 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "flows.run", *args]
 
 
-def timed(command: list[str], env: dict[str, str]) -> tuple[float, float, float]:
+def timed(command: list[str], env: dict[str, str], cwd: Path = REPO_ROOT) -> tuple[float, float, float]:
     """Wall-clock seconds, CPU seconds and peak RSS in MB of the command's own process (os.wait4: this child's
     rusage alone, not a server it starts)."""
     with tempfile.TemporaryFile() as output:
         start = time.perf_counter()
-        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=output, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT)
         _, status, usage = os.wait4(process.pid, 0)
         elapsed = time.perf_counter() - start
         process.returncode = os.waitstatus_to_exitcode(status)
