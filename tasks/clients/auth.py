@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING
 import anyio.to_thread
 import httpx
 
-from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, register_secret, truncate
+from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, truncate
+from tasks.redaction import register_secret
 from tasks.url_credentials import CredentialsInUrlError, refuse_credentials_in_url
 
 if TYPE_CHECKING:

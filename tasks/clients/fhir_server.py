@@ -37,10 +37,10 @@ from tasks.clients.errors import (
     error_body,
     error_from_response,
     operation_outcome_texts,
-    redact,
     truncate,
 )
 from tasks.clients.http import ReplayableBody, ServiceClient, ServiceEndpoint, call_with_retry, http_timeout
+from tasks.redaction import redact
 
 if TYPE_CHECKING:
     from config.settings import RetrySettings, SendSettings, TlsSettings

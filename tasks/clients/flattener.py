@@ -29,7 +29,8 @@ from typing import Any
 import httpx
 
 from tasks.clients.bounds import Deadline, in_pieces, read_answer
-from tasks.clients.errors import network_error, raise_for_service_status, redact
+from tasks.clients.errors import network_error, raise_for_service_status
+from tasks.redaction import redact
 from tasks.clients.http import ServiceClient, call_with_retry
 from tasks.errors import StepError
 

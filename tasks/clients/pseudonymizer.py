@@ -33,7 +33,8 @@ import orjson
 
 from tasks.errors import StepError
 from tasks.clients.bounds import Deadline, read_answer_async, within_deadline
-from tasks.clients.errors import raise_for_service_status_async, redact
+from tasks.clients.errors import raise_for_service_status_async
+from tasks.redaction import redact
 from tasks.clients.http import call_with_retry_async, service_name
 
 if TYPE_CHECKING:

@@ -42,7 +42,8 @@ from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, SSL
 from botocore.exceptions import ConnectionError as BotoConnectionError
 from urllib3.util import make_headers
 
-from tasks.clients.errors import MAX_MESSAGE_CHARS, RedactingFilter, ServiceError, is_transient_status, truncate
+from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, is_transient_status, truncate
+from tasks.redaction import RedactingFilter
 from tasks.layout import write_file_atomically
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ Plain Python: no Prefect in here. Requests go through the client layer (retry of
 Each request has a whole-request deadline, ``REQUEST_DEADLINE`` (10 minutes; the spec has no key for it), and a
 request past it is a transient failure, retried; an answer is read up to ``MAX_ANSWER_BYTES`` (64 MB), and a
 larger one fails the chunk with its size and the limit (``tasks.clients.bounds``). Texts of an answer are redacted
-before they reach a report, log or artifact (``tasks.clients.errors.redact_strings``).
+before they reach a report, log or artifact (``tasks.redaction.redact_strings``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import httpx
 import orjson
 
 from tasks.clients.bounds import Deadline, read_answer_async, within_deadline
-from tasks.clients.errors import raise_for_service_status_async, redact_strings
+from tasks.clients.errors import raise_for_service_status_async
+from tasks.redaction import redact_strings
 from tasks.clients.http import AsyncServiceClient, call_with_retry_async
 from tasks.ndjson import parse_resource
 

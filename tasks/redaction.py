@@ -1,0 +1,109 @@
+"""Redaction: the secret registry and ``redact``, the bottom of the house (imports nothing of dupflow's).
+
+Every text that leaves dupflow (an error message, a log line, a job file, an artifact) passes through ``redact``:
+a service may quote the request back (its ``Authorization`` header, API key or form body) in an error. ``redact``
+removes every secret value registered with ``register_secret`` (by the configuration loader for every configured
+secret, by the OAuth token source for each access token it fetches; also their URL-encoded, JSON-escaped, base64
+and Basic-encoded forms), ``Authorization: …`` values, ``Basic``/``Bearer`` tokens and passwords in URLs.
+``redact_strings`` does it for a parsed JSON answer; ``RedactingFilter`` does it for log records, their traceback
+included (installed here on the ``dupflow.clients`` and ``httpx`` loggers; the job's log handlers use it too).
+
+The configuration (``config.loader``) and the clients (``tasks.clients``) both import this module downward.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import re
+import threading
+from typing import Any
+from urllib.parse import quote, quote_plus
+
+REDACTED = "***"
+MIN_SECRET_CHARS = 4
+"""Shorter values are not registered: replacing every "ab" would garble every message and hide nothing."""
+
+_AUTHORIZATION_VALUE = re.compile(r"(?i)(\b(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)[^\"'\r\n,;}]+")
+_SCHEME_TOKEN = re.compile(r"(?i)\b(basic|bearer)(\s+)([A-Za-z0-9._~+/-]{8,}=*)")
+_URL_USERINFO = re.compile(r"(://)[^/@\s:]*:[^/@\s]*@")
+
+_secrets: set[str] = set()
+_secrets_pattern: re.Pattern[str] | None = None
+_secrets_lock = threading.Lock()
+
+
+def register_secret(value: str) -> None:
+    """Redact ``value`` (and its URL-encoded, JSON-escaped and base64 forms) from every text ``redact`` sees."""
+    global _secrets_pattern
+    if len(value) < MIN_SECRET_CHARS:
+        return
+    encoded = base64.b64encode(value.encode()).decode().rstrip("=")  # unpadded: matches with or without padding
+    forms = {value, quote_plus(value), quote(value, safe=""), json.dumps(value)[1:-1], encoded}
+    with _secrets_lock:
+        if forms <= _secrets:
+            return
+        _secrets.update(forms)
+        ordered = sorted(_secrets, key=len, reverse=True)  # a secret inside a longer one must not split it
+        _secrets_pattern = re.compile("|".join(re.escape(secret) for secret in ordered))
+
+
+def register_basic_credentials(username: str, password: str) -> None:
+    """Register the password and the Basic header token of the pair (an echoed header shows only the token)."""
+    register_secret(password)
+    register_secret(base64.b64encode(f"{username}:{password}".encode()).decode())
+
+
+def _looks_like_token(word: str) -> bool:
+    """A credential rather than prose ("Basic Auth", "Bearer authentication"): digits, symbols or mixed case."""
+    return any(c.isdigit() or c in "+/=._~-" for c in word) or (any(c.isupper() for c in word[1:]))
+
+
+def redact(text: str) -> str:
+    """``text`` without any registered secret, Authorization value, Basic/Bearer token or URL password."""
+    if not text:
+        return text
+    pattern = _secrets_pattern
+    if pattern is not None:
+        text = pattern.sub(REDACTED, text)
+    text = _AUTHORIZATION_VALUE.sub(lambda m: m.group(1) + REDACTED, text)
+    text = _SCHEME_TOKEN.sub(
+        lambda m: m.group(1) + m.group(2) + (REDACTED if _looks_like_token(m.group(3)) else m.group(3)), text
+    )
+    return _URL_USERINFO.sub(rf"\g<1>{REDACTED}@", text)
+
+
+def redact_strings(value: Any) -> Any:
+    """A parsed JSON answer with ``redact`` applied to every string in it (the structure stays valid JSON)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {key: redact_strings(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [redact_strings(item) for item in value]
+    return value
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that passes every record through ``redact``: the message with its arguments, and the
+    traceback (the formatted text is kept on the record, where every handler's formatter takes it from)."""
+
+    _formatter = logging.Formatter()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self._formatter.formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return True
+
+
+for _logger_name in ("dupflow.clients", "httpx"):
+    logging.getLogger(_logger_name).addFilter(RedactingFilter())
