@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any, get_args
 
@@ -506,6 +506,33 @@ def load_settings(
     return LoadedConfig(settings=settings, sources=sources, warnings=warnings)
 
 
+def cached_settings(config_path: str | None, overrides: Mapping[str, str]) -> Settings:
+    """The settings of ``config_path`` plus ``overrides``, loaded once per process and identity.
+
+    The identity is secret-free: the file's path, its modification time and size, and the sorted (non-secret)
+    overrides, so an edited file or ``continue --set`` is loaded afresh, in the flow's process and on a Dask
+    worker alike. Secrets come from the file's ``${VAR}`` and the APP_* environment, read when the settings are
+    loaded; a process's environment is taken as fixed.
+    """
+    return _settings_of_identity(config_path, file_identity(config_path), tuple(sorted(overrides.items())))
+
+
+@lru_cache(maxsize=16)
+def _settings_of_identity(
+    config_path: str | None, file: tuple[int, int] | None, overrides: tuple[tuple[str, str], ...]
+) -> Settings:
+    return load_settings(config_path, overrides=dict(overrides)).settings
+
+
+def file_identity(path: str | None) -> tuple[int, int] | None:
+    """The file's modification time (ns) and size; None for no file (the loader reports a missing one clearly)."""
+    try:
+        status = Path(path).stat() if path else None
+    except OSError:
+        return None
+    return (status.st_mtime_ns, status.st_size) if status else None
+
+
 def _display(value: Any) -> str:
     if value is None:
         return "-"
@@ -592,7 +619,7 @@ def refuse_secret_overrides(overrides: Mapping[str, str], source: str) -> None:
 def register_secrets(settings: Settings) -> None:
     """Hand every configured secret to the client layer's redaction (``tasks.clients.errors.redact``), so a
     service that echoes one back in an error never gets it into a message, log line or record."""
-    from tasks.clients.errors import register_basic_credentials, register_secret
+    from tasks.redaction import register_basic_credentials, register_secret
 
     for path in secret_key_paths():
         if path not in legacy_key_paths():

@@ -1,10 +1,11 @@
 """The step contract: what a step task receives, what it returns, and how its result is cached.
 
 A step is a Prefect task declared with ``@step_task``; its one parameter is a ``StepInput``: small, serializable
-and secret-free (job id and directory, the step's position, its input folder and files, the job's facts). The
-task loads the job's settings itself (``settings_of``), so no secret is ever a task parameter, and returns a
-``StepResult``. Per-file sub-tasks are declared with ``@file_task`` and take the ``StepInput`` plus small values
-(names, paths, digests); they are called through ``commit_each`` so each finished file is recorded at once.
+and secret-free (job id and directory, the step's position, its input folder and files, the job's facts, and
+where its settings come from: the configuration file and the non-secret overrides). The task loads the settings
+itself (``settings_of``), so no secret is ever a task parameter, and returns a ``StepResult``. Per-file sub-tasks
+are declared with ``@file_task`` and take the ``StepInput`` plus small values (names, paths, digests); they are
+called through ``commit_each`` so each finished file is recorded at once.
 
 Caching (resume): the cache key of every step and file task is the path of its result inside the job directory,
 ``<job dir>/.prefect/results/<job id>-<NN>-<step>-<task>-<digest of the inputs>``, declared once on the
@@ -22,7 +23,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import threading
 import time
 from collections.abc import Callable
 from enum import StrEnum
@@ -35,6 +35,7 @@ from prefect.context import TaskRunContext
 from prefect.transactions import CommitMode, transaction
 from pydantic import BaseModel, ConfigDict, Field
 
+from config.loader import cached_settings
 from config.settings import Settings
 from tasks.layout import PREFECT_DIR, artifact_key, step_folder
 from tasks.progress import StepWork, step_progress
@@ -78,6 +79,8 @@ class StepInput(BaseModel):
     folder: str | None = None
     files: list[DataFile] = Field(default_factory=list)
     facts: dict[str, Any] = Field(default_factory=dict)
+    config_path: str | None = None
+    overrides: dict[str, str] = Field(default_factory=dict)
 
     @property
     def job_path(self) -> Path:
@@ -120,8 +123,9 @@ class StepInput(BaseModel):
 
     def cache_identity(self) -> dict[str, Any]:
         """What a step's (and its files') results depend on: its input, not the facts the job learns as it runs
-        (a step that recorded an extraction handle must still find its finished files on ``continue``)."""
-        return self.model_dump(mode="json", exclude={"job_dir", "facts"})
+        (a step that recorded an extraction handle must still find its finished files on ``continue``), nor where
+        its settings come from (``continue --set`` that fixes a cause must not redo the finished files)."""
+        return self.model_dump(mode="json", exclude={"job_dir", "facts", "config_path", "overrides"})
 
 
 class StepResult(BaseModel):
@@ -152,45 +156,11 @@ class StepResult(BaseModel):
 
 # --- settings inside a task ------------------------------------------------------------------------------------
 
-# Per job directory: the settings and what they were loaded from (None: handed over by this process's flow run).
-_settings: dict[str, tuple[tuple | None, Settings]] = {}
-_settings_lock = threading.Lock()
-
-
-def register_settings(job_dir: Path, settings: Settings) -> None:
-    """The flow hands the job's settings to the step tasks of this process (secrets never become parameters)."""
-    with _settings_lock:
-        _settings[str(job_dir)] = (None, settings)
-
 
 def settings_of(step: StepInput) -> Settings:
-    """The job's settings: as the flow loaded them, or (another process, e.g. a Dask worker) from ``job.json``.
-
-    A long-lived worker loads them again when the job's configuration changed since (``continue --set``, an
-    edited configuration file), so "fix the cause and continue" reaches the workers too.
-    """
-    with _settings_lock:
-        source, settings = _settings.get(step.job_dir, (None, None))
-    if settings is not None and source is None:
-        return settings
-    from config.loader import load_settings
-
-    job = json.loads((step.job_path / "job.json").read_text())
-    config_path, overrides = job.get("config_path"), job.get("overrides") or {}
-    current = (config_path, digest(overrides), modified_ns(config_path))
-    if settings is None or source != current:
-        settings = load_settings(config_path, overrides=overrides).settings
-        with _settings_lock:
-            _settings[step.job_dir] = (current, settings)
-    return settings
-
-
-def modified_ns(path: str | None) -> int | None:
-    """When the file was last changed; None for no file (the loader reports a missing one clearly)."""
-    try:
-        return Path(path).stat().st_mtime_ns if path else None
-    except OSError:
-        return None
+    """The job's settings, loaded where the step runs (the flow's process or a Dask worker) from the configuration
+    the step names; cached per secret-free identity, so secrets never travel as task parameters."""
+    return cached_settings(step.config_path, step.overrides)
 
 
 # --- caching ---------------------------------------------------------------------------------------------------

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from config.loader import load_settings
-from tasks.contract import DataFile, StepInput, register_settings
+from tasks.contract import DataFile, StepInput
 
 
 def step_input(
@@ -19,12 +18,10 @@ def step_input(
     position: int = 0,
     **settings: str,
 ) -> StepInput:
-    """A ``StepInput`` for ``job_dir`` whose settings (built-in defaults plus ``settings``, dotted keys with ``__``
-    for ``.``) are registered as the job's, as the flow would do."""
+    """A ``StepInput`` for ``job_dir`` whose settings are the built-in defaults plus ``settings`` (dotted keys with
+    ``__`` for ``.``), handed down as the step's overrides, as the flow does."""
     overrides = {"pipeline.enabled_steps": step, **{key.replace("__", "."): value for key, value in settings.items()}}
-    loaded = load_settings(None, env={}, overrides=overrides)
     job_dir.mkdir(parents=True, exist_ok=True)
-    register_settings(job_dir, loaded.settings)
     return StepInput(
         job_id=job_dir.name,
         job_dir=str(job_dir),
@@ -34,4 +31,5 @@ def step_input(
         folder=folder,
         files=files or [],
         facts=facts or {},
+        overrides=overrides,
     )

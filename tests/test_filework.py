@@ -1,9 +1,9 @@
-"""Per-file work in-process: one file at a time runs in the caller's thread; a worker process (a Dask worker) loads
-the job's settings from ``job.json`` and again when ``continue --set`` or an edited configuration changed them."""
+"""Per-file work in-process: one file at a time runs in the caller's thread; a step (in the flow's process or on a
+Dask worker) loads its settings from the configuration it names, and again when ``continue --set`` or an edited
+configuration changed them."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from pathlib import Path
@@ -33,27 +33,24 @@ def test_several_files_at_once_run_on_worker_threads():
     assert all(thread is not threading.current_thread() for _, thread in outcomes)
 
 
-def write_job_file(job_dir: Path, config: Path, overrides: dict[str, str]) -> None:
-    job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / "job.json").write_text(json.dumps({"config_path": str(config), "overrides": overrides}))
-
-
-def test_a_worker_loads_the_settings_again_when_the_job_or_its_configuration_changed(tmp_path: Path):
-    config = tmp_path / "job.yaml"
-    config.write_text("pipeline:\n  enabled_steps: [local_import]\nretry:\n  max_attempts: 2\n")
-    job_dir = tmp_path / "jobs" / "worker-job"
-    write_job_file(job_dir, config, {})
-    step = StepInput(job_id="worker-job", job_dir=str(job_dir), position=0, step="local_import")
+def test_the_settings_are_loaded_again_when_the_overrides_or_the_configuration_changed(tmp_path: Path, write_config):
+    config = write_config({"pipeline": {"enabled_steps": ["local_import"]}, "retry": {"max_attempts": 2}})
+    step = StepInput(
+        job_id="worker-job",
+        job_dir=str(tmp_path / "jobs" / "worker-job"),
+        position=0,
+        step="local_import",
+        config_path=str(config),
+    )
 
     assert settings_of(step).retry.max_attempts == 2
+    assert settings_of(step) is settings_of(step), "loaded once per identity"
 
-    write_job_file(job_dir, config, {"retry.max_attempts": "4"})  # continue --set retry.max_attempts=4
-    assert settings_of(step).retry.max_attempts == 4
-
-    write_job_file(job_dir, config, {})
+    continued = step.model_copy(update={"overrides": {"retry.max_attempts": "4"}})  # continue --set
+    assert settings_of(continued).retry.max_attempts == 4
     assert settings_of(step).retry.max_attempts == 2
 
     before = config.stat().st_mtime_ns
-    config.write_text("pipeline:\n  enabled_steps: [local_import]\nretry:\n  max_attempts: 3\n")
+    write_config({"pipeline": {"enabled_steps": ["local_import"]}, "retry": {"max_attempts": 3}})
     os.utime(config, ns=(before + 10**9, before + 10**9))  # an edit, even within the file system's clock tick
     assert settings_of(step).retry.max_attempts == 3

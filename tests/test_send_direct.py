@@ -21,7 +21,7 @@ from prefect import flow
 
 from config.settings import Settings
 from tasks.clients.fhir_server import FhirServer
-from tasks.contract import DataFile, StepInput, StepResult, register_settings
+from tasks.contract import DataFile, StepInput, StepResult
 from tasks.errors import StepError
 from tasks.send import (
     SEND_ENTRY_TAG_SYSTEM,
@@ -63,19 +63,18 @@ def fhir_fake(fake):
     return fake
 
 
-def settings_for(url: str, *, basic: bool = True, **send: Any) -> Settings:
-    auth = {"username": USERNAME, "password": PASSWORD} if basic else {}
-    return Settings.model_validate(
-        {
-            "pipeline": {"enabled_steps": ["local_import"]},
-            "services": {"send": {"send_as": "direct_resource_load", "url": url, "auth": auth, **send}},
-            "retry": {"max_attempts": 3, "initial_backoff_ms": 10, "max_backoff_ms": 50},
-        }
-    )
+def send_config(url: str, *, basic: bool = True, password: str = PASSWORD, **send: Any) -> dict[str, Any]:
+    """The configuration tree of a direct send to ``url``."""
+    auth = {"username": USERNAME, "password": password} if basic else {}
+    return {
+        "pipeline": {"enabled_steps": ["local_import"]},
+        "services": {"send": {"send_as": "direct_resource_load", "url": url, "auth": auth, **send}},
+        "retry": {"max_attempts": 3, "initial_backoff_ms": 10, "max_backoff_ms": 50},
+    }
 
 
 def send_file(url: str, source: Path, records: Path, *, batch_size: int = 100, job_id: str = "job-1", **options):
-    settings = settings_for(url, **options)
+    settings = Settings.model_validate(send_config(url, **options))
     with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
         return send_resources(server, source, records, job_id=job_id, batch_size=batch_size, max_line_bytes=16 * MB)
 
@@ -397,13 +396,16 @@ def run_send_step(step: StepInput) -> StepResult:
 
 
 @pytest.mark.slow  # a Prefect test server
-def test_the_step_task_sends_core_first_and_a_second_run_is_served_from_the_job_cache(sekmet, tmp_path, prefect_api):
+def test_the_step_task_sends_core_first_and_a_second_run_is_served_from_the_job_cache(
+    sekmet, tmp_path, prefect_api, write_config, monkeypatch
+):
     prefix = uuid.uuid4().hex[:8]
     resources = generated(30, prefix)
     job_dir = tmp_path / "job"
     core = write_ndjson(job_dir / "import" / "core.ndjson.zst", resources[:3], zstd=True)
     batch = write_ndjson(job_dir / "import" / "batch-1.ndjson", resources[3:])
-    register_settings(job_dir, settings_for(sekmet.url, batch_size=7))
+    monkeypatch.setenv("SEKMET_PASSWORD", PASSWORD)  # the secret stays out of the file, as in production
+    config = write_config(send_config(sekmet.url, password="${SEKMET_PASSWORD}", batch_size=7))
     step = StepInput(
         job_id=f"job-{prefix}",
         job_dir=str(job_dir),
@@ -411,6 +413,7 @@ def test_the_step_task_sends_core_first_and_a_second_run_is_served_from_the_job_
         step="send",
         folder="import",
         files=[DataFile(name=p.name, size=p.stat().st_size, resources=n) for p, n in ((batch, 27), (core, 3))],
+        config_path=str(config),
     )
 
     result = run_send_step(step)

@@ -18,9 +18,8 @@ from typing import Any
 import pytest
 from prefect import flow
 
-from config.loader import load_settings
 from tasks.clients.validator import MB
-from tasks.contract import DataFile, StepInput, StepResult, register_settings
+from tasks.contract import DataFile, StepInput, StepResult
 from tasks.errors import StepError
 from tasks.ndjson import count_resources, iter_resources
 from tasks.validation import validation
@@ -46,16 +45,22 @@ def new_job(jobs: Path, inputs: dict[str, Path]) -> Path:
     return job_dir
 
 
-def step_input(job_dir: Path) -> StepInput:
+def step_input(job_dir: Path, overrides: dict[str, str]) -> StepInput:
     folder = job_dir / "import"
     files = [DataFile(name=p.name, size=p.stat().st_size, resources=count_resources(p, MB)) for p in folder.iterdir()]
     return StepInput(
-        job_id=job_dir.name, job_dir=str(job_dir), position=1, step="validation", folder="import", files=files
+        job_id=job_dir.name,
+        job_dir=str(job_dir),
+        position=1,
+        step="validation",
+        folder="import",
+        files=files,
+        overrides=overrides,
     )
 
 
-def use_settings(job_dir: Path, url: str, fail_on_error: bool, chunk_mb: int = 1, concurrency: int = 4) -> None:
-    overrides = {
+def validation_overrides(url: str, fail_on_error: bool, chunk_mb: int = 1, concurrency: int = 4) -> dict[str, str]:
+    return {
         "pipeline.enabled_steps": "[local_import, validation]",
         "services.validation.url": url,
         "services.validation.fail_on_error": str(fail_on_error).lower(),
@@ -65,12 +70,10 @@ def use_settings(job_dir: Path, url: str, fail_on_error: bool, chunk_mb: int = 1
         "retry.max_backoff_ms": "5",
         "compression.level": "fastest",
     }
-    register_settings(job_dir, load_settings(None, env={}, overrides=overrides).settings)
 
 
 def run_step(job_dir: Path, url: str, fail_on_error: bool, **options: Any) -> StepResult:
-    use_settings(job_dir, url, fail_on_error, **options)
-    return validation_flow(step_input(job_dir))
+    return validation_flow(step_input(job_dir, validation_overrides(url, fail_on_error, **options)))
 
 
 def shared_inputs() -> dict[str, Path]:
@@ -170,11 +173,8 @@ def test_core_is_validated_first(validator_fake, tmp_path):
 
 def test_an_unset_url_fails_the_step_naming_the_key(tmp_path):
     job_dir = new_job(tmp_path / "jobs", {"Patient.ndjson": TESTDATA / "validation" / "Patient.ndjson"})
-    register_settings(
-        job_dir, load_settings(None, env={}, overrides={"pipeline.enabled_steps": "[local_import]"}).settings
-    )
     with pytest.raises(StepError, match="services.validation.url is not set"):
-        validation_flow(step_input(job_dir))
+        validation_flow(step_input(job_dir, {"pipeline.enabled_steps": "[local_import]"}))
 
 
 # --- kill -9 and resume ------------------------------------------------------------------------------------------

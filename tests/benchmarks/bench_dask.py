@@ -10,7 +10,6 @@ apart. Next to them, the physical anchor on the same bytes: the ``zstd`` command
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -84,22 +83,24 @@ def _measure(root: str, source: str) -> dict:
 
 
 def import_step(job_dir: Path, source: str, fresh_output: bool = False) -> float:
-    """The local_import step task on ``source`` into ``job_dir``: seconds. A job.json lets Dask workers load the
-    job's settings, as for a real job; a fresh position per run makes a new cache key (nothing comes Cached)."""
-    from config.loader import load_settings
-    from tasks.contract import StepInput, register_settings
+    """The local_import step task on ``source`` into ``job_dir``: seconds. The step's overrides carry its settings
+    to the Dask workers, as for a real job; a fresh position per run makes a new cache key (nothing comes Cached)."""
+    from tasks.contract import StepInput
     from tasks.local_import import local_import
 
     overrides = {"pipeline.enabled_steps": "local_import", "compression.level": "best"}
     job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / "job.json").write_text(json.dumps({"config_path": None, "overrides": overrides}))
-    register_settings(job_dir, load_settings(None, env={}, overrides=overrides).settings)
     position = len(list(job_dir.glob("run-*")))
     (job_dir / f"run-{position}").touch()
     if fresh_output:
         shutil.rmtree(job_dir / "import", ignore_errors=True)
     step = StepInput(
-        job_id=job_dir.name, job_dir=str(job_dir), position=position, step="local_import", job_input=source
+        job_id=job_dir.name,
+        job_dir=str(job_dir),
+        position=position,
+        step="local_import",
+        job_input=source,
+        overrides=overrides,
     )
     started = time.perf_counter()
     local_import(step)
