@@ -13,7 +13,8 @@ from moto.server import ThreadedMotoServer
 
 from config.settings import AuthSettings, RetrySettings, S3Settings, SendSettings, TlsSettings
 from tasks.clients.errors import ServiceError
-from tasks.clients.http import ReplayableBody, ServiceEndpoint, build_async_client, build_client, request_with_retry
+from tasks.clients.bodies import ReplayableBody
+from tasks.clients.http import ServiceClient, ServiceEndpoint, build_async_client, build_client
 from tasks.clients.s3 import make_s3_client
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState
@@ -195,9 +196,10 @@ def test_a_replayable_body_is_streamed_again_after_a_401_instead_of_being_held_i
 
 def test_a_second_401_after_a_fresh_token_is_reported_not_retried_again(resource, issuer, oauth):
     oauth.expires_in = 0  # every token is dead on arrival at the service
-    with build_client(ServiceEndpoint("svc", resource.base_url, oauth_auth(issuer, oauth)), TLS) as client:
+    endpoint = ServiceEndpoint("svc", resource.base_url, oauth_auth(issuer, oauth))
+    with ServiceClient(endpoint, TLS, RetrySettings()) as client:
         with pytest.raises(ServiceError) as raised:
-            request_with_retry(client, "GET", "/data", retry=RetrySettings(), operation="read data")
+            client.request("GET", "/data", operation="read data")
 
     assert raised.value.status_code == 401 and not raised.value.transient
     assert "invalid or expired token" in raised.value.message
@@ -224,9 +226,9 @@ def test_wrong_client_secret_is_a_terminal_error_that_names_the_client_not_the_s
         oauth_client_id=oauth.client_id,
         oauth_client_secret="wrong-secret-999",
     )
-    with build_client(ServiceEndpoint("svc", resource.base_url, auth), TLS) as client:
+    with ServiceClient(ServiceEndpoint("svc", resource.base_url, auth), TLS, RetrySettings()) as client:
         with pytest.raises(ServiceError) as raised:
-            request_with_retry(client, "GET", "/data", retry=RetrySettings(), operation="read data")
+            client.request("GET", "/data", operation="read data")
 
     error = raised.value
     assert (error.status_code, error.transient, error.service) == (401, False, "oauth")

@@ -11,14 +11,7 @@ import pytest
 
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.errors import ServiceError, parse_retry_after
-from tasks.clients.http import (
-    ServiceEndpoint,
-    build_async_client,
-    build_client,
-    http_timeout,
-    request_with_retry,
-    request_with_retry_async,
-)
+from tasks.clients.http import AsyncServiceClient, ServiceClient, ServiceEndpoint, http_timeout
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply, operation_outcome
 
@@ -50,19 +43,12 @@ def call(
     sleep: FakeSleep,
     *,
     retry: RetrySettings = RETRY,
-    retryable: bool = True,
+    once: bool = False,
     method: str = "GET",
 ):
-    with build_client(ServiceEndpoint("validator", server.base_url), TLS) as client:
-        return request_with_retry(
-            client,
-            method,
-            "/fhir/$validate",
-            retry=retry,
-            operation="validate bundle",
-            retryable=retryable,
-            sleep=sleep,
-        )
+    with ServiceClient(ServiceEndpoint("validator", server.base_url), TLS, retry, sleep=sleep) as client:
+        send = client.request_once if once else client.request
+        return send(method, "/fhir/$validate", operation="validate bundle")
 
 
 def test_transient_5xx_is_retried_with_doubling_backoff(sleep):
@@ -156,7 +142,7 @@ def test_error_bodies_other_than_operation_outcomes_are_not_echoed(sleep):
 def test_never_retry_call_is_attempted_once_even_on_a_transient_error(sleep):
     with serve(Reply(503)) as server:
         with pytest.raises(ServiceError) as raised:
-            call(server, sleep, retryable=False, method="POST")
+            call(server, sleep, once=True, method="POST")
 
         assert len(server.state.requests) == 1
     assert raised.value.transient
@@ -175,8 +161,8 @@ def test_connection_reset_is_retried(sleep):
 def test_read_timeout_is_transient_and_retried(sleep):
     with serve(Reply(delay=0.5)) as server:
         endpoint = ServiceEndpoint("flattener", server.base_url, timeout=http_timeout(timedelta(seconds=0.1)))
-        with build_client(endpoint, TLS) as client:
-            response = request_with_retry(client, "POST", "/$flatten", retry=RETRY, operation="flatten", sleep=sleep)
+        with ServiceClient(endpoint, TLS, RETRY, sleep=sleep) as client:
+            response = client.request("POST", "/$flatten", operation="flatten")
 
         assert response.status_code == 200
         assert len(server.state.requests) == 2
@@ -188,9 +174,9 @@ def test_unreachable_service_ends_as_a_transient_network_error(sleep):
         placeholder.bind(("127.0.0.1", 0))
         port = placeholder.getsockname()[1]
     retry = RetrySettings(max_attempts=3, initial_backoff_ms=100, max_backoff_ms=1000)
-    with build_client(ServiceEndpoint("extractor", f"http://127.0.0.1:{port}"), TLS) as client:
+    with ServiceClient(ServiceEndpoint("extractor", f"http://127.0.0.1:{port}"), TLS, retry, sleep=sleep) as client:
         with pytest.raises(ServiceError) as raised:
-            request_with_retry(client, "GET", "/fhir/metadata", retry=retry, operation="poll", sleep=sleep)
+            client.request("GET", "/fhir/metadata", operation="poll")
 
     error = raised.value
     assert (error.status_code, error.transient, error.operation) == (None, True, "poll")
@@ -205,10 +191,9 @@ def test_async_requests_retry_with_the_same_schedule():
         waits.append(seconds)
 
     async def scenario(base_url: str) -> int:
-        async with build_async_client(ServiceEndpoint("pseudonymizer", base_url), TLS) as client:
-            response = await request_with_retry_async(
-                client, "POST", "/fhir/$de-identify", retry=RETRY, operation="pseudonymize", sleep=fake_sleep, json={}
-            )
+        endpoint = ServiceEndpoint("pseudonymizer", base_url)
+        async with AsyncServiceClient(endpoint, TLS, RETRY, sleep=fake_sleep) as client:
+            response = await client.request("POST", "/fhir/$de-identify", operation="pseudonymize", json={})
             return response.status_code
 
     with serve(Reply(503), Reply(reset=True), Reply(429, {"Retry-After": "0.5"})) as server:

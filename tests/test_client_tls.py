@@ -12,7 +12,7 @@ from moto.server import ThreadedMotoServer
 
 from config.settings import RetrySettings, S3Settings, SendSettings, TlsSettings
 from tasks.clients.errors import ServiceError
-from tasks.clients.http import ServiceEndpoint, build_client, request_with_retry, ssl_verify
+from tasks.clients.http import ServiceClient, ServiceEndpoint, ssl_verify
 from tasks.clients.s3 import make_s3_client
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState
@@ -45,8 +45,8 @@ def https_service(test_ca):
 
 
 def get_metadata(server: LoopbackServer, tls: TlsSettings, sleep=lambda _: None):
-    with build_client(ServiceEndpoint("extractor", server.base_url), tls) as client:
-        return request_with_retry(client, "GET", "/fhir/metadata", retry=RETRY, operation="read metadata", sleep=sleep)
+    with ServiceClient(ServiceEndpoint("extractor", server.base_url), tls, RETRY, sleep=sleep) as client:
+        return client.request("GET", "/fhir/metadata", operation="read metadata")
 
 
 def test_certificate_from_an_unknown_ca_is_rejected_without_retry(https_service):

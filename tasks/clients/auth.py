@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 import anyio.to_thread
 import httpx
 
+from tasks.clients.bodies import ReplayableBody
 from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, truncate
 from tasks.redaction import register_secret
 from tasks.url_credentials import CredentialsInUrlError, refuse_credentials_in_url
@@ -103,8 +104,6 @@ def _replayable(request: httpx.Request) -> bool:
 
     httpx keeps the iterable given as ``content`` as its stream's ``_stream``.
     """
-    from tasks.clients.http import ReplayableBody
-
     return isinstance(getattr(request.stream, "_stream", None), ReplayableBody)
 
 

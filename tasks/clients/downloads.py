@@ -40,7 +40,8 @@ import httpx
 import orjson
 
 from tasks.clients.errors import ServiceError, is_transient_status, raise_for_service_status
-from tasks.clients.http import call_with_retry, http_timeout, service_name
+from tasks.clients.http import http_timeout, service_name
+from tasks.clients.retry import call_with_retry
 from tasks.errors import StepError
 from tasks.layout import name_from_data_problem, show_name
 from tasks.ndjson import (

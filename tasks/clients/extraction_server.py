@@ -56,7 +56,8 @@ from tasks.clients.errors import (
 )
 from tasks.errors import StepError
 from tasks.clients.auth import Origin, ServiceAuth, origin_of
-from tasks.clients.http import ServiceClient, ServiceEndpoint, build_client, http_timeout, request_with_retry
+from tasks.clients.http import ServiceClient, ServiceEndpoint, build_client, http_timeout
+from tasks.clients.retry import call_once
 from tasks.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
 
 if TYPE_CHECKING:
@@ -216,18 +217,22 @@ class ExtractionServerClient:
     # --- submission --------------------------------------------------------------------------------------
 
     def submit(self, crtdl: bytes) -> ExtractionHandle:
-        """POST $extract-data exactly once; the status URL from Content-Location, made absolute."""
-        response = request_with_retry(
-            self.http,
-            "POST",
-            self.base_url + SUBMIT_PATH,
-            retry=self.retry,
-            operation="submit extraction",
-            retryable=False,
-            content=json.dumps(kickoff_parameters(crtdl)).encode(),
-            headers={"Content-Type": FHIR_JSON, "Accept": FHIR_JSON},
-            timeout=http_timeout(SUBMIT_TIMEOUT),
-        )
+        """POST $extract-data exactly once (``call_once``: it opts out of retry, since a second
+        request could start a second job); the status URL from Content-Location, made absolute. A failure leaves
+        the submission in doubt for the extraction step to settle."""
+        operation = "submit extraction"
+
+        def attempt() -> httpx.Response:
+            response = self.http.post(
+                self.base_url + SUBMIT_PATH,
+                content=json.dumps(kickoff_parameters(crtdl)).encode(),
+                headers={"Content-Type": FHIR_JSON, "Accept": FHIR_JSON},
+                timeout=http_timeout(SUBMIT_TIMEOUT),
+            )
+            raise_for_service_status(response, operation=operation, service=SERVICE)
+            return response
+
+        response = call_once(attempt, operation=operation, service=SERVICE)
         if response.status_code not in (200, 202):
             raise ExtractionError(
                 f"submit extraction: the server answered HTTP {response.status_code}, expected 200 or 202"
@@ -825,7 +830,7 @@ class ExtractionTaskClient:
         """DELETE the job and its result files. Attempted once: a repeat after a 500 could answer a misleading
         404 for a job whose files were left behind."""
         try:
-            self._job_request("DELETE", job_id, "", operation="delete extraction job", idempotent=False)
+            self._job_request("DELETE", job_id, "", operation="delete extraction job", once=True)
         except ServiceError as exc:
             if exc.status_code == 500:
                 raise ServiceError(
@@ -862,9 +867,13 @@ class ExtractionTaskClient:
             raise
         return CohortPreview(cohort_patient_ids(response.json()))
 
-    def _job_request(self, method: str, job_id: str, suffix: str, *, operation: str, **kwargs) -> httpx.Response:
+    def _job_request(
+        self, method: str, job_id: str, suffix: str, *, operation: str, once: bool = False, **kwargs
+    ) -> httpx.Response:
+        """A request about one job (retried unless ``once``); a 404 becomes ``JobNotFoundError``."""
+        send = self.client.request_once if once else self.client.request
         try:
-            return self.client.request(method, f"/fhir/Task/{job_id}{suffix}", operation=operation, **kwargs)
+            return send(method, f"/fhir/Task/{job_id}{suffix}", operation=operation, **kwargs)
         except ServiceError as exc:
             if exc.status_code == 404:
                 raise JobNotFoundError(

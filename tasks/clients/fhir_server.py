@@ -39,7 +39,9 @@ from tasks.clients.errors import (
     operation_outcome_texts,
     truncate,
 )
-from tasks.clients.http import ReplayableBody, ServiceClient, ServiceEndpoint, call_with_retry, http_timeout
+from tasks.clients.bodies import ReplayableBody
+from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.retry import call_with_retry
 from tasks.redaction import redact
 
 if TYPE_CHECKING:
@@ -186,7 +188,9 @@ class FhirServer:
                 raise exc.error from None
 
         try:
-            return call_with_retry(attempt, self._client.retry, operation=operation, service=SERVICE_NAME)
+            return call_with_retry(
+                attempt, self._client.retry, operation=operation, service=SERVICE_NAME, sleep=self._client.sleep
+            )
         except ServiceError as exc:
             if refused and exc is refused[0].error:
                 raise refused[0] from None

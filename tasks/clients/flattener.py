@@ -31,7 +31,8 @@ import httpx
 from tasks.clients.bounds import Deadline, in_pieces, read_answer
 from tasks.clients.errors import network_error, raise_for_service_status
 from tasks.redaction import redact
-from tasks.clients.http import ServiceClient, call_with_retry
+from tasks.clients.http import ServiceClient
+from tasks.clients.retry import call_with_retry
 from tasks.errors import StepError
 
 METADATA_PATH = "/fhir/metadata"
@@ -142,7 +143,9 @@ class Flattener:
                 raise
             return sent, deadline
 
-        response, deadline = call_with_retry(attempt, self.client.retry, operation=operation, service=self._service)
+        response, deadline = call_with_retry(
+            attempt, self.client.retry, operation=operation, service=self._service, sleep=self.client.sleep
+        )
         try:
             yield response, deadline
         finally:

@@ -1,22 +1,19 @@
-"""The one place outgoing HTTP clients are made: TLS, credentials, timeouts and retry.
+"""The one place outgoing HTTP clients are made: TLS, credentials and timeouts; retry comes from ``retry``.
 
 Steps never build ``httpx`` clients themselves::
 
-    endpoint = ServiceEndpoint("pseudonymizer", settings.services.pseudonymizer.url,
-                               settings.services.pseudonymizer.auth, http_timeout(pseudonymizer.timeout))
-    with build_client(endpoint, settings.tls) as client:
-        response = request_with_retry(client, "POST", "/fhir/$de-identify", retry=settings.retry,
-                                      operation="pseudonymize bundle", json=bundle)
+    endpoint = ServiceEndpoint("flattening", settings.services.flattening.service_url, None,
+                               http_timeout(settings.services.flattening.timeout))
+    with ServiceClient(endpoint, settings.tls, settings.retry) as client:
+        response = client.request("GET", "/fhir/metadata", operation="read metadata")
 
 Relative URLs resolve against the service's base URL. Clients follow redirects through their auth flow (see
 ``tasks.clients.auth``), so there is no need to pass ``follow_redirects=True``; credentials reach only the
 service's origin either way.
 
-Retry: ``retry.max_attempts`` attempts in total. Before retry n (n = 0 for the first retry) the wait is
-``min(initial_backoff_ms * 2**n, max_backoff_ms)``; a Retry-After header replaces it, capped at
-``max_backoff_ms``. Transient: network errors (by exception type), 408, 429, 5xx. Terminal: other 4xx,
-untrusted certificates, unsupported URL schemes. Calls that could create something twice are made with
-``retryable=False`` and attempted exactly once.
+Retry is ``tasks.clients.retry``'s one policy: ``ServiceClient.request`` is one attempt under it, and clients that
+stream a body or bound an answer pass their own attempt to ``call_with_retry`` / ``call_with_retry_async``. A call
+that could create something twice uses ``ServiceClient.request_once`` (``retry.call_once``).
 """
 
 from __future__ import annotations
@@ -26,30 +23,22 @@ import functools
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import certifi
 import httpx
-from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
 from tasks.clients.auth import ServiceAuth
-from tasks.clients.errors import (
-    ServiceError,
-    is_transient_network_error,
-    network_error,
-    raise_for_service_status,
-    raise_for_service_status_async,
-)
+from tasks.clients.errors import raise_for_service_status, raise_for_service_status_async
+from tasks.clients.retry import call_once, call_with_retry, call_with_retry_async
 
 if TYPE_CHECKING:
     from config.settings import AuthSettings, RetrySettings, TlsSettings
 
 log = logging.getLogger("dupflow.clients")
-
-T = TypeVar("T")
 
 DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=10)
 
@@ -133,185 +122,51 @@ def service_name(client: httpx.Client | httpx.AsyncClient) -> str | None:
     return client.auth.service if isinstance(client.auth, ServiceAuth) else None
 
 
-# --- retry -------------------------------------------------------------------------------------------------
-
-
-def backoff_seconds(retry: RetrySettings, attempt: int) -> float:
-    """Wait before retry ``attempt`` (0 for the first retry): min(initial * 2^attempt, max)."""
-    return min(retry.initial_backoff_ms * 2**attempt, retry.max_backoff_ms) / 1000
-
-
-def is_transient(exc: BaseException) -> bool:
-    """Worth another attempt: a transient ServiceError or a transient network error."""
-    if isinstance(exc, ServiceError):
-        return exc.transient
-    return is_transient_network_error(exc)
-
-
-def _wait_seconds(retry: RetrySettings) -> Callable[[RetryCallState], float]:
-    def wait(state: RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome else None
-        retry_after = exc.retry_after if isinstance(exc, ServiceError) else None
-        if retry_after is not None:
-            return min(retry_after, retry.max_backoff_ms / 1000)
-        return backoff_seconds(retry, state.attempt_number - 1)
-
-    return wait
-
-
-def describe_exception(exc: BaseException | None) -> str:
-    """The exception's text, or its type where the text is empty (many network errors have none)."""
-    if exc is None:
-        return "no error"
-    return str(exc) or type(exc).__name__
-
-
-def _retry_policy(retry: RetrySettings, *, operation: str, service: str | None, retryable: bool) -> dict:
-    attempts = retry.max_attempts if retryable else 1
-
-    def log_retry(state: RetryCallState) -> None:
-        log.warning(
-            "%s%s failed (%s); attempt %d of %d, retrying in %.1f s",
-            f"{service}: " if service else "",
-            operation,
-            describe_exception(state.outcome.exception()),
-            state.attempt_number,
-            attempts,
-            state.next_action.sleep if state.next_action else 0.0,
-        )
-
-    return {
-        "stop": stop_after_attempt(attempts),
-        "wait": _wait_seconds(retry),
-        "retry": retry_if_exception(is_transient),
-        "before_sleep": log_retry,
-        "reraise": True,
-    }
-
-
-def call_with_retry(
-    fn: Callable[[], T],
-    retry: RetrySettings,
-    *,
-    operation: str,
-    service: str | None = None,
-    retryable: bool = True,
-    sleep: Callable[[float], None] = time.sleep,
-) -> T:
-    """Call ``fn`` until it succeeds, fails terminally, or ``retry.max_attempts`` attempts are used up.
-
-    ``fn`` signals failure by raising (a ``ServiceError`` or an httpx error). A network error that is still
-    failing at the end is raised as a ``ServiceError`` (status None). ``retryable=False``: exactly one attempt.
-    """
-    try:
-        return Retrying(sleep=sleep, **_retry_policy(retry, operation=operation, service=service, retryable=retryable))(
-            fn
-        )
-    except httpx.TransportError as exc:
-        raise network_error(exc, operation=operation, service=service) from exc
-
-
-async def call_with_retry_async(
-    fn: Callable[[], Awaitable[T]],
-    retry: RetrySettings,
-    *,
-    operation: str,
-    service: str | None = None,
-    retryable: bool = True,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-) -> T:
-    """``call_with_retry`` for coroutine functions."""
-    try:
-        return await AsyncRetrying(
-            sleep=sleep, **_retry_policy(retry, operation=operation, service=service, retryable=retryable)
-        )(fn)
-    except httpx.TransportError as exc:
-        raise network_error(exc, operation=operation, service=service) from exc
-
-
-def request_with_retry(
-    client: httpx.Client,
-    method: str,
-    url: str | httpx.URL,
-    *,
-    retry: RetrySettings,
-    operation: str,
-    retryable: bool = True,
-    sleep: Callable[[float], None] = time.sleep,
-    **request_kwargs,
-) -> httpx.Response:
-    """``client.request`` with retry; a 4xx/5xx answer becomes a ``ServiceError``. Returns the read response."""
-    service = service_name(client)
-
-    def attempt() -> httpx.Response:
-        response = client.request(method, url, **request_kwargs)
-        raise_for_service_status(response, operation=operation, service=service)
-        return response
-
-    return call_with_retry(attempt, retry, operation=operation, service=service, retryable=retryable, sleep=sleep)
-
-
-async def request_with_retry_async(
-    client: httpx.AsyncClient,
-    method: str,
-    url: str | httpx.URL,
-    *,
-    retry: RetrySettings,
-    operation: str,
-    retryable: bool = True,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    **request_kwargs,
-) -> httpx.Response:
-    """``request_with_retry`` for an ``httpx.AsyncClient``."""
-    service = service_name(client)
-
-    async def attempt() -> httpx.Response:
-        response = await client.request(method, url, **request_kwargs)
-        await raise_for_service_status_async(response, operation=operation, service=service)
-        return response
-
-    return await call_with_retry_async(
-        attempt, retry, operation=operation, service=service, retryable=retryable, sleep=sleep
-    )
-
-
-# --- request bodies ---------------------------------------------------------------------------------------
-
-
-class ReplayableBody:
-    """A request body streamed from a function, afresh each time httpx iterates it: on every retry attempt, and
-    when an OAuth token is replaced after a 401 (the auth flow then need not hold the whole body in memory)."""
-
-    def __init__(self, make: Callable[[], Iterable[bytes]]):
-        self._make = make
-
-    def __iter__(self) -> Iterator[bytes]:
-        yield from self._make()
-
-
 # --- the service client ------------------------------------------------------------------------------------
 
 
 class ServiceClient:
-    """A client for one configured service that retries and classifies every call by default.
+    """A client for one configured service whose every request is retried and classified by the one policy.
 
     ``request`` retries transient failures (network errors, 408, 429, 5xx) per ``retry.*`` and raises a
-    ``ServiceError`` for any 4xx/5xx answer. A call that could create something twice (the extraction
-    submission) says so with ``idempotent=False`` and is attempted exactly once. ``http`` is the underlying
-    ``httpx.Client`` for streaming downloads, which have their own retry rules.
+    ``ServiceError`` for any 4xx/5xx answer; ``request_once`` is the opt-out for a call that could create or
+    destroy something twice (attempted exactly once). ``http`` is the underlying ``httpx.Client`` for clients
+    that stream their bodies in their own attempts (``call_with_retry(attempt, client.retry, ...)``). ``sleep``
+    waits between attempts (a test passes one that records the waits).
     """
 
-    def __init__(self, endpoint: ServiceEndpoint, tls: TlsSettings, retry: RetrySettings):
+    def __init__(
+        self,
+        endpoint: ServiceEndpoint,
+        tls: TlsSettings,
+        retry: RetrySettings,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.endpoint = endpoint
         self.retry = retry
+        self.sleep = sleep
         self.http = build_client(endpoint, tls)
 
-    def request(
-        self, method: str, url: str | httpx.URL, *, operation: str, idempotent: bool = True, **request_kwargs
-    ) -> httpx.Response:
-        return request_with_retry(
-            self.http, method, url, retry=self.retry, operation=operation, retryable=idempotent, **request_kwargs
-        )
+    def request(self, method: str, url: str | httpx.URL, *, operation: str, **request_kwargs) -> httpx.Response:
+        """``http.request`` under the retry policy; a 4xx/5xx answer becomes a ``ServiceError``."""
+        attempt = self._attempt(method, url, operation, request_kwargs)
+        return call_with_retry(attempt, self.retry, operation=operation, service=self.endpoint.name, sleep=self.sleep)
+
+    def request_once(self, method: str, url: str | httpx.URL, *, operation: str, **request_kwargs) -> httpx.Response:
+        """``request`` attempted exactly once: for a call that must not be repeated on an ambiguous failure."""
+        attempt = self._attempt(method, url, operation, request_kwargs)
+        return call_once(attempt, operation=operation, service=self.endpoint.name)
+
+    def _attempt(
+        self, method: str, url: str | httpx.URL, operation: str, request_kwargs: dict
+    ) -> Callable[[], httpx.Response]:
+        def attempt() -> httpx.Response:
+            response = self.http.request(method, url, **request_kwargs)
+            raise_for_service_status(response, operation=operation, service=self.endpoint.name)
+            return response
+
+        return attempt
 
     def close(self) -> None:
         self.http.close()
@@ -326,17 +181,29 @@ class ServiceClient:
 class AsyncServiceClient:
     """``ServiceClient`` for asyncio code (bounded fan-out of many requests on one connection pool)."""
 
-    def __init__(self, endpoint: ServiceEndpoint, tls: TlsSettings, retry: RetrySettings):
+    def __init__(
+        self,
+        endpoint: ServiceEndpoint,
+        tls: TlsSettings,
+        retry: RetrySettings,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ):
         self.endpoint = endpoint
         self.retry = retry
+        self.sleep = sleep
         self.http = build_async_client(endpoint, tls)
 
-    async def request(
-        self, method: str, url: str | httpx.URL, *, operation: str, idempotent: bool = True, **request_kwargs
-    ) -> httpx.Response:
-        return await request_with_retry_async(
-            self.http, method, url, retry=self.retry, operation=operation, retryable=idempotent, **request_kwargs
-        )
+    async def request(self, method: str, url: str | httpx.URL, *, operation: str, **request_kwargs) -> httpx.Response:
+        """``http.request`` under the retry policy; a 4xx/5xx answer becomes a ``ServiceError``."""
+        service = self.endpoint.name
+
+        async def attempt() -> httpx.Response:
+            response = await self.http.request(method, url, **request_kwargs)
+            await raise_for_service_status_async(response, operation=operation, service=service)
+            return response
+
+        return await call_with_retry_async(attempt, self.retry, operation=operation, service=service, sleep=self.sleep)
 
     async def aclose(self) -> None:
         await self.http.aclose()

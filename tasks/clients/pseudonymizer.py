@@ -35,7 +35,8 @@ from tasks.errors import StepError
 from tasks.clients.bounds import Deadline, read_answer_async, within_deadline
 from tasks.clients.errors import raise_for_service_status_async
 from tasks.redaction import redact
-from tasks.clients.http import call_with_retry_async, service_name
+from tasks.clients.http import service_name
+from tasks.clients.retry import call_with_retry_async
 
 if TYPE_CHECKING:
     from config.settings import RetrySettings

@@ -34,7 +34,8 @@ import orjson
 from tasks.clients.bounds import Deadline, read_answer_async, within_deadline
 from tasks.clients.errors import raise_for_service_status_async
 from tasks.redaction import redact_strings
-from tasks.clients.http import AsyncServiceClient, call_with_retry_async
+from tasks.clients.http import AsyncServiceClient
+from tasks.clients.retry import call_with_retry_async
 from tasks.ndjson import parse_resource
 
 VALIDATE_PATH = "/validateResource"
@@ -288,7 +289,9 @@ class Validator:
             deadline = Deadline(self._deadline, DEADLINE_SETTING)
             return await within_deadline(attempt, deadline, operation=operation, service=service)
 
-        return await call_with_retry_async(bounded_attempt, self._client.retry, operation=operation, service=service)
+        return await call_with_retry_async(
+            bounded_attempt, self._client.retry, operation=operation, service=service, sleep=self._client.sleep
+        )
 
     async def _outcome(self, response: httpx.Response, operation: str, service: str) -> dict[str, Any]:
         """The answer's OperationOutcome: a 2xx, or findings answered with 412/422; anything else raises."""

@@ -1,0 +1,139 @@
+"""The one retry policy of every outgoing call (tenacity is the engine); plain Python, no Prefect.
+
+Every client retries through ``call_with_retry`` (sync) or ``call_with_retry_async`` (asyncio), which share one
+policy (``_policy``):
+
+- ``retry.max_attempts`` attempts in total;
+- before retry n (n = 0 for the first retry) the wait is ``min(initial_backoff_ms * 2**n, max_backoff_ms)``; a
+  Retry-After header replaces it, capped at ``max_backoff_ms``;
+- transient (retried): network errors (by exception type), 408, 429, 5xx, and a whole-request deadline that passed
+  (``tasks.clients.bounds``); terminal (raised at once): other 4xx, untrusted certificates, unsupported URL
+  schemes, and every error that is not a ``ServiceError`` or an httpx transport error;
+- each retry is logged on ``dupflow.clients`` (whose records pass ``tasks.redaction.RedactingFilter``) with the
+  error's text, which is redacted already;
+- a network error still failing at the end is raised as a ``ServiceError`` (status None).
+
+The attempt is the caller's: a function that makes one request and raises a ``ServiceError`` (or lets an httpx
+transport error out) when it fails, so streamed uploads and bounded answers are retried the same way as plain
+requests (``ServiceClient.request`` is one such attempt).
+
+A call that could create something twice opts out, visibly, with ``call_once``: one attempt, the same error
+classification, never a second request. The extraction kick-off (``POST $extract-data``) is that call; a failure
+there leaves the submission in doubt for the extraction step to settle. The extraction status poll is no retry but
+the spec's poll loop (``ExtractionServerClient.poll_until_complete``): one GET per iteration, its own back-off from
+``polling_interval``, ended only by ``extraction_timeout``; it uses the same classification and Retry-After parsing.
+S3 uploads (``s3.py``) are retried by botocore, with ``retry.max_attempts`` as its attempt count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
+
+import httpx
+from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception, stop_after_attempt
+
+from tasks.clients.errors import ServiceError, is_transient_network_error, network_error
+
+if TYPE_CHECKING:
+    from config.settings import RetrySettings
+
+log = logging.getLogger("dupflow.clients")
+
+T = TypeVar("T")
+
+
+def backoff_seconds(retry: RetrySettings, attempt: int) -> float:
+    """Wait before retry ``attempt`` (0 for the first retry): min(initial * 2^attempt, max)."""
+    return min(retry.initial_backoff_ms * 2**attempt, retry.max_backoff_ms) / 1000
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth another attempt: a transient ServiceError or a transient network error."""
+    if isinstance(exc, ServiceError):
+        return exc.transient
+    return is_transient_network_error(exc)
+
+
+def wait_seconds(retry: RetrySettings, exc: BaseException | None, attempt: int) -> float:
+    """Wait before retry ``attempt`` after ``exc``: the server's Retry-After (capped at ``max_backoff_ms``), else
+    the backoff."""
+    retry_after = exc.retry_after if isinstance(exc, ServiceError) else None
+    if retry_after is not None:
+        return min(retry_after, retry.max_backoff_ms / 1000)
+    return backoff_seconds(retry, attempt)
+
+
+def describe_exception(exc: BaseException | None) -> str:
+    """The exception's text, or its type where the text is empty (many network errors have none)."""
+    if exc is None:
+        return "no error"
+    return str(exc) or type(exc).__name__
+
+
+def _policy(retry: RetrySettings, *, operation: str, service: str | None) -> dict:
+    """tenacity's arguments for the one policy (the module docstring), shared by the sync and async wrappers."""
+
+    def wait(state: RetryCallState) -> float:
+        return wait_seconds(retry, state.outcome.exception() if state.outcome else None, state.attempt_number - 1)
+
+    def log_retry(state: RetryCallState) -> None:
+        log.warning(
+            "%s%s failed (%s); attempt %d of %d, retrying in %.1f s",
+            f"{service}: " if service else "",
+            operation,
+            describe_exception(state.outcome.exception()),
+            state.attempt_number,
+            retry.max_attempts,
+            state.next_action.sleep if state.next_action else 0.0,
+        )
+
+    return {
+        "stop": stop_after_attempt(retry.max_attempts),
+        "wait": wait,
+        "retry": retry_if_exception(is_transient),
+        "before_sleep": log_retry,
+        "reraise": True,
+    }
+
+
+def call_with_retry(
+    attempt: Callable[[], T],
+    retry: RetrySettings,
+    *,
+    operation: str,
+    service: str | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Call ``attempt`` until it succeeds, fails terminally, or ``retry.max_attempts`` attempts are used up."""
+    try:
+        return Retrying(sleep=sleep, **_policy(retry, operation=operation, service=service))(attempt)
+    except httpx.TransportError as exc:
+        raise network_error(exc, operation=operation, service=service) from exc
+
+
+async def call_with_retry_async(
+    attempt: Callable[[], Awaitable[T]],
+    retry: RetrySettings,
+    *,
+    operation: str,
+    service: str | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> T:
+    """``call_with_retry`` for coroutine functions."""
+    try:
+        return await AsyncRetrying(sleep=sleep, **_policy(retry, operation=operation, service=service))(attempt)
+    except httpx.TransportError as exc:
+        raise network_error(exc, operation=operation, service=service) from exc
+
+
+def call_once(attempt: Callable[[], T], *, operation: str, service: str | None = None) -> T:
+    """The opt-out of retry for a call that could create something twice: exactly one attempt, its network error
+    raised as a ``ServiceError`` like any other (transient or not, it is never sent again from here)."""
+    try:
+        return attempt()
+    except httpx.TransportError as exc:
+        raise network_error(exc, operation=operation, service=service) from exc
