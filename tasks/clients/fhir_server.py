@@ -135,7 +135,7 @@ class FhirServer:
         """
         try:
             answer = self._call("POST", "/fhir", "transaction", body, len(body))
-        except Refused as refused:
+        except _Refused as refused:
             raise rejected_by_status(refused.answer, refused.error) from None
         return checked_transaction_response(answer, entries)
 
@@ -154,14 +154,14 @@ class FhirServer:
         operation = f"PUT {resource_type}/{resource_id}"
         try:
             self._call("PUT", f"/fhir/{resource_type}/{resource_id}", operation, body, size, read_answer=False)
-        except Refused as refused:
+        except _Refused as refused:
             raise refused.error from None
 
     def get(self, path: str, **params: str) -> dict:
         """GET a resource or a search under ``{url}/fhir`` (used to read back what was sent)."""
         try:
             answer = self._call("GET", f"/fhir/{path}", f"GET {path}", params=params)
-        except Refused as refused:
+        except _Refused as refused:
             raise refused.error from None
         return orjson.loads(answer.body)
 
@@ -176,14 +176,14 @@ class FhirServer:
         read_answer: bool = True,
         params: dict[str, str] | None = None,
     ) -> Answer:
-        """One call with retry; a 4xx/5xx answer (after the retries of the transient ones) raises ``Refused`` with
+        """One call with retry; a 4xx/5xx answer (after the retries of the transient ones) raises ``_Refused`` with
         the error and what the server said."""
-        refused: list[Refused] = []
+        refused: list[_Refused] = []
 
         def attempt() -> Answer:
             try:
                 return self._attempt(method, path, operation, body, size, read_answer=read_answer, params=params)
-            except Refused as exc:
+            except _Refused as exc:
                 refused[:] = [exc]
                 raise exc.error from None
 
@@ -240,7 +240,7 @@ class FhirServer:
         deadline.check(operation, SERVICE_NAME)
         if response.is_error:
             error = Answer(response, error_body(response))
-            raise Refused(
+            raise _Refused(
                 error, error_from_response(response, operation=operation, service=SERVICE_NAME, body=error.body)
             )
         if not read_answer:
@@ -264,8 +264,11 @@ class Answer:
         return self.response.status_code
 
 
-class Refused(Exception):
-    """A 4xx/5xx answer that ended a call: the client error for it, and the answer (for the failure dump)."""
+class _Refused(Exception):
+    """A 4xx/5xx answer that ended a call: the client error for it, and the answer (for the failure dump).
+
+    Internal control flow of ``FhirServer._call``: it never leaves this module (the public methods turn it into
+    its ``ServiceError`` or a ``TransactionRejected``), so it is private and not rooted in ``DupflowError``."""
 
     def __init__(self, answer: Answer, error: ServiceError):
         super().__init__(str(error))

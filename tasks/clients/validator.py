@@ -36,6 +36,7 @@ from tasks.clients.errors import raise_for_service_status_async
 from tasks.redaction import redact_strings
 from tasks.clients.http import AsyncServiceClient
 from tasks.clients.retry import call_with_retry_async
+from tasks.errors import DupflowError
 from tasks.ndjson import parse_resource
 
 VALIDATE_PATH = "/validateResource"
@@ -64,8 +65,8 @@ RESOURCE_EXTENSION = "urn:dupflow:validation:resource"
 _ENTRY_INDEX = re.compile(r"^\s*Bundle\.entry\[(\d+)\]")
 
 
-class ValidationServiceError(Exception):
-    """The service answered 200 with something that is not an OperationOutcome."""
+class ValidationServiceError(DupflowError):
+    """The service answered 200 with something that is not an OperationOutcome (terminal)."""
 
 
 # --- chunks ----------------------------------------------------------------------------------------------------
