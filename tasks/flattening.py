@@ -31,7 +31,8 @@ import json
 import logging
 import shutil
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,30 +40,29 @@ from typing import Any
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
 from tasks.contract import DataFile, StepInput, StepResult, digest, file_task, settings_of, step_task
-from tasks.fanout import results_or_raise, run_bounded
+from tasks.errors import StepError
+from tasks.fanout import raise_if_cancelled, results_or_raise, run_bounded
 from tasks.filework import map_files
 from tasks.layout import artifact_key, write_file_atomically
 from tasks.ndjson import iter_lines
 from tasks.processes import pool_size, processes_allowed, run_in_process
 from tasks.sof import compile_view
 from tasks.sof.crtdl_views import AttributeGroup, GroupView, attribute_groups, build_view
+from tasks.sof.errors import LookupFileError, SofError, ViewError
 from tasks.sof.flatten import (
     FileParts,
     FilePlan,
-    FlatteningError,
     GroupPlan,
     RouteCounts,
     Router,
     bare_routes,
     flatten_file,
     has_group_provenance,
-    parse_line,
-    reference_key,
 )
-from tasks.sof.lookup import LookupError as LookupFileError
 from tasks.sof.lookup import load_lookup
 from tasks.sof.output import csv_cells, csv_writer, json_bytes
-from tasks.sof.view import CompiledView, ViewError
+from tasks.sof.resources import parse_line
+from tasks.sof.view import CompiledView
 
 log = logging.getLogger("dupflow.flattening")
 
@@ -76,7 +76,19 @@ COPY_CHUNK = 1 << 20
 PROCESS_MIN_BYTES = 16 * MB
 LISTED_IDS = 10
 
-__all__ = ["FlatteningError", "flatten_paths", "flattening", "parse_line", "plan_views", "reference_key"]
+
+class FlatteningError(StepError):
+    """The step cannot flatten its input; the message says what is wrong and what to do."""
+
+
+@contextmanager
+def engine_errors_as_step_errors() -> Iterator[None]:
+    """The engine's errors (``tasks.sof.errors``: a line that is no JSON, a view that cannot run, a bad lookup file
+    or CRTDL) as the step's ``FlatteningError``, with the same message."""
+    try:
+        yield
+    except SofError as exc:
+        raise FlatteningError(str(exc)) from exc
 
 
 @step_task("flattening")
@@ -121,9 +133,10 @@ def flatten_input_file(step: StepInput, name: str, by_provenance: bool, plan_dig
     views, skipped = plan_views(step.crtdl_path, lookup, warn=False)
     max_line = settings.pipeline.max_ndjson_line_size_bytes
     plan = file_plan(step.input_dir / name, step.output_dir / PARTS_FOLDER, views, skipped, by_provenance, max_line)
-    if use_processes(sum(f.size for f in step.files), len(step.files)):
-        return run_in_process(flatten_file, plan)
-    return flatten_file(plan)
+    with engine_errors_as_step_errors():
+        if use_processes(sum(f.size for f in step.files), len(step.files)):
+            return run_in_process(flatten_file, plan, stop_if_cancelled=raise_if_cancelled)
+        return flatten_file(plan, raise_if_cancelled)
 
 
 # --- planning ---------------------------------------------------------------------------------------------------
@@ -312,13 +325,15 @@ def flatten_paths(
     plans = [file_plan(path, parts_dir, views, skipped, by_provenance, max_line_bytes) for path in paths]
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        if processes > 1:
-            calls: list[Callable[[], FileParts]] = [
-                lambda plan=plan: run_in_process(flatten_file, plan) for plan in plans
-            ]
-            results = results_or_raise(run_bounded(calls, processes))
-        else:
-            results = [flatten_file(plan) for plan in plans]
+        with engine_errors_as_step_errors():
+            if processes > 1:
+                calls: list[Callable[[], FileParts]] = [
+                    lambda plan=plan: run_in_process(flatten_file, plan, stop_if_cancelled=raise_if_cancelled)
+                    for plan in plans
+                ]
+                results = results_or_raise(run_bounded(calls, processes))
+            else:
+                results = [flatten_file(plan) for plan in plans]
         return join_parts(out_dir, parts_dir, views, skipped, results, by_provenance)
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)
@@ -408,10 +423,11 @@ def flatten_with_service(
         by_provenance,
     )
     try:
-        for path in paths:
-            routes = bare_routes(path, max_line_bytes) if by_provenance else {}
-            for number, line in iter_lines(path, max_line_bytes):
-                router.route_line(parse_line(path, number, line), routes)
+        with engine_errors_as_step_errors():
+            for path in paths:
+                routes = bare_routes(path, max_line_bytes) if by_provenance else {}
+                for number, line in iter_lines(path, max_line_bytes):
+                    router.route_line(parse_line(path, number, line), routes)
         for engine in engines:
             engine.close()
         for group, resources in zip(outcome.groups, counts.resources, strict=True):

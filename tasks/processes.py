@@ -6,7 +6,7 @@ on first use (a job that never needs it pays nothing) from a fork server that ha
 (plain ones: no Prefect), so a worker starts with a fork, not a fresh interpreter, and stays lean. A pool that a
 dead worker broke while idle is replaced on the next call.
 
-Shutdown: a cancelled call (``tasks.fanout.raise_if_cancelled``), an interrupt in the waiting thread, or the
+Shutdown: a cancelled call (its caller's ``stop_if_cancelled`` raised), an interrupt in the waiting thread, or the
 interpreter exiting terminates every worker; a worker whose parent dies (kill -9) exits by itself.
 """
 
@@ -28,8 +28,6 @@ from contextlib import contextmanager
 from multiprocessing.context import ForkServerContext, ForkServerProcess
 from typing import Any, TypeVar
 
-from tasks.fanout import raise_if_cancelled
-
 R = TypeVar("R")
 
 MAX_PROCESSES = 8
@@ -43,6 +41,10 @@ _pool: ProcessPoolExecutor | None = None
 _main_lock = threading.Lock()
 
 
+def _never_cancelled() -> None:
+    """The cancellation check of a caller that is never cancelled."""
+
+
 def pool_size() -> int:
     """Worker processes: one per core, at most ``MAX_PROCESSES`` (each holds its own interpreter in memory)."""
     return max(1, min(os.cpu_count() or 1, MAX_PROCESSES))
@@ -54,11 +56,14 @@ def processes_allowed() -> bool:
     return pool_size() > 1 and not multiprocessing.current_process().daemon
 
 
-def run_in_process(function: Callable[..., R], *args: Any) -> R:
+def run_in_process(
+    function: Callable[..., R], *args: Any, stop_if_cancelled: Callable[[], None] = _never_cancelled
+) -> R:
     """``function(*args)`` in a worker process; its result, or the exception it raised.
 
-    The calling thread waits in short slices, so a cancelled fan-out (``raise_if_cancelled``) or an interrupt
-    stops the wait at once: the pool is then terminated (a running worker cannot be stopped any other way).
+    The calling thread waits in short slices, calling ``stop_if_cancelled`` after each, so a cancelled caller
+    (it raises) or an interrupt stops the wait at once: the pool is then terminated (a running worker cannot be
+    stopped any other way).
     """
     pool, future = _submit(function, args)
     try:
@@ -66,7 +71,7 @@ def run_in_process(function: Callable[..., R], *args: Any) -> R:
             try:
                 return future.result(timeout=POLL_SECONDS)
             except FutureTimeout:
-                raise_if_cancelled()
+                stop_if_cancelled()
     except BrokenProcessPool:
         shutdown_pool(pool)
         raise

@@ -17,15 +17,10 @@ import zstandard
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.flattener import Flattener, FlattenerError, run_parameters
 from tasks.clients.http import ServiceClient, ServiceEndpoint
-from tasks.flattening import (
-    FlatteningError,
-    flatten_paths,
-    parse_line,
-    plan_views,
-    reference_key,
-    save_view_definitions,
-)
+from tasks.flattening import FlatteningError, flatten_paths, plan_views, save_view_definitions
 from tasks.sof.crtdl_views import csv_file_name
+from tasks.sof.flatten import reference_key
+from tasks.sof.resources import parse_line
 from tests.conftest import TESTDATA
 
 EXAMPLE = TESTDATA / "flattening" / "example"

@@ -26,10 +26,11 @@ from config.settings import RetrySettings, TlsSettings
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.flattening import FlatteningError, flatten_paths, plan_views
-from tasks.sof import ViewDefinitionError, compile_view
-from tasks.sof.fhirpath import MAX_EXPRESSION_DEPTH, MAX_REPEAT_ELEMENTS, FhirPathError, Item, compile_path
-from tasks.sof.resources import ResourceLineError, parse_line
-from tasks.sof.view import MAX_ROWS_PER_RESOURCE, MAX_SELECT_DEPTH, ViewEvaluationError
+from tasks.sof import compile_view
+from tasks.sof.errors import FhirPathError, ResourceLineError, ViewDefinitionError, ViewEvaluationError
+from tasks.sof.fhirpath import MAX_EXPRESSION_DEPTH, MAX_REPEAT_ELEMENTS, Item, compile_path
+from tasks.sof.resources import parse_line
+from tasks.sof.view import MAX_ROWS_PER_RESOURCE, MAX_SELECT_DEPTH
 from tests.conftest import REPO_ROOT, TESTDATA
 from tests.peak_rss import run_measured
 

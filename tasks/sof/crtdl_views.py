@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.layout import name_from_data_problem, show_name
+from tasks.sof.errors import CrtdlError
 from tasks.sof.lookup import LookupTable
 from tasks.sof.view import compile_view
 
@@ -99,10 +100,10 @@ def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
     groups = []
     extraction = crtdl.get("dataExtraction") if isinstance(crtdl, dict) else None
     if not isinstance(extraction, dict):
-        raise ValueError("the CRTDL has no dataExtraction (a top-level object with attributeGroups)")
+        raise CrtdlError("the CRTDL has no dataExtraction (a top-level object with attributeGroups)")
     for index, group in enumerate(extraction.get("attributeGroups") or []):
         if not isinstance(group, dict) or not isinstance(group.get("groupReference"), str):
-            raise ValueError(f"attribute group {index + 1} of the CRTDL has no groupReference")
+            raise CrtdlError(f"attribute group {index + 1} of the CRTDL has no groupReference")
         group_id = str(group.get("id") or generated_group_id(group))
         refs = [a["attributeRef"] for a in group.get("attributes") or [] if isinstance(a, dict) and "attributeRef" in a]
         groups.append(AttributeGroup(group_id, str(group.get("name") or group_id), group["groupReference"], refs))
@@ -131,7 +132,7 @@ def generated_group_id(group: dict[str, Any]) -> str:
 
 def group_name_problems(crtdl: dict[str, Any]) -> list[str]:
     """Every attribute group whose name cannot name its CSV and ViewDefinition, and every two groups whose files
-    would share a name; each problem names the group and the fix. Raises ``ValueError`` for a CRTDL without
+    would share a name; each problem names the group and the fix. Raises ``CrtdlError`` for a CRTDL without
     attribute groups (as ``attribute_groups``)."""
     problems = []
     owners: dict[str, AttributeGroup] = {}

@@ -49,6 +49,7 @@ from fhirpathpy.parser.generated.FHIRPathLexer import FHIRPathLexer
 from fhirpathpy.parser.generated.FHIRPathParser import FHIRPathParser
 
 from tasks.sof.boundary import high_boundary, low_boundary
+from tasks.sof.errors import FhirPathError
 
 MODEL = models["r4"]
 _CHOICES: dict[str, list[str]] = MODEL["choiceTypePaths"]
@@ -65,10 +66,6 @@ _KEYWORDS = {"and", "or", "xor", "implies", "div", "mod", "in", "contains", "is"
 MAX_EXPRESSION_DEPTH = 100
 MAX_REPEAT_ELEMENTS = 10_000
 SHOWN_EXPRESSION_CHARS = 120
-
-
-class FhirPathError(ValueError):
-    """An expression that cannot be parsed or evaluated; the message names the expression."""
 
 
 @dataclass(frozen=True, slots=True)

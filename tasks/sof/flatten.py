@@ -9,7 +9,10 @@ type. Whether that is so is decided over all files first (``has_group_provenance
 ``flatten_file(plan)`` writes one input file's rows, per group, into ``<parts>/<file name>/<csv name>`` (rows only,
 no header; a group without rows gets no part) and returns its counts. The parent concatenates the parts of all files
 in input order under one header, so the CSVs are the same bytes whether the files ran one after the other or in
-parallel. It imports no Prefect, so it runs in a lean worker process (``tasks.processes``).
+parallel. It imports no Prefect, so it runs in a lean worker process (``tasks.processes``); cancellation reaches it
+as a callable (``stop_if_cancelled``), and its errors are the engine's (``tasks.sof.errors``), which the step
+translates into its own. It reads its input through ``tasks.ndjson.iter_lines``, the one reader of the job's data
+files (plain or zstd, each line bounded).
 """
 
 from __future__ import annotations
@@ -18,28 +21,22 @@ import json
 import re
 import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import IO, Any, Protocol, TypedDict
 
-from tasks.errors import StepError
-from tasks.fanout import raise_if_cancelled
 from tasks.ndjson import iter_lines
+from tasks.sof.errors import ViewError, ViewEvaluationError
 from tasks.sof.output import CsvWriter, csv_cells, csv_writer
-from tasks.sof.resources import ResourceLineError, line_resources
-from tasks.sof.resources import parse_line as parse_resource_line
-from tasks.sof.view import CompiledView, ViewError, compile_view
+from tasks.sof.resources import line_resources, parse_line
+from tasks.sof.view import CompiledView, compile_view
 
 ATTRIBUTE_GROUP_SYSTEM = "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"
 _GROUP_MARKER = ATTRIBUTE_GROUP_SYSTEM.encode()
 _BARE_PROVENANCE = re.compile(rb'^\s*\{.*?"resourceType"\s*:\s*"Provenance"')
 _BUNDLE = re.compile(rb'"resourceType"\s*:\s*"Bundle"')
-
-
-class FlatteningError(StepError):
-    """The step cannot flatten its input; the message says what is wrong and what to do."""
 
 
 # --- routing ----------------------------------------------------------------------------------------------------
@@ -75,13 +72,6 @@ def provenance_routes(provenance: dict[str, Any]) -> Iterator[tuple[str, str]]:
 def add_routes(routes: dict[str, set[str]], provenance: dict[str, Any]) -> None:
     for key, group in provenance_routes(provenance):
         routes.setdefault(key, set()).add(group)
-
-
-def parse_line(source: Path, number: int, line: bytes) -> dict[str, Any]:
-    try:
-        return parse_resource_line(source, number, line)
-    except ResourceLineError as exc:
-        raise FlatteningError(str(exc)) from exc
 
 
 def has_group_provenance(path: Path, max_line_bytes: int) -> bool:
@@ -225,7 +215,7 @@ class RowsWriter:
                 self._writer.writerow(csv_cells(row))
                 self.rows += 1
         except ViewError as exc:
-            raise FlatteningError(f"{self.name}: {exc}") from exc
+            raise ViewEvaluationError(f"{self.name}: {exc}") from exc
 
     def _open(self) -> None:
         self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by close
@@ -239,9 +229,14 @@ class RowsWriter:
         return self.path.stat().st_size
 
 
-def flatten_file(plan: FilePlan) -> FileParts:
+def never_cancelled() -> None:
+    """The cancellation check of a call nothing cancels (a worker process: its parent terminates it instead)."""
+
+
+def flatten_file(plan: FilePlan, stop_if_cancelled: Callable[[], None] = never_cancelled) -> FileParts:
     """Flatten ``plan.source`` into ``<parts_dir>/<file name>/``, written as ``.<file name>.tmp`` and renamed when
-    complete (an earlier attempt's parts of the same file are replaced)."""
+    complete (an earlier attempt's parts of the same file are replaced). ``stop_if_cancelled`` is called before
+    each line and raises to stop the file."""
     source, parts_dir = Path(plan.source), Path(plan.parts_dir)
     work, final = parts_dir / f".{source.name}.tmp", parts_dir / source.name
     shutil.rmtree(work, ignore_errors=True)
@@ -259,7 +254,7 @@ def flatten_file(plan: FilePlan) -> FileParts:
     try:
         routes = bare_routes(source, plan.max_line_bytes) if plan.by_provenance else {}
         for number, line in iter_lines(source, plan.max_line_bytes):
-            raise_if_cancelled()
+            stop_if_cancelled()
             router.route_line(parse_line(source, number, line), routes)
         sizes = [writer.close() for writer in writers]
     except BaseException:

@@ -18,7 +18,8 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from tasks.layout import JsonFileError, read_json_file
-from tasks.sof.view import ViewDefinitionError, compile_view
+from tasks.sof.errors import LookupFileError, ViewDefinitionError
+from tasks.sof.view import compile_view
 
 MAX_LOOKUP_BYTES = 16 * 1024 * 1024  # aether's lookup for every MII profile is under 1 MB
 MAX_ELEMENT_DEPTH = 64  # FHIR elements nest a dozen levels; a deeper children chain is a broken file
@@ -75,14 +76,6 @@ LOOKUP_SCHEMA: dict[str, Any] = {
 }
 
 
-class LookupError(ValueError):  # noqa: A001 - the lookup file's error, not the builtin's KeyError family
-    """A lookup file that cannot be used; ``problems`` lists every problem found."""
-
-    def __init__(self, path: Path | str, problems: list[str]):
-        self.problems = problems
-        super().__init__(f"lookup file {path}: " + "; ".join(problems))
-
-
 @dataclass(frozen=True)
 class LookupTable:
     url: str
@@ -113,10 +106,10 @@ def lookup_problems(path: Path) -> list[str]:
 
 
 def load_lookup(path: Path) -> dict[str, LookupTable]:
-    """The lookup file's tables by profile url; raises ``LookupError`` listing every problem."""
+    """The lookup file's tables by profile url; raises ``LookupFileError`` listing every problem."""
     document, problems = _read(Path(path))
     if document is None or (problems := _document_problems(document)):
-        raise LookupError(path, problems)
+        raise LookupFileError(path, problems)
     tables = {}
     for table in document:
         elements = table["elements"]

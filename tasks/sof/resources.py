@@ -10,11 +10,9 @@ from typing import Any
 
 import orjson
 
+from tasks.sof.errors import ResourceLineError
+
 _DECIMAL_NUMBER = re.compile(rb"[:\[,]\s*-?\d+(?:\.\d|[eE])")
-
-
-class ResourceLineError(ValueError):
-    """A line that is not a JSON object; the message names the file and line."""
 
 
 def parse_line(source: Path | str, number: int, line: bytes) -> dict[str, Any]:

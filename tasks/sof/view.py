@@ -37,7 +37,8 @@ from itertools import chain, islice, product
 from math import prod
 from typing import Any
 
-from tasks.sof.fhirpath import MAX_REPEAT_ELEMENTS, Compiled, FhirPathError, Item, compile_path, values
+from tasks.sof.errors import FhirPathError, ViewDefinitionError, ViewEvaluationError
+from tasks.sof.fhirpath import MAX_REPEAT_ELEMENTS, Compiled, Item, compile_path, values
 
 COLUMN_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 ITERATIONS = ("forEach", "forEachOrNull", "repeat")
@@ -50,18 +51,6 @@ _BUILTIN_VARIABLES = {"rowIndex", "context", "resource", "rootResource", "ucum",
 MAX_ROWS_PER_RESOURCE = 1_000_000
 MAX_SELECT_DEPTH = 64
 CACHED_ROWS = 10_000
-
-
-class ViewError(ValueError):
-    """A ViewDefinition that cannot be used or run; the message says why."""
-
-
-class ViewDefinitionError(ViewError):
-    """The ViewDefinition itself is invalid (found before any resource is read)."""
-
-
-class ViewEvaluationError(ViewError):
-    """Running a valid ViewDefinition over a resource failed (e.g. several values for a non-collection column)."""
 
 
 @dataclass
