@@ -10,6 +10,10 @@ URL, so ``continue`` does not fetch a finished file again. The stall timeout is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import httpx
 
 from config.settings import ExtractorSettings
@@ -17,8 +21,11 @@ from tasks.clients.downloads import display_url, download_ndjson, safe_file_name
 from tasks.clients.http import ServiceEndpoint, build_client, http_timeout
 from tasks.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
 from tasks.errors import StepError
-from tasks.ndjson import remove_partial_files
+from tasks.ndjson import FileStats, remove_partial_files
 from tasks.progress import track
+
+if TYPE_CHECKING:
+    from config.settings import Settings
 
 STALL_TIMEOUT = ExtractorSettings.DEFAULT_DOWNLOAD_STALL_TIMEOUT
 
@@ -38,20 +45,28 @@ def http_import(step: StepInput) -> StepResult:
 
 @file_task("fetch-url", "fetch[{name}]")
 def fetch_url(step: StepInput, url: str, name: str) -> DataFile:
-    settings = settings_of(step)
+    with track(f"download {name}") as progress:
+        stats = fetch_ndjson(url, step.output_dir / name, settings_of(step), on_bytes=progress.advance)
+    return DataFile(name=name, size=stats.size, resources=stats.resources)
+
+
+def fetch_ndjson(
+    url: str, dest: Path, settings: Settings, *, on_bytes: Callable[[int], None] | None = None
+) -> FileStats:
+    """Download ``url`` into ``dest`` with no credentials, under the configured ``tls`` and ``retry`` (plain Python:
+    the step's task above adds the cache and the progress)."""
     endpoint = ServiceEndpoint("http_import", origin(url), None, http_timeout(STALL_TIMEOUT))
-    with build_client(endpoint, settings.tls) as client, track(f"download {name}") as progress:
-        stats = download_ndjson(
+    with build_client(endpoint, settings.tls) as client:
+        return download_ndjson(
             client,
             url,
-            step.output_dir / name,
+            dest,
             level=settings.compression.level if settings.compression.enabled else None,
             max_line_bytes=settings.pipeline.max_ndjson_line_size_bytes,
             stall_timeout=STALL_TIMEOUT,
             retry=settings.retry,
-            on_bytes=progress.advance,
+            on_bytes=on_bytes,
         )
-    return DataFile(name=name, size=stats.size, resources=stats.resources)
 
 
 def source_url(job_input: str | None) -> str:
