@@ -4,7 +4,8 @@ Plain Python, no Prefect. Follows /work/shared/spec/extraction-server-api.md and
 deviations in protocols.md (kick-off answers 202; X-Progress header; CANCELLED is 410; progress extension
 url ``https://torch.mii.de/fhir/torch-job-progress``).
 
-- ``submit`` posts once and never retries (a retry could start a second job).
+- ``submit`` posts once and never retries (a retry could start a second job): ``call_once``, the visible opt-out
+  of ``tasks.clients.retry``'s policy.
 - ``poll_until_complete`` implements the poll table of pipeline-tool.md ("States and transitions"): 202/102
   progress, 200 done, 404/410 ``DeadHandleError`` (the caller decides to submit again), 500
   ``ExtractionFailedError``, 408/429/other 5xx and network failures retried after the back-off, other 4xx
