@@ -38,7 +38,7 @@ from tasks.clients.extraction_server import (
     SearchRejectedError,
     parse_crtdl,
 )
-from tasks.record import FACTS_FILE, read_facts
+from tasks.record import read_facts
 from tasks.url_credentials import CredentialsInUrlError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -148,7 +148,7 @@ def extraction_job_id(args: argparse.Namespace) -> str:
     recorded = read_facts(job_dir).get("extraction_job_id")
     if not recorded:
         raise CliUsageError(
-            f"dupflow job {ref} has no extraction job yet (no extraction_job_id in {job_dir / FACTS_FILE})"
+            f"dupflow job {ref} has no extraction job yet (no extraction_job_id in {job_dir / 'job.json'})"
         )
     return str(recorded)
 

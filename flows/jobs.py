@@ -6,10 +6,9 @@ starts it, a deployment runs it or a schedule does: it refuses secrets in any pa
 freezes every path of the configuration as absolute, and prepares the job's CRTDL (copied, or enriched) in the
 job directory when the job has one.
 
-Prefect is the record of a job's state: its latest flow run's state. ``job.json`` holds what a re-run needs (the
-configuration's location, the input, non-secret overrides) and a cache of that state, written from the flow's
-state hooks, so ``status`` and ``list`` answer without a Prefect server. The facts the spec requires and every
-finished step's files are in the project's own files (``tasks.record``).
+The job's own file is ``job.json``, owned by ``tasks.record`` (its docstring has the one rule that settles
+Prefect vs the file): ``JobFile`` is its frozen inputs and the state the flow wrote last, so ``status`` and
+``list`` answer without a Prefect server.
 
 Files a user gives are read within bounds: the CRTDL at most MAX_CRTDL_BYTES and 128 levels deep
 (``tasks.layout.read_json_file``); the anonymization config and the CA bundle must be regular files of at most
@@ -30,13 +29,16 @@ import stat
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
-from datetime import UTC, datetime
 from pathlib import Path
 
-from config.loader import LoadedConfig, absolute_path_overrides, load_settings, refuse_secret_overrides
+from config.loader import (
+    LoadedConfig,
+    absolute_path_overrides,
+    cached_settings,
+    load_settings,
+    refuse_secret_overrides,
+)
 from config.settings import Settings
-from tasks.clients.errors import redact
 from tasks.errors import JobError
 from tasks.layout import (
     JobPaths,
@@ -47,15 +49,10 @@ from tasks.layout import (
     write_error,
     write_file_atomically,
 )
-from tasks.record import record_facts
+from tasks.record import RUNNING, now_iso, read_record, record_facts, settled_state, update_record
 from tasks.url_credentials import refuse_credentials_in_url
 
 LOCK_FILE = ".lock"
-
-# Job states: Prefect's state names, the same in every view (CLI with or without a server, job.json, README).
-RUNNING, COMPLETED, FAILED, CRASHED, CANCELLED = "Running", "Completed", "Failed", "Crashed", "Cancelled"
-AWAITING_INSPECTION = "AwaitingInspection"
-SUSPENDED = "Suspended"  # a deployment run at a wait step, resumed with the inspection form
 
 CRTDL_NAME = "crtdl.json"
 ENRICHED_CRTDL_NAME = "enriched-crtdl.json"
@@ -65,10 +62,6 @@ MAX_SETTINGS_FILE_BYTES = 16 * 1024 * 1024  # an anonymization config or a CA bu
 
 def new_job_id() -> str:
     return str(uuid.uuid4())
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 @dataclass
@@ -88,21 +81,19 @@ class JobFile:
 
     @classmethod
     def read(cls, paths: JobPaths) -> JobFile:
-        data = json.loads(paths.job_file.read_text())
+        data = read_record(paths.job_dir)
+        if not data:
+            raise FileNotFoundError(paths.job_file)
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
-    def write(self, paths: JobPaths) -> None:
-        self.updated_at = now_iso()
-        write_file_atomically(paths.job_file, (json.dumps(self.__dict__, indent=2) + "\n").encode())
+    def create(self, paths: JobPaths) -> None:
+        """The new job's record (``tasks.record`` owns the file; later writes change their part of it)."""
+        fields = {k: v for k, v in self.__dict__.items() if k != "updated_at"}
+        update_record(paths.job_dir, lambda record: record.update(fields))
 
 
-def cache_state(paths: JobPaths, state: str, message: str = "", flow_run_id: str | None = None) -> None:
-    """Write the job's latest flow-run state into ``job.json`` (a cache for ``status``/``list`` without a server)."""
-    job = JobFile.read(paths)
-    job.state, job.state_message = state, redact(message)
-    if flow_run_id and flow_run_id not in job.flow_run_ids:
-        job.flow_run_ids.append(flow_run_id)
-    job.write(paths)
+def save_overrides(paths: JobPaths, overrides: Mapping[str, str]) -> None:
+    update_record(paths.job_dir, lambda record: record.update(overrides=dict(overrides)))
 
 
 # --- preparing a job ---------------------------------------------------------------------------------------
@@ -152,9 +143,9 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str]) -> Job:
     if overrides:
         job.overrides = {**job.overrides, **overrides}
     job.overrides["jobs_dir"] = str(paths.job_dir.parent)
-    settings = load_settings(job.config_path, overrides=job.overrides).settings
+    settings = cached_settings(job.config_path, job.overrides)
     if overrides:
-        job.write(paths)
+        save_overrides(paths, job.overrides)
     return Job(paths, job, settings)
 
 
@@ -190,7 +181,7 @@ def create_job_files(paths: JobPaths, job: JobFile, crtdl: Path | None, effectiv
     except OSError as exc:
         raise write_error(exc, paths.job_dir) from None
     try:
-        job.write(paths)
+        job.create(paths)
         if crtdl is not None and effective is not None:
             write_crtdl(paths, crtdl, effective)
     except OSError:
@@ -333,38 +324,37 @@ class JobLockedError(JobError):
 class JobLock:
     """An exclusive lock on a job directory for the lifetime of one process working on it.
 
-    The kernel releases it when the process dies, so a killed run never leaves a stale lock. A process that holds
-    it may take it again (``continue`` takes it before a flow run exists, then its flow takes it as every run
-    does); it is released when its first holder releases it.
+    The kernel releases it when the process dies, so a killed run never leaves a stale lock. The lock file holds
+    its holder's process id while it is held (it is emptied before release), which is how a process tells that
+    it holds the lock already: ``continue`` takes it before a flow run exists, then its flow takes it as every run
+    does. Such a second taking owns nothing; the lock is released when its first holder releases it.
     """
-
-    _held_here: ClassVar[set[Path]] = set()
 
     def __init__(self, paths: JobPaths):
         self._path = paths.job_dir / LOCK_FILE
         self._fd: int | None = None
 
     def acquire(self) -> JobLock:
-        if self._path in JobLock._held_here:
-            return self
         self._path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
+            holder = os.pread(fd, 32, 0)
             os.close(fd)
-            if exc.errno in (errno.EAGAIN, errno.EACCES):
-                raise JobLockedError(locked_message(self._path.parent.name)) from exc
-            raise
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            if holder == str(os.getpid()).encode():
+                return self
+            raise JobLockedError(locked_message(self._path.parent.name)) from exc
         os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
-        JobLock._held_here.add(self._path)
         return self
 
     def release(self) -> None:
         if self._fd is not None:
-            JobLock._held_here.discard(self._path)
+            os.ftruncate(self._fd, 0)
             fcntl.flock(self._fd, fcntl.LOCK_UN)
             os.close(self._fd)
             self._fd = None
@@ -397,11 +387,9 @@ def is_locked(paths: JobPaths) -> bool:
         os.close(fd)
 
 
-def effective_state(paths: JobPaths, job: JobFile) -> str:
-    """The cached state, corrected to Crashed when it says Running but no process holds the job (killed)."""
-    if job.state == RUNNING and not is_locked(paths):
-        return CRASHED
-    return job.state
+def effective_state(paths: JobPaths, job: JobFile, server: str | None = None) -> str:
+    """The job's state by the one rule of ``tasks.record`` (``server``: its newest flow run's state there)."""
+    return settled_state(job.state, locked=is_locked(paths), server=server)
 
 
 # --- finding jobs ------------------------------------------------------------------------------------------

@@ -7,11 +7,15 @@ loaded inside the run. Each step is a Prefect task registered in ``STEPS`` with 
 decides what the next step reads. Finished steps and files come back from their cached results in the job
 directory, so running the flow again for the same job resumes it.
 
-The job's state is the flow run's state; the state hooks below copy it into ``job.json`` for ``status`` and
-``list`` without a server. A job that reaches a ``wait`` step ends its run as ``AwaitingInspection`` (a Paused
-state, never a green Completed) in a local run, and is suspended with an input form in a deployment run. Only a
-resume that confirms the inspection opens the gate: one without (the form's toggle is off until a person turns it
-on) suspends the run again, with a log line and the inspection artifact saying why.
+The flow owns the job: it prepares it, takes its lock, closes the job's earlier flow run that no process carries
+on (a local run paused for inspection, perhaps resumed in the UI with nothing behind it: it ends ``Continued``),
+settles a submission in doubt (``attach``/``resubmit``), releases the gates that paused the job (``note``), runs
+the steps, and writes every state of the job into its record itself (``tasks.record``, whose one rule settles
+Prefect vs the file). A job that reaches a ``wait`` step ends its run as ``AwaitingInspection`` (a Paused state,
+never a green Completed) in a local run, and is suspended with an input form in a deployment run. Only a resume
+that confirms the inspection opens the gate: one without (the form's toggle is off until a person turns it on)
+suspends the run again, with a log line and the inspection artifact saying why. The job-record artifact is one
+card per flow run, updated in place at every step boundary.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, runtime
@@ -30,21 +33,38 @@ from prefect.states import Completed, Paused
 from pydantic import Field
 
 from config.settings import Settings
-from flows.jobs import AWAITING_INSPECTION, RUNNING, SUSPENDED, Job, JobLock, cache_state, prepare_job
-from tasks.clients.errors import redact
-from tasks.contract import StepInput, StepKind, StepResult, register_settings
+from flows.jobs import Job, JobLock, prepare_job
+from tasks.redaction import redact
+from tasks.contract import StepInput, StepKind, StepResult
 from tasks.errors import DupflowError
 from tasks.extractor import extractor
 from tasks.filework import file_runner
 from tasks.flattening import flattening
 from tasks.http_import import http_import
-from tasks.layout import JobPaths, artifact_key
+from tasks.layout import artifact_key
 from tasks.local_import import local_import
 from tasks.pseudonymizer import pseudonymizer
-from tasks.record import read_facts, record_facts, write_step_manifest
+from tasks.record import (
+    AWAITING_INSPECTION,
+    COMPLETED,
+    CONTINUED,
+    CRASHED,
+    FAILED,
+    RUNNING,
+    SUSPENDED,
+    count_unconfirmed_resume,
+    gate,
+    read_facts,
+    read_record,
+    record_facts,
+    record_state,
+    record_step,
+    release_awaiting_gates,
+    release_gate,
+)
 from tasks.send import send
 from tasks.validation import validation
-from tasks.wait import refuse_unconfirmed_resume, release, wait
+from tasks.wait import refuse_unconfirmed_resume, wait
 
 SUSPEND_TIMEOUT_SECONDS = 7 * 24 * 3600
 
@@ -77,24 +97,6 @@ class InspectionInput(RunInput):
     note: str = Field(default="", description="A note for the job record: what was checked or changed")
 
 
-# --- state hooks: the job.json cache of the flow run's state ---------------------------------------------------
-
-_job_dirs: dict[str, Path] = {}
-
-
-def cache_final_state(flow: Any, flow_run: Any, state: Any) -> None:
-    job_dir = _job_dirs.pop(str(flow_run.id), None)
-    if job_dir is not None:
-        cache_state(JobPaths(job_dir), state.name, state_message(state), str(flow_run.id))
-
-
-def state_message(state: Any) -> str:
-    message = state.message or ""
-    for prefix in ("Flow run encountered an exception: ",):
-        message = message.removeprefix(prefix)
-    return message
-
-
 def flow_run_name() -> str:
     """The job id; a deployment run without one is renamed to its new job id as soon as the job exists."""
     return run_job_id(runtime.flow_run.parameters.get("job_id")) or "new-job"
@@ -116,24 +118,26 @@ def run_job_id(job_id: str | None) -> str | None:
     flow_run_name=flow_run_name,
     log_prints=False,
     persist_result=False,
-    on_completion=[cache_final_state],
-    on_failure=[cache_final_state],
-    on_crashed=[cache_final_state],
-    on_cancellation=[cache_final_state],
 )
 def pipeline(
     job_id: str | None = None,
     config_path: str | None = None,
     job_input: str | None = None,
     overrides: dict[str, str] | None = None,
+    note: str | None = None,
+    attach: str | None = None,
+    resubmit: bool = False,
 ) -> Any:
-    """Run (or resume) one dupflow job.
+    """Run (or continue) one dupflow job.
 
     Args:
-        job_id: The job to resume; empty for a new job (scheduled and deployment runs).
+        job_id: The job to continue; empty for a new job (scheduled and deployment runs).
         config_path: Path of the configuration YAML (absolute, or relative to the worker's directory).
         job_input: A CRTDL file, a data directory, or a URL, depending on the import step.
         overrides: Non-secret configuration keys to override, e.g. {"retry.max_attempts": "3"}.
+        note: Continue past the wait steps that paused the job, with this inspection note.
+        attach: After a submission in doubt: follow the extraction at this status URL.
+        resubmit: After a submission in doubt: submit the extraction anew.
     """
     job = prepare_job(
         run_job_id(job_id), config_path, job_input, overrides, overrides_source="the flow's overrides parameter"
@@ -141,19 +145,70 @@ def pipeline(
     flow_run_id = str(runtime.flow_run.id)
     name_and_tag_flow_run(job.job_id)
     with JobLock(job.paths):
-        _job_dirs[flow_run_id] = job.paths.job_dir
-        register_settings(job.paths.job_dir, job.settings)
-        cache_state(job.paths, RUNNING, flow_run_id=flow_run_id)
-        with file_runner(job.settings.pipeline.task_runner, job.paths.job_dir):
-            results = run_steps(job)
-        last = results[-1]
-        if last.awaiting:
-            _job_dirs.pop(flow_run_id, None)
-            message = f"awaiting inspection at step {last.position + 1} (wait); continue with: continue {job.job_id}"
-            cache_state(job.paths, AWAITING_INSPECTION, message, flow_run_id)
-            return Paused(name=AWAITING_INSPECTION, message=message, data=job_summary(job, results))
+        close_earlier_flow_run(job, flow_run_id)
+        record_state(job.paths.job_dir, RUNNING, flow_run_id=flow_run_id)
+        settle_submission_in_doubt(job, attach, resubmit)
+        if note is not None:
+            release_awaiting_gates(job.paths.job_dir, note)
+        try:
+            return run_job_steps(job, JobRecordCard(job))
+        except PrefectSignal:  # suspended for inspection: the state is written before the suspend
+            raise
+        except BaseException as exc:
+            record_state(job.paths.job_dir, *ended_state(exc))
+            raise
+
+
+def ended_state(exc: BaseException) -> tuple[str, str]:
+    """The state a run ends in when ``exc`` stops it, with Prefect's words for it (secrets redacted)."""
+    if isinstance(exc, Exception):
+        return FAILED, redact(f"{type(exc).__name__}: {exc}")
+    return CRASHED, "Execution was aborted by an interrupt signal (Ctrl+C or SIGTERM); continue resumes the job"
+
+
+def run_job_steps(job: Job, card: JobRecordCard) -> Any:
+    """The steps, and the state the job ends in (written to its record first)."""
+    with file_runner(job.settings.pipeline.task_runner, job.paths.job_dir):
+        results = run_steps(job, card)
     summary = job_summary(job, results)
-    return Completed(message=f"outputs in {summary['output_dir']}", data=summary)
+    last = results[-1]
+    if last.awaiting:
+        message = f"awaiting inspection at step {last.position + 1} (wait); continue with: continue {job.job_id}"
+        record_state(job.paths.job_dir, AWAITING_INSPECTION, message)
+        return Paused(name=AWAITING_INSPECTION, message=message, data=summary)
+    message = f"outputs in {summary['output_dir']}"
+    record_state(job.paths.job_dir, COMPLETED, message)
+    return Completed(message=message, data=summary)
+
+
+def close_earlier_flow_run(job: Job, flow_run_id: str) -> None:
+    """The job's previous flow run, left Paused (awaiting inspection) or Running (resumed in the UI, or killed) by
+    a process that is gone (this flow holds the job's lock), ends as ``Continued``, naming this run."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled
+
+    earlier = [run_id for run_id in job.file.flow_run_ids if run_id != flow_run_id]
+    if not earlier:
+        return
+    with get_client(sync_client=True) as client:
+        try:
+            run = client.read_flow_run(earlier[-1])
+        except Exception:  # not in this server's database (another PREFECT_HOME): nothing to close
+            return
+        if run.state is not None and not run.state.is_final():
+            message = f"the job was continued in flow run {flow_run_id}"
+            client.set_flow_run_state(earlier[-1], Cancelled(name=CONTINUED, message=message), force=True)
+
+
+def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> None:
+    """``attach`` follows the extraction at that status URL; ``resubmit`` allows a fresh submission."""
+    if attach:
+        job_id = attach.rstrip("/").rsplit("/", 1)[-1]
+        record_facts(
+            job.paths.job_dir, extraction_status_url=attach, extraction_job_id=job_id, extraction_submission=None
+        )
+    elif resubmit:
+        record_facts(job.paths.job_dir, extraction_status_url=None, extraction_job_id=None, extraction_submission=None)
 
 
 def name_and_tag_flow_run(job_id: str) -> None:
@@ -168,7 +223,7 @@ def name_and_tag_flow_run(job_id: str) -> None:
         client.update_flow_run(runtime.flow_run.id, name=job_id, tags=sorted(tags | {tag}))
 
 
-def run_steps(job: Job) -> list[StepResult]:
+def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:
     """Run every step in order; each step's input follows the kinds of the steps before it."""
     logger = get_run_logger()
     keep_one_trace_per_failure()
@@ -178,17 +233,17 @@ def run_steps(job: Job) -> list[StepResult]:
         spec = STEPS[name]
         step = step_input(job, position, name, current)
         try:
-            result = run_gate(job, step, results) if spec.kind is StepKind.GATE else run_step(spec.task, step)
+            result = run_gate(job, step, results, card) if spec.kind is StepKind.GATE else run_step(spec.task, step)
         except PrefectSignal:  # a suspend for inspection (Pause) or an abort: not a failure of the step
             raise
         except BaseException as exc:
-            publish_failure(job, results, name, exc)
+            publish_failure(card, results, name, exc)
             raise
-        write_step_manifest(job.paths.job_dir, position, name, result.model_dump(mode="json"))
+        record_step(job.paths.job_dir, position, result.model_dump(mode="json"))
         results.append(result)
         if not result.awaiting:
             publish_step_table(job, result)
-        publish_job_record(job, results)
+        card.publish(results)
         if result.awaiting:
             break
         logger.info(
@@ -257,10 +312,12 @@ def step_input(job: Job, position: int, name: str, current: StepResult | None) -
         folder=current.folder if current else None,
         files=current.files if current else [],
         facts=read_facts(job.paths.job_dir),
+        config_path=job.file.config_path,
+        overrides=job.file.overrides,
     )
 
 
-def run_gate(job: Job, step: StepInput, done: list[StepResult]) -> StepResult:
+def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordCard) -> StepResult:
     """A wait step: in a deployment run, suspend until resumed with the inspection form; locally, stop the run."""
     in_deployment = runtime.deployment.id is not None
     hint = (
@@ -272,30 +329,22 @@ def run_gate(job: Job, step: StepInput, done: list[StepResult]) -> StepResult:
     result = wait(step, hint)
     if not result.awaiting or not in_deployment:
         return result
-    publish_job_record(job, [*done, result])  # the record shows the gate awaiting while the run is suspended
+    card.publish([*done, result])  # the record shows the gate awaiting while the run is suspended
     inspection = confirmed_inspection(job, step, hint)
-    record_facts(
-        job.paths.job_dir,
-        **{f"inspection_{step.position:02d}": {"confirmed": inspection.confirmed, "note": inspection.note}},
-    )
-    release(job.paths.job_dir, step.position)
+    release_gate(job.paths.job_dir, step.position, inspection.note)
+    record_state(job.paths.job_dir, RUNNING)
     return wait(step, hint)
 
 
 def confirmed_inspection(job: Job, step: StepInput, hint: str) -> InspectionInput:
     """The form of the resume that confirmed the inspection. A resume without confirmation is counted in the job's
-    facts and suspends the run again under a new key (a key already resumed returns its input at once, which is
-    how a resumed run, started again from the top, gets past the suspends before it)."""
-    unconfirmed = read_facts(job.paths.job_dir).get(unconfirmed_resumes_fact(step.position), 0)
+    record's gate and suspends the run again under a new key (a key already resumed returns its input at once,
+    which is how a resumed run, started again from the top, gets past the suspends before it)."""
+    unconfirmed = gate(job.paths.job_dir, step.position).get("unconfirmed_resumes", 0)
     while not (inspection := suspend_for_inspection(job, step.position, unconfirmed)).confirmed:
-        unconfirmed += 1
-        record_facts(job.paths.job_dir, **{unconfirmed_resumes_fact(step.position): unconfirmed})
+        unconfirmed = count_unconfirmed_resume(job.paths.job_dir, step.position)
         refuse_unconfirmed_resume(step, hint, inspection.note)
     return inspection
-
-
-def unconfirmed_resumes_fact(position: int) -> str:
-    return f"inspection_{position:02d}_unconfirmed_resumes"
 
 
 def suspend_for_inspection(job: Job, position: int, unconfirmed: int) -> InspectionInput:
@@ -304,7 +353,7 @@ def suspend_for_inspection(job: Job, position: int, unconfirmed: int) -> Inspect
     from prefect.flow_runs import suspend_flow_run
 
     message = f"awaiting inspection at step {position + 1} (wait); resume in the UI with the confirmation turned on"
-    cache_state(job.paths, SUSPENDED, message)
+    record_state(job.paths.job_dir, SUSPENDED, message)
     key = f"wait-{position:02d}" + (f"-unconfirmed-{unconfirmed}" if unconfirmed else "")
     return suspend_flow_run(wait_for_input=InspectionInput, timeout=SUSPEND_TIMEOUT_SECONDS, key=key)
 
@@ -331,10 +380,50 @@ def publish_step_table(job: Job, result: StepResult) -> None:
     )
 
 
-def publish_job_record(job: Job, results: list[StepResult], failed: tuple[str, BaseException] | None = None) -> None:
-    """One readable record per job (key ``job-<id>``), published at every step boundary: per step its state,
-    folder, files, resources, bytes, wall time (that of the run that made it, for a step served from the cache)
-    and links to its artifacts; the step time so far, the recorded facts, and a link to this flow run."""
+class JobRecordCard:
+    """The job-record artifact (key ``job-<id>``) of this flow run: one version per flow run, made at its first
+    step boundary and updated in place at the later ones, so the run's Artifacts tab shows one "Job record" card
+    (a deployment run resumed from the top finds its card again)."""
+
+    def __init__(self, job: Job):
+        self._job = job
+        self._artifact_id: Any = None
+
+    def publish(self, results: list[StepResult], failed: tuple[str, BaseException] | None = None) -> None:
+        from prefect.client.orchestration import get_client
+        from prefect.client.schemas.actions import ArtifactUpdate
+
+        markdown = job_record_markdown(self._job, results, failed)
+        if self._artifact_id is None:
+            self._artifact_id = this_runs_artifact_id(artifact_key(self._job.job_id))
+        if self._artifact_id is None:
+            self._artifact_id = create_markdown_artifact(
+                key=artifact_key(self._job.job_id), markdown=markdown, description="Job record"
+            )
+            return
+        with get_client(sync_client=True) as client:
+            client.update_artifact(self._artifact_id, ArtifactUpdate(data=markdown))
+
+
+def this_runs_artifact_id(key: str) -> Any:
+    """The id of the artifact ``key`` made by this flow run, if it made one."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[runtime.flow_run.id])
+            ),
+            limit=1,
+        )
+    return found[0].id if found else None
+
+
+def job_record_markdown(job: Job, results: list[StepResult], failed: tuple[str, BaseException] | None) -> str:
+    """The job record: per step its state, folder, files, resources, bytes, wall time (that of the run that made
+    it, for a step served from the cache) and links to its artifacts; the step time so far, the inspections with
+    their notes, the recorded facts, and a link to this flow run."""
     settings: Settings = job.settings
     base = ui_base_url()
     links = artifact_links(job.job_id, base)
@@ -360,10 +449,25 @@ def publish_job_record(job: Job, results: list[StepResult], failed: tuple[str, B
     lines += ["", step_time_text(results)]
     if others := links.pop(None, []):
         lines += ["", f"Other artifacts: {' · '.join(others)}"]
-    facts = read_facts(job.paths.job_dir)
-    if facts:
+    record = read_record(job.paths.job_dir)
+    if inspections := inspection_lines(record):
+        lines += ["", "## Inspections", "", *inspections]
+    if facts := record.get("facts"):
         lines += ["", "## Facts", ""] + [f"- **{key}**: `{value}`" for key, value in sorted(facts.items())]
-    create_markdown_artifact(key=artifact_key(job.job_id), markdown="\n".join(lines), description="Job record")
+    return "\n".join(lines)
+
+
+def inspection_lines(record: dict[str, Any]) -> list[str]:
+    """One line per gate that paused the job: released or not, and the note it was released with."""
+    steps = record.get("enabled_steps") or []
+    lines = []
+    for key, entry in sorted((record.get("gates") or {}).items()):
+        position = int(key)
+        name = steps[position] if position < len(steps) else "wait"
+        state = "released" if entry.get("released") else "awaiting inspection"
+        note = f": {entry['note']}" if entry.get("note") else ""
+        lines.append(f"- step {position + 1} ({name}): {state}{note}")
+    return lines
 
 
 def step_links(links: dict[int | None, list[str]], position: int) -> str:
@@ -382,11 +486,11 @@ def step_time_text(results: list[StepResult]) -> str:
     return text + (f" ({cached:.1f} s of it in earlier runs, served from the cache)" if cached else "")
 
 
-def publish_failure(job: Job, results: list[StepResult], step: str, exc: BaseException) -> None:
+def publish_failure(card: JobRecordCard, results: list[StepResult], step: str, exc: BaseException) -> None:
     """The record with the failed step's cause; a record that cannot be published (the API may be what failed)
     is logged, never put in place of the step's own error."""
     try:
-        publish_job_record(job, results, failed=(step, exc))
+        card.publish(results, failed=(step, exc))
     except Exception as publish_error:
         get_run_logger().warning("the job record could not be updated: %s", one_line(publish_error))
 

@@ -24,9 +24,6 @@ from config.loader import ConfigError, LoadedConfig, effective_config_rows, load
 from config.runtime import apply_prefect_defaults, default_jobs_dir, prefect_api_url
 from flows import extraction_cli, prefect_server, view_cli
 from flows.jobs import (
-    AWAITING_INSPECTION,
-    COMPLETED,
-    SUSPENDED,
     JobFile,
     effective_state,
     JobLock,
@@ -35,10 +32,10 @@ from flows.jobs import (
     prepare_job,
     step_file_problems,
 )
-from tasks.clients.errors import RedactingFilter, redact
+from tasks.redaction import RedactingFilter, redact
 from tasks.errors import DupflowError
 from tasks.layout import JobPaths
-from tasks.record import read_facts, read_step_manifest, record_facts
+from tasks.record import COMPLETED, SUSPENDED, read_record, step_results
 from tasks.url_credentials import refuse_credentials_in_url
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -90,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--resubmit", action="store_true", help="submit the extraction anew (after a submission in doubt)"
     )
     resume.add_argument(
-        "--note", default="continued from the command line", help="the inspection note (a suspended deployment run)"
+        "--note", default="continued from the command line", help="the inspection note, kept in the job's record"
     )
     resume.set_defaults(command=cmd_continue)
 
@@ -209,6 +206,7 @@ def cmd_continue(args: argparse.Namespace) -> int:
 
 
 def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: dict[str, str]) -> int:
+    """The flow does the continuing (gates, a submission in doubt, the earlier flow run); this picks the way in."""
     job = JobFile.read(paths)
     if job.state == SUSPENDED:
         return resume_suspended_run(job, args.note)
@@ -217,11 +215,9 @@ def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: di
         return EXIT_OK
     use_prefect_server()
     prepare_job(job.job_id, None, None, overrides, overrides_source="--set", jobs_dir=paths.job_dir.parent)
-    settle_submission_in_doubt(paths, args.attach, args.resubmit)
-    if job.state == AWAITING_INSPECTION:
-        release_awaiting_gates(paths, job)
     print(f"job {job.job_id}: continuing in {paths.job_dir}")
-    return run_job(paths, args.no_progress)
+    continuing = {"note": args.note, "attach": args.attach, "resubmit": args.resubmit}
+    return run_job(paths, args.no_progress, continuing)
 
 
 def resume_suspended_run(job: JobFile, note: str) -> int:
@@ -235,26 +231,9 @@ def resume_suspended_run(job: JobFile, note: str) -> int:
     return EXIT_OK
 
 
-def settle_submission_in_doubt(paths: JobPaths, attach: str | None, resubmit: bool) -> None:
-    """``--attach URL`` follows a given extraction; ``--resubmit`` allows a fresh submission."""
-    if attach:
-        job_id = attach.rstrip("/").rsplit("/", 1)[-1]
-        record_facts(paths.job_dir, extraction_status_url=attach, extraction_job_id=job_id, extraction_submission=None)
-    elif resubmit:
-        record_facts(paths.job_dir, extraction_status_url=None, extraction_job_id=None, extraction_submission=None)
-
-
-def release_awaiting_gates(paths: JobPaths, job: JobFile) -> None:
-    from tasks.wait import release
-
-    for position, step in enumerate(job.enabled_steps):
-        manifest = read_step_manifest(paths.job_dir, position, step)
-        if manifest and manifest.get("awaiting"):
-            release(paths.job_dir, position)
-
-
-def run_job(paths: JobPaths, no_progress: bool) -> int:
-    """Run the flow in this process and report the outcome in one line; the full trace goes to the job's log."""
+def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | None = None) -> int:
+    """Run the flow in this process and report the outcome in one line; the full trace goes to the job's log.
+    ``continuing``: the flow's parameters of a ``continue`` (note, attach, resubmit)."""
     job = JobFile.read(paths)
     choose_progress_display(no_progress)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
@@ -262,7 +241,7 @@ def run_job(paths: JobPaths, no_progress: bool) -> int:
     use_prefect_server()
     try:
         with job_logging(log_file):
-            state = run_flow(job, paths)
+            state = run_flow(job, paths, continuing or {})
     except KeyboardInterrupt:
         print(f"interrupted; resume with: python -m flows.run continue {job.job_id}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -348,7 +327,8 @@ def _console_handlers() -> list[logging.Handler]:
     return list(handlers)
 
 
-def run_flow(job: JobFile, paths: JobPaths) -> Any:
+def run_flow(job: JobFile, paths: JobPaths, continuing: dict[str, Any]) -> Any:
+    """A new flow run of the job (a ``continue`` too: the flow closes the earlier run that no process carries on)."""
     from prefect import tags
     from prefect.exceptions import TerminationSignal
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
@@ -361,33 +341,13 @@ def run_flow(job: JobFile, paths: JobPaths) -> Any:
         job_input=job.job_input,
         # The directory this command found the job in, whatever jobs_dir says now.
         overrides={**job.overrides, "jobs_dir": str(paths.job_dir.parent)},
+        **continuing,
     )
     try:
         with tags(f"job-{job.job_id}"), temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
-            paused_run = paused_flow_run(job)
-            if paused_run is not None:
-                from prefect.flow_engine import run_flow as run_existing
-
-                state = run_existing(pipeline, flow_run=paused_run, parameters=parameters, return_type="state")
-            else:
-                state = pipeline(**parameters, return_state=True)
+            return pipeline(**parameters, return_state=True)
     except TerminationSignal as exc:
         raise KeyboardInterrupt from exc
-    return state
-
-
-def paused_flow_run(job: JobFile) -> Any:
-    """The job's latest flow run when it ended awaiting inspection: ``continue`` resumes that run, not a new one."""
-    if job.state != AWAITING_INSPECTION or not job.flow_run_ids:
-        return None
-    from prefect.client.orchestration import get_client
-
-    try:
-        with get_client(sync_client=True) as client:
-            run = client.read_flow_run(job.flow_run_ids[-1])
-    except Exception:  # not in this server's database (another PREFECT_HOME): a new run does the same work
-        return None
-    return run if run.state is not None and run.state.is_paused() else None
 
 
 def report_outcome(paths: JobPaths, state: Any, log_file: Path) -> int:
@@ -412,40 +372,39 @@ def jobs_dir_for(args: argparse.Namespace) -> Path:
 def cmd_status(args: argparse.Namespace) -> int:
     paths = JobPaths(find_job_dir(args.job, jobs_dir_for(args)))
     job = JobFile.read(paths)
+    record = read_record(paths.job_dir)
     print(f"job {job.job_id}")
     print(f"  directory: {paths.job_dir}")
     print(f"  state:     {job_state(paths, job)}" + (f" — {job.state_message}" if job.state_message else ""))
     print(f"  created:   {job.created_at}   updated: {job.updated_at}")
     print(f"  input:     {job.job_input or '-'}")
-    for key, value in sorted(read_facts(paths.job_dir).items()):
+    for key, value in sorted((record.get("facts") or {}).items()):
         print(f"  {key}: {value}")
+    results = step_results(paths.job_dir)
+    gates = record.get("gates") or {}
     for position, step in enumerate(job.enabled_steps):
-        print_step_status(paths, position, step)
+        print_step_status(position, step, results.get(position), gates.get(f"{position:02d}") or {})
     return EXIT_OK
 
 
 def job_state(paths: JobPaths, job: JobFile) -> str:
-    """From the Prefect server when one is configured, else from the job directory."""
-    if prefect_api_url() is not None:
-        from flows.server_state import latest_flow_run_state
-
-        server_state = latest_flow_run_state(job.job_id)
-        if server_state:
-            return server_state
-    return effective_state(paths, job)
+    """The job's state by the record's one rule; the Prefect server is asked only about a suspended run."""
+    suspended = [job.job_id] if job.state == SUSPENDED else []
+    return effective_state(paths, job, server=states_on_server(suspended).get(job.job_id))
 
 
-def print_step_status(paths: JobPaths, position: int, step: str) -> None:
-    result = read_step_manifest(paths.job_dir, position, step)
+def print_step_status(position: int, step: str, result: dict[str, Any] | None, gate: dict[str, Any]) -> None:
+    released = f"released ({gate['note']})" if gate.get("note") else "released"
     if result is None:
-        print(f"  {position + 1}. {step}: not finished")
+        print(f"  {position + 1}. {step}: " + (released if gate.get("released") else "not finished"))
         return
     if result.get("awaiting"):
-        print(f"  {position + 1}. {step}: awaiting inspection")
+        print(f"  {position + 1}. {step}: " + (released if gate.get("released") else "awaiting inspection"))
         return
     files = result.get("files", [])
     total = sum(f["size"] for f in files)
-    print(f"  {position + 1}. {step}: done, {len(files)} file(s), {total} bytes in {result.get('folder')}")
+    note = f" (inspection note: {gate['note']})" if gate.get("note") else ""
+    print(f"  {position + 1}. {step}: done, {len(files)} file(s), {total} bytes in {result.get('folder')}{note}")
     for key, value in (result.get("summary") or {}).items():
         print(f"       {key}: {value}")
     for f in files:
@@ -458,19 +417,19 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not job_dirs:
         print(f"no jobs in {jobs_dir.resolve()}")
         return EXIT_OK
-    server_states = states_on_server([job_dir.name for job_dir in job_dirs])
+    jobs = [(JobPaths(job_dir), JobFile.read(JobPaths(job_dir))) for job_dir in job_dirs]
+    server_states = states_on_server([job.job_id for _, job in jobs if job.state == SUSPENDED])
     print(f"{'JOB':<36}  {'STATE':<18}  {'AGE':>8}  INPUT")
-    for job_dir in job_dirs:
-        paths = JobPaths(job_dir)
-        job = JobFile.read(paths)
-        state = server_states.get(job.job_id) or effective_state(paths, job)
+    for paths, job in jobs:
+        state = effective_state(paths, job, server=server_states.get(job.job_id))
         print(f"{job.job_id}  {state:<18}  {extraction_cli.age(job.created_at):>8}  {job.job_input or ''}")
     return EXIT_OK
 
 
 def states_on_server(job_ids: list[str]) -> dict[str, str]:
-    """The jobs' states from the Prefect server when one is configured (one request), else none."""
-    if prefect_api_url() is None:
+    """The newest flow run's state of each job on the Prefect server, when one is configured (and any job to ask
+    about: only a Suspended job defers to the server), else none."""
+    if prefect_api_url() is None or not job_ids:
         return {}
     from flows.server_state import latest_states
 

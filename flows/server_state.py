@@ -9,12 +9,6 @@ from config.runtime import prefect_api_url
 PAGE = 200  # the most flow runs the API returns at once
 
 
-def latest_flow_run_state(job_id: str, timeout: float = 2.0) -> str | None:
-    """``"<state name> (flow run <id>)"`` of the newest flow run tagged ``job-<id>``, or None if unknown."""
-    runs = _newest_runs([job_id], limit=1, timeout=timeout)
-    return f"{runs[job_id]['state_name']} (flow run {runs[job_id]['id']})" if job_id in runs else None
-
-
 def latest_states(job_ids: list[str], timeout: float = 2.0) -> dict[str, str]:
     """The newest flow run's state name per job (jobs the server does not know are left out), in one request
     per ``PAGE`` jobs."""

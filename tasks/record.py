@@ -1,73 +1,214 @@
-"""The job record the project writes itself: step manifests and job facts, as small JSON files.
+"""The job's own file, ``job.json``: what Prefect cannot hold durably, in one file behind this one module.
 
-- ``steps/<NN>-<step>.json``: a finished step's result (``StepResult`` as JSON), written by the flow when the
-  step returns (also when Prefect answered it from the cache), so ``status`` shows files and counts.
-- ``facts.json``: what the job has learned that later steps and people need (the effective CRTDL path, the
-  extraction status URL and job id, …), merged key by key as steps learn them, mid-step included: the
-  extraction handle is recorded the moment the server answers the submission.
+Prefect's flow-run and task-run states (with the cached results in ``.prefect/results/``) say what ran; the
+job-record artifact is their picture. ``job.json`` keeps what must survive a lost or changed server, and is what
+``status``, ``list``, the job-record artifact, the ``wait`` gate and ``continue`` all read:
 
-Every write is atomic (temporary name, fsync, rename). Import-light on purpose: ``status`` and ``list`` use it.
+- the frozen inputs (``job_id``, ``config_path``, ``job_input``, ``overrides``, ``enabled_steps``, ``created_at``);
+- the job's state: that of its latest flow run (``state``, ``state_message``, ``flow_run_ids``), written by the
+  flow itself at every transition (started, awaiting inspection, suspended, ended) and by nothing else;
+- ``facts``: what the job learned that later steps and people need (the effective CRTDL, the extraction handle
+  and a submission in flight), merged key by key the moment they are known;
+- ``steps``: per position (``"00"``, ``"01"``, …) the finished step's result as the flow saw it;
+- ``gates``: per wait-step position, when the gate paused the job, resumes without confirmation, and its release
+  with the inspection note.
+
+**The one rule (Prefect vs this file).** The file is the job's state; the server shows it. When they disagree,
+the file wins, corrected by the job's lock: a file that says Running while no process holds the lock is
+Crashed (its process was killed). One exception: a file that says Suspended (a deployment run waiting for the UI's
+form, with no process of ours behind it) defers to the server's state of that flow run, since only the server
+sees it resumed or cancelled. A UI Resume of a *local* paused run therefore changes nothing: no process runs it;
+the job stays AwaitingInspection until ``continue``, whose flow run closes the old run as ``Continued``.
+
+Every write is a read-modify-write under a lock (a thread lock, and an ``flock`` on ``.job.json.lock`` beside the
+file for other processes), written atomically (temporary name, fsync, rename), so readers never lock. Job
+directories of older versions (``facts.json``, ``steps/``, ``wait-NN`` markers) are not migrated: finish or
+discard them with the version that made them. Import-light on purpose (no Prefect): ``status`` and ``list`` use it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tasks.layout import write_file_atomically
+from tasks.layout import JobPaths, write_file_atomically
 
-FACTS_FILE = "facts.json"
-STEPS_DIR = "steps"
+WRITE_LOCK_FILE = ".job.json.lock"
 
-_facts_lock = threading.Lock()
+# Job states: Prefect's state names, the same in every view (CLI with or without a server, job.json, README).
+RUNNING, COMPLETED, FAILED, CRASHED, CANCELLED = "Running", "Completed", "Failed", "Crashed", "Cancelled"
+AWAITING_INSPECTION = "AwaitingInspection"
+SUSPENDED = "Suspended"  # a deployment run at a wait step, waiting for the inspection form
+CONTINUED = "Continued"  # the final state of a paused flow run whose job a later flow run continued
 
-
-def step_manifest_path(job_dir: Path, position: int, step: str) -> Path:
-    return job_dir / STEPS_DIR / f"{position:02d}-{step}.json"
-
-
-def write_step_manifest(job_dir: Path, position: int, step: str, result: dict[str, Any]) -> None:
-    write_json(step_manifest_path(job_dir, position, step), result)
+_thread_lock = threading.Lock()
 
 
-def read_step_manifest(job_dir: Path, position: int, step: str) -> dict[str, Any] | None:
-    return read_json(step_manifest_path(job_dir, position, step))
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def remove_step_manifests(job_dir: Path, from_position: int) -> None:
-    """Forget the manifests of a step and every later one (the step runs again)."""
-    folder = job_dir / STEPS_DIR
-    if folder.is_dir():
-        for path in folder.glob("*.json"):
-            if int(path.name[:2]) >= from_position:
-                path.unlink(missing_ok=True)
+# --- reading and writing the file ------------------------------------------------------------------------------
+
+
+def read_record(job_dir: Path) -> dict[str, Any]:
+    """The whole record; empty when the job has none (yet)."""
+    try:
+        return json.loads(JobPaths(job_dir).job_file.read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def update_record(job_dir: Path, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """Apply ``change`` to the record in place and write it back, as one step against every other writer."""
+    with _write_lock(job_dir):
+        record = read_record(job_dir)
+        change(record)
+        record["updated_at"] = now_iso()
+        write_file_atomically(JobPaths(job_dir).job_file, (json.dumps(record, indent=2, default=str) + "\n").encode())
+        return record
+
+
+@contextmanager
+def _write_lock(job_dir: Path) -> Iterator[None]:
+    with _thread_lock:
+        job_dir.mkdir(parents=True, exist_ok=True)
+        with open(job_dir / WRITE_LOCK_FILE, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+# --- facts -----------------------------------------------------------------------------------------------------
 
 
 def read_facts(job_dir: Path) -> dict[str, Any]:
-    return read_json(job_dir / FACTS_FILE) or {}
+    return dict(read_record(job_dir).get("facts") or {})
 
 
 def record_facts(job_dir: Path, **facts: Any) -> dict[str, Any]:
     """Merge ``facts`` into the job's facts (a value of None removes the key); returns the merged facts."""
-    with _facts_lock:
-        merged = read_facts(job_dir)
+
+    def merge(record: dict[str, Any]) -> None:
+        merged = record.setdefault("facts", {})
         for key, value in facts.items():
             if value is None:
                 merged.pop(key, None)
             else:
                 merged[key] = value
-        write_json(job_dir / FACTS_FILE, merged)
-        return merged
+
+    return dict(update_record(job_dir, merge)["facts"])
 
 
-def write_json(path: Path, data: Any) -> None:
-    write_file_atomically(path, (json.dumps(data, indent=2, default=str) + "\n").encode())
+# --- the flow run's state --------------------------------------------------------------------------------------
 
 
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
+def record_state(job_dir: Path, state: str, message: str = "", flow_run_id: str | None = None) -> None:
+    """The job's latest flow-run state (``message`` must already be redacted); only the flow writes it."""
+
+    def write(record: dict[str, Any]) -> None:
+        record["state"], record["state_message"] = state, message
+        runs = record.setdefault("flow_run_ids", [])
+        if flow_run_id and flow_run_id not in runs:
+            runs.append(flow_run_id)
+
+    update_record(job_dir, write)
+
+
+def settled_state(recorded: str, *, locked: bool, server: str | None = None) -> str:
+    """The job's state by the module's one rule: the file's, Crashed for a Running that no process holds, and the
+    server's for a Suspended run (``server``: the state name of the job's newest flow run, if a server answered)."""
+    if recorded == RUNNING and not locked:
+        return CRASHED
+    if recorded == SUSPENDED and server:
+        return server
+    return recorded
+
+
+# --- steps -----------------------------------------------------------------------------------------------------
+
+
+def record_step(job_dir: Path, position: int, result: dict[str, Any]) -> None:
+    """A step's result as the flow saw it (also when served from the cache); a step after it is forgotten, since
+    its input may have changed (a corrected file at a gate)."""
+
+    def write(record: dict[str, Any]) -> None:
+        steps = record.setdefault("steps", {})
+        for later in [key for key in steps if int(key) > position]:
+            del steps[later]
+        steps[position_key(position)] = result
+
+    update_record(job_dir, write)
+
+
+def step_results(job_dir: Path) -> dict[int, dict[str, Any]]:
+    """The recorded step results by position."""
+    return {int(key): result for key, result in (read_record(job_dir).get("steps") or {}).items()}
+
+
+def position_key(position: int) -> str:
+    return f"{position:02d}"
+
+
+# --- gates -----------------------------------------------------------------------------------------------------
+
+
+def gate(job_dir: Path, position: int) -> dict[str, Any]:
+    """The wait gate at ``position``: ``paused_at`` once it paused the job, ``released`` with its note."""
+    return dict((read_record(job_dir).get("gates") or {}).get(position_key(position)) or {})
+
+
+def mark_gate_paused(job_dir: Path, position: int) -> bool:
+    """Note that the gate paused the job; True the first time only (its instructions are published once)."""
+    first = False
+
+    def write(record: dict[str, Any]) -> None:
+        nonlocal first
+        entry = record.setdefault("gates", {}).setdefault(position_key(position), {})
+        if "paused_at" not in entry:
+            entry["paused_at"], first = now_iso(), True
+
+    update_record(job_dir, write)
+    return first
+
+
+def release_gate(job_dir: Path, position: int, note: str) -> None:
+    """Open the gate at ``position`` (``continue``, or a confirmed resume of a deployment run), with its note."""
+
+    def write(record: dict[str, Any]) -> None:
+        entry = record.setdefault("gates", {}).setdefault(position_key(position), {})
+        entry.update(released=True, released_at=now_iso(), note=note)
+
+    update_record(job_dir, write)
+
+
+def release_awaiting_gates(job_dir: Path, note: str) -> list[int]:
+    """Open every gate that paused the job and is not open yet; returns their positions."""
+    opened: list[int] = []
+
+    def write(record: dict[str, Any]) -> None:
+        for key, entry in (record.get("gates") or {}).items():
+            if entry.get("paused_at") and not entry.get("released"):
+                entry.update(released=True, released_at=now_iso(), note=note)
+                opened.append(int(key))
+
+    update_record(job_dir, write)
+    return opened
+
+
+def count_unconfirmed_resume(job_dir: Path, position: int) -> int:
+    """One more resume of the gate without the confirmation; returns how many there were."""
+
+    def write(record: dict[str, Any]) -> None:
+        entry = record.setdefault("gates", {}).setdefault(position_key(position), {})
+        entry["unconfirmed_resumes"] = int(entry.get("unconfirmed_resumes", 0)) + 1
+
+    return int(update_record(job_dir, write)["gates"][position_key(position)]["unconfirmed_resumes"])

@@ -1,12 +1,13 @@
 """The ``wait`` step: a gate where the job stops so a person can inspect (and correct) the data so far.
 
-The gate is a marker file in the job directory, checked by an uncached task, so it survives any process. The first
-time the job reaches the gate, the task prepares ``<input folder>_wait/`` for corrected files, publishes what to
-inspect and how to go on (log line and markdown artifact; once: a second marker remembers it), and answers
-"awaiting". The flow then stops the run for
-inspection: a local run ends as ``AwaitingInspection`` and ``continue`` re-runs it; a deployment run is suspended
-until someone resumes it in the UI (with a short form). Either way the marker is set on resume, and the task then
-answers with the folder the next step reads: ``<input folder>_wait/`` when it holds any data file, else its input.
+The gate lives in the job's record (``tasks.record``: ``gates`` in ``job.json``), checked by an uncached task, so it
+survives any process. The first time the job reaches the gate, the task prepares ``<input folder>_wait/`` for
+corrected files, publishes what to inspect and how to go on (log line and markdown artifact; once: the record
+notes that the gate paused the job), and answers "awaiting". The flow then stops the run for inspection: a local
+run ends as ``AwaitingInspection`` and ``continue`` runs the job again; a deployment run is suspended until someone
+resumes it in the UI (with a short form). Either way the flow releases the gate in the record (with the note), and
+the task then answers with the folder the next step reads: ``<input folder>_wait/`` when it holds any data file,
+else its input.
 A deployment run resumed without the form's confirmation stays at the gate: ``refuse_unconfirmed_resume`` logs why
 and publishes the inspection artifact again with the reason on top.
 """
@@ -20,32 +21,19 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from tasks.contract import DataFile, StepInput, StepResult, settings_of
-from tasks.layout import JobPaths, artifact_key
+from tasks.layout import artifact_key
 from tasks.ndjson import count_resources, is_data_file
+from tasks.record import gate, mark_gate_paused
 
 
 @task(name="wait", task_run_name="wait[{step.position}]", cache_policy=NO_CACHE, persist_result=False)
 def wait(step: StepInput, resume_hint: str = "") -> StepResult:
-    if not release_marker(step).exists():
-        pause_marker = JobPaths(step.job_path).wait_pause_marker(step.position)
-        if not pause_marker.exists():  # a resumed deployment run passes the closed gate once more: publish once
+    if not gate(step.job_path, step.position).get("released"):
+        if mark_gate_paused(step.job_path, step.position):  # a resumed deployment run passes it again: publish once
             wait_dir(step).mkdir(parents=True, exist_ok=True)
             publish_instructions(step, resume_hint)
-            pause_marker.parent.mkdir(parents=True, exist_ok=True)
-            pause_marker.touch()
         return StepResult(step=step.step, position=step.position, folder=step.folder or "", awaiting=True)
     return released_result(step)
-
-
-def release_marker(step: StepInput) -> Path:
-    return JobPaths(step.job_path).wait_release_marker(step.position)
-
-
-def release(job_dir: Path, position: int) -> None:
-    """Open the gate at ``position`` (``continue``, or a resumed deployment run)."""
-    marker = JobPaths(job_dir).wait_release_marker(position)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.touch()
 
 
 def wait_dir(step: StepInput) -> Path:

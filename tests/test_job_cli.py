@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import zstandard
 
@@ -19,12 +20,14 @@ from tests.conftest import REPO_ROOT, complete_results, run_cli
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
 
-def write_config(path: Path, jobs_dir: Path, steps: list[str], extra: str = "") -> Path:
-    path.write_text(
-        f"pipeline:\n  enabled_steps: {json.dumps(steps)}\njobs_dir: {jobs_dir}\n"
-        "compression:\n  level: fastest\n" + extra
-    )
-    return path
+@pytest.fixture
+def job_config(write_config):
+    """``job_config(steps)``: a configuration running ``steps`` into ``tmp_path/jobs``, compressing fast."""
+
+    def write(steps: list[str], level: str = "fastest") -> Path:
+        return write_config({"pipeline": {"enabled_steps": steps}, "compression": {"level": level}})
+
+    return write
 
 
 def write_ndjson(path: Path, count: int, pad: int = 0) -> Path:
@@ -92,9 +95,9 @@ def read_artifacts(key_prefix: str) -> dict[str, str]:
     return {artifact.key: str(artifact.data) for artifact in found}
 
 
-def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp_path, capsys):
+def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp_path, job_config, capsys):
     source = source_dir(tmp_path, {"a.ndjson": 3})
-    config = write_config(tmp_path / "c.yaml", tmp_path / "jobs", ["local_import", "wait"])
+    config = job_config(["local_import", "wait"])
 
     assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")
@@ -106,12 +109,33 @@ def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp
     assert flow_run_state(paused_run) == ("PAUSED", "AwaitingInspection")  # never a green Completed run
 
     write_ndjson(job_dir / "import_wait" / "a.ndjson", 2)
-    assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_OK
+    assert main(["continue", str(job_dir), "--no-progress", "--note", "checked a.ndjson"]) == EXIT_OK
     record = job_file(job_dir)
     assert record["state"] == "Completed"
     assert record["state_message"].endswith("import_wait")
-    assert record["flow_run_ids"] == [paused_run]  # continue resumed the paused run itself
-    assert flow_run_state(paused_run) == ("COMPLETED", "Completed")
+    assert record["gates"]["01"]["note"] == "checked a.ndjson"
+    # continue is a new flow run of the job; the paused one ends, saying which run went on
+    (_, continued_run) = record["flow_run_ids"]
+    assert flow_run_state(paused_run) == ("CANCELLED", "Continued")
+    assert flow_run_state(continued_run) == ("COMPLETED", "Completed")
+    capsys.readouterr()
+    assert main(["status", str(job_dir)]) == EXIT_OK
+    assert "2. wait: done, 1 file(s)" in (out := capsys.readouterr().out) and "checked a.ndjson" in out
+    assert "step 2 (wait): released: checked a.ndjson" in job_record_card(job_dir.name, continued_run)
+
+
+def job_record_card(job_id: str, flow_run_id: str) -> str:
+    """The one "Job record" artifact the flow run made (its Artifacts tab shows one card per job)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        (card,) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[f"job-{job_id}"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])
+            )
+        )
+    return str(card.data)
 
 
 def flow_run_state(flow_run_id: str) -> tuple[str, str]:
@@ -122,11 +146,11 @@ def flow_run_state(flow_run_id: str) -> tuple[str, str]:
     return state.type.value, state.name
 
 
-def test_continue_from_another_directory_works_on_the_same_job_and_files(tmp_path):
+def test_continue_from_another_directory_works_on_the_same_job_and_files(tmp_path, write_config):
     first, elsewhere = tmp_path / "first", tmp_path / "elsewhere"
     elsewhere.mkdir()
     source_dir(first, {"a.ndjson": 2})
-    (first / "c.yaml").write_text("pipeline:\n  enabled_steps: [local_import, wait]\njobs_dir: ./jobs\n")
+    write_config({"pipeline": {"enabled_steps": ["local_import", "wait"]}, "jobs_dir": "./jobs"}, first / "c.yaml")
     started = run_cli("start", "c.yaml", "in", "--no-progress", cwd=first)
     assert started.returncode == EXIT_OK, started.stderr
     job_dir = only_job_dir(first / "jobs")
@@ -137,8 +161,8 @@ def test_continue_from_another_directory_works_on_the_same_job_and_files(tmp_pat
     assert list(elsewhere.iterdir()) == []
 
 
-def test_a_failing_import_exits_1_names_the_problem_and_records_it(tmp_path, capsys):
-    config = write_config(tmp_path / "c.yaml", tmp_path / "jobs", ["local_import"])
+def test_a_failing_import_exits_1_names_the_problem_and_records_it(tmp_path, job_config, capsys):
+    config = job_config(["local_import"])
     empty = tmp_path / "empty"
     (empty / "sub").mkdir(parents=True)
     assert main(["start", str(config), str(empty), "--no-progress"]) == EXIT_FAILED
@@ -147,9 +171,9 @@ def test_a_failing_import_exits_1_names_the_problem_and_records_it(tmp_path, cap
     assert job_file(only_job_dir(tmp_path / "jobs"))["state"] == "Failed"
 
 
-def test_status_and_list_read_the_job_without_importing_prefect(tmp_path):
+def test_status_and_list_read_the_job_without_importing_prefect(tmp_path, job_config):
     source = source_dir(tmp_path, {"a.ndjson": 4})
-    config = write_config(tmp_path / "c.yaml", tmp_path / "jobs", ["local_import", "wait"])
+    config = job_config(["local_import", "wait"])
     assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")
 
@@ -169,31 +193,44 @@ def test_status_and_list_read_the_job_without_importing_prefect(tmp_path):
     assert f"{job_dir.name}  AwaitingInspection" in out
 
 
-def test_status_reads_the_prefect_server_when_one_is_configured(tmp_path, capsys):
-    source = source_dir(tmp_path, {"a.ndjson": 1})
-    config = write_config(tmp_path / "c.yaml", tmp_path / "jobs", ["local_import"])
-    assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
+def test_a_ui_resume_of_a_local_paused_run_leaves_every_view_awaiting_and_continue_goes_on(
+    tmp_path, job_config, prefect_api, capsys
+):
+    source = source_dir(tmp_path, {"a.ndjson": 2})
+    assert main(["start", str(job_config(["local_import", "wait"])), str(source), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")
-    (flow_run_id,) = job_file(job_dir)["flow_run_ids"]
+    (paused_run,) = job_file(job_dir)["flow_run_ids"]
+
+    # The UI's Resume button on the paused run: the server says Running, but no process carries the run on.
+    httpx.post(f"{prefect_api['api_url']}/flow_runs/{paused_run}/resume", json={}).raise_for_status()
+    assert flow_run_state(paused_run)[0] == "RUNNING"
     capsys.readouterr()
-
     assert main(["status", str(job_dir)]) == EXIT_OK
-    assert f"state:     Completed (flow run {flow_run_id})" in capsys.readouterr().out
+    with_server = capsys.readouterr().out
+    assert main(["list", "--jobs-dir", str(tmp_path / "jobs")]) == EXIT_OK
+    listed = capsys.readouterr().out
+    without_server = run_cli("status", str(job_dir), env={"PREFECT_API_URL": ""}).stdout
+    for shown in (with_server, without_server):
+        assert "state:     AwaitingInspection" in shown and "2. wait: awaiting inspection" in shown, shown
+    assert f"{job_dir.name}  AwaitingInspection" in listed
+    assert "| 2 | wait | awaiting inspection |" in job_record_card(job_dir.name, paused_run)
 
-    # The cache in job.json says otherwise (as after a kill): list believes the server.
-    record = job_file(job_dir) | {"state": "Running"}
-    (job_dir / "job.json").write_text(json.dumps(record))
+    assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_OK
+    (_, continued_run) = job_file(job_dir)["flow_run_ids"]
+    assert flow_run_state(paused_run) == ("CANCELLED", "Continued")
+    assert flow_run_state(continued_run) == ("COMPLETED", "Completed")
+    capsys.readouterr()
     assert main(["list", "--jobs-dir", str(tmp_path / "jobs")]) == EXIT_OK
     assert f"{job_dir.name}  Completed" in capsys.readouterr().out
+    assert "| 2 | wait | done |" in job_record_card(job_dir.name, continued_run)
 
 
 @pytest.mark.slow
-def test_killed_multi_file_import_redoes_only_unfinished_files_on_continue(tmp_path):
+def test_killed_multi_file_import_redoes_only_unfinished_files_on_continue(tmp_path, job_config):
     # c is ~170 MB: long enough to be killed in the middle of it
     source = source_dir(tmp_path, {"a.ndjson": 10, "b.ndjson": 20, "c.ndjson": 400_000}, pad=400)
     jobs = tmp_path / "jobs"
-    config = write_config(tmp_path / "c.yaml", jobs, ["local_import"])
-    config.write_text(config.read_text().replace("level: fastest", "level: best"))
+    config = job_config(["local_import"], level="best")
 
     process = start_cli_process("start", str(config), str(source), "--no-progress")
     # Files are imported in parallel: kill once c is being written and the results of a and b are recorded.
@@ -214,11 +251,10 @@ def test_killed_multi_file_import_redoes_only_unfinished_files_on_continue(tmp_p
 
 
 @pytest.mark.slow
-def test_sigterm_ends_the_run_cleanly_and_continue_finishes_it(tmp_path):
+def test_sigterm_ends_the_run_cleanly_and_continue_finishes_it(tmp_path, job_config):
     source = source_dir(tmp_path, {"c.ndjson": 400_000}, pad=400)
     jobs = tmp_path / "jobs"
-    config = write_config(tmp_path / "c.yaml", jobs, ["local_import"])
-    config.write_text(config.read_text().replace("level: fastest", "level: best"))
+    config = job_config(["local_import"], level="best")
 
     process = start_cli_process("start", str(config), str(source), "--no-progress")
     partial = wait_for(lambda: next(jobs.glob("*/import/.c.ndjson.zst.part"), None), process)
@@ -274,7 +310,7 @@ def test_list_piped_into_head_ends_quietly(tmp_path):
 
     for number in range(3000):  # more than a pipe holds, so head goes away while list is still writing
         job_id = f"00000000-0000-0000-0000-{number:012d}"
-        JobFile(job_id, None, f"/data/{number}", {}, ["local_import"], state="Completed").write(
+        JobFile(job_id, None, f"/data/{number}", {}, ["local_import"], state="Completed").create(
             JobPaths(tmp_path / "jobs" / job_id)
         )
     piped = subprocess.run(
@@ -289,9 +325,9 @@ def test_list_piped_into_head_ends_quietly(tmp_path):
     assert piped.stderr == ""
 
 
-def test_continue_on_a_completed_job_says_so_and_runs_nothing(tmp_path, capsys):
+def test_continue_on_a_completed_job_says_so_and_runs_nothing(tmp_path, job_config, capsys):
     source = source_dir(tmp_path, {"a.ndjson": 1})
-    config = write_config(tmp_path / "c.yaml", tmp_path / "jobs", ["local_import"])
+    config = job_config(["local_import"])
     assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")
     runs = job_file(job_dir)["flow_run_ids"]

@@ -19,30 +19,43 @@ from tests.conftest import TESTDATA, run_cli
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.extraction_server import start_extraction_server
-from tests.test_job_cli import job_file, only_job_dir, source_dir, start_cli_process, wait_for, write_config
+from tests.test_job_cli import job_file, only_job_dir, source_dir, start_cli_process, wait_for
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
 CRTDL = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
 
 
-def extractor_config(tmp_path: Path, base_url: str) -> Path:
-    return write_config(
-        tmp_path / "c.yaml",
-        tmp_path / "jobs",
-        ["extractor"],
-        "retry:\n  max_attempts: 2\n  initial_backoff_ms: 10\n  max_backoff_ms: 50\n"
-        f"services:\n  extractor:\n    base_url: {base_url}\n    polling_interval: PT1S\n"
-        "    max_polling_interval: PT1S\n    file_ready_interval: PT1S\n",
-    )
+@pytest.fixture
+def extractor_config(write_config):
+    """``extractor_config(base_url)``: an extraction job against the server at ``base_url``, retrying briefly."""
+
+    def write(base_url: str) -> Path:
+        return write_config(
+            {
+                "pipeline": {"enabled_steps": ["extractor"]},
+                "compression": {"level": "fastest"},
+                "retry": {"max_attempts": 2, "initial_backoff_ms": 10, "max_backoff_ms": 50},
+                "services": {
+                    "extractor": {
+                        "base_url": base_url,
+                        "polling_interval": "PT1S",
+                        "max_polling_interval": "PT1S",
+                        "file_ready_interval": "PT1S",
+                    }
+                },
+            }
+        )
+
+    return write
 
 
 @pytest.mark.slow
-def test_a_kill_during_the_submission_never_submits_again_by_itself(tmp_path):
+def test_a_kill_during_the_submission_never_submits_again_by_itself(tmp_path, extractor_config):
     # The server takes the POST and stalls before answering: the process dies with the submission in flight.
     stalled = EchoState(replies=[Reply(202, {"Content-Location": "/fhir/__status/lost"}, b"", delay=60)])
     with LoopbackServer(EchoHandler, stalled) as server:
-        process = start_cli_process("start", str(extractor_config(tmp_path, server.base_url)), str(CRTDL))
+        process = start_cli_process("start", str(extractor_config(server.base_url)), str(CRTDL))
         wait_for(lambda: [r for r in stalled.requests if r.method == "POST"] or None, process)
         process.send_signal(signal.SIGKILL)
         process.wait()
@@ -74,9 +87,9 @@ def test_a_kill_during_the_submission_never_submits_again_by_itself(tmp_path):
     assert job_file(job_dir)["state"] == "Completed"
 
 
-def test_attach_follows_a_given_extraction_without_submitting(tmp_path):
+def test_attach_follows_a_given_extraction_without_submitting(tmp_path, extractor_config):
     with start_extraction_server() as torch:
-        config = extractor_config(tmp_path, torch.base_url)
+        config = extractor_config(torch.base_url)
         # A job whose submission is in doubt: an earlier run recorded the attempt but not the answer.
         started = run_cli("start", str(config), str(CRTDL), "--set", "services.extractor.base_url=http://127.0.0.1:9")
         assert started.returncode == EXIT_FAILED
@@ -136,9 +149,9 @@ def test_an_unreadable_subdirectory_fails_the_recursive_import_naming_it():
     assert f"cannot read directory {hidden}" in message
 
 
-def test_a_second_continue_on_a_running_job_is_refused_with_exit_2_and_records_nothing(tmp_path):
+def test_a_second_continue_on_a_running_job_is_refused_with_exit_2_and_records_nothing(tmp_path, write_config):
     source = source_dir(tmp_path, {"a.ndjson": 2})
-    config = write_config(tmp_path / "c.yaml", tmp_path / "jobs", ["local_import", "wait"])
+    config = write_config({"pipeline": {"enabled_steps": ["local_import", "wait"]}})
     assert run_cli("start", str(config), str(source), "--no-progress").returncode == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")
     before = job_file(job_dir)
