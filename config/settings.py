@@ -46,7 +46,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from config.durations import Duration, format_duration
-from tasks.layout import JsonFileError, read_json_file
+from tasks.jsonfile import JsonFileError, read_json_file
 from tasks.url_credentials import CredentialsInUrlError, refuse_credentials_in_url
 
 logger = logging.getLogger("dupflow.config")
@@ -673,6 +673,9 @@ class ServicesSettings(ConfigModel):
 
 # --- pipeline -------------------------------------------------------------------------------------------
 
+# The one list of step names, and which of them import data or may be listed more than once: the configuration
+# checks enabled_steps by them, tasks.layout names the import steps' folder by them, and the flow's table of step
+# tasks (flows.pipeline.STEPS) is checked against them by tests/test_step_names.py.
 STEP_NAMES = (
     "extractor",
     "local_import",

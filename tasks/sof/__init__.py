@@ -1,7 +1,11 @@
 """An embedded SQL-on-FHIR v2 ViewDefinition runner on fhirpathpy (no service to run), plus the MII lookup file
-and how a CRTDL attribute group becomes a ViewDefinition. A plain engine: no Prefect, and nothing of the pipeline
-(it imports only ``tasks.errors`` for its errors' root and ``tasks.jsonfile`` to read a lookup file; cancellation
-reaches it as a callable). Its errors are drawn in ``tasks.sof.errors``."""
+and how a CRTDL attribute group becomes a ViewDefinition.
+
+A plain engine: no Prefect, and nothing of the pipeline. Of ours it imports only modules that know no pipeline
+either: ``tasks.errors`` (the root of its errors, drawn in ``tasks.sof.errors``), ``tasks.jsonfile`` (reading a
+lookup file), ``tasks.names`` (the rule for a group name that names a file) and ``tasks.ndjson`` (the one reader
+of the job's data files: plain or zstd, each line bounded). Cancellation reaches it as a callable.
+"""
 
 from tasks.sof.errors import (
     CrtdlError,

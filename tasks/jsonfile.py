@@ -1,0 +1,75 @@
+"""The one reader of a JSON file a user gives (the CRTDL, the lookup file, the enrichment file, a ViewDefinition).
+
+``read_json_file`` reads at most the caller's byte limit (a device such as /dev/zero is refused, never read to its
+end) and refuses documents nested deeper than ``MAX_JSON_DEPTH`` levels, which no such file needs and which would
+otherwise end in a RecursionError far from the file. Every refusal is a ``JsonFileError`` naming the file, the
+reason and the fix.
+
+Import-light and knowing nothing of the pipeline (it imports only ``tasks.errors``): the configuration, the command
+line and the SQL-on-FHIR engine use it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tasks.errors import DupflowError
+
+MAX_JSON_DEPTH = 128
+MB = 1024 * 1024
+
+
+class JsonFileError(DupflowError):
+    """A user's JSON file that cannot be used; the message names the file, the reason and the fix."""
+
+
+def read_json_file(path: Path, max_bytes: int, label: str) -> Any:
+    """The JSON document in ``path``; at most ``max_bytes`` are read, and nesting is bounded by MAX_JSON_DEPTH.
+    ``label`` names the file in errors ("the lookup file /x.json"). Raises ``JsonFileError``."""
+    return parse_json_document(read_limited(path, max_bytes, label), label)
+
+
+def read_limited(path: Path, max_bytes: int, label: str) -> bytes:
+    """The bytes of ``path``, refused (``JsonFileError``) when there are more than ``max_bytes``."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(max_bytes + 1)
+    except OSError as exc:
+        raise JsonFileError(f"cannot read {label}: {exc.strerror or exc}") from None
+    if len(data) > max_bytes:
+        raise JsonFileError(
+            f"{label} is larger than {max_bytes // MB} MB, more than such a file ever needs; check the path"
+        )
+    return data
+
+
+def parse_json_document(data: bytes, label: str) -> Any:
+    """``data`` as JSON, nested at most MAX_JSON_DEPTH levels; else ``JsonFileError`` naming ``label``."""
+    too_deep = JsonFileError(f"{label} is nested too deeply (more than {MAX_JSON_DEPTH} levels); fix the file")
+    try:
+        document = json.loads(data)
+    except RecursionError:
+        raise too_deep from None
+    except UnicodeDecodeError:
+        raise JsonFileError(f"{label} is not UTF-8 text; save it as UTF-8") from None
+    except ValueError as exc:
+        raise JsonFileError(f"{label} is not valid JSON ({exc}); fix the file") from None
+    if json_depth_exceeds(document, MAX_JSON_DEPTH):
+        raise too_deep
+    return document
+
+
+def json_depth_exceeds(document: Any, limit: int) -> bool:
+    """Whether objects and arrays nest more than ``limit`` levels in ``document`` (walked without recursion)."""
+    stack = [(document, 1)]
+    while stack:
+        node, depth = stack.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False

@@ -1,0 +1,58 @@
+"""THE rule for a name that comes from data (a CRTDL group name that becomes a CSV and a ViewDefinition name, a result
+or import file name, a part of an S3 key).
+
+No control or format character (Unicode categories Cc and Cf: newline, CR, tab, bidirectional overrides and
+isolates, zero-width characters; also the line and paragraph separators), none of ``/ \\ : * ? " < > |``, no
+``..``, no leading dot, not empty, and at most ``MAX_DATA_NAME_BYTES`` bytes of UTF-8, so that the temporary form
+``.<name>.part`` fits the 255 bytes a file name may have. Each door decides whether it refuses such a name or
+escapes it (``show_name`` quotes one for a message).
+
+Imports nothing of ours: the engine, the clients and the steps all use it.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+MAX_DATA_NAME_BYTES = 240
+RESERVED_NAME_CHARACTERS = '/\\:*?"<>|'
+INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+BIDI_CONTROLS = frozenset("\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+SHOWN_NAME_CHARS = 80
+
+
+def name_from_data_problem(name: str) -> str | None:
+    """Why ``name`` cannot be used as a file name or key part (a phrase such as "contains a control character
+    U+000A"), or None when it can; see the module docstring for the rule."""
+    if not name:
+        return "is empty"
+    if problem := _invisible_character_problem(name):
+        return problem
+    if reserved := sorted({char for char in name if char in RESERVED_NAME_CHARACTERS}):
+        return f"contains {' '.join(reserved)} (none of {' '.join(RESERVED_NAME_CHARACTERS)} may be in a file name)"
+    if ".." in name:
+        return "contains .. (a path could leave its folder)"
+    if name.startswith("."):
+        return "starts with a dot (a hidden file)"
+    size = len(name.encode("utf-8", "surrogateescape"))
+    if size > MAX_DATA_NAME_BYTES:
+        return f"is too long: {size} bytes of UTF-8, more than the {MAX_DATA_NAME_BYTES} a name may have"
+    return None
+
+
+def _invisible_character_problem(name: str) -> str | None:
+    for char in name:
+        if unicodedata.category(char) not in INVISIBLE_CATEGORIES:
+            continue
+        code = f"U+{ord(char):04X}"
+        if char in BIDI_CONTROLS:
+            return f"contains a bidirectional text control character {code}, which can make it display as another name"
+        if unicodedata.category(char) == "Cc":
+            return f"contains a control character {code} (such as a newline or a tab)"
+        return f"contains an invisible format character {code} (such as a zero-width space)"
+    return None
+
+
+def show_name(name: str) -> str:
+    """``name`` quoted for a message, every control character escaped and cut after SHOWN_NAME_CHARS characters."""
+    return ascii(name) if len(name) <= SHOWN_NAME_CHARS else ascii(name[:SHOWN_NAME_CHARS]) + "…"
