@@ -506,6 +506,9 @@ def load_settings(
     return LoadedConfig(settings=settings, sources=sources, warnings=warnings)
 
 
+SettingsIdentity = tuple[str | None, tuple[int, int] | None, tuple[tuple[str, str], ...]]
+
+
 def cached_settings(config_path: str | None, overrides: Mapping[str, str]) -> Settings:
     """The settings of ``config_path`` plus ``overrides``, loaded once per process and identity.
 
@@ -514,7 +517,13 @@ def cached_settings(config_path: str | None, overrides: Mapping[str, str]) -> Se
     worker alike. Secrets come from the file's ``${VAR}`` and the APP_* environment, read when the settings are
     loaded; a process's environment is taken as fixed.
     """
-    return _settings_of_identity(config_path, file_identity(config_path), tuple(sorted(overrides.items())))
+    return _settings_of_identity(*settings_identity(config_path, overrides))
+
+
+def settings_identity(config_path: str | None, overrides: Mapping[str, str]) -> SettingsIdentity:
+    """What the settings of ``config_path`` plus ``overrides`` depend on, without a secret: a key for caches of
+    the settings and of what is built from them (clients)."""
+    return config_path, file_identity(config_path), tuple(sorted(overrides.items()))
 
 
 @lru_cache(maxsize=16)

@@ -12,19 +12,26 @@ process died during the POST) stops and explains: the server may or may not have
 follows a job found with ``extraction list``, ``continue --resubmit`` submits anew. When a poll says the job is gone
 (404/410), a fresh submission replaces it, at most ``retry.max_attempts`` times per run.
 
-Downloads: one cached sub-task per file URL, ``DOWNLOAD_CONCURRENCY`` at a time on one shared client, so a resumed
-job fetches only the files it had not finished.
+Downloads: one cached sub-task per file URL, ``DOWNLOAD_CONCURRENCY`` at a time, so a resumed job fetches only the
+files it had not finished. A download builds its client where it runs (``download_client``): the downloads running
+at once in one process (the step's, or a Dask worker's) share one, keyed by the step's secret-free settings
+identity, and the last of them to end closes it.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from uuid import UUID
 
 from prefect import get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
+from config.loader import SettingsIdentity, settings_identity
 from tasks.clients.downloads import download_ndjson, target_names, wait_until_available
 from tasks.clients.extraction_server import (
     DeadHandleError,
@@ -57,25 +64,24 @@ def extractor(step: StepInput) -> StepResult:
     settings = settings_of(step)
     remove_partial_files(step.output_dir)
     with ExtractionServerClient(settings.services.extractor, settings.tls, settings.retry) as client:
-        _shared_clients[step.job_dir] = client
-        try:
-            handle, urls = wait_for_result(step, client, current_handle(step, client))
-            files = download_result_files(step, urls, client.files_need_token)
-        finally:
-            _shared_clients.pop(step.job_dir, None)
+        handle, urls = wait_for_result(step, client, current_handle(step, client))
+        needs_token = client.files_need_token
+    files = download_result_files(step, urls, needs_token)
     return step.result(files, status_url=handle.status_url, extraction_job_id=handle.job_id)
 
 
 @file_task("download-result-file", "download[{name}]")
 def download_result_file(step: StepInput, url: str, name: str, needs_token: bool = False) -> DataFile:
     """One result file; ``needs_token``: the manifest said requiresAccessToken (credentials to approved origins)."""
-    settings = settings_of(step)
-    extractor_settings = settings.services.extractor
-    client = _shared_clients.get(step.job_dir)
-    if client is None:  # another process (a Dask worker): a client of its own
-        client = ExtractionServerClient(extractor_settings, settings.tls, settings.retry)
+    with download_client(step, needs_token) as client:
         if needs_token:
             client.trust_file_origins([url])
+        return download_with(client, step, url, name)
+
+
+def download_with(client: ExtractionServerClient, step: StepInput, url: str, name: str) -> DataFile:
+    settings = settings_of(step)
+    extractor_settings = settings.services.extractor
     wait_until_available(
         client.http, url, checks=extractor_settings.file_ready_retries, interval=extractor_settings.file_ready_interval
     )
@@ -99,8 +105,51 @@ def download_result_file(step: StepInput, url: str, name: str, needs_token: bool
     return DataFile(name=name, size=stats.size, resources=stats.resources)
 
 
-# The step's client, shared with its download sub-tasks in this process (a client is no task parameter).
-_shared_clients: dict[str, ExtractionServerClient] = {}
+# --- the downloads' clients ----------------------------------------------------------------------------------
+
+DownloadKey = tuple[SettingsIdentity, bool]
+
+
+@dataclass
+class DownloadLease:
+    client: ExtractionServerClient
+    holders: int = 0
+
+
+_download_clients: dict[DownloadKey, DownloadLease] = {}
+_download_clients_lock = threading.Lock()
+
+
+@contextmanager
+def download_client(step: StepInput, needs_token: bool) -> Iterator[ExtractionServerClient]:
+    """A client for result-file downloads, built from the step's settings where it runs (credentials included)
+    and shared by the downloads that run at once in this process; the last holder to leave closes it, so no
+    client outlives its downloads (on a Dask worker neither). Keyed by the secret-free identity of the step's
+    settings and whether the files need a token, never by a job: no client is a task parameter."""
+    key = (settings_identity(step.config_path, step.overrides), needs_token)
+    with _download_clients_lock:
+        lease = _download_clients.get(key)
+        if lease is None:
+            settings = settings_of(step)
+            client = ExtractionServerClient(settings.services.extractor, settings.tls, settings.retry)
+            lease = _download_clients[key] = DownloadLease(client)
+        lease.holders += 1
+    try:
+        yield lease.client
+    finally:
+        with _download_clients_lock:
+            lease.holders -= 1
+            last = lease.holders == 0
+            if last:
+                del _download_clients[key]
+        if last:
+            lease.client.close()
+
+
+def open_download_clients() -> int:
+    """How many download clients are open in this process (none once every download has ended)."""
+    with _download_clients_lock:
+        return len(_download_clients)
 
 
 def is_result_url(job_input: str | None) -> bool:
@@ -232,7 +281,8 @@ def download_result_files(step: StepInput, urls: list[str], needs_token: bool) -
     )
     arguments = [(step, url, name, needs_token) for url, name in names.items()]
     try:
-        outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
+        with download_client(step, needs_token):  # the step's downloads in this process share one client
+            outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
     finally:
         remove_partial_files(step.output_dir)
     return sorted(results_or_raise(outcomes), key=lambda f: (not f.core, f.name))

@@ -33,16 +33,29 @@ def torch():
         yield server
 
 
-def write_config(tmp_path: Path, server: ExtractionServer, extra: str = "", stall: str = "PT10S") -> Path:
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        f"pipeline:\n  enabled_steps: [extractor]\njobs_dir: {tmp_path / 'jobs'}\n"
-        "compression:\n  level: fastest\n"
-        "retry:\n  max_attempts: 3\n  initial_backoff_ms: 10\n  max_backoff_ms: 50\n"
-        f"services:\n  extractor:\n    base_url: {server.base_url}\n    polling_interval: PT1S\n"
-        f"    max_polling_interval: PT1S\n    file_ready_interval: PT1S\n    download_stall_timeout: {stall}\n" + extra
-    )
-    return config
+@pytest.fixture
+def extractor_config(write_config):
+    """``extractor_config(server, stall=..., **services)``: a configuration of the extractor step against
+    ``server`` (polling at the spec's minimum of 1 s), with more ``services`` blocks if given."""
+
+    def write(server: ExtractionServer, *, stall: str = "PT10S", **services: dict) -> Path:
+        extractor = {
+            "base_url": server.base_url,
+            "polling_interval": "PT1S",
+            "max_polling_interval": "PT1S",
+            "file_ready_interval": "PT1S",
+            "download_stall_timeout": stall,
+        }
+        return write_config(
+            {
+                "pipeline": {"enabled_steps": ["extractor"]},
+                "compression": {"level": "fastest"},
+                "retry": {"max_attempts": 3, "initial_backoff_ms": 10, "max_backoff_ms": 50},
+                "services": {"extractor": extractor, **services},
+            }
+        )
+
+    return write
 
 
 def submitted_crtdl(server: ExtractionServer, index: int = 0) -> bytes:
@@ -65,8 +78,10 @@ def step_result(job_dir: Path) -> dict:
     return result
 
 
-def test_an_extraction_job_downloads_every_file_core_first_and_records_the_handle(tmp_path, torch, capsys):
-    assert main(["start", str(write_config(tmp_path, torch)), str(CRTDL), "--no-progress"]) == EXIT_OK
+def test_an_extraction_job_downloads_every_file_core_first_and_records_the_handle(
+    tmp_path, torch, capsys, extractor_config
+):
+    assert main(["start", str(extractor_config(torch)), str(CRTDL), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(jobs_dir_of(tmp_path))
     (submission,) = torch.state.submissions
     assert (job_dir / "crtdl.json").read_bytes() == CRTDL.read_bytes() == submitted_crtdl(torch)
@@ -89,7 +104,7 @@ def test_an_extraction_job_downloads_every_file_core_first_and_records_the_handl
     assert f"extraction_job_id: {submission.job_id}" in capsys.readouterr().out
 
 
-def test_extraction_progress_is_published_as_a_prefect_artifact(tmp_path):
+def test_extraction_progress_is_published_as_a_prefect_artifact(tmp_path, extractor_config):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
@@ -101,7 +116,7 @@ def test_extraction_progress_is_published_as_a_prefect_artifact(tmp_path):
             "RUNNING_PROCESS_CORE": 0.05,
         }
     ) as torch:
-        assert main(["start", str(write_config(tmp_path, torch)), str(CRTDL), "--no-progress"]) == EXIT_OK
+        assert main(["start", str(extractor_config(torch)), str(CRTDL), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(jobs_dir_of(tmp_path))
     key = f"job-{job_dir.name}-00-extractor-progress"
     with get_client(sync_client=True) as client:
@@ -109,23 +124,34 @@ def test_extraction_progress_is_published_as_a_prefect_artifact(tmp_path):
     assert artifacts and artifacts[0].type == "progress" and float(artifacts[0].data) == 100.0
 
 
-def test_an_invalid_crtdl_is_refused_at_start_naming_the_file_and_sends_nothing(tmp_path, torch, capsys):
+def test_an_invalid_crtdl_is_refused_at_start_naming_the_file_and_sends_nothing(
+    tmp_path, torch, capsys, extractor_config
+):
     broken = tmp_path / "broken.json"
     broken.write_text('{"cohortDefinition": ')
-    assert main(["start", str(write_config(tmp_path, torch)), str(broken), "--no-progress"]) == EXIT_USAGE
+    assert main(["start", str(extractor_config(torch)), str(broken), "--no-progress"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert f"invalid CRTDL {broken}" in err and "not valid JSON" in err
     assert torch.state.submissions == [] and torch.state.requests == []
     assert not jobs_dir_of(tmp_path).exists() or not list(jobs_dir_of(tmp_path).iterdir())
 
 
-def test_enrichment_rules_write_an_enriched_crtdl_that_is_what_gets_submitted(tmp_path, torch):
-    rules = (
-        "  crtdl_preprocessing:\n    enabled: true\n    enrichments:\n"
-        "      - group_reference: https://www.medizininformatik-initiative.de/fhir/core/modul-person/StructureDefinition/PatientPseudonymisiert\n"
-        "        attributes_to_add:\n          - attribute_ref: Patient.identifier\n            must_have: true\n"
+def test_enrichment_rules_write_an_enriched_crtdl_that_is_what_gets_submitted(tmp_path, torch, extractor_config):
+    group = (
+        "https://www.medizininformatik-initiative.de/fhir/core/modul-person/StructureDefinition/PatientPseudonymisiert"
     )
-    assert main(["start", str(write_config(tmp_path, torch, rules)), str(CRTDL), "--no-progress"]) == EXIT_OK
+    rules = {
+        "enabled": True,
+        "enrichments": [
+            {
+                "group_reference": group,
+                "attributes_to_add": [{"attribute_ref": "Patient.identifier", "must_have": True}],
+            }
+        ],
+    }
+    assert (
+        main(["start", str(extractor_config(torch, crtdl_preprocessing=rules)), str(CRTDL), "--no-progress"]) == EXIT_OK
+    )
     job_dir = only_job_dir(jobs_dir_of(tmp_path))
     enriched = job_dir / "enriched-crtdl.json"
     assert not (job_dir / "crtdl.json").exists()
@@ -134,7 +160,7 @@ def test_enrichment_rules_write_an_enriched_crtdl_that_is_what_gets_submitted(tm
     assert read_facts(job_dir)["crtdl_path"] == str(enriched)
 
 
-def test_a_complete_result_url_as_input_is_downloaded_without_submitting(tmp_path, torch):
+def test_a_complete_result_url_as_input_is_downloaded_without_submitting(tmp_path, torch, extractor_config):
     import httpx
 
     from tests.test_fake_extraction_server import poll_until_done, submit
@@ -142,19 +168,19 @@ def test_a_complete_result_url_as_input_is_downloaded_without_submitting(tmp_pat
     with httpx.Client() as client:
         status_url = submit(client, torch)
         assert poll_until_done(client, status_url).status_code == 200
-    assert main(["start", str(write_config(tmp_path, torch)), status_url, "--no-progress"]) == EXIT_OK
+    assert main(["start", str(extractor_config(torch)), status_url, "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(jobs_dir_of(tmp_path))
     assert len(torch.state.submissions) == 1  # the test's own
     assert len(step_result(job_dir)["files"]) == 4
     assert "crtdl_path" not in read_facts(job_dir)
 
 
-def test_a_server_restart_mid_job_leads_to_exactly_one_fresh_submission(tmp_path):
+def test_a_server_restart_mid_job_leads_to_exactly_one_fresh_submission(tmp_path, extractor_config):
     slow = {"PENDING": 1.5, "RUNNING_GET_COHORT": 0.05, "RUNNING_PROCESS_BATCH": 0.05, "RUNNING_PROCESS_CORE": 0.05}
     with start_extraction_server(durations=slow) as torch:
         restart = threading.Thread(target=forget_jobs_after_first_poll, args=(torch,), daemon=True)
         restart.start()
-        assert main(["start", str(write_config(tmp_path, torch)), str(CRTDL), "--no-progress"]) == EXIT_OK
+        assert main(["start", str(extractor_config(torch)), str(CRTDL), "--no-progress"]) == EXIT_OK
         restart.join(5)
         first, second = torch.state.submissions
     job_dir = only_job_dir(jobs_dir_of(tmp_path))
@@ -180,7 +206,7 @@ def recorded_generation(jobs_dir: Path) -> int | None:
 
 
 @pytest.mark.slow
-def test_killed_while_polling_continue_reattaches_without_submitting_again(tmp_path):
+def test_killed_while_polling_continue_reattaches_without_submitting_again(tmp_path, extractor_config):
     with start_extraction_server(
         durations={
             "PENDING": 4.0,
@@ -189,7 +215,7 @@ def test_killed_while_polling_continue_reattaches_without_submitting_again(tmp_p
             "RUNNING_PROCESS_CORE": 0.05,
         }
     ) as torch:
-        process = start_cli_process("start", str(write_config(tmp_path, torch)), str(CRTDL), "--no-progress")
+        process = start_cli_process("start", str(extractor_config(torch)), str(CRTDL), "--no-progress")
         wait_for(lambda: torch.state.polls or None, process)
         process.send_signal(signal.SIGKILL)
         process.wait()
@@ -202,10 +228,10 @@ def test_killed_while_polling_continue_reattaches_without_submitting_again(tmp_p
 
 
 @pytest.mark.slow
-def test_killed_after_a_resubmission_continue_reattaches_to_the_newest_job(tmp_path):
+def test_killed_after_a_resubmission_continue_reattaches_to_the_newest_job(tmp_path, extractor_config):
     slow = {"PENDING": 4.0, "RUNNING_GET_COHORT": 0.05, "RUNNING_PROCESS_BATCH": 0.05, "RUNNING_PROCESS_CORE": 0.05}
     with start_extraction_server(durations=slow) as torch:
-        process = start_cli_process("start", str(write_config(tmp_path, torch)), str(CRTDL), "--no-progress")
+        process = start_cli_process("start", str(extractor_config(torch)), str(CRTDL), "--no-progress")
         wait_for(lambda: torch.state.polls or None, process)
         torch.state.forget_jobs()
         wait_for(lambda: recorded_generation(jobs_dir_of(tmp_path)) == 1 or None, process)
@@ -219,9 +245,9 @@ def test_killed_after_a_resubmission_continue_reattaches_to_the_newest_job(tmp_p
 
 
 @pytest.mark.slow
-def test_killed_during_downloads_continue_fetches_only_the_unfinished_file(tmp_path):
+def test_killed_during_downloads_continue_fetches_only_the_unfinished_file(tmp_path, extractor_config):
     with start_extraction_server(cohort_size=8, stall_downloads=1, stall_after_bytes=10, stall_seconds=20) as torch:
-        config = write_config(tmp_path, torch, stall="PT60S")
+        config = extractor_config(torch, stall="PT60S")
         process = start_cli_process("start", str(config), str(CRTDL), "--no-progress")
         # Four files finished means four persisted per-file results (a renamed file whose result is not yet
         # written would be fetched again, harmlessly but not what this test counts).
@@ -243,9 +269,9 @@ def test_killed_during_downloads_continue_fetches_only_the_unfinished_file(tmp_p
 
 
 @pytest.mark.slow
-def test_sigterm_during_stalled_downloads_ends_the_run_at_once_without_partial_files(tmp_path):
+def test_sigterm_during_stalled_downloads_ends_the_run_at_once_without_partial_files(tmp_path, extractor_config):
     with start_extraction_server(cohort_size=8, stall_downloads=5, stall_after_bytes=10, stall_seconds=30) as torch:
-        config = write_config(tmp_path, torch, stall="PT60S")
+        config = extractor_config(torch, stall="PT60S")
         process = start_cli_process("start", str(config), str(CRTDL), "--no-progress")
         wait_for(lambda: next(jobs_dir_of(tmp_path).glob("*/import/.*.part"), None), process)
         signalled = time.monotonic()
@@ -259,7 +285,7 @@ def test_sigterm_during_stalled_downloads_ends_the_run_at_once_without_partial_f
     assert job_file(job_dir)["state"] == "Crashed"
 
 
-def test_a_handle_that_keeps_dying_gives_up_after_max_attempts_fresh_submissions(tmp_path, capsys):
+def test_a_handle_that_keeps_dying_gives_up_after_max_attempts_fresh_submissions(tmp_path, capsys, extractor_config):
     from tests.fakes._server import LoopbackServer
     from tests.fakes.echo import EchoHandler, EchoState, Reply
 
@@ -268,7 +294,7 @@ def test_a_handle_that_keeps_dying_gives_up_after_max_attempts_fresh_submissions
 
     state = EchoState(replies=[r for n in range(4) for r in (accepted(n), Reply(404))])
     with LoopbackServer(EchoHandler, state) as server:
-        config = write_config(tmp_path, server)
+        config = extractor_config(server)
         assert main(["start", str(config), str(CRTDL), "--no-progress"]) == EXIT_FAILED
     posts = [r for r in state.requests if r.method == "POST"]
     assert len(posts) == 4  # the first submission and retry.max_attempts = 3 fresh ones
