@@ -7,7 +7,8 @@ differs from server to server; the shipped file names its block instead (``block
 This command puts the id of the block of that name in its place, deletes the server's automations of the same names
 (so applying again after an edit replaces them instead of notifying twice) and creates the file's automations. It
 talks to the server the jobs use: ``PREFECT_API_URL`` if set (it must answer), else the local server, started if
-need be. A block that is missing or cannot notify is one line on stderr and exit code 1, before anything changes.
+need be. A server that does not answer, a block that is missing or cannot notify, or an automation Prefect rejects
+is one line on stderr and exit code 1; the server's automations change only once every one of the file is valid.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from uuid import UUID
 import httpx
 import yaml
 
-from flows.prefect_server import ApiUnreachableError, ServerStartError, ensure_server, require_answer
+from config.runtime import apply_prefect_defaults, prefect_api_url
+from flows.prefect_server import ensure_server, require_answer
 from tasks.errors import DupflowError
 
 NOTIFY_FILE = Path(__file__).with_name("notify.yaml")
@@ -38,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("file", nargs="?", type=Path, default=NOTIFY_FILE, help="automation file (YAML)")
     args = parser.parse_args(argv)
     try:
-        os.environ["PREFECT_API_URL"] = server_in_use()
         automations = read_automations(args.file)
+        use_jobs_server()
         for name, automation_id in replace_automations(automations):
             print(f"applied automation {name!r} ({automation_id})")
     except (DupflowError, OSError, ValueError, yaml.YAMLError, httpx.HTTPError) as exc:
@@ -48,14 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def server_in_use() -> str:
-    """The API URL of the Prefect server the jobs use (see flows.prefect_server)."""
-    try:
-        api_url = ensure_server()
+def use_jobs_server() -> None:
+    """Point Prefect at the server the jobs use, as ``flows.run`` does: ``PREFECT_API_URL`` when set (it must
+    answer), else the local server, started if need be."""
+    apply_prefect_defaults()
+    if (api_url := prefect_api_url()) is not None:
         require_answer(api_url)
-    except (ApiUnreachableError, ServerStartError) as exc:
-        raise AutomationFileError(str(exc)) from None
-    return api_url
+    else:
+        os.environ["PREFECT_API_URL"] = ensure_server()
 
 
 def read_automations(path: Path) -> list[dict[str, Any]]:
