@@ -6,12 +6,16 @@ partial one from the start. Within a file, ``max_concurrent_requests`` requests 
 flight while the output keeps the input order: lines are read into a window of at most twice that many pending
 resources, and the oldest is written as soon as its answer is in (memory stays bounded whatever the file size).
 The anonymization YAML (``services.pseudonymizer.anonymization_config`` / ``--anonymization-config``) is read
-once per run and sent with every request. Every file must come out with as many resources as went in.
+once per run, by the step, and sent with every request: the step hands its file tasks the file's SHA-256, and they
+take the bytes the step read from a cache keyed by that digest (``anonymization_config``). Only a process that has
+not seen them (a Dask worker) reads the file again, and refuses it if it has changed since. The bytes never become
+a task parameter (they may hold a hash key). Every file must come out with as many resources as went in.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -54,6 +58,11 @@ TOO_LARGE_HINT = (
     "services.pseudonymizer.bundle_split_threshold_mb so that Bundles are sent in smaller chunks, or raise the "
     "service's request body limit"
 )
+CACHED_CONFIGS = 4
+"""Anonymization configs kept per process, by digest: a run uses one; a long-lived worker may see a few jobs'."""
+
+_configs_by_digest: dict[str, AnonymizationConfig] = {}
+_configs_lock = threading.Lock()
 
 
 class PseudonymizerStepError(StepError):
@@ -79,7 +88,7 @@ def pseudonymizer(step: StepInput) -> StepResult:
     settings = settings_of(step)
     config = read_anonymization_config(settings.services.pseudonymizer.anonymization_config)
     compress = settings.compression.enabled
-    config_digest = config.sha256 if config else None
+    config_digest = remember_config(config) if config else None
     arguments = [
         (step, source.name, output_name(source.name, compress), record.resources, config_digest)
         for source, record in zip(step.input_paths(), ordered_files(step), strict=True)
@@ -101,9 +110,9 @@ def pseudonymize_file(
     step: StepInput, source_name: str, name: str, expected_resources: int, config_digest: str | None
 ) -> FileResult:
     """De-identify ``<input folder>/<source_name>`` into ``pseudonymizer/<name>``; ``config_digest`` (the YAML's
-    SHA-256) makes a changed anonymization config a new result."""
+    SHA-256, of the bytes the step read) makes a changed anonymization config a new result."""
     settings = settings_of(step)
-    config = read_anonymization_config(settings.services.pseudonymizer.anonymization_config)
+    config = anonymization_config(settings.services.pseudonymizer.anonymization_config, config_digest)
     source = step.input_dir / source_name
     started = time.monotonic()
     counts = asyncio.run(
@@ -246,7 +255,7 @@ def failure_message(source: Path, line_number: int, label: str, exc: Exception) 
 
 
 def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
-    """Read the YAML once per run; an unreadable file stops the step before any request."""
+    """Read the YAML (the step does, once per run); an unreadable file stops the step before any request."""
     if not path:
         return None
     try:
@@ -257,6 +266,36 @@ def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
             f"{CONFIG_KEY} (--anonymization-config): cannot read {path}: {reason}; "
             "fix the path or the file's permissions"
         ) from None
+
+
+def remember_config(config: AnonymizationConfig) -> str:
+    """Keep the config the step read for its file tasks in this process; its digest, which names it to them."""
+    digest = config.sha256
+    with _configs_lock:
+        _configs_by_digest.pop(digest, None)
+        _configs_by_digest[digest] = config
+        while len(_configs_by_digest) > CACHED_CONFIGS:
+            del _configs_by_digest[next(iter(_configs_by_digest))]
+    return digest
+
+
+def anonymization_config(path: str | None, digest: str | None) -> AnonymizationConfig | None:
+    """The config the step read, by its ``digest``; read from ``path`` only in a process that has not seen it (a
+    Dask worker), where a file changed since the step read it is refused (the job would mix two configs)."""
+    if digest is None:
+        return None
+    with _configs_lock:
+        config = _configs_by_digest.get(digest)
+    if config is not None:
+        return config
+    config = read_anonymization_config(path)
+    if config is None or config.sha256 != digest:
+        raise PseudonymizerStepError(
+            f"{CONFIG_KEY} (--anonymization-config): {path} changed while the step ran (it is no longer the file "
+            "the step read at its start); keep the file unchanged while a job runs"
+        )
+    remember_config(config)
+    return config
 
 
 def publish_report(step: StepInput, reports: list[FileReport]) -> None:

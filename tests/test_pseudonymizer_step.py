@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import os
+import sys
 import shutil
 import signal
 import threading
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -20,6 +24,7 @@ from tasks.ndjson import iter_resources
 from tasks.pseudonymizer import (
     FileCounts,
     PseudonymizerStepError,
+    anonymization_config,
     pseudonymize_path,
     read_anonymization_config,
     window_size,
@@ -36,6 +41,35 @@ from tests.test_pseudonymizer_client import (
     patient,
     server_side,
 )
+
+
+_opens: list[str] | None = None
+_opens_lock = threading.Lock()
+
+
+def _record_open(event: str, args: tuple) -> None:
+    """An audit hook: every file this process opens while a test records (``opened_paths``)."""
+    if event == "open" and _opens is not None and isinstance(args[0], str | bytes | os.PathLike):
+        with _opens_lock:
+            if _opens is not None:
+                _opens.append(os.fsdecode(args[0]))
+
+
+@pytest.fixture(scope="session")
+def open_audit_hook() -> None:
+    """Installed once per process: an audit hook cannot be removed, and records nothing outside a test."""
+    sys.addaudithook(_record_open)
+
+
+@pytest.fixture
+def opened_paths(open_audit_hook) -> Iterator[list[str]]:
+    """The path of every file opened, in any thread, while the test runs (counted by the interpreter's audit
+    hook: nothing of ours is replaced)."""
+    global _opens
+    opened: list[str] = []
+    _opens = opened
+    yield opened
+    _opens = None
 
 
 def write_lines(path: Path, resources: list[dict[str, Any]]) -> Path:
@@ -170,17 +204,16 @@ def test_max_concurrent_requests_defaults_to_4_and_must_be_between_1_and_1000():
 # --- end to end through the CLI ----------------------------------------------------------------------------------
 
 
-def write_job_config(tmp_path: Path, pseudonymizer_fake: LoopbackServer, concurrency: int = 4) -> Path:
-    config = tmp_path / "job.yaml"
-    config.write_text(
-        'pipeline:\n  enabled_steps: ["local_import", "pseudonymizer"]\n'
-        f"jobs_dir: {tmp_path / 'jobs'}\n"
-        "compression:\n  level: fastest\n"
-        "retry:\n  initial_backoff_ms: 1\n  max_backoff_ms: 5\n"
-        f"services:\n  pseudonymizer:\n    url: {pseudonymizer_fake.base_url}\n"
-        f"    max_concurrent_requests: {concurrency}\n"
-    )
-    return config
+def pseudonymizer_job(pseudonymizer_fake: LoopbackServer, concurrency: int = 4) -> dict:
+    """The configuration tree of a local import, then the pseudonymizer step on the fake service."""
+    return {
+        "pipeline": {"enabled_steps": ["local_import", "pseudonymizer"]},
+        "compression": {"level": "fastest"},
+        "retry": {"initial_backoff_ms": 1, "max_backoff_ms": 5},
+        "services": {
+            "pseudonymizer": {"url": pseudonymizer_fake.base_url, "max_concurrent_requests": concurrency},
+        },
+    }
 
 
 def override_patients_dir(tmp_path: Path) -> Path:
@@ -201,9 +234,11 @@ def read_report_artifact(key: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.usefixtures("prefect_api")
-def test_start_with_anonymization_config_sends_parameters_and_the_request_rules_apply(pseudonymizer_fake, tmp_path):
+def test_start_with_anonymization_config_sends_parameters_and_the_request_rules_apply(
+    pseudonymizer_fake, tmp_path, write_config
+):
     source = override_patients_dir(tmp_path)
-    config = write_job_config(tmp_path, pseudonymizer_fake)
+    config = write_config(pseudonymizer_job(pseudonymizer_fake))
 
     code = main(["start", str(config), str(source), "--anonymization-config", str(OVERRIDE_CONFIG), "--no-progress"])
 
@@ -231,11 +266,49 @@ def test_start_with_anonymization_config_sends_parameters_and_the_request_rules_
 
 
 @pytest.mark.usefixtures("prefect_api")
+def test_the_anonymization_config_is_read_once_per_run_however_many_files(
+    pseudonymizer_fake, tmp_path, write_config, opened_paths
+):
+    source = tmp_path / "in"
+    source.mkdir()
+    for name in ("a", "b", "c"):
+        shutil.copy(OVERRIDE_DIR / "Patient.ndjson", source / f"{name}.ndjson")
+    config = write_config(pseudonymizer_job(pseudonymizer_fake))
+
+    code = main(["start", str(config), str(source), "--anonymization-config", str(OVERRIDE_CONFIG), "--no-progress"])
+
+    assert code == EXIT_OK
+    assert len(pseudonymizer_fake.state.requests) == 6
+    assert all(r.parameter_names == ["config", "resource"] for r in pseudonymizer_fake.state.requests)
+    assert opened_paths.count(str(OVERRIDE_CONFIG)) == 1
+
+
+def test_a_file_task_in_a_process_that_has_not_seen_the_config_refuses_a_changed_file(tmp_path):
+    path = tmp_path / "anonymization.yaml"
+    path.write_bytes(b"rules: []\n")
+    digest_the_step_read = hashlib.sha256(b"rules: [old]\n").hexdigest()
+
+    with pytest.raises(PseudonymizerStepError, match="changed while the step ran") as caught:
+        anonymization_config(str(path), digest_the_step_read)
+
+    assert "services.pseudonymizer.anonymization_config" in str(caught.value) and str(path) in str(caught.value)
+
+
+def test_a_file_task_in_a_process_that_has_not_seen_the_config_reads_the_unchanged_file(tmp_path):
+    path = tmp_path / "anonymization.yaml"
+    path.write_bytes(b"rules: [fresh]\n")
+
+    config = anonymization_config(str(path), hashlib.sha256(b"rules: [fresh]\n").hexdigest())
+
+    assert config is not None and config.data == b"rules: [fresh]\n"
+
+
+@pytest.mark.usefixtures("prefect_api")
 def test_start_without_anonymization_config_sends_bare_resources_and_the_servers_rules_apply(
-    pseudonymizer_fake, tmp_path
+    pseudonymizer_fake, tmp_path, write_config
 ):
     source = override_patients_dir(tmp_path)
-    config = write_job_config(tmp_path, pseudonymizer_fake)
+    config = write_config(pseudonymizer_job(pseudonymizer_fake))
 
     assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
 
@@ -248,9 +321,11 @@ def test_start_without_anonymization_config_sends_bare_resources_and_the_servers
 
 
 @pytest.mark.usefixtures("prefect_api")
-def test_an_unreadable_anonymization_config_fails_the_step_before_any_request(pseudonymizer_fake, tmp_path, capsys):
+def test_an_unreadable_anonymization_config_fails_the_step_before_any_request(
+    pseudonymizer_fake, tmp_path, write_config, capsys
+):
     source = override_patients_dir(tmp_path)
-    config = write_job_config(tmp_path, pseudonymizer_fake)
+    config = write_config(pseudonymizer_job(pseudonymizer_fake))
     missing = tmp_path / "missing.yaml"
 
     code = main(["start", str(config), str(source), "--anonymization-config", str(missing), "--no-progress"])
@@ -266,7 +341,7 @@ def test_an_unreadable_anonymization_config_fails_the_step_before_any_request(ps
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
 def test_killed_mid_file_continue_redoes_only_the_unfinished_file_without_losing_or_duplicating(
-    pseudonymizer_fake, tmp_path
+    pseudonymizer_fake, tmp_path, write_config
 ):
     pseudonymizer_fake.state.reset(latency_seconds=0.02)
     source = tmp_path / "in"
@@ -276,7 +351,7 @@ def test_killed_mid_file_continue_redoes_only_the_unfinished_file_without_losing
     write_lines(source / "a.ndjson", first)
     write_lines(source / "b.ndjson", second)
     jobs = tmp_path / "jobs"
-    config = write_job_config(tmp_path, pseudonymizer_fake, concurrency=2)
+    config = write_config(pseudonymizer_job(pseudonymizer_fake, concurrency=2))
 
     process = start_cli_process("start", str(config), str(source), "--no-progress")
     probe = lambda: next(jobs.glob("*/pseudonymizer/.b.ndjson.zst.part"), None)  # noqa: E731
