@@ -41,6 +41,7 @@ MAX_TEXT_CHARS = 500
 MAX_MESSAGE_CHARS = 2000
 MAX_PARSED_BODY_BYTES = 1_000_000
 
+
 class ServiceError(DupflowError):
     """A failed call to a service.
 
