@@ -15,13 +15,15 @@ from pathlib import Path
 
 import orjson
 import pytest
+import yaml
 import zstandard
 
 from flows.run import EXIT_OK
-from tests.conftest import TESTDATA, run_cli
+from tasks.record import step_results
+from tests.conftest import TESTDATA, plain, run_cli
 from tests.fakes.pseudonymizer import start_pseudonymizer
 from tests.fakes.validator import start_validator
-from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
+from tests.test_job_cli import flow_run_state, job_file, only_job_dir, start_cli_process, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
@@ -49,19 +51,21 @@ def make_input(folder: Path) -> Path:
     return folder
 
 
-def write_config(tmp_path: Path, services) -> Path:
+def job_tree(tmp_path: Path, services) -> dict:
+    """The configuration (a dict tree for ``write_config``) of the pipeline, importing from ``tmp_path/in``."""
     pseudonymizer, validator = services
-    config = tmp_path / "job.yaml"
-    config.write_text(
-        f"pipeline:\n  enabled_steps: {orjson.dumps(STEPS).decode()}\njobs_dir: {tmp_path / 'jobs'}\n"
-        "compression:\n  level: fastest\n"
-        "retry:\n  initial_backoff_ms: 1\n  max_backoff_ms: 5\n"
-        f"services:\n  local_import:\n    dir: {tmp_path / 'in'}\n"
-        f"  pseudonymizer:\n    url: {pseudonymizer.base_url}\n    max_concurrent_requests: 2\n"
-        f"  validation:\n    url: {validator.base_url}\n    fail_on_error: false\n    bundle_chunk_size_mb: 1\n"
-        f"  flattening:\n    lookup_path: {TESTDATA / 'flattening' / 'flatten-lookup.json'}\n"
-    )
-    return config
+    return {
+        "pipeline": {"enabled_steps": STEPS},
+        "compression": {"level": "fastest"},
+        "retry": {"initial_backoff_ms": 1, "max_backoff_ms": 5},
+        "services": {
+            "local_import": {"dir": tmp_path / "in"},
+            "pseudonymizer": {"url": pseudonymizer.base_url, "max_concurrent_requests": 2},
+            "validation": {"url": validator.base_url, "fail_on_error": False, "bundle_chunk_size_mb": 1},
+            "flattening": {"lookup_path": TESTDATA / "flattening" / "flatten-lookup.json"},
+        },
+        "jobs_dir": tmp_path / "jobs",
+    }
 
 
 def outputs(job_dir: Path) -> dict[str, bytes]:
@@ -78,13 +82,18 @@ def outputs(job_dir: Path) -> dict[str, bytes]:
 
 def run_clean(tmp_path: Path, services) -> dict[str, bytes]:
     make_input(tmp_path / "in")
-    result = run_cli("start", str(write_config(tmp_path, services)), str(EXAMPLE / "example-crtdl.json"))
+    # Module-scoped (one clean run for every kill point), so not the function-scoped write_config fixture: the
+    # same YAML dump of the same tree.
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(plain(job_tree(tmp_path, services)), sort_keys=False), encoding="utf-8")
+    result = run_cli("start", str(config), str(EXAMPLE / "example-crtdl.json"))
     assert result.returncode == EXIT_OK, result.stderr
     return outputs(only_job_dir(tmp_path / "jobs"))
 
 
 def finished(position: int) -> Callable[[Path], object]:
-    return lambda jobs: next(jobs.glob(f"*/steps/{position:02d}-*.json"), None)
+    """The job's record shows the step at ``position`` finished."""
+    return lambda jobs: next((d for d in jobs.glob("*") if position in step_results(d)), None)
 
 
 def working_in(folder: str) -> Callable[[Path], object]:
@@ -116,10 +125,10 @@ NOT_CALLED_AGAIN = {
 
 
 @pytest.mark.parametrize("kill_point", list(KILL_POINTS))
-def test_killed_then_continued_gives_the_outputs_of_a_clean_run(tmp_path, services, clean, kill_point):
+def test_killed_then_continued_gives_the_outputs_of_a_clean_run(tmp_path, write_config, services, clean, kill_point):
     make_input(tmp_path / "in")
     jobs = tmp_path / "jobs"
-    config = write_config(tmp_path, services)
+    config = write_config(job_tree(tmp_path, services))
     process = start_cli_process("start", str(config), str(EXAMPLE / "example-crtdl.json"), "--no-progress")
     wait_for(lambda: KILL_POINTS[kill_point](jobs), process)
     process.send_signal(signal.SIGKILL)
@@ -128,16 +137,29 @@ def test_killed_then_continued_gives_the_outputs_of_a_clean_run(tmp_path, servic
     job_dir = only_job_dir(jobs)
     imported = {p.name: p.stat().st_mtime_ns for p in (job_dir / "import").glob("*.zst")}
     calls_before = {name: len(fake.state.requests) for name, fake in named(services)}
+    assert every_view_says_crashed(job_dir)
 
     result = run_cli("continue", str(job_dir), "--no-progress")
     assert result.returncode == EXIT_OK, result.stderr
     assert job_file(job_dir)["state"] == "Completed"
+    killed_run = job_file(job_dir)["flow_run_ids"][0]
+    assert flow_run_state(killed_run) == ("CANCELLED", "Continued"), "the killed run is closed, not left Running"
     assert outputs(job_dir) == clean
     assert not list(job_dir.glob("*/.*.part"))
     assert {p.name: p.stat().st_mtime_ns for p in (job_dir / "import").glob("*.zst")} == imported
     for name, fake in named(services):
         if name in NOT_CALLED_AGAIN[kill_point]:
             assert len(fake.state.requests) == calls_before[name], f"{name} was called again"
+
+
+def every_view_says_crashed(job_dir: Path) -> bool:
+    """``status`` with the server (whose flow run a killed process left Running) and without it, and ``list``."""
+    with_server = run_cli("status", str(job_dir)).stdout
+    without_server = run_cli("status", str(job_dir), env={"PREFECT_API_URL": ""}).stdout
+    listed = run_cli("list", "--jobs-dir", str(job_dir.parent)).stdout
+    assert "state:     Crashed" in with_server and "state:     Crashed" in without_server, (with_server, without_server)
+    assert f"{job_dir.name}  Crashed" in listed, listed
+    return True
 
 
 def named(services) -> list:

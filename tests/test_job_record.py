@@ -31,25 +31,33 @@ LATENCY = 0.05
 LINK = re.compile(r"\[([a-z]+)\]\(([^)]*)/artifacts/key/([a-z0-9-]+)\)")
 
 
-def write_job(tmp_path: Path, pseudonymizer_url: str) -> tuple[Path, Path]:
-    source = tmp_path / "in"
-    source.mkdir()
-    for name in ("a.ndjson", "b.ndjson"):
-        (source / name).write_text(
-            "".join(json.dumps({"resourceType": "Patient", "id": f"{name}-{i}"}) + "\n" for i in range(RESOURCES))
+@pytest.fixture
+def write_job(tmp_path: Path, write_config):
+    """``write_job(pseudonymizer_url)``: (configuration, import folder) of a local_import → pseudonymizer job."""
+
+    def write(pseudonymizer_url: str) -> tuple[Path, Path]:
+        source = tmp_path / "in"
+        source.mkdir()
+        for name in ("a.ndjson", "b.ndjson"):
+            (source / name).write_text(
+                "".join(json.dumps({"resourceType": "Patient", "id": f"{name}-{i}"}) + "\n" for i in range(RESOURCES))
+            )
+        config = write_config(
+            {
+                "pipeline": {"enabled_steps": ["local_import", "pseudonymizer"]},
+                "retry": {"max_attempts": 1},
+                "services": {"pseudonymizer": {"url": pseudonymizer_url, "max_concurrent_requests": 2}},
+            }
         )
-    config = tmp_path / "job.yaml"
-    config.write_text(
-        'pipeline:\n  enabled_steps: ["local_import", "pseudonymizer"]\n'
-        f"jobs_dir: {tmp_path / 'jobs'}\n"
-        "retry:\n  max_attempts: 1\n"
-        f"services:\n  pseudonymizer:\n    url: {pseudonymizer_url}\n    max_concurrent_requests: 2\n"
-    )
-    return config, source
+        return config, source
+
+    return write
 
 
-def test_a_failed_step_is_named_and_continue_marks_cached_steps_with_the_time_they_took(pseudonymizer_fake, tmp_path):
-    config, source = write_job(tmp_path, pseudonymizer_fake.base_url)
+def test_a_failed_step_is_named_and_continue_marks_cached_steps_with_the_time_they_took(
+    pseudonymizer_fake, tmp_path, write_job
+):
+    config, source = write_job(pseudonymizer_fake.base_url)
     pseudonymizer_fake.state.reset(fail_next=1000, fail_status=400)
 
     assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_FAILED
@@ -73,12 +81,16 @@ def test_a_failed_step_is_named_and_continue_marks_cached_steps_with_the_time_th
     assert cached["state"] == "done (cached)" and cached["time"] == first_import["time"], record
     assert row(record, "pseudonymizer")["state"] == "done"
     assert "served from the cache" in record
+    # One "Job record" card per flow run (its Artifacts tab), though the record changed at every step boundary.
+    cards = versions(f"job-{job_dir.name}")
+    runs = json.loads((job_dir / "job.json").read_text())["flow_run_ids"]
+    assert sorted(str(card.flow_run_id) for card in cards) == sorted(runs), cards
 
 
 def test_the_record_links_every_artifact_and_a_step_has_one_progress_artifact_updated_at_most_once_a_second(
-    pseudonymizer_fake, tmp_path, prefect_api
+    pseudonymizer_fake, tmp_path, prefect_api, write_job
 ):
-    config, source = write_job(tmp_path, pseudonymizer_fake.base_url)
+    config, source = write_job(pseudonymizer_fake.base_url)
     pseudonymizer_fake.state.reset(latency_seconds=LATENCY)
 
     started = time.monotonic()
@@ -189,7 +201,7 @@ def artifact_updates(api_url: str, artifact_id: str, until, timeout: float = 30.
 
 def test_a_failure_cause_in_the_record_is_one_line_with_secrets_redacted():
     from flows.pipeline import one_line
-    from tasks.clients.errors import register_secret
+    from tasks.redaction import register_secret
 
     register_secret("record-secret-4711")
     cause = one_line(RuntimeError("token record-secret-4711 was refused | try again\nsecond line"))
