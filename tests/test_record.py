@@ -1,0 +1,103 @@
+"""The job's one record (``tasks.record``): no update is lost to another thread or process, the one rule that settles
+Prefect vs the file, gates with their notes, and the job lock that tells its holder in this process."""
+
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from flows.jobs import JobLock
+from tasks.layout import JobPaths
+from tasks.record import (
+    AWAITING_INSPECTION,
+    COMPLETED,
+    CRASHED,
+    RUNNING,
+    SUSPENDED,
+    gate,
+    mark_gate_paused,
+    read_facts,
+    read_record,
+    record_facts,
+    record_state,
+    record_step,
+    release_awaiting_gates,
+    settled_state,
+    step_results,
+)
+from tests.conftest import REPO_ROOT
+
+WRITERS, FACTS_EACH = 4, 25
+
+
+def record_many(job_dir: str, writer: str) -> None:
+    for number in range(FACTS_EACH):
+        record_facts(Path(job_dir), **{f"{writer}-{number}": number})
+
+
+def test_facts_from_threads_and_processes_at_once_are_all_kept(tmp_path):
+    record_state(tmp_path, RUNNING, flow_run_id="run-1")
+    threads = [threading.Thread(target=record_many, args=(str(tmp_path), f"thread{i}")) for i in range(WRITERS)]
+    context = multiprocessing.get_context("spawn")
+    processes = [context.Process(target=record_many, args=(str(tmp_path), f"process{i}")) for i in range(WRITERS)]
+    for worker in [*threads, *processes]:
+        worker.start()
+    for worker in [*threads, *processes]:
+        worker.join(timeout=120)
+    assert all(process.exitcode == 0 for process in processes)
+
+    assert len(read_facts(tmp_path)) == 2 * WRITERS * FACTS_EACH
+    assert read_record(tmp_path)["state"] == RUNNING and read_record(tmp_path)["flow_run_ids"] == ["run-1"]
+
+
+def test_a_fact_set_to_none_is_removed_and_the_others_are_kept(tmp_path):
+    record_facts(tmp_path, extraction_job_id="x", crtdl_path="/c.json")
+    assert record_facts(tmp_path, extraction_job_id=None) == {"crtdl_path": "/c.json"}
+
+
+def test_the_file_settles_a_disagreement_with_the_server():
+    assert settled_state(AWAITING_INSPECTION, locked=False, server="Running") == AWAITING_INSPECTION
+    assert settled_state(RUNNING, locked=False, server="Running") == CRASHED
+    assert settled_state(RUNNING, locked=True, server=None) == RUNNING
+    assert settled_state(SUSPENDED, locked=False, server="Cancelled") == "Cancelled"
+    assert settled_state(SUSPENDED, locked=False, server=None) == SUSPENDED
+    assert settled_state(COMPLETED, locked=False, server="Running") == COMPLETED
+
+
+def test_a_gate_publishes_once_and_continue_releases_it_with_its_note(tmp_path):
+    assert mark_gate_paused(tmp_path, 1) is True
+    assert mark_gate_paused(tmp_path, 1) is False
+    assert release_awaiting_gates(tmp_path, "checked 3 patients") == [1]
+    assert gate(tmp_path, 1)["released"] and gate(tmp_path, 1)["note"] == "checked 3 patients"
+    assert release_awaiting_gates(tmp_path, "again") == []
+
+
+def test_a_step_recorded_again_forgets_the_steps_after_it(tmp_path):
+    for position in range(3):
+        record_step(tmp_path, position, {"step": f"s{position}"})
+    record_step(tmp_path, 1, {"step": "s1", "folder": "import_wait"})
+    assert step_results(tmp_path) == {0: {"step": "s0"}, 1: {"step": "s1", "folder": "import_wait"}}
+
+
+def test_the_job_lock_is_taken_again_by_its_holder_and_refused_to_another_process(tmp_path):
+    paths = JobPaths(tmp_path / "job")
+    with JobLock(paths):
+        with JobLock(paths):  # the same process (continue, then its flow): owns nothing, releases nothing
+            pass
+        take = (
+            "from pathlib import Path; from flows.jobs import JobLock; from tasks.layout import JobPaths; "
+            f"JobLock(JobPaths(Path({str(paths.job_dir)!r}))).acquire()"
+        )
+        other = subprocess.run(
+            [sys.executable, "-c", take],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+        )
+        assert "JobLockedError" in other.stderr, other.stderr
+    assert (paths.job_dir / ".lock").read_text() == "", "released by its first holder, emptied"
+    with JobLock(paths):
+        pass
