@@ -89,9 +89,9 @@ def test_a_resume_without_confirmation_leaves_the_job_suspended_and_runs_nothing
         wait_until(lambda: "resumed without confirmation" in run_log(api_url, run_id), "the warning reached the API")
         inspection = api(api_url, "GET", f"/artifacts/job-{job_id}-inspection/latest")["data"]
         assert "resumed without confirmation" in inspection and str(job_dir / "import_wait") in inspection
-        assert json.loads((job_dir / "job.json").read_text())["state"] == "Suspended"
-        facts = json.loads((job_dir / "facts.json").read_text())
-        assert "inspection_01" not in facts and facts["inspection_01_unconfirmed_resumes"] == 1
+        record = json.loads((job_dir / "job.json").read_text())
+        assert record["state"] == "Suspended"
+        assert not record["gates"]["01"].get("released") and record["gates"]["01"]["unconfirmed_resumes"] == 1
 
         # Confirmed: the job goes on past the gate, reading the corrected file.
         api(api_url, "POST", f"/flow_runs/{run_id}/resume", json={"run_input": {"confirmed": True, "note": "ok"}})
@@ -100,7 +100,8 @@ def test_a_resume_without_confirmation_leaves_the_job_suspended_and_runs_nothing
         stop_worker(worker)
     assert run["state"]["type"] == "COMPLETED", (run["state"], run_log(api_url, run_id))
     assert [p.name for p in (job_dir / "pseudonymizer").iterdir()] == ["corrected.ndjson.zst"]
-    assert json.loads((job_dir / "facts.json").read_text())["inspection_01"] == {"confirmed": True, "note": "ok"}
+    gate = json.loads((job_dir / "job.json").read_text())["gates"]["01"]
+    assert gate["released"] and gate["note"] == "ok"
 
 
 # --- 3. the local server keeps its port; an unreachable API is one line ------------------------------------------

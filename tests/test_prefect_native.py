@@ -165,8 +165,8 @@ def test_a_suspended_job_survives_a_worker_restart_and_resumes_with_the_form_rea
     outputs = sorted((job_dir / "pseudonymizer").iterdir())
     assert [p.name for p in outputs] == ["corrected.ndjson.zst"]
     assert len(list(iter_resources(outputs[0], 1 << 20))) == 3
-    facts = json.loads((job_dir / "facts.json").read_text())
-    assert facts["inspection_01"] == {"confirmed": True, "note": note}
+    gate = json.loads((job_dir / "job.json").read_text())["gates"]["01"]
+    assert gate["released"] and gate["note"] == note
     record = api(api_url, "GET", f"/artifacts/job-{job_id}/latest")["data"]
     assert "pseudonymizer" in record and note in record
     assert [p.name for p in (site / "jobs").iterdir()] == [job_id], "the resumed run must not start a new job"
