@@ -1,27 +1,30 @@
 """Per-file work of a step: one ``file_task`` run per file (or batch), bounded, each committed as it finishes.
 
-Every step fans its per-file work out through ``map_files``, so where that work runs is decided in one place:
-threads of the flow's process (the default), or, while ``file_runner`` holds a Dask runner for the job
-(``pipeline.task_runner.kind: dask``), one task run per file on the Dask cluster's worker processes. There each
-file task is a top-level transaction of its own, so its result is committed in the job directory when it
-finishes, as ``commit_each`` does in-process: a killed run keeps every finished file either way.
+Every step fans its per-file work out through ``map_files``, so where that work runs is decided in one place, by
+the flow run's task runner: ``file_runner`` enters the one the job chose (``pipeline.task_runner``) for the run.
 
-No file starts after one has failed (in-process): the first failure is every unstarted file's outcome, so a
-caller keeps every file that finished and raises the first failure with ``tasks.fanout.results_or_raise`` (a
-service that is down is not retried once per file). On Dask every submitted file runs to its end.
+- ``dask``: a ``DaskTaskRunner`` becomes the flow run's task runner, and each file is ``file_task.submit``-ted to
+  it: one task run per file on the cluster's worker processes, each a top-level transaction of its own, so its
+  result is committed in the job directory when it finishes. Every submitted file runs to its end.
+- ``in_process``: threads of the flow's process (``tasks.fanout.run_bounded``), one file at a time in the caller's
+  thread. Not Prefect's ``ThreadPoolTaskRunner``, although it is as fast (``tests/benchmarks/bench_fanout.py``):
+  its threads are joined when it closes and when the interpreter exits, so a file stalled in a read (a download
+  whose server stopped sending) would hold Ctrl+C or SIGTERM for up to its stall timeout; ``run_bounded``'s
+  daemon threads are let go after a short grace. No file starts after one has failed: the first failure is every
+  unstarted file's outcome, so a caller keeps every file that finished and raises the first failure with
+  ``tasks.fanout.results_or_raise`` (a service that is down is not retried once per file). Each finished file
+  is committed at once (``commit_each``): a killed run keeps every finished file either way.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from config.runtime import prefect_api_url
 from config.settings import TaskRunnerSettings
-from tasks.contract import StepInput, commit_each
+from tasks.contract import commit_each
 from tasks.errors import DupflowError
 from tasks.fanout import run_bounded
 
@@ -32,9 +35,6 @@ R = TypeVar("R")
 
 DASK_CONNECT_TIMEOUT = "10s"
 
-_runners: dict[str, DaskTaskRunner] = {}
-_runners_lock = threading.Lock()
-
 
 class TaskRunnerError(DupflowError):
     """The configured Dask cluster cannot be used (no scheduler at the address, a local cluster that fails)."""
@@ -42,12 +42,21 @@ class TaskRunnerError(DupflowError):
 
 def map_files(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]], workers: int) -> list[R | Exception]:
     """Run ``file_task(*args)`` for every tuple of ``arguments`` (the first element of each is the ``StepInput``),
-    at most ``workers`` at once in-process, or on the job's Dask cluster; each outcome (result or the exception
-    raised) in the order of ``arguments``, so a caller keeps every file that finished."""
-    runner = runner_for(arguments)
-    if runner is not None:
-        return map_on_dask(runner, file_task, arguments)
+    on the flow run's Dask runner when ``file_runner`` entered one, else at most ``workers`` at once in-process;
+    each outcome (result or the exception raised) in the order of ``arguments``, so a caller keeps every file that
+    finished."""
+    if on_other_processes():
+        return map_on_flow_runner(file_task, arguments)
     return map_in_process(file_task, arguments, workers)
+
+
+def on_other_processes() -> bool:
+    """Whether the flow run's task runner runs tasks in other processes (Dask), not in this one's threads."""
+    from prefect.context import FlowRunContext
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    context = FlowRunContext.get()
+    return context is not None and not isinstance(context.task_runner, ThreadPoolTaskRunner)
 
 
 def map_in_process(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]], workers: int) -> list:
@@ -76,11 +85,10 @@ def outcome_of(call: Callable[[tuple[Any, ...]], R], args: tuple[Any, ...]) -> R
         return exc
 
 
-def map_on_dask(runner: DaskTaskRunner, file_task: Any, arguments: Sequence[tuple[Any, ...]]) -> list:
-    """Submit every file task to the cluster at once (Dask runs one per worker thread), then collect in order."""
-    from prefect.utilities.callables import get_call_parameters
-
-    futures = [runner.submit(file_task, get_call_parameters(file_task.fn, args, {})) for args in arguments]
+def map_on_flow_runner(file_task: Any, arguments: Sequence[tuple[Any, ...]]) -> list:
+    """Submit every file task to the flow run's task runner at once (Dask runs one per worker thread), then
+    collect in order."""
+    futures = [file_task.submit(*args) for args in arguments]
     outcomes: list = []
     for future in futures:
         try:
@@ -90,39 +98,30 @@ def map_on_dask(runner: DaskTaskRunner, file_task: Any, arguments: Sequence[tupl
     return outcomes
 
 
-def runner_for(arguments: Sequence[tuple[Any, ...]]) -> DaskTaskRunner | None:
-    if not arguments or not isinstance(arguments[0][0], StepInput):
-        return None
-    with _runners_lock:
-        return _runners.get(arguments[0][0].job_dir)
-
-
 # --- the runner of one flow run -------------------------------------------------------------------------------
 
 
 @contextmanager
-def file_runner(settings: TaskRunnerSettings, job_dir: Path) -> Iterator[None]:
-    """Where ``map_files`` runs the job's per-file work during one flow run (``pipeline.task_runner``).
+def file_runner(settings: TaskRunnerSettings) -> Iterator[None]:
+    """The task runner of the job's per-file work during one flow run (``pipeline.task_runner``).
 
     ``in_process``: nothing to set up. ``dask``: a ``DaskTaskRunner`` connected at once (a wrong address fails
     the run before any step) to the scheduler at ``dask_address``, or to a local cluster of ``dask_workers``
-    worker processes with one thread each; the cluster and its processes are closed when the block ends, also on
-    failure or interruption.
+    worker processes with one thread each, entered as the flow run's task runner (a copy of the flow-run context,
+    as Prefect's engine makes one per run) so that ``map_files`` submits the files to it; the cluster and its
+    processes are closed when the block ends, also on failure or interruption.
     """
     if settings.kind != "dask":
         yield
         return
-    runner = dask_runner(settings)
-    with runner:
+    from prefect.context import FlowRunContext
+
+    flow_run = FlowRunContext.get()
+    assert flow_run is not None, "file_runner is entered by a flow run"
+    with dask_runner(settings) as runner:
         connect(runner, settings)
-        key = str(job_dir)
-        with _runners_lock:
-            _runners[key] = runner
-        try:
+        with flow_run.model_copy(update={"task_runner": runner}):
             yield
-        finally:
-            with _runners_lock:
-                _runners.pop(key, None)
 
 
 def dask_runner(settings: TaskRunnerSettings) -> DaskTaskRunner:

@@ -3,6 +3,7 @@ the setting's errors name the key and the fix; the cluster's worker processes en
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -12,7 +13,10 @@ import psutil
 import pytest
 
 from config.loader import ConfigError, load_settings
+from config.settings import TaskRunnerSettings
 from flows.run import EXIT_FAILED, EXIT_OK, main
+from tasks.contract import StepInput, file_task, settings_of
+from tasks.filework import file_runner, map_files
 from tests.conftest import complete_results, run_cli
 from tests.test_job_cli import only_job_dir, resources_in, source_dir, start_cli_process, wait_for
 
@@ -20,13 +24,20 @@ SAMPLE = Path(__file__).resolve().parent.parent / "config" / "sample-data"
 DASK = ["--set", "pipeline.task_runner.kind=dask", "--set", "pipeline.task_runner.dask_workers=2"]
 
 
-def write_config(path: Path, jobs_dir: Path) -> Path:
-    path.write_text(
-        "pipeline:\n  enabled_steps: [local_import, flattening]\n"
-        f"services:\n  local_import:\n    dir: {SAMPLE}\n  flattening:\n    lookup_path: {SAMPLE}/flatten-lookup.json\n"
-        f"compression:\n  level: best\njobs_dir: {jobs_dir}\n"
-    )
-    return path
+@pytest.fixture
+def sample_config(write_config):
+    """``sample_config(path, jobs_dir)``: import and flatten the sample data into ``jobs_dir``."""
+
+    def write(path: Path, jobs_dir: Path) -> Path:
+        services = {"local_import": {"dir": SAMPLE}, "flattening": {"lookup_path": SAMPLE / "flatten-lookup.json"}}
+        tree = {
+            "pipeline": {"enabled_steps": ["local_import", "flattening"]},
+            "services": services,
+            "compression": {"level": "best"},
+        }
+        return write_config(tree, path, jobs_dir=jobs_dir)
+
+    return write
 
 
 def data_files(job_dir: Path) -> dict[str, bytes]:
@@ -62,15 +73,17 @@ def workers() -> list[psutil.Process]:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
-def test_a_job_on_a_two_process_local_cluster_writes_the_same_bytes_as_the_default_runner(tmp_path, capsys):
+def test_a_job_on_a_two_process_local_cluster_writes_the_same_bytes_as_the_default_runner(
+    tmp_path, capsys, sample_config
+):
     crtdl = str(SAMPLE / "crtdl.json")
-    default_config = write_config(tmp_path / "default.yaml", tmp_path / "default-jobs")
+    default_config = sample_config(tmp_path / "default.yaml", tmp_path / "default-jobs")
     assert main(["start", str(default_config), crtdl, "--no-progress"]) == EXIT_OK, capsys.readouterr().err
     expected = data_files(only_job_dir(tmp_path / "default-jobs"))
 
     watch = WorkerWatch()
     watch.start()
-    dask_config = write_config(tmp_path / "dask.yaml", tmp_path / "dask-jobs")
+    dask_config = sample_config(tmp_path / "dask.yaml", tmp_path / "dask-jobs")
     assert main(["start", str(dask_config), crtdl, "--no-progress", *DASK]) == EXIT_OK, capsys.readouterr().err
     watch.stop.set()
     watch.join()
@@ -85,8 +98,8 @@ def test_a_job_on_a_two_process_local_cluster_writes_the_same_bytes_as_the_defau
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
-def test_an_address_where_no_scheduler_answers_fails_the_run_naming_the_key(tmp_path, capsys):
-    config = write_config(tmp_path / "c.yaml", tmp_path / "jobs")
+def test_an_address_where_no_scheduler_answers_fails_the_run_naming_the_key(tmp_path, capsys, sample_config):
+    config = sample_config(tmp_path / "c.yaml", tmp_path / "jobs")
     address = "tcp://127.0.0.1:9"
     started = time.monotonic()
     code = main(
@@ -172,14 +185,16 @@ def test_the_default_is_the_in_process_runner():
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.usefixtures("prefect_api")
-def test_a_killed_dask_run_resumes_with_its_finished_files_and_leaves_no_worker(tmp_path):
+def test_a_killed_dask_run_resumes_with_its_finished_files_and_leaves_no_worker(tmp_path, write_config):
     # c is ~85 MB at zstd best: long enough to be killed in the middle of it
     source = source_dir(tmp_path, {"a.ndjson": 10, "b.ndjson": 20, "c.ndjson": 200_000}, pad=400)
     jobs = tmp_path / "jobs"
-    config = tmp_path / "c.yaml"
-    config.write_text(
-        f"pipeline:\n  enabled_steps: [local_import]\n  task_runner:\n    kind: dask\n    dask_workers: 2\n"
-        f"compression:\n  level: best\njobs_dir: {jobs}\n"
+    config = write_config(
+        {
+            "pipeline": {"enabled_steps": ["local_import"], "task_runner": {"kind": "dask", "dask_workers": 2}},
+            "compression": {"level": "best"},
+        },
+        jobs_dir=jobs,
     )
     process = start_cli_process("start", str(config), str(source), "--no-progress")
     wait_for(lambda: next(jobs.glob("*/import/.c.ndjson.zst.part"), None), process)
@@ -199,3 +214,30 @@ def test_a_killed_dask_run_resumes_with_its_finished_files_and_leaves_no_worker(
     assert {p.name: p.stat().st_mtime_ns for p in import_dir.glob("[ab].ndjson.zst")} == finished
     assert resources_in(import_dir / "c.ndjson.zst") == 200_000
     assert not list(import_dir.glob(".*.part"))
+
+
+@file_task("where-it-runs", "where[{number}]")
+def where_it_runs(step: StepInput, number: int) -> tuple[int, int]:
+    """The process a file task ran in, and the retry.max_attempts of the settings it loaded there."""
+    return os.getpid(), settings_of(step).retry.max_attempts
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_file_tasks_run_on_the_workers_and_load_the_steps_settings_there(tmp_path, write_config):
+    from prefect import flow
+
+    config = write_config({"pipeline": {"enabled_steps": ["local_import"]}, "retry": {"max_attempts": 5}})
+    job_dir = tmp_path / "jobs" / "dask-job"
+    step = StepInput(
+        job_id=job_dir.name, job_dir=str(job_dir), position=0, step="local_import", config_path=str(config)
+    )
+
+    @flow
+    def fan_out() -> list:
+        with file_runner(TaskRunnerSettings(kind="dask", dask_workers=1)):
+            return map_files(where_it_runs, [(step, number) for number in range(3)], workers=1)
+
+    outcomes = fan_out()
+    assert [attempts for _, attempts in outcomes] == [5, 5, 5]
+    assert os.getpid() not in {pid for pid, _ in outcomes}, "the files ran in the flow's process"

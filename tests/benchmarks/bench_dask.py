@@ -75,7 +75,7 @@ def _measure(root: str, source: str) -> dict:
         timings["in_process"].append(import_step(Path(root) / f"default-{run}", source))
     dask_dir = Path(root) / "dask"
     started = time.perf_counter()
-    with file_runner(TaskRunnerSettings(kind="dask", dask_workers=DASK_WORKERS), dask_dir):
+    with file_runner(TaskRunnerSettings(kind="dask", dask_workers=DASK_WORKERS)):
         timings["cluster_start"] = time.perf_counter() - started
         for _ in range(RUNS):
             timings["dask"].append(import_step(dask_dir, source, fresh_output=True))
