@@ -28,7 +28,11 @@ CANCEL_GRACE_SECONDS = 1.0
 
 
 class Cancelled(Exception):
-    """Raised inside a call (``raise_if_cancelled``) when its fan-out is being cancelled."""
+    """Raised inside a call (``raise_if_cancelled``) when its fan-out is being cancelled.
+
+    Control flow, not a failure: it only unwinds the calls of a fan-out whose caller is already being interrupted
+    (Ctrl+C, SIGTERM), and the caller raises the interrupt, never this. Hence no ``DupflowError``, whose
+    handlers report a failure to the user."""
 
 
 _cancelled: contextvars.ContextVar[threading.Event] = contextvars.ContextVar("fanout_cancelled")
