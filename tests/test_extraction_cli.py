@@ -40,19 +40,21 @@ def torch(clock):
         yield server
 
 
-def write_config(tmp_path: Path, server: ExtractionServer, auth: str = "") -> Path:
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        "pipeline:\n  enabled_steps: [extractor]\n"
-        "retry:\n  max_attempts: 2\n  initial_backoff_ms: 1\n  max_backoff_ms: 5\n"
-        f"services:\n  extractor:\n    base_url: {server.base_url}\n" + auth
-    )
-    return config
+def extractor_config(server: ExtractionServer, auth: dict | None = None, **extractor) -> dict:
+    """The configuration tree of an extractor-only pipeline against ``server`` (quick retries, no jobs_dir)."""
+    extractor = {"base_url": server.base_url, **extractor}
+    if auth is not None:
+        extractor["auth"] = auth
+    return {
+        "pipeline": {"enabled_steps": ["extractor"]},
+        "retry": {"max_attempts": 2, "initial_backoff_ms": 1, "max_backoff_ms": 5},
+        "services": {"extractor": extractor},
+    }
 
 
 @pytest.fixture
-def config(tmp_path, torch) -> Path:
-    return write_config(tmp_path, torch)
+def config(write_config, torch) -> Path:
+    return write_config(extractor_config(torch), jobs_dir=None)
 
 
 def cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -361,14 +363,13 @@ def test_a_crtdl_that_is_not_json_is_a_usage_error(capsys, tmp_path, torch, conf
 # --- configuration and auth ---------------------------------------------------------------------------------------
 
 
-def test_configuration_problems_are_usage_errors(capsys, tmp_path, torch):
-    no_url = tmp_path / "no-url.yaml"
-    no_url.write_text("pipeline:\n  enabled_steps: [local_import]\n")
+def test_configuration_problems_are_usage_errors(capsys, tmp_path, write_config, torch):
+    no_url = write_config({"pipeline": {"enabled_steps": ["local_import"]}}, tmp_path / "no-url.yaml", jobs_dir=None)
     code, _, err = cli(capsys, "extraction", "list", str(no_url))
     assert code == 2 and "services.extractor.base_url is not set" in err
 
-    invalid = tmp_path / "invalid.yaml"
-    invalid.write_text("pipeline:\n  enabled_steps: [extractor]\nretry:\n  max_attempts: 99\n")
+    too_many_attempts = {"pipeline": {"enabled_steps": ["extractor"]}, "retry": {"max_attempts": 99}}
+    invalid = write_config(too_many_attempts, tmp_path / "invalid.yaml", jobs_dir=None)
     code, out, err = cli(capsys, "extraction", "list", str(invalid), "--json")
     assert code == 2 and "invalid configuration" in json.loads(out)["error"]
 
@@ -388,16 +389,19 @@ def auth_variants(oauth_issuer) -> dict:
     issuer, oauth = oauth_issuer
     return {
         "basic": (
-            f"    auth:\n      username: dupflow\n      password: {PASSWORD}\n",
+            {"username": "dupflow", "password": PASSWORD},
             lambda h: h.get("authorization") == basic_header("dupflow", PASSWORD),
         ),
         "oauth": (
-            f"    auth:\n      oauth_issuer_uri: {issuer.base_url}{REALM_PATH}\n"
-            f"      oauth_client_id: {oauth.client_id}\n      oauth_client_secret: {oauth.client_secret}\n",
+            {
+                "oauth_issuer_uri": f"{issuer.base_url}{REALM_PATH}",
+                "oauth_client_id": oauth.client_id,
+                "oauth_client_secret": oauth.client_secret,
+            },
             lambda h: oauth.is_valid(h.get("authorization", "").removeprefix("Bearer ")),
         ),
         "api-key": (
-            f"    auth:\n      api_key: {API_KEY}\n      api_key_header: X-Api-Key\n",
+            {"api_key": API_KEY, "api_key_header": "X-Api-Key"},
             lambda h: h.get("x-api-key") == API_KEY,
         ),
     }
@@ -405,10 +409,10 @@ def auth_variants(oauth_issuer) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scheme", ["basic", "oauth", "api-key"])
-def test_every_command_authenticates_as_configured(capsys, tmp_path, torch, clock, oauth_issuer, scheme):
+def test_every_command_authenticates_as_configured(capsys, write_config, torch, clock, oauth_issuer, scheme):
     auth, check = auth_variants(oauth_issuer)[scheme]
     torch.state.auth_check = check
-    config = write_config(tmp_path, torch, auth)
+    config = write_config(extractor_config(torch, auth), jobs_dir=None)
     job_id = submit(torch)
     clock.tick(0.11)
 
@@ -426,9 +430,10 @@ def test_every_command_authenticates_as_configured(capsys, tmp_path, torch, cloc
     assert len(torch.state.requests) == 7 and all(check(r.headers) for r in torch.state.requests)
 
 
-def test_refused_credentials_fail_without_showing_the_secret(capsys, tmp_path, torch):
+def test_refused_credentials_fail_without_showing_the_secret(capsys, write_config, torch):
     torch.state.auth_check = lambda h: h.get("authorization") == basic_header("dupflow", "the-right-one")
-    config = write_config(tmp_path, torch, f"    auth:\n      username: dupflow\n      password: {PASSWORD}\n")
+    auth = {"username": "dupflow", "password": PASSWORD}
+    config = write_config(extractor_config(torch, auth), jobs_dir=None)
 
     code, out, err = cli(capsys, "extraction", "list", str(config), "--json")
 
@@ -441,7 +446,7 @@ def test_refused_credentials_fail_without_showing_the_secret(capsys, tmp_path, t
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
-def test_an_operator_pauses_and_resumes_a_running_pipeline_extraction(capsys, tmp_path):
+def test_an_operator_pauses_and_resumes_a_running_pipeline_extraction(capsys, tmp_path, write_config):
     """Start an extraction through the pipeline, see it running, pause it (the pipeline keeps polling, 202,
     without failing), resume it, and the pipeline completes."""
     from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
@@ -455,12 +460,9 @@ def test_an_operator_pauses_and_resumes_a_running_pipeline_extraction(capsys, tm
     }
     with start_extraction_server(durations=slow_batches) as torch:
         jobs_dir = tmp_path / "jobs"
-        config = write_config(tmp_path, torch)
-        config.write_text(
-            config.read_text()
-            + f"    polling_interval: PT1S\n    max_polling_interval: PT1S\n    file_ready_interval: PT1S\n"
-            f"jobs_dir: {jobs_dir}\ncompression:\n  level: fastest\n"
-        )
+        every_second = {"polling_interval": "PT1S", "max_polling_interval": "PT1S", "file_ready_interval": "PT1S"}
+        tree = extractor_config(torch, **every_second)
+        config = write_config({**tree, "compression": {"level": "fastest"}}, jobs_dir=jobs_dir)
         process = start_cli_process("start", str(config), str(CRTDL), "--no-progress")
         try:
             wait_for(lambda: (jobs_dir.is_dir() and list(jobs_dir.glob("*/facts.json"))) or None, process)

@@ -21,33 +21,34 @@ def broken_lookup(tmp_path: Path) -> tuple[Path, str, str]:
     return path, table["url"], element
 
 
-def write_config(tmp_path: Path, lookup: Path) -> Path:
-    config = tmp_path / "job.yaml"
-    config.write_text(
-        "pipeline:\n  enabled_steps: [local_import, flattening]\n"
-        f"jobs_dir: {tmp_path / 'jobs'}\n"
-        f"services:\n  local_import:\n    dir: {tmp_path}\n  flattening:\n    lookup_path: {lookup}\n"
-    )
-    return config
+def local_import_and_flattening(tmp_path: Path, lookup: Path) -> dict:
+    """The configuration tree of local_import from tmp_path, then flattening with ``lookup``."""
+    return {
+        "pipeline": {"enabled_steps": ["local_import", "flattening"]},
+        "services": {"local_import": {"dir": tmp_path}, "flattening": {"lookup_path": lookup}},
+    }
 
 
-def test_config_check_names_the_table_and_element_of_a_bad_lookup_file(tmp_path, capsys):
+def test_config_check_names_the_table_and_element_of_a_bad_lookup_file(tmp_path, write_config, capsys):
     lookup, table, element = broken_lookup(tmp_path)
-    assert main(["config", "check", str(write_config(tmp_path, lookup))]) == EXIT_USAGE
+    config = write_config(local_import_and_flattening(tmp_path, lookup))
+    assert main(["config", "check", str(config)]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "services.flattening.lookup_path" in err and f"table {table} element {element}" in err
     assert "child Nope.missing is not an element of this table" in err and "fix the lookup file" in err
 
 
-def test_start_refuses_a_bad_lookup_file_before_creating_the_job(tmp_path, capsys):
+def test_start_refuses_a_bad_lookup_file_before_creating_the_job(tmp_path, write_config, capsys):
     lookup, table, _ = broken_lookup(tmp_path)
-    assert main(["start", str(write_config(tmp_path, lookup)), str(EXAMPLE_CRTDL)]) == EXIT_USAGE
+    config = write_config(local_import_and_flattening(tmp_path, lookup))
+    assert main(["start", str(config), str(EXAMPLE_CRTDL)]) == EXIT_USAGE
     assert f"table {table}" in capsys.readouterr().err
     assert not (tmp_path / "jobs").exists()
 
 
-def test_flattening_without_a_crtdl_is_refused_at_start(tmp_path, capsys):
-    config = write_config(tmp_path, TESTDATA / "flattening" / "flatten-lookup.json")
+def test_flattening_without_a_crtdl_is_refused_at_start(tmp_path, write_config, capsys):
+    tree = local_import_and_flattening(tmp_path, TESTDATA / "flattening" / "flatten-lookup.json")
+    config = write_config(tree)
     assert main(["start", str(config)]) == EXIT_USAGE
     assert "the flattening step needs a CRTDL" in capsys.readouterr().err
     assert not (tmp_path / "jobs").exists()

@@ -40,20 +40,16 @@ LOOKUP = TESTDATA / "flattening" / "flatten-lookup.json"
 MB = 1024 * 1024
 
 
-def write_config(tmp_path: Path, lookup: Path | str = LOOKUP, steps: str = "[local_import, flattening]") -> Path:
-    """local_import of the flattening example's data, then flattening with ``lookup``; jobs in tmp_path/jobs."""
+def flattening_example(tmp_path: Path, lookup: Path | str = LOOKUP) -> dict[str, Any]:
+    """The configuration tree of local_import of the flattening example's data (copied to tmp_path/data), then
+    flattening with ``lookup``."""
     data = tmp_path / "data"
     data.mkdir(exist_ok=True)
     (data / "fhir-data.ndjson").write_bytes((EXAMPLE / "input" / "fhir-data.ndjson").read_bytes())
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        f"jobs_dir: {json.dumps(str(tmp_path / 'jobs'))}\n"
-        f"pipeline: {{enabled_steps: {steps}}}\n"
-        f"services:\n  local_import: {{dir: {json.dumps(str(data))}}}\n"
-        f"  flattening: {{lookup_path: {json.dumps(str(lookup))}}}\n",
-        encoding="utf-8",
-    )
-    return config
+    return {
+        "pipeline": {"enabled_steps": ["local_import", "flattening"]},
+        "services": {"local_import": {"dir": data}, "flattening": {"lookup_path": lookup}},
+    }
 
 
 def example_crtdl() -> dict[str, Any]:
@@ -135,8 +131,8 @@ def test_the_one_rule_accepts_ordinary_names(name):
     assert name_from_data_problem(name) is None
 
 
-def test_start_refuses_group_names_with_control_and_bidi_characters_before_any_job_exists(tmp_path):
-    config = write_config(tmp_path)
+def test_start_refuses_group_names_with_control_and_bidi_characters_before_any_job_exists(tmp_path, write_config):
+    config = write_config(flattening_example(tmp_path))
     crtdl = crtdl_named(tmp_path, "x\ny", "a\rb", "t\tab", "evil\u202egpj.csv")
 
     line = refused_start(config, crtdl)
@@ -147,8 +143,8 @@ def test_start_refuses_group_names_with_control_and_bidi_characters_before_any_j
     assert jobs_in(tmp_path / "jobs") == []
 
 
-def test_start_refuses_group_names_whose_files_would_collide_after_escaping(tmp_path):
-    config = write_config(tmp_path)
+def test_start_refuses_group_names_whose_files_would_collide_after_escaping(tmp_path, write_config):
+    config = write_config(flattening_example(tmp_path))
     crtdl = crtdl_named(tmp_path, "Obs a/b", "Obs a:b")
 
     assert "'diagnosis-0' and 'diagnosis-1' would both write 'Obs a_b.csv'" in refused_start(config, crtdl)
@@ -170,7 +166,7 @@ def test_a_result_file_name_that_breaks_the_rule_is_refused_before_download(segm
 # --- item 17a: attribute groups without an id -----------------------------------------------------------------
 
 
-def test_groups_without_an_id_get_one_in_the_jobs_crtdl_that_extraction_and_flattening_share(tmp_path):
+def test_groups_without_an_id_get_one_in_the_jobs_crtdl_that_extraction_and_flattening_share(tmp_path, write_config):
     """TORCH requires a group id and names the group by it in its Provenance: the job's CRTDL (the one submitted
     and the one flattening plans from) carries a generated id for each group written without one."""
     crtdl = example_crtdl()
@@ -178,7 +174,7 @@ def test_groups_without_an_id_get_one_in_the_jobs_crtdl_that_extraction_and_flat
         del group["id"]
     given = tmp_path / "given-crtdl.json"
     given.write_text(json.dumps(crtdl))
-    config = write_config(tmp_path)
+    config = write_config(flattening_example(tmp_path))
     prepared = prepare_job(None, str(config), str(given), {}, overrides_source="--set")
     crtdl_path = prepared.paths.job_dir / "crtdl.json"
     job_groups = json.loads(crtdl_path.read_text())["dataExtraction"]["attributeGroups"]
@@ -251,9 +247,9 @@ def hostile_lookup(tmp_path: Path, kind: str) -> Path:
         ("dev-zero", "is larger than 16 MB"),
     ],
 )
-def test_a_hostile_lookup_file_is_one_clear_line_from_config_check(tmp_path, kind, fragment):
+def test_a_hostile_lookup_file_is_one_clear_line_from_config_check(tmp_path, write_config, kind, fragment):
     lookup = hostile_lookup(tmp_path, kind)
-    config = write_config(tmp_path, lookup)
+    config = write_config(flattening_example(tmp_path, lookup))
 
     line = config_check_problem(config)
 
@@ -261,10 +257,10 @@ def test_a_hostile_lookup_file_is_one_clear_line_from_config_check(tmp_path, kin
     assert line.endswith("; fix the lookup file") and (kind == "children-chain" or str(lookup) in line)
 
 
-def test_config_check_of_a_lookup_path_of_dev_zero_stays_small(tmp_path):
+def test_config_check_of_a_lookup_path_of_dev_zero_stays_small(tmp_path, write_config):
     """The read is bounded: the command's peak memory stays far below what reading /dev/zero to the end would take
     (2.7 GB before the fix)."""
-    config = write_config(tmp_path, "/dev/zero")
+    config = write_config(flattening_example(tmp_path, "/dev/zero"))
     command = [sys.executable, "-m", "flows.run", "config", "check", str(config)]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     child = run_measured(
@@ -274,18 +270,21 @@ def test_config_check_of_a_lookup_path_of_dev_zero_stays_small(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("key", "block"),
+    ("key", "tree"),
     [
         (
             "services.pseudonymizer.anonymization_config",
-            "services: {pseudonymizer: {url: 'http://127.0.0.1:9', anonymization_config: /dev/zero}}",
+            {"services": {"pseudonymizer": {"url": "http://127.0.0.1:9", "anonymization_config": "/dev/zero"}}},
         ),
-        ("tls.ca_cert_path", "tls: {ca_cert_path: /dev/zero}\nservices: {pseudonymizer: {url: 'http://127.0.0.1:9'}}"),
+        (
+            "tls.ca_cert_path",
+            {"tls": {"ca_cert_path": "/dev/zero"}, "services": {"pseudonymizer": {"url": "http://127.0.0.1:9"}}},
+        ),
     ],
 )
-def test_a_settings_file_that_is_a_device_is_refused_by_config_check(tmp_path, key, block):
-    config = tmp_path / "config.yaml"
-    config.write_text(f"pipeline: {{enabled_steps: [local_import, pseudonymizer]}}\n{block}\n", encoding="utf-8")
+def test_a_settings_file_that_is_a_device_is_refused_by_config_check(write_config, key, tree):
+    pipeline = {"enabled_steps": ["local_import", "pseudonymizer"]}
+    config = write_config({"pipeline": pipeline, **tree}, jobs_dir=None)
 
     assert config_check_problem(config) == f"  - {key}: /dev/zero is no regular file; give the path of a file"
 
@@ -297,8 +296,8 @@ def test_a_children_chain_is_reported_once_without_recursion(tmp_path):
     assert problem.startswith("table https://example.org/chain element Observation.e0: its children nest")
 
 
-def test_a_100000_deep_crtdl_is_refused_at_start_without_a_traceback(tmp_path):
-    config = write_config(tmp_path)
+def test_a_100000_deep_crtdl_is_refused_at_start_without_a_traceback(tmp_path, write_config):
+    config = write_config(flattening_example(tmp_path))
     crtdl = tmp_path / "deep.json"
     crtdl.write_bytes(b"[" * 100_000 + b"]" * 100_000)
 
@@ -311,8 +310,8 @@ def test_a_100000_deep_crtdl_is_refused_at_start_without_a_traceback(tmp_path):
     assert jobs_in(tmp_path / "jobs") == []
 
 
-def test_an_oversized_crtdl_is_refused_at_start_without_reading_all_of_it(tmp_path):
-    config = write_config(tmp_path)
+def test_an_oversized_crtdl_is_refused_at_start_without_reading_all_of_it(tmp_path, write_config):
+    config = write_config(flattening_example(tmp_path))
     crtdl = tmp_path / "huge.json"
     with open(crtdl, "wb") as out:
         out.truncate(17 * MB)  # sparse: 17 MB of NUL bytes
@@ -326,22 +325,21 @@ def test_an_oversized_crtdl_is_refused_at_start_without_reading_all_of_it(tmp_pa
 
 
 @pytest.mark.parametrize(
-    ("key", "yaml_value", "code"),
+    ("key", "value", "code"),
     [
-        ("services.flattening.lookup_path", '"/tmp/look\\0up.json"', "U+0000"),
-        ("services.local_import.dir", '"/tmp/da\\nta"', "U+000A"),
-        ("jobs_dir", '"/tmp/jo\\0bs"', "U+0000"),
-        ("tls.ca_cert_path", '"/tmp/ca\\x1b.pem"', "U+001B"),
-        ("services.pseudonymizer.anonymization_config", '"/tmp/an\\0on.yaml"', "U+0000"),
+        ("services.flattening.lookup_path", "/tmp/look\0up.json", "U+0000"),
+        ("services.local_import.dir", "/tmp/da\nta", "U+000A"),
+        ("jobs_dir", "/tmp/jo\0bs", "U+0000"),
+        ("tls.ca_cert_path", "/tmp/ca\x1b.pem", "U+001B"),
+        ("services.pseudonymizer.anonymization_config", "/tmp/an\0on.yaml", "U+0000"),
     ],
 )
-def test_a_control_character_in_a_path_key_is_refused_by_config_check_naming_the_key(tmp_path, key, yaml_value, code):
-    config = tmp_path / "config.yaml"
+def test_a_control_character_in_a_path_key_is_refused_by_config_check_naming_the_key(write_config, key, value, code):
     *parents, leaf = key.split(".")
-    block = f"{leaf}: {yaml_value}"
+    block = {leaf: value}
     for parent in reversed(parents):
-        block = f"{parent}: {{{block}}}"
-    config.write_text(f"pipeline: {{enabled_steps: [local_import]}}\n{block}\n", encoding="utf-8")
+        block = {parent: block}
+    config = write_config({"pipeline": {"enabled_steps": ["local_import"]}, **block}, jobs_dir=None)
 
     problem = config_check_problem(config)
 
@@ -374,8 +372,8 @@ def full_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
-def test_a_full_disk_at_job_creation_says_no_space_left_and_leaves_nothing(tmp_path, full_disk):
-    config = write_config(tmp_path)
+def test_a_full_disk_at_job_creation_says_no_space_left_and_leaves_nothing(tmp_path, write_config, full_disk):
+    config = write_config(flattening_example(tmp_path))
     jobs = full_disk / "jobs"
 
     line = refused_start(config, EXAMPLE_CRTDL, jobs_dir=str(jobs))

@@ -25,27 +25,29 @@ def serve(*replies: Reply) -> tuple[LoopbackServer, EchoState]:
     return LoopbackServer(EchoHandler, state), state
 
 
-def write_config(tmp_path: Path, compression: str = "  level: fastest\n") -> Path:
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        f"pipeline:\n  enabled_steps: [http_import]\njobs_dir: {tmp_path / 'jobs'}\ncompression:\n{compression}"
-        "retry:\n  max_attempts: 3\n  initial_backoff_ms: 10\n  max_backoff_ms: 50\n"
-    )
-    return config
+def http_import_config(compression: dict) -> dict:
+    """The configuration tree of an http_import-only pipeline with quick retries."""
+    return {
+        "pipeline": {"enabled_steps": ["http_import"]},
+        "compression": compression,
+        "retry": {"max_attempts": 3, "initial_backoff_ms": 10, "max_backoff_ms": 50},
+    }
 
 
-def start(tmp_path: Path, url: str, **config) -> int:
-    return main(["start", str(write_config(tmp_path, **config)), url, "--no-progress"])
+def start(write_config, url: str, compression: dict | None = None) -> int:
+    """``dupflow start`` of ``url``; compression at level fastest unless given."""
+    config = write_config(http_import_config(compression or {"level": "fastest"}))
+    return main(["start", str(config), url, "--no-progress"])
 
 
 def import_dir(tmp_path: Path) -> Path:
     return only_job_dir(tmp_path / "jobs") / "import"
 
 
-def test_a_url_is_imported_named_after_its_last_segment_compressed_and_counted(tmp_path):
+def test_a_url_is_imported_named_after_its_last_segment_compressed_and_counted(tmp_path, write_config):
     server, state = serve(Reply(200, NDJSON_TYPE, NDJSON))
     with server:
-        assert start(tmp_path, f"{server.base_url}/export/patients?token=secret") == EXIT_OK
+        assert start(write_config, f"{server.base_url}/export/patients?token=secret") == EXIT_OK
         job_dir = only_job_dir(tmp_path / "jobs")
         assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_OK
     (request,) = state.requests  # continue did not fetch again
@@ -57,17 +59,17 @@ def test_a_url_is_imported_named_after_its_last_segment_compressed_and_counted(t
     assert result["summary"]["source"] == f"{server.base_url}/export/patients"  # no query: it may hold a token
 
 
-def test_a_zstd_body_is_stored_plain_when_compression_is_off(tmp_path):
+def test_a_zstd_body_is_stored_plain_when_compression_is_off(tmp_path, write_config):
     server, _ = serve(Reply(200, NDJSON_TYPE, zstandard.ZstdCompressor().compress(NDJSON)))
     with server:
-        assert start(tmp_path, f"{server.base_url}/data.ndjson.zst", compression="  enabled: false\n") == EXIT_OK
+        assert start(write_config, f"{server.base_url}/data.ndjson.zst", compression={"enabled": False}) == EXIT_OK
     assert (import_dir(tmp_path) / "data.ndjson").read_bytes() == NDJSON
 
 
-def test_a_transient_answer_is_retried(tmp_path):
+def test_a_transient_answer_is_retried(write_config):
     server, state = serve(Reply(503), Reply(200, NDJSON_TYPE, NDJSON))
     with server:
-        assert start(tmp_path, f"{server.base_url}/a.ndjson") == EXIT_OK
+        assert start(write_config, f"{server.base_url}/a.ndjson") == EXIT_OK
     assert len(state.requests) == 2
 
 
@@ -82,21 +84,23 @@ def test_a_transient_answer_is_retried(tmp_path):
         (Reply(200, NDJSON_TYPE, json.dumps([1, 2]).encode()), "first line is not a JSON object"),
     ],
 )
-def test_an_answer_that_is_not_an_ndjson_file_fails_the_job_and_leaves_no_file(tmp_path, capsys, reply, message):
+def test_an_answer_that_is_not_an_ndjson_file_fails_the_job_and_leaves_no_file(
+    tmp_path, write_config, capsys, reply, message
+):
     server, _ = serve(reply)
     with server:
-        assert start(tmp_path, f"{server.base_url}/a.ndjson") == EXIT_FAILED
+        assert start(write_config, f"{server.base_url}/a.ndjson") == EXIT_FAILED
     assert message in capsys.readouterr().err
     assert not import_dir(tmp_path).exists() or list(import_dir(tmp_path).iterdir()) == []
     assert job_file(only_job_dir(tmp_path / "jobs"))["state"] == "Failed"
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:9/files/", "http://127.0.0.1:9/files/..%2F..%2Fetc"])
-def test_a_url_without_a_safe_file_name_is_refused_before_fetching(tmp_path, capsys, url):
-    assert start(tmp_path, url) == EXIT_FAILED
+def test_a_url_without_a_safe_file_name_is_refused_before_fetching(write_config, capsys, url):
+    assert start(write_config, url) == EXIT_FAILED
     assert "cannot use" in capsys.readouterr().err
 
 
-def test_an_input_that_is_not_an_http_url_is_refused(tmp_path, capsys):
-    assert start(tmp_path, "ftp://example.org/a.ndjson") == EXIT_FAILED
+def test_an_input_that_is_not_an_http_url_is_refused(write_config, capsys):
+    assert start(write_config, "ftp://example.org/a.ndjson") == EXIT_FAILED
     assert "is not an http(s) URL" in capsys.readouterr().err

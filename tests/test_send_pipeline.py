@@ -7,7 +7,6 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-import orjson
 import pytest
 
 from flows.run import EXIT_OK
@@ -28,32 +27,33 @@ def sekmet(tmp_path_factory):
     server.stop()
 
 
-def write_config(tmp_path: Path, steps: list[str], send: str, *, compress: bool, pseudonymizer_url: str = "") -> Path:
-    config = tmp_path / "job.yaml"
-    config.write_text(
-        f"pipeline:\n  enabled_steps: {orjson.dumps(steps).decode()}\njobs_dir: {tmp_path / 'jobs'}\n"
-        f"compression:\n  enabled: {str(compress).lower()}\n  level: fastest\n"
-        "retry:\n  initial_backoff_ms: 10\n  max_backoff_ms: 50\n"
-        f"services:\n  local_import:\n    dir: {tmp_path / 'in'}\n"
-        + (f"  pseudonymizer:\n    url: {pseudonymizer_url}\n" if pseudonymizer_url else "")
-        + f"  send:\n{send}"
-    )
-    return config
+def send_config(tmp_path: Path, steps: list[str], send: dict, *, compress: bool, **services) -> dict:
+    """The configuration tree of ``steps`` from local_import of tmp_path/in to send as ``send`` says;
+    ``services`` are further service blocks."""
+    return {
+        "pipeline": {"enabled_steps": steps},
+        "compression": {"enabled": compress, "level": "fastest"},
+        "retry": {"initial_backoff_ms": 10, "max_backoff_ms": 50},
+        "services": {"local_import": {"dir": tmp_path / "in"}, **services, "send": send},
+    }
 
 
-def direct(sekmet) -> str:
-    return (
-        f"    send_as: direct_resource_load\n    url: {sekmet.url}\n    batch_size: 7\n"
-        f"    auth:\n      username: {USERNAME}\n      password: {PASSWORD}\n"
-    )
+def direct(sekmet) -> dict:
+    return {
+        "send_as": "direct_resource_load",
+        "url": sekmet.url,
+        "batch_size": 7,
+        "auth": {"username": USERNAME, "password": PASSWORD},
+    }
 
 
-def transfer(sekmet, project: str) -> str:
-    return (
-        f"    send_as: transfer_load\n    url: {sekmet.url}\n"
-        f"    auth:\n      username: {USERNAME}\n      password: {PASSWORD}\n"
-        f"    transfer:\n      project_identifier: {project}\n      organization_identifier: {ORGANIZATION}\n"
-    )
+def transfer(sekmet, project: str) -> dict:
+    return {
+        "send_as": "transfer_load",
+        "url": sekmet.url,
+        "auth": {"username": USERNAME, "password": PASSWORD},
+        "transfer": {"project_identifier": project, "organization_identifier": ORGANIZATION},
+    }
 
 
 def start(config: Path, tmp_path: Path) -> Path:
@@ -65,29 +65,32 @@ def start(config: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("zstd", [False, True])
-def test_direct_load_from_local_import_stores_every_resource_once(sekmet, tmp_path, zstd):
+def test_direct_load_from_local_import_stores_every_resource_once(sekmet, tmp_path, write_config, zstd):
     resources = generated(40, f"e2e-{uuid.uuid4().hex[:8]}")
     write_ndjson(tmp_path / "in" / "batch-1.ndjson", resources, zstd=zstd)
-    start(write_config(tmp_path, ["local_import", "send"], direct(sekmet), compress=zstd), tmp_path)
+    config = write_config(send_config(tmp_path, ["local_import", "send"], direct(sekmet), compress=zstd))
+    start(config, tmp_path)
     stored_as_sent(sekmet, resources)
 
 
-def test_direct_load_after_the_pseudonymizer_stores_what_the_service_made(sekmet, pseudonymizer_fake, tmp_path):
+def test_direct_load_after_the_pseudonymizer_stores_what_the_service_made(
+    sekmet, pseudonymizer_fake, tmp_path, write_config
+):
     resources = [r for r in generated(30, f"ps-{uuid.uuid4().hex[:8]}") if r["resourceType"] == "Patient"]
     write_ndjson(tmp_path / "in" / "patients.ndjson", resources)
     steps = ["local_import", "pseudonymizer", "send"]
-    config = write_config(tmp_path, steps, direct(sekmet), compress=True, pseudonymizer_url=pseudonymizer_fake.base_url)
+    pseudonymizer = {"url": pseudonymizer_fake.base_url}
+    config = write_config(send_config(tmp_path, steps, direct(sekmet), compress=True, pseudonymizer=pseudonymizer))
     start(config, tmp_path)
     stored_as_sent(sekmet, [server_side(r, pseudonymizer_fake) for r in resources])
 
 
 @pytest.mark.parametrize("zstd", [False, True])
-def test_transfer_from_local_import_is_read_back_as_the_dsf_would(sekmet, tmp_path, zstd):
+def test_transfer_from_local_import_is_read_back_as_the_dsf_would(sekmet, tmp_path, write_config, zstd):
     project = f"E2E_{uuid.uuid4().hex[:8]}"
     write_ndjson(tmp_path / "in" / "batch-1.ndjson", generated(25, project), zstd=zstd)
-    job_dir = start(
-        write_config(tmp_path, ["local_import", "send"], transfer(sekmet, project), compress=zstd), tmp_path
-    )
+    config = write_config(send_config(tmp_path, ["local_import", "send"], transfer(sekmet, project), compress=zstd))
+    job_dir = start(config, tmp_path)
     files = read_back_as_the_dsf(sekmet, project)
     imported = sorted((job_dir / "import").iterdir())
     assert list(files) == [path.name.removesuffix(".zst") for path in imported]

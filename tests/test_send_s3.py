@@ -48,26 +48,27 @@ def credentials(monkeypatch):
     monkeypatch.setenv("DUPFLOW_TEST_PROXY_PASSWORD", PROXY_PASSWORD)
 
 
-def write_config(tmp_path: Path, proxy, bucket: str, steps: list[str], *, compression: bool = True, extra: str = ""):
-    config = tmp_path / "job.yaml"
-    config.write_text(
-        f"pipeline:\n  enabled_steps: {orjson.dumps(steps).decode()}\n"
-        f"jobs_dir: {tmp_path / 'jobs'}\n"
-        f"compression:\n  enabled: {str(compression).lower()}\n  level: fastest\n"
-        "retry:\n  initial_backoff_ms: 1\n  max_backoff_ms: 5\n"
-        "services:\n"
-        "  send:\n"
-        "    send_as: s3_upload\n"
-        f"    auth:\n      username: {PROXY_USER}\n      password: ${{DUPFLOW_TEST_PROXY_PASSWORD}}\n"
-        "    s3:\n"
-        f"      bucket: {bucket}\n"
-        f"      region: {REGION}\n"
-        "      access_key_id: ${DUPFLOW_TEST_S3_KEY_ID}\n"
-        "      secret_access_key: ${DUPFLOW_TEST_S3_SECRET}\n"
-        f"      endpoint: {proxy.base_url}\n"
-        "      use_path_style: true\n" + extra
-    )
-    return config
+def send_s3_config(proxy, bucket: str, steps: list[str], *, compression: bool = True, **services) -> dict:
+    """The configuration tree of ``steps`` ending in send as s3_upload to ``bucket`` through ``proxy``; the secrets
+    as ${VAR} references (see ``credentials``); ``services`` are further service blocks."""
+    send = {
+        "send_as": "s3_upload",
+        "auth": {"username": PROXY_USER, "password": "${DUPFLOW_TEST_PROXY_PASSWORD}"},
+        "s3": {
+            "bucket": bucket,
+            "region": REGION,
+            "access_key_id": "${DUPFLOW_TEST_S3_KEY_ID}",
+            "secret_access_key": "${DUPFLOW_TEST_S3_SECRET}",
+            "endpoint": proxy.base_url,
+            "use_path_style": True,
+        },
+    }
+    return {
+        "pipeline": {"enabled_steps": steps},
+        "compression": {"enabled": compression, "level": "fastest"},
+        "retry": {"initial_backoff_ms": 1, "max_backoff_ms": 5},
+        "services": {"send": send, **services},
+    }
 
 
 def real_inputs(tmp_path: Path) -> Path:
@@ -101,9 +102,9 @@ def assert_no_secret_under(folder: Path, *texts: str) -> None:
 
 @pytest.mark.parametrize("compression", [True, False], ids=["zstd", "plain"])
 def test_local_import_then_s3_upload_puts_every_file_once_through_the_proxy(
-    credentials, proxy, store, bucket, tmp_path, compression, capsys
+    credentials, proxy, store, bucket, tmp_path, write_config, compression, capsys
 ):
-    config = write_config(tmp_path, proxy, bucket, ["local_import", "send"], compression=compression)
+    config = write_config(send_s3_config(proxy, bucket, ["local_import", "send"], compression=compression))
 
     assert main(["start", str(config), str(real_inputs(tmp_path)), "--no-progress"]) == EXIT_OK
 
@@ -118,10 +119,11 @@ def test_local_import_then_s3_upload_puts_every_file_once_through_the_proxy(
 
 
 def test_after_the_pseudonymizer_the_pseudonymized_files_are_uploaded(
-    credentials, proxy, store, bucket, pseudonymizer_fake, tmp_path, capsys
+    credentials, proxy, store, bucket, pseudonymizer_fake, tmp_path, write_config, capsys
 ):
-    extra = f"  pseudonymizer:\n    url: {pseudonymizer_fake.base_url}\n"
-    config = write_config(tmp_path, proxy, bucket, ["local_import", "pseudonymizer", "send"], extra=extra)
+    steps = ["local_import", "pseudonymizer", "send"]
+    pseudonymizer = {"url": pseudonymizer_fake.base_url}
+    config = write_config(send_s3_config(proxy, bucket, steps, pseudonymizer=pseudonymizer))
 
     assert main(["start", str(config), str(real_inputs(tmp_path)), "--no-progress"]) == EXIT_OK
 
@@ -132,10 +134,10 @@ def test_after_the_pseudonymizer_the_pseudonymized_files_are_uploaded(
 
 
 def test_a_refused_proxy_login_fails_the_job_naming_the_auth_keys_without_the_password(
-    credentials, proxy, store, bucket, tmp_path, monkeypatch, capsys
+    credentials, proxy, store, bucket, tmp_path, write_config, monkeypatch, capsys
 ):
     monkeypatch.setenv("DUPFLOW_TEST_PROXY_PASSWORD", "not-the-password")
-    config = write_config(tmp_path, proxy, bucket, ["local_import", "send"])
+    config = write_config(send_s3_config(proxy, bucket, ["local_import", "send"]))
 
     assert main(["start", str(config), str(real_inputs(tmp_path)), "--no-progress"]) == EXIT_FAILED
 
@@ -159,13 +161,13 @@ def random_resources(path: Path, megabytes: int, seed: int) -> Path:
 
 @pytest.mark.slow
 def test_kill_during_a_multipart_upload_then_continue_leaves_every_object_once(
-    credentials, proxy, store, bucket, tmp_path
+    credentials, proxy, store, bucket, tmp_path, write_config
 ):
     source = tmp_path / "in"
     source.mkdir()
     shutil.copy(EXAMPLE_RESULT, source / "a.ndjson")
     random_resources(source / "b.ndjson", 20, seed=5)
-    config = write_config(tmp_path, proxy, bucket, ["local_import", "send"], compression=False)
+    config = write_config(send_s3_config(proxy, bucket, ["local_import", "send"], compression=False))
     proxy.state.hold_parts = True
 
     process = start_cli_process("start", str(config), str(source), "--no-progress")
