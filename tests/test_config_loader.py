@@ -20,7 +20,9 @@ LOCAL_ONLY = "pipeline:\n  enabled_steps: [local_import]\n"
 
 
 @pytest.fixture
-def write_config(tmp_path: Path):
+def write_yaml_text(tmp_path: Path):
+    """Writes raw YAML text: these tests are about parsing the file as written (not the ``write_config`` fixture)."""
+
     def write(text: str, name: str = "config.yaml") -> Path:
         path = tmp_path / name
         path.write_text(text, encoding="utf-8")
@@ -34,9 +36,9 @@ def write_config(tmp_path: Path):
 
 @pytest.mark.parametrize(("in_file", "in_env", "in_flag"), list(itertools.product([False, True], repeat=3)))
 def test_precedence_flag_over_env_over_file_over_default(
-    write_config, in_file: bool, in_env: bool, in_flag: bool
+    write_yaml_text, in_file: bool, in_env: bool, in_flag: bool
 ) -> None:
-    path = write_config(LOCAL_ONLY + ("retry:\n  max_attempts: 3\n" if in_file else ""))
+    path = write_yaml_text(LOCAL_ONLY + ("retry:\n  max_attempts: 3\n" if in_file else ""))
     env = {"APP_RETRY_MAX_ATTEMPTS": "4"} if in_env else {}
     overrides = {"retry.max_attempts": "6"} if in_flag else {}
     loaded = load_settings(path, env=env, overrides=overrides)
@@ -74,7 +76,7 @@ def test_no_file_means_defaults_env_and_overrides_only() -> None:
 # --- environment overrides ------------------------------------------------------------------------------
 
 
-def test_env_overrides_keys_absent_from_the_file(write_config) -> None:
+def test_env_overrides_keys_absent_from_the_file(write_yaml_text) -> None:
     env = {
         "APP_SERVICES_EXTRACTOR_BASE_URL": "https://torch.example.org",
         "APP_SERVICES_EXTRACTOR_AUTH_OAUTH_ISSUER_URI": "https://auth.example.org",
@@ -87,7 +89,7 @@ def test_env_overrides_keys_absent_from_the_file(write_config) -> None:
         "APP_SERVICES_FLATTENING_FORMATS": "csv",
         "APP_PIPELINE_ENABLED_STEPS": "extractor,wait",
     }
-    settings = load_settings(write_config("jobs_dir: /var/jobs\n"), env=env).settings
+    settings = load_settings(write_yaml_text("jobs_dir: /var/jobs\n"), env=env).settings
     extractor = settings.services.extractor
     assert extractor.base_url == "https://torch.example.org"
     assert extractor.auth.uses_oauth and extractor.auth.oauth_client_secret.get_secret_value() == "s3cr3t"
@@ -106,8 +108,8 @@ def test_env_lists_accept_comma_separated_and_flow_lists(text: str) -> None:
     assert loaded.settings.pipeline.enabled_steps == ["local_import", "wait"]
 
 
-def test_env_replaces_a_file_value_and_unset_or_empty_variables_leave_it(write_config) -> None:
-    path = write_config(LOCAL_ONLY + "services:\n  local_import:\n    dir: /from/file\n    recursive: true\n")
+def test_env_replaces_a_file_value_and_unset_or_empty_variables_leave_it(write_yaml_text) -> None:
+    path = write_yaml_text(LOCAL_ONLY + "services:\n  local_import:\n    dir: /from/file\n    recursive: true\n")
     loaded = load_settings(
         path, env={"APP_SERVICES_LOCAL_IMPORT_DIR": "/from/env", "APP_SERVICES_LOCAL_IMPORT_RECURSIVE": ""}
     )
@@ -131,8 +133,8 @@ def test_every_leaf_key_has_an_env_variable() -> None:
 # --- ${VAR} substitution --------------------------------------------------------------------------------
 
 
-def test_variables_are_substituted_in_nested_strings_and_list_items(write_config) -> None:
-    path = write_config(
+def test_variables_are_substituted_in_nested_strings_and_list_items(write_yaml_text) -> None:
+    path = write_yaml_text(
         "pipeline:\n  enabled_steps: ['${IMPORT_STEP}', wait]\n"
         "services:\n  extractor:\n    base_url: https://${HOST}:${PORT}\n"
         "    auth: {username: dupflow, password: '${EXTRACTOR_PASSWORD}'}\n"
@@ -148,8 +150,8 @@ def test_variables_are_substituted_in_nested_strings_and_list_items(write_config
     assert settings.jobs_dir == "/data/${JOB_ID}/jobs"
 
 
-def test_unset_variable_is_an_error_naming_variable_and_key_path(write_config) -> None:
-    path = write_config(
+def test_unset_variable_is_an_error_naming_variable_and_key_path(write_yaml_text) -> None:
+    path = write_yaml_text(
         LOCAL_ONLY + "services:\n  send:\n    auth:\n      username: u\n      password: ${SEND_PASSWORD}\n"
     )
     with pytest.raises(ConfigError) as error:
@@ -160,8 +162,8 @@ def test_unset_variable_is_an_error_naming_variable_and_key_path(write_config) -
     ]
 
 
-def test_unset_variable_in_a_value_replaced_by_env_is_not_an_error(write_config) -> None:
-    path = write_config(LOCAL_ONLY + "services:\n  local_import:\n    dir: ${IMPORT_DIR}\n")
+def test_unset_variable_in_a_value_replaced_by_env_is_not_an_error(write_yaml_text) -> None:
+    path = write_yaml_text(LOCAL_ONLY + "services:\n  local_import:\n    dir: ${IMPORT_DIR}\n")
     loaded = load_settings(path, env={"APP_SERVICES_LOCAL_IMPORT_DIR": "/from/env"})
     assert loaded.settings.services.local_import.dir == "/from/env"
 
@@ -170,9 +172,9 @@ def test_unset_variable_in_a_value_replaced_by_env_is_not_an_error(write_config)
 
 
 def test_flat_extractor_auth_keys_move_into_auth_with_a_logged_warning(
-    write_config, caplog: pytest.LogCaptureFixture
+    write_yaml_text, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = write_config(LOCAL_ONLY + "services:\n  extractor:\n    username: u\n    password: flat-secret\n")
+    path = write_yaml_text(LOCAL_ONLY + "services:\n  extractor:\n    username: u\n    password: flat-secret\n")
     with caplog.at_level(logging.WARNING, logger="dupflow.config"):
         loaded = load_settings(path, env={})
     auth = loaded.settings.services.extractor.auth
@@ -195,8 +197,8 @@ def test_flat_extractor_auth_keys_are_accepted_from_env() -> None:
     assert any("deprecated" in w for w in loaded.warnings)
 
 
-def test_legacy_integer_timing_keys_become_durations_with_warnings(write_config) -> None:
-    path = write_config(
+def test_legacy_integer_timing_keys_become_durations_with_warnings(write_yaml_text) -> None:
+    path = write_yaml_text(
         LOCAL_ONLY + "services:\n  extractor:\n    extraction_timeout_minutes: 45\n"
         "    polling_interval_seconds: 2\n    max_polling_interval_seconds: 20\n"
     )
@@ -209,8 +211,8 @@ def test_legacy_integer_timing_keys_become_durations_with_warnings(write_config)
 
 
 @pytest.mark.parametrize(("block", "url"), [("pseudonymizer", "https://dimp/fhir"), ("send", "https://fhir/fhir/")])
-def test_url_ending_in_fhir_is_trimmed_with_a_warning(write_config, block: str, url: str) -> None:
-    loaded = load_settings(write_config(LOCAL_ONLY + f"services:\n  {block}:\n    url: {url}\n"), env={})
+def test_url_ending_in_fhir_is_trimmed_with_a_warning(write_yaml_text, block: str, url: str) -> None:
+    loaded = load_settings(write_yaml_text(LOCAL_ONLY + f"services:\n  {block}:\n    url: {url}\n"), env={})
     assert getattr(loaded.settings.services, block).url == url.rstrip("/").removesuffix("/fhir")
     assert loaded.warnings == [
         f"services.{block}.url: ends with /fhir, which the client appends itself; the "
@@ -218,8 +220,8 @@ def test_url_ending_in_fhir_is_trimmed_with_a_warning(write_config, block: str, 
     ]
 
 
-def test_max_ndjson_line_size_exposes_bytes(write_config) -> None:
-    loaded = load_settings(write_config(LOCAL_ONLY + "  max_ndjson_line_size_mb: 2\n"), env={})
+def test_max_ndjson_line_size_exposes_bytes(write_yaml_text) -> None:
+    loaded = load_settings(write_yaml_text(LOCAL_ONLY + "  max_ndjson_line_size_mb: 2\n"), env={})
     assert loaded.settings.pipeline.max_ndjson_line_size_bytes == 2 * 1024 * 1024
 
 
@@ -232,7 +234,7 @@ def _enrichment_file(tmp_path: Path, rules: Any) -> Path:
     return path
 
 
-def test_enrichment_file_is_parsed_into_rules(tmp_path: Path, write_config, monkeypatch) -> None:
+def test_enrichment_file_is_parsed_into_rules(tmp_path: Path, write_yaml_text, monkeypatch) -> None:
     _enrichment_file(
         tmp_path,
         [
@@ -255,7 +257,7 @@ def test_enrichment_file_is_parsed_into_rules(tmp_path: Path, write_config, monk
         ],
     )
     monkeypatch.chdir(tmp_path)
-    path = write_config(
+    path = write_yaml_text(
         LOCAL_ONLY + "services:\n  crtdl_preprocessing:\n    enabled: true\n    enrichments_path: enrichments.json\n"
     )
     loaded = load_settings(path, env={})
@@ -270,8 +272,8 @@ def test_enrichment_file_is_parsed_into_rules(tmp_path: Path, write_config, monk
     assert loaded.sources["services.crtdl_preprocessing.enrichments"] == f"enrichment file {tmp_path}/enrichments.json"
 
 
-def test_inline_enrichments_use_snake_case_and_are_the_rules(write_config) -> None:
-    path = write_config(
+def test_inline_enrichments_use_snake_case_and_are_the_rules(write_yaml_text) -> None:
+    path = write_yaml_text(
         LOCAL_ONLY + "services:\n  crtdl_preprocessing:\n    enrichments:\n"
         f"      - group_reference: {DIAGNOSE}\n"
         "        attributes_to_add: [{attribute_ref: Condition.code, must_have: true}]\n"
@@ -298,9 +300,9 @@ def test_inline_enrichments_use_snake_case_and_are_the_rules(write_config) -> No
         ({"groupReference": DIAGNOSE}, "must contain a JSON list"),
     ],
 )
-def test_enrichment_file_errors_name_rule_and_field(tmp_path: Path, write_config, rules: Any, fragment: str) -> None:
+def test_enrichment_file_errors_name_rule_and_field(tmp_path: Path, write_yaml_text, rules: Any, fragment: str) -> None:
     enrichments = _enrichment_file(tmp_path, rules)
-    path = write_config(LOCAL_ONLY + f"services:\n  crtdl_preprocessing:\n    enrichments_path: {enrichments}\n")
+    path = write_yaml_text(LOCAL_ONLY + f"services:\n  crtdl_preprocessing:\n    enrichments_path: {enrichments}\n")
     with pytest.raises(ConfigError) as error:
         load_settings(path, env={})
     assert any(
@@ -308,8 +310,8 @@ def test_enrichment_file_errors_name_rule_and_field(tmp_path: Path, write_config
     ), error.value.problems
 
 
-def test_missing_enrichment_file_is_an_error(tmp_path: Path, write_config) -> None:
-    path = write_config(LOCAL_ONLY + "services:\n  crtdl_preprocessing:\n    enrichments_path: absent.json\n")
+def test_missing_enrichment_file_is_an_error(tmp_path: Path, write_yaml_text) -> None:
+    path = write_yaml_text(LOCAL_ONLY + "services:\n  crtdl_preprocessing:\n    enrichments_path: absent.json\n")
     with pytest.raises(ConfigError, match=f"enrichments_path: cannot read {tmp_path}/absent.json"):
         load_settings(path, env={})
 
