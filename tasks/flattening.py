@@ -31,7 +31,7 @@ import json
 import logging
 import shutil
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +41,7 @@ from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
 from tasks.contract import DataFile, StepInput, StepResult, digest, file_task, settings_of, step_task
 from tasks.errors import StepError
-from tasks.fanout import raise_if_cancelled, results_or_raise, run_bounded
+from tasks.fanout import raise_if_cancelled, results_or_raise
 from tasks.filework import map_files
 from tasks.layout import artifact_key, write_file_atomically
 from tasks.ndjson import iter_lines
@@ -133,8 +133,14 @@ def flatten_input_file(step: StepInput, name: str, by_provenance: bool, plan_dig
     views, skipped = plan_views(step.crtdl_path, lookup, warn=False)
     max_line = settings.pipeline.max_ndjson_line_size_bytes
     plan = file_plan(step.input_dir / name, step.output_dir / PARTS_FOLDER, views, skipped, by_provenance, max_line)
+    return flatten_one(plan, in_worker_process=use_processes(sum(f.size for f in step.files), len(step.files)))
+
+
+def flatten_one(plan: FilePlan, *, in_worker_process: bool) -> FileParts:
+    """One file's parts, in a worker process or in this one; a cancelled fan-out stops it, and the engine's
+    errors become the step's."""
     with engine_errors_as_step_errors():
-        if use_processes(sum(f.size for f in step.files), len(step.files)):
+        if in_worker_process:
             return run_in_process(flatten_file, plan, stop_if_cancelled=raise_if_cancelled)
         return flatten_file(plan, raise_if_cancelled)
 
@@ -314,10 +320,10 @@ def flatten_paths(
     max_line_bytes: int,
     service: Flattener | None = None,
     budget: int = 500 * MB,
-    processes: int = 1,
 ) -> FlattenOutcome:
-    """Flatten the resources of ``paths`` (plain or zstd NDJSON, bare resources or Bundles) into ``out_dir``;
-    with the embedded engine, ``processes`` files at once in worker processes (1: in this process)."""
+    """Flatten the resources of ``paths`` (plain or zstd NDJSON, bare resources or Bundles) into ``out_dir`` in
+    one go: through the service, or with the embedded engine file after file in this process (the step's own
+    embedded path is ``flatten_step_files``: cached per-file tasks, in worker processes on a large input)."""
     if service is not None:
         return flatten_with_service(paths, out_dir, views, skipped, max_line_bytes, service, budget)
     by_provenance = any(has_group_provenance(path, max_line_bytes) for path in paths)
@@ -325,15 +331,7 @@ def flatten_paths(
     plans = [file_plan(path, parts_dir, views, skipped, by_provenance, max_line_bytes) for path in paths]
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        with engine_errors_as_step_errors():
-            if processes > 1:
-                calls: list[Callable[[], FileParts]] = [
-                    lambda plan=plan: run_in_process(flatten_file, plan, stop_if_cancelled=raise_if_cancelled)
-                    for plan in plans
-                ]
-                results = results_or_raise(run_bounded(calls, processes))
-            else:
-                results = [flatten_file(plan) for plan in plans]
+        results = [flatten_one(plan, in_worker_process=False) for plan in plans]
         return join_parts(out_dir, parts_dir, views, skipped, results, by_provenance)
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)

@@ -1,5 +1,5 @@
-"""Benchmark: resources/s of the embedded SQL-on-FHIR engine in the flattening step, in one process and in worker
-processes, beside orjson parsing alone and the ``sqlonfhir`` package.
+"""Benchmark: resources/s of the ``flattening`` step as the product runs it, beside the engine alone in one
+process, orjson parsing alone and the ``sqlonfhir`` package.
 
 Run: ``uv run python -m tests.benchmarks.bench_flattening [--patients N] [--files N] [--reference-sample N]``.
 
@@ -9,9 +9,12 @@ attribute group) in ``--files`` batch files as TORCH writes them, flattened with
 lookup (three groups). Figures printed:
 
 - anchor: parsing the same bytes with orjson in one process (resources/s), the floor any JSON pipeline pays;
-- ours, 1 process: the whole step's work (scan, parse, route, rows, CSV) on every resource, and peak RSS;
-- ours, N processes: the same with one worker process per core (``tasks.processes``; start-up included), the
-  CSVs checked byte for byte against the 1-process run, and the workers' peak RSS;
+- the step: the ``flattening`` Prefect task in a flow on a temporary Prefect server (``prefect_test_harness``),
+  timed around the task inside the flow: its cached ``flatten[<file>]`` tasks, in worker processes when the
+  product uses them (``use_processes``: several files of at least ``PROCESS_MIN_BYTES``; the pool's start-up
+  included), the parts joined into the CSVs; and the peak RSS of this process and of each worker;
+- the engine alone, 1 process: ``flatten_paths`` (scan, parse, route, rows, CSV; no Prefect task), what the step
+  does in one process, its CSVs checked byte for byte against the step's, and the step's speed-up over it;
 - reference: ``sqlonfhir`` (the SQL-on-FHIR reference runner on fhirpathpy; it pins an older fhirpathpy, so it
   runs in its own environment through ``uv run --no-project --with sqlonfhir``) evaluating the same three views
   over the same resources, already parsed and grouped by type (so only view evaluation is timed), on the first
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import resource
 import subprocess
@@ -30,11 +34,15 @@ import time
 from pathlib import Path
 
 import orjson
+from prefect import flow
+from prefect.testing.utilities import prefect_test_harness
 
-from tasks.flattening import flatten_paths, plan_views
+from tasks.contract import DataFile, StepInput
+from tasks.flattening import flatten_paths, flattening, plan_views, use_processes
 from tasks.processes import pool_size, shutdown_pool, worker_pids
 from tasks.sof.resources import line_resources
 from tests.conftest import TESTDATA
+from tests.steps import step_input
 
 EXAMPLE = TESTDATA / "flattening" / "example"
 LOOKUP = TESTDATA / "flattening" / "flatten-lookup.json"
@@ -157,6 +165,8 @@ def patient_bundle(rng: random.Random, index: int, groups: dict[str, str]) -> di
 
 
 def write_data(folder: Path, patients: int, files: int, seed: int) -> tuple[list[Path], int]:
+    """``files`` batch files of ``patients`` Bundles in ``folder``; their paths and resources (no Provenance)."""
+    folder.mkdir(parents=True, exist_ok=True)
     crtdl = json.loads((EXAMPLE / "example-crtdl.json").read_text())
     ids = [g["id"] for g in crtdl["dataExtraction"]["attributeGroups"]]
     groups = dict(zip(("Patient", "Condition", "Procedure"), ids, strict=True))
@@ -191,6 +201,46 @@ def workers_peak_mb() -> list[float]:
             if line.startswith("VmHWM:"):
                 peaks.append(int(line.split()[1]) / 1024)
     return peaks
+
+
+@flow
+def timed_flattening(step: StepInput) -> float:
+    """Seconds of the flattening step, timed inside its flow (the flow's own start is not the step's)."""
+    started = time.perf_counter()
+    flattening(step)
+    return time.perf_counter() - started
+
+
+def flattening_step(job_dir: Path, paths: list[Path], resources: int) -> StepInput:
+    """The step's input for a job whose import folder holds ``paths``."""
+    per_file = resources // len(paths)
+    return step_input(
+        job_dir,
+        "flattening",
+        folder="import",
+        files=[DataFile(name=p.name, size=p.stat().st_size, resources=per_file) for p in paths],
+        facts={"crtdl_path": str(EXAMPLE / "example-crtdl.json")},
+        position=1,
+        pipeline__enabled_steps="[local_import, flattening]",
+        services__flattening__lookup_path=str(LOOKUP),
+    )
+
+
+def run_step(job_dir: Path, paths: list[Path], resources: int) -> dict:
+    """The step once on a fresh job (no cached file results): seconds, whether it used worker processes, and the
+    peak RSS of this process and of each worker (before the pool stops)."""
+    step = flattening_step(job_dir, paths, resources)
+    with prefect_test_harness(server_startup_timeout=120):
+        seconds = timed_flattening(step)
+    peaks = workers_peak_mb()
+    shutdown_pool()
+    return {
+        "seconds": seconds,
+        "processes": pool_size() if use_processes(sum(f.size for f in step.files), len(step.files)) else 1,
+        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "workers_peak_mb": peaks,
+        "out_dir": step.output_dir,
+    }
 
 
 def reference(views: list[dict], path: Path, sample: int, folder: Path) -> dict | None:
@@ -231,36 +281,32 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        paths, count = write_data(folder, args.patients, args.files, args.seed)
+        os.environ["PREFECT_HOME"] = str(folder / "prefect-home")
+        job_dir = folder / "job"
+        paths, count = write_data(job_dir / "import", args.patients, args.files, args.seed)
         size_mb = sum(path.stat().st_size for path in paths) / 1e6
         print(
             f"data: {count} resources (no Provenance) in {args.patients} patient Bundles, {args.files} files, "
-            f"{size_mb:.1f} MB"
+            f"{size_mb:.1f} MB, {os.cpu_count()} cores"
         )
         print(f"anchor: orjson parse of the same bytes, 1 process: {anchor(paths):,.0f} resources/s")
+        step = run_step(job_dir, paths, count)
+        ours = count / step["seconds"]
+        where = f"{step['processes']} worker processes, start-up included" if step["processes"] > 1 else "1 process"
+        peaks = ", ".join(f"{mb:.0f}" for mb in step["workers_peak_mb"]) or "none"
+        print(
+            f"the flattening step ({where}): {ours:,.0f} resources/s, peak RSS {step['peak_mb']:.0f} MB, "
+            f"workers' peak RSS {peaks} MB"
+        )
         views, skipped = plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)
         started = time.perf_counter()
         outcome = flatten_paths(paths, folder / "one", views, skipped, max_line_bytes=64 << 20)
-        seconds = time.perf_counter() - started
+        alone = count / (time.perf_counter() - started)
         rows = sum(g.rows for g in outcome.groups)
-        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        ours = count / seconds
         print(
-            f"ours, 1 process (whole step: scan, parse, route, rows, CSV): {ours:,.0f} resources/s, {rows} rows, "
-            f"peak RSS {peak_mb:.0f} MB"
-        )
-        workers = pool_size()
-        started = time.perf_counter()
-        flatten_paths(paths, folder / "many", views, skipped, max_line_bytes=64 << 20, processes=workers)
-        parallel = count / (time.perf_counter() - started)
-        peaks = ", ".join(f"{mb:.0f}" for mb in workers_peak_mb())
-        shutdown_pool()
-        same = all(
-            (folder / "many" / p.name).read_bytes() == p.read_bytes() for p in (folder / "one").iterdir()
-        ) and sorted(p.name for p in (folder / "many").iterdir()) == sorted(p.name for p in (folder / "one").iterdir())
-        print(
-            f"ours, {workers} processes (start-up included): {parallel:,.0f} resources/s ({parallel / ours:.2f}x), "
-            f"CSVs {'identical' if same else 'DIFFERENT'}, workers' peak RSS {peaks} MB"
+            f"the engine alone, 1 process (scan, parse, route, rows, CSV; no Prefect task): {alone:,.0f} resources/s, "
+            f"{rows} rows, CSVs {'identical' if same_files(folder / 'one', step['out_dir']) else 'DIFFERENT'}; "
+            f"the step: {ours / alone:.2f}x"
         )
         result = reference([v.view for v in views], paths[0], args.reference_sample, folder)
         if result:
@@ -269,7 +315,15 @@ def main() -> None:
                 f"sqlonfhir (view evaluation only, {result['resources']} resources): {theirs:,.0f} resources/s, "
                 f"{result['rows']} rows"
             )
-            print(f"ratio: {ours / theirs:.1f}x")
+            print(f"ratio (engine alone / sqlonfhir): {alone / theirs:.1f}x")
+
+
+def same_files(one: Path, other: Path) -> bool:
+    """Whether the two folders hold the same CSVs, byte for byte."""
+    names = sorted(p.name for p in one.glob("*.csv"))
+    return names == sorted(p.name for p in other.glob("*.csv")) and all(
+        (one / name).read_bytes() == (other / name).read_bytes() for name in names
+    )
 
 
 if __name__ == "__main__":
