@@ -6,7 +6,9 @@ against a temporary API (``prefect_test_harness``), at most one file per core at
 
 - ``map_files``: the step modules' fan-out (``run_bounded``'s daemon threads, ``commit_each`` per file);
 - ``submit``: ``import_file.submit`` on the flow's ``ThreadPoolTaskRunner(max_workers=cores)``, results collected
-  in order.
+  in order;
+- ``dask`` (8 files only): ``map_files`` while ``file_runner`` holds a local Dask cluster of one worker process
+  per core (warm: the cluster's start and its workers' imports are not counted).
 
 Each is timed ``RUNS`` times on fresh job directories (a new job id: nothing comes back Cached); the best run is
 shown with its files per second.
@@ -45,10 +47,16 @@ def main() -> None:
                 for count in FILE_COUNTS
                 for way in ("map_files", "submit")
             ]
+            rows.append((FILE_COUNTS[0], "dask", measure_dask(root, datasets[FILE_COUNTS[0]], workers)))
     print(f"\n{workers} cores, {MB_PER_FILE} MB per file, zstd fastest, best of {RUNS}")
     print(f"{'files':>5}  {'fan-out':<44} {'seconds':>8} {'files/s':>8}")
+    labels = {
+        "map_files": "map_files (run_bounded threads)",
+        "submit": f"submit (ThreadPoolTaskRunner({workers}))",
+        "dask": f"map_files on Dask ({workers} worker processes, warm)",
+    }
     for count, way, seconds in rows:
-        label = "map_files (run_bounded threads)" if way == "map_files" else f"submit (ThreadPoolTaskRunner({workers}))"
+        label = labels[way]
         print(f"{count:>5}  {label:<44} {seconds:8.2f} {count / seconds:8.1f}")
 
 
@@ -76,6 +84,30 @@ def measure(way: str, root: Path, sources: list[Path], workers: int) -> float:
         return seconds
 
     return min(import_all(str(root / "jobs" / uuid.uuid4().hex[:12])) for _ in range(RUNS))
+
+
+def measure_dask(root: Path, sources: list[Path], workers: int) -> float:
+    """The best of ``RUNS`` imports of ``sources`` by ``map_files`` on one local Dask cluster, after a first
+    (cold) import that is not counted."""
+    from prefect import flow
+
+    from config.settings import TaskRunnerSettings
+    from tasks.filework import file_runner, map_files
+    from tasks.local_import import import_file
+
+    @flow(name="bench-fanout-dask")
+    def import_all_on_dask() -> float:
+        timings = []
+        with file_runner(TaskRunnerSettings(kind="dask", dask_workers=workers)):
+            for _ in range(RUNS + 1):
+                arguments = import_arguments(root / "jobs" / uuid.uuid4().hex[:12], sources)
+                started = time.perf_counter()
+                outcomes = map_files(import_file, arguments, workers)
+                timings.append(time.perf_counter() - started)
+                assert not any(isinstance(o, Exception) for o in outcomes)
+        return min(timings[1:])
+
+    return import_all_on_dask()
 
 
 def import_arguments(job_dir: Path, sources: list[Path]) -> list[tuple]:
