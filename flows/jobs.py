@@ -35,7 +35,6 @@ from config.loader import (
     LoadedConfig,
     absolute_path_overrides,
     cached_settings,
-    load_settings,
     refuse_secret_overrides,
 )
 from config.settings import Settings
@@ -129,12 +128,12 @@ def prepare_job(
     refuse_secret_overrides(overrides, overrides_source)
     if job_id and jobs_dir is not None and JobPaths(jobs_dir / job_id).job_file.is_file():
         return existing_job(JobPaths(jobs_dir / job_id), overrides)
-    loaded = load_settings(config_path, overrides=overrides)
+    settings = cached_settings(config_path, overrides)
     job_id = job_id or new_job_id()
-    paths = JobPaths(Path(loaded.settings.jobs_dir).resolve() / job_id)
+    paths = JobPaths(Path(settings.jobs_dir).resolve() / job_id)
     if paths.job_file.is_file():
         return existing_job(paths, overrides)
-    return new_job(paths, config_path, job_input, overrides, loaded)
+    return new_job(paths, config_path, job_input, overrides, settings)
 
 
 def existing_job(paths: JobPaths, overrides: Mapping[str, str]) -> Job:
@@ -150,7 +149,7 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str]) -> Job:
 
 
 def new_job(
-    paths: JobPaths, config_path: str | None, job_input: str | None, overrides: dict[str, str], loaded: LoadedConfig
+    paths: JobPaths, config_path: str | None, job_input: str | None, overrides: dict[str, str], settings: Settings
 ) -> Job:
     refuse_credentials_in_url(
         job_input,
@@ -160,17 +159,21 @@ def new_job(
     config_path = str(Path(config_path).resolve()) if config_path else None
     if job_input and "://" not in job_input:
         job_input = str(Path(job_input).expanduser().resolve())
-    frozen = {**overrides, **absolute_path_overrides(loaded), "jobs_dir": str(paths.job_dir.parent)}
-    steps = list(loaded.settings.pipeline.enabled_steps)
+    frozen = {
+        **overrides,
+        **absolute_path_overrides(LoadedConfig(settings, sources={})),
+        "jobs_dir": str(paths.job_dir.parent),
+    }
+    steps = list(settings.pipeline.enabled_steps)
     crtdl = crtdl_input(steps, job_input)
     require_crtdl_where_needed(steps, crtdl)
-    if problems := step_file_problems(loaded.settings):
+    if problems := step_file_problems(settings):
         raise JobError("; ".join(problems))
     # The CRTDL is read (and enriched) before anything is written: a bad one leaves no job behind.
-    effective = effective_crtdl(crtdl, loaded.settings) if crtdl is not None else None
+    effective = effective_crtdl(crtdl, settings) if crtdl is not None else None
     job = JobFile(paths.job_id, config_path, job_input, frozen, steps)
     create_job_files(paths, job, crtdl, effective)
-    return Job(paths, job, loaded.settings)
+    return Job(paths, job, settings)
 
 
 def create_job_files(paths: JobPaths, job: JobFile, crtdl: Path | None, effective: EffectiveCrtdl | None) -> None:

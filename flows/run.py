@@ -20,7 +20,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 from collections.abc import Sequence
 
-from config.loader import ConfigError, LoadedConfig, effective_config_rows, load_settings, refuse_secret_overrides
+from config.loader import (
+    ConfigError,
+    LoadedConfig,
+    cached_settings,
+    effective_config_rows,
+    load_settings,
+    refuse_secret_overrides,
+)
 from config.runtime import apply_prefect_defaults, default_jobs_dir, prefect_api_url
 from flows import extraction_cli, prefect_server, view_cli
 from flows.jobs import (
@@ -160,6 +167,17 @@ def load(config_path: str | None, overrides: dict[str, str], labels: dict[str, s
     return load_settings(config_path, overrides=overrides, override_labels=labels)
 
 
+def validate_configuration(config_path: str | None, overrides: dict[str, str], labels: dict[str, str]) -> None:
+    """Read and check the configuration before a job exists. The read is the one the job's preparation uses
+    (``cached_settings``: same file, same overrides); an invalid configuration is read once more, only to name the
+    flag that set a wrong value in the error."""
+    try:
+        cached_settings(config_path, overrides)
+    except ConfigError:
+        load(config_path, overrides, labels)
+        raise
+
+
 def cmd_config_check(args: argparse.Namespace) -> int:
     overrides, labels = overrides_from_flags(args)
     loaded = load(args.config, overrides, labels)
@@ -183,7 +201,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     config_path, job_input = args.config, args.input
     if config_path is None:
         config_path, job_input = str(EMBEDDED_CONFIG), str(EMBEDDED_CRTDL)
-    load(config_path, overrides, labels)  # configuration errors name the flag that set a value
+    validate_configuration(config_path, overrides, labels)
     use_prefect_server()  # a dead PREFECT_API_URL stops here, before a job exists
     job = prepare_job(None, config_path, job_input, overrides, overrides_source="--set")
     print(f"job {job.job_id}: {job.paths.job_dir}")
@@ -375,7 +393,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     record = read_record(paths.job_dir)
     print(f"job {job.job_id}")
     print(f"  directory: {paths.job_dir}")
-    print(f"  state:     {job_state(paths, job)}" + (f" — {job.state_message}" if job.state_message else ""))
+    run = f" (flow run {job.flow_run_ids[-1]})" if job.flow_run_ids else ""
+    print(f"  state:     {job_state(paths, job)}{run}" + (f" — {job.state_message}" if job.state_message else ""))
     print(f"  created:   {job.created_at}   updated: {job.updated_at}")
     print(f"  input:     {job.job_input or '-'}")
     for key, value in sorted((record.get("facts") or {}).items()):

@@ -335,3 +335,19 @@ def test_continue_on_a_completed_job_says_so_and_runs_nothing(tmp_path, job_conf
     assert main(["continue", str(job_dir)]) == EXIT_OK
     assert "is already completed; nothing to do" in capsys.readouterr().out
     assert job_file(job_dir)["flow_run_ids"] == runs
+
+
+def test_start_reads_the_configuration_file_once_per_identity(tmp_path, job_config, capsys):
+    """One ``start`` reads the configuration for the command and its job's preparation once (as the user gave
+    it), and once more as the job froze it (absolute paths, jobs_dir), which the flow and its steps share."""
+    config = job_config(["local_import"])
+    source = source_dir(tmp_path, {"a.ndjson": 1})
+    opened: list[str] = []
+
+    def count_opens(event: str, args: tuple) -> None:
+        if event == "open" and isinstance(args[0], str | os.PathLike) and os.fspath(args[0]) == str(config):
+            opened.append(event)
+
+    sys.addaudithook(count_opens)  # a hook cannot be removed: it only counts this test's file
+    assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
+    assert len(opened) == 2, opened
