@@ -42,7 +42,15 @@ from flows.jobs import (
 from tasks.redaction import RedactingFilter, redact
 from tasks.errors import DupflowError
 from tasks.layout import JobPaths
-from tasks.record import COMPLETED, SUSPENDED, read_record, step_results
+from tasks.record import (
+    CANCELLED,
+    COMPLETED,
+    CRASHED,
+    FAILED,
+    SUSPENDED,
+    read_record,
+    step_results,
+)
 from tasks.url_credentials import refuse_credentials_in_url
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -50,6 +58,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 EMBEDDED_CONFIG = REPO_ROOT / "config" / "default.yaml"
 EMBEDDED_CRTDL = REPO_ROOT / "config" / "sample-data" / "crtdl.json"
 GC_YOUNG_THRESHOLD = 10_000  # allocations between young collections (Python's default: 700)
+FINAL_STATES = (COMPLETED, FAILED, CRASHED, CANCELLED)
 FLAG_KEYS = {"dir": "services.local_import.dir", "anonymization_config": "services.pseudonymizer.anonymization_config"}
 
 
@@ -227,8 +236,13 @@ def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: di
     """The flow does the continuing (gates, a submission in doubt, the earlier flow run); this picks the way in."""
     job = JobFile.read(paths)
     if job.state == SUSPENDED:
+        use_prefect_server()  # a suspended run's fate is the server's (the record's rule): resumed or cancelled there
+    state = job_state(paths, job)
+    if state == SUSPENDED:
         return resume_suspended_run(job, args.note)
-    if job.state == COMPLETED and not overrides:
+    if job.state == SUSPENDED and state not in FINAL_STATES:
+        raise UsageError(f"job {job.job_id}: its deployment run is {state} on the server (resumed there); let it end")
+    if state == COMPLETED and not overrides:
         print(f"job {job.job_id} is already completed; nothing to do (outputs in {paths.job_dir})")
         return EXIT_OK
     use_prefect_server()

@@ -27,7 +27,7 @@ import pytest
 
 from flows.prefect_server import ensure_server, stop_server
 from tasks.ndjson import iter_resources
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, run_cli
 from tests.test_prefect_server import kill_servers_of
 
 pytestmark = pytest.mark.slow
@@ -170,6 +170,37 @@ def test_a_suspended_job_survives_a_worker_restart_and_resumes_with_the_form_rea
     record = api(api_url, "GET", f"/artifacts/job-{job_id}/latest")["data"]
     assert "pseudonymizer" in record and note in record
     assert [p.name for p in (site / "jobs").iterdir()] == [job_id], "the resumed run must not start a new job"
+
+
+def test_a_suspended_run_cancelled_in_the_ui_shows_cancelled_everywhere_and_continue_runs_the_job_here(
+    server, deployed, site, tmp_path_factory
+):
+    api_url, env = server
+    logs = tmp_path_factory.mktemp("worker-logs")
+    worker = start_worker(env, logs / "worker.log")
+    try:
+        run_id = api(
+            api_url,
+            "POST",
+            f"/deployments/{deployed['on-demand']['id']}/create_flow_run",
+            json={"parameters": {"config_path": str(site / "job.yaml"), "job_input": str(site / "data")}},
+        )["id"]
+        run = wait_for_run(api_url, run_id, lambda run: run["state"]["type"] == "PAUSED", worker, logs)
+    finally:
+        stop_worker(worker)
+    job_id, jobs = run["name"], str(site / "jobs")
+    assert "state:     Suspended" in run_cli("status", job_id, "--jobs-dir", jobs, env=env).stdout
+
+    # Cancelled in the UI: no process of ours is behind a suspended run, so the server's word settles it.
+    api(api_url, "POST", f"/flow_runs/{run_id}/set_state", json={"state": {"type": "CANCELLED"}, "force": True})
+    assert "state:     Cancelled" in run_cli("status", job_id, "--jobs-dir", jobs, env=env).stdout
+    assert f"{job_id}  Cancelled" in run_cli("list", "--jobs-dir", jobs, env=env).stdout
+
+    continued = run_cli("continue", job_id, "--jobs-dir", jobs, "--no-progress", "--note", "seen", env=env)
+    assert continued.returncode == 0, continued.stderr
+    record = json.loads((site / "jobs" / job_id / "job.json").read_text())
+    assert record["state"] == "Completed" and record["gates"]["01"]["note"] == "seen"
+    assert api(api_url, "GET", f"/flow_runs/{run_id}")["state"]["type"] == "CANCELLED"
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------
