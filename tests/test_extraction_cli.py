@@ -465,7 +465,7 @@ def test_an_operator_pauses_and_resumes_a_running_pipeline_extraction(capsys, tm
         config = write_config({**tree, "compression": {"level": "fastest"}}, jobs_dir=jobs_dir)
         process = start_cli_process("start", str(config), str(CRTDL), "--no-progress")
         try:
-            wait_for(lambda: (jobs_dir.is_dir() and list(jobs_dir.glob("*/facts.json"))) or None, process)
+            wait_for(lambda: (jobs_dir.is_dir() and list(jobs_dir.glob("*/job.json"))) or None, process)
             job_dir = only_job_dir(jobs_dir)
             extraction_id = wait_for(lambda: read_facts(job_dir).get("extraction_job_id"), process)
             wait_for(lambda: status_of(torch, extraction_id) is JobStatus.RUNNING_PROCESS_BATCH or None, process)

@@ -9,7 +9,7 @@ import pytest
 import zstandard
 
 from flows.run import EXIT_FAILED, EXIT_OK, main
-from tasks.record import read_step_manifest
+from tasks.record import step_results
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.test_job_cli import job_file, only_job_dir
@@ -54,7 +54,7 @@ def test_a_url_is_imported_named_after_its_last_segment_compressed_and_counted(t
     assert request.path == "/export/patients?token=secret" and "authorization" not in request.headers
     stored = job_dir / "import" / "patients.ndjson.zst"
     assert zstandard.ZstdDecompressor().decompressobj().decompress(stored.read_bytes()) == NDJSON
-    result = read_step_manifest(job_dir, 0, "http_import")
+    result = step_results(job_dir)[0]
     assert result["files"] == [{"name": "patients.ndjson.zst", "size": stored.stat().st_size, "resources": 3}]
     assert result["summary"]["source"] == f"{server.base_url}/export/patients"  # no query: it may hold a token
 
