@@ -17,7 +17,7 @@ import pytest
 import zstandard
 
 from flows.run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
-from tasks.record import read_facts, read_step_manifest
+from tasks.record import read_facts, step_results
 from tests.conftest import TESTDATA, complete_results, run_cli
 from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
 from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
@@ -73,9 +73,7 @@ def jobs_dir_of(tmp_path: Path) -> Path:
 
 
 def step_result(job_dir: Path) -> dict:
-    result = read_step_manifest(job_dir, 0, "extractor")
-    assert result is not None
-    return result
+    return step_results(job_dir)[0]
 
 
 def test_an_extraction_job_downloads_every_file_core_first_and_records_the_handle(
