@@ -13,7 +13,7 @@ for a finished one). Blank lines in a row count together against the line limit:
 ``pipeline.max_ndjson_line_size_mb`` of them is an error too (a file of nothing but newlines is no data). The check
 validates with simdjson (no Python objects are built) and hands every line simdjson does not prove a resource to
 orjson, so it accepts exactly what ``parse_resource`` accepts and reports errors in its words. File names are
-checked too, by the one rule for names from data (``tasks.layout.name_from_data_problem``).
+checked too, by the one rule for names from data (``tasks.names.name_from_data_problem``).
 
 zstd is decompressed in pieces of at most ``ZSTD_OUTPUT_PIECE`` (1 MiB), whatever the compression ratio, so a
 decompression bomb (a few hundred KB that unpack to gigabytes of one byte) costs no more memory than a real file:
@@ -34,7 +34,7 @@ import simdjson
 import zstandard
 
 from tasks.errors import StepError
-from tasks.layout import name_from_data_problem, show_name
+from tasks.names import name_from_data_problem, show_name
 from tasks.processes import processes_allowed, run_in_process
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -114,7 +114,7 @@ def output_name(name: str, compress: bool) -> str:
 
 
 def check_file_name(name: str) -> None:
-    """Refuse a name that breaks ``tasks.layout.name_from_data_problem``, the one rule for names from data
+    """Refuse a name that breaks ``tasks.names.name_from_data_problem``, the one rule for names from data
     (control and bidi characters would split a ``status`` line or make a name display as another)."""
     if problem := name_from_data_problem(name):
         raise UnsafeNameError(f"the file name {show_name(name)} {problem}; rename it")

@@ -22,7 +22,8 @@ import pytest
 from config.loader import ConfigError, load_settings, refuse_secret_overrides
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.downloads import DownloadError, UnsafeFileNameError, download_ndjson, safe_file_name, target_names
-from tasks.clients.errors import ServiceError, redact, register_secret
+from tasks.clients.errors import ServiceError
+from tasks.redaction import redact, register_secret
 from tasks.clients.http import ServiceClient, ServiceEndpoint, build_async_client, build_client, http_timeout
 from tasks.clients.pseudonymizer import Pseudonymizer
 from tasks.ndjson import NdjsonError

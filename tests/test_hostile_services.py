@@ -26,7 +26,8 @@ import pytest
 from config.settings import RetrySettings, TlsSettings
 from flows.run import EXIT_FAILED
 from config.settings import Settings
-from tasks.clients.errors import RedactingFilter, ServiceError, register_secret
+from tasks.clients.errors import ServiceError
+from tasks.redaction import RedactingFilter, register_secret
 from tasks.clients.fhir_server import FhirServer
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import AsyncServiceClient, ServiceClient, ServiceEndpoint, http_timeout

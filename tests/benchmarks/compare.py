@@ -498,8 +498,8 @@ def child_pseudonymize(base_url: str, source: str, out: str, runs: int, concurre
 
 
 def flattening_rows(root: Path, files: list[Path], runs: int) -> list[Row]:
-    """The first ``FLATTENED_MB`` of the data as four batch files (TORCH writes several), flattened in one process
-    and in one worker process per core."""
+    """The first ``FLATTENED_MB`` of the data as four batch files (TORCH writes several), flattened by the engine
+    alone in one process and by the product's ``flattening`` step."""
     subsets = [root / f"flatten-{number}.ndjson" for number in range(4)]
     for number, subset in enumerate(subsets):
         with files[number % len(files)].open("rb") as lines, subset.open("wb") as out:
@@ -522,7 +522,7 @@ def flattening_rows(root: Path, files: list[Path], runs: int) -> list[Row]:
         ),
         Row(
             f"flattening, {size:.0f} MB",
-            f"flatten_paths, {result['processes']} processes",
+            f"flattening step, {result['processes']} process(es)",
             size / result["parallel_seconds"],
             "orjson parse alone",
             anchor,
@@ -533,8 +533,12 @@ def flattening_rows(root: Path, files: list[Path], runs: int) -> list[Row]:
 
 
 def child_flatten(sources: list[str], out: str, runs: int) -> dict:
+    """The embedded engine alone in this process, then the product's path: the ``flattening`` task on a job whose
+    import folder holds the same files (worker processes where the step uses them), each on a fresh job."""
+    import shutil
+
     from tasks.flattening import flatten_paths, plan_views
-    from tasks.processes import pool_size, shutdown_pool
+    from tests.benchmarks.bench_flattening import run_step
 
     views, skipped = plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)
     paths = [Path(source) for source in sources]
@@ -550,23 +554,23 @@ def child_flatten(sources: list[str], out: str, runs: int) -> dict:
     seconds = best_seconds(
         lambda: flatten_paths(paths, folder, views, skipped, max_line_bytes=MAX_LINE_BYTES), runs, fresh(folder)
     )
-
     peak_mb = peak_rss_mb()
-    parallel_peaks = []
-
-    def in_processes() -> None:  # the pool's start-up included, as a step pays it
-        flatten_paths(paths, folder, views, skipped, max_line_bytes=MAX_LINE_BYTES, processes=pool_size())
-        parallel_peaks.append(peak_rss_mb())  # the workers', before they stop
-        shutdown_pool()
-
-    parallel_seconds = best_seconds(in_processes, runs, fresh(folder))
+    resources = sum(1 for path in paths for _ in path.open("rb"))
+    steps = []
+    for run in range(runs):
+        job_dir = folder.parent / f"flatten-job-{run}"
+        (job_dir / "import").mkdir(parents=True)
+        copies = [Path(shutil.copy(path, job_dir / "import" / path.name)) for path in paths]
+        steps.append(run_step(job_dir, copies, resources))
+        shutil.rmtree(job_dir)
+    best = min(steps, key=lambda step: step["seconds"])
     return {
         "seconds": seconds,
-        "parallel_seconds": parallel_seconds,
-        "processes": pool_size(),
+        "parallel_seconds": best["seconds"],
+        "processes": best["processes"],
         "parse_seconds": parse_seconds,
         "peak_mb": peak_mb,
-        "parallel_peak_mb": max(parallel_peaks),
+        "parallel_peak_mb": max(step["peak_mb"] + sum(step["workers_peak_mb"]) for step in steps),
     }
 
 
