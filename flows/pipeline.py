@@ -63,6 +63,7 @@ from tasks.record import (
     release_gate,
 )
 from tasks.send import send
+from tasks.url_credentials import refuse_credentials_in_url
 from tasks.validation import validation
 from tasks.wait import refuse_unconfirmed_resume, wait
 
@@ -168,7 +169,7 @@ def ended_state(exc: BaseException) -> tuple[str, str]:
 
 def run_job_steps(job: Job, card: JobRecordCard) -> Any:
     """The steps, and the state the job ends in (written to its record first)."""
-    with file_runner(job.settings.pipeline.task_runner, job.paths.job_dir):
+    with file_runner(job.settings.pipeline.task_runner):
         results = run_steps(job, card)
     summary = job_summary(job, results)
     last = results[-1]
@@ -185,6 +186,7 @@ def close_earlier_flow_run(job: Job, flow_run_id: str) -> None:
     """The job's previous flow run, left Paused (awaiting inspection) or Running (resumed in the UI, or killed) by
     a process that is gone (this flow holds the job's lock), ends as ``Continued``, naming this run."""
     from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
     from prefect.states import Cancelled
 
     earlier = [run_id for run_id in job.file.flow_run_ids if run_id != flow_run_id]
@@ -193,7 +195,7 @@ def close_earlier_flow_run(job: Job, flow_run_id: str) -> None:
     with get_client(sync_client=True) as client:
         try:
             run = client.read_flow_run(earlier[-1])
-        except Exception:  # not in this server's database (another PREFECT_HOME): nothing to close
+        except ObjectNotFound:  # not in this server's database (another PREFECT_HOME): nothing to close
             return
         if run.state is not None and not run.state.is_final():
             message = f"the job was continued in flow run {flow_run_id}"
@@ -202,6 +204,7 @@ def close_earlier_flow_run(job: Job, flow_run_id: str) -> None:
 
 def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> None:
     """``attach`` follows the extraction at that status URL; ``resubmit`` allows a fresh submission."""
+    refuse_credentials_in_url(attach, door="attach", fix="give the status URL without them")
     if attach:
         job_id = attach.rstrip("/").rsplit("/", 1)[-1]
         record_facts(
@@ -332,7 +335,7 @@ def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordC
     card.publish([*done, result])  # the record shows the gate awaiting while the run is suspended
     inspection = confirmed_inspection(job, step, hint)
     release_gate(job.paths.job_dir, step.position, inspection.note)
-    record_state(job.paths.job_dir, RUNNING)
+    record_state(job.paths.job_dir, RUNNING)  # a resumed run passed its suspend, which wrote Suspended first
     return wait(step, hint)
 
 
