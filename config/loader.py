@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import hashlib
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -37,7 +38,8 @@ from pydantic import BaseModel, SecretStr, ValidationError
 
 from config.durations import format_duration
 from tasks.errors import DupflowError
-from config.settings import Problem, Settings, env_var_name, join_key_path, legacy_key_paths
+from tasks.redaction import register_basic_credentials, register_secret
+from config.settings import ENV_PREFIX, Problem, Settings, env_var_name, join_key_path, legacy_key_paths
 
 ENRICHMENTS_KEY = "services.crtdl_preprocessing.enrichments"
 
@@ -506,16 +508,16 @@ def load_settings(
     return LoadedConfig(settings=settings, sources=sources, warnings=warnings)
 
 
-SettingsIdentity = tuple[str | None, tuple[int, int] | None, tuple[tuple[str, str], ...]]
+SettingsIdentity = tuple[str | None, tuple[int, int] | None, tuple[tuple[str, str], ...], str]
 
 
 def cached_settings(config_path: str | None, overrides: Mapping[str, str]) -> Settings:
     """The settings of ``config_path`` plus ``overrides``, loaded once per process and identity.
 
-    The identity is secret-free: the file's path, its modification time and size, and the sorted (non-secret)
-    overrides, so an edited file or ``continue --set`` is loaded afresh, in the flow's process and on a Dask
-    worker alike. Secrets come from the file's ``${VAR}`` and the APP_* environment, read when the settings are
-    loaded; a process's environment is taken as fixed.
+    The identity is secret-free: the file's path, its modification time and size, the sorted (non-secret)
+    overrides and a digest of the APP_* environment, so an edited file, ``continue --set`` or another APP_* value
+    is loaded afresh, in the flow's process and on a Dask worker alike. Secrets come from the file's ``${VAR}``
+    and the APP_* environment, read when the settings are loaded.
     """
     return _settings_of_identity(*settings_identity(config_path, overrides))
 
@@ -523,12 +525,19 @@ def cached_settings(config_path: str | None, overrides: Mapping[str, str]) -> Se
 def settings_identity(config_path: str | None, overrides: Mapping[str, str]) -> SettingsIdentity:
     """What the settings of ``config_path`` plus ``overrides`` depend on, without a secret: a key for caches of
     the settings and of what is built from them (clients)."""
-    return config_path, file_identity(config_path), tuple(sorted(overrides.items()))
+    return config_path, file_identity(config_path), tuple(sorted(overrides.items())), app_environment_digest()
+
+
+def app_environment_digest() -> str:
+    """A digest of this process's APP_* variables (names and values): it tells that they changed, not what they
+    are."""
+    variables = sorted((name, value) for name, value in os.environ.items() if name.startswith(ENV_PREFIX))
+    return hashlib.sha256(repr(variables).encode()).hexdigest()[:16]
 
 
 @lru_cache(maxsize=16)
 def _settings_of_identity(
-    config_path: str | None, file: tuple[int, int] | None, overrides: tuple[tuple[str, str], ...]
+    config_path: str | None, file: tuple[int, int] | None, overrides: tuple[tuple[str, str], ...], environment: str
 ) -> Settings:
     return load_settings(config_path, overrides=dict(overrides)).settings
 
@@ -626,10 +635,8 @@ def refuse_secret_overrides(overrides: Mapping[str, str], source: str) -> None:
 
 
 def register_secrets(settings: Settings) -> None:
-    """Hand every configured secret to the client layer's redaction (``tasks.clients.errors.redact``), so a
+    """Hand every configured secret to the redaction (``tasks.redaction.redact``, below this module), so a
     service that echoes one back in an error never gets it into a message, log line or record."""
-    from tasks.redaction import register_basic_credentials, register_secret
-
     for path in secret_key_paths():
         if path not in legacy_key_paths():
             value = _value_at(settings, path)
