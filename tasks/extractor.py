@@ -63,7 +63,7 @@ class SubmissionInDoubtError(StepError):
 def extractor(step: StepInput) -> StepResult:
     settings = settings_of(step)
     remove_partial_files(step.output_dir)
-    with ExtractionServerClient(settings.services.extractor, settings.tls, settings.retry) as client:
+    with ExtractionServerClient(settings.services.extractor, settings.tls) as client:
         handle, urls = wait_for_result(step, client, current_handle(step, client))
         needs_token = client.files_need_token
     files = download_result_files(step, urls, needs_token)
@@ -131,7 +131,7 @@ def download_client(step: StepInput, needs_token: bool) -> Iterator[ExtractionSe
         lease = _download_clients.get(key)
         if lease is None:
             settings = settings_of(step)
-            client = ExtractionServerClient(settings.services.extractor, settings.tls, settings.retry)
+            client = ExtractionServerClient(settings.services.extractor, settings.tls)
             lease = _download_clients[key] = DownloadLease(client)
         lease.holders += 1
     try:

@@ -93,7 +93,7 @@ def extractor_settings(base_url: str, **overrides) -> ExtractorSettings:
 
 def client_for(base_url: str, sim: SimulatedTime, **overrides) -> ExtractionServerClient:
     return ExtractionServerClient(
-        extractor_settings(base_url, **overrides), TlsSettings(), FAST_RETRY, clock=sim, sleep=sim.sleep
+        extractor_settings(base_url, **overrides), TlsSettings(), clock=sim, sleep=sim.sleep
     )
 
 

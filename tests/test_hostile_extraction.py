@@ -30,7 +30,7 @@ from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.extraction_server import start_extraction_server
 from tests.fakes.extraction_state import ManualClock
 from tests.test_extractor_client import CRTDL, FAST_RETRY, LONG_JOB, SimulatedTime, client_for
-from tests.test_job_cli import job_file, write_config
+from tests.test_job_cli import job_file
 
 CRTDL_PATH = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
 PASSWORD = "pw-Sekr3t"
@@ -42,19 +42,21 @@ def sim() -> SimulatedTime:
     return SimulatedTime()
 
 
-def extractor_config(tmp_path: Path, base_url: str, extra: str = "") -> Path:
+def extractor_config(write_config, base_url: str, **extractor) -> Path:
+    """An extraction-only configuration (jobs in tmp_path/jobs) with second-long polling intervals."""
+    intervals = {"polling_interval": "PT1S", "max_polling_interval": "PT1S", "file_ready_interval": "PT1S"}
     return write_config(
-        tmp_path / "c.yaml",
-        tmp_path / "jobs",
-        ["extractor"],
-        f"services:\n  extractor:\n    base_url: {base_url}\n    polling_interval: PT1S\n"
-        "    max_polling_interval: PT1S\n    file_ready_interval: PT1S\n" + extra,
+        {
+            "pipeline": {"enabled_steps": ["extractor"]},
+            "compression": {"level": "fastest"},
+            "services": {"extractor": {"base_url": base_url, **intervals, **extractor}},
+        }
     )
 
 
-def new_job_dir(tmp_path: Path, base_url: str) -> Path:
+def new_job_dir(write_config, base_url: str) -> Path:
     """A prepared extraction job (its CRTDL in place) that has not run yet."""
-    config = extractor_config(tmp_path, base_url)
+    config = extractor_config(write_config, base_url)
     return prepare_job(None, str(config), str(CRTDL_PATH), {}, overrides_source="--set").paths.job_dir
 
 
@@ -66,8 +68,8 @@ def texts_of_job(job_dir: Path) -> str:
 
 
 @pytest.mark.usefixtures("prefect_api")  # the code before the fix ran the job
-def test_continue_attach_with_a_password_is_refused_naming_the_option_and_stores_nothing(tmp_path):
-    job_dir = new_job_dir(tmp_path, "http://127.0.0.1:9")
+def test_continue_attach_with_a_password_is_refused_naming_the_option_and_stores_nothing(write_config):
+    job_dir = new_job_dir(write_config, "http://127.0.0.1:9")
     attach = f"http://alice:{PASSWORD}@127.0.0.1:9/fhir/__status/0b6bd3a4-5c8e-4f8e-9a43-2f1f3b5d1a7e"
 
     refused = run_cli("continue", str(job_dir), "--attach", attach, "--no-progress")
@@ -81,8 +83,8 @@ def test_continue_attach_with_a_password_is_refused_naming_the_option_and_stores
     assert job_file(job_dir)["flow_run_ids"] == []
 
 
-def test_the_job_input_and_the_configuration_follow_the_same_rule(tmp_path):
-    config = extractor_config(tmp_path, "http://127.0.0.1:9")
+def test_the_job_input_and_the_configuration_follow_the_same_rule(tmp_path, write_config):
+    config = extractor_config(write_config, "http://127.0.0.1:9")
     with pytest.raises(CredentialsInUrlError) as by_input:
         prepare_job(
             None, str(config), f"https://bob:{PASSWORD}@example.org/fhir/__status/1", {}, overrides_source="--set"
@@ -250,8 +252,8 @@ def test_without_requires_access_token_a_listed_origin_still_gets_no_credentials
 
 
 @pytest.mark.parametrize("origin", ["https://files.example.org/path", "files.example.org", "ftp://files.example.org"])
-def test_file_origins_must_be_origins(tmp_path, origin):
-    config = extractor_config(tmp_path, "https://torch.example.org", f"    file_origins: [{origin}]\n")
+def test_file_origins_must_be_origins(write_config, origin):
+    config = extractor_config(write_config, "https://torch.example.org", file_origins=[origin])
     with pytest.raises(ConfigError, match="services.extractor.file_origins.*not an origin"):
         load_settings(str(config))
 
@@ -296,10 +298,10 @@ def test_a_server_without_the_task_api_is_asked_once(sim):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
-def test_of_two_continue_at_once_the_second_exits_2_and_makes_no_flow_run(tmp_path):
+def test_of_two_continue_at_once_the_second_exits_2_and_makes_no_flow_run(tmp_path, write_config):
     clock = ManualClock()  # the extraction stays PENDING until the test moves the clock
     with start_extraction_server(clock=clock) as torch:
-        job_dir = new_job_dir(tmp_path, torch.base_url)
+        job_dir = new_job_dir(write_config, torch.base_url)
         outcomes: dict[str, subprocess.CompletedProcess] = {}
         first_done = threading.Event()
 

@@ -151,7 +151,7 @@ def test_every_client_stops_after_max_attempts_with_a_transient_error(name, tmp_
 
 def extraction_client(base_url: str, sleeps: list[float]) -> ExtractionServerClient:
     settings = ExtractorSettings(base_url=base_url, polling_interval="PT1S", max_polling_interval="PT30S")
-    return ExtractionServerClient(settings, TLS, RETRY, sleep=sleeps.append)
+    return ExtractionServerClient(settings, TLS, sleep=sleeps.append)
 
 
 def test_the_status_poll_honours_retry_after_and_polls_on_past_max_attempts(tmp_path):

@@ -189,14 +189,13 @@ class ExtractionServerClient:
         self,
         settings: ExtractorSettings,
         tls: TlsSettings,
-        retry: RetrySettings,
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ):
         if not settings.base_url:
             raise ExtractionError("services.extractor.base_url is not set; set it to the extraction server's URL")
-        self.settings, self.retry = settings, retry
+        self.settings = settings
         self.base_url = settings.base_url.rstrip("/")
         self.clock, self.sleep = clock, sleep
         timeout = http_timeout(min(POLL_TIMEOUT, settings.extraction_timeout))
