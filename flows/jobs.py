@@ -65,7 +65,8 @@ def new_job_id() -> str:
 
 @dataclass
 class JobFile:
-    """What a re-run needs to start the flow again, and the cached state of the job's latest flow run."""
+    """The job's frozen inputs (what a re-run needs to start the flow again) and the state its flow wrote last:
+    this module's view of the record that ``tasks.record`` owns."""
 
     job_id: str
     config_path: str | None

@@ -5,11 +5,13 @@ from __future__ import annotations
 from flows.run import EXIT_OK, EXIT_USAGE, main
 
 
-def test_config_check_shows_every_value_with_its_source_and_masks_secrets(tmp_path, monkeypatch, capsys):
-    config = tmp_path / "c.yaml"
-    config.write_text(
-        "services:\n  extractor:\n    base_url: http://torch\n    auth:\n      username: u\n      password: ${PW}\n"
-        "pipeline:\n  enabled_steps: [local_import]\n"
+def test_config_check_shows_every_value_with_its_source_and_masks_secrets(write_config, monkeypatch, capsys):
+    config = write_config(
+        {
+            "services": {"extractor": {"base_url": "http://torch", "auth": {"username": "u", "password": "${PW}"}}},
+            "pipeline": {"enabled_steps": ["local_import"]},
+        },
+        jobs_dir=None,
     )
     monkeypatch.setenv("PW", "hunter2-secret")
     monkeypatch.setenv("APP_RETRY_MAX_ATTEMPTS", "3")
@@ -26,11 +28,13 @@ def test_config_check_shows_every_value_with_its_source_and_masks_secrets(tmp_pa
     assert lines["jobs_dir"].endswith("(default)")
 
 
-def test_config_check_exits_2_and_reports_every_problem_together(tmp_path, monkeypatch, capsys):
-    config = tmp_path / "c.yaml"
-    config.write_text(
-        "services:\n  extractor:\n    polling_interval: PT0.5S\n"
-        "retry:\n  max_attempts: 11\npipeline:\n  enabled_steps: [wait, local_import]\n"
+def test_config_check_exits_2_and_reports_every_problem_together(write_config, capsys):
+    config = write_config(
+        {
+            "services": {"extractor": {"polling_interval": "PT0.5S"}},
+            "retry": {"max_attempts": 11},
+            "pipeline": {"enabled_steps": ["wait", "local_import"]},
+        }
     )
     assert main(["config", "check", str(config)]) == EXIT_USAGE
     err = capsys.readouterr().err
@@ -38,9 +42,8 @@ def test_config_check_exits_2_and_reports_every_problem_together(tmp_path, monke
         assert key in err
 
 
-def test_a_malformed_set_flag_is_a_usage_error(tmp_path, capsys):
-    config = tmp_path / "c.yaml"
-    config.write_text("pipeline:\n  enabled_steps: [local_import]\n")
+def test_a_malformed_set_flag_is_a_usage_error(write_config, capsys):
+    config = write_config({"pipeline": {"enabled_steps": ["local_import"]}})
     assert main(["config", "check", str(config), "--set", "retry.max_attempts"]) == EXIT_USAGE
     assert "KEY=VALUE" in capsys.readouterr().err
     assert main(["config", "check", str(config), "--set", "retry.nope=1"]) == EXIT_USAGE

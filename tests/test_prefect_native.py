@@ -72,13 +72,17 @@ def deployed(server) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture
-def site(tmp_path: Path, running_pseudonymizer) -> Path:
+def site(tmp_path: Path, running_pseudonymizer, write_config) -> Path:
     """A configuration for ``local_import → wait → pseudonymizer`` (paths relative to it) and data to import."""
     (tmp_path / "data").mkdir()
     write_patients(tmp_path / "data" / "a.ndjson", ["p1", "p2"])
-    (tmp_path / "job.yaml").write_text(
-        "pipeline:\n  enabled_steps: [local_import, wait, pseudonymizer]\njobs_dir: ./jobs\n"
-        f"services:\n  pseudonymizer:\n    url: {running_pseudonymizer.base_url}\n"
+    write_config(
+        {
+            "pipeline": {"enabled_steps": ["local_import", "wait", "pseudonymizer"]},
+            "jobs_dir": "./jobs",
+            "services": {"pseudonymizer": {"url": running_pseudonymizer.base_url}},
+        },
+        tmp_path / "job.yaml",
     )
     return tmp_path
 
