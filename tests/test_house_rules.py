@@ -1,0 +1,92 @@
+"""Rules of the house that import-linter cannot check: module-level state is rare, named, and never keyed by a job.
+
+A job's state flows down as values (``StepInput``, the job record); what a process may keep at module level is
+listed here with what it is keyed by. A new module-level mutable (a dict, list, set, ... assigned at module or
+class level under a lower-case name) fails this test until it is added with its key, so a registry keyed by the
+job directory cannot come back unseen. UPPER_CASE names are constant tables and must not be mutated.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from tests.conftest import REPO_ROOT
+
+PACKAGES = ("config", "tasks", "flows", "deployments")
+MUTABLE_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter", "WeakValueDictionary"}
+MUTATING_METHODS = {"append", "add", "update", "pop", "clear", "setdefault", "extend", "insert", "remove", "discard"}
+
+# module:name -> what it is keyed by (never a job)
+ALLOWED_STATE = {
+    "tasks.clients.auth:_token_sources": "OAuth issuer, client id and a digest of the client secret",
+    "tasks.extractor:_download_clients": "the secret-free identity of the step's settings (config_path, overrides)",
+    "tasks.pseudonymizer:_configs_by_digest": "the digest of the anonymization file's bytes",
+    "tasks.redaction:_secrets": "the configured secret values themselves: the redaction's registry",
+}
+
+
+def modules() -> list[tuple[str, ast.Module]]:
+    found = []
+    for package in PACKAGES:
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            name = ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts).removesuffix(".__init__")
+            found.append((name, ast.parse(path.read_text(encoding="utf-8"), filename=str(path))))
+    return found
+
+
+def is_mutable(value: ast.expr | None) -> bool:
+    if isinstance(value, ast.Dict | ast.List | ast.Set | ast.DictComp | ast.ListComp | ast.SetComp):
+        return True
+    if isinstance(value, ast.Call):
+        function = value.func
+        name = function.id if isinstance(function, ast.Name) else getattr(function, "attr", "")
+        return name in MUTABLE_CALLS
+    return False
+
+
+def module_level_mutables(tree: ast.Module) -> list[str]:
+    """Names bound to a mutable container at module level or in a class body (a ClassVar registry counts)."""
+    bodies = [tree.body] + [node.body for node in tree.body if isinstance(node, ast.ClassDef)]
+    names = []
+    for body in bodies:
+        for node in body:
+            if isinstance(node, ast.Assign | ast.AnnAssign) and is_mutable(node.value):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names += [target.id for target in targets if isinstance(target, ast.Name)]
+    return names
+
+
+def mutated_names(tree: ast.Module) -> set[str]:
+    """Names whose item is assigned or deleted, or on which a mutating method is called, anywhere in the module."""
+    mutated = set()
+    for node in ast.walk(tree):
+        stored = isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store | ast.Del)
+        if stored and isinstance(node.value, ast.Name):
+            mutated.add(node.value.id)
+        called = isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+        if called and node.func.attr in MUTATING_METHODS and isinstance(node.func.value, ast.Name):
+            mutated.add(node.func.value.id)
+    return mutated
+
+
+def test_module_level_state_is_only_the_listed_caches_none_keyed_by_a_job():
+    state = {
+        f"{module}:{name}"
+        for module, tree in modules()
+        for name in module_level_mutables(tree)
+        if name != "__all__" and not name.isupper()
+    }
+    assert state == set(ALLOWED_STATE), (
+        "module-level state changed: a new entry needs its key in ALLOWED_STATE (never the job directory); "
+        "a job's state flows down as values"
+    )
+
+
+def test_upper_case_tables_are_never_mutated():
+    mutated = {
+        f"{module}:{name}"
+        for module, tree in modules()
+        for name in set(module_level_mutables(tree)) & mutated_names(tree)
+        if name.isupper()
+    }
+    assert not mutated, f"constant tables mutated at run time: {sorted(mutated)}"
