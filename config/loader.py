@@ -251,6 +251,13 @@ def _check_scalar(event: yaml.ScalarEvent, config_path: Path) -> None:
 
 
 def _read_yaml(config_path: Path) -> dict[str, Any]:
+    """The file's YAML tree (``${VAR}`` not yet expanded), read and parsed once per path, modification time and
+    size in this process: the command, the job's preparation and its steps share one read of the file."""
+    return copy.deepcopy(_parsed_yaml(config_path, file_identity(str(config_path))))
+
+
+@lru_cache(maxsize=8)
+def _parsed_yaml(config_path: Path, identity: tuple[int, int] | None) -> dict[str, Any]:
     text = _read_text(config_path)
     try:
         _check_yaml_shape(text, config_path)

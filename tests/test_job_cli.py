@@ -337,9 +337,9 @@ def test_continue_on_a_completed_job_says_so_and_runs_nothing(tmp_path, job_conf
     assert job_file(job_dir)["flow_run_ids"] == runs
 
 
-def test_start_reads_the_configuration_file_once_per_identity(tmp_path, job_config, capsys):
-    """One ``start`` reads the configuration for the command and its job's preparation once (as the user gave
-    it), and once more as the job froze it (absolute paths, jobs_dir), which the flow and its steps share."""
+def test_start_reads_the_configuration_file_once(tmp_path, job_config, capsys):
+    """One ``start`` opens the configuration file once: the command's check, the job's preparation, the settings
+    as the job froze them (absolute paths, jobs_dir) and the flow's steps all share that read."""
     config = job_config(["local_import"])
     source = source_dir(tmp_path, {"a.ndjson": 1})
     opened: list[str] = []
@@ -350,4 +350,4 @@ def test_start_reads_the_configuration_file_once_per_identity(tmp_path, job_conf
 
     sys.addaudithook(count_opens)  # a hook cannot be removed: it only counts this test's file
     assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
-    assert len(opened) == 2, opened
+    assert len(opened) == 1, opened
