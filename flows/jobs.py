@@ -11,7 +11,7 @@ Prefect vs the file): ``JobFile`` is its frozen inputs and the state the flow wr
 ``list`` answer without a Prefect server.
 
 Files a user gives are read within bounds: the CRTDL at most MAX_CRTDL_BYTES and 128 levels deep
-(``tasks.layout.read_json_file``); the anonymization config and the CA bundle must be regular files of at most
+(``tasks.jsonfile.read_json_file``); the anonymization config and the CA bundle must be regular files of at most
 MAX_SETTINGS_FILE_BYTES (``step_file_problems``, also run by ``config check``). A job is created only whole: a
 failed write (a full disk) removes its directory again and says why.
 
@@ -39,15 +39,8 @@ from config.loader import (
 )
 from config.settings import Settings
 from tasks.errors import JobError
-from tasks.layout import (
-    JobPaths,
-    JsonFileError,
-    is_crtdl_file,
-    parse_json_document,
-    read_limited,
-    write_error,
-    write_file_atomically,
-)
+from tasks.jsonfile import JsonFileError, parse_json_document, read_limited
+from tasks.layout import JobPaths, is_crtdl_file, write_error, write_file_atomically
 from tasks.record import RUNNING, now_iso, read_record, record_facts, settled_state, update_record
 from tasks.url_credentials import refuse_credentials_in_url
 

@@ -4,7 +4,7 @@ For people who write or check views (for example the ones a flattening job saves
 embedded engine runs over the resources (plain or zstd NDJSON; Bundles are opened into their entries) and the
 rows are printed, as NDJSON (one object per row keyed by column name, values as the engine produced them) or as
 the flattening step's CSV. An invalid ViewDefinition exits 2 with the reason, and so does a VIEW.json larger than
-MAX_VIEW_BYTES or nested deeper than ``tasks.layout.MAX_JSON_DEPTH``; Ctrl+C exits 130 with one line, after the last
+MAX_VIEW_BYTES or nested deeper than ``tasks.jsonfile.MAX_JSON_DEPTH``; Ctrl+C exits 130 with one line, after the last
 complete row. Prefect is not started (or imported).
 """
 
@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from tasks.layout import JsonFileError, read_json_file
+from tasks.jsonfile import JsonFileError, read_json_file
 from tasks.ndjson import NdjsonError, iter_lines
 from tasks.sof import ViewDefinitionError, ViewError, compile_view
 from tasks.sof.output import csv_cells, csv_writer, json_bytes

@@ -118,7 +118,7 @@ class StepInput(BaseModel):
         )
 
     def record_facts(self, **facts: Any) -> None:
-        """Add facts to the job record now (``facts.json``), e.g. the extraction handle as soon as it is known."""
+        """Add facts to the job record (``job.json``) now, e.g. the extraction handle as soon as it is known."""
         record_facts(self.job_path, **facts)
 
     def cache_identity(self) -> dict[str, Any]:

@@ -5,7 +5,7 @@ input, the status URL of an already complete extraction (procedure step 8: nothi
 and its files downloaded).
 
 Submission is never repeated by itself (spec: a retry could create a duplicate job). The job record
-(``facts.json``) says where the submission stands: ``extraction_submission`` is written *before* the POST (with
+(``job.json``) says where the submission stands: ``extraction_submission`` is written *before* the POST (with
 the time of the attempt), and the handle (``extraction_status_url``, ``extraction_job_id``) the moment the server
 answers. A run that finds a handle re-attaches to it. A run that finds a submission in flight without a handle (the
 process died during the POST) stops and explains: the server may or may not have the job; ``continue --attach URL``

@@ -14,12 +14,6 @@ from pathlib import Path
 from config.settings import IMPORT_STEPS
 from tasks.errors import DupflowError
 
-# Moved to tasks.jsonfile and tasks.names; re-exported only until their importers outside this helper's files
-# (flows/jobs.py, flows/view_cli.py, tasks/ndjson.py, tasks/clients/downloads.py, tests/test_hostile_names.py)
-# import them from there. Then delete these two lines.
-from tasks.jsonfile import JsonFileError, parse_json_document, read_json_file, read_limited  # noqa: F401
-from tasks.names import name_from_data_problem, show_name  # noqa: F401
-
 PREFECT_DIR = ".prefect"
 
 
@@ -48,13 +42,6 @@ class JobPaths:
     @property
     def results(self) -> Path:
         return self.job_dir / PREFECT_DIR / "results"
-
-    def wait_release_marker(self, position: int) -> Path:
-        return self.job_dir / PREFECT_DIR / f"wait-{position:02d}.released"
-
-    def wait_pause_marker(self, position: int) -> Path:
-        """Set when the gate at ``position`` first paused the job (its instructions are published once)."""
-        return self.job_dir / PREFECT_DIR / f"wait-{position:02d}.paused"
 
 
 def artifact_key(job_id: str, *parts: str) -> str:

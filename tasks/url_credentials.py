@@ -1,6 +1,6 @@
 """The one rule for every URL that enters dupflow: no user name or password in it (``user:password@host``).
 
-A URL is stored with the job (``job.json``, ``facts.json``, the job-record artifact, Prefect parameters) and shown
+A URL is stored with the job (``job.json``, the job-record artifact, Prefect parameters) and shown
 in logs and status, so credentials in it would leak; and httpx sends the user info of a URL it follows as Basic
 auth to that URL's host, so one from a server (a Location header, a manifest) would send a password to a host
 nobody approved. Every door calls ``refuse_credentials_in_url``: the job input, ``continue --attach``, the

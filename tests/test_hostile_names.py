@@ -24,7 +24,7 @@ from flows.jobs import prepare_job
 from tasks.clients.downloads import UnsafeFileNameError, safe_file_name
 from tasks.errors import DupflowError
 from tasks.flattening import flatten_paths, plan_views
-from tasks.layout import name_from_data_problem
+from tasks.names import name_from_data_problem
 from tasks.ndjson import UnsafeNameError, output_name
 from tasks.sof.crtdl_views import generated_group_id
 from tasks.sof.lookup import lookup_problems
