@@ -95,6 +95,17 @@ class ServerRecord:
 # --- the API ---------------------------------------------------------------------------------
 
 
+def use_server() -> None:
+    """Point this process at the jobs' server: ``PREFECT_API_URL`` when set (it must answer); else the local
+    server this tool keeps running (started on first need), whose UI address goes to stderr."""
+    if (api_url := prefect_api_url()) is not None:
+        require_answer(api_url)
+    else:
+        api_url = ensure_server()
+        os.environ["PREFECT_API_URL"] = api_url
+        print(f"Prefect UI: {ui_url(api_url)}", file=sys.stderr)
+
+
 def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_TIMEOUT) -> str:
     """The Prefect API URL to use: ``PREFECT_API_URL`` if set, else a running local server, started if need be.
 
@@ -273,12 +284,14 @@ def rotate_log(home: Path) -> Path:
 
 def server_environment(home: Path, url: str) -> dict[str, str]:
     """The server's environment: this one without dupflow's APP_* settings (they may hold secrets, and
-    the server outlives the command), with analytics off and the UI pointed at this server's own API; on a
+    the server outlives the command), with analytics off, the UI pointed at this server's own API and the
+    server told its UI's address (PREFECT_UI_URL, unless set); on a
     database a server of this Prefect version has already prepared, without migrations and block registration
     (2 s and 10 MB of the server's memory for good), unless the user set those settings."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
     env.pop("PREFECT_API_URL", None)
     env |= {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": url}
+    env.setdefault("PREFECT_UI_URL", ui_url(url))  # links in notifications (automations) need the UI's address
     if database_prepared(home):
         env = PREPARED_SERVER_SETTINGS | env
     return env

@@ -211,7 +211,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     if config_path is None:
         config_path, job_input = str(EMBEDDED_CONFIG), str(EMBEDDED_CRTDL)
     validate_configuration(config_path, overrides, labels)
-    use_prefect_server()  # a dead PREFECT_API_URL stops here, before a job exists
+    prefect_server.use_server()  # a dead PREFECT_API_URL stops here, before a job exists
     job = prepare_job(None, config_path, job_input, overrides, overrides_source="--set")
     print(f"job {job.job_id}: {job.paths.job_dir}")
     return run_job(job.paths, args.no_progress)
@@ -236,7 +236,7 @@ def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: di
     """The flow does the continuing (gates, a submission in doubt, the earlier flow run); this picks the way in."""
     job = JobFile.read(paths)
     if job.state == SUSPENDED:
-        use_prefect_server()  # a suspended run's fate is the server's (the record's rule): resumed or cancelled there
+        prefect_server.use_server()  # a suspended run is the server's (the record's rule): resumed or cancelled there
     state = job_state(paths, job)
     if state == SUSPENDED:
         return resume_suspended_run(job, args.note)
@@ -245,7 +245,7 @@ def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: di
     if state == COMPLETED and not overrides:
         print(f"job {job.job_id} is already completed; nothing to do (outputs in {paths.job_dir})")
         return EXIT_OK
-    use_prefect_server()
+    prefect_server.use_server()
     prepare_job(job.job_id, None, None, overrides, overrides_source="--set", jobs_dir=paths.job_dir.parent)
     print(f"job {job.job_id}: continuing in {paths.job_dir}")
     continuing = {"note": args.note, "attach": args.attach, "resubmit": args.resubmit}
@@ -257,7 +257,7 @@ def resume_suspended_run(job: JobFile, note: str) -> int:
     worker of its work pool continues it (a local run instead would stop at the same gate again)."""
     from prefect.flow_runs import resume_flow_run
 
-    use_prefect_server()
+    prefect_server.use_server()
     resume_flow_run(job.flow_run_ids[-1], run_input={"confirmed": True, "note": note})
     print(f"job {job.job_id}: resumed its suspended flow run {job.flow_run_ids[-1]}; a worker of its pool continues it")
     return EXIT_OK
@@ -270,7 +270,7 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
     choose_progress_display(no_progress)
     signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
     log_file = paths.job_dir / "job.log"
-    use_prefect_server()
+    prefect_server.use_server()
     try:
         with job_logging(log_file):
             state = run_flow(job, paths, continuing or {})
@@ -278,17 +278,6 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
         print(f"interrupted; resume with: python -m flows.run continue {job.job_id}", file=sys.stderr)
         return EXIT_INTERRUPTED
     return report_outcome(paths, state, log_file)
-
-
-def use_prefect_server() -> None:
-    """``PREFECT_API_URL`` when set (it must answer); else the local server this tool keeps running (started on
-    first need)."""
-    if (api_url := prefect_api_url()) is not None:
-        prefect_server.require_answer(api_url)
-    else:
-        api_url = prefect_server.ensure_server()
-        os.environ["PREFECT_API_URL"] = api_url
-        print(f"Prefect UI: {prefect_server.ui_url(api_url)}", file=sys.stderr)
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> NoReturn:

@@ -97,7 +97,7 @@ def test_a_job_at_a_wait_step_notifies_that_it_waits_for_inspection(applied, rec
     message = notification(recorder, job_id, "AwaitingInspection")
     assert message["subject"] == f"dupflow job {job_id} is waiting for inspection"
     assert f"continue {job_id}" in message["body"]  # the state message: what to do next
-    assert flow_run_id in message["body"]
+    assert f"/runs/flow-run/{flow_run_id}" in message["body"]  # a link: the local server knows its UI address
 
 
 def test_a_failed_job_notifies_with_the_reason(applied, recorder, tmp_path, write_config):
@@ -110,7 +110,7 @@ def test_a_failed_job_notifies_with_the_reason(applied, recorder, tmp_path, writ
     message = notification(recorder, job_id, "Failed")
     assert message["subject"] == f"dupflow job {job_id} failed"
     assert "no .ndjson or .ndjson.zst files" in message["body"]
-    assert flow_run_id in message["body"]
+    assert f"/runs/flow-run/{flow_run_id}" in message["body"]  # a link: the local server knows its UI address
 
 
 def test_a_job_stopped_by_sigterm_notifies_that_it_crashed(applied, recorder, tmp_path, write_config):
@@ -131,7 +131,7 @@ def test_a_job_stopped_by_sigterm_notifies_that_it_crashed(applied, recorder, tm
     message = notification(recorder, job_id, "Crashed")
     assert message["subject"] == f"dupflow job {job_id} crashed"
     assert "signal" in message["body"]
-    assert flow_run_id in message["body"]
+    assert f"/runs/flow-run/{flow_run_id}" in message["body"]  # a link: the local server knows its UI address
 
 
 def notification(recorder: LoopbackServer, job_id: str, state: str) -> dict[str, str]:

@@ -14,7 +14,6 @@ is one line on stderr and exit code 1; the server's automations change only once
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,8 @@ from uuid import UUID
 import httpx
 import yaml
 
-from config.runtime import apply_prefect_defaults, prefect_api_url
-from flows.prefect_server import ensure_server, require_answer
+from config.runtime import apply_prefect_defaults
+from flows.prefect_server import use_server
 from tasks.errors import DupflowError
 
 NOTIFY_FILE = Path(__file__).with_name("notify.yaml")
@@ -41,23 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         automations = read_automations(args.file)
-        use_jobs_server()
+        apply_prefect_defaults()
+        use_server()
         for name, automation_id in replace_automations(automations):
             print(f"applied automation {name!r} ({automation_id})")
     except (DupflowError, OSError, ValueError, yaml.YAMLError, httpx.HTTPError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-def use_jobs_server() -> None:
-    """Point Prefect at the server the jobs use, as ``flows.run`` does: ``PREFECT_API_URL`` when set (it must
-    answer), else the local server, started if need be."""
-    apply_prefect_defaults()
-    if (api_url := prefect_api_url()) is not None:
-        require_answer(api_url)
-    else:
-        os.environ["PREFECT_API_URL"] = ensure_server()
 
 
 def read_automations(path: Path) -> list[dict[str, Any]]:
