@@ -39,15 +39,12 @@ from tasks.clients.extraction_server import (
     parse_crtdl,
 )
 from tasks.record import read_facts
+from tasks.errors import UsageError
 from tasks.url_credentials import CredentialsInUrlError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DONE_WORDS = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}
 ALREADY_WORDS = {"pause": "already paused", "resume": "already running", "cancel": "already cancelled"}
-
-
-class CliUsageError(Exception):
-    """Something the user asked cannot be done as given (exit 2)."""
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -107,7 +104,7 @@ def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
         try:
             with open_client(args.config) as client:
                 return handler(args, client)
-        except (ConfigError, CliUsageError, InvalidCrtdlError, OSError) as exc:
+        except (ConfigError, UsageError, InvalidCrtdlError, OSError) as exc:
             return fail(args, str(exc), EXIT_USAGE)
         except SearchRejectedError as exc:
             problems = "\n".join(f"  - {problem}" for problem in exc.problems)
@@ -124,7 +121,7 @@ def open_client(config_path: str) -> ExtractionTaskClient:
         print(f"warning: {warning}", file=sys.stderr)
     settings = loaded.settings
     if not settings.services.extractor.base_url:
-        raise CliUsageError(f"{config_path}: services.extractor.base_url is not set; set it to the extraction server")
+        raise UsageError(f"{config_path}: services.extractor.base_url is not set; set it to the extraction server")
     return ExtractionTaskClient(settings.services.extractor, settings.tls, settings.retry)
 
 
@@ -147,7 +144,7 @@ def extraction_job_id(args: argparse.Namespace) -> str:
         return ref
     recorded = read_facts(job_dir).get("extraction_job_id")
     if not recorded:
-        raise CliUsageError(
+        raise UsageError(
             f"dupflow job {ref} has no extraction job yet (no extraction_job_id in {job_dir / 'job.json'})"
         )
     return str(recorded)

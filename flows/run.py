@@ -40,7 +40,7 @@ from flows.jobs import (
     step_file_problems,
 )
 from tasks.redaction import RedactingFilter, redact
-from tasks.errors import DupflowError
+from tasks.errors import DupflowError, UsageError
 from tasks.layout import JobPaths
 from tasks.record import (
     CANCELLED,
@@ -60,10 +60,6 @@ EMBEDDED_CRTDL = REPO_ROOT / "config" / "sample-data" / "crtdl.json"
 GC_YOUNG_THRESHOLD = 10_000  # allocations between young collections (Python's default: 700)
 FINAL_STATES = (COMPLETED, FAILED, CRASHED, CANCELLED)
 FLAG_KEYS = {"dir": "services.local_import.dir", "anonymization_config": "services.pseudonymizer.anonymization_config"}
-
-
-class UsageError(DupflowError):
-    pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,9 +1,50 @@
-"""The one root of every error dupflow raises on purpose.
+"""The one root of every error dupflow raises on purpose, and the drawing of the whole tree.
 
 Every deliberate failure is a ``DupflowError``: it carries a message a user can act on and, where a service
 call failed, the operation, the HTTP status (None for network errors) and whether it is transient (worth
 retrying) or terminal, as the spec's Errors section describes. Anything else that escapes a step is a bug
-and is reported with its traceback in the job log.
+and is reported with its traceback in the job log. The tree (``tests/test_house_rules.py`` checks that this
+drawing names every class)::
+
+    DupflowError
+    ├── ConfigError                     config.loader: every problem of a configuration, each naming key and fix
+    ├── UsageError                      a command asked for something it cannot do as given (exit 2)
+    ├── JobError                        a job cannot be started or continued as asked
+    │   └── JobLockedError              flows.jobs: another process works on the job
+    ├── StepError                       a step cannot go on with its input (terminal)
+    │   ├── LocalImportError            tasks.local_import
+    │   ├── HttpImportError             tasks.http_import
+    │   ├── SubmissionInDoubtError      tasks.extractor: a kick-off whose answer was lost
+    │   ├── ExtractionError             tasks.clients.extraction_server
+    │   │   ├── InvalidCrtdlError, DeadHandleError, ExtractionFailedError,
+    │   │   └── ExtractionTimeoutError, NoMatchingDataError
+    │   ├── DownloadError               tasks.clients.downloads
+    │   │   └── FileNotReadyError, UnsafeFileNameError
+    │   ├── PseudonymizationError       tasks.clients.pseudonymizer
+    │   │   └── EntryTooLargeError
+    │   ├── PseudonymizerStepError      tasks.pseudonymizer
+    │   ├── FlattenerError              tasks.clients.flattener
+    │   ├── FlatteningError             tasks.flattening
+    │   ├── NdjsonError                 tasks.ndjson: LineTooLongError, TruncatedLineError, UnsafeNameError
+    │   └── EnrichmentError             tasks.crtdl_enrichment (also ValueError): UnresolvedLinkError
+    ├── ServiceError                    tasks.clients.errors: a failed call (operation, status, transient or not)
+    │   ├── TransactionRejected         tasks.clients.fhir_server
+    │   └── JobNotFoundError, TransitionRefusedError, SearchRejectedError, VersionConflictError,
+    │       CohortPreviewUnsupportedError                         tasks.clients.extraction_server
+    ├── ValidationServiceError          tasks.clients.validator: a 2xx answer that is no OperationOutcome
+    ├── SofError                        tasks.sof.errors (also ValueError): the SQL-on-FHIR engine
+    │   ├── CrtdlError, FhirPathError, LookupFileError, ResourceLineError
+    │   └── ViewError: ViewDefinitionError, ViewEvaluationError
+    ├── JsonFileError                   tasks.jsonfile: a JSON file too big, too deep or broken
+    ├── CredentialsInUrlError           tasks.url_credentials: a URL with user:password
+    ├── JobWriteError                   tasks.layout (also OSError): the job directory cannot be written
+    ├── TaskRunnerError                 tasks.filework: the configured Dask cluster cannot be used
+    ├── ApiUnreachableError, ServerStartError                     flows.prefect_server
+    └── AutomationFileError             deployments.automations.apply
+
+Outside the tree on purpose, control flow that never reaches a user: ``tasks.fanout.Cancelled`` (unwinds the
+calls of an interrupted fan-out), ``tasks.clients.fhir_server._Refused`` and ``config.loader._DuplicateKeyError``
+(caught in their module).
 
 Import-light on purpose (no httpx, no Prefect): the command line and the job record use it.
 """
@@ -35,6 +76,10 @@ class DupflowError(Exception):
 
 class StepError(DupflowError):
     """A step cannot go on with its input (a missing file, bad data, a refused setting); terminal."""
+
+
+class UsageError(DupflowError):
+    """A command was asked for something it cannot do as given (exit 2)."""
 
 
 class JobError(DupflowError):

@@ -9,6 +9,7 @@ job directory cannot come back unseen. UPPER_CASE names are constant tables and 
 from __future__ import annotations
 
 import ast
+import re
 
 from tests.conftest import REPO_ROOT
 
@@ -90,3 +91,35 @@ def test_upper_case_tables_are_never_mutated():
         if name.isupper()
     }
     assert not mutated, f"constant tables mutated at run time: {sorted(mutated)}"
+
+
+def exception_classes() -> dict[str, list[str]]:
+    """Every exception class defined in the packages, by name: the names of its bases."""
+    classes = {}
+    for _, tree in modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(base) for base in node.bases]
+                classes[node.name] = bases
+    known = {"Exception", "ValueError", "OSError", "yaml.MarkedYAMLError"}
+    exceptions: dict[str, list[str]] = {}
+    changed = True
+    while changed:  # a class is an exception when one of its bases is
+        changed = False
+        for name, bases in classes.items():
+            if name not in exceptions and any(base in known or base in exceptions for base in bases):
+                exceptions[name] = bases
+                changed = True
+    return exceptions
+
+
+def test_every_exception_is_in_the_one_tree_drawn_in_tasks_errors():
+    import tasks.errors
+
+    drawn = set(re.findall(r"\w+", tasks.errors.__doc__ or ""))
+    exceptions = exception_classes()
+    assert not sorted(set(exceptions) - drawn), "draw every exception class in tasks.errors"
+    roots = sorted(name for name, bases in exceptions.items() if not set(bases) & set(exceptions))
+    assert roots == ["Cancelled", "DupflowError", "_DuplicateKeyError", "_Refused"], (
+        "one root (DupflowError); the control-flow exceptions outside it are named in tasks.errors"
+    )

@@ -8,21 +8,7 @@ or patient data; only the texts of a FHIR OperationOutcome (``issue[].diagnostic
 Every text that leaves a client passes through ``tasks.redaction.redact``: ``ServiceError`` messages are redacted
 when made, OperationOutcome texts when taken (``operation_outcome_texts``).
 
-The clients' exceptions, all under ``tasks.errors.DupflowError``::
-
-    DupflowError
-    ├── ServiceError                      a failed call (this module): operation, status, transient or terminal
-    │   ├── TransactionRejected           fhir_server: a refused transaction, with the server's answer
-    │   ├── JobNotFoundError, TransitionRefusedError, SearchRejectedError,
-    │   │   VersionConflictError, CohortPreviewUnsupportedError      extraction_server: the Task API's answers
-    │   └── (S3 errors are ServiceErrors made by s3.py)
-    ├── ValidationServiceError            validator: a 2xx answer that is no OperationOutcome
-    └── StepError
-        ├── ExtractionError               extraction_server: InvalidCrtdlError, DeadHandleError,
-        │                                 ExtractionFailedError, ExtractionTimeoutError, NoMatchingDataError
-        ├── DownloadError                 downloads: UnsafeFileNameError, FileNotReadyError
-        ├── PseudonymizationError         pseudonymizer: EntryTooLargeError
-        └── FlattenerError                flattener
+The clients' exceptions have their place in the one tree drawn in ``tasks.errors``.
 """
 
 from __future__ import annotations
