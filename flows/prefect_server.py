@@ -22,7 +22,6 @@ No Prefect import here: the command line's fast commands import this module.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import http.client
 import importlib.metadata
 import json
@@ -42,7 +41,7 @@ from urllib.parse import urlsplit
 
 from config.runtime import local_server_port, prefect_api_url
 from tasks.errors import DupflowError
-from tasks.layout import write_file_atomically
+from tasks.layout import exclusive_lock, write_file_atomically
 
 STATE_FILE = "dupflow-server.json"
 LOCK_FILE = "dupflow-server.lock"
@@ -174,12 +173,8 @@ def prefect_home(home: Path | None = None) -> Path:
 @contextmanager
 def home_lock(home: Path) -> Iterator[None]:
     """An exclusive lock on PREFECT_HOME's server state; the kernel releases it if the holder dies."""
-    with open(home / LOCK_FILE, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with exclusive_lock(home / LOCK_FILE):
+        yield
 
 
 def start_server(home: Path, startup_timeout: float, previous: ServerRecord | None = None) -> ServerRecord:

@@ -7,7 +7,10 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,3 +81,15 @@ def write_file_atomically(path: Path, data: bytes) -> None:
     except OSError as exc:
         temporary.unlink(missing_ok=True)
         raise write_error(exc, path) from None
+
+
+@contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (made if missing) for the block; the kernel releases it if the
+    holder dies, so a killed process never leaves it locked."""
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

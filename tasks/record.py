@@ -28,7 +28,6 @@ discard them with the version that made them. Import-light on purpose (no Prefec
 
 from __future__ import annotations
 
-import fcntl
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -37,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tasks.layout import JobPaths, write_file_atomically
+from tasks.layout import JobPaths, exclusive_lock, write_file_atomically
 
 WRITE_LOCK_FILE = ".job.json.lock"
 
@@ -79,12 +78,8 @@ def update_record(job_dir: Path, change: Callable[[dict[str, Any]], None]) -> di
 def _write_lock(job_dir: Path) -> Iterator[None]:
     with _thread_lock:
         job_dir.mkdir(parents=True, exist_ok=True)
-        with open(job_dir / WRITE_LOCK_FILE, "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        with exclusive_lock(job_dir / WRITE_LOCK_FILE):
+            yield
 
 
 # --- facts -----------------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from tests.test_prefect_native import (
     api,
     deployed,  # noqa: F401  (fixture)
     run_log,
+    run_to_the_gate,
     server,  # noqa: F401  (fixture)
     site,  # noqa: F401  (fixture)
     start_worker,
@@ -62,13 +63,7 @@ def test_a_resume_without_confirmation_leaves_the_job_suspended_and_runs_nothing
     logs = tmp_path_factory.mktemp("worker-logs")
     worker = start_worker(env, logs / "worker.log")
     try:
-        run_id = api(
-            api_url,
-            "POST",
-            f"/deployments/{deployed['on-demand']['id']}/create_flow_run",
-            json={"parameters": {"config_path": str(site / "job.yaml"), "job_input": str(site / "data")}},
-        )["id"]
-        run = wait_for_run(api_url, run_id, lambda run: run["state"]["type"] == "PAUSED", worker, logs)
+        run_id, run = run_to_the_gate(api_url, deployed, site, worker, logs)
         assert run["state"]["name"] == "Suspended", run["state"]
         job_id, first_suspend = run["name"], run["state"]["id"]
         job_dir = site / "jobs" / job_id

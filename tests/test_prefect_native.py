@@ -133,13 +133,7 @@ def test_a_suspended_job_survives_a_worker_restart_and_resumes_with_the_form_rea
     logs = tmp_path_factory.mktemp("worker-logs")
     worker = start_worker(env, logs / "first.log")
     try:
-        run_id = api(
-            api_url,
-            "POST",
-            f"/deployments/{deployed['on-demand']['id']}/create_flow_run",
-            json={"parameters": {"config_path": str(site / "job.yaml"), "job_input": str(site / "data")}},
-        )["id"]
-        run = wait_for_run(api_url, run_id, lambda run: run["state"]["type"] == "PAUSED", worker, logs)
+        run_id, run = run_to_the_gate(api_url, deployed, site, worker, logs)
         assert run["state"]["name"] == "Suspended", run["state"]
         job_id = run["name"]
         assert str(uuid.UUID(job_id)) == job_id and f"job-{job_id}" in run["tags"]
@@ -183,13 +177,7 @@ def test_a_suspended_run_cancelled_in_the_ui_shows_cancelled_everywhere_and_cont
     logs = tmp_path_factory.mktemp("worker-logs")
     worker = start_worker(env, logs / "worker.log")
     try:
-        run_id = api(
-            api_url,
-            "POST",
-            f"/deployments/{deployed['on-demand']['id']}/create_flow_run",
-            json={"parameters": {"config_path": str(site / "job.yaml"), "job_input": str(site / "data")}},
-        )["id"]
-        run = wait_for_run(api_url, run_id, lambda run: run["state"]["type"] == "PAUSED", worker, logs)
+        run_id, run = run_to_the_gate(api_url, deployed, site, worker, logs)
     finally:
         stop_worker(worker)
     job_id, jobs = run["name"], str(site / "jobs")
@@ -272,6 +260,19 @@ def children_of(pid: int) -> list[int]:
         return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except FileNotFoundError:
         return []
+
+
+def run_to_the_gate(
+    api_url: str, deployed: dict, site: Path, worker: subprocess.Popen, logs: Path
+) -> tuple[str, dict[str, Any]]:
+    """A run of the on-demand deployment on the site's data, once it is paused at its wait step: its id and run."""
+    run_id = api(
+        api_url,
+        "POST",
+        f"/deployments/{deployed['on-demand']['id']}/create_flow_run",
+        json={"parameters": {"config_path": str(site / "job.yaml"), "job_input": str(site / "data")}},
+    )["id"]
+    return run_id, wait_for_run(api_url, run_id, lambda run: run["state"]["type"] == "PAUSED", worker, logs)
 
 
 def wait_for_run(
