@@ -34,6 +34,7 @@ from pydantic import Field
 
 from config.settings import Settings
 from flows.jobs import Job, JobLock, prepare_job
+from tasks.readable import CLI, duration_text, readable_lines, size_text
 from tasks.redaction import redact
 from tasks.contract import StepInput, StepKind, StepResult
 from tasks.errors import DupflowError
@@ -151,12 +152,14 @@ def pipeline(
         settle_submission_in_doubt(job, attach, resubmit)
         if note is not None:
             release_awaiting_gates(job.paths.job_dir, note)
+        card = JobRecordCard(job)
         try:
-            return run_job_steps(job, JobRecordCard(job))
+            return run_job_steps(job, card)
         except PrefectSignal:  # suspended for inspection: the state is written before the suspend
             raise
         except BaseException as exc:
             record_state(job.paths.job_dir, *ended_state(exc))
+            publish_ended_state(card)
             raise
 
 
@@ -174,11 +177,13 @@ def run_job_steps(job: Job, card: JobRecordCard) -> Any:
     summary = job_summary(job, results)
     last = results[-1]
     if last.awaiting:
-        message = f"awaiting inspection at step {last.position + 1} (wait); continue with: continue {job.job_id}"
+        message = f"awaiting inspection at step {last.position + 1} (wait); continue with: {CLI} continue {job.job_id}"
         record_state(job.paths.job_dir, AWAITING_INSPECTION, message)
+        card.refresh()
         return Paused(name=AWAITING_INSPECTION, message=message, data=summary)
     message = f"outputs in {summary['output_dir']}"
     record_state(job.paths.job_dir, COMPLETED, message)
+    card.refresh()
     return Completed(message=message, data=summary)
 
 
@@ -240,7 +245,7 @@ def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:
         except PrefectSignal:  # a suspend for inspection (Pause) or an abort: not a failure of the step
             raise
         except BaseException as exc:
-            publish_failure(card, results, name, exc)
+            card.note_failure(results, name, exc)  # published with the job's ended state
             raise
         record_step(job.paths.job_dir, position, result.model_dump(mode="json"))
         results.append(result)
@@ -325,38 +330,40 @@ def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordC
     in_deployment = runtime.deployment.id is not None
     hint = (
         "press Resume on this flow run in the Prefect UI and fill in the form (or POST /api/flow_runs/<id>/resume), "
-        f"or run: python -m flows.run continue {job.job_id}"
+        f"or run: {CLI} continue {job.job_id}"
         if in_deployment
-        else f"python -m flows.run continue {job.job_id}"
+        else f"{CLI} continue {job.job_id}"
     )
     result = wait(step, hint)
     if not result.awaiting or not in_deployment:
         return result
-    card.publish([*done, result])  # the record shows the gate awaiting while the run is suspended
-    inspection = confirmed_inspection(job, step, hint)
+    card.note([*done, result])  # the record shows the gate awaiting while the run is suspended
+    inspection = confirmed_inspection(job, step, hint, card)
     release_gate(job.paths.job_dir, step.position, inspection.note)
     record_state(job.paths.job_dir, RUNNING)  # a resumed run passed its suspend, which wrote Suspended first
     return wait(step, hint)
 
 
-def confirmed_inspection(job: Job, step: StepInput, hint: str) -> InspectionInput:
+def confirmed_inspection(job: Job, step: StepInput, hint: str, card: JobRecordCard) -> InspectionInput:
     """The form of the resume that confirmed the inspection. A resume without confirmation is counted in the job's
     record's gate and suspends the run again under a new key (a key already resumed returns its input at once,
     which is how a resumed run, started again from the top, gets past the suspends before it)."""
     unconfirmed = gate(job.paths.job_dir, step.position).get("unconfirmed_resumes", 0)
-    while not (inspection := suspend_for_inspection(job, step.position, unconfirmed)).confirmed:
+    while not (inspection := suspend_for_inspection(job, step.position, unconfirmed, card)).confirmed:
         unconfirmed = count_unconfirmed_resume(job.paths.job_dir, step.position)
         refuse_unconfirmed_resume(step, hint, inspection.note)
     return inspection
 
 
-def suspend_for_inspection(job: Job, position: int, unconfirmed: int) -> InspectionInput:
+def suspend_for_inspection(job: Job, position: int, unconfirmed: int, card: JobRecordCard) -> InspectionInput:
     """Suspend the deployment run (its process ends); a resume re-runs the flow, and this returns the form's input.
-    The key is new after every resume without confirmation, so that the run is suspended once more."""
+    The key is new after every resume without confirmation, so that the run is suspended once more. The job
+    record says Suspended first."""
     from prefect.flow_runs import suspend_flow_run
 
     message = f"awaiting inspection at step {position + 1} (wait); resume in the UI with the confirmation turned on"
     record_state(job.paths.job_dir, SUSPENDED, message)
+    card.refresh()
     key = f"wait-{position:02d}" + (f"-unconfirmed-{unconfirmed}" if unconfirmed else "")
     return suspend_flow_run(wait_for_input=InspectionInput, timeout=SUSPEND_TIMEOUT_SECONDS, key=key)
 
@@ -384,19 +391,37 @@ def publish_step_table(job: Job, result: StepResult) -> None:
 
 
 class JobRecordCard:
-    """The job-record artifact (key ``job-<id>``) of this flow run: one version per flow run, made at its first
-    step boundary and updated in place at the later ones, so the run's Artifacts tab shows one "Job record" card
-    (a deployment run resumed from the top finds its card again)."""
+    """The job-record artifact (key ``job-<id>``, one key per job, so the UI's Artifacts page shows one card per job):
+    one version per flow run, made at its first step boundary and updated in place at the later ones and when the
+    job's state changes, so the run's Artifacts tab shows one "Job record" card (a deployment run resumed from the
+    top finds its card again) and the key's page keeps one version per run as the job's history."""
 
     def __init__(self, job: Job):
         self._job = job
         self._artifact_id: Any = None
+        self._results: list[StepResult] = []
+        self._failed: tuple[str, BaseException] | None = None
 
-    def publish(self, results: list[StepResult], failed: tuple[str, BaseException] | None = None) -> None:
+    def publish(self, results: list[StepResult]) -> None:
+        """The record with these steps done (or awaiting), now."""
+        self.note(results)
+        self.refresh()
+
+    def note(self, results: list[StepResult]) -> None:
+        """These steps, shown at the next ``refresh``."""
+        self._results = list(results)
+
+    def note_failure(self, results: list[StepResult], step: str, exc: BaseException) -> None:
+        """The failed step's cause, shown at the next ``refresh`` (when the job's ended state is recorded)."""
+        self.note(results)
+        self._failed = (step, exc)
+
+    def refresh(self) -> None:
+        """Publish the record as it stands: the job's state from ``job.json`` and the steps noted so far."""
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.actions import ArtifactUpdate
 
-        markdown = job_record_markdown(self._job, results, failed)
+        markdown = job_record_markdown(self._job, self._results, self._failed)
         if self._artifact_id is None:
             self._artifact_id = this_runs_artifact_id(artifact_key(self._job.job_id))
         if self._artifact_id is None:
@@ -424,24 +449,32 @@ def this_runs_artifact_id(key: str) -> Any:
 
 
 def job_record_markdown(job: Job, results: list[StepResult], failed: tuple[str, BaseException] | None) -> str:
-    """The job record: per step its state, folder, files, resources, bytes, wall time (that of the run that made
-    it, for a step served from the cache) and links to its artifacts; the step time so far, the inspections with
-    their notes, the recorded facts, and a link to this flow run."""
+    """The job record: the job's state on top; per step its state, folder, files, resources, size, wall time
+    (that of the run that made it, for a step served from the cache) and links to its artifacts; the step time so
+    far, the inspections with their notes, the recorded facts as text, and a link to this flow run."""
     settings: Settings = job.settings
     base = ui_base_url()
     links = artifact_links(job.job_id, base)
-    lines = [f"# dupflow job `{job.job_id}`", "", f"Job directory: `{job.paths.job_dir}`", ""]
+    record = read_record(job.paths.job_dir)
+    lines = [
+        f"# dupflow job `{job.job_id}`",
+        "",
+        job_state_line(record),
+        "",
+        f"Job directory: `{job.paths.job_dir}`",
+        "",
+    ]
     if runtime.flow_run.id:
         lines += [f"Latest flow run: [{runtime.flow_run.name}]({base}/runs/flow-run/{runtime.flow_run.id})", ""]
     lines += [
-        "| # | step | state | folder | files | resources | bytes | time | artifacts |",
+        "| # | step | state | folder | files | resources | size | time | artifacts |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         state = "awaiting inspection" if r.awaiting else "done (cached)" if r.cached else "done"
         lines.append(
-            f"| {r.position + 1} | {r.step} | {state} | `{r.folder}` | {len(r.files)} | {r.resources} | {r.size} "
-            f"| {seconds_text(r.seconds)} | {step_links(links, r.position)} |"
+            f"| {r.position + 1} | {r.step} | {state} | `{r.folder}` | {len(r.files)} | {r.resources} "
+            f"| {size_text(r.size)} | {seconds_text(r.seconds)} | {step_links(links, r.position)} |"
         )
     pending = list(enumerate(settings.pipeline.enabled_steps))[len(results) :]
     if failed is not None and pending:
@@ -452,12 +485,27 @@ def job_record_markdown(job: Job, results: list[StepResult], failed: tuple[str, 
     lines += ["", step_time_text(results)]
     if others := links.pop(None, []):
         lines += ["", f"Other artifacts: {' · '.join(others)}"]
-    record = read_record(job.paths.job_dir)
     if inspections := inspection_lines(record):
         lines += ["", "## Inspections", "", *inspections]
     if facts := record.get("facts"):
-        lines += ["", "## Facts", ""] + [f"- **{key}**: `{value}`" for key, value in sorted(facts.items())]
+        lines += ["", "## Facts", "", *markdown_list(dict(sorted(facts.items())))]
     return "\n".join(lines)
+
+
+def job_state_line(record: dict[str, Any]) -> str:
+    """The job's state as its record holds it (the flow writes it at every transition), with its message."""
+    message = record.get("state_message")
+    return f"**State: {record.get('state') or RUNNING}**" + (f" — {one_line_text(message)}" if message else "")
+
+
+def markdown_list(value: Any) -> list[str]:
+    """``value`` as a nested markdown list: ``key: value`` items, never a Python dict or list."""
+    lines = []
+    for depth, label, text in readable_lines(value):
+        parts = [f"**{label}**"] if label is not None else []
+        parts += [f"`{text}`"] if text is not None else []
+        lines.append("  " * depth + "- " + ": ".join(parts))
+    return lines
 
 
 def inspection_lines(record: dict[str, Any]) -> list[str]:
@@ -478,22 +526,22 @@ def step_links(links: dict[int | None, list[str]], position: int) -> str:
 
 
 def seconds_text(seconds: float | None) -> str:
-    return "" if seconds is None else f"{seconds:.1f} s"
+    return "" if seconds is None else duration_text(seconds)
 
 
 def step_time_text(results: list[StepResult]) -> str:
     """The step time so far; the part served from the cache is what earlier runs spent."""
     total = sum(r.seconds or 0.0 for r in results)
     cached = sum(r.seconds or 0.0 for r in results if r.cached)
-    text = f"**Step time so far**: {total:.1f} s"
-    return text + (f" ({cached:.1f} s of it in earlier runs, served from the cache)" if cached else "")
+    text = f"**Step time so far**: {duration_text(total)}"
+    return text + (f" ({duration_text(cached)} of it in earlier runs, served from the cache)" if cached else "")
 
 
-def publish_failure(card: JobRecordCard, results: list[StepResult], step: str, exc: BaseException) -> None:
-    """The record with the failed step's cause; a record that cannot be published (the API may be what failed)
-    is logged, never put in place of the step's own error."""
+def publish_ended_state(card: JobRecordCard) -> None:
+    """The record with the state the job ended in (and a failed step's cause); a record that cannot be published
+    (the API may be what failed) is logged, never put in place of the run's own error."""
     try:
-        card.publish(results, failed=(step, exc))
+        card.refresh()
     except Exception as publish_error:
         get_run_logger().warning("the job record could not be updated: %s", one_line(publish_error))
 
@@ -502,7 +550,11 @@ def one_line(exc: BaseException) -> str:
     """A failure's cause for a table cell: the first line of its message, no pipes, secrets redacted."""
     if isinstance(exc, KeyboardInterrupt | ExternalSignal):
         return "interrupted"
-    message = exc.message if isinstance(exc, DupflowError) else f"{type(exc).__name__}: {exc}"
+    return one_line_text(exc.message if isinstance(exc, DupflowError) else f"{type(exc).__name__}: {exc}")
+
+
+def one_line_text(message: str) -> str:
+    """A message's first line, no pipes (it may stand in a table cell), secrets redacted."""
     first = (redact(message).strip().splitlines() or [""])[0]
     return first.replace("|", "\\|")[:300]
 
@@ -516,7 +568,8 @@ def ui_base_url() -> str:
 
 
 def artifact_links(job_id: str, base: str) -> dict[int | None, list[str]]:
-    """Markdown links to the job's existing artifacts (the UI's ``/artifacts/key/<key>`` page), by step position
+    """Markdown links to the latest version of each of the job's artifacts (the UI's ``/artifacts/artifact/<id>``
+    page, which shows that one artifact; ``/artifacts/key/<key>`` would list every version), by step position
     (None: artifacts of no single step, e.g. the inspection note); each labelled by what follows the step's key."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
@@ -527,9 +580,9 @@ def artifact_links(job_id: str, base: str) -> dict[int | None, list[str]]:
             artifact_filter=ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(like_=prefix))
         )
     links: dict[int | None, list[str]] = {}
-    for key in sorted(a.key for a in found if a.key and a.key.startswith(prefix)):
-        position, label = artifact_label(key.removeprefix(prefix))
-        links.setdefault(position, []).append(f"[{label}]({base}/artifacts/key/{key})")
+    for artifact in sorted((a for a in found if a.key and a.key.startswith(prefix)), key=lambda a: a.key or ""):
+        position, label = artifact_label(artifact.key.removeprefix(prefix))
+        links.setdefault(position, []).append(f"[{label}]({base}/artifacts/artifact/{artifact.latest_id})")
     return links
 
 

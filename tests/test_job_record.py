@@ -21,6 +21,8 @@ from prefect import flow
 
 from flows.run import EXIT_FAILED, EXIT_OK, main
 from tasks.progress import StepWork, step_progress, track
+from tasks.readable import size_text
+from tasks.record import record_facts
 from tasks.wait import wait
 from tests.steps import step_input
 
@@ -28,7 +30,7 @@ pytestmark = pytest.mark.usefixtures("prefect_api")
 
 RESOURCES = 40  # per file; one request per resource, two at once, LATENCY each: about 2 s for the step
 LATENCY = 0.05
-LINK = re.compile(r"\[([a-z]+)\]\(([^)]*)/artifacts/key/([a-z0-9-]+)\)")
+LINK = re.compile(r"\[([a-z]+)\]\(([^)]*)/artifacts/artifact/([0-9a-f-]+)\)")
 
 
 @pytest.fixture
@@ -68,23 +70,31 @@ def test_a_failed_step_is_named_and_continue_marks_cached_steps_with_the_time_th
     assert first_import["state"] == "done" and first_import["time"].endswith(" s")
     failed = row(record, "pseudonymizer")["state"]
     assert failed.startswith("failed: ") and "400" in failed, record
+    assert record.splitlines()[2].startswith("**State: Failed** — "), "the job's state on top, as job.json has it"
     log = (job_dir / "job.log").read_text()
     first_trace = log.index("Traceback (most recent call last)")
     assert "Traceback" not in log[log.index("ERROR", first_trace) :], "the trace is logged once, by the first run"
     assert "Encountered exception during execution: PseudonymizerStepError" in log
 
     pseudonymizer_fake.state.reset()
+    record_facts(job_dir, extraction_submission={"generation": 2, "started_at": "2026-11-23T04:00:00+00:00"})
     assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_OK
 
     record = latest(f"job-{job_dir.name}")["data"]
+    assert record.splitlines()[2] == f"**State: Completed** — outputs in {job_dir / 'pseudonymizer'}"
+    facts = record[record.index("## Facts") :]
+    assert "- **extraction_submission**\n  - **generation**: `2`\n" in facts, facts
+    assert not re.search(r"[{\[]'", facts), "facts as text, never a Python dict or list"
     cached = row(record, "local_import")
     assert cached["state"] == "done (cached)" and cached["time"] == first_import["time"], record
     assert row(record, "pseudonymizer")["state"] == "done"
     assert "served from the cache" in record
-    # One "Job record" card per flow run (its Artifacts tab), though the record changed at every step boundary.
+    # One "Job record" card per flow run (its Artifacts tab), though the record changed at every step boundary,
+    # and one card for the job on the Artifacts page (latest per key; ``latest`` finds exactly one).
     cards = versions(f"job-{job_dir.name}")
     runs = json.loads((job_dir / "job.json").read_text())["flow_run_ids"]
     assert sorted(str(card.flow_run_id) for card in cards) == sorted(runs), cards
+    assert latest(f"job-{job_dir.name}")["id"] == str(max(cards, key=lambda card: card.created).id)
 
 
 def test_the_record_links_every_artifact_and_a_step_has_one_progress_artifact_updated_at_most_once_a_second(
@@ -114,15 +124,18 @@ def test_the_record_links_every_artifact_and_a_step_has_one_progress_artifact_up
     record = latest(f"job-{job_dir.name}")["data"]
     pseudonymized = row(record, "pseudonymizer")
     assert float(pseudonymized["time"].removesuffix(" s")) >= 40 * LATENCY, "two requests at once, 80 in all"
-    links = {(label, key) for label, _, key in LINK.findall(pseudonymized["artifacts"])}
+    files = json.loads((job_dir / "job.json").read_text())["steps"]["01"]["files"]
+    assert pseudonymized["size"] == size_text(sum(f["size"] for f in files)), "sizes in KB/MB/GB"
+    links = {(label, artifact_key_of(found)) for label, _, found in LINK.findall(pseudonymized["artifacts"])}
     prefix = f"job-{job_dir.name}-01-pseudonymizer"
     assert links == {("files", prefix), ("report", f"{prefix}-report"), ("progress", f"{prefix}-progress")}
     from prefect.settings import get_current_settings
 
     ui_url = (get_current_settings().ui_url or "").rstrip("/")
-    for _, base, key in LINK.findall(record):
-        assert base == ui_url and latest(key)["key"] == key, f"{key}: the link must open an existing artifact"
-    assert "**Step time so far**" in record
+    for _, base, artifact_id in LINK.findall(record):
+        key = artifact_key_of(artifact_id)
+        assert base == ui_url and latest(key)["id"] == artifact_id, f"{key}: the link must open its latest version"
+    assert re.search(r"\*\*Step time so far\*\*: \d+\.\d s", record), record
 
 
 def test_the_inspection_note_is_published_once_when_the_gate_is_passed_again_before_its_release(tmp_path):
@@ -167,6 +180,17 @@ def latest(key: str) -> dict[str, Any]:
         )
     fields = {"key": found.key, "id": str(found.latest_id), "type": found.type, "data": found.data}
     return fields | {"description": found.description}
+
+
+def artifact_key_of(artifact_id: str) -> str:
+    """The key of one artifact version."""
+    from prefect.client.orchestration import get_client
+
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterId
+
+    with get_client(sync_client=True) as client:
+        (found,) = client.read_artifacts(artifact_filter=ArtifactFilter(id=ArtifactFilterId(any_=[artifact_id])))
+    return found.key
 
 
 def versions(key: str) -> list[Any]:

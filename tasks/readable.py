@@ -1,0 +1,78 @@
+"""Values as a person reads them: sizes in B/KB/MB/GB, durations in s/min/h, nested facts as ``key: value`` lines.
+
+``status`` and the job-record artifact show the same values the same way. Import-light (nothing of ours, no
+Prefect): ``status`` uses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+KIB = 1024
+CLI = "uv run python -m flows.run"
+"""The command line as a user types it on a fresh clone: every printed hint starts with it."""
+SHOW_WHOLE = {"show_whole": True}
+"""A log call's ``extra`` that keeps its multi-line message whole on the terminal (others show their first line)."""
+
+
+def size_text(size: float) -> str:
+    """``512 B``, ``1.5 KB``, ``12.0 MB``, ``2.1 GB`` (powers of 1024)."""
+    if size < KIB:
+        return f"{size:.0f} B"
+    for unit in ("KB", "MB", "GB"):
+        size /= KIB
+        if round(size, 1) < KIB or unit == "GB":
+            break
+    return f"{size:.1f} {unit}"
+
+
+def duration_text(seconds: float) -> str:
+    """``4.2 s`` under a minute, ``3 min 5 s`` under an hour, else ``2 h 7 min``."""
+    if round(seconds, 1) < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {rest} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+def readable_lines(value: Any, depth: int = 0) -> list[tuple[int, str | None, str | None]]:
+    """``value`` as lines (depth, label, text): a mapping's scalar item ``(depth, key, text)``, a nested mapping or
+    list ``(depth, key, None)`` followed by its own lines one level deeper, a list's scalar item
+    ``(depth, None, text)``. Never a Python repr of a dict or list."""
+    if not isinstance(value, Mapping | list | tuple):
+        return [(depth, None, scalar_text(value))]
+    items = value.items() if isinstance(value, Mapping) else ((None, item) for item in value)
+    lines: list[tuple[int, str | None, str | None]] = []
+    for key, item in items:
+        label = None if key is None else str(key)
+        if isinstance(item, Mapping | list | tuple) and item:
+            if label is not None:
+                lines.append((depth, label, None))
+            lines += readable_lines(item, depth + 1 if label is not None else depth)
+        else:
+            lines.append((depth, label, scalar_text(item)))
+    return lines
+
+
+def scalar_text(value: Any) -> str:
+    """A single value as text: ``-`` for nothing (None, an empty mapping or list), ``yes``/``no`` for booleans."""
+    if value is None or (isinstance(value, Mapping | list | tuple) and not value):
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def plain_lines(value: Any, indent: str) -> list[str]:
+    """``readable_lines`` as indented plain text: ``key: text``, ``key:`` over its nested lines, ``- text``."""
+    lines = []
+    for depth, label, text in readable_lines(value):
+        prefix = indent + "  " * depth
+        if label is None:
+            lines.append(f"{prefix}- {text}")
+        else:
+            lines.append(f"{prefix}{label}:" + (f" {text}" if text is not None else ""))
+    return lines
