@@ -29,7 +29,7 @@ from config.loader import (
     refuse_secret_overrides,
 )
 from config.runtime import apply_prefect_defaults, default_jobs_dir, prefect_api_url
-from flows import extraction_cli, prefect_server, view_cli
+from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.jobs import (
     JobFile,
     effective_state,
@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     extraction_cli.register(commands)
     view_cli.register(commands)
     prefect_server.register(commands)
+    housekeeping.register(commands)
     return parser
 
 

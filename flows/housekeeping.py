@@ -1,0 +1,362 @@
+"""Housekeeping: ``prune`` lists old or finished jobs, then removes them with their flow runs and artifacts.
+
+Without ``--yes`` nothing is removed: the command lists what it would remove (job id, state, last change, size on
+disk, flow runs and artifacts on the Prefect server) and how to remove it. With ``--yes`` each job is removed under
+its lock (a job that a process took meanwhile, or whose record changed since it was listed, is skipped): first its
+flow runs (tag ``job-<id>``; their task runs and logs go with them) and artifacts (keys ``job-<id>`` and
+``job-<id>-*``, and any other artifact of its flow runs) on the server, then its directory. A job the server
+still knows keeps its directory until the server's part is gone, so an interrupted prune can simply be run again.
+
+Which jobs: by default the finished ones (Completed, Failed, Crashed, Cancelled); ``--state`` names the states
+instead, and only a named AwaitingInspection or Suspended job is ever removed. A running job (its lock is held) is
+never removed. ``--older-than`` keeps jobs whose record changed more recently (the record's ``updated_at``). Only
+directories of the jobs directory named by a job id (a UUID) are jobs; symbolic links are never followed or
+removed, and nothing outside the jobs directory is touched.
+
+The server: ``PREFECT_API_URL`` when set (it must answer), else the local server (started when its database exists,
+as every command that runs a job does). Without either only job directories are listed and removed. The REST API
+is used directly (no Prefect import), as ``flows.server_state`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+
+from config.durations import parse_duration
+from config.runtime import default_jobs_dir, prefect_api_url
+from flows import prefect_server
+from flows.extraction_cli import age
+from flows.jobs import JobFile, JobLock, JobLockedError, effective_state
+from tasks.clients.bounds import describe_size
+from tasks.errors import UsageError
+from tasks.layout import JobPaths
+from tasks.record import AWAITING_INSPECTION, CANCELLED, COMPLETED, CRASHED, FAILED, RUNNING, SUSPENDED
+
+EXIT_OK, EXIT_FAILED = 0, 1
+FINISHED_STATES = (COMPLETED, FAILED, CRASHED, CANCELLED)
+NAMED_ONLY_STATES = (AWAITING_INSPECTION, SUSPENDED)  # a person still has to look at these: removed only by name
+API_TIMEOUT = 30.0
+PAGE = 200  # the most rows the Prefect API returns at once
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    """Add ``prune`` to the ``python -m flows.run`` parser."""
+    prune = commands.add_parser(
+        "prune", help="list old or finished jobs (and their flow runs and artifacts); remove them with --yes"
+    )
+    prune.add_argument(
+        "--older-than", metavar="DURATION", help="only jobs whose record changed longer ago (P30D, 30d, 12h)"
+    )
+    prune.add_argument(
+        "--state",
+        action="append",
+        type=state_name,
+        metavar="STATE",
+        help=f"only jobs in this state, repeatable ({', '.join(FINISHED_STATES + NAMED_ONLY_STATES)}; "
+        f"default: {', '.join(FINISHED_STATES)})",
+    )
+    prune.add_argument("--jobs-dir", help="jobs directory (default: jobs_dir of APP_JOBS_DIR, else ./jobs)")
+    prune.add_argument("--yes", action="store_true", help="remove them (without it: only list what would go)")
+    prune.set_defaults(command=cmd_prune)
+
+
+def state_name(text: str) -> str:
+    """A state ``--state`` may name, in any letter case; Running never (a running job is never removed)."""
+    known = {state.lower(): state for state in FINISHED_STATES + NAMED_ONLY_STATES}
+    if text.lower() == RUNNING.lower():
+        raise argparse.ArgumentTypeError("a running job is never removed; stop it first (it becomes Crashed)")
+    if text.lower() not in known:
+        raise argparse.ArgumentTypeError(f"{text!r} is no job state; use one of {', '.join(known.values())}")
+    return known[text.lower()]
+
+
+# --- choosing jobs ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Candidate:
+    """A job that matches the criteria, with what the server holds of it."""
+
+    paths: JobPaths
+    state: str
+    changed_at: str
+    size: int
+    flow_run_ids: list[str] = field(default_factory=list)
+    artifact_ids: list[str] = field(default_factory=list)
+
+    @property
+    def job_id(self) -> str:
+        return self.paths.job_id
+
+
+@dataclass
+class Selection:
+    chosen: list[Candidate] = field(default_factory=list)
+    protected: list[tuple[str, str]] = field(default_factory=list)  # (entry name, why it stays) worth a line each
+    not_matching: int = 0  # jobs too recent or in a state not asked for
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    jobs_dir = Path(args.jobs_dir or default_jobs_dir()).resolve()
+    older_than = parse_age_limit(args.older_than)
+    states = tuple(args.state or FINISHED_STATES)
+    api_url = housekeeping_api_url()
+    try:
+        with api_client(api_url) as client:
+            selection = select_jobs(jobs_dir, states, older_than, client)
+            print_selection(selection, jobs_dir, api_url)
+            if not args.yes:
+                print_how_to_remove(selection, args)
+                return EXIT_OK
+            return remove_jobs(selection.chosen, jobs_dir, client)
+    except httpx.HTTPError as exc:
+        print(f"error: the Prefect API {api_url} failed: {exc}; nothing more was removed", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def parse_age_limit(text: str | None) -> timedelta | None:
+    if text is None:
+        return None
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise UsageError(f"--older-than: {exc}") from None
+
+
+def select_jobs(
+    jobs_dir: Path, states: tuple[str, ...], older_than: timedelta | None, client: httpx.Client | None
+) -> Selection:
+    selection = Selection()
+    now = datetime.now(UTC)
+    for entry, problem in job_entries(jobs_dir):
+        if problem:
+            selection.protected.append((entry.name, problem))
+            continue
+        paths = JobPaths(entry)
+        try:
+            job = JobFile.read(paths)
+        except (ValueError, TypeError):
+            selection.protected.append((entry.name, "its job.json cannot be read (look at it yourself)"))
+            continue
+        state = effective_state(paths, job, server=server_state(client, job))
+        if state == RUNNING:
+            selection.protected.append((entry.name, "Running (a process works on it)"))
+        elif state in NAMED_ONLY_STATES and state not in states:
+            selection.protected.append((entry.name, f"{state} (remove it with --state {state})"))
+        elif state not in states or not old_enough(job.updated_at, older_than, now):
+            selection.not_matching += 1
+        else:
+            selection.chosen.append(candidate(paths, state, job.updated_at, client))
+    return selection
+
+
+def job_entries(jobs_dir: Path) -> Iterator[tuple[Path, str | None]]:
+    """The jobs directory's job directories in name order, each with why it must not be touched (or None).
+    Entries not named by a job id are no jobs and are left out."""
+    if not jobs_dir.is_dir():
+        return
+    for entry in sorted(jobs_dir.iterdir()):
+        if not is_job_id(entry.name):
+            continue
+        if entry.is_symlink():
+            yield entry, "a symbolic link (never followed)"
+        elif JobPaths(entry).job_file.is_file():
+            yield entry, None
+
+
+def is_job_id(name: str) -> bool:
+    """Job ids are UUIDs in their canonical form (``flows.jobs.new_job_id``)."""
+    try:
+        return str(uuid.UUID(name)) == name
+    except ValueError:
+        return False
+
+
+def old_enough(changed_at: str, older_than: timedelta | None, now: datetime) -> bool:
+    if older_than is None:
+        return True
+    changed = datetime.fromisoformat(changed_at)
+    return now - (changed if changed.tzinfo else changed.replace(tzinfo=UTC)) >= older_than
+
+
+def candidate(paths: JobPaths, state: str, changed_at: str, client: httpx.Client | None) -> Candidate:
+    runs, artifacts = server_records(client, paths.job_id)
+    return Candidate(paths, state, changed_at, size_on_disk(paths.job_dir), runs, artifacts)
+
+
+def size_on_disk(directory: Path) -> int:
+    """Bytes of the files under ``directory``; symbolic links are not followed."""
+    total = 0
+    for root, _, files in os.walk(directory):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except FileNotFoundError:  # a temporary file renamed meanwhile
+                continue
+    return total
+
+
+# --- the Prefect server ----------------------------------------------------------------------------------------
+
+
+def housekeeping_api_url() -> str | None:
+    """The jobs' server (as ``use_server`` points at it), or None when there is none to clean: no
+    ``PREFECT_API_URL``, no local server running and no local database that one would serve."""
+    if prefect_api_url() is None and not local_server_has_jobs():
+        return None
+    prefect_server.use_server()
+    return prefect_api_url()
+
+
+def local_server_has_jobs() -> bool:
+    home = prefect_server.prefect_home()
+    return (
+        prefect_server.server_status() is not None
+        or (home / prefect_server.DATABASE_FILE).is_file()
+        or prefect_server.database_configured_elsewhere(home)
+    )
+
+
+def api_client(api_url: str | None) -> AbstractContextManager[httpx.Client | None]:
+    """A client of the server, or (no server) None."""
+    return httpx.Client(base_url=api_url.rstrip("/"), timeout=API_TIMEOUT) if api_url else nullcontext()
+
+
+def server_state(client: httpx.Client | None, job: JobFile) -> str | None:
+    """The newest flow run's state of a Suspended job (the record's rule defers to the server only then)."""
+    if client is None or job.state != SUSPENDED:
+        return None
+    from flows.server_state import latest_states
+
+    return latest_states([job.job_id]).get(job.job_id)
+
+
+def server_records(client: httpx.Client | None, job_id: str) -> tuple[list[str], list[str]]:
+    """The ids of the job's flow runs and of its artifacts on the server."""
+    if client is None:
+        return [], []
+    runs = [
+        run["id"] for run in filtered(client, "/flow_runs/filter", {"flow_runs": {"tags": {"all_": [job_tag(job_id)]}}})
+    ]
+    by_key = [
+        artifact["id"]
+        for artifact in filtered(client, "/artifacts/filter", {"artifacts": {"key": {"like_": job_tag(job_id)}}})
+        if is_job_key(artifact.get("key"), job_id)
+    ]
+    by_run = (
+        [a["id"] for a in filtered(client, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": runs}}})]
+        if runs
+        else []
+    )
+    return runs, list(dict.fromkeys(by_key + by_run))
+
+
+def job_tag(job_id: str) -> str:
+    """The job's flow-run tag, which is also its artifact keys' prefix (``tasks.layout.artifact_key``)."""
+    return f"job-{job_id}"
+
+
+def is_job_key(key: str | None, job_id: str) -> bool:
+    return key is not None and (key == job_tag(job_id) or key.startswith(job_tag(job_id) + "-"))
+
+
+def filtered(client: httpx.Client, path: str, body: dict) -> list[dict]:
+    """Every row of a ``…/filter`` endpoint, a page at a time."""
+    rows: list[dict] = []
+    while True:
+        response = client.post(path, json={**body, "limit": PAGE, "offset": len(rows)})
+        response.raise_for_status()
+        page = response.json()
+        rows.extend(page)
+        if len(page) < PAGE:
+            return rows
+
+
+def delete_server_records(client: httpx.Client, job: Candidate) -> None:
+    """The job's artifacts, then its flow runs (their task runs and logs go with them); gone already is fine."""
+    for path in [f"/artifacts/{a}" for a in job.artifact_ids] + [f"/flow_runs/{r}" for r in job.flow_run_ids]:
+        response = client.delete(path)
+        if response.status_code != 404:
+            response.raise_for_status()
+
+
+# --- listing and removing --------------------------------------------------------------------------------------
+
+
+def print_selection(selection: Selection, jobs_dir: Path, api_url: str | None) -> None:
+    print(f"jobs in {jobs_dir}; flow runs and artifacts on " + (api_url or "no Prefect server (none configured)"))
+    if selection.chosen:
+        print(f"{'JOB':<36}  {'STATE':<18}  {'CHANGED':>9}  {'SIZE':>10}  {'FLOW RUNS':>9}  {'ARTIFACTS':>9}")
+    for job in selection.chosen:
+        print(
+            f"{job.job_id}  {job.state:<18}  {age(job.changed_at):>9}  {describe_size(job.size):>10}  "
+            f"{len(job.flow_run_ids):>9}  {len(job.artifact_ids):>9}"
+        )
+    for name, why in selection.protected:
+        print(f"kept {name}: {why}")
+    if selection.not_matching:
+        print(f"kept {selection.not_matching} other job(s): more recent, or in a state not asked for")
+
+
+def print_how_to_remove(selection: Selection, args: argparse.Namespace) -> None:
+    if not selection.chosen:
+        print("nothing to remove")
+        return
+    total = sum(job.size for job in selection.chosen)
+    print(f"would remove {len(selection.chosen)} job(s), {describe_size(total)} on disk; nothing was removed")
+    print("to remove them: uv run python -m flows.run " + shlex.join(["prune", *given_options(args), "--yes"]))
+
+
+def given_options(args: argparse.Namespace) -> list[str]:
+    options = ["--older-than", args.older_than] if args.older_than else []
+    for state in args.state or []:
+        options += ["--state", state]
+    return options + (["--jobs-dir", str(args.jobs_dir)] if args.jobs_dir else [])
+
+
+def remove_jobs(chosen: list[Candidate], jobs_dir: Path, client: httpx.Client | None) -> int:
+    """Remove each chosen job; exit code 1 when a directory could not be removed (skipped jobs are no failure)."""
+    removed, failed = 0, 0
+    for job in chosen:
+        try:
+            why_not = remove_job(job, jobs_dir, client)
+        except OSError as exc:
+            failed += 1
+            print(f"error: {job.job_id} could not be removed: {exc}", file=sys.stderr)
+            continue
+        if why_not:
+            print(f"skipped {job.job_id}: {why_not}")
+        else:
+            removed += 1
+            print(f"removed {job.job_id} ({len(job.flow_run_ids)} flow run(s), {len(job.artifact_ids)} artifact(s))")
+    print(f"removed {removed} of {len(chosen)} job(s)")
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def remove_job(job: Candidate, jobs_dir: Path, client: httpx.Client | None) -> str | None:
+    """Remove one job under its lock; why it was not removed, or None."""
+    if job.paths.job_dir.is_symlink() or job.paths.job_dir.parent.resolve() != jobs_dir:
+        return "not a directory of the jobs directory"
+    try:
+        with JobLock(job.paths):
+            if JobFile.read(job.paths).updated_at != job.changed_at:
+                return "its record changed since it was listed; run prune again"
+            if client is not None:
+                job.flow_run_ids, job.artifact_ids = server_records(client, job.job_id)  # as they are now
+                delete_server_records(client, job)
+            shutil.rmtree(job.paths.job_dir)
+    except JobLockedError:
+        return "a process took it meanwhile"
+    return None

@@ -1,0 +1,164 @@
+"""``prune``: old and finished jobs listed (dry run), then removed with their flow runs and artifacts, against the
+real test Prefect API; running and awaiting jobs, symbolic links and other entries stay."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from flows.jobs import JobFile, JobLock
+from flows.run import EXIT_OK, EXIT_USAGE, main
+from tasks.layout import JobPaths
+from tests.conftest import run_cli
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+
+LONG_AGO = "2026-01-01T00:00:00+00:00"
+
+
+@pytest.fixture
+def start_job(tmp_path, write_config):
+    """``start_job(steps)``: a real job of ``steps`` (local_import first) run to its end; its directory."""
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "a.ndjson").write_text('{"resourceType":"Patient","id":"p1"}\n')
+
+    def start(steps: list[str]) -> Path:
+        before = set(jobs_in(tmp_path / "jobs"))
+        config = write_config({"pipeline": {"enabled_steps": steps}, "compression": {"level": "fastest"}})
+        assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
+        (job_dir,) = set(jobs_in(tmp_path / "jobs")) - before
+        return job_dir
+
+    return start
+
+
+def jobs_in(jobs_dir: Path) -> list[Path]:
+    return [entry for entry in jobs_dir.iterdir() if entry.is_dir()] if jobs_dir.is_dir() else []
+
+
+def made_old(job_dir: Path) -> Path:
+    """The job as if its record last changed long ago (the record's own writes always stamp now)."""
+    record = json.loads((job_dir / "job.json").read_text())
+    record["updated_at"] = LONG_AGO
+    (job_dir / "job.json").write_text(json.dumps(record))
+    return job_dir
+
+
+def recorded_job(jobs_dir: Path, job_id: str, state: str) -> Path:
+    """A job known only by its record, last changed long ago (no flow runs)."""
+    paths = JobPaths(jobs_dir / job_id)
+    JobFile(job_id, None, None, {}, ["local_import"], state=state).create(paths)
+    return made_old(paths.job_dir)
+
+
+def flow_runs_of(api_url: str, job_id: str) -> list[str]:
+    body = {"flow_runs": {"tags": {"all_": [f"job-{job_id}"]}}}
+    response = httpx.post(f"{api_url}/flow_runs/filter", json=body)
+    response.raise_for_status()
+    return [run["id"] for run in response.json()]
+
+
+def artifact_keys_of(api_url: str, job_id: str) -> list[str]:
+    response = httpx.post(f"{api_url}/artifacts/filter", json={"artifacts": {"key": {"like_": f"job-{job_id}"}}})
+    response.raise_for_status()
+    return [artifact["key"] for artifact in response.json()]
+
+
+def prune(jobs_dir: Path, *options: str):
+    """``prune`` as a user runs it: its own process (so this test's job locks are another process's)."""
+    return run_cli("prune", "--jobs-dir", str(jobs_dir), *options)
+
+
+def test_a_dry_run_lists_the_old_finished_jobs_with_their_runs_and_artifacts_and_removes_nothing(
+    tmp_path, start_job, prefect_api
+):
+    old = made_old(start_job(["local_import"]))
+    recent = start_job(["local_import"])
+    api = prefect_api["api_url"]
+
+    listed = prune(tmp_path / "jobs", "--older-than", "P30D")
+
+    assert listed.returncode == EXIT_OK, listed.stderr
+    (line,) = [line for line in listed.stdout.splitlines() if line.startswith(old.name)]
+    assert line.split()[1] == "Completed"
+    runs, artifacts = (int(count) for count in line.split()[-2:])
+    assert runs == 1 and artifacts == len(artifact_keys_of(api, old.name)) >= 2
+    assert recent.name not in listed.stdout and "kept 1 other job(s)" in listed.stdout
+    assert "nothing was removed" in listed.stdout
+    assert f"prune --older-than P30D --jobs-dir {tmp_path / 'jobs'} --yes" in listed.stdout
+    assert old.is_dir() and recent.is_dir()
+    assert flow_runs_of(api, old.name) and artifact_keys_of(api, old.name)
+
+
+def test_yes_removes_exactly_the_old_finished_jobs_and_their_runs_and_artifacts(tmp_path, start_job, prefect_api):
+    jobs, api = tmp_path / "jobs", prefect_api["api_url"]
+    completed = made_old(start_job(["local_import"]))
+    awaiting = made_old(start_job(["local_import", "wait"]))
+    recent = start_job(["local_import"])
+    running = recorded_job(jobs, "00000000-0000-4000-8000-000000000001", "Running")
+    taken = recorded_job(jobs, "00000000-0000-4000-8000-000000000002", "Completed")
+    others = {job: (flow_runs_of(api, job.name), artifact_keys_of(api, job.name)) for job in (awaiting, recent)}
+    assert all(runs and keys for runs, keys in others.values())
+
+    with JobLock(JobPaths(running)), JobLock(JobPaths(taken)):
+        removed = prune(jobs, "--older-than", "30d", "--yes")
+
+    assert removed.returncode == EXIT_OK, removed.stderr
+    assert not completed.exists()
+    assert flow_runs_of(api, completed.name) == [] and artifact_keys_of(api, completed.name) == []
+    assert f"kept {running.name}: Running" in removed.stdout
+    assert f"kept {awaiting.name}: AwaitingInspection (remove it with --state AwaitingInspection)" in removed.stdout
+    assert f"skipped {taken.name}: a process took it meanwhile" in removed.stdout
+    assert "removed 1 of 2 job(s)" in removed.stdout
+    assert sorted(jobs_in(jobs)) == sorted([awaiting, recent, running, taken])
+    for job, (runs, keys) in others.items():
+        assert (flow_runs_of(api, job.name), artifact_keys_of(api, job.name)) == (runs, keys)
+
+    named = prune(jobs, "--state", "awaitinginspection", "--yes")
+    assert named.returncode == EXIT_OK, named.stderr
+    assert not awaiting.exists() and flow_runs_of(api, awaiting.name) == [] == artifact_keys_of(api, awaiting.name)
+    assert recent.is_dir() and flow_runs_of(api, recent.name)
+
+
+def test_symbolic_links_and_entries_not_named_by_a_job_id_are_never_touched(tmp_path):
+    jobs, outside = tmp_path / "jobs", tmp_path / "outside"
+    elsewhere = recorded_job(outside, "00000000-0000-4000-8000-00000000000a", "Completed")
+    linked = jobs / "00000000-0000-4000-8000-00000000000b"
+    jobs.mkdir()
+    linked.symlink_to(elsewhere, target_is_directory=True)
+    not_a_job = recorded_job(jobs, "00000000-0000-4000-8000-00000000000c", "Completed").rename(jobs / "notes")
+    upper_case = recorded_job(jobs, "00000000-0000-4000-8000-00000000000D", "Completed")
+
+    removed = prune(jobs, "--yes")
+
+    assert removed.returncode == EXIT_OK, removed.stderr
+    assert f"kept {linked.name}: a symbolic link (never followed)" in removed.stdout
+    assert linked.is_symlink() and (elsewhere / "job.json").is_file()
+    assert (not_a_job / "job.json").is_file() and (upper_case / "job.json").is_file()
+    assert "removed 0 of 0 job(s)" in removed.stdout
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (["--older-than", "30"], "has no unit"),
+        (["--older-than", "P1M"], "is not a duration"),
+        (["--state", "Running"], "a running job is never removed"),
+        (["--state", "Done"], "'Done' is no job state"),
+    ],
+)
+def test_a_wrong_age_or_state_is_a_usage_error(tmp_path, capsys, options, said):
+    assert exit_code(["prune", "--jobs-dir", str(tmp_path), *options]) == EXIT_USAGE
+    assert said in capsys.readouterr().err
+
+
+def exit_code(argv: list[str]) -> int:
+    """``main``'s exit code, also when argparse refuses an argument (it exits)."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
