@@ -1,5 +1,8 @@
 """The one configuration loader: YAML file + ${VAR} + APP_* environment + command-line overrides -> Settings.
 
+A secret key's value in the file may also be ``${prefect-secret:NAME}``: the text of the Prefect Secret block
+NAME, read from the Prefect API when the file is loaded (inside the run, for a run's steps), never a parameter.
+
 Precedence, highest first: overrides (command-line flags), APP_* environment variables, the file, defaults.
 
 Environment variables: the name of every key is ``APP_`` + its dotted path upper-cased with ``.`` -> ``_``
@@ -145,6 +148,9 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
 
 _REFERENCE = re.compile(r"\$\$\{|\$\{([^}]*)\}")
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# ${prefect-secret:NAME}: the text of the Prefect Secret block NAME. "-" and ":" never occur in a variable name.
+SECRET_BLOCK_PREFIX = "prefect-secret:"
+_BLOCK_NAME = re.compile(r"[a-z0-9-]+")  # Prefect's rule for block names
 
 
 MAX_CONFIG_BYTES = 1_000_000
@@ -290,12 +296,15 @@ def drop_empty_keys(node: Any) -> Any:
 
 
 def _substitute_text(text: str, path: str, env: Mapping[str, str], problems: list[Problem]) -> str:
-    """Expand ${VAR} in one string; $${X} stays the literal ${X}."""
+    """Expand ${VAR} and ${prefect-secret:NAME} in one string; $${X} stays the literal ${X}."""
 
     def expand(match: re.Match[str]) -> str:
         if match.group(0) == "$${":
             return "${"
         name = match.group(1)
+        if name.startswith(SECRET_BLOCK_PREFIX):
+            value = _secret_block_value(name.removeprefix(SECRET_BLOCK_PREFIX), path, problems)
+            return match.group(0) if value is None else value
         if not _VARIABLE_NAME.fullmatch(name):
             problems.append(
                 (
@@ -319,8 +328,71 @@ def _substitute_text(text: str, path: str, env: Mapping[str, str], problems: lis
     return _REFERENCE.sub(expand, text)
 
 
+def _secret_block_value(block: str, path: str, problems: list[Problem]) -> str | None:
+    """The text held by the Prefect Secret block ``block`` for the secret key ``path``, registered for redaction;
+    None (and a problem naming the key, the block and the fix) when it cannot be used."""
+    reference = f"${{{SECRET_BLOCK_PREFIX}{block}}}"
+    if path not in secret_key_paths():
+        problems.append(
+            (
+                path,
+                f"is not a secret key, so it cannot name a Prefect Secret block ({reference}); only passwords, "
+                "client secrets, API keys and S3 keys can: write the value itself or use ${VAR}",
+            )
+        )
+        return None
+    if not _BLOCK_NAME.fullmatch(block):
+        problems.append(
+            (
+                path,
+                f"'{reference}' does not name a Prefect block (lowercase letters, digits and -); "
+                f"write ${{{SECRET_BLOCK_PREFIX}my-block-name}}",
+            )
+        )
+        return None
+    try:
+        value = _load_secret_block(block)
+    except ConfigError as error:
+        problems.extend((path, f"{reference}: {problem}") for problem in error.problems)
+        return None
+    register_secret(value)
+    return value
+
+
+def _load_secret_block(block: str) -> str:
+    """The text of the Prefect Secret block ``block``, read from the Prefect API this process uses; a ConfigError
+    (never carrying the value) when the block is missing, the API does not answer or the block holds no text."""
+    import httpx
+    from prefect.blocks.system import Secret
+    from prefect.settings import PREFECT_API_URL
+
+    api = PREFECT_API_URL.value() or "Prefect's temporary local API (PREFECT_API_URL is not set)"
+    try:
+        value = Secret.load(block, _sync=True).get()
+    except ValueError:
+        raise ConfigError(
+            [
+                f"the Prefect API {api} has no Secret block named {block}; create it (the UI's Blocks page, "
+                "or Secret(value=...).save(name) in Python) or correct the name"
+            ]
+        ) from None
+    except httpx.HTTPError as error:
+        raise ConfigError(
+            [
+                f"the Prefect API {api} did not answer the request for the Secret block {block} "
+                f"({type(error).__name__}); start that server or set PREFECT_API_URL to the one holding the block"
+            ]
+        ) from None
+    if not isinstance(value, str):
+        raise ConfigError(
+            [f"the Secret block {block} holds a {type(value).__name__}, not a text; store the secret as a single value"]
+        )
+    return value
+
+
 def substitute_variables(node: Any, env: Mapping[str, str], problems: list[Problem], path: str = "") -> Any:
-    """Expand ${VAR} in every string value of a parsed YAML tree (mappings and lists, recursively)."""
+    """Expand ${VAR} and ${prefect-secret:NAME} in every string value of a parsed YAML tree (mappings and lists,
+    recursively)."""
     if isinstance(node, dict):
         return {
             key: substitute_variables(value, env, problems, join_key_path(path, str(key)))
@@ -524,7 +596,9 @@ def cached_settings(config_path: str | None, overrides: Mapping[str, str]) -> Se
     The identity is secret-free: the file's path, its modification time and size, the sorted (non-secret)
     overrides and a digest of the APP_* environment, so an edited file, ``continue --set`` or another APP_* value
     is loaded afresh, in the flow's process and on a Dask worker alike. Secrets come from the file's ``${VAR}``
-    and the APP_* environment, read when the settings are loaded.
+    and the APP_* environment, read when the settings are loaded, and from Prefect Secret blocks the file names
+    (read when the file is first loaded in the process: a changed block value needs a new process or an edit of
+    the file).
     """
     return _settings_of_identity(*settings_identity(config_path, overrides))
 
@@ -635,7 +709,8 @@ def refuse_secret_overrides(overrides: Mapping[str, str], source: str) -> None:
         raise ConfigError(
             [
                 f"{key} (in {source}): is a secret and cannot be given in {source}, which is stored with the job; "
-                f"set it with ${{VAR}} in the configuration file or the environment variable {env_var_name(key)}"
+                f"set it with ${{VAR}} or ${{{SECRET_BLOCK_PREFIX}BLOCK}} in the configuration file or the "
+                f"environment variable {env_var_name(key)}"
                 for key in secret
             ]
         )
