@@ -168,6 +168,38 @@ def test_unset_variable_in_a_value_replaced_by_env_is_not_an_error(write_yaml_te
     assert loaded.settings.services.local_import.dir == "/from/env"
 
 
+def test_a_secret_block_in_a_key_that_is_no_secret_is_an_error_naming_key_and_fix(write_yaml_text) -> None:
+    """Checked before any Prefect API is asked (tests/test_secret_blocks.py reads real blocks)."""
+    path = write_yaml_text(LOCAL_ONLY + "services:\n  local_import:\n    dir: ${prefect-secret:import-dir}\n")
+    with pytest.raises(ConfigError) as error:
+        load_settings(path, env={})
+    assert error.value.problems == [
+        "services.local_import.dir: is not a secret key, so it cannot name a Prefect Secret block "
+        "(${prefect-secret:import-dir}); only passwords, client secrets, API keys and S3 keys can: "
+        "write the value itself or use ${VAR}"
+    ]
+
+
+def test_a_secret_block_reference_needs_a_prefect_block_name(write_yaml_text) -> None:
+    path = write_yaml_text(
+        LOCAL_ONLY + "services:\n  send:\n    auth:\n      username: u\n      password: ${prefect-secret:My_Block}\n"
+    )
+    with pytest.raises(ConfigError) as error:
+        load_settings(path, env={})
+    assert error.value.problems == [
+        "services.send.auth.password: '${prefect-secret:My_Block}' does not name a Prefect block "
+        "(lowercase letters, digits and -); write ${prefect-secret:my-block-name}"
+    ]
+
+
+def test_an_escaped_secret_block_reference_stays_text(write_yaml_text) -> None:
+    path = write_yaml_text(
+        LOCAL_ONLY + "services:\n  send:\n    auth:\n      username: u\n      password: $${prefect-secret:pw}\n"
+    )
+    settings = load_settings(path, env={}).settings
+    assert settings.services.send.auth.password.get_secret_value() == "${prefect-secret:pw}"
+
+
 # --- legacy shapes --------------------------------------------------------------------------------------
 
 

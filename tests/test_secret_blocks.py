@@ -1,0 +1,137 @@
+"""Credentials from Prefect Secret blocks (``${prefect-secret:NAME}``), against the real test Prefect API: the block's
+text reaches the service and nothing else (no job file, log, artifact, flow-run parameter or Prefect database file),
+and every way it can go wrong names the key, the block and the fix."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import pytest
+
+from config.loader import ConfigError, load_settings
+from flows.prefect_server import free_port
+from tasks.redaction import redact
+from tests.conftest import TESTDATA, run_cli
+from tests.fakes.extraction_server import start_extraction_server
+from tests.test_job_cli import read_artifacts
+from tests.test_secrets import files_under
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+
+PASSWORD = "pw-block-5d2e71-from-prefect"
+BLOCK = "dupflow-test-torch-password"
+REFERENCE = "${prefect-secret:" + BLOCK + "}"
+CRTDL = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
+
+
+@pytest.fixture
+def secret_block(prefect_api) -> str:
+    """The Secret block BLOCK holding PASSWORD in the test Prefect API."""
+    from prefect.blocks.system import Secret
+
+    Secret(value=PASSWORD).save(BLOCK, overwrite=True)
+    return BLOCK
+
+
+def extractor_tree(base_url: str, password: str = REFERENCE) -> dict:
+    return {
+        "pipeline": {"enabled_steps": ["extractor"]},
+        "services": {
+            "extractor": {
+                "base_url": base_url,
+                "polling_interval": "PT1S",
+                "max_polling_interval": "PT1S",
+                "file_ready_interval": "PT1S",
+                "auth": {"username": "researcher", "password": password},
+            }
+        },
+    }
+
+
+def basic_header(username: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+
+
+def prefect_records_of(job_id: str, flow_run_ids: list[str]) -> str:
+    """Everything the Prefect API holds of the job's flow runs, as text: parameters, log lines, artifacts."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    texts = [json.dumps(read_artifacts(f"job-{job_id}"))]
+    with get_client(sync_client=True) as client:
+        for flow_run_id in flow_run_ids:
+            texts.append(json.dumps(client.read_flow_run(flow_run_id).parameters))
+            log_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+            texts.extend(log.message for log in client.read_logs(log_filter=log_filter, limit=200))
+    return "\n".join(texts)
+
+
+def test_a_secret_block_supplies_the_extraction_password_and_is_stored_nowhere(
+    tmp_path, write_config, secret_block, prefect_api
+):
+    expected = basic_header("researcher", PASSWORD)
+    with start_extraction_server(auth_check=lambda headers: headers.get("authorization") == expected) as torch:
+        config = write_config(extractor_tree(torch.base_url))
+        outputs = [run_cli("config", "check", str(config))]
+        assert outputs[0].returncode == 0, outputs[0].stderr
+        outputs.append(run_cli("start", str(config), str(CRTDL), "--no-progress"))
+        assert outputs[-1].returncode == 0, outputs[-1].stderr
+        assert len(torch.state.submissions) == 1  # the fake answers 401 to any other password
+
+    (job_dir,) = (tmp_path / "jobs").iterdir()
+    record = json.loads((job_dir / "job.json").read_text())
+    assert record["state"] == "Completed"
+    printed = "".join(output.stdout + output.stderr for output in outputs)
+    assert re.search(r"services\.extractor\.auth\.password +\*{8} +\(file\)", printed)  # config check masks it
+    in_prefect = prefect_records_of(job_dir.name, record["flow_run_ids"])
+    assert "Beginning flow run" in printed and job_dir.name in in_prefect  # logs and artifacts were read
+    stores = [*files_under(job_dir), *prefect_api["database"].parent.glob(prefect_api["database"].name + "*")]
+    assert (job_dir / "job.log").is_file() and any(path.name.endswith(".db") for path in stores)
+    for leaked in (PASSWORD, expected.removeprefix("Basic ")):
+        assert leaked not in printed and leaked not in in_prefect
+        for path in stores:
+            assert leaked.encode() not in path.read_bytes(), f"the block's password leaked into {path}"
+
+
+def test_the_block_value_is_loaded_into_the_settings_and_redacted(write_config, secret_block):
+    loaded = load_settings(write_config(extractor_tree("http://127.0.0.1:9")), env={})
+    assert loaded.settings.services.extractor.auth.password.get_secret_value() == PASSWORD
+    assert loaded.sources["services.extractor.auth.password"] == "file"
+    assert PASSWORD not in redact(f"the server said: wrong password {PASSWORD}")
+
+
+def test_a_missing_block_names_the_key_the_block_and_the_fix(write_config):
+    config = write_config(extractor_tree("http://127.0.0.1:9", "${prefect-secret:dupflow-test-no-such-block}"))
+    with pytest.raises(ConfigError) as raised:
+        load_settings(config, env={})
+    (problem,) = raised.value.problems
+    assert problem.startswith("services.extractor.auth.password: ${prefect-secret:dupflow-test-no-such-block}")
+    assert "has no Secret block named dupflow-test-no-such-block; create it" in problem
+
+
+def test_a_missing_block_does_no_harm_when_the_environment_sets_the_key(write_config):
+    config = write_config(extractor_tree("http://127.0.0.1:9", "${prefect-secret:dupflow-test-no-such-block}"))
+    loaded = load_settings(config, env={"APP_SERVICES_EXTRACTOR_AUTH_PASSWORD": "pw-from-env"})
+    assert loaded.settings.services.extractor.auth.password.get_secret_value() == "pw-from-env"
+
+
+def test_a_block_that_holds_no_text_is_refused(write_config):
+    from prefect.blocks.system import Secret
+
+    Secret(value={"user": "u", "password": "pw-in-a-dict-31c"}).save("dupflow-test-dict-secret", overwrite=True)
+    config = write_config(extractor_tree("http://127.0.0.1:9", "${prefect-secret:dupflow-test-dict-secret}"))
+    with pytest.raises(ConfigError) as raised:
+        load_settings(config, env={})
+    assert "the Secret block dupflow-test-dict-secret holds a dict, not a text" in str(raised.value)
+    assert "pw-in-a-dict-31c" not in str(raised.value)
+
+
+def test_an_unreachable_prefect_api_names_the_key_the_block_and_the_fix(write_config):
+    config = write_config(extractor_tree("http://127.0.0.1:9"))
+    dead_api = f"http://127.0.0.1:{free_port()}/api"
+    result = run_cli("config", "check", str(config), env={"PREFECT_API_URL": dead_api})
+    assert result.returncode == 2
+    assert f"services.extractor.auth.password: {REFERENCE}: the Prefect API {dead_api} did not answer" in result.stderr
+    assert "start that server or set PREFECT_API_URL" in result.stderr
