@@ -39,6 +39,7 @@ from flows.jobs import (
     prepare_job,
     step_file_problems,
 )
+from tasks.readable import CLI, duration_text, plain_lines, size_text
 from tasks.redaction import RedactingFilter, redact
 from tasks.errors import DupflowError, UsageError
 from tasks.layout import JobPaths
@@ -272,7 +273,7 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
         with job_logging(log_file):
             state = run_flow(job, paths, continuing or {})
     except KeyboardInterrupt:
-        print(f"interrupted; resume with: python -m flows.run continue {job.job_id}", file=sys.stderr)
+        print(f"interrupted; resume with: {CLI} continue {job.job_id}", file=sys.stderr)
         return EXIT_INTERRUPTED
     return report_outcome(paths, state, log_file)
 
@@ -288,7 +289,9 @@ def choose_progress_display(no_progress: bool) -> None:
 
 
 class _NoTraceback(logging.Formatter):
-    """Console lines without tracebacks: the terminal gets one line per event, the job log the whole story."""
+    """Console lines without tracebacks: the terminal gets one line per event (a message logged with
+    ``tasks.readable.SHOW_WHOLE``, such as the inspection text at a wait step, all of its lines), the job log the
+    whole story."""
 
     def __init__(self, wrapped: logging.Formatter | None):
         super().__init__()
@@ -298,7 +301,8 @@ class _NoTraceback(logging.Formatter):
         saved = record.exc_info, record.exc_text, record.stack_info
         record.exc_info, record.exc_text, record.stack_info = None, None, None
         try:
-            return self._wrapped.format(record).splitlines()[0]
+            text = self._wrapped.format(record)
+            return text if getattr(record, "show_whole", False) else text.splitlines()[0]
         finally:
             record.exc_info, record.exc_text, record.stack_info = saved
 
@@ -376,7 +380,7 @@ def report_outcome(paths: JobPaths, state: Any, log_file: Path) -> int:
         return EXIT_OK
     print(f"job {job.job_id} failed: {job.state_message or redact(state.message or '')}", file=sys.stderr)
     print(f"full log: {log_file}", file=sys.stderr)
-    print(f"after fixing the cause, resume with: python -m flows.run continue {job.job_id}", file=sys.stderr)
+    print(f"after fixing the cause, resume with: {CLI} continue {job.job_id}", file=sys.stderr)
     return EXIT_FAILED
 
 
@@ -397,8 +401,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"  state:     {job_state(paths, job)}{run}" + (f" — {job.state_message}" if job.state_message else ""))
     print(f"  created:   {job.created_at}   updated: {job.updated_at}")
     print(f"  input:     {job.job_input or '-'}")
-    for key, value in sorted((record.get("facts") or {}).items()):
-        print(f"  {key}: {value}")
+    for line in plain_lines(dict(sorted((record.get("facts") or {}).items())), "  "):
+        print(line)
     results = step_results(paths.job_dir)
     gates = record.get("gates") or {}
     for position, step in enumerate(job.enabled_steps):
@@ -421,13 +425,14 @@ def print_step_status(position: int, step: str, result: dict[str, Any] | None, g
         print(f"  {position + 1}. {step}: " + (released if gate.get("released") else "awaiting inspection"))
         return
     files = result.get("files", [])
-    total = sum(f["size"] for f in files)
+    total = size_text(sum(f["size"] for f in files))
+    took = f", took {duration_text(result['seconds'])}" if result.get("seconds") is not None else ""
     note = f" (inspection note: {gate['note']})" if gate.get("note") else ""
-    print(f"  {position + 1}. {step}: done, {len(files)} file(s), {total} bytes in {result.get('folder')}{note}")
-    for key, value in (result.get("summary") or {}).items():
-        print(f"       {key}: {value}")
+    print(f"  {position + 1}. {step}: done, {len(files)} file(s), {total} in {result.get('folder')}{took}{note}")
+    for line in plain_lines(result.get("summary") or {}, "       "):
+        print(line)
     for f in files:
-        print(f"       {f['name']}  {f['size']} bytes  {f['resources']} resources")
+        print(f"       {f['name']}  {size_text(f['size'])}  {f['resources']} resources")
 
 
 def cmd_list(args: argparse.Namespace) -> int:

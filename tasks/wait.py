@@ -2,12 +2,12 @@
 
 The gate lives in the job's record (``tasks.record``: ``gates`` in ``job.json``), checked by an uncached task, so it
 survives any process. The first time the job reaches the gate, the task prepares ``<input folder>_wait/`` for
-corrected files, publishes what to inspect and how to go on (log line and markdown artifact; once: the record
-notes that the gate paused the job), and answers "awaiting". The flow then stops the run for inspection: a local
-run ends as ``AwaitingInspection`` and ``continue`` runs the job again; a deployment run is suspended until someone
-resumes it in the UI (with a short form). Either way the flow releases the gate in the record (with the note), and
-the task then answers with the folder the next step reads: ``<input folder>_wait/`` when it holds any data file,
-else its input.
+corrected files, publishes what to inspect and how to go on (a log message, shown whole on the terminal, and a
+markdown artifact; once: the record notes that the gate paused the job), and answers "awaiting". The flow then
+stops the run for inspection: a local run ends as ``AwaitingInspection`` and ``continue`` runs the job again; a
+deployment run is suspended until someone resumes it in the UI (with a short form). Either way the flow releases
+the gate in the record (with the note), and the task then answers with the folder the next step reads:
+``<input folder>_wait/`` when it holds any data file, else its input.
 A deployment run resumed without the form's confirmation stays at the gate: ``refuse_unconfirmed_resume`` logs why
 and publishes the inspection artifact again with the reason on top.
 """
@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from tasks.contract import DataFile, StepInput, StepResult, settings_of
 from tasks.layout import artifact_key
 from tasks.ndjson import count_resources, is_data_file
+from tasks.readable import CLI, SHOW_WHOLE
 from tasks.record import gate, mark_gate_paused
 
 
@@ -47,13 +48,13 @@ def inspection_text(step: StepInput, resume_hint: str) -> str:
         f"  Corrected files go into: {wait_dir(step)}\n"
         f"  When that folder holds any .ndjson/.ndjson.zst file on resume, the next step reads only that folder; "
         f"otherwise it reads {step.input_dir} unchanged.\n"
-        f"  To continue: {resume_hint or f'python -m flows.run continue {step.job_id}'}"
+        f"  To continue: {resume_hint or f'{CLI} continue {step.job_id}'}"
     )
 
 
 def publish_instructions(step: StepInput, resume_hint: str) -> None:
     text = inspection_text(step, resume_hint)
-    get_run_logger().info("%s", text)
+    get_run_logger().info("%s", text, extra=SHOW_WHOLE)
     publish_inspection_artifact(step, text)
 
 
@@ -65,7 +66,7 @@ def refuse_unconfirmed_resume(step: StepInput, resume_hint: str, note: str) -> N
         + ".\n  It stays suspended and nothing after the wait step has run; resume again with the confirmation "
         'turned on (the form\'s toggle, or "confirmed": true).'
     )
-    get_run_logger().warning("%s", reason)
+    get_run_logger().warning("%s", reason, extra=SHOW_WHOLE)
     publish_inspection_artifact(step, f"{reason}\n{inspection_text(step, resume_hint)}")
 
 
