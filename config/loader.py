@@ -366,7 +366,15 @@ def _load_secret_block(block: str) -> str:
     from prefect.blocks.system import Secret
     from prefect.settings import PREFECT_API_URL
 
-    api = PREFECT_API_URL.value() or "Prefect's temporary local API (PREFECT_API_URL is not set)"
+    api = PREFECT_API_URL.value()
+    if not api:  # Prefect would start a temporary server of its own: slow, and not the jobs' server
+        raise ConfigError(
+            [
+                f"PREFECT_API_URL is not set, so no Prefect server is known to read the Secret block {block} from; "
+                "set it to the API address of the server holding the block (uv run python -m flows.run server start "
+                "prints the local server's)"
+            ]
+        )
     try:
         value = Secret.load(block, _sync=True).get()
     except ValueError:

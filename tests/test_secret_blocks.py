@@ -135,3 +135,12 @@ def test_an_unreachable_prefect_api_names_the_key_the_block_and_the_fix(write_co
     assert result.returncode == 2
     assert f"services.extractor.auth.password: {REFERENCE}: the Prefect API {dead_api} did not answer" in result.stderr
     assert "start that server or set PREFECT_API_URL" in result.stderr
+
+
+def test_without_prefect_api_url_the_fix_names_the_setting(write_config):
+    result = run_cli(
+        "config", "check", str(write_config(extractor_tree("http://127.0.0.1:9"))), env={"PREFECT_API_URL": ""}
+    )
+    assert result.returncode == 2
+    assert f"services.extractor.auth.password: {REFERENCE}: PREFECT_API_URL is not set" in result.stderr
+    assert "set it to the API address of the server holding the block" in result.stderr
