@@ -15,7 +15,8 @@ removed, and nothing outside the jobs directory is touched.
 
 The server: ``PREFECT_API_URL`` when set (it must answer), else the local server (started when its database exists,
 as every command that runs a job does). Without either only job directories are listed and removed. The REST API
-is used directly (no Prefect import), as ``flows.server_state`` does.
+is used directly (no Prefect import), as ``flows.server_state`` does, each call through the one retry policy
+(``tasks.clients.retry``: a SQLite server busy with a burst of runs answers 503 for a moment).
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ from config.runtime import default_jobs_dir, prefect_api_url
 from flows import prefect_server
 from flows.extraction_cli import age
 from flows.jobs import JobFile, JobLock, JobLockedError, effective_state
+from config.settings import RetrySettings
 from tasks.clients.bounds import describe_size
+from tasks.clients.errors import ServiceError, raise_for_service_status
+from tasks.clients.retry import call_with_retry
 from tasks.errors import UsageError
 from tasks.layout import JobPaths
 from tasks.record import AWAITING_INSPECTION, CANCELLED, COMPLETED, CRASHED, FAILED, RUNNING, SUSPENDED
@@ -48,6 +52,7 @@ EXIT_OK, EXIT_FAILED = 0, 1
 FINISHED_STATES = (COMPLETED, FAILED, CRASHED, CANCELLED)
 NAMED_ONLY_STATES = (AWAITING_INSPECTION, SUSPENDED)  # a person still has to look at these: removed only by name
 API_TIMEOUT = 30.0
+PREFECT_API = "the Prefect API"
 PAGE = 200  # the most rows the Prefect API returns at once
 
 
@@ -121,8 +126,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
                 print_how_to_remove(selection, args)
                 return EXIT_OK
             return remove_jobs(selection.chosen, jobs_dir, client)
-    except httpx.HTTPError as exc:
-        print(f"error: the Prefect API {api_url} failed: {exc}; nothing more was removed", file=sys.stderr)
+    except ServiceError as exc:
+        print(f"error: {exc} (at {api_url}); nothing more was removed", file=sys.stderr)
         return EXIT_FAILED
 
 
@@ -276,20 +281,29 @@ def filtered(client: httpx.Client, path: str, body: dict) -> list[dict]:
     """Every row of a ``…/filter`` endpoint, a page at a time."""
     rows: list[dict] = []
     while True:
-        response = client.post(path, json={**body, "limit": PAGE, "offset": len(rows)})
-        response.raise_for_status()
-        page = response.json()
+        page = api_call(client, "POST", path, {**body, "limit": PAGE, "offset": len(rows)}).json()
         rows.extend(page)
         if len(page) < PAGE:
             return rows
 
 
+def api_call(client: httpx.Client, method: str, path: str, body: dict | None = None) -> httpx.Response:
+    """One request to the Prefect API through the one retry policy (a busy SQLite server answers 503); a DELETE
+    of something already gone (404) is no error."""
+
+    def attempt() -> httpx.Response:
+        response = client.request(method, path, json=body)
+        if not (method == "DELETE" and response.status_code == 404):
+            raise_for_service_status(response, operation=f"{method} {path}", service=PREFECT_API)
+        return response
+
+    return call_with_retry(attempt, RetrySettings(), operation=f"{method} {path}", service=PREFECT_API)
+
+
 def delete_server_records(client: httpx.Client, job: Candidate) -> None:
     """The job's artifacts, then its flow runs (their task runs and logs go with them); gone already is fine."""
     for path in [f"/artifacts/{a}" for a in job.artifact_ids] + [f"/flow_runs/{r}" for r in job.flow_run_ids]:
-        response = client.delete(path)
-        if response.status_code != 404:
-            response.raise_for_status()
+        api_call(client, "DELETE", path)
 
 
 # --- listing and removing --------------------------------------------------------------------------------------

@@ -162,3 +162,15 @@ def exit_code(argv: list[str]) -> int:
         return main(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
+
+
+def test_without_a_prefect_server_only_job_directories_are_listed_and_removed(tmp_path):
+    jobs = tmp_path / "jobs"
+    old = recorded_job(jobs, "00000000-0000-4000-8000-000000000010", "Failed")
+    no_server = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "empty-home")}
+
+    removed = run_cli("prune", "--jobs-dir", str(jobs), "--older-than", "1h", "--yes", env=no_server)
+
+    assert removed.returncode == EXIT_OK, removed.stderr
+    assert "no Prefect server" in removed.stdout and "removed 1 of 1 job(s)" in removed.stdout
+    assert not old.exists() and not (tmp_path / "empty-home" / "prefect.db").exists()
