@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m flows.run", description="dupflow: FHIR research data pipeline")
+    parser = argparse.ArgumentParser(prog=CLI, description="dupflow: FHIR research data pipeline")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     start = commands.add_parser("start", help="start a new job")

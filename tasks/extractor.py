@@ -47,6 +47,7 @@ from tasks.filework import map_files
 from tasks.layout import artifact_key
 from tasks.ndjson import remove_partial_files
 from tasks.progress import track
+from tasks.readable import CLI
 from tasks.record import read_facts
 
 # Files downloaded at once. TORCH serves them from a static file server; 4 keeps a 1 Gbit/s link busy
@@ -201,9 +202,9 @@ def submission_in_doubt_message(step: StepInput, in_flight: dict) -> str:
     return (
         f"an extraction was submitted at {in_flight.get('started_at')} but the run ended before the server's answer "
         "was recorded, so the server may or may not have that job; submitting again could start a second "
-        f"extraction. Look for it with: python -m flows.run extraction list CONFIG --status PENDING,RUNNING_GET_COHORT,"
-        f"RUNNING_PROCESS_BATCH,RUNNING_PROCESS_CORE,COMPLETED. Then either follow it: python -m flows.run continue "
-        f"{step.job_id} --attach <status URL>, or submit anew: python -m flows.run continue {step.job_id} --resubmit"
+        f"extraction. Look for it with: {CLI} extraction list CONFIG --status PENDING,RUNNING_GET_COHORT,"
+        f"RUNNING_PROCESS_BATCH,RUNNING_PROCESS_CORE,COMPLETED. Then either follow it: {CLI} continue "
+        f"{step.job_id} --attach <status URL>, or submit anew: {CLI} continue {step.job_id} --resubmit"
     )
 
 

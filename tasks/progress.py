@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 from uuid import UUID
 
+from tasks.readable import size_text
+
 LOG_EVERY_SECONDS = 5.0
 ARTIFACT_EVERY_SECONDS = 1.0
 logger = logging.getLogger("dupflow.progress")
@@ -63,13 +65,7 @@ class _LogTracker:
 
 
 def _human(amount: float, unit: str) -> str:
-    if unit != "B":
-        return f"{amount:,.0f} {unit}"
-    for prefix in ("B", "KB", "MB", "GB"):
-        if amount < 1024 or prefix == "GB":
-            return f"{amount:.1f} {prefix}"
-        amount /= 1024
-    raise AssertionError("unreachable")
+    return size_text(amount) if unit == "B" else f"{amount:,.0f} {unit}"
 
 
 Display = Literal["bar", "log", "none"]
