@@ -41,11 +41,11 @@ from flows import prefect_server
 from flows.extraction_cli import age
 from flows.jobs import JobFile, JobLock, JobLockedError, effective_state
 from config.settings import RetrySettings
-from tasks.clients.bounds import describe_size
 from tasks.clients.errors import ServiceError, raise_for_service_status
 from tasks.clients.retry import call_with_retry
 from tasks.errors import UsageError
 from tasks.layout import JobPaths
+from tasks.readable import CLI, size_text
 from tasks.record import AWAITING_INSPECTION, CANCELLED, COMPLETED, CRASHED, FAILED, RUNNING, SUSPENDED
 
 EXIT_OK, EXIT_FAILED = 0, 1
@@ -315,7 +315,7 @@ def print_selection(selection: Selection, jobs_dir: Path, api_url: str | None) -
         print(f"{'JOB':<36}  {'STATE':<18}  {'CHANGED':>9}  {'SIZE':>10}  {'FLOW RUNS':>9}  {'ARTIFACTS':>9}")
     for job in selection.chosen:
         print(
-            f"{job.job_id}  {job.state:<18}  {age(job.changed_at):>9}  {describe_size(job.size):>10}  "
+            f"{job.job_id}  {job.state:<18}  {age(job.changed_at):>9}  {size_text(job.size):>10}  "
             f"{len(job.flow_run_ids):>9}  {len(job.artifact_ids):>9}"
         )
     for name, why in selection.protected:
@@ -329,8 +329,8 @@ def print_how_to_remove(selection: Selection, args: argparse.Namespace) -> None:
         print("nothing to remove")
         return
     total = sum(job.size for job in selection.chosen)
-    print(f"would remove {len(selection.chosen)} job(s), {describe_size(total)} on disk; nothing was removed")
-    print("to remove them: uv run python -m flows.run " + shlex.join(["prune", *given_options(args), "--yes"]))
+    print(f"would remove {len(selection.chosen)} job(s), {size_text(total)} on disk; nothing was removed")
+    print(f"to remove them: {CLI} " + shlex.join(["prune", *given_options(args), "--yes"]))
 
 
 def given_options(args: argparse.Namespace) -> list[str]:
