@@ -413,6 +413,26 @@ def substitute_variables(node: Any, env: Mapping[str, str], problems: list[Probl
     return node
 
 
+def names_secret_blocks(config_path: str | None) -> bool:
+    """Whether the file takes a value from a Prefect Secret block (``${prefect-secret:NAME}``, not escaped): the
+    command must then know the jobs' Prefect server before it loads the settings."""
+    if config_path is None:
+        return False
+    reference = re.compile(r"(?<!\$)\$\{" + re.escape(SECRET_BLOCK_PREFIX))
+    return any(reference.search(text) for text in _strings_of(_read_yaml(Path(config_path))))
+
+
+def _strings_of(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _strings_of(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _strings_of(item)
+    elif isinstance(node, str):
+        yield node
+
+
 # --- merging env and flags ------------------------------------------------------------------------------
 
 

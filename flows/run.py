@@ -24,6 +24,7 @@ from config.loader import (
     ConfigError,
     LoadedConfig,
     cached_settings,
+    names_secret_blocks,
     effective_config_rows,
     load_settings,
     refuse_secret_overrides,
@@ -187,6 +188,8 @@ def validate_configuration(config_path: str | None, overrides: dict[str, str], l
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     overrides, labels = overrides_from_flags(args)
+    if names_secret_blocks(args.config):
+        prefect_server.use_server()  # its Secret blocks are read from the jobs' server
     loaded = load(args.config, overrides, labels)
     if problems := step_file_problems(loaded.settings):
         raise ConfigError(problems)
@@ -208,6 +211,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     config_path, job_input = args.config, args.input
     if config_path is None:
         config_path, job_input = str(EMBEDDED_CONFIG), str(EMBEDDED_CRTDL)
+    if names_secret_blocks(config_path):
+        prefect_server.use_server()  # its Secret blocks are read from the jobs' server
     validate_configuration(config_path, overrides, labels)
     prefect_server.use_server()  # a dead PREFECT_API_URL stops here, before a job exists
     job = prepare_job(None, config_path, job_input, overrides, overrides_source="--set")
