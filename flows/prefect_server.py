@@ -16,7 +16,13 @@ the port of this home's previous server, whose processes may still be exiting). 
 that takes the port while this one starts is recognised by its home (``/api/admin/settings``), and the start moves
 on to the next free port, at most ``PORT_ATTEMPTS`` times.
 
-No Prefect import here: the command line's fast commands import this module.
+A server this module starts gets the automation ``LOCAL_PAUSE_AUTOMATION``: a local run paused for inspection has
+no process behind it, so when the UI resumes it (it turns Running, a ghost) the server puts it straight back to
+AwaitingInspection with a message saying to ``continue`` the job. ``deployments.automations.apply`` installs it on
+any server.
+
+No Prefect import at module level: the command line's fast commands import this module (a server start imports
+Prefect's client for the automation; the start takes seconds anyway).
 """
 
 from __future__ import annotations
@@ -37,11 +43,13 @@ from contextlib import closing, contextmanager, suppress
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from config.runtime import local_server_port, prefect_api_url
 from tasks.errors import DupflowError
 from tasks.layout import exclusive_lock, write_file_atomically
+from tasks.record import AWAITING_INSPECTION
 
 STATE_FILE = "dupflow-server.json"
 LOCK_FILE = "dupflow-server.lock"
@@ -66,6 +74,41 @@ API_ANSWER_TIMEOUT = 5.0
 STARTUP_TIMEOUT = 120.0
 STOP_GRACE = 10.0
 POLL_INTERVAL = 0.2
+# A local run paused at a wait step has no process behind it: the UI's Resume would leave it Running with nothing
+# carrying it on (a ghost). This automation of the server puts such a run straight back, saying what to do instead.
+# Prefect does not fill templates into a state's message, so it names the job as the run's name.
+UI_RESUME_REFUSED = (
+    "the Prefect UI cannot resume a local run (no process is behind it); the job still awaits inspection: go on "
+    "with: uv run python -m flows.run continue <job id> (the job id is this run's name)"
+)
+LOCAL_PAUSE_WINDOW = 90 * 24 * 3600  # seconds a paused local run stays guarded (the trigger's `within`)
+LOCAL_PAUSE_AUTOMATION = {
+    "name": "dupflow local run stays paused",
+    "description": (
+        "A local dupflow run paused for inspection (AwaitingInspection) has no process behind it: Resume in the UI "
+        "puts it back to AwaitingInspection, saying to continue the job with `uv run python -m flows.run continue`."
+    ),
+    "enabled": True,
+    "trigger": {
+        "type": "event",
+        "posture": "Reactive",
+        "match": {"prefect.resource.id": "prefect.flow-run.*"},
+        "match_related": {"prefect.resource.role": "flow", "prefect.resource.name": "dupflow"},
+        "after": [f"prefect.flow-run.{AWAITING_INSPECTION}"],
+        "expect": ["prefect.flow-run.Running"],
+        "for_each": ["prefect.resource.id"],
+        "threshold": 1,
+        "within": LOCAL_PAUSE_WINDOW,
+    },
+    "actions": [
+        {
+            "type": "change-flow-run-state",  # of the run whose event fired it (the action's default source)
+            "state": "PAUSED",
+            "name": AWAITING_INSPECTION,
+            "message": UI_RESUME_REFUSED,
+        }
+    ],
+}
 
 
 class ServerStartError(DupflowError):
@@ -190,6 +233,7 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
         record = launch_server(home, port, wanted)
         if wait_until_healthy(record, startup_timeout, home):
             record_database_prepared(home)
+            guard_local_pauses(record.url)
             return record
         terminate(record.pid)
         (home / STATE_FILE).unlink(missing_ok=True)
@@ -399,6 +443,53 @@ def is_healthy(url: str) -> bool:
         return False
     finally:
         connection.close()
+
+
+# --- the automation that keeps a local paused run paused --------------------------------------------
+
+
+def install_local_pause_automation(client: Any) -> str:
+    """Make sure the server of ``client`` (a Prefect sync client: its authentication, TLS settings and retries of a
+    busy server's 503) has ``LOCAL_PAUSE_AUTOMATION`` as defined here; its id. One of that name that holds the
+    definition is kept (a new one would not know the runs the old one already watches); others of that name go."""
+    name = LOCAL_PAUSE_AUTOMATION["name"]
+    named = client.request("POST", "/automations/filter", json={"automations": {"name": {"any_": [name]}}}).json()
+    kept = next((automation for automation in named if holds(automation, LOCAL_PAUSE_AUTOMATION)), None)
+    for automation in named:
+        if automation is not kept:
+            client.request("DELETE", f"/automations/{automation['id']}")
+    if kept is not None:
+        return kept["id"]
+    return client.request("POST", "/automations/", json=LOCAL_PAUSE_AUTOMATION).json()["id"]
+
+
+def holds(found: Any, wanted: Any) -> bool:
+    """Whether ``found`` (as the server returns it, with its defaults and ids) has every value of ``wanted``."""
+    if isinstance(wanted, dict):
+        return isinstance(found, dict) and all(
+            key in found and holds(found[key], value) for key, value in wanted.items()
+        )
+    if isinstance(wanted, list):
+        return isinstance(found, list) and len(found) == len(wanted) and all(map(holds, found, wanted))
+    return found == wanted
+
+
+def guard_local_pauses(api_url: str) -> None:
+    """Install the automation that keeps a local paused run paused on the server just started; a failure is a
+    warning (jobs run all the same; only the UI's Resume of a paused run would leave a ghost). Prefect's client is
+    imported here only: a server start takes seconds anyway."""
+    import httpx
+    from prefect.client.orchestration import SyncPrefectClient
+
+    try:
+        with SyncPrefectClient(api_url) as client:
+            install_local_pause_automation(client)
+    except (OSError, httpx.HTTPError, ValueError) as exc:
+        print(
+            f"warning: could not install the automation {LOCAL_PAUSE_AUTOMATION['name']!r} on {api_url} ({exc}); "
+            "install it with: uv run python -m deployments.automations.apply",
+            file=sys.stderr,
+        )
 
 
 # --- the server process ------------------------------------------------------------------------

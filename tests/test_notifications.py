@@ -6,6 +6,9 @@ applied with ``python -m deployments.automations.apply``, then real dupflow jobs
 inspection, fail, and crash (SIGTERM while a download stalls). Each time the server's automation fires and the
 recorder receives a message naming the job, its state and the state's message. A deployment run's ``Suspended``
 state is the same automation's other expected event; it is not provoked here (that needs a deployment and a worker).
+
+Issue 20 item 2 on the same server: the local server starts with the automation that puts a local paused run the
+UI resumed straight back to AwaitingInspection (``apply`` keeps it), and that says what to do in a notification.
 """
 
 from __future__ import annotations
@@ -18,14 +21,15 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
+import yaml
 
-from flows.prefect_server import ensure_server, free_port, stop_server
+from flows.prefect_server import LOCAL_PAUSE_AUTOMATION, UI_RESUME_REFUSED, ensure_server, free_port, stop_server
 from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from tests.conftest import REPO_ROOT, wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
+from tests.test_prefect_native import api
 from tests.test_prefect_server import kill_servers_of
 
 pytestmark = pytest.mark.slow
@@ -35,6 +39,7 @@ NOTIFICATION_TIMEOUT = 90.0
 COMMAND_TIMEOUT = 180.0
 BLOCK = "dupflow-notify"  # the block name notify.yaml and the README use
 AUTOMATIONS = {"dupflow job waiting for inspection", "dupflow job failed", "dupflow job crashed"}
+GUARD = LOCAL_PAUSE_AUTOMATION["name"]  # installed by the local server's start, kept by apply
 # A custom webhook block as a user could save it; Prefect fills in {{subject}} and {{body}} when it notifies.
 SAVE_BLOCK = """
 import sys
@@ -70,19 +75,71 @@ def recorder() -> Iterator[LoopbackServer]:
 
 
 @pytest.fixture(scope="module")
-def applied(environment: dict[str, str], recorder: LoopbackServer) -> dict[str, str]:
+def guard_at_start(environment: dict[str, str]) -> str:
+    """The id of the automation keeping local pauses paused, as the local server's start installed it."""
+    (guard,) = automations_named(environment, GUARD)
+    return guard["id"]
+
+
+@pytest.fixture(scope="module")
+def applied(environment: dict[str, str], recorder: LoopbackServer, guard_at_start: str) -> dict[str, str]:
     """The block saved and the shipped automations applied twice (the second time replaces the first)."""
     python("-c", SAVE_BLOCK, f"{recorder.base_url}/notify", BLOCK, env=environment)
     for _ in range(2):
         applied = python("-m", "deployments.automations.apply", env=environment)
-        assert applied.stdout.count("applied automation") == len(AUTOMATIONS), applied.stdout
+        assert applied.stdout.count("applied automation") == len(AUTOMATIONS) + 1, applied.stdout
+        assert f"applied automation {GUARD!r} ({guard_at_start})" in applied.stdout  # kept as the start made it
     return environment
 
 
 def test_applying_the_file_again_replaces_its_automations(applied):
-    response = httpx.post(f"{applied['PREFECT_API_URL']}/automations/filter", json={}, timeout=30)
-    names = sorted(automation["name"] for automation in response.raise_for_status().json())
-    assert names == sorted(AUTOMATIONS)
+    names = sorted(automation["name"] for automation in automations_named(applied))
+    assert names == sorted(AUTOMATIONS | {GUARD})
+
+
+def test_a_file_naming_a_missing_block_changes_none_of_its_automations_but_the_guard_is_installed(
+    environment, guard_at_start, tmp_path
+):
+    notify = yaml.safe_load((REPO_ROOT / "deployments" / "automations" / "notify.yaml").read_text())
+    (automation, *_) = notify["automations"]
+    automation = {
+        **automation,
+        "name": "missing block",
+        "actions": [{**automation["actions"][0], "block_document_id": "nowhere"}],
+    }
+    (tmp_path / "missing.yaml").write_text(yaml.safe_dump({"automations": [automation]}))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "deployments.automations.apply", str(tmp_path / "missing.yaml")],
+        cwd=REPO_ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT,
+    )
+    assert done.returncode == 1 and "no notification block named 'nowhere'" in done.stderr, done.stderr
+    assert done.stdout == f"applied automation {GUARD!r} ({guard_at_start})\n"
+    assert automations_named(environment, "missing block") == []
+
+
+def test_a_ui_resume_of_a_local_paused_run_is_put_back_and_notifies_what_to_do(
+    applied, recorder, tmp_path, write_config
+):
+    config = write_config({"pipeline": {"enabled_steps": ["local_import", "wait"]}})
+    source = tmp_path / "in"
+    source.mkdir()
+    (source / "a.ndjson").write_text('{"resourceType": "Patient", "id": "p1"}\n')
+    assert dupflow("start", config, source, env=applied).returncode == EXIT_OK
+    job_id, flow_run_id = only_job(tmp_path / "jobs")
+    notification(recorder, job_id, "AwaitingInspection")
+
+    # The UI's Resume button: the run turns Running with no process behind it, and the server puts it back.
+    api_url = applied["PREFECT_API_URL"]
+    api(api_url, "POST", f"/flow_runs/{flow_run_id}/resume", json={})
+    message = notification(recorder, job_id, "AwaitingInspection", saying=UI_RESUME_REFUSED)
+    assert f"/runs/flow-run/{flow_run_id}" in message["body"]
+    state = api(api_url, "GET", f"/flow_runs/{flow_run_id}")["state"]
+    assert (state["type"], state["name"], state["message"]) == ("PAUSED", "AwaitingInspection", UI_RESUME_REFUSED)
 
 
 def test_a_job_at_a_wait_step_notifies_that_it_waits_for_inspection(applied, recorder, tmp_path, write_config):
@@ -134,17 +191,24 @@ def test_a_job_stopped_by_sigterm_notifies_that_it_crashed(applied, recorder, tm
     assert f"/runs/flow-run/{flow_run_id}" in message["body"]  # a link: the local server knows its UI address
 
 
-def notification(recorder: LoopbackServer, job_id: str, state: str) -> dict[str, str]:
-    """The first message the recorder got about ``job_id`` in ``state``, waited for."""
+def notification(recorder: LoopbackServer, job_id: str, state: str, saying: str = "") -> dict[str, str]:
+    """The first message the recorder got about ``job_id`` in ``state`` (with ``saying`` in it), waited for."""
 
     def first() -> dict[str, str] | None:
         with recorder.state.lock:
             bodies = [request.body for request in recorder.state.requests if request.path == "/notify"]
         messages = [json.loads(body) for body in bodies]
-        return next((m for m in messages if m["body"].startswith(f"dupflow job {job_id}: {state}\n")), None)
+        heading = f"dupflow job {job_id}: {state}\n"
+        return next((m for m in messages if m["body"].startswith(heading) and saying in m["body"]), None)
 
     wait_until(first, f"a notification that job {job_id} is {state}", timeout=NOTIFICATION_TIMEOUT)
     return first()
+
+
+def automations_named(env: dict[str, str], *names: str) -> list[dict]:
+    """The server's automations (of ``names``, when given)."""
+    body = {"automations": {"name": {"any_": list(names)}}} if names else {}
+    return api(env["PREFECT_API_URL"], "POST", "/automations/filter", json=body)
 
 
 def only_job(jobs_dir: Path) -> tuple[str, str]:

@@ -6,9 +6,12 @@ Prefect's own ``prefect automation create --from-file`` wants the id of each act
 differs from server to server; the shipped file names its block instead (``block_document_id: dupflow-notify``).
 This command puts the id of the block of that name in its place, deletes the server's automations of the same names
 (so applying again after an edit replaces them instead of notifying twice) and creates the file's automations. It
-talks to the server the jobs use: ``PREFECT_API_URL`` if set (it must answer), else the local server, started if
-need be. A server that does not answer, a block that is missing or cannot notify, or an automation Prefect rejects
-is one line on stderr and exit code 1; the server's automations change only once every one of the file is valid.
+installs first, whatever the file, the automation that puts a local run paused for inspection back when the UI
+resumes it (``flows.prefect_server.LOCAL_PAUSE_AUTOMATION``, which needs no block; the local server gets it when it
+starts, any other server here), kept as it is when the server already has it. It talks to the server the jobs use:
+``PREFECT_API_URL`` if set (it must answer), else the local server, started if need be. A server that does not
+answer, a block that is missing or cannot notify, or an automation Prefect rejects is one line on stderr and exit
+code 1; the file's automations change only once every one of them is valid.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import httpx
 import yaml
 
 from config.runtime import apply_prefect_defaults
-from flows.prefect_server import use_server
+from flows.prefect_server import LOCAL_PAUSE_AUTOMATION, install_local_pause_automation, use_server
 from tasks.errors import DupflowError
 
 NOTIFY_FILE = Path(__file__).with_name("notify.yaml")
@@ -42,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         automations = read_automations(args.file)
         apply_prefect_defaults()
         use_server()
+        print_applied(LOCAL_PAUSE_AUTOMATION["name"], install_local_pause_guard())
         for name, automation_id in replace_automations(automations):
-            print(f"applied automation {name!r} ({automation_id})")
+            print_applied(name, automation_id)
     except (DupflowError, OSError, ValueError, yaml.YAMLError, httpx.HTTPError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -57,6 +61,18 @@ def read_automations(path: Path) -> list[dict[str, Any]]:
     if not isinstance(automations, list) or not all(isinstance(item, dict) for item in automations):
         raise AutomationFileError(f"{path}: expected automations (a list of mappings under 'automations:')")
     return automations
+
+
+def print_applied(name: str, automation_id: UUID | str) -> None:
+    print(f"applied automation {name!r} ({automation_id})")
+
+
+def install_local_pause_guard() -> str:
+    """The id of the server's automation that puts a local paused run back when the UI resumes it (installed)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return install_local_pause_automation(client)
 
 
 def replace_automations(automations: list[dict[str, Any]]) -> list[tuple[str, UUID]]:
