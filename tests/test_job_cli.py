@@ -10,12 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 import zstandard
 
+from deployments.automations.apply import install_local_pause_guard
 from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
-from tests.conftest import REPO_ROOT, complete_results, run_cli
+from tests.conftest import REPO_ROOT, complete_results, run_cli, wait_until
+from tests.test_prefect_native import api
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
@@ -139,11 +140,29 @@ def job_record_card(job_id: str, flow_run_id: str) -> str:
 
 
 def flow_run_state(flow_run_id: str) -> tuple[str, str]:
+    state = read_flow_run_state(flow_run_id)
+    return state.type.value, state.name
+
+
+def flow_run_message(flow_run_id: str) -> str:
+    return read_flow_run_state(flow_run_id).message or ""
+
+
+def read_flow_run_state(flow_run_id: str):
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
-        state = client.read_flow_run(flow_run_id).state
-    return state.type.value, state.name
+        return client.read_flow_run(flow_run_id).state
+
+
+def paused_again(flow_run_id: str) -> bool:
+    """Whether the run, paused as AwaitingInspection and then resumed (Running), is AwaitingInspection again."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        history = [(state.type.value, state.name) for state in client.read_flow_run_states(flow_run_id)]
+    awaiting = ("PAUSED", "AwaitingInspection")
+    return history[-3:] == [awaiting, ("RUNNING", "Running"), awaiting]
 
 
 def test_continue_from_another_directory_works_on_the_same_job_and_files(tmp_path, write_config):
@@ -193,17 +212,20 @@ def test_status_and_list_read_the_job_without_importing_prefect(tmp_path, job_co
     assert f"{job_dir.name}  AwaitingInspection" in out
 
 
-def test_a_ui_resume_of_a_local_paused_run_leaves_every_view_awaiting_and_continue_goes_on(
+def test_a_ui_resume_of_a_local_paused_run_is_put_back_and_every_view_agrees_until_continue_goes_on(
     tmp_path, job_config, prefect_api, capsys
 ):
+    install_local_pause_guard()  # as `deployments.automations.apply` does (the local server's start too)
     source = source_dir(tmp_path, {"a.ndjson": 2})
     assert main(["start", str(job_config(["local_import", "wait"])), str(source), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")
     (paused_run,) = job_file(job_dir)["flow_run_ids"]
 
-    # The UI's Resume button on the paused run: the server says Running, but no process carries the run on.
-    httpx.post(f"{prefect_api['api_url']}/flow_runs/{paused_run}/resume", json={}).raise_for_status()
-    assert flow_run_state(paused_run)[0] == "RUNNING"
+    # The UI's Resume button on the paused run turns it Running, with no process behind it; the server's
+    # automation puts it straight back, saying why and what to do.
+    api(prefect_api["api_url"], "POST", f"/flow_runs/{paused_run}/resume", json={})
+    wait_until(lambda: paused_again(paused_run), "the resumed run to be put back to AwaitingInspection", timeout=120)
+    assert "continue <job id> (the job id is this run's name)" in flow_run_message(paused_run)
     capsys.readouterr()
     assert main(["status", str(job_dir)]) == EXIT_OK
     with_server = capsys.readouterr().out
