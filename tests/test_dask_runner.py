@@ -18,7 +18,16 @@ from flows.run import EXIT_FAILED, EXIT_OK, main
 from tasks.contract import StepInput, file_task, settings_of
 from tasks.filework import file_runner, map_files
 from tests.conftest import complete_results, run_cli
-from tests.test_job_cli import only_job_dir, resources_in, source_dir, start_cli_process, wait_for
+from tests.test_job_cli import (
+    flow_run_state,
+    job_file,
+    job_record_card,
+    only_job_dir,
+    resources_in,
+    source_dir,
+    start_cli_process,
+    wait_for,
+)
 
 SAMPLE = Path(__file__).resolve().parent.parent / "config" / "sample-data"
 DASK = ["--set", "pipeline.task_runner.kind=dask", "--set", "pipeline.task_runner.dask_workers=2"]
@@ -94,6 +103,40 @@ def test_a_job_on_a_two_process_local_cluster_writes_the_same_bytes_as_the_defau
     produced = data_files(only_job_dir(tmp_path / "dask-jobs"))
     assert len(expected) == 6 and sorted(produced) == sorted(expected)
     assert all(produced[name] == expected[name] for name in expected)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_after_a_dask_run_status_list_the_job_record_and_the_server_agree(tmp_path, capsys, sample_config):
+    jobs = tmp_path / "jobs"
+    config = sample_config(tmp_path / "dask.yaml", jobs)
+    assert main(["start", str(config), str(SAMPLE / "crtdl.json"), "--no-progress", *DASK]) == EXIT_OK
+    job_dir = only_job_dir(jobs)
+    record = job_file(job_dir)
+    (flow_run,) = record["flow_run_ids"]
+    steps = {int(position): result for position, result in record["steps"].items()}
+    assert record["state"] == "Completed" and sorted(steps) == [0, 1]
+    files = {position: len(result["files"]) for position, result in steps.items()}
+    assert files == {0: 2, 1: 4}  # the sample's two data files, flattened into four CSVs
+
+    capsys.readouterr()
+    assert main(["status", str(job_dir)]) == EXIT_OK
+    with_server = capsys.readouterr().out
+    without_server = run_cli("status", str(job_dir), env={"PREFECT_API_URL": ""}).stdout
+    assert main(["list", "--jobs-dir", str(jobs)]) == EXIT_OK
+    listed = capsys.readouterr().out
+    card = job_record_card(job_dir.name, flow_run)
+    for shown in (with_server, without_server):
+        assert f"state:     Completed (flow run {flow_run})" in shown, shown
+        assert (
+            f"1. local_import: done, {files[0]} file(s)" in shown
+            and f"2. flattening: done, {files[1]} file(s)" in shown
+        )
+    assert f"{job_dir.name}  Completed" in listed
+    assert "**State: Completed**" in card
+    for position, step in enumerate(["local_import", "flattening"]):
+        assert f"| {position + 1} | {step} | done | `{steps[position]['folder']}` | {files[position]} |" in card, card
+    assert flow_run_state(flow_run) == ("COMPLETED", "Completed")
 
 
 @pytest.mark.slow
