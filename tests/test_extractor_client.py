@@ -92,9 +92,7 @@ def extractor_settings(base_url: str, **overrides) -> ExtractorSettings:
 
 
 def client_for(base_url: str, sim: SimulatedTime, **overrides) -> ExtractionServerClient:
-    return ExtractionServerClient(
-        extractor_settings(base_url, **overrides), TlsSettings(), clock=sim, sleep=sim.sleep
-    )
+    return ExtractionServerClient(extractor_settings(base_url, **overrides), TlsSettings(), clock=sim, sleep=sim.sleep)
 
 
 def run_extraction(server: ExtractionServer, sim: SimulatedTime, **overrides) -> list[str]:
