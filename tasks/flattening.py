@@ -48,7 +48,7 @@ from tasks.ndjson import iter_lines
 from tasks.processes import pool_size, processes_allowed, run_in_process
 from tasks.sof import compile_view
 from tasks.sof.crtdl_views import AttributeGroup, GroupView, attribute_groups, build_view
-from tasks.sof.errors import LookupFileError, SofError, ViewError
+from tasks.sof.errors import SofError
 from tasks.sof.flatten import (
     FileParts,
     FilePlan,
@@ -59,7 +59,7 @@ from tasks.sof.flatten import (
     flatten_file,
     has_group_provenance,
 )
-from tasks.sof.lookup import load_lookup
+from tasks.sof.lookup import LookupTable, load_lookup
 from tasks.sof.output import csv_cells, csv_writer, json_bytes
 from tasks.sof.resources import parse_line
 from tasks.sof.view import CompiledView
@@ -158,10 +158,19 @@ def plan_views(
         groups = attribute_groups(crtdl)
     except (OSError, ValueError) as exc:
         raise FlatteningError(f"cannot read the CRTDL {crtdl_path}: {exc}") from exc
-    try:
+    with engine_errors_as_step_errors():
         tables = load_lookup(lookup_path)
-    except LookupFileError as exc:
-        raise FlatteningError(str(exc)) from exc
+        views, skipped = built_views(groups, tables, warn)
+    names = Counter(view.group.csv_name for view in views)
+    if clashes := [name for name, count in names.items() if count > 1]:
+        raise FlatteningError(f"several attribute groups would write the same CSV ({', '.join(clashes)}); rename them")
+    return views, skipped
+
+
+def built_views(
+    groups: list[AttributeGroup], tables: dict[str, LookupTable], warn: bool
+) -> tuple[list[GroupView], list[AttributeGroup]]:
+    """The view of each group that has a lookup table, and the groups that have none (see ``plan_views``)."""
     views, skipped = [], []
     for group in groups:
         table = tables.get(group.profile)
@@ -174,12 +183,7 @@ def plan_views(
                 )
             skipped.append(group)
             continue
-        try:
-            built = build_view(group, table)
-        except ViewError as exc:
-            raise FlatteningError(
-                f"attribute group {group.name!r} ({group.profile}): invalid ViewDefinition: {exc}"
-            ) from exc
+        built = build_view(group, table)
         if built.skipped_attributes and warn:
             log.warning(
                 "attribute group %r: no lookup element for %s (left out of its CSV)",
@@ -187,9 +191,6 @@ def plan_views(
                 ", ".join(built.skipped_attributes),
             )
         views.append(built)
-    names = Counter(view.group.csv_name for view in views)
-    if clashes := [name for name, count in names.items() if count > 1]:
-        raise FlatteningError(f"several attribute groups would write the same CSV ({', '.join(clashes)}); rename them")
     return views, skipped
 
 

@@ -41,8 +41,8 @@ _pool: ProcessPoolExecutor | None = None
 _main_lock = threading.Lock()
 
 
-def _never_cancelled() -> None:
-    """The cancellation check of a caller that is never cancelled."""
+def never_cancelled() -> None:
+    """The cancellation check of a call nothing cancels (a worker process: its parent terminates it instead)."""
 
 
 def pool_size() -> int:
@@ -57,7 +57,7 @@ def processes_allowed() -> bool:
 
 
 def run_in_process(
-    function: Callable[..., R], *args: Any, stop_if_cancelled: Callable[[], None] = _never_cancelled
+    function: Callable[..., R], *args: Any, stop_if_cancelled: Callable[[], None] = never_cancelled
 ) -> R:
     """``function(*args)`` in a worker process; its result, or the exception it raised.
 

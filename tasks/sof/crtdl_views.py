@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks.names import name_from_data_problem, show_name
-from tasks.sof.errors import CrtdlError
+from tasks.sof.errors import CrtdlError, ViewError
 from tasks.sof.lookup import LookupTable
 from tasks.sof.view import compile_view
 
@@ -151,7 +151,7 @@ def group_name_problems(crtdl: dict[str, Any]) -> list[str]:
 
 
 def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
-    """The group's ViewDefinition (validated: an invalid one raises ``ViewDefinitionError``)."""
+    """The group's ViewDefinition (validated: an invalid one raises ``ViewError`` naming the group)."""
     fixed = [{"name": "id", "path": "id"}]
     patient_path = PATIENT_REFERENCE_PATHS.get(table.resource_type, DEFAULT_PATIENT_REFERENCE)
     if patient_path is not None:
@@ -173,7 +173,10 @@ def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
         "description": f"CRTDL attribute group {group.id} ({group.profile})",
         "select": selects,
     }
-    compile_view(view)
+    try:
+        compile_view(view)
+    except ViewError as exc:
+        raise ViewError(f"attribute group {group.name!r} ({group.profile}): invalid ViewDefinition: {exc}") from exc
     return GroupView(group, table.resource_type, view, skipped)
 
 

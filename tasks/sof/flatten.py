@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol, TypedDict
 
 from tasks.ndjson import iter_lines
+from tasks.processes import never_cancelled
 from tasks.sof.errors import ViewError, ViewEvaluationError
 from tasks.sof.output import CsvWriter, csv_cells, csv_writer
 from tasks.sof.resources import line_resources, parse_line
@@ -227,10 +228,6 @@ class RowsWriter:
             return 0
         self._stream.close()
         return self.path.stat().st_size
-
-
-def never_cancelled() -> None:
-    """The cancellation check of a call nothing cancels (a worker process: its parent terminates it instead)."""
 
 
 def flatten_file(plan: FilePlan, stop_if_cancelled: Callable[[], None] = never_cancelled) -> FileParts:
