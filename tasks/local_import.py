@@ -53,7 +53,14 @@ def import_file(step: StepInput, source: str, name: str, identity: list) -> Data
     max_line_bytes = settings.pipeline.max_ndjson_line_size_bytes
     size = source_path.stat().st_size
     with track(f"import {source_path.name}", size) as progress:
-        with AtomicNdjsonWriter(step.output_dir / name, level, max_line_bytes, source, expected_size=size) as writer:
+        with AtomicNdjsonWriter(
+            step.output_dir / name,
+            level,
+            max_line_bytes,
+            source,
+            expected_size=size,
+            stop_if_cancelled=raise_if_cancelled,
+        ) as writer:
             for chunk in iter_chunks(source_path):
                 raise_if_cancelled()
                 writer.write(chunk)

@@ -23,7 +23,7 @@ each decompression call is fed at most ``ZSTD_BLOCKS_PER_PIECE`` zstd blocks (``
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +35,7 @@ import zstandard
 
 from tasks.errors import StepError
 from tasks.names import name_from_data_problem, show_name
-from tasks.processes import processes_allowed, run_in_process
+from tasks.processes import never_cancelled, processes_allowed, run_in_process
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -520,6 +520,7 @@ class AtomicNdjsonWriter:
     size) lets a large plain file be checked in a worker process after the last write, before the rename
     (``check_plain_file``), so that the writing thread only moves bytes. The verdict and messages are the same;
     a bad line is reported once the whole file is written (a download broken after it: as the broken download).
+    ``stop_if_cancelled`` is called while that check runs and raises to stop it (a cancelled fan-out's check).
     """
 
     def __init__(
@@ -529,12 +530,14 @@ class AtomicNdjsonWriter:
         max_line_bytes: int,
         source: str | None = None,
         expected_size: int | None = None,
+        stop_if_cancelled: Callable[[], None] = never_cancelled,
     ):
         self.dest = dest
         self.part = dest.with_name(f"{PART_PREFIX}{dest.name}{PART_SUFFIX}")
         self._level = level
         self._source = source or str(dest)
         self._max_line_bytes = max_line_bytes
+        self._stop_if_cancelled = stop_if_cancelled
         check_later = level is None and (expected_size or 0) >= CHECK_IN_PROCESS_MIN_BYTES and processes_allowed()
         self._checker = None if check_later else LineChecker(self._source, max_line_bytes)  # None: in a worker
         self._ends_with_newline = True
@@ -588,7 +591,9 @@ class AtomicNdjsonWriter:
         self._raw.flush()
         part = os.fspath(self.part.absolute())  # a worker keeps the directory it started in
         try:
-            return run_in_process(check_plain_file, part, self._source, self._max_line_bytes)
+            return run_in_process(
+                check_plain_file, part, self._source, self._max_line_bytes, stop_if_cancelled=self._stop_if_cancelled
+            )
         except BrokenProcessPool:  # a worker died under the check (the OOM killer, a kill): check it here
             return check_plain_file(part, self._source, self._max_line_bytes)
 

@@ -11,6 +11,7 @@ import pytest
 import zstandard
 
 from tasks import processes
+from tasks.fanout import Cancelled, raise_if_cancelled, run_bounded
 from tasks.ndjson import (
     CHECK_IN_PROCESS_MIN_BYTES,
     AtomicNdjsonWriter,
@@ -26,6 +27,7 @@ from tasks.ndjson import (
     output_name,
     remove_partial_files,
 )
+from tests.conftest import wait_until
 
 MB = 1024 * 1024
 # The writer checks a plain file this large in a worker process after the last write, not in the writing thread.
@@ -291,3 +293,41 @@ def kill_a_worker_once_queued(calls: int, killed: list[int]) -> None:
         time.sleep(0.02)
     os.kill(pids[0], signal.SIGKILL)
     killed.append(pids[0])
+
+
+@NEEDS_WORKERS
+def test_an_interrupted_fan_out_stops_the_check_of_a_plain_file_in_a_worker(tmp_path):
+    assert threading.current_thread() is threading.main_thread(), "a signal reaches the main thread only"
+    busy = processes.pool_size()
+    for _ in range(busy):  # every worker busy: the file's check waits in the pool's queue until it is stopped
+        threading.Thread(target=sleep_in_a_worker, daemon=True).start()
+    wait_for_calls_in_the_pool(busy)
+    dest = tmp_path / "out.ndjson"
+    outcome: list[BaseException] = []
+
+    def write_the_file() -> None:
+        try:
+            with AtomicNdjsonWriter(dest, None, MB, expected_size=LARGE, stop_if_cancelled=raise_if_cancelled) as out:
+                out.write(b'{"resourceType":"A"}\n')
+        except BaseException as exc:
+            outcome.append(exc)
+            raise
+
+    interrupter = threading.Thread(target=interrupt_once_queued, args=(busy + 1,), daemon=True)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        interrupter.start()
+        with pytest.raises(KeyboardInterrupt):
+            run_bounded([write_the_file], workers=1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    wait_until(lambda: outcome, "the interrupted check stopped", timeout=DEADLINE_SECONDS)
+    assert isinstance(outcome[0], Cancelled)
+    assert list(tmp_path.iterdir()) == []
+    wait_until(lambda: not processes.worker_pids(), "the pool's workers terminated", timeout=DEADLINE_SECONDS)
+
+
+def interrupt_once_queued(calls: int) -> None:
+    """Ctrl+C, as soon as ``calls`` calls wait in the pool."""
+    wait_for_calls_in_the_pool(calls)
+    signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)

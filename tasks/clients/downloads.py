@@ -44,6 +44,7 @@ from tasks.clients.http import http_timeout, service_name
 from tasks.clients.retry import call_with_retry
 from tasks.errors import StepError
 from tasks.names import name_from_data_problem, show_name
+from tasks.processes import never_cancelled
 from tasks.ndjson import (
     AtomicNdjsonWriter,
     CompressionLevel,
@@ -189,12 +190,15 @@ def download_ndjson(
     stall_timeout: timedelta,
     retry: RetrySettings,
     on_bytes: Callable[[int], None] | None = None,
+    stop_if_cancelled: Callable[[], None] = never_cancelled,
     sleep: Callable[[float], None] = time.sleep,
 ) -> FileStats:
     """Stream ``url`` into ``dest`` (compressed at ``level``, plain when None); returns size and resource count.
 
-    A body broken in the middle is resumed (``_Download``) within ``retry``: every connection is an attempt."""
-    download = _Download(client, url, dest, level, max_line_bytes, stall_timeout, on_bytes)
+    A body broken in the middle is resumed (``_Download``) within ``retry``: every connection is an attempt.
+    ``stop_if_cancelled`` raises to stop the check of the whole file that may follow the last byte (the caller's
+    fan-out was cancelled)."""
+    download = _Download(client, url, dest, level, max_line_bytes, stall_timeout, on_bytes, stop_if_cancelled)
     try:
         return call_with_retry(
             download.attempt, retry, operation=f"download {display_url(url)}", service=service_name(client), sleep=sleep
@@ -218,10 +222,11 @@ class _Download:
         max_line_bytes: int,
         stall_timeout: timedelta,
         on_bytes: Callable[[int], None] | None,
+        stop_if_cancelled: Callable[[], None],
     ):
         self._client, self._url, self._dest = client, url, dest
         self._level, self._max_line_bytes, self._stall_timeout = level, max_line_bytes, stall_timeout
-        self._on_bytes = on_bytes
+        self._on_bytes, self._stop_if_cancelled = on_bytes, stop_if_cancelled
         self._sink: _Sink | None = None
         self._received = 0  # body bytes in the sink
 
@@ -244,7 +249,8 @@ class _Download:
             read_in_large_pieces(response)
             if response.status_code == 200:  # the whole file: a first attempt, or a server that ignored the Range
                 self.discard()
-                self._sink = _Sink(url, self._dest, self._level, self._max_line_bytes, content_length(response))
+                size = content_length(response)
+                self._sink = _Sink(url, self._dest, self._level, self._max_line_bytes, size, self._stop_if_cancelled)
             assert self._sink is not None
             self._receive(response)
         return self._finished()
@@ -344,11 +350,26 @@ class _Sink:
     (``FirstLineCheck``), written through ``AtomicNdjsonWriter`` (temporary name, renamed when complete), which
     checks every line. Fed across connections; ``finish`` or ``discard`` ends it."""
 
-    def __init__(self, url: str, dest: Path, level: CompressionLevel | None, max_line_bytes: int, size: int | None):
+    def __init__(
+        self,
+        url: str,
+        dest: Path,
+        level: CompressionLevel | None,
+        max_line_bytes: int,
+        size: int | None,
+        stop_if_cancelled: Callable[[], None],
+    ):
         self._dest = dest
         self._decoder = StreamDecoder(display_url(url))
         self._first_line = FirstLineCheck(url, max_line_bytes)
-        self._writer = AtomicNdjsonWriter(dest, level, max_line_bytes, source=display_url(url), expected_size=size)
+        self._writer = AtomicNdjsonWriter(
+            dest,
+            level,
+            max_line_bytes,
+            source=display_url(url),
+            expected_size=size,
+            stop_if_cancelled=stop_if_cancelled,
+        )
         self._writer.__enter__()  # left by finish or discard: a sink spans attempts, no ``with`` block
 
     def write(self, chunk: bytes) -> None:
