@@ -721,10 +721,10 @@ def resolve_file_paths(tree: dict[str, Any], config_dir: Path) -> None:
             node[leaf] = str(config_dir / value)
 
 
-def absolute_path_overrides(loaded: LoadedConfig) -> dict[str, str]:
+def absolute_path_overrides(settings: Settings) -> dict[str, str]:
     """Every path key that is set, as an absolute path: file values are already absolute against the file's
     directory (``load_settings``); the others are made absolute against the current directory here."""
-    paths = {key: _value_at(loaded.settings, key) for key in PATH_KEYS}
+    paths = {key: _value_at(settings, key) for key in PATH_KEYS}
     return {key: str(Path(value).expanduser().resolve()) for key, value in paths.items() if value}
 
 

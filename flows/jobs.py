@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from config.loader import (
-    LoadedConfig,
     absolute_path_overrides,
     cached_settings,
     refuse_secret_overrides,
@@ -41,7 +40,7 @@ from config.settings import Settings
 from tasks.errors import JobError
 from tasks.jsonfile import JsonFileError, parse_json_document, read_limited
 from tasks.layout import JobPaths, is_crtdl_file, write_error, write_file_atomically
-from tasks.record import RUNNING, now_iso, read_record, record_facts, settled_state, update_record
+from tasks.record import PENDING, now_iso, read_record, record_facts, settled_state, update_record
 from tasks.url_credentials import refuse_credentials_in_url
 
 LOCK_FILE = ".lock"
@@ -67,7 +66,7 @@ class JobFile:
     overrides: dict[str, str]
     enabled_steps: list[str]
     created_at: str = field(default_factory=now_iso)
-    state: str = RUNNING
+    state: str = PENDING
     state_message: str = ""
     updated_at: str = field(default_factory=now_iso)
     flow_run_ids: list[str] = field(default_factory=list)
@@ -132,6 +131,7 @@ def prepare_job(
 
 def existing_job(paths: JobPaths, overrides: Mapping[str, str]) -> Job:
     """A job found again; ``overrides`` (non-secret) replace the frozen ones, so "fix the cause and continue" works."""
+    refuse_older_layout(paths)
     job = JobFile.read(paths)
     if overrides:
         job.overrides = {**job.overrides, **overrides}
@@ -140,6 +140,18 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str]) -> Job:
     if overrides:
         save_overrides(paths, job.overrides)
     return Job(paths, job, settings)
+
+
+def refuse_older_layout(paths: JobPaths) -> None:
+    """A job directory of a version before the one record (``facts.json``, ``steps/`` beside ``job.json``) holds its
+    facts where this version does not look: continuing it would lose its extraction handle, so it is refused."""
+    older = [name for name in ("facts.json", "steps") if (paths.job_dir / name).exists()]
+    if older:
+        raise JobError(
+            f"job {paths.job_id} was made by an older dupflow ({' and '.join(older)} beside job.json); this version "
+            "keeps a job's facts and steps in job.json only: finish the job with the version that made it, or start it "
+            "anew"
+        )
 
 
 def new_job(
@@ -155,7 +167,7 @@ def new_job(
         job_input = str(Path(job_input).expanduser().resolve())
     frozen = {
         **overrides,
-        **absolute_path_overrides(LoadedConfig(settings, sources={})),
+        **absolute_path_overrides(settings),
         "jobs_dir": str(paths.job_dir.parent),
     }
     steps = list(settings.pipeline.enabled_steps)

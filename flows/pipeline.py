@@ -159,7 +159,7 @@ def pipeline(
             raise
         except BaseException as exc:
             record_state(job.paths.job_dir, *ended_state(exc))
-            publish_ended_state(card)
+            card.refresh()
             raise
 
 
@@ -417,7 +417,15 @@ class JobRecordCard:
         self._failed = (step, exc)
 
     def refresh(self) -> None:
-        """Publish the record as it stands: the job's state from ``job.json`` and the steps noted so far."""
+        """Publish the record as it stands: the job's state from ``job.json`` and the steps noted so far. The card
+        is a picture of the job: one that cannot be published (the API may be what failed) is logged, never put in
+        place of the job's own outcome (a finished job stays Completed)."""
+        try:
+            self._publish()
+        except Exception as publish_error:
+            get_run_logger().warning("the job record could not be updated: %s", one_line(publish_error))
+
+    def _publish(self) -> None:
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.actions import ArtifactUpdate
 
@@ -535,15 +543,6 @@ def step_time_text(results: list[StepResult]) -> str:
     cached = sum(r.seconds or 0.0 for r in results if r.cached)
     text = f"**Step time so far**: {duration_text(total)}"
     return text + (f" ({duration_text(cached)} of it in earlier runs, served from the cache)" if cached else "")
-
-
-def publish_ended_state(card: JobRecordCard) -> None:
-    """The record with the state the job ended in (and a failed step's cause); a record that cannot be published
-    (the API may be what failed) is logged, never put in place of the run's own error."""
-    try:
-        card.refresh()
-    except Exception as publish_error:
-        get_run_logger().warning("the job record could not be updated: %s", one_line(publish_error))
 
 
 def one_line(exc: BaseException) -> str:

@@ -49,6 +49,7 @@ from urllib.parse import urlsplit
 from config.runtime import local_server_port, prefect_api_url
 from tasks.errors import DupflowError
 from tasks.layout import exclusive_lock, write_file_atomically
+from tasks.readable import CLI
 from tasks.record import AWAITING_INSPECTION
 
 STATE_FILE = "dupflow-server.json"
@@ -79,14 +80,14 @@ POLL_INTERVAL = 0.2
 # Prefect does not fill templates into a state's message, so it names the job as the run's name.
 UI_RESUME_REFUSED = (
     "the Prefect UI cannot resume a local run (no process is behind it); the job still awaits inspection: go on "
-    "with: uv run python -m flows.run continue <job id> (the job id is this run's name)"
+    f"with: {CLI} continue <job id> (the job id is this run's name)"
 )
 LOCAL_PAUSE_WINDOW = 90 * 24 * 3600  # seconds a paused local run stays guarded (the trigger's `within`)
 LOCAL_PAUSE_AUTOMATION = {
     "name": "dupflow local run stays paused",
     "description": (
         "A local dupflow run paused for inspection (AwaitingInspection) has no process behind it: Resume in the UI "
-        "puts it back to AwaitingInspection, saying to continue the job with `uv run python -m flows.run continue`."
+        f"puts it back to AwaitingInspection, saying to continue the job with `{CLI} continue`."
     ),
     "enabled": True,
     "trigger": {
@@ -172,7 +173,7 @@ def require_answer(api_url: str) -> None:
     if not answers(api_url):
         raise ApiUnreachableError(
             f"the Prefect API {api_url} (PREFECT_API_URL) does not answer; start that server, set PREFECT_API_URL "
-            "to one that runs, or unset it to use the local server (python -m flows.run server start)"
+            f"to one that runs, or unset it to use the local server ({CLI} server start)"
         )
 
 

@@ -42,6 +42,7 @@ WRITE_LOCK_FILE = ".job.json.lock"
 
 # Job states: Prefect's state names, the same in every view (CLI with or without a server, job.json, README).
 RUNNING, COMPLETED, FAILED, CRASHED, CANCELLED = "Running", "Completed", "Failed", "Crashed", "Cancelled"
+PENDING = "Pending"  # a job made and not yet started by a flow run (nothing ran; continue starts it)
 AWAITING_INSPECTION = "AwaitingInspection"
 SUSPENDED = "Suspended"  # a deployment run at a wait step, waiting for the inspection form
 CONTINUED = "Continued"  # the final state of a paused flow run whose job a later flow run continued
@@ -161,18 +162,14 @@ def gate(job_dir: Path, position: int) -> dict[str, Any]:
     return dict((read_record(job_dir).get("gates") or {}).get(position_key(position)) or {})
 
 
-def mark_gate_paused(job_dir: Path, position: int) -> bool:
-    """Note that the gate paused the job; True the first time only (its instructions are published once)."""
-    first = False
+def mark_gate_paused(job_dir: Path, position: int) -> None:
+    """Note when the gate first paused the job, once its instructions are published (``continue`` releases the
+    gates that paused)."""
 
     def write(record: dict[str, Any]) -> None:
-        nonlocal first
-        entry = record.setdefault("gates", {}).setdefault(position_key(position), {})
-        if "paused_at" not in entry:
-            entry["paused_at"], first = now_iso(), True
+        record.setdefault("gates", {}).setdefault(position_key(position), {}).setdefault("paused_at", now_iso())
 
     update_record(job_dir, write)
-    return first
 
 
 def release_gate(job_dir: Path, position: int, note: str) -> None:

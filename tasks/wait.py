@@ -29,10 +29,12 @@ from tasks.record import gate, mark_gate_paused
 
 @task(name="wait", task_run_name="wait[{step.position}]", cache_policy=NO_CACHE, persist_result=False)
 def wait(step: StepInput, resume_hint: str = "") -> StepResult:
-    if not gate(step.job_path, step.position).get("released"):
-        if mark_gate_paused(step.job_path, step.position):  # a resumed deployment run passes it again: publish once
+    entry = gate(step.job_path, step.position)
+    if not entry.get("released"):
+        if "paused_at" not in entry:  # published once: a resumed deployment run passes the gate again
             wait_dir(step).mkdir(parents=True, exist_ok=True)
             publish_instructions(step, resume_hint)
+            mark_gate_paused(step.job_path, step.position)  # after publishing: a failed publish is tried again
         return StepResult(step=step.step, position=step.position, folder=step.folder or "", awaiting=True)
     return released_result(step)
 

@@ -39,7 +39,7 @@ def test_relative_paths_in_the_file_resolve_against_its_directory(tmp_path: Path
         "  crtdl_preprocessing: {enrichments_path: rules.json}\n  flattening: {lookup_path: ./lookup.json}\n"
         "tls: {ca_cert_path: certs/ca.pem}\n",
     )
-    overrides = absolute_path_overrides(load_settings(path, env={}))
+    overrides = absolute_path_overrides(load_settings(path, env={}).settings)
     assert overrides == {
         "jobs_dir": str(folder / "jobs"),
         "services.local_import.dir": str(tmp_path / "data"),
@@ -60,7 +60,7 @@ def test_relative_paths_from_flags_and_variables_resolve_against_the_current_dir
         env={"APP_JOBS_DIR": "env-jobs"},
         overrides={"services.local_import.dir": "flag-dir", "services.flattening.lookup_path": "~/lookup.json"},
     )
-    overrides = absolute_path_overrides(loaded)
+    overrides = absolute_path_overrides(loaded.settings)
     assert overrides["jobs_dir"] == str(elsewhere / "env-jobs")
     assert overrides["services.local_import.dir"] == str(elsewhere / "flag-dir")
     assert overrides["services.flattening.lookup_path"] == str(Path.home() / "lookup.json")
@@ -68,13 +68,13 @@ def test_relative_paths_from_flags_and_variables_resolve_against_the_current_dir
 
 def test_the_default_jobs_dir_and_absolute_paths_are_kept(tmp_path: Path, elsewhere: Path) -> None:
     path = write(tmp_path / "conf", f"services:\n  local_import: {{dir: {tmp_path}/abs}}\n")
-    overrides = absolute_path_overrides(load_settings(path, env={}))
+    overrides = absolute_path_overrides(load_settings(path, env={}).settings)
     assert overrides == {"jobs_dir": str(elsewhere / "jobs"), "services.local_import.dir": str(tmp_path / "abs")}
 
 
 def test_the_embedded_default_configuration_keeps_jobs_under_the_current_directory(elsewhere: Path) -> None:
     loaded = load_settings(REPO_ROOT / "config" / "default.yaml", env={})
-    assert absolute_path_overrides(loaded)["jobs_dir"] == str(elsewhere / "jobs")
+    assert absolute_path_overrides(loaded.settings)["jobs_dir"] == str(elsewhere / "jobs")
 
 
 def test_a_key_present_but_empty_is_the_same_as_absent(tmp_path: Path) -> None:

@@ -359,6 +359,20 @@ def test_continue_on_a_completed_job_says_so_and_runs_nothing(tmp_path, job_conf
     assert job_file(job_dir)["flow_run_ids"] == runs
 
 
+def test_continue_refuses_a_job_directory_of_an_older_version_naming_what_it_found(tmp_path, job_config, capsys):
+    """Before the one record, facts lived in facts.json: continuing such a job would lose its extraction handle."""
+    source = source_dir(tmp_path, {"a.ndjson": 1})
+    assert main(["start", str(job_config(["local_import", "wait"])), str(source), "--no-progress"]) == EXIT_OK
+    job_dir = only_job_dir(tmp_path / "jobs")
+    (job_dir / "facts.json").write_text('{"extraction_status_url": "https://torch.example.org/fhir/__status/1"}')
+    runs = job_file(job_dir)["flow_run_ids"]
+    capsys.readouterr()
+    assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_USAGE
+    error = capsys.readouterr().err
+    assert "made by an older dupflow (facts.json beside job.json)" in error and "finish the job" in error
+    assert job_file(job_dir)["flow_run_ids"] == runs
+
+
 def test_start_reads_the_configuration_file_once(tmp_path, job_config, capsys):
     """One ``start`` opens the configuration file once: the command's check, the job's preparation, the settings
     as the job froze them (absolute paths, jobs_dir) and the flow's steps all share that read."""

@@ -68,8 +68,10 @@ def test_the_file_settles_a_disagreement_with_the_server():
 
 
 def test_a_gate_publishes_once_and_continue_releases_it_with_its_note(tmp_path):
-    assert mark_gate_paused(tmp_path, 1) is True
-    assert mark_gate_paused(tmp_path, 1) is False
+    mark_gate_paused(tmp_path, 1)
+    first = gate(tmp_path, 1)["paused_at"]
+    mark_gate_paused(tmp_path, 1)
+    assert gate(tmp_path, 1)["paused_at"] == first
     assert release_awaiting_gates(tmp_path, "checked 3 patients") == [1]
     assert gate(tmp_path, 1)["released"] and gate(tmp_path, 1)["note"] == "checked 3 patients"
     assert release_awaiting_gates(tmp_path, "again") == []
