@@ -108,14 +108,8 @@ def flattening(step: StepInput) -> StepResult:
         with ServiceClient(endpoint, settings.tls, settings.retry) as client:
             service = Flattener(client)
             service.check()
-            outcome = flatten_paths(
-                step.input_paths(),
-                step.output_dir,
-                views,
-                skipped,
-                max_line_bytes=max_line,
-                service=service,
-                budget=config.batch_size_mb * MB,
+            outcome = flatten_with_service(
+                step.input_paths(), step.output_dir, views, skipped, max_line, service, config.batch_size_mb * MB
             )
     else:
         outcome = flatten_step_files(step, views, skipped, max_line)
@@ -224,6 +218,11 @@ def file_plan(
     return FilePlan(str(source), str(parts_dir), groups, skipped_ids, by_provenance, max_line_bytes)
 
 
+def routes_by_provenance(paths: list[Path], max_line_bytes: int) -> bool:
+    """Whether resources are routed by attribute-group Provenance: some input file has it (see the module doc, 2)."""
+    return any(has_group_provenance(path, max_line_bytes) for path in paths)
+
+
 def use_processes(input_bytes: int, files: int) -> bool:
     """Worker processes pay for their start-up only on a large input of several files (and where they can help)."""
     return files > 1 and input_bytes >= PROCESS_MIN_BYTES and processes_allowed()
@@ -237,7 +236,7 @@ def flatten_step_files(
 ) -> FlattenOutcome:
     """Each input file through its cached ``flatten[<file>]`` task, then the parts joined into the CSVs."""
     paths = step.input_paths()
-    by_provenance = any(has_group_provenance(path, max_line_bytes) for path in paths)
+    by_provenance = routes_by_provenance(paths, max_line_bytes)
     plan_digest = digest([[v.group.id, v.group.csv_name, v.view] for v in views] + [g.id for g in skipped])
     arguments = [(step, path.name, by_provenance, plan_digest) for path in paths]
     workers = pool_size() if use_processes(sum(f.size for f in step.files), len(paths)) else 1
@@ -313,21 +312,11 @@ def header_line(columns: list[str]) -> bytes:
 
 
 def flatten_paths(
-    paths: list[Path],
-    out_dir: Path,
-    views: list[GroupView],
-    skipped: list[AttributeGroup],
-    *,
-    max_line_bytes: int,
-    service: Flattener | None = None,
-    budget: int = 500 * MB,
+    paths: list[Path], out_dir: Path, views: list[GroupView], skipped: list[AttributeGroup], *, max_line_bytes: int
 ) -> FlattenOutcome:
-    """Flatten the resources of ``paths`` (plain or zstd NDJSON, bare resources or Bundles) into ``out_dir`` in
-    one go: through the service, or with the embedded engine file after file in this process (the step's own
-    embedded path is ``flatten_step_files``: cached per-file tasks, in worker processes on a large input)."""
-    if service is not None:
-        return flatten_with_service(paths, out_dir, views, skipped, max_line_bytes, service, budget)
-    by_provenance = any(has_group_provenance(path, max_line_bytes) for path in paths)
+    """The embedded engine over ``paths`` in this process, no Prefect task: the step's ``flatten_one`` per file, then
+    ``join_parts``. Left for tests/test_hostile_names.py only, until it uses ``tests.flattening_runs``."""
+    by_provenance = routes_by_provenance(paths, max_line_bytes)
     parts_dir = out_dir / PARTS_FOLDER
     plans = [file_plan(path, parts_dir, views, skipped, by_provenance, max_line_bytes) for path in paths]
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -406,7 +395,7 @@ def flatten_with_service(
     budget: int,
 ) -> FlattenOutcome:
     """Every file's resources, in order, to the service in batches of up to ``budget`` divided among the groups."""
-    by_provenance = any(has_group_provenance(path, max_line_bytes) for path in paths)
+    by_provenance = routes_by_provenance(paths, max_line_bytes)
     compiled: list[CompiledView] = [compile_view(view.view) for view in views]
     outs = [GroupCsv(out_dir, view.group.csv_name, c.columns) for view, c in zip(views, compiled, strict=True)]
     per_group = budget // max(len(views), 1)

@@ -17,11 +17,12 @@ import zstandard
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.flattener import Flattener, FlattenerError, run_parameters
 from tasks.clients.http import ServiceClient, ServiceEndpoint
-from tasks.flattening import FlatteningError, flatten_paths, plan_views, save_view_definitions
+from tasks.flattening import FlatteningError, flatten_with_service, plan_views, save_view_definitions
 from tasks.sof.crtdl_views import csv_file_name
 from tasks.sof.flatten import reference_key
 from tasks.sof.resources import parse_line
 from tests.conftest import TESTDATA
+from tests.flattening_runs import flatten_files
 
 EXAMPLE = TESTDATA / "flattening" / "example"
 LOOKUP = TESTDATA / "flattening" / "flatten-lookup.json"
@@ -38,7 +39,9 @@ def open_service(server, **retry: Any) -> ServiceClient:
 def run_example(out: Path, service: Flattener | None = None, budget: int = 500 * MB, inputs: list[Path] | None = None):
     views, skipped = plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)
     paths = inputs or [EXAMPLE / "input" / "fhir-data.ndjson"]
-    return flatten_paths(paths, out, views, skipped, max_line_bytes=10 * MB, service=service, budget=budget)
+    if service is None:
+        return flatten_files(paths, out, views, skipped, max_line_bytes=10 * MB)
+    return flatten_with_service(paths, out, views, skipped, 10 * MB, service, budget)
 
 
 def assert_expected_csvs(out: Path) -> None:
@@ -138,7 +141,7 @@ def test_a_torch_batch_routes_through_provenance_and_counts_what_nothing_routes(
     views, skipped = plan_views(crtdl, LOOKUP)
     paths = [TORCH_RESULT / "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson"]
 
-    outcome = flatten_paths(paths, tmp_path / "out", views, skipped, max_line_bytes=10 * MB)
+    outcome = flatten_files(paths, tmp_path / "out", views, skipped, max_line_bytes=10 * MB)
 
     counts = {g.group.name: g.resources for g in outcome.groups}
     assert counts == {
@@ -198,7 +201,7 @@ def test_a_resource_routed_to_two_groups_is_in_both_csvs(tmp_path):
     (tmp_path / "in.ndjson").write_text(json.dumps(bundle) + "\n")
     views, skipped = plan_views(tmp_path / "crtdl.json", LOOKUP)
 
-    outcome = flatten_paths([tmp_path / "in.ndjson"], tmp_path / "out", views, skipped, max_line_bytes=MB)
+    outcome = flatten_files([tmp_path / "in.ndjson"], tmp_path / "out", views, skipped, max_line_bytes=MB)
 
     assert [g.resources for g in outcome.groups] == [2, 1, 1, 1]
     again = (tmp_path / "out" / "Procedure again.csv").read_bytes()
@@ -221,7 +224,7 @@ def test_a_group_without_a_lookup_table_is_skipped_with_a_warning_naming_its_pro
 
     with caplog.at_level("WARNING", logger="dupflow.flattening"):
         views, skipped = plan_views(tmp_path / "crtdl.json", LOOKUP)
-        outcome = flatten_paths(
+        outcome = flatten_files(
             [EXAMPLE / "input" / "fhir-data.ndjson"], tmp_path / "out", views, skipped, max_line_bytes=MB
         )
 
@@ -292,7 +295,7 @@ def test_cells_keep_numbers_as_written_strings_verbatim_and_json_for_objects(tmp
     source.write_text(f'{{"resourceType":"Observation",{o1},{note}}}\n{{"resourceType":"Observation",{o2}}}\n')
     views, skipped = plan_views(tmp_path / "crtdl.json", tmp_path / "lookup.json")
 
-    flatten_paths([source], tmp_path / "out", views, skipped, max_line_bytes=MB)
+    flatten_files([source], tmp_path / "out", views, skipped, max_line_bytes=MB)
 
     assert csv_file_name("Obs: a/b") == "Obs_ a_b.csv"
     assert (tmp_path / "out" / "Obs_ a_b.csv").read_bytes() == (

@@ -6,8 +6,6 @@ behind."""
 from __future__ import annotations
 
 import random
-import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
@@ -16,18 +14,13 @@ import zstandard
 
 from tasks import processes
 from tasks.flattening import (
-    PARTS_FOLDER,
     FlattenOutcome,
     FlatteningError,
-    file_plan,
-    flatten_one,
-    flatten_paths,
-    join_parts,
     plan_views,
 )
-from tasks.sof.flatten import has_group_provenance
 from tests.benchmarks.bench_flattening import GROUP_SYSTEM, patient_bundle
 from tests.conftest import TESTDATA
+from tests.flattening_runs import flatten_files
 
 EXAMPLE = TESTDATA / "flattening" / "example"
 LOOKUP = TESTDATA / "flattening" / "flatten-lookup.json"
@@ -43,17 +36,7 @@ def pool():
 def flatten(paths: list[Path], out: Path, processes_count: int) -> FlattenOutcome:
     """The CSVs of ``paths`` in ``out``: in this process (1), else each file in a worker process, as many at once."""
     views, skipped = plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)
-    if processes_count == 1:
-        return flatten_paths(paths, out, views, skipped, max_line_bytes=10 * MB)
-    by_provenance = any(has_group_provenance(path, 10 * MB) for path in paths)
-    plans = [file_plan(path, out / PARTS_FOLDER, views, skipped, by_provenance, 10 * MB) for path in paths]
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        with ThreadPoolExecutor(processes_count) as threads:
-            results = list(threads.map(lambda plan: flatten_one(plan, in_worker_process=True), plans))
-        return join_parts(out, out / PARTS_FOLDER, views, skipped, results, by_provenance)
-    finally:
-        shutil.rmtree(out / PARTS_FOLDER, ignore_errors=True)
+    return flatten_files(paths, out, views, skipped, max_line_bytes=10 * MB, processes=processes_count)
 
 
 def files_of(folder: Path) -> dict[str, bytes]:

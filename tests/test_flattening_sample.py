@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tasks.flattening import flatten_paths, plan_views
+from tasks.flattening import plan_views
 from tasks.sof.lookup import lookup_problems
 from tests.conftest import REPO_ROOT
+from tests.flattening_runs import flatten_files
 
 SAMPLE = REPO_ROOT / "config" / "sample-data"
 
@@ -16,7 +17,7 @@ def test_the_sample_data_flattens_into_one_csv_per_group(tmp_path):
     views, skipped = plan_views(SAMPLE / "crtdl.json", SAMPLE / "flatten-lookup.json")
     inputs = sorted(SAMPLE.glob("*.ndjson"))
 
-    outcome = flatten_paths(inputs, tmp_path, views, skipped, max_line_bytes=1 << 20)
+    outcome = flatten_files(inputs, tmp_path, views, skipped, max_line_bytes=1 << 20)
 
     assert not skipped and outcome.routing == "provenance"
     rows = {f.name: f.resources for f in outcome.files}

@@ -10,9 +10,10 @@ import pytest
 from prefect import flow
 
 from tasks.contract import DataFile
-from tasks.flattening import FlatteningError, flatten_paths, flattening, plan_views
+from tasks.flattening import FlatteningError, flattening, plan_views
 from tests.steps import step_input
 from tests.test_flattening_processes import EXAMPLE, LOOKUP, files_of, torch_batches
+from tests.flattening_runs import flatten_files
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
@@ -38,7 +39,7 @@ def job_with_batches(tmp_path: Path):
         services__flattening__lookup_path=str(LOOKUP),
     )
     views, skipped = plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)
-    flatten_paths(paths, tmp_path / "expected", views, skipped, max_line_bytes=1 << 20)
+    flatten_files(paths, tmp_path / "expected", views, skipped, max_line_bytes=1 << 20)
     return step, paths
 
 

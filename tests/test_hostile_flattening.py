@@ -25,7 +25,8 @@ import pytest
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint
-from tasks.flattening import FlatteningError, flatten_paths, plan_views
+from tasks.flattening import FlatteningError, flatten_with_service, plan_views
+from tests.flattening_runs import flatten_files
 from tasks.sof import compile_view
 from tasks.sof.errors import FhirPathError, ResourceLineError, ViewDefinitionError, ViewEvaluationError
 from tasks.sof.fhirpath import MAX_EXPRESSION_DEPTH, MAX_REPEAT_ELEMENTS, Item, compile_path
@@ -57,7 +58,9 @@ def write_ndjson(path: Path, resources: list[dict]) -> Path:
 
 def run_flattening(paths: list[Path], out: Path, crtdl: Path = EXAMPLE_CRTDL, lookup: Path = LOOKUP, service=None):
     views, skipped = plan_views(crtdl, lookup)
-    return flatten_paths(paths, out, views, skipped, max_line_bytes=10 * MB, service=service)
+    if service is None:
+        return flatten_files(paths, out, views, skipped, max_line_bytes=10 * MB)
+    return flatten_with_service(paths, out, views, skipped, 10 * MB, service, 500 * MB)
 
 
 def run_with_service(server, paths: list[Path], out: Path, crtdl: Path = EXAMPLE_CRTDL):
@@ -148,12 +151,13 @@ CHILD_FLATTENING = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
-    from tasks.flattening import FlatteningError, flatten_paths, plan_views
+    from tasks.flattening import FlatteningError, plan_views
+    from tests.flattening_runs import flatten_files
 
     source, out, crtdl, lookup = map(Path, sys.argv[1:5])
     views, skipped = plan_views(crtdl, lookup)
     try:
-        outcome = flatten_paths([source], out, views, skipped, max_line_bytes=1 << 24)
+        outcome = flatten_files([source], out, views, skipped, max_line_bytes=1 << 24)
         error = None
     except FlatteningError as exc:
         error = str(exc)

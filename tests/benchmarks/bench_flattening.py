@@ -13,8 +13,9 @@ lookup (three groups). Figures printed:
   timed around the task inside the flow: its cached ``flatten[<file>]`` tasks, in worker processes when the
   product uses them (``use_processes``: several files of at least ``PROCESS_MIN_BYTES``; the pool's start-up
   included), the parts joined into the CSVs; and the peak RSS of this process and of each worker;
-- the engine alone, 1 process: ``flatten_paths`` (scan, parse, route, rows, CSV; no Prefect task), what the step
-  does in one process, its CSVs checked byte for byte against the step's, and the step's speed-up over it;
+- the engine alone, 1 process: the step's ``flatten_one`` per file, then ``join_parts`` (scan, parse, route, rows,
+  CSV; no Prefect task: ``tests.flattening_runs``), what the step does in one process, its CSVs checked byte for
+  byte against the step's, and the step's speed-up over it;
 - reference: ``sqlonfhir`` (the SQL-on-FHIR reference runner on fhirpathpy; it pins an older fhirpathpy, so it
   runs in its own environment through ``uv run --no-project --with sqlonfhir``) evaluating the same three views
   over the same resources, already parsed and grouped by type (so only view evaluation is timed), on the first
@@ -38,10 +39,11 @@ from prefect import flow
 from prefect.testing.utilities import prefect_test_harness
 
 from tasks.contract import DataFile, StepInput
-from tasks.flattening import flatten_paths, flattening, plan_views, use_processes
+from tasks.flattening import flattening, plan_views, use_processes
 from tasks.processes import pool_size, shutdown_pool, worker_pids
 from tasks.sof.resources import line_resources
 from tests.conftest import TESTDATA
+from tests.flattening_runs import flatten_files
 from tests.steps import step_input
 
 EXAMPLE = TESTDATA / "flattening" / "example"
@@ -300,7 +302,7 @@ def main() -> None:
         )
         views, skipped = plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)
         started = time.perf_counter()
-        outcome = flatten_paths(paths, folder / "one", views, skipped, max_line_bytes=64 << 20)
+        outcome = flatten_files(paths, folder / "one", views, skipped, max_line_bytes=64 << 20)
         alone = count / (time.perf_counter() - started)
         rows = sum(g.rows for g in outcome.groups)
         print(

@@ -20,8 +20,8 @@ least disturbed):
               parallel httpx fetch into files;
 - pseudonymization: ``pseudonymize_path`` against the fake service (its own process, fixed latency) at the
               default ``max_concurrent_requests``, next to latency x requests / concurrency;
-- flattening: ``flatten_paths`` (embedded engine, the shared example's CRTDL and lookup) next to orjson parsing
-              the same bytes alone;
+- flattening: the step's ``flatten_one`` per file (embedded engine, the shared example's CRTDL and lookup; no
+              Prefect task) and the ``flattening`` step, next to orjson parsing the same bytes alone;
 - start-up:   ``flows.run start`` of the embedded tiny job, with no server (cold) and with the local server
               running (warm), and the peak RSS of the process tree (the flow process plus the server);
 - memory:     a ``--job-size`` MB job (local_import + flattening of these data, plain and zstd ``default``)
@@ -513,7 +513,7 @@ def flattening_rows(root: Path, files: list[Path], runs: int) -> list[Row]:
     return [
         Row(
             f"flattening, {size:.0f} MB",
-            "flatten_paths, 1 process",
+            "flatten_one per file, 1 process",
             size / result["seconds"],
             "orjson parse alone",
             anchor,
@@ -537,8 +537,9 @@ def child_flatten(sources: list[str], out: str, runs: int) -> dict:
     import folder holds the same files (worker processes where the step uses them), each on a fresh job."""
     import shutil
 
-    from tasks.flattening import flatten_paths, plan_views
+    from tasks.flattening import plan_views
     from tests.benchmarks.bench_flattening import run_step
+    from tests.flattening_runs import flatten_files
 
     views, skipped = plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)
     paths = [Path(source) for source in sources]
@@ -552,7 +553,7 @@ def child_flatten(sources: list[str], out: str, runs: int) -> dict:
     parse_seconds = best_seconds(parse, runs)
     folder = Path(out)
     seconds = best_seconds(
-        lambda: flatten_paths(paths, folder, views, skipped, max_line_bytes=MAX_LINE_BYTES), runs, fresh(folder)
+        lambda: flatten_files(paths, folder, views, skipped, max_line_bytes=MAX_LINE_BYTES), runs, fresh(folder)
     )
     peak_mb = peak_rss_mb()
     resources = sum(1 for path in paths for _ in path.open("rb"))
