@@ -39,12 +39,12 @@ from config.durations import parse_duration
 from config.runtime import default_jobs_dir, prefect_api_url
 from flows import prefect_server
 from flows.extraction_cli import age
-from flows.jobs import JobFile, JobLock, JobLockedError, effective_state
+from flows.jobs import JobFile, JobLock, JobLockedError, current_state
 from config.settings import RetrySettings
 from tasks.clients.errors import ServiceError, raise_for_service_status
 from tasks.clients.retry import call_with_retry
 from tasks.errors import UsageError
-from tasks.layout import JobPaths
+from tasks.layout import JobPaths, job_tag
 from tasks.readable import CLI, size_text
 from tasks.record import AWAITING_INSPECTION, CANCELLED, COMPLETED, CRASHED, FAILED, RUNNING, SUSPENDED
 
@@ -155,7 +155,7 @@ def select_jobs(
         except (ValueError, TypeError):
             selection.protected.append((entry.name, "its job.json cannot be read (look at it yourself)"))
             continue
-        state = effective_state(paths, job, server=server_state(client, job))
+        state = current_state(paths, job)
         if state == RUNNING:
             selection.protected.append((entry.name, "Running (a process works on it)"))
         elif state in NAMED_ONLY_STATES and state not in states:
@@ -239,15 +239,6 @@ def api_client(api_url: str | None) -> AbstractContextManager[httpx.Client | Non
     return httpx.Client(base_url=api_url.rstrip("/"), timeout=API_TIMEOUT) if api_url else nullcontext()
 
 
-def server_state(client: httpx.Client | None, job: JobFile) -> str | None:
-    """The newest flow run's state of a Suspended job (the record's rule defers to the server only then)."""
-    if client is None or job.state != SUSPENDED:
-        return None
-    from flows.server_state import latest_states
-
-    return latest_states([job.job_id]).get(job.job_id)
-
-
 def server_records(client: httpx.Client | None, job_id: str) -> tuple[list[str], list[str]]:
     """The ids of the job's flow runs and of its artifacts on the server."""
     if client is None:
@@ -266,11 +257,6 @@ def server_records(client: httpx.Client | None, job_id: str) -> tuple[list[str],
         else []
     )
     return runs, list(dict.fromkeys(by_key + by_run))
-
-
-def job_tag(job_id: str) -> str:
-    """The job's flow-run tag, which is also its artifact keys' prefix (``tasks.layout.artifact_key``)."""
-    return f"job-{job_id}"
 
 
 def is_job_key(key: str | None, job_id: str) -> bool:

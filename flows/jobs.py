@@ -36,11 +36,12 @@ from config.loader import (
     cached_settings,
     refuse_secret_overrides,
 )
+from config.runtime import prefect_api_url
 from config.settings import Settings
 from tasks.errors import JobError
 from tasks.jsonfile import JsonFileError, parse_json_document, read_limited
 from tasks.layout import JobPaths, is_crtdl_file, write_error, write_file_atomically
-from tasks.record import PENDING, now_iso, read_record, record_facts, settled_state, update_record
+from tasks.record import PENDING, SUSPENDED, now_iso, read_record, record_facts, settled_state, update_record
 from tasks.url_credentials import refuse_credentials_in_url
 
 LOCK_FILE = ".lock"
@@ -396,9 +397,25 @@ def is_locked(paths: JobPaths) -> bool:
         os.close(fd)
 
 
-def effective_state(paths: JobPaths, job: JobFile, server: str | None = None) -> str:
-    """The job's state by the one rule of ``tasks.record`` (``server``: its newest flow run's state there)."""
-    return settled_state(job.state, locked=is_locked(paths), server=server)
+def current_state(paths: JobPaths, job: JobFile) -> str:
+    """The job's state by the one rule of ``tasks.record``."""
+    return current_states([(paths, job)])[0]
+
+
+def current_states(jobs: list[tuple[JobPaths, JobFile]]) -> list[str]:
+    """Each job's state by the one rule of ``tasks.record``: the Prefect server, when one is configured, is asked
+    (in one request) only about the suspended jobs, the one case where the rule defers to it."""
+    server = newest_states_on_server([job.job_id for _, job in jobs if job.state == SUSPENDED])
+    return [settled_state(job.state, locked=is_locked(paths), server=server.get(job.job_id)) for paths, job in jobs]
+
+
+def newest_states_on_server(job_ids: list[str]) -> dict[str, str]:
+    """The state of each job's newest flow run on the configured Prefect server; none without a server or jobs."""
+    if prefect_api_url() is None or not job_ids:
+        return {}
+    from flows.server_state import latest_states
+
+    return latest_states(job_ids)
 
 
 # --- finding jobs ------------------------------------------------------------------------------------------

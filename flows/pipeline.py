@@ -42,7 +42,7 @@ from tasks.extractor import extractor
 from tasks.filework import file_runner
 from tasks.flattening import flattening
 from tasks.http_import import http_import
-from tasks.layout import artifact_key
+from tasks.layout import artifact_key, job_of_tag, job_tag
 from tasks.local_import import local_import
 from tasks.pseudonymizer import pseudonymizer
 from tasks.record import (
@@ -112,7 +112,7 @@ def run_job_id(job_id: str | None) -> str | None:
     """
     if job_id:
         return job_id
-    return next((tag.removeprefix("job-") for tag in runtime.flow_run.tags or [] if tag.startswith("job-")), None)
+    return next(filter(None, map(job_of_tag, runtime.flow_run.tags or [])), None)
 
 
 @flow(
@@ -223,7 +223,7 @@ def name_and_tag_flow_run(job_id: str) -> None:
     """The flow run itself carries the job: name = job id, tag ``job-<id>`` (deployment runs included)."""
     from prefect.client.orchestration import get_client
 
-    tag = f"job-{job_id}"
+    tag = job_tag(job_id)
     tags = set(runtime.flow_run.tags or [])
     if runtime.flow_run.name == job_id and tag in tags:
         return

@@ -29,11 +29,12 @@ from config.loader import (
     load_settings,
     refuse_secret_overrides,
 )
-from config.runtime import apply_prefect_defaults, default_jobs_dir, prefect_api_url
+from config.runtime import apply_prefect_defaults, default_jobs_dir
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.jobs import (
     JobFile,
-    effective_state,
+    current_state,
+    current_states,
     JobLock,
     find_job_dir,
     list_job_dirs,
@@ -43,7 +44,7 @@ from flows.jobs import (
 from tasks.readable import CLI, duration_text, plain_lines, size_text
 from tasks.redaction import RedactingFilter, redact
 from tasks.errors import DupflowError, UsageError
-from tasks.layout import JobPaths
+from tasks.layout import JobPaths, job_tag
 from tasks.record import (
     CANCELLED,
     COMPLETED,
@@ -240,7 +241,7 @@ def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: di
     job = JobFile.read(paths)
     if job.state == SUSPENDED:
         prefect_server.use_server()  # a suspended run is the server's (the record's rule): resumed or cancelled there
-    state = job_state(paths, job)
+    state = current_state(paths, job)
     if state == SUSPENDED:
         return resume_suspended_run(job, args.note)
     if job.state == SUSPENDED and state not in FINAL_STATES:
@@ -371,7 +372,7 @@ def run_flow(job: JobFile, paths: JobPaths, continuing: dict[str, Any]) -> Any:
         **continuing,
     )
     try:
-        with tags(f"job-{job.job_id}"), temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        with tags(job_tag(job.job_id)), temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             return pipeline(**parameters, return_state=True)
     except TerminationSignal as exc:
         raise KeyboardInterrupt from exc
@@ -403,7 +404,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"job {job.job_id}")
     print(f"  directory: {paths.job_dir}")
     run = f" (flow run {job.flow_run_ids[-1]})" if job.flow_run_ids else ""
-    print(f"  state:     {job_state(paths, job)}{run}" + (f" — {job.state_message}" if job.state_message else ""))
+    print(f"  state:     {current_state(paths, job)}{run}" + (f" — {job.state_message}" if job.state_message else ""))
     print(f"  created:   {job.created_at}   updated: {job.updated_at}")
     print(f"  input:     {job.job_input or '-'}")
     for line in plain_lines(dict(sorted((record.get("facts") or {}).items())), "  "):
@@ -413,12 +414,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     for position, step in enumerate(job.enabled_steps):
         print_step_status(position, step, results.get(position), gates.get(f"{position:02d}") or {})
     return EXIT_OK
-
-
-def job_state(paths: JobPaths, job: JobFile) -> str:
-    """The job's state by the record's one rule; the Prefect server is asked only about a suspended run."""
-    suspended = [job.job_id] if job.state == SUSPENDED else []
-    return effective_state(paths, job, server=states_on_server(suspended).get(job.job_id))
 
 
 def print_step_status(position: int, step: str, result: dict[str, Any] | None, gate: dict[str, Any]) -> None:
@@ -447,22 +442,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"no jobs in {jobs_dir.resolve()}")
         return EXIT_OK
     jobs = [(JobPaths(job_dir), JobFile.read(JobPaths(job_dir))) for job_dir in job_dirs]
-    server_states = states_on_server([job.job_id for _, job in jobs if job.state == SUSPENDED])
     print(f"{'JOB':<36}  {'STATE':<18}  {'AGE':>8}  INPUT")
-    for paths, job in jobs:
-        state = effective_state(paths, job, server=server_states.get(job.job_id))
+    for (_, job), state in zip(jobs, current_states(jobs), strict=True):
         print(f"{job.job_id}  {state:<18}  {extraction_cli.age(job.created_at):>8}  {job.job_input or ''}")
     return EXIT_OK
-
-
-def states_on_server(job_ids: list[str]) -> dict[str, str]:
-    """The newest flow run's state of each job on the Prefect server, when one is configured (and any job to ask
-    about: only a Suspended job defers to the server), else none."""
-    if prefect_api_url() is None or not job_ids:
-        return {}
-    from flows.server_state import latest_states
-
-    return latest_states(job_ids)
 
 
 def run_as_program() -> int:

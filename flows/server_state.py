@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 
 from config.runtime import prefect_api_url
+from tasks.layout import job_of_tag, job_tag
 
 PAGE = 200  # the most flow runs the API returns at once
 
@@ -24,7 +25,7 @@ def _newest_runs(job_ids: list[str], limit: int, timeout: float) -> dict[str, di
     if api is None or not job_ids:
         return {}
     body = {
-        "flow_runs": {"tags": {"any_": [f"job-{job_id}" for job_id in job_ids]}},
+        "flow_runs": {"tags": {"any_": [job_tag(job_id) for job_id in job_ids]}},
         "sort": "EXPECTED_START_TIME_DESC",
         "limit": limit,
     }
@@ -38,7 +39,7 @@ def _newest_runs(job_ids: list[str], limit: int, timeout: float) -> dict[str, di
     for run in runs:
         name = run.get("state_name") or (run.get("state") or {}).get("name")
         for tag in run.get("tags") or []:
-            job_id = tag.removeprefix("job-")
-            if tag.startswith("job-") and job_id in job_ids and job_id not in newest:
+            job_id = job_of_tag(tag)
+            if job_id in job_ids and job_id not in newest:
                 newest[job_id] = {"id": run["id"], "state_name": name}
     return newest

@@ -47,6 +47,19 @@ class JobPaths:
         return self.job_dir / PREFECT_DIR / "results"
 
 
+JOB_TAG_PREFIX = "job-"
+
+
+def job_tag(job_id: str) -> str:
+    """The tag every flow run of the job carries (the UI filters by it); also its artifact keys' prefix."""
+    return JOB_TAG_PREFIX + job_id
+
+
+def job_of_tag(tag: str) -> str | None:
+    """The job id a flow-run tag names, if it is a job tag."""
+    return tag.removeprefix(JOB_TAG_PREFIX) if tag.startswith(JOB_TAG_PREFIX) else None
+
+
 def artifact_key(job_id: str, *parts: str) -> str:
     """A Prefect artifact key for a job: lowercase letters, digits and dashes only."""
     return "-".join(("job", job_id, *parts)).lower().replace("_", "-")
