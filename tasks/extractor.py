@@ -102,6 +102,7 @@ def download_with(client: ExtractionServerClient, step: StepInput, url: str, nam
             stall_timeout=extractor_settings.download_stall_timeout,
             retry=settings.retry,
             on_bytes=on_bytes,
+            stop_if_cancelled=raise_if_cancelled,
         )
     return DataFile(name=name, size=stats.size, resources=stats.resources)
 

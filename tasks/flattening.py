@@ -311,22 +311,6 @@ def header_line(columns: list[str]) -> bytes:
     return text.getvalue().encode()
 
 
-def flatten_paths(
-    paths: list[Path], out_dir: Path, views: list[GroupView], skipped: list[AttributeGroup], *, max_line_bytes: int
-) -> FlattenOutcome:
-    """The embedded engine over ``paths`` in this process, no Prefect task: the step's ``flatten_one`` per file, then
-    ``join_parts``. Left for tests/test_hostile_names.py only, until it uses ``tests.flattening_runs``."""
-    by_provenance = routes_by_provenance(paths, max_line_bytes)
-    parts_dir = out_dir / PARTS_FOLDER
-    plans = [file_plan(path, parts_dir, views, skipped, by_provenance, max_line_bytes) for path in paths]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        results = [flatten_one(plan, in_worker_process=False) for plan in plans]
-        return join_parts(out_dir, parts_dir, views, skipped, results, by_provenance)
-    finally:
-        shutil.rmtree(parts_dir, ignore_errors=True)
-
-
 # --- the flattening service ---------------------------------------------------------------------------------------
 
 

@@ -21,6 +21,7 @@ from tasks.clients.downloads import display_url, download_ndjson, safe_file_name
 from tasks.clients.http import ServiceEndpoint, build_client, http_timeout
 from tasks.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
 from tasks.errors import StepError
+from tasks.fanout import raise_if_cancelled
 from tasks.ndjson import FileStats, remove_partial_files
 from tasks.progress import track
 
@@ -66,6 +67,7 @@ def fetch_ndjson(
             stall_timeout=STALL_TIMEOUT,
             retry=settings.retry,
             on_bytes=on_bytes,
+            stop_if_cancelled=raise_if_cancelled,
         )
 
 

@@ -23,11 +23,12 @@ import pytest
 from flows.jobs import prepare_job
 from tasks.clients.downloads import UnsafeFileNameError, safe_file_name
 from tasks.errors import DupflowError
-from tasks.flattening import flatten_paths, plan_views
+from tasks.flattening import plan_views
 from tasks.names import name_from_data_problem
 from tasks.ndjson import UnsafeNameError, output_name
 from tasks.sof.crtdl_views import generated_group_id
 from tasks.sof.lookup import lookup_problems
+from tests.flattening_runs import flatten_files
 from tests.conftest import REPO_ROOT, TESTDATA, run_cli, wait_until
 from tests.fakes.extraction_content import ContentPlan, patient_bundle
 from tests.fakes.extraction_crtdl import parse_crtdl as fake_server_parse_crtdl
@@ -197,7 +198,7 @@ def test_groups_without_an_id_get_one_in_the_jobs_crtdl_that_extraction_and_flat
     )
 
     views, skipped = plan_views(crtdl_path, LOOKUP)
-    outcome = flatten_paths([batch], tmp_path / "out", views, skipped, max_line_bytes=10 * MB)
+    outcome = flatten_files([batch], tmp_path / "out", views, skipped, max_line_bytes=10 * MB)
 
     assert not skipped and not outcome.unknown_groups and not outcome.unrouted
     assert {g.group.id for g in outcome.groups} == {g.id for g in served.groups}
