@@ -122,15 +122,20 @@ def test_a_file_naming_a_missing_block_changes_none_of_its_automations_but_the_g
     assert automations_named(environment, "missing block") == []
 
 
-def test_a_ui_resume_of_a_local_paused_run_is_put_back_and_notifies_what_to_do(
-    applied, recorder, tmp_path, write_config
-):
+def job_at_a_wait_step(applied: dict[str, str], tmp_path: Path, write_config) -> tuple[str, str]:
+    """A real job (local_import, then wait) started against the server: its id and its flow run's id."""
     config = write_config({"pipeline": {"enabled_steps": ["local_import", "wait"]}})
     source = tmp_path / "in"
     source.mkdir()
     (source / "a.ndjson").write_text('{"resourceType": "Patient", "id": "p1"}\n')
     assert dupflow("start", config, source, env=applied).returncode == EXIT_OK
-    job_id, flow_run_id = only_job(tmp_path / "jobs")
+    return only_job(tmp_path / "jobs")
+
+
+def test_a_ui_resume_of_a_local_paused_run_is_put_back_and_notifies_what_to_do(
+    applied, recorder, tmp_path, write_config
+):
+    job_id, flow_run_id = job_at_a_wait_step(applied, tmp_path, write_config)
     notification(recorder, job_id, "AwaitingInspection")
 
     # The UI's Resume button: the run turns Running with no process behind it, and the server puts it back.
@@ -143,13 +148,7 @@ def test_a_ui_resume_of_a_local_paused_run_is_put_back_and_notifies_what_to_do(
 
 
 def test_a_job_at_a_wait_step_notifies_that_it_waits_for_inspection(applied, recorder, tmp_path, write_config):
-    config = write_config({"pipeline": {"enabled_steps": ["local_import", "wait"]}})
-    source = tmp_path / "in"
-    source.mkdir()
-    (source / "a.ndjson").write_text('{"resourceType": "Patient", "id": "p1"}\n')
-
-    assert dupflow("start", config, source, env=applied).returncode == EXIT_OK
-    job_id, flow_run_id = only_job(tmp_path / "jobs")
+    job_id, flow_run_id = job_at_a_wait_step(applied, tmp_path, write_config)
 
     message = notification(recorder, job_id, "AwaitingInspection")
     assert message["subject"] == f"dupflow job {job_id} is waiting for inspection"
