@@ -20,6 +20,11 @@ form, with no process of ours behind it) defers to the server's state of that fl
 sees it resumed or cancelled. A UI Resume of a *local* paused run therefore changes nothing: no process runs it;
 the job stays AwaitingInspection until ``continue``, whose flow run closes the old run as ``Continued``.
 
+Not in it, on purpose: a step's working files inside its own folder (``send/progress/<file>.json``, the S3
+upload manifest, the flattening's ``.parts``) say how far the step got *within* a file, so that a resumed step never
+repeats work a server already did; they never decide whether a step is done (Prefect's cached result and this
+file's ``steps`` do).
+
 Every write is a read-modify-write under a lock (a thread lock, and an ``flock`` on ``.job.json.lock`` beside the
 file for other processes), written atomically (temporary name, fsync, rename), so readers never lock. Job
 directories of older versions (``facts.json``, ``steps/``, ``wait-NN`` markers) are not migrated: finish or
