@@ -236,13 +236,13 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
             record_database_prepared(home)
             guard_local_pauses(record.url)
             return record
+        ended = not process_is_server(record.pid)
         terminate(record.pid)
         (home / STATE_FILE).unlink(missing_ok=True)
         if not is_healthy(record.url):  # nothing else answers there: this server itself failed
             break
-    raise ServerStartError(
-        f"the local Prefect server did not come up within {startup_timeout:.0f} s; see its log {record.log}"
-    )
+    failure = "ended during start-up" if ended else f"did not come up within {startup_timeout:.0f} s"
+    raise ServerStartError(f"the local Prefect server {failure}; see its log {record.log}")
 
 
 def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:

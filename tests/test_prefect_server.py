@@ -205,6 +205,17 @@ def test_a_server_that_does_not_come_up_is_ended_and_its_log_named(tmp_path, mon
     assert servers_of(home) == []
 
 
+def test_a_server_that_ends_at_start_up_is_told_as_ended_not_as_slow(home):
+    home.mkdir()
+    (home / "prefect.db").write_bytes(b"this is not an SQLite database, " * 512)
+
+    with pytest.raises(ServerStartError, match="ended during start-up") as refused:
+        ensure_server(home, startup_timeout=SERVER_TIMEOUT)
+
+    assert str(home / "dupflow-server.log") in str(refused.value)
+    assert servers_of(home) == []
+
+
 def test_server_commands_without_a_server(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
