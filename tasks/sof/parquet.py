@@ -1,0 +1,138 @@
+"""A finished group CSV as Parquet, typed from its ViewDefinition's columns (pyarrow; no Prefect).
+
+``write_parquet(csv_path, view, parquet_path)`` streams the CSV dupflow wrote (``tasks.sof.output``'s dialect, header
+= the view's column names) into one Parquet file and returns its row count. Converting the CSV, rather than the rows,
+gives the same Parquet whether the embedded engine or the flattening service made it. The CSV is read in blocks of
+``BLOCK_BYTES`` (one row group each), so memory stays flat however large the file; the Parquet (zstd) is written
+under a hidden temporary name and renamed when complete.
+
+Types, from each column's ``type`` in the ViewDefinition (a ``unionAll``'s branches must agree, else string):
+
+- ``boolean`` → bool; ``integer``, ``positiveInt``, ``unsignedInt``, ``integer64`` → int64;
+- everything else → string, as the CSV holds it: ``decimal`` keeps its digits exactly as written (FHIR decimals
+  carry their precision, ``1.50`` is not ``1.5``, and may exceed decimal128's 38 digits; cast in the query when
+  needed); ``date``, ``dateTime``, ``instant`` and ``time`` stay text because FHIR allows partial precision
+  (``2020``, ``2020-01``) that no timestamp type holds; ``base64Binary`` stays its base64 text; a column without a
+  type, a ``collection`` column (a compact JSON array) and an object value (compact JSON) are strings too.
+- An empty cell is null, in every column (the CSV cannot tell an empty string from a missing value).
+
+A cell a declared type cannot hold (``integer`` over ``abc``) raises ``ViewError`` naming the file and the column.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.csv as pa_csv
+import pyarrow.parquet as pq
+
+from tasks.layout import write_error
+from tasks.sof.errors import ViewError
+
+BLOCK_BYTES = 16 * 1024 * 1024
+COMPRESSION = "zstd"
+INTEGER_TYPES = frozenset({"integer", "positiveInt", "unsignedInt", "integer64"})
+_CONVERSION_ERROR = re.compile(r"In CSV column #(?P<index>\d+): (?:Row #\d+: )?CSV (?P<problem>conversion error.*)")
+
+
+def write_parquet(csv_path: Path, view: dict[str, Any], parquet_path: Path, block_bytes: int = BLOCK_BYTES) -> int:
+    """Write ``csv_path`` (a group CSV of ``view``) as ``parquet_path``, a row group per ``block_bytes`` of CSV; the
+    number of rows."""
+    schema = parquet_schema(view)
+    temporary = parquet_path.with_name(f".{parquet_path.name}.part")
+    try:
+        rows = _converted(csv_path, schema, temporary, block_bytes)
+        os.replace(temporary, parquet_path)
+    except OSError as exc:
+        temporary.unlink(missing_ok=True)
+        raise write_error(exc, parquet_path) from None
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return rows
+
+
+def parquet_schema(view: dict[str, Any]) -> pa.Schema:
+    """The view's columns in the engine's order (depth first), each with its Parquet type."""
+    return pa.schema([(name, arrow_type(fhir_type)) for name, fhir_type in _select_columns({"select": view["select"]})])
+
+
+def arrow_type(fhir_type: str | None) -> pa.DataType:
+    if fhir_type == "boolean":
+        return pa.bool_()
+    if fhir_type in INTEGER_TYPES:
+        return pa.int64()
+    return pa.string()
+
+
+def _select_columns(select: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """``(name, type)`` of a select's own columns, then its nested selects', then its ``unionAll``'s (a collection
+    column's type is None: it holds a JSON array)."""
+    columns = [(c["name"], None if c.get("collection") else c.get("type")) for c in select.get("column", [])]
+    for nested in select.get("select", []):
+        columns += _select_columns(nested)
+    if branches := select.get("unionAll"):
+        columns += _agreed_types([_select_columns(branch) for branch in branches])
+    return columns
+
+
+def _agreed_types(branches: list[list[tuple[str, str | None]]]) -> list[tuple[str, str | None]]:
+    """The first branch's columns, each keeping its type only where every branch declares the same."""
+    return [
+        (name, fhir_type if all(branch[i][1] == fhir_type for branch in branches) else None)
+        for i, (name, fhir_type) in enumerate(branches[0])
+    ]
+
+
+def _converted(csv_path: Path, schema: pa.Schema, parquet_path: Path, block_bytes: int) -> int:
+    rows = 0
+    try:
+        reader = pa_csv.open_csv(
+            csv_path,
+            read_options=pa_csv.ReadOptions(block_size=block_bytes),
+            parse_options=pa_csv.ParseOptions(newlines_in_values=True),
+            convert_options=_convert_options(schema),
+        )
+        _check_header(csv_path, reader.schema, schema)
+        with pq.ParquetWriter(parquet_path, schema, compression=COMPRESSION) as writer:
+            for batch in reader:
+                writer.write_batch(batch)
+                rows += batch.num_rows
+    except pa.ArrowInvalid as exc:
+        raise ViewError(f"{csv_path.name} cannot be written as Parquet: {_arrow_problem(exc, schema)}") from None
+    return rows
+
+
+def _convert_options(schema: pa.Schema) -> pa_csv.ConvertOptions:
+    return pa_csv.ConvertOptions(
+        column_types={field.name: field.type for field in schema},
+        null_values=[""],
+        strings_can_be_null=True,
+        true_values=["true"],
+        false_values=["false"],
+    )
+
+
+def _check_header(csv_path: Path, found: pa.Schema, expected: pa.Schema) -> None:
+    if found.names != expected.names:
+        raise ViewError(
+            f"{csv_path.name} has the columns {found.names}, but its ViewDefinition has {expected.names}: "
+            "convert a CSV with the view that wrote it"
+        )
+
+
+def _arrow_problem(exc: pa.ArrowInvalid, schema: pa.Schema) -> str:
+    """pyarrow's reason in one line; for a cell that does not fit its column's declared type, the column's name and
+    the fix."""
+    reason = str(exc).splitlines()[0]
+    if (found := _CONVERSION_ERROR.search(reason)) is None:
+        return reason
+    name = schema.field(int(found["index"])).name
+    return (
+        f"column {name!r}: {found['problem']}; its type in the ViewDefinition does not fit its values: correct "
+        "the type or remove it (the column is then text)"
+    )

@@ -1,0 +1,168 @@
+"""``tasks.sof.parquet``: a group CSV as Parquet, typed from its ViewDefinition, readable by DuckDB and polars."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import duckdb
+import polars
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tasks.layout import JobWriteError
+from tasks.sof import ViewError
+from tasks.sof.output import csv_writer
+from tasks.sof.parquet import parquet_schema, write_parquet
+
+TYPED_VIEW = {
+    "resourceType": "ViewDefinition",
+    "resource": "Observation",
+    "select": [
+        {
+            "column": [
+                {"name": "id", "path": "id", "type": "id"},
+                {"name": "final", "path": "status = 'final'", "type": "boolean"},
+                {"name": "count", "path": "valueInteger", "type": "integer"},
+            ]
+        },
+        {
+            "column": [
+                {"name": "value", "path": "valueQuantity.value", "type": "decimal"},
+                {"name": "effective", "path": "effectiveDateTime", "type": "dateTime"},
+                {"name": "codes", "path": "code.coding.code", "type": "code", "collection": True},
+                {"name": "note", "path": "note.text.first()"},
+            ]
+        },
+    ],
+}
+COLUMNS = ["id", "final", "count", "value", "effective", "codes", "note"]
+ROWS = [
+    ["o1", "true", "7", "1.50", "2020", '["a","b"]', 'line one\nline "two", three'],
+    ["o2", "false", "", "123456789012345678901234567890123456789.5", "2021-03-04T05:06:07+01:00", "[]", ""],
+    ["o3", "", "-42", "", "", "", "a bare\rCR"],
+]
+
+
+def write_csv(path: Path, columns: list[str], rows: list[list[str]]) -> Path:
+    text = io.StringIO()
+    writer = csv_writer(text)
+    for row in [columns, *rows]:
+        writer.writerow(row)
+    path.write_text(text.getvalue(), encoding="utf-8")
+    return path
+
+
+def test_columns_are_typed_from_the_viewdefinition_and_empty_cells_are_null(tmp_path):
+    csv_path = write_csv(tmp_path / "obs.csv", COLUMNS, ROWS)
+
+    rows = write_parquet(csv_path, TYPED_VIEW, tmp_path / "obs.parquet")
+
+    table = pq.read_table(tmp_path / "obs.parquet")
+    assert rows == 3 == table.num_rows
+    assert table.schema == pa.schema(
+        [
+            ("id", pa.string()),
+            ("final", pa.bool_()),
+            ("count", pa.int64()),
+            ("value", pa.string()),
+            ("effective", pa.string()),
+            ("codes", pa.string()),
+            ("note", pa.string()),
+        ]
+    )
+    assert table.to_pylist()[0] == {
+        "id": "o1",
+        "final": True,
+        "count": 7,
+        "value": "1.50",
+        "effective": "2020",
+        "codes": '["a","b"]',
+        "note": 'line one\nline "two", three',
+    }
+    assert table.column("count").to_pylist() == [7, None, -42]
+    assert table.column("final").to_pylist() == [True, False, None]
+    assert table.column("value").to_pylist()[1] == "123456789012345678901234567890123456789.5"
+    assert table.column("note").to_pylist()[1:] == [None, "a bare\rCR"]
+
+
+def test_duckdb_and_polars_read_the_same_rows(tmp_path):
+    write_parquet(write_csv(tmp_path / "obs.csv", COLUMNS, ROWS), TYPED_VIEW, tmp_path / "obs.parquet")
+
+    from_duckdb = duckdb.sql(f"SELECT id, final, count FROM '{tmp_path / 'obs.parquet'}' ORDER BY id").fetchall()
+    from_polars = polars.read_parquet(tmp_path / "obs.parquet").select("id", "final", "count").rows()
+
+    assert from_duckdb == from_polars == [("o1", True, 7), ("o2", False, None), ("o3", None, -42)]
+
+
+def test_a_csv_larger_than_a_block_is_written_in_several_row_groups(tmp_path):
+    rows = [[f"o{i}", "true", str(i), "0.1", "2020-01", "[]", "x" * 50] for i in range(1000)]
+    csv_path = write_csv(tmp_path / "obs.csv", COLUMNS, rows)
+
+    count = write_parquet(csv_path, TYPED_VIEW, tmp_path / "obs.parquet", block_bytes=4096)
+
+    parquet = pq.ParquetFile(tmp_path / "obs.parquet")
+    assert count == 1000 == parquet.metadata.num_rows
+    assert parquet.metadata.num_row_groups > 1
+    assert parquet.read().column("count").to_pylist() == list(range(1000))
+
+
+def test_a_csv_with_only_its_header_gives_an_empty_typed_parquet(tmp_path):
+    rows = write_parquet(write_csv(tmp_path / "obs.csv", COLUMNS, []), TYPED_VIEW, tmp_path / "obs.parquet")
+
+    assert rows == 0
+    assert pq.read_table(tmp_path / "obs.parquet").schema == parquet_schema(TYPED_VIEW)
+
+
+def test_union_branches_keep_a_type_only_where_they_agree_and_nested_selects_follow_their_parent():
+    view = {
+        "resource": "Patient",
+        "select": [
+            {
+                "column": [{"name": "id", "path": "id"}],
+                "select": [{"column": [{"name": "active", "path": "active", "type": "boolean"}]}],
+                "unionAll": [
+                    {"column": [{"name": "n", "path": "a", "type": "integer"}, {"name": "v", "path": "b"}]},
+                    {"column": [{"name": "n", "path": "c", "type": "integer"}, {"name": "v", "path": "d"}]},
+                    {
+                        "column": [
+                            {"name": "n", "path": "e", "type": "integer"},
+                            {"name": "v", "path": "f", "type": "boolean"},
+                        ]
+                    },
+                ],
+            },
+            {"column": [{"name": "last", "path": "x", "type": "positiveInt"}]},
+        ],
+    }
+
+    assert parquet_schema(view) == pa.schema(
+        [("id", pa.string()), ("active", pa.bool_()), ("n", pa.int64()), ("v", pa.string()), ("last", pa.int64())]
+    )
+
+
+def test_a_cell_that_does_not_fit_its_declared_type_names_the_column_and_leaves_no_file(tmp_path):
+    rows = [["o1", "true", "seven", "", "", "", ""]]
+
+    with pytest.raises(ViewError) as raised:
+        write_parquet(write_csv(tmp_path / "obs.csv", COLUMNS, rows), TYPED_VIEW, tmp_path / "obs.parquet")
+
+    assert "obs.csv" in str(raised.value) and "column 'count'" in str(raised.value)
+    assert "correct the type or remove it" in str(raised.value)
+    assert list(tmp_path.iterdir()) == [tmp_path / "obs.csv"]
+
+
+def test_a_csv_of_other_columns_is_refused(tmp_path):
+    csv_path = write_csv(tmp_path / "obs.csv", ["id", "other"], [["o1", "x"]])
+
+    with pytest.raises(ViewError, match=r"has the columns \['id', 'other'\], but its ViewDefinition has"):
+        write_parquet(csv_path, TYPED_VIEW, tmp_path / "obs.parquet")
+    assert not (tmp_path / "obs.parquet").exists()
+
+
+def test_a_parquet_that_cannot_be_written_says_where_and_leaves_nothing(tmp_path):
+    csv_path = write_csv(tmp_path / "obs.csv", COLUMNS, ROWS)
+
+    with pytest.raises(JobWriteError, match="cannot write .*missing/obs.parquet"):
+        write_parquet(csv_path, TYPED_VIEW, tmp_path / "missing" / "obs.parquet")
