@@ -1,11 +1,14 @@
-"""``python -m flows.run view run``: rows printed as NDJSON or CSV, invalid views exit 2, no Prefect."""
+"""``python -m flows.run view run``: rows printed as NDJSON, CSV or Parquet, invalid views exit 2, no Prefect."""
 
 from __future__ import annotations
 
 import json
+import os
+import pty
 import subprocess
 import sys
 
+import polars
 import zstandard
 
 from tests.conftest import REPO_ROOT, TESTDATA, run_cli
@@ -39,6 +42,48 @@ def test_view_run_prints_csv_like_the_flattening_step(tmp_path):
 
     assert result.returncode == 0, result.stderr
     assert result.stdout == "id,active\nmii-patient-example-1,true\nmii-patient-example-42,true\n"
+
+
+def view_run_into(out, *args: str) -> subprocess.CompletedProcess:
+    """``view run`` with its standard output on ``out`` (a binary file or a terminal), as a user's ``>`` does."""
+    return subprocess.run(
+        [sys.executable, "-m", "flows.run", "view", "run", *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdout=out,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_view_run_writes_parquet_typed_from_the_viewdefinition(tmp_path):
+    view = dict(
+        PATIENT_VIEW,
+        select=[{"column": [{"name": "id", "path": "id"}, {"name": "active", "path": "active", "type": "boolean"}]}],
+    )
+    (tmp_path / "view.json").write_text(json.dumps(view))
+
+    with open(tmp_path / "rows.parquet", "wb") as out:
+        result = view_run_into(out, str(tmp_path / "view.json"), str(EXAMPLE_INPUT), "--format", "parquet")
+
+    assert result.returncode == 0, result.stderr
+    rows = polars.read_parquet(tmp_path / "rows.parquet")
+    assert rows.schema == polars.Schema({"id": polars.String, "active": polars.Boolean})
+    assert rows.rows() == [("mii-patient-example-1", True), ("mii-patient-example-42", True)]
+
+
+def test_view_run_refuses_to_print_parquet_on_a_terminal(tmp_path):
+    (tmp_path / "view.json").write_text(json.dumps(PATIENT_VIEW))
+    terminal, other_end = pty.openpty()
+    try:
+        result = view_run_into(other_end, str(tmp_path / "view.json"), str(EXAMPLE_INPUT), "--format", "parquet")
+    finally:
+        os.close(terminal)
+        os.close(other_end)
+
+    assert result.returncode == 2
+    assert "send it to a file (> rows.parquet)" in result.stderr
 
 
 def test_an_invalid_viewdefinition_exits_2_with_the_reason(tmp_path):
