@@ -52,6 +52,19 @@ def write_config(tmp_path: Path):
     return write
 
 
+SECOND_POLLING = {"polling_interval": "PT1S", "max_polling_interval": "PT1S", "file_ready_interval": "PT1S"}
+
+
+def extraction_tree(base_url: str, **extractor) -> dict:
+    """An extraction-only configuration tree for ``write_config``: the extractor at ``base_url``, polling every
+    second, with ``extractor``'s keys added (``auth=...``)."""
+    return {
+        "pipeline": {"enabled_steps": ["extractor"]},
+        "compression": {"level": "fastest"},
+        "services": {"extractor": {"base_url": base_url, **SECOND_POLLING, **extractor}},
+    }
+
+
 def plain(value):
     """``value`` with every ``Path`` as a string, so ``yaml.safe_dump`` takes it."""
     if isinstance(value, dict):

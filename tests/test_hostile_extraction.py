@@ -24,7 +24,7 @@ from tasks.clients.extraction_server import MAX_MANIFEST_BYTES, TASK_PROGRESS_IN
 from tasks.clients.http import ServiceEndpoint, build_client
 from tasks.record import read_facts
 from tasks.url_credentials import CredentialsInUrlError
-from tests.conftest import REPO_ROOT, TESTDATA, run_cli, wait_until
+from tests.conftest import REPO_ROOT, TESTDATA, extraction_tree, run_cli, wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.extraction_server import start_extraction_server
@@ -44,14 +44,7 @@ def sim() -> SimulatedTime:
 
 def extractor_config(write_config, base_url: str, **extractor) -> Path:
     """An extraction-only configuration (jobs in tmp_path/jobs) with second-long polling intervals."""
-    intervals = {"polling_interval": "PT1S", "max_polling_interval": "PT1S", "file_ready_interval": "PT1S"}
-    return write_config(
-        {
-            "pipeline": {"enabled_steps": ["extractor"]},
-            "compression": {"level": "fastest"},
-            "services": {"extractor": {"base_url": base_url, **intervals, **extractor}},
-        }
-    )
+    return write_config(extraction_tree(base_url, **extractor))
 
 
 def new_job_dir(write_config, base_url: str) -> Path:

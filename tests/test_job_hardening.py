@@ -15,7 +15,7 @@ import pytest
 from flows.run import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from tasks.local_import import LocalImportError, find_ndjson_files
 from tasks.record import read_facts
-from tests.conftest import TESTDATA, run_cli
+from tests.conftest import TESTDATA, extraction_tree, run_cli
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.extraction_server import start_extraction_server
@@ -31,21 +31,8 @@ def extractor_config(write_config):
     """``extractor_config(base_url)``: an extraction job against the server at ``base_url``, retrying briefly."""
 
     def write(base_url: str) -> Path:
-        return write_config(
-            {
-                "pipeline": {"enabled_steps": ["extractor"]},
-                "compression": {"level": "fastest"},
-                "retry": {"max_attempts": 2, "initial_backoff_ms": 10, "max_backoff_ms": 50},
-                "services": {
-                    "extractor": {
-                        "base_url": base_url,
-                        "polling_interval": "PT1S",
-                        "max_polling_interval": "PT1S",
-                        "file_ready_interval": "PT1S",
-                    }
-                },
-            }
-        )
+        tree = extraction_tree(base_url)
+        return write_config({**tree, "retry": {"max_attempts": 2, "initial_backoff_ms": 10, "max_backoff_ms": 50}})
 
     return write
 

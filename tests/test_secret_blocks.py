@@ -16,7 +16,7 @@ import pytest
 from config.loader import ConfigError, load_settings
 from flows.prefect_server import free_port
 from tasks.redaction import redact
-from tests.conftest import TESTDATA, run_cli
+from tests.conftest import TESTDATA, extraction_tree, run_cli
 from tests.fakes.extraction_server import start_extraction_server
 from tests.test_job_cli import read_artifacts
 from tests.test_secrets import files_under
@@ -39,18 +39,7 @@ def secret_block(prefect_api) -> str:
 
 
 def extractor_tree(base_url: str, password: str = REFERENCE) -> dict:
-    return {
-        "pipeline": {"enabled_steps": ["extractor"]},
-        "services": {
-            "extractor": {
-                "base_url": base_url,
-                "polling_interval": "PT1S",
-                "max_polling_interval": "PT1S",
-                "file_ready_interval": "PT1S",
-                "auth": {"username": "researcher", "password": password},
-            }
-        },
-    }
+    return extraction_tree(base_url, auth={"username": "researcher", "password": password})
 
 
 def basic_header(username: str, password: str) -> str:
