@@ -16,8 +16,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tests.benchmarks.compare import MB, best_seconds, fresh, run_command, write_dataset
+
+if TYPE_CHECKING:
+    from tasks.contract import StepInput
 
 RUNS = 2
 DASK_WORKERS = 2
@@ -72,36 +76,39 @@ def _measure(root: str, source: str) -> dict:
 
     timings: dict = {"in_process": [], "dask": []}
     for run in range(RUNS):
-        timings["in_process"].append(import_step(Path(root) / f"default-{run}", source))
-    dask_dir = Path(root) / "dask"
+        timings["in_process"].append(timed_import(import_input(Path(root) / f"default-{run}", source)))
     started = time.perf_counter()
     with file_runner(TaskRunnerSettings(kind="dask", dask_workers=DASK_WORKERS)):
         timings["cluster_start"] = time.perf_counter() - started
-        for _ in range(RUNS):
-            timings["dask"].append(import_step(dask_dir, source, fresh_output=True))
+        for run in range(RUNS):
+            timings["dask"].append(timed_import(import_input(Path(root) / f"dask-{run}", source)))
     return timings
 
 
-def import_step(job_dir: Path, source: str, fresh_output: bool = False) -> float:
-    """The local_import step task on ``source`` into ``job_dir``: seconds. The step's overrides carry its settings
-    to the Dask workers, as for a real job; a fresh position per run makes a new cache key (nothing comes Cached)."""
-    from tasks.contract import StepInput
-    from tasks.local_import import local_import
+IMPORT_OVERRIDES = {"pipeline.enabled_steps": "local_import", "compression.level": "best"}
 
-    overrides = {"pipeline.enabled_steps": "local_import", "compression.level": "best"}
-    job_dir.mkdir(parents=True, exist_ok=True)
-    position = len(list(job_dir.glob("run-*")))
-    (job_dir / f"run-{position}").touch()
-    if fresh_output:
-        shutil.rmtree(job_dir / "import", ignore_errors=True)
-    step = StepInput(
+
+def import_input(job_dir: Path, source: str, overrides: dict[str, str] | None = None) -> StepInput:
+    """The local_import step of a new job in ``job_dir`` on ``source`` (a new job directory: a new cache key, so
+    nothing comes Cached). The step's overrides (zstd ``best``, plus ``overrides``) carry its settings to the Dask
+    workers, as for a real job."""
+    from tasks.contract import StepInput
+
+    job_dir.mkdir(parents=True)
+    return StepInput(
         job_id=job_dir.name,
         job_dir=str(job_dir),
-        position=position,
+        position=0,
         step="local_import",
         job_input=source,
-        overrides=overrides,
+        overrides={**IMPORT_OVERRIDES, **(overrides or {})},
     )
+
+
+def timed_import(step: StepInput) -> float:
+    """Run the local_import step task: seconds."""
+    from tasks.local_import import local_import
+
     started = time.perf_counter()
     local_import(step)
     return time.perf_counter() - started

@@ -1,0 +1,275 @@
+"""Dask scale-out, one core standing in for one machine: ``python -m tests.benchmarks.bench_dask_scaling
+[MB] [files] [rounds]``.
+
+Two external Dask clusters (``dask scheduler`` plus ``dask worker`` processes, 1 thread each, started under
+``taskset -c N``), used as a job uses one: ``pipeline.task_runner: {kind: dask, dask_address: ...}``. Cluster A
+has 1 worker pinned to the first core, cluster B 2 workers each pinned to its own core; each worker's affinity is
+read on the worker (``client.run``) and printed. The ``local_import`` step task (zstd ``best``) over ``files``
+(default 8) seeded, varied TORCH-shaped files of ``MB`` (default 512) in all runs in one Prefect run against a
+temporary API (``prefect_test_harness``): once on each cluster to warm the workers (untimed), then ``rounds``
+(default 3) interleaved rounds A, B, A, B, ... on new job directories. Every run's imported files must be the same
+bytes (sha256). Next to them, what the hardware gives: ``zstd -12 -T1`` over every file one after the other on
+one core, against the two halves in parallel, each half on its own core (also interleaved).
+
+The scheduler, the flow process and the Prefect server are not pinned: with 2 workers they share the workers'
+cores, with 1 worker they have the second core to themselves (the comparison leans against B, not for it). The
+step's own cost in the flow process (its task run, progress artifact, result) is the same for A and B; the default
+size keeps it small next to the files' work, which is what spreads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.benchmarks.bench_dask import ZSTD_LEVEL, import_input, prefect_api_url, timed_import
+from tests.benchmarks.compare import MB, REPO_ROOT, fresh, write_dataset
+
+CLUSTER_START_SECONDS = 120
+CLUSTERS = {"A": 1, "B": 2}  # label: workers, each pinned to its own core
+
+
+@dataclass(frozen=True)
+class PinnedCluster:
+    """A running external cluster: its scheduler address and, per worker name, the cores it may run on."""
+
+    label: str
+    address: str
+    affinities: dict[str, list[int]]
+
+
+def main() -> None:
+    megabytes = int(sys.argv[1]) if len(sys.argv) > 1 else 512
+    files = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+    rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    cores = usable_cores()
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect.testing.utilities import prefect_test_harness
+
+    with tempfile.TemporaryDirectory(dir=os.environ.get("DUPFLOW_BENCH_DIR")) as tmp:
+        root = Path(tmp)
+        sources = write_dataset(root / "in", megabytes, files, seed=12)
+        write_dataset(root / "warm", files, files, seed=13)
+        total = sum(p.stat().st_size for p in sources) / MB
+        print(f"{len(sources)} files, {total:.0f} MB, zstd best, cores {cores}, {rounds} interleaved rounds")
+        anchor = zstd_anchor(sources, root / "anchor", cores, rounds)
+        with prefect_test_harness(server_startup_timeout=CLUSTER_START_SECONDS):
+            os.environ["PREFECT_API_URL"] = prefect_api_url()
+            with ExitStack() as stack:
+                clusters = [
+                    stack.enter_context(pinned_cluster(root / label, label, cores[:workers]))
+                    for label, workers in CLUSTERS.items()
+                ]
+                show_affinities(clusters)
+                timings = measure(str(root), str(root / "in"), str(root / "warm"), clusters, rounds)
+    show_timings(timings, anchor, total)
+
+
+def usable_cores() -> list[int]:
+    """The first two cores this process may run on (a container's cpuset need not start at 0)."""
+    if shutil.which("taskset") is None:
+        raise SystemExit("taskset (util-linux) is needed to pin the workers")
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        raise SystemExit(f"this process may run on cores {cores} only; the comparison needs two")
+    return cores[:2]
+
+
+# --- the clusters -----------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def pinned_cluster(folder: Path, label: str, cores: list[int]) -> Iterator[PinnedCluster]:
+    """A ``dask scheduler`` and one ``dask worker`` (1 process, 1 thread) under ``taskset -c <core>`` per core,
+    as the README starts workers on other machines; each process in a session of its own, ended at exit."""
+    folder.mkdir(parents=True)
+    scheduler_file = folder / "scheduler.json"
+    dask = str(Path(sys.executable).parent / "dask")
+    with ExitStack() as stack:
+        scheduler = [dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard"]
+        stack.enter_context(process(scheduler + ["--scheduler-file", str(scheduler_file)], folder / "scheduler.log"))
+        for core in cores:
+            worker = [dask, "worker", "--scheduler-file", str(scheduler_file), "--nworkers", "1", "--nthreads", "1"]
+            worker += ["--no-dashboard", "--name", f"{label}-core-{core}"]
+            stack.enter_context(process(["taskset", "-c", str(core), *worker], folder / f"worker-{core}.log"))
+        address, affinities = worker_affinities(scheduler_file, len(cores))
+        yield PinnedCluster(label, address, affinities)
+
+
+@contextmanager
+def process(command: list[str], log: Path) -> Iterator[None]:
+    """Run ``command`` in a session of its own (its output in ``log``) until the block ends, then end its group."""
+    environment = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    with log.open("wb") as out:
+        started = subprocess.Popen(
+            command, cwd=REPO_ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            yield
+        finally:
+            end_group(started)
+
+
+def end_group(started: subprocess.Popen) -> None:
+    """SIGTERM to the process group ``started`` leads (a worker's nanny and its worker process), SIGKILL after 30 s."""
+    import signal
+
+    for sent in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(started.pid, sent)
+        except ProcessLookupError:
+            return
+        try:
+            started.wait(timeout=30)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def worker_affinities(scheduler_file: Path, workers: int) -> tuple[str, dict[str, list[int]]]:
+    """Wait for the scheduler and its workers; the scheduler's address and each worker's cores, read on it."""
+    from distributed import Client
+
+    deadline = time.monotonic() + CLUSTER_START_SECONDS
+    while not scheduler_file.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"no Dask scheduler within {CLUSTER_START_SECONDS} s; see {scheduler_file.parent}")
+        time.sleep(0.1)
+    with Client(scheduler_file=str(scheduler_file), timeout=CLUSTER_START_SECONDS) as client:
+        client.wait_for_workers(workers, timeout=CLUSTER_START_SECONDS)
+        found = client.run(worker_cores)
+        address = client.scheduler.address
+    return address, dict(found.values())
+
+
+def worker_cores(dask_worker) -> tuple[str, list[int]]:
+    """Run on a worker by ``client.run``: its name and the cores its process may run on."""
+    return dask_worker.name, sorted(os.sched_getaffinity(0))
+
+
+def show_affinities(clusters: list[PinnedCluster]) -> None:
+    for cluster in clusters:
+        print(f"cluster {cluster.label} at {cluster.address}:")
+        for name, cores in sorted(cluster.affinities.items()):
+            print(f"  worker {name}: sched_getaffinity = {cores}")
+        pinned = sorted(core for cores in cluster.affinities.values() for core in cores)
+        if any(len(cores) != 1 for cores in cluster.affinities.values()) or len(set(pinned)) != len(pinned):
+            raise SystemExit(f"cluster {cluster.label}: the workers are not pinned to one core each")
+
+
+# --- the runs ---------------------------------------------------------------------------------------------------
+
+
+def _measure(root: str, source: str, warm: str, clusters: list[PinnedCluster], rounds: int) -> dict:
+    """Inside one flow run: the step once per cluster on a small input (the workers' first task imports dupflow),
+    then ``rounds`` interleaved rounds over the clusters; each run's seconds and the digests of its files."""
+    timings: dict = {"seconds": {c.label: [] for c in clusters}, "digests": {}}
+    for cluster in clusters:
+        import_on(cluster, Path(root) / f"warm-{cluster.label}", warm)
+    for run in range(rounds):
+        for cluster in clusters:
+            job_dir = Path(root) / f"{cluster.label}-{run}"
+            timings["seconds"][cluster.label].append(import_on(cluster, job_dir, source))
+            timings["digests"][job_dir.name] = imported_digests(job_dir)
+    return timings
+
+
+def import_on(cluster: PinnedCluster, job_dir: Path, source: str) -> float:
+    """The local_import step of a new job on ``cluster``, chosen the way a job chooses it (the step's
+    ``pipeline.task_runner`` settings, entered by ``file_runner`` as the flow does): seconds of the step alone."""
+    from tasks.contract import settings_of
+    from tasks.filework import file_runner
+
+    runner = {"pipeline.task_runner.kind": "dask", "pipeline.task_runner.dask_address": cluster.address}
+    step = import_input(job_dir, source, runner)
+    with file_runner(settings_of(step).pipeline.task_runner):
+        return timed_import(step)
+
+
+def imported_digests(job_dir: Path) -> dict[str, str]:
+    """sha256 of every file the step wrote into ``import/``, by name."""
+    found = sorted((job_dir / "import").iterdir())
+    return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in found}
+
+
+def zstd_anchor(sources: list[Path], out: Path, cores: list[int], rounds: int) -> dict[str, list[float]]:
+    """``zstd -T1`` over every file on one core, then the two halves at once, each on its own core; interleaved."""
+    halves = [sources[0::2], sources[1::2]]
+    anchor: dict[str, list[float]] = {"serial": [], "parallel": []}
+    clear = fresh(out)
+    for _ in range(rounds):
+        clear()
+        anchor["serial"].append(pinned_zstd([(cores[0], sources)], out))
+        clear()
+        anchor["parallel"].append(pinned_zstd(list(zip(cores, halves, strict=True)), out))
+    shutil.rmtree(out, ignore_errors=True)
+    return anchor
+
+
+def pinned_zstd(work: list[tuple[int, list[Path]]], out: Path) -> float:
+    """One ``taskset -c <core> zstd -T1`` per (core, files), all started at once: seconds until the last ends."""
+    started = time.perf_counter()
+    running = [
+        subprocess.Popen(
+            ["taskset", "-c", str(core), "zstd", "-q", "-f", f"-{ZSTD_LEVEL}", "-T1", "--output-dir-flat", str(out)]
+            + [str(path) for path in files]
+        )
+        for core, files in work
+    ]
+    if any(command.wait() != 0 for command in running):
+        raise SystemExit("zstd failed")
+    return time.perf_counter() - started
+
+
+# --- the report -------------------------------------------------------------------------------------------------
+
+
+def show_timings(timings: dict, anchor: dict[str, list[float]], total: float) -> None:
+    digests = list(timings["digests"].values())
+    if any(found != digests[0] for found in digests):
+        raise SystemExit(f"the imported files differ between runs: {timings['digests']}")
+    print(f"imported files identical in all {len(digests)} timed runs ({len(digests[0])} files, sha256)")
+    one, two = (timings["seconds"][label] for label in CLUSTERS)
+    print()
+    print(f"{'round':<7} {'A: 1 worker (s)':>16} {'B: 2 workers (s)':>17} {'zstd 1 core (s)':>16} {'2 cores (s)':>12}")
+    for run, row in enumerate(zip(one, two, anchor["serial"], anchor["parallel"], strict=True)):
+        print(f"{run + 1:<7} {row[0]:16.2f} {row[1]:17.2f} {row[2]:16.2f} {row[3]:12.2f}")
+    print()
+    print(f"{'':<34} {'best s':>7} {'median s':>9} {'MB/s':>7}")
+    for label, seconds in (
+        ("A: Dask, 1 worker on 1 core", one),
+        ("B: Dask, 2 workers, 1 core each", two),
+        (f"zstd -{ZSTD_LEVEL} -T1, all files, 1 core", anchor["serial"]),
+        (f"zstd -{ZSTD_LEVEL} -T1, 2 halves, 2 cores", anchor["parallel"]),
+    ):
+        print(f"{label:<34} {min(seconds):7.2f} {statistics.median(seconds):9.2f} {total / min(seconds):7.1f}")
+    print()
+    print(f"speed-up of 2 workers over 1: {speed_up(one, two)}")
+    print(f"speed-up the hardware gives (zstd, 2 cores over 1): {speed_up(anchor['serial'], anchor['parallel'])}")
+
+
+def speed_up(before: list[float], after: list[float]) -> str:
+    best = min(before) / min(after)
+    median = statistics.median(before) / statistics.median(after)
+    return f"{best:.2f}x best, {median:.2f}x median"
+
+
+def _flow():
+    from prefect import flow
+
+    return flow(_measure, name="bench-dask-scaling", persist_result=False)
+
+
+if __name__ == "__main__":
+    measure = _flow()
+    main()
