@@ -31,15 +31,12 @@ from typing import Any, TypeVar
 import httpx
 
 from tasks.clients.errors import ServiceError
+from tasks.readable import size_text
 
 T = TypeVar("T")
 MB = 1024 * 1024
 UPLOAD_PIECE = MB
 """A request body goes out in pieces of this size, the deadline checked before each."""
-
-
-def describe_size(size: int) -> str:
-    return f"{size / MB:.1f} MB" if size >= MB else f"{size} bytes"
 
 
 class Deadline:
@@ -125,7 +122,7 @@ def answer_too_large(size: str, limit: int, *, operation: str, service: str | No
     return ServiceError(
         operation,
         None,
-        f"the answer is {size}, more than the {describe_size(limit)} read from this service; {hint}",
+        f"the answer is {size}, more than the {size_text(limit)} read from this service; {hint}",
         transient=False,
         service=service,
     )
@@ -153,7 +150,7 @@ def read_answer(
         body += piece
         if len(body) > limit:
             raise answer_too_large(
-                f"over {describe_size(limit)}", limit, operation=operation, service=service, hint=hint
+                f"over {size_text(limit)}", limit, operation=operation, service=service, hint=hint
             )
         if deadline is not None:
             deadline.check(operation, service)
@@ -170,7 +167,7 @@ async def read_answer_async(
         body += piece
         if len(body) > limit:
             raise answer_too_large(
-                f"over {describe_size(limit)}", limit, operation=operation, service=service, hint=hint
+                f"over {size_text(limit)}", limit, operation=operation, service=service, hint=hint
             )
     return bytes(body)
 
@@ -178,4 +175,4 @@ async def read_answer_async(
 def _refuse_declared(response: httpx.Response, limit: int, *, operation: str, service: str | None, hint: str) -> None:
     size = declared_size(response)
     if size is not None and size > limit:
-        raise answer_too_large(describe_size(size), limit, operation=operation, service=service, hint=hint)
+        raise answer_too_large(size_text(size), limit, operation=operation, service=service, hint=hint)
