@@ -55,10 +55,13 @@ MODEL = models["r4"]
 _CHOICES: dict[str, list[str]] = MODEL["choiceTypePaths"]
 _ELSEWHERE: dict[str, str] = MODEL["pathsDefinedElsewhere"]
 _TYPES: dict[str, str] = MODEL["path2Type"]
+_PARENTS: dict[str, str] = MODEL["type2Parent"]
 
 _IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 _SEGMENT = re.compile(
-    rf"(?P<first>first\(\))"
+    rf"(?P<first>first\(\))|(?P<exists>exists\(\))|(?P<resourceKey>getResourceKey\(\))"
+    rf"|(?P<join>join)\(\s*(?:'(?P<separator>[^'\\]*)'\s*)?\)"
+    rf"|(?P<referenceKey>getReferenceKey)\(\s*(?P<referenceType>{_IDENTIFIER})?\s*\)"
     rf"|where\(\s*(?P<where>{_IDENTIFIER})\s*=\s*'(?P<literal>[^'\\]*)'\s*\)"
     rf"|(?P<member>{_IDENTIFIER})(?:\.ofType\((?P<type>{_IDENTIFIER})\))?"
 )
@@ -77,7 +80,6 @@ class Item:
 
 
 Env = Mapping[str, Any]
-Compiled = Callable[[Item, Env], list[Item]]
 
 
 def compile_path(expression: str) -> Compiled:
@@ -86,7 +88,7 @@ def compile_path(expression: str) -> Compiled:
         raise FhirPathError(f"expected a FHIRPath expression, got {expression!r}")
     steps = member_steps(expression)
     if steps is not None:
-        return _member_path(steps)
+        return MemberPath(expression, steps)
     return _interpreted(expression)
 
 
@@ -96,6 +98,8 @@ def values(items: list[Item]) -> list[Any]:
 
 
 def plain(value: Any) -> Any:
+    if type(value) is str:
+        return value
     if isinstance(value, FP_Quantity):
         return str(value)
     if isinstance(value, FP_Type):
@@ -108,14 +112,19 @@ def plain(value: Any) -> Any:
 # --- member paths, walked directly ------------------------------------------------------------------------------
 
 
-Step = tuple[str, str, str | None]  # ("member", name, ofType) | ("first", "", None) | ("where", member, literal)
+Step = tuple[str, str, str | None]
+"""``("member", name, ofType)``, ``("first", "", None)``, ``("where", member, literal)``, or last of all a
+function giving computed values: ``("exists", "", None)``, ``("join", "", separator)``, ``("resourceKey", "", None)``,
+``("referenceKey", "", type)``."""
+_FUNCTIONS = ("exists", "join", "resourceKey", "referenceKey")
 
 
 def member_steps(expression: str) -> list[Step] | None:
     """The steps of a plain member path, else None (the interpreter evaluates it).
 
     Plain: members (``code.coding``), ``member.ofType(Type)``, ``first()`` and ``where(member = 'text')`` joined
-    by dots; ``$this`` alone is no step at all. A leading capitalised name (a type filter such as
+    by dots, optionally ended by ``exists()``, ``join('separator')``, ``getResourceKey()`` or
+    ``getReferenceKey(Type)``; ``$this`` alone is no step at all. A leading capitalised name (a type filter such as
     ``Patient.name``), operators, other literals, indexes and other functions are left to the interpreter.
     """
     text = expression.strip()
@@ -125,17 +134,12 @@ def member_steps(expression: str) -> list[Step] | None:
     position = 0
     while True:
         match = _SEGMENT.match(text, position)
-        if match is None:
+        if match is None or (steps and steps[-1][0] in _FUNCTIONS):
             return None
-        if match["first"]:
-            steps.append(("first", "", None))
-        elif match["where"]:
-            steps.append(("where", match["where"], match["literal"]))
-        else:
-            member = match["member"]
-            if member in _KEYWORDS or (not steps and member[0].isupper()):
-                return None
-            steps.append(("member", member, match["type"]))
+        step = _step(match, first=not steps)
+        if step is None:
+            return None
+        steps.append(step)
         position = match.end()
         if position == len(text):
             return steps
@@ -144,24 +148,202 @@ def member_steps(expression: str) -> list[Step] | None:
         position += 1
 
 
-def _member_path(steps: list[Step]) -> Compiled:
-    def evaluate(focus: Item, env: Env) -> list[Item]:
-        items = [focus]
-        for kind, name, argument in steps:
-            if kind == "first":
-                items = items[:1]
-            elif kind == "where":
-                items = [item for item in items if _values_of(item, name) == [argument]]
-            else:
-                found: list[Item] = []
-                for item in items:
-                    found.extend(child_items(item, name, argument))
-                items = found
-            if not items:
-                break
-        return items
+def _step(match: re.Match, first: bool) -> Step | None:
+    for kind in ("first", "exists", "resourceKey"):
+        if match[kind]:
+            return (kind, "", None)
+    if match["join"]:
+        return ("join", "", match["separator"] or "")
+    if match["referenceKey"]:
+        return ("referenceKey", "", match["referenceType"])
+    if match["where"]:
+        return ("where", match["where"], match["literal"])
+    member = match["member"]
+    if member in _KEYWORDS or (first and member[0].isupper()):
+        return None
+    return ("member", member, match["type"])
 
-    return evaluate
+
+class MemberPath:
+    """A member path compiled to plain dict walks, planned once per focus type (``_plan``).
+
+    ``collect(data, type_path, env)`` gives ``(values, type path)``: the values are the JSON data themselves, no
+    wrapper per element, and their type path is one for all. Where the type of a child depends on the data (a choice
+    element without ``ofType``, an element holding a resource, data whose ``resourceType`` says otherwise, a
+    primitive's ``_element`` where a function counts or joins values) the path goes the general way: elements with
+    their own type paths, or the interpreter for paths ending in a function.
+    """
+
+    def __init__(self, expression: str, steps: list[Step]):
+        self.steps = steps
+        self.function = steps[-1] if steps and steps[-1][0] in _FUNCTIONS else None
+        self.members = steps[:-1] if self.function else steps
+        self.fallback = _interpreted(expression) if self.function else None
+        self.plans: dict[str | None, Plan | None] = {}
+
+    def __call__(self, focus: Item, env: Env) -> list[Item]:
+        found, paths = self.collect(focus.data, focus.path, env)
+        return items_of(found, paths)
+
+    def collect(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
+        try:
+            plan = self.plans[path]
+        except KeyError:
+            plan = self.plans[path] = _plan(self.members, path, counted=self.function is not None)
+        found = _walk(plan, data) if plan is not None else None
+        if found is None:
+            return self._general(data, path, env)
+        if self.function is None:
+            return found, plan.path
+        return _computed(self.function, found), None
+
+    def _general(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
+        if self.fallback is not None:
+            return self.fallback.collect(data, path, env)
+        items = _walk_items(self.members, Item(data, path))
+        return [item.data for item in items], [item.path for item in items]
+
+
+Paths = str | None | list
+"""The type paths of collected values: one for all of them, or a list with one per value."""
+
+
+def items_of(found: list, paths: Paths) -> list[Item]:
+    if isinstance(paths, list):
+        return [Item(value, path) for value, path in zip(found, paths, strict=True)]
+    return [Item(value, paths) for value in found]
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A member path for one focus type: each step as ``(kind, key, argument, type path of the data it reads)``."""
+
+    operations: tuple[tuple[str, str, str | None, str | None], ...]
+    path: str | None
+    counted: bool
+
+
+def _plan(steps: list[Step], path: str | None, counted: bool) -> Plan | None:
+    """The steps resolved against the focus type ``path``, or None where a child's type depends on the data."""
+    operations = []
+    for kind, name, argument in steps:
+        if kind == "first":
+            operations.append(("first", "", None, path))
+            continue
+        resolved = _resolve(path, name, argument if kind == "member" else None)
+        if resolved is None:
+            return None
+        key, child_path = resolved
+        if kind == "where":
+            operations.append(("where", key, argument, path))
+            continue
+        operations.append(("member", key, None, path))
+        path = child_path
+    return Plan(tuple(operations), path, counted)
+
+
+@lru_cache(maxsize=4096)
+def _resolve(path: str | None, member: str, of_type: str | None) -> tuple[str, str | None] | None:
+    """``child_items``' bookkeeping once per type: the JSON key and the child's type path (key ``""``: never any
+    child), or None when they depend on the data."""
+    child_path = f"{path}.{member}" if path else f".{member}"
+    child_path = _ELSEWHERE.get(child_path, child_path)
+    choices = _CHOICES.get(child_path)
+    key = member
+    if choices:
+        if of_type is None:
+            return None
+        wanted = of_type[0].upper() + of_type[1:]
+        if wanted not in choices:
+            return "", None
+        key, child_path = member + wanted, child_path + wanted
+    elif member == "extension":
+        child_path = "Extension"
+    child_path = _TYPES.get(child_path, child_path)
+    if of_type is not None and not choices and child_path != of_type:
+        return "", None
+    if _holds_resources(child_path):
+        return None
+    return key, child_path
+
+
+@lru_cache(maxsize=1024)
+def _holds_resources(type_path: str) -> bool:
+    """Whether elements of this type are resources (their own ``resourceType`` then decides their type)."""
+    seen = set()
+    while type_path and type_path not in seen:
+        if type_path == "Resource":
+            return True
+        seen.add(type_path)
+        type_path = _PARENTS.get(type_path)
+    return False
+
+
+def _walk(plan: Plan, data: Any) -> list | None:
+    """The plan run over ``data``; None when the data takes it elsewhere (see ``MemberPath``)."""
+    found = [data]
+    for kind, key, argument, path in plan.operations:
+        if kind == "first":
+            found = found[:1]
+            continue
+        if not key:
+            return []
+        children: list = []
+        for value in found:
+            if not isinstance(value, dict):
+                continue
+            if "resourceType" in value and value["resourceType"] != path:
+                return None
+            if plan.counted and "_" + key in value:
+                return None
+            child = value.get(key)
+            if kind == "where":
+                if _present(child) == [argument]:
+                    children.append(value)
+            elif type(child) is list:
+                children.extend(element for element in child if element is not None)
+            elif child is not None:
+                children.append(child)
+        found = children
+        if not found:
+            break
+    return found
+
+
+def _present(value: Any) -> list:
+    if value is None:
+        return []
+    if type(value) is list:
+        return [element for element in value if element is not None]
+    return [value]
+
+
+def _computed(function: Step, found: list) -> list:
+    kind, _, argument = function
+    if kind == "exists":
+        return [bool(found)]
+    if kind == "join":
+        return [joined(found, argument or "")]
+    if kind == "resourceKey":
+        return resource_keys(found)
+    return reference_keys(found, argument)
+
+
+def _walk_items(steps: list[Step], focus: Item) -> list[Item]:
+    items = [focus]
+    for kind, name, argument in steps:
+        if kind == "first":
+            items = items[:1]
+        elif kind == "where":
+            items = [item for item in items if _values_of(item, name) == [argument]]
+        else:
+            found: list[Item] = []
+            for item in items:
+                found.extend(child_items(item, name, argument))
+            items = found
+        if not items:
+            break
+    return items
 
 
 def _values_of(item: Item, member: str) -> list[Any]:
@@ -256,14 +438,22 @@ def shown(expression: str) -> str:
     return repr(expression[:SHOWN_EXPRESSION_CHARS]) + f"... ({len(expression)} characters)"
 
 
-def _interpreted(expression: str) -> Compiled:
+def _interpreted(expression: str) -> Interpreted:
     try:
         parsed = parse(expression)
     except Exception as exc:  # FhirPathError from the listener, bare exceptions from fhirpathpy's AST builder
         raise FhirPathError(f"cannot parse FHIRPath {shown(expression)}: {exc}") from exc
-    root = parsed["children"][0]
+    return Interpreted(expression, parsed["children"][0])
 
-    def evaluate(focus: Item, env: Env) -> list[Item]:
+
+@dataclass(frozen=True)
+class Interpreted:
+    """An expression fhirpathpy evaluates (parsed once); ``collect`` as ``MemberPath``'s."""
+
+    expression: str
+    root: dict[str, Any]
+
+    def __call__(self, focus: Item, env: Env) -> list[Item]:
         node = ResourceNode.create_node(focus.data, focus.path)
         data_root = arraify(node)
         ctx = {
@@ -275,19 +465,24 @@ def _interpreted(expression: str) -> Compiled:
         }
         fhirpath_constants.reset()
         try:
-            result = do_eval(ctx, data_root, root)
+            result = do_eval(ctx, data_root, self.root)
         except FhirPathError as exc:
-            raise FhirPathError(f"FHIRPath {shown(expression)}: {exc}") from exc
+            raise FhirPathError(f"FHIRPath {shown(self.expression)}: {exc}") from exc
         except RecursionError:
             raise FhirPathError(
-                f"FHIRPath {shown(expression)} ran out of Python's stack: the expression, or the data it "
+                f"FHIRPath {shown(self.expression)} ran out of Python's stack: the expression, or the data it "
                 "compares, is nested too deeply"
             ) from None
         except Exception as exc:
-            raise FhirPathError(f"FHIRPath {shown(expression)} failed: {exc}") from exc
+            raise FhirPathError(f"FHIRPath {shown(self.expression)} failed: {exc}") from exc
         return [_as_item(value) for value in arraify(result) if not _is_primitive_extension_only(value)]
 
-    return evaluate
+    def collect(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
+        items = self(Item(data, path), env)
+        return [item.data for item in items], [item.path for item in items]
+
+
+Compiled = MemberPath | Interpreted
 
 
 def _as_item(value: Any) -> Item:
@@ -306,20 +501,25 @@ def _is_primitive_extension_only(value: Any) -> bool:
 
 def get_resource_key(ctx: dict, inputs: list) -> list[str]:
     """``Type/id`` of each resource in the input (the key ``getReferenceKey`` gives for a reference to it)."""
-    keys = []
-    for node in inputs:
-        data = node.data if isinstance(node, ResourceNode) else node
-        if isinstance(data, Mapping) and "resourceType" in data and "id" in data:
-            keys.append(f"{data['resourceType']}/{data['id']}")
-    return keys
+    return resource_keys([_data(node) for node in inputs])
+
+
+def resource_keys(found: list) -> list[str]:
+    return [
+        f"{data['resourceType']}/{data['id']}"
+        for data in found
+        if isinstance(data, Mapping) and "resourceType" in data and "id" in data
+    ]
 
 
 def get_reference_key(ctx: dict, inputs: list, type_info: Any = None) -> list[str]:
     """``Type/id`` of each Reference (history and base URL dropped); only those of the given type, if any."""
-    wanted = getattr(type_info, "name", None)
+    return reference_keys([_data(node) for node in inputs], getattr(type_info, "name", None))
+
+
+def reference_keys(found: list, wanted: str | None) -> list[str]:
     keys = []
-    for node in inputs:
-        data = node.data if isinstance(node, ResourceNode) else node
+    for data in found:
         reference = data.get("reference") if isinstance(data, Mapping) else None
         if not isinstance(reference, str):
             continue
@@ -331,14 +531,31 @@ def get_reference_key(ctx: dict, inputs: list, type_info: Any = None) -> list[st
     return keys
 
 
+def join(ctx: dict, inputs: list, separator: Any = "") -> Any:
+    """FHIRPath's ``join``: the input strings joined, ``''`` for an empty input (as the SQL-on-FHIR suite expects;
+    fhirpathpy's gives no value), no value for an empty separator collection."""
+    if isinstance(separator, list):
+        return []
+    return joined([_data(node) for node in inputs], separator)
+
+
+def joined(found: list, separator: str) -> str:
+    if not all(isinstance(value, str) for value in found):
+        raise FhirPathError(f"join needs a collection of strings, got {found!r:.200}")
+    return separator.join(found)
+
+
+def _data(node: Any) -> Any:
+    return node.data if isinstance(node, ResourceNode) else node
+
+
 def _boundary(compute: Callable[[Any, str | None, int | None], Any]) -> Callable[..., list]:
     def invoke(ctx: dict, inputs: list, precision: Any = None) -> list:
         digits = None if precision in (None, []) else int(precision)
         results = []
         for node in inputs:
             type_path = node.path if isinstance(node, ResourceNode) else None
-            data = node.data if isinstance(node, ResourceNode) else node
-            result = compute(data, type_path, digits)
+            result = compute(_data(node), type_path, digits)
             if result is not None:
                 results.append(result)
         return results
@@ -370,23 +587,24 @@ def _text(exc: Exception) -> str:
 
 
 def matches(ctx: dict, inputs: list, pattern: Any) -> Any:
-    """fhirpathpy's ``matches`` (search, ``.`` matching newlines), on RE2."""
-    if not pattern or not inputs:
+    """fhirpathpy's ``matches`` (search, ``.`` matching newlines), on RE2; empty input or regex give no value."""
+    if not inputs or isinstance(pattern, list):
         return []
     return regex(pattern, True).search(_single_string(inputs)) is not None
 
 
 def replace_matches(ctx: dict, inputs: list, pattern: Any, replacement: Any) -> Any:
-    """fhirpathpy's ``replaceMatches`` (``$1`` for the first group), on RE2."""
-    text = _single_string(inputs)
-    if isinstance(pattern, list) or isinstance(replacement, list):
+    """fhirpathpy's ``replaceMatches`` (``$1`` for the first group), on RE2; empty input, regex or substitution
+    give no value."""
+    if not inputs or isinstance(pattern, list) or isinstance(replacement, list):
         return []
+    text = _single_string(inputs)
     return regex(pattern, False).sub(re.sub(r"\$(\d+)", r"\\\1", replacement), text)
 
 
 def _single_string(inputs: list) -> str:
     if len(inputs) == 1:
-        data = inputs[0].data if isinstance(inputs[0], ResourceNode) else inputs[0]
+        data = _data(inputs[0])
         if isinstance(data, str):
             return data
     raise FhirPathError(f"expected one string, got {inputs!r:.200}")
@@ -417,4 +635,5 @@ SOF_FUNCTIONS: dict[str, dict[str, Any]] = {
     "matches": {"fn": matches, "arity": {1: ["String"]}, "nullable_input": True},
     "replaceMatches": {"fn": replace_matches, "arity": {2: ["String", "String"]}, "nullable_input": True},
     "repeat": {"fn": repeat, "arity": {1: ["Expr"]}},
+    "join": {"fn": join, "arity": {0: [], 1: ["String"]}},
 }

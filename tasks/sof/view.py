@@ -38,7 +38,7 @@ from math import prod
 from typing import Any
 
 from tasks.sof.errors import FhirPathError, ViewDefinitionError, ViewEvaluationError
-from tasks.sof.fhirpath import MAX_REPEAT_ELEMENTS, Compiled, Item, compile_path, values
+from tasks.sof.fhirpath import MAX_REPEAT_ELEMENTS, Compiled, compile_path, plain
 
 COLUMN_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 ITERATIONS = ("forEach", "forEachOrNull", "repeat")
@@ -51,6 +51,8 @@ _BUILTIN_VARIABLES = {"rowIndex", "context", "resource", "rootResource", "ucum",
 MAX_ROWS_PER_RESOURCE = 1_000_000
 MAX_SELECT_DEPTH = 64
 CACHED_ROWS = 10_000
+Focus = tuple[Any, str | None]
+"""What an expression is evaluated on: the element's JSON data and its FHIR type path."""
 
 
 @dataclass
@@ -60,19 +62,19 @@ class Column:
     evaluate: Compiled
     collection: bool = False
 
-    def value(self, focus: Item, env: dict[str, Any]) -> Any:
+    def value(self, data: Any, path: str | None, env: dict[str, Any]) -> Any:
         try:
-            found = values(self.evaluate(focus, env))
+            found = self.evaluate.collect(data, path, env)[0]
         except FhirPathError as exc:
             raise ViewEvaluationError(f"column {self.name!r}: {exc}") from exc
         if self.collection:
-            return found
+            return [plain(value) for value in found]
         if len(found) > 1:
             raise ViewEvaluationError(
                 f"Collection value for column {self.name!r}: path {self.path!r} gave {len(found)} values; "
                 "set collection: true or narrow the path (e.g. with first())"
             )
-        return found[0] if found else None
+        return plain(found[0]) if found else None
 
 
 @dataclass
@@ -86,25 +88,25 @@ class Select:
     names: list[str] = field(default_factory=list)
     null_row: tuple = ()
 
-    def rows(self, focus: Item, env: dict[str, Any]) -> Iterable[tuple]:
+    def rows(self, focus: Focus, env: dict[str, Any]) -> Iterable[tuple]:
         """The select's rows at ``focus``: a tuple when few and at hand, else an iterator producing them."""
         if self.iteration is None:
             return self._rows_at(focus, env)
         return self._iterated(focus, env)
 
-    def _iterated(self, focus: Item, env: dict[str, Any]) -> Iterator[tuple]:
+    def _iterated(self, focus: Focus, env: dict[str, Any]) -> Iterator[tuple]:
         position = -1
-        for position, item in enumerate(self._elements(focus, env)):
-            yield from self._rows_at(item, {**env, "rowIndex": position})
+        for position, element in enumerate(self._elements(focus, env)):
+            yield from self._rows_at(element, {**env, "rowIndex": position})
         if position < 0 and self.iteration == "forEachOrNull":
             yield self.null_row
 
-    def _elements(self, focus: Item, env: dict[str, Any]) -> Iterable[Item]:
+    def _elements(self, focus: Focus, env: dict[str, Any]) -> Iterable[Focus]:
         if self.iteration == "repeat":
             return self._repeated(focus, env)
         return self._evaluated(self.iterate[0], focus, env)
 
-    def _repeated(self, focus: Item, env: dict[str, Any]) -> Iterator[Item]:
+    def _repeated(self, focus: Focus, env: dict[str, Any]) -> Iterator[Focus]:
         """Depth first: each element the repeat paths give, followed by the elements repeated from it (a stack of
         iterators, not recursion: a deep element tree must not exhaust Python's stack)."""
         pending = [iter(self._children(focus, env))]
@@ -123,22 +125,26 @@ class Select:
             yield item
             pending.append(iter(self._children(item, env)))
 
-    def _children(self, focus: Item, env: dict[str, Any]) -> list[Item]:
-        found: list[Item] = []
+    def _children(self, focus: Focus, env: dict[str, Any]) -> list[Focus]:
+        found: list[Focus] = []
         for evaluate in self.iterate:
             found.extend(self._evaluated(evaluate, focus, env))
         return found
 
-    def _evaluated(self, evaluate: Compiled, focus: Item, env: dict[str, Any]) -> list[Item]:
+    def _evaluated(self, evaluate: Compiled, focus: Focus, env: dict[str, Any]) -> list[Focus]:
         try:
-            return evaluate(focus, env)
+            found, paths = evaluate.collect(*focus, env)
         except FhirPathError as exc:
             raise ViewEvaluationError(f"{self.iteration}: {exc}") from exc
+        if isinstance(paths, list):
+            return list(zip(found, paths, strict=True))
+        return [(value, paths) for value in found]
 
-    def _rows_at(self, focus: Item, env: dict[str, Any]) -> Iterable[tuple]:
+    def _rows_at(self, focus: Focus, env: dict[str, Any]) -> Iterable[tuple]:
         """The product of this select's own columns, each nested select's rows and its unionAll branches' rows
         (none as soon as one of them has none): a tuple of rows when small, else an iterator."""
-        head = tuple(column.value(focus, env) for column in self.columns)
+        data, path = focus
+        head = tuple([column.value(data, path, env) for column in self.columns])
         if not self.selects and not self.union:
             return (head,)
         parts: list[Part] = []
@@ -151,7 +157,7 @@ class Select:
         return _product(head, parts)
 
 
-def _concatenated(branches: list[Select], focus: Item, env: dict[str, Any]) -> Iterator[tuple]:
+def _concatenated(branches: list[Select], focus: Focus, env: dict[str, Any]) -> Iterator[tuple]:
     return chain.from_iterable(branch.rows(focus, env) for branch in branches)
 
 
@@ -168,7 +174,7 @@ class _Reproduced:
 Part = tuple | list | _Reproduced
 
 
-def _part(produce: Callable[[Item, dict[str, Any]], Iterable[tuple]], focus: Item, env: dict[str, Any]) -> Part:
+def _part(produce: Callable[[Focus, dict[str, Any]], Iterable[tuple]], focus: Focus, env: dict[str, Any]) -> Part:
     """A part's rows kept when there are at most ``CACHED_ROWS`` (nearly always one or a few), else reproduced."""
     rows = produce(focus, env)
     if isinstance(rows, tuple):
@@ -213,7 +219,7 @@ class CompiledView:
         if resource.get("resourceType") != self.resource:
             return ()
         try:
-            focus = Item(resource, self.resource)
+            focus = (resource, self.resource)
             env = {**self.constants, "rowIndex": 0}
             rows = self.root.rows(focus, env) if self._passes(focus, env) else ()
         except ViewEvaluationError as exc:
@@ -246,10 +252,10 @@ class CompiledView:
         for row in self.rows(resource):
             yield dict(zip(self.columns, row, strict=True))
 
-    def _passes(self, focus: Item, env: dict[str, Any]) -> bool:
+    def _passes(self, focus: Focus, env: dict[str, Any]) -> bool:
         for path, evaluate in self.where:
             try:
-                found = values(evaluate(focus, env))
+                found = [plain(value) for value in evaluate.collect(*focus, env)[0]]
             except FhirPathError as exc:
                 raise ViewEvaluationError(f"where {path!r}: {exc}") from exc
             if not found:
