@@ -40,7 +40,7 @@ from tasks.clients.extraction_server import (
 )
 from tasks.record import read_facts
 from tasks.errors import UsageError
-from tasks.url_credentials import CredentialsInUrlError
+from tasks.url_credentials import CredentialsInUrlError, url_without_credentials
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DONE_WORDS = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}
@@ -101,18 +101,33 @@ def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
     """Load the configuration, open the client, run ``handler``, and turn failures into messages and exit codes."""
 
     def run(args: argparse.Namespace) -> int:
+        server = None
         try:
             with open_client(args.config) as client:
+                server = client.base_url
                 return handler(args, client)
         except (ConfigError, UsageError, InvalidCrtdlError, OSError) as exc:
             return fail(args, str(exc), EXIT_USAGE)
         except SearchRejectedError as exc:
             problems = "\n".join(f"  - {problem}" for problem in exc.problems)
             return fail(args, f"the extraction server rejected the search:\n{problems}", EXIT_USAGE, exc.problems)
-        except (ServiceError, ExtractionError, CredentialsInUrlError) as exc:
+        except ServiceError as exc:
+            return fail(args, service_failure_text(exc, server), EXIT_FAILED)
+        except (ExtractionError, CredentialsInUrlError) as exc:
             return fail(args, str(exc), EXIT_FAILED)
 
     return run
+
+
+def service_failure_text(exc: ServiceError, server: str | None) -> str:
+    """The failure in the client's words; when no answer came (no HTTP status), which server was asked and how
+    to point at another (the URL without credentials)."""
+    if exc.status_code is not None or server is None:
+        return str(exc)
+    return (
+        f"{exc}; no answer from the extraction server at {url_without_credentials(server)}: check that it runs "
+        "there, or set services.extractor.base_url to its address"
+    )
 
 
 def open_client(config_path: str) -> ExtractionTaskClient:

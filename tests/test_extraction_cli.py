@@ -42,7 +42,12 @@ def torch(clock):
 
 def extractor_config(server: ExtractionServer, auth: dict | None = None, **extractor) -> dict:
     """The configuration tree of an extractor-only pipeline against ``server`` (quick retries, no jobs_dir)."""
-    extractor = {"base_url": server.base_url, **extractor}
+    return extractor_config_at(server.base_url, auth, **extractor)
+
+
+def extractor_config_at(base_url: str, auth: dict | None = None, **extractor) -> dict:
+    """``extractor_config`` against the server at ``base_url``."""
+    extractor = {"base_url": base_url, **extractor}
     if auth is not None:
         extractor["auth"] = auth
     return {
@@ -173,6 +178,17 @@ def test_a_dupflow_job_id_resolves_to_its_recorded_extraction_job(capsys, tmp_pa
     (jobs_dir / not_submitted).mkdir()
     code, _, err = cli(capsys, "extraction", "show", str(config), not_submitted, "--jobs-dir", str(jobs_dir))
     assert code == 2 and "has no extraction job yet" in err
+
+
+def test_a_server_where_nothing_listens_is_named_by_its_url(capsys, write_config, unused_tcp_port):
+    dead = f"http://127.0.0.1:{unused_tcp_port}/fhir"
+    config = write_config(extractor_config_at(dead), jobs_dir=None)
+
+    code, out, err = cli(capsys, "extraction", "list", str(config))
+
+    assert code == 1, err
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert f"extraction server at {dead}" in line and "services.extractor.base_url" in line
 
 
 def test_an_unknown_job_is_explained(capsys, torch, config):
