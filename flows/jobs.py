@@ -174,6 +174,7 @@ def new_job(
     steps = list(settings.pipeline.enabled_steps)
     crtdl = crtdl_input(steps, job_input)
     require_crtdl_where_needed(steps, crtdl)
+    refuse_missing_import_directory(steps, job_input, settings)
     if problems := step_file_problems(settings):
         raise JobError("; ".join(problems))
     # The CRTDL is read (and enriched) before anything is written: a bad one leaves no job behind.
@@ -216,6 +217,25 @@ def require_crtdl_where_needed(steps: list[str], crtdl: Path | None) -> None:
             "the flattening step needs a CRTDL: give the CRTDL file as INPUT "
             "(with local_import: start CONFIG CRTDL --dir DATA; with extractor: start CONFIG CRTDL)"
         )
+
+
+def refuse_missing_import_directory(steps: list[str], job_input: str | None, settings: Settings) -> None:
+    """A local_import job whose directory is missing, or no directory, is refused before it exists, saying how
+    to give the right one (the step itself would only fail once the job is made)."""
+    if steps[0] != "local_import":
+        return
+    from tasks.local_import import LocalImportError, source_directory
+
+    from_input = bool(job_input) and not is_crtdl_file(job_input)
+    try:
+        source_directory(job_input, settings.services.local_import.dir)
+    except LocalImportError as exc:
+        fix = (
+            "give the folder that holds the NDJSON files as INPUT"
+            if from_input
+            else "give the folder that holds the NDJSON files with --dir DIR (it sets services.local_import.dir)"
+        )
+        raise JobError(f"{exc}; {fix}; no job was made") from None
 
 
 def step_file_problems(settings: Settings) -> list[str]:
@@ -288,7 +308,7 @@ def effective_crtdl(source: Path, settings: Settings) -> EffectiveCrtdl:
 def read_crtdl(source: Path) -> tuple[dict, bytes]:
     """The CRTDL at ``source``, parsed, and its bytes; ``JobError`` naming the file when it cannot be one."""
     if not source.is_file():
-        problem = "is a directory" if source.is_dir() else "is no regular file" if source.exists() else "does not exist"
+        problem = "is a directory" if source.is_dir() else "is no regular file" if source.exists() else "not found"
         raise JobError(f"CRTDL {source} {problem}; give the CRTDL JSON file as the job input")
     try:
         data = read_limited(source, MAX_CRTDL_BYTES, f"CRTDL {source}")

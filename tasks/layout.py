@@ -26,8 +26,9 @@ def step_folder(step: str) -> str:
 
 
 def is_crtdl_file(job_input: str | None) -> bool:
-    """A job input that is a CRTDL: an existing ``.json`` file (a directory or a URL is data, not a CRTDL)."""
-    return bool(job_input) and "://" not in job_input and job_input.endswith(".json") and Path(job_input).is_file()
+    """A job input that is a CRTDL: a ``.json`` path that is no directory (a directory or a URL is data, not a
+    CRTDL); a missing one too, so that preparing the job says the CRTDL is not found."""
+    return bool(job_input) and "://" not in job_input and job_input.endswith(".json") and not Path(job_input).is_dir()
 
 
 @dataclass(frozen=True)
