@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -68,6 +69,11 @@ def test_the_embedded_default_job_imports_and_flattens_the_sample_data(tmp_path,
     monkeypatch.chdir(tmp_path)
     assert main(["start", "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")
+    run_lines = job_log_lines_of(job_dir, ("prefect.task_runs", "prefect.flow_runs", "dupflow."))
+    assert "Task run 'import[fhir-data.ndjson.zst]' - Finished in state Completed()" in "\n".join(run_lines)
+    assert any("dupflow.flattening: Task run 'flattening[1]' - " in line for line in run_lines), run_lines
+    unnamed = [line for line in run_lines if not re.search(r": (Task|Flow) run '[^']+' - ", line)]
+    assert unnamed == [], "every line of a run names its run, as Prefect's console does"
     imported = sorted(p.name for p in (job_dir / "import").iterdir())
     assert imported == ["b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson.zst", "fhir-data.ndjson.zst"]
     csvs = sorted(p.name for p in (job_dir / "flattening").glob("*.csv"))
@@ -84,6 +90,15 @@ def test_the_embedded_default_job_imports_and_flattens_the_sample_data(tmp_path,
     artifacts = read_artifacts(f"job-{job_dir.name}")
     assert "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson.zst" in artifacts[f"job-{job_dir.name}-00-local-import"]
     assert "| 1 | local_import | done | `import` | 2 |" in artifacts[f"job-{job_dir.name}"]
+
+
+JOB_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ (\S+): ")
+
+
+def job_log_lines_of(job_dir: Path, loggers: tuple[str, ...]) -> list[str]:
+    """The job log's record lines (not their tracebacks) from loggers whose names start with one of ``loggers``."""
+    lines = (job_dir / "job.log").read_text().splitlines()
+    return [line for line in lines if (m := JOB_LOG_LINE.match(line)) and m.group(1).startswith(loggers)]
 
 
 def read_artifacts(key_prefix: str) -> dict[str, str]:
@@ -188,6 +203,52 @@ def test_a_failing_import_exits_1_names_the_problem_and_records_it(tmp_path, job
     err = capsys.readouterr().err
     assert "no .ndjson or .ndjson.zst files" in err and "services.local_import.recursive" in err
     assert job_file(only_job_dir(tmp_path / "jobs"))["state"] == "Failed"
+
+
+def test_a_failing_file_is_told_once_on_the_terminal_and_in_full_in_the_job_log(tmp_path, job_config):
+    source = source_dir(tmp_path, {"a.ndjson": 2})
+    (source / "bad.ndjson").write_text('{"resourceType":"Patient","id":"p1"}\n[1, 2]\n')
+    config = job_config(["local_import"])
+
+    done = run_cli("start", str(config), str(source), "--no-progress")
+
+    assert done.returncode == EXIT_FAILED, done.stderr
+    errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, done.stderr
+    assert "Task run 'import[bad.ndjson" in errors[0] and "bad.ndjson" in errors[0] and "Traceback" not in done.stderr
+    assert "Finished in state Failed" not in done.stderr
+    job_dir = only_job_dir(tmp_path / "jobs")
+    assert f"full log: {job_dir / 'job.log'}" in done.stderr
+    log = (job_dir / "job.log").read_text()
+    assert log.count("Traceback (most recent call last)") == 1
+    failed_runs = [line for line in job_log_lines_of(job_dir, ("prefect.",)) if "Finished in state Failed" in line]
+    assert any("Task run 'import[bad.ndjson" in line for line in failed_runs), log
+    assert any(f"Flow run '{job_dir.name}'" in line for line in failed_runs), log
+
+
+def test_a_crtdl_that_is_not_there_is_not_found_and_makes_no_job(tmp_path, write_config, capsys):
+    config = write_config({"pipeline": {"enabled_steps": ["local_import"]}})
+    missing = tmp_path / "crtdl.json"
+
+    assert main(["start", str(config), str(missing), "--dir", str(source_dir(tmp_path, {"a.ndjson": 1}))]) == EXIT_USAGE
+
+    err = capsys.readouterr().err
+    assert "not found" in err and str(missing) in err
+    assert not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.parametrize("given_as", ["--dir", "INPUT"])
+def test_a_missing_import_directory_is_refused_at_start_naming_the_fix(tmp_path, job_config, capsys, given_as):
+    missing = tmp_path / "no-such-folder"
+    config = job_config(["local_import"])
+    args = ["start", str(config), *(["--dir", str(missing)] if given_as == "--dir" else [str(missing)])]
+
+    assert main(args) == EXIT_USAGE
+
+    err = capsys.readouterr().err
+    assert str(missing) in err and "no job was made" in err
+    assert ("--dir DIR" in err and "services.local_import.dir" in err) if given_as == "--dir" else "as INPUT" in err
+    assert not (tmp_path / "jobs").exists()
 
 
 def test_status_and_list_read_the_job_without_importing_prefect(tmp_path, job_config):
