@@ -1,9 +1,11 @@
-"""Reading resources for the engine: NDJSON lines with decimals kept as written, Bundles opened into entries."""
+"""Reading resources for the engine: NDJSON lines with decimals kept as written, Bundles opened into entries, and
+lines of types no view reads passed over unparsed."""
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,8 @@ import orjson
 from tasks.sof.errors import ResourceLineError
 
 _DECIMAL_NUMBER = re.compile(rb"[:\[,]\s*-?\d+(?:\.\d|[eE])")
+_DECIMAL_DECODER = json.JSONDecoder(parse_float=Decimal)
+_RESOURCE_TYPE = re.compile(rb'"resourceType"\s*:\s*"([^"\\]*)"')
 
 
 def parse_line(source: Path | str, number: int, line: bytes) -> dict[str, Any]:
@@ -22,7 +26,7 @@ def parse_line(source: Path | str, number: int, line: bytes) -> dict[str, Any]:
     looks like that only costs the slower parser, never a wrong value.
     """
     try:
-        resource = json.loads(line, parse_float=Decimal) if _DECIMAL_NUMBER.search(line) else orjson.loads(line)
+        resource = _with_decimals(line) if _DECIMAL_NUMBER.search(line) else orjson.loads(line)
     except ValueError as exc:
         raise ResourceLineError(f"{source}: line {number} is not valid JSON ({exc})") from exc
     except RecursionError:  # the decimal-keeping parser recurses per level; orjson stops at 1024 levels itself
@@ -32,8 +36,31 @@ def parse_line(source: Path | str, number: int, line: bytes) -> dict[str, Any]:
     return resource
 
 
+def _with_decimals(line: bytes) -> Any:
+    """``json.loads(line, parse_float=Decimal)`` with one decoder made once (``json.loads`` makes one per call)."""
+    return _DECIMAL_DECODER.decode(line.decode("utf-8-sig", "surrogatepass"))
+
+
 def line_resources(resource: dict[str, Any]) -> list[dict[str, Any]]:
     """The resources of one line: a Bundle's entries, or the resource itself."""
     if resource.get("resourceType") != "Bundle":
         return [resource]
     return [e["resource"] for e in resource.get("entry") or [] if isinstance((e or {}).get("resource"), dict)]
+
+
+def may_hold(line: bytes, types: frozenset[bytes]) -> bool:
+    """Whether the line can hold a resource of one of ``types`` (a Bundle can hold any): false only when every
+    ``"resourceType"`` in it names another type, so such a line need not be parsed at all."""
+    named = _RESOURCE_TYPE.findall(line)
+    return not named or any(kind in types or kind == b"Bundle" for kind in named)
+
+
+def read_resources(
+    source: Path | str, lines: Iterable[tuple[int, bytes]], types: Iterable[str]
+) -> Iterator[dict[str, Any]]:
+    """The resources of ``lines`` (numbered, as ``tasks.ndjson.iter_lines`` gives them), except those of lines
+    that hold no resource of ``types`` (see ``may_hold``): such lines are passed over unparsed and unchecked."""
+    wanted = frozenset(kind.encode() for kind in types)
+    for number, line in lines:
+        if may_hold(line, wanted):
+            yield from line_resources(parse_line(source, number, line))

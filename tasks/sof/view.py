@@ -28,12 +28,13 @@ Bounds (each a ``ViewEvaluationError`` naming the view, the resource and what we
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import partial
-from itertools import chain, islice, product
+from itertools import chain, islice
 from math import prod
 from typing import Any
 
@@ -87,24 +88,35 @@ class Select:
     paths: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
     null_row: tuple = ()
+    indexed: bool = True
 
     def rows(self, focus: Focus, env: dict[str, Any]) -> Iterable[tuple]:
         """The select's rows at ``focus``: a tuple when few and at hand, else an iterator producing them."""
         if self.iteration is None:
             return self._rows_at(focus, env)
-        return self._iterated(focus, env)
-
-    def _iterated(self, focus: Focus, env: dict[str, Any]) -> Iterator[tuple]:
-        position = -1
-        for position, element in enumerate(self._elements(focus, env)):
-            yield from self._rows_at(element, {**env, "rowIndex": position})
-        if position < 0 and self.iteration == "forEachOrNull":
-            yield self.null_row
-
-    def _elements(self, focus: Focus, env: dict[str, Any]) -> Iterable[Focus]:
         if self.iteration == "repeat":
-            return self._repeated(focus, env)
-        return self._evaluated(self.iterate[0], focus, env)
+            return self._each_lazily(list(self._repeated(focus, env)), 0, env)
+        return self._each(self._evaluated(self.iterate[0], focus, env), env)
+
+    def _each(self, elements: list[Focus], env: dict[str, Any]) -> Iterable[tuple]:
+        """The rows of each element in turn: a tuple while they are few and at hand, the rest produced lazily."""
+        if not elements:
+            return (self.null_row,) if self.iteration == "forEachOrNull" else ()
+        collected: list[tuple] = []
+        for position, element in enumerate(elements):
+            rows = self._rows_at(element, self._indexed(env, position))
+            if not isinstance(rows, tuple) or len(collected) + len(rows) > CACHED_ROWS:
+                return chain(collected, rows, self._each_lazily(elements, position + 1, env))
+            collected.extend(rows)
+        return tuple(collected)
+
+    def _each_lazily(self, elements: list[Focus], start: int, env: dict[str, Any]) -> Iterator[tuple]:
+        for position in range(start, len(elements)):
+            yield from self._rows_at(elements[position], self._indexed(env, position))
+
+    def _indexed(self, env: dict[str, Any], position: int) -> dict[str, Any]:
+        """``env`` with ``%rowIndex`` at ``position`` (the same ``env`` in a view that never reads it)."""
+        return {**env, "rowIndex": position} if self.indexed else env
 
     def _repeated(self, focus: Focus, env: dict[str, Any]) -> Iterator[Focus]:
         """Depth first: each element the repeat paths give, followed by the elements repeated from it (a stack of
@@ -188,7 +200,10 @@ def _product(head: tuple, parts: list[Part]) -> Iterable[tuple]:
     ``CACHED_ROWS`` rows, else produced lazily."""
     if _Reproduced in map(type, parts) or prod(map(len, parts)) > CACHED_ROWS:
         return _streamed_product(head, parts)
-    return tuple(sum(combination, head) for combination in product(*parts))
+    rows = [head]
+    for part in parts:
+        rows = [row + extra for row in rows for extra in part]
+    return tuple(rows)
 
 
 def _streamed_product(prefix: tuple, parts: list[Part]) -> Iterator[tuple]:
@@ -283,6 +298,9 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
     constants = _constants(view.get("constant", []))
     known_variables = _BUILTIN_VARIABLES | set(constants)
     root = _compile_select({"select": selects}, "view", known_variables)
+    if ROW_INDEX not in json.dumps(view, default=str):  # nested at most MAX_SELECT_DEPTH levels by now
+        for select in _selects(root):
+            select.indexed = False
     _check_unique(root.names)
     where = []
     for index, clause in enumerate(_list_of(view.get("where", []), "where")):
@@ -342,7 +360,27 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
     row_index = [c.path.strip() == ROW_INDEX for c in select.columns]
     select.null_row = tuple(0 if is_index else None for is_index in row_index)
     select.null_row += (None,) * (len(select.names) - len(row_index))
+    _merge_single_rows(select)
     return select
+
+
+def _merge_single_rows(select: Select) -> None:
+    """Nested selects that give one row at any focus (columns only: no iteration, nothing nested), ahead of any
+    other, joined to the select's own columns: the same rows (names and null row are set before), fewer products."""
+    while select.selects and _single_row(select.selects[0]):
+        select.columns += select.selects.pop(0).columns
+
+
+def _single_row(select: Select) -> bool:
+    return select.iteration is None and not select.selects and not select.union
+
+
+def _selects(root: Select) -> Iterator[Select]:
+    pending = [root]
+    while pending:
+        select = pending.pop()
+        yield select
+        pending += select.selects + select.union
 
 
 def _compile_column(spec: Any, where: str, variables: set[str]) -> Column:
