@@ -8,8 +8,8 @@ read on the worker (``client.run``) and printed. The ``local_import`` step task 
 (default 8) seeded, varied TORCH-shaped files of ``MB`` (default 512) in all runs in one Prefect run against a
 temporary API (``prefect_test_harness``): once on each cluster to warm the workers (untimed), then ``rounds``
 (default 3) interleaved rounds A, B, A, B, ... on new job directories. Every run's imported files must be the same
-bytes (sha256). Next to them, what the hardware gives: ``zstd -12 -T1`` over every file one after the other on
-one core, against the two halves in parallel, each half on its own core (also interleaved).
+bytes (sha256). In each round too, what the hardware gives: ``zstd -12 -T1`` over every file one after the other
+on one core, against the two halves in parallel, each half on its own core.
 
 The scheduler, the flow process and the Prefect server are not pinned: with 2 workers they share the workers'
 cores, with 1 worker they have the second core to themselves (the comparison leans against B, not for it). The
@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -37,6 +38,13 @@ from tests.benchmarks.compare import MB, REPO_ROOT, fresh, write_dataset
 
 CLUSTER_START_SECONDS = 120
 CLUSTERS = {"A": 1, "B": 2}  # label: workers, each pinned to its own core
+ONE_CORE, TWO_CORES = "zstd 1 core", "zstd 2 cores"
+LABELS = {
+    "A": "A: Dask, 1 worker on 1 core",
+    "B": "B: Dask, 2 workers, 1 core each",
+    ONE_CORE: f"zstd -{ZSTD_LEVEL} -T1, all files, 1 core",
+    TWO_CORES: f"zstd -{ZSTD_LEVEL} -T1, 2 halves, 2 cores",
+}
 
 
 @dataclass(frozen=True)
@@ -62,7 +70,6 @@ def main() -> None:
         write_dataset(root / "warm", files, files, seed=13)
         total = sum(p.stat().st_size for p in sources) / MB
         print(f"{len(sources)} files, {total:.0f} MB, zstd best, cores {cores}, {rounds} interleaved rounds")
-        anchor = zstd_anchor(sources, root / "anchor", cores, rounds)
         with prefect_test_harness(server_startup_timeout=CLUSTER_START_SECONDS):
             os.environ["PREFECT_API_URL"] = prefect_api_url()
             with ExitStack() as stack:
@@ -71,8 +78,8 @@ def main() -> None:
                     for label, workers in CLUSTERS.items()
                 ]
                 show_affinities(clusters)
-                timings = measure(str(root), str(root / "in"), str(root / "warm"), clusters, rounds)
-    show_timings(timings, anchor, total)
+                timings = measure(str(root), [str(p) for p in sources], str(root / "warm"), clusters, cores, rounds)
+    show_timings(timings, total)
 
 
 def usable_cores() -> list[int]:
@@ -122,8 +129,6 @@ def process(command: list[str], log: Path) -> Iterator[None]:
 
 def end_group(started: subprocess.Popen) -> None:
     """SIGTERM to the process group ``started`` leads (a worker's nanny and its worker process), SIGKILL after 30 s."""
-    import signal
-
     for sent in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(started.pid, sent)
@@ -170,10 +175,14 @@ def show_affinities(clusters: list[PinnedCluster]) -> None:
 # --- the runs ---------------------------------------------------------------------------------------------------
 
 
-def _measure(root: str, source: str, warm: str, clusters: list[PinnedCluster], rounds: int) -> dict:
+def _measure(
+    root: str, sources: list[str], warm: str, clusters: list[PinnedCluster], cores: list[int], rounds: int
+) -> dict:
     """Inside one flow run: the step once per cluster on a small input (the workers' first task imports dupflow),
-    then ``rounds`` interleaved rounds over the clusters; each run's seconds and the digests of its files."""
-    timings: dict = {"seconds": {c.label: [] for c in clusters}, "digests": {}}
+    then ``rounds`` rounds, each the step on every cluster in turn and the zstd anchor; each run's seconds (by
+    ``LABELS``) and the digests of its files."""
+    timings: dict = {"seconds": {label: [] for label in LABELS}, "digests": {}}
+    source = str(Path(sources[0]).parent)
     for cluster in clusters:
         import_on(cluster, Path(root) / f"warm-{cluster.label}", warm)
     for run in range(rounds):
@@ -181,6 +190,8 @@ def _measure(root: str, source: str, warm: str, clusters: list[PinnedCluster], r
             job_dir = Path(root) / f"{cluster.label}-{run}"
             timings["seconds"][cluster.label].append(import_on(cluster, job_dir, source))
             timings["digests"][job_dir.name] = imported_digests(job_dir)
+        for label, seconds in zstd_anchor([Path(p) for p in sources], Path(root) / "anchor", cores).items():
+            timings["seconds"][label].append(seconds)
     return timings
 
 
@@ -202,17 +213,15 @@ def imported_digests(job_dir: Path) -> dict[str, str]:
     return {path.name: hashlib.sha256(path.read_bytes()).hexdigest() for path in found}
 
 
-def zstd_anchor(sources: list[Path], out: Path, cores: list[int], rounds: int) -> dict[str, list[float]]:
-    """``zstd -T1`` over every file on one core, then the two halves at once, each on its own core; interleaved."""
+def zstd_anchor(sources: list[Path], out: Path, cores: list[int]) -> dict[str, float]:
+    """``zstd -T1`` over every file on one core, then the two halves at once, each on its own core: seconds."""
     halves = [sources[0::2], sources[1::2]]
-    anchor: dict[str, list[float]] = {"serial": [], "parallel": []}
     clear = fresh(out)
-    for _ in range(rounds):
-        clear()
-        anchor["serial"].append(pinned_zstd([(cores[0], sources)], out))
-        clear()
-        anchor["parallel"].append(pinned_zstd(list(zip(cores, halves, strict=True)), out))
-    shutil.rmtree(out, ignore_errors=True)
+    clear()
+    anchor = {ONE_CORE: pinned_zstd([(cores[0], sources)], out)}
+    clear()
+    anchor[TWO_CORES] = pinned_zstd(list(zip(cores, halves, strict=True)), out)
+    shutil.rmtree(out)
     return anchor
 
 
@@ -234,28 +243,25 @@ def pinned_zstd(work: list[tuple[int, list[Path]]], out: Path) -> float:
 # --- the report -------------------------------------------------------------------------------------------------
 
 
-def show_timings(timings: dict, anchor: dict[str, list[float]], total: float) -> None:
+def show_timings(timings: dict, total: float) -> None:
     digests = list(timings["digests"].values())
     if any(found != digests[0] for found in digests):
         raise SystemExit(f"the imported files differ between runs: {timings['digests']}")
     print(f"imported files identical in all {len(digests)} timed runs ({len(digests[0])} files, sha256)")
-    one, two = (timings["seconds"][label] for label in CLUSTERS)
+    seconds = timings["seconds"]
     print()
-    print(f"{'round':<7} {'A: 1 worker (s)':>16} {'B: 2 workers (s)':>17} {'zstd 1 core (s)':>16} {'2 cores (s)':>12}")
-    for run, row in enumerate(zip(one, two, anchor["serial"], anchor["parallel"], strict=True)):
-        print(f"{run + 1:<7} {row[0]:16.2f} {row[1]:17.2f} {row[2]:16.2f} {row[3]:12.2f}")
+    print(f"{'round':<6}" + "".join(f"{label + ' (s)':>18}" for label in LABELS) + f"{'A/B':>7}{'zstd':>7}")
+    for run, row in enumerate(zip(*seconds.values(), strict=True)):
+        figures = dict(zip(LABELS, row, strict=True))
+        ratios = figures["A"] / figures["B"], figures[ONE_CORE] / figures[TWO_CORES]
+        print(f"{run + 1:<6}" + "".join(f"{figure:18.2f}" for figure in row) + "".join(f"{r:6.2f}x" for r in ratios))
     print()
-    print(f"{'':<34} {'best s':>7} {'median s':>9} {'MB/s':>7}")
-    for label, seconds in (
-        ("A: Dask, 1 worker on 1 core", one),
-        ("B: Dask, 2 workers, 1 core each", two),
-        (f"zstd -{ZSTD_LEVEL} -T1, all files, 1 core", anchor["serial"]),
-        (f"zstd -{ZSTD_LEVEL} -T1, 2 halves, 2 cores", anchor["parallel"]),
-    ):
-        print(f"{label:<34} {min(seconds):7.2f} {statistics.median(seconds):9.2f} {total / min(seconds):7.1f}")
+    print(f"{'seconds':<34} {'best':>7} {'median':>7} {'MB/s':>7}")
+    for label, runs in seconds.items():
+        print(f"{LABELS[label]:<34} {min(runs):7.2f} {statistics.median(runs):7.2f} {total / min(runs):7.1f}")
     print()
-    print(f"speed-up of 2 workers over 1: {speed_up(one, two)}")
-    print(f"speed-up the hardware gives (zstd, 2 cores over 1): {speed_up(anchor['serial'], anchor['parallel'])}")
+    print(f"speed-up of 2 workers over 1: {speed_up(seconds['A'], seconds['B'])}")
+    print(f"speed-up the hardware gives (zstd, 2 cores over 1): {speed_up(seconds[ONE_CORE], seconds[TWO_CORES])}")
 
 
 def speed_up(before: list[float], after: list[float]) -> str:
