@@ -14,6 +14,7 @@ import argparse
 import gc
 import logging
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -26,8 +27,10 @@ from config.loader import (
     cached_settings,
     names_secret_blocks,
     effective_config_rows,
+    leaf_paths,
     load_settings,
     refuse_secret_overrides,
+    secret_key_paths,
 )
 from config.runtime import apply_prefect_defaults, default_jobs_dir
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
@@ -444,7 +447,20 @@ def report_outcome(paths: JobPaths, state: Any, log_file: Path) -> int:
     print(f"job {job.job_id} failed: {job.state_message or redact(state.message or '')}", file=sys.stderr)
     print(f"full log: {log_file}", file=sys.stderr)
     print(f"after fixing the cause, resume with: {CLI} continue {job.job_id}", file=sys.stderr)
+    if key := setting_named_in(job.state_message or ""):
+        print(f"or change {key} for this job: {CLI} continue {job.job_id} --set {key}=VALUE", file=sys.stderr)
     return EXIT_FAILED
+
+
+def setting_named_in(message: str) -> str | None:
+    """The first non-secret setting a failure's message names: its fix may be another value for this job."""
+    secret = secret_key_paths()
+    named = [
+        (found.start(), key)
+        for key in leaf_paths()
+        if key not in secret and (found := re.search(rf"(?<![\w.]){re.escape(key)}(?!\w|\.\w)", message))
+    ]
+    return min(named)[1] if named else None
 
 
 # --- reading jobs ----------------------------------------------------------------------------

@@ -195,14 +195,21 @@ def test_continue_from_another_directory_works_on_the_same_job_and_files(tmp_pat
     assert list(elsewhere.iterdir()) == []
 
 
-def test_a_failing_import_exits_1_names_the_problem_and_records_it(tmp_path, job_config, capsys):
+def test_a_failing_import_exits_1_names_the_problem_and_the_continue_that_fixes_it(tmp_path, job_config, capsys):
     config = job_config(["local_import"])
-    empty = tmp_path / "empty"
-    (empty / "sub").mkdir(parents=True)
-    assert main(["start", str(config), str(empty), "--no-progress"]) == EXIT_FAILED
+    nested = tmp_path / "nested"
+    (nested / "sub").mkdir(parents=True)
+    write_ndjson(nested / "sub" / "a.ndjson", 2)
+    assert main(["start", str(config), str(nested), "--no-progress"]) == EXIT_FAILED
     err = capsys.readouterr().err
+    job_dir = only_job_dir(tmp_path / "jobs")
     assert "no .ndjson or .ndjson.zst files" in err and "services.local_import.recursive" in err
-    assert job_file(only_job_dir(tmp_path / "jobs"))["state"] == "Failed"
+    assert job_file(job_dir)["state"] == "Failed"
+    fix = f"continue {job_dir.name} --set services.local_import.recursive=VALUE"
+    assert fix in err, err
+
+    assert main(["continue", str(job_dir), "--set", "services.local_import.recursive=true", "--no-progress"]) == EXIT_OK
+    assert job_file(job_dir)["state"] == "Completed"
 
 
 def test_a_failing_file_is_told_once_on_the_terminal_and_in_full_in_the_job_log(tmp_path, job_config):
