@@ -1,11 +1,12 @@
 """The ``dupflow`` flow: one job, its steps in the order of ``pipeline.enabled_steps``.
 
 Every entry point (the command line, a deployment run, a scheduled run) runs this flow; ``prepare_job`` makes or
-finds the job, and the flow run is named after the job id and tagged ``job-<id>``. Parameters carry no secret:
-the configuration's location, the job input and non-secret overrides; the configuration (with its secrets) is
-loaded inside the run. Each step is a Prefect task registered in ``STEPS`` with its kind (``StepKind``), which
-decides what the next step reads. Finished steps and files come back from their cached results in the job
-directory, so running the flow again for the same job resumes it.
+finds the job, and the flow run is named after the job id and tagged ``job-<id>``; a run without a job id (a
+deployment or scheduled run) makes a job with its own flow-run id, so Prefect names it after the job as it begins.
+Parameters carry no secret: the configuration's location, the job input and non-secret overrides; the
+configuration (with its secrets) is loaded inside the run. Each step is a Prefect task registered in ``STEPS``
+with its kind (``StepKind``), which decides what the next step reads. Finished steps and files come back from
+their cached results in the job directory, so running the flow again for the same job resumes it.
 
 The flow owns the job: it prepares it, takes its lock, closes the job's earlier flow run that no process carries
 on (a local run paused for inspection, perhaps resumed in the UI with nothing behind it: it ends ``Continued``),
@@ -66,7 +67,7 @@ from tasks.record import (
 from tasks.send import send
 from tasks.url_credentials import refuse_credentials_in_url
 from tasks.validation import validation
-from tasks.wait import refuse_unconfirmed_resume, wait
+from tasks.wait import awaiting_result, refuse_unconfirmed_resume, released_result, wait
 
 SUSPEND_TIMEOUT_SECONDS = 7 * 24 * 3600
 
@@ -100,19 +101,22 @@ class InspectionInput(RunInput):
 
 
 def flow_run_name() -> str:
-    """The job id; a deployment run without one is renamed to its new job id as soon as the job exists."""
-    return run_job_id(runtime.flow_run.parameters.get("job_id")) or "new-job"
+    """The job id, known before the flow's first line: Prefect names the run with it as the run begins, so a
+    deployment run's log never shows another name (before that, the server's generated name is all there is)."""
+    return run_job_id(runtime.flow_run.parameters.get("job_id"))
 
 
-def run_job_id(job_id: str | None) -> str | None:
-    """The job this flow run works on: ``job_id``, else the job it already made (its ``job-<id>`` tag).
+def run_job_id(job_id: str | None) -> str:
+    """The job this flow run works on: ``job_id``, else the job it already made (its ``job-<id>`` tag), else a new
+    job named after this flow run's id (a deployment or scheduled run without a job id).
 
-    A resumed deployment run starts the flow again with the same parameters (no job id): the tag makes it
-    resume its own job instead of starting a new one.
+    A resumed deployment run starts the flow again with the same parameters (no job id): its own id (or the tag,
+    for a job made before jobs took the run's id) makes it resume its own job instead of starting a new one.
     """
     if job_id:
         return job_id
-    return next(filter(None, map(job_of_tag, runtime.flow_run.tags or [])), None)
+    tagged = next(filter(None, map(job_of_tag, runtime.flow_run.tags or [])), None)
+    return tagged or str(runtime.flow_run.id)
 
 
 @flow(
@@ -326,45 +330,78 @@ def step_input(job: Job, position: int, name: str, current: StepResult | None) -
 
 
 def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordCard) -> StepResult:
-    """A wait step: in a deployment run, suspend until resumed with the inspection form; locally, stop the run."""
+    """A wait step: in a deployment run, suspend until resumed with the inspection form; locally, stop the run.
+
+    In a deployment run the ``wait`` task runs once, when the gate pauses the job. Prefect runs a resumed run again
+    from the top (every other task shows again, as Cached): the flow reads the form's answer first, without
+    suspending again or saying so, and, confirmed, releases the gate and goes on with the folder the gate hands on
+    (``released_result``), without running the task a second time."""
     in_deployment = runtime.deployment.id is not None
-    hint = (
-        "press Resume on this flow run in the Prefect UI and fill in the form (or POST /api/flow_runs/<id>/resume), "
-        f"or run: {CLI} continue {job.job_id}"
-        if in_deployment
-        else f"{CLI} continue {job.job_id}"
-    )
-    result = wait(step, hint)
-    if not result.awaiting or not in_deployment:
-        return result
-    card.note([*done, result])  # the record shows the gate awaiting while the run is suspended
-    inspection = confirmed_inspection(job, step, hint, card)
+    hint = resume_hint(job, in_deployment)
+    if not in_deployment or gate(job.paths.job_dir, step.position).get("released"):
+        return wait(step, hint)
+    inspection = confirmed_inspection(job, step, hint, done, card)
     release_gate(job.paths.job_dir, step.position, inspection.note)
     record_state(job.paths.job_dir, RUNNING)  # a resumed run passed its suspend, which wrote Suspended first
-    return wait(step, hint)
+    return released_result(step)
 
 
-def confirmed_inspection(job: Job, step: StepInput, hint: str, card: JobRecordCard) -> InspectionInput:
-    """The form of the resume that confirmed the inspection. A resume without confirmation is counted in the job's
-    record's gate and suspends the run again under a new key (a key already resumed returns its input at once,
-    which is how a resumed run, started again from the top, gets past the suspends before it)."""
+def resume_hint(job: Job, in_deployment: bool) -> str:
+    """How to go on past a wait step: a deployment run names its own resume call (with this run's id)."""
+    if not in_deployment:
+        return f"{CLI} continue {job.job_id}"
+    return (
+        "press Resume on this flow run in the Prefect UI and fill in the form, or "
+        f'POST /api/flow_runs/{runtime.flow_run.id}/resume with {{"run_input": {{"confirmed": true, "note": "..."}}}}, '
+        f"or run: {CLI} continue {job.job_id}"
+    )
+
+
+def confirmed_inspection(
+    job: Job, step: StepInput, hint: str, done: list[StepResult], card: JobRecordCard
+) -> InspectionInput:
+    """The form of the resume that confirmed the inspection. The first time, the ``wait`` task publishes what to
+    inspect and the run is suspended. A resume without confirmation is counted in the job's record's gate and
+    suspends the run again under a new key, so each key is answered once; a resumed run finds the answer to its
+    latest key without suspending."""
     unconfirmed = gate(job.paths.job_dir, step.position).get("unconfirmed_resumes", 0)
-    while not (inspection := suspend_for_inspection(job, step.position, unconfirmed, card)).confirmed:
+    inspection = answered_inspection(step.position, unconfirmed)
+    if inspection is None:
+        card.note([*done, wait(step, hint)])  # the record shows the gate awaiting while the run is suspended
+        inspection = suspend_for_inspection(job, step.position, unconfirmed, card)
+    while not inspection.confirmed:
         unconfirmed = count_unconfirmed_resume(job.paths.job_dir, step.position)
         refuse_unconfirmed_resume(step, hint, inspection.note)
+        card.note([*done, awaiting_result(step)])
+        inspection = suspend_for_inspection(job, step.position, unconfirmed, card)
     return inspection
 
 
+def inspection_key(position: int, unconfirmed: int) -> str:
+    """The suspend's key: new after every resume without confirmation, so that the run is suspended once more."""
+    return f"wait-{position:02d}" + (f"-unconfirmed-{unconfirmed}" if unconfirmed else "")
+
+
+def answered_inspection(position: int, unconfirmed: int) -> InspectionInput | None:
+    """The form's answer to the suspend with this key, if the run was resumed with one."""
+    from prefect.input.actions import read_flow_run_input
+    from prefect.input.run_input import keyset_from_paused_state
+    from prefect.states import Suspended
+
+    keyset = keyset_from_paused_state(Suspended(pause_key=inspection_key(position, unconfirmed)))
+    answer = read_flow_run_input(keyset["response"])
+    return None if answer is None else InspectionInput(**answer)
+
+
 def suspend_for_inspection(job: Job, position: int, unconfirmed: int, card: JobRecordCard) -> InspectionInput:
-    """Suspend the deployment run (its process ends); a resume re-runs the flow, and this returns the form's input.
-    The key is new after every resume without confirmation, so that the run is suspended once more. The job
-    record says Suspended first."""
+    """Suspend the deployment run (its process ends); the job record says Suspended first. A resume runs the flow
+    again, which finds the form's answer with ``answered_inspection``."""
     from prefect.flow_runs import suspend_flow_run
 
     message = f"awaiting inspection at step {position + 1} (wait); resume in the UI with the confirmation turned on"
     record_state(job.paths.job_dir, SUSPENDED, message)
     card.refresh()
-    key = f"wait-{position:02d}" + (f"-unconfirmed-{unconfirmed}" if unconfirmed else "")
+    key = inspection_key(position, unconfirmed)
     return suspend_flow_run(wait_for_input=InspectionInput, timeout=SUSPEND_TIMEOUT_SECONDS, key=key)
 
 

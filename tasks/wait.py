@@ -35,8 +35,13 @@ def wait(step: StepInput, resume_hint: str = "") -> StepResult:
             wait_dir(step).mkdir(parents=True, exist_ok=True)
             publish_instructions(step, resume_hint)
             mark_gate_paused(step.job_path, step.position)  # after publishing: a failed publish is tried again
-        return StepResult(step=step.step, position=step.position, folder=step.folder or "", awaiting=True)
+        return awaiting_result(step)
     return released_result(step)
+
+
+def awaiting_result(step: StepInput) -> StepResult:
+    """The gate's result while the job waits for inspection."""
+    return StepResult(step=step.step, position=step.position, folder=step.folder or "", awaiting=True)
 
 
 def wait_dir(step: StepInput) -> Path:

@@ -1,10 +1,10 @@
 """A deployment run is a job like any other, against a real ``prefect server start`` on loopback.
 
 The flow is served (``python -m deployments.serve``) from a directory other than the configuration's, and runs
-are created through the server's REST API, as the UI or a schedule would: the run is named after its job id and
-tagged ``job-<id>``, the job lands under the configuration's directory (relative paths in a configuration file
-resolve against that file), ``status`` agrees with the server, and a secret among the deployment's overrides is
-refused before the run does any work.
+are created through the server's REST API, as the UI or a schedule would: a new job takes the run's id, so the run
+bears the job's name from the flow's first log line, and is tagged ``job-<id>``; the job lands under the
+configuration's directory (relative paths in a configuration file resolve against that file), ``status`` agrees
+with the server, and a secret among the deployment's overrides is refused before the run does any work.
 """
 
 from __future__ import annotations
@@ -116,13 +116,20 @@ def run_deployment(api_url: str, deployment_id: str, parameters: dict) -> dict:
     raise AssertionError(f"flow run {run_id} did not end")
 
 
+def flow_run_log(api_url: str, run_id: str) -> str:
+    body = {"logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "limit": 200}
+    return "\n".join(entry["message"] for entry in httpx.post(f"{api_url}/logs/filter", json=body).json())
+
+
 def test_a_deployment_run_is_a_named_tagged_job_under_the_configs_directory(server, site, served):
     api_url, env = server
     run = run_deployment(api_url, served, {})
     assert run["state"]["type"] == "COMPLETED", run["state"]
     job_id = run["name"]
-    assert str(uuid.UUID(job_id)) == job_id
+    assert job_id == run["id"], "a new job takes its flow run's id, so the run bears the job's name from the start"
     assert f"job-{job_id}" in run["tags"]
+    log = flow_run_log(api_url, run["id"])
+    assert f"Beginning flow run '{job_id}'" in log and "new-job" not in log, log
     job_dir = site / "jobs" / job_id
     assert (job_dir / "import" / "a.ndjson.zst").is_file()
 

@@ -4,8 +4,9 @@ Against a real ``prefect server start`` on loopback, as a user would do it from 
 pool, ``prefect deploy --all`` from the repository root, start a worker, trigger a ``local_import → wait →
 pseudonymizer`` job from the ``on-demand`` deployment. The run suspends at the wait step (its process ends) with the
 inspection artifact and log line; the worker is killed and started again; a corrected file goes into the ``_wait``
-folder; the run is resumed through the REST API with the form's input, and completes reading that folder. The job
-id is the run's name and tag throughout.
+folder; the run is resumed through the REST API (the call the inspection artifact shows, with the run's id) with
+the form's input, and completes reading that folder without suspending again or running the gate's task again. A
+new job takes the run's id: it is the run's name from the flow's first log line, and its tag throughout.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
@@ -136,12 +136,13 @@ def test_a_suspended_job_survives_a_worker_restart_and_resumes_with_the_form_rea
         run_id, run = run_to_the_gate(api_url, deployed, site, worker, logs)
         assert run["state"]["name"] == "Suspended", run["state"]
         job_id = run["name"]
-        assert str(uuid.UUID(job_id)) == job_id and f"job-{job_id}" in run["tags"]
+        assert job_id == run_id and f"job-{job_id}" in run["tags"], "a new job takes its flow run's id"
+        assert f"Beginning flow run '{job_id}'" in run_log(api_url, run_id), "named after the job from its first line"
         job_dir = site / "jobs" / job_id
         wait_dir = job_dir / "import_wait"
         inspection = api(api_url, "GET", f"/artifacts/job-{job_id}-inspection/latest")["data"]
         assert str(job_dir / "import") in inspection and str(wait_dir) in inspection
-        assert "/api/flow_runs/<id>/resume" in inspection and f"continue {job_id}" in inspection
+        assert f"/api/flow_runs/{run_id}/resume" in inspection and f"continue {job_id}" in inspection
         assert str(wait_dir) in run_log(api_url, run_id)
         record = api(api_url, "GET", f"/artifacts/job-{job_id}/latest")["data"]
         assert "awaiting inspection" in record and "failed:" not in record, record  # a suspend is no failure
@@ -160,6 +161,10 @@ def test_a_suspended_job_survives_a_worker_restart_and_resumes_with_the_form_rea
 
     assert run["state"]["type"] == "COMPLETED", (run["state"], run_log(api_url, run_id))
     assert run["name"] == job_id and f"job-{job_id}" in run["tags"]
+    log = run_log(api_url, run_id)
+    assert log.count("Suspending flow run") == 1, "a resumed run does not suspend again: " + log
+    waits = [name for name in task_run_names(api_url, run_id) if name.startswith("wait[")]
+    assert len(waits) == 1, "the gate's task runs once, when it pauses"
     outputs = sorted((job_dir / "pseudonymizer").iterdir())
     assert [p.name for p in outputs] == ["corrected.ndjson.zst"]
     assert len(list(iter_resources(outputs[0], 1 << 20))) == 3
@@ -289,5 +294,12 @@ def wait_for_run(
 
 
 def run_log(api_url: str, run_id: str) -> str:
-    logs = api(api_url, "POST", "/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200})
+    body = {"logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "limit": 200}
+    logs = api(api_url, "POST", "/logs/filter", json=body)
     return "\n".join(f"{entry['level']} {entry['message']}" for entry in logs)
+
+
+def task_run_names(api_url: str, run_id: str) -> list[str]:
+    """The names of the flow run's task runs, every execution of it included (a resumed run starts from the top)."""
+    runs = api(api_url, "POST", "/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}, "limit": 200})
+    return [run["name"] for run in runs]
