@@ -107,3 +107,19 @@ def write_patients(path: Path, count: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps({"resourceType": "Patient", "id": f"p{i}"}) + "\n" for i in range(count)))
     return path
+
+
+def test_continue_with_a_note_records_it_with_the_gate_of_a_local_run(tmp_path, write_config, capsys):
+    source = write_patients(tmp_path / "in" / "a.ndjson", 2)
+    config = write_config({"pipeline": {"enabled_steps": ["local_import", "wait"]}})
+    assert main(["start", str(config), str(source.parent), "--no-progress"]) == EXIT_OK
+    (job_dir,) = (tmp_path / "jobs").iterdir()
+
+    assert main(["continue", job_dir.name, "--jobs-dir", str(tmp_path / "jobs"), "--note", "checked 2"]) == EXIT_OK
+
+    gate = json.loads((job_dir / "job.json").read_text())["gates"]["01"]
+    assert gate["released"] and gate["note"] == "checked 2", gate
+    capsys.readouterr()
+    assert main(["status", str(job_dir)]) == EXIT_OK
+    assert "2. wait: done, 1 file(s), " in (status := capsys.readouterr().out), status
+    assert "in import (inspection note: checked 2)\n" in status, status
