@@ -9,10 +9,18 @@
 3. Rows come from the embedded SQL-on-FHIR engine (``tasks.sof``), or from the flattening service's ``$run`` when
    ``services.flattening.service_url`` is set (health-checked first). For the service, resources are buffered per
    group up to ``batch_size_mb`` divided by the number of groups, then sent as one request, file after file.
-4. The embedded engine works file by file, each file its own cached task (``flatten[<file>]``) writing its rows per
-   group into ``.parts/<file>/``; when the input is large enough to pay for starting them, the files are flattened
-   in worker processes on every core (``tasks.processes``: JSON parsing and FHIRPath hold the GIL). The parts are
-   then concatenated in input order under one header, so the CSVs are the same bytes however many processes ran.
+4. The embedded engine works piece by piece, each piece its own cached task writing its rows per group into
+   ``.parts/<piece>/``: a whole file (``flatten[<file>]``), or, when worker processes run, a span of a large file's
+   lines (``flatten[<file>#<i>/<n>]``, ``plan_pieces``: a file of at least ``SPAN_MIN_BYTES`` per process is cut at
+   line starts into one span per process, so one big file uses every core). When the input is large enough to pay
+   for starting them, the pieces are flattened in worker processes on every core (``tasks.processes``: JSON parsing
+   and FHIRPath hold the GIL). The parts are then concatenated in input order under one header (``join_parts``), so
+   the CSVs are the same bytes however many processes ran and however the files were cut. A cut file's bare
+   Provenance routes its resources in every span: the routes are found once per file and saved for its spans.
+   zstd files are cut too: each span's reader decompresses from the file's start and drops what comes before it
+   (a zstd stream has no index to enter it in the middle; decompressing is fast beside flattening, and no
+   decompressed copy is written to disk). Each piece reports its resources as it goes (``tasks.progress.track``:
+   log lines or a bar, and the step's progress artifact), from a worker process through ``SharedCount``.
 5. Each group's CSV is written under a temporary name and all are renamed when the step completes; a group with no
    rows writes no file.
 6. Input resources that no group takes while no group takes any at all fail the step (``refuse_nothing_routed``):
@@ -20,7 +28,7 @@
    error names the groups the CRTDL has and the group ids the Provenance names (up to ``LISTED_IDS`` of each),
    and the fix.
 
-Resume: a resumed job keeps the files whose parts are finished (a part missing on disk is flattened again) and
+Resume: a resumed job keeps the pieces whose parts are finished (a part missing on disk is flattened again) and
 redoes the rest; no CSV is visible before all are complete. The service path is redone as a whole.
 """
 
@@ -44,8 +52,9 @@ from tasks.errors import StepError
 from tasks.fanout import raise_if_cancelled, results_or_raise
 from tasks.filework import map_files
 from tasks.layout import artifact_key, write_file_atomically
-from tasks.ndjson import iter_lines
-from tasks.processes import pool_size, processes_allowed, run_in_process
+from tasks.ndjson import WHOLE_FILE, Span, iter_lines, line_spans
+from tasks.processes import SharedCount, never_cancelled, pool_size, processes_allowed, run_in_process
+from tasks.progress import Tracker, track
 from tasks.sof import compile_view
 from tasks.sof.crtdl_views import AttributeGroup, GroupView, attribute_groups, build_view
 from tasks.sof.errors import SofError
@@ -58,6 +67,7 @@ from tasks.sof.flatten import (
     bare_routes,
     flatten_file,
     has_group_provenance,
+    routes_json,
 )
 from tasks.sof.lookup import LookupTable, load_lookup
 from tasks.sof.output import csv_cells, csv_writer, json_bytes
@@ -74,6 +84,8 @@ COPY_CHUNK = 1 << 20
 # Worker processes start in about a second (a fork server importing the engine, then one fork per core); below
 # this much input that costs more than it saves, so the files are flattened in the calling process.
 PROCESS_MIN_BYTES = 16 * MB
+# A file is cut into spans for several processes only when each span gets at least this much (of the file on disk).
+SPAN_MIN_BYTES = 8 * MB
 LISTED_IDS = 10
 
 
@@ -117,26 +129,69 @@ def flattening(step: StepInput) -> StepResult:
     return step.result(outcome.files, **outcome.summary())
 
 
-@file_task("flatten-file", "flatten[{name}]")
-def flatten_input_file(step: StepInput, name: str, by_provenance: bool, plan_digest: str) -> FileParts:
-    """Flatten ``<input folder>/<name>`` into ``flattening/.parts/<name>/``; ``plan_digest`` (the views and the
-    skipped groups) makes a changed CRTDL or lookup file a new result."""
+@dataclass(frozen=True)
+class Piece:
+    """What one ``flatten[...]`` task flattens: the input file ``name``, whole, or span ``index`` of ``count``."""
+
+    name: str
+    span: Span = WHOLE_FILE
+    index: int = 1
+    count: int = 1
+
+    @property
+    def label(self) -> str:
+        return self.name if self.count == 1 else f"{self.name}#{self.index}/{self.count}"
+
+    @property
+    def folder(self) -> str:
+        """Its parts' folder in ``.parts/``."""
+        return self.name if self.count == 1 else f"{self.name}#{self.index}-{self.count}"
+
+
+@file_task("flatten-file", "flatten[{piece.label}]")
+def flatten_input_file(step: StepInput, piece: Piece, by_provenance: bool, plan_digest: str) -> FileParts:
+    """Flatten the piece of ``<input folder>/<piece.name>`` into ``flattening/.parts/<piece.folder>/``;
+    ``plan_digest`` (the views and the skipped groups) makes a changed CRTDL or lookup file a new result."""
     settings = settings_of(step)
     lookup = Path(settings.services.flattening.lookup_path or "")
     assert step.crtdl_path is not None and step.input_dir is not None
     views, skipped = plan_views(step.crtdl_path, lookup, warn=False)
     max_line = settings.pipeline.max_ndjson_line_size_bytes
-    plan = file_plan(step.input_dir / name, step.output_dir / PARTS_FOLDER, views, skipped, by_provenance, max_line)
-    return flatten_one(plan, in_worker_process=use_processes(sum(f.size for f in step.files), len(step.files)))
+    parts_dir = step.output_dir / PARTS_FOLDER
+    plan = file_plan(step.input_dir, piece, parts_dir, views, skipped, by_provenance, max_line)
+    total = piece.span.lines or next((f.resources for f in step.files if f.name == piece.name), None)
+    in_processes = use_processes(sum(f.size for f in step.files))
+    return flatten_one(plan, piece.label, total, in_worker_process=in_processes)
 
 
-def flatten_one(plan: FilePlan, *, in_worker_process: bool) -> FileParts:
-    """One file's parts, in a worker process or in this one; a cancelled fan-out stops it, and the engine's
-    errors become the step's."""
-    with engine_errors_as_step_errors():
+def flatten_one(plan: FilePlan, label: str, total: int | None, *, in_worker_process: bool) -> FileParts:
+    """One piece's parts, in a worker process or in this one, its progress shown as ``flatten <label>`` against
+    ``total`` resources; a cancelled fan-out stops it, and the engine's errors become the step's."""
+    with engine_errors_as_step_errors(), track(f"flatten {label}", total, "resources") as progress:
         if in_worker_process:
-            return run_in_process(flatten_file, plan, stop_if_cancelled=raise_if_cancelled)
-        return flatten_file(plan, raise_if_cancelled)
+            return flatten_in_worker(plan, progress)
+        return flatten_file(plan, raise_if_cancelled, progress.advance)
+
+
+def flatten_in_worker(plan: FilePlan, progress: Tracker) -> FileParts:
+    """``flatten_file`` in a worker process; the lines it has done reach ``progress`` while this thread waits."""
+    done = SharedCount(str(Path(plan.parts_dir) / f".{plan.folder}.count"))
+    done.remove()  # a count a killed run left
+    shown = 0
+
+    def follow() -> None:
+        nonlocal shown
+        raise_if_cancelled()
+        now = done.read()
+        progress.advance(now - shown)
+        shown = now
+
+    try:
+        result = run_in_process(flatten_file, plan, never_cancelled, done.add, stop_if_cancelled=follow)
+    finally:
+        done.remove()
+    progress.advance(result["lines"] - shown)
+    return result
 
 
 # --- planning ---------------------------------------------------------------------------------------------------
@@ -204,18 +259,65 @@ def clean_output(folder: Path) -> None:
 
 
 def file_plan(
-    source: Path,
+    input_dir: Path,
+    piece: Piece,
     parts_dir: Path,
     views: list[GroupView],
     skipped: list[AttributeGroup],
     by_provenance: bool,
     max_line_bytes: int,
 ) -> FilePlan:
+    """What a worker needs to flatten ``piece``: a span reads its file's bare routes where ``plan_pieces`` saved
+    them."""
     groups = tuple(
         GroupPlan(view.group.id, view.group.csv_name, view.resource_type, json.dumps(view.view)) for view in views
     )
     skipped_ids = tuple(group.id for group in skipped)
-    return FilePlan(str(source), str(parts_dir), groups, skipped_ids, by_provenance, max_line_bytes)
+    routes = str(routes_path(parts_dir, piece.name)) if by_provenance and piece.count > 1 else ""
+    return FilePlan(
+        str(input_dir / piece.name),
+        str(parts_dir),
+        piece.folder,
+        groups,
+        skipped_ids,
+        by_provenance,
+        max_line_bytes,
+        piece.span,
+        routes,
+    )
+
+
+def plan_pieces(
+    paths: list[Path],
+    parts_dir: Path,
+    processes: int,
+    by_provenance: bool,
+    max_line_bytes: int,
+    min_span_bytes: int = SPAN_MIN_BYTES,
+) -> list[Piece]:
+    """Every input file as one piece, or, with several ``processes``, a large one cut into up to one span per
+    process (``min_span_bytes`` of the file each at least); a cut file's bare Provenance routes are saved once for
+    its spans."""
+    pieces = []
+    for path in paths:
+        spans = file_spans(path, processes, min_span_bytes)
+        if len(spans) > 1 and by_provenance:
+            with engine_errors_as_step_errors():
+                routes = routes_json(bare_routes(path, max_line_bytes))
+            write_file_atomically(routes_path(parts_dir, path.name), routes)
+        pieces += [Piece(path.name, span, index, len(spans)) for index, span in enumerate(spans, 1)]
+    return pieces
+
+
+def file_spans(path: Path, processes: int, min_bytes: int) -> list[Span]:
+    """The file whole, or cut at line starts (``tasks.ndjson.line_spans``; a place to cut every ``min_bytes / 8``)."""
+    spans = min(processes, path.stat().st_size // min_bytes)
+    return line_spans(path, spans, max(min_bytes // 8, 1)) if spans > 1 else [WHOLE_FILE]
+
+
+def routes_path(parts_dir: Path, name: str) -> Path:
+    """Where the bare Provenance routes of a cut file are saved (beside its spans' folders)."""
+    return parts_dir / f".{name}.routes.json"
 
 
 def routes_by_provenance(paths: list[Path], max_line_bytes: int) -> bool:
@@ -223,9 +325,9 @@ def routes_by_provenance(paths: list[Path], max_line_bytes: int) -> bool:
     return any(has_group_provenance(path, max_line_bytes) for path in paths)
 
 
-def use_processes(input_bytes: int, files: int) -> bool:
-    """Worker processes pay for their start-up only on a large input of several files (and where they can help)."""
-    return files > 1 and input_bytes >= PROCESS_MIN_BYTES and processes_allowed()
+def use_processes(input_bytes: int) -> bool:
+    """Worker processes pay for their start-up only on a large input (and where they can help)."""
+    return input_bytes >= PROCESS_MIN_BYTES and processes_allowed()
 
 
 # --- the embedded engine, file by file ------------------------------------------------------------------------------
@@ -234,16 +336,17 @@ def use_processes(input_bytes: int, files: int) -> bool:
 def flatten_step_files(
     step: StepInput, views: list[GroupView], skipped: list[AttributeGroup], max_line_bytes: int
 ) -> FlattenOutcome:
-    """Each input file through its cached ``flatten[<file>]`` task, then the parts joined into the CSVs."""
+    """Each piece of the input through its cached ``flatten[...]`` task, then the parts joined into the CSVs."""
     paths = step.input_paths()
     by_provenance = routes_by_provenance(paths, max_line_bytes)
     plan_digest = digest([[v.group.id, v.group.csv_name, v.view] for v in views] + [g.id for g in skipped])
-    arguments = [(step, path.name, by_provenance, plan_digest) for path in paths]
-    workers = pool_size() if use_processes(sum(f.size for f in step.files), len(paths)) else 1
+    workers = pool_size() if use_processes(sum(f.size for f in step.files)) else 1
     parts_dir = step.output_dir / PARTS_FOLDER
+    pieces = plan_pieces(paths, parts_dir, workers, by_provenance, max_line_bytes)
+    arguments = [(step, piece, by_provenance, plan_digest) for piece in pieces]
     results = results_or_raise(map_files(flatten_input_file, arguments, workers))
     if missing := [i for i, result in enumerate(results) if not parts_on_disk(parts_dir, views, result)]:
-        log.warning("parts of %d finished files are gone: flattening them again", len(missing))
+        log.warning("parts of %d finished pieces are gone: flattening them again", len(missing))
         again = results_or_raise(
             map_files(flatten_input_file.with_options(refresh_cache=True), [arguments[i] for i in missing], workers)
         )
@@ -255,9 +358,9 @@ def flatten_step_files(
 
 
 def parts_on_disk(parts_dir: Path, views: list[GroupView], result: FileParts) -> bool:
-    """Whether every part a (possibly cached) file result names is on disk with its size."""
+    """Whether every part a (possibly cached) piece's result names is on disk with its size."""
     for view, rows, size in zip(views, result["rows"], result["bytes"], strict=True):
-        part = parts_dir / result["file"] / view.group.csv_name
+        part = parts_dir / result["folder"] / view.group.csv_name
         if rows and (not part.is_file() or part.stat().st_size != size):
             return False
     return True
@@ -271,7 +374,8 @@ def join_parts(
     results: list[FileParts],
     by_provenance: bool,
 ) -> FlattenOutcome:
-    """Each group's CSV: its header, then its part of every file in input order; all renamed at the end."""
+    """Each group's CSV: its header, then its part of every piece in input order; all renamed at the end (the one
+    place the final CSVs are written)."""
     outcome = new_outcome(views, skipped, by_provenance, "embedded")
     for result in results:
         for counts, resources, rows in zip(outcome.groups, result["resources"], result["rows"], strict=True):
@@ -293,7 +397,7 @@ def join_parts(
                 out.write(header_line(compile_view(view.view).columns))
                 for result in results:
                     if result["rows"][i]:
-                        with (parts_dir / result["file"] / name).open("rb") as part:
+                        with (parts_dir / result["folder"] / name).open("rb") as part:
                             shutil.copyfileobj(part, out, COPY_CHUNK)
     except BaseException:
         for temporary, _, _ in written:

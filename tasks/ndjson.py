@@ -15,6 +15,10 @@ validates with simdjson (no Python objects are built) and hands every line simdj
 orjson, so it accepts exactly what ``parse_resource`` accepts and reports errors in its words. File names are
 checked too, by the one rule for names from data (``tasks.names.name_from_data_problem``).
 
+A file can be read a span of lines at a time (``Span``, cut by ``line_spans`` at line starts, numbered as in the
+whole file), so that several processes share one large file: a plain file's span is read from its offset, a zstd
+file's is decompressed from the start, the bytes before it dropped.
+
 zstd is decompressed in pieces of at most ``ZSTD_OUTPUT_PIECE`` (1 MiB), whatever the compression ratio, so a
 decompression bomb (a few hundred KB that unpack to gigabytes of one byte) costs no more memory than a real file:
 each decompression call is fed at most ``ZSTD_BLOCKS_PER_PIECE`` zstd blocks (``ZstdBlockCutter``).
@@ -22,6 +26,8 @@ each decompression call is fed at most ``ZSTD_BLOCKS_PER_PIECE`` zstd blocks (``
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
@@ -125,17 +131,89 @@ def is_zstd(path: Path) -> bool:
         return f.read(4) == ZSTD_MAGIC
 
 
-def iter_chunks(path: Path) -> Iterator[bytes]:
-    """The decompressed content of a data file, in chunks; zstd is detected by its magic bytes."""
-    yield from decompress_if_zstd(raw_chunks(path), str(path))
+@dataclass(frozen=True)
+class Span:
+    """A run of whole lines of a data file: from offset ``start`` (the first byte of a line) to ``end`` (just after a
+    newline; None: the end of the file), offsets into its decompressed content. ``lines_before`` (the newlines before
+    ``start``) numbers its lines as in the whole file; ``lines`` counts its newlines (0: not counted)."""
+
+    start: int = 0
+    end: int | None = None
+    lines_before: int = 0
+    lines: int = 0
+
+    @property
+    def whole(self) -> bool:
+        return self.start == 0 and self.end is None
 
 
-def raw_chunks(path: Path | str) -> Iterator[bytes]:
-    """The bytes of a file as they are on disk, in chunks. One ``read`` call each (unbuffered): a buffered read of a
-    pipe loops in C until the chunk is full, and a Ctrl+C that came between two of its reads was lost until the
-    writer sent more."""
+WHOLE_FILE = Span()
+
+
+def iter_chunks(path: Path, span: Span = WHOLE_FILE) -> Iterator[bytes]:
+    """The decompressed content of a data file (or of a span of it), in chunks; zstd is detected by its magic bytes.
+    A plain file's span is read from its start; a zstd file's is decompressed from the file's start, the bytes
+    before the span dropped (a zstd stream cannot be entered in the middle)."""
+    if span.whole:
+        yield from decompress_if_zstd(raw_chunks(path), str(path))
+        return
+    if is_zstd(path):
+        chunks = bytes_after(decompress_if_zstd(raw_chunks(path), str(path)), span.start)
+    else:
+        chunks = raw_chunks(path, span.start)
+    yield from chunks if span.end is None else bytes_upto(chunks, span.end - span.start)
+
+
+def raw_chunks(path: Path | str, offset: int = 0) -> Iterator[bytes]:
+    """The bytes of a file as they are on disk from ``offset``, in chunks. One ``read`` call each (unbuffered): a
+    buffered read of a pipe loops in C until the chunk is full, and a Ctrl+C that came between two of its reads was
+    lost until the writer sent more."""
     with open(path, "rb", buffering=0) as raw:
+        if offset:
+            raw.seek(offset)
         yield from iter(lambda: raw.read(CHUNK_SIZE), b"")
+
+
+def bytes_after(chunks: Iterable[bytes], count: int) -> Iterator[bytes]:
+    """``chunks`` without their first ``count`` bytes."""
+    for chunk in chunks:
+        if count >= len(chunk):
+            count -= len(chunk)
+            continue
+        yield chunk[count:] if count else chunk
+        count = 0
+
+
+def bytes_upto(chunks: Iterable[bytes], count: int) -> Iterator[bytes]:
+    """The first ``count`` bytes of ``chunks`` (the rest is not read)."""
+    for chunk in chunks:
+        if count <= 0:
+            return
+        yield chunk[:count] if len(chunk) > count else chunk
+        count -= len(chunk)
+
+
+def line_spans(path: Path, count: int, mark_bytes: int) -> list[Span]:
+    """``path`` cut at line starts into at most ``count`` spans of about equal bytes (of its decompressed content),
+    in one pass that also counts each span's lines; reading the spans one after the other gives the file's lines.
+    The pass notes the first line start after every ``mark_bytes`` (the places it may cut at), so memory stays
+    flat."""
+    marks = [(0, 0)]  # (offset of a line's start, newlines before it)
+    offset = lines = 0
+    for chunk in iter_chunks(path):
+        position = marks[-1][0] + mark_bytes - offset
+        while position < len(chunk) and (newline := chunk.find(b"\n", max(position, 0))) != -1:
+            marks.append((offset + newline + 1, lines + chunk.count(b"\n", 0, newline + 1)))
+            position = newline + 1 + mark_bytes
+        lines += chunk.count(b"\n")
+        offset += len(chunk)
+    starts = [start for start, _ in marks]
+    cuts = sorted({bisect.bisect_left(starts, offset * i // count) for i in range(1, count)})
+    bounds = [marks[0], *(marks[i] for i in cuts if i < len(marks) and 0 < marks[i][0] < offset), (offset, lines)]
+    return [
+        Span(start, None if end == offset else end, before, after - before)
+        for (start, before), (end, after) in itertools.pairwise(bounds)
+    ]
 
 
 def decompress_if_zstd(chunks: Iterable[bytes], source: str) -> Iterator[bytes]:
@@ -299,12 +377,13 @@ class ZstdBlockCutter:
             self._expect(3, self._block_header)
 
 
-def iter_lines(path: Path, max_line_bytes: int) -> Iterator[tuple[int, bytes]]:
-    """Yield ``(line number, line)`` for every non-empty line, without its newline."""
+def iter_lines(path: Path, max_line_bytes: int, span: Span = WHOLE_FILE) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(line number, line)`` for every non-empty line (of ``span``), without its newline. Blank lines in a
+    row count against the limit within a span: a run that a cut between spans divides counts as two."""
     pending = bytearray()
-    line_number = 0
+    line_number = span.lines_before
     blanks = BlankRun(path, max_line_bytes)
-    for chunk in iter_chunks(path):
+    for chunk in iter_chunks(path, span):
         start = 0
         while (end := chunk.find(b"\n", start)) != -1:
             if not pending and (start == end or chunk[start] in BLANK_BYTES):

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from multiprocessing.context import ForkServerContext, ForkServerProcess
 from typing import Any, TypeVar
 
@@ -35,6 +35,7 @@ MAX_PROCESSES = 8
 # and it takes its preload list only when it first starts.
 WORKER_MODULES = ("tasks.ndjson", "tasks.sof.flatten")
 POLL_SECONDS = 0.2
+COUNT_WRITE_SECONDS = 0.5
 
 _lock = threading.Lock()
 _pool: ProcessPoolExecutor | None = None
@@ -43,6 +44,51 @@ _main_lock = threading.Lock()
 
 def never_cancelled() -> None:
     """The cancellation check of a call nothing cancels (a worker process: its parent terminates it instead)."""
+
+
+def uncounted(amount: int) -> None:
+    """The progress callback of work nobody follows."""
+
+
+class SharedCount:
+    """A count that work in a worker process adds to (``add``, e.g. lines done) and its caller reads while it runs
+    (``read``), through a small file at ``path``: progress that crosses the process boundary without a manager
+    process. The worker writes the count (8 bytes, in place) at most every ``COUNT_WRITE_SECONDS``: one monotonic
+    comparison per ``add``. Picklable: only the path travels."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._count = 0
+        self._next_write = 0.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"])
+
+    def add(self, amount: int) -> None:
+        self._count += amount
+        if (now := time.monotonic()) >= self._next_write:
+            self._next_write = now + COUNT_WRITE_SECONDS
+            handle = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.pwrite(handle, self._count.to_bytes(8, "little"), 0)
+            finally:
+                os.close(handle)
+
+    def read(self) -> int:
+        """The count last written (0 before the first write)."""
+        try:
+            with open(self.path, "rb") as written:
+                return int.from_bytes(written.read(8), "little")
+        except FileNotFoundError:
+            return 0
+
+    def remove(self) -> None:
+        """Delete the file (the caller, once the work is over)."""
+        with suppress(FileNotFoundError):
+            os.unlink(self.path)
 
 
 def pool_size() -> int:

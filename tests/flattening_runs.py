@@ -1,6 +1,7 @@
-"""The embedded engine as the flattening step runs it, without Prefect, for tests and benchmarks: each file through
-the step's ``flatten_one`` (in this process, or in worker processes), then its ``join_parts``. The step adds only
-the cached per-file task (``flatten[<file>]``) around the same call."""
+"""The embedded engine as the flattening step runs it, without Prefect, for tests and benchmarks: the step's pieces
+(``plan_pieces``: whole files, or spans of large files' lines), each through the step's ``flatten_one`` (in this
+process, or in worker processes), then its ``join_parts``. The step adds only the cached per-piece task
+(``flatten[<piece>]``) around the same call."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tasks.flattening import PARTS_FOLDER, FlattenOutcome, file_plan, flatten_one, join_parts, routes_by_provenance
+from tasks.flattening import (
+    PARTS_FOLDER,
+    SPAN_MIN_BYTES,
+    FlattenOutcome,
+    file_plan,
+    flatten_one,
+    join_parts,
+    plan_pieces,
+    routes_by_provenance,
+)
 from tasks.sof.crtdl_views import AttributeGroup, GroupView
 
 
@@ -20,16 +30,29 @@ def flatten_files(
     *,
     max_line_bytes: int,
     processes: int = 1,
+    spans: int | None = None,
+    min_span_bytes: int = SPAN_MIN_BYTES,
 ) -> FlattenOutcome:
-    """The CSVs of ``paths`` in ``out_dir``: each file in this process (``processes`` 1), else in worker processes,
-    ``processes`` files at once."""
+    """The CSVs of ``paths`` (all in one folder) in ``out_dir``: each piece in this process (``processes`` 1),
+    else in worker processes, ``processes`` pieces at once. Files are cut as the step cuts them for ``spans``
+    processes (default: ``processes``), into spans of at least ``min_span_bytes``."""
     by_provenance = routes_by_provenance(paths, max_line_bytes)
     parts_dir = out_dir / PARTS_FOLDER
-    plans = [file_plan(path, parts_dir, views, skipped, by_provenance, max_line_bytes) for path in paths]
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
+        pieces = plan_pieces(paths, parts_dir, spans or processes, by_provenance, max_line_bytes, min_span_bytes)
+        folder = paths[0].parent if paths else out_dir
+        plans = [file_plan(folder, piece, parts_dir, views, skipped, by_provenance, max_line_bytes) for piece in pieces]
         with ThreadPoolExecutor(processes) as threads:
-            results = list(threads.map(lambda plan: flatten_one(plan, in_worker_process=processes > 1), plans))
+            results = list(
+                threads.map(
+                    lambda piece, plan: flatten_one(
+                        plan, piece.label, piece.span.lines or None, in_worker_process=processes > 1
+                    ),
+                    pieces,
+                    plans,
+                )
+            )
         return join_parts(out_dir, parts_dir, views, skipped, results, by_provenance)
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)

@@ -6,12 +6,16 @@ same Bundle line as the resources they route; bare Provenance lines route the ba
 no input file holds attribute-group Provenance at all (a plain local import), resources go to the groups of their
 type. Whether that is so is decided over all files first (``has_group_provenance``); everything else is per file.
 
-``flatten_file(plan)`` writes one input file's rows, per group, into ``<parts>/<file name>/<csv name>`` (rows only,
-no header; a group without rows gets no part) and returns its counts. The parent concatenates the parts of all files
-in input order under one header, so the CSVs are the same bytes whether the files ran one after the other or in
-parallel. It imports no Prefect, so it runs in a lean worker process (``tasks.processes``); cancellation reaches it
-as a callable (``stop_if_cancelled``), and its errors are the engine's (``tasks.sof.errors``), which the step
-translates into its own. It reads its input through ``tasks.ndjson.iter_lines``, the one reader of the job's data
+``flatten_file(plan)`` writes the rows of one input file, or of one span of its lines (``tasks.ndjson.Span``: a
+large file is cut at line starts so that several processes share it), per group, into
+``<parts>/<plan.folder>/<csv name>`` (rows only, no header; a group without rows gets no part) and returns its
+counts. The parent concatenates the parts of all files and spans in input order under one header, so the CSVs are
+the same bytes whether they ran one after the other or in parallel, whole or cut. A span's bare Provenance routes
+come from the whole file: the parent finds them once (``bare_routes``) and saves them (``routes_json``) for all
+the file's spans (``plan.routes_file``); a whole file finds its own. It imports no Prefect, so it runs in a lean
+worker process (``tasks.processes``); cancellation reaches it as a callable (``stop_if_cancelled``), progress leaves
+it as one (``advance``), and its errors are the engine's (``tasks.sof.errors``), which the step translates into its
+own. It reads its input through ``tasks.ndjson.iter_lines``, the one reader of the job's data
 files (plain or zstd, each line bounded).
 """
 
@@ -27,8 +31,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import IO, Any, Protocol, TypedDict
 
-from tasks.ndjson import iter_lines
-from tasks.processes import never_cancelled
+from tasks.ndjson import WHOLE_FILE, Span, iter_lines
+from tasks.processes import never_cancelled, uncounted
 from tasks.sof.errors import ViewError, ViewEvaluationError
 from tasks.sof.output import CsvWriter, csv_cells, csv_writer
 from tasks.sof.resources import line_resources, parse_line
@@ -89,6 +93,15 @@ def bare_routes(path: Path, max_line_bytes: int) -> dict[str, set[str]]:
             if resource.get("resourceType") == "Provenance":
                 add_routes(routes, resource)
     return routes
+
+
+def routes_json(routes: dict[str, set[str]]) -> bytes:
+    """Routes as JSON (each resource's groups sorted), for ``load_routes``."""
+    return json.dumps({key: sorted(groups) for key, groups in routes.items()}).encode()
+
+
+def load_routes(path: Path) -> dict[str, set[str]]:
+    return {key: set(groups) for key, groups in json.loads(path.read_bytes()).items()}
 
 
 class Engine(Protocol):
@@ -176,20 +189,27 @@ class GroupPlan:
 
 @dataclass(frozen=True)
 class FilePlan:
-    """One input file's flattening, as a worker process receives it (small and picklable)."""
+    """One input file's (or span's) flattening, as a worker process receives it (small and picklable): its parts go
+    to ``<parts_dir>/<folder>``; ``routes_file`` names its file's saved bare routes (empty: find them here)."""
 
     source: str
     parts_dir: str
+    folder: str
     groups: tuple[GroupPlan, ...]
     skipped_ids: tuple[str, ...]
     by_provenance: bool
     max_line_bytes: int
+    span: Span = WHOLE_FILE
+    routes_file: str = ""
 
 
 class FileParts(TypedDict):
-    """What ``flatten_file`` wrote: per group (in group order) resources routed, rows and part bytes."""
+    """What ``flatten_file`` wrote: its parts' folder, lines read; per group (in group order) resources routed, rows
+    and part bytes."""
 
     file: str
+    folder: str
+    lines: int
     resources: list[int]
     rows: list[int]
     bytes: list[int]
@@ -230,12 +250,16 @@ class RowsWriter:
         return self.path.stat().st_size
 
 
-def flatten_file(plan: FilePlan, stop_if_cancelled: Callable[[], None] = never_cancelled) -> FileParts:
-    """Flatten ``plan.source`` into ``<parts_dir>/<file name>/``, written as ``.<file name>.tmp`` and renamed when
-    complete (an earlier attempt's parts of the same file are replaced). ``stop_if_cancelled`` is called before
-    each line and raises to stop the file."""
+def flatten_file(
+    plan: FilePlan,
+    stop_if_cancelled: Callable[[], None] = never_cancelled,
+    advance: Callable[[int], None] = uncounted,
+) -> FileParts:
+    """Flatten ``plan.source`` (its ``plan.span``) into ``<parts_dir>/<folder>/``, written as ``.<folder>.tmp`` and
+    renamed when complete (an earlier attempt's parts are replaced). ``stop_if_cancelled`` is called before each
+    line and raises to stop; ``advance(1)`` after each line (progress)."""
     source, parts_dir = Path(plan.source), Path(plan.parts_dir)
-    work, final = parts_dir / f".{source.name}.tmp", parts_dir / source.name
+    work, final = parts_dir / f".{plan.folder}.tmp", parts_dir / plan.folder
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     writers = [RowsWriter(work / g.csv_name, compiled_view(g.view_json), g.csv_name) for g in plan.groups]
@@ -248,11 +272,14 @@ def flatten_file(plan: FilePlan, stop_if_cancelled: Callable[[], None] = never_c
         counts,
         plan.by_provenance,
     )
+    lines = 0
     try:
-        routes = bare_routes(source, plan.max_line_bytes) if plan.by_provenance else {}
-        for number, line in iter_lines(source, plan.max_line_bytes):
+        routes = routes_of(plan)
+        for number, line in iter_lines(source, plan.max_line_bytes, plan.span):
             stop_if_cancelled()
             router.route_line(parse_line(source, number, line), routes)
+            lines += 1
+            advance(1)
         sizes = [writer.close() for writer in writers]
     except BaseException:
         for writer in writers:
@@ -263,6 +290,8 @@ def flatten_file(plan: FilePlan, stop_if_cancelled: Callable[[], None] = never_c
     work.rename(final)
     return FileParts(
         file=source.name,
+        folder=plan.folder,
+        lines=lines,
         resources=counts.resources,
         rows=[writer.rows for writer in writers],
         bytes=sizes,
@@ -270,6 +299,15 @@ def flatten_file(plan: FilePlan, stop_if_cancelled: Callable[[], None] = never_c
         skipped_resources=dict(counts.skipped_resources),
         unknown_groups=dict(counts.unknown_groups),
     )
+
+
+def routes_of(plan: FilePlan) -> dict[str, set[str]]:
+    """The bare Provenance routes of the plan's file: saved by the parent for a span, found here for a whole file."""
+    if not plan.by_provenance:
+        return {}
+    if plan.routes_file:
+        return load_routes(Path(plan.routes_file))
+    return bare_routes(Path(plan.source), plan.max_line_bytes)
 
 
 @lru_cache(maxsize=64)
