@@ -1,16 +1,17 @@
 """Progress of long file work: a bar on a terminal, throttled log lines elsewhere, or nothing; and per step run
 one Prefect progress artifact.
 
-Steps call ``track(label, total)`` and ``advance(n)`` without knowing where progress goes; the command
-line chooses the display once per process with ``use_display``. The default (deployments, tests) is
-log lines at most once every ``LOG_EVERY_SECONDS`` per file, so Prefect's log store stays small.
+Steps call ``track(label, total)`` and ``advance(n)`` without knowing where progress goes (a download learns its
+total from the answer: ``set_total``); the command line chooses the display once per process with ``use_display``.
+The default (deployments, tests) is log lines, at most once every ``LOG_EVERY_SECONDS`` per file and one when the
+file is done, so Prefect's log store stays small. Without a total a line names the bytes only (no percent, no ETA).
 
 Independently of the display, the step task wrapper (``tasks.contract.step_task``) opens ``step_progress`` for
 its run: every ``track`` of the step (its file tasks' threads included: they run in a copy of its context) feeds
-one ``StepProgress``, which creates the step's progress artifact when the first file of known size starts, updates
-it at most once every ``ARTIFACT_EVERY_SECONDS`` (one monotonic comparison per ``advance``) and sets 100 at the
-end. Outside a Prefect task run (plain-function tests, a worker process without the step's context) it does
-nothing.
+one ``StepProgress``, which creates the step's progress artifact when the first file of known size starts (or of
+any size once the step said how many files it expects: ``expect_files``), updates it at most once every
+``ARTIFACT_EVERY_SECONDS`` (one monotonic comparison per ``advance``) and sets 100 at the end. Outside a Prefect
+task run (plain-function tests, a worker process without the step's context) it does nothing.
 """
 
 from __future__ import annotations
@@ -35,9 +36,15 @@ logger = logging.getLogger("dupflow.progress")
 class Tracker(Protocol):
     def advance(self, amount: int) -> None: ...
 
+    def set_total(self, total: int) -> None:
+        """The file's size, learned after it started (a download's Content-Length)."""
+
 
 class _Silent:
     def advance(self, amount: int) -> None:
+        pass
+
+    def set_total(self, total: int) -> None:
         pass
 
 
@@ -54,14 +61,25 @@ class _LogTracker:
             self._last = now
             logger.info("%s", self.describe(now))
 
-    def describe(self, now: float) -> str:
+    def set_total(self, total: int) -> None:
+        self._total = total
+
+    def log_done(self) -> None:
+        logger.info("%s", self.describe(time.monotonic(), done=True))
+
+    def describe(self, now: float, done: bool = False) -> str:
+        """``label: 1.5 MB of 3.0 MB at 2.0 MB/s (50 %, ETA 1 s)``; without a total ``label: 1.5 MB at 2.0 MB/s``;
+        done: ``label: done, 3.0 MB in 2 s at 1.5 MB/s``."""
         elapsed = max(now - self._started, 1e-9)
         rate = self._done / elapsed
-        text = f"{self._label}: {_human(self._done, self._unit)} at {_human(rate, self._unit)}/s"
-        if self._total:
-            left = (self._total - self._done) / rate if rate else float("inf")
-            text += f" ({100 * self._done / self._total:.0f} %, ETA {left:.0f} s)"
-        return text
+        amount, speed = _human(self._done, self._unit), f"{_human(rate, self._unit)}/s"
+        if done:
+            return f"{self._label}: done, {amount} in {elapsed:.0f} s at {speed}"
+        if not self._total:
+            return f"{self._label}: {amount} at {speed}"
+        left = (self._total - self._done) / rate if rate else float("inf")
+        share = f"{100 * self._done / self._total:.0f} %, ETA {left:.0f} s"
+        return f"{self._label}: {amount} of {_human(self._total, self._unit)} at {speed} ({share})"
 
 
 def _human(amount: float, unit: str) -> str:
@@ -84,11 +102,19 @@ def track(label: str, total: int | None = None, unit: str = "B") -> Iterator[Tra
         if aggregate is None:
             yield shown
             return
-        aggregate.file_started(total, unit)
+        work = aggregate.file_started(total, unit)
         try:
-            yield _Fed(shown, aggregate, unit)
+            yield _Fed(shown, aggregate, work, unit)
         finally:
-            aggregate.file_finished()
+            aggregate.file_finished(work)
+
+
+def expect_files(count: int) -> None:
+    """Tell the step run's progress how many files it will work on, when its input does not say (downloads): its
+    artifact then shows files done of files expected, whether or not their sizes are known."""
+    aggregate = _step_progress.get()
+    if aggregate is not None:
+        aggregate.expect_files(count)
 
 
 @contextmanager
@@ -99,18 +125,24 @@ def _display_tracker(label: str, total: int | None, unit: str) -> Iterator[Track
         with _rich_bar(label, total, unit) as tracker:
             yield tracker
     else:
-        yield _LogTracker(label, total, unit)
+        tracker = _LogTracker(label, total, unit)
+        yield tracker
+        tracker.log_done()
 
 
 class _Fed:
     """A file's tracker that also feeds its step's aggregate."""
 
-    def __init__(self, shown: Tracker, aggregate: StepProgress, unit: str):
-        self._shown, self._aggregate, self._unit = shown, aggregate, unit
+    def __init__(self, shown: Tracker, aggregate: StepProgress, work: FileWork, unit: str):
+        self._shown, self._aggregate, self._work, self._unit = shown, aggregate, work, unit
 
     def advance(self, amount: int) -> None:
         self._shown.advance(amount)
-        self._aggregate.advance(amount, self._unit)
+        self._aggregate.advance(self._work, amount, self._unit)
+
+    def set_total(self, total: int) -> None:
+        self._shown.set_total(total)
+        self._aggregate.set_total(self._work, total, self._unit)
 
 
 # --- one progress artifact per step run ------------------------------------------------------------------------
@@ -127,6 +159,17 @@ class StepWork:
 
     def total(self, unit: str) -> int:
         return self.resources if unit == "resources" else self.size if unit == "B" else 0
+
+
+@dataclass(eq=False)
+class FileWork:
+    """One file in work: its size when known and what is done of it."""
+
+    total: int | None
+    done: int = 0
+
+    def fraction(self) -> float:
+        return min(1.0, self.done / self.total) if self.total else 0.0
 
 
 _step_progress: contextvars.ContextVar[StepProgress | None] = contextvars.ContextVar("step_progress", default=None)
@@ -158,8 +201,10 @@ def step_progress(key: str, step: str, work: StepWork) -> Iterator[StepProgress 
 class StepProgress:
     """Counts a step run's file work (from every thread of the step) and publishes it as one progress artifact.
 
-    Percent: against the step's known input (bytes or resources, in the unit its files are tracked in); for an
-    import step, against the files started so far (never going back). Publishing is throttled to once every
+    Percent (never going back): against the step's known input (bytes or resources, in the unit its files are
+    tracked in); when the step said how many files to expect (downloads), files done of files expected, a file in
+    work counting by its share done if its size is known, else not at all; for another import step, against the
+    files started so far. Publishing is throttled to once every
     ``ARTIFACT_EVERY_SECONDS``: ``advance`` adds under a lock and compares one monotonic time, and a thread that
     finds another one publishing goes on with its work.
     """
@@ -172,25 +217,40 @@ class StepProgress:
         self._started = time.monotonic()
         self._next_publish = float("-inf")
         self._artifact: UUID | None = None
-        self._files_started = self._files_finished = 0
+        self._files_started = self._files_finished = self._files_expected = 0
+        self._in_work: set[FileWork] = set()
         self._totals: dict[str, int] = {}  # per unit: the totals of the files started so far (import steps)
         self._done: dict[str, int] = {}
         self._percent = 0.0
 
-    def file_started(self, total: int | None, unit: str) -> None:
+    def expect_files(self, count: int) -> None:
+        with self._lock:
+            self._files_expected = count
+
+    def file_started(self, total: int | None, unit: str) -> FileWork:
+        work = FileWork(total)
         with self._lock:
             self._files_started += 1
+            self._in_work.add(work)
             if total:
                 self._totals[unit] = self._totals.get(unit, 0) + total
         self.publish()
+        return work
 
-    def file_finished(self) -> None:
+    def set_total(self, work: FileWork, total: int, unit: str) -> None:
+        with self._lock:
+            self._totals[unit] = self._totals.get(unit, 0) + total - (work.total or 0)
+            work.total = total
+
+    def file_finished(self, work: FileWork) -> None:
         with self._lock:
             self._files_finished += 1
+            self._in_work.discard(work)
         self.publish()
 
-    def advance(self, amount: int, unit: str) -> None:
+    def advance(self, work: FileWork, amount: int, unit: str) -> None:
         with self._lock:
+            work.done += amount
             self._done[unit] = self._done.get(unit, 0) + amount
         if time.monotonic() >= self._next_publish:
             self.publish()
@@ -214,21 +274,34 @@ class StepProgress:
             self._publishing.release()
 
     def _has_known_work(self) -> bool:
-        return self._files_started > 0 and bool(self._work.files or self._totals)
+        return self._files_started > 0 and bool(self._files_known() or self._totals)
+
+    def _files_known(self) -> int:
+        return self._work.files or self._files_expected
 
     def _measure(self, now: float, finished: bool, stopped: bool) -> tuple[float, str]:
         unit = "resources" if "resources" in self._done else "B"
         done = self._done.get(unit, 0)
-        total = self._work.total(unit) or self._totals.get(unit, 0)
         if finished:
             self._percent = 100.0
-        elif total:
-            self._percent = max(self._percent, min(99.9, 100.0 * done / total))
-        files = f"{self._files_finished} / {self._work.files}" if self._work.files else f"{self._files_finished}"
+        elif (fraction := self._fraction_done(unit, done)) is not None:
+            self._percent = max(self._percent, min(99.9, 100.0 * fraction))
+        known = self._files_known()
+        files = f"{self._files_finished} / {known}" if known else f"{self._files_finished}"
         amounts = ", ".join(_human(amount, name) for name, amount in sorted(self._done.items())) or "nothing yet"
         rate = _human(done / max(now - self._started, 1e-9), unit)
         state = "done" if finished else "stopped" if stopped else "working"
         return self._percent, f"{self._step} {state}: {files} files, {amounts}, at {rate}/s"
+
+    def _fraction_done(self, unit: str, done: int) -> float | None:
+        if total := self._work.total(unit):
+            return done / total
+        if self._files_expected:
+            in_work = sum(work.fraction() for work in self._in_work)
+            return (self._files_finished + in_work) / self._files_expected
+        if total := self._totals.get(unit, 0):
+            return done / total
+        return None
 
     def _write(self, percent: float, description: str) -> None:
         """One request; a failure is logged and ends this artifact's updates, never the step's work."""
@@ -282,5 +355,8 @@ def _rich_bar(label: str, total: int | None, unit: str) -> Iterator[Tracker]:
         class _Bar:
             def advance(self, amount: int) -> None:
                 bar.advance(task_id, amount)
+
+            def set_total(self, total: int) -> None:
+                bar.update(task_id, total=total)
 
         yield _Bar()
