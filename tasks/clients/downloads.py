@@ -190,15 +190,18 @@ def download_ndjson(
     stall_timeout: timedelta,
     retry: RetrySettings,
     on_bytes: Callable[[int], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
     stop_if_cancelled: Callable[[], None] = never_cancelled,
     sleep: Callable[[float], None] = time.sleep,
 ) -> FileStats:
     """Stream ``url`` into ``dest`` (compressed at ``level``, plain when None); returns size and resource count.
 
     A body broken in the middle is resumed (``_Download``) within ``retry``: every connection is an attempt.
-    ``stop_if_cancelled`` raises to stop the check of the whole file that may follow the last byte (the caller's
-    fan-out was cancelled)."""
-    download = _Download(client, url, dest, level, max_line_bytes, stall_timeout, on_bytes, stop_if_cancelled)
+    ``on_bytes`` is told every piece of the body as it arrives, ``on_total`` the body's size when the answer gives
+    it (``body_size``). ``stop_if_cancelled`` raises to stop the check of the whole file that may follow the last
+    byte (the caller's fan-out was cancelled)."""
+    progress = _Progress(on_bytes, on_total)
+    download = _Download(client, url, dest, level, max_line_bytes, stall_timeout, progress, stop_if_cancelled)
     try:
         return call_with_retry(
             download.attempt, retry, operation=f"download {display_url(url)}", service=service_name(client), sleep=sleep
@@ -221,12 +224,12 @@ class _Download:
         level: CompressionLevel | None,
         max_line_bytes: int,
         stall_timeout: timedelta,
-        on_bytes: Callable[[int], None] | None,
+        progress: _Progress,
         stop_if_cancelled: Callable[[], None],
     ):
         self._client, self._url, self._dest = client, url, dest
         self._level, self._max_line_bytes, self._stall_timeout = level, max_line_bytes, stall_timeout
-        self._on_bytes, self._stop_if_cancelled = on_bytes, stop_if_cancelled
+        self._progress, self._stop_if_cancelled = progress, stop_if_cancelled
         self._sink: _Sink | None = None
         self._received = 0  # body bytes in the sink
 
@@ -250,6 +253,7 @@ class _Download:
             if response.status_code == 200:  # the whole file: a first attempt, or a server that ignored the Range
                 self.discard()
                 size = content_length(response)
+                self._progress.total(body_size(response))
                 self._sink = _Sink(url, self._dest, self._level, self._max_line_bytes, size, self._stop_if_cancelled)
             assert self._sink is not None
             self._receive(response)
@@ -261,8 +265,7 @@ class _Download:
         assert self._sink is not None
         try:
             for chunk in response.iter_bytes():
-                if self._on_bytes is not None:
-                    self._on_bytes(len(chunk))
+                self._progress.received(len(chunk))
                 self._sink.write(chunk)
                 self._received += len(chunk)
         except httpx.ReadTimeout as exc:
@@ -297,6 +300,21 @@ class _Download:
         self._sink, self._received = None, 0
 
 
+class _Progress:
+    """Where a download tells its progress: the optional callbacks, called only when given."""
+
+    def __init__(self, on_bytes: Callable[[int], None] | None, on_total: Callable[[int], None] | None):
+        self._on_bytes, self._on_total = on_bytes, on_total
+
+    def received(self, amount: int) -> None:
+        if self._on_bytes is not None:
+            self._on_bytes(amount)
+
+    def total(self, size: int | None) -> None:
+        if size is not None and self._on_total is not None:
+            self._on_total(size)
+
+
 def read_in_large_pieces(response: httpx.Response) -> None:
     """Let the connection under ``response`` take up to ``READ_SIZE`` bytes per socket read instead of httpcore's
     fixed 64 KiB: a quarter of a download's CPU time went to handling the small pieces (parsing frames, copying,
@@ -329,6 +347,13 @@ def content_length(response: httpx.Response) -> int | None:
         return int(response.headers["Content-Length"])
     except (KeyError, ValueError):
         return None
+
+
+def body_size(response: httpx.Response) -> int | None:
+    """The size of the body as ``iter_bytes`` yields it: the Content-Length, unless a Content-Encoding (gzip...)
+    makes that the size of what went over the wire, not of what arrives decoded."""
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    return content_length(response) if encoding == "identity" else None
 
 
 def _stalled(url: str, stall_timeout: timedelta) -> DownloadError:
