@@ -13,9 +13,11 @@ follows a job found with ``extraction list``, ``continue --resubmit`` submits an
 (404/410), a fresh submission replaces it, at most ``retry.max_attempts`` times per run.
 
 Downloads: one cached sub-task per file URL, ``DOWNLOAD_CONCURRENCY`` at a time, so a resumed job fetches only the
-files it had not finished. A download builds its client where it runs (``download_client``): the downloads running
-at once in one process (the step's, or a Dask worker's) share one, keyed by the step's secret-free settings
-identity, and the last of them to end closes it.
+files it had not finished. Each shows its bytes (of its Content-Length when the server sends one) through
+``tasks.progress.track``, and all of them feed the step's progress artifact: files done of the manifest's files.
+A download builds its client where it runs (``download_client``): the downloads running at once in one process
+(the step's, or a Dask worker's) share one, keyed by the step's secret-free settings identity, and the last of them
+to end closes it.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from tasks.fanout import raise_if_cancelled, results_or_raise
 from tasks.filework import map_files
 from tasks.layout import artifact_key
 from tasks.ndjson import remove_partial_files
-from tasks.progress import track
+from tasks.progress import expect_files, track
 from tasks.readable import CLI
 from tasks.record import read_facts
 
@@ -102,6 +104,7 @@ def download_with(client: ExtractionServerClient, step: StepInput, url: str, nam
             stall_timeout=extractor_settings.download_stall_timeout,
             retry=settings.retry,
             on_bytes=on_bytes,
+            on_total=progress.set_total,
             stop_if_cancelled=raise_if_cancelled,
         )
     return DataFile(name=name, size=stats.size, resources=stats.resources)
@@ -282,6 +285,7 @@ def download_result_files(step: StepInput, urls: list[str], needs_token: bool) -
         urls, compress=settings.compression.enabled, max_files=settings.services.extractor.max_result_files
     )
     arguments = [(step, url, name, needs_token) for url, name in names.items()]
+    expect_files(len(arguments))
     try:
         with download_client(step, needs_token):  # the step's downloads in this process share one client
             outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)

@@ -4,8 +4,10 @@ The URL is fetched through the client layer with no credentials (there is no aut
 ``retry`` apply. Naming, compression and counting follow the extractor's downloads (``tasks.clients.downloads``):
 the file is named after the URL's last segment, forced to ``.ndjson`` (+ ``.zst``). A non-200 answer, an HTML
 page or a body that is not NDJSON is an error and leaves no file. The fetch is a cached sub-task keyed by the
-URL, so ``continue`` does not fetch a finished file again. The stall timeout is the built-in default of
-``services.extractor.download_stall_timeout`` (1 minute): this step has no settings block of its own.
+URL, so ``continue`` does not fetch a finished file again. Progress: bytes (of the Content-Length when there is
+one) through ``tasks.progress.track``; the step's progress artifact counts the one file. The stall timeout is the
+built-in default of ``services.extractor.download_stall_timeout`` (1 minute): this step has no settings block of its
+own.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from tasks.contract import DataFile, StepInput, StepResult, commit_each, file_ta
 from tasks.errors import StepError
 from tasks.fanout import raise_if_cancelled
 from tasks.ndjson import FileStats, remove_partial_files
-from tasks.progress import track
+from tasks.progress import expect_files, track
 
 if TYPE_CHECKING:
     from config.settings import Settings
@@ -40,6 +42,7 @@ def http_import(step: StepInput) -> StepResult:
     url = source_url(step.job_input)
     name = safe_file_name(url, compress=settings_of(step).compression.enabled)
     remove_partial_files(step.output_dir)
+    expect_files(1)
     record = commit_each(fetch_url, step, url, name)
     return step.result([record], source=display_url(url))
 
@@ -47,12 +50,19 @@ def http_import(step: StepInput) -> StepResult:
 @file_task("fetch-url", "fetch[{name}]")
 def fetch_url(step: StepInput, url: str, name: str) -> DataFile:
     with track(f"download {name}") as progress:
-        stats = fetch_ndjson(url, step.output_dir / name, settings_of(step), on_bytes=progress.advance)
+        stats = fetch_ndjson(
+            url, step.output_dir / name, settings_of(step), on_bytes=progress.advance, on_total=progress.set_total
+        )
     return DataFile(name=name, size=stats.size, resources=stats.resources)
 
 
 def fetch_ndjson(
-    url: str, dest: Path, settings: Settings, *, on_bytes: Callable[[int], None] | None = None
+    url: str,
+    dest: Path,
+    settings: Settings,
+    *,
+    on_bytes: Callable[[int], None] | None = None,
+    on_total: Callable[[int], None] | None = None,
 ) -> FileStats:
     """Download ``url`` into ``dest`` with no credentials, under the configured ``tls`` and ``retry`` (plain Python:
     the step's task above adds the cache and the progress)."""
@@ -67,6 +77,7 @@ def fetch_ndjson(
             stall_timeout=STALL_TIMEOUT,
             retry=settings.retry,
             on_bytes=on_bytes,
+            on_total=on_total,
             stop_if_cancelled=raise_if_cancelled,
         )
 
