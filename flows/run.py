@@ -65,6 +65,22 @@ EMBEDDED_CONFIG = REPO_ROOT / "config" / "default.yaml"
 EMBEDDED_CRTDL = REPO_ROOT / "config" / "sample-data" / "crtdl.json"
 GC_YOUNG_THRESHOLD = 10_000  # allocations between young collections (Python's default: 700)
 FINAL_STATES = (COMPLETED, FAILED, CRASHED, CANCELLED)
+EXIT_CODES_HELP = f"""first try: {CLI} start   (the embedded sample job)
+a command's own help: {CLI} COMMAND --help
+
+exit codes: 0 done or paused for inspection; 1 job failed (fix the cause, then continue JOB);
+2 usage or configuration error, or no Prefect API (nothing was run); 130 interrupted (continue JOB resumes)"""
+START_EXAMPLES = f"""examples, by the configuration's first step:
+  the embedded sample job (local_import and flattening of bundled data):
+    {CLI} start
+  extractor, submitting a CRTDL:
+    {CLI} start job.yaml crtdl.json
+  local_import of the folder DATA, then flattening by a CRTDL:
+    {CLI} start job.yaml crtdl.json --dir DATA
+  local_import of the folder DATA (no flattening, no CRTDL):
+    {CLI} start job.yaml DATA
+  http_import of one NDJSON file:
+    {CLI} start job.yaml https://host/Patient.ndjson"""
 FLAG_KEYS = {"dir": "services.local_import.dir", "anonymization_config": "services.pseudonymizer.anonymization_config"}
 
 
@@ -82,10 +98,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=CLI, description="dupflow: FHIR research data pipeline")
+    parser = argparse.ArgumentParser(
+        prog=CLI,
+        description="dupflow: FHIR research data pipeline",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
-    start = commands.add_parser("start", help="start a new job")
+    start = commands.add_parser(
+        "start", help="start a new job", epilog=START_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     start.add_argument("config", nargs="?", help="configuration YAML (default: the embedded sample job)")
     start.add_argument("input", nargs="?", help="a CRTDL file, a directory or a URL, depending on the import step")
     add_override_flags(start)
@@ -138,7 +161,11 @@ def add_override_flags(parser: argparse.ArgumentParser) -> None:
         "--anonymization-config", help="anonymization YAML (overrides services.pseudonymizer.anonymization_config)"
     )
     parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="override any key, e.g. retry.max_attempts=3"
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a non-secret key, e.g. retry.max_attempts=3 (repeatable)",
     )
 
 

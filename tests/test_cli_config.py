@@ -1,8 +1,10 @@
-"""`config check` and the flags shared with `start`, through the command line's entry point."""
+"""`config check` and the flags shared with `start`, through the command line's entry point; `start`'s help."""
 
 from __future__ import annotations
 
-from flows.run import EXIT_OK, EXIT_USAGE, main
+import shlex
+
+from flows.run import CLI, EXIT_OK, EXIT_USAGE, START_EXAMPLES, build_parser, cmd_start, main
 
 
 def test_config_check_shows_every_value_with_its_source_and_masks_secrets(write_config, monkeypatch, capsys):
@@ -48,3 +50,10 @@ def test_a_malformed_set_flag_is_a_usage_error(write_config, capsys):
     assert "KEY=VALUE" in capsys.readouterr().err
     assert main(["config", "check", str(config), "--set", "retry.nope=1"]) == EXIT_USAGE
     assert "retry.nope" in capsys.readouterr().err
+
+
+def test_the_start_examples_of_the_help_parse_as_typed():
+    commands = [line.strip() for line in START_EXAMPLES.splitlines() if line.strip().startswith(CLI)]
+    assert len(commands) == 5
+    for command in commands:
+        assert build_parser().parse_args(shlex.split(command.removeprefix(CLI))).command is cmd_start, command
