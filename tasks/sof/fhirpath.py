@@ -221,6 +221,7 @@ class Plan:
     operations: tuple[tuple[str, str, str | None, str | None], ...]
     path: str | None
     counted: bool
+    single: bool  # one member step, no function counting its values: ``_member_of``
 
 
 def _plan(steps: list[Step], path: str | None, counted: bool) -> Plan | None:
@@ -239,7 +240,8 @@ def _plan(steps: list[Step], path: str | None, counted: bool) -> Plan | None:
             continue
         operations.append(("member", key, None, path))
         path = child_path
-    return Plan(tuple(operations), path, counted)
+    single = len(operations) == 1 and operations[0][0] == "member" and not counted
+    return Plan(tuple(operations), path, counted, single)
 
 
 @lru_cache(maxsize=4096)
@@ -281,7 +283,10 @@ def _holds_resources(type_path: str) -> bool:
 
 def _walk(plan: Plan, data: Any) -> list | None:
     """The plan run over ``data``; None when the data takes it elsewhere (see ``MemberPath``)."""
+    if plan.single:
+        return _member_of(data, *plan.operations[0][1::2])
     found = [data]
+    counted = plan.counted
     for kind, key, argument, path in plan.operations:
         if kind == "first":
             found = found[:1]
@@ -292,16 +297,14 @@ def _walk(plan: Plan, data: Any) -> list | None:
         for value in found:
             if not isinstance(value, dict):
                 continue
-            if "resourceType" in value and value["resourceType"] != path:
-                return None
-            if plan.counted and "_" + key in value:
+            if value.get("resourceType", path) != path or (counted and "_" + key in value):
                 return None
             child = value.get(key)
             if kind == "where":
-                if _present(child) == [argument]:
+                if child == argument or (type(child) is list and _present(child) == [argument]):
                     children.append(value)
             elif type(child) is list:
-                children.extend(element for element in child if element is not None)
+                children.extend(_present(child))
             elif child is not None:
                 children.append(child)
         found = children
@@ -310,12 +313,22 @@ def _walk(plan: Plan, data: Any) -> list | None:
     return found
 
 
-def _present(value: Any) -> list:
-    if value is None:
+def _member_of(data: Any, key: str, path: str | None) -> list | None:
+    """``_walk`` of a plan that is one member step (most column paths: ``code``, ``subject.reference``'s last)."""
+    if not isinstance(data, dict) or not key:
         return []
-    if type(value) is list:
-        return [element for element in value if element is not None]
-    return [value]
+    if data.get("resourceType", path) != path:
+        return None
+    child = data.get(key)
+    if type(child) is list:
+        return _present(child)
+    return [] if child is None else [child]
+
+
+def _present(values: list) -> list:
+    """The elements but nulls (arrays of primitives hold nulls where only an extension is): the list itself when it
+    has none (no caller changes it)."""
+    return [element for element in values if element is not None] if None in values else values
 
 
 def _computed(function: Step, found: list) -> list:
