@@ -88,7 +88,7 @@ def bare_routes(path: Path, max_line_bytes: int) -> dict[str, set[str]]:
     """The routes of the file's bare (not in a Bundle) attribute-group Provenance lines."""
     routes: dict[str, set[str]] = {}
     for number, line in iter_lines(path, max_line_bytes):
-        if _GROUP_MARKER in line and _BARE_PROVENANCE.match(line) and not _BUNDLE.search(line):
+        if _GROUP_MARKER in line and not _BUNDLE.search(line) and _BARE_PROVENANCE.match(line):
             resource = parse_line(path, number, line)
             if resource.get("resourceType") == "Provenance":
                 add_routes(routes, resource)
