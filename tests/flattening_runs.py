@@ -1,11 +1,20 @@
 """The embedded engine as the flattening step runs it, without Prefect, for tests and benchmarks: the step's pieces
 (``plan_pieces``: whole files, or spans of large files' lines), each through the step's ``flatten_one`` (in this
 process, or in worker processes), then its ``join_parts``. The step adds only the cached per-piece task
-(``flatten[<piece>]``) around the same call."""
+(``flatten[<piece>]``) around the same call.
+
+``python -m tests.flattening_runs OUT PROCESSES CRTDL LOOKUP FILE...`` runs ``flatten_files`` in a process of its
+own and prints, as JSON, its seconds and the peak RSS of its process tree (this process, the fork server and the
+workers: ``tests.benchmarks.memory``), for benchmarks that compare runs.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,9 +26,13 @@ from tasks.flattening import (
     flatten_one,
     join_parts,
     plan_pieces,
+    plan_views,
     routes_by_provenance,
 )
 from tasks.sof.crtdl_views import AttributeGroup, GroupView
+from tests.benchmarks.memory import tree_peak_mb
+
+MAX_LINE_BYTES = 64 << 20
 
 
 def flatten_files(
@@ -56,3 +69,19 @@ def flatten_files(
         return join_parts(out_dir, parts_dir, views, skipped, results, by_provenance)
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)
+
+
+def main(argv: list[str]) -> None:
+    out, processes, crtdl, lookup, *files = argv
+    views, skipped = plan_views(Path(crtdl), Path(lookup))
+    started = time.perf_counter()
+    outcome = flatten_files(
+        [Path(f) for f in files], Path(out), views, skipped, max_line_bytes=MAX_LINE_BYTES, processes=int(processes)
+    )
+    seconds = time.perf_counter() - started
+    rows = sum(group.rows for group in outcome.groups)
+    print(json.dumps({"seconds": seconds, "rows": rows, "tree_peak_mb": tree_peak_mb(os.getpid())}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -3,6 +3,14 @@ process, orjson parsing alone and the ``sqlonfhir`` package.
 
 Run: ``uv run python -m tests.benchmarks.bench_flattening [--patients N] [--files N] [--reference-sample N]``.
 
+One large file on every core: ``uv run python -m tests.benchmarks.bench_flattening --one-file-mb 100`` (the memory
+case: ``--one-file-mb 2000``) writes one file of about that many MB of varied TORCH Bundles, made from the real
+ones (the TORCH batch of ``config/sample-data`` and the example-flattening Bundle beside it: every id and reference
+made unique per patient, dates, genders and ICD-10 codes drawn at random), and flattens it with the sample's CRTDL
+and lookup (five groups) in 1 and in 2 processes (the step's pieces: cut into one span per process), each run in a
+fresh process (``python -m tests.flattening_runs``, the pool's start-up included). Printed side by side: seconds,
+resources/s, rows and the peak RSS of the run's process tree; the speed-up; whether the CSVs are identical.
+
 Data: seeded random TORCH-shaped batch lines (one transaction Bundle per patient: a Patient, Conditions with one
 to three ICD-10 codings, Procedures with OPS and SNOMED codings, Encounters no group routes, one Provenance per
 attribute group) in ``--files`` batch files as TORCH writes them, flattened with the shared example's CRTDL and
@@ -10,8 +18,8 @@ lookup (three groups). Figures printed:
 
 - anchor: parsing the same bytes with orjson in one process (resources/s), the floor any JSON pipeline pays;
 - the step: the ``flattening`` Prefect task in a flow on a temporary Prefect server (``prefect_test_harness``),
-  timed around the task inside the flow: its cached ``flatten[<file>]`` tasks, in worker processes when the
-  product uses them (``use_processes``: several files of at least ``PROCESS_MIN_BYTES``; the pool's start-up
+  timed around the task inside the flow: its cached ``flatten[<piece>]`` tasks, in worker processes when the
+  product uses them (``use_processes``: at least ``PROCESS_MIN_BYTES`` of input; the pool's start-up
   included), the parts joined into the CSVs; and the peak RSS of this process and of each worker;
 - the engine alone, 1 process: the step's ``flatten_one`` per file, then ``join_parts`` (scan, parse, route, rows,
   CSV; no Prefect task: ``tests.flattening_runs``), what the step does in one process, its CSVs checked byte for
@@ -28,6 +36,8 @@ import argparse
 import json
 import os
 import random
+import re
+import sys
 import resource
 import subprocess
 import tempfile
@@ -42,11 +52,17 @@ from tasks.contract import DataFile, StepInput
 from tasks.flattening import flattening, plan_views, use_processes
 from tasks.processes import pool_size, shutdown_pool, worker_pids
 from tasks.sof.resources import line_resources
-from tests.conftest import TESTDATA
+from tests.conftest import REPO_ROOT, TESTDATA
 from tests.flattening_runs import flatten_files
 from tests.steps import step_input
 
 EXAMPLE = TESTDATA / "flattening" / "example"
+SAMPLE = REPO_ROOT / "config" / "sample-data"
+REAL_BUNDLES = (
+    TESTDATA / "extraction" / "example-result" / "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson",
+    SAMPLE / "fhir-data.ndjson",
+)
+DATE = re.compile(r"^\d{4}(?=-\d\d-\d\d)")
 LOOKUP = TESTDATA / "flattening" / "flatten-lookup.json"
 GROUP_SYSTEM = "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"
 ICD = "http://fhir.de/CodeSystem/bfarm/icd-10-gm"
@@ -238,7 +254,7 @@ def run_step(job_dir: Path, paths: list[Path], resources: int) -> dict:
     shutdown_pool()
     return {
         "seconds": seconds,
-        "processes": pool_size() if use_processes(sum(f.size for f in step.files), len(step.files)) else 1,
+        "processes": pool_size() if use_processes(sum(f.size for f in step.files)) else 1,
         "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "workers_peak_mb": peaks,
         "out_dir": step.output_dir,
@@ -274,13 +290,91 @@ def reference(views: list[dict], path: Path, sample: int, folder: Path) -> dict 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# --- one large file on every core --------------------------------------------------------------------------
+
+
+def varied(value, suffix: str, rng: random.Random, key: str = ""):
+    """A real Bundle (or part of it) as another patient's: ids and references made unique with ``suffix``, dates
+    moved to a random year, genders and ICD-10 codes drawn at random; everything else as it was."""
+    if isinstance(value, dict):
+        icd = value.get("system") == ICD
+        return {k: random_code(rng) if icd and k == "code" else varied(v, suffix, rng, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [varied(item, suffix, rng, key) for item in value]
+    if not isinstance(value, str):
+        return value
+    if key == "id" or (key in ("reference", "url") and value.count("/") == 1 and value[:1].isupper()):
+        return value + suffix
+    if key == "gender":
+        return rng.choice(["male", "female", "other", "unknown"])
+    return DATE.sub(lambda _: str(rng.randint(1930, 2024)), value)
+
+
+def random_code(rng: random.Random) -> str:
+    return f"{rng.choice('ABCDEIJKMNRS')}{rng.randint(0, 99):02d}.{rng.randint(0, 9)}"
+
+
+def write_one_file(path: Path, megabytes: int, seed: int) -> tuple[int, int]:
+    """One file of about ``megabytes`` MB of varied real TORCH Bundles (``varied``), written as it is made; its
+    Bundles and resources (no Provenance)."""
+    templates = [orjson.loads(bundle.read_bytes()) for bundle in REAL_BUNDLES]
+    rng = random.Random(seed)
+    bundles = resources = 0
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as out:
+        while out.tell() < megabytes * 1_000_000:
+            bundle = varied(rng.choice(templates), f"-{bundles}", rng)
+            out.write(orjson.dumps(bundle) + b"\n")
+            resources += sum(1 for e in bundle["entry"] if e["resource"]["resourceType"] != "Provenance")
+            bundles += 1
+    return bundles, resources
+
+
+def run_fresh(path: Path, out: Path, processes: int) -> dict:
+    """``tests.flattening_runs`` on ``path`` in a process of its own: seconds, rows, its tree's peak RSS."""
+    command = [sys.executable, "-m", "tests.flattening_runs", str(out), str(processes)]
+    command += [str(SAMPLE / "crtdl.json"), str(SAMPLE / "flatten-lookup.json"), str(path)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"the run with {processes} processes failed: {done.stderr.strip()[-800:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def one_file(megabytes: int, processes: int, seed: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        path = folder / "in" / "big.ndjson"
+        bundles, resources = write_one_file(path, megabytes, seed)
+        print(
+            f"data: one file, {path.stat().st_size / 1e6:.1f} MB, {bundles} varied TORCH Bundles, {resources} "
+            f"resources (no Provenance), {os.cpu_count()} cores"
+        )
+        runs = {count: run_fresh(path, folder / f"out-{count}", count) for count in (1, processes)}
+        one, many = runs[1], runs[processes]
+        print(f"{'':28}{'1 process':>14}{f'{processes} processes':>16}")
+        print(f"{'seconds':28}{one['seconds']:>14.1f}{many['seconds']:>16.1f}")
+        print(f"{'resources/s':28}{resources / one['seconds']:>14,.0f}{resources / many['seconds']:>16,.0f}")
+        print(f"{'rows':28}{one['rows']:>14}{many['rows']:>16}")
+        print(f"{'peak RSS of the tree, MB':28}{one['tree_peak_mb']:>14.0f}{many['tree_peak_mb']:>16.0f}")
+        same = same_files(folder / "out-1", folder / f"out-{processes}")
+        print(
+            f"speed-up: {one['seconds'] / many['seconds']:.2f}x; CSVs {'identical' if same else 'DIFFERENT'} "
+            f"({len(list((folder / 'out-1').glob('*.csv')))} files)"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--patients", type=int, default=17_000)
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--reference-sample", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--one-file-mb", type=int, help="one file of this many MB, flattened in 1 and in N processes")
+    parser.add_argument("--processes", type=int, default=2, help="N for --one-file-mb")
     args = parser.parse_args()
+    if args.one_file_mb:
+        one_file(args.one_file_mb, args.processes, args.seed)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         os.environ["PREFECT_HOME"] = str(folder / "prefect-home")
