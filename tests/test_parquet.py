@@ -96,11 +96,11 @@ def test_duckdb_and_polars_read_the_same_rows(tmp_path):
     assert from_duckdb == from_polars == [("o1", True, 7), ("o2", False, None), ("o3", None, -42)]
 
 
-def test_a_csv_larger_than_a_block_is_written_in_several_row_groups(tmp_path):
+def test_a_csv_larger_than_a_row_group_is_written_in_several(tmp_path):
     rows = [[f"o{i}", "true", str(i), "0.1", "2020-01", "[]", "x" * 50] for i in range(1000)]
     csv_path = write_csv(tmp_path / "obs.csv", COLUMNS, rows)
 
-    count = write_parquet(csv_path, TYPED_VIEW, tmp_path / "obs.parquet", block_bytes=4096)
+    count = write_parquet(csv_path, TYPED_VIEW, tmp_path / "obs.parquet", row_group_bytes=4096)
 
     parquet = pq.ParquetFile(tmp_path / "obs.parquet")
     assert count == 1000 == parquet.metadata.num_rows
