@@ -1,4 +1,5 @@
-"""The SQL-on-FHIR v2 conformance tests (shared/testdata/sql-on-fhir), one case per test, through the engine."""
+"""The SQL-on-FHIR v2 conformance tests, one case per test, through the engine: the shared half
+(shared/testdata/sql-on-fhir) and files of the other half kept here (tests/sof-conformance-extra, see its README)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,16 @@ from tasks.sof import ViewError, compile_view
 from tests.conftest import TESTDATA
 
 SUITE = TESTDATA / "sql-on-fhir"
+EXTRA = Path(__file__).parent / "sof-conformance-extra"
 
 
 def load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(), parse_float=Decimal)
 
 
-def cases() -> list:
+def cases(*folders: Path) -> list:
     found = []
-    for path in sorted(SUITE.glob("*.json")):
+    for path in sorted(path for folder in folders for path in folder.glob("*.json")):
         if path.name == "tests.schema.json":
             continue
         suite = load(path)
@@ -40,7 +42,7 @@ def canonical(rows: list[dict[str, Any]]) -> list[str]:
     return sorted(json.dumps(row, sort_keys=True, default=str) for row in rows)
 
 
-@pytest.mark.parametrize(("path", "index"), cases())
+@pytest.mark.parametrize(("path", "index"), cases(SUITE, EXTRA))
 def test_conformance(path: Path, index: int):
     suite = load(path)
     test = suite["tests"][index]
@@ -56,4 +58,4 @@ def test_conformance(path: Path, index: int):
 
 
 def test_the_shared_suite_has_its_70_tests():
-    assert len(cases()) == 70
+    assert len(cases(SUITE)) == 70

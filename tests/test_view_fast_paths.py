@@ -1,4 +1,5 @@
-"""Member paths walked without the interpreter give exactly what fhirpathpy gives for them."""
+"""Member paths (and the functions ending them) walked without the interpreter give exactly what fhirpathpy gives
+for them."""
 
 from __future__ import annotations
 
@@ -34,6 +35,13 @@ PATHS = [
     "identifier.type.coding.code",
     "address.city",
     "$this.id",
+    "name.given.join(',')",
+    "name.family.join()",
+    "name.exists()",
+    "code.coding.where(system = 'http://snomed.info/sct').exists()",
+    "getResourceKey()",
+    "subject.getReferenceKey()",
+    "subject.getReferenceKey(Patient)",
 ]
 
 
