@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 from uuid import UUID
 
 from tasks.readable import size_text
@@ -122,7 +122,7 @@ def _display_tracker(label: str, total: int | None, unit: str) -> Iterator[Track
     if _display == "none":
         yield _Silent()
     elif _display == "bar":
-        with _rich_bar(label, total, unit) as tracker:
+        with _board.bar(label, total, unit) as tracker:
             yield tracker
     else:
         tracker = _LogTracker(label, total, unit)
@@ -328,8 +328,51 @@ class StepProgress:
             logger.warning("progress artifact %s not updated any more: %s", self._key, exc)
 
 
-@contextmanager
-def _rich_bar(label: str, total: int | None, unit: str) -> Iterator[Tracker]:
+class _Board:
+    """This process's bars, as tasks of one rich ``Progress``: started with the first bar, stopped (and wiped) with
+    the last. Bars of files worked on at once (downloads, file tasks on threads) share it: rich draws one live
+    display at a time, and a second ``Progress`` would nest in the first and vanish when that one ends."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._progress: Any = None
+
+    @contextmanager
+    def bar(self, label: str, total: int | None, unit: str) -> Iterator[Tracker]:
+        with self._lock:
+            if self._progress is None:
+                self._progress = _new_rich_progress()
+                self._progress.start()
+            progress = self._progress
+            task_id = progress.add_task(label, total=total, unit=unit)
+        try:
+            yield _Bar(progress, task_id)
+        finally:
+            with self._lock:
+                progress.refresh()  # the bar's last state is drawn once before it goes
+                progress.remove_task(task_id)
+                if not progress.tasks:
+                    progress.stop()
+                    self._progress = None
+
+
+class _Bar:
+    def __init__(self, progress: Any, task_id: Any):
+        self._progress, self._task_id = progress, task_id
+
+    def advance(self, amount: int) -> None:
+        self._progress.advance(self._task_id, amount)
+
+    def set_total(self, total: int) -> None:
+        self._progress.update(self._task_id, total=total)
+
+
+_board = _Board()
+
+
+def _new_rich_progress() -> Any:
+    """Columns per task's unit: bytes as sizes and a transfer speed, other units counted; an ETA only for a task
+    with a total."""
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -342,21 +385,24 @@ def _rich_bar(label: str, total: int | None, unit: str) -> Iterator[Tracker]:
     )
     from rich.text import Text
 
-    class RateColumn(ProgressColumn):
+    class AmountColumn(ProgressColumn):
+        sizes, counts = DownloadColumn(), MofNCompleteColumn()
+
         def render(self, task) -> Text:
-            return Text(f"{task.speed or 0:>8,.0f} {unit}/s")
+            return (self.sizes if task.fields["unit"] == "B" else self.counts).render(task)
 
-    amount_column = DownloadColumn() if unit == "B" else MofNCompleteColumn()
-    speed_column = TransferSpeedColumn() if unit == "B" else RateColumn()
-    columns = (TextColumn("{task.description}"), BarColumn(), amount_column, speed_column, TimeRemainingColumn())
-    with Progress(*columns, transient=True) as bar:
-        task_id = bar.add_task(label, total=total)
+    class RateColumn(ProgressColumn):
+        transfer = TransferSpeedColumn()
 
-        class _Bar:
-            def advance(self, amount: int) -> None:
-                bar.advance(task_id, amount)
+        def render(self, task) -> Text:
+            unit = task.fields["unit"]
+            return self.transfer.render(task) if unit == "B" else Text(f"{task.speed or 0:>8,.0f} {unit}/s")
 
-            def set_total(self, total: int) -> None:
-                bar.update(task_id, total=total)
+    class EtaColumn(ProgressColumn):
+        remaining = TimeRemainingColumn()
 
-        yield _Bar()
+        def render(self, task) -> Text:
+            return self.remaining.render(task) if task.total is not None else Text("")
+
+    columns = (TextColumn("{task.description}"), BarColumn(), AmountColumn(), RateColumn(), EtaColumn())
+    return Progress(*columns, transient=True)

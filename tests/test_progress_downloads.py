@@ -7,6 +7,7 @@ Jobs run in-process (``flows.run.main``) without ``--no-progress``: stderr is ca
 
 from __future__ import annotations
 
+import io
 import re
 import threading
 from dataclasses import dataclass, field
@@ -215,12 +216,31 @@ def test_the_body_size_is_the_content_length_of_a_body_not_encoded(headers, size
     assert body_size(httpx.Response(200, headers=headers)) == size
 
 
-def test_a_terminal_bar_learns_its_total_after_it_started(monkeypatch):
+@pytest.fixture
+def terminal(monkeypatch) -> io.StringIO:
+    """Bars on: rich draws into the returned buffer as on a terminal."""
+    import rich
+    from rich.console import Console
+
+    screen = io.StringIO()
+    monkeypatch.setattr(rich, "_console", Console(file=screen, force_terminal=True, width=150))
     monkeypatch.setattr("tasks.progress._display", "bar")
-    with track("download a.ndjson") as progress:
-        progress.advance(10)
-        progress.set_total(20)
-        progress.advance(10)
+    return screen
+
+
+def test_bars_of_downloads_at_once_share_one_display_that_outlives_the_first_to_end(terminal):
+    """The first bar ends while the second still runs: the second learns its total and stays drawn to its end."""
+    with track("download a.ndjson") as first:
+        second_bar = track("download b.ndjson")
+        second = second_bar.__enter__()
+        first.advance(1024)
+    second.set_total(4096)
+    second.advance(4096)
+    second_bar.__exit__(None, None, None)
+
+    drawn = terminal.getvalue()
+    assert "download b.ndjson" in drawn[drawn.rindex("download a.ndjson") :]
+    assert "4.1/4.1 kB" in drawn, drawn  # rich's own units: its last frame before the display is wiped
 
 
 def test_the_log_line_of_a_finished_file_says_done(caplog, monkeypatch):
