@@ -3,6 +3,7 @@
 Run on demand (not collected by pytest):
 
     python -m tests.benchmarks.compare [--size 256] [--files 8] [--runs 3] [--no-startup] [--only import,download]
+    python -m tests.benchmarks.compare --only views [--view-mb 55]
 
 Data: ``--size`` MB of seeded, varied TORCH-shaped batch files (one transaction Bundle per patient: Patient,
 Conditions, Procedures, Encounters and Provenance shaped for the shared flattening example, plus Observations
@@ -22,6 +23,11 @@ least disturbed):
               default ``max_concurrent_requests``, next to latency x requests / concurrency;
 - flattening: the step's ``flatten_one`` per file (embedded engine, the shared example's CRTDL and lookup; no
               Prefect task) and the ``flattening`` step, next to orjson parsing the same bytes alone;
+- views:      ``view run``'s CSV path (``flows.view_cli.write_csv``) for each of the three views the example's CRTDL
+              gives, over ``--view-mb`` MB of the data's resources one per line, and the engine's own reading
+              (``read_resources``: lines of other types unparsed, rows written in batches), next to orjson parsing
+              the same bytes alone, one core; both CSVs must be the same bytes (fhir4ds is no dependency: its side
+              of the issue's comparison is run apart);
 - start-up:   ``flows.run start`` of the embedded tiny job, with no server (cold) and with the local server
               running (warm), and the peak RSS of the process tree (the flow process plus the server);
 - memory:     a ``--job-size`` MB job (local_import + flattening of these data, plain and zstd ``default``)
@@ -64,6 +70,7 @@ MAX_LINE_BYTES = 64 << 20
 LATENCY_SECONDS = 0.01
 PSEUDONYMIZED_BUNDLES = 1000
 FLATTENED_MB = 16
+VIEW_MB = 55
 
 
 @dataclass
@@ -92,6 +99,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--no-startup", action="store_true", help="skip the start-up rows (about a minute)")
     parser.add_argument("--job-size", type=int, default=2048, help="MB of data for the memory job (default 2048)")
+    parser.add_argument("--view-mb", type=int, default=VIEW_MB, help=f"MB of resources for views (default {VIEW_MB})")
     parser.add_argument(
         "--only",
         type=sections,
@@ -120,6 +128,8 @@ def main() -> None:
             rows += pseudonymization_rows(root, files[0], args.runs)
         if "flattening" in args.only:
             rows += flattening_rows(root, files, args.runs)
+        if "views" in args.only:
+            rows += view_rows(root, files, args.view_mb, args.runs)
         tree = None
         if "startup" in args.only and not args.no_startup:
             startup, tree = startup_rows(root, args.runs)
@@ -136,7 +146,7 @@ def main() -> None:
         )
 
 
-SECTIONS = ("import", "download", "pseudonymization", "flattening", "startup", "memory")
+SECTIONS = ("import", "download", "pseudonymization", "flattening", "views", "startup", "memory")
 
 
 def sections(text: str) -> tuple[str, ...]:
@@ -575,6 +585,72 @@ def child_flatten(sources: list[str], out: str, runs: int) -> dict:
     }
 
 
+# --- views ---------------------------------------------------------------------------------------------------
+
+
+def view_rows(root: Path, files: list[Path], megabytes: int, runs: int) -> list[Row]:
+    """The data's Bundles opened into one resource per line (as a FHIR bulk export gives them), ``megabytes`` MB,
+    each of the example's three views run over it."""
+    resources = root / "resources.ndjson"
+    with resources.open("wb") as out:
+        for line in (line for path in files for line in path.open("rb")):
+            for entry in orjson.loads(line)["entry"]:
+                out.write(orjson.dumps(entry["resource"]) + b"\n")
+            if out.tell() >= megabytes * MB:
+                break
+    size = resources.stat().st_size / MB
+    result = in_child("views", source=str(resources), out=str(root / "views"), runs=runs)
+    anchor = size / result["parse_seconds"]
+    rows = []
+    for view in result["views"]:
+        step = f"view {view['resource']}, {size:.0f} MB"
+        rows.append(Row(step, "view run (write_csv)", size / view["seconds"], "orjson parse alone", anchor, "MB/s"))
+        rows.append(
+            Row(step, "engine, lines by type", size / view["engine_seconds"], "orjson parse alone", anchor, "MB/s")
+        )
+    return rows
+
+
+def child_views(source: str, out: str, runs: int) -> dict:
+    """Each view through ``view run``'s CSV writer and through the engine's own reading, in this process."""
+    from flows.view_cli import write_csv
+    from tasks.flattening import plan_views
+    from tasks.ndjson import iter_lines
+    from tasks.sof import compile_view
+    from tasks.sof.output import csv_writer
+    from tasks.sof.resources import read_resources
+
+    path, folder = Path(source), Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def parse() -> None:
+        with path.open("rb") as lines:
+            for line in lines:
+                orjson.loads(line)
+
+    def engine_csv(view, target: Path) -> None:
+        with target.open("w", encoding="utf-8", newline="") as stream:
+            writer = csv_writer(stream)
+            writer.writerow(view.columns)
+            resources = read_resources(path, iter_lines(path, MAX_LINE_BYTES), [view.resource])
+            writer.writerows(row for resource in resources for row in view.rows(resource))
+
+    def command_csv(view, target: Path) -> None:
+        with target.open("w", encoding="utf-8", newline="") as stream:
+            write_csv(view, path, stream)
+
+    measured = []
+    for group in plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)[0]:
+        view = compile_view(group.view)
+        command, engine = folder / f"{view.resource}-command.csv", folder / f"{view.resource}-engine.csv"
+        seconds = best_seconds(lambda view=view, command=command: command_csv(view, command), runs)
+        engine_seconds = best_seconds(lambda view=view, engine=engine: engine_csv(view, engine), runs)
+        if command.read_bytes() != engine.read_bytes():
+            raise SystemExit(f"view {view.resource}: view run and the engine wrote different CSVs")
+        measured.append({"resource": view.resource, "seconds": seconds, "engine_seconds": engine_seconds})
+    return {"parse_seconds": best_seconds(parse, runs), "views": measured}
+
+
 # --- start-up ------------------------------------------------------------------------------------------------
 
 
@@ -712,6 +788,7 @@ CHILDREN: dict[str, Callable[..., dict]] = {
     "download": child_download,
     "pseudonymize": child_pseudonymize,
     "flatten": child_flatten,
+    "views": child_views,
 }
 
 
