@@ -79,6 +79,7 @@ def test_the_embedded_default_job_imports_and_flattens_the_sample_data(tmp_path,
     csvs = sorted(p.name for p in (job_dir / "flattening").glob("*.csv"))
     assert csvs == [
         "Diagnosis.csv",
+        "Encounter.csv",
         "MII PR Person Patient (Pseudonymisiert).csv",
         "Procedure one.csv",
         "Procedure two.csv",
