@@ -104,7 +104,12 @@ def test_lines_of_other_types_are_passed_over_unparsed():
 
     assert [resource.get("id") for resource in found] == [None, "pt1", "p"]
     assert found[2]["multipleBirthDecimal"] == Decimal("2.50")
-    assert may_hold(b'{"id":"no type"}', frozenset({b"Patient"}))
+    patients = frozenset({b"Patient"})
+    assert may_hold(b'{"id":"no type"}', patients)
+    assert may_hold(b'{"resourceType":"Pat\\u0069ent"}', patients)
+    assert may_hold(b'{"note":"resourceType","resourceType":"Pat\\u0069ent"}', patients)
+    assert may_hold(b'{"note":"resourceType","resourceType":"Observation"}', patients)  # parsed to be sure
+    assert not may_hold(b'{"resourceType":"Observation","contained":[{"resourceType":"Device"}]}', patients)
 
 
 def test_nested_single_row_selects_keep_their_null_row():

@@ -190,7 +190,9 @@ class MemberPath:
             plan = self.plans[path]
         except KeyError:
             plan = self.plans[path] = _plan(self.members, path, counted=self.function is not None)
-        found = _walk(plan, data) if plan is not None else None
+        if plan is None:
+            return self._general(data, path, env)
+        found = _member_of(data, plan.key, plan.at) if plan.single else _walk(plan, data)
         if found is None:
             return self._general(data, path, env)
         if self.function is None:
@@ -221,7 +223,9 @@ class Plan:
     operations: tuple[tuple[str, str, str | None, str | None], ...]
     path: str | None
     counted: bool
-    single: bool  # one member step, no function counting its values: ``_member_of``
+    single: bool  # one member step, no function counting its values: ``_member_of`` walks it
+    key: str = ""  # a single step's JSON key and the type path of the data it reads
+    at: str | None = None
 
 
 def _plan(steps: list[Step], path: str | None, counted: bool) -> Plan | None:
@@ -240,8 +244,9 @@ def _plan(steps: list[Step], path: str | None, counted: bool) -> Plan | None:
             continue
         operations.append(("member", key, None, path))
         path = child_path
-    single = len(operations) == 1 and operations[0][0] == "member" and not counted
-    return Plan(tuple(operations), path, counted, single)
+    if len(operations) == 1 and operations[0][0] == "member" and not counted:
+        return Plan(tuple(operations), path, counted, True, operations[0][1], operations[0][3])
+    return Plan(tuple(operations), path, counted, False)
 
 
 @lru_cache(maxsize=4096)
@@ -283,8 +288,6 @@ def _holds_resources(type_path: str) -> bool:
 
 def _walk(plan: Plan, data: Any) -> list | None:
     """The plan run over ``data``; None when the data takes it elsewhere (see ``MemberPath``)."""
-    if plan.single:
-        return _member_of(data, *plan.operations[0][1::2])
     found = [data]
     counted = plan.counted
     for kind, key, argument, path in plan.operations:
@@ -314,7 +317,7 @@ def _walk(plan: Plan, data: Any) -> list | None:
 
 
 def _member_of(data: Any, key: str, path: str | None) -> list | None:
-    """``_walk`` of a plan that is one member step (most column paths: ``code``, ``subject.reference``'s last)."""
+    """``_walk`` of a plan that is one member step (most column paths: ``system``, ``code``)."""
     if not isinstance(data, dict) or not key:
         return []
     if data.get("resourceType", path) != path:

@@ -16,6 +16,7 @@ from tasks.sof.errors import ResourceLineError
 
 _DECIMAL_NUMBER = re.compile(rb"[:\[,]\s*-?\d+(?:\.\d|[eE])")
 _DECIMAL_DECODER = json.JSONDecoder(parse_float=Decimal)
+_RESOURCE_TYPE_KEY = b'"resourceType"'
 _RESOURCE_TYPE = re.compile(rb'"resourceType"\s*:\s*"([^"\\]*)"')
 
 
@@ -51,8 +52,16 @@ def line_resources(resource: dict[str, Any]) -> list[dict[str, Any]]:
 def may_hold(line: bytes, types: frozenset[bytes]) -> bool:
     """Whether the line can hold a resource of one of ``types`` (a Bundle can hold any): false only when every
     ``"resourceType"`` in it names another type, so such a line need not be parsed at all."""
+    first = line.find(_RESOURCE_TYPE_KEY)
+    if first < 0:
+        return True
+    if line.find(_RESOURCE_TYPE_KEY, first + len(_RESOURCE_TYPE_KEY)) < 0:  # the usual case: one, found by bytes
+        named = _RESOURCE_TYPE.match(line, first)
+        return named is None or named[1] in types or named[1] == b"Bundle"
     named = _RESOURCE_TYPE.findall(line)
-    return not named or any(kind in types or kind == b"Bundle" for kind in named)
+    if len(named) < line.count(_RESOURCE_TYPE_KEY):  # one not a plain key and value: parse and see
+        return True
+    return any(kind in types or kind == b"Bundle" for kind in named)
 
 
 def read_resources(
