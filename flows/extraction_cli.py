@@ -268,7 +268,7 @@ def confirm(question: str) -> bool:
 
 
 def cmd_cohort_preview(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
-    crtdl = Path(args.crtdl).read_bytes()
+    crtdl = read_crtdl_file(args.crtdl)
     parse_crtdl(crtdl, args.crtdl)
     preview = client.evaluate_cohort(crtdl)
     if args.json:
@@ -279,6 +279,13 @@ def cmd_cohort_preview(args: argparse.Namespace, client: ExtractionTaskClient) -
         for patient_id in preview.patient_ids:
             print(patient_id)
     return EXIT_OK
+
+
+def read_crtdl_file(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"CRTDL {path} not found; give the path of the CRTDL JSON file") from None
 
 
 # --- formatting --------------------------------------------------------------------------------------------

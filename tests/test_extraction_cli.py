@@ -372,7 +372,8 @@ def test_a_crtdl_that_is_not_json_is_a_usage_error(capsys, tmp_path, torch, conf
     broken.write_text("{not json")
     code, _, err = cli(capsys, "cohort", "preview", str(config), str(broken))
     assert code == 2 and "not valid JSON" in err
-    assert cli(capsys, "cohort", "preview", str(config), str(tmp_path / "missing.json"))[0] == 2
+    code, _, err = cli(capsys, "cohort", "preview", str(config), str(tmp_path / "missing.json"))
+    assert code == 2 and f"CRTDL {tmp_path / 'missing.json'} not found" in err
     assert torch.state.requests_to("/fhir/$evaluate-cohort") == []
 
 
