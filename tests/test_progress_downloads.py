@@ -152,31 +152,57 @@ def test_http_import_logs_bytes_with_the_total_only_when_the_answer_gives_it(
     assert "secret-4711" not in (job_dir / "job.log").read_text() + capsys.readouterr().err
 
 
-def test_extractor_downloads_log_each_file_against_its_content_length(tmp_path, write_config, capsys, fast_log_lines):
+def run_extractor_job(tmp_path: Path, write_config, lines: dict[str, int], **faults: Any) -> Path:
+    """An extractor job (in this process, log lines on) of a complete extraction whose files are ``lines`` (name:
+    lines of ``LINE``), served by the fake extraction server with ``faults``; its job directory."""
     served = tmp_path / "served"
     served.mkdir()
-    sizes = {}
-    for name, count in (("core", 50), ("batch-1", 120), ("batch-2", 80)):
-        sizes[name] = (served / f"{name}.ndjson").write_bytes(b"".join(LINE % i for i in range(count)))
-
-    with start_extraction_server(serve_dir=served) as torch:
+    for name, count in lines.items():
+        (served / f"{name}.ndjson").write_bytes(b"".join(LINE % i for i in range(count)))
+    with start_extraction_server(serve_dir=served, **faults) as torch:
         config = write_config(
             {
                 "pipeline": {"enabled_steps": ["extractor"]},
                 "compression": {"level": "fastest"},
+                "retry": {"max_attempts": 3, "initial_backoff_ms": 10, "max_backoff_ms": 50},
                 "services": {"extractor": {"base_url": torch.base_url}},
             }
         )
         assert main(["start", str(config), torch.served_status_url]) == EXIT_OK
+    return only_job_dir(tmp_path / "jobs")
 
-    job_dir = only_job_dir(tmp_path / "jobs")
+
+def downloads_artifact(job_dir: Path) -> Any:
+    """The extractor's progress artifact of its downloads (the one of its polling has the same key)."""
+    (artifact,) = [a for a in progress_artifacts(job_dir, "00", "extractor") if a.description.startswith("extractor")]
+    return artifact
+
+
+def test_extractor_downloads_log_each_file_against_its_content_length(tmp_path, write_config, capsys, fast_log_lines):
+    lines = {"core": 50, "batch-1": 120, "batch-2": 80}
+    job_dir = run_extractor_job(tmp_path, write_config, lines)
+
+    sizes = {name: count * len(LINE % 0) for name, count in lines.items()}
     for name, size in sizes.items():
         *working, done = progress_lines(job_dir, f"download {name}.ndjson.zst")
         assert working and all(f" of {size_text(size)} at " in line for line in working), working
         assert done.startswith(f"download {name}.ndjson.zst: done, {size_text(size)} in ")
-    (artifact,) = [a for a in progress_artifacts(job_dir, "00", "extractor") if a.description.startswith("extractor")]
+    artifact = downloads_artifact(job_dir)
     assert artifact.type == "progress" and float(artifact.data) == 100.0
     assert artifact.description.startswith(f"extractor done: 3 / 3 files, {size_text(sum(sizes.values()))}, at ")
+
+
+def test_a_file_sent_again_from_its_start_counts_its_bytes_once(tmp_path, write_config, capsys):
+    """The connection breaks after 1,000 bytes and the server ignores the Range of the resumption: the whole file
+    comes again, and what the first attempt had told is taken back."""
+    job_dir = run_extractor_job(
+        tmp_path, write_config, {"core": 120}, ignore_ranges=True, reset_downloads=1, reset_after_bytes=1000
+    )
+
+    size = 120 * len(LINE % 0)
+    (done,) = progress_lines(job_dir, "download core.ndjson.zst")
+    assert done.startswith(f"download core.ndjson.zst: done, {size_text(size)} in "), done
+    assert downloads_artifact(job_dir).description.startswith(f"extractor done: 1 / 1 files, {size_text(size)}, ")
 
 
 # --- the step's progress artifact while it works ----------------------------------------------------------------

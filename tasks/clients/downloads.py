@@ -197,9 +197,10 @@ def download_ndjson(
     """Stream ``url`` into ``dest`` (compressed at ``level``, plain when None); returns size and resource count.
 
     A body broken in the middle is resumed (``_Download``) within ``retry``: every connection is an attempt.
-    ``on_bytes`` is told every piece of the body as it arrives, ``on_total`` the body's size when the answer gives
-    it (``body_size``). ``stop_if_cancelled`` raises to stop the check of the whole file that may follow the last
-    byte (the caller's fan-out was cancelled)."""
+    ``on_bytes`` is told every piece of the body as it arrives (and a negative amount when the body starts again
+    from byte 0: ``_Progress``), ``on_total`` the body's size when the answer gives it (``body_size``).
+    ``stop_if_cancelled`` raises to stop the check of the whole file that may follow the last byte (the caller's
+    fan-out was cancelled)."""
     progress = _Progress(on_bytes, on_total)
     download = _Download(client, url, dest, level, max_line_bytes, stall_timeout, progress, stop_if_cancelled)
     try:
@@ -253,7 +254,7 @@ class _Download:
             if response.status_code == 200:  # the whole file: a first attempt, or a server that ignored the Range
                 self.discard()
                 size = content_length(response)
-                self._progress.total(body_size(response))
+                self._progress.from_start(body_size(response))
                 self._sink = _Sink(url, self._dest, self._level, self._max_line_bytes, size, self._stop_if_cancelled)
             assert self._sink is not None
             self._receive(response)
@@ -301,16 +302,22 @@ class _Download:
 
 
 class _Progress:
-    """Where a download tells its progress: the optional callbacks, called only when given."""
+    """Where a download tells its progress: the optional callbacks, called only when given. When the whole body
+    comes (again: a server that ignored the Range, a body read again after its end was cut), the bytes told of
+    earlier attempts are taken back with one negative amount, so the bytes done never exceed the file."""
 
     def __init__(self, on_bytes: Callable[[int], None] | None, on_total: Callable[[int], None] | None):
         self._on_bytes, self._on_total = on_bytes, on_total
+        self._told = 0
 
     def received(self, amount: int) -> None:
+        self._told += amount
         if self._on_bytes is not None:
             self._on_bytes(amount)
 
-    def total(self, size: int | None) -> None:
+    def from_start(self, size: int | None) -> None:
+        if self._told:
+            self.received(-self._told)
         if size is not None and self._on_total is not None:
             self._on_total(size)
 
