@@ -37,7 +37,7 @@ from config.settings import Settings
 from flows.jobs import Job, JobLock, prepare_job
 from tasks.readable import CLI, duration_text, readable_lines, size_text
 from tasks.redaction import redact
-from tasks.contract import StepInput, StepKind, StepResult
+from tasks.contract import StepInput, StepKind, StepResult, count_text
 from tasks.errors import DupflowError
 from tasks.extractor import extractor
 from tasks.filework import file_runner
@@ -259,11 +259,11 @@ def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:
         if result.awaiting:
             break
         logger.info(
-            "step %d %s: %d file(s), %d resources in %s",
+            "step %d %s: %d file(s), %s in %s",
             position + 1,
             name,
             len(result.files),
-            result.resources,
+            count_text(result.files),
             result.folder,
         )
         if spec.kind in (StepKind.IMPORT, StepKind.TRANSFORM, StepKind.GATE):
@@ -419,10 +419,10 @@ def job_summary(job: Job, results: list[StepResult]) -> dict[str, Any]:
 
 
 def publish_step_table(job: Job, result: StepResult) -> None:
-    rows = [{"name": f.name, "size": f.size, "resources": f.resources} for f in result.files]
+    rows = [{"name": f.name, "size": f.size, "contents": f"{f.resources} {f.unit}"} for f in result.files]
     create_table_artifact(
         key=artifact_key(job.job_id, f"{result.position:02d}", result.step),
-        table=rows or [{"name": "(no files)", "size": 0, "resources": 0}],
+        table=rows or [{"name": "(no files)", "size": 0, "contents": ""}],
         description=f"Job {job.job_id}, step {result.position + 1} `{result.step}`: files in `{result.folder}`",
     )
 
@@ -512,13 +512,13 @@ def job_record_markdown(job: Job, results: list[StepResult], failed: tuple[str, 
     if runtime.flow_run.id:
         lines += [f"Latest flow run: [{runtime.flow_run.name}]({base}/runs/flow-run/{runtime.flow_run.id})", ""]
     lines += [
-        "| # | step | state | folder | files | resources | size | time | artifacts |",
+        "| # | step | state | folder | files | contents | size | time | artifacts |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         state = "awaiting inspection" if r.awaiting else "done (cached)" if r.cached else "done"
         lines.append(
-            f"| {r.position + 1} | {r.step} | {state} | `{r.folder}` | {len(r.files)} | {r.resources} "
+            f"| {r.position + 1} | {r.step} | {state} | `{r.folder}` | {len(r.files)} | {count_text(r.files)} "
             f"| {size_text(r.size)} | {seconds_text(r.seconds)} | {step_links(links, r.position)} |"
         )
     pending = list(enumerate(settings.pipeline.enabled_steps))[len(results) :]

@@ -54,6 +54,7 @@ from tasks.record import (
     CRASHED,
     FAILED,
     SUSPENDED,
+    count_unit,
     read_record,
     step_results,
 )
@@ -532,7 +533,7 @@ def print_step_status(position: int, step: str, result: dict[str, Any] | None, g
     for line in plain_lines(result.get("summary") or {}, "       "):
         print(line)
     for f in files:
-        print(f"       {f['name']}  {size_text(f['size'])}  {f['resources']} resources")
+        print(f"       {f['name']}  {size_text(f['size'])}  {f['resources']} {count_unit(f['name'])}")
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -39,7 +39,7 @@ from config.loader import cached_settings
 from config.settings import Settings
 from tasks.layout import PREFECT_DIR, artifact_key, step_folder
 from tasks.progress import StepWork, step_progress
-from tasks.record import record_facts
+from tasks.record import count_unit, record_facts
 
 R = TypeVar("R")
 
@@ -53,7 +53,8 @@ class StepKind(StrEnum):
 
 
 class DataFile(BaseModel):
-    """One data file of a step's folder: its name, bytes on disk, resources (NDJSON lines; CSV rows)."""
+    """One data file of a step's folder: its name, bytes on disk, and what it holds (``resources``): an NDJSON
+    file's lines, each a FHIR resource (a Bundle counts as one), or a CSV file's rows (``unit`` says which)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -64,6 +65,19 @@ class DataFile(BaseModel):
     @property
     def core(self) -> bool:
         return self.name.startswith("core.")
+
+    @property
+    def unit(self) -> str:
+        """What ``resources`` counts, in the words the job's views use: ``rows`` or ``resources``."""
+        return count_unit(self.name)
+
+
+def count_text(files: list[DataFile]) -> str:
+    """What the files hold in words: ``12 resources``, ``4 rows``, or both for a mixed folder."""
+    totals: dict[str, int] = {}
+    for file in files:
+        totals[file.unit] = totals.get(file.unit, 0) + file.resources
+    return ", ".join(f"{count} {unit}" for unit, count in sorted(totals.items())) or "0 resources"
 
 
 class StepInput(BaseModel):

@@ -159,6 +159,12 @@ def position_key(position: int) -> str:
     return f"{position:02d}"
 
 
+def count_unit(file_name: str) -> str:
+    """What a recorded data file's count (its ``resources``) counts: ``rows`` of a CSV file, else ``resources`` (an
+    NDJSON file's lines, each a FHIR resource)."""
+    return "rows" if file_name.endswith(".csv") else "resources"
+
+
 # --- gates -----------------------------------------------------------------------------------------------------
 
 

@@ -24,6 +24,7 @@ from tasks.progress import StepWork, step_progress, track
 from tasks.readable import size_text
 from tasks.record import record_facts
 from tasks.wait import wait
+from tests.conftest import REPO_ROOT
 from tests.steps import step_input
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
@@ -156,6 +157,27 @@ def test_progress_outside_a_prefect_run_publishes_nothing():
         with track("import a", 10) as progress:
             progress.advance(10)
     assert aggregate is None
+
+
+def test_the_sample_job_runs_without_warnings_and_counts_csv_rows_as_rows(tmp_path, write_config, capsys):
+    sample = REPO_ROOT / "config" / "sample-data"
+    services = {"local_import": {"dir": sample}, "flattening": {"lookup_path": sample / "flatten-lookup.json"}}
+    config = write_config({"pipeline": {"enabled_steps": ["local_import", "flattening"]}, "services": services})
+
+    assert main(["start", str(config), str(sample / "crtdl.json"), "--no-progress"]) == EXIT_OK
+
+    (job_dir,) = (tmp_path / "jobs").iterdir()
+    log = (job_dir / "job.log").read_text()
+    assert " WARNING " not in log, log
+    assert "step 2 flattening: 5 file(s), 14 rows in flattening" in log, log
+    record = latest(f"job-{job_dir.name}")["data"]
+    assert row(record, "flattening")["contents"] == "14 rows", record
+    table = latest(f"job-{job_dir.name}-01-flattening")["data"]
+    assert '"contents": "2 rows"' in table and '"name": "Encounter.csv"' in table, table
+    capsys.readouterr()
+    assert main(["status", str(job_dir)]) == EXIT_OK
+    status = capsys.readouterr().out
+    assert re.search(r"\n {7}Encounter\.csv  \S+ \S+  2 rows\n", status), status
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------
