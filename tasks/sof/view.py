@@ -96,7 +96,10 @@ class Select:
             return self._rows_at(focus, env)
         if self.iteration == "repeat":
             return self._each_lazily(list(self._repeated(focus, env)), 0, env)
-        return self._each(self._evaluated(self.iterate[0], focus, env), env)
+        elements = self._evaluated(self.iterate[0], focus, env)
+        if len(elements) == 1:  # the usual case: one element, its rows as they are
+            return self._rows_at(elements[0], self._indexed(env, 0))
+        return self._each(elements, env)
 
     def _each(self, elements: list[Focus], env: dict[str, Any]) -> Iterable[tuple]:
         """The rows of each element in turn: a tuple while they are few and at hand, the rest produced lazily."""
