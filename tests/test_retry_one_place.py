@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -178,3 +179,33 @@ def test_the_extraction_kick_off_is_sent_exactly_once(failure, tmp_path, caplog)
         assert [(r.method, r.path) for r in server.state.requests] == [("POST", "/fhir/$extract-data")]
     assert raised.value.transient and raised.value.operation == "submit extraction"
     assert policy_waits(caplog) == []
+
+
+def dead_base_url() -> str:
+    """An address on 127.0.0.1 where nothing listens (a port just bound and let go)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("name", CLIENTS)
+def test_every_client_names_the_address_nobody_answers_at(name, tmp_path):
+    call, _, _ = CLIENTS[name]
+    base_url = dead_base_url()
+
+    with pytest.raises(ServiceError) as raised:
+        call(base_url, tmp_path)
+
+    assert raised.value.status_code is None
+    assert f" at {base_url}/" in str(raised.value)
+
+
+def test_the_extraction_kick_off_names_the_address_nobody_answers_at():
+    base_url = dead_base_url()
+    crtdl = json.dumps({"cohortDefinition": {}, "dataExtraction": {}}).encode()
+
+    with extraction_client(base_url, []) as client, pytest.raises(ServiceError) as raised:
+        client.submit(crtdl)
+
+    assert f" at {base_url}/fhir/$extract-data" in str(raised.value)

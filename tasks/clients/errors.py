@@ -91,14 +91,23 @@ def _caused_by(exc: BaseException, cause_type: type[BaseException]) -> bool:
 
 
 def network_error(exc: httpx.TransportError, *, operation: str, service: str | None) -> ServiceError:
-    """Wrap a transport error (connect, read, reset, timeout, …) as a structured error."""
+    """Wrap a transport error (connect, read, reset, timeout, …) as a structured error naming where it happened."""
     return ServiceError(
         operation,
         None,
-        f"network error: {type(exc).__name__}: {exc}",
+        f"network error: {type(exc).__name__}: {exc}{where(exc)}",
         transient=is_transient_network_error(exc),
         service=service,
     )
+
+
+def where(exc: httpx.TransportError) -> str:
+    """`` at <url>`` of the failed request, without user information, query or fragment (they may hold secrets)."""
+    try:
+        url = exc.request.url
+    except RuntimeError:  # raised before a request existed
+        return ""
+    return f" at {url.copy_with(username=None, password=None, query=None, fragment=None)}"
 
 
 def error_from_response(
