@@ -43,7 +43,7 @@ from tasks.extractor import extractor
 from tasks.filework import file_runner
 from tasks.flattening import flattening
 from tasks.http_import import http_import
-from tasks.layout import artifact_key, job_of_tag, job_tag
+from tasks.layout import artifact_key, job_of_tag, job_tag, step_artifact_key
 from tasks.local_import import local_import
 from tasks.pseudonymizer import pseudonymizer
 from tasks.record import (
@@ -421,7 +421,7 @@ def job_summary(job: Job, results: list[StepResult]) -> dict[str, Any]:
 def publish_step_table(job: Job, result: StepResult) -> None:
     rows = [{"name": f.name, "size": f.size, "contents": f"{f.resources} {f.unit}"} for f in result.files]
     create_table_artifact(
-        key=artifact_key(job.job_id, f"{result.position:02d}", result.step),
+        key=step_artifact_key(job.job_id, result.position, result.step),
         table=rows or [{"name": "(no files)", "size": 0, "contents": ""}],
         description=f"Job {job.job_id}, step {result.position + 1} `{result.step}`: files in `{result.folder}`",
     )
@@ -623,12 +623,13 @@ def artifact_links(job_id: str, base: str) -> dict[int | None, list[str]]:
 
 
 def artifact_label(rest: str) -> tuple[int | None, str]:
-    """``03-pseudonymizer-report`` → (3, ``report``); ``03-pseudonymizer`` (the step's file table) → (3,
-    ``files``); ``inspection`` → (None, ``inspection``)."""
+    """The step position (0-based) and label of a key's rest: ``04-pseudonymizer-report`` (step 4) → (3,
+    ``report``); ``04-pseudonymizer`` (the step's file table) → (3, ``files``); ``inspection`` → (None,
+    ``inspection``)."""
     number, _, named = rest.partition("-")
     if not (number.isdigit() and named):
         return None, rest
     step = next((s for s in STEPS if named == s.replace("_", "-") or named.startswith(s.replace("_", "-") + "-")), None)
     if step is None:
         return None, rest
-    return int(number), named.removeprefix(step.replace("_", "-")).removeprefix("-") or "files"
+    return int(number) - 1, named.removeprefix(step.replace("_", "-")).removeprefix("-") or "files"

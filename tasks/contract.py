@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from config.loader import cached_settings
 from config.settings import Settings
-from tasks.layout import PREFECT_DIR, artifact_key, step_folder
+from tasks.layout import PREFECT_DIR, step_artifact_key, step_folder
 from tasks.progress import StepWork, step_progress
 from tasks.record import count_unit, record_facts
 
@@ -95,6 +95,12 @@ class StepInput(BaseModel):
     facts: dict[str, Any] = Field(default_factory=dict)
     config_path: str | None = None
     overrides: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def number(self) -> int:
+        """The step's number as people read it (1-based): task run names, log lines, ``status``, the job record.
+        Keys (cache keys, ``job.json``, artifact keys) keep the 0-based ``position``."""
+        return self.position + 1
 
     @property
     def job_path(self) -> Path:
@@ -209,12 +215,12 @@ def step_task(name: str, **options: Any) -> Callable[[Callable[..., StepResult]]
         @functools.wraps(function)
         def timed(step: StepInput, *args: Any, **kwargs: Any) -> StepResult:
             started = time.monotonic()
-            key = artifact_key(step.job_id, f"{step.position:02d}", step.step, "progress")
+            key = step_artifact_key(step.job_id, step.position, step.step, "progress")
             with step_progress(key, step.step, known_work(step)):
                 result = function(step, *args, **kwargs)
             return result.model_copy(update={"seconds": round(time.monotonic() - started, 3)})
 
-        return task(name=name, task_run_name=f"{name}" + "[{step.position}]", **{**_PERSISTED, **options})(timed)
+        return task(name=name, task_run_name=f"{name}" + "[{step.number}]", **{**_PERSISTED, **options})(timed)
 
     return declare
 

@@ -46,7 +46,7 @@ from tasks.contract import DataFile, StepInput, StepResult, file_task, settings_
 from tasks.errors import StepError
 from tasks.fanout import raise_if_cancelled, results_or_raise
 from tasks.filework import map_files
-from tasks.layout import artifact_key
+from tasks.layout import step_artifact_key
 from tasks.ndjson import remove_partial_files
 from tasks.progress import expect_files, track
 from tasks.readable import CLI
@@ -246,7 +246,7 @@ class ProgressReporter:
     """Shows polling progress in the log (when it changes) and as a Prefect progress artifact (<= 1/s)."""
 
     def __init__(self, step: StepInput):
-        self._key = artifact_key(step.job_id, f"{step.position:02d}", step.step, "progress")
+        self._key = step_artifact_key(step.job_id, step.position, step.step, "progress")
         self._artifact: UUID | None = None
         self._last_text: str | None = None
         self._last_update = float("-inf")

@@ -66,6 +66,12 @@ def artifact_key(job_id: str, *parts: str) -> str:
     return "-".join(("job", job_id, *parts)).lower().replace("_", "-")
 
 
+def step_artifact_key(job_id: str, position: int, step: str, *parts: str) -> str:
+    """A step's artifact key, ``job-<id>-NN-<step>[-<part>]``, NN the step's number as people read it (1-based, as in
+    task run names, log lines and ``status``)."""
+    return artifact_key(job_id, f"{position + 1:02d}", step, *parts)
+
+
 class JobWriteError(DupflowError, OSError):
     """A job's file could not be written (no space left, no permission); nothing half-written is left. An
     ``OSError`` too, so callers that tolerate a failed write still do."""

@@ -39,7 +39,7 @@ from tasks.contract import DataFile, StepInput, StepResult, file_task, settings_
 from tasks.errors import StepError
 from tasks.fanout import ordered_map, results_or_raise
 from tasks.filework import map_files
-from tasks.layout import artifact_key
+from tasks.layout import step_artifact_key
 from tasks.ndjson import (
     AtomicNdjsonWriter,
     CompressionLevel,
@@ -311,7 +311,7 @@ def publish_report(step: StepInput, reports: list[FileReport]) -> None:
         for r in reports
     ]
     create_table_artifact(
-        key=artifact_key(step.job_id, f"{step.position:02d}", step.step, "report"),
+        key=step_artifact_key(step.job_id, step.position, step.step, "report"),
         table=rows or [{"file": "(no files)"}],
         description=f"Step {step.position + 1} `pseudonymizer`: resources, split Bundles and requests per file",
     )

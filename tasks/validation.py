@@ -46,7 +46,7 @@ from tasks.contract import DataFile, StepInput, StepResult, file_task, settings_
 from tasks.errors import StepError
 from tasks.fanout import ordered_map, results_or_raise
 from tasks.filework import map_files
-from tasks.layout import artifact_key
+from tasks.layout import step_artifact_key
 from tasks.ndjson import AtomicNdjsonWriter, CompressionLevel, iter_lines, output_name, remove_partial_files
 from tasks.progress import track
 
@@ -264,7 +264,7 @@ def publish_artifact(step: StepInput, checked: list[FileValidation]) -> None:
         for c in checked
     ]
     create_table_artifact(
-        key=artifact_key(step.job_id, f"{step.position:02d}", step.step, "report"),
+        key=step_artifact_key(step.job_id, step.position, step.step, "report"),
         table=rows or [{"file": "(no files)"}],
         description=f"Step {step.position + 1} `validation`: findings per file; reports in `{step.output_dir}`",
     )

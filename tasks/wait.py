@@ -27,7 +27,7 @@ from tasks.readable import CLI, SHOW_WHOLE
 from tasks.record import gate, mark_gate_paused
 
 
-@task(name="wait", task_run_name="wait[{step.position}]", cache_policy=NO_CACHE, persist_result=False)
+@task(name="wait", task_run_name="wait[{step.number}]", cache_policy=NO_CACHE, persist_result=False)
 def wait(step: StepInput, resume_hint: str = "") -> StepResult:
     entry = gate(step.job_path, step.position)
     if not entry.get("released"):
@@ -50,7 +50,7 @@ def wait_dir(step: StepInput) -> Path:
 
 def inspection_text(step: StepInput, resume_hint: str) -> str:
     return (
-        f"Job {step.job_id} is paused for inspection before step {step.position + 2}.\n"
+        f"Job {step.job_id} is paused for inspection before step {step.number + 1}.\n"
         f"  Data to inspect: {step.input_dir}\n"
         f"  Corrected files go into: {wait_dir(step)}\n"
         f"  When that folder holds any .ndjson/.ndjson.zst file on resume, the next step reads only that folder; "

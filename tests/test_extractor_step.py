@@ -116,7 +116,7 @@ def test_extraction_progress_is_published_as_a_prefect_artifact(tmp_path, extrac
     ) as torch:
         assert main(["start", str(extractor_config(torch)), str(CRTDL), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(jobs_dir_of(tmp_path))
-    key = f"job-{job_dir.name}-00-extractor-progress"
+    key = f"job-{job_dir.name}-01-extractor-progress"
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
     assert artifacts and artifacts[0].type == "progress" and float(artifacts[0].data) == 100.0

@@ -71,7 +71,7 @@ def test_the_embedded_default_job_imports_and_flattens_the_sample_data(tmp_path,
     job_dir = only_job_dir(tmp_path / "jobs")
     run_lines = job_log_lines_of(job_dir, ("prefect.task_runs", "prefect.flow_runs", "dupflow."))
     assert "Task run 'import[fhir-data.ndjson.zst]' - Finished in state Completed()" in "\n".join(run_lines)
-    assert any("dupflow.flattening: Task run 'flattening[1]' - " in line for line in run_lines), run_lines
+    assert any("dupflow.flattening: Task run 'flattening[2]' - " in line for line in run_lines), run_lines
     unnamed = [line for line in run_lines if not re.search(r": (Task|Flow) run '[^']+' - ", line)]
     assert unnamed == [], "every line of a run names its run, as Prefect's console does"
     imported = sorted(p.name for p in (job_dir / "import").iterdir())
@@ -89,7 +89,7 @@ def test_the_embedded_default_job_imports_and_flattens_the_sample_data(tmp_path,
     assert (job_dir / "crtdl.json").read_bytes() == (REPO_ROOT / "config" / "sample-data" / "crtdl.json").read_bytes()
 
     artifacts = read_artifacts(f"job-{job_dir.name}")
-    assert "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson.zst" in artifacts[f"job-{job_dir.name}-00-local-import"]
+    assert "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson.zst" in artifacts[f"job-{job_dir.name}-01-local-import"]
     assert "| 1 | local_import | done | `import` | 2 |" in artifacts[f"job-{job_dir.name}"]
 
 

@@ -109,7 +109,7 @@ def test_the_record_links_every_artifact_and_a_step_has_one_progress_artifact_up
     elapsed = time.monotonic() - started
 
     (job_dir,) = (tmp_path / "jobs").iterdir()
-    progress = latest(f"job-{job_dir.name}-01-pseudonymizer-progress")
+    progress = latest(f"job-{job_dir.name}-02-pseudonymizer-progress")
     assert progress["type"] == "progress" and progress["data"] == 100.0
     assert progress["description"].startswith("pseudonymizer done: 2 / 2 files, 80 resources"), progress
     assert len(versions(progress["key"])) == 1, "one artifact per step run, updated in place"
@@ -128,7 +128,7 @@ def test_the_record_links_every_artifact_and_a_step_has_one_progress_artifact_up
     files = json.loads((job_dir / "job.json").read_text())["steps"]["01"]["files"]
     assert pseudonymized["size"] == size_text(sum(f["size"] for f in files)), "sizes in KB/MB/GB"
     links = {(label, artifact_key_of(found)) for label, _, found in LINK.findall(pseudonymized["artifacts"])}
-    prefix = f"job-{job_dir.name}-01-pseudonymizer"
+    prefix = f"job-{job_dir.name}-02-pseudonymizer"
     assert links == {("files", prefix), ("report", f"{prefix}-report"), ("progress", f"{prefix}-progress")}
     from prefect.settings import get_current_settings
 
@@ -172,7 +172,7 @@ def test_the_sample_job_runs_without_warnings_and_counts_csv_rows_as_rows(tmp_pa
     assert "step 2 flattening: 5 file(s), 14 rows in flattening" in log, log
     record = latest(f"job-{job_dir.name}")["data"]
     assert row(record, "flattening")["contents"] == "14 rows", record
-    table = latest(f"job-{job_dir.name}-01-flattening")["data"]
+    table = latest(f"job-{job_dir.name}-02-flattening")["data"]
     assert '"contents": "2 rows"' in table and '"name": "Encounter.csv"' in table, table
     capsys.readouterr()
     assert main(["status", str(job_dir)]) == EXIT_OK

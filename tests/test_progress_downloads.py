@@ -20,7 +20,7 @@ import pytest
 
 from flows.run import EXIT_OK, main
 from tasks.clients.downloads import body_size
-from tasks.layout import artifact_key
+from tasks.layout import step_artifact_key
 from tasks.progress import track
 from tasks.readable import size_text
 from tests.conftest import wait_until
@@ -83,12 +83,12 @@ def http_import_config(write_config) -> Path:
     return write_config({"pipeline": {"enabled_steps": ["http_import"]}, "compression": {"level": "fastest"}})
 
 
-def progress_artifacts(job_dir: Path, position: str, step: str) -> list[Any]:
+def progress_artifacts(job_dir: Path, position: int, step: str) -> list[Any]:
     """Every version of the step's progress artifact, oldest first."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    key = artifact_key(job_dir.name, position, step, "progress")
+    key = step_artifact_key(job_dir.name, position, step, "progress")
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
     return sorted(found, key=lambda artifact: artifact.created)
@@ -109,7 +109,7 @@ def watch_while_gated(tmp_path: Path, state: GatedState) -> tuple[threading.Thre
     def working() -> bool:
         jobs = tmp_path / "jobs"
         found = (
-            progress_artifacts(only_job_dir(jobs), "00", "http_import") if jobs.is_dir() and any(jobs.iterdir()) else []
+            progress_artifacts(only_job_dir(jobs), 0, "http_import") if jobs.is_dir() and any(jobs.iterdir()) else []
         )
         if found and WORKING.match(found[-1].description):
             seen.append(found[-1])
@@ -174,7 +174,7 @@ def run_extractor_job(tmp_path: Path, write_config, lines: dict[str, int], **fau
 
 def downloads_artifact(job_dir: Path) -> Any:
     """The extractor's progress artifact of its downloads (the one of its polling has the same key)."""
-    (artifact,) = [a for a in progress_artifacts(job_dir, "00", "extractor") if a.description.startswith("extractor")]
+    (artifact,) = [a for a in progress_artifacts(job_dir, 0, "extractor") if a.description.startswith("extractor")]
     return artifact
 
 
@@ -221,7 +221,7 @@ def test_http_import_shows_a_progress_artifact_while_the_file_arrives(tmp_path, 
 
     (working,) = seen
     assert 0 < float(working.data) < 100 if length else float(working.data) == 0, working
-    (artifact,) = progress_artifacts(only_job_dir(tmp_path / "jobs"), "00", "http_import")
+    (artifact,) = progress_artifacts(only_job_dir(tmp_path / "jobs"), 0, "http_import")
     assert artifact.id == working.id and float(artifact.data) == 100.0, "one artifact, updated in place"
     assert artifact.description.startswith(f"http_import done: 1 / 1 files, {size_text(len(BODY))}, at ")
 

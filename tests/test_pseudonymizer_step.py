@@ -252,7 +252,7 @@ def test_start_with_anonymization_config_sends_parameters_and_the_request_rules_
     out = read_output(job_dir / "pseudonymizer" / "Patient.ndjson.zst")
     assert [p["name"] for p in out] == [[{"family": "Doe", "given": ["John"]}], [{"family": "Roe", "given": ["Jane"]}]]
     assert [p["id"] for p in out] == ["anon-patient-1", "anon-patient-2"] and all("gender" not in p for p in out)
-    report = read_report_artifact(f"job-{job_dir.name}-01-pseudonymizer-report")
+    report = read_report_artifact(f"job-{job_dir.name}-02-pseudonymizer-report")
     assert report == [
         {
             "file": "Patient.ndjson.zst",

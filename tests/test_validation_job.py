@@ -109,7 +109,7 @@ def test_with_fail_on_error_false_every_report_is_written_and_the_counts_are_in_
     assert (result.summary["resources_with_errors"], result.summary["errors"]) == (3, 6)
     outcome = report_lines(job_dir / "validation" / "InvalidPatient.ndjson.zst")[0]
     assert marks(outcome) == (1, ["Patient/val-invalid-1", "Patient/val-invalid-2"])
-    rows = {row["file"]: row for row in read_report_artifact(f"job-{job_dir.name}-01-validation-report")}
+    rows = {row["file"]: row for row in read_report_artifact(f"job-{job_dir.name}-02-validation-report")}
     assert {name: (row["resources"], row["chunks"], row["errors"], row["warnings"]) for name, row in rows.items()} == {
         "Condition.ndjson": (1, 1, 2, 0),
         "InvalidPatient.ndjson": (2, 1, 4, 0),
@@ -133,7 +133,7 @@ def test_with_fail_on_error_true_reports_are_written_then_the_step_fails_with_co
     assert "Patient.ndjson:" not in message.replace("InvalidPatient.ndjson:", "")
     assert str(job_dir / "validation") in message
     assert len(list((job_dir / "validation").glob("*.ndjson.zst"))) == 3
-    rows = read_report_artifact(f"job-{job_dir.name}-01-validation-report")
+    rows = read_report_artifact(f"job-{job_dir.name}-02-validation-report")
     assert sum(row["errors"] for row in rows) == 6
 
 
