@@ -149,9 +149,7 @@ def read_answer(
     for piece in response.iter_bytes():
         body += piece
         if len(body) > limit:
-            raise answer_too_large(
-                f"over {size_text(limit)}", limit, operation=operation, service=service, hint=hint
-            )
+            raise answer_too_large(f"over {size_text(limit)}", limit, operation=operation, service=service, hint=hint)
         if deadline is not None:
             deadline.check(operation, service)
     return bytes(body)
@@ -166,9 +164,7 @@ async def read_answer_async(
     async for piece in response.aiter_bytes():
         body += piece
         if len(body) > limit:
-            raise answer_too_large(
-                f"over {size_text(limit)}", limit, operation=operation, service=service, hint=hint
-            )
+            raise answer_too_large(f"over {size_text(limit)}", limit, operation=operation, service=service, hint=hint)
     return bytes(body)
 
 
