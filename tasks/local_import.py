@@ -77,10 +77,15 @@ def source_directory(job_input: str | None, configured_dir: str | None) -> Path:
             "local_import has no directory: give one as the job input, with --dir, or set services.local_import.dir"
         )
     source = Path(configured).expanduser()
+    given_as = "services.local_import.dir" if configured == configured_dir else "the job input"
     if not source.exists():
-        raise LocalImportError(f"import directory {source} does not exist")
+        raise LocalImportError(
+            f"import directory {source} ({given_as}) does not exist; give the folder that holds the .ndjson files"
+        )
     if not source.is_dir():
-        raise LocalImportError(f"import directory {source} is a file, not a directory; give the folder that holds it")
+        raise LocalImportError(
+            f"import directory {source} ({given_as}) is a file, not a directory; give the folder that holds it"
+        )
     return source.resolve()
 
 

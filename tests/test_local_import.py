@@ -36,6 +36,13 @@ def test_a_missing_directory_or_a_file_in_its_place_is_a_clear_error(tmp_path, m
         source_directory(str(target), None)
 
 
+def test_a_missing_directory_names_where_it_was_given(tmp_path):
+    with pytest.raises(LocalImportError, match=r"\(services.local_import.dir\) does not exist; give the folder"):
+        source_directory(None, str(tmp_path / "gone"))
+    with pytest.raises(LocalImportError, match=r"\(the job input\) does not exist"):
+        source_directory(str(tmp_path / "gone"), str(tmp_path))
+
+
 def test_no_directory_at_all_says_where_to_give_one(tmp_path):
     with pytest.raises(LocalImportError, match="--dir, or set services.local_import.dir"):
         source_directory(None, None)
