@@ -22,8 +22,8 @@ from typing import IO, Any
 from tasks.jsonfile import JsonFileError, read_json_file
 from tasks.ndjson import NdjsonError, iter_lines
 from tasks.sof import ViewDefinitionError, ViewError, compile_view
-from tasks.sof.output import csv_cells, csv_writer, json_bytes
-from tasks.sof.resources import ResourceLineError, line_resources, parse_line
+from tasks.sof.output import csv_writer, json_bytes
+from tasks.sof.resources import ResourceLineError, read_resources
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 MAX_LINE_BYTES = 1024 * 1024 * 1024
@@ -89,8 +89,7 @@ def print_rows(view, definition: dict[str, Any], args: argparse.Namespace) -> in
 def write_csv(view, resources: Path, out: IO[str]) -> None:
     writer = csv_writer(out)
     writer.writerow(view.columns)
-    for row in view_rows(view, resources):
-        writer.writerow(csv_cells(row))
+    writer.writerows(view_rows(view, resources))
 
 
 def print_parquet(view, definition: dict[str, Any], resources: Path) -> None:
@@ -107,6 +106,6 @@ def print_parquet(view, definition: dict[str, Any], resources: Path) -> None:
 
 
 def view_rows(view, resources: Path):
-    for number, line in iter_lines(resources, MAX_LINE_BYTES):
-        for resource in line_resources(parse_line(resources, number, line)):
-            yield from view.rows(resource)
+    """The view's rows over the file's resources; lines holding no resource of the view's type are not parsed."""
+    for resource in read_resources(resources, iter_lines(resources, MAX_LINE_BYTES), [view.resource]):
+        yield from view.rows(resource)
