@@ -27,7 +27,6 @@ from tests.steps import step_input
 from tests.test_flattening_processes import EXAMPLE, LOOKUP, bare_file, files_of, group_ids
 from tests.test_flattening_step import run_step
 from tests.test_job_cli import only_job_dir
-from tests.test_progress_downloads import progress_artifacts
 from tests.flattening_runs import flatten_files
 
 MB = 1024 * 1024
@@ -171,6 +170,18 @@ def step_on(job_dir: Path, path: Path):
     )
 
 
+def flattening_progress(job_dir: Path) -> float:
+    """The data of the flattening step's progress artifact (``job-<id>-<NN>-flattening-progress``), as last
+    updated."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_=job_dir.name)))
+    (artifact,) = [a for a in found if a.key and a.key.endswith("-flattening-progress")]
+    return artifact.data
+
+
 def spoil_at(path: Path, offset: int) -> int:
     """Make the line at ``offset`` no JSON, the file's size unchanged; the byte it had."""
     data = bytearray(path.read_bytes())
@@ -233,5 +244,4 @@ def test_a_cut_files_progress_reaches_the_job_log_and_the_progress_artifact(tmp_
     count = len(file_spans(source, processes.pool_size(), SPAN_MIN_BYTES))
     for index in range(1, count + 1):
         assert re.search(rf"dupflow\.progress: .*flatten big\.ndjson#{index}/{count}: \d+ resources", log), log[-3000:]
-    (*_, last) = progress_artifacts(job_dir, "01", "flattening")
-    assert last.data == 100
+    assert flattening_progress(job_dir) == 100
