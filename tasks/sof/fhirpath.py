@@ -185,11 +185,16 @@ class MemberPath:
         found, paths = self.collect(focus.data, focus.path, env)
         return items_of(found, paths)
 
-    def collect(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
+    def plan(self, path: str | None) -> Plan | None:
+        """The path's plan for focus type ``path`` (made once per type), None where the data decides the types."""
         try:
-            plan = self.plans[path]
+            return self.plans[path]
         except KeyError:
             plan = self.plans[path] = _plan(self.members, path, counted=self.function is not None)
+            return plan
+
+    def collect(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
+        plan = self.plan(path)
         if plan is None:
             return self._general(data, path, env)
         found = _member_of(data, plan.key, plan.at) if plan.single else _walk(plan, data)

@@ -38,6 +38,7 @@ from itertools import chain, islice
 from math import prod
 from typing import Any
 
+from tasks.sof.compiled import RowsAt, compile_rows
 from tasks.sof.errors import FhirPathError, ViewDefinitionError, ViewEvaluationError
 from tasks.sof.fhirpath import MAX_REPEAT_ELEMENTS, Compiled, compile_path, plain
 
@@ -230,21 +231,31 @@ class CompiledView:
     constants: dict[str, Any]
     definition: dict[str, Any]
     max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE
+    compiled: RowsAt | None = None
 
     def rows(self, resource: dict[str, Any]) -> Iterable[tuple]:
-        """The resource's rows (none if it is of another type or a ``where`` path is not true): a tuple when they
-        are few, else an iterator producing them as they are read. An error names the view and the resource."""
+        """The resource's rows (none if it is of another type or a ``where`` path is not true): a list or tuple
+        when they are few, else an iterator producing them as they are read. An error names the view and the
+        resource."""
         if resource.get("resourceType") != self.resource:
             return ()
         try:
-            focus = (resource, self.resource)
-            env = {**self.constants, "rowIndex": 0}
-            rows = self.root.rows(focus, env) if self._passes(focus, env) else ()
+            rows = self._rows(resource)
         except ViewEvaluationError as exc:
             raise self._about(resource, exc) from exc
-        if isinstance(rows, tuple) and len(rows) <= self.max_rows_per_resource:
+        if isinstance(rows, list | tuple) and len(rows) <= self.max_rows_per_resource:
             return rows
         return self._streamed(resource, rows)
+
+    def _rows(self, resource: dict[str, Any]) -> Iterable[tuple]:
+        """The rows as the compiled selects give them (``tasks.sof.compiled``), else the general way (a view reading
+        ``%rowIndex``, or more than ``CACHED_ROWS`` rows)."""
+        focus = (resource, self.resource)
+        env = {**self.constants, "rowIndex": 0}
+        if not self._passes(focus, env):
+            return ()
+        rows = None if self.compiled is None else self.compiled(resource, self.resource, env)
+        return self.root.rows(focus, env) if rows is None else rows
 
     def _streamed(self, resource: dict[str, Any], rows: Iterable[tuple]) -> Iterator[tuple]:
         try:
@@ -305,12 +316,13 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
         for select in _selects(root):
             select.indexed = False
     _check_unique(root.names)
+    compiled = None if root.indexed else compile_rows(root, CACHED_ROWS)
     where = []
     for index, clause in enumerate(_list_of(view.get("where", []), "where")):
         if not isinstance(clause, dict) or not isinstance(clause.get("path"), str):
             raise ViewDefinitionError(f"where[{index}] needs a path (a FHIRPath giving a boolean)")
         where.append((clause["path"], _compile(clause["path"], f"where[{index}]", known_variables)))
-    return CompiledView(resource, root.names, root, where, constants, view, max_rows_per_resource)
+    return CompiledView(resource, root.names, root, where, constants, view, max_rows_per_resource, compiled)
 
 
 def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) -> Select:

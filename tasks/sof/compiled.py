@@ -1,0 +1,156 @@
+"""A view's selects compiled to closures that give a resource's rows as one list, without the general row machinery.
+
+``compile_rows(select, limit)`` turns a compiled ``tasks.sof.view.Select`` into ``rows(data, path, env)``: the
+select's rows at that focus as a list of tuples, the same rows in the same order as ``Select.rows`` gives, or None
+when they would be more than ``limit`` (no part and no product of more than ``limit`` rows is ever built: the caller
+then produces them the general, lazy way). Columns are read by closures made once per focus type:
+
+- a single-valued member path (``id``, ``subject.reference``, ``value.ofType(dateTime)``) walks its JSON keys
+  straight, no list per value;
+- anything the data makes irregular (a list where one value was expected, an element holding a resource, a value
+  of more than one element) and every other column (``collection: true``, functions, interpreted FHIRPath) goes
+  through ``Column.value``, which gives the value or the error the general way;
+- a select that ``repeat``\\ s is run by ``Select.rows`` (its bound on elements stays where it is).
+
+A view that reads ``%rowIndex`` is not compiled (each element's rows need their own environment).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+from tasks.sof.errors import FhirPathError, ViewEvaluationError
+from tasks.sof.fhirpath import MemberPath, Plan, plain
+
+if TYPE_CHECKING:
+    from tasks.sof.view import Column, Select
+
+Rows = list[tuple] | None
+RowsAt = Callable[[Any, Any, Any], Rows]
+Value = Callable[[Any, Any, Any], Any]
+_IRREGULAR = object()
+"""What a key walk gives when the data leaves the planned shape: the column is read the general way."""
+
+
+def compile_rows(select: Select, limit: int) -> RowsAt:
+    """``select``'s rows at a focus as a list (None: more than ``limit``; see the module doc)."""
+    if select.iteration == "repeat":
+        return _general_rows(select, limit)
+    rows_at = _rows_at(select, limit)
+    if select.iteration is None:
+        return rows_at
+    iterate, null_rows = select.iterate[0], [select.null_row] if select.iteration == "forEachOrNull" else []
+    where = select.iteration
+
+    def rows(data: Any, path: Any, env: Any) -> Rows:
+        try:
+            elements, paths = iterate.collect(data, path, env)
+        except FhirPathError as exc:
+            raise ViewEvaluationError(f"{where}: {exc}") from exc
+        if not elements:
+            return list(null_rows)
+        if len(elements) == 1:
+            return rows_at(elements[0], paths[0] if isinstance(paths, list) else paths, env)
+        found: list[tuple] = []
+        for position, element in enumerate(elements):
+            more = rows_at(element, paths[position] if isinstance(paths, list) else paths, env)
+            if more is None or len(found) + len(more) > limit:
+                return None
+            found += more
+        return found
+
+    return rows
+
+
+def _general_rows(select: Select, limit: int) -> RowsAt:
+    def rows(data: Any, path: Any, env: Any) -> Rows:
+        found = list(islice(select.rows((data, path), env), limit + 1))
+        return found if len(found) <= limit else None
+
+    return rows
+
+
+def _rows_at(select: Select, limit: int) -> RowsAt:
+    """The product of the select's own columns, its nested selects' rows and its unionAll branches' rows."""
+    columns = [column_value(column) for column in select.columns]
+    parts = [compile_rows(nested, limit) for nested in select.selects]
+    if select.union:
+        parts.append(_concatenated([compile_rows(branch, limit) for branch in select.union], limit))
+
+    def rows_at(data: Any, path: Any, env: Any) -> Rows:
+        rows = [tuple([value(data, path, env) for value in columns])]
+        for part in parts:
+            extra = part(data, path, env)
+            if not extra:  # None (too many) or no rows at all
+                return extra
+            if len(extra) == 1:
+                tail = extra[0]
+                rows = [row + tail for row in rows]
+            elif len(rows) * len(extra) > limit:
+                return None
+            else:
+                rows = [row + more for row in rows for more in extra]
+        return rows
+
+    return rows_at
+
+
+def _concatenated(branches: list[RowsAt], limit: int) -> RowsAt:
+    def rows(data: Any, path: Any, env: Any) -> Rows:
+        found: list[tuple] = []
+        for branch in branches:
+            more = branch(data, path, env)
+            if more is None or len(found) + len(more) > limit:
+                return None
+            found += more
+        return found
+
+    return rows
+
+
+# --- columns ----------------------------------------------------------------------------------------------------
+
+
+def column_value(column: Column) -> Value:
+    """How the column's value is read at a focus: a key walk planned per focus type where the path is a plain
+    single-valued member path, else ``Column.value``."""
+    evaluate = column.evaluate
+    if column.collection or not isinstance(evaluate, MemberPath) or evaluate.function is not None:
+        return column.value
+    walks: dict[Any, Callable[[Any], Any] | None] = {}
+
+    def value(data: Any, path: Any, env: Any) -> Any:
+        try:
+            walk = walks[path]
+        except KeyError:
+            walk = walks[path] = _key_walk(evaluate.plan(path))
+        if walk is not None:
+            found = walk(data)
+            if found is not _IRREGULAR:
+                return found if found is None or type(found) is str else plain(found)
+        return column.value(data, path, env)
+
+    return value
+
+
+def _key_walk(plan: Plan | None) -> Callable[[Any], Any] | None:
+    """The plan as a walk over dicts giving the single value (None: no value), ``_IRREGULAR`` where the data is not
+    shaped as planned; None when the plan is not a chain of member keys."""
+    if plan is None or plan.counted or any(kind != "member" or not key for kind, key, _, _ in plan.operations):
+        return None
+    steps = tuple((key, at) for _, key, _, at in plan.operations)
+
+    def walk(data: Any) -> Any:
+        for key, at in steps:
+            if type(data) is not dict:
+                return _IRREGULAR if isinstance(data, list | dict) else None
+            if "resourceType" in data and data["resourceType"] != at:
+                return _IRREGULAR
+            data = data.get(key)
+            if data is None:
+                return None
+        return _IRREGULAR if isinstance(data, list) else data
+
+    return walk
