@@ -26,8 +26,9 @@ least disturbed):
 - views:      ``view run``'s CSV path (``flows.view_cli.write_csv``) for each of the three views the example's CRTDL
               gives, over ``--view-mb`` MB of the data's resources one per line, and the engine's own reading
               (``read_resources``: lines of other types unparsed, rows written in batches), next to orjson parsing
-              the same bytes alone, one core; both CSVs must be the same bytes (fhir4ds is no dependency: its side
-              of the issue's comparison is run apart);
+              the same bytes alone, one core; both CSVs must be the same bytes. Beside them, in a table of their
+              own, fhir4ds (DuckDB; no dependency: ``fhir4ds_views.py`` in its own ``uv run --with`` environment)
+              from the same file to rows in hand, a round of each in turn; its rows checked against ours;
 - start-up:   ``flows.run start`` of the embedded tiny job, with no server (cold) and with the local server
               running (warm), and the peak RSS of the process tree (the flow process plus the server);
 - memory:     a ``--job-size`` MB job (local_import + flattening of these data, plain and zstd ``default``)
@@ -41,6 +42,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
+import itertools
 import json
 import os
 import platform
@@ -54,6 +57,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -128,15 +133,17 @@ def main() -> None:
             rows += pseudonymization_rows(root, files[0], args.runs)
         if "flattening" in args.only:
             rows += flattening_rows(root, files, args.runs)
+        views = []
         if "views" in args.only:
-            rows += view_rows(root, files, args.view_mb, args.runs)
+            view_table, views = view_rows(root, files, args.view_mb, args.runs)
+            rows += view_table
         tree = None
         if "startup" in args.only and not args.no_startup:
             startup, tree = startup_rows(root, args.runs)
             rows += startup
         memory = memory_lines(root, args.job_size, args.files, args.seed) if "memory" in args.only else []
     print_table(rows)
-    for line in memory:
+    for line in views + memory:
         print(line)
     if tree:
         flow_mb, server_mb = tree
@@ -588,31 +595,60 @@ def child_flatten(sources: list[str], out: str, runs: int) -> dict:
 # --- views ---------------------------------------------------------------------------------------------------
 
 
-def view_rows(root: Path, files: list[Path], megabytes: int, runs: int) -> list[Row]:
+FHIR4DS = "fhir4ds==0.5.1"
+FHIR4DS_SCRIPT = Path(__file__).with_name("fhir4ds_views.py")
+
+
+def view_rows(root: Path, files: list[Path], megabytes: int, runs: int) -> tuple[list[Row], list[str]]:
     """The data's Bundles opened into one resource per line (as a FHIR bulk export gives them), ``megabytes`` MB,
-    each of the example's three views run over it."""
-    resources = root / "resources.ndjson"
-    with resources.open("wb") as out:
-        for line in (line for path in files for line in path.open("rb")):
-            for entry in orjson.loads(line)["entry"]:
-                out.write(orjson.dumps(entry["resource"]) + b"\n")
-            if out.tell() >= megabytes * MB:
-                break
+    each of the example's three views run over it by dupflow and by fhir4ds, one round of each in turn (best of
+    ``runs``): the rows for the table and the side-by-side table's lines."""
+    from tasks.flattening import plan_views
+
+    resources = write_resources(root / "resources.ndjson", files, megabytes)
+    definitions = root / "views.json"
+    definitions.write_text(json.dumps([group.view for group in plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)[0]]))
+    ours, theirs = [], []
+    for _ in range(runs):
+        ours.append(in_child("views", source=str(resources), out=str(root / "views")))
+        if not theirs or "error" not in theirs[-1]:
+            theirs.append(fhir4ds_round(definitions, resources, root / "fhir4ds"))
     size = resources.stat().st_size / MB
-    result = in_child("views", source=str(resources), out=str(root / "views"), runs=runs)
-    anchor = size / result["parse_seconds"]
+    parse_seconds = min(round_["parse_seconds"] for round_ in ours)
+    anchor = size / parse_seconds
+    best = best_views(ours)
     rows = []
-    for view in result["views"]:
+    for view in best:
         step = f"view {view['resource']}, {size:.0f} MB"
         rows.append(Row(step, "view run (write_csv)", size / view["seconds"], "orjson parse alone", anchor, "MB/s"))
         rows.append(
             Row(step, "engine, lines by type", size / view["engine_seconds"], "orjson parse alone", anchor, "MB/s")
         )
-    return rows
+    table = SideBySide(size, runs, parse_seconds, root / "views", root / "fhir4ds")
+    return rows, table.lines(best, theirs)
 
 
-def child_views(source: str, out: str, runs: int) -> dict:
-    """Each view through ``view run``'s CSV writer and through the engine's own reading, in this process."""
+def write_resources(path: Path, files: list[Path], megabytes: int) -> Path:
+    """The batch files' Bundles as one resource per line, the first ``megabytes`` MB of them."""
+    with path.open("wb") as out:
+        for line in (line for batch in files for line in batch.open("rb")):
+            for entry in orjson.loads(line)["entry"]:
+                out.write(orjson.dumps(entry["resource"]) + b"\n")
+            if out.tell() >= megabytes * MB:
+                break
+    return path
+
+
+def timed(work: Callable[[], object]) -> tuple[float, float]:
+    """Wall-clock and CPU seconds of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    work()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def child_views(source: str, out: str) -> dict:
+    """One round in this process: each view through ``view run``'s CSV writer and through the engine's own
+    reading (both CSVs must be the same bytes), then orjson parsing the same bytes alone."""
     from flows.view_cli import write_csv
     from tasks.flattening import plan_views
     from tasks.ndjson import iter_lines
@@ -642,13 +678,106 @@ def child_views(source: str, out: str, runs: int) -> dict:
     measured = []
     for group in plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)[0]:
         view = compile_view(group.view)
-        command, engine = folder / f"{view.resource}-command.csv", folder / f"{view.resource}-engine.csv"
-        seconds = best_seconds(lambda view=view, command=command: command_csv(view, command), runs)
-        engine_seconds = best_seconds(lambda view=view, engine=engine: engine_csv(view, engine), runs)
+        command, engine = our_csv(folder, view.resource), folder / f"{view.resource}-engine.csv"
+        seconds, cpu = timed(partial(command_csv, view, command))
+        engine_seconds, _ = timed(partial(engine_csv, view, engine))
         if command.read_bytes() != engine.read_bytes():
             raise SystemExit(f"view {view.resource}: view run and the engine wrote different CSVs")
-        measured.append({"resource": view.resource, "seconds": seconds, "engine_seconds": engine_seconds})
-    return {"parse_seconds": best_seconds(parse, runs), "views": measured}
+        measured.append({"resource": view.resource, "seconds": seconds, "cpu": cpu, "engine_seconds": engine_seconds})
+    return {"parse_seconds": timed(parse)[0], "views": measured}
+
+
+def our_csv(folder: Path, resource: str) -> Path:
+    return folder / f"{resource}-command.csv"
+
+
+def fhir4ds_round(views: Path, resources: Path, out: Path) -> dict:
+    """One round of fhir4ds in its own environment (``fhir4ds_views.py``): its figures per view, or its error."""
+    out.mkdir(exist_ok=True)
+    command = ["uv", "run", "--no-project", "--with", FHIR4DS, "python", "-P", str(FHIR4DS_SCRIPT)]
+    done = subprocess.run(
+        [*command, str(views), str(resources), str(out)], capture_output=True, text=True, cwd=out, timeout=1800
+    )
+    if done.returncode != 0:
+        return {"error": done.stderr.strip()[-400:] or f"exit status {done.returncode}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def best_views(rounds: list[dict]) -> list[dict]:
+    """Per view, each timing of its least disturbed round (the lowest); a view that failed, as it failed first."""
+    best = []
+    for runs_of_view in zip(*(round_["views"] for round_ in rounds), strict=True):
+        first = runs_of_view[0]
+        if "error" in first:
+            best.append(first)
+            continue
+        best.append(
+            {
+                key: min(run[key] for run in runs_of_view) if isinstance(value, float) else value
+                for key, value in first.items()
+            }
+        )
+    return best
+
+
+@dataclass
+class SideBySide:
+    """The issue's comparison, one line per view: dupflow's ``view run`` (the file to a CSV), fhir4ds (the same file
+    to rows in hand: its DuckDB load plus its query), their ratio, orjson parsing alone, and whether the rows agree."""
+
+    size: float
+    runs: int
+    parse_seconds: float
+    ours: Path
+    theirs: Path
+
+    def lines(self, ours: list[dict], theirs: list[dict]) -> list[str]:
+        if "error" in theirs[-1]:
+            return [self.title("fhir4ds"), *map(self.line, ours), f"fhir4ds did not run: {theirs[-1]['error']}"]
+        first = theirs[0]
+        engine = f"fhir4ds {first['fhir4ds']} on DuckDB {first['duckdb']} ({first['threads']} threads)"
+        return [self.title(engine), *map(self.compared, ours, best_views(theirs), itertools.count())]
+
+    def title(self, engine: str) -> str:
+        return (
+            f"\nviews, {self.size:.0f} MB of resources one per line, best of {self.runs} rounds taken in turn, seconds "
+            f"wall / CPU: dupflow's `view run` (one core) from the file to a CSV; {engine} from the same file to rows "
+            "in hand (its load into DuckDB + its query, each its best); ratio: fhir4ds / dupflow wall (above 1: "
+            "dupflow is faster)\n"
+            f"{'view':<10} {'dupflow':>13} {'fhir4ds':>13} {'load + query':>13} {'ratio':>6} {'orjson parse':>12}  rows"
+        )
+
+    def compared(self, view: dict, their: dict, number: int) -> str:
+        if "error" in their:
+            return self.line(view, note=f"fhir4ds could not run this view: {their['error']}")
+        return self.line(
+            view,
+            f"{their['seconds']:.2f} / {their['cpu']:.2f}",
+            f"{their['load_seconds']:.2f} + {their['query_seconds']:.2f}",
+            f"{their['seconds'] / view['seconds']:.2f}x",
+            rows_agree(our_csv(self.ours, view["resource"]), self.theirs / f"{number}.json"),
+        )
+
+    def line(self, view: dict, theirs: str = "-", apart: str = "-", ratio: str = "-", note: str = "") -> str:
+        ours = f"{view['seconds']:.2f} / {view['cpu']:.2f}"
+        return (
+            f"{view['resource']:<10} {ours:>13} {theirs:>13} {apart:>13} {ratio:>6} {self.parse_seconds:>12.2f}  {note}"
+        )
+
+
+def rows_agree(ours: Path, theirs: Path) -> str:
+    """Our CSV's rows against fhir4ds's (JSON values as our CSV writes them), in any order."""
+    from tasks.sof.output import csv_cells
+
+    with ours.open(encoding="utf-8", newline="") as stream:
+        our_rows = sorted(list(csv.reader(stream))[1:])
+    their_rows = sorted(csv_cells(row) for row in json.loads(theirs.read_text(), parse_float=Decimal))
+    if our_rows == their_rows:
+        return f"{len(our_rows):,}, the same"
+    if len(our_rows) != len(their_rows):
+        return f"differ: dupflow {len(our_rows):,}, fhir4ds {len(their_rows):,}"
+    mine, other = next(pair for pair in zip(our_rows, their_rows, strict=True) if pair[0] != pair[1])
+    return f"{len(our_rows):,}, values differ: dupflow {mine} vs fhir4ds {other}"
 
 
 # --- start-up ------------------------------------------------------------------------------------------------
