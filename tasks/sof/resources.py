@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import re2
 
 from tasks.sof.errors import ResourceLineError
 
-_DECIMAL_NUMBER = re.compile(rb"[:\[,]\s*-?\d+(?:\.\d|[eE])")
+_DECIMAL_NUMBER = re2.compile(rb"[:\[,][ \t\n\r\f\v]*-?\d+(?:\.\d|[eE])")  # RE2: 2.5x Python's re here
 _DECIMAL_DECODER = json.JSONDecoder(parse_float=Decimal)
 _RESOURCE_TYPE_KEY = b'"resourceType"'
 _RESOURCE_TYPE = re.compile(rb'"resourceType"\s*:\s*"([^"\\]*)"')
