@@ -22,7 +22,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from tasks.sof.errors import FhirPathError, ViewEvaluationError
-from tasks.sof.fhirpath import MemberPath, Plan, plain
+from tasks.sof.fhirpath import Compiled, MemberPath, Paths, Plan, plain
 
 if TYPE_CHECKING:
     from tasks.sof.view import Column, Select
@@ -41,14 +41,11 @@ def compile_rows(select: Select, limit: int) -> RowsAt:
     rows_at = _rows_at(select, limit)
     if select.iteration is None:
         return rows_at
-    iterate, null_rows = select.iterate[0], [select.null_row] if select.iteration == "forEachOrNull" else []
-    where = select.iteration
+    elements_at = _elements(select.iterate[0], select.iteration)
+    null_rows = [select.null_row] if select.iteration == "forEachOrNull" else []
 
     def rows(data: Any, path: Any, env: Any) -> Rows:
-        try:
-            elements, paths = iterate.collect(data, path, env)
-        except FhirPathError as exc:
-            raise ViewEvaluationError(f"{where}: {exc}") from exc
+        elements, paths = elements_at(data, path, env)
         if not elements:
             return list(null_rows)
         if len(elements) == 1:
@@ -62,6 +59,93 @@ def compile_rows(select: Select, limit: int) -> RowsAt:
         return found
 
     return rows
+
+
+def _elements(iterate: Compiled, where: str) -> Callable[[Any, Any, Any], tuple[list, Paths]]:
+    """The elements an iteration path gives at a focus and their type paths: a walk of steps planned per focus
+    type where the path is a chain of members and ``where(member = 'text')``, else the path's ``collect``."""
+    walks: dict[Any, Callable[[Any], list | None] | None] = {}
+
+    def collect(data: Any, path: Any, env: Any) -> tuple[list, Paths]:
+        try:
+            return iterate.collect(data, path, env)
+        except FhirPathError as exc:
+            raise ViewEvaluationError(f"{where}: {exc}") from exc
+
+    if not isinstance(iterate, MemberPath) or iterate.function is not None:
+        return collect
+
+    def elements(data: Any, path: Any, env: Any) -> tuple[list, Paths]:
+        try:
+            walk = walks[path]
+        except KeyError:
+            walk = walks[path] = _step_walk(iterate.plan(path))
+        if walk is not None:
+            found = walk([data])
+            if found is not None:
+                return found, iterate.plans[path].path
+        return collect(data, path, env)
+
+    return elements
+
+
+def _step_walk(plan: Plan | None) -> Callable[[list], list | None] | None:
+    """The plan's steps as one function each, run in turn (None from a step: the data is not shaped as planned)."""
+    if plan is None or any(kind not in _STEPS or not key for kind, key, _, _ in plan.operations):
+        return None
+    steps = [_STEPS[kind](key, argument, at) for kind, key, argument, at in plan.operations]
+
+    def walk(found: list) -> list | None:
+        for step in steps:
+            found = step(found)
+            if not found:  # None (irregular) or no element
+                return found
+        return found
+
+    return walk
+
+
+def _member_step(key: str, argument: Any, at: Any) -> Callable[[list], list | None]:
+    def step(found: list) -> list | None:
+        children: list = []
+        for value in found:
+            if type(value) is not dict:
+                if isinstance(value, dict):
+                    return None
+                continue
+            if "resourceType" in value and value["resourceType"] != at:
+                return None
+            child = value.get(key)
+            if type(child) is list:
+                children += child
+            elif child is not None:
+                children.append(child)
+        return [child for child in children if child is not None] if None in children else children
+
+    return step
+
+
+def _where_step(key: str, literal: Any, at: Any) -> Callable[[list], list | None]:
+    def step(found: list) -> list | None:
+        kept: list = []
+        for value in found:
+            if type(value) is not dict:
+                if isinstance(value, dict):
+                    return None
+                continue
+            if "resourceType" in value and value["resourceType"] != at:
+                return None
+            child = value.get(key)
+            if child == literal:
+                kept.append(value)
+            elif type(child) is list:
+                return None
+        return kept
+
+    return step
+
+
+_STEPS = {"member": _member_step, "where": _where_step}
 
 
 def _general_rows(select: Select, limit: int) -> RowsAt:
@@ -80,19 +164,21 @@ def _rows_at(select: Select, limit: int) -> RowsAt:
         parts.append(_concatenated([compile_rows(branch, limit) for branch in select.union], limit))
 
     def rows_at(data: Any, path: Any, env: Any) -> Rows:
-        rows = [tuple([value(data, path, env) for value in columns])]
+        row = tuple([value(data, path, env) for value in columns])
+        rows = None  # one row (``row``) until a part gives several
         for part in parts:
             extra = part(data, path, env)
             if not extra:  # None (too many) or no rows at all
                 return extra
-            if len(extra) == 1:
-                tail = extra[0]
-                rows = [row + tail for row in rows]
-            elif len(rows) * len(extra) > limit:
+            if rows is None and len(extra) == 1:
+                row += extra[0]
+                continue
+            if rows is None:
+                rows = [row]
+            if len(rows) * len(extra) > limit:
                 return None
-            else:
-                rows = [row + more for row in rows for more in extra]
-        return rows
+            rows = [left + more for left in rows for more in extra]
+        return [row] if rows is None else rows
 
     return rows_at
 
