@@ -1,15 +1,18 @@
 """The compiled engine's own parts: FHIRPath functions on empty input, member paths that must go the general way,
-batched CSV rows, lines passed over by type, and nested selects joined to their parent."""
+batched CSV rows, lines passed over by type, nested selects joined to their parent, and compiled selects giving the
+rows (and errors) the general way gives."""
 
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from decimal import Decimal
 
 import orjson
 import pytest
 
 from tasks.sof import compile_view
+from tasks.sof.errors import ViewEvaluationError
 from tasks.sof.fhirpath import Item, _interpreted, compile_path, values
 from tasks.sof.output import ROWS_PER_BATCH, csv_cells, csv_writer
 from tasks.sof.resources import may_hold, read_resources
@@ -136,3 +139,64 @@ def test_nested_single_row_selects_keep_their_null_row():
         ("pt2", 0, 0, "f2"),
         ("pt3", 0, None, None),
     ]
+
+
+IRREGULAR_CONDITIONS = [
+    {
+        "resourceType": "Condition",
+        "id": "c1",
+        "subject": {"reference": "Patient/p1"},
+        "code": {"coding": [{"system": "s", "code": "a"}, None, {"system": "t", "code": "b"}, {"system": "s"}]},
+        "extension": [{"url": "u", "valueDateTime": "2024"}, {"url": "v", "valueString": "x"}],
+        "note": [{"text": "one"}],
+    },
+    {
+        "resourceType": "Condition",
+        "id": "c2",
+        "subject": [{"reference": "Patient/p2"}],
+        "code": {"coding": [{"resourceType": "Observation", "system": "s", "code": "contained"}]},
+        "note": [{"text": "one"}, {"text": "two"}],
+    },
+    {"resourceType": "Condition", "id": "c3", "code": [{"coding": [{"system": ["s"], "code": "listed"}]}]},
+    {"resourceType": "Condition", "id": "c4", "code": {"coding": ["text", {"code": "k"}]}, "subject": "text"},
+    {"resourceType": "Condition", "id": "c5", "code": "text", "recordedDate": 1.5},
+    {"resourceType": "Observation", "id": "o1"},
+]
+IRREGULAR_VIEW = {
+    "resource": "Condition",
+    "select": [
+        {"column": [{"name": "id", "path": "id"}, {"name": "patient", "path": "subject.reference"}]},
+        {"column": [{"name": "recorded", "path": "recordedDate"}]},
+        {
+            "forEachOrNull": "code",
+            "select": [
+                {"forEachOrNull": "coding.where(system = 's')", "column": [{"name": "s", "path": "code"}]},
+                {"forEach": "coding", "column": [{"name": "any", "path": "code"}, {"name": "sys", "path": "system"}]},
+            ],
+        },
+        {"forEachOrNull": "extension", "column": [{"name": "value", "path": "value.ofType(dateTime)"}]},
+        {"unionAll": [{"column": [{"name": "u", "path": "id"}]}, {"column": [{"name": "u", "path": "'lit'"}]}]},
+    ],
+}
+
+
+@pytest.mark.parametrize("resource", IRREGULAR_CONDITIONS, ids=lambda resource: resource["id"])
+def test_compiled_selects_give_the_rows_the_general_way_gives(resource):
+    view = compile_view(IRREGULAR_VIEW)
+    general = replace(view, compiled=None)
+
+    assert view.compiled is not None
+    assert list(view.rows(resource)) == list(general.rows(resource))
+
+
+def test_a_column_of_several_values_is_the_same_error_compiled():
+    view = compile_view({"resource": "Condition", "select": [{"column": [{"name": "note", "path": "note.text"}]}]})
+    errors = []
+    for engine in (view, replace(view, compiled=None)):
+        with pytest.raises(ViewEvaluationError) as error:
+            list(engine.rows(IRREGULAR_CONDITIONS[1]))
+        errors.append(str(error.value))
+
+    assert errors[0] == errors[1]
+    assert "Collection value for column 'note'" in errors[0]
+    assert list(view.rows(IRREGULAR_CONDITIONS[0])) == [("one",)]
