@@ -69,8 +69,9 @@ PORT_SEARCH = 100  # ports tried from the configured one upwards
 PORT_ATTEMPTS = 3  # starts when another home's server takes the chosen port first
 PORT_RELEASE_TIMEOUT = 10.0  # for the processes of a killed server to let go of its port
 PROBE_TIMEOUT = 0.5
-# PREFECT_API_URL may name a server elsewhere: time for it to answer before it counts as unreachable.
-API_ANSWER_TIMEOUT = 5.0
+# PREFECT_API_URL may name a server elsewhere: time for it to answer before it counts as unreachable. A server that
+# is not there is refused at once; a busy one (a 2-core machine under load) was seen to take over 5 s.
+API_ANSWER_TIMEOUT = 20.0
 # A fresh PREFECT_HOME runs the database migrations first: 15-25 s on a busy 2-core machine.
 STARTUP_TIMEOUT = 120.0
 STOP_GRACE = 10.0
