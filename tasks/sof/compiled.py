@@ -18,6 +18,7 @@ A view that reads ``%rowIndex`` is not compiled (each element's rows need their 
 from __future__ import annotations
 
 from collections.abc import Callable
+from decimal import Decimal
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +65,7 @@ def compile_rows(select: Select, limit: int) -> RowsAt:
 def _elements(iterate: Compiled, where: str) -> Callable[[Any, Any, Any], tuple[list, Paths]]:
     """The elements an iteration path gives at a focus and their type paths: a walk of steps planned per focus
     type where the path is a chain of members and ``where(member = 'text')``, else the path's ``collect``."""
-    walks: dict[Any, Callable[[Any], list | None] | None] = {}
+    walks: dict[Any, tuple[Callable[[list], list | None] | None, Paths]] = {}
 
     def collect(data: Any, path: Any, env: Any) -> tuple[list, Paths]:
         try:
@@ -77,13 +78,14 @@ def _elements(iterate: Compiled, where: str) -> Callable[[Any, Any, Any], tuple[
 
     def elements(data: Any, path: Any, env: Any) -> tuple[list, Paths]:
         try:
-            walk = walks[path]
+            walk, found_path = walks[path]
         except KeyError:
-            walk = walks[path] = _step_walk(iterate.plan(path))
+            plan = iterate.plan(path)
+            walk, found_path = walks[path] = (_step_walk(plan), None if plan is None else plan.path)
         if walk is not None:
             found = walk([data])
             if found is not None:
-                return found, iterate.plans[path].path
+                return found, found_path
         return collect(data, path, env)
 
     return elements
@@ -158,13 +160,13 @@ def _general_rows(select: Select, limit: int) -> RowsAt:
 
 def _rows_at(select: Select, limit: int) -> RowsAt:
     """The product of the select's own columns, its nested selects' rows and its unionAll branches' rows."""
-    columns = [column_value(column) for column in select.columns]
+    read = _row_reader(select.columns)
     parts = [compile_rows(nested, limit) for nested in select.selects]
     if select.union:
         parts.append(_concatenated([compile_rows(branch, limit) for branch in select.union], limit))
 
     def rows_at(data: Any, path: Any, env: Any) -> Rows:
-        row = tuple([value(data, path, env) for value in columns])
+        row = read(data, path, env)
         rows = None  # one row (``row``) until a part gives several
         for part in parts:
             extra = part(data, path, env)
@@ -197,6 +199,44 @@ def _concatenated(branches: list[RowsAt], limit: int) -> RowsAt:
 
 
 # --- columns ----------------------------------------------------------------------------------------------------
+
+
+def _row_reader(columns: list[Column]) -> Value:
+    """The select's own columns as a tuple at a focus: where every column is one member key at that focus type, the
+    keys looked up at once (values of the types ``plain`` keeps as they are); else column by column."""
+    values = [column_value(column) for column in columns]
+    keyed: dict[Any, tuple[str, ...] | None] = {}
+
+    def read(data: Any, path: Any, env: Any) -> tuple:
+        try:
+            keys = keyed[path]
+        except KeyError:
+            keys = keyed[path] = _single_keys(columns, path)
+        if keys is not None and type(data) is dict and data.get("resourceType", path) == path:
+            row = tuple(map(data.get, keys))
+            if _KEPT.issuperset(map(type, row)):
+                return row
+        return tuple([value(data, path, env) for value in values])
+
+    return read
+
+
+_KEPT = frozenset({str, type(None), bool, int, Decimal, dict})
+"""Types of JSON values that are a column's value as they are (``plain`` changes floats; a list is several)."""
+
+
+def _single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:
+    """Each column's JSON key where every column is a single-valued path of one member at focus type ``path``."""
+    keys = []
+    for column in columns:
+        evaluate = column.evaluate
+        if column.collection or not isinstance(evaluate, MemberPath) or evaluate.function is not None:
+            return None
+        plan = evaluate.plan(path)
+        if plan is None or not plan.single or not plan.key:
+            return None
+        keys.append(plan.key)
+    return tuple(keys)
 
 
 def column_value(column: Column) -> Value:
