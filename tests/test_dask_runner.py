@@ -101,7 +101,7 @@ def test_a_job_on_a_two_process_local_cluster_writes_the_same_bytes_as_the_defau
     assert not alive, "worker processes outlived the run"
 
     produced = data_files(only_job_dir(tmp_path / "dask-jobs"))
-    assert len(expected) == 6 and sorted(produced) == sorted(expected)
+    assert len(expected) == 7 and sorted(produced) == sorted(expected)
     assert all(produced[name] == expected[name] for name in expected)
 
 
@@ -117,7 +117,7 @@ def test_after_a_dask_run_status_list_the_job_record_and_the_server_agree(tmp_pa
     steps = {int(position): result for position, result in record["steps"].items()}
     assert record["state"] == "Completed" and sorted(steps) == [0, 1]
     files = {position: len(result["files"]) for position, result in steps.items()}
-    assert files == {0: 2, 1: 4}  # the sample's two data files, flattened into four CSVs
+    assert files == {0: 2, 1: 5}  # the sample's two data files, flattened into five CSVs
 
     capsys.readouterr()
     assert main(["status", str(job_dir)]) == EXIT_OK
