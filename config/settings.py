@@ -434,6 +434,7 @@ class FlatteningSettings(ConfigModel):
     """services.flattening."""
 
     DEFAULT_BATCH_SIZE_MB: ClassVar[int] = 500
+    FORMATS: ClassVar[tuple[str, ...]] = ("csv", "parquet")
 
     service_url: OptionalUrl = None
     lookup_path: OptionalPath = None
@@ -448,13 +449,23 @@ class FlatteningSettings(ConfigModel):
 
     @field_validator("formats")
     @classmethod
-    def _csv_only(cls, formats: list[str]) -> list[str]:
-        formats = [name.strip().lower() for name in formats]
-        if formats != ["csv"] and set(formats) != {"csv"}:
+    def _csv_then_parquet(cls, formats: list[str]) -> list[str]:
+        """csv (always: the Parquet is converted from the finished CSV, and the step's record lists the CSVs),
+        optionally parquet beside it; any case, in any order, each once."""
+        names = {name.strip().lower() for name in formats}
+        if unknown := sorted(names - set(cls.FORMATS)):
             raise PydanticCustomError(
-                "formats", "only csv is supported; set formats: [csv] or remove the key (csv is the default)"
+                "formats",
+                "unknown format {unknown}; the formats are csv and parquet: set formats: [csv] or [csv, parquet]",
+                {"unknown": ", ".join(unknown)},
             )
-        return ["csv"]
+        if "csv" not in names:
+            raise PydanticCustomError(
+                "formats",
+                "csv is always written (a Parquet file is made from its group's CSV): set formats: [csv, parquet], "
+                "or [csv] or remove the key for CSV alone",
+            )
+        return [name for name in cls.FORMATS if name in names]
 
     @field_validator("batch_size_mb")
     @classmethod

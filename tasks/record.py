@@ -160,8 +160,11 @@ def position_key(position: int) -> str:
 
 
 def count_unit(file_name: str) -> str:
-    """What a recorded data file's count (its ``resources``) counts: ``rows`` of a CSV file, else ``resources`` (an
-    NDJSON file's lines, each a FHIR resource)."""
+    """What a recorded data file's count (its ``resources``) counts: ``rows`` of a CSV file, ``Parquet rows`` of a
+    Parquet file (the same rows again, so never added to the CSVs'), else ``resources`` (an NDJSON file's lines,
+    each a FHIR resource)."""
+    if file_name.endswith(".parquet"):
+        return "Parquet rows"
     return "rows" if file_name.endswith(".csv") else "resources"
 
 

@@ -160,6 +160,31 @@ def test_configuration_error_names_key_path_and_fix(
 
 
 @pytest.mark.parametrize(
+    ("formats", "fix"),
+    [
+        pytest.param(["parquet"], "csv is always written", id="parquet-alone"),
+        pytest.param([], "csv is always written", id="empty"),
+        pytest.param(["csv", "xlsx", "orc"], "unknown format orc, xlsx; the formats are csv and parquet", id="unknown"),
+    ],
+)
+def test_flattening_formats_rules(tmp_path: Path, formats: list[str], fix: str) -> None:
+    error = rejected(tmp_path, {"services": {"flattening": {"formats": formats}}})
+    assert_reported(error, "services.flattening.formats", fix)
+    assert any("set formats: [csv" in problem for problem in error.problems)
+
+
+@pytest.mark.parametrize(
+    ("formats", "loaded"),
+    [(["CSV"], ["csv"]), (["Parquet", " csv", "parquet"], ["csv", "parquet"]), (["csv"], ["csv"])],
+)
+def test_flattening_formats_take_csv_and_parquet_in_any_case_and_order(
+    tmp_path: Path, formats: list[str], loaded: list[str]
+) -> None:
+    path = _write(tmp_path, {"services": {"flattening": {"formats": formats}}})
+    assert load_settings(path, env={}).settings.services.flattening.formats == loaded
+
+
+@pytest.mark.parametrize(
     ("steps", "fix"),
     [
         pytest.param([], "list the steps to run", id="empty"),

@@ -96,20 +96,6 @@ def test_an_empty_pipeline_block_still_asks_for_the_steps(tmp_path: Path) -> Non
     assert any(p.startswith("pipeline.enabled_steps: is empty") for p in error.value.problems)
 
 
-@pytest.mark.parametrize("formats", ["[csv, parquet]", "[parquet]", "[]"])
-def test_flattening_formats_accept_only_csv(tmp_path: Path, formats: str) -> None:
-    path = write(tmp_path, f"services:\n  flattening:\n    formats: {formats}\n")
-    with pytest.raises(ConfigError) as error:
-        load_settings(path, env={})
-    (problem,) = error.value.problems
-    assert problem.startswith("services.flattening.formats:") and "set formats: [csv] or remove the key" in problem
-
-
-def test_flattening_formats_csv_in_any_case_is_fine(tmp_path: Path) -> None:
-    path = write(tmp_path, "services:\n  flattening:\n    formats: [CSV]\n")
-    assert load_settings(path, env={}).settings.services.flattening.formats == ["csv"]
-
-
 @pytest.mark.parametrize(
     ("key", "value", "fragment"),
     [
