@@ -96,6 +96,8 @@ def _step_walk(plan: Plan | None) -> Callable[[list], list | None] | None:
     if plan is None or any(kind not in _STEPS or not key for kind, key, _, _ in plan.operations):
         return None
     steps = [_STEPS[kind](key, argument, at) for kind, key, argument, at in plan.operations]
+    if len(steps) == 1:
+        return steps[0]
 
     def walk(found: list) -> list | None:
         for step in steps:
@@ -109,6 +111,11 @@ def _step_walk(plan: Plan | None) -> Callable[[list], list | None] | None:
 
 def _member_step(key: str, argument: Any, at: Any) -> Callable[[list], list | None]:
     def step(found: list) -> list | None:
+        if len(found) == 1 and type(found[0]) is dict and found[0].get("resourceType", at) == at:  # one focus
+            child = found[0].get(key)
+            if type(child) is list:
+                return [element for element in child if element is not None] if None in child else child
+            return [] if child is None else [child]
         children: list = []
         for value in found:
             if type(value) is not dict:
@@ -164,6 +171,8 @@ def _rows_at(select: Select, limit: int) -> RowsAt:
     parts = [compile_rows(nested, limit) for nested in select.selects]
     if select.union:
         parts.append(_concatenated([compile_rows(branch, limit) for branch in select.union], limit))
+    if not parts:
+        return lambda data, path, env: [read(data, path, env)]
 
     def rows_at(data: Any, path: Any, env: Any) -> Rows:
         row = read(data, path, env)
