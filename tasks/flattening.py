@@ -54,7 +54,7 @@ from tasks.filework import map_files
 from tasks.layout import artifact_key, write_file_atomically
 from tasks.ndjson import WHOLE_FILE, Span, iter_lines, line_spans
 from tasks.processes import SharedCount, never_cancelled, pool_size, processes_allowed, run_in_process
-from tasks.progress import Tracker, track
+from tasks.progress import Tracker, expect_files, track
 from tasks.sof import compile_view
 from tasks.sof.crtdl_views import AttributeGroup, GroupView, attribute_groups, build_view
 from tasks.sof.errors import SofError
@@ -359,6 +359,7 @@ def flatten_step_files(
     workers = pool_size() if use_processes(sum(f.size for f in step.files)) else 1
     parts_dir = step.output_dir / PARTS_FOLDER
     pieces = plan_pieces(paths, parts_dir, workers, by_provenance, max_line_bytes)
+    expect_files(len(pieces))  # a cut file's spans are tracked one by one
     arguments = [(step, piece, by_provenance, plan_digest) for piece in pieces]
     results = results_or_raise(map_files(flatten_input_file, arguments, workers))
     if missing := [i for i, result in enumerate(results) if not parts_on_disk(parts_dir, views, result)]:

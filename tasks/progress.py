@@ -110,8 +110,9 @@ def track(label: str, total: int | None = None, unit: str = "B") -> Iterator[Tra
 
 
 def expect_files(count: int) -> None:
-    """Tell the step run's progress how many files it will work on, when its input does not say (downloads): its
-    artifact then shows files done of files expected, whether or not their sizes are known."""
+    """Tell the step run's progress how many files it will work on, when its input does not say (downloads) or
+    its work is not one piece per input file (flattening cuts a large file into spans): its artifact then shows
+    files done of files expected, whether or not their sizes are known."""
     aggregate = _step_progress.get()
     if aggregate is not None:
         aggregate.expect_files(count)
@@ -277,7 +278,8 @@ class StepProgress:
         return self._files_started > 0 and bool(self._files_known() or self._totals)
 
     def _files_known(self) -> int:
-        return self._work.files or self._files_expected
+        """The files the step said it expects (downloads; a flattening's pieces), else its input files."""
+        return self._files_expected or self._work.files
 
     def _measure(self, now: float, finished: bool, stopped: bool) -> tuple[float, str]:
         unit = "resources" if "resources" in self._done else "B"

@@ -170,16 +170,16 @@ def step_on(job_dir: Path, path: Path):
     )
 
 
-def flattening_progress(job_dir: Path) -> float:
-    """The data of the flattening step's progress artifact (``job-<id>-<NN>-flattening-progress``), as last
-    updated."""
+def flattening_progress(job_dir: Path) -> tuple[float, str]:
+    """The data and description of the flattening step's progress artifact
+    (``job-<id>-<NN>-flattening-progress``), as last updated."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_=job_dir.name)))
     (artifact,) = [a for a in found if a.key and a.key.endswith("-flattening-progress")]
-    return artifact.data
+    return artifact.data, artifact.description
 
 
 def spoil_at(path: Path, offset: int) -> int:
@@ -244,4 +244,5 @@ def test_a_cut_files_progress_reaches_the_job_log_and_the_progress_artifact(tmp_
     count = len(file_spans(source, processes.pool_size(), SPAN_MIN_BYTES))
     for index in range(1, count + 1):
         assert re.search(rf"dupflow\.progress: .*flatten big\.ndjson#{index}/{count}: \d+ resources", log), log[-3000:]
-    assert flattening_progress(job_dir) == 100
+    percent, description = flattening_progress(job_dir)
+    assert percent == 100 and description.startswith(f"flattening done: {count} / {count} files, "), description
