@@ -94,6 +94,19 @@ def test_rows_written_in_batches_are_the_same_bytes():
     assert batched.getvalue() == one_by_one.getvalue()
 
 
+def test_rows_of_strings_nulls_and_numbers_go_to_csv_as_they_are_the_same_bytes():
+    rows = [(str(n), None, n, Decimal("1.10"), "a,b", 'q"') for n in range(ROWS_PER_BATCH + 5)]
+    rows[3] = (None,)
+    rows[ROWS_PER_BATCH + 2] = ("bare\rcarriage return", None, 2, Decimal("0.0"), "", "")
+    one_by_one, batched = io.StringIO(), io.StringIO()
+    writer = csv_writer(one_by_one)
+    for row in rows:
+        writer.writerow(csv_cells(row))
+
+    assert csv_writer(batched).writerows(rows) == len(rows)
+    assert batched.getvalue() == one_by_one.getvalue()
+
+
 def test_lines_of_other_types_are_passed_over_unparsed():
     lines = [
         b'{"resourceType":"Observation","id":"o1","valueQuantity":{"value":1.5}}',
