@@ -20,13 +20,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from decimal import Decimal
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tasks.sof.errors import FhirPathError, ViewEvaluationError
 from tasks.sof.fhirpath import Compiled, MemberPath, Paths, Plan, plain
 
-if TYPE_CHECKING:
-    from tasks.sof.view import Column, Select
+Select = Any
+"""A ``tasks.sof.view.Select`` (not imported: ``view`` imports this module)."""
+Column = Any
+"""A ``tasks.sof.view.Column``."""
 
 Rows = list[tuple] | None
 RowsAt = Callable[[Any, Any, Any], Rows]
