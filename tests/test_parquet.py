@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import random
 from pathlib import Path
 
 import duckdb
@@ -14,7 +15,7 @@ import pytest
 from tasks.layout import JobWriteError
 from tasks.sof import ViewError
 from tasks.sof.output import csv_writer
-from tasks.sof.parquet import parquet_schema, write_parquet
+from tasks.sof.parquet import BLOCK_BYTES, parquet_schema, write_parquet
 
 TYPED_VIEW = {
     "resourceType": "ViewDefinition",
@@ -143,14 +144,27 @@ def test_union_branches_keep_a_type_only_where_they_agree_and_nested_selects_fol
 
 
 def test_a_cell_that_does_not_fit_its_declared_type_names_the_column_and_leaves_no_file(tmp_path):
-    rows = [["o1", "true", "seven", "", "", "", ""]]
+    rows = [["o1", "true", "7", "", "", "", ""], ["o2", "true", "MRN-4711-Mueller", "", "", "", ""]]
 
     with pytest.raises(ViewError) as raised:
         write_parquet(write_csv(tmp_path / "obs.csv", COLUMNS, rows), TYPED_VIEW, tmp_path / "obs.parquet")
 
     assert "obs.csv" in str(raised.value) and "column 'count'" in str(raised.value)
+    assert "a value that is no int64" in str(raised.value)
     assert "correct the type or remove it" in str(raised.value)
+    assert "Mueller" not in str(raised.value), "a cell's value is patient data: never in an error"
     assert list(tmp_path.iterdir()) == [tmp_path / "obs.csv"]
+
+
+def test_a_row_longer_than_a_read_block_is_written_whole(tmp_path):
+    long_note = random.Random(7).randbytes(3 * BLOCK_BYTES // 2).hex()  # 3 blocks of text in one cell
+    rows = [*ROWS, ["o4", "true", "1", "", "", "", long_note], ["o5", "false", "2", "", "", "", "after"]]
+
+    written = write_parquet(write_csv(tmp_path / "obs.csv", COLUMNS, rows), TYPED_VIEW, tmp_path / "obs.parquet")
+
+    table = pq.read_table(tmp_path / "obs.parquet")
+    assert written == table.num_rows == 5
+    assert table.column("note").to_pylist()[3:] == [long_note, "after"]
 
 
 def test_a_csv_of_other_columns_is_refused(tmp_path):

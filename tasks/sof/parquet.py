@@ -18,7 +18,8 @@ Types, from each column's ``type`` in the ViewDefinition (a ``unionAll``'s branc
   type, a ``collection`` column (a compact JSON array) and an object value (compact JSON) are strings too.
 - An empty cell is null, in every column (the CSV cannot tell an empty string from a missing value).
 
-A cell a declared type cannot hold (``integer`` over ``abc``) raises ``ViewError`` naming the file and the column.
+A cell a declared type cannot hold (``integer`` over ``abc``) raises ``ViewError`` naming the file, the column and the
+row, never the value (it is patient data). A row longer than a block is read again in larger blocks.
 """
 
 from __future__ import annotations
@@ -37,11 +38,16 @@ from tasks.layout import write_error
 from tasks.sof.errors import ViewError
 
 BLOCK_BYTES = 1024 * 1024
+MAX_BLOCK_BYTES = 1024 * BLOCK_BYTES  # a row longer than this (a CSV row of over 1 GB) is refused
 ROW_GROUP_BYTES = 32 * 1024 * 1024
 ROW_GROUP_MAX_ROWS = 1 << 30  # rows do not cut a row group: its bytes do
 COMPRESSION = "zstd"
 INTEGER_TYPES = frozenset({"integer", "positiveInt", "unsignedInt", "integer64"})
-_CONVERSION_ERROR = re.compile(r"In CSV column #(?P<index>\d+): (?:Row #\d+: )?CSV (?P<problem>conversion error.*)")
+_CONVERSION_ERROR = re.compile(
+    r"In CSV column #(?P<index>\d+): (?:Row #(?P<row>\d+): )?CSV conversion error to (?P<type>\w+)"
+)
+_ROW_OVER_BLOCK = "straddling object straddles two block boundaries"
+_CELL_VALUE = re.compile(r"'[^']*'")  # a quoted value in pyarrow's reason
 
 
 def write_parquet(
@@ -52,7 +58,7 @@ def write_parquet(
     schema = parquet_schema(view)
     temporary = parquet_path.with_name(f".{parquet_path.name}.part")
     try:
-        rows = _converted(csv_path, schema, temporary, row_group_bytes)
+        rows = _converted_in_blocks_of_its_rows(csv_path, schema, temporary, row_group_bytes)
         os.replace(temporary, parquet_path)
     except OSError as exc:
         temporary.unlink(missing_ok=True)
@@ -95,22 +101,35 @@ def _agreed_types(branches: list[list[tuple[str, str | None]]]) -> list[tuple[st
     ]
 
 
-def _converted(csv_path: Path, schema: pa.Schema, parquet_path: Path, row_group_bytes: int) -> int:
+def _converted_in_blocks_of_its_rows(
+    csv_path: Path, schema: pa.Schema, parquet_path: Path, row_group_bytes: int
+) -> int:
+    """``_converted`` in blocks of ``BLOCK_BYTES``, or, when a row is longer than a block (a large base64 or
+    collection cell), again from the start in blocks four times as large, up to ``MAX_BLOCK_BYTES``."""
+    block = min(BLOCK_BYTES, row_group_bytes)
+    while True:
+        try:
+            return _converted(csv_path, schema, parquet_path, row_group_bytes, block)
+        except pa.ArrowInvalid as exc:
+            if _ROW_OVER_BLOCK not in str(exc) or block >= MAX_BLOCK_BYTES:
+                problem = _arrow_problem(exc, schema)
+                raise ViewError(f"{csv_path.name} cannot be written as Parquet: {problem}") from None
+            block *= 4
+
+
+def _converted(csv_path: Path, schema: pa.Schema, parquet_path: Path, row_group_bytes: int, block: int) -> int:
     rows = 0
-    try:
-        reader = pa_csv.open_csv(
-            csv_path,
-            read_options=pa_csv.ReadOptions(block_size=min(BLOCK_BYTES, row_group_bytes)),
-            parse_options=pa_csv.ParseOptions(newlines_in_values=True),
-            convert_options=_convert_options(schema),
-        )
-        _check_header(csv_path, reader.schema, schema)
-        with pq.ParquetWriter(parquet_path, schema, compression=COMPRESSION) as writer:
-            for group in _row_groups(reader, row_group_bytes):
-                writer.write_table(pa.Table.from_batches(group, schema), row_group_size=ROW_GROUP_MAX_ROWS)
-                rows += sum(batch.num_rows for batch in group)
-    except pa.ArrowInvalid as exc:
-        raise ViewError(f"{csv_path.name} cannot be written as Parquet: {_arrow_problem(exc, schema)}") from None
+    reader = pa_csv.open_csv(
+        csv_path,
+        read_options=pa_csv.ReadOptions(block_size=block),
+        parse_options=pa_csv.ParseOptions(newlines_in_values=True),
+        convert_options=_convert_options(schema),
+    )
+    _check_header(csv_path, reader.schema, schema)
+    with pq.ParquetWriter(parquet_path, schema, compression=COMPRESSION) as writer:
+        for group in _row_groups(reader, row_group_bytes):
+            writer.write_table(pa.Table.from_batches(group, schema), row_group_size=ROW_GROUP_MAX_ROWS)
+            rows += sum(batch.num_rows for batch in group)
     return rows
 
 
@@ -147,13 +166,14 @@ def _check_header(csv_path: Path, found: pa.Schema, expected: pa.Schema) -> None
 
 
 def _arrow_problem(exc: pa.ArrowInvalid, schema: pa.Schema) -> str:
-    """pyarrow's reason in one line; for a cell that does not fit its column's declared type, the column's name and
-    the fix."""
+    """pyarrow's reason in one line; for a cell that does not fit its column's declared type, the column's name, the
+    row and the fix, never the cell's value (patient data)."""
     reason = str(exc).splitlines()[0]
     if (found := _CONVERSION_ERROR.search(reason)) is None:
-        return reason
+        return _CELL_VALUE.sub("'…'", reason)
     name = schema.field(int(found["index"])).name
+    row = f", row {found['row']}" if found["row"] else ""
     return (
-        f"column {name!r}: {found['problem']}; its type in the ViewDefinition does not fit its values: correct "
-        "the type or remove it (the column is then text)"
+        f"column {name!r}{row}: a value that is no {found['type']}; its type in the ViewDefinition does not fit its "
+        "values: correct the type or remove it (the column is then text)"
     )
