@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Literal
+from typing import BinaryIO, Literal, NamedTuple
 
 import orjson
 import simdjson
@@ -91,10 +91,21 @@ class LineTooLongError(NdjsonError):
 
 @dataclass(frozen=True)
 class FileStats:
-    """What a written data file holds: bytes on disk and resources (non-empty lines)."""
+    """What a written data file holds: bytes on disk, resources (non-empty lines, a Bundle counts as one), and of
+    those the ``bundles`` (Bundle resources) with the ``bundled`` resources their entries hold."""
 
     size: int
     resources: int
+    bundles: int = 0
+    bundled: int = 0
+
+
+class LineCounts(NamedTuple):
+    """A checked stream's counts (a tuple: it travels back from a worker process): ``FileStats`` without the size."""
+
+    resources: int
+    bundles: int
+    bundled: int
 
 
 def is_data_file(path: Path) -> bool:
@@ -506,6 +517,8 @@ class LineChecker:
         self._blanks = BlankRun(source, max_line_bytes)
         self.lines = 0
         self.resources = 0
+        self.bundles = 0
+        self.bundled = 0
 
     def feed(self, chunk: bytes) -> None:
         # The parts of a line that spans chunks are appended through a view, without a slice copy.
@@ -560,7 +573,7 @@ class LineChecker:
             return
         self._blanks.end()
         if not self._is_resource(line):
-            parse_resource(self._source, self.lines, line)
+            self._count_bundle(parse_resource(self._source, self.lines, line))
         if len(line) > PARSER_KEPT_BYTES:  # simdjson's buffers grow to twice the largest line: give them back
             self._parser = simdjson.Parser()
         self.resources += 1
@@ -582,9 +595,26 @@ class LineChecker:
                 if key == "resourceType":
                     keys += 1
             resource_type = document.get("resourceType") if keys == 1 else None
-            return type(resource_type) is str and resource_type != ""
+            if type(resource_type) is not str or resource_type == "":
+                return False
+            if resource_type == "Bundle":  # counted from the parsed document: never a second parse
+                entry = document.get("entry")
+                self._add_bundle(len(entry) if type(entry) is simdjson.Array else 0)
+            return True
         finally:
             del document  # the parser cannot parse again while a proxy into its document is alive
+
+    def _count_bundle(self, resource: dict) -> None:
+        if resource["resourceType"] == "Bundle":
+            entry = resource.get("entry")
+            self._add_bundle(len(entry) if type(entry) is list else 0)
+
+    def _add_bundle(self, entries: int) -> None:
+        self.bundles += 1
+        self.bundled += entries
+
+    def counts(self) -> LineCounts:
+        return LineCounts(self.resources, self.bundles, self.bundled)
 
 
 class AtomicNdjsonWriter:
@@ -649,7 +679,7 @@ class AtomicNdjsonWriter:
             self.discard()
             return
         try:
-            resources = self._checked_resources()
+            counts = self._checked_counts()
             if not self._ends_with_newline:
                 self._out.write(b"\n")
             if self._out is not self._raw:
@@ -661,12 +691,12 @@ class AtomicNdjsonWriter:
         except BaseException:
             self.discard()
             raise
-        self.stats = FileStats(size=self.dest.stat().st_size, resources=resources)
+        self.stats = FileStats(self.dest.stat().st_size, *counts)
 
-    def _checked_resources(self) -> int:
+    def _checked_counts(self) -> LineCounts:
         if self._checker is not None:
             self._checker.finish()
-            return self._checker.resources
+            return self._checker.counts()
         self._raw.flush()
         part = os.fspath(self.part.absolute())  # a worker keeps the directory it started in
         try:
@@ -693,19 +723,25 @@ def remove_partial_files(folder: Path) -> None:
 
 
 def count_resources(path: Path, max_line_bytes: int) -> int:
-    """The resources of a data file, each line checked like ``AtomicNdjsonWriter`` checks it."""
-    return _checked_count(iter_chunks(path), str(path), max_line_bytes)
+    """The resources (lines) of a data file, each line checked like ``AtomicNdjsonWriter`` checks it."""
+    return count_contents(path, max_line_bytes).resources
 
 
-def check_plain_file(path: str, source: str, max_line_bytes: int) -> int:
-    """The resources of ``path`` read as it is (never decompressed: the writer wrote these very bytes), each line
+def count_contents(path: Path, max_line_bytes: int) -> LineCounts:
+    """What a data file holds (resources, Bundles and their entries), each line checked like
+    ``AtomicNdjsonWriter`` checks it."""
+    return _checked_counts(iter_chunks(path), str(path), max_line_bytes)
+
+
+def check_plain_file(path: str, source: str, max_line_bytes: int) -> LineCounts:
+    """What ``path`` holds read as it is (never decompressed: the writer wrote these very bytes), each line
     checked as ``AtomicNdjsonWriter`` checks it; errors name ``source``. Runs in a worker process."""
-    return _checked_count(raw_chunks(path), source, max_line_bytes)
+    return _checked_counts(raw_chunks(path), source, max_line_bytes)
 
 
-def _checked_count(chunks: Iterator[bytes], source: str, max_line_bytes: int) -> int:
+def _checked_counts(chunks: Iterator[bytes], source: str, max_line_bytes: int) -> LineCounts:
     checker = LineChecker(source, max_line_bytes)
     for chunk in chunks:
         checker.feed(chunk)
     checker.finish()
-    return checker.resources
+    return checker.counts()

@@ -129,3 +129,19 @@ def test_lines_after_a_large_one_are_still_checked():
     with pytest.raises(NdjsonError, match="a.ndjson: line 4 is not valid JSON"):
         checker.feed(b'{"resourceType":"A"\n')
     assert (checker.lines, checker.resources) == (4, 3)
+
+
+BUNDLE = b'{"resourceType":"Bundle","type":"transaction","entry":[{"resource":{"resourceType":"Patient"}},{}]}'
+
+
+@pytest.mark.parametrize(
+    "bundle",
+    [BUNDLE, BUNDLE[:-1] + b',"n":123456789012345678901234567890}'],  # the second goes to orjson (a big integer)
+    ids=["simdjson", "orjson"],
+)
+def test_bundles_and_their_entries_are_counted_apart_from_resources(bundle):
+    checker = LineChecker("input/a.ndjson", MB)
+    empty_bundle = b'{"resourceType":"Bundle","type":"transaction"}'
+    checker.feed(bundle + b"\n" + RESOURCE + b"\n\n" + empty_bundle + b"\n" + bundle)
+    checker.finish()
+    assert checker.counts() == (4, 3, 4)  # 4 lines: 3 Bundles holding 2 + 0 + 2 resources, and one resource
