@@ -419,7 +419,7 @@ def job_summary(job: Job, results: list[StepResult]) -> dict[str, Any]:
 
 
 def publish_step_table(job: Job, result: StepResult) -> None:
-    rows = [{"name": f.name, "size": f.size, "contents": f"{f.resources} {f.unit}"} for f in result.files]
+    rows = [{"name": f.name, "size": f.size, "contents": count_text([f])} for f in result.files]
     create_table_artifact(
         key=step_artifact_key(job.job_id, result.position, result.step),
         table=rows or [{"name": "(no files)", "size": 0, "contents": ""}],
@@ -494,7 +494,7 @@ def this_runs_artifact_id(key: str) -> Any:
 
 
 def job_record_markdown(job: Job, results: list[StepResult], failed: tuple[str, BaseException] | None) -> str:
-    """The job record: the job's state on top; per step its state, folder, files, resources, size, wall time
+    """The job record: the job's state on top; per step its state, folder, files, contents, size, wall time
     (that of the run that made it, for a step served from the cache) and links to its artifacts; the step time so
     far, the inspections with their notes, the recorded facts as text, and a link to this flow run."""
     settings: Settings = job.settings

@@ -54,7 +54,8 @@ from tasks.record import (
     CRASHED,
     FAILED,
     SUSPENDED,
-    count_unit,
+    counts_text,
+    file_counts,
     read_record,
     step_results,
 )
@@ -533,7 +534,7 @@ def print_step_status(position: int, step: str, result: dict[str, Any] | None, g
     for line in plain_lines(result.get("summary") or {}, "       "):
         print(line)
     for f in files:
-        print(f"       {f['name']}  {size_text(f['size'])}  {f['resources']} {count_unit(f['name'])}")
+        print(f"       {f['name']}  {size_text(f['size'])}  {counts_text([file_counts(f)])}")
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -39,7 +39,8 @@ from config.loader import cached_settings
 from config.settings import Settings
 from tasks.layout import PREFECT_DIR, step_artifact_key, step_folder
 from tasks.progress import StepWork, step_progress
-from tasks.record import count_unit, record_facts
+from tasks.ndjson import FileStats
+from tasks.record import counts_text, file_counts, record_facts
 
 R = TypeVar("R")
 
@@ -54,30 +55,37 @@ class StepKind(StrEnum):
 
 class DataFile(BaseModel):
     """One data file of a step's folder: its name, bytes on disk, and what it holds (``resources``): an NDJSON
-    file's lines, each a FHIR resource (a Bundle counts as one), or a CSV file's rows (``unit`` says which)."""
+    file's lines, each a FHIR resource (a Bundle counts as one), or a CSV file's rows (``counts`` says which).
+    Of an NDJSON file's lines, ``bundles`` are Bundles holding ``bundled`` resources; None when the file was
+    counted before Bundles were (an older job's result: its lines are shown as lines)."""
 
     model_config = ConfigDict(frozen=True)
 
     name: str
     size: int
     resources: int
+    bundles: int | None = None
+    bundled: int = 0
+
+    @classmethod
+    def written(cls, name: str, stats: FileStats) -> DataFile:
+        """The data file ``name`` as its writer counted it."""
+        return cls(name=name, size=stats.size, resources=stats.resources, bundles=stats.bundles, bundled=stats.bundled)
 
     @property
     def core(self) -> bool:
         return self.name.startswith("core.")
 
     @property
-    def unit(self) -> str:
-        """What ``resources`` counts, in the words the job's views use: ``rows`` or ``resources``."""
-        return count_unit(self.name)
+    def counts(self) -> dict[str, int]:
+        """What the file holds, by unit (``tasks.record.file_counts``)."""
+        return file_counts(self.model_dump())
 
 
 def count_text(files: list[DataFile]) -> str:
-    """What the files hold in words: ``12 resources``, ``4 rows``, or both for a mixed folder."""
-    totals: dict[str, int] = {}
-    for file in files:
-        totals[file.unit] = totals.get(file.unit, 0) + file.resources
-    return ", ".join(f"{count} {unit}" for unit, count in sorted(totals.items())) or "0 resources"
+    """What the files hold in words: ``12 resources``, ``2 Bundles holding 19 resources``, ``4 rows``, or several
+    for a mixed folder (``tasks.record.counts_text``)."""
+    return counts_text(file.counts for file in files)
 
 
 class StepInput(BaseModel):
@@ -227,7 +235,7 @@ def step_task(name: str, **options: Any) -> Callable[[Callable[..., StepResult]]
 
 def known_work(step: StepInput) -> StepWork:
     return StepWork(
-        files=len(step.files), size=sum(f.size for f in step.files), resources=sum(f.resources for f in step.files)
+        files=len(step.files), size=sum(f.size for f in step.files), lines=sum(f.resources for f in step.files)
     )
 
 

@@ -107,7 +107,7 @@ def download_with(client: ExtractionServerClient, step: StepInput, url: str, nam
             on_total=progress.set_total,
             stop_if_cancelled=raise_if_cancelled,
         )
-    return DataFile(name=name, size=stats.size, resources=stats.resources)
+    return DataFile.written(name, stats)
 
 
 # --- the downloads' clients ----------------------------------------------------------------------------------

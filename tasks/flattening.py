@@ -168,8 +168,8 @@ def flatten_input_file(step: StepInput, piece: Piece, by_provenance: bool, plan_
 
 def flatten_one(plan: FilePlan, label: str, total: int | None, *, in_worker_process: bool) -> FileParts:
     """One piece's parts, in a worker process or in this one, its progress shown as ``flatten <label>`` against
-    ``total`` resources; a cancelled fan-out stops it, and the engine's errors become the step's."""
-    with engine_errors_as_step_errors(), track(f"flatten {label}", total, "resources") as progress:
+    ``total`` lines; a cancelled fan-out stops it, and the engine's errors become the step's."""
+    with engine_errors_as_step_errors(), track(f"flatten {label}", total, "lines") as progress:
         if in_worker_process:
             return flatten_in_worker(plan, progress)
         return flatten_file(plan, raise_if_cancelled, progress.advance)

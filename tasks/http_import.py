@@ -53,7 +53,7 @@ def fetch_url(step: StepInput, url: str, name: str) -> DataFile:
         stats = fetch_ndjson(
             url, step.output_dir / name, settings_of(step), on_bytes=progress.advance, on_total=progress.set_total
         )
-    return DataFile(name=name, size=stats.size, resources=stats.resources)
+    return DataFile.written(name, stats)
 
 
 def fetch_ndjson(

@@ -66,7 +66,7 @@ def import_file(step: StepInput, source: str, name: str, identity: list) -> Data
                 writer.write(chunk)
                 progress.advance(len(chunk))
     assert writer.stats is not None
-    return DataFile(name=name, size=writer.stats.size, resources=writer.stats.resources)
+    return DataFile.written(name, writer.stats)
 
 
 def source_directory(job_input: str | None, configured_dir: str | None) -> Path:

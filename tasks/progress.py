@@ -151,15 +151,15 @@ class _Fed:
 
 @dataclass(frozen=True)
 class StepWork:
-    """What a step run is known to work on before it starts: its input files, their bytes and resources (none
-    for an import step, whose files are learned as they start)."""
+    """What a step run is known to work on before it starts: its input files, their bytes and NDJSON lines (a
+    Bundle is one line; none for an import step, whose files are learned as they start)."""
 
     files: int = 0
     size: int = 0
-    resources: int = 0
+    lines: int = 0
 
     def total(self, unit: str) -> int:
-        return self.resources if unit == "resources" else self.size if unit == "B" else 0
+        return self.lines if unit == "lines" else self.size if unit == "B" else 0
 
 
 @dataclass(eq=False)
@@ -202,7 +202,7 @@ def step_progress(key: str, step: str, work: StepWork) -> Iterator[StepProgress 
 class StepProgress:
     """Counts a step run's file work (from every thread of the step) and publishes it as one progress artifact.
 
-    Percent (never going back): against the step's known input (bytes or resources, in the unit its files are
+    Percent (never going back): against the step's known input (bytes or lines, in the unit its files are
     tracked in); when the step said how many files to expect (downloads), files done of files expected, a file in
     work counting by its share done if its size is known, else not at all; for another import step, against the
     files started so far. Publishing is throttled to once every
@@ -282,7 +282,7 @@ class StepProgress:
         return self._files_expected or self._work.files
 
     def _measure(self, now: float, finished: bool, stopped: bool) -> tuple[float, str]:
-        unit = "resources" if "resources" in self._done else "B"
+        unit = "lines" if "lines" in self._done else "B"
         done = self._done.get(unit, 0)
         if finished:
             self._percent = 100.0

@@ -9,7 +9,7 @@ The anonymization YAML (``services.pseudonymizer.anonymization_config`` / ``--an
 once per run, by the step, and sent with every request: the step hands its file tasks the file's SHA-256, and they
 take the bytes the step read from a cache keyed by that digest (``anonymization_config``). Only a process that has
 not seen them (a Dask worker) reads the file again, and refuses it if it has changed since. The bytes never become
-a task parameter (they may hold a hash key). Every file must come out with as many resources as went in.
+a task parameter (they may hold a hash key). Every file must come out with as many lines as went in.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from tasks.layout import step_artifact_key
 from tasks.ndjson import (
     AtomicNdjsonWriter,
     CompressionLevel,
+    FileStats,
     iter_lines,
     output_name,
     parse_resource,
@@ -126,7 +127,7 @@ def pseudonymize_file(
         requests=counts.requests,
         seconds=round(time.monotonic() - started, 3),
     )
-    return FileResult(file=DataFile(name=name, size=counts.size, resources=counts.resources_out), report=report)
+    return FileResult(file=DataFile.written(name, counts.written), report=report)
 
 
 def ordered_files(step: StepInput) -> list[DataFile]:
@@ -173,7 +174,7 @@ class FileCounts:
     resources_out: int = 0
     requests: int = 0
     bundles_split: int = 0
-    size: int = 0
+    written: FileStats = FileStats(size=0, resources=0)
 
     def add(self, result: Pseudonymized) -> None:
         self.requests += result.requests
@@ -197,7 +198,7 @@ async def pseudonymize_path(
 ) -> FileCounts:
     """De-identify every resource of ``source`` into ``dest`` (written atomically), in input order."""
     counts = FileCounts()
-    with track(f"pseudonymize {source.name}", expected_resources, "resources") as progress:
+    with track(f"pseudonymize {source.name}", expected_resources, "lines") as progress:
         with AtomicNdjsonWriter(dest, level, max_line_bytes, source=str(source)) as writer:
 
             def write(result: Pseudonymized) -> None:
@@ -207,11 +208,11 @@ async def pseudonymize_path(
 
             counts.resources_in = await pseudonymize_lines(source, service, max_line_bytes, window, write)
     assert writer.stats is not None
-    counts.resources_out, counts.size = writer.stats.resources, writer.stats.size
+    counts.resources_out, counts.written = writer.stats.resources, writer.stats
     if counts.resources_out != counts.resources_in:
         dest.unlink(missing_ok=True)
         raise PseudonymizerStepError(
-            f"{source}: {counts.resources_in} resources went in but {counts.resources_out} came out; "
+            f"{source}: {counts.resources_in} lines went in but {counts.resources_out} came out; "
             "the output was discarded"
         )
     return counts
@@ -302,8 +303,8 @@ def publish_report(step: StepInput, reports: list[FileReport]) -> None:
     rows = [
         {
             "file": r["file"],
-            "resources in": r["resources_in"],
-            "resources out": r["resources_out"],
+            "lines in": r["resources_in"],
+            "lines out": r["resources_out"],
             "bundles split": r["bundles_split"],
             "requests": r["requests"],
             "duration (s)": r["seconds"],
@@ -313,5 +314,5 @@ def publish_report(step: StepInput, reports: list[FileReport]) -> None:
     create_table_artifact(
         key=step_artifact_key(step.job_id, step.position, step.step, "report"),
         table=rows or [{"file": "(no files)"}],
-        description=f"Step {step.position + 1} `pseudonymizer`: resources, split Bundles and requests per file",
+        description=f"Step {step.position + 1} `pseudonymizer`: lines, split Bundles and requests per file",
     )

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -159,13 +160,36 @@ def position_key(position: int) -> str:
     return f"{position:02d}"
 
 
-def count_unit(file_name: str) -> str:
-    """What a recorded data file's count (its ``resources``) counts: ``rows`` of a CSV file, ``Parquet rows`` of a
-    Parquet file (the same rows again, so never added to the CSVs'), else ``resources`` (an NDJSON file's lines,
-    each a FHIR resource)."""
-    if file_name.endswith(".parquet"):
-        return "Parquet rows"
-    return "rows" if file_name.endswith(".csv") else "resources"
+def file_counts(file: Mapping[str, Any]) -> dict[str, int]:
+    """What a recorded data file holds, by unit: ``rows`` of a CSV file, ``Parquet rows`` of a Parquet file (the
+    same rows again, so never added to the CSVs'); of an NDJSON file its bare ``resources`` and its ``Bundles``
+    with the resources their entries hold (``bundled``), or only ``lines`` when the file was counted before
+    Bundles were (an older job's record has no ``bundles``: its lines may be Bundles or resources)."""
+    name, count = file["name"], file["resources"]
+    if name.endswith(".parquet"):
+        return {"Parquet rows": count}
+    if name.endswith(".csv"):
+        return {"rows": count}
+    bundles = file.get("bundles")
+    if bundles is None:
+        return {"lines": count}
+    return {"resources": count - bundles, "Bundles": bundles, "bundled": file.get("bundled") or 0}
+
+
+def counts_text(counts: Iterable[Mapping[str, int]]) -> str:
+    """Files' ``file_counts`` in words: ``12 resources``, ``2 Bundles holding 19 resources``, ``4 rows``, or
+    several of them for a mixed folder (``3 resources, 2 Bundles holding 19 resources``)."""
+    totals: Counter[str] = Counter()
+    for each in counts:
+        totals.update(each)
+    parts = []
+    if totals["resources"] or ("resources" in totals and not totals["Bundles"]):
+        parts.append(f"{totals['resources']} resources")
+    if totals["Bundles"]:
+        bundles = "Bundle" if totals["Bundles"] == 1 else "Bundles"
+        parts.append(f"{totals['Bundles']} {bundles} holding {totals['bundled']} resources")
+    parts += [f"{totals[unit]} {unit}" for unit in ("lines", "rows", "Parquet rows") if unit in totals]
+    return ", ".join(parts) or "0 resources"
 
 
 # --- gates -----------------------------------------------------------------------------------------------------

@@ -179,7 +179,7 @@ async def validate_path(
         except (ServiceError, ValidationServiceError) as exc:
             raise StepError(chunk_failure(source, chunk, exc)) from exc
 
-    with track(f"validate {source.name}", expected_resources, "resources") as progress:
+    with track(f"validate {source.name}", expected_resources, "lines") as progress:
         with AtomicNdjsonWriter(dest, level, REPORT_LINE_LIMIT, source=str(dest)) as writer:
             chunks = warn_oversized(iter_chunks(iter_lines(source, max_line_bytes), chunk_bytes, source), source)
             async for chunk, outcome in ordered_map(chunks, validate, window):
@@ -189,7 +189,7 @@ async def validate_path(
     assert writer.stats is not None
     return FileValidation(
         file=source.name,
-        report=DataFile(name=dest.name, size=writer.stats.size, resources=writer.stats.resources),
+        report=DataFile.written(dest.name, writer.stats),
         resources=tally.resources,
         chunks=tally.chunks,
         resources_with_errors=tally.resources_with_errors,

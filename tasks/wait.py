@@ -22,7 +22,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.contract import DataFile, StepInput, StepResult, settings_of
 from tasks.layout import artifact_key
-from tasks.ndjson import count_resources, is_data_file
+from tasks.ndjson import FileStats, count_contents, is_data_file
 from tasks.readable import CLI, SHOW_WHOLE
 from tasks.record import gate, mark_gate_paused
 
@@ -93,7 +93,7 @@ def released_result(step: StepInput) -> StepResult:
         return StepResult(step=step.step, position=step.position, folder=step.folder or "", files=step.files)
     max_line_bytes = settings_of(step).pipeline.max_ndjson_line_size_bytes
     files = [
-        DataFile(name=p.name, size=p.stat().st_size, resources=count_resources(p, max_line_bytes)) for p in corrected
+        DataFile.written(p.name, FileStats(p.stat().st_size, *count_contents(p, max_line_bytes))) for p in corrected
     ]
     get_run_logger().info("continuing with %d corrected file(s) from %s", len(files), wait_dir(step))
     return step.result(files, folder=wait_dir(step))

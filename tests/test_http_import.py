@@ -55,7 +55,10 @@ def test_a_url_is_imported_named_after_its_last_segment_compressed_and_counted(t
     stored = job_dir / "import" / "patients.ndjson.zst"
     assert zstandard.ZstdDecompressor().decompressobj().decompress(stored.read_bytes()) == NDJSON
     result = step_results(job_dir)[0]
-    assert result["files"] == [{"name": "patients.ndjson.zst", "size": stored.stat().st_size, "resources": 3}]
+    size = stored.stat().st_size
+    assert result["files"] == [
+        {"name": "patients.ndjson.zst", "size": size, "resources": 3, "bundles": 0, "bundled": 0}
+    ]
     assert result["summary"]["source"] == f"{server.base_url}/export/patients"  # no query: it may hold a token
 
 

@@ -72,6 +72,8 @@ def test_the_embedded_default_job_imports_and_flattens_the_sample_data(tmp_path,
     run_lines = job_log_lines_of(job_dir, ("prefect.task_runs", "prefect.flow_runs", "dupflow."))
     assert "Task run 'import[fhir-data.ndjson.zst]' - Finished in state Completed()" in "\n".join(run_lines)
     assert any("dupflow.flattening: Task run 'flattening[2]' - " in line for line in run_lines), run_lines
+    # The sample's two lines are TORCH transaction Bundles of 12 and 7 resources: Bundles and resources apart.
+    assert any("step 1 local_import: 2 file(s), 2 Bundles holding 19 resources in import" in line for line in run_lines)
     unnamed = [line for line in run_lines if not re.search(r": (Task|Flow) run '[^']+' - ", line)]
     assert unnamed == [], "every line of a run names its run, as Prefect's console does"
     imported = sorted(p.name for p in (job_dir / "import").iterdir())
@@ -90,7 +92,14 @@ def test_the_embedded_default_job_imports_and_flattens_the_sample_data(tmp_path,
 
     artifacts = read_artifacts(f"job-{job_dir.name}")
     assert "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson.zst" in artifacts[f"job-{job_dir.name}-01-local-import"]
-    assert "| 1 | local_import | done | `import` | 2 |" in artifacts[f"job-{job_dir.name}"]
+    assert (
+        "| 1 | local_import | done | `import` | 2 | 2 Bundles holding 19 resources |"
+        in artifacts[f"job-{job_dir.name}"]
+    )
+    assert main(["status", str(job_dir)]) == EXIT_OK
+    status = capsys.readouterr().out
+    assert re.search(r"b4a838f8-\S+\.ndjson\.zst  \S+ \S?B  1 Bundle holding 12 resources\n", status), status
+    assert re.search(r"fhir-data\.ndjson\.zst  \S+ \S?B  1 Bundle holding 7 resources\n", status), status
 
 
 JOB_LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ (\S+): ")

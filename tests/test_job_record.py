@@ -111,7 +111,7 @@ def test_the_record_links_every_artifact_and_a_step_has_one_progress_artifact_up
     (job_dir,) = (tmp_path / "jobs").iterdir()
     progress = latest(f"job-{job_dir.name}-02-pseudonymizer-progress")
     assert progress["type"] == "progress" and progress["data"] == 100.0
-    assert progress["description"].startswith("pseudonymizer done: 2 / 2 files, 80 resources"), progress
+    assert progress["description"].startswith("pseudonymizer done: 2 / 2 files, 80 lines"), progress
     assert len(versions(progress["key"])) == 1, "one artifact per step run, updated in place"
     updates = artifact_updates(prefect_api["api_url"], progress["id"], until=lambda event: event["data"] == 100.0)
     # Throttled: at most one update a second while the step runs, then the final 100 at once.

@@ -256,8 +256,8 @@ def test_start_with_anonymization_config_sends_parameters_and_the_request_rules_
     assert report == [
         {
             "file": "Patient.ndjson.zst",
-            "resources in": 2,
-            "resources out": 2,
+            "lines in": 2,
+            "lines out": 2,
             "bundles split": 0,
             "requests": 2,
             "duration (s)": report[0]["duration (s)"],

@@ -17,6 +17,8 @@ from tasks.record import (
     CRASHED,
     RUNNING,
     SUSPENDED,
+    counts_text,
+    file_counts,
     gate,
     mark_gate_paused,
     read_facts,
@@ -103,3 +105,21 @@ def test_the_job_lock_is_taken_again_by_its_holder_and_refused_to_another_proces
     assert (paths.job_dir / ".lock").read_text() == "", "released by its first holder, emptied"
     with JobLock(paths):
         pass
+
+
+def test_counts_say_bundles_and_resources_apart():
+    bundles = {"name": "batch.ndjson.zst", "resources": 2, "bundles": 2, "bundled": 19}
+    bare = {"name": "core.ndjson", "resources": 12, "bundles": 0, "bundled": 0}
+    mixed = {"name": "mixed.ndjson", "resources": 5, "bundles": 2, "bundled": 19}
+    csv = {"name": "Patient.csv", "resources": 4}
+    assert counts_text([file_counts(bundles)]) == "2 Bundles holding 19 resources"
+    assert counts_text([file_counts(bare)]) == "12 resources"
+    assert counts_text([file_counts(mixed)]) == "3 resources, 2 Bundles holding 19 resources"
+    assert counts_text(map(file_counts, [bundles, bare, csv])) == "12 resources, 2 Bundles holding 19 resources, 4 rows"
+    assert counts_text([]) == "0 resources"
+
+
+def test_an_older_record_without_bundle_counts_shows_its_lines():
+    """A job recorded before Bundles were counted: its lines may be Bundles or resources, so they are lines."""
+    old = {"name": "batch.ndjson", "resources": 2}
+    assert counts_text([file_counts(old), file_counts({"name": "Patient.csv", "resources": 4})]) == "2 lines, 4 rows"
