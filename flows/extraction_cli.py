@@ -120,9 +120,10 @@ def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
 
 
 def service_failure_text(exc: ServiceError, server: str | None) -> str:
-    """The failure in the client's words; when no answer came (no HTTP status), which server was asked and how
-    to point at another (the URL without credentials)."""
-    if exc.status_code is not None or server is None:
+    """The failure in the client's words; when no answer came at all (a network error, a missed deadline; not an
+    answer refused or too large), which server was asked and how to point at another (the URL without
+    credentials)."""
+    if not exc.no_answer or server is None:
         return str(exc)
     return (
         f"{exc}; no answer from the extraction server at {url_without_credentials(server)}: check that it runs "

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from flows.extraction_cli import service_failure_text
 from flows.run import main
+from tasks.clients.bounds import Deadline, answer_too_large
 from tasks.record import read_facts, record_facts
 from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer
@@ -189,6 +191,15 @@ def test_a_server_where_nothing_listens_is_named_by_its_url(capsys, write_config
     assert code == 1, err
     (line,) = [line for line in err.splitlines() if line.startswith("error:")]
     assert f"extraction server at {dead}" in line and "services.extractor.base_url" in line
+
+
+def test_only_a_missing_answer_is_told_as_no_answer_from_the_server():
+    server = "http://torch.example/fhir"
+    too_large = answer_too_large("over 1.0 MB", 1 << 20, operation="list jobs", service="extractor", hint="-")
+    deadline = Deadline(5, "services.extractor.timeout").exceeded("list jobs", "extractor")
+
+    assert "no answer" not in service_failure_text(too_large, server)
+    assert f"no answer from the extraction server at {server}" in service_failure_text(deadline, server)
 
 
 def test_an_unknown_job_is_explained(capsys, torch, config):

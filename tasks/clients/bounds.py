@@ -92,6 +92,7 @@ class Deadline:
             f"no complete answer within {round(self.seconds, 1):g} s, the deadline of one request ({self.setting})",
             transient=True,
             service=service,
+            no_answer=True,
         )
 
     def pieces(self, body: Iterable[bytes], operation: str, service: str | None) -> Iterator[bytes]:

@@ -32,7 +32,8 @@ class ServiceError(DupflowError):
     """A failed call to a service.
 
     ``transient`` is True for network errors, 408, 429 and 5xx (retrying may help) and False otherwise.
-    ``retry_after`` is the server's Retry-After in seconds, when it sent one.
+    ``retry_after`` is the server's Retry-After in seconds, when it sent one. ``no_answer``: no (complete) answer
+    came at all (a network error, a missed deadline), as opposed to an answer that was refused or not usable.
     """
 
     def __init__(
@@ -44,9 +45,11 @@ class ServiceError(DupflowError):
         transient: bool,
         service: str | None = None,
         retry_after: float | None = None,
+        no_answer: bool = False,
     ):
         self.service = service
         self.retry_after = retry_after
+        self.no_answer = no_answer
         message = redact(message)
         super().__init__(message, operation=operation, status_code=status_code, transient=transient)
         self.message = message
@@ -98,6 +101,7 @@ def network_error(exc: httpx.TransportError, *, operation: str, service: str | N
         f"network error: {type(exc).__name__}: {exc}{where(exc)}",
         transient=is_transient_network_error(exc),
         service=service,
+        no_answer=True,
     )
 
 
