@@ -22,6 +22,7 @@ from decimal import Decimal
 from itertools import islice
 from typing import Any
 
+from tasks.sof.compiled_code import generated_rows
 from tasks.sof.errors import FhirPathError, ViewEvaluationError
 from tasks.sof.fhirpath import Compiled, MemberPath, Paths, Plan, plain
 
@@ -157,6 +158,21 @@ def _where_step(key: str, literal: Any, at: Any) -> Callable[[list], list | None
 
 
 _STEPS = {"member": _member_step, "where": _where_step}
+
+
+def compile_view_rows(root: Select, resource_type: str, limit: int) -> RowsAt:
+    """The view's rows at a resource: the generated function (``tasks.sof.compiled_code``) where the view is in its
+    subset and the resource shaped as it plans, else the closures of ``compile_rows``."""
+    closures = compile_rows(root, limit)
+    generated = generated_rows(root, resource_type, limit)
+    if generated is None:
+        return closures
+
+    def rows(data: Any, path: Any, env: Any) -> Rows:
+        found = generated(data)
+        return closures(data, path, env) if found is None else found
+
+    return rows
 
 
 def _general_rows(select: Select, limit: int) -> RowsAt:

@@ -41,7 +41,7 @@ from itertools import chain, islice
 from math import prod
 from typing import Any
 
-from tasks.sof.compiled import RowsAt, compile_rows
+from tasks.sof.compiled import RowsAt, compile_view_rows
 from tasks.sof.errors import FhirPathError, ViewDefinitionError, ViewEvaluationError
 from tasks.sof.fhirpath import MAX_REPEAT_ELEMENTS, Compiled, compile_path, plain
 
@@ -319,7 +319,7 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
         for select in _selects(root):
             select.indexed = False
     _check_unique(root.names)
-    compiled = None if root.indexed else compile_rows(root, CACHED_ROWS)
+    compiled = None if root.indexed else compile_view_rows(root, resource, CACHED_ROWS)
     where = []
     for index, clause in enumerate(_list_of(view.get("where", []), "where")):
         if not isinstance(clause, dict) or not isinstance(clause.get("path"), str):

@@ -1,0 +1,179 @@
+"""A view's selects as one generated Python function per resource type: nested loops over the JSON, no call per
+select, column or step.
+
+``generated_rows(root, resource_type, limit)`` gives ``rows(resource) -> list[tuple] | None`` for views within the
+subset below, else None. The function handles only data of the planned shape: at anything else (an element that is
+not an object, a ``resourceType`` other than planned, a list where one value was expected, a null in an array, a
+value ``plain`` would change, more than ``limit`` rows) it returns None and the caller takes the closures of
+``tasks.sof.compiled``, which give the rows, or the error, exactly.
+
+The subset: selects without ``repeat`` or ``unionAll``, nested at most ``MAX_GENERATED_DEPTH`` levels; iterations
+that are chains of members and ``where(member = 'text')``, columns that are single-valued chains of members (no
+function, not ``collection``), every type path planned from the resource type (``MemberPath.plan``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal
+from itertools import count
+from typing import Any
+
+from tasks.sof.fhirpath import MemberPath, Plan
+
+MAX_GENERATED_DEPTH = 8
+"""Nested selects beyond this are left to the closures (Python allows 20 nested blocks in one function)."""
+KEPT = frozenset({str, type(None), bool, int, Decimal, dict})
+"""Values a column gives as they are (``plain`` changes floats)."""
+
+
+IRREGULAR = "return None"
+"""The generated statement for data not shaped as planned."""
+
+
+def generated_rows(root: Any, resource_type: str, limit: int) -> Callable[[dict], list[tuple] | None] | None:
+    """``root``'s rows (a ``tasks.sof.view.Select``) as one generated function, or None outside the subset."""
+    if not _in_subset(root, resource_type, depth=0):
+        return None
+    writer = _Writer(limit)
+    result = writer.select(root, "d0", resource_type, 1)
+    source = "def rows(d0):\n" + "".join(writer.lines) + f"    return {result}\n"
+    namespace = {"KEPT": KEPT, **writer.constants}
+    exec(compile(source, f"<view {resource_type}>", "exec"), namespace)  # noqa: S102 - source made here, no input text
+    return namespace["rows"]
+
+
+class _Writer:
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.lines: list[str] = []
+        self.constants: dict[str, Any] = {}
+        self.names = count()
+
+    def name(self, prefix: str) -> str:
+        return f"{prefix}{next(self.names)}"
+
+    def constant(self, value: Any) -> str:
+        """A name in the function's namespace for ``value`` (no data text is ever written into the source)."""
+        name = self.name("k")
+        self.constants[name] = value
+        return name
+
+    def emit(self, indent: int, line: str) -> None:
+        self.lines.append("    " * indent + line + "\n")
+
+    def select(self, select: Any, focus: str, path: str, indent: int) -> str:
+        """Code giving the select's rows at ``focus`` (of type ``path``) in a list; the list's name."""
+        if select.iteration is None:
+            return self.rows_at(select, focus, path, indent)
+        plan = _plan(select.iterate[0], path)
+        found = self.walk(plan, focus, indent)
+        rows, element = self.name("r"), self.name("d")
+        self.emit(indent, f"{rows} = []")
+        self.emit(indent, f"for {element} in {found}:")
+        part = self.rows_at(select, element, plan.path, indent + 1)
+        self.emit(indent + 1, f"{rows} += {part}")
+        self.emit(indent + 1, f"if len({rows}) > {self.limit}:")
+        self.emit(indent + 2, IRREGULAR)
+        if select.iteration == "forEachOrNull":
+            self.emit(indent, f"if not {found}:")
+            self.emit(indent + 1, f"{rows} = [{self.constant(select.null_row)}]")
+        return rows
+
+    def rows_at(self, select: Any, focus: str, path: str, indent: int) -> str:
+        """Code giving the product of the select's columns and nested selects at ``focus``."""
+        cells = [self.column(column, focus, path, indent) for column in select.columns]
+        rows = self.name("r")
+        self.emit(indent, f"{rows} = [({''.join(cell + ', ' for cell in cells)})]")
+        for nested in select.selects:
+            part = self.select(nested, focus, path, indent)
+            self.emit(indent, f"if len({part}) == 1:")
+            self.emit(indent + 1, f"{rows} = [row + {part}[0] for row in {rows}]")
+            self.emit(indent, "else:")
+            self.emit(indent + 1, f"if len({rows}) * len({part}) > {self.limit}:")
+            self.emit(indent + 2, IRREGULAR)
+            self.emit(indent + 1, f"{rows} = [row + more for row in {rows} for more in {part}]")
+        return rows
+
+    def column(self, column: Any, focus: str, path: str, indent: int) -> str:
+        """Code reading a single-valued chain of members; the value's name."""
+        plan = _column_plan(column, path)
+        value = self.name("v")
+        self.emit(indent, f"{value} = {focus}")
+        for step, (_, key, _, at) in enumerate(plan.operations):
+            if step:  # no value: the chain ends here
+                self.emit(indent + step - 1, f"if {value} is not None:")
+            self.check_object(value, at, indent + step)
+            self.emit(indent + step, f"{value} = {value}.get({self.constant(key)})")
+        self.emit(indent, f"if type({value}) not in KEPT:")
+        self.emit(indent + 1, IRREGULAR)
+        return value
+
+    def walk(self, plan: Plan, focus: str, indent: int) -> str:
+        """Code giving the elements of an iteration plan of members and where() in a list; the list's name."""
+        found = self.name("e")
+        self.emit(indent, f"{found} = [{focus}]")
+        for kind, key, argument, at in plan.operations:
+            kept, value, child = self.name("e"), self.name("x"), self.name("c")
+            self.emit(indent, f"{kept} = []")
+            self.emit(indent, f"for {value} in {found}:")
+            self.check_object(value, at, indent + 1)
+            self.emit(indent + 1, f"{child} = {value}.get({self.constant(key)})")
+            if kind == "where":
+                self.emit(indent + 1, f"if type({child}) is list:")
+                self.emit(indent + 2, IRREGULAR)
+                self.emit(indent + 1, f"if {child} == {self.constant(argument)}:")
+                self.emit(indent + 2, f"{kept}.append({value})")
+            else:
+                self.emit(indent + 1, f"if type({child}) is list:")
+                self.emit(indent + 2, f"if None in {child}:")
+                self.emit(indent + 3, IRREGULAR)
+                self.emit(indent + 2, f"{kept} += {child}")
+                self.emit(indent + 1, f"elif {child} is not None:")
+                self.emit(indent + 2, f"{kept}.append({child})")
+            found = kept
+        return found
+
+    def check_object(self, value: str, at: str | None, indent: int) -> None:
+        """Code giving up (``IRREGULAR``) unless ``value`` is a JSON object of the planned type."""
+        planned = self.constant(at)
+        self.emit(indent, f"if type({value}) is not dict or {value}.get('resourceType', {planned}) != {planned}:")
+        self.emit(indent + 1, IRREGULAR)
+
+
+def _in_subset(select: Any, path: str | None, depth: int) -> bool:
+    """Whether the select and all nested in it can be generated (see the module doc)."""
+    if depth > MAX_GENERATED_DEPTH or select.iteration == "repeat" or select.union:
+        return False
+    if select.iteration is not None:
+        plan = _plan(select.iterate[0], path)
+        if plan is None:
+            return False
+        path = plan.path
+    return all(_column_plan(column, path) for column in select.columns) and all(
+        _in_subset(nested, path, depth + 1) for nested in select.selects
+    )
+
+
+def _column_plan(column: Any, path: str | None) -> Plan | None:
+    """A column's plan where it is a single-valued chain of members."""
+    if column.collection:
+        return None
+    plan = _plan(column.evaluate, path)
+    if plan is None or any(kind != "member" for kind, _, _, _ in plan.operations):
+        return None
+    return plan
+
+
+def _plan(evaluate: Any, path: str | None) -> Plan | None:
+    """The path's plan from focus type ``path`` where it is member and where() steps with keys, else None."""
+    if not isinstance(evaluate, MemberPath) or evaluate.function is not None:
+        return None
+    plan = evaluate.plan(path)
+    if (
+        plan is None
+        or plan.counted
+        or any(kind not in ("member", "where") or not key for kind, key, _, _ in plan.operations)
+    ):
+        return None
+    return plan
