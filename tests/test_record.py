@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 from flows.jobs import JobLock
+from tasks.contract import DataFile, count_text
 from tasks.layout import JobPaths
 from tasks.record import (
     AWAITING_INSPECTION,
@@ -121,5 +122,6 @@ def test_counts_say_bundles_and_resources_apart():
 
 def test_an_older_record_without_bundle_counts_shows_its_lines():
     """A job recorded before Bundles were counted: its lines may be Bundles or resources, so they are lines."""
-    old = {"name": "batch.ndjson", "resources": 2}
+    old = {"name": "batch.ndjson", "size": 10, "resources": 2}
     assert counts_text([file_counts(old), file_counts({"name": "Patient.csv", "resources": 4})]) == "2 lines, 4 rows"
+    assert count_text([DataFile.model_validate(old)]) == "2 lines"  # an older cached result loads as it was
