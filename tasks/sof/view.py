@@ -15,9 +15,9 @@ Rows are produced lazily, one at a time: the cartesian product of sibling select
 small resource (60 codings in each of four slices: 13 million), so no product is held. Each part of a product (a
 nested select, the unionAll branches) is kept as a list when it has at most ``CACHED_ROWS`` rows, as nearly all do;
 a larger part is produced again for each row on its left, so memory stays bounded however large a product grows.
-Nearly every resource's rows come from the view's selects compiled into closures (``tasks.sof.compiled``: the same
-rows as one list); this general way is taken for views reading ``%rowIndex`` and for more than ``CACHED_ROWS``
-rows.
+Nearly every resource's rows come from the view's selects compiled into one generated function
+(``tasks.sof.compiled_code``) or closures (``tasks.sof.compiled``), the same rows as one list; this general way is
+taken for views reading ``%rowIndex`` and for more than ``CACHED_ROWS`` rows.
 
 Bounds (each a ``ViewEvaluationError`` naming the view, the resource and what went over):
 
