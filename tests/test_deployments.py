@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from flows.prefect_server import ensure_server, stop_server
-from tests.conftest import REPO_ROOT, run_cli
+from tests.conftest import REPO_ROOT, run_cli, wait_until
 from tests.test_prefect_server import kill_servers_of
 
 pytestmark = pytest.mark.slow
@@ -128,8 +128,10 @@ def test_a_deployment_run_is_a_named_tagged_job_under_the_configs_directory(serv
     job_id = run["name"]
     assert job_id == run["id"], "a new job takes its flow run's id, so the run bears the job's name from the start"
     assert f"job-{job_id}" in run["tags"]
+    beginning = f"Beginning flow run '{job_id}'"
+    wait_until(lambda: beginning in flow_run_log(api_url, run["id"]), "the run's logs reach the API", timeout=120)
     log = flow_run_log(api_url, run["id"])
-    assert f"Beginning flow run '{job_id}'" in log and "new-job" not in log, log
+    assert "new-job" not in log, log
     job_dir = site / "jobs" / job_id
     assert (job_dir / "import" / "a.ndjson.zst").is_file()
 

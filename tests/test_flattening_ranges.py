@@ -243,6 +243,6 @@ def test_a_cut_files_progress_reaches_the_job_log_and_the_progress_artifact(tmp_
     log = (job_dir / "job.log").read_text()
     count = len(file_spans(source, processes.pool_size(), SPAN_MIN_BYTES))
     for index in range(1, count + 1):
-        assert re.search(rf"dupflow\.progress: .*flatten big\.ndjson#{index}/{count}: \d+ resources", log), log[-3000:]
+        assert re.search(rf"dupflow\.progress: .*flatten big\.ndjson#{index}/{count}: \d+ lines", log), log[-3000:]
     percent, description = flattening_progress(job_dir)
     assert percent == 100 and description.startswith(f"flattening done: {count} / {count} files, "), description

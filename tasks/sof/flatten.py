@@ -28,13 +28,14 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain
 from pathlib import Path
 from typing import IO, Any, Protocol, TypedDict
 
 from tasks.ndjson import WHOLE_FILE, Span, iter_lines
 from tasks.processes import never_cancelled, uncounted
 from tasks.sof.errors import ViewError, ViewEvaluationError
-from tasks.sof.output import CsvWriter, csv_cells, csv_writer
+from tasks.sof.output import CsvWriter, csv_writer
 from tasks.sof.resources import line_resources, parse_line
 from tasks.sof.view import CompiledView, compile_view
 
@@ -207,7 +208,6 @@ class FileParts(TypedDict):
     """What ``flatten_file`` wrote: its parts' folder, lines read; per group (in group order) resources routed, rows
     and part bytes."""
 
-    file: str
     folder: str
     lines: int
     resources: list[int]
@@ -230,11 +230,13 @@ class RowsWriter:
     def add(self, resource: dict[str, Any]) -> None:
         """Write the resource's rows as the view produces them (one resource may give millions)."""
         try:
-            for row in self.view.rows(resource):
-                if self._writer is None:
-                    self._open()
-                self._writer.writerow(csv_cells(row))
-                self.rows += 1
+            rows = iter(self.view.rows(resource))
+            first = next(rows, None)
+            if first is None:
+                return
+            if self._writer is None:
+                self._open()
+            self.rows += self._writer.writerows(chain((first,), rows))
         except ViewError as exc:
             raise ViewEvaluationError(f"{self.name}: {exc}") from exc
 
@@ -289,7 +291,6 @@ def flatten_file(
     shutil.rmtree(final, ignore_errors=True)
     work.rename(final)
     return FileParts(
-        file=source.name,
         folder=plan.folder,
         lines=lines,
         resources=counts.resources,
