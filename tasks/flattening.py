@@ -52,7 +52,7 @@ from tasks.errors import StepError
 from tasks.fanout import raise_if_cancelled, results_or_raise
 from tasks.filework import map_files
 from tasks.layout import artifact_key, write_file_atomically
-from tasks.ndjson import WHOLE_FILE, Span, iter_lines, line_spans
+from tasks.ndjson import WHOLE_FILE, Span, content_bytes, iter_lines, line_spans
 from tasks.processes import SharedCount, never_cancelled, pool_size, processes_allowed, run_in_process
 from tasks.progress import Tracker, expect_files, track
 from tasks.sof import compile_view
@@ -151,9 +151,12 @@ class Piece:
 
 
 @file_task("flatten-file", "flatten[{piece.label}]")
-def flatten_input_file(step: StepInput, piece: Piece, by_provenance: bool, plan_digest: str) -> FileParts:
+def flatten_input_file(
+    step: StepInput, piece: Piece, by_provenance: bool, plan_digest: str, in_worker_process: bool
+) -> FileParts:
     """Flatten the piece of ``<input folder>/<piece.name>`` into ``flattening/.parts/<piece.folder>/``;
-    ``plan_digest`` (the views and the skipped groups) makes a changed CRTDL or lookup file a new result."""
+    ``plan_digest`` (the views and the skipped groups) makes a changed CRTDL or lookup file a new result;
+    ``in_worker_process``: the step's choice (``input_pays_for_processes``), made once for all its pieces."""
     settings = settings_of(step)
     lookup = Path(settings.services.flattening.lookup_path or "")
     assert step.crtdl_path is not None and step.input_dir is not None
@@ -162,8 +165,7 @@ def flatten_input_file(step: StepInput, piece: Piece, by_provenance: bool, plan_
     parts_dir = step.output_dir / PARTS_FOLDER
     plan = file_plan(step.input_dir, piece, parts_dir, views, skipped, by_provenance, max_line)
     total = piece.span.lines or next((f.resources for f in step.files if f.name == piece.name), None)
-    in_processes = use_processes(sum(f.size for f in step.files))
-    return flatten_one(plan, piece.label, total, in_worker_process=in_processes)
+    return flatten_one(plan, piece.label, total, in_worker_process=in_worker_process)
 
 
 def flatten_one(plan: FilePlan, label: str, total: int | None, *, in_worker_process: bool) -> FileParts:
@@ -326,8 +328,10 @@ def plan_pieces(
 
 
 def file_spans(path: Path, processes: int, min_bytes: int) -> list[Span]:
-    """The file whole, or cut at line starts (``tasks.ndjson.line_spans``; a place to cut every ``min_bytes / 8``)."""
-    spans = min(processes, path.stat().st_size // min_bytes)
+    """The file whole, or cut at line starts (``tasks.ndjson.line_spans``; a place to cut every ``min_bytes / 8``)
+    into one span of at least ``min_bytes`` of its content (decompressed: a zstd file is many times its size)
+    per process."""
+    spans = min(processes, content_bytes(path, processes * min_bytes) // min_bytes)
     return line_spans(path, spans, max(min_bytes // 8, 1)) if spans > 1 else [WHOLE_FILE]
 
 
@@ -346,6 +350,16 @@ def use_processes(input_bytes: int) -> bool:
     return input_bytes >= PROCESS_MIN_BYTES and processes_allowed()
 
 
+def input_pays_for_processes(paths: list[Path]) -> bool:
+    """``use_processes`` over the input's content (decompressed), counted only as far as the threshold."""
+    counted = 0
+    for path in paths:
+        counted += content_bytes(path, PROCESS_MIN_BYTES - counted)
+        if counted >= PROCESS_MIN_BYTES:
+            break
+    return use_processes(counted)
+
+
 # --- the embedded engine, file by file ------------------------------------------------------------------------------
 
 
@@ -356,11 +370,12 @@ def flatten_step_files(
     paths = step.input_paths()
     by_provenance = routes_by_provenance(paths, max_line_bytes)
     plan_digest = digest([[v.group.id, v.group.csv_name, v.view] for v in views] + [g.id for g in skipped])
-    workers = pool_size() if use_processes(sum(f.size for f in step.files)) else 1
+    in_processes = input_pays_for_processes(paths)
+    workers = pool_size() if in_processes else 1
     parts_dir = step.output_dir / PARTS_FOLDER
     pieces = plan_pieces(paths, parts_dir, workers, by_provenance, max_line_bytes)
     expect_files(len(pieces))  # a cut file's spans are tracked one by one
-    arguments = [(step, piece, by_provenance, plan_digest) for piece in pieces]
+    arguments = [(step, piece, by_provenance, plan_digest, in_processes) for piece in pieces]
     results = results_or_raise(map_files(flatten_input_file, arguments, workers))
     if missing := [i for i, result in enumerate(results) if not parts_on_disk(parts_dir, views, result)]:
         log.warning("parts of %d finished pieces are gone: flattening them again", len(missing))

@@ -31,6 +31,7 @@ import itertools
 import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal, NamedTuple
@@ -135,6 +136,21 @@ def check_file_name(name: str) -> None:
     (control and bidi characters would split a ``status`` line or make a name display as another)."""
     if problem := name_from_data_problem(name):
         raise UnsafeNameError(f"the file name {show_name(name)} {problem}; rename it")
+
+
+def content_bytes(path: Path, enough: int) -> int:
+    """The size of the file's content as read (decompressed), counted up to ``enough``: a plain file's size, or a zstd
+    file decompressed only that far (deciding how to split work needs no more, and a whole pass would cost as much
+    as reading the file)."""
+    if not is_zstd(path):
+        return path.stat().st_size
+    counted = 0
+    with closing(iter_chunks(path)) as chunks:
+        for chunk in chunks:
+            counted += len(chunk)
+            if counted >= enough:
+                break
+    return counted
 
 
 def is_zstd(path: Path) -> bool:

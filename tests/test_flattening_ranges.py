@@ -20,7 +20,16 @@ import zstandard
 from flows.run import EXIT_OK, main
 from tasks import processes
 from tasks.contract import DataFile
-from tasks.flattening import PARTS_FOLDER, SPAN_MIN_BYTES, FlatteningError, file_spans, plan_pieces, plan_views
+from tasks.flattening import (
+    PARTS_FOLDER,
+    PROCESS_MIN_BYTES,
+    SPAN_MIN_BYTES,
+    FlatteningError,
+    file_spans,
+    input_pays_for_processes,
+    plan_pieces,
+    plan_views,
+)
 from tasks.ndjson import iter_lines, line_spans
 from tests.benchmarks.bench_flattening import patient_bundle
 from tests.steps import step_input
@@ -246,3 +255,16 @@ def test_a_cut_files_progress_reaches_the_job_log_and_the_progress_artifact(tmp_
         assert re.search(rf"dupflow\.progress: .*flatten big\.ndjson#{index}/{count}: \d+ lines", log), log[-3000:]
     percent, description = flattening_progress(job_dir)
     assert percent == 100 and description.startswith(f"flattening done: {count} / {count} files, "), description
+
+
+def test_a_zstd_file_is_cut_and_given_processes_by_its_content_not_its_compressed_size(tmp_path):
+    if not processes.processes_allowed():
+        pytest.skip("one core: the step does not cut files")
+    path = big_file(tmp_path / "big.ndjson", patients=100, filler_bytes=2 * SPAN_MIN_BYTES + MB)
+    packed = tmp_path / "big.ndjson.zst"  # as the import writes it: a stream, its content size not in the header
+    packed.write_bytes(zstandard.ZstdCompressor(write_content_size=False).compress(path.read_bytes()))
+    assert packed.stat().st_size < SPAN_MIN_BYTES < PROCESS_MIN_BYTES < path.stat().st_size
+
+    assert len(file_spans(packed, 2, SPAN_MIN_BYTES)) == 2
+    assert input_pays_for_processes([packed])
+    assert not input_pays_for_processes([bare_file(tmp_path / "small.ndjson", group_ids())])

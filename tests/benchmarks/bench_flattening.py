@@ -49,7 +49,7 @@ from prefect import flow
 from prefect.testing.utilities import prefect_test_harness
 
 from tasks.contract import DataFile, StepInput
-from tasks.flattening import flattening, plan_views, use_processes
+from tasks.flattening import flattening, input_pays_for_processes, plan_views
 from tasks.processes import pool_size, shutdown_pool, worker_pids
 from tasks.sof.resources import line_resources
 from tests.conftest import REPO_ROOT, TESTDATA
@@ -254,7 +254,7 @@ def run_step(job_dir: Path, paths: list[Path], resources: int) -> dict:
     shutdown_pool()
     return {
         "seconds": seconds,
-        "processes": pool_size() if use_processes(sum(f.size for f in step.files)) else 1,
+        "processes": pool_size() if input_pays_for_processes(step.input_paths()) else 1,
         "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "workers_peak_mb": peaks,
         "out_dir": step.output_dir,
