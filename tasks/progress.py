@@ -289,7 +289,9 @@ class StepProgress:
         elif (fraction := self._fraction_done(unit, done)) is not None:
             self._percent = max(self._percent, min(99.9, 100.0 * fraction))
         known = self._files_known()
-        files = f"{self._files_finished} / {known}" if known else f"{self._files_finished}"
+        if finished:  # pieces served from the cache (a resumed step) never started here
+            self._files_finished = max(self._files_finished, known)
+        files = f"{min(self._files_finished, known)} / {known}" if known else f"{self._files_finished}"
         amounts = ", ".join(_human(amount, name) for name, amount in sorted(self._done.items())) or "nothing yet"
         rate = _human(done / max(now - self._started, 1e-9), unit)
         state = "done" if finished else "stopped" if stopped else "working"
