@@ -40,7 +40,7 @@ from tasks.clients.extraction_server import (
 )
 from tasks.record import read_facts
 from tasks.errors import UsageError
-from tasks.url_credentials import CredentialsInUrlError, url_without_credentials
+from tasks.url_credentials import CredentialsInUrlError, shown_url
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DONE_WORDS = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}
@@ -126,7 +126,7 @@ def service_failure_text(exc: ServiceError, server: str | None) -> str:
     if not exc.no_answer or server is None:
         return str(exc)
     return (
-        f"{exc}; no answer from the extraction server at {url_without_credentials(server)}: check that it runs "
+        f"{exc}; no answer from the extraction server at {shown_url(server)}: check that it runs "
         "there, or set services.extractor.base_url to its address"
     )
 

@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING
 import httpx
 
 from config.settings import ExtractorSettings
-from tasks.clients.downloads import display_url, download_ndjson, safe_file_name
+from tasks.clients.downloads import download_ndjson, safe_file_name
 from tasks.clients.http import ServiceEndpoint, build_client, http_timeout
 from tasks.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
 from tasks.errors import StepError
 from tasks.fanout import raise_if_cancelled
 from tasks.ndjson import FileStats, remove_partial_files
 from tasks.progress import expect_files, track
+from tasks.url_credentials import shown_url
 
 if TYPE_CHECKING:
     from config.settings import Settings
@@ -44,7 +45,7 @@ def http_import(step: StepInput) -> StepResult:
     remove_partial_files(step.output_dir)
     expect_files(1)
     record = commit_each(fetch_url, step, url, name)
-    return step.result([record], source=display_url(url))
+    return step.result([record], source=shown_url(url))
 
 
 @file_task("fetch-url", "fetch[{name}]")
@@ -90,7 +91,7 @@ def source_url(job_input: str | None) -> str:
     except httpx.InvalidURL as exc:
         raise HttpImportError(f"http_import: {job_input!r} is not a valid URL ({exc})") from exc
     if scheme not in ("http", "https"):
-        raise HttpImportError(f"http_import: {display_url(job_input)} is not an http(s) URL; give the file's URL")
+        raise HttpImportError(f"http_import: {shown_url(job_input)} is not an http(s) URL; give the file's URL")
     return job_input
 
 

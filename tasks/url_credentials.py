@@ -12,7 +12,7 @@ Import-light (standard library only): the configuration and the command line use
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from tasks.errors import DupflowError
 
@@ -30,11 +30,18 @@ def has_credentials(url: str) -> bool:
     return "@" in urlsplit(url.strip()).netloc
 
 
-def url_without_credentials(url: str) -> str:
-    """scheme://host[:port]/path for messages: no user info, query or fragment (they may carry secrets)."""
+# Kept as they are in a path: percent escapes stay escaped, so a decoded %0A never breaks a message's line.
+_PATH_SAFE = "/%:@!$&'()*+,=-._~"
+
+
+def shown_url(url: str) -> str:
+    """The one way a URL is shown (messages, logs, records): scheme://host[:port]/path, without user info, path
+    parameters (``;jsessionid=…``), query or fragment, which may carry secrets or tokens; the path
+    percent-encoded as sent."""
     parts = urlsplit(url.strip())
     host = parts.netloc.rpartition("@")[2]
-    return f"{parts.scheme}://{host}{parts.path}" if parts.scheme else f"{host}{parts.path}"
+    path = quote(parts.path.split(";", 1)[0], safe=_PATH_SAFE)
+    return f"{parts.scheme}://{host}{path}" if parts.scheme else f"{host}{path}"
 
 
 def refuse_credentials_in_url(url: str | None, *, door: str, fix: str) -> None:
@@ -43,6 +50,6 @@ def refuse_credentials_in_url(url: str | None, *, door: str, fix: str) -> None:
     if url is None or not has_credentials(url):
         return
     raise CredentialsInUrlError(
-        f"{door}: the URL {url_without_credentials(url)} carries a user name or password (user:password@host), "
+        f"{door}: the URL {shown_url(url)} carries a user name or password (user:password@host), "
         f"which would be stored with the job, shown in logs and sent as Basic auth to that host; {fix}"
     )

@@ -23,7 +23,7 @@ from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_server import MAX_MANIFEST_BYTES, TASK_PROGRESS_INTERVAL, ExtractionError
 from tasks.clients.http import ServiceEndpoint, build_client
 from tasks.record import read_facts
-from tasks.url_credentials import CredentialsInUrlError
+from tasks.url_credentials import CredentialsInUrlError, shown_url
 from tests.conftest import REPO_ROOT, TESTDATA, extraction_tree, run_cli, wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
@@ -58,6 +58,19 @@ def texts_of_job(job_dir: Path) -> str:
 
 
 # --- item 2: one rule for URLs with credentials, at every door ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        (f"https://alice:{PASSWORD}@torch.example:8443/fhir/x?token={PASSWORD}#f", "https://torch.example:8443/fhir/x"),
+        (f"http://torch.example/files/a.ndjson;jsessionid={PASSWORD}", "http://torch.example/files/a.ndjson"),
+        ("http://torch.example/a%0Ab c", "http://torch.example/a%0Ab%20c"),
+    ],
+    ids=["user-info-query-fragment", "path-parameters", "escapes-kept"],
+)
+def test_a_url_is_shown_one_way_without_anything_that_may_hold_a_secret(url, shown):
+    assert shown_url(url) == shown
 
 
 @pytest.mark.usefixtures("prefect_api")  # the code before the fix ran the job

@@ -44,6 +44,7 @@ from tasks.clients.http import http_timeout, service_name
 from tasks.clients.retry import call_with_retry
 from tasks.errors import StepError
 from tasks.names import name_from_data_problem, show_name
+from tasks.url_credentials import shown_url
 from tasks.processes import never_cancelled
 from tasks.ndjson import (
     AtomicNdjsonWriter,
@@ -88,13 +89,13 @@ def safe_file_name(url: str, compress: bool) -> str:
     segment = unquote(raw_path.rsplit("/", 1)[-1])  # split before decoding: %2F is not a separator here
     if problem := name_from_data_problem(segment):
         raise UnsafeFileNameError(
-            f"{display_url(url)}: cannot use {show_name(segment)} as a file name in import/: it {problem}; "
+            f"{shown_url(url)}: cannot use {show_name(segment)} as a file name in import/: it {problem}; "
             "the URL must end with a plain file name"
         )
     try:
         return output_name(segment, compress)
     except UnsafeNameError as exc:
-        raise UnsafeFileNameError(f"{display_url(url)}: {exc}; the server must list plain file names") from None
+        raise UnsafeFileNameError(f"{shown_url(url)}: {exc}; the server must list plain file names") from None
 
 
 def target_names(urls: Iterable[str], compress: bool, max_files: int = DEFAULT_MAX_FILES) -> dict[str, str]:
@@ -111,20 +112,11 @@ def target_names(urls: Iterable[str], compress: bool, max_files: int = DEFAULT_M
         name = safe_file_name(url, compress)
         if name in owners and owners[name] != url:
             raise DownloadError(
-                f"{display_url(owners[name])} and {display_url(url)} would both be saved as {name}; "
+                f"{shown_url(owners[name])} and {shown_url(url)} would both be saved as {name}; "
                 "the server listed two files with the same name"
             )
         owners[name], names[url] = url, name
     return names
-
-
-def display_url(url: str) -> str:
-    """A URL safe to show: no user info, query or fragment (they may carry credentials or tokens), and its
-    path percent-encoded as sent (a decoded %0A would break the message's line)."""
-    parsed = httpx.URL(url)
-    port = f":{parsed.port}" if parsed.port else ""
-    path = parsed.raw_path.decode("ascii").split("?", 1)[0]
-    return f"{parsed.scheme}://{parsed.host}{port}{path}" if parsed.host else path
 
 
 # --- availability --------------------------------------------------------------------------------------------
@@ -146,7 +138,7 @@ def wait_until_available(
             sleep(interval.total_seconds())
     if checks > 0:
         raise FileNotReadyError(
-            f"{display_url(url)} was still not available after {checks} checks {interval.total_seconds():g} s "
+            f"{shown_url(url)} was still not available after {checks} checks {interval.total_seconds():g} s "
             "apart; raise services.extractor.file_ready_retries or file_ready_interval, or run continue later"
         )
 
@@ -164,7 +156,7 @@ def is_available(client: httpx.Client, url: str) -> bool:
     if status < 400 or status == 416:  # 416: an empty file has no byte 0, but it exists
         return True
     raise DownloadError(
-        f"{display_url(url)}: the availability check was answered HTTP {status}; check the credentials and the URL"
+        f"{shown_url(url)}: the availability check was answered HTTP {status}; check the credentials and the URL"
     )
 
 
@@ -205,7 +197,7 @@ def download_ndjson(
     download = _Download(client, url, dest, level, max_line_bytes, stall_timeout, progress, stop_if_cancelled)
     try:
         return call_with_retry(
-            download.attempt, retry, operation=f"download {display_url(url)}", service=service_name(client), sleep=sleep
+            download.attempt, retry, operation=f"download {shown_url(url)}", service=service_name(client), sleep=sleep
         )
     finally:
         download.discard()
@@ -247,7 +239,7 @@ class _Download:
                 )
             except httpx.ReadTimeout as exc:
                 raise _stalled(url, self._stall_timeout) from exc
-            operation = f"download {display_url(url)}"
+            operation = f"download {shown_url(url)}"
             raise_for_service_status(response, operation=operation, service=service_name(self._client))
             check_response(response, url, resuming_at=self._received)
             read_in_large_pieces(response)
@@ -273,7 +265,7 @@ class _Download:
             raise _stalled(self._url, self._stall_timeout) from exc
         except httpx.TransportError as exc:
             raise ServiceError(
-                f"download {display_url(self._url)}",
+                f"download {shown_url(self._url)}",
                 None,
                 f"the connection broke after {self._received:,} bytes of the file ({type(exc).__name__}: {exc}); "
                 "resumed from there while retry.max_attempts allows, then run continue to download it again",
@@ -286,7 +278,7 @@ class _Download:
             return self._sink.finish()
         except TruncatedLineError as exc:  # no Content-Length told the body was short: read it again
             raise ServiceError(
-                f"download {display_url(self._url)}",
+                f"download {shown_url(self._url)}",
                 None,
                 f"{exc} (the connection ended before the whole file arrived)",
                 transient=True,
@@ -340,13 +332,13 @@ def check_response(response: httpx.Response, url: str, resuming_at: int = 0) -> 
     rest from byte ``resuming_at``, a 206 from exactly there is too."""
     if response.status_code == 206 and resuming_at and range_start(response) != resuming_at:
         raise DownloadError(
-            f"{display_url(url)}: asked for the file from byte {resuming_at:,}, the server sent "
+            f"{shown_url(url)}: asked for the file from byte {resuming_at:,}, the server sent "
             f"{response.headers.get('Content-Range', 'no Content-Range')!r}; run continue to download it again"
         )
     if response.status_code != 200 and not (response.status_code == 206 and resuming_at):
-        raise DownloadError(f"{display_url(url)}: expected HTTP 200 with the file, got HTTP {response.status_code}")
+        raise DownloadError(f"{shown_url(url)}: expected HTTP 200 with the file, got HTTP {response.status_code}")
     if response.headers.get("Content-Type", "").split(";")[0].strip().lower() == "text/html":
-        raise DownloadError(f"{display_url(url)}: the server answered with an HTML page, not NDJSON; check the URL")
+        raise DownloadError(f"{shown_url(url)}: the server answered with an HTML page, not NDJSON; check the URL")
 
 
 def content_length(response: httpx.Response) -> int | None:
@@ -365,7 +357,7 @@ def body_size(response: httpx.Response) -> int | None:
 
 def _stalled(url: str, stall_timeout: timedelta) -> DownloadError:
     return DownloadError(
-        f"{display_url(url)}: no data arrived for {stall_timeout.total_seconds():g} s, download cancelled "
+        f"{shown_url(url)}: no data arrived for {stall_timeout.total_seconds():g} s, download cancelled "
         "(services.extractor.download_stall_timeout); run continue to download it again"
     )
 
@@ -392,13 +384,13 @@ class _Sink:
         stop_if_cancelled: Callable[[], None],
     ):
         self._dest = dest
-        self._decoder = StreamDecoder(display_url(url))
+        self._decoder = StreamDecoder(shown_url(url))
         self._first_line = FirstLineCheck(url, max_line_bytes)
         self._writer = AtomicNdjsonWriter(
             dest,
             level,
             max_line_bytes,
-            source=display_url(url),
+            source=shown_url(url),
             expected_size=size,
             stop_if_cancelled=stop_if_cancelled,
         )
@@ -478,11 +470,11 @@ class FirstLineCheck:
 def _check_first_line(line: bytes, url: str) -> None:
     if line.startswith(b"<"):
         raise DownloadError(
-            f"{display_url(url)}: the server answered with an HTML or XML page, not NDJSON; check the URL"
+            f"{shown_url(url)}: the server answered with an HTML or XML page, not NDJSON; check the URL"
         )
     try:
         first = orjson.loads(line)
     except orjson.JSONDecodeError:
         first = None
     if not isinstance(first, dict):
-        raise DownloadError(f"{display_url(url)}: the body is not NDJSON (its first line is not a JSON object)")
+        raise DownloadError(f"{shown_url(url)}: the body is not NDJSON (its first line is not a JSON object)")

@@ -22,6 +22,7 @@ import httpx
 
 from tasks.errors import DupflowError
 from tasks.redaction import redact
+from tasks.url_credentials import shown_url
 
 MAX_TEXT_CHARS = 500
 MAX_MESSAGE_CHARS = 2000
@@ -106,12 +107,12 @@ def network_error(exc: httpx.TransportError, *, operation: str, service: str | N
 
 
 def where(exc: httpx.TransportError) -> str:
-    """`` at <url>`` of the failed request, without user information, query or fragment (they may hold secrets)."""
+    """`` at <url>`` of the failed request, shown as every URL is (``shown_url``)."""
     try:
         url = exc.request.url
     except RuntimeError:  # raised before a request existed
         return ""
-    return f" at {url.copy_with(username=None, password=None, query=None, fragment=None)}"
+    return f" at {shown_url(str(url))}"
 
 
 def error_from_response(
