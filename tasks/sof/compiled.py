@@ -119,14 +119,10 @@ def _member_step(key: str, argument: Any, at: Any) -> Callable[[list], list | No
             if type(child) is list:
                 return [element for element in child if element is not None] if None in child else child
             return [] if child is None else [child]
+        if (values := _objects_at(found, at)) is None:
+            return None
         children: list = []
-        for value in found:
-            if type(value) is not dict:
-                if isinstance(value, dict):
-                    return None
-                continue
-            if "resourceType" in value and value["resourceType"] != at:
-                return None
+        for value in values:
             child = value.get(key)
             if type(child) is list:
                 children += child
@@ -139,14 +135,10 @@ def _member_step(key: str, argument: Any, at: Any) -> Callable[[list], list | No
 
 def _where_step(key: str, literal: Any, at: Any) -> Callable[[list], list | None]:
     def step(found: list) -> list | None:
+        if (values := _objects_at(found, at)) is None:
+            return None
         kept: list = []
-        for value in found:
-            if type(value) is not dict:
-                if isinstance(value, dict):
-                    return None
-                continue
-            if "resourceType" in value and value["resourceType"] != at:
-                return None
+        for value in values:
             child = value.get(key)
             if child == literal:
                 kept.append(value)
@@ -155,6 +147,21 @@ def _where_step(key: str, literal: Any, at: Any) -> Callable[[list], list | None
         return kept
 
     return step
+
+
+def _objects_at(found: list, at: Any) -> list | None:
+    """The JSON objects of ``found`` (other values skipped, as a member of them is empty); None, to give the element
+    to the general way, for a dict subclass or a resource of another type than ``at``."""
+    objects: list = []
+    for value in found:
+        if type(value) is not dict:
+            if isinstance(value, dict):
+                return None
+            continue
+        if "resourceType" in value and value["resourceType"] != at:
+            return None
+        objects.append(value)
+    return objects
 
 
 _STEPS = {"member": _member_step, "where": _where_step}
