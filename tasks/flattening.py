@@ -53,7 +53,14 @@ from tasks.fanout import raise_if_cancelled, results_or_raise
 from tasks.filework import map_files
 from tasks.layout import artifact_key, write_file_atomically
 from tasks.ndjson import WHOLE_FILE, Span, content_bytes, iter_lines, line_spans
-from tasks.processes import SharedCount, never_cancelled, pool_size, processes_allowed, run_in_process
+from tasks.processes import (
+    SharedCount,
+    never_cancelled,
+    pool_size,
+    processes_allowed,
+    run_in_process,
+    start_workers,
+)
 from tasks.progress import Tracker, expect_files, track
 from tasks.sof import compile_view
 from tasks.sof.crtdl_views import AttributeGroup, GroupView, attribute_groups, build_view
@@ -368,9 +375,11 @@ def flatten_step_files(
 ) -> FlattenOutcome:
     """Each piece of the input through its cached ``flatten[...]`` task, then the parts joined into the CSVs."""
     paths = step.input_paths()
+    in_processes = input_pays_for_processes(paths)
+    if in_processes:
+        start_workers()  # while the input is scanned for routes and cut
     by_provenance = routes_by_provenance(paths, max_line_bytes)
     plan_digest = digest([[v.group.id, v.group.csv_name, v.view] for v in views] + [g.id for g in skipped])
-    in_processes = input_pays_for_processes(paths)
     workers = pool_size() if in_processes else 1
     parts_dir = step.output_dir / PARTS_FOLDER
     pieces = plan_pieces(paths, parts_dir, workers, by_provenance, max_line_bytes)

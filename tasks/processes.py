@@ -127,6 +127,18 @@ def run_in_process(
         raise
 
 
+def start_workers() -> None:
+    """Start every worker process in the background: their start-up (the fork server importing the engine, then a
+    fork per worker; a submit waits for it) overlaps the caller's own preparation of the work."""
+
+    def spawn() -> None:
+        with suppress(Exception):  # best effort: a pool that cannot start says so when the work is submitted
+            for _ in range(pool_size()):
+                _submit(never_cancelled, ())
+
+    threading.Thread(target=spawn, name="dupflow-start-workers", daemon=True).start()
+
+
 def shutdown_pool(only: ProcessPoolExecutor | None = None) -> None:
     """Terminate every worker process now (running calls fail with ``BrokenProcessPool``); a later call starts
     a new pool. With ``only``, nothing happens unless that pool is still the current one (a call that saw its

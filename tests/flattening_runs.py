@@ -29,6 +29,7 @@ from tasks.flattening import (
     plan_views,
     routes_by_provenance,
 )
+from tasks.processes import start_workers
 from tasks.sof.crtdl_views import AttributeGroup, GroupView
 from tests.benchmarks.memory import tree_peak_mb
 
@@ -49,6 +50,8 @@ def flatten_files(
     """The CSVs of ``paths`` (all in one folder) in ``out_dir``: each piece in this process (``processes`` 1),
     else in worker processes, ``processes`` pieces at once. Files are cut as the step cuts them for ``spans``
     processes (default: ``processes``), into spans of at least ``min_span_bytes``."""
+    if processes > 1:
+        start_workers()  # as the step does, while the input is scanned for routes and cut
     by_provenance = routes_by_provenance(paths, max_line_bytes)
     parts_dir = out_dir / PARTS_FOLDER
     out_dir.mkdir(parents=True, exist_ok=True)
