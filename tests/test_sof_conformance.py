@@ -21,6 +21,19 @@ def load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(), parse_float=Decimal)
 
 
+# Where the suite (fn_boundary.json at 733c865e, as Pathling reads it) and the FHIRPath specification the engine
+# follows (tasks/sof/boundary.py) disagree: decimals cut at the last digit (1.0 -> 1.00000000 / 1.09999999) rather than
+# half a unit either side (0.95 / 1.05, the specification's own examples, and the suite's earlier
+# boundary-functions.json); times to nanoseconds rather than milliseconds, the specification's finest precision.
+# Strict: a change of either side shows here. Which to follow is an open decision (issue 21, item 5).
+BOUNDARY_READINGS_DIFFER = "the suite's boundary reading differs from the FHIRPath specification's (see above)"
+KNOWN_DEVIATIONS = {
+    f"fn_boundary: {kind} {side}": BOUNDARY_READINGS_DIFFER
+    for kind in ("decimal", "datetime", "time")
+    for side in ("lowBoundary", "highBoundary")
+}
+
+
 def cases(*folders: Path) -> list:
     found = []
     for path in sorted(path for folder in folders for path in folder.glob("*.json")):
@@ -28,7 +41,10 @@ def cases(*folders: Path) -> list:
             continue
         suite = load(path)
         for index, test in enumerate(suite["tests"]):
-            found.append(pytest.param(path, index, id=f"{path.stem}: {test['title']}"))
+            name = f"{path.stem}: {test['title']}"
+            deviation = KNOWN_DEVIATIONS.get(name)
+            marks = [pytest.mark.xfail(strict=True, reason=deviation)] if deviation else []
+            found.append(pytest.param(path, index, id=name, marks=marks))
     return found
 
 
