@@ -1,21 +1,32 @@
-"""FHIRPath ``lowBoundary`` / ``highBoundary`` for decimals, dates, date-times and times.
+"""FHIRPath ``lowBoundary`` / ``highBoundary`` for decimals, dates, date-times and times, as SQL-on-FHIR reads them.
 
-A value stands for the range its precision allows: ``1.5`` for [1.45, 1.55), ``2010-10`` for October 2010. The
-boundaries are that range's ends, at the requested precision (decimals: digits after the point, default 8;
-dates and times: digits of the value, e.g. 4 year, 6 month, 8 day, 17 millisecond). A date-time without a time
-zone may be in any zone: its low boundary is in +14:00, its high boundary in -12:00.
+A value stands for every value that starts with its digits: ``1.5`` for [1.5, 1.6), ``2010-10`` for October 2010,
+``12:34`` for that minute. The boundaries are that range's ends, filled with the lowest or highest digits:
+
+- decimals to 8 places unless a precision is given (``1.5`` gives 1.50000000 and 1.59999999), the digits filled
+  regardless of sign, as the SQL-on-FHIR suite (``fn_boundary.json``) and Pathling have it. The FHIRPath
+  specification's examples read a decimal as half a unit either side instead (0.95 / 1.05 for 1.0); views are written
+  for SQL-on-FHIR engines, and rows that agree with theirs are what their users compare. A boundary needing more than
+  18 significant digits, the precision every xs:decimal processor (and so every FHIR decimal) must hold, is empty;
+- date-times and times to nanoseconds unless a precision is given (17 for a date-time, 9 for a time: milliseconds;
+  fewer cut the value, e.g. 4 year, 6 month, 8 day). A date-time without a time zone may be in any zone: its low
+  boundary is in +14:00, its high boundary in -12:00.
 """
 
 from __future__ import annotations
 
 import calendar
 import re
-from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, InvalidOperation
+from decimal import ROUND_DOWN, Decimal, InvalidOperation
 from typing import Any
 
 from fhirpathpy.engine.nodes import FP_DateTime, FP_Time
 
-DEFAULT_DECIMAL_PRECISION = 8
+DEFAULT_DECIMAL_PLACES = 8
+MAX_DECIMAL_PLACES = 28
+MAX_SIGNIFICANT_DIGITS = 18
+FRACTION_DIGITS = 9
+MILLISECOND_DIGITS = 3
 _DATE = re.compile(r"^(\d{4})(?:-(\d{2})(?:-(\d{2}))?)?$")
 _DATETIME = re.compile(
     r"^(\d{4})(?:-(\d{2})(?:-(\d{2})(?:T(\d{2})(?::(\d{2})(?::(\d{2})(?:\.(\d+))?)?)?)?)?)?"
@@ -60,16 +71,19 @@ def _boundary(value: Any, type_name: str | None, precision: int | None, *, high:
 
 
 def _decimal(value: Decimal, precision: int | None, high: bool) -> Decimal | None:
-    digits = DEFAULT_DECIMAL_PRECISION if precision is None else precision
-    if digits < 0 or digits > 28:
+    places = DEFAULT_DECIMAL_PLACES if precision is None else precision
+    exponent = value.as_tuple().exponent
+    if not 0 <= places <= MAX_DECIMAL_PLACES or not isinstance(exponent, int):
         return None
-    scale = max(-value.as_tuple().exponent, 0) if isinstance(value.as_tuple().exponent, int) else 0
-    half = Decimal(5).scaleb(-(scale + 1))
-    bound = value + half if high else value - half
+    known = min(max(-exponent, 0), places)
+    kept = value.quantize(Decimal(1).scaleb(-known), rounding=ROUND_DOWN)
+    unit, step = Decimal(1).scaleb(-known), Decimal(1).scaleb(-places)
+    filled = kept.copy_abs() + (unit - step if high else 0)
     try:
-        return bound.quantize(Decimal(1).scaleb(-digits), rounding=ROUND_CEILING if high else ROUND_FLOOR)
+        bound = filled.copy_sign(value).quantize(step)
     except InvalidOperation:
         return None
+    return bound if len(bound.as_tuple().digits) <= MAX_SIGNIFICANT_DIGITS else None
 
 
 def _date(text: str, precision: int | None, high: bool) -> str | None:
@@ -90,6 +104,12 @@ def _cut_date(full: str, precision: int | None) -> str | None:
     return full[: cuts[precision]] if precision in cuts else None
 
 
+def _fraction(digits: str | None, precision: int | None, high: bool) -> str:
+    """The fraction of a second: nanoseconds by default, milliseconds at the precision that names them."""
+    width = FRACTION_DIGITS if precision is None else MILLISECOND_DIGITS
+    return (digits or "")[:width].ljust(width, "9" if high else "0")
+
+
 def _datetime(text: str, precision: int | None, high: bool) -> str | None:
     match = _DATETIME.match(text)
     if match is None:
@@ -101,11 +121,10 @@ def _datetime(text: str, precision: int | None, high: bool) -> str | None:
     hour = hour or ("23" if high else "00")
     minute = minute or ("59" if high else "00")
     second = second or ("59" if high else "00")
-    fraction = (fraction or "")[:3].ljust(3, "9" if high else "0")
     zone = zone or ("-12:00" if high else "+14:00")
     date = f"{year_number:04d}-{month_number:02d}-{day_number:02d}"
     if precision is None or precision == 17:
-        return f"{date}T{hour}:{minute}:{second}.{fraction}{zone}"
+        return f"{date}T{hour}:{minute}:{second}.{_fraction(fraction, precision, high)}{zone}"
     cuts = {4: date[:4], 6: date[:7], 8: date, 10: f"{date}T{hour}", 12: f"{date}T{hour}:{minute}"}
     cuts[14] = f"{date}T{hour}:{minute}:{second}"
     return cuts.get(precision)
@@ -118,8 +137,7 @@ def _time(text: str, precision: int | None, high: bool) -> str | None:
     hour, minute, second, fraction = match.groups()
     minute = minute or ("59" if high else "00")
     second = second or ("59" if high else "00")
-    fraction = (fraction or "")[:3].ljust(3, "9" if high else "0")
     if precision is None or precision == 9:
-        return f"{hour}:{minute}:{second}.{fraction}"
+        return f"{hour}:{minute}:{second}.{_fraction(fraction, precision, high)}"
     cuts = {2: hour, 4: f"{hour}:{minute}", 6: f"{hour}:{minute}:{second}"}
     return cuts.get(precision)

@@ -1,0 +1,75 @@
+"""lowBoundary / highBoundary beyond what the SQL-on-FHIR suite's fn_boundary.json shows: an explicit precision, zero
+and tiny values, the digit limit, and decimals that reach the CSV without an exponent."""
+
+from __future__ import annotations
+
+import io
+from decimal import Decimal
+
+import pytest
+
+from tasks.sof import compile_view
+from tasks.sof.output import csv_cells, csv_writer
+
+
+def observation_values(path: str, value: str) -> list:
+    view = compile_view({"resource": "Observation", "select": [{"column": [{"name": "v", "path": path}]}]})
+    resource = {"resourceType": "Observation", "valueQuantity": {"value": Decimal(value)}}
+    return [row[0] for row in view.rows(resource)]
+
+
+@pytest.mark.parametrize(
+    ("value", "low", "high"),
+    [
+        ("1.5", "1.50000000", "1.59999999"),
+        ("5", "5.00000000", "5.99999999"),
+        ("0", "0E-8", "0.99999999"),
+        ("-0.5", "-0.50000000", "-0.59999999"),
+        ("1234567890.5", "1234567890.50000000", "1234567890.59999999"),
+        ("12345678901.5", None, None),
+    ],
+)
+def test_decimal_boundaries_fill_the_known_digits_to_eight_places(value, low, high):
+    found_low = observation_values("value.ofType(Quantity).value.lowBoundary()", value)
+    found_high = observation_values("value.ofType(Quantity).value.highBoundary()", value)
+    assert found_low == [None if low is None else Decimal(low)]
+    assert found_high == [None if high is None else Decimal(high)]
+    if low is not None:
+        assert str(found_low[0]) == low and str(found_high[0]) == high
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("value.ofType(Quantity).value.lowBoundary(2)", "1.58"),
+        ("value.ofType(Quantity).value.highBoundary(2)", "1.58"),
+        ("value.ofType(Quantity).value.highBoundary(4)", "1.5879"),
+        ("value.ofType(Quantity).value.lowBoundary(0)", "1"),
+    ],
+)
+def test_a_precision_below_the_value_s_own_cuts_it(path, expected):
+    assert observation_values(path, "1.587") == [Decimal(expected)]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        ("birthDate.lowBoundary(4)", "2003-05", "2003"),
+        ("birthDate.highBoundary(6)", "2003", "2003-12"),
+        ("deceased.ofType(dateTime).lowBoundary(17)", "2010-10-10T15:21:18.123456", "2010-10-10T15:21:18.123+14:00"),
+        ("deceased.ofType(dateTime).highBoundary(17)", "2010-10-10T15:21", "2010-10-10T15:21:59.999-12:00"),
+        ("deceased.ofType(dateTime).highBoundary(12)", "2010-10-10", "2010-10-10T23:59"),
+        ("deceased.ofType(dateTime).highBoundary()", "2010-10-10T15:21Z", "2010-10-10T15:21:59.999999999Z"),
+    ],
+)
+def test_dates_and_date_times_at_a_precision(path, value, expected):
+    key = "birthDate" if path.startswith("birthDate") else "deceasedDateTime"
+    view = compile_view({"resource": "Patient", "select": [{"column": [{"name": "v", "path": path}]}]})
+    assert [row[0] for row in view.rows({"resourceType": "Patient", key: value})] == [expected]
+
+
+def test_decimals_reach_the_csv_without_an_exponent():
+    stream = io.StringIO()
+    writer = csv_writer(stream)
+    writer.writerow(csv_cells((Decimal("0E-8"), Decimal("1E-7"), Decimal("1E+2"), Decimal("1.50"))))
+    assert stream.getvalue().strip() == "0.00000000,0.0000001,100,1.50"
