@@ -237,7 +237,9 @@ def test_a_validator_dripping_its_answer_is_cut_off_at_the_request_deadline_and_
     validator_fake.state.reset(drip_byte_seconds=0.3)
     started = time.monotonic()
     with pytest.raises(
-        ServiceError, match=r"no complete answer within 1 s, the deadline of one request \(REQUEST_DEADLINE"
+        ServiceError,
+        match=r"no complete answer from http://127\.0\.0\.1:\d+/validateResource within 1 s, the deadline of one "
+        r"request \(REQUEST_DEADLINE",
     ) as caught:
         validate_chunk(validator_fake, deadline=timedelta(seconds=1))
     assert caught.value.transient and caught.value.status_code is None
@@ -276,7 +278,8 @@ def test_a_fhir_server_dripping_its_answer_is_cut_off_at_the_request_deadline_an
     started = time.monotonic()
     with pytest.raises(
         StepError,
-        match=r"batch 1 .* could not be sent: .*no complete answer within 1 s, the deadline of one request \(REQUEST_",
+        match=r"batch 1 .* could not be sent: .*no complete answer from http://127\.0\.0\.1:\d+/fhir within 1 s, the "
+        r"deadline of one request \(REQUEST_",
     ):
         send_to(fhir_fake, tmp_path, deadline=timedelta(seconds=1))
     assert len(fhir_fake.state.transactions) == 2  # retried once (retry.max_attempts: 2), like a lost answer
@@ -287,7 +290,9 @@ def test_a_fhir_server_dripping_its_answer_is_cut_off_at_the_request_deadline_an
 def test_a_fhir_server_dripping_its_headers_is_cut_off_at_the_request_deadline(fhir_fake, tmp_path):
     fhir_fake.state.drip_header_seconds = 0.3
     started = time.monotonic()
-    with pytest.raises(StepError, match=r"could not be sent: .*no complete answer within 1 s, the deadline of one"):
+    with pytest.raises(
+        StepError, match=r"could not be sent: .*no complete answer from http://127\.0\.0\.1:\d+/fhir within 1 s"
+    ):
         send_to(fhir_fake, tmp_path, deadline=timedelta(seconds=1))
     assert len(fhir_fake.state.transactions) == 2
     assert time.monotonic() - started < 15
@@ -338,7 +343,10 @@ def test_a_flattener_dripping_its_answer_is_cut_off_at_the_request_deadline(flat
     started = time.monotonic()
     with flattener(flattener_fake) as client:
         service = Flattener(client, deadline=timedelta(seconds=1))
-        expected = r"no complete answer within 1 s, the deadline of one request \(services.flattening.timeout\)"
+        expected = (
+            r"no complete answer from http://127\.0\.0\.1:\d+/fhir/ViewDefinition/\$run within 1 s, the deadline "
+            r"of one request \(services.flattening.timeout\)"
+        )
         with pytest.raises(ServiceError, match=expected):
             list(service.run(PATIENT_IDS, [orjson.dumps(patient(1))]))
     assert time.monotonic() - started < 10

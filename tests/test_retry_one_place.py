@@ -119,9 +119,10 @@ def serve(*replies: Reply) -> LoopbackServer:
 
 
 def policy_waits(caplog: pytest.LogCaptureFixture) -> list[str]:
-    """What the policy logged before each retry: the attempt and the wait."""
+    """What the policy logged before each retry: the attempt and the wait (the failure is told once)."""
     messages = [r.getMessage() for r in caplog.records if r.name == "dupflow.clients" and "retrying in" in r.message]
-    return [message.split("; ", 1)[1] for message in messages]
+    assert all(message.count(" failed") == 1 for message in messages), messages
+    return [message.rsplit("; ", 1)[1] for message in messages]
 
 
 @pytest.mark.parametrize("name", CLIENTS)

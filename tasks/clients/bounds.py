@@ -32,6 +32,7 @@ import httpx
 
 from tasks.clients.errors import ServiceError
 from tasks.readable import size_text
+from tasks.url_credentials import shown_url
 
 T = TypeVar("T")
 MB = 1024 * 1024
@@ -40,10 +41,11 @@ UPLOAD_PIECE = MB
 
 
 class Deadline:
-    """The end of one call: ``seconds`` from now. ``setting`` names what sets it, for the error message."""
+    """The end of one call: ``seconds`` from now. ``setting`` names what sets it, and ``url`` (set where the request
+    is built, if not given) the address called, for the error message."""
 
-    def __init__(self, seconds: float, setting: str):
-        self.seconds, self.setting = seconds, setting
+    def __init__(self, seconds: float, setting: str, url: str | httpx.URL | None = None):
+        self.seconds, self.setting, self.url = seconds, setting, url
         self._end = time.monotonic() + seconds
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
@@ -86,10 +88,12 @@ class Deadline:
                 sock.shutdown(socket.SHUT_RDWR)
 
     def exceeded(self, operation: str, service: str | None) -> ServiceError:
+        source = f" from {shown_url(str(self.url))}" if self.url is not None else ""
         return ServiceError(
             operation,
             None,
-            f"no complete answer within {round(self.seconds, 1):g} s, the deadline of one request ({self.setting})",
+            f"no complete answer{source} within {round(self.seconds, 1):g} s, the deadline of one request "
+            f"({self.setting})",
             transient=True,
             service=service,
             no_answer=True,

@@ -224,6 +224,7 @@ class FhirServer:
             timeout=read_timeout,
             extensions=deadline.watch(),
         )
+        deadline.url = request.url
         try:
             response = self._client.http.send(request, stream=True)
             try:

@@ -128,6 +128,7 @@ class Flattener:
                 extensions=deadline.watch(),
                 **request,
             )
+            deadline.url = sent_request.url
             try:
                 sent = self.client.http.send(sent_request, stream=True)
             except httpx.TransportError:

@@ -139,6 +139,7 @@ class Pseudonymizer:
         sets to the configured ``services.pseudonymizer.timeout``. At most ``max_answer_bytes`` of an answer is
         read (the step passes ``pipeline.max_ndjson_line_size_mb``: the answer becomes one line of its output)."""
         self._client = client
+        self._url = client.build_request("POST", DE_IDENTIFY_PATH).url
         self._retry = retry
         self._deadline = deadline.total_seconds() if deadline is not None else client.timeout.read
         self._max_answer_bytes = max_answer_bytes
@@ -180,7 +181,7 @@ class Pseudonymizer:
                 await response.aclose()
 
         async def bounded_attempt() -> bytes:
-            deadline = Deadline(self._deadline, DEADLINE_SETTING)
+            deadline = Deadline(self._deadline, DEADLINE_SETTING, self._url)
             return await within_deadline(attempt, deadline, operation=operation, service=service)
 
         async with self._slots:

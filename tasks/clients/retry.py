@@ -81,11 +81,11 @@ def _policy(retry: RetrySettings, *, operation: str, service: str | None) -> dic
         return wait_seconds(retry, state.outcome.exception() if state.outcome else None, state.attempt_number - 1)
 
     def log_retry(state: RetryCallState) -> None:
+        failed = f"{service}: {operation} failed" if service else f"{operation} failed"
+        said = describe_exception(state.outcome.exception())
         log.warning(
-            "%s%s failed (%s); attempt %d of %d, retrying in %.1f s",
-            f"{service}: " if service else "",
-            operation,
-            describe_exception(state.outcome.exception()),
+            "%s; attempt %d of %d, retrying in %.1f s",
+            said if said.startswith(failed) else f"{failed} ({said})",  # a ServiceError of this call says it already
             state.attempt_number,
             retry.max_attempts,
             state.next_action.sleep if state.next_action else 0.0,

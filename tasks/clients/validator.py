@@ -267,6 +267,7 @@ class Validator:
         max_answer_bytes: int = MAX_ANSWER_BYTES,
     ):
         self._client = client
+        self._url = client.http.build_request("POST", VALIDATE_PATH).url
         self._deadline = deadline.total_seconds()
         self._max_answer_bytes = max_answer_bytes
 
@@ -287,7 +288,7 @@ class Validator:
                 await response.aclose()
 
         async def bounded_attempt() -> dict[str, Any]:
-            deadline = Deadline(self._deadline, DEADLINE_SETTING)
+            deadline = Deadline(self._deadline, DEADLINE_SETTING, self._url)
             return await within_deadline(attempt, deadline, operation=operation, service=service)
 
         return await call_with_retry_async(
