@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from flows.prefect_server import ensure_server, stop_server
-from tests.conftest import REPO_ROOT, run_cli, wait_until
+from tests.conftest import REPO_ROOT, run_cli, seed_prefect_home, wait_until
 from tests.test_prefect_server import kill_servers_of
 
 pytestmark = pytest.mark.slow
@@ -30,10 +30,10 @@ RUN_TIMEOUT = 180.0
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
+def server(tmp_path_factory: pytest.TempPathFactory, prefect_database: Path):
     """A real Prefect server in a PREFECT_HOME of its own (one for the module: a start takes 15-40 s here); the API
     URL and the environment for its clients."""
-    home = tmp_path_factory.mktemp("prefect-home")
+    home = seed_prefect_home(tmp_path_factory.mktemp("prefect-home"), prefect_database)
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.delenv("PREFECT_API_URL", raising=False)
         monkeypatch.setenv("PREFECT_HOME", str(home))

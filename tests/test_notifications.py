@@ -26,7 +26,7 @@ import yaml
 
 from flows.prefect_server import LOCAL_PAUSE_AUTOMATION, UI_RESUME_REFUSED, ensure_server, free_port, stop_server
 from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
-from tests.conftest import REPO_ROOT, wait_until
+from tests.conftest import REPO_ROOT, seed_prefect_home, wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.test_prefect_native import api
@@ -53,9 +53,9 @@ NDJSON_TYPE = {"Content-Type": "application/fhir+ndjson"}
 
 
 @pytest.fixture(scope="module")
-def environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def environment(tmp_path_factory: pytest.TempPathFactory, prefect_database: Path) -> Iterator[dict[str, str]]:
     """A real Prefect server in a PREFECT_HOME of its own, on a free port; the environment of its clients."""
-    home = tmp_path_factory.mktemp("prefect-home")
+    home = seed_prefect_home(tmp_path_factory.mktemp("prefect-home"), prefect_database)
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.delenv("PREFECT_API_URL", raising=False)
         monkeypatch.setenv("PREFECT_HOME", str(home))

@@ -32,7 +32,7 @@ from flows.prefect_server import (
     read_record,
     stop_server,
 )
-from tests.conftest import REPO_ROOT, run_cli, wait_until
+from tests.conftest import REPO_ROOT, run_cli, seed_prefect_home, wait_until
 from tests.test_prefect_native import (
     FINAL,
     api,
@@ -130,9 +130,10 @@ def test_serving_deployments_against_an_unreachable_api_is_one_line_exit_2(unuse
 
 
 @pytest.fixture
-def own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A fresh PREFECT_HOME, no PREFECT_API_URL, and a free port asked of the local server (never 4200 here)."""
-    home = tmp_path / "prefect-home"
+def own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefect_database: Path):
+    """A fresh PREFECT_HOME (its database migrated), no PREFECT_API_URL, and a free port asked of the local server
+    (never 4200 here)."""
+    home = seed_prefect_home(tmp_path / "prefect-home", prefect_database)
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.setenv("PREFECT_HOME", str(home))
     monkeypatch.setenv("PREFECT_SERVER_API_PORT", str(free_port()))

@@ -27,7 +27,7 @@ import pytest
 
 from flows.prefect_server import ensure_server, stop_server
 from tasks.ndjson import iter_resources
-from tests.conftest import REPO_ROOT, run_cli
+from tests.conftest import REPO_ROOT, run_cli, seed_prefect_home
 from tests.test_prefect_server import kill_servers_of
 
 pytestmark = pytest.mark.slow
@@ -39,9 +39,9 @@ PARAMETERS = ("job_id", "config_path", "job_input", "overrides")
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+def server(tmp_path_factory: pytest.TempPathFactory, prefect_database: Path) -> Iterator[tuple[str, dict[str, str]]]:
     """A real Prefect server in a PREFECT_HOME of its own; its API URL and the environment for its clients."""
-    home = tmp_path_factory.mktemp("prefect-home")
+    home = seed_prefect_home(tmp_path_factory.mktemp("prefect-home"), prefect_database)
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.delenv("PREFECT_API_URL", raising=False)
         monkeypatch.setenv("PREFECT_HOME", str(home))

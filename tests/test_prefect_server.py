@@ -38,15 +38,16 @@ from flows.prefect_server import (
     server_status,
     stop_server,
 )
-from tests.conftest import REPO_ROOT
+from tests.conftest import REPO_ROOT, seed_prefect_home
 
 SERVER_TIMEOUT = 240.0
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """A fresh PREFECT_HOME and no PREFECT_API_URL; every server started in it is ended afterwards."""
-    home = tmp_path / "prefect-home"
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefect_database: Path):
+    """A fresh PREFECT_HOME (its database migrated) and no PREFECT_API_URL; every server started in it is ended
+    afterwards."""
+    home = seed_prefect_home(tmp_path / "prefect-home", prefect_database)
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     monkeypatch.setenv("PREFECT_HOME", str(home))
     yield home
@@ -128,7 +129,9 @@ def run_server_command(*argv: str) -> int:
 
 @pytest.mark.slow
 def test_a_server_is_started_once_reused_restarted_when_gone_and_stopped(home, monkeypatch, capsys):
-    # First need: a server starts in PREFECT_HOME, bound to 127.0.0.1, without dupflow's secrets.
+    # First need: a server starts in PREFECT_HOME, bound to 127.0.0.1, without dupflow's secrets; from nothing, as
+    # after the Quick start (no migrated database in the home).
+    (home / "prefect.db").unlink()
     monkeypatch.setenv("APP_SERVICES__PSEUDONYMIZER__PASSWORD", "not-for-the-server")
     url = ensure_server(startup_timeout=SERVER_TIMEOUT)
     assert url.startswith("http://127.0.0.1:") and url.endswith("/api")
@@ -206,7 +209,7 @@ def test_a_server_that_does_not_come_up_is_ended_and_its_log_named(tmp_path, mon
 
 
 def test_a_server_that_ends_at_start_up_is_told_as_ended_not_as_slow(home):
-    home.mkdir()
+    home.mkdir(exist_ok=True)
     (home / "prefect.db").write_bytes(b"this is not an SQLite database, " * 512)
 
     with pytest.raises(ServerStartError, match="ended during start-up") as refused:

@@ -19,6 +19,7 @@ size keeps it small next to the files' work, which is what spreads.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import shutil
@@ -57,9 +58,12 @@ class PinnedCluster:
 
 
 def main() -> None:
-    megabytes = int(sys.argv[1]) if len(sys.argv) > 1 else 512
-    files = int(sys.argv[2]) if len(sys.argv) > 2 else 8
-    rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1].replace("\n", " "))
+    parser.add_argument("megabytes", type=int, nargs="?", default=512, metavar="MB", help="data in all (512)")
+    parser.add_argument("files", type=int, nargs="?", default=8, help="files it is split into (8)")
+    parser.add_argument("rounds", type=int, nargs="?", default=3, help="interleaved rounds (3)")
+    args = parser.parse_args()
+    megabytes, files, rounds = args.megabytes, args.files, args.rounds
     cores = usable_cores()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from prefect.testing.utilities import prefect_test_harness

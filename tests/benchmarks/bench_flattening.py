@@ -48,7 +48,6 @@ from pathlib import Path
 
 import orjson
 from prefect import flow
-from prefect.testing.utilities import prefect_test_harness
 
 from tasks.contract import DataFile, StepInput
 from tasks.flattening import flattening, input_pays_for_processes, plan_views
@@ -249,6 +248,8 @@ def flattening_step(job_dir: Path, paths: list[Path], resources: int) -> StepInp
 def run_step(job_dir: Path, paths: list[Path], resources: int) -> dict:
     """The step once on a fresh job (no cached file results): seconds, whether it used worker processes, and the
     peak RSS of this process and of each worker (before the pool stops)."""
+    from prefect.testing.utilities import prefect_test_harness  # here: it loads Prefect's server (3 s of --help)
+
     step = flattening_step(job_dir, paths, resources)
     with prefect_test_harness(server_startup_timeout=120):
         seconds = timed_flattening(step)
