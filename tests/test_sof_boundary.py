@@ -27,6 +27,8 @@ def observation_values(path: str, value: str) -> list:
         ("-0.5", "-0.50000000", "-0.59999999"),
         ("1234567890.5", "1234567890.50000000", "1234567890.59999999"),
         ("12345678901.5", None, None),
+        ("1E+30", None, None),
+        ("123456789012345678901234567890.5", None, None),
     ],
 )
 def test_decimal_boundaries_fill_the_known_digits_to_eight_places(value, low, high):

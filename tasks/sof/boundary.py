@@ -76,11 +76,10 @@ def _decimal(value: Decimal, precision: int | None, high: bool) -> Decimal | Non
     if not 0 <= places <= MAX_DECIMAL_PLACES or not isinstance(exponent, int):
         return None
     known = min(max(-exponent, 0), places)
-    kept = value.quantize(Decimal(1).scaleb(-known), rounding=ROUND_DOWN)
     unit, step = Decimal(1).scaleb(-known), Decimal(1).scaleb(-places)
-    filled = kept.copy_abs() + (unit - step if high else 0)
-    try:
-        bound = filled.copy_sign(value).quantize(step)
+    try:  # a value of more digits than the decimal context holds (28) has no boundary
+        kept = value.quantize(unit, rounding=ROUND_DOWN)
+        bound = (kept.copy_abs() + (unit - step if high else 0)).copy_sign(value).quantize(step)
     except InvalidOperation:
         return None
     return bound if len(bound.as_tuple().digits) <= MAX_SIGNIFICANT_DIGITS else None
