@@ -8,14 +8,12 @@ from decimal import Decimal
 
 import pytest
 
-from tasks.sof import compile_view
 from tasks.sof.output import csv_cells, csv_writer
+from tests.test_sof_engine import column_values
 
 
 def observation_values(path: str, value: str) -> list:
-    view = compile_view({"resource": "Observation", "select": [{"column": [{"name": "v", "path": path}]}]})
-    resource = {"resourceType": "Observation", "valueQuantity": {"value": Decimal(value)}}
-    return [row[0] for row in view.rows(resource)]
+    return column_values(path, [{"resourceType": "Observation", "valueQuantity": {"value": Decimal(value)}}])
 
 
 @pytest.mark.parametrize(
@@ -66,8 +64,7 @@ def test_a_precision_below_the_value_s_own_cuts_it(path, expected):
 )
 def test_dates_and_date_times_at_a_precision(path, value, expected):
     key = "birthDate" if path.startswith("birthDate") else "deceasedDateTime"
-    view = compile_view({"resource": "Patient", "select": [{"column": [{"name": "v", "path": path}]}]})
-    assert [row[0] for row in view.rows({"resourceType": "Patient", key: value})] == [expected]
+    assert column_values(path, [{"resourceType": "Patient", key: value}]) == [expected]
 
 
 def test_decimals_reach_the_csv_without_an_exponent():

@@ -27,7 +27,9 @@ PATIENTS = [
 
 
 def column_values(path: str, resources: list[dict] = PATIENTS) -> list:
-    view = compile_view({"resource": "Patient", "select": [{"column": [{"name": "v", "path": path}]}]})
+    """The one column ``path`` over ``resources`` (all of the first one's type)."""
+    kind = resources[0]["resourceType"]
+    view = compile_view({"resource": kind, "select": [{"column": [{"name": "v", "path": path}]}]})
     return [row[0] for resource in resources for row in view.rows(resource)]
 
 
