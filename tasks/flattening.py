@@ -12,7 +12,8 @@
 4. The embedded engine works piece by piece, each piece its own cached task writing its rows per group into
    ``.parts/<piece>/``: a whole file (``flatten[<file>]``), or, when worker processes run, a span of a large file's
    lines (``flatten[<file>#<i>/<n>]``, ``plan_pieces``: a file of at least ``SPAN_MIN_BYTES`` per process is cut at
-   line starts into one span per process, so one big file uses every core). When the input is large enough to pay
+   line starts into spans of at least that much, up to ``PLAIN_SPANS_PER_PROCESS`` per process for a plain file and
+   one for a zstd file, so one big file uses every core). When the input is large enough to pay
    for starting them, the pieces are flattened in worker processes on every core (``tasks.processes``: JSON parsing
    and FHIRPath hold the GIL). The parts are then concatenated in input order under one header (``join_parts``), so
    the CSVs are the same bytes however many processes ran and however the files were cut. A cut file's bare
@@ -52,7 +53,7 @@ from tasks.errors import StepError
 from tasks.fanout import raise_if_cancelled, results_or_raise
 from tasks.filework import map_files
 from tasks.layout import artifact_key, write_file_atomically
-from tasks.ndjson import WHOLE_FILE, Span, content_bytes, iter_lines, line_spans
+from tasks.ndjson import WHOLE_FILE, Span, content_bytes, is_zstd, iter_lines, line_spans
 from tasks.processes import (
     SharedCount,
     never_cancelled,
@@ -91,8 +92,12 @@ COPY_CHUNK = 1 << 20
 # Worker processes start in about a second (a fork server importing the engine, then one fork per core); below
 # this much input that costs more than it saves, so the files are flattened in the calling process.
 PROCESS_MIN_BYTES = 16 * MB
-# A file is cut into spans for several processes only when each span gets at least this much (of the file on disk).
+# A file is cut into spans for several processes only when each span gets at least this much (of its content).
 SPAN_MIN_BYTES = 8 * MB
+# A plain file is cut into up to this many spans per process, taken as processes come free, so that a span that runs
+# slow (costlier resources, a busy machine) does not hold up the step's end alone. A zstd file gets one per process:
+# each of its spans decompresses everything before it.
+PLAIN_SPANS_PER_PROCESS = 2
 LISTED_IDS = 10
 
 
@@ -336,9 +341,10 @@ def plan_pieces(
 
 def file_spans(path: Path, processes: int, min_bytes: int) -> list[Span]:
     """The file whole, or cut at line starts (``tasks.ndjson.line_spans``; a place to cut every ``min_bytes / 8``)
-    into one span of at least ``min_bytes`` of its content (decompressed: a zstd file is many times its size)
-    per process."""
-    spans = min(processes, content_bytes(path, processes * min_bytes) // min_bytes)
+    into spans of at least ``min_bytes`` of its content (decompressed: a zstd file is many times its size): one per
+    process for a zstd file, ``PLAIN_SPANS_PER_PROCESS`` for a plain one."""
+    most = processes * (1 if is_zstd(path) else PLAIN_SPANS_PER_PROCESS)
+    spans = min(most, content_bytes(path, most * min_bytes) // min_bytes)
     return line_spans(path, spans, max(min_bytes // 8, 1)) if spans > 1 else [WHOLE_FILE]
 
 

@@ -22,6 +22,7 @@ from tasks import processes
 from tasks.contract import DataFile
 from tasks.flattening import (
     PARTS_FOLDER,
+    PLAIN_SPANS_PER_PROCESS,
     PROCESS_MIN_BYTES,
     SPAN_MIN_BYTES,
     FlatteningError,
@@ -30,7 +31,7 @@ from tasks.flattening import (
     plan_pieces,
     plan_views,
 )
-from tasks.ndjson import iter_lines, line_spans
+from tasks.ndjson import WHOLE_FILE, iter_lines, line_spans
 from tests.benchmarks.bench_flattening import patient_bundle
 from tests.steps import step_input
 from tests.test_flattening_processes import EXAMPLE, LOOKUP, bare_file, files_of, group_ids
@@ -111,6 +112,23 @@ def test_a_files_spans_hold_its_lines_with_their_numbers_in_order(tmp_path, comp
     assert [line for span in spans for line in iter_lines(path, MB, span)] == whole
     assert sum(span.lines for span in spans) == data.count(b"\n")
     assert all(data[span.start - 1 : span.start] == b"\n" for span in spans[1:])
+
+
+@pytest.mark.parametrize(
+    ("compressed", "per_process"), [(False, PLAIN_SPANS_PER_PROCESS), (True, 1)], ids=["plain", "zstd"]
+)
+def test_a_plain_file_gets_spans_to_spare_for_processes_that_finish_first_a_zstd_file_one_each(
+    tmp_path, compressed, per_process
+):
+    path = big_file(tmp_path / "in" / "big.ndjson", patients=120, filler_bytes=400_000)
+    content = path.stat().st_size
+    if compressed:
+        path = zstd_copy(path)
+
+    assert PLAIN_SPANS_PER_PROCESS > 1
+    assert len(file_spans(path, 2, SMALL_SPANS)) == 2 * per_process
+    assert len(file_spans(path, 2, content // 3)) == min(3, 2 * per_process)  # no span below the least bytes
+    assert file_spans(path, 2, content) == [WHOLE_FILE]
 
 
 @pytest.mark.parametrize("processes_count", [1, 2])

@@ -43,6 +43,9 @@ ATTRIBUTE_GROUP_SYSTEM = "https://www.medizininformatik-initiative.de/fhir/fdpg/
 _GROUP_MARKER = ATTRIBUTE_GROUP_SYSTEM.encode()
 _BARE_PROVENANCE = re.compile(rb'^\s*\{.*?"resourceType"\s*:\s*"Provenance"')
 _BUNDLE = re.compile(rb'"resourceType"\s*:\s*"Bundle"')
+# A line that opens as a Bundle (as TORCH writes every line) is no bare Provenance: known from its first bytes,
+# without searching the whole line for the group marker.
+_BUNDLE_OPENING = re.compile(rb'\s*\{\s*"resourceType"\s*:\s*"Bundle"')
 
 
 # --- routing ----------------------------------------------------------------------------------------------------
@@ -89,6 +92,8 @@ def bare_routes(path: Path, max_line_bytes: int) -> dict[str, set[str]]:
     """The routes of the file's bare (not in a Bundle) attribute-group Provenance lines."""
     routes: dict[str, set[str]] = {}
     for number, line in iter_lines(path, max_line_bytes):
+        if _BUNDLE_OPENING.match(line):
+            continue
         if _GROUP_MARKER in line and not _BUNDLE.search(line) and _BARE_PROVENANCE.match(line):
             resource = parse_line(path, number, line)
             if resource.get("resourceType") == "Provenance":
