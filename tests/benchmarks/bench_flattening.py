@@ -7,9 +7,11 @@ One large file on every core: ``uv run python -m tests.benchmarks.bench_flatteni
 case: ``--one-file-mb 2000``) writes one file of about that many MB of varied TORCH Bundles, made from the real
 ones (the TORCH batch of ``config/sample-data`` and the example-flattening Bundle beside it: every id and reference
 made unique per patient, dates, genders and ICD-10 codes drawn at random), and flattens it with the sample's CRTDL
-and lookup (five groups) in 1 and in 2 processes (the step's pieces: cut into one span per process), each run in a
+and lookup (five groups) in 1 and in 2 processes (the step's pieces: cut into two spans per process), each run in a
 fresh process (``python -m tests.flattening_runs``, the pool's start-up included). Printed side by side: seconds,
-resources/s, rows and the peak RSS of the run's process tree; the speed-up; whether the CSVs are identical.
+resources/s, rows and the peak RSS of the run's process tree; each run's seconds; the speed-up beside the
+cores' own at that moment (``cores_speedup``, each round: a pure-Python loop in 1 and in 2 processes, the ceiling
+of any split on a shared host); whether the CSVs are identical.
 
 Data: seeded random TORCH-shaped batch lines (one transaction Bundle per patient: a Patient, Conditions with one
 to three ICD-10 codings, Procedures with OPS and SNOMED codings, Encounters no group routes, one Provenance per
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import random
 import re
@@ -343,6 +346,25 @@ def run_fresh(path: Path, out: Path, processes: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def spin(loops: int) -> float:
+    """Seconds of a pure-Python loop of ``loops`` additions."""
+    started = time.perf_counter()
+    total = 0
+    for number in range(loops):
+        total += number
+    return time.perf_counter() - started
+
+
+def cores_speedup(processes: int, loops: int = 8_000_000) -> float:
+    """What ``processes`` cores give over one at this moment: a pure-Python loop alone, then in ``processes``
+    processes at once (forked, each timing itself): the ceiling of any split over processes while a busy host (its
+    other guests, a CPU quota) takes part of the cores."""
+    with multiprocessing.get_context("fork").Pool(processes) as pool:
+        alone = pool.apply(spin, (loops,))
+        together = pool.map(spin, [loops] * processes, chunksize=1)
+    return alone * processes / statistics.mean(together)
+
+
 def one_file(megabytes: int, processes: int, seed: int, rounds: int) -> None:
     """1 and ``processes`` processes on one file, in ``rounds`` rounds taken in turn (each run a fresh process):
     best and median of each, their ratio, peak RSS, and whether the CSVs are the same bytes."""
@@ -355,7 +377,9 @@ def one_file(megabytes: int, processes: int, seed: int, rounds: int) -> None:
             f"resources (no Provenance), {os.cpu_count()} cores, {rounds} rounds taken in turn"
         )
         runs: dict[int, list[dict]] = {1: [], processes: []}
+        ceilings = []
         for _ in range(rounds):
+            ceilings.append(cores_speedup(processes))
             for count in runs:
                 shutil.rmtree(folder / f"out-{count}", ignore_errors=True)
                 runs[count].append(run_fresh(path, folder / f"out-{count}", count))
@@ -366,12 +390,18 @@ def one_file(megabytes: int, processes: int, seed: int, rounds: int) -> None:
         print(f"{'seconds, median':28}{median[1]:>14.2f}{median[processes]:>16.2f}")
         print(f"{'resources/s, best':28}{resources / best[1]:>14,.0f}{resources / best[processes]:>16,.0f}")
         print(f"{'rows':28}{runs[1][0]['rows']:>14}{runs[processes][0]['rows']:>16}")
+        print("each round: seconds with 1 and with N processes, their ratio; the cores' own speed-up at that moment")
+        for number, (one, many, ceiling) in enumerate(zip(runs[1], runs[processes], ceilings, strict=True), 1):
+            ratio = one["seconds"] / many["seconds"]
+            print(f"  {number:>2}: {one['seconds']:5.2f} {many['seconds']:5.2f}  {ratio:.2f}x  cores {ceiling:.2f}x")
         peaks = {count: max(r["tree_peak_mb"] for r in done) for count, done in runs.items()}
         print(f"{'peak RSS of the tree, MB':28}{peaks[1]:>14.0f}{peaks[processes]:>16.0f}")
         same = same_files(folder / "out-1", folder / f"out-{processes}")
         print(
-            f"speed-up: {best[1] / best[processes]:.2f}x best, {median[1] / median[processes]:.2f}x median; CSVs "
-            f"{'identical' if same else 'DIFFERENT'} ({len(list((folder / 'out-1').glob('*.csv')))} files)"
+            f"speed-up: {best[1] / best[processes]:.2f}x best, {median[1] / median[processes]:.2f}x median (the "
+            f"cores' own, a pure-Python loop in 1 and {processes} processes: {statistics.median(ceilings):.2f}x "
+            f"median); CSVs {'identical' if same else 'DIFFERENT'} ({len(list((folder / 'out-1').glob('*.csv')))} "
+            "files)"
         )
 
 
