@@ -89,7 +89,7 @@ PARTS_FOLDER = ".parts"
 MB = 1024 * 1024
 PART_PREFIX, PART_SUFFIX = ".", ".part"
 COPY_CHUNK = 1 << 20
-# Worker processes start in about a second (a fork server importing the engine, then one fork per core); below
+# Worker processes take about 0.2 s to start (a fork server importing the engine, then one fork per core); below
 # this much input that costs more than it saves, so the files are flattened in the calling process.
 PROCESS_MIN_BYTES = 16 * MB
 # A file is cut into spans for several processes only when each span gets at least this much (of its content).
