@@ -229,12 +229,14 @@ def test_the_default_is_the_in_process_runner():
 @pytest.mark.timeout(900)
 @pytest.mark.usefixtures("prefect_api")
 def test_a_killed_dask_run_resumes_with_its_finished_files_and_leaves_no_worker(tmp_path, write_config):
-    # c is ~85 MB at zstd best: long enough to be killed in the middle of it
+    # One worker thread runs the files in the order they were submitted: a and b are finished before c starts
+    # (with two workers, Dask may put b behind c on one of them, and c may finish first). c is 88 MB of NDJSON,
+    # a second or more at zstd best: long enough to be killed in the middle of it.
     source = source_dir(tmp_path, {"a.ndjson": 10, "b.ndjson": 20, "c.ndjson": 200_000}, pad=400)
     jobs = tmp_path / "jobs"
     config = write_config(
         {
-            "pipeline": {"enabled_steps": ["local_import"], "task_runner": {"kind": "dask", "dask_workers": 2}},
+            "pipeline": {"enabled_steps": ["local_import"], "task_runner": {"kind": "dask", "dask_workers": 1}},
             "compression": {"level": "best"},
         },
         jobs_dir=jobs,
@@ -250,6 +252,7 @@ def test_a_killed_dask_run_resumes_with_its_finished_files_and_leaves_no_worker(
     job_dir = only_job_dir(jobs)
     finished = {p.name: p.stat().st_mtime_ns for p in (job_dir / "import").glob("[ab].ndjson.zst")}
     assert set(finished) == {"a.ndjson.zst", "b.ndjson.zst"}
+    assert not (job_dir / "import" / "c.ndjson.zst").exists(), "c finished before the kill: nothing was interrupted"
 
     result = run_cli("continue", str(job_dir), "--no-progress", timeout=600)
     assert result.returncode == EXIT_OK, result.stderr
