@@ -37,7 +37,7 @@ from config.settings import Settings
 from flows.jobs import Job, JobLock, prepare_job
 from tasks.readable import CLI, duration_text, readable_lines, size_text
 from tasks.redaction import redact
-from tasks.contract import StepInput, StepKind, StepResult, count_text
+from tasks.contract import StepInput, StepKind, StepResult, count_text, stored_in_job
 from tasks.errors import DupflowError
 from tasks.extractor import extractor
 from tasks.filework import file_runner
@@ -309,7 +309,7 @@ def keep_one_trace_per_failure() -> None:
 
 def run_step(step_task: Any, step: StepInput) -> StepResult:
     """Run a step's task; a result Prefect answers from the job's cache is marked ``cached`` for the record."""
-    state = step_task(step, return_state=True)
+    state = stored_in_job(step_task, step)(step, return_state=True)
     result: StepResult = state.result()
     return result.model_copy(update={"cached": True}) if state.name == "Cached" else result
 

@@ -29,7 +29,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
-from prefect import task
+from prefect import Task, task
 from prefect.cache_policies import CacheKeyFnPolicy
 from prefect.context import TaskRunContext
 from prefect.transactions import CommitMode, transaction
@@ -37,12 +37,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from config.loader import cached_settings
 from config.settings import Settings
-from tasks.layout import PREFECT_DIR, step_artifact_key, step_folder
+from tasks.layout import JobPaths, step_artifact_key, step_folder
 from tasks.progress import StepWork, step_progress
 from tasks.ndjson import FileStats
 from tasks.record import counts_text, file_counts, record_facts
 
 R = TypeVar("R")
+C = TypeVar("C", bound=Callable[..., Any])
 
 
 class StepKind(StrEnum):
@@ -206,12 +207,13 @@ def job_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     others = {name: value for name, value in parameters.items() if name != "step"}
     name = context.task.name.replace("_", "-")
     key = f"{step.job_id}-{step.position:02d}-{step.step}-{name}-{digest([step.cache_identity(), others])}"
-    return str(step.job_path / PREFECT_DIR / "results" / key)
+    return str(JobPaths(step.job_path).results / key)
 
 
 JOB_CACHE = CacheKeyFnPolicy(cache_key_fn=job_cache_key)
 
 # Results are JSON files at the absolute path the cache key names; "/" as the storage root lets the key choose.
+# Where a job's task runs, ``stored_in_job`` narrows it to the job's results folder.
 _PERSISTED = dict(cache_policy=JOB_CACHE, persist_result=True, result_serializer="json", result_storage=Path("/"))
 
 
@@ -245,8 +247,20 @@ def file_task(name: str, run_name: str, **options: Any) -> Callable[[Callable[..
     return task(name=name, task_run_name=run_name, **{**_PERSISTED, **options})
 
 
-def commit_each(call: Callable[..., R], *args: Any, **kwargs: Any) -> R:
+def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: Any) -> R:
     """Call a ``file_task`` so that its result is committed the moment it finishes, not when the step does:
     a run killed in the middle of a step keeps every file it had finished."""
     with transaction(commit_mode=CommitMode.EAGER):
-        return call(*args, **kwargs)
+        return stored_in_job(call, step)(step, *args, **kwargs)
+
+
+def stored_in_job(call: C, step: StepInput) -> C:
+    """``call`` (a step or file task) with its results stored in the job's results folder.
+
+    The results' own paths are their cache keys. The folder is for the record Prefect writes of a failure, under a
+    random name: the decorators' storage root, ``/`` (so that a key may name any job directory), would put it
+    into the file system's root, or fail to and warn. A plain function (``map_files`` runs any) is returned as it is.
+    """
+    if not isinstance(call, Task):
+        return call
+    return call.with_options(result_storage=JobPaths(step.job_path).results)

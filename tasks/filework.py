@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from config.runtime import prefect_api_url
 from config.settings import TaskRunnerSettings
-from tasks.contract import commit_each
+from tasks.contract import commit_each, stored_in_job
 from tasks.errors import DupflowError
 from tasks.fanout import run_bounded
 
@@ -88,7 +88,7 @@ def outcome_of(call: Callable[[tuple[Any, ...]], R], args: tuple[Any, ...]) -> R
 def map_on_flow_runner(file_task: Any, arguments: Sequence[tuple[Any, ...]]) -> list:
     """Submit every file task to the flow run's task runner at once (Dask runs one per worker thread), then
     collect in order."""
-    futures = [file_task.submit(*args) for args in arguments]
+    futures = [stored_in_job(file_task, args[0]).submit(*args) for args in arguments]
     outcomes: list = []
     for future in futures:
         try:
