@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from prefect import flow
 
-from tasks.contract import DataFile
+from tasks.contract import DataFile, stored_in_job
 from tasks.flattening import FlatteningError, flattening, plan_views
 from tests.steps import step_input
 from tests.test_flattening_processes import EXAMPLE, LOOKUP, files_of, torch_batches
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 @flow
 def run_step(step, refresh: bool = False):
     task = flattening.with_options(refresh_cache=True) if refresh else flattening
-    return task(step)
+    return stored_in_job(task, step)(step)
 
 
 def job_with_batches(tmp_path: Path):

@@ -21,7 +21,7 @@ from prefect import flow
 
 from config.settings import Settings
 from tasks.clients.fhir_server import FhirServer
-from tasks.contract import DataFile, StepInput, StepResult
+from tasks.contract import DataFile, StepInput, StepResult, stored_in_job
 from tasks.errors import StepError
 from tasks.send import (
     SEND_ENTRY_TAG_SYSTEM,
@@ -392,7 +392,7 @@ def recorded_batches(progress: Path) -> int:
 
 @flow
 def run_send_step(step: StepInput) -> StepResult:
-    return send(step)
+    return stored_in_job(send, step)(step)
 
 
 @pytest.mark.slow  # a Prefect test server

@@ -19,7 +19,7 @@ import pytest
 from prefect import flow
 
 from tasks.clients.validator import MB
-from tasks.contract import DataFile, StepInput, StepResult
+from tasks.contract import DataFile, StepInput, StepResult, stored_in_job
 from tasks.errors import StepError
 from tasks.ndjson import count_resources, iter_resources
 from tasks.validation import validation
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.usefixtures("prefect_api")
 
 @flow(name="validation-test", persist_result=False)
 def validation_flow(step: StepInput) -> StepResult:
-    return validation(step)
+    return stored_in_job(validation, step)(step)
 
 
 def new_job(jobs: Path, inputs: dict[str, Path]) -> Path:
