@@ -40,8 +40,8 @@ import yaml
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from config.durations import format_duration
-from tasks.errors import DupflowError
-from tasks.redaction import register_basic_credentials, register_secret
+from tasks.core.errors import DupflowError
+from tasks.core.redaction import register_basic_credentials, register_secret
 from config.settings import ENV_PREFIX, Problem, Settings, env_var_name, join_key_path, legacy_key_paths
 
 ENRICHMENTS_KEY = "services.crtdl_preprocessing.enrichments"
@@ -745,7 +745,7 @@ def refuse_secret_overrides(overrides: Mapping[str, str], source: str) -> None:
 
 
 def register_secrets(settings: Settings) -> None:
-    """Hand every configured secret to the redaction (``tasks.redaction.redact``, below this module), so a
+    """Hand every configured secret to the redaction (``tasks.core.redaction.redact``, below this module), so a
     service that echoes one back in an error never gets it into a message, log line or record."""
     for path in secret_key_paths():
         if path not in legacy_key_paths():

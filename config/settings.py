@@ -46,8 +46,8 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from config.durations import Duration, format_duration
-from tasks.jsonfile import JsonFileError, read_json_file
-from tasks.url_credentials import CredentialsInUrlError, refuse_credentials_in_url
+from tasks.core.jsonfile import JsonFileError, read_json_file
+from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url
 
 logger = logging.getLogger("dupflow.config")
 
@@ -142,7 +142,7 @@ def _require_positive(value: timedelta, key: str) -> timedelta:
 
 
 def _refuse_userinfo(url: str | None) -> str | None:
-    """A URL must not carry a user name or password (the one rule of tasks.url_credentials)."""
+    """A URL must not carry a user name or password (the one rule of tasks.core.url_credentials)."""
     try:
         refuse_credentials_in_url(
             url,
@@ -685,7 +685,7 @@ class ServicesSettings(ConfigModel):
 # --- pipeline -------------------------------------------------------------------------------------------
 
 # The one list of step names, and which of them import data or may be listed more than once: the configuration
-# checks enabled_steps by them, tasks.layout names the import steps' folder by them, and the flow's table of step
+# checks enabled_steps by them, tasks.job.layout names the import steps' folder by them, and the flow's table of step
 # tasks (flows.pipeline.STEPS) is checked against them by tests/test_step_names.py.
 STEP_NAMES = (
     "extractor",

@@ -38,9 +38,9 @@ from tasks.clients.extraction_server import (
     SearchRejectedError,
     parse_crtdl,
 )
-from tasks.record import read_facts
-from tasks.errors import UsageError
-from tasks.url_credentials import CredentialsInUrlError, shown_url
+from tasks.job.record import read_facts
+from tasks.core.errors import UsageError
+from tasks.core.url_credentials import CredentialsInUrlError, shown_url
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DONE_WORDS = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}

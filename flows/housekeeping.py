@@ -43,10 +43,10 @@ from flows.jobs import JobFile, JobLock, JobLockedError, current_state
 from config.settings import RetrySettings
 from tasks.clients.errors import ServiceError, raise_for_service_status
 from tasks.clients.retry import call_with_retry
-from tasks.errors import UsageError
-from tasks.layout import JobPaths, job_tag
-from tasks.readable import CLI, size_text
-from tasks.record import AWAITING_INSPECTION, CANCELLED, COMPLETED, CRASHED, FAILED, RUNNING, SUSPENDED
+from tasks.core.errors import UsageError
+from tasks.job.layout import JobPaths, job_tag
+from tasks.core.readable import CLI, size_text
+from tasks.job.record import AWAITING_INSPECTION, CANCELLED, COMPLETED, CRASHED, FAILED, RUNNING, SUSPENDED
 
 EXIT_OK, EXIT_FAILED = 0, 1
 FINISHED_STATES = (COMPLETED, FAILED, CRASHED, CANCELLED)

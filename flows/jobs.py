@@ -6,12 +6,12 @@ starts it, a deployment runs it or a schedule does: it refuses secrets in any pa
 freezes every path of the configuration as absolute, and prepares the job's CRTDL (copied, or enriched) in the
 job directory when the job has one.
 
-The job's own file is ``job.json``, owned by ``tasks.record`` (its docstring has the one rule that settles
+The job's own file is ``job.json``, owned by ``tasks.job.record`` (its docstring has the one rule that settles
 Prefect vs the file): ``JobFile`` is its frozen inputs and the state the flow wrote last, so ``status`` and
 ``list`` answer without a Prefect server.
 
 Files a user gives are read within bounds: the CRTDL at most MAX_CRTDL_BYTES and 128 levels deep
-(``tasks.jsonfile.read_json_file``); the anonymization config and the CA bundle must be regular files of at most
+(``tasks.core.jsonfile.read_json_file``); the anonymization config and the CA bundle must be regular files of at most
 MAX_SETTINGS_FILE_BYTES (``step_file_problems``, also run by ``config check``). A job is created only whole: a
 failed write (a full disk) removes its directory again and says why.
 
@@ -38,11 +38,12 @@ from config.loader import (
 )
 from config.runtime import prefect_api_url
 from config.settings import Settings
-from tasks.errors import JobError
-from tasks.jsonfile import JsonFileError, parse_json_document, read_limited
-from tasks.layout import JobPaths, is_crtdl_file, write_error, write_file_atomically
-from tasks.record import PENDING, SUSPENDED, now_iso, read_record, record_facts, settled_state, update_record
-from tasks.url_credentials import refuse_credentials_in_url
+from tasks.core.errors import JobError
+from tasks.core.jsonfile import JsonFileError, parse_json_document, read_limited
+from tasks.job.layout import JobPaths, is_crtdl_file
+from tasks.streams.files import write_error, write_file_atomically
+from tasks.job.record import PENDING, SUSPENDED, now_iso, read_record, record_facts, settled_state, update_record
+from tasks.core.url_credentials import refuse_credentials_in_url
 
 LOCK_FILE = ".lock"
 
@@ -59,7 +60,7 @@ def new_job_id() -> str:
 @dataclass
 class JobFile:
     """The job's frozen inputs (what a re-run needs to start the flow again) and the state its flow wrote last:
-    this module's view of the record that ``tasks.record`` owns."""
+    this module's view of the record that ``tasks.job.record`` owns."""
 
     job_id: str
     config_path: str | None
@@ -80,7 +81,7 @@ class JobFile:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     def create(self, paths: JobPaths) -> None:
-        """The new job's record (``tasks.record`` owns the file; later writes change their part of it)."""
+        """The new job's record (``tasks.job.record`` owns the file; later writes change their part of it)."""
         fields = {k: v for k, v in self.__dict__.items() if k != "updated_at"}
         update_record(paths.job_dir, lambda record: record.update(fields))
 
@@ -285,7 +286,7 @@ def effective_crtdl(source: Path, settings: Settings) -> EffectiveCrtdl:
     """Spec procedure step 1: the CRTDL as given, or enriched when preprocessing has rules; a missing, oversized
     (MAX_CRTDL_BYTES) or too deeply nested file, invalid JSON, a rule that cannot be applied or, with flattening,
     a group name that cannot name its CSV is an error naming the file."""
-    from tasks.crtdl_enrichment import EnrichmentError, enrich_crtdl
+    from tasks.job.crtdl_enrichment import EnrichmentError, enrich_crtdl
     from tasks.sof.crtdl_views import with_group_ids
 
     parsed, data = read_crtdl(source)
@@ -418,12 +419,12 @@ def is_locked(paths: JobPaths) -> bool:
 
 
 def current_state(paths: JobPaths, job: JobFile) -> str:
-    """The job's state by the one rule of ``tasks.record``."""
+    """The job's state by the one rule of ``tasks.job.record``."""
     return current_states([(paths, job)])[0]
 
 
 def current_states(jobs: list[tuple[JobPaths, JobFile]]) -> list[str]:
-    """Each job's state by the one rule of ``tasks.record``: the Prefect server, when one is configured, is asked
+    """Each job's state by the one rule of ``tasks.job.record``: the Prefect server, when one is configured, is asked
     (in one request) only about the suspended jobs, the one case where the rule defers to it."""
     server = newest_states_on_server([job.job_id for _, job in jobs if job.state == SUSPENDED])
     return [settled_state(job.state, locked=is_locked(paths), server=server.get(job.job_id)) for paths, job in jobs]

@@ -11,7 +11,7 @@ their cached results in the job directory, so running the flow again for the sam
 The flow owns the job: it prepares it, takes its lock, closes the job's earlier flow run that no process carries
 on (a local run paused for inspection, perhaps resumed in the UI with nothing behind it: it ends ``Continued``),
 settles a submission in doubt (``attach``/``resubmit``), releases the gates that paused the job (``note``), runs
-the steps, and writes every state of the job into its record itself (``tasks.record``, whose one rule settles
+the steps, and writes every state of the job into its record itself (``tasks.job.record``, whose one rule settles
 Prefect vs the file). A job that reaches a ``wait`` step ends its run as ``AwaitingInspection`` (a Paused state,
 never a green Completed) in a local run, and is suspended with an input form in a deployment run. Only a resume
 that confirms the inspection opens the gate: one without (the form's toggle is off until a person turns it on)
@@ -35,18 +35,18 @@ from pydantic import Field
 
 from config.settings import Settings
 from flows.jobs import Job, JobLock, prepare_job
-from tasks.readable import CLI, duration_text, readable_lines, size_text
-from tasks.redaction import redact
-from tasks.contract import StepInput, StepKind, StepResult, count_text, stored_in_job
-from tasks.errors import DupflowError
+from tasks.core.readable import CLI, duration_text, readable_lines, size_text
+from tasks.core.redaction import redact
+from tasks.job.contract import StepInput, StepKind, StepResult, count_text, stored_in_job
+from tasks.core.errors import DupflowError
 from tasks.extractor import extractor
-from tasks.filework import file_runner
+from tasks.job.filework import file_runner
 from tasks.flattening import flattening
 from tasks.http_import import http_import
-from tasks.layout import artifact_key, job_of_tag, job_tag, step_artifact_key
+from tasks.job.layout import artifact_key, job_of_tag, job_tag, step_artifact_key
 from tasks.local_import import local_import
 from tasks.pseudonymizer import pseudonymizer
-from tasks.record import (
+from tasks.job.record import (
     AWAITING_INSPECTION,
     COMPLETED,
     CONTINUED,
@@ -65,7 +65,7 @@ from tasks.record import (
     release_gate,
 )
 from tasks.send import send
-from tasks.url_credentials import refuse_credentials_in_url
+from tasks.core.url_credentials import refuse_credentials_in_url
 from tasks.validation import validation
 from tasks.wait import awaiting_result, refuse_unconfirmed_resume, released_result, wait
 

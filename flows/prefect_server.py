@@ -47,10 +47,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from config.runtime import local_server_port, prefect_api_url
-from tasks.errors import DupflowError
-from tasks.layout import exclusive_lock, write_file_atomically
-from tasks.readable import CLI
-from tasks.record import AWAITING_INSPECTION
+from tasks.core.errors import DupflowError
+from tasks.streams.files import exclusive_lock, write_file_atomically
+from tasks.core.readable import CLI
+from tasks.job.record import AWAITING_INSPECTION
 
 STATE_FILE = "dupflow-server.json"
 LOCK_FILE = "dupflow-server.lock"

@@ -44,11 +44,11 @@ from flows.jobs import (
     prepare_job,
     step_file_problems,
 )
-from tasks.readable import CLI, duration_text, plain_lines, size_text
-from tasks.redaction import RedactingFilter, redact
-from tasks.errors import DupflowError, UsageError
-from tasks.layout import JobPaths, job_tag
-from tasks.record import (
+from tasks.core.readable import CLI, duration_text, plain_lines, size_text
+from tasks.core.redaction import RedactingFilter, redact
+from tasks.core.errors import DupflowError, UsageError
+from tasks.job.layout import JobPaths, job_tag
+from tasks.job.record import (
     CANCELLED,
     COMPLETED,
     CRASHED,
@@ -59,7 +59,7 @@ from tasks.record import (
     read_record,
     step_results,
 )
-from tasks.url_credentials import refuse_credentials_in_url
+from tasks.core.url_credentials import refuse_credentials_in_url
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -321,7 +321,7 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> NoReturn:
 
 
 def choose_progress_display(no_progress: bool) -> None:
-    from tasks.progress import use_display
+    from tasks.streams.progress import use_display
 
     use_display("none" if no_progress else "bar" if sys.stderr.isatty() else "log")
 
@@ -352,7 +352,7 @@ class _OneFailureLine(logging.Filter):
 
 class _NoTraceback(logging.Formatter):
     """Console lines without tracebacks: the terminal gets one line per event (a message logged with
-    ``tasks.readable.SHOW_WHOLE``, such as the inspection text at a wait step, all of its lines), the job log the
+    ``tasks.core.readable.SHOW_WHOLE``, such as the inspection text at a wait step, all of its lines), the job log the
     whole story. A run's failure is told in the exception's own words (which carry the hint), not its repr."""
 
     def __init__(self, wrapped: logging.Formatter | None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from config.runtime import prefect_api_url
-from tasks.layout import job_of_tag, job_tag
+from tasks.job.layout import job_of_tag, job_tag
 
 PAGE = 200  # the most flow runs the API returns at once
 

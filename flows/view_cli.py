@@ -6,7 +6,7 @@ rows are printed, as NDJSON (one object per row keyed by column name, values as 
 the flattening step's CSV, or as the Parquet the step writes beside it (``tasks.sof.parquet``: the CSV is written
 to a temporary folder, converted, and the Parquet copied to the standard output, which must then be a file or a
 pipe, not a terminal). An invalid ViewDefinition exits 2 with the reason, and so does a VIEW.json larger than
-MAX_VIEW_BYTES or nested deeper than ``tasks.jsonfile.MAX_JSON_DEPTH``; Ctrl+C exits 130 with one line, after the
+MAX_VIEW_BYTES or nested deeper than ``tasks.core.jsonfile.MAX_JSON_DEPTH``; Ctrl+C exits 130 with one line, after the
 last complete row (for Parquet: before its copy to the standard output starts, else part of it has been written).
 Prefect is not started (or imported).
 """
@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any
 
-from tasks.jsonfile import JsonFileError, read_json_file
-from tasks.ndjson import NdjsonError, iter_lines
+from tasks.core.jsonfile import JsonFileError, read_json_file
+from tasks.streams.ndjson import NdjsonError, iter_lines
 from tasks.sof import ViewDefinitionError, ViewError, compile_view
 from tasks.sof.output import csv_writer, json_bytes
 from tasks.sof.resources import ResourceLineError, read_resources

@@ -14,7 +14,7 @@ follows a job found with ``extraction list``, ``continue --resubmit`` submits an
 
 Downloads: one cached sub-task per file URL, ``DOWNLOAD_CONCURRENCY`` at a time, so a resumed job fetches only the
 files it had not finished. Each shows its bytes (of its Content-Length when the server sends one) through
-``tasks.progress.track``, and all of them feed the step's progress artifact: files done of the manifest's files.
+``tasks.streams.progress.track``, and all of them feed the step's progress artifact: files done of the manifest's files.
 A download builds its client where it runs (``download_client``): the downloads running at once in one process
 (the step's, or a Dask worker's) share one, keyed by the step's secret-free settings identity, and the last of them
 to end closes it.
@@ -42,15 +42,15 @@ from tasks.clients.extraction_server import (
     ExtractionServerClient,
     PollProgress,
 )
-from tasks.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
-from tasks.errors import StepError
-from tasks.fanout import raise_if_cancelled, results_or_raise
-from tasks.filework import map_files
-from tasks.layout import step_artifact_key
-from tasks.ndjson import remove_partial_files
-from tasks.progress import expect_files, track
-from tasks.readable import CLI
-from tasks.record import read_facts
+from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
+from tasks.core.errors import StepError
+from tasks.streams.fanout import raise_if_cancelled, results_or_raise
+from tasks.job.filework import map_files
+from tasks.job.layout import step_artifact_key
+from tasks.streams.ndjson import remove_partial_files
+from tasks.streams.progress import expect_files, track
+from tasks.core.readable import CLI
+from tasks.job.record import read_facts
 
 # Files downloaded at once. TORCH serves them from a static file server; 4 keeps a 1 Gbit/s link busy
 # without crowding the server (its own batch concurrency default is 4 as well).

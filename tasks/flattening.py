@@ -14,13 +14,13 @@
    lines (``flatten[<file>#<i>/<n>]``, ``plan_pieces``: a file of at least ``SPAN_MIN_BYTES`` per process is cut at
    line starts into spans of at least that much, up to ``PLAIN_SPANS_PER_PROCESS`` per process for a plain file and
    one for a zstd file, so one big file uses every core). When the input is large enough to pay
-   for starting them, the pieces are flattened in worker processes on every core (``tasks.processes``: JSON parsing
-   and FHIRPath hold the GIL). The parts are then concatenated in input order under one header (``join_parts``), so
-   the CSVs are the same bytes however many processes ran and however the files were cut. A cut file's bare
-   Provenance routes its resources in every span: the routes are found once per file and saved for its spans.
-   zstd files are cut too: each span's reader decompresses from the file's start and drops what comes before it
+   for starting them, the pieces are flattened in worker processes on every core (``tasks.streams.processes``: JSON
+   parsing and FHIRPath hold the GIL). The parts are then concatenated in input order under one header
+   (``join_parts``), so the CSVs are the same bytes however many processes ran and however the files were cut. A cut
+   file's bare Provenance routes its resources in every span: the routes are found once per file and saved for its
+   spans. zstd files are cut too: each span's reader decompresses from the file's start and drops what comes before it
    (a zstd stream has no index to enter it in the middle; decompressing is fast beside flattening, and no
-   decompressed copy is written to disk). Each piece reports its resources as it goes (``tasks.progress.track``:
+   decompressed copy is written to disk). Each piece reports its resources as it goes (``tasks.streams.progress.track``:
    log lines or a bar, and the step's progress artifact), from a worker process through ``SharedCount``.
 5. Each group's CSV is written under a temporary name and all are renamed when the step completes; a group with no
    rows writes no file.
@@ -48,13 +48,14 @@ from typing import Any
 
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
-from tasks.contract import DataFile, StepInput, StepResult, digest, file_task, settings_of, step_task
-from tasks.errors import StepError
-from tasks.fanout import raise_if_cancelled, results_or_raise
-from tasks.filework import map_files
-from tasks.layout import artifact_key, write_file_atomically
-from tasks.ndjson import WHOLE_FILE, Span, content_bytes, is_zstd, iter_lines, line_spans
-from tasks.processes import (
+from tasks.job.contract import DataFile, StepInput, StepResult, digest, file_task, settings_of, step_task
+from tasks.core.errors import StepError
+from tasks.streams.fanout import raise_if_cancelled, results_or_raise
+from tasks.job.filework import map_files
+from tasks.job.layout import artifact_key
+from tasks.streams.files import write_file_atomically
+from tasks.streams.ndjson import WHOLE_FILE, Span, content_bytes, is_zstd, iter_lines, line_spans
+from tasks.streams.processes import (
     SharedCount,
     never_cancelled,
     pool_size,
@@ -62,7 +63,7 @@ from tasks.processes import (
     run_in_process,
     start_workers,
 )
-from tasks.progress import Tracker, expect_files, track
+from tasks.streams.progress import Tracker, expect_files, track
 from tasks.sof import compile_view
 from tasks.sof.crtdl_views import AttributeGroup, GroupView, attribute_groups, build_view
 from tasks.sof.errors import SofError
@@ -340,8 +341,8 @@ def plan_pieces(
 
 
 def file_spans(path: Path, processes: int, min_bytes: int) -> list[Span]:
-    """The file whole, or cut at line starts (``tasks.ndjson.line_spans``; a place to cut every ``min_bytes / 8``)
-    into spans of at least ``min_bytes`` of its content (decompressed: a zstd file is many times its size): one per
+    """The file whole, or cut at line starts (``tasks.streams.ndjson.line_spans``; a place to cut every ``min_bytes /
+    8``) into spans of at least ``min_bytes`` of its content (decompressed: a zstd file is many times its size): one per
     process for a zstd file, ``PLAIN_SPANS_PER_PROCESS`` for a plain one."""
     most = processes * (1 if is_zstd(path) else PLAIN_SPANS_PER_PROCESS)
     spans = min(most, content_bytes(path, most * min_bytes) // min_bytes)

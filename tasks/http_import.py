@@ -5,8 +5,8 @@ The URL is fetched through the client layer with no credentials (there is no aut
 the file is named after the URL's last segment, forced to ``.ndjson`` (+ ``.zst``). A non-200 answer, an HTML
 page or a body that is not NDJSON is an error and leaves no file. The fetch is a cached sub-task keyed by the
 URL, so ``continue`` does not fetch a finished file again. Progress: bytes (of the Content-Length when there is
-one) through ``tasks.progress.track``; the step's progress artifact counts the one file. The stall timeout is the
-built-in default of ``services.extractor.download_stall_timeout`` (1 minute): this step has no settings block of its
+one) through ``tasks.streams.progress.track``; the step's progress artifact counts the one file. The stall timeout is
+the built-in default of ``services.extractor.download_stall_timeout`` (1 minute): this step has no settings block of its
 own.
 """
 
@@ -21,12 +21,12 @@ import httpx
 from config.settings import ExtractorSettings
 from tasks.clients.downloads import download_ndjson, safe_file_name
 from tasks.clients.http import ServiceEndpoint, build_client, http_timeout
-from tasks.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
-from tasks.errors import StepError
-from tasks.fanout import raise_if_cancelled
-from tasks.ndjson import FileStats, remove_partial_files
-from tasks.progress import expect_files, track
-from tasks.url_credentials import shown_url
+from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
+from tasks.core.errors import StepError
+from tasks.streams.fanout import raise_if_cancelled
+from tasks.streams.ndjson import FileStats, remove_partial_files
+from tasks.streams.progress import expect_files, track
+from tasks.core.url_credentials import shown_url
 
 if TYPE_CHECKING:
     from config.settings import Settings

@@ -16,13 +16,13 @@ import os
 import stat
 from pathlib import Path
 
-from tasks.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
-from tasks.errors import StepError
-from tasks.fanout import raise_if_cancelled, results_or_raise
-from tasks.filework import map_files
-from tasks.layout import is_crtdl_file
-from tasks.ndjson import DATA_SUFFIXES, AtomicNdjsonWriter, iter_chunks, output_name, remove_partial_files
-from tasks.progress import track
+from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
+from tasks.core.errors import StepError
+from tasks.streams.fanout import raise_if_cancelled, results_or_raise
+from tasks.job.filework import map_files
+from tasks.job.layout import is_crtdl_file
+from tasks.streams.ndjson import DATA_SUFFIXES, AtomicNdjsonWriter, iter_chunks, output_name, remove_partial_files
+from tasks.streams.progress import track
 
 
 class LocalImportError(StepError):

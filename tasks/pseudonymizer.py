@@ -35,12 +35,12 @@ from tasks.clients.pseudonymizer import (
     Pseudonymizer,
     resource_label,
 )
-from tasks.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
-from tasks.errors import StepError
-from tasks.fanout import ordered_map, results_or_raise
-from tasks.filework import map_files
-from tasks.layout import step_artifact_key
-from tasks.ndjson import (
+from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
+from tasks.core.errors import StepError
+from tasks.streams.fanout import ordered_map, results_or_raise
+from tasks.job.filework import map_files
+from tasks.job.layout import step_artifact_key
+from tasks.streams.ndjson import (
     AtomicNdjsonWriter,
     CompressionLevel,
     FileStats,
@@ -49,7 +49,7 @@ from tasks.ndjson import (
     parse_resource,
     remove_partial_files,
 )
-from tasks.progress import track
+from tasks.streams.progress import track
 
 CONFIG_KEY = "services.pseudonymizer.anonymization_config"
 FILES_AT_ONCE = 1

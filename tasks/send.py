@@ -47,12 +47,12 @@ import orjson
 from config.settings import TransferSettings
 from tasks.clients.errors import ServiceError
 from tasks.clients.fhir_server import FhirServer, TransactionRejected
-from tasks.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
-from tasks.errors import StepError
-from tasks.fanout import results_or_raise
-from tasks.filework import map_files
-from tasks.layout import write_file_atomically
-from tasks.ndjson import CHUNK_SIZE, NdjsonError, iter_chunks, iter_lines, parse_resource
+from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
+from tasks.core.errors import StepError
+from tasks.streams.fanout import results_or_raise
+from tasks.job.filework import map_files
+from tasks.streams.files import write_file_atomically
+from tasks.streams.ndjson import CHUNK_SIZE, NdjsonError, iter_chunks, iter_lines, parse_resource
 
 log = logging.getLogger("dupflow.send")
 

@@ -42,13 +42,13 @@ from tasks.clients.validator import (
     iter_chunks,
     read_findings,
 )
-from tasks.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
-from tasks.errors import StepError
-from tasks.fanout import ordered_map, results_or_raise
-from tasks.filework import map_files
-from tasks.layout import step_artifact_key
-from tasks.ndjson import AtomicNdjsonWriter, CompressionLevel, iter_lines, output_name, remove_partial_files
-from tasks.progress import track
+from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
+from tasks.core.errors import StepError
+from tasks.streams.fanout import ordered_map, results_or_raise
+from tasks.job.filework import map_files
+from tasks.job.layout import step_artifact_key
+from tasks.streams.ndjson import AtomicNdjsonWriter, CompressionLevel, iter_lines, output_name, remove_partial_files
+from tasks.streams.progress import track
 
 FILES_AT_ONCE = 1
 """In-process, one file at a time: within a file ``max_concurrent_requests`` already keeps the validator busy."""

@@ -1,6 +1,6 @@
 """The ``wait`` step: a gate where the job stops so a person can inspect (and correct) the data so far.
 
-The gate lives in the job's record (``tasks.record``: ``gates`` in ``job.json``), checked by an uncached task, so it
+The gate lives in the job's record (``tasks.job.record``: ``gates`` in ``job.json``), checked by an uncached task, so it
 survives any process. The first time the job reaches the gate, the task prepares ``<input folder>_wait/`` for
 corrected files, publishes what to inspect and how to go on (a log message, shown whole on the terminal, and a
 markdown artifact; once: the record notes that the gate paused the job), and answers "awaiting". The flow then
@@ -20,11 +20,11 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from tasks.contract import DataFile, StepInput, StepResult, settings_of
-from tasks.layout import artifact_key
-from tasks.ndjson import FileStats, count_contents, is_data_file
-from tasks.readable import CLI, SHOW_WHOLE
-from tasks.record import gate, mark_gate_paused
+from tasks.job.contract import DataFile, StepInput, StepResult, settings_of
+from tasks.job.layout import artifact_key
+from tasks.streams.ndjson import FileStats, count_contents, is_data_file
+from tasks.core.readable import CLI, SHOW_WHOLE
+from tasks.job.record import gate, mark_gate_paused
 
 
 @task(name="wait", task_run_name="wait[{step.number}]", cache_policy=NO_CACHE, persist_result=False)

@@ -29,7 +29,7 @@ from tasks.flattening import (
     plan_views,
     routes_by_provenance,
 )
-from tasks.processes import start_workers
+from tasks.streams.processes import start_workers
 from tasks.sof.crtdl_views import AttributeGroup, GroupView
 from tests.benchmarks.memory import tree_peak_mb
 

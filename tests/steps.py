@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.contract import DataFile, StepInput
+from tasks.job.contract import DataFile, StepInput
 
 
 def step_input(

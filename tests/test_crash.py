@@ -19,7 +19,7 @@ import yaml
 import zstandard
 
 from flows.run import EXIT_OK
-from tasks.record import step_results
+from tasks.job.record import step_results
 from tests.conftest import TESTDATA, plain, run_cli
 from tests.fakes.pseudonymizer import start_pseudonymizer
 from tests.fakes.validator import start_validator

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from config.settings import AttributeToAdd, CreateIfNotExists, EnrichmentRule
-from tasks.crtdl_enrichment import EnrichmentError, UnresolvedLinkError, enrich_crtdl
+from tasks.job.crtdl_enrichment import EnrichmentError, UnresolvedLinkError, enrich_crtdl
 from tests.conftest import TESTDATA
 
 CRTDL_DIR = TESTDATA / "crtdl"

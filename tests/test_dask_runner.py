@@ -15,8 +15,8 @@ import pytest
 from config.loader import ConfigError, load_settings
 from config.settings import TaskRunnerSettings
 from flows.run import EXIT_FAILED, EXIT_OK, main
-from tasks.contract import StepInput, file_task, settings_of
-from tasks.filework import file_runner, map_files
+from tasks.job.contract import StepInput, file_task, settings_of
+from tasks.job.filework import file_runner, map_files
 from tests.conftest import complete_results, run_cli
 from tests.test_job_cli import (
     flow_run_state,

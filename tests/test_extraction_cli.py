@@ -18,7 +18,7 @@ import pytest
 from flows.extraction_cli import service_failure_text
 from flows.run import main
 from tasks.clients.bounds import Deadline, answer_too_large
-from tasks.record import read_facts, record_facts
+from tasks.job.record import read_facts, record_facts
 from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer
 from tests.fakes.extraction_server import ExtractionServer, JobStatus, start_extraction_server

@@ -44,8 +44,8 @@ from tasks.clients.extraction_server import (
     parse_crtdl,
     resolve_file_url,
 )
-from tasks import processes
-from tasks.ndjson import CHECK_IN_PROCESS_MIN_BYTES, NdjsonError
+from tasks.streams import processes
+from tasks.streams.ndjson import CHECK_IN_PROCESS_MIN_BYTES, NdjsonError
 from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply

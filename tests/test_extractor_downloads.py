@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tasks.contract import StepInput
+from tasks.job.contract import StepInput
 from tasks.extractor import download_client, download_result_file, open_download_clients
 from tests.conftest import TESTDATA
 from tests.fakes.extraction_server import ExtractionServer, start_extraction_server

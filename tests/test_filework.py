@@ -8,8 +8,8 @@ import os
 import threading
 from pathlib import Path
 
-from tasks.contract import StepInput, settings_of
-from tasks.filework import map_files
+from tasks.job.contract import StepInput, settings_of
+from tasks.job.filework import map_files
 
 
 def where_it_runs(number: int) -> tuple[int, threading.Thread]:

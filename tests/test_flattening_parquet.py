@@ -12,7 +12,7 @@ import polars
 import pytest
 
 from flows.run import EXIT_OK, main
-from tasks.record import step_results
+from tasks.job.record import step_results
 from tasks.sof.output import cell
 from tests.conftest import TESTDATA
 

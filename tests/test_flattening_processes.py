@@ -12,7 +12,7 @@ import orjson
 import pytest
 import zstandard
 
-from tasks import processes
+from tasks.streams import processes
 from tasks.flattening import (
     FlattenOutcome,
     FlatteningError,

@@ -18,8 +18,8 @@ import pytest
 import zstandard
 
 from flows.run import EXIT_OK, main
-from tasks import processes
-from tasks.contract import DataFile
+from tasks.streams import processes
+from tasks.job.contract import DataFile
 from tasks.flattening import (
     PARTS_FOLDER,
     PLAIN_SPANS_PER_PROCESS,
@@ -31,7 +31,7 @@ from tasks.flattening import (
     plan_pieces,
     plan_views,
 )
-from tasks.ndjson import WHOLE_FILE, iter_lines, line_spans
+from tasks.streams.ndjson import WHOLE_FILE, iter_lines, line_spans
 from tests.benchmarks.bench_flattening import patient_bundle
 from tests.steps import step_input
 from tests.test_flattening_processes import EXAMPLE, LOOKUP, bare_file, files_of, group_ids
@@ -256,7 +256,7 @@ def test_a_rerun_keeps_the_finished_span_of_a_cut_file_and_redoes_the_failed_one
 def test_a_cut_files_progress_reaches_the_job_log_and_the_progress_artifact(tmp_path, write_config, monkeypatch):
     if not processes.processes_allowed():
         pytest.skip("one core: the step does not cut files")
-    monkeypatch.setattr("tasks.progress.LOG_EVERY_SECONDS", 0.0)  # a line for every count the worker reports
+    monkeypatch.setattr("tasks.streams.progress.LOG_EVERY_SECONDS", 0.0)  # a line for every count the worker reports
     source = big_file(tmp_path / "in" / "big.ndjson", patients=100, filler_bytes=2 * SPAN_MIN_BYTES + MB)
     config = write_config(
         {

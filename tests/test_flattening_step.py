@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from prefect import flow
 
-from tasks.contract import DataFile, stored_in_job
+from tasks.job.contract import DataFile, stored_in_job
 from tasks.flattening import FlatteningError, flattening, plan_views
 from tests.steps import step_input
 from tests.test_flattening_processes import EXAMPLE, LOOKUP, files_of, torch_batches

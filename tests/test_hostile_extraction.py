@@ -22,8 +22,8 @@ from tasks.clients.downloads import download_ndjson, wait_until_available
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_server import MAX_MANIFEST_BYTES, TASK_PROGRESS_INTERVAL, ExtractionError
 from tasks.clients.http import ServiceEndpoint, build_client
-from tasks.record import read_facts
-from tasks.url_credentials import CredentialsInUrlError, shown_url
+from tasks.job.record import read_facts
+from tasks.core.url_credentials import CredentialsInUrlError, shown_url
 from tests.conftest import REPO_ROOT, TESTDATA, extraction_tree, run_cli, wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply

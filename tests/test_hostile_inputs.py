@@ -23,10 +23,10 @@ from config.loader import ConfigError, load_settings, refuse_secret_overrides
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.downloads import DownloadError, UnsafeFileNameError, download_ndjson, safe_file_name, target_names
 from tasks.clients.errors import ServiceError
-from tasks.redaction import redact, register_secret
+from tasks.core.redaction import redact, register_secret
 from tasks.clients.http import ServiceClient, ServiceEndpoint, build_async_client, build_client, http_timeout
 from tasks.clients.pseudonymizer import Pseudonymizer
-from tasks.ndjson import NdjsonError
+from tasks.streams.ndjson import NdjsonError
 from tests.conftest import run_cli
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply, operation_outcome

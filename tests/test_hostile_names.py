@@ -22,10 +22,10 @@ import pytest
 
 from flows.jobs import prepare_job
 from tasks.clients.downloads import UnsafeFileNameError, safe_file_name
-from tasks.errors import DupflowError
+from tasks.core.errors import DupflowError
 from tasks.flattening import plan_views
-from tasks.names import name_from_data_problem
-from tasks.ndjson import UnsafeNameError, output_name
+from tasks.core.names import name_from_data_problem
+from tasks.streams.ndjson import UnsafeNameError, output_name
 from tasks.sof.crtdl_views import generated_group_id
 from tasks.sof.lookup import lookup_problems
 from tests.flattening_runs import flatten_files

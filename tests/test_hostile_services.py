@@ -27,13 +27,13 @@ from config.settings import RetrySettings, TlsSettings
 from flows.run import EXIT_FAILED
 from config.settings import Settings
 from tasks.clients.errors import ServiceError
-from tasks.redaction import RedactingFilter, register_secret
+from tasks.core.redaction import RedactingFilter, register_secret
 from tasks.clients.fhir_server import FhirServer
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import AsyncServiceClient, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.validator import Validator, iter_chunks
-from tasks.errors import StepError
-from tasks.ndjson import iter_resources
+from tasks.core.errors import StepError
+from tasks.streams.ndjson import iter_resources
 from tasks.send import send_resources
 from tasks.validation import validate_path
 from tests.conftest import REPO_ROOT, run_cli, wait_until

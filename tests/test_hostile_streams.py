@@ -23,7 +23,7 @@ import zstandard
 from tasks.clients.errors import ServiceError
 from tasks.extractor import download_result_file
 from tasks.local_import import LocalImportError, find_ndjson_files, local_import
-from tasks.ndjson import (
+from tasks.streams.ndjson import (
     ZSTD_OUTPUT_PIECE,
     AtomicNdjsonWriter,
     LineTooLongError,

@@ -22,7 +22,7 @@ ALLOWED_STATE = {
     "tasks.clients.auth:_token_sources": "OAuth issuer, client id and a digest of the client secret",
     "tasks.extractor:_download_clients": "the secret-free identity of the step's settings (config_path, overrides)",
     "tasks.pseudonymizer:_configs_by_digest": "the digest of the anonymization file's bytes",
-    "tasks.redaction:_secrets": "the configured secret values themselves: the redaction's registry",
+    "tasks.core.redaction:_secrets": "the configured secret values themselves: the redaction's registry",
 }
 
 
@@ -114,12 +114,12 @@ def exception_classes() -> dict[str, list[str]]:
 
 
 def test_every_exception_is_in_the_one_tree_drawn_in_tasks_errors():
-    import tasks.errors
+    import tasks.core.errors
 
-    drawn = set(re.findall(r"\w+", tasks.errors.__doc__ or ""))
+    drawn = set(re.findall(r"\w+", tasks.core.errors.__doc__ or ""))
     exceptions = exception_classes()
-    assert not sorted(set(exceptions) - drawn), "draw every exception class in tasks.errors"
+    assert not sorted(set(exceptions) - drawn), "draw every exception class in tasks.core.errors"
     roots = sorted(name for name, bases in exceptions.items() if not set(bases) & set(exceptions))
     assert roots == ["Cancelled", "DupflowError", "_DuplicateKeyError", "_Refused"], (
-        "one root (DupflowError); the control-flow exceptions outside it are named in tasks.errors"
+        "one root (DupflowError); the control-flow exceptions outside it are named in tasks.core.errors"
     )

@@ -11,7 +11,7 @@ import pytest
 
 from flows.jobs import JobFile, JobLock
 from flows.run import EXIT_OK, EXIT_USAGE, main
-from tasks.layout import JobPaths
+from tasks.job.layout import JobPaths
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.usefixtures("prefect_api")

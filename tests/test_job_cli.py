@@ -406,7 +406,7 @@ def test_an_unknown_job_names_the_absolute_jobs_directory_and_the_flag(tmp_path,
 
 def test_list_piped_into_head_ends_quietly(tmp_path):
     from flows.jobs import JobFile
-    from tasks.layout import JobPaths
+    from tasks.job.layout import JobPaths
 
     for number in range(3000):  # more than a pipe holds, so head goes away while list is still writing
         job_id = f"00000000-0000-0000-0000-{number:012d}"

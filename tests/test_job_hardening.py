@@ -14,7 +14,7 @@ import pytest
 
 from flows.run import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from tasks.local_import import LocalImportError, find_ndjson_files
-from tasks.record import read_facts
+from tasks.job.record import read_facts
 from tests.conftest import TESTDATA, extraction_tree, run_cli
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
@@ -81,7 +81,7 @@ def test_attach_follows_a_given_extraction_without_submitting(tmp_path, extracto
         started = run_cli("start", str(config), str(CRTDL), "--set", "services.extractor.base_url=http://127.0.0.1:9")
         assert started.returncode == EXIT_FAILED
         job_dir = only_job_dir(tmp_path / "jobs")
-        from tasks.record import record_facts
+        from tasks.job.record import record_facts
 
         record_facts(job_dir, extraction_submission={"generation": 0, "started_at": "2026-11-22T10:00:00+00:00"})
         import httpx
@@ -144,7 +144,7 @@ def test_a_second_continue_on_a_running_job_is_refused_with_exit_2_and_records_n
     before = job_file(job_dir)
 
     from flows.jobs import JobLock
-    from tasks.layout import JobPaths
+    from tasks.job.layout import JobPaths
 
     with JobLock(JobPaths(job_dir)):  # another process is working on the job
         second = run_cli("continue", str(job_dir), "--no-progress")

@@ -20,9 +20,9 @@ import pytest
 from prefect import flow
 
 from flows.run import EXIT_FAILED, EXIT_OK, main
-from tasks.progress import StepWork, step_progress, track
-from tasks.readable import size_text
-from tasks.record import record_facts
+from tasks.streams.progress import StepWork, step_progress, track
+from tasks.core.readable import size_text
+from tasks.job.record import record_facts
 from tasks.wait import wait
 from tests.conftest import REPO_ROOT
 from tests.steps import step_input
@@ -247,7 +247,7 @@ def artifact_updates(api_url: str, artifact_id: str, until, timeout: float = 30.
 
 def test_a_failure_cause_in_the_record_is_one_line_with_secrets_redacted():
     from flows.pipeline import one_line
-    from tasks.redaction import register_secret
+    from tasks.core.redaction import register_secret
 
     register_secret("record-secret-4711")
     cause = one_line(RuntimeError("token record-secret-4711 was refused | try again\nsecond line"))

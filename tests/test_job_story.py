@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from flows.run import EXIT_FAILED, EXIT_OK, main
-from tasks.readable import duration_text, plain_lines, size_text
-from tasks.record import record_facts
+from tasks.core.readable import duration_text, plain_lines, size_text
+from tasks.job.record import record_facts
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.usefixtures("prefect_api")

@@ -6,7 +6,7 @@ import random
 import orjson
 import pytest
 
-from tasks.ndjson import LineChecker, NdjsonError, parse_resource
+from tasks.streams.ndjson import LineChecker, NdjsonError, parse_resource
 
 MB = 1024 * 1024
 RESOURCE = b'{"resourceType":"Observation","id":"o1","valueQuantity":{"value":12.5,"unit":"mg/dL"},"note":"\xc3\xa4"}'

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from tasks.contract import DataFile, StepInput
+from tasks.job.contract import DataFile, StepInput
 from tasks.local_import import LocalImportError, find_ndjson_files, import_file, source_directory, target_names
-from tasks.ndjson import LineTooLongError, NdjsonError, is_zstd
+from tasks.streams.ndjson import LineTooLongError, NdjsonError, is_zstd
 from tests.steps import step_input
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from tasks import processes
-from tasks.fanout import Cancelled, raise_if_cancelled, run_bounded
-from tasks.ndjson import (
+from tasks.streams import processes
+from tasks.streams.fanout import Cancelled, raise_if_cancelled, run_bounded
+from tasks.streams.ndjson import (
     CHECK_IN_PROCESS_MIN_BYTES,
     AtomicNdjsonWriter,
     LineTooLongError,
@@ -62,7 +62,7 @@ def test_zstd_content_is_recognised_by_magic_bytes_whatever_the_name(tmp_path):
 
 
 def test_lines_spanning_chunks_and_a_missing_final_newline_are_read_whole(tmp_path, monkeypatch):
-    monkeypatch.setattr("tasks.ndjson.CHUNK_SIZE", 7)
+    monkeypatch.setattr("tasks.streams.ndjson.CHUNK_SIZE", 7)
     path = tmp_path / "x.ndjson"
     path.write_bytes(b'{"resourceType":"Patient"}\n\n  \n{"resourceType":"Condition"}')
     assert [(n, r["resourceType"]) for n, r in iter_resources(path, MB)] == [(1, "Patient"), (4, "Condition")]

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.layout import JobWriteError
+from tasks.streams.files import JobWriteError
 from tasks.sof import ViewError
 from tasks.sof.output import csv_writer
 from tasks.sof.parquet import BLOCK_BYTES, parquet_schema, write_parquet

@@ -26,7 +26,7 @@ import httpx
 import pytest
 
 from flows.prefect_server import ensure_server, stop_server
-from tasks.ndjson import iter_resources
+from tasks.streams.ndjson import iter_resources
 from tests.conftest import REPO_ROOT, run_cli, seed_prefect_home
 from tests.test_prefect_server import kill_servers_of
 

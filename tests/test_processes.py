@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks import processes
-from tasks.errors import StepError
+from tasks.streams import processes
+from tasks.core.errors import StepError
 from tests.conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ DEADLINE_SECONDS = 30
 
 PARENT_SCRIPT = """
 import sys, threading, time
-from tasks import processes
+from tasks.streams import processes
 threading.Thread(target=processes.run_in_process, args=(time.sleep, 600), daemon=True).start()
 while not processes.worker_pids():
     time.sleep(0.05)
@@ -130,8 +130,7 @@ def test_a_call_that_saw_an_old_pool_break_leaves_the_current_pool_running():
 
 CHILD_SCRIPT = """
 import multiprocessing, os, sys
-from tasks import processes
-
+from tasks.streams import processes
 def use_the_pool():
     sys.exit(0 if processes.run_in_process(os.getpid) != os.getpid() else 3)
 

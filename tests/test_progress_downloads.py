@@ -20,9 +20,9 @@ import pytest
 
 from flows.run import EXIT_OK, main
 from tasks.clients.downloads import body_size
-from tasks.layout import step_artifact_key
-from tasks.progress import track
-from tasks.readable import size_text
+from tasks.job.layout import step_artifact_key
+from tasks.streams.progress import track
+from tasks.core.readable import size_text
 from tests.conftest import wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.extraction_server import start_extraction_server
@@ -76,7 +76,7 @@ class GatedHandler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def fast_log_lines(monkeypatch):
-    monkeypatch.setattr("tasks.progress.LOG_EVERY_SECONDS", 0.0)
+    monkeypatch.setattr("tasks.streams.progress.LOG_EVERY_SECONDS", 0.0)
 
 
 def http_import_config(write_config) -> Path:
@@ -250,7 +250,7 @@ def terminal(monkeypatch) -> io.StringIO:
 
     screen = io.StringIO()
     monkeypatch.setattr(rich, "_console", Console(file=screen, force_terminal=True, width=150))
-    monkeypatch.setattr("tasks.progress._display", "bar")
+    monkeypatch.setattr("tasks.streams.progress._display", "bar")
     return screen
 
 
@@ -270,7 +270,7 @@ def test_bars_of_downloads_at_once_share_one_display_that_outlives_the_first_to_
 
 
 def test_the_log_line_of_a_finished_file_says_done(caplog, monkeypatch):
-    monkeypatch.setattr("tasks.progress._display", "log")
+    monkeypatch.setattr("tasks.streams.progress._display", "log")
     with caplog.at_level("INFO", logger="dupflow.progress"), track("download b.ndjson", unit="B") as progress:
         progress.advance(2048)
     assert [record.getMessage() for record in caplog.records][-1].startswith("download b.ndjson: done, 2.0 KB in ")

@@ -20,7 +20,7 @@ import pytest
 from config.loader import ConfigError, load_settings
 from flows.run import EXIT_FAILED, EXIT_OK, main
 from tasks.clients.pseudonymizer import MB
-from tasks.ndjson import iter_resources
+from tasks.streams.ndjson import iter_resources
 from tasks.pseudonymizer import (
     FileCounts,
     PseudonymizerStepError,

@@ -1,5 +1,5 @@
-"""The job's one record (``tasks.record``): no update is lost to another thread or process, the one rule that settles
-Prefect vs the file, gates with their notes, and the job lock that tells its holder in this process."""
+"""The job's one record (``tasks.job.record``): no update is lost to another thread or process, the one rule that
+settles Prefect vs the file, gates with their notes, and the job lock that tells its holder in this process."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import threading
 from pathlib import Path
 
 from flows.jobs import JobLock
-from tasks.contract import DataFile, count_text
-from tasks.layout import JobPaths
-from tasks.record import (
+from tasks.job.contract import DataFile, count_text
+from tasks.job.layout import JobPaths
+from tasks.job.record import (
     AWAITING_INSPECTION,
     COMPLETED,
     CRASHED,
@@ -93,7 +93,7 @@ def test_the_job_lock_is_taken_again_by_its_holder_and_refused_to_another_proces
         with JobLock(paths):  # the same process (continue, then its flow): owns nothing, releases nothing
             pass
         take = (
-            "from pathlib import Path; from flows.jobs import JobLock; from tasks.layout import JobPaths; "
+            "from pathlib import Path; from flows.jobs import JobLock; from tasks.job.layout import JobPaths; "
             f"JobLock(JobPaths(Path({str(paths.job_dir)!r}))).acquire()"
         )
         other = subprocess.run(

@@ -12,9 +12,9 @@ import pytest
 
 from config.settings import TaskRunnerSettings
 from flows.run import EXIT_FAILED, main
-from tasks.contract import StepInput, file_task
-from tasks.filework import file_runner, map_files
-from tasks.layout import JobPaths
+from tasks.job.contract import StepInput, file_task
+from tasks.job.filework import file_runner, map_files
+from tasks.job.layout import JobPaths
 from tests.test_job_cli import only_job_dir
 
 FAILURE_NAME = re.compile("[0-9a-f]{32}")  # the random name Prefect gives the record of a failure
@@ -77,6 +77,8 @@ def test_a_failed_jobs_records_of_its_file_and_its_step_are_in_its_results_folde
 
     records = [p for p in JobPaths(only_job_dir(tmp_path / "jobs")).results.iterdir() if FAILURE_NAME.fullmatch(p.name)]
     failures = [json.loads(json.loads(p.read_bytes())["result"]) for p in records]
-    assert sorted(f["__exc_type__"] for f in failures) == ["tasks.ndjson.NdjsonError"] * 2, failures  # file, step
+    assert sorted(f["__exc_type__"] for f in failures) == ["tasks.streams.ndjson.NdjsonError"] * 2, (
+        failures
+    )  # file, step
     assert all("broken.ndjson" in f["message"] for f in failures)
     assert not [p for p in records if Path("/", p.name).exists()]

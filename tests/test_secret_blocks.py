@@ -15,7 +15,7 @@ import pytest
 
 from config.loader import ConfigError, load_settings
 from flows.prefect_server import free_port
-from tasks.redaction import redact
+from tasks.core.redaction import redact
 from tests.conftest import TESTDATA, extraction_tree, run_cli
 from tests.fakes.extraction_server import start_extraction_server
 from tests.test_job_cli import read_artifacts

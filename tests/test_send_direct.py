@@ -21,8 +21,8 @@ from prefect import flow
 
 from config.settings import Settings
 from tasks.clients.fhir_server import FhirServer
-from tasks.contract import DataFile, StepInput, StepResult, stored_in_job
-from tasks.errors import StepError
+from tasks.job.contract import DataFile, StepInput, StepResult, stored_in_job
+from tasks.core.errors import StepError
 from tasks.send import (
     SEND_ENTRY_TAG_SYSTEM,
     effective_batch_size,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from config.settings import IMPORT_STEPS, REPEATABLE_STEPS, STEP_NAMES
 from flows.pipeline import STEPS
-from tasks.contract import StepKind
-from tasks.layout import step_folder
+from tasks.job.contract import StepKind
+from tasks.job.layout import step_folder
 
 
 def steps_of_kind(kind: StepKind) -> set[str]:

@@ -24,7 +24,7 @@ from tasks.clients.validator import (
     iter_chunks,
     read_findings,
 )
-from tasks.ndjson import NdjsonError
+from tasks.streams.ndjson import NdjsonError
 from tests.fakes._server import LoopbackServer
 from tests.test_fake_validator import shared_data
 

@@ -16,8 +16,8 @@ import pytest
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.http import AsyncServiceClient, ServiceEndpoint
 from tasks.clients.validator import CHUNK_EXTENSION, MB, RESOURCE_EXTENSION, Validator
-from tasks.errors import StepError
-from tasks.ndjson import iter_resources
+from tasks.core.errors import StepError
+from tasks.streams.ndjson import iter_resources
 from tasks.validation import FileValidation, failure_message, validate_path
 from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer

@@ -27,7 +27,7 @@ import yaml
 
 from config.runtime import apply_prefect_defaults
 from flows.prefect_server import LOCAL_PAUSE_AUTOMATION, install_local_pause_automation, use_server
-from tasks.errors import DupflowError
+from tasks.core.errors import DupflowError
 
 NOTIFY_FILE = Path(__file__).with_name("notify.yaml")
 BLOCK_ACTIONS = ("send-notification",)

@@ -39,8 +39,8 @@ import httpx
 
 from tasks.clients.bodies import ReplayableBody
 from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, truncate
-from tasks.redaction import register_secret
-from tasks.url_credentials import CredentialsInUrlError, refuse_credentials_in_url
+from tasks.core.redaction import register_secret
+from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url
 
 if TYPE_CHECKING:
     from authlib.integrations.httpx_client import OAuth2Client

@@ -31,8 +31,8 @@ from typing import Any, TypeVar
 import httpx
 
 from tasks.clients.errors import ServiceError
-from tasks.readable import size_text
-from tasks.url_credentials import shown_url
+from tasks.core.readable import size_text
+from tasks.core.url_credentials import shown_url
 
 T = TypeVar("T")
 MB = 1024 * 1024

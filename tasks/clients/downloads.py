@@ -20,7 +20,7 @@ Rules (spec "Extraction step procedure" 7 and "Errors"):
   is decompressed.
 - A body that ends in the middle of a line (a last line without a newline that does not parse: the server
   closed the connection early and sent no Content-Length to tell) is incomplete: a transient error, retried.
-- File names come from the URL's last segment and are checked (``tasks.names.name_from_data_problem``); a manifest
+- File names come from the URL's last segment and are checked (``tasks.core.names.name_from_data_problem``); a manifest
   listing more than ``max_files`` files is refused.
 - Output goes through ``AtomicNdjsonWriter`` (temporary name, renamed when complete), so a failed
   download never leaves a file under its final name.
@@ -42,11 +42,11 @@ import orjson
 from tasks.clients.errors import ServiceError, is_transient_status, raise_for_service_status
 from tasks.clients.http import http_timeout, service_name
 from tasks.clients.retry import call_with_retry
-from tasks.errors import StepError
-from tasks.names import name_from_data_problem, show_name
-from tasks.url_credentials import shown_url
-from tasks.processes import never_cancelled
-from tasks.ndjson import (
+from tasks.core.errors import StepError
+from tasks.core.names import name_from_data_problem, show_name
+from tasks.core.url_credentials import shown_url
+from tasks.streams.processes import never_cancelled
+from tasks.streams.ndjson import (
     AtomicNdjsonWriter,
     CompressionLevel,
     FileStats,

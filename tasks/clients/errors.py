@@ -5,10 +5,10 @@ and a message the user can act on. Response bodies are never echoed, because the
 or patient data; only the texts of a FHIR OperationOutcome (``issue[].diagnostics`` and
 ``issue[].details.text``) are taken over, truncated, since services put their explanation there.
 
-Every text that leaves a client passes through ``tasks.redaction.redact``: ``ServiceError`` messages are redacted
+Every text that leaves a client passes through ``tasks.core.redaction.redact``: ``ServiceError`` messages are redacted
 when made, OperationOutcome texts when taken (``operation_outcome_texts``).
 
-The clients' exceptions have their place in the one tree drawn in ``tasks.errors``.
+The clients' exceptions have their place in the one tree drawn in ``tasks.core.errors``.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from datetime import datetime, UTC
 
 import httpx
 
-from tasks.errors import DupflowError
-from tasks.redaction import redact
-from tasks.url_credentials import shown_url
+from tasks.core.errors import DupflowError
+from tasks.core.redaction import redact
+from tasks.core.url_credentials import shown_url
 
 MAX_TEXT_CHARS = 500
 MAX_MESSAGE_CHARS = 2000

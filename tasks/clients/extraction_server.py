@@ -20,7 +20,7 @@ url ``https://torch.mii.de/fhir/torch-job-progress``).
   not read: only its progress or error text matters). A manifest listing more than
   ``services.extractor.max_result_files`` outputs is refused before any URL is resolved.
 - URLs from the server (Content-Location, the manifest's ``request`` and output URLs) with a user name or
-  password are refused (tasks.url_credentials), never followed: httpx would send them as Basic auth.
+  password are refused (tasks.core.url_credentials), never followed: httpx would send them as Basic auth.
 - ``requiresAccessToken: true``: the configured credentials also go to the result files' origins, but only to
   base_url's origin or one listed in ``services.extractor.file_origins``; any other origin is an error naming
   it and the key. Without it, credentials go to base_url's origin only.
@@ -55,11 +55,11 @@ from tasks.clients.errors import (
     parse_retry_after,
     raise_for_service_status,
 )
-from tasks.errors import StepError
+from tasks.core.errors import StepError
 from tasks.clients.auth import Origin, ServiceAuth, origin_of
 from tasks.clients.http import ServiceClient, ServiceEndpoint, build_client, http_timeout
 from tasks.clients.retry import call_once
-from tasks.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
+from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
 
 if TYPE_CHECKING:
     from config.settings import ExtractorSettings, RetrySettings, TlsSettings

@@ -42,7 +42,7 @@ from tasks.clients.errors import (
 from tasks.clients.bodies import ReplayableBody
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.retry import call_with_retry
-from tasks.redaction import redact
+from tasks.core.redaction import redact
 
 if TYPE_CHECKING:
     from config.settings import RetrySettings, SendSettings, TlsSettings

@@ -30,10 +30,10 @@ import httpx
 
 from tasks.clients.bounds import Deadline, in_pieces, read_answer
 from tasks.clients.errors import network_error, raise_for_service_status
-from tasks.redaction import redact
+from tasks.core.redaction import redact
 from tasks.clients.http import ServiceClient
 from tasks.clients.retry import call_with_retry
-from tasks.errors import StepError
+from tasks.core.errors import StepError
 
 METADATA_PATH = "/fhir/metadata"
 RUN_PATH = "/fhir/ViewDefinition/$run"

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from tasks.errors import StepError
+from tasks.core.errors import StepError
 from tasks.clients.bounds import Deadline, read_answer_async, within_deadline
 from tasks.clients.errors import raise_for_service_status_async
-from tasks.redaction import redact
+from tasks.core.redaction import redact
 from tasks.clients.http import service_name
 from tasks.clients.retry import call_with_retry_async
 

@@ -9,7 +9,7 @@ policy (``_policy``):
 - transient (retried): network errors (by exception type), 408, 429, 5xx, and a whole-request deadline that passed
   (``tasks.clients.bounds``); terminal (raised at once): other 4xx, untrusted certificates, unsupported URL
   schemes, and every error that is not a ``ServiceError`` or an httpx transport error;
-- each retry is logged on ``dupflow.clients`` (whose records pass ``tasks.redaction.RedactingFilter``) with the
+- each retry is logged on ``dupflow.clients`` (whose records pass ``tasks.core.redaction.RedactingFilter``) with the
   error's text, which is redacted already;
 - a network error still failing at the end is raised as a ``ServiceError`` (status None).
 

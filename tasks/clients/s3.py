@@ -43,8 +43,8 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from urllib3.util import make_headers
 
 from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, is_transient_status, truncate
-from tasks.redaction import RedactingFilter
-from tasks.layout import write_file_atomically
+from tasks.core.redaction import RedactingFilter
+from tasks.streams.files import write_file_atomically
 
 if TYPE_CHECKING:
     from config.settings import RetrySettings, SendSettings, TlsSettings

@@ -15,7 +15,7 @@ Plain Python: no Prefect in here. Requests go through the client layer (retry of
 Each request has a whole-request deadline, ``REQUEST_DEADLINE`` (10 minutes; the spec has no key for it), and a
 request past it is a transient failure, retried; an answer is read up to ``MAX_ANSWER_BYTES`` (64 MB), and a
 larger one fails the chunk with its size and the limit (``tasks.clients.bounds``). Texts of an answer are redacted
-before they reach a report, log or artifact (``tasks.redaction.redact_strings``).
+before they reach a report, log or artifact (``tasks.core.redaction.redact_strings``).
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ import orjson
 
 from tasks.clients.bounds import Deadline, read_answer_async, within_deadline
 from tasks.clients.errors import raise_for_service_status_async
-from tasks.redaction import redact_strings
+from tasks.core.redaction import redact_strings
 from tasks.clients.http import AsyncServiceClient
 from tasks.clients.retry import call_with_retry_async
-from tasks.errors import DupflowError
-from tasks.ndjson import parse_resource
+from tasks.core.errors import DupflowError
+from tasks.streams.ndjson import parse_resource
 
 VALIDATE_PATH = "/validateResource"
 FHIR_JSON = "application/fhir+json"

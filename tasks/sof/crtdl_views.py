@@ -18,7 +18,7 @@ receives that id and flattening looks for the same one; a group without a ``name
 extracted elsewhere from a CRTDL without ids cannot be routed by the id: flattening then fails, naming the ids
 the Provenance carries. The CSV and the saved
 ViewDefinition are named after the group: the characters ``/ \\ : * ? " < > |`` become ``_``, and a name that then
-still breaks ``tasks.names.name_from_data_problem`` (a control or bidi character, ``..``, too long), or two groups
+still breaks ``tasks.core.names.name_from_data_problem`` (a control or bidi character, ``..``, too long), or two groups
 whose files would share a name, are refused when the job starts (``group_name_problems``).
 """
 
@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.names import name_from_data_problem, show_name
+from tasks.core.names import name_from_data_problem, show_name
 from tasks.sof.errors import CrtdlError, ViewError
 from tasks.sof.lookup import LookupTable
 from tasks.sof.view import compile_view

@@ -1,4 +1,4 @@
-"""The engine's errors: one sub-tree under ``tasks.errors.DupflowError``, so a caller catches ``SofError`` for
+"""The engine's errors: one sub-tree under ``tasks.core.errors.DupflowError``, so a caller catches ``SofError`` for
 anything the engine refuses.
 
     SofError                       the engine's root
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.errors import DupflowError
+from tasks.core.errors import DupflowError
 
 
 class SofError(DupflowError, ValueError):

@@ -6,16 +6,16 @@ same Bundle line as the resources they route; bare Provenance lines route the ba
 no input file holds attribute-group Provenance at all (a plain local import), resources go to the groups of their
 type. Whether that is so is decided over all files first (``has_group_provenance``); everything else is per file.
 
-``flatten_file(plan)`` writes the rows of one input file, or of one span of its lines (``tasks.ndjson.Span``: a
+``flatten_file(plan)`` writes the rows of one input file, or of one span of its lines (``tasks.streams.ndjson.Span``: a
 large file is cut at line starts so that several processes share it), per group, into
 ``<parts>/<plan.folder>/<csv name>`` (rows only, no header; a group without rows gets no part) and returns its
 counts. The parent concatenates the parts of all files and spans in input order under one header, so the CSVs are
 the same bytes whether they ran one after the other or in parallel, whole or cut. A span's bare Provenance routes
 come from the whole file: the parent finds them once (``bare_routes``) and saves them (``routes_json``) for all
 the file's spans (``plan.routes_file``); a whole file finds its own. It imports no Prefect, so it runs in a lean
-worker process (``tasks.processes``); cancellation reaches it as a callable (``stop_if_cancelled``), progress leaves
-it as one (``advance``), and its errors are the engine's (``tasks.sof.errors``), which the step translates into its
-own. It reads its input through ``tasks.ndjson.iter_lines``, the one reader of the job's data
+worker process (``tasks.streams.processes``); cancellation reaches it as a callable (``stop_if_cancelled``), progress
+leaves it as one (``advance``), and its errors are the engine's (``tasks.sof.errors``), which the step translates into
+its own. It reads its input through ``tasks.streams.ndjson.iter_lines``, the one reader of the job's data
 files (plain or zstd, each line bounded).
 """
 
@@ -32,8 +32,8 @@ from itertools import chain
 from pathlib import Path
 from typing import IO, Any, Protocol, TypedDict
 
-from tasks.ndjson import WHOLE_FILE, Span, iter_lines
-from tasks.processes import never_cancelled, uncounted
+from tasks.streams.ndjson import WHOLE_FILE, Span, iter_lines
+from tasks.streams.processes import never_cancelled, uncounted
 from tasks.sof.errors import ViewError, ViewEvaluationError
 from tasks.sof.output import CsvWriter, csv_writer
 from tasks.sof.resources import line_resources, parse_line

@@ -5,8 +5,8 @@ children?}}}``. Parent links come from ``children`` (the deprecated ``parent`` f
 lists everything wrong with a file, each problem naming its table url and element id: the schema (the same rules
 as aether's flatten-lookup schema), table urls listed twice, children that are no element of the table, a child
 claimed by two parents, cycles, children nested deeper than MAX_ELEMENT_DEPTH levels, and snippets that are no valid
-ViewDefinition select. The file is read through ``tasks.jsonfile.read_json_file``: at most MAX_LOOKUP_BYTES (a path
-such as /dev/zero is refused, not read to its end) and nested at most ``tasks.jsonfile.MAX_JSON_DEPTH`` levels.
+ViewDefinition select. The file is read through ``tasks.core.jsonfile.read_json_file``: at most MAX_LOOKUP_BYTES (a path
+such as /dev/zero is refused, not read to its end) and nested at most ``tasks.core.jsonfile.MAX_JSON_DEPTH`` levels.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from tasks.jsonfile import JsonFileError, read_json_file
+from tasks.core.jsonfile import JsonFileError, read_json_file
 from tasks.sof.errors import LookupFileError, ViewDefinitionError
 from tasks.sof.view import compile_view
 

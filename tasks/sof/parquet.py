@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from tasks.layout import write_error
+from tasks.streams.files import write_error
 from tasks.sof.errors import ViewError
 
 BLOCK_BYTES = 1024 * 1024

@@ -68,7 +68,7 @@ def may_hold(line: bytes, types: frozenset[bytes]) -> bool:
 def read_resources(
     source: Path | str, lines: Iterable[tuple[int, bytes]], types: Iterable[str]
 ) -> Iterator[dict[str, Any]]:
-    """The resources of ``lines`` (numbered, as ``tasks.ndjson.iter_lines`` gives them), except those of lines
+    """The resources of ``lines`` (numbered, as ``tasks.streams.ndjson.iter_lines`` gives them), except those of lines
     that hold no resource of ``types`` (see ``may_hold``): such lines are passed over unparsed and unchecked."""
     wanted = frozenset(kind.encode() for kind in types)
     for number, line in lines:

@@ -1,4 +1,4 @@
-"""zstd speed and ratio per level on FHIR NDJSON: the measurement behind tasks.ndjson.ZSTD_LEVELS.
+"""zstd speed and ratio per level on FHIR NDJSON: the measurement behind tasks.streams.ndjson.ZSTD_LEVELS.
 
 Run on demand: ``python -m tests.benchmarks.bench_compression [MB]``. The data are the bundled real
 TORCH/aether bundles, repeated with varied ids and dates so zstd cannot just match whole lines.
@@ -14,7 +14,7 @@ from pathlib import Path
 import orjson
 import zstandard
 
-from tasks.ndjson import ZSTD_LEVELS
+from tasks.streams.ndjson import ZSTD_LEVELS
 
 SAMPLES = Path(__file__).resolve().parents[2] / "config" / "sample-data"
 

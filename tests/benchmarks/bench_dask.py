@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from tests.benchmarks.compare import MB, best_seconds, fresh, run_command, write_dataset
 
 if TYPE_CHECKING:
-    from tasks.contract import StepInput
+    from tasks.job.contract import StepInput
 
 RUNS = 2
 DASK_WORKERS = 2
@@ -60,7 +60,7 @@ def main() -> None:
 
 # --- the runs ------------------------------------------------------------------------------------------------
 
-ZSTD_LEVEL = 12  # tasks.ndjson.ZSTD_LEVELS["best"]
+ZSTD_LEVEL = 12  # tasks.streams.ndjson.ZSTD_LEVELS["best"]
 
 
 def prefect_api_url() -> str:
@@ -72,7 +72,7 @@ def prefect_api_url() -> str:
 def _measure(root: str, source: str) -> dict:
     """Inside one flow run: the step with the default runner, then on a 2-process local cluster."""
     from config.settings import TaskRunnerSettings
-    from tasks.filework import file_runner
+    from tasks.job.filework import file_runner
 
     timings: dict = {"in_process": [], "dask": []}
     for run in range(RUNS):
@@ -92,7 +92,7 @@ def import_input(job_dir: Path, source: str, overrides: dict[str, str] | None = 
     """The local_import step of a new job in ``job_dir`` on ``source`` (a new job directory: a new cache key, so
     nothing comes Cached). The step's overrides (zstd ``best``, plus ``overrides``) carry its settings to the Dask
     workers, as for a real job."""
-    from tasks.contract import StepInput
+    from tasks.job.contract import StepInput
 
     job_dir.mkdir(parents=True)
     return StepInput(

@@ -202,8 +202,8 @@ def _measure(
 def import_on(cluster: PinnedCluster, job_dir: Path, source: str) -> float:
     """The local_import step of a new job on ``cluster``, chosen the way a job chooses it (the step's
     ``pipeline.task_runner`` settings, entered by ``file_runner`` as the flow does): seconds of the step alone."""
-    from tasks.contract import settings_of
-    from tasks.filework import file_runner
+    from tasks.job.contract import settings_of
+    from tasks.job.filework import file_runner
 
     runner = {"pipeline.task_runner.kind": "dask", "pipeline.task_runner.dask_address": cluster.address}
     step = import_input(job_dir, source, runner)

@@ -70,7 +70,7 @@ def measure(way: str, root: Path, sources: list[Path], workers: int) -> float:
         arguments = import_arguments(Path(job_dir), sources)
         started = time.perf_counter()
         if way == "map_files":
-            from tasks.filework import map_files
+            from tasks.job.filework import map_files
             from tasks.local_import import import_file
 
             outcomes = map_files(import_file, arguments, workers)
@@ -92,7 +92,7 @@ def measure_dask(root: Path, sources: list[Path], workers: int) -> float:
     from prefect import flow
 
     from config.settings import TaskRunnerSettings
-    from tasks.filework import file_runner, map_files
+    from tasks.job.filework import file_runner, map_files
     from tasks.local_import import import_file
 
     @flow(name="bench-fanout-dask")
@@ -112,7 +112,7 @@ def measure_dask(root: Path, sources: list[Path], workers: int) -> float:
 
 def import_arguments(job_dir: Path, sources: list[Path]) -> list[tuple]:
     """``import_file``'s arguments for every source, as the ``local_import`` step builds them."""
-    from tasks.contract import StepInput
+    from tasks.job.contract import StepInput
     from tasks.local_import import file_identity
 
     job_dir.mkdir(parents=True)

@@ -52,9 +52,9 @@ from pathlib import Path
 import orjson
 from prefect import flow
 
-from tasks.contract import DataFile, StepInput
+from tasks.job.contract import DataFile, StepInput
 from tasks.flattening import flattening, input_pays_for_processes, plan_views
-from tasks.processes import pool_size, shutdown_pool, worker_pids
+from tasks.streams.processes import pool_size, shutdown_pool, worker_pids
 from tasks.sof.resources import line_resources
 from tests.conftest import REPO_ROOT, TESTDATA
 from tests.flattening_runs import flatten_files

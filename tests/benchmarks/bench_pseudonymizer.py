@@ -75,7 +75,7 @@ def measure(base_url: str, source: str, dest: str, concurrency: int) -> dict[str
     from config.settings import AuthSettings, RetrySettings, TlsSettings
     from tasks.clients.http import ServiceEndpoint, build_async_client
     from tasks.clients.pseudonymizer import Pseudonymizer
-    from tasks.progress import use_display
+    from tasks.streams.progress import use_display
     from tasks.pseudonymizer import pseudonymize_path, window_size
 
     use_display("none")

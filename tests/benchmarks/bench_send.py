@@ -166,7 +166,7 @@ def measure_transfer(url: str, source: str, records: str) -> tuple[int, int, flo
 
 
 def measure_read(source: str) -> float:
-    from tasks.ndjson import iter_chunks
+    from tasks.streams.ndjson import iter_chunks
 
     started = time.perf_counter()
     for _ in iter_chunks(Path(source)):

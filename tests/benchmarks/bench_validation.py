@@ -101,7 +101,7 @@ def measure(base_url: str, source: str, dest: str, concurrency: int, chunk_mb: i
     from config.settings import RetrySettings, TlsSettings
     from tasks.clients.http import AsyncServiceClient, ServiceEndpoint
     from tasks.clients.validator import Validator
-    from tasks.progress import use_display
+    from tasks.streams.progress import use_display
     from tasks.validation import validate_path
 
     use_display("none")

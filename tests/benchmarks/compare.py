@@ -304,8 +304,8 @@ def zstd_anchor(files: list[Path], out: Path, runs: int) -> tuple[str, float]:
 
 
 def child_import(files: list[str], out: str, level: str | None, runs: int) -> dict:
-    from tasks.fanout import first_failure, run_bounded
-    from tasks.ndjson import AtomicNdjsonWriter, iter_chunks
+    from tasks.streams.fanout import first_failure, run_bounded
+    from tasks.streams.ndjson import AtomicNdjsonWriter, iter_chunks
 
     folder = Path(out)
 
@@ -481,7 +481,7 @@ def child_pseudonymize(base_url: str, source: str, out: str, runs: int, concurre
     from config.settings import AuthSettings, RetrySettings, TlsSettings
     from tasks.clients.http import ServiceEndpoint, build_async_client
     from tasks.clients.pseudonymizer import Pseudonymizer
-    from tasks.progress import use_display
+    from tasks.streams.progress import use_display
     from tasks.pseudonymizer import pseudonymize_path, window_size
 
     use_display("none")
@@ -651,7 +651,7 @@ def child_views(source: str, out: str) -> dict:
     reading (both CSVs must be the same bytes), then orjson parsing the same bytes alone."""
     from flows.view_cli import write_csv
     from tasks.flattening import plan_views
-    from tasks.ndjson import iter_lines
+    from tasks.streams.ndjson import iter_lines
     from tasks.sof import compile_view
     from tasks.sof.output import csv_writer
     from tasks.sof.resources import read_resources

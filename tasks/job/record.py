@@ -42,7 +42,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tasks.layout import JobPaths, exclusive_lock, write_file_atomically
+from tasks.job.layout import JobPaths
+
+from tasks.streams.files import exclusive_lock, write_file_atomically
 
 WRITE_LOCK_FILE = ".job.json.lock"
 

@@ -25,8 +25,8 @@ drawing names every class)::
     │   ├── PseudonymizerStepError      tasks.pseudonymizer
     │   ├── FlattenerError              tasks.clients.flattener
     │   ├── FlatteningError             tasks.flattening
-    │   ├── NdjsonError                 tasks.ndjson: LineTooLongError, TruncatedLineError, UnsafeNameError
-    │   └── EnrichmentError             tasks.crtdl_enrichment (also ValueError): UnresolvedLinkError
+    │   ├── NdjsonError                 tasks.streams.ndjson: LineTooLongError, TruncatedLineError, UnsafeNameError
+    │   └── EnrichmentError             tasks.job.crtdl_enrichment (also ValueError): UnresolvedLinkError
     ├── ServiceError                    tasks.clients.errors: a failed call (operation, status, transient or not)
     │   ├── TransactionRejected         tasks.clients.fhir_server
     │   └── JobNotFoundError, TransitionRefusedError, SearchRejectedError, VersionConflictError,
@@ -35,14 +35,14 @@ drawing names every class)::
     ├── SofError                        tasks.sof.errors (also ValueError): the SQL-on-FHIR engine
     │   ├── CrtdlError, FhirPathError, LookupFileError, ResourceLineError
     │   └── ViewError: ViewDefinitionError, ViewEvaluationError
-    ├── JsonFileError                   tasks.jsonfile: a JSON file too big, too deep or broken
-    ├── CredentialsInUrlError           tasks.url_credentials: a URL with user:password
-    ├── JobWriteError                   tasks.layout (also OSError): the job directory cannot be written
-    ├── TaskRunnerError                 tasks.filework: the configured Dask cluster cannot be used
+    ├── JsonFileError                   tasks.core.jsonfile: a JSON file too big, too deep or broken
+    ├── CredentialsInUrlError           tasks.core.url_credentials: a URL with user:password
+    ├── JobWriteError                   tasks.job.layout (also OSError): the job directory cannot be written
+    ├── TaskRunnerError                 tasks.job.filework: the configured Dask cluster cannot be used
     ├── ApiUnreachableError, ServerStartError                     flows.prefect_server
     └── AutomationFileError             deployments.automations.apply
 
-Outside the tree on purpose, control flow that never reaches a user: ``tasks.fanout.Cancelled`` (unwinds the
+Outside the tree on purpose, control flow that never reaches a user: ``tasks.streams.fanout.Cancelled`` (unwinds the
 calls of an interrupted fan-out), ``tasks.clients.fhir_server._Refused`` and ``config.loader._DuplicateKeyError``
 (caught in their module).
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from urllib.parse import quote, urlsplit
 
-from tasks.errors import DupflowError
+from tasks.core.errors import DupflowError
 
 SERVER_URL_FIX = (
     "the server sent it; fix the server's configuration (its public base URL) so that its URLs carry no "

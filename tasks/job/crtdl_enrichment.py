@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from config.settings import AttributeToAdd, EnrichmentRule
-from tasks.errors import StepError
+from tasks.core.errors import StepError
 
 Json = dict[str, Any]
 

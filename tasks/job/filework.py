@@ -6,14 +6,14 @@ the flow run's task runner: ``file_runner`` enters the one the job chose (``pipe
 - ``dask``: a ``DaskTaskRunner`` becomes the flow run's task runner, and each file is ``file_task.submit``-ted to
   it: one task run per file on the cluster's worker processes, each a top-level transaction of its own, so its
   result is committed in the job directory when it finishes. Every submitted file runs to its end.
-- ``in_process``: threads of the flow's process (``tasks.fanout.run_bounded``), one file at a time in the caller's
-  thread. Not Prefect's ``ThreadPoolTaskRunner``, although it is as fast (``tests/benchmarks/bench_fanout.py``):
-  its threads are joined when it closes and when the interpreter exits, so a file stalled in a read (a download
-  whose server stopped sending) would hold Ctrl+C or SIGTERM for up to its stall timeout; ``run_bounded``'s
-  daemon threads are let go after a short grace. No file starts after one has failed: the first failure is every
-  unstarted file's outcome, so a caller keeps every file that finished and raises the first failure with
-  ``tasks.fanout.results_or_raise`` (a service that is down is not retried once per file). Each finished file
-  is committed at once (``commit_each``): a killed run keeps every finished file either way.
+- ``in_process``: threads of the flow's process (``tasks.streams.fanout.run_bounded``), one file at a time in the
+  caller's thread. Not Prefect's ``ThreadPoolTaskRunner``, although it is as fast
+  (``tests/benchmarks/bench_fanout.py``): its threads are joined when it closes and when the interpreter exits, so a
+  file stalled in a read (a download whose server stopped sending) would hold Ctrl+C or SIGTERM for up to its stall
+  timeout; ``run_bounded``'s daemon threads are let go after a short grace. No file starts after one has failed: the
+  first failure is every unstarted file's outcome, so a caller keeps every file that finished and raises the first
+  failure with ``tasks.streams.fanout.results_or_raise`` (a service that is down is not retried once per file). Each
+  finished file is committed at once (``commit_each``): a killed run keeps every finished file either way.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from config.runtime import prefect_api_url
 from config.settings import TaskRunnerSettings
-from tasks.contract import commit_each, stored_in_job
-from tasks.errors import DupflowError
-from tasks.fanout import run_bounded
+from tasks.job.contract import commit_each, stored_in_job
+from tasks.core.errors import DupflowError
+from tasks.streams.fanout import run_bounded
 
 if TYPE_CHECKING:
     from prefect_dask import DaskTaskRunner

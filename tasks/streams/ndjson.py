@@ -13,7 +13,7 @@ for a finished one). Blank lines in a row count together against the line limit:
 ``pipeline.max_ndjson_line_size_mb`` of them is an error too (a file of nothing but newlines is no data). The check
 validates with simdjson (no Python objects are built) and hands every line simdjson does not prove a resource to
 orjson, so it accepts exactly what ``parse_resource`` accepts and reports errors in its words. File names are
-checked too, by the one rule for names from data (``tasks.names.name_from_data_problem``).
+checked too, by the one rule for names from data (``tasks.core.names.name_from_data_problem``).
 
 A file can be read a span of lines at a time (``Span``, cut by ``line_spans`` at line starts, numbered as in the
 whole file), so that several processes share one large file: a plain file's span is read from its offset, a zstd
@@ -40,9 +40,9 @@ import orjson
 import simdjson
 import zstandard
 
-from tasks.errors import StepError
-from tasks.names import name_from_data_problem, show_name
-from tasks.processes import never_cancelled, processes_allowed, run_in_process
+from tasks.core.errors import StepError
+from tasks.core.names import name_from_data_problem, show_name
+from tasks.streams.processes import never_cancelled, processes_allowed, run_in_process
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -132,7 +132,7 @@ def output_name(name: str, compress: bool) -> str:
 
 
 def check_file_name(name: str) -> None:
-    """Refuse a name that breaks ``tasks.names.name_from_data_problem``, the one rule for names from data
+    """Refuse a name that breaks ``tasks.core.names.name_from_data_problem``, the one rule for names from data
     (control and bidi characters would split a ``status`` line or make a name display as another)."""
     if problem := name_from_data_problem(name):
         raise UnsafeNameError(f"the file name {show_name(name)} {problem}; rename it")

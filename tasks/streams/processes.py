@@ -33,7 +33,7 @@ R = TypeVar("R")
 MAX_PROCESSES = 8
 # What the workers run, imported once in the fork server. One list for every caller: a process has one fork server,
 # and it takes its preload list only when it first starts.
-WORKER_MODULES = ("tasks.ndjson", "tasks.sof.flatten")
+WORKER_MODULES = ("tasks.streams.ndjson", "tasks.sof.flatten")
 POLL_SECONDS = 0.2
 COUNT_WRITE_SECONDS = 0.5
 

@@ -37,10 +37,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from config.loader import cached_settings
 from config.settings import Settings
-from tasks.layout import JobPaths, step_artifact_key, step_folder
-from tasks.progress import StepWork, step_progress
-from tasks.ndjson import FileStats
-from tasks.record import counts_text, file_counts, record_facts
+from tasks.job.layout import JobPaths, step_artifact_key, step_folder
+from tasks.streams.progress import StepWork, step_progress
+from tasks.streams.ndjson import FileStats
+from tasks.job.record import counts_text, file_counts, record_facts
 
 R = TypeVar("R")
 C = TypeVar("C", bound=Callable[..., Any])
@@ -79,13 +79,13 @@ class DataFile(BaseModel):
 
     @property
     def counts(self) -> dict[str, int]:
-        """What the file holds, by unit (``tasks.record.file_counts``)."""
+        """What the file holds, by unit (``tasks.job.record.file_counts``)."""
         return file_counts(self.model_dump())
 
 
 def count_text(files: list[DataFile]) -> str:
     """What the files hold in words: ``12 resources``, ``2 Bundles holding 19 resources``, ``4 rows``, or several
-    for a mixed folder (``tasks.record.counts_text``)."""
+    for a mixed folder (``tasks.job.record.counts_text``)."""
     return counts_text(file.counts for file in files)
 
 

@@ -5,7 +5,7 @@ end) and refuses documents nested deeper than ``MAX_JSON_DEPTH`` levels, which n
 otherwise end in a RecursionError far from the file. Every refusal is a ``JsonFileError`` naming the file, the
 reason and the fix.
 
-Import-light and knowing nothing of the pipeline (it imports only ``tasks.errors``): the configuration, the command
+Import-light and knowing nothing of the pipeline (it imports only ``tasks.core.errors``): the configuration, the command
 line and the SQL-on-FHIR engine use it.
 """
 
@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tasks.errors import DupflowError
+from tasks.core.errors import DupflowError
 
 MAX_JSON_DEPTH = 128
 MB = 1024 * 1024

@@ -6,7 +6,7 @@ total from the answer: ``set_total``); the command line chooses the display once
 The default (deployments, tests) is log lines, at most once every ``LOG_EVERY_SECONDS`` per file and one when the
 file is done, so Prefect's log store stays small. Without a total a line names the bytes only (no percent, no ETA).
 
-Independently of the display, the step task wrapper (``tasks.contract.step_task``) opens ``step_progress`` for
+Independently of the display, the step task wrapper (``tasks.job.contract.step_task``) opens ``step_progress`` for
 its run: every ``track`` of the step (its file tasks' threads included: they run in a copy of its context) feeds
 one ``StepProgress``, which creates the step's progress artifact when the first file of known size starts (or of
 any size once the step said how many files it expects: ``expect_files``), updates it at most once every
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 from uuid import UUID
 
-from tasks.readable import size_text
+from tasks.core.readable import size_text
 
 LOG_EVERY_SECONDS = 5.0
 ARTIFACT_EVERY_SECONDS = 1.0

@@ -1,0 +1,63 @@
+"""Where things live inside a job directory, and the names of its Prefect tags and artifacts. No Prefect:
+``status`` and ``list`` use it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from config.settings import IMPORT_STEPS
+
+PREFECT_DIR = ".prefect"
+
+
+def step_folder(step: str) -> str:
+    """The folder a step writes: ``import`` for every import step, else the step's name."""
+    return "import" if step in IMPORT_STEPS else step
+
+
+def is_crtdl_file(job_input: str | None) -> bool:
+    """A job input that is a CRTDL: a ``.json`` path that is no directory (a directory or a URL is data, not a
+    CRTDL); a missing one too, so that preparing the job says the CRTDL is not found."""
+    return bool(job_input) and "://" not in job_input and job_input.endswith(".json") and not Path(job_input).is_dir()
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    job_dir: Path
+
+    @property
+    def job_id(self) -> str:
+        return self.job_dir.name
+
+    @property
+    def job_file(self) -> Path:
+        return self.job_dir / "job.json"
+
+    @property
+    def results(self) -> Path:
+        return self.job_dir / PREFECT_DIR / "results"
+
+
+JOB_TAG_PREFIX = "job-"
+
+
+def job_tag(job_id: str) -> str:
+    """The tag every flow run of the job carries (the UI filters by it); also its artifact keys' prefix."""
+    return JOB_TAG_PREFIX + job_id
+
+
+def job_of_tag(tag: str) -> str | None:
+    """The job id a flow-run tag names, if it is a job tag."""
+    return tag.removeprefix(JOB_TAG_PREFIX) if tag.startswith(JOB_TAG_PREFIX) else None
+
+
+def artifact_key(job_id: str, *parts: str) -> str:
+    """A Prefect artifact key for a job: lowercase letters, digits and dashes only."""
+    return "-".join(("job", job_id, *parts)).lower().replace("_", "-")
+
+
+def step_artifact_key(job_id: str, position: int, step: str, *parts: str) -> str:
+    """A step's artifact key, ``job-<id>-NN-<step>[-<part>]``, NN the step's number as people read it (1-based, as in
+    task run names, log lines and ``status``)."""
+    return artifact_key(job_id, f"{position + 1:02d}", step, *parts)
