@@ -1,5 +1,6 @@
 """Issue 20, operations a hospital can trust: an inspection that cannot be skipped by accident, a local Prefect
-server that stays on its port, an unreachable API said in one line, and a README whose commands run as typed.
+server that stays on its port, an unreachable API said in one line, and a README and docs whose commands run as
+typed.
 
 The inspection test runs a deployment from ``deployments/prefect.yaml`` on a process work pool against a real
 ``prefect server start`` on loopback (the fixtures and helpers of ``tests/test_prefect_native.py``); the server
@@ -181,21 +182,27 @@ def test_a_port_that_is_no_port_is_refused_naming_the_variable(own_home, monkeyp
     assert not (own_home / STATE_FILE).exists()
 
 
-# --- 4. every command of the README runs as typed ----------------------------------------------------------------
+# --- 4. every command of the README and docs/ runs as typed ------------------------------------------------------
 
 PROGRAMS = ("uv run ", "python ", "prefect ", "dask ", "pytest ", "dupflow ")
 NOT_FOUND = ("Failed to spawn", "No module named", "invalid choice", "No such command", "command not found")
 PLACEHOLDER = re.compile(r"[<\[…]|^[A-Z][A-Z_]+$")  # <job id>, [INPUT], CONFIG, …: what the reader fills in
 
 
-def readme_commands() -> list[str]:
-    """The commands of README.md that run a program, from its ``sh`` blocks and inline code, as typed (without
-    leading ``VAR=value`` assignments; ``a && b`` and ``a & b`` are two commands)."""
-    text = (REPO_ROOT / "README.md").read_text()
-    lines = [line for block in re.findall(r"```sh\n(.*?)```", text, re.S) for line in block.splitlines()]
-    inline = [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S))]
+DOCUMENTS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+
+
+def documented_commands() -> list[str]:
+    """The commands of README.md and docs/*.md that run a program, from their ``sh`` blocks and inline code, as
+    typed (without leading ``VAR=value`` assignments; ``a && b`` and ``a & b`` are two commands)."""
+    candidates = []
+    for document in DOCUMENTS:
+        text = document.read_text()
+        candidates += [line for block in re.findall(r"```sh\n(.*?)```", text, re.S) for line in block.splitlines()]
+        prose = re.sub(r"```.*?```", "", text, flags=re.S)
+        candidates += [" ".join(span.split()) for span in re.findall(r"`([^`]+)`", prose)]
     commands = []
-    for candidate in lines + inline:
+    for candidate in candidates:
         for command in re.split(r" && | & ", candidate.strip()):
             command = re.sub(r"^(\w+=\S* )+", "", command.strip())
             if command.startswith(PROGRAMS):
@@ -203,21 +210,21 @@ def readme_commands() -> list[str]:
     return commands
 
 
-def test_every_readme_command_runs_in_the_projects_environment():
+def test_every_documented_command_runs_in_the_projects_environment():
     """After the Quick start only ``uv`` is on the PATH: ``prefect``, ``python -m flows.run`` and the like work as
     typed through ``uv run``."""
-    commands = readme_commands()
+    commands = documented_commands()
     assert len(commands) > 20
     assert [command for command in commands if not command.startswith("uv run ")] == []
 
 
 @pytest.mark.slow
-def test_every_readme_command_starts_as_typed_up_to_what_the_reader_fills_in():
+def test_every_documented_command_starts_as_typed_up_to_what_the_reader_fills_in():
     """Each command, cut before its first placeholder, with ``--help``: the program, module and subcommands exist
     (a benchmark that takes no ``--help`` fails on it, after it started)."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
     tried = set()
-    for command in readme_commands():
+    for command in documented_commands():
         argv = list(itertools.takewhile(lambda token: not PLACEHOLDER.search(token), shlex.split(command)))
         if argv[-1] == "-m" or tuple(argv) in tried:  # a module named by a placeholder (bench_<name>)
             continue
@@ -226,6 +233,30 @@ def test_every_readme_command_starts_as_typed_up_to_what_the_reader_fills_in():
         not_found = [marker for marker in NOT_FOUND if marker in done.stdout + done.stderr]
         assert done.returncode == 0 or not not_found, (command, done.stdout[-2000:], done.stderr[-2000:])
     assert len(tried) > 15
+
+
+README_LINES = 400  # issue 30: a README for users; the rest lives in docs/
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors GitHub makes of a Markdown file's headings: lower case, punctuation dropped, spaces to ``-``."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", path.read_text(), flags=re.S), re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") for heading in headings}
+
+
+def test_the_readme_is_short_and_every_link_between_it_and_the_docs_leads_somewhere():
+    assert len((REPO_ROOT / "README.md").read_text().splitlines()) <= README_LINES
+    assert len(DOCUMENTS) > 1, "docs/*.md are read too"
+    broken = []
+    for document in DOCUMENTS:
+        for target in re.findall(r"\]\(([^)\s]+)\)", document.read_text()):
+            if "://" in target:
+                continue
+            file, _, fragment = target.partition("#")
+            linked = (document.parent / file).resolve() if file else document
+            if not linked.exists() or (fragment and fragment not in anchors(linked)):
+                broken.append(f"{document.name}: {target}")
+    assert broken == []
 
 
 # --- 11. no per-command noise or cost ----------------------------------------------------------------------------
