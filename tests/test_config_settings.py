@@ -8,13 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from config.durations import ACCEPTED_FORMS, format_duration, parse_duration
-from config.settings import (
-    AuthSettings,
-    ExtractorSettings,
-    FlatteningSettings,
-    PipelineSettings,
-    Settings,
-)
+from config.pipeline import PipelineSettings
+from config.services import AuthSettings, ExtractorSettings, FlatteningSettings
+from config.settings import Settings
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,158 @@
+"""The ``pipeline`` block: the step names and the rules of their order, and where the per-file work runs."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections import Counter
+from typing import ClassVar, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from config.fields import ConfigModel, OptionalStr, Problem, StrList, raise_problem, raise_problems
+
+# The one list of step names, and which of them import data or may be listed more than once: the configuration
+# checks enabled_steps by them, tasks.job.layout names the import steps' folder by them, and the flow's table of step
+# tasks (flows.pipeline.STEPS) is checked against them by tests/test_step_names.py.
+STEP_NAMES = ("extractor", "local_import", "http_import", "pseudonymizer", "wait", "flattening", "send", "validation")
+IMPORT_STEPS = ("extractor", "local_import", "http_import")
+REPEATABLE_STEPS = ("wait",)
+REMOVED_STEPS = {"csv_conversion": "flattening", "parquet_conversion": "flattening"}
+MAX_LISTED_UNKNOWN_STEPS = 5
+
+
+def _step_name_problems(steps: list[str]) -> list[Problem]:
+    problems: list[Problem] = []
+    counts = Counter(steps)
+    unknown = [step for step in counts if step not in STEP_NAMES and step not in REMOVED_STEPS]
+    if unknown:
+        shown = ", ".join(f"'{step}'" for step in unknown[:MAX_LISTED_UNKNOWN_STEPS])
+        more = f" and {len(unknown) - MAX_LISTED_UNKNOWN_STEPS} more" if len(unknown) > MAX_LISTED_UNKNOWN_STEPS else ""
+        problems.append(("", f"unknown step {shown}{more}; valid steps are {', '.join(STEP_NAMES)}"))
+    problems += [
+        (
+            "",
+            f"step {step} was a placeholder and no longer exists; use "
+            f"{REMOVED_STEPS[step]} instead (it produces CSV through the flattening service)",
+        )
+        for step in counts
+        if step in REMOVED_STEPS
+    ]
+    once_only = set(STEP_NAMES) - set(REPEATABLE_STEPS + IMPORT_STEPS)
+    duplicates = sorted(step for step, count in counts.items() if count > 1 and step in once_only)
+    return problems + [("", f"step {step} is listed more than once; list it once") for step in duplicates]
+
+
+def _step_order_problems(steps: list[str]) -> list[Problem]:
+    problems: list[Problem] = []
+    imports = [step for step in steps if step in IMPORT_STEPS]
+    if len(imports) != 1:
+        found = f"found {', '.join(dict.fromkeys(imports))}" if imports else "found none"
+        problems.append(
+            (
+                "",
+                f"needs exactly one import step ({', '.join(IMPORT_STEPS)}), {found}; "
+                "keep exactly one and put it first",
+            )
+        )
+    elif steps[0] not in IMPORT_STEPS:
+        problems.append(("", f"the import step {imports[0]} must come first; move it to the start of the list"))
+    if steps[0] == "wait":
+        problems.append(("", "a wait step cannot be first; put it after the import step"))
+    if any(a == b == "wait" for a, b in itertools.pairwise(steps)):
+        problems.append(("", "a wait step cannot directly follow another wait step; remove one of them"))
+    return problems
+
+
+class TaskRunnerSettings(ConfigModel):
+    """pipeline.task_runner: where the per-file work of every step runs.
+
+    ``in_process`` (the default): threads of the flow's own process. ``dask``: each file is a Prefect task run on a
+    Dask cluster (prefect-dask's ``DaskTaskRunner``): the running scheduler at ``dask_address``, or else a local
+    cluster of ``dask_workers`` worker processes (one thread each; default one per core) started for the flow run
+    and closed at its end. Every worker must see the jobs directory at the same path and reach the same Prefect
+    API. Dask costs ~0.1 s per task run: it pays for file-sized work only.
+    """
+
+    kind: Literal["in_process", "dask"] = "in_process"
+    dask_address: OptionalStr = None
+    dask_workers: int | None = Field(default=None, ge=1, le=1024)
+
+    @property
+    def local_workers(self) -> int:
+        """Worker processes of a local cluster."""
+        return self.dask_workers or os.cpu_count() or 1
+
+    @field_validator("dask_address")
+    @classmethod
+    def _scheduler_address(cls, address: str | None) -> str | None:
+        if address is None:
+            return None
+        parts = urlsplit(address.strip())
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme not in ("tcp", "tls") or not parts.hostname or port is None or parts.path.strip("/"):
+            raise PydanticCustomError(
+                "dask_address",
+                "is not a Dask scheduler address; write tcp://<host>:<port> (or tls://), e.g. tcp://scheduler:8786",
+            )
+        return address.strip()
+
+    @model_validator(mode="after")
+    def _keys_fit_the_kind(self) -> TaskRunnerSettings:
+        if self.kind == "in_process":
+            raise_problems(
+                [
+                    (
+                        key,
+                        "is set but kind is in_process; set kind: dask to run the per-file work on Dask, or remove it",
+                    )
+                    for key in ("dask_address", "dask_workers")
+                    if getattr(self, key) is not None
+                ]
+            )
+        elif self.dask_address is not None and self.dask_workers is not None:
+            raise_problem(
+                "dask_workers",
+                "sizes a local cluster, but dask_address names a running scheduler whose workers are started "
+                "where they run; remove dask_workers (or dask_address, for a local cluster)",
+            )
+        return self
+
+
+class PipelineSettings(ConfigModel):
+    """pipeline: the ordered steps of a job, and where their per-file work runs (``task_runner``)."""
+
+    DEFAULT_MAX_NDJSON_LINE_SIZE_MB: ClassVar[int] = 100
+
+    enabled_steps: StrList = Field(default_factory=list, validate_default=True)
+    max_ndjson_line_size_mb: int = Field(default=DEFAULT_MAX_NDJSON_LINE_SIZE_MB, ge=0, le=4096)
+    task_runner: TaskRunnerSettings = Field(default_factory=TaskRunnerSettings)
+
+    @property
+    def max_ndjson_line_size_bytes(self) -> int:
+        return self.max_ndjson_line_size_mb * 1024 * 1024
+
+    def has_step(self, step: str) -> bool:
+        return step in self.enabled_steps
+
+    @field_validator("enabled_steps")
+    @classmethod
+    def _steps_follow_the_rules(cls, steps: list[str]) -> list[str]:
+        if not steps:
+            raise_problem(
+                "",
+                "is empty; list the steps to run in order, starting with one import step, "
+                "e.g. [local_import, pseudonymizer, send]",
+            )
+        raise_problems(_step_name_problems(steps) + _step_order_problems(steps))
+        return steps
+
+    @field_validator("max_ndjson_line_size_mb")
+    @classmethod
+    def _zero_means_default(cls, value: int) -> int:
+        return value or cls.DEFAULT_MAX_NDJSON_LINE_SIZE_MB

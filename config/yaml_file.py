@@ -1,0 +1,162 @@
+"""The configuration file: read at most MAX_CONFIG_BYTES of UTF-8, refuse documents that would cost more than a
+configuration ever needs, and parse the YAML (duplicate keys refused) once per file version in this process."""
+
+from __future__ import annotations
+
+import copy
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from config.errors import ConfigError
+
+MAX_CONFIG_BYTES = 1_000_000
+MAX_YAML_DEPTH = 32
+MAX_YAML_NODES = 100_000
+MAX_NUMBER_CHARS = 100
+_NUMBER_LIKE = re.compile(r"[-+]?[0-9][0-9_.eExXoObB:+-]*|[-+]?\.[0-9][0-9_eE+-]*")
+_YamlLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _DuplicateKeyError(yaml.MarkedYAMLError):
+    """Two entries of one mapping with the same key (PyYAML would silently keep the last)."""
+
+
+class _StrictLoader(_YamlLoader):  # type: ignore[misc, valid-type]
+    """YAML's safe loader that refuses duplicate keys instead of keeping the last value."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in seen:
+                    raise _DuplicateKeyError(problem=f"key {key!r} appears twice", problem_mark=key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _file_problem(config_path: Path, text: str, where: yaml.Mark | None = None) -> ConfigError:
+    """The one problem of an unusable file, naming the file (and the line)."""
+    return ConfigError([f"{config_path}: {f'line {where.line + 1}: ' if where else ''}{text}"])
+
+
+def _read_text(config_path: Path) -> str:
+    """The file as text: at most MAX_CONFIG_BYTES, UTF-8."""
+    try:
+        with open(config_path, "rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as error:
+        raise _file_problem(
+            config_path, f"cannot read the configuration file ({error.strerror}); check the path"
+        ) from error
+    if len(data) > MAX_CONFIG_BYTES:
+        raise _file_problem(
+            config_path, f"larger than {MAX_CONFIG_BYTES // 1_000_000} MB, more than any configuration needs"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        text = f"not UTF-8 text (byte 0x{data[error.start]:02x} on line {line}); save the file as UTF-8"
+        raise _file_problem(config_path, text) from None
+
+
+def _check_yaml_shape(text: str, config_path: Path) -> None:
+    """Refuse, before building anything, documents that would cost more than a configuration ever needs:
+    nesting deeper than MAX_YAML_DEPTH, more than MAX_YAML_NODES values once aliases are expanded (an
+    "alias bomb" of a few hundred bytes expands to billions), and numbers longer than MAX_NUMBER_CHARS.
+    Reads parser events only, so memory and time stay proportional to the text."""
+    anchors: dict[str, int] = {}
+    open_nodes: list[list[Any]] = [[None, 0]]  # [anchor, expanded size] per open collection; [0] is the root
+    for event in yaml.parse(text, Loader=_YamlLoader):
+        size = 0
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            open_nodes.append([event.anchor, 1])
+            if len(open_nodes) - 1 > MAX_YAML_DEPTH:
+                raise _file_problem(
+                    config_path,
+                    f"nested more than {MAX_YAML_DEPTH} levels deep; a configuration needs far fewer, check the file",
+                    event.start_mark,
+                )
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            anchor, size = open_nodes.pop()
+        elif isinstance(event, yaml.ScalarEvent):
+            _check_scalar(event, config_path)
+            anchor, size = event.anchor, 1
+        elif isinstance(event, yaml.AliasEvent):
+            anchor, size = None, anchors.get(event.anchor, 1)
+        if size:
+            if anchor is not None:
+                anchors[anchor] = size
+            open_nodes[-1][1] += size
+            if open_nodes[-1][1] > MAX_YAML_NODES:
+                raise _file_problem(
+                    config_path,
+                    f"more than {MAX_YAML_NODES:,} values once YAML aliases (*name) are expanded; write the values "
+                    "out or use fewer aliases",
+                    event.start_mark,
+                )
+
+
+def _check_scalar(event: yaml.ScalarEvent, config_path: Path) -> None:
+    plain = event.implicit[0]
+    if plain and len(event.value) > MAX_NUMBER_CHARS and _NUMBER_LIKE.fullmatch(event.value):
+        raise _file_problem(
+            config_path,
+            f"a number {len(event.value):,} characters long; no setting takes such a number, shorten it (quote it "
+            "if it is meant as text)",
+            event.start_mark,
+        )
+
+
+def read_yaml(config_path: Path) -> dict[str, Any]:
+    """The file's YAML tree (``${VAR}`` not yet expanded), read and parsed once per path, modification time and
+    size in this process: the command, the job's preparation and its steps share one read of the file."""
+    return copy.deepcopy(_parsed_yaml(config_path, file_identity(str(config_path))))
+
+
+@lru_cache(maxsize=8)
+def _parsed_yaml(config_path: Path, identity: tuple[int, int] | None) -> dict[str, Any]:
+    text = _read_text(config_path)
+    try:
+        _check_yaml_shape(text, config_path)
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a safe loader that also refuses duplicate keys
+    except _DuplicateKeyError as error:
+        raise _file_problem(
+            config_path, f"{error.problem} in the same block; keep only one of them", error.problem_mark
+        ) from None
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        raise _file_problem(config_path, f"invalid YAML at {where} ({error.problem}); fix the syntax") from None
+    except (yaml.YAMLError, ValueError, RecursionError) as error:
+        raise _file_problem(config_path, f"invalid YAML ({type(error).__name__}); fix the syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise _file_problem(config_path, "the top level must be a mapping of keys (services, pipeline, ...)")
+    return data
+
+
+def file_identity(path: str | None) -> tuple[int, int] | None:
+    """The file's modification time (ns) and size; None for no file (the loader reports a missing one clearly)."""
+    try:
+        status = Path(path).stat() if path else None
+    except OSError:
+        return None
+    return (status.st_mtime_ns, status.st_size) if status else None
+
+
+def drop_empty_keys(node: Any) -> Any:
+    """A key written with no value (``auth:`` with every line commented out) is the same as the key absent."""
+    if isinstance(node, dict):
+        return {key: drop_empty_keys(value) for key, value in node.items() if value is not None}
+    if isinstance(node, list):
+        return [drop_empty_keys(item) for item in node]
+    return node
