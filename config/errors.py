@@ -47,20 +47,13 @@ def _unknown_key_text(loc: tuple[Any, ...]) -> str:
     return f"unknown key; {hint}remove or rename it (valid keys here: {', '.join(valid)})"
 
 
-_WHOLE_NUMBER = "must be a whole number (e.g. 5)"
-_BLOCK = "must be a block of keys (a YAML mapping)"
 _FIXED_TEXTS = {
     "missing": "is required; add it",
-    "int_parsing": _WHOLE_NUMBER,
-    "int_type": _WHOLE_NUMBER,
-    "int_from_float": _WHOLE_NUMBER,
-    "bool_parsing": "must be true or false",
-    "bool_type": "must be true or false",
+    **dict.fromkeys(("int_parsing", "int_type", "int_from_float"), "must be a whole number (e.g. 5)"),
+    **dict.fromkeys(("bool_parsing", "bool_type"), "must be true or false"),
     "string_type": 'must be a text value; quote it in YAML (e.g. "123")',
     "list_type": "must be a list; write [a, b] in YAML or a,b in an environment variable or flag",
-    "model_type": _BLOCK,
-    "model_attributes_type": _BLOCK,
-    "dict_type": _BLOCK,
+    **dict.fromkeys(("model_type", "model_attributes_type", "dict_type"), "must be a block of keys (a YAML mapping)"),
     "string_too_short": "must not be empty; set a value",
 }
 _RANGE_TYPES = {"greater_than_equal", "less_than_equal", "greater_than", "less_than"}

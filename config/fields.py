@@ -127,6 +127,11 @@ def positive(note: str) -> AfterValidator:
     return AfterValidator(check)
 
 
+def zero_means(default: Any) -> AfterValidator:
+    """0 (or a zero duration) stands for ``default``."""
+    return AfterValidator(lambda value: value if value > type(default)() else default)
+
+
 OptionalStr = Annotated[str | None, BeforeValidator(_blank_to_none)]
 OptionalPath = Annotated[OptionalStr, AfterValidator(refuse_control_characters)]
 OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_blank_to_none)]

@@ -1,21 +1,14 @@
 """The one configuration loader: YAML file + ${VAR} + APP_* environment + command-line overrides -> Settings.
 
 Precedence, highest first: overrides (command-line flags), APP_* environment variables, the file (config.yaml_file,
-with ${VAR} and Prefect Secret blocks expanded by config.variables), defaults.
+which also expands ${VAR} and Prefect Secret blocks), defaults. The APP_* name of every key is ``APP_`` + its dotted
+path upper-cased with ``.`` -> ``_``, resolved from the known keys (config.keys), never by splitting on ``_``.
+APP_* variables that match no key are ignored (other tools may share the prefix); one set to the empty string counts
+as unset (``APP_X=`` in compose files).
 
-Environment variables: the name of every key is ``APP_`` + its dotted path upper-cased with ``.`` -> ``_``
-(APP_SERVICES_EXTRACTOR_BASE_URL, APP_RETRY_MAX_ATTEMPTS, ...). Names are resolved by enumerating the known
-leaf keys of the models (plus the deprecated extractor keys; config.keys), never by splitting on ``_``, so
-BASE_URL is never mistaken for nesting. Decisions:
-
-* APP_* variables that match no key are ignored silently: other tools may share the prefix.
-* A variable set to the empty string counts as unset (``APP_X=`` in compose files), like an unset variable.
-* Lists accept ``a,b`` or a JSON/YAML flow list ``[a, b]``.
-
-The value source of every leaf key is recorded in ``LoadedConfig.sources``: "default", "file",
-"env APP_...", or "flag <label>" (label ``--set <key>`` unless ``override_labels`` names the real flag).
-All problems found are raised together as one ConfigError (config.errors). No message ever contains a configured
-value of a secret.
+The value source of every leaf key is recorded in ``LoadedConfig.sources``: "default", "file", "env APP_...", or
+"flag <label>" (label ``--set <key>`` unless ``override_labels`` names the real flag). All problems found are raised
+together as one ConfigError (config.errors); no message ever contains a configured value of a secret.
 """
 
 from __future__ import annotations
@@ -40,8 +33,7 @@ from config.fields import ENV_PREFIX, Problem, env_var_name
 from config.keys import ENRICHMENTS_KEY, env_var_index, leaf_paths, secret_key_paths, settable_paths, value_at
 from config.services import legacy_key_paths
 from config.settings import Settings
-from config.variables import SECRET_BLOCK_PREFIX, substitute_variables
-from config.yaml_file import drop_empty_keys, file_identity, read_yaml
+from config.yaml_file import SECRET_BLOCK_PREFIX, drop_empty_keys, file_identity, read_yaml, substitute_variables
 from tasks.core.redaction import register_basic_credentials, register_secret
 
 
@@ -50,9 +42,6 @@ class LoadedConfig:
     settings: Settings
     sources: dict[str, str]
     warnings: list[str] = field(default_factory=list)
-
-
-# --- merging env and flags ------------------------------------------------------------------------------
 
 
 def _parent_of(tree: dict[str, Any], path: str, create: bool = False) -> tuple[dict[str, Any] | None, str]:
@@ -84,12 +73,10 @@ def _apply_env(tree: dict[str, Any], env: Mapping[str, str], sources: dict[str, 
 
 
 def _apply_overrides(
-    tree: dict[str, Any],
-    overrides: Mapping[str, str],
-    labels: Mapping[str, str],
-    sources: dict[str, str],
-    problems: list[str],
-) -> None:
+    tree: dict[str, Any], overrides: Mapping[str, str], labels: Mapping[str, str], sources: dict[str, str]
+) -> list[str]:
+    """Set the command line's values; the problems of unknown keys."""
+    problems: list[str] = []
     for key, value in overrides.items():
         label = labels.get(key, f"--set {key}")
         if key not in settable_paths():
@@ -99,6 +86,7 @@ def _apply_overrides(
             continue
         _set_path(tree, key, value)
         sources[key] = f"flag {label}"
+    return problems
 
 
 def _final_sources(raw_sources: Mapping[str, str]) -> dict[str, str]:
@@ -109,9 +97,6 @@ def _final_sources(raw_sources: Mapping[str, str]) -> dict[str, str]:
             source = f"{source} (deprecated key {path})" if source == "file" else source
         sources[legacy.get(path, path)] = source
     return sources
-
-
-# --- public API -----------------------------------------------------------------------------------------
 
 
 def load_settings(
@@ -135,8 +120,7 @@ def load_settings(
         resolve_file_paths(tree, Path(config_path).expanduser().resolve().parent)
     raw_sources = {path: "file" for path in sorted(settable_paths()) if _has_path(tree, path)}
     _apply_env(tree, env, raw_sources)
-    flag_problems: list[str] = []
-    _apply_overrides(tree, overrides or {}, override_labels or {}, raw_sources, flag_problems)
+    flag_problems = _apply_overrides(tree, overrides or {}, override_labels or {}, raw_sources)
     # A ${VAR} in a file value that the environment or a flag replaces does no harm.
     unresolved = [(path, message) for path, message in unresolved if raw_sources.get(path, "file") == "file"]
     problems = [f"{path}: {message}" for path, message in unresolved] + flag_problems

@@ -5,13 +5,13 @@ from __future__ import annotations
 import itertools
 import os
 from collections import Counter
-from typing import ClassVar, Literal
+from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from config.fields import ConfigModel, OptionalStr, Problem, StrList, raise_problem, raise_problems
+from config.fields import ConfigModel, OptionalStr, Problem, StrList, raise_problem, raise_problems, zero_means
 
 # The one list of step names, and which of them import data or may be listed more than once: the configuration
 # checks enabled_steps by them, tasks.job.layout names the import steps' folder by them, and the flow's table of step
@@ -127,10 +127,8 @@ class TaskRunnerSettings(ConfigModel):
 class PipelineSettings(ConfigModel):
     """pipeline: the ordered steps of a job, and where their per-file work runs (``task_runner``)."""
 
-    DEFAULT_MAX_NDJSON_LINE_SIZE_MB: ClassVar[int] = 100
-
     enabled_steps: StrList = Field(default_factory=list, validate_default=True)
-    max_ndjson_line_size_mb: int = Field(default=DEFAULT_MAX_NDJSON_LINE_SIZE_MB, ge=0, le=4096)
+    max_ndjson_line_size_mb: Annotated[int, zero_means(100)] = Field(default=100, ge=0, le=4096)
     task_runner: TaskRunnerSettings = Field(default_factory=TaskRunnerSettings)
 
     @property
@@ -151,8 +149,3 @@ class PipelineSettings(ConfigModel):
             )
         raise_problems(_step_name_problems(steps) + _step_order_problems(steps))
         return steps
-
-    @field_validator("max_ndjson_line_size_mb")
-    @classmethod
-    def _zero_means_default(cls, value: int) -> int:
-        return value or cls.DEFAULT_MAX_NDJSON_LINE_SIZE_MB

@@ -13,20 +13,8 @@ from pydantic_core import PydanticCustomError
 
 from config.durations import Duration, format_duration
 from config.enrichment import CrtdlPreprocessingSettings
-from config.fields import (
-    ConfigModel,
-    OptionalPath,
-    OptionalSecret,
-    OptionalStr,
-    OptionalUrl,
-    Problem,
-    StrList,
-    emit_warning,
-    positive,
-    raise_problem,
-    raise_problems,
-    refuse_userinfo,
-)
+from config.fields import ConfigModel, OptionalPath, OptionalSecret, OptionalStr, OptionalUrl, Problem, StrList
+from config.fields import emit_warning, positive, raise_problem, raise_problems, refuse_userinfo, zero_means
 
 _HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 """RFC 7230 token (tchar+), the grammar of an HTTP header name."""
@@ -45,6 +33,14 @@ _SCHEMES = (
 _BOTH_SCHEMES = (
     "sets both Basic Auth (username/password) and OAuth 2.0 (oauth_*); both would set the Authorization header, "
     "so keep only one of the two schemes"
+)
+_NOT_A_HEADER = (
+    "is not a valid HTTP header name; use only letters, digits and !#$%&'*+-.^_`|~ (no spaces or colons), e.g. "
+    "x-api-key"
+)
+_AUTHORIZATION_HEADER = (
+    "is Authorization, which Basic Auth/OAuth 2.0 also set; use another header for the API key (default x-api-key) "
+    "or remove the Basic/OAuth fields"
 )
 
 
@@ -75,37 +71,29 @@ class AuthSettings(ConfigModel):
             missing = [name for name in names if present and name not in present]
             problems += [(name, f"is missing while {', '.join(present)} is set; {needs}") for name in missing]
         if not _HTTP_TOKEN.fullmatch(self.api_key_header):
-            problems.append(
-                (
-                    "api_key_header",
-                    f"'{self.api_key_header}' is not a valid HTTP header name; use only letters, digits and "
-                    "!#$%&'*+-.^_`|~ (no spaces or colons), e.g. x-api-key",
-                )
-            )
+            problems.append(("api_key_header", f"'{self.api_key_header}' {_NOT_A_HEADER}"))
         elif self.api_key_header.lower() == "authorization" and (basic or oauth):
-            problems.append(
-                (
-                    "api_key_header",
-                    "is Authorization, which Basic Auth/OAuth 2.0 also set; use another header for the API "
-                    "key (default x-api-key) or remove the Basic/OAuth fields",
-                )
-            )
+            problems.append(("api_key_header", _AUTHORIZATION_HEADER))
         raise_problems(problems)
         return self
 
 
-def _strip_fhir_suffix(url: str | None, info: ValidationInfo, block: str) -> str | None:
-    """Drop a trailing /fhir (the clients append it) and warn, as the earlier shape included it."""
-    trimmed = (url or "").rstrip("/")
-    if not trimmed.lower().endswith("/fhir"):
-        return url
+def _fhir_base(block: str) -> AfterValidator:
+    """Drops a trailing /fhir (the clients append it) and warns, as the earlier shape included it."""
     key_path = f"services.{block}.url"
-    emit_warning(
-        info,
-        f"{key_path}: ends with /fhir, which the client appends itself; the suffix was dropped. "
-        f"Remove /fhir from {key_path}.",
-    )
-    return trimmed[: -len("/fhir")]
+
+    def strip(url: str | None, info: ValidationInfo) -> str | None:
+        trimmed = (url or "").rstrip("/")
+        if not trimmed.lower().endswith("/fhir"):
+            return url
+        emit_warning(
+            info,
+            f"{key_path}: ends with /fhir, which the client appends itself; the suffix was dropped. "
+            f"Remove /fhir from {key_path}.",
+        )
+        return trimmed[: -len("/fhir")]
+
+    return AfterValidator(strip)
 
 
 # --- the extractor and its deprecated keys -------------------------------------------------------------
@@ -197,10 +185,13 @@ def _origins_only(values: list[str]) -> list[str]:
     return [value.strip().rstrip("/") for value in values]
 
 
+_STALL = timedelta(minutes=1)
+
+
 class ExtractorSettings(ConfigModel):
     """services.extractor: the extraction server client."""
 
-    DEFAULT_DOWNLOAD_STALL_TIMEOUT: ClassVar[timedelta] = timedelta(minutes=1)
+    DEFAULT_DOWNLOAD_STALL_TIMEOUT: ClassVar[timedelta] = _STALL
 
     base_url: OptionalUrl = None
     auth: AuthSettings = Field(default_factory=AuthSettings)
@@ -211,7 +202,7 @@ class ExtractorSettings(ConfigModel):
     max_polling_interval: Duration = timedelta(seconds=30)
     file_ready_retries: int = Field(default=10, le=10_000)
     file_ready_interval: Duration = timedelta(seconds=10)
-    download_stall_timeout: Duration = DEFAULT_DOWNLOAD_STALL_TIMEOUT
+    download_stall_timeout: Annotated[Duration, zero_means(_STALL)] = _STALL
     max_result_files: int = Field(default=100_000, ge=1)
     # Origins (scheme://host[:port]) besides base_url's that get the credentials when the manifest says the result
     # files need a token (requiresAccessToken); without it no other origin gets them.
@@ -226,11 +217,6 @@ class ExtractorSettings(ConfigModel):
         migrated = dict(data)
         raise_problems(_migrate_flat_auth(migrated, info) + _migrate_legacy_durations(migrated, info))
         return migrated
-
-    @field_validator("download_stall_timeout")
-    @classmethod
-    def _zero_stall_means_default(cls, value: timedelta) -> timedelta:
-        return value if value > timedelta(0) else cls.DEFAULT_DOWNLOAD_STALL_TIMEOUT
 
     @model_validator(mode="after")
     def _max_polling_not_below_polling(self) -> ExtractorSettings:
@@ -249,30 +235,24 @@ class ExtractorSettings(ConfigModel):
 class PseudonymizerSettings(ConfigModel):
     """services.pseudonymizer."""
 
-    url: OptionalUrl = None
+    url: Annotated[OptionalUrl, _fhir_base("pseudonymizer")] = None
     bundle_split_threshold_mb: int = Field(default=10, ge=1, le=100)
     timeout: Annotated[Duration, positive("default PT30S")] = timedelta(seconds=30)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     anonymization_config: OptionalPath = None
     max_concurrent_requests: int = Field(default=4, ge=1, le=1000)
 
-    @field_validator("url")
-    @classmethod
-    def _no_fhir_suffix(cls, value: str | None, info: ValidationInfo) -> str | None:
-        return _strip_fhir_suffix(value, info, "pseudonymizer")
-
 
 class FlatteningSettings(ConfigModel):
     """services.flattening."""
 
-    DEFAULT_BATCH_SIZE_MB: ClassVar[int] = 500
     FORMATS: ClassVar[tuple[str, ...]] = ("csv", "parquet")
 
     service_url: OptionalUrl = None
     lookup_path: OptionalPath = None
     formats: StrList = Field(default_factory=lambda: ["csv"])
     timeout: Annotated[Duration, positive("default PT30M")] = timedelta(minutes=30)
-    batch_size_mb: int = Field(default=DEFAULT_BATCH_SIZE_MB, ge=0, le=1_000_000)
+    batch_size_mb: Annotated[int, zero_means(500)] = Field(default=500, ge=0, le=1_000_000)
 
     @field_validator("formats")
     @classmethod
@@ -294,11 +274,6 @@ class FlatteningSettings(ConfigModel):
             )
         return [name for name in cls.FORMATS if name in names]
 
-    @field_validator("batch_size_mb")
-    @classmethod
-    def _zero_means_default(cls, value: int) -> int:
-        return value or cls.DEFAULT_BATCH_SIZE_MB
-
 
 class TransferSettings(ConfigModel):
     """services.send.transfer (transfer_load only)."""
@@ -314,7 +289,7 @@ class S3Settings(ConfigModel):
     region: OptionalStr = None
     access_key_id: OptionalSecret = None
     secret_access_key: OptionalSecret = None
-    endpoint: OptionalUrl = None
+    endpoint: OptionalUrl = Field(default=None, description="an S3-compatible store's address; unset: AWS's")
     use_path_style: bool = False
     timeout: Annotated[Duration, positive("default PT30M")] = timedelta(minutes=30)
 
@@ -326,16 +301,11 @@ class SendSettings(ConfigModel):
     """services.send."""
 
     send_as: Literal["direct_resource_load", "transfer_load", "s3_upload"] | None = None
-    url: OptionalUrl = None
+    url: Annotated[OptionalUrl, _fhir_base("send")] = None
     batch_size: int = Field(default=100, ge=0, le=1000)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     transfer: TransferSettings = Field(default_factory=TransferSettings)
     s3: S3Settings = Field(default_factory=S3Settings)
-
-    @field_validator("url")
-    @classmethod
-    def _no_fhir_suffix(cls, value: str | None, info: ValidationInfo) -> str | None:
-        return _strip_fhir_suffix(value, info, "send")
 
 
 class ValidationSettings(ConfigModel):

@@ -12,15 +12,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, model_validator
 
-from config.fields import (
-    ConfigModel,
-    OptionalPath,
-    Problem,
-    emit_warning,
-    env_var_name,
-    raise_problems,
-    refuse_control_characters,
-)
+from config.fields import ConfigModel, OptionalPath, Problem
+from config.fields import emit_warning, env_var_name, raise_problems, refuse_control_characters
 from config.pipeline import PipelineSettings
 from config.services import FHIR_SEND_MODES, SendSettings, ServicesSettings
 

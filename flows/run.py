@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from config.errors import ConfigError
 from config.keys import leaf_paths, secret_key_paths
 from config.loader import LoadedConfig, cached_settings, effective_config_rows, load_settings, refuse_secret_overrides
-from config.variables import names_secret_blocks
+from config.yaml_file import names_secret_blocks
 from config.runtime import apply_prefect_defaults, default_jobs_dir
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.jobs import (
