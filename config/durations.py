@@ -82,22 +82,20 @@ def _validate_duration(value: Any) -> Any:
     """Turn the configuration's duration spellings into a timedelta (pydantic before-validator)."""
     if isinstance(value, timedelta):
         return value
-    if isinstance(value, bool):
-        raise PydanticCustomError("duration", "must be a duration, not true/false; {forms}", {"forms": ACCEPTED_FORMS})
-    if isinstance(value, (int, float)):
-        if value == 0:
-            return timedelta(0)
-        raise PydanticCustomError(
-            "duration",
-            "a bare number ({number}) is ambiguous because it has no unit; {forms}",
-            {"number": value, "forms": ACCEPTED_FORMS},
-        )
     if isinstance(value, str):
         try:
             return parse_duration(value)
         except ValueError as error:
             raise PydanticCustomError("duration", "{reason}", {"reason": str(error)}) from None
-    raise PydanticCustomError("duration", "must be a duration; {forms}", {"forms": ACCEPTED_FORMS})
+    if isinstance(value, bool):
+        message = "must be a duration, not true/false; {forms}"
+    elif isinstance(value, (int, float)):
+        if value == 0:
+            return timedelta(0)
+        message = "a bare number ({number}) is ambiguous because it has no unit; {forms}"
+    else:
+        message = "must be a duration; {forms}"
+    raise PydanticCustomError("duration", message, {"number": value, "forms": ACCEPTED_FORMS})
 
 
 Duration = Annotated[

@@ -1,8 +1,6 @@
 """services.crtdl_preprocessing: the CRTDL enrichment rules, written inline in the configuration (snake_case) or
-in an external JSON file (camelCase, as the other tools of the ecosystem write it).
-
-One set of models serves both spellings: the configuration validates them by name, the file by alias.
-"""
+in an external JSON file (camelCase, as the other tools of the ecosystem write it). One set of models serves both
+spellings: the configuration validates them by name, the file by alias."""
 
 from __future__ import annotations
 

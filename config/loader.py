@@ -60,42 +60,26 @@ def _has_path(tree: dict[str, Any], path: str) -> bool:
     return node is not None and leaf in node
 
 
-def _set_path(tree: dict[str, Any], path: str, value: Any) -> None:
-    node, leaf = _parent_of(tree, path, create=True)
-    node[leaf] = value  # type: ignore[index]  # create=True made every parent a mapping
+def _set_values(tree: dict[str, Any], values: Mapping[str, tuple[str, str]], sources: dict[str, str]) -> None:
+    """Set each key of ``values`` to its (value, source) in the tree, and record the source."""
+    for key, (value, source) in values.items():
+        node, leaf = _parent_of(tree, key, create=True)
+        node[leaf] = value  # type: ignore[index]  # create=True made every parent a mapping
+        sources[key] = source
 
 
-def _apply_env(tree: dict[str, Any], env: Mapping[str, str], sources: dict[str, str]) -> None:
-    index = env_var_index()
-    for name in sorted(name for name in env if name in index and env[name] != ""):
-        _set_path(tree, index[name], env[name])
-        sources[index[name]] = f"env {name}"
-
-
-def _apply_overrides(
-    tree: dict[str, Any], overrides: Mapping[str, str], labels: Mapping[str, str], sources: dict[str, str]
-) -> list[str]:
-    """Set the command line's values; the problems of unknown keys."""
-    problems: list[str] = []
-    for key, value in overrides.items():
-        label = labels.get(key, f"--set {key}")
-        if key not in settable_paths():
-            close = difflib.get_close_matches(key, leaf_paths(), n=1)
-            hint = f"did you mean {close[0]}?" if close else "run config check to list the keys"
-            problems.append(f"{label}: unknown configuration key {key}; {hint}")
-            continue
-        _set_path(tree, key, value)
-        sources[key] = f"flag {label}"
-    return problems
+def _unknown_flag_key(key: str, label: str) -> str:
+    close = difflib.get_close_matches(key, leaf_paths(), n=1)
+    hint = f"did you mean {close[0]}?" if close else "run config check to list the keys"
+    return f"{label}: unknown configuration key {key}; {hint}"
 
 
 def _final_sources(raw_sources: Mapping[str, str]) -> dict[str, str]:
     legacy = legacy_key_paths()
     sources = dict.fromkeys(leaf_paths(), "default")
     for path, source in raw_sources.items():
-        if path in legacy:
-            source = f"{source} (deprecated key {path})" if source == "file" else source
-        sources[legacy.get(path, path)] = source
+        deprecated = path in legacy and source == "file"
+        sources[legacy.get(path, path)] = f"{source} (deprecated key {path})" if deprecated else source
     return sources
 
 
@@ -119,18 +103,24 @@ def load_settings(
         tree = drop_empty_keys(substitute_variables(read_yaml(Path(config_path)), env, unresolved))
         resolve_file_paths(tree, Path(config_path).expanduser().resolve().parent)
     raw_sources = {path: "file" for path in sorted(settable_paths()) if _has_path(tree, path)}
-    _apply_env(tree, env, raw_sources)
-    flag_problems = _apply_overrides(tree, overrides or {}, override_labels or {}, raw_sources)
+    index = env_var_index()
+    env_values = {index[name]: (env[name], f"env {name}") for name in sorted(env) if name in index and env[name] != ""}
+    _set_values(tree, env_values, raw_sources)
+    labels = {key: (override_labels or {}).get(key, f"--set {key}") for key in overrides or {}}
+    flag_problems = [_unknown_flag_key(key, label) for key, label in labels.items() if key not in settable_paths()]
+    flags = {key: (value, f"flag {labels[key]}") for key, value in (overrides or {}).items() if key in settable_paths()}
+    _set_values(tree, flags, raw_sources)
     # A ${VAR} in a file value that the environment or a flag replaces does no harm.
     unresolved = [(path, message) for path, message in unresolved if raw_sources.get(path, "file") == "file"]
     problems = [f"{path}: {message}" for path, message in unresolved] + flag_problems
     warnings: list[str] = []
-    settings = None
     try:
         settings = Settings.model_validate(copy.deepcopy(tree), context={"warnings": warnings})
     except ValidationError as error:
-        problems += validation_problems(error, raw_sources, {path for path, _ in unresolved})
-    if problems or settings is None:
+        raise ConfigError(
+            problems + validation_problems(error, raw_sources, {path for path, _ in unresolved})
+        ) from None
+    if problems:
         raise ConfigError(problems)
     register_secrets(settings)
     sources = _final_sources(raw_sources)
@@ -146,19 +136,17 @@ SettingsIdentity = tuple[str | None, tuple[int, int] | None, tuple[tuple[str, st
 def cached_settings(config_path: str | None, overrides: Mapping[str, str]) -> Settings:
     """The settings of ``config_path`` plus ``overrides``, loaded once per process and identity.
 
-    The identity is secret-free: the file's path, its modification time and size, the sorted (non-secret)
-    overrides and a digest of the APP_* environment, so an edited file, ``continue --set`` or another APP_* value
-    is loaded afresh, in the flow's process and on a Dask worker alike. Secrets come from the file's ``${VAR}``
-    and the APP_* environment, read when the settings are loaded, and from Prefect Secret blocks the file names
-    (read when the file is first loaded in the process: a changed block value needs a new process or an edit of
-    the file).
+    The identity is secret-free (``settings_identity``), so an edited file, ``continue --set`` or another APP_*
+    value is loaded afresh, in the flow's process and on a Dask worker alike. A Prefect Secret block is read when
+    the file is first loaded in the process: a changed block value needs a new process or an edit of the file.
     """
     return _settings_of_identity(*settings_identity(config_path, overrides))
 
 
 def settings_identity(config_path: str | None, overrides: Mapping[str, str]) -> SettingsIdentity:
-    """What the settings of ``config_path`` plus ``overrides`` depend on, without a secret: a key for caches of
-    the settings and of what is built from them (clients)."""
+    """What the settings of ``config_path`` plus ``overrides`` depend on, without a secret: the file's path,
+    modification time and size, the sorted overrides and a digest of the APP_* environment. A key for caches of the
+    settings and of what is built from them (clients)."""
     return config_path, file_identity(config_path), tuple(sorted(overrides.items())), app_environment_digest()
 
 

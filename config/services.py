@@ -114,12 +114,6 @@ def legacy_key_paths() -> dict[str, str]:
     return flat | durations
 
 
-def _legacy_whole_number(value: Any) -> int | None:
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value.strip())
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _migrate_flat_auth(data: dict[str, Any], info: ValidationInfo) -> list[Problem]:
     flat = [key for key in LEGACY_FLAT_AUTH_KEYS if key in data]
     if flat and data.get("auth") not in (None, {}):
@@ -149,8 +143,9 @@ def _migrate_legacy_durations(data: dict[str, Any], info: ValidationInfo) -> lis
         if new in data:
             problems.append((old, f"and {new} are both set; delete the deprecated {old} and keep {new}"))
             continue
-        amount = _legacy_whole_number(data.pop(old))
-        if amount is None:
+        amount = data.pop(old)
+        amount = int(amount.strip()) if isinstance(amount, str) and amount.strip().isdigit() else amount
+        if not isinstance(amount, int) or isinstance(amount, bool):
             problems.append((old, f"must be a whole number of {unit}; better, replace it with {new} (e.g. PT30S)"))
             continue
         data[new] = timedelta(**{unit: amount})
@@ -227,9 +222,6 @@ class ExtractorSettings(ConfigModel):
                 f"{format_duration(self.polling_interval)}; set it to at least polling_interval",
             )
         return self
-
-
-# --- the other services ---------------------------------------------------------------------------------
 
 
 class PseudonymizerSettings(ConfigModel):

@@ -1,21 +1,140 @@
-"""The typed settings of dupflow: the root of the YAML tree, its small blocks (retry, tls, compression), and the
-rules that depend on the enabled steps.
-
-Every block forbids unknown keys (see config.fields). The blocks of ``services`` live in config.services, the
-``pipeline`` block in config.pipeline. Rules that depend on the enabled steps are checked here, and only for the
-steps that are enabled, so an unused block may stay half configured.
-"""
+"""The typed settings of dupflow: the root of the YAML tree (its ``services`` blocks are in config.services), the
+``pipeline`` block with the step names and the rules of their order, the small blocks, and the rules that depend
+on the enabled steps: checked only for the steps that are enabled, so an unused block may stay half configured."""
 
 from __future__ import annotations
 
+import itertools
+import os
+from collections import Counter
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Field, ValidationInfo, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
-from config.fields import ConfigModel, OptionalPath, Problem
-from config.fields import emit_warning, env_var_name, raise_problems, refuse_control_characters
-from config.pipeline import PipelineSettings
+from config.fields import ConfigModel, OptionalPath, OptionalStr, Problem, StrList, emit_warning, env_var_name
+from config.fields import raise_problem, raise_problems, refuse_control_characters, zero_means
 from config.services import FHIR_SEND_MODES, SendSettings, ServicesSettings
+
+# The one list of step names, and which of them import data or may be listed more than once: the configuration
+# checks enabled_steps by them, tasks.job.layout names the import steps' folder by them, and the flow's table of step
+# tasks (flows.pipeline.STEPS) is checked against them by tests/test_step_names.py.
+STEP_NAMES = ("extractor", "local_import", "http_import", "pseudonymizer", "wait", "flattening", "send", "validation")
+IMPORT_STEPS = ("extractor", "local_import", "http_import")
+REPEATABLE_STEPS = ("wait",)
+REMOVED_STEPS = {"csv_conversion": "flattening", "parquet_conversion": "flattening"}
+MAX_LISTED_UNKNOWN_STEPS = 5
+
+
+def _step_name_problems(steps: list[str]) -> list[Problem]:
+    problems: list[Problem] = []
+    counts = Counter(steps)
+    unknown = [step for step in counts if step not in STEP_NAMES and step not in REMOVED_STEPS]
+    if unknown:
+        shown = ", ".join(f"'{step}'" for step in unknown[:MAX_LISTED_UNKNOWN_STEPS])
+        more = f" and {len(unknown) - MAX_LISTED_UNKNOWN_STEPS} more" if len(unknown) > MAX_LISTED_UNKNOWN_STEPS else ""
+        problems.append(("", f"unknown step {shown}{more}; valid steps are {', '.join(STEP_NAMES)}"))
+    for step in [step for step in counts if step in REMOVED_STEPS]:
+        message = f"step {step} was a placeholder and no longer exists; use {REMOVED_STEPS[step]} instead"
+        problems.append(("", message + " (it produces CSV through the flattening service)"))
+    once_only = set(STEP_NAMES) - set(REPEATABLE_STEPS + IMPORT_STEPS)
+    duplicates = sorted(step for step, count in counts.items() if count > 1 and step in once_only)
+    return problems + [("", f"step {step} is listed more than once; list it once") for step in duplicates]
+
+
+def _step_order_problems(steps: list[str]) -> list[Problem]:
+    problems: list[Problem] = []
+    imports = [step for step in steps if step in IMPORT_STEPS]
+    if len(imports) != 1:
+        found = f"found {', '.join(dict.fromkeys(imports))}" if imports else "found none"
+        needs = f"needs exactly one import step ({', '.join(IMPORT_STEPS)}), {found}"
+        problems.append(("", f"{needs}; keep exactly one and put it first"))
+    elif steps[0] not in IMPORT_STEPS:
+        problems.append(("", f"the import step {imports[0]} must come first; move it to the start of the list"))
+    if steps[0] == "wait":
+        problems.append(("", "a wait step cannot be first; put it after the import step"))
+    if any(a == b == "wait" for a, b in itertools.pairwise(steps)):
+        problems.append(("", "a wait step cannot directly follow another wait step; remove one of them"))
+    return problems
+
+
+class TaskRunnerSettings(ConfigModel):
+    """pipeline.task_runner: where the per-file work of every step runs.
+
+    ``in_process`` (the default): threads of the flow's own process. ``dask``: each file is a Prefect task run on a
+    Dask cluster (prefect-dask's ``DaskTaskRunner``): the running scheduler at ``dask_address``, or else a local
+    cluster of ``dask_workers`` worker processes (one thread each; default one per core) started for the flow run
+    and closed at its end. Every worker must see the jobs directory at the same path and reach the same Prefect
+    API. Dask costs ~0.1 s per task run: it pays for file-sized work only.
+    """
+
+    kind: Literal["in_process", "dask"] = "in_process"
+    dask_address: OptionalStr = None
+    dask_workers: int | None = Field(default=None, ge=1, le=1024)
+
+    @property
+    def local_workers(self) -> int:
+        """Worker processes of a local cluster."""
+        return self.dask_workers or os.cpu_count() or 1
+
+    @field_validator("dask_address")
+    @classmethod
+    def _scheduler_address(cls, address: str | None) -> str | None:
+        if address is None:
+            return None
+        parts = urlsplit(address.strip())
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme not in ("tcp", "tls") or not parts.hostname or port is None or parts.path.strip("/"):
+            raise PydanticCustomError(
+                "dask_address",
+                "is not a Dask scheduler address; write tcp://<host>:<port> (or tls://), e.g. tcp://scheduler:8786",
+            )
+        return address.strip()
+
+    @model_validator(mode="after")
+    def _keys_fit_the_kind(self) -> TaskRunnerSettings:
+        if self.kind == "in_process":
+            keys = [key for key in ("dask_address", "dask_workers") if getattr(self, key) is not None]
+            fix = "is set but kind is in_process; set kind: dask to run the per-file work on Dask, or remove it"
+            raise_problems([(key, fix) for key in keys])
+        elif self.dask_address is not None and self.dask_workers is not None:
+            raise_problem(
+                "dask_workers",
+                "sizes a local cluster, but dask_address names a running scheduler whose workers are started "
+                "where they run; remove dask_workers (or dask_address, for a local cluster)",
+            )
+        return self
+
+
+class PipelineSettings(ConfigModel):
+    """pipeline: the ordered steps of a job, and where their per-file work runs (``task_runner``)."""
+
+    enabled_steps: StrList = Field(default_factory=list, validate_default=True)
+    max_ndjson_line_size_mb: Annotated[int, zero_means(100)] = Field(default=100, ge=0, le=4096)
+    task_runner: TaskRunnerSettings = Field(default_factory=TaskRunnerSettings)
+
+    @property
+    def max_ndjson_line_size_bytes(self) -> int:
+        return self.max_ndjson_line_size_mb * 1024 * 1024
+
+    def has_step(self, step: str) -> bool:
+        return step in self.enabled_steps
+
+    @field_validator("enabled_steps")
+    @classmethod
+    def _steps_follow_the_rules(cls, steps: list[str]) -> list[str]:
+        if not steps:
+            raise_problem(
+                "",
+                "is empty; list the steps to run in order, starting with one import step, "
+                "e.g. [local_import, pseudonymizer, send]",
+            )
+        raise_problems(_step_name_problems(steps) + _step_order_problems(steps))
+        return steps
 
 
 class RetrySettings(ConfigModel):
@@ -40,15 +159,14 @@ def _required(key_path: str, reason: str) -> Problem:
     return (key_path, f"is required {reason}; set it in the configuration file or with {env_var_name(key_path)}")
 
 
+_SEND_AS_MISSING = (
+    "is required because the send step is enabled; set one of direct_resource_load, transfer_load, s3_upload"
+)
+
+
 def _send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]:
     if send.send_as is None:
-        return [
-            (
-                "services.send.send_as",
-                "is required because the send step is enabled; set one of "
-                "direct_resource_load, transfer_load, s3_upload",
-            )
-        ]
+        return [("services.send.send_as", _SEND_AS_MISSING)]
     if send.send_as in FHIR_SEND_MODES:
         reason = f"for send_as {send.send_as}"
         problems = [_required("services.send.url", reason)] if send.url is None else []

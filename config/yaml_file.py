@@ -74,6 +74,13 @@ def _read_text(config_path: Path) -> str:
         raise _file_problem(config_path, text) from None
 
 
+_TOO_DEEP = f"nested more than {MAX_YAML_DEPTH} levels deep; a configuration needs far fewer, check the file"
+_TOO_MANY = (
+    f"more than {MAX_YAML_NODES:,} values once YAML aliases (*name) are expanded; write the values out or use fewer "
+    "aliases"
+)
+
+
 def _check_yaml_shape(text: str, config_path: Path) -> None:
     """Refuse, before building anything, documents that would cost more than a configuration ever needs:
     nesting deeper than MAX_YAML_DEPTH, more than MAX_YAML_NODES values once aliases are expanded (an
@@ -82,44 +89,28 @@ def _check_yaml_shape(text: str, config_path: Path) -> None:
     anchors: dict[str, int] = {}
     open_nodes: list[list[Any]] = [[None, 0]]  # [anchor, expanded size] per open collection; [0] is the root
     for event in yaml.parse(text, Loader=_YamlLoader):
-        size = 0
+        anchor, size, problem = None, 0, None
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
             open_nodes.append([event.anchor, 1])
-            if len(open_nodes) - 1 > MAX_YAML_DEPTH:
-                raise _file_problem(
-                    config_path,
-                    f"nested more than {MAX_YAML_DEPTH} levels deep; a configuration needs far fewer, check the file",
-                    event.start_mark,
-                )
+            problem = _TOO_DEEP if len(open_nodes) - 1 > MAX_YAML_DEPTH else None
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             anchor, size = open_nodes.pop()
         elif isinstance(event, yaml.ScalarEvent):
-            _check_scalar(event, config_path)
             anchor, size = event.anchor, 1
-        elif isinstance(event, yaml.AliasEvent):
-            anchor, size = None, anchors.get(event.anchor, 1)
-        if size:
-            if anchor is not None:
-                anchors[anchor] = size
-            open_nodes[-1][1] += size
-            if open_nodes[-1][1] > MAX_YAML_NODES:
-                raise _file_problem(
-                    config_path,
-                    f"more than {MAX_YAML_NODES:,} values once YAML aliases (*name) are expanded; write the values "
-                    "out or use fewer aliases",
-                    event.start_mark,
+            if event.implicit[0] and len(event.value) > MAX_NUMBER_CHARS and _NUMBER_LIKE.fullmatch(event.value):
+                problem = (
+                    f"a number {len(event.value):,} characters long; no setting takes such a number, shorten it "
+                    "(quote it if it is meant as text)"
                 )
-
-
-def _check_scalar(event: yaml.ScalarEvent, config_path: Path) -> None:
-    plain = event.implicit[0]
-    if plain and len(event.value) > MAX_NUMBER_CHARS and _NUMBER_LIKE.fullmatch(event.value):
-        raise _file_problem(
-            config_path,
-            f"a number {len(event.value):,} characters long; no setting takes such a number, shorten it (quote it "
-            "if it is meant as text)",
-            event.start_mark,
-        )
+        elif isinstance(event, yaml.AliasEvent):
+            size = anchors.get(event.anchor, 1)
+        if anchor is not None:
+            anchors[anchor] = size
+        open_nodes[-1][1] += size
+        if problem is None and open_nodes[-1][1] > MAX_YAML_NODES:
+            problem = _TOO_MANY
+        if problem is not None:
+            raise _file_problem(config_path, problem, event.start_mark)
 
 
 def read_yaml(config_path: Path) -> dict[str, Any]:

@@ -8,9 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from config.durations import ACCEPTED_FORMS, format_duration, parse_duration
-from config.pipeline import PipelineSettings
 from config.services import AuthSettings, ExtractorSettings, FlatteningSettings
-from config.settings import Settings
+from config.settings import PipelineSettings, Settings
 
 
 @pytest.mark.parametrize(

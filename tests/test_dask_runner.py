@@ -14,7 +14,7 @@ import pytest
 
 from config.errors import ConfigError
 from config.loader import load_settings
-from config.pipeline import TaskRunnerSettings
+from config.settings import TaskRunnerSettings
 from flows.run import EXIT_FAILED, EXIT_OK, main
 from tasks.job.contract import StepInput, file_task, settings_of
 from tasks.job.filework import file_runner, map_files

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from config.pipeline import TaskRunnerSettings
+from config.settings import TaskRunnerSettings
 from flows.run import EXIT_FAILED, main
 from tasks.job.contract import StepInput, file_task
 from tasks.job.filework import file_runner, map_files

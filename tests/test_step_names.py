@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from config.pipeline import IMPORT_STEPS, REPEATABLE_STEPS, STEP_NAMES
+from config.settings import IMPORT_STEPS, REPEATABLE_STEPS, STEP_NAMES
 from flows.pipeline import STEPS
 from tasks.job.contract import StepKind
 from tasks.job.layout import step_folder

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from config.runtime import prefect_api_url
-from config.pipeline import TaskRunnerSettings
+from config.settings import TaskRunnerSettings
 from tasks.job.contract import commit_each, stored_in_job
 from tasks.core.errors import DupflowError
 from tasks.streams.fanout import run_bounded

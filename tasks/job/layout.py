@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from config.pipeline import IMPORT_STEPS
+from config.settings import IMPORT_STEPS
 
 PREFECT_DIR = ".prefect"
 

@@ -71,7 +71,7 @@ def prefect_api_url() -> str:
 
 def _measure(root: str, source: str) -> dict:
     """Inside one flow run: the step with the default runner, then on a 2-process local cluster."""
-    from config.pipeline import TaskRunnerSettings
+    from config.settings import TaskRunnerSettings
     from tasks.job.filework import file_runner
 
     timings: dict = {"in_process": [], "dask": []}

@@ -91,7 +91,7 @@ def measure_dask(root: Path, sources: list[Path], workers: int) -> float:
     (cold) import that is not counted."""
     from prefect import flow
 
-    from config.pipeline import TaskRunnerSettings
+    from config.settings import TaskRunnerSettings
     from tasks.job.filework import file_runner, map_files
     from tasks.local_import import import_file
 
