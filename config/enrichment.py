@@ -39,9 +39,14 @@ class EnrichmentRule(_RuleModel):
     attributes_to_add: list[AttributeToAdd] = Field(default_factory=list)
 
 
+class _FileAttribute(AttributeToAdd):
+    linked_groups: list[str] = Field(default_factory=list)  # a JSON list, never the configuration's "a,b" text
+
+
 class _FileRule(EnrichmentRule):
     """A rule of the file, which may also ask for the group to be named after the profile (addGroupIfNotExists)."""
 
+    attributes_to_add: list[_FileAttribute] = Field(default_factory=list)
     add_group_if_not_exists: bool = False
 
     @model_validator(mode="after")
