@@ -71,36 +71,31 @@ def format_duration(value: timedelta) -> str:
     days, rest_ms = divmod(total_ms, 86_400_000)
     hours, rest_ms = divmod(rest_ms, 3_600_000)
     minutes, rest_ms = divmod(rest_ms, 60_000)
-    seconds = rest_ms / 1000
-    date_part = f"{days}D" if days else ""
-    time_part = "".join(f"{amount}{unit}" for amount, unit in ((hours, "H"), (minutes, "M")) if amount)
-    if seconds:
-        time_part += f"{seconds:g}S"
-    if not date_part and not time_part:
+    parts = ((hours, "H"), (minutes, "M"), (rest_ms / 1000, "S"))
+    time_part = "".join(f"{amount:g}{unit}" for amount, unit in parts if amount)
+    if not days and not time_part:
         return "PT0S"
-    return "P" + date_part + ("T" + time_part if time_part else "")
+    return "P" + (f"{days}D" if days else "") + ("T" + time_part if time_part else "")
 
 
 def _validate_duration(value: Any) -> Any:
     """Turn the configuration's duration spellings into a timedelta (pydantic before-validator)."""
     if isinstance(value, timedelta):
         return value
-    if isinstance(value, bool):
-        raise PydanticCustomError("duration", "must be a duration, not true/false; {forms}", {"forms": ACCEPTED_FORMS})
-    if isinstance(value, (int, float)):
-        if value == 0:
-            return timedelta(0)
-        raise PydanticCustomError(
-            "duration",
-            "a bare number ({number}) is ambiguous because it has no unit; {forms}",
-            {"number": value, "forms": ACCEPTED_FORMS},
-        )
     if isinstance(value, str):
         try:
             return parse_duration(value)
         except ValueError as error:
             raise PydanticCustomError("duration", "{reason}", {"reason": str(error)}) from None
-    raise PydanticCustomError("duration", "must be a duration; {forms}", {"forms": ACCEPTED_FORMS})
+    if isinstance(value, bool):
+        message = "must be a duration, not true/false; {forms}"
+    elif isinstance(value, (int, float)):
+        if value == 0:
+            return timedelta(0)
+        message = "a bare number ({number}) is ambiguous because it has no unit; {forms}"
+    else:
+        message = "must be a duration; {forms}"
+    raise PydanticCustomError("duration", message, {"number": value, "forms": ACCEPTED_FORMS})
 
 
 Duration = Annotated[

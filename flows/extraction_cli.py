@@ -25,7 +25,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from config.loader import ConfigError, load_settings
+from config.errors import ConfigError
+from config.loader import load_settings
 from config.runtime import default_jobs_dir
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_server import (

@@ -21,17 +21,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 from collections.abc import Sequence
 
-from config.loader import (
-    ConfigError,
-    LoadedConfig,
-    cached_settings,
-    names_secret_blocks,
-    effective_config_rows,
-    leaf_paths,
-    load_settings,
-    refuse_secret_overrides,
-    secret_key_paths,
-)
+from config.errors import ConfigError
+from config.keys import leaf_paths, secret_key_paths
+from config.loader import LoadedConfig, cached_settings, effective_config_rows, load_settings, refuse_secret_overrides
+from config.yaml_file import names_secret_blocks
 from config.runtime import apply_prefect_defaults, default_jobs_dir
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.jobs import (

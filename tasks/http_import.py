@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from config.settings import ExtractorSettings
+from config.services import ExtractorSettings
 from tasks.clients.downloads import download_ndjson, safe_file_name
 from tasks.clients.http import ServiceEndpoint, build_client, http_timeout
 from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task

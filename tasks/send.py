@@ -44,7 +44,7 @@ from typing import Any
 
 import orjson
 
-from config.settings import TransferSettings
+from config.services import TransferSettings
 from tasks.clients.errors import ServiceError
 from tasks.clients.fhir_server import FhirServer, TransactionRejected
 from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task

@@ -11,7 +11,8 @@ import httpx
 import pytest
 from moto.server import ThreadedMotoServer
 
-from config.settings import AuthSettings, RetrySettings, S3Settings, SendSettings, TlsSettings
+from config.services import AuthSettings, S3Settings, SendSettings
+from config.settings import RetrySettings, TlsSettings
 from tasks.clients.errors import ServiceError
 from tasks.clients.bodies import ReplayableBody
 from tasks.clients.http import ServiceClient, ServiceEndpoint, build_async_client, build_client

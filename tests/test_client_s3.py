@@ -22,7 +22,8 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from config.settings import RetrySettings, SendSettings, TlsSettings
+from config.services import SendSettings
+from config.settings import RetrySettings, TlsSettings
 from tasks.clients.errors import ServiceError
 from tasks.clients.s3 import S3Uploader, UploadedObject
 from tests.conftest import REPO_ROOT
@@ -243,7 +244,8 @@ def test_uploads_from_threads_share_one_manifest(proxy, store, bucket, tmp_path)
 CHILD = """
 import json, sys
 from pathlib import Path
-from config.settings import RetrySettings, SendSettings, TlsSettings
+from config.services import SendSettings
+from config.settings import RetrySettings, TlsSettings
 from tasks.clients.s3 import S3Uploader
 config, source, key, manifest = json.loads(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], Path(sys.argv[4])
 S3Uploader(SendSettings(**config), TlsSettings(), RetrySettings(max_attempts=1), manifest).upload(source, key)

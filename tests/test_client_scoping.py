@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from config.settings import AuthSettings, TlsSettings
+from config.services import AuthSettings
+from config.settings import TlsSettings
 from tasks.clients.auth import origin_of
 from tasks.clients.http import ServiceEndpoint, build_async_client, build_client
 from tests.fakes._server import LoopbackServer

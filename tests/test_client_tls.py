@@ -10,7 +10,8 @@ import pytest
 import trustme
 from moto.server import ThreadedMotoServer
 
-from config.settings import RetrySettings, S3Settings, SendSettings, TlsSettings
+from config.services import S3Settings, SendSettings
+from config.settings import RetrySettings, TlsSettings
 from tasks.clients.errors import ServiceError
 from tasks.clients.http import ServiceClient, ServiceEndpoint, ssl_verify
 from tasks.clients.s3 import make_s3_client

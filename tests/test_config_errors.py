@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from config.loader import ConfigError, load_settings
-from config.settings import env_var_name
+from config.errors import ConfigError
+from config.loader import load_settings
+from config.fields import env_var_name
 
 LOCAL_ONLY = {"pipeline": {"enabled_steps": ["local_import"]}}
 OAUTH = {

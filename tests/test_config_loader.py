@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from config.loader import ConfigError, effective_config_rows, env_var_index, leaf_paths, load_settings
+from config.errors import ConfigError
+from config.keys import env_var_index, leaf_paths
+from config.loader import effective_config_rows, load_settings
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "config" / "example.yaml"
 DIAGNOSE = "https://www.medizininformatik-initiative.de/fhir/core/modul-diagnose/StructureDefinition/Diagnose"

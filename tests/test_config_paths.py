@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from config.loader import PATH_KEYS, ConfigError, absolute_path_overrides, load_settings
+from config.errors import ConfigError
+from config.loader import PATH_KEYS, absolute_path_overrides, load_settings
 from tests.conftest import REPO_ROOT
 
 LOCAL_ONLY = "pipeline:\n  enabled_steps: [local_import]\n"

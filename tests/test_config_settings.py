@@ -8,13 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from config.durations import ACCEPTED_FORMS, format_duration, parse_duration
-from config.settings import (
-    AuthSettings,
-    ExtractorSettings,
-    FlatteningSettings,
-    PipelineSettings,
-    Settings,
-)
+from config.services import AuthSettings, ExtractorSettings, FlatteningSettings
+from config.settings import PipelineSettings, Settings
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from config.settings import AttributeToAdd, CreateIfNotExists, EnrichmentRule
+from config.enrichment import AttributeToAdd, CreateIfNotExists, EnrichmentRule
 from tasks.job.crtdl_enrichment import EnrichmentError, UnresolvedLinkError, enrich_crtdl
 from tests.conftest import TESTDATA
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from config.loader import ConfigError, load_settings
+from config.errors import ConfigError
+from config.loader import load_settings
 from config.settings import TaskRunnerSettings
 from flows.run import EXIT_FAILED, EXIT_OK, main
 from tasks.job.contract import StepInput, file_task, settings_of

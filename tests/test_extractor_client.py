@@ -16,7 +16,8 @@ import httpx
 import pytest
 import zstandard
 
-from config.settings import AuthSettings, ExtractorSettings, RetrySettings, TlsSettings
+from config.services import AuthSettings, ExtractorSettings
+from config.settings import RetrySettings, TlsSettings
 from tasks.clients.downloads import (
     DownloadError,
     FileNotReadyError,

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from config.loader import ConfigError, load_settings
-from config.settings import AuthSettings, TlsSettings
+from config.errors import ConfigError
+from config.loader import load_settings
+from config.services import AuthSettings
+from config.settings import TlsSettings
 from flows.jobs import prepare_job
 from flows.run import EXIT_OK, EXIT_USAGE
 from tasks.clients.downloads import download_ndjson, wait_until_available

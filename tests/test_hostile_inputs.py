@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from config.loader import ConfigError, load_settings, refuse_secret_overrides
+from config.errors import ConfigError
+from config.loader import load_settings, refuse_secret_overrides
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.downloads import DownloadError, UnsafeFileNameError, download_ndjson, safe_file_name, target_names
 from tasks.clients.errors import ServiceError

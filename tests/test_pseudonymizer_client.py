@@ -17,7 +17,8 @@ import orjson
 import pytest
 from pydantic import SecretStr
 
-from config.settings import AuthSettings, RetrySettings, TlsSettings
+from config.services import AuthSettings
+from config.settings import RetrySettings, TlsSettings
 from tasks.clients.errors import ServiceError
 from tasks.clients.http import ServiceEndpoint, build_async_client
 from tasks.clients.pseudonymizer import (

@@ -17,7 +17,8 @@ from typing import Any
 import orjson
 import pytest
 
-from config.loader import ConfigError, load_settings
+from config.errors import ConfigError
+from config.loader import load_settings
 from flows.run import EXIT_FAILED, EXIT_OK, main
 from tasks.clients.pseudonymizer import MB
 from tasks.streams.ndjson import iter_resources

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from config.settings import ExtractorSettings, RetrySettings, Settings, TlsSettings
+from config.services import ExtractorSettings
+from config.settings import RetrySettings, Settings, TlsSettings
 from tasks.clients.downloads import download_ndjson
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_server import ExtractionHandle, ExtractionServerClient

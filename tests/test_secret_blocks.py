@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from config.loader import ConfigError, load_settings
+from config.errors import ConfigError
+from config.loader import load_settings
 from flows.prefect_server import free_port
 from tasks.core.redaction import redact
 from tests.conftest import TESTDATA, extraction_tree, run_cli

@@ -45,7 +45,7 @@ from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials
 if TYPE_CHECKING:
     from authlib.integrations.httpx_client import OAuth2Client
 
-    from config.settings import AuthSettings
+    from config.services import AuthSettings
 
 log = logging.getLogger("dupflow.clients")
 

@@ -62,7 +62,8 @@ from tasks.clients.retry import call_once
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
 
 if TYPE_CHECKING:
-    from config.settings import ExtractorSettings, RetrySettings, TlsSettings
+    from config.services import ExtractorSettings
+    from config.settings import RetrySettings, TlsSettings
 
 log = logging.getLogger("dupflow.extractor")
 

@@ -45,7 +45,8 @@ from tasks.clients.retry import call_with_retry
 from tasks.core.redaction import redact
 
 if TYPE_CHECKING:
-    from config.settings import RetrySettings, SendSettings, TlsSettings
+    from config.services import SendSettings
+    from config.settings import RetrySettings, TlsSettings
 
 FHIR_JSON = "application/fhir+json"
 REQUEST_HEADERS = {"Content-Type": FHIR_JSON, "Accept": FHIR_JSON}

@@ -36,7 +36,8 @@ from tasks.clients.errors import raise_for_service_status, raise_for_service_sta
 from tasks.clients.retry import call_once, call_with_retry, call_with_retry_async
 
 if TYPE_CHECKING:
-    from config.settings import AuthSettings, RetrySettings, TlsSettings
+    from config.services import AuthSettings
+    from config.settings import RetrySettings, TlsSettings
 
 log = logging.getLogger("dupflow.clients")
 

@@ -47,7 +47,8 @@ from tasks.core.redaction import RedactingFilter
 from tasks.streams.files import write_file_atomically
 
 if TYPE_CHECKING:
-    from config.settings import RetrySettings, SendSettings, TlsSettings
+    from config.services import SendSettings
+    from config.settings import RetrySettings, TlsSettings
 
 log = logging.getLogger("dupflow.clients")
 

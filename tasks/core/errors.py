@@ -7,7 +7,7 @@ and is reported with its traceback in the job log. The tree (``tests/test_house_
 drawing names every class)::
 
     DupflowError
-    ├── ConfigError                     config.loader: every problem of a configuration, each naming key and fix
+    ├── ConfigError                     config.errors: every problem of a configuration, each naming key and fix
     ├── UsageError                      a command asked for something it cannot do as given (exit 2)
     ├── JobError                        a job cannot be started or continued as asked
     │   └── JobLockedError              flows.jobs: another process works on the job
@@ -43,7 +43,7 @@ drawing names every class)::
     └── AutomationFileError             deployments.automations.apply
 
 Outside the tree on purpose, control flow that never reaches a user: ``tasks.streams.fanout.Cancelled`` (unwinds the
-calls of an interrupted fan-out), ``tasks.clients.fhir_server._Refused`` and ``config.loader._DuplicateKeyError``
+calls of an interrupted fan-out), ``tasks.clients.fhir_server._Refused`` and ``config.yaml_file._DuplicateKeyError``
 (caught in their module).
 
 Import-light on purpose (no httpx, no Prefect): the command line and the job record use it.

@@ -1,6 +1,6 @@
 """CRTDL preprocessing: add the attributes pseudonymization needs (e.g. ``Patient.identifier``) to a CRTDL.
 
-Plain Python on parsed JSON with ``config.settings.EnrichmentRule`` objects; the pipeline step reads and writes
+Plain Python on parsed JSON with ``config.enrichment.EnrichmentRule`` objects; the pipeline step reads and writes
 the files.
 
 Decisions (spec: services.crtdl_preprocessing):
@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from config.settings import AttributeToAdd, EnrichmentRule
+from config.enrichment import AttributeToAdd, EnrichmentRule
 from tasks.core.errors import StepError
 
 Json = dict[str, Any]

@@ -72,7 +72,8 @@ def write_bundles(path: Path, count: int) -> Path:
 
 def measure(base_url: str, source: str, dest: str, concurrency: int) -> dict[str, float]:
     """Runs in a fresh process: one pass of the step's file loop."""
-    from config.settings import AuthSettings, RetrySettings, TlsSettings
+    from config.services import AuthSettings
+    from config.settings import RetrySettings, TlsSettings
     from tasks.clients.http import ServiceEndpoint, build_async_client
     from tasks.clients.pseudonymizer import Pseudonymizer
     from tasks.streams.progress import use_display

@@ -144,7 +144,8 @@ def best_of(runs: int, mode: str, endpoint: str, source: Path) -> dict:
 
 
 def measure(mode: str, endpoint: str, source: Path) -> dict:
-    from config.settings import RetrySettings, SendSettings, TlsSettings
+    from config.services import SendSettings
+    from config.settings import RetrySettings, TlsSettings
     from tasks.clients.s3 import S3Uploader, make_s3_client
 
     send = SendSettings(

@@ -448,7 +448,7 @@ def download_group(urls: list[str], out: str, level: str | None, threads: int) -
 
 
 def pseudonymization_rows(root: Path, source: Path, runs: int) -> list[Row]:
-    from config.settings import PseudonymizerSettings
+    from config.services import PseudonymizerSettings
     from tests.benchmarks.fakes import fake_in_own_process
 
     concurrency = PseudonymizerSettings().max_concurrent_requests
@@ -478,7 +478,8 @@ def pseudonymization_rows(root: Path, source: Path, runs: int) -> list[Row]:
 
 
 def child_pseudonymize(base_url: str, source: str, out: str, runs: int, concurrency: int) -> dict:
-    from config.settings import AuthSettings, RetrySettings, TlsSettings
+    from config.services import AuthSettings
+    from config.settings import RetrySettings, TlsSettings
     from tasks.clients.http import ServiceEndpoint, build_async_client
     from tasks.clients.pseudonymizer import Pseudonymizer
     from tasks.streams.progress import use_display

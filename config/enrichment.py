@@ -1,0 +1,131 @@
+"""services.crtdl_preprocessing: the CRTDL enrichment rules, written inline in the configuration (snake_case) or
+in an external JSON file (camelCase, as the other tools of the ecosystem write it). One set of models serves both
+spellings: the configuration validates them by name, the file by alias."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
+
+from config.fields import ConfigModel, OptionalPath, StrList, list_from_text, raise_problem, raise_problems
+from tasks.core.jsonfile import JsonFileError, read_json_file
+
+
+class _RuleModel(ConfigModel):
+    """snake_case names in the configuration; the file's camelCase aliases only where asked for (by_alias)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, validate_by_name=True, validate_by_alias=False)
+
+
+class CreateIfNotExists(_RuleModel):
+    group_name: str = Field(min_length=1)
+
+
+class AttributeToAdd(_RuleModel):
+    attribute_ref: str = Field(min_length=1)
+    must_have: bool = False
+    linked_groups: StrList = Field(default_factory=list)
+
+
+class EnrichmentRule(_RuleModel):
+    """One CRTDL enrichment: attributes to add to the attribute group with profile group_reference."""
+
+    group_reference: str = Field(min_length=1)
+    create_if_not_exists: CreateIfNotExists | None = None
+    attributes_to_add: list[AttributeToAdd] = Field(default_factory=list)
+
+
+class _FileAttribute(AttributeToAdd):
+    linked_groups: list[str] = Field(default_factory=list)  # a JSON list, never the configuration's "a,b" text
+
+
+class _FileRule(EnrichmentRule):
+    """A rule of the file, which may also ask for the group to be named after the profile (addGroupIfNotExists)."""
+
+    attributes_to_add: list[_FileAttribute] = Field(default_factory=list)
+    add_group_if_not_exists: bool = False
+
+    @model_validator(mode="after")
+    def _one_way_to_create(self) -> _FileRule:
+        if {"create_if_not_exists", "add_group_if_not_exists"} <= self.model_fields_set:
+            raise PydanticCustomError(
+                "enrichment_create",
+                "addGroupIfNotExists and createIfNotExists are mutually exclusive; keep one "
+                "(addGroupIfNotExists names the group after the profile URL's last path segment)",
+            )
+        return self
+
+    def to_rule(self) -> EnrichmentRule:
+        create = self.create_if_not_exists
+        if self.add_group_if_not_exists:
+            # The group name of the short form: the profile URL's last path segment, without a |version.
+            create = CreateIfNotExists(group_name=self.group_reference.split("|", 1)[0].rstrip("/").rsplit("/", 1)[-1])
+        return EnrichmentRule(
+            group_reference=self.group_reference, create_if_not_exists=create, attributes_to_add=self.attributes_to_add
+        )
+
+
+_ENRICHMENT_FILE = TypeAdapter(list[_FileRule])
+MAX_ENRICHMENT_FILE_BYTES = 16 * 1024 * 1024  # rules for every MII profile fit in a few KB
+
+
+def _file_error_text(error: Any) -> str:
+    loc = error["loc"]
+    where = f"rule [{loc[0]}]" if loc and isinstance(loc[0], int) else "top level"
+    field = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc[1:]).lstrip(".")
+    if error["type"] == "extra_forbidden":
+        return (
+            f"{where}: unknown field {field}; remove it (allowed: groupReference, createIfNotExists, "
+            "addGroupIfNotExists, attributesToAdd with attributeRef, mustHave, linkedGroups)"
+        )
+    if error["type"] == "missing":
+        return f"{where}: {field} is required; add it"
+    if error["type"] == "list_type" and not field:
+        return "the file must contain a JSON list of enrichment rules"
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{where}: {field + ': ' if field else ''}{message}"
+
+
+def read_enrichment_file(path: str) -> tuple[list[EnrichmentRule], list[str]]:
+    """Read an external enrichment JSON file: (rules, problems). The loader has made a path written in the
+    configuration file absolute against the file's directory; other relative paths use the working directory."""
+    try:
+        raw = read_json_file(Path(path), MAX_ENRICHMENT_FILE_BYTES, path)
+        entries = _ENRICHMENT_FILE.validate_python(raw, by_alias=True, by_name=False)
+    except JsonFileError as error:
+        return [], [str(error)]
+    except ValidationError as error:
+        return [], [f"{path}: {_file_error_text(e)}" for e in error.errors(include_url=False, include_input=False)]
+    return [entry.to_rule() for entry in entries], []
+
+
+class CrtdlPreprocessingSettings(ConfigModel):
+    """services.crtdl_preprocessing. ``rules`` is the effective list, inline or read from enrichments_path."""
+
+    enabled: bool = False
+    enrichments_path: OptionalPath = None
+    enrichments: Annotated[list[EnrichmentRule] | None, BeforeValidator(list_from_text)] = None
+    _file_rules: list[EnrichmentRule] | None = PrivateAttr(default=None)
+
+    @property
+    def rules(self) -> list[EnrichmentRule]:
+        """Inline enrichments, or the rules of enrichments_path (read when the settings are validated)."""
+        return self.enrichments or self._file_rules or []
+
+    @model_validator(mode="after")
+    def _load_rules(self) -> CrtdlPreprocessingSettings:
+        if self.enrichments is not None and self.enrichments_path is not None:
+            raise_problem(
+                "",
+                "enrichments and enrichments_path are both set; keep either the inline rules "
+                "(enrichments) or the external file (enrichments_path)",
+            )
+        if self.enrichments_path is not None:
+            rules, problems = read_enrichment_file(self.enrichments_path)
+            raise_problems([("enrichments_path", problem) for problem in problems])
+            self._file_rules = rules
+        return self

@@ -1,0 +1,99 @@
+"""ConfigError, and the wording of every configuration problem: pydantic's own errors are reworded (dotted path,
+the cause and the fix, no input value and no documentation URL), so that no message carries a secret."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+import annotated_types
+from pydantic import ValidationError
+
+from config.fields import join_key_path
+from config.keys import model_at
+from tasks.core.errors import DupflowError
+
+
+class ConfigError(DupflowError):
+    """The configuration was rejected. ``problems`` holds one message per problem (key path, cause, fix)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        count = len(self.problems)
+        lines = "\n".join(f"  - {problem}" for problem in self.problems)
+        super().__init__(f"invalid configuration ({count} problem{'s' if count != 1 else ''}):\n{lines}")
+
+
+def _range_text(loc: tuple[Any, ...]) -> str:
+    model = model_at(loc[:-1])
+    info = model.model_fields.get(loc[-1]) if model else None
+    bounds = {type(item): item for item in (info.metadata if info else [])}
+    low, high = bounds.get(annotated_types.Ge), bounds.get(annotated_types.Le)
+    if low and high:
+        return f"must be between {low.ge} and {high.le}; set a value in that range"
+    if low:
+        return f"must be at least {low.ge}; raise it"
+    if high:
+        return f"must be at most {high.le}; lower it"
+    return "is out of range; fix the value"
+
+
+def _unknown_key_text(loc: tuple[Any, ...]) -> str:
+    model = model_at(loc[:-1])
+    valid = list(model.model_fields) if model else []
+    close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return f"unknown key; {hint}remove or rename it (valid keys here: {', '.join(valid)})"
+
+
+_FIXED_TEXTS = {
+    "missing": "is required; add it",
+    **dict.fromkeys(("int_parsing", "int_type", "int_from_float"), "must be a whole number (e.g. 5)"),
+    **dict.fromkeys(("bool_parsing", "bool_type"), "must be true or false"),
+    "string_type": 'must be a text value; quote it in YAML (e.g. "123")',
+    "list_type": "must be a list; write [a, b] in YAML or a,b in an environment variable or flag",
+    **dict.fromkeys(("model_type", "model_attributes_type", "dict_type"), "must be a block of keys (a YAML mapping)"),
+    "string_too_short": "must not be empty; set a value",
+}
+_RANGE_TYPES = {"greater_than_equal", "less_than_equal", "greater_than", "less_than"}
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    """Our wording for one pydantic error (never its input value or documentation URL)."""
+    kind, loc = error["type"], error["loc"]
+    if kind == "extra_forbidden":
+        return _unknown_key_text(loc)
+    if kind in _RANGE_TYPES:
+        return _range_text(loc)
+    if kind == "literal_error":
+        return f"must be one of {error['ctx']['expected']}; set one of those"
+    if kind == "value_error":
+        return f"{error['ctx']['error']}"
+    return _FIXED_TEXTS.get(kind, error["msg"])
+
+
+def _is_at_or_below(path: str, key: str) -> bool:
+    return path == key or path.startswith((key + ".", key + "["))
+
+
+def _origin_note(path: str, sources: Mapping[str, str]) -> str:
+    """' (from APP_X)' when the offending value came from the environment or a flag."""
+    for key, source in sources.items():
+        if _is_at_or_below(path, key) and source.startswith(("env ", "flag ")):
+            return f" (from {source.split(' ', 1)[1]})"
+    return ""
+
+
+def validation_problems(error: ValidationError, sources: Mapping[str, str], skip: set[str]) -> list[str]:
+    """One message per problem of a failed validation, but none at or below a key of ``skip`` (already reported);
+    ``sources`` (key -> where its value came from) adds the variable or flag that set an offending value."""
+    problems: list[str] = []
+    for item in error.errors(include_url=False, include_input=False):
+        base = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in item["loc"]).lstrip(".")
+        entries = item["ctx"]["problems"] if item["type"] == "config_rule" else [("", _describe(item))]
+        for relative, message in entries:
+            path = join_key_path(base, relative)
+            if not any(_is_at_or_below(path, key) for key in skip):
+                problems.append(f"{path or '(top level)'}{_origin_note(path, sources)}: {message}")
+    return problems

@@ -1,0 +1,139 @@
+"""What every block of the configuration shares: the base model, the field types that coerce text, and how a
+block reports problems and warnings.
+
+Values that arrive as text (environment variables, command-line flags, ``${VAR}`` substitution) are coerced by
+the field types: ints, bools, durations (see config.durations) and lists (comma-separated ``a,b`` or a flow list
+``[a, b]``). An empty string counts as "not set" for optional strings and secrets.
+
+Rules that span several fields raise one ``config_rule`` error per model that carries every problem as a
+(key path relative to the model, message) pair in ``ctx["problems"]``; config.errors turns them into full key
+paths. Warnings (deprecated shapes, ignored keys) are logged on ``dupflow.config`` and, when the validation
+context has a ``"warnings"`` list, appended to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import unicodedata
+from datetime import timedelta
+from typing import Annotated, Any, NoReturn
+
+import yaml
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, SecretStr, ValidationInfo
+from pydantic_core import PydanticCustomError
+
+from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url
+
+logger = logging.getLogger("dupflow.config")
+
+ENV_PREFIX = "APP_"
+
+Problem = tuple[str, str]
+"""(key path relative to the model being validated, message that says what is wrong and how to fix it)"""
+
+
+def env_var_name(key_path: str) -> str:
+    """The APP_* environment variable that overrides a dotted key path."""
+    return ENV_PREFIX + key_path.upper().replace(".", "_")
+
+
+def join_key_path(*parts: str) -> str:
+    """Join key path fragments with dots, skipping empty ones."""
+    return ".".join(part for part in parts if part)
+
+
+def raise_problems(problems: list[Problem]) -> None:
+    """Raise every problem of one model at once as a single pydantic error the loader can unpack."""
+    if problems:
+        summary = "; ".join(f"{path}: {message}" if path else message for path, message in problems)
+        raise PydanticCustomError("config_rule", "{summary}", {"summary": summary, "problems": list(problems)})
+
+
+def raise_problem(path: str, message: str) -> NoReturn:
+    """Raise one problem, as raise_problems does."""
+    summary = f"{path}: {message}" if path else message
+    raise PydanticCustomError("config_rule", "{summary}", {"summary": summary, "problems": [(path, message)]})
+
+
+def emit_warning(info: ValidationInfo | None, message: str) -> None:
+    """Log a configuration warning and hand it to the loader through the validation context."""
+    logger.warning(message)
+    context = info.context if info is not None else None
+    if isinstance(context, dict) and isinstance(context.get("warnings"), list):
+        context["warnings"].append(message)
+
+
+class ConfigModel(BaseModel):
+    """Base of every configuration block: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def _blank_to_none(value: Any) -> Any:
+    """An empty or blank string means "not set" (e.g. APP_X= or ${VAR} with an empty VAR)."""
+    return None if isinstance(value, str) and not value.strip() else value
+
+
+def list_from_text(value: Any) -> Any:
+    """Accept lists written as text: ``a,b`` or a JSON/YAML flow list ``[a, b]``."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise PydanticCustomError("list_syntax", "is not a valid flow list; write a,b or [a, b]") from None
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def refuse_control_characters(path: str | None) -> str | None:
+    """A path with a NUL, newline or other control character passes every other check and then fails the step
+    that opens it: refused here, so ``config check`` names the key."""
+    control = next((char for char in path or "" if unicodedata.category(char) == "Cc"), None)
+    if control is not None:
+        raise PydanticCustomError(
+            "path_control",
+            "contains the control character U+{code}, which no path should have; remove it from the path",
+            {"code": f"{ord(control):04X}"},
+        )
+    return path
+
+
+def refuse_userinfo(url: str | None) -> str | None:
+    """A URL must not carry a user name or password (the one rule of tasks.core.url_credentials)."""
+    try:
+        refuse_credentials_in_url(
+            url,
+            door="the URL",
+            fix="remove them from the URL and put the credentials in the service's auth block (username, "
+            "password, set with ${VAR} or an APP_* variable)",
+        )
+    except CredentialsInUrlError as exc:
+        raise PydanticCustomError("url_userinfo", "{message}", {"message": str(exc)}) from None
+    return url
+
+
+def positive(note: str) -> AfterValidator:
+    """A duration that must be longer than zero; ``note`` ends the message (e.g. "default PT30S")."""
+
+    def check(value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise PydanticCustomError(
+                "duration_positive", "must be longer than zero; set e.g. PT30S or 30s ({key})", {"key": note}
+            )
+        return value
+
+    return AfterValidator(check)
+
+
+def zero_means(default: Any) -> AfterValidator:
+    """0 (or a zero duration) stands for ``default``."""
+    return AfterValidator(lambda value: value if value > type(default)() else default)
+
+
+OptionalStr = Annotated[str | None, BeforeValidator(_blank_to_none)]
+OptionalPath = Annotated[OptionalStr, AfterValidator(refuse_control_characters)]
+OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_blank_to_none)]
+OptionalUrl = Annotated[OptionalStr, AfterValidator(refuse_userinfo)]
+StrList = Annotated[list[str], BeforeValidator(list_from_text)]

@@ -1,0 +1,326 @@
+"""The ``services`` blocks of the configuration: one model per service client, their auth block, and the
+deprecated extractor keys still accepted (and warned about)."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from config.durations import Duration, format_duration
+from config.enrichment import CrtdlPreprocessingSettings
+from config.fields import ConfigModel, OptionalPath, OptionalSecret, OptionalStr, OptionalUrl, Problem, StrList
+from config.fields import emit_warning, positive, raise_problem, raise_problems, refuse_userinfo, zero_means
+
+_HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+"""RFC 7230 token (tchar+), the grammar of an HTTP header name."""
+
+_SCHEMES = (
+    (
+        ("username", "password"),
+        "Basic Auth needs username and password together (set it, e.g. via ${VAR}, or remove the other)",
+    ),
+    (
+        ("oauth_issuer_uri", "oauth_client_id", "oauth_client_secret"),
+        "OAuth 2.0 needs oauth_issuer_uri, oauth_client_id and oauth_client_secret together (set it or remove the "
+        "others)",
+    ),
+)
+_BOTH_SCHEMES = (
+    "sets both Basic Auth (username/password) and OAuth 2.0 (oauth_*); both would set the Authorization header, "
+    "so keep only one of the two schemes"
+)
+_NOT_A_HEADER = (
+    "is not a valid HTTP header name; use only letters, digits and !#$%&'*+-.^_`|~ (no spaces or colons), e.g. "
+    "x-api-key"
+)
+_AUTHORIZATION_HEADER = (
+    "is Authorization, which Basic Auth/OAuth 2.0 also set; use another header for the API key (default x-api-key) "
+    "or remove the Basic/OAuth fields"
+)
+
+
+class AuthSettings(ConfigModel):
+    """Common auth block (services.extractor.auth, services.pseudonymizer.auth, services.send.auth)."""
+
+    username: OptionalStr = None
+    password: OptionalSecret = None
+    oauth_issuer_uri: OptionalUrl = None
+    oauth_client_id: OptionalStr = None
+    oauth_client_secret: OptionalSecret = None
+    api_key: OptionalSecret = None
+    api_key_header: str = "x-api-key"
+
+    @property
+    def uses_basic(self) -> bool:
+        return self.username is not None and self.password is not None
+
+    @property
+    def uses_oauth(self) -> bool:
+        return self.oauth_issuer_uri is not None
+
+    @model_validator(mode="after")
+    def _check_schemes(self) -> AuthSettings:
+        basic, oauth = ([name for name in names if getattr(self, name) is not None] for names, _ in _SCHEMES)
+        problems: list[Problem] = [("", _BOTH_SCHEMES)] if basic and oauth else []
+        for present, (names, needs) in zip((basic, oauth), _SCHEMES, strict=True):
+            missing = [name for name in names if present and name not in present]
+            problems += [(name, f"is missing while {', '.join(present)} is set; {needs}") for name in missing]
+        if not _HTTP_TOKEN.fullmatch(self.api_key_header):
+            problems.append(("api_key_header", f"'{self.api_key_header}' {_NOT_A_HEADER}"))
+        elif self.api_key_header.lower() == "authorization" and (basic or oauth):
+            problems.append(("api_key_header", _AUTHORIZATION_HEADER))
+        raise_problems(problems)
+        return self
+
+
+def _fhir_base(block: str) -> AfterValidator:
+    """Drops a trailing /fhir (the clients append it) and warns, as the earlier shape included it."""
+    key_path = f"services.{block}.url"
+
+    def strip(url: str | None, info: ValidationInfo) -> str | None:
+        trimmed = (url or "").rstrip("/")
+        if not trimmed.lower().endswith("/fhir"):
+            return url
+        emit_warning(
+            info,
+            f"{key_path}: ends with /fhir, which the client appends itself; the suffix was dropped. "
+            f"Remove /fhir from {key_path}.",
+        )
+        return trimmed[: -len("/fhir")]
+
+    return AfterValidator(strip)
+
+
+# --- the extractor and its deprecated keys -------------------------------------------------------------
+
+LEGACY_FLAT_AUTH_KEYS = ("username", "password", "oauth_issuer_uri", "oauth_client_id", "oauth_client_secret")
+LEGACY_DURATION_KEYS: dict[str, tuple[str, str]] = {
+    "extraction_timeout_minutes": ("extraction_timeout", "minutes"),
+    "polling_interval_seconds": ("polling_interval", "seconds"),
+    "max_polling_interval_seconds": ("max_polling_interval", "seconds"),
+}
+EXTRACTOR_PATH = "services.extractor"
+
+
+def legacy_key_paths() -> dict[str, str]:
+    """Deprecated dotted key -> the current key it feeds (used for env names and value sources)."""
+    flat = {f"{EXTRACTOR_PATH}.{key}": f"{EXTRACTOR_PATH}.auth.{key}" for key in LEGACY_FLAT_AUTH_KEYS}
+    durations = {f"{EXTRACTOR_PATH}.{old}": f"{EXTRACTOR_PATH}.{new}" for old, (new, _) in LEGACY_DURATION_KEYS.items()}
+    return flat | durations
+
+
+def _migrate_flat_auth(data: dict[str, Any], info: ValidationInfo) -> list[Problem]:
+    flat = [key for key in LEGACY_FLAT_AUTH_KEYS if key in data]
+    if flat and data.get("auth") not in (None, {}):
+        return [
+            (
+                "auth",
+                f"is used together with the deprecated flat keys {', '.join(flat)} in {EXTRACTOR_PATH}; "
+                f"move them into {EXTRACTOR_PATH}.auth and delete the flat keys",
+            )
+        ]
+    if flat:
+        data["auth"] = {key: data.pop(key) for key in flat}
+        emit_warning(
+            info,
+            f"{EXTRACTOR_PATH}: the flat auth keys {', '.join(flat)} are deprecated and will be removed in a "
+            f"later major version; move them into {EXTRACTOR_PATH}.auth (e.g. {EXTRACTOR_PATH}.auth.{flat[0]}). "
+            "They are used as auth keys for now.",
+        )
+    return []
+
+
+def _migrate_legacy_durations(data: dict[str, Any], info: ValidationInfo) -> list[Problem]:
+    problems: list[Problem] = []
+    for old, (new, unit) in LEGACY_DURATION_KEYS.items():
+        if old not in data:
+            continue
+        if new in data:
+            problems.append((old, f"and {new} are both set; delete the deprecated {old} and keep {new}"))
+            continue
+        amount = data.pop(old)
+        amount = int(amount.strip()) if isinstance(amount, str) and amount.strip().isdigit() else amount
+        if not isinstance(amount, int) or isinstance(amount, bool):
+            problems.append((old, f"must be a whole number of {unit}; better, replace it with {new} (e.g. PT30S)"))
+            continue
+        data[new] = timedelta(**{unit: amount})
+        emit_warning(
+            info,
+            f"{EXTRACTOR_PATH}.{old} is deprecated; replace it with {EXTRACTOR_PATH}.{new}: "
+            f"{format_duration(data[new])} (a duration).",
+        )
+    return problems
+
+
+def _at_least_one_second(value: timedelta) -> timedelta:
+    if value < timedelta(seconds=1):
+        raise PydanticCustomError(
+            "polling_interval",
+            "is {value}, below the minimum of 1 second; set it to at least PT1S (default PT5S)",
+            {"value": format_duration(value)},
+        )
+    return value
+
+
+def _origins_only(values: list[str]) -> list[str]:
+    for value in values:
+        refuse_userinfo(value)
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query:
+            raise PydanticCustomError(
+                "origin",
+                "'{value}' is not an origin; write scheme://host[:port], e.g. https://files.example.org",
+                {"value": value},
+            )
+    return [value.strip().rstrip("/") for value in values]
+
+
+_STALL = timedelta(minutes=1)
+
+
+class ExtractorSettings(ConfigModel):
+    """services.extractor: the extraction server client."""
+
+    DEFAULT_DOWNLOAD_STALL_TIMEOUT: ClassVar[timedelta] = _STALL
+
+    base_url: OptionalUrl = None
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    extraction_timeout: Annotated[Duration, positive("a liveness window of silence, default PT30M")] = timedelta(
+        minutes=30
+    )
+    polling_interval: Annotated[Duration, AfterValidator(_at_least_one_second)] = timedelta(seconds=5)
+    max_polling_interval: Duration = timedelta(seconds=30)
+    file_ready_retries: int = Field(default=10, le=10_000)
+    file_ready_interval: Duration = timedelta(seconds=10)
+    download_stall_timeout: Annotated[Duration, zero_means(_STALL)] = _STALL
+    max_result_files: int = Field(default=100_000, ge=1)
+    # Origins (scheme://host[:port]) besides base_url's that get the credentials when the manifest says the result
+    # files need a token (requiresAccessToken); without it no other origin gets them.
+    file_origins: Annotated[StrList, AfterValidator(_origins_only)] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _accept_legacy_shapes(cls, data: Any, info: ValidationInfo) -> Any:
+        """Map the deprecated flat auth keys and integer timing keys onto the current shape."""
+        if not isinstance(data, dict):
+            return data
+        migrated = dict(data)
+        raise_problems(_migrate_flat_auth(migrated, info) + _migrate_legacy_durations(migrated, info))
+        return migrated
+
+    @model_validator(mode="after")
+    def _max_polling_not_below_polling(self) -> ExtractorSettings:
+        if self.max_polling_interval < self.polling_interval:
+            raise_problem(
+                "max_polling_interval",
+                f"is {format_duration(self.max_polling_interval)}, below polling_interval "
+                f"{format_duration(self.polling_interval)}; set it to at least polling_interval",
+            )
+        return self
+
+
+class PseudonymizerSettings(ConfigModel):
+    """services.pseudonymizer."""
+
+    url: Annotated[OptionalUrl, _fhir_base("pseudonymizer")] = None
+    bundle_split_threshold_mb: int = Field(default=10, ge=1, le=100)
+    timeout: Annotated[Duration, positive("default PT30S")] = timedelta(seconds=30)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    anonymization_config: OptionalPath = None
+    max_concurrent_requests: int = Field(default=4, ge=1, le=1000)
+
+
+class FlatteningSettings(ConfigModel):
+    """services.flattening."""
+
+    FORMATS: ClassVar[tuple[str, ...]] = ("csv", "parquet")
+
+    service_url: OptionalUrl = None
+    lookup_path: OptionalPath = None
+    formats: StrList = Field(default_factory=lambda: ["csv"])
+    timeout: Annotated[Duration, positive("default PT30M")] = timedelta(minutes=30)
+    batch_size_mb: Annotated[int, zero_means(500)] = Field(default=500, ge=0, le=1_000_000)
+
+    @field_validator("formats")
+    @classmethod
+    def _csv_then_parquet(cls, formats: list[str]) -> list[str]:
+        """csv (always: the Parquet is converted from the finished CSV, and the step's record lists the CSVs),
+        optionally parquet beside it; any case, in any order, each once."""
+        names = {name.strip().lower() for name in formats}
+        if unknown := sorted(names - set(cls.FORMATS)):
+            raise PydanticCustomError(
+                "formats",
+                "unknown format {unknown}; the formats are csv and parquet: set formats: [csv] or [csv, parquet]",
+                {"unknown": ", ".join(unknown)},
+            )
+        if "csv" not in names:
+            raise PydanticCustomError(
+                "formats",
+                "csv is always written (a Parquet file is made from its group's CSV): set formats: [csv, parquet], "
+                "or [csv] or remove the key for CSV alone",
+            )
+        return [name for name in cls.FORMATS if name in names]
+
+
+class TransferSettings(ConfigModel):
+    """services.send.transfer (transfer_load only)."""
+
+    project_identifier: OptionalStr = None
+    organization_identifier: OptionalStr = None
+
+
+class S3Settings(ConfigModel):
+    """services.send.s3 (s3_upload only)."""
+
+    bucket: OptionalStr = None
+    region: OptionalStr = None
+    access_key_id: OptionalSecret = None
+    secret_access_key: OptionalSecret = None
+    endpoint: OptionalUrl = Field(default=None, description="an S3-compatible store's address; unset: AWS's")
+    use_path_style: bool = False
+    timeout: Annotated[Duration, positive("default PT30M")] = timedelta(minutes=30)
+
+
+FHIR_SEND_MODES = ("direct_resource_load", "transfer_load")
+
+
+class SendSettings(ConfigModel):
+    """services.send."""
+
+    send_as: Literal["direct_resource_load", "transfer_load", "s3_upload"] | None = None
+    url: Annotated[OptionalUrl, _fhir_base("send")] = None
+    batch_size: int = Field(default=100, ge=0, le=1000)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+    transfer: TransferSettings = Field(default_factory=TransferSettings)
+    s3: S3Settings = Field(default_factory=S3Settings)
+
+
+class ValidationSettings(ConfigModel):
+    """services.validation."""
+
+    url: OptionalUrl = None
+    max_concurrent_requests: int = Field(default=4, ge=1, le=1000)
+    bundle_chunk_size_mb: int = Field(default=10, ge=1, le=1024)
+    fail_on_error: bool = True
+
+
+class LocalImportSettings(ConfigModel):
+    """services.local_import."""
+
+    dir: OptionalPath = None
+    recursive: bool = False
+
+
+class ServicesSettings(ConfigModel):
+    extractor: ExtractorSettings = Field(default_factory=ExtractorSettings)
+    pseudonymizer: PseudonymizerSettings = Field(default_factory=PseudonymizerSettings)
+    flattening: FlatteningSettings = Field(default_factory=FlatteningSettings)
+    send: SendSettings = Field(default_factory=SendSettings)
+    validation: ValidationSettings = Field(default_factory=ValidationSettings)
+    local_import: LocalImportSettings = Field(default_factory=LocalImportSettings)
+    crtdl_preprocessing: CrtdlPreprocessingSettings = Field(default_factory=CrtdlPreprocessingSettings)

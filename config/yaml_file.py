@@ -1,0 +1,291 @@
+"""The configuration file as a source: read at most MAX_CONFIG_BYTES of UTF-8, refuse documents that would cost
+more than a configuration ever needs, parse the YAML (duplicate keys refused) once per file version in this
+process, and expand ``${VAR}`` in its values: the text of an environment variable, or, for a secret key,
+``${prefect-secret:NAME}``: the text of the Prefect Secret block NAME, read from the Prefect API when the file is
+loaded (inside the run, for a run's steps), never a parameter. ``$${X}`` stays the literal ``${X}``."""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterator, Mapping
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from config.errors import ConfigError
+from config.fields import Problem, join_key_path
+from config.keys import secret_key_paths
+from tasks.core.redaction import register_secret
+
+MAX_CONFIG_BYTES = 1_000_000
+MAX_YAML_DEPTH = 32
+MAX_YAML_NODES = 100_000
+MAX_NUMBER_CHARS = 100
+_NUMBER_LIKE = re.compile(r"[-+]?[0-9][0-9_.eExXoObB:+-]*|[-+]?\.[0-9][0-9_eE+-]*")
+_YamlLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _DuplicateKeyError(yaml.MarkedYAMLError):
+    """Two entries of one mapping with the same key (PyYAML would silently keep the last)."""
+
+
+class _StrictLoader(_YamlLoader):  # type: ignore[misc, valid-type]
+    """YAML's safe loader that refuses duplicate keys instead of keeping the last value."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in seen:
+                    raise _DuplicateKeyError(problem=f"key {key!r} appears twice", problem_mark=key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _file_problem(config_path: Path, text: str, where: yaml.Mark | None = None) -> ConfigError:
+    """The one problem of an unusable file, naming the file (and the line)."""
+    return ConfigError([f"{config_path}: {f'line {where.line + 1}: ' if where else ''}{text}"])
+
+
+def _read_text(config_path: Path) -> str:
+    """The file as text: at most MAX_CONFIG_BYTES, UTF-8."""
+    try:
+        with open(config_path, "rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
+    except OSError as error:
+        raise _file_problem(
+            config_path, f"cannot read the configuration file ({error.strerror}); check the path"
+        ) from error
+    if len(data) > MAX_CONFIG_BYTES:
+        raise _file_problem(
+            config_path, f"larger than {MAX_CONFIG_BYTES // 1_000_000} MB, more than any configuration needs"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        text = f"not UTF-8 text (byte 0x{data[error.start]:02x} on line {line}); save the file as UTF-8"
+        raise _file_problem(config_path, text) from None
+
+
+_TOO_DEEP = f"nested more than {MAX_YAML_DEPTH} levels deep; a configuration needs far fewer, check the file"
+_TOO_MANY = (
+    f"more than {MAX_YAML_NODES:,} values once YAML aliases (*name) are expanded; write the values out or use fewer "
+    "aliases"
+)
+
+
+def _check_yaml_shape(text: str, config_path: Path) -> None:
+    """Refuse, before building anything, documents that would cost more than a configuration ever needs:
+    nesting deeper than MAX_YAML_DEPTH, more than MAX_YAML_NODES values once aliases are expanded (an
+    "alias bomb" of a few hundred bytes expands to billions), and numbers longer than MAX_NUMBER_CHARS.
+    Reads parser events only, so memory and time stay proportional to the text."""
+    anchors: dict[str, int] = {}
+    open_nodes: list[list[Any]] = [[None, 0]]  # [anchor, expanded size] per open collection; [0] is the root
+    for event in yaml.parse(text, Loader=_YamlLoader):
+        anchor, size, problem = None, 0, None
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            open_nodes.append([event.anchor, 1])
+            problem = _TOO_DEEP if len(open_nodes) - 1 > MAX_YAML_DEPTH else None
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            anchor, size = open_nodes.pop()
+        elif isinstance(event, yaml.ScalarEvent):
+            anchor, size = event.anchor, 1
+            if event.implicit[0] and len(event.value) > MAX_NUMBER_CHARS and _NUMBER_LIKE.fullmatch(event.value):
+                problem = (
+                    f"a number {len(event.value):,} characters long; no setting takes such a number, shorten it "
+                    "(quote it if it is meant as text)"
+                )
+        elif isinstance(event, yaml.AliasEvent):
+            size = anchors.get(event.anchor, 1)
+        if anchor is not None:
+            anchors[anchor] = size
+        open_nodes[-1][1] += size
+        if problem is None and open_nodes[-1][1] > MAX_YAML_NODES:
+            problem = _TOO_MANY
+        if problem is not None:
+            raise _file_problem(config_path, problem, event.start_mark)
+
+
+def read_yaml(config_path: Path) -> dict[str, Any]:
+    """The file's YAML tree (``${VAR}`` not yet expanded), read and parsed once per path, modification time and
+    size in this process: the command, the job's preparation and its steps share one read of the file."""
+    return copy.deepcopy(_parsed_yaml(config_path, file_identity(str(config_path))))
+
+
+@lru_cache(maxsize=8)
+def _parsed_yaml(config_path: Path, identity: tuple[int, int] | None) -> dict[str, Any]:
+    text = _read_text(config_path)
+    try:
+        _check_yaml_shape(text, config_path)
+        data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a safe loader that also refuses duplicate keys
+    except _DuplicateKeyError as error:
+        raise _file_problem(
+            config_path, f"{error.problem} in the same block; keep only one of them", error.problem_mark
+        ) from None
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        raise _file_problem(config_path, f"invalid YAML at {where} ({error.problem}); fix the syntax") from None
+    except (yaml.YAMLError, ValueError, RecursionError) as error:
+        raise _file_problem(config_path, f"invalid YAML ({type(error).__name__}); fix the syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise _file_problem(config_path, "the top level must be a mapping of keys (services, pipeline, ...)")
+    return data
+
+
+def file_identity(path: str | None) -> tuple[int, int] | None:
+    """The file's modification time (ns) and size; None for no file (the loader reports a missing one clearly)."""
+    try:
+        status = Path(path).stat() if path else None
+    except OSError:
+        return None
+    return (status.st_mtime_ns, status.st_size) if status else None
+
+
+def drop_empty_keys(node: Any) -> Any:
+    """A key written with no value (``auth:`` with every line commented out) is the same as the key absent."""
+    if isinstance(node, dict):
+        return {key: drop_empty_keys(value) for key, value in node.items() if value is not None}
+    if isinstance(node, list):
+        return [drop_empty_keys(item) for item in node]
+    return node
+
+
+# --- ${VAR} and Prefect Secret blocks -----------------------------------------------------------------
+
+_REFERENCE = re.compile(r"\$\$\{|\$\{([^}]*)\}")
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# ${prefect-secret:NAME}: the text of the Prefect Secret block NAME. "-" and ":" never occur in a variable name.
+SECRET_BLOCK_PREFIX = "prefect-secret:"
+_BLOCK_NAME = re.compile(r"[a-z0-9-]+")  # Prefect's rule for block names
+
+
+class _UnusableBlock(Exception):
+    """The Secret block cannot give a value; the message says why and what to do (never the value)."""
+
+
+def _substitute_text(text: str, path: str, env: Mapping[str, str], problems: list[Problem]) -> str:
+    """Expand ${VAR} and ${prefect-secret:NAME} in one string; $${X} stays the literal ${X}."""
+
+    def expand(match: re.Match[str]) -> str:
+        if match.group(0) == "$${":
+            return "${"
+        name = match.group(1)
+        if name.startswith(SECRET_BLOCK_PREFIX):
+            value = _secret_block_value(name.removeprefix(SECRET_BLOCK_PREFIX), path, problems)
+            return match.group(0) if value is None else value
+        if not _VARIABLE_NAME.fullmatch(name):
+            problem = (
+                f"'${{{name}}}' is not a valid variable reference; write ${{NAME}} (letters, digits, _) or $${{...}} "
+                "for a literal ${...}"
+            )
+        elif name not in env:
+            problem = (
+                f"environment variable {name} (referenced as ${{{name}}}) is not set; set {name} or change the value"
+            )
+        else:
+            return env[name]
+        problems.append((path, problem))
+        return match.group(0)
+
+    return _REFERENCE.sub(expand, text)
+
+
+def _secret_block_value(block: str, path: str, problems: list[Problem]) -> str | None:
+    """The text held by the Prefect Secret block ``block`` for the secret key ``path``, registered for redaction;
+    None (and a problem naming the key, the block and the fix) when it cannot be used."""
+    reference = f"${{{SECRET_BLOCK_PREFIX}{block}}}"
+    if path not in secret_key_paths():
+        problem = (
+            f"is not a secret key, so it cannot name a Prefect Secret block ({reference}); only passwords, "
+            "client secrets, API keys and S3 keys can: write the value itself or use ${VAR}"
+        )
+    elif not _BLOCK_NAME.fullmatch(block):
+        problem = (
+            f"'{reference}' does not name a Prefect block (lowercase letters, digits and -); "
+            f"write ${{{SECRET_BLOCK_PREFIX}my-block-name}}"
+        )
+    else:
+        try:
+            value = _load_secret_block(block)
+        except _UnusableBlock as error:
+            problem = f"{reference}: {error}"
+        else:
+            register_secret(value)
+            return value
+    problems.append((path, problem))
+    return None
+
+
+def _load_secret_block(block: str) -> str:
+    """The text of the Prefect Secret block ``block``, read from the Prefect API this process uses; _UnusableBlock
+    when the block is missing, the API does not answer or the block holds no text."""
+    import httpx
+    from prefect.blocks.system import Secret
+    from prefect.settings import PREFECT_API_URL
+
+    api = PREFECT_API_URL.value()
+    if not api:  # Prefect would start a temporary server of its own: slow, and not the jobs' server
+        raise _UnusableBlock(
+            f"PREFECT_API_URL is not set, so no Prefect server is known to read the Secret block {block} from; "
+            "set it to the API address of the server holding the block (uv run python -m flows.run server start "
+            "prints the local server's)"
+        )
+    try:
+        value = Secret.load(block, _sync=True).get()
+    except ValueError:
+        raise _UnusableBlock(
+            f"the Prefect API {api} has no Secret block named {block}; create it (the UI's Blocks page, "
+            "or Secret(value=...).save(name) in Python) or correct the name"
+        ) from None
+    except httpx.HTTPError as error:
+        raise _UnusableBlock(
+            f"the Prefect API {api} did not answer the request for the Secret block {block} "
+            f"({type(error).__name__}); start that server or set PREFECT_API_URL to the one holding the block"
+        ) from None
+    if not isinstance(value, str):
+        raise _UnusableBlock(
+            f"the Secret block {block} holds a {type(value).__name__}, not a text; store the secret as a single value"
+        )
+    return value
+
+
+def substitute_variables(node: Any, env: Mapping[str, str], problems: list[Problem], path: str = "") -> Any:
+    """Expand ${VAR} and ${prefect-secret:NAME} in every string value of a parsed YAML tree (mappings and lists,
+    recursively)."""
+    if isinstance(node, dict):
+        return {
+            key: substitute_variables(value, env, problems, join_key_path(path, str(key)))
+            for key, value in node.items()
+        }
+    if isinstance(node, list):
+        return [substitute_variables(item, env, problems, f"{path}[{index}]") for index, item in enumerate(node)]
+    if isinstance(node, str):
+        return _substitute_text(node, path, env, problems)
+    return node
+
+
+def names_secret_blocks(config_path: str | None) -> bool:
+    """Whether the file takes a value from a Prefect Secret block (``${prefect-secret:NAME}``, not escaped): the
+    command must then know the jobs' Prefect server before it loads the settings."""
+    if config_path is None:
+        return False
+    reference = re.compile(r"(?<!\$)\$\{" + re.escape(SECRET_BLOCK_PREFIX))
+    return any(reference.search(text) for text in _strings_of(read_yaml(Path(config_path))))
+
+
+def _strings_of(node: Any) -> Iterator[str]:
+    if isinstance(node, str):
+        yield node
+    elif isinstance(node, (dict, list)):
+        for value in node.values() if isinstance(node, dict) else node:
+            yield from _strings_of(value)
