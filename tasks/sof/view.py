@@ -23,7 +23,7 @@ Bounds (each a ``ViewEvaluationError`` naming the view, the resource and what we
 
 - ``MAX_ROWS_PER_RESOURCE`` rows from one resource (a product no CSV reader could use; the default of
   ``compile_view``'s ``max_rows_per_resource``);
-- ``MAX_REPEAT_ELEMENTS`` (``tasks.sof.fhirpath``'s, as for FHIRPath's ``repeat()``) elements one ``repeat``
+- ``MAX_REPEAT_ELEMENTS`` (``tasks.sof.fhirpath_functions``'s, as for FHIRPath's ``repeat()``) elements one ``repeat``
   reaches from one focus (several paths to the same child double the elements at every level, and a path back to
   the focus never ends);
 - ``MAX_SELECT_DEPTH`` levels of nested selects (a ``ViewDefinitionError``: deeper would exhaust Python's stack).
@@ -43,7 +43,8 @@ from typing import Any
 
 from tasks.sof.compiled import RowsAt, compile_view_rows
 from tasks.sof.errors import FhirPathError, ViewDefinitionError, ViewEvaluationError
-from tasks.sof.fhirpath import MAX_REPEAT_ELEMENTS, Compiled, compile_path, plain
+from tasks.sof.fhirpath import Compiled, compile_path, plain
+from tasks.sof.fhirpath_functions import MAX_REPEAT_ELEMENTS
 
 COLUMN_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 ITERATIONS = ("forEach", "forEachOrNull", "repeat")
