@@ -330,27 +330,11 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
 
 
 def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) -> Select:
-    if not isinstance(spec, dict):
-        raise ViewDefinitionError(f"{where} must be an object")
-    if depth > MAX_SELECT_DEPTH:
+    if depth > MAX_SELECT_DEPTH and isinstance(spec, dict):
         raise ViewDefinitionError(f"selects are nested more than {MAX_SELECT_DEPTH} levels deep ({where[:60]}...)")
-    unknown = set(spec) - SELECT_KEYS
-    if unknown:
-        raise ViewDefinitionError(f"{where} has unknown elements: {', '.join(sorted(unknown))}")
+    _check_object(spec, SELECT_KEYS, where)
     select = Select()
-    iterations = [key for key in ITERATIONS if key in spec]
-    if len(iterations) > 1:
-        raise ViewDefinitionError(f"{where} has more than one of forEach, forEachOrNull and repeat")
-    if iterations:
-        select.iteration = iterations[0]
-        expressions = spec[select.iteration]
-        if select.iteration == "repeat":
-            if not isinstance(expressions, list) or not expressions:
-                raise ViewDefinitionError(f"{where}.repeat must be a non-empty list of FHIRPath expressions")
-        else:
-            expressions = [expressions]
-        select.iterate = [_compile(e, f"{where}.{select.iteration}", variables) for e in expressions]
-        select.paths = list(expressions)
+    _compile_iteration(select, spec, where, variables)
     for index, column in enumerate(_list_of(spec.get("column", []), f"{where}.column")):
         select.columns.append(_compile_column(column, f"{where}.column[{index}]", variables))
     select.selects = [
@@ -358,19 +342,7 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
         for i, s in enumerate(_list_of(spec.get("select", []), f"{where}.select"))
     ]
     if "unionAll" in spec:
-        branches = _list_of(spec["unionAll"], f"{where}.unionAll")
-        if not branches:
-            raise ViewDefinitionError(f"{where}.unionAll is empty")
-        select.union = [
-            _compile_select(s, f"{where}.unionAll[{i}]", variables, depth + 1) for i, s in enumerate(branches)
-        ]
-        first = select.union[0].names
-        for index, branch in enumerate(select.union[1:], start=1):
-            if branch.names != first:
-                raise ViewDefinitionError(
-                    f"{where}.unionAll[{index}] has columns {branch.names}, but unionAll[0] has {first}: every "
-                    "branch must have the same columns in the same order"
-                )
+        select.union = _compile_union(spec["unionAll"], where, variables, depth)
     select.names = [c.name for c in select.columns]
     for nested in select.selects:
         select.names += nested.names
@@ -381,6 +353,37 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
     select.null_row += (None,) * (len(select.names) - len(row_index))
     _merge_single_rows(select)
     return select
+
+
+def _compile_iteration(select: Select, spec: dict, where: str, variables: set[str]) -> None:
+    iterations = [key for key in ITERATIONS if key in spec]
+    if len(iterations) > 1:
+        raise ViewDefinitionError(f"{where} has more than one of forEach, forEachOrNull and repeat")
+    if not iterations:
+        return
+    select.iteration = iterations[0]
+    expressions = spec[select.iteration]
+    if select.iteration == "repeat":
+        if not isinstance(expressions, list) or not expressions:
+            raise ViewDefinitionError(f"{where}.repeat must be a non-empty list of FHIRPath expressions")
+    else:
+        expressions = [expressions]
+    select.iterate = [_compile(e, f"{where}.{select.iteration}", variables) for e in expressions]
+    select.paths = list(expressions)
+
+
+def _compile_union(spec: Any, where: str, variables: set[str], depth: int) -> list[Select]:
+    branches = _list_of(spec, f"{where}.unionAll")
+    if not branches:
+        raise ViewDefinitionError(f"{where}.unionAll is empty")
+    union = [_compile_select(s, f"{where}.unionAll[{i}]", variables, depth + 1) for i, s in enumerate(branches)]
+    for index, branch in enumerate(union[1:], start=1):
+        if branch.names != union[0].names:
+            raise ViewDefinitionError(
+                f"{where}.unionAll[{index}] has columns {branch.names}, but unionAll[0] has {union[0].names}: every "
+                "branch must have the same columns in the same order"
+            )
+    return union
 
 
 def _merge_single_rows(select: Select) -> None:
@@ -403,11 +406,7 @@ def _selects(root: Select) -> Iterator[Select]:
 
 
 def _compile_column(spec: Any, where: str, variables: set[str]) -> Column:
-    if not isinstance(spec, dict):
-        raise ViewDefinitionError(f"{where} must be an object")
-    unknown = set(spec) - COLUMN_KEYS
-    if unknown:
-        raise ViewDefinitionError(f"{where} has unknown elements: {', '.join(sorted(unknown))}")
+    _check_object(spec, COLUMN_KEYS, where)
     name, path = spec.get("name"), spec.get("path")
     if not isinstance(name, str) or not COLUMN_NAME.match(name):
         raise ViewDefinitionError(f"{where} needs a name of letters, digits and _ starting with a letter, got {name!r}")
@@ -417,6 +416,13 @@ def _compile_column(spec: Any, where: str, variables: set[str]) -> Column:
     if not isinstance(collection, bool):
         raise ViewDefinitionError(f"{where} ({name}): collection must be true or false")
     return Column(name, path, _compile(path, f"{where} ({name})", variables), collection)
+
+
+def _check_object(spec: Any, keys: set[str], where: str) -> None:
+    if not isinstance(spec, dict):
+        raise ViewDefinitionError(f"{where} must be an object")
+    if unknown := set(spec) - keys:
+        raise ViewDefinitionError(f"{where} has unknown elements: {', '.join(sorted(unknown))}")
 
 
 def _compile(expression: Any, where: str, variables: set[str]) -> Compiled:
