@@ -47,6 +47,7 @@ from tasks.core.errors import StepError
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.job.filework import map_files
 from tasks.job.layout import step_artifact_key
+from tasks.job.steps import ndjson_written
 from tasks.streams.ndjson import remove_partial_files
 from tasks.streams.progress import expect_files, track
 from tasks.core.readable import CLI
@@ -99,8 +100,7 @@ def download_with(client: ExtractionServerClient, step: StepInput, url: str, nam
             client.http,
             url,
             step.output_dir / name,
-            level=settings.compression.level if settings.compression.enabled else None,
-            max_line_bytes=settings.pipeline.max_ndjson_line_size_bytes,
+            **ndjson_written(settings),
             stall_timeout=extractor_settings.download_stall_timeout,
             retry=settings.retry,
             on_bytes=on_bytes,
