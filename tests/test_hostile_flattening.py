@@ -27,7 +27,7 @@ from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.flattening import FlatteningError, flatten_with_service, plan_views
 from tests.flattening_runs import flatten_files
-from tasks.sof import compile_view
+from tasks.sof.view import compile_view
 from tasks.sof.errors import FhirPathError, ResourceLineError, ViewDefinitionError, ViewEvaluationError
 from tasks.sof.fhirpath import MAX_EXPRESSION_DEPTH, Item, compile_path
 from tasks.sof.fhirpath_functions import MAX_REPEAT_ELEMENTS
