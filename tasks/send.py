@@ -19,9 +19,8 @@ flattening) and writing only their records into ``<job>/send/``:
 Files are sent one after the other (on a Dask cluster, one per worker; with direct_resource_load the ``core``
 files before all others), each as its own cached task (``send[<file>]``), so a resumed job skips the finished ones.
 
-Every call to the FHIR server has a whole-request deadline and a cap on the answer it reads (constants of
-``tasks.clients.fhir_server``: services.send has no timeout key); credentials the server quotes back in an answer are
-blanked out before the answer is kept in ``send/failed/`` or named in a message.
+Credentials the server quotes back in an answer are blanked out before it is kept in ``send/failed/`` or named in a
+message (``tasks.clients.fhir_server``, whose calls also have a deadline and a cap on the answer).
 """
 
 from __future__ import annotations
@@ -41,8 +40,7 @@ from tasks.clients.errors import ServiceError
 from tasks.clients.fhir_server import FhirServer, TransactionRejected
 from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
 from tasks.core.errors import StepError
-from tasks.streams.fanout import results_or_raise
-from tasks.job.filework import map_files
+from tasks.job.steps import one_file_at_a_time
 from tasks.job.transfer import binary_id, put_document_reference, send_binary
 from tasks.streams.files import write_file_atomically
 from tasks.streams.ndjson import NdjsonError, iter_lines, parse_resource
@@ -52,8 +50,6 @@ log = logging.getLogger("dupflow.send")
 DEFAULT_BATCH_SIZE = 100
 UNWRAPPED_BUNDLE_TYPES = ("transaction", "collection", "searchset")
 SEND_ENTRY_TAG_SYSTEM = "urn:dupflow:send-entry"
-FILES_AT_ONCE = 1
-"""In-process, one file at a time (on a Dask cluster, one per worker)."""
 
 
 @step_task("send")
@@ -81,7 +77,7 @@ def send(step: StepInput) -> StepResult:
 
 def send_files(send_file: Any, step: StepInput, files: list[DataFile]) -> list[dict[str, Any]]:
     """Send ``files`` through the per-file task ``send_file``; every finished file is kept, the first failure raised."""
-    return results_or_raise(map_files(send_file, [(step, f.name, f.size) for f in files], workers=FILES_AT_ONCE))
+    return one_file_at_a_time(send_file, [(step, f.name, f.size) for f in files])
 
 
 @file_task("send-file-direct", "send[{name}]")
@@ -288,13 +284,13 @@ class BatchProgress:
         else:
             log.warning("%s: progress record is for another input or batch size; sending from the start", path.name)
 
-    def record(self, batch: Batch, complete: bool = False) -> None:
+    def record(self, batch: Batch) -> None:
         self.state.update(
             batches=batch.number,
             entries=self.state["entries"] + len(batch.entries),
             next_line=batch.next_line,
             next_entry=batch.next_entry,
-            complete=complete,
+            complete=False,
         )
         self._write()
 

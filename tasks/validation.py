@@ -32,15 +32,7 @@ from pydantic import BaseModel
 from config.settings import Settings
 from tasks.clients.errors import ServiceError
 from tasks.clients.http import AsyncServiceClient, ServiceEndpoint, http_timeout
-from tasks.clients.validator import (
-    MB,
-    Chunk,
-    ValidationServiceError,
-    Validator,
-    annotated,
-    iter_chunks,
-    read_findings,
-)
+from tasks.clients.validator import MB, Chunk, ValidationServiceError, Validator, annotated, iter_chunks, read_findings
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.core.errors import StepError
 from tasks.job.steps import one_file_at_a_time, ndjson_written, publish_report, write_answers

@@ -258,9 +258,7 @@ class RowsWriter:
 
 
 def flatten_file(
-    plan: FilePlan,
-    stop_if_cancelled: Callable[[], None] = never_cancelled,
-    advance: Callable[[int], None] = uncounted,
+    plan: FilePlan, stop_if_cancelled: Callable[[], None] = never_cancelled, advance: Callable[[int], None] = uncounted
 ) -> FileParts:
     """Flatten ``plan.source`` (its ``plan.span``) into ``<parts_dir>/<folder>/``, written as ``.<folder>.tmp`` and
     renamed when complete (an earlier attempt's parts are replaced). ``stop_if_cancelled`` is called before each

@@ -1,32 +1,24 @@
 """SQL-on-FHIR v2 ViewDefinitions: validated and compiled once, then run resource by resource.
 
-``compile_view(view)`` checks the ViewDefinition (raising ``ViewDefinitionError`` with the reason) and compiles
-every FHIRPath in it once. ``CompiledView.rows(resource)`` yields the resource's rows as tuples in the order of
-``CompiledView.columns`` (column names depth first: a select's own columns, then its nested selects', then its
-``unionAll``'s); ``row_dicts`` yields them keyed by column name.
+``compile_view(view)`` checks the ViewDefinition (``ViewDefinitionError`` with the reason) and compiles every FHIRPath
+in it once. ``CompiledView.rows(resource)`` yields the resource's rows as tuples in the order of ``columns`` (depth
+first: a select's own columns, then its nested selects', then its ``unionAll``'s).
 
 Row semantics (the v2 specification): a select's rows are the cartesian product of its columns' row, each nested
 select's rows and the concatenated rows of its ``unionAll`` branches, for each element ``forEach`` /
-``forEachOrNull`` / ``repeat`` iterates over (``%rowIndex`` is that element's 0-based position, inherited where a
-select does not iterate). ``forEachOrNull`` over nothing gives one row of nulls; ``forEach`` over nothing gives no
-row. A resource is skipped unless every ``where`` path gives ``true``.
+``forEachOrNull`` / ``repeat`` iterates over (``%rowIndex`` is its 0-based position). ``forEachOrNull`` over nothing
+gives one row of nulls, ``forEach`` none. A resource is skipped unless every ``where`` path gives ``true``.
 
-Rows are produced lazily, one at a time: the cartesian product of sibling selects can be millions of rows from one
-small resource (60 codings in each of four slices: 13 million), so no product is held. Each part of a product (a
-nested select, the unionAll branches) is kept as a list when it has at most ``CACHED_ROWS`` rows, as nearly all do;
-a larger part is produced again for each row on its left, so memory stays bounded however large a product grows.
-Nearly every resource's rows come from the view's selects compiled into one generated function
-(``tasks.sof.compiled_code``) or closures (``tasks.sof.compiled``), the same rows as one list; this general way is
-taken for views reading ``%rowIndex`` and for more than ``CACHED_ROWS`` rows.
+Rows are produced lazily: one small resource can give millions (60 codings in each of four slices: 13 million), so
+no product is held; a part of a product is kept as a list when it has at most ``CACHED_ROWS`` rows, else produced
+again for each row on its left. Nearly every resource's rows come from the selects compiled into one generated
+function (``tasks.sof.compiled_code``) or closures (``tasks.sof.compiled``); this general way is taken for views
+reading ``%rowIndex`` and for more than ``CACHED_ROWS`` rows.
 
-Bounds (each a ``ViewEvaluationError`` naming the view, the resource and what went over):
-
-- ``MAX_ROWS_PER_RESOURCE`` rows from one resource (a product no CSV reader could use; the default of
-  ``compile_view``'s ``max_rows_per_resource``);
-- ``MAX_REPEAT_ELEMENTS`` (``tasks.sof.fhirpath_functions``'s, as for FHIRPath's ``repeat()``) elements one ``repeat``
-  reaches from one focus (several paths to the same child double the elements at every level, and a path back to
-  the focus never ends);
-- ``MAX_SELECT_DEPTH`` levels of nested selects (a ``ViewDefinitionError``: deeper would exhaust Python's stack).
+Bounds (each a ``ViewEvaluationError`` naming the view, the resource and what went over): ``MAX_ROWS_PER_RESOURCE``
+rows from one resource; ``MAX_REPEAT_ELEMENTS`` (as for FHIRPath's ``repeat()``) elements one ``repeat`` reaches from
+one focus (a path back to the focus never ends); ``MAX_SELECT_DEPTH`` levels of nested selects (a
+``ViewDefinitionError``: deeper would exhaust Python's stack).
 """
 
 from __future__ import annotations
