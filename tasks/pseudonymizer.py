@@ -74,11 +74,13 @@ class FileReport(TypedDict):
 
 @dataclass
 class FileCounts:
+    """What one file's pseudonymization wrote and counted."""
+
+    written: FileStats = FileStats(size=0, resources=0)
     resources_in: int = 0
     resources_out: int = 0
     requests: int = 0
     bundles_split: int = 0
-    written: FileStats = FileStats(size=0, resources=0)
 
     def add(self, result: Pseudonymized) -> None:
         self.requests += result.requests
@@ -125,15 +127,11 @@ def pseudonymize_file(
     counts = asyncio.run(
         pseudonymize_with_service(settings, source, step.output_dir / name, config, expected_resources)
     )
-    report = FileReport(
-        file=source.name,
-        resources_in=counts.resources_in,
-        resources_out=counts.resources_out,
-        bundles_split=counts.bundles_split,
-        requests=counts.requests,
-        seconds=round(time.monotonic() - started, 3),
+    report = {key: getattr(counts, key) for key in ("resources_in", "resources_out", "bundles_split", "requests")}
+    seconds = round(time.monotonic() - started, 3)
+    return FileResult(
+        file=DataFile.written(name, counts.written), report=FileReport(file=source.name, **report, seconds=seconds)
     )
-    return FileResult(file=DataFile.written(name, counts.written), report=report)
 
 
 def ordered_files(step: StepInput) -> list[DataFile]:

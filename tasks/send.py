@@ -284,21 +284,17 @@ class BatchProgress:
         else:
             log.warning("%s: progress record is for another input or batch size; sending from the start", path.name)
 
-    def record(self, batch: Batch) -> None:
-        self.state.update(
-            batches=batch.number,
-            entries=self.state["entries"] + len(batch.entries),
-            next_line=batch.next_line,
-            next_entry=batch.next_entry,
-            complete=False,
-        )
-        self._write()
-
-    def finish(self) -> None:
-        self.state["complete"] = True
-        self._write()
-
-    def _write(self) -> None:
+    def record(self, batch: Batch | None) -> None:
+        """Where the batch after the confirmed ``batch`` starts; None: the file is complete."""
+        if batch is None:
+            self.state["complete"] = True
+        else:
+            self.state.update(
+                batches=batch.number,
+                entries=self.state["entries"] + len(batch.entries),
+                next_line=batch.next_line,
+                next_entry=batch.next_entry,
+            )
         write_file_atomically(self.path, orjson.dumps({"identity": self.identity, **self.state}))
 
 
@@ -329,7 +325,7 @@ def send_resources(
     for batch in batches:
         send_batch(server, source.name, batch, records / "failed")
         progress.record(batch)
-    progress.finish()
+    progress.record(None)
     report.batches, report.entries = progress.state["batches"], progress.state["entries"]
     report.seconds = round(time.monotonic() - started, 3)
     log.info("%s: %d entries sent in %d transactions", source.name, report.entries, report.batches)
