@@ -214,10 +214,6 @@ def _streamed_product(prefix: tuple, parts: list[Part]) -> Iterator[tuple]:
             yield prefix + row
 
 
-def _resource_key(resource: dict[str, Any]) -> str:
-    return f"{resource.get('resourceType')}/{resource.get('id', '(no id)')}"
-
-
 @dataclass
 class CompiledView:
     resource: str
@@ -266,7 +262,8 @@ class CompiledView:
             raise self._about(resource, exc) from exc
 
     def _about(self, resource: dict[str, Any], exc: ViewEvaluationError) -> ViewEvaluationError:
-        return ViewEvaluationError(f"view {self.name!r}, {_resource_key(resource)}: {exc}")
+        key = f"{resource.get('resourceType')}/{resource.get('id', '(no id)')}"
+        return ViewEvaluationError(f"view {self.name!r}, {key}: {exc}")
 
     @property
     def name(self) -> str:
