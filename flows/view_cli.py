@@ -22,7 +22,8 @@ from typing import IO, Any
 
 from tasks.core.jsonfile import JsonFileError, read_json_file
 from tasks.streams.ndjson import NdjsonError, iter_lines
-from tasks.sof import ViewDefinitionError, ViewError, compile_view
+from tasks.sof.errors import ViewDefinitionError, ViewError
+from tasks.sof.view import compile_view
 from tasks.sof.output import csv_writer, json_bytes
 from tasks.sof.resources import ResourceLineError, read_resources
 

@@ -1,23 +1,19 @@
 """The ``extractor`` step: run an extraction on the extraction server and download its files into ``import/``.
 
-Input: the job's CRTDL (prepared in the job directory when the job was made, ``step.crtdl_path``), or, as the job
-input, the status URL of an already complete extraction (procedure step 8: nothing is submitted, the URL is polled
-and its files downloaded).
+Input: the job's CRTDL (``step.crtdl_path``), or, as the job input, the status URL of an already complete extraction
+(procedure step 8: nothing is submitted, the URL is polled and its files downloaded).
 
-Submission is never repeated by itself (spec: a retry could create a duplicate job). The job record
-(``job.json``) says where the submission stands: ``extraction_submission`` is written *before* the POST (with
-the time of the attempt), and the handle (``extraction_status_url``, ``extraction_job_id``) the moment the server
-answers. A run that finds a handle re-attaches to it. A run that finds a submission in flight without a handle (the
-process died during the POST) stops and explains: the server may or may not have the job; ``continue --attach URL``
-follows a job found with ``extraction list``, ``continue --resubmit`` submits anew. When a poll says the job is gone
-(404/410), a fresh submission replaces it, at most ``retry.max_attempts`` times per run.
+Submission is never repeated by itself (spec: a retry could create a duplicate job). The job record says where it
+stands: ``extraction_submission`` is written *before* the POST, the handle (``extraction_status_url``,
+``extraction_job_id``) the moment the server answers. A run that finds a handle re-attaches to it; one that finds a
+submission without a handle (the process died during the POST) stops and explains (``continue --attach URL`` or
+``continue --resubmit``). A job a poll finds gone (404/410) is submitted afresh, at most ``retry.max_attempts`` times
+per run.
 
 Downloads: one cached sub-task per file URL, ``DOWNLOAD_CONCURRENCY`` at a time, so a resumed job fetches only the
-files it had not finished. Each shows its bytes (of its Content-Length when the server sends one) through
-``tasks.streams.progress.track``, and all of them feed the step's progress artifact: files done of the manifest's files.
-A download builds its client where it runs (``download_client``): the downloads running at once in one process
-(the step's, or a Dask worker's) share one, keyed by the step's secret-free settings identity, and the last of them
-to end closes it.
+files it had not finished; each shows its bytes (``tasks.streams.progress.track``). The downloads running at once in
+one process (the step's or a Dask worker's) share one client built there (``download_client``), keyed by the step's
+secret-free settings identity; the last of them to end closes it.
 """
 
 from __future__ import annotations
@@ -47,6 +43,7 @@ from tasks.core.errors import StepError
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.job.filework import map_files
 from tasks.job.layout import step_artifact_key
+from tasks.job.steps import ndjson_written
 from tasks.streams.ndjson import remove_partial_files
 from tasks.streams.progress import expect_files, track
 from tasks.core.readable import CLI
@@ -99,8 +96,7 @@ def download_with(client: ExtractionServerClient, step: StepInput, url: str, nam
             client.http,
             url,
             step.output_dir / name,
-            level=settings.compression.level if settings.compression.enabled else None,
-            max_line_bytes=settings.pipeline.max_ndjson_line_size_bytes,
+            **ndjson_written(settings),
             stall_timeout=extractor_settings.download_stall_timeout,
             retry=settings.retry,
             on_bytes=on_bytes,

@@ -64,7 +64,7 @@ from tasks.streams.processes import (
     start_workers,
 )
 from tasks.streams.progress import Tracker, expect_files, track
-from tasks.sof import compile_view
+from tasks.sof.view import compile_view
 from tasks.sof.crtdl_views import AttributeGroup, GroupView, attribute_groups, build_view
 from tasks.sof.errors import SofError
 from tasks.sof.flatten import (

@@ -23,6 +23,7 @@ from tasks.clients.downloads import download_ndjson, safe_file_name
 from tasks.clients.http import ServiceEndpoint, build_client, http_timeout
 from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
 from tasks.core.errors import StepError
+from tasks.job.steps import ndjson_written
 from tasks.streams.fanout import raise_if_cancelled
 from tasks.streams.ndjson import FileStats, remove_partial_files
 from tasks.streams.progress import expect_files, track
@@ -73,8 +74,7 @@ def fetch_ndjson(
             client,
             url,
             dest,
-            level=settings.compression.level if settings.compression.enabled else None,
-            max_line_bytes=settings.pipeline.max_ndjson_line_size_bytes,
+            **ndjson_written(settings),
             stall_timeout=STALL_TIMEOUT,
             retry=settings.retry,
             on_bytes=on_bytes,

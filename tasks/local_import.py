@@ -20,6 +20,7 @@ from tasks.job.contract import DataFile, StepInput, StepResult, file_task, setti
 from tasks.core.errors import StepError
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.job.filework import map_files
+from tasks.job.steps import ndjson_written
 from tasks.job.layout import is_crtdl_file
 from tasks.streams.ndjson import DATA_SUFFIXES, AtomicNdjsonWriter, iter_chunks, output_name, remove_partial_files
 from tasks.streams.progress import track
@@ -47,19 +48,12 @@ def local_import(step: StepInput) -> StepResult:
 @file_task("import-file", "import[{name}]")
 def import_file(step: StepInput, source: str, name: str, identity: list) -> DataFile:
     """Copy one file into ``import/<name>``; ``identity`` (path, size, mtime) makes a changed source a new file."""
-    settings = settings_of(step)
-    level = settings.compression.level if settings.compression.enabled else None
     source_path = Path(source)
-    max_line_bytes = settings.pipeline.max_ndjson_line_size_bytes
     size = source_path.stat().st_size
+    written = ndjson_written(settings_of(step))
     with track(f"import {source_path.name}", size) as progress:
         with AtomicNdjsonWriter(
-            step.output_dir / name,
-            level,
-            max_line_bytes,
-            source,
-            expected_size=size,
-            stop_if_cancelled=raise_if_cancelled,
+            step.output_dir / name, source=source, expected_size=size, stop_if_cancelled=raise_if_cancelled, **written
         ) as writer:
             for chunk in iter_chunks(source_path):
                 raise_if_cancelled()

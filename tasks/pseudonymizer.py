@@ -17,12 +17,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
-from prefect.artifacts import create_table_artifact
 
 from config.settings import Settings
 
@@ -37,11 +36,8 @@ from tasks.clients.pseudonymizer import (
 )
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.core.errors import StepError
-from tasks.streams.fanout import ordered_map, results_or_raise
-from tasks.job.filework import map_files
-from tasks.job.layout import step_artifact_key
+from tasks.job.steps import one_file_at_a_time, ndjson_written, publish_report, write_answers
 from tasks.streams.ndjson import (
-    AtomicNdjsonWriter,
     CompressionLevel,
     FileStats,
     iter_lines,
@@ -49,11 +45,8 @@ from tasks.streams.ndjson import (
     parse_resource,
     remove_partial_files,
 )
-from tasks.streams.progress import track
 
 CONFIG_KEY = "services.pseudonymizer.anonymization_config"
-FILES_AT_ONCE = 1
-"""In-process, one file at a time: within a file ``max_concurrent_requests`` already keeps the service busy."""
 TOO_LARGE_HINT = (
     "the request was larger than the pseudonymization service accepts: lower "
     "services.pseudonymizer.bundle_split_threshold_mb so that Bundles are sent in smaller chunks, or raise the "
@@ -79,6 +72,21 @@ class FileReport(TypedDict):
     seconds: float
 
 
+@dataclass
+class FileCounts:
+    """What one file's pseudonymization wrote and counted."""
+
+    written: FileStats = FileStats(size=0, resources=0)
+    resources_in: int = 0
+    resources_out: int = 0
+    requests: int = 0
+    bundles_split: int = 0
+
+    def add(self, result: Pseudonymized) -> None:
+        self.requests += result.requests
+        self.bundles_split += result.split
+
+
 class FileResult(TypedDict):
     file: DataFile
     report: FileReport
@@ -95,9 +103,9 @@ def pseudonymizer(step: StepInput) -> StepResult:
         for source, record in zip(step.input_paths(), ordered_files(step), strict=True)
     ]
     remove_partial_files(step.output_dir)
-    results: list[FileResult] = results_or_raise(map_files(pseudonymize_file, arguments, workers=FILES_AT_ONCE))
+    results: list[FileResult] = one_file_at_a_time(pseudonymize_file, arguments)
     reports = [result["report"] for result in results]
-    publish_report(step, reports)
+    publish_file_reports(step, reports)
     return step.result(
         [result["file"] for result in results],
         anonymization_config=config.path if config else "the service's own",
@@ -119,15 +127,11 @@ def pseudonymize_file(
     counts = asyncio.run(
         pseudonymize_with_service(settings, source, step.output_dir / name, config, expected_resources)
     )
-    report = FileReport(
-        file=source.name,
-        resources_in=counts.resources_in,
-        resources_out=counts.resources_out,
-        bundles_split=counts.bundles_split,
-        requests=counts.requests,
-        seconds=round(time.monotonic() - started, 3),
+    report = {key: getattr(counts, key) for key in ("resources_in", "resources_out", "bundles_split", "requests")}
+    seconds = round(time.monotonic() - started, 3)
+    return FileResult(
+        file=DataFile.written(name, counts.written), report=FileReport(file=source.name, **report, seconds=seconds)
     )
-    return FileResult(file=DataFile.written(name, counts.written), report=report)
 
 
 def ordered_files(step: StepInput) -> list[DataFile]:
@@ -158,27 +162,13 @@ async def pseudonymize_with_service(
             source,
             dest,
             service,
-            level=settings.compression.level if settings.compression.enabled else None,
-            max_line_bytes=settings.pipeline.max_ndjson_line_size_bytes,
+            **ndjson_written(settings),
             window=window_size(service_settings.max_concurrent_requests),
             expected_resources=expected_resources,
         )
 
 
 # --- one file ------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class FileCounts:
-    resources_in: int = 0
-    resources_out: int = 0
-    requests: int = 0
-    bundles_split: int = 0
-    written: FileStats = FileStats(size=0, resources=0)
-
-    def add(self, result: Pseudonymized) -> None:
-        self.requests += result.requests
-        self.bundles_split += result.split
 
 
 def window_size(max_concurrent_requests: int) -> int:
@@ -196,42 +186,14 @@ async def pseudonymize_path(
     window: int,
     expected_resources: int | None = None,
 ) -> FileCounts:
-    """De-identify every resource of ``source`` into ``dest`` (written atomically), in input order."""
+    """De-identify every resource of ``source`` into ``dest`` (written atomically), in input order: each line is
+    sent as soon as it is read, at most ``window`` pending; on any failure the pending requests are cancelled."""
     counts = FileCounts()
-    with track(f"pseudonymize {source.name}", expected_resources, "lines") as progress:
-        with AtomicNdjsonWriter(dest, level, max_line_bytes, source=str(source)) as writer:
-
-            def write(result: Pseudonymized) -> None:
-                writer.write_line(result.line)
-                counts.add(result)
-                progress.advance(1)
-
-            counts.resources_in = await pseudonymize_lines(source, service, max_line_bytes, window, write)
-    assert writer.stats is not None
-    counts.resources_out, counts.written = writer.stats.resources, writer.stats
-    if counts.resources_out != counts.resources_in:
-        dest.unlink(missing_ok=True)
-        raise PseudonymizerStepError(
-            f"{source}: {counts.resources_in} lines went in but {counts.resources_out} came out; "
-            "the output was discarded"
-        )
-    return counts
-
-
-async def pseudonymize_lines(
-    source: Path, service: Pseudonymizer, max_line_bytes: int, window: int, write: Callable[[Pseudonymized], None]
-) -> int:
-    """Send each line as soon as it is read, keep at most ``window`` pending, write answers in input order.
-
-    Returns how many resources were read. On any failure the pending requests are cancelled.
-    """
-    read = 0
 
     def resources() -> Iterator[tuple[int, bytes, dict]]:
-        nonlocal read
         for line_number, line in iter_lines(source, max_line_bytes):
             yield line_number, line, parse_resource(source, line_number, line)
-            read += 1
+            counts.resources_in += 1
 
     async def pseudonymize(item: tuple[int, bytes, dict]) -> Pseudonymized:
         line_number, line, resource = item
@@ -240,9 +202,30 @@ async def pseudonymize_lines(
         except (ServiceError, PseudonymizationError) as exc:
             raise PseudonymizerStepError(failure_message(source, line_number, resource_label(resource), exc)) from exc
 
-    async for _, result in ordered_map(resources(), pseudonymize, window):
-        write(result)
-    return read
+    def written(_: Any, result: Pseudonymized) -> tuple[bytes, int]:
+        counts.add(result)
+        return result.line, 1
+
+    progress = (f"pseudonymize {source.name}", expected_resources)
+    counts.written = await write_answers(
+        resources(),
+        pseudonymize,
+        written,
+        dest,
+        window=window,
+        level=level,
+        line_limit=max_line_bytes,
+        progress=progress,
+        source=str(source),
+    )
+    counts.resources_out = counts.written.resources
+    if counts.resources_out != counts.resources_in:
+        dest.unlink(missing_ok=True)
+        raise PseudonymizerStepError(
+            f"{source}: {counts.resources_in} lines went in but {counts.resources_out} came out; "
+            "the output was discarded"
+        )
+    return counts
 
 
 def failure_message(source: Path, line_number: int, label: str, exc: Exception) -> str:
@@ -299,7 +282,7 @@ def anonymization_config(path: str | None, digest: str | None) -> AnonymizationC
     return config
 
 
-def publish_report(step: StepInput, reports: list[FileReport]) -> None:
+def publish_file_reports(step: StepInput, reports: list[FileReport]) -> None:
     rows = [
         {
             "file": r["file"],
@@ -311,8 +294,4 @@ def publish_report(step: StepInput, reports: list[FileReport]) -> None:
         }
         for r in reports
     ]
-    create_table_artifact(
-        key=step_artifact_key(step.job_id, step.position, step.step, "report"),
-        table=rows or [{"file": "(no files)"}],
-        description=f"Step {step.position + 1} `pseudonymizer`: lines, split Bundles and requests per file",
-    )
+    publish_report(step, rows, "lines, split Bundles and requests per file")

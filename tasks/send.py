@@ -11,61 +11,45 @@ flattening) and writing only their records into ``<job>/send/``:
   the job, file and position and is sent as a conditional create on that tag (``ifNoneExist``): re-sending a batch
   whose answer was lost never creates it twice. A rejected batch stops the step; its request and the server's
   answer are kept in ``send/failed/<file>-batch-<n>.request.json`` and ``.response.txt``.
-- ``transfer_load`` (MII data transfer through the DSF): per file a ``Binary`` (the file, zstd-decompressed, zipped
-  as one entry, base64 in ``data``) ``PUT {url}/fhir/Binary/<uuid>``, streamed from a temporary zip file; then one
-  ``DocumentReference`` per job ``PUT {url}/fhir/DocumentReference/<uuid>`` with one attachment per Binary. The
-  ids are uuid5 of the job id (and file name), so a resumed job PUTs the same ids and there is only ever one
-  DocumentReference; ``send/transfer.json`` records them.
+- ``transfer_load`` (MII data transfer through the DSF, ``tasks.clients.transfer``): per file a zipped ``Binary``, then
+  one ``DocumentReference`` per job with one attachment per Binary; ``send/transfer.json`` records their ids.
 - ``s3_upload``: each file as object ``<job id>/<file name>`` through ``tasks.clients.s3.S3Uploader`` (boto3's
   transfer manager; its manifest ``send/s3-manifest.json`` lets a resumed job skip uploaded objects).
 
 Files are sent one after the other (on a Dask cluster, one per worker; with direct_resource_load the ``core``
 files before all others), each as its own cached task (``send[<file>]``), so a resumed job skips the finished ones.
 
-Every call to the FHIR server has a whole-request deadline and a cap on the answer it reads (constants of
-``tasks.clients.fhir_server``: services.send has no timeout key); credentials the server quotes back in an answer are
-blanked out before the answer is kept in ``send/failed/`` or named in a message.
+Credentials the server quotes back in an answer are blanked out before it is kept in ``send/failed/`` or named in a
+message (``tasks.clients.fhir_server``, whose calls also have a deadline and a cap on the answer).
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import logging
 import re
 import time
-import uuid
-import zipfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from config.services import TransferSettings
 from tasks.clients.errors import ServiceError
 from tasks.clients.fhir_server import FhirServer, TransactionRejected
 from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
 from tasks.core.errors import StepError
-from tasks.streams.fanout import results_or_raise
-from tasks.job.filework import map_files
+from tasks.job.steps import one_file_at_a_time
+from tasks.clients.transfer import binary_id, put_document_reference, send_binary
 from tasks.streams.files import write_file_atomically
-from tasks.streams.ndjson import CHUNK_SIZE, NdjsonError, iter_chunks, iter_lines, parse_resource
+from tasks.streams.ndjson import NdjsonError, iter_lines, parse_resource
 
 log = logging.getLogger("dupflow.send")
 
 DEFAULT_BATCH_SIZE = 100
 UNWRAPPED_BUNDLE_TYPES = ("transaction", "collection", "searchset")
 SEND_ENTRY_TAG_SYSTEM = "urn:dupflow:send-entry"
-PROJECT_IDENTIFIER_SYSTEM = "http://medizininformatik-initiative.de/sid/project-identifier"
-ORGANIZATION_IDENTIFIER_SYSTEM = "http://dsf.dev/sid/organization-identifier"
-ZIP_CONTENT_TYPE = "application/zip"
-TRANSFER_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://dupflow/send/transfer_load")
-BASE64_CHUNK = 3 * CHUNK_SIZE  # a multiple of 3, so chunks encode without padding in between
-FILES_AT_ONCE = 1
-"""In-process, one file at a time (on a Dask cluster, one per worker)."""
 
 
 @step_task("send")
@@ -93,21 +77,22 @@ def send(step: StepInput) -> StepResult:
 
 def send_files(send_file: Any, step: StepInput, files: list[DataFile]) -> list[dict[str, Any]]:
     """Send ``files`` through the per-file task ``send_file``; every finished file is kept, the first failure raised."""
-    return results_or_raise(map_files(send_file, [(step, f.name, f.size) for f in files], workers=FILES_AT_ONCE))
+    return one_file_at_a_time(send_file, [(step, f.name, f.size) for f in files])
 
 
 @file_task("send-file-direct", "send[{name}]")
 def send_file_direct(step: StepInput, name: str, size: int) -> dict[str, Any]:
     settings = settings_of(step)
     with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
-        return send_resources(
+        report = send_resources(
             server,
             step.input_dir / name,
             step.output_dir,
             job_id=step.job_id,
             batch_size=effective_batch_size(settings.services.send.batch_size),
             max_line_bytes=settings.pipeline.max_ndjson_line_size_bytes,
-        ).as_dict()
+        )
+    return asdict(report)
 
 
 @file_task("send-file-binary", "send[{name}]")
@@ -278,15 +263,6 @@ class DirectReport:
     resumed_at_batch: int | None = None
     seconds: float = 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "file": self.file,
-            "batches": self.batches,
-            "entries": self.entries,
-            "resumed_at_batch": self.resumed_at_batch,
-            "seconds": round(self.seconds, 3),
-        }
-
 
 class BatchProgress:
     """Where sending a file stands: ``send/progress/<file>.json``, rewritten (temporary name, rename) per batch.
@@ -308,21 +284,17 @@ class BatchProgress:
         else:
             log.warning("%s: progress record is for another input or batch size; sending from the start", path.name)
 
-    def record(self, batch: Batch, complete: bool = False) -> None:
-        self.state.update(
-            batches=batch.number,
-            entries=self.state["entries"] + len(batch.entries),
-            next_line=batch.next_line,
-            next_entry=batch.next_entry,
-            complete=complete,
-        )
-        self._write()
-
-    def finish(self) -> None:
-        self.state["complete"] = True
-        self._write()
-
-    def _write(self) -> None:
+    def record(self, batch: Batch | None) -> None:
+        """Where the batch after the confirmed ``batch`` starts; None: the file is complete."""
+        if batch is None:
+            self.state["complete"] = True
+        else:
+            self.state.update(
+                batches=batch.number,
+                entries=self.state["entries"] + len(batch.entries),
+                next_line=batch.next_line,
+                next_entry=batch.next_entry,
+            )
         write_file_atomically(self.path, orjson.dumps({"identity": self.identity, **self.state}))
 
 
@@ -353,9 +325,9 @@ def send_resources(
     for batch in batches:
         send_batch(server, source.name, batch, records / "failed")
         progress.record(batch)
-    progress.finish()
+    progress.record(None)
     report.batches, report.entries = progress.state["batches"], progress.state["entries"]
-    report.seconds = time.monotonic() - started
+    report.seconds = round(time.monotonic() - started, 3)
     log.info("%s: %d entries sent in %d transactions", source.name, report.entries, report.batches)
     return report
 
@@ -412,124 +384,3 @@ def keep_failed_batch(failed_dir: Path, name: str, number: int, body: bytes, ans
         log.warning("could not keep the rejected batch in %s: %s", failed_dir, exc)
         return f". (The request could not be kept in {failed_dir}: {exc.strerror or exc})"
     return f". The request and the answer are in {stem}.request.json and {stem.name}.response.txt"
-
-
-# --- transfer_load ----------------------------------------------------------------------------------------------
-
-
-def binary_id(job_id: str, name: str) -> str:
-    """The Binary id of one input file: the same for every run of the job."""
-    return str(uuid.uuid5(TRANSFER_NAMESPACE, f"{job_id}/Binary/{name}"))
-
-
-def document_reference_id(job_id: str) -> str:
-    return str(uuid.uuid5(TRANSFER_NAMESPACE, f"{job_id}/DocumentReference"))
-
-
-def zip_entry_name(name: str) -> str:
-    """The file's name inside the zip: without ``.zst``, since the content is decompressed."""
-    return name[: -len(".zst")] if name.endswith(".zst") else name
-
-
-def send_binary(server: FhirServer, source: Path, resource_id: str, work_dir: Path) -> dict[str, Any]:
-    """PUT ``Binary/<id>`` holding ``source`` decompressed and zipped; the zip goes through a temporary file and
-    its base64 is streamed into the request, so memory stays flat whatever the file size."""
-    started = time.monotonic()
-    temporary = work_dir / f".{source.name}.zip.part"
-    try:
-        zip_data_file(source, temporary)
-        body, length = binary_body(resource_id, temporary)
-        server.put("Binary", resource_id, body, length=length)
-        zip_size = temporary.stat().st_size
-    finally:
-        temporary.unlink(missing_ok=True)
-    log.info("%s: sent as Binary/%s (%d bytes zipped)", source.name, resource_id, zip_size)
-    return {
-        "file": source.name,
-        "id": resource_id,
-        "title": zip_entry_name(source.name),
-        "zip_size": zip_size,
-        "seconds": round(time.monotonic() - started, 3),
-    }
-
-
-def zip_data_file(source: Path, dest: Path) -> None:
-    """``source`` (zstd decompressed when it is zstd) as the single entry of the zip ``dest``."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(dest, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as archive:
-        with archive.open(zip_entry_name(source.name), "w", force_zip64=True) as entry:
-            try:
-                for chunk in iter_chunks(source):
-                    entry.write(chunk)
-            except NdjsonError as exc:
-                raise StepError(str(exc)) from exc
-
-
-def binary_body(resource_id: str, zip_path: Path) -> tuple[Any, int]:
-    """A function streaming the Binary's JSON (base64 of the zip encoded on the fly) and its length in bytes."""
-    head = orjson.dumps({"resourceType": "Binary", "id": resource_id, "contentType": ZIP_CONTENT_TYPE})
-    prefix, suffix = head[:-1] + b',"data":"', b'"}'
-    size = zip_path.stat().st_size
-
-    def stream() -> Iterator[bytes]:
-        yield prefix
-        with open(zip_path, "rb") as data:
-            while chunk := data.read(BASE64_CHUNK):
-                yield base64.b64encode(chunk)
-        yield suffix
-
-    return stream, len(prefix) + 4 * ((size + 2) // 3) + len(suffix)
-
-
-def document_reference(
-    resource_id: str, binaries: list[dict[str, Any]], transfer: TransferSettings, date: str
-) -> dict[str, Any]:
-    """The job's one DocumentReference: the fields protocols.md lists, one attachment per Binary.
-
-    The project identifier is also an ``identifier``, because some servers search ``identifier`` only over that
-    element (the DSF's HAPI also covers ``masterIdentifier``).
-    """
-    project = {"system": PROJECT_IDENTIFIER_SYSTEM, "value": transfer.project_identifier}
-    return {
-        "resourceType": "DocumentReference",
-        "id": resource_id,
-        "masterIdentifier": project,
-        "identifier": [project],
-        "status": "current",
-        "docStatus": "final",
-        "date": date,
-        "author": [
-            {
-                "type": "Organization",
-                "identifier": {"system": ORGANIZATION_IDENTIFIER_SYSTEM, "value": transfer.organization_identifier},
-            }
-        ],
-        "content": [
-            {"attachment": {"contentType": ZIP_CONTENT_TYPE, "url": f"Binary/{b['id']}", "title": b["title"]}}
-            for b in binaries
-        ],
-    }
-
-
-def put_document_reference(
-    server: FhirServer, record: Path, job_id: str, binaries: list[dict[str, Any]], transfer: TransferSettings
-) -> str:
-    """PUT the job's DocumentReference (same id and date on every run of the job); returns ``DocumentReference/<id>``.
-
-    ``record`` (``send/transfer.json``) keeps the id, the date and whether it was written.
-    """
-    resource_id = document_reference_id(job_id)
-    try:
-        state = orjson.loads(record.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        state = {}
-    if state.get("id") != resource_id:
-        state = {"id": resource_id, "date": datetime.now(UTC).isoformat(timespec="seconds"), "written": False}
-    state["binaries"] = [b["id"] for b in binaries]
-    write_file_atomically(record, orjson.dumps(state))
-    resource = document_reference(resource_id, binaries, transfer, state["date"])
-    server.put("DocumentReference", resource_id, orjson.dumps(resource))
-    state["written"] = True
-    write_file_atomically(record, orjson.dumps(state))
-    log.info("DocumentReference/%s written with %d attachments", resource_id, len(binaries))
-    return f"DocumentReference/{resource_id}"

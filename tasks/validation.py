@@ -19,13 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import orjson
-from prefect.artifacts import create_table_artifact
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
 from pydantic import BaseModel
@@ -33,25 +32,12 @@ from pydantic import BaseModel
 from config.settings import Settings
 from tasks.clients.errors import ServiceError
 from tasks.clients.http import AsyncServiceClient, ServiceEndpoint, http_timeout
-from tasks.clients.validator import (
-    MB,
-    Chunk,
-    ValidationServiceError,
-    Validator,
-    annotated,
-    iter_chunks,
-    read_findings,
-)
+from tasks.clients.validator import MB, Chunk, ValidationServiceError, Validator, annotated, iter_chunks, read_findings
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.core.errors import StepError
-from tasks.streams.fanout import ordered_map, results_or_raise
-from tasks.job.filework import map_files
-from tasks.job.layout import step_artifact_key
-from tasks.streams.ndjson import AtomicNdjsonWriter, CompressionLevel, iter_lines, output_name, remove_partial_files
-from tasks.streams.progress import track
+from tasks.job.steps import one_file_at_a_time, ndjson_written, publish_report, write_answers
+from tasks.streams.ndjson import CompressionLevel, iter_lines, output_name, remove_partial_files
 
-FILES_AT_ONCE = 1
-"""In-process, one file at a time: within a file ``max_concurrent_requests`` already keeps the validator busy."""
 FIRST_ERRORS = 5
 """Error messages kept per file for the step's summary and artifact."""
 READ_TIMEOUT = timedelta(minutes=10)
@@ -88,7 +74,7 @@ def validation(step: StepInput) -> StepResult:
         raise StepError("services.validation.url is not set; the validation step needs the validator's root URL")
     remove_partial_files(step.output_dir)
     arguments = [(step, path.name, service.bundle_chunk_size_mb) for path in step.input_paths()]
-    checked: list[FileValidation] = results_or_raise(map_files(validate_file, arguments, workers=FILES_AT_ONCE))
+    checked: list[FileValidation] = one_file_at_a_time(validate_file, arguments)
     publish_artifact(step, checked)
     if service.fail_on_error and any(c.errors for c in checked):
         raise StepError(failure_message(step.output_dir, checked))
@@ -127,8 +113,7 @@ async def validate_with_service(
             Validator(client),
             chunk_bytes=chunk_size_mb * MB,
             window=service.max_concurrent_requests,
-            level=settings.compression.level if settings.compression.enabled else None,
-            max_line_bytes=settings.pipeline.max_ndjson_line_size_bytes,
+            **ndjson_written(settings),
             expected_resources=expected_resources,
         )
 
@@ -179,25 +164,23 @@ async def validate_path(
         except (ServiceError, ValidationServiceError) as exc:
             raise StepError(chunk_failure(source, chunk, exc)) from exc
 
-    with track(f"validate {source.name}", expected_resources, "lines") as progress:
-        with AtomicNdjsonWriter(dest, level, REPORT_LINE_LIMIT, source=str(dest)) as writer:
-            chunks = warn_oversized(iter_chunks(iter_lines(source, max_line_bytes), chunk_bytes, source), source)
-            async for chunk, outcome in ordered_map(chunks, validate, window):
-                writer.write_line(orjson.dumps(annotated(outcome, chunk)))
-                tally.add(chunk, outcome)
-                progress.advance(len(chunk.labels))
-    assert writer.stats is not None
-    return FileValidation(
-        file=source.name,
-        report=DataFile.written(dest.name, writer.stats),
-        resources=tally.resources,
-        chunks=tally.chunks,
-        resources_with_errors=tally.resources_with_errors,
-        errors=tally.errors,
-        warnings=tally.warnings,
-        information=tally.information,
-        first_errors=tally.first_errors,
+    def written(chunk: Chunk, outcome: dict[str, Any]) -> tuple[bytes, int]:
+        tally.add(chunk, outcome)
+        return orjson.dumps(annotated(outcome, chunk)), len(chunk.labels)
+
+    chunks = warn_oversized(iter_chunks(iter_lines(source, max_line_bytes), chunk_bytes, source), source)
+    stats = await write_answers(
+        chunks,
+        validate,
+        written,
+        dest,
+        window=window,
+        level=level,
+        line_limit=REPORT_LINE_LIMIT,
+        progress=(f"validate {source.name}", expected_resources),
+        source=str(dest),
     )
+    return FileValidation(file=source.name, report=DataFile.written(dest.name, stats), **asdict(tally))
 
 
 def warn_oversized(chunks: Iterator[Chunk], source: Path) -> Iterator[Chunk]:
@@ -263,8 +246,4 @@ def publish_artifact(step: StepInput, checked: list[FileValidation]) -> None:
         }
         for c in checked
     ]
-    create_table_artifact(
-        key=step_artifact_key(step.job_id, step.position, step.step, "report"),
-        table=rows or [{"file": "(no files)"}],
-        description=f"Step {step.position + 1} `validation`: findings per file; reports in `{step.output_dir}`",
-    )
+    publish_report(step, rows, f"findings per file; reports in `{step.output_dir}`")

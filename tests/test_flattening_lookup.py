@@ -12,7 +12,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from tasks.flattening import plan_views
-from tasks.sof import compile_view
+from tasks.sof.view import compile_view
 from tasks.sof.crtdl_views import attribute_groups, build_view
 from tasks.sof.lookup import LOOKUP_SCHEMA, load_lookup, lookup_problems
 from tasks.sof.resources import line_resources

@@ -27,9 +27,10 @@ from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.flattening import FlatteningError, flatten_with_service, plan_views
 from tests.flattening_runs import flatten_files
-from tasks.sof import compile_view
+from tasks.sof.view import compile_view
 from tasks.sof.errors import FhirPathError, ResourceLineError, ViewDefinitionError, ViewEvaluationError
-from tasks.sof.fhirpath import MAX_EXPRESSION_DEPTH, MAX_REPEAT_ELEMENTS, Item, compile_path
+from tasks.sof.fhirpath import MAX_EXPRESSION_DEPTH, Item, compile_path
+from tasks.sof.fhirpath_functions import MAX_REPEAT_ELEMENTS
 from tasks.sof.resources import parse_line
 from tasks.sof.view import MAX_ROWS_PER_RESOURCE, MAX_SELECT_DEPTH
 from tests.conftest import REPO_ROOT, TESTDATA

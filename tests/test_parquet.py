@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.streams.files import JobWriteError
-from tasks.sof import ViewError
+from tasks.sof.errors import ViewError
 from tasks.sof.output import csv_writer
 from tasks.sof.parquet import BLOCK_BYTES, parquet_schema, write_parquet
 

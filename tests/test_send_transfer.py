@@ -21,7 +21,7 @@ import zstandard
 
 from config.settings import Settings
 from tasks.clients.fhir_server import FhirServer
-from tasks.send import (
+from tasks.clients.transfer import (
     PROJECT_IDENTIFIER_SYSTEM,
     binary_body,
     binary_id,

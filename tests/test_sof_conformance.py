@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from tasks.sof import ViewError, compile_view
+from tasks.sof.errors import ViewError
+from tasks.sof.view import compile_view
 from tests.conftest import TESTDATA
 
 SUITE = TESTDATA / "sql-on-fhir"

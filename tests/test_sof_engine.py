@@ -11,7 +11,7 @@ from decimal import Decimal
 import orjson
 import pytest
 
-from tasks.sof import compile_view
+from tasks.sof.view import compile_view
 from tasks.sof.compiled_code import generated_rows
 from tasks.sof.errors import ViewEvaluationError
 from tasks.sof.fhirpath import Item, _interpreted, compile_path, values

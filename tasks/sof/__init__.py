@@ -6,28 +6,3 @@ either: ``tasks.core.errors`` (the root of its errors, drawn in ``tasks.sof.erro
 a lookup file), ``tasks.core.names`` (the rule for a group name that names a file) and ``tasks.streams.ndjson`` (the
 one reader of the job's data files: plain or zstd, each line bounded). Cancellation reaches it as a callable.
 """
-
-from tasks.sof.errors import (
-    CrtdlError,
-    FhirPathError,
-    LookupFileError,
-    ResourceLineError,
-    SofError,
-    ViewDefinitionError,
-    ViewError,
-    ViewEvaluationError,
-)
-from tasks.sof.view import CompiledView, compile_view
-
-__all__ = [
-    "CompiledView",
-    "CrtdlError",
-    "FhirPathError",
-    "LookupFileError",
-    "ResourceLineError",
-    "SofError",
-    "ViewDefinitionError",
-    "ViewError",
-    "ViewEvaluationError",
-    "compile_view",
-]

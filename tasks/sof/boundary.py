@@ -89,18 +89,16 @@ def _date(text: str, precision: int | None, high: bool) -> str | None:
     match = _DATE.match(text)
     if match is None:
         return None
-    year = int(match[1])
-    month = int(match[2]) if match[2] else (12 if high else 1)
-    day = int(match[3]) if match[3] else (calendar.monthrange(year, month)[1] if high else 1)
-    full = f"{year:04d}-{month:02d}-{day:02d}"
-    return _cut_date(full, precision)
+    date = _full_date(*match.groups(), high)
+    return date if precision is None else {4: date[:4], 6: date[:7], 8: date}.get(precision)
 
 
-def _cut_date(full: str, precision: int | None) -> str | None:
-    cuts = {4: 4, 6: 7, 8: 10}
-    if precision is None:
-        return full
-    return full[: cuts[precision]] if precision in cuts else None
+def _full_date(year: str, month: str | None, day: str | None, high: bool) -> str:
+    """The first (or last) day the digits stand for."""
+    year_number = int(year)
+    month_number = int(month) if month else (12 if high else 1)
+    day_number = int(day) if day else (calendar.monthrange(year_number, month_number)[1] if high else 1)
+    return f"{year_number:04d}-{month_number:02d}-{day_number:02d}"
 
 
 def _fraction(digits: str | None, precision: int | None, high: bool) -> str:
@@ -114,14 +112,11 @@ def _datetime(text: str, precision: int | None, high: bool) -> str | None:
     if match is None:
         return None
     year, month, day, hour, minute, second, fraction, zone = match.groups()
-    year_number = int(year)
-    month_number = int(month) if month else (12 if high else 1)
-    day_number = int(day) if day else (calendar.monthrange(year_number, month_number)[1] if high else 1)
     hour = hour or ("23" if high else "00")
     minute = minute or ("59" if high else "00")
     second = second or ("59" if high else "00")
     zone = zone or ("-12:00" if high else "+14:00")
-    date = f"{year_number:04d}-{month_number:02d}-{day_number:02d}"
+    date = _full_date(year, month, day, high)
     if precision is None or precision == 17:
         return f"{date}T{hour}:{minute}:{second}.{_fraction(fraction, precision, high)}{zone}"
     cuts = {4: date[:4], 6: date[:7], 8: date, 10: f"{date}T{hour}", 12: f"{date}T{hour}:{minute}"}

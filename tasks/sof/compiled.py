@@ -18,11 +18,10 @@ A view that reads ``%rowIndex`` is not compiled (each element's rows need their 
 from __future__ import annotations
 
 from collections.abc import Callable
-from decimal import Decimal
 from itertools import islice
 from typing import Any
 
-from tasks.sof.compiled_code import generated_rows
+from tasks.sof.compiled_code import KEPT, generated_rows
 from tasks.sof.errors import FhirPathError, ViewEvaluationError
 from tasks.sof.fhirpath import Compiled, MemberPath, Paths, Plan, plain
 
@@ -248,15 +247,11 @@ def _row_reader(columns: list[Column]) -> Value:
             keys = keyed[path] = _single_keys(columns, path)
         if keys is not None and type(data) is dict and data.get("resourceType", path) == path:
             row = tuple(map(data.get, keys))
-            if _KEPT.issuperset(map(type, row)):
+            if KEPT.issuperset(map(type, row)):
                 return row
         return tuple([value(data, path, env) for value in values])
 
     return read
-
-
-_KEPT = frozenset({str, type(None), bool, int, Decimal, dict})
-"""Types of JSON values that are a column's value as they are (``plain`` changes floats; a list is several)."""
 
 
 def _single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:

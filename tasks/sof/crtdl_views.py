@@ -1,24 +1,19 @@
 """One ViewDefinition per CRTDL attribute group, built from the lookup file (spec/protocols.md, "Flattening").
 
 The group's table is the lookup table whose ``url`` is the group's ``groupReference``. The view starts with the
-fixed columns ``id`` and ``patient`` (the resource's patient reference; none for resources outside the patient
-compartment such as Patient or Medication), then one select per selected attribute in CRTDL order: the attribute's
-snippet with its children nested inside it (depth first, in ``children`` order), wrapped in the iteration
-(``forEach`` / ``forEachOrNull``) of each of its ancestors. An attribute whose ancestor is also selected is covered
-by that ancestor and skipped.
+columns ``id`` and ``patient`` (the resource's patient reference; none outside the patient compartment, e.g.
+Medication), then one select per selected attribute in CRTDL order: its snippet with its children nested inside
+(depth first), wrapped in the iteration (``forEach`` / ``forEachOrNull``) of each ancestor. An attribute whose
+ancestor is also selected is covered by it. Sibling slices of one element (``Condition.code.coding:icd10-gm``,
+``…:sct``) are sibling ``forEachOrNull`` selects: a slice that matches nothing gives nulls (the shape of the expected
+CSVs in shared/testdata/flattening/example).
 
-Sibling slices of one element (``Condition.code.coding:icd10-gm``, ``…:sct``) are sibling selects inside their
-parent, each a ``forEachOrNull``: a slice that matches nothing gives nulls, so a coding yields one row with its
-slice's columns filled (the expected CSVs of shared/testdata/flattening/example show this shape).
-
-Names. TORCH requires an ``id`` on every attribute group (its Provenance names the group by it). A group written
-without one is given ``generated-`` and the first GENERATED_ID_HEX_DIGITS hex digits of the SHA-256 of the group's
-JSON (keys sorted) in the job's own CRTDL (``with_group_ids``, when the job starts), so the extraction server
-receives that id and flattening looks for the same one; a group without a ``name`` is named by its id. Data
-extracted elsewhere from a CRTDL without ids cannot be routed by the id: flattening then fails, naming the ids
-the Provenance carries. The CSV and the saved
-ViewDefinition are named after the group: the characters ``/ \\ : * ? " < > |`` become ``_``, and a name that then
-still breaks ``tasks.core.names.name_from_data_problem`` (a control or bidi character, ``..``, too long), or two groups
+Names. TORCH requires an ``id`` on every attribute group (its Provenance names the group by it): a group without one
+gets ``generated-`` and the first GENERATED_ID_HEX_DIGITS hex digits of the SHA-256 of its JSON (keys sorted) in the
+job's own CRTDL (``with_group_ids``, when the job starts), so the extraction server and flattening use the same id
+(data extracted elsewhere from a CRTDL without ids cannot be routed: flattening fails, naming the ids it found). A
+group without a ``name`` is named by its id. The CSV and the saved ViewDefinition are named after the group, with
+``/ \\ : * ? " < > |`` as ``_``; a name that still breaks ``tasks.core.names.name_from_data_problem``, or two groups
 whose files would share a name, are refused when the job starts (``group_name_problems``).
 """
 
@@ -36,23 +31,14 @@ from tasks.sof.errors import CrtdlError, ViewError
 from tasks.sof.lookup import LookupTable
 from tasks.sof.view import compile_view
 
-# The reference to the patient a resource belongs to, by resource type (FHIR R4 patient compartment).
+# The reference to the patient a resource belongs to, by resource type (FHIR R4 patient compartment; None: outside).
 PATIENT_REFERENCE_PATHS: dict[str, str | None] = {
-    "Patient": None,
-    "Medication": None,
-    "Organization": None,
-    "Substance": None,
-    "Location": None,
-    "Practitioner": None,
+    **dict.fromkeys(("Patient", "Medication", "Organization", "Substance", "Location", "Practitioner"), None),
     "PractitionerRole": None,
-    "Device": "patient.reference",
-    "Consent": "patient.reference",
-    "AllergyIntolerance": "patient.reference",
-    "Immunization": "patient.reference",
+    **dict.fromkeys(("Device", "Consent", "AllergyIntolerance", "Immunization", "Claim"), "patient.reference"),
+    "ExplanationOfBenefit": "patient.reference",
     "Account": "subject.reference",
     "Coverage": "beneficiary.reference",
-    "Claim": "patient.reference",
-    "ExplanationOfBenefit": "patient.reference",
     "Appointment": "participant.actor.where(reference.startsWith('Patient/')).reference.first()",
     "ResearchSubject": "individual.reference",
 }

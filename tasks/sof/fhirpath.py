@@ -9,36 +9,27 @@ Two ways to evaluate:
 - **Member paths** such as ``code.coding``, ``name.first().given``, ``value.ofType(Quantity).value`` or ``$this``
   are walked directly over the JSON (dict lookups and the model's type tables, the same rules fhirpathpy's member
   navigation applies). They are most paths in real views and cost a few microseconds instead of tens.
-- Everything else goes through fhirpathpy's parser and evaluator, once parsed. The functions SQL-on-FHIR adds to
-  FHIRPath (``getResourceKey``, ``getReferenceKey``, ``lowBoundary``, ``highBoundary``) are registered through
-  fhirpathpy's invocation table (its extension point for user functions).
+- Everything else goes through fhirpathpy's parser and evaluator, once parsed, with the functions of
+  ``tasks.sof.fhirpath_functions`` (SQL-on-FHIR's own, and bounded ``matches``, ``replaceMatches``, ``repeat``).
 
-Bounds, each a ``FhirPathError`` naming the expression (data or a lookup file must not hang or exhaust a step):
-
-- ``matches`` and ``replaceMatches`` run on RE2 (``google-re2``), in time linear in the text, where Python's ``re``
-  backtracks exponentially (``matches('^(a+)+$')`` on 35 characters: hours). RE2 has no backreferences or
-  lookaround; such a pattern is an error that says so.
-- ``repeat()`` stops at ``MAX_REPEAT_ELEMENTS`` elements (fhirpathpy's copies its list per element: quadratic).
-- An expression nested more than ``MAX_EXPRESSION_DEPTH`` levels (its parse tree; about half as many parentheses)
-  is refused when compiled: the parser and the evaluator recurse once or more per level and would exhaust
-  Python's stack. A stack that still runs out while evaluating (deeply nested data compared whole) is reported
-  as such, never as a bare ``RecursionError``.
+An expression nested more than ``MAX_EXPRESSION_DEPTH`` levels (its parse tree; about half as many parentheses) is
+refused when compiled: the parser and the evaluator recurse once or more per level and would exhaust Python's stack.
+A stack that still runs out while evaluating (deeply nested data compared whole) is reported as such, never as a
+bare ``RecursionError``; each is a ``FhirPathError`` naming the expression.
 """
 
 from __future__ import annotations
 
 import re
-from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
-import re2
 from fhirpathpy.engine import do_eval
 from fhirpathpy.engine.invocations.constants import constants as fhirpath_constants
-from fhirpathpy.engine.nodes import FP_Quantity, FP_Type, ResourceNode
+from fhirpathpy.engine.nodes import FP_Type, ResourceNode
 from fhirpathpy.engine.util import arraify
 from fhirpathpy.models import models
 from antlr4 import CommonTokenStream, InputStream, Token
@@ -48,8 +39,8 @@ from fhirpathpy.parser.ASTPathListener import ASTPathListener
 from fhirpathpy.parser.generated.FHIRPathLexer import FHIRPathLexer
 from fhirpathpy.parser.generated.FHIRPathParser import FHIRPathParser
 
-from tasks.sof.boundary import high_boundary, low_boundary
 from tasks.sof.errors import FhirPathError
+from tasks.sof.fhirpath_functions import SOF_FUNCTIONS, joined, reference_keys, resource_keys
 
 MODEL = models["r4"]
 _CHOICES: dict[str, list[str]] = MODEL["choiceTypePaths"]
@@ -67,7 +58,6 @@ _SEGMENT = re.compile(
 )
 _KEYWORDS = {"and", "or", "xor", "implies", "div", "mod", "in", "contains", "is", "as", "true", "false"}
 MAX_EXPRESSION_DEPTH = 100
-MAX_REPEAT_ELEMENTS = 10_000
 SHOWN_EXPRESSION_CHARS = 120
 
 
@@ -100,9 +90,7 @@ def values(items: list[Item]) -> list[Any]:
 def plain(value: Any) -> Any:
     if type(value) is str:
         return value
-    if isinstance(value, FP_Quantity):
-        return str(value)
-    if isinstance(value, FP_Type):
+    if isinstance(value, FP_Type):  # FP_Quantity among them
         return str(value)
     if isinstance(value, float):
         return Decimal(repr(value))
@@ -207,12 +195,15 @@ class MemberPath:
     def _general(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
         if self.fallback is not None:
             return self.fallback.collect(data, path, env)
-        items = _walk_items(self.members, Item(data, path))
-        return [item.data for item in items], [item.path for item in items]
+        return data_and_paths(_walk_items(self.members, Item(data, path)))
 
 
 Paths = str | None | list
 """The type paths of collected values: one for all of them, or a list with one per value."""
+
+
+def data_and_paths(items: list[Item]) -> tuple[list, list]:
+    return [item.data for item in items], [item.path for item in items]
 
 
 def items_of(found: list, paths: Paths) -> list[Item]:
@@ -356,7 +347,7 @@ def _walk_items(steps: list[Step], focus: Item) -> list[Item]:
         if kind == "first":
             items = items[:1]
         elif kind == "where":
-            items = [item for item in items if _values_of(item, name) == [argument]]
+            items = [item for item in items if [child.data for child in child_items(item, name)] == [argument]]
         else:
             found: list[Item] = []
             for item in items:
@@ -365,10 +356,6 @@ def _walk_items(steps: list[Step], focus: Item) -> list[Item]:
         if not items:
             break
     return items
-
-
-def _values_of(item: Item, member: str) -> list[Any]:
-    return [child.data for child in child_items(item, member)]
 
 
 def child_items(item: Item, member: str, of_type: str | None = None) -> list[Item]:
@@ -421,14 +408,11 @@ def parse(expression: str) -> dict[str, Any]:
     parser.buildParseTrees = True
     parser.removeErrorListeners()
     parser.addErrorListener(listener)
-    try:
-        tree = parser.expression()
-    except RecursionError:
-        raise FhirPathError(_too_deep()) from None
-    if tokens.LA(1) != Token.EOF:
-        raise FhirPathError(f"unexpected {tokens.LT(1).text!r} at column {tokens.LT(1).column + 1}")
     ast = ASTPathListener()
     try:
+        tree = parser.expression()
+        if tokens.LA(1) != Token.EOF:
+            raise FhirPathError(f"unexpected {tokens.LT(1).text!r} at column {tokens.LT(1).column + 1}")
         ParseTreeWalker().walk(ast, tree)
     except RecursionError:
         raise FhirPathError(_too_deep()) from None
@@ -499,8 +483,7 @@ class Interpreted:
         return [_as_item(value) for value in arraify(result) if not _is_primitive_extension_only(value)]
 
     def collect(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
-        items = self(Item(data, path), env)
-        return [item.data for item in items], [item.path for item in items]
+        return data_and_paths(self(Item(data, path), env))
 
 
 Compiled = MemberPath | Interpreted
@@ -515,146 +498,3 @@ def _as_item(value: Any) -> Item:
 def _is_primitive_extension_only(value: Any) -> bool:
     """fhirpathpy yields ``_element`` siblings (extensions of primitives) as their own nodes; they are no values."""
     return isinstance(value, ResourceNode) and isinstance(value.data, Mapping) and list(value.data) == ["extension"]
-
-
-# --- SQL-on-FHIR's FHIRPath functions ---------------------------------------------------------------------------
-
-
-def get_resource_key(ctx: dict, inputs: list) -> list[str]:
-    """``Type/id`` of each resource in the input (the key ``getReferenceKey`` gives for a reference to it)."""
-    return resource_keys([_data(node) for node in inputs])
-
-
-def resource_keys(found: list) -> list[str]:
-    return [
-        f"{data['resourceType']}/{data['id']}"
-        for data in found
-        if isinstance(data, Mapping) and "resourceType" in data and "id" in data
-    ]
-
-
-def get_reference_key(ctx: dict, inputs: list, type_info: Any = None) -> list[str]:
-    """``Type/id`` of each Reference (history and base URL dropped); only those of the given type, if any."""
-    return reference_keys([_data(node) for node in inputs], getattr(type_info, "name", None))
-
-
-def reference_keys(found: list, wanted: str | None) -> list[str]:
-    keys = []
-    for data in found:
-        reference = data.get("reference") if isinstance(data, Mapping) else None
-        if not isinstance(reference, str):
-            continue
-        parts = reference.split("/_history")[0].split("/")
-        if len(parts) < 2:
-            continue
-        if wanted is None or parts[-2] == wanted:
-            keys.append(f"{parts[-2]}/{parts[-1]}")
-    return keys
-
-
-def join(ctx: dict, inputs: list, separator: Any = "") -> Any:
-    """FHIRPath's ``join``: the input strings joined, ``''`` for an empty input (as the SQL-on-FHIR suite expects;
-    fhirpathpy's gives no value), no value for an empty separator collection."""
-    if isinstance(separator, list):
-        return []
-    return joined([_data(node) for node in inputs], separator)
-
-
-def joined(found: list, separator: str) -> str:
-    if not all(isinstance(value, str) for value in found):
-        raise FhirPathError(f"join needs a collection of strings, got {found!r:.200}")
-    return separator.join(found)
-
-
-def _data(node: Any) -> Any:
-    return node.data if isinstance(node, ResourceNode) else node
-
-
-def _boundary(compute: Callable[[Any, str | None, int | None], Any]) -> Callable[..., list]:
-    def invoke(ctx: dict, inputs: list, precision: Any = None) -> list:
-        digits = None if precision in (None, []) else int(precision)
-        results = []
-        for node in inputs:
-            type_path = node.path if isinstance(node, ResourceNode) else None
-            result = compute(_data(node), type_path, digits)
-            if result is not None:
-                results.append(result)
-        return results
-
-    return invoke
-
-
-# --- bounded replacements of fhirpathpy functions -----------------------------------------------------------------
-
-
-@lru_cache(maxsize=256)
-def regex(pattern: str, dot_matches_newline: bool) -> Any:
-    """``pattern`` compiled by RE2 (once per process); a pattern RE2 cannot run is a ``FhirPathError``."""
-    options = re2.Options()
-    options.dot_nl = dot_matches_newline
-    options.log_errors = False
-    try:
-        return re2.compile(pattern, options)
-    except re2.error as exc:
-        raise FhirPathError(
-            f"regular expression {pattern!r} is not supported ({_text(exc)}): regexes run on RE2, which has no "
-            "backreferences or lookaround (they can take exponential time)"
-        ) from None
-
-
-def _text(exc: Exception) -> str:
-    reason = exc.args[0] if exc.args else exc
-    return reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)
-
-
-def matches(ctx: dict, inputs: list, pattern: Any) -> Any:
-    """fhirpathpy's ``matches`` (search, ``.`` matching newlines), on RE2; empty input or regex give no value."""
-    if not inputs or isinstance(pattern, list):
-        return []
-    return regex(pattern, True).search(_single_string(inputs)) is not None
-
-
-def replace_matches(ctx: dict, inputs: list, pattern: Any, replacement: Any) -> Any:
-    """fhirpathpy's ``replaceMatches`` (``$1`` for the first group), on RE2; empty input, regex or substitution
-    give no value."""
-    if not inputs or isinstance(pattern, list) or isinstance(replacement, list):
-        return []
-    text = _single_string(inputs)
-    return regex(pattern, False).sub(re.sub(r"\$(\d+)", r"\\\1", replacement), text)
-
-
-def _single_string(inputs: list) -> str:
-    if len(inputs) == 1:
-        data = _data(inputs[0])
-        if isinstance(data, str):
-            return data
-    raise FhirPathError(f"expected one string, got {inputs!r:.200}")
-
-
-def repeat(ctx: dict, inputs: Any, expression: Callable[[Any], list]) -> list:
-    """fhirpathpy's ``repeat`` (breadth first, each element once), in linear time and bounded."""
-    if not isinstance(inputs, list):
-        return []
-    found: list = []
-    seen: set = set()
-    pending = deque(inputs)
-    while pending:
-        fresh = [element for element in expression(pending.popleft()) if element not in seen]
-        seen.update(fresh)
-        found.extend(fresh)
-        pending.extend(fresh)
-        if len(found) > MAX_REPEAT_ELEMENTS:
-            raise FhirPathError(f"repeat() reaches more than {MAX_REPEAT_ELEMENTS:,} elements")
-    return found
-
-
-SOF_FUNCTIONS: dict[str, dict[str, Any]] = {
-    "getResourceKey": {"fn": get_resource_key, "arity": {0: []}},
-    "getReferenceKey": {"fn": get_reference_key, "arity": {0: [], 1: ["TypeSpecifier"]}},
-    "lowBoundary": {"fn": _boundary(low_boundary), "arity": {0: [], 1: ["Integer"]}},
-    "highBoundary": {"fn": _boundary(high_boundary), "arity": {0: [], 1: ["Integer"]}},
-    "matches": {"fn": matches, "arity": {1: ["String"]}, "nullable_input": True},
-    "replaceMatches": {"fn": replace_matches, "arity": {2: ["String", "String"]}, "nullable_input": True},
-    "repeat": {"fn": repeat, "arity": {1: ["Expr"]}},
-    "join": {"fn": join, "arity": {0: [], 1: ["String"]}},
-}

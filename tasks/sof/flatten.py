@@ -2,21 +2,17 @@
 
 Routing (spec/protocols.md, "Flattening"): the extraction's Provenance records name, for each target resource, the
 attribute groups it belongs to (``entity.what.identifier`` with the attribute-group system). TORCH puts them in the
-same Bundle line as the resources they route; bare Provenance lines route the bare resources of their file. When
-no input file holds attribute-group Provenance at all (a plain local import), resources go to the groups of their
-type. Whether that is so is decided over all files first (``has_group_provenance``); everything else is per file.
+Bundle line of the resources they route; bare Provenance lines route the bare resources of their file. When no input
+file holds attribute-group Provenance (``has_group_provenance``, decided over all files first), resources go to the
+groups of their type.
 
-``flatten_file(plan)`` writes the rows of one input file, or of one span of its lines (``tasks.streams.ndjson.Span``: a
-large file is cut at line starts so that several processes share it), per group, into
-``<parts>/<plan.folder>/<csv name>`` (rows only, no header; a group without rows gets no part) and returns its
-counts. The parent concatenates the parts of all files and spans in input order under one header, so the CSVs are
-the same bytes whether they ran one after the other or in parallel, whole or cut. A span's bare Provenance routes
-come from the whole file: the parent finds them once (``bare_routes``) and saves them (``routes_json``) for all
-the file's spans (``plan.routes_file``); a whole file finds its own. It imports no Prefect, so it runs in a lean
-worker process (``tasks.streams.processes``); cancellation reaches it as a callable (``stop_if_cancelled``), progress
-leaves it as one (``advance``), and its errors are the engine's (``tasks.sof.errors``), which the step translates into
-its own. It reads its input through ``tasks.streams.ndjson.iter_lines``, the one reader of the job's data
-files (plain or zstd, each line bounded).
+``flatten_file(plan)`` writes the rows of one input file, or of one span of its lines (``tasks.streams.ndjson.Span``),
+per group into ``<parts>/<plan.folder>/<csv name>`` (rows only; a group without rows gets no part) and returns its
+counts. The parent concatenates all parts in input order under one header, so the CSVs are the same bytes whether
+files ran in turn or in parallel, whole or cut. A span's bare Provenance routes come from the whole file: the parent
+finds them once (``bare_routes``) and saves them (``routes_json``, ``plan.routes_file``). No Prefect here, so it runs
+in a lean worker process (``tasks.streams.processes``): cancellation reaches it as a callable
+(``stop_if_cancelled``), progress leaves it as one (``advance``), and its errors are the engine's.
 """
 
 from __future__ import annotations
@@ -258,9 +254,7 @@ class RowsWriter:
 
 
 def flatten_file(
-    plan: FilePlan,
-    stop_if_cancelled: Callable[[], None] = never_cancelled,
-    advance: Callable[[int], None] = uncounted,
+    plan: FilePlan, stop_if_cancelled: Callable[[], None] = never_cancelled, advance: Callable[[int], None] = uncounted
 ) -> FileParts:
     """Flatten ``plan.source`` (its ``plan.span``) into ``<parts_dir>/<folder>/``, written as ``.<folder>.tmp`` and
     renamed when complete (an earlier attempt's parts are replaced). ``stop_if_cancelled`` is called before each

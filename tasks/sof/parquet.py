@@ -1,25 +1,18 @@
 """A finished group CSV as Parquet, typed from its ViewDefinition's columns (pyarrow; no Prefect).
 
-``write_parquet(csv_path, view, parquet_path)`` streams the CSV dupflow wrote (``tasks.sof.output``'s dialect, header
-= the view's column names) into one Parquet file and returns its row count. Converting the CSV, rather than the rows,
-gives the same Parquet whether the embedded engine or the flattening service made it. The CSV is read in blocks of
-``BLOCK_BYTES`` and written in row groups of about ``ROW_GROUP_BYTES`` of Arrow data, so memory stays flat however
-large the file (a 200 MB and a 600 MB CSV both: Arrow's pool peaks at 100 MB, the process grows by 150-170 MB;
-pyarrow's readahead of about ten blocks is why the blocks are small). The Parquet (zstd) is written under a hidden
-temporary name and renamed when complete.
+``write_parquet(csv_path, view, parquet_path)`` streams the CSV (``tasks.sof.output``'s dialect, header = the view's
+column names) into one Parquet file (zstd, written under a hidden temporary name and renamed when complete) and returns
+its row count. Converting the CSV, not the rows, gives the same Parquet whether the embedded engine or the flattening
+service made it. Blocks of ``BLOCK_BYTES`` in, row groups of about ``ROW_GROUP_BYTES`` out keep memory flat however
+large the file (200 MB and 600 MB: Arrow's pool peaks at 100 MB; blocks are small because pyarrow reads about ten
+ahead); a row longer than a block is read again in larger blocks.
 
-Types, from each column's ``type`` in the ViewDefinition (a ``unionAll``'s branches must agree, else string):
-
-- ``boolean`` → bool; ``integer``, ``positiveInt``, ``unsignedInt``, ``integer64`` → int64;
-- everything else → string, as the CSV holds it: ``decimal`` keeps its digits exactly as written (FHIR decimals
-  carry their precision, ``1.50`` is not ``1.5``, and may exceed decimal128's 38 digits; cast in the query when
-  needed); ``date``, ``dateTime``, ``instant`` and ``time`` stay text because FHIR allows partial precision
-  (``2020``, ``2020-01``) that no timestamp type holds; ``base64Binary`` stays its base64 text; a column without a
-  type, a ``collection`` column (a compact JSON array) and an object value (compact JSON) are strings too.
-- An empty cell is null, in every column (the CSV cannot tell an empty string from a missing value).
-
-A cell a declared type cannot hold (``integer`` over ``abc``) raises ``ViewError`` naming the file, the column and the
-row, never the value (it is patient data). A row longer than a block is read again in larger blocks.
+Types, from each column's ``type`` (a ``unionAll``'s branches must agree, else string): ``boolean`` → bool;
+``integer``, ``positiveInt``, ``unsignedInt``, ``integer64`` → int64; everything else → string as the CSV holds it:
+``decimal`` keeps its digits (``1.50`` is not ``1.5``; more than decimal128's 38 digits are allowed), dates and times
+stay text (FHIR allows ``2020`` or ``2020-01``, which no timestamp holds), as do ``base64Binary``, untyped and
+``collection`` columns and objects (compact JSON). An empty cell is null in every column. A cell its declared type
+cannot hold raises ``ViewError`` naming the file, column and row, never the value (it is patient data).
 """
 
 from __future__ import annotations

@@ -1,32 +1,24 @@
 """SQL-on-FHIR v2 ViewDefinitions: validated and compiled once, then run resource by resource.
 
-``compile_view(view)`` checks the ViewDefinition (raising ``ViewDefinitionError`` with the reason) and compiles
-every FHIRPath in it once. ``CompiledView.rows(resource)`` yields the resource's rows as tuples in the order of
-``CompiledView.columns`` (column names depth first: a select's own columns, then its nested selects', then its
-``unionAll``'s); ``row_dicts`` yields them keyed by column name.
+``compile_view(view)`` checks the ViewDefinition (``ViewDefinitionError`` with the reason) and compiles every FHIRPath
+in it once. ``CompiledView.rows(resource)`` yields the resource's rows as tuples in the order of ``columns`` (depth
+first: a select's own columns, then its nested selects', then its ``unionAll``'s).
 
 Row semantics (the v2 specification): a select's rows are the cartesian product of its columns' row, each nested
 select's rows and the concatenated rows of its ``unionAll`` branches, for each element ``forEach`` /
-``forEachOrNull`` / ``repeat`` iterates over (``%rowIndex`` is that element's 0-based position, inherited where a
-select does not iterate). ``forEachOrNull`` over nothing gives one row of nulls; ``forEach`` over nothing gives no
-row. A resource is skipped unless every ``where`` path gives ``true``.
+``forEachOrNull`` / ``repeat`` iterates over (``%rowIndex`` is its 0-based position). ``forEachOrNull`` over nothing
+gives one row of nulls, ``forEach`` none. A resource is skipped unless every ``where`` path gives ``true``.
 
-Rows are produced lazily, one at a time: the cartesian product of sibling selects can be millions of rows from one
-small resource (60 codings in each of four slices: 13 million), so no product is held. Each part of a product (a
-nested select, the unionAll branches) is kept as a list when it has at most ``CACHED_ROWS`` rows, as nearly all do;
-a larger part is produced again for each row on its left, so memory stays bounded however large a product grows.
-Nearly every resource's rows come from the view's selects compiled into one generated function
-(``tasks.sof.compiled_code``) or closures (``tasks.sof.compiled``), the same rows as one list; this general way is
-taken for views reading ``%rowIndex`` and for more than ``CACHED_ROWS`` rows.
+Rows are produced lazily: one small resource can give millions (60 codings in each of four slices: 13 million), so
+no product is held; a part of a product is kept as a list when it has at most ``CACHED_ROWS`` rows, else produced
+again for each row on its left. Nearly every resource's rows come from the selects compiled into one generated
+function (``tasks.sof.compiled_code``) or closures (``tasks.sof.compiled``); this general way is taken for views
+reading ``%rowIndex`` and for more than ``CACHED_ROWS`` rows.
 
-Bounds (each a ``ViewEvaluationError`` naming the view, the resource and what went over):
-
-- ``MAX_ROWS_PER_RESOURCE`` rows from one resource (a product no CSV reader could use; the default of
-  ``compile_view``'s ``max_rows_per_resource``);
-- ``MAX_REPEAT_ELEMENTS`` (``tasks.sof.fhirpath``'s, as for FHIRPath's ``repeat()``) elements one ``repeat``
-  reaches from one focus (several paths to the same child double the elements at every level, and a path back to
-  the focus never ends);
-- ``MAX_SELECT_DEPTH`` levels of nested selects (a ``ViewDefinitionError``: deeper would exhaust Python's stack).
+Bounds (each a ``ViewEvaluationError`` naming the view, the resource and what went over): ``MAX_ROWS_PER_RESOURCE``
+rows from one resource; ``MAX_REPEAT_ELEMENTS`` (as for FHIRPath's ``repeat()``) elements one ``repeat`` reaches from
+one focus (a path back to the focus never ends); ``MAX_SELECT_DEPTH`` levels of nested selects (a
+``ViewDefinitionError``: deeper would exhaust Python's stack).
 """
 
 from __future__ import annotations
@@ -43,7 +35,8 @@ from typing import Any
 
 from tasks.sof.compiled import RowsAt, compile_view_rows
 from tasks.sof.errors import FhirPathError, ViewDefinitionError, ViewEvaluationError
-from tasks.sof.fhirpath import MAX_REPEAT_ELEMENTS, Compiled, compile_path, plain
+from tasks.sof.fhirpath import Compiled, compile_path, plain
+from tasks.sof.fhirpath_functions import MAX_REPEAT_ELEMENTS
 
 COLUMN_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 ITERATIONS = ("forEach", "forEachOrNull", "repeat")
@@ -221,10 +214,6 @@ def _streamed_product(prefix: tuple, parts: list[Part]) -> Iterator[tuple]:
             yield prefix + row
 
 
-def _resource_key(resource: dict[str, Any]) -> str:
-    return f"{resource.get('resourceType')}/{resource.get('id', '(no id)')}"
-
-
 @dataclass
 class CompiledView:
     resource: str
@@ -273,7 +262,8 @@ class CompiledView:
             raise self._about(resource, exc) from exc
 
     def _about(self, resource: dict[str, Any], exc: ViewEvaluationError) -> ViewEvaluationError:
-        return ViewEvaluationError(f"view {self.name!r}, {_resource_key(resource)}: {exc}")
+        key = f"{resource.get('resourceType')}/{resource.get('id', '(no id)')}"
+        return ViewEvaluationError(f"view {self.name!r}, {key}: {exc}")
 
     @property
     def name(self) -> str:
@@ -329,27 +319,11 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
 
 
 def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) -> Select:
-    if not isinstance(spec, dict):
-        raise ViewDefinitionError(f"{where} must be an object")
-    if depth > MAX_SELECT_DEPTH:
+    if depth > MAX_SELECT_DEPTH and isinstance(spec, dict):
         raise ViewDefinitionError(f"selects are nested more than {MAX_SELECT_DEPTH} levels deep ({where[:60]}...)")
-    unknown = set(spec) - SELECT_KEYS
-    if unknown:
-        raise ViewDefinitionError(f"{where} has unknown elements: {', '.join(sorted(unknown))}")
+    _check_object(spec, SELECT_KEYS, where)
     select = Select()
-    iterations = [key for key in ITERATIONS if key in spec]
-    if len(iterations) > 1:
-        raise ViewDefinitionError(f"{where} has more than one of forEach, forEachOrNull and repeat")
-    if iterations:
-        select.iteration = iterations[0]
-        expressions = spec[select.iteration]
-        if select.iteration == "repeat":
-            if not isinstance(expressions, list) or not expressions:
-                raise ViewDefinitionError(f"{where}.repeat must be a non-empty list of FHIRPath expressions")
-        else:
-            expressions = [expressions]
-        select.iterate = [_compile(e, f"{where}.{select.iteration}", variables) for e in expressions]
-        select.paths = list(expressions)
+    _compile_iteration(select, spec, where, variables)
     for index, column in enumerate(_list_of(spec.get("column", []), f"{where}.column")):
         select.columns.append(_compile_column(column, f"{where}.column[{index}]", variables))
     select.selects = [
@@ -357,19 +331,7 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
         for i, s in enumerate(_list_of(spec.get("select", []), f"{where}.select"))
     ]
     if "unionAll" in spec:
-        branches = _list_of(spec["unionAll"], f"{where}.unionAll")
-        if not branches:
-            raise ViewDefinitionError(f"{where}.unionAll is empty")
-        select.union = [
-            _compile_select(s, f"{where}.unionAll[{i}]", variables, depth + 1) for i, s in enumerate(branches)
-        ]
-        first = select.union[0].names
-        for index, branch in enumerate(select.union[1:], start=1):
-            if branch.names != first:
-                raise ViewDefinitionError(
-                    f"{where}.unionAll[{index}] has columns {branch.names}, but unionAll[0] has {first}: every "
-                    "branch must have the same columns in the same order"
-                )
+        select.union = _compile_union(spec["unionAll"], where, variables, depth)
     select.names = [c.name for c in select.columns]
     for nested in select.selects:
         select.names += nested.names
@@ -380,6 +342,37 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
     select.null_row += (None,) * (len(select.names) - len(row_index))
     _merge_single_rows(select)
     return select
+
+
+def _compile_iteration(select: Select, spec: dict, where: str, variables: set[str]) -> None:
+    iterations = [key for key in ITERATIONS if key in spec]
+    if len(iterations) > 1:
+        raise ViewDefinitionError(f"{where} has more than one of forEach, forEachOrNull and repeat")
+    if not iterations:
+        return
+    select.iteration = iterations[0]
+    expressions = spec[select.iteration]
+    if select.iteration == "repeat":
+        if not isinstance(expressions, list) or not expressions:
+            raise ViewDefinitionError(f"{where}.repeat must be a non-empty list of FHIRPath expressions")
+    else:
+        expressions = [expressions]
+    select.iterate = [_compile(e, f"{where}.{select.iteration}", variables) for e in expressions]
+    select.paths = list(expressions)
+
+
+def _compile_union(spec: Any, where: str, variables: set[str], depth: int) -> list[Select]:
+    branches = _list_of(spec, f"{where}.unionAll")
+    if not branches:
+        raise ViewDefinitionError(f"{where}.unionAll is empty")
+    union = [_compile_select(s, f"{where}.unionAll[{i}]", variables, depth + 1) for i, s in enumerate(branches)]
+    for index, branch in enumerate(union[1:], start=1):
+        if branch.names != union[0].names:
+            raise ViewDefinitionError(
+                f"{where}.unionAll[{index}] has columns {branch.names}, but unionAll[0] has {union[0].names}: every "
+                "branch must have the same columns in the same order"
+            )
+    return union
 
 
 def _merge_single_rows(select: Select) -> None:
@@ -402,11 +395,7 @@ def _selects(root: Select) -> Iterator[Select]:
 
 
 def _compile_column(spec: Any, where: str, variables: set[str]) -> Column:
-    if not isinstance(spec, dict):
-        raise ViewDefinitionError(f"{where} must be an object")
-    unknown = set(spec) - COLUMN_KEYS
-    if unknown:
-        raise ViewDefinitionError(f"{where} has unknown elements: {', '.join(sorted(unknown))}")
+    _check_object(spec, COLUMN_KEYS, where)
     name, path = spec.get("name"), spec.get("path")
     if not isinstance(name, str) or not COLUMN_NAME.match(name):
         raise ViewDefinitionError(f"{where} needs a name of letters, digits and _ starting with a letter, got {name!r}")
@@ -416,6 +405,13 @@ def _compile_column(spec: Any, where: str, variables: set[str]) -> Column:
     if not isinstance(collection, bool):
         raise ViewDefinitionError(f"{where} ({name}): collection must be true or false")
     return Column(name, path, _compile(path, f"{where} ({name})", variables), collection)
+
+
+def _check_object(spec: Any, keys: set[str], where: str) -> None:
+    if not isinstance(spec, dict):
+        raise ViewDefinitionError(f"{where} must be an object")
+    if unknown := set(spec) - keys:
+        raise ViewDefinitionError(f"{where} has unknown elements: {', '.join(sorted(unknown))}")
 
 
 def _compile(expression: Any, where: str, variables: set[str]) -> Compiled:

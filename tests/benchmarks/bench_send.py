@@ -154,7 +154,7 @@ def measure_direct(url: str, source: str, records: str) -> tuple[int, int, float
 
 def measure_transfer(url: str, source: str, records: str) -> tuple[int, int, float]:
     from tasks.clients.fhir_server import FhirServer
-    from tasks.send import send_binary
+    from tasks.clients.transfer import send_binary
 
     base = baseline_rss()
     s = settings(url, 100)

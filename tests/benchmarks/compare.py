@@ -653,7 +653,7 @@ def child_views(source: str, out: str) -> dict:
     from flows.view_cli import write_csv
     from tasks.flattening import plan_views
     from tasks.streams.ndjson import iter_lines
-    from tasks.sof import compile_view
+    from tasks.sof.view import compile_view
     from tasks.sof.output import csv_writer
     from tasks.sof.resources import read_resources
 

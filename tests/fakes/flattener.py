@@ -28,7 +28,8 @@ from decimal import Decimal
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from tasks.sof import ViewError, compile_view
+from tasks.sof.errors import ViewError
+from tasks.sof.view import compile_view
 from tasks.sof.output import json_bytes
 from tests.fakes._server import LoopbackServer, serve_forever_cli
 

@@ -1,0 +1,154 @@
+"""The job's files as one MII data transfer through the DSF (``services.send.send_as: transfer_load``).
+
+Per file a ``Binary`` (the file, zstd-decompressed, zipped as one entry, base64 in ``data``) ``PUT
+{url}/fhir/Binary/<uuid>``, streamed from a temporary zip file; then one ``DocumentReference`` per job ``PUT
+{url}/fhir/DocumentReference/<uuid>`` with one attachment per Binary. The ids are uuid5 of the job id (and file
+name), so a resumed job PUTs the same ids and there is only ever one DocumentReference; ``send/transfer.json``
+records them. Plain Python over a ``tasks.clients.fhir_server.FhirServer``: the ``send`` step's tasks call it.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+import uuid
+import zipfile
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from config.services import TransferSettings
+from tasks.clients.fhir_server import FhirServer
+from tasks.core.errors import StepError
+from tasks.streams.files import write_file_atomically
+from tasks.streams.ndjson import CHUNK_SIZE, NdjsonError, iter_chunks
+
+log = logging.getLogger("dupflow.send")
+
+PROJECT_IDENTIFIER_SYSTEM = "http://medizininformatik-initiative.de/sid/project-identifier"
+ORGANIZATION_IDENTIFIER_SYSTEM = "http://dsf.dev/sid/organization-identifier"
+ZIP_CONTENT_TYPE = "application/zip"
+TRANSFER_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://dupflow/send/transfer_load")
+BASE64_CHUNK = 3 * CHUNK_SIZE  # a multiple of 3, so chunks encode without padding in between
+
+
+def binary_id(job_id: str, name: str) -> str:
+    """The Binary id of one input file: the same for every run of the job."""
+    return str(uuid.uuid5(TRANSFER_NAMESPACE, f"{job_id}/Binary/{name}"))
+
+
+def document_reference_id(job_id: str) -> str:
+    return str(uuid.uuid5(TRANSFER_NAMESPACE, f"{job_id}/DocumentReference"))
+
+
+def zip_entry_name(name: str) -> str:
+    """The file's name inside the zip: without ``.zst``, since the content is decompressed."""
+    return name[: -len(".zst")] if name.endswith(".zst") else name
+
+
+def send_binary(server: FhirServer, source: Path, resource_id: str, work_dir: Path) -> dict[str, Any]:
+    """PUT ``Binary/<id>`` holding ``source`` decompressed and zipped; the zip goes through a temporary file and
+    its base64 is streamed into the request, so memory stays flat whatever the file size."""
+    started = time.monotonic()
+    temporary = work_dir / f".{source.name}.zip.part"
+    try:
+        zip_data_file(source, temporary)
+        body, length = binary_body(resource_id, temporary)
+        server.put("Binary", resource_id, body, length=length)
+        zip_size = temporary.stat().st_size
+    finally:
+        temporary.unlink(missing_ok=True)
+    log.info("%s: sent as Binary/%s (%d bytes zipped)", source.name, resource_id, zip_size)
+    return {
+        "file": source.name,
+        "id": resource_id,
+        "title": zip_entry_name(source.name),
+        "zip_size": zip_size,
+        "seconds": round(time.monotonic() - started, 3),
+    }
+
+
+def zip_data_file(source: Path, dest: Path) -> None:
+    """``source`` (zstd decompressed when it is zstd) as the single entry of the zip ``dest``."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(dest, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as archive:
+        with archive.open(zip_entry_name(source.name), "w", force_zip64=True) as entry:
+            try:
+                for chunk in iter_chunks(source):
+                    entry.write(chunk)
+            except NdjsonError as exc:
+                raise StepError(str(exc)) from exc
+
+
+def binary_body(resource_id: str, zip_path: Path) -> tuple[Any, int]:
+    """A function streaming the Binary's JSON (base64 of the zip encoded on the fly) and its length in bytes."""
+    head = orjson.dumps({"resourceType": "Binary", "id": resource_id, "contentType": ZIP_CONTENT_TYPE})
+    prefix, suffix = head[:-1] + b',"data":"', b'"}'
+    size = zip_path.stat().st_size
+
+    def stream() -> Iterator[bytes]:
+        yield prefix
+        with open(zip_path, "rb") as data:
+            while chunk := data.read(BASE64_CHUNK):
+                yield base64.b64encode(chunk)
+        yield suffix
+
+    return stream, len(prefix) + 4 * ((size + 2) // 3) + len(suffix)
+
+
+def document_reference(
+    resource_id: str, binaries: list[dict[str, Any]], transfer: TransferSettings, date: str
+) -> dict[str, Any]:
+    """The job's one DocumentReference: the fields protocols.md lists, one attachment per Binary.
+
+    The project identifier is also an ``identifier``, because some servers search ``identifier`` only over that
+    element (the DSF's HAPI also covers ``masterIdentifier``).
+    """
+    project = {"system": PROJECT_IDENTIFIER_SYSTEM, "value": transfer.project_identifier}
+    return {
+        "resourceType": "DocumentReference",
+        "id": resource_id,
+        "masterIdentifier": project,
+        "identifier": [project],
+        "status": "current",
+        "docStatus": "final",
+        "date": date,
+        "author": [
+            {
+                "type": "Organization",
+                "identifier": {"system": ORGANIZATION_IDENTIFIER_SYSTEM, "value": transfer.organization_identifier},
+            }
+        ],
+        "content": [
+            {"attachment": {"contentType": ZIP_CONTENT_TYPE, "url": f"Binary/{b['id']}", "title": b["title"]}}
+            for b in binaries
+        ],
+    }
+
+
+def put_document_reference(
+    server: FhirServer, record: Path, job_id: str, binaries: list[dict[str, Any]], transfer: TransferSettings
+) -> str:
+    """PUT the job's DocumentReference (same id and date on every run of the job); returns ``DocumentReference/<id>``.
+
+    ``record`` (``send/transfer.json``) keeps the id, the date and whether it was written.
+    """
+    resource_id = document_reference_id(job_id)
+    try:
+        state = orjson.loads(record.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        state = {}
+    if state.get("id") != resource_id:
+        state = {"id": resource_id, "date": datetime.now(UTC).isoformat(timespec="seconds"), "written": False}
+    state["binaries"] = [b["id"] for b in binaries]
+    write_file_atomically(record, orjson.dumps(state))
+    resource = document_reference(resource_id, binaries, transfer, state["date"])
+    server.put("DocumentReference", resource_id, orjson.dumps(resource))
+    state["written"] = True
+    write_file_atomically(record, orjson.dumps(state))
+    log.info("DocumentReference/%s written with %d attachments", resource_id, len(binaries))
+    return f"DocumentReference/{resource_id}"

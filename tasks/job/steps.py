@@ -1,0 +1,68 @@
+"""What the steps that send every file through a service share: their file tasks run one file at a time, each
+file's requests answered in order into one NDJSON file, and a report artifact of one row per file."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from prefect.artifacts import create_table_artifact
+
+from config.settings import Settings
+from tasks.job.contract import StepInput
+from tasks.job.filework import map_files
+from tasks.job.layout import step_artifact_key
+from tasks.streams.fanout import ordered_map, results_or_raise
+from tasks.streams.ndjson import AtomicNdjsonWriter, CompressionLevel, FileStats
+from tasks.streams.progress import track
+
+T = TypeVar("T")
+A = TypeVar("A")
+
+
+def ndjson_written(settings: Settings) -> dict[str, Any]:
+    """How a step writes NDJSON: ``level``, its zstd level (None: plain), and ``max_line_bytes``, the longest line."""
+    level = settings.compression.level if settings.compression.enabled else None
+    return {"level": level, "max_line_bytes": settings.pipeline.max_ndjson_line_size_bytes}
+
+
+def one_file_at_a_time(file_task: Callable[..., T], arguments: Sequence[tuple[Any, ...]]) -> list[T]:
+    """``file_task`` for every file, one at a time in-process (a file's own requests are what keeps its service busy;
+    on a Dask cluster one per worker); every finished file is kept, the first failure raised."""
+    return results_or_raise(map_files(file_task, arguments, workers=1))
+
+
+async def write_answers(
+    requests: Iterable[T],
+    ask: Callable[[T], Awaitable[A]],
+    written: Callable[[T, A], tuple[bytes, int]],
+    dest: Path,
+    *,
+    window: int,
+    level: CompressionLevel | None,
+    line_limit: int,
+    progress: tuple[str, int | None],
+    source: str,
+) -> FileStats:
+    """Ask for each request as it comes, at most ``window`` in flight, and write each answer's line in request order
+    into ``dest`` (atomically). ``written`` gives an answer's line and how many input lines it stands for (progress:
+    ``(label, expected lines)``); the stats of the file written."""
+    label, expected = progress
+    with track(label, expected, "lines") as shown:
+        with AtomicNdjsonWriter(dest, level, line_limit, source=source) as writer:
+            async for request, answer in ordered_map(requests, ask, window):
+                line, lines = written(request, answer)
+                writer.write_line(line)
+                shown.advance(lines)
+    assert writer.stats is not None
+    return writer.stats
+
+
+def publish_report(step: StepInput, rows: list[dict[str, Any]], description: str) -> None:
+    """The step's report artifact (``job-<id>-NN-<step>-report``): one row per file."""
+    create_table_artifact(
+        key=step_artifact_key(step.job_id, step.position, step.step, "report"),
+        table=rows or [{"file": "(no files)"}],
+        description=f"Step {step.position + 1} `{step.step}`: {description}",
+    )

@@ -1,0 +1,167 @@
+"""The FHIRPath functions the engine gives fhirpathpy: SQL-on-FHIR's own and bounded replacements of its own.
+
+Registered through fhirpathpy's invocation table (``SOF_FUNCTIONS``, its extension point for user functions):
+``getResourceKey``, ``getReferenceKey``, ``lowBoundary``, ``highBoundary`` (``tasks.sof.boundary``) and ``join`` as
+the SQL-on-FHIR suite reads it. Bounds, each a ``FhirPathError`` (data or a lookup file must not hang a step):
+
+- ``matches`` and ``replaceMatches`` run on RE2 (``google-re2``), in time linear in the text, where Python's ``re``
+  backtracks exponentially (``matches('^(a+)+$')`` on 35 characters: hours). RE2 has no backreferences or
+  lookaround; such a pattern is an error that says so.
+- ``repeat()`` stops at ``MAX_REPEAT_ELEMENTS`` elements (fhirpathpy's copies its list per element: quadratic).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from typing import Any
+
+import re2
+from fhirpathpy.engine.nodes import ResourceNode
+
+from tasks.sof.boundary import high_boundary, low_boundary
+from tasks.sof.errors import FhirPathError
+
+MAX_REPEAT_ELEMENTS = 10_000
+
+
+def get_resource_key(ctx: dict, inputs: list) -> list[str]:
+    """``Type/id`` of each resource in the input (the key ``getReferenceKey`` gives for a reference to it)."""
+    return resource_keys([_data(node) for node in inputs])
+
+
+def resource_keys(found: list) -> list[str]:
+    return [
+        f"{data['resourceType']}/{data['id']}"
+        for data in found
+        if isinstance(data, Mapping) and "resourceType" in data and "id" in data
+    ]
+
+
+def get_reference_key(ctx: dict, inputs: list, type_info: Any = None) -> list[str]:
+    """``Type/id`` of each Reference (history and base URL dropped); only those of the given type, if any."""
+    return reference_keys([_data(node) for node in inputs], getattr(type_info, "name", None))
+
+
+def reference_keys(found: list, wanted: str | None) -> list[str]:
+    keys = []
+    for data in found:
+        reference = data.get("reference") if isinstance(data, Mapping) else None
+        if not isinstance(reference, str):
+            continue
+        parts = reference.split("/_history")[0].split("/")
+        if len(parts) < 2:
+            continue
+        if wanted is None or parts[-2] == wanted:
+            keys.append(f"{parts[-2]}/{parts[-1]}")
+    return keys
+
+
+def join(ctx: dict, inputs: list, separator: Any = "") -> Any:
+    """FHIRPath's ``join``: the input strings joined, ``''`` for an empty input (as the SQL-on-FHIR suite expects;
+    fhirpathpy's gives no value), no value for an empty separator collection."""
+    if isinstance(separator, list):
+        return []
+    return joined([_data(node) for node in inputs], separator)
+
+
+def joined(found: list, separator: str) -> str:
+    if not all(isinstance(value, str) for value in found):
+        raise FhirPathError(f"join needs a collection of strings, got {found!r:.200}")
+    return separator.join(found)
+
+
+def _data(node: Any) -> Any:
+    return node.data if isinstance(node, ResourceNode) else node
+
+
+def _boundary(compute: Callable[[Any, str | None, int | None], Any]) -> Callable[..., list]:
+    def invoke(ctx: dict, inputs: list, precision: Any = None) -> list:
+        digits = None if precision in (None, []) else int(precision)
+        results = []
+        for node in inputs:
+            type_path = node.path if isinstance(node, ResourceNode) else None
+            result = compute(_data(node), type_path, digits)
+            if result is not None:
+                results.append(result)
+        return results
+
+    return invoke
+
+
+# --- bounded replacements of fhirpathpy functions -----------------------------------------------------------------
+
+
+@lru_cache(maxsize=256)
+def regex(pattern: str, dot_matches_newline: bool) -> Any:
+    """``pattern`` compiled by RE2 (once per process); a pattern RE2 cannot run is a ``FhirPathError``."""
+    options = re2.Options()
+    options.dot_nl = dot_matches_newline
+    options.log_errors = False
+    try:
+        return re2.compile(pattern, options)
+    except re2.error as exc:
+        raise FhirPathError(
+            f"regular expression {pattern!r} is not supported ({_text(exc)}): regexes run on RE2, which has no "
+            "backreferences or lookaround (they can take exponential time)"
+        ) from None
+
+
+def _text(exc: Exception) -> str:
+    reason = exc.args[0] if exc.args else exc
+    return reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)
+
+
+def matches(ctx: dict, inputs: list, pattern: Any) -> Any:
+    """fhirpathpy's ``matches`` (search, ``.`` matching newlines), on RE2; empty input or regex give no value."""
+    if not inputs or isinstance(pattern, list):
+        return []
+    return regex(pattern, True).search(_single_string(inputs)) is not None
+
+
+def replace_matches(ctx: dict, inputs: list, pattern: Any, replacement: Any) -> Any:
+    """fhirpathpy's ``replaceMatches`` (``$1`` for the first group), on RE2; empty input, regex or substitution
+    give no value."""
+    if not inputs or isinstance(pattern, list) or isinstance(replacement, list):
+        return []
+    text = _single_string(inputs)
+    return regex(pattern, False).sub(re.sub(r"\$(\d+)", r"\\\1", replacement), text)
+
+
+def _single_string(inputs: list) -> str:
+    if len(inputs) == 1:
+        data = _data(inputs[0])
+        if isinstance(data, str):
+            return data
+    raise FhirPathError(f"expected one string, got {inputs!r:.200}")
+
+
+def repeat(ctx: dict, inputs: Any, expression: Callable[[Any], list]) -> list:
+    """fhirpathpy's ``repeat`` (breadth first, each element once), in linear time and bounded."""
+    if not isinstance(inputs, list):
+        return []
+    found: list = []
+    seen: set = set()
+    pending = deque(inputs)
+    while pending:
+        fresh = [element for element in expression(pending.popleft()) if element not in seen]
+        seen.update(fresh)
+        found.extend(fresh)
+        pending.extend(fresh)
+        if len(found) > MAX_REPEAT_ELEMENTS:
+            raise FhirPathError(f"repeat() reaches more than {MAX_REPEAT_ELEMENTS:,} elements")
+    return found
+
+
+SOF_FUNCTIONS: dict[str, dict[str, Any]] = {
+    "getResourceKey": {"fn": get_resource_key, "arity": {0: []}},
+    "getReferenceKey": {"fn": get_reference_key, "arity": {0: [], 1: ["TypeSpecifier"]}},
+    "lowBoundary": {"fn": _boundary(low_boundary), "arity": {0: [], 1: ["Integer"]}},
+    "highBoundary": {"fn": _boundary(high_boundary), "arity": {0: [], 1: ["Integer"]}},
+    "matches": {"fn": matches, "arity": {1: ["String"]}, "nullable_input": True},
+    "replaceMatches": {"fn": replace_matches, "arity": {2: ["String", "String"]}, "nullable_input": True},
+    "repeat": {"fn": repeat, "arity": {1: ["Expr"]}},
+    "join": {"fn": join, "arity": {0: [], 1: ["String"]}},
+}
