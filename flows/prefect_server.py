@@ -1,23 +1,21 @@
 """A local Prefect server for the command line: started on first need, found again, reused, stoppable.
 
-Without ``PREFECT_API_URL`` Prefect starts a temporary server for every command (9-11 s), and a kill -9 of the
-command leaves it running. Instead, the first command that needs the API starts ``prefect server start`` (which
-migrates its database and registers its blocks as Prefect's settings say) in the background on 127.0.0.1; later
-commands find it through the state file in ``PREFECT_HOME`` and its health endpoint. It outlives the command on
-purpose (``server stop`` ends it); when it is gone, the next command starts another. ``PREFECT_API_URL`` still
-wins, and must answer: ``require_answer`` turns a dead one into one line before any job exists.
+Without ``PREFECT_API_URL`` Prefect starts a temporary server for every command (9-11 s), left running by a kill -9
+of the command. Instead, the first command that needs the API starts ``prefect server start`` (which migrates its
+database on start) on 127.0.0.1; later commands find it through the state file in ``PREFECT_HOME`` and reuse it.
+It outlives the command (``server stop`` ends it); when it is gone, the next command starts another.
+``PREFECT_API_URL`` still wins, and must answer (``require_answer``: one line before any job exists).
 
-Kept here because Prefect's ``prefect server start --background`` and ``prefect server stop`` do not give it:
-- the server's log file: ``--background`` pipes the server's output into the starting command, which exits;
+Kept here as Prefect's ``prefect server start --background`` and ``prefect server stop`` do not give it:
+- a log file: ``--background`` pipes the server's output into the starting command, which exits;
 - waiting until the server answers, and telling a server that ended at start-up from a slow one;
 - the home lock: two commands starting at once share one server (``--background`` refuses the second);
-- a stop that ends the whole process group and returns once its port is free (``stop`` sends one SIGTERM);
-- the port kept across restarts (``PREFECT_SERVER_API_PORT``, default 4200, read in config.runtime), else the
-  next free one, and another PREFECT_HOME's server that takes it meanwhile recognised by its home;
-- the UI's own API address on any port (``PREFECT_UI_API_URL``) and no APP_* secrets in the server's environment;
+- a stop of the whole process group that returns once the port is free (``stop`` sends one SIGTERM);
+- the port kept across restarts (``PREFECT_SERVER_API_PORT``, default 4200), else the next free one, and a server
+  of another PREFECT_HOME that takes it meanwhile recognised by its home;
+- the UI calling its own API on any port (``PREFECT_UI_API_URL``); no APP_* secrets in the server's environment;
 - ``LOCAL_PAUSE_AUTOMATION``: a local run paused for inspection has no process behind it, so when the UI resumes
-  it (a ghost run) the server puts it straight back, saying to ``continue`` the job.
-
+  it (a ghost) the server puts it straight back, saying to ``continue`` the job.
 No Prefect import at module level: the command line's fast commands import this module.
 """
 
