@@ -4,11 +4,10 @@
         [--name dupflow] [--cron "0 2 * * *" --timezone Europe/Berlin]
 
 Each run is a job of its own (its job id is the run's id, and the run's name from the flow's first log line) with
-CONFIG and INPUT as parameters; relative paths in CONFIG resolve against CONFIG's directory, so the job lands in
-the same place whichever directory this process runs in. Secrets come from this process's environment (``${VAR}``
-/ ``APP_*``), never from the parameters. A run that reaches a ``wait`` step is suspended (the process keeps serving
-others); Resume in the UI continues it. For a work pool and workers instead of one serving process, see
-``deployments/prefect.yaml``. A ``PREFECT_API_URL`` that does not answer is one line on stderr and exit code 2.
+CONFIG and INPUT as parameters; relative paths in CONFIG resolve against CONFIG's directory. Secrets come from this
+process's environment (``${VAR}`` / ``APP_*``), never from the parameters. A run at a ``wait`` step is suspended;
+Resume in the UI continues it. Work pool and workers instead: ``deployments/prefect.yaml``. A dead
+``PREFECT_API_URL``: one line on stderr, exit code 2.
 """
 
 from __future__ import annotations

@@ -1,89 +1,68 @@
 """A local Prefect server for the command line: started on first need, found again, reused, stoppable.
 
-Without ``PREFECT_API_URL`` Prefect starts a temporary server for every command (9-11 s, 190 MB), and a
-kill -9 of the command leaves that server running. Instead, the first command that needs the API starts one
-``prefect server start`` in the background, bound to 127.0.0.1, with its database, state file and log in
-``PREFECT_HOME``; later commands find it through the state file and its health endpoint and reuse it. It
-outlives the command on purpose (``server stop`` ends it); nothing depends on it staying up: when it is gone,
-the next command starts another. ``PREFECT_API_URL`` still wins, and must answer: ``require_answer`` turns a
-stale or dead one into one line before any job exists (exit code 2).
+Without ``PREFECT_API_URL`` Prefect starts a temporary server for every command (9-11 s), left running by a kill -9
+of the command. Instead, the first command that needs the API starts ``prefect server start`` (which migrates its
+database on start) on 127.0.0.1; later commands find it through the state file in ``PREFECT_HOME`` and reuse it.
+It outlives the command (``server stop`` ends it); when it is gone, the next command starts another.
+``PREFECT_API_URL`` still wins, and must answer (``require_answer``: one line before any job exists).
 
-The server keeps its address across restarts, so an exported ``PREFECT_API_URL`` and the links in older job
-records stay valid: it listens on ``PREFECT_SERVER_API_PORT`` (Prefect's own setting, read in config.runtime;
-``DEFAULT_PORT`` 4200 as in Prefect), or, when another program holds that port, on the next free one of
-``PORT_SEARCH`` ports, said in the line that announces the start (after waiting up to ``PORT_RELEASE_TIMEOUT`` for
-the port of this home's previous server, whose processes may still be exiting). A server of another PREFECT_HOME
-that takes the port while this one starts is recognised by its home (``/api/admin/settings``), and the start moves
-on to the next free port, at most ``PORT_ATTEMPTS`` times.
-
-A server this module starts gets the automation ``LOCAL_PAUSE_AUTOMATION``: a local run paused for inspection has
-no process behind it, so when the UI resumes it (it turns Running, a ghost) the server puts it straight back to
-AwaitingInspection with a message saying to ``continue`` the job. ``deployments.automations.apply`` installs it on
-any server.
-
-No Prefect import at module level: the command line's fast commands import this module (a server start imports
-Prefect's client for the automation; the start takes seconds anyway).
+Kept here as Prefect's ``prefect server start --background`` and ``prefect server stop`` do not give it:
+- a log file: ``--background`` pipes the server's output into the starting command, which exits;
+- waiting until the server answers, and telling a server that ended at start-up from a slow one;
+- the home lock: two commands starting at once share one server (``--background`` refuses the second);
+- a stop of the whole process group that returns once the port is free (``stop`` sends one SIGTERM);
+- the port kept across restarts (``PREFECT_SERVER_API_PORT``, default 4200), else the next free one, and a server
+  of another PREFECT_HOME that takes it meanwhile recognised by its home;
+- the UI calling its own API on any port (``PREFECT_UI_API_URL``); no APP_* secrets in the server's environment;
+- ``LOCAL_PAUSE_AUTOMATION``: a local run paused for inspection has no process behind it, so when the UI resumes
+  it (a ghost) the server puts it straight back, saying to ``continue`` the job.
+No Prefect import at module level: the command line's fast commands import this module.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
-import importlib.metadata
 import json
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import closing, contextmanager, suppress
+from contextlib import closing, suppress
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from http.client import HTTPConnection, HTTPException, HTTPSConnection
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from config.runtime import local_server_port, prefect_api_url
 from tasks.core.errors import DupflowError
-from tasks.streams.files import exclusive_lock, write_file_atomically
 from tasks.core.readable import CLI
 from tasks.job.record import AWAITING_INSPECTION
+from tasks.streams.files import exclusive_lock, write_file_atomically
 
 STATE_FILE = "dupflow-server.json"
 LOCK_FILE = "dupflow-server.lock"
 LOG_FILE = "dupflow-server.log"
-PREPARED_FILE = "dupflow-server-prepared.json"
 DATABASE_FILE = "prefect.db"
 DATABASE_URL_SETTINGS = ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
-# What a server start need not redo once a server of this Prefect version has done it on this home's database.
-PREPARED_SERVER_SETTINGS = {
-    "PREFECT_SERVER_DATABASE_MIGRATE_ON_START": "false",
-    "PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
-}
 HOST = "127.0.0.1"
 DEFAULT_PORT = 4200  # Prefect's
 PORT_SEARCH = 100  # ports tried from the configured one upwards
 PORT_ATTEMPTS = 3  # starts when another home's server takes the chosen port first
 PORT_RELEASE_TIMEOUT = 10.0  # for the processes of a killed server to let go of its port
 PROBE_TIMEOUT = 0.5
-# PREFECT_API_URL may name a server elsewhere: time for it to answer before it counts as unreachable. A server that
-# is not there is refused at once; a busy one (a 2-core machine under load) was seen to take over 5 s.
-API_ANSWER_TIMEOUT = 20.0
-# A fresh PREFECT_HOME runs the database migrations first: 15-25 s on a busy 2-core machine.
-STARTUP_TIMEOUT = 120.0
+API_ANSWER_TIMEOUT = 20.0  # a server elsewhere that is busy (2-core machine under load) was seen to take over 5 s
+STARTUP_TIMEOUT = 120.0  # a fresh PREFECT_HOME migrates its database first: 15-40 s on a busy 2-core machine
 STOP_GRACE = 10.0
 POLL_INTERVAL = 0.2
-# A local run paused at a wait step has no process behind it: the UI's Resume would leave it Running with nothing
-# carrying it on (a ghost). This automation of the server puts such a run straight back, saying what to do instead.
 # Prefect does not fill templates into a state's message, so it names the job as the run's name.
 UI_RESUME_REFUSED = (
     "the Prefect UI cannot resume a local run (no process is behind it); the job still awaits inspection: go on "
     f"with: {CLI} continue <job id> (the job id is this run's name)"
 )
-LOCAL_PAUSE_WINDOW = 90 * 24 * 3600  # seconds a paused local run stays guarded (the trigger's `within`)
 LOCAL_PAUSE_AUTOMATION = {
     "name": "dupflow local run stays paused",
     "description": (
@@ -100,15 +79,10 @@ LOCAL_PAUSE_AUTOMATION = {
         "expect": ["prefect.flow-run.Running"],
         "for_each": ["prefect.resource.id"],
         "threshold": 1,
-        "within": LOCAL_PAUSE_WINDOW,
+        "within": 90 * 24 * 3600,  # seconds a paused local run stays guarded
     },
-    "actions": [
-        {
-            "type": "change-flow-run-state",  # of the run whose event fired it (the action's default source)
-            "state": "PAUSED",
-            "name": AWAITING_INSPECTION,
-            "message": UI_RESUME_REFUSED,
-        }
+    "actions": [  # on the run whose event fired it (the action's default source)
+        {"type": "change-flow-run-state", "state": "PAUSED", "name": AWAITING_INSPECTION, "message": UI_RESUME_REFUSED}
     ],
 }
 
@@ -152,14 +126,11 @@ def use_server() -> None:
 
 def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_TIMEOUT) -> str:
     """The Prefect API URL to use: ``PREFECT_API_URL`` if set, else a running local server, started if need be.
-
-    A file lock in PREFECT_HOME around the check-and-start keeps two commands starting at once from
-    starting two servers: the second waits and then finds the first one's server.
-    """
+    The home lock around the check-and-start makes a second command starting at once wait for the first's server."""
     if api_url := prefect_api_url():
         return api_url
     home = prefect_home(home)
-    with home_lock(home):
+    with exclusive_lock(home / LOCK_FILE):
         record = read_record(home)
         if record is not None and process_is_server(record.pid):
             if wait_until_healthy(record, startup_timeout, home):
@@ -171,7 +142,7 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
 def require_answer(api_url: str) -> None:
     """Raise ``ApiUnreachableError`` unless the server at ``api_url`` answers HTTP at all (any status: a server
     elsewhere may want a key for its health endpoint); called before a job is made or run."""
-    if not answers(api_url):
+    if http_get(api_url, "/health", API_ANSWER_TIMEOUT) is None:
         raise ApiUnreachableError(
             f"the Prefect API {api_url} (PREFECT_API_URL) does not answer; start that server, set PREFECT_API_URL "
             f"to one that runs, or unset it to use the local server ({CLI} server start)"
@@ -181,12 +152,11 @@ def require_answer(api_url: str) -> None:
 def stop_server(home: Path | None = None) -> bool:
     """Stop the server recorded in PREFECT_HOME (SIGTERM, SIGKILL after a grace); whether one was running."""
     home = prefect_home(home)
-    with home_lock(home):
+    with exclusive_lock(home / LOCK_FILE):
         record = read_record(home)
         if record is None:
             return False
-        running = process_is_server(record.pid)
-        if running:
+        if running := process_is_server(record.pid):
             terminate(record.pid)
         (home / STATE_FILE).unlink(missing_ok=True)
         return running
@@ -205,9 +175,6 @@ def ui_url(api_url: str) -> str:
     return api_url.rstrip("/").removesuffix("/api")
 
 
-# --- starting and finding the server -----------------------------------------------------------
-
-
 def prefect_home(home: Path | None = None) -> Path:
     """``home``, else ``PREFECT_HOME``, else Prefect's default ``~/.prefect``; created if missing."""
     path = Path(home or os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser().resolve()
@@ -215,26 +182,31 @@ def prefect_home(home: Path | None = None) -> Path:
     return path
 
 
-@contextmanager
-def home_lock(home: Path) -> Iterator[None]:
-    """An exclusive lock on PREFECT_HOME's server state; the kernel releases it if the holder dies."""
-    with exclusive_lock(home / LOCK_FILE):
-        yield
+def database_configured_elsewhere(home: Path) -> bool:
+    """Whether the local server's database is not ``DATABASE_FILE`` in ``home`` (environment or profiles.toml)."""
+    if any(os.environ.get(name) for name in DATABASE_URL_SETTINGS):
+        return True
+    try:
+        return "DATABASE_CONNECTION_URL" in (home / "profiles.toml").read_text().upper()
+    except OSError:
+        return False
+
+
+# --- starting and finding the server -----------------------------------------------------------
 
 
 def start_server(home: Path, startup_timeout: float, previous: ServerRecord | None = None) -> ServerRecord:
-    """Start ``prefect server start`` on the configured port (the next free one if it is taken), record it, and wait
-    until it is healthy; when another home's server took the port meanwhile, start again on the next free one.
+    """Start a server on the configured port (the next free one if it is taken), record it, and wait until it is
+    healthy; when another home's server took the port meanwhile, start again on the next free one.
     ``previous``: this home's server before, gone or ended; its port is given time to be released."""
-    wanted = configured_port()
-    if previous is not None and previous.port == wanted:
-        wait_for_free_port(wanted, PORT_RELEASE_TIMEOUT)
-    port = wanted
+    port = wanted = configured_port()
+    deadline = time.monotonic() + (PORT_RELEASE_TIMEOUT if previous is not None and previous.port == wanted else 0)
+    while not port_is_free(wanted) and time.monotonic() < deadline:
+        time.sleep(POLL_INTERVAL)
     for _ in range(PORT_ATTEMPTS):
         port = next_free_port(port)
         record = launch_server(home, port, wanted)
         if wait_until_healthy(record, startup_timeout, home):
-            record_database_prepared(home)
             guard_local_pauses(record.url)
             return record
         ended = not process_is_server(record.pid)
@@ -247,9 +219,12 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
 
 
 def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
-    """``prefect server start`` detached (own session, log file) on ``port``, recorded in the state file."""
+    """``prefect server start`` detached (own session and process group, log file; the previous log kept as
+    ``.1``) on ``port``, recorded in the state file."""
     url = f"http://{HOST}:{port}/api"
-    log = rotate_log(home)
+    log = home / LOG_FILE
+    if log.exists():
+        log.replace(log.with_name(LOG_FILE + ".1"))
     moved = "" if port == wanted else f"; port {wanted} is taken (PREFECT_SERVER_API_PORT chooses another)"
     print(f"starting a local Prefect server on {ui_url(url)}{moved} (log: {log})", file=sys.stderr)
     with open(log, "wb") as out:
@@ -265,6 +240,17 @@ def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
     record = ServerRecord(process.pid, port, url, str(log), datetime.now(UTC).isoformat(timespec="seconds"))
     write_file_atomically(home / STATE_FILE, json.dumps(asdict(record)).encode())
     return record
+
+
+def server_environment(home: Path, url: str) -> dict[str, str]:
+    """This environment without dupflow's APP_* settings (they may hold secrets, and the server outlives the
+    command), with analytics off, the UI calling this server's own API, and the server told its UI's address for
+    the links in notifications (PREFECT_UI_URL, unless set)."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
+    env.pop("PREFECT_API_URL", None)
+    env |= {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": url}
+    env.setdefault("PREFECT_UI_URL", ui_url(url))
+    return env
 
 
 def configured_port() -> int:
@@ -290,12 +276,6 @@ def next_free_port(port: int) -> int:
     )
 
 
-def wait_for_free_port(port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not port_is_free(port) and time.monotonic() < deadline:
-        time.sleep(POLL_INTERVAL)
-
-
 def port_is_free(port: int) -> bool:
     """Whether a server could listen on ``port`` now (SO_REUSEADDR as uvicorn binds it: connections of a stopped
     server still in TIME_WAIT do not count as taken, a listening socket does)."""
@@ -315,71 +295,6 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def rotate_log(home: Path) -> Path:
-    """The log file for a new server; the previous server's log is kept as ``.1``."""
-    log = home / LOG_FILE
-    if log.exists():
-        log.replace(log.with_name(LOG_FILE + ".1"))
-    return log
-
-
-def server_environment(home: Path, url: str) -> dict[str, str]:
-    """The server's environment: this one without dupflow's APP_* settings (they may hold secrets, and
-    the server outlives the command), with analytics off, the UI pointed at this server's own API and the
-    server told its UI's address (PREFECT_UI_URL, unless set); on a
-    database a server of this Prefect version has already prepared, without migrations and block registration
-    (2 s and 10 MB of the server's memory for good), unless the user set those settings."""
-    env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
-    env.pop("PREFECT_API_URL", None)
-    env |= {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": url}
-    env.setdefault("PREFECT_UI_URL", ui_url(url))  # links in notifications (automations) need the UI's address
-    if database_prepared(home):
-        env = PREPARED_SERVER_SETTINGS | env
-    return env
-
-
-def database_prepared(home: Path) -> bool:
-    """Whether a server of the installed Prefect version brought this home's SQLite database to the schema
-    revision it has now and registered its block types (recorded after it came up); another Prefect version, a
-    new database file or a database configured elsewhere (environment or profiles.toml) prepares again."""
-    if database_configured_elsewhere(home):
-        return False
-    try:
-        return json.loads((home / PREPARED_FILE).read_text()) == prepared_marker(home)
-    except (FileNotFoundError, ValueError):
-        return False
-
-
-def record_database_prepared(home: Path) -> None:
-    if not database_configured_elsewhere(home) and prepared_marker(home)["revision"] is not None:
-        write_file_atomically(home / PREPARED_FILE, json.dumps(prepared_marker(home)).encode())
-
-
-def database_configured_elsewhere(home: Path) -> bool:
-    if any(os.environ.get(name) for name in DATABASE_URL_SETTINGS):
-        return True
-    try:
-        return "DATABASE_CONNECTION_URL" in (home / "profiles.toml").read_text().upper()
-    except OSError:
-        return False
-
-
-def prepared_marker(home: Path) -> dict[str, str | None]:
-    return {"prefect": importlib.metadata.version("prefect"), "revision": database_revision(home / DATABASE_FILE)}
-
-
-def database_revision(database: Path) -> str | None:
-    """The schema revision (alembic's) of a Prefect SQLite database; None if it has none or cannot be read."""
-    if not database.is_file():
-        return None
-    try:
-        with closing(sqlite3.connect(f"{database.as_uri()}?mode=ro", uri=True)) as connection:
-            row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
-    except sqlite3.Error:
-        return None
-    return row[0] if row else None
-
-
 def read_record(home: Path) -> ServerRecord | None:
     try:
         return ServerRecord(**json.loads((home / STATE_FILE).read_text()))
@@ -388,9 +303,8 @@ def read_record(home: Path) -> ServerRecord | None:
 
 
 def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool:
-    """Poll the health endpoint while the process lives until the server of ``home`` answers there; False if the
-    process dies (its port may have been taken by another home's server, which answers meanwhile) or ``timeout``
-    passes first."""
+    """Poll until the server of ``home`` answers at ``record.url`` while the process lives; False if the process
+    dies (another home's server may have taken its port and answer there) or ``timeout`` passes first."""
     deadline = time.monotonic() + timeout
     while True:
         if is_healthy(record.url) and serves_home(record.url, home):
@@ -402,49 +316,29 @@ def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool
 
 def serves_home(url: str, home: Path) -> bool:
     """Whether the server at ``url`` runs on ``home`` (its settings say so; the same port is no proof)."""
-    parts = urlsplit(url)
-    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=API_ANSWER_TIMEOUT)
+    status, body = http_get(url, "/admin/settings", API_ANSWER_TIMEOUT) or (None, b"")
     try:
-        connection.request("GET", f"{parts.path}/admin/settings")
-        response = connection.getresponse()
-        return response.status == 200 and Path(json.loads(response.read())["home"]).resolve() == home.resolve()
-    except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError):
+        return status == 200 and Path(json.loads(body)["home"]).resolve() == home.resolve()
+    except (ValueError, KeyError, TypeError):
         return False
-    finally:
-        connection.close()
-
-
-def answers(url: str) -> bool:
-    """Whether an HTTP(S) server answers at ``url`` within ``API_ANSWER_TIMEOUT``, whatever its status."""
-    parts = urlsplit(url)
-    secure = parts.scheme == "https"
-    kind = http.client.HTTPSConnection if secure else http.client.HTTPConnection
-    try:
-        connection = kind(parts.hostname or "", parts.port, timeout=API_ANSWER_TIMEOUT)
-    except ValueError:
-        return False
-    try:
-        connection.request("GET", f"{parts.path.rstrip('/')}/health")
-        connection.getresponse()
-        return True
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        connection.close()
 
 
 def is_healthy(url: str) -> bool:
-    """``GET <url>/health`` answers 200. Standard library on purpose: the URL is plain HTTP on loopback, and
-    ``httpx.get`` builds a TLS context on every call (0.1 s, more than the probe itself, on a busy machine)."""
+    return (http_get(url, "/health", PROBE_TIMEOUT) or (None,))[0] == 200
+
+
+def http_get(url: str, path: str, timeout: float) -> tuple[int, bytes] | None:
+    """``GET <url><path>``: its status and body, None if nothing answers. The standard library, not Prefect's
+    client (no Prefect import for fast commands) nor ``httpx.get`` (a TLS context per call: 0.1 s when busy)."""
     parts = urlsplit(url)
-    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=PROBE_TIMEOUT)
+    kind = HTTPSConnection if parts.scheme == "https" else HTTPConnection
     try:
-        connection.request("GET", f"{parts.path}/health")
-        return connection.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        connection.close()
+        with closing(kind(parts.hostname or "", parts.port, timeout=timeout)) as connection:
+            connection.request("GET", parts.path.rstrip("/") + path)
+            response = connection.getresponse()
+            return response.status, response.read()
+    except (OSError, HTTPException, ValueError):
+        return None
 
 
 # --- the automation that keeps a local paused run paused --------------------------------------------
@@ -468,18 +362,15 @@ def install_local_pause_automation(client: Any) -> str:
 def holds(found: Any, wanted: Any) -> bool:
     """Whether ``found`` (as the server returns it, with its defaults and ids) has every value of ``wanted``."""
     if isinstance(wanted, dict):
-        return isinstance(found, dict) and all(
-            key in found and holds(found[key], value) for key, value in wanted.items()
-        )
+        return isinstance(found, dict) and all(key in found and holds(found[key], val) for key, val in wanted.items())
     if isinstance(wanted, list):
         return isinstance(found, list) and len(found) == len(wanted) and all(map(holds, found, wanted))
     return found == wanted
 
 
 def guard_local_pauses(api_url: str) -> None:
-    """Install the automation that keeps a local paused run paused on the server just started; a failure is a
-    warning (jobs run all the same; only the UI's Resume of a paused run would leave a ghost). Prefect's client is
-    imported here only: a server start takes seconds anyway."""
+    """Install ``LOCAL_PAUSE_AUTOMATION`` on the server just started; a failure is a warning (jobs run all the same;
+    only the UI's Resume of a paused run would leave a ghost). Prefect's client is imported here only."""
     import httpx
     from prefect.client.orchestration import SyncPrefectClient
 
@@ -499,13 +390,8 @@ def guard_local_pauses(api_url: str) -> None:
 
 def process_is_server(pid: int) -> bool:
     """Whether ``pid`` is alive and still a ``prefect server start`` (a recycled pid is not)."""
-    reap(pid)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not group_is_alive(pid, pid):
         return False
-    except PermissionError:
-        pass
     try:
         arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except FileNotFoundError:
@@ -513,41 +399,35 @@ def process_is_server(pid: int) -> bool:
     return b"prefect" in arguments and b"server" in arguments and b"start" in arguments
 
 
-def reap(pid: int) -> None:
-    """Collect ``pid``'s exit status if it is this process's exited child, so it does not linger as a zombie."""
+def group_is_alive(pgid: int, pid: int | None = None) -> bool:
+    """Whether process ``pid`` (else any of group ``pgid``) is alive; collects the exit status of ``pgid`` first if
+    it is this process's exited child, so it does not linger as a zombie."""
     with suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-
-
-def terminate(pid: int, grace: float = STOP_GRACE) -> None:
-    """SIGTERM the server's process group (it leads its own session), SIGKILL if it outlives ``grace``; returns when
-    every process of the group is gone (one left would hold the port)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
-        if wait_for_exit(pid, grace):
-            return
-
-
-def wait_for_exit(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while process_is_server(pid) or group_is_alive(pid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(POLL_INTERVAL / 2)
-    return True
-
-
-def group_is_alive(pgid: int) -> bool:
+        os.waitpid(pgid, os.WNOHANG)
     try:
-        os.killpg(pgid, 0)
+        os.kill(pid, 0) if pid is not None else os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass
     return True
+
+
+def terminate(pid: int) -> None:
+    """SIGTERM the server's process group (it leads its own session), SIGKILL if it outlives ``STOP_GRACE``;
+    returns when every process of the group is gone (one left would hold the port)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + STOP_GRACE
+        while group_is_alive(pid):
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_INTERVAL / 2)
+        else:
+            return
 
 
 # --- command line ----------------------------------------------------------------------------
@@ -574,8 +454,7 @@ def cmd_server_start(args: argparse.Namespace) -> int:
     except ServerStartError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"Prefect UI: {ui_url(api_url)}")
-    print(f"API: {api_url}")
+    print(f"Prefect UI: {ui_url(api_url)}\nAPI: {api_url}")
     return 0
 
 

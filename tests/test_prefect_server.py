@@ -8,33 +8,24 @@ migrates its database first), so the scenarios that start servers are few, long 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
-from contextlib import closing
 from pathlib import Path
 
 import httpx
 import pytest
 
 from flows.prefect_server import (
-    DATABASE_FILE,
-    DATABASE_URL_SETTINGS,
-    PREPARED_FILE,
-    PREPARED_SERVER_SETTINGS,
     STATE_FILE,
     ServerRecord,
     ServerStartError,
     ensure_server,
     process_is_server,
     read_record,
-    record_database_prepared,
     register,
-    server_environment,
     server_status,
     stop_server,
 )
@@ -114,12 +105,6 @@ def wait_until_gone(pid: int, timeout: float = 30.0) -> None:
         time.sleep(0.05)
 
 
-def prepared_settings_of(pid: int) -> bool:
-    """Whether the server ``pid`` was started without migrations and block registration."""
-    environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    return all(f"{name}={value}".encode() in environment for name, value in PREPARED_SERVER_SETTINGS.items())
-
-
 def run_server_command(*argv: str) -> int:
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers(required=True))
@@ -150,8 +135,7 @@ def test_a_server_is_started_once_reused_restarted_when_gone_and_stopped(home, m
     assert capsys.readouterr().out.count(f"Prefect UI: {first.ui_url}") == 2
     assert read_record(home) == first and servers_of(home) == [first.pid]
 
-    # Gone (kill -9): the next command starts another, which neither migrates nor registers blocks again.
-    assert not prepared_settings_of(first.pid)
+    # Gone (kill -9): the next command starts another on the same database.
     os.killpg(first.pid, signal.SIGKILL)
     wait_until_gone(first.pid)
     assert server_status() is None
@@ -159,7 +143,6 @@ def test_a_server_is_started_once_reused_restarted_when_gone_and_stopped(home, m
     second = read_record(home)
     assert second.pid != first.pid and again == second.url
     assert is_healthy(again) and servers_of(home) == [second.pid]
-    assert prepared_settings_of(second.pid)
     block_types = httpx.post(f"{again}/block_types/filter", json={}, timeout=30).json()
     assert any(block["slug"] == "secret" for block in block_types)  # the UI's block catalog is still there
     status = server_status()
@@ -231,56 +214,3 @@ def test_server_commands_without_a_server(tmp_path, monkeypatch, capsys):
     assert run_server_command("start") == 0
     assert "PREFECT_API_URL is set" in capsys.readouterr().out
     assert not (tmp_path / STATE_FILE).exists()
-
-
-def test_a_database_prepared_by_this_prefect_version_is_not_migrated_again(tmp_path, monkeypatch):
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    for name in (*DATABASE_URL_SETTINGS, *PREPARED_SERVER_SETTINGS):
-        monkeypatch.delenv(name, raising=False)
-    url = "http://127.0.0.1:4321/api"
-
-    def skips_preparation() -> bool:
-        env = server_environment(tmp_path, url)
-        return all(env.get(name) == value for name, value in PREPARED_SERVER_SETTINGS.items())
-
-    record_database_prepared(tmp_path)  # no database yet: nothing is recorded
-    assert not (tmp_path / PREPARED_FILE).exists() and not skips_preparation()
-
-    write_database(tmp_path / DATABASE_FILE, revision="27d8f4e1a6c9")
-    record_database_prepared(tmp_path)
-    assert skips_preparation()
-
-    # The user's own value wins.
-    monkeypatch.setenv("PREFECT_SERVER_DATABASE_MIGRATE_ON_START", "true")
-    assert server_environment(tmp_path, url)["PREFECT_SERVER_DATABASE_MIGRATE_ON_START"] == "true"
-    monkeypatch.delenv("PREFECT_SERVER_DATABASE_MIGRATE_ON_START")
-
-    # A database configured elsewhere: prepared by its server as Prefect does it.
-    monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", "postgresql+asyncpg://db.example/prefect")
-    assert not skips_preparation()
-    monkeypatch.delenv("PREFECT_API_DATABASE_CONNECTION_URL")
-    (tmp_path / "profiles.toml").write_text('[profiles.local]\nPREFECT_API_DATABASE_CONNECTION_URL = "x"\n')
-    assert not skips_preparation()
-    (tmp_path / "profiles.toml").unlink()
-    assert skips_preparation()
-
-    # A new database file, one at another revision, another Prefect version: prepared again.
-    (tmp_path / DATABASE_FILE).unlink()
-    write_database(tmp_path / DATABASE_FILE, revision=None)
-    assert not skips_preparation()
-    (tmp_path / DATABASE_FILE).unlink()
-    write_database(tmp_path / DATABASE_FILE, revision="0000older000")
-    assert not skips_preparation()
-    record_database_prepared(tmp_path)
-    assert skips_preparation()
-    marker = json.loads((tmp_path / PREPARED_FILE).read_text())
-    (tmp_path / PREPARED_FILE).write_text(json.dumps(marker | {"prefect": "2.0.0"}))
-    assert not skips_preparation()
-
-
-def write_database(path: Path, revision: str | None) -> None:
-    """A SQLite file with alembic's revision table (empty when ``revision`` is None)."""
-    with closing(sqlite3.connect(path)) as connection, connection:
-        connection.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
-        if revision is not None:
-            connection.execute("INSERT INTO alembic_version VALUES (?)", (revision,))
