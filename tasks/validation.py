@@ -47,7 +47,8 @@ from tasks.core.errors import StepError
 from tasks.streams.fanout import ordered_map, results_or_raise
 from tasks.job.filework import map_files
 from tasks.job.layout import step_artifact_key
-from tasks.streams.ndjson import AtomicNdjsonWriter, CompressionLevel, iter_lines, output_name, remove_partial_files
+from tasks.streams.ndjson import CompressionLevel, iter_lines, output_name, remove_partial_files
+from tasks.streams.ndjson_writer import AtomicNdjsonWriter
 from tasks.streams.progress import track
 
 FILES_AT_ONCE = 1
