@@ -11,17 +11,13 @@
    group up to ``batch_size_mb`` divided by the number of groups, then sent as one request, file after file.
 4. The embedded engine works piece by piece, each piece its own cached task writing its rows per group into
    ``.parts/<piece>/``: a whole file (``flatten[<file>]``), or, when worker processes run, a span of a large file's
-   lines (``flatten[<file>#<i>/<n>]``, ``plan_pieces``: a file of at least ``SPAN_MIN_BYTES`` per process is cut at
-   line starts into spans of at least that much, up to ``PLAIN_SPANS_PER_PROCESS`` per process for a plain file and
-   one for a zstd file, so one big file uses every core). When the input is large enough to pay
-   for starting them, the pieces are flattened in worker processes on every core (``tasks.streams.processes``: JSON
-   parsing and FHIRPath hold the GIL). The parts are then concatenated in input order under one header
-   (``join_parts``), so the CSVs are the same bytes however many processes ran and however the files were cut. A cut
-   file's bare Provenance routes its resources in every span: the routes are found once per file and saved for its
-   spans. zstd files are cut too: each span's reader decompresses from the file's start and drops what comes before it
-   (a zstd stream has no index to enter it in the middle; decompressing is fast beside flattening, and no
-   decompressed copy is written to disk). Each piece reports its resources as it goes (``tasks.streams.progress.track``:
-   log lines or a bar, and the step's progress artifact), from a worker process through ``SharedCount``.
+   lines (``flatten[<file>#<i>/<n>]``, cut as ``tasks.streams.spans`` says, so one big file uses every core). When
+   the input is large enough to pay for starting them, the pieces are flattened in worker processes on every core
+   that live as long as the step (``tasks.streams.processes``: JSON parsing and FHIRPath hold the GIL). The parts are
+   then concatenated in input order under one header (``join_parts``), so the CSVs are the same bytes however many
+   processes ran and however the files were cut. A cut file's bare Provenance routes its resources in every span:
+   the routes are found once per file and saved for its spans. Each piece reports its resources as it goes
+   (``tasks.streams.progress.track``), from a worker process through ``SharedCount``.
 5. Each group's CSV is written under a temporary name and all are renamed when the step completes; a group with no
    rows writes no file.
 6. Input resources that no group takes while no group takes any at all fail the step (``refuse_nothing_routed``):
@@ -72,7 +68,6 @@ from tasks.sof.flatten import (
 from tasks.sof.lookup import LookupTable, load_lookup
 from tasks.sof.output import csv_cells, csv_writer, json_bytes
 from tasks.sof.resources import parse_line
-from tasks.sof.view import CompiledView
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.streams.files import write_file_atomically
 from tasks.streams.ndjson import iter_lines
@@ -256,22 +251,11 @@ def file_plan(
 ) -> FilePlan:
     """What a worker needs to flatten ``piece``: a span reads its file's bare routes where ``plan_pieces`` saved
     them."""
-    groups = tuple(
-        GroupPlan(view.group.id, view.group.csv_name, view.resource_type, json.dumps(view.view)) for view in views
-    )
-    skipped_ids = tuple(group.id for group in skipped)
+    groups = tuple(GroupPlan(v.group.id, v.group.csv_name, v.resource_type, json.dumps(v.view)) for v in views)
     routes = str(routes_path(parts_dir, piece.name)) if by_provenance and piece.count > 1 else ""
-    return FilePlan(
-        str(input_dir / piece.name),
-        str(parts_dir),
-        piece.folder,
-        groups,
-        skipped_ids,
-        by_provenance,
-        max_line_bytes,
-        piece.span,
-        routes,
-    )
+    path, skipped_ids = str(input_dir / piece.name), tuple(group.id for group in skipped)
+    parts = str(parts_dir)
+    return FilePlan(path, parts, piece.folder, groups, skipped_ids, by_provenance, max_line_bytes, piece.span, routes)
 
 
 def plan_pieces(
@@ -463,20 +447,13 @@ def flatten_with_service(
 ) -> FlattenOutcome:
     """Every file's resources, in order, to the service in batches of up to ``budget`` divided among the groups."""
     by_provenance = routes_by_provenance(paths, max_line_bytes)
-    compiled: list[CompiledView] = [compile_view(view.view) for view in views]
-    outs = [GroupCsv(out_dir, view.group.csv_name, c.columns) for view, c in zip(views, compiled, strict=True)]
+    outs = [GroupCsv(out_dir, view.group.csv_name, compile_view(view.view).columns) for view in views]
     per_group = budget // max(len(views), 1)
     engines = [RemoteGroup(service, view.view, out, per_group) for view, out in zip(views, outs, strict=True)]
     outcome = new_outcome(views, skipped, by_provenance, "service")
     counts = RouteCounts([0] * len(views), outcome.unrouted, outcome.skipped_resources, outcome.unknown_groups)
-    router = Router(
-        [v.group.id for v in views],
-        [v.resource_type for v in views],
-        [g.id for g in skipped],
-        engines,
-        counts,
-        by_provenance,
-    )
+    group_ids, types = [v.group.id for v in views], [v.resource_type for v in views]
+    router = Router(group_ids, types, [g.id for g in skipped], engines, counts, by_provenance)
     try:
         with engine_errors_as_step_errors():
             for path in paths:

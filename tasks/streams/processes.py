@@ -56,11 +56,8 @@ class SharedCount:
         self._count = 0
         self._next_write = 0.0
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"])
+    def __reduce__(self) -> tuple[type[SharedCount], tuple[str]]:
+        return SharedCount, (self.path,)
 
     def add(self, amount: int) -> None:
         self._count += amount
