@@ -11,17 +11,13 @@
    group up to ``batch_size_mb`` divided by the number of groups, then sent as one request, file after file.
 4. The embedded engine works piece by piece, each piece its own cached task writing its rows per group into
    ``.parts/<piece>/``: a whole file (``flatten[<file>]``), or, when worker processes run, a span of a large file's
-   lines (``flatten[<file>#<i>/<n>]``, ``plan_pieces``: a file of at least ``SPAN_MIN_BYTES`` per process is cut at
-   line starts into spans of at least that much, up to ``PLAIN_SPANS_PER_PROCESS`` per process for a plain file and
-   one for a zstd file, so one big file uses every core). When the input is large enough to pay
-   for starting them, the pieces are flattened in worker processes on every core (``tasks.streams.processes``: JSON
-   parsing and FHIRPath hold the GIL). The parts are then concatenated in input order under one header
-   (``join_parts``), so the CSVs are the same bytes however many processes ran and however the files were cut. A cut
-   file's bare Provenance routes its resources in every span: the routes are found once per file and saved for its
-   spans. zstd files are cut too: each span's reader decompresses from the file's start and drops what comes before it
-   (a zstd stream has no index to enter it in the middle; decompressing is fast beside flattening, and no
-   decompressed copy is written to disk). Each piece reports its resources as it goes (``tasks.streams.progress.track``:
-   log lines or a bar, and the step's progress artifact), from a worker process through ``SharedCount``.
+   lines (``flatten[<file>#<i>/<n>]``, cut as ``tasks.streams.spans`` says, so one big file uses every core). When
+   the input is large enough to pay for starting them, the pieces are flattened in worker processes on every core
+   that live as long as the step (``tasks.streams.processes``: JSON parsing and FHIRPath hold the GIL). The parts are
+   then concatenated in input order under one header (``join_parts``), so the CSVs are the same bytes however many
+   processes ran and however the files were cut. A cut file's bare Provenance routes its resources in every span:
+   the routes are found once per file and saved for its spans. Each piece reports its resources as it goes
+   (``tasks.streams.progress.track``), from a worker process through ``SharedCount``.
 5. Each group's CSV is written under a temporary name and all are renamed when the step completes; a group with no
    rows writes no file.
 6. Input resources that no group takes while no group takes any at all fail the step (``refuse_nothing_routed``):
@@ -40,33 +36,25 @@ import json
 import logging
 import shutil
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
-from tasks.job.contract import DataFile, StepInput, StepResult, digest, file_task, settings_of, step_task
-from tasks.core.errors import StepError
-from tasks.streams.fanout import raise_if_cancelled, results_or_raise
-from tasks.job.filework import map_files
-from tasks.job.layout import artifact_key
-from tasks.streams.files import write_file_atomically
-from tasks.streams.ndjson import WHOLE_FILE, Span, content_bytes, is_zstd, iter_lines, line_spans
-from tasks.streams.processes import (
-    SharedCount,
-    never_cancelled,
-    pool_size,
-    processes_allowed,
-    run_in_process,
-    start_workers,
+from tasks.job.flattening_outcome import (
+    FlatteningError,
+    FlattenOutcome,
+    engine_errors_as_step_errors,
+    new_outcome,
+    refuse_nothing_routed,
+    report,
 )
 from tasks.streams.progress import Tracker, expect_files, track
 from tasks.sof.view import compile_view
+from tasks.job.contract import DataFile, StepInput, StepResult, digest, file_task, settings_of, step_task
+from tasks.job.filework import map_files
 from tasks.sof.crtdl_views import AttributeGroup, GroupView, attribute_groups, build_view
-from tasks.sof.errors import SofError
 from tasks.sof.flatten import (
     FileParts,
     FilePlan,
@@ -81,7 +69,11 @@ from tasks.sof.flatten import (
 from tasks.sof.lookup import LookupTable, load_lookup
 from tasks.sof.output import csv_cells, csv_writer, json_bytes
 from tasks.sof.resources import parse_line
-from tasks.sof.view import CompiledView
+from tasks.streams.fanout import raise_if_cancelled, results_or_raise
+from tasks.streams.files import write_file_atomically
+from tasks.streams.ndjson import iter_lines
+from tasks.streams.processes import SharedCount, never_cancelled, pool_size, run_in_process, worker_pool
+from tasks.streams.spans import SPAN_MIN_BYTES, Piece, file_spans, input_pays_for_processes
 
 log = logging.getLogger("dupflow.flattening")
 
@@ -90,30 +82,6 @@ PARTS_FOLDER = ".parts"
 MB = 1024 * 1024
 PART_PREFIX, PART_SUFFIX = ".", ".part"
 COPY_CHUNK = 1 << 20
-# Worker processes take about 0.2 s to start (a fork server importing the engine, then one fork per core); below
-# this much input that costs more than it saves, so the files are flattened in the calling process.
-PROCESS_MIN_BYTES = 16 * MB
-# A file is cut into spans for several processes only when each span gets at least this much (of its content).
-SPAN_MIN_BYTES = 8 * MB
-# A plain file is cut into up to this many spans per process, taken as processes come free, so that a span that runs
-# slow (costlier resources, a busy machine) does not hold up the step's end alone. A zstd file gets one per process:
-# each of its spans decompresses everything before it.
-PLAIN_SPANS_PER_PROCESS = 2
-LISTED_IDS = 10
-
-
-class FlatteningError(StepError):
-    """The step cannot flatten its input; the message says what is wrong and what to do."""
-
-
-@contextmanager
-def engine_errors_as_step_errors() -> Iterator[None]:
-    """The engine's errors (``tasks.sof.errors``: a line that is no JSON, a view that cannot run, a bad lookup file
-    or CRTDL) as the step's ``FlatteningError``, with the same message."""
-    try:
-        yield
-    except SofError as exc:
-        raise FlatteningError(str(exc)) from exc
 
 
 @step_task("flattening")
@@ -144,32 +112,14 @@ def flattening(step: StepInput) -> StepResult:
     return step.result(outcome.files, **outcome.summary())
 
 
-@dataclass(frozen=True)
-class Piece:
-    """What one ``flatten[...]`` task flattens: the input file ``name``, whole, or span ``index`` of ``count``."""
-
-    name: str
-    span: Span = WHOLE_FILE
-    index: int = 1
-    count: int = 1
-
-    @property
-    def label(self) -> str:
-        return self.name if self.count == 1 else f"{self.name}#{self.index}/{self.count}"
-
-    @property
-    def folder(self) -> str:
-        """Its parts' folder in ``.parts/``."""
-        return self.name if self.count == 1 else f"{self.name}#{self.index}-{self.count}"
-
-
 @file_task("flatten-file", "flatten[{piece.label}]")
 def flatten_input_file(
     step: StepInput, piece: Piece, by_provenance: bool, plan_digest: str, in_worker_process: bool
 ) -> FileParts:
     """Flatten the piece of ``<input folder>/<piece.name>`` into ``flattening/.parts/<piece.folder>/``;
     ``plan_digest`` (the views and the skipped groups) makes a changed CRTDL or lookup file a new result;
-    ``in_worker_process``: the step's choice (``input_pays_for_processes``), made once for all its pieces."""
+    ``in_worker_process``: the step's choice (``tasks.streams.spans.input_pays_for_processes``), made once for all its
+    pieces (its pool is the step's, current in this thread's context)."""
     settings = settings_of(step)
     lookup = Path(settings.services.flattening.lookup_path or "")
     assert step.crtdl_path is not None and step.input_dir is not None
@@ -191,7 +141,8 @@ def flatten_one(plan: FilePlan, label: str, total: int | None, *, in_worker_proc
 
 
 def flatten_in_worker(plan: FilePlan, progress: Tracker) -> FileParts:
-    """``flatten_file`` in a worker process; the lines it has done reach ``progress`` while this thread waits."""
+    """``flatten_file`` in a worker process (of the step's pool); the lines it has done reach ``progress`` while this
+    thread waits."""
     done = SharedCount(str(Path(plan.parts_dir) / f".{plan.folder}.count"))
     done.remove()  # a count a killed run left
     shown = 0
@@ -300,22 +251,11 @@ def file_plan(
 ) -> FilePlan:
     """What a worker needs to flatten ``piece``: a span reads its file's bare routes where ``plan_pieces`` saved
     them."""
-    groups = tuple(
-        GroupPlan(view.group.id, view.group.csv_name, view.resource_type, json.dumps(view.view)) for view in views
-    )
-    skipped_ids = tuple(group.id for group in skipped)
+    groups = tuple(GroupPlan(v.group.id, v.group.csv_name, v.resource_type, json.dumps(v.view)) for v in views)
     routes = str(routes_path(parts_dir, piece.name)) if by_provenance and piece.count > 1 else ""
-    return FilePlan(
-        str(input_dir / piece.name),
-        str(parts_dir),
-        piece.folder,
-        groups,
-        skipped_ids,
-        by_provenance,
-        max_line_bytes,
-        piece.span,
-        routes,
-    )
+    path, skipped_ids = str(input_dir / piece.name), tuple(group.id for group in skipped)
+    parts = str(parts_dir)
+    return FilePlan(path, parts, piece.folder, groups, skipped_ids, by_provenance, max_line_bytes, piece.span, routes)
 
 
 def plan_pieces(
@@ -340,15 +280,6 @@ def plan_pieces(
     return pieces
 
 
-def file_spans(path: Path, processes: int, min_bytes: int) -> list[Span]:
-    """The file whole, or cut at line starts (``tasks.streams.ndjson.line_spans``; a place to cut every ``min_bytes /
-    8``) into spans of at least ``min_bytes`` of its content (decompressed: a zstd file is many times its size): one per
-    process for a zstd file, ``PLAIN_SPANS_PER_PROCESS`` for a plain one."""
-    most = processes * (1 if is_zstd(path) else PLAIN_SPANS_PER_PROCESS)
-    spans = min(most, content_bytes(path, most * min_bytes) // min_bytes)
-    return line_spans(path, spans, max(min_bytes // 8, 1)) if spans > 1 else [WHOLE_FILE]
-
-
 def routes_path(parts_dir: Path, name: str) -> Path:
     """Where the bare Provenance routes of a cut file are saved (beside its spans' folders)."""
     return parts_dir / f".{name}.routes.json"
@@ -359,47 +290,31 @@ def routes_by_provenance(paths: list[Path], max_line_bytes: int) -> bool:
     return any(has_group_provenance(path, max_line_bytes) for path in paths)
 
 
-def use_processes(input_bytes: int) -> bool:
-    """Worker processes pay for their start-up only on a large input (and where they can help)."""
-    return input_bytes >= PROCESS_MIN_BYTES and processes_allowed()
-
-
-def input_pays_for_processes(paths: list[Path]) -> bool:
-    """``use_processes`` over the input's content (decompressed), counted only as far as the threshold."""
-    counted = 0
-    for path in paths:
-        counted += content_bytes(path, PROCESS_MIN_BYTES - counted)
-        if counted >= PROCESS_MIN_BYTES:
-            break
-    return use_processes(counted)
-
-
 # --- the embedded engine, file by file ------------------------------------------------------------------------------
 
 
 def flatten_step_files(
     step: StepInput, views: list[GroupView], skipped: list[AttributeGroup], max_line_bytes: int
 ) -> FlattenOutcome:
-    """Each piece of the input through its cached ``flatten[...]`` task, then the parts joined into the CSVs."""
+    """Each piece of the input through its cached ``flatten[...]`` task, then the parts joined into the CSVs; on a
+    large input in worker processes that end with this step (they start while the input is scanned and cut)."""
     paths = step.input_paths()
     in_processes = input_pays_for_processes(paths)
-    if in_processes:
-        start_workers()  # while the input is scanned for routes and cut
-    by_provenance = routes_by_provenance(paths, max_line_bytes)
-    plan_digest = digest([[v.group.id, v.group.csv_name, v.view] for v in views] + [g.id for g in skipped])
-    workers = pool_size() if in_processes else 1
     parts_dir = step.output_dir / PARTS_FOLDER
-    pieces = plan_pieces(paths, parts_dir, workers, by_provenance, max_line_bytes)
-    expect_files(len(pieces))  # a cut file's spans are tracked one by one
-    arguments = [(step, piece, by_provenance, plan_digest, in_processes) for piece in pieces]
-    results = results_or_raise(map_files(flatten_input_file, arguments, workers))
-    if missing := [i for i, result in enumerate(results) if not parts_on_disk(parts_dir, views, result)]:
-        log.warning("parts of %d finished pieces are gone: flattening them again", len(missing))
-        again = results_or_raise(
-            map_files(flatten_input_file.with_options(refresh_cache=True), [arguments[i] for i in missing], workers)
-        )
-        for i, result in zip(missing, again, strict=True):
-            results[i] = result
+    with worker_pool(flatten_file.__module__) if in_processes else nullcontext():
+        by_provenance = routes_by_provenance(paths, max_line_bytes)
+        plan_digest = digest([[v.group.id, v.group.csv_name, v.view] for v in views] + [g.id for g in skipped])
+        workers = pool_size() if in_processes else 1
+        pieces = plan_pieces(paths, parts_dir, workers, by_provenance, max_line_bytes)
+        expect_files(len(pieces))  # a cut file's spans are tracked one by one
+        arguments = [(step, piece, by_provenance, plan_digest, in_processes) for piece in pieces]
+        results = results_or_raise(map_files(flatten_input_file, arguments, workers))
+        if missing := [i for i, result in enumerate(results) if not parts_on_disk(parts_dir, views, result)]:
+            log.warning("parts of %d finished pieces are gone: flattening them again", len(missing))
+            refresh = flatten_input_file.with_options(refresh_cache=True)
+            again = results_or_raise(map_files(refresh, [arguments[i] for i in missing], workers))
+            for i, result in zip(missing, again, strict=True):
+                results[i] = result
     outcome = join_parts(step.output_dir, parts_dir, views, skipped, results, by_provenance)
     shutil.rmtree(parts_dir, ignore_errors=True)
     return outcome
@@ -532,20 +447,13 @@ def flatten_with_service(
 ) -> FlattenOutcome:
     """Every file's resources, in order, to the service in batches of up to ``budget`` divided among the groups."""
     by_provenance = routes_by_provenance(paths, max_line_bytes)
-    compiled: list[CompiledView] = [compile_view(view.view) for view in views]
-    outs = [GroupCsv(out_dir, view.group.csv_name, c.columns) for view, c in zip(views, compiled, strict=True)]
+    outs = [GroupCsv(out_dir, view.group.csv_name, compile_view(view.view).columns) for view in views]
     per_group = budget // max(len(views), 1)
     engines = [RemoteGroup(service, view.view, out, per_group) for view, out in zip(views, outs, strict=True)]
     outcome = new_outcome(views, skipped, by_provenance, "service")
     counts = RouteCounts([0] * len(views), outcome.unrouted, outcome.skipped_resources, outcome.unknown_groups)
-    router = Router(
-        [v.group.id for v in views],
-        [v.resource_type for v in views],
-        [g.id for g in skipped],
-        engines,
-        counts,
-        by_provenance,
-    )
+    group_ids, types = [v.group.id for v in views], [v.resource_type for v in views]
+    router = Router(group_ids, types, [g.id for g in skipped], engines, counts, by_provenance)
     try:
         with engine_errors_as_step_errors():
             for path in paths:
@@ -566,127 +474,3 @@ def flatten_with_service(
         if (data_file := out.finish()) is not None:
             outcome.files.append(data_file)
     return outcome
-
-
-# --- outcome --------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class GroupCounts:
-    group: AttributeGroup
-    csv: str
-    resource_type: str
-    resources: int = 0
-    rows: int = 0
-
-
-@dataclass
-class FlattenOutcome:
-    groups: list[GroupCounts]
-    skipped: list[AttributeGroup]
-    skipped_resources: Counter
-    unrouted: Counter
-    unknown_groups: Counter
-    routing: str
-    engine: str
-    files: list[DataFile] = field(default_factory=list)
-
-    def summary(self) -> dict[str, Any]:
-        return {
-            "engine": self.engine,
-            "routing": self.routing,
-            "groups": [
-                {
-                    "group": g.group.name,
-                    "id": g.group.id,
-                    "csv": g.csv if g.rows else None,
-                    "resources": g.resources,
-                    "rows": g.rows,
-                }
-                for g in self.groups
-            ],
-            "skipped_groups": [{"group": g.name, "profile": g.profile} for g in self.skipped],
-            "unrouted": dict(sorted(self.unrouted.items())),
-            "unrouted_total": sum(self.unrouted.values()),
-            "resources_of_skipped_groups": dict(sorted(self.skipped_resources.items())),
-        }
-
-
-def new_outcome(
-    views: list[GroupView], skipped: list[AttributeGroup], by_provenance: bool, engine: str
-) -> FlattenOutcome:
-    return FlattenOutcome(
-        groups=[GroupCounts(view.group, view.group.csv_name, view.resource_type) for view in views],
-        skipped=skipped,
-        skipped_resources=Counter(),
-        unrouted=Counter(),
-        unknown_groups=Counter(),
-        routing="provenance" if by_provenance else "resource type",
-        engine=engine,
-    )
-
-
-# --- reporting --------------------------------------------------------------------------------------------------
-
-
-def refuse_nothing_routed(outcome: FlattenOutcome) -> None:
-    """Fail when the input has resources that no group takes and no group took any (see the module doc, 6); a
-    skipped group (no lookup table) that took resources has matching ids, and was warned about already."""
-    if any(group.resources for group in outcome.groups) or outcome.skipped_resources or not outcome.unrouted:
-        return
-    found = ", ".join(f"{kind} {count}" for kind, count in sorted(outcome.unrouted.items()))
-    if outcome.routing == "resource type":
-        wanted = _listed(sorted({f"{g.group.name!r} reads {g.resource_type}" for g in outcome.groups})) or "none"
-        raise FlatteningError(
-            f"no input resource was routed to any attribute group: the input holds {found} (and no attribute-group "
-            f"Provenance to route by), but the CRTDL's groups read other types ({wanted}). Check that the input "
-            "is the data this CRTDL extracted, or give the CRTDL of that data"
-        )
-    expected = _listed([f"{g.group.id} ({g.group.name})" for g in outcome.groups]) or "none"
-    seen = _listed(sorted(outcome.unknown_groups)) or "none"
-    raise FlatteningError(
-        f"no input resource was routed to any attribute group: the CRTDL's groups are {expected}, but the "
-        f"Provenance names the groups {seen}, so {found} would be in no CSV. Give the job the CRTDL the "
-        "extraction ran with (its attributeGroups' ids are the ones in the Provenance), or set those ids in this one"
-    )
-
-
-def _listed(ids: list[str]) -> str:
-    shown = ", ".join(ids[:LISTED_IDS])
-    return shown + (f" and {len(ids) - LISTED_IDS} more" if len(ids) > LISTED_IDS else "")
-
-
-def report(outcome: FlattenOutcome, step: StepInput) -> None:
-    """Log what was written and what was not routed; publish the step's table artifact."""
-    if outcome.routing == "resource type":
-        log.warning("the input holds no attribute-group Provenance (a plain import): resources routed by resource type")
-    for counts in outcome.groups:
-        log.info("%s: %d resources, %d rows", counts.csv, counts.resources, counts.rows)
-    if outcome.unrouted:
-        listed = ", ".join(f"{kind} {count}" for kind, count in sorted(outcome.unrouted.items()))
-        log.warning("resources no attribute group routes (not in any CSV): %s", listed)
-    if outcome.unknown_groups:
-        listed = ", ".join(sorted(outcome.unknown_groups))
-        log.warning("Provenance names attribute groups that are not in the CRTDL: %s", listed)
-    publish_artifact(outcome, step)
-
-
-def publish_artifact(outcome: FlattenOutcome, step: StepInput) -> None:
-    from prefect.artifacts import create_table_artifact
-
-    table = [
-        {"group": c.group.name, "csv": c.csv if c.rows else "(no rows)", "resources": c.resources, "rows": c.rows}
-        for c in outcome.groups
-    ]
-    table += [
-        {"group": g.name, "csv": "(skipped: no lookup table)", "resources": 0, "rows": 0} for g in outcome.skipped
-    ]
-    table += [
-        {"group": "(unrouted)", "csv": kind, "resources": count, "rows": 0}
-        for kind, count in sorted(outcome.unrouted.items())
-    ]
-    create_table_artifact(
-        key=artifact_key(step.job_id, "flattening"),
-        table=table,
-        description=f"Flattening ({outcome.engine} engine, routed by {outcome.routing})",
-    )

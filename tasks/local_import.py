@@ -22,7 +22,8 @@ from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.job.filework import map_files
 from tasks.job.steps import ndjson_written
 from tasks.job.layout import is_crtdl_file
-from tasks.streams.ndjson import DATA_SUFFIXES, AtomicNdjsonWriter, iter_chunks, output_name, remove_partial_files
+from tasks.streams.ndjson import DATA_SUFFIXES, iter_chunks, output_name, remove_partial_files
+from tasks.streams.ndjson_writer import AtomicNdjsonWriter
 from tasks.streams.progress import track
 
 

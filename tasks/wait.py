@@ -22,7 +22,8 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.job.contract import DataFile, StepInput, StepResult, settings_of
 from tasks.job.layout import artifact_key
-from tasks.streams.ndjson import FileStats, count_contents, is_data_file
+from tasks.streams.ndjson import FileStats, is_data_file
+from tasks.streams.ndjson_writer import count_contents
 from tasks.core.readable import CLI, SHOW_WHOLE
 from tasks.job.record import gate, mark_gate_paused
 

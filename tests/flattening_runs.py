@@ -4,24 +4,26 @@ process, or in worker processes), then its ``join_parts``. The step adds only th
 (``flatten[<piece>]``) around the same call.
 
 ``python -m tests.flattening_runs OUT PROCESSES CRTDL LOOKUP FILE...`` runs ``flatten_files`` in a process of its
-own and prints, as JSON, its seconds and the peak RSS of its process tree (this process, the fork server and the
-workers: ``tests.benchmarks.memory``), for benchmarks that compare runs.
+own and prints, as JSON, its seconds and the peak RSS of its process tree (this process and its worker processes:
+``tests.benchmarks.memory``), for benchmarks that compare runs.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import shutil
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 from tasks.flattening import (
     PARTS_FOLDER,
-    SPAN_MIN_BYTES,
-    FlattenOutcome,
     file_plan,
     flatten_one,
     join_parts,
@@ -29,7 +31,9 @@ from tasks.flattening import (
     plan_views,
     routes_by_provenance,
 )
-from tasks.streams.processes import start_workers
+from tasks.job.flattening_outcome import FlattenOutcome
+from tasks.streams.processes import worker_pool
+from tasks.streams.spans import SPAN_MIN_BYTES
 from tasks.sof.crtdl_views import AttributeGroup, GroupView
 from tests.benchmarks.memory import tree_peak_mb
 
@@ -50,25 +54,22 @@ def flatten_files(
     """The CSVs of ``paths`` (all in one folder) in ``out_dir``: each piece in this process (``processes`` 1),
     else in worker processes, ``processes`` pieces at once. Files are cut as the step cuts them for ``spans``
     processes (default: ``processes``), into spans of at least ``min_span_bytes``."""
-    if processes > 1:
-        start_workers()  # as the step does, while the input is scanned for routes and cut
-    by_provenance = routes_by_provenance(paths, max_line_bytes)
     parts_dir = out_dir / PARTS_FOLDER
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        pieces = plan_pieces(paths, parts_dir, spans or processes, by_provenance, max_line_bytes, min_span_bytes)
-        folder = paths[0].parent if paths else out_dir
-        plans = [file_plan(folder, piece, parts_dir, views, skipped, by_provenance, max_line_bytes) for piece in pieces]
-        with ThreadPoolExecutor(processes) as threads:
-            results = list(
-                threads.map(
-                    lambda piece, plan: flatten_one(
-                        plan, piece.label, piece.span.lines or None, in_worker_process=processes > 1
-                    ),
-                    pieces,
-                    plans,
-                )
-            )
+        # As the step does: the workers start while the input is scanned for routes and cut.
+        with worker_pool("tasks.sof.flatten") if processes > 1 else nullcontext():
+            by_provenance = routes_by_provenance(paths, max_line_bytes)
+            pieces = plan_pieces(paths, parts_dir, spans or processes, by_provenance, max_line_bytes, min_span_bytes)
+            folder = paths[0].parent if paths else out_dir
+            plans = [file_plan(folder, p, parts_dir, views, skipped, by_provenance, max_line_bytes) for p in pieces]
+            calls = [
+                partial(flatten_one, plan, piece.label, piece.span.lines or None, in_worker_process=processes > 1)
+                for piece, plan in zip(pieces, plans, strict=True)
+            ]
+            context = contextvars.copy_context()  # the pool's: each call runs in a copy of it
+            with ThreadPoolExecutor(processes) as threads:
+                results = list(threads.map(lambda call: context.copy().run(call), calls))
         return join_parts(out_dir, parts_dir, views, skipped, results, by_provenance)
     finally:
         shutil.rmtree(parts_dir, ignore_errors=True)
@@ -77,13 +78,25 @@ def flatten_files(
 def main(argv: list[str]) -> None:
     out, processes, crtdl, lookup, *files = argv
     views, skipped = plan_views(Path(crtdl), Path(lookup))
+    peaks = [0.0]
+    done = threading.Event()
+    sampler = threading.Thread(target=sample_tree_peak, args=(peaks, done), daemon=True)
+    sampler.start()
     started = time.perf_counter()
     outcome = flatten_files(
         [Path(f) for f in files], Path(out), views, skipped, max_line_bytes=MAX_LINE_BYTES, processes=int(processes)
     )
     seconds = time.perf_counter() - started
+    done.set()
+    sampler.join()
     rows = sum(group.rows for group in outcome.groups)
-    print(json.dumps({"seconds": seconds, "rows": rows, "tree_peak_mb": tree_peak_mb(os.getpid())}))
+    print(json.dumps({"seconds": seconds, "rows": rows, "tree_peak_mb": max(peaks[0], tree_peak_mb(os.getpid()))}))
+
+
+def sample_tree_peak(peaks: list[float], done: threading.Event) -> None:
+    """The largest ``tree_peak_mb`` of this process seen until ``done``: the workers end with ``flatten_files``."""
+    while not done.wait(0.2):
+        peaks[0] = max(peaks[0], tree_peak_mb(os.getpid()))
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ from tasks.clients.extraction_server import (
     resolve_file_url,
 )
 from tasks.streams import processes
-from tasks.streams.ndjson import CHECK_IN_PROCESS_MIN_BYTES, NdjsonError
+from tasks.streams.ndjson import NdjsonError
+from tasks.streams.ndjson_writer import CHECK_IN_PROCESS_MIN_BYTES
 from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
@@ -449,13 +450,11 @@ def serve_once_each(*bodies: bytes) -> EchoState:
 
 @pytest.fixture
 def worker_pool():
-    """The worker processes a large plain download is checked in: none before the test (one left by another test
-    would hide where the file was checked), stopped after it."""
+    """The worker processes a large plain download is checked in: the test's pool, stopped after it."""
     if not processes.processes_allowed():
         pytest.skip("one core: no worker processes")
-    processes.shutdown_pool()
-    yield
-    processes.shutdown_pool()
+    with processes.worker_pool():
+        yield
 
 
 def test_a_large_plain_file_is_checked_in_a_worker_process_and_counted(tmp_path, worker_pool):

@@ -17,7 +17,8 @@ import zstandard
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.flattener import Flattener, FlattenerError, run_parameters
 from tasks.clients.http import ServiceClient, ServiceEndpoint
-from tasks.flattening import FlatteningError, flatten_with_service, plan_views, save_view_definitions
+from tasks.flattening import flatten_with_service, plan_views, save_view_definitions
+from tasks.job.flattening_outcome import FlatteningError
 from tasks.sof.crtdl_views import csv_file_name
 from tasks.sof.flatten import reference_key
 from tasks.sof.resources import parse_line

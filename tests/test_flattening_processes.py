@@ -12,12 +12,8 @@ import orjson
 import pytest
 import zstandard
 
-from tasks.streams import processes
-from tasks.flattening import (
-    FlattenOutcome,
-    FlatteningError,
-    plan_views,
-)
+from tasks.flattening import plan_views
+from tasks.job.flattening_outcome import FlatteningError, FlattenOutcome
 from tests.benchmarks.bench_flattening import GROUP_SYSTEM, patient_bundle
 from tests.conftest import TESTDATA
 from tests.flattening_runs import flatten_files
@@ -25,12 +21,6 @@ from tests.flattening_runs import flatten_files
 EXAMPLE = TESTDATA / "flattening" / "example"
 LOOKUP = TESTDATA / "flattening" / "flatten-lookup.json"
 MB = 1024 * 1024
-
-
-@pytest.fixture(scope="module", autouse=True)
-def pool():
-    yield
-    processes.shutdown_pool()
 
 
 def flatten(paths: list[Path], out: Path, processes_count: int) -> FlattenOutcome:

@@ -20,18 +20,17 @@ import zstandard
 from flows.run import EXIT_OK, main
 from tasks.streams import processes
 from tasks.job.contract import DataFile
-from tasks.flattening import (
-    PARTS_FOLDER,
+from tasks.flattening import PARTS_FOLDER, plan_pieces, plan_views
+from tasks.job.flattening_outcome import FlatteningError
+from tasks.streams.ndjson import WHOLE_FILE, iter_lines
+from tasks.streams.spans import (
     PLAIN_SPANS_PER_PROCESS,
     PROCESS_MIN_BYTES,
     SPAN_MIN_BYTES,
-    FlatteningError,
     file_spans,
     input_pays_for_processes,
-    plan_pieces,
-    plan_views,
+    line_spans,
 )
-from tasks.streams.ndjson import WHOLE_FILE, iter_lines, line_spans
 from tests.benchmarks.bench_flattening import patient_bundle
 from tests.steps import step_input
 from tests.test_flattening_processes import EXAMPLE, LOOKUP, bare_file, files_of, group_ids
@@ -41,12 +40,6 @@ from tests.flattening_runs import flatten_files
 
 MB = 1024 * 1024
 SMALL_SPANS = 64 * 1024  # the least bytes per span in the plain-function tests (the step's is SPAN_MIN_BYTES)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def pool():
-    yield
-    processes.shutdown_pool()
 
 
 def filler(number: int, size: int) -> bytes:

@@ -10,7 +10,8 @@ import pytest
 from prefect import flow
 
 from tasks.job.contract import DataFile, stored_in_job
-from tasks.flattening import FlatteningError, flattening, plan_views
+from tasks.flattening import flattening, plan_views
+from tasks.job.flattening_outcome import FlatteningError
 from tests.steps import step_input
 from tests.test_flattening_processes import EXAMPLE, LOOKUP, files_of, torch_batches
 from tests.flattening_runs import flatten_files

@@ -25,7 +25,8 @@ import pytest
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint
-from tasks.flattening import FlatteningError, flatten_with_service, plan_views
+from tasks.flattening import flatten_with_service, plan_views
+from tasks.job.flattening_outcome import FlatteningError
 from tests.flattening_runs import flatten_files
 from tasks.sof.view import compile_view
 from tasks.sof.errors import FhirPathError, ResourceLineError, ViewDefinitionError, ViewEvaluationError
@@ -152,7 +153,8 @@ CHILD_FLATTENING = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
-    from tasks.flattening import FlatteningError, plan_views
+    from tasks.flattening import plan_views
+    from tasks.job.flattening_outcome import FlatteningError
     from tests.flattening_runs import flatten_files
 
     source, out, crtdl, lookup = map(Path, sys.argv[1:5])

@@ -23,15 +23,9 @@ import zstandard
 from tasks.clients.errors import ServiceError
 from tasks.extractor import download_result_file
 from tasks.local_import import LocalImportError, find_ndjson_files, local_import
-from tasks.streams.ndjson import (
-    ZSTD_OUTPUT_PIECE,
-    AtomicNdjsonWriter,
-    LineTooLongError,
-    NdjsonError,
-    count_resources,
-    iter_chunks,
-    iter_lines,
-)
+from tasks.streams.ndjson import LineTooLongError, NdjsonError, iter_chunks, iter_lines
+from tasks.streams.ndjson_writer import AtomicNdjsonWriter, count_resources
+from tasks.streams.zstd_blocks import ZSTD_OUTPUT_PIECE
 from tests.conftest import REPO_ROOT
 from tests.fakes.extraction_server import start_extraction_server
 from tests.peak_rss import run_measured

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from prefect.client.orchestration import get_client
 
-from deployments.automations.apply import install_local_pause_guard
+from flows.prefect_server import install_local_pause_automation
 from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
 from tests.conftest import REPO_ROOT, complete_results, run_cli, wait_until
 from tests.test_prefect_native import api
@@ -293,7 +294,8 @@ def test_status_and_list_read_the_job_without_importing_prefect(tmp_path, job_co
 def test_a_ui_resume_of_a_local_paused_run_is_put_back_and_every_view_agrees_until_continue_goes_on(
     tmp_path, job_config, prefect_api, capsys
 ):
-    install_local_pause_guard()  # as `deployments.automations.apply` does (the local server's start too)
+    with get_client(sync_client=True) as client:  # as the local server's start and `deployments.automations.apply` do
+        install_local_pause_automation(client)
     source = source_dir(tmp_path, {"a.ndjson": 2})
     assert main(["start", str(job_config(["local_import", "wait"])), str(source), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")

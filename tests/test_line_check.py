@@ -6,7 +6,8 @@ import random
 import orjson
 import pytest
 
-from tasks.streams.ndjson import LineChecker, NdjsonError, parse_resource
+from tasks.streams.ndjson import NdjsonError, parse_resource
+from tasks.streams.ndjson_writer import LineChecker
 
 MB = 1024 * 1024
 RESOURCE = b'{"resourceType":"Observation","id":"o1","valueQuantity":{"value":12.5,"unit":"mg/dL"},"note":"\xc3\xa4"}'

@@ -1,4 +1,5 @@
 import contextlib
+import contextvars
 import os
 import random
 import signal
@@ -9,15 +10,14 @@ from pathlib import Path
 
 import pytest
 import zstandard
+from loky.process_executor import ShutdownExecutorError
 
 from tasks.streams import processes
 from tasks.streams.fanout import Cancelled, raise_if_cancelled, run_bounded
+from tasks.streams import ndjson_writer
 from tasks.streams.ndjson import (
-    CHECK_IN_PROCESS_MIN_BYTES,
-    AtomicNdjsonWriter,
     LineTooLongError,
     NdjsonError,
-    count_resources,
     iter_chunks,
     is_zstd,
     iter_lines,
@@ -27,6 +27,7 @@ from tasks.streams.ndjson import (
     output_name,
     remove_partial_files,
 )
+from tasks.streams.ndjson_writer import CHECK_IN_PROCESS_MIN_BYTES, AtomicNdjsonWriter, count_resources
 from tests.conftest import wait_until
 
 MB = 1024 * 1024
@@ -38,16 +39,21 @@ WHERE_CHECKED = pytest.mark.parametrize(
 )
 
 
-@pytest.fixture(autouse=True)
-def no_pool_running():
-    """No worker process before (one left by an earlier test would hide where a file was checked) nor after."""
-    processes.shutdown_pool()
-    yield
-    processes.shutdown_pool()
+@pytest.fixture
+def worker_checks(monkeypatch) -> list[str]:
+    """The functions the writer ran in a worker process (through ``run_in_process``)."""
+    calls: list[str] = []
+
+    def recorded(function, *args, **kwargs):
+        calls.append(function.__name__)
+        return processes.run_in_process(function, *args, **kwargs)
+
+    monkeypatch.setattr(ndjson_writer, "run_in_process", recorded)
+    return calls
 
 
-def checked_in_a_worker(expected_size: int | None) -> bool:
-    return bool(processes.worker_pids()) == (expected_size is not None)
+def checked_in_a_worker(checks: list[str], expected_size: int | None) -> bool:
+    return bool(checks) == (expected_size is not None)
 
 
 def write_zstd(path: Path, data: bytes) -> Path:
@@ -155,7 +161,7 @@ def test_output_names_carry_the_ndjson_and_compression_extension(name, compress,
     ids=["binary", "text", "array", "no-resource-type", "empty-resource-type"],
 )
 @WHERE_CHECKED
-def test_every_line_is_checked_to_be_a_resource(tmp_path, content, fragment, expected_size):
+def test_every_line_is_checked_to_be_a_resource(tmp_path, content, fragment, expected_size, worker_checks):
     dest = tmp_path / "out.ndjson"
     with pytest.raises(NdjsonError, match=fragment) as error:
         with AtomicNdjsonWriter(dest, None, MB, source="input/a.ndjson", expected_size=expected_size) as writer:
@@ -163,28 +169,28 @@ def test_every_line_is_checked_to_be_a_resource(tmp_path, content, fragment, exp
                 writer.write(content[start : start + 5])
     assert str(error.value).startswith("input/a.ndjson: ")
     assert list(tmp_path.iterdir()) == []
-    assert checked_in_a_worker(expected_size)
+    assert checked_in_a_worker(worker_checks, expected_size)
 
 
 @WHERE_CHECKED
-def test_a_last_line_cut_off_without_a_newline_is_a_truncation(tmp_path, expected_size):
+def test_a_last_line_cut_off_without_a_newline_is_a_truncation(tmp_path, expected_size, worker_checks):
     dest = tmp_path / "out.ndjson"
     with pytest.raises(TruncatedLineError, match="end in the middle of line 2"):
         with AtomicNdjsonWriter(dest, None, MB, expected_size=expected_size) as writer:
             writer.write(b'{"resourceType":"A"}\n{"resou')
     assert list(tmp_path.iterdir()) == []
-    assert checked_in_a_worker(expected_size)
+    assert checked_in_a_worker(worker_checks, expected_size)
 
 
 @WHERE_CHECKED
-def test_a_plain_file_is_counted_and_completed_alike_wherever_it_is_checked(tmp_path, expected_size):
+def test_a_plain_file_is_counted_and_completed_alike_wherever_it_is_checked(tmp_path, expected_size, worker_checks):
     dest = tmp_path / "out.ndjson"
     with AtomicNdjsonWriter(dest, None, MB, expected_size=expected_size) as writer:
         writer.write(b'{"resourceType":"A"}\n\n{"resourceType":"B"}\n{"resourceType":')
         writer.write(b'"C"}')
     assert writer.stats.resources == 3 and writer.stats.size == dest.stat().st_size
     assert dest.read_bytes().endswith(b'{"resourceType":"C"}\n')
-    assert checked_in_a_worker(expected_size)
+    assert checked_in_a_worker(worker_checks, expected_size)
 
 
 @NEEDS_WORKERS
@@ -256,16 +262,17 @@ def test_a_compressed_file_is_read_in_pieces_of_bounded_size(tmp_path):
 @NEEDS_WORKERS
 def test_a_worker_dying_under_the_check_leaves_the_check_to_the_writing_thread(tmp_path):
     busy = processes.pool_size()
-    for _ in range(busy):  # every worker busy, so the file's check waits in the pool's queue behind them
-        threading.Thread(target=sleep_in_a_worker, daemon=True).start()
-    wait_for_calls_in_the_pool(busy)
-    killed: list[int] = []
-    killer = threading.Thread(target=kill_a_worker_once_queued, args=(busy + 1, killed), daemon=True)
-    killer.start()
-    dest = tmp_path / "out.ndjson"
-    with AtomicNdjsonWriter(dest, None, MB, expected_size=LARGE) as writer:
-        writer.write(b'{"resourceType":"A"}\n{"resourceType":"B"}\n')
-    killer.join(DEADLINE_SECONDS)
+    with processes.worker_pool() as pool:
+        for _ in range(busy):  # every worker busy, so the file's check waits in the pool's queue behind them
+            threading.Thread(target=contextvars.copy_context().run, args=(sleep_in_a_worker,), daemon=True).start()
+        wait_for_calls_in_the_pool(pool, busy)
+        killed: list[int] = []
+        killer = threading.Thread(target=kill_a_worker_once_queued, args=(pool, busy + 1, killed), daemon=True)
+        killer.start()
+        dest = tmp_path / "out.ndjson"
+        with AtomicNdjsonWriter(dest, None, MB, expected_size=LARGE) as writer:
+            writer.write(b'{"resourceType":"A"}\n{"resourceType":"B"}\n')
+        killer.join(DEADLINE_SECONDS)
     assert killed, "the worker was killed while the check waited"
     assert writer.stats.resources == 2 and dest.read_bytes().count(b"\n") == 2
 
@@ -274,19 +281,25 @@ DEADLINE_SECONDS = 60
 
 
 def sleep_in_a_worker() -> None:
-    with contextlib.suppress(BrokenProcessPool):
+    with contextlib.suppress(BrokenProcessPool, ShutdownExecutorError):
         processes.run_in_process(time.sleep, 600)
 
 
-def wait_for_calls_in_the_pool(calls: int) -> None:
+def calls_in(pool) -> list:
+    """The calls submitted to ``pool`` and not done, but for the one that starts its workers."""
+    items = list(pool._pending_work_items.values())  # noqa: SLF001 - what waits in the pool
+    return [item for item in items if item.fn is not processes.never_cancelled and not item.future.done()]
+
+
+def wait_for_calls_in_the_pool(pool, calls: int) -> None:
     deadline = time.monotonic() + DEADLINE_SECONDS
-    while not (pool := processes._pool) or len(pool._pending_work_items) < calls:  # noqa: SLF001
+    while len(calls_in(pool)) < calls:
         assert time.monotonic() < deadline, f"{calls} calls never reached the pool"
         time.sleep(0.02)
 
 
-def kill_a_worker_once_queued(calls: int, killed: list[int]) -> None:
-    wait_for_calls_in_the_pool(calls)
+def kill_a_worker_once_queued(pool, calls: int, killed: list[int]) -> None:
+    wait_for_calls_in_the_pool(pool, calls)
     deadline = time.monotonic() + DEADLINE_SECONDS
     while not (pids := processes.worker_pids()):
         assert time.monotonic() < deadline, "no worker started"
@@ -299,9 +312,6 @@ def kill_a_worker_once_queued(calls: int, killed: list[int]) -> None:
 def test_an_interrupted_fan_out_stops_the_check_of_a_plain_file_in_a_worker(tmp_path):
     assert threading.current_thread() is threading.main_thread(), "a signal reaches the main thread only"
     busy = processes.pool_size()
-    for _ in range(busy):  # every worker busy: the file's check waits in the pool's queue until it is stopped
-        threading.Thread(target=sleep_in_a_worker, daemon=True).start()
-    wait_for_calls_in_the_pool(busy)
     dest = tmp_path / "out.ndjson"
     outcome: list[BaseException] = []
 
@@ -313,21 +323,24 @@ def test_an_interrupted_fan_out_stops_the_check_of_a_plain_file_in_a_worker(tmp_
             outcome.append(exc)
             raise
 
-    interrupter = threading.Thread(target=interrupt_once_queued, args=(busy + 1,), daemon=True)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        interrupter.start()
-        with pytest.raises(KeyboardInterrupt):
-            run_bounded([write_the_file], workers=1)
+        with processes.worker_pool() as pool:
+            for _ in range(busy):  # every worker busy: the file's check waits in the pool's queue until it is stopped
+                threading.Thread(target=contextvars.copy_context().run, args=(sleep_in_a_worker,), daemon=True).start()
+            wait_for_calls_in_the_pool(pool, busy)
+            threading.Thread(target=interrupt_once_queued, args=(pool, busy + 1), daemon=True).start()
+            with pytest.raises(KeyboardInterrupt):
+                run_bounded([write_the_file], workers=1)
+            wait_until(lambda: outcome, "the interrupted check stopped", timeout=DEADLINE_SECONDS)
     finally:
         signal.signal(signal.SIGINT, previous)
-    wait_until(lambda: outcome, "the interrupted check stopped", timeout=DEADLINE_SECONDS)
     assert isinstance(outcome[0], Cancelled)
     assert list(tmp_path.iterdir()) == []
     wait_until(lambda: not processes.worker_pids(), "the pool's workers terminated", timeout=DEADLINE_SECONDS)
 
 
-def interrupt_once_queued(calls: int) -> None:
+def interrupt_once_queued(pool, calls: int) -> None:
     """Ctrl+C, as soon as ``calls`` calls wait in the pool."""
-    wait_for_calls_in_the_pool(calls)
+    wait_for_calls_in_the_pool(pool, calls)
     signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)

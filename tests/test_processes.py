@@ -1,7 +1,9 @@
-"""The worker process pool: results and errors come back, workers stay lean, and none outlives its parent."""
+"""The worker process pool: results and errors come back, workers stay lean, and none outlives its block or its
+parent."""
 
 from __future__ import annotations
 
+import contextvars
 import os
 import signal
 import subprocess
@@ -12,6 +14,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import pytest
+from loky.process_executor import ShutdownExecutorError
 
 from tasks.streams import processes
 from tasks.core.errors import StepError
@@ -21,20 +24,15 @@ REPO = Path(__file__).resolve().parents[1]
 DEADLINE_SECONDS = 30
 
 PARENT_SCRIPT = """
-import sys, threading, time
+import contextvars, sys, threading, time
 from tasks.streams import processes
-threading.Thread(target=processes.run_in_process, args=(time.sleep, 600), daemon=True).start()
-while not processes.worker_pids():
-    time.sleep(0.05)
-print(" ".join(map(str, processes.worker_pids())), flush=True)
-time.sleep(600)
+with processes.worker_pool():
+    threading.Thread(target=contextvars.copy_context().run, args=(processes.run_in_process, time.sleep, 600)).start()
+    while not processes.worker_pids():
+        time.sleep(0.05)
+    print(" ".join(map(str, processes.worker_pids())), flush=True)
+    time.sleep(600)
 """
-
-
-@pytest.fixture(autouse=True)
-def fresh_pool():
-    yield
-    processes.shutdown_pool()
 
 
 def gone(pid: int) -> bool:
@@ -79,7 +77,7 @@ def test_workers_do_not_import_the_parents_main_module_nor_prefect():
     assert "pytest" not in modules and "_pytest" not in modules
 
 
-def test_shutting_the_pool_down_stops_a_running_worker():
+def test_leaving_the_block_by_an_exception_stops_a_running_worker():
     failure: list[BaseException] = []
 
     def call() -> None:
@@ -88,16 +86,24 @@ def test_shutting_the_pool_down_stops_a_running_worker():
         except BaseException as exc:
             failure.append(exc)
 
-    thread = threading.Thread(target=call, daemon=True)
-    thread.start()
-    wait_until(processes.worker_pids, "the worker started", DEADLINE_SECONDS)
-    pids = processes.worker_pids()
-
-    processes.shutdown_pool()
+    with pytest.raises(KeyboardInterrupt), processes.worker_pool():
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(call,), daemon=True)
+        thread.start()
+        wait_until(processes.worker_pids, "the workers started", DEADLINE_SECONDS)
+        pids = processes.worker_pids()
+        raise KeyboardInterrupt
 
     thread.join(DEADLINE_SECONDS)
-    assert failure and isinstance(failure[0], BrokenProcessPool)
-    wait_until(lambda: all(gone(pid) for pid in pids), "the worker exited", DEADLINE_SECONDS)
+    assert failure and isinstance(failure[0], ShutdownExecutorError)
+    wait_until(lambda: all(gone(pid) for pid in pids), "the workers exited", DEADLINE_SECONDS)
+
+
+def test_the_workers_end_with_their_block():
+    with processes.worker_pool():
+        assert processes.run_in_process(abs, -3) == 3
+        pids = processes.worker_pids()
+        assert pids
+    assert all(gone(pid) for pid in pids) and not processes.worker_pids()
 
 
 def test_workers_exit_by_themselves_when_their_parent_is_killed():
@@ -107,7 +113,7 @@ def test_workers_exit_by_themselves_when_their_parent_is_killed():
     try:
         workers = [int(pid) for pid in parent.stdout.readline().split()]
         assert workers
-        helpers = children_of(parent.pid)  # the fork server and multiprocessing's resource tracker
+        helpers = children_of(parent.pid)  # loky's resource tracker
     finally:
         parent.send_signal(signal.SIGKILL)
         parent.wait()
@@ -118,14 +124,6 @@ def test_workers_exit_by_themselves_when_their_parent_is_killed():
 
 def plain_environment() -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if not key.startswith("APP_")}
-
-
-def test_a_call_that_saw_an_old_pool_break_leaves_the_current_pool_running():
-    assert processes.run_in_process(abs, -3) == 3
-    current = processes._pool  # noqa: SLF001 - the pool object is what the call holds on to
-    processes.shutdown_pool(only=object())  # a pool that is no longer the current one
-
-    assert processes._pool is current and processes.run_in_process(abs, -4) == 4  # noqa: SLF001
 
 
 CHILD_SCRIPT = """
@@ -143,8 +141,8 @@ if __name__ == "__main__":
 
 
 def test_a_multiprocessing_child_that_used_the_pool_still_exits():
-    """The pool's workers are daemonic: a parent that is itself a multiprocessing child terminates them on exit
-    instead of waiting for workers that wait for work (this hung a benchmark)."""
+    """A parent that is itself a multiprocessing child exits once its call is done: the pool ends with the call,
+    nothing waits for workers that wait for work (this hung a benchmark)."""
     result = subprocess.run(
         [sys.executable, "-c", CHILD_SCRIPT],
         cwd=REPO,
@@ -157,12 +155,13 @@ def test_a_multiprocessing_child_that_used_the_pool_still_exits():
     assert result.stdout.strip() == "0"
 
 
-def test_a_pool_broken_while_idle_is_replaced_on_the_next_call():
-    assert processes.run_in_process(abs, -1) == 1
-    pool = processes._pool  # noqa: SLF001 - the pool object whose brokenness is observed
+def test_a_worker_killed_under_a_call_breaks_it():
+    with pytest.raises(BrokenProcessPool), processes.worker_pool():
+        threading.Thread(target=kill_workers_once_started, daemon=True).start()
+        processes.run_in_process(time.sleep, 600)
+
+
+def kill_workers_once_started() -> None:
+    wait_until(processes.worker_pids, "the workers started", DEADLINE_SECONDS)
     for pid in processes.worker_pids():
         os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: pool._broken, "the pool noticed its dead worker", DEADLINE_SECONDS)  # noqa: SLF001
-
-    assert processes.run_in_process(abs, -2) == 2
-    assert processes._pool is not pool  # noqa: SLF001

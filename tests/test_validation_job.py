@@ -21,7 +21,8 @@ from prefect import flow
 from tasks.clients.validator import MB
 from tasks.job.contract import DataFile, StepInput, StepResult, stored_in_job
 from tasks.core.errors import StepError
-from tasks.streams.ndjson import count_resources, iter_resources
+from tasks.streams.ndjson import iter_resources
+from tasks.streams.ndjson_writer import count_resources
 from tasks.validation import validation
 from tests.conftest import REPO_ROOT, TESTDATA
 from tests.test_job_cli import wait_for

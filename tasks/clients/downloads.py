@@ -46,8 +46,8 @@ from tasks.core.errors import StepError
 from tasks.core.names import name_from_data_problem, show_name
 from tasks.core.url_credentials import shown_url
 from tasks.streams.processes import never_cancelled
+from tasks.streams.ndjson_writer import AtomicNdjsonWriter
 from tasks.streams.ndjson import (
-    AtomicNdjsonWriter,
     CompressionLevel,
     FileStats,
     TruncatedLineError,

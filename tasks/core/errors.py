@@ -24,7 +24,7 @@ drawing names every class)::
     │   │   └── EntryTooLargeError
     │   ├── PseudonymizerStepError      tasks.pseudonymizer
     │   ├── FlattenerError              tasks.clients.flattener
-    │   ├── FlatteningError             tasks.flattening
+    │   ├── FlatteningError             tasks.job.flattening_outcome
     │   ├── NdjsonError                 tasks.streams.ndjson: LineTooLongError, TruncatedLineError, UnsafeNameError
     │   └── EnrichmentError             tasks.job.crtdl_enrichment (also ValueError): UnresolvedLinkError
     ├── ServiceError                    tasks.clients.errors: a failed call (operation, status, transient or not)

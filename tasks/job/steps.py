@@ -14,7 +14,8 @@ from tasks.job.contract import StepInput
 from tasks.job.filework import map_files
 from tasks.job.layout import step_artifact_key
 from tasks.streams.fanout import ordered_map, results_or_raise
-from tasks.streams.ndjson import AtomicNdjsonWriter, CompressionLevel, FileStats
+from tasks.streams.ndjson import CompressionLevel, FileStats
+from tasks.streams.ndjson_writer import AtomicNdjsonWriter
 from tasks.streams.progress import track
 
 T = TypeVar("T")

@@ -1,45 +1,40 @@
-"""Worker processes for CPU-bound per-file work (JSON parsing, FHIRPath): the one pool a step sends such work to.
+"""Worker processes for CPU-bound per-file work (JSON parsing, FHIRPath): threads do not help there (the GIL).
 
-Threads do not help there (the GIL), so ``run_in_process(function, *args)`` runs a plain, picklable function in
-one of at most ``pool_size()`` worker processes and blocks the calling thread until it is done. The pool is created
-on first use (a job that never needs it pays nothing) from a fork server that has imported only ``WORKER_MODULES``
-(plain ones: no Prefect), so a worker starts with a fork, not a fresh interpreter, and stays lean. A pool that a
-dead worker broke while idle is replaced on the next call.
+``with worker_pool():`` opens a pool of ``pool_size()`` workers for one step and makes it the current pool of the
+threads the step fans out to (a context variable: ``run_bounded`` and Prefect's runners copy it); its workers end
+with the block, terminated at once when it ends by an exception (Ctrl+C, a cancelled fan-out, a failure).
+``run_in_process(function, *args)`` runs a plain, picklable function in a worker of the current pool, or of a
+one-worker pool of its own when none is open, and blocks the calling thread until it is done.
 
-Shutdown: a cancelled call (its caller's ``stop_if_cancelled`` raised), an interrupt in the waiting thread, or the
-interpreter exiting terminates every worker; a worker whose parent dies (kill -9) exits by itself.
+loky, not ``concurrent.futures.ProcessPoolExecutor``: its workers do not import the parent's ``__main__`` (ours,
+``flows.run``, a Prefect worker or pytest, would pull Prefect into every worker), and ``shutdown(kill_workers=True)``
+stops a running worker (the standard library has no public way before Python 3.14). A worker whose parent dies
+(kill -9) exits by itself (``_exit_with_parent``: loky's workers would wait for work forever).
 """
 
 from __future__ import annotations
 
-import atexit
+import importlib
 import multiprocessing
 import os
 import select
-import sys
 import threading
 import time
-import types
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager, suppress
-from multiprocessing.context import ForkServerContext, ForkServerProcess
+from contextvars import ContextVar
 from typing import Any, TypeVar
+
+from loky import ProcessPoolExecutor
 
 R = TypeVar("R")
 
 MAX_PROCESSES = 8
-# What the workers run, imported once in the fork server. One list for every caller: a process has one fork server,
-# and it takes its preload list only when it first starts.
-WORKER_MODULES = ("tasks.streams.ndjson", "tasks.sof.flatten")
 POLL_SECONDS = 0.2
 COUNT_WRITE_SECONDS = 0.5
 
-_lock = threading.Lock()
-_pool: ProcessPoolExecutor | None = None
-_main_lock = threading.Lock()
+_current: ContextVar[ProcessPoolExecutor | None] = ContextVar("dupflow_worker_pool", default=None)
 
 
 def never_cancelled() -> None:
@@ -61,11 +56,8 @@ class SharedCount:
         self._count = 0
         self._next_write = 0.0
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"])
+    def __reduce__(self) -> tuple[type[SharedCount], tuple[str]]:
+        return SharedCount, (self.path,)
 
     def add(self, amount: int) -> None:
         self._count += amount
@@ -102,137 +94,61 @@ def processes_allowed() -> bool:
     return pool_size() > 1 and not multiprocessing.current_process().daemon
 
 
+@contextmanager
+def worker_pool(*preload: str, size: int | None = None) -> Iterator[ProcessPoolExecutor]:
+    """A pool of ``size`` (default ``pool_size()``) workers, current in this context until the block ends. Its
+    workers start at once, each importing the modules ``preload`` names, while the caller prepares the work."""
+    pool = ProcessPoolExecutor(size or pool_size(), initializer=_start_worker, initargs=(os.getpid(), preload))
+    token = _current.set(pool)
+    try:
+        pool.submit(never_cancelled)  # loky starts every worker on the first submit
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=True, kill_workers=True)
+        raise
+    else:
+        pool.shutdown(wait=True)
+    finally:
+        _current.reset(token)
+
+
 def run_in_process(
     function: Callable[..., R], *args: Any, stop_if_cancelled: Callable[[], None] = never_cancelled
 ) -> R:
-    """``function(*args)`` in a worker process; its result, or the exception it raised.
+    """``function(*args)`` in a worker process; its result, or the exception it raised (``BrokenProcessPool`` when
+    the worker died).
 
     The calling thread waits in short slices, calling ``stop_if_cancelled`` after each, so a cancelled caller
-    (it raises) or an interrupt stops the wait at once: the pool is then terminated (a running worker cannot be
-    stopped any other way).
+    (it raises) or an interrupt stops the wait at once: the pool's workers are then killed (a running worker
+    cannot be stopped any other way).
     """
-    pool, future = _submit(function, args)
+    pool = _current.get()
+    if pool is None:
+        with worker_pool(size=1):
+            return run_in_process(function, *args, stop_if_cancelled=stop_if_cancelled)
+    future = pool.submit(function, *args)
     try:
         while True:
-            try:
+            with suppress(FutureTimeout):
                 return future.result(timeout=POLL_SECONDS)
-            except FutureTimeout:
-                stop_if_cancelled()
-    except BrokenProcessPool:
-        shutdown_pool(pool)
-        raise
+            stop_if_cancelled()
     except BaseException:
         if not future.done():
-            shutdown_pool(pool)
+            pool.shutdown(wait=False, kill_workers=True)
         raise
-
-
-def start_workers() -> None:
-    """Start every worker process in the background: their start-up (the fork server importing the engine, then a
-    fork per worker; a submit waits for it) overlaps the caller's own preparation of the work."""
-
-    def spawn() -> None:
-        with suppress(Exception):  # best effort: a pool that cannot start says so when the work is submitted
-            for _ in range(pool_size()):
-                _submit(never_cancelled, ())
-
-    threading.Thread(target=spawn, name="dupflow-start-workers", daemon=True).start()
-
-
-def shutdown_pool(only: ProcessPoolExecutor | None = None) -> None:
-    """Terminate every worker process now (running calls fail with ``BrokenProcessPool``); a later call starts
-    a new pool. With ``only``, nothing happens unless that pool is still the current one (a call that saw its
-    pool break must not stop the pool another thread has started since)."""
-    global _pool
-    with _lock:
-        if only is not None and _pool is not only:
-            return
-        pool, _pool = _pool, None
-    if pool is None:
-        return
-    # ProcessPoolExecutor has no public way to stop a running worker before Python 3.14 (terminate_workers).
-    processes = list((getattr(pool, "_processes", None) or {}).values())
-    for process in processes:
-        process.terminate()
-    pool.shutdown(wait=False, cancel_futures=True)
-    for process in processes:
-        process.join(timeout=5)
 
 
 def worker_pids() -> list[int]:
-    """The pids of the live worker processes (for tests and benchmarks that measure them)."""
-    with _lock:
-        pool = _pool
-    processes = (getattr(pool, "_processes", None) or {}).values() if pool else ()
-    return [process.pid for process in processes if process.pid is not None and process.is_alive()]
+    """The pids of this process's live worker processes (for tests and benchmarks that measure them)."""
+    return [child.pid for child in multiprocessing.active_children() if child.pid is not None]
 
 
-def _submit(function: Callable[..., R], args: tuple) -> tuple[ProcessPoolExecutor, Future[R]]:
-    pool = _current_pool()
-    try:
-        return pool, pool.submit(function, *args)
-    except BrokenProcessPool:  # a worker died while the pool was idle (the OOM killer, a kill): a new pool
-        shutdown_pool(only=pool)
-        pool = _current_pool()
-        return pool, pool.submit(function, *args)
-
-
-def _current_pool() -> ProcessPoolExecutor:
-    global _pool
-    with _lock:
-        if _pool is None:
-            context = _LeanForkServerContext()
-            context.set_forkserver_preload([__name__, *WORKER_MODULES])
-            _pool = ProcessPoolExecutor(
-                pool_size(), mp_context=context, initializer=_exit_with_parent, initargs=(os.getpid(),)
-            )
-        return _pool
-
-
-atexit.register(shutdown_pool)
-
-
-# --- lean workers -------------------------------------------------------------------------------------------------
-
-
-class _LeanProcess(ForkServerProcess):
-    """A worker that does not import the parent's ``__main__``.
-
-    multiprocessing re-imports the parent's main module in every child so that functions defined there can be
-    unpickled; ours (``flows.run``, a benchmark, a Prefect worker) would pull in Prefect and the whole command line.
-    The functions run here live in importable modules, so the main module is hidden while a worker is launched.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        # Daemonic: a parent that is itself a multiprocessing child (a benchmark's worker, say) terminates the pool
-        # on exit; it would otherwise wait for workers that wait for work. Workers never start children.
-        self.daemon = True
-
-    @staticmethod
-    def _Popen(process_obj: Any) -> Any:  # noqa: N802 - the multiprocessing hook's name
-        with _main_hidden():
-            return ForkServerProcess._Popen(process_obj)
-
-
-class _LeanForkServerContext(ForkServerContext):
-    Process = _LeanProcess
-
-
-@contextmanager
-def _main_hidden() -> Iterator[None]:
-    with _main_lock:
-        main = sys.modules["__main__"]
-        sys.modules["__main__"] = types.ModuleType("__main__")
-        try:
-            yield
-        finally:
-            sys.modules["__main__"] = main
-
-
-def _exit_with_parent(parent: int) -> None:
-    """In a worker: a daemon thread that ends the process as soon as the process that made the pool is gone."""
+def _start_worker(parent: int, preload: tuple[str, ...]) -> None:
+    """In a worker: a daemon thread that ends the process as soon as the process that made the pool is gone, then
+    the modules its work needs."""
     threading.Thread(target=_wait_for_exit, args=(parent,), daemon=True, name="exit-with-parent").start()
+    for module in preload:
+        importlib.import_module(module)
 
 
 def _wait_for_exit(pid: int) -> None:

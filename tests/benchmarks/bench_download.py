@@ -15,8 +15,8 @@ fresh child process (so its peak RSS is its own), the best of ``--runs``:
 - dupflow:  the same at zstd ``--level``.
 
 Then the two costs inside a download on the same bytes, one core, from memory: the per-line check alone
-(``tasks.streams.ndjson.LineChecker``: simdjson per line) and zstd at ``--level``. Figures go to stdout, with the CPU
-seconds per GB of each child (on a shared machine the steadier figure).
+(``tasks.streams.ndjson_writer.LineChecker``: simdjson per line) and zstd at ``--level``. Figures go to stdout, with
+the CPU seconds per GB of each child (on a shared machine the steadier figure).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ import zstandard
 from config.settings import RetrySettings
 from tasks.clients.downloads import download_ndjson, target_names
 from tasks.extractor import DOWNLOAD_CONCURRENCY
-from tasks.streams.ndjson import ZSTD_LEVELS, CompressionLevel, LineChecker
+from tasks.streams.ndjson import ZSTD_LEVELS, CompressionLevel
+from tasks.streams.ndjson_writer import LineChecker
 from tests.benchmarks.compare import MAX_LINE_BYTES, MB, best_seconds, fresh, run_command, serving, write_dataset
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

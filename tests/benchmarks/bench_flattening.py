@@ -21,7 +21,7 @@ lookup (three groups). Figures printed:
 - anchor: parsing the same bytes with orjson in one process (resources/s), the floor any JSON pipeline pays;
 - the step: the ``flattening`` Prefect task in a flow on a temporary Prefect server (``prefect_test_harness``),
   timed around the task inside the flow: its cached ``flatten[<piece>]`` tasks, in worker processes when the
-  product uses them (``use_processes``: at least ``PROCESS_MIN_BYTES`` of input; the pool's start-up
+  product uses them (``tasks.streams.spans.use_processes``: at least ``PROCESS_MIN_BYTES`` of input; the pool's start-up
   included), the parts joined into the CSVs; and the peak RSS of this process and of each worker;
 - the engine alone, 1 process: the step's ``flatten_one`` per file, then ``join_parts`` (scan, parse, route, rows,
   CSV; no Prefect task: ``tests.flattening_runs``), what the step does in one process, its CSVs checked byte for
@@ -46,15 +46,19 @@ import shutil
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import orjson
 from prefect import flow
 
 from tasks.job.contract import DataFile, StepInput
-from tasks.flattening import flattening, input_pays_for_processes, plan_views
-from tasks.streams.processes import pool_size, shutdown_pool, worker_pids
+from tasks.flattening import flattening, plan_views
+from tasks.streams.spans import input_pays_for_processes
+from tasks.streams.processes import pool_size, worker_pids
 from tasks.sof.resources import line_resources
 from tests.conftest import REPO_ROOT, TESTDATA
 from tests.flattening_runs import flatten_files
@@ -215,14 +219,28 @@ def anchor(paths: list[Path]) -> float:
     return count / (time.perf_counter() - started)
 
 
-def workers_peak_mb() -> list[float]:
-    """Each live worker process's peak RSS (``VmHWM``; Linux)."""
-    peaks = []
-    for pid in worker_pids():
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                peaks.append(int(line.split()[1]) / 1024)
-    return peaks
+@contextmanager
+def workers_peak_mb() -> Iterator[dict[int, float]]:
+    """Each worker process's peak RSS (``VmHWM``; Linux), sampled while the block runs: the step's workers end
+    with it."""
+    peaks: dict[int, float] = {}
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            for pid in worker_pids():
+                with suppress(OSError):
+                    status = Path(f"/proc/{pid}/status").read_text().splitlines()
+                    hwm = [int(line.split()[1]) / 1024 for line in status if line.startswith("VmHWM:")]
+                    peaks[pid] = max([peaks.get(pid, 0.0), *hwm])
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        yield peaks
+    finally:
+        done.set()
+        sampler.join()
 
 
 @flow
@@ -250,19 +268,17 @@ def flattening_step(job_dir: Path, paths: list[Path], resources: int) -> StepInp
 
 def run_step(job_dir: Path, paths: list[Path], resources: int) -> dict:
     """The step once on a fresh job (no cached file results): seconds, whether it used worker processes, and the
-    peak RSS of this process and of each worker (before the pool stops)."""
+    peak RSS of this process and of each worker."""
     from prefect.testing.utilities import prefect_test_harness  # here: it loads Prefect's server (3 s of --help)
 
     step = flattening_step(job_dir, paths, resources)
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_test_harness(server_startup_timeout=120), workers_peak_mb() as peaks:
         seconds = timed_flattening(step)
-    peaks = workers_peak_mb()
-    shutdown_pool()
     return {
         "seconds": seconds,
         "processes": pool_size() if input_pays_for_processes(step.input_paths()) else 1,
         "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "workers_peak_mb": peaks,
+        "workers_peak_mb": list(peaks.values()),
         "out_dir": step.output_dir,
     }
 

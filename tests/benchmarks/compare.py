@@ -305,7 +305,8 @@ def zstd_anchor(files: list[Path], out: Path, runs: int) -> tuple[str, float]:
 
 def child_import(files: list[str], out: str, level: str | None, runs: int) -> dict:
     from tasks.streams.fanout import first_failure, run_bounded
-    from tasks.streams.ndjson import AtomicNdjsonWriter, iter_chunks
+    from tasks.streams.ndjson import iter_chunks
+    from tasks.streams.ndjson_writer import AtomicNdjsonWriter
 
     folder = Path(out)
 

@@ -1,0 +1,159 @@
+"""What the ``flattening`` step did, group by group, and the checks and reports made of it: its error type (the
+engine's errors become it), the counts per group, the refusal when nothing was routed (``refuse_nothing_routed``),
+the log lines and the step's table artifact. Below the step module so that both its engines (embedded, service)
+fill the same ``FlattenOutcome``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasks.core.errors import StepError
+from tasks.job.contract import DataFile, StepInput
+from tasks.job.layout import artifact_key
+from tasks.sof.crtdl_views import AttributeGroup, GroupView
+from tasks.sof.errors import SofError
+
+log = logging.getLogger("dupflow.flattening")
+
+LISTED_IDS = 10
+
+
+class FlatteningError(StepError):
+    """The step cannot flatten its input; the message says what is wrong and what to do."""
+
+
+@contextmanager
+def engine_errors_as_step_errors() -> Iterator[None]:
+    """The engine's errors (``tasks.sof.errors``: a line that is no JSON, a view that cannot run, a bad lookup file
+    or CRTDL) as the step's ``FlatteningError``, with the same message."""
+    try:
+        yield
+    except SofError as exc:
+        raise FlatteningError(str(exc)) from exc
+
+
+@dataclass
+class GroupCounts:
+    group: AttributeGroup
+    csv: str
+    resource_type: str
+    resources: int = 0
+    rows: int = 0
+
+
+@dataclass
+class FlattenOutcome:
+    groups: list[GroupCounts]
+    skipped: list[AttributeGroup]
+    skipped_resources: Counter
+    unrouted: Counter
+    unknown_groups: Counter
+    routing: str
+    engine: str
+    files: list[DataFile] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "routing": self.routing,
+            "groups": [
+                {
+                    "group": g.group.name,
+                    "id": g.group.id,
+                    "csv": g.csv if g.rows else None,
+                    "resources": g.resources,
+                    "rows": g.rows,
+                }
+                for g in self.groups
+            ],
+            "skipped_groups": [{"group": g.name, "profile": g.profile} for g in self.skipped],
+            "unrouted": dict(sorted(self.unrouted.items())),
+            "unrouted_total": sum(self.unrouted.values()),
+            "resources_of_skipped_groups": dict(sorted(self.skipped_resources.items())),
+        }
+
+
+def new_outcome(
+    views: list[GroupView], skipped: list[AttributeGroup], by_provenance: bool, engine: str
+) -> FlattenOutcome:
+    return FlattenOutcome(
+        groups=[GroupCounts(view.group, view.group.csv_name, view.resource_type) for view in views],
+        skipped=skipped,
+        skipped_resources=Counter(),
+        unrouted=Counter(),
+        unknown_groups=Counter(),
+        routing="provenance" if by_provenance else "resource type",
+        engine=engine,
+    )
+
+
+# --- reporting --------------------------------------------------------------------------------------------------
+
+
+def refuse_nothing_routed(outcome: FlattenOutcome) -> None:
+    """Fail when the input has resources that no group takes and no group took any (see the module doc, 6); a
+    skipped group (no lookup table) that took resources has matching ids, and was warned about already."""
+    if any(group.resources for group in outcome.groups) or outcome.skipped_resources or not outcome.unrouted:
+        return
+    found = ", ".join(f"{kind} {count}" for kind, count in sorted(outcome.unrouted.items()))
+    if outcome.routing == "resource type":
+        wanted = _listed(sorted({f"{g.group.name!r} reads {g.resource_type}" for g in outcome.groups})) or "none"
+        raise FlatteningError(
+            f"no input resource was routed to any attribute group: the input holds {found} (and no attribute-group "
+            f"Provenance to route by), but the CRTDL's groups read other types ({wanted}). Check that the input "
+            "is the data this CRTDL extracted, or give the CRTDL of that data"
+        )
+    expected = _listed([f"{g.group.id} ({g.group.name})" for g in outcome.groups]) or "none"
+    seen = _listed(sorted(outcome.unknown_groups)) or "none"
+    raise FlatteningError(
+        f"no input resource was routed to any attribute group: the CRTDL's groups are {expected}, but the "
+        f"Provenance names the groups {seen}, so {found} would be in no CSV. Give the job the CRTDL the "
+        "extraction ran with (its attributeGroups' ids are the ones in the Provenance), or set those ids in this one"
+    )
+
+
+def _listed(ids: list[str]) -> str:
+    shown = ", ".join(ids[:LISTED_IDS])
+    return shown + (f" and {len(ids) - LISTED_IDS} more" if len(ids) > LISTED_IDS else "")
+
+
+def report(outcome: FlattenOutcome, step: StepInput) -> None:
+    """Log what was written and what was not routed; publish the step's table artifact."""
+    if outcome.routing == "resource type":
+        log.warning("the input holds no attribute-group Provenance (a plain import): resources routed by resource type")
+    for counts in outcome.groups:
+        log.info("%s: %d resources, %d rows", counts.csv, counts.resources, counts.rows)
+    if outcome.unrouted:
+        listed = ", ".join(f"{kind} {count}" for kind, count in sorted(outcome.unrouted.items()))
+        log.warning("resources no attribute group routes (not in any CSV): %s", listed)
+    if outcome.unknown_groups:
+        listed = ", ".join(sorted(outcome.unknown_groups))
+        log.warning("Provenance names attribute groups that are not in the CRTDL: %s", listed)
+    publish_artifact(outcome, step)
+
+
+def publish_artifact(outcome: FlattenOutcome, step: StepInput) -> None:
+    from prefect.artifacts import create_table_artifact
+
+    table = [
+        {"group": c.group.name, "csv": c.csv if c.rows else "(no rows)", "resources": c.resources, "rows": c.rows}
+        for c in outcome.groups
+    ]
+    table += [
+        {"group": g.name, "csv": "(skipped: no lookup table)", "resources": 0, "rows": 0} for g in outcome.skipped
+    ]
+    table += [
+        {"group": "(unrouted)", "csv": kind, "resources": count, "rows": 0}
+        for kind, count in sorted(outcome.unrouted.items())
+    ]
+    create_table_artifact(
+        key=artifact_key(step.job_id, "flattening"),
+        table=table,
+        description=f"Flattening ({outcome.engine} engine, routed by {outcome.routing})",
+    )

@@ -1,0 +1,298 @@
+"""Writing data files (``AtomicNdjsonWriter``) and checking their lines (``LineChecker``): the rules of the
+module doc of ``tasks.streams.ndjson``, applied as the bytes stream.
+
+Content is checked while it streams (a large plain file: by a worker process once written, before its rename):
+every non-blank line must be a JSON object with a ``resourceType`` (a binary file or a stray text line never
+travels to the next step), and a last line without a newline must be complete (a truncated file is never taken
+for a finished one). Blank lines in a row count together against the line limit: more than
+``pipeline.max_ndjson_line_size_mb`` of them is an error too (a file of nothing but newlines is no data). The check
+validates with simdjson (no Python objects are built) and hands every line simdjson does not prove a resource to
+orjson, so it accepts exactly what ``parse_resource`` accepts and reports errors in its words.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import BinaryIO, NamedTuple
+
+import simdjson
+import zstandard
+
+from tasks.streams.ndjson import (
+    BLANK_BYTES,
+    PART_PREFIX,
+    PART_SUFFIX,
+    ZSTD_LEVELS,
+    BlankRun,
+    CompressionLevel,
+    FileStats,
+    LineTooLongError,
+    NdjsonError,
+    TruncatedLineError,
+    blank_lines_at,
+    iter_chunks,
+    parse_resource,
+    raw_chunks,
+)
+from tasks.streams.processes import never_cancelled, processes_allowed, run_in_process
+
+UTF8_BOM = b"\xef\xbb\xbf"
+PARSER_KEPT_BYTES = 1 << 20  # a line checker keeps simdjson's buffers for lines up to this size, not larger
+# A plain file of at least this size is checked in a worker process once written, not line by line in the writing
+# thread: the check holds the GIL, and there it took half a download's speed. Below it the pool's start costs more.
+CHECK_IN_PROCESS_MIN_BYTES = 16 << 20
+
+
+class LineCounts(NamedTuple):
+    """A checked stream's counts (a tuple: it travels back from a worker process): ``FileStats`` without the size."""
+
+    resources: int
+    bundles: int
+    bundled: int
+
+
+def _is_blank(line: bytes | bytearray | memoryview) -> bool:
+    return not bytes(line).strip()
+
+
+class LineChecker:
+    """Counts and checks the lines of a byte stream fed in arbitrary chunks: every non-blank line must be a
+    FHIR resource (``parse_resource``'s rules) of at most ``max_line_bytes``. Only a line that spans chunks is
+    buffered (bounded by the line limit), so memory stays flat.
+
+    A line is validated by simdjson, which checks all of it (structure, numbers, UTF-8, escapes) without building
+    Python objects: four to eight times orjson's speed on FHIR lines. Whatever simdjson does not prove a resource
+    goes to ``parse_resource``, which raises orjson's error or accepts what simdjson cannot represent (integers
+    beyond 64 bits, nesting at orjson's depth limit). The checker is not thread-safe (one simdjson parser each)."""
+
+    def __init__(self, source: str, max_line_bytes: int):
+        self._source = source
+        self._max = max_line_bytes
+        self._pending = bytearray()
+        self._parser = simdjson.Parser()
+        self._blanks = BlankRun(source, max_line_bytes)
+        self.lines = 0
+        self.resources = 0
+        self.bundles = 0
+        self.bundled = 0
+
+    def feed(self, chunk: bytes) -> None:
+        # The parts of a line that spans chunks are appended through a view, without a slice copy.
+        with memoryview(chunk) as view:
+            start = 0
+            while (end := chunk.find(b"\n", start)) != -1:
+                if self._pending:
+                    self._pending += view[start:end]
+                    self._check_line(bytes(self._pending))
+                    self._pending = bytearray()
+                elif (start == end or chunk[start] in BLANK_BYTES) and (after := self._skip_blank_lines(chunk, start)):
+                    start = after
+                    continue
+                else:
+                    self._check_line(chunk[start:end])  # a bytes copy: simdjson parses bytes faster than a view
+                start = end + 1
+            if len(self._pending) + len(chunk) - start > self._max:
+                raise LineTooLongError(self._source, self.lines + 1, self._max)
+            self._pending += view[start:]
+
+    def _skip_blank_lines(self, chunk: bytes, start: int) -> int:
+        """Count the blank lines from ``start`` at once (``blank_lines_at``): the offset after them, 0 if none."""
+        after, lines = blank_lines_at(chunk, start)
+        if not lines:
+            return 0
+        self._blanks.add(self.lines + 1, after - start)
+        self.lines += lines
+        return after
+
+    def finish(self) -> None:
+        """Check the last line when the data do not end with a newline: it must be a complete resource."""
+        if not self._pending or _is_blank(self._pending):
+            return
+        try:
+            self._check_line(bytes(self._pending))
+        except LineTooLongError:
+            raise
+        except NdjsonError:
+            raise TruncatedLineError(
+                f"{self._source}: the data end in the middle of line {self.lines}, without a newline; "
+                "they are truncated"
+            ) from None
+        finally:
+            self._pending = bytearray()
+
+    def _check_line(self, line: bytes) -> None:
+        self.lines += 1
+        if len(line) > self._max:
+            raise LineTooLongError(self._source, self.lines, self._max)
+        if not line or (line[0] in b" \t\r" and _is_blank(line)):
+            self._blanks.add(self.lines, len(line) + 1)
+            return
+        self._blanks.end()
+        if not self._is_resource(line):
+            self._count_bundle(parse_resource(self._source, self.lines, line))
+        if len(line) > PARSER_KEPT_BYTES:  # simdjson's buffers grow to twice the largest line: give them back
+            self._parser = simdjson.Parser()
+        self.resources += 1
+
+    def _is_resource(self, line: bytes) -> bool:
+        """True when simdjson proves ``line`` a resource; False leaves the verdict to ``parse_resource``."""
+        if line.startswith(UTF8_BOM):  # simdjson skips a byte order mark, orjson refuses it
+            return False
+        try:
+            document = self._parser.parse(line)
+        except (ValueError, RuntimeError):  # invalid JSON, too deep, a big integer (UnicodeDecodeError included)
+            return False
+        try:
+            if type(document) is not simdjson.Object:
+                return False
+            # orjson keeps the last of duplicate keys, simdjson's lookup finds the first: only a single key is sure.
+            keys = 0
+            for key in document:
+                if key == "resourceType":
+                    keys += 1
+            resource_type = document.get("resourceType") if keys == 1 else None
+            if type(resource_type) is not str or resource_type == "":
+                return False
+            if resource_type == "Bundle":  # counted from the parsed document: never a second parse
+                entry = document.get("entry")
+                self._add_bundle(len(entry) if type(entry) is simdjson.Array else 0)
+            return True
+        finally:
+            del document  # the parser cannot parse again while a proxy into its document is alive
+
+    def _count_bundle(self, resource: dict) -> None:
+        if resource["resourceType"] == "Bundle":
+            entry = resource.get("entry")
+            self._add_bundle(len(entry) if type(entry) is list else 0)
+
+    def _add_bundle(self, entries: int) -> None:
+        self.bundles += 1
+        self.bundled += entries
+
+    def counts(self) -> LineCounts:
+        return LineCounts(self.resources, self.bundles, self.bundled)
+
+
+class AtomicNdjsonWriter:
+    """Writes ``dest`` through a hidden temporary file, compressing with zstd when asked.
+
+    Use as a context manager: on success the temporary file is synced and renamed to ``dest``; on
+    any exception (including KeyboardInterrupt) it is deleted, so a half-written file is never
+    taken for a finished one. ``stats`` is set after a successful close. ``source`` names the data's
+    origin (input file, URL) in errors about its lines; it defaults to ``dest``.
+
+    ``expected_size`` (the source's size or Content-Length, when known; for a compressed source its compressed
+    size) lets a large plain file be checked in a worker process after the last write, before the rename
+    (``check_plain_file``), so that the writing thread only moves bytes. The verdict and messages are the same;
+    a bad line is reported once the whole file is written (a download broken after it: as the broken download).
+    ``stop_if_cancelled`` is called while that check runs and raises to stop it (a cancelled fan-out's check).
+    """
+
+    def __init__(
+        self,
+        dest: Path,
+        level: CompressionLevel | None,
+        max_line_bytes: int,
+        source: str | None = None,
+        expected_size: int | None = None,
+        stop_if_cancelled: Callable[[], None] = never_cancelled,
+    ):
+        self.dest = dest
+        self.part = dest.with_name(f"{PART_PREFIX}{dest.name}{PART_SUFFIX}")
+        self._level = level
+        self._source = source or str(dest)
+        self._max_line_bytes = max_line_bytes
+        self._stop_if_cancelled = stop_if_cancelled
+        check_later = level is None and (expected_size or 0) >= CHECK_IN_PROCESS_MIN_BYTES and processes_allowed()
+        self._checker = None if check_later else LineChecker(self._source, max_line_bytes)  # None: in a worker
+        self._ends_with_newline = True
+        self.stats: FileStats | None = None
+
+    def __enter__(self) -> AtomicNdjsonWriter:
+        self.dest.parent.mkdir(parents=True, exist_ok=True)
+        self._raw = open(self.part, "wb")
+        if self._level is None:
+            self._out: BinaryIO = self._raw
+        else:
+            compressor = zstandard.ZstdCompressor(level=ZSTD_LEVELS[self._level], threads=0)
+            self._out = compressor.stream_writer(self._raw, closefd=False)
+        return self
+
+    def write(self, chunk: bytes) -> None:
+        """Append raw NDJSON bytes (any chunking; lines may span calls)."""
+        if not chunk:
+            return
+        if self._checker is not None:
+            self._checker.feed(chunk)
+        self._out.write(chunk)
+        self._ends_with_newline = chunk.endswith(b"\n")
+
+    def write_line(self, line: bytes) -> None:
+        self.write(line + b"\n")
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.discard()
+            return
+        try:
+            counts = self._checked_counts()
+            if not self._ends_with_newline:
+                self._out.write(b"\n")
+            if self._out is not self._raw:
+                self._out.close()
+            self._raw.flush()
+            os.fsync(self._raw.fileno())
+            self._raw.close()
+            os.replace(self.part, self.dest)
+        except BaseException:
+            self.discard()
+            raise
+        self.stats = FileStats(self.dest.stat().st_size, *counts)
+
+    def _checked_counts(self) -> LineCounts:
+        if self._checker is not None:
+            self._checker.finish()
+            return self._checker.counts()
+        self._raw.flush()
+        part = os.fspath(self.part.absolute())  # a worker keeps the directory it started in
+        try:
+            return run_in_process(
+                check_plain_file, part, self._source, self._max_line_bytes, stop_if_cancelled=self._stop_if_cancelled
+            )
+        except BrokenProcessPool:  # a worker died under the check (the OOM killer, a kill): check it here
+            return check_plain_file(part, self._source, self._max_line_bytes)
+
+    def discard(self) -> None:
+        """Close and delete the temporary file (what leaving the ``with`` block by an exception does)."""
+        try:
+            self._raw.close()
+        finally:
+            self.part.unlink(missing_ok=True)
+
+
+def count_resources(path: Path, max_line_bytes: int) -> int:
+    """The resources (lines) of a data file, each line checked like ``AtomicNdjsonWriter`` checks it."""
+    return count_contents(path, max_line_bytes).resources
+
+
+def count_contents(path: Path, max_line_bytes: int) -> LineCounts:
+    """What a data file holds (resources, Bundles and their entries), each line checked like
+    ``AtomicNdjsonWriter`` checks it."""
+    return _checked_counts(iter_chunks(path), str(path), max_line_bytes)
+
+
+def check_plain_file(path: str, source: str, max_line_bytes: int) -> LineCounts:
+    """What ``path`` holds read as it is (never decompressed: the writer wrote these very bytes), each line
+    checked as ``AtomicNdjsonWriter`` checks it; errors name ``source``. Runs in a worker process."""
+    return _checked_counts(raw_chunks(path), source, max_line_bytes)
+
+
+def _checked_counts(chunks: Iterator[bytes], source: str, max_line_bytes: int) -> LineCounts:
+    checker = LineChecker(source, max_line_bytes)
+    for chunk in chunks:
+        checker.feed(chunk)
+    checker.finish()
+    return checker.counts()

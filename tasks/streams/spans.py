@@ -1,0 +1,113 @@
+"""Cutting the work on large data files into pieces for worker processes: whether the input pays for starting
+them (``input_pays_for_processes``), and a file cut at line starts into spans (``file_spans``, ``line_spans``) so
+that one big file uses every core.
+
+A file of at least ``SPAN_MIN_BYTES`` per process is cut into spans of at least that much (of its content, as read:
+a zstd file is many times its size), up to ``PLAIN_SPANS_PER_PROCESS`` per process for a plain file and one for a
+zstd file (each of its spans decompresses everything before it: a zstd stream has no index to enter it in the middle;
+decompressing is fast beside flattening, and no decompressed copy is written to disk). Each ``Piece`` is a file
+whole or one of its spans.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.streams.ndjson import WHOLE_FILE, Span, is_zstd, iter_chunks
+from tasks.streams.processes import processes_allowed
+
+MB = 1024 * 1024
+# Worker processes take about 0.9 s to a first result on a busy 2-core machine (a new interpreter each, importing the
+# engine); below this much input that costs more than it saves, so the files are flattened in the calling process.
+PROCESS_MIN_BYTES = 16 * MB
+# A file is cut into spans for several processes only when each span gets at least this much (of its content).
+SPAN_MIN_BYTES = 8 * MB
+# A plain file is cut into up to this many spans per process, taken as processes come free, so that a span that runs
+# slow (costlier resources, a busy machine) does not hold up the step's end alone. A zstd file gets one per process:
+# each of its spans decompresses everything before it.
+PLAIN_SPANS_PER_PROCESS = 2
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What one task works on: the input file ``name``, whole, or span ``index`` of ``count``."""
+
+    name: str
+    span: Span = WHOLE_FILE
+    index: int = 1
+    count: int = 1
+
+    @property
+    def label(self) -> str:
+        return self.name if self.count == 1 else f"{self.name}#{self.index}/{self.count}"
+
+    @property
+    def folder(self) -> str:
+        """Its parts' folder name."""
+        return self.name if self.count == 1 else f"{self.name}#{self.index}-{self.count}"
+
+
+def use_processes(input_bytes: int) -> bool:
+    """Worker processes pay for their start-up only on a large input (and where they can help)."""
+    return input_bytes >= PROCESS_MIN_BYTES and processes_allowed()
+
+
+def input_pays_for_processes(paths: list[Path]) -> bool:
+    """``use_processes`` over the input's content (decompressed), counted only as far as the threshold."""
+    counted = 0
+    for path in paths:
+        counted += content_bytes(path, PROCESS_MIN_BYTES - counted)
+        if counted >= PROCESS_MIN_BYTES:
+            break
+    return use_processes(counted)
+
+
+def file_spans(path: Path, processes: int, min_bytes: int) -> list[Span]:
+    """The file whole, or cut at line starts (``line_spans``; a place to cut every ``min_bytes / 8``) into spans of
+    at least ``min_bytes`` of its content: one per process for a zstd file, ``PLAIN_SPANS_PER_PROCESS`` for a plain
+    one."""
+    most = processes * (1 if is_zstd(path) else PLAIN_SPANS_PER_PROCESS)
+    spans = min(most, content_bytes(path, most * min_bytes) // min_bytes)
+    return line_spans(path, spans, max(min_bytes // 8, 1)) if spans > 1 else [WHOLE_FILE]
+
+
+def content_bytes(path: Path, enough: int) -> int:
+    """The size of the file's content as read (decompressed), counted up to ``enough``: a plain file's size, or a zstd
+    file decompressed only that far (deciding how to split work needs no more, and a whole pass would cost as much
+    as reading the file)."""
+    if not is_zstd(path):
+        return path.stat().st_size
+    counted = 0
+    with closing(iter_chunks(path)) as chunks:
+        for chunk in chunks:
+            counted += len(chunk)
+            if counted >= enough:
+                break
+    return counted
+
+
+def line_spans(path: Path, count: int, mark_bytes: int) -> list[Span]:
+    """``path`` cut at line starts into at most ``count`` spans of about equal bytes (of its decompressed content),
+    in one pass that also counts each span's lines; reading the spans one after the other gives the file's lines.
+    The pass notes the first line start after every ``mark_bytes`` (the places it may cut at), so memory stays
+    flat."""
+    marks = [(0, 0)]  # (offset of a line's start, newlines before it)
+    offset = lines = 0
+    for chunk in iter_chunks(path):
+        position = marks[-1][0] + mark_bytes - offset
+        while position < len(chunk) and (newline := chunk.find(b"\n", max(position, 0))) != -1:
+            marks.append((offset + newline + 1, lines + chunk.count(b"\n", 0, newline + 1)))
+            position = newline + 1 + mark_bytes
+        lines += chunk.count(b"\n")
+        offset += len(chunk)
+    starts = [start for start, _ in marks]
+    cuts = sorted({bisect.bisect_left(starts, offset * i // count) for i in range(1, count)})
+    bounds = [marks[0], *(marks[i] for i in cuts if i < len(marks) and 0 < marks[i][0] < offset), (offset, lines)]
+    return [
+        Span(start, None if end == offset else end, before, after - before)
+        for (start, before), (end, after) in itertools.pairwise(bounds)
+    ]
