@@ -39,14 +39,24 @@ from config.durations import parse_duration
 from config.runtime import default_jobs_dir, prefect_api_url
 from flows import prefect_server
 from flows.extraction_cli import age
-from flows.jobs import JobFile, JobLock, JobLockedError, current_state
+from flows.job_state import JobLock, JobLockedError, current_state
 from config.settings import RetrySettings
 from tasks.clients.errors import ServiceError, raise_for_service_status
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import UsageError
 from tasks.job.layout import JobPaths, job_tag
 from tasks.core.readable import CLI, size_text
-from tasks.job.record import AWAITING_INSPECTION, CANCELLED, COMPLETED, CRASHED, FAILED, RUNNING, SUSPENDED
+from tasks.job.record import (
+    AWAITING_INSPECTION,
+    CANCELLED,
+    COMPLETED,
+    CRASHED,
+    FAILED,
+    RUNNING,
+    SUSPENDED,
+    RecordError,
+    read_record,
+)
 
 EXIT_OK, EXIT_FAILED = 0, 1
 FINISHED_STATES = (COMPLETED, FAILED, CRASHED, CANCELLED)
@@ -151,9 +161,9 @@ def select_jobs(
             continue
         paths = JobPaths(entry)
         try:
-            job = JobFile.read(paths)
-        except (ValueError, TypeError):
-            selection.protected.append((entry.name, "its job.json cannot be read (look at it yourself)"))
+            job = read_record(entry)
+        except RecordError as exc:
+            selection.protected.append((entry.name, f"its job.json cannot be read (look at it yourself): {exc}"))
             continue
         state = current_state(paths, job)
         if state == RUNNING:
@@ -351,7 +361,7 @@ def remove_job(job: Candidate, jobs_dir: Path, client: httpx.Client | None) -> s
         return "not a directory of the jobs directory"
     try:
         with JobLock(job.paths):
-            if JobFile.read(job.paths).updated_at != job.changed_at:
+            if read_record(job.paths.job_dir).updated_at != job.changed_at:
                 return "its record changed since it was listed; run prune again"
             if client is not None:
                 job.flow_run_ids, job.artifact_ids = server_records(client, job.job_id)  # as they are now
@@ -359,4 +369,6 @@ def remove_job(job: Candidate, jobs_dir: Path, client: httpx.Client | None) -> s
             shutil.rmtree(job.paths.job_dir)
     except JobLockedError:
         return "a process took it meanwhile"
+    except RecordError as exc:
+        return str(exc)
     return None

@@ -405,14 +405,13 @@ def test_an_unknown_job_names_the_absolute_jobs_directory_and_the_flag(tmp_path,
 
 
 def test_list_piped_into_head_ends_quietly(tmp_path):
-    from flows.jobs import JobFile
-    from tasks.job.layout import JobPaths
+    from tasks.job.record import JobRecord, changing_record
 
     for number in range(3000):  # more than a pipe holds, so head goes away while list is still writing
         job_id = f"00000000-0000-0000-0000-{number:012d}"
-        JobFile(job_id, None, f"/data/{number}", {}, ["local_import"], state="Completed").create(
-            JobPaths(tmp_path / "jobs" / job_id)
-        )
+        job = JobRecord(job_id=job_id, job_input=f"/data/{number}", enabled_steps=["local_import"], state="Completed")
+        with changing_record(tmp_path / "jobs" / job_id, new=job):
+            pass
     piped = subprocess.run(
         f"{sys.executable} -m flows.run list --jobs-dir {tmp_path / 'jobs'} | head -2",
         shell=True,

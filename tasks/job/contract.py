@@ -40,7 +40,7 @@ from config.settings import Settings
 from tasks.job.layout import JobPaths, step_artifact_key, step_folder
 from tasks.streams.progress import StepWork, step_progress
 from tasks.streams.ndjson import FileStats
-from tasks.job.record import counts_text, file_counts, record_facts
+from tasks.job.record import FileEntry, StepRecord, record_facts
 
 R = TypeVar("R")
 C = TypeVar("C", bound=Callable[..., Any])
@@ -54,19 +54,13 @@ class StepKind(StrEnum):
     SINK = "sink"
 
 
-class DataFile(BaseModel):
+class DataFile(FileEntry):
     """One data file of a step's folder: its name, bytes on disk, and what it holds (``resources``): an NDJSON
     file's lines, each a FHIR resource (a Bundle counts as one), or a CSV file's rows (``counts`` says which).
     Of an NDJSON file's lines, ``bundles`` are Bundles holding ``bundled`` resources; None when the file was
     counted before Bundles were (an older job's result: its lines are shown as lines)."""
 
     model_config = ConfigDict(frozen=True)
-
-    name: str
-    size: int
-    resources: int
-    bundles: int | None = None
-    bundled: int = 0
 
     @classmethod
     def written(cls, name: str, stats: FileStats) -> DataFile:
@@ -76,17 +70,6 @@ class DataFile(BaseModel):
     @property
     def core(self) -> bool:
         return self.name.startswith("core.")
-
-    @property
-    def counts(self) -> dict[str, int]:
-        """What the file holds, by unit (``tasks.job.record.file_counts``)."""
-        return file_counts(self.model_dump())
-
-
-def count_text(files: list[DataFile]) -> str:
-    """What the files hold in words: ``12 resources``, ``2 Bundles holding 19 resources``, ``4 rows``, or several
-    for a mixed folder (``tasks.job.record.counts_text``)."""
-    return counts_text(file.counts for file in files)
 
 
 class StepInput(BaseModel):
@@ -157,7 +140,7 @@ class StepInput(BaseModel):
         return self.model_dump(mode="json", exclude={"job_dir", "facts", "config_path", "overrides"})
 
 
-class StepResult(BaseModel):
+class StepResult(StepRecord):
     """What a step task returns: the folder it wrote, its files, and counts for the job record and artifacts.
 
     ``seconds`` is the wall time of the run that made the result (set by ``step_task``; kept when the result
@@ -165,14 +148,7 @@ class StepResult(BaseModel):
     this run got the result from the cache.
     """
 
-    step: str
-    position: int
-    folder: str
     files: list[DataFile] = Field(default_factory=list)
-    summary: dict[str, Any] = Field(default_factory=dict)
-    awaiting: bool = False
-    seconds: float | None = None
-    cached: bool = False
 
     @property
     def resources(self) -> int:
