@@ -14,7 +14,7 @@ from flows.job_card import JobRecordCard
 from flows.jobs import Job
 from tasks.core.readable import CLI
 from tasks.job.contract import StepInput, StepResult
-from tasks.job.record import RUNNING, SUSPENDED, count_unconfirmed_resume, read_record, record_state, release_gate
+from tasks.job.record import RUNNING, SUSPENDED, changing_record, read_record, record_state
 from tasks.wait import awaiting_result, refuse_unconfirmed_resume, released_result, wait
 
 SUSPEND_TIMEOUT_SECONDS = 7 * 24 * 3600
@@ -42,7 +42,8 @@ def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordC
     if not in_deployment or read_record(job.paths.job_dir).gate(step.position).released:
         return wait(step, hint)
     inspection = confirmed_inspection(job, step, hint, done, card)
-    release_gate(job.paths.job_dir, step.position, inspection.note)
+    with changing_record(job.paths.job_dir) as record:
+        record.gate(step.position).release(inspection.note)
     record_state(job.paths.job_dir, RUNNING)  # a resumed run passed its suspend, which wrote Suspended first
     return released_result(step)
 
@@ -71,7 +72,10 @@ def confirmed_inspection(
         card.note([*done, wait(step, hint)])  # the record shows the gate awaiting while the run is suspended
         inspection = suspend_for_inspection(job, step.position, unconfirmed, card)
     while not inspection.confirmed:
-        unconfirmed = count_unconfirmed_resume(job.paths.job_dir, step.position)
+        with changing_record(job.paths.job_dir) as record:
+            entry = record.gate(step.position)
+            entry.unconfirmed_resumes += 1
+        unconfirmed = entry.unconfirmed_resumes
         refuse_unconfirmed_resume(step, hint, inspection.note)
         card.note([*done, awaiting_result(step)])
         inspection = suspend_for_inspection(job, step.position, unconfirmed, card)

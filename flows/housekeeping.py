@@ -1,23 +1,18 @@
 """Housekeeping: ``prune`` lists old or finished jobs, then removes them with their flow runs and artifacts.
 
 Without ``--yes`` nothing is removed: the command lists what it would remove (job id, state, last change, size on
-disk, flow runs and artifacts on the Prefect server) and how to remove it. With ``--yes`` each job is removed under
-its lock (a job that a process took meanwhile, or whose record changed since it was listed, is skipped): first its
-flow runs (tag ``job-<id>``; their task runs and logs go with them) and artifacts (keys ``job-<id>`` and
-``job-<id>-*``, and any other artifact of its flow runs) on the server, then its directory. A job the server
-still knows keeps its directory until the server's part is gone, so an interrupted prune can simply be run again.
+disk, flow runs and artifacts on the Prefect server) and how. With ``--yes`` each job is removed under its lock (a
+job that a process took meanwhile, or whose record changed since it was listed, is skipped): first its flow runs
+(tag ``job-<id>``, with their task runs and logs) and artifacts (keys ``job-<id>``, ``job-<id>-*``, and any other
+of its flow runs) on the server, then its directory, so an interrupted prune can simply be run again.
 
-Which jobs: by default the finished ones (Completed, Failed, Crashed, Cancelled); ``--state`` names the states
-instead, and only a named AwaitingInspection or Suspended job is ever removed. A running job (its lock is held) is
-never removed. ``--older-than`` keeps jobs whose record changed more recently (the record's ``updated_at``). Only
-directories of the jobs directory named by a job id (a UUID) are jobs; symbolic links are never followed or
-removed, and nothing outside the jobs directory is touched.
+Which jobs: by default the finished ones; ``--state`` names the states instead (AwaitingInspection or Suspended
+only by name; a running job never). ``--older-than`` keeps jobs whose record changed more recently. Only
+directories of the jobs directory named by a job id (a UUID) are jobs; symbolic links are never followed.
 
-The server: ``PREFECT_API_URL`` when set (it must answer), else the local server (started when its database exists,
-as every command that runs a job does). Without either only job directories are listed and removed. The REST API
-is used directly (no Prefect import), as ``flows.server_state`` does, each call through the one retry policy
-(``tasks.clients.retry``: a SQLite server busy with a burst of runs answers 503 for a moment).
-"""
+The server: ``PREFECT_API_URL`` when set, else the local server when its database exists; without either only job
+directories are listed and removed. The REST API is used directly (no Prefect import), each call through the one
+retry policy (``tasks.clients.retry``: a SQLite server busy with a burst of runs answers 503 for a moment)."""
 
 from __future__ import annotations
 
@@ -95,9 +90,6 @@ def state_name(text: str) -> str:
     if text.lower() not in known:
         raise argparse.ArgumentTypeError(f"{text!r} is no job state; use one of {', '.join(known.values())}")
     return known[text.lower()]
-
-
-# --- choosing jobs ---------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -223,9 +215,6 @@ def size_on_disk(directory: Path) -> int:
     return total
 
 
-# --- the Prefect server ----------------------------------------------------------------------------------------
-
-
 def housekeeping_api_url() -> str | None:
     """The jobs' server (as ``use_server`` points at it), or None when there is none to clean: no
     ``PREFECT_API_URL``, no local server running and no local database that one would serve."""
@@ -300,9 +289,6 @@ def delete_server_records(client: httpx.Client, job: Candidate) -> None:
     """The job's artifacts, then its flow runs (their task runs and logs go with them); gone already is fine."""
     for path in [f"/artifacts/{a}" for a in job.artifact_ids] + [f"/flow_runs/{r}" for r in job.flow_run_ids]:
         api_call(client, "DELETE", path)
-
-
-# --- listing and removing --------------------------------------------------------------------------------------
 
 
 def print_selection(selection: Selection, jobs_dir: Path, api_url: str | None) -> None:

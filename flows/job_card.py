@@ -129,9 +129,10 @@ def job_record_markdown(job: Job, results: list[StepResult], failed: tuple[str, 
     ]
     for r in results:
         state = "awaiting inspection" if r.awaiting else "done (cached)" if r.cached else "done"
+        took = "" if r.seconds is None else duration_text(r.seconds)
         lines.append(
             f"| {r.position + 1} | {r.step} | {state} | `{r.folder}` | {len(r.files)} | {counts_text(r.files)} "
-            f"| {size_text(r.size)} | {seconds_text(r.seconds)} | {step_links(links, r.position)} |"
+            f"| {size_text(r.size)} | {took} | {step_links(links, r.position)} |"
         )
     pending = list(enumerate(job.settings.pipeline.enabled_steps))[len(results) :]
     if failed is not None and pending:
@@ -180,10 +181,6 @@ def inspection_lines(record: JobRecord) -> list[str]:
 
 def step_links(links: dict[int | None, list[str]], position: int) -> str:
     return " · ".join(links.pop(position, []))
-
-
-def seconds_text(seconds: float | None) -> str:
-    return "" if seconds is None else duration_text(seconds)
 
 
 def step_time_text(results: list[StepResult]) -> str:

@@ -108,9 +108,6 @@ def newest_states_on_server(job_ids: list[str]) -> dict[str, str]:
     return latest_states(job_ids)
 
 
-# --- finding jobs ------------------------------------------------------------------------------------------
-
-
 def find_job_dir(job: str, jobs_dir: Path) -> Path:
     """``job`` may be a job id (looked up in jobs_dir) or the path of a job directory."""
     as_path = Path(job)

@@ -1,22 +1,15 @@
 """Jobs: one preparation for every entry point, and the job directory with its CRTDL.
 
-A job is a job directory ``<jobs_dir>/<job id>/`` and one or more Prefect flow runs, all named after the job id
-and tagged ``job-<id>``. ``prepare_job`` is the one function that makes or finds a job, whether the command line
-starts it, a deployment runs it or a schedule does: it refuses secrets in any parameter, fixes the job id,
-freezes every path of the configuration as absolute, and prepares the job's CRTDL (copied, or enriched) in the
-job directory when the job has one.
+A job is a job directory ``<jobs_dir>/<job id>/`` with its record ``job.json`` (``tasks.job.record``) and one or
+more Prefect flow runs, all named after the job id and tagged ``job-<id>``. ``prepare_job`` makes or finds a job,
+whether the command line starts it, a deployment runs it or a schedule does: it refuses secrets in any parameter,
+fixes the job id, freezes every path of the configuration as absolute, and prepares the job's CRTDL (copied, or
+enriched) in the job directory when the job has one. A job is created only whole: a failed write (a full disk)
+removes its directory again and says why.
 
-The job's own file is ``job.json``, owned by ``tasks.job.record`` (its docstring has the one rule that settles
-Prefect vs the file): ``Job.record`` holds its frozen inputs and the state the flow wrote last, so ``status`` and
-``list`` answer without a Prefect server.
-
-Files a user gives are read within bounds: the CRTDL at most MAX_CRTDL_BYTES and 128 levels deep
-(``tasks.core.jsonfile.read_json_file``); the anonymization config and the CA bundle must be regular files of at most
-MAX_SETTINGS_FILE_BYTES (``step_file_problems``, also run by ``config check``). A job is created only whole: a
-failed write (a full disk) removes its directory again and says why.
-
-This module must stay import-light (no Prefect): ``status`` and ``list`` use it.
-"""
+Files a user gives are read within bounds: the CRTDL at most MAX_CRTDL_BYTES and 128 levels deep; the
+anonymization config and the CA bundle must be regular files of at most MAX_SETTINGS_FILE_BYTES
+(``step_file_problems``, also run by ``config check``). Import-light (no Prefect): ``status`` and ``list`` use it."""
 
 from __future__ import annotations
 
@@ -49,9 +42,6 @@ MAX_SETTINGS_FILE_BYTES = 16 * 1024 * 1024  # an anonymization config or a CA bu
 
 def new_job_id() -> str:
     return str(uuid.uuid4())
-
-
-# --- preparing a job ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,17 @@
 """The ``dupflow`` flow: one job, its steps in the order of ``pipeline.enabled_steps``.
 
 Every entry point (the command line, a deployment run, a scheduled run) runs this flow; ``prepare_job`` makes or
-finds the job, and the flow run is named after the job id and tagged ``job-<id>``; a run without a job id (a
-deployment or scheduled run) makes a job with its own flow-run id, so Prefect names it after the job as it begins.
-Parameters carry no secret: the configuration's location, the job input and non-secret overrides; the
-configuration (with its secrets) is loaded inside the run. Each step is a Prefect task registered in ``STEPS``
-with its kind (``StepKind``), which decides what the next step reads. Finished steps and files come back from
-their cached results in the job directory, so running the flow again for the same job resumes it.
+finds the job; the flow run is named after the job id (a run without one makes a job with its own flow-run id) and
+tagged ``job-<id>``. Parameters carry no secret; the configuration (with its secrets) is loaded inside the run.
+Each step is a Prefect task registered in ``STEPS`` with its kind (``StepKind``), which decides what the next step
+reads. Finished steps and files come back from their cached results in the job directory, so running the flow
+again for the same job resumes it.
 
-The flow owns the job: it prepares it, takes its lock, closes the job's earlier flow run that no process carries
-on (a local run paused for inspection, perhaps resumed in the UI with nothing behind it: it ends ``Continued``),
-settles a submission in doubt (``attach``/``resubmit``), releases the gates that paused the job (``note``), runs
-the steps, and writes every state of the job into its record itself (``tasks.job.record``, whose one rule settles
-Prefect vs the file). A job that reaches a ``wait`` step ends its run as ``AwaitingInspection`` (a Paused state,
-never a green Completed) in a local run, and is suspended with an input form in a deployment run
-(``flows.gates``). The job-record artifact (``flows.job_card``) is one card per flow run, updated in place at
-every step boundary.
-"""
+The flow owns the job: it takes its lock, closes the job's earlier flow run that no process carries on (it ends
+``Continued``), settles a submission in doubt (``attach``/``resubmit``), releases the gates that paused the job
+(``note``), runs the steps, and writes every state of the job into its record (``tasks.job.record``). At a
+``wait`` step a local run ends as ``AwaitingInspection`` (a Paused state, never a green Completed), a deployment
+run is suspended with an input form (``flows.gates``). The job-record artifact is ``flows.job_card``."""
 
 from __future__ import annotations
 

@@ -22,7 +22,6 @@ from typing import Any, NoReturn
 
 from config.loader import (
     ConfigError,
-    LoadedConfig,
     cached_settings,
     effective_config_rows,
     leaf_paths,
@@ -176,9 +175,6 @@ def add_jobs_dir_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs-dir", help="jobs directory (default: jobs_dir of APP_JOBS_DIR, else ./jobs)")
 
 
-# --- configuration ---------------------------------------------------------------------------
-
-
 def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
     """``--dir``, ``--anonymization-config`` and ``--set`` as (dotted key -> raw value, key -> flag label).
 
@@ -201,10 +197,6 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
     return overrides, labels
 
 
-def load(config_path: str | None, overrides: dict[str, str], labels: dict[str, str]) -> LoadedConfig:
-    return load_settings(config_path, overrides=overrides, override_labels=labels)
-
-
 def validate_configuration(config_path: str | None, overrides: dict[str, str], labels: dict[str, str]) -> None:
     """Read and check the configuration before a job exists. The read is the one the job's preparation uses
     (``cached_settings``: same file, same overrides); an invalid configuration is read once more, only to name the
@@ -212,7 +204,7 @@ def validate_configuration(config_path: str | None, overrides: dict[str, str], l
     try:
         cached_settings(config_path, overrides)
     except ConfigError:
-        load(config_path, overrides, labels)
+        load_settings(config_path, overrides=overrides, override_labels=labels)
         raise
 
 
@@ -220,7 +212,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     overrides, labels = overrides_from_flags(args)
     if names_secret_blocks(args.config):
         prefect_server.use_server()  # its Secret blocks are read from the jobs' server
-    loaded = load(args.config, overrides, labels)
+    loaded = load_settings(args.config, overrides=overrides, override_labels=labels)
     if problems := step_file_problems(loaded.settings):
         raise ConfigError(problems)
     rows = effective_config_rows(loaded)
@@ -231,9 +223,6 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     print("configuration OK", file=sys.stderr)
     return EXIT_OK
-
-
-# --- running a job ---------------------------------------------------------------------------
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -369,9 +358,6 @@ def setting_named_in(message: str) -> str | None:
         if key not in secret and (found := re.search(rf"(?<![\w.]){re.escape(key)}(?!\w|\.\w)", message))
     ]
     return min(named)[1] if named else None
-
-
-# --- reading jobs ----------------------------------------------------------------------------
 
 
 def jobs_dir_for(args: argparse.Namespace) -> Path:

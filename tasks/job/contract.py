@@ -159,16 +159,10 @@ class StepResult(StepRecord):
         return sum(f.size for f in self.files)
 
 
-# --- settings inside a task ------------------------------------------------------------------------------------
-
-
 def settings_of(step: StepInput) -> Settings:
     """The job's settings, loaded where the step runs (the flow's process or a Dask worker) from the configuration
     the step names; cached per secret-free identity, so secrets never travel as task parameters."""
     return cached_settings(step.config_path, step.overrides)
-
-
-# --- caching ---------------------------------------------------------------------------------------------------
 
 
 def digest(value: Any) -> str:

@@ -1,17 +1,8 @@
 """The job's own file, ``job.json``: what Prefect cannot hold durably, in one file behind this one module.
 
 Prefect's flow-run and task-run states (with the cached results in ``.prefect/results/``) say what ran; the
-job-record artifact is their picture. ``job.json`` keeps what must survive a lost or changed server, and is what
-``status``, ``list``, the job-record artifact, the ``wait`` gate and ``continue`` all read:
-
-- the frozen inputs (``job_id``, ``config_path``, ``job_input``, ``overrides``, ``enabled_steps``, ``created_at``);
-- the job's state: that of its latest flow run (``state``, ``state_message``, ``flow_run_ids``), written by the
-  flow itself at every transition (started, awaiting inspection, suspended, ended) and by nothing else;
-- ``facts``: what the job learned that later steps and people need (the effective CRTDL, the extraction handle
-  and a submission in flight), merged key by key the moment they are known;
-- ``steps``: per position (``"00"``, ``"01"``, …) the finished step's result as the flow saw it;
-- ``gates``: per wait-step position, when the gate paused the job, resumes without confirmation, and its release
-  with the inspection note.
+job-record artifact is their picture. ``job.json`` (``JobRecord``) keeps what must survive a lost or changed
+server, and is what ``status``, ``list``, the job-record artifact, the ``wait`` gate and ``continue`` all read.
 
 **The one rule (Prefect vs this file).** The file is the job's state; the server shows it. When they disagree,
 the file wins, corrected by the job's lock: a file that says Running while no process holds the lock is
@@ -20,19 +11,16 @@ form, with no process of ours behind it) defers to the server's state of that fl
 sees it resumed or cancelled. A UI Resume of a *local* paused run therefore changes nothing: no process runs it;
 the job stays AwaitingInspection until ``continue``, whose flow run closes the old run as ``Continued``.
 
-Not in it, on purpose: a step's working files inside its own folder (``send/progress/<file>.json``, the S3
-upload manifest, the flattening's ``.parts``) say how far the step got *within* a file, so that a resumed step never
-repeats work a server already did; they never decide whether a step is done (Prefect's cached result and this
-file's ``steps`` do).
+Not in it, on purpose: a step's working files in its own folder (``send/progress/<file>.json``, the S3 upload
+manifest, the flattening's ``.parts``) say how far the step got *within* a file; they never decide whether a step
+is done (Prefect's cached result and this file's ``steps`` do).
 
-The file is one pydantic model, ``JobRecord`` (``version`` SCHEMA_VERSION; a file without one is version 1, the
-same fields, read as it is), validated when read: a file that is no job record (not JSON, too large, too deeply
-nested, wrong types, another version) is a ``RecordError``, one line naming the file and the problem. Every write
-goes through ``changing_record``: read, change the model, write once, under a lock (a thread lock, and an
-``flock`` on ``.job.json.lock`` beside the file for other processes), atomically (temporary name, fsync, rename),
-so readers never lock. Job directories of older layouts (``facts.json``, ``steps/``, ``wait-NN`` markers) are not
-migrated: finish or discard them with the version that made them. Import-light on purpose (no Prefect):
-``status`` and ``list`` use it.
+``JobRecord`` (``version`` SCHEMA_VERSION; a file without one is version 1: the same fields) is validated when
+read: a file that is no job record (not JSON, too large or deep, wrong types, another version) is a
+``RecordError``, one line naming the file and the problem. Every write goes through ``changing_record``: read,
+change, write once, under a thread lock and an ``flock`` on ``.job.json.lock``, atomically (temporary name,
+fsync, rename), so readers never lock. Older layouts (``facts.json``, ``steps/``, ``wait-NN`` markers) are not
+migrated. Import-light on purpose (no Prefect): ``status`` and ``list`` use it.
 """
 
 from __future__ import annotations
@@ -81,9 +69,6 @@ PositionKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{2,4}$")]  # "00"
 
 class RecordError(JobError):
     """A ``job.json`` that cannot be read as a job record; the message names the file and the problem."""
-
-
-# --- the record ------------------------------------------------------------------------------------------------
 
 
 class FileEntry(BaseModel):
@@ -138,7 +123,10 @@ class Gate(BaseModel):
 
 
 class JobRecord(BaseModel):
-    """``job.json``: the frozen inputs, the state the flow wrote last, the facts, the steps and the gates."""
+    """``job.json``: the frozen inputs (``job_id`` to ``created_at``); the state of the job's latest flow run,
+    written by the flow itself at every transition and by nothing else; ``facts``, what the job learned that later
+    steps and people need (the effective CRTDL, the extraction handle, a submission in flight), merged key by key
+    the moment they are known; ``steps`` and ``gates`` by position (``"00"``, ``"01"``, …)."""
 
     version: int = SCHEMA_VERSION
     job_id: str
@@ -162,9 +150,6 @@ class JobRecord(BaseModel):
 
 def position_key(position: int) -> str:
     return f"{position:02d}"
-
-
-# --- reading and writing the file ------------------------------------------------------------------------------
 
 
 def read_record(job_dir: Path, new: JobRecord | None = None) -> JobRecord:
@@ -211,9 +196,6 @@ def changing_record(job_dir: Path, new: JobRecord | None = None) -> Iterator[Job
             yield record
             record.updated_at = now_iso()
             write_file_atomically(JobPaths(job_dir).job_file, (record.model_dump_json(indent=2) + "\n").encode())
-
-
-# --- facts, state and steps ------------------------------------------------------------------------------------
 
 
 def read_facts(job_dir: Path) -> dict[str, Any]:
@@ -274,9 +256,6 @@ def counts_text(files: Iterable[FileEntry]) -> str:
     return ", ".join(parts) or "0 resources"
 
 
-# --- gates -----------------------------------------------------------------------------------------------------
-
-
 def gate(job_dir: Path, position: int) -> dict[str, Any]:
     """The wait gate at ``position``: ``paused_at`` once it paused the job, ``released`` with its note."""
     return read_record(job_dir).gate(position).model_dump(exclude_none=True)
@@ -290,12 +269,6 @@ def mark_gate_paused(job_dir: Path, position: int) -> None:
         entry.paused_at = entry.paused_at or now_iso()
 
 
-def release_gate(job_dir: Path, position: int, note: str) -> None:
-    """Open the gate at ``position`` (``continue``, or a confirmed resume of a deployment run), with its note."""
-    with changing_record(job_dir) as record:
-        record.gate(position).release(note)
-
-
 def release_awaiting_gates(job_dir: Path, note: str) -> list[int]:
     """Open every gate that paused the job and is not open yet; returns their positions."""
     with changing_record(job_dir) as record:
@@ -303,11 +276,3 @@ def release_awaiting_gates(job_dir: Path, note: str) -> list[int]:
         for key in opened:
             record.gates[key].release(note)
     return [int(key) for key in opened]
-
-
-def count_unconfirmed_resume(job_dir: Path, position: int) -> int:
-    """One more resume of the gate without the confirmation; returns how many there were."""
-    with changing_record(job_dir) as record:
-        entry = record.gate(position)
-        entry.unconfirmed_resumes += 1
-    return entry.unconfirmed_resumes
