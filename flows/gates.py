@@ -7,7 +7,11 @@ log line and the inspection artifact saying why. The gate itself lives in the jo
 from __future__ import annotations
 
 from prefect import runtime
+from prefect.flow_runs import suspend_flow_run
 from prefect.input import RunInput
+from prefect.input.actions import read_flow_run_input
+from prefect.input.run_input import keyset_from_paused_state
+from prefect.states import Suspended
 from pydantic import Field
 
 from flows.job_card import JobRecordCard
@@ -89,10 +93,6 @@ def inspection_key(position: int, unconfirmed: int) -> str:
 
 def answered_inspection(position: int, unconfirmed: int) -> InspectionInput | None:
     """The form's answer to the suspend with this key, if the run was resumed with one."""
-    from prefect.input.actions import read_flow_run_input
-    from prefect.input.run_input import keyset_from_paused_state
-    from prefect.states import Suspended
-
     keyset = keyset_from_paused_state(Suspended(pause_key=inspection_key(position, unconfirmed)))
     answer = read_flow_run_input(keyset["response"])
     return None if answer is None else InspectionInput(**answer)
@@ -101,8 +101,6 @@ def answered_inspection(position: int, unconfirmed: int) -> InspectionInput | No
 def suspend_for_inspection(job: Job, position: int, unconfirmed: int, card: JobRecordCard) -> InspectionInput:
     """Suspend the deployment run (its process ends); the job record says Suspended first. A resume runs the flow
     again, which finds the form's answer with ``answered_inspection``."""
-    from prefect.flow_runs import suspend_flow_run
-
     message = f"awaiting inspection at step {position + 1} (wait); resume in the UI with the confirmation turned on"
     record_state(job.paths.job_dir, SUSPENDED, message)
     card.refresh()

@@ -184,7 +184,7 @@ def job_entries(jobs_dir: Path) -> Iterator[tuple[Path, str | None]]:
 
 
 def is_job_id(name: str) -> bool:
-    """Job ids are UUIDs in their canonical form (``flows.jobs.new_job_id``)."""
+    """Job ids are UUIDs in their canonical form (``flows.jobs.prepare_job`` makes them)."""
     try:
         return str(uuid.UUID(name)) == name
     except ValueError:

@@ -9,7 +9,17 @@ from typing import Any
 
 from prefect import get_run_logger, runtime
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import ArtifactUpdate
+from prefect.client.schemas.filters import (
+    ArtifactCollectionFilter,
+    ArtifactCollectionFilterKey,
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    ArtifactFilterKey,
+)
 from prefect.exceptions import ExternalSignal
+from prefect.settings import get_current_settings
 
 from config.settings import STEP_NAMES
 from flows.jobs import Job
@@ -76,9 +86,6 @@ class JobRecordCard:
             get_run_logger().warning("the job record could not be updated: %s", one_line(publish_error))
 
     def _publish(self) -> None:
-        from prefect.client.orchestration import get_client
-        from prefect.client.schemas.actions import ArtifactUpdate
-
         markdown = job_record_markdown(self._job, self._results, self._failed)
         if self._artifact_id is None:
             self._artifact_id = this_runs_artifact_id(artifact_key(self._job.job_id))
@@ -93,9 +100,6 @@ class JobRecordCard:
 
 def this_runs_artifact_id(key: str) -> Any:
     """The id of the artifact ``key`` made by this flow run, if it made one."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
-
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(
             artifact_filter=ArtifactFilter(
@@ -112,15 +116,10 @@ def job_record_markdown(job: Job, results: list[StepResult], failed: tuple[str, 
     far, the inspections with their notes, the recorded facts as text, and a link to this flow run."""
     base = ui_base_url()
     links = artifact_links(job.job_id, base)
-    record = read_record(job.paths.job_dir)
-    lines = [
-        f"# dupflow job `{job.job_id}`",
-        "",
-        job_state_line(record),
-        "",
-        f"Job directory: `{job.paths.job_dir}`",
-        "",
-    ]
+    record = read_record(job.paths.job_dir)  # the state as the flow wrote it at its latest transition
+    message = f" — {one_line_text(record.state_message)}" if record.state_message else ""
+    lines = [f"# dupflow job `{job.job_id}`", "", f"**State: {record.state}**{message}", ""]
+    lines += [f"Job directory: `{job.paths.job_dir}`", ""]
     if runtime.flow_run.id:
         lines += [f"Latest flow run: [{runtime.flow_run.name}]({base}/runs/flow-run/{runtime.flow_run.id})", ""]
     lines += [
@@ -148,12 +147,6 @@ def job_record_markdown(job: Job, results: list[StepResult], failed: tuple[str, 
     if record.facts:
         lines += ["", "## Facts", "", *markdown_list(dict(sorted(record.facts.items())))]
     return "\n".join(lines)
-
-
-def job_state_line(record: JobRecord) -> str:
-    """The job's state as its record holds it (the flow writes it at every transition), with its message."""
-    message = record.state_message
-    return f"**State: {record.state}**" + (f" — {one_line_text(message)}" if message else "")
 
 
 def markdown_list(value: Any) -> list[str]:
@@ -207,8 +200,6 @@ def one_line_text(message: str) -> str:
 def ui_base_url() -> str:
     """The Prefect UI's address (PREFECT_UI_URL, or derived by Prefect from the API's); empty: links relative to
     the UI's own origin."""
-    from prefect.settings import get_current_settings
-
     return (get_current_settings().ui_url or "").rstrip("/")
 
 
@@ -216,9 +207,6 @@ def artifact_links(job_id: str, base: str) -> dict[int | None, list[str]]:
     """Markdown links to the latest version of each of the job's artifacts (the UI's ``/artifacts/artifact/<id>``
     page, which shows that one artifact; ``/artifacts/key/<key>`` would list every version), by step position
     (None: artifacts of no single step, e.g. the inspection note); each labelled by what follows the step's key."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
-
     prefix = artifact_key(job_id) + "-"
     with get_client(sync_client=True) as client:
         found = client.read_latest_artifacts(

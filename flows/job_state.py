@@ -46,7 +46,10 @@ class JobLock:
                 raise
             if holder == str(os.getpid()).encode():
                 return self
-            raise JobLockedError(locked_message(self._path.parent.name)) from exc
+            raise JobLockedError(
+                f"job {self._path.parent.name} is being worked on by another process; wait for it to end (or stop "
+                "it) and run continue"
+            ) from exc
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
@@ -64,10 +67,6 @@ class JobLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def locked_message(job_id: str) -> str:
-    return f"job {job_id} is being worked on by another process; wait for it to end (or stop it) and run continue"
 
 
 def is_locked(paths: JobPaths) -> bool:

@@ -40,10 +40,6 @@ MAX_CRTDL_BYTES = 16 * 1024 * 1024  # a large real CRTDL is under 1 MB; more is 
 MAX_SETTINGS_FILE_BYTES = 16 * 1024 * 1024  # an anonymization config or a CA bundle is a few hundred KB at most
 
 
-def new_job_id() -> str:
-    return str(uuid.uuid4())
-
-
 @dataclass(frozen=True)
 class Job:
     paths: JobPaths
@@ -75,7 +71,7 @@ def prepare_job(
     if job_id and jobs_dir is not None and JobPaths(jobs_dir / job_id).job_file.is_file():
         return existing_job(JobPaths(jobs_dir / job_id), overrides)
     settings = cached_settings(config_path, overrides)
-    job_id = job_id or new_job_id()
+    job_id = job_id or str(uuid.uuid4())
     paths = JobPaths(Path(settings.jobs_dir).resolve() / job_id)
     if paths.job_file.is_file():
         return existing_job(paths, overrides)

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefect import flow, get_run_logger, runtime
-from prefect.exceptions import PrefectSignal
-from prefect.states import Completed, Paused
+from prefect.client.orchestration import get_client
+from prefect.exceptions import ObjectNotFound, PrefectSignal
+from prefect.states import Cancelled, Completed, Paused
 
 from flows.gates import run_gate
 from flows.job_card import JobRecordCard, job_summary, publish_step_table
@@ -169,10 +170,6 @@ def run_job_steps(job: Job, card: JobRecordCard) -> Any:
 def close_earlier_flow_run(job: Job, flow_run_id: str) -> None:
     """The job's previous flow run, left Paused (awaiting inspection) or Running (resumed in the UI, or killed) by
     a process that is gone (this flow holds the job's lock), ends as ``Continued``, naming this run."""
-    from prefect.client.orchestration import get_client
-    from prefect.exceptions import ObjectNotFound
-    from prefect.states import Cancelled
-
     earlier = [run_id for run_id in job.record.flow_run_ids if run_id != flow_run_id]
     if not earlier:
         return
@@ -200,8 +197,6 @@ def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> 
 
 def name_and_tag_flow_run(job_id: str) -> None:
     """The flow run itself carries the job: name = job id, tag ``job-<id>`` (deployment runs included)."""
-    from prefect.client.orchestration import get_client
-
     tag = job_tag(job_id)
     tags = set(runtime.flow_run.tags or [])
     if runtime.flow_run.name == job_id and tag in tags:

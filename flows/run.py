@@ -18,7 +18,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from config.loader import (
     ConfigError,
@@ -289,8 +289,10 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
     """Run the flow in this process and report the outcome in one line; the full trace goes to the job's log.
     ``continuing``: the flow's parameters of a ``continue`` (note, attach, resubmit)."""
     job = read_record(paths.job_dir)
-    choose_progress_display(no_progress)
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    from tasks.streams.progress import use_display
+
+    use_display("none" if no_progress else "bar" if sys.stderr.isatty() else "log")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl+C: a KeyboardInterrupt
     log_file = paths.job_dir / "job.log"
     prefect_server.use_server()
     try:
@@ -300,16 +302,6 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
         print(f"interrupted; resume with: {CLI} continue {job.job_id}", file=sys.stderr)
         return EXIT_INTERRUPTED
     return report_outcome(paths, state, log_file)
-
-
-def _raise_keyboard_interrupt(signum: int, frame: Any) -> NoReturn:
-    raise KeyboardInterrupt
-
-
-def choose_progress_display(no_progress: bool) -> None:
-    from tasks.streams.progress import use_display
-
-    use_display("none" if no_progress else "bar" if sys.stderr.isatty() else "log")
 
 
 def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any]) -> Any:

@@ -55,9 +55,8 @@ FAILED_FINISHES = ("Finished in state Failed", "Finished in state Crashed")
 
 
 class _OneFailureLine(logging.Filter):
-    """The terminal tells a failure once. Prefect logs it at every run it passes (file task, step task, flow run:
-    "failed with exception", "Finished in state Failed", "Encountered exception"); on the console only the first
-    ERROR of a run passes, and no "Finished in state Failed/Crashed" line does. The job log and the UI keep them all."""
+    """The terminal tells a failure once (Prefect logs it at every run it passes): only the first ERROR of a run,
+    and no "Finished in state Failed/Crashed" line. The job log and the UI keep them all."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -75,9 +74,8 @@ class _OneFailureLine(logging.Filter):
 
 
 class _NoTraceback(logging.Formatter):
-    """Console lines without tracebacks: the terminal gets one line per event (a message logged with
-    ``tasks.core.readable.SHOW_WHOLE``, such as the inspection text at a wait step, all of its lines), the job log the
-    whole story. A run's failure is told in the exception's own words (which carry the hint), not its repr."""
+    """Console lines without tracebacks: one line per event (all lines of one logged with ``SHOW_WHOLE``, such as
+    the inspection text at a wait step); a run's failure in the exception's own words (with the hint), not its repr."""
 
     def __init__(self, wrapped: logging.Formatter | None):
         super().__init__()

@@ -1,22 +1,19 @@
 """The step contract: what a step task receives, what it returns, and how its result is cached.
 
 A step is a Prefect task declared with ``@step_task``; its one parameter is a ``StepInput``: small, serializable
-and secret-free (job id and directory, the step's position, its input folder and files, the job's facts, and
-where its settings come from: the configuration file and the non-secret overrides). The task loads the settings
-itself (``settings_of``), so no secret is ever a task parameter, and returns a ``StepResult``. Per-file sub-tasks
-are declared with ``@file_task`` and take the ``StepInput`` plus small values (names, paths, digests); they are
-called through ``commit_each`` so each finished file is recorded at once.
+and secret-free (job id and directory, position, input folder and files, the job's facts, the configuration file
+and the non-secret overrides). The task loads the settings itself (``settings_of``), so no secret is ever a task
+parameter, and returns a ``StepResult``. Per-file sub-tasks (``@file_task``) take the ``StepInput`` plus small
+values and are called through ``commit_each``, so each finished file is recorded at once.
 
-Caching (resume): the cache key of every step and file task is the path of its result inside the job directory,
-``<job dir>/.prefect/results/<job id>-<NN>-<step>-<task>-<digest of the inputs>``, declared once on the
-decorators below. A re-run with the same job gets every finished step and file back from there.
+Caching (resume): every step and file task's cache key is the path of its result in the job directory,
+``<job dir>/.prefect/results/<job id>-<NN>-<step>-<task>-<digest of the inputs>``: a re-run of the job gets every
+finished step and file back from there.
 
-Step kinds (``StepKind``) tell the flow where the next step's input comes from:
-``import`` writes ``import/``; ``transform`` reads its input and writes its own folder, which the next step reads;
-``pass-through`` (validation) and ``sink`` (send) read their input and write reports, and the next step reads
-what they read; ``gate`` (wait) pauses, and afterwards the next step reads ``<input folder>_wait/`` when it holds
-data, else the gate's input.
-"""
+Step kinds (``StepKind``) tell the flow where the next step's input comes from: ``import`` writes ``import/``;
+``transform`` writes its own folder, which the next step reads; ``pass-through`` (validation) and ``sink`` (send)
+write reports, and the next step reads what they read; after a ``gate`` (wait) the next step reads
+``<input folder>_wait/`` when it holds data, else the gate's input."""
 
 from __future__ import annotations
 

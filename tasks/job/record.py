@@ -82,10 +82,9 @@ class FileEntry(BaseModel):
 
     @property
     def counts(self) -> dict[str, int]:
-        """What the file holds, by unit: ``rows`` of a CSV file, ``Parquet rows`` of a Parquet file (the same rows
-        again, so never added to the CSVs'); of an NDJSON file its bare ``resources`` and its ``Bundles`` with the
-        resources their entries hold (``bundled``), or only ``lines`` when the file was counted before Bundles
-        were (an older job's record has no ``bundles``: its lines may be Bundles or resources)."""
+        """What the file holds, by unit: ``rows`` of a CSV file, ``Parquet rows`` of a Parquet file (never added to
+        the CSVs'); of an NDJSON file its bare ``resources`` and its ``Bundles`` holding ``bundled`` resources, or
+        only ``lines`` when it was counted before Bundles were (its lines may be Bundles or resources)."""
         if self.name.endswith(".parquet"):
             return {"Parquet rows": self.resources}
         if self.name.endswith(".csv"):
@@ -109,8 +108,7 @@ class StepRecord(BaseModel):
 
 
 class Gate(BaseModel):
-    """A wait step's gate: when it paused the job, its release with the inspection note, and how often a deployment
-    run was resumed without the confirmation."""
+    """A wait step's gate: when it paused the job, its release with the note, and the resumes without confirmation."""
 
     paused_at: Timestamp | None = None
     released: bool = False
