@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,11 +41,15 @@ from tasks.job.record import (
     record_step,
     release_awaiting_gates,
     settled_state,
-    step_results,
 )
 from tests.conftest import REPO_ROOT
 
 WRITERS, FACTS_EACH = 4, 25
+
+
+def step_results(job_dir: Path) -> dict[int, dict[str, Any]]:
+    """The recorded step results by position, as ``job.json`` holds them (none before the job has a record)."""
+    return {int(key): step.model_dump(mode="json") for key, step in read_record(job_dir).steps.items()}
 
 
 def record_many(job_dir: str, writer: str) -> None:
@@ -95,7 +100,7 @@ def test_a_step_recorded_again_forgets_the_steps_after_it(tmp_path):
     for position in range(3):
         record_step(tmp_path, StepRecord(step=f"s{position}", position=position, folder="import"))
     record_step(tmp_path, StepRecord(step="s1", position=1, folder="import_wait"))
-    assert {position: result.folder for position, result in step_results(tmp_path).items()} == {
+    assert {position: result["folder"] for position, result in step_results(tmp_path).items()} == {
         0: "import",
         1: "import_wait",
     }

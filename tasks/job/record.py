@@ -233,11 +233,6 @@ def record_step(job_dir: Path, result: StepRecord) -> None:
         record.steps[position_key(result.position)] = result
 
 
-def step_results(job_dir: Path) -> dict[int, StepRecord]:
-    """The recorded step results by position."""
-    return {int(key): result for key, result in read_record(job_dir).steps.items()}
-
-
 def counts_text(files: Iterable[FileEntry]) -> str:
     """What the files hold in words: ``12 resources``, ``2 Bundles holding 19 resources``, ``4 rows``, or several
     of them for a mixed folder (``3 resources, 2 Bundles holding 19 resources``)."""
