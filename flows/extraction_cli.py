@@ -79,7 +79,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
     priority = sub.add_parser("priority", parents=[common, job_ref], help="raise or lower a job's priority")
     priority.add_argument("level", choices=("high", "normal"))
-    priority.set_defaults(command=command(cmd_priority))
+    priority.set_defaults(command=command(cmd_control), operation="priority")
 
     delete = sub.add_parser("delete", parents=[common, job_ref], help="delete a job and its result files")
     delete.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -92,8 +92,6 @@ def register(commands: argparse._SubParsersAction) -> None:
     preview.add_argument("--ids", action="store_true", help="also print the patient ids")
     preview.set_defaults(command=command(cmd_cohort_preview))
 
-
-# --- running a command -------------------------------------------------------------------------------------
 
 Handler = Callable[[argparse.Namespace, ExtractionTaskClient], int]
 
@@ -175,9 +173,6 @@ def is_uuid(value: str) -> bool:
     return True
 
 
-# --- commands ----------------------------------------------------------------------------------------------
-
-
 def cmd_list(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
     statuses = [s.strip().upper() for s in (args.status or "").split(",") if s.strip()]
     ids = [i.strip() for i in (args.id or "").split(",") if i.strip()]
@@ -226,12 +221,10 @@ def cmd_show(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
 
 
 def cmd_control(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
-    return report_change(args, args.operation, client.control(extraction_job_id(args), args.operation))
-
-
-def cmd_priority(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
-    result = client.set_priority(extraction_job_id(args), args.level)
-    return report_change(args, "priority", result)
+    """pause, resume, cancel, or priority (``args.level``)."""
+    job_id, operation = extraction_job_id(args), args.operation
+    result = client.set_priority(job_id, args.level) if operation == "priority" else client.control(job_id, operation)
+    return report_change(args, operation, result)
 
 
 def report_change(args: argparse.Namespace, operation: str, result: ControlResult) -> int:
@@ -288,9 +281,6 @@ def read_crtdl_file(path: str) -> bytes:
         return Path(path).read_bytes()
     except FileNotFoundError:
         raise UsageError(f"CRTDL {path} not found; give the path of the CRTDL JSON file") from None
-
-
-# --- formatting --------------------------------------------------------------------------------------------
 
 
 def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:

@@ -1,23 +1,18 @@
 """Housekeeping: ``prune`` lists old or finished jobs, then removes them with their flow runs and artifacts.
 
 Without ``--yes`` nothing is removed: the command lists what it would remove (job id, state, last change, size on
-disk, flow runs and artifacts on the Prefect server) and how to remove it. With ``--yes`` each job is removed under
-its lock (a job that a process took meanwhile, or whose record changed since it was listed, is skipped): first its
-flow runs (tag ``job-<id>``; their task runs and logs go with them) and artifacts (keys ``job-<id>`` and
-``job-<id>-*``, and any other artifact of its flow runs) on the server, then its directory. A job the server
-still knows keeps its directory until the server's part is gone, so an interrupted prune can simply be run again.
+disk, flow runs and artifacts on the Prefect server) and how. With ``--yes`` each job is removed under its lock (a
+job that a process took meanwhile, or whose record changed since it was listed, is skipped): first its flow runs
+(tag ``job-<id>``, with their task runs and logs) and artifacts (keys ``job-<id>``, ``job-<id>-*``, and any other
+of its flow runs) on the server, then its directory, so an interrupted prune can simply be run again.
 
-Which jobs: by default the finished ones (Completed, Failed, Crashed, Cancelled); ``--state`` names the states
-instead, and only a named AwaitingInspection or Suspended job is ever removed. A running job (its lock is held) is
-never removed. ``--older-than`` keeps jobs whose record changed more recently (the record's ``updated_at``). Only
-directories of the jobs directory named by a job id (a UUID) are jobs; symbolic links are never followed or
-removed, and nothing outside the jobs directory is touched.
+Which jobs: by default the finished ones; ``--state`` names the states instead (AwaitingInspection or Suspended
+only by name; a running job never). ``--older-than`` keeps jobs whose record changed more recently. Only
+directories of the jobs directory named by a job id (a UUID) are jobs; symbolic links are never followed.
 
-The server: ``PREFECT_API_URL`` when set (it must answer), else the local server (started when its database exists,
-as every command that runs a job does). Without either only job directories are listed and removed. The REST API
-is used directly (no Prefect import), as ``flows.server_state`` does, each call through the one retry policy
-(``tasks.clients.retry``: a SQLite server busy with a burst of runs answers 503 for a moment).
-"""
+The server: ``PREFECT_API_URL`` when set, else the local server when its database exists; without either only job
+directories are listed and removed. The REST API is used directly (no Prefect import), each call through the one
+retry policy (``tasks.clients.retry``: a SQLite server busy with a burst of runs answers 503 for a moment)."""
 
 from __future__ import annotations
 
@@ -39,14 +34,24 @@ from config.durations import parse_duration
 from config.runtime import default_jobs_dir, prefect_api_url
 from flows import prefect_server
 from flows.extraction_cli import age
-from flows.jobs import JobFile, JobLock, JobLockedError, current_state
+from flows.job_state import JobLock, JobLockedError, current_state
 from config.settings import RetrySettings
 from tasks.clients.errors import ServiceError, raise_for_service_status
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import UsageError
 from tasks.job.layout import JobPaths, job_tag
 from tasks.core.readable import CLI, size_text
-from tasks.job.record import AWAITING_INSPECTION, CANCELLED, COMPLETED, CRASHED, FAILED, RUNNING, SUSPENDED
+from tasks.job.record import (
+    AWAITING_INSPECTION,
+    CANCELLED,
+    COMPLETED,
+    CRASHED,
+    FAILED,
+    RUNNING,
+    SUSPENDED,
+    RecordError,
+    read_record,
+)
 
 EXIT_OK, EXIT_FAILED = 0, 1
 FINISHED_STATES = (COMPLETED, FAILED, CRASHED, CANCELLED)
@@ -85,9 +90,6 @@ def state_name(text: str) -> str:
     if text.lower() not in known:
         raise argparse.ArgumentTypeError(f"{text!r} is no job state; use one of {', '.join(known.values())}")
     return known[text.lower()]
-
-
-# --- choosing jobs ---------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -151,9 +153,9 @@ def select_jobs(
             continue
         paths = JobPaths(entry)
         try:
-            job = JobFile.read(paths)
-        except (ValueError, TypeError):
-            selection.protected.append((entry.name, "its job.json cannot be read (look at it yourself)"))
+            job = read_record(entry)
+        except RecordError as exc:
+            selection.protected.append((entry.name, f"its job.json cannot be read (look at it yourself): {exc}"))
             continue
         state = current_state(paths, job)
         if state == RUNNING:
@@ -182,7 +184,7 @@ def job_entries(jobs_dir: Path) -> Iterator[tuple[Path, str | None]]:
 
 
 def is_job_id(name: str) -> bool:
-    """Job ids are UUIDs in their canonical form (``flows.jobs.new_job_id``)."""
+    """Job ids are UUIDs in their canonical form (``flows.jobs.prepare_job`` makes them)."""
     try:
         return str(uuid.UUID(name)) == name
     except ValueError:
@@ -211,9 +213,6 @@ def size_on_disk(directory: Path) -> int:
             except FileNotFoundError:  # a temporary file renamed meanwhile
                 continue
     return total
-
-
-# --- the Prefect server ----------------------------------------------------------------------------------------
 
 
 def housekeeping_api_url() -> str | None:
@@ -292,9 +291,6 @@ def delete_server_records(client: httpx.Client, job: Candidate) -> None:
         api_call(client, "DELETE", path)
 
 
-# --- listing and removing --------------------------------------------------------------------------------------
-
-
 def print_selection(selection: Selection, jobs_dir: Path, api_url: str | None) -> None:
     print(f"jobs in {jobs_dir}; flow runs and artifacts on " + (api_url or "no Prefect server (none configured)"))
     if selection.chosen:
@@ -351,7 +347,7 @@ def remove_job(job: Candidate, jobs_dir: Path, client: httpx.Client | None) -> s
         return "not a directory of the jobs directory"
     try:
         with JobLock(job.paths):
-            if JobFile.read(job.paths).updated_at != job.changed_at:
+            if read_record(job.paths.job_dir).updated_at != job.changed_at:
                 return "its record changed since it was listed; run prune again"
             if client is not None:
                 job.flow_run_ids, job.artifact_ids = server_records(client, job.job_id)  # as they are now
@@ -359,4 +355,6 @@ def remove_job(job: Candidate, jobs_dir: Path, client: httpx.Client | None) -> s
             shutil.rmtree(job.paths.job_dir)
     except JobLockedError:
         return "a process took it meanwhile"
+    except RecordError as exc:
+        return str(exc)
     return None

@@ -1,34 +1,24 @@
-"""Jobs: one preparation for every entry point, the job directory, its lock, and the state cache.
+"""Jobs: one preparation for every entry point, and the job directory with its CRTDL.
 
-A job is a job directory ``<jobs_dir>/<job id>/`` and one or more Prefect flow runs, all named after the job id
-and tagged ``job-<id>``. ``prepare_job`` is the one function that makes or finds a job, whether the command line
-starts it, a deployment runs it or a schedule does: it refuses secrets in any parameter, fixes the job id,
-freezes every path of the configuration as absolute, and prepares the job's CRTDL (copied, or enriched) in the
-job directory when the job has one.
+A job is a job directory ``<jobs_dir>/<job id>/`` with its record ``job.json`` (``tasks.job.record``) and one or
+more Prefect flow runs, all named after the job id and tagged ``job-<id>``. ``prepare_job`` makes or finds a job,
+whether the command line starts it, a deployment runs it or a schedule does: it refuses secrets in any parameter,
+fixes the job id, freezes every path of the configuration as absolute, and prepares the job's CRTDL (copied, or
+enriched) in the job directory when the job has one. A job is created only whole: a failed write (a full disk)
+removes its directory again and says why.
 
-The job's own file is ``job.json``, owned by ``tasks.job.record`` (its docstring has the one rule that settles
-Prefect vs the file): ``JobFile`` is its frozen inputs and the state the flow wrote last, so ``status`` and
-``list`` answer without a Prefect server.
-
-Files a user gives are read within bounds: the CRTDL at most MAX_CRTDL_BYTES and 128 levels deep
-(``tasks.core.jsonfile.read_json_file``); the anonymization config and the CA bundle must be regular files of at most
-MAX_SETTINGS_FILE_BYTES (``step_file_problems``, also run by ``config check``). A job is created only whole: a
-failed write (a full disk) removes its directory again and says why.
-
-This module must stay import-light (no Prefect): ``status`` and ``list`` use it.
-"""
+Files a user gives are read within bounds: the CRTDL at most MAX_CRTDL_BYTES and 128 levels deep; the
+anonymization config and the CA bundle must be regular files of at most MAX_SETTINGS_FILE_BYTES
+(``step_file_problems``, also run by ``config check``). Import-light (no Prefect): ``status`` and ``list`` use it."""
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
-import os
 import shutil
 import stat
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from config.loader import (
@@ -36,16 +26,13 @@ from config.loader import (
     cached_settings,
     refuse_secret_overrides,
 )
-from config.runtime import prefect_api_url
 from config.settings import Settings
 from tasks.core.errors import JobError
 from tasks.core.jsonfile import JsonFileError, parse_json_document, read_limited
 from tasks.job.layout import JobPaths, is_crtdl_file
 from tasks.streams.files import write_error, write_file_atomically
-from tasks.job.record import PENDING, SUSPENDED, now_iso, read_record, record_facts, settled_state, update_record
+from tasks.job.record import JobRecord, changing_record, read_record, record_facts
 from tasks.core.url_credentials import refuse_credentials_in_url
-
-LOCK_FILE = ".lock"
 
 CRTDL_NAME = "crtdl.json"
 ENRICHED_CRTDL_NAME = "enriched-crtdl.json"
@@ -53,50 +40,10 @@ MAX_CRTDL_BYTES = 16 * 1024 * 1024  # a large real CRTDL is under 1 MB; more is 
 MAX_SETTINGS_FILE_BYTES = 16 * 1024 * 1024  # an anonymization config or a CA bundle is a few hundred KB at most
 
 
-def new_job_id() -> str:
-    return str(uuid.uuid4())
-
-
-@dataclass
-class JobFile:
-    """The job's frozen inputs (what a re-run needs to start the flow again) and the state its flow wrote last:
-    this module's view of the record that ``tasks.job.record`` owns."""
-
-    job_id: str
-    config_path: str | None
-    job_input: str | None
-    overrides: dict[str, str]
-    enabled_steps: list[str]
-    created_at: str = field(default_factory=now_iso)
-    state: str = PENDING
-    state_message: str = ""
-    updated_at: str = field(default_factory=now_iso)
-    flow_run_ids: list[str] = field(default_factory=list)
-
-    @classmethod
-    def read(cls, paths: JobPaths) -> JobFile:
-        data = read_record(paths.job_dir)
-        if not data:
-            raise FileNotFoundError(paths.job_file)
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
-
-    def create(self, paths: JobPaths) -> None:
-        """The new job's record (``tasks.job.record`` owns the file; later writes change their part of it)."""
-        fields = {k: v for k, v in self.__dict__.items() if k != "updated_at"}
-        update_record(paths.job_dir, lambda record: record.update(fields))
-
-
-def save_overrides(paths: JobPaths, overrides: Mapping[str, str]) -> None:
-    update_record(paths.job_dir, lambda record: record.update(overrides=dict(overrides)))
-
-
-# --- preparing a job ---------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Job:
     paths: JobPaths
-    file: JobFile
+    record: JobRecord
     settings: Settings
 
     @property
@@ -124,7 +71,7 @@ def prepare_job(
     if job_id and jobs_dir is not None and JobPaths(jobs_dir / job_id).job_file.is_file():
         return existing_job(JobPaths(jobs_dir / job_id), overrides)
     settings = cached_settings(config_path, overrides)
-    job_id = job_id or new_job_id()
+    job_id = job_id or str(uuid.uuid4())
     paths = JobPaths(Path(settings.jobs_dir).resolve() / job_id)
     if paths.job_file.is_file():
         return existing_job(paths, overrides)
@@ -134,14 +81,12 @@ def prepare_job(
 def existing_job(paths: JobPaths, overrides: Mapping[str, str]) -> Job:
     """A job found again; ``overrides`` (non-secret) replace the frozen ones, so "fix the cause and continue" works."""
     refuse_older_layout(paths)
-    job = JobFile.read(paths)
+    record = read_record(paths.job_dir)
     if overrides:
-        job.overrides = {**job.overrides, **overrides}
-    job.overrides["jobs_dir"] = str(paths.job_dir.parent)
-    settings = cached_settings(job.config_path, job.overrides)
-    if overrides:
-        save_overrides(paths, job.overrides)
-    return Job(paths, job, settings)
+        with changing_record(paths.job_dir) as record:
+            record.overrides = {**record.overrides, **overrides, "jobs_dir": str(paths.job_dir.parent)}
+    record.overrides["jobs_dir"] = str(paths.job_dir.parent)
+    return Job(paths, record, cached_settings(record.config_path, record.overrides))
 
 
 def refuse_older_layout(paths: JobPaths) -> None:
@@ -180,12 +125,14 @@ def new_job(
         raise JobError("; ".join(problems))
     # The CRTDL is read (and enriched) before anything is written: a bad one leaves no job behind.
     effective = effective_crtdl(crtdl, settings) if crtdl is not None else None
-    job = JobFile(paths.job_id, config_path, job_input, frozen, steps)
-    create_job_files(paths, job, crtdl, effective)
-    return Job(paths, job, settings)
+    record = JobRecord(
+        job_id=paths.job_id, config_path=config_path, job_input=job_input, overrides=frozen, enabled_steps=steps
+    )
+    create_job_files(paths, record, crtdl, effective)
+    return Job(paths, record, settings)
 
 
-def create_job_files(paths: JobPaths, job: JobFile, crtdl: Path | None, effective: EffectiveCrtdl | None) -> None:
+def create_job_files(paths: JobPaths, record: JobRecord, crtdl: Path | None, effective: EffectiveCrtdl | None) -> None:
     """The new job's directory, ``job.json`` and CRTDL; when one cannot be written (a full disk), the directory
     is removed again and ``JobWriteError`` says why, so no half-made job is left to be continued."""
     try:
@@ -193,7 +140,8 @@ def create_job_files(paths: JobPaths, job: JobFile, crtdl: Path | None, effectiv
     except OSError as exc:
         raise write_error(exc, paths.job_dir) from None
     try:
-        job.create(paths)
+        with changing_record(paths.job_dir, new=record):
+            pass
         if crtdl is not None and effective is not None:
             write_crtdl(paths, crtdl, effective)
     except OSError:
@@ -343,123 +291,3 @@ def write_crtdl(paths: JobPaths, source: Path, crtdl: EffectiveCrtdl) -> Path:
     write_file_atomically(target, crtdl.data)
     record_facts(paths.job_dir, crtdl_path=str(target), crtdl_source=str(source), crtdl_warnings=crtdl.warnings or None)
     return target
-
-
-# --- the lock ----------------------------------------------------------------------------------------------
-
-
-class JobLockedError(JobError):
-    pass
-
-
-class JobLock:
-    """An exclusive lock on a job directory for the lifetime of one process working on it.
-
-    The kernel releases it when the process dies, so a killed run never leaves a stale lock. The lock file holds
-    its holder's process id while it is held (it is emptied before release), which is how a process tells that
-    it holds the lock already: ``continue`` takes it before a flow run exists, then its flow takes it as every run
-    does. Such a second taking owns nothing; the lock is released when its first holder releases it.
-    """
-
-    def __init__(self, paths: JobPaths):
-        self._path = paths.job_dir / LOCK_FILE
-        self._fd: int | None = None
-
-    def acquire(self) -> JobLock:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 32, 0)
-            os.close(fd)
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            if holder == str(os.getpid()).encode():
-                return self
-            raise JobLockedError(locked_message(self._path.parent.name)) from exc
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._fd = fd
-        return self
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.ftruncate(self._fd, 0)
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self) -> JobLock:
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-def locked_message(job_id: str) -> str:
-    return f"job {job_id} is being worked on by another process; wait for it to end (or stop it) and run continue"
-
-
-def is_locked(paths: JobPaths) -> bool:
-    """True while some process holds the job's lock (that is, the job is really running)."""
-    lock_path = paths.job_dir / LOCK_FILE
-    if not lock_path.exists():
-        return False
-    fd = os.open(lock_path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(fd)
-
-
-def current_state(paths: JobPaths, job: JobFile) -> str:
-    """The job's state by the one rule of ``tasks.job.record``."""
-    return current_states([(paths, job)])[0]
-
-
-def current_states(jobs: list[tuple[JobPaths, JobFile]]) -> list[str]:
-    """Each job's state by the one rule of ``tasks.job.record``: the Prefect server, when one is configured, is asked
-    (in one request) only about the suspended jobs, the one case where the rule defers to it."""
-    server = newest_states_on_server([job.job_id for _, job in jobs if job.state == SUSPENDED])
-    return [settled_state(job.state, locked=is_locked(paths), server=server.get(job.job_id)) for paths, job in jobs]
-
-
-def newest_states_on_server(job_ids: list[str]) -> dict[str, str]:
-    """The state of each job's newest flow run on the configured Prefect server; none without a server or jobs."""
-    if prefect_api_url() is None or not job_ids:
-        return {}
-    from flows.server_state import latest_states
-
-    return latest_states(job_ids)
-
-
-# --- finding jobs ------------------------------------------------------------------------------------------
-
-
-def find_job_dir(job: str, jobs_dir: Path) -> Path:
-    """``job`` may be a job id (looked up in jobs_dir) or the path of a job directory."""
-    as_path = Path(job)
-    if JobPaths(as_path).job_file.is_file():
-        return as_path.resolve()
-    candidate = jobs_dir / job
-    if JobPaths(candidate).job_file.is_file():
-        return candidate.resolve()
-    raise JobError(f"no job {job} in {jobs_dir.resolve()}; pass --jobs-dir (or give the job's directory)")
-
-
-def list_job_dirs(jobs_dir: Path) -> list[Path]:
-    """Job directories, newest first."""
-    if not jobs_dir.is_dir():
-        return []
-    jobs = []
-    for job_dir in jobs_dir.iterdir():
-        paths = JobPaths(job_dir)
-        if paths.job_file.is_file():
-            jobs.append((JobFile.read(paths).created_at, job_dir))
-    return [job_dir for _, job_dir in sorted(jobs, reverse=True)]

@@ -12,34 +12,27 @@ from __future__ import annotations
 
 import argparse
 import gc
-import logging
 import os
 import re
 import signal
 import sys
-from pathlib import Path
-from typing import Any, NoReturn
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from config.errors import ConfigError
 from config.keys import leaf_paths, secret_key_paths
-from config.loader import LoadedConfig, cached_settings, effective_config_rows, load_settings, refuse_secret_overrides
+from config.loader import cached_settings, effective_config_rows, load_settings, refuse_secret_overrides
 from config.yaml_file import names_secret_blocks
-from config.runtime import apply_prefect_defaults, default_jobs_dir
+from config.runtime import default_jobs_dir
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
-from flows.jobs import (
-    JobFile,
-    current_state,
-    current_states,
-    JobLock,
-    find_job_dir,
-    list_job_dirs,
-    prepare_job,
-    step_file_problems,
-)
-from tasks.core.readable import CLI, duration_text, plain_lines, size_text
-from tasks.core.redaction import RedactingFilter, redact
+from flows.job_state import JobLock, current_state, current_states, find_job_dir, list_jobs
+from flows.jobs import prepare_job, step_file_problems
+from flows.run_logging import job_logging
 from tasks.core.errors import DupflowError, UsageError
+from tasks.core.readable import CLI, duration_text, plain_lines, size_text
+from tasks.core.redaction import redact
+from tasks.core.url_credentials import refuse_credentials_in_url
 from tasks.job.layout import JobPaths, job_tag
 from tasks.job.record import (
     CANCELLED,
@@ -47,12 +40,12 @@ from tasks.job.record import (
     CRASHED,
     FAILED,
     SUSPENDED,
+    Gate,
+    JobRecord,
+    StepRecord,
     counts_text,
-    file_counts,
     read_record,
-    step_results,
 )
-from tasks.core.url_credentials import refuse_credentials_in_url
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -110,22 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_progress_flag(start)
     start.set_defaults(command=cmd_start)
 
-    resume = commands.add_parser("continue", help="resume a paused, failed or interrupted job")
-    resume.add_argument("job", help="job id or job directory")
-    add_jobs_dir_flag(resume)
-    add_progress_flag(resume)
-    resume.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="replace a non-secret key for this job"
-    )
-    in_doubt = resume.add_mutually_exclusive_group()
-    in_doubt.add_argument("--attach", metavar="STATUS_URL", help="follow this extraction (after a submission in doubt)")
-    in_doubt.add_argument(
-        "--resubmit", action="store_true", help="submit the extraction anew (after a submission in doubt)"
-    )
-    resume.add_argument(
-        "--note", default="continued from the command line", help="the inspection note, kept in the job's record"
-    )
-    resume.set_defaults(command=cmd_continue)
+    add_continue_command(commands)
 
     status = commands.add_parser("status", help="show a job's steps, files and state")
     status.add_argument("job", help="job id or job directory")
@@ -150,6 +128,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_continue_command(commands: argparse._SubParsersAction) -> None:
+    resume = commands.add_parser("continue", help="resume a paused, failed or interrupted job")
+    resume.add_argument("job", help="job id or job directory")
+    add_jobs_dir_flag(resume)
+    add_progress_flag(resume)
+    resume.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="replace a non-secret key for this job"
+    )
+    in_doubt = resume.add_mutually_exclusive_group()
+    in_doubt.add_argument("--attach", metavar="STATUS_URL", help="follow this extraction (after a submission in doubt)")
+    in_doubt.add_argument(
+        "--resubmit", action="store_true", help="submit the extraction anew (after a submission in doubt)"
+    )
+    resume.add_argument(
+        "--note", default="continued from the command line", help="the inspection note, kept in the job's record"
+    )
+    resume.set_defaults(command=cmd_continue)
+
+
 def add_override_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", help="import directory (overrides services.local_import.dir)")
     parser.add_argument(
@@ -170,9 +167,6 @@ def add_progress_flag(parser: argparse.ArgumentParser) -> None:
 
 def add_jobs_dir_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs-dir", help="jobs directory (default: jobs_dir of APP_JOBS_DIR, else ./jobs)")
-
-
-# --- configuration ---------------------------------------------------------------------------
 
 
 def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
@@ -197,10 +191,6 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
     return overrides, labels
 
 
-def load(config_path: str | None, overrides: dict[str, str], labels: dict[str, str]) -> LoadedConfig:
-    return load_settings(config_path, overrides=overrides, override_labels=labels)
-
-
 def validate_configuration(config_path: str | None, overrides: dict[str, str], labels: dict[str, str]) -> None:
     """Read and check the configuration before a job exists. The read is the one the job's preparation uses
     (``cached_settings``: same file, same overrides); an invalid configuration is read once more, only to name the
@@ -208,7 +198,7 @@ def validate_configuration(config_path: str | None, overrides: dict[str, str], l
     try:
         cached_settings(config_path, overrides)
     except ConfigError:
-        load(config_path, overrides, labels)
+        load_settings(config_path, overrides=overrides, override_labels=labels)
         raise
 
 
@@ -216,7 +206,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     overrides, labels = overrides_from_flags(args)
     if names_secret_blocks(args.config):
         prefect_server.use_server()  # its Secret blocks are read from the jobs' server
-    loaded = load(args.config, overrides, labels)
+    loaded = load_settings(args.config, overrides=overrides, override_labels=labels)
     if problems := step_file_problems(loaded.settings):
         raise ConfigError(problems)
     rows = effective_config_rows(loaded)
@@ -227,9 +217,6 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     print("configuration OK", file=sys.stderr)
     return EXIT_OK
-
-
-# --- running a job ---------------------------------------------------------------------------
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -263,7 +250,7 @@ def cmd_continue(args: argparse.Namespace) -> int:
 
 def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: dict[str, str]) -> int:
     """The flow does the continuing (gates, a submission in doubt, the earlier flow run); this picks the way in."""
-    job = JobFile.read(paths)
+    job = read_record(paths.job_dir)
     if job.state == SUSPENDED:
         prefect_server.use_server()  # a suspended run is the server's (the record's rule): resumed or cancelled there
     state = current_state(paths, job)
@@ -281,7 +268,7 @@ def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: di
     return run_job(paths, args.no_progress, continuing)
 
 
-def resume_suspended_run(job: JobFile, note: str) -> int:
+def resume_suspended_run(job: JobRecord, note: str) -> int:
     """A deployment run suspended at a wait step is resumed where it is, with the inspection form's answers: a
     worker of its work pool continues it (a local run instead would stop at the same gate again)."""
     from prefect.flow_runs import resume_flow_run
@@ -295,9 +282,11 @@ def resume_suspended_run(job: JobFile, note: str) -> int:
 def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | None = None) -> int:
     """Run the flow in this process and report the outcome in one line; the full trace goes to the job's log.
     ``continuing``: the flow's parameters of a ``continue`` (note, attach, resubmit)."""
-    job = JobFile.read(paths)
-    choose_progress_display(no_progress)
-    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    job = read_record(paths.job_dir)
+    from tasks.streams.progress import use_display
+
+    use_display("none" if no_progress else "bar" if sys.stderr.isatty() else "log")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl+C: a KeyboardInterrupt
     log_file = paths.job_dir / "job.log"
     prefect_server.use_server()
     try:
@@ -309,135 +298,7 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
     return report_outcome(paths, state, log_file)
 
 
-def _raise_keyboard_interrupt(signum: int, frame: Any) -> NoReturn:
-    raise KeyboardInterrupt
-
-
-def choose_progress_display(no_progress: bool) -> None:
-    from tasks.streams.progress import use_display
-
-    use_display("none" if no_progress else "bar" if sys.stderr.isatty() else "log")
-
-
-RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
-FAILED_FINISHES = ("Finished in state Failed", "Finished in state Crashed")
-
-
-class _OneFailureLine(logging.Filter):
-    """The terminal tells a failure once. Prefect logs it at every run it passes (file task, step task, flow run:
-    "failed with exception", "Finished in state Failed", "Encountered exception"); on the console only the first
-    ERROR of a run passes, and no "Finished in state Failed/Crashed" line does. The job log and the UI keep them all."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._shown = False
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.name not in RUN_LOGGERS:
-            return True
-        if record.getMessage().startswith(FAILED_FINISHES):
-            return False
-        if record.levelno < logging.ERROR:
-            return True
-        first, self._shown = not self._shown, True
-        return first
-
-
-class _NoTraceback(logging.Formatter):
-    """Console lines without tracebacks: the terminal gets one line per event (a message logged with
-    ``tasks.core.readable.SHOW_WHOLE``, such as the inspection text at a wait step, all of its lines), the job log the
-    whole story. A run's failure is told in the exception's own words (which carry the hint), not its repr."""
-
-    def __init__(self, wrapped: logging.Formatter | None):
-        super().__init__()
-        self._wrapped = wrapped or logging.Formatter()
-
-    def format(self, record: logging.LogRecord) -> str:
-        saved = record.exc_info, record.exc_text, record.stack_info, record.msg, record.args
-        if record.name in RUN_LOGGERS and record.exc_info and record.exc_info[1] is not None:
-            record.msg, record.args = redact(f"failed: {record.exc_info[1]}"), ()
-        record.exc_info, record.exc_text, record.stack_info = None, None, None
-        try:
-            text = self._wrapped.format(record)
-            return text if getattr(record, "show_whole", False) else text.splitlines()[0]
-        finally:
-            record.exc_info, record.exc_text, record.stack_info, record.msg, record.args = saved
-
-
-class _JobLogFormatter(logging.Formatter):
-    """The job log's lines, each naming the run it comes from as Prefect's console does ("Task run
-    'flatten[a.ndjson]' - ..."), also for dupflow's own loggers called inside a task or flow run."""
-
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    def formatMessage(self, record: logging.LogRecord) -> str:
-        return f"{record.asctime} {record.levelname} {record.name}: {run_label(record)}{record.message}"
-
-
-def run_label(record: logging.LogRecord) -> str:
-    """``Task run 'NAME' - `` or ``Flow run 'NAME' - `` for a record logged in a run (Prefect's run loggers say
-    which; for others the run context of the logging thread does), else nothing."""
-    from prefect.context import FlowRunContext, TaskRunContext
-
-    if task_run := getattr(record, "task_run_name", None):
-        return f"Task run {task_run!r} - "
-    if flow_run := getattr(record, "flow_run_name", None):
-        return f"Flow run {flow_run!r} - "
-    if (task_context := TaskRunContext.get()) is not None:
-        return f"Task run {task_context.task_run.name!r} - "
-    if (flow_context := FlowRunContext.get()) is not None and flow_context.flow_run is not None:
-        return f"Flow run {flow_context.flow_run.name!r} - "
-    return ""
-
-
-class job_logging:
-    """Send every log record (with tracebacks, each line naming its run) to the job's log file, and keep
-    tracebacks and repeats of a failure off the terminal."""
-
-    def __init__(self, log_file: Path):
-        self._file_handler = logging.FileHandler(log_file)
-        self._file_handler.setFormatter(_JobLogFormatter())
-        self._file_handler.addFilter(RedactingFilter())
-        self._patched: list[tuple[logging.Handler, logging.Formatter | None]] = []
-        self._redacting = RedactingFilter()
-        self._one_failure = _OneFailureLine()
-
-    def __enter__(self) -> job_logging:
-        apply_prefect_defaults()
-        import prefect.main  # noqa: F401  (configures Prefect's logging, once per process; patched below)
-
-        for name in ("prefect", "dupflow"):
-            logging.getLogger(name).addHandler(self._file_handler)
-        for handler in _console_handlers():
-            self._patched.append((handler, handler.formatter))
-            handler.setFormatter(_NoTraceback(handler.formatter))
-            handler.addFilter(self._redacting)
-            handler.addFilter(self._one_failure)
-        logging.getLogger("dupflow").setLevel(logging.INFO)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for handler, formatter in self._patched:
-            handler.setFormatter(formatter)
-            handler.removeFilter(self._redacting)
-            handler.removeFilter(self._one_failure)
-        for name in ("prefect", "dupflow"):
-            logging.getLogger(name).removeHandler(self._file_handler)
-        self._file_handler.close()
-
-
-def _console_handlers() -> list[logging.Handler]:
-    """Every stream handler once, though several loggers may hold it (patched twice, it kept the wrapper)."""
-    handlers: dict[logging.Handler, None] = {}
-    for logger in [logging.getLogger(), *(logging.getLogger(n) for n in logging.root.manager.loggerDict)]:
-        for handler in getattr(logger, "handlers", []):
-            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-                handlers[handler] = None
-    return list(handlers)
-
-
-def run_flow(job: JobFile, paths: JobPaths, continuing: dict[str, Any]) -> Any:
+def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any]) -> Any:
     """A new flow run of the job (a ``continue`` too: the flow closes the earlier run that no process carries on)."""
     from prefect import tags
     from prefect.exceptions import TerminationSignal
@@ -461,7 +322,7 @@ def run_flow(job: JobFile, paths: JobPaths, continuing: dict[str, Any]) -> Any:
 
 
 def report_outcome(paths: JobPaths, state: Any, log_file: Path) -> int:
-    job = JobFile.read(paths)
+    job = read_record(paths.job_dir)
     if state.is_completed() or state.is_paused():
         print(f"{job.state}: {job.state_message}" if job.state_message else job.state)
         print(f"job directory: {paths.job_dir}")
@@ -485,61 +346,59 @@ def setting_named_in(message: str) -> str | None:
     return min(named)[1] if named else None
 
 
-# --- reading jobs ----------------------------------------------------------------------------
-
-
 def jobs_dir_for(args: argparse.Namespace) -> Path:
     return Path(args.jobs_dir or default_jobs_dir())
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     paths = JobPaths(find_job_dir(args.job, jobs_dir_for(args)))
-    job = JobFile.read(paths)
-    record = read_record(paths.job_dir)
+    job = read_record(paths.job_dir)
     print(f"job {job.job_id}")
     print(f"  directory: {paths.job_dir}")
     run = f" (flow run {job.flow_run_ids[-1]})" if job.flow_run_ids else ""
     print(f"  state:     {current_state(paths, job)}{run}" + (f" — {job.state_message}" if job.state_message else ""))
     print(f"  created:   {job.created_at}   updated: {job.updated_at}")
     print(f"  input:     {job.job_input or '-'}")
-    for line in plain_lines(dict(sorted((record.get("facts") or {}).items())), "  "):
+    for line in plain_lines(dict(sorted(job.facts.items())), "  "):
         print(line)
-    results = step_results(paths.job_dir)
-    gates = record.get("gates") or {}
     for position, step in enumerate(job.enabled_steps):
-        print_step_status(position, step, results.get(position), gates.get(f"{position:02d}") or {})
+        key = f"{position:02d}"
+        print_step_status(position, step, job.steps.get(key), job.gates.get(key) or Gate())
     return EXIT_OK
 
 
-def print_step_status(position: int, step: str, result: dict[str, Any] | None, gate: dict[str, Any]) -> None:
-    released = f"released ({gate['note']})" if gate.get("note") else "released"
-    if result is None:
-        print(f"  {position + 1}. {step}: " + (released if gate.get("released") else "not finished"))
+def print_step_status(position: int, step: str, result: StepRecord | None, gate: Gate) -> None:
+    released = f"released ({gate.note})" if gate.note else "released"
+    if result is None or result.awaiting:
+        waiting = "awaiting inspection" if result else "not finished"
+        print(f"  {position + 1}. {step}: " + (released if gate.released else waiting))
         return
-    if result.get("awaiting"):
-        print(f"  {position + 1}. {step}: " + (released if gate.get("released") else "awaiting inspection"))
-        return
-    files = result.get("files", [])
-    total = size_text(sum(f["size"] for f in files))
-    took = f", took {duration_text(result['seconds'])}" if result.get("seconds") is not None else ""
-    note = f" (inspection note: {gate['note']})" if gate.get("note") else ""
-    print(f"  {position + 1}. {step}: done, {len(files)} file(s), {total} in {result.get('folder')}{took}{note}")
-    for line in plain_lines(result.get("summary") or {}, "       "):
+    files = result.files
+    total = size_text(sum(f.size for f in files))
+    took = f", took {duration_text(result.seconds)}" if result.seconds is not None else ""
+    note = f" (inspection note: {gate.note})" if gate.note else ""
+    print(f"  {position + 1}. {step}: done, {len(files)} file(s), {total} in {result.folder}{took}{note}")
+    for line in plain_lines(result.summary, "       "):
         print(line)
     for f in files:
-        print(f"       {f['name']}  {size_text(f['size'])}  {counts_text([file_counts(f)])}")
+        print(f"       {f.name}  {size_text(f.size)}  {counts_text([f])}")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    """The jobs, newest first; a job whose record cannot be read is listed as unreadable, with why."""
     jobs_dir = jobs_dir_for(args)
-    job_dirs = list_job_dirs(jobs_dir)
-    if not job_dirs:
+    jobs = list_jobs(jobs_dir)
+    if not jobs:
         print(f"no jobs in {jobs_dir.resolve()}")
         return EXIT_OK
-    jobs = [(JobPaths(job_dir), JobFile.read(JobPaths(job_dir))) for job_dir in job_dirs]
+    readable = [(paths, job) for paths, job in jobs if isinstance(job, JobRecord)]
+    states = dict(zip((paths for paths, _ in readable), current_states(readable), strict=True))
     print(f"{'JOB':<36}  {'STATE':<18}  {'AGE':>8}  INPUT")
-    for (_, job), state in zip(jobs, current_states(jobs), strict=True):
-        print(f"{job.job_id}  {state:<18}  {extraction_cli.age(job.created_at):>8}  {job.job_input or ''}")
+    for paths, job in jobs:
+        if isinstance(job, JobRecord):
+            print(f"{job.job_id}  {states[paths]:<18}  {extraction_cli.age(job.created_at):>8}  {job.job_input or ''}")
+        else:
+            print(f"{paths.job_id:<36}  {'unreadable':<18}  {'-':>8}  {job}")
     return EXIT_OK
 
 

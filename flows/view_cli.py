@@ -1,15 +1,11 @@
 """``view run VIEW.json RESOURCES.ndjson [--format ndjson|csv|parquet]``: run one SQL-on-FHIR ViewDefinition by hand.
 
-For people who write or check views (for example the ones a flattening job saves in ``viewdefinitions/``): the
-embedded engine runs over the resources (plain or zstd NDJSON; Bundles are opened into their entries) and the
-rows are printed, as NDJSON (one object per row keyed by column name, values as the engine produced them), as
-the flattening step's CSV, or as the Parquet the step writes beside it (``tasks.sof.parquet``: the CSV is written
-to a temporary folder, converted, and the Parquet copied to the standard output, which must then be a file or a
-pipe, not a terminal). An invalid ViewDefinition exits 2 with the reason, and so does a VIEW.json larger than
-MAX_VIEW_BYTES or nested deeper than ``tasks.core.jsonfile.MAX_JSON_DEPTH``; Ctrl+C exits 130 with one line, after the
-last complete row (for Parquet: before its copy to the standard output starts, else part of it has been written).
-Prefect is not started (or imported).
-"""
+For people who write or check views (such as those a flattening job saves in ``viewdefinitions/``): the embedded
+engine runs over the resources (plain or zstd NDJSON; Bundles are opened into their entries) and prints the rows
+as NDJSON (one object per row keyed by column name), as the flattening step's CSV, or as its Parquet (the CSV
+converted in a temporary folder, then copied to the standard output, which must be a file or a pipe). An invalid
+ViewDefinition exits 2 with the reason, and so does a VIEW.json larger than MAX_VIEW_BYTES or nested too deeply;
+Ctrl+C exits 130 with one line, after the last complete row (for Parquet: before its copy starts). No Prefect."""
 
 from __future__ import annotations
 

@@ -17,10 +17,11 @@ import pytest
 import zstandard
 
 from flows.run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
-from tasks.job.record import read_facts, step_results
+from tasks.job.record import read_facts
 from tests.conftest import TESTDATA, complete_results, run_cli
 from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
 from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
+from tests.test_record import step_results
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 

@@ -12,9 +12,9 @@ import polars
 import pytest
 
 from flows.run import EXIT_OK, main
-from tasks.job.record import step_results
 from tasks.sof.output import cell
 from tests.conftest import TESTDATA
+from tests.test_record import step_results
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 

@@ -9,9 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.jobs import JobFile, JobLock
+from flows.job_state import JobLock
 from flows.run import EXIT_OK, EXIT_USAGE, main
 from tasks.job.layout import JobPaths
+from tasks.job.record import JobRecord, changing_record
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
@@ -51,7 +52,8 @@ def made_old(job_dir: Path) -> Path:
 def recorded_job(jobs_dir: Path, job_id: str, state: str) -> Path:
     """A job known only by its record, last changed long ago (no flow runs)."""
     paths = JobPaths(jobs_dir / job_id)
-    JobFile(job_id, None, None, {}, ["local_import"], state=state).create(paths)
+    with changing_record(paths.job_dir, new=JobRecord(job_id=job_id, enabled_steps=["local_import"], state=state)):
+        pass
     return made_old(paths.job_dir)
 
 

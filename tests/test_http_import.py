@@ -9,10 +9,10 @@ import pytest
 import zstandard
 
 from flows.run import EXIT_FAILED, EXIT_OK, main
-from tasks.job.record import step_results
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.test_job_cli import job_file, only_job_dir
+from tests.test_record import step_results
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 

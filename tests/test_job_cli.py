@@ -191,6 +191,19 @@ def paused_again(flow_run_id: str) -> bool:
     return history[-3:] == [awaiting, ("RUNNING", "Running"), awaiting]
 
 
+def test_a_job_recorded_without_a_version_by_the_dupflow_before_the_typed_record_resumes(tmp_path, job_config):
+    """Its job.json is version 1 (no ``version``, written by ``json.dumps``): read as it is, resumed, written as 2."""
+    source = source_dir(tmp_path, {"a.ndjson": 3})
+    assert main(["start", str(job_config(["local_import", "wait"])), str(source), "--no-progress"]) == EXIT_OK
+    job_dir = only_job_dir(tmp_path / "jobs")
+    record = job_file(job_dir)
+    del record["version"]
+    (job_dir / "job.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    assert main(["continue", str(job_dir), "--no-progress", "--note", "old record"]) == EXIT_OK
+    record = job_file(job_dir)
+    assert record["version"] == 2 and record["state"] == "Completed" and record["gates"]["01"]["note"] == "old record"
+
+
 def test_continue_from_another_directory_works_on_the_same_job_and_files(tmp_path, write_config):
     first, elsewhere = tmp_path / "first", tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -407,14 +420,13 @@ def test_an_unknown_job_names_the_absolute_jobs_directory_and_the_flag(tmp_path,
 
 
 def test_list_piped_into_head_ends_quietly(tmp_path):
-    from flows.jobs import JobFile
-    from tasks.job.layout import JobPaths
+    from tasks.job.record import JobRecord, changing_record
 
     for number in range(3000):  # more than a pipe holds, so head goes away while list is still writing
         job_id = f"00000000-0000-0000-0000-{number:012d}"
-        JobFile(job_id, None, f"/data/{number}", {}, ["local_import"], state="Completed").create(
-            JobPaths(tmp_path / "jobs" / job_id)
-        )
+        job = JobRecord(job_id=job_id, job_input=f"/data/{number}", enabled_steps=["local_import"], state="Completed")
+        with changing_record(tmp_path / "jobs" / job_id, new=job):
+            pass
     piped = subprocess.run(
         f"{sys.executable} -m flows.run list --jobs-dir {tmp_path / 'jobs'} | head -2",
         shell=True,

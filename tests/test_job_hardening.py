@@ -143,7 +143,7 @@ def test_a_second_continue_on_a_running_job_is_refused_with_exit_2_and_records_n
     job_dir = only_job_dir(tmp_path / "jobs")
     before = job_file(job_dir)
 
-    from flows.jobs import JobLock
+    from flows.job_state import JobLock
     from tasks.job.layout import JobPaths
 
     with JobLock(JobPaths(job_dir)):  # another process is working on the job

@@ -246,7 +246,7 @@ def artifact_updates(api_url: str, artifact_id: str, until, timeout: float = 30.
 
 
 def test_a_failure_cause_in_the_record_is_one_line_with_secrets_redacted():
-    from flows.pipeline import one_line
+    from flows.job_card import one_line
     from tasks.core.redaction import register_secret
 
     register_secret("record-secret-4711")

@@ -1,25 +1,37 @@
 """The job's one record (``tasks.job.record``): no update is lost to another thread or process, the one rule that
-settles Prefect vs the file, gates with their notes, and the job lock that tells its holder in this process."""
+settles Prefect vs the file, gates with their notes, the job lock that tells its holder in this process, and a
+``job.json`` that is no job record: one line naming the file, exit 2, for ``status`` and ``continue``; ``list``
+and ``prune`` go on with the other jobs."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
-from flows.jobs import JobLock
-from tasks.job.contract import DataFile, count_text
+import pytest
+
+from flows import housekeeping
+from flows.job_state import JobLock
+from flows.run import EXIT_OK, EXIT_USAGE, main
+from tasks.job.contract import DataFile
 from tasks.job.layout import JobPaths
 from tasks.job.record import (
     AWAITING_INSPECTION,
     COMPLETED,
     CRASHED,
+    MAX_RECORD_BYTES,
     RUNNING,
     SUSPENDED,
+    FileEntry,
+    JobRecord,
+    StepRecord,
+    changing_record,
     counts_text,
-    file_counts,
     gate,
     mark_gate_paused,
     read_facts,
@@ -29,11 +41,15 @@ from tasks.job.record import (
     record_step,
     release_awaiting_gates,
     settled_state,
-    step_results,
 )
 from tests.conftest import REPO_ROOT
 
 WRITERS, FACTS_EACH = 4, 25
+
+
+def step_results(job_dir: Path) -> dict[int, dict[str, Any]]:
+    """The recorded step results by position, as ``job.json`` holds them (none before the job has a record)."""
+    return {int(key): step.model_dump(mode="json") for key, step in read_record(job_dir).steps.items()}
 
 
 def record_many(job_dir: str, writer: str) -> None:
@@ -53,7 +69,7 @@ def test_facts_from_threads_and_processes_at_once_are_all_kept(tmp_path):
     assert all(process.exitcode == 0 for process in processes)
 
     assert len(read_facts(tmp_path)) == 2 * WRITERS * FACTS_EACH
-    assert read_record(tmp_path)["state"] == RUNNING and read_record(tmp_path)["flow_run_ids"] == ["run-1"]
+    assert read_record(tmp_path).state == RUNNING and read_record(tmp_path).flow_run_ids == ["run-1"]
 
 
 def test_a_fact_set_to_none_is_removed_and_the_others_are_kept(tmp_path):
@@ -82,9 +98,12 @@ def test_a_gate_publishes_once_and_continue_releases_it_with_its_note(tmp_path):
 
 def test_a_step_recorded_again_forgets_the_steps_after_it(tmp_path):
     for position in range(3):
-        record_step(tmp_path, position, {"step": f"s{position}"})
-    record_step(tmp_path, 1, {"step": "s1", "folder": "import_wait"})
-    assert step_results(tmp_path) == {0: {"step": "s0"}, 1: {"step": "s1", "folder": "import_wait"}}
+        record_step(tmp_path, StepRecord(step=f"s{position}", position=position, folder="import"))
+    record_step(tmp_path, StepRecord(step="s1", position=1, folder="import_wait"))
+    assert {position: result["folder"] for position, result in step_results(tmp_path).items()} == {
+        0: "import",
+        1: "import_wait",
+    }
 
 
 def test_the_job_lock_is_taken_again_by_its_holder_and_refused_to_another_process(tmp_path):
@@ -93,7 +112,7 @@ def test_the_job_lock_is_taken_again_by_its_holder_and_refused_to_another_proces
         with JobLock(paths):  # the same process (continue, then its flow): owns nothing, releases nothing
             pass
         take = (
-            "from pathlib import Path; from flows.jobs import JobLock; from tasks.job.layout import JobPaths; "
+            "from pathlib import Path; from flows.job_state import JobLock; from tasks.job.layout import JobPaths; "
             f"JobLock(JobPaths(Path({str(paths.job_dir)!r}))).acquire()"
         )
         other = subprocess.run(
@@ -109,19 +128,92 @@ def test_the_job_lock_is_taken_again_by_its_holder_and_refused_to_another_proces
 
 
 def test_counts_say_bundles_and_resources_apart():
-    bundles = {"name": "batch.ndjson.zst", "resources": 2, "bundles": 2, "bundled": 19}
-    bare = {"name": "core.ndjson", "resources": 12, "bundles": 0, "bundled": 0}
-    mixed = {"name": "mixed.ndjson", "resources": 5, "bundles": 2, "bundled": 19}
-    csv = {"name": "Patient.csv", "resources": 4}
-    assert counts_text([file_counts(bundles)]) == "2 Bundles holding 19 resources"
-    assert counts_text([file_counts(bare)]) == "12 resources"
-    assert counts_text([file_counts(mixed)]) == "3 resources, 2 Bundles holding 19 resources"
-    assert counts_text(map(file_counts, [bundles, bare, csv])) == "12 resources, 2 Bundles holding 19 resources, 4 rows"
+    bundles = FileEntry(name="batch.ndjson.zst", size=1, resources=2, bundles=2, bundled=19)
+    bare = FileEntry(name="core.ndjson", size=1, resources=12, bundles=0, bundled=0)
+    mixed = FileEntry(name="mixed.ndjson", size=1, resources=5, bundles=2, bundled=19)
+    csv = FileEntry(name="Patient.csv", size=1, resources=4)
+    assert counts_text([bundles]) == "2 Bundles holding 19 resources"
+    assert counts_text([bare]) == "12 resources"
+    assert counts_text([mixed]) == "3 resources, 2 Bundles holding 19 resources"
+    assert counts_text([bundles, bare, csv]) == "12 resources, 2 Bundles holding 19 resources, 4 rows"
     assert counts_text([]) == "0 resources"
 
 
 def test_an_older_record_without_bundle_counts_shows_its_lines():
     """A job recorded before Bundles were counted: its lines may be Bundles or resources, so they are lines."""
     old = {"name": "batch.ndjson", "size": 10, "resources": 2}
-    assert counts_text([file_counts(old), file_counts({"name": "Patient.csv", "resources": 4})]) == "2 lines, 4 rows"
-    assert count_text([DataFile.model_validate(old)]) == "2 lines"  # an older cached result loads as it was
+    csv = FileEntry(name="Patient.csv", size=1, resources=4)
+    assert counts_text([FileEntry.model_validate(old), csv]) == "2 lines, 4 rows"
+    assert counts_text([DataFile.model_validate(old)]) == "2 lines"  # an older cached result loads as it was
+
+
+# --- a job.json that is no job record ---------------------------------------------------------------------------
+
+JOB_ID = "00000000-0000-0000-0000-000000000001"
+GOOD_ID = "00000000-0000-0000-0000-000000000002"
+VALID = {"job_id": JOB_ID, "enabled_steps": ["local_import"], "created_at": "2026-01-01T00:00:00+00:00"}
+
+
+HOSTILE = {
+    "truncated": (json.dumps(VALID)[:25].encode(), "is not valid JSON"),
+    "empty": (b"", "is not valid JSON"),
+    "binary": (bytes(range(128, 256)) * 8, "is not UTF-8 text"),
+    "NUL bytes": (b"\0" * 64, "is not valid JSON"),
+    "a list": (b"[]", "is no job record (expected a JSON object)"),
+    "an empty object": (b"{}", "is no job record (job_id: Field required"),
+    "deeply nested": (b'{"facts": {"x": ' + b"[" * 5000 + b"]" * 5000 + b"}}", "is nested too deeply"),
+    "wrong types": (json.dumps({**VALID, "steps": {"00": {"files": 3}}}).encode(), "steps.00.step: Field required"),
+    "a wrong time": (json.dumps({**VALID, "created_at": "yesterday"}).encode(), "created_at: Value error"),
+    "a step key that is no position": (json.dumps({**VALID, "gates": {"x\n1": {}}}).encode(), "gates.x\\n1.[key]"),
+    "a newer version": (json.dumps({**VALID, "version": 99}).encode(), "has version 99; this dupflow reads versions"),
+    "300 MB": (None, f"is larger than {MAX_RECORD_BYTES // 2**20} MB"),
+}
+
+
+def write_hostile(jobs_dir: Path, job_id: str, content: bytes | None) -> Path:
+    job_file = jobs_dir / job_id / "job.json"
+    job_file.parent.mkdir(parents=True)
+    if content is None:
+        with open(job_file, "wb") as file:
+            file.truncate(300 * 2**20)  # sparse: 300 MB that take no disk
+    else:
+        job_file.write_bytes(content)
+    return job_file
+
+
+@pytest.mark.parametrize("command", ["status", "continue"])
+@pytest.mark.parametrize("content,problem", HOSTILE.values(), ids=HOSTILE.keys())
+def test_a_hostile_job_json_is_one_line_naming_the_file_and_exit_2(tmp_path, capsys, command, content, problem):
+    job_file = write_hostile(tmp_path / "jobs", JOB_ID, content)
+    assert main([command, JOB_ID, "--jobs-dir", str(tmp_path / "jobs")]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: the job record {job_file} ") and problem in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("content,problem", HOSTILE.values(), ids=HOSTILE.keys())
+def test_list_shows_a_hostile_job_as_unreadable_and_prune_skips_it(tmp_path, capsys, monkeypatch, content, problem):
+    jobs_dir = tmp_path / "jobs"
+    write_hostile(jobs_dir, JOB_ID, content)
+    with changing_record(jobs_dir / GOOD_ID, new=JobRecord(job_id=GOOD_ID, job_input="/data", state=COMPLETED)):
+        pass
+    assert main(["list", "--jobs-dir", str(jobs_dir)]) == EXIT_OK
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[1].startswith(f"{GOOD_ID}  Completed") and listed[1].endswith("/data"), listed
+    assert listed[2].startswith(f"{JOB_ID}  unreadable") and problem in listed[2], listed
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setattr(housekeeping, "local_server_has_jobs", lambda: False)
+    assert main(["prune", "--jobs-dir", str(jobs_dir)]) == EXIT_OK
+    pruned = capsys.readouterr().out
+    assert f"kept {JOB_ID}: its job.json cannot be read (look at it yourself): the job record" in pruned, pruned
+    assert problem in pruned and f"{GOOD_ID}  Completed" in pruned, pruned
+
+
+def test_a_record_without_version_is_read_as_version_1_and_written_back_as_the_current_one(tmp_path):
+    (tmp_path / "job.json").write_text(json.dumps({**VALID, "state": COMPLETED, "gates": {"01": {"released": True}}}))
+    assert read_record(tmp_path).state == COMPLETED and gate(tmp_path, 1) == {
+        "released": True,
+        "unconfirmed_resumes": 0,
+    }
+    record_facts(tmp_path, crtdl_path="/c.json")
+    assert json.loads((tmp_path / "job.json").read_text())["version"] == 2

@@ -1,22 +1,19 @@
 """The step contract: what a step task receives, what it returns, and how its result is cached.
 
 A step is a Prefect task declared with ``@step_task``; its one parameter is a ``StepInput``: small, serializable
-and secret-free (job id and directory, the step's position, its input folder and files, the job's facts, and
-where its settings come from: the configuration file and the non-secret overrides). The task loads the settings
-itself (``settings_of``), so no secret is ever a task parameter, and returns a ``StepResult``. Per-file sub-tasks
-are declared with ``@file_task`` and take the ``StepInput`` plus small values (names, paths, digests); they are
-called through ``commit_each`` so each finished file is recorded at once.
+and secret-free (job id and directory, position, input folder and files, the job's facts, the configuration file
+and the non-secret overrides). The task loads the settings itself (``settings_of``), so no secret is ever a task
+parameter, and returns a ``StepResult``. Per-file sub-tasks (``@file_task``) take the ``StepInput`` plus small
+values and are called through ``commit_each``, so each finished file is recorded at once.
 
-Caching (resume): the cache key of every step and file task is the path of its result inside the job directory,
-``<job dir>/.prefect/results/<job id>-<NN>-<step>-<task>-<digest of the inputs>``, declared once on the
-decorators below. A re-run with the same job gets every finished step and file back from there.
+Caching (resume): every step and file task's cache key is the path of its result in the job directory,
+``<job dir>/.prefect/results/<job id>-<NN>-<step>-<task>-<digest of the inputs>``: a re-run of the job gets every
+finished step and file back from there.
 
-Step kinds (``StepKind``) tell the flow where the next step's input comes from:
-``import`` writes ``import/``; ``transform`` reads its input and writes its own folder, which the next step reads;
-``pass-through`` (validation) and ``sink`` (send) read their input and write reports, and the next step reads
-what they read; ``gate`` (wait) pauses, and afterwards the next step reads ``<input folder>_wait/`` when it holds
-data, else the gate's input.
-"""
+Step kinds (``StepKind``) tell the flow where the next step's input comes from: ``import`` writes ``import/``;
+``transform`` writes its own folder, which the next step reads; ``pass-through`` (validation) and ``sink`` (send)
+write reports, and the next step reads what they read; after a ``gate`` (wait) the next step reads
+``<input folder>_wait/`` when it holds data, else the gate's input."""
 
 from __future__ import annotations
 
@@ -40,7 +37,7 @@ from config.settings import Settings
 from tasks.job.layout import JobPaths, step_artifact_key, step_folder
 from tasks.streams.progress import StepWork, step_progress
 from tasks.streams.ndjson import FileStats
-from tasks.job.record import counts_text, file_counts, record_facts
+from tasks.job.record import FileEntry, StepRecord, record_facts
 
 R = TypeVar("R")
 C = TypeVar("C", bound=Callable[..., Any])
@@ -54,19 +51,13 @@ class StepKind(StrEnum):
     SINK = "sink"
 
 
-class DataFile(BaseModel):
+class DataFile(FileEntry):
     """One data file of a step's folder: its name, bytes on disk, and what it holds (``resources``): an NDJSON
     file's lines, each a FHIR resource (a Bundle counts as one), or a CSV file's rows (``counts`` says which).
     Of an NDJSON file's lines, ``bundles`` are Bundles holding ``bundled`` resources; None when the file was
     counted before Bundles were (an older job's result: its lines are shown as lines)."""
 
     model_config = ConfigDict(frozen=True)
-
-    name: str
-    size: int
-    resources: int
-    bundles: int | None = None
-    bundled: int = 0
 
     @classmethod
     def written(cls, name: str, stats: FileStats) -> DataFile:
@@ -76,17 +67,6 @@ class DataFile(BaseModel):
     @property
     def core(self) -> bool:
         return self.name.startswith("core.")
-
-    @property
-    def counts(self) -> dict[str, int]:
-        """What the file holds, by unit (``tasks.job.record.file_counts``)."""
-        return file_counts(self.model_dump())
-
-
-def count_text(files: list[DataFile]) -> str:
-    """What the files hold in words: ``12 resources``, ``2 Bundles holding 19 resources``, ``4 rows``, or several
-    for a mixed folder (``tasks.job.record.counts_text``)."""
-    return counts_text(file.counts for file in files)
 
 
 class StepInput(BaseModel):
@@ -157,7 +137,7 @@ class StepInput(BaseModel):
         return self.model_dump(mode="json", exclude={"job_dir", "facts", "config_path", "overrides"})
 
 
-class StepResult(BaseModel):
+class StepResult(StepRecord):
     """What a step task returns: the folder it wrote, its files, and counts for the job record and artifacts.
 
     ``seconds`` is the wall time of the run that made the result (set by ``step_task``; kept when the result
@@ -165,14 +145,7 @@ class StepResult(BaseModel):
     this run got the result from the cache.
     """
 
-    step: str
-    position: int
-    folder: str
     files: list[DataFile] = Field(default_factory=list)
-    summary: dict[str, Any] = Field(default_factory=dict)
-    awaiting: bool = False
-    seconds: float | None = None
-    cached: bool = False
 
     @property
     def resources(self) -> int:
@@ -183,16 +156,10 @@ class StepResult(BaseModel):
         return sum(f.size for f in self.files)
 
 
-# --- settings inside a task ------------------------------------------------------------------------------------
-
-
 def settings_of(step: StepInput) -> Settings:
     """The job's settings, loaded where the step runs (the flow's process or a Dask worker) from the configuration
     the step names; cached per secret-free identity, so secrets never travel as task parameters."""
     return cached_settings(step.config_path, step.overrides)
-
-
-# --- caching ---------------------------------------------------------------------------------------------------
 
 
 def digest(value: Any) -> str:

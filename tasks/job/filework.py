@@ -1,20 +1,16 @@
 """Per-file work of a step: one ``file_task`` run per file (or batch), bounded, each committed as it finishes.
 
-Every step fans its per-file work out through ``map_files``, so where that work runs is decided in one place, by
-the flow run's task runner: ``file_runner`` enters the one the job chose (``pipeline.task_runner``) for the run.
+Every step fans its per-file work out through ``map_files``; ``file_runner`` enters the task runner the job chose
+(``pipeline.task_runner``) for the flow run:
 
-- ``dask``: a ``DaskTaskRunner`` becomes the flow run's task runner, and each file is ``file_task.submit``-ted to
-  it: one task run per file on the cluster's worker processes, each a top-level transaction of its own, so its
-  result is committed in the job directory when it finishes. Every submitted file runs to its end.
-- ``in_process``: threads of the flow's process (``tasks.streams.fanout.run_bounded``), one file at a time in the
-  caller's thread. Not Prefect's ``ThreadPoolTaskRunner``, although it is as fast
-  (``tests/benchmarks/bench_fanout.py``): its threads are joined when it closes and when the interpreter exits, so a
-  file stalled in a read (a download whose server stopped sending) would hold Ctrl+C or SIGTERM for up to its stall
-  timeout; ``run_bounded``'s daemon threads are let go after a short grace. No file starts after one has failed: the
-  first failure is every unstarted file's outcome, so a caller keeps every file that finished and raises the first
-  failure with ``tasks.streams.fanout.results_or_raise`` (a service that is down is not retried once per file). Each
-  finished file is committed at once (``commit_each``): a killed run keeps every finished file either way.
-"""
+- ``dask``: each file is ``file_task.submit``-ted to a ``DaskTaskRunner``: one task run per file on the cluster's
+  worker processes, each a top-level transaction committed when it finishes. Every submitted file runs to its end.
+- ``in_process``: threads of the flow's process (``tasks.streams.fanout.run_bounded``). Not Prefect's
+  ``ThreadPoolTaskRunner``, although as fast (``tests/benchmarks/bench_fanout.py``): it joins its threads on close
+  and at exit, so a file stalled in a read would hold Ctrl+C or SIGTERM for up to its stall timeout; ``run_bounded``'s
+  daemon threads are let go after a short grace. No file starts after one has failed: the caller keeps every file
+  that finished and raises the first failure (``tasks.streams.fanout.results_or_raise``), so a service that is
+  down is not retried once per file. Each finished file is committed at once (``commit_each``)."""
 
 from __future__ import annotations
 
@@ -96,9 +92,6 @@ def map_on_flow_runner(file_task: Any, arguments: Sequence[tuple[Any, ...]]) -> 
         except Exception as exc:  # kept for the caller, which decides what to raise
             outcomes.append(exc)
     return outcomes
-
-
-# --- the runner of one flow run -------------------------------------------------------------------------------
 
 
 @contextmanager

@@ -1,17 +1,8 @@
 """The job's own file, ``job.json``: what Prefect cannot hold durably, in one file behind this one module.
 
 Prefect's flow-run and task-run states (with the cached results in ``.prefect/results/``) say what ran; the
-job-record artifact is their picture. ``job.json`` keeps what must survive a lost or changed server, and is what
-``status``, ``list``, the job-record artifact, the ``wait`` gate and ``continue`` all read:
-
-- the frozen inputs (``job_id``, ``config_path``, ``job_input``, ``overrides``, ``enabled_steps``, ``created_at``);
-- the job's state: that of its latest flow run (``state``, ``state_message``, ``flow_run_ids``), written by the
-  flow itself at every transition (started, awaiting inspection, suspended, ended) and by nothing else;
-- ``facts``: what the job learned that later steps and people need (the effective CRTDL, the extraction handle
-  and a submission in flight), merged key by key the moment they are known;
-- ``steps``: per position (``"00"``, ``"01"``, …) the finished step's result as the flow saw it;
-- ``gates``: per wait-step position, when the gate paused the job, resumes without confirmation, and its release
-  with the inspection note.
+job-record artifact is their picture. ``job.json`` (``JobRecord``) keeps what must survive a lost or changed
+server, and is what ``status``, ``list``, the job-record artifact, the ``wait`` gate and ``continue`` all read.
 
 **The one rule (Prefect vs this file).** The file is the job's state; the server shows it. When they disagree,
 the file wins, corrected by the job's lock: a file that says Running while no process holds the lock is
@@ -20,33 +11,38 @@ form, with no process of ours behind it) defers to the server's state of that fl
 sees it resumed or cancelled. A UI Resume of a *local* paused run therefore changes nothing: no process runs it;
 the job stays AwaitingInspection until ``continue``, whose flow run closes the old run as ``Continued``.
 
-Not in it, on purpose: a step's working files inside its own folder (``send/progress/<file>.json``, the S3
-upload manifest, the flattening's ``.parts``) say how far the step got *within* a file, so that a resumed step never
-repeats work a server already did; they never decide whether a step is done (Prefect's cached result and this
-file's ``steps`` do).
+Not in it, on purpose: a step's working files in its own folder (``send/progress/<file>.json``, the S3 upload
+manifest, the flattening's ``.parts``) say how far the step got *within* a file; they never decide whether a step
+is done (Prefect's cached result and this file's ``steps`` do).
 
-Every write is a read-modify-write under a lock (a thread lock, and an ``flock`` on ``.job.json.lock`` beside the
-file for other processes), written atomically (temporary name, fsync, rename), so readers never lock. Job
-directories of older versions (``facts.json``, ``steps/``, ``wait-NN`` markers) are not migrated: finish or
-discard them with the version that made them. Import-light on purpose (no Prefect): ``status`` and ``list`` use it.
+``JobRecord`` (``version`` SCHEMA_VERSION; a file without one is version 1: the same fields) is validated when
+read: a file that is no job record (not JSON, too large or deep, wrong types, another version) is a
+``RecordError``, one line naming the file and the problem. Every write goes through ``changing_record``: read,
+change, write once, under a thread lock and an ``flock`` on ``.job.json.lock``, atomically (temporary name,
+fsync, rename), so readers never lock. Older layouts (``facts.json``, ``steps/``, ``wait-NN`` markers) are not
+migrated. Import-light on purpose (no Prefect): ``status`` and ``list`` use it.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import AfterValidator, BaseModel, Field, StringConstraints, ValidationError
+
+from tasks.core.errors import JobError
+from tasks.core.jsonfile import MB, JsonFileError, read_json_file
 from tasks.job.layout import JobPaths
-
 from tasks.streams.files import exclusive_lock, write_file_atomically
 
 WRITE_LOCK_FILE = ".job.json.lock"
+SCHEMA_VERSION = 2  # version 1: the same fields without ``version`` (dupflow before the typed record)
+MAX_RECORD_BYTES = 64 * MB  # the record of 8 steps with 50,000 files each is some 40 MB
 
 # Job states: Prefect's state names, the same in every view (CLI with or without a server, job.json, README).
 RUNNING, COMPLETED, FAILED, CRASHED, CANCELLED = "Running", "Completed", "Failed", "Crashed", "Cancelled"
@@ -62,69 +58,161 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-# --- reading and writing the file ------------------------------------------------------------------------------
+def _iso_time(text: str) -> str:
+    datetime.fromisoformat(text)  # a ValueError is the validation error
+    return text
 
 
-def read_record(job_dir: Path) -> dict[str, Any]:
-    """The whole record; empty when the job has none (yet)."""
+Timestamp = Annotated[str, AfterValidator(_iso_time)]
+PositionKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{2,4}$")]  # "00", "01", … (``position_key``)
+
+
+class RecordError(JobError):
+    """A ``job.json`` that cannot be read as a job record; the message names the file and the problem."""
+
+
+class FileEntry(BaseModel):
+    """A data file of a step's folder as the record keeps it (``tasks.job.contract.DataFile`` is one)."""
+
+    name: str
+    size: int
+    resources: int
+    bundles: int | None = None
+    bundled: int = 0
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """What the file holds, by unit: ``rows`` of a CSV file, ``Parquet rows`` of a Parquet file (never added to
+        the CSVs'); of an NDJSON file its bare ``resources`` and its ``Bundles`` holding ``bundled`` resources, or
+        only ``lines`` when it was counted before Bundles were (its lines may be Bundles or resources)."""
+        if self.name.endswith(".parquet"):
+            return {"Parquet rows": self.resources}
+        if self.name.endswith(".csv"):
+            return {"rows": self.resources}
+        if self.bundles is None:
+            return {"lines": self.resources}
+        return {"resources": self.resources - self.bundles, "Bundles": self.bundles, "bundled": self.bundled}
+
+
+class StepRecord(BaseModel):
+    """A finished (or awaiting) step as the flow saw it (``tasks.job.contract.StepResult`` is one)."""
+
+    step: str
+    position: int
+    folder: str
+    files: list[FileEntry] = Field(default_factory=list)
+    summary: dict[str, Any] = Field(default_factory=dict)
+    awaiting: bool = False
+    seconds: float | None = None
+    cached: bool = False
+
+
+class Gate(BaseModel):
+    """A wait step's gate: when it paused the job, its release with the note, and the resumes without confirmation."""
+
+    paused_at: Timestamp | None = None
+    released: bool = False
+    released_at: Timestamp | None = None
+    note: str | None = None
+    unconfirmed_resumes: int = 0
+
+    def release(self, note: str) -> None:
+        self.released, self.released_at, self.note = True, now_iso(), note
+
+
+class JobRecord(BaseModel):
+    """``job.json``: the frozen inputs (``job_id`` to ``created_at``); the state of the job's latest flow run,
+    written by the flow itself at every transition and by nothing else; ``facts``, what the job learned that later
+    steps and people need (the effective CRTDL, the extraction handle, a submission in flight), merged key by key
+    the moment they are known; ``steps`` and ``gates`` by position (``"00"``, ``"01"``, …)."""
+
+    version: int = SCHEMA_VERSION
+    job_id: str
+    config_path: str | None = None
+    job_input: str | None = None
+    overrides: dict[str, str] = Field(default_factory=dict)
+    enabled_steps: list[str] = Field(default_factory=list)
+    created_at: Timestamp = Field(default_factory=now_iso)
+    updated_at: Timestamp = Field(default_factory=now_iso)
+    state: str = PENDING
+    state_message: str = ""
+    flow_run_ids: list[str] = Field(default_factory=list)
+    facts: dict[str, Any] = Field(default_factory=dict)
+    steps: dict[PositionKey, StepRecord] = Field(default_factory=dict)
+    gates: dict[PositionKey, Gate] = Field(default_factory=dict)
+
+    def gate(self, position: int) -> Gate:
+        """The gate at ``position``; one that has not paused the job yet is added (written by a change only)."""
+        return self.gates.setdefault(position_key(position), Gate())
+
+
+def position_key(position: int) -> str:
+    return f"{position:02d}"
+
+
+def read_record(job_dir: Path, new: JobRecord | None = None) -> JobRecord:
+    """The job's record, validated, ``RecordError`` (one line) when it is no job record; a job without one yet has
+    ``new`` (an empty one)."""
+    paths = JobPaths(job_dir)
+    path, label = paths.job_file, f"the job record {paths.job_file}"
+    if not path.exists():
+        return new or JobRecord(job_id=paths.job_id)
     try:
-        return json.loads(JobPaths(job_dir).job_file.read_text())
-    except FileNotFoundError:
-        return {}
+        document = read_json_file(path, MAX_RECORD_BYTES, label)
+    except JsonFileError as exc:
+        raise RecordError(str(exc)) from None
+    version = document.get("version", 1) if isinstance(document, dict) else SCHEMA_VERSION
+    if version not in (1, SCHEMA_VERSION):
+        raise RecordError(
+            f"{label} has version {repr(version)[:20]}; this dupflow reads versions 1 to {SCHEMA_VERSION}: finish "
+            "the job with the dupflow that made it"
+        )
+    try:
+        return JobRecord.model_validate({**document, "version": SCHEMA_VERSION})
+    except (ValidationError, TypeError) as exc:
+        raise RecordError(f"{label} is no job record ({validation_problem(exc)}); fix or remove it") from None
 
 
-def update_record(job_dir: Path, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    """Apply ``change`` to the record in place and write it back, as one step against every other writer."""
-    with _write_lock(job_dir):
-        record = read_record(job_dir)
-        change(record)
-        record["updated_at"] = now_iso()
-        write_file_atomically(JobPaths(job_dir).job_file, (json.dumps(record, indent=2, default=str) + "\n").encode())
-        return record
+def validation_problem(exc: Exception) -> str:
+    """The first problem pydantic found, in one line: where in the file, and what."""
+    if not isinstance(exc, ValidationError):
+        return "expected a JSON object"
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"]) or "the top level"
+    more = f", and {exc.error_count() - 1} more" if exc.error_count() > 1 else ""
+    return f"{repr(where[:120])[1:-1]}: {first['msg']}{more}"
 
 
 @contextmanager
-def _write_lock(job_dir: Path) -> Iterator[None]:
+def changing_record(job_dir: Path, new: JobRecord | None = None) -> Iterator[JobRecord]:
+    """The record to change in place, written once when the block ends (not when it raises), as one step against
+    every other writer; a job without a record yet starts with ``new`` (an empty one)."""
     with _thread_lock:
         job_dir.mkdir(parents=True, exist_ok=True)
         with exclusive_lock(job_dir / WRITE_LOCK_FILE):
-            yield
-
-
-# --- facts -----------------------------------------------------------------------------------------------------
+            record = read_record(job_dir, new)
+            yield record
+            record.updated_at = now_iso()
+            write_file_atomically(JobPaths(job_dir).job_file, (record.model_dump_json(indent=2) + "\n").encode())
 
 
 def read_facts(job_dir: Path) -> dict[str, Any]:
-    return dict(read_record(job_dir).get("facts") or {})
+    return read_record(job_dir).facts
 
 
 def record_facts(job_dir: Path, **facts: Any) -> dict[str, Any]:
     """Merge ``facts`` into the job's facts (a value of None removes the key); returns the merged facts."""
-
-    def merge(record: dict[str, Any]) -> None:
-        merged = record.setdefault("facts", {})
-        for key, value in facts.items():
-            if value is None:
-                merged.pop(key, None)
-            else:
-                merged[key] = value
-
-    return dict(update_record(job_dir, merge)["facts"])
-
-
-# --- the flow run's state --------------------------------------------------------------------------------------
+    with changing_record(job_dir) as record:
+        record.facts = {key: value for key, value in {**record.facts, **facts}.items() if value is not None}
+    return dict(record.facts)
 
 
 def record_state(job_dir: Path, state: str, message: str = "", flow_run_id: str | None = None) -> None:
     """The job's latest flow-run state (``message`` must already be redacted); only the flow writes it."""
-
-    def write(record: dict[str, Any]) -> None:
-        record["state"], record["state_message"] = state, message
-        runs = record.setdefault("flow_run_ids", [])
-        if flow_run_id and flow_run_id not in runs:
-            runs.append(flow_run_id)
-
-    update_record(job_dir, write)
+    with changing_record(job_dir) as record:
+        record.state, record.state_message = state, message
+        if flow_run_id and flow_run_id not in record.flow_run_ids:
+            record.flow_run_ids.append(flow_run_id)
 
 
 def settled_state(recorded: str, *, locked: bool, server: str | None = None) -> str:
@@ -137,53 +225,20 @@ def settled_state(recorded: str, *, locked: bool, server: str | None = None) -> 
     return recorded
 
 
-# --- steps -----------------------------------------------------------------------------------------------------
-
-
-def record_step(job_dir: Path, position: int, result: dict[str, Any]) -> None:
+def record_step(job_dir: Path, result: StepRecord) -> None:
     """A step's result as the flow saw it (also when served from the cache); a step after it is forgotten, since
     its input may have changed (a corrected file at a gate)."""
-
-    def write(record: dict[str, Any]) -> None:
-        steps = record.setdefault("steps", {})
-        for later in [key for key in steps if int(key) > position]:
-            del steps[later]
-        steps[position_key(position)] = result
-
-    update_record(job_dir, write)
+    with changing_record(job_dir) as record:
+        record.steps = {key: step for key, step in record.steps.items() if int(key) < result.position}
+        record.steps[position_key(result.position)] = result
 
 
-def step_results(job_dir: Path) -> dict[int, dict[str, Any]]:
-    """The recorded step results by position."""
-    return {int(key): result for key, result in (read_record(job_dir).get("steps") or {}).items()}
-
-
-def position_key(position: int) -> str:
-    return f"{position:02d}"
-
-
-def file_counts(file: Mapping[str, Any]) -> dict[str, int]:
-    """What a recorded data file holds, by unit: ``rows`` of a CSV file, ``Parquet rows`` of a Parquet file (the
-    same rows again, so never added to the CSVs'); of an NDJSON file its bare ``resources`` and its ``Bundles``
-    with the resources their entries hold (``bundled``), or only ``lines`` when the file was counted before
-    Bundles were (an older job's record has no ``bundles``: its lines may be Bundles or resources)."""
-    name, count = file["name"], file["resources"]
-    if name.endswith(".parquet"):
-        return {"Parquet rows": count}
-    if name.endswith(".csv"):
-        return {"rows": count}
-    bundles = file.get("bundles")
-    if bundles is None:
-        return {"lines": count}
-    return {"resources": count - bundles, "Bundles": bundles, "bundled": file.get("bundled") or 0}
-
-
-def counts_text(counts: Iterable[Mapping[str, int]]) -> str:
-    """Files' ``file_counts`` in words: ``12 resources``, ``2 Bundles holding 19 resources``, ``4 rows``, or
-    several of them for a mixed folder (``3 resources, 2 Bundles holding 19 resources``)."""
+def counts_text(files: Iterable[FileEntry]) -> str:
+    """What the files hold in words: ``12 resources``, ``2 Bundles holding 19 resources``, ``4 rows``, or several
+    of them for a mixed folder (``3 resources, 2 Bundles holding 19 resources``)."""
     totals: Counter[str] = Counter()
-    for each in counts:
-        totals.update(each)
+    for each in files:
+        totals.update(each.counts)
     parts = []
     if totals["resources"] or ("resources" in totals and not totals["Bundles"]):
         parts.append(f"{totals['resources']} resources")
@@ -194,53 +249,23 @@ def counts_text(counts: Iterable[Mapping[str, int]]) -> str:
     return ", ".join(parts) or "0 resources"
 
 
-# --- gates -----------------------------------------------------------------------------------------------------
-
-
 def gate(job_dir: Path, position: int) -> dict[str, Any]:
     """The wait gate at ``position``: ``paused_at`` once it paused the job, ``released`` with its note."""
-    return dict((read_record(job_dir).get("gates") or {}).get(position_key(position)) or {})
+    return read_record(job_dir).gate(position).model_dump(exclude_none=True)
 
 
 def mark_gate_paused(job_dir: Path, position: int) -> None:
     """Note when the gate first paused the job, once its instructions are published (``continue`` releases the
     gates that paused)."""
-
-    def write(record: dict[str, Any]) -> None:
-        record.setdefault("gates", {}).setdefault(position_key(position), {}).setdefault("paused_at", now_iso())
-
-    update_record(job_dir, write)
-
-
-def release_gate(job_dir: Path, position: int, note: str) -> None:
-    """Open the gate at ``position`` (``continue``, or a confirmed resume of a deployment run), with its note."""
-
-    def write(record: dict[str, Any]) -> None:
-        entry = record.setdefault("gates", {}).setdefault(position_key(position), {})
-        entry.update(released=True, released_at=now_iso(), note=note)
-
-    update_record(job_dir, write)
+    with changing_record(job_dir) as record:
+        entry = record.gate(position)
+        entry.paused_at = entry.paused_at or now_iso()
 
 
 def release_awaiting_gates(job_dir: Path, note: str) -> list[int]:
     """Open every gate that paused the job and is not open yet; returns their positions."""
-    opened: list[int] = []
-
-    def write(record: dict[str, Any]) -> None:
-        for key, entry in (record.get("gates") or {}).items():
-            if entry.get("paused_at") and not entry.get("released"):
-                entry.update(released=True, released_at=now_iso(), note=note)
-                opened.append(int(key))
-
-    update_record(job_dir, write)
-    return opened
-
-
-def count_unconfirmed_resume(job_dir: Path, position: int) -> int:
-    """One more resume of the gate without the confirmation; returns how many there were."""
-
-    def write(record: dict[str, Any]) -> None:
-        entry = record.setdefault("gates", {}).setdefault(position_key(position), {})
-        entry["unconfirmed_resumes"] = int(entry.get("unconfirmed_resumes", 0)) + 1
-
-    return int(update_record(job_dir, write)["gates"][position_key(position)]["unconfirmed_resumes"])
+    with changing_record(job_dir) as record:
+        opened = [key for key, entry in record.gates.items() if entry.paused_at and not entry.released]
+        for key in opened:
+            record.gates[key].release(note)
+    return [int(key) for key in opened]

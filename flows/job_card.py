@@ -1,0 +1,232 @@
+"""The job in the Prefect UI: the job-record artifact (one card per flow run, updated in place at every step
+boundary and state change), each finished step's file table, and the flow's result summary. Only a picture of
+the job: ``job.json`` (``tasks.job.record``) is the job's state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import get_run_logger, runtime
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import ArtifactUpdate
+from prefect.client.schemas.filters import (
+    ArtifactCollectionFilter,
+    ArtifactCollectionFilterKey,
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    ArtifactFilterKey,
+)
+from prefect.exceptions import ExternalSignal
+from prefect.settings import get_current_settings
+
+from config.settings import STEP_NAMES
+from flows.jobs import Job
+from tasks.core.errors import DupflowError
+from tasks.core.readable import duration_text, readable_lines, size_text
+from tasks.core.redaction import redact
+from tasks.job.contract import StepResult
+from tasks.job.layout import artifact_key, step_artifact_key
+from tasks.job.record import JobRecord, counts_text, read_record
+
+
+def job_summary(job: Job, results: list[StepResult]) -> dict[str, Any]:
+    finished = [r for r in results if not r.awaiting]
+    return {
+        "job_id": job.job_id,
+        "job_dir": str(job.paths.job_dir),
+        "output_dir": str(job.paths.job_dir / finished[-1].folder) if finished else None,
+        "steps": [{"step": r.step, "folder": r.folder, "files": len(r.files), "awaiting": r.awaiting} for r in results],
+    }
+
+
+def publish_step_table(job: Job, result: StepResult) -> None:
+    rows = [{"name": f.name, "size": f.size, "contents": counts_text([f])} for f in result.files]
+    create_table_artifact(
+        key=step_artifact_key(job.job_id, result.position, result.step),
+        table=rows or [{"name": "(no files)", "size": 0, "contents": ""}],
+        description=f"Job {job.job_id}, step {result.position + 1} `{result.step}`: files in `{result.folder}`",
+    )
+
+
+class JobRecordCard:
+    """The job-record artifact (key ``job-<id>``, one key per job, so the UI's Artifacts page shows one card per job):
+    one version per flow run, made at its first step boundary and updated in place at the later ones and when the
+    job's state changes, so the run's Artifacts tab shows one "Job record" card (a deployment run resumed from the
+    top finds its card again) and the key's page keeps one version per run as the job's history."""
+
+    def __init__(self, job: Job):
+        self._job = job
+        self._artifact_id: Any = None
+        self._results: list[StepResult] = []
+        self._failed: tuple[str, BaseException] | None = None
+
+    def publish(self, results: list[StepResult]) -> None:
+        """The record with these steps done (or awaiting), now."""
+        self.note(results)
+        self.refresh()
+
+    def note(self, results: list[StepResult]) -> None:
+        """These steps, shown at the next ``refresh``."""
+        self._results = list(results)
+
+    def note_failure(self, results: list[StepResult], step: str, exc: BaseException) -> None:
+        """The failed step's cause, shown at the next ``refresh`` (when the job's ended state is recorded)."""
+        self.note(results)
+        self._failed = (step, exc)
+
+    def refresh(self) -> None:
+        """Publish the record as it stands: the job's state from ``job.json`` and the steps noted so far. The card
+        is a picture of the job: one that cannot be published (the API may be what failed) is logged, never put in
+        place of the job's own outcome (a finished job stays Completed)."""
+        try:
+            self._publish()
+        except Exception as publish_error:
+            get_run_logger().warning("the job record could not be updated: %s", one_line(publish_error))
+
+    def _publish(self) -> None:
+        markdown = job_record_markdown(self._job, self._results, self._failed)
+        if self._artifact_id is None:
+            self._artifact_id = this_runs_artifact_id(artifact_key(self._job.job_id))
+        if self._artifact_id is None:
+            self._artifact_id = create_markdown_artifact(
+                key=artifact_key(self._job.job_id), markdown=markdown, description="Job record"
+            )
+            return
+        with get_client(sync_client=True) as client:
+            client.update_artifact(self._artifact_id, ArtifactUpdate(data=markdown))
+
+
+def this_runs_artifact_id(key: str) -> Any:
+    """The id of the artifact ``key`` made by this flow run, if it made one."""
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[runtime.flow_run.id])
+            ),
+            limit=1,
+        )
+    return found[0].id if found else None
+
+
+def job_record_markdown(job: Job, results: list[StepResult], failed: tuple[str, BaseException] | None) -> str:
+    """The job record: the job's state on top; per step its state, folder, files, contents, size, wall time
+    (that of the run that made it, for a step served from the cache) and links to its artifacts; the step time so
+    far, the inspections with their notes, the recorded facts as text, and a link to this flow run."""
+    base = ui_base_url()
+    links = artifact_links(job.job_id, base)
+    record = read_record(job.paths.job_dir)  # the state as the flow wrote it at its latest transition
+    message = f" — {one_line_text(record.state_message)}" if record.state_message else ""
+    lines = [f"# dupflow job `{job.job_id}`", "", f"**State: {record.state}**{message}", ""]
+    lines += [f"Job directory: `{job.paths.job_dir}`", ""]
+    if runtime.flow_run.id:
+        lines += [f"Latest flow run: [{runtime.flow_run.name}]({base}/runs/flow-run/{runtime.flow_run.id})", ""]
+    lines += [
+        "| # | step | state | folder | files | contents | size | time | artifacts |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        state = "awaiting inspection" if r.awaiting else "done (cached)" if r.cached else "done"
+        took = "" if r.seconds is None else duration_text(r.seconds)
+        lines.append(
+            f"| {r.position + 1} | {r.step} | {state} | `{r.folder}` | {len(r.files)} | {counts_text(r.files)} "
+            f"| {size_text(r.size)} | {took} | {step_links(links, r.position)} |"
+        )
+    pending = list(enumerate(job.settings.pipeline.enabled_steps))[len(results) :]
+    if failed is not None and pending:
+        (position, step), *pending = pending
+        cause = one_line(failed[1])
+        lines.append(f"| {position + 1} | {step} | failed: {cause} | | | | | | {step_links(links, position)} |")
+    lines += [f"| {position + 1} | {step} | not run yet | | | | | | |" for position, step in pending]
+    lines += ["", step_time_text(results)]
+    if others := links.pop(None, []):
+        lines += ["", f"Other artifacts: {' · '.join(others)}"]
+    if inspections := inspection_lines(record):
+        lines += ["", "## Inspections", "", *inspections]
+    if record.facts:
+        lines += ["", "## Facts", "", *markdown_list(dict(sorted(record.facts.items())))]
+    return "\n".join(lines)
+
+
+def markdown_list(value: Any) -> list[str]:
+    """``value`` as a nested markdown list: ``key: value`` items, never a Python dict or list."""
+    lines = []
+    for depth, label, text in readable_lines(value):
+        parts = [f"**{label}**"] if label is not None else []
+        parts += [f"`{text}`"] if text is not None else []
+        lines.append("  " * depth + "- " + ": ".join(parts))
+    return lines
+
+
+def inspection_lines(record: JobRecord) -> list[str]:
+    """One line per gate that paused the job: released or not, and the note it was released with."""
+    steps = record.enabled_steps
+    lines = []
+    for key, entry in sorted(record.gates.items()):
+        position = int(key)
+        name = steps[position] if position < len(steps) else "wait"
+        state = "released" if entry.released else "awaiting inspection"
+        note = f": {entry.note}" if entry.note else ""
+        lines.append(f"- step {position + 1} ({name}): {state}{note}")
+    return lines
+
+
+def step_links(links: dict[int | None, list[str]], position: int) -> str:
+    return " · ".join(links.pop(position, []))
+
+
+def step_time_text(results: list[StepResult]) -> str:
+    """The step time so far; the part served from the cache is what earlier runs spent."""
+    total = sum(r.seconds or 0.0 for r in results)
+    cached = sum(r.seconds or 0.0 for r in results if r.cached)
+    text = f"**Step time so far**: {duration_text(total)}"
+    return text + (f" ({duration_text(cached)} of it in earlier runs, served from the cache)" if cached else "")
+
+
+def one_line(exc: BaseException) -> str:
+    """A failure's cause for a table cell: the first line of its message, no pipes, secrets redacted."""
+    if isinstance(exc, KeyboardInterrupt | ExternalSignal):
+        return "interrupted"
+    return one_line_text(exc.message if isinstance(exc, DupflowError) else f"{type(exc).__name__}: {exc}")
+
+
+def one_line_text(message: str) -> str:
+    """A message's first line, no pipes (it may stand in a table cell), secrets redacted."""
+    first = (redact(message).strip().splitlines() or [""])[0]
+    return first.replace("|", "\\|")[:300]
+
+
+def ui_base_url() -> str:
+    """The Prefect UI's address (PREFECT_UI_URL, or derived by Prefect from the API's); empty: links relative to
+    the UI's own origin."""
+    return (get_current_settings().ui_url or "").rstrip("/")
+
+
+def artifact_links(job_id: str, base: str) -> dict[int | None, list[str]]:
+    """Markdown links to the latest version of each of the job's artifacts (the UI's ``/artifacts/artifact/<id>``
+    page, which shows that one artifact; ``/artifacts/key/<key>`` would list every version), by step position
+    (None: artifacts of no single step, e.g. the inspection note); each labelled by what follows the step's key."""
+    prefix = artifact_key(job_id) + "-"
+    with get_client(sync_client=True) as client:
+        found = client.read_latest_artifacts(
+            artifact_filter=ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(like_=prefix))
+        )
+    links: dict[int | None, list[str]] = {}
+    for artifact in sorted((a for a in found if a.key and a.key.startswith(prefix)), key=lambda a: a.key or ""):
+        position, label = artifact_label(artifact.key.removeprefix(prefix))
+        links.setdefault(position, []).append(f"[{label}]({base}/artifacts/artifact/{artifact.latest_id})")
+    return links
+
+
+def artifact_label(rest: str) -> tuple[int | None, str]:
+    """The step position (0-based) and label of a key's rest: ``04-pseudonymizer-report`` (step 4) → (3,
+    ``report``); ``04-pseudonymizer`` (the step's file table) → (3, ``files``); ``inspection`` → (None,
+    ``inspection``)."""
+    number, _, named = rest.partition("-")
+    if not (number.isdigit() and named):
+        return None, rest
+    step = next((s for s in STEP_NAMES if f"{named}-".startswith(s.replace("_", "-") + "-")), None)
+    if step is None:
+        return None, rest
+    return int(number) - 1, named.removeprefix(step.replace("_", "-")).removeprefix("-") or "files"

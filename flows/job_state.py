@@ -1,0 +1,131 @@
+"""Whether a job is worked on, and its state: the job's lock, the one rule of ``tasks.job.record`` that settles
+the state, and finding jobs for ``continue``, ``status``, ``list`` and ``prune``. Import-light (no Prefect).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+from pathlib import Path
+
+from config.runtime import prefect_api_url
+from tasks.core.errors import JobError
+from tasks.job.layout import JobPaths
+from tasks.job.record import SUSPENDED, JobRecord, RecordError, read_record, settled_state
+
+LOCK_FILE = ".lock"
+
+
+class JobLockedError(JobError):
+    pass
+
+
+class JobLock:
+    """An exclusive lock on a job directory for the lifetime of one process working on it.
+
+    The kernel releases it when the process dies, so a killed run never leaves a stale lock. The lock file holds
+    its holder's process id while it is held (it is emptied before release), which is how a process tells that
+    it holds the lock already: ``continue`` takes it before a flow run exists, then its flow takes it as every run
+    does. Such a second taking owns nothing; the lock is released when its first holder releases it.
+    """
+
+    def __init__(self, paths: JobPaths):
+        self._path = paths.job_dir / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> JobLock:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 32, 0)
+            os.close(fd)
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            if holder == str(os.getpid()).encode():
+                return self
+            raise JobLockedError(
+                f"job {self._path.parent.name} is being worked on by another process; wait for it to end (or stop "
+                "it) and run continue"
+            ) from exc
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> JobLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def is_locked(paths: JobPaths) -> bool:
+    """True while some process holds the job's lock (that is, the job is really running)."""
+    lock_path = paths.job_dir / LOCK_FILE
+    if not lock_path.exists():
+        return False
+    fd = os.open(lock_path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def current_state(paths: JobPaths, job: JobRecord) -> str:
+    """The job's state by the one rule of ``tasks.job.record``."""
+    return current_states([(paths, job)])[0]
+
+
+def current_states(jobs: list[tuple[JobPaths, JobRecord]]) -> list[str]:
+    """Each job's state by the one rule of ``tasks.job.record``: the Prefect server, when one is configured, is asked
+    (in one request) only about the suspended jobs, the one case where the rule defers to it."""
+    server = newest_states_on_server([job.job_id for _, job in jobs if job.state == SUSPENDED])
+    return [settled_state(job.state, locked=is_locked(paths), server=server.get(job.job_id)) for paths, job in jobs]
+
+
+def newest_states_on_server(job_ids: list[str]) -> dict[str, str]:
+    """The state of each job's newest flow run on the configured Prefect server; none without a server or jobs."""
+    if prefect_api_url() is None or not job_ids:
+        return {}
+    from flows.server_state import latest_states
+
+    return latest_states(job_ids)
+
+
+def find_job_dir(job: str, jobs_dir: Path) -> Path:
+    """``job`` may be a job id (looked up in jobs_dir) or the path of a job directory."""
+    as_path = Path(job)
+    if JobPaths(as_path).job_file.is_file():
+        return as_path.resolve()
+    candidate = jobs_dir / job
+    if JobPaths(candidate).job_file.is_file():
+        return candidate.resolve()
+    raise JobError(f"no job {job} in {jobs_dir.resolve()}; pass --jobs-dir (or give the job's directory)")
+
+
+def list_jobs(jobs_dir: Path) -> list[tuple[JobPaths, JobRecord | RecordError]]:
+    """The jobs of ``jobs_dir``, newest first, each with its record, or why it cannot be read (those last)."""
+    readable, unreadable = [], []
+    for job_dir in sorted(jobs_dir.iterdir()) if jobs_dir.is_dir() else []:
+        paths = JobPaths(job_dir)
+        if paths.job_file.is_file():
+            try:
+                readable.append((paths, read_record(job_dir)))
+            except RecordError as exc:
+                unreadable.append((paths, exc))
+    return sorted(readable, key=lambda job: job[1].created_at, reverse=True) + unreadable

@@ -1,0 +1,166 @@
+"""How a flow run logs: each failure's trace once (Prefect logs it at every run it passes through), and, for a run
+started from the command line, the job's log file with everything in it while the terminal gets one line per
+event, no traceback, and a failure only once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from pathlib import Path
+
+from config.runtime import apply_prefect_defaults
+from tasks.core.redaction import RedactingFilter, redact
+
+RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
+
+
+class OneTracePerFailure(logging.Filter):
+    """Prefect logs a failure with its trace at every run it passes through (file task, step task, flow run): the
+    first record keeps the trace, later records of the same failure (same type and text) keep their one line.
+    ``forget`` starts over for a new flow run, so a later job failing the same way gets its trace too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._traced: deque[tuple[str, str]] = deque(maxlen=64)
+
+    def forget(self) -> None:
+        self._traced.clear()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        failure = record.exc_info[1] if record.exc_info else None
+        if failure is not None:
+            identity = (type(failure).__qualname__, str(failure))
+            if identity in self._traced:
+                record.exc_info, record.exc_text = None, None
+            else:
+                self._traced.append(identity)
+        return True
+
+
+_one_trace = OneTracePerFailure()
+
+
+def keep_one_trace_per_failure() -> None:
+    """On Prefect's run loggers, so the console, the job log and the UI's run log all get one trace (idempotent);
+    called at the start of each flow run."""
+    _one_trace.forget()
+    for name in RUN_LOGGERS:
+        logger = logging.getLogger(name)
+        if _one_trace not in logger.filters:
+            logger.addFilter(_one_trace)
+
+
+FAILED_FINISHES = ("Finished in state Failed", "Finished in state Crashed")
+
+
+class _OneFailureLine(logging.Filter):
+    """The terminal tells a failure once (Prefect logs it at every run it passes): only the first ERROR of a run,
+    and no "Finished in state Failed/Crashed" line. The job log and the UI keep them all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._shown = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name not in RUN_LOGGERS:
+            return True
+        if record.getMessage().startswith(FAILED_FINISHES):
+            return False
+        if record.levelno < logging.ERROR:
+            return True
+        first, self._shown = not self._shown, True
+        return first
+
+
+class _NoTraceback(logging.Formatter):
+    """Console lines without tracebacks: one line per event (all lines of one logged with ``SHOW_WHOLE``, such as
+    the inspection text at a wait step); a run's failure in the exception's own words (with the hint), not its repr."""
+
+    def __init__(self, wrapped: logging.Formatter | None):
+        super().__init__()
+        self._wrapped = wrapped or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        saved = record.exc_info, record.exc_text, record.stack_info, record.msg, record.args
+        if record.name in RUN_LOGGERS and record.exc_info and record.exc_info[1] is not None:
+            record.msg, record.args = redact(f"failed: {record.exc_info[1]}"), ()
+        record.exc_info, record.exc_text, record.stack_info = None, None, None
+        try:
+            text = self._wrapped.format(record)
+            return text if getattr(record, "show_whole", False) else text.splitlines()[0]
+        finally:
+            record.exc_info, record.exc_text, record.stack_info, record.msg, record.args = saved
+
+
+class _JobLogFormatter(logging.Formatter):
+    """The job log's lines, each naming the run it comes from as Prefect's console does ("Task run
+    'flatten[a.ndjson]' - ..."), also for dupflow's own loggers called inside a task or flow run."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return f"{record.asctime} {record.levelname} {record.name}: {run_label(record)}{record.message}"
+
+
+def run_label(record: logging.LogRecord) -> str:
+    """``Task run 'NAME' - `` or ``Flow run 'NAME' - `` for a record logged in a run (Prefect's run loggers say
+    which; for others the run context of the logging thread does), else nothing."""
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    if task_run := getattr(record, "task_run_name", None):
+        return f"Task run {task_run!r} - "
+    if flow_run := getattr(record, "flow_run_name", None):
+        return f"Flow run {flow_run!r} - "
+    if (task_context := TaskRunContext.get()) is not None:
+        return f"Task run {task_context.task_run.name!r} - "
+    if (flow_context := FlowRunContext.get()) is not None and flow_context.flow_run is not None:
+        return f"Flow run {flow_context.flow_run.name!r} - "
+    return ""
+
+
+class job_logging:
+    """Send every log record (with tracebacks, each line naming its run) to the job's log file, and keep
+    tracebacks and repeats of a failure off the terminal."""
+
+    def __init__(self, log_file: Path):
+        self._file_handler = logging.FileHandler(log_file)
+        self._file_handler.setFormatter(_JobLogFormatter())
+        self._file_handler.addFilter(RedactingFilter())
+        self._patched: list[tuple[logging.Handler, logging.Formatter | None]] = []
+        self._redacting = RedactingFilter()
+        self._one_failure = _OneFailureLine()
+
+    def __enter__(self) -> job_logging:
+        apply_prefect_defaults()
+        import prefect.main  # noqa: F401  (configures Prefect's logging, once per process; patched below)
+
+        for name in ("prefect", "dupflow"):
+            logging.getLogger(name).addHandler(self._file_handler)
+        for handler in _console_handlers():
+            self._patched.append((handler, handler.formatter))
+            handler.setFormatter(_NoTraceback(handler.formatter))
+            handler.addFilter(self._redacting)
+            handler.addFilter(self._one_failure)
+        logging.getLogger("dupflow").setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handler, formatter in self._patched:
+            handler.setFormatter(formatter)
+            handler.removeFilter(self._redacting)
+            handler.removeFilter(self._one_failure)
+        for name in ("prefect", "dupflow"):
+            logging.getLogger(name).removeHandler(self._file_handler)
+        self._file_handler.close()
+
+
+def _console_handlers() -> list[logging.Handler]:
+    """Every stream handler once, though several loggers may hold it (patched twice, it kept the wrapper)."""
+    handlers: dict[logging.Handler, None] = {}
+    for logger in [logging.getLogger(), *(logging.getLogger(n) for n in logging.root.manager.loggerDict)]:
+        for handler in getattr(logger, "handlers", []):
+            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                handlers[handler] = None
+    return list(handlers)
