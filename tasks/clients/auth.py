@@ -82,7 +82,7 @@ def _shown_url(url: httpx.URL) -> str:
     return f"{url.scheme}://{url.host}{port}{url.path}"
 
 
-def _origin_text(origin: Origin) -> str:
+def origin_text(origin: Origin) -> str:
     scheme, host, port = origin
     return f"{scheme}://{host}:{port}"
 
@@ -271,7 +271,7 @@ class ServiceAuth(httpx.Auth):
         return [name for name, configured in kinds if configured is not None]
 
     def __repr__(self) -> str:
-        return f"ServiceAuth(service={self.service!r}, origin={_origin_text(self.origin)!r}, schemes={self.schemes!r})"
+        return f"ServiceAuth(service={self.service!r}, origin={origin_text(self.origin)!r}, schemes={self.schemes!r})"
 
     def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         if self._tokens is not None and not _replayable(request):
@@ -386,6 +386,6 @@ class ServiceAuth(httpx.Auth):
             log.info(
                 "%s: sending no credentials to %s (not the service origin %s)",
                 self.service,
-                _origin_text(origin),
-                _origin_text(self.origin),
+                origin_text(origin),
+                origin_text(self.origin),
             )

@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 import certifi
 import httpx
@@ -125,7 +125,22 @@ def service_name(client: httpx.Client | httpx.AsyncClient) -> str | None:
 # --- the service client ------------------------------------------------------------------------------------
 
 
-class ServiceClient:
+class Closing:
+    """A client that closes its ``http`` client when done; use it as a context manager."""
+
+    http: httpx.Client
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ServiceClient(Closing):
     """A client for one configured service whose every request is retried and classified by the one policy.
 
     ``request`` retries transient failures (network errors, 408, 429, 5xx) per ``retry.*`` and raises a
@@ -167,15 +182,6 @@ class ServiceClient:
             return response
 
         return attempt
-
-    def close(self) -> None:
-        self.http.close()
-
-    def __enter__(self) -> ServiceClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class AsyncServiceClient:
