@@ -30,14 +30,13 @@ import ssl
 import threading
 import time
 import warnings
-from collections.abc import AsyncGenerator, Generator
+from collections.abc import AsyncGenerator, Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio.to_thread
 import httpx
 
-from tasks.clients.bodies import ReplayableBody
 from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, truncate
 from tasks.core.redaction import register_secret
 from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url
@@ -97,6 +96,17 @@ class _Token:
 
     def is_due(self) -> bool:
         return self.renew_at is not None and clock() >= self.renew_at
+
+
+class ReplayableBody:
+    """A request body streamed from a function, afresh each time httpx iterates it: on every retry attempt, and
+    when an OAuth token is replaced after a 401 (the auth flow then need not hold the whole body in memory)."""
+
+    def __init__(self, make: Callable[[], Iterable[bytes]]):
+        self._make = make
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._make()
 
 
 def _replayable(request: httpx.Request) -> bool:
@@ -241,6 +251,14 @@ class _NeedToken:
     rejected: str | None = None
 
 
+def _advance(flow: Generator, answer: object) -> _NeedToken | httpx.Request | None:
+    """The flow's next ask after ``answer`` (None starts it); None once it has ended."""
+    try:
+        return flow.send(answer)
+    except StopIteration:
+        return None
+
+
 class ServiceAuth(httpx.Auth):
     """Scoped credentials of one service; see the module docstring."""
 
@@ -276,32 +294,17 @@ class ServiceAuth(httpx.Auth):
     def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         if self._tokens is not None and not _replayable(request):
             request.read()  # a 401 is answered by sending the same request again
-        flow = self._flow(request)
-        message = next(flow)
-        while True:
-            if isinstance(message, _NeedToken):
-                answer = self._tokens.access_token(rejected=message.rejected)
-            else:
-                answer = yield message
-            try:
-                message = flow.send(answer)
-            except StopIteration:
-                return
+        flow, answer = self._flow(request), None
+        while (ask := _advance(flow, answer)) is not None:
+            answer = self._tokens.access_token(rejected=ask.rejected) if isinstance(ask, _NeedToken) else (yield ask)
 
     async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
         if self._tokens is not None and not _replayable(request):
             await request.aread()
-        flow = self._flow(request)
-        message = next(flow)
-        while True:
-            if isinstance(message, _NeedToken):
-                answer = await self._tokens.access_token_async(rejected=message.rejected)
-            else:
-                answer = yield message
-            try:
-                message = flow.send(answer)
-            except StopIteration:
-                return
+        flow, answer = self._flow(request), None
+        while (ask := _advance(flow, answer)) is not None:
+            token = isinstance(ask, _NeedToken)
+            answer = await self._tokens.access_token_async(rejected=ask.rejected) if token else (yield ask)
 
     def _flow(self, request: httpx.Request):
         """Yields requests to send (answered with responses) and ``_NeedToken`` (answered with a token)."""

@@ -29,16 +29,19 @@ Rules (spec "Extraction step procedure" 7 and "Errors"):
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import httpx
 import orjson
 
+from tasks.clients.bounds import declared_size
 from tasks.clients.errors import ServiceError, is_transient_status, raise_for_service_status
 from tasks.clients.http import http_timeout, service_name
 from tasks.clients.retry import call_with_retry
@@ -193,8 +196,8 @@ def download_ndjson(
     from byte 0: ``_Progress``), ``on_total`` the body's size when the answer gives it (``body_size``).
     ``stop_if_cancelled`` raises to stop the check of the whole file that may follow the last byte (the caller's
     fan-out was cancelled)."""
-    progress = _Progress(on_bytes, on_total)
-    download = _Download(client, url, dest, level, max_line_bytes, stall_timeout, progress, stop_if_cancelled)
+    new_sink = functools.partial(_Sink, url, dest, level, max_line_bytes, stop_if_cancelled=stop_if_cancelled)
+    download = _Download(client, url, stall_timeout, _Progress(on_bytes, on_total), new_sink)
     try:
         return call_with_retry(
             download.attempt, retry, operation=f"download {shown_url(url)}", service=service_name(client), sleep=sleep
@@ -203,28 +206,21 @@ def download_ndjson(
         download.discard()
 
 
+@dataclass
 class _Download:
     """One file across attempts. The body's bytes go, as they arrive, through the zstd decoder and the line check
-    into the temporary file (``_Sink``); after a break, the next attempt asks for the rest only (``Range`` from the
-    bytes received: of the body as sent, compressed or not) and feeds it on, so every byte is decoded, checked and
-    counted once. A server that answers the Range request with the whole file (200) is read again from byte 0."""
+    into the temporary file (a ``_Sink`` from ``new_sink``, given the body's size); after a break, the next attempt
+    asks for the rest only (``Range`` from the bytes received: of the body as sent, compressed or not) and feeds it
+    on, so every byte is decoded, checked and counted once. A server that answers the Range request with the whole
+    file (200) is read again from byte 0."""
 
-    def __init__(
-        self,
-        client: httpx.Client,
-        url: str,
-        dest: Path,
-        level: CompressionLevel | None,
-        max_line_bytes: int,
-        stall_timeout: timedelta,
-        progress: _Progress,
-        stop_if_cancelled: Callable[[], None],
-    ):
-        self._client, self._url, self._dest = client, url, dest
-        self._level, self._max_line_bytes, self._stall_timeout = level, max_line_bytes, stall_timeout
-        self._progress, self._stop_if_cancelled = progress, stop_if_cancelled
-        self._sink: _Sink | None = None
-        self._received = 0  # body bytes in the sink
+    _client: httpx.Client
+    _url: str
+    _stall_timeout: timedelta
+    _progress: _Progress
+    _new_sink: Callable[[int | None], _Sink]
+    _sink: _Sink | None = None
+    _received: int = 0  # body bytes in the sink
 
     def attempt(self) -> FileStats:
         """One connection. Retried (a transient ``ServiceError``): a failure before the response (connection refused,
@@ -245,9 +241,8 @@ class _Download:
             read_in_large_pieces(response)
             if response.status_code == 200:  # the whole file: a first attempt, or a server that ignored the Range
                 self.discard()
-                size = content_length(response)
                 self._progress.from_start(body_size(response))
-                self._sink = _Sink(url, self._dest, self._level, self._max_line_bytes, size, self._stop_if_cancelled)
+                self._sink = self._new_sink(declared_size(response))
             assert self._sink is not None
             self._receive(response)
         return self._finished()
@@ -341,18 +336,11 @@ def check_response(response: httpx.Response, url: str, resuming_at: int = 0) -> 
         raise DownloadError(f"{shown_url(url)}: the server answered with an HTML page, not NDJSON; check the URL")
 
 
-def content_length(response: httpx.Response) -> int | None:
-    try:
-        return int(response.headers["Content-Length"])
-    except (KeyError, ValueError):
-        return None
-
-
 def body_size(response: httpx.Response) -> int | None:
     """The size of the body as ``iter_bytes`` yields it: the Content-Length, unless a Content-Encoding (gzip...)
     makes that the size of what went over the wire, not of what arrives decoded."""
     encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-    return content_length(response) if encoding == "identity" else None
+    return declared_size(response) if encoding == "identity" else None
 
 
 def _stalled(url: str, stall_timeout: timedelta) -> DownloadError:

@@ -39,8 +39,8 @@ from tasks.clients.errors import (
     operation_outcome_texts,
     truncate,
 )
-from tasks.clients.bodies import ReplayableBody
-from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.auth import ReplayableBody
+from tasks.clients.http import Closing, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.retry import call_with_retry
 from tasks.core.redaction import redact
 
@@ -97,7 +97,7 @@ class EntryFailure:
     outcome: str
 
 
-class FhirServer:
+class FhirServer(Closing):
     """One FHIR server (``{url}/fhir``) reached through a ``ServiceClient``.
 
     Every call has a whole-request deadline, ``deadline`` plus the time a body of its size takes at
@@ -107,7 +107,7 @@ class FhirServer:
     def __init__(
         self, client: ServiceClient, *, deadline: timedelta = REQUEST_DEADLINE, max_answer_bytes: int = MAX_ANSWER_BYTES
     ):
-        self._client = client
+        self._client, self.http = client, client.http
         self._deadline = deadline.total_seconds()
         self._max_answer_bytes = max_answer_bytes
 
@@ -117,15 +117,6 @@ class FhirServer:
         ``bounds`` are ``deadline`` and ``max_answer_bytes`` when not the defaults."""
         endpoint = ServiceEndpoint(SERVICE_NAME, send.url or "", send.auth, http_timeout(SEND_TIMEOUT))
         return cls(ServiceClient(endpoint, tls, retry), **bounds)
-
-    def close(self) -> None:
-        self._client.close()
-
-    def __enter__(self) -> FhirServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def transaction(self, body: bytes, entries: int) -> dict:
         """POST a transaction Bundle of ``entries`` entries; the ``transaction-response`` when every entry succeeded.
@@ -215,7 +206,7 @@ class FhirServer:
         )
         headers = {**REQUEST_HEADERS, **OWN_CONNECTION, **({"Content-Length": str(size)} if size is not None else {})}
         read_timeout = http_timeout(min(SEND_TIMEOUT, timedelta(seconds=deadline.seconds)))
-        request = self._client.http.build_request(
+        request = self.http.build_request(
             method,
             path,
             content=content,
@@ -226,7 +217,7 @@ class FhirServer:
         )
         deadline.url = request.url
         try:
-            response = self._client.http.send(request, stream=True)
+            response = self.http.send(request, stream=True)
             try:
                 return self._answer(response, deadline, operation, read_answer)
             finally:

@@ -1,7 +1,7 @@
 """The one retry policy of every outgoing call (tenacity is the engine); plain Python, no Prefect.
 
 Every client retries through ``call_with_retry`` (sync) or ``call_with_retry_async`` (asyncio), which share one
-policy (``_policy``):
+policy (``_policy``; tenacity's ``wait_exponential`` is the backoff):
 
 - ``retry.max_attempts`` attempts in total;
 - before retry n (n = 0 for the first retry) the wait is ``min(initial_backoff_ms * 2**n, max_backoff_ms)``; a
@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 import httpx
-from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception, stop_after_attempt
+from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from tasks.clients.errors import ServiceError, is_transient_network_error, network_error
 
@@ -46,11 +46,6 @@ log = logging.getLogger("dupflow.clients")
 T = TypeVar("T")
 
 
-def backoff_seconds(retry: RetrySettings, attempt: int) -> float:
-    """Wait before retry ``attempt`` (0 for the first retry): min(initial * 2^attempt, max)."""
-    return min(retry.initial_backoff_ms * 2**attempt, retry.max_backoff_ms) / 1000
-
-
 def is_transient(exc: BaseException) -> bool:
     """Worth another attempt: a transient ServiceError or a transient network error."""
     if isinstance(exc, ServiceError):
@@ -58,31 +53,19 @@ def is_transient(exc: BaseException) -> bool:
     return is_transient_network_error(exc)
 
 
-def wait_seconds(retry: RetrySettings, exc: BaseException | None, attempt: int) -> float:
-    """Wait before retry ``attempt`` after ``exc``: the server's Retry-After (capped at ``max_backoff_ms``), else
-    the backoff."""
-    retry_after = exc.retry_after if isinstance(exc, ServiceError) else None
-    if retry_after is not None:
-        return min(retry_after, retry.max_backoff_ms / 1000)
-    return backoff_seconds(retry, attempt)
-
-
-def describe_exception(exc: BaseException | None) -> str:
-    """The exception's text, or its type where the text is empty (many network errors have none)."""
-    if exc is None:
-        return "no error"
-    return str(exc) or type(exc).__name__
-
-
 def _policy(retry: RetrySettings, *, operation: str, service: str | None) -> dict:
     """tenacity's arguments for the one policy (the module docstring), shared by the sync and async wrappers."""
+    backoff = wait_exponential(multiplier=retry.initial_backoff_ms / 1000, max=retry.max_backoff_ms / 1000)
 
     def wait(state: RetryCallState) -> float:
-        return wait_seconds(retry, state.outcome.exception() if state.outcome else None, state.attempt_number - 1)
+        exc = state.outcome.exception() if state.outcome else None
+        retry_after = exc.retry_after if isinstance(exc, ServiceError) else None
+        return backoff(state) if retry_after is None else min(retry_after, retry.max_backoff_ms / 1000)
 
     def log_retry(state: RetryCallState) -> None:
         failed = f"{service}: {operation} failed" if service else f"{operation} failed"
-        said = describe_exception(state.outcome.exception())
+        exc = state.outcome.exception()
+        said = str(exc) or type(exc).__name__  # many network errors have no text
         log.warning(
             "%s; attempt %d of %d, retrying in %.1f s",
             said if said.startswith(failed) else f"{failed} ({said})",  # a ServiceError of this call says it already
