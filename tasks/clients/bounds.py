@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from tasks.clients.auth import ReplayableBody
 from tasks.clients.errors import ServiceError
 from tasks.core.readable import size_text
 from tasks.core.url_credentials import shown_url
@@ -38,6 +39,8 @@ T = TypeVar("T")
 MB = 1024 * 1024
 UPLOAD_PIECE = MB
 """A request body goes out in pieces of this size, the deadline checked before each."""
+OWN_CONNECTION = {"Connection": "close"}
+"""Each bounded sync call on a connection of its own, which its deadline can shut down (``Deadline.watch``)."""
 
 
 class Deadline:
@@ -104,6 +107,41 @@ class Deadline:
         for piece in body:
             self.check(operation, service)
             yield piece
+
+
+@contextlib.contextmanager
+def answer_within(
+    http: httpx.Client,
+    deadline: Deadline,
+    method: str,
+    url: str,
+    *,
+    operation: str,
+    service: str | None,
+    body: Callable[[], Iterable[bytes]] | None = None,
+    headers: dict[str, str] | None = None,
+    **request: Any,
+) -> Iterator[httpx.Response]:
+    """The streamed answer to a sync request on a connection of its own (``OWN_CONNECTION``) that ``deadline`` shuts
+    down when it passes (``watch``); ``body`` (pieces made afresh per send: ``ReplayableBody``) is checked against it
+    piece by piece as it goes out, the answer's head once it is in. A network error inside the block, once the
+    deadline has passed, is the deadline's error: the deadline shut the connection down."""
+    content = None if body is None else ReplayableBody(lambda: deadline.pieces(body(), operation, service))
+    headers = {**(headers or {}), **OWN_CONNECTION}
+    built = http.build_request(method, url, content=content, headers=headers, extensions=deadline.watch(), **request)
+    deadline.url = built.url
+    try:
+        response = http.send(built, stream=True)
+        try:
+            deadline.check(operation, service)
+            yield response
+        finally:
+            response.close()
+    except httpx.TransportError:
+        deadline.check(operation, service)
+        raise
+    finally:
+        deadline.release()
 
 
 def in_pieces(body: bytes) -> Iterator[bytes]:

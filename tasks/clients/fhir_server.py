@@ -20,6 +20,7 @@ too. A call past its deadline is a transient failure and retried. At most
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from tasks.clients.bounds import Deadline, in_pieces
+from tasks.clients.bounds import Deadline, answer_within, in_pieces
 from tasks.clients.bounds import read_answer as read_bounded
 from tasks.clients.errors import (
     MAX_MESSAGE_CHARS,
@@ -39,7 +40,6 @@ from tasks.clients.errors import (
     operation_outcome_texts,
     truncate,
 )
-from tasks.clients.auth import ReplayableBody
 from tasks.clients.http import Closing, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.retry import call_with_retry
 from tasks.core.redaction import redact
@@ -62,8 +62,6 @@ DEADLINE_SETTING = "REQUEST_DEADLINE of tasks/clients/fhir_server.py, plus 1 s p
 MAX_ANSWER_BYTES = 64 * MB
 """The most of one answer that is read (a transaction-response, a read back); a PUT's answer body is not read."""
 TOO_LARGE_ANSWER_HINT = "lower services.send.batch_size so that each transaction gets a smaller answer"
-OWN_CONNECTION = {"Connection": "close"}
-"""Each call on a connection of its own, which its deadline can shut down (``Deadline.watch``)."""
 _ENTRY_NUMBER = re.compile(r"\bentry\s*\[?\s*(\d+)", re.IGNORECASE)
 
 
@@ -124,10 +122,7 @@ class FhirServer(Closing):
         Raises ``TransactionRejected`` for an HTTP error (after retries of the transient ones) or a failed entry,
         and ``ServiceError`` (status None) when the server could not be reached or took longer than the deadline.
         """
-        try:
-            answer = self._call("POST", "/fhir", "transaction", body, len(body))
-        except _Refused as refused:
-            raise rejected_by_status(refused.answer, refused.error) from None
+        answer = self._call("POST", "/fhir", "transaction", body, len(body), rejection=rejected_by_status)
         return checked_transaction_response(answer, entries)
 
     def put(
@@ -143,18 +138,11 @@ class FhirServer(Closing):
         is not read: a server may send a large Binary back, and only the status matters."""
         size = len(body) if isinstance(body, bytes) else length
         operation = f"PUT {resource_type}/{resource_id}"
-        try:
-            self._call("PUT", f"/fhir/{resource_type}/{resource_id}", operation, body, size, read_answer=False)
-        except _Refused as refused:
-            raise refused.error from None
+        self._call("PUT", f"/fhir/{resource_type}/{resource_id}", operation, body, size, read_answer=False)
 
     def get(self, path: str, **params: str) -> dict:
         """GET a resource or a search under ``{url}/fhir`` (used to read back what was sent)."""
-        try:
-            answer = self._call("GET", f"/fhir/{path}", f"GET {path}", params=params)
-        except _Refused as refused:
-            raise refused.error from None
-        return orjson.loads(answer.body)
+        return orjson.loads(self._call("GET", f"/fhir/{path}", f"GET {path}", params=params).body)
 
     def _call(
         self,
@@ -166,14 +154,24 @@ class FhirServer(Closing):
         *,
         read_answer: bool = True,
         params: dict[str, str] | None = None,
+        rejection: Callable[[Answer, ServiceError], ServiceError] | None = None,
     ) -> Answer:
-        """One call with retry; a 4xx/5xx answer (after the retries of the transient ones) raises ``_Refused`` with
-        the error and what the server said."""
+        """One call with retry, each attempt within its deadline (``answer_within``), the answer read as it comes in
+        (at most ``max_answer_bytes`` of it, none when ``read_answer`` is False). A 4xx/5xx answer (after the retries
+        of the transient ones) raises its ``ServiceError``, or what ``rejection`` makes of it and the answer."""
         refused: list[_Refused] = []
+        pieces = None if body is None else functools.partial(pieces_of, body)
+        headers = {**REQUEST_HEADERS, **({"Content-Length": str(size)} if size is not None else {})}
 
         def attempt() -> Answer:
+            deadline = Deadline(self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND, DEADLINE_SETTING)
+            timeout = http_timeout(min(SEND_TIMEOUT, timedelta(seconds=deadline.seconds)))
+            request = {"body": pieces, "headers": headers, "params": params, "timeout": timeout}
             try:
-                return self._attempt(method, path, operation, body, size, read_answer=read_answer, params=params)
+                with answer_within(
+                    self.http, deadline, method, path, operation=operation, service=SERVICE_NAME, **request
+                ) as response:
+                    return self._answer(response, deadline, operation, read_answer)
             except _Refused as exc:
                 refused[:] = [exc]
                 raise exc.error from None
@@ -183,53 +181,11 @@ class FhirServer(Closing):
                 attempt, self._client.retry, operation=operation, service=SERVICE_NAME, sleep=self._client.sleep
             )
         except ServiceError as exc:
-            if refused and exc is refused[0].error:
-                raise refused[0] from None
+            if rejection is not None and refused and exc is refused[0].error:
+                raise rejection(refused[0].answer, exc) from None
             raise
-
-    def _attempt(
-        self,
-        method: str,
-        path: str,
-        operation: str,
-        body: Callable[[], Iterable[bytes]] | bytes | None,
-        size: int | None,
-        *,
-        read_answer: bool,
-        params: dict[str, str] | None,
-    ) -> Answer:
-        """One request within its deadline: the body checked piece by piece as it goes out, the answer as it
-        comes in (at most ``max_answer_bytes`` of it, none when ``read_answer`` is False)."""
-        deadline = Deadline(self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND, DEADLINE_SETTING)
-        content = (
-            None if body is None else ReplayableBody(lambda: deadline.pieces(pieces_of(body), operation, SERVICE_NAME))
-        )
-        headers = {**REQUEST_HEADERS, **OWN_CONNECTION, **({"Content-Length": str(size)} if size is not None else {})}
-        read_timeout = http_timeout(min(SEND_TIMEOUT, timedelta(seconds=deadline.seconds)))
-        request = self.http.build_request(
-            method,
-            path,
-            content=content,
-            headers=headers,
-            params=params,
-            timeout=read_timeout,
-            extensions=deadline.watch(),
-        )
-        deadline.url = request.url
-        try:
-            response = self.http.send(request, stream=True)
-            try:
-                return self._answer(response, deadline, operation, read_answer)
-            finally:
-                response.close()
-        except httpx.TransportError:
-            deadline.check(operation, SERVICE_NAME)  # the deadline shut the connection down
-            raise
-        finally:
-            deadline.release()
 
     def _answer(self, response: httpx.Response, deadline: Deadline, operation: str, read_answer: bool) -> Answer:
-        deadline.check(operation, SERVICE_NAME)
         if response.is_error:
             error = Answer(response, error_body(response))
             raise _Refused(
@@ -259,8 +215,8 @@ class Answer:
 class _Refused(Exception):
     """A 4xx/5xx answer that ended a call: the client error for it, and the answer (for the failure dump).
 
-    Internal control flow of ``FhirServer._call``: it never leaves this module (the public methods turn it into
-    its ``ServiceError`` or a ``TransactionRejected``), so it is private and not rooted in ``DupflowError``."""
+    Internal control flow of ``FhirServer._call``: it never leaves this module (``_call`` turns it into its
+    ``ServiceError`` or a ``TransactionRejected``), so it is private and not rooted in ``DupflowError``."""
 
     def __init__(self, answer: Answer, error: ServiceError):
         super().__init__(str(error))

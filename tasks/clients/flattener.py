@@ -19,16 +19,17 @@ written. Plain Python: no Prefect in here.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import httpx
 
-from tasks.clients.bounds import Deadline, in_pieces, read_answer
+from tasks.clients.bounds import Deadline, answer_within, in_pieces, read_answer
 from tasks.clients.errors import network_error, raise_for_service_status
 from tasks.core.redaction import redact
 from tasks.clients.http import ServiceClient
@@ -45,8 +46,6 @@ MAX_METADATA_BYTES = 16 * MB
 """The most of a CapabilityStatement that is read (a full FHIR server's runs to a few hundred KB)."""
 DEADLINE_SETTING = "services.flattening.timeout"
 NOT_A_SERVICE_HINT = "is services.flattening.service_url the flattening service's root?"
-OWN_CONNECTION = {"Connection": "close"}
-"""Each request on a connection of its own, which its deadline can shut down (``Deadline.watch``)."""
 
 
 class FlattenerError(StepError):
@@ -92,7 +91,7 @@ class Flattener:
         body = run_parameters(view, resources)
         operation = f"$run over {len(resources)} resources"
         headers = {**RUN_HEADERS, "Content-Length": str(len(body))}
-        request = {"params": {"_format": "ndjson"}, "headers": headers, "body": body}
+        request = {"params": {"_format": "ndjson"}, "headers": headers, "body": functools.partial(in_pieces, body)}
         with self._answer("POST", RUN_PATH, operation, **request) as (response, deadline):
             lines = answer_lines(response, deadline, operation, self._service)
             for number, line in enumerate(lines, start=1):
@@ -103,55 +102,26 @@ class Flattener:
     def _service(self) -> str:
         return self.client.endpoint.name
 
-    @contextmanager
+    @contextlib.contextmanager
     def _answer(
-        self,
-        method: str,
-        path: str,
-        operation: str,
-        *,
-        body: bytes | None = None,
-        headers: dict[str, str] | None = None,
-        **request: Any,
+        self, method: str, path: str, operation: str, **request: Any
     ) -> Iterator[tuple[httpx.Response, Deadline]]:
         """A 2xx answer whose body is still to be read, and the deadline its reading must keep. Failures before the
         answer starts are retried (``$run`` changes nothing); a failure while it is read is not (rows were taken)."""
+        where = {"operation": operation, "service": self._service}
 
-        def attempt() -> tuple[httpx.Response, Deadline]:
+        def attempt() -> tuple[contextlib.ExitStack, httpx.Response, Deadline]:
             deadline = Deadline(self._deadline, DEADLINE_SETTING)
-            content = None if body is None else deadline.pieces(in_pieces(body), operation, self._service)
-            sent_request = self.client.http.build_request(
-                method,
-                path,
-                content=content,
-                headers={**(headers or {}), **OWN_CONNECTION},
-                extensions=deadline.watch(),
-                **request,
-            )
-            deadline.url = sent_request.url
-            try:
-                sent = self.client.http.send(sent_request, stream=True)
-            except httpx.TransportError:
-                deadline.release()
-                deadline.check(operation, self._service)  # the deadline shut the connection down
-                raise
-            try:
-                deadline.check(operation, self._service)
-                raise_for_service_status(sent, operation=operation, service=self._service)
-            except BaseException:
-                sent.close()
-                deadline.release()
-                raise
-            return sent, deadline
+            with contextlib.ExitStack() as stack:
+                response = stack.enter_context(
+                    answer_within(self.client.http, deadline, method, path, **where, **request)
+                )
+                raise_for_service_status(response, **where)
+                return stack.pop_all(), response, deadline
 
-        response, deadline = call_with_retry(
-            attempt, self.client.retry, operation=operation, service=self._service, sleep=self.client.sleep
-        )
-        try:
+        answer, response, deadline = call_with_retry(attempt, self.client.retry, **where, sleep=self.client.sleep)
+        with answer:
             yield response, deadline
-        finally:
-            response.close()
-            deadline.release()
 
 
 def answer_lines(response: httpx.Response, deadline: Deadline, operation: str, service: str) -> Iterator[bytes]:
