@@ -2,21 +2,16 @@
 
 ``ServiceAuth`` is the one ``httpx.Auth`` every client gets. Per request (and per redirect hop) it
 
-- attaches the configured credentials — Basic (``httpx.BasicAuth``) or an OAuth 2.0 client-credentials bearer
-  token, plus the API key header — only when the request goes to the service's origin (scheme, host, port with
-  default ports normalised) or an origin the caller trusted explicitly (``trust``: the extraction server's file
-  origins listed in the configuration, when its manifest says the files need a token); requests to any other
-  origin (manifest file URLs, redirects) go out without Authorization, Proxy-Authorization or the API key
-  header, and that is logged once per origin;
-- follows redirects itself: clients are built with ``follow_redirects=False`` so httpx hands each redirect back
-  here as ``response.next_request`` and the origin check runs again for the next hop, which also lets a hop
-  back to the service carry credentials again. (httpx's own redirect following strips only Authorization, and
-  an auth flow never sees its intermediate hops.) httpx still enforces ``max_redirects`` because every hop
-  lands in the response history. A request event hook (``strip_foreign_credentials``) checks every request
-  once more, so a caller passing ``follow_redirects=True`` cannot leak credentials either;
+- attaches the configured credentials (Basic, or an OAuth 2.0 client-credentials bearer token, plus the API key
+  header) only for the service's origin (scheme, host, port, default ports normalised) or an origin the caller
+  trusted (``trust``: file origins the configuration approves); any other origin gets no Authorization,
+  Proxy-Authorization or API key header, logged once per origin;
+- follows redirects itself (clients are built with ``follow_redirects=False``), so the origin check runs for every
+  hop, and a hop back to the service carries credentials again (httpx's own following strips only Authorization,
+  and an auth flow never sees its hops); every hop lands in the history, so httpx still enforces
+  ``max_redirects``, and the request hook ``strip_foreign_credentials`` checks a ``follow_redirects=True`` call too;
 - on a 401 from the service while using OAuth, fetches exactly one fresh token and sends the request once more;
-- refuses a redirect loop (a URL redirecting to itself or back to an earlier hop) with an error naming the URL,
-  and a redirect to a URL with a user name or password (httpx would send them as Basic auth to that host).
+- refuses a redirect loop, naming the URL, and a redirect to a URL with user info (httpx would send it as Basic).
 
 Tokens come from a ``TokenSource`` shared per (issuer, client id) across all clients of the process; it asks
 authlib's ``OAuth2Client`` for them and renews them shortly before ``expires_in`` runs out.

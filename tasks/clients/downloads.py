@@ -1,28 +1,20 @@
 """Streaming download of one NDJSON file into the job directory (used by ``extractor`` and ``http_import``).
 
-Plain Python, no Prefect. The caller passes a client from ``tasks.clients.http.build_client``, so TLS and
-credential scoping (credentials only to the configured origin) come from the client layer.
+Plain Python, no Prefect. The caller's client comes from ``tasks.clients.http.build_client`` (TLS, credentials
+only to the configured origin). Rules (spec "Extraction step procedure" 7 and "Errors"):
 
-Rules (spec "Extraction step procedure" 7 and "Errors"):
-
-- The body is streamed with ``Accept: application/fhir+ndjson`` and no whole-request deadline: the read
-  timeout is the stall timeout, so a download is cancelled only when no byte arrives for that long.
-- Retried (``retry.*``, every connection an attempt): only a retryable structured error, i.e. a transient HTTP
-  status (5xx, 408, 429), a connection error before the response arrived, or a connection broken in the middle of
-  the body (a reset, a body shorter than its Content-Length). A broken body is resumed: the next attempt asks for
-  the rest with ``Range: bytes=<received>-`` (bytes of the body as sent, compressed or not) and feeds it on into
-  the same temporary file; a 206 from another byte is an error, and a server that answers 200 (no ranges) sends
-  the whole file again, which then starts over from byte 0. Never retried (spec: a stall and a mid-body write
-  error): a stall (a read timeout, whether waiting for the headers or inside the body), a write error, data that
-  are no NDJSON. These raise ``DownloadError`` or ``NdjsonError``; ``continue`` redoes the file.
-- The body must be NDJSON: an HTML answer (``Content-Type: text/html`` or a body starting with ``<``) or a
-  line that is not a FHIR resource is an error naming the URL and line. A zstd-compressed body (magic bytes)
-  is decompressed.
-- A body that ends in the middle of a line (a last line without a newline that does not parse: the server
-  closed the connection early and sent no Content-Length to tell) is incomplete: a transient error, retried.
-- File names come from the URL's last segment and are checked (``tasks.core.names.name_from_data_problem``); a manifest
-  listing more than ``max_files`` files is refused.
-- Output goes through ``AtomicNdjsonWriter`` (temporary name, renamed when complete), so a failed
+- Streamed with ``Accept: application/fhir+ndjson`` and no whole-request deadline: the read timeout is the stall
+  timeout, so a download is cancelled only when no byte arrives for that long.
+- Retried (``retry.*``, every connection an attempt): a transient HTTP status (5xx, 408, 429), a connection error
+  before the answer, a body broken in the middle (a reset, fewer bytes than its Content-Length), which is resumed
+  with ``Range: bytes=<received>-`` into the same temporary file (a 206 from another byte is an error; a 200
+  starts over from byte 0). Never retried (spec): a stall (a read timeout, before the headers or in the body), a
+  write error, data that are no NDJSON: ``DownloadError`` or ``NdjsonError``; ``continue`` redoes the file.
+- The body must be NDJSON (zstd is decompressed): an HTML answer (``text/html`` or a body starting with ``<``) or a
+  line that is no FHIR resource is an error naming the URL and line. A last line cut short (no newline, does not
+  parse: the server closed early without a Content-Length) is a transient error, retried.
+- File names come from the URL's last segment, checked (``tasks.core.names.name_from_data_problem``); more than
+  ``max_files`` files are refused. Output goes through ``AtomicNdjsonWriter`` (renamed when complete), so a failed
   download never leaves a file under its final name.
 """
 

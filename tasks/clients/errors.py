@@ -1,14 +1,10 @@
 """Typed errors of outgoing service calls: transient (worth retrying) or terminal.
 
-A ``ServiceError`` says which service and operation failed, the HTTP status (None for network errors),
-and a message the user can act on. Response bodies are never echoed, because they could carry secrets
-or patient data; only the texts of a FHIR OperationOutcome (``issue[].diagnostics`` and
-``issue[].details.text``) are taken over, truncated, since services put their explanation there.
-
-Every text that leaves a client passes through ``tasks.core.redaction.redact``: ``ServiceError`` messages are redacted
-when made, OperationOutcome texts when taken (``operation_outcome_texts``).
-
-The clients' exceptions have their place in the one tree drawn in ``tasks.core.errors``.
+A ``ServiceError`` says which service and operation failed, the HTTP status (None for network errors), and a
+message the user can act on. Response bodies are never echoed (secrets, patient data): only a FHIR
+OperationOutcome's texts (``issue[].diagnostics``, ``issue[].details.text``) are taken over, truncated. Every text
+that leaves a client is redacted (``tasks.core.redaction.redact``): ``ServiceError`` messages when made,
+OperationOutcome texts when taken. The exceptions have their place in the one tree drawn in ``tasks.core.errors``.
 """
 
 from __future__ import annotations
@@ -48,21 +44,11 @@ class ServiceError(DupflowError):
         retry_after: float | None = None,
         no_answer: bool = False,
     ):
-        self.service = service
-        self.retry_after = retry_after
-        self.no_answer = no_answer
-        message = redact(message)
-        super().__init__(message, operation=operation, status_code=status_code, transient=transient)
-        self.message = message
-        self.args = (self._describe(),)
-
-    def __str__(self) -> str:
-        return self._describe()
-
-    def _describe(self) -> str:
-        who = f"{self.service}: " if self.service else ""
-        status = f" with HTTP {self.status_code}" if self.status_code is not None else ""
-        return redact(f"{who}{self.operation} failed{status} ({self.kind}): {self.message}")
+        self.service, self.retry_after, self.no_answer = service, retry_after, no_answer
+        super().__init__(redact(message), operation=operation, status_code=status_code, transient=transient)
+        who = f"{service}: " if service else ""
+        status = f" with HTTP {status_code}" if status_code is not None else ""
+        self.args = (redact(f"{who}{operation} failed{status} ({self.kind}): {self.message}"),)  # what str() shows
 
     def __repr__(self) -> str:
         return (

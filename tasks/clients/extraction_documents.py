@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from config.settings import ExtractorSettings
 
 SERVICE = "extractor"
-FHIR_JSON = "application/fhir+json"
 TASK_TIMEOUT = timedelta(seconds=10)
 # The spec's {extension_base}/extractor-job-progress and the real server's torch-job-progress.
 PROGRESS_EXTENSION_SUFFIXES = ("/extractor-job-progress", "/torch-job-progress")

@@ -21,14 +21,13 @@ import httpx
 
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_documents import (
-    FHIR_JSON,
     SERVICE,
     TASK_TIMEOUT,
     ExtractionError,
     base_url_of,
     progress_values,
 )
-from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.http import FHIR_JSON, FHIR_JSON_HEADERS, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
 
 if TYPE_CHECKING:
@@ -272,7 +271,7 @@ class ExtractionTaskClient(ServiceClient):
                 "",
                 operation="set extraction job priority",
                 content=json.dumps(update).encode(),
-                headers={"Content-Type": FHIR_JSON, "Accept": FHIR_JSON, "If-Match": f'W/"{version}"'},
+                headers={**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'},
             )
         except ServiceError as exc:
             if exc.status_code != 428:

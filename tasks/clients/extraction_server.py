@@ -1,30 +1,22 @@
 """Client of the extraction server (TORCH): submit a CRTDL, poll the job, read the result's file URLs.
 
-Plain Python, no Prefect. Follows /work/shared/spec/extraction-server-api.md and the real server's
-deviations in protocols.md (kick-off answers 202; X-Progress header; CANCELLED is 410). What is sent and
-answered is read and checked in ``tasks.clients.extraction_documents``; the operator's Task API is
-``tasks.clients.extraction_jobs``.
+Plain Python, no Prefect. Follows /work/shared/spec/extraction-server-api.md and the real server's deviations in
+protocols.md (kick-off answers 202; X-Progress header; CANCELLED is 410); what is sent and answered is read and
+checked in ``tasks.clients.extraction_documents``, the operator's Task API is ``tasks.clients.extraction_jobs``.
 
-- ``submit`` posts once and never retries (a retry could start a second job): ``call_once``, the visible opt-out
-  of ``tasks.clients.retry``'s policy.
-- ``poll_until_complete`` implements the poll table of pipeline-tool.md ("States and transitions"): 202/102
-  progress, 200 done, 404/410 ``DeadHandleError`` (the caller decides to submit again), 500
-  ``ExtractionFailedError``, 408/429/other 5xx and network failures retried after the back-off, other 4xx
-  terminal. The back-off doubles from ``polling_interval`` to ``max_polling_interval``; only
+- ``submit`` posts once (``call_once``, the visible opt-out of ``tasks.clients.retry``): a retry could start a
+  second job.
+- ``poll_until_complete`` is the poll table of pipeline-tool.md ("States and transitions"), one GET per iteration
+  (procedure step 4): 202/102 progress, 200 done, 404/410 ``DeadHandleError`` (the caller decides to submit
+  again), 500 ``ExtractionFailedError``, 408/429/other 5xx and network failures polled again after the back-off
+  (doubling from ``polling_interval`` to ``max_polling_interval``), other 4xx terminal; only
   ``extraction_timeout`` without a 200/202 ends the wait. Time is injectable (``clock``, ``sleep``).
-- One GET per poll iteration (pipeline-tool.md, procedure step 4). Progress: the X-Progress header (or the
-  OperationOutcome diagnostics) of that answer; the batches done/total of the Task's progress extension are read
-  besides only while batches run, at most once per ``TASK_PROGRESS_INTERVAL``, and never again once the server
-  shows it has no Task API (404/405/501) — failures there are ignored.
-- Status answers are read bounded: a completed job's manifest up to ``MAX_MANIFEST_BYTES`` (more is refused as
-  soon as the wire or Content-Length shows it), any other answer up to ``MAX_STATUS_BODY_BYTES`` (the rest is
-  not read: only its progress or error text matters). A manifest listing more than
-  ``services.extractor.max_result_files`` outputs is refused before any URL is resolved.
-- URLs from the server (Content-Location, the manifest's ``request`` and output URLs) with a user name or
-  password are refused (tasks.core.url_credentials), never followed: httpx would send them as Basic auth.
-- ``requiresAccessToken: true``: the configured credentials also go to the result files' origins, but only to
-  base_url's origin or one listed in ``services.extractor.file_origins``; any other origin is an error naming
-  it and the key. Without it, credentials go to base_url's origin only.
+- Progress is the answer's X-Progress header (or OperationOutcome diagnostics); the Task's batches done/total are
+  read besides only while batches run, at most once per ``TASK_PROGRESS_INTERVAL``, never on a server without
+  the Task API (404/405/501), and failures there are ignored.
+- Status answers are read bounded (``bounded_answer``); URLs from the server with a user name or password are
+  refused (tasks.core.url_credentials), never followed: httpx would send them as Basic auth. Credentials go to
+  base_url's origin only, and with ``requiresAccessToken`` to the file origins approved in the configuration.
 """
 
 from __future__ import annotations
@@ -52,7 +44,6 @@ from tasks.clients.errors import (
     raise_for_service_status,
 )
 from tasks.clients.extraction_documents import (
-    FHIR_JSON,
     SERVICE,
     TASK_TIMEOUT,
     DeadHandleError,
@@ -68,7 +59,7 @@ from tasks.clients.extraction_documents import (
     resolve_file_url,
     result_urls,
 )
-from tasks.clients.http import Closing, ServiceEndpoint, build_client, http_timeout
+from tasks.clients.http import FHIR_JSON, FHIR_JSON_HEADERS, Closing, ServiceEndpoint, build_client, http_timeout
 from tasks.clients.retry import call_once
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
 
@@ -154,7 +145,7 @@ class ExtractionServerClient(Closing):
             response = self.http.post(
                 self.base_url + SUBMIT_PATH,
                 content=json.dumps(kickoff_parameters(crtdl)).encode(),
-                headers={"Content-Type": FHIR_JSON, "Accept": FHIR_JSON},
+                headers=FHIR_JSON_HEADERS,
                 timeout=http_timeout(SUBMIT_TIMEOUT),
             )
             raise_for_service_status(response, operation=operation, service=SERVICE)
@@ -284,15 +275,12 @@ class ExtractionServerClient(Closing):
                 "cannot find the result files"
             ) from exc
         refuse_credentials_in_url(manifest_request(document), door="the manifest's request URL", fix=SERVER_URL_FIX)
-        urls = [self.resolve_url(url) for url in result_urls(document, self.settings.max_result_files)]
+        urls = [resolve_file_url(self.base_url, url) for url in result_urls(document, self.settings.max_result_files)]
         for url in urls:
             refuse_credentials_in_url(url, door="a result file URL of the manifest", fix=SERVER_URL_FIX)
         if requires_access_token(document):
             self.trust_file_origins(urls)
         return urls
-
-    def resolve_url(self, url: str) -> str:
-        return resolve_file_url(self.base_url, url)
 
     def trust_file_origins(self, urls: Sequence[str]) -> None:
         """The files need a token: send the credentials to their origins too, if each is base_url's origin or

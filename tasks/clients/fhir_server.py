@@ -1,26 +1,22 @@
 """Client of a FHIR server for the send step: transaction Bundles (direct_resource_load) and resource PUTs with
 streamed bodies (transfer_load's Binary and DocumentReference). Plain Python: no Prefect in here.
 
-Every call goes through the client layer (``tasks.clients.http``): credentials scoped to the server's origin,
-retry of network errors, 408, 429 and 5xx with backoff, other 4xx terminal. A transaction is atomic on the server,
-so sending it again after an ambiguous failure cannot apply it twice: entries are PUTs (idempotent) or conditional
-creates (``ifNoneExist``), see tasks/send.py.
+Every call goes through the client layer (``tasks.clients.http``): credentials scoped to the server's origin, the
+one retry policy. A transaction is atomic on the server, so sending it again after an ambiguous failure cannot
+apply it twice: entries are PUTs (idempotent) or conditional creates (``ifNoneExist``), see tasks/send.py.
 
-A 2xx answer to a transaction is not yet a success: every entry of the ``transaction-response`` is checked, and
-one failed entry (or a missing one) rejects the batch like an HTTP error would. A rejection carries the server's
-answer (status and body, credentials it quoted back blanked out) so the step can keep it for inspection.
+A 2xx answer to a transaction is not yet a success: every entry of the ``transaction-response`` is checked, and a
+failed or missing entry rejects the batch like an HTTP error would. A rejection carries the server's answer (status
+and body, credentials it quoted back blanked out) so the step can keep it for inspection.
 
 Bounds (``tasks.clients.bounds``; services.send has no timeout key, so they are constants): each read waits up to
-``SEND_TIMEOUT`` (10 minutes); each call has a whole-request deadline of ``REQUEST_DEADLINE`` (10 minutes) plus
-1 s per MB of its body (``SLOWEST_UPLOAD_BYTES_PER_SECOND``), checked as the body goes out and as the answer comes
-in; each call has a connection of its own, shut down at the deadline, so a server dripping its headers is cut off
-too. A call past its deadline is a transient failure and retried. At most
-``MAX_ANSWER_BYTES`` (64 MB) of an answer is read, 1 MB of an error answer, none of a PUT's answer.
+``SEND_TIMEOUT``; each call has a whole-request deadline of ``REQUEST_DEADLINE`` plus 1 s per MB of its body
+(``SLOWEST_UPLOAD_BYTES_PER_SECOND``) on a connection of its own (``answer_within``), past which it is a transient
+failure, retried. At most ``MAX_ANSWER_BYTES`` of an answer is read, 1 MB of an error answer, none of a PUT's.
 """
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -30,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from tasks.clients.bounds import Deadline, answer_within, in_pieces
+from tasks.clients.bounds import MB, Deadline, answer_within
 from tasks.clients.bounds import read_answer as read_bounded
 from tasks.clients.errors import (
     MAX_MESSAGE_CHARS,
@@ -40,17 +36,14 @@ from tasks.clients.errors import (
     operation_outcome_texts,
     truncate,
 )
-from tasks.clients.http import Closing, ServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.retry import call_with_retry
 from tasks.core.redaction import redact
 
 if TYPE_CHECKING:
     from config.settings import RetrySettings, SendSettings, TlsSettings
 
-FHIR_JSON = "application/fhir+json"
-REQUEST_HEADERS = {"Content-Type": FHIR_JSON, "Accept": FHIR_JSON}
 SERVICE_NAME = "FHIR server"
-MB = 1024 * 1024
 # services.send has no timeout key; a transaction of 1000 resources or a Binary of a large file can keep a server
 # busy for minutes before it answers, so one read may take this long.
 SEND_TIMEOUT = timedelta(minutes=10)
@@ -160,13 +153,12 @@ class FhirServer(Closing):
         (at most ``max_answer_bytes`` of it, none when ``read_answer`` is False). A 4xx/5xx answer (after the retries
         of the transient ones) raises its ``ServiceError``, or what ``rejection`` makes of it and the answer."""
         refused: list[_Refused] = []
-        pieces = None if body is None else functools.partial(pieces_of, body)
-        headers = {**REQUEST_HEADERS, **({"Content-Length": str(size)} if size is not None else {})}
+        headers = {**FHIR_JSON_HEADERS, **({"Content-Length": str(size)} if size is not None else {})}
 
         def attempt() -> Answer:
             deadline = Deadline(self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND, DEADLINE_SETTING)
             timeout = http_timeout(min(SEND_TIMEOUT, timedelta(seconds=deadline.seconds)))
-            request = {"body": pieces, "headers": headers, "params": params, "timeout": timeout}
+            request = {"body": body, "headers": headers, "params": params, "timeout": timeout}
             try:
                 with answer_within(
                     self.http, deadline, method, path, operation=operation, service=SERVICE_NAME, **request
@@ -221,11 +213,6 @@ class _Refused(Exception):
     def __init__(self, answer: Answer, error: ServiceError):
         super().__init__(str(error))
         self.answer, self.error = answer, error
-
-
-def pieces_of(body: Callable[[], Iterable[bytes]] | bytes) -> Iterable[bytes]:
-    """A request body in pieces, so the deadline is checked as it goes out."""
-    return in_pieces(body) if isinstance(body, bytes) else body()
 
 
 def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionRejected:

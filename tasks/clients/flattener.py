@@ -8,19 +8,15 @@ Wire contract (spec/protocols.md, "Flattening service"):
   ``Accept: application/x-ndjson``; the body is a ``Parameters`` with a ``viewDefinition`` part and one
   ``resources`` part per resource. The answer is NDJSON, one object per row keyed by column name.
 
-``$run`` computes rows and changes nothing on the server, so it is retried like a read until its answer starts.
-The answer is streamed: rows are parsed one line at a time as they arrive (never the whole answer in memory), each
-line at most ``MAX_ROW_BYTES`` (16 MB). ``services.flattening.timeout`` is the deadline of each whole request, the
-answer's rows included, checked as the body goes out and as the answer comes in, and each request has a connection
-of its own that is shut down at the deadline (``tasks.clients.bounds``), so a server dripping its answer or its
-headers is cut off. Numbers in the answer are read as ``Decimal`` so that they reach the CSV as
-written. Plain Python: no Prefect in here.
+``$run`` changes nothing on the server, so it is retried like a read until its answer starts. Rows are parsed one
+line at a time as they arrive, each at most ``MAX_ROW_BYTES``. ``services.flattening.timeout`` is the deadline of
+each whole request, rows included (``tasks.clients.bounds.answer_within``). Numbers are read as ``Decimal``, so
+they reach the CSV as written. Plain Python: no Prefect in here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 from collections.abc import Iterator
 from datetime import timedelta
@@ -29,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from tasks.clients.bounds import Deadline, answer_within, in_pieces, read_answer
+from tasks.clients.bounds import MB, Deadline, answer_within, read_answer
 from tasks.clients.errors import network_error, raise_for_service_status
 from tasks.core.redaction import redact
 from tasks.clients.http import ServiceClient
@@ -39,7 +35,6 @@ from tasks.core.errors import StepError
 METADATA_PATH = "/fhir/metadata"
 RUN_PATH = "/fhir/ViewDefinition/$run"
 RUN_HEADERS = {"Content-Type": "application/fhir+json", "Accept": "application/x-ndjson"}
-MB = 1024 * 1024
 MAX_ROW_BYTES = 16 * MB
 """The longest line of a ``$run`` answer that is read: one row, one CSV line."""
 MAX_METADATA_BYTES = 16 * MB
@@ -91,7 +86,7 @@ class Flattener:
         body = run_parameters(view, resources)
         operation = f"$run over {len(resources)} resources"
         headers = {**RUN_HEADERS, "Content-Length": str(len(body))}
-        request = {"params": {"_format": "ndjson"}, "headers": headers, "body": functools.partial(in_pieces, body)}
+        request = {"params": {"_format": "ndjson"}, "headers": headers, "body": body}
         with self._answer("POST", RUN_PATH, operation, **request) as (response, deadline):
             lines = answer_lines(response, deadline, operation, self._service)
             for number, line in enumerate(lines, start=1):

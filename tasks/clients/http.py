@@ -7,13 +7,10 @@ Steps never build ``httpx`` clients themselves::
     with ServiceClient(endpoint, settings.tls, settings.retry) as client:
         response = client.request("GET", "/fhir/metadata", operation="read metadata")
 
-Relative URLs resolve against the service's base URL. Clients follow redirects through their auth flow (see
-``tasks.clients.auth``), so there is no need to pass ``follow_redirects=True``; credentials reach only the
-service's origin either way.
-
-Retry is ``tasks.clients.retry``'s one policy: ``ServiceClient.request`` is one attempt under it, and clients that
-stream a body or bound an answer pass their own attempt to ``call_with_retry`` / ``call_with_retry_async``. A call
-that could create something twice uses ``ServiceClient.request_once`` (``retry.call_once``).
+Relative URLs resolve against the service's base URL; redirects are followed by the auth flow
+(``tasks.clients.auth``), credentials reaching only the service's origin. ``ServiceClient.request`` is one attempt
+under ``tasks.clients.retry``'s policy (``request_once``: ``call_once``, for a call that could create something
+twice); clients that stream a body or bound an answer pass their own attempt to ``call_with_retry(_async)``.
 """
 
 from __future__ import annotations
@@ -41,6 +38,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("dupflow.clients")
 
 DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=10)
+FHIR_JSON = "application/fhir+json"
+FHIR_JSON_HEADERS = {"Content-Type": FHIR_JSON, "Accept": FHIR_JSON}
 
 
 def http_timeout(read: timedelta, *, connect: timedelta = DEFAULT_CONNECT_TIMEOUT) -> httpx.Timeout:

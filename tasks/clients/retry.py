@@ -1,28 +1,24 @@
 """The one retry policy of every outgoing call (tenacity is the engine); plain Python, no Prefect.
 
-Every client retries through ``call_with_retry`` (sync) or ``call_with_retry_async`` (asyncio), which share one
-policy (``_policy``; tenacity's ``wait_exponential`` is the backoff):
+Every client retries through ``call_with_retry`` (sync) or ``call_with_retry_async``, which share one policy
+(``_policy``; tenacity's ``wait_exponential`` is the backoff):
 
-- ``retry.max_attempts`` attempts in total;
-- before retry n (n = 0 for the first retry) the wait is ``min(initial_backoff_ms * 2**n, max_backoff_ms)``; a
-  Retry-After header replaces it, capped at ``max_backoff_ms``;
+- ``retry.max_attempts`` attempts in total; before retry n (0 for the first) the wait is
+  ``min(initial_backoff_ms * 2**n, max_backoff_ms)``, or a Retry-After header, capped at ``max_backoff_ms``;
 - transient (retried): network errors (by exception type), 408, 429, 5xx, and a whole-request deadline that passed
   (``tasks.clients.bounds``); terminal (raised at once): other 4xx, untrusted certificates, unsupported URL
   schemes, and every error that is not a ``ServiceError`` or an httpx transport error;
-- each retry is logged on ``dupflow.clients`` (whose records pass ``tasks.core.redaction.RedactingFilter``) with the
-  error's text, which is redacted already;
-- a network error still failing at the end is raised as a ``ServiceError`` (status None).
+- each retry is logged on ``dupflow.clients`` (records pass ``tasks.core.redaction.RedactingFilter``) with the
+  error's text, redacted already; a network error still failing at the end is raised as a ``ServiceError``.
 
-The attempt is the caller's: a function that makes one request and raises a ``ServiceError`` (or lets an httpx
-transport error out) when it fails, so streamed uploads and bounded answers are retried the same way as plain
-requests (``ServiceClient.request`` is one such attempt).
+The attempt is the caller's: one request that raises a ``ServiceError`` (or lets an httpx transport error out), so
+streamed uploads and bounded answers are retried like plain requests (``ServiceClient.request`` is one such).
 
-A call that could create something twice opts out, visibly, with ``call_once``: one attempt, the same error
-classification, never a second request. The extraction kick-off (``POST $extract-data``) is that call; a failure
-there leaves the submission in doubt for the extraction step to settle. The extraction status poll is no retry but
-the spec's poll loop (``ExtractionServerClient.poll_until_complete``): one GET per iteration, its own back-off from
-``polling_interval``, ended only by ``extraction_timeout``; it uses the same classification and Retry-After parsing.
-S3 uploads (``s3.py``) are retried by botocore, with ``retry.max_attempts`` as its attempt count.
+A call that could create something twice opts out, visibly, with ``call_once``: one attempt, the same
+classification. The extraction kick-off (``POST $extract-data``) is that call; its failure leaves the submission
+in doubt for the extraction step to settle. The extraction status poll is the spec's poll loop, not a retry
+(``ExtractionServerClient.poll_until_complete``), with the same classification and Retry-After parsing. S3 uploads
+(``s3.py``) are retried by botocore, with ``retry.max_attempts`` as its attempt count.
 """
 
 from __future__ import annotations

@@ -1,20 +1,16 @@
 """S3 for the s3_upload send mode: the boto3 client (endpoint, addressing, TLS, timeouts, retry, proxy auth) and
 the uploader with its manifest of uploaded objects.
 
-The S3 API is authenticated by ``s3.access_key_id`` / ``s3.secret_access_key``. ``send.auth`` username and
-password become a ``Proxy-Authorization: Basic`` header on every request for an upstream proxy in front of the
-store; ``api_key`` is ignored. The header is added on botocore's ``before-send`` event, after SigV4 signing, so
-it is not part of the signature and a proxy may strip it without breaking the request.
+The S3 API is authenticated by ``s3.access_key_id`` / ``s3.secret_access_key``; ``send.auth`` username and password
+become a ``Proxy-Authorization: Basic`` header for an upstream proxy (``api_key`` is ignored), added on botocore's
+``before-send`` event, after SigV4 signing, so a proxy may strip it without breaking the signature. botocore does
+its own retry backoff; only the number of attempts (``retry.max_attempts``) carries over.
 
-botocore does its own retry backoff; only the number of attempts (``retry.max_attempts``) carries over.
-
-``S3Uploader`` uploads files through boto3's transfer manager (multipart with parallel parts above its threshold)
-and records each uploaded object (key, size, ETag) in a JSON manifest, rewritten atomically, so a resumed job skips
-objects that are recorded and still in the bucket. A process killed during a multipart upload leaves an incomplete
-upload on the server (boto3 aborts it itself only when it fails in-process); the next upload of the same key aborts
-such leftovers first. botocore's error texts are not passed on as they are: they are rebuilt from the error code and
-message with every configured credential blanked out, and the exception chain is cut, so neither logs nor job
-records can show them.
+``S3Uploader`` uploads through boto3's transfer manager (multipart, parallel parts above its threshold) and records
+each object (key, size, ETag) in a JSON manifest, rewritten atomically, so a resumed job skips objects recorded
+and still in the bucket. A multipart upload left by a killed process (boto3 aborts only in-process failures) is
+aborted before the next upload of its key. botocore's error texts are rebuilt from code and message with every
+configured credential blanked out and the exception chain cut, so neither logs nor job records can show them.
 """
 
 from __future__ import annotations
