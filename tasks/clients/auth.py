@@ -325,13 +325,7 @@ class ServiceAuth(httpx.Auth):
     def _redirect_loop(self, response: httpx.Response, target: httpx.URL) -> ServiceError:
         source, again = _shown_url(response.request.url), _shown_url(target)
         where = f"{source} redirects to itself" if source == again else f"{source} redirects back to {again}"
-        return ServiceError(
-            f"{response.request.method} {source}",
-            response.status_code,
-            f"redirect loop: {where}; check the URL and the server's configuration",
-            transient=False,
-            service=self.service,
-        )
+        return self._refused_hop(response, f"redirect loop: {where}; check the URL and the server's configuration")
 
     def _refuse_credentials_in_location(self, response: httpx.Response) -> None:
         try:
@@ -341,13 +335,12 @@ class ServiceAuth(httpx.Auth):
                 fix="the server redirects there; fix its configuration so that its redirects carry no credentials",
             )
         except CredentialsInUrlError as exc:
-            raise ServiceError(
-                f"{response.request.method} {_shown_url(response.request.url)}",
-                response.status_code,
-                str(exc),
-                transient=False,
-                service=self.service,
-            ) from None
+            raise self._refused_hop(response, str(exc)) from None
+
+    def _refused_hop(self, response: httpx.Response, message: str) -> ServiceError:
+        """The terminal error of a redirect that is not followed."""
+        operation = f"{response.request.method} {_shown_url(response.request.url)}"
+        return ServiceError(operation, response.status_code, message, transient=False, service=self.service)
 
     def strip_foreign_credentials(self, request: httpx.Request) -> None:
         """Request event hook: a last check on every request sent, including hops httpx follows by itself

@@ -59,7 +59,15 @@ from tasks.clients.extraction_documents import (
     resolve_file_url,
     result_urls,
 )
-from tasks.clients.http import FHIR_JSON, FHIR_JSON_HEADERS, Closing, ServiceEndpoint, build_client, http_timeout
+from tasks.clients.http import (
+    FHIR_JSON,
+    FHIR_JSON_HEADERS,
+    Closing,
+    ServiceEndpoint,
+    build_client,
+    http_timeout,
+    one_attempt,
+)
 from tasks.clients.retry import call_once
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
 
@@ -139,18 +147,11 @@ class ExtractionServerClient(Closing):
         """POST $extract-data exactly once (``call_once``: it opts out of retry, since a second
         request could start a second job); the status URL from Content-Location, made absolute. A failure leaves
         the submission in doubt for the extraction step to settle."""
-        operation = "submit extraction"
-
-        def attempt() -> httpx.Response:
-            response = self.http.post(
-                self.base_url + SUBMIT_PATH,
-                content=json.dumps(kickoff_parameters(crtdl)).encode(),
-                headers=FHIR_JSON_HEADERS,
-                timeout=http_timeout(SUBMIT_TIMEOUT),
-            )
-            raise_for_service_status(response, operation=operation, service=SERVICE)
-            return response
-
+        operation, content = "submit extraction", json.dumps(kickoff_parameters(crtdl)).encode()
+        request = {"content": content, "headers": FHIR_JSON_HEADERS, "timeout": http_timeout(SUBMIT_TIMEOUT)}
+        attempt = one_attempt(
+            self.http, "POST", self.base_url + SUBMIT_PATH, operation=operation, service=SERVICE, **request
+        )
         response = call_once(attempt, operation=operation, service=SERVICE)
         if response.status_code not in (200, 202):
             raise ExtractionError(

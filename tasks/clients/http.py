@@ -140,14 +140,9 @@ class Closing:
 
 
 class ServiceClient(Closing):
-    """A client for one configured service whose every request is retried and classified by the one policy.
-
-    ``request`` retries transient failures (network errors, 408, 429, 5xx) per ``retry.*`` and raises a
-    ``ServiceError`` for any 4xx/5xx answer; ``request_once`` is the opt-out for a call that could create or
-    destroy something twice (attempted exactly once). ``http`` is the underlying ``httpx.Client`` for clients
-    that stream their bodies in their own attempts (``call_with_retry(attempt, client.retry, ...)``). ``sleep``
-    waits between attempts (a test passes one that records the waits).
-    """
+    """A client for one configured service whose every request is retried and classified by the one policy
+    (``request``; ``request_once`` for a call that could create or destroy something twice). ``http`` is the
+    ``httpx.Client`` for clients that stream bodies in their own attempts; ``sleep`` waits between attempts."""
 
     def __init__(
         self,
@@ -157,30 +152,31 @@ class ServiceClient(Closing):
         *,
         sleep: Callable[[float], None] = time.sleep,
     ):
-        self.endpoint = endpoint
-        self.retry = retry
-        self.sleep = sleep
+        self.endpoint, self.retry, self.sleep = endpoint, retry, sleep
         self.http = build_client(endpoint, tls)
 
     def request(self, method: str, url: str | httpx.URL, *, operation: str, **request_kwargs) -> httpx.Response:
         """``http.request`` under the retry policy; a 4xx/5xx answer becomes a ``ServiceError``."""
-        attempt = self._attempt(method, url, operation, request_kwargs)
+        attempt = one_attempt(self.http, method, url, operation=operation, service=self.endpoint.name, **request_kwargs)
         return call_with_retry(attempt, self.retry, operation=operation, service=self.endpoint.name, sleep=self.sleep)
 
     def request_once(self, method: str, url: str | httpx.URL, *, operation: str, **request_kwargs) -> httpx.Response:
         """``request`` attempted exactly once: for a call that must not be repeated on an ambiguous failure."""
-        attempt = self._attempt(method, url, operation, request_kwargs)
+        attempt = one_attempt(self.http, method, url, operation=operation, service=self.endpoint.name, **request_kwargs)
         return call_once(attempt, operation=operation, service=self.endpoint.name)
 
-    def _attempt(
-        self, method: str, url: str | httpx.URL, operation: str, request_kwargs: dict
-    ) -> Callable[[], httpx.Response]:
-        def attempt() -> httpx.Response:
-            response = self.http.request(method, url, **request_kwargs)
-            raise_for_service_status(response, operation=operation, service=self.endpoint.name)
-            return response
 
-        return attempt
+def one_attempt(
+    http: httpx.Client, method: str, url: str | httpx.URL, *, operation: str, service: str | None, **request_kwargs
+) -> Callable[[], httpx.Response]:
+    """One request whose 4xx/5xx answer raises a ``ServiceError``: an attempt for ``tasks.clients.retry``."""
+
+    def attempt() -> httpx.Response:
+        response = http.request(method, url, **request_kwargs)
+        raise_for_service_status(response, operation=operation, service=service)
+        return response
+
+    return attempt
 
 
 class AsyncServiceClient:
@@ -194,9 +190,7 @@ class AsyncServiceClient:
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ):
-        self.endpoint = endpoint
-        self.retry = retry
-        self.sleep = sleep
+        self.endpoint, self.retry, self.sleep = endpoint, retry, sleep
         self.http = build_async_client(endpoint, tls)
 
     async def request(self, method: str, url: str | httpx.URL, *, operation: str, **request_kwargs) -> httpx.Response:
