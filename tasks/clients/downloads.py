@@ -41,16 +41,8 @@ from tasks.core.errors import StepError
 from tasks.core.names import name_from_data_problem, show_name
 from tasks.core.url_credentials import shown_url
 from tasks.streams.processes import never_cancelled
-from tasks.streams.ndjson import (
-    AtomicNdjsonWriter,
-    CompressionLevel,
-    FileStats,
-    TruncatedLineError,
-    UnsafeNameError,
-    StreamDecoder,
-    first_non_blank,
-    output_name,
-)
+from tasks.streams.ndjson import AtomicNdjsonWriter, CompressionLevel, FileStats, TruncatedLineError, UnsafeNameError
+from tasks.streams.ndjson import StreamDecoder, first_non_blank, output_name
 
 if TYPE_CHECKING:
     from config.settings import RetrySettings
@@ -118,12 +110,7 @@ def target_names(urls: Iterable[str], compress: bool, max_files: int = DEFAULT_M
 
 
 def wait_until_available(
-    client: httpx.Client,
-    url: str,
-    *,
-    checks: int,
-    interval: timedelta,
-    sleep: Callable[[float], None] = time.sleep,
+    client: httpx.Client, url: str, *, checks: int, interval: timedelta, sleep: Callable[[float], None] = time.sleep
 ) -> None:
     """Check up to ``checks`` times, ``interval`` apart, that the file can be fetched; ``checks <= 0``: skip."""
     for check in range(checks):
@@ -367,12 +354,7 @@ class _Sink:
         self._decoder = StreamDecoder(shown_url(url))
         self._first_line = FirstLineCheck(url, max_line_bytes)
         self._writer = AtomicNdjsonWriter(
-            dest,
-            level,
-            max_line_bytes,
-            source=shown_url(url),
-            expected_size=size,
-            stop_if_cancelled=stop_if_cancelled,
+            dest, level, max_line_bytes, source=shown_url(url), expected_size=size, stop_if_cancelled=stop_if_cancelled
         )
         self._writer.__enter__()  # left by finish or discard: a sink spans attempts, no ``with`` block
 

@@ -20,13 +20,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from tasks.clients.errors import ServiceError
-from tasks.clients.extraction_documents import (
-    SERVICE,
-    TASK_TIMEOUT,
-    ExtractionError,
-    base_url_of,
-    progress_values,
-)
+from tasks.clients.extraction_documents import SERVICE, TASK_TIMEOUT, ExtractionError, base_url_of, progress_values
 from tasks.clients.http import FHIR_JSON, FHIR_JSON_HEADERS, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
 

@@ -34,40 +34,14 @@ import httpx
 import orjson
 
 from tasks.clients.auth import Origin, ServiceAuth, origin_of, origin_text
-from tasks.clients.errors import (
-    error_from_response,
-    is_transient_network_error,
-    is_transient_status,
-    network_error,
-    operation_outcome_texts,
-    parse_retry_after,
-    raise_for_service_status,
-)
-from tasks.clients.extraction_documents import (
-    SERVICE,
-    TASK_TIMEOUT,
-    DeadHandleError,
-    ExtractionError,
-    ExtractionFailedError,
-    ExtractionHandle,
-    ExtractionTimeoutError,
-    base_url_of,
-    batches_from_task,
-    kickoff_parameters,
-    manifest_request,
-    requires_access_token,
-    resolve_file_url,
-    result_urls,
-)
-from tasks.clients.http import (
-    FHIR_JSON,
-    FHIR_JSON_HEADERS,
-    Closing,
-    ServiceEndpoint,
-    build_client,
-    http_timeout,
-    one_attempt,
-)
+from tasks.clients.errors import error_from_response, is_transient_network_error, is_transient_status, network_error
+from tasks.clients.errors import operation_outcome_texts, parse_retry_after, raise_for_service_status
+from tasks.clients.extraction_documents import SERVICE, TASK_TIMEOUT, DeadHandleError, ExtractionError
+from tasks.clients.extraction_documents import ExtractionFailedError, ExtractionHandle, ExtractionTimeoutError
+from tasks.clients.extraction_documents import base_url_of, batches_from_task, kickoff_parameters, manifest_request
+from tasks.clients.extraction_documents import requires_access_token, resolve_file_url, result_urls
+from tasks.clients.http import FHIR_JSON, FHIR_JSON_HEADERS, Closing, ServiceEndpoint, build_client, http_timeout
+from tasks.clients.http import one_attempt
 from tasks.clients.retry import call_once
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
 

@@ -28,14 +28,8 @@ import orjson
 
 from tasks.clients.bounds import MB, Deadline, answer_within
 from tasks.clients.bounds import read_answer as read_bounded
-from tasks.clients.errors import (
-    MAX_MESSAGE_CHARS,
-    ServiceError,
-    error_body,
-    error_from_response,
-    operation_outcome_texts,
-    truncate,
-)
+from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, error_body, error_from_response
+from tasks.clients.errors import operation_outcome_texts, truncate
 from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.retry import call_with_retry
 from tasks.core.redaction import redact
