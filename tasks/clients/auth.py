@@ -132,9 +132,7 @@ class TokenSource:
     """
 
     def __init__(self, issuer: str, client_id: str, client_secret: str, verify: ssl.SSLContext | bool):
-        self.issuer = issuer.rstrip("/")
-        self.client_id = client_id
-        self._client_secret = client_secret
+        self.issuer, self.client_id, self._client_secret = issuer.rstrip("/"), client_id, client_secret
         self._verify = verify
         self._token_endpoint: str | None = None
         self._token: _Token | None = None
@@ -199,13 +197,9 @@ class TokenSource:
         if not response.is_error:
             return response
         response.read()
-        raise ServiceError(
-            "fetch OAuth token",
-            response.status_code,
-            f"issuer {self.issuer}, client {self.client_id}: {_oauth_error_text(response)}",
-            transient=is_transient_status(response.status_code),
-            service="oauth",
-        )
+        message = f"issuer {self.issuer}, client {self.client_id}: {_oauth_error_text(response)}"
+        transient = is_transient_status(response.status_code)
+        raise ServiceError("fetch OAuth token", response.status_code, message, transient=transient, service="oauth")
 
 
 def _oauth_error_text(response: httpx.Response) -> str:
@@ -258,8 +252,7 @@ class ServiceAuth(httpx.Auth):
     """Scoped credentials of one service; see the module docstring."""
 
     def __init__(self, service: str, base_url: str, auth: AuthSettings | None, verify: ssl.SSLContext | bool):
-        self.service = service
-        self.origin = origin_of(base_url)
+        self.service, self.origin = service, origin_of(base_url)
         self._basic: httpx.BasicAuth | None = None
         self._tokens: TokenSource | None = None
         self._api_key: tuple[str, str] | None = None

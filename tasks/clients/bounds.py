@@ -90,14 +90,9 @@ class Deadline:
 
     def exceeded(self, operation: str, service: str | None) -> ServiceError:
         source = f" from {shown_url(str(self.url))}" if self.url is not None else ""
+        message = f"no complete answer{source} within {round(self.seconds, 1):g} s, the deadline of one request"
         return ServiceError(
-            operation,
-            None,
-            f"no complete answer{source} within {round(self.seconds, 1):g} s, the deadline of one request "
-            f"({self.setting})",
-            transient=True,
-            service=service,
-            no_answer=True,
+            operation, None, f"{message} ({self.setting})", transient=True, service=service, no_answer=True
         )
 
     def pieces(self, body: Iterable[bytes], operation: str, service: str | None) -> Iterator[bytes]:
@@ -161,13 +156,8 @@ async def within_deadline(
 
 
 def answer_too_large(size: str, limit: int, *, operation: str, service: str | None, hint: str) -> ServiceError:
-    return ServiceError(
-        operation,
-        None,
-        f"the answer is {size}, more than the {size_text(limit)} read from this service; {hint}",
-        transient=False,
-        service=service,
-    )
+    message = f"the answer is {size}, more than the {size_text(limit)} read from this service; {hint}"
+    return ServiceError(operation, None, message, transient=False, service=service)
 
 
 def declared_size(response: httpx.Response) -> int | None:

@@ -238,25 +238,19 @@ class _Download:
         except httpx.ReadTimeout as exc:
             raise _stalled(self._url, self._stall_timeout) from exc
         except httpx.TransportError as exc:
-            raise ServiceError(
-                f"download {shown_url(self._url)}",
-                None,
+            message = (
                 f"the connection broke after {self._received:,} bytes of the file ({type(exc).__name__}: {exc}); "
-                "resumed from there while retry.max_attempts allows, then run continue to download it again",
-                transient=True,
-            ) from exc
+                "resumed from there while retry.max_attempts allows, then run continue to download it again"
+            )
+            raise ServiceError(f"download {shown_url(self._url)}", None, message, transient=True) from exc
 
     def _finished(self) -> FileStats:
         assert self._sink is not None
         try:
             return self._sink.finish()
         except TruncatedLineError as exc:  # no Content-Length told the body was short: read it again
-            raise ServiceError(
-                f"download {shown_url(self._url)}",
-                None,
-                f"{exc} (the connection ended before the whole file arrived)",
-                transient=True,
-            ) from None
+            message = f"{exc} (the connection ended before the whole file arrived)"
+            raise ServiceError(f"download {shown_url(self._url)}", None, message, transient=True) from None
         finally:
             self.discard()  # the temporary file of a file that failed its last checks; nothing after the rename
 
@@ -350,8 +344,7 @@ class _Sink:
         size: int | None,
         stop_if_cancelled: Callable[[], None],
     ):
-        self._dest = dest
-        self._decoder = StreamDecoder(shown_url(url))
+        self._dest, self._decoder = dest, StreamDecoder(shown_url(url))
         self._first_line = FirstLineCheck(url, max_line_bytes)
         self._writer = AtomicNdjsonWriter(
             dest, level, max_line_bytes, source=shown_url(url), expected_size=size, stop_if_cancelled=stop_if_cancelled

@@ -69,27 +69,18 @@ def is_transient_network_error(exc: BaseException) -> bool:
     return not _caused_by(exc, ssl.SSLCertVerificationError)
 
 
-def _caused_by(exc: BaseException, cause_type: type[BaseException]) -> bool:
+def _caused_by(exc: BaseException | None, cause_type: type[BaseException]) -> bool:
     seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, cause_type):
-            return True
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return False
+    while exc is not None and id(exc) not in seen and not isinstance(exc, cause_type):
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return isinstance(exc, cause_type)
 
 
 def network_error(exc: httpx.TransportError, *, operation: str, service: str | None) -> ServiceError:
     """Wrap a transport error (connect, read, reset, timeout, …) as a structured error naming where it happened."""
-    return ServiceError(
-        operation,
-        None,
-        f"network error: {type(exc).__name__}: {exc}{where(exc)}",
-        transient=is_transient_network_error(exc),
-        service=service,
-        no_answer=True,
-    )
+    message, transient = f"network error: {type(exc).__name__}: {exc}{where(exc)}", is_transient_network_error(exc)
+    return ServiceError(operation, None, message, transient=transient, service=service, no_answer=True)
 
 
 def where(exc: httpx.TransportError) -> str:
@@ -111,14 +102,9 @@ def error_from_response(
         if texts
         else f"HTTP {response.status_code} {response.reason_phrase}"
     )
-    return ServiceError(
-        operation,
-        response.status_code,
-        message,
-        transient=is_transient_status(response.status_code),
-        service=service,
-        retry_after=parse_retry_after(response.headers.get("Retry-After")),
-    )
+    status, retry_after = response.status_code, parse_retry_after(response.headers.get("Retry-After"))
+    transient = is_transient_status(status)
+    return ServiceError(operation, status, message, transient=transient, service=service, retry_after=retry_after)
 
 
 def raise_for_service_status(response: httpx.Response, *, operation: str, service: str | None) -> None:
@@ -130,8 +116,17 @@ def raise_for_service_status(response: httpx.Response, *, operation: str, servic
 
 async def raise_for_service_status_async(response: httpx.Response, *, operation: str, service: str | None) -> None:
     """``raise_for_service_status`` for responses of an ``httpx.AsyncClient``."""
-    if response.is_error:
-        raise error_from_response(response, operation=operation, service=service, body=await error_body_async(response))
+    if not response.is_error:
+        return
+    body = bytearray()
+    try:
+        body += response.content
+    except httpx.ResponseNotRead:
+        async for piece in response.aiter_bytes():
+            body += piece
+            if len(body) > MAX_PARSED_BODY_BYTES:
+                break
+    raise error_from_response(response, operation=operation, service=service, body=bytes(body))
 
 
 def error_body(response: httpx.Response) -> bytes:
@@ -142,20 +137,6 @@ def error_body(response: httpx.Response) -> bytes:
         pass
     body = bytearray()
     for piece in response.iter_bytes():
-        body += piece
-        if len(body) > MAX_PARSED_BODY_BYTES:
-            break
-    return bytes(body)
-
-
-async def error_body_async(response: httpx.Response) -> bytes:
-    """``error_body`` for responses of an ``httpx.AsyncClient``."""
-    try:
-        return response.content
-    except httpx.ResponseNotRead:
-        pass
-    body = bytearray()
-    async for piece in response.aiter_bytes():
         body += piece
         if len(body) > MAX_PARSED_BODY_BYTES:
             break

@@ -244,14 +244,11 @@ class ExtractionTaskClient(ServiceClient):
                 log.info("extractor: job %s changed while setting its priority; reading it again", job_id)
                 continue
             return ControlResult(self._updated_job(job_id, response), changed=True)
-        raise VersionConflictError(
-            "set extraction job priority",
-            None,
+        message = (
             f"job {job_id} kept changing (its version moved on {attempts} times in a row, e.g. as batches "
-            "finished); try again",
-            transient=True,
-            service=SERVICE,
+            "finished); try again"
         )
+        raise VersionConflictError("set extraction job priority", None, message, transient=True, service=SERVICE)
 
     def _put_priority(self, job_id: str, task: dict[str, Any], priority: str, version: str | None) -> httpx.Response:
         """PUT the full Task the server needs (resourceType, id, status, intent, priority; only priority is read)
@@ -259,14 +256,11 @@ class ExtractionTaskClient(ServiceClient):
         update = {"resourceType": "Task", "id": task.get("id"), "status": task.get("status")}
         update |= {"intent": task.get("intent") or "order", "priority": priority}
         try:
-            return self._job_request(
-                "PUT",
-                job_id,
-                "",
-                operation="set extraction job priority",
-                content=json.dumps(update).encode(),
-                headers={**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'},
-            )
+            request = {
+                "content": json.dumps(update).encode(),
+                "headers": {**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'},
+            }
+            return self._job_request("PUT", job_id, "", operation="set extraction job priority", **request)
         except ServiceError as exc:
             if exc.status_code != 428:
                 raise
@@ -283,24 +277,17 @@ class ExtractionTaskClient(ServiceClient):
         except ServiceError as exc:
             if exc.status_code != 500:
                 raise
+            message = f"the server could not remove the result files of job {job_id} ({exc.message})"
             raise refused(
-                exc.operation,
-                500,
-                f"the server could not remove the result files of job {job_id} ({exc.message}); check the "
-                "server's disk and logs, then delete again",
+                exc.operation, 500, f"{message}; check the server's disk and logs, then delete again"
             ) from exc
 
     def evaluate_cohort(self, crtdl: bytes) -> CohortPreview:
         """POST /fhir/$evaluate-cohort with the CRTDL as plain JSON; the patients of the resulting List."""
         try:
-            response = self.request(
-                "POST",
-                "/fhir/$evaluate-cohort",
-                operation="preview cohort",
-                content=crtdl,
-                headers={"Content-Type": "application/json", "Accept": FHIR_JSON},
-                timeout=http_timeout(COHORT_PREVIEW_TIMEOUT),
-            )
+            headers = {"Content-Type": "application/json", "Accept": FHIR_JSON}
+            request = {"content": crtdl, "headers": headers, "timeout": http_timeout(COHORT_PREVIEW_TIMEOUT)}
+            response = self.request("POST", "/fhir/$evaluate-cohort", operation="preview cohort", **request)
         except ServiceError as exc:
             if exc.status_code not in (404, 405):
                 raise

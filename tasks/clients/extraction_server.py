@@ -105,14 +105,12 @@ class ExtractionServerClient(Closing):
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ):
-        self.settings = settings
-        self.base_url = base_url_of(settings)
+        self.settings, self.base_url = settings, base_url_of(settings)
         self.clock, self.sleep = clock, sleep
         timeout = http_timeout(min(POLL_TIMEOUT, settings.extraction_timeout))
         self.http = build_client(ServiceEndpoint(SERVICE, self.base_url, settings.auth, timeout), tls)
         self.files_need_token = False  # the manifest's requiresAccessToken, once the job is complete
-        self._task_api = True
-        self._last_task_read = float("-inf")
+        self._task_api, self._last_task_read = True, float("-inf")
         self._batches: tuple[int, int] | None = None
 
     # --- submission --------------------------------------------------------------------------------------
@@ -175,12 +173,8 @@ class ExtractionServerClient(Closing):
         except httpx.TransportError as exc:
             if not is_transient_network_error(exc):
                 raise network_error(exc, operation="poll extraction status", service=SERVICE) from exc
-            log.warning(
-                "extractor: status poll of job %s failed (%s: %s); polling again",
-                handle.job_id,
-                type(exc).__name__,
-                exc,
-            )
+            failure = f"{type(exc).__name__}: {exc}"
+            log.warning("extractor: status poll of job %s failed (%s); polling again", handle.job_id, failure)
             return None
 
     def _raise_unless_transient(self, handle: ExtractionHandle, response: httpx.Response) -> None:

@@ -61,18 +61,15 @@ class TransactionRejected(ServiceError):
 
     def __init__(
         self,
+        answer: Answer,
         message: str,
         *,
-        status_code: int | None,
-        transient: bool,
-        response_text: str,
+        transient: bool = False,
         failed_entry: int | None = None,
         outcome: str = "",
     ):
-        super().__init__("transaction", status_code, message, transient=transient, service=SERVICE_NAME)
-        self.response_text = response_text
-        self.failed_entry = failed_entry
-        self.outcome = outcome
+        super().__init__("transaction", answer.status_code, message, transient=transient, service=SERVICE_NAME)
+        self.response_text, self.failed_entry, self.outcome = response_text(answer), failed_entry, outcome
 
 
 @dataclass(frozen=True)
@@ -93,8 +90,7 @@ class FhirServer(Closing):
         self, client: ServiceClient, *, deadline: timedelta = REQUEST_DEADLINE, max_answer_bytes: int = MAX_ANSWER_BYTES
     ):
         self._client, self.http = client, client.http
-        self._deadline = deadline.total_seconds()
-        self._max_answer_bytes = max_answer_bytes
+        self._deadline, self._max_answer_bytes = deadline.total_seconds(), max_answer_bytes
 
     @classmethod
     def connect(cls, send: SendSettings, tls: TlsSettings, retry: RetrySettings, **bounds: Any) -> FhirServer:
@@ -214,13 +210,9 @@ def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionReject
     texts = operation_outcome_texts(answer.body)
     outcome = "; ".join(texts)
     match = next((m for text in texts if (m := _ENTRY_NUMBER.search(text))), None)
+    failed_entry, outcome = int(match.group(1)) if match else None, truncate(outcome, MAX_MESSAGE_CHARS)
     return TransactionRejected(
-        error.message,
-        status_code=answer.status_code,
-        transient=error.transient,
-        response_text=response_text(answer),
-        failed_entry=int(match.group(1)) if match else None,
-        outcome=truncate(outcome, MAX_MESSAGE_CHARS),
+        answer, error.message, transient=error.transient, failed_entry=failed_entry, outcome=outcome
     )
 
 
@@ -234,15 +226,9 @@ def checked_transaction_response(answer: Answer, sent: int) -> dict:
         raise _bad_answer(answer, "the answer is not a Bundle")
     entries = bundle.get("entry") or []
     if failure := first_failed_entry(entries):
-        return_text = f"entry {failure.index + 1} failed with {failure.status}"
-        raise TransactionRejected(
-            return_text + (f": {failure.outcome}" if failure.outcome else ""),
-            status_code=answer.status_code,
-            transient=False,
-            response_text=response_text(answer),
-            failed_entry=failure.index,
-            outcome=failure.outcome,
-        )
+        detail = f": {failure.outcome}" if failure.outcome else ""
+        message = f"entry {failure.index + 1} failed with {failure.status}{detail}"
+        raise TransactionRejected(answer, message, failed_entry=failure.index, outcome=failure.outcome)
     if len(entries) != sent:
         raise _bad_answer(answer, f"the transaction-response has {len(entries)} entries for {sent} sent")
     return bundle
@@ -262,12 +248,7 @@ def first_failed_entry(entries: list) -> EntryFailure | None:
 
 
 def _bad_answer(answer: Answer, reason: str) -> TransactionRejected:
-    return TransactionRejected(
-        f"{reason}; the server's answer cannot confirm the batch",
-        status_code=answer.status_code,
-        transient=False,
-        response_text=response_text(answer),
-    )
+    return TransactionRejected(answer, f"{reason}; the server's answer cannot confirm the batch")
 
 
 def response_text(answer: Answer) -> str:

@@ -62,14 +62,8 @@ class Flattener:
         """Raise ``FlattenerError`` unless the service's CapabilityStatement lists ``$run`` on ViewDefinition."""
         operation = "read the flattening service's metadata"
         with self._answer("GET", METADATA_PATH, operation) as (response, deadline):
-            content = read_answer(
-                response,
-                MAX_METADATA_BYTES,
-                operation=operation,
-                service=self._service,
-                hint=NOT_A_SERVICE_HINT,
-                deadline=deadline,
-            )
+            where = {"operation": operation, "service": self._service, "deadline": deadline}
+            content = read_answer(response, MAX_METADATA_BYTES, hint=NOT_A_SERVICE_HINT, **where)
         try:
             statement = json.loads(content)
         except ValueError:

@@ -132,14 +132,10 @@ class Pseudonymizer:
         """``deadline`` bounds each whole request; by default the client's read timeout, which ``http_timeout``
         sets to the configured ``services.pseudonymizer.timeout``. At most ``max_answer_bytes`` of an answer is
         read (the step passes ``pipeline.max_ndjson_line_size_mb``: the answer becomes one line of its output)."""
-        self._client = client
-        self._url = client.build_request("POST", DE_IDENTIFY_PATH).url
-        self._retry = retry
+        self._client, self._url, self._retry = client, client.build_request("POST", DE_IDENTIFY_PATH).url, retry
         self._deadline = deadline.total_seconds() if deadline is not None else client.timeout.read
-        self._max_answer_bytes = max_answer_bytes
-        self._body = RequestBody(config)
-        self.split_threshold_bytes = split_threshold_mb * MB
-        self._slots = asyncio.Semaphore(max_concurrent_requests)
+        self._max_answer_bytes, self._body = max_answer_bytes, RequestBody(config)
+        self.split_threshold_bytes, self._slots = split_threshold_mb * MB, asyncio.Semaphore(max_concurrent_requests)
 
     async def pseudonymize(self, resource_json: bytes, resource: dict[str, Any]) -> Pseudonymized:
         """De-identify one resource given as its JSON bytes and parsed form; large Bundles are split."""

@@ -177,12 +177,10 @@ class S3Uploader:
     """Uploads files to ``services.send.s3.bucket`` and keeps the manifest of what is there; thread-safe."""
 
     def __init__(self, send: SendSettings, tls: TlsSettings, retry: RetrySettings, manifest_path: Path):
-        self._bucket = send.s3.bucket
-        self._client = make_s3_client(send, tls, retry)
+        self._bucket, self._client = send.s3.bucket, make_s3_client(send, tls, retry)
         self._secrets = configured_secrets(send)
         self._transfer = TransferConfig()  # boto3's defaults: 8 MB threshold and parts, 10 parts in parallel
-        self._manifest_path = manifest_path
-        self._lock = threading.Lock()
+        self._manifest_path, self._lock = manifest_path, threading.Lock()
         self._objects = read_manifest(manifest_path, self._bucket)
 
     def upload(self, path: Path, key: str) -> UploadedObject:
@@ -201,13 +199,8 @@ class S3Uploader:
             raise self._service_error(f"upload {key}", exc) from None
         uploaded = UploadedObject(key, head["ContentLength"], head["ETag"].strip('"'))
         if uploaded.size != size:
-            raise ServiceError(
-                f"upload {key}",
-                None,
-                f"the bucket holds {uploaded.size} bytes after uploading {size}; was the file changed meanwhile?",
-                transient=False,
-                service=SERVICE,
-            )
+            message = f"the bucket holds {uploaded.size} bytes after uploading {size}; was the file changed meanwhile?"
+            raise ServiceError(f"upload {key}", None, message, transient=False, service=SERVICE)
         self._record(uploaded)
         elapsed = time.perf_counter() - started
         log.info(
@@ -232,11 +225,9 @@ class S3Uploader:
         """Whether the bucket still holds the recorded object (same size and ETag)."""
         try:
             head = self._client.head_object(Bucket=self._bucket, Key=recorded.key)
-        except ClientError as exc:
-            if _status_of(exc) == 404:
+        except (BotoCoreError, ClientError) as exc:
+            if isinstance(exc, ClientError) and _status_of(exc) == 404:
                 return False
-            raise self._service_error(f"check {recorded.key}", exc) from None
-        except BotoCoreError as exc:
             raise self._service_error(f"check {recorded.key}", exc) from None
         return head["ContentLength"] == recorded.size and head["ETag"].strip('"') == recorded.etag
 
@@ -309,13 +300,8 @@ def service_error(operation: str, exc: BaseException, *, bucket: str | None, sec
         status = None
         transient = isinstance(exc, HTTPClientError | BotoConnectionError) and not isinstance(exc, SSLError)
         message = f"{'network error: ' if transient else ''}{type(exc).__name__}: {exc}"
-    return ServiceError(
-        operation,
-        status,
-        truncate(blank_out(message, secrets), MAX_MESSAGE_CHARS),
-        transient=transient,
-        service=SERVICE,
-    )
+    message = truncate(blank_out(message, secrets), MAX_MESSAGE_CHARS)
+    return ServiceError(operation, status, message, transient=transient, service=SERVICE)
 
 
 def _status_of(exc: ClientError) -> int | None:

@@ -260,10 +260,8 @@ class Validator:
         deadline: timedelta = REQUEST_DEADLINE,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
     ):
-        self._client = client
-        self._url = client.http.build_request("POST", VALIDATE_PATH).url
-        self._deadline = deadline.total_seconds()
-        self._max_answer_bytes = max_answer_bytes
+        self._client, self._url = client, client.http.build_request("POST", VALIDATE_PATH).url
+        self._deadline, self._max_answer_bytes = deadline.total_seconds(), max_answer_bytes
 
     async def validate(self, chunk: Chunk, source: str) -> dict[str, Any]:
         """The service's OperationOutcome for ``chunk``; raises ``ServiceError`` for an infrastructure failure."""
