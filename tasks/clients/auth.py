@@ -105,10 +105,8 @@ class ReplayableBody:
 
 
 def _replayable(request: httpx.Request) -> bool:
-    """A body that can be streamed again (``ReplayableBody``), so a resend after a 401 needs no copy in memory.
-
-    httpx keeps the iterable given as ``content`` as its stream's ``_stream``.
-    """
+    """A body that can be streamed again (``ReplayableBody``), so a resend after a 401 needs no copy in memory
+    (httpx keeps the iterable given as ``content`` as its stream's ``_stream``)."""
     return isinstance(getattr(request.stream, "_stream", None), ReplayableBody)
 
 
@@ -142,11 +140,8 @@ class TokenSource:
         return f"TokenSource(issuer={self.issuer!r}, client_id={self.client_id!r})"
 
     def access_token(self, *, rejected: str | None = None) -> str:
-        """A valid access token; pass the token a service just rejected to get a fresh one instead.
-
-        If another caller already replaced the rejected token, that replacement is returned (one renewal
-        per rejection, however many requests saw the 401).
-        """
+        """A valid access token; pass the token a service just rejected to get a fresh one instead. If another
+        caller already replaced it, that replacement is returned (one renewal per rejection, however many 401s)."""
         with self._lock:
             token = self._token
             if token is None or token.is_due() or token.access_token == rejected:
@@ -321,12 +316,10 @@ class ServiceAuth(httpx.Auth):
         return self._refused_hop(response, f"redirect loop: {where}; check the URL and the server's configuration")
 
     def _refuse_credentials_in_location(self, response: httpx.Response) -> None:
+        door = f"the Location header of {response.request.method} {_shown_url(response.request.url)}"
+        fix = "the server redirects there; fix its configuration so that its redirects carry no credentials"
         try:
-            refuse_credentials_in_url(
-                str(response.next_request.url),
-                door=f"the Location header of {response.request.method} {_shown_url(response.request.url)}",
-                fix="the server redirects there; fix its configuration so that its redirects carry no credentials",
-            )
+            refuse_credentials_in_url(str(response.next_request.url), door=door, fix=fix)
         except CredentialsInUrlError as exc:
             raise self._refused_hop(response, str(exc)) from None
 
@@ -367,9 +360,5 @@ class ServiceAuth(httpx.Auth):
         origin = origin_of(request.url)
         if self.schemes and origin not in self._withheld_origins:
             self._withheld_origins.add(origin)
-            log.info(
-                "%s: sending no credentials to %s (not the service origin %s)",
-                self.service,
-                origin_text(origin),
-                origin_text(self.origin),
-            )
+            origins = (origin_text(origin), origin_text(self.origin))
+            log.info("%s: sending no credentials to %s (not the service origin %s)", self.service, *origins)

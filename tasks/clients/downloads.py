@@ -267,8 +267,7 @@ class _Progress:
     earlier attempts are taken back with one negative amount, so the bytes done never exceed the file."""
 
     def __init__(self, on_bytes: Callable[[int], None] | None, on_total: Callable[[int], None] | None):
-        self._on_bytes, self._on_total = on_bytes, on_total
-        self._told = 0
+        self._on_bytes, self._on_total, self._told = on_bytes, on_total, 0
 
     def received(self, amount: int) -> None:
         self._told += amount

@@ -26,12 +26,9 @@ MAX_PARSED_BODY_BYTES = 1_000_000
 
 
 class ServiceError(DupflowError):
-    """A failed call to a service.
-
-    ``transient`` is True for network errors, 408, 429 and 5xx (retrying may help) and False otherwise.
+    """A failed call to a service. ``transient``: network errors, 408, 429 and 5xx (retrying may help).
     ``retry_after`` is the server's Retry-After in seconds, when it sent one. ``no_answer``: no (complete) answer
-    came at all (a network error, a missed deadline), as opposed to an answer that was refused or not usable.
-    """
+    came at all (a network error, a missed deadline), as opposed to an answer that was refused or not usable."""
 
     def __init__(
         self,
@@ -97,11 +94,8 @@ def error_from_response(
 ) -> ServiceError:
     """Build the error for a 4xx/5xx response from its ``body`` (by default the read response's content)."""
     texts = operation_outcome_texts(response.content if body is None else body)
-    message = (
-        truncate("; ".join(texts), MAX_MESSAGE_CHARS)
-        if texts
-        else f"HTTP {response.status_code} {response.reason_phrase}"
-    )
+    status_line = f"HTTP {response.status_code} {response.reason_phrase}"
+    message = truncate("; ".join(texts), MAX_MESSAGE_CHARS) if texts else status_line
     status, retry_after = response.status_code, parse_retry_after(response.headers.get("Retry-After"))
     transient = is_transient_status(status)
     return ServiceError(operation, status, message, transient=transient, service=service, retry_after=retry_after)

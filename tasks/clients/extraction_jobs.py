@@ -138,13 +138,8 @@ class CohortPreview:
 
 
 def _consent_audit_files(task: dict[str, Any]) -> tuple[str, ...]:
-    urls = tuple(
-        o["valueUrl"]
-        for o in task.get("output") or []
-        if isinstance(o, dict)
-        and isinstance(o.get("valueUrl"), str)
-        and (o.get("type") or {}).get("text") == CONSENT_AUDIT_TEXT
-    )
+    outputs = [o for o in task.get("output") or [] if isinstance(o, dict) and isinstance(o.get("valueUrl"), str)]
+    urls = tuple(o["valueUrl"] for o in outputs if (o.get("type") or {}).get("text") == CONSENT_AUDIT_TEXT)
     for url in urls:
         refuse_credentials_in_url(url, door="a consent audit file URL of the Task", fix=SERVER_URL_FIX)
     return urls

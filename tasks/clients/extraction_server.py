@@ -85,10 +85,9 @@ class PollProgress:
         return float(match.group(1)) if match else None
 
     def describe(self) -> str:
-        parts = [self.text or "running"]
-        if self.batches_total is not None:
-            parts.append(f"batches {self.batches_completed or 0}/{self.batches_total}")
-        return ", ".join(parts)
+        known = self.batches_total is not None
+        batches = f", batches {self.batches_completed or 0}/{self.batches_total}" if known else ""
+        return (self.text or "running") + batches
 
 
 ProgressCallback = Callable[[PollProgress], None]

@@ -54,10 +54,8 @@ _ENTRY_NUMBER = re.compile(r"\bentry\s*\[?\s*(\d+)", re.IGNORECASE)
 
 class TransactionRejected(ServiceError):
     """The server refused a transaction: an HTTP error, or a failed entry in its ``transaction-response``.
-
     ``failed_entry`` is the 0-based index of the first failing entry when the server said which one, ``outcome``
-    the server's OperationOutcome text, ``response_text`` what the server answered (kept for inspection).
-    """
+    the server's OperationOutcome text, ``response_text`` what the server answered (kept for inspection)."""
 
     def __init__(
         self,
@@ -80,11 +78,9 @@ class EntryFailure:
 
 
 class FhirServer(Closing):
-    """One FHIR server (``{url}/fhir``) reached through a ``ServiceClient``.
-
-    Every call has a whole-request deadline, ``deadline`` plus the time a body of its size takes at
-    ``SLOWEST_UPLOAD_BYTES_PER_SECOND``, and reads at most ``max_answer_bytes`` of an answer (``tasks.clients.bounds``).
-    """
+    """One FHIR server (``{url}/fhir``) reached through a ``ServiceClient``. Every call has a whole-request deadline,
+    ``deadline`` plus the time a body of its size takes at ``SLOWEST_UPLOAD_BYTES_PER_SECOND``, and reads at most
+    ``max_answer_bytes`` of an answer (``tasks.clients.bounds``)."""
 
     def __init__(
         self, client: ServiceClient, *, deadline: timedelta = REQUEST_DEADLINE, max_answer_bytes: int = MAX_ANSWER_BYTES
@@ -101,10 +97,8 @@ class FhirServer(Closing):
 
     def transaction(self, body: bytes, entries: int) -> dict:
         """POST a transaction Bundle of ``entries`` entries; the ``transaction-response`` when every entry succeeded.
-
         Raises ``TransactionRejected`` for an HTTP error (after retries of the transient ones) or a failed entry,
-        and ``ServiceError`` (status None) when the server could not be reached or took longer than the deadline.
-        """
+        and ``ServiceError`` (status None) when the server could not be reached or took longer than the deadline."""
         answer = self._call("POST", "/fhir", "transaction", body, len(body), rejection=rejected_by_status)
         return checked_transaction_response(answer, entries)
 

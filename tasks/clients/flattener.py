@@ -48,11 +48,8 @@ class FlattenerError(StepError):
 
 
 class Flattener:
-    """The flattening service behind ``client`` (a ``ServiceClient`` rooted at ``service_url``).
-
-    ``deadline`` bounds each whole request, the answer's rows included; by default the client's read timeout, which
-    ``http_timeout`` sets to the configured ``services.flattening.timeout``.
-    """
+    """The flattening service behind ``client`` (a ``ServiceClient`` rooted at ``service_url``). ``deadline`` bounds
+    each whole request, rows included; by default the client's read timeout, ``services.flattening.timeout``."""
 
     def __init__(self, client: ServiceClient, *, deadline: timedelta | None = None):
         self.client = client

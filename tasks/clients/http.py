@@ -38,6 +38,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("dupflow.clients")
 
 DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=10)
+INSECURE_WARNING = (
+    "TLS certificate verification is disabled for %s (tls.insecure_skip_verify); use this for development and "
+    "testing only"
+)
 FHIR_JSON = "application/fhir+json"
 FHIR_JSON_HEADERS = {"Content-Type": FHIR_JSON, "Accept": FHIR_JSON}
 
@@ -61,16 +65,10 @@ class ServiceEndpoint:
 
 
 def ssl_verify(tls: TlsSettings, *, purpose: str) -> ssl.SSLContext | bool:
-    """The ``verify`` value for httpx: system and certifi CAs plus ``ca_cert_path``, or False when skipping.
-
-    ``purpose`` names the client in the warning logged when verification is off.
-    """
+    """The ``verify`` value for httpx: system and certifi CAs plus ``ca_cert_path``, or False when skipping
+    (``purpose`` names the client in the warning logged then)."""
     if tls.insecure_skip_verify:
-        log.warning(
-            "TLS certificate verification is disabled for %s (tls.insecure_skip_verify); "
-            "use this for development and testing only",
-            purpose,
-        )
+        log.warning(INSECURE_WARNING, purpose)
         return False
     return trusted_context(tls.ca_cert_path)
 

@@ -208,11 +208,8 @@ def compact_size(resource: Any) -> int:
 
 
 def needs_split(resource: dict[str, Any], threshold_bytes: int) -> bool:
-    return (
-        resource.get("resourceType") == "Bundle"
-        and bool(resource.get("entry"))
-        and compact_size(resource) > threshold_bytes
-    )
+    is_bundle = resource.get("resourceType") == "Bundle" and bool(resource.get("entry"))
+    return is_bundle and compact_size(resource) > threshold_bytes
 
 
 def split_bundle(bundle: dict[str, Any], threshold_bytes: int) -> list[dict[str, Any]]:

@@ -62,13 +62,9 @@ def _policy(retry: RetrySettings, *, operation: str, service: str | None) -> dic
         failed = f"{service}: {operation} failed" if service else f"{operation} failed"
         exc = state.outcome.exception()
         said = str(exc) or type(exc).__name__  # many network errors have no text
-        log.warning(
-            "%s; attempt %d of %d, retrying in %.1f s",
-            said if said.startswith(failed) else f"{failed} ({said})",  # a ServiceError of this call says it already
-            state.attempt_number,
-            retry.max_attempts,
-            state.next_action.sleep if state.next_action else 0.0,
-        )
+        shown = said if said.startswith(failed) else f"{failed} ({said})"  # a ServiceError of this call says it
+        wait = state.next_action.sleep if state.next_action else 0.0
+        log.warning("%s; attempt %d of %d, retrying in %.1f s", shown, state.attempt_number, retry.max_attempts, wait)
 
     return {
         "stop": stop_after_attempt(retry.max_attempts),

@@ -38,6 +38,7 @@ from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, SSL
 from botocore.exceptions import ConnectionError as BotoConnectionError
 from urllib3.util import make_headers
 
+from tasks.clients.http import INSECURE_WARNING
 from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, is_transient_status, truncate
 from tasks.core.redaction import RedactingFilter
 from tasks.streams.files import write_file_atomically
@@ -74,12 +75,9 @@ def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings) -
         client.meta.events.register(
             "before-send.s3", ProxyAuthorization(send.auth.username, send.auth.password.get_secret_value())
         )
+    where = (s3.bucket, s3.endpoint or "the default endpoint", "path-style" if s3.use_path_style else "automatic")
     log.info(
-        "S3 client for bucket %s at %s (%s addressing)%s",
-        s3.bucket,
-        s3.endpoint or "the default endpoint",
-        "path-style" if s3.use_path_style else "automatic",
-        " with proxy authentication" if proxy_auth else "",
+        "S3 client for bucket %s at %s (%s addressing)%s", *where, " with proxy authentication" if proxy_auth else ""
     )
     return client
 
@@ -128,10 +126,7 @@ class ProxyAuthorization:
 def s3_verify(tls: TlsSettings) -> str | bool:
     """botocore's ``verify``: False when skipping, else a CA bundle file (certifi + system CAs + ca_cert_path)."""
     if tls.insecure_skip_verify:
-        log.warning(
-            "TLS certificate verification is disabled for S3 (tls.insecure_skip_verify); "
-            "use this for development and testing only"
-        )
+        log.warning(INSECURE_WARNING, "S3")
         return False
     if not tls.ca_cert_path:
         return certifi.where()
@@ -202,15 +197,9 @@ class S3Uploader:
             message = f"the bucket holds {uploaded.size} bytes after uploading {size}; was the file changed meanwhile?"
             raise ServiceError(f"upload {key}", None, message, transient=False, service=SERVICE)
         self._record(uploaded)
-        elapsed = time.perf_counter() - started
-        log.info(
-            "uploaded %s to S3 bucket %s: %.1f MB in %.1f s (%.1f MB/s)",
-            key,
-            self._bucket,
-            size / MB,
-            elapsed,
-            size / MB / max(elapsed, 1e-9),
-        )
+        elapsed, mb = time.perf_counter() - started, size / MB
+        rate = (mb, elapsed, mb / max(elapsed, 1e-9))
+        log.info("uploaded %s to S3 bucket %s: %.1f MB in %.1f s (%.1f MB/s)", key, self._bucket, *rate)
         return uploaded
 
     def close(self) -> None:
@@ -259,12 +248,8 @@ def read_manifest(path: Path, bucket: str | None) -> dict[str, UploadedObject]:
         log.warning("S3 manifest %s is unreadable (%s); every file is uploaded again", path, exc)
         return {}
     if manifest.get("bucket") != bucket:
-        log.warning(
-            "S3 manifest %s describes bucket %s, not %s; every file is uploaded again",
-            path,
-            manifest.get("bucket"),
-            bucket,
-        )
+        described = manifest.get("bucket")
+        log.warning("S3 manifest %s describes bucket %s, not %s; every file is uploaded again", path, described, bucket)
         return {}
     return {entry["key"]: UploadedObject(**entry) for entry in manifest.get("objects", [])}
 

@@ -247,11 +247,8 @@ def as_operation_outcome(content: bytes) -> dict[str, Any] | None:
 
 
 class Validator:
-    """Validates chunks through one ``AsyncServiceClient`` (retrying transient failures per ``retry.*``).
-
-    Each request has a whole-request ``deadline`` (``REQUEST_DEADLINE``: the spec has no key for it) and its
-    answer is read up to ``max_answer_bytes`` (``MAX_ANSWER_BYTES``), never more.
-    """
+    """Validates chunks through one ``AsyncServiceClient`` (retrying transient failures per ``retry.*``). Each
+    request has a whole-request ``deadline`` and its answer is read up to ``max_answer_bytes``, never more."""
 
     def __init__(
         self,
