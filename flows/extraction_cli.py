@@ -8,7 +8,7 @@
     cohort preview CONFIG CRTDL [--ids]
 
 Every command talks to ``services.extractor`` (base URL, auth, TLS and retry from CONFIG) through
-``tasks.clients.extraction_server.ExtractionTaskClient`` and takes ``--json`` for scripts. ID-or-JOB is an
+``tasks.clients.extraction_jobs.ExtractionTaskClient`` and takes ``--json`` for scripts. ID-or-JOB is an
 extraction job id, or a dupflow job id (a directory under ``--jobs-dir``) whose recorded extraction job id is
 used. Exit codes as the rest of the command line: 0 done, 1 the server refused or failed, 2 usage or
 configuration error. No Prefect here: these commands answer in well under a second.
@@ -29,15 +29,13 @@ from config.errors import ConfigError
 from config.loader import load_settings
 from config.runtime import default_jobs_dir
 from tasks.clients.errors import ServiceError
-from tasks.clients.extraction_server import (
+from tasks.clients.extraction_documents import ExtractionError, InvalidCrtdlError, parse_crtdl
+from tasks.clients.extraction_jobs import (
     JOB_STATUSES,
     ControlResult,
-    ExtractionError,
     ExtractionJob,
     ExtractionTaskClient,
-    InvalidCrtdlError,
     SearchRejectedError,
-    parse_crtdl,
 )
 from tasks.job.record import read_facts
 from tasks.core.errors import UsageError

@@ -31,13 +31,8 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from config.loader import SettingsIdentity, settings_identity
 from tasks.clients.downloads import download_ndjson, target_names, wait_until_available
-from tasks.clients.extraction_server import (
-    DeadHandleError,
-    ExtractionError,
-    ExtractionHandle,
-    ExtractionServerClient,
-    PollProgress,
-)
+from tasks.clients.extraction_documents import DeadHandleError, ExtractionError, ExtractionHandle
+from tasks.clients.extraction_server import ExtractionServerClient, PollProgress
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.core.errors import StepError
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise

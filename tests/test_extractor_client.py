@@ -28,23 +28,24 @@ from tasks.clients.downloads import (
     wait_until_available,
 )
 from tasks.clients.errors import ServiceError
-from tasks.clients.extraction_server import (
-    CohortPreviewUnsupportedError,
+from tasks.clients.extraction_documents import (
     DeadHandleError,
     ExtractionError,
     ExtractionFailedError,
     ExtractionHandle,
-    ExtractionJob,
-    ExtractionServerClient,
-    ExtractionTaskClient,
     ExtractionTimeoutError,
     InvalidCrtdlError,
     NoMatchingDataError,
-    PollProgress,
-    cohort_patient_ids,
     parse_crtdl,
     resolve_file_url,
 )
+from tasks.clients.extraction_jobs import (
+    CohortPreviewUnsupportedError,
+    ExtractionJob,
+    ExtractionTaskClient,
+    cohort_patient_ids,
+)
+from tasks.clients.extraction_server import ExtractionServerClient, PollProgress
 from tasks.streams import processes
 from tasks.streams.ndjson import NdjsonError
 from tasks.streams.ndjson_writer import CHECK_IN_PROCESS_MIN_BYTES

@@ -22,7 +22,8 @@ from flows.jobs import prepare_job
 from flows.run import EXIT_OK, EXIT_USAGE
 from tasks.clients.downloads import download_ndjson, wait_until_available
 from tasks.clients.errors import ServiceError
-from tasks.clients.extraction_server import MAX_MANIFEST_BYTES, TASK_PROGRESS_INTERVAL, ExtractionError
+from tasks.clients.extraction_documents import ExtractionError
+from tasks.clients.extraction_server import MAX_MANIFEST_BYTES, TASK_PROGRESS_INTERVAL
 from tasks.clients.http import ServiceEndpoint, build_client
 from tasks.job.record import read_facts
 from tasks.core.url_credentials import CredentialsInUrlError, shown_url
@@ -165,7 +166,7 @@ def test_a_manifest_with_more_entries_than_allowed_is_refused_naming_count_and_l
 HUGE_MANIFEST_CHILD = """
 import sys, time
 from tests.test_extractor_client import client_for, SimulatedTime
-from tasks.clients.extraction_server import ExtractionError, ExtractionHandle
+from tasks.clients.extraction_documents import ExtractionError, ExtractionHandle
 started = time.monotonic()
 with client_for(sys.argv[1], SimulatedTime(), max_result_files=2_000_000) as client:
     try:

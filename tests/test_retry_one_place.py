@@ -27,7 +27,8 @@ from config.services import ExtractorSettings
 from config.settings import RetrySettings, Settings, TlsSettings
 from tasks.clients.downloads import download_ndjson
 from tasks.clients.errors import ServiceError
-from tasks.clients.extraction_server import ExtractionHandle, ExtractionServerClient
+from tasks.clients.extraction_documents import ExtractionHandle
+from tasks.clients.extraction_server import ExtractionServerClient
 from tasks.clients.fhir_server import FhirServer
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import AsyncServiceClient, ServiceClient, ServiceEndpoint, build_async_client, build_client

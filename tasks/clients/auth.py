@@ -2,21 +2,16 @@
 
 ``ServiceAuth`` is the one ``httpx.Auth`` every client gets. Per request (and per redirect hop) it
 
-- attaches the configured credentials — Basic (``httpx.BasicAuth``) or an OAuth 2.0 client-credentials bearer
-  token, plus the API key header — only when the request goes to the service's origin (scheme, host, port with
-  default ports normalised) or an origin the caller trusted explicitly (``trust``: the extraction server's file
-  origins listed in the configuration, when its manifest says the files need a token); requests to any other
-  origin (manifest file URLs, redirects) go out without Authorization, Proxy-Authorization or the API key
-  header, and that is logged once per origin;
-- follows redirects itself: clients are built with ``follow_redirects=False`` so httpx hands each redirect back
-  here as ``response.next_request`` and the origin check runs again for the next hop, which also lets a hop
-  back to the service carry credentials again. (httpx's own redirect following strips only Authorization, and
-  an auth flow never sees its intermediate hops.) httpx still enforces ``max_redirects`` because every hop
-  lands in the response history. A request event hook (``strip_foreign_credentials``) checks every request
-  once more, so a caller passing ``follow_redirects=True`` cannot leak credentials either;
+- attaches the configured credentials (Basic, or an OAuth 2.0 client-credentials bearer token, plus the API key
+  header) only for the service's origin (scheme, host, port, default ports normalised) or an origin the caller
+  trusted (``trust``: file origins the configuration approves); any other origin gets no Authorization,
+  Proxy-Authorization or API key header, logged once per origin;
+- follows redirects itself (clients are built with ``follow_redirects=False``), so the origin check runs for every
+  hop, and a hop back to the service carries credentials again (httpx's own following strips only Authorization,
+  and an auth flow never sees its hops); every hop lands in the history, so httpx still enforces
+  ``max_redirects``, and the request hook ``strip_foreign_credentials`` checks a ``follow_redirects=True`` call too;
 - on a 401 from the service while using OAuth, fetches exactly one fresh token and sends the request once more;
-- refuses a redirect loop (a URL redirecting to itself or back to an earlier hop) with an error naming the URL,
-  and a redirect to a URL with a user name or password (httpx would send them as Basic auth to that host).
+- refuses a redirect loop, naming the URL, and a redirect to a URL with user info (httpx would send it as Basic).
 
 Tokens come from a ``TokenSource`` shared per (issuer, client id) across all clients of the process; it asks
 authlib's ``OAuth2Client`` for them and renews them shortly before ``expires_in`` runs out.
@@ -30,14 +25,13 @@ import ssl
 import threading
 import time
 import warnings
-from collections.abc import AsyncGenerator, Generator
+from collections.abc import AsyncGenerator, Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio.to_thread
 import httpx
 
-from tasks.clients.bodies import ReplayableBody
 from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, truncate
 from tasks.core.redaction import register_secret
 from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url
@@ -82,7 +76,7 @@ def _shown_url(url: httpx.URL) -> str:
     return f"{url.scheme}://{url.host}{port}{url.path}"
 
 
-def _origin_text(origin: Origin) -> str:
+def origin_text(origin: Origin) -> str:
     scheme, host, port = origin
     return f"{scheme}://{host}:{port}"
 
@@ -99,11 +93,20 @@ class _Token:
         return self.renew_at is not None and clock() >= self.renew_at
 
 
-def _replayable(request: httpx.Request) -> bool:
-    """A body that can be streamed again (``ReplayableBody``), so a resend after a 401 needs no copy in memory.
+class ReplayableBody:
+    """A request body streamed from a function, afresh each time httpx iterates it: on every retry attempt, and
+    when an OAuth token is replaced after a 401 (the auth flow then need not hold the whole body in memory)."""
 
-    httpx keeps the iterable given as ``content`` as its stream's ``_stream``.
-    """
+    def __init__(self, make: Callable[[], Iterable[bytes]]):
+        self._make = make
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._make()
+
+
+def _replayable(request: httpx.Request) -> bool:
+    """A body that can be streamed again (``ReplayableBody``), so a resend after a 401 needs no copy in memory
+    (httpx keeps the iterable given as ``content`` as its stream's ``_stream``)."""
     return isinstance(getattr(request.stream, "_stream", None), ReplayableBody)
 
 
@@ -127,9 +130,7 @@ class TokenSource:
     """
 
     def __init__(self, issuer: str, client_id: str, client_secret: str, verify: ssl.SSLContext | bool):
-        self.issuer = issuer.rstrip("/")
-        self.client_id = client_id
-        self._client_secret = client_secret
+        self.issuer, self.client_id, self._client_secret = issuer.rstrip("/"), client_id, client_secret
         self._verify = verify
         self._token_endpoint: str | None = None
         self._token: _Token | None = None
@@ -139,11 +140,8 @@ class TokenSource:
         return f"TokenSource(issuer={self.issuer!r}, client_id={self.client_id!r})"
 
     def access_token(self, *, rejected: str | None = None) -> str:
-        """A valid access token; pass the token a service just rejected to get a fresh one instead.
-
-        If another caller already replaced the rejected token, that replacement is returned (one renewal
-        per rejection, however many requests saw the 401).
-        """
+        """A valid access token; pass the token a service just rejected to get a fresh one instead. If another
+        caller already replaced it, that replacement is returned (one renewal per rejection, however many 401s)."""
         with self._lock:
             token = self._token
             if token is None or token.is_due() or token.access_token == rejected:
@@ -194,13 +192,9 @@ class TokenSource:
         if not response.is_error:
             return response
         response.read()
-        raise ServiceError(
-            "fetch OAuth token",
-            response.status_code,
-            f"issuer {self.issuer}, client {self.client_id}: {_oauth_error_text(response)}",
-            transient=is_transient_status(response.status_code),
-            service="oauth",
-        )
+        message = f"issuer {self.issuer}, client {self.client_id}: {_oauth_error_text(response)}"
+        transient = is_transient_status(response.status_code)
+        raise ServiceError("fetch OAuth token", response.status_code, message, transient=transient, service="oauth")
 
 
 def _oauth_error_text(response: httpx.Response) -> str:
@@ -241,12 +235,19 @@ class _NeedToken:
     rejected: str | None = None
 
 
+def _advance(flow: Generator, answer: object) -> _NeedToken | httpx.Request | None:
+    """The flow's next ask after ``answer`` (None starts it); None once it has ended."""
+    try:
+        return flow.send(answer)
+    except StopIteration:
+        return None
+
+
 class ServiceAuth(httpx.Auth):
     """Scoped credentials of one service; see the module docstring."""
 
     def __init__(self, service: str, base_url: str, auth: AuthSettings | None, verify: ssl.SSLContext | bool):
-        self.service = service
-        self.origin = origin_of(base_url)
+        self.service, self.origin = service, origin_of(base_url)
         self._basic: httpx.BasicAuth | None = None
         self._tokens: TokenSource | None = None
         self._api_key: tuple[str, str] | None = None
@@ -271,37 +272,22 @@ class ServiceAuth(httpx.Auth):
         return [name for name, configured in kinds if configured is not None]
 
     def __repr__(self) -> str:
-        return f"ServiceAuth(service={self.service!r}, origin={_origin_text(self.origin)!r}, schemes={self.schemes!r})"
+        return f"ServiceAuth(service={self.service!r}, origin={origin_text(self.origin)!r}, schemes={self.schemes!r})"
 
     def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
         if self._tokens is not None and not _replayable(request):
             request.read()  # a 401 is answered by sending the same request again
-        flow = self._flow(request)
-        message = next(flow)
-        while True:
-            if isinstance(message, _NeedToken):
-                answer = self._tokens.access_token(rejected=message.rejected)
-            else:
-                answer = yield message
-            try:
-                message = flow.send(answer)
-            except StopIteration:
-                return
+        flow, answer = self._flow(request), None
+        while (ask := _advance(flow, answer)) is not None:
+            answer = self._tokens.access_token(rejected=ask.rejected) if isinstance(ask, _NeedToken) else (yield ask)
 
     async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
         if self._tokens is not None and not _replayable(request):
             await request.aread()
-        flow = self._flow(request)
-        message = next(flow)
-        while True:
-            if isinstance(message, _NeedToken):
-                answer = await self._tokens.access_token_async(rejected=message.rejected)
-            else:
-                answer = yield message
-            try:
-                message = flow.send(answer)
-            except StopIteration:
-                return
+        flow, answer = self._flow(request), None
+        while (ask := _advance(flow, answer)) is not None:
+            token = isinstance(ask, _NeedToken)
+            answer = await self._tokens.access_token_async(rejected=ask.rejected) if token else (yield ask)
 
     def _flow(self, request: httpx.Request):
         """Yields requests to send (answered with responses) and ``_NeedToken`` (answered with a token)."""
@@ -327,29 +313,20 @@ class ServiceAuth(httpx.Auth):
     def _redirect_loop(self, response: httpx.Response, target: httpx.URL) -> ServiceError:
         source, again = _shown_url(response.request.url), _shown_url(target)
         where = f"{source} redirects to itself" if source == again else f"{source} redirects back to {again}"
-        return ServiceError(
-            f"{response.request.method} {source}",
-            response.status_code,
-            f"redirect loop: {where}; check the URL and the server's configuration",
-            transient=False,
-            service=self.service,
-        )
+        return self._refused_hop(response, f"redirect loop: {where}; check the URL and the server's configuration")
 
     def _refuse_credentials_in_location(self, response: httpx.Response) -> None:
+        door = f"the Location header of {response.request.method} {_shown_url(response.request.url)}"
+        fix = "the server redirects there; fix its configuration so that its redirects carry no credentials"
         try:
-            refuse_credentials_in_url(
-                str(response.next_request.url),
-                door=f"the Location header of {response.request.method} {_shown_url(response.request.url)}",
-                fix="the server redirects there; fix its configuration so that its redirects carry no credentials",
-            )
+            refuse_credentials_in_url(str(response.next_request.url), door=door, fix=fix)
         except CredentialsInUrlError as exc:
-            raise ServiceError(
-                f"{response.request.method} {_shown_url(response.request.url)}",
-                response.status_code,
-                str(exc),
-                transient=False,
-                service=self.service,
-            ) from None
+            raise self._refused_hop(response, str(exc)) from None
+
+    def _refused_hop(self, response: httpx.Response, message: str) -> ServiceError:
+        """The terminal error of a redirect that is not followed."""
+        operation = f"{response.request.method} {_shown_url(response.request.url)}"
+        return ServiceError(operation, response.status_code, message, transient=False, service=self.service)
 
     def strip_foreign_credentials(self, request: httpx.Request) -> None:
         """Request event hook: a last check on every request sent, including hops httpx follows by itself
@@ -383,9 +360,5 @@ class ServiceAuth(httpx.Auth):
         origin = origin_of(request.url)
         if self.schemes and origin not in self._withheld_origins:
             self._withheld_origins.add(origin)
-            log.info(
-                "%s: sending no credentials to %s (not the service origin %s)",
-                self.service,
-                _origin_text(origin),
-                _origin_text(self.origin),
-            )
+            origins = (origin_text(origin), origin_text(self.origin))
+            log.info("%s: sending no credentials to %s (not the service origin %s)", self.service, *origins)

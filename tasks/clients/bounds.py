@@ -4,16 +4,14 @@ A per-read timeout (``http_timeout``) never cuts off a server that drips its ans
 answer read whole can be larger than memory. So every call a client makes is bounded twice:
 
 - ``Deadline``: the call's whole duration (connect, send, answer). Async clients run the attempt under
-  ``asyncio.timeout`` (``within_deadline``). Sync clients check it before each piece of the body they send and
-  after each piece of the answer they read; and since a read blocked on a server that drips its status line and
-  headers cannot be interrupted from its own thread, a sync request opens its own connection (``Connection:
-  close``) whose socket ``Deadline.watch`` shuts down when the deadline passes. Past the deadline the call fails
-  with a transient ``ServiceError`` that names the limit and the setting (or constant) behind it, and the client
-  layer retries it like any other transient failure.
+  ``asyncio.timeout`` (``within_deadline``). Sync clients check it for each piece of the body sent and of the answer
+  read; and since a read blocked on a server dripping its status line and headers cannot be interrupted from its
+  own thread, a sync call has a connection of its own whose socket is shut down at the deadline
+  (``answer_within``). Past it, the call fails with a transient ``ServiceError`` naming the limit and the setting
+  (or constant) behind it, retried like any other transient failure.
 - ``read_answer`` / ``read_answer_async``: the answer's bytes, refused (a terminal ``ServiceError`` naming the
-  size and the limit) as soon as it is known to be larger than the caller's cap: from its Content-Length before
-  reading anything, else once the bytes read pass the cap, so at most the cap is ever held. Error answers are read
-  by ``tasks.clients.errors`` up to ``MAX_PARSED_BODY_BYTES`` only (their OperationOutcome texts).
+  size and the limit) as soon as it is known to be larger than the caller's cap, from its Content-Length or the
+  bytes read, so at most the cap is ever held. Error answers: ``tasks.clients.errors.MAX_PARSED_BODY_BYTES``.
 
 Plain Python: no Prefect in here.
 """
@@ -30,6 +28,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from tasks.clients.auth import ReplayableBody
 from tasks.clients.errors import ServiceError
 from tasks.core.readable import size_text
 from tasks.core.url_credentials import shown_url
@@ -38,6 +37,8 @@ T = TypeVar("T")
 MB = 1024 * 1024
 UPLOAD_PIECE = MB
 """A request body goes out in pieces of this size, the deadline checked before each."""
+OWN_CONNECTION = {"Connection": "close"}
+"""Each bounded sync call on a connection of its own, which its deadline can shut down (``Deadline.watch``)."""
 
 
 class Deadline:
@@ -89,14 +90,9 @@ class Deadline:
 
     def exceeded(self, operation: str, service: str | None) -> ServiceError:
         source = f" from {shown_url(str(self.url))}" if self.url is not None else ""
+        message = f"no complete answer{source} within {round(self.seconds, 1):g} s, the deadline of one request"
         return ServiceError(
-            operation,
-            None,
-            f"no complete answer{source} within {round(self.seconds, 1):g} s, the deadline of one request "
-            f"({self.setting})",
-            transient=True,
-            service=service,
-            no_answer=True,
+            operation, None, f"{message} ({self.setting})", transient=True, service=service, no_answer=True
         )
 
     def pieces(self, body: Iterable[bytes], operation: str, service: str | None) -> Iterator[bytes]:
@@ -104,6 +100,42 @@ class Deadline:
         for piece in body:
             self.check(operation, service)
             yield piece
+
+
+@contextlib.contextmanager
+def answer_within(
+    http: httpx.Client,
+    deadline: Deadline,
+    method: str,
+    url: str,
+    *,
+    operation: str,
+    service: str | None,
+    body: Callable[[], Iterable[bytes]] | bytes | None = None,
+    headers: dict[str, str] | None = None,
+    **request: Any,
+) -> Iterator[httpx.Response]:
+    """The streamed answer to a sync request on a connection of its own (``OWN_CONNECTION``) that ``deadline`` shuts
+    down when it passes (``watch``); ``body`` (bytes, or a function making its pieces afresh per send) is checked
+    against it piece by piece as it goes out, the answer's head once it is in. A network error in the block, past
+    the deadline, is the deadline's error: the deadline shut the connection down."""
+    pieces = (lambda: in_pieces(body)) if isinstance(body, bytes) else body
+    content = None if pieces is None else ReplayableBody(lambda: deadline.pieces(pieces(), operation, service))
+    headers = {**(headers or {}), **OWN_CONNECTION}
+    built = http.build_request(method, url, content=content, headers=headers, extensions=deadline.watch(), **request)
+    deadline.url = built.url
+    try:
+        response = http.send(built, stream=True)
+        try:
+            deadline.check(operation, service)
+            yield response
+        finally:
+            response.close()
+    except httpx.TransportError:
+        deadline.check(operation, service)
+        raise
+    finally:
+        deadline.release()
 
 
 def in_pieces(body: bytes) -> Iterator[bytes]:
@@ -124,13 +156,8 @@ async def within_deadline(
 
 
 def answer_too_large(size: str, limit: int, *, operation: str, service: str | None, hint: str) -> ServiceError:
-    return ServiceError(
-        operation,
-        None,
-        f"the answer is {size}, more than the {size_text(limit)} read from this service; {hint}",
-        transient=False,
-        service=service,
-    )
+    message = f"the answer is {size}, more than the {size_text(limit)} read from this service; {hint}"
+    return ServiceError(operation, None, message, transient=False, service=service)
 
 
 def declared_size(response: httpx.Response) -> int | None:

@@ -1,44 +1,39 @@
 """Streaming download of one NDJSON file into the job directory (used by ``extractor`` and ``http_import``).
 
-Plain Python, no Prefect. The caller passes a client from ``tasks.clients.http.build_client``, so TLS and
-credential scoping (credentials only to the configured origin) come from the client layer.
+Plain Python, no Prefect. The caller's client comes from ``tasks.clients.http.build_client`` (TLS, credentials
+only to the configured origin). Rules (spec "Extraction step procedure" 7 and "Errors"):
 
-Rules (spec "Extraction step procedure" 7 and "Errors"):
-
-- The body is streamed with ``Accept: application/fhir+ndjson`` and no whole-request deadline: the read
-  timeout is the stall timeout, so a download is cancelled only when no byte arrives for that long.
-- Retried (``retry.*``, every connection an attempt): only a retryable structured error, i.e. a transient HTTP
-  status (5xx, 408, 429), a connection error before the response arrived, or a connection broken in the middle of
-  the body (a reset, a body shorter than its Content-Length). A broken body is resumed: the next attempt asks for
-  the rest with ``Range: bytes=<received>-`` (bytes of the body as sent, compressed or not) and feeds it on into
-  the same temporary file; a 206 from another byte is an error, and a server that answers 200 (no ranges) sends
-  the whole file again, which then starts over from byte 0. Never retried (spec: a stall and a mid-body write
-  error): a stall (a read timeout, whether waiting for the headers or inside the body), a write error, data that
-  are no NDJSON. These raise ``DownloadError`` or ``NdjsonError``; ``continue`` redoes the file.
-- The body must be NDJSON: an HTML answer (``Content-Type: text/html`` or a body starting with ``<``) or a
-  line that is not a FHIR resource is an error naming the URL and line. A zstd-compressed body (magic bytes)
-  is decompressed.
-- A body that ends in the middle of a line (a last line without a newline that does not parse: the server
-  closed the connection early and sent no Content-Length to tell) is incomplete: a transient error, retried.
-- File names come from the URL's last segment and are checked (``tasks.core.names.name_from_data_problem``); a manifest
-  listing more than ``max_files`` files is refused.
-- Output goes through ``AtomicNdjsonWriter`` (temporary name, renamed when complete), so a failed
+- Streamed with ``Accept: application/fhir+ndjson`` and no whole-request deadline: the read timeout is the stall
+  timeout, so a download is cancelled only when no byte arrives for that long.
+- Retried (``retry.*``, every connection an attempt): a transient HTTP status (5xx, 408, 429), a connection error
+  before the answer, a body broken in the middle (a reset, fewer bytes than its Content-Length), which is resumed
+  with ``Range: bytes=<received>-`` into the same temporary file (a 206 from another byte is an error; a 200
+  starts over from byte 0). Never retried (spec): a stall (a read timeout, before the headers or in the body), a
+  write error, data that are no NDJSON: ``DownloadError`` or ``NdjsonError``; ``continue`` redoes the file.
+- The body must be NDJSON (zstd is decompressed): an HTML answer (``text/html`` or a body starting with ``<``) or a
+  line that is no FHIR resource is an error naming the URL and line. A last line cut short (no newline, does not
+  parse: the server closed early without a Content-Length) is a transient error, retried.
+- File names come from the URL's last segment, checked (``tasks.core.names.name_from_data_problem``); more than
+  ``max_files`` files are refused. Output goes through ``AtomicNdjsonWriter`` (renamed when complete), so a failed
   download never leaves a file under its final name.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 import httpx
 import orjson
 
+from tasks.clients.bounds import declared_size
 from tasks.clients.errors import ServiceError, is_transient_status, raise_for_service_status
 from tasks.clients.http import http_timeout, service_name
 from tasks.clients.retry import call_with_retry
@@ -123,12 +118,7 @@ def target_names(urls: Iterable[str], compress: bool, max_files: int = DEFAULT_M
 
 
 def wait_until_available(
-    client: httpx.Client,
-    url: str,
-    *,
-    checks: int,
-    interval: timedelta,
-    sleep: Callable[[float], None] = time.sleep,
+    client: httpx.Client, url: str, *, checks: int, interval: timedelta, sleep: Callable[[float], None] = time.sleep
 ) -> None:
     """Check up to ``checks`` times, ``interval`` apart, that the file can be fetched; ``checks <= 0``: skip."""
     for check in range(checks):
@@ -193,8 +183,8 @@ def download_ndjson(
     from byte 0: ``_Progress``), ``on_total`` the body's size when the answer gives it (``body_size``).
     ``stop_if_cancelled`` raises to stop the check of the whole file that may follow the last byte (the caller's
     fan-out was cancelled)."""
-    progress = _Progress(on_bytes, on_total)
-    download = _Download(client, url, dest, level, max_line_bytes, stall_timeout, progress, stop_if_cancelled)
+    new_sink = functools.partial(_Sink, url, dest, level, max_line_bytes, stop_if_cancelled=stop_if_cancelled)
+    download = _Download(client, url, stall_timeout, _Progress(on_bytes, on_total), new_sink)
     try:
         return call_with_retry(
             download.attempt, retry, operation=f"download {shown_url(url)}", service=service_name(client), sleep=sleep
@@ -203,28 +193,21 @@ def download_ndjson(
         download.discard()
 
 
+@dataclass
 class _Download:
     """One file across attempts. The body's bytes go, as they arrive, through the zstd decoder and the line check
-    into the temporary file (``_Sink``); after a break, the next attempt asks for the rest only (``Range`` from the
-    bytes received: of the body as sent, compressed or not) and feeds it on, so every byte is decoded, checked and
-    counted once. A server that answers the Range request with the whole file (200) is read again from byte 0."""
+    into the temporary file (a ``_Sink`` from ``new_sink``, given the body's size); after a break, the next attempt
+    asks for the rest only (``Range`` from the bytes received: of the body as sent, compressed or not) and feeds it
+    on, so every byte is decoded, checked and counted once. A server that answers the Range request with the whole
+    file (200) is read again from byte 0."""
 
-    def __init__(
-        self,
-        client: httpx.Client,
-        url: str,
-        dest: Path,
-        level: CompressionLevel | None,
-        max_line_bytes: int,
-        stall_timeout: timedelta,
-        progress: _Progress,
-        stop_if_cancelled: Callable[[], None],
-    ):
-        self._client, self._url, self._dest = client, url, dest
-        self._level, self._max_line_bytes, self._stall_timeout = level, max_line_bytes, stall_timeout
-        self._progress, self._stop_if_cancelled = progress, stop_if_cancelled
-        self._sink: _Sink | None = None
-        self._received = 0  # body bytes in the sink
+    _client: httpx.Client
+    _url: str
+    _stall_timeout: timedelta
+    _progress: _Progress
+    _new_sink: Callable[[int | None], _Sink]
+    _sink: _Sink | None = None
+    _received: int = 0  # body bytes in the sink
 
     def attempt(self) -> FileStats:
         """One connection. Retried (a transient ``ServiceError``): a failure before the response (connection refused,
@@ -245,9 +228,8 @@ class _Download:
             read_in_large_pieces(response)
             if response.status_code == 200:  # the whole file: a first attempt, or a server that ignored the Range
                 self.discard()
-                size = content_length(response)
                 self._progress.from_start(body_size(response))
-                self._sink = _Sink(url, self._dest, self._level, self._max_line_bytes, size, self._stop_if_cancelled)
+                self._sink = self._new_sink(declared_size(response))
             assert self._sink is not None
             self._receive(response)
         return self._finished()
@@ -264,25 +246,19 @@ class _Download:
         except httpx.ReadTimeout as exc:
             raise _stalled(self._url, self._stall_timeout) from exc
         except httpx.TransportError as exc:
-            raise ServiceError(
-                f"download {shown_url(self._url)}",
-                None,
+            message = (
                 f"the connection broke after {self._received:,} bytes of the file ({type(exc).__name__}: {exc}); "
-                "resumed from there while retry.max_attempts allows, then run continue to download it again",
-                transient=True,
-            ) from exc
+                "resumed from there while retry.max_attempts allows, then run continue to download it again"
+            )
+            raise ServiceError(f"download {shown_url(self._url)}", None, message, transient=True) from exc
 
     def _finished(self) -> FileStats:
         assert self._sink is not None
         try:
             return self._sink.finish()
         except TruncatedLineError as exc:  # no Content-Length told the body was short: read it again
-            raise ServiceError(
-                f"download {shown_url(self._url)}",
-                None,
-                f"{exc} (the connection ended before the whole file arrived)",
-                transient=True,
-            ) from None
+            message = f"{exc} (the connection ended before the whole file arrived)"
+            raise ServiceError(f"download {shown_url(self._url)}", None, message, transient=True) from None
         finally:
             self.discard()  # the temporary file of a file that failed its last checks; nothing after the rename
 
@@ -299,8 +275,7 @@ class _Progress:
     earlier attempts are taken back with one negative amount, so the bytes done never exceed the file."""
 
     def __init__(self, on_bytes: Callable[[int], None] | None, on_total: Callable[[int], None] | None):
-        self._on_bytes, self._on_total = on_bytes, on_total
-        self._told = 0
+        self._on_bytes, self._on_total, self._told = on_bytes, on_total, 0
 
     def received(self, amount: int) -> None:
         self._told += amount
@@ -341,18 +316,11 @@ def check_response(response: httpx.Response, url: str, resuming_at: int = 0) -> 
         raise DownloadError(f"{shown_url(url)}: the server answered with an HTML page, not NDJSON; check the URL")
 
 
-def content_length(response: httpx.Response) -> int | None:
-    try:
-        return int(response.headers["Content-Length"])
-    except (KeyError, ValueError):
-        return None
-
-
 def body_size(response: httpx.Response) -> int | None:
     """The size of the body as ``iter_bytes`` yields it: the Content-Length, unless a Content-Encoding (gzip...)
     makes that the size of what went over the wire, not of what arrives decoded."""
     encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-    return content_length(response) if encoding == "identity" else None
+    return declared_size(response) if encoding == "identity" else None
 
 
 def _stalled(url: str, stall_timeout: timedelta) -> DownloadError:
@@ -383,16 +351,10 @@ class _Sink:
         size: int | None,
         stop_if_cancelled: Callable[[], None],
     ):
-        self._dest = dest
-        self._decoder = StreamDecoder(shown_url(url))
+        self._dest, self._decoder = dest, StreamDecoder(shown_url(url))
         self._first_line = FirstLineCheck(url, max_line_bytes)
         self._writer = AtomicNdjsonWriter(
-            dest,
-            level,
-            max_line_bytes,
-            source=shown_url(url),
-            expected_size=size,
-            stop_if_cancelled=stop_if_cancelled,
+            dest, level, max_line_bytes, source=shown_url(url), expected_size=size, stop_if_cancelled=stop_if_cancelled
         )
         self._writer.__enter__()  # left by finish or discard: a sink spans attempts, no ``with`` block
 

@@ -1,14 +1,10 @@
 """Typed errors of outgoing service calls: transient (worth retrying) or terminal.
 
-A ``ServiceError`` says which service and operation failed, the HTTP status (None for network errors),
-and a message the user can act on. Response bodies are never echoed, because they could carry secrets
-or patient data; only the texts of a FHIR OperationOutcome (``issue[].diagnostics`` and
-``issue[].details.text``) are taken over, truncated, since services put their explanation there.
-
-Every text that leaves a client passes through ``tasks.core.redaction.redact``: ``ServiceError`` messages are redacted
-when made, OperationOutcome texts when taken (``operation_outcome_texts``).
-
-The clients' exceptions have their place in the one tree drawn in ``tasks.core.errors``.
+A ``ServiceError`` says which service and operation failed, the HTTP status (None for network errors), and a
+message the user can act on. Response bodies are never echoed (secrets, patient data): only a FHIR
+OperationOutcome's texts (``issue[].diagnostics``, ``issue[].details.text``) are taken over, truncated. Every text
+that leaves a client is redacted (``tasks.core.redaction.redact``): ``ServiceError`` messages when made,
+OperationOutcome texts when taken. The exceptions have their place in the one tree drawn in ``tasks.core.errors``.
 """
 
 from __future__ import annotations
@@ -30,12 +26,9 @@ MAX_PARSED_BODY_BYTES = 1_000_000
 
 
 class ServiceError(DupflowError):
-    """A failed call to a service.
-
-    ``transient`` is True for network errors, 408, 429 and 5xx (retrying may help) and False otherwise.
+    """A failed call to a service. ``transient``: network errors, 408, 429 and 5xx (retrying may help).
     ``retry_after`` is the server's Retry-After in seconds, when it sent one. ``no_answer``: no (complete) answer
-    came at all (a network error, a missed deadline), as opposed to an answer that was refused or not usable.
-    """
+    came at all (a network error, a missed deadline), as opposed to an answer that was refused or not usable."""
 
     def __init__(
         self,
@@ -48,21 +41,11 @@ class ServiceError(DupflowError):
         retry_after: float | None = None,
         no_answer: bool = False,
     ):
-        self.service = service
-        self.retry_after = retry_after
-        self.no_answer = no_answer
-        message = redact(message)
-        super().__init__(message, operation=operation, status_code=status_code, transient=transient)
-        self.message = message
-        self.args = (self._describe(),)
-
-    def __str__(self) -> str:
-        return self._describe()
-
-    def _describe(self) -> str:
-        who = f"{self.service}: " if self.service else ""
-        status = f" with HTTP {self.status_code}" if self.status_code is not None else ""
-        return redact(f"{who}{self.operation} failed{status} ({self.kind}): {self.message}")
+        self.service, self.retry_after, self.no_answer = service, retry_after, no_answer
+        super().__init__(redact(message), operation=operation, status_code=status_code, transient=transient)
+        who = f"{service}: " if service else ""
+        status = f" with HTTP {status_code}" if status_code is not None else ""
+        self.args = (redact(f"{who}{operation} failed{status} ({self.kind}): {self.message}"),)  # what str() shows
 
     def __repr__(self) -> str:
         return (
@@ -83,27 +66,18 @@ def is_transient_network_error(exc: BaseException) -> bool:
     return not _caused_by(exc, ssl.SSLCertVerificationError)
 
 
-def _caused_by(exc: BaseException, cause_type: type[BaseException]) -> bool:
+def _caused_by(exc: BaseException | None, cause_type: type[BaseException]) -> bool:
     seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, cause_type):
-            return True
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return False
+    while exc is not None and id(exc) not in seen and not isinstance(exc, cause_type):
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return isinstance(exc, cause_type)
 
 
 def network_error(exc: httpx.TransportError, *, operation: str, service: str | None) -> ServiceError:
     """Wrap a transport error (connect, read, reset, timeout, …) as a structured error naming where it happened."""
-    return ServiceError(
-        operation,
-        None,
-        f"network error: {type(exc).__name__}: {exc}{where(exc)}",
-        transient=is_transient_network_error(exc),
-        service=service,
-        no_answer=True,
-    )
+    message, transient = f"network error: {type(exc).__name__}: {exc}{where(exc)}", is_transient_network_error(exc)
+    return ServiceError(operation, None, message, transient=transient, service=service, no_answer=True)
 
 
 def where(exc: httpx.TransportError) -> str:
@@ -120,19 +94,11 @@ def error_from_response(
 ) -> ServiceError:
     """Build the error for a 4xx/5xx response from its ``body`` (by default the read response's content)."""
     texts = operation_outcome_texts(response.content if body is None else body)
-    message = (
-        truncate("; ".join(texts), MAX_MESSAGE_CHARS)
-        if texts
-        else f"HTTP {response.status_code} {response.reason_phrase}"
-    )
-    return ServiceError(
-        operation,
-        response.status_code,
-        message,
-        transient=is_transient_status(response.status_code),
-        service=service,
-        retry_after=parse_retry_after(response.headers.get("Retry-After")),
-    )
+    status_line = f"HTTP {response.status_code} {response.reason_phrase}"
+    message = truncate("; ".join(texts), MAX_MESSAGE_CHARS) if texts else status_line
+    status, retry_after = response.status_code, parse_retry_after(response.headers.get("Retry-After"))
+    transient = is_transient_status(status)
+    return ServiceError(operation, status, message, transient=transient, service=service, retry_after=retry_after)
 
 
 def raise_for_service_status(response: httpx.Response, *, operation: str, service: str | None) -> None:
@@ -144,8 +110,17 @@ def raise_for_service_status(response: httpx.Response, *, operation: str, servic
 
 async def raise_for_service_status_async(response: httpx.Response, *, operation: str, service: str | None) -> None:
     """``raise_for_service_status`` for responses of an ``httpx.AsyncClient``."""
-    if response.is_error:
-        raise error_from_response(response, operation=operation, service=service, body=await error_body_async(response))
+    if not response.is_error:
+        return
+    body = bytearray()
+    try:
+        body += response.content
+    except httpx.ResponseNotRead:
+        async for piece in response.aiter_bytes():
+            body += piece
+            if len(body) > MAX_PARSED_BODY_BYTES:
+                break
+    raise error_from_response(response, operation=operation, service=service, body=bytes(body))
 
 
 def error_body(response: httpx.Response) -> bytes:
@@ -156,20 +131,6 @@ def error_body(response: httpx.Response) -> bytes:
         pass
     body = bytearray()
     for piece in response.iter_bytes():
-        body += piece
-        if len(body) > MAX_PARSED_BODY_BYTES:
-            break
-    return bytes(body)
-
-
-async def error_body_async(response: httpx.Response) -> bytes:
-    """``error_body`` for responses of an ``httpx.AsyncClient``."""
-    try:
-        return response.content
-    except httpx.ResponseNotRead:
-        pass
-    body = bytearray()
-    async for piece in response.aiter_bytes():
         body += piece
         if len(body) > MAX_PARSED_BODY_BYTES:
             break

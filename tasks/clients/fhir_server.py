@@ -1,21 +1,18 @@
 """Client of a FHIR server for the send step: transaction Bundles (direct_resource_load) and resource PUTs with
 streamed bodies (transfer_load's Binary and DocumentReference). Plain Python: no Prefect in here.
 
-Every call goes through the client layer (``tasks.clients.http``): credentials scoped to the server's origin,
-retry of network errors, 408, 429 and 5xx with backoff, other 4xx terminal. A transaction is atomic on the server,
-so sending it again after an ambiguous failure cannot apply it twice: entries are PUTs (idempotent) or conditional
-creates (``ifNoneExist``), see tasks/send.py.
+Every call goes through the client layer (``tasks.clients.http``): credentials scoped to the server's origin, the
+one retry policy. A transaction is atomic on the server, so sending it again after an ambiguous failure cannot
+apply it twice: entries are PUTs (idempotent) or conditional creates (``ifNoneExist``), see tasks/send.py.
 
-A 2xx answer to a transaction is not yet a success: every entry of the ``transaction-response`` is checked, and
-one failed entry (or a missing one) rejects the batch like an HTTP error would. A rejection carries the server's
-answer (status and body, credentials it quoted back blanked out) so the step can keep it for inspection.
+A 2xx answer to a transaction is not yet a success: every entry of the ``transaction-response`` is checked, and a
+failed or missing entry rejects the batch like an HTTP error would. A rejection carries the server's answer (status
+and body, credentials it quoted back blanked out) so the step can keep it for inspection.
 
 Bounds (``tasks.clients.bounds``; services.send has no timeout key, so they are constants): each read waits up to
-``SEND_TIMEOUT`` (10 minutes); each call has a whole-request deadline of ``REQUEST_DEADLINE`` (10 minutes) plus
-1 s per MB of its body (``SLOWEST_UPLOAD_BYTES_PER_SECOND``), checked as the body goes out and as the answer comes
-in; each call has a connection of its own, shut down at the deadline, so a server dripping its headers is cut off
-too. A call past its deadline is a transient failure and retried. At most
-``MAX_ANSWER_BYTES`` (64 MB) of an answer is read, 1 MB of an error answer, none of a PUT's answer.
+``SEND_TIMEOUT``; each call has a whole-request deadline of ``REQUEST_DEADLINE`` plus 1 s per MB of its body
+(``SLOWEST_UPLOAD_BYTES_PER_SECOND``) on a connection of its own (``answer_within``), past which it is a transient
+failure, retried. At most ``MAX_ANSWER_BYTES`` of an answer is read, 1 MB of an error answer, none of a PUT's.
 """
 
 from __future__ import annotations
@@ -29,18 +26,11 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from tasks.clients.bounds import Deadline, in_pieces
+from tasks.clients.bounds import MB, Deadline, answer_within
 from tasks.clients.bounds import read_answer as read_bounded
-from tasks.clients.errors import (
-    MAX_MESSAGE_CHARS,
-    ServiceError,
-    error_body,
-    error_from_response,
-    operation_outcome_texts,
-    truncate,
-)
-from tasks.clients.bodies import ReplayableBody
-from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, error_body, error_from_response
+from tasks.clients.errors import operation_outcome_texts, truncate
+from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.retry import call_with_retry
 from tasks.core.redaction import redact
 
@@ -48,10 +38,7 @@ if TYPE_CHECKING:
     from config.services import SendSettings
     from config.settings import RetrySettings, TlsSettings
 
-FHIR_JSON = "application/fhir+json"
-REQUEST_HEADERS = {"Content-Type": FHIR_JSON, "Accept": FHIR_JSON}
 SERVICE_NAME = "FHIR server"
-MB = 1024 * 1024
 # services.send has no timeout key; a transaction of 1000 resources or a Binary of a large file can keep a server
 # busy for minutes before it answers, so one read may take this long.
 SEND_TIMEOUT = timedelta(minutes=10)
@@ -63,32 +50,25 @@ DEADLINE_SETTING = "REQUEST_DEADLINE of tasks/clients/fhir_server.py, plus 1 s p
 MAX_ANSWER_BYTES = 64 * MB
 """The most of one answer that is read (a transaction-response, a read back); a PUT's answer body is not read."""
 TOO_LARGE_ANSWER_HINT = "lower services.send.batch_size so that each transaction gets a smaller answer"
-OWN_CONNECTION = {"Connection": "close"}
-"""Each call on a connection of its own, which its deadline can shut down (``Deadline.watch``)."""
 _ENTRY_NUMBER = re.compile(r"\bentry\s*\[?\s*(\d+)", re.IGNORECASE)
 
 
 class TransactionRejected(ServiceError):
     """The server refused a transaction: an HTTP error, or a failed entry in its ``transaction-response``.
-
     ``failed_entry`` is the 0-based index of the first failing entry when the server said which one, ``outcome``
-    the server's OperationOutcome text, ``response_text`` what the server answered (kept for inspection).
-    """
+    the server's OperationOutcome text, ``response_text`` what the server answered (kept for inspection)."""
 
     def __init__(
         self,
+        answer: Answer,
         message: str,
         *,
-        status_code: int | None,
-        transient: bool,
-        response_text: str,
+        transient: bool = False,
         failed_entry: int | None = None,
         outcome: str = "",
     ):
-        super().__init__("transaction", status_code, message, transient=transient, service=SERVICE_NAME)
-        self.response_text = response_text
-        self.failed_entry = failed_entry
-        self.outcome = outcome
+        super().__init__("transaction", answer.status_code, message, transient=transient, service=SERVICE_NAME)
+        self.response_text, self.failed_entry, self.outcome = response_text(answer), failed_entry, outcome
 
 
 @dataclass(frozen=True)
@@ -98,19 +78,16 @@ class EntryFailure:
     outcome: str
 
 
-class FhirServer:
-    """One FHIR server (``{url}/fhir``) reached through a ``ServiceClient``.
-
-    Every call has a whole-request deadline, ``deadline`` plus the time a body of its size takes at
-    ``SLOWEST_UPLOAD_BYTES_PER_SECOND``, and reads at most ``max_answer_bytes`` of an answer (``tasks.clients.bounds``).
-    """
+class FhirServer(Closing):
+    """One FHIR server (``{url}/fhir``) reached through a ``ServiceClient``. Every call has a whole-request deadline,
+    ``deadline`` plus the time a body of its size takes at ``SLOWEST_UPLOAD_BYTES_PER_SECOND``, and reads at most
+    ``max_answer_bytes`` of an answer (``tasks.clients.bounds``)."""
 
     def __init__(
         self, client: ServiceClient, *, deadline: timedelta = REQUEST_DEADLINE, max_answer_bytes: int = MAX_ANSWER_BYTES
     ):
-        self._client = client
-        self._deadline = deadline.total_seconds()
-        self._max_answer_bytes = max_answer_bytes
+        self._client, self.http = client, client.http
+        self._deadline, self._max_answer_bytes = deadline.total_seconds(), max_answer_bytes
 
     @classmethod
     def connect(cls, send: SendSettings, tls: TlsSettings, retry: RetrySettings, **bounds: Any) -> FhirServer:
@@ -119,25 +96,11 @@ class FhirServer:
         endpoint = ServiceEndpoint(SERVICE_NAME, send.url or "", send.auth, http_timeout(SEND_TIMEOUT))
         return cls(ServiceClient(endpoint, tls, retry), **bounds)
 
-    def close(self) -> None:
-        self._client.close()
-
-    def __enter__(self) -> FhirServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def transaction(self, body: bytes, entries: int) -> dict:
         """POST a transaction Bundle of ``entries`` entries; the ``transaction-response`` when every entry succeeded.
-
         Raises ``TransactionRejected`` for an HTTP error (after retries of the transient ones) or a failed entry,
-        and ``ServiceError`` (status None) when the server could not be reached or took longer than the deadline.
-        """
-        try:
-            answer = self._call("POST", "/fhir", "transaction", body, len(body))
-        except _Refused as refused:
-            raise rejected_by_status(refused.answer, refused.error) from None
+        and ``ServiceError`` (status None) when the server could not be reached or took longer than the deadline."""
+        answer = self._call("POST", "/fhir", "transaction", body, len(body), rejection=rejected_by_status)
         return checked_transaction_response(answer, entries)
 
     def put(
@@ -153,18 +116,11 @@ class FhirServer:
         is not read: a server may send a large Binary back, and only the status matters."""
         size = len(body) if isinstance(body, bytes) else length
         operation = f"PUT {resource_type}/{resource_id}"
-        try:
-            self._call("PUT", f"/fhir/{resource_type}/{resource_id}", operation, body, size, read_answer=False)
-        except _Refused as refused:
-            raise refused.error from None
+        self._call("PUT", f"/fhir/{resource_type}/{resource_id}", operation, body, size, read_answer=False)
 
     def get(self, path: str, **params: str) -> dict:
         """GET a resource or a search under ``{url}/fhir`` (used to read back what was sent)."""
-        try:
-            answer = self._call("GET", f"/fhir/{path}", f"GET {path}", params=params)
-        except _Refused as refused:
-            raise refused.error from None
-        return orjson.loads(answer.body)
+        return orjson.loads(self._call("GET", f"/fhir/{path}", f"GET {path}", params=params).body)
 
     def _call(
         self,
@@ -176,14 +132,23 @@ class FhirServer:
         *,
         read_answer: bool = True,
         params: dict[str, str] | None = None,
+        rejection: Callable[[Answer, ServiceError], ServiceError] | None = None,
     ) -> Answer:
-        """One call with retry; a 4xx/5xx answer (after the retries of the transient ones) raises ``_Refused`` with
-        the error and what the server said."""
+        """One call with retry, each attempt within its deadline (``answer_within``), the answer read as it comes in
+        (at most ``max_answer_bytes`` of it, none when ``read_answer`` is False). A 4xx/5xx answer (after the retries
+        of the transient ones) raises its ``ServiceError``, or what ``rejection`` makes of it and the answer."""
         refused: list[_Refused] = []
+        headers = {**FHIR_JSON_HEADERS, **({"Content-Length": str(size)} if size is not None else {})}
 
         def attempt() -> Answer:
+            deadline = Deadline(self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND, DEADLINE_SETTING)
+            timeout = http_timeout(min(SEND_TIMEOUT, timedelta(seconds=deadline.seconds)))
+            request = {"body": body, "headers": headers, "params": params, "timeout": timeout}
             try:
-                return self._attempt(method, path, operation, body, size, read_answer=read_answer, params=params)
+                with answer_within(
+                    self.http, deadline, method, path, operation=operation, service=SERVICE_NAME, **request
+                ) as response:
+                    return self._answer(response, deadline, operation, read_answer)
             except _Refused as exc:
                 refused[:] = [exc]
                 raise exc.error from None
@@ -193,53 +158,11 @@ class FhirServer:
                 attempt, self._client.retry, operation=operation, service=SERVICE_NAME, sleep=self._client.sleep
             )
         except ServiceError as exc:
-            if refused and exc is refused[0].error:
-                raise refused[0] from None
+            if rejection is not None and refused and exc is refused[0].error:
+                raise rejection(refused[0].answer, exc) from None
             raise
-
-    def _attempt(
-        self,
-        method: str,
-        path: str,
-        operation: str,
-        body: Callable[[], Iterable[bytes]] | bytes | None,
-        size: int | None,
-        *,
-        read_answer: bool,
-        params: dict[str, str] | None,
-    ) -> Answer:
-        """One request within its deadline: the body checked piece by piece as it goes out, the answer as it
-        comes in (at most ``max_answer_bytes`` of it, none when ``read_answer`` is False)."""
-        deadline = Deadline(self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND, DEADLINE_SETTING)
-        content = (
-            None if body is None else ReplayableBody(lambda: deadline.pieces(pieces_of(body), operation, SERVICE_NAME))
-        )
-        headers = {**REQUEST_HEADERS, **OWN_CONNECTION, **({"Content-Length": str(size)} if size is not None else {})}
-        read_timeout = http_timeout(min(SEND_TIMEOUT, timedelta(seconds=deadline.seconds)))
-        request = self._client.http.build_request(
-            method,
-            path,
-            content=content,
-            headers=headers,
-            params=params,
-            timeout=read_timeout,
-            extensions=deadline.watch(),
-        )
-        deadline.url = request.url
-        try:
-            response = self._client.http.send(request, stream=True)
-            try:
-                return self._answer(response, deadline, operation, read_answer)
-            finally:
-                response.close()
-        except httpx.TransportError:
-            deadline.check(operation, SERVICE_NAME)  # the deadline shut the connection down
-            raise
-        finally:
-            deadline.release()
 
     def _answer(self, response: httpx.Response, deadline: Deadline, operation: str, read_answer: bool) -> Answer:
-        deadline.check(operation, SERVICE_NAME)
         if response.is_error:
             error = Answer(response, error_body(response))
             raise _Refused(
@@ -269,17 +192,12 @@ class Answer:
 class _Refused(Exception):
     """A 4xx/5xx answer that ended a call: the client error for it, and the answer (for the failure dump).
 
-    Internal control flow of ``FhirServer._call``: it never leaves this module (the public methods turn it into
-    its ``ServiceError`` or a ``TransactionRejected``), so it is private and not rooted in ``DupflowError``."""
+    Internal control flow of ``FhirServer._call``: it never leaves this module (``_call`` turns it into its
+    ``ServiceError`` or a ``TransactionRejected``), so it is private and not rooted in ``DupflowError``."""
 
     def __init__(self, answer: Answer, error: ServiceError):
         super().__init__(str(error))
         self.answer, self.error = answer, error
-
-
-def pieces_of(body: Callable[[], Iterable[bytes]] | bytes) -> Iterable[bytes]:
-    """A request body in pieces, so the deadline is checked as it goes out."""
-    return in_pieces(body) if isinstance(body, bytes) else body()
 
 
 def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionRejected:
@@ -287,13 +205,9 @@ def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionReject
     texts = operation_outcome_texts(answer.body)
     outcome = "; ".join(texts)
     match = next((m for text in texts if (m := _ENTRY_NUMBER.search(text))), None)
+    failed_entry, outcome = int(match.group(1)) if match else None, truncate(outcome, MAX_MESSAGE_CHARS)
     return TransactionRejected(
-        error.message,
-        status_code=answer.status_code,
-        transient=error.transient,
-        response_text=response_text(answer),
-        failed_entry=int(match.group(1)) if match else None,
-        outcome=truncate(outcome, MAX_MESSAGE_CHARS),
+        answer, error.message, transient=error.transient, failed_entry=failed_entry, outcome=outcome
     )
 
 
@@ -307,15 +221,9 @@ def checked_transaction_response(answer: Answer, sent: int) -> dict:
         raise _bad_answer(answer, "the answer is not a Bundle")
     entries = bundle.get("entry") or []
     if failure := first_failed_entry(entries):
-        return_text = f"entry {failure.index + 1} failed with {failure.status}"
-        raise TransactionRejected(
-            return_text + (f": {failure.outcome}" if failure.outcome else ""),
-            status_code=answer.status_code,
-            transient=False,
-            response_text=response_text(answer),
-            failed_entry=failure.index,
-            outcome=failure.outcome,
-        )
+        detail = f": {failure.outcome}" if failure.outcome else ""
+        message = f"entry {failure.index + 1} failed with {failure.status}{detail}"
+        raise TransactionRejected(answer, message, failed_entry=failure.index, outcome=failure.outcome)
     if len(entries) != sent:
         raise _bad_answer(answer, f"the transaction-response has {len(entries)} entries for {sent} sent")
     return bundle
@@ -335,12 +243,7 @@ def first_failed_entry(entries: list) -> EntryFailure | None:
 
 
 def _bad_answer(answer: Answer, reason: str) -> TransactionRejected:
-    return TransactionRejected(
-        f"{reason}; the server's answer cannot confirm the batch",
-        status_code=answer.status_code,
-        transient=False,
-        response_text=response_text(answer),
-    )
+    return TransactionRejected(answer, f"{reason}; the server's answer cannot confirm the batch")
 
 
 def response_text(answer: Answer) -> str:

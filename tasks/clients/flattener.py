@@ -8,27 +8,24 @@ Wire contract (spec/protocols.md, "Flattening service"):
   ``Accept: application/x-ndjson``; the body is a ``Parameters`` with a ``viewDefinition`` part and one
   ``resources`` part per resource. The answer is NDJSON, one object per row keyed by column name.
 
-``$run`` computes rows and changes nothing on the server, so it is retried like a read until its answer starts.
-The answer is streamed: rows are parsed one line at a time as they arrive (never the whole answer in memory), each
-line at most ``MAX_ROW_BYTES`` (16 MB). ``services.flattening.timeout`` is the deadline of each whole request, the
-answer's rows included, checked as the body goes out and as the answer comes in, and each request has a connection
-of its own that is shut down at the deadline (``tasks.clients.bounds``), so a server dripping its answer or its
-headers is cut off. Numbers in the answer are read as ``Decimal`` so that they reach the CSV as
-written. Plain Python: no Prefect in here.
+``$run`` changes nothing on the server, so it is retried like a read until its answer starts. Rows are parsed one
+line at a time as they arrive, each at most ``MAX_ROW_BYTES``. ``services.flattening.timeout`` is the deadline of
+each whole request, rows included (``tasks.clients.bounds.answer_within``). Numbers are read as ``Decimal``, so
+they reach the CSV as written. Plain Python: no Prefect in here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import httpx
 
-from tasks.clients.bounds import Deadline, in_pieces, read_answer
+from tasks.clients.bounds import MB, Deadline, answer_within, read_answer
 from tasks.clients.errors import network_error, raise_for_service_status
 from tasks.core.redaction import redact
 from tasks.clients.http import ServiceClient
@@ -38,15 +35,12 @@ from tasks.core.errors import StepError
 METADATA_PATH = "/fhir/metadata"
 RUN_PATH = "/fhir/ViewDefinition/$run"
 RUN_HEADERS = {"Content-Type": "application/fhir+json", "Accept": "application/x-ndjson"}
-MB = 1024 * 1024
 MAX_ROW_BYTES = 16 * MB
 """The longest line of a ``$run`` answer that is read: one row, one CSV line."""
 MAX_METADATA_BYTES = 16 * MB
 """The most of a CapabilityStatement that is read (a full FHIR server's runs to a few hundred KB)."""
 DEADLINE_SETTING = "services.flattening.timeout"
 NOT_A_SERVICE_HINT = "is services.flattening.service_url the flattening service's root?"
-OWN_CONNECTION = {"Connection": "close"}
-"""Each request on a connection of its own, which its deadline can shut down (``Deadline.watch``)."""
 
 
 class FlattenerError(StepError):
@@ -54,11 +48,8 @@ class FlattenerError(StepError):
 
 
 class Flattener:
-    """The flattening service behind ``client`` (a ``ServiceClient`` rooted at ``service_url``).
-
-    ``deadline`` bounds each whole request, the answer's rows included; by default the client's read timeout, which
-    ``http_timeout`` sets to the configured ``services.flattening.timeout``.
-    """
+    """The flattening service behind ``client`` (a ``ServiceClient`` rooted at ``service_url``). ``deadline`` bounds
+    each whole request, rows included; by default the client's read timeout, ``services.flattening.timeout``."""
 
     def __init__(self, client: ServiceClient, *, deadline: timedelta | None = None):
         self.client = client
@@ -68,14 +59,8 @@ class Flattener:
         """Raise ``FlattenerError`` unless the service's CapabilityStatement lists ``$run`` on ViewDefinition."""
         operation = "read the flattening service's metadata"
         with self._answer("GET", METADATA_PATH, operation) as (response, deadline):
-            content = read_answer(
-                response,
-                MAX_METADATA_BYTES,
-                operation=operation,
-                service=self._service,
-                hint=NOT_A_SERVICE_HINT,
-                deadline=deadline,
-            )
+            where = {"operation": operation, "service": self._service, "deadline": deadline}
+            content = read_answer(response, MAX_METADATA_BYTES, hint=NOT_A_SERVICE_HINT, **where)
         try:
             statement = json.loads(content)
         except ValueError:
@@ -103,55 +88,26 @@ class Flattener:
     def _service(self) -> str:
         return self.client.endpoint.name
 
-    @contextmanager
+    @contextlib.contextmanager
     def _answer(
-        self,
-        method: str,
-        path: str,
-        operation: str,
-        *,
-        body: bytes | None = None,
-        headers: dict[str, str] | None = None,
-        **request: Any,
+        self, method: str, path: str, operation: str, **request: Any
     ) -> Iterator[tuple[httpx.Response, Deadline]]:
         """A 2xx answer whose body is still to be read, and the deadline its reading must keep. Failures before the
         answer starts are retried (``$run`` changes nothing); a failure while it is read is not (rows were taken)."""
+        where = {"operation": operation, "service": self._service}
 
-        def attempt() -> tuple[httpx.Response, Deadline]:
+        def attempt() -> tuple[contextlib.ExitStack, httpx.Response, Deadline]:
             deadline = Deadline(self._deadline, DEADLINE_SETTING)
-            content = None if body is None else deadline.pieces(in_pieces(body), operation, self._service)
-            sent_request = self.client.http.build_request(
-                method,
-                path,
-                content=content,
-                headers={**(headers or {}), **OWN_CONNECTION},
-                extensions=deadline.watch(),
-                **request,
-            )
-            deadline.url = sent_request.url
-            try:
-                sent = self.client.http.send(sent_request, stream=True)
-            except httpx.TransportError:
-                deadline.release()
-                deadline.check(operation, self._service)  # the deadline shut the connection down
-                raise
-            try:
-                deadline.check(operation, self._service)
-                raise_for_service_status(sent, operation=operation, service=self._service)
-            except BaseException:
-                sent.close()
-                deadline.release()
-                raise
-            return sent, deadline
+            with contextlib.ExitStack() as stack:
+                response = stack.enter_context(
+                    answer_within(self.client.http, deadline, method, path, **where, **request)
+                )
+                raise_for_service_status(response, **where)
+                return stack.pop_all(), response, deadline
 
-        response, deadline = call_with_retry(
-            attempt, self.client.retry, operation=operation, service=self._service, sleep=self.client.sleep
-        )
-        try:
+        answer, response, deadline = call_with_retry(attempt, self.client.retry, **where, sleep=self.client.sleep)
+        with answer:
             yield response, deadline
-        finally:
-            response.close()
-            deadline.release()
 
 
 def answer_lines(response: httpx.Response, deadline: Deadline, operation: str, service: str) -> Iterator[bytes]:

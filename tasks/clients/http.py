@@ -7,13 +7,10 @@ Steps never build ``httpx`` clients themselves::
     with ServiceClient(endpoint, settings.tls, settings.retry) as client:
         response = client.request("GET", "/fhir/metadata", operation="read metadata")
 
-Relative URLs resolve against the service's base URL. Clients follow redirects through their auth flow (see
-``tasks.clients.auth``), so there is no need to pass ``follow_redirects=True``; credentials reach only the
-service's origin either way.
-
-Retry is ``tasks.clients.retry``'s one policy: ``ServiceClient.request`` is one attempt under it, and clients that
-stream a body or bound an answer pass their own attempt to ``call_with_retry`` / ``call_with_retry_async``. A call
-that could create something twice uses ``ServiceClient.request_once`` (``retry.call_once``).
+Relative URLs resolve against the service's base URL; redirects are followed by the auth flow
+(``tasks.clients.auth``), credentials reaching only the service's origin. ``ServiceClient.request`` is one attempt
+under ``tasks.clients.retry``'s policy (``request_once``: ``call_once``, for a call that could create something
+twice); clients that stream a body or bound an answer pass their own attempt to ``call_with_retry(_async)``.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 import certifi
 import httpx
@@ -42,6 +39,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("dupflow.clients")
 
 DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=10)
+INSECURE_WARNING = (
+    "TLS certificate verification is disabled for %s (tls.insecure_skip_verify); use this for development and "
+    "testing only"
+)
+FHIR_JSON = "application/fhir+json"
+FHIR_JSON_HEADERS = {"Content-Type": FHIR_JSON, "Accept": FHIR_JSON}
 
 
 def http_timeout(read: timedelta, *, connect: timedelta = DEFAULT_CONNECT_TIMEOUT) -> httpx.Timeout:
@@ -63,16 +66,10 @@ class ServiceEndpoint:
 
 
 def ssl_verify(tls: TlsSettings, *, purpose: str) -> ssl.SSLContext | bool:
-    """The ``verify`` value for httpx: system and certifi CAs plus ``ca_cert_path``, or False when skipping.
-
-    ``purpose`` names the client in the warning logged when verification is off.
-    """
+    """The ``verify`` value for httpx: system and certifi CAs plus ``ca_cert_path``, or False when skipping
+    (``purpose`` names the client in the warning logged then)."""
     if tls.insecure_skip_verify:
-        log.warning(
-            "TLS certificate verification is disabled for %s (tls.insecure_skip_verify); "
-            "use this for development and testing only",
-            purpose,
-        )
+        log.warning(INSECURE_WARNING, purpose)
         return False
     return trusted_context(tls.ca_cert_path)
 
@@ -126,15 +123,25 @@ def service_name(client: httpx.Client | httpx.AsyncClient) -> str | None:
 # --- the service client ------------------------------------------------------------------------------------
 
 
-class ServiceClient:
-    """A client for one configured service whose every request is retried and classified by the one policy.
+class Closing:
+    """A client that closes its ``http`` client when done; use it as a context manager."""
 
-    ``request`` retries transient failures (network errors, 408, 429, 5xx) per ``retry.*`` and raises a
-    ``ServiceError`` for any 4xx/5xx answer; ``request_once`` is the opt-out for a call that could create or
-    destroy something twice (attempted exactly once). ``http`` is the underlying ``httpx.Client`` for clients
-    that stream their bodies in their own attempts (``call_with_retry(attempt, client.retry, ...)``). ``sleep``
-    waits between attempts (a test passes one that records the waits).
-    """
+    http: httpx.Client
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ServiceClient(Closing):
+    """A client for one configured service whose every request is retried and classified by the one policy
+    (``request``; ``request_once`` for a call that could create or destroy something twice). ``http`` is the
+    ``httpx.Client`` for clients that stream bodies in their own attempts; ``sleep`` waits between attempts."""
 
     def __init__(
         self,
@@ -144,39 +151,31 @@ class ServiceClient:
         *,
         sleep: Callable[[float], None] = time.sleep,
     ):
-        self.endpoint = endpoint
-        self.retry = retry
-        self.sleep = sleep
+        self.endpoint, self.retry, self.sleep = endpoint, retry, sleep
         self.http = build_client(endpoint, tls)
 
     def request(self, method: str, url: str | httpx.URL, *, operation: str, **request_kwargs) -> httpx.Response:
         """``http.request`` under the retry policy; a 4xx/5xx answer becomes a ``ServiceError``."""
-        attempt = self._attempt(method, url, operation, request_kwargs)
+        attempt = one_attempt(self.http, method, url, operation=operation, service=self.endpoint.name, **request_kwargs)
         return call_with_retry(attempt, self.retry, operation=operation, service=self.endpoint.name, sleep=self.sleep)
 
     def request_once(self, method: str, url: str | httpx.URL, *, operation: str, **request_kwargs) -> httpx.Response:
         """``request`` attempted exactly once: for a call that must not be repeated on an ambiguous failure."""
-        attempt = self._attempt(method, url, operation, request_kwargs)
+        attempt = one_attempt(self.http, method, url, operation=operation, service=self.endpoint.name, **request_kwargs)
         return call_once(attempt, operation=operation, service=self.endpoint.name)
 
-    def _attempt(
-        self, method: str, url: str | httpx.URL, operation: str, request_kwargs: dict
-    ) -> Callable[[], httpx.Response]:
-        def attempt() -> httpx.Response:
-            response = self.http.request(method, url, **request_kwargs)
-            raise_for_service_status(response, operation=operation, service=self.endpoint.name)
-            return response
 
-        return attempt
+def one_attempt(
+    http: httpx.Client, method: str, url: str | httpx.URL, *, operation: str, service: str | None, **request_kwargs
+) -> Callable[[], httpx.Response]:
+    """One request whose 4xx/5xx answer raises a ``ServiceError``: an attempt for ``tasks.clients.retry``."""
 
-    def close(self) -> None:
-        self.http.close()
+    def attempt() -> httpx.Response:
+        response = http.request(method, url, **request_kwargs)
+        raise_for_service_status(response, operation=operation, service=service)
+        return response
 
-    def __enter__(self) -> ServiceClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    return attempt
 
 
 class AsyncServiceClient:
@@ -190,9 +189,7 @@ class AsyncServiceClient:
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ):
-        self.endpoint = endpoint
-        self.retry = retry
-        self.sleep = sleep
+        self.endpoint, self.retry, self.sleep = endpoint, retry, sleep
         self.http = build_async_client(endpoint, tls)
 
     async def request(self, method: str, url: str | httpx.URL, *, operation: str, **request_kwargs) -> httpx.Response:

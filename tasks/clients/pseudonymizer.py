@@ -9,13 +9,10 @@ Bundles whose compact JSON is larger than the split threshold are sent as greedy
 back together in the original order. Every answer is checked: same resource type as sent and, for Bundles, as
 many entries as sent, so a resource can never get lost on the way.
 
-Requests go through the client layer (``tasks.clients.http``): retry of 5xx/408/429 and network errors, other 4xx
-terminal with the service's OperationOutcome text. ``services.pseudonymizer.timeout`` is the deadline of each whole
-request (connect, send, answer), not of each read, so a server dripping bytes is cut off; a request past its
-deadline counts as a transient failure and is retried. At most ``max_answer_bytes`` of an answer is read (the
-step's ``pipeline.max_ndjson_line_size_mb``; ``MAX_ANSWER_BYTES``, 100 MB, by default), and a larger one fails
-with its size and the limit (``tasks.clients.bounds``). At most ``max_concurrent_requests`` requests are in flight
-per ``Pseudonymizer`` (an ``asyncio.Semaphore``). Plain Python: no Prefect in here.
+Requests are retried per ``tasks.clients.retry`` (other 4xx terminal with the service's OperationOutcome text) and
+bounded per ``tasks.clients.bounds``: ``services.pseudonymizer.timeout`` is the deadline of each whole request, and
+at most ``max_answer_bytes`` of an answer is read (the step's ``pipeline.max_ndjson_line_size_mb``). At most
+``max_concurrent_requests`` requests are in flight per ``Pseudonymizer``. Plain Python: no Prefect in here.
 """
 
 from __future__ import annotations
@@ -32,19 +29,16 @@ import httpx
 import orjson
 
 from tasks.core.errors import StepError
-from tasks.clients.bounds import Deadline, read_answer_async, within_deadline
+from tasks.clients.bounds import MB, Deadline, read_answer_async, within_deadline
 from tasks.clients.errors import raise_for_service_status_async
 from tasks.core.redaction import redact
-from tasks.clients.http import service_name
+from tasks.clients.http import FHIR_JSON_HEADERS, service_name
 from tasks.clients.retry import call_with_retry_async
 
 if TYPE_CHECKING:
     from config.settings import RetrySettings
 
 DE_IDENTIFY_PATH = "/fhir/$de-identify"
-FHIR_JSON = "application/fhir+json"
-REQUEST_HEADERS = {"Content-Type": FHIR_JSON, "Accept": FHIR_JSON}
-MB = 1024 * 1024
 MAX_ANSWER_BYTES = 100 * MB
 """The most of one answer that is read, unless the step says otherwise: pipeline.max_ndjson_line_size_mb's
 default, since the answer becomes one line of the step's output."""
@@ -138,14 +132,10 @@ class Pseudonymizer:
         """``deadline`` bounds each whole request; by default the client's read timeout, which ``http_timeout``
         sets to the configured ``services.pseudonymizer.timeout``. At most ``max_answer_bytes`` of an answer is
         read (the step passes ``pipeline.max_ndjson_line_size_mb``: the answer becomes one line of its output)."""
-        self._client = client
-        self._url = client.build_request("POST", DE_IDENTIFY_PATH).url
-        self._retry = retry
+        self._client, self._url, self._retry = client, client.build_request("POST", DE_IDENTIFY_PATH).url, retry
         self._deadline = deadline.total_seconds() if deadline is not None else client.timeout.read
-        self._max_answer_bytes = max_answer_bytes
-        self._body = RequestBody(config)
-        self.split_threshold_bytes = split_threshold_mb * MB
-        self._slots = asyncio.Semaphore(max_concurrent_requests)
+        self._max_answer_bytes, self._body = max_answer_bytes, RequestBody(config)
+        self.split_threshold_bytes, self._slots = split_threshold_mb * MB, asyncio.Semaphore(max_concurrent_requests)
 
     async def pseudonymize(self, resource_json: bytes, resource: dict[str, Any]) -> Pseudonymized:
         """De-identify one resource given as its JSON bytes and parsed form; large Bundles are split."""
@@ -171,7 +161,7 @@ class Pseudonymizer:
         body = self._body(resource_json)
 
         async def attempt() -> bytes:
-            request = self._client.build_request("POST", DE_IDENTIFY_PATH, content=body, headers=REQUEST_HEADERS)
+            request = self._client.build_request("POST", DE_IDENTIFY_PATH, content=body, headers=FHIR_JSON_HEADERS)
             response = await self._client.send(request, stream=True)
             try:
                 await raise_for_service_status_async(response, operation=operation, service=service)
@@ -218,11 +208,8 @@ def compact_size(resource: Any) -> int:
 
 
 def needs_split(resource: dict[str, Any], threshold_bytes: int) -> bool:
-    return (
-        resource.get("resourceType") == "Bundle"
-        and bool(resource.get("entry"))
-        and compact_size(resource) > threshold_bytes
-    )
+    is_bundle = resource.get("resourceType") == "Bundle" and bool(resource.get("entry"))
+    return is_bundle and compact_size(resource) > threshold_bytes
 
 
 def split_bundle(bundle: dict[str, Any], threshold_bytes: int) -> list[dict[str, Any]]:

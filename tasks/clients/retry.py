@@ -1,28 +1,24 @@
 """The one retry policy of every outgoing call (tenacity is the engine); plain Python, no Prefect.
 
-Every client retries through ``call_with_retry`` (sync) or ``call_with_retry_async`` (asyncio), which share one
-policy (``_policy``):
+Every client retries through ``call_with_retry`` (sync) or ``call_with_retry_async``, which share one policy
+(``_policy``; tenacity's ``wait_exponential`` is the backoff):
 
-- ``retry.max_attempts`` attempts in total;
-- before retry n (n = 0 for the first retry) the wait is ``min(initial_backoff_ms * 2**n, max_backoff_ms)``; a
-  Retry-After header replaces it, capped at ``max_backoff_ms``;
+- ``retry.max_attempts`` attempts in total; before retry n (0 for the first) the wait is
+  ``min(initial_backoff_ms * 2**n, max_backoff_ms)``, or a Retry-After header, capped at ``max_backoff_ms``;
 - transient (retried): network errors (by exception type), 408, 429, 5xx, and a whole-request deadline that passed
   (``tasks.clients.bounds``); terminal (raised at once): other 4xx, untrusted certificates, unsupported URL
   schemes, and every error that is not a ``ServiceError`` or an httpx transport error;
-- each retry is logged on ``dupflow.clients`` (whose records pass ``tasks.core.redaction.RedactingFilter``) with the
-  error's text, which is redacted already;
-- a network error still failing at the end is raised as a ``ServiceError`` (status None).
+- each retry is logged on ``dupflow.clients`` (records pass ``tasks.core.redaction.RedactingFilter``) with the
+  error's text, redacted already; a network error still failing at the end is raised as a ``ServiceError``.
 
-The attempt is the caller's: a function that makes one request and raises a ``ServiceError`` (or lets an httpx
-transport error out) when it fails, so streamed uploads and bounded answers are retried the same way as plain
-requests (``ServiceClient.request`` is one such attempt).
+The attempt is the caller's: one request that raises a ``ServiceError`` (or lets an httpx transport error out), so
+streamed uploads and bounded answers are retried like plain requests (``ServiceClient.request`` is one such).
 
-A call that could create something twice opts out, visibly, with ``call_once``: one attempt, the same error
-classification, never a second request. The extraction kick-off (``POST $extract-data``) is that call; a failure
-there leaves the submission in doubt for the extraction step to settle. The extraction status poll is no retry but
-the spec's poll loop (``ExtractionServerClient.poll_until_complete``): one GET per iteration, its own back-off from
-``polling_interval``, ended only by ``extraction_timeout``; it uses the same classification and Retry-After parsing.
-S3 uploads (``s3.py``) are retried by botocore, with ``retry.max_attempts`` as its attempt count.
+A call that could create something twice opts out, visibly, with ``call_once``: one attempt, the same
+classification. The extraction kick-off (``POST $extract-data``) is that call; its failure leaves the submission
+in doubt for the extraction step to settle. The extraction status poll is the spec's poll loop, not a retry
+(``ExtractionServerClient.poll_until_complete``), with the same classification and Retry-After parsing. S3 uploads
+(``s3.py``) are retried by botocore, with ``retry.max_attempts`` as its attempt count.
 """
 
 from __future__ import annotations
@@ -34,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
 import httpx
-from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception, stop_after_attempt
+from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from tasks.clients.errors import ServiceError, is_transient_network_error, network_error
 
@@ -46,11 +42,6 @@ log = logging.getLogger("dupflow.clients")
 T = TypeVar("T")
 
 
-def backoff_seconds(retry: RetrySettings, attempt: int) -> float:
-    """Wait before retry ``attempt`` (0 for the first retry): min(initial * 2^attempt, max)."""
-    return min(retry.initial_backoff_ms * 2**attempt, retry.max_backoff_ms) / 1000
-
-
 def is_transient(exc: BaseException) -> bool:
     """Worth another attempt: a transient ServiceError or a transient network error."""
     if isinstance(exc, ServiceError):
@@ -58,38 +49,22 @@ def is_transient(exc: BaseException) -> bool:
     return is_transient_network_error(exc)
 
 
-def wait_seconds(retry: RetrySettings, exc: BaseException | None, attempt: int) -> float:
-    """Wait before retry ``attempt`` after ``exc``: the server's Retry-After (capped at ``max_backoff_ms``), else
-    the backoff."""
-    retry_after = exc.retry_after if isinstance(exc, ServiceError) else None
-    if retry_after is not None:
-        return min(retry_after, retry.max_backoff_ms / 1000)
-    return backoff_seconds(retry, attempt)
-
-
-def describe_exception(exc: BaseException | None) -> str:
-    """The exception's text, or its type where the text is empty (many network errors have none)."""
-    if exc is None:
-        return "no error"
-    return str(exc) or type(exc).__name__
-
-
 def _policy(retry: RetrySettings, *, operation: str, service: str | None) -> dict:
     """tenacity's arguments for the one policy (the module docstring), shared by the sync and async wrappers."""
+    backoff = wait_exponential(multiplier=retry.initial_backoff_ms / 1000, max=retry.max_backoff_ms / 1000)
 
     def wait(state: RetryCallState) -> float:
-        return wait_seconds(retry, state.outcome.exception() if state.outcome else None, state.attempt_number - 1)
+        exc = state.outcome.exception() if state.outcome else None
+        retry_after = exc.retry_after if isinstance(exc, ServiceError) else None
+        return backoff(state) if retry_after is None else min(retry_after, retry.max_backoff_ms / 1000)
 
     def log_retry(state: RetryCallState) -> None:
         failed = f"{service}: {operation} failed" if service else f"{operation} failed"
-        said = describe_exception(state.outcome.exception())
-        log.warning(
-            "%s; attempt %d of %d, retrying in %.1f s",
-            said if said.startswith(failed) else f"{failed} ({said})",  # a ServiceError of this call says it already
-            state.attempt_number,
-            retry.max_attempts,
-            state.next_action.sleep if state.next_action else 0.0,
-        )
+        exc = state.outcome.exception()
+        said = str(exc) or type(exc).__name__  # many network errors have no text
+        shown = said if said.startswith(failed) else f"{failed} ({said})"  # a ServiceError of this call says it
+        wait = state.next_action.sleep if state.next_action else 0.0
+        log.warning("%s; attempt %d of %d, retrying in %.1f s", shown, state.attempt_number, retry.max_attempts, wait)
 
     return {
         "stop": stop_after_attempt(retry.max_attempts),

@@ -1,20 +1,16 @@
 """S3 for the s3_upload send mode: the boto3 client (endpoint, addressing, TLS, timeouts, retry, proxy auth) and
 the uploader with its manifest of uploaded objects.
 
-The S3 API is authenticated by ``s3.access_key_id`` / ``s3.secret_access_key``. ``send.auth`` username and
-password become a ``Proxy-Authorization: Basic`` header on every request for an upstream proxy in front of the
-store; ``api_key`` is ignored. The header is added on botocore's ``before-send`` event, after SigV4 signing, so
-it is not part of the signature and a proxy may strip it without breaking the request.
+The S3 API is authenticated by ``s3.access_key_id`` / ``s3.secret_access_key``; ``send.auth`` username and password
+become a ``Proxy-Authorization: Basic`` header for an upstream proxy (``api_key`` is ignored), added on botocore's
+``before-send`` event, after SigV4 signing, so a proxy may strip it without breaking the signature. botocore does
+its own retry backoff; only the number of attempts (``retry.max_attempts``) carries over.
 
-botocore does its own retry backoff; only the number of attempts (``retry.max_attempts``) carries over.
-
-``S3Uploader`` uploads files through boto3's transfer manager (multipart with parallel parts above its threshold)
-and records each uploaded object (key, size, ETag) in a JSON manifest, rewritten atomically, so a resumed job skips
-objects that are recorded and still in the bucket. A process killed during a multipart upload leaves an incomplete
-upload on the server (boto3 aborts it itself only when it fails in-process); the next upload of the same key aborts
-such leftovers first. botocore's error texts are not passed on as they are: they are rebuilt from the error code and
-message with every configured credential blanked out, and the exception chain is cut, so neither logs nor job
-records can show them.
+``S3Uploader`` uploads through boto3's transfer manager (multipart, parallel parts above its threshold) and records
+each object (key, size, ETag) in a JSON manifest, rewritten atomically, so a resumed job skips objects recorded
+and still in the bucket. A multipart upload left by a killed process (boto3 aborts only in-process failures) is
+aborted before the next upload of its key. botocore's error texts are rebuilt from code and message with every
+configured credential blanked out and the exception chain cut, so neither logs nor job records can show them.
 """
 
 from __future__ import annotations
@@ -42,6 +38,7 @@ from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, SSL
 from botocore.exceptions import ConnectionError as BotoConnectionError
 from urllib3.util import make_headers
 
+from tasks.clients.http import INSECURE_WARNING
 from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, is_transient_status, truncate
 from tasks.core.redaction import RedactingFilter
 from tasks.streams.files import write_file_atomically
@@ -79,12 +76,9 @@ def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings) -
         client.meta.events.register(
             "before-send.s3", ProxyAuthorization(send.auth.username, send.auth.password.get_secret_value())
         )
+    where = (s3.bucket, s3.endpoint or "the default endpoint", "path-style" if s3.use_path_style else "automatic")
     log.info(
-        "S3 client for bucket %s at %s (%s addressing)%s",
-        s3.bucket,
-        s3.endpoint or "the default endpoint",
-        "path-style" if s3.use_path_style else "automatic",
-        " with proxy authentication" if proxy_auth else "",
+        "S3 client for bucket %s at %s (%s addressing)%s", *where, " with proxy authentication" if proxy_auth else ""
     )
     return client
 
@@ -133,10 +127,7 @@ class ProxyAuthorization:
 def s3_verify(tls: TlsSettings) -> str | bool:
     """botocore's ``verify``: False when skipping, else a CA bundle file (certifi + system CAs + ca_cert_path)."""
     if tls.insecure_skip_verify:
-        log.warning(
-            "TLS certificate verification is disabled for S3 (tls.insecure_skip_verify); "
-            "use this for development and testing only"
-        )
+        log.warning(INSECURE_WARNING, "S3")
         return False
     if not tls.ca_cert_path:
         return certifi.where()
@@ -182,12 +173,10 @@ class S3Uploader:
     """Uploads files to ``services.send.s3.bucket`` and keeps the manifest of what is there; thread-safe."""
 
     def __init__(self, send: SendSettings, tls: TlsSettings, retry: RetrySettings, manifest_path: Path):
-        self._bucket = send.s3.bucket
-        self._client = make_s3_client(send, tls, retry)
+        self._bucket, self._client = send.s3.bucket, make_s3_client(send, tls, retry)
         self._secrets = configured_secrets(send)
         self._transfer = TransferConfig()  # boto3's defaults: 8 MB threshold and parts, 10 parts in parallel
-        self._manifest_path = manifest_path
-        self._lock = threading.Lock()
+        self._manifest_path, self._lock = manifest_path, threading.Lock()
         self._objects = read_manifest(manifest_path, self._bucket)
 
     def upload(self, path: Path, key: str) -> UploadedObject:
@@ -206,23 +195,12 @@ class S3Uploader:
             raise self._service_error(f"upload {key}", exc) from None
         uploaded = UploadedObject(key, head["ContentLength"], head["ETag"].strip('"'))
         if uploaded.size != size:
-            raise ServiceError(
-                f"upload {key}",
-                None,
-                f"the bucket holds {uploaded.size} bytes after uploading {size}; was the file changed meanwhile?",
-                transient=False,
-                service=SERVICE,
-            )
+            message = f"the bucket holds {uploaded.size} bytes after uploading {size}; was the file changed meanwhile?"
+            raise ServiceError(f"upload {key}", None, message, transient=False, service=SERVICE)
         self._record(uploaded)
-        elapsed = time.perf_counter() - started
-        log.info(
-            "uploaded %s to S3 bucket %s: %.1f MB in %.1f s (%.1f MB/s)",
-            key,
-            self._bucket,
-            size / MB,
-            elapsed,
-            size / MB / max(elapsed, 1e-9),
-        )
+        elapsed, mb = time.perf_counter() - started, size / MB
+        rate = (mb, elapsed, mb / max(elapsed, 1e-9))
+        log.info("uploaded %s to S3 bucket %s: %.1f MB in %.1f s (%.1f MB/s)", key, self._bucket, *rate)
         return uploaded
 
     def close(self) -> None:
@@ -237,11 +215,9 @@ class S3Uploader:
         """Whether the bucket still holds the recorded object (same size and ETag)."""
         try:
             head = self._client.head_object(Bucket=self._bucket, Key=recorded.key)
-        except ClientError as exc:
-            if _status_of(exc) == 404:
+        except (BotoCoreError, ClientError) as exc:
+            if isinstance(exc, ClientError) and _status_of(exc) == 404:
                 return False
-            raise self._service_error(f"check {recorded.key}", exc) from None
-        except BotoCoreError as exc:
             raise self._service_error(f"check {recorded.key}", exc) from None
         return head["ContentLength"] == recorded.size and head["ETag"].strip('"') == recorded.etag
 
@@ -273,12 +249,8 @@ def read_manifest(path: Path, bucket: str | None) -> dict[str, UploadedObject]:
         log.warning("S3 manifest %s is unreadable (%s); every file is uploaded again", path, exc)
         return {}
     if manifest.get("bucket") != bucket:
-        log.warning(
-            "S3 manifest %s describes bucket %s, not %s; every file is uploaded again",
-            path,
-            manifest.get("bucket"),
-            bucket,
-        )
+        described = manifest.get("bucket")
+        log.warning("S3 manifest %s describes bucket %s, not %s; every file is uploaded again", path, described, bucket)
         return {}
     return {entry["key"]: UploadedObject(**entry) for entry in manifest.get("objects", [])}
 
@@ -314,13 +286,8 @@ def service_error(operation: str, exc: BaseException, *, bucket: str | None, sec
         status = None
         transient = isinstance(exc, HTTPClientError | BotoConnectionError) and not isinstance(exc, SSLError)
         message = f"{'network error: ' if transient else ''}{type(exc).__name__}: {exc}"
-    return ServiceError(
-        operation,
-        status,
-        truncate(blank_out(message, secrets), MAX_MESSAGE_CHARS),
-        transient=transient,
-        service=SERVICE,
-    )
+    message = truncate(blank_out(message, secrets), MAX_MESSAGE_CHARS)
+    return ServiceError(operation, status, message, transient=transient, service=SERVICE)
 
 
 def _status_of(exc: ClientError) -> int | None:

@@ -7,15 +7,12 @@ resources resolve; entries of Bundle resources that lack a ``fullUrl`` get one t
 ``information`` are not. An HTTP error is an infrastructure failure, never a finding, with one exception: older
 HAPI-based servers answer findings with 412 or 422 and the OperationOutcome as body, which is taken as findings.
 
-Chunks are cut from a stream of NDJSON lines by the serialized size of the request body (``chunk_bytes``): each
-resource's own bytes are used as read (no re-serialisation) unless a nested Bundle entry needed a ``fullUrl``. A
-resource too large for a chunk on its own goes alone into its own chunk, flagged ``oversized``.
+Chunks are cut from NDJSON lines by the size of the request body (``chunk_bytes``), each resource's bytes used as
+read unless a nested Bundle entry needed a ``fullUrl``; a resource too large for a chunk goes alone, ``oversized``.
 
-Plain Python: no Prefect in here. Requests go through the client layer (retry of 5xx/408/429 and network errors).
-Each request has a whole-request deadline, ``REQUEST_DEADLINE`` (10 minutes; the spec has no key for it), and a
-request past it is a transient failure, retried; an answer is read up to ``MAX_ANSWER_BYTES`` (64 MB), and a
-larger one fails the chunk with its size and the limit (``tasks.clients.bounds``). Texts of an answer are redacted
-before they reach a report, log or artifact (``tasks.core.redaction.redact_strings``).
+Plain Python: no Prefect in here. Requests are retried per ``tasks.clients.retry`` and bounded per
+``tasks.clients.bounds`` (``REQUEST_DEADLINE``, the spec has no key for it; ``MAX_ANSWER_BYTES``). Texts of an
+answer are redacted before they reach a report, log or artifact (``tasks.core.redaction.redact_strings``).
 """
 
 from __future__ import annotations
@@ -31,21 +28,18 @@ from typing import Any
 import httpx
 import orjson
 
-from tasks.clients.bounds import Deadline, read_answer_async, within_deadline
+from tasks.clients.bounds import MB, Deadline, read_answer_async, within_deadline
 from tasks.clients.errors import raise_for_service_status_async
 from tasks.core.redaction import redact_strings
-from tasks.clients.http import AsyncServiceClient
+from tasks.clients.http import FHIR_JSON_HEADERS, AsyncServiceClient
 from tasks.clients.retry import call_with_retry_async
 from tasks.core.errors import DupflowError
 from tasks.streams.ndjson import parse_resource
 
 VALIDATE_PATH = "/validateResource"
-FHIR_JSON = "application/fhir+json"
-REQUEST_HEADERS = {"Content-Type": FHIR_JSON, "Accept": FHIR_JSON}
 FULL_URL_BASE = "http://localhost/fhir"
 FINDINGS_STATUSES = (412, 422)
 ERROR_SEVERITIES = frozenset({"error", "fatal"})
-MB = 1024 * 1024
 SEND_PIECE = MB
 REQUEST_DEADLINE = timedelta(minutes=10)
 """Whole-request deadline of one chunk (send, validate, answer); the spec has no key for it. The validator is
@@ -253,11 +247,8 @@ def as_operation_outcome(content: bytes) -> dict[str, Any] | None:
 
 
 class Validator:
-    """Validates chunks through one ``AsyncServiceClient`` (retrying transient failures per ``retry.*``).
-
-    Each request has a whole-request ``deadline`` (``REQUEST_DEADLINE``: the spec has no key for it) and its
-    answer is read up to ``max_answer_bytes`` (``MAX_ANSWER_BYTES``), never more.
-    """
+    """Validates chunks through one ``AsyncServiceClient`` (retrying transient failures per ``retry.*``). Each
+    request has a whole-request ``deadline`` and its answer is read up to ``max_answer_bytes``, never more."""
 
     def __init__(
         self,
@@ -266,10 +257,8 @@ class Validator:
         deadline: timedelta = REQUEST_DEADLINE,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
     ):
-        self._client = client
-        self._url = client.http.build_request("POST", VALIDATE_PATH).url
-        self._deadline = deadline.total_seconds()
-        self._max_answer_bytes = max_answer_bytes
+        self._client, self._url = client, client.http.build_request("POST", VALIDATE_PATH).url
+        self._deadline, self._max_answer_bytes = deadline.total_seconds(), max_answer_bytes
 
     async def validate(self, chunk: Chunk, source: str) -> dict[str, Any]:
         """The service's OperationOutcome for ``chunk``; raises ``ServiceError`` for an infrastructure failure."""
@@ -277,7 +266,7 @@ class Validator:
         service = self._client.endpoint.name
 
         async def attempt() -> dict[str, Any]:
-            headers = {**REQUEST_HEADERS, "Content-Length": str(len(chunk.body))}
+            headers = {**FHIR_JSON_HEADERS, "Content-Length": str(len(chunk.body))}
             request = self._client.http.build_request(
                 "POST", VALIDATE_PATH, content=pieces(chunk.body), headers=headers
             )

@@ -15,7 +15,7 @@ drawing names every class)::
     │   ├── LocalImportError            tasks.local_import
     │   ├── HttpImportError             tasks.http_import
     │   ├── SubmissionInDoubtError      tasks.extractor: a kick-off whose answer was lost
-    │   ├── ExtractionError             tasks.clients.extraction_server
+    │   ├── ExtractionError             tasks.clients.extraction_documents
     │   │   ├── InvalidCrtdlError, DeadHandleError, ExtractionFailedError,
     │   │   └── ExtractionTimeoutError, NoMatchingDataError
     │   ├── DownloadError               tasks.clients.downloads
@@ -30,7 +30,7 @@ drawing names every class)::
     ├── ServiceError                    tasks.clients.errors: a failed call (operation, status, transient or not)
     │   ├── TransactionRejected         tasks.clients.fhir_server
     │   └── JobNotFoundError, TransitionRefusedError, SearchRejectedError, VersionConflictError,
-    │       CohortPreviewUnsupportedError                         tasks.clients.extraction_server
+    │       CohortPreviewUnsupportedError                         tasks.clients.extraction_jobs
     ├── ValidationServiceError          tasks.clients.validator: a 2xx answer that is no OperationOutcome
     ├── SofError                        tasks.sof.errors (also ValueError): the SQL-on-FHIR engine
     │   ├── CrtdlError, FhirPathError, LookupFileError, ResourceLineError

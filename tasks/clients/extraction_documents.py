@@ -1,0 +1,251 @@
+"""What the extraction server (TORCH) is sent and answers, read and checked, and the errors of an extraction.
+
+The models layer under ``tasks.clients.extraction_server`` (submit and poll) and ``tasks.clients.extraction_jobs``
+(the operator's Task API): the CRTDL and its kick-off ``Parameters``, the job handle, a completed job's manifest
+(or the ``Parameters`` the spec also allows), the Task's progress extension, and the result files' URLs resolved
+against ``base_url``. Follows /work/shared/spec/extraction-server-api.md and the real server's deviations in
+protocols.md (progress extension url ``https://torch.mii.de/fhir/torch-job-progress``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from tasks.core.errors import StepError
+
+if TYPE_CHECKING:
+    from config.services import ExtractorSettings
+
+SERVICE = "extractor"
+TASK_TIMEOUT = timedelta(seconds=10)
+# The spec's {extension_base}/extractor-job-progress and the real server's torch-job-progress.
+PROGRESS_EXTENSION_SUFFIXES = ("/extractor-job-progress", "/torch-job-progress")
+ISSUES_EXTENSION_SUFFIXES = ("extractor-job-issues", "torch-job-issues")
+NO_MATCHING_DATA = (
+    "the extraction finished without result files: no data matched the CRTDL. Typical causes: the cohort "
+    "criteria matched no patient, the time period is out of range of the data, or the cohort or a profile "
+    "is unknown to the server; check the CRTDL"
+)
+
+
+class ExtractionError(StepError):
+    """A terminal failure of the extraction; the message says what happened and what to do."""
+
+
+class InvalidCrtdlError(ExtractionError):
+    pass
+
+
+class DeadHandleError(ExtractionError):
+    """The server no longer knows the job (404/410 on a status poll)."""
+
+    def __init__(self, handle: ExtractionHandle, status_code: int):
+        self.handle = handle
+        super().__init__(
+            f"extraction job {handle.job_id} is gone from the extraction server (HTTP {status_code} on "
+            f"{handle.status_url})",
+            status_code=status_code,
+        )
+
+
+class ExtractionFailedError(ExtractionError):
+    pass
+
+
+class ExtractionTimeoutError(ExtractionError):
+    pass
+
+
+class NoMatchingDataError(ExtractionError):
+    pass
+
+
+@dataclass(frozen=True)
+class ExtractionHandle:
+    status_url: str
+    job_id: str
+
+    @classmethod
+    def from_status_url(cls, status_url: str) -> ExtractionHandle:
+        """The extraction job ID is the last path segment of the status URL."""
+        return cls(status_url, httpx.URL(status_url).path.rstrip("/").rsplit("/", 1)[-1])
+
+
+def base_url_of(settings: ExtractorSettings) -> str:
+    """``services.extractor.base_url`` without a trailing slash; an ``ExtractionError`` when it is not set."""
+    if not settings.base_url:
+        raise ExtractionError("services.extractor.base_url is not set; set it to the extraction server's URL")
+    return settings.base_url.rstrip("/")
+
+
+# --- what is sent ------------------------------------------------------------------------------------------
+
+
+def parse_crtdl(data: bytes, source: str | Path) -> dict[str, Any]:
+    """The CRTDL as a JSON object; anything else is an ``InvalidCrtdlError`` naming ``source``."""
+    try:
+        crtdl = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidCrtdlError(f"invalid CRTDL {source}: not valid JSON ({exc}); nothing was submitted") from exc
+    if not isinstance(crtdl, dict):
+        raise InvalidCrtdlError(f"invalid CRTDL {source}: expected a JSON object; nothing was submitted")
+    return crtdl
+
+
+def kickoff_parameters(crtdl: bytes) -> dict[str, Any]:
+    return {
+        "resourceType": "Parameters",
+        "parameter": [{"name": "crtdl", "valueBase64Binary": base64.b64encode(crtdl).decode("ascii")}],
+    }
+
+
+# --- the Task's progress extension -------------------------------------------------------------------------
+
+
+def progress_values(task: Any) -> dict[str, Any]:
+    """Sub-extension values of the Task's progress extension ({} without one); ``activeBatch`` as (batch id,
+    stage) pairs."""
+    for extension in task.get("extension") or [] if isinstance(task, dict) else []:
+        if isinstance(extension, dict) and str(extension.get("url", "")).endswith(PROGRESS_EXTENSION_SUFFIXES):
+            values: dict[str, Any] = {"activeBatch": ()}
+            for sub in extension.get("extension") or []:
+                if not isinstance(sub, dict):
+                    continue
+                if sub.get("url") == "activeBatch":
+                    pairs = [p for p in sub.get("extension") or [] if isinstance(p, dict)]
+                    parts = {p.get("url"): p.get("valueString") for p in pairs}
+                    values["activeBatch"] += ((str(parts.get("batchId")), parts.get("stage")),)
+                elif isinstance(sub.get("valueInteger"), int):
+                    values[sub["url"]] = sub["valueInteger"]
+            return values
+    return {}
+
+
+def batches_from_task(task: Any) -> tuple[int, int] | None:
+    """(batches completed, batches total) of the Task's progress extension; None until both are there."""
+    values = progress_values(task)
+    done, total = values.get("batchesCompleted"), values.get("batchesTotal")
+    return (done, total) if isinstance(done, int) and isinstance(total, int) else None
+
+
+# --- a completed job's manifest ----------------------------------------------------------------------------
+
+
+def _parameters(document: Any) -> list[dict] | None:
+    """The parameters of a ``Parameters`` resource (the objects among them); None for any other document."""
+    if isinstance(document, dict) and document.get("resourceType") == "Parameters":
+        return [p for p in document.get("parameter") or [] if isinstance(p, dict)]
+    return None
+
+
+def manifest_request(document: Any) -> str | None:
+    """The manifest's ``request`` (the status URL), or the Parameters' ``request`` value; None if absent."""
+    if (parameters := _parameters(document)) is not None:
+        return next((_value(p) for p in parameters if p.get("name") == "request"), None)
+    request = document.get("request") if isinstance(document, dict) else None
+    return request if isinstance(request, str) else None
+
+
+def requires_access_token(document: Any) -> bool:
+    """The manifest's (or the Parameters') ``requiresAccessToken`` is true."""
+    if (parameters := _parameters(document)) is not None:
+        return any(p.get("name") == "requiresAccessToken" and p.get("valueBoolean") is True for p in parameters)
+    return isinstance(document, dict) and document.get("requiresAccessToken") is True
+
+
+def result_urls(document: Any, max_files: int) -> list[str]:
+    """The file URLs of a completed job, from a manifest (``output[].url``) or a Parameters resource
+    (``output`` parameters with a ``url`` part). No URL: ``NoMatchingDataError`` with the server's errors.
+    More than ``max_files`` entries: an ``ExtractionError`` before any URL is taken."""
+    refuse_too_many_outputs(document, max_files)
+    if (parameters := _parameters(document)) is not None:
+        urls, errors = _parameters_urls(parameters)
+    elif isinstance(document, dict) and isinstance(document.get("output"), list):
+        urls, errors = _manifest_urls(document)
+    else:
+        raise ExtractionError("the completed extraction's answer is neither a manifest nor a Parameters resource")
+    if urls:
+        return urls
+    if errors:
+        raise NoMatchingDataError(
+            "the extraction finished without result files; the server reported: " + "; ".join(errors)
+        )
+    raise NoMatchingDataError(NO_MATCHING_DATA)
+
+
+def refuse_too_many_outputs(document: Any, max_files: int) -> None:
+    entries = document.get("output") if isinstance(document, dict) else None
+    if isinstance(document, dict) and document.get("resourceType") == "Parameters":
+        entries = document.get("parameter")
+    if isinstance(entries, list) and len(entries) > max_files:
+        raise ExtractionError(
+            f"the completed extraction's manifest lists {len(entries):,} entries, more than "
+            f"services.extractor.max_result_files ({max_files:,}); split the extraction (a smaller cohort or fewer "
+            "attribute groups per CRTDL), or raise max_result_files if the files really are wanted"
+        )
+
+
+def _manifest_urls(manifest: dict) -> tuple[list[str], list[str]]:
+    urls = [o["url"] for o in manifest["output"] if isinstance(o, dict) and isinstance(o.get("url"), str)]
+    errors = [_error_entry_text(e) for e in manifest.get("error") or []]
+    for extension in manifest.get("extension") or []:
+        if isinstance(extension, dict) and str(extension.get("url", "")).endswith(ISSUES_EXTENSION_SUFFIXES):
+            errors += [_issue_text(i) for i in extension.get("valueObject") or [] if isinstance(i, dict)]
+    return urls, [e for e in errors if e]
+
+
+def _error_entry_text(entry: Any) -> str:
+    if isinstance(entry, dict):
+        return f"error file {entry['url']}" if isinstance(entry.get("url"), str) else json.dumps(entry)[:500]
+    return str(entry)
+
+
+def _issue_text(issue: dict) -> str:
+    parts = [str(issue[k]) for k in ("severity", "msg", "diagnostics") if issue.get(k)]
+    return ": ".join(parts[:1] + [" - ".join(parts[1:])]) if len(parts) > 1 else "".join(parts)
+
+
+def _parameters_urls(parameters: list[dict]) -> tuple[list[str], list[str]]:
+    urls, errors = [], []
+    for parameter in parameters:
+        parts = {p.get("name"): _value(p) for p in parameter.get("part") or [] if isinstance(p, dict)}
+        if parameter.get("name") == "output" and parts.get("url"):
+            urls.append(parts["url"])
+        elif parameter.get("name") == "error":
+            errors.append(parts.get("diagnostics") or _value(parameter) or "error")
+    return urls, errors
+
+
+def _value(element: dict) -> str | None:
+    for key in ("valueUri", "valueUrl", "valueString", "valueCode"):
+        if isinstance(element.get(key), str):
+            return element[key]
+    return None
+
+
+def resolve_file_url(base_url: str, url: str) -> str:
+    """Absolute URLs are kept; ``host[:port]/path`` inherits base_url's scheme; other paths resolve
+    against base_url (``/files/x`` against its origin, ``files/x`` against its path)."""
+    base = httpx.URL(base_url.rstrip("/") + "/")
+    if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", url):
+        return url
+    if url.startswith("//"):
+        return f"{base.scheme}:{url}"
+    first, slash, _ = url.partition("/")
+    if slash and _looks_like_host(first):
+        return f"{base.scheme}://{url}"
+    return str(base.join(url))
+
+
+def _looks_like_host(segment: str) -> bool:
+    """``127.0.0.1:8080``, ``files.example.org``, ``localhost:80`` — not ``files`` or ``job-1``."""
+    host = segment.rsplit(":", 1)[0] if re.search(r":\d+$", segment) else segment
+    return bool(host) and (host == "localhost" or host != segment or "." in host)

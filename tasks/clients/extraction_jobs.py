@@ -1,0 +1,317 @@
+"""The operator's side of the extraction server: its FHIR Task API and the cohort preview.
+
+``python -m flows.run extraction …`` and ``cohort preview`` list, read, pause, resume, cancel, reprioritise
+(PUT with If-Match, read again on 409/412) and delete jobs, and evaluate a cohort without starting a job
+(``$evaluate-cohort``; 404: not supported). Every call goes through ``ServiceClient`` (retry and classification by
+default); failures are ``ServiceError``s, the subclasses below for the answers an operator needs explained.
+Plain Python, no Prefect.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from tasks.clients.errors import ServiceError
+from tasks.clients.extraction_documents import SERVICE, TASK_TIMEOUT, ExtractionError, base_url_of, progress_values
+from tasks.clients.http import FHIR_JSON, FHIR_JSON_HEADERS, ServiceClient, ServiceEndpoint, http_timeout
+from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
+
+if TYPE_CHECKING:
+    from config.services import ExtractorSettings
+    from config.settings import RetrySettings, TlsSettings
+
+log = logging.getLogger("dupflow.extractor")
+
+RUNNING_STATUSES = ("RUNNING_GET_COHORT", "RUNNING_PROCESS_BATCH", "RUNNING_PROCESS_CORE")
+JOB_STATUSES = ("PENDING", *RUNNING_STATUSES, "PAUSED", "TEMP_FAILED", "COMPLETED", "FAILED", "CANCELLED")
+HIGH_TASK_PRIORITIES = frozenset({"asap", "stat", "urgent"})
+TASK_PRIORITY_FOR = {"high": "asap", "normal": "routine"}
+# A stale If-Match answers 409 in the spec and 412 on the real server: the version moved on, read it again.
+STALE_VERSION = (409, 412)
+PRIORITY_ATTEMPTS = 5
+COHORT_PREVIEW_TIMEOUT = timedelta(minutes=10)
+CONSENT_AUDIT_TEXT = "Consent audit NDJSON"
+# Per operation: the states the job ends in (already there means nothing to do) and why a 409 happens.
+CONTROL_OPERATIONS = {
+    "pause": ({"PAUSED"}, "only running jobs can be paused"),
+    "resume": (set(RUNNING_STATUSES), "only paused jobs can be resumed"),
+    "cancel": ({"CANCELLED"}, "only jobs that have not finished can be cancelled"),
+}
+
+
+class JobNotFoundError(ServiceError):
+    """The server knows no job with this id (404)."""
+
+
+class TransitionRefusedError(ServiceError):
+    """$pause, $resume or $cancel is not allowed in the job's state (409); ``job_status`` is that state."""
+
+    def __init__(self, operation: str, message: str, job_status: str | None):
+        self.job_status = job_status
+        super().__init__(operation, 409, message, transient=False, service=SERVICE)
+
+
+class SearchRejectedError(ServiceError):
+    """A strict Task search that the server refused (400); ``problems`` lists what was wrong."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("search extraction jobs", 400, "; ".join(problems), transient=False, service=SERVICE)
+
+
+class VersionConflictError(ServiceError):
+    """The Task's version kept moving while we tried to change its priority."""
+
+
+class CohortPreviewUnsupportedError(ServiceError):
+    """The server has no $evaluate-cohort (older servers answer 404)."""
+
+
+def refused(operation: str, status: int | None, message: str, kind: type[ServiceError] = ServiceError) -> ServiceError:
+    """A terminal error of this server: ``kind`` with the operation, status and message."""
+    return kind(operation, status, message, transient=False, service=SERVICE)
+
+
+@dataclass(frozen=True)
+class ExtractionJob:
+    """One job as the Task API shows it. Progress fields are None until the cohort query has finished."""
+
+    id: str
+    status: str  # the JobStatus code (Task.businessStatus), e.g. RUNNING_PROCESS_BATCH
+    priority: str  # HIGH or NORMAL
+    version: str | None
+    authored_on: str | None
+    last_updated: str | None
+    cohort_size: int | None = None
+    batch_size: int | None = None
+    batches_total: int | None = None
+    batches_completed: int | None = None
+    active_batches: tuple[tuple[str, str | None], ...] = ()  # (batch id, stage)
+    consent_audit_files: tuple[str, ...] = ()
+
+    @classmethod
+    def from_task(cls, task: dict[str, Any]) -> ExtractionJob:
+        meta = task.get("meta") if isinstance(task.get("meta"), dict) else {}
+        progress = progress_values(task)
+        return cls(
+            id=str(task.get("id")),
+            status=_job_status(task),
+            priority="HIGH" if task.get("priority") in HIGH_TASK_PRIORITIES else "NORMAL",
+            version=meta.get("versionId"),
+            authored_on=task.get("authoredOn"),
+            last_updated=meta.get("lastUpdated"),
+            cohort_size=progress.get("cohortSize"),
+            batch_size=progress.get("batchSize"),
+            batches_total=progress.get("batchesTotal"),
+            batches_completed=progress.get("batchesCompleted"),
+            active_batches=progress.get("activeBatch", ()),
+            consent_audit_files=_consent_audit_files(task),
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["active_batches"] = [{"batch_id": b, "stage": s} for b, s in self.active_batches]
+        data["consent_audit_files"] = list(self.consent_audit_files)
+        return data
+
+
+@dataclass(frozen=True)
+class ControlResult:
+    job: ExtractionJob
+    changed: bool  # False: the job already was where the operation would have put it
+
+
+@dataclass(frozen=True)
+class CohortPreview:
+    patient_ids: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.patient_ids)
+
+
+def _consent_audit_files(task: dict[str, Any]) -> tuple[str, ...]:
+    outputs = [o for o in task.get("output") or [] if isinstance(o, dict) and isinstance(o.get("valueUrl"), str)]
+    urls = tuple(o["valueUrl"] for o in outputs if (o.get("type") or {}).get("text") == CONSENT_AUDIT_TEXT)
+    for url in urls:
+        refuse_credentials_in_url(url, door="a consent audit file URL of the Task", fix=SERVER_URL_FIX)
+    return urls
+
+
+def _job_status(task: dict[str, Any]) -> str:
+    business = task.get("businessStatus") if isinstance(task.get("businessStatus"), dict) else {}
+    for coding in business.get("coding") or []:
+        if isinstance(coding, dict) and isinstance(coding.get("code"), str):
+            return coding["code"]
+    return str(task.get("status") or "unknown")
+
+
+def cohort_patient_ids(document: Any) -> tuple[str, ...]:
+    """Patient ids of an $evaluate-cohort List (``entry[].item.reference``, ``Patient/`` dropped)."""
+    if not isinstance(document, dict) or document.get("resourceType") != "List":
+        raise ExtractionError("cohort preview: the server's answer is not a FHIR List")
+    ids = []
+    for entry in document.get("entry") or []:
+        item = entry.get("item") if isinstance(entry, dict) else None
+        reference = item.get("reference") if isinstance(item, dict) else None
+        if isinstance(reference, str):
+            ids.append(reference.removeprefix("Patient/"))
+    return tuple(ids)
+
+
+class ExtractionTaskClient(ServiceClient):
+    """The Task API and $evaluate-cohort of the server configured by ``services.extractor``."""
+
+    def __init__(self, settings: ExtractorSettings, tls: TlsSettings, retry: RetrySettings):
+        self.base_url = base_url_of(settings)
+        super().__init__(ServiceEndpoint(SERVICE, self.base_url, settings.auth, http_timeout(TASK_TIMEOUT)), tls, retry)
+
+    def search(
+        self, ids: Sequence[str] = (), statuses: Sequence[str] = (), *, strict: bool = False
+    ) -> list[ExtractionJob]:
+        """GET /fhir/Task; with ``strict`` the server refuses bad parameters (``SearchRejectedError``)."""
+        params = {name: ",".join(values) for name, values in (("_id", ids), ("status", statuses)) if values}
+        headers = {"Accept": FHIR_JSON} | ({"Prefer": "handling=strict"} if strict else {})
+        try:
+            response = self.request(
+                "GET", "/fhir/Task", operation="search extraction jobs", params=params, headers=headers
+            )
+        except ServiceError as exc:
+            if exc.status_code == 400:
+                raise SearchRejectedError(exc.message.split("; ")) from exc
+            raise
+        bundle = response.json()
+        return [
+            ExtractionJob.from_task(entry["resource"])
+            for entry in bundle.get("entry") or []
+            if isinstance(entry, dict) and isinstance(entry.get("resource"), dict)
+        ]
+
+    def read_task(self, job_id: str) -> dict[str, Any]:
+        response = self._job_request("GET", job_id, "", operation="read extraction job")
+        return response.json()
+
+    def job(self, job_id: str) -> ExtractionJob:
+        return ExtractionJob.from_task(self.read_task(job_id))
+
+    def control(self, job_id: str, operation: str) -> ControlResult:
+        """POST $pause, $resume or $cancel. A 409 is explained with the job's state; a job already in the
+        state the operation leads to is reported as unchanged, not as an error (the real server answers a
+        repeated $cancel with 200, the spec with 409)."""
+        target, rule = CONTROL_OPERATIONS[operation]
+        before = self.job(job_id)
+        if before.status in target:
+            return ControlResult(before, changed=False)
+        try:
+            response = self._job_request("POST", job_id, f"/${operation}", operation=f"{operation} extraction job")
+        except ServiceError as exc:
+            if exc.status_code != 409:
+                raise
+            now = self.job(job_id)
+            if now.status in target:
+                return ControlResult(now, changed=False)
+            raise TransitionRefusedError(
+                f"{operation} extraction job", f"job {job_id} is {now.status}; {rule}", now.status
+            ) from exc
+        return ControlResult(ExtractionJob.from_task(response.json()), changed=True)
+
+    def set_priority(self, job_id: str, level: str, attempts: int = PRIORITY_ATTEMPTS) -> ControlResult:
+        """Read the Task and PUT it with ``If-Match: W/"<versionId>"``; on a stale version (409/412) read it
+        again and retry, up to ``attempts`` times. ``level`` is ``high`` or ``normal``."""
+        priority = TASK_PRIORITY_FOR[level]
+        for _ in range(attempts):
+            task = self.read_task(job_id)
+            job = ExtractionJob.from_task(task)
+            if job.priority == level.upper():
+                return ControlResult(job, changed=False)
+            try:
+                response = self._put_priority(job_id, task, priority, job.version)
+            except ServiceError as exc:
+                if exc.status_code not in STALE_VERSION:
+                    raise
+                log.info("extractor: job %s changed while setting its priority; reading it again", job_id)
+                continue
+            return ControlResult(self._updated_job(job_id, response), changed=True)
+        message = (
+            f"job {job_id} kept changing (its version moved on {attempts} times in a row, e.g. as batches "
+            "finished); try again"
+        )
+        raise VersionConflictError("set extraction job priority", None, message, transient=True, service=SERVICE)
+
+    def _put_priority(self, job_id: str, task: dict[str, Any], priority: str, version: str | None) -> httpx.Response:
+        """PUT the full Task the server needs (resourceType, id, status, intent, priority; only priority is read)
+        with ``If-Match``; a 428 (If-Match missing) is a bug of ours."""
+        update = {"resourceType": "Task", "id": task.get("id"), "status": task.get("status")}
+        update |= {"intent": task.get("intent") or "order", "priority": priority}
+        try:
+            request = {
+                "content": json.dumps(update).encode(),
+                "headers": {**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'},
+            }
+            return self._job_request("PUT", job_id, "", operation="set extraction job priority", **request)
+        except ServiceError as exc:
+            if exc.status_code != 428:
+                raise
+            message = (
+                "the server says If-Match is missing, but dupflow sent it; this is a bug in dupflow, please report it"
+            )
+            raise refused(exc.operation, 428, message) from exc
+
+    def delete(self, job_id: str) -> None:
+        """DELETE the job and its result files. Attempted once: a repeat after a 500 could answer a misleading
+        404 for a job whose files were left behind."""
+        try:
+            self._job_request("DELETE", job_id, "", operation="delete extraction job", once=True)
+        except ServiceError as exc:
+            if exc.status_code != 500:
+                raise
+            message = f"the server could not remove the result files of job {job_id} ({exc.message})"
+            raise refused(
+                exc.operation, 500, f"{message}; check the server's disk and logs, then delete again"
+            ) from exc
+
+    def evaluate_cohort(self, crtdl: bytes) -> CohortPreview:
+        """POST /fhir/$evaluate-cohort with the CRTDL as plain JSON; the patients of the resulting List."""
+        try:
+            headers = {"Content-Type": "application/json", "Accept": FHIR_JSON}
+            request = {"content": crtdl, "headers": headers, "timeout": http_timeout(COHORT_PREVIEW_TIMEOUT)}
+            response = self.request("POST", "/fhir/$evaluate-cohort", operation="preview cohort", **request)
+        except ServiceError as exc:
+            if exc.status_code not in (404, 405):
+                raise
+            message = (
+                f"the extraction server at {self.base_url} does not support cohort preview ($evaluate-cohort "
+                "exists only in newer servers)"
+            )
+            raise refused("preview cohort", exc.status_code, message, CohortPreviewUnsupportedError) from exc
+        return CohortPreview(cohort_patient_ids(response.json()))
+
+    def _job_request(
+        self, method: str, job_id: str, suffix: str, *, operation: str, once: bool = False, **kwargs
+    ) -> httpx.Response:
+        """A request about one job (retried unless ``once``); a 404 becomes ``JobNotFoundError``."""
+        send = self.request_once if once else self.request
+        try:
+            return send(method, f"/fhir/Task/{job_id}{suffix}", operation=operation, **kwargs)
+        except ServiceError as exc:
+            if exc.status_code != 404:
+                raise
+            raise refused(operation, 404, f"the extraction server has no job {job_id}", JobNotFoundError) from exc
+
+    def _updated_job(self, job_id: str, response: httpx.Response) -> ExtractionJob:
+        """The Task of a successful PUT (its body is not specified: read the Task when it is not one)."""
+        try:
+            document = response.json()
+        except ValueError:
+            document = None
+        if isinstance(document, dict) and document.get("resourceType") == "Task":
+            return ExtractionJob.from_task(document)
+        return self.job(job_id)
