@@ -16,6 +16,10 @@ import yaml
 
 from flows.prefect_server import free_port
 
+# The two tiers (fast: no Prefect server, no process; slow: marked) and the check that no test leaves Prefect's
+# settings changed.
+pytest_plugins = ["tests.support.tiers"]
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TESTDATA = REPO_ROOT.parent / "shared" / "testdata"
 

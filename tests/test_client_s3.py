@@ -29,6 +29,8 @@ from tests.conftest import REPO_ROOT
 from tests.fakes.echo import Reply
 from tests.fakes.s3_proxy import start_s3_proxy
 
+pytestmark = pytest.mark.slow  # a moto server
+
 REGION = "eu-central-1"
 ACCESS_KEY_ID = "AKIDS3UPLOADTEST"
 SECRET_ACCESS_KEY = "s3-secret-9f8e7d"

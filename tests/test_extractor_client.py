@@ -457,6 +457,7 @@ def worker_pool():
     processes.shutdown_pool()
 
 
+@pytest.mark.slow  # a worker process
 def test_a_large_plain_file_is_checked_in_a_worker_process_and_counted(tmp_path, worker_pool):
     body = large_ndjson(b"")
     with (
@@ -468,6 +469,7 @@ def test_a_large_plain_file_is_checked_in_a_worker_process_and_counted(tmp_path,
     assert processes.worker_pids()
 
 
+@pytest.mark.slow  # a worker process
 def test_a_bad_line_in_a_large_file_is_the_same_error_as_in_a_small_one(tmp_path, worker_pool):
     body = large_ndjson(b'{"id":"no type"}\n')
     line = body.count(b"\n")
@@ -481,6 +483,7 @@ def test_a_bad_line_in_a_large_file_is_the_same_error_as_in_a_small_one(tmp_path
     assert processes.worker_pids() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # a worker process
 def test_a_large_file_whose_last_line_is_cut_off_is_retried_as_incomplete(tmp_path, worker_pool):
     cut, whole = large_ndjson(b'{"resourceType":"Pat'), large_ndjson(b"")
     state = serve_once_each(cut, whole)

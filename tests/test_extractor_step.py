@@ -22,7 +22,7 @@ from tests.conftest import TESTDATA, complete_results, run_cli
 from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
 from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 CRTDL = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
 

@@ -668,6 +668,7 @@ def test_directory_mode_jobs_submitted_later_end_with_the_same_files(client, res
     assert names == ["b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson", "more/batch-2.ndjson.zst", "core.ndjson"]
 
 
+@pytest.mark.slow  # a subprocess
 def test_directory_mode_from_the_command_line(client, result_dir, unused_tcp_port):
     process = subprocess.Popen(
         [
@@ -701,6 +702,7 @@ def test_response_delay_slows_every_answer(client):
     assert time.monotonic() - started >= 0.2
 
 
+@pytest.mark.slow  # a subprocess
 def test_runs_alone_from_the_command_line(client, unused_tcp_port):
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.fakes.extraction_server", "--port", str(unused_tcp_port)],

@@ -22,6 +22,8 @@ from tests.benchmarks.bench_flattening import GROUP_SYSTEM, patient_bundle
 from tests.conftest import TESTDATA
 from tests.flattening_runs import flatten_files
 
+pytestmark = pytest.mark.slow  # worker processes
+
 EXAMPLE = TESTDATA / "flattening" / "example"
 LOOKUP = TESTDATA / "flattening" / "flatten-lookup.json"
 MB = 1024 * 1024

@@ -73,6 +73,7 @@ def test_a_url_is_shown_one_way_without_anything_that_may_hold_a_secret(url, sho
     assert shown_url(url) == shown
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")  # the code before the fix ran the job
 def test_continue_attach_with_a_password_is_refused_naming_the_option_and_stores_nothing(write_config):
     job_dir = new_job_dir(write_config, "http://127.0.0.1:9")
@@ -176,6 +177,7 @@ print(f"peak_kb={hwm} seconds={time.monotonic() - started:.1f}")
 """
 
 
+@pytest.mark.slow
 def test_a_manifest_of_one_and_a_half_million_entries_is_refused_within_seconds_and_flat_memory(sim):
     """Even with max_result_files raised above the count, the wire cap stops reading at MAX_MANIFEST_BYTES."""
     with start_extraction_server(clock=sim, extra_output_entries=1_500_000) as server:

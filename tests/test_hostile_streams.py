@@ -250,6 +250,7 @@ def test_a_symlink_to_a_data_file_is_imported_and_other_names_are_still_ignored(
     assert find_ndjson_files(tmp_path / "in", recursive=False) == [tmp_path / "in" / "linked.ndjson"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="the scan drops to nobody in a child, which only root can")
 def test_a_data_file_without_read_permission_is_an_error_naming_it():
     # Tests run as root, who reads everything: the scan runs in a child that has dropped to nobody.

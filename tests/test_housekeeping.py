@@ -14,7 +14,7 @@ from flows.run import EXIT_OK, EXIT_USAGE, main
 from tasks.job.layout import JobPaths
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 LONG_AGO = "2026-01-01T00:00:00+00:00"
 

@@ -19,7 +19,7 @@ from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
 from tests.conftest import REPO_ROOT, complete_results, run_cli, wait_until
 from tests.test_prefect_native import api
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.extraction_server import start_extraction_server
 from tests.test_job_cli import job_file, only_job_dir, source_dir, start_cli_process, wait_for
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 CRTDL = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
 

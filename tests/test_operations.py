@@ -102,6 +102,7 @@ def test_a_resume_without_confirmation_leaves_the_job_suspended_and_runs_nothing
 # --- 3. the local server keeps its port; an unreachable API is one line ------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_unreachable_prefect_api_is_one_line_exit_2_and_no_job(tmp_path, unused_tcp_port):
     dead = f"http://127.0.0.1:{unused_tcp_port}/api"  # a stale PREFECT_API_URL: the server moved or stopped
     jobs = tmp_path / "jobs"
@@ -114,6 +115,7 @@ def test_an_unreachable_prefect_api_is_one_line_exit_2_and_no_job(tmp_path, unus
     assert not jobs.exists() or list(jobs.iterdir()) == [], "no job may be made against a dead API"
 
 
+@pytest.mark.slow
 def test_serving_deployments_against_an_unreachable_api_is_one_line_exit_2(unused_tcp_port):
     dead = f"http://127.0.0.1:{unused_tcp_port}/api"
     done = subprocess.run(
@@ -174,6 +176,7 @@ def test_a_taken_port_moves_the_server_to_the_next_free_one_said_in_one_line(own
     assert len(said) == 1 and "taken" in said[0] and url.removesuffix("/api") in said[0], said
 
 
+@pytest.mark.slow
 def test_a_port_that_is_no_port_is_refused_naming_the_variable(own_home, monkeypatch):
     monkeypatch.setenv("PREFECT_SERVER_API_PORT", "42OO")
     with pytest.raises(ServerStartError, match="PREFECT_SERVER_API_PORT='42OO' is not a port"):
@@ -231,6 +234,7 @@ def test_every_readme_command_starts_as_typed_up_to_what_the_reader_fills_in():
 # --- 11. no per-command noise or cost ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
 def test_uv_run_compiles_nothing_and_prints_nothing_of_its_own():
     """Byte-compiling is the install step's (``uv sync --compile-bytecode``), not every command's."""

@@ -197,6 +197,7 @@ def test_prefect_api_url_wins(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_server_that_does_not_come_up_is_ended_and_its_log_named(tmp_path, monkeypatch):
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     home = tmp_path / "prefect-home"
@@ -208,6 +209,7 @@ def test_a_server_that_does_not_come_up_is_ended_and_its_log_named(tmp_path, mon
     assert servers_of(home) == []
 
 
+@pytest.mark.slow
 def test_a_server_that_ends_at_start_up_is_told_as_ended_not_as_slow(home):
     home.mkdir(exist_ok=True)
     (home / "prefect.db").write_bytes(b"this is not an SQLite database, " * 512)

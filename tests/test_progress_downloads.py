@@ -28,7 +28,7 @@ from tests.fakes._server import LoopbackServer
 from tests.fakes.extraction_server import start_extraction_server
 from tests.test_job_cli import only_job_dir
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 LINE = b'{"resourceType":"Patient","id":"p%04d"}\n'
 BODY = b"".join(LINE % i for i in range(200))

@@ -233,6 +233,7 @@ def read_report_artifact(key: str) -> list[dict[str, Any]]:
     return json.loads(data) if isinstance(data, str) else data
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
 def test_start_with_anonymization_config_sends_parameters_and_the_request_rules_apply(
     pseudonymizer_fake, tmp_path, write_config
@@ -265,6 +266,7 @@ def test_start_with_anonymization_config_sends_parameters_and_the_request_rules_
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
 def test_the_anonymization_config_is_read_once_per_run_however_many_files(
     pseudonymizer_fake, tmp_path, write_config, opened_paths
@@ -304,6 +306,7 @@ def test_a_file_task_in_a_process_that_has_not_seen_the_config_reads_the_unchang
     assert config is not None and config.data == b"rules: [fresh]\n"
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
 def test_start_without_anonymization_config_sends_bare_resources_and_the_servers_rules_apply(
     pseudonymizer_fake, tmp_path, write_config
@@ -321,6 +324,7 @@ def test_start_without_anonymization_config_sends_bare_resources_and_the_servers
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
 def test_an_unreadable_anonymization_config_fails_the_step_before_any_request(
     pseudonymizer_fake, tmp_path, write_config, capsys

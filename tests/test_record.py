@@ -9,6 +9,8 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from flows.jobs import JobLock
 from tasks.job.contract import DataFile, count_text
 from tasks.job.layout import JobPaths
@@ -41,6 +43,7 @@ def record_many(job_dir: str, writer: str) -> None:
         record_facts(Path(job_dir), **{f"{writer}-{number}": number})
 
 
+@pytest.mark.slow
 def test_facts_from_threads_and_processes_at_once_are_all_kept(tmp_path):
     record_state(tmp_path, RUNNING, flow_run_id="run-1")
     threads = [threading.Thread(target=record_many, args=(str(tmp_path), f"thread{i}")) for i in range(WRITERS)]
@@ -87,6 +90,7 @@ def test_a_step_recorded_again_forgets_the_steps_after_it(tmp_path):
     assert step_results(tmp_path) == {0: {"step": "s0"}, 1: {"step": "s1", "folder": "import_wait"}}
 
 
+@pytest.mark.slow
 def test_the_job_lock_is_taken_again_by_its_holder_and_refused_to_another_process(tmp_path):
     paths = JobPaths(tmp_path / "job")
     with JobLock(paths):

@@ -17,6 +17,8 @@ from tasks.job.filework import file_runner, map_files
 from tasks.job.layout import JobPaths
 from tests.test_job_cli import only_job_dir
 
+pytestmark = pytest.mark.slow  # flows on a Prefect server
+
 FAILURE_NAME = re.compile("[0-9a-f]{32}")  # the random name Prefect gives the record of a failure
 
 

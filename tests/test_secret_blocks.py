@@ -21,7 +21,7 @@ from tests.fakes.extraction_server import start_extraction_server
 from tests.test_job_cli import read_artifacts
 from tests.test_secrets import files_under
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 PASSWORD = "pw-block-5d2e71-from-prefect"
 BLOCK = "dupflow-test-torch-password"

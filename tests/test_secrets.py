@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 SECRETS = {
     "DUPFLOW_TEST_PASSWORD": "pw-4f1c9e-in-file-via-var",

@@ -123,6 +123,7 @@ def stored_as_sent(sekmet, resources: list[dict]) -> dict[str, dict]:
 # --- against the real server --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("zstd", [False, True])
 def test_real_torch_data_lands_on_the_server_as_it_was(sekmet, tmp_path, zstd):
     """The TORCH result file (one transaction Bundle per line) and the test patients, plain and zstd."""
@@ -141,6 +142,7 @@ def test_real_torch_data_lands_on_the_server_as_it_was(sekmet, tmp_path, zstd):
     assert second.entries == len(torch_bundle["entry"])
 
 
+@pytest.mark.slow
 def test_generated_resources_in_batches_all_arrive_once(sekmet, tmp_path):
     prefix = uuid.uuid4().hex[:8]
     resources = generated(95, prefix)
@@ -153,6 +155,7 @@ def test_generated_resources_in_batches_all_arrive_once(sekmet, tmp_path):
     assert {resource["meta"]["versionId"] for resource in stored.values()} == {"1"}
 
 
+@pytest.mark.slow
 def test_resources_without_id_are_created_once_even_when_the_batch_is_sent_again(sekmet, tmp_path):
     """POST entries are conditional creates on a stable tag: a batch re-sent (its answer lost, or a resumed job
     whose progress record missed it) does not create them twice."""
@@ -170,6 +173,7 @@ def test_resources_without_id_are_created_once_even_when_the_batch_is_sent_again
         assert tagged[0]["code"] == {"text": f"x{line - 1}"}
 
 
+@pytest.mark.slow
 def test_a_rejected_batch_names_file_batch_entry_and_the_servers_text_and_is_kept(sekmet, tmp_path):
     prefix = uuid.uuid4().hex[:8]
     resources = generated(12, prefix)

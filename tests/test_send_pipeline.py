@@ -17,7 +17,7 @@ from tests.test_pseudonymizer_client import server_side
 from tests.test_send_direct import generated, stored_as_sent, write_ndjson
 from tests.test_send_transfer import ORGANIZATION, plain_content, read_back_as_the_dsf
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 
 @pytest.fixture(scope="module")

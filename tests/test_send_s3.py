@@ -31,7 +31,7 @@ from tests.test_client_s3 import (
 )
 from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 moto_url, running_proxy, proxy, store, bucket = s3.moto_url, s3.running_proxy, s3.proxy, s3.store, s3.bucket
 

@@ -125,6 +125,7 @@ def read_back_as_the_dsf(sekmet, project: str) -> dict[str, bytes]:
     return files
 
 
+@pytest.mark.slow
 def test_every_file_arrives_zipped_and_one_document_reference_lists_them(sekmet, tmp_path):
     inputs = input_folder(tmp_path / "pseudonymizer")
 
@@ -138,6 +139,7 @@ def test_every_file_arrives_zipped_and_one_document_reference_lists_them(sekmet,
     assert not list((tmp_path / "send").glob("*.part"))
 
 
+@pytest.mark.slow
 def test_a_resumed_job_puts_the_same_ids_and_never_a_second_document_reference(sekmet, tmp_path):
     project = "Resume_PROJECT"
     inputs = input_folder(tmp_path / "in", seed=5)

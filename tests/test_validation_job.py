@@ -28,7 +28,7 @@ from tests.test_job_cli import wait_for
 from tests.test_pseudonymizer_step import read_report_artifact
 from tests.test_validation_step import marks, varied_patients, write_lines
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 
 @flow(name="validation-test", persist_result=False)
