@@ -16,7 +16,7 @@ import httpx
 import pytest
 import zstandard
 
-from config.settings import AuthSettings, ExtractorSettings, RetrySettings, TlsSettings
+from config.settings import AuthSettings, ExtractorSettings, TlsSettings
 from tasks.clients.downloads import (
     DownloadError,
     FileNotReadyError,
@@ -34,7 +34,6 @@ from tasks.clients.extraction_server import (
     ExtractionFailedError,
     ExtractionHandle,
     ExtractionJob,
-    ExtractionServerClient,
     ExtractionTaskClient,
     ExtractionTimeoutError,
     InvalidCrtdlError,
@@ -51,25 +50,7 @@ from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.extraction_crtdl import parse_crtdl as parse_fake_crtdl
 from tests.fakes.extraction_server import ExtractionServer, JobStatus, start_extraction_server
-
-CRTDL = (TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json").read_bytes()
-FAST_RETRY = RetrySettings(max_attempts=3, initial_backoff_ms=1, max_backoff_ms=5)
-LONG_JOB = {"PENDING": 2.0, "RUNNING_GET_COHORT": 3.0, "RUNNING_PROCESS_BATCH": 4.0, "RUNNING_PROCESS_CORE": 2.0}
-
-
-class SimulatedTime:
-    """A clock the fake server and the client share; ``sleep`` moves it instead of waiting."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
+from tests.support.extraction import CRTDL, FAST_RETRY, LONG_JOB, SimulatedTime, client_for
 
 
 @pytest.fixture
@@ -81,18 +62,6 @@ def sim() -> SimulatedTime:
 def torch(sim):
     with start_extraction_server(clock=sim, durations=dict(LONG_JOB)) as server:
         yield server
-
-
-def extractor_settings(base_url: str, **overrides) -> ExtractorSettings:
-    values = (
-        dict(base_url=base_url, polling_interval="PT1S", max_polling_interval="PT8S", extraction_timeout="PT60S")
-        | overrides
-    )
-    return ExtractorSettings(**values)
-
-
-def client_for(base_url: str, sim: SimulatedTime, **overrides) -> ExtractionServerClient:
-    return ExtractionServerClient(extractor_settings(base_url, **overrides), TlsSettings(), clock=sim, sleep=sim.sleep)
 
 
 def run_extraction(server: ExtractionServer, sim: SimulatedTime, **overrides) -> list[str]:

@@ -34,9 +34,9 @@ from tasks.flattening import (
 from tasks.streams.ndjson import WHOLE_FILE, iter_lines, line_spans
 from tests.benchmarks.bench_flattening import patient_bundle
 from tests.steps import step_input
-from tests.test_flattening_processes import EXAMPLE, LOOKUP, bare_file, files_of, group_ids
-from tests.test_flattening_step import run_step
-from tests.test_job_cli import only_job_dir
+from tests.support.flattening import EXAMPLE, LOOKUP, bare_file, files_of, group_ids
+from tests.support.flattening import run_step
+from tests.support.jobs import only_job_dir
 from tests.flattening_runs import flatten_files
 
 MB = 1024 * 1024

@@ -29,8 +29,8 @@ from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.extraction_server import start_extraction_server
 from tests.fakes.extraction_state import ManualClock
-from tests.test_extractor_client import CRTDL, FAST_RETRY, LONG_JOB, SimulatedTime, client_for
-from tests.test_job_cli import job_file
+from tests.support.extraction import CRTDL, FAST_RETRY, LONG_JOB, SimulatedTime, client_for
+from tests.support.jobs import job_file
 
 CRTDL_PATH = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
 PASSWORD = "pw-Sekr3t"
@@ -163,7 +163,7 @@ def test_a_manifest_with_more_entries_than_allowed_is_refused_naming_count_and_l
 
 HUGE_MANIFEST_CHILD = """
 import sys, time
-from tests.test_extractor_client import client_for, SimulatedTime
+from tests.support.extraction import client_for, SimulatedTime
 from tasks.clients.extraction_server import ExtractionError, ExtractionHandle
 started = time.monotonic()
 with client_for(sys.argv[1], SimulatedTime(), max_result_files=2_000_000) as client:

@@ -36,7 +36,7 @@ from tests.conftest import REPO_ROOT
 from tests.fakes.extraction_server import start_extraction_server
 from tests.peak_rss import run_measured
 from tests.steps import step_input
-from tests.test_job_hardening import walk_as_nobody
+from tests.support.filesystem import walk_as_nobody
 
 MB = 1024 * 1024
 GB = 1024 * MB

@@ -12,7 +12,7 @@ from flows.run import EXIT_FAILED, EXIT_OK, main
 from tasks.job.record import step_results
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
-from tests.test_job_cli import job_file, only_job_dir
+from tests.support.jobs import job_file, only_job_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 

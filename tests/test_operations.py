@@ -2,7 +2,7 @@
 server that stays on its port, an unreachable API said in one line, and a README whose commands run as typed.
 
 The inspection test runs a deployment from ``deployments/prefect.yaml`` on a process work pool against a real
-``prefect server start`` on loopback (the fixtures and helpers of ``tests/test_prefect_native.py``); the server
+``prefect server start`` on loopback (the fixtures and helpers of ``tests/support/deployments.py``); the server
 tests start servers of their own in a PREFECT_HOME of their own, on a free port (never 4200 on a shared machine).
 """
 
@@ -33,20 +33,17 @@ from flows.prefect_server import (
     stop_server,
 )
 from tests.conftest import REPO_ROOT, run_cli, seed_prefect_home, wait_until
-from tests.test_prefect_native import (
+from tests.support.deployments import (
     FINAL,
     api,
-    deployed,  # noqa: F401  (fixture)
     run_log,
     run_to_the_gate,
-    server,  # noqa: F401  (fixture)
-    site,  # noqa: F401  (fixture)
     start_worker,
     stop_worker,
     wait_for_run,
     write_patients,
 )
-from tests.test_prefect_server import SERVER_TIMEOUT, kill_servers_of, servers_of, wait_until_gone
+from tests.support.prefect_servers import SERVER_TIMEOUT, kill_servers_of, servers_of, wait_until_gone
 
 # --- 1. inspection cannot be skipped by accident -----------------------------------------------------------------
 

@@ -39,8 +39,7 @@ from flows.prefect_server import (
     stop_server,
 )
 from tests.conftest import REPO_ROOT, seed_prefect_home
-
-SERVER_TIMEOUT = 240.0
+from tests.support.prefect_servers import SERVER_TIMEOUT, kill_servers_of, servers_of, wait_until_gone
 
 
 @pytest.fixture
@@ -53,26 +52,6 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefect_database: Path
     yield home
     stop_server(home)
     kill_servers_of(home)
-
-
-def kill_servers_of(home: Path) -> None:
-    for pid in servers_of(home):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def servers_of(home: Path) -> list[int]:
-    """Live ``prefect server start`` processes whose PREFECT_HOME is ``home`` (read from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or not process_is_server(int(entry.name)):
-            continue
-        try:
-            environment = (entry / "environ").read_bytes().split(b"\0")
-        except (FileNotFoundError, PermissionError, ProcessLookupError):
-            continue
-        if f"PREFECT_HOME={home.resolve()}".encode() in environment:
-            found.append(int(entry.name))
-    return found
 
 
 def ensure_server_in_subprocess(home: Path) -> subprocess.Popen:
@@ -105,13 +84,6 @@ def wait_for_record(home: Path, process: subprocess.Popen, timeout: float = 60.0
         assert time.monotonic() < deadline, "no server recorded in time"
         time.sleep(0.02)
     return record
-
-
-def wait_until_gone(pid: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while process_is_server(pid):
-        assert time.monotonic() < deadline, f"server {pid} still running"
-        time.sleep(0.05)
 
 
 def prepared_settings_of(pid: int) -> bool:

@@ -26,7 +26,7 @@ from tasks.core.readable import size_text
 from tests.conftest import wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.extraction_server import start_extraction_server
-from tests.test_job_cli import only_job_dir
+from tests.support.jobs import only_job_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 

@@ -6,12 +6,12 @@ import asyncio
 import hashlib
 import json
 import os
-import sys
 import shutil
 import signal
+import sys
 import threading
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -20,7 +20,6 @@ import pytest
 from config.loader import ConfigError, load_settings
 from flows.run import EXIT_FAILED, EXIT_OK, main
 from tasks.clients.pseudonymizer import MB
-from tasks.streams.ndjson import iter_resources
 from tasks.pseudonymizer import (
     FileCounts,
     PseudonymizerStepError,
@@ -29,10 +28,11 @@ from tasks.pseudonymizer import (
     read_anonymization_config,
     window_size,
 )
+from tasks.streams.ndjson import iter_resources
 from tests.conftest import run_cli, wait_until
 from tests.fakes._server import LoopbackServer
-from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
-from tests.test_pseudonymizer_client import (
+from tests.support.jobs import job_file, only_job_dir, read_report_artifact, start_cli_process, wait_for
+from tests.support.pseudonymization import (
     OVERRIDE_CONFIG,
     OVERRIDE_DIR,
     ConcurrencyProbe,
@@ -41,7 +41,6 @@ from tests.test_pseudonymizer_client import (
     patient,
     server_side,
 )
-
 
 _opens: list[str] | None = None
 _opens_lock = threading.Lock()
@@ -221,16 +220,6 @@ def override_patients_dir(tmp_path: Path) -> Path:
     source.mkdir()
     shutil.copy(OVERRIDE_DIR / "Patient.ndjson", source / "Patient.ndjson")
     return source
-
-
-def read_report_artifact(key: str) -> list[dict[str, Any]]:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-
-    with get_client(sync_client=True) as client:
-        (artifact,) = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), limit=1)
-    data = artifact.data
-    return json.loads(data) if isinstance(data, str) else data
 
 
 @pytest.mark.slow
