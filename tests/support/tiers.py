@@ -8,6 +8,8 @@ served in this process (threads). A test that needs a Prefect server, a subproce
 - while a test not marked slow runs, Prefect's API (setting and environment) is a closed local port and starting a
   process (``subprocess``, ``asyncio``'s subprocesses, ``multiprocessing``, ``os.fork``) raises ``SlowOnlyError``:
   a test that reaches either fails loudly instead of starting a server or a child;
+- the modules of slow tests run first (``pytest_collection_modifyitems``), so that with ``-n 2 --dist loadscope``
+  the fast modules fill the end of the run on both workers;
 - every test, of either tier, must leave the ``PREFECT_*`` environment and Prefect's API setting as it found them
   (``flows.prefect_server.use_server`` exports ``PREFECT_API_URL`` for the whole process): one that does not fails,
   and what it changed is put back for the tests after it.
@@ -20,6 +22,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -30,6 +33,22 @@ SLOW_FIXTURES = frozenset({"prefect_api", "prefect_database", "moto_url", "moto_
 
 class SlowOnlyError(RuntimeError):
     """A test not marked ``slow`` reached for a process or a Prefect server."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """xdist's loadscope would hand out modules by their number of tests, most first: the slowest modules (a real
+    server, a few tests) then start last and one worker waits for the other. The order below is kept instead."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules by their share of slow tests, most first (all-slow modules, with their servers, at the start); a
+    module's tests keep their order. The same on every xdist worker, as it must be."""
+    module_of = {item: item.nodeid.split("::", 1)[0] for item in items}
+    tests = Counter(module_of.values())
+    slow = Counter(module_of[item] for item in items if item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow[module_of[item]] / tests[module_of[item]])
 
 
 @pytest.hookimpl(tryfirst=True)
