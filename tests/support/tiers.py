@@ -108,18 +108,25 @@ def refuse(what: str):
 
 
 @pytest.fixture(autouse=True)
-def fast_tier_guard(prefect_settings_kept, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
-    """For a test not marked slow: no Prefect server (the API is a closed port) and no process start."""
+def fast_tier_guard(prefect_settings_kept, request: pytest.FixtureRequest):
+    """For a test not marked slow: no Prefect server (the API is a closed port) and no process start.
+
+    Its own ``MonkeyPatch``, not the test's: set up before the test's ``monkeypatch`` and torn down after it, it
+    finds a PREFECT_API_URL that the test set without ``monkeypatch`` still there, and fails the test."""
     if request.node.get_closest_marker("slow") is not None:
         yield
         return
     from prefect.settings import PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
     dead_api = f"http://127.0.0.1:{request.getfixturevalue('closed_port')}/api"
-    monkeypatch.setenv("PREFECT_API_URL", dead_api)
-    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse("a subprocess"))
-    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse("a multiprocessing process"))
-    monkeypatch.setattr(os, "fork", refuse("os.fork"))
-    monkeypatch.setattr(os, "posix_spawn", refuse("os.posix_spawn"))
-    with temporary_settings(updates={PREFECT_API_URL: dead_api, PREFECT_CLIENT_MAX_RETRIES: 0}):
-        yield
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PREFECT_API_URL", dead_api)
+        patch.setattr(subprocess.Popen, "_execute_child", refuse("a subprocess"))
+        patch.setattr(multiprocessing.process.BaseProcess, "start", refuse("a multiprocessing process"))
+        patch.setattr(os, "fork", refuse("os.fork"))
+        patch.setattr(os, "posix_spawn", refuse("os.posix_spawn"))
+        with temporary_settings(updates={PREFECT_API_URL: dead_api, PREFECT_CLIENT_MAX_RETRIES: 0}):
+            yield
+        left = os.environ.get("PREFECT_API_URL")
+    if left != dead_api:
+        pytest.fail(f"the test left PREFECT_API_URL changed (restore it, e.g. with monkeypatch): {left!r}")
