@@ -283,6 +283,7 @@ def moto_s3():
     server.stop()
 
 
+@pytest.mark.slow
 def test_s3_client_sends_proxy_authorization_on_every_request_and_ignores_the_api_key(moto_s3):
     with LoopbackServer(EchoHandler, EchoState(upstream=moto_s3)) as proxy:
         send = SendSettings(
@@ -312,6 +313,7 @@ def test_s3_client_sends_proxy_authorization_on_every_request_and_ignores_the_ap
     assert all(r.headers["host"] == f"127.0.0.1:{proxy.port}" for r in requests)
 
 
+@pytest.mark.slow
 def test_s3_client_without_auth_sends_no_proxy_authorization(moto_s3):
     with LoopbackServer(EchoHandler, EchoState(upstream=moto_s3)) as proxy:
         send = SendSettings(

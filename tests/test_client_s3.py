@@ -6,7 +6,6 @@ the uploader): objects, contents and incomplete multipart uploads.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -29,12 +28,21 @@ from tasks.clients.s3 import S3Uploader, UploadedObject
 from tests.conftest import REPO_ROOT
 from tests.fakes.echo import Reply
 from tests.fakes.s3_proxy import start_s3_proxy
+from tests.support.s3 import (
+    ACCESS_KEY_ID,
+    PROXY_PASSWORD,
+    PROXY_USER,
+    REGION,
+    SECRET_ACCESS_KEY,
+    file_digest,
+    incomplete_uploads,
+    listing,
+    manifest_objects,
+    stored_digest,
+)
 
-REGION = "eu-central-1"
-ACCESS_KEY_ID = "AKIDS3UPLOADTEST"
-SECRET_ACCESS_KEY = "s3-secret-9f8e7d"
-PROXY_USER = "proxy-user"
-PROXY_PASSWORD = "proxy-pw-31337"
+pytestmark = pytest.mark.slow  # a moto server
+
 SECRETS = (ACCESS_KEY_ID, SECRET_ACCESS_KEY, PROXY_PASSWORD)
 MB = 1024 * 1024
 TLS = TlsSettings()
@@ -108,27 +116,6 @@ def data_file(path: Path, size: int, seed: int = 7) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(random.Random(seed).randbytes(size))
     return path
-
-
-def listing(store, bucket: str) -> list[UploadedObject]:
-    contents = store.list_objects_v2(Bucket=bucket).get("Contents", [])
-    return [UploadedObject(item["Key"], item["Size"], item["ETag"].strip('"')) for item in contents]
-
-
-def manifest_objects(manifest: Path) -> list[UploadedObject]:
-    return [UploadedObject(**entry) for entry in json.loads(manifest.read_text())["objects"]]
-
-
-def incomplete_uploads(store, bucket: str) -> list[dict]:
-    return store.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
-
-
-def stored_digest(store, bucket: str, key: str) -> str:
-    return hashlib.sha256(store.get_object(Bucket=bucket, Key=key)["Body"].read()).hexdigest()
-
-
-def file_digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 # --- upload and manifest ---------------------------------------------------------------------------------------

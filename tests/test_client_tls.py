@@ -119,6 +119,7 @@ def s3_send(endpoint: str) -> SendSettings:
     )
 
 
+@pytest.mark.slow
 def test_s3_client_trusts_ca_cert_path(https_s3, ca_pem):
     s3 = make_s3_client(s3_send(https_s3.base_url), TlsSettings(ca_cert_path=ca_pem), RetrySettings(max_attempts=1))
 
@@ -128,6 +129,7 @@ def test_s3_client_trusts_ca_cert_path(https_s3, ca_pem):
     assert s3.get_object(Bucket="secure", Key="job/a.ndjson")["Body"].read() == b"{}\n"
 
 
+@pytest.mark.slow
 def test_s3_client_rejects_an_unknown_ca(https_s3):
     s3 = make_s3_client(s3_send(https_s3.base_url), TlsSettings(), RetrySettings(max_attempts=1))
 
@@ -136,6 +138,7 @@ def test_s3_client_rejects_an_unknown_ca(https_s3):
     assert https_s3.state.requests == []
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
 def test_s3_client_with_insecure_skip_verify_connects_and_warns(https_s3, caplog):
     caplog.set_level(logging.WARNING, logger="dupflow.clients")

@@ -22,8 +22,7 @@ from flows.run import EXIT_OK
 from tests.conftest import TESTDATA, plain, run_cli
 from tests.fakes.pseudonymizer import start_pseudonymizer
 from tests.fakes.validator import start_validator
-from tests.test_job_cli import flow_run_state, job_file, only_job_dir, start_cli_process, wait_for
-from tests.test_record import step_results
+from tests.support.jobs import flow_run_state, job_file, only_job_dir, start_cli_process, step_results, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 

@@ -19,7 +19,7 @@ from flows.run import EXIT_FAILED, EXIT_OK, main
 from tasks.job.contract import StepInput, file_task, settings_of
 from tasks.job.filework import file_runner, map_files
 from tests.conftest import complete_results, run_cli
-from tests.test_job_cli import (
+from tests.support.jobs import (
     flow_run_state,
     job_file,
     job_record_card,

@@ -21,7 +21,7 @@ import pytest
 
 from flows.prefect_server import ensure_server, stop_server
 from tests.conftest import REPO_ROOT, run_cli, seed_prefect_home, wait_until
-from tests.test_prefect_server import kill_servers_of
+from tests.support.prefect_servers import kill_servers_of
 
 pytestmark = pytest.mark.slow
 

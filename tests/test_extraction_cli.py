@@ -477,7 +477,7 @@ def test_refused_credentials_fail_without_showing_the_secret(capsys, write_confi
 def test_an_operator_pauses_and_resumes_a_running_pipeline_extraction(capsys, tmp_path, write_config):
     """Start an extraction through the pipeline, see it running, pause it (the pipeline keeps polling, 202,
     without failing), resume it, and the pipeline completes."""
-    from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
+    from tests.support.jobs import job_file, only_job_dir, start_cli_process, wait_for
 
     # Batches take a minute until the test has paused and resumed the job, so it cannot finish in between.
     slow_batches = {

@@ -17,7 +17,7 @@ import pytest
 import zstandard
 
 from config.services import AuthSettings, ExtractorSettings
-from config.settings import RetrySettings, TlsSettings
+from config.settings import TlsSettings
 from tasks.clients.downloads import (
     DownloadError,
     FileNotReadyError,
@@ -28,6 +28,7 @@ from tasks.clients.downloads import (
     wait_until_available,
 )
 from tasks.clients.errors import ServiceError
+from tasks.clients.extraction_jobs import ExtractionJob, ExtractionTaskClient
 from tasks.clients.extraction_documents import (
     DeadHandleError,
     ExtractionError,
@@ -39,13 +40,8 @@ from tasks.clients.extraction_documents import (
     parse_crtdl,
     resolve_file_url,
 )
-from tasks.clients.extraction_jobs import (
-    CohortPreviewUnsupportedError,
-    ExtractionJob,
-    ExtractionTaskClient,
-    cohort_patient_ids,
-)
-from tasks.clients.extraction_server import ExtractionServerClient, PollProgress
+from tasks.clients.extraction_jobs import CohortPreviewUnsupportedError, cohort_patient_ids
+from tasks.clients.extraction_server import PollProgress
 from tasks.streams import processes
 from tasks.streams.ndjson import NdjsonError
 from tasks.streams.ndjson_writer import CHECK_IN_PROCESS_MIN_BYTES
@@ -54,25 +50,7 @@ from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.extraction_crtdl import parse_crtdl as parse_fake_crtdl
 from tests.fakes.extraction_server import ExtractionServer, JobStatus, start_extraction_server
-
-CRTDL = (TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json").read_bytes()
-FAST_RETRY = RetrySettings(max_attempts=3, initial_backoff_ms=1, max_backoff_ms=5)
-LONG_JOB = {"PENDING": 2.0, "RUNNING_GET_COHORT": 3.0, "RUNNING_PROCESS_BATCH": 4.0, "RUNNING_PROCESS_CORE": 2.0}
-
-
-class SimulatedTime:
-    """A clock the fake server and the client share; ``sleep`` moves it instead of waiting."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
+from tests.support.extraction import CRTDL, FAST_RETRY, LONG_JOB, SimulatedTime, client_for
 
 
 @pytest.fixture
@@ -84,18 +62,6 @@ def sim() -> SimulatedTime:
 def torch(sim):
     with start_extraction_server(clock=sim, durations=dict(LONG_JOB)) as server:
         yield server
-
-
-def extractor_settings(base_url: str, **overrides) -> ExtractorSettings:
-    values = (
-        dict(base_url=base_url, polling_interval="PT1S", max_polling_interval="PT8S", extraction_timeout="PT60S")
-        | overrides
-    )
-    return ExtractorSettings(**values)
-
-
-def client_for(base_url: str, sim: SimulatedTime, **overrides) -> ExtractionServerClient:
-    return ExtractionServerClient(extractor_settings(base_url, **overrides), TlsSettings(), clock=sim, sleep=sim.sleep)
 
 
 def run_extraction(server: ExtractionServer, sim: SimulatedTime, **overrides) -> list[str]:
@@ -458,6 +424,7 @@ def worker_pool():
         yield
 
 
+@pytest.mark.slow  # a worker process
 def test_a_large_plain_file_is_checked_in_a_worker_process_and_counted(tmp_path, worker_pool):
     body = large_ndjson(b"")
     with (
@@ -469,6 +436,7 @@ def test_a_large_plain_file_is_checked_in_a_worker_process_and_counted(tmp_path,
     assert processes.worker_pids()
 
 
+@pytest.mark.slow  # a worker process
 def test_a_bad_line_in_a_large_file_is_the_same_error_as_in_a_small_one(tmp_path, worker_pool):
     body = large_ndjson(b'{"id":"no type"}\n')
     line = body.count(b"\n")
@@ -482,6 +450,7 @@ def test_a_bad_line_in_a_large_file_is_the_same_error_as_in_a_small_one(tmp_path
     assert processes.worker_pids() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # a worker process
 def test_a_large_file_whose_last_line_is_cut_off_is_retried_as_incomplete(tmp_path, worker_pool):
     cut, whole = large_ndjson(b'{"resourceType":"Pat'), large_ndjson(b"")
     state = serve_once_each(cut, whole)

@@ -12,7 +12,7 @@ from tasks.extractor import download_client, download_result_file, open_download
 from tests.conftest import TESTDATA
 from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 SOURCE = TESTDATA / "validation" / "Patient.ndjson"
 

@@ -20,10 +20,9 @@ from flows.run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 from tasks.job.record import read_facts
 from tests.conftest import TESTDATA, complete_results, run_cli
 from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
-from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
-from tests.test_record import step_results
+from tests.support.jobs import job_file, only_job_dir, start_cli_process, step_results, wait_for
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 CRTDL = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
 
@@ -162,7 +161,7 @@ def test_enrichment_rules_write_an_enriched_crtdl_that_is_what_gets_submitted(tm
 def test_a_complete_result_url_as_input_is_downloaded_without_submitting(tmp_path, torch, extractor_config):
     import httpx
 
-    from tests.test_fake_extraction_server import poll_until_done, submit
+    from tests.support.extraction import poll_until_done, submit
 
     with httpx.Client() as client:
         status_url = submit(client, torch)

@@ -13,40 +13,14 @@ import httpx
 import pytest
 import zstandard
 
-from tests.fakes.extraction_server import ExtractionServer, JobStatus, start_extraction_server
+from tests.fakes.extraction_server import JobStatus, start_extraction_server
 from tests.fakes.extraction_state import ManualClock
+from tests.support.extraction import CRTDL_DIR, kickoff_body, poll_until_done, submit
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TESTDATA = REPO_ROOT.parent / "shared" / "testdata"
-CRTDL_DIR = TESTDATA / "crtdl"
 FHIR_JSON = "application/fhir+json"
 ATTRIBUTE_GROUP_SYSTEM = "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"
-
-
-def kickoff_body(crtdl: bytes, patients: tuple[str, ...] = ()) -> dict:
-    parameters = [{"name": "crtdl", "valueBase64Binary": base64.b64encode(crtdl).decode()}]
-    parameters += [{"name": "patient", "valueString": p} for p in patients]
-    return {"resourceType": "Parameters", "parameter": parameters}
-
-
-def submit(client: httpx.Client, srv: ExtractionServer, crtdl_name: str = "CRTDL_diagnosis_basic.json", **kw) -> str:
-    response = client.post(
-        f"{srv.base_url}/fhir/$extract-data",
-        json=kickoff_body((CRTDL_DIR / crtdl_name).read_bytes(), **kw),
-        headers={"Content-Type": "application/fhir+json", "Accept": "application/fhir+json"},
-    )
-    assert response.status_code == 202, response.text
-    return response.headers["Content-Location"]
-
-
-def poll_until_done(client: httpx.Client, status_url: str, timeout: float = 5.0) -> httpx.Response:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        response = client.get(status_url, headers={"Accept": "application/json"})
-        if response.status_code != 202:
-            return response
-        time.sleep(0.02)
-    raise AssertionError("job did not finish")
 
 
 def job_id(status_url: str) -> str:
@@ -668,6 +642,7 @@ def test_directory_mode_jobs_submitted_later_end_with_the_same_files(client, res
     assert names == ["b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson", "more/batch-2.ndjson.zst", "core.ndjson"]
 
 
+@pytest.mark.slow  # a subprocess
 def test_directory_mode_from_the_command_line(client, result_dir, unused_tcp_port):
     process = subprocess.Popen(
         [
@@ -701,6 +676,7 @@ def test_response_delay_slows_every_answer(client):
     assert time.monotonic() - started >= 0.2
 
 
+@pytest.mark.slow  # a subprocess
 def test_runs_alone_from_the_command_line(client, unused_tcp_port):
     process = subprocess.Popen(
         [sys.executable, "-m", "tests.fakes.extraction_server", "--port", str(unused_tcp_port)],

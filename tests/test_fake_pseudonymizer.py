@@ -236,6 +236,7 @@ def test_failure_switches_fail_then_recover(pseudonymizer_fake: LoopbackServer) 
     assert [request.status for request in pseudonymizer_fake.state.requests] == [0, 503, 200]
 
 
+@pytest.mark.slow  # a subprocess
 def test_runs_alone_from_the_command_line_with_a_latency(unused_tcp_port: int) -> None:
     command = [sys.executable, "-m", "tests.fakes.pseudonymizer", "--port", str(unused_tcp_port), "--latency", "0.3"]
     process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)

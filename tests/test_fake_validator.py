@@ -8,10 +8,8 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import TESTDATA
 from tests.fakes.validator import FHIR_JSON, VALIDATE_PATH, validate_document
-
-VALIDATION_DATA = TESTDATA / "validation"
+from tests.support.validation import shared_data
 
 
 def collection(*resources: dict[str, Any], full_urls: bool = True) -> dict[str, Any]:
@@ -22,10 +20,6 @@ def collection(*resources: dict[str, Any], full_urls: bool = True) -> dict[str, 
         for r in resources
     ]
     return {"resourceType": "Bundle", "type": "collection", "entry": entries}
-
-
-def shared_data(name: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (VALIDATION_DATA / name).read_text().splitlines() if line.strip()]
 
 
 def post(server, document: Any, content_type: str = FHIR_JSON, timeout: float = 10) -> httpx.Response:

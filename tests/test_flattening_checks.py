@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from flows.run import EXIT_USAGE, main
 from tests.conftest import TESTDATA
 
@@ -38,6 +40,8 @@ def test_config_check_names_the_table_and_element_of_a_bad_lookup_file(tmp_path,
     assert "child Nope.missing is not an element of this table" in err and "fix the lookup file" in err
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")  # start asks the jobs' Prefect server first
 def test_start_refuses_a_bad_lookup_file_before_creating_the_job(tmp_path, write_config, capsys):
     lookup, table, _ = broken_lookup(tmp_path)
     config = write_config(local_import_and_flattening(tmp_path, lookup))
@@ -46,6 +50,8 @@ def test_start_refuses_a_bad_lookup_file_before_creating_the_job(tmp_path, write
     assert not (tmp_path / "jobs").exists()
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")  # start asks the jobs' Prefect server first
 def test_flattening_without_a_crtdl_is_refused_at_start(tmp_path, write_config, capsys):
     tree = local_import_and_flattening(tmp_path, TESTDATA / "flattening" / "flatten-lookup.json")
     config = write_config(tree)

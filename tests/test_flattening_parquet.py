@@ -14,7 +14,7 @@ import pytest
 from flows.run import EXIT_OK, main
 from tasks.sof.output import cell
 from tests.conftest import TESTDATA
-from tests.test_record import step_results
+from tests.support.jobs import step_results
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 

@@ -5,7 +5,6 @@ behind."""
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import orjson
@@ -14,12 +13,11 @@ import zstandard
 
 from tasks.flattening import plan_views
 from tasks.job.flattening_outcome import FlatteningError, FlattenOutcome
-from tests.benchmarks.bench_flattening import GROUP_SYSTEM, patient_bundle
-from tests.conftest import TESTDATA
 from tests.flattening_runs import flatten_files
+from tests.support.flattening import EXAMPLE, LOOKUP, bare_file, files_of, group_ids, torch_batches
 
-EXAMPLE = TESTDATA / "flattening" / "example"
-LOOKUP = TESTDATA / "flattening" / "flatten-lookup.json"
+pytestmark = pytest.mark.slow  # worker processes
+
 MB = 1024 * 1024
 
 
@@ -27,47 +25,6 @@ def flatten(paths: list[Path], out: Path, processes_count: int) -> FlattenOutcom
     """The CSVs of ``paths`` in ``out``: in this process (1), else each file in a worker process, as many at once."""
     views, skipped = plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)
     return flatten_files(paths, out, views, skipped, max_line_bytes=10 * MB, processes=processes_count)
-
-
-def files_of(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
-
-
-def group_ids() -> dict[str, str]:
-    crtdl = orjson.loads((EXAMPLE / "example-crtdl.json").read_bytes())
-    ids = [g["id"] for g in crtdl["dataExtraction"]["attributeGroups"]]
-    return dict(zip(("Patient", "Condition", "Procedure"), ids, strict=True))
-
-
-def torch_batches(folder: Path, files: int, patients: int, seed: int = 5) -> list[Path]:
-    rng, groups, paths = random.Random(seed), group_ids(), []
-    folder.mkdir(parents=True, exist_ok=True)
-    for number in range(files):
-        lines = b"".join(orjson.dumps(patient_bundle(rng, number * 1000 + i, groups)) + b"\n" for i in range(patients))
-        path = folder / f"batch-{number:04d}.ndjson"
-        path.write_bytes(lines)
-        paths.append(path)
-    return paths
-
-
-def bare_file(path: Path, groups: dict[str, str]) -> Path:
-    """Bare resources routed by bare Provenance lines of the same file (one resource in two groups)."""
-    resources = [
-        {"resourceType": "Patient", "id": "bare-1", "gender": "female", "birthDate": "1970-01-01"},
-        {"resourceType": "Condition", "id": "bare-c", "subject": {"reference": "Patient/bare-1"}},
-        {"resourceType": "Encounter", "id": "bare-e", "subject": {"reference": "Patient/bare-1"}},
-    ]
-    provenance = {
-        "resourceType": "Provenance",
-        "id": "bare-prov",
-        "target": [{"reference": "Patient/bare-1"}, {"reference": "Condition/bare-c"}],
-        "entity": [
-            {"what": {"identifier": {"system": GROUP_SYSTEM, "value": groups["Patient"]}}},
-            {"what": {"identifier": {"system": GROUP_SYSTEM, "value": groups["Condition"]}}},
-        ],
-    }
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in [*resources, provenance]))
-    return path
 
 
 def test_the_shared_example_is_the_expected_bytes_with_two_processes(tmp_path):

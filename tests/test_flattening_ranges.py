@@ -33,9 +33,9 @@ from tasks.streams.spans import (
 )
 from tests.benchmarks.bench_flattening import patient_bundle
 from tests.steps import step_input
-from tests.test_flattening_processes import EXAMPLE, LOOKUP, bare_file, files_of, group_ids
-from tests.test_flattening_step import run_step
-from tests.test_job_cli import only_job_dir
+from tests.support.flattening import EXAMPLE, LOOKUP, bare_file, files_of, group_ids
+from tests.support.flattening import run_step
+from tests.support.jobs import only_job_dir
 from tests.flattening_runs import flatten_files
 
 MB = 1024 * 1024
@@ -124,7 +124,7 @@ def test_a_plain_file_gets_spans_to_spare_for_processes_that_finish_first_a_zstd
     assert file_spans(path, 2, content) == [WHOLE_FILE]
 
 
-@pytest.mark.parametrize("processes_count", [1, 2])
+@pytest.mark.parametrize("processes_count", [1, pytest.param(2, marks=pytest.mark.slow)])  # 2: worker processes
 @pytest.mark.parametrize("compressed", [False, True], ids=["plain", "zstd"])
 def test_a_file_cut_into_spans_gives_the_bytes_of_the_whole_file(tmp_path, processes_count, compressed):
     path = big_file(tmp_path / "in" / "big.ndjson", patients=120, filler_bytes=400_000)
@@ -147,6 +147,7 @@ def test_a_file_cut_into_spans_gives_the_bytes_of_the_whole_file(tmp_path, proce
     assert cut.unrouted["Encounter"] > 0
 
 
+@pytest.mark.slow  # worker processes
 def test_several_files_keep_their_order_when_some_are_cut(tmp_path):
     (tmp_path / "in").mkdir()
     small = bare_file(tmp_path / "in" / "a-small.ndjson", group_ids())
@@ -161,6 +162,7 @@ def test_several_files_keep_their_order_when_some_are_cut(tmp_path):
     assert cut.summary() == whole.summary()
 
 
+@pytest.mark.slow  # worker processes
 def test_a_bad_line_in_a_later_span_is_named_by_its_line_in_the_whole_file(tmp_path):
     path = big_file(tmp_path / "in" / "big.ndjson", patients=60, filler_bytes=200_000)
     spans = line_spans(path, 3, SMALL_SPANS // 8)

@@ -7,22 +7,16 @@ import shutil
 from pathlib import Path
 
 import pytest
-from prefect import flow
 
-from tasks.job.contract import DataFile, stored_in_job
-from tasks.flattening import flattening, plan_views
+from tasks.job.contract import DataFile
+from tasks.flattening import plan_views
 from tasks.job.flattening_outcome import FlatteningError
 from tests.steps import step_input
-from tests.test_flattening_processes import EXAMPLE, LOOKUP, files_of, torch_batches
 from tests.flattening_runs import flatten_files
+from tests.support.flattening import run_step
+from tests.support.flattening import EXAMPLE, LOOKUP, files_of, torch_batches
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
-
-
-@flow
-def run_step(step, refresh: bool = False):
-    task = flattening.with_options(refresh_cache=True) if refresh else flattening
-    return stored_in_job(task, step)(step)
 
 
 def job_with_batches(tmp_path: Path):

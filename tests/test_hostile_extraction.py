@@ -32,8 +32,8 @@ from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.extraction_server import start_extraction_server
 from tests.fakes.extraction_state import ManualClock
-from tests.test_extractor_client import CRTDL, FAST_RETRY, LONG_JOB, SimulatedTime, client_for
-from tests.test_job_cli import job_file
+from tests.support.extraction import CRTDL, FAST_RETRY, LONG_JOB, SimulatedTime, client_for
+from tests.support.jobs import job_file
 
 CRTDL_PATH = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
 PASSWORD = "pw-Sekr3t"
@@ -76,6 +76,7 @@ def test_a_url_is_shown_one_way_without_anything_that_may_hold_a_secret(url, sho
     assert shown_url(url) == shown
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")  # the code before the fix ran the job
 def test_continue_attach_with_a_password_is_refused_naming_the_option_and_stores_nothing(write_config):
     job_dir = new_job_dir(write_config, "http://127.0.0.1:9")
@@ -165,8 +166,9 @@ def test_a_manifest_with_more_entries_than_allowed_is_refused_naming_count_and_l
 
 HUGE_MANIFEST_CHILD = """
 import sys, time
-from tests.test_extractor_client import client_for, SimulatedTime
 from tasks.clients.extraction_documents import ExtractionError, ExtractionHandle
+from tests.support.extraction import client_for, SimulatedTime
+from tasks.clients.extraction_server import ExtractionError, ExtractionHandle
 started = time.monotonic()
 with client_for(sys.argv[1], SimulatedTime(), max_result_files=2_000_000) as client:
     try:
@@ -179,6 +181,7 @@ print(f"peak_kb={hwm} seconds={time.monotonic() - started:.1f}")
 """
 
 
+@pytest.mark.slow
 def test_a_manifest_of_one_and_a_half_million_entries_is_refused_within_seconds_and_flat_memory(sim):
     """Even with max_result_files raised above the count, the wire cap stops reading at MAX_MANIFEST_BYTES."""
     with start_extraction_server(clock=sim, extra_output_entries=1_500_000) as server:

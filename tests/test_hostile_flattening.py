@@ -265,6 +265,7 @@ def test_a_bare_carriage_return_is_quoted_so_25_rows_read_back_as_25(tmp_path, e
     assert_csv_reads_back(text, [p["gender"] for p in patients])
 
 
+@pytest.mark.slow
 def test_view_run_csv_quotes_a_bare_carriage_return(tmp_path) -> None:
     view = {
         "resourceType": "ViewDefinition",
@@ -313,6 +314,7 @@ def test_a_backtracking_regex_in_the_lookup_file_does_not_hang_flattening(tmp_pa
     assert [row["gender"] for row in rows] == [HOSTILE_TEXT]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("path", "expected"),
     [
@@ -359,6 +361,7 @@ def repeat_view(paths: list[str]) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_view_run_stops_an_exponential_repeat_naming_it(tmp_path) -> None:
     result = run_view_cli(tmp_path, repeat_view(["item", "item"]), [nested_items(40)])  # 2**41 elements
 

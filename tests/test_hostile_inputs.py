@@ -370,6 +370,7 @@ def test_a_long_step_list_is_checked_in_linear_time(tmp_path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_an_alias_bomb_exits_2_through_the_command_line(tmp_path) -> None:
     path = tmp_path / "bomb.yaml"
     path.write_text(ALIAS_BOMB, encoding="utf-8")

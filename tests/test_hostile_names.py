@@ -240,6 +240,7 @@ def hostile_lookup(tmp_path: Path, kind: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "fragment"),
     [
@@ -258,6 +259,7 @@ def test_a_hostile_lookup_file_is_one_clear_line_from_config_check(tmp_path, wri
     assert line.endswith("; fix the lookup file") and (kind == "children-chain" or str(lookup) in line)
 
 
+@pytest.mark.slow
 def test_config_check_of_a_lookup_path_of_dev_zero_stays_small(tmp_path, write_config):
     """The read is bounded: the command's peak memory stays far below what reading /dev/zero to the end would take
     (2.7 GB before the fix)."""
@@ -270,6 +272,7 @@ def test_config_check_of_a_lookup_path_of_dev_zero_stays_small(tmp_path, write_c
     assert child.returncode == 2 and child.peak_mb < 400, child
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("key", "tree"),
     [
@@ -325,6 +328,7 @@ def test_an_oversized_crtdl_is_refused_at_start_without_reading_all_of_it(tmp_pa
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("key", "value", "code"),
     [
@@ -373,6 +377,7 @@ def full_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
+@pytest.mark.slow
 def test_a_full_disk_at_job_creation_says_no_space_left_and_leaves_nothing(tmp_path, write_config, full_disk):
     config = write_config(flattening_example(tmp_path))
     jobs = full_disk / "jobs"
@@ -384,6 +389,7 @@ def test_a_full_disk_at_job_creation_says_no_space_left_and_leaves_nothing(tmp_p
     assert jobs_in(jobs) == []
 
 
+@pytest.mark.slow
 def test_view_run_with_5000_nested_selects_exits_2_with_one_clear_line(tmp_path):
     select = '{"select": [' * 5000 + '{"column": [{"name": "id", "path": "id"}]}' + "]}" * 5000
     view = tmp_path / "view.json"
@@ -413,6 +419,7 @@ def interrupt(process: subprocess.Popen) -> bytes:
     raise AssertionError("view run did not stop on Ctrl+C")
 
 
+@pytest.mark.slow
 def test_ctrl_c_of_view_run_exits_130_with_one_line_after_the_last_complete_row(tmp_path):
     view = tmp_path / "view.json"
     view.write_text(json.dumps({"resource": "Patient", "select": [{"column": [{"name": "id", "path": "id"}]}]}))

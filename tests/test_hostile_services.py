@@ -40,9 +40,9 @@ from tests.conftest import REPO_ROOT, run_cli, wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.fhir_server import start_fhir_fake
 from tests.fakes.oauth import REALM_PATH, OAuthHandler, OAuthState
-from tests.test_job_cli import job_file, only_job_dir
-from tests.test_pseudonymizer_client import pseudonymize
-from tests.test_send_direct import generated, write_ndjson
+from tests.support.jobs import job_file, only_job_dir
+from tests.support.pseudonymization import pseudonymize
+from tests.support.sending import generated, write_ndjson
 
 MB = 1024 * 1024
 FAST_RETRY = RetrySettings(max_attempts=3, initial_backoff_ms=1, max_backoff_ms=5)

@@ -30,7 +30,7 @@ from tests.conftest import REPO_ROOT
 from tests.fakes.extraction_server import start_extraction_server
 from tests.peak_rss import run_measured
 from tests.steps import step_input
-from tests.test_job_hardening import walk_as_nobody
+from tests.support.filesystem import walk_as_nobody
 
 MB = 1024 * 1024
 GB = 1024 * MB
@@ -244,6 +244,7 @@ def test_a_symlink_to_a_data_file_is_imported_and_other_names_are_still_ignored(
     assert find_ndjson_files(tmp_path / "in", recursive=False) == [tmp_path / "in" / "linked.ndjson"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="the scan drops to nobody in a child, which only root can")
 def test_a_data_file_without_read_permission_is_an_error_naming_it():
     # Tests run as root, who reads everything: the scan runs in a child that has dropped to nobody.

@@ -15,7 +15,7 @@ from tasks.job.layout import JobPaths
 from tasks.job.record import JobRecord, changing_record
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 LONG_AGO = "2026-01-01T00:00:00+00:00"
 

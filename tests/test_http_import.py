@@ -11,10 +11,9 @@ import zstandard
 from flows.run import EXIT_FAILED, EXIT_OK, main
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
-from tests.test_job_cli import job_file, only_job_dir
-from tests.test_record import step_results
+from tests.support.jobs import job_file, only_job_dir, step_results
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 NDJSON = b"".join(b'{"resourceType":"Patient","id":"p%d"}\n' % i for i in range(3))
 NDJSON_TYPE = {"Content-Type": "application/fhir+ndjson"}

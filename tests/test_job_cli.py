@@ -8,19 +8,30 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import zstandard
 from prefect.client.orchestration import get_client
 
 from flows.prefect_server import install_local_pause_automation
 from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
 from tests.conftest import REPO_ROOT, complete_results, run_cli, wait_until
-from tests.test_prefect_native import api
+from tests.support.deployments import api
+from tests.support.jobs import (
+    flow_run_state,
+    job_file,
+    job_record_card,
+    only_job_dir,
+    read_artifacts,
+    read_flow_run_state,
+    resources_in,
+    source_dir,
+    start_cli_process,
+    wait_for,
+    write_ndjson,
+)
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 
 @pytest.fixture
@@ -31,39 +42,6 @@ def job_config(write_config):
         return write_config({"pipeline": {"enabled_steps": steps}, "compression": {"level": level}})
 
     return write
-
-
-def write_ndjson(path: Path, count: int, pad: int = 0) -> Path:
-    filler = "x" * pad
-    path.write_bytes(
-        b"".join(b'{"resourceType":"Patient","id":"p%d","note":"%s"}\n' % (i, filler.encode()) for i in range(count))
-    )
-    return path
-
-
-def source_dir(tmp_path: Path, files: dict[str, int], pad: int = 0) -> Path:
-    """An import directory holding NDJSON files of the given numbers of resources."""
-    source = tmp_path / "in"
-    source.mkdir(parents=True)
-    for name, count in files.items():
-        write_ndjson(source / name, count, pad)
-    return source
-
-
-def only_job_dir(jobs_dir: Path) -> Path:
-    (job_dir,) = [d for d in jobs_dir.iterdir() if d.is_dir()]
-    return job_dir
-
-
-def job_file(job_dir: Path) -> dict:
-    return json.loads((job_dir / "job.json").read_text())
-
-
-def resources_in(path: Path) -> int:
-    data = path.read_bytes()
-    if path.name.endswith(".zst"):
-        data = zstandard.ZstdDecompressor().decompressobj().decompress(data)
-    return sum(1 for line in data.splitlines() if line.strip())
 
 
 def test_the_embedded_default_job_imports_and_flattens_the_sample_data(tmp_path, monkeypatch, capsys):
@@ -112,16 +90,6 @@ def job_log_lines_of(job_dir: Path, loggers: tuple[str, ...]) -> list[str]:
     return [line for line in lines if (m := JOB_LOG_LINE.match(line)) and m.group(1).startswith(loggers)]
 
 
-def read_artifacts(key_prefix: str) -> dict[str, str]:
-    """The job's artifacts in the Prefect API, by key (data as text)."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-
-    with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_=key_prefix)))
-    return {artifact.key: str(artifact.data) for artifact in found}
-
-
 def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp_path, job_config, capsys):
     source = source_dir(tmp_path, {"a.ndjson": 3})
     config = job_config(["local_import", "wait"])
@@ -151,34 +119,8 @@ def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp
     assert "step 2 (wait): released: checked a.ndjson" in job_record_card(job_dir.name, continued_run)
 
 
-def job_record_card(job_id: str, flow_run_id: str) -> str:
-    """The one "Job record" artifact the flow run made (its Artifacts tab shows one card per job)."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
-
-    with get_client(sync_client=True) as client:
-        (card,) = client.read_artifacts(
-            artifact_filter=ArtifactFilter(
-                key=ArtifactFilterKey(any_=[f"job-{job_id}"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])
-            )
-        )
-    return str(card.data)
-
-
-def flow_run_state(flow_run_id: str) -> tuple[str, str]:
-    state = read_flow_run_state(flow_run_id)
-    return state.type.value, state.name
-
-
 def flow_run_message(flow_run_id: str) -> str:
     return read_flow_run_state(flow_run_id).message or ""
-
-
-def read_flow_run_state(flow_run_id: str):
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        return client.read_flow_run(flow_run_id).state
 
 
 def paused_again(flow_run_id: str) -> bool:
@@ -383,29 +325,6 @@ def test_sigterm_ends_the_run_cleanly_and_continue_finishes_it(tmp_path, job_con
 
     assert run_cli("continue", str(job_dir), "--no-progress").returncode == EXIT_OK
     assert resources_in(job_dir / "import" / "c.ndjson.zst") == 400_000
-
-
-def start_cli_process(*args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "flows.run", *args],
-        cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def wait_for(probe, process: subprocess.Popen, timeout: float = 90.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (found := probe()) is not None:
-            return found
-        if process.poll() is not None:
-            raise AssertionError(f"process ended early: {process.communicate()}")
-        time.sleep(0.02)
-    process.kill()
-    raise AssertionError("condition not reached in time")
 
 
 def test_list_without_jobs_says_so_with_the_absolute_directory(tmp_path, capsys):

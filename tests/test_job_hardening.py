@@ -4,7 +4,6 @@ a second process on a running job. Each case ends in a clear message, and nothin
 from __future__ import annotations
 
 import multiprocessing
-import os
 import shutil
 import signal
 import tempfile
@@ -13,15 +12,15 @@ from pathlib import Path
 import pytest
 
 from flows.run import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from tasks.local_import import LocalImportError, find_ndjson_files
 from tasks.job.record import read_facts
 from tests.conftest import TESTDATA, extraction_tree, run_cli
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.extraction_server import start_extraction_server
-from tests.test_job_cli import job_file, only_job_dir, source_dir, start_cli_process, wait_for
+from tests.support.filesystem import walk_as_nobody
+from tests.support.jobs import job_file, only_job_dir, source_dir, start_cli_process, wait_for
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 CRTDL = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
 
@@ -86,7 +85,7 @@ def test_attach_follows_a_given_extraction_without_submitting(tmp_path, extracto
         record_facts(job_dir, extraction_submission={"generation": 0, "started_at": "2026-11-22T10:00:00+00:00"})
         import httpx
 
-        from tests.test_fake_extraction_server import submit
+        from tests.support.extraction import submit
 
         with httpx.Client() as client:
             status_url = submit(client, torch)  # the job the operator found with `extraction list`
@@ -103,16 +102,6 @@ def test_attach_follows_a_given_extraction_without_submitting(tmp_path, extracto
         assert len(torch.state.submissions) == 1  # the test's own
     facts = read_facts(job_dir)
     assert facts["extraction_status_url"] == status_url and "extraction_submission" not in facts
-
-
-def walk_as_nobody(folder: str, queue: multiprocessing.Queue) -> None:
-    os.setgid(65534)
-    os.setuid(65534)
-    try:
-        find_ndjson_files(Path(folder), recursive=True)
-        queue.put("no error")
-    except LocalImportError as exc:
-        queue.put(str(exc))
 
 
 def test_an_unreadable_subdirectory_fails_the_recursive_import_naming_it():

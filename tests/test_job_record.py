@@ -27,7 +27,7 @@ from tasks.wait import wait
 from tests.conftest import REPO_ROOT
 from tests.steps import step_input
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 RESOURCES = 40  # per file; one request per resource, two at once, LATENCY each: about 2 s for the step
 LATENCY = 0.05

@@ -15,7 +15,7 @@ from tasks.core.readable import duration_text, plain_lines, size_text
 from tasks.job.record import record_facts
 from tests.conftest import run_cli
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 HINT = "uv run python -m flows.run continue"
 PYTHON_REPR = re.compile(r"[{\[]['\"\d]|[}\]]$|': |\": ")

@@ -35,7 +35,9 @@ MB = 1024 * 1024
 LARGE = CHECK_IN_PROCESS_MIN_BYTES
 NEEDS_WORKERS = pytest.mark.skipif(not processes.processes_allowed(), reason="one core: no worker processes")
 WHERE_CHECKED = pytest.mark.parametrize(
-    "expected_size", [None, pytest.param(LARGE, marks=NEEDS_WORKERS)], ids=["while-writing", "in-a-worker"]
+    "expected_size",
+    [None, pytest.param(LARGE, marks=[pytest.mark.slow, NEEDS_WORKERS])],
+    ids=["while-writing", "in-a-worker"],
 )
 
 
@@ -193,6 +195,7 @@ def test_a_plain_file_is_counted_and_completed_alike_wherever_it_is_checked(tmp_
     assert checked_in_a_worker(worker_checks, expected_size)
 
 
+@pytest.mark.slow
 @NEEDS_WORKERS
 def test_a_line_over_the_limit_found_in_a_worker_names_file_line_and_key(tmp_path):
     dest = tmp_path / "out.ndjson"
@@ -259,6 +262,7 @@ def test_a_compressed_file_is_read_in_pieces_of_bounded_size(tmp_path):
     assert max(map(len, pieces)) <= 2 * MB
 
 
+@pytest.mark.slow
 @NEEDS_WORKERS
 def test_a_worker_dying_under_the_check_leaves_the_check_to_the_writing_thread(tmp_path):
     busy = processes.pool_size()
@@ -308,6 +312,7 @@ def kill_a_worker_once_queued(pool, calls: int, killed: list[int]) -> None:
     killed.append(pids[0])
 
 
+@pytest.mark.slow
 @NEEDS_WORKERS
 def test_an_interrupted_fan_out_stops_the_check_of_a_plain_file_in_a_worker(tmp_path):
     assert threading.current_thread() is threading.main_thread(), "a signal reaches the main thread only"

@@ -29,8 +29,8 @@ from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from tests.conftest import REPO_ROOT, seed_prefect_home, wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
-from tests.test_prefect_native import api
-from tests.test_prefect_server import kill_servers_of
+from tests.support.deployments import api
+from tests.support.prefect_servers import kill_servers_of
 
 pytestmark = pytest.mark.slow
 

@@ -3,7 +3,7 @@ server that stays on its port, an unreachable API said in one line, and a README
 typed.
 
 The inspection test runs a deployment from ``deployments/prefect.yaml`` on a process work pool against a real
-``prefect server start`` on loopback (the fixtures and helpers of ``tests/test_prefect_native.py``); the server
+``prefect server start`` on loopback (the fixtures and helpers of ``tests/support/deployments.py``); the server
 tests start servers of their own in a PREFECT_HOME of their own, on a free port (never 4200 on a shared machine).
 """
 
@@ -34,20 +34,17 @@ from flows.prefect_server import (
     stop_server,
 )
 from tests.conftest import REPO_ROOT, run_cli, seed_prefect_home, wait_until
-from tests.test_prefect_native import (
+from tests.support.deployments import (
     FINAL,
     api,
-    deployed,  # noqa: F401  (fixture)
     run_log,
     run_to_the_gate,
-    server,  # noqa: F401  (fixture)
-    site,  # noqa: F401  (fixture)
     start_worker,
     stop_worker,
     wait_for_run,
     write_patients,
 )
-from tests.test_prefect_server import SERVER_TIMEOUT, kill_servers_of, servers_of, wait_until_gone
+from tests.support.prefect_servers import SERVER_TIMEOUT, kill_servers_of, servers_of, wait_until_gone
 
 # --- 1. inspection cannot be skipped by accident -----------------------------------------------------------------
 
@@ -103,6 +100,7 @@ def test_a_resume_without_confirmation_leaves_the_job_suspended_and_runs_nothing
 # --- 3. the local server keeps its port; an unreachable API is one line ------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_unreachable_prefect_api_is_one_line_exit_2_and_no_job(tmp_path, unused_tcp_port):
     dead = f"http://127.0.0.1:{unused_tcp_port}/api"  # a stale PREFECT_API_URL: the server moved or stopped
     jobs = tmp_path / "jobs"
@@ -115,6 +113,7 @@ def test_an_unreachable_prefect_api_is_one_line_exit_2_and_no_job(tmp_path, unus
     assert not jobs.exists() or list(jobs.iterdir()) == [], "no job may be made against a dead API"
 
 
+@pytest.mark.slow
 def test_serving_deployments_against_an_unreachable_api_is_one_line_exit_2(unused_tcp_port):
     dead = f"http://127.0.0.1:{unused_tcp_port}/api"
     done = subprocess.run(
@@ -175,6 +174,7 @@ def test_a_taken_port_moves_the_server_to_the_next_free_one_said_in_one_line(own
     assert len(said) == 1 and "taken" in said[0] and url.removesuffix("/api") in said[0], said
 
 
+@pytest.mark.slow
 def test_a_port_that_is_no_port_is_refused_naming_the_variable(own_home, monkeypatch):
     monkeypatch.setenv("PREFECT_SERVER_API_PORT", "42OO")
     with pytest.raises(ServerStartError, match="PREFECT_SERVER_API_PORT='42OO' is not a port"):
@@ -262,6 +262,7 @@ def test_the_readme_is_short_and_every_link_between_it_and_the_docs_leads_somewh
 # --- 11. no per-command noise or cost ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
 def test_uv_run_compiles_nothing_and_prints_nothing_of_its_own():
     """Byte-compiling is the install step's (``uv sync --compile-bytecode``), not every command's."""

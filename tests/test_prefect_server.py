@@ -30,8 +30,7 @@ from flows.prefect_server import (
     stop_server,
 )
 from tests.conftest import REPO_ROOT, seed_prefect_home
-
-SERVER_TIMEOUT = 240.0
+from tests.support.prefect_servers import SERVER_TIMEOUT, kill_servers_of, servers_of, wait_until_gone
 
 
 @pytest.fixture
@@ -44,26 +43,6 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefect_database: Path
     yield home
     stop_server(home)
     kill_servers_of(home)
-
-
-def kill_servers_of(home: Path) -> None:
-    for pid in servers_of(home):
-        os.killpg(pid, signal.SIGKILL)
-
-
-def servers_of(home: Path) -> list[int]:
-    """Live ``prefect server start`` processes whose PREFECT_HOME is ``home`` (read from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or not process_is_server(int(entry.name)):
-            continue
-        try:
-            environment = (entry / "environ").read_bytes().split(b"\0")
-        except (FileNotFoundError, PermissionError, ProcessLookupError):
-            continue
-        if f"PREFECT_HOME={home.resolve()}".encode() in environment:
-            found.append(int(entry.name))
-    return found
 
 
 def ensure_server_in_subprocess(home: Path) -> subprocess.Popen:
@@ -96,13 +75,6 @@ def wait_for_record(home: Path, process: subprocess.Popen, timeout: float = 60.0
         assert time.monotonic() < deadline, "no server recorded in time"
         time.sleep(0.02)
     return record
-
-
-def wait_until_gone(pid: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while process_is_server(pid):
-        assert time.monotonic() < deadline, f"server {pid} still running"
-        time.sleep(0.05)
 
 
 def run_server_command(*argv: str) -> int:
@@ -180,6 +152,7 @@ def test_prefect_api_url_wins(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_server_that_does_not_come_up_is_ended_and_its_log_named(tmp_path, monkeypatch):
     monkeypatch.delenv("PREFECT_API_URL", raising=False)
     home = tmp_path / "prefect-home"
@@ -191,6 +164,7 @@ def test_a_server_that_does_not_come_up_is_ended_and_its_log_named(tmp_path, mon
     assert servers_of(home) == []
 
 
+@pytest.mark.slow
 def test_a_server_that_ends_at_start_up_is_told_as_ended_not_as_slow(home):
     home.mkdir(exist_ok=True)
     (home / "prefect.db").write_bytes(b"this is not an SQLite database, " * 512)

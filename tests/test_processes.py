@@ -20,6 +20,8 @@ from tasks.streams import processes
 from tasks.core.errors import StepError
 from tests.conftest import wait_until
 
+pytestmark = pytest.mark.slow  # worker processes
+
 REPO = Path(__file__).resolve().parents[1]
 DEADLINE_SECONDS = 30
 

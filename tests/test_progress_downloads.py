@@ -26,9 +26,9 @@ from tasks.core.readable import size_text
 from tests.conftest import wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.extraction_server import start_extraction_server
-from tests.test_job_cli import only_job_dir
+from tests.support.jobs import only_job_dir
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 LINE = b'{"resourceType":"Patient","id":"p%04d"}\n'
 BODY = b"".join(LINE % i for i in range(200))

@@ -6,12 +6,12 @@ import asyncio
 import hashlib
 import json
 import os
-import sys
 import shutil
 import signal
+import sys
 import threading
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -21,7 +21,6 @@ from config.errors import ConfigError
 from config.loader import load_settings
 from flows.run import EXIT_FAILED, EXIT_OK, main
 from tasks.clients.pseudonymizer import MB
-from tasks.streams.ndjson import iter_resources
 from tasks.pseudonymizer import (
     FileCounts,
     PseudonymizerStepError,
@@ -30,10 +29,11 @@ from tasks.pseudonymizer import (
     read_anonymization_config,
     window_size,
 )
+from tasks.streams.ndjson import iter_resources
 from tests.conftest import run_cli, wait_until
 from tests.fakes._server import LoopbackServer
-from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
-from tests.test_pseudonymizer_client import (
+from tests.support.jobs import job_file, only_job_dir, read_report_artifact, start_cli_process, wait_for
+from tests.support.pseudonymization import (
     OVERRIDE_CONFIG,
     OVERRIDE_DIR,
     ConcurrencyProbe,
@@ -42,7 +42,6 @@ from tests.test_pseudonymizer_client import (
     patient,
     server_side,
 )
-
 
 _opens: list[str] | None = None
 _opens_lock = threading.Lock()
@@ -224,16 +223,7 @@ def override_patients_dir(tmp_path: Path) -> Path:
     return source
 
 
-def read_report_artifact(key: str) -> list[dict[str, Any]]:
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
-
-    with get_client(sync_client=True) as client:
-        (artifact,) = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), limit=1)
-    data = artifact.data
-    return json.loads(data) if isinstance(data, str) else data
-
-
+@pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
 def test_start_with_anonymization_config_sends_parameters_and_the_request_rules_apply(
     pseudonymizer_fake, tmp_path, write_config
@@ -266,6 +256,7 @@ def test_start_with_anonymization_config_sends_parameters_and_the_request_rules_
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
 def test_the_anonymization_config_is_read_once_per_run_however_many_files(
     pseudonymizer_fake, tmp_path, write_config, opened_paths
@@ -305,6 +296,7 @@ def test_a_file_task_in_a_process_that_has_not_seen_the_config_reads_the_unchang
     assert config is not None and config.data == b"rules: [fresh]\n"
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
 def test_start_without_anonymization_config_sends_bare_resources_and_the_servers_rules_apply(
     pseudonymizer_fake, tmp_path, write_config
@@ -322,6 +314,7 @@ def test_start_without_anonymization_config_sends_bare_resources_and_the_servers
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
 def test_an_unreadable_anonymization_config_fails_the_step_before_any_request(
     pseudonymizer_fake, tmp_path, write_config, capsys

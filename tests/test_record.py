@@ -11,7 +11,6 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -43,13 +42,9 @@ from tasks.job.record import (
     settled_state,
 )
 from tests.conftest import REPO_ROOT
+from tests.support.jobs import step_results
 
 WRITERS, FACTS_EACH = 4, 25
-
-
-def step_results(job_dir: Path) -> dict[int, dict[str, Any]]:
-    """The recorded step results by position, as ``job.json`` holds them (none before the job has a record)."""
-    return {int(key): step.model_dump(mode="json") for key, step in read_record(job_dir).steps.items()}
 
 
 def record_many(job_dir: str, writer: str) -> None:
@@ -57,6 +52,7 @@ def record_many(job_dir: str, writer: str) -> None:
         record_facts(Path(job_dir), **{f"{writer}-{number}": number})
 
 
+@pytest.mark.slow
 def test_facts_from_threads_and_processes_at_once_are_all_kept(tmp_path):
     record_state(tmp_path, RUNNING, flow_run_id="run-1")
     threads = [threading.Thread(target=record_many, args=(str(tmp_path), f"thread{i}")) for i in range(WRITERS)]
@@ -106,6 +102,7 @@ def test_a_step_recorded_again_forgets_the_steps_after_it(tmp_path):
     }
 
 
+@pytest.mark.slow
 def test_the_job_lock_is_taken_again_by_its_holder_and_refused_to_another_process(tmp_path):
     paths = JobPaths(tmp_path / "job")
     with JobLock(paths):

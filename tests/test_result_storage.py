@@ -15,7 +15,9 @@ from flows.run import EXIT_FAILED, main
 from tasks.job.contract import StepInput, file_task
 from tasks.job.filework import file_runner, map_files
 from tasks.job.layout import JobPaths
-from tests.test_job_cli import only_job_dir
+from tests.support.jobs import only_job_dir
+
+pytestmark = pytest.mark.slow  # flows on a Prefect server
 
 FAILURE_NAME = re.compile("[0-9a-f]{32}")  # the random name Prefect gives the record of a failure
 

@@ -19,10 +19,10 @@ from flows.prefect_server import free_port
 from tasks.core.redaction import redact
 from tests.conftest import TESTDATA, extraction_tree, run_cli
 from tests.fakes.extraction_server import start_extraction_server
-from tests.test_job_cli import read_artifacts
-from tests.test_secrets import files_under
+from tests.support.jobs import read_artifacts
+from tests.support.filesystem import files_under
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 PASSWORD = "pw-block-5d2e71-from-prefect"
 BLOCK = "dupflow-test-torch-password"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import base64
 import json
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_cli
+from tests.support.filesystem import files_under
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 SECRETS = {
     "DUPFLOW_TEST_PASSWORD": "pw-4f1c9e-in-file-via-var",
@@ -36,10 +36,6 @@ pipeline:
   enabled_steps: [local_import, wait]
 jobs_dir: %s
 """
-
-
-def files_under(root: Path):
-    return (p for p in root.rglob("*") if p.is_file())
 
 
 def test_no_secret_value_appears_in_prefect_artifacts_logs_or_the_job_directory(tmp_path, prefect_api):

@@ -5,24 +5,21 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
-import zstandard
 from prefect import flow
 
 from config.settings import Settings
 from tasks.clients.fhir_server import FhirServer
-from tasks.job.contract import DataFile, StepInput, StepResult, stored_in_job
 from tasks.core.errors import StepError
+from tasks.job.contract import DataFile, StepInput, StepResult, stored_in_job
 from tasks.send import (
     SEND_ENTRY_TAG_SYSTEM,
     effective_batch_size,
@@ -33,12 +30,12 @@ from tasks.send import (
     send_resources,
 )
 from tests.conftest import REPO_ROOT, TESTDATA
-from tests.fakes.fhir_server import start_fhir_fake
-from tests.fakes.oauth import OAuthHandler, OAuthState, REALM_PATH
 from tests.fakes._server import LoopbackServer
-from tests.sekmet import PASSWORD, USERNAME, start_sekmet, without_meta
+from tests.fakes.fhir_server import start_fhir_fake
+from tests.fakes.oauth import REALM_PATH, OAuthHandler, OAuthState
+from tests.sekmet import PASSWORD, start_sekmet
+from tests.support.sending import MB, generated, send_config, send_file, stored_as_sent, write_ndjson
 
-MB = 1024 * 1024
 BLAZE_BUNDLE = TESTDATA / "extraction" / "BlazeBundle.json"
 TORCH_RESULT = TESTDATA / "extraction" / "example-result" / "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson"
 
@@ -63,66 +60,10 @@ def fhir_fake(fake):
     return fake
 
 
-def send_config(url: str, *, basic: bool = True, password: str = PASSWORD, **send: Any) -> dict[str, Any]:
-    """The configuration tree of a direct send to ``url``."""
-    auth = {"username": USERNAME, "password": password} if basic else {}
-    return {
-        "pipeline": {"enabled_steps": ["local_import"]},
-        "services": {"send": {"send_as": "direct_resource_load", "url": url, "auth": auth, **send}},
-        "retry": {"max_attempts": 3, "initial_backoff_ms": 10, "max_backoff_ms": 50},
-    }
-
-
-def send_file(url: str, source: Path, records: Path, *, batch_size: int = 100, job_id: str = "job-1", **options):
-    settings = Settings.model_validate(send_config(url, **options))
-    with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
-        return send_resources(server, source, records, job_id=job_id, batch_size=batch_size, max_line_bytes=16 * MB)
-
-
-def write_ndjson(path: Path, resources: list[dict], *, zstd: bool = False) -> Path:
-    data = b"".join(orjson.dumps(r) + b"\n" for r in resources)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(zstandard.ZstdCompressor().compress(data) if zstd else data)
-    return path
-
-
-def generated(count: int, prefix: str, seed: int = 7) -> list[dict]:
-    """Patients and their Observations with varied content; ids start with ``prefix``."""
-    rng = random.Random(seed)
-    resources: list[dict] = []
-    for i in range(count):
-        if i % 3 == 0:
-            resources.append(
-                {"resourceType": "Patient", "id": f"{prefix}-p{i}", "gender": rng.choice(["male", "female"])}
-            )
-        else:
-            patient = f"{prefix}-p{i - i % 3}"
-            resources.append(
-                {
-                    "resourceType": "Observation",
-                    "id": f"{prefix}-o{i}",
-                    "status": "final",
-                    "code": {"coding": [{"system": "http://loinc.org", "code": f"{rng.randint(1000, 9999)}-{i % 10}"}]},
-                    "subject": {"reference": f"Patient/{patient}"},
-                    "valueQuantity": {"value": round(rng.uniform(0, 200), 2), "unit": "mg/dL"},
-                }
-            )
-    return resources
-
-
-def stored_as_sent(sekmet, resources: list[dict]) -> dict[str, dict]:
-    """Every resource is on the server as it was sent; returns what the server holds, by Type/id."""
-    stored = sekmet.stored(resources)
-    for resource in resources:
-        label = f"{resource['resourceType']}/{resource['id']}"
-        assert label in stored, f"{label} is not on the server"
-        assert without_meta(stored[label]) == without_meta(resource)
-    return stored
-
-
 # --- against the real server --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("zstd", [False, True])
 def test_real_torch_data_lands_on_the_server_as_it_was(sekmet, tmp_path, zstd):
     """The TORCH result file (one transaction Bundle per line) and the test patients, plain and zstd."""
@@ -141,6 +82,7 @@ def test_real_torch_data_lands_on_the_server_as_it_was(sekmet, tmp_path, zstd):
     assert second.entries == len(torch_bundle["entry"])
 
 
+@pytest.mark.slow
 def test_generated_resources_in_batches_all_arrive_once(sekmet, tmp_path):
     prefix = uuid.uuid4().hex[:8]
     resources = generated(95, prefix)
@@ -153,6 +95,7 @@ def test_generated_resources_in_batches_all_arrive_once(sekmet, tmp_path):
     assert {resource["meta"]["versionId"] for resource in stored.values()} == {"1"}
 
 
+@pytest.mark.slow
 def test_resources_without_id_are_created_once_even_when_the_batch_is_sent_again(sekmet, tmp_path):
     """POST entries are conditional creates on a stable tag: a batch re-sent (its answer lost, or a resumed job
     whose progress record missed it) does not create them twice."""
@@ -170,6 +113,7 @@ def test_resources_without_id_are_created_once_even_when_the_batch_is_sent_again
         assert tagged[0]["code"] == {"text": f"x{line - 1}"}
 
 
+@pytest.mark.slow
 def test_a_rejected_batch_names_file_batch_entry_and_the_servers_text_and_is_kept(sekmet, tmp_path):
     prefix = uuid.uuid4().hex[:8]
     resources = generated(12, prefix)
@@ -330,7 +274,7 @@ def test_no_auth_is_possible_against_an_open_server(tmp_path):
 KILLABLE_SEND = """
 import sys
 from pathlib import Path
-from tests.test_send_direct import send_file
+from tests.support.sending import send_file
 url, source, records, job = sys.argv[1:5]
 send_file(url, Path(source), Path(records), batch_size=10, job_id=job)
 """

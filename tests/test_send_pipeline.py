@@ -12,12 +12,12 @@ import pytest
 from flows.run import EXIT_OK
 from tests.conftest import run_cli
 from tests.sekmet import PASSWORD, USERNAME, start_sekmet
-from tests.test_job_cli import job_file, only_job_dir
-from tests.test_pseudonymizer_client import server_side
-from tests.test_send_direct import generated, stored_as_sent, write_ndjson
-from tests.test_send_transfer import ORGANIZATION, plain_content, read_back_as_the_dsf
+from tests.support.jobs import job_file, only_job_dir
+from tests.support.pseudonymization import server_side
+from tests.support.sending import generated, stored_as_sent, write_ndjson
+from tests.support.sending import ORGANIZATION, plain_content, read_back_as_the_dsf
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import zstandard
 from flows.run import EXIT_FAILED, EXIT_OK, main
 from tests.conftest import TESTDATA, run_cli
 from tests import test_client_s3 as s3
-from tests.test_client_s3 import (
+from tests.support.s3 import (
     ACCESS_KEY_ID,
     PROXY_PASSWORD,
     PROXY_USER,
@@ -29,9 +29,9 @@ from tests.test_client_s3 import (
     manifest_objects,
     stored_digest,
 )
-from tests.test_job_cli import job_file, only_job_dir, start_cli_process, wait_for
+from tests.support.jobs import job_file, only_job_dir, start_cli_process, wait_for
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 moto_url, running_proxy, proxy, store, bucket = s3.moto_url, s3.running_proxy, s3.proxy, s3.store, s3.bucket
 

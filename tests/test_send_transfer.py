@@ -19,23 +19,19 @@ import orjson
 import pytest
 import zstandard
 
-from config.settings import Settings
 from tasks.clients.fhir_server import FhirServer
 from tasks.clients.transfer import (
     PROJECT_IDENTIFIER_SYSTEM,
     binary_body,
     binary_id,
     document_reference_id,
-    put_document_reference,
     send_binary,
     zip_data_file,
 )
 from tests.conftest import REPO_ROOT, TESTDATA
 from tests.fakes.fhir_server import start_fhir_fake
-from tests.sekmet import PASSWORD, USERNAME, start_sekmet
-
-PROJECT = "Test_PROJECT_Transfer"
-ORGANIZATION = "medizininformatik-initiative.de"
+from tests.sekmet import start_sekmet
+from tests.support.sending import PROJECT, plain_content, read_back_as_the_dsf, settings_for, transfer
 
 
 @pytest.fixture(scope="module")
@@ -43,33 +39,6 @@ def sekmet(tmp_path_factory):
     server = start_sekmet(tmp_path_factory.mktemp("sekmet"))
     yield server
     server.stop()
-
-
-def settings_for(url: str, project: str = PROJECT) -> Settings:
-    return Settings.model_validate(
-        {
-            "pipeline": {"enabled_steps": ["local_import", "send"]},
-            "services": {
-                "send": {
-                    "send_as": "transfer_load",
-                    "url": url,
-                    "auth": {"username": USERNAME, "password": PASSWORD},
-                    "transfer": {"project_identifier": project, "organization_identifier": ORGANIZATION},
-                }
-            },
-            "retry": {"max_attempts": 3, "initial_backoff_ms": 10, "max_backoff_ms": 50},
-        }
-    )
-
-
-def transfer(url: str, job_id: str, inputs: list[Path], records: Path, project: str = PROJECT) -> str:
-    """What the step does for a job: one Binary per file, then the DocumentReference."""
-    settings = settings_for(url, project)
-    with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
-        binaries = [send_binary(server, path, binary_id(job_id, path.name), records) for path in inputs]
-        return put_document_reference(
-            server, records / "transfer.json", job_id, binaries, settings.services.send.transfer
-        )
 
 
 def input_folder(folder: Path, seed: int = 3) -> list[Path]:
@@ -95,36 +64,7 @@ def input_folder(folder: Path, seed: int = 3) -> list[Path]:
     return [core, torch, batch, csv]
 
 
-def plain_content(path: Path) -> bytes:
-    data = path.read_bytes()
-    return zstandard.ZstdDecompressor().decompressobj().decompress(data) if path.name.endswith(".zst") else data
-
-
-def read_back_as_the_dsf(sekmet, project: str) -> dict[str, bytes]:
-    """Find the DocumentReference by project identifier, resolve each Binary, unzip: entry name -> content."""
-    documents = sekmet.search("DocumentReference", identifier=f"{PROJECT_IDENTIFIER_SYSTEM}|{project}")
-    assert len(documents) == 1, f"{len(documents)} DocumentReferences for the project"
-    document = documents[0]
-    assert document["masterIdentifier"] == {"system": PROJECT_IDENTIFIER_SYSTEM, "value": project}
-    assert (document["status"], document["docStatus"]) == ("current", "final")
-    assert document["author"] == [
-        {
-            "type": "Organization",
-            "identifier": {"system": "http://dsf.dev/sid/organization-identifier", "value": ORGANIZATION},
-        }
-    ]
-    files: dict[str, bytes] = {}
-    for content in document["content"]:
-        attachment = content["attachment"]
-        assert attachment["contentType"] == "application/zip"
-        binary = sekmet.read(*attachment["url"].split("/"))
-        assert binary["contentType"] == "application/zip"
-        with zipfile.ZipFile(io.BytesIO(base64.b64decode(binary["data"]))) as archive:
-            (entry,) = archive.namelist()
-            files[entry] = archive.read(entry)
-    return files
-
-
+@pytest.mark.slow
 def test_every_file_arrives_zipped_and_one_document_reference_lists_them(sekmet, tmp_path):
     inputs = input_folder(tmp_path / "pseudonymizer")
 
@@ -138,6 +78,7 @@ def test_every_file_arrives_zipped_and_one_document_reference_lists_them(sekmet,
     assert not list((tmp_path / "send").glob("*.part"))
 
 
+@pytest.mark.slow
 def test_a_resumed_job_puts_the_same_ids_and_never_a_second_document_reference(sekmet, tmp_path):
     project = "Resume_PROJECT"
     inputs = input_folder(tmp_path / "in", seed=5)
@@ -156,7 +97,7 @@ def test_a_resumed_job_puts_the_same_ids_and_never_a_second_document_reference(s
 KILLABLE_TRANSFER = """
 import sys
 from pathlib import Path
-from tests.test_send_transfer import transfer
+from tests.support.sending import transfer
 url, job, records, project, *inputs = sys.argv[1:]
 transfer(url, job, [Path(p) for p in inputs], Path(records), project)
 """

@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 
 from tasks.sof.output import csv_cells, csv_writer
-from tests.test_sof_engine import column_values
+from tests.support.sof import column_values
 
 
 def observation_values(path: str, value: str) -> list:

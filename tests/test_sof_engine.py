@@ -18,19 +18,7 @@ from tasks.sof.fhirpath import Item, _interpreted, compile_path, values
 from tasks.sof.output import ROWS_PER_BATCH, csv_cells, csv_writer
 from tasks.sof.resources import may_hold, read_resources
 from tasks.sof.view import CACHED_ROWS
-
-PATIENTS = [
-    {"resourceType": "Patient", "id": "pt1", "name": [{"given": ["g1", "g2"]}, {"given": ["g3"]}]},
-    {"resourceType": "Patient", "id": "pt2", "name": [{"family": "f2"}]},
-    {"resourceType": "Patient", "id": "pt3"},
-]
-
-
-def column_values(path: str, resources: list[dict] = PATIENTS) -> list:
-    """The one column ``path`` over ``resources`` (all of the first one's type)."""
-    kind = resources[0]["resourceType"]
-    view = compile_view({"resource": kind, "select": [{"column": [{"name": "v", "path": path}]}]})
-    return [row[0] for resource in resources for row in view.rows(resource)]
+from tests.support.sof import PATIENTS, column_values
 
 
 @pytest.mark.parametrize("path", ["name.given.join(', ')", "name.given.join()", "(name.given).join(', ')"])

@@ -26,7 +26,7 @@ from tasks.clients.validator import (
 )
 from tasks.streams.ndjson import NdjsonError
 from tests.fakes._server import LoopbackServer
-from tests.test_fake_validator import shared_data
+from tests.support.validation import shared_data
 
 FAST_RETRY = RetrySettings(max_attempts=3, initial_backoff_ms=1, max_backoff_ms=5)
 

@@ -16,25 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prefect import flow
 
-from tasks.clients.validator import MB
-from tasks.job.contract import DataFile, StepInput, StepResult, stored_in_job
 from tasks.core.errors import StepError
 from tasks.streams.ndjson import iter_resources
-from tasks.streams.ndjson_writer import count_resources
-from tasks.validation import validation
 from tests.conftest import REPO_ROOT, TESTDATA
-from tests.test_job_cli import wait_for
-from tests.test_pseudonymizer_step import read_report_artifact
-from tests.test_validation_step import marks, varied_patients, write_lines
+from tests.support.jobs import read_report_artifact, wait_for
+from tests.support.validation import run_step, step_input, validation_flow
+from tests.support.validation import marks, varied_patients, write_lines
 
-pytestmark = pytest.mark.usefixtures("prefect_api")
-
-
-@flow(name="validation-test", persist_result=False)
-def validation_flow(step: StepInput) -> StepResult:
-    return stored_in_job(validation, step)(step)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 
 def new_job(jobs: Path, inputs: dict[str, Path]) -> Path:
@@ -44,37 +34,6 @@ def new_job(jobs: Path, inputs: dict[str, Path]) -> Path:
     for name, source in inputs.items():
         shutil.copy(source, job_dir / "import" / name)
     return job_dir
-
-
-def step_input(job_dir: Path, overrides: dict[str, str]) -> StepInput:
-    folder = job_dir / "import"
-    files = [DataFile(name=p.name, size=p.stat().st_size, resources=count_resources(p, MB)) for p in folder.iterdir()]
-    return StepInput(
-        job_id=job_dir.name,
-        job_dir=str(job_dir),
-        position=1,
-        step="validation",
-        folder="import",
-        files=files,
-        overrides=overrides,
-    )
-
-
-def validation_overrides(url: str, fail_on_error: bool, chunk_mb: int = 1, concurrency: int = 4) -> dict[str, str]:
-    return {
-        "pipeline.enabled_steps": "[local_import, validation]",
-        "services.validation.url": url,
-        "services.validation.fail_on_error": str(fail_on_error).lower(),
-        "services.validation.bundle_chunk_size_mb": str(chunk_mb),
-        "services.validation.max_concurrent_requests": str(concurrency),
-        "retry.initial_backoff_ms": "1",
-        "retry.max_backoff_ms": "5",
-        "compression.level": "fastest",
-    }
-
-
-def run_step(job_dir: Path, url: str, fail_on_error: bool, **options: Any) -> StepResult:
-    return validation_flow(step_input(job_dir, validation_overrides(url, fail_on_error, **options)))
 
 
 def shared_inputs() -> dict[str, Path]:
@@ -181,11 +140,6 @@ def test_an_unset_url_fails_the_step_naming_the_key(tmp_path):
 # --- kill -9 and resume ------------------------------------------------------------------------------------------
 
 
-def run_in_this_process(job_dir: str, url: str) -> None:
-    """Entry point of the killed subprocess: the same step, settings and flow as the tests use."""
-    run_step(Path(job_dir), url, fail_on_error=False, concurrency=2)
-
-
 @pytest.mark.slow
 def test_killed_mid_step_continue_keeps_finished_reports_and_leaves_none_half_written_or_duplicated(
     validator_fake, tmp_path
@@ -199,7 +153,7 @@ def test_killed_mid_step_continue_keeps_finished_reports_and_leaves_none_half_wr
     reports = job_dir / "validation"
 
     call = f"run_in_this_process({str(job_dir)!r}, {validator_fake.base_url!r})"
-    code = f"from tests.test_validation_job import run_in_this_process; {call}"
+    code = f"from tests.support.validation import run_in_this_process; {call}"
     process = subprocess.Popen(
         [sys.executable, "-c", code],
         cwd=REPO_ROOT,

@@ -10,17 +10,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.http import AsyncServiceClient, ServiceEndpoint
-from tasks.clients.validator import CHUNK_EXTENSION, MB, RESOURCE_EXTENSION, Validator
+from tasks.clients.validator import MB, Validator
 from tasks.core.errors import StepError
 from tasks.streams.ndjson import iter_resources
 from tasks.validation import FileValidation, failure_message, validate_path
 from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer
+from tests.support.validation import marks, varied_patients, write_lines
 
 FAST_RETRY = RetrySettings(max_attempts=3, initial_backoff_ms=1, max_backoff_ms=5)
 
@@ -46,33 +46,6 @@ def run_file(
 
 def report_lines(path: Path) -> list[dict[str, Any]]:
     return [outcome for _, outcome in iter_resources(path, 1 << 30)]
-
-
-def marks(outcome: dict[str, Any]) -> tuple[int, list[str]]:
-    """(chunk number, resources held) of one report line."""
-    extensions = outcome["extension"]
-    (number,) = [e["valueInteger"] for e in extensions if e["url"] == CHUNK_EXTENSION]
-    return number, [e["valueString"] for e in extensions if e["url"] == RESOURCE_EXTENSION]
-
-
-def write_lines(path: Path, resources: list[dict[str, Any]]) -> Path:
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in resources))
-    return path
-
-
-def varied_patients(count: int, seed: int = 7, max_pad: int = 400) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
-    genders = ["male", "female", "other", "unknown"]
-    return [
-        {
-            "resourceType": "Patient",
-            "id": f"p{i}",
-            "gender": rng.choice(genders),
-            "birthDate": f"{rng.randint(1920, 2020)}-0{rng.randint(1, 9)}-1{rng.randint(0, 9)}",
-            "name": [{"family": f"{rng.getrandbits(4 * max_pad):x}"[: rng.randint(1, max_pad)]}],
-        }
-        for i in range(count)
-    ]
 
 
 # --- the shared validation data --------------------------------------------------------------------------------

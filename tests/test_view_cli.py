@@ -11,7 +11,11 @@ import sys
 import polars
 import zstandard
 
+import pytest
+
 from tests.conftest import REPO_ROOT, TESTDATA, run_cli
+
+pytestmark = pytest.mark.slow  # the command in a subprocess
 
 EXAMPLE_INPUT = TESTDATA / "flattening" / "example" / "input" / "fhir-data.ndjson"
 PATIENT_VIEW = {

@@ -1,0 +1,124 @@
+"""A job seen from outside, as the command line leaves it: its directory, record and artifacts, its flow run's
+state, and a command run in a process of its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import zstandard
+
+from tasks.job.record import read_record
+from tests.conftest import REPO_ROOT
+
+
+def write_ndjson(path: Path, count: int, pad: int = 0) -> Path:
+    filler = "x" * pad
+    path.write_bytes(
+        b"".join(b'{"resourceType":"Patient","id":"p%d","note":"%s"}\n' % (i, filler.encode()) for i in range(count))
+    )
+    return path
+
+
+def source_dir(tmp_path: Path, files: dict[str, int], pad: int = 0) -> Path:
+    """An import directory holding NDJSON files of the given numbers of resources."""
+    source = tmp_path / "in"
+    source.mkdir(parents=True)
+    for name, count in files.items():
+        write_ndjson(source / name, count, pad)
+    return source
+
+
+def only_job_dir(jobs_dir: Path) -> Path:
+    (job_dir,) = [d for d in jobs_dir.iterdir() if d.is_dir()]
+    return job_dir
+
+
+def job_file(job_dir: Path) -> dict:
+    return json.loads((job_dir / "job.json").read_text())
+
+
+def read_artifacts(key_prefix: str) -> dict[str, str]:
+    """The job's artifacts in the Prefect API, by key (data as text)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_=key_prefix)))
+    return {artifact.key: str(artifact.data) for artifact in found}
+
+
+def flow_run_state(flow_run_id: str) -> tuple[str, str]:
+    state = read_flow_run_state(flow_run_id)
+    return state.type.value, state.name
+
+
+def read_flow_run_state(flow_run_id: str):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id).state
+
+
+def start_cli_process(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.run", *args],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for(probe, process: subprocess.Popen, timeout: float = 90.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (found := probe()) is not None:
+            return found
+        if process.poll() is not None:
+            raise AssertionError(f"process ended early: {process.communicate()}")
+        time.sleep(0.02)
+    process.kill()
+    raise AssertionError("condition not reached in time")
+
+
+def read_report_artifact(key: str) -> list[dict[str, Any]]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        (artifact,) = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), limit=1)
+    data = artifact.data
+    return json.loads(data) if isinstance(data, str) else data
+
+
+def resources_in(path: Path) -> int:
+    data = path.read_bytes()
+    if path.name.endswith(".zst"):
+        data = zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    return sum(1 for line in data.splitlines() if line.strip())
+
+
+def job_record_card(job_id: str, flow_run_id: str) -> str:
+    """The one "Job record" artifact the flow run made (its Artifacts tab shows one card per job)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        (card,) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[f"job-{job_id}"]), flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])
+            )
+        )
+    return str(card.data)
+
+
+def step_results(job_dir: Path) -> dict[int, dict[str, Any]]:
+    """The recorded step results by position, as ``job.json`` holds them (none before the job has a record)."""
+    return {int(key): step.model_dump(mode="json") for key, step in read_record(job_dir).steps.items()}
