@@ -1,4 +1,5 @@
-"""Rules of the house that import-linter cannot check: module-level state is rare, named, and never keyed by a job.
+"""Rules of the house that import-linter cannot check: module-level state is rare, named, and never keyed by a job;
+modules and functions stay small enough to read.
 
 A job's state flows down as values (``StepInput``, the job record); what a process may keep at module level is
 listed here with what it is keyed by. A new module-level mutable (a dict, list, set, ... assigned at module or
@@ -14,6 +15,8 @@ import re
 from tests.conftest import REPO_ROOT
 
 PACKAGES = ("config", "tasks", "flows", "deployments")
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 50
 MUTABLE_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter", "WeakValueDictionary"}
 MUTATING_METHODS = {"append", "add", "update", "pop", "clear", "setdefault", "extend", "insert", "remove", "discard"}
 
@@ -123,3 +126,19 @@ def test_every_exception_is_in_the_one_tree_drawn_in_tasks_errors():
     assert roots == ["Cancelled", "DupflowError", "_DuplicateKeyError", "_Refused"], (
         "one root (DupflowError); the control-flow exceptions outside it are named in tasks.core.errors"
     )
+
+
+def test_modules_stay_under_500_lines_and_functions_under_50():
+    too_long = []
+    for package in PACKAGES:
+        for path in (REPO_ROOT / package).rglob("*.py"):
+            lines = len(path.read_text(encoding="utf-8").splitlines())
+            if lines > MAX_MODULE_LINES:
+                too_long.append(f"{path.relative_to(REPO_ROOT)}: {lines} lines")
+    for name, tree in modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_long.append(f"{name}.{node.name}: {length} lines")
+    assert not too_long, "split by responsibility: " + "; ".join(too_long)
