@@ -134,6 +134,29 @@ def zero_means(default: Any) -> AfterValidator:
 
 OptionalStr = Annotated[str | None, BeforeValidator(_blank_to_none)]
 OptionalPath = Annotated[OptionalStr, AfterValidator(refuse_control_characters)]
-OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_blank_to_none)]
+MAX_SECRET_BYTES = 64 * 1024
+
+
+def refuse_unsendable_secret(secret: SecretStr | None) -> SecretStr | None:
+    """A secret travels in an HTTP header and into the redaction's registry. A control character (a pasted line
+    break, from a Secret block or ``${VAR}``) makes httpx quote the whole header value in its error, and a secret of
+    megabytes makes every redaction crawl; both are refused here, naming the key and never the value."""
+    text = secret.get_secret_value() if secret is not None else ""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_SECRET_BYTES:
+        raise PydanticCustomError(
+            "secret_size", "is longer than 64 KB, more than any password, key or token; check what sets it"
+        )
+    control = next((char for char in text if unicodedata.category(char) == "Cc"), None)
+    if control is not None:
+        raise PydanticCustomError(
+            "secret_control",
+            "contains the control character U+{code} (a pasted line break?), which no HTTP header may carry; "
+            "remove it where the value is set",
+            {"code": f"{ord(control):04X}"},
+        )
+    return secret
+
+
+OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_blank_to_none), AfterValidator(refuse_unsendable_secret)]
 OptionalUrl = Annotated[OptionalStr, AfterValidator(refuse_userinfo)]
 StrList = Annotated[list[str], BeforeValidator(list_from_text)]

@@ -17,6 +17,7 @@ import copy
 import difflib
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ from config.services import legacy_key_paths
 from config.settings import Settings
 from config.yaml_file import SECRET_BLOCK_PREFIX, drop_empty_keys, file_identity, read_yaml, substitute_variables
 from tasks.core.redaction import register_basic_credentials, register_secret
+
+logger = logging.getLogger("dupflow.config")
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,7 @@ def load_settings(
     if problems:
         raise ConfigError(problems)
     register_secrets(settings)
+    warnings += short_secret_warnings(settings)
     sources = _final_sources(raw_sources)
     enrichments_path = settings.services.crtdl_preprocessing.enrichments_path
     if enrichments_path is not None:
@@ -234,6 +238,24 @@ def refuse_secret_overrides(overrides: Mapping[str, str], source: str) -> None:
                 for key in secret
             ]
         )
+
+
+MIN_REDACTABLE_SECRET = 8
+
+
+def short_secret_warnings(settings: Settings) -> list[str]:
+    """One warning per secret under ``MIN_REDACTABLE_SECRET`` characters: so short a value also stands in ordinary
+    text, so the redaction either misses it (under 4 characters) or blanks words that merely contain it."""
+    short = [
+        path
+        for path in sorted(secret_key_paths() - set(legacy_key_paths()))
+        if isinstance(value := value_at(settings, path), SecretStr)
+        and len(value.get_secret_value()) < MIN_REDACTABLE_SECRET
+    ]
+    message = "is shorter than 8 characters, too short to be redacted safely from logs and errors; use a longer one"
+    for path in short:
+        logger.warning("%s: %s", path, message)
+    return [f"{path}: {message}" for path in short]
 
 
 def register_secrets(settings: Settings) -> None:

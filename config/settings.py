@@ -164,12 +164,20 @@ _SEND_AS_MISSING = (
 )
 
 
+_FHIR_SEND_AUTH = "needs exactly one of Basic Auth or OAuth 2.0 client credentials"
+_FHIR_SEND_AUTH_FIX = (
+    "set username and password, or oauth_issuer_uri, oauth_client_id and oauth_client_secret, in services.send.auth"
+)
+
+
 def _send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]:
     if send.send_as is None:
         return [("services.send.send_as", _SEND_AS_MISSING)]
     if send.send_as in FHIR_SEND_MODES:
         reason = f"for send_as {send.send_as}"
         problems = [_required("services.send.url", reason)] if send.url is None else []
+        if not (send.auth.uses_basic or send.auth.uses_oauth):
+            problems.append(("services.send.auth", f"{_FHIR_SEND_AUTH} {reason}; {_FHIR_SEND_AUTH_FIX}"))
         keys = ("project_identifier", "organization_identifier") if send.send_as == "transfer_load" else ()
         return problems + [
             _required(f"services.send.transfer.{key}", reason) for key in keys if getattr(send.transfer, key) is None

@@ -250,11 +250,68 @@ def test_keys_of_disabled_steps_are_not_required(tmp_path: Path) -> None:
     assert loaded.settings.services.send.s3.bucket is None
 
 
-@pytest.mark.parametrize("auth", [{}, {"api_key": "k"}], ids=["no-auth", "api-key-only"])
-def test_send_fhir_modes_accept_an_unauthenticated_server(tmp_path: Path, auth: dict[str, str]) -> None:
-    send = {"send_as": "direct_resource_load", "url": "https://fhir", "auth": auth}
-    loaded = load_settings(_write(tmp_path, {**SEND_STEPS, **services(send=send)}), env={})
-    assert not (loaded.settings.services.send.auth.uses_basic or loaded.settings.services.send.auth.uses_oauth)
+@pytest.mark.parametrize("mode", ["direct_resource_load", "transfer_load"])
+@pytest.mark.parametrize("auth", [{}, {"api_key": "api-key-value"}], ids=["no-auth", "api-key-only"])
+def test_send_fhir_modes_need_basic_or_oauth(tmp_path: Path, mode: str, auth: dict[str, str]) -> None:
+    """The spec's auth rule 6: the FHIR send modes choose exactly one of Basic Auth or OAuth 2.0."""
+    transfer = {"project_identifier": "p", "organization_identifier": "o"}
+    send = {"send_as": mode, "url": "https://fhir", "auth": auth, "transfer": transfer}
+    error = rejected(tmp_path, {**SEND_STEPS, **services(send=send)})
+    assert_reported(
+        error, "services.send.auth", f"exactly one of Basic Auth or OAuth 2.0 client credentials for send_as {mode}"
+    )
+    assert_reported(error, "services.send.auth", "set username and password, or oauth_issuer_uri")
+
+
+SECRET_KEYS = [
+    ("services.send.auth.password", {"send": {"auth": {"username": "u", "password": "${SECRET}"}}}),
+    (
+        "services.extractor.auth.oauth_client_secret",
+        {"extractor": {"auth": {**OAUTH, "oauth_client_secret": "${SECRET}"}}},
+    ),
+    ("services.pseudonymizer.auth.api_key", {"pseudonymizer": {"auth": {"api_key": "${SECRET}"}}}),
+    ("services.send.s3.secret_access_key", {"send": {"s3": {"secret_access_key": "${SECRET}"}}}),
+]
+
+
+@pytest.mark.parametrize(("key_path", "blocks"), SECRET_KEYS, ids=[key for key, _ in SECRET_KEYS])
+@pytest.mark.parametrize(
+    "control", ["\r\n", "\n", "\x00", "\x1b", "\x7f", "\t"], ids=["CRLF", "LF", "NUL", "ESC", "DEL", "TAB"]
+)
+@pytest.mark.parametrize("door", ["variable", "APP_"])
+def test_a_secret_holding_a_control_character_is_refused_naming_the_key_never_the_value(
+    tmp_path: Path, key_path: str, blocks: dict[str, Any], control: str, door: str
+) -> None:
+    """httpx quotes a header value holding CR or LF whole in its error, so such a secret is refused at load."""
+    secret = f"pasted-secret-value{control}"
+    env = {"SECRET": secret} if door == "variable" else {"SECRET": "fine-secret-value", env_var_name(key_path): secret}
+    error = rejected(tmp_path, services(**blocks), env=env)
+    assert_reported(error, key_path, "remove it where the value is set")
+    assert "pasted-secret-value" not in str(error)
+
+
+@pytest.mark.parametrize(("key_path", "blocks"), SECRET_KEYS, ids=[key for key, _ in SECRET_KEYS])
+def test_a_secret_over_64_kb_is_refused_at_once(tmp_path: Path, key_path: str, blocks: dict[str, Any]) -> None:
+    error = rejected(tmp_path, services(**blocks), env={"SECRET": "k" * (64 * 1024 + 1)})
+    assert_reported(error, key_path, "is longer than 64 KB")
+    assert "kkkkkkkk" not in str(error)
+
+
+def test_a_secret_of_exactly_64_kb_loads(tmp_path: Path) -> None:
+    key_path, blocks = SECRET_KEYS[0]
+    loaded = load_settings(_write(tmp_path, services(**blocks)), env={"SECRET": "k" * 64 * 1024})
+    assert len(loaded.settings.services.send.auth.password.get_secret_value()) == 64 * 1024
+
+
+@pytest.mark.parametrize(("key_path", "blocks"), SECRET_KEYS, ids=[key for key, _ in SECRET_KEYS])
+def test_a_secret_under_8_characters_loads_with_a_warning_that_it_cannot_be_redacted_safely(
+    tmp_path: Path, key_path: str, blocks: dict[str, Any]
+) -> None:
+    loaded = load_settings(_write(tmp_path, services(**blocks)), env={"SECRET": "1234567"})
+    assert [w for w in loaded.warnings if w.startswith(f"{key_path}: ") and "redacted safely" in w]
+    assert not any("1234567" in w for w in loaded.warnings)
+    longer = load_settings(_write(tmp_path, services(**blocks)), env={"SECRET": "12345678"})
+    assert not [w for w in longer.warnings if "redacted safely" in w]
 
 
 def test_send_fhir_modes_refuse_basic_and_oauth_together(tmp_path: Path) -> None:

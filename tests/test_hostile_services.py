@@ -264,7 +264,13 @@ def send_to(server: LoopbackServer, tmp_path: Path, **bounds: Any):
     settings = Settings.model_validate(
         {
             "pipeline": {"enabled_steps": ["local_import", "send"]},
-            "services": {"send": {"send_as": "direct_resource_load", "url": server.base_url}},
+            "services": {
+                "send": {
+                    "send_as": "direct_resource_load",
+                    "url": server.base_url,
+                    "auth": {"username": "dupflow", "password": "fhir-password"},
+                }
+            },
             "retry": {"max_attempts": 2, "initial_backoff_ms": 10, "max_backoff_ms": 50},
         }
     )
