@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from tasks.sof.output import csv_cells, csv_writer
+from tasks.sof.output import CsvWriter, csv_cells
 from tests.test_sof_engine import column_values
 
 
@@ -69,6 +69,6 @@ def test_dates_and_date_times_at_a_precision(path, value, expected):
 
 def test_decimals_reach_the_csv_without_an_exponent():
     stream = io.StringIO()
-    writer = csv_writer(stream)
+    writer = CsvWriter(stream)
     writer.writerow(csv_cells((Decimal("0E-8"), Decimal("1E-7"), Decimal("1E+2"), Decimal("1.50"))))
     assert stream.getvalue().strip() == "0.00000000,0.0000001,100,1.50"

@@ -103,15 +103,12 @@ def regex(pattern: str, dot_matches_newline: bool) -> Any:
     try:
         return re2.compile(pattern, options)
     except re2.error as exc:
+        reason = exc.args[0] if exc.args else exc
+        reason = reason.decode(errors="replace") if isinstance(reason, bytes) else reason
         raise FhirPathError(
-            f"regular expression {pattern!r} is not supported ({_text(exc)}): regexes run on RE2, which has no "
+            f"regular expression {pattern!r} is not supported ({reason}): regexes run on RE2, which has no "
             "backreferences or lookaround (they can take exponential time)"
         ) from None
-
-
-def _text(exc: Exception) -> str:
-    reason = exc.args[0] if exc.args else exc
-    return reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)
 
 
 def matches(ctx: dict, inputs: list, pattern: Any) -> Any:

@@ -31,7 +31,7 @@ from typing import IO, Any, Protocol, TypedDict
 from tasks.streams.ndjson import WHOLE_FILE, Span, iter_lines
 from tasks.streams.processes import never_cancelled, uncounted
 from tasks.sof.errors import ViewError, ViewEvaluationError
-from tasks.sof.output import CsvWriter, csv_writer
+from tasks.sof.output import CsvWriter
 from tasks.sof.resources import line_resources, parse_line
 from tasks.sof.view import CompiledView, compile_view
 
@@ -243,7 +243,7 @@ class RowsWriter:
 
     def _open(self) -> None:
         self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by close
-        self._writer = csv_writer(self._stream)
+        self._writer = CsvWriter(self._stream)
 
     def close(self) -> int:
         """Close the part; its size in bytes (0 when it has no rows)."""

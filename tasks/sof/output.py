@@ -70,10 +70,6 @@ def _quoted(cell: str) -> str:
     return cell
 
 
-def csv_writer(stream: IO[str]) -> CsvWriter:
-    return CsvWriter(stream)
-
-
 def cell(value: Any) -> str:
     if value is None:
         return ""
