@@ -453,8 +453,8 @@ def flatten_with_service(
     engines = [RemoteGroup(service, view.view, out, per_group) for view, out in zip(views, outs, strict=True)]
     outcome = new_outcome(views, skipped, by_provenance, "service")
     counts = RouteCounts([0] * len(views), outcome.unrouted, outcome.skipped_resources, outcome.unknown_groups)
-    group_ids, types = [v.group.id for v in views], [v.resource_type for v in views]
-    router = Router(group_ids, types, [g.id for g in skipped], engines, counts, by_provenance)
+    groups = [(v.group.id, v.resource_type) for v in views]
+    router = Router(groups, [g.id for g in skipped], engines, by_provenance, counts)
     try:
         with engine_errors_as_step_errors():
             for path in paths:

@@ -98,9 +98,10 @@ def pseudonymizer(step: StepInput) -> StepResult:
     config = read_anonymization_config(settings.services.pseudonymizer.anonymization_config)
     compress = settings.compression.enabled
     config_digest = remember_config(config) if config else None
+    resources = {f.name: f.resources for f in step.files}
     arguments = [
-        (step, source.name, output_name(source.name, compress), record.resources, config_digest)
-        for source, record in zip(step.input_paths(), ordered_files(step), strict=True)
+        (step, source.name, output_name(source.name, compress), resources[source.name], config_digest)
+        for source in step.input_paths()
     ]
     remove_partial_files(step.output_dir)
     results: list[FileResult] = one_file_at_a_time(pseudonymize_file, arguments)
@@ -132,12 +133,6 @@ def pseudonymize_file(
     return FileResult(
         file=DataFile.written(name, counts.written), report=FileReport(file=source.name, **report, seconds=seconds)
     )
-
-
-def ordered_files(step: StepInput) -> list[DataFile]:
-    """The input files' records in ``input_paths`` order (core first)."""
-    by_name = {f.name: f for f in step.files}
-    return [by_name[path.name] for path in step.input_paths()]
 
 
 async def pseudonymize_with_service(

@@ -21,7 +21,7 @@ import json
 import re
 import shutil
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
@@ -121,23 +121,24 @@ class RouteCounts:
 
 
 class Router:
-    """Sends each resource to the engines of its groups and counts what goes where."""
+    """Sends each resource to the engines of its groups (``(group id, resource type)`` each) and counts what goes
+    where (in ``counts``, by default new ones)."""
 
     def __init__(
         self,
-        group_ids: list[str],
-        resource_types: list[str],
-        skipped_ids: list[str],
+        groups: list[tuple[str, str]],
+        skipped_ids: Iterable[str],
         engines: list[Engine],
-        counts: RouteCounts,
         by_provenance: bool,
+        counts: RouteCounts | None = None,
     ):
-        self.index = {group: i for i, group in enumerate(group_ids)}
+        self.index = {group: i for i, (group, _) in enumerate(groups)}
         self.skipped_ids = set(skipped_ids)
         self.by_type: dict[str, list[int]] = {}
-        for i, kind in enumerate(resource_types):
+        for i, (_, kind) in enumerate(groups):
             self.by_type.setdefault(kind, []).append(i)
-        self.engines, self.counts, self.by_provenance = engines, counts, by_provenance
+        self.engines, self.by_provenance = engines, by_provenance
+        self.counts = counts or RouteCounts([0] * len(groups))
 
     def route_line(self, resource: dict[str, Any], bare: dict[str, set[str]]) -> None:
         resources = line_resources(resource)
@@ -236,14 +237,11 @@ class RowsWriter:
             if first is None:
                 return
             if self._writer is None:
-                self._open()
+                self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by close
+                self._writer = CsvWriter(self._stream)
             self.rows += self._writer.writerows(chain((first,), rows))
         except ViewError as exc:
             raise ViewEvaluationError(f"{self.name}: {exc}") from exc
-
-    def _open(self) -> None:
-        self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by close
-        self._writer = CsvWriter(self._stream)
 
     def close(self) -> int:
         """Close the part; its size in bytes (0 when it has no rows)."""
@@ -264,15 +262,8 @@ def flatten_file(
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     writers = [RowsWriter(work / g.csv_name, compiled_view(g.view_json), g.csv_name) for g in plan.groups]
-    counts = RouteCounts([0] * len(writers))
-    router = Router(
-        [g.id for g in plan.groups],
-        [g.resource_type for g in plan.groups],
-        list(plan.skipped_ids),
-        writers,
-        counts,
-        plan.by_provenance,
-    )
+    router = Router([(g.id, g.resource_type) for g in plan.groups], plan.skipped_ids, writers, plan.by_provenance)
+    counts = router.counts
     lines = 0
     try:
         routes = routes_of(plan)

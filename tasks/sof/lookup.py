@@ -100,9 +100,7 @@ class LookupTable:
 def lookup_problems(path: Path) -> list[str]:
     """Every problem of the lookup file at ``path`` (each names its table url and element id); [] when valid."""
     document, problems = _read(Path(path))
-    if document is None:
-        return problems
-    return _document_problems(document)
+    return problems if document is None else _document_problems(document)
 
 
 def load_lookup(path: Path) -> dict[str, LookupTable]:

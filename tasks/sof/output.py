@@ -79,19 +79,14 @@ def cell(value: Any) -> str:
         return "false"
     if isinstance(value, str):
         return value
-    if isinstance(value, Decimal):
-        return _plain(value)
+    if isinstance(value, Decimal):  # its digits without an exponent: ``str`` writes 0.0000001 as 1E-7
+        text = str(value)
+        return format(value, "f") if "E" in text else text
     if isinstance(value, int):
         return str(value)
     if isinstance(value, dict | list):
         return json_bytes(value).decode()
     return str(value)
-
-
-def _plain(value: Decimal) -> str:
-    """A decimal's digits without an exponent: ``str`` writes 0.0000001 as 1E-7 and a boundary 0.00000000 as 0E-8."""
-    text = str(value)
-    return format(value, "f") if "E" in text else text
 
 
 def csv_cells(row: tuple) -> list[str]:
