@@ -124,7 +124,8 @@ def _read(path: Path) -> tuple[Any, list[str]]:
 
 
 def _document_problems(document: Any) -> list[str]:
-    problems = [_schema_problem(document, error) for error in _schema_errors(document)]
+    errors = Draft202012Validator(LOOKUP_SCHEMA).iter_errors(document)
+    problems = [_schema_problem(document, e) for e in sorted(errors, key=lambda e: [str(p) for p in e.absolute_path])]
     if problems:
         return problems
     seen: set[str] = set()
@@ -135,11 +136,6 @@ def _document_problems(document: Any) -> list[str]:
         seen.add(url)
         problems += _table_problems(table)
     return problems
-
-
-def _schema_errors(document: Any) -> list:
-    validator = Draft202012Validator(LOOKUP_SCHEMA)
-    return sorted(validator.iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path])
 
 
 def _schema_problem(document: Any, error: Any) -> str:
