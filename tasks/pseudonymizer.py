@@ -82,10 +82,6 @@ class FileCounts:
     requests: int = 0
     bundles_split: int = 0
 
-    def add(self, result: Pseudonymized) -> None:
-        self.requests += result.requests
-        self.bundles_split += result.split
-
 
 class FileResult(TypedDict):
     file: DataFile
@@ -198,7 +194,8 @@ async def pseudonymize_path(
             raise PseudonymizerStepError(failure_message(source, line_number, resource_label(resource), exc)) from exc
 
     def written(_: Any, result: Pseudonymized) -> tuple[bytes, int]:
-        counts.add(result)
+        counts.requests += result.requests
+        counts.bundles_split += result.split
         return result.line, 1
 
     progress = (f"pseudonymize {source.name}", expected_resources)

@@ -477,19 +477,17 @@ class Interpreted:
             ) from None
         except Exception as exc:
             raise FhirPathError(f"FHIRPath {shown(self.expression)} failed: {exc}") from exc
-        return [_as_item(value) for value in arraify(result) if not _is_primitive_extension_only(value)]
+        return [
+            Item(value.data, value.path) if isinstance(value, ResourceNode) else Item(value)
+            for value in arraify(result)
+            if not _is_primitive_extension_only(value)
+        ]
 
     def collect(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
         return data_and_paths(self(Item(data, path), env))
 
 
 Compiled = MemberPath | Interpreted
-
-
-def _as_item(value: Any) -> Item:
-    if isinstance(value, ResourceNode):
-        return Item(value.data, value.path)
-    return Item(value)
 
 
 def _is_primitive_extension_only(value: Any) -> bool:

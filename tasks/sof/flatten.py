@@ -21,7 +21,7 @@ import json
 import re
 import shutil
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
@@ -60,8 +60,8 @@ def reference_key(reference: Any) -> str | None:
     return f"{parts[-2]}/{parts[-1]}" if len(parts) >= 2 else None
 
 
-def provenance_routes(provenance: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    """``(resource key, group id)`` for each target and attribute group a TORCH Provenance names."""
+def add_routes(routes: dict[str, set[str]], provenance: dict[str, Any]) -> None:
+    """Route each target a TORCH Provenance names to each attribute group it names."""
     groups = []
     for entity in provenance.get("entity") or []:
         identifier = ((entity or {}).get("what") or {}).get("identifier") or {}
@@ -69,14 +69,8 @@ def provenance_routes(provenance: dict[str, Any]) -> Iterator[tuple[str, str]]:
             groups.append(identifier["value"])
     for target in provenance.get("target") or []:
         key = reference_key((target or {}).get("reference"))
-        if key is not None:
-            for group in groups:
-                yield key, group
-
-
-def add_routes(routes: dict[str, set[str]], provenance: dict[str, Any]) -> None:
-    for key, group in provenance_routes(provenance):
-        routes.setdefault(key, set()).add(group)
+        if key is not None and groups:
+            routes.setdefault(key, set()).update(groups)
 
 
 def has_group_provenance(path: Path, max_line_bytes: int) -> bool:
