@@ -181,32 +181,26 @@ def _cycle_problems(url: str, elements: dict[str, dict[str, Any]]) -> list[str]:
     problems: list[str] = []
     finished: set[str] = set()
     for root in elements:
-        if root not in finished:
-            problems += _walk_problems(url, elements, root, finished)
-    return problems
-
-
-def _walk_problems(url: str, elements: dict[str, dict[str, Any]], root: str, finished: set[str]) -> list[str]:
-    problems: list[str] = []
-    path, pending = [root], [iter(elements[root].get("children", []))]
-    while pending:
-        child = next(pending[-1], None)
-        if child is None:
-            finished.add(path.pop())
-            pending.pop()
-        elif child in path:
-            cycle = " → ".join(path[path.index(child) :] + [child])
-            problems.append(f"table {url} element {child}: its children lead back to it ({cycle})")
-        elif child in elements and child not in finished:
-            if len(path) >= MAX_ELEMENT_DEPTH:
-                problems.append(
-                    f"table {url} element {root}: its children nest more than {MAX_ELEMENT_DEPTH} levels deep "
-                    f"(through {child}), far deeper than any FHIR element"
-                )
-                finished.update(elements)  # one such problem per table: the rest of the chain says the same
-                return problems
-            path.append(child)
-            pending.append(iter(elements[child].get("children", [])))
+        if root in finished:
+            continue
+        path, pending = [root], [iter(elements[root].get("children", []))]
+        while pending:
+            child = next(pending[-1], None)
+            if child is None:
+                finished.add(path.pop())
+                pending.pop()
+            elif child in path:
+                cycle = " → ".join(path[path.index(child) :] + [child])
+                problems.append(f"table {url} element {child}: its children lead back to it ({cycle})")
+            elif child in elements and child not in finished:
+                if len(path) >= MAX_ELEMENT_DEPTH:
+                    problems.append(
+                        f"table {url} element {root}: its children nest more than {MAX_ELEMENT_DEPTH} levels deep "
+                        f"(through {child}), far deeper than any FHIR element"
+                    )
+                    return problems  # one such problem per table: the rest of the chain says the same
+                path.append(child)
+                pending.append(iter(elements[child].get("children", [])))
     return problems
 
 
