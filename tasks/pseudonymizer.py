@@ -198,7 +198,6 @@ async def pseudonymize_path(
         counts.bundles_split += result.split
         return result.line, 1
 
-    progress = (f"pseudonymize {source.name}", expected_resources)
     counts.written = await write_answers(
         resources(),
         pseudonymize,
@@ -207,7 +206,7 @@ async def pseudonymize_path(
         window=window,
         level=level,
         line_limit=max_line_bytes,
-        progress=progress,
+        progress=(f"pseudonymize {source.name}", expected_resources),
         source=str(source),
     )
     counts.resources_out = counts.written.resources
