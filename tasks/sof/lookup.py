@@ -124,8 +124,9 @@ def _read(path: Path) -> tuple[Any, list[str]]:
 
 
 def _document_problems(document: Any) -> list[str]:
-    errors = Draft202012Validator(LOOKUP_SCHEMA).iter_errors(document)
-    problems = [_schema_problem(document, e) for e in sorted(errors, key=lambda e: [str(p) for p in e.absolute_path])]
+    validator = Draft202012Validator(LOOKUP_SCHEMA)
+    errors = sorted(validator.iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path])
+    problems = [_schema_problem(document, error) for error in errors]
     if problems:
         return problems
     seen: set[str] = set()
