@@ -20,7 +20,7 @@ from tasks.core.jsonfile import JsonFileError, read_json_file
 from tasks.streams.ndjson import NdjsonError, iter_lines
 from tasks.sof.errors import ViewDefinitionError, ViewError
 from tasks.sof.view import compile_view
-from tasks.sof.output import csv_writer, json_bytes
+from tasks.sof.output import CsvWriter, json_bytes
 from tasks.sof.resources import ResourceLineError, read_resources
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -85,7 +85,7 @@ def print_rows(view, definition: dict[str, Any], args: argparse.Namespace) -> in
 
 
 def write_csv(view, resources: Path, out: IO[str]) -> None:
-    writer = csv_writer(out)
+    writer = CsvWriter(out)
     writer.writerow(view.columns)
     writer.writerows(view_rows(view, resources))
 

@@ -67,7 +67,7 @@ from tasks.sof.flatten import (
     routes_json,
 )
 from tasks.sof.lookup import LookupTable, load_lookup
-from tasks.sof.output import csv_cells, csv_writer, json_bytes
+from tasks.sof.output import CsvWriter, csv_cells, json_bytes
 from tasks.sof.resources import parse_line
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.streams.files import write_file_atomically
@@ -214,8 +214,9 @@ def built_views(
 def save_view_definitions(folder: Path, views: list[GroupView]) -> None:
     """``<folder>/<group name>.json`` per view, so that a user can rerun it elsewhere."""
     for view in views:
-        name = view.group.csv_name.removesuffix(".csv") + ".json"
-        write_file_atomically(folder / name, json.dumps(view.view, indent=2, ensure_ascii=False).encode() + b"\n")
+        write_file_atomically(
+            folder / view.group.view_file_name, json.dumps(view.view, indent=2, ensure_ascii=False).encode() + b"\n"
+        )
 
 
 def clean_output(folder: Path) -> None:
@@ -374,7 +375,7 @@ def join_parts(
 
 def header_line(columns: list[str]) -> bytes:
     text = io.StringIO(newline="")
-    csv_writer(text).writerow(columns)
+    CsvWriter(text).writerow(columns)
     return text.getvalue().encode()
 
 
@@ -391,7 +392,7 @@ class GroupCsv:
         self.rows = 0
         folder.mkdir(parents=True, exist_ok=True)
         self._stream = open(self.part, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by finish/discard
-        self._writer = csv_writer(self._stream)
+        self._writer = CsvWriter(self._stream)
         self._writer.writerow(columns)
 
     def write(self, rows: Any) -> None:
@@ -452,8 +453,8 @@ def flatten_with_service(
     engines = [RemoteGroup(service, view.view, out, per_group) for view, out in zip(views, outs, strict=True)]
     outcome = new_outcome(views, skipped, by_provenance, "service")
     counts = RouteCounts([0] * len(views), outcome.unrouted, outcome.skipped_resources, outcome.unknown_groups)
-    group_ids, types = [v.group.id for v in views], [v.resource_type for v in views]
-    router = Router(group_ids, types, [g.id for g in skipped], engines, counts, by_provenance)
+    groups = [(v.group.id, v.resource_type) for v in views]
+    router = Router(groups, [g.id for g in skipped], engines, by_provenance, counts)
     try:
         with engine_errors_as_step_errors():
             for path in paths:

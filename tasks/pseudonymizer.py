@@ -82,10 +82,6 @@ class FileCounts:
     requests: int = 0
     bundles_split: int = 0
 
-    def add(self, result: Pseudonymized) -> None:
-        self.requests += result.requests
-        self.bundles_split += result.split
-
 
 class FileResult(TypedDict):
     file: DataFile
@@ -98,9 +94,10 @@ def pseudonymizer(step: StepInput) -> StepResult:
     config = read_anonymization_config(settings.services.pseudonymizer.anonymization_config)
     compress = settings.compression.enabled
     config_digest = remember_config(config) if config else None
+    resources = {f.name: f.resources for f in step.files}
     arguments = [
-        (step, source.name, output_name(source.name, compress), record.resources, config_digest)
-        for source, record in zip(step.input_paths(), ordered_files(step), strict=True)
+        (step, source.name, output_name(source.name, compress), resources[source.name], config_digest)
+        for source in step.input_paths()
     ]
     remove_partial_files(step.output_dir)
     results: list[FileResult] = one_file_at_a_time(pseudonymize_file, arguments)
@@ -132,12 +129,6 @@ def pseudonymize_file(
     return FileResult(
         file=DataFile.written(name, counts.written), report=FileReport(file=source.name, **report, seconds=seconds)
     )
-
-
-def ordered_files(step: StepInput) -> list[DataFile]:
-    """The input files' records in ``input_paths`` order (core first)."""
-    by_name = {f.name: f for f in step.files}
-    return [by_name[path.name] for path in step.input_paths()]
 
 
 async def pseudonymize_with_service(
@@ -203,10 +194,10 @@ async def pseudonymize_path(
             raise PseudonymizerStepError(failure_message(source, line_number, resource_label(resource), exc)) from exc
 
     def written(_: Any, result: Pseudonymized) -> tuple[bytes, int]:
-        counts.add(result)
+        counts.requests += result.requests
+        counts.bundles_split += result.split
         return result.line, 1
 
-    progress = (f"pseudonymize {source.name}", expected_resources)
     counts.written = await write_answers(
         resources(),
         pseudonymize,
@@ -215,7 +206,7 @@ async def pseudonymize_path(
         window=window,
         level=level,
         line_limit=max_line_bytes,
-        progress=progress,
+        progress=(f"pseudonymize {source.name}", expected_resources),
         source=str(source),
     )
     counts.resources_out = counts.written.resources

@@ -34,7 +34,9 @@ def wait(step: StepInput, resume_hint: str = "") -> StepResult:
     if not entry.get("released"):
         if "paused_at" not in entry:  # published once: a resumed deployment run passes the gate again
             wait_dir(step).mkdir(parents=True, exist_ok=True)
-            publish_instructions(step, resume_hint)
+            text = inspection_text(step, resume_hint)
+            get_run_logger().info("%s", text, extra=SHOW_WHOLE)
+            publish_inspection_artifact(step, text)
             mark_gate_paused(step.job_path, step.position)  # after publishing: a failed publish is tried again
         return awaiting_result(step)
     return released_result(step)
@@ -58,12 +60,6 @@ def inspection_text(step: StepInput, resume_hint: str) -> str:
         f"otherwise it reads {step.input_dir} unchanged.\n"
         f"  To continue: {resume_hint or f'{CLI} continue {step.job_id}'}"
     )
-
-
-def publish_instructions(step: StepInput, resume_hint: str) -> None:
-    text = inspection_text(step, resume_hint)
-    get_run_logger().info("%s", text, extra=SHOW_WHOLE)
-    publish_inspection_artifact(step, text)
 
 
 def refuse_unconfirmed_resume(step: StepInput, resume_hint: str, note: str) -> None:

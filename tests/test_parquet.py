@@ -14,7 +14,7 @@ import pytest
 
 from tasks.streams.files import JobWriteError
 from tasks.sof.errors import ViewError
-from tasks.sof.output import csv_writer
+from tasks.sof.output import CsvWriter
 from tasks.sof.parquet import BLOCK_BYTES, parquet_schema, write_parquet
 
 TYPED_VIEW = {
@@ -48,7 +48,7 @@ ROWS = [
 
 def write_csv(path: Path, columns: list[str], rows: list[list[str]]) -> Path:
     text = io.StringIO()
-    writer = csv_writer(text)
+    writer = CsvWriter(text)
     for row in [columns, *rows]:
         writer.writerow(row)
     path.write_text(text.getvalue(), encoding="utf-8")

@@ -8,7 +8,7 @@ from decimal import Decimal
 
 import pytest
 
-from tasks.sof.output import csv_cells, csv_writer
+from tasks.sof.output import CsvWriter, csv_cells
 from tests.support.sof import column_values
 
 
@@ -67,8 +67,10 @@ def test_dates_and_date_times_at_a_precision(path, value, expected):
     assert column_values(path, [{"resourceType": "Patient", key: value}]) == [expected]
 
 
-def test_decimals_reach_the_csv_without_an_exponent():
-    stream = io.StringIO()
-    writer = csv_writer(stream)
-    writer.writerow(csv_cells((Decimal("0E-8"), Decimal("1E-7"), Decimal("1E+2"), Decimal("1.50"))))
-    assert stream.getvalue().strip() == "0.00000000,0.0000001,100,1.50"
+def test_decimals_reach_the_csv_without_an_exponent_row_by_row_and_in_batches():
+    row = (Decimal("0E-8"), Decimal("1E-7"), Decimal("1E+2"), Decimal("1.50"))
+    one, batched = io.StringIO(), io.StringIO()
+    CsvWriter(one).writerow(csv_cells(row))
+    CsvWriter(batched).writerows([row, ("text", 3, None, Decimal("-2E-3"))])  # the embedded engine's way
+    assert one.getvalue().strip() == "0.00000000,0.0000001,100,1.50"
+    assert batched.getvalue().splitlines() == ["0.00000000,0.0000001,100,1.50", "text,3,,-0.002"]

@@ -15,7 +15,7 @@ from tasks.sof.view import compile_view
 from tasks.sof.compiled_code import generated_rows
 from tasks.sof.errors import ViewEvaluationError
 from tasks.sof.fhirpath import Item, _interpreted, compile_path, values
-from tasks.sof.output import ROWS_PER_BATCH, csv_cells, csv_writer
+from tasks.sof.output import ROWS_PER_BATCH, CsvWriter, csv_cells
 from tasks.sof.resources import may_hold, read_resources
 from tasks.sof.view import CACHED_ROWS
 from tests.support.sof import PATIENTS, column_values
@@ -78,11 +78,11 @@ def test_rows_written_in_batches_are_the_same_bytes():
     rows = [(str(n), None, True, Decimal("1.10"), "a,b") for n in range(ROWS_PER_BATCH + 500)]
     rows[ROWS_PER_BATCH + 10] = ("x", "bare\rcarriage return", False, 1, "")
     one_by_one, batched = io.StringIO(), io.StringIO()
-    writer = csv_writer(one_by_one)
+    writer = CsvWriter(one_by_one)
     for row in rows:
         writer.writerow(csv_cells(row))
 
-    assert csv_writer(batched).writerows(iter(rows)) == len(rows)
+    assert CsvWriter(batched).writerows(iter(rows)) == len(rows)
     assert batched.getvalue() == one_by_one.getvalue()
 
 
@@ -91,11 +91,11 @@ def test_rows_of_strings_nulls_and_numbers_go_to_csv_as_they_are_the_same_bytes(
     rows[3] = (None,)
     rows[ROWS_PER_BATCH + 2] = ("bare\rcarriage return", None, 2, Decimal("0.0"), "", "")
     one_by_one, batched = io.StringIO(), io.StringIO()
-    writer = csv_writer(one_by_one)
+    writer = CsvWriter(one_by_one)
     for row in rows:
         writer.writerow(csv_cells(row))
 
-    assert csv_writer(batched).writerows(rows) == len(rows)
+    assert CsvWriter(batched).writerows(rows) == len(rows)
     assert batched.getvalue() == one_by_one.getvalue()
 
 

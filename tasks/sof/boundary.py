@@ -37,15 +37,8 @@ _DATE_TYPES = {"date"}
 _DATETIME_TYPES = {"dateTime", "instant"}
 
 
-def low_boundary(value: Any, type_name: str | None, precision: int | None) -> Any:
-    return _boundary(value, type_name, precision, high=False)
-
-
-def high_boundary(value: Any, type_name: str | None, precision: int | None) -> Any:
-    return _boundary(value, type_name, precision, high=True)
-
-
-def _boundary(value: Any, type_name: str | None, precision: int | None, *, high: bool) -> Any:
+def boundary(value: Any, type_name: str | None, precision: int | None, *, high: bool) -> Any:
+    """``value``'s ``highBoundary`` (``high``) or ``lowBoundary``; None where it has none."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | Decimal | float):

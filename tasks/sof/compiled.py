@@ -17,11 +17,11 @@ A view that reads ``%rowIndex`` is not compiled (each element's rows need their 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any
 
-from tasks.sof.compiled_code import KEPT, generated_rows
+from tasks.sof.compiled_code import KEPT, column_plan, generated_rows, member_plan
 from tasks.sof.errors import FhirPathError, ViewEvaluationError
 from tasks.sof.fhirpath import Compiled, MemberPath, Paths, Plan, plain
 
@@ -51,15 +51,10 @@ def compile_rows(select: Select, limit: int) -> RowsAt:
         elements, paths = elements_at(data, path, env)
         if not elements:
             return list(null_rows)
-        if len(elements) == 1:
+        if len(elements) == 1:  # the usual case: its rows as they are
             return rows_at(elements[0], paths[0] if isinstance(paths, list) else paths, env)
-        found: list[tuple] = []
-        for position, element in enumerate(elements):
-            more = rows_at(element, paths[position] if isinstance(paths, list) else paths, env)
-            if more is None or len(found) + len(more) > limit:
-                return None
-            found += more
-        return found
+        each = paths if isinstance(paths, list) else [paths] * len(elements)
+        return _joined((rows_at(element, at, env) for element, at in zip(elements, each, strict=True)), limit)
 
     return rows
 
@@ -82,7 +77,7 @@ def _elements(iterate: Compiled, where: str) -> Callable[[Any, Any, Any], tuple[
         try:
             walk, found_path = walks[path]
         except KeyError:
-            plan = iterate.plan(path)
+            plan = member_plan(iterate, path)
             walk, found_path = walks[path] = (_step_walk(plan), None if plan is None else plan.path)
         if walk is not None:
             found = walk([data])
@@ -95,7 +90,7 @@ def _elements(iterate: Compiled, where: str) -> Callable[[Any, Any, Any], tuple[
 
 def _step_walk(plan: Plan | None) -> Callable[[list], list | None] | None:
     """The plan's steps as one function each, run in turn (None from a step: the data is not shaped as planned)."""
-    if plan is None or any(kind not in _STEPS or not key for kind, key, _, _ in plan.operations):
+    if plan is None:
         return None
     steps = [_STEPS[kind](key, argument, at) for kind, key, argument, at in plan.operations]
     if len(steps) == 1:
@@ -219,16 +214,17 @@ def _rows_at(select: Select, limit: int) -> RowsAt:
 
 
 def _concatenated(branches: list[RowsAt], limit: int) -> RowsAt:
-    def rows(data: Any, path: Any, env: Any) -> Rows:
-        found: list[tuple] = []
-        for branch in branches:
-            more = branch(data, path, env)
-            if more is None or len(found) + len(more) > limit:
-                return None
-            found += more
-        return found
+    return lambda data, path, env: _joined((branch(data, path, env) for branch in branches), limit)
 
-    return rows
+
+def _joined(parts: Iterable[Rows], limit: int) -> Rows:
+    """The parts' rows one after the other, the parts made as they are needed (None: more than ``limit``)."""
+    found: list[tuple] = []
+    for more in parts:
+        if more is None or len(found) + len(more) > limit:
+            return None
+        found += more
+    return found
 
 
 # --- columns ----------------------------------------------------------------------------------------------------
@@ -258,11 +254,8 @@ def _single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:
     """Each column's JSON key where every column is a single-valued path of one member at focus type ``path``."""
     keys = []
     for column in columns:
-        evaluate = column.evaluate
-        if column.collection or not isinstance(evaluate, MemberPath) or evaluate.function is not None:
-            return None
-        plan = evaluate.plan(path)
-        if plan is None or not plan.single or not plan.key:
+        plan = column_plan(column, path)
+        if plan is None or not plan.single:
             return None
         keys.append(plan.key)
     return tuple(keys)
@@ -280,7 +273,7 @@ def column_value(column: Column) -> Value:
         try:
             walk = walks[path]
         except KeyError:
-            walk = walks[path] = _key_walk(evaluate.plan(path))
+            walk = walks[path] = _key_walk(column_plan(column, path))
         if walk is not None:
             found = walk(data)
             if found is not _IRREGULAR:
@@ -292,8 +285,8 @@ def column_value(column: Column) -> Value:
 
 def _key_walk(plan: Plan | None) -> Callable[[Any], Any] | None:
     """The plan as a walk over dicts giving the single value (None: no value), ``_IRREGULAR`` where the data is not
-    shaped as planned; None when the plan is not a chain of member keys."""
-    if plan is None or plan.counted or any(kind != "member" or not key for kind, key, _, _ in plan.operations):
+    shaped as planned; None without a plan."""
+    if plan is None:
         return None
     steps = tuple((key, at) for _, key, _, at in plan.operations)
 

@@ -66,7 +66,7 @@ class _Writer:
         """Code giving the select's rows at ``focus`` (of type ``path``) in a list; the list's name."""
         if select.iteration is None:
             return self.rows_at(select, focus, path, indent)
-        plan = _plan(select.iterate[0], path)
+        plan = member_plan(select.iterate[0], path)
         found = self.walk(plan, focus, indent)
         rows, element = self.name("r"), self.name("d")
         self.emit(indent, f"{rows} = []")
@@ -97,7 +97,7 @@ class _Writer:
 
     def column(self, column: Any, focus: str, path: str, indent: int) -> str:
         """Code reading a single-valued chain of members; the value's name."""
-        plan = _column_plan(column, path)
+        plan = column_plan(column, path)
         value = self.name("v")
         self.emit(indent, f"{value} = {focus}")
         for step, (_, key, _, at) in enumerate(plan.operations):
@@ -146,26 +146,26 @@ def _in_subset(select: Any, path: str | None, depth: int) -> bool:
     if depth > MAX_GENERATED_DEPTH or select.iteration == "repeat" or select.union:
         return False
     if select.iteration is not None:
-        plan = _plan(select.iterate[0], path)
+        plan = member_plan(select.iterate[0], path)
         if plan is None:
             return False
         path = plan.path
-    return all(_column_plan(column, path) for column in select.columns) and all(
+    return all(column_plan(column, path) for column in select.columns) and all(
         _in_subset(nested, path, depth + 1) for nested in select.selects
     )
 
 
-def _column_plan(column: Any, path: str | None) -> Plan | None:
+def column_plan(column: Any, path: str | None) -> Plan | None:
     """A column's plan where it is a single-valued chain of members."""
     if column.collection:
         return None
-    plan = _plan(column.evaluate, path)
+    plan = member_plan(column.evaluate, path)
     if plan is None or any(kind != "member" for kind, _, _, _ in plan.operations):
         return None
     return plan
 
 
-def _plan(evaluate: Any, path: str | None) -> Plan | None:
+def member_plan(evaluate: Any, path: str | None) -> Plan | None:
     """The path's plan from focus type ``path`` where it is member and where() steps with keys, else None."""
     if not isinstance(evaluate, MemberPath) or evaluate.function is not None:
         return None

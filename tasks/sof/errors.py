@@ -1,16 +1,6 @@
 """The engine's errors: one sub-tree under ``tasks.core.errors.DupflowError``, so a caller catches ``SofError`` for
-anything the engine refuses.
-
-    SofError                       the engine's root
-    ├── ResourceLineError          an input line that is no JSON object (names the file and line)
-    ├── FhirPathError              an expression that cannot be parsed or evaluated
-    ├── ViewError                  a ViewDefinition that cannot be used or run
-    │   ├── ViewDefinitionError    the definition itself is invalid (found before any resource is read)
-    │   └── ViewEvaluationError    running a valid definition over a resource failed
-    ├── LookupFileError            a lookup file that cannot be used (``problems`` lists every problem)
-    └── CrtdlError                 a CRTDL whose attribute groups cannot be read
-
-Each is also a ``ValueError`` (bad input, not a broken program), which the command line's handlers rely on.
+anything the engine refuses. Each is also a ``ValueError`` (bad input, not a broken program), which the command
+line's handlers rely on.
 """
 
 from __future__ import annotations

@@ -59,6 +59,7 @@ _SEGMENT = re.compile(
 _KEYWORDS = {"and", "or", "xor", "implies", "div", "mod", "in", "contains", "is", "as", "true", "false"}
 MAX_EXPRESSION_DEPTH = 100
 SHOWN_EXPRESSION_CHARS = 120
+_TOO_DEEP = f"nested more than {MAX_EXPRESSION_DEPTH} levels deep (split it, or drop redundant parentheses)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,10 +416,10 @@ def parse(expression: str) -> dict[str, Any]:
             raise FhirPathError(f"unexpected {tokens.LT(1).text!r} at column {tokens.LT(1).column + 1}")
         ParseTreeWalker().walk(ast, tree)
     except RecursionError:
-        raise FhirPathError(_too_deep()) from None
+        raise FhirPathError(_TOO_DEEP) from None
     parsed = ast.parentStack[0]
     if tree_depth(parsed) > MAX_EXPRESSION_DEPTH:
-        raise FhirPathError(_too_deep())
+        raise FhirPathError(_TOO_DEEP)
     return parsed
 
 
@@ -430,10 +431,6 @@ def tree_depth(node: dict[str, Any]) -> int:
         deepest = max(deepest, depth)
         pending.extend((child, depth + 1) for child in node.get("children") or ())
     return deepest
-
-
-def _too_deep() -> str:
-    return f"nested more than {MAX_EXPRESSION_DEPTH} levels deep (split it, or drop redundant parentheses)"
 
 
 def shown(expression: str) -> str:
@@ -480,19 +477,17 @@ class Interpreted:
             ) from None
         except Exception as exc:
             raise FhirPathError(f"FHIRPath {shown(self.expression)} failed: {exc}") from exc
-        return [_as_item(value) for value in arraify(result) if not _is_primitive_extension_only(value)]
+        return [
+            Item(value.data, value.path) if isinstance(value, ResourceNode) else Item(value)
+            for value in arraify(result)
+            if not _is_primitive_extension_only(value)
+        ]
 
     def collect(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
         return data_and_paths(self(Item(data, path), env))
 
 
 Compiled = MemberPath | Interpreted
-
-
-def _as_item(value: Any) -> Item:
-    if isinstance(value, ResourceNode):
-        return Item(value.data, value.path)
-    return Item(value)
 
 
 def _is_primitive_extension_only(value: Any) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 import re2
 from fhirpathpy.engine.nodes import ResourceNode
 
-from tasks.sof.boundary import high_boundary, low_boundary
+from tasks.sof.boundary import boundary
 from tasks.sof.errors import FhirPathError
 
 MAX_REPEAT_ELEMENTS = 10_000
@@ -77,13 +77,13 @@ def _data(node: Any) -> Any:
     return node.data if isinstance(node, ResourceNode) else node
 
 
-def _boundary(compute: Callable[[Any, str | None, int | None], Any]) -> Callable[..., list]:
+def _boundary(high: bool) -> Callable[..., list]:
     def invoke(ctx: dict, inputs: list, precision: Any = None) -> list:
         digits = None if precision in (None, []) else int(precision)
         results = []
         for node in inputs:
             type_path = node.path if isinstance(node, ResourceNode) else None
-            result = compute(_data(node), type_path, digits)
+            result = boundary(_data(node), type_path, digits, high=high)
             if result is not None:
                 results.append(result)
         return results
@@ -103,15 +103,12 @@ def regex(pattern: str, dot_matches_newline: bool) -> Any:
     try:
         return re2.compile(pattern, options)
     except re2.error as exc:
+        reason = exc.args[0] if exc.args else exc
+        reason = reason.decode(errors="replace") if isinstance(reason, bytes) else reason
         raise FhirPathError(
-            f"regular expression {pattern!r} is not supported ({_text(exc)}): regexes run on RE2, which has no "
+            f"regular expression {pattern!r} is not supported ({reason}): regexes run on RE2, which has no "
             "backreferences or lookaround (they can take exponential time)"
         ) from None
-
-
-def _text(exc: Exception) -> str:
-    reason = exc.args[0] if exc.args else exc
-    return reason.decode(errors="replace") if isinstance(reason, bytes) else str(reason)
 
 
 def matches(ctx: dict, inputs: list, pattern: Any) -> Any:
@@ -158,8 +155,8 @@ def repeat(ctx: dict, inputs: Any, expression: Callable[[Any], list]) -> list:
 SOF_FUNCTIONS: dict[str, dict[str, Any]] = {
     "getResourceKey": {"fn": get_resource_key, "arity": {0: []}},
     "getReferenceKey": {"fn": get_reference_key, "arity": {0: [], 1: ["TypeSpecifier"]}},
-    "lowBoundary": {"fn": _boundary(low_boundary), "arity": {0: [], 1: ["Integer"]}},
-    "highBoundary": {"fn": _boundary(high_boundary), "arity": {0: [], 1: ["Integer"]}},
+    "lowBoundary": {"fn": _boundary(high=False), "arity": {0: [], 1: ["Integer"]}},
+    "highBoundary": {"fn": _boundary(high=True), "arity": {0: [], 1: ["Integer"]}},
     "matches": {"fn": matches, "arity": {1: ["String"]}, "nullable_input": True},
     "replaceMatches": {"fn": replace_matches, "arity": {2: ["String", "String"]}, "nullable_input": True},
     "repeat": {"fn": repeat, "arity": {1: ["Expr"]}},

@@ -21,7 +21,7 @@ import json
 import re
 import shutil
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain
@@ -31,7 +31,7 @@ from typing import IO, Any, Protocol, TypedDict
 from tasks.streams.ndjson import WHOLE_FILE, Span, iter_lines
 from tasks.streams.processes import never_cancelled, uncounted
 from tasks.sof.errors import ViewError, ViewEvaluationError
-from tasks.sof.output import CsvWriter, csv_writer
+from tasks.sof.output import CsvWriter
 from tasks.sof.resources import line_resources, parse_line
 from tasks.sof.view import CompiledView, compile_view
 
@@ -60,8 +60,8 @@ def reference_key(reference: Any) -> str | None:
     return f"{parts[-2]}/{parts[-1]}" if len(parts) >= 2 else None
 
 
-def provenance_routes(provenance: dict[str, Any]) -> Iterator[tuple[str, str]]:
-    """``(resource key, group id)`` for each target and attribute group a TORCH Provenance names."""
+def add_routes(routes: dict[str, set[str]], provenance: dict[str, Any]) -> None:
+    """Route each target a TORCH Provenance names to each attribute group it names."""
     groups = []
     for entity in provenance.get("entity") or []:
         identifier = ((entity or {}).get("what") or {}).get("identifier") or {}
@@ -69,14 +69,8 @@ def provenance_routes(provenance: dict[str, Any]) -> Iterator[tuple[str, str]]:
             groups.append(identifier["value"])
     for target in provenance.get("target") or []:
         key = reference_key((target or {}).get("reference"))
-        if key is not None:
-            for group in groups:
-                yield key, group
-
-
-def add_routes(routes: dict[str, set[str]], provenance: dict[str, Any]) -> None:
-    for key, group in provenance_routes(provenance):
-        routes.setdefault(key, set()).add(group)
+        if key is not None and groups:
+            routes.setdefault(key, set()).update(groups)
 
 
 def has_group_provenance(path: Path, max_line_bytes: int) -> bool:
@@ -121,23 +115,24 @@ class RouteCounts:
 
 
 class Router:
-    """Sends each resource to the engines of its groups and counts what goes where."""
+    """Sends each resource to the engines of its groups (``(group id, resource type)`` each) and counts what goes
+    where (in ``counts``, by default new ones)."""
 
     def __init__(
         self,
-        group_ids: list[str],
-        resource_types: list[str],
-        skipped_ids: list[str],
+        groups: list[tuple[str, str]],
+        skipped_ids: Iterable[str],
         engines: list[Engine],
-        counts: RouteCounts,
         by_provenance: bool,
+        counts: RouteCounts | None = None,
     ):
-        self.index = {group: i for i, group in enumerate(group_ids)}
+        self.index = {group: i for i, (group, _) in enumerate(groups)}
         self.skipped_ids = set(skipped_ids)
         self.by_type: dict[str, list[int]] = {}
-        for i, kind in enumerate(resource_types):
+        for i, (_, kind) in enumerate(groups):
             self.by_type.setdefault(kind, []).append(i)
-        self.engines, self.counts, self.by_provenance = engines, counts, by_provenance
+        self.engines, self.by_provenance = engines, by_provenance
+        self.counts = counts or RouteCounts([0] * len(groups))
 
     def route_line(self, resource: dict[str, Any], bare: dict[str, set[str]]) -> None:
         resources = line_resources(resource)
@@ -236,14 +231,11 @@ class RowsWriter:
             if first is None:
                 return
             if self._writer is None:
-                self._open()
+                self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by close
+                self._writer = CsvWriter(self._stream)
             self.rows += self._writer.writerows(chain((first,), rows))
         except ViewError as exc:
             raise ViewEvaluationError(f"{self.name}: {exc}") from exc
-
-    def _open(self) -> None:
-        self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by close
-        self._writer = csv_writer(self._stream)
 
     def close(self) -> int:
         """Close the part; its size in bytes (0 when it has no rows)."""
@@ -264,15 +256,8 @@ def flatten_file(
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     writers = [RowsWriter(work / g.csv_name, compiled_view(g.view_json), g.csv_name) for g in plan.groups]
-    counts = RouteCounts([0] * len(writers))
-    router = Router(
-        [g.id for g in plan.groups],
-        [g.resource_type for g in plan.groups],
-        list(plan.skipped_ids),
-        writers,
-        counts,
-        plan.by_provenance,
-    )
+    router = Router([(g.id, g.resource_type) for g in plan.groups], plan.skipped_ids, writers, plan.by_provenance)
+    counts = router.counts
     lines = 0
     try:
         routes = routes_of(plan)

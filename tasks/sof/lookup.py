@@ -100,9 +100,7 @@ class LookupTable:
 def lookup_problems(path: Path) -> list[str]:
     """Every problem of the lookup file at ``path`` (each names its table url and element id); [] when valid."""
     document, problems = _read(Path(path))
-    if document is None:
-        return problems
-    return _document_problems(document)
+    return problems if document is None else _document_problems(document)
 
 
 def load_lookup(path: Path) -> dict[str, LookupTable]:
@@ -126,7 +124,9 @@ def _read(path: Path) -> tuple[Any, list[str]]:
 
 
 def _document_problems(document: Any) -> list[str]:
-    problems = [_schema_problem(document, error) for error in _schema_errors(document)]
+    validator = Draft202012Validator(LOOKUP_SCHEMA)
+    errors = sorted(validator.iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path])
+    problems = [_schema_problem(document, error) for error in errors]
     if problems:
         return problems
     seen: set[str] = set()
@@ -137,11 +137,6 @@ def _document_problems(document: Any) -> list[str]:
         seen.add(url)
         problems += _table_problems(table)
     return problems
-
-
-def _schema_errors(document: Any) -> list:
-    validator = Draft202012Validator(LOOKUP_SCHEMA)
-    return sorted(validator.iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path])
 
 
 def _schema_problem(document: Any, error: Any) -> str:
@@ -187,32 +182,26 @@ def _cycle_problems(url: str, elements: dict[str, dict[str, Any]]) -> list[str]:
     problems: list[str] = []
     finished: set[str] = set()
     for root in elements:
-        if root not in finished:
-            problems += _walk_problems(url, elements, root, finished)
-    return problems
-
-
-def _walk_problems(url: str, elements: dict[str, dict[str, Any]], root: str, finished: set[str]) -> list[str]:
-    problems: list[str] = []
-    path, pending = [root], [iter(elements[root].get("children", []))]
-    while pending:
-        child = next(pending[-1], None)
-        if child is None:
-            finished.add(path.pop())
-            pending.pop()
-        elif child in path:
-            cycle = " → ".join(path[path.index(child) :] + [child])
-            problems.append(f"table {url} element {child}: its children lead back to it ({cycle})")
-        elif child in elements and child not in finished:
-            if len(path) >= MAX_ELEMENT_DEPTH:
-                problems.append(
-                    f"table {url} element {root}: its children nest more than {MAX_ELEMENT_DEPTH} levels deep "
-                    f"(through {child}), far deeper than any FHIR element"
-                )
-                finished.update(elements)  # one such problem per table: the rest of the chain says the same
-                return problems
-            path.append(child)
-            pending.append(iter(elements[child].get("children", [])))
+        if root in finished:
+            continue
+        path, pending = [root], [iter(elements[root].get("children", []))]
+        while pending:
+            child = next(pending[-1], None)
+            if child is None:
+                finished.add(path.pop())
+                pending.pop()
+            elif child in path:
+                cycle = " → ".join(path[path.index(child) :] + [child])
+                problems.append(f"table {url} element {child}: its children lead back to it ({cycle})")
+            elif child in elements and child not in finished:
+                if len(path) >= MAX_ELEMENT_DEPTH:
+                    problems.append(
+                        f"table {url} element {root}: its children nest more than {MAX_ELEMENT_DEPTH} levels deep "
+                        f"(through {child}), far deeper than any FHIR element"
+                    )
+                    return problems  # one such problem per table: the rest of the chain says the same
+                path.append(child)
+                pending.append(iter(elements[child].get("children", [])))
     return problems
 
 

@@ -28,8 +28,9 @@ class CsvDialect(csv.Dialect):
 
 
 _NEEDS_QUOTES = (",", '"', "\n", "\r")
-_WRITTEN_AS_CELLS = frozenset({str, type(None), int, Decimal})
-"""Types ``csv`` writes as ``cell`` would (None empty, numbers as ``str``): rows of only these need no conversion."""
+_WRITTEN_AS_CELLS = frozenset({str, type(None), int})
+"""Types ``csv`` writes as ``cell`` would (None empty, ints as ``str``): rows of only these need no conversion. Not
+``Decimal``: ``str`` gives it an exponent (``0E-8``), ``cell`` plain notation."""
 ROWS_PER_BATCH = 1000
 
 
@@ -70,10 +71,6 @@ def _quoted(cell: str) -> str:
     return cell
 
 
-def csv_writer(stream: IO[str]) -> CsvWriter:
-    return CsvWriter(stream)
-
-
 def cell(value: Any) -> str:
     if value is None:
         return ""
@@ -83,19 +80,14 @@ def cell(value: Any) -> str:
         return "false"
     if isinstance(value, str):
         return value
-    if isinstance(value, Decimal):
-        return _plain(value)
+    if isinstance(value, Decimal):  # its digits without an exponent: ``str`` writes 0.0000001 as 1E-7
+        text = str(value)
+        return format(value, "f") if "E" in text else text
     if isinstance(value, int):
         return str(value)
     if isinstance(value, dict | list):
         return json_bytes(value).decode()
     return str(value)
-
-
-def _plain(value: Decimal) -> str:
-    """A decimal's digits without an exponent: ``str`` writes 0.0000001 as 1E-7 and a boundary 0.00000000 as 0E-8."""
-    text = str(value)
-    return format(value, "f") if "E" in text else text
 
 
 def csv_cells(row: tuple) -> list[str]:

@@ -116,9 +116,19 @@ def _converted(csv_path: Path, schema: pa.Schema, parquet_path: Path, row_group_
         csv_path,
         read_options=pa_csv.ReadOptions(block_size=block),
         parse_options=pa_csv.ParseOptions(newlines_in_values=True),
-        convert_options=_convert_options(schema),
+        convert_options=pa_csv.ConvertOptions(
+            column_types={field.name: field.type for field in schema},
+            null_values=[""],
+            strings_can_be_null=True,
+            true_values=["true"],
+            false_values=["false"],
+        ),
     )
-    _check_header(csv_path, reader.schema, schema)
+    if reader.schema.names != schema.names:
+        raise ViewError(
+            f"{csv_path.name} has the columns {reader.schema.names}, but its ViewDefinition has {schema.names}: "
+            "convert a CSV with the view that wrote it"
+        )
     with pq.ParquetWriter(parquet_path, schema, compression=COMPRESSION) as writer:
         for group in _row_groups(reader, row_group_bytes):
             writer.write_table(pa.Table.from_batches(group, schema), row_group_size=ROW_GROUP_MAX_ROWS)
@@ -138,24 +148,6 @@ def _row_groups(batches: Iterable[pa.RecordBatch], row_group_bytes: int) -> Iter
             group, size = [], 0
     if group:
         yield group
-
-
-def _convert_options(schema: pa.Schema) -> pa_csv.ConvertOptions:
-    return pa_csv.ConvertOptions(
-        column_types={field.name: field.type for field in schema},
-        null_values=[""],
-        strings_can_be_null=True,
-        true_values=["true"],
-        false_values=["false"],
-    )
-
-
-def _check_header(csv_path: Path, found: pa.Schema, expected: pa.Schema) -> None:
-    if found.names != expected.names:
-        raise ViewError(
-            f"{csv_path.name} has the columns {found.names}, but its ViewDefinition has {expected.names}: "
-            "convert a CSV with the view that wrote it"
-        )
 
 
 def _arrow_problem(exc: pa.ArrowInvalid, schema: pa.Schema) -> str:

@@ -16,7 +16,7 @@ import re2
 from tasks.sof.errors import ResourceLineError
 
 _DECIMAL_NUMBER = re2.compile(rb"[:\[,][ \t\n\r\f\v]*-?\d+(?:\.\d|[eE])")  # RE2: 2.5x Python's re here
-_DECIMAL_DECODER = json.JSONDecoder(parse_float=Decimal)
+_DECIMAL_DECODER = json.JSONDecoder(parse_float=Decimal)  # made once: ``json.loads(parse_float=...)`` makes one a call
 _RESOURCE_TYPE_KEY = b'"resourceType"'
 _RESOURCE_TYPE = re.compile(rb'"resourceType"\s*:\s*"([^"\\]*)"')
 
@@ -28,7 +28,10 @@ def parse_line(source: Path | str, number: int, line: bytes) -> dict[str, Any]:
     looks like that only costs the slower parser, never a wrong value.
     """
     try:
-        resource = _with_decimals(line) if _DECIMAL_NUMBER.search(line) else orjson.loads(line)
+        if _DECIMAL_NUMBER.search(line):
+            resource = _DECIMAL_DECODER.decode(line.decode("utf-8-sig", "surrogatepass"))
+        else:
+            resource = orjson.loads(line)
     except ValueError as exc:
         raise ResourceLineError(f"{source}: line {number} is not valid JSON ({exc})") from exc
     except RecursionError:  # the decimal-keeping parser recurses per level; orjson stops at 1024 levels itself
@@ -36,11 +39,6 @@ def parse_line(source: Path | str, number: int, line: bytes) -> dict[str, Any]:
     if not isinstance(resource, dict):
         raise ResourceLineError(f"{source}: line {number} is not a JSON object")
     return resource
-
-
-def _with_decimals(line: bytes) -> Any:
-    """``json.loads(line, parse_float=Decimal)`` with one decoder made once (``json.loads`` makes one per call)."""
-    return _DECIMAL_DECODER.decode(line.decode("utf-8-sig", "surrogatepass"))
 
 
 def line_resources(resource: dict[str, Any]) -> list[dict[str, Any]]:

@@ -138,10 +138,7 @@ class Select:
             pending.append(iter(self._children(item, env)))
 
     def _children(self, focus: Focus, env: dict[str, Any]) -> list[Focus]:
-        found: list[Focus] = []
-        for evaluate in self.iterate:
-            found.extend(self._evaluated(evaluate, focus, env))
-        return found
+        return [child for evaluate in self.iterate for child in self._evaluated(evaluate, focus, env)]
 
     def _evaluated(self, evaluate: Compiled, focus: Focus, env: dict[str, Any]) -> list[Focus]:
         try:

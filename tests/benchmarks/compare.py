@@ -655,7 +655,7 @@ def child_views(source: str, out: str) -> dict:
     from tasks.flattening import plan_views
     from tasks.streams.ndjson import iter_lines
     from tasks.sof.view import compile_view
-    from tasks.sof.output import csv_writer
+    from tasks.sof.output import CsvWriter
     from tasks.sof.resources import read_resources
 
     path, folder = Path(source), Path(out)
@@ -668,7 +668,7 @@ def child_views(source: str, out: str) -> dict:
 
     def engine_csv(view, target: Path) -> None:
         with target.open("w", encoding="utf-8", newline="") as stream:
-            writer = csv_writer(stream)
+            writer = CsvWriter(stream)
             writer.writerow(view.columns)
             resources = read_resources(path, iter_lines(path, MAX_LINE_BYTES), [view.resource])
             writer.writerows(row for resource in resources for row in view.rows(resource))
