@@ -1,6 +1,6 @@
 """Worker processes for CPU-bound per-file work (JSON parsing, FHIRPath): threads do not help there (the GIL).
 
-``with worker_pool():`` opens a pool of ``pool_size()`` workers for one step and makes it the current pool of the
+``with worker_pool():`` opens a pool of ``pool_size()`` workers for one step run and makes it the current pool of the
 threads the step fans out to (a context variable: ``run_bounded`` and Prefect's runners copy it); its workers end
 with the block, terminated at once when it ends by an exception (Ctrl+C, a cancelled fan-out, a failure).
 ``run_in_process(function, *args)`` runs a plain, picklable function in a worker of the current pool, or of a
@@ -97,11 +97,13 @@ def processes_allowed() -> bool:
 @contextmanager
 def worker_pool(*preload: str, size: int | None = None) -> Iterator[ProcessPoolExecutor]:
     """A pool of ``size`` (default ``pool_size()``) workers, current in this context until the block ends. Its
-    workers start at once, each importing the modules ``preload`` names, while the caller prepares the work."""
+    workers start with its first work, or at once when ``preload`` names modules for them to import (while the
+    caller prepares the work): a block that runs nothing in a worker costs about a millisecond."""
     pool = ProcessPoolExecutor(size or pool_size(), initializer=_start_worker, initargs=(os.getpid(), preload))
     token = _current.set(pool)
     try:
-        pool.submit(never_cancelled)  # loky starts every worker on the first submit
+        if preload:
+            pool.submit(never_cancelled)  # loky starts every worker on the first submit
         yield pool
     except BaseException:
         pool.shutdown(wait=True, kill_workers=True)
