@@ -241,39 +241,71 @@ class StreamDecoder:
 def iter_lines(path: Path, max_line_bytes: int, span: Span = WHOLE_FILE) -> Iterator[tuple[int, bytes]]:
     """Yield ``(line number, line)`` for every non-empty line (of ``span``), without its newline. Blank lines in a
     row count against the limit within a span: a run that a cut between spans divides counts as two."""
-    pending = bytearray()
-    line_number = span.lines_before
-    blanks = BlankRun(path, max_line_bytes)
+    lines = LineSplitter(path, max_line_bytes, span.lines_before)
     for chunk in iter_chunks(path, span):
-        start = 0
-        while (end := chunk.find(b"\n", start)) != -1:
-            if not pending and (start == end or chunk[start] in BLANK_BYTES):
-                run_end, lines = blank_lines_at(chunk, start)
-                if lines:
-                    blanks.add(line_number + 1, run_end - start)
-                    line_number += lines
-                    start = run_end
+        for line in lines.feed(chunk):
+            yield lines.number, line
+    if last := lines.finish():
+        yield lines.number, last
+
+
+class LineSplitter:
+    """The non-blank lines of a byte stream fed in arbitrary chunks (``feed``, then ``finish``), without their
+    newlines; ``number`` is the number of the line last given (counting from ``lines_before``). A line longer than
+    ``max_line_bytes`` is an error, and so are more bytes than that of blank lines in a row (``BlankRun``). Only a
+    line that spans chunks is buffered (bounded by the line limit), so memory stays flat."""
+
+    def __init__(self, source: Path | str, max_line_bytes: int, lines_before: int = 0):
+        self._source = source
+        self._max = max_line_bytes
+        self._pending = bytearray()
+        self._blanks = BlankRun(source, max_line_bytes)
+        self.number = lines_before
+
+    def feed(self, chunk: bytes) -> Iterator[bytes]:
+        # The parts of a line that spans chunks are appended through a view, without a slice copy.
+        with memoryview(chunk) as view:
+            start = 0
+            while (end := chunk.find(b"\n", start)) != -1:
+                if self._pending:
+                    self._pending += view[start:end]
+                    line = bytes(self._pending)
+                    self._pending = bytearray()
+                elif (start == end or chunk[start] in BLANK_BYTES) and (after := self._skip_blank_lines(chunk, start)):
+                    start = after
                     continue
-            line_number += 1
-            if pending:
-                pending += chunk[start:end]
-                line = bytes(pending)
-                pending.clear()
-            else:
-                line = chunk[start:end]
-            if len(line) > max_line_bytes:
-                raise LineTooLongError(path, line_number, max_line_bytes)
-            if line.strip():
-                blanks.end()
-                yield line_number, line
-            else:
-                blanks.add(line_number, len(line) + 1)
-            start = end + 1
-        pending += chunk[start:]
-        if len(pending) > max_line_bytes:
-            raise LineTooLongError(path, line_number + 1, max_line_bytes)
-    if pending.strip():
-        yield line_number + 1, bytes(pending)
+                else:
+                    line = chunk[start:end]  # a bytes copy: simdjson parses bytes faster than a view
+                start = end + 1
+                self.number += 1
+                if len(line) > self._max:
+                    raise LineTooLongError(self._source, self.number, self._max)
+                if line.strip():
+                    self._blanks.end()
+                    yield line
+                else:
+                    self._blanks.add(self.number, len(line) + 1)
+            if len(self._pending) + len(chunk) - start > self._max:
+                raise LineTooLongError(self._source, self.number + 1, self._max)
+            self._pending += view[start:]
+
+    def finish(self) -> bytes:
+        """The last line when the stream does not end with a newline (empty: it does, or the rest is blank)."""
+        line = bytes(self._pending)
+        self._pending = bytearray()
+        if not line.strip():
+            return b""
+        self.number += 1
+        return line
+
+    def _skip_blank_lines(self, chunk: bytes, start: int) -> int:
+        """Count the blank lines from ``start`` at once (``blank_lines_at``): the offset after them, 0 if none."""
+        after, lines = blank_lines_at(chunk, start)
+        if not lines:
+            return 0
+        self._blanks.add(self.number + 1, after - start)
+        self.number += lines
+        return after
 
 
 def blank_lines_at(chunk: bytes, start: int) -> tuple[int, int]:
