@@ -3,19 +3,12 @@
 Every step reads and writes data files through this module, so that all of them share the same
 rules: zstd is recognised by its magic bytes (not by the file name), a line longer than
 ``pipeline.max_ndjson_line_size_mb`` is an error naming the file and line, memory stays flat
-whatever the file size, and a file is only ever visible under its final name once it is complete
-(written to ``.<name>.part`` and renamed).
+whatever the file size (a zstd decompression bomb included: ``StreamDecoder``), and a file is only ever visible
+under its final name once it is complete (written to ``.<name>.part`` and renamed).
 
 Content is checked while it streams (``tasks.streams.ndjson_writer``: ``AtomicNdjsonWriter``, ``LineChecker``).
 File names are checked by the one rule for names from data (``tasks.core.names.name_from_data_problem``).
-
-A file can be read a span of lines at a time (``Span``, cut by ``tasks.streams.spans.line_spans`` at line starts,
-numbered as in the whole file), so that several processes share one large file: a plain file's span is read from
-its offset, a zstd file's is decompressed from the start, the bytes before it dropped.
-
-zstd is decompressed in pieces of at most ``ZSTD_OUTPUT_PIECE`` (1 MiB), whatever the compression ratio, so a
-decompression bomb (a few hundred KB that unpack to gigabytes of one byte) costs no more memory than a real file:
-each decompression call is fed at most ``ZSTD_BLOCKS_PER_PIECE`` zstd blocks (``tasks.streams.zstd_blocks``).
+A file can be read a span of lines at a time (``Span``), so that several processes share one large file.
 """
 
 from __future__ import annotations
@@ -252,14 +245,15 @@ def iter_lines(path: Path, max_line_bytes: int, span: Span = WHOLE_FILE) -> Iter
 class LineSplitter:
     """The non-blank lines of a byte stream fed in arbitrary chunks (``feed``, then ``finish``), without their
     newlines; ``number`` is the number of the line last given (counting from ``lines_before``). A line longer than
-    ``max_line_bytes`` is an error, and so are more bytes than that of blank lines in a row (``BlankRun``). Only a
+    ``max_line_bytes`` is an error, and so are more bytes than that of blank lines in a row. Only a
     line that spans chunks is buffered (bounded by the line limit), so memory stays flat."""
 
     def __init__(self, source: Path | str, max_line_bytes: int, lines_before: int = 0):
         self._source = source
         self._max = max_line_bytes
         self._pending = bytearray()
-        self._blanks = BlankRun(source, max_line_bytes)
+        self._blank_run_from = 0  # the first line of the run of blank lines that ends at ``number``, if any
+        self._blank_run_bytes = 0
         self.number = lines_before
 
     def feed(self, chunk: bytes) -> Iterator[bytes]:
@@ -281,10 +275,10 @@ class LineSplitter:
                 if len(line) > self._max:
                     raise LineTooLongError(self._source, self.number, self._max)
                 if line.strip():
-                    self._blanks.end()
+                    self._blank_run_bytes = 0
                     yield line
                 else:
-                    self._blanks.add(self.number, len(line) + 1)
+                    self._add_blank_lines(self.number, len(line) + 1)
             if len(self._pending) + len(chunk) - start > self._max:
                 raise LineTooLongError(self._source, self.number + 1, self._max)
             self._pending += view[start:]
@@ -303,9 +297,22 @@ class LineSplitter:
         after, lines = blank_lines_at(chunk, start)
         if not lines:
             return 0
-        self._blanks.add(self.number + 1, after - start)
+        self._add_blank_lines(self.number + 1, after - start)
         self.number += lines
         return after
+
+    def _add_blank_lines(self, first_line: int, size: int) -> None:
+        """Blank lines in a row are allowed, but more than the line limit of them is no NDJSON (a decompression bomb
+        of newlines, read to its end)."""
+        if not self._blank_run_bytes:
+            self._blank_run_from = first_line
+        self._blank_run_bytes += size
+        if self._blank_run_bytes > self._max:
+            raise NdjsonError(
+                f"{self._source}: more than {self._max // (1024 * 1024)} MB of blank lines from line "
+                f"{self._blank_run_from} on (the limit is pipeline.max_ndjson_line_size_mb); this is not NDJSON "
+                "data: check how the file was made"
+            )
 
 
 def blank_lines_at(chunk: bytes, start: int) -> tuple[int, int]:
@@ -330,30 +337,6 @@ def first_non_blank(chunk: bytes, start: int) -> int:
             return end - rest
         start, window = end, window * 4
     return len(chunk)
-
-
-class BlankRun:
-    """Counts blank lines in a row; more than ``limit`` bytes of them is an error. Blank lines between resources are
-    allowed, but gigabytes of them are no NDJSON: a decompression bomb of newlines, read to its end."""
-
-    def __init__(self, source: Path | str, limit: int):
-        self._source, self._limit = source, limit
-        self._first_line = 0
-        self._size = 0
-
-    def add(self, first_line: int, size: int) -> None:
-        if not self._size:
-            self._first_line = first_line
-        self._size += size
-        if self._size > self._limit:
-            raise NdjsonError(
-                f"{self._source}: more than {self._limit // (1024 * 1024)} MB of blank lines from line "
-                f"{self._first_line} on (the limit is pipeline.max_ndjson_line_size_mb); this is not NDJSON data: "
-                "check how the file was made"
-            )
-
-    def end(self) -> None:
-        self._size = 0
 
 
 def iter_resources(path: Path, max_line_bytes: int) -> Iterator[tuple[int, dict]]:
