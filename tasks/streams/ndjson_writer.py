@@ -4,10 +4,7 @@ module doc of ``tasks.streams.ndjson``, applied as the bytes stream.
 Content is checked while it streams (a large plain file: by a worker process once written, before its rename):
 every non-blank line must be a JSON object with a ``resourceType`` (a binary file or a stray text line never
 travels to the next step), and a last line without a newline must be complete (a truncated file is never taken
-for a finished one). Blank lines in a row count together against the line limit: more than
-``pipeline.max_ndjson_line_size_mb`` of them is an error too (a file of nothing but newlines is no data). The check
-validates with simdjson (no Python objects are built) and hands every line simdjson does not prove a resource to
-orjson, so it accepts exactly what ``parse_resource`` accepts and reports errors in its words.
+for a finished one); ``LineChecker`` says how.
 """
 
 from __future__ import annotations
