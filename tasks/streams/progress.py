@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 from uuid import UUID
 
 from tasks.core.readable import size_text
@@ -29,22 +29,17 @@ ARTIFACT_EVERY_SECONDS = 1.0
 logger = logging.getLogger("dupflow.progress")
 
 
-class Tracker(Protocol):
-    def advance(self, amount: int) -> None: ...
+class Tracker:
+    """A file's progress; this one shows nothing (the display ``none``)."""
+
+    def advance(self, amount: int) -> None:
+        pass
 
     def set_total(self, total: int) -> None:
         """The file's size, learned after it started (a download's Content-Length)."""
 
 
-class _Silent:
-    def advance(self, amount: int) -> None:
-        pass
-
-    def set_total(self, total: int) -> None:
-        pass
-
-
-class _LogTracker:
+class _LogTracker(Tracker):
     def __init__(self, label: str, total: int | None, unit: str):
         self._label, self._total, self._unit = label, total, unit
         self._done = 0
@@ -117,7 +112,7 @@ def expect_files(count: int) -> None:
 @contextmanager
 def _display_tracker(label: str, total: int | None, unit: str) -> Iterator[Tracker]:
     if _display == "none":
-        yield _Silent()
+        yield Tracker()
     elif _display == "bar":
         with _board.bar(label, total, unit) as tracker:
             yield tracker
@@ -144,7 +139,7 @@ class StepWork:
 
 
 @dataclass(eq=False)
-class FileWork:
+class FileWork(Tracker):
     """One file in work in a step run: its size when known and what is done of it. The file's tracker: it feeds
     its display (``shown``) and its step's aggregate."""
 
@@ -353,7 +348,7 @@ class _Board:
                     self._progress = None
 
 
-class _Bar:
+class _Bar(Tracker):
     def __init__(self, progress: Any, task_id: Any):
         self._progress, self._task_id = progress, task_id
 
