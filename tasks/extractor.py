@@ -40,6 +40,7 @@ from tasks.job.filework import map_files
 from tasks.job.layout import step_artifact_key
 from tasks.job.steps import ndjson_written
 from tasks.streams.ndjson import remove_partial_files
+from tasks.streams.processes import worker_pool
 from tasks.streams.progress import expect_files, track
 from tasks.core.readable import CLI
 from tasks.job.record import read_facts
@@ -278,7 +279,8 @@ def download_result_files(step: StepInput, urls: list[str], needs_token: bool) -
     arguments = [(step, url, name, needs_token) for url, name in names.items()]
     expect_files(len(arguments))
     try:
-        with download_client(step, needs_token):  # the step's downloads in this process share one client
+        # the step's downloads in this process share one client, and the line checks of large plain files its workers
+        with download_client(step, needs_token), worker_pool():
             outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
     finally:
         remove_partial_files(step.output_dir)

@@ -24,6 +24,7 @@ from tasks.job.steps import ndjson_written
 from tasks.job.layout import is_crtdl_file
 from tasks.streams.ndjson import DATA_SUFFIXES, iter_chunks, output_name, remove_partial_files
 from tasks.streams.ndjson_writer import AtomicNdjsonWriter
+from tasks.streams.processes import worker_pool
 from tasks.streams.progress import track
 
 
@@ -40,7 +41,8 @@ def local_import(step: StepInput) -> StepResult:
     remove_partial_files(step.output_dir)
     arguments = [(step, str(path), name, file_identity(path)) for path, name in zip(files, targets, strict=True)]
     try:
-        outcomes = map_files(import_file, arguments, workers=os.cpu_count() or 1)
+        with worker_pool():  # the line checks of the step's large plain files share its workers
+            outcomes = map_files(import_file, arguments, workers=os.cpu_count() or 1)
     finally:
         remove_partial_files(step.output_dir)
     return step.result(results_or_raise(outcomes), source=str(source))

@@ -1,13 +1,6 @@
-"""Bounded, cancellable fan-out: the one way a step works on several files or requests at once.
-
-Two shapes, both bounded and both cancelled as a whole when one call fails or the run is interrupted:
-
-- ``run_bounded``: blocking calls (file downloads, uploads) on at most N daemon threads. Every call's
-  outcome (its result or the exception it raised) is returned, so the caller can keep every file that
-  finished before raising the first failure.
-- ``ordered_map``: coroutines (service requests on one ``httpx.AsyncClient``) with at most ``window`` in
-  flight, yielded in input order as soon as the oldest is done, so output files keep the input order while
-  memory stays bounded whatever the input size.
+"""Bounded, cancellable fan-out: the one way a step works on several files or requests at once, as blocking calls
+on threads (``run_bounded``: file downloads, uploads) or as coroutines yielded in input order (``ordered_map``:
+service requests on one ``httpx.AsyncClient``, so output files keep the input order while memory stays bounded).
 """
 
 from __future__ import annotations

@@ -3,19 +3,12 @@
 Every step reads and writes data files through this module, so that all of them share the same
 rules: zstd is recognised by its magic bytes (not by the file name), a line longer than
 ``pipeline.max_ndjson_line_size_mb`` is an error naming the file and line, memory stays flat
-whatever the file size, and a file is only ever visible under its final name once it is complete
-(written to ``.<name>.part`` and renamed).
+whatever the file size (a zstd decompression bomb included: ``StreamDecoder``), and a file is only ever visible
+under its final name once it is complete (written to ``.<name>.part`` and renamed).
 
 Content is checked while it streams (``tasks.streams.ndjson_writer``: ``AtomicNdjsonWriter``, ``LineChecker``).
 File names are checked by the one rule for names from data (``tasks.core.names.name_from_data_problem``).
-
-A file can be read a span of lines at a time (``Span``, cut by ``tasks.streams.spans.line_spans`` at line starts,
-numbered as in the whole file), so that several processes share one large file: a plain file's span is read from
-its offset, a zstd file's is decompressed from the start, the bytes before it dropped.
-
-zstd is decompressed in pieces of at most ``ZSTD_OUTPUT_PIECE`` (1 MiB), whatever the compression ratio, so a
-decompression bomb (a few hundred KB that unpack to gigabytes of one byte) costs no more memory than a real file:
-each decompression call is fed at most ``ZSTD_BLOCKS_PER_PIECE`` zstd blocks (``tasks.streams.zstd_blocks``).
+A file can be read a span of lines at a time (``Span``), so that several processes share one large file.
 """
 
 from __future__ import annotations
@@ -241,39 +234,85 @@ class StreamDecoder:
 def iter_lines(path: Path, max_line_bytes: int, span: Span = WHOLE_FILE) -> Iterator[tuple[int, bytes]]:
     """Yield ``(line number, line)`` for every non-empty line (of ``span``), without its newline. Blank lines in a
     row count against the limit within a span: a run that a cut between spans divides counts as two."""
-    pending = bytearray()
-    line_number = span.lines_before
-    blanks = BlankRun(path, max_line_bytes)
+    lines = LineSplitter(path, max_line_bytes, span.lines_before)
     for chunk in iter_chunks(path, span):
-        start = 0
-        while (end := chunk.find(b"\n", start)) != -1:
-            if not pending and (start == end or chunk[start] in BLANK_BYTES):
-                run_end, lines = blank_lines_at(chunk, start)
-                if lines:
-                    blanks.add(line_number + 1, run_end - start)
-                    line_number += lines
-                    start = run_end
+        for line in lines.feed(chunk):
+            yield lines.number, line
+    if last := lines.finish():
+        yield lines.number, last
+
+
+class LineSplitter:
+    """The non-blank lines of a byte stream fed in arbitrary chunks (``feed``, then ``finish``), without their
+    newlines; ``number`` is the number of the line last given (counting from ``lines_before``). A line longer than
+    ``max_line_bytes`` is an error, and so are more bytes than that of blank lines in a row. Only a
+    line that spans chunks is buffered (bounded by the line limit), so memory stays flat."""
+
+    def __init__(self, source: Path | str, max_line_bytes: int, lines_before: int = 0):
+        self._source = source
+        self._max = max_line_bytes
+        self._pending = bytearray()
+        self._blank_run_from = 0  # the first line of the run of blank lines that ends at ``number``, if any
+        self._blank_run_bytes = 0
+        self.number = lines_before
+
+    def feed(self, chunk: bytes) -> Iterator[bytes]:
+        # The parts of a line that spans chunks are appended through a view, without a slice copy.
+        with memoryview(chunk) as view:
+            start = 0
+            while (end := chunk.find(b"\n", start)) != -1:
+                if self._pending:
+                    self._pending += view[start:end]
+                    line = bytes(self._pending)
+                    self._pending = bytearray()
+                elif (start == end or chunk[start] in BLANK_BYTES) and (after := self._skip_blank_lines(chunk, start)):
+                    start = after
                     continue
-            line_number += 1
-            if pending:
-                pending += chunk[start:end]
-                line = bytes(pending)
-                pending.clear()
-            else:
-                line = chunk[start:end]
-            if len(line) > max_line_bytes:
-                raise LineTooLongError(path, line_number, max_line_bytes)
-            if line.strip():
-                blanks.end()
-                yield line_number, line
-            else:
-                blanks.add(line_number, len(line) + 1)
-            start = end + 1
-        pending += chunk[start:]
-        if len(pending) > max_line_bytes:
-            raise LineTooLongError(path, line_number + 1, max_line_bytes)
-    if pending.strip():
-        yield line_number + 1, bytes(pending)
+                else:
+                    line = chunk[start:end]  # a bytes copy: simdjson parses bytes faster than a view
+                start = end + 1
+                self.number += 1
+                if len(line) > self._max:
+                    raise LineTooLongError(self._source, self.number, self._max)
+                if line.strip():
+                    self._blank_run_bytes = 0
+                    yield line
+                else:
+                    self._add_blank_lines(self.number, len(line) + 1)
+            if len(self._pending) + len(chunk) - start > self._max:
+                raise LineTooLongError(self._source, self.number + 1, self._max)
+            self._pending += view[start:]
+
+    def finish(self) -> bytes:
+        """The last line when the stream does not end with a newline (empty: it does, or the rest is blank)."""
+        line = bytes(self._pending)
+        self._pending = bytearray()
+        if not line.strip():
+            return b""
+        self.number += 1
+        return line
+
+    def _skip_blank_lines(self, chunk: bytes, start: int) -> int:
+        """Count the blank lines from ``start`` at once (``blank_lines_at``): the offset after them, 0 if none."""
+        after, lines = blank_lines_at(chunk, start)
+        if not lines:
+            return 0
+        self._add_blank_lines(self.number + 1, after - start)
+        self.number += lines
+        return after
+
+    def _add_blank_lines(self, first_line: int, size: int) -> None:
+        """Blank lines in a row are allowed, but more than the line limit of them is no NDJSON (a decompression bomb
+        of newlines, read to its end)."""
+        if not self._blank_run_bytes:
+            self._blank_run_from = first_line
+        self._blank_run_bytes += size
+        if self._blank_run_bytes > self._max:
+            raise NdjsonError(
+                f"{self._source}: more than {self._max // (1024 * 1024)} MB of blank lines from line "
+                f"{self._blank_run_from} on (the limit is pipeline.max_ndjson_line_size_mb); this is not NDJSON "
+                "data: check how the file was made"
+            )
 
 
 def blank_lines_at(chunk: bytes, start: int) -> tuple[int, int]:
@@ -298,30 +337,6 @@ def first_non_blank(chunk: bytes, start: int) -> int:
             return end - rest
         start, window = end, window * 4
     return len(chunk)
-
-
-class BlankRun:
-    """Counts blank lines in a row; more than ``limit`` bytes of them is an error. Blank lines between resources are
-    allowed, but gigabytes of them are no NDJSON: a decompression bomb of newlines, read to its end."""
-
-    def __init__(self, source: Path | str, limit: int):
-        self._source, self._limit = source, limit
-        self._first_line = 0
-        self._size = 0
-
-    def add(self, first_line: int, size: int) -> None:
-        if not self._size:
-            self._first_line = first_line
-        self._size += size
-        if self._size > self._limit:
-            raise NdjsonError(
-                f"{self._source}: more than {self._limit // (1024 * 1024)} MB of blank lines from line "
-                f"{self._first_line} on (the limit is pipeline.max_ndjson_line_size_mb); this is not NDJSON data: "
-                "check how the file was made"
-            )
-
-    def end(self) -> None:
-        self._size = 0
 
 
 def iter_resources(path: Path, max_line_bytes: int) -> Iterator[tuple[int, dict]]:

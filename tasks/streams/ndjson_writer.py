@@ -4,10 +4,7 @@ module doc of ``tasks.streams.ndjson``, applied as the bytes stream.
 Content is checked while it streams (a large plain file: by a worker process once written, before its rename):
 every non-blank line must be a JSON object with a ``resourceType`` (a binary file or a stray text line never
 travels to the next step), and a last line without a newline must be complete (a truncated file is never taken
-for a finished one). Blank lines in a row count together against the line limit: more than
-``pipeline.max_ndjson_line_size_mb`` of them is an error too (a file of nothing but newlines is no data). The check
-validates with simdjson (no Python objects are built) and hands every line simdjson does not prove a resource to
-orjson, so it accepts exactly what ``parse_resource`` accepts and reports errors in its words.
+for a finished one); ``LineChecker`` says how.
 """
 
 from __future__ import annotations
@@ -22,17 +19,14 @@ import simdjson
 import zstandard
 
 from tasks.streams.ndjson import (
-    BLANK_BYTES,
     PART_PREFIX,
     PART_SUFFIX,
     ZSTD_LEVELS,
-    BlankRun,
     CompressionLevel,
     FileStats,
-    LineTooLongError,
+    LineSplitter,
     NdjsonError,
     TruncatedLineError,
-    blank_lines_at,
     iter_chunks,
     parse_resource,
     raw_chunks,
@@ -54,14 +48,9 @@ class LineCounts(NamedTuple):
     bundled: int
 
 
-def _is_blank(line: bytes | bytearray | memoryview) -> bool:
-    return not bytes(line).strip()
-
-
 class LineChecker:
-    """Counts and checks the lines of a byte stream fed in arbitrary chunks: every non-blank line must be a
-    FHIR resource (``parse_resource``'s rules) of at most ``max_line_bytes``. Only a line that spans chunks is
-    buffered (bounded by the line limit), so memory stays flat.
+    """Counts and checks the lines of a byte stream fed in arbitrary chunks (``LineSplitter``): every non-blank line
+    must be a FHIR resource (``parse_resource``'s rules) of at most ``max_line_bytes``.
 
     A line is validated by simdjson, which checks all of it (structure, numbers, UTF-8, escapes) without building
     Python objects: four to eight times orjson's speed on FHIR lines. Whatever simdjson does not prove a resource
@@ -70,67 +59,33 @@ class LineChecker:
 
     def __init__(self, source: str, max_line_bytes: int):
         self._source = source
-        self._max = max_line_bytes
-        self._pending = bytearray()
+        self._lines = LineSplitter(source, max_line_bytes)
         self._parser = simdjson.Parser()
-        self._blanks = BlankRun(source, max_line_bytes)
-        self.lines = 0
         self.resources = 0
         self.bundles = 0
         self.bundled = 0
 
-    def feed(self, chunk: bytes) -> None:
-        # The parts of a line that spans chunks are appended through a view, without a slice copy.
-        with memoryview(chunk) as view:
-            start = 0
-            while (end := chunk.find(b"\n", start)) != -1:
-                if self._pending:
-                    self._pending += view[start:end]
-                    self._check_line(bytes(self._pending))
-                    self._pending = bytearray()
-                elif (start == end or chunk[start] in BLANK_BYTES) and (after := self._skip_blank_lines(chunk, start)):
-                    start = after
-                    continue
-                else:
-                    self._check_line(chunk[start:end])  # a bytes copy: simdjson parses bytes faster than a view
-                start = end + 1
-            if len(self._pending) + len(chunk) - start > self._max:
-                raise LineTooLongError(self._source, self.lines + 1, self._max)
-            self._pending += view[start:]
+    @property
+    def lines(self) -> int:
+        return self._lines.number
 
-    def _skip_blank_lines(self, chunk: bytes, start: int) -> int:
-        """Count the blank lines from ``start`` at once (``blank_lines_at``): the offset after them, 0 if none."""
-        after, lines = blank_lines_at(chunk, start)
-        if not lines:
-            return 0
-        self._blanks.add(self.lines + 1, after - start)
-        self.lines += lines
-        return after
+    def feed(self, chunk: bytes) -> None:
+        for line in self._lines.feed(chunk):
+            self._check_line(line)
 
     def finish(self) -> None:
         """Check the last line when the data do not end with a newline: it must be a complete resource."""
-        if not self._pending or _is_blank(self._pending):
+        if not (line := self._lines.finish()):
             return
         try:
-            self._check_line(bytes(self._pending))
-        except LineTooLongError:
-            raise
+            self._check_line(line)
         except NdjsonError:
             raise TruncatedLineError(
                 f"{self._source}: the data end in the middle of line {self.lines}, without a newline; "
                 "they are truncated"
             ) from None
-        finally:
-            self._pending = bytearray()
 
     def _check_line(self, line: bytes) -> None:
-        self.lines += 1
-        if len(line) > self._max:
-            raise LineTooLongError(self._source, self.lines, self._max)
-        if not line or (line[0] in b" \t\r" and _is_blank(line)):
-            self._blanks.add(self.lines, len(line) + 1)
-            return
-        self._blanks.end()
         if not self._is_resource(line):
             self._count_bundle(parse_resource(self._source, self.lines, line))
         if len(line) > PARSER_KEPT_BYTES:  # simdjson's buffers grow to twice the largest line: give them back

@@ -1,15 +1,12 @@
 """Worker processes for CPU-bound per-file work (JSON parsing, FHIRPath): threads do not help there (the GIL).
 
-``with worker_pool():`` opens a pool of ``pool_size()`` workers for one step and makes it the current pool of the
-threads the step fans out to (a context variable: ``run_bounded`` and Prefect's runners copy it); its workers end
-with the block, terminated at once when it ends by an exception (Ctrl+C, a cancelled fan-out, a failure).
-``run_in_process(function, *args)`` runs a plain, picklable function in a worker of the current pool, or of a
-one-worker pool of its own when none is open, and blocks the calling thread until it is done.
+A step run opens ``with worker_pool():``; ``run_in_process(function, *args)`` runs a plain, picklable function in a
+worker of the current pool (a context variable: ``run_bounded`` and Prefect's runners copy it to the step's threads).
 
 loky, not ``concurrent.futures.ProcessPoolExecutor``: its workers do not import the parent's ``__main__`` (ours,
 ``flows.run``, a Prefect worker or pytest, would pull Prefect into every worker), and ``shutdown(kill_workers=True)``
 stops a running worker (the standard library has no public way before Python 3.14). A worker whose parent dies
-(kill -9) exits by itself (``_exit_with_parent``: loky's workers would wait for work forever).
+(kill -9) exits by itself (``_wait_for_exit``: loky's workers would wait for work forever).
 """
 
 from __future__ import annotations
@@ -97,11 +94,14 @@ def processes_allowed() -> bool:
 @contextmanager
 def worker_pool(*preload: str, size: int | None = None) -> Iterator[ProcessPoolExecutor]:
     """A pool of ``size`` (default ``pool_size()``) workers, current in this context until the block ends. Its
-    workers start at once, each importing the modules ``preload`` names, while the caller prepares the work."""
+    workers start with its first work, or at once when ``preload`` names modules for them to import (while the
+    caller prepares the work): a block that runs nothing in a worker costs about a millisecond. The workers end with
+    the block, terminated at once when it ends by an exception (Ctrl+C, a cancelled fan-out, a failure)."""
     pool = ProcessPoolExecutor(size or pool_size(), initializer=_start_worker, initargs=(os.getpid(), preload))
     token = _current.set(pool)
     try:
-        pool.submit(never_cancelled)  # loky starts every worker on the first submit
+        if preload:
+            pool.submit(never_cancelled)  # loky starts every worker on the first submit
         yield pool
     except BaseException:
         pool.shutdown(wait=True, kill_workers=True)
@@ -115,8 +115,8 @@ def worker_pool(*preload: str, size: int | None = None) -> Iterator[ProcessPoolE
 def run_in_process(
     function: Callable[..., R], *args: Any, stop_if_cancelled: Callable[[], None] = never_cancelled
 ) -> R:
-    """``function(*args)`` in a worker process; its result, or the exception it raised (``BrokenProcessPool`` when
-    the worker died).
+    """``function(*args)`` in a worker of the current pool (of a one-worker pool of its own when none is open); its
+    result, or the exception it raised (``BrokenProcessPool`` when the worker died).
 
     The calling thread waits in short slices, calling ``stop_if_cancelled`` after each, so a cancelled caller
     (it raises) or an interrupt stops the wait at once: the pool's workers are then killed (a running worker

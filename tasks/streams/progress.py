@@ -6,12 +6,8 @@ total from the answer: ``set_total``); the command line chooses the display once
 The default (deployments, tests) is log lines, at most once every ``LOG_EVERY_SECONDS`` per file and one when the
 file is done, so Prefect's log store stays small. Without a total a line names the bytes only (no percent, no ETA).
 
-Independently of the display, the step task wrapper (``tasks.job.contract.step_task``) opens ``step_progress`` for
-its run: every ``track`` of the step (its file tasks' threads included: they run in a copy of its context) feeds
-one ``StepProgress``, which creates the step's progress artifact when the first file of known size starts (or of
-any size once the step said how many files it expects: ``expect_files``), updates it at most once every
-``ARTIFACT_EVERY_SECONDS`` (one monotonic comparison per ``advance``) and sets 100 at the end. Outside a Prefect
-task run (plain-function tests, a worker process without the step's context) it does nothing.
+Independently of the display, every ``track`` inside the step task wrapper's ``step_progress`` (its file tasks'
+threads included: they run in a copy of its context) feeds the step run's ``StepProgress`` and its artifact.
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 from uuid import UUID
 
 from tasks.core.readable import size_text
@@ -33,22 +29,17 @@ ARTIFACT_EVERY_SECONDS = 1.0
 logger = logging.getLogger("dupflow.progress")
 
 
-class Tracker(Protocol):
-    def advance(self, amount: int) -> None: ...
+class Tracker:
+    """A file's progress; this one shows nothing (the display ``none``)."""
+
+    def advance(self, amount: int) -> None:
+        pass
 
     def set_total(self, total: int) -> None:
         """The file's size, learned after it started (a download's Content-Length)."""
 
 
-class _Silent:
-    def advance(self, amount: int) -> None:
-        pass
-
-    def set_total(self, total: int) -> None:
-        pass
-
-
-class _LogTracker:
+class _LogTracker(Tracker):
     def __init__(self, label: str, total: int | None, unit: str):
         self._label, self._total, self._unit = label, total, unit
         self._done = 0
@@ -102,9 +93,9 @@ def track(label: str, total: int | None = None, unit: str = "B") -> Iterator[Tra
         if aggregate is None:
             yield shown
             return
-        work = aggregate.file_started(total, unit)
+        work = aggregate.file_started(FileWork(shown, aggregate, unit, total))
         try:
-            yield _Fed(shown, aggregate, work, unit)
+            yield work
         finally:
             aggregate.file_finished(work)
 
@@ -121,7 +112,7 @@ def expect_files(count: int) -> None:
 @contextmanager
 def _display_tracker(label: str, total: int | None, unit: str) -> Iterator[Tracker]:
     if _display == "none":
-        yield _Silent()
+        yield Tracker()
     elif _display == "bar":
         with _board.bar(label, total, unit) as tracker:
             yield tracker
@@ -129,21 +120,6 @@ def _display_tracker(label: str, total: int | None, unit: str) -> Iterator[Track
         tracker = _LogTracker(label, total, unit)
         yield tracker
         tracker.log_done()
-
-
-class _Fed:
-    """A file's tracker that also feeds its step's aggregate."""
-
-    def __init__(self, shown: Tracker, aggregate: StepProgress, work: FileWork, unit: str):
-        self._shown, self._aggregate, self._work, self._unit = shown, aggregate, work, unit
-
-    def advance(self, amount: int) -> None:
-        self._shown.advance(amount)
-        self._aggregate.advance(self._work, amount, self._unit)
-
-    def set_total(self, total: int) -> None:
-        self._shown.set_total(total)
-        self._aggregate.set_total(self._work, total, self._unit)
 
 
 # --- one progress artifact per step run ------------------------------------------------------------------------
@@ -163,11 +139,23 @@ class StepWork:
 
 
 @dataclass(eq=False)
-class FileWork:
-    """One file in work: its size when known and what is done of it."""
+class FileWork(Tracker):
+    """One file in work in a step run: its size when known and what is done of it. The file's tracker: it feeds
+    its display (``shown``) and its step's aggregate."""
 
+    shown: Tracker
+    aggregate: StepProgress
+    unit: str
     total: int | None
     done: int = 0
+
+    def advance(self, amount: int) -> None:
+        self.shown.advance(amount)
+        self.aggregate.advance(self, amount)
+
+    def set_total(self, total: int) -> None:
+        self.shown.set_total(total)
+        self.aggregate.set_total(self, total)
 
     def fraction(self) -> float:
         return min(1.0, self.done / self.total) if self.total else 0.0
@@ -205,7 +193,8 @@ class StepProgress:
     Percent (never going back): against the step's known input (bytes or lines, in the unit its files are
     tracked in); when the step said how many files to expect (downloads), files done of files expected, a file in
     work counting by its share done if its size is known, else not at all; for another import step, against the
-    files started so far. Publishing is throttled to once every
+    files started so far. The artifact is made when the first file of known size starts (of any size once the step
+    called ``expect_files``) and set to 100 when the run ends. Publishing is throttled to once every
     ``ARTIFACT_EVERY_SECONDS``: ``advance`` adds under a lock and compares one monotonic time, and a thread that
     finds another one publishing goes on with its work.
     """
@@ -228,19 +217,18 @@ class StepProgress:
         with self._lock:
             self._files_expected = count
 
-    def file_started(self, total: int | None, unit: str) -> FileWork:
-        work = FileWork(total)
+    def file_started(self, work: FileWork) -> FileWork:
         with self._lock:
             self._files_started += 1
             self._in_work.add(work)
-            if total:
-                self._totals[unit] = self._totals.get(unit, 0) + total
+            if work.total:
+                self._totals[work.unit] = self._totals.get(work.unit, 0) + work.total
         self.publish()
         return work
 
-    def set_total(self, work: FileWork, total: int, unit: str) -> None:
+    def set_total(self, work: FileWork, total: int) -> None:
         with self._lock:
-            self._totals[unit] = self._totals.get(unit, 0) + total - (work.total or 0)
+            self._totals[work.unit] = self._totals.get(work.unit, 0) + total - (work.total or 0)
             work.total = total
 
     def file_finished(self, work: FileWork) -> None:
@@ -249,10 +237,10 @@ class StepProgress:
             self._in_work.discard(work)
         self.publish()
 
-    def advance(self, work: FileWork, amount: int, unit: str) -> None:
+    def advance(self, work: FileWork, amount: int) -> None:
         with self._lock:
             work.done += amount
-            self._done[unit] = self._done.get(unit, 0) + amount
+            self._done[work.unit] = self._done.get(work.unit, 0) + amount
         if time.monotonic() >= self._next_publish:
             self.publish()
 
@@ -360,7 +348,7 @@ class _Board:
                     self._progress = None
 
 
-class _Bar:
+class _Bar(Tracker):
     def __init__(self, progress: Any, task_id: Any):
         self._progress, self._task_id = progress, task_id
 

@@ -1,12 +1,6 @@
 """Cutting the work on large data files into pieces for worker processes: whether the input pays for starting
 them (``input_pays_for_processes``), and a file cut at line starts into spans (``file_spans``, ``line_spans``) so
-that one big file uses every core.
-
-A file of at least ``SPAN_MIN_BYTES`` per process is cut into spans of at least that much (of its content, as read:
-a zstd file is many times its size), up to ``PLAIN_SPANS_PER_PROCESS`` per process for a plain file and one for a
-zstd file (each of its spans decompresses everything before it: a zstd stream has no index to enter it in the middle;
-decompressing is fast beside flattening, and no decompressed copy is written to disk). Each ``Piece`` is a file
-whole or one of its spans.
+that one big file uses every core. Each ``Piece`` is a file whole or one of its spans.
 """
 
 from __future__ import annotations
@@ -28,7 +22,8 @@ PROCESS_MIN_BYTES = 16 * MB
 SPAN_MIN_BYTES = 8 * MB
 # A plain file is cut into up to this many spans per process, taken as processes come free, so that a span that runs
 # slow (costlier resources, a busy machine) does not hold up the step's end alone. A zstd file gets one per process:
-# each of its spans decompresses everything before it.
+# each of its spans decompresses everything before it (a zstd stream has no index to enter it in the middle; that is
+# fast beside flattening, and no decompressed copy is written to disk).
 PLAIN_SPANS_PER_PROCESS = 2
 
 
