@@ -109,12 +109,9 @@ def newest_states_on_server(job_ids: list[str]) -> dict[str, str]:
 
 def find_job_dir(job: str, jobs_dir: Path) -> Path:
     """``job`` may be a job id (looked up in jobs_dir) or the path of a job directory."""
-    as_path = Path(job)
-    if JobPaths(as_path).job_file.is_file():
-        return as_path.resolve()
-    candidate = jobs_dir / job
-    if JobPaths(candidate).job_file.is_file():
-        return candidate.resolve()
+    for candidate in (Path(job), jobs_dir / job):
+        if JobPaths(candidate).job_file.is_file():
+            return candidate.resolve()
     raise JobError(f"no job {job} in {jobs_dir.resolve()}; pass --jobs-dir (or give the job's directory)")
 
 

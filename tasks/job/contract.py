@@ -148,10 +148,6 @@ class StepResult(StepRecord):
     files: list[DataFile] = Field(default_factory=list)
 
     @property
-    def resources(self) -> int:
-        return sum(f.resources for f in self.files)
-
-    @property
     def size(self) -> int:
         return sum(f.size for f in self.files)
 

@@ -50,6 +50,7 @@ PENDING = "Pending"  # a job made and not yet started by a flow run (nothing ran
 AWAITING_INSPECTION = "AwaitingInspection"
 SUSPENDED = "Suspended"  # a deployment run at a wait step, waiting for the inspection form
 CONTINUED = "Continued"  # the final state of a paused flow run whose job a later flow run continued
+FINAL_STATES = (COMPLETED, FAILED, CRASHED, CANCELLED)  # a job in one of them has ended; no run carries it on
 
 _thread_lock = threading.Lock()
 
