@@ -1,7 +1,4 @@
-"""The command line: ``python -m flows.run start|continue|status|list|config check|…``.
-
-Exit codes: 0 done or paused for inspection, 1 job failed, 2 usage or configuration error,
-130 interrupted (Ctrl+C or SIGTERM; ``continue`` resumes).
+"""The command line: ``python -m flows.run start|continue|status|list|config check|…`` (exit codes in its help).
 
 A failure prints one line that says what went wrong and where the job's log file (with the full trace) is; no
 traceback reaches the terminal. ``status`` and ``list`` read the job directory (and the Prefect server when
