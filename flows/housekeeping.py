@@ -236,7 +236,7 @@ def server_records(client: httpx.Client | None, job_id: str) -> tuple[list[str],
     by_key = [
         artifact["id"]
         for artifact in filtered(client, "/artifacts/filter", {"artifacts": {"key": {"like_": job_tag(job_id)}}})
-        if is_job_key(artifact.get("key"), job_id)
+        if f"{artifact.get('key')}-".startswith(job_tag(job_id) + "-")  # the job's own key, or one of its steps'
     ]
     by_run = (
         [a["id"] for a in filtered(client, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": runs}}})]
@@ -244,10 +244,6 @@ def server_records(client: httpx.Client | None, job_id: str) -> tuple[list[str],
         else []
     )
     return runs, list(dict.fromkeys(by_key + by_run))
-
-
-def is_job_key(key: str | None, job_id: str) -> bool:
-    return key is not None and (key == job_tag(job_id) or key.startswith(job_tag(job_id) + "-"))
 
 
 def filtered(client: httpx.Client, path: str, body: dict) -> list[dict]:

@@ -1,11 +1,9 @@
 """The ``dupflow`` flow: one job, its steps in the order of ``pipeline.enabled_steps``.
 
-Every entry point (the command line, a deployment run, a scheduled run) runs this flow; ``prepare_job`` makes or
-finds the job; the flow run is named after the job id (a run without one makes a job with its own flow-run id) and
-tagged ``job-<id>``. Parameters carry no secret; the configuration (with its secrets) is loaded inside the run.
-Each step is a Prefect task registered in ``STEPS`` with its kind (``StepKind``), which decides what the next step
-reads. Finished steps and files come back from their cached results in the job directory, so running the flow
-again for the same job resumes it.
+Every entry point (the command line, a deployment run, a scheduled run) runs this flow on the job
+``prepare_job`` makes or finds (``run_job_id``). Parameters carry no secret; the configuration (with its secrets)
+is loaded inside the run. Each step is a Prefect task in ``STEPS`` with its kind (``StepKind``: what the next step
+reads); finished steps and files come back from the job's cache, so running the flow again resumes the job.
 
 The flow owns the job: it takes its lock, closes the job's earlier flow run that no process carries on (it ends
 ``Continued``), settles a submission in doubt (``attach``/``resubmit``), releases the gates that paused the job
