@@ -280,9 +280,8 @@ def refuse_unusable_group_names(source: Path, crtdl: dict) -> None:
         raise JobError(f"CRTDL {source}: " + "; ".join(problems))
 
 
-def write_crtdl(paths: JobPaths, source: Path, crtdl: EffectiveCrtdl) -> Path:
+def write_crtdl(paths: JobPaths, source: Path, crtdl: EffectiveCrtdl) -> None:
     """The job's one CRTDL in its directory, recorded as ``crtdl_path`` for every step that needs it."""
     target = paths.job_dir / crtdl.name
     write_file_atomically(target, crtdl.data)
     record_facts(paths.job_dir, crtdl_path=str(target), crtdl_source=str(source), crtdl_warnings=crtdl.warnings or None)
-    return target
