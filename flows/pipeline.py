@@ -37,7 +37,6 @@ from tasks.job.filework import file_runner
 from tasks.job.layout import job_of_tag, job_tag
 from tasks.job.record import (
     AWAITING_INSPECTION,
-    COMPLETED,
     CONTINUED,
     CRASHED,
     FAILED,
@@ -156,13 +155,12 @@ def run_job_steps(job: Job, card: JobRecordCard) -> Any:
     last = results[-1]
     if last.awaiting:
         message = f"awaiting inspection at step {last.position + 1} (wait); continue with: {CLI} continue {job.job_id}"
-        record_state(job.paths.job_dir, AWAITING_INSPECTION, message)
-        card.refresh()
-        return Paused(name=AWAITING_INSPECTION, message=message, data=summary)
-    message = f"outputs in {summary['output_dir']}"
-    record_state(job.paths.job_dir, COMPLETED, message)
+        state = Paused(name=AWAITING_INSPECTION, message=message, data=summary)
+    else:
+        state = Completed(message=f"outputs in {summary['output_dir']}", data=summary)
+    record_state(job.paths.job_dir, state.name, state.message or "")
     card.refresh()
-    return Completed(message=message, data=summary)
+    return state
 
 
 def close_earlier_flow_run(job: Job, flow_run_id: str) -> None:
