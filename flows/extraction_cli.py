@@ -1,11 +1,5 @@
-"""Extraction server control from the command line: ``extraction …`` and ``cohort preview``.
-
-    extraction list CONFIG [--status S,…] [--id ID,…] [--strict]
-    extraction show CONFIG ID-or-JOB
-    extraction pause|resume|cancel CONFIG ID-or-JOB
-    extraction priority CONFIG ID-or-JOB high|normal
-    extraction delete CONFIG ID-or-JOB [--yes]
-    cohort preview CONFIG CRTDL [--ids]
+"""Extraction server control from the command line: ``extraction list|show|pause|resume|cancel|priority|delete``
+and ``cohort preview`` (``register`` declares their arguments).
 
 Every command talks to ``services.extractor`` (base URL, auth, TLS and retry from CONFIG) through
 ``tasks.clients.extraction_jobs.ExtractionTaskClient`` and takes ``--json`` for scripts. ID-or-JOB is an

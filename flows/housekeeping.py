@@ -23,7 +23,7 @@ import shutil
 import sys
 import uuid
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,10 +43,7 @@ from tasks.job.layout import JobPaths, job_tag
 from tasks.core.readable import CLI, size_text
 from tasks.job.record import (
     AWAITING_INSPECTION,
-    CANCELLED,
-    COMPLETED,
-    CRASHED,
-    FAILED,
+    FINAL_STATES,
     RUNNING,
     SUSPENDED,
     RecordError,
@@ -54,7 +51,6 @@ from tasks.job.record import (
 )
 
 EXIT_OK, EXIT_FAILED = 0, 1
-FINISHED_STATES = (COMPLETED, FAILED, CRASHED, CANCELLED)
 NAMED_ONLY_STATES = (AWAITING_INSPECTION, SUSPENDED)  # a person still has to look at these: removed only by name
 API_TIMEOUT = 30.0
 PREFECT_API = "the Prefect API"
@@ -74,8 +70,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         action="append",
         type=state_name,
         metavar="STATE",
-        help=f"only jobs in this state, repeatable ({', '.join(FINISHED_STATES + NAMED_ONLY_STATES)}; "
-        f"default: {', '.join(FINISHED_STATES)})",
+        help=f"only jobs in this state, repeatable ({', '.join(FINAL_STATES + NAMED_ONLY_STATES)}; "
+        f"default: {', '.join(FINAL_STATES)})",
     )
     prune.add_argument("--jobs-dir", help="jobs directory (default: jobs_dir of APP_JOBS_DIR, else ./jobs)")
     prune.add_argument("--yes", action="store_true", help="remove them (without it: only list what would go)")
@@ -84,7 +80,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def state_name(text: str) -> str:
     """A state ``--state`` may name, in any letter case; Running never (a running job is never removed)."""
-    known = {state.lower(): state for state in FINISHED_STATES + NAMED_ONLY_STATES}
+    known = {state.lower(): state for state in FINAL_STATES + NAMED_ONLY_STATES}
     if text.lower() == RUNNING.lower():
         raise argparse.ArgumentTypeError("a running job is never removed; stop it first (it becomes Crashed)")
     if text.lower() not in known:
@@ -118,10 +114,11 @@ class Selection:
 def cmd_prune(args: argparse.Namespace) -> int:
     jobs_dir = Path(args.jobs_dir or default_jobs_dir()).resolve()
     older_than = parse_age_limit(args.older_than)
-    states = tuple(args.state or FINISHED_STATES)
+    states = tuple(args.state or FINAL_STATES)
     api_url = housekeeping_api_url()
+    server = httpx.Client(base_url=api_url.rstrip("/"), timeout=API_TIMEOUT) if api_url else nullcontext()
     try:
-        with api_client(api_url) as client:
+        with server as client:
             selection = select_jobs(jobs_dir, states, older_than, client)
             print_selection(selection, jobs_dir, api_url)
             if not args.yes:
@@ -165,7 +162,8 @@ def select_jobs(
         elif state not in states or not old_enough(job.updated_at, older_than, now):
             selection.not_matching += 1
         else:
-            selection.chosen.append(candidate(paths, state, job.updated_at, client))
+            runs, artifacts = server_records(client, paths.job_id)
+            selection.chosen.append(Candidate(paths, state, job.updated_at, size_on_disk(entry), runs, artifacts))
     return selection
 
 
@@ -198,11 +196,6 @@ def old_enough(changed_at: str, older_than: timedelta | None, now: datetime) -> 
     return now - (changed if changed.tzinfo else changed.replace(tzinfo=UTC)) >= older_than
 
 
-def candidate(paths: JobPaths, state: str, changed_at: str, client: httpx.Client | None) -> Candidate:
-    runs, artifacts = server_records(client, paths.job_id)
-    return Candidate(paths, state, changed_at, size_on_disk(paths.job_dir), runs, artifacts)
-
-
 def size_on_disk(directory: Path) -> int:
     """Bytes of the files under ``directory``; symbolic links are not followed."""
     total = 0
@@ -233,11 +226,6 @@ def local_server_has_jobs() -> bool:
     )
 
 
-def api_client(api_url: str | None) -> AbstractContextManager[httpx.Client | None]:
-    """A client of the server, or (no server) None."""
-    return httpx.Client(base_url=api_url.rstrip("/"), timeout=API_TIMEOUT) if api_url else nullcontext()
-
-
 def server_records(client: httpx.Client | None, job_id: str) -> tuple[list[str], list[str]]:
     """The ids of the job's flow runs and of its artifacts on the server."""
     if client is None:
@@ -248,7 +236,7 @@ def server_records(client: httpx.Client | None, job_id: str) -> tuple[list[str],
     by_key = [
         artifact["id"]
         for artifact in filtered(client, "/artifacts/filter", {"artifacts": {"key": {"like_": job_tag(job_id)}}})
-        if is_job_key(artifact.get("key"), job_id)
+        if f"{artifact.get('key')}-".startswith(job_tag(job_id) + "-")  # the job's own key, or one of its steps'
     ]
     by_run = (
         [a["id"] for a in filtered(client, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": runs}}})]
@@ -256,10 +244,6 @@ def server_records(client: httpx.Client | None, job_id: str) -> tuple[list[str],
         else []
     )
     return runs, list(dict.fromkeys(by_key + by_run))
-
-
-def is_job_key(key: str | None, job_id: str) -> bool:
-    return key is not None and (key == job_tag(job_id) or key.startswith(job_tag(job_id) + "-"))
 
 
 def filtered(client: httpx.Client, path: str, body: dict) -> list[dict]:

@@ -5,6 +5,7 @@ the job: ``job.json`` (``tasks.job.record``) is the job's state.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from prefect import get_run_logger, runtime
@@ -29,6 +30,11 @@ from tasks.core.redaction import redact
 from tasks.job.contract import StepResult
 from tasks.job.layout import artifact_key, step_artifact_key
 from tasks.job.record import JobRecord, counts_text, read_record
+
+STEP_KEY = re.compile(
+    rf"(?P<number>\d+)-(?:{'|'.join(step.replace('_', '-') for step in STEP_NAMES)})(?:-(?P<label>.*))?"
+)
+"""What follows ``job-<id>-`` in a step's artifact key (``tasks.job.layout.step_artifact_key``)."""
 
 
 def job_summary(job: Job, results: list[StepResult]) -> dict[str, Any]:
@@ -114,7 +120,7 @@ def job_record_markdown(job: Job, results: list[StepResult], failed: tuple[str, 
     """The job record: the job's state on top; per step its state, folder, files, contents, size, wall time
     (that of the run that made it, for a step served from the cache) and links to its artifacts; the step time so
     far, the inspections with their notes, the recorded facts as text, and a link to this flow run."""
-    base = ui_base_url()
+    base = (get_current_settings().ui_url or "").rstrip("/")  # empty: links relative to the UI's own origin
     links = artifact_links(job.job_id, base)
     record = read_record(job.paths.job_dir)  # the state as the flow wrote it at its latest transition
     message = f" — {one_line_text(record.state_message)}" if record.state_message else ""
@@ -197,12 +203,6 @@ def one_line_text(message: str) -> str:
     return first.replace("|", "\\|")[:300]
 
 
-def ui_base_url() -> str:
-    """The Prefect UI's address (PREFECT_UI_URL, or derived by Prefect from the API's); empty: links relative to
-    the UI's own origin."""
-    return (get_current_settings().ui_url or "").rstrip("/")
-
-
 def artifact_links(job_id: str, base: str) -> dict[int | None, list[str]]:
     """Markdown links to the latest version of each of the job's artifacts (the UI's ``/artifacts/artifact/<id>``
     page, which shows that one artifact; ``/artifacts/key/<key>`` would list every version), by step position
@@ -223,10 +223,6 @@ def artifact_label(rest: str) -> tuple[int | None, str]:
     """The step position (0-based) and label of a key's rest: ``04-pseudonymizer-report`` (step 4) → (3,
     ``report``); ``04-pseudonymizer`` (the step's file table) → (3, ``files``); ``inspection`` → (None,
     ``inspection``)."""
-    number, _, named = rest.partition("-")
-    if not (number.isdigit() and named):
-        return None, rest
-    step = next((s for s in STEP_NAMES if f"{named}-".startswith(s.replace("_", "-") + "-")), None)
-    if step is None:
-        return None, rest
-    return int(number) - 1, named.removeprefix(step.replace("_", "-")).removeprefix("-") or "files"
+    if match := STEP_KEY.fullmatch(rest):
+        return int(match["number"]) - 1, match["label"] or "files"
+    return None, rest

@@ -94,27 +94,20 @@ def current_state(paths: JobPaths, job: JobRecord) -> str:
 def current_states(jobs: list[tuple[JobPaths, JobRecord]]) -> list[str]:
     """Each job's state by the one rule of ``tasks.job.record``: the Prefect server, when one is configured, is asked
     (in one request) only about the suspended jobs, the one case where the rule defers to it."""
-    server = newest_states_on_server([job.job_id for _, job in jobs if job.state == SUSPENDED])
+    suspended = [job.job_id for _, job in jobs if job.state == SUSPENDED]
+    server: dict[str, str] = {}
+    if prefect_api_url() is not None and suspended:
+        from flows.server_state import latest_states  # the state of each job's newest flow run
+
+        server = latest_states(suspended)
     return [settled_state(job.state, locked=is_locked(paths), server=server.get(job.job_id)) for paths, job in jobs]
-
-
-def newest_states_on_server(job_ids: list[str]) -> dict[str, str]:
-    """The state of each job's newest flow run on the configured Prefect server; none without a server or jobs."""
-    if prefect_api_url() is None or not job_ids:
-        return {}
-    from flows.server_state import latest_states
-
-    return latest_states(job_ids)
 
 
 def find_job_dir(job: str, jobs_dir: Path) -> Path:
     """``job`` may be a job id (looked up in jobs_dir) or the path of a job directory."""
-    as_path = Path(job)
-    if JobPaths(as_path).job_file.is_file():
-        return as_path.resolve()
-    candidate = jobs_dir / job
-    if JobPaths(candidate).job_file.is_file():
-        return candidate.resolve()
+    for candidate in (Path(job), jobs_dir / job):
+        if JobPaths(candidate).job_file.is_file():
+            return candidate.resolve()
     raise JobError(f"no job {job} in {jobs_dir.resolve()}; pass --jobs-dir (or give the job's directory)")
 
 

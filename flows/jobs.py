@@ -119,7 +119,11 @@ def new_job(
     }
     steps = list(settings.pipeline.enabled_steps)
     crtdl = crtdl_input(steps, job_input)
-    require_crtdl_where_needed(steps, crtdl)
+    if "flattening" in steps and crtdl is None:  # spec rule 3: flattening needs a CRTDL
+        raise JobError(
+            "the flattening step needs a CRTDL: give the CRTDL file as INPUT "
+            "(with local_import: start CONFIG CRTDL --dir DATA; with extractor: start CONFIG CRTDL)"
+        )
     refuse_missing_import_directory(steps, job_input, settings)
     if problems := step_file_problems(settings):
         raise JobError("; ".join(problems))
@@ -157,15 +161,6 @@ def crtdl_input(steps: list[str], job_input: str | None) -> Path | None:
     if steps[0] == "extractor" or is_crtdl_file(job_input):
         return Path(job_input)
     return None
-
-
-def require_crtdl_where_needed(steps: list[str], crtdl: Path | None) -> None:
-    """Spec rule 3: flattening needs a CRTDL (and so does an extraction that is not a result URL)."""
-    if "flattening" in steps and crtdl is None:
-        raise JobError(
-            "the flattening step needs a CRTDL: give the CRTDL file as INPUT "
-            "(with local_import: start CONFIG CRTDL --dir DATA; with extractor: start CONFIG CRTDL)"
-        )
 
 
 def refuse_missing_import_directory(steps: list[str], job_input: str | None, settings: Settings) -> None:
@@ -285,9 +280,8 @@ def refuse_unusable_group_names(source: Path, crtdl: dict) -> None:
         raise JobError(f"CRTDL {source}: " + "; ".join(problems))
 
 
-def write_crtdl(paths: JobPaths, source: Path, crtdl: EffectiveCrtdl) -> Path:
+def write_crtdl(paths: JobPaths, source: Path, crtdl: EffectiveCrtdl) -> None:
     """The job's one CRTDL in its directory, recorded as ``crtdl_path`` for every step that needs it."""
     target = paths.job_dir / crtdl.name
     write_file_atomically(target, crtdl.data)
     record_facts(paths.job_dir, crtdl_path=str(target), crtdl_source=str(source), crtdl_warnings=crtdl.warnings or None)
-    return target

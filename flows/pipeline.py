@@ -1,11 +1,9 @@
 """The ``dupflow`` flow: one job, its steps in the order of ``pipeline.enabled_steps``.
 
-Every entry point (the command line, a deployment run, a scheduled run) runs this flow; ``prepare_job`` makes or
-finds the job; the flow run is named after the job id (a run without one makes a job with its own flow-run id) and
-tagged ``job-<id>``. Parameters carry no secret; the configuration (with its secrets) is loaded inside the run.
-Each step is a Prefect task registered in ``STEPS`` with its kind (``StepKind``), which decides what the next step
-reads. Finished steps and files come back from their cached results in the job directory, so running the flow
-again for the same job resumes it.
+Every entry point (the command line, a deployment run, a scheduled run) runs this flow on the job
+``prepare_job`` makes or finds (``run_job_id``). Parameters carry no secret; the configuration (with its secrets)
+is loaded inside the run. Each step is a Prefect task in ``STEPS`` with its kind (``StepKind``: what the next step
+reads); finished steps and files come back from the job's cache, so running the flow again resumes the job.
 
 The flow owns the job: it takes its lock, closes the job's earlier flow run that no process carries on (it ends
 ``Continued``), settles a submission in doubt (``attach``/``resubmit``), releases the gates that paused the job
@@ -39,7 +37,6 @@ from tasks.job.filework import file_runner
 from tasks.job.layout import job_of_tag, job_tag
 from tasks.job.record import (
     AWAITING_INSPECTION,
-    COMPLETED,
     CONTINUED,
     CRASHED,
     FAILED,
@@ -158,13 +155,12 @@ def run_job_steps(job: Job, card: JobRecordCard) -> Any:
     last = results[-1]
     if last.awaiting:
         message = f"awaiting inspection at step {last.position + 1} (wait); continue with: {CLI} continue {job.job_id}"
-        record_state(job.paths.job_dir, AWAITING_INSPECTION, message)
-        card.refresh()
-        return Paused(name=AWAITING_INSPECTION, message=message, data=summary)
-    message = f"outputs in {summary['output_dir']}"
-    record_state(job.paths.job_dir, COMPLETED, message)
+        state = Paused(name=AWAITING_INSPECTION, message=message, data=summary)
+    else:
+        state = Completed(message=f"outputs in {summary['output_dir']}", data=summary)
+    record_state(job.paths.job_dir, state.name, state.message or "")
     card.refresh()
-    return Completed(message=message, data=summary)
+    return state
 
 
 def close_earlier_flow_run(job: Job, flow_run_id: str) -> None:

@@ -1,7 +1,4 @@
-"""The command line: ``python -m flows.run start|continue|status|list|config check|…``.
-
-Exit codes: 0 done or paused for inspection, 1 job failed, 2 usage or configuration error,
-130 interrupted (Ctrl+C or SIGTERM; ``continue`` resumes).
+"""The command line: ``python -m flows.run start|continue|status|list|config check|…`` (exit codes in its help).
 
 A failure prints one line that says what went wrong and where the job's log file (with the full trace) is; no
 traceback reaches the terminal. ``status`` and ``list`` read the job directory (and the Prefect server when
@@ -35,10 +32,8 @@ from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
 from tasks.job.layout import JobPaths, job_tag
 from tasks.job.record import (
-    CANCELLED,
     COMPLETED,
-    CRASHED,
-    FAILED,
+    FINAL_STATES,
     SUSPENDED,
     Gate,
     JobRecord,
@@ -52,7 +47,6 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 EMBEDDED_CONFIG = REPO_ROOT / "config" / "default.yaml"
 EMBEDDED_CRTDL = REPO_ROOT / "config" / "sample-data" / "crtdl.json"
 GC_YOUNG_THRESHOLD = 10_000  # allocations between young collections (Python's default: 700)
-FINAL_STATES = (COMPLETED, FAILED, CRASHED, CANCELLED)
 EXIT_CODES_HELP = f"""first try: {CLI} start   (the embedded sample job)
 a command's own help: {CLI} COMMAND --help
 
@@ -273,7 +267,6 @@ def resume_suspended_run(job: JobRecord, note: str) -> int:
     worker of its work pool continues it (a local run instead would stop at the same gate again)."""
     from prefect.flow_runs import resume_flow_run
 
-    prefect_server.use_server()
     resume_flow_run(job.flow_run_ids[-1], run_input={"confirmed": True, "note": note})
     print(f"job {job.job_id}: resumed its suspended flow run {job.flow_run_ids[-1]}; a worker of its pool continues it")
     return EXIT_OK
@@ -288,7 +281,6 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
     use_display("none" if no_progress else "bar" if sys.stderr.isatty() else "log")
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl+C: a KeyboardInterrupt
     log_file = paths.job_dir / "job.log"
-    prefect_server.use_server()
     try:
         with job_logging(log_file):
             state = run_flow(job, paths, continuing or {})

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from config.runtime import apply_prefect_defaults
@@ -120,40 +122,35 @@ def run_label(record: logging.LogRecord) -> str:
     return ""
 
 
-class job_logging:
+@contextmanager
+def job_logging(log_file: Path) -> Iterator[None]:
     """Send every log record (with tracebacks, each line naming its run) to the job's log file, and keep
     tracebacks and repeats of a failure off the terminal."""
+    file_handler = logging.FileHandler(log_file)
+    file_handler.setFormatter(_JobLogFormatter())
+    file_handler.addFilter(RedactingFilter())
+    redacting, one_failure = RedactingFilter(), _OneFailureLine()
+    apply_prefect_defaults()
+    import prefect.main  # noqa: F401  (configures Prefect's logging, once per process; patched below)
 
-    def __init__(self, log_file: Path):
-        self._file_handler = logging.FileHandler(log_file)
-        self._file_handler.setFormatter(_JobLogFormatter())
-        self._file_handler.addFilter(RedactingFilter())
-        self._patched: list[tuple[logging.Handler, logging.Formatter | None]] = []
-        self._redacting = RedactingFilter()
-        self._one_failure = _OneFailureLine()
-
-    def __enter__(self) -> job_logging:
-        apply_prefect_defaults()
-        import prefect.main  # noqa: F401  (configures Prefect's logging, once per process; patched below)
-
-        for name in ("prefect", "dupflow"):
-            logging.getLogger(name).addHandler(self._file_handler)
-        for handler in _console_handlers():
-            self._patched.append((handler, handler.formatter))
-            handler.setFormatter(_NoTraceback(handler.formatter))
-            handler.addFilter(self._redacting)
-            handler.addFilter(self._one_failure)
-        logging.getLogger("dupflow").setLevel(logging.INFO)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for handler, formatter in self._patched:
+    for name in ("prefect", "dupflow"):
+        logging.getLogger(name).addHandler(file_handler)
+    patched = [(handler, handler.formatter) for handler in _console_handlers()]
+    for handler, formatter in patched:
+        handler.setFormatter(_NoTraceback(formatter))
+        handler.addFilter(redacting)
+        handler.addFilter(one_failure)
+    logging.getLogger("dupflow").setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        for handler, formatter in patched:
             handler.setFormatter(formatter)
-            handler.removeFilter(self._redacting)
-            handler.removeFilter(self._one_failure)
+            handler.removeFilter(redacting)
+            handler.removeFilter(one_failure)
         for name in ("prefect", "dupflow"):
-            logging.getLogger(name).removeHandler(self._file_handler)
-        self._file_handler.close()
+            logging.getLogger(name).removeHandler(file_handler)
+        file_handler.close()
 
 
 def _console_handlers() -> list[logging.Handler]:

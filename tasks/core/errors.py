@@ -10,7 +10,8 @@ drawing names every class)::
     ├── ConfigError                     config.errors: every problem of a configuration, each naming key and fix
     ├── UsageError                      a command asked for something it cannot do as given (exit 2)
     ├── JobError                        a job cannot be started or continued as asked
-    │   └── JobLockedError              flows.jobs: another process works on the job
+    │   ├── JobLockedError              flows.job_state: another process works on the job
+    │   └── RecordError                 tasks.job.record: a job.json that cannot be read as a job record
     ├── StepError                       a step cannot go on with its input (terminal)
     │   ├── LocalImportError            tasks.local_import
     │   ├── HttpImportError             tasks.http_import
@@ -37,14 +38,14 @@ drawing names every class)::
     │   └── ViewError: ViewDefinitionError, ViewEvaluationError
     ├── JsonFileError                   tasks.core.jsonfile: a JSON file too big, too deep or broken
     ├── CredentialsInUrlError           tasks.core.url_credentials: a URL with user:password
-    ├── JobWriteError                   tasks.job.layout (also OSError): the job directory cannot be written
+    ├── JobWriteError                   tasks.streams.files (also OSError): the job directory cannot be written
     ├── TaskRunnerError                 tasks.job.filework: the configured Dask cluster cannot be used
     ├── ApiUnreachableError, ServerStartError                     flows.prefect_server
     └── AutomationFileError             deployments.automations.apply
 
 Outside the tree on purpose, control flow that never reaches a user: ``tasks.streams.fanout.Cancelled`` (unwinds the
-calls of an interrupted fan-out), ``tasks.clients.fhir_server._Refused`` and ``config.yaml_file._DuplicateKeyError``
-(caught in their module).
+calls of an interrupted fan-out), ``tasks.clients.fhir_server._Refused``, ``config.yaml_file._DuplicateKeyError`` and
+``config.yaml_file._UnusableBlock`` (caught in their module).
 
 Import-light on purpose (no httpx, no Prefect): the command line and the job record use it.
 """

@@ -26,10 +26,6 @@ class CredentialsInUrlError(DupflowError):
     """A URL with a user name or password; the message never contains them."""
 
 
-def has_credentials(url: str) -> bool:
-    return "@" in urlsplit(url.strip()).netloc
-
-
 # Kept as they are in a path: percent escapes stay escaped, so a decoded %0A never breaks a message's line.
 _PATH_SAFE = "/%:@!$&'()*+,=-._~"
 
@@ -47,7 +43,7 @@ def shown_url(url: str) -> str:
 def refuse_credentials_in_url(url: str | None, *, door: str, fix: str) -> None:
     """Raise ``CredentialsInUrlError`` when ``url`` carries user info. ``door`` names where the URL came from (an
     argument, option, key or header); ``fix`` says what to do instead."""
-    if url is None or not has_credentials(url):
+    if url is None or "@" not in urlsplit(url.strip()).netloc:
         return
     raise CredentialsInUrlError(
         f"{door}: the URL {shown_url(url)} carries a user name or password (user:password@host), "

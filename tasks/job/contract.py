@@ -1,14 +1,10 @@
 """The step contract: what a step task receives, what it returns, and how its result is cached.
 
-A step is a Prefect task declared with ``@step_task``; its one parameter is a ``StepInput``: small, serializable
-and secret-free (job id and directory, position, input folder and files, the job's facts, the configuration file
-and the non-secret overrides). The task loads the settings itself (``settings_of``), so no secret is ever a task
-parameter, and returns a ``StepResult``. Per-file sub-tasks (``@file_task``) take the ``StepInput`` plus small
-values and are called through ``commit_each``, so each finished file is recorded at once.
-
-Caching (resume): every step and file task's cache key is the path of its result in the job directory,
-``<job dir>/.prefect/results/<job id>-<NN>-<step>-<task>-<digest of the inputs>``: a re-run of the job gets every
-finished step and file back from there.
+A step is a Prefect task declared with ``@step_task``; its one parameter is a ``StepInput``, small, serializable
+and secret-free (the task loads the settings itself, ``settings_of``), and it returns a ``StepResult``. Per-file
+sub-tasks (``@file_task``) take the ``StepInput`` plus small values and are called through ``commit_each``.
+Every step and file task's cache key is the path of its result in the job directory (``job_cache_key``): a re-run
+of the job gets every finished step and file back from there.
 
 Step kinds (``StepKind``) tell the flow where the next step's input comes from: ``import`` writes ``import/``;
 ``transform`` writes its own folder, which the next step reads; ``pass-through`` (validation) and ``sink`` (send)
@@ -148,10 +144,6 @@ class StepResult(StepRecord):
     files: list[DataFile] = Field(default_factory=list)
 
     @property
-    def resources(self) -> int:
-        return sum(f.resources for f in self.files)
-
-    @property
     def size(self) -> int:
         return sum(f.size for f in self.files)
 
@@ -193,19 +185,15 @@ def step_task(name: str, **options: Any) -> Callable[[Callable[..., StepResult]]
         def timed(step: StepInput, *args: Any, **kwargs: Any) -> StepResult:
             started = time.monotonic()
             key = step_artifact_key(step.job_id, step.position, step.step, "progress")
-            with step_progress(key, step.step, known_work(step)):
+            files = step.files
+            work = StepWork(files=len(files), size=sum(f.size for f in files), lines=sum(f.resources for f in files))
+            with step_progress(key, step.step, work):
                 result = function(step, *args, **kwargs)
             return result.model_copy(update={"seconds": round(time.monotonic() - started, 3)})
 
         return task(name=name, task_run_name=f"{name}" + "[{step.number}]", **{**_PERSISTED, **options})(timed)
 
     return declare
-
-
-def known_work(step: StepInput) -> StepWork:
-    return StepWork(
-        files=len(step.files), size=sum(f.size for f in step.files), lines=sum(f.resources for f in step.files)
-    )
 
 
 def file_task(name: str, run_name: str, **options: Any) -> Callable[[Callable[..., R]], Any]:

@@ -24,7 +24,7 @@ import copy
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from config.enrichment import AttributeToAdd, EnrichmentRule
 from tasks.core.errors import StepError
@@ -42,13 +42,6 @@ class UnresolvedLinkError(EnrichmentError):
             f"enrichment rule for group {group_reference!r}: attribute {attribute_ref!r} links to {url!r}, "
             "but no attribute group has that groupReference"
         )
-        self.group_reference, self.attribute_ref, self.url = group_reference, attribute_ref, url
-
-
-class EnrichmentResult(NamedTuple):
-    crtdl: Json
-    warnings: list[str]
-    """One line per skipped rule, for the caller to log or show."""
 
 
 @dataclass
@@ -58,8 +51,9 @@ class _PendingLink:
     url: str
 
 
-def enrich_crtdl(crtdl: Json, rules: Iterable[EnrichmentRule]) -> EnrichmentResult:
-    """Apply ``rules`` in order to a copy of ``crtdl``; see the module docstring for the semantics."""
+def enrich_crtdl(crtdl: Json, rules: Iterable[EnrichmentRule]) -> tuple[Json, list[str]]:
+    """Apply ``rules`` in order to a copy of ``crtdl`` (see the module docstring for the semantics); the enriched
+    copy, and one warning line per skipped rule for the caller to log or show."""
     enriched = copy.deepcopy(crtdl)
     warnings: list[str] = []
     pending_links: list[_PendingLink] = []
@@ -70,7 +64,7 @@ def enrich_crtdl(crtdl: Json, rules: Iterable[EnrichmentRule]) -> EnrichmentResu
                 attribute = _ensure_attribute(group, wanted)
                 pending_links.extend(_PendingLink(rule, attribute, url) for url in wanted.linked_groups or [])
     _resolve_links(enriched, pending_links)
-    return EnrichmentResult(enriched, warnings)
+    return enriched, warnings
 
 
 def _groups_for(crtdl: Json, rule: EnrichmentRule, warnings: list[str]) -> list[Json]:

@@ -74,9 +74,9 @@ def map_in_process(file_task: Callable[..., R], arguments: Sequence[tuple[Any, .
     return run_bounded([lambda args=args: call(args) for args in arguments], workers)
 
 
-def outcome_of(call: Callable[[tuple[Any, ...]], R], args: tuple[Any, ...]) -> R | Exception:
+def outcome_of(call: Callable[[Any], R], argument: Any) -> R | Exception:
     try:
-        return call(args)
+        return call(argument)
     except Exception as exc:  # kept for the caller, which decides what to raise
         return exc
 
@@ -85,13 +85,7 @@ def map_on_flow_runner(file_task: Any, arguments: Sequence[tuple[Any, ...]]) -> 
     """Submit every file task to the flow run's task runner at once (Dask runs one per worker thread), then
     collect in order."""
     futures = [stored_in_job(file_task, args[0]).submit(*args) for args in arguments]
-    outcomes: list = []
-    for future in futures:
-        try:
-            outcomes.append(future.result())
-        except Exception as exc:  # kept for the caller, which decides what to raise
-            outcomes.append(exc)
-    return outcomes
+    return [outcome_of(lambda future: future.result(), future) for future in futures]
 
 
 @contextmanager

@@ -51,11 +51,11 @@ class GroupCounts:
 class FlattenOutcome:
     groups: list[GroupCounts]
     skipped: list[AttributeGroup]
-    skipped_resources: Counter
-    unrouted: Counter
-    unknown_groups: Counter
     routing: str
     engine: str
+    skipped_resources: Counter = field(default_factory=Counter)
+    unrouted: Counter = field(default_factory=Counter)
+    unknown_groups: Counter = field(default_factory=Counter)
     files: list[DataFile] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -85,9 +85,6 @@ def new_outcome(
     return FlattenOutcome(
         groups=[GroupCounts(view.group, view.group.csv_name, view.resource_type) for view in views],
         skipped=skipped,
-        skipped_resources=Counter(),
-        unrouted=Counter(),
-        unknown_groups=Counter(),
         routing="provenance" if by_provenance else "resource type",
         engine=engine,
     )

@@ -8,8 +8,6 @@ from pathlib import Path
 
 from config.settings import IMPORT_STEPS
 
-PREFECT_DIR = ".prefect"
-
 
 def step_folder(step: str) -> str:
     """The folder a step writes: ``import`` for every import step, else the step's name."""
@@ -36,7 +34,7 @@ class JobPaths:
 
     @property
     def results(self) -> Path:
-        return self.job_dir / PREFECT_DIR / "results"
+        return self.job_dir / ".prefect" / "results"
 
 
 JOB_TAG_PREFIX = "job-"

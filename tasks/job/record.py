@@ -18,14 +18,13 @@ is done (Prefect's cached result and this file's ``steps`` do).
 ``JobRecord`` (``version`` SCHEMA_VERSION; a file without one is version 1: the same fields) is validated when
 read: a file that is no job record (not JSON, too large or deep, wrong types, another version) is a
 ``RecordError``, one line naming the file and the problem. Every write goes through ``changing_record``: read,
-change, write once, under a thread lock and an ``flock`` on ``.job.json.lock``, atomically (temporary name,
-fsync, rename), so readers never lock. Older layouts (``facts.json``, ``steps/``, ``wait-NN`` markers) are not
-migrated. Import-light on purpose (no Prefect): ``status`` and ``list`` use it.
+change, write once, under an ``flock`` on ``.job.json.lock``, atomically (temporary name, fsync, rename), so
+readers never lock. Older layouts (``facts.json``, ``steps/``, ``wait-NN`` markers) are not migrated.
+Import-light on purpose (no Prefect): ``status`` and ``list`` use it.
 """
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -50,8 +49,7 @@ PENDING = "Pending"  # a job made and not yet started by a flow run (nothing ran
 AWAITING_INSPECTION = "AwaitingInspection"
 SUSPENDED = "Suspended"  # a deployment run at a wait step, waiting for the inspection form
 CONTINUED = "Continued"  # the final state of a paused flow run whose job a later flow run continued
-
-_thread_lock = threading.Lock()
+FINAL_STATES = (COMPLETED, FAILED, CRASHED, CANCELLED)  # a job in one of them has ended; no run carries it on
 
 
 def now_iso() -> str:
@@ -187,13 +185,12 @@ def validation_problem(exc: Exception) -> str:
 def changing_record(job_dir: Path, new: JobRecord | None = None) -> Iterator[JobRecord]:
     """The record to change in place, written once when the block ends (not when it raises), as one step against
     every other writer; a job without a record yet starts with ``new`` (an empty one)."""
-    with _thread_lock:
-        job_dir.mkdir(parents=True, exist_ok=True)
-        with exclusive_lock(job_dir / WRITE_LOCK_FILE):
-            record = read_record(job_dir, new)
-            yield record
-            record.updated_at = now_iso()
-            write_file_atomically(JobPaths(job_dir).job_file, (record.model_dump_json(indent=2) + "\n").encode())
+    job_dir.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(job_dir / WRITE_LOCK_FILE):  # a flock of its own open file: it excludes threads too
+        record = read_record(job_dir, new)
+        yield record
+        record.updated_at = now_iso()
+        write_file_atomically(JobPaths(job_dir).job_file, (record.model_dump_json(indent=2) + "\n").encode())
 
 
 def read_facts(job_dir: Path) -> dict[str, Any]:
