@@ -1,8 +1,9 @@
 """The ``flattening`` step: the job's data as one CSV per CRTDL attribute group (spec/protocols.md, "Flattening").
 
 1. The job's CRTDL and the lookup file (``services.flattening.lookup_path``) give one ViewDefinition per attribute
-   group (``tasks.sof.crtdl_views``); a group whose profile has no lookup table is skipped with a warning. Each view
-   is saved as ``<job>/viewdefinitions/<group name>.json`` so it can be rerun elsewhere (``view run``).
+   group (``tasks.sof.crtdl_views``); a group whose profile has no lookup table is skipped with a warning naming the
+   profile. Each view is saved as ``<job>/viewdefinitions/<group name>.json`` so it can be rerun elsewhere (``view
+   run``). Groups of one name write ``<name>-<group id>`` files, with one warning naming them.
 2. Resources are routed to groups through the extraction's Provenance records (``tasks.sof.flatten``: one resource
    may belong to several groups; resources that nothing routes are counted per type and reported). When the input
    holds no attribute-group Provenance at all (a plain local import), each resource goes to the groups of its type.
@@ -19,11 +20,11 @@
    the routes are found once per file and saved for its spans. Each piece reports its resources as it goes
    (``tasks.streams.progress.track``), from a worker process through ``SharedCount``.
 5. Each group's CSV is written under a temporary name and all are renamed when the step completes; a group with no
-   rows writes no file.
-6. Input resources that no group takes while no group takes any at all fail the step (``refuse_nothing_routed``):
-   a CRTDL whose group ids are not those in the extraction's Provenance would otherwise complete with no CSV. The
-   error names the groups the CRTDL has and the group ids the Provenance names (up to ``LISTED_IDS`` of each),
-   and the fix.
+   rows writes its header only.
+6. An input with resources of which no CSV has a row fails the step (``refuse_empty_result``), where it would
+   otherwise complete with nothing: when no group takes any resource, the error names the groups the CRTDL has and
+   the group ids the Provenance names (up to ``LISTED_IDS`` of each: a CRTDL whose ids are not the extraction's);
+   else the groups skipped for lack of a lookup table, with their profiles, and the groups whose views gave no row.
 
 Resume: a resumed job keeps the pieces whose parts are finished (a part missing on disk is flattened again) and
 redoes the rest; no CSV is visible before all are complete. The service path is redone as a whole.
@@ -47,14 +48,14 @@ from tasks.job.flattening_outcome import (
     FlattenOutcome,
     engine_errors_as_step_errors,
     new_outcome,
-    refuse_nothing_routed,
+    refuse_empty_result,
     report,
 )
 from tasks.streams.progress import Tracker, expect_files, track
 from tasks.sof.view import compile_view
 from tasks.job.contract import DataFile, StepInput, StepResult, digest, file_task, settings_of, step_task
 from tasks.job.filework import map_files
-from tasks.sof.crtdl_views import AttributeGroup, GroupView, attribute_groups, build_view
+from tasks.sof.crtdl_views import AttributeGroup, GroupView, attribute_groups, build_view, csv_file_name
 from tasks.sof.flatten import (
     FileParts,
     FilePlan,
@@ -178,10 +179,27 @@ def plan_views(
     with engine_errors_as_step_errors():
         tables = load_lookup(lookup_path)
         views, skipped = built_views(groups, tables, warn)
-    names = Counter(view.group.csv_name for view in views)
+    if warn:
+        warn_shared_names(groups)
+    names = Counter(view.group.csv_name.casefold() for view in views)
     if clashes := [name for name, count in names.items() if count > 1]:
         raise FlatteningError(f"several attribute groups would write the same CSV ({', '.join(clashes)}); rename them")
     return views, skipped
+
+
+def warn_shared_names(groups: list[AttributeGroup]) -> None:
+    """One warning per name that several groups share, naming the groups and the file each writes."""
+    sharing: dict[str, list[AttributeGroup]] = {}
+    for group in groups:
+        if group.csv_name != csv_file_name(group.name):
+            sharing.setdefault(csv_file_name(group.name).casefold(), []).append(group)
+    for same in sharing.values():
+        log.warning(
+            "attribute groups %s share the name %r: their files are %s",
+            " and ".join(repr(group.id) for group in same),
+            same[0].name,
+            " and ".join(repr(group.csv_name) for group in same),
+        )
 
 
 def built_views(
@@ -348,12 +366,10 @@ def join_parts(
         outcome.unrouted.update(result["unrouted"])
         outcome.skipped_resources.update(result["skipped_resources"])
         outcome.unknown_groups.update(result["unknown_groups"])
-    refuse_nothing_routed(outcome)
+    refuse_empty_result(outcome)
     written: list[tuple[Path, Path, int]] = []
     try:
         for i, (view, counts) in enumerate(zip(views, outcome.groups, strict=True)):
-            if not counts.rows:
-                continue
             name = view.group.csv_name
             temporary = out_dir / f"{PART_PREFIX}{name}{PART_SUFFIX}"
             written.append((temporary, out_dir / name, counts.rows))
@@ -383,7 +399,7 @@ def header_line(columns: list[str]) -> bytes:
 
 
 class GroupCsv:
-    """One group's CSV, written under a temporary name and renamed by ``finish`` (removed when it has no rows)."""
+    """One group's CSV, written under a temporary name and renamed by ``finish``."""
 
     def __init__(self, folder: Path, name: str, columns: list[str]):
         self.dest = folder / name
@@ -400,11 +416,8 @@ class GroupCsv:
             self._writer.writerow(csv_cells(row))
             self.rows += 1
 
-    def finish(self) -> DataFile | None:
+    def finish(self) -> DataFile:
         self._stream.close()
-        if not self.rows:
-            self.part.unlink(missing_ok=True)
-            return None
         self.part.replace(self.dest)
         return DataFile(name=self.dest.name, size=self.dest.stat().st_size, resources=self.rows)
 
@@ -463,15 +476,13 @@ def flatten_with_service(
                     router.route_line(parse_line(path, number, line), routes)
         for engine in engines:
             engine.close()
-        for group, resources in zip(outcome.groups, counts.resources, strict=True):
+        for group, resources, out in zip(outcome.groups, counts.resources, outs, strict=True):
             group.resources = resources
-        refuse_nothing_routed(outcome)
+            group.rows = out.rows
+        refuse_empty_result(outcome)
     except BaseException:
         for out in outs:
             out.discard()
         raise
-    for group, out in zip(outcome.groups, outs, strict=True):
-        group.rows = out.rows
-        if (data_file := out.finish()) is not None:
-            outcome.files.append(data_file)
+    outcome.files += [out.finish() for out in outs]
     return outcome

@@ -3,6 +3,7 @@ routing through Provenance, unrouted counts, CSV cell rules, budgets, health che
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from collections import Counter
@@ -19,7 +20,7 @@ from tasks.clients.flattener import Flattener, FlattenerError, run_parameters
 from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.flattening import flatten_with_service, plan_views, save_view_definitions
 from tasks.job.flattening_outcome import FlatteningError
-from tasks.sof.crtdl_views import csv_file_name
+from tasks.sof.crtdl_views import attribute_groups, csv_file_name, group_name_problems, short_group_id
 from tasks.sof.flatten import reference_key
 from tasks.sof.resources import parse_line
 from tests.conftest import TESTDATA
@@ -239,21 +240,130 @@ def test_a_group_without_a_lookup_table_is_skipped_with_a_warning_naming_its_pro
     assert not outcome.unrouted
 
 
-def test_a_group_with_no_rows_writes_no_file(tmp_path):
+def run_with(
+    engine: str,
+    request,
+    paths: list[Path],
+    out: Path,
+    crtdl: Path = EXAMPLE / "example-crtdl.json",
+    lookup: Path = LOOKUP,
+):
+    """``paths`` flattened by the embedded engine or through the fake flattening service."""
+    views, skipped = plan_views(crtdl, lookup)
+    if engine == "embedded":
+        return flatten_files(paths, out, views, skipped, max_line_bytes=10 * MB)
+    with open_service(request.getfixturevalue("flattener_fake")) as client:
+        return flatten_with_service(paths, out, views, skipped, 10 * MB, Flattener(client), 500 * MB)
+
+
+@pytest.mark.parametrize("engine", ["embedded", "service"])
+def test_a_group_with_no_rows_writes_a_csv_with_its_header_only(tmp_path, engine, request):
     bundle = json.loads((EXAMPLE / "input" / "fhir-data.ndjson").read_text())
     bundle["entry"] = [e for e in bundle["entry"] if e["resource"]["resourceType"] != "Procedure"]
     (tmp_path / "in.ndjson").write_text(json.dumps(bundle) + "\n")
 
-    outcome = run_example(tmp_path / "out", inputs=[tmp_path / "in.ndjson"])
+    outcome = run_with(engine, request, [tmp_path / "in.ndjson"], tmp_path / "out")
 
-    assert "Procedure.csv" not in [p.name for p in (tmp_path / "out").iterdir()]
+    header = (EXAMPLE / "expected" / "Procedure.csv").read_bytes().splitlines(keepends=True)[0]
+    assert (tmp_path / "out" / "Procedure.csv").read_bytes() == header
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == EXPECTED
     assert outcome.summary()["groups"][2] == {
         "group": "Procedure",
         "id": outcome.groups[2].group.id,
-        "csv": None,
+        "csv": "Procedure.csv",
         "resources": 0,
         "rows": 0,
     }
+    assert [f.name for f in outcome.files if not f.resources] == ["Procedure.csv"]
+
+
+@pytest.mark.parametrize("engine", ["embedded", "service"])
+def test_a_job_whose_resources_all_went_to_groups_without_a_lookup_table_fails_naming_them(tmp_path, engine, request):
+    crtdl = json.loads((TORCH_RESULT / "example-crtdl-multi-procedure.json").read_text())
+    for group in crtdl["dataExtraction"]["attributeGroups"]:
+        if group["name"] != "Procedure one":
+            group["groupReference"] = f"https://example.org/StructureDefinition/no-table-{group['name'][:4]}"
+    (tmp_path / "crtdl.json").write_text(json.dumps(crtdl))
+    bundles = [json.loads(line) for line in (TORCH_RESULT / "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson").open()]
+    for bundle in bundles:  # "Procedure one" gets no resource: no row anywhere
+        bundle["entry"] = [e for e in bundle["entry"] if e["resource"]["resourceType"] != "Procedure"]
+    source = tmp_path / "in" / "batch.ndjson"
+    source.parent.mkdir()
+    source.write_text("".join(json.dumps(bundle) + "\n" for bundle in bundles))
+
+    with pytest.raises(FlatteningError) as error:
+        run_with(engine, request, [source], tmp_path / "out", tmp_path / "crtdl.json")
+
+    message = str(error.value)
+    assert message.startswith("no CSV has a row:")
+    assert "'Diagnosis' (profile https://example.org/StructureDefinition/no-table-Diag)" in message
+    assert "https://example.org/StructureDefinition/no-table-MII " in message
+    assert "services.flattening.lookup_path" in message
+    assert not list((tmp_path / "out").glob("*.csv"))
+
+
+TORCH_CRTDLS = Path(__file__).parent / "data" / "torch"
+STUDY_PERSON = (
+    "https://www.medizininformatik-initiative.de/fhir/modul-studie/StructureDefinition/mii-pr-studie-beteiligte-person"
+)
+
+
+@pytest.mark.parametrize("engine", ["embedded", "service"])
+def test_two_groups_of_one_name_write_two_files_named_by_their_ids(tmp_path, engine, request, caplog):
+    """TORCH's own CRTDL names two groups PractitionerRole: each gets its file, one warning names both."""
+    crtdl = TORCH_CRTDLS / "crtdl-orga-with-practitioner-filter.json"
+    table = {
+        "url": STUDY_PERSON,
+        "resourceType": "PractitionerRole",
+        "elements": {
+            "PractitionerRole.period": {
+                "viewDefinition": {"select": [{"column": [{"name": "period_start", "path": "period.start"}]}]}
+            }
+        },
+    }
+    lookup = tmp_path / "lookup.json"
+    lookup.write_text(json.dumps([*json.loads(LOOKUP.read_text()), table]))
+    role = {"resourceType": "PractitionerRole", "id": "r1", "period": {"start": "2023-01-05"}}
+    source = tmp_path / "in" / "data.ndjson"
+    source.parent.mkdir()
+    source.write_text(json.dumps(role) + "\n")
+
+    assert group_name_problems(json.loads(crtdl.read_text())) == []
+    with caplog.at_level("WARNING", logger="dupflow.flattening"):
+        outcome = run_with(engine, request, [source], tmp_path / "out", crtdl, lookup)
+
+    files = ["PractitionerRole-prac-group-1.csv", "PractitionerRole-prac-group-2.csv"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["Main Pat for Extraction.csv", *files]
+    for name in files:
+        assert (tmp_path / "out" / name).read_text() == "id,period_start\nr1,2023-01-05\n"
+    shared = [r.getMessage() for r in caplog.records if "share the name" in r.getMessage()]
+    assert shared == [
+        "attribute groups 'prac-group-1' and 'prac-group-2' share the name 'PractitionerRole': "
+        "their files are 'PractitionerRole-prac-group-1.csv' and 'PractitionerRole-prac-group-2.csv'"
+    ]
+    assert [(g["id"], g["csv"]) for g in outcome.summary()["groups"]][1:] == [
+        ("prac-group-1", files[0]),
+        ("prac-group-2", files[1]),
+    ]
+
+
+def test_a_group_id_that_is_no_plain_name_ends_the_file_name_as_a_short_hash():
+    assert short_group_id("d20a1423-4188-4c3f-98c8-725b0f09746b") == "d20a1423-4188-4c3f-98c8-725b0f09746b"
+    assert short_group_id("a/b") == hashlib.sha256(b"a/b").hexdigest()[:8]
+    crtdl = {
+        "dataExtraction": {
+            "attributeGroups": [
+                {"id": "x", "name": "Obs", "groupReference": "p"},
+                {"id": "y", "name": "obs", "groupReference": "p"},
+                {"id": "z", "name": "Other", "groupReference": "p"},
+            ]
+        }
+    }
+    assert [g.csv_name for g in attribute_groups(crtdl)] == ["Obs-x.csv", "obs-y.csv", "Other.csv"]
+    crtdl["dataExtraction"]["attributeGroups"][1]["id"] = "x"  # one id twice: the files would still collide
+    assert group_name_problems(crtdl) == [
+        "attribute groups 'x' and 'x' would both write 'obs-x.csv'; give each group its own id and name in the CRTDL"
+    ]
 
 
 def test_cells_keep_numbers_as_written_strings_verbatim_and_json_for_objects(tmp_path):

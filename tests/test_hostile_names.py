@@ -144,12 +144,17 @@ def test_start_refuses_group_names_with_control_and_bidi_characters_before_any_j
     assert jobs_in(tmp_path / "jobs") == []
 
 
-def test_start_refuses_group_names_whose_files_would_collide_after_escaping(tmp_path, write_config):
+def test_start_accepts_group_names_whose_files_would_collide_and_names_the_files_by_group_id(tmp_path, write_config):
+    """Issue 33 item 9: a valid CRTDL is never refused; TORCH's own has two groups named PractitionerRole."""
     config = write_config(flattening_example(tmp_path))
+    torch_crtdl = REPO_ROOT / "tests" / "data" / "torch" / "crtdl-orga-with-practitioner-filter.json"
+    prepare_job(None, str(config), str(torch_crtdl), {}, overrides_source="--set")
     crtdl = crtdl_named(tmp_path, "Obs a/b", "Obs a:b")
 
-    assert "'diagnosis-0' and 'diagnosis-1' would both write 'Obs a_b.csv'" in refused_start(config, crtdl)
-    assert jobs_in(tmp_path / "jobs") == []
+    prepared = prepare_job(None, str(config), str(crtdl), {}, overrides_source="--set")
+
+    views, _ = plan_views(prepared.paths.job_dir / "crtdl.json", LOOKUP)
+    assert [v.group.csv_name for v in views][-2:] == ["Obs a_b-diagnosis-0.csv", "Obs a_b-diagnosis-1.csv"]
 
 
 @pytest.mark.parametrize("name", ["zero\u200bwidth.ndjson", "para\u2029graph.ndjson", "a:b.ndjson", "a..ndjson"])

@@ -1,5 +1,5 @@
 """What the ``flattening`` step did, group by group, and the checks and reports made of it: its error type (the
-engine's errors become it), the counts per group, the refusal when nothing was routed (``refuse_nothing_routed``),
+engine's errors become it), the counts per group, the refusal of a result without a row (``refuse_empty_result``),
 the log lines and the step's table artifact. Below the step module so that both its engines (embedded, service)
 fill the same ``FlattenOutcome``.
 """
@@ -66,7 +66,7 @@ class FlattenOutcome:
                 {
                     "group": g.group.name,
                     "id": g.group.id,
-                    "csv": g.csv if g.rows else None,
+                    "csv": g.csv,
                     "resources": g.resources,
                     "rows": g.rows,
                 }
@@ -93,23 +93,49 @@ def new_outcome(
 # --- reporting --------------------------------------------------------------------------------------------------
 
 
-def refuse_nothing_routed(outcome: FlattenOutcome) -> None:
-    """Fail when the input has resources that no group takes and no group took any (see the module doc, 6); a
-    skipped group (no lookup table) that took resources has matching ids, and was warned about already."""
-    if any(group.resources for group in outcome.groups) or outcome.skipped_resources or not outcome.unrouted:
+def refuse_empty_result(outcome: FlattenOutcome) -> None:
+    """Fail when the input had resources and no CSV has a row (see the step module's doc, 6); a skipped group (no
+    lookup table) is named with its profile, whatever the cause."""
+    if any(group.rows for group in outcome.groups):
         return
+    skipped = _skipped_groups(outcome)
+    if not outcome.skipped_resources and not any(group.resources for group in outcome.groups):
+        if outcome.unrouted:
+            _refuse_nothing_routed(outcome, skipped)
+        return  # an empty input: every CSV has its header only
+    taken = ", ".join(f"{kind} {count}" for kind, count in sorted(outcome.skipped_resources.items()))
+    reasons = [f"the input's {taken} went to attribute groups that were skipped{skipped}"] if taken else []
+    if took := [g for g in outcome.groups if g.resources]:
+        listed = _listed([f"{g.group.name!r} ({g.resources} resources)" for g in took])
+        reasons.append(f"the views of {listed} gave no row")
+    raise FlatteningError(
+        f"no CSV has a row: {'; '.join(reasons)}. Add a table for each skipped group's profile to the lookup file "
+        "(services.flattening.lookup_path), or check that the CRTDL's attributes are in the data"
+    )
+
+
+def _skipped_groups(outcome: FlattenOutcome) -> str:
+    """``" for lack of a lookup table: 'name' (profile …), …"`` or, without skipped groups, nothing."""
+    if not outcome.skipped:
+        return ""
+    return " for lack of a lookup table: " + _listed([f"{g.name!r} (profile {g.profile})" for g in outcome.skipped])
+
+
+def _refuse_nothing_routed(outcome: FlattenOutcome, skipped: str) -> None:
+    """The input has resources that no group takes and no group took any: the CRTDL is not the data's."""
     found = ", ".join(f"{kind} {count}" for kind, count in sorted(outcome.unrouted.items()))
+    note = f" (groups skipped{skipped})" if skipped else ""
     if outcome.routing == "resource type":
         wanted = _listed(sorted({f"{g.group.name!r} reads {g.resource_type}" for g in outcome.groups})) or "none"
         raise FlatteningError(
             f"no input resource was routed to any attribute group: the input holds {found} (and no attribute-group "
-            f"Provenance to route by), but the CRTDL's groups read other types ({wanted}). Check that the input "
-            "is the data this CRTDL extracted, or give the CRTDL of that data"
+            f"Provenance to route by), but the CRTDL's groups read other types ({wanted}){note}. Check that the "
+            "input is the data this CRTDL extracted, or give the CRTDL of that data"
         )
     expected = _listed([f"{g.group.id} ({g.group.name})" for g in outcome.groups]) or "none"
     seen = _listed(sorted(outcome.unknown_groups)) or "none"
     raise FlatteningError(
-        f"no input resource was routed to any attribute group: the CRTDL's groups are {expected}, but the "
+        f"no input resource was routed to any attribute group: the CRTDL's groups are {expected}{note}, but the "
         f"Provenance names the groups {seen}, so {found} would be in no CSV. Give the job the CRTDL the "
         "extraction ran with (its attributeGroups' ids are the ones in the Provenance), or set those ids in this one"
     )
@@ -129,6 +155,9 @@ def report(outcome: FlattenOutcome, step: StepInput) -> None:
     if outcome.unrouted:
         listed = ", ".join(f"{kind} {count}" for kind, count in sorted(outcome.unrouted.items()))
         log.warning("resources no attribute group routes (not in any CSV): %s", listed)
+    if outcome.skipped_resources:
+        listed = ", ".join(f"{kind} {count}" for kind, count in sorted(outcome.skipped_resources.items()))
+        log.warning("resources of attribute groups skipped for lack of a lookup table (not in any CSV): %s", listed)
     if outcome.unknown_groups:
         listed = ", ".join(sorted(outcome.unknown_groups))
         log.warning("Provenance names attribute groups that are not in the CRTDL: %s", listed)
@@ -139,14 +168,15 @@ def publish_artifact(outcome: FlattenOutcome, step: StepInput) -> None:
     from prefect.artifacts import create_table_artifact
 
     table = [
-        {"group": c.group.name, "csv": c.csv if c.rows else "(no rows)", "resources": c.resources, "rows": c.rows}
+        {"group": c.group.name, "id": c.group.id, "csv": c.csv, "resources": c.resources, "rows": c.rows}
         for c in outcome.groups
     ]
     table += [
-        {"group": g.name, "csv": "(skipped: no lookup table)", "resources": 0, "rows": 0} for g in outcome.skipped
+        {"group": g.name, "id": g.id, "csv": f"(skipped: no lookup table for {g.profile})", "resources": 0, "rows": 0}
+        for g in outcome.skipped
     ]
     table += [
-        {"group": "(unrouted)", "csv": kind, "resources": count, "rows": 0}
+        {"group": "(unrouted)", "id": "", "csv": kind, "resources": count, "rows": 0}
         for kind, count in sorted(outcome.unrouted.items())
     ]
     create_table_artifact(

@@ -13,8 +13,10 @@ gets ``generated-`` and the first GENERATED_ID_HEX_DIGITS hex digits of the SHA-
 job's own CRTDL (``with_group_ids``, when the job starts), so the extraction server and flattening use the same id
 (data extracted elsewhere from a CRTDL without ids cannot be routed: flattening fails, naming the ids it found). A
 group without a ``name`` is named by its id. The CSV and the saved ViewDefinition are named after the group, with
-``/ \\ : * ? " < > |`` as ``_``; a name that still breaks ``tasks.core.names.name_from_data_problem``, or two groups
-whose files would share a name, are refused when the job starts (``group_name_problems``).
+``/ \\ : * ? " < > |`` as ``_``. Groups whose file names would be the same (ignoring case, as some file systems
+and S3 clients do) are each named ``<name>-<short id>`` (``short_group_id``): TORCH's own CRTDLs have two groups of
+one name. A name that still breaks ``tasks.core.names.name_from_data_problem``, or files that still collide (groups
+of one name and one id), are refused when the job starts (``group_name_problems``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import copy
 import hashlib
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +49,7 @@ DEFAULT_PATIENT_REFERENCE = "subject.reference"
 _UNSAFE_FILE_CHARACTERS = re.compile(r'[/\\:*?"<>|]')
 GENERATED_ID_PREFIX = "generated-"
 GENERATED_ID_HEX_DIGITS = 8
+_PLAIN_ID = re.compile(r"[A-Za-z0-9_-]{1,36}")  # a UUID fits
 
 
 @dataclass(frozen=True)
@@ -55,11 +59,13 @@ class AttributeGroup:
     id: str
     name: str
     profile: str
+    file_stem: str
+    """What its CSV and ViewDefinition are named (see the module doc, "Names")."""
     attributes: list[str] = field(default_factory=list)
 
     @property
     def csv_name(self) -> str:
-        return csv_file_name(self.name)
+        return self.file_stem + ".csv"
 
     @property
     def view_file_name(self) -> str:
@@ -80,9 +86,17 @@ def csv_file_name(group_name: str) -> str:
     return _UNSAFE_FILE_CHARACTERS.sub("_", group_name) + ".csv"
 
 
+def short_group_id(group_id: str) -> str:
+    """The group id as it ends a shared name's file name: itself when it is short and plain (letters, digits, ``-``,
+    ``_``), else the first GENERATED_ID_HEX_DIGITS hex digits of its SHA-256."""
+    if _PLAIN_ID.fullmatch(group_id):
+        return group_id
+    return hashlib.sha256(group_id.encode()).hexdigest()[:GENERATED_ID_HEX_DIGITS]
+
+
 def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
     """The CRTDL's attribute groups in order; a group without an id gets the extraction server's generated one,
-    a group without a name is named by its id."""
+    a group without a name is named by its id; groups whose file names would be the same get distinct ones."""
     groups = []
     extraction = crtdl.get("dataExtraction") if isinstance(crtdl, dict) else None
     if not isinstance(extraction, dict):
@@ -92,8 +106,19 @@ def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
             raise CrtdlError(f"attribute group {index + 1} of the CRTDL has no groupReference")
         group_id = str(group.get("id") or generated_group_id(group))
         refs = [a["attributeRef"] for a in group.get("attributes") or [] if isinstance(a, dict) and "attributeRef" in a]
-        groups.append(AttributeGroup(group_id, str(group.get("name") or group_id), group["groupReference"], refs))
-    return groups
+        groups.append((group_id, str(group.get("name") or group_id), group["groupReference"], refs))
+    stems = [_UNSAFE_FILE_CHARACTERS.sub("_", name) for _, name, _, _ in groups]
+    shared = {stem for stem, count in Counter(stem.casefold() for stem in stems).items() if count > 1}
+    return [
+        AttributeGroup(
+            group_id,
+            name,
+            profile,
+            stem if stem.casefold() not in shared else f"{stem}-{short_group_id(group_id)}",
+            refs,
+        )
+        for (group_id, name, profile, refs), stem in zip(groups, stems, strict=True)
+    ]
 
 
 def with_group_ids(crtdl: dict[str, Any]) -> dict[str, Any]:
@@ -118,8 +143,8 @@ def generated_group_id(group: dict[str, Any]) -> str:
 
 def group_name_problems(crtdl: dict[str, Any]) -> list[str]:
     """Every attribute group whose name cannot name its CSV and ViewDefinition, and every two groups whose files
-    would share a name; each problem names the group and the fix. Raises ``CrtdlError`` for a CRTDL without
-    attribute groups (as ``attribute_groups``)."""
+    would still share a name (see the module doc, "Names"); each problem names the group and the fix. Raises
+    ``CrtdlError`` for a CRTDL without attribute groups (as ``attribute_groups``)."""
     problems = []
     owners: dict[str, AttributeGroup] = {}
     for group in attribute_groups(crtdl):
@@ -128,10 +153,10 @@ def group_name_problems(crtdl: dict[str, Any]) -> list[str]:
                 f"attribute group {show_name(group.id)}: its name {show_name(group.name)} cannot name its CSV file: "
                 f"the file name {problem}; rename the group in the CRTDL"
             )
-        elif (owner := owners.setdefault(group.csv_name, group)) is not group:
+        elif (owner := owners.setdefault(group.csv_name.casefold(), group)) is not group:
             problems.append(
                 f"attribute groups {show_name(owner.id)} and {show_name(group.id)} would both write "
-                f'{show_name(group.csv_name)}; give them names that differ in more than / \\ : * ? " < > |'
+                f"{show_name(group.csv_name)}; give each group its own id and name in the CRTDL"
             )
     return problems
 
