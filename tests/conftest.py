@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.prefect_server import free_port
+from tests.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TESTDATA = REPO_ROOT.parent / "shared" / "testdata"
@@ -222,6 +222,6 @@ def pseudonymizer_fake(running_pseudonymizer):
 @pytest.fixture
 def unused_tcp_port() -> int:
     """A free port on 127.0.0.1, for a fake started as its own process."""
-    from flows.prefect_server import free_port
+    from tests.ports import free_port
 
     return free_port()
