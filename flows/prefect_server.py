@@ -51,6 +51,7 @@ HOST = "127.0.0.1"
 DEFAULT_PORT = 4200  # Prefect's
 PORT_SEARCH = 100  # ports tried from the configured one upwards
 PORT_ATTEMPTS = 3  # starts when another home's server takes the chosen port first
+PORT_RELEASE_TIMEOUT = 10.0  # for a killed server, exiting, to let go of its port
 PROBE_TIMEOUT = 0.5
 API_ANSWER_TIMEOUT = 20.0  # a server elsewhere that is busy (2-core machine under load) was seen to take over 5 s
 STARTUP_TIMEOUT = 120.0  # a fresh PREFECT_HOME migrates its database first: 15-40 s on a busy 2-core machine
@@ -125,11 +126,12 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
         return api_url
     home = prefect_home(home)
     with exclusive_lock(home / LOCK_FILE):
-        if (record := read_record(home)) is not None:
+        record = read_record(home)
+        if record is not None and process_is_server(record.pid):
             if wait_until_healthy(record, startup_timeout, home):
                 return record.url
             terminate(record.pid)
-        return start_server(home, startup_timeout).url
+        return start_server(home, startup_timeout, previous=record).url
 
 
 def require_answer(api_url: str) -> None:
@@ -146,15 +148,17 @@ def stop_server(home: Path | None = None) -> bool:
     """Stop the server recorded in PREFECT_HOME (SIGTERM, SIGKILL after a grace); whether one was running."""
     home = prefect_home(home)
     with exclusive_lock(home / LOCK_FILE):
-        if (record := read_record(home)) is not None:
+        record = read_record(home)
+        if running := record is not None and process_is_server(record.pid):
             terminate(record.pid)
         (home / STATE_FILE).unlink(missing_ok=True)
-        return record is not None
+        return running
 
 
 def server_status(home: Path | None = None) -> dict | None:
     """The recorded server (url, ui_url, pid, port, log, started_at, healthy), or None if none is running."""
-    if (record := read_record(prefect_home(home))) is None:
+    record = read_record(prefect_home(home))
+    if record is None or not process_is_server(record.pid):
         return None
     return {**asdict(record), "ui_url": ui_url(record.url), "healthy": is_healthy(record.url)}
 
@@ -184,10 +188,14 @@ def database_configured_elsewhere(home: Path) -> bool:
 # --- starting and finding the server -----------------------------------------------------------
 
 
-def start_server(home: Path, startup_timeout: float) -> ServerRecord:
+def start_server(home: Path, startup_timeout: float, previous: ServerRecord | None = None) -> ServerRecord:
     """Start a server on the configured port (the next free one if it is taken), record it, and wait until it is
-    healthy; when another home's server took the port meanwhile, start again on the next free one."""
+    healthy; when another home's server took the port meanwhile, start again on the next free one.
+    ``previous``: this home's server before, gone or ended; its port is given time to be released."""
     port = wanted = configured_port()
+    deadline = time.monotonic() + (PORT_RELEASE_TIMEOUT if previous is not None and previous.port == wanted else 0)
+    while next_free_port(wanted) != wanted and time.monotonic() < deadline:
+        time.sleep(POLL_INTERVAL)
     for _ in range(PORT_ATTEMPTS):
         port = next_free_port(port)
         record = launch_server(home, port, wanted)
@@ -256,12 +264,10 @@ def next_free_port(port: int) -> int:
 
 
 def read_record(home: Path) -> ServerRecord | None:
-    """The server recorded in ``home``, if it still runs."""
     try:
-        record = ServerRecord(**json.loads((home / STATE_FILE).read_text()))
+        return ServerRecord(**json.loads((home / STATE_FILE).read_text()))
     except (FileNotFoundError, ValueError, TypeError):
         return None
-    return record if process_is_server(record.pid) else None
 
 
 def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool:
@@ -350,18 +356,28 @@ def guard_local_pauses(api_url: str) -> None:
 
 
 def process_is_server(pid: int) -> bool:
-    """Whether ``pid`` is alive and still a ``prefect server start`` (a recycled pid is not, nor a zombie: its
-    command line is empty); collected first if it is this process's exited child, so it does not linger."""
-    with suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
+    """Whether ``pid`` is alive and still a ``prefect server start`` (a recycled pid is not)."""
+    if not process_exists(pid):
+        return False
     try:
-        os.kill(pid, 0)  # PermissionError: another user's process, not one this tool started
         arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except FileNotFoundError:
         return not Path("/proc/self").exists()  # no /proc (macOS): the pid check above is all there is
-    except OSError:
-        return False
     return b"prefect" in arguments and b"server" in arguments and b"start" in arguments
+
+
+def process_exists(pid: int) -> bool:
+    """Whether ``pid`` exists (an exiting one, its command line already empty, still holds its port); collected
+    first if it is this process's exited child, so it does not linger as a zombie."""
+    with suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def terminate(pid: int) -> None:
@@ -371,7 +387,7 @@ def terminate(pid: int) -> None:
         with suppress(ProcessLookupError):
             os.killpg(pid, sig)
         deadline = time.monotonic() + STOP_GRACE
-        while process_is_server(pid):
+        while process_exists(pid):
             if time.monotonic() >= deadline:
                 break
             time.sleep(POLL_INTERVAL)
