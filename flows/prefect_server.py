@@ -1,19 +1,18 @@
 """A local Prefect server for the command line: started on first need, found again, reused, stoppable.
 
 Without ``PREFECT_API_URL`` Prefect starts a temporary server for every command (9-11 s), left running by a kill -9
-of the command. Instead, the first command that needs the API starts ``prefect server start`` (which migrates its
-database on start) on 127.0.0.1; later commands find it through the state file in ``PREFECT_HOME`` and reuse it.
-It outlives the command (``server stop`` ends it); when it is gone, the next command starts another.
-``PREFECT_API_URL`` still wins, and must answer (``require_answer``: one line before any job exists).
+of the command. Instead, the first command that needs the API runs Prefect's ``prefect server start`` (it migrates
+its database) on 127.0.0.1, recorded in ``PREFECT_HOME``; later commands reuse it until ``server stop`` or its end
+(the next command then starts another). ``PREFECT_API_URL`` still wins, and must answer (``require_answer``).
 
-Kept here as Prefect's ``prefect server start --background`` and ``prefect server stop`` do not give it:
-- a log file: ``--background`` pipes the server's output into the starting command, which exits;
-- waiting until the server answers, and telling a server that ended at start-up from a slow one;
-- the home lock: two commands starting at once share one server (``--background`` refuses the second);
-- a stop of the whole process group that returns once the port is free (``stop`` sends one SIGTERM);
-- the port kept across restarts (``PREFECT_SERVER_API_PORT``, default 4200), else the next free one, and a server
-  of another PREFECT_HOME that takes it meanwhile recognised by its home;
-- the UI calling its own API on any port (``PREFECT_UI_API_URL``); no APP_* secrets in the server's environment;
+Done here, as Prefect's ``server start --background`` and ``server stop`` do not serve:
+- the detached start: ``--background`` pipes the server's output into the starting command, which exits (and no
+  setting sends it to a file): the log would be lost; and ``stop`` needs the pid file ``--background`` writes;
+- waiting until the server answers or has ended: ``--background`` returns at once, ``stop`` after one SIGTERM;
+- the home lock: commands starting at once share one server (Prefect has no start-unless-one-runs);
+- the port kept across restarts, else the next free one (Prefect's start refuses a taken port), and a server of
+  another PREFECT_HOME that takes it meanwhile told by its home;
+- no APP_* settings in the server's environment: they may hold secrets, and the server outlives the command;
 - ``LOCAL_PAUSE_AUTOMATION``: a local run paused for inspection has no process behind it, so when the UI resumes
   it (a ghost) the server puts it straight back, saying to ``continue`` the job.
 No Prefect import at module level: the command line's fast commands import this module.
@@ -52,7 +51,7 @@ HOST = "127.0.0.1"
 DEFAULT_PORT = 4200  # Prefect's
 PORT_SEARCH = 100  # ports tried from the configured one upwards
 PORT_ATTEMPTS = 3  # starts when another home's server takes the chosen port first
-PORT_RELEASE_TIMEOUT = 10.0  # for the processes of a killed server to let go of its port
+PORT_RELEASE_TIMEOUT = 10.0  # for a killed server, exiting, to let go of its port
 PROBE_TIMEOUT = 0.5
 API_ANSWER_TIMEOUT = 20.0  # a server elsewhere that is busy (2-core machine under load) was seen to take over 5 s
 STARTUP_TIMEOUT = 120.0  # a fresh PREFECT_HOME migrates its database first: 15-40 s on a busy 2-core machine
@@ -105,10 +104,6 @@ class ServerRecord:
     log: str
     started_at: str
 
-    @property
-    def ui_url(self) -> str:
-        return ui_url(self.url)
-
 
 # --- the API ---------------------------------------------------------------------------------
 
@@ -154,9 +149,7 @@ def stop_server(home: Path | None = None) -> bool:
     home = prefect_home(home)
     with exclusive_lock(home / LOCK_FILE):
         record = read_record(home)
-        if record is None:
-            return False
-        if running := process_is_server(record.pid):
+        if running := record is not None and process_is_server(record.pid):
             terminate(record.pid)
         (home / STATE_FILE).unlink(missing_ok=True)
         return running
@@ -167,7 +160,7 @@ def server_status(home: Path | None = None) -> dict | None:
     record = read_record(prefect_home(home))
     if record is None or not process_is_server(record.pid):
         return None
-    return {**asdict(record), "ui_url": record.ui_url, "healthy": is_healthy(record.url)}
+    return {**asdict(record), "ui_url": ui_url(record.url), "healthy": is_healthy(record.url)}
 
 
 def ui_url(api_url: str) -> str:
@@ -201,7 +194,7 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
     ``previous``: this home's server before, gone or ended; its port is given time to be released."""
     port = wanted = configured_port()
     deadline = time.monotonic() + (PORT_RELEASE_TIMEOUT if previous is not None and previous.port == wanted else 0)
-    while not port_is_free(wanted) and time.monotonic() < deadline:
+    while next_free_port(wanted) != wanted and time.monotonic() < deadline:
         time.sleep(POLL_INTERVAL)
     for _ in range(PORT_ATTEMPTS):
         port = next_free_port(port)
@@ -219,14 +212,18 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
 
 
 def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
-    """``prefect server start`` detached (own session and process group, log file; the previous log kept as
-    ``.1``) on ``port``, recorded in the state file."""
+    """``prefect server start`` on ``port``, recorded in the state file, detached: its own session (the command's
+    Ctrl-C and hang-up do not reach it), its output in the log file (the previous log kept as ``.1``). From its own
+    API URL in its environment Prefect makes the API its UI calls on any port (PREFECT_UI_API_URL) and the UI
+    address of the links in notifications (PREFECT_UI_URL), unless set."""
     url = f"http://{HOST}:{port}/api"
     log = home / LOG_FILE
     if log.exists():
         log.replace(log.with_name(LOG_FILE + ".1"))
     moved = "" if port == wanted else f"; port {wanted} is taken (PREFECT_SERVER_API_PORT chooses another)"
     print(f"starting a local Prefect server on {ui_url(url)}{moved} (log: {log})", file=sys.stderr)
+    env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
+    env |= {"PREFECT_HOME": str(home), "PREFECT_API_URL": url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port)],
@@ -234,7 +231,7 @@ def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=home,
-            env=server_environment(home, url),
+            env=env,
             start_new_session=True,
         )
     record = ServerRecord(process.pid, port, url, str(log), datetime.now(UTC).isoformat(timespec="seconds"))
@@ -242,57 +239,28 @@ def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
     return record
 
 
-def server_environment(home: Path, url: str) -> dict[str, str]:
-    """This environment without dupflow's APP_* settings (they may hold secrets, and the server outlives the
-    command), with analytics off, the UI calling this server's own API, and the server told its UI's address for
-    the links in notifications (PREFECT_UI_URL, unless set)."""
-    env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
-    env.pop("PREFECT_API_URL", None)
-    env |= {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": url}
-    env.setdefault("PREFECT_UI_URL", ui_url(url))
-    return env
-
-
 def configured_port() -> int:
     """``PREFECT_SERVER_API_PORT``, else ``DEFAULT_PORT``."""
-    value = local_server_port()
-    if value is None:
-        return DEFAULT_PORT
-    if value.isdigit() and 0 < int(value) < 65536:
-        return int(value)
-    raise ServerStartError(
-        f"PREFECT_SERVER_API_PORT={value!r} is not a port: set it to a number from 1 to 65535, or unset it "
-        f"for {DEFAULT_PORT}"
-    )
+    value = local_server_port() or str(DEFAULT_PORT)
+    if not (value.isdigit() and 0 < int(value) < 65536):
+        raise ServerStartError(
+            f"PREFECT_SERVER_API_PORT={value!r} is not a port: set it to a number from 1 to 65535, or unset it "
+            f"for {DEFAULT_PORT}"
+        )
+    return int(value)
 
 
 def next_free_port(port: int) -> int:
-    """``port`` or the first free one above it (of ``PORT_SEARCH``)."""
+    """``port`` or the first free one above it (of ``PORT_SEARCH``): one a server could listen on now (SO_REUSEADDR
+    as uvicorn binds: connections of a stopped server still in TIME_WAIT do not count as taken, a listener does)."""
     for candidate in range(port, min(port + PORT_SEARCH, 65536)):
-        if port_is_free(candidate):
+        with socket.socket() as probe, suppress(OSError):
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((HOST, candidate))
             return candidate
     raise ServerStartError(
         f"ports {port}-{port + PORT_SEARCH - 1} on {HOST} are all taken; set PREFECT_SERVER_API_PORT to a free one"
     )
-
-
-def port_is_free(port: int) -> bool:
-    """Whether a server could listen on ``port`` now (SO_REUSEADDR as uvicorn binds it: connections of a stopped
-    server still in TIME_WAIT do not count as taken, a listening socket does)."""
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((HOST, port))
-        except OSError:
-            return False
-        return True
-
-
-def free_port() -> int:
-    """Any free port on 127.0.0.1, chosen by the kernel (tests start their fakes and servers on these)."""
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
 
 
 def read_record(home: Path) -> ServerRecord | None:
@@ -306,12 +274,11 @@ def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool
     """Poll until the server of ``home`` answers at ``record.url`` while the process lives; False if the process
     dies (another home's server may have taken its port and answer there) or ``timeout`` passes first."""
     deadline = time.monotonic() + timeout
-    while True:
-        if is_healthy(record.url) and serves_home(record.url, home):
-            return process_is_server(record.pid)
+    while not (is_healthy(record.url) and serves_home(record.url, home)):
         if not process_is_server(record.pid) or time.monotonic() >= deadline:
             return False
         time.sleep(POLL_INTERVAL)
+    return process_is_server(record.pid)
 
 
 def serves_home(url: str, home: Path) -> bool:
@@ -390,7 +357,7 @@ def guard_local_pauses(api_url: str) -> None:
 
 def process_is_server(pid: int) -> bool:
     """Whether ``pid`` is alive and still a ``prefect server start`` (a recycled pid is not)."""
-    if not group_is_alive(pid, pid):
+    if not process_exists(pid):
         return False
     try:
         arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -399,13 +366,13 @@ def process_is_server(pid: int) -> bool:
     return b"prefect" in arguments and b"server" in arguments and b"start" in arguments
 
 
-def group_is_alive(pgid: int, pid: int | None = None) -> bool:
-    """Whether process ``pid`` (else any of group ``pgid``) is alive; collects the exit status of ``pgid`` first if
-    it is this process's exited child, so it does not linger as a zombie."""
+def process_exists(pid: int) -> bool:
+    """Whether ``pid`` exists (an exiting one, its command line already empty, still holds its port); collected
+    first if it is this process's exited child, so it does not linger as a zombie."""
     with suppress(ChildProcessError):
-        os.waitpid(pgid, os.WNOHANG)
+        os.waitpid(pid, os.WNOHANG)
     try:
-        os.kill(pid, 0) if pid is not None else os.killpg(pgid, 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
@@ -414,18 +381,16 @@ def group_is_alive(pgid: int, pid: int | None = None) -> bool:
 
 
 def terminate(pid: int) -> None:
-    """SIGTERM the server's process group (it leads its own session), SIGKILL if it outlives ``STOP_GRACE``;
-    returns when every process of the group is gone (one left would hold the port)."""
+    """SIGTERM the server (one process, leading its own process group), SIGKILL if it outlives ``STOP_GRACE``;
+    returns once it is gone, its port free."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
+        with suppress(ProcessLookupError):
             os.killpg(pid, sig)
-        except ProcessLookupError:
-            return
         deadline = time.monotonic() + STOP_GRACE
-        while group_is_alive(pid):
+        while process_exists(pid):
             if time.monotonic() >= deadline:
                 break
-            time.sleep(POLL_INTERVAL / 2)
+            time.sleep(POLL_INTERVAL)
         else:
             return
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.prefect_server import free_port
+from tests.support.ports import free_port
 
 # The two tiers (fast: no Prefect server, no process; slow: marked) and the check that no test leaves Prefect's
 # settings changed; the fixtures of a real Prefect server with this repository's deployments (server, deployed, site).
@@ -226,6 +226,6 @@ def pseudonymizer_fake(running_pseudonymizer):
 @pytest.fixture
 def unused_tcp_port() -> int:
     """A free port on 127.0.0.1, for a fake started as its own process."""
-    from flows.prefect_server import free_port
+    from tests.support.ports import free_port
 
     return free_port()

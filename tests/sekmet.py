@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.prefect_server import free_port
+from tests.support.ports import free_port
 
 SEKMET_VERSION = "0.1.1"
 STARTUP_SECONDS = 180.0  # the first start installs the package into uv's cache

@@ -24,11 +24,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.prefect_server import LOCAL_PAUSE_AUTOMATION, UI_RESUME_REFUSED, ensure_server, free_port, stop_server
+from flows.prefect_server import LOCAL_PAUSE_AUTOMATION, UI_RESUME_REFUSED, ensure_server, stop_server
 from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from tests.conftest import REPO_ROOT, seed_prefect_home, wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
+from tests.support.ports import free_port
 from tests.support.deployments import api
 from tests.support.prefect_servers import kill_servers_of
 

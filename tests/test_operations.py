@@ -29,11 +29,11 @@ from flows.prefect_server import (
     STATE_FILE,
     ServerStartError,
     ensure_server,
-    free_port,
     read_record,
     stop_server,
 )
 from tests.conftest import REPO_ROOT, run_cli, seed_prefect_home, wait_until
+from tests.support.ports import free_port
 from tests.support.deployments import (
     FINAL,
     api,

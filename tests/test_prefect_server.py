@@ -28,6 +28,7 @@ from flows.prefect_server import (
     register,
     server_status,
     stop_server,
+    ui_url,
 )
 from tests.conftest import REPO_ROOT, seed_prefect_home
 from tests.support.prefect_servers import SERVER_TIMEOUT, kill_servers_of, servers_of, wait_until_gone
@@ -97,14 +98,14 @@ def test_a_server_is_started_once_reused_restarted_when_gone_and_stopped(home, m
     assert first is not None and first.url == url and servers_of(home) == [first.pid]
     assert (home / "dupflow-server.log").is_file()
     assert b"not-for-the-server" not in Path(f"/proc/{first.pid}/environ").read_bytes()
-    ui_settings = httpx.get(f"{first.ui_url}/ui-settings", timeout=10).json()
+    ui_settings = httpx.get(f"{ui_url(first.url)}/ui-settings", timeout=10).json()
     assert ui_settings["api_url"] == url  # the UI on a port other than 4200 calls this server
 
     # Later commands, in other processes too, reuse it; `server start|status` print its UI URL.
     assert url_from(ensure_server_in_subprocess(home)) == url
     assert run_server_command("start") == 0
     assert run_server_command("status") == 0
-    assert capsys.readouterr().out.count(f"Prefect UI: {first.ui_url}") == 2
+    assert capsys.readouterr().out.count(f"Prefect UI: {ui_url(first.url)}") == 2
     assert read_record(home) == first and servers_of(home) == [first.pid]
 
     # Gone (kill -9): the next command starts another on the same database.

@@ -15,7 +15,7 @@ import pytest
 
 from config.errors import ConfigError
 from config.loader import load_settings
-from flows.prefect_server import free_port
+from tests.support.ports import free_port
 from tasks.core.redaction import redact
 from tests.conftest import TESTDATA, extraction_tree, run_cli
 from tests.fakes.extraction_server import start_extraction_server

@@ -2,12 +2,11 @@
 
     uv run python -m deployments.automations.apply [FILE]
 
-Unlike ``prefect automation create --from-file`` (which wants each notification block's id, different on every
-server), the file names its block (``block_document_id: dupflow-notify``): the id of the block of that name takes
-its place. The server's automations of the file's names are replaced (applying again after an edit does not notify
-twice), only once every one of them is valid. First, whatever the file, the server gets
-``flows.prefect_server.LOCAL_PAUSE_AUTOMATION`` (as the local server at its start). The server is the jobs' one
-(``use_server``). A server that does not answer, a missing block or an invalid automation: one line on stderr,
+Unlike ``prefect automation create --from-file`` (which wants block ids, different on every server), a notification
+names its block (``block_document_id: dupflow-notify``), whose id takes its place. The server's automations of the
+file's names are replaced (applying again after an edit does not notify twice) once all of them are valid; first
+it gets ``flows.prefect_server.LOCAL_PAUSE_AUTOMATION`` (as the local server at its start). The server is the jobs'
+one (``use_server``). A server that does not answer, a missing block or an invalid automation: one line on stderr,
 exit code 1.
 """
 
@@ -69,13 +68,10 @@ def read_automations(path: Path) -> list[dict[str, Any]]:
 
 def with_block_ids(client, automation: dict[str, Any]) -> dict[str, Any]:
     """``automation`` with each notification action's block name replaced by that block's id (ids stay)."""
-    actions = [
-        {**action, "block_document_id": block_id(client, action["block_document_id"])}
-        if action.get("type") == "send-notification" and "block_document_id" in action
-        else action
-        for action in automation.get("actions", [])
-    ]
-    return {**automation, "actions": actions}
+    for action in automation.get("actions", []):
+        if action.get("type") == "send-notification" and "block_document_id" in action:
+            action["block_document_id"] = block_id(client, action["block_document_id"])
+    return automation
 
 
 def block_id(client, name_or_id: str) -> str:

@@ -377,7 +377,7 @@ class serving:
         self.folder = folder
 
     def __enter__(self) -> list[str]:
-        from flows.prefect_server import free_port
+        from tests.support.ports import free_port
 
         port = free_port()
         command = [sys.executable, "-m", "tests.fakes.extraction_server", "--port", str(port), "--serve-dir"]
