@@ -1,5 +1,6 @@
-"""lowBoundary / highBoundary beyond what the SQL-on-FHIR suite's fn_boundary.json shows: an explicit precision, zero
-and tiny values, the digit limit, and decimals that reach the CSV without an exponent."""
+"""lowBoundary / highBoundary beyond what the SQL-on-FHIR suite's fn_boundary.json shows: the FHIRPath specification's
+own examples, an explicit precision, zero and negative values, the digit limit, and decimals that reach the CSV without
+an exponent."""
 
 from __future__ import annotations
 
@@ -19,17 +20,18 @@ def observation_values(path: str, value: str) -> list:
 @pytest.mark.parametrize(
     ("value", "low", "high"),
     [
-        ("1.5", "1.50000000", "1.59999999"),
-        ("5", "5.00000000", "5.99999999"),
-        ("0", "0E-8", "0.99999999"),
-        ("-0.5", "-0.50000000", "-0.59999999"),
-        ("1234567890.5", "1234567890.50000000", "1234567890.59999999"),
+        ("1.0", "0.95000000", "1.05000000"),
+        ("1.587", "1.58650000", "1.58750000"),
+        ("-1.587", "-1.58750000", "-1.58650000"),
+        ("5", "4.50000000", "5.50000000"),
+        ("0", "-0.50000000", "0.50000000"),
+        ("1234567890.5", "1234567890.45000000", "1234567890.55000000"),
         ("12345678901.5", None, None),
         ("1E+30", None, None),
         ("123456789012345678901234567890.5", None, None),
     ],
 )
-def test_decimal_boundaries_fill_the_known_digits_to_eight_places(value, low, high):
+def test_decimal_boundaries_are_half_a_unit_either_side_to_eight_places(value, low, high):
     found_low = observation_values("value.ofType(Quantity).value.lowBoundary()", value)
     found_high = observation_values("value.ofType(Quantity).value.highBoundary()", value)
     assert found_low == [None if low is None else Decimal(low)]
@@ -42,12 +44,13 @@ def test_decimal_boundaries_fill_the_known_digits_to_eight_places(value, low, hi
     ("path", "expected"),
     [
         ("value.ofType(Quantity).value.lowBoundary(2)", "1.58"),
-        ("value.ofType(Quantity).value.highBoundary(2)", "1.58"),
-        ("value.ofType(Quantity).value.highBoundary(4)", "1.5879"),
+        ("value.ofType(Quantity).value.highBoundary(2)", "1.59"),
+        ("value.ofType(Quantity).value.lowBoundary(6)", "1.586500"),
+        ("value.ofType(Quantity).value.highBoundary(4)", "1.5875"),
         ("value.ofType(Quantity).value.lowBoundary(0)", "1"),
     ],
 )
-def test_a_precision_below_the_value_s_own_cuts_it(path, expected):
+def test_a_precision_rounds_the_boundary_outwards(path, expected):
     assert observation_values(path, "1.587") == [Decimal(expected)]
 
 
@@ -59,7 +62,8 @@ def test_a_precision_below_the_value_s_own_cuts_it(path, expected):
         ("deceased.ofType(dateTime).lowBoundary(17)", "2010-10-10T15:21:18.123456", "2010-10-10T15:21:18.123+14:00"),
         ("deceased.ofType(dateTime).highBoundary(17)", "2010-10-10T15:21", "2010-10-10T15:21:59.999-12:00"),
         ("deceased.ofType(dateTime).highBoundary(12)", "2010-10-10", "2010-10-10T23:59"),
-        ("deceased.ofType(dateTime).highBoundary()", "2010-10-10T15:21Z", "2010-10-10T15:21:59.999999999Z"),
+        ("deceased.ofType(dateTime).highBoundary()", "2010-10-10T15:21Z", "2010-10-10T15:21:59.999Z"),
+        ("deceased.ofType(dateTime).lowBoundary()", "2010-10-10T15:21:18.123456Z", "2010-10-10T15:21:18.123Z"),
     ],
 )
 def test_dates_and_date_times_at_a_precision(path, value, expected):

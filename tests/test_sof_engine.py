@@ -12,13 +12,14 @@ import orjson
 import pytest
 
 from tasks.sof.view import compile_view
+from tasks.sof import compiled_code
 from tasks.sof.compiled_code import generated_rows
 from tasks.sof.errors import ViewEvaluationError
 from tasks.sof.fhirpath import Item, _interpreted, compile_path, values
 from tasks.sof.output import ROWS_PER_BATCH, CsvWriter, csv_cells
 from tasks.sof.resources import may_hold, read_resources
 from tasks.sof.view import CACHED_ROWS
-from tests.support.sof import PATIENTS, column_values
+from tests.support.sof import PATIENTS, WAYS, column_values, in_one_way
 
 
 @pytest.mark.parametrize("path", ["name.given.join(', ')", "name.given.join()", "(name.given).join(', ')"])
@@ -221,3 +222,41 @@ def test_a_column_of_several_values_is_the_same_error_compiled():
     assert errors[0] == errors[1]
     assert "Collection value for column 'note'" in errors[0]
     assert list(view.rows(IRREGULAR_CONDITIONS[1])) == [("one",)]
+
+
+def deep_view_and_patient(members: int) -> tuple[dict, dict]:
+    """A view reading a chain of ``members`` members, as a column and as a forEach, and a Patient holding it."""
+    chain, value = ".".join(["a"] * members), "deep"
+    for _ in range(members):
+        value = {"a": value}
+    view = {
+        "resource": "Patient",
+        "select": [
+            {"column": [{"name": "id", "path": "id"}, {"name": "deep", "path": chain}]},
+            {"forEach": chain.rsplit(".", 1)[0], "column": [{"name": "leaf", "path": "a"}]},
+        ],
+    }
+    return view, {"resourceType": "Patient", "id": "p1", **value}
+
+
+@pytest.mark.parametrize("members", [99, 1000])
+@pytest.mark.parametrize("way", WAYS)
+def test_a_chain_of_any_length_runs_every_way(members, way):
+    """The generated function was 99 levels deep at 99 members: Python refused it (IndentationError)."""
+    definition, patient = deep_view_and_patient(members)
+    view = in_one_way(compile_view(definition), way)
+    assert list(view.rows(patient)) == [("p1", "deep", "deep")]
+
+
+def test_a_view_python_cannot_compile_is_left_to_the_closures(monkeypatch):
+    """Whatever the generator writes that Python refuses (here 30 nested loops; it allows 20) runs as closures."""
+    monkeypatch.setattr(compiled_code, "MAX_GENERATED_DEPTH", 64)
+    select: dict = {"column": [{"name": "id", "path": "id"}]}
+    for _ in range(30):
+        select = {"forEach": "a", "select": [select]}
+    view = compile_view({"resource": "Patient", "select": [select]})
+    assert generated_rows(view.root, "Patient", CACHED_ROWS) is None
+    nested: dict = {"id": "inner"}
+    for _ in range(30):
+        nested = {"a": nested}
+    assert list(view.rows({"resourceType": "Patient", **nested})) == [("inner",)]

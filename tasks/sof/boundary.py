@@ -1,23 +1,22 @@
-"""FHIRPath ``lowBoundary`` / ``highBoundary`` for decimals, dates, date-times and times, as SQL-on-FHIR reads them.
+"""FHIRPath ``lowBoundary`` / ``highBoundary`` for decimals, dates, date-times and times, as the FHIRPath
+specification and the SQL-on-FHIR suite (``fn_boundary.json``) read them.
 
-A value stands for every value that starts with its digits: ``1.5`` for [1.5, 1.6), ``2010-10`` for October 2010,
-``12:34`` for that minute. The boundaries are that range's ends, filled with the lowest or highest digits:
+A value stands for the range its precision allows: ``1.5`` for [1.45, 1.55), ``2010-10`` for October 2010,
+``12:34`` for that minute. The boundaries are that range's ends, at the requested precision:
 
-- decimals to 8 places unless a precision is given (``1.5`` gives 1.50000000 and 1.59999999), the digits filled
-  regardless of sign, as the SQL-on-FHIR suite (``fn_boundary.json``) and Pathling have it. The FHIRPath
-  specification's examples read a decimal as half a unit either side instead (0.95 / 1.05 for 1.0); views are written
-  for SQL-on-FHIR engines, and rows that agree with theirs are what their users compare. A boundary needing more than
-  18 significant digits, the precision every xs:decimal processor (and so every FHIR decimal) must hold, is empty;
-- date-times and times to nanoseconds unless a precision is given (17 for a date-time, 9 for a time: milliseconds;
-  fewer cut the value, e.g. 4 year, 6 month, 8 day). A date-time without a time zone may be in any zone: its low
-  boundary is in +14:00, its high boundary in -12:00.
+- decimals to 8 places unless a precision is given (``1.0`` gives 0.95000000 and 1.05000000), rounded outwards. A
+  boundary needing more than 18 significant digits, the precision every xs:decimal processor (and so every FHIR
+  decimal) must hold, is empty;
+- date-times and times to milliseconds, the finest precision FHIRPath has (17 for a date-time, 9 for a time; fewer
+  cut the value, e.g. 4 year, 6 month, 8 day). A date-time without a time zone may be in any zone: its low boundary
+  is in +14:00, its high boundary in -12:00.
 """
 
 from __future__ import annotations
 
 import calendar
 import re
-from decimal import ROUND_DOWN, Decimal, InvalidOperation
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, InvalidOperation
 from typing import Any
 
 from fhirpathpy.engine.nodes import FP_DateTime, FP_Time
@@ -25,7 +24,6 @@ from fhirpathpy.engine.nodes import FP_DateTime, FP_Time
 DEFAULT_DECIMAL_PLACES = 8
 MAX_DECIMAL_PLACES = 28
 MAX_SIGNIFICANT_DIGITS = 18
-FRACTION_DIGITS = 9
 MILLISECOND_DIGITS = 3
 _DATE = re.compile(r"^(\d{4})(?:-(\d{2})(?:-(\d{2}))?)?$")
 _DATETIME = re.compile(
@@ -68,11 +66,11 @@ def _decimal(value: Decimal, precision: int | None, high: bool) -> Decimal | Non
     exponent = value.as_tuple().exponent
     if not 0 <= places <= MAX_DECIMAL_PLACES or not isinstance(exponent, int):
         return None
-    known = min(max(-exponent, 0), places)
-    unit, step = Decimal(1).scaleb(-known), Decimal(1).scaleb(-places)
+    half = Decimal(5).scaleb(min(exponent, 0) - 1)
     try:  # a value of more digits than the decimal context holds (28) has no boundary
-        kept = value.quantize(unit, rounding=ROUND_DOWN)
-        bound = (kept.copy_abs() + (unit - step if high else 0)).copy_sign(value).quantize(step)
+        bound = (value + half if high else value - half).quantize(
+            Decimal(1).scaleb(-places), rounding=ROUND_CEILING if high else ROUND_FLOOR
+        )
     except InvalidOperation:
         return None
     return bound if len(bound.as_tuple().digits) <= MAX_SIGNIFICANT_DIGITS else None
@@ -94,10 +92,8 @@ def _full_date(year: str, month: str | None, day: str | None, high: bool) -> str
     return f"{year_number:04d}-{month_number:02d}-{day_number:02d}"
 
 
-def _fraction(digits: str | None, precision: int | None, high: bool) -> str:
-    """The fraction of a second: nanoseconds by default, milliseconds at the precision that names them."""
-    width = FRACTION_DIGITS if precision is None else MILLISECOND_DIGITS
-    return (digits or "")[:width].ljust(width, "9" if high else "0")
+def _milliseconds(digits: str | None, high: bool) -> str:
+    return (digits or "")[:MILLISECOND_DIGITS].ljust(MILLISECOND_DIGITS, "9" if high else "0")
 
 
 def _datetime(text: str, precision: int | None, high: bool) -> str | None:
@@ -111,7 +107,7 @@ def _datetime(text: str, precision: int | None, high: bool) -> str | None:
     zone = zone or ("-12:00" if high else "+14:00")
     date = _full_date(year, month, day, high)
     if precision is None or precision == 17:
-        return f"{date}T{hour}:{minute}:{second}.{_fraction(fraction, precision, high)}{zone}"
+        return f"{date}T{hour}:{minute}:{second}.{_milliseconds(fraction, high)}{zone}"
     cuts = {4: date[:4], 6: date[:7], 8: date, 10: f"{date}T{hour}", 12: f"{date}T{hour}:{minute}"}
     cuts[14] = f"{date}T{hour}:{minute}:{second}"
     return cuts.get(precision)
@@ -125,6 +121,6 @@ def _time(text: str, precision: int | None, high: bool) -> str | None:
     minute = minute or ("59" if high else "00")
     second = second or ("59" if high else "00")
     if precision is None or precision == 9:
-        return f"{hour}:{minute}:{second}.{_fraction(fraction, precision, high)}"
+        return f"{hour}:{minute}:{second}.{_milliseconds(fraction, high)}"
     cuts = {2: hour, 4: f"{hour}:{minute}", 6: f"{hour}:{minute}:{second}"}
     return cuts.get(precision)

@@ -2,10 +2,10 @@
 select, column or step.
 
 ``generated_rows(root, resource_type, limit)`` gives ``rows(resource) -> list[tuple] | None`` for views within the
-subset below, else None. The function handles only data of the planned shape: at anything else (an element that is
-not an object, a ``resourceType`` other than planned, a list where one value was expected, a null in an array, a
-value ``plain`` would change, more than ``limit`` rows) it returns None and the caller takes the closures of
-``tasks.sof.compiled``, which give the rows, or the error, exactly.
+subset below that Python compiles, else None. The function handles only data of the planned shape: at anything
+else (an element that is not an object, a ``resourceType`` other than planned, a list where one value was expected,
+a null in an array, a value ``plain`` would change, more than ``limit`` rows) it returns None and the caller takes
+the closures of ``tasks.sof.compiled``, which give the rows, or the error, exactly.
 
 The subset: selects without ``repeat`` or ``unionAll``, nested at most ``MAX_GENERATED_DEPTH`` levels; iterations
 that are chains of members and ``where(member = 'text')``, columns that are single-valued chains of members (no
@@ -39,7 +39,11 @@ def generated_rows(root: Any, resource_type: str, limit: int) -> Callable[[dict]
     result = writer.select(root, "d0", resource_type, 1)
     source = "def rows(d0):\n" + "".join(writer.lines) + f"    return {result}\n"
     namespace = {"KEPT": KEPT, **writer.constants}
-    exec(compile(source, f"<view {resource_type}>", "exec"), namespace)  # noqa: S102 - source made here, no input text
+    try:
+        code = compile(source, f"<view {resource_type}>", "exec")
+    except (SyntaxError, RecursionError, MemoryError):  # beyond Python's own limits (IndentationError is a SyntaxError)
+        return None
+    exec(code, namespace)  # noqa: S102 - source made here, no input text
     return namespace["rows"]
 
 
@@ -101,10 +105,10 @@ class _Writer:
         value = self.name("v")
         self.emit(indent, f"{value} = {focus}")
         for step, (_, key, _, at) in enumerate(plan.operations):
-            if step:  # no value: the chain ends here
-                self.emit(indent + step - 1, f"if {value} is not None:")
-            self.check_object(value, at, indent + step)
-            self.emit(indent + step, f"{value} = {value}.get({self.constant(key)})")
+            if step:  # no value: the chain ends here (one level deep however long the chain: Python allows 100)
+                self.emit(indent, f"if {value} is not None:")
+            self.check_object(value, at, indent + min(step, 1))
+            self.emit(indent + min(step, 1), f"{value} = {value}.get({self.constant(key)})")
         self.emit(indent, f"if type({value}) not in KEPT:")
         self.emit(indent + 1, IRREGULAR)
         return value
