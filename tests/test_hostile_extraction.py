@@ -23,7 +23,7 @@ from flows.run import EXIT_OK, EXIT_USAGE
 from tasks.clients.downloads import download_ndjson, wait_until_available
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_documents import ExtractionError
-from tasks.clients.extraction_server import MAX_MANIFEST_BYTES, TASK_PROGRESS_INTERVAL
+from tasks.clients.extraction_server import MAX_MANIFEST_BYTES
 from tasks.clients.http import ServiceEndpoint, build_client
 from tasks.job.record import read_facts
 from tasks.core.url_credentials import CredentialsInUrlError, shown_url
@@ -270,39 +270,7 @@ def test_file_origins_must_be_origins(write_config, origin):
         load_settings(str(config))
 
 
-# --- item 16: one request per poll ------------------------------------------------------------------------------
-
-
-def test_each_poll_is_one_request_with_batch_progress_read_rarely(sim):
-    with start_extraction_server(clock=sim, durations=dict(LONG_JOB)) as server:
-        with client_for(server.base_url, sim) as client:
-            seen = []
-            client.poll_until_complete(client.submit(CRTDL), seen.append)
-        task_reads = server.state.requests_to("/fhir/Task")
-        polls = sum(server.state.polls.values())
-    assert polls >= 4
-    assert len(task_reads) <= 1  # the whole job takes 11 s, less than TASK_PROGRESS_INTERVAL
-    assert any(p.batches_total == 3 for p in seen)  # the one read came while batches ran
-
-
-def test_a_long_batch_phase_reads_the_task_at_most_once_per_interval(sim):
-    durations = dict(LONG_JOB, RUNNING_PROCESS_BATCH=1800.0)
-    with start_extraction_server(clock=sim, durations=durations) as server:
-        with client_for(server.base_url, sim, max_polling_interval="PT30S", extraction_timeout="PT1H") as client:
-            client.poll_until_complete(client.submit(CRTDL), lambda progress: None)
-        task_reads = len(server.state.requests_to("/fhir/Task"))
-        polls = sum(server.state.polls.values())
-    assert polls > 50
-    assert task_reads <= 1800 / TASK_PROGRESS_INTERVAL.total_seconds() + 1
-
-
-def test_a_server_without_the_task_api_is_asked_once(sim):
-    durations = dict(LONG_JOB, RUNNING_PROCESS_BATCH=1800.0)
-    with start_extraction_server(clock=sim, durations=durations, task_api=False) as server:
-        with client_for(server.base_url, sim, max_polling_interval="PT30S", extraction_timeout="PT1H") as client:
-            client.poll_until_complete(client.submit(CRTDL), lambda progress: None)
-        task_reads = len(server.state.requests_to("/fhir/Task"))
-    assert task_reads == 1
+# --- item 16: one request per poll (tests/test_extractor_client.py: each poll is one GET, no Task read) -----------
 
 
 # --- item 12: two continue at once --------------------------------------------------------------------------

@@ -129,13 +129,6 @@ def progress_values(task: Any) -> dict[str, Any]:
     return {}
 
 
-def batches_from_task(task: Any) -> tuple[int, int] | None:
-    """(batches completed, batches total) of the Task's progress extension; None until both are there."""
-    values = progress_values(task)
-    done, total = values.get("batchesCompleted"), values.get("batchesTotal")
-    return (done, total) if isinstance(done, int) and isinstance(total, int) else None
-
-
 # --- a completed job's manifest ----------------------------------------------------------------------------
 
 

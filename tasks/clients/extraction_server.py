@@ -11,9 +11,7 @@ checked in ``tasks.clients.extraction_documents``, the operator's Task API is ``
   again), 500 ``ExtractionFailedError``, 408/429/other 5xx and network failures polled again after the back-off
   (doubling from ``polling_interval`` to ``max_polling_interval``), other 4xx terminal; only
   ``extraction_timeout`` without a 200/202 ends the wait. Time is injectable (``clock``, ``sleep``).
-- Progress is the answer's X-Progress header (or OperationOutcome diagnostics); the Task's batches done/total are
-  read besides only while batches run, at most once per ``TASK_PROGRESS_INTERVAL``, never on a server without
-  the Task API (404/405/501), and failures there are ignored.
+- Progress is the answer's X-Progress header (or OperationOutcome diagnostics): the Task is not read while polling.
 - Status answers are read bounded (``bounded_answer``); URLs from the server with a user name or password are
   refused (tasks.core.url_credentials), never followed: httpx would send them as Basic auth. Credentials go to
   base_url's origin only, and with ``requiresAccessToken`` to the file origins approved in the configuration.
@@ -35,12 +33,12 @@ import orjson
 
 from tasks.clients.auth import Origin, ServiceAuth, origin_of, origin_text
 from tasks.clients.errors import error_from_response, is_transient_network_error, is_transient_status, network_error
-from tasks.clients.errors import operation_outcome_texts, parse_retry_after, raise_for_service_status
-from tasks.clients.extraction_documents import SERVICE, TASK_TIMEOUT, DeadHandleError, ExtractionError
+from tasks.clients.errors import operation_outcome_texts, parse_retry_after
+from tasks.clients.extraction_documents import SERVICE, DeadHandleError, ExtractionError
 from tasks.clients.extraction_documents import ExtractionFailedError, ExtractionHandle, ExtractionTimeoutError
-from tasks.clients.extraction_documents import base_url_of, batches_from_task, kickoff_parameters, manifest_request
+from tasks.clients.extraction_documents import base_url_of, kickoff_parameters, manifest_request
 from tasks.clients.extraction_documents import requires_access_token, resolve_file_url, result_urls
-from tasks.clients.http import FHIR_JSON, FHIR_JSON_HEADERS, Closing, ServiceEndpoint, build_client, http_timeout
+from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceEndpoint, build_client, http_timeout
 from tasks.clients.http import one_attempt
 from tasks.clients.retry import call_once
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
@@ -54,10 +52,6 @@ log = logging.getLogger("dupflow.extractor")
 SUBMIT_PATH = "/fhir/$extract-data"
 SUBMIT_TIMEOUT = timedelta(seconds=60)
 POLL_TIMEOUT = timedelta(seconds=30)
-# Batch progress from the Task API at most this often (the spec's poll is one GET; this is a rare extra read).
-TASK_PROGRESS_INTERVAL = timedelta(minutes=2)
-NO_TASK_API = (404, 405, 501)
-BATCHES_RUNNING = re.compile(r"Processing batches|RUNNING_PROCESS_BATCH")
 # A completed job's manifest: ~150 bytes per output entry, so 32 MiB holds over 200,000 entries (more than the
 # default services.extractor.max_result_files of 100,000) and is refused long before it costs much memory.
 MAX_MANIFEST_BYTES = 32 * 1024 * 1024
@@ -72,23 +66,17 @@ JOB_FAILED = 500
 
 @dataclass(frozen=True)
 class PollProgress:
-    """What the server tells about a running job. Batches are known once the cohort query has finished."""
+    """What a status answer tells about a running job."""
 
     text: str | None
-    batches_completed: int | None = None
-    batches_total: int | None = None
 
     @property
     def percent(self) -> float | None:
-        if self.batches_total:
-            return 100.0 * (self.batches_completed or 0) / self.batches_total
         match = re.search(r"(\d+(?:\.\d+)?)\s*%", self.text or "")
         return float(match.group(1)) if match else None
 
     def describe(self) -> str:
-        known = self.batches_total is not None
-        batches = f", batches {self.batches_completed or 0}/{self.batches_total}" if known else ""
-        return (self.text or "running") + batches
+        return self.text or "running"
 
 
 ProgressCallback = Callable[[PollProgress], None]
@@ -110,8 +98,6 @@ class ExtractionServerClient(Closing):
         timeout = http_timeout(min(POLL_TIMEOUT, settings.extraction_timeout))
         self.http = build_client(ServiceEndpoint(SERVICE, self.base_url, settings.auth, timeout), tls)
         self.files_need_token = False  # the manifest's requiresAccessToken, once the job is complete
-        self._task_api, self._last_task_read = True, float("-inf")
-        self._batches: tuple[int, int] | None = None
 
     # --- submission --------------------------------------------------------------------------------------
 
@@ -155,7 +141,7 @@ class ExtractionServerClient(Closing):
                 if response.status_code in IN_PROGRESS:
                     last_contact = self.clock()
                     if on_progress is not None:
-                        on_progress(self.progress(handle, response))
+                        on_progress(progress(response))
                 else:
                     self._raise_unless_transient(handle, response)
                     retry_after = parse_retry_after(response.headers.get("Retry-After"))
@@ -203,36 +189,6 @@ class ExtractionServerClient(Closing):
             "continue re-attaches to it; raise services.extractor.extraction_timeout if the server is slow"
         )
 
-    # --- progress ----------------------------------------------------------------------------------------
-
-    def progress(self, handle: ExtractionHandle, response: httpx.Response) -> PollProgress:
-        text = response.headers.get("X-Progress") or next(iter(operation_outcome_texts(response.content)), None)
-        if self._task_read_due(text):
-            self._batches = self.task_batches(handle.job_id) or self._batches
-        return PollProgress(text, *(self._batches or (None, None)))
-
-    def _task_read_due(self, text: str | None) -> bool:
-        """Only while batches run (before, the Task has no batches), where the server has the Task API, and at
-        most once per ``TASK_PROGRESS_INTERVAL``."""
-        if not (self._task_api and text and BATCHES_RUNNING.search(text)):
-            return False
-        return self.clock() - self._last_task_read >= TASK_PROGRESS_INTERVAL.total_seconds()
-
-    def task_batches(self, job_id: str) -> tuple[int, int] | None:
-        """(batches completed, batches total) from the Task's progress extension; None if not (yet) there."""
-        self._last_task_read = self.clock()
-        try:
-            response = self.http.get(
-                f"{self.base_url}/fhir/Task/{job_id}", headers={"Accept": FHIR_JSON}, timeout=http_timeout(TASK_TIMEOUT)
-            )
-            if response.status_code in NO_TASK_API:
-                self._task_api = False
-            raise_for_service_status(response, operation="read task", service=SERVICE)
-            return batches_from_task(response.json())
-        except Exception as exc:  # progress is informational: any failure just means "unknown"
-            log.debug("extractor: no task progress for %s (%s)", job_id, type(exc).__name__)
-            return None
-
     # --- result ------------------------------------------------------------------------------------------
 
     def result_file_urls(self, response: httpx.Response) -> list[str]:
@@ -264,6 +220,13 @@ class ExtractionServerClient(Closing):
             if origin not in allowed:
                 raise ExtractionError(unapproved_origin_message(origin))
             auth.trust(origin)
+
+
+def progress(response: httpx.Response) -> PollProgress:
+    """The progress text of an in-progress status answer: its X-Progress header, else its diagnostics."""
+    return PollProgress(
+        response.headers.get("X-Progress") or next(iter(operation_outcome_texts(response.content)), None)
+    )
 
 
 def unapproved_origin_message(origin: Origin) -> str:
