@@ -112,7 +112,19 @@ def test_a_bundle_above_the_threshold_is_split_and_reassembled_with_every_entry_
         e["resource"]["id"] for e in server_side(bundle, pseudonymizer_fake)["entry"]
     ]
     assert (out["type"], out["timestamp"]) == ("collection", "2024-05-01T10:00:00Z")
-    assert out["id"] == server_side({"resourceType": "Bundle", "id": "b1-chunk-0"}, pseudonymizer_fake)["id"]
+    assert out["id"] == server_side({"resourceType": "Bundle", "id": "b1"}, pseudonymizer_fake)["id"]
+
+
+def test_splitting_does_not_change_the_answer_the_bundle_id_entry_order_and_meta_are_as_if_sent_whole(
+    pseudonymizer_fake,
+):
+    bundle = {**observation_bundle(count=30, pad=100_000), "meta": {"source": "#torch", "tag": [{"code": "t"}]}}
+
+    split = pseudonymize(pseudonymizer_fake, bundle, split_threshold_mb=1)
+    whole = pseudonymize(pseudonymizer_fake, bundle, split_threshold_mb=100)
+
+    assert split.split and not whole.split
+    assert orjson.loads(split.line) == orjson.loads(whole.line)
 
 
 def test_a_bundle_at_or_below_the_threshold_is_sent_whole(pseudonymizer_fake):
@@ -137,17 +149,18 @@ def test_split_chunks_are_greedy_within_the_threshold_keep_bundle_fields_and_num
         assert compact_size({**chunk, "entry": chunk["entry"] + following["entry"][:1]}) > threshold
 
 
-def test_reassembly_takes_the_first_chunks_bundle_fields_the_original_type_and_all_entries_in_order():
+def test_reassembly_takes_the_bundles_own_fields_the_original_type_and_all_entries_in_order():
     original = {"resourceType": "Bundle", "id": "b", "type": "transaction", "entry": [{"n": 1}, {"n": 2}, {"n": 3}]}
+    fields = {"resourceType": "Bundle", "id": "hb", "type": "batch", "meta": {"tag": [0]}}
     chunks = [
         {"resourceType": "Bundle", "id": "h0", "type": "batch", "meta": {"tag": [1]}, "entry": [{"n": 1}, {"n": 2}]},
         {"resourceType": "Bundle", "id": "h1", "type": "batch", "entry": [{"n": 3}]},
     ]
-    assert reassemble_bundle(original, chunks) == {
+    assert reassemble_bundle(original, fields, chunks) == {
         "resourceType": "Bundle",
-        "id": "h0",
+        "id": "hb",
         "type": "transaction",
-        "meta": {"tag": [1]},
+        "meta": {"tag": [0]},
         "entry": [{"n": 1}, {"n": 2}, {"n": 3}],
     }
 

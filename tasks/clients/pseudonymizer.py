@@ -6,8 +6,10 @@ anonymization config — a ``Parameters`` whose parts are, in this order, ``conf
 
 Bundles whose compact JSON is larger than the split threshold are sent as greedy, order-preserving chunks of their
 ``entry[]`` (each a Bundle with the same Bundle-level fields and id ``<bundle id>-chunk-<i>``, i from 0) and put
-back together in the original order. Every answer is checked: same resource type as sent and, for Bundles, as
-many entries as sent, so a resource can never get lost on the way.
+back together in the original order, under the Bundle-level fields the service gives the Bundle itself sent
+without entries (one request more), so that splitting never changes the Bundle's pseudonymous id or ``meta``.
+Every answer is checked: same resource type as sent and, for Bundles, as many entries as sent, so a resource can
+never get lost on the way.
 
 Requests are retried per ``tasks.clients.retry`` (other 4xx terminal with the service's OperationOutcome text) and
 bounded per ``tasks.clients.bounds``: ``services.pseudonymizer.timeout`` is the deadline of each whole request, and
@@ -141,8 +143,8 @@ class Pseudonymizer:
         """De-identify one resource given as its JSON bytes and parsed form; large Bundles are split."""
         if needs_split(resource, self.split_threshold_bytes):
             chunks = split_bundle(resource, self.split_threshold_bytes)
-            answers = await self._deidentify_all(chunks)
-            return Pseudonymized(orjson.dumps(reassemble_bundle(resource, answers)), len(chunks), True)
+            fields, *answers = await self._deidentify_all([without_entries(resource), *chunks])
+            return Pseudonymized(orjson.dumps(reassemble_bundle(resource, fields, answers)), len(chunks) + 1, True)
         line, _ = await self._deidentify(resource_json, resource)
         return Pseudonymized(line, 1, False)
 
@@ -240,10 +242,17 @@ def split_bundle(bundle: dict[str, Any], threshold_bytes: int) -> list[dict[str,
     return [{**skeleton, "id": f"{bundle_id}-chunk-{i}", "entry": group} for i, group in enumerate(groups)]
 
 
-def reassemble_bundle(original: dict[str, Any], chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """One Bundle from de-identified chunks, as protocols.md defines it: the first chunk's Bundle-level fields,
-    every entry in order, and the original ``type`` and ``timestamp``."""
-    bundle = {name: value for name, value in chunks[0].items() if name != "entry"}
+def without_entries(bundle: dict[str, Any]) -> dict[str, Any]:
+    """The Bundle's own fields, id and ``meta`` included, without its entries."""
+    return {name: value for name, value in bundle.items() if name != "entry"}
+
+
+def reassemble_bundle(original: dict[str, Any], fields: dict[str, Any], chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One Bundle from de-identified chunks, as protocols.md defines it (every entry in order, the original ``type``
+    and ``timestamp``), but with the Bundle-level fields of ``fields``, the Bundle itself de-identified without its
+    entries, not of the first chunk: the chunk's id ``<id>-chunk-0`` would give the Bundle another pseudonymous id
+    than the same Bundle sent whole (issue 33)."""
+    bundle = without_entries(fields)
     for name in ("type", "timestamp"):
         if name in original:
             bundle[name] = original[name]
