@@ -147,7 +147,7 @@ def extraction_job_id(args: argparse.Namespace) -> str:
     """The extraction job id ``args.job`` names: a dupflow job id resolves to the one recorded in its facts."""
     ref = args.job
     job_dir = Path(args.jobs_dir or default_jobs_dir()) / ref
-    if not is_uuid(ref) or not job_dir.is_dir():
+    if not is_job_id(ref) or not job_dir.is_dir():
         return ref
     recorded = read_facts(job_dir).get("extraction_job_id")
     if not recorded:
@@ -157,12 +157,12 @@ def extraction_job_id(args: argparse.Namespace) -> str:
     return str(recorded)
 
 
-def is_uuid(value: str) -> bool:
+def is_job_id(name: str) -> bool:
+    """Job ids are UUIDs in their canonical form (``flows.jobs.prepare_job`` makes them)."""
     try:
-        uuid.UUID(value)
+        return str(uuid.UUID(name)) == name
     except ValueError:
         return False
-    return True
 
 
 def cmd_list(args: argparse.Namespace, client: ExtractionTaskClient) -> int:

@@ -21,7 +21,6 @@ import os
 import shlex
 import shutil
 import sys
-import uuid
 from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ import httpx
 from config.durations import parse_duration
 from config.runtime import default_jobs_dir, prefect_api_url
 from flows import prefect_server
-from flows.extraction_cli import age
+from flows.extraction_cli import age, is_job_id
 from flows.job_state import JobLock, JobLockedError, current_state
 from config.settings import RetrySettings
 from tasks.clients.errors import ServiceError, raise_for_service_status
@@ -179,14 +178,6 @@ def job_entries(jobs_dir: Path) -> Iterator[tuple[Path, str | None]]:
             yield entry, "a symbolic link (never followed)"
         elif JobPaths(entry).job_file.is_file():
             yield entry, None
-
-
-def is_job_id(name: str) -> bool:
-    """Job ids are UUIDs in their canonical form (``flows.jobs.prepare_job`` makes them)."""
-    try:
-        return str(uuid.UUID(name)) == name
-    except ValueError:
-        return False
 
 
 def old_enough(changed_at: str, older_than: timedelta | None, now: datetime) -> bool:

@@ -43,6 +43,7 @@ from tasks.clients.extraction_documents import (
 from tasks.clients.extraction_jobs import CohortPreviewUnsupportedError, cohort_patient_ids
 from tasks.clients.extraction_server import PollProgress
 from tasks.streams import processes
+from tests.support.processes import worker_pids
 from tasks.streams.ndjson import NdjsonError
 from tasks.streams.ndjson_writer import CHECK_IN_PROCESS_MIN_BYTES
 from tests.conftest import TESTDATA
@@ -436,7 +437,7 @@ def test_a_large_plain_file_is_checked_in_a_worker_process_and_counted(tmp_path,
     ):
         stats = download(c.http, f"{server.base_url}/f/a.ndjson", tmp_path / "a.ndjson", level=None)
     assert stats.resources == body.count(b"\n") and (tmp_path / "a.ndjson").read_bytes() == body
-    assert processes.worker_pids()
+    assert worker_pids()
 
 
 @pytest.mark.slow  # a worker process
@@ -450,7 +451,7 @@ def test_a_bad_line_in_a_large_file_is_the_same_error_as_in_a_small_one(tmp_path
         expected = f"{server.base_url}/f/a.ndjson: line {line} is a JSON object without a resourceType"
         with pytest.raises(NdjsonError, match=re.escape(expected)):
             download(c.http, f"{server.base_url}/f/a.ndjson", tmp_path / "a.ndjson", level=None)
-    assert processes.worker_pids() and list(tmp_path.iterdir()) == []
+    assert worker_pids() and list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow  # a worker process
@@ -459,7 +460,7 @@ def test_a_large_file_whose_last_line_is_cut_off_is_retried_as_incomplete(tmp_pa
     state = serve_once_each(cut, whole)
     with LoopbackServer(EchoHandler, state) as server, client_for(server.base_url, SimulatedTime()) as c:
         stats = download(c.http, f"{server.base_url}/f/a.ndjson", tmp_path / "a.ndjson", level=None)
-    assert len(state.requests) == 2 and processes.worker_pids()
+    assert len(state.requests) == 2 and worker_pids()
     assert stats.resources == whole.count(b"\n") and (tmp_path / "a.ndjson").read_bytes() == whole
 
 

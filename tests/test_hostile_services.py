@@ -33,7 +33,7 @@ from tasks.clients.flattener import Flattener
 from tasks.clients.http import AsyncServiceClient, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.validator import Validator, iter_chunks
 from tasks.core.errors import StepError
-from tasks.streams.ndjson import iter_resources
+from tests.support.ndjson import iter_resources
 from tasks.send import send_resources
 from tasks.validation import validate_path
 from tests.conftest import REPO_ROOT, run_cli, wait_until

@@ -24,7 +24,8 @@ from tasks.clients.errors import ServiceError
 from tasks.extractor import download_result_file
 from tasks.local_import import LocalImportError, find_ndjson_files, local_import
 from tasks.streams.ndjson import LineTooLongError, NdjsonError, iter_chunks, iter_lines
-from tasks.streams.ndjson_writer import AtomicNdjsonWriter, count_resources
+from tasks.streams.ndjson_writer import AtomicNdjsonWriter
+from tests.support.ndjson import count_resources
 from tasks.streams.zstd_blocks import ZSTD_OUTPUT_PIECE
 from tests.conftest import REPO_ROOT
 from tests.fakes.extraction_server import start_extraction_server

@@ -13,6 +13,7 @@ import zstandard
 from loky.process_executor import ShutdownExecutorError
 
 from tasks.streams import processes
+from tests.support.processes import worker_pids
 from tasks.streams.fanout import Cancelled, raise_if_cancelled, run_bounded
 from tasks.streams import ndjson_writer
 from tasks.streams.ndjson import (
@@ -21,13 +22,13 @@ from tasks.streams.ndjson import (
     iter_chunks,
     is_zstd,
     iter_lines,
-    iter_resources,
     TruncatedLineError,
     UnsafeNameError,
     output_name,
     remove_partial_files,
 )
-from tasks.streams.ndjson_writer import CHECK_IN_PROCESS_MIN_BYTES, AtomicNdjsonWriter, count_resources
+from tasks.streams.ndjson_writer import CHECK_IN_PROCESS_MIN_BYTES, AtomicNdjsonWriter
+from tests.support.ndjson import count_resources, iter_resources
 from tests.conftest import wait_until
 
 MB = 1024 * 1024
@@ -211,7 +212,7 @@ def test_a_compressed_file_is_always_checked_while_writing(tmp_path):
         with AtomicNdjsonWriter(tmp_path / "out.ndjson.zst", "fastest", MB, expected_size=LARGE) as writer:
             writer.write(b"not json\n")
             raise AssertionError("the line is checked as it is written")
-    assert not processes.worker_pids()
+    assert not worker_pids()
 
 
 def test_blank_lines_and_crlf_line_ends_are_accepted(tmp_path):
@@ -305,7 +306,7 @@ def wait_for_calls_in_the_pool(pool, calls: int) -> None:
 def kill_a_worker_once_queued(pool, calls: int, killed: list[int]) -> None:
     wait_for_calls_in_the_pool(pool, calls)
     deadline = time.monotonic() + DEADLINE_SECONDS
-    while not (pids := processes.worker_pids()):
+    while not (pids := worker_pids()):
         assert time.monotonic() < deadline, "no worker started"
         time.sleep(0.02)
     os.kill(pids[0], signal.SIGKILL)
@@ -342,7 +343,7 @@ def test_an_interrupted_fan_out_stops_the_check_of_a_plain_file_in_a_worker(tmp_
         signal.signal(signal.SIGINT, previous)
     assert isinstance(outcome[0], Cancelled)
     assert list(tmp_path.iterdir()) == []
-    wait_until(lambda: not processes.worker_pids(), "the pool's workers terminated", timeout=DEADLINE_SECONDS)
+    wait_until(lambda: not worker_pids(), "the pool's workers terminated", timeout=DEADLINE_SECONDS)
 
 
 def interrupt_once_queued(pool, calls: int) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.streams.ndjson import iter_resources
+from tests.support.ndjson import iter_resources
 from tests.conftest import REPO_ROOT, run_cli
 from tests.support.deployments import (
     FINAL,

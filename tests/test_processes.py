@@ -17,6 +17,7 @@ import pytest
 from loky.process_executor import ShutdownExecutorError
 
 from tasks.streams import processes
+from tests.support.processes import worker_pids
 from tasks.core.errors import StepError
 from tests.conftest import wait_until
 
@@ -28,11 +29,12 @@ DEADLINE_SECONDS = 30
 PARENT_SCRIPT = """
 import contextvars, sys, threading, time
 from tasks.streams import processes
+from tests.support.processes import worker_pids
 with processes.worker_pool():
     threading.Thread(target=contextvars.copy_context().run, args=(processes.run_in_process, time.sleep, 600)).start()
-    while not processes.worker_pids():
+    while not worker_pids():
         time.sleep(0.05)
-    print(" ".join(map(str, processes.worker_pids())), flush=True)
+    print(" ".join(map(str, worker_pids())), flush=True)
     time.sleep(600)
 """
 
@@ -91,8 +93,8 @@ def test_leaving_the_block_by_an_exception_stops_a_running_worker():
     with pytest.raises(KeyboardInterrupt), processes.worker_pool():
         thread = threading.Thread(target=contextvars.copy_context().run, args=(call,), daemon=True)
         thread.start()
-        wait_until(processes.worker_pids, "the workers started", DEADLINE_SECONDS)
-        pids = processes.worker_pids()
+        wait_until(worker_pids, "the workers started", DEADLINE_SECONDS)
+        pids = worker_pids()
         raise KeyboardInterrupt
 
     thread.join(DEADLINE_SECONDS)
@@ -103,9 +105,9 @@ def test_leaving_the_block_by_an_exception_stops_a_running_worker():
 def test_the_workers_end_with_their_block():
     with processes.worker_pool():
         assert processes.run_in_process(abs, -3) == 3
-        pids = processes.worker_pids()
+        pids = worker_pids()
         assert pids
-    assert all(gone(pid) for pid in pids) and not processes.worker_pids()
+    assert all(gone(pid) for pid in pids) and not worker_pids()
 
 
 def test_workers_exit_by_themselves_when_their_parent_is_killed():
@@ -164,6 +166,6 @@ def test_a_worker_killed_under_a_call_breaks_it():
 
 
 def kill_workers_once_started() -> None:
-    wait_until(processes.worker_pids, "the workers started", DEADLINE_SECONDS)
-    for pid in processes.worker_pids():
+    wait_until(worker_pids, "the workers started", DEADLINE_SECONDS)
+    for pid in worker_pids():
         os.kill(pid, signal.SIGKILL)

@@ -29,7 +29,7 @@ from tasks.pseudonymizer import (
     read_anonymization_config,
     window_size,
 )
-from tasks.streams.ndjson import iter_resources
+from tests.support.ndjson import iter_resources
 from tests.conftest import run_cli, wait_until
 from tests.fakes._server import LoopbackServer
 from tests.support.jobs import job_file, only_job_dir, read_report_artifact, start_cli_process, wait_for

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tasks.core.errors import StepError
-from tasks.streams.ndjson import iter_resources
+from tests.support.ndjson import iter_resources
 from tests.conftest import REPO_ROOT, TESTDATA
 from tests.support.jobs import read_report_artifact, wait_for
 from tests.support.validation import run_step, step_input, validation_flow

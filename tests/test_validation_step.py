@@ -16,7 +16,7 @@ from config.settings import RetrySettings, TlsSettings
 from tasks.clients.http import AsyncServiceClient, ServiceEndpoint
 from tasks.clients.validator import MB, Validator
 from tasks.core.errors import StepError
-from tasks.streams.ndjson import iter_resources
+from tests.support.ndjson import iter_resources
 from tasks.validation import FileValidation, failure_message, validate_path
 from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer

@@ -1,19 +1,11 @@
-"""Bounds of one call to a service: a whole-request deadline, and a cap on how much of an answer is read.
+"""Bounds of one call to a service: a whole-request deadline (``Deadline``), and a cap on how much of an answer is
+read (``read_answer``).
 
 A per-read timeout (``http_timeout``) never cuts off a server that drips its answer a byte at a time, and an
-answer read whole can be larger than memory. So every call a client makes is bounded twice:
-
-- ``Deadline``: the call's whole duration (connect, send, answer). Async clients run the attempt under
-  ``asyncio.timeout`` (``within_deadline``). Sync clients check it for each piece of the body sent and of the answer
-  read; and since a read blocked on a server dripping its status line and headers cannot be interrupted from its
-  own thread, a sync call has a connection of its own whose socket is shut down at the deadline
-  (``answer_within``). Past it, the call fails with a transient ``ServiceError`` naming the limit and the setting
-  (or constant) behind it, retried like any other transient failure.
-- ``read_answer`` / ``read_answer_async``: the answer's bytes, refused (a terminal ``ServiceError`` naming the
-  size and the limit) as soon as it is known to be larger than the caller's cap, from its Content-Length or the
-  bytes read, so at most the cap is ever held. Error answers: ``tasks.clients.errors.MAX_PARSED_BODY_BYTES``.
-
-Plain Python: no Prefect in here.
+answer read whole can be larger than memory, so every call a client makes is bounded twice. A sync read blocked on
+a server dripping its status line and headers cannot be interrupted from its own thread, hence each bounded sync
+call gets a connection of its own, shut down at the deadline (``answer_within``). Past the deadline a call fails
+with a transient ``ServiceError`` (retried); an answer over the cap with a terminal one. Plain Python: no Prefect.
 """
 
 from __future__ import annotations

@@ -160,16 +160,12 @@ def lists_view_run(statement: Any) -> bool:
         return False
     for rest in statement.get("rest") or []:
         for resource in rest.get("resource") or []:
-            if resource.get("type") == "ViewDefinition" and _has_run(resource.get("operation")):
+            if resource.get("type") == "ViewDefinition" and any(_is_run(op) for op in resource.get("operation") or []):
                 return True
         for operation in rest.get("operation") or []:
             if _is_run(operation) and "ViewDefinition" in str(operation.get("definition", "")):
                 return True
     return False
-
-
-def _has_run(operations: Any) -> bool:
-    return any(_is_run(operation) for operation in operations or [])
 
 
 def _is_run(operation: Any) -> bool:

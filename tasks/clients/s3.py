@@ -286,7 +286,9 @@ def service_error(operation: str, exc: BaseException, *, bucket: str | None, sec
         status = None
         transient = isinstance(exc, HTTPClientError | BotoConnectionError) and not isinstance(exc, SSLError)
         message = f"{'network error: ' if transient else ''}{type(exc).__name__}: {exc}"
-    message = truncate(blank_out(message, secrets), MAX_MESSAGE_CHARS)
+    for secret in secrets:
+        message = message.replace(secret, HIDDEN)
+    message = truncate(message, MAX_MESSAGE_CHARS)
     return ServiceError(operation, status, message, transient=transient, service=SERVICE)
 
 
@@ -305,9 +307,3 @@ def _client_error_message(exc: ClientError, status: int | None, bucket: str | No
     if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied"):
         return f"{message}; check services.send.s3.access_key_id and secret_access_key"
     return message
-
-
-def blank_out(text: str, secrets: tuple[str, ...]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, HIDDEN)
-    return text

@@ -339,12 +339,6 @@ def first_non_blank(chunk: bytes, start: int) -> int:
     return len(chunk)
 
 
-def iter_resources(path: Path, max_line_bytes: int) -> Iterator[tuple[int, dict]]:
-    """Yield ``(line number, parsed resource)``; a line that is not a FHIR resource is an error."""
-    for line_number, line in iter_lines(path, max_line_bytes):
-        yield line_number, parse_resource(path, line_number, line)
-
-
 def parse_resource(source: Path | str, line_number: int, line: bytes | bytearray | memoryview) -> dict:
     """One NDJSON line as a JSON object with a ``resourceType``; anything else is an error naming the file
     and line (never quoting the line, which may hold patient data)."""

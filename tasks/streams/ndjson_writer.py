@@ -228,11 +228,6 @@ class AtomicNdjsonWriter:
             self.part.unlink(missing_ok=True)
 
 
-def count_resources(path: Path, max_line_bytes: int) -> int:
-    """The resources (lines) of a data file, each line checked like ``AtomicNdjsonWriter`` checks it."""
-    return count_contents(path, max_line_bytes).resources
-
-
 def count_contents(path: Path, max_line_bytes: int) -> LineCounts:
     """What a data file holds (resources, Bundles and their entries), each line checked like
     ``AtomicNdjsonWriter`` checks it."""

@@ -138,11 +138,6 @@ def run_in_process(
         raise
 
 
-def worker_pids() -> list[int]:
-    """The pids of this process's live worker processes (for tests and benchmarks that measure them)."""
-    return [child.pid for child in multiprocessing.active_children() if child.pid is not None]
-
-
 def _start_worker(parent: int, preload: tuple[str, ...]) -> None:
     """In a worker: a daemon thread that ends the process as soon as the process that made the pool is gone, then
     the modules its work needs."""

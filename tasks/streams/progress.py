@@ -55,9 +55,6 @@ class _LogTracker(Tracker):
     def set_total(self, total: int) -> None:
         self._total = total
 
-    def log_done(self) -> None:
-        logger.info("%s", self.describe(time.monotonic(), done=True))
-
     def describe(self, now: float, done: bool = False) -> str:
         """``label: 1.5 MB of 3.0 MB at 2.0 MB/s (50 %, ETA 1 s)``; without a total ``label: 1.5 MB at 2.0 MB/s``;
         done: ``label: done, 3.0 MB in 2 s at 1.5 MB/s``."""
@@ -119,7 +116,7 @@ def _display_tracker(label: str, total: int | None, unit: str) -> Iterator[Track
     else:
         tracker = _LogTracker(label, total, unit)
         yield tracker
-        tracker.log_done()
+        logger.info("%s", tracker.describe(time.monotonic(), done=True))
 
 
 # --- one progress artifact per step run ------------------------------------------------------------------------
@@ -254,16 +251,14 @@ class StepProgress:
             if not final and now < self._next_publish:
                 return
             with self._lock:
-                if not self._has_known_work() or (stopped and self._artifact is None):
+                known_work = self._files_started > 0 and bool(self._files_known() or self._totals)
+                if not known_work or (stopped and self._artifact is None):
                     return
                 percent, description = self._measure(now, finished, stopped)
             self._next_publish = now + ARTIFACT_EVERY_SECONDS
             self._write(percent, description)
         finally:
             self._publishing.release()
-
-    def _has_known_work(self) -> bool:
-        return self._files_started > 0 and bool(self._files_known() or self._totals)
 
     def _files_known(self) -> int:
         """The files the step said it expects (downloads; a flattening's pieces), else its input files."""

@@ -58,7 +58,8 @@ from prefect import flow
 from tasks.job.contract import DataFile, StepInput
 from tasks.flattening import flattening, plan_views
 from tasks.streams.spans import input_pays_for_processes
-from tasks.streams.processes import pool_size, worker_pids
+from tasks.streams.processes import pool_size
+from tests.support.processes import worker_pids
 from tasks.sof.resources import line_resources
 from tests.conftest import REPO_ROOT, TESTDATA
 from tests.flattening_runs import flatten_files

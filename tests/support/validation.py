@@ -13,7 +13,7 @@ from prefect import flow
 
 from tasks.clients.validator import CHUNK_EXTENSION, MB, RESOURCE_EXTENSION
 from tasks.job.contract import DataFile, StepInput, StepResult, stored_in_job
-from tasks.streams.ndjson_writer import count_resources
+from tests.support.ndjson import count_resources
 from tasks.validation import validation
 from tests.conftest import TESTDATA
 

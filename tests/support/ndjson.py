@@ -1,0 +1,20 @@
+"""Reading NDJSON files back in tests: their parsed resources, or their resource count (each line checked)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from tasks.streams.ndjson import iter_lines, parse_resource
+from tasks.streams.ndjson_writer import count_contents
+
+
+def iter_resources(path: Path, max_line_bytes: int) -> Iterator[tuple[int, dict]]:
+    """Yield ``(line number, parsed resource)``; a line that is not a FHIR resource is an error."""
+    for line_number, line in iter_lines(path, max_line_bytes):
+        yield line_number, parse_resource(path, line_number, line)
+
+
+def count_resources(path: Path, max_line_bytes: int) -> int:
+    """The resources (lines) of a data file, each line checked like ``AtomicNdjsonWriter`` checks it."""
+    return count_contents(path, max_line_bytes).resources
