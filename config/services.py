@@ -96,8 +96,6 @@ def _fhir_base(block: str) -> AfterValidator:
     return AfterValidator(strip)
 
 
-# --- the extractor and its deprecated keys -------------------------------------------------------------
-
 LEGACY_FLAT_AUTH_KEYS = ("username", "password", "oauth_issuer_uri", "oauth_client_id", "oauth_client_secret")
 LEGACY_DURATION_KEYS: dict[str, tuple[str, str]] = {
     "extraction_timeout_minutes": ("extraction_timeout", "minutes"),

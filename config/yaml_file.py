@@ -160,8 +160,6 @@ def drop_empty_keys(node: Any) -> Any:
     return node
 
 
-# --- ${VAR} and Prefect Secret blocks -----------------------------------------------------------------
-
 _REFERENCE = re.compile(r"\$\$\{|\$\{([^}]*)\}")
 _VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # ${prefect-secret:NAME}: the text of the Prefect Secret block NAME. "-" and ":" never occur in a variable name.

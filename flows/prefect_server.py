@@ -105,9 +105,6 @@ class ServerRecord:
     started_at: str
 
 
-# --- the API ---------------------------------------------------------------------------------
-
-
 def use_server() -> None:
     """Point this process at the jobs' server: ``PREFECT_API_URL`` when set (it must answer); else the local
     server this tool keeps running (started on first need), whose UI address goes to stderr."""
@@ -183,9 +180,6 @@ def database_configured_elsewhere(home: Path) -> bool:
         return "DATABASE_CONNECTION_URL" in (home / "profiles.toml").read_text().upper()
     except OSError:
         return False
-
-
-# --- starting and finding the server -----------------------------------------------------------
 
 
 def start_server(home: Path, startup_timeout: float, previous: ServerRecord | None = None) -> ServerRecord:
@@ -308,9 +302,6 @@ def http_get(url: str, path: str, timeout: float) -> tuple[int, bytes] | None:
         return None
 
 
-# --- the automation that keeps a local paused run paused --------------------------------------------
-
-
 def install_local_pause_automation(client: Any) -> str:
     """Make sure the server of ``client`` (a Prefect sync client: its authentication, TLS settings and retries of a
     busy server's 503) has ``LOCAL_PAUSE_AUTOMATION`` as defined here; its id. One of that name that holds the
@@ -352,9 +343,6 @@ def guard_local_pauses(api_url: str) -> None:
         )
 
 
-# --- the server process ------------------------------------------------------------------------
-
-
 def process_is_server(pid: int) -> bool:
     """Whether ``pid`` is alive and still a ``prefect server start`` (a recycled pid is not)."""
     if not process_exists(pid):
@@ -393,9 +381,6 @@ def terminate(pid: int) -> None:
             time.sleep(POLL_INTERVAL)
         else:
             return
-
-
-# --- command line ----------------------------------------------------------------------------
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -102,8 +102,6 @@ def download_with(client: ExtractionServerClient, step: StepInput, url: str, nam
     return DataFile.written(name, stats)
 
 
-# --- the downloads' clients ----------------------------------------------------------------------------------
-
 DownloadKey = tuple[SettingsIdentity, bool]
 
 
@@ -151,9 +149,6 @@ def open_download_clients() -> int:
 
 def is_result_url(job_input: str | None) -> bool:
     return bool(job_input) and job_input.lower().startswith(("http://", "https://"))
-
-
-# --- submission and polling ----------------------------------------------------------------------------------
 
 
 def current_handle(step: StepInput, client: ExtractionServerClient) -> ExtractionHandle:
@@ -262,9 +257,6 @@ class ProgressReporter:
             self._artifact = create_progress_artifact(percent, key=self._key, description=description)
         else:
             update_progress_artifact(self._artifact, percent, description=description)
-
-
-# --- downloads -----------------------------------------------------------------------------------------------
 
 
 def download_result_files(step: StepInput, urls: list[str], needs_token: bool) -> list[DataFile]:

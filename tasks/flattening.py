@@ -1,33 +1,18 @@
-"""The ``flattening`` step: the job's data as one CSV per CRTDL attribute group (spec/protocols.md, "Flattening").
+"""The ``flattening`` step: the job's data as one CSV per CRTDL attribute group (spec/protocols.md, "Flattening";
+what a user sees: docs/steps.md).
 
-1. The job's CRTDL and the lookup file (``services.flattening.lookup_path``) give one ViewDefinition per attribute
-   group (``tasks.sof.crtdl_views``); a group whose profile has no lookup table is skipped with a warning naming the
-   profile. Each view is saved as ``<job>/viewdefinitions/<group name>.json`` so it can be rerun elsewhere (``view
-   run``). Groups of one name write ``<name>-<group id>`` files, with one warning naming them.
-2. Resources are routed to groups through the extraction's Provenance records (``tasks.sof.flatten``: one resource
-   may belong to several groups; resources that nothing routes are counted per type and reported). When the input
-   holds no attribute-group Provenance at all (a plain local import), each resource goes to the groups of its type.
-3. Rows come from the embedded SQL-on-FHIR engine (``tasks.sof``), or from the flattening service's ``$run`` when
-   ``services.flattening.service_url`` is set (health-checked first). For the service, resources are buffered per
-   group up to ``batch_size_mb`` divided by the number of groups, then sent as one request, file after file.
-4. The embedded engine works piece by piece, each piece its own cached task writing its rows per group into
-   ``.parts/<piece>/``: a whole file (``flatten[<file>]``), or, when worker processes run, a span of a large file's
-   lines (``flatten[<file>#<i>/<n>]``, cut as ``tasks.streams.spans`` says, so one big file uses every core). When
-   the input is large enough to pay for starting them, the pieces are flattened in worker processes on every core
-   that live as long as the step (``tasks.streams.processes``: JSON parsing and FHIRPath hold the GIL). The parts are
-   then concatenated in input order under one header (``join_parts``), so the CSVs are the same bytes however many
-   processes ran and however the files were cut. A cut file's bare Provenance routes its resources in every span:
-   the routes are found once per file and saved for its spans. Each piece reports its resources as it goes
-   (``tasks.streams.progress.track``), from a worker process through ``SharedCount``.
-5. Each group's CSV is written under a temporary name and all are renamed when the step completes; a group with no
-   rows writes its header only.
-6. An input with resources of which no CSV has a row fails the step (``refuse_empty_result``), where it would
-   otherwise complete with nothing: when no group takes any resource, the error names the groups the CRTDL has and
-   the group ids the Provenance names (up to ``LISTED_IDS`` of each: a CRTDL whose ids are not the extraction's);
-   else the groups skipped for lack of a lookup table, with their profiles, and the groups whose views gave no row.
+The CRTDL and the lookup file give one ViewDefinition per group (``tasks.sof.crtdl_views``; a group whose profile
+has no lookup table is skipped with a warning), saved under ``viewdefinitions/`` for ``view run``. Resources go to
+groups by the extraction's Provenance, or by their type when the input has none (``tasks.sof.flatten``). Rows come
+from the embedded engine or, with ``services.flattening.service_url``, the flattening service's ``$run``.
 
-Resume: a resumed job keeps the pieces whose parts are finished (a part missing on disk is flattened again) and
-redoes the rest; no CSV is visible before all are complete. The service path is redone as a whole.
+The embedded engine works piece by piece, each piece a cached task writing its rows per group into
+``.parts/<piece>/``: a whole file, or a span of a large file's lines (``tasks.streams.spans``) in the step's worker
+processes (JSON parsing and FHIRPath hold the GIL). The parts are joined in input order under one header
+(``join_parts``), so the CSVs are the same bytes however many processes ran; a cut file's routes are found once and
+saved for its spans. CSVs are renamed into place when the step completes: a resumed job keeps the finished pieces
+and no CSV is visible before all are. An input with resources of which no CSV has a row fails the step
+(``refuse_empty_result``) instead of completing with nothing.
 """
 
 from __future__ import annotations
@@ -161,9 +146,6 @@ def flatten_in_worker(plan: FilePlan, progress: Tracker) -> FileParts:
         done.remove()
     progress.advance(result["lines"] - shown)
     return result
-
-
-# --- planning ---------------------------------------------------------------------------------------------------
 
 
 def plan_views(
@@ -309,9 +291,6 @@ def routes_by_provenance(paths: list[Path], max_line_bytes: int) -> bool:
     return any(has_group_provenance(path, max_line_bytes) for path in paths)
 
 
-# --- the embedded engine, file by file ------------------------------------------------------------------------------
-
-
 def flatten_step_files(
     step: StepInput, views: list[GroupView], skipped: list[AttributeGroup], max_line_bytes: int
 ) -> FlattenOutcome:
@@ -393,9 +372,6 @@ def header_line(columns: list[str]) -> bytes:
     text = io.StringIO(newline="")
     CsvWriter(text).writerow(columns)
     return text.getvalue().encode()
-
-
-# --- the flattening service ---------------------------------------------------------------------------------------
 
 
 class GroupCsv:

@@ -159,9 +159,6 @@ async def pseudonymize_with_service(
         )
 
 
-# --- one file ------------------------------------------------------------------------------------------------
-
-
 def window_size(max_concurrent_requests: int) -> int:
     """Resources read ahead: twice the requests in flight, so a slow one does not stall the others."""
     return 2 * max_concurrent_requests
@@ -224,9 +221,6 @@ def failure_message(source: Path, line_number: int, label: str, exc: Exception) 
     if isinstance(exc, ServiceError) and exc.status_code == 413:
         message += f"; {TOO_LARGE_HINT}"
     return message
-
-
-# --- step helpers --------------------------------------------------------------------------------------------
 
 
 def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:

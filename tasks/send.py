@@ -1,26 +1,14 @@
-"""The ``send`` step: deliver the previous data-producing step's files to their destination.
+"""The ``send`` step: deliver the previous data-producing step's files (``services.send.send_as``; docs/steps.md).
 
-Three modes (``services.send.send_as``), all reading the step's input folder (NDJSON plain or zstd; CSV after
-flattening) and writing only their records into ``<job>/send/``:
+- ``direct_resource_load``: resources as transaction Bundles of ``batch_size`` entries (``core`` files first), one
+  batch in memory. After each confirmed batch ``send/progress/<file>.json`` records where the next starts, and a
+  POST entry is a conditional create on a tag of (job, file, position), so a resumed run never creates a resource
+  twice. A rejected batch stops the step, its request and answer kept in ``send/failed/`` with credentials blanked.
+- ``transfer_load``: the MII data transfer (``tasks.clients.transfer``).
+- ``s3_upload``: each file as object ``<job id>/<file name>`` (``tasks.clients.s3``, whose manifest lets a resumed
+  job skip uploaded objects).
 
-- ``direct_resource_load``: every resource as an entry of a transaction Bundle of at most ``batch_size`` entries
-  (0 = 100) to ``POST {url}/fhir``; ``PUT Type/id`` for a resource with an id, ``POST Type`` otherwise;
-  transaction/collection/searchset Bundles are unwrapped into their entries; ``core`` first. One batch is in
-  memory at a time. After each confirmed batch the file's progress (``send/progress/<file>.json``) records where
-  the next batch starts, so a killed run resumes at the first unsent batch. A POST entry carries a tag derived from
-  the job, file and position and is sent as a conditional create on that tag (``ifNoneExist``): re-sending a batch
-  whose answer was lost never creates it twice. A rejected batch stops the step; its request and the server's
-  answer are kept in ``send/failed/<file>-batch-<n>.request.json`` and ``.response.txt``.
-- ``transfer_load`` (MII data transfer through the DSF, ``tasks.clients.transfer``): per file a zipped ``Binary``, then
-  one ``DocumentReference`` per job with one attachment per Binary; ``send/transfer.json`` records their ids.
-- ``s3_upload``: each file as object ``<job id>/<file name>`` through ``tasks.clients.s3.S3Uploader`` (boto3's
-  transfer manager; its manifest ``send/s3-manifest.json`` lets a resumed job skip uploaded objects).
-
-Files are sent one after the other (on a Dask cluster, one per worker; with direct_resource_load the ``core``
-files before all others), each as its own cached task (``send[<file>]``), so a resumed job skips the finished ones.
-
-Credentials the server quotes back in an answer are blanked out before it is kept in ``send/failed/`` or named in a
-message (``tasks.clients.fhir_server``, whose calls also have a deadline and a cap on the answer).
+Each file is its own cached task (``send[<file>]``), so a resumed job skips the finished ones.
 """
 
 from __future__ import annotations
@@ -125,9 +113,6 @@ def send_file_s3(step: StepInput, name: str, size: int) -> dict[str, Any]:
     return {"key": uploaded.key, "size": uploaded.size, "etag": uploaded.etag}
 
 
-# --- checks -------------------------------------------------------------------------------------------------
-
-
 def refuse_csv_input(files: list[DataFile]) -> None:
     """direct_resource_load sends FHIR resources; flattened CSV files cannot be loaded into a FHIR server."""
     csv = [f.name for f in files if not f.name.endswith((".ndjson", ".ndjson.zst"))]
@@ -147,9 +132,6 @@ def effective_batch_size(batch_size: int) -> int:
 def object_key(step: StepInput, name: str) -> str:
     """``<job id>/<path relative to the step's input folder>``."""
     return f"{step.job_id}/{(step.input_dir / name).relative_to(step.input_dir).as_posix()}"
-
-
-# --- direct_resource_load: batches --------------------------------------------------------------------------
 
 
 @dataclass
@@ -250,9 +232,6 @@ def with_tag(resource: dict, code: str) -> dict:
     meta = dict(resource.get("meta") or {})
     meta["tag"] = [*(meta.get("tag") or []), {"system": SEND_ENTRY_TAG_SYSTEM, "code": code}]
     return {**resource, "meta": meta}
-
-
-# --- direct_resource_load: one file ---------------------------------------------------------------------------
 
 
 @dataclass

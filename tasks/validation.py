@@ -118,9 +118,6 @@ async def validate_with_service(
         )
 
 
-# --- one file ------------------------------------------------------------------------------------------------
-
-
 @dataclass
 class Tally:
     """Counts over a file's chunks, as they come back in order."""
@@ -214,9 +211,6 @@ def step_logger() -> logging.Logger | logging.LoggerAdapter:
         return get_run_logger()
     except MissingContextError:
         return stdlib_logger
-
-
-# --- step helpers --------------------------------------------------------------------------------------------
 
 
 def failure_message(folder: Path, checked: list[FileValidation]) -> str:

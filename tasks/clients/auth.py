@@ -81,9 +81,6 @@ def origin_text(origin: Origin) -> str:
     return f"{scheme}://{host}:{port}"
 
 
-# --- OAuth 2.0 client credentials -------------------------------------------------------------------------
-
-
 @dataclass(frozen=True, repr=False)
 class _Token:
     access_token: str
@@ -220,9 +217,6 @@ def token_source_for(auth: AuthSettings, verify: ssl.SSLContext | bool) -> Token
         if key not in _token_sources:
             _token_sources[key] = TokenSource(issuer, client_id, secret, verify)
         return _token_sources[key]
-
-
-# --- the auth flow ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -75,9 +75,6 @@ class FileNotReadyError(DownloadError):
     """A result file that stayed unavailable through every availability check."""
 
 
-# --- file names ----------------------------------------------------------------------------------------------
-
-
 def safe_file_name(url: str, compress: bool) -> str:
     """``<last URL segment>`` forced to ``.ndjson`` (+ ``.zst``); names that could leave the folder are refused."""
     raw_path = httpx.URL(url).raw_path.decode("ascii").split("?", 1)[0]
@@ -112,9 +109,6 @@ def target_names(urls: Iterable[str], compress: bool, max_files: int = DEFAULT_M
             )
         owners[name], names[url] = url, name
     return names
-
-
-# --- availability --------------------------------------------------------------------------------------------
 
 
 def wait_until_available(
@@ -157,9 +151,6 @@ def _probe_status(client: httpx.Client, method: str, url: str, headers: dict | N
             return response.status_code
     except httpx.TransportError:
         return None
-
-
-# --- download ------------------------------------------------------------------------------------------------
 
 
 def download_ndjson(

@@ -86,9 +86,6 @@ def base_url_of(settings: ExtractorSettings) -> str:
     return settings.base_url.rstrip("/")
 
 
-# --- what is sent ------------------------------------------------------------------------------------------
-
-
 def parse_crtdl(data: bytes, source: str | Path) -> dict[str, Any]:
     """The CRTDL as a JSON object; anything else is an ``InvalidCrtdlError`` naming ``source``."""
     try:
@@ -105,9 +102,6 @@ def kickoff_parameters(crtdl: bytes) -> dict[str, Any]:
         "resourceType": "Parameters",
         "parameter": [{"name": "crtdl", "valueBase64Binary": base64.b64encode(crtdl).decode("ascii")}],
     }
-
-
-# --- the Task's progress extension -------------------------------------------------------------------------
 
 
 def progress_values(task: Any) -> dict[str, Any]:
@@ -127,9 +121,6 @@ def progress_values(task: Any) -> dict[str, Any]:
                     values[sub["url"]] = sub["valueInteger"]
             return values
     return {}
-
-
-# --- a completed job's manifest ----------------------------------------------------------------------------
 
 
 def _parameters(document: Any) -> list[dict] | None:

@@ -62,9 +62,6 @@ class ServiceEndpoint:
     timeout: httpx.Timeout = field(default_factory=lambda: http_timeout(timedelta(seconds=30)))
 
 
-# --- TLS ---------------------------------------------------------------------------------------------------
-
-
 def ssl_verify(tls: TlsSettings, *, purpose: str) -> ssl.SSLContext | bool:
     """The ``verify`` value for httpx: system and certifi CAs plus ``ca_cert_path``, or False when skipping
     (``purpose`` names the client in the warning logged then)."""
@@ -85,9 +82,6 @@ def trusted_context(ca_cert_path: str | None) -> ssl.SSLContext:
         except (OSError, ssl.SSLError) as exc:
             raise ValueError(f"tls.ca_cert_path {ca_cert_path}: cannot load PEM bundle: {exc}") from exc
     return context
-
-
-# --- client factory ----------------------------------------------------------------------------------------
 
 
 def _client_options(endpoint: ServiceEndpoint, tls: TlsSettings) -> tuple[ServiceAuth, dict]:
@@ -118,9 +112,6 @@ def build_async_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Asy
 def service_name(client: httpx.Client | httpx.AsyncClient) -> str | None:
     """The endpoint name of a client made by this module (used in error messages)."""
     return client.auth.service if isinstance(client.auth, ServiceAuth) else None
-
-
-# --- the service client ------------------------------------------------------------------------------------
 
 
 class Closing:

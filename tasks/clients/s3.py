@@ -152,8 +152,6 @@ def _combined_ca_bundle(ca_cert_path: str) -> str:
     return bundle.name
 
 
-# --- uploader --------------------------------------------------------------------------------------------------
-
 SERVICE = "s3"
 MANIFEST_VERSION = 1
 HIDDEN = "<hidden>"

@@ -63,9 +63,6 @@ class ValidationServiceError(DupflowError):
     """The service answered 200 with something that is not an OperationOutcome (terminal)."""
 
 
-# --- chunks ----------------------------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class Chunk:
     """One request: its number in the file (from 1), its body, and ``Type/id`` of each resource it holds."""
@@ -144,9 +141,6 @@ def resource_label(resource: dict[str, Any], line_number: int) -> str:
     """``Type/id`` of a resource for reports and messages (never its content); the line where it has no id."""
     resource_type = resource.get("resourceType", "unknown type")
     return f"{resource_type}/{resource['id']}" if resource.get("id") else f"{resource_type} (line {line_number})"
-
-
-# --- answers ---------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -241,9 +235,6 @@ def as_operation_outcome(content: bytes) -> dict[str, Any] | None:
     if not isinstance(answer, dict) or answer.get("resourceType") != "OperationOutcome":
         return None
     return redact_strings(answer)
-
-
-# --- the service -----------------------------------------------------------------------------------------------
 
 
 class Validator:

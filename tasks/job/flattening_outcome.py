@@ -90,9 +90,6 @@ def new_outcome(
     )
 
 
-# --- reporting --------------------------------------------------------------------------------------------------
-
-
 def refuse_empty_result(outcome: FlattenOutcome) -> None:
     """Fail when the input had resources and no CSV has a row (see the step module's doc, 6); a skipped group (no
     lookup table) is named with its profile, whatever the cause."""

@@ -227,9 +227,6 @@ def _joined(parts: Iterable[Rows], limit: int) -> Rows:
     return found
 
 
-# --- columns ----------------------------------------------------------------------------------------------------
-
-
 def _row_reader(columns: list[Column]) -> Value:
     """The select's own columns as a tuple at a focus: where every column is one member key at that focus type, the
     keys looked up at once (values of the types ``plain`` keeps as they are); else column by column."""

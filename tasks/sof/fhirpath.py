@@ -98,9 +98,6 @@ def plain(value: Any) -> Any:
     return value
 
 
-# --- member paths, walked directly ------------------------------------------------------------------------------
-
-
 Step = tuple[str, str, str | None]
 """``("member", name, ofType)``, ``("first", "", None)``, ``("where", member, literal)``, or last of all a
 function giving computed values: ``("exists", "", None)``, ``("join", "", separator)``, ``("resourceKey", "", None)``,
@@ -387,9 +384,6 @@ def child_items(item: Item, member: str, of_type: str | None = None) -> list[Ite
     if isinstance(value, list):
         return [Item(v, child_path) for v in value if v is not None]
     return [Item(value, child_path)]
-
-
-# --- everything else: fhirpathpy --------------------------------------------------------------------------------
 
 
 class _RaisingErrorListener(ErrorListener):

@@ -91,9 +91,6 @@ def _boundary(high: bool) -> Callable[..., list]:
     return invoke
 
 
-# --- bounded replacements of fhirpathpy functions -----------------------------------------------------------------
-
-
 @lru_cache(maxsize=256)
 def regex(pattern: str, dot_matches_newline: bool) -> Any:
     """``pattern`` compiled by RE2 (once per process); a pattern RE2 cannot run is a ``FhirPathError``."""

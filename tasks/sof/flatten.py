@@ -44,9 +44,6 @@ _BUNDLE = re.compile(rb'"resourceType"\s*:\s*"Bundle"')
 _BUNDLE_OPENING = re.compile(rb'\s*\{\s*"resourceType"\s*:\s*"Bundle"')
 
 
-# --- routing ----------------------------------------------------------------------------------------------------
-
-
 def resource_key(resource: dict[str, Any]) -> str | None:
     kind, ident = resource.get("resourceType"), resource.get("id")
     return f"{kind}/{ident}" if isinstance(kind, str) and isinstance(ident, str) else None
@@ -169,9 +166,6 @@ class Router:
         for target in targets:
             self.counts.resources[target] += 1
             self.engines[target].add(resource)
-
-
-# --- one file's rows as parts -----------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -286,9 +286,6 @@ class CompiledView:
         return True
 
 
-# --- compilation and validation ---------------------------------------------------------------------------------
-
-
 def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) -> CompiledView:
     """The ViewDefinition, validated and compiled; raises ``ViewDefinitionError`` naming what is wrong."""
     if not isinstance(view, dict):

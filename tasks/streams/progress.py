@@ -119,9 +119,6 @@ def _display_tracker(label: str, total: int | None, unit: str) -> Iterator[Track
         logger.info("%s", tracker.describe(time.monotonic(), done=True))
 
 
-# --- one progress artifact per step run ------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class StepWork:
     """What a step run is known to work on before it starts: its input files, their bytes and NDJSON lines (a
