@@ -13,13 +13,10 @@ import random
 import signal
 import subprocess
 import sys
-import uuid
 from contextlib import closing
 from pathlib import Path
 
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from config.services import SendSettings
 from config.settings import RetrySettings, TlsSettings
@@ -27,7 +24,6 @@ from tasks.clients.errors import ServiceError
 from tasks.clients.s3 import S3Uploader, UploadedObject
 from tests.conftest import REPO_ROOT
 from tests.fakes.echo import Reply
-from tests.fakes.s3_proxy import start_s3_proxy
 from tests.support.s3 import (
     ACCESS_KEY_ID,
     PROXY_PASSWORD,
@@ -48,48 +44,6 @@ MB = 1024 * 1024
 TLS = TlsSettings()
 RETRY = RetrySettings(max_attempts=3)
 NO_RETRY = RetrySettings(max_attempts=1)
-
-
-@pytest.fixture(scope="module")
-def moto_url():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def running_proxy(moto_url):
-    proxy = start_s3_proxy(moto_url, username=PROXY_USER, password=PROXY_PASSWORD)
-    yield proxy
-    proxy.stop()
-
-
-@pytest.fixture
-def proxy(running_proxy):
-    running_proxy.state.reset()
-    yield running_proxy
-    running_proxy.state.release.set()  # let any held part go, so no handler thread waits past the test
-
-
-@pytest.fixture(scope="module")
-def store(moto_url):
-    """A moto client that bypasses the proxy, to look at what the bucket really holds."""
-    return boto3.client(
-        "s3",
-        region_name=REGION,
-        endpoint_url=moto_url,
-        aws_access_key_id=ACCESS_KEY_ID,
-        aws_secret_access_key=SECRET_ACCESS_KEY,
-    )
-
-
-@pytest.fixture
-def bucket(store) -> str:
-    name = f"research-{uuid.uuid4().hex[:12]}"
-    store.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": REGION})
-    return name
 
 
 def send_config(endpoint: str, bucket: str, *, password: str = PROXY_PASSWORD, timeout: str = "PT30M") -> dict:

@@ -16,7 +16,6 @@ import zstandard
 
 from flows.run import EXIT_FAILED, EXIT_OK, main
 from tests.conftest import TESTDATA, run_cli
-from tests import test_client_s3 as s3
 from tests.support.s3 import (
     ACCESS_KEY_ID,
     PROXY_PASSWORD,
@@ -32,8 +31,6 @@ from tests.support.s3 import (
 from tests.support.jobs import job_file, only_job_dir, start_cli_process, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
-
-moto_url, running_proxy, proxy, store, bucket = s3.moto_url, s3.running_proxy, s3.proxy, s3.store, s3.bucket
 
 SECRETS = (ACCESS_KEY_ID, SECRET_ACCESS_KEY, PROXY_PASSWORD)
 EXAMPLE_RESULT = TESTDATA / "extraction" / "example-result" / "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson"
