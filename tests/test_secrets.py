@@ -89,7 +89,9 @@ def test_credentials_used_against_services_and_on_an_error_path_leak_nowhere(tmp
         "PSEUDO_KEY": "key-pseudo-6a0f",
         "APP_SERVICES_PSEUDONYMIZER_AUTH_OAUTH_CLIENT_SECRET": "cs-pseudo-93e1",
     }
-    oauth_state = OAuthState(client_secret=secrets["APP_SERVICES_PSEUDONYMIZER_AUTH_OAUTH_CLIENT_SECRET"])
+    oauth_state = OAuthState(
+        client_id="dupflow-client", client_secret=secrets["APP_SERVICES_PSEUDONYMIZER_AUTH_OAUTH_CLIENT_SECRET"]
+    )
     pseudonymizer = start_pseudonymizer(api_key=secrets["PSEUDO_KEY"], fail_next=1, fail_status=500)
     with start_extraction_server() as torch, LoopbackServer(OAuthHandler, oauth_state) as oauth:
         config = tmp_path / "c.yaml"

@@ -33,7 +33,9 @@ KEYCLOAK_TOKEN_PATH = f"{REALM_PATH}/protocol/openid-connect/token"
 
 @dataclass
 class OAuthState:
-    client_id: str = "dupflow-client"
+    # Unique per state: the clients cache a token per (issuer, client id, secret) for the whole process, and an
+    # issuer of a later test may get an earlier one's port.
+    client_id: str = field(default_factory=lambda: f"dupflow-client-{secrets.token_hex(4)}")
     client_secret: str = "token-secret-123"
     expires_in: float = 300.0
     discovery: bool = True
