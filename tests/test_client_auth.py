@@ -9,7 +9,6 @@ import time
 
 import httpx
 import pytest
-from moto.server import ThreadedMotoServer
 
 from config.services import AuthSettings, S3Settings, SendSettings
 from config.settings import RetrySettings, TlsSettings
@@ -274,18 +273,9 @@ def test_secrets_appear_in_no_repr_or_log_line(service, issuer, oauth, caplog):
 # --- S3: proxy auth on every request, path-style addressing ------------------------------------------------
 
 
-@pytest.fixture
-def moto_s3():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
 @pytest.mark.slow
-def test_s3_client_sends_proxy_authorization_on_every_request_and_ignores_the_api_key(moto_s3):
-    with LoopbackServer(EchoHandler, EchoState(upstream=moto_s3)) as proxy:
+def test_s3_client_sends_proxy_authorization_on_every_request_and_ignores_the_api_key(moto_url):
+    with LoopbackServer(EchoHandler, EchoState(upstream=moto_url)) as proxy:
         send = SendSettings(
             send_as="s3_upload",
             auth=AuthSettings(username="proxy-user", password=PASSWORD, api_key=API_KEY),
@@ -314,8 +304,8 @@ def test_s3_client_sends_proxy_authorization_on_every_request_and_ignores_the_ap
 
 
 @pytest.mark.slow
-def test_s3_client_without_auth_sends_no_proxy_authorization(moto_s3):
-    with LoopbackServer(EchoHandler, EchoState(upstream=moto_s3)) as proxy:
+def test_s3_client_without_auth_sends_no_proxy_authorization(moto_url):
+    with LoopbackServer(EchoHandler, EchoState(upstream=moto_url)) as proxy:
         send = SendSettings(
             s3=S3Settings(
                 bucket="plain",
