@@ -19,14 +19,14 @@ from config.loader import load_settings
 from config.services import AuthSettings
 from config.settings import TlsSettings
 from flows.jobs import prepare_job
-from flows.run import EXIT_OK, EXIT_USAGE
+from flows.run import EXIT_OK, EXIT_USAGE, main
 from tasks.clients.downloads import download_ndjson, wait_until_available
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_documents import ExtractionError
 from tasks.clients.extraction_server import MAX_MANIFEST_BYTES
 from tasks.clients.http import ServiceEndpoint, build_client
 from tasks.job.record import read_facts
-from tasks.core.url_credentials import CredentialsInUrlError, shown_url
+from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url, shown_url
 from tests.conftest import REPO_ROOT, TESTDATA, extraction_tree, run_cli, wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
@@ -91,6 +91,24 @@ def test_continue_attach_with_a_password_is_refused_naming_the_option_and_stores
     assert "extraction_status_url" not in read_facts(job_dir)
     assert PASSWORD not in texts_of_job(job_dir)
     assert job_file(job_dir)["flow_run_ids"] == []
+
+
+@pytest.mark.parametrize("parameter", ["access_token", "token", "code", "sig", "Access_Token", "SIG"])
+def test_continue_attach_with_a_token_in_its_query_is_refused_like_a_password(tmp_path, capsys, parameter):
+    attach = f"https://torch.example/fhir/__status/0b6b?page=2&{parameter}={PASSWORD}"
+
+    exit_code = main(["continue", str(tmp_path / "no-such-job"), "--attach", attach])
+
+    error = capsys.readouterr().err
+    assert exit_code == EXIT_USAGE and error.count("\n") == 1
+    assert "--attach" in error and f"a token in its query ({parameter})" in error
+    assert "https://torch.example/fhir/__status/0b6b" in error and PASSWORD not in error
+
+
+def test_a_query_without_a_token_is_no_credential():
+    refuse_credentials_in_url("https://torch.example/fhir/x?page=2&_count=10&token=", door="d", fix="f")
+    with pytest.raises(CredentialsInUrlError, match="token"):
+        refuse_credentials_in_url(f"https://torch.example/fhir/x?Token={PASSWORD}", door="d", fix="f")
 
 
 def test_the_job_input_and_the_configuration_follow_the_same_rule(tmp_path, write_config):

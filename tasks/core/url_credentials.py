@@ -1,4 +1,5 @@
-"""The one rule for every URL that enters dupflow: no user name or password in it (``user:password@host``).
+"""The one rule for every URL that enters dupflow: no credentials in it, neither a user name or password
+(``user:password@host``) nor a token in its query (``?access_token=…``, ``token``, ``code``, ``sig``).
 
 A URL is stored with the job (``job.json``, the job-record artifact, Prefect parameters) and shown
 in logs and status, so credentials in it would leak; and httpx sends the user info of a URL it follows as Basic
@@ -12,7 +13,7 @@ Import-light (standard library only): the configuration and the command line use
 
 from __future__ import annotations
 
-from urllib.parse import quote, urlsplit
+from urllib.parse import parse_qsl, quote, urlsplit
 
 from tasks.core.errors import DupflowError
 
@@ -25,6 +26,9 @@ SERVER_URL_FIX = (
 class CredentialsInUrlError(DupflowError):
     """A URL with a user name or password; the message never contains them."""
 
+
+# Query parameters that carry a bearer credential (OAuth tokens and codes, signed-URL signatures).
+_TOKEN_PARAMETERS = frozenset({"access_token", "token", "code", "sig"})
 
 # Kept as they are in a path: percent escapes stay escaped, so a decoded %0A never breaks a message's line.
 _PATH_SAFE = "/%:@!$&'()*+,=-._~"
@@ -41,11 +45,19 @@ def shown_url(url: str) -> str:
 
 
 def refuse_credentials_in_url(url: str | None, *, door: str, fix: str) -> None:
-    """Raise ``CredentialsInUrlError`` when ``url`` carries user info. ``door`` names where the URL came from (an
-    argument, option, key or header); ``fix`` says what to do instead."""
-    if url is None or "@" not in urlsplit(url.strip()).netloc:
+    """Raise ``CredentialsInUrlError`` when ``url`` carries user info or a token in its query (``access_token``,
+    ``token``, ``code``, ``sig``, in any case). ``door`` names where the URL came from (an argument, option, key or
+    header); ``fix`` says what to do instead."""
+    if url is None:
+        return
+    parts = urlsplit(url.strip())
+    if "@" in parts.netloc:
+        carried = "a user name or password (user:password@host)"
+    elif tokens := sorted({k for k, _ in parse_qsl(parts.query) if k.lower() in _TOKEN_PARAMETERS}):
+        carried = f"a token in its query ({', '.join(tokens)})"
+    else:
         return
     raise CredentialsInUrlError(
-        f"{door}: the URL {shown_url(url)} carries a user name or password (user:password@host), "
-        f"which would be stored with the job, shown in logs and sent as Basic auth to that host; {fix}"
+        f"{door}: the URL {shown_url(url)} carries {carried}, "
+        f"which would be stored with the job, shown in logs and sent to that host; {fix}"
     )
