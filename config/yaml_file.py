@@ -59,9 +59,7 @@ def _read_text(config_path: Path) -> str:
         with open(config_path, "rb") as file:
             data = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as error:
-        raise _file_problem(
-            config_path, f"cannot read the configuration file ({error.strerror}); check the path"
-        ) from error
+        raise _file_problem(config_path, f"cannot read the file ({error.strerror}); check the path") from error
     if len(data) > MAX_CONFIG_BYTES:
         raise _file_problem(
             config_path, f"larger than {MAX_CONFIG_BYTES // 1_000_000} MB, more than any configuration needs"
@@ -121,6 +119,17 @@ def read_yaml(config_path: Path) -> dict[str, Any]:
 
 @lru_cache(maxsize=8)
 def _parsed_yaml(config_path: Path, identity: tuple[int, int] | None) -> dict[str, Any]:
+    data = parse_yaml_file(config_path)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise _file_problem(config_path, "the top level must be a mapping of keys (services, pipeline, ...)")
+    return data
+
+
+def parse_yaml_file(config_path: Path) -> Any:
+    """The YAML document of a file read within this module's bounds (size, UTF-8, depth, expanded values, number
+    length, duplicate keys): the configuration, and every other YAML file dupflow reads (the automation file)."""
     text = _read_text(config_path)
     try:
         _check_yaml_shape(text, config_path)
@@ -135,10 +144,6 @@ def _parsed_yaml(config_path: Path, identity: tuple[int, int] | None) -> dict[st
         raise _file_problem(config_path, f"invalid YAML at {where} ({error.problem}); fix the syntax") from None
     except (yaml.YAMLError, ValueError, RecursionError) as error:
         raise _file_problem(config_path, f"invalid YAML ({type(error).__name__}); fix the syntax") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise _file_problem(config_path, "the top level must be a mapping of keys (services, pipeline, ...)")
     return data
 
 

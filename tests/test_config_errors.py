@@ -412,7 +412,7 @@ def test_errors_never_show_secret_values_or_pydantic_urls(tmp_path: Path) -> Non
 
 
 def test_missing_config_file_is_reported_with_its_path(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="nope.yaml: cannot read the configuration file"):
+    with pytest.raises(ConfigError, match="nope.yaml: cannot read the file"):
         load_settings(tmp_path / "nope.yaml", env={})
 
 

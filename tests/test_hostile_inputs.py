@@ -28,6 +28,7 @@ from tasks.core.redaction import redact, register_secret
 from tasks.clients.http import ServiceClient, ServiceEndpoint, build_async_client, build_client, http_timeout
 from tasks.clients.pseudonymizer import Pseudonymizer
 from tasks.streams.ndjson import NdjsonError
+from deployments.automations.apply import main as apply_automations
 from tests.conftest import run_cli
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply, operation_outcome
@@ -407,3 +408,30 @@ def test_a_redirect_loop_through_two_urls_names_them(echo) -> None:
     with ServiceClient(ServiceEndpoint("extractor", echo.base_url), TLS, NO_RETRY) as client:
         with pytest.raises(ServiceError, match=f"{echo.base_url}/b redirects back to {echo.base_url}/a"):
             client.request("GET", "/a", operation="poll")
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        (b"automations: []\n" + b"#" * 1_000_000 + b"\n", "larger than 1 MB"),
+        (
+            b"a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+            + b"".join(
+                b"%c: &%c [*%c,*%c,*%c,*%c,*%c,*%c,*%c,*%c,*%c,*%c]\n" % ((98 + i, 98 + i) + (97 + i,) * 10)
+                for i in range(8)
+            ),
+            "values once YAML aliases",
+        ),
+        (b"automations:\n  - \xff\n", "not UTF-8"),
+    ],
+    ids=["over-1-MB", "alias-bomb", "not-utf8"],
+)
+def test_the_automation_file_is_read_within_bounds_one_line_and_exit_1(tmp_path, capsys, content, problem):
+    path = tmp_path / "automations.yaml"
+    path.write_bytes(content)
+
+    exit_code = apply_automations([str(path)])
+
+    error = capsys.readouterr().err
+    assert exit_code == 1 and error.count("\n") == 1, error
+    assert error.startswith(f"error: {path}: ") and problem in error

@@ -6,8 +6,8 @@ Unlike ``prefect automation create --from-file`` (which wants block ids, differe
 names its block (``block_document_id: dupflow-notify``), whose id takes its place. The server's automations of the
 file's names are replaced (applying again after an edit does not notify twice) once all of them are valid; first
 it gets ``flows.prefect_server.LOCAL_PAUSE_AUTOMATION`` (as the local server at its start). The server is the jobs'
-one (``use_server``). A server that does not answer, a missing block or an invalid automation: one line on stderr,
-exit code 1.
+one (``use_server``). The file is read within the configuration's bounds (1 MB, nesting, aliases). A server that
+does not answer, a missing block or an invalid automation or file: one line on stderr, exit code 1.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from typing import Any
 from uuid import UUID
 
 import httpx
-import yaml
 
+from config.errors import ConfigError
 from config.runtime import apply_prefect_defaults
+from config.yaml_file import parse_yaml_file
 from flows.prefect_server import LOCAL_PAUSE_AUTOMATION, install_local_pause_automation, use_server
 from tasks.core.errors import DupflowError
 
@@ -51,7 +52,10 @@ def main(argv: list[str] | None = None) -> int:
                 for existing in client.read_automations_by_name(core.name):
                     client.delete_automation(existing.id)
                 print(f"applied automation {core.name!r} ({client.create_automation(core)})")
-    except (DupflowError, OSError, ValueError, yaml.YAMLError, httpx.HTTPError) as exc:
+    except ConfigError as exc:  # the file's problem, one line (not "invalid configuration")
+        print(f"error: {'; '.join(exc.problems)}", file=sys.stderr)
+        return 1
+    except (DupflowError, OSError, ValueError, httpx.HTTPError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -59,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def read_automations(path: Path) -> list[dict[str, Any]]:
     """The automations of an automation file: a list under ``automations:``, a list, or one automation."""
-    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    document = parse_yaml_file(path)
     automations = document.get("automations", [document]) if isinstance(document, dict) else document
     if not isinstance(automations, list) or not all(isinstance(item, dict) for item in automations):
         raise AutomationFileError(f"{path}: expected automations (a list of mappings under 'automations:')")
