@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import tempfile
 from pathlib import Path
 
 from config.runtime import prefect_api_url
@@ -35,8 +36,15 @@ class JobLock:
         self._fd: int | None = None
 
     def acquire(self) -> JobLock:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=self._path.parent).close()  # every record write makes a file beside job.json
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise JobError(
+                f"job {self._path.parent.name}: cannot write in its directory {self._path.parent} "
+                f"({exc.strerror}); make it writable, or copy the job to a writable place, and run continue there"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -29,8 +29,11 @@ from tasks.clients.http import ServiceClient, ServiceEndpoint, build_async_clien
 from tasks.clients.pseudonymizer import Pseudonymizer
 from tasks.streams.ndjson import NdjsonError
 from deployments.automations.apply import main as apply_automations
+from flows.jobs import prepare_job
+from flows.run import EXIT_USAGE, main
 from tests.conftest import run_cli
 from tests.fakes._server import LoopbackServer
+from tests.support.filesystem import unwritable
 from tests.fakes.echo import EchoHandler, EchoState, Reply, operation_outcome
 
 MB = 1024 * 1024
@@ -435,3 +438,19 @@ def test_the_automation_file_is_read_within_bounds_one_line_and_exit_1(tmp_path,
     error = capsys.readouterr().err
     assert exit_code == 1 and error.count("\n") == 1, error
     assert error.startswith(f"error: {path}: ") and problem in error
+
+
+def test_continue_on_a_read_only_job_directory_is_one_line_and_exit_2(tmp_path, write_config, capsys):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.ndjson").write_text('{"resourceType":"Patient","id":"1"}\n')
+    config = write_config({"pipeline": {"enabled_steps": ["local_import"]}})
+    job_dir = prepare_job(None, str(config), str(tmp_path / "in"), {}, overrides_source="--set").paths.job_dir
+    before = {path.name: path.read_bytes() for path in job_dir.iterdir()}
+
+    with unwritable(job_dir):
+        exit_code = main(["continue", str(job_dir), "--no-progress"])
+
+    error = capsys.readouterr().err
+    assert exit_code == EXIT_USAGE and error.count("\n") == 1, error
+    assert f"cannot write in its directory {job_dir}" in error and "make it writable" in error
+    assert {path.name: path.read_bytes() for path in job_dir.iterdir()} == before
