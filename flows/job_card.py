@@ -173,9 +173,19 @@ def inspection_lines(record: JobRecord) -> list[str]:
         position = int(key)
         name = steps[position] if position < len(steps) else "wait"
         state = "released" if entry.released else "awaiting inspection"
-        note = f": {entry.note}" if entry.note else ""
+        note = f": {markdown_text(entry.note)}" if entry.note else ""
         lines.append(f"- step {position + 1} ({name}): {state}{note}")
     return lines
+
+
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~:])")
+
+
+def markdown_text(text: str) -> str:
+    """Text shown as itself in markdown: HTML's ``& < >`` as entities, markdown's punctuation (and ``:``, so no
+    ``javascript:`` or other link forms) escaped with a backslash."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
 
 
 def step_links(links: dict[int | None, list[str]], position: int) -> str:

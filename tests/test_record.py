@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from flows import housekeeping
+from flows.job_card import inspection_lines
 from flows.job_state import JobLock
 from flows.run import EXIT_OK, EXIT_USAGE, main
+from tasks.core.readable import MAX_NOTE_BYTES
 from tasks.job.contract import DataFile
 from tasks.job.layout import JobPaths
 from tasks.job.record import (
@@ -214,3 +216,36 @@ def test_a_record_without_version_is_read_as_version_1_and_written_back_as_the_c
     }
     record_facts(tmp_path, crtdl_path="/c.json")
     assert json.loads((tmp_path / "job.json").read_text())["version"] == 2
+
+
+HOSTILE_NOTES = {  # as typed -> as kept and shown
+    "escape-sequences": ("ok\x1b[2J\x1b]0;owned\x07 done", "ok [2J ]0;owned done"),
+    "carriage-return": ("rejected\rapproved", "rejected approved"),
+    "bidi-override": ("checked \u202egnp.exe", "checked gnp.exe"),
+    "zero-width-and-separators": ("a\u200bb\u2028c\u2029d", "a b c d"),
+    "html-and-link": ("<script>alert(1)</script> [go](javascript:x)", "<script>alert(1)</script> [go](javascript:x)"),
+    "120-KB": ("x" * 120_000, "x" * (MAX_NOTE_BYTES - 30) + " … (cut at 4 KB of 117.2 KB)"),
+}
+
+
+@pytest.mark.parametrize(("note", "kept"), HOSTILE_NOTES.values(), ids=HOSTILE_NOTES.keys())
+def test_a_note_is_kept_without_control_or_bidi_characters_and_at_most_4_KB(tmp_path, note, kept):
+    mark_gate_paused(tmp_path, 1)
+    release_awaiting_gates(tmp_path, note)
+    (tmp_path / "copy").mkdir()
+    hand_written = json.loads((tmp_path / "job.json").read_text())
+    hand_written["gates"]["01"]["note"] = note  # a note put in job.json by other means is read the same way
+    (tmp_path / "copy" / "job.json").write_text(json.dumps(hand_written))
+
+    assert gate(tmp_path, 1)["note"] == kept
+    assert read_record(tmp_path / "copy").gates["01"].note == kept
+
+
+def test_the_job_record_card_shows_a_note_as_text_never_as_html_or_a_link(tmp_path):
+    mark_gate_paused(tmp_path, 1)
+    release_awaiting_gates(tmp_path, HOSTILE_NOTES["html-and-link"][0])
+
+    (line,) = inspection_lines(read_record(tmp_path))
+
+    assert "<script>" not in line and "&lt;script&gt;alert\\(1\\)&lt;/script&gt;" in line
+    assert "](" not in line and "javascript:" not in line and "\\[go\\]\\(javascript\\:x\\)" in line

@@ -1,4 +1,5 @@
-"""Values as a person reads them: sizes in B/KB/MB/GB, durations in s/min/h, nested facts as ``key: value`` lines.
+"""Values as a person reads them: sizes in B/KB/MB/GB, durations in s/min/h, nested facts as ``key: value`` lines,
+free text from a person (an inspection note) made safe to show.
 
 ``status`` and the job-record artifact show the same values the same way. Import-light (nothing of ours, no
 Prefect): ``status`` uses it.
@@ -6,10 +7,12 @@ Prefect): ``status`` uses it.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
 KIB = 1024
+MAX_NOTE_BYTES = 4 * KIB
 CLI = "uv run python -m flows.run"
 """The command line as a user types it on a fresh clone: every printed hint starts with it."""
 SHOW_WHOLE = {"show_whole": True}
@@ -76,3 +79,15 @@ def plain_lines(value: Any, indent: str) -> list[str]:
         else:
             lines.append(f"{prefix}{label}:" + (f" {text}" if text is not None else ""))
     return lines
+
+
+def plain_note(text: str) -> str:
+    """A person's note as it is kept and shown: each control or format character (newline, CR, escape sequences'
+    ESC, bidirectional overrides, zero-width characters; Unicode categories Cc, Cf, Zl, Zp) a space, at most
+    MAX_NOTE_BYTES of UTF-8 with the cut said. A terminal or a page then shows the note as typed, and nothing else."""
+    shown = " ".join("".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in text).split())
+    size = len(shown.encode())
+    if size <= MAX_NOTE_BYTES:
+        return shown
+    cut = f" … (cut at {MAX_NOTE_BYTES // KIB} KB of {size_text(size)})"  # within the bound: a kept note stays as is
+    return shown.encode()[: MAX_NOTE_BYTES - len(cut.encode())].decode(errors="ignore") + cut

@@ -36,6 +36,7 @@ from pydantic import AfterValidator, BaseModel, Field, StringConstraints, Valida
 
 from tasks.core.errors import JobError
 from tasks.core.jsonfile import MB, JsonFileError, read_json_file
+from tasks.core.readable import plain_note
 from tasks.job.layout import JobPaths
 from tasks.streams.files import exclusive_lock, write_file_atomically
 
@@ -111,11 +112,11 @@ class Gate(BaseModel):
     paused_at: Timestamp | None = None
     released: bool = False
     released_at: Timestamp | None = None
-    note: str | None = None
+    note: Annotated[str | None, AfterValidator(lambda note: note if note is None else plain_note(note))] = None
     unconfirmed_resumes: int = 0
 
     def release(self, note: str) -> None:
-        self.released, self.released_at, self.note = True, now_iso(), note
+        self.released, self.released_at, self.note = True, now_iso(), plain_note(note)
 
 
 class JobRecord(BaseModel):
