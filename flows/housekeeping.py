@@ -3,8 +3,10 @@
 Without ``--yes`` nothing is removed: the command lists what it would remove (job id, state, last change, size on
 disk, flow runs and artifacts on the Prefect server) and how. With ``--yes`` each job is removed under its lock (a
 job that a process took meanwhile, or whose record changed since it was listed, is skipped): first its flow runs
-(tag ``job-<id>``, with their task runs and logs) and artifacts (keys ``job-<id>``, ``job-<id>-*``, and any other
-of its flow runs) on the server, then its directory, so an interrupted prune can simply be run again.
+(tags ``job-<id>`` and the directory's own ``dir-<digest>``, with their task runs and logs) and their artifacts on
+the server, then its directory, so an interrupted prune can simply be run again. A copy of a job directory
+prunes only its own records, never the original's; a job whose flow run is running, or paused without its state
+named, stays.
 
 Which jobs: by default the finished ones; ``--state`` names the states instead (AwaitingInspection or Suspended
 only by name; a running job never). ``--older-than`` keeps jobs whose record changed more recently. Only
@@ -38,7 +40,7 @@ from config.settings import RetrySettings
 from tasks.clients.errors import ServiceError, raise_for_service_status
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import UsageError
-from tasks.job.layout import JobPaths, job_tag
+from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, job_tag
 from tasks.core.readable import CLI, size_text
 from tasks.job.record import (
     AWAITING_INSPECTION,
@@ -54,6 +56,7 @@ NAMED_ONLY_STATES = (AWAITING_INSPECTION, SUSPENDED)  # a person still has to lo
 API_TIMEOUT = 30.0
 PREFECT_API = "the Prefect API"
 PAGE = 200  # the most rows the Prefect API returns at once
+LIVE_RUN_STATES = ("RUNNING", "PENDING", "CANCELLING")  # a process carries the run on: its records stay
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -161,8 +164,12 @@ def select_jobs(
         elif state not in states or not old_enough(job.updated_at, older_than, now):
             selection.not_matching += 1
         else:
-            runs, artifacts = server_records(client, paths.job_id)
-            selection.chosen.append(Candidate(paths, state, job.updated_at, size_on_disk(entry), runs, artifacts))
+            runs, artifacts = server_records(client, paths)
+            if why := live_run(runs, states):
+                selection.protected.append((entry.name, why))
+                continue
+            run_ids = [run["id"] for run in runs]
+            selection.chosen.append(Candidate(paths, state, job.updated_at, size_on_disk(entry), run_ids, artifacts))
     return selection
 
 
@@ -217,24 +224,30 @@ def local_server_has_jobs() -> bool:
     )
 
 
-def server_records(client: httpx.Client | None, job_id: str) -> tuple[list[str], list[str]]:
-    """The ids of the job's flow runs and of its artifacts on the server."""
+def server_records(client: httpx.Client | None, paths: JobPaths) -> tuple[list[dict], list[str]]:
+    """The job directory's flow runs on the server (tags ``job-<id>`` and this directory's ``dir-…``; a run from
+    before directories were tagged counts for every directory of its job) and the ids of their artifacts."""
     if client is None:
         return [], []
+    own = directory_tag(paths.job_dir)
     runs = [
-        run["id"] for run in filtered(client, "/flow_runs/filter", {"flow_runs": {"tags": {"all_": [job_tag(job_id)]}}})
+        run
+        for run in filtered(client, "/flow_runs/filter", {"flow_runs": {"tags": {"all_": [job_tag(paths.job_id)]}}})
+        if own in run["tags"] or not any(tag.startswith(DIRECTORY_TAG_PREFIX) for tag in run["tags"])
     ]
-    by_key = [
-        artifact["id"]
-        for artifact in filtered(client, "/artifacts/filter", {"artifacts": {"key": {"like_": job_tag(job_id)}}})
-        if f"{artifact.get('key')}-".startswith(job_tag(job_id) + "-")  # the job's own key, or one of its steps'
-    ]
-    by_run = (
-        [a["id"] for a in filtered(client, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": runs}}})]
-        if runs
-        else []
-    )
-    return runs, list(dict.fromkeys(by_key + by_run))
+    run_ids = [run["id"] for run in runs]
+    body = {"artifacts": {"flow_run_id": {"any_": run_ids}}}
+    return runs, [artifact["id"] for artifact in filtered(client, "/artifacts/filter", body)] if runs else []
+
+
+def live_run(runs: list[dict], states: tuple[str, ...]) -> str | None:
+    """Why the job's server records must stay: a flow run that is running, or paused (awaiting inspection,
+    suspended) unless that state was named; else None."""
+    for run in runs:
+        state = run.get("state") or {}
+        if state.get("type") in LIVE_RUN_STATES or (state.get("type") == "PAUSED" and state.get("name") not in states):
+            return f"its flow run {run['id']} is {state.get('name')} on the server"
+    return None
 
 
 def filtered(client: httpx.Client, path: str, body: dict) -> list[dict]:
@@ -325,7 +338,10 @@ def remove_job(job: Candidate, jobs_dir: Path, client: httpx.Client | None) -> s
             if read_record(job.paths.job_dir).updated_at != job.changed_at:
                 return "its record changed since it was listed; run prune again"
             if client is not None:
-                job.flow_run_ids, job.artifact_ids = server_records(client, job.job_id)  # as they are now
+                runs, job.artifact_ids = server_records(client, job.paths)  # as they are now
+                if why := live_run(runs, (job.state,)):
+                    return why
+                job.flow_run_ids = [run["id"] for run in runs]
                 delete_server_records(client, job)
             shutil.rmtree(job.paths.job_dir)
     except JobLockedError:

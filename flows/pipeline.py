@@ -14,6 +14,7 @@ run is suspended with an input form (``flows.gates``). The job-record artifact i
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, runtime
@@ -34,7 +35,7 @@ from tasks.flattening import flattening
 from tasks.http_import import http_import
 from tasks.job.contract import StepInput, StepKind, StepResult, stored_in_job
 from tasks.job.filework import file_runner
-from tasks.job.layout import job_of_tag, job_tag
+from tasks.job.layout import directory_tag, job_of_tag, job_tag
 from tasks.job.record import (
     AWAITING_INSPECTION,
     CONTINUED,
@@ -122,7 +123,7 @@ def pipeline(
         run_job_id(job_id), config_path, job_input, overrides, overrides_source="the flow's overrides parameter"
     )
     flow_run_id = str(runtime.flow_run.id)
-    name_and_tag_flow_run(job.job_id)
+    name_and_tag_flow_run(job.job_id, job.paths.job_dir)
     with JobLock(job.paths):
         close_earlier_flow_run(job, flow_run_id)
         record_state(job.paths.job_dir, RUNNING, flow_run_id=flow_run_id)
@@ -191,14 +192,15 @@ def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> 
         record_facts(job.paths.job_dir, extraction_status_url=None, extraction_job_id=None, extraction_submission=None)
 
 
-def name_and_tag_flow_run(job_id: str) -> None:
-    """The flow run itself carries the job: name = job id, tag ``job-<id>`` (deployment runs included)."""
-    tag = job_tag(job_id)
+def name_and_tag_flow_run(job_id: str, job_dir: Path) -> None:
+    """The flow run itself carries the job: name = job id, tags ``job-<id>`` and the job directory's
+    ``dir-<digest>`` (deployment runs included)."""
+    own = {job_tag(job_id), directory_tag(job_dir)}
     tags = set(runtime.flow_run.tags or [])
-    if runtime.flow_run.name == job_id and tag in tags:
+    if runtime.flow_run.name == job_id and own <= tags:
         return
     with get_client(sync_client=True) as client:
-        client.update_flow_run(runtime.flow_run.id, name=job_id, tags=sorted(tags | {tag}))
+        client.update_flow_run(runtime.flow_run.id, name=job_id, tags=sorted(tags | own))
 
 
 def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:

@@ -30,7 +30,7 @@ from tasks.core.errors import DupflowError, UsageError
 from tasks.core.readable import CLI, duration_text, plain_lines, size_text
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
-from tasks.job.layout import JobPaths, job_tag
+from tasks.job.layout import JobPaths, directory_tag, job_tag
 from tasks.job.record import (
     COMPLETED,
     FINAL_STATES,
@@ -307,7 +307,10 @@ def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any]) -> Any
         **continuing,
     )
     try:
-        with tags(job_tag(job.job_id)), temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        with (
+            tags(job_tag(job.job_id), directory_tag(paths.job_dir)),
+            temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
+        ):
             return pipeline(**parameters, return_state=True)
     except TerminationSignal as exc:
         raise KeyboardInterrupt from exc

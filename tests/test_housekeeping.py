@@ -4,6 +4,7 @@ real test Prefect API; running and awaiting jobs, symbolic links and other entri
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import httpx
@@ -176,3 +177,33 @@ def test_without_a_prefect_server_only_job_directories_are_listed_and_removed(tm
     assert removed.returncode == EXIT_OK, removed.stderr
     assert "no Prefect server" in removed.stdout and "removed 1 of 1 job(s)" in removed.stdout
     assert not old.exists() and not (tmp_path / "empty-home" / "prefect.db").exists()
+
+
+def test_pruning_a_copy_of_job_directories_leaves_the_originals_runs_and_artifacts(tmp_path, start_job, prefect_api):
+    api = prefect_api["api_url"]
+    originals = [made_old(start_job(["local_import"])), made_old(start_job(["local_import", "wait"]))]
+    records = {job.name: (flow_runs_of(api, job.name), artifact_keys_of(api, job.name)) for job in originals}
+    backup = tmp_path / "backup"
+    for job in originals:
+        shutil.copytree(job, backup / job.name)
+
+    pruned = prune(backup, "--state", "Completed", "--state", "AwaitingInspection", "--yes")
+
+    assert pruned.returncode == EXIT_OK, pruned.stderr
+    assert "removed 2 of 2 job(s)" in pruned.stdout and jobs_in(backup) == []
+    assert all(f"removed {job.name} (0 flow run(s), 0 artifact(s))" in pruned.stdout for job in originals)
+    assert all(job.is_dir() for job in originals)
+    assert {job.name: (flow_runs_of(api, job.name), artifact_keys_of(api, job.name)) for job in originals} == records
+
+
+def test_a_job_whose_flow_run_awaits_inspection_on_the_server_is_never_pruned(tmp_path, start_job, prefect_api):
+    awaiting = made_old(start_job(["local_import", "wait"]))
+    record = json.loads((awaiting / "job.json").read_text())
+    (awaiting / "job.json").write_text(json.dumps({**record, "state": "Completed"}))  # the record says otherwise
+    runs = flow_runs_of(prefect_api["api_url"], awaiting.name)
+
+    pruned = prune(tmp_path / "jobs", "--yes")
+
+    assert pruned.returncode == EXIT_OK, pruned.stderr
+    assert f"kept {awaiting.name}: its flow run {runs[0]} is AwaitingInspection on the server" in pruned.stdout
+    assert awaiting.is_dir() and flow_runs_of(prefect_api["api_url"], awaiting.name) == runs

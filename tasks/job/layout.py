@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +45,17 @@ JOB_TAG_PREFIX = "job-"
 def job_tag(job_id: str) -> str:
     """The tag every flow run of the job carries (the UI filters by it); also its artifact keys' prefix."""
     return JOB_TAG_PREFIX + job_id
+
+
+DIRECTORY_TAG_PREFIX = "dir-"
+
+
+def directory_tag(job_dir: Path) -> str:
+    """The tag that ties a flow run to the one job directory it ran in (a short digest of the directory's real
+    path): a copy of the directory (a backup, a second jobs dir) has the job id, never this tag, so ``prune`` of
+    the copy leaves the original's flow runs and artifacts alone."""
+    digest = hashlib.sha256(os.path.realpath(job_dir).encode()).hexdigest()[:16]
+    return DIRECTORY_TAG_PREFIX + digest
 
 
 def job_of_tag(tag: str) -> str | None:
