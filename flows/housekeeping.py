@@ -42,6 +42,7 @@ from tasks.clients.retry import call_with_retry
 from tasks.core.errors import UsageError
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, job_tag
 from tasks.core.readable import CLI, size_text
+from tasks.core.url_credentials import shown_url
 from tasks.job.record import (
     AWAITING_INSPECTION,
     FINAL_STATES,
@@ -128,7 +129,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
                 return EXIT_OK
             return remove_jobs(selection.chosen, jobs_dir, client)
     except ServiceError as exc:
-        print(f"error: {exc} (at {api_url}); nothing more was removed", file=sys.stderr)
+        print(f"error: {exc} (at {shown_url(api_url or '')}); nothing more was removed", file=sys.stderr)
         return EXIT_FAILED
 
 
@@ -280,7 +281,8 @@ def delete_server_records(client: httpx.Client, job: Candidate) -> None:
 
 
 def print_selection(selection: Selection, jobs_dir: Path, api_url: str | None) -> None:
-    print(f"jobs in {jobs_dir}; flow runs and artifacts on " + (api_url or "no Prefect server (none configured)"))
+    where = shown_url(api_url) if api_url else "no Prefect server (none configured)"
+    print(f"jobs in {jobs_dir}; flow runs and artifacts on {where}")
     if selection.chosen:
         print(f"{'JOB':<36}  {'STATE':<18}  {'CHANGED':>9}  {'SIZE':>10}  {'FLOW RUNS':>9}  {'ARTIFACTS':>9}")
     for job in selection.chosen:

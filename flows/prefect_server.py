@@ -21,8 +21,10 @@ No Prefect import at module level: the command line's fast commands import this 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -39,17 +41,21 @@ from urllib.parse import urlsplit
 from config.runtime import local_server_port, prefect_api_url
 from tasks.core.errors import DupflowError
 from tasks.core.readable import CLI
+from tasks.core.url_credentials import shown_url
 from tasks.job.record import AWAITING_INSPECTION
 from tasks.streams.files import exclusive_lock, write_file_atomically
 
 STATE_FILE = "dupflow-server.json"
+PORT_FILE = "dupflow-server.port"
 LOCK_FILE = "dupflow-server.lock"
 LOG_FILE = "dupflow-server.log"
 DATABASE_FILE = "prefect.db"
 DATABASE_URL_SETTINGS = ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
 HOST = "127.0.0.1"
-DEFAULT_PORT = 4200  # Prefect's
-PORT_SEARCH = 100  # ports tried from the configured one upwards
+DEFAULT_PORT = 4200  # Prefect's; a home's own port is chosen from PORT_SPREAD ports from it
+PORT_SPREAD = 1000
+PORT_SEARCH = 100  # ports tried from the wanted one upwards
+NONCE_LOGGER = "dupflow.server."  # + the server's nonce: a logger nobody logs to, echoed by /admin/settings
 PORT_ATTEMPTS = 3  # starts when another home's server takes the chosen port first
 PORT_RELEASE_TIMEOUT = 10.0  # for a killed server, exiting, to let go of its port
 PROBE_TIMEOUT = 0.5
@@ -103,6 +109,7 @@ class ServerRecord:
     url: str
     log: str
     started_at: str
+    nonce: str = ""  # a secret of this start, echoed by the server's settings: the server is this home's own
 
 
 def use_server() -> None:
@@ -132,13 +139,17 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
 
 
 def require_answer(api_url: str) -> None:
-    """Raise ``ApiUnreachableError`` unless the server at ``api_url`` answers HTTP at all (any status: a server
-    elsewhere may want a key for its health endpoint); called before a job is made or run."""
-    if http_get(api_url, "/health", API_ANSWER_TIMEOUT) is None:
-        raise ApiUnreachableError(
-            f"the Prefect API {api_url} (PREFECT_API_URL) does not answer; start that server, set PREFECT_API_URL "
-            f"to one that runs, or unset it to use the local server ({CLI} server start)"
-        )
+    """Raise ``ApiUnreachableError`` unless a Prefect API answers at ``api_url``: its ``/health`` says ``true``, or
+    asks for credentials (401, 403: a server elsewhere may want a key for it); called before a job is made or
+    run. The URL is shown without user info, query or fragment."""
+    answer = http_get(api_url, "/health", API_ANSWER_TIMEOUT)
+    if answer is not None and (answer[0] in (401, 403) or answer == (200, b"true")):
+        return
+    found = "does not answer" if answer is None else f"is no Prefect API (GET /health answered HTTP {answer[0]})"
+    raise ApiUnreachableError(
+        f"the Prefect API {shown_url(api_url)} (PREFECT_API_URL) {found}; start that server, set PREFECT_API_URL "
+        f"to one that runs, or unset it to use the local server ({CLI} server start)"
+    )
 
 
 def stop_server(home: Path | None = None) -> bool:
@@ -157,7 +168,8 @@ def server_status(home: Path | None = None) -> dict | None:
     record = read_record(prefect_home(home))
     if record is None or not process_is_server(record.pid):
         return None
-    return {**asdict(record), "ui_url": ui_url(record.url), "healthy": is_healthy(record.url)}
+    shown = {key: value for key, value in asdict(record).items() if key != "nonce"}
+    return {**shown, "ui_url": ui_url(record.url), "healthy": is_healthy(record.url)}
 
 
 def ui_url(api_url: str) -> str:
@@ -183,10 +195,10 @@ def database_configured_elsewhere(home: Path) -> bool:
 
 
 def start_server(home: Path, startup_timeout: float, previous: ServerRecord | None = None) -> ServerRecord:
-    """Start a server on the configured port (the next free one if it is taken), record it, and wait until it is
+    """Start a server on the home's port (the next free one if it is taken), record it, and wait until it is
     healthy; when another home's server took the port meanwhile, start again on the next free one.
     ``previous``: this home's server before, gone or ended; its port is given time to be released."""
-    port = wanted = configured_port()
+    port = wanted = home_port(home)
     deadline = time.monotonic() + (PORT_RELEASE_TIMEOUT if previous is not None and previous.port == wanted else 0)
     while next_free_port(wanted) != wanted and time.monotonic() < deadline:
         time.sleep(POLL_INTERVAL)
@@ -194,6 +206,8 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
         port = next_free_port(port)
         record = launch_server(home, port, wanted)
         if wait_until_healthy(record, startup_timeout, home):
+            if local_server_port() is None:
+                write_file_atomically(home / PORT_FILE, f"{port}\n".encode())  # kept for the next start
             guard_local_pauses(record.url)
             return record
         ended = not process_is_server(record.pid)
@@ -218,6 +232,9 @@ def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
     print(f"starting a local Prefect server on {ui_url(url)}{moved} (log: {log})", file=sys.stderr)
     env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
     env |= {"PREFECT_HOME": str(home), "PREFECT_API_URL": url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    nonce = secrets.token_hex(16)
+    loggers = os.environ.get("PREFECT_LOGGING_EXTRA_LOGGERS", "")
+    env["PREFECT_LOGGING_EXTRA_LOGGERS"] = ",".join(filter(None, [loggers, NONCE_LOGGER + nonce]))
     with open(log, "wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port)],
@@ -228,20 +245,32 @@ def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
             env=env,
             start_new_session=True,
         )
-    record = ServerRecord(process.pid, port, url, str(log), datetime.now(UTC).isoformat(timespec="seconds"))
-    write_file_atomically(home / STATE_FILE, json.dumps(asdict(record)).encode())
+    record = ServerRecord(process.pid, port, url, str(log), datetime.now(UTC).isoformat(timespec="seconds"), nonce)
+    write_file_atomically(home / STATE_FILE, json.dumps(asdict(record)).encode(), private=True)
     return record
 
 
-def configured_port() -> int:
-    """``PREFECT_SERVER_API_PORT``, else ``DEFAULT_PORT``."""
-    value = local_server_port() or str(DEFAULT_PORT)
+def home_port(home: Path) -> int:
+    """The port of this home's server: ``PREFECT_SERVER_API_PORT``, else the one it kept (``PORT_FILE``), else a
+    free one chosen now from a start that the home's path gives (two homes on one machine rarely meet)."""
+    value = local_server_port()
+    if value is None:
+        with suppress(OSError, ValueError):
+            return valid_port(int((home / PORT_FILE).read_text().strip()))
+        spread = int(hashlib.sha256(str(home).encode()).hexdigest(), 16) % PORT_SPREAD
+        return next_free_port(DEFAULT_PORT + spread)
     if not (value.isdigit() and 0 < int(value) < 65536):
         raise ServerStartError(
             f"PREFECT_SERVER_API_PORT={value!r} is not a port: set it to a number from 1 to 65535, or unset it "
-            f"for {DEFAULT_PORT}"
+            "for the home's own port"
         )
     return int(value)
+
+
+def valid_port(port: int) -> int:
+    if not 0 < port < 65536:
+        raise ValueError(port)
+    return port
 
 
 def next_free_port(port: int) -> int:
@@ -268,18 +297,22 @@ def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool
     """Poll until the server of ``home`` answers at ``record.url`` while the process lives; False if the process
     dies (another home's server may have taken its port and answer there) or ``timeout`` passes first."""
     deadline = time.monotonic() + timeout
-    while not (is_healthy(record.url) and serves_home(record.url, home)):
+    while not (is_healthy(record.url) and serves_home(record, home)):
         if not process_is_server(record.pid) or time.monotonic() >= deadline:
             return False
         time.sleep(POLL_INTERVAL)
     return process_is_server(record.pid)
 
 
-def serves_home(url: str, home: Path) -> bool:
-    """Whether the server at ``url`` runs on ``home`` (its settings say so; the same port is no proof)."""
-    status, body = http_get(url, "/admin/settings", API_ANSWER_TIMEOUT) or (None, b"")
+def serves_home(record: ServerRecord, home: Path) -> bool:
+    """Whether the server at ``record.url`` is the one started for ``home``: its settings name the home and echo
+    the start's secret nonce (the same port, or a process that echoes the home's path, is no proof). A record
+    written before nonces had none: the home alone tells."""
+    status, body = http_get(record.url, "/admin/settings", API_ANSWER_TIMEOUT) or (None, b"")
     try:
-        return status == 200 and Path(json.loads(body)["home"]).resolve() == home.resolve()
+        settings = json.loads(body)
+        same_home = status == 200 and Path(settings["home"]).resolve() == home.resolve()
+        return same_home and (NONCE_LOGGER + record.nonce).encode() in body if record.nonce else same_home
     except (ValueError, KeyError, TypeError):
         return False
 
@@ -384,7 +417,7 @@ def terminate(pid: int) -> None:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    """Add ``server start|stop|status`` to the ``python -m flows.run`` parser."""
+    """Add ``server start|stop|status|url`` to the ``python -m flows.run`` parser."""
     server = commands.add_parser("server", help="the local Prefect server (and its UI) that jobs use")
     server_commands = server.add_subparsers(required=True, metavar="SUBCOMMAND")
     start = server_commands.add_parser("start", help="start the local Prefect server if none runs; print its UI URL")
@@ -393,11 +426,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     stop.set_defaults(command=cmd_server_stop)
     status = server_commands.add_parser("status", help="show the local Prefect server (exit code 1 if none runs)")
     status.set_defaults(command=cmd_server_status)
+    url = server_commands.add_parser(
+        "url", help="print the API URL jobs use (this home's local server, started if none runs): for PREFECT_API_URL"
+    )
+    url.set_defaults(command=cmd_server_url)
 
 
 def cmd_server_start(args: argparse.Namespace) -> int:
     if api_url := prefect_api_url():
-        print(f"PREFECT_API_URL is set: jobs use {api_url}; no local server started")
+        print(f"PREFECT_API_URL is set: jobs use {shown_url(api_url)}; no local server started")
         return 0
     try:
         api_url = ensure_server()
@@ -408,6 +445,20 @@ def cmd_server_start(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_server_url(args: argparse.Namespace) -> int:
+    """One line, the API URL alone (``export PREFECT_API_URL=$(… server url)``): PREFECT_API_URL when set (without
+    user info), else this home's server's, started if none runs."""
+    if api_url := prefect_api_url():
+        print(shown_url(api_url))
+        return 0
+    try:
+        print(ensure_server())
+    except ServerStartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def cmd_server_stop(args: argparse.Namespace) -> int:
     print("stopped the local Prefect server" if stop_server() else "no local Prefect server was running")
     return 0
@@ -415,7 +466,7 @@ def cmd_server_stop(args: argparse.Namespace) -> int:
 
 def cmd_server_status(args: argparse.Namespace) -> int:
     if api_url := prefect_api_url():
-        print(f"PREFECT_API_URL is set: jobs use {api_url}, not the local server")
+        print(f"PREFECT_API_URL is set: jobs use {shown_url(api_url)}, not the local server")
     status = server_status()
     if status is None:
         print("no local Prefect server is running (the next job starts one)")

@@ -8,6 +8,7 @@ migrates its database first), so the scenarios that start servers are few, long 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -19,19 +20,28 @@ import httpx
 import pytest
 
 from flows.prefect_server import (
+    PORT_FILE,
     STATE_FILE,
     ServerRecord,
     ServerStartError,
     ensure_server,
+    home_port,
     process_is_server,
     read_record,
     register,
+    require_answer,
     server_status,
+    serves_home,
     stop_server,
     ui_url,
 )
+from flows.run import EXIT_USAGE, main
 from tests.conftest import REPO_ROOT, seed_prefect_home
+from tests.fakes._server import LoopbackServer
+from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.support.prefect_servers import SERVER_TIMEOUT, kill_servers_of, servers_of, wait_until_gone
+
+SECRET = "pw-Sekr3t-api"
 
 
 @pytest.fixture
@@ -189,3 +199,116 @@ def test_server_commands_without_a_server(tmp_path, monkeypatch, capsys):
     assert run_server_command("start") == 0
     assert "PREFECT_API_URL is set" in capsys.readouterr().out
     assert not (tmp_path / STATE_FILE).exists()
+
+
+# --- issue 33 item 6, issue 32 item 2: a server that is one home's own, told by a secret of its start ------------
+
+
+@pytest.fixture
+def foreign_api():
+    """An HTTP server that is no Prefect API (scripted replies: ``foreign_api.state.replies``)."""
+    with LoopbackServer(EchoHandler, EchoState()) as server:
+        yield server
+
+
+@pytest.mark.parametrize(
+    ("reply", "said"),
+    [
+        (
+            Reply(404, {"Content-Type": "text/html"}, b"<html>Not Found</html>"),
+            "is no Prefect API (GET /health answered HTTP 404)",
+        ),
+        (
+            Reply(200, {"Content-Type": "text/html"}, b"<html>welcome</html>"),
+            "is no Prefect API (GET /health answered HTTP 200)",
+        ),
+        (Reply(reset=True), "does not answer"),
+    ],
+    ids=["404-html", "200-not-prefect", "reset"],
+)
+def test_a_foreign_server_behind_prefect_api_url_is_one_line_and_exit_2(
+    write_config, foreign_api, monkeypatch, capsys, reply, said
+):
+    foreign_api.state.replies.extend([reply] * 3)
+    monkeypatch.setenv("PREFECT_API_URL", f"http://admin:{SECRET}@127.0.0.1:{foreign_api.port}/api?token={SECRET}")
+    config = write_config({"pipeline": {"enabled_steps": ["http_import"]}})
+
+    exit_code = main(["start", str(config), "https://example.org/data.ndjson", "--no-progress"])
+
+    error = capsys.readouterr().err
+    assert exit_code == EXIT_USAGE and error.count("\n") == 1, error
+    assert f"the Prefect API http://127.0.0.1:{foreign_api.port}/api (PREFECT_API_URL) {said}" in error
+    assert SECRET not in error and "admin" not in error
+
+
+def test_a_prefect_api_or_one_that_wants_credentials_is_accepted(foreign_api):
+    foreign_api.state.replies.extend([Reply(200, {}, b"true"), Reply(401, {}, b'{"detail": "unauthorized"}')])
+    require_answer(foreign_api.base_url + "/api")
+    require_answer(foreign_api.base_url + "/api")
+    assert [request.path for request in foreign_api.state.requests] == ["/api/health"] * 2
+
+
+def test_a_process_that_echoes_the_homes_path_is_not_its_server(tmp_path, foreign_api):
+    nonce = "0123456789abcdef0123456789abcdef"
+    record = ServerRecord(1, foreign_api.port, foreign_api.base_url + "/api", "log", "now", nonce)
+    echoing_home = json.dumps({"home": str(tmp_path), "logging": {"extra_loggers": ["dupflow.server.guessed"]}})
+    with_nonce = json.dumps({"home": str(tmp_path), "logging": {"extra_loggers": [f"dupflow.server.{nonce}"]}})
+    foreign_api.state.replies.extend([Reply(200, {}, echoing_home.encode()), Reply(200, {}, with_nonce.encode())])
+
+    assert not serves_home(record, tmp_path)
+    assert serves_home(record, tmp_path)
+
+
+def test_each_home_gets_its_own_port_kept_in_the_home(tmp_path, monkeypatch):
+    monkeypatch.delenv("PREFECT_SERVER_API_PORT", raising=False)
+    homes = [tmp_path / f"home-{number}" for number in range(20)]
+    ports = [home_port(home) for home in homes]
+    assert len(set(ports)) >= 15 and all(4200 <= port < 4200 + 1000 + 100 for port in ports)
+
+    (homes[0] / PORT_FILE).parent.mkdir()
+    (homes[0] / PORT_FILE).write_text("4711\n")
+    assert home_port(homes[0]) == 4711
+    monkeypatch.setenv("PREFECT_SERVER_API_PORT", "5100")
+    assert home_port(homes[0]) == 5100
+    monkeypatch.setenv("PREFECT_SERVER_API_PORT", "http")
+    with pytest.raises(ServerStartError, match="PREFECT_SERVER_API_PORT='http' is not a port"):
+        home_port(homes[0])
+
+
+def test_server_url_prints_prefect_api_url_without_credentials(monkeypatch, capsys):
+    monkeypatch.setenv("PREFECT_API_URL", f"https://ops:{SECRET}@prefect.example/api")
+    assert run_server_command("url") == 0
+    assert run_server_command("status") == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == "https://prefect.example/api" and SECRET not in out
+
+
+@pytest.mark.slow
+def test_two_homes_each_keep_their_own_server_and_port_and_never_share_one(tmp_path, monkeypatch, prefect_database):
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.delenv("PREFECT_SERVER_API_PORT", raising=False)
+    a, b = (seed_prefect_home(tmp_path / name, prefect_database) for name in ("home-a", "home-b"))
+    try:
+        url_a = ensure_server(a, startup_timeout=SERVER_TIMEOUT)
+        url_b = ensure_server(b, startup_timeout=SERVER_TIMEOUT)
+        port_a, port_b = read_record(a).port, read_record(b).port
+        assert port_a != port_b and (a / PORT_FILE).read_text() == f"{port_a}\n"
+
+        # A stops and starts again while B runs: the same port.
+        stop_server(a)
+        assert ensure_server(a, startup_timeout=SERVER_TIMEOUT) == url_a and is_healthy(url_a)
+
+        # B's server comes to sit on A's port while A is stopped: A never takes it for its own, and moves.
+        stop_server(a)
+        stop_server(b)
+        (b / PORT_FILE).write_text(f"{port_a}\n")
+        assert ensure_server(b, startup_timeout=SERVER_TIMEOUT) == url_a
+        moved = ensure_server(a, startup_timeout=SERVER_TIMEOUT)
+        assert moved != url_a and read_record(a).port == int((a / PORT_FILE).read_text())
+        assert {read_record(a).pid, read_record(b).pid} == set(servers_of(a) + servers_of(b))
+        settings = httpx.get(f"{moved}/admin/settings", timeout=30).json()
+        assert Path(settings["home"]) == a and url_b  # each home's jobs reach their own server
+    finally:
+        for home in (a, b):
+            stop_server(home)
+            kill_servers_of(home)

@@ -32,13 +32,13 @@ def write_error(exc: OSError, path: Path) -> JobWriteError:
     return JobWriteError(f"cannot write {path}: {exc.strerror or exc}; check that the folder exists and is writable")
 
 
-def write_file_atomically(path: Path, data: bytes) -> None:
+def write_file_atomically(path: Path, data: bytes, *, private: bool = False) -> None:
     """Write a small job file (job.json, the CRTDL copy) under a temporary name, synced, then renamed; when that
-    fails the temporary file is removed and ``JobWriteError`` says why."""
+    fails the temporary file is removed and ``JobWriteError`` says why. ``private``: readable by its owner only."""
     temporary = path.with_name(f".{path.name}.part")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(temporary, "wb") as out:
+        with open(temporary, "wb", opener=lambda name, flags: os.open(name, flags, 0o600 if private else 0o666)) as out:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())
