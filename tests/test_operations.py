@@ -242,6 +242,18 @@ def test_every_documented_command_starts_as_typed_up_to_what_the_reader_fills_in
     assert len(tried) > 15
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
+def test_the_dupflow_console_script_works_from_any_directory(tmp_path):
+    """``uv run --project CLONE dupflow …`` from a directory outside the clone, as the README says."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
+    uv_run = ["uv", "run", "--locked", "--project", str(REPO_ROOT), "dupflow"]
+    default = REPO_ROOT / "config" / "default.yaml"
+    for args, said in ((["--help"], "exit codes"), (["config", "check", str(default)], "configuration OK")):
+        done = subprocess.run([*uv_run, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and said in done.stdout + done.stderr, (args, done.stdout, done.stderr)
+
+
 README_LINES = 400  # issue 30: a README for users; the rest lives in docs/
 
 
