@@ -51,7 +51,7 @@ def wait_dir(step: StepInput) -> Path:
 
 def inspection_text(step: StepInput, resume_hint: str) -> str:
     return (
-        f"Job {step.job_id} is paused for inspection before step {step.number + 1}.\n"
+        f"Job {step.job_id} is paused for inspection at step {step.number} (wait).\n"
         f"  Data to inspect: {step.input_dir}\n"
         f"  Corrected files go into: {wait_dir(step)}\n"
         f"  When that folder holds any .ndjson/.ndjson.zst file on resume, the next step reads only that folder; "
