@@ -234,8 +234,16 @@ def report_change(args: argparse.Namespace, operation: str, result: ControlResul
 
 def cmd_delete(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
     job_id = extraction_job_id(args)
-    if not args.yes and not confirm(f"Delete extraction job {job_id} and its result files on {client.base_url}?"):
-        return fail(args, f"extraction job {job_id} was not deleted", EXIT_FAILED)
+    answer = args.yes or confirm(f"Delete extraction job {job_id} and its result files on {client.base_url}?")
+    if answer is None:
+        message = f"no answer: extraction job {job_id} was not deleted (--yes deletes without asking)"
+        return fail(args, message, EXIT_FAILED)
+    if not answer:  # the person said no: nothing went wrong
+        if args.json:
+            print_json({"ok": True, "operation": "delete", "job_id": job_id, "deleted": False})
+        else:
+            print(f"extraction job {job_id}: nothing deleted")
+        return EXIT_OK
     client.delete(job_id)
     if args.json:
         print_json({"ok": True, "operation": "delete", "job_id": job_id})
@@ -244,13 +252,13 @@ def cmd_delete(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
     return EXIT_OK
 
 
-def confirm(question: str) -> bool:
-    """Ask on the terminal; anything but y/yes (or no input at all) is a no."""
+def confirm(question: str) -> bool | None:
+    """Ask on the terminal; anything but y/yes is a no; None: no input at all (no terminal, a script)."""
     print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
     try:
         answer = input()
     except EOFError:
-        return False
+        return None
     return answer.strip().lower() in ("y", "yes")
 
 

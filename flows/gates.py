@@ -1,10 +1,12 @@
 """The gate protocol of a ``wait`` step in a flow run: a local run stops there (the job awaits inspection until
-``continue``); a deployment run is suspended with an input form, and only a resume that confirms the inspection
-opens the gate: one without (the form's toggle is off until a person turns it on) suspends the run again, with a
-log line and the inspection artifact saying why. The gate itself lives in the job's record (``tasks.job.record``).
+``continue``); a deployment run is suspended with an input form whose schema requires the confirmation to be true,
+so Prefect's server refuses a resume without it at once (the UI shows the reason; the API answers ``REJECT``) and
+the run stays suspended. The gate itself lives in the job's record (``tasks.job.record``).
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from prefect import runtime
 from prefect.flow_runs import suspend_flow_run
@@ -19,7 +21,7 @@ from flows.jobs import Job
 from tasks.core.readable import CLI
 from tasks.job.contract import StepInput, StepResult
 from tasks.job.record import RUNNING, SUSPENDED, changing_record, read_record, record_state
-from tasks.wait import awaiting_result, refuse_unconfirmed_resume, released_result, wait
+from tasks.wait import released_result, wait
 
 SUSPEND_TIMEOUT_SECONDS = 7 * 24 * 3600
 
@@ -27,9 +29,9 @@ SUSPEND_TIMEOUT_SECONDS = 7 * 24 * 3600
 class InspectionInput(RunInput):
     """The form a person fills in to resume a job suspended for inspection."""
 
-    confirmed: bool = Field(
+    confirmed: Literal[True] = Field(  # JSON schema {"const": true}, required: the server refuses anything else
         description="Turn on to confirm: I have inspected the data (and put any corrected files in the _wait folder). "
-        "Submitted off, the job stays suspended.",
+        "Submitted off, the resume is refused and the job stays suspended.",
     )
     note: str = Field(default="", description="A note for the job record: what was checked or changed")
 
@@ -67,42 +69,24 @@ def confirmed_inspection(
     job: Job, step: StepInput, hint: str, done: list[StepResult], card: JobRecordCard
 ) -> InspectionInput:
     """The form of the resume that confirmed the inspection. The first time, the ``wait`` task publishes what to
-    inspect and the run is suspended. A resume without confirmation is counted in the job's record's gate and
-    suspends the run again under a new key, so each key is answered once; a resumed run finds the answer to its
-    latest key without suspending."""
-    unconfirmed = read_record(job.paths.job_dir).gate(step.position).unconfirmed_resumes
-    inspection = answered_inspection(step.position, unconfirmed)
-    if inspection is None:
-        card.note([*done, wait(step, hint)])  # the record shows the gate awaiting while the run is suspended
-        inspection = suspend_for_inspection(job, step.position, unconfirmed, card)
-    while not inspection.confirmed:
-        with changing_record(job.paths.job_dir) as record:
-            entry = record.gate(step.position)
-            entry.unconfirmed_resumes += 1
-        unconfirmed = entry.unconfirmed_resumes
-        refuse_unconfirmed_resume(step, hint, inspection.note)
-        card.note([*done, awaiting_result(step)])
-        inspection = suspend_for_inspection(job, step.position, unconfirmed, card)
-    return inspection
-
-
-def inspection_key(position: int, unconfirmed: int) -> str:
-    """The suspend's key: new after every resume without confirmation, so that the run is suspended once more."""
-    return f"wait-{position:02d}" + (f"-unconfirmed-{unconfirmed}" if unconfirmed else "")
-
-
-def answered_inspection(position: int, unconfirmed: int) -> InspectionInput | None:
-    """The form's answer to the suspend with this key, if the run was resumed with one."""
-    keyset = keyset_from_paused_state(Suspended(pause_key=inspection_key(position, unconfirmed)))
+    inspect and the run is suspended; the resumed run finds the answer to the suspend's key without suspending."""
+    keyset = keyset_from_paused_state(Suspended(pause_key=inspection_key(step.position)))
     answer = read_flow_run_input(keyset["response"])
-    return None if answer is None else InspectionInput(**answer)
+    if answer is not None:
+        return InspectionInput(**answer)
+    card.note([*done, wait(step, hint)])  # the record shows the gate awaiting while the run is suspended
+    return suspend_for_inspection(job, step.position, card)
 
 
-def suspend_for_inspection(job: Job, position: int, unconfirmed: int, card: JobRecordCard) -> InspectionInput:
+def inspection_key(position: int) -> str:
+    return f"wait-{position:02d}"
+
+
+def suspend_for_inspection(job: Job, position: int, card: JobRecordCard) -> InspectionInput:
     """Suspend the deployment run (its process ends); the job record says Suspended first. A resume runs the flow
-    again, which finds the form's answer with ``answered_inspection``."""
+    again, which finds the form's answer in ``confirmed_inspection``."""
     message = f"awaiting inspection at step {position + 1} (wait); resume in the UI with the confirmation turned on"
     record_state(job.paths.job_dir, SUSPENDED, message)
     card.refresh()
-    key = inspection_key(position, unconfirmed)
+    key = inspection_key(position)
     return suspend_flow_run(wait_for_input=InspectionInput, timeout=SUSPEND_TIMEOUT_SECONDS, key=key)

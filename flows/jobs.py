@@ -170,16 +170,10 @@ def refuse_missing_import_directory(steps: list[str], job_input: str | None, set
         return
     from tasks.local_import import LocalImportError, source_directory
 
-    from_input = bool(job_input) and not is_crtdl_file(job_input)
     try:
         source_directory(job_input, settings.services.local_import.dir)
-    except LocalImportError as exc:
-        fix = (
-            "give the folder that holds the NDJSON files as INPUT"
-            if from_input
-            else "give the folder that holds the NDJSON files with --dir DIR (it sets services.local_import.dir)"
-        )
-        raise JobError(f"{exc}; {fix}; no job was made") from None
+    except LocalImportError as exc:  # it says how to give the right one
+        raise JobError(f"{exc}; no job was made") from None
 
 
 def step_file_problems(settings: Settings) -> list[str]:

@@ -15,6 +15,7 @@ from config.runtime import apply_prefect_defaults
 from tasks.core.redaction import RedactingFilter, redact
 
 RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
+DASK_LOGGERS = ("distributed", "prefect.task_runner.dask")  # their INFO (a cluster's life) goes to the job log only
 
 
 class OneTracePerFailure(logging.Filter):
@@ -58,13 +59,15 @@ FAILED_FINISHES = ("Finished in state Failed", "Finished in state Crashed")
 
 class _OneFailureLine(logging.Filter):
     """The terminal tells a failure once (Prefect logs it at every run it passes): only the first ERROR of a run,
-    and no "Finished in state Failed/Crashed" line. The job log and the UI keep them all."""
+    and no "Finished in state Failed/Crashed" line; nor Dask's INFO. The job log and the UI keep them all."""
 
     def __init__(self) -> None:
         super().__init__()
         self._shown = False
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING and record.name.startswith(DASK_LOGGERS):
+            return False
         if record.name not in RUN_LOGGERS:
             return True
         if record.getMessage().startswith(FAILED_FINISHES):
@@ -122,6 +125,18 @@ def run_label(record: logging.LogRecord) -> str:
     return ""
 
 
+class _HandTo(logging.Handler):
+    """Hands each record to ``target``. No StreamHandler: a Dask LocalCluster sets those of the ``distributed``
+    logger to WARNING while it runs (``silence_logs``), which would silence the job log for every logger."""
+
+    def __init__(self, target: logging.Handler):
+        super().__init__()
+        self._target = target
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._target.handle(record)
+
+
 @contextmanager
 def job_logging(log_file: Path) -> Iterator[None]:
     """Send every log record (with tracebacks, each line naming its run) to the job's log file, and keep
@@ -135,6 +150,8 @@ def job_logging(log_file: Path) -> Iterator[None]:
 
     for name in ("prefect", "dupflow"):
         logging.getLogger(name).addHandler(file_handler)
+    dask_handler = _HandTo(file_handler)
+    logging.getLogger("distributed").addHandler(dask_handler)
     patched = [(handler, handler.formatter) for handler in _console_handlers()]
     for handler, formatter in patched:
         handler.setFormatter(_NoTraceback(formatter))
@@ -150,6 +167,7 @@ def job_logging(log_file: Path) -> Iterator[None]:
             handler.removeFilter(one_failure)
         for name in ("prefect", "dupflow"):
             logging.getLogger(name).removeHandler(file_handler)
+        logging.getLogger("distributed").removeHandler(dask_handler)
         file_handler.close()
 
 

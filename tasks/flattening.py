@@ -304,7 +304,7 @@ def flatten_step_files(
         plan_digest = digest([[v.group.id, v.group.csv_name, v.view] for v in views] + [g.id for g in skipped])
         workers = pool_size() if in_processes else 1
         pieces = plan_pieces(paths, parts_dir, workers, by_provenance, max_line_bytes)
-        expect_files(len(pieces))  # a cut file's spans are tracked one by one
+        expect_files(len(pieces), "pieces" if len(pieces) > len(paths) else "files")  # a cut file's spans one by one
         arguments = [(step, piece, by_provenance, plan_digest, in_processes) for piece in pieces]
         results = results_or_raise(map_files(flatten_input_file, arguments, workers))
         if missing := [i for i, result in enumerate(results) if not parts_on_disk(parts_dir, views, result)]:

@@ -71,17 +71,21 @@ def source_directory(job_input: str | None, configured_dir: str | None) -> Path:
     configured = job_input if job_input and not is_crtdl_file(job_input) else configured_dir
     if not configured:
         raise LocalImportError(
-            "local_import has no directory: give one as the job input, with --dir, or set services.local_import.dir"
+            "local_import has no directory: give the folder that holds the .ndjson files as the job input, "
+            "with --dir DIR, or in services.local_import.dir"
         )
     source = Path(configured).expanduser()
-    given_as = "services.local_import.dir" if configured == configured_dir else "the job input"
+    if configured == configured_dir:
+        given_as, how = "services.local_import.dir", "with --dir DIR or in services.local_import.dir"
+    else:
+        given_as, how = "the job input", "as the job input"
     if not source.exists():
         raise LocalImportError(
-            f"import directory {source} ({given_as}) does not exist; give the folder that holds the .ndjson files"
+            f"import directory {source} ({given_as}) does not exist; give the folder that holds the .ndjson files {how}"
         )
     if not source.is_dir():
         raise LocalImportError(
-            f"import directory {source} ({given_as}) is a file, not a directory; give the folder that holds it"
+            f"import directory {source} ({given_as}) is a file, not a directory; give the folder that holds it {how}"
         )
     return source.resolve()
 

@@ -8,8 +8,6 @@ stops the run for inspection: a local run ends as ``AwaitingInspection`` and ``c
 deployment run is suspended until someone resumes it in the UI (with a short form). Either way the flow releases
 the gate in the record (with the note), and the task then answers with the folder the next step reads:
 ``<input folder>_wait/`` when it holds any data file, else its input.
-A deployment run resumed without the form's confirmation stays at the gate: ``refuse_unconfirmed_resume`` logs why
-and publishes the inspection artifact again with the reason on top.
 """
 
 from __future__ import annotations
@@ -53,25 +51,13 @@ def wait_dir(step: StepInput) -> Path:
 
 def inspection_text(step: StepInput, resume_hint: str) -> str:
     return (
-        f"Job {step.job_id} is paused for inspection before step {step.number + 1}.\n"
+        f"Job {step.job_id} is paused for inspection at step {step.number} (wait).\n"
         f"  Data to inspect: {step.input_dir}\n"
         f"  Corrected files go into: {wait_dir(step)}\n"
         f"  When that folder holds any .ndjson/.ndjson.zst file on resume, the next step reads only that folder; "
         f"otherwise it reads {step.input_dir} unchanged.\n"
         f"  To continue: {resume_hint or f'{CLI} continue {step.job_id}'}"
     )
-
-
-def refuse_unconfirmed_resume(step: StepInput, resume_hint: str, note: str) -> None:
-    """A resume without the confirmation passes nothing: say so in the log and on top of the inspection artifact."""
-    reason = (
-        f"Job {step.job_id} is still waiting for inspection: it was resumed without confirmation"
-        + (f" (note: {note!r})" if note else "")
-        + ".\n  It stays suspended and nothing after the wait step has run; resume again with the confirmation "
-        'turned on (the form\'s toggle, or "confirmed": true).'
-    )
-    get_run_logger().warning("%s", reason, extra=SHOW_WHOLE)
-    publish_inspection_artifact(step, f"{reason}\n{inspection_text(step, resume_hint)}")
 
 
 def publish_inspection_artifact(step: StepInput, text: str) -> None:

@@ -108,6 +108,21 @@ def test_a_job_on_a_two_process_local_cluster_writes_the_same_bytes_as_the_defau
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
+def test_the_clusters_own_info_goes_to_the_job_log_not_the_terminal(tmp_path, sample_config):
+    config = sample_config(tmp_path / "dask.yaml", tmp_path / "jobs")
+
+    done = run_cli("start", str(config), str(SAMPLE / "crtdl.json"), "--no-progress", *DASK, timeout=300)
+
+    assert done.returncode == EXIT_OK, done.stderr
+    terminal = done.stdout + done.stderr
+    assert "distributed." not in terminal and "prefect.task_runner.dask" not in terminal, terminal
+    log = (only_job_dir(tmp_path / "jobs") / "job.log").read_text()
+    assert "INFO distributed.scheduler: " in log and "INFO prefect.task_runner.dask: " in log, log[-3000:]
+    assert "step 1 local_import: " in log, log[-3000:]  # the cluster's silencing of its loggers spares the job log
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
 def test_after_a_dask_run_status_list_the_job_record_and_the_server_agree(tmp_path, capsys, sample_config):
     jobs = tmp_path / "jobs"
     config = sample_config(tmp_path / "dask.yaml", jobs)

@@ -326,12 +326,18 @@ def test_delete_with_yes_then_again_is_explained(capsys, torch, clock, config):
 def test_delete_asks_for_confirmation(capsys, monkeypatch, torch, config):
     job_id = submit(torch)
     monkeypatch.setattr("sys.stdin", io.StringIO("n\n"))
-    code, _, err = cli(capsys, "extraction", "delete", str(config), job_id)
-    assert code == 1 and f"Delete extraction job {job_id} and its result files" in err
+    code, out, err = cli(capsys, "extraction", "delete", str(config), job_id)
+    assert code == 0 and f"Delete extraction job {job_id} and its result files" in err and "error" not in err
+    assert out == f"extraction job {job_id}: nothing deleted\n"
     assert torch.state.job(job_id) is not None
 
-    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # no terminal, no answer: no
-    assert cli(capsys, "extraction", "delete", str(config), job_id)[0] == 1
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n"))  # Enter: the default, no
+    code, out, _ = cli(capsys, "extraction", "delete", str(config), job_id, "--json")
+    assert code == 0 and json.loads(out) == {"ok": True, "operation": "delete", "job_id": job_id, "deleted": False}
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # no terminal, no answer: not deleted, and said to be
+    code, _, err = cli(capsys, "extraction", "delete", str(config), job_id)
+    assert code == 1 and "no answer" in err and "--yes" in err
 
     monkeypatch.setattr("sys.stdin", io.StringIO("yes\n"))
     assert cli(capsys, "extraction", "delete", str(config), job_id)[0] == 0

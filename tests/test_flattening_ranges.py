@@ -243,7 +243,8 @@ def test_a_rerun_keeps_the_finished_span_of_a_cut_file_and_redoes_the_failed_one
     assert files_of(step.output_dir) == files_of(tmp_path / "expected")
     assert not (step.output_dir / PARTS_FOLDER).exists()
     percent, description = flattening_progress(step.job_id)  # the cached span counts as done
-    assert percent == 100 and description.startswith(f"flattening done: {len(spans)} / {len(spans)} files"), description
+    done = f"flattening done: {len(spans)} / {len(spans)} pieces of 1 file, "  # the pieces are counted as pieces
+    assert percent == 100 and description.startswith(done), description
 
 
 @pytest.mark.slow
@@ -269,7 +270,8 @@ def test_a_cut_files_progress_reaches_the_job_log_and_the_progress_artifact(tmp_
     for index in range(1, count + 1):
         assert re.search(rf"dupflow\.progress: .*flatten big\.ndjson#{index}/{count}: \d+ lines", log), log[-3000:]
     percent, description = flattening_progress(job_dir.name)
-    assert percent == 100 and description.startswith(f"flattening done: {count} / {count} files, "), description
+    done = f"flattening done: {count} / {count} pieces of 1 file, "
+    assert percent == 100 and description.startswith(done), description
 
 
 def test_a_zstd_file_is_cut_and_given_processes_by_its_content_not_its_compressed_size(tmp_path):

@@ -220,7 +220,19 @@ def test_a_missing_import_directory_is_refused_at_start_naming_the_fix(tmp_path,
 
     err = capsys.readouterr().err
     assert str(missing) in err and "no job was made" in err
-    assert ("--dir DIR" in err and "services.local_import.dir" in err) if given_as == "--dir" else "as INPUT" in err
+    assert ("--dir DIR" in err and "services.local_import.dir" in err) if given_as == "--dir" else "as the job" in err
+    assert err.count("give the folder") == 1, err
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_a_local_import_without_a_directory_says_how_to_give_one_once(tmp_path, job_config, capsys):
+    config = job_config(["local_import"])
+
+    assert main(["start", str(config)]) == EXIT_USAGE
+
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "has no directory" in line and "no job was made" in line
+    assert line.count("--dir") == 1 and line.count("services.local_import.dir") == 1, line
     assert not (tmp_path / "jobs").exists()
 
 

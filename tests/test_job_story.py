@@ -70,7 +70,7 @@ def test_a_local_wait_shows_the_whole_inspection_message_and_status_reads_plainl
     (job_dir,) = (tmp_path / "jobs").iterdir()
     terminal = started.stdout + started.stderr
     for line in (
-        f"Job {job_dir.name} is paused for inspection",
+        f"Job {job_dir.name} is paused for inspection at step 2 (wait).\n",
         f"  Data to inspect: {job_dir / 'import'}\n",
         f"  Corrected files go into: {job_dir / 'import_wait'}\n",
         f"the next step reads only that folder; otherwise it reads {job_dir / 'import'} unchanged.\n",

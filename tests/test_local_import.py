@@ -44,7 +44,7 @@ def test_a_missing_directory_names_where_it_was_given(tmp_path):
 
 
 def test_no_directory_at_all_says_where_to_give_one(tmp_path):
-    with pytest.raises(LocalImportError, match="--dir, or set services.local_import.dir"):
+    with pytest.raises(LocalImportError, match="as the job input, with --dir DIR, or in services.local_import.dir"):
         source_directory(None, None)
 
 

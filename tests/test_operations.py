@@ -23,7 +23,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from prefect._internal.pydantic.v2_schema import create_v2_schema
+from prefect.utilities.schema_tools import ValidationError as SchemaValidationError
+from prefect.utilities.schema_tools import validate as validate_schema
 
+from flows.gates import InspectionInput
 from flows.prefect_server import (
     PORT_SEARCH,
     STATE_FILE,
@@ -32,7 +36,7 @@ from flows.prefect_server import (
     read_record,
     stop_server,
 )
-from tests.conftest import REPO_ROOT, run_cli, seed_prefect_home, wait_until
+from tests.conftest import REPO_ROOT, run_cli, seed_prefect_home
 from tests.support.ports import free_port
 from tests.support.deployments import (
     FINAL,
@@ -49,8 +53,18 @@ from tests.support.prefect_servers import SERVER_TIMEOUT, kill_servers_of, serve
 # --- 1. inspection cannot be skipped by accident -----------------------------------------------------------------
 
 
+def test_the_inspection_form_refuses_a_resume_without_confirmation_by_its_schema():
+    # The schema Prefect stores for the form and validates every resume's run_input against, with the server's code.
+    schema = create_v2_schema(InspectionInput.__name__, model_base=InspectionInput)
+    for unconfirmed in ({}, {"note": "oops"}, {"confirmed": False, "note": "oops"}, {"confirmed": "true"}):
+        with pytest.raises(SchemaValidationError, match="confirmed|True was expected"):
+            validate_schema(unconfirmed, schema, raise_on_error=True)
+    validate_schema({"confirmed": True, "note": "ok"}, schema, raise_on_error=True)
+    assert InspectionInput(confirmed=True).confirmed is True
+
+
 @pytest.mark.slow
-def test_a_resume_without_confirmation_leaves_the_job_suspended_and_runs_nothing_downstream(
+def test_a_resume_without_confirmation_is_refused_at_once_and_the_job_stays_suspended(
     server,  # noqa: F811
     deployed,  # noqa: F811
     site,  # noqa: F811
@@ -63,31 +77,24 @@ def test_a_resume_without_confirmation_leaves_the_job_suspended_and_runs_nothing
     try:
         run_id, run = run_to_the_gate(api_url, deployed, site, worker, logs)
         assert run["state"]["name"] == "Suspended", run["state"]
-        job_id, first_suspend = run["name"], run["state"]["id"]
+        job_id, suspended = run["name"], run["state"]["id"]
         job_dir = site / "jobs" / job_id
         write_patients(job_dir / "import_wait" / "corrected.ndjson", ["c1"])
         running_pseudonymizer.state.reset()
 
-        # The UI form submitted with its toggle untouched: the run comes back, and is suspended again.
-        api(api_url, "POST", f"/flow_runs/{run_id}/resume", json={"run_input": {"confirmed": False, "note": "oops"}})
-        run = wait_for_run(
-            api_url,
-            run_id,
-            lambda run: run["state"]["type"] == "PAUSED" and run["state"]["id"] != first_suspend,
-            worker,
-            logs,
-        )
-        assert run["state"]["name"] == "Suspended", (run["state"], run_log(api_url, run_id))
+        # The UI form submitted with its toggle untouched, or no form at all: refused in the answer itself.
+        for body in ({"run_input": {"confirmed": False, "note": "oops"}}, {"run_input": {"note": "oops"}}, {}):
+            answer = api(api_url, "POST", f"/flow_runs/{run_id}/resume", json=body)
+            assert answer["status"] == "REJECT" and "confirmed" in answer["details"]["reason"], (body, answer)
+            run = api(api_url, "GET", f"/flow_runs/{run_id}")
+            assert run["state"]["id"] == suspended and run["state"]["name"] == "Suspended", run["state"]
         assert not (job_dir / "pseudonymizer").exists() and running_pseudonymizer.state.requests == []
-        wait_until(lambda: "resumed without confirmation" in run_log(api_url, run_id), "the warning reached the API")
-        inspection = api(api_url, "GET", f"/artifacts/job-{job_id}-inspection/latest")["data"]
-        assert "resumed without confirmation" in inspection and str(job_dir / "import_wait") in inspection
-        record = json.loads((job_dir / "job.json").read_text())
-        assert record["state"] == "Suspended"
-        assert not record["gates"]["01"].get("released") and record["gates"]["01"]["unconfirmed_resumes"] == 1
+        assert json.loads((job_dir / "job.json").read_text())["state"] == "Suspended"
 
         # Confirmed: the job goes on past the gate, reading the corrected file.
-        api(api_url, "POST", f"/flow_runs/{run_id}/resume", json={"run_input": {"confirmed": True, "note": "ok"}})
+        confirmed = {"run_input": {"confirmed": True, "note": "ok"}}
+        answer = api(api_url, "POST", f"/flow_runs/{run_id}/resume", json=confirmed)
+        assert answer["status"] == "ACCEPT", answer
         run = wait_for_run(api_url, run_id, lambda run: run["state"]["type"] in FINAL, worker, logs)
     finally:
         stop_worker(worker)
@@ -233,6 +240,18 @@ def test_every_documented_command_starts_as_typed_up_to_what_the_reader_fills_in
         not_found = [marker for marker in NOT_FOUND if marker in done.stdout + done.stderr]
         assert done.returncode == 0 or not not_found, (command, done.stdout[-2000:], done.stderr[-2000:])
     assert len(tried) > 15
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("uv") is None, reason="uv is not installed")
+def test_the_dupflow_console_script_works_from_any_directory(tmp_path):
+    """``uv run --project CLONE dupflow …`` from a directory outside the clone, as the README says."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
+    uv_run = ["uv", "run", "--locked", "--project", str(REPO_ROOT), "dupflow"]
+    default = REPO_ROOT / "config" / "default.yaml"
+    for args, said in ((["--help"], "exit codes"), (["config", "check", str(default)], "configuration OK")):
+        done = subprocess.run([*uv_run, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and said in done.stdout + done.stderr, (args, done.stdout, done.stderr)
 
 
 README_LINES = 400  # issue 30: a README for users; the rest lives in docs/

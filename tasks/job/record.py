@@ -107,13 +107,12 @@ class StepRecord(BaseModel):
 
 
 class Gate(BaseModel):
-    """A wait step's gate: when it paused the job, its release with the note, and the resumes without confirmation."""
+    """A wait step's gate: when it paused the job, and its release with the note."""
 
     paused_at: Timestamp | None = None
     released: bool = False
     released_at: Timestamp | None = None
     note: Annotated[str | None, AfterValidator(lambda note: note if note is None else plain_note(note))] = None
-    unconfirmed_resumes: int = 0
 
     def release(self, note: str) -> None:
         self.released, self.released_at, self.note = True, now_iso(), plain_note(note)

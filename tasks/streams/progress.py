@@ -97,13 +97,14 @@ def track(label: str, total: int | None = None, unit: str = "B") -> Iterator[Tra
             aggregate.file_finished(work)
 
 
-def expect_files(count: int) -> None:
+def expect_files(count: int, noun: str = "files") -> None:
     """Tell the step run's progress how many files it will work on, when its input does not say (downloads) or
-    its work is not one piece per input file (flattening cuts a large file into spans): its artifact then shows
-    files done of files expected, whether or not their sizes are known."""
+    its work is not one piece per input file (flattening cuts a large file into spans, ``noun`` "pieces"): its
+    artifact then shows files (or pieces, of the input's files) done of expected, whether or not their sizes are
+    known."""
     aggregate = _step_progress.get()
     if aggregate is not None:
-        aggregate.expect_files(count)
+        aggregate.expect_files(count, noun)
 
 
 @contextmanager
@@ -202,14 +203,15 @@ class StepProgress:
         self._next_publish = float("-inf")
         self._artifact: UUID | None = None
         self._files_started = self._files_finished = self._files_expected = 0
+        self._noun = "files"  # what is counted: "pieces" of the input's files when the step cuts them
         self._in_work: set[FileWork] = set()
         self._totals: dict[str, int] = {}  # per unit: the totals of the files started so far (import steps)
         self._done: dict[str, int] = {}
         self._percent = 0.0
 
-    def expect_files(self, count: int) -> None:
+    def expect_files(self, count: int, noun: str) -> None:
         with self._lock:
-            self._files_expected = count
+            self._files_expected, self._noun = count, noun
 
     def file_started(self, work: FileWork) -> FileWork:
         with self._lock:
@@ -272,10 +274,14 @@ class StepProgress:
         if finished:  # pieces served from the cache (a resumed step) never started here
             self._files_finished = max(self._files_finished, known)
         files = f"{min(self._files_finished, known)} / {known}" if known else f"{self._files_finished}"
+        if self._noun != "files":  # pieces of the input's files
+            files += f" {self._noun} of {self._work.files} file{'s' * (self._work.files != 1)}"
+        else:
+            files += " files"
         amounts = ", ".join(_human(amount, name) for name, amount in sorted(self._done.items())) or "nothing yet"
         rate = _human(done / max(now - self._started, 1e-9), unit)
         state = "done" if finished else "stopped" if stopped else "working"
-        return self._percent, f"{self._step} {state}: {files} files, {amounts}, at {rate}/s"
+        return self._percent, f"{self._step} {state}: {files}, {amounts}, at {rate}/s"
 
     def _fraction_done(self, unit: str, done: int) -> float | None:
         if total := self._work.total(unit):
