@@ -53,6 +53,10 @@ class _Writer:
         self.lines: list[str] = []
         self.constants: dict[str, Any] = {}
         self.names = count()
+        self.checked: set[tuple[str, Any, int]] = set()
+        """(value, type, indent) checked as an object of that type in the block at that indent"""
+        self.walked: dict[tuple[str, str, int], str] = {}
+        """(focus, steps, indent): the list a walk of these steps from that focus gave in that block"""
 
     def name(self, prefix: str) -> str:
         return f"{prefix}{next(self.names)}"
@@ -91,7 +95,9 @@ class _Writer:
         self.emit(indent, f"{rows} = [({''.join(cell + ', ' for cell in cells)})]")
         for nested in select.selects:
             part = self.select(nested, focus, path, indent)
-            self.emit(indent, f"if len({part}) == 1:")
+            self.emit(indent, f"if len({part}) == 1 and len({rows}) == 1:")
+            self.emit(indent + 1, f"{rows} = [{rows}[0] + {part}[0]]")
+            self.emit(indent, f"elif len({part}) == 1:")
             self.emit(indent + 1, f"{rows} = [row + {part}[0] for row in {rows}]")
             self.emit(indent, "else:")
             self.emit(indent + 1, f"if len({rows}) * len({part}) > {self.limit}:")
@@ -103,43 +109,65 @@ class _Writer:
         """Code reading a single-valued chain of members; the value's name."""
         plan = column_plan(column, path)
         value = self.name("v")
-        self.emit(indent, f"{value} = {focus}")
         for step, (_, key, _, at) in enumerate(plan.operations):
             if step:  # no value: the chain ends here (one level deep however long the chain: Python allows 100)
                 self.emit(indent, f"if {value} is not None:")
-            self.check_object(value, at, indent + min(step, 1))
-            self.emit(indent + min(step, 1), f"{value} = {value}.get({self.constant(key)})")
+            self.check_object(value if step else focus, at, indent + min(step, 1), once=not step)
+            self.emit(indent + min(step, 1), f"{value} = {value if step else focus}.get({self.constant(key)})")
         self.emit(indent, f"if type({value}) not in KEPT:")
         self.emit(indent + 1, IRREGULAR)
         return value
 
     def walk(self, plan: Plan, focus: str, indent: int) -> str:
-        """Code giving the elements of an iteration plan of members and where() in a list; the list's name."""
-        found = self.name("e")
-        self.emit(indent, f"{found} = [{focus}]")
-        for kind, key, argument, at in plan.operations:
-            kept, value, child = self.name("e"), self.name("x"), self.name("c")
-            self.emit(indent, f"{kept} = []")
-            self.emit(indent, f"for {value} in {found}:")
-            self.check_object(value, at, indent + 1)
-            self.emit(indent + 1, f"{child} = {value}.get({self.constant(key)})")
-            if kind == "where":
-                self.emit(indent + 1, f"if type({child}) is list:")
-                self.emit(indent + 2, IRREGULAR)
-                self.emit(indent + 1, f"if {child} == {self.constant(argument)}:")
-                self.emit(indent + 2, f"{kept}.append({value})")
-            else:
-                self.emit(indent + 1, f"if type({child}) is list:")
-                self.emit(indent + 2, f"if None in {child}:")
-                self.emit(indent + 3, IRREGULAR)
-                self.emit(indent + 2, f"{kept} += {child}")
-                self.emit(indent + 1, f"elif {child} is not None:")
-                self.emit(indent + 2, f"{kept}.append({child})")
-            found = kept
+        """Code giving the elements of an iteration plan of members and where() in a list; the list's name. The
+        lists of its first steps from this focus are reused where an earlier walk in the block made them."""
+        operations, found = plan.operations, None
+        for step in range(len(operations)):
+            known = (focus, repr(operations[: step + 1]), indent)
+            if known not in self.walked:
+                self.walked[known] = self.step(operations[step], found, focus, indent)
+            found = self.walked[known]
         return found
 
-    def check_object(self, value: str, at: str | None, indent: int) -> None:
-        """Code giving up (``IRREGULAR``) unless ``value`` is a JSON object of the planned type."""
+    def step(self, operation: tuple, found: str | None, focus: str, indent: int) -> str:
+        """Code giving one step's elements from the list ``found`` (None: from ``focus``); the list's name."""
+        kind, key, argument, at = operation
+        if kind == "member" and found is None:
+            kept, child = self.name("e"), self.name("c")
+            self.check_object(focus, at, indent, once=True)
+            self.emit(indent, f"{child} = {focus}.get({self.constant(key)})")
+            self.emit(indent, f"if type({child}) is list:")
+            self.emit(indent + 1, f"if None in {child}:")
+            self.emit(indent + 2, IRREGULAR)
+            self.emit(indent + 1, f"{kept} = {child}")  # the data's own list: the code only reads it
+            self.emit(indent, "else:")
+            self.emit(indent + 1, f"{kept} = [] if {child} is None else [{child}]")
+            return kept
+        kept, value, child = self.name("e"), self.name("x"), self.name("c")
+        self.emit(indent, f"{kept} = []")
+        self.emit(indent, f"for {value} in {found or f'[{focus}]'}:")
+        self.check_object(value, at, indent + 1)
+        self.emit(indent + 1, f"{child} = {value}.get({self.constant(key)})")
+        if kind == "where":
+            self.emit(indent + 1, f"if type({child}) is list:")
+            self.emit(indent + 2, IRREGULAR)
+            self.emit(indent + 1, f"if {child} == {self.constant(argument)}:")
+            self.emit(indent + 2, f"{kept}.append({value})")
+        else:
+            self.emit(indent + 1, f"if type({child}) is list:")
+            self.emit(indent + 2, f"if None in {child}:")
+            self.emit(indent + 3, IRREGULAR)
+            self.emit(indent + 2, f"{kept} += {child}")
+            self.emit(indent + 1, f"elif {child} is not None:")
+            self.emit(indent + 2, f"{kept}.append({child})")
+        return kept
+
+    def check_object(self, value: str, at: str | None, indent: int, once: bool = False) -> None:
+        """Code giving up (``IRREGULAR``) unless ``value`` is a JSON object of the planned type; ``once``: a focus,
+        whose value stays what it is in its block, checked there once."""
+        if once and (value, at, indent) in self.checked:
+            return
+        self.checked.add((value, at, indent))
         planned = self.constant(at)
         self.emit(indent, f"if type({value}) is not dict or {value}.get('resourceType', {planned}) != {planned}:")
         self.emit(indent + 1, IRREGULAR)
