@@ -24,14 +24,14 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import IO, Any, Protocol, TypedDict
 
 from tasks.streams.ndjson import WHOLE_FILE, Span, iter_lines
 from tasks.streams.processes import never_cancelled, uncounted
 from tasks.sof.errors import ViewError, ViewEvaluationError
-from tasks.sof.output import CsvWriter
+from tasks.sof.output import ROWS_PER_BATCH, CsvWriter
 from tasks.sof.resources import line_resources, parse_line
 from tasks.sof.view import CompiledView, compile_view
 
@@ -209,34 +209,46 @@ class FileParts(TypedDict):
 
 
 class RowsWriter:
-    """A group's rows as CSV lines (no header) in ``path``, opened at the first row."""
+    """A group's rows as CSV lines (no header) in ``path``, opened at the first row; rows are held until
+    ``ROWS_PER_BATCH`` have come (written in one call, whatever resources they came from) or the part is closed."""
 
     def __init__(self, path: Path, view: CompiledView, name: str):
         self.path, self.view, self.name = path, view, name
         self.rows = 0
+        self._pending: list[tuple] = []
         self._stream: IO[str] | None = None
         self._writer: CsvWriter | None = None
 
     def add(self, resource: dict[str, Any]) -> None:
-        """Write the resource's rows as the view produces them (one resource may give millions)."""
+        """Take the resource's rows as the view produces them (one resource may give millions)."""
         try:
-            rows = iter(self.view.rows(resource))
-            first = next(rows, None)
-            if first is None:
-                return
-            if self._writer is None:
-                self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by close
-                self._writer = CsvWriter(self._stream)
-            self.rows += self._writer.writerows(chain((first,), rows))
+            rows = self.view.rows(resource)
+            streamed = type(rows) is not list and type(rows) is not tuple
+            self._pending += islice(rows, ROWS_PER_BATCH) if streamed else rows
+            if len(self._pending) >= ROWS_PER_BATCH:
+                self._write(chain(self._pending, rows) if streamed else self._pending)
         except ViewError as exc:
             raise ViewEvaluationError(f"{self.name}: {exc}") from exc
 
+    def _write(self, rows: Iterable[tuple]) -> None:
+        if self._writer is None:
+            self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by close
+            self._writer = CsvWriter(self._stream)
+        self.rows += self._writer.writerows(rows)
+        self._pending = []
+
     def close(self) -> int:
-        """Close the part; its size in bytes (0 when it has no rows)."""
+        """Write what is held and close the part; its size in bytes (0 when it has no rows)."""
+        if self._pending:
+            self._write(self._pending)
         if self._stream is None:
             return 0
         self._stream.close()
         return self.path.stat().st_size
+
+    def discard(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
 
 
 def flatten_file(
@@ -263,7 +275,7 @@ def flatten_file(
         sizes = [writer.close() for writer in writers]
     except BaseException:
         for writer in writers:
-            writer.close()
+            writer.discard()
         shutil.rmtree(work, ignore_errors=True)
         raise
     shutil.rmtree(final, ignore_errors=True)

@@ -69,9 +69,10 @@ class CsvWriter:
 
 def _plain_lines(batch: list) -> str | None:
     """The batch's CSV lines made from its JSON (``orjson``, in C) where no cell needs quoting: no JSON escape (so no
-    quote, backslash, CR, LF or control character in a string) and no comma but the separators; nulls become empty
-    cells, quotes go. None where a cell needs quoting, a row has fewer than two cells (``csv`` quotes a lone empty
-    cell), the rows differ in length, or orjson refuses a value (an int beyond 64 bits, a lone surrogate)."""
+    quote, backslash, CR, LF or control character in a string) and no comma but the separators. A comma is then
+    always a separator, so an unquoted ``null`` after one, or after a row's ``[``, is a null: it becomes an empty
+    cell; then the quotes go. None where a cell needs quoting, a row has fewer than two cells (``csv`` quotes a lone
+    empty cell), the rows differ in length, or orjson refuses a value (an int beyond 64 bits, a lone surrogate)."""
     width = len(batch[0])
     if width < 2 or any(len(row) != width for row in batch):
         return None
@@ -81,10 +82,8 @@ def _plain_lines(batch: list) -> str | None:
         return None
     if b"\\" in text or text.count(b",") != len(batch) * width - 1:
         return None
-    text = b"," + text[2:-2].replace(b"],[", b",\n,") + b","
-    for _ in range(2):  # a replace skips every other null of a run of them, the second pass takes the rest
-        text = text.replace(b",null,", b",,")
-    return text[1:-1].replace(b",\n,", b"\n").replace(b'"', b"").decode() + "\n"
+    text = text.replace(b",null", b",").replace(b"[null,", b"[,")
+    return text[2:-2].replace(b"],[", b"\n").translate(None, b'"').decode() + "\n"
 
 
 def _quoted(cell: str) -> str:
