@@ -9,7 +9,8 @@ from decimal import Decimal
 import pytest
 
 from tasks.sof.fhirpath import Item, _interpreted, compile_path, member_steps, values
-from tasks.sof.resources import line_resources
+from tasks.sof.resources import line_resources, parse_line, read_rows
+from tasks.sof.view import compile_view
 from tests.conftest import TESTDATA
 
 INPUTS = [
@@ -68,3 +69,29 @@ def test_a_fast_path_agrees_with_the_interpreter(path):
 )
 def test_anything_else_goes_to_the_interpreter(path):
     assert member_steps(path) is None
+
+
+def test_lines_read_by_orjson_first_keep_the_decimals_a_column_reads_and_give_the_rows_of_the_general_way():
+    view = compile_view(
+        {
+            "resource": "Observation",
+            "select": [
+                {"column": [{"name": "id", "path": "id"}, {"name": "q", "path": "valueQuantity"}]},
+                {"column": [{"name": "v", "path": "value.ofType(Quantity).value"}]},
+                {"forEach": "code.coding", "column": [{"name": "code", "path": "code"}]},
+            ],
+        }
+    )
+    lines = [
+        b'{"resourceType":"Observation","id":"a","valueQuantity":{"value":1.50},"code":{"coding":[{"code":"x"}]}}',
+        b'{"resourceType":"Observation","id":"b","code":{"coding":[{"code":"y"},{"code":"z"}]},"note":[{"v":2.50}]}',
+        b'{"resourceType":"Observation","id":"c","valueQuantity":{"value":7},"code":{"coding":{"code":"w"}}}',
+        b'{"resourceType":"Patient","id":"p"}',
+        b'{"resourceType": "Observation", "id": "d", "code": {"coding": [{"code": "v"}]}}',
+    ]
+    assert view.parsed_rows is not None
+    general = [row for line in lines for row in view.rows(parse_line("test", 1, line))]
+    rows = list(read_rows(view, "test", enumerate(lines, 1)))
+    assert rows == general
+    assert rows[0] == ("a", {"value": Decimal("1.50")}, Decimal("1.50"), "x")
+    assert [row[0] for row in rows] == ["a", "b", "b", "c", "d"]

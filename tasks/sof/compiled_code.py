@@ -25,20 +25,26 @@ MAX_GENERATED_DEPTH = 8
 """Nested selects beyond this are left to the closures (Python allows 20 nested blocks in one function)."""
 KEPT = frozenset({str, type(None), bool, int, Decimal, dict})
 """Values a column gives as they are (``plain`` changes floats)."""
+PARSED = frozenset({str, type(None), bool, int})
+"""Values a column gives as they are from orjson's parse, which reads decimals as floats: objects (which may hold
+one) and floats are left to the decimal-keeping parse."""
 
 
 IRREGULAR = "return None"
 """The generated statement for data not shaped as planned."""
 
 
-def generated_rows(root: Any, resource_type: str, limit: int) -> Callable[[dict], list[tuple] | None] | None:
-    """``root``'s rows (a ``tasks.sof.view.Select``) as one generated function, or None outside the subset."""
+def generated_rows(
+    root: Any, resource_type: str, limit: int, kept: frozenset = KEPT
+) -> Callable[[dict], list[tuple] | None] | None:
+    """``root``'s rows (a ``tasks.sof.view.Select``) as one generated function, or None outside the subset; a column
+    value of a type not in ``kept`` is data not of the planned shape."""
     if not _in_subset(root, resource_type, depth=0):
         return None
     writer = _Writer(limit)
     result = writer.select(root, "d0", resource_type, 1)
     source = "def rows(d0):\n" + "".join(writer.lines) + f"    return {result}\n"
-    namespace = {"KEPT": KEPT, **writer.constants}
+    namespace = {"KEPT": kept, **writer.constants}
     try:
         code = compile(source, f"<view {resource_type}>", "exec")
     except (SyntaxError, RecursionError, MemoryError):  # beyond Python's own limits (IndentationError is a SyntaxError)
