@@ -42,8 +42,8 @@ def generated_rows(
     if not _in_subset(root, resource_type, depth=0):
         return None
     writer = _Writer(limit)
-    result = writer.select(root, "d0", resource_type, 1)
-    source = "def rows(d0):\n" + "".join(writer.lines) + f"    return {result}\n"
+    result, single = writer.select(root, "d0", resource_type, 1)
+    source = "def rows(d0):\n" + "".join(writer.lines) + f"    return {f'[{result}]' if single else result}\n"
     namespace = {"KEPT": kept, **writer.constants}
     try:
         code = compile(source, f"<view {resource_type}>", "exec")
@@ -63,6 +63,8 @@ class _Writer:
         """(value, type, indent) checked as an object of that type in the block at that indent"""
         self.walked: dict[tuple[str, str, int], str] = {}
         """(focus, steps, indent): the list a walk of these steps from that focus gave in that block"""
+        self.groups: dict[tuple[str, str, str, int], str] = {}
+        """(elements, key, type, indent): the dict of those elements by their text value of key, in that block"""
 
     def name(self, prefix: str) -> str:
         return f"{prefix}{next(self.names)}"
@@ -76,8 +78,9 @@ class _Writer:
     def emit(self, indent: int, line: str) -> None:
         self.lines.append("    " * indent + line + "\n")
 
-    def select(self, select: Any, focus: str, path: str, indent: int) -> str:
-        """Code giving the select's rows at ``focus`` (of type ``path``) in a list; the list's name."""
+    def select(self, select: Any, focus: str, path: str, indent: int) -> tuple[str, bool]:
+        """Code giving the select's rows at ``focus`` (of type ``path``): the name of their list, or of their one row
+        (a tuple) where the select always gives one (True)."""
         if select.iteration is None:
             return self.rows_at(select, focus, path, indent)
         plan = member_plan(select.iterate[0], path)
@@ -85,31 +88,45 @@ class _Writer:
         rows, element = self.name("r"), self.name("d")
         self.emit(indent, f"{rows} = []")
         self.emit(indent, f"for {element} in {found}:")
-        part = self.rows_at(select, element, plan.path, indent + 1)
-        self.emit(indent + 1, f"{rows} += {part}")
-        self.emit(indent + 1, f"if len({rows}) > {self.limit}:")
-        self.emit(indent + 2, IRREGULAR)
+        part, single = self.rows_at(select, element, plan.path, indent + 1)
+        if single:  # one row per element: the list is no longer than the data's, checked once
+            self.emit(indent + 1, f"{rows}.append({part})")
+        else:
+            self.emit(indent + 1, f"{rows} += {part}")
+        self.emit(indent + int(not single), f"if len({rows}) > {self.limit}:")
+        self.emit(indent + int(not single) + 1, IRREGULAR)
         if select.iteration == "forEachOrNull":
             self.emit(indent, f"if not {found}:")
             self.emit(indent + 1, f"{rows} = [{self.constant(select.null_row)}]")
-        return rows
+        return rows, False
 
-    def rows_at(self, select: Any, focus: str, path: str, indent: int) -> str:
-        """Code giving the product of the select's columns and nested selects at ``focus``."""
+    def rows_at(self, select: Any, focus: str, path: str, indent: int) -> tuple[str, bool]:
+        """Code giving the product of the select's columns and nested selects at ``focus``: the name of its row
+        while every part gives one (True), else of its list of rows."""
         cells = [self.column(column, focus, path, indent) for column in select.columns]
-        rows = self.name("r")
-        self.emit(indent, f"{rows} = [({''.join(cell + ', ' for cell in cells)})]")
+        rows, single = self.name("r"), True
+        self.emit(indent, f"{rows} = ({''.join(cell + ', ' for cell in cells)})")
         for nested in select.selects:
-            part = self.select(nested, focus, path, indent)
-            self.emit(indent, f"if len({part}) == 1 and len({rows}) == 1:")
-            self.emit(indent + 1, f"{rows} = [{rows}[0] + {part}[0]]")
-            self.emit(indent, f"elif len({part}) == 1:")
-            self.emit(indent + 1, f"{rows} = [row + {part}[0] for row in {rows}]")
+            part, one = self.select(nested, focus, path, indent)
+            if single and one:
+                self.emit(indent, f"{rows} += {part}")
+                continue
+            if single:  # the row so far before each of the part's rows (each part has at most ``limit``)
+                single, row = False, rows
+                rows = self.name("r")
+                self.emit(indent, f"{rows} = [{row}]")
+            # One row on either side (the usual case) without a comprehension (a function call each in Python 3.11)
+            self.emit(indent, f"if len({rows}) == 1{'' if one else f' and len({part}) == 1'}:")
+            self.emit(indent + 1, f"{rows} = [{rows}[0] + {part}{'' if one else '[0]'}]")
+            if one:
+                self.emit(indent, "else:")
+                self.emit(indent + 1, f"{rows} = [row + {part} for row in {rows}]")
+                continue
+            self.emit(indent, f"elif len({rows}) * len({part}) > {self.limit}:")
+            self.emit(indent + 1, IRREGULAR)
             self.emit(indent, "else:")
-            self.emit(indent + 1, f"if len({rows}) * len({part}) > {self.limit}:")
-            self.emit(indent + 2, IRREGULAR)
             self.emit(indent + 1, f"{rows} = [row + more for row in {rows} for more in {part}]")
-        return rows
+        return rows, single
 
     def column(self, column: Any, focus: str, path: str, indent: int) -> str:
         """Code reading a single-valued chain of members; the value's name."""
@@ -149,24 +166,40 @@ class _Writer:
             self.emit(indent, "else:")
             self.emit(indent + 1, f"{kept} = [] if {child} is None else [{child}]")
             return kept
+        if kind == "where":
+            kept = self.name("e")
+            groups = self.grouped(found or f"[{focus}]", key, at, indent)
+            self.emit(indent, f"{kept} = {groups}.get({self.constant(argument)}, ())")
+            return kept
         kept, value, child = self.name("e"), self.name("x"), self.name("c")
         self.emit(indent, f"{kept} = []")
         self.emit(indent, f"for {value} in {found or f'[{focus}]'}:")
         self.check_object(value, at, indent + 1)
         self.emit(indent + 1, f"{child} = {value}.get({self.constant(key)})")
-        if kind == "where":
-            self.emit(indent + 1, f"if type({child}) is list:")
-            self.emit(indent + 2, IRREGULAR)
-            self.emit(indent + 1, f"if {child} == {self.constant(argument)}:")
-            self.emit(indent + 2, f"{kept}.append({value})")
-        else:
-            self.emit(indent + 1, f"if type({child}) is list:")
-            self.emit(indent + 2, f"if None in {child}:")
-            self.emit(indent + 3, IRREGULAR)
-            self.emit(indent + 2, f"{kept} += {child}")
-            self.emit(indent + 1, f"elif {child} is not None:")
-            self.emit(indent + 2, f"{kept}.append({child})")
+        self.emit(indent + 1, f"if type({child}) is list:")
+        self.emit(indent + 2, f"if None in {child}:")
+        self.emit(indent + 3, IRREGULAR)
+        self.emit(indent + 2, f"{kept} += {child}")
+        self.emit(indent + 1, f"elif {child} is not None:")
+        self.emit(indent + 2, f"{kept}.append({child})")
         return kept
+
+    def grouped(self, found: str, key: str, at: Any, indent: int) -> str:
+        """Code giving the elements of ``found`` by their text value of ``key`` (``where(key = 'text')`` keeps those of
+        one text: sibling wheres over the same elements share one pass); the dict's name."""
+        known = (found, key, repr(at), indent)
+        if known not in self.groups:
+            groups, value, child = self.name("g"), self.name("x"), self.name("c")
+            self.emit(indent, f"{groups} = {{}}")
+            self.emit(indent, f"for {value} in {found}:")
+            self.check_object(value, at, indent + 1)
+            self.emit(indent + 1, f"{child} = {value}.get({self.constant(key)})")
+            self.emit(indent + 1, f"if type({child}) is str:")
+            self.emit(indent + 2, f"{groups}.setdefault({child}, []).append({value})")
+            self.emit(indent + 1, f"elif type({child}) is list:")
+            self.emit(indent + 2, IRREGULAR)
+            self.groups[known] = groups
+        return self.groups[known]
 
     def check_object(self, value: str, at: str | None, indent: int, once: bool = False) -> None:
         """Code giving up (``IRREGULAR``) unless ``value`` is a JSON object of the planned type; ``once``: a focus,

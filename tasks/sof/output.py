@@ -31,6 +31,8 @@ _NEEDS_QUOTES = (",", '"', "\n", "\r")
 _WRITTEN_AS_CELLS = frozenset({str, type(None), int})
 """Types ``csv`` writes as ``cell`` would (None empty, ints as ``str``): rows of only these need no conversion. Not
 ``Decimal``: ``str`` gives it an exponent (``0E-8``), ``cell`` plain notation."""
+_JSON_AS_CELLS = _WRITTEN_AS_CELLS | {bool}
+"""Types orjson writes as ``cell`` would once quotes and nulls are taken out (``_plain_lines``)."""
 ROWS_PER_BATCH = 1000
 
 
@@ -48,22 +50,24 @@ class CsvWriter:
             self._writer.writerow(cells)
 
     def writerows(self, rows: Iterable[tuple]) -> int:
-        """The rows' values as CSV lines, ``ROWS_PER_BATCH`` at a time in one call to ``csv`` (rows as they come:
-        one resource may give millions; a batch of only strings, nulls and numbers as it is, the rest as ``cell``
-        makes them); the number of rows written."""
+        """The rows' values as CSV lines, ``ROWS_PER_BATCH`` at a time (rows as they come: one resource may give
+        millions): a batch of strings, nulls, ints and booleans that needs no quoting made from its JSON
+        (``_plain_lines``), else in one call to ``csv`` (the cells as ``cell`` makes them where they are more than
+        strings, nulls and ints); the number of rows written."""
         written = 0
         pending = iter(rows)
         while batch := list(islice(pending, ROWS_PER_BATCH)):
+            written += len(batch)
+            if _JSON_AS_CELLS.issuperset(map(type, chain.from_iterable(batch))) and (text := _plain_lines(batch)):
+                self._stream.write(text)
+                continue
             if not _WRITTEN_AS_CELLS.issuperset(map(type, chain.from_iterable(batch))):
                 batch = list(map(csv_cells, batch))
-            if (text := _plain_lines(batch)) is not None:
-                self._stream.write(text)
-            elif "\r" in "".join(map(str, chain.from_iterable(batch))):
+            if "\r" in "".join(map(str, chain.from_iterable(batch))):
                 for cells in map(csv_cells, batch):
                     self.writerow(cells)
             else:
                 self._writer.writerows(batch)
-            written += len(batch)
         return written
 
 
