@@ -80,7 +80,7 @@ def read_rows(view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]])
     parsed by orjson alone (no search for decimals) and given to ``view.parsed_rows``; a line it does not take (a
     decimal a column reads, data of another shape, too many rows, not JSON) is read again the general way."""
     opening = b'{"resourceType":' + orjson.dumps(view.resource)
-    fast, most = view.parsed_rows, view.max_rows_per_resource
+    fast, most, wanted = view.parsed_rows, view.max_rows_per_resource, frozenset([view.resource.encode()])
     for number, line in lines:
         if fast is not None and line.startswith(opening):
             try:
@@ -92,5 +92,6 @@ def read_rows(view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]])
                 if rows is not None and len(rows) <= most:
                     yield from rows
                     continue
-        for resource in read_resources(source, ((number, line),), [view.resource]):
-            yield from view.rows(resource)
+        if may_hold(line, wanted):
+            for resource in line_resources(parse_line(source, number, line)):
+                yield from view.rows(resource)

@@ -63,16 +63,17 @@ def write_own_type_files(folder: Path, patients: int, seed: int) -> dict[str, Pa
 
 
 def duckdb_patient_csv(source: Path, target: Path) -> None:
-    """The Patient view by hand in DuckDB: ``read_json`` of the six fields it reads, to a CSV with a header."""
+    """The Patient view by hand in DuckDB: ``read_json`` of the six fields it reads (and ``resourceType``, for files
+    of several types), to a CSV with a header."""
     import duckdb
 
-    columns = ", ".join(f"{key}: '{kind}'" for key, kind in PATIENT_FIELDS.values())
+    fields = {"resourceType": "VARCHAR", **dict(PATIENT_FIELDS.values())}
+    columns = ", ".join(f"{key}: '{kind}'" for key, kind in fields.items())
     select = ", ".join(f'"{key}" AS {name}' for name, (key, _) in PATIENT_FIELDS.items())
+    table = f"read_json('{source}', format = 'newline_delimited', columns = {{{columns}}})"
+    query = f"SELECT {select} FROM {table} WHERE resourceType = 'Patient'"
     with duckdb.connect() as connection:
-        connection.execute(
-            f"COPY (SELECT {select} FROM read_json('{source}', format = 'newline_delimited', columns = {{{columns}}})) "
-            f"TO '{target}' (FORMAT csv, HEADER true)"
-        )
+        connection.execute(f"COPY ({query}) TO '{target}' (FORMAT csv, HEADER true)")
 
 
 def timed(work: Callable[[], object]) -> tuple[float, float]:
