@@ -131,3 +131,17 @@ def test_batched_csv_lines_are_what_python_csv_writes_for_every_kind_of_cell():
             kept = [row for row in rows if not any(isinstance(value, str) and "\r" in value for value in row)]
             if len(kept) == len(rows):
                 assert ours.getvalue() == theirs.getvalue(), rows
+
+
+def test_batched_lines_written_as_bytes_keep_their_place_among_text_lines(tmp_path):
+    """To a UTF-8 file the batch path writes bytes under the text layer: header, batches and rows ``csv`` writes
+    stay in order, the same as written to a string."""
+    calls = [[("é", None, 1)], [("a,b", "c", True)], [("x", "y", 2)] * 3, [("\r", "z", None)], [("€", "", False)]]
+    path, text = tmp_path / "rows.csv", io.StringIO()
+    with path.open("w", encoding="utf-8", newline="") as stream:
+        for target in (CsvWriter(stream), CsvWriter(text)):
+            target.writerow(["h1", "h2", "h3"])
+            for rows in calls:
+                target.writerows(rows)
+    assert path.read_bytes().decode() == text.getvalue()
+    assert text.getvalue().splitlines()[:3] == ["h1,h2,h3", "é,,1", '"a,b",c,true']

@@ -208,7 +208,10 @@ class _Writer:
             return
         self.checked.add((value, at, indent))
         planned = self.constant(at)
-        self.emit(indent, f"if type({value}) is not dict or {value}.get('resourceType', {planned}) != {planned}:")
+        self.emit(
+            indent,
+            f"if type({value}) is not dict or 'resourceType' in {value} and {value}['resourceType'] != {planned}:",
+        )
         self.emit(indent + 1, IRREGULAR)
 
 

@@ -42,6 +42,9 @@ class CsvWriter:
     def __init__(self, stream: IO[str]):
         self._stream = stream
         self._writer = csv.writer(stream, dialect=CsvDialect)
+        utf8 = str(getattr(stream, "encoding", "")).lower().replace("-", "") == "utf8"
+        self._bytes: IO[bytes] | None = getattr(stream, "buffer", None) if utf8 else None
+        """The UTF-8 text stream's byte stream: a batch's lines made as bytes go there, not decoded and encoded"""
 
     def writerow(self, cells: list[str]) -> None:
         if "\r" in "".join(cells):
@@ -59,7 +62,11 @@ class CsvWriter:
         while batch := list(islice(pending, ROWS_PER_BATCH)):
             written += len(batch)
             if _JSON_AS_CELLS.issuperset(map(type, chain.from_iterable(batch))) and (text := _plain_lines(batch)):
-                self._stream.write(text)
+                if self._bytes is None:
+                    self._stream.write(text.decode())
+                else:
+                    self._stream.flush()  # what the text layer holds goes first
+                    self._bytes.write(text)
                 continue
             if not _WRITTEN_AS_CELLS.issuperset(map(type, chain.from_iterable(batch))):
                 batch = list(map(csv_cells, batch))
@@ -71,7 +78,7 @@ class CsvWriter:
         return written
 
 
-def _plain_lines(batch: list) -> str | None:
+def _plain_lines(batch: list) -> bytes | None:
     """The batch's CSV lines made from its JSON (``orjson``, in C) where no cell needs quoting: no JSON escape (so no
     quote, backslash, CR, LF or control character in a string) and no comma but the separators. A comma is then
     always a separator, so an unquoted ``null`` after one, or after a row's ``[``, is a null: it becomes an empty
@@ -87,7 +94,7 @@ def _plain_lines(batch: list) -> str | None:
     if b"\\" in text or text.count(b",") != len(batch) * width - 1:
         return None
     text = text.replace(b",null", b",").replace(b"[null,", b"[,")
-    return text[2:-2].replace(b"],[", b"\n").translate(None, b'"').decode() + "\n"
+    return text[2:-2].replace(b"],[", b"\n").translate(None, b'"') + b"\n"
 
 
 def _quoted(cell: str) -> str:
