@@ -9,6 +9,8 @@ from decimal import Decimal
 import pytest
 
 from tasks.sof.fhirpath import Item, _interpreted, compile_path, member_steps, values
+from tasks.sof.flatten import FilePlan, GroupPlan, flatten_file
+from tasks.sof.output import json_bytes
 from tasks.sof.resources import line_resources, parse_line, read_rows
 from tasks.sof.view import compile_view
 from tests.conftest import TESTDATA
@@ -95,3 +97,23 @@ def test_lines_read_by_orjson_first_keep_the_decimals_a_column_reads_and_give_th
     assert rows == general
     assert rows[0] == ("a", {"value": Decimal("1.50")}, Decimal("1.50"), "x")
     assert [row[0] for row in rows] == ["a", "b", "b", "c", "d"]
+
+
+def test_the_flattener_reads_lines_by_orjson_first_and_a_resource_a_view_reads_a_decimal_of_with_its_digits(tmp_path):
+    view = {
+        "resource": "Observation",
+        "select": [{"column": [{"name": "id", "path": "id"}, {"name": "v", "path": "value.ofType(Quantity).value"}]}],
+    }
+    entries = [
+        {"resource": {"resourceType": "Observation", "id": "a", "valueQuantity": {"value": Decimal("1.50")}}},
+        {"resource": {"resourceType": "Observation", "id": "b", "valueQuantity": {"value": 7}}},
+        {"resource": {"resourceType": "Patient", "id": "p", "extension": [{"valueDecimal": Decimal("2.50")}]}},
+    ]
+    source = tmp_path / "in.ndjson"
+    lines = [{"resourceType": "Bundle", "entry": entries}, entries[1]["resource"] | {"id": "c"}]
+    source.write_bytes(b"".join(json_bytes(line) + b"\n" for line in lines))
+    group = GroupPlan("g", "obs.csv", "Observation", json.dumps(view))
+    plan = FilePlan(str(source), str(tmp_path / "parts"), "f", (group,), (), False, 1 << 20)
+    parts = flatten_file(plan)
+    assert (tmp_path / "parts" / "f" / "obs.csv").read_text() == "a,1.50\nb,7\nc,7\n"
+    assert parts["rows"] == [3]
