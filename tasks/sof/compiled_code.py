@@ -86,6 +86,9 @@ class _Writer:
         plan = member_plan(select.iterate[0], path)
         found = self.walk(plan, focus, indent)
         rows, element = self.name("r"), self.name("d")
+        kind, _, _, at = plan.operations[-1]
+        if kind == "where":  # the elements a where keeps were checked as objects of that type as it read them
+            self.checked.add((element, at, indent + 1))
         self.emit(indent, f"{rows} = []")
         self.emit(indent, f"for {element} in {found}:")
         part, single = self.rows_at(select, element, plan.path, indent + 1)
@@ -114,7 +117,11 @@ class _Writer:
             if single:  # the row so far before each of the part's rows (each part has at most ``limit``)
                 single, row = False, rows
                 rows = self.name("r")
-                self.emit(indent, f"{rows} = [{row}]")
+                self.emit(indent, f"if len({part}) == 1:")
+                self.emit(indent + 1, f"{rows} = [{row} + {part}[0]]")
+                self.emit(indent, "else:")
+                self.emit(indent + 1, f"{rows} = [{row} + more for more in {part}]")
+                continue
             # One row on either side (the usual case) without a comprehension (a function call each in Python 3.11)
             self.emit(indent, f"if len({rows}) == 1{'' if one else f' and len({part}) == 1'}:")
             self.emit(indent + 1, f"{rows} = [{rows}[0] + {part}{'' if one else '[0]'}]")
