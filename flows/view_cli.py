@@ -21,7 +21,7 @@ from tasks.streams.ndjson import NdjsonError, iter_lines
 from tasks.sof.errors import ViewDefinitionError, ViewError
 from tasks.sof.view import compile_view
 from tasks.sof.output import CsvWriter, json_bytes
-from tasks.sof.resources import ResourceLineError, read_resources
+from tasks.sof.resources import ResourceLineError, read_rows
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 MAX_LINE_BYTES = 1024 * 1024 * 1024
@@ -105,5 +105,4 @@ def print_parquet(view, definition: dict[str, Any], resources: Path) -> None:
 
 def view_rows(view, resources: Path):
     """The view's rows over the file's resources; lines holding no resource of the view's type are not parsed."""
-    for resource in read_resources(resources, iter_lines(resources, MAX_LINE_BYTES), [view.resource]):
-        yield from view.rows(resource)
+    return read_rows(view, resources, iter_lines(resources, MAX_LINE_BYTES))

@@ -1,4 +1,5 @@
-"""The SQL-on-FHIR v2 conformance tests, one case per test and way of running a view, through the engine: the shared
+"""The SQL-on-FHIR v2 conformance tests, one case per test and way of running a view (and its lines read as ``view run``
+reads a file), through the engine: the shared
 half (shared/testdata/sql-on-fhir) and files of the other half kept here (tests/sof-conformance-extra, see its
 README), all at one upstream commit."""
 
@@ -12,6 +13,8 @@ from typing import Any
 import pytest
 
 from tasks.sof.errors import ViewError
+from tasks.sof.output import json_bytes
+from tasks.sof.resources import read_rows
 from tasks.sof.view import compile_view
 from tests.conftest import TESTDATA
 from tests.support.sof import WAYS, in_one_way
@@ -36,6 +39,12 @@ def cases(*folders: Path) -> list:
 
 
 def run(view: dict[str, Any], resources: list[dict[str, Any]], way: str) -> list[dict[str, Any]]:
+    """The view's rows over the resources run one way, or as NDJSON lines as ``view run`` reads them (``lines``:
+    ``read_rows``, orjson's parse first)."""
+    if way == "lines":
+        compiled = compile_view(view)
+        lines = enumerate(map(json_bytes, resources), 1)
+        return [dict(zip(compiled.columns, row, strict=True)) for row in read_rows(compiled, "suite", lines)]
     compiled = in_one_way(compile_view(view), way)
     return [row for resource in resources for row in compiled.row_dicts(resource)]
 
@@ -46,7 +55,7 @@ def canonical(rows: list[dict[str, Any]]) -> list[str]:
     return sorted(json.dumps(row, sort_keys=True, default=lambda value: str(value.normalize())) for row in rows)
 
 
-@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("way", [*WAYS, "lines"])
 @pytest.mark.parametrize(("path", "index"), cases(SUITE, EXTRA))
 def test_conformance(path: Path, index: int, way: str):
     suite = load(path)

@@ -9,7 +9,10 @@ from decimal import Decimal
 import pytest
 
 from tasks.sof.fhirpath import Item, _interpreted, compile_path, member_steps, values
-from tasks.sof.resources import line_resources
+from tasks.sof.flatten import FilePlan, GroupPlan, flatten_file
+from tasks.sof.output import json_bytes
+from tasks.sof.resources import line_resources, parse_line, read_rows
+from tasks.sof.view import compile_view
 from tests.conftest import TESTDATA
 
 INPUTS = [
@@ -68,3 +71,49 @@ def test_a_fast_path_agrees_with_the_interpreter(path):
 )
 def test_anything_else_goes_to_the_interpreter(path):
     assert member_steps(path) is None
+
+
+def test_lines_read_by_orjson_first_keep_the_decimals_a_column_reads_and_give_the_rows_of_the_general_way():
+    view = compile_view(
+        {
+            "resource": "Observation",
+            "select": [
+                {"column": [{"name": "id", "path": "id"}, {"name": "q", "path": "valueQuantity"}]},
+                {"column": [{"name": "v", "path": "value.ofType(Quantity).value"}]},
+                {"forEach": "code.coding", "column": [{"name": "code", "path": "code"}]},
+            ],
+        }
+    )
+    lines = [
+        b'{"resourceType":"Observation","id":"a","valueQuantity":{"value":1.50},"code":{"coding":[{"code":"x"}]}}',
+        b'{"resourceType":"Observation","id":"b","code":{"coding":[{"code":"y"},{"code":"z"}]},"note":[{"v":2.50}]}',
+        b'{"resourceType":"Observation","id":"c","valueQuantity":{"value":7},"code":{"coding":{"code":"w"}}}',
+        b'{"resourceType":"Patient","id":"p"}',
+        b'{"resourceType": "Observation", "id": "d", "code": {"coding": [{"code": "v"}]}}',
+    ]
+    assert view.parsed_rows is not None
+    general = [row for line in lines for row in view.rows(parse_line("test", 1, line))]
+    rows = list(read_rows(view, "test", enumerate(lines, 1)))
+    assert rows == general
+    assert rows[0] == ("a", {"value": Decimal("1.50")}, Decimal("1.50"), "x")
+    assert [row[0] for row in rows] == ["a", "b", "b", "c", "d"]
+
+
+def test_the_flattener_reads_lines_by_orjson_first_and_a_resource_a_view_reads_a_decimal_of_with_its_digits(tmp_path):
+    view = {
+        "resource": "Observation",
+        "select": [{"column": [{"name": "id", "path": "id"}, {"name": "v", "path": "value.ofType(Quantity).value"}]}],
+    }
+    entries = [
+        {"resource": {"resourceType": "Observation", "id": "a", "valueQuantity": {"value": Decimal("1.50")}}},
+        {"resource": {"resourceType": "Observation", "id": "b", "valueQuantity": {"value": 7}}},
+        {"resource": {"resourceType": "Patient", "id": "p", "extension": [{"valueDecimal": Decimal("2.50")}]}},
+    ]
+    source = tmp_path / "in.ndjson"
+    lines = [{"resourceType": "Bundle", "entry": entries}, entries[1]["resource"] | {"id": "c"}]
+    source.write_bytes(b"".join(json_bytes(line) + b"\n" for line in lines))
+    group = GroupPlan("g", "obs.csv", "Observation", json.dumps(view))
+    plan = FilePlan(str(source), str(tmp_path / "parts"), "f", (group,), (), False, 1 << 20)
+    parts = flatten_file(plan)
+    assert (tmp_path / "parts" / "f" / "obs.csv").read_text() == "a,1.50\nb,7\nc,7\n"
+    assert parts["rows"] == [3]

@@ -25,20 +25,26 @@ MAX_GENERATED_DEPTH = 8
 """Nested selects beyond this are left to the closures (Python allows 20 nested blocks in one function)."""
 KEPT = frozenset({str, type(None), bool, int, Decimal, dict})
 """Values a column gives as they are (``plain`` changes floats)."""
+PARSED = frozenset({str, type(None), bool, int})
+"""Values a column gives as they are from orjson's parse, which reads decimals as floats: objects (which may hold
+one) and floats are left to the decimal-keeping parse."""
 
 
 IRREGULAR = "return None"
 """The generated statement for data not shaped as planned."""
 
 
-def generated_rows(root: Any, resource_type: str, limit: int) -> Callable[[dict], list[tuple] | None] | None:
-    """``root``'s rows (a ``tasks.sof.view.Select``) as one generated function, or None outside the subset."""
+def generated_rows(
+    root: Any, resource_type: str, limit: int, kept: frozenset = KEPT
+) -> Callable[[dict], list[tuple] | None] | None:
+    """``root``'s rows (a ``tasks.sof.view.Select``) as one generated function, or None outside the subset; a column
+    value of a type not in ``kept`` is data not of the planned shape."""
     if not _in_subset(root, resource_type, depth=0):
         return None
     writer = _Writer(limit)
-    result = writer.select(root, "d0", resource_type, 1)
-    source = "def rows(d0):\n" + "".join(writer.lines) + f"    return {result}\n"
-    namespace = {"KEPT": KEPT, **writer.constants}
+    result, single = writer.select(root, "d0", resource_type, 1)
+    source = "def rows(d0):\n" + "".join(writer.lines) + f"    return {f'[{result}]' if single else result}\n"
+    namespace = {"KEPT": kept, **writer.constants}
     try:
         code = compile(source, f"<view {resource_type}>", "exec")
     except (SyntaxError, RecursionError, MemoryError):  # beyond Python's own limits (IndentationError is a SyntaxError)
@@ -53,6 +59,12 @@ class _Writer:
         self.lines: list[str] = []
         self.constants: dict[str, Any] = {}
         self.names = count()
+        self.checked: set[tuple[str, Any, int]] = set()
+        """(value, type, indent) checked as an object of that type in the block at that indent"""
+        self.walked: dict[tuple[str, str, int], str] = {}
+        """(focus, steps, indent): the list a walk of these steps from that focus gave in that block"""
+        self.groups: dict[tuple[str, str, str, int], str] = {}
+        """(elements, key, type, indent): the dict of those elements by their text value of key, in that block"""
 
     def name(self, prefix: str) -> str:
         return f"{prefix}{next(self.names)}"
@@ -66,82 +78,147 @@ class _Writer:
     def emit(self, indent: int, line: str) -> None:
         self.lines.append("    " * indent + line + "\n")
 
-    def select(self, select: Any, focus: str, path: str, indent: int) -> str:
-        """Code giving the select's rows at ``focus`` (of type ``path``) in a list; the list's name."""
+    def select(self, select: Any, focus: str, path: str, indent: int) -> tuple[str, bool]:
+        """Code giving the select's rows at ``focus`` (of type ``path``): the name of their list, or of their one row
+        (a tuple) where the select always gives one (True)."""
         if select.iteration is None:
             return self.rows_at(select, focus, path, indent)
         plan = member_plan(select.iterate[0], path)
         found = self.walk(plan, focus, indent)
         rows, element = self.name("r"), self.name("d")
+        kind, _, _, at = plan.operations[-1]
+        if kind == "where":  # the elements a where keeps were checked as objects of that type as it read them
+            self.checked.add((element, at, indent + 1))
         self.emit(indent, f"{rows} = []")
         self.emit(indent, f"for {element} in {found}:")
-        part = self.rows_at(select, element, plan.path, indent + 1)
-        self.emit(indent + 1, f"{rows} += {part}")
-        self.emit(indent + 1, f"if len({rows}) > {self.limit}:")
-        self.emit(indent + 2, IRREGULAR)
+        part, single = self.rows_at(select, element, plan.path, indent + 1)
+        if single:  # one row per element: the list is no longer than the data's, checked once
+            self.emit(indent + 1, f"{rows}.append({part})")
+        else:
+            self.emit(indent + 1, f"{rows} += {part}")
+        self.emit(indent + int(not single), f"if len({rows}) > {self.limit}:")
+        self.emit(indent + int(not single) + 1, IRREGULAR)
         if select.iteration == "forEachOrNull":
             self.emit(indent, f"if not {found}:")
             self.emit(indent + 1, f"{rows} = [{self.constant(select.null_row)}]")
-        return rows
+        return rows, False
 
-    def rows_at(self, select: Any, focus: str, path: str, indent: int) -> str:
-        """Code giving the product of the select's columns and nested selects at ``focus``."""
+    def rows_at(self, select: Any, focus: str, path: str, indent: int) -> tuple[str, bool]:
+        """Code giving the product of the select's columns and nested selects at ``focus``: the name of its row
+        while every part gives one (True), else of its list of rows."""
         cells = [self.column(column, focus, path, indent) for column in select.columns]
-        rows = self.name("r")
-        self.emit(indent, f"{rows} = [({''.join(cell + ', ' for cell in cells)})]")
+        rows, single = self.name("r"), True
+        self.emit(indent, f"{rows} = ({''.join(cell + ', ' for cell in cells)})")
         for nested in select.selects:
-            part = self.select(nested, focus, path, indent)
-            self.emit(indent, f"if len({part}) == 1:")
-            self.emit(indent + 1, f"{rows} = [row + {part}[0] for row in {rows}]")
+            part, one = self.select(nested, focus, path, indent)
+            if single and one:
+                self.emit(indent, f"{rows} += {part}")
+                continue
+            if single:  # the row so far before each of the part's rows (each part has at most ``limit``)
+                single, row = False, rows
+                rows = self.name("r")
+                self.emit(indent, f"if len({part}) == 1:")
+                self.emit(indent + 1, f"{rows} = [{row} + {part}[0]]")
+                self.emit(indent, "else:")
+                self.emit(indent + 1, f"{rows} = [{row} + more for more in {part}]")
+                continue
+            # One row on either side (the usual case) without a comprehension (a function call each in Python 3.11)
+            self.emit(indent, f"if len({rows}) == 1{'' if one else f' and len({part}) == 1'}:")
+            self.emit(indent + 1, f"{rows} = [{rows}[0] + {part}{'' if one else '[0]'}]")
+            if one:
+                self.emit(indent, "else:")
+                self.emit(indent + 1, f"{rows} = [row + {part} for row in {rows}]")
+                continue
+            self.emit(indent, f"elif len({rows}) * len({part}) > {self.limit}:")
+            self.emit(indent + 1, IRREGULAR)
             self.emit(indent, "else:")
-            self.emit(indent + 1, f"if len({rows}) * len({part}) > {self.limit}:")
-            self.emit(indent + 2, IRREGULAR)
             self.emit(indent + 1, f"{rows} = [row + more for row in {rows} for more in {part}]")
-        return rows
+        return rows, single
 
     def column(self, column: Any, focus: str, path: str, indent: int) -> str:
         """Code reading a single-valued chain of members; the value's name."""
         plan = column_plan(column, path)
         value = self.name("v")
-        self.emit(indent, f"{value} = {focus}")
         for step, (_, key, _, at) in enumerate(plan.operations):
             if step:  # no value: the chain ends here (one level deep however long the chain: Python allows 100)
                 self.emit(indent, f"if {value} is not None:")
-            self.check_object(value, at, indent + min(step, 1))
-            self.emit(indent + min(step, 1), f"{value} = {value}.get({self.constant(key)})")
+            self.check_object(value if step else focus, at, indent + min(step, 1), once=not step)
+            self.emit(indent + min(step, 1), f"{value} = {value if step else focus}.get({self.constant(key)})")
         self.emit(indent, f"if type({value}) not in KEPT:")
         self.emit(indent + 1, IRREGULAR)
         return value
 
     def walk(self, plan: Plan, focus: str, indent: int) -> str:
-        """Code giving the elements of an iteration plan of members and where() in a list; the list's name."""
-        found = self.name("e")
-        self.emit(indent, f"{found} = [{focus}]")
-        for kind, key, argument, at in plan.operations:
-            kept, value, child = self.name("e"), self.name("x"), self.name("c")
-            self.emit(indent, f"{kept} = []")
+        """Code giving the elements of an iteration plan of members and where() in a list; the list's name. The
+        lists of its first steps from this focus are reused where an earlier walk in the block made them."""
+        operations, found = plan.operations, None
+        for step in range(len(operations)):
+            known = (focus, repr(operations[: step + 1]), indent)
+            if known not in self.walked:
+                self.walked[known] = self.step(operations[step], found, focus, indent)
+            found = self.walked[known]
+        return found
+
+    def step(self, operation: tuple, found: str | None, focus: str, indent: int) -> str:
+        """Code giving one step's elements from the list ``found`` (None: from ``focus``); the list's name."""
+        kind, key, argument, at = operation
+        if kind == "member" and found is None:
+            kept, child = self.name("e"), self.name("c")
+            self.check_object(focus, at, indent, once=True)
+            self.emit(indent, f"{child} = {focus}.get({self.constant(key)})")
+            self.emit(indent, f"if type({child}) is list:")
+            self.emit(indent + 1, f"if None in {child}:")
+            self.emit(indent + 2, IRREGULAR)
+            self.emit(indent + 1, f"{kept} = {child}")  # the data's own list: the code only reads it
+            self.emit(indent, "else:")
+            self.emit(indent + 1, f"{kept} = [] if {child} is None else [{child}]")
+            return kept
+        if kind == "where":
+            kept = self.name("e")
+            groups = self.grouped(found or f"[{focus}]", key, at, indent)
+            self.emit(indent, f"{kept} = {groups}.get({self.constant(argument)}, ())")
+            return kept
+        kept, value, child = self.name("e"), self.name("x"), self.name("c")
+        self.emit(indent, f"{kept} = []")
+        self.emit(indent, f"for {value} in {found or f'[{focus}]'}:")
+        self.check_object(value, at, indent + 1)
+        self.emit(indent + 1, f"{child} = {value}.get({self.constant(key)})")
+        self.emit(indent + 1, f"if type({child}) is list:")
+        self.emit(indent + 2, f"if None in {child}:")
+        self.emit(indent + 3, IRREGULAR)
+        self.emit(indent + 2, f"{kept} += {child}")
+        self.emit(indent + 1, f"elif {child} is not None:")
+        self.emit(indent + 2, f"{kept}.append({child})")
+        return kept
+
+    def grouped(self, found: str, key: str, at: Any, indent: int) -> str:
+        """Code giving the elements of ``found`` by their text value of ``key`` (``where(key = 'text')`` keeps those of
+        one text: sibling wheres over the same elements share one pass); the dict's name."""
+        known = (found, key, repr(at), indent)
+        if known not in self.groups:
+            groups, value, child = self.name("g"), self.name("x"), self.name("c")
+            self.emit(indent, f"{groups} = {{}}")
             self.emit(indent, f"for {value} in {found}:")
             self.check_object(value, at, indent + 1)
             self.emit(indent + 1, f"{child} = {value}.get({self.constant(key)})")
-            if kind == "where":
-                self.emit(indent + 1, f"if type({child}) is list:")
-                self.emit(indent + 2, IRREGULAR)
-                self.emit(indent + 1, f"if {child} == {self.constant(argument)}:")
-                self.emit(indent + 2, f"{kept}.append({value})")
-            else:
-                self.emit(indent + 1, f"if type({child}) is list:")
-                self.emit(indent + 2, f"if None in {child}:")
-                self.emit(indent + 3, IRREGULAR)
-                self.emit(indent + 2, f"{kept} += {child}")
-                self.emit(indent + 1, f"elif {child} is not None:")
-                self.emit(indent + 2, f"{kept}.append({child})")
-            found = kept
-        return found
+            self.emit(indent + 1, f"if type({child}) is str:")
+            self.emit(indent + 2, f"{groups}.setdefault({child}, []).append({value})")
+            self.emit(indent + 1, f"elif type({child}) is list:")
+            self.emit(indent + 2, IRREGULAR)
+            self.groups[known] = groups
+        return self.groups[known]
 
-    def check_object(self, value: str, at: str | None, indent: int) -> None:
-        """Code giving up (``IRREGULAR``) unless ``value`` is a JSON object of the planned type."""
+    def check_object(self, value: str, at: str | None, indent: int, once: bool = False) -> None:
+        """Code giving up (``IRREGULAR``) unless ``value`` is a JSON object of the planned type; ``once``: a focus,
+        whose value stays what it is in its block, checked there once."""
+        if once and (value, at, indent) in self.checked:
+            return
+        self.checked.add((value, at, indent))
         planned = self.constant(at)
-        self.emit(indent, f"if type({value}) is not dict or {value}.get('resourceType', {planned}) != {planned}:")
+        self.emit(
+            indent,
+            f"if type({value}) is not dict or 'resourceType' in {value} and {value}['resourceType'] != {planned}:",
+        )
         self.emit(indent + 1, IRREGULAR)
 
 

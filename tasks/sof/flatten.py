@@ -24,14 +24,16 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import IO, Any, Protocol, TypedDict
+
+import orjson
 
 from tasks.streams.ndjson import WHOLE_FILE, Span, iter_lines
 from tasks.streams.processes import never_cancelled, uncounted
 from tasks.sof.errors import ViewError, ViewEvaluationError
-from tasks.sof.output import CsvWriter
+from tasks.sof.output import ROWS_PER_BATCH, CsvWriter
 from tasks.sof.resources import line_resources, parse_line
 from tasks.sof.view import CompiledView, compile_view
 
@@ -208,35 +210,81 @@ class FileParts(TypedDict):
     unknown_groups: dict[str, int]
 
 
-class RowsWriter:
-    """A group's rows as CSV lines (no header) in ``path``, opened at the first row."""
+class ParsedLine:
+    """The line being routed, parsed by orjson alone (no search for decimals); ``exact(resource)`` is one of its
+    resources as the decimal-keeping parse gives it, for a view whose ``parsed_rows`` does not take it."""
 
-    def __init__(self, path: Path, view: CompiledView, name: str):
-        self.path, self.view, self.name = path, view, name
+    def __init__(self, source: Path):
+        self.source, self.number, self.line, self.root = source, 0, b"", None
+        self._exact: list[dict[str, Any]] | None = None
+
+    def parse(self, number: int, line: bytes) -> dict[str, Any]:
+        self.number, self.line, self._exact = number, line, None
+        try:
+            self.root = orjson.loads(line)
+        except ValueError:
+            self.root = None
+        if type(self.root) is not dict:  # the general parse gives the error
+            self.root = None
+            return parse_line(self.source, number, line)
+        return self.root
+
+    def exact(self, resource: dict[str, Any]) -> dict[str, Any]:
+        if self.root is None:
+            return resource
+        if self._exact is None:
+            self._exact = line_resources(parse_line(self.source, self.number, self.line))
+        index = next(i for i, found in enumerate(line_resources(self.root)) if found is resource)
+        return self._exact[index]
+
+
+class RowsWriter:
+    """A group's rows as CSV lines (no header) in ``path``, opened at the first row; rows are held until
+    ``ROWS_PER_BATCH`` have come (written in one call, whatever resources they came from) or the part is closed.
+    Resources come from ``line`` as orjson parses it: the view's ``parsed_rows`` where it takes them, else the view's
+    rows of the resource parsed with its decimals."""
+
+    def __init__(self, path: Path, view: CompiledView, name: str, line: ParsedLine):
+        self.path, self.view, self.name, self.line = path, view, name, line
         self.rows = 0
+        self._pending: list[tuple] = []
         self._stream: IO[str] | None = None
         self._writer: CsvWriter | None = None
 
     def add(self, resource: dict[str, Any]) -> None:
-        """Write the resource's rows as the view produces them (one resource may give millions)."""
+        """Take the resource's rows as the view produces them (one resource may give millions)."""
         try:
-            rows = iter(self.view.rows(resource))
-            first = next(rows, None)
-            if first is None:
-                return
-            if self._writer is None:
-                self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by close
-                self._writer = CsvWriter(self._stream)
-            self.rows += self._writer.writerows(chain((first,), rows))
+            view, rows = self.view, None
+            if view.parsed_rows is not None and resource.get("resourceType") == view.resource:
+                rows = view.parsed_rows(resource)
+            if rows is None or len(rows) > view.max_rows_per_resource:
+                rows = view.rows(self.line.exact(resource))
+            streamed = type(rows) is not list and type(rows) is not tuple
+            self._pending += islice(rows, ROWS_PER_BATCH) if streamed else rows
+            if len(self._pending) >= ROWS_PER_BATCH:
+                self._write(chain(self._pending, rows) if streamed else self._pending)
         except ViewError as exc:
             raise ViewEvaluationError(f"{self.name}: {exc}") from exc
 
+    def _write(self, rows: Iterable[tuple]) -> None:
+        if self._writer is None:
+            self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by close
+            self._writer = CsvWriter(self._stream)
+        self.rows += self._writer.writerows(rows)
+        self._pending = []
+
     def close(self) -> int:
-        """Close the part; its size in bytes (0 when it has no rows)."""
+        """Write what is held and close the part; its size in bytes (0 when it has no rows)."""
+        if self._pending:
+            self._write(self._pending)
         if self._stream is None:
             return 0
         self._stream.close()
         return self.path.stat().st_size
+
+    def discard(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
 
 
 def flatten_file(
@@ -249,7 +297,8 @@ def flatten_file(
     work, final = parts_dir / f".{plan.folder}.tmp", parts_dir / plan.folder
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    writers = [RowsWriter(work / g.csv_name, compiled_view(g.view_json), g.csv_name) for g in plan.groups]
+    parsed = ParsedLine(source)
+    writers = [RowsWriter(work / g.csv_name, compiled_view(g.view_json), g.csv_name, parsed) for g in plan.groups]
     router = Router([(g.id, g.resource_type) for g in plan.groups], plan.skipped_ids, writers, plan.by_provenance)
     counts = router.counts
     lines = 0
@@ -257,13 +306,13 @@ def flatten_file(
         routes = routes_of(plan)
         for number, line in iter_lines(source, plan.max_line_bytes, plan.span):
             stop_if_cancelled()
-            router.route_line(parse_line(source, number, line), routes)
+            router.route_line(parsed.parse(number, line), routes)
             lines += 1
             advance(1)
         sizes = [writer.close() for writer in writers]
     except BaseException:
         for writer in writers:
-            writer.close()
+            writer.discard()
         shutil.rmtree(work, ignore_errors=True)
         raise
     shutil.rmtree(final, ignore_errors=True)

@@ -31,6 +31,8 @@ _NEEDS_QUOTES = (",", '"', "\n", "\r")
 _WRITTEN_AS_CELLS = frozenset({str, type(None), int})
 """Types ``csv`` writes as ``cell`` would (None empty, ints as ``str``): rows of only these need no conversion. Not
 ``Decimal``: ``str`` gives it an exponent (``0E-8``), ``cell`` plain notation."""
+_JSON_AS_CELLS = _WRITTEN_AS_CELLS | {bool}
+"""Types orjson writes as ``cell`` would once quotes and nulls are taken out (``_plain_lines``)."""
 ROWS_PER_BATCH = 1000
 
 
@@ -40,6 +42,9 @@ class CsvWriter:
     def __init__(self, stream: IO[str]):
         self._stream = stream
         self._writer = csv.writer(stream, dialect=CsvDialect)
+        utf8 = str(getattr(stream, "encoding", "")).lower().replace("-", "") == "utf8"
+        self._bytes: IO[bytes] | None = getattr(stream, "buffer", None) if utf8 else None
+        """The UTF-8 text stream's byte stream: a batch's lines made as bytes go there, not decoded and encoded"""
 
     def writerow(self, cells: list[str]) -> None:
         if "\r" in "".join(cells):
@@ -48,12 +53,21 @@ class CsvWriter:
             self._writer.writerow(cells)
 
     def writerows(self, rows: Iterable[tuple]) -> int:
-        """The rows' values as CSV lines, ``ROWS_PER_BATCH`` at a time in one call to ``csv`` (rows as they come:
-        one resource may give millions; a batch of only strings, nulls and numbers as it is, the rest as ``cell``
-        makes them); the number of rows written."""
+        """The rows' values as CSV lines, ``ROWS_PER_BATCH`` at a time (rows as they come: one resource may give
+        millions): a batch of strings, nulls, ints and booleans that needs no quoting made from its JSON
+        (``_plain_lines``), else in one call to ``csv`` (the cells as ``cell`` makes them where they are more than
+        strings, nulls and ints); the number of rows written."""
         written = 0
         pending = iter(rows)
         while batch := list(islice(pending, ROWS_PER_BATCH)):
+            written += len(batch)
+            if _JSON_AS_CELLS.issuperset(map(type, chain.from_iterable(batch))) and (text := _plain_lines(batch)):
+                if self._bytes is None:
+                    self._stream.write(text.decode())
+                else:
+                    self._stream.flush()  # what the text layer holds goes first
+                    self._bytes.write(text)
+                continue
             if not _WRITTEN_AS_CELLS.issuperset(map(type, chain.from_iterable(batch))):
                 batch = list(map(csv_cells, batch))
             if "\r" in "".join(map(str, chain.from_iterable(batch))):
@@ -61,8 +75,26 @@ class CsvWriter:
                     self.writerow(cells)
             else:
                 self._writer.writerows(batch)
-            written += len(batch)
         return written
+
+
+def _plain_lines(batch: list) -> bytes | None:
+    """The batch's CSV lines made from its JSON (``orjson``, in C) where no cell needs quoting: no JSON escape (so no
+    quote, backslash, CR, LF or control character in a string) and no comma but the separators. A comma is then
+    always a separator, so an unquoted ``null`` after one, or after a row's ``[``, is a null: it becomes an empty
+    cell; then the quotes go. None where a cell needs quoting, a row has fewer than two cells (``csv`` quotes a lone
+    empty cell), the rows differ in length, or orjson refuses a value (an int beyond 64 bits, a lone surrogate)."""
+    width = len(batch[0])
+    if width < 2 or any(len(row) != width for row in batch):
+        return None
+    try:
+        text = orjson.dumps(batch)
+    except TypeError:
+        return None
+    if b"\\" in text or text.count(b",") != len(batch) * width - 1:
+        return None
+    text = text.replace(b",null", b",").replace(b"[null,", b"[,")
+    return text[2:-2].replace(b"],[", b"\n").translate(None, b'"') + b"\n"
 
 
 def _quoted(cell: str) -> str:

@@ -34,6 +34,7 @@ from math import prod
 from typing import Any
 
 from tasks.sof.compiled import RowsAt, compile_view_rows
+from tasks.sof.compiled_code import PARSED, generated_rows
 from tasks.sof.errors import FhirPathError, ViewDefinitionError, ViewEvaluationError
 from tasks.sof.fhirpath import Compiled, compile_path, plain
 from tasks.sof.fhirpath_functions import MAX_REPEAT_ELEMENTS
@@ -221,6 +222,9 @@ class CompiledView:
     definition: dict[str, Any]
     max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE
     compiled: RowsAt | None = None
+    parsed_rows: Callable[[dict], list[tuple] | None] | None = None
+    """The generated rows for a resource as orjson parses it (``PARSED``: None where it holds a decimal a column
+    reads, or is shaped otherwise), for views without ``where`` in the generated subset (``resources.read_rows``)"""
 
     def rows(self, resource: dict[str, Any]) -> Iterable[tuple]:
         """The resource's rows (none if it is of another type or a ``where`` path is not true): a list or tuple
@@ -309,7 +313,8 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
         if not isinstance(clause, dict) or not isinstance(clause.get("path"), str):
             raise ViewDefinitionError(f"where[{index}] needs a path (a FHIRPath giving a boolean)")
         where.append((clause["path"], _compile(clause["path"], f"where[{index}]", known_variables)))
-    return CompiledView(resource, root.names, root, where, constants, view, max_rows_per_resource, compiled)
+    parsed = None if where or compiled is None else generated_rows(root, resource, CACHED_ROWS, PARSED)
+    return CompiledView(resource, root.names, root, where, constants, view, max_rows_per_resource, compiled, parsed)
 
 
 def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) -> Select:

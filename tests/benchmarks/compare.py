@@ -26,7 +26,9 @@ least disturbed):
 - views:      ``view run``'s CSV path (``flows.view_cli.write_csv``) for each of the three views the example's CRTDL
               gives, over ``--view-mb`` MB of the data's resources one per line, and the engine's own reading
               (``read_resources``: lines of other types unparsed, rows written in batches), next to orjson parsing
-              the same bytes alone, one core; both CSVs must be the same bytes. Beside them, in a table of their
+              the same bytes alone, one core; both CSVs must be the same bytes. The Patient view also next to a
+              hand-written DuckDB query (``bench_views.duckdb_patient_csv``: ``read_json`` of its fields, the file to
+              a CSV, DuckDB's threads), whose CSV must be the same bytes as ours. Beside them, in a table of their
               own, fhir4ds (DuckDB; no dependency: ``fhir4ds_views.py`` in its own ``uv run --with`` environment)
               from the same file to rows in hand, a round of each in turn; its rows checked against ours;
 - start-up:   ``flows.run start`` of the embedded tiny job, with no server (cold) and with the local server
@@ -66,6 +68,7 @@ import orjson
 import zstandard
 
 from tests.benchmarks.bench_flattening import EXAMPLE, LOOKUP
+from tests.benchmarks.bench_views import duckdb_patient_csv
 from tests.benchmarks.memory import descendants, tree_peak_mb, vm_hwm_mb
 from tests.benchmarks.bench_flattening import patient_bundle as flattening_bundle
 
@@ -626,6 +629,11 @@ def view_rows(root: Path, files: list[Path], megabytes: int, runs: int) -> tuple
         rows.append(
             Row(step, "engine, lines by type", size / view["engine_seconds"], "orjson parse alone", anchor, "MB/s")
         )
+        if "duckdb_seconds" in view:  # DuckDB as a peer: rate against rate, above 1 dupflow is faster
+            duckdb = size / view["duckdb_seconds"]
+            rows.append(
+                Row(step, "view run (write_csv)", size / view["seconds"], "DuckDB by hand (CSV)", duckdb, "MB/s")
+            )
     table = SideBySide(size, runs, parse_seconds, root / "views", root / "fhir4ds")
     return rows, table.lines(best, theirs)
 
@@ -686,6 +694,11 @@ def child_views(source: str, out: str) -> dict:
         if command.read_bytes() != engine.read_bytes():
             raise SystemExit(f"view {view.resource}: view run and the engine wrote different CSVs")
         measured.append({"resource": view.resource, "seconds": seconds, "cpu": cpu, "engine_seconds": engine_seconds})
+        if view.resource == "Patient":  # the hand-written DuckDB query, the same file to a CSV
+            duckdb_csv = folder / "Patient-duckdb.csv"
+            measured[-1]["duckdb_seconds"] = timed(partial(duckdb_patient_csv, path, duckdb_csv))[0]
+            if duckdb_csv.read_bytes() != command.read_bytes():
+                raise SystemExit("view Patient: view run and the hand-written DuckDB query wrote different CSVs")
     return {"parse_seconds": timed(parse)[0], "views": measured}
 
 

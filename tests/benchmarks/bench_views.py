@@ -1,0 +1,170 @@
+"""Benchmark: each of the example's three views over a file of its own resource type, next to orjson parsing the same
+file, and the Patient view next to a hand-written DuckDB query, file to CSV.
+
+Run: ``uv run python -m tests.benchmarks.bench_views [--patients 25000] [--rounds 5]``.
+
+Data: ``--patients`` seeded varied TORCH-shaped patient Bundles (``bench_flattening.patient_bundle``: a Patient,
+one to four Conditions with one to three random ICD-10 codings, up to three Procedures with random OPS and SNOMED
+codes, random dates and genders), their resources written one per line into one file per type (Patient, Condition,
+Procedure): no line repeats. Views: the three the shared example's CRTDL gives (``plan_views`` with its lookup).
+
+Each round, in turn for every view: orjson parsing every line of the view's file (``orjson.loads`` in a loop, the
+anchor), then ``view run``'s CSV path (``flows.view_cli.write_csv``, the file to a CSV file); for the Patient view
+also DuckDB (``read_json`` of the file with the view's six fields, ``COPY ... TO`` a CSV, its threads), whose CSV
+must be the same bytes as ours. Printed: per view the CPU seconds (``time.process_time``: the process's, DuckDB's
+threads included) and wall seconds, min and median over the rounds, the ratio dupflow / orjson of each round's CPU
+(min and median), and the load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+
+from tests.benchmarks.bench_flattening import EXAMPLE, LOOKUP, patient_bundle
+
+TYPES = ("Patient", "Condition", "Procedure")
+PATIENT_FIELDS = {  # the Patient view's columns: (JSON key, DuckDB type)
+    "id": ("id", "VARCHAR"),
+    "active": ("active", "BOOLEAN"),
+    "deceased_boolean": ("deceasedBoolean", "BOOLEAN"),
+    "deceased_datetime": ("deceasedDateTime", "VARCHAR"),
+    "gender": ("gender", "VARCHAR"),
+    "birth_date": ("birthDate", "VARCHAR"),
+}
+
+
+def write_own_type_files(folder: Path, patients: int, seed: int) -> dict[str, Path]:
+    """One NDJSON file per type of ``TYPES``, the resources of ``patients`` varied Bundles one per line."""
+    crtdl = json.loads((EXAMPLE / "example-crtdl.json").read_text())
+    groups = dict(zip(TYPES, (g["id"] for g in crtdl["dataExtraction"]["attributeGroups"]), strict=True))
+    rng = random.Random(seed)
+    paths = {kind: folder / f"{kind}.ndjson" for kind in TYPES}
+    outs = {kind: path.open("wb") for kind, path in paths.items()}
+    try:
+        for index in range(patients):
+            for entry in patient_bundle(rng, index, groups)["entry"]:
+                resource = entry["resource"]
+                if resource["resourceType"] in outs:
+                    outs[resource["resourceType"]].write(orjson.dumps(resource) + b"\n")
+    finally:
+        for out in outs.values():
+            out.close()
+    return paths
+
+
+def duckdb_patient_csv(source: Path, target: Path) -> None:
+    """The Patient view by hand in DuckDB: ``read_json`` of the six fields it reads (and ``resourceType``, for files
+    of several types), to a CSV with a header."""
+    import duckdb
+
+    fields = {"resourceType": "VARCHAR", **dict(PATIENT_FIELDS.values())}
+    columns = ", ".join(f"{key}: '{kind}'" for key, kind in fields.items())
+    select = ", ".join(f'"{key}" AS {name}' for name, (key, _) in PATIENT_FIELDS.items())
+    table = f"read_json('{source}', format = 'newline_delimited', columns = {{{columns}}})"
+    query = f"SELECT {select} FROM {table} WHERE resourceType = 'Patient'"
+    with duckdb.connect() as connection:
+        connection.execute(f"COPY ({query}) TO '{target}' (FORMAT csv, HEADER true)")
+
+
+def timed(work: Callable[[], object]) -> tuple[float, float]:
+    """CPU and wall seconds of one call."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    work()
+    return time.process_time() - cpu, time.perf_counter() - wall
+
+
+def parse_all(path: Path) -> None:
+    with path.open("rb") as lines:
+        for line in lines:
+            orjson.loads(line)
+
+
+def dupflow_csv(view, source: Path, target: Path) -> None:
+    from flows.view_cli import write_csv
+
+    with target.open("w", encoding="utf-8", newline="") as out:
+        write_csv(view, source, out)
+
+
+def measure(paths: dict[str, Path], out: Path, rounds: int) -> dict[str, dict[str, list]]:
+    """``rounds`` rounds, each view in turn: orjson, dupflow (and DuckDB for Patient); (CPU, wall) per round."""
+    from tasks.flattening import plan_views
+    from tasks.sof.view import compile_view
+
+    views = {g.resource_type: compile_view(g.view) for g in plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)[0]}
+    found: dict[str, dict[str, list]] = {kind: {"orjson": [], "dupflow": [], "duckdb": []} for kind in TYPES}
+    for _ in range(rounds):
+        for kind in TYPES:
+            found[kind]["orjson"].append(timed(lambda kind=kind: parse_all(paths[kind])))
+            target = out / f"{kind}-dupflow.csv"
+            found[kind]["dupflow"].append(timed(lambda kind=kind, t=target: dupflow_csv(views[kind], paths[kind], t)))
+            if kind == "Patient":
+                found[kind]["duckdb"].append(
+                    timed(lambda kind=kind: duckdb_patient_csv(paths[kind], out / f"{kind}-duckdb.csv"))
+                )
+    return found
+
+
+def spread(values: list[float]) -> str:
+    return f"{min(values):.3f} / {statistics.median(values):.3f}"
+
+
+def report(paths: dict[str, Path], found: dict[str, dict[str, list]], out: Path) -> None:
+    heads = ("orjson CPU s", "dupflow CPU s", "dupflow wall s", "dupflow/orjson")
+    print(f"{'view':<10} {'MB':>6} " + " ".join(f"{head:>15}" for head in heads))
+    print(f"{'':<10} {'':>6} {'min / median':>15} {'min / median':>15} {'min / median':>15} {'min / median':>15}")
+    for kind in TYPES:
+        ours, anchor = found[kind]["dupflow"], found[kind]["orjson"]
+        ratios = [mine[0] / parse[0] for mine, parse in zip(ours, anchor, strict=True)]
+        print(
+            f"{kind:<10} {paths[kind].stat().st_size / 1e6:>6.1f} {spread([c for c, _ in anchor]):>15} "
+            f"{spread([c for c, _ in ours]):>15} {spread([w for _, w in ours]):>15} "
+            f"{min(ratios):>6.2f}x / {statistics.median(ratios):.2f}x"
+        )
+    duck, ours = found["Patient"]["duckdb"], found["Patient"]["dupflow"]
+    same = (out / "Patient-duckdb.csv").read_bytes() == (out / "Patient-dupflow.csv").read_bytes()
+    print(
+        f"Patient view, file to CSV, hand-written DuckDB query (read_json, COPY TO csv, {os.cpu_count()} threads): "
+        f"CPU {spread([c for c, _ in duck])} s, wall {spread([w for _, w in duck])} s (min / median); "
+        f"dupflow / DuckDB: CPU {min(c for c, _ in ours) / min(c for c, _ in duck):.2f}x, "
+        f"wall {min(w for _, w in ours) / min(w for _, w in duck):.2f}x (min against min); "
+        f"CSVs {'identical' if same else 'DIFFERENT'}"
+    )
+
+
+def load() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--patients", type=int, default=25_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=31)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="dupflow-views-") as tmp:
+        folder = Path(tmp)
+        paths = write_own_type_files(folder, args.patients, args.seed)
+        lines = {kind: sum(1 for _ in path.open("rb")) for kind, path in paths.items()}
+        print(
+            f"own-type files of {args.patients} varied patients: "
+            + ", ".join(f"{kind} {lines[kind]:,} lines" for kind in TYPES)
+            + f"; {os.cpu_count()} cores, {args.rounds} rounds taken in turn; load average before: {load()}"
+        )
+        found = measure(paths, folder, args.rounds)
+        report(paths, found, folder)
+        print(f"load average after: {load()}")
+
+
+if __name__ == "__main__":
+    main()
