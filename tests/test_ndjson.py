@@ -292,7 +292,9 @@ def sleep_in_a_worker() -> None:
 
 def calls_in(pool) -> list:
     """The calls submitted to ``pool`` and not done, but for the one that starts its workers."""
-    items = list(pool._pending_work_items.values())  # noqa: SLF001 - what waits in the pool
+    if pool.executor is None:  # made by the first call
+        return []
+    items = list(pool.executor._pending_work_items.values())  # noqa: SLF001 - what waits in the pool
     return [item for item in items if item.fn is not processes.never_cancelled and not item.future.done()]
 
 

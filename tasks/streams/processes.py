@@ -21,9 +21,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from loky import ProcessPoolExecutor
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from loky import ProcessPoolExecutor
 
 R = TypeVar("R")
 
@@ -31,7 +34,7 @@ MAX_PROCESSES = 8
 POLL_SECONDS = 0.2
 COUNT_WRITE_SECONDS = 0.5
 
-_current: ContextVar[ProcessPoolExecutor | None] = ContextVar("dupflow_worker_pool", default=None)
+_current: ContextVar[WorkerPool | None] = ContextVar("dupflow_worker_pool", default=None)
 
 
 def never_cancelled() -> None:
@@ -91,13 +94,44 @@ def processes_allowed() -> bool:
     return pool_size() > 1 and not multiprocessing.current_process().daemon
 
 
+class WorkerPool:
+    """loky's executor, made by the first ``submit`` (from any thread): a step that runs nothing in a worker never
+    imports loky nor starts its resource-tracker process (a tiny job's start-up: about 50 ms of import and a
+    process). ``executor`` is None until then."""
+
+    def __init__(self, size: int, preload: tuple[str, ...]):
+        self.size, self.preload = size, preload
+        self.executor: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, function: Callable[..., R], *args: Any) -> Future[R]:
+        with self._lock:
+            if self.executor is None:
+                if self._closed:
+                    raise RuntimeError("the worker pool is closed: its step has ended")
+                from loky import ProcessPoolExecutor
+
+                initargs = (os.getpid(), self.preload)
+                self.executor = ProcessPoolExecutor(self.size, initializer=_start_worker, initargs=initargs)
+        return self.executor.submit(function, *args)
+
+    def shutdown(self, wait: bool = True, kill_workers: bool = False) -> None:
+        with self._lock:
+            self._closed = True
+            executor = self.executor
+        if executor is not None:
+            executor.shutdown(wait=wait, kill_workers=kill_workers)
+
+
 @contextmanager
-def worker_pool(*preload: str, size: int | None = None) -> Iterator[ProcessPoolExecutor]:
+def worker_pool(*preload: str, size: int | None = None) -> Iterator[WorkerPool]:
     """A pool of ``size`` (default ``pool_size()``) workers, current in this context until the block ends. Its
     workers start with its first work, or at once when ``preload`` names modules for them to import (while the
-    caller prepares the work): a block that runs nothing in a worker costs about a millisecond. The workers end with
-    the block, terminated at once when it ends by an exception (Ctrl+C, a cancelled fan-out, a failure)."""
-    pool = ProcessPoolExecutor(size or pool_size(), initializer=_start_worker, initargs=(os.getpid(), preload))
+    caller prepares the work): a block that runs nothing in a worker costs a few microseconds (``WorkerPool``).
+    The workers end with the block, terminated at once when it ends by an exception (Ctrl+C, a cancelled fan-out, a
+    failure)."""
+    pool = WorkerPool(size or pool_size(), preload)
     token = _current.set(pool)
     try:
         if preload:
