@@ -44,14 +44,14 @@ WHERE_CHECKED = pytest.mark.parametrize(
 
 @pytest.fixture
 def worker_checks(monkeypatch) -> list[str]:
-    """The functions the writer ran in a worker process (through ``run_in_process``)."""
+    """The functions the writer ran in worker processes (through ``started_in_processes``)."""
     calls: list[str] = []
 
-    def recorded(function, *args, **kwargs):
-        calls.append(function.__name__)
-        return processes.run_in_process(function, *args, **kwargs)
+    def recorded(function, argument_lists, *args, **kwargs):
+        calls.extend(function.__name__ for _ in argument_lists)
+        return processes.started_in_processes(function, argument_lists, *args, **kwargs)
 
-    monkeypatch.setattr(ndjson_writer, "run_in_process", recorded)
+    monkeypatch.setattr(ndjson_writer, "started_in_processes", recorded)
     return calls
 
 
@@ -261,6 +261,47 @@ def test_a_compressed_file_is_read_in_pieces_of_bounded_size(tmp_path):
     pieces = list(iter_chunks(path))
     assert b"".join(pieces) == plain
     assert max(map(len, pieces)) <= 2 * MB
+
+
+SPANNED_LINES = [
+    b'{"resourceType":"Patient","id":"p%03d"}' % n if n % 7 else b'{"resourceType":"Bundle","entry":[{},{}]}'
+    for n in range(1, 121)
+]
+
+
+@pytest.mark.slow
+@NEEDS_WORKERS
+@pytest.mark.parametrize("bad_line", [None, 1, 97, 119])
+def test_a_large_plain_file_is_checked_in_spans_by_several_workers_with_the_whole_files_line_numbers(
+    tmp_path, monkeypatch, worker_checks, bad_line
+):
+    monkeypatch.setattr(ndjson_writer, "SPAN_MIN_BYTES", 512)
+    lines = [b"not json" if number == bad_line else line for number, line in enumerate(SPANNED_LINES, start=1)]
+    dest = tmp_path / "out.ndjson"
+    with contextlib.ExitStack() as stack:
+        if bad_line:
+            stack.enter_context(pytest.raises(NdjsonError, match=f"^input/a.ndjson: line {bad_line} is not valid JSON"))
+        with AtomicNdjsonWriter(dest, None, MB, source="input/a.ndjson", expected_size=LARGE) as writer:
+            writer.write(b"\n".join(lines))  # no final newline: the writer adds it
+    assert worker_checks == ["check_plain_span"] * processes.pool_size()
+    if bad_line:
+        assert list(tmp_path.iterdir()) == []
+        return
+    assert dest.read_bytes() == b"\n".join(SPANNED_LINES) + b"\n"
+    assert (writer.stats.resources, writer.stats.bundles, writer.stats.bundled) == (120, 17, 34)
+
+
+@pytest.mark.parametrize("expected_size", [None, pytest.param(LARGE, marks=[pytest.mark.slow, NEEDS_WORKERS])])
+@pytest.mark.parametrize("compressed", [False, True])
+def test_copy_appends_a_data_files_content_and_counts_it(tmp_path, expected_size, compressed):
+    content = b"\n".join(SPANNED_LINES)
+    source = tmp_path / "in.ndjson"
+    source.write_bytes(zstandard.ZstdCompressor().compress(content) if compressed else content)
+    dest = tmp_path / "out" / "in.ndjson"
+    with AtomicNdjsonWriter(dest, None, MB, expected_size=expected_size) as writer:
+        copied = sum(writer.copy(source))
+    assert copied == len(content) and dest.read_bytes() == content + b"\n"
+    assert writer.stats.resources == 120
 
 
 @pytest.mark.slow

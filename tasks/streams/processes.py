@@ -18,7 +18,7 @@ import select
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -150,26 +150,49 @@ def run_in_process(
     function: Callable[..., R], *args: Any, stop_if_cancelled: Callable[[], None] = never_cancelled
 ) -> R:
     """``function(*args)`` in a worker of the current pool (of a one-worker pool of its own when none is open); its
-    result, or the exception it raised (``BrokenProcessPool`` when the worker died).
+    result, or the exception it raised (``BrokenProcessPool`` when the worker died). See ``started_in_processes``."""
+    with started_in_processes(function, [args], stop_if_cancelled) as results:
+        return results()[0]
 
-    The calling thread waits in short slices, calling ``stop_if_cancelled`` after each, so a cancelled caller
+
+@contextmanager
+def started_in_processes(
+    function: Callable[..., R], argument_lists: list[tuple], stop_if_cancelled: Callable[[], None] = never_cancelled
+) -> Iterator[Callable[[], list[R]]]:
+    """``function(*args)`` for each of ``argument_lists``, started in the workers of the current pool (of a pool of
+    their own when none is open) while the block runs; the block is given the function that waits for their results
+    (in order; the first exception raised in a worker is raised there, ``BrokenProcessPool`` when a worker died).
+
+    The waiting thread waits in short slices, calling ``stop_if_cancelled`` after each, so a cancelled caller
     (it raises) or an interrupt stops the wait at once: the pool's workers are then killed (a running worker
-    cannot be stopped any other way).
+    cannot be stopped any other way). A block that ends by its own exception only cancels the calls not started.
     """
     pool = _current.get()
     if pool is None:
-        with worker_pool(size=1):
-            return run_in_process(function, *args, stop_if_cancelled=stop_if_cancelled)
-    future = pool.submit(function, *args)
+        with (
+            worker_pool(size=min(len(argument_lists), pool_size())),
+            started_in_processes(function, argument_lists, stop_if_cancelled) as results,
+        ):
+            yield results
+        return
+    futures = [pool.submit(function, *args) for args in argument_lists]
+
+    def results() -> list[R]:
+        try:
+            while running := [future for future in futures if not future.done()]:
+                wait(running, timeout=POLL_SECONDS)
+                stop_if_cancelled()
+        except BaseException:
+            if not all(future.done() for future in futures):
+                pool.shutdown(wait=False, kill_workers=True)
+            raise
+        return [future.result() for future in futures]
+
     try:
-        while True:
-            with suppress(FutureTimeout):
-                return future.result(timeout=POLL_SECONDS)
-            stop_if_cancelled()
-    except BaseException:
-        if not future.done():
-            pool.shutdown(wait=False, kill_workers=True)
-        raise
+        yield results
+    finally:
+        for future in futures:
+            future.cancel()
 
 
 def _start_worker(parent: int, preload: tuple[str, ...]) -> None:
