@@ -291,6 +291,15 @@ def test_a_large_plain_file_is_checked_in_spans_by_several_workers_with_the_whol
     assert (writer.stats.resources, writer.stats.bundles, writer.stats.bundled) == (120, 17, 34)
 
 
+@pytest.mark.slow
+@NEEDS_WORKERS
+def test_the_workers_start_when_a_large_plain_file_begins_not_after_its_last_byte(tmp_path):
+    with processes.worker_pool(), AtomicNdjsonWriter(tmp_path / "out.ndjson", None, MB, expected_size=LARGE) as writer:
+        writer.write(b'{"resourceType":"A"}\n')
+        wait_until(worker_pids, "the workers started", timeout=DEADLINE_SECONDS)
+    assert writer.stats.resources == 1
+
+
 @pytest.mark.parametrize("expected_size", [None, pytest.param(LARGE, marks=[pytest.mark.slow, NEEDS_WORKERS])])
 @pytest.mark.parametrize("compressed", [False, True])
 def test_copy_appends_a_data_files_content_and_counts_it(tmp_path, expected_size, compressed):

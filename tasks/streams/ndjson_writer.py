@@ -40,6 +40,7 @@ from tasks.streams.processes import (
     pool_size,
     processes_allowed,
     run_in_process,
+    start_workers,
     started_in_processes,
 )
 
@@ -177,6 +178,8 @@ class AtomicNdjsonWriter:
         self._stop_if_cancelled = stop_if_cancelled
         check_later = level is None and (expected_size or 0) >= CHECK_IN_PROCESS_MIN_BYTES and processes_allowed()
         self._checker = None if check_later else LineChecker(self._source, max_line_bytes)  # None: in a worker
+        if check_later:
+            start_workers(__name__)  # ready by the last byte
         self._ends_with_newline = True
         self.stats: FileStats | None = None
 

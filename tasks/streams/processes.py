@@ -116,6 +116,13 @@ class WorkerPool:
                 self.executor = ProcessPoolExecutor(self.size, initializer=_start_worker, initargs=initargs)
         return self.executor.submit(function, *args)
 
+    def start(self, *modules: str) -> None:
+        """Start the workers now, importing ``modules``, unless they are started: work for them is on its way (a
+        large file arriving), and they take about half a second to be ready."""
+        if self.executor is None:
+            with suppress(RuntimeError):  # closed: nothing to start
+                self.submit(_import_modules, modules)
+
     def shutdown(self, wait: bool = True, kill_workers: bool = False) -> None:
         with self._lock:
             self._closed = True
@@ -144,6 +151,12 @@ def worker_pool(*preload: str, size: int | None = None) -> Iterator[WorkerPool]:
         pool.shutdown(wait=True)
     finally:
         _current.reset(token)
+
+
+def start_workers(*modules: str) -> None:
+    """``WorkerPool.start`` of the current pool, if one is open."""
+    if (pool := _current.get()) is not None:
+        pool.start(*modules)
 
 
 def run_in_process(
@@ -199,7 +212,11 @@ def _start_worker(parent: int, preload: tuple[str, ...]) -> None:
     """In a worker: a daemon thread that ends the process as soon as the process that made the pool is gone, then
     the modules its work needs."""
     threading.Thread(target=_wait_for_exit, args=(parent,), daemon=True, name="exit-with-parent").start()
-    for module in preload:
+    _import_modules(preload)
+
+
+def _import_modules(modules: tuple[str, ...]) -> None:
+    for module in modules:
         importlib.import_module(module)
 
 
