@@ -44,14 +44,19 @@ WHERE_CHECKED = pytest.mark.parametrize(
 
 @pytest.fixture
 def worker_checks(monkeypatch) -> list[str]:
-    """The functions the writer ran in worker processes (through ``started_in_processes``)."""
+    """The functions the writer started in worker processes (through ``ProcessCalls``)."""
     calls: list[str] = []
 
-    def recorded(function, argument_lists, *args, **kwargs):
-        calls.extend(function.__name__ for _ in argument_lists)
-        return processes.started_in_processes(function, argument_lists, *args, **kwargs)
+    class Recorded(processes.ProcessCalls):
+        def __init__(self, function):
+            super().__init__(function)
+            self.name = function.__name__
 
-    monkeypatch.setattr(ndjson_writer, "started_in_processes", recorded)
+        def start(self, *args):
+            calls.append(self.name)
+            super().start(*args)
+
+    monkeypatch.setattr(ndjson_writer, "ProcessCalls", Recorded)
     return calls
 
 
@@ -272,7 +277,7 @@ SPANNED_LINES = [
 @pytest.mark.slow
 @NEEDS_WORKERS
 @pytest.mark.parametrize("bad_line", [None, 1, 97, 119])
-def test_a_large_plain_file_is_checked_in_spans_by_several_workers_with_the_whole_files_line_numbers(
+def test_a_large_plain_file_is_checked_in_spans_as_it_is_written_with_the_whole_files_line_numbers(
     tmp_path, monkeypatch, worker_checks, bad_line
 ):
     monkeypatch.setattr(ndjson_writer, "SPAN_MIN_BYTES", 512)
@@ -282,8 +287,9 @@ def test_a_large_plain_file_is_checked_in_spans_by_several_workers_with_the_whol
         if bad_line:
             stack.enter_context(pytest.raises(NdjsonError, match=f"^input/a.ndjson: line {bad_line} is not valid JSON"))
         with AtomicNdjsonWriter(dest, None, MB, source="input/a.ndjson", expected_size=LARGE) as writer:
-            writer.write(b"\n".join(lines))  # no final newline: the writer adds it
-    assert worker_checks == ["check_plain_span"] * processes.pool_size()
+            for number, line in enumerate(lines, start=1):  # no final newline: the writer adds it
+                writer.write(line if number == len(lines) else line + b"\n")
+    assert len(worker_checks) > processes.pool_size() and set(worker_checks) == {"check_plain_span"}
     if bad_line:
         assert list(tmp_path.iterdir()) == []
         return

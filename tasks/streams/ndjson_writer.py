@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
@@ -36,12 +35,12 @@ from tasks.streams.ndjson import (
     raw_chunks,
 )
 from tasks.streams.processes import (
+    ProcessCalls,
     never_cancelled,
     pool_size,
     processes_allowed,
     run_in_process,
     start_workers,
-    started_in_processes,
 )
 
 UTF8_BOM = b"\xef\xbb\xbf"
@@ -49,7 +48,7 @@ PARSER_KEPT_BYTES = 1 << 20  # a line checker keeps simdjson's buffers for lines
 # A plain file of at least this size is checked in a worker process once written, not line by line in the writing
 # thread: the check holds the GIL, and there it took half a download's speed. Below it the pool's start costs more.
 CHECK_IN_PROCESS_MIN_BYTES = 16 << 20
-SPAN_MIN_BYTES = 8 << 20  # a file is checked by as many workers as it has spans of at least this size
+SPAN_MIN_BYTES = 8 << 20  # a large plain file is checked in spans of about this size as it is written
 CUT_READ_BYTES = 64 << 10
 COPY_PIECE_BYTES = 64 << 20
 
@@ -178,8 +177,10 @@ class AtomicNdjsonWriter:
         self._stop_if_cancelled = stop_if_cancelled
         check_later = level is None and (expected_size or 0) >= CHECK_IN_PROCESS_MIN_BYTES and processes_allowed()
         self._checker = None if check_later else LineChecker(self._source, max_line_bytes)  # None: in a worker
+        self._checks = ProcessCalls(check_plain_span)  # of the spans written so far (``_check_span``)
+        self._checked_to = self._written = 0
         if check_later:
-            start_workers(__name__)  # ready by the last byte
+            start_workers(__name__)  # ready for the first span
         self._ends_with_newline = True
         self.stats: FileStats | None = None
 
@@ -201,6 +202,10 @@ class AtomicNdjsonWriter:
             self._checker.feed(chunk)
         self._out.write(chunk)
         self._ends_with_newline = chunk.endswith(b"\n")
+        if self._checker is None:
+            self._written += len(chunk)
+            if self._written - self._checked_to >= SPAN_MIN_BYTES and (newline := chunk.rfind(b"\n")) >= 0:
+                self._check_span(self._written - len(chunk) + newline + 1)
 
     def write_line(self, line: bytes) -> None:
         self.write(line + b"\n")
@@ -218,6 +223,7 @@ class AtomicNdjsonWriter:
         self._raw.flush()
         with open(source, "rb", buffering=0) as data:
             while copied := os.copy_file_range(data.fileno(), self._raw.fileno(), COPY_PIECE_BYTES):
+                self._written += copied
                 yield copied
             if (size := data.seek(0, os.SEEK_END)) > 0:
                 self._ends_with_newline = os.pread(data.fileno(), 1, size - 1) == b"\n"
@@ -227,41 +233,48 @@ class AtomicNdjsonWriter:
             self.discard()
             return
         try:
-            with self._checking() as counts:  # a check in workers runs while the file goes to the disk
-                if not self._ends_with_newline:
-                    self._out.write(b"\n")
-                if self._out is not self._raw:
-                    self._out.close()
-                self._raw.flush()
-                os.fsync(self._raw.fileno())
-                self._raw.close()
-                checked = counts()
+            counts = self._counts()  # the last spans are checked while the file goes to the disk
+            if not self._ends_with_newline:
+                self._out.write(b"\n")
+            if self._out is not self._raw:
+                self._out.close()
+            self._raw.flush()
+            os.fsync(self._raw.fileno())
+            self._raw.close()
+            checked = counts()
             os.replace(self.part, self.dest)
         except BaseException:
             self.discard()
             raise
         self.stats = FileStats(self.dest.stat().st_size, *checked)
 
-    @contextmanager
-    def _checking(self) -> Iterator[Callable[[], LineCounts]]:
-        """The check's counts, by the function the block is given: at once from the checker that saw every write,
-        else from the workers that check the written bytes in spans (``check_plain_span``), started before the block
-        (a line broken at the end is still the last span's, the final newline added after it). A bad line in a span
-        is reported as the whole file's check reports it (all of it checked once more in a worker)."""
-        if self._checker is not None:
-            self._checker.finish()
-            yield self._checker.counts
-            return
+    def _check_span(self, end: int) -> None:
+        """Start the check of the bytes written from the last span's end to ``end`` (a line's end) in a worker."""
         self._raw.flush()
         part = os.fspath(self.part.absolute())  # a worker keeps the directory it started in
-        spans = [(part, self._source, self._max_line_bytes, *span) for span in byte_spans(part, pool_size())]
-        with started_in_processes(check_plain_span, spans, self._stop_if_cancelled) as results:
-            yield lambda: self._summed(results, (part, self._source, self._max_line_bytes, 0, spans[-1][-1]))
+        self._checks.start(part, self._source, self._max_line_bytes, self._checked_to, end)
+        self._checked_to = end
 
-    def _summed(self, results: Callable[[], list[LineCounts]], whole: tuple) -> LineCounts:
+    def _counts(self) -> Callable[[], LineCounts]:
+        """The function that gives the check's counts: at once from the checker that saw every write, else from the
+        workers that check the written bytes (``check_plain_span``): a span of ``SPAN_MIN_BYTES`` each as it is
+        written, the rest cut for every worker now (a line broken at the end is still the last span's, the final
+        newline added after it). A bad line in a span is reported as the whole file's check reports it (all of it
+        checked once more in a worker)."""
+        if self._checker is not None:
+            self._checker.finish()
+            return self._checker.counts
+        self._raw.flush()
+        for _, end in byte_spans(self.part, pool_size(), self._checked_to, self._written):
+            self._check_span(end)
+        return lambda: self._summed(
+            (os.fspath(self.part.absolute()), self._source, self._max_line_bytes, 0, self._written)
+        )
+
+    def _summed(self, whole: tuple) -> LineCounts:
         """The spans' counts added up; for a bad line, the verdict of the ``whole`` written data (its line number)."""
         try:
-            return LineCounts(*map(sum, zip(*results(), strict=True)))
+            return LineCounts(*map(sum, zip(*self._checks.results(self._stop_if_cancelled), strict=True)))
         except NdjsonError:
             run_in_process(check_plain_span, *whole, stop_if_cancelled=self._stop_if_cancelled)
             raise
@@ -270,6 +283,7 @@ class AtomicNdjsonWriter:
 
     def discard(self) -> None:
         """Close and delete the temporary file (what leaving the ``with`` block by an exception does)."""
+        self._checks.cancel()
         try:
             self._raw.close()
         finally:
@@ -289,21 +303,21 @@ def check_plain_span(path: str, source: str, max_line_bytes: int, start: int, en
     return _checked_counts(bytes_upto(raw_chunks(path, start), end - start), source, max_line_bytes)
 
 
-def byte_spans(path: str, most: int) -> list[tuple[int, int]]:
-    """The file cut after a newline into at most ``most`` spans of at least ``SPAN_MIN_BYTES``: (start, end) each.
-    Each cut is the first newline from an equal share on (a read of a few kilobytes per cut)."""
-    size = os.path.getsize(path)
-    count = max(1, min(most, size // SPAN_MIN_BYTES))
-    cuts = [0]
+def byte_spans(path: Path, most: int, start: int, end: int) -> list[tuple[int, int]]:
+    """The bytes from ``start`` to ``end`` cut after a newline into at most ``most`` spans of at least
+    ``SPAN_MIN_BYTES``: (start, end) each. Each cut is the first newline from an equal share on (a read of a few
+    kilobytes per cut)."""
+    count = max(1, min(most, (end - start) // SPAN_MIN_BYTES))
+    cuts = [start]
     with open(path, "rb") as data:
         for share in range(1, count):
-            data.seek(max(cuts[-1], size * share // count))
+            data.seek(max(cuts[-1], start + (end - start) * share // count))
             while (piece := data.read(CUT_READ_BYTES)) and (newline := piece.find(b"\n")) < 0:
                 pass
             if not piece:
                 break
             cuts.append(data.tell() - len(piece) + newline + 1)
-    return [(start, end) for start, end in itertools.pairwise([*cuts, size]) if end > start] or [(0, size)]
+    return [(first, last) for first, last in itertools.pairwise([*cuts, end]) if last > first] or [(start, end)]
 
 
 def _checked_counts(chunks: Iterator[bytes], source: str, max_line_bytes: int) -> LineCounts:

@@ -163,48 +163,53 @@ def run_in_process(
     function: Callable[..., R], *args: Any, stop_if_cancelled: Callable[[], None] = never_cancelled
 ) -> R:
     """``function(*args)`` in a worker of the current pool (of a one-worker pool of its own when none is open); its
-    result, or the exception it raised (``BrokenProcessPool`` when the worker died). See ``started_in_processes``."""
-    with started_in_processes(function, [args], stop_if_cancelled) as results:
-        return results()[0]
+    result, or the exception it raised (``BrokenProcessPool`` when the worker died). See ``ProcessCalls``."""
+    calls = ProcessCalls(function)
+    calls.start(*args)
+    return calls.results(stop_if_cancelled)[0]
 
 
-@contextmanager
-def started_in_processes(
-    function: Callable[..., R], argument_lists: list[tuple], stop_if_cancelled: Callable[[], None] = never_cancelled
-) -> Iterator[Callable[[], list[R]]]:
-    """``function(*args)`` for each of ``argument_lists``, started in the workers of the current pool (of a pool of
-    their own when none is open) while the block runs; the block is given the function that waits for their results
-    (in order; the first exception raised in a worker is raised there, ``BrokenProcessPool`` when a worker died).
+class ProcessCalls:
+    """Calls of ``function``, each started in a worker of the current pool as soon as its arguments are known
+    (``start``), waited for together (``results``: in order; the first exception raised in a worker is raised
+    there, ``BrokenProcessPool`` when a worker died). Without an open pool they start in ``results``, in a pool of
+    their own.
 
-    The waiting thread waits in short slices, calling ``stop_if_cancelled`` after each, so a cancelled caller
-    (it raises) or an interrupt stops the wait at once: the pool's workers are then killed (a running worker
-    cannot be stopped any other way). A block that ends by its own exception only cancels the calls not started.
-    """
-    pool = _current.get()
-    if pool is None:
-        with (
-            worker_pool(size=min(len(argument_lists), pool_size())),
-            started_in_processes(function, argument_lists, stop_if_cancelled) as results,
-        ):
-            yield results
-        return
-    futures = [pool.submit(function, *args) for args in argument_lists]
+    ``results`` waits in short slices, calling ``stop_if_cancelled`` after each, so a cancelled caller (it raises) or
+    an interrupt stops the wait at once: the pool's workers are then killed (a running worker cannot be stopped any
+    other way). ``cancel`` drops the calls not started (the caller gave up: their results are not wanted)."""
 
-    def results() -> list[R]:
+    def __init__(self, function: Callable[..., R]):
+        self._function = function
+        self._pool = _current.get()
+        self._waiting: list[tuple] = []  # arguments, without a pool
+        self._futures: list[Future[R]] = []
+
+    def start(self, *args: Any) -> None:
+        if self._pool is None:
+            self._waiting.append(args)
+        else:
+            self._futures.append(self._pool.submit(self._function, *args))
+
+    def results(self, stop_if_cancelled: Callable[[], None] = never_cancelled) -> list[R]:
+        if self._pool is None:
+            with worker_pool(size=min(len(self._waiting), pool_size())):
+                calls = ProcessCalls(self._function)
+                for args in self._waiting:
+                    calls.start(*args)
+                return calls.results(stop_if_cancelled)
         try:
-            while running := [future for future in futures if not future.done()]:
+            while running := [future for future in self._futures if not future.done()]:
                 wait(running, timeout=POLL_SECONDS)
                 stop_if_cancelled()
         except BaseException:
-            if not all(future.done() for future in futures):
-                pool.shutdown(wait=False, kill_workers=True)
+            if not all(future.done() for future in self._futures):
+                self._pool.shutdown(wait=False, kill_workers=True)
             raise
-        return [future.result() for future in futures]
+        return [future.result() for future in self._futures]
 
-    try:
-        yield results
-    finally:
-        for future in futures:
+    def cancel(self) -> None:
+        for future in self._futures:
             future.cancel()
 
 

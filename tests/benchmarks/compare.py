@@ -428,6 +428,7 @@ def download_group(urls: list[str], out: str, level: str | None, threads: int) -
     """``download_ndjson`` for each URL, ``threads`` at a time on one client, as the extractor step does."""
     from config.settings import RetrySettings
     from tasks.clients.downloads import download_ndjson, target_names
+    from tasks.streams.fanout import first_failure, run_bounded
     from tasks.streams.processes import worker_pool
 
     names = target_names(urls, compress=level is not None)
@@ -443,9 +444,10 @@ def download_group(urls: list[str], out: str, level: str | None, threads: int) -
             retry=RetrySettings(),
         )
 
-    # as the extractor step: the line checks of large plain files in the step's worker pool
-    with httpx.Client(timeout=60) as client, worker_pool(), ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda url: download(client, url), urls))
+    # as the extractor step: its bounded threads, the line checks of large plain files in the step's worker pool
+    with httpx.Client(timeout=60) as client, worker_pool():
+        if failure := first_failure(run_bounded([lambda url=url: download(client, url) for url in urls], threads)):
+            raise failure
 
 
 # --- pseudonymization ----------------------------------------------------------------------------------------
