@@ -818,6 +818,13 @@ def startup_rows(root: Path, runs: int) -> tuple[list[Row], tuple[float, float]]
     ], (flow_mb, server_mb)
 
 
+MEMORY_JOBS = (
+    ("compression.enabled=false",),
+    ("compression.level=default",),
+    ("compression.enabled=false", "services.flattening.formats=csv,parquet"),
+)
+
+
 def memory_lines(root: Path, megabytes: int, files: int, seed: int) -> list[str]:
     """A large job through the command line with the local server running: the command's process tree (flow
     process plus worker processes, each pid's peak summed: an upper bound) and the server's peak, apart."""
@@ -841,22 +848,22 @@ def memory_lines(root: Path, megabytes: int, files: int, seed: int) -> list[str]
     lines = []
     try:
         ensure_server(home)
-        for compression in ("enabled=false", "level=default"):
+        for settings in MEMORY_JOBS:
+            options = [part for setting in settings for part in ("--set", setting)]
             command = cli(
                 "start",
                 str(config),
                 str(EXAMPLE / "example-crtdl.json"),
                 "--dir",
                 str(data[0].parent),
-                "--set",
-                f"compression.{compression}",
+                *options,
                 "--no-progress",
             )
             seconds, tree_mb, flow_mb = sampled_tree(command, env)
             server_pid = (server_status(home) or {}).get("pid")
             server_mb = tree_peak_mb(server_pid) if server_pid else 0.0
             lines.append(
-                f"memory, {size:,.0f} MB job (local_import + flattening, compression.{compression}, {seconds:.0f} s): "
+                f"memory, {size:,.0f} MB job (local_import + flattening, {', '.join(settings)}, {seconds:.0f} s): "
                 f"command tree {tree_mb:,.0f} MB (flow process {flow_mb:,.0f} MB); reused server {server_mb:,.0f} MB"
             )
             shutil.rmtree(root / "jobs", ignore_errors=True)
