@@ -22,7 +22,7 @@ from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.job.filework import map_files
 from tasks.job.steps import ndjson_written
 from tasks.job.layout import is_crtdl_file
-from tasks.streams.ndjson import DATA_SUFFIXES, iter_chunks, output_name, remove_partial_files
+from tasks.streams.ndjson import DATA_SUFFIXES, output_name, remove_partial_files
 from tasks.streams.ndjson_writer import AtomicNdjsonWriter
 from tasks.streams.processes import worker_pool
 from tasks.streams.progress import track
@@ -58,10 +58,9 @@ def import_file(step: StepInput, source: str, name: str, identity: list) -> Data
         with AtomicNdjsonWriter(
             step.output_dir / name, source=source, expected_size=size, stop_if_cancelled=raise_if_cancelled, **written
         ) as writer:
-            for chunk in iter_chunks(source_path):
+            for written in writer.copy(source_path):
                 raise_if_cancelled()
-                writer.write(chunk)
-                progress.advance(len(chunk))
+                progress.advance(written)
     assert writer.stats is not None
     return DataFile.written(name, writer.stats)
 

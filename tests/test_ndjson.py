@@ -44,14 +44,19 @@ WHERE_CHECKED = pytest.mark.parametrize(
 
 @pytest.fixture
 def worker_checks(monkeypatch) -> list[str]:
-    """The functions the writer ran in a worker process (through ``run_in_process``)."""
+    """The functions the writer started in worker processes (through ``ProcessCalls``)."""
     calls: list[str] = []
 
-    def recorded(function, *args, **kwargs):
-        calls.append(function.__name__)
-        return processes.run_in_process(function, *args, **kwargs)
+    class Recorded(processes.ProcessCalls):
+        def __init__(self, function):
+            super().__init__(function)
+            self.name = function.__name__
 
-    monkeypatch.setattr(ndjson_writer, "run_in_process", recorded)
+        def start(self, *args):
+            calls.append(self.name)
+            super().start(*args)
+
+    monkeypatch.setattr(ndjson_writer, "ProcessCalls", Recorded)
     return calls
 
 
@@ -263,6 +268,57 @@ def test_a_compressed_file_is_read_in_pieces_of_bounded_size(tmp_path):
     assert max(map(len, pieces)) <= 2 * MB
 
 
+SPANNED_LINES = [
+    b'{"resourceType":"Patient","id":"p%03d"}' % n if n % 7 else b'{"resourceType":"Bundle","entry":[{},{}]}'
+    for n in range(1, 121)
+]
+
+
+@pytest.mark.slow
+@NEEDS_WORKERS
+@pytest.mark.parametrize("bad_line", [None, 1, 97, 119])
+def test_a_large_plain_file_is_checked_in_spans_as_it_is_written_with_the_whole_files_line_numbers(
+    tmp_path, monkeypatch, worker_checks, bad_line
+):
+    monkeypatch.setattr(ndjson_writer, "SPAN_MIN_BYTES", 512)
+    lines = [b"not json" if number == bad_line else line for number, line in enumerate(SPANNED_LINES, start=1)]
+    dest = tmp_path / "out.ndjson"
+    with contextlib.ExitStack() as stack:
+        if bad_line:
+            stack.enter_context(pytest.raises(NdjsonError, match=f"^input/a.ndjson: line {bad_line} is not valid JSON"))
+        with AtomicNdjsonWriter(dest, None, MB, source="input/a.ndjson", expected_size=LARGE) as writer:
+            for number, line in enumerate(lines, start=1):  # no final newline: the writer adds it
+                writer.write(line if number == len(lines) else line + b"\n")
+    assert len(worker_checks) > processes.pool_size() and set(worker_checks) == {"check_plain_span"}
+    if bad_line:
+        assert list(tmp_path.iterdir()) == []
+        return
+    assert dest.read_bytes() == b"\n".join(SPANNED_LINES) + b"\n"
+    assert (writer.stats.resources, writer.stats.bundles, writer.stats.bundled) == (120, 17, 34)
+
+
+@pytest.mark.slow
+@NEEDS_WORKERS
+def test_the_workers_start_when_a_large_plain_file_begins_not_after_its_last_byte(tmp_path):
+    with processes.worker_pool(), AtomicNdjsonWriter(tmp_path / "out.ndjson", None, MB, expected_size=LARGE) as writer:
+        writer.write(b'{"resourceType":"A"}\n')
+        wait_until(worker_pids, "the workers started", timeout=DEADLINE_SECONDS)
+    assert writer.stats.resources == 1
+
+
+@pytest.mark.parametrize("expected_size", [None, pytest.param(LARGE, marks=[pytest.mark.slow, NEEDS_WORKERS])])
+@pytest.mark.parametrize("compressed", [False, True])
+def test_copy_appends_a_data_files_content_and_counts_it(tmp_path, expected_size, compressed):
+    content = b"\n".join(SPANNED_LINES)
+    source = tmp_path / "in.ndjson"
+    source.write_bytes(zstandard.ZstdCompressor().compress(content) if compressed else content)
+    dest = tmp_path / "out" / "in.ndjson"
+    with AtomicNdjsonWriter(dest, None, MB, expected_size=expected_size) as writer:
+        copied = sum(writer.copy(source))
+    assert copied == len(content) and dest.read_bytes() == content + b"\n"
+    assert writer.stats.resources == 120
+
+
 @pytest.mark.slow
 @NEEDS_WORKERS
 def test_a_worker_dying_under_the_check_leaves_the_check_to_the_writing_thread(tmp_path):
@@ -292,7 +348,9 @@ def sleep_in_a_worker() -> None:
 
 def calls_in(pool) -> list:
     """The calls submitted to ``pool`` and not done, but for the one that starts its workers."""
-    items = list(pool._pending_work_items.values())  # noqa: SLF001 - what waits in the pool
+    if pool.executor is None:  # made by the first call
+        return []
+    items = list(pool.executor._pending_work_items.values())  # noqa: SLF001 - what waits in the pool
     return [item for item in items if item.fn is not processes.never_cancelled and not item.future.done()]
 
 

@@ -75,6 +75,49 @@ def raise_step_error(message: str) -> None:
     raise StepError(message)
 
 
+def test_a_block_that_runs_nothing_in_a_worker_imports_no_loky_and_starts_no_process():
+    script = (
+        "import multiprocessing, sys\n"
+        "from tasks.streams import processes\n"
+        "with processes.worker_pool():\n"
+        "    pass\n"
+        "print('loky' in sys.modules, len(multiprocessing.active_children()))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, env=plain_environment(), timeout=60
+    )
+    assert result.stdout.split() == ["False", "0"], result.stderr
+
+
+def test_threads_that_call_a_new_pool_at_once_share_its_workers():
+    callers = 4 * processes.pool_size()
+    start = threading.Barrier(callers)
+    pids: list[int] = []
+
+    def call() -> None:
+        start.wait(DEADLINE_SECONDS)
+        pids.append(processes.run_in_process(os.getpid))
+
+    with processes.worker_pool() as pool:
+        threads = [threading.Thread(target=contextvars.copy_context().run, args=(call,)) for _ in range(callers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(DEADLINE_SECONDS)
+        executor = pool.executor
+        workers = set(worker_pids())
+    assert len(pids) == callers and set(pids) <= workers and len(workers) <= pool.size
+    assert executor is not None and pool.executor is executor
+
+
+def test_a_closed_pool_that_never_ran_anything_refuses_work():
+    with processes.worker_pool() as pool:
+        pass
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.submit(abs, -1)
+    assert pool.executor is None
+
+
 def test_workers_do_not_import_the_parents_main_module_nor_prefect():
     modules = processes.run_in_process(eval, "sorted(__import__('sys').modules)")  # the main module here: pytest's
     assert "prefect" not in modules

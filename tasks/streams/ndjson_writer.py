@@ -9,6 +9,7 @@ for a finished one); ``LineChecker`` says how.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures.process import BrokenProcessPool
@@ -27,17 +28,29 @@ from tasks.streams.ndjson import (
     LineSplitter,
     NdjsonError,
     TruncatedLineError,
+    bytes_upto,
+    is_zstd,
     iter_chunks,
     parse_resource,
     raw_chunks,
 )
-from tasks.streams.processes import never_cancelled, processes_allowed, run_in_process
+from tasks.streams.processes import (
+    ProcessCalls,
+    never_cancelled,
+    pool_size,
+    processes_allowed,
+    run_in_process,
+    start_workers,
+)
 
 UTF8_BOM = b"\xef\xbb\xbf"
 PARSER_KEPT_BYTES = 1 << 20  # a line checker keeps simdjson's buffers for lines up to this size, not larger
 # A plain file of at least this size is checked in a worker process once written, not line by line in the writing
 # thread: the check holds the GIL, and there it took half a download's speed. Below it the pool's start costs more.
 CHECK_IN_PROCESS_MIN_BYTES = 16 << 20
+SPAN_MIN_BYTES = 8 << 20  # a large plain file is checked in spans of about this size as it is written
+CUT_READ_BYTES = 64 << 10
+COPY_PIECE_BYTES = 64 << 20
 
 
 class LineCounts(NamedTuple):
@@ -140,8 +153,9 @@ class AtomicNdjsonWriter:
     origin (input file, URL) in errors about its lines; it defaults to ``dest``.
 
     ``expected_size`` (the source's size or Content-Length, when known; for a compressed source its compressed
-    size) lets a large plain file be checked in a worker process after the last write, before the rename
-    (``check_plain_file``), so that the writing thread only moves bytes. The verdict and messages are the same;
+    size) lets a large plain file be checked in worker processes after the last write, in spans while it is synced,
+    before the rename (``check_plain_span``), so that the writing thread only moves bytes. The verdict and messages
+    are the same;
     a bad line is reported once the whole file is written (a download broken after it: as the broken download).
     ``stop_if_cancelled`` is called while that check runs and raises to stop it (a cancelled fan-out's check).
     """
@@ -163,6 +177,10 @@ class AtomicNdjsonWriter:
         self._stop_if_cancelled = stop_if_cancelled
         check_later = level is None and (expected_size or 0) >= CHECK_IN_PROCESS_MIN_BYTES and processes_allowed()
         self._checker = None if check_later else LineChecker(self._source, max_line_bytes)  # None: in a worker
+        self._checks = ProcessCalls(check_plain_span)  # of the spans written so far (``_check_span``)
+        self._checked_to = self._written = 0
+        if check_later:
+            start_workers(__name__)  # ready for the first span
         self._ends_with_newline = True
         self.stats: FileStats | None = None
 
@@ -184,16 +202,38 @@ class AtomicNdjsonWriter:
             self._checker.feed(chunk)
         self._out.write(chunk)
         self._ends_with_newline = chunk.endswith(b"\n")
+        if self._checker is None:
+            self._written += len(chunk)
+            if self._written - self._checked_to >= SPAN_MIN_BYTES and (newline := chunk.rfind(b"\n")) >= 0:
+                self._check_span(self._written - len(chunk) + newline + 1)
 
     def write_line(self, line: bytes) -> None:
         self.write(line + b"\n")
+
+    def copy(self, source: Path) -> Iterator[int]:
+        """Append the content of the data file ``source`` (decompressed when it is zstd); the sizes of its pieces as
+        they are written. A plain file, when this writer checks after the last write (plain output of an
+        ``expected_size`` that pays for it), is copied in the kernel (``os.copy_file_range``: no byte passes through
+        Python, as ``cp`` copies)."""
+        if self._checker is not None or is_zstd(source):
+            for chunk in iter_chunks(source):
+                self.write(chunk)
+                yield len(chunk)
+            return
+        self._raw.flush()
+        with open(source, "rb", buffering=0) as data:
+            while copied := os.copy_file_range(data.fileno(), self._raw.fileno(), COPY_PIECE_BYTES):
+                self._written += copied
+                yield copied
+            if (size := data.seek(0, os.SEEK_END)) > 0:
+                self._ends_with_newline = os.pread(data.fileno(), 1, size - 1) == b"\n"
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.discard()
             return
         try:
-            counts = self._checked_counts()
+            counts = self._counts()  # the last spans are checked while the file goes to the disk
             if not self._ends_with_newline:
                 self._out.write(b"\n")
             if self._out is not self._raw:
@@ -201,27 +241,49 @@ class AtomicNdjsonWriter:
             self._raw.flush()
             os.fsync(self._raw.fileno())
             self._raw.close()
+            checked = counts()
             os.replace(self.part, self.dest)
         except BaseException:
             self.discard()
             raise
-        self.stats = FileStats(self.dest.stat().st_size, *counts)
+        self.stats = FileStats(self.dest.stat().st_size, *checked)
 
-    def _checked_counts(self) -> LineCounts:
-        if self._checker is not None:
-            self._checker.finish()
-            return self._checker.counts()
+    def _check_span(self, end: int) -> None:
+        """Start the check of the bytes written from the last span's end to ``end`` (a line's end) in a worker."""
         self._raw.flush()
         part = os.fspath(self.part.absolute())  # a worker keeps the directory it started in
+        self._checks.start(part, self._source, self._max_line_bytes, self._checked_to, end)
+        self._checked_to = end
+
+    def _counts(self) -> Callable[[], LineCounts]:
+        """The function that gives the check's counts: at once from the checker that saw every write, else from the
+        workers that check the written bytes (``check_plain_span``): a span of ``SPAN_MIN_BYTES`` each as it is
+        written, the rest cut for every worker now (a line broken at the end is still the last span's, the final
+        newline added after it). A bad line in a span is reported as the whole file's check reports it (all of it
+        checked once more in a worker)."""
+        if self._checker is not None:
+            self._checker.finish()
+            return self._checker.counts
+        self._raw.flush()
+        for _, end in byte_spans(self.part, pool_size(), self._checked_to, self._written):
+            self._check_span(end)
+        return lambda: self._summed(
+            (os.fspath(self.part.absolute()), self._source, self._max_line_bytes, 0, self._written)
+        )
+
+    def _summed(self, whole: tuple) -> LineCounts:
+        """The spans' counts added up; for a bad line, the verdict of the ``whole`` written data (its line number)."""
         try:
-            return run_in_process(
-                check_plain_file, part, self._source, self._max_line_bytes, stop_if_cancelled=self._stop_if_cancelled
-            )
+            return LineCounts(*map(sum, zip(*self._checks.results(self._stop_if_cancelled), strict=True)))
+        except NdjsonError:
+            run_in_process(check_plain_span, *whole, stop_if_cancelled=self._stop_if_cancelled)
+            raise
         except BrokenProcessPool:  # a worker died under the check (the OOM killer, a kill): check it here
-            return check_plain_file(part, self._source, self._max_line_bytes)
+            return check_plain_span(*whole)
 
     def discard(self) -> None:
         """Close and delete the temporary file (what leaving the ``with`` block by an exception does)."""
+        self._checks.cancel()
         try:
             self._raw.close()
         finally:
@@ -234,10 +296,28 @@ def count_contents(path: Path, max_line_bytes: int) -> LineCounts:
     return _checked_counts(iter_chunks(path), str(path), max_line_bytes)
 
 
-def check_plain_file(path: str, source: str, max_line_bytes: int) -> LineCounts:
-    """What ``path`` holds read as it is (never decompressed: the writer wrote these very bytes), each line
-    checked as ``AtomicNdjsonWriter`` checks it; errors name ``source``. Runs in a worker process."""
-    return _checked_counts(raw_chunks(path), source, max_line_bytes)
+def check_plain_span(path: str, source: str, max_line_bytes: int, start: int, end: int) -> LineCounts:
+    """What ``path`` holds from ``start`` (a line's start) to ``end`` (a line's end or the data's), read as it is
+    (never decompressed: the writer wrote these very bytes), each line checked as ``AtomicNdjsonWriter`` checks it;
+    errors name ``source`` and count lines from ``start``. Runs in a worker process."""
+    return _checked_counts(bytes_upto(raw_chunks(path, start), end - start), source, max_line_bytes)
+
+
+def byte_spans(path: Path, most: int, start: int, end: int) -> list[tuple[int, int]]:
+    """The bytes from ``start`` to ``end`` cut after a newline into at most ``most`` spans of at least
+    ``SPAN_MIN_BYTES``: (start, end) each. Each cut is the first newline from an equal share on (a read of a few
+    kilobytes per cut)."""
+    count = max(1, min(most, (end - start) // SPAN_MIN_BYTES))
+    cuts = [start]
+    with open(path, "rb") as data:
+        for share in range(1, count):
+            data.seek(max(cuts[-1], start + (end - start) * share // count))
+            while (piece := data.read(CUT_READ_BYTES)) and (newline := piece.find(b"\n")) < 0:
+                pass
+            if not piece:
+                break
+            cuts.append(data.tell() - len(piece) + newline + 1)
+    return [(first, last) for first, last in itertools.pairwise([*cuts, end]) if last > first] or [(start, end)]
 
 
 def _checked_counts(chunks: Iterator[bytes], source: str, max_line_bytes: int) -> LineCounts:

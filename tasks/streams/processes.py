@@ -18,12 +18,15 @@ import select
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from loky import ProcessPoolExecutor
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from loky import ProcessPoolExecutor
 
 R = TypeVar("R")
 
@@ -31,7 +34,7 @@ MAX_PROCESSES = 8
 POLL_SECONDS = 0.2
 COUNT_WRITE_SECONDS = 0.5
 
-_current: ContextVar[ProcessPoolExecutor | None] = ContextVar("dupflow_worker_pool", default=None)
+_current: ContextVar[WorkerPool | None] = ContextVar("dupflow_worker_pool", default=None)
 
 
 def never_cancelled() -> None:
@@ -91,13 +94,51 @@ def processes_allowed() -> bool:
     return pool_size() > 1 and not multiprocessing.current_process().daemon
 
 
+class WorkerPool:
+    """loky's executor, made by the first ``submit`` (from any thread): a step that runs nothing in a worker never
+    imports loky nor starts its resource-tracker process (a tiny job's start-up: about 50 ms of import and a
+    process). ``executor`` is None until then."""
+
+    def __init__(self, size: int, preload: tuple[str, ...]):
+        self.size, self.preload = size, preload
+        self.executor: ProcessPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, function: Callable[..., R], *args: Any) -> Future[R]:
+        with self._lock:
+            if self.executor is None:
+                if self._closed:
+                    raise RuntimeError("the worker pool is closed: its step has ended")
+                from loky import ProcessPoolExecutor
+
+                initargs = (os.getpid(), self.preload)
+                self.executor = ProcessPoolExecutor(self.size, initializer=_start_worker, initargs=initargs)
+        return self.executor.submit(function, *args)
+
+    def start(self, *modules: str) -> None:
+        """Start the workers now, importing ``modules``, unless they are started: work for them is on its way (a
+        large file arriving), and they take about half a second to be ready."""
+        if self.executor is None:
+            with suppress(RuntimeError):  # closed: nothing to start
+                self.submit(_import_modules, modules)
+
+    def shutdown(self, wait: bool = True, kill_workers: bool = False) -> None:
+        with self._lock:
+            self._closed = True
+            executor = self.executor
+        if executor is not None:
+            executor.shutdown(wait=wait, kill_workers=kill_workers)
+
+
 @contextmanager
-def worker_pool(*preload: str, size: int | None = None) -> Iterator[ProcessPoolExecutor]:
+def worker_pool(*preload: str, size: int | None = None) -> Iterator[WorkerPool]:
     """A pool of ``size`` (default ``pool_size()``) workers, current in this context until the block ends. Its
     workers start with its first work, or at once when ``preload`` names modules for them to import (while the
-    caller prepares the work): a block that runs nothing in a worker costs about a millisecond. The workers end with
-    the block, terminated at once when it ends by an exception (Ctrl+C, a cancelled fan-out, a failure)."""
-    pool = ProcessPoolExecutor(size or pool_size(), initializer=_start_worker, initargs=(os.getpid(), preload))
+    caller prepares the work): a block that runs nothing in a worker costs a few microseconds (``WorkerPool``).
+    The workers end with the block, terminated at once when it ends by an exception (Ctrl+C, a cancelled fan-out, a
+    failure)."""
+    pool = WorkerPool(size or pool_size(), preload)
     token = _current.set(pool)
     try:
         if preload:
@@ -112,37 +153,75 @@ def worker_pool(*preload: str, size: int | None = None) -> Iterator[ProcessPoolE
         _current.reset(token)
 
 
+def start_workers(*modules: str) -> None:
+    """``WorkerPool.start`` of the current pool, if one is open."""
+    if (pool := _current.get()) is not None:
+        pool.start(*modules)
+
+
 def run_in_process(
     function: Callable[..., R], *args: Any, stop_if_cancelled: Callable[[], None] = never_cancelled
 ) -> R:
     """``function(*args)`` in a worker of the current pool (of a one-worker pool of its own when none is open); its
-    result, or the exception it raised (``BrokenProcessPool`` when the worker died).
+    result, or the exception it raised (``BrokenProcessPool`` when the worker died). See ``ProcessCalls``."""
+    calls = ProcessCalls(function)
+    calls.start(*args)
+    return calls.results(stop_if_cancelled)[0]
 
-    The calling thread waits in short slices, calling ``stop_if_cancelled`` after each, so a cancelled caller
-    (it raises) or an interrupt stops the wait at once: the pool's workers are then killed (a running worker
-    cannot be stopped any other way).
-    """
-    pool = _current.get()
-    if pool is None:
-        with worker_pool(size=1):
-            return run_in_process(function, *args, stop_if_cancelled=stop_if_cancelled)
-    future = pool.submit(function, *args)
-    try:
-        while True:
-            with suppress(FutureTimeout):
-                return future.result(timeout=POLL_SECONDS)
-            stop_if_cancelled()
-    except BaseException:
-        if not future.done():
-            pool.shutdown(wait=False, kill_workers=True)
-        raise
+
+class ProcessCalls:
+    """Calls of ``function``, each started in a worker of the current pool as soon as its arguments are known
+    (``start``), waited for together (``results``: in order; the first exception raised in a worker is raised
+    there, ``BrokenProcessPool`` when a worker died). Without an open pool they start in ``results``, in a pool of
+    their own.
+
+    ``results`` waits in short slices, calling ``stop_if_cancelled`` after each, so a cancelled caller (it raises) or
+    an interrupt stops the wait at once: the pool's workers are then killed (a running worker cannot be stopped any
+    other way). ``cancel`` drops the calls not started (the caller gave up: their results are not wanted)."""
+
+    def __init__(self, function: Callable[..., R]):
+        self._function = function
+        self._pool = _current.get()
+        self._waiting: list[tuple] = []  # arguments, without a pool
+        self._futures: list[Future[R]] = []
+
+    def start(self, *args: Any) -> None:
+        if self._pool is None:
+            self._waiting.append(args)
+        else:
+            self._futures.append(self._pool.submit(self._function, *args))
+
+    def results(self, stop_if_cancelled: Callable[[], None] = never_cancelled) -> list[R]:
+        if self._pool is None:
+            with worker_pool(size=min(len(self._waiting), pool_size())):
+                calls = ProcessCalls(self._function)
+                for args in self._waiting:
+                    calls.start(*args)
+                return calls.results(stop_if_cancelled)
+        try:
+            while running := [future for future in self._futures if not future.done()]:
+                wait(running, timeout=POLL_SECONDS)
+                stop_if_cancelled()
+        except BaseException:
+            if not all(future.done() for future in self._futures):
+                self._pool.shutdown(wait=False, kill_workers=True)
+            raise
+        return [future.result() for future in self._futures]
+
+    def cancel(self) -> None:
+        for future in self._futures:
+            future.cancel()
 
 
 def _start_worker(parent: int, preload: tuple[str, ...]) -> None:
     """In a worker: a daemon thread that ends the process as soon as the process that made the pool is gone, then
     the modules its work needs."""
     threading.Thread(target=_wait_for_exit, args=(parent,), daemon=True, name="exit-with-parent").start()
-    for module in preload:
+    _import_modules(preload)
+
+
+def _import_modules(modules: tuple[str, ...]) -> None:
+    for module in modules:
         importlib.import_module(module)
 
 

@@ -1,72 +1,140 @@
-"""local_import throughput and memory: ``python -m tests.benchmarks.bench_local_import [MB ...]``.
+"""local_import next to its physical floor on the same bytes: ``python -m tests.benchmarks.bench_local_import``.
 
-For each size, writes an NDJSON file of synthetic patient bundles, imports it with the step's own
-function at every compression level, and prints MB/s and the peak RSS of a fresh child process (with the
-worker processes a large plain file is checked in), so memory can be compared across file sizes (it must stay
-flat).
+    python -m tests.benchmarks.bench_local_import [--mb 1024] [--files 1] [--rounds 5] [--levels off,default]
+
+Data: ``--mb`` MB of seeded, varied TORCH-shaped Bundles (``compare``'s data: every line a different patient) in
+``--files`` files, written once. Each round runs, in turn on the same files (the rounds interleave, so each sees the
+same machine load):
+
+- ``cp``: the copy (GNU cp, into a fresh folder; nothing synced), and ``cp`` followed by ``sync`` apart;
+- the scan: the fastest validating scan of every line in one process (simdjson's parser over each line, nothing
+  else: the least a line check can do);
+- for a level: ``zstd -T1 -<level>`` of the files in place of ``cp``;
+- ``local_import``: the step's per-file task body (``import_file``, each file its own thread as the step runs them,
+  in the step's worker pool, started and ended in the run) in a fresh child process, timed from before its pool.
+
+The floor of a level is its copy (``cp`` or ``zstd -T1``) plus the scan, one after the other; the ratio is
+local_import / floor (the issue's goal: at most 1.5). Printed per round, then min and median of each over the
+rounds, the load average before and after, and the peak RSS of the child (its own plus its worker processes').
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-import random
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import orjson
+from tests.benchmarks.compare import MB, run_command, write_dataset
 
-from tests.benchmarks.bench_compression import patient_bundle
-
-
-def write_source(path: Path, megabytes: int) -> None:
-    rng = random.Random(3)
-    block = b"".join(orjson.dumps(patient_bundle(rng, ["lab", "value", "high", "low"])) + b"\n" for _ in range(400))
-    with open(path, "wb") as f:
-        for _ in range(max(1, megabytes * 1024 * 1024 // len(block))):
-            f.write(block)
+ZSTD_LEVELS = {"fastest": 1, "default": 5, "better": 9, "best": 12}
 
 
-def import_once(source: str, level: str) -> None:
-    """Child process: one import, then report seconds and peak RSS (its own plus its worker processes')."""
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=int, default=1024, help="MB of data (default 1024)")
+    parser.add_argument("--files", type=int, default=1, help="files the data are written in (default 1)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--levels", default="off,default", help="off (plain) and zstd level names (off,default)")
+    args = parser.parse_args()
+    levels = [level.strip() for level in args.levels.split(",")]
+    print(f"{os.cpu_count()} cores, load average {load()}")
+    with tempfile.TemporaryDirectory(prefix="bench-import-", dir=os.environ.get("DUPFLOW_BENCH_DIR")) as scratch:
+        root = Path(scratch)
+        files = write_dataset(root / "data", args.mb, args.files, seed=7)
+        total = sum(path.stat().st_size for path in files) / MB
+        print(f"data: {len(files)} file(s), {total:,.0f} MB of varied TORCH Bundles; {args.rounds} rounds")
+        rounds = [one_round(root, files, levels) for _ in range(args.rounds)]
+    print(f"\n{'':<28}{'min':>8}{'median':>8}")
+    for key in rounds[0]:
+        values = [measured[key] for measured in rounds]
+        unit = "" if key.startswith("ratio") or key.startswith("peak") else " s"
+        print(f"{key + unit:<28}{min(values):8.2f}{statistics.median(values):8.2f}")
+    print(f"load average {load()}")
+
+
+def one_round(root: Path, files: list[Path], levels: list[str]) -> dict[str, float]:
+    out = root / "out"
+    measured = {"cp": timed(lambda: run_command(["cp", *map(str, files), str(fresh(out))]))}
+    measured["cp + sync"] = timed(lambda: (run_command(["cp", *map(str, files), str(fresh(out))]), os.sync()))
+    measured["scan"] = timed(lambda: scan(files))
+    for level in levels:
+        copy = "cp"
+        if level != "off":
+            copy = f"zstd -T1 -{ZSTD_LEVELS[level]}"
+            command = ["zstd", "-q", "-f", "-T1", f"-{ZSTD_LEVELS[level]}", "--output-dir-flat", str(fresh(out))]
+            measured[copy] = timed(lambda command=command: run_command([*command, *map(str, files)]))
+        seconds, peak = import_in_child(files, fresh(out), level)
+        measured[f"local_import {level}"] = seconds
+        measured[f"ratio {level} / {copy} + scan"] = seconds / (measured[copy] + measured["scan"])
+        measured[f"ratio {level} / cp + sync"] = seconds / measured["cp + sync"]
+        measured[f"peak RSS {level} MB"] = peak
+    print("  ".join(f"{key} {value:.2f}" for key, value in measured.items()), flush=True)
+    shutil.rmtree(out, ignore_errors=True)
+    return measured
+
+
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def fresh(folder: Path) -> Path:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+def timed(work) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+def scan(files: list[Path]) -> None:
+    """simdjson's parser over every line, nothing else."""
+    import simdjson
+
+    parser = simdjson.Parser()
+    for path in files:
+        with open(path, "rb") as lines:
+            for line in lines:
+                parser.parse(line)
+
+
+def import_in_child(files: list[Path], out: Path, level: str) -> tuple[float, float]:
+    arguments = f"{[str(path) for path in files]!r}, {str(out)!r}, {level!r}"
+    code = f"from tests.benchmarks.bench_local_import import import_once; import_once({arguments})"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(done.stderr[-3000:])
+    seconds, peak = done.stdout.split()
+    return float(seconds), float(peak)
+
+
+def import_once(files: list[str], out: str, level: str) -> None:
+    """Child process: the files through ``import_file`` in the step's worker pool, one thread per file as the step
+    runs them; prints seconds and the peak RSS of the process and its workers."""
     from tasks.local_import import import_file
+    from tasks.streams.fanout import first_failure, run_bounded
+    from tasks.streams.processes import worker_pool
     from tests.benchmarks.memory import tree_peak_mb
     from tests.steps import step_input
 
     overrides = {"compression.enabled": "false"} if level == "off" else {"compression.level": level}
-    step = step_input(Path(tempfile.mkdtemp()) / "bench", "local_import", **overrides)
-    start = time.perf_counter()
-    record = import_file.fn(step, source, "out.ndjson.zst", [])
-    seconds = time.perf_counter() - start
-    peak_mb = tree_peak_mb(os.getpid())
-    print(f"{seconds} {peak_mb} {record.size}")
-
-
-def main() -> None:
-    sizes = [int(a) for a in sys.argv[1:]] or [256, 2048]
-    print("size MB  level    MB/s  ratio  peak RSS MB")
-    with tempfile.TemporaryDirectory() as tmp:
-        for megabytes in sizes:
-            source = Path(tmp) / f"{megabytes}.ndjson"
-            write_source(source, megabytes)
-            size = source.stat().st_size
-            for level in ("off", "fastest", "default", "better", "best"):
-                out = subprocess.run(
-                    [
-                        sys.executable,
-                        "-c",
-                        f"from tests.benchmarks.bench_local_import import import_once; "
-                        f"import_once({str(source)!r}, {level!r})",
-                    ],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                ).stdout.split()
-                seconds, peak, written = float(out[0]), float(out[1]), int(out[2])
-                print(f"{size / 1e6:7.0f}  {level:<7} {size / 1e6 / seconds:6.0f}  {size / written:5.1f}x  {peak:8.0f}")
-            source.unlink()
+    step = step_input(Path(out) / "job", "local_import", **overrides)
+    suffix = ".ndjson" if level == "off" else ".ndjson.zst"
+    calls = [lambda path=path: import_file.fn(step, path, Path(path).stem + suffix, []) for path in files]
+    started = time.perf_counter()
+    with worker_pool():
+        if failure := first_failure(run_bounded(calls, workers=os.cpu_count() or 1)):
+            raise failure
+        peak = tree_peak_mb(os.getpid())
+    print(time.perf_counter() - started, peak)
 
 
 if __name__ == "__main__":

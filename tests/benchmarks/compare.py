@@ -14,7 +14,7 @@ Each step runs its plain code (no Prefect), ``--runs`` times in a fresh child pr
 its worker processes'); the best run is kept, and so for every anchor (the machine is shared: the best run is the
 least disturbed):
 
-- import:     ``local_import``'s per-file copy (``iter_chunks`` into ``AtomicNdjsonWriter``, one file per core),
+- import:     ``local_import``'s per-file copy (``AtomicNdjsonWriter.copy``, one file per core, the step's pool),
               plain and zstd ``default``, next to ``cp`` and ``zstd -5 -T1`` of the same files;
 - download:   ``download_ndjson`` from the fake extraction server serving the files (its own process),
               ``DOWNLOAD_CONCURRENCY`` at a time as the extractor step, next to ``curl --parallel`` and a plain
@@ -308,8 +308,8 @@ def zstd_anchor(files: list[Path], out: Path, runs: int) -> tuple[str, float]:
 
 def child_import(files: list[str], out: str, level: str | None, runs: int) -> dict:
     from tasks.streams.fanout import first_failure, run_bounded
-    from tasks.streams.ndjson import iter_chunks
     from tasks.streams.ndjson_writer import AtomicNdjsonWriter
+    from tasks.streams.processes import worker_pool
 
     folder = Path(out)
 
@@ -318,13 +318,14 @@ def child_import(files: list[str], out: str, level: str | None, runs: int) -> di
         name = source.name + (".zst" if level else "")
         size = source.stat().st_size
         with AtomicNdjsonWriter(folder / name, level, MAX_LINE_BYTES, str(source), expected_size=size) as writer:
-            for chunk in iter_chunks(source):
-                writer.write(chunk)
+            for _ in writer.copy(source):
+                pass
 
-    def import_all() -> None:
+    def import_all() -> None:  # as the step: one file per core, the line checks in the step's worker pool
         calls = [lambda path=Path(p): copy(path) for p in files]
-        if failure := first_failure(run_bounded(calls, workers=os.cpu_count() or 1)):
-            raise failure
+        with worker_pool():
+            if failure := first_failure(run_bounded(calls, workers=os.cpu_count() or 1)):
+                raise failure
 
     seconds = best_seconds(import_all, runs, fresh(folder))
     shutil.rmtree(folder, ignore_errors=True)
@@ -430,6 +431,8 @@ def download_group(urls: list[str], out: str, level: str | None, threads: int) -
     """``download_ndjson`` for each URL, ``threads`` at a time on one client, as the extractor step does."""
     from config.settings import RetrySettings
     from tasks.clients.downloads import download_ndjson, target_names
+    from tasks.streams.fanout import first_failure, run_bounded
+    from tasks.streams.processes import worker_pool
 
     names = target_names(urls, compress=level is not None)
 
@@ -444,8 +447,10 @@ def download_group(urls: list[str], out: str, level: str | None, threads: int) -
             retry=RetrySettings(),
         )
 
-    with httpx.Client(timeout=60) as client, ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda url: download(client, url), urls))
+    # as the extractor step: its bounded threads, the line checks of large plain files in the step's worker pool
+    with httpx.Client(timeout=60) as client, worker_pool():
+        if failure := first_failure(run_bounded([lambda url=url: download(client, url) for url in urls], threads)):
+            raise failure
 
 
 # --- pseudonymization ----------------------------------------------------------------------------------------
@@ -826,6 +831,13 @@ def startup_rows(root: Path, runs: int) -> tuple[list[Row], tuple[float, float]]
     ], (flow_mb, server_mb)
 
 
+MEMORY_JOBS = (
+    ("compression.enabled=false",),
+    ("compression.level=default",),
+    ("compression.enabled=false", "services.flattening.formats=csv,parquet"),
+)
+
+
 def memory_lines(root: Path, megabytes: int, files: int, seed: int) -> list[str]:
     """A large job through the command line with the local server running: the command's process tree (flow
     process plus worker processes, each pid's peak summed: an upper bound) and the server's peak, apart."""
@@ -849,22 +861,22 @@ def memory_lines(root: Path, megabytes: int, files: int, seed: int) -> list[str]
     lines = []
     try:
         ensure_server(home)
-        for compression in ("enabled=false", "level=default"):
+        for settings in MEMORY_JOBS:
+            options = [part for setting in settings for part in ("--set", setting)]
             command = cli(
                 "start",
                 str(config),
                 str(EXAMPLE / "example-crtdl.json"),
                 "--dir",
                 str(data[0].parent),
-                "--set",
-                f"compression.{compression}",
+                *options,
                 "--no-progress",
             )
             seconds, tree_mb, flow_mb = sampled_tree(command, env)
             server_pid = (server_status(home) or {}).get("pid")
             server_mb = tree_peak_mb(server_pid) if server_pid else 0.0
             lines.append(
-                f"memory, {size:,.0f} MB job (local_import + flattening, compression.{compression}, {seconds:.0f} s): "
+                f"memory, {size:,.0f} MB job (local_import + flattening, {', '.join(settings)}, {seconds:.0f} s): "
                 f"command tree {tree_mb:,.0f} MB (flow process {flow_mb:,.0f} MB); reused server {server_mb:,.0f} MB"
             )
             shutil.rmtree(root / "jobs", ignore_errors=True)
