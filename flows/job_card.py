@@ -178,7 +178,7 @@ def inspection_lines(record: JobRecord) -> list[str]:
     return lines
 
 
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~:])")
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()|~:])")  # within a line (a list item's text): no . - + # !
 
 
 def markdown_text(text: str) -> str:

@@ -182,7 +182,7 @@ def close_earlier_flow_run(job: Job, flow_run_id: str) -> None:
 
 def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> None:
     """``attach`` follows the extraction at that status URL; ``resubmit`` allows a fresh submission."""
-    refuse_credentials_in_url(attach, door="attach", fix="give the status URL without them")
+    refuse_credentials_in_url(attach, door="attach", fix="give the status URL without them", tokens=True)
     if attach:
         job_id = attach.rstrip("/").rsplit("/", 1)[-1]
         record_facts(

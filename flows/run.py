@@ -236,6 +236,7 @@ def cmd_continue(args: argparse.Namespace) -> int:
         args.attach,
         door="--attach",
         fix="give the status URL without them; the credentials come from services.extractor.auth",
+        tokens=True,
     )
     paths = JobPaths(find_job_dir(args.job, jobs_dir_for(args)))
     with JobLock(paths):

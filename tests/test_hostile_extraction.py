@@ -105,10 +105,11 @@ def test_continue_attach_with_a_token_in_its_query_is_refused_like_a_password(tm
     assert "https://torch.example/fhir/__status/0b6b" in error and PASSWORD not in error
 
 
-def test_a_query_without_a_token_is_no_credential():
-    refuse_credentials_in_url("https://torch.example/fhir/x?page=2&_count=10&token=", door="d", fix="f")
+def test_a_query_without_a_token_is_no_credential_and_a_files_url_may_carry_one():
+    refuse_credentials_in_url("https://torch.example/fhir/x?page=2&_count=10&token=", door="d", fix="f", tokens=True)
+    refuse_credentials_in_url(f"https://files.example/a.ndjson?sig={PASSWORD}", door="the job input", fix="f")
     with pytest.raises(CredentialsInUrlError, match="token"):
-        refuse_credentials_in_url(f"https://torch.example/fhir/x?Token={PASSWORD}", door="d", fix="f")
+        refuse_credentials_in_url(f"https://torch.example/fhir/x?Token={PASSWORD}", door="d", fix="f", tokens=True)
 
 
 def test_the_job_input_and_the_configuration_follow_the_same_rule(tmp_path, write_config):

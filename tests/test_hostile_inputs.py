@@ -398,12 +398,12 @@ def test_a_download_with_a_non_json_line_fails_naming_url_and_line(echo, tmp_pat
 
 
 def test_a_self_redirect_names_the_url(echo) -> None:
-    echo.state.replies.extend([Reply(302, {"Location": "/fhir/loop?_page=abc"})] * 3)
+    echo.state.replies.extend([Reply(302, {"Location": "/fhir/loop?token=abc"})] * 3)
     endpoint = ServiceEndpoint("extractor", echo.base_url)
     with ServiceClient(endpoint, TLS, NO_RETRY) as client, pytest.raises(ServiceError) as error:
-        client.request("GET", "/fhir/loop?_page=abc", operation="poll")
+        client.request("GET", "/fhir/loop?token=abc", operation="poll")
     assert f"{echo.base_url}/fhir/loop redirects to itself" in str(error.value)
-    assert "_page=abc" not in str(error.value) and len(echo.state.requests) == 1
+    assert "token=abc" not in str(error.value) and len(echo.state.requests) == 1
 
 
 def test_a_redirect_loop_through_two_urls_names_them(echo) -> None:

@@ -1,5 +1,5 @@
-"""The one rule for every URL that enters dupflow: no credentials in it, neither a user name or password
-(``user:password@host``) nor a token in its query (``?access_token=…``, ``token``, ``code``, ``sig``).
+"""The one rule for every URL that enters dupflow: no user name or password in it (``user:password@host``), and for
+a status URL to follow (``continue --attach``) no token in its query either (``?access_token=…``).
 
 A URL is stored with the job (``job.json``, the job-record artifact, Prefect parameters) and shown
 in logs and status, so credentials in it would leak; and httpx sends the user info of a URL it follows as Basic
@@ -44,17 +44,18 @@ def shown_url(url: str) -> str:
     return f"{parts.scheme}://{host}{path}" if parts.scheme else f"{host}{path}"
 
 
-def refuse_credentials_in_url(url: str | None, *, door: str, fix: str) -> None:
-    """Raise ``CredentialsInUrlError`` when ``url`` carries user info or a token in its query (``access_token``,
-    ``token``, ``code``, ``sig``, in any case). ``door`` names where the URL came from (an argument, option, key or
-    header); ``fix`` says what to do instead."""
+def refuse_credentials_in_url(url: str | None, *, door: str, fix: str, tokens: bool = False) -> None:
+    """Raise ``CredentialsInUrlError`` when ``url`` carries user info, or with ``tokens`` a token in its query
+    (``access_token``, ``token``, ``code``, ``sig``, in any case: a status URL to follow, which the job stores, needs
+    none; a file's URL to import may need one and is stored without its query). ``door`` names where the URL came
+    from (an argument, option, key or header); ``fix`` says what to do instead."""
     if url is None:
         return
     parts = urlsplit(url.strip())
     if "@" in parts.netloc:
         carried = "a user name or password (user:password@host)"
-    elif tokens := sorted({k for k, _ in parse_qsl(parts.query) if k.lower() in _TOKEN_PARAMETERS}):
-        carried = f"a token in its query ({', '.join(tokens)})"
+    elif tokens and (found := sorted({k for k, _ in parse_qsl(parts.query) if k.lower() in _TOKEN_PARAMETERS})):
+        carried = f"a token in its query ({', '.join(found)})"
     else:
         return
     raise CredentialsInUrlError(
