@@ -21,8 +21,9 @@ from config.errors import ConfigError
 from config.keys import leaf_paths, secret_key_paths
 from config.loader import cached_settings, effective_config_rows, load_settings, refuse_secret_overrides
 from config.yaml_file import names_secret_blocks
-from config.runtime import default_jobs_dir
+from config.runtime import default_jobs_dir, prefect_api_url
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
+from flows.api_watch import api_watched
 from flows.job_state import JobLock, current_state, current_states, find_job_dir, list_jobs
 from flows.jobs import prepare_job, step_file_problems
 from flows.run_logging import job_logging
@@ -283,7 +284,7 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl+C: a KeyboardInterrupt
     log_file = paths.job_dir / "job.log"
     try:
-        with job_logging(log_file):
+        with job_logging(log_file), api_watched(paths, prefect_api_url()):
             state = run_flow(job, paths, continuing or {})
     except KeyboardInterrupt:
         print(f"interrupted; resume with: {CLI} continue {job.job_id}", file=sys.stderr)

@@ -1,0 +1,75 @@
+"""While a job runs in this process, watch its Prefect API; when the server is gone for good, stop the job cleanly.
+
+A flow run cannot go on without its server (every task run reports its states there), and Prefect's client waits
+and retries each call for minutes, printing warnings, before the run fails with a long traceback. Instead a thread
+probes the API's ``/health`` (any answer, a busy server's 503 too, counts as alive); after ``LOST_AFTER`` seconds
+without one it records the job Crashed with the reason, says so in two lines with the exact ``continue`` command,
+and ends the process at once. Nothing is lost: a finished file is committed, a half-written one is a ``.part`` file
+that the next run writes again, and the kernel releases the job's lock. The worker processes end with their parent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+from flows.prefect_server import http_get
+from tasks.core.readable import CLI
+from tasks.core.url_credentials import shown_url
+from tasks.job.layout import JobPaths
+from tasks.job.record import CRASHED, RecordError, record_state
+
+PROBE_INTERVAL = 2.0
+PROBE_TIMEOUT = 5.0
+LOST_AFTER = 15.0  # a server busy with a burst of runs answers within seconds; a gone one never
+EXIT_FAILED = 1
+
+
+@contextmanager
+def api_watched(paths: JobPaths, api_url: str | None) -> Iterator[None]:
+    """Watch ``api_url`` while the block runs (nothing to watch without one)."""
+    if api_url is None:
+        yield
+        return
+    done = threading.Event()
+    watcher = threading.Thread(target=watch, args=(paths, api_url, done), name="dupflow-api-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def watch(paths: JobPaths, api_url: str, done: threading.Event) -> None:
+    """Probe until ``done``. While the API does not answer, Prefect's log shipping does not complain on the terminal
+    (its "--- Error logging to API ---" follows ``logging.raiseExceptions``); an answer restores that."""
+    answered = time.monotonic()
+    while not done.wait(PROBE_INTERVAL):
+        alive = http_get(api_url, "/health", PROBE_TIMEOUT) is not None
+        logging.raiseExceptions = alive
+        if alive:
+            answered = time.monotonic()
+        elif time.monotonic() - answered >= LOST_AFTER and not done.is_set():
+            stop_job(paths, api_url)
+    logging.raiseExceptions = True
+
+
+def stop_job(paths: JobPaths, api_url: str) -> None:
+    """Record the job Crashed with the reason, say so, and end the process (no Prefect call: the server is gone)."""
+    reason = f"the Prefect server at {shown_url(api_url)} went away (no answer for {LOST_AFTER:.0f} s)"
+    with suppress(RecordError, OSError):
+        record_state(paths.job_dir, CRASHED, reason)
+    line = logging.LogRecord("dupflow", logging.ERROR, __file__, 0, "job stopped: %s", (reason,), None)
+    for handler in logging.getLogger("dupflow").handlers:
+        if isinstance(handler, logging.FileHandler):  # job.log; the terminal gets the two lines below
+            handler.handle(line)
+            handler.flush()
+    print(f"\njob {paths.job_id} stopped: {reason}", file=sys.stderr)  # after a line Prefect may have left open
+    print(f"when the server runs again, resume with: {CLI} continue {paths.job_id}", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(EXIT_FAILED)
