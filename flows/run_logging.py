@@ -42,16 +42,23 @@ class OneTracePerFailure(logging.Filter):
 
 
 _one_trace = OneTracePerFailure()
+_redacting = RedactingFilter()
+API_LOGGERS = (*RUN_LOGGERS, "prefect.extra", "prefect.workers")
+"""The loggers whose handlers (Prefect's ``api`` and ``worker_api``) send records to Prefect's API."""
 
 
 def keep_one_trace_per_failure() -> None:
-    """On Prefect's run loggers, so the console, the job log and the UI's run log all get one trace (idempotent);
-    called at the start of each flow run."""
+    """On Prefect's run loggers, so the console, the job log and the UI's run log all get one trace, and on the
+    handlers that send records to Prefect's API the redaction job.log has: Prefect's own records ("Task run failed
+    with exception", its traceback) reach the server redacted (idempotent); called at the start of each flow run."""
     _one_trace.forget()
     for name in RUN_LOGGERS:
         logger = logging.getLogger(name)
         if _one_trace not in logger.filters:
             logger.addFilter(_one_trace)
+    for handler in (h for name in API_LOGGERS for h in logging.getLogger(name).handlers):
+        if _redacting not in handler.filters:
+            handler.addFilter(_redacting)
 
 
 FAILED_FINISHES = ("Finished in state Failed", "Finished in state Crashed")

@@ -4,7 +4,8 @@ Every text that leaves dupflow (an error message, a log line, a job file, an art
 a service may quote the request back (its ``Authorization`` header, API key or form body) in an error. ``redact``
 removes every secret value registered with ``register_secret`` (by the configuration loader for every configured
 secret, by the OAuth token source for each access token it fetches; also their URL-encoded, JSON-escaped, base64
-and Basic-encoded forms), ``Authorization: …`` values, ``Basic``/``Bearer`` tokens and passwords in URLs.
+(standard and URL-safe) and Basic-encoded forms), ``Authorization: …`` values, ``Basic``/``Bearer`` tokens and
+passwords in URLs.
 ``redact_strings`` does it for a parsed JSON answer; ``RedactingFilter`` does it for log records, their traceback
 included (installed here on the ``dupflow.clients`` and ``httpx`` loggers; the job's log handlers use it too).
 
@@ -40,7 +41,8 @@ def register_secret(value: str) -> None:
     if len(value) < MIN_SECRET_CHARS:
         return
     encoded = base64.b64encode(value.encode()).decode().rstrip("=")  # unpadded: matches with or without padding
-    forms = {value, quote_plus(value), quote(value, safe=""), json.dumps(value)[1:-1], encoded}
+    urlsafe = base64.urlsafe_b64encode(value.encode()).decode().rstrip("=")
+    forms = {value, quote_plus(value), quote(value, safe=""), json.dumps(value)[1:-1], encoded, urlsafe}
     with _secrets_lock:
         if forms <= _secrets:
             return

@@ -30,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from config.loader import cached_settings
 from config.settings import Settings
+from tasks.core.errors import DupflowError
+from tasks.core.redaction import redact
 from tasks.job.layout import JobPaths, step_artifact_key, step_folder
 from tasks.streams.progress import StepWork, step_progress
 from tasks.streams.ndjson import FileStats
@@ -191,7 +193,9 @@ def step_task(name: str, **options: Any) -> Callable[[Callable[..., StepResult]]
                 result = function(step, *args, **kwargs)
             return result.model_copy(update={"seconds": round(time.monotonic() - started, 3)})
 
-        return task(name=name, task_run_name=f"{name}" + "[{step.number}]", **{**_PERSISTED, **options})(timed)
+        return task(name=name, task_run_name=f"{name}" + "[{step.number}]", **{**_PERSISTED, **options})(
+            redacting_failures(timed)
+        )
 
     return declare
 
@@ -199,7 +203,27 @@ def step_task(name: str, **options: Any) -> Callable[[Callable[..., StepResult]]
 def file_task(name: str, run_name: str, **options: Any) -> Callable[[Callable[..., R]], Any]:
     """Declare a per-file (or per-batch) sub-task; ``run_name`` is a template over its parameters, e.g.
     ``"pseudonymize[{name}]"``."""
-    return task(name=name, task_run_name=run_name, **{**_PERSISTED, **options})
+    return lambda function: task(name=name, task_run_name=run_name, **{**_PERSISTED, **options})(
+        redacting_failures(function)
+    )
+
+
+def redacting_failures(function: Callable[..., R]) -> Callable[..., R]:
+    """``function`` whose exceptions leave with their text redacted: Prefect puts an escaping exception's text into
+    the failed state's message and the failure's result record, both sent to or kept beside the API."""
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> R:
+        try:
+            return function(*args, **kwargs)
+        except Exception as exc:
+            if (text := str(exc)) != (redacted := redact(text)):
+                exc.args = (redacted,)
+                if isinstance(exc, DupflowError):
+                    exc.message = redact(exc.message)
+            raise
+
+    return call
 
 
 def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: Any) -> R:

@@ -1,0 +1,75 @@
+"""A secret in an exception's text (a service quoting a credential back, a library quoting a header) reaches no
+record sent to Prefect's API: not Prefect's own "Task run failed with exception" log record with its traceback,
+not the failed state's message, not the failure's result record in the job directory."""
+
+from __future__ import annotations
+
+import base64
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+from prefect import flow
+from prefect.client.orchestration import get_client
+
+from flows.run_logging import keep_one_trace_per_failure
+from tasks.core.redaction import register_basic_credentials, register_secret
+from tasks.job.contract import StepResult, step_task
+from tests.steps import step_input
+from tests.support.filesystem import files_under
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
+
+API_KEY = "key-5e0b7d-echoed-in-a-401"
+USER, PASSWORD = "researcher", "pw-1c2f9a-echoed"
+
+
+def forms(value: str) -> list[bytes]:
+    raw = value.encode()
+    return [raw, base64.b64encode(raw).rstrip(b"="), base64.urlsafe_b64encode(raw).rstrip(b"=")]
+
+
+LEAKS = [*forms(API_KEY), *forms(PASSWORD), *forms(f"{USER}:{PASSWORD}")]
+
+
+@step_task("echoing")
+def echoing(step) -> StepResult:
+    basic = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    raise RuntimeError(f"401 from the server: {{'x-api-key': '{API_KEY}', 'authorization': 'Basic {basic}'}}")
+
+
+@flow
+def failing(step) -> StepResult:
+    keep_one_trace_per_failure()
+    return echoing(step)
+
+
+def database_texts(database: Path) -> bytes:
+    """Every text and blob column of every row of every table, as bytes."""
+    found = []
+    with sqlite3.connect(database) as connection:
+        tables = [row[0] for row in connection.execute("select name from sqlite_master where type='table'")]
+        for table in tables:
+            for row in connection.execute(f'select * from "{table}"'):
+                found += [v.encode() if isinstance(v, str) else v for v in row if isinstance(v, str | bytes)]
+    return b"\n".join(found)
+
+
+def test_a_secret_in_an_exception_text_reaches_no_row_of_the_prefect_database_and_no_file(tmp_path, prefect_api):
+    register_secret(API_KEY)
+    register_basic_credentials(USER, PASSWORD)
+    state = failing(step_input(tmp_path / "job", "echoing"), return_state=True)
+    assert state.is_failed()
+    with get_client(sync_client=True) as client:  # the API has the failure's log records before we look
+        deadline = time.monotonic() + 30
+        while not any("failed" in log.message for log in client.read_logs()):
+            assert time.monotonic() < deadline, "Prefect's failure record never arrived"
+    rows = database_texts(prefect_api["database"])
+    assert b"Task run failed with exception" in rows or b"encountered an exception" in rows
+    home = prefect_api["database"].parent
+    stores = {p: p.read_bytes() for p in [*files_under(tmp_path / "job"), *files_under(home)] if p.is_file()}
+    for leak in LEAKS:
+        assert leak not in rows, f"{leak!r} in the Prefect database"
+        for path, content in stores.items():
+            assert leak not in content, f"{leak!r} in {path}"
