@@ -18,9 +18,12 @@ from config.loader import load_settings
 from tests.support.ports import free_port
 from tasks.core.redaction import redact
 from tests.conftest import TESTDATA, extraction_tree, run_cli
+from tests.fakes._server import LoopbackServer
+from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.extraction_server import start_extraction_server
 from tests.support.jobs import read_artifacts
 from tests.support.filesystem import files_under
+from tests.support.leaks import database_texts, forms
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
@@ -140,3 +143,26 @@ def test_the_loader_without_a_prefect_api_names_the_key_the_block_and_the_settin
     assert result.returncode != 0
     assert f"services.extractor.auth.password: {REFERENCE}: PREFECT_API_URL is not set" in result.stderr
     assert "set it to the API address of the server holding the block" in result.stderr
+
+
+def test_a_block_password_echoed_in_a_401_reaches_no_prefect_row_no_file_and_no_artifact(
+    tmp_path, write_config, secret_block, prefect_api
+):
+    """The issue's case: the password comes from a Secret block, the server quotes the credentials back in its 401."""
+    echoed = f"denied: Authorization: {basic_header('researcher', PASSWORD)}, password={PASSWORD}".encode()
+    with LoopbackServer(EchoHandler, EchoState(replies=[Reply(401, {}, echoed)] * 10)) as torch:
+        config = write_config(extractor_tree(torch.base_url))
+        failed = run_cli("start", str(config), str(CRTDL), "--no-progress")
+        assert torch.state.requests, "the job never reached the server"
+
+    assert failed.returncode == 1, failed.stderr
+    (job_dir,) = (tmp_path / "jobs").iterdir()
+    rows = database_texts(prefect_api["database"])
+    assert job_dir.name.encode() in rows and b"401" in rows  # the failure is there, told without the secret
+    home = prefect_api["database"].parent
+    stores = {p: p.read_bytes() for p in [*files_under(job_dir), *files_under(home)] if p.is_file()}
+    for leak in [*forms(PASSWORD), *forms(f"researcher:{PASSWORD}")]:
+        assert leak not in rows, f"{leak!r} in the Prefect database (logs, states, artifacts, parameters)"
+        assert leak.decode() not in failed.stdout + failed.stderr
+        for path, content in stores.items():
+            assert leak not in content, f"{leak!r} in {path}"

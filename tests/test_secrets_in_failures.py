@@ -5,9 +5,7 @@ not the failed state's message, not the failure's result record in the job direc
 from __future__ import annotations
 
 import base64
-import sqlite3
 import time
-from pathlib import Path
 
 import pytest
 from prefect import flow
@@ -18,16 +16,12 @@ from tasks.core.redaction import register_basic_credentials, register_secret
 from tasks.job.contract import StepResult, step_task
 from tests.steps import step_input
 from tests.support.filesystem import files_under
+from tests.support.leaks import database_texts, forms
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
 API_KEY = "key-5e0b7d-echoed-in-a-401"
 USER, PASSWORD = "researcher", "pw-1c2f9a-echoed"
-
-
-def forms(value: str) -> list[bytes]:
-    raw = value.encode()
-    return [raw, base64.b64encode(raw).rstrip(b"="), base64.urlsafe_b64encode(raw).rstrip(b"=")]
 
 
 LEAKS = [*forms(API_KEY), *forms(PASSWORD), *forms(f"{USER}:{PASSWORD}")]
@@ -43,17 +37,6 @@ def echoing(step) -> StepResult:
 def failing(step) -> StepResult:
     keep_one_trace_per_failure()
     return echoing(step)
-
-
-def database_texts(database: Path) -> bytes:
-    """Every text and blob column of every row of every table, as bytes."""
-    found = []
-    with sqlite3.connect(database) as connection:
-        tables = [row[0] for row in connection.execute("select name from sqlite_master where type='table'")]
-        for table in tables:
-            for row in connection.execute(f'select * from "{table}"'):
-                found += [v.encode() if isinstance(v, str) else v for v in row if isinstance(v, str | bytes)]
-    return b"\n".join(found)
 
 
 def test_a_secret_in_an_exception_text_reaches_no_row_of_the_prefect_database_and_no_file(tmp_path, prefect_api):
