@@ -1,0 +1,71 @@
+"""A PostgreSQL server of Debian's packages for the tests of Prefect on PostgreSQL: its data in a temporary folder,
+its own port on 127.0.0.1, run as an unprivileged user when the tests run as root (PostgreSQL refuses root),
+stopped and removed at the end of the module."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.ports import free_port
+
+NOBODY = 65534
+
+
+def postgres_bin() -> Path:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+    if not found:
+        raise pytest.UsageError("PostgreSQL is not installed: apt-get install postgresql (.ci/run does it)")
+    return found[-1].parent
+
+
+def as_server_user(*command: str | Path) -> None:
+    prefix = ["runuser", "-u", "nobody", "--"] if os.geteuid() == 0 else []
+    subprocess.run([*prefix, *map(str, command)], check=True, capture_output=True, timeout=120)
+
+
+@contextmanager
+def running_postgres() -> Iterator[str]:
+    """``postgresql+asyncpg://prefect@127.0.0.1:PORT/prefect`` of a fresh server (trust on 127.0.0.1 only)."""
+    binaries, root, port = postgres_bin(), Path(tempfile.mkdtemp(prefix="dupflow-postgres-")), free_port()
+    if os.geteuid() == 0:
+        os.chown(root, NOBODY, NOBODY)
+    data = root / "data"
+    as_server_user(binaries / "initdb", "-D", data, "-U", "prefect", "-A", "trust", "--no-sync", "-E", "UTF8")
+    options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
+    as_server_user(binaries / "pg_ctl", "-D", data, "-o", options, "-l", root / "postgres.log", "-w", "start")
+    try:
+        as_server_user(binaries / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "prefect", "prefect")
+        yield f"postgresql+asyncpg://prefect@127.0.0.1:{port}/prefect"
+    finally:
+        as_server_user(binaries / "pg_ctl", "-D", data, "-m", "fast", "-w", "stop")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def postgres_url() -> Iterator[str]:
+    with running_postgres() as url:
+        yield url
+
+
+def query(url: str, sql: str, *arguments: Any) -> list[tuple]:
+    """The rows of one query, read with asyncpg (Prefect's own driver for PostgreSQL)."""
+    import asyncpg
+
+    async def fetch() -> list[tuple]:
+        connection = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            return [tuple(row) for row in await connection.fetch(sql, *arguments)]
+        finally:
+            await connection.close()
+
+    return asyncio.run(fetch())

@@ -1,0 +1,95 @@
+"""Prefect's server on PostgreSQL, as hospitals run it: a real PostgreSQL (Debian's packages) behind the local
+server dupflow starts (``PREFECT_API_DATABASE_CONNECTION_URL``); a job from the command line, an inspection round
+trip of a deployment run on a process work pool, and ``prune``, each seen in PostgreSQL's own tables."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from flows.prefect_server import ensure_server, stop_server
+from tests.conftest import REPO_ROOT, run_cli
+from tests.support.deployments import (
+    SERVER_TIMEOUT,
+    api,
+    run_to_the_gate,
+    start_worker,
+    stop_worker,
+    wait_for_run,
+    write_patients,
+)
+from tests.support.postgres import query
+from tests.support.prefect_servers import kill_servers_of
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, postgres_url: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """The local server of a fresh PREFECT_HOME on PostgreSQL (it migrates the empty database at its start); its
+    API URL and the environment for its clients (the deployments' fixtures use this one in this module)."""
+    home = tmp_path_factory.mktemp("prefect-home")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.delenv("PREFECT_API_URL", raising=False)
+        monkeypatch.setenv("PREFECT_HOME", str(home))
+        monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", postgres_url)
+        api_url = ensure_server(home, startup_timeout=SERVER_TIMEOUT)
+    env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
+    env |= {
+        "PREFECT_HOME": str(home),
+        "PREFECT_API_URL": api_url,
+        "PREFECT_API_DATABASE_CONNECTION_URL": postgres_url,
+        "PYTHONPATH": str(REPO_ROOT),
+        "PREFECT_WORKER_QUERY_SECONDS": "1",
+    }
+    assert not (home / "prefect.db").exists()  # the server's database is PostgreSQL, not SQLite in the home
+    yield api_url, env
+    stop_server(home)
+    kill_servers_of(home)
+
+
+def flow_runs_in_postgres(postgres_url: str, job_id: str) -> list[str]:
+    rows = query(
+        postgres_url,
+        "select state_type::text from flow_run where $1 = any(select jsonb_array_elements_text(tags))",
+        f"job-{job_id}",
+    )
+    return [state for (state,) in rows]
+
+
+def test_a_job_runs_and_is_pruned_against_prefect_on_postgresql(tmp_path, write_config, server, postgres_url):
+    _, env = server
+    write_patients(tmp_path / "data" / "a.ndjson", ["p1", "p2"])
+    config = write_config({"pipeline": {"enabled_steps": ["local_import"]}})
+
+    started = run_cli("start", str(config), str(tmp_path / "data"), "--no-progress", env=env)
+
+    assert started.returncode == 0, started.stderr
+    (job_dir,) = (tmp_path / "jobs").iterdir()
+    assert flow_runs_in_postgres(postgres_url, job_dir.name) == ["COMPLETED"]
+    record = json.loads((job_dir / "job.json").read_text())
+    (job_dir / "job.json").write_text(json.dumps({**record, "updated_at": "2026-01-01T00:00:00+00:00"}))
+    pruned = run_cli("prune", "--jobs-dir", str(tmp_path / "jobs"), "--older-than", "30d", "--yes", env=env)
+    assert pruned.returncode == 0 and "removed 1 of 1 job(s)" in pruned.stdout, pruned.stdout + pruned.stderr
+    assert flow_runs_in_postgres(postgres_url, job_dir.name) == [] and not job_dir.exists()
+
+
+def test_an_inspection_round_trip_of_a_deployment_run_on_postgresql(server, deployed, site, postgres_url, tmp_path):
+    api_url, env = server
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    worker = start_worker(env, logs / "worker.log")
+    try:
+        run_id, paused = run_to_the_gate(api_url, deployed, site, worker, logs)
+        assert paused["state"]["name"] == "Suspended"
+        resumed = api(api_url, "POST", f"/flow_runs/{run_id}/resume", json={"run_input": {"confirmed": True}})
+        assert resumed["status"] == "ACCEPT", resumed
+        done = wait_for_run(api_url, run_id, lambda run: run["state"]["type"] == "COMPLETED", worker, logs)
+    finally:
+        stop_worker(worker)
+    assert done["state"]["type"] == "COMPLETED"
+    (state,) = query(postgres_url, "select state_type::text from flow_run where id = $1::uuid", run_id)
+    assert state == ("COMPLETED",)
