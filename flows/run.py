@@ -11,7 +11,6 @@ import argparse
 import gc
 import os
 import re
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +25,7 @@ from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.api_watch import api_watched
 from flows.job_state import JobLock, current_state, current_states, find_job_dir, list_jobs
 from flows.jobs import prepare_job, step_file_problems
-from flows.run_logging import job_logging
+from flows.run_logging import job_logging, take_interrupts
 from tasks.core.errors import DupflowError, UsageError
 from tasks.core.readable import CLI, duration_text, plain_lines, size_text
 from tasks.core.redaction import redact
@@ -281,7 +280,7 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
     from tasks.streams.progress import use_display
 
     use_display("none" if no_progress else "bar" if sys.stderr.isatty() else "log")
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM as Ctrl+C: a KeyboardInterrupt
+    take_interrupts()  # SIGTERM as Ctrl+C: a KeyboardInterrupt
     log_file = paths.job_dir / "job.log"
     try:
         with job_logging(log_file), api_watched(paths, prefect_api_url()):

@@ -6,6 +6,8 @@ event, no traceback, and a failure only once.
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from config.runtime import apply_prefect_defaults
 from tasks.core.redaction import RedactingFilter, redact
+from tasks.streams.fanout import Cancelled
 
 RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
 DASK_LOGGERS = ("distributed", "prefect.task_runner.dask")  # their INFO (a cluster's life) goes to the job log only
@@ -62,6 +65,22 @@ def keep_one_trace_per_failure() -> None:
 
 
 FAILED_FINISHES = ("Finished in state Failed", "Finished in state Crashed")
+_interrupted = threading.Event()
+
+
+def take_interrupts() -> None:
+    """SIGTERM, and SIGINT unless it is ignored (a job started in the background), interrupt the run as Ctrl+C
+    does, and from then on its tasks' failures (a worker process ended by the same Ctrl+C, a fan-out cancelled)
+    stay off the terminal: they are the interruption's echo; the one line ``run_job`` prints says it all. (During a
+    flow run Prefect's own SIGTERM handler raises instead; a cancelled fan-out's failure is known by its type.)"""
+
+    def interrupt(signum: int, frame: object) -> None:
+        _interrupted.set()
+        signal.default_int_handler(signum, frame)
+
+    signal.signal(signal.SIGTERM, interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, interrupt)
 
 
 class _OneFailureLine(logging.Filter):
@@ -82,7 +101,14 @@ class _OneFailureLine(logging.Filter):
         if record.levelno < logging.ERROR:
             return True
         first, self._shown = not self._shown, True
-        return first
+        return first and not (_interrupted.is_set() or _tells_a_cancelled_fan_out(record))
+
+
+def _tells_a_cancelled_fan_out(record: logging.LogRecord) -> bool:
+    """A task's failure by the fan-out's ``Cancelled``: its exception, or (Prefect's "Task run failed with
+    exception: Cancelled(...)", logged where no exception is at hand any more) its repr in the message."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return isinstance(exc, Cancelled) or f"{Cancelled.__name__}(" in record.getMessage()
 
 
 class _NoTraceback(logging.Formatter):

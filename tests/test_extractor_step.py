@@ -17,6 +17,7 @@ import pytest
 import zstandard
 
 from flows.run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
+from tasks.core.readable import CLI
 from tasks.job.record import read_facts
 from tests.conftest import TESTDATA, complete_results, run_cli
 from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
@@ -267,18 +268,24 @@ def test_killed_during_downloads_continue_fetches_only_the_unfinished_file(tmp_p
 
 
 @pytest.mark.slow
-def test_sigterm_during_stalled_downloads_ends_the_run_at_once_without_partial_files(tmp_path, extractor_config):
+@pytest.mark.parametrize("sent", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl+C"])
+def test_a_signal_during_stalled_downloads_ends_the_run_at_once_in_one_line_without_partial_files(
+    tmp_path, extractor_config, sent
+):
     with start_extraction_server(cohort_size=8, stall_downloads=5, stall_after_bytes=10, stall_seconds=30) as torch:
         config = extractor_config(torch, stall="PT60S")
         process = start_cli_process("start", str(config), str(CRTDL), "--no-progress")
         wait_for(lambda: next(jobs_dir_of(tmp_path).glob("*/import/.*.part"), None), process)
         signalled = time.monotonic()
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(sent)
         _, err = process.communicate(timeout=30)
         took = time.monotonic() - signalled
     job_dir = only_job_dir(jobs_dir_of(tmp_path))
     assert process.returncode == 130, err
     assert took < 15, f"the run needed {took:.0f} s to stop"
+    lines = err.strip().splitlines()  # the run's INFO lines, then the interruption's one line, no echo of it
+    assert lines[-1] == f"interrupted; resume with: {CLI} continue {job_dir.name}", err
+    assert not [line for line in lines if "| ERROR " in line or "Traceback" in line], err
     assert list((job_dir / "import").glob(".*.part")) == []
     assert job_file(job_dir)["state"] == "Crashed"
 

@@ -34,6 +34,7 @@ from tests.fakes.extraction_content import ContentPlan, patient_bundle
 from tests.fakes.extraction_crtdl import parse_crtdl as fake_server_parse_crtdl
 from tests.fakes.extraction_state import Job
 from tests.peak_rss import run_measured
+from tests.support.jobs import sigint_as_in_a_terminal
 
 EXAMPLE = TESTDATA / "flattening" / "example"
 EXAMPLE_CRTDL = EXAMPLE / "example-crtdl.json"
@@ -403,12 +404,6 @@ def test_view_run_with_5000_nested_selects_exits_2_with_one_clear_line(tmp_path)
     line = assert_one_clear_line(run_cli("view", "run", str(view), str(EXAMPLE / "input" / "fhir-data.ndjson")))
 
     assert line == f"view run: {view} is nested too deeply (more than 128 levels); fix the file"
-
-
-def sigint_as_in_a_terminal() -> None:
-    """In the child before it starts: SIGINT handled by default and not blocked, whatever the test worker set."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 
 
 def interrupt(process: subprocess.Popen) -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -66,6 +67,7 @@ def read_flow_run_state(flow_run_id: str):
 
 
 def start_cli_process(*args: str) -> subprocess.Popen:
+    """``python -m flows.run ARGS`` as from a terminal: SIGINT (Ctrl+C) handled by default, whatever the test set."""
     return subprocess.Popen(
         [sys.executable, "-m", "flows.run", *args],
         cwd=REPO_ROOT,
@@ -73,7 +75,14 @@ def start_cli_process(*args: str) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=sigint_as_in_a_terminal,
     )
+
+
+def sigint_as_in_a_terminal() -> None:
+    """In the child before it starts: SIGINT handled by default and not blocked."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 
 
 def wait_for(probe, process: subprocess.Popen, timeout: float = 90.0):
