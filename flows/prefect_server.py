@@ -216,7 +216,9 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
         if not is_healthy(record.url):  # nothing else answers there: this server itself failed
             break
     failure = "ended during start-up" if ended else f"did not come up within {startup_timeout:.0f} s"
-    raise ServerStartError(f"the local Prefect server {failure}; see its log {record.log}")
+    lines = Path(record.log).read_text(errors="replace").strip().splitlines() if Path(record.log).exists() else []
+    last = f" (its last line: {lines[-1][:200]})" if lines else ""
+    raise ServerStartError(f"the local Prefect server {failure}{last}; see its log {record.log}")
 
 
 def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
