@@ -5,16 +5,14 @@ trip of a deployment run on a process work pool, and ``prune``, each seen in Pos
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 
 import pytest
 
-from flows.prefect_server import ensure_server, stop_server
-from tests.conftest import REPO_ROOT, run_cli
+from tests.conftest import run_cli
 from tests.support.deployments import (
-    SERVER_TIMEOUT,
     api,
+    local_server,
     run_to_the_gate,
     start_worker,
     stop_worker,
@@ -22,33 +20,18 @@ from tests.support.deployments import (
     write_patients,
 )
 from tests.support.postgres import query
-from tests.support.prefect_servers import kill_servers_of
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, postgres_url: str) -> Iterator[tuple[str, dict[str, str]]]:
-    """The local server of a fresh PREFECT_HOME on PostgreSQL (it migrates the empty database at its start); its
-    API URL and the environment for its clients (the deployments' fixtures use this one in this module)."""
+    """The local server of a fresh PREFECT_HOME on PostgreSQL (it migrates the empty database at its start); the
+    deployments' fixtures use this one in this module."""
     home = tmp_path_factory.mktemp("prefect-home")
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.delenv("PREFECT_API_URL", raising=False)
-        monkeypatch.setenv("PREFECT_HOME", str(home))
-        monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", postgres_url)
-        api_url = ensure_server(home, startup_timeout=SERVER_TIMEOUT)
-    env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
-    env |= {
-        "PREFECT_HOME": str(home),
-        "PREFECT_API_URL": api_url,
-        "PREFECT_API_DATABASE_CONNECTION_URL": postgres_url,
-        "PYTHONPATH": str(REPO_ROOT),
-        "PREFECT_WORKER_QUERY_SECONDS": "1",
-    }
-    assert not (home / "prefect.db").exists()  # the server's database is PostgreSQL, not SQLite in the home
-    yield api_url, env
-    stop_server(home)
-    kill_servers_of(home)
+    with local_server(home, PREFECT_API_DATABASE_CONNECTION_URL=postgres_url) as served:
+        assert not (home / "prefect.db").exists()  # the server's database is PostgreSQL, not SQLite in the home
+        yield served
 
 
 def flow_runs_in_postgres(postgres_url: str, job_id: str) -> list[str]:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -26,24 +26,36 @@ SERVER_TIMEOUT = 240.0
 TIMEOUT = 180.0
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, prefect_database: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    """A real Prefect server in a PREFECT_HOME of its own; its API URL and the environment for its clients."""
-    home = seed_prefect_home(tmp_path_factory.mktemp("prefect-home"), prefect_database)
+@contextmanager
+def local_server(home: Path, **settings: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """The local server of ``home`` (with these Prefect ``settings`` in its environment), stopped at the end; its API
+    URL and the environment for its clients."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.delenv("PREFECT_API_URL", raising=False)
         monkeypatch.setenv("PREFECT_HOME", str(home))
+        for name, value in settings.items():
+            monkeypatch.setenv(name, value)
         api_url = ensure_server(home, startup_timeout=SERVER_TIMEOUT)
     env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
     env |= {
+        **settings,
         "PREFECT_HOME": str(home),
         "PREFECT_API_URL": api_url,
         "PYTHONPATH": str(REPO_ROOT),
         "PREFECT_WORKER_QUERY_SECONDS": "1",
     }
-    yield api_url, env
-    stop_server(home)
-    kill_servers_of(home)
+    try:
+        yield api_url, env
+    finally:
+        stop_server(home)
+        kill_servers_of(home)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, prefect_database: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """A real Prefect server in a PREFECT_HOME of its own; its API URL and the environment for its clients."""
+    with local_server(seed_prefect_home(tmp_path_factory.mktemp("prefect-home"), prefect_database)) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
