@@ -18,7 +18,10 @@ resource's id, the body itself is only counted). Fault switches (``FhirFakeState
 - ``drip_seconds``: every answer's body goes out one byte every that many seconds (a server that never finishes);
   ``drip_header_seconds`` the same for its status line and headers (no answer ever starts);
 - ``answer_padding``: a successful answer carries that many extra bytes (whitespace inside the JSON), for tests of
-  a client's bound on what it reads.
+  a client's bound on what it reads;
+- ``hold_from``: from that request on (1 for the first), each is read and recorded, then held unanswered and not
+  applied until ``released`` is set, then its connection closed (a server that stalls mid-job); once released,
+  requests are answered again.
 
 Every request is recorded (method, path, entries or body bytes); transaction entries are kept per ``Type/id`` (or
 conditional-create tag) so a test can count what arrived, and how often.
@@ -58,6 +61,8 @@ class FhirFakeState:
     drip_seconds: float = 0.0
     drip_header_seconds: float = 0.0
     answer_padding: int = 0
+    hold_from: int | None = None
+    released: threading.Event = field(default_factory=threading.Event)
     requests: list[dict[str, Any]] = field(default_factory=list)
     applied: Counter = field(default_factory=Counter)  # Type/id or POST tag -> times a transaction applied it
     put_bytes: dict[str, int] = field(default_factory=dict)  # Type/id -> body size of the last PUT
@@ -69,6 +74,7 @@ class FhirFakeState:
             self.fail_entry, self.fail_entry_once, self.oauth = None, False, None
             self.echo_credentials, self.echo_status = None, 401
             self.drip_seconds, self.drip_header_seconds, self.answer_padding = 0.0, 0.0, 0
+            self.hold_from, self.released = None, threading.Event()
             self.requests.clear()
             self.applied.clear()
             self.put_bytes.clear()
@@ -144,6 +150,12 @@ class FhirHandler(BaseHTTPRequestHandler):
             failing = self.state.fail_entry
             if self.state.fail_entry_once:
                 self.state.fail_entry = None
+            hold_from = self.state.hold_from
+            held = hold_from is not None and len(self.state.requests) >= hold_from and not self.state.released.is_set()
+        if held:
+            self.state.released.wait()
+            self.close_connection = True
+            return
         if failing is not None and failing < len(entries):
             answers = [{"response": {"status": "200 OK"}} for _ in entries]
             answers[failing] = {
