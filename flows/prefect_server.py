@@ -12,6 +12,7 @@ Done here, as Prefect's ``server start --background`` and ``server stop`` do not
 - the home lock: commands starting at once share one server (Prefect has no start-unless-one-runs);
 - the port kept across restarts, else the next free one (Prefect's start refuses a taken port), and a server of
   another PREFECT_HOME that takes it meanwhile told by its home;
+- only the server services a job needs (``SERVER_DEFAULTS``, unless the caller's environment sets them);
 - no APP_* settings in the server's environment: they may hold secrets, and the server outlives the command;
 - ``LOCAL_PAUSE_AUTOMATION``: a local run paused for inspection has no process behind it, so when the UI resumes
   it (a ghost) the server puts it straight back, saying to ``continue`` the job.
@@ -63,6 +64,14 @@ API_ANSWER_TIMEOUT = 20.0  # a server elsewhere that is busy (2-core machine und
 STARTUP_TIMEOUT = 120.0  # a fresh PREFECT_HOME migrates its database first: 15-40 s on a busy 2-core machine
 STOP_GRACE = 10.0
 POLL_INTERVAL = 0.2
+# Off: two services no job needs, which only label runs Late and workers offline in the UI (the scheduler, triggers,
+# pause expirations, task-run recorder, event persister, cancellation clean-up and the UI stay on); two malloc arenas
+# for the server's threads instead of glibc's 8 per core.
+SERVER_DEFAULTS = {
+    "PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED": "false",
+    "PREFECT_SERVER_SERVICES_FOREMAN_ENABLED": "false",
+    "MALLOC_ARENA_MAX": "2",
+}
 # Prefect does not fill templates into a state's message, so it names the job as the run's name.
 UI_RESUME_REFUSED = (
     "the Prefect UI cannot resume a local run (no process is behind it); the job still awaits inspection: go on "
@@ -232,7 +241,7 @@ def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
         log.replace(log.with_name(LOG_FILE + ".1"))
     moved = "" if port == wanted else f"; port {wanted} is taken (PREFECT_SERVER_API_PORT chooses another)"
     print(f"starting a local Prefect server on {ui_url(url)}{moved} (log: {log})", file=sys.stderr)
-    env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
+    env = SERVER_DEFAULTS | {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
     env |= {"PREFECT_HOME": str(home), "PREFECT_API_URL": url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     nonce = secrets.token_hex(16)
     loggers = os.environ.get("PREFECT_LOGGING_EXTRA_LOGGERS", "")
