@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 from prefect import flow, get_run_logger, runtime
 from prefect.client.orchestration import get_client
 from prefect.exceptions import ObjectNotFound, PrefectSignal
@@ -26,6 +27,7 @@ from flows.gates import run_gate
 from flows.job_card import JobRecordCard, job_summary, publish_step_table
 from flows.job_state import JobLock
 from flows.jobs import Job, prepare_job
+from flows.prefect_server import local_pause_guard, local_pause_guard_name
 from flows.run_logging import keep_one_trace_per_failure
 from tasks.core.readable import CLI
 from tasks.core.redaction import redact
@@ -157,6 +159,7 @@ def run_job_steps(job: Job, card: JobRecordCard) -> Any:
     if last.awaiting:
         message = f"awaiting inspection at step {last.position + 1} (wait); continue with: {CLI} continue {job.job_id}"
         state = Paused(name=AWAITING_INSPECTION, message=message, data=summary)
+        guard_local_pause(job.job_id, str(runtime.flow_run.id))
     else:
         state = Completed(message=f"outputs in {summary['output_dir']}", data=summary)
     record_state(job.paths.job_dir, state.name, state.message or "")
@@ -171,6 +174,7 @@ def close_earlier_flow_run(job: Job, flow_run_id: str) -> None:
     if not earlier:
         return
     with get_client(sync_client=True) as client:
+        drop_local_pause_guards(client, earlier[-1:])
         try:
             run = client.read_flow_run(earlier[-1])
         except ObjectNotFound:  # not in this server's database (another PREFECT_HOME): nothing to close
@@ -178,6 +182,24 @@ def close_earlier_flow_run(job: Job, flow_run_id: str) -> None:
         if run.state is not None and not run.state.is_final():
             message = f"the job was continued in flow run {flow_run_id}"
             client.set_flow_run_state(earlier[-1], Cancelled(name=CONTINUED, message=message), force=True)
+
+
+def guard_local_pause(job_id: str, flow_run_id: str) -> None:
+    """Keep this local run paused when the UI resumes it (``local_pause_guard``); without the guard the job still
+    waits for ``continue`` (only a UI resume would leave a ghost run), so a failure is a warning."""
+    try:
+        with get_client(sync_client=True) as client:
+            drop_local_pause_guards(client, [flow_run_id])
+            client.request("POST", "/automations/", json=local_pause_guard(job_id, flow_run_id))
+    except (OSError, httpx.HTTPError) as exc:
+        get_run_logger().warning("could not guard the paused run against a resume in the UI: %s", exc)
+
+
+def drop_local_pause_guards(client: Any, flow_run_ids: list[str]) -> None:
+    """Remove the ``local_pause_guard`` automations of these flow runs from the server of ``client``."""
+    names = {"automations": {"name": {"any_": [local_pause_guard_name(run_id) for run_id in flow_run_ids]}}}
+    for automation in client.request("POST", "/automations/filter", json=names).json():
+        client.request("DELETE", f"/automations/{automation['id']}")
 
 
 def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> None:

@@ -14,8 +14,6 @@ Done here, as Prefect's ``server start --background`` and ``server stop`` do not
   another PREFECT_HOME that takes it meanwhile told by its home;
 - only the server services a job needs (``SERVER_DEFAULTS``, unless the caller's environment sets them);
 - no APP_* settings in the server's environment: they may hold secrets, and the server outlives the command;
-- ``LOCAL_PAUSE_AUTOMATION``: a local run paused for inspection has no process behind it, so when the UI resumes
-  it (a ghost) the server puts it straight back, saying to ``continue`` the job.
 No Prefect import at module level: the command line's fast commands import this module.
 """
 
@@ -72,33 +70,34 @@ SERVER_DEFAULTS = {
     "PREFECT_SERVER_SERVICES_FOREMAN_ENABLED": "false",
     "MALLOC_ARENA_MAX": "2",
 }
-# Prefect does not fill templates into a state's message, so it names the job as the run's name.
-UI_RESUME_REFUSED = (
-    "the Prefect UI cannot resume a local run (no process is behind it); the job still awaits inspection: go on "
-    f"with: {CLI} continue <job id> (the job id is this run's name)"
-)
-LOCAL_PAUSE_AUTOMATION = {
-    "name": "dupflow local run stays paused",
-    "description": (
-        "A local dupflow run paused for inspection (AwaitingInspection) has no process behind it: Resume in the UI "
-        f"puts it back to AwaitingInspection, saying to continue the job with `{CLI} continue`."
-    ),
-    "enabled": True,
-    "trigger": {
-        "type": "event",
-        "posture": "Reactive",
-        "match": {"prefect.resource.id": "prefect.flow-run.*"},
-        "match_related": {"prefect.resource.role": "flow", "prefect.resource.name": "dupflow"},
-        "after": [f"prefect.flow-run.{AWAITING_INSPECTION}"],
-        "expect": ["prefect.flow-run.Running"],
-        "for_each": ["prefect.resource.id"],
-        "threshold": 1,
-        "within": 90 * 24 * 3600,  # seconds a paused local run stays guarded
-    },
-    "actions": [  # on the run whose event fired it (the action's default source)
-        {"type": "change-flow-run-state", "state": "PAUSED", "name": AWAITING_INSPECTION, "message": UI_RESUME_REFUSED}
-    ],
-}
+
+
+def local_pause_guard_name(flow_run_id: str) -> str:
+    return f"dupflow local run {flow_run_id} stays paused"
+
+
+def local_pause_guard(job_id: str, flow_run_id: str) -> dict[str, Any]:
+    """The automation that keeps a local run paused for inspection: no process is behind it, so when the UI resumes
+    it (a ghost) the server puts it straight back, saying to ``continue`` the job. One per run: Prefect fills no
+    template into a state's message, and the message names the job."""
+    refused = (
+        "the Prefect UI cannot resume a local run (no process is behind it); the job still awaits inspection: go on "
+        f"with: {CLI} continue {job_id}"
+    )
+    return {
+        "name": local_pause_guard_name(flow_run_id),
+        "description": f"Resume in the UI puts the paused local run of job {job_id} back to {AWAITING_INSPECTION}.",
+        "trigger": {
+            "type": "event",
+            "posture": "Reactive",
+            "match": {"prefect.resource.id": f"prefect.flow-run.{flow_run_id}"},
+            "expect": ["prefect.flow-run.Running"],
+            "threshold": 1,
+        },
+        "actions": [  # on the run whose event fired it (the action's default source)
+            {"type": "change-flow-run-state", "state": "PAUSED", "name": AWAITING_INSPECTION, "message": refused}
+        ],
+    }
 
 
 class ServerStartError(DupflowError):
@@ -217,7 +216,6 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
         if wait_until_healthy(record, startup_timeout, home):
             if local_server_port() is None:
                 write_file_atomically(home / PORT_FILE, f"{port}\n".encode())  # kept for the next start
-            guard_local_pauses(record.url)
             return record
         ended = not process_is_server(record.pid)
         terminate(record.pid)
@@ -344,47 +342,6 @@ def http_get(url: str, path: str, timeout: float) -> tuple[int, bytes] | None:
             return response.status, response.read()
     except (OSError, HTTPException, ValueError):
         return None
-
-
-def install_local_pause_automation(client: Any) -> str:
-    """Make sure the server of ``client`` (a Prefect sync client: its authentication, TLS settings and retries of a
-    busy server's 503) has ``LOCAL_PAUSE_AUTOMATION`` as defined here; its id. One of that name that holds the
-    definition is kept (a new one would not know the runs the old one already watches); others of that name go."""
-    name = LOCAL_PAUSE_AUTOMATION["name"]
-    named = client.request("POST", "/automations/filter", json={"automations": {"name": {"any_": [name]}}}).json()
-    kept = next((automation for automation in named if holds(automation, LOCAL_PAUSE_AUTOMATION)), None)
-    for automation in named:
-        if automation is not kept:
-            client.request("DELETE", f"/automations/{automation['id']}")
-    if kept is not None:
-        return kept["id"]
-    return client.request("POST", "/automations/", json=LOCAL_PAUSE_AUTOMATION).json()["id"]
-
-
-def holds(found: Any, wanted: Any) -> bool:
-    """Whether ``found`` (as the server returns it, with its defaults and ids) has every value of ``wanted``."""
-    if isinstance(wanted, dict):
-        return isinstance(found, dict) and all(key in found and holds(found[key], val) for key, val in wanted.items())
-    if isinstance(wanted, list):
-        return isinstance(found, list) and len(found) == len(wanted) and all(map(holds, found, wanted))
-    return found == wanted
-
-
-def guard_local_pauses(api_url: str) -> None:
-    """Install ``LOCAL_PAUSE_AUTOMATION`` on the server just started; a failure is a warning (jobs run all the same;
-    only the UI's Resume of a paused run would leave a ghost). Prefect's client is imported here only."""
-    import httpx
-    from prefect.client.orchestration import SyncPrefectClient
-
-    try:
-        with SyncPrefectClient(api_url) as client:
-            install_local_pause_automation(client)
-    except (OSError, httpx.HTTPError, ValueError) as exc:
-        print(
-            f"warning: could not install the automation {LOCAL_PAUSE_AUTOMATION['name']!r} on {api_url} ({exc}); "
-            "install it with: uv run python -m deployments.automations.apply",
-            file=sys.stderr,
-        )
 
 
 def process_is_server(pid: int) -> bool:

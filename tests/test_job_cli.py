@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from prefect.client.orchestration import get_client
 
-from flows.prefect_server import install_local_pause_automation
+from flows.prefect_server import local_pause_guard_name
+from tasks.core.readable import CLI
 from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
 from tests.conftest import REPO_ROOT, complete_results, run_cli, wait_until
 from tests.support.deployments import api
@@ -125,7 +126,6 @@ def flow_run_message(flow_run_id: str) -> str:
 
 def paused_again(flow_run_id: str) -> bool:
     """Whether the run, paused as AwaitingInspection and then resumed (Running), is AwaitingInspection again."""
-    from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
         history = [(state.type.value, state.name) for state in client.read_flow_run_states(flow_run_id)]
@@ -261,18 +261,16 @@ def test_status_and_list_read_the_job_without_importing_prefect(tmp_path, job_co
 def test_a_ui_resume_of_a_local_paused_run_is_put_back_and_every_view_agrees_until_continue_goes_on(
     tmp_path, job_config, prefect_api, capsys
 ):
-    with get_client(sync_client=True) as client:  # as the local server's start and `deployments.automations.apply` do
-        install_local_pause_automation(client)
     source = source_dir(tmp_path, {"a.ndjson": 2})
     assert main(["start", str(job_config(["local_import", "wait"])), str(source), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")
     (paused_run,) = job_file(job_dir)["flow_run_ids"]
 
-    # The UI's Resume button on the paused run turns it Running, with no process behind it; the server's
-    # automation puts it straight back, saying why and what to do.
+    # The UI's Resume button on the paused run turns it Running, with no process behind it; the automation the
+    # run made when it paused puts it straight back, saying why and what to do.
     api(prefect_api["api_url"], "POST", f"/flow_runs/{paused_run}/resume", json={})
     wait_until(lambda: paused_again(paused_run), "the resumed run to be put back to AwaitingInspection", timeout=120)
-    assert "continue <job id> (the job id is this run's name)" in flow_run_message(paused_run)
+    assert f"go on with: {CLI} continue {job_dir.name}" in flow_run_message(paused_run)
     capsys.readouterr()
     assert main(["status", str(job_dir)]) == EXIT_OK
     with_server = capsys.readouterr().out
@@ -287,6 +285,8 @@ def test_a_ui_resume_of_a_local_paused_run_is_put_back_and_every_view_agrees_unt
     assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_OK
     (_, continued_run) = job_file(job_dir)["flow_run_ids"]
     assert flow_run_state(paused_run) == ("CANCELLED", "Continued")
+    guards = {"automations": {"name": {"any_": [local_pause_guard_name(paused_run)]}}}
+    assert api(prefect_api["api_url"], "POST", "/automations/filter", json=guards) == []  # continue removed it
     assert flow_run_state(continued_run) == ("COMPLETED", "Completed")
     capsys.readouterr()
     assert main(["list", "--jobs-dir", str(tmp_path / "jobs")]) == EXIT_OK

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.prefect_server import LOCAL_PAUSE_AUTOMATION, UI_RESUME_REFUSED, ensure_server, stop_server
+from flows.prefect_server import ensure_server, local_pause_guard, local_pause_guard_name, stop_server
 from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from tests.conftest import REPO_ROOT, seed_prefect_home, wait_until
 from tests.fakes._server import LoopbackServer
@@ -40,7 +40,6 @@ NOTIFICATION_TIMEOUT = 90.0
 COMMAND_TIMEOUT = 180.0
 BLOCK = "dupflow-notify"  # the block name notify.yaml and the README use
 AUTOMATIONS = {"dupflow job waiting for inspection", "dupflow job failed", "dupflow job crashed"}
-GUARD = LOCAL_PAUSE_AUTOMATION["name"]  # installed by the local server's start, kept by apply
 # A custom webhook block as a user could save it; Prefect fills in {{subject}} and {{body}} when it notifies.
 SAVE_BLOCK = """
 import sys
@@ -76,31 +75,21 @@ def recorder() -> Iterator[LoopbackServer]:
 
 
 @pytest.fixture(scope="module")
-def guard_at_start(environment: dict[str, str]) -> str:
-    """The id of the automation keeping local pauses paused, as the local server's start installed it."""
-    (guard,) = automations_named(environment, GUARD)
-    return guard["id"]
-
-
-@pytest.fixture(scope="module")
-def applied(environment: dict[str, str], recorder: LoopbackServer, guard_at_start: str) -> dict[str, str]:
+def applied(environment: dict[str, str], recorder: LoopbackServer) -> dict[str, str]:
     """The block saved and the shipped automations applied twice (the second time replaces the first)."""
     python("-c", SAVE_BLOCK, f"{recorder.base_url}/notify", BLOCK, env=environment)
     for _ in range(2):
         applied = python("-m", "deployments.automations.apply", env=environment)
-        assert applied.stdout.count("applied automation") == len(AUTOMATIONS) + 1, applied.stdout
-        assert f"applied automation {GUARD!r} ({guard_at_start})" in applied.stdout  # kept as the start made it
+        assert applied.stdout.count("applied automation") == len(AUTOMATIONS), applied.stdout
     return environment
 
 
 def test_applying_the_file_again_replaces_its_automations(applied):
-    names = sorted(automation["name"] for automation in automations_named(applied))
-    assert names == sorted(AUTOMATIONS | {GUARD})
+    names = {automation["name"] for automation in automations_named(applied)}
+    assert {name for name in names if not name.startswith("dupflow local run ")} == AUTOMATIONS  # not the guards
 
 
-def test_a_file_naming_a_missing_block_changes_none_of_its_automations_but_the_guard_is_installed(
-    environment, guard_at_start, tmp_path
-):
+def test_a_file_naming_a_missing_block_changes_none_of_its_automations(environment, tmp_path):
     notify = yaml.safe_load((REPO_ROOT / "deployments" / "automations" / "notify.yaml").read_text())
     (automation, *_) = notify["automations"]
     automation = {
@@ -119,7 +108,7 @@ def test_a_file_naming_a_missing_block_changes_none_of_its_automations_but_the_g
         timeout=COMMAND_TIMEOUT,
     )
     assert done.returncode == 1 and "no notification block named 'nowhere'" in done.stderr, done.stderr
-    assert done.stdout == f"applied automation {GUARD!r} ({guard_at_start})\n"
+    assert done.stdout == ""
     assert automations_named(environment, "missing block") == []
 
 
@@ -142,10 +131,13 @@ def test_a_ui_resume_of_a_local_paused_run_is_put_back_and_notifies_what_to_do(
     # The UI's Resume button: the run turns Running with no process behind it, and the server puts it back.
     api_url = applied["PREFECT_API_URL"]
     api(api_url, "POST", f"/flow_runs/{flow_run_id}/resume", json={})
-    message = notification(recorder, job_id, "AwaitingInspection", saying=UI_RESUME_REFUSED)
+    (guard,) = automations_named(applied, local_pause_guard_name(flow_run_id))  # made when the run paused
+    refused = local_pause_guard(job_id, flow_run_id)["actions"][0]["message"]
+    assert f"continue {job_id}" in refused
+    message = notification(recorder, job_id, "AwaitingInspection", saying=refused)
     assert f"/runs/flow-run/{flow_run_id}" in message["body"]
     state = api(api_url, "GET", f"/flow_runs/{flow_run_id}")["state"]
-    assert (state["type"], state["name"], state["message"]) == ("PAUSED", "AwaitingInspection", UI_RESUME_REFUSED)
+    assert (state["type"], state["name"], state["message"]) == ("PAUSED", "AwaitingInspection", refused)
 
 
 def test_a_job_at_a_wait_step_notifies_that_it_waits_for_inspection(applied, recorder, tmp_path, write_config):

@@ -4,10 +4,10 @@
 
 Unlike ``prefect automation create --from-file`` (which wants block ids, different on every server), a notification
 names its block (``block_document_id: dupflow-notify``), whose id takes its place. The server's automations of the
-file's names are replaced (applying again after an edit does not notify twice) once all of them are valid; first
-it gets ``flows.prefect_server.LOCAL_PAUSE_AUTOMATION`` (as the local server at its start). The server is the jobs'
-one (``use_server``). The file is read within the configuration's bounds (1 MB, nesting, aliases). A server that
-does not answer, a missing block or an invalid automation or file: one line on stderr, exit code 1.
+file's names are replaced (applying again after an edit does not notify twice) once all of them are valid. The
+server is the jobs' one (``use_server``). The file is read within the configuration's bounds (1 MB, nesting,
+aliases). A server that does not answer, a missing block or an invalid automation or file: one line on stderr,
+exit code 1.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import httpx
 from config.errors import ConfigError
 from config.runtime import apply_prefect_defaults
 from config.yaml_file import parse_yaml_file
-from flows.prefect_server import LOCAL_PAUSE_AUTOMATION, install_local_pause_automation, use_server
+from flows.prefect_server import use_server
 from tasks.core.errors import DupflowError
 
 NOTIFY_FILE = Path(__file__).with_name("notify.yaml")
@@ -46,7 +46,6 @@ def main(argv: list[str] | None = None) -> int:
         from prefect.events.schemas.automations import AutomationCore
 
         with get_client(sync_client=True) as client:
-            print(f"applied automation {LOCAL_PAUSE_AUTOMATION['name']!r} ({install_local_pause_automation(client)})")
             cores = [AutomationCore.model_validate(with_block_ids(client, automation)) for automation in automations]
             for core in cores:
                 for existing in client.read_automations_by_name(core.name):
