@@ -86,6 +86,8 @@ def workers() -> list[psutil.Process]:
 def test_a_job_on_a_two_process_local_cluster_writes_the_same_bytes_as_the_default_runner(
     tmp_path, capsys, sample_config
 ):
+    """Run from the command line: the same files, two worker processes that end with the run, the cluster's own
+    INFO in job.log and not on the terminal."""
     crtdl = str(SAMPLE / "crtdl.json")
     default_config = sample_config(tmp_path / "default.yaml", tmp_path / "default-jobs")
     assert main(["start", str(default_config), crtdl, "--no-progress"]) == EXIT_OK, capsys.readouterr().err
@@ -93,41 +95,30 @@ def test_a_job_on_a_two_process_local_cluster_writes_the_same_bytes_as_the_defau
 
     watch = WorkerWatch()
     watch.start()
-    dask_config = sample_config(tmp_path / "dask.yaml", tmp_path / "dask-jobs")
-    assert main(["start", str(dask_config), crtdl, "--no-progress", *DASK]) == EXIT_OK, capsys.readouterr().err
+    dask_config = sample_config(tmp_path / "dask.yaml", tmp_path / "jobs")
+    done = run_cli("start", str(dask_config), crtdl, "--no-progress", *DASK, timeout=300)
     watch.stop.set()
     watch.join()
+    assert done.returncode == EXIT_OK, done.stderr
     assert len(watch.seen) == 2
     _, alive = psutil.wait_procs(list(watch.seen.values()), timeout=30)
     assert not alive, "worker processes outlived the run"
 
-    produced = data_files(only_job_dir(tmp_path / "dask-jobs"))
+    job_dir = only_job_dir(tmp_path / "jobs")
+    produced = data_files(job_dir)
     assert len(expected) == 7 and sorted(produced) == sorted(expected)
     assert all(produced[name] == expected[name] for name in expected)
-
-
-@pytest.mark.slow
-@pytest.mark.usefixtures("prefect_api")
-def test_the_clusters_own_info_goes_to_the_job_log_not_the_terminal(tmp_path, sample_config):
-    config = sample_config(tmp_path / "dask.yaml", tmp_path / "jobs")
-
-    done = run_cli("start", str(config), str(SAMPLE / "crtdl.json"), "--no-progress", *DASK, timeout=300)
-
-    assert done.returncode == EXIT_OK, done.stderr
     terminal = done.stdout + done.stderr
     assert "distributed." not in terminal and "prefect.task_runner.dask" not in terminal, terminal
-    log = (only_job_dir(tmp_path / "jobs") / "job.log").read_text()
+    log = (job_dir / "job.log").read_text()
     assert "INFO distributed.scheduler: " in log and "INFO prefect.task_runner.dask: " in log, log[-3000:]
     assert "step 1 local_import: " in log, log[-3000:]  # the cluster's silencing of its loggers spares the job log
+    status_list_record_and_server_agree(job_dir, capsys)
 
 
-@pytest.mark.slow
-@pytest.mark.usefixtures("prefect_api")
-def test_after_a_dask_run_status_list_the_job_record_and_the_server_agree(tmp_path, capsys, sample_config):
-    jobs = tmp_path / "jobs"
-    config = sample_config(tmp_path / "dask.yaml", jobs)
-    assert main(["start", str(config), str(SAMPLE / "crtdl.json"), "--no-progress", *DASK]) == EXIT_OK
-    job_dir = only_job_dir(jobs)
+def status_list_record_and_server_agree(job_dir: Path, capsys) -> None:
+    """After a Dask run: ``status`` (with and without the server), ``list``, the job record card and the flow run
+    all say Completed with each step's files."""
     record = job_file(job_dir)
     (flow_run,) = record["flow_run_ids"]
     steps = {int(position): result for position, result in record["steps"].items()}
@@ -139,7 +130,7 @@ def test_after_a_dask_run_status_list_the_job_record_and_the_server_agree(tmp_pa
     assert main(["status", str(job_dir)]) == EXIT_OK
     with_server = capsys.readouterr().out
     without_server = run_cli("status", str(job_dir), env={"PREFECT_API_URL": ""}).stdout
-    assert main(["list", "--jobs-dir", str(jobs)]) == EXIT_OK
+    assert main(["list", "--jobs-dir", str(job_dir.parent)]) == EXIT_OK
     listed = capsys.readouterr().out
     card = job_record_card(job_dir.name, flow_run)
     for shown in (with_server, without_server):

@@ -36,16 +36,18 @@ STALL = 120.0  # the file's server answers this late the first time: the job is 
 STOPPED_WITHIN = 30.0
 
 
-@pytest.fixture
-def own_server(tmp_path, monkeypatch, prefect_database):
-    """A local Prefect server of a PREFECT_HOME of this test's own; its home."""
-    home = seed_prefect_home(tmp_path / "prefect-home", prefect_database)
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    monkeypatch.setenv("PREFECT_HOME", str(home))
-    ensure_server(home, startup_timeout=SERVER_TIMEOUT)
-    yield home
-    stop_server(home)
-    kill_servers_of(home)
+@pytest.fixture(scope="module")
+def own_server(tmp_path_factory, prefect_database):
+    """A local Prefect server of a PREFECT_HOME of this module's own (each test kills it and starts it again); its
+    home."""
+    home = seed_prefect_home(tmp_path_factory.mktemp("prefect-home"), prefect_database)
+    with pytest.MonkeyPatch.context() as environment:
+        environment.delenv("PREFECT_API_URL", raising=False)
+        environment.setenv("PREFECT_HOME", str(home))
+        ensure_server(home, startup_timeout=SERVER_TIMEOUT)
+        yield home
+        stop_server(home)
+        kill_servers_of(home)
 
 
 def start_job(config: Path, *job_input: str, stderr) -> subprocess.Popen:
