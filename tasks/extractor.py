@@ -1,19 +1,14 @@
 """The ``extractor`` step: run an extraction on the extraction server and download its files into ``import/``.
 
-Input: the job's CRTDL (``step.crtdl_path``), or, as the job input, the status URL of an already complete extraction
-(procedure step 8: nothing is submitted, the URL is polled and its files downloaded).
+Input: the job's CRTDL, or the status URL of an already complete extraction (procedure step 8: polled, never submitted).
 
-Submission is never repeated by itself (spec: a retry could create a duplicate job). The job record says where it
-stands: ``extraction_submission`` is written *before* the POST, the handle (``extraction_status_url``,
-``extraction_job_id``) the moment the server answers. A run that finds a handle re-attaches to it; one that finds a
-submission without a handle (the process died during the POST) stops and explains (``continue --attach URL`` or
-``continue --resubmit``). A job a poll finds gone (404/410) is submitted afresh, at most ``retry.max_attempts`` times
-per run.
+Submission is never repeated by itself (spec: a retry could create a duplicate job): ``extraction_submission`` is
+recorded *before* the POST, the handle the moment the server answers. A run re-attaches to a recorded handle; a
+submission without one (the process died during the POST) stops and explains. A job a poll finds gone (404/410) is
+submitted afresh, at most ``retry.max_attempts`` times per run.
 
-Downloads: one cached sub-task per file URL, ``DOWNLOAD_CONCURRENCY`` at a time, so a resumed job fetches only the
-files it had not finished; each shows its bytes (``tasks.streams.progress.track``). The downloads running at once in
-one process (the step's or a Dask worker's) share one client built there (``download_client``), keyed by the step's
-secret-free settings identity; the last of them to end closes it.
+Downloads: one cached sub-task per file URL, so a resumed job fetches only the files it had not finished. Downloads
+running at once in one process share one client built there (``download_client``); the last to end closes it.
 """
 
 from __future__ import annotations
@@ -134,17 +129,10 @@ def download_client(step: StepInput, needs_token: bool) -> Iterator[ExtractionSe
     finally:
         with _download_clients_lock:
             lease.holders -= 1
-            last = lease.holders == 0
-            if last:
+            if last := lease.holders == 0:
                 del _download_clients[key]
         if last:
             lease.client.close()
-
-
-def open_download_clients() -> int:
-    """How many download clients are open in this process (none once every download has ended)."""
-    with _download_clients_lock:
-        return len(_download_clients)
 
 
 def is_result_url(job_input: str | None) -> bool:
