@@ -112,10 +112,9 @@ _download_clients_lock = threading.Lock()
 
 @contextmanager
 def download_client(step: StepInput, needs_token: bool) -> Iterator[ExtractionServerClient]:
-    """A client for result-file downloads, built from the step's settings where it runs (credentials included)
-    and shared by the downloads that run at once in this process; the last holder to leave closes it, so no
-    client outlives its downloads (on a Dask worker neither). Keyed by the secret-free identity of the step's
-    settings and whether the files need a token, never by a job: no client is a task parameter."""
+    """A client for result-file downloads, built where it runs and shared by the downloads at once in this process;
+    the last holder closes it (on a Dask worker too). Keyed by the secret-free identity of the step's settings and
+    whether the files need a token: no client is a task parameter."""
     key = (settings_identity(step.config_path, step.overrides), needs_token)
     with _download_clients_lock:
         lease = _download_clients.get(key)
@@ -248,10 +247,9 @@ class ProgressReporter:
 
 
 def download_result_files(step: StepInput, urls: list[str], needs_token: bool) -> list[DataFile]:
-    """Download every file (each its own cached sub-task), ``core`` first in the record. After a failure no new
-    download starts; those in flight end, every finished file is kept for ``continue``, and the first failure is
-    raised. On an interrupt the downloads in flight stop at their next chunk, no new one starts, and temporary
-    files are removed."""
+    """Download every file, ``core`` first in the record. After a failure no new download starts, every finished file
+    is kept for ``continue``, and the first failure is raised; on an interrupt those in flight stop at their next
+    chunk. Temporary files are removed either way."""
     settings = settings_of(step)
     names = target_names(
         urls, compress=settings.compression.enabled, max_files=settings.services.extractor.max_result_files

@@ -149,11 +149,8 @@ def iter_batches(
     start_entry: int = 0,
     first_number: int = 1,
 ) -> Iterator[Batch]:
-    """The transaction batches of ``source``, from entry ``start_entry`` of line ``start_line`` on.
-
-    Lines before ``start_line`` are skipped unparsed. A batch's ``next_line``/``next_entry`` is the position
-    right after its last entry, which is where a resumed run starts.
-    """
+    """The transaction batches of ``source``, from entry ``start_entry`` of line ``start_line`` on (lines before it
+    skipped unparsed); a batch's ``next_line``/``next_entry`` is where a run resumed after it starts."""
     batch = Batch(first_number)
     for line_number, line in iter_lines(source, max_line_bytes):
         if line_number < start_line:
@@ -189,10 +186,8 @@ def line_entries(source: Path, line_number: int, line: bytes, tag_prefix: str) -
 def transaction_entry(
     resource: dict, raw: bytes | None, tag: str, where: str, full_url: str | None = None
 ) -> tuple[bytes, str]:
-    """``(entry JSON, "Type/id")``: ``PUT Type/id`` with an id; otherwise a conditional ``POST Type`` on a tag.
-
-    ``raw`` is the resource's JSON as read (sent as is, saving a re-serialisation) or None.
-    """
+    """``(entry JSON, "Type/id")``: ``PUT Type/id`` with an id, else a conditional ``POST Type`` on a tag; ``raw``:
+    the resource's JSON as read (sent as is, saving a re-serialisation) or None."""
     resource_type, resource_id = resource.get("resourceType"), resource.get("id")
     if not isinstance(resource_type, str) or not resource_type:
         raise StepError(f"{where}: the resource has no resourceType; it cannot be sent to a FHIR server")
@@ -232,11 +227,9 @@ class DirectReport:
 
 
 class BatchProgress:
-    """Where sending a file stands: ``send/progress/<file>.json``, rewritten (temporary name, rename) per batch.
-
-    It belongs to one input (name, size) and batch size; a record for anything else is ignored and the file is
-    sent from the start (safe: PUTs and conditional creates do not duplicate).
-    """
+    """Where sending a file stands: ``send/progress/<file>.json``, rewritten atomically per batch. A record of another
+    input (name, size) or batch size is ignored: the file is sent from the start (PUTs and conditional creates do
+    not duplicate)."""
 
     def __init__(self, path: Path, identity: dict[str, Any]):
         self.path = path

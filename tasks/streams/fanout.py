@@ -89,10 +89,7 @@ def raise_if_cancelled() -> None:
 
 async def ordered_map(items: Iterable[T], call: Callable[[T], Awaitable[R]], window: int) -> AsyncIterator[tuple[T, R]]:
     """Start ``call(item)`` for each item with at most ``window`` pending; yield ``(item, result)`` in input order.
-
-    The first failure propagates from the oldest failed item; every pending call is then cancelled, and so
-    are they when the consumer stops early or the run is cancelled.
-    """
+    The oldest failure propagates; the pending calls are cancelled then, and when the consumer stops or is cancelled."""
     pending: deque[tuple[T, asyncio.Task[R]]] = deque()
     try:
         for item in items:

@@ -109,10 +109,6 @@ class Span:
     lines_before: int = 0
     lines: int = 0
 
-    @property
-    def whole(self) -> bool:
-        return self.start == 0 and self.end is None
-
 
 WHOLE_FILE = Span()
 
@@ -121,13 +117,10 @@ def iter_chunks(path: Path, span: Span = WHOLE_FILE) -> Iterator[bytes]:
     """The decompressed content of a data file (or of a span of it), in chunks; zstd is detected by its magic bytes.
     A plain file's span is read from its start; a zstd file's is decompressed from the file's start, the bytes
     before the span dropped (a zstd stream cannot be entered in the middle)."""
-    if span.whole:
-        yield from decompress_if_zstd(raw_chunks(path), str(path))
-        return
-    if is_zstd(path):
-        chunks = bytes_after(decompress_if_zstd(raw_chunks(path), str(path)), span.start)
-    else:
+    if span.start and not is_zstd(path):
         chunks = raw_chunks(path, span.start)
+    else:
+        chunks = bytes_after(decompress_if_zstd(raw_chunks(path), str(path)), span.start)
     yield from chunks if span.end is None else bytes_upto(chunks, span.end - span.start)
 
 

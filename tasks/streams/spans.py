@@ -45,19 +45,15 @@ class Piece:
         return self.name if self.count == 1 else f"{self.name}#{self.index}-{self.count}"
 
 
-def use_processes(input_bytes: int) -> bool:
-    """Worker processes pay for their start-up only on a large input (and where they can help)."""
-    return input_bytes >= PROCESS_MIN_BYTES and processes_allowed()
-
-
 def input_pays_for_processes(paths: list[Path]) -> bool:
-    """``use_processes`` over the input's content (decompressed), counted only as far as the threshold."""
+    """Worker processes pay for their start-up only on a large input (its content, counted only as far as the
+    threshold) and where they can help."""
     counted = 0
     for path in paths:
         counted += content_bytes(path, PROCESS_MIN_BYTES - counted)
         if counted >= PROCESS_MIN_BYTES:
             break
-    return use_processes(counted)
+    return counted >= PROCESS_MIN_BYTES and processes_allowed()
 
 
 def file_spans(path: Path, processes: int, min_bytes: int) -> list[Span]:
