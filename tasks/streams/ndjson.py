@@ -76,21 +76,17 @@ def is_partial(path: Path) -> bool:
 
 
 def output_name(name: str, compress: bool) -> str:
-    """``core.ndjson.zst`` / ``batch`` / ``a.json`` → ``<stem>.ndjson`` (+ ``.zst``); ``check_file_name`` applies."""
+    """``core.ndjson.zst`` / ``batch`` / ``a.json`` → ``<stem>.ndjson`` (+ ``.zst``); a name that breaks the one rule
+    for names from data (control and bidi characters would split a ``status`` line or make a name display as another)
+    is refused."""
     stem = name
     for suffix in (".zst", ".ndjson", ".json"):
         if stem.endswith(suffix) and len(stem) > len(suffix):
             stem = stem[: -len(suffix)]
     output = stem + (".ndjson.zst" if compress else ".ndjson")
-    check_file_name(output)
+    if problem := name_from_data_problem(output):
+        raise UnsafeNameError(f"the file name {show_name(output)} {problem}; rename it")
     return output
-
-
-def check_file_name(name: str) -> None:
-    """Refuse a name that breaks ``tasks.core.names.name_from_data_problem``, the one rule for names from data
-    (control and bidi characters would split a ``status`` line or make a name display as another)."""
-    if problem := name_from_data_problem(name):
-        raise UnsafeNameError(f"the file name {show_name(name)} {problem}; rename it")
 
 
 def is_zstd(path: Path) -> bool:

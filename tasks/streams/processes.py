@@ -223,16 +223,10 @@ def _wait_for_exit(pid: int) -> None:
     except OSError:  # already gone
         os._exit(1)
     except AttributeError:  # no pidfd (not Linux): poll
-        while _alive(pid):
-            time.sleep(0.5)
+        with suppress(ProcessLookupError):
+            while True:
+                os.kill(pid, 0)
+                time.sleep(0.5)
     else:
         select.select([handle], [], [])
     os._exit(1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
