@@ -1,19 +1,14 @@
 """The ``extractor`` step: run an extraction on the extraction server and download its files into ``import/``.
 
-Input: the job's CRTDL (``step.crtdl_path``), or, as the job input, the status URL of an already complete extraction
-(procedure step 8: nothing is submitted, the URL is polled and its files downloaded).
+Input: the job's CRTDL, or the status URL of an already complete extraction (procedure step 8: polled, never submitted).
 
-Submission is never repeated by itself (spec: a retry could create a duplicate job). The job record says where it
-stands: ``extraction_submission`` is written *before* the POST, the handle (``extraction_status_url``,
-``extraction_job_id``) the moment the server answers. A run that finds a handle re-attaches to it; one that finds a
-submission without a handle (the process died during the POST) stops and explains (``continue --attach URL`` or
-``continue --resubmit``). A job a poll finds gone (404/410) is submitted afresh, at most ``retry.max_attempts`` times
-per run.
+Submission is never repeated by itself (spec: a retry could create a duplicate job): ``extraction_submission`` is
+recorded *before* the POST, the handle the moment the server answers. A run re-attaches to a recorded handle; a
+submission without one (the process died during the POST) stops and explains. A job a poll finds gone (404/410) is
+submitted afresh, at most ``retry.max_attempts`` times per run.
 
-Downloads: one cached sub-task per file URL, ``DOWNLOAD_CONCURRENCY`` at a time, so a resumed job fetches only the
-files it had not finished; each shows its bytes (``tasks.streams.progress.track``). The downloads running at once in
-one process (the step's or a Dask worker's) share one client built there (``download_client``), keyed by the step's
-secret-free settings identity; the last of them to end closes it.
+Downloads: one cached sub-task per file URL, so a resumed job fetches only the files it had not finished. Downloads
+running at once in one process share one client built there (``download_client``); the last to end closes it.
 """
 
 from __future__ import annotations
@@ -117,10 +112,9 @@ _download_clients_lock = threading.Lock()
 
 @contextmanager
 def download_client(step: StepInput, needs_token: bool) -> Iterator[ExtractionServerClient]:
-    """A client for result-file downloads, built from the step's settings where it runs (credentials included)
-    and shared by the downloads that run at once in this process; the last holder to leave closes it, so no
-    client outlives its downloads (on a Dask worker neither). Keyed by the secret-free identity of the step's
-    settings and whether the files need a token, never by a job: no client is a task parameter."""
+    """A client for result-file downloads, built where it runs and shared by the downloads at once in this process;
+    the last holder closes it (on a Dask worker too). Keyed by the secret-free identity of the step's settings and
+    whether the files need a token: no client is a task parameter."""
     key = (settings_identity(step.config_path, step.overrides), needs_token)
     with _download_clients_lock:
         lease = _download_clients.get(key)
@@ -134,17 +128,10 @@ def download_client(step: StepInput, needs_token: bool) -> Iterator[ExtractionSe
     finally:
         with _download_clients_lock:
             lease.holders -= 1
-            last = lease.holders == 0
-            if last:
+            if last := lease.holders == 0:
                 del _download_clients[key]
         if last:
             lease.client.close()
-
-
-def open_download_clients() -> int:
-    """How many download clients are open in this process (none once every download has ended)."""
-    with _download_clients_lock:
-        return len(_download_clients)
 
 
 def is_result_url(job_input: str | None) -> bool:
@@ -260,10 +247,9 @@ class ProgressReporter:
 
 
 def download_result_files(step: StepInput, urls: list[str], needs_token: bool) -> list[DataFile]:
-    """Download every file (each its own cached sub-task), ``core`` first in the record. After a failure no new
-    download starts; those in flight end, every finished file is kept for ``continue``, and the first failure is
-    raised. On an interrupt the downloads in flight stop at their next chunk, no new one starts, and temporary
-    files are removed."""
+    """Download every file, ``core`` first in the record. After a failure no new download starts, every finished file
+    is kept for ``continue``, and the first failure is raised; on an interrupt those in flight stop at their next
+    chunk. Temporary files are removed either way."""
     settings = settings_of(step)
     names = target_names(
         urls, compress=settings.compression.enabled, max_files=settings.services.extractor.max_result_files

@@ -1,18 +1,14 @@
 """The ``flattening`` step: the job's data as one CSV per CRTDL attribute group (spec/protocols.md, "Flattening";
 what a user sees: docs/steps.md).
 
-The CRTDL and the lookup file give one ViewDefinition per group (``tasks.sof.crtdl_views``; a group whose profile
-has no lookup table is skipped with a warning), saved under ``viewdefinitions/`` for ``view run``. Resources go to
-groups by the extraction's Provenance, or by their type when the input has none (``tasks.sof.flatten``). Rows come
-from the embedded engine or, with ``services.flattening.service_url``, the flattening service's ``$run``.
-
-The embedded engine works piece by piece, each piece a cached task writing its rows per group into
-``.parts/<piece>/``: a whole file, or a span of a large file's lines (``tasks.streams.spans``) in the step's worker
-processes (JSON parsing and FHIRPath hold the GIL). The parts are joined in input order under one header
-(``join_parts``), so the CSVs are the same bytes however many processes ran; a cut file's routes are found once and
-saved for its spans. CSVs are renamed into place when the step completes: a resumed job keeps the finished pieces
-and no CSV is visible before all are. An input with resources of which no CSV has a row fails the step
-(``refuse_empty_result``) instead of completing with nothing.
+One ViewDefinition per group that has a lookup table (``tasks.sof.crtdl_views``), saved under ``viewdefinitions/``
+for ``view run``. Resources go to groups by the extraction's Provenance, else by type (``tasks.sof.flatten``). Rows
+come from the embedded engine or, with ``services.flattening.service_url``, the service's ``$run``. The engine works
+piece by piece, each a cached task writing its rows per group into ``.parts/<piece>/``: a whole file, or a span of
+a large file (``tasks.streams.spans``) in worker processes (JSON parsing and FHIRPath hold the GIL). The parts are
+joined in input order (``join_parts``), so the CSVs are the same bytes however many processes ran, and renamed
+into place when the step completes: a resumed job keeps the finished pieces and no CSV is visible before all are.
+Resources of which no CSV has a row fail the step (``refuse_empty_result``).
 """
 
 from __future__ import annotations
@@ -57,16 +53,14 @@ from tasks.sof.output import CsvWriter, csv_cells, json_bytes
 from tasks.sof.resources import parse_line
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.streams.files import write_file_atomically
-from tasks.streams.ndjson import iter_lines
+from tasks.streams.ndjson import PART_PREFIX, PART_SUFFIX, iter_lines
 from tasks.streams.processes import SharedCount, never_cancelled, pool_size, run_in_process, worker_pool
-from tasks.streams.spans import SPAN_MIN_BYTES, Piece, file_spans, input_pays_for_processes
+from tasks.streams.spans import MB, SPAN_MIN_BYTES, Piece, file_spans, input_pays_for_processes
 
 log = logging.getLogger("dupflow.flattening")
 
 VIEWS_FOLDER = "viewdefinitions"
 PARTS_FOLDER = ".parts"
-MB = 1024 * 1024
-PART_PREFIX, PART_SUFFIX = ".", ".part"
 COPY_CHUNK = 1 << 20
 
 
@@ -102,10 +96,8 @@ def flattening(step: StepInput) -> StepResult:
 def flatten_input_file(
     step: StepInput, piece: Piece, by_provenance: bool, plan_digest: str, in_worker_process: bool
 ) -> FileParts:
-    """Flatten the piece of ``<input folder>/<piece.name>`` into ``flattening/.parts/<piece.folder>/``;
-    ``plan_digest`` (the views and the skipped groups) makes a changed CRTDL or lookup file a new result;
-    ``in_worker_process``: the step's choice (``tasks.streams.spans.input_pays_for_processes``), made once for all its
-    pieces (its pool is the step's, current in this thread's context)."""
+    """Flatten ``piece`` into ``flattening/.parts/<piece.folder>/``; ``plan_digest`` (the views and the skipped groups)
+    makes a changed CRTDL or lookup file a new result; ``in_worker_process``: the step's choice, made once for all."""
     settings = settings_of(step)
     lookup = Path(settings.services.flattening.lookup_path or "")
     assert step.crtdl_path is not None and step.input_dir is not None
@@ -220,8 +212,7 @@ def save_view_definitions(folder: Path, views: list[GroupView]) -> None:
 
 
 def clean_output(folder: Path) -> None:
-    """Remove CSVs, Parquet files and temporaries of an earlier attempt (the finished files' parts are kept for
-    resume)."""
+    """Remove CSVs, Parquet files and temporaries of an earlier attempt (the finished pieces' parts are kept)."""
     if folder.is_dir():
         for path in folder.iterdir():
             if path.is_file() and path.name.endswith((".csv", ".parquet", PART_SUFFIX)):
@@ -267,9 +258,8 @@ def plan_pieces(
     max_line_bytes: int,
     min_span_bytes: int = SPAN_MIN_BYTES,
 ) -> list[Piece]:
-    """Every input file as one piece, or, with several ``processes``, a large one cut into up to one span per
-    process (``min_span_bytes`` of the file each at least); a cut file's bare Provenance routes are saved once for
-    its spans."""
+    """Every input file as one piece, or with several ``processes`` a large one cut into spans (``file_spans``); a
+    cut file's bare Provenance routes are saved once for its spans."""
     pieces = []
     for path in paths:
         spans = file_spans(path, processes, min_span_bytes)

@@ -1,13 +1,9 @@
 """The ``http_import`` step: fetch one NDJSON file from an HTTP(S) URL (the job input) into ``import/``.
 
-The URL is fetched through the client layer with no credentials (there is no auth block for it); ``tls`` and
-``retry`` apply. Naming, compression and counting follow the extractor's downloads (``tasks.clients.downloads``):
-the file is named after the URL's last segment, forced to ``.ndjson`` (+ ``.zst``). A non-200 answer, an HTML
-page or a body that is not NDJSON is an error and leaves no file. The fetch is a cached sub-task keyed by the
-URL, so ``continue`` does not fetch a finished file again. Progress: bytes (of the Content-Length when there is
-one) through ``tasks.streams.progress.track``; the step's progress artifact counts the one file. The stall timeout is
-the built-in default of ``services.extractor.download_stall_timeout`` (1 minute): this step has no settings block of its
-own.
+No credentials (there is no auth block for it); ``tls`` and ``retry`` apply. Naming, compression and checks follow
+the extractor's downloads (``tasks.clients.downloads``). The fetch is a cached sub-task keyed by the URL, so
+``continue`` does not fetch a finished file again. The stall timeout is the default of
+``services.extractor.download_stall_timeout``: this step has no settings block of its own.
 """
 
 from __future__ import annotations
@@ -68,8 +64,7 @@ def fetch_ndjson(
     on_bytes: Callable[[int], None] | None = None,
     on_total: Callable[[int], None] | None = None,
 ) -> FileStats:
-    """Download ``url`` into ``dest`` with no credentials, under the configured ``tls`` and ``retry`` (plain Python:
-    the step's task above adds the cache and the progress)."""
+    """Download ``url`` into ``dest`` (plain Python: the step's task above adds the cache and the progress)."""
     endpoint = ServiceEndpoint("http_import", origin(url), None, http_timeout(STALL_TIMEOUT))
     with build_client(endpoint, settings.tls) as client:
         return download_ndjson(

@@ -1,12 +1,9 @@
 """The ``local_import`` step: copy NDJSON files from a local directory into the job's ``import/``.
 
-Source: a directory given as the job input, else ``services.local_import.dir`` (which ``--dir`` overrides).
-``.ndjson`` and ``.ndjson.zst`` files are picked up (zstd is recognised by its magic bytes, whatever the name says),
-recompressed at the configured level or written plain, and counted. Each file is its own cached task, so a
-resumed job copies only the files not finished before; files are copied on every core at once (zstd releases the
-GIL, so threads use the cores). A directory or file that cannot be read fails the step with its path named, and so
-does anything named like data that is no readable file (a directory, a named pipe, a dangling symbolic link, ...):
-nothing that looks like data is left out silently.
+Source: a directory given as the job input, else ``services.local_import.dir`` (``--dir``). Each file is its own
+cached task, so a resumed job copies only the files not finished before; files are copied on every core at once
+(zstd releases the GIL). Anything named like data that is no readable file (a directory, a named pipe, a dangling
+symbolic link, ...) fails the step with its path named: nothing that looks like data is left out silently.
 """
 
 from __future__ import annotations

@@ -1,15 +1,12 @@
 """The ``pseudonymizer`` step: every resource of the previous step's files through the service's ``$de-identify``.
 
-Files are worked on one after the other (``core`` first; on a Dask cluster one per worker, see
-``pipeline.task_runner``), each as its own cached task, so a resumed job skips the finished ones and redoes a
-partial one from the start. Within a file, ``max_concurrent_requests`` requests are in
-flight while the output keeps the input order: lines are read into a window of at most twice that many pending
-resources, and the oldest is written as soon as its answer is in (memory stays bounded whatever the file size).
-The anonymization YAML (``services.pseudonymizer.anonymization_config`` / ``--anonymization-config``) is read
-once per run, by the step, and sent with every request: the step hands its file tasks the file's SHA-256, and they
-take the bytes the step read from a cache keyed by that digest (``anonymization_config``). Only a process that has
-not seen them (a Dask worker) reads the file again, and refuses it if it has changed since. The bytes never become
-a task parameter (they may hold a hash key). Every file must come out with as many lines as went in.
+Files are worked on one after the other (``core`` first), each as its own cached task, so a resumed job skips the
+finished ones. Within a file, requests are in flight while the output keeps the input order, with at most twice
+``max_concurrent_requests`` resources pending (memory stays bounded whatever the file size). The anonymization YAML
+is read once per run, by the step; its file tasks get its SHA-256 and take the bytes from a cache keyed by it
+(``anonymization_config``): the bytes never become a task parameter (they may hold a hash key). Only a process that
+has not seen them (a Dask worker) reads the file again, and refuses it if it has changed since. Every file must
+come out with as many lines as went in.
 """
 
 from __future__ import annotations
@@ -22,9 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
-
 from config.settings import Settings
-
 from tasks.clients.errors import ServiceError
 from tasks.clients.http import ServiceEndpoint, build_async_client, http_timeout
 from tasks.clients.pseudonymizer import (

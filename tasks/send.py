@@ -1,14 +1,11 @@
 """The ``send`` step: deliver the previous data-producing step's files (``services.send.send_as``; docs/steps.md).
 
-- ``direct_resource_load``: resources as transaction Bundles of ``batch_size`` entries (``core`` files first), one
-  batch in memory. After each confirmed batch ``send/progress/<file>.json`` records where the next starts, and a
-  POST entry is a conditional create on a tag of (job, file, position), so a resumed run never creates a resource
-  twice. A rejected batch stops the step, its request and answer kept in ``send/failed/`` with credentials blanked.
+- ``direct_resource_load``: transaction Bundles of ``batch_size`` entries, one batch in memory. After each confirmed
+  batch ``send/progress/<file>.json`` records where the next starts, and a POST entry is a conditional create on a
+  tag of (job, file, position), so a resumed run never creates a resource twice. A rejected batch stops the step,
+  its request and answer kept in ``send/failed/`` with credentials blanked.
 - ``transfer_load``: the MII data transfer (``tasks.clients.transfer``).
-- ``s3_upload``: each file as object ``<job id>/<file name>`` (``tasks.clients.s3``, whose manifest lets a resumed
-  job skip uploaded objects).
-
-Each file is its own cached task (``send[<file>]``), so a resumed job skips the finished ones.
+- ``s3_upload``: each file as object ``<job id>/<file name>`` (``tasks.clients.s3``).
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ from tasks.core.errors import StepError
 from tasks.job.steps import one_file_at_a_time
 from tasks.clients.transfer import binary_id, put_document_reference, send_binary
 from tasks.streams.files import write_file_atomically
-from tasks.streams.ndjson import NdjsonError, iter_lines, parse_resource
+from tasks.streams.ndjson import iter_lines, parse_resource
 
 log = logging.getLogger("dupflow.send")
 
@@ -107,7 +104,7 @@ def send_file_s3(step: StepInput, name: str, size: int) -> dict[str, Any]:
     settings = settings_of(step)
     uploader = S3Uploader(settings.services.send, settings.tls, settings.retry, step.output_dir / "s3-manifest.json")
     try:
-        uploaded = uploader.upload(step.input_dir / name, object_key(step, name))
+        uploaded = uploader.upload(step.input_dir / name, f"{step.job_id}/{name}")
     finally:
         uploader.close()
     return {"key": uploaded.key, "size": uploaded.size, "etag": uploaded.etag}
@@ -115,8 +112,7 @@ def send_file_s3(step: StepInput, name: str, size: int) -> dict[str, Any]:
 
 def refuse_csv_input(files: list[DataFile]) -> None:
     """direct_resource_load sends FHIR resources; flattened CSV files cannot be loaded into a FHIR server."""
-    csv = [f.name for f in files if not f.name.endswith((".ndjson", ".ndjson.zst"))]
-    if csv:
+    if csv := [f.name for f in files if not f.name.endswith((".ndjson", ".ndjson.zst"))]:
         raise StepError(
             f"send_as direct_resource_load loads FHIR resources (NDJSON) into a server, but the input holds "
             f"{', '.join(csv)}; put send before flattening in pipeline.enabled_steps, or send the CSV files "
@@ -127,11 +123,6 @@ def refuse_csv_input(files: list[DataFile]) -> None:
 def effective_batch_size(batch_size: int) -> int:
     """``services.send.batch_size``; 0 means the default of 100."""
     return batch_size or DEFAULT_BATCH_SIZE
-
-
-def object_key(step: StepInput, name: str) -> str:
-    """``<job id>/<path relative to the step's input folder>``."""
-    return f"{step.job_id}/{(step.input_dir / name).relative_to(step.input_dir).as_posix()}"
 
 
 @dataclass
@@ -158,11 +149,8 @@ def iter_batches(
     start_entry: int = 0,
     first_number: int = 1,
 ) -> Iterator[Batch]:
-    """The transaction batches of ``source``, from entry ``start_entry`` of line ``start_line`` on.
-
-    Lines before ``start_line`` are skipped unparsed. A batch's ``next_line``/``next_entry`` is the position
-    right after its last entry, which is where a resumed run starts.
-    """
+    """The transaction batches of ``source``, from entry ``start_entry`` of line ``start_line`` on (lines before it
+    skipped unparsed); a batch's ``next_line``/``next_entry`` is where a run resumed after it starts."""
     batch = Batch(first_number)
     for line_number, line in iter_lines(source, max_line_bytes):
         if line_number < start_line:
@@ -183,10 +171,7 @@ def iter_batches(
 
 def line_entries(source: Path, line_number: int, line: bytes, tag_prefix: str) -> Iterator[tuple[bytes, str]]:
     """The transaction entries of one NDJSON line: the resource, or the resources of an unwrapped Bundle."""
-    try:
-        resource = parse_resource(source, line_number, line)
-    except NdjsonError as exc:
-        raise StepError(str(exc)) from exc
+    resource = parse_resource(source, line_number, line)  # an NdjsonError is a StepError
     where = f"{source.name} line {line_number}"
     if resource.get("resourceType") == "Bundle" and resource.get("type") in UNWRAPPED_BUNDLE_TYPES:
         for index, item in enumerate(resource.get("entry") or []):
@@ -201,10 +186,8 @@ def line_entries(source: Path, line_number: int, line: bytes, tag_prefix: str) -
 def transaction_entry(
     resource: dict, raw: bytes | None, tag: str, where: str, full_url: str | None = None
 ) -> tuple[bytes, str]:
-    """``(entry JSON, "Type/id")``: ``PUT Type/id`` with an id; otherwise a conditional ``POST Type`` on a tag.
-
-    ``raw`` is the resource's JSON as read (sent as is, saving a re-serialisation) or None.
-    """
+    """``(entry JSON, "Type/id")``: ``PUT Type/id`` with an id, else a conditional ``POST Type`` on a tag; ``raw``:
+    the resource's JSON as read (sent as is, saving a re-serialisation) or None."""
     resource_type, resource_id = resource.get("resourceType"), resource.get("id")
     if not isinstance(resource_type, str) or not resource_type:
         raise StepError(f"{where}: the resource has no resourceType; it cannot be sent to a FHIR server")
@@ -244,11 +227,9 @@ class DirectReport:
 
 
 class BatchProgress:
-    """Where sending a file stands: ``send/progress/<file>.json``, rewritten (temporary name, rename) per batch.
-
-    It belongs to one input (name, size) and batch size; a record for anything else is ignored and the file is
-    sent from the start (safe: PUTs and conditional creates do not duplicate).
-    """
+    """Where sending a file stands: ``send/progress/<file>.json``, rewritten atomically per batch. A record of another
+    input (name, size) or batch size is ignored: the file is sent from the start (PUTs and conditional creates do
+    not duplicate)."""
 
     def __init__(self, path: Path, identity: dict[str, Any]):
         self.path = path

@@ -1,17 +1,13 @@
 """The ``validation`` step: every resource of the step's input through the validator's ``/validateResource``.
 
-A pass-through step: it reads its input folder (``core`` first) and writes only reports into its own folder; the
-next step reads what this one read. Per input file, resources are cut into ``collection`` Bundles of at most
-``bundle_chunk_size_mb`` (streamed: the chunks in flight and the one being cut are all that is in memory), up
-to ``max_concurrent_requests`` are in flight, and the answers are written in chunk order to one report per file:
-NDJSON, one OperationOutcome per chunk, annotated with the chunk number and the resources it held
-(``tasks.clients.validator.annotated``). Each file is its own cached task, so a resumed job skips files that
-already have a report and redoes an unfinished one from the start (reports are written atomically).
+A pass-through step: it writes only reports into its own folder; the next step reads what this one read. Per input
+file, resources are cut into ``collection`` Bundles of at most ``bundle_chunk_size_mb`` (streamed), up to
+``max_concurrent_requests`` in flight, and the answers written in chunk order to one NDJSON report per file (one
+annotated OperationOutcome per chunk). Each file is its own cached task, so a resumed job skips finished reports.
 
-Findings never fail a file: ``fail_on_error`` decides, once every report is written, whether the job stops. An
-HTTP failure of the service (after the client layer's retries) fails the step, naming the file and chunk, and so
-does a chunk whose answer takes longer than the whole-request deadline (``tasks.clients.validator.REQUEST_DEADLINE``,
-10 minutes, retried first) or is larger than ``MAX_ANSWER_BYTES`` (64 MB). Each read waits up to ``READ_TIMEOUT``.
+Findings never fail a file: ``fail_on_error`` decides, once every report is written, whether the job stops. A
+failure of the service itself (after retries, past ``tasks.clients.validator.REQUEST_DEADLINE``, or an answer over
+``MAX_ANSWER_BYTES``) fails the step, naming the file and chunk.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """The ``wait`` step: a gate where the job stops so a person can inspect (and correct) the data so far.
 
-The gate lives in the job's record (``tasks.job.record``: ``gates`` in ``job.json``), checked by an uncached task, so it
-survives any process. The first time the job reaches the gate, the task prepares ``<input folder>_wait/`` for
-corrected files, publishes what to inspect and how to go on (a log message, shown whole on the terminal, and a
-markdown artifact; once: the record notes that the gate paused the job), and answers "awaiting". The flow then
-stops the run for inspection: a local run ends as ``AwaitingInspection`` and ``continue`` runs the job again; a
-deployment run is suspended until someone resumes it in the UI (with a short form). Either way the flow releases
-the gate in the record (with the note), and the task then answers with the folder the next step reads:
-``<input folder>_wait/`` when it holds any data file, else its input.
+The gate lives in ``job.json`` (``tasks.job.record``), checked by an uncached task, so it survives any process. The
+first time the job reaches it, the task prepares ``<input folder>_wait/`` for corrected files, publishes what to
+inspect and how to go on (once: the record notes the pause), and answers "awaiting"; the flow then stops the run
+(locally until ``continue``; a deployment run is suspended until resumed in the UI) and releases the gate. The task
+then answers with ``<input folder>_wait/`` when it holds any data file, else its input.
 """
 
 from __future__ import annotations
@@ -36,13 +33,8 @@ def wait(step: StepInput, resume_hint: str = "") -> StepResult:
             get_run_logger().info("%s", text, extra=SHOW_WHOLE)
             publish_inspection_artifact(step, text)
             mark_gate_paused(step.job_path, step.position)  # after publishing: a failed publish is tried again
-        return awaiting_result(step)
+        return StepResult(step=step.step, position=step.position, folder=step.folder or "", awaiting=True)
     return released_result(step)
-
-
-def awaiting_result(step: StepInput) -> StepResult:
-    """The gate's result while the job waits for inspection."""
-    return StepResult(step=step.step, position=step.position, folder=step.folder or "", awaiting=True)
 
 
 def wait_dir(step: StepInput) -> Path:

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tasks.job.contract import StepInput
-from tasks.extractor import download_client, download_result_file, open_download_clients
+from tasks.extractor import _download_clients, download_client, download_result_file
 from tests.conftest import TESTDATA
 from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
 
@@ -50,7 +50,7 @@ def test_a_download_run_on_its_own_builds_its_client_and_closes_it(tmp_path, tor
 
     assert (step.output_dir / "core.ndjson").read_bytes() == SOURCE.read_bytes()
     assert downloaded.resources == len(SOURCE.read_bytes().splitlines())
-    assert open_download_clients() == 0, "the download's client outlived it"
+    assert not _download_clients, "the download's client outlived it"
 
 
 def test_downloads_beside_the_step_share_its_client_and_the_last_holder_closes_it(tmp_path, torch, write_config):
@@ -60,7 +60,7 @@ def test_downloads_beside_the_step_share_its_client_and_the_last_holder_closes_i
     with download_client(step, needs_token=False) as client:
         download_result_file(step, url, "core.ndjson")
         download_result_file(step, url, "again.ndjson")
-        assert open_download_clients() == 1 and not client.http.is_closed
+        assert len(_download_clients) == 1 and not client.http.is_closed
 
-    assert client.http.is_closed and open_download_clients() == 0
+    assert client.http.is_closed and not _download_clients
     assert (step.output_dir / "again.ndjson").read_bytes() == SOURCE.read_bytes()

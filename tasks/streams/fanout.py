@@ -21,24 +21,18 @@ CANCEL_GRACE_SECONDS = 1.0
 
 
 class Cancelled(Exception):
-    """Raised inside a call (``raise_if_cancelled``) when its fan-out is being cancelled.
-
-    Control flow, not a failure: it only unwinds the calls of a fan-out whose caller is already being interrupted
-    (Ctrl+C, SIGTERM), and the caller raises the interrupt, never this. Hence no ``DupflowError``, whose
-    handlers report a failure to the user."""
+    """Raised inside a call (``raise_if_cancelled``) when its fan-out is being cancelled. Control flow, not a failure
+    (hence no ``DupflowError``): it unwinds the calls of an interrupted caller, which raises the interrupt instead."""
 
 
 _cancelled: contextvars.ContextVar[threading.Event] = contextvars.ContextVar("fanout_cancelled")
 
 
 def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exception]:
-    """Run ``calls`` on at most ``workers`` daemon threads; each outcome is a result or the exception raised.
-
-    Each call runs in a copy of the caller's context (Prefect's run context included). When the caller is
-    interrupted (Ctrl+C, SIGTERM) no new call starts, running calls stop at their next ``raise_if_cancelled``,
-    and after ``CANCEL_GRACE_SECONDS`` the caller goes on; a stalled call is not waited for (daemon threads).
-    The caller's thread waits in short joins, so a signal reaches it at once.
-    """
+    """Run ``calls`` on at most ``workers`` daemon threads, each in a copy of the caller's context; each outcome is a
+    result or the exception raised. When the caller is interrupted no new call starts, running calls stop at their
+    next ``raise_if_cancelled``, and after ``CANCEL_GRACE_SECONDS`` the caller goes on (a stalled call is not waited
+    for). The caller's thread waits in short joins, so a signal reaches it at once."""
     cancelled = threading.Event()
     context = contextvars.copy_context()
     context.run(_cancelled.set, cancelled)
@@ -95,10 +89,7 @@ def raise_if_cancelled() -> None:
 
 async def ordered_map(items: Iterable[T], call: Callable[[T], Awaitable[R]], window: int) -> AsyncIterator[tuple[T, R]]:
     """Start ``call(item)`` for each item with at most ``window`` pending; yield ``(item, result)`` in input order.
-
-    The first failure propagates from the oldest failed item; every pending call is then cancelled, and so
-    are they when the consumer stops early or the run is cancelled.
-    """
+    The oldest failure propagates; the pending calls are cancelled then, and when the consumer stops or is cancelled."""
     pending: deque[tuple[T, asyncio.Task[R]]] = deque()
     try:
         for item in items:

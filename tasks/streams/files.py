@@ -1,8 +1,5 @@
-"""Small files written whole: under a temporary name, synced, then renamed, so that no half-written file is ever
-taken for a finished one; and an exclusive lock the kernel releases when its holder dies.
-
-A write that fails (a full disk) removes the temporary file and raises ``JobWriteError`` ("no space left on
-<folder>: ...").
+"""Small files written whole (temporary name, synced, renamed: a half-written file is never taken for a finished
+one; a failed write raises ``JobWriteError``), and an exclusive lock the kernel releases when its holder dies.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""The one streaming primitive for NDJSON files, plain or zstd-compressed.
-
-Every step reads and writes data files through this module, so that all of them share the same
-rules: zstd is recognised by its magic bytes (not by the file name), a line longer than
-``pipeline.max_ndjson_line_size_mb`` is an error naming the file and line, memory stays flat
-whatever the file size (a zstd decompression bomb included: ``StreamDecoder``), and a file is only ever visible
-under its final name once it is complete (written to ``.<name>.part`` and renamed).
-
-Content is checked while it streams (``tasks.streams.ndjson_writer``: ``AtomicNdjsonWriter``, ``LineChecker``).
-File names are checked by the one rule for names from data (``tasks.core.names.name_from_data_problem``).
-A file can be read a span of lines at a time (``Span``), so that several processes share one large file.
+"""The one streaming primitive for NDJSON files, plain or zstd-compressed, so that every step shares the same rules:
+zstd is recognised by its magic bytes (not the name), a line longer than ``pipeline.max_ndjson_line_size_mb`` is an
+error naming the file and line, memory stays flat whatever the size (a decompression bomb included:
+``StreamDecoder``), and a file is only visible under its final name once complete (``.<name>.part``, renamed).
+Content is checked as it streams (``tasks.streams.ndjson_writer``).
 """
 
 from __future__ import annotations
@@ -82,24 +76,17 @@ def is_partial(path: Path) -> bool:
 
 
 def output_name(name: str, compress: bool) -> str:
-    """``core.ndjson.zst`` / ``batch`` / ``a.json`` → ``<stem>.ndjson`` (+ ``.zst`` when compressing).
-
-    Raises ``UnsafeNameError`` for a name that ``check_file_name`` refuses.
-    """
+    """``core.ndjson.zst`` / ``batch`` / ``a.json`` → ``<stem>.ndjson`` (+ ``.zst``); a name that breaks the one rule
+    for names from data (control and bidi characters would split a ``status`` line or make a name display as another)
+    is refused."""
     stem = name
     for suffix in (".zst", ".ndjson", ".json"):
         if stem.endswith(suffix) and len(stem) > len(suffix):
             stem = stem[: -len(suffix)]
     output = stem + (".ndjson.zst" if compress else ".ndjson")
-    check_file_name(output)
+    if problem := name_from_data_problem(output):
+        raise UnsafeNameError(f"the file name {show_name(output)} {problem}; rename it")
     return output
-
-
-def check_file_name(name: str) -> None:
-    """Refuse a name that breaks ``tasks.core.names.name_from_data_problem``, the one rule for names from data
-    (control and bidi characters would split a ``status`` line or make a name display as another)."""
-    if problem := name_from_data_problem(name):
-        raise UnsafeNameError(f"the file name {show_name(name)} {problem}; rename it")
 
 
 def is_zstd(path: Path) -> bool:
@@ -118,10 +105,6 @@ class Span:
     lines_before: int = 0
     lines: int = 0
 
-    @property
-    def whole(self) -> bool:
-        return self.start == 0 and self.end is None
-
 
 WHOLE_FILE = Span()
 
@@ -130,13 +113,10 @@ def iter_chunks(path: Path, span: Span = WHOLE_FILE) -> Iterator[bytes]:
     """The decompressed content of a data file (or of a span of it), in chunks; zstd is detected by its magic bytes.
     A plain file's span is read from its start; a zstd file's is decompressed from the file's start, the bytes
     before the span dropped (a zstd stream cannot be entered in the middle)."""
-    if span.whole:
-        yield from decompress_if_zstd(raw_chunks(path), str(path))
-        return
-    if is_zstd(path):
-        chunks = bytes_after(decompress_if_zstd(raw_chunks(path), str(path)), span.start)
-    else:
+    if span.start and not is_zstd(path):
         chunks = raw_chunks(path, span.start)
+    else:
+        chunks = bytes_after(decompress_if_zstd(raw_chunks(path), str(path)), span.start)
     yield from chunks if span.end is None else bytes_upto(chunks, span.end - span.start)
 
 
@@ -178,14 +158,10 @@ def decompress_if_zstd(chunks: Iterable[bytes], source: str) -> Iterator[bytes]:
 
 
 class StreamDecoder:
-    """Bytes fed in as they come (``feed``, then ``finish``): plain bytes pass through, a zstd stream (by its magic
-    bytes) comes out decompressed, frame after frame, in pieces of at most ``ZSTD_OUTPUT_PIECE`` bytes whatever the
-    compression ratio (``ZstdBlockCutter``). Fed rather than iterated, so that a download can go on feeding it from
-    a second connection after the first broke.
-
-    A stream that ends in the middle of a frame is an error: zstd stream readers end silently there,
-    which would make a truncated file look complete. ``source`` names the data in errors.
-    """
+    """Plain bytes fed in (``feed``, then ``finish``) pass through; a zstd stream comes out decompressed in pieces of
+    at most ``ZSTD_OUTPUT_PIECE`` bytes whatever the ratio (``ZstdBlockCutter``). Fed rather than iterated, so that a
+    download can go on feeding it from a second connection. A stream that ends mid-frame is an error: zstd readers
+    end silently there, which would make a truncated file look complete. ``source`` names the data in errors."""
 
     def __init__(self, source: str):
         self._source = source
@@ -243,10 +219,9 @@ def iter_lines(path: Path, max_line_bytes: int, span: Span = WHOLE_FILE) -> Iter
 
 
 class LineSplitter:
-    """The non-blank lines of a byte stream fed in arbitrary chunks (``feed``, then ``finish``), without their
-    newlines; ``number`` is the number of the line last given (counting from ``lines_before``). A line longer than
-    ``max_line_bytes`` is an error, and so are more bytes than that of blank lines in a row. Only a
-    line that spans chunks is buffered (bounded by the line limit), so memory stays flat."""
+    """The non-blank lines of a byte stream fed in any chunks (``feed``, then ``finish``); ``number``: the last one's.
+    A line longer than ``max_line_bytes`` is an error, and so are more bytes than that of blank lines in a row. Only
+    a line that spans chunks is buffered (bounded by the line limit), so memory stays flat."""
 
     def __init__(self, source: Path | str, max_line_bytes: int, lines_before: int = 0):
         self._source = source

@@ -1,10 +1,5 @@
-"""Writing data files (``AtomicNdjsonWriter``) and checking their lines (``LineChecker``): the rules of the
-module doc of ``tasks.streams.ndjson``, applied as the bytes stream.
-
-Content is checked while it streams (a large plain file: by a worker process once written, before its rename):
-every non-blank line must be a JSON object with a ``resourceType`` (a binary file or a stray text line never
-travels to the next step), and a last line without a newline must be complete (a truncated file is never taken
-for a finished one); ``LineChecker`` says how.
+"""Writing data files (``AtomicNdjsonWriter``) and checking their lines as the bytes stream (``LineChecker``), so
+that a binary file, a stray text line or a truncated file never travels to the next step as finished NDJSON.
 """
 
 from __future__ import annotations
@@ -62,13 +57,10 @@ class LineCounts(NamedTuple):
 
 
 class LineChecker:
-    """Counts and checks the lines of a byte stream fed in arbitrary chunks (``LineSplitter``): every non-blank line
-    must be a FHIR resource (``parse_resource``'s rules) of at most ``max_line_bytes``.
-
-    A line is validated by simdjson, which checks all of it (structure, numbers, UTF-8, escapes) without building
-    Python objects: four to eight times orjson's speed on FHIR lines. Whatever simdjson does not prove a resource
-    goes to ``parse_resource``, which raises orjson's error or accepts what simdjson cannot represent (integers
-    beyond 64 bits, nesting at orjson's depth limit). The checker is not thread-safe (one simdjson parser each)."""
+    """Counts and checks the lines of a byte stream fed in any chunks: each must be a FHIR resource by
+    ``parse_resource``'s rules. simdjson checks a whole line without building Python objects (four to eight times
+    orjson's speed); what it does not prove a resource goes to ``parse_resource``, which raises orjson's error or
+    accepts what simdjson cannot represent (integers beyond 64 bits, deep nesting). Not thread-safe."""
 
     def __init__(self, source: str, max_line_bytes: int):
         self._source = source
@@ -145,20 +137,13 @@ class LineChecker:
 
 
 class AtomicNdjsonWriter:
-    """Writes ``dest`` through a hidden temporary file, compressing with zstd when asked.
+    """Writes ``dest`` through a hidden temporary file (zstd when asked), synced and renamed on success, deleted on
+    any exception (KeyboardInterrupt included), so a half-written file is never taken for a finished one; ``stats``
+    is set after a successful close. ``source`` names the data's origin in errors (default: ``dest``).
 
-    Use as a context manager: on success the temporary file is synced and renamed to ``dest``; on
-    any exception (including KeyboardInterrupt) it is deleted, so a half-written file is never
-    taken for a finished one. ``stats`` is set after a successful close. ``source`` names the data's
-    origin (input file, URL) in errors about its lines; it defaults to ``dest``.
-
-    ``expected_size`` (the source's size or Content-Length, when known; for a compressed source its compressed
-    size) lets a large plain file be checked in worker processes after the last write, in spans while it is synced,
-    before the rename (``check_plain_span``), so that the writing thread only moves bytes. The verdict and messages
-    are the same;
-    a bad line is reported once the whole file is written (a download broken after it: as the broken download).
-    ``stop_if_cancelled`` is called while that check runs and raises to stop it (a cancelled fan-out's check).
-    """
+    ``expected_size`` (the source's size, when known) lets a large plain file be checked in worker processes, in spans
+    as it is written and synced (``check_plain_span``), so the writing thread only moves bytes: the same verdict, a
+    bad line reported once the whole file is written. ``stop_if_cancelled`` raises to stop that check."""
 
     def __init__(
         self,
@@ -211,10 +196,8 @@ class AtomicNdjsonWriter:
         self.write(line + b"\n")
 
     def copy(self, source: Path) -> Iterator[int]:
-        """Append the content of the data file ``source`` (decompressed when it is zstd); the sizes of its pieces as
-        they are written. A plain file, when this writer checks after the last write (plain output of an
-        ``expected_size`` that pays for it), is copied in the kernel (``os.copy_file_range``: no byte passes through
-        Python, as ``cp`` copies)."""
+        """Append the content of the data file ``source`` (decompressed), yielding the sizes written. A plain file,
+        when workers check this writer's output, is copied in the kernel (``os.copy_file_range``, as ``cp`` does)."""
         if self._checker is not None or is_zstd(source):
             for chunk in iter_chunks(source):
                 self.write(chunk)
@@ -256,11 +239,9 @@ class AtomicNdjsonWriter:
         self._checked_to = end
 
     def _counts(self) -> Callable[[], LineCounts]:
-        """The function that gives the check's counts: at once from the checker that saw every write, else from the
-        workers that check the written bytes (``check_plain_span``): a span of ``SPAN_MIN_BYTES`` each as it is
-        written, the rest cut for every worker now (a line broken at the end is still the last span's, the final
-        newline added after it). A bad line in a span is reported as the whole file's check reports it (all of it
-        checked once more in a worker)."""
+        """The function that gives the check's counts: from the checker that saw every write, else from the workers
+        (``check_plain_span``) of the spans written so far and of the rest, cut for every worker now (a line broken
+        at the end is the last span's; the final newline is added after it)."""
         if self._checker is not None:
             self._checker.finish()
             return self._checker.counts
@@ -297,9 +278,8 @@ def count_contents(path: Path, max_line_bytes: int) -> LineCounts:
 
 
 def check_plain_span(path: str, source: str, max_line_bytes: int, start: int, end: int) -> LineCounts:
-    """What ``path`` holds from ``start`` (a line's start) to ``end`` (a line's end or the data's), read as it is
-    (never decompressed: the writer wrote these very bytes), each line checked as ``AtomicNdjsonWriter`` checks it;
-    errors name ``source`` and count lines from ``start``. Runs in a worker process."""
+    """What ``path`` holds from ``start`` (a line's start) to ``end``, read as it is (the writer wrote these very
+    bytes), each line checked; errors name ``source`` and count lines from ``start``. Runs in a worker process."""
     return _checked_counts(bytes_upto(raw_chunks(path, start), end - start), source, max_line_bytes)
 
 

@@ -1,12 +1,11 @@
 """Worker processes for CPU-bound per-file work (JSON parsing, FHIRPath): threads do not help there (the GIL).
+A step run opens ``with worker_pool():``; ``run_in_process`` runs a picklable function in a worker of the current
+pool (a context variable, which ``run_bounded`` and Prefect's runners copy to the step's threads).
 
-A step run opens ``with worker_pool():``; ``run_in_process(function, *args)`` runs a plain, picklable function in a
-worker of the current pool (a context variable: ``run_bounded`` and Prefect's runners copy it to the step's threads).
-
-loky, not ``concurrent.futures.ProcessPoolExecutor``: its workers do not import the parent's ``__main__`` (ours,
-``flows.run``, a Prefect worker or pytest, would pull Prefect into every worker), and ``shutdown(kill_workers=True)``
-stops a running worker (the standard library has no public way before Python 3.14). A worker whose parent dies
-(kill -9) exits by itself (``_wait_for_exit``: loky's workers would wait for work forever).
+loky, not ``concurrent.futures.ProcessPoolExecutor``: its workers do not import the parent's ``__main__`` (ours
+would pull Prefect into every worker), and ``shutdown(kill_workers=True)`` stops a running worker (the standard
+library cannot before Python 3.14). A worker whose parent dies (kill -9) exits by itself (``_wait_for_exit``: loky's
+workers would wait for work forever).
 """
 
 from __future__ import annotations
@@ -46,10 +45,9 @@ def uncounted(amount: int) -> None:
 
 
 class SharedCount:
-    """A count that work in a worker process adds to (``add``, e.g. lines done) and its caller reads while it runs
-    (``read``), through a small file at ``path``: progress that crosses the process boundary without a manager
-    process. The worker writes the count (8 bytes, in place) at most every ``COUNT_WRITE_SECONDS``: one monotonic
-    comparison per ``add``. Picklable: only the path travels."""
+    """A count that work in a worker process adds to and its caller reads while it runs, through a small file at
+    ``path``: progress across the process boundary without a manager process. Written at most every
+    ``COUNT_WRITE_SECONDS``. Picklable: only the path travels."""
 
     def __init__(self, path: str):
         self.path = path
@@ -96,8 +94,7 @@ def processes_allowed() -> bool:
 
 class WorkerPool:
     """loky's executor, made by the first ``submit`` (from any thread): a step that runs nothing in a worker never
-    imports loky nor starts its resource-tracker process (a tiny job's start-up: about 50 ms of import and a
-    process). ``executor`` is None until then."""
+    imports loky nor starts its resource tracker (about 50 ms and a process). ``executor`` is None until then."""
 
     def __init__(self, size: int, preload: tuple[str, ...]):
         self.size, self.preload = size, preload
@@ -133,11 +130,9 @@ class WorkerPool:
 
 @contextmanager
 def worker_pool(*preload: str, size: int | None = None) -> Iterator[WorkerPool]:
-    """A pool of ``size`` (default ``pool_size()``) workers, current in this context until the block ends. Its
-    workers start with its first work, or at once when ``preload`` names modules for them to import (while the
-    caller prepares the work): a block that runs nothing in a worker costs a few microseconds (``WorkerPool``).
-    The workers end with the block, terminated at once when it ends by an exception (Ctrl+C, a cancelled fan-out, a
-    failure)."""
+    """A pool of ``size`` (default ``pool_size()``) workers, current in this context for the block. Its workers start
+    with its first work, or at once to import ``preload`` while the caller prepares the work; they end with the
+    block, killed at once when it ends by an exception (Ctrl+C, a cancelled fan-out, a failure)."""
     pool = WorkerPool(size or pool_size(), preload)
     token = _current.set(pool)
     try:
@@ -170,14 +165,11 @@ def run_in_process(
 
 
 class ProcessCalls:
-    """Calls of ``function``, each started in a worker of the current pool as soon as its arguments are known
-    (``start``), waited for together (``results``: in order; the first exception raised in a worker is raised
-    there, ``BrokenProcessPool`` when a worker died). Without an open pool they start in ``results``, in a pool of
-    their own.
-
-    ``results`` waits in short slices, calling ``stop_if_cancelled`` after each, so a cancelled caller (it raises) or
-    an interrupt stops the wait at once: the pool's workers are then killed (a running worker cannot be stopped any
-    other way). ``cancel`` drops the calls not started (the caller gave up: their results are not wanted)."""
+    """Calls of ``function``, each started in a worker of the current pool once its arguments are known (``start``;
+    without an open pool, in ``results`` in a pool of their own), waited for together in order (``results``, which
+    raises the first exception of a worker, ``BrokenProcessPool`` when one died). ``results`` waits in short slices,
+    calling ``stop_if_cancelled`` after each, so a cancellation or an interrupt stops the wait at once and kills the
+    pool's workers (a running worker cannot be stopped any other way). ``cancel`` drops the calls not started."""
 
     def __init__(self, function: Callable[..., R]):
         self._function = function
@@ -231,16 +223,10 @@ def _wait_for_exit(pid: int) -> None:
     except OSError:  # already gone
         os._exit(1)
     except AttributeError:  # no pidfd (not Linux): poll
-        while _alive(pid):
-            time.sleep(0.5)
+        with suppress(ProcessLookupError):
+            while True:
+                os.kill(pid, 0)
+                time.sleep(0.5)
     else:
         select.select([handle], [], [])
     os._exit(1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

@@ -1,13 +1,10 @@
 """Progress of long file work: a bar on a terminal, throttled log lines elsewhere, or nothing; and per step run
 one Prefect progress artifact.
 
-Steps call ``track(label, total)`` and ``advance(n)`` without knowing where progress goes (a download learns its
-total from the answer: ``set_total``); the command line chooses the display once per process with ``use_display``.
-The default (deployments, tests) is log lines, at most once every ``LOG_EVERY_SECONDS`` per file and one when the
-file is done, so Prefect's log store stays small. Without a total a line names the bytes only (no percent, no ETA).
-
-Independently of the display, every ``track`` inside the step task wrapper's ``step_progress`` (its file tasks'
-threads included: they run in a copy of its context) feeds the step run's ``StepProgress`` and its artifact.
+Steps call ``track(label, total)`` and ``advance(n)`` without knowing where progress goes; the command line chooses
+the display once per process (``use_display``). The default is log lines, at most every ``LOG_EVERY_SECONDS`` per
+file and one when it is done, so Prefect's log store stays small. Every ``track`` inside ``step_progress`` (its file
+tasks' threads included) also feeds the step run's ``StepProgress`` and its artifact.
 """
 
 from __future__ import annotations
@@ -98,10 +95,8 @@ def track(label: str, total: int | None = None, unit: str = "B") -> Iterator[Tra
 
 
 def expect_files(count: int, noun: str = "files") -> None:
-    """Tell the step run's progress how many files it will work on, when its input does not say (downloads) or
-    its work is not one piece per input file (flattening cuts a large file into spans, ``noun`` "pieces"): its
-    artifact then shows files (or pieces, of the input's files) done of expected, whether or not their sizes are
-    known."""
+    """Tell the step run's progress how many files (or ``noun``: flattening's "pieces") it will work on, when its
+    input does not say (downloads) or is cut; its artifact then shows those done of expected."""
     aggregate = _step_progress.get()
     if aggregate is not None:
         aggregate.expect_files(count, noun)
@@ -185,13 +180,9 @@ def step_progress(key: str, step: str, work: StepWork) -> Iterator[StepProgress 
 class StepProgress:
     """Counts a step run's file work (from every thread of the step) and publishes it as one progress artifact.
 
-    Percent (never going back): against the step's known input (bytes or lines, in the unit its files are
-    tracked in); when the step said how many files to expect (downloads), files done of files expected, a file in
-    work counting by its share done if its size is known, else not at all; for another import step, against the
-    files started so far. The artifact is made when the first file of known size starts (of any size once the step
-    called ``expect_files``) and set to 100 when the run ends. Publishing is throttled to once every
-    ``ARTIFACT_EVERY_SECONDS``: ``advance`` adds under a lock and compares one monotonic time, and a thread that
-    finds another one publishing goes on with its work.
+    Percent (never going back) against the step's known input; else files done of files expected (``expect_files``),
+    a file in work counting by its share done; else against the totals of the files started so far. Published at
+    most every ``ARTIFACT_EVERY_SECONDS``; a thread that finds another one publishing goes on with its work.
     """
 
     def __init__(self, key: str, step: str, work: StepWork, task_run_id: UUID, flow_run_id: UUID | None):

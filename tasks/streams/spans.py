@@ -20,10 +20,9 @@ MB = 1024 * 1024
 PROCESS_MIN_BYTES = 16 * MB
 # A file is cut into spans for several processes only when each span gets at least this much (of its content).
 SPAN_MIN_BYTES = 8 * MB
-# A plain file is cut into up to this many spans per process, taken as processes come free, so that a span that runs
-# slow (costlier resources, a busy machine) does not hold up the step's end alone. A zstd file gets one per process:
-# each of its spans decompresses everything before it (a zstd stream has no index to enter it in the middle; that is
-# fast beside flattening, and no decompressed copy is written to disk).
+# A plain file is cut into up to this many spans per process, so that a slow span does not hold up the step's end
+# alone. A zstd file gets one per process: each of its spans decompresses everything before it (a zstd stream cannot
+# be entered in the middle; that is fast beside flattening, and no decompressed copy is written to disk).
 PLAIN_SPANS_PER_PROCESS = 2
 
 
@@ -46,19 +45,15 @@ class Piece:
         return self.name if self.count == 1 else f"{self.name}#{self.index}-{self.count}"
 
 
-def use_processes(input_bytes: int) -> bool:
-    """Worker processes pay for their start-up only on a large input (and where they can help)."""
-    return input_bytes >= PROCESS_MIN_BYTES and processes_allowed()
-
-
 def input_pays_for_processes(paths: list[Path]) -> bool:
-    """``use_processes`` over the input's content (decompressed), counted only as far as the threshold."""
+    """Worker processes pay for their start-up only on a large input (its content, counted only as far as the
+    threshold) and where they can help."""
     counted = 0
     for path in paths:
         counted += content_bytes(path, PROCESS_MIN_BYTES - counted)
         if counted >= PROCESS_MIN_BYTES:
             break
-    return use_processes(counted)
+    return counted >= PROCESS_MIN_BYTES and processes_allowed()
 
 
 def file_spans(path: Path, processes: int, min_bytes: int) -> list[Span]:
@@ -87,9 +82,7 @@ def content_bytes(path: Path, enough: int) -> int:
 
 def line_spans(path: Path, count: int, mark_bytes: int) -> list[Span]:
     """``path`` cut at line starts into at most ``count`` spans of about equal bytes (of its decompressed content),
-    in one pass that also counts each span's lines; reading the spans one after the other gives the file's lines.
-    The pass notes the first line start after every ``mark_bytes`` (the places it may cut at), so memory stays
-    flat."""
+    in one pass that counts each span's lines and notes a place to cut after every ``mark_bytes`` (flat memory)."""
     marks = [(0, 0)]  # (offset of a line's start, newlines before it)
     offset = lines = 0
     for chunk in iter_chunks(path):

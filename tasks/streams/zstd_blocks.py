@@ -15,13 +15,10 @@ class ZstdBlockCutter:
     """Cuts a zstd stream into pieces that each end at most ``ZSTD_BLOCKS_PER_PIECE`` blocks, so that each
     decompresses to at most ``ZSTD_OUTPUT_PIECE`` bytes.
 
-    zstandard's ``decompressobj().decompress`` has no output limit: a 64 KiB slice of a decompression bomb (a few
-    hundred KB that unpack to gigabytes of one byte, 4 bytes per 128 KiB block) came out as 2 GB at once. A zstd
-    block never holds more than ``ZSTD_BLOCK_MAX`` bytes (RFC 8878), and the decoder only writes a block once all
-    of it has arrived, so counting block ends bounds every call's output whatever the ratio. The cutter reads only
-    the frame and block headers (a few per 128 KiB of output); it never decides what the data are: the decoder
-    still checks them and reports damage and truncation. Where the headers stop making sense (damaged data, not a
-    zstd frame) it stops cutting and leaves the error to the decoder.
+    zstandard's ``decompressobj().decompress`` has no output limit: a 64 KiB slice of a decompression bomb came out
+    as 2 GB at once. A block never holds more than ``ZSTD_BLOCK_MAX`` bytes and is only written once all of it has
+    arrived, so counting block ends bounds every call's output. The cutter reads only frame and block headers; the
+    decoder still checks the data. Where the headers stop making sense it stops cutting and leaves the error to it.
     """
 
     def __init__(self) -> None:

@@ -21,8 +21,8 @@ lookup (three groups). Figures printed:
 - anchor: parsing the same bytes with orjson in one process (resources/s), the floor any JSON pipeline pays;
 - the step: the ``flattening`` Prefect task in a flow on a temporary Prefect server (``prefect_test_harness``),
   timed around the task inside the flow: its cached ``flatten[<piece>]`` tasks, in worker processes when the
-  product uses them (``tasks.streams.spans.use_processes``: at least ``PROCESS_MIN_BYTES`` of input; the pool's start-up
-  included), the parts joined into the CSVs; and the peak RSS of this process and of each worker;
+  product uses them (``tasks.streams.spans.input_pays_for_processes``: at least ``PROCESS_MIN_BYTES`` of input; the
+  pool's start-up included), the parts joined into the CSVs; and the peak RSS of this process and of each worker;
 - the engine alone, 1 process: the step's ``flatten_one`` per file, then ``join_parts`` (scan, parse, route, rows,
   CSV; no Prefect task: ``tests.flattening_runs``), what the step does in one process, its CSVs checked byte for
   byte against the step's, and the step's speed-up over it;
