@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -91,20 +92,33 @@ def no_lasting_prefect_server():
 
 @pytest.fixture(scope="session")
 def prefect_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A Prefect database migrated once per test process, for the tests that start servers in PREFECT_HOMEs of their
-    own (``seed_prefect_home``): a first start in a new home spends about 9 s migrating one (20 s against 11 s here).
+    """A Prefect database migrated once per test run, shared by its worker processes, for the servers tests start in
+    PREFECT_HOMEs of their own (``seed_prefect_home``): a first start in a new home spends 10-13 s migrating one.
     A first start from nothing stays covered (``test_prefect_server``'s first test)."""
-    home = tmp_path_factory.mktemp("prefect-database")
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # xdist: the workers' common folder
+    template = root / "prefect-database" / "template.db"
+    with (root / "prefect-database.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one worker migrates; the others wait for its template
+        if not template.exists():
+            migrate_into(template)
+    return template
+
+
+def migrate_into(template: Path) -> None:
+    """``prefect server database upgrade`` in a home of its own, its database copied whole to ``template``."""
+    home = template.parent
+    home.mkdir(parents=True, exist_ok=True)
     env = {name: value for name, value in os.environ.items() if name != "PREFECT_API_URL"} | {"PREFECT_HOME": str(home)}
     prefect = str(Path(sys.executable).parent / "prefect")
     done = subprocess.run(
         [prefect, "server", "database", "upgrade", "-y"], env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    template = home / "template.db"
-    with sqlite3.connect(home / "prefect.db") as source, sqlite3.connect(template) as copy:
+    partial = template.with_suffix(".part")
+    with sqlite3.connect(home / "prefect.db") as source, sqlite3.connect(partial) as copy:
         source.backup(copy)  # one file, whatever the write-ahead log still held
-    return template
+    partial.rename(template)
 
 
 def seed_prefect_home(home: Path, database: Path) -> Path:
@@ -120,23 +134,26 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def prefect_api(tmp_path_factory: pytest.TempPathFactory):
-    """A temporary Prefect server; PREFECT_API_URL is exported so CLI subprocesses use it too."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_DATABASE_CONNECTION_URL
-    from prefect.testing.utilities import prefect_test_harness
+def prefect_api(tmp_path_factory: pytest.TempPathFactory, prefect_database: Path):
+    """The local Prefect server of a temporary PREFECT_HOME, as ``start`` runs one, on a migrated database;
+    PREFECT_HOME and PREFECT_API_URL are exported so CLI subprocesses use it too."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
-    home = tmp_path_factory.mktemp("prefect-home")
-    previous = {name: os.environ.get(name) for name in ("PREFECT_API_URL", "PREFECT_HOME")}
-    os.environ["PREFECT_HOME"] = str(home)
-    with prefect_test_harness(server_startup_timeout=120):
-        os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
-        database = PREFECT_SERVER_DATABASE_CONNECTION_URL.value().split("///", 1)[-1]
-        yield {"api_url": PREFECT_API_URL.value(), "database": Path(database)}
-    for name, value in previous.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    from flows.prefect_server import ensure_server, stop_server
+    from tests.support.prefect_servers import SERVER_TIMEOUT, kill_servers_of
+
+    home = seed_prefect_home(tmp_path_factory.mktemp("prefect-home"), prefect_database)
+    with pytest.MonkeyPatch.context() as environment:
+        environment.delenv("PREFECT_API_URL", raising=False)
+        environment.setenv("PREFECT_HOME", str(home))
+        api_url = ensure_server(home, startup_timeout=SERVER_TIMEOUT)
+        environment.setenv("PREFECT_API_URL", api_url)
+        try:
+            with temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_HOME: str(home)}):
+                yield {"api_url": api_url, "database": home / "prefect.db"}
+        finally:
+            stop_server(home)
+            kill_servers_of(home)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ with the server, and a secret among the deployment's overrides is refused before
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -19,30 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.prefect_server import ensure_server, stop_server
-from tests.conftest import REPO_ROOT, run_cli, seed_prefect_home, wait_until
-from tests.support.prefect_servers import kill_servers_of
+from tests.conftest import run_cli, wait_until
 
 pytestmark = pytest.mark.slow
 
-SERVER_TIMEOUT = 240.0
 RUN_TIMEOUT = 180.0
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, prefect_database: Path):
-    """A real Prefect server in a PREFECT_HOME of its own (one for the module: a start takes 15-40 s here); the API
-    URL and the environment for its clients."""
-    home = seed_prefect_home(tmp_path_factory.mktemp("prefect-home"), prefect_database)
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.delenv("PREFECT_API_URL", raising=False)
-        monkeypatch.setenv("PREFECT_HOME", str(home))
-        api_url = ensure_server(home, startup_timeout=SERVER_TIMEOUT)
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": api_url, "PYTHONPATH": str(REPO_ROOT)}
-    env = {name: value for name, value in env.items() if not name.startswith("APP_")}
-    yield api_url, env
-    stop_server(home)
-    kill_servers_of(home)
 
 
 @pytest.fixture(scope="module")

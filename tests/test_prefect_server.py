@@ -275,7 +275,8 @@ def test_each_home_gets_its_own_port_kept_in_the_home(tmp_path, monkeypatch):
         home_port(homes[0])
 
 
-def test_server_url_prints_prefect_api_url_without_credentials(monkeypatch, capsys):
+def test_server_url_prints_prefect_api_url_without_credentials(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))  # a home where no local server runs
     monkeypatch.setenv("PREFECT_API_URL", f"https://ops:{SECRET}@prefect.example/api")
     assert run_server_command("url") == 0
     assert run_server_command("status") == 1
