@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import inspect
 import json
 import os
 import shutil
@@ -151,9 +153,27 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory, prefect_database: Path
         try:
             with temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_HOME: str(home)}):
                 yield {"api_url": api_url, "database": home / "prefect.db"}
+                drain_prefect_workers()
         finally:
             stop_server(home)
             kill_servers_of(home)
+
+
+def drain_prefect_workers() -> None:
+    """Send what this process's log and event workers still hold before the server stops (as Prefect's test
+    harness does): else they retry a gone server at exit for a minute."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.utilities.asyncutils import run_coro_as_sync
+
+    async def drain() -> None:
+        with contextlib.suppress(RuntimeError):  # never started
+            if inspect.isawaitable(result := APILogWorker.instance().drain()):
+                await result
+        if inspect.isawaitable(result := EventsWorker.drain_all()):
+            await result
+
+    run_coro_as_sync(drain())
 
 
 @pytest.fixture(scope="module")
