@@ -1,24 +1,18 @@
 """The one retry policy of every outgoing call (tenacity is the engine); plain Python, no Prefect.
 
-Every client retries through ``call_with_retry`` (sync) or ``call_with_retry_async``, which share one policy
-(``_policy``; tenacity's ``wait_exponential`` is the backoff):
+``call_with_retry`` and ``call_with_retry_async`` share ``_policy``:
+- ``retry.max_attempts`` attempts in all; before retry n the wait is ``min(initial_backoff_ms * 2**n,
+  max_backoff_ms)``, or a Retry-After header capped at ``max_backoff_ms``;
+- transient (retried): network errors, 408, 429, 5xx, a passed whole-request deadline (``tasks.clients.bounds``);
+  terminal: other 4xx, untrusted certificates, unsupported schemes, anything not a ``ServiceError`` or httpx
+  transport error;
+- each retry is logged, redacted, on ``dupflow.clients``; a network error still failing at the end is raised as a
+  ``ServiceError``.
+The attempt is the caller's one request, so streamed uploads and bounded answers retry like plain requests.
 
-- ``retry.max_attempts`` attempts in total; before retry n (0 for the first) the wait is
-  ``min(initial_backoff_ms * 2**n, max_backoff_ms)``, or a Retry-After header, capped at ``max_backoff_ms``;
-- transient (retried): network errors (by exception type), 408, 429, 5xx, and a whole-request deadline that passed
-  (``tasks.clients.bounds``); terminal (raised at once): other 4xx, untrusted certificates, unsupported URL
-  schemes, and every error that is not a ``ServiceError`` or an httpx transport error;
-- each retry is logged on ``dupflow.clients`` (records pass ``tasks.core.redaction.RedactingFilter``) with the
-  error's text, redacted already; a network error still failing at the end is raised as a ``ServiceError``.
-
-The attempt is the caller's: one request that raises a ``ServiceError`` (or lets an httpx transport error out), so
-streamed uploads and bounded answers are retried like plain requests (``ServiceClient.request`` is one such).
-
-A call that could create something twice opts out, visibly, with ``call_once``: one attempt, the same
-classification. The extraction kick-off (``POST $extract-data``) is that call; its failure leaves the submission
-in doubt for the extraction step to settle. The extraction status poll is the spec's poll loop, not a retry
-(``ExtractionServerClient.poll_until_complete``), with the same classification and Retry-After parsing. S3 uploads
-(``s3.py``) are retried by botocore, with ``retry.max_attempts`` as its attempt count.
+``call_once`` opts out visibly for a call that could create something twice: the extraction kick-off, whose failure
+leaves the submission in doubt for the extraction step. The status poll is the spec's poll loop, not a retry
+(``ExtractionServerClient.poll_until_complete``). S3 uploads are retried by botocore with ``retry.max_attempts``.
 """
 
 from __future__ import annotations

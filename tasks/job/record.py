@@ -1,26 +1,20 @@
-"""The job's own file, ``job.json``: what Prefect cannot hold durably, in one file behind this one module.
+"""The job's own file, ``job.json``: what must survive a lost or changed server, behind this one module.
 
-Prefect's flow-run and task-run states (with the cached results in ``.prefect/results/``) say what ran; the
-job-record artifact is their picture. ``job.json`` (``JobRecord``) keeps what must survive a lost or changed
-server, and is what ``status``, ``list``, the job-record artifact, the ``wait`` gate and ``continue`` all read.
+Prefect's flow-run and task-run states (with the cached results in ``.prefect/results/``) say what ran; ``job.json``
+(``JobRecord``) is what ``status``, ``list``, the job-record artifact, the ``wait`` gate and ``continue`` read.
 
-**The one rule (Prefect vs this file).** The file is the job's state; the server shows it. When they disagree,
-the file wins, corrected by the job's lock: a file that says Running while no process holds the lock is
-Crashed (its process was killed). One exception: a file that says Suspended (a deployment run waiting for the UI's
-form, with no process of ours behind it) defers to the server's state of that flow run, since only the server
-sees it resumed or cancelled. A UI Resume of a *local* paused run therefore changes nothing: no process runs it;
-the job stays AwaitingInspection until ``continue``, whose flow run closes the old run as ``Continued``.
+**The one rule.** The file is the job's state; the server shows it. When they disagree the file wins, corrected by
+the job's lock: Running while no process holds the lock is Crashed. One exception: Suspended (a deployment run
+waiting for the UI's form, no process of ours behind it) defers to the server, which alone sees it resumed or
+cancelled. A UI Resume of a *local* paused run changes nothing: the job stays AwaitingInspection until ``continue``.
 
-Not in it, on purpose: a step's working files in its own folder (``send/progress/<file>.json``, the S3 upload
-manifest, the flattening's ``.parts``) say how far the step got *within* a file; they never decide whether a step
-is done (Prefect's cached result and this file's ``steps`` do).
+A step's working files (``send/progress/<file>.json``, the S3 manifest, flattening ``.parts``) say how far it got
+within a file; they never decide whether a step is done.
 
-``JobRecord`` (``version`` SCHEMA_VERSION; a file without one is version 1: the same fields) is validated when
-read: a file that is no job record (not JSON, too large or deep, wrong types, another version) is a
-``RecordError``, one line naming the file and the problem. Every write goes through ``changing_record``: read,
-change, write once, under an ``flock`` on ``.job.json.lock``, atomically (temporary name, fsync, rename), so
-readers never lock. Older layouts (``facts.json``, ``steps/``, ``wait-NN`` markers) are not migrated.
-Import-light on purpose (no Prefect): ``status`` and ``list`` use it.
+``JobRecord`` (``version`` SCHEMA_VERSION; a file without one is version 1) is validated when read: a file that is no
+job record is a ``RecordError``, one line naming the file and the problem. Every write goes through
+``changing_record``: read, change, write once, under an ``flock`` on ``.job.json.lock``, atomically, so readers never
+lock. Import-light on purpose (no Prefect): ``status`` and ``list`` use it.
 """
 
 from __future__ import annotations

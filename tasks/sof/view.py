@@ -1,23 +1,19 @@
 """SQL-on-FHIR v2 ViewDefinitions: validated and compiled once, then run resource by resource.
 
-``compile_view(view)`` checks the ViewDefinition (``ViewDefinitionError`` with the reason) and compiles every FHIRPath
-in it once. ``CompiledView.rows(resource)`` yields the resource's rows as tuples in the order of ``columns`` (depth
-first: a select's own columns, then its nested selects', then its ``unionAll``'s).
+``compile_view(view)`` checks the ViewDefinition (``ViewDefinitionError``) and compiles its FHIRPaths once;
+``CompiledView.rows(resource)`` yields rows as tuples in ``columns`` order (a select's own columns, then its nested
+selects', then its ``unionAll``'s).
 
 Row semantics (the v2 specification): a select's rows are the cartesian product of its columns' row, each nested
-select's rows and the concatenated rows of its ``unionAll`` branches, for each element ``forEach`` /
-``forEachOrNull`` / ``repeat`` iterates over (``%rowIndex`` is its 0-based position). ``forEachOrNull`` over nothing
-gives one row of nulls, ``forEach`` none. A resource is skipped unless every ``where`` path gives ``true``.
+select's rows and its ``unionAll`` branches' rows, per element ``forEach`` / ``forEachOrNull`` / ``repeat`` iterates
+(``%rowIndex`` its 0-based position); ``forEachOrNull`` over nothing gives one row of nulls. A resource is skipped
+unless every ``where`` gives ``true``.
 
-Rows are produced lazily: one small resource can give millions (60 codings in each of four slices: 13 million), so
-no product is held; a part of a product is kept as a list when it has at most ``CACHED_ROWS`` rows, else produced
-again for each row on its left. Nearly every resource's rows come from the selects compiled into one generated
-function (``tasks.sof.compiled_code``) or closures (``tasks.sof.compiled``); this general way is taken for views
-reading ``%rowIndex`` and for more than ``CACHED_ROWS`` rows.
-
-Bounds (each a ``ViewEvaluationError`` naming the view, the resource and what went over): ``MAX_ROWS_PER_RESOURCE``
-rows from one resource; ``MAX_REPEAT_ELEMENTS`` (as for FHIRPath's ``repeat()``) elements one ``repeat`` reaches from
-one focus (a path back to the focus never ends); ``MAX_SELECT_DEPTH`` levels of nested selects (a
+Rows are lazy: one resource can give millions (60 codings in each of four slices: 13 million), so a part of a
+product is kept as a list only up to ``CACHED_ROWS`` rows. Most rows come from the generated function
+(``tasks.sof.compiled_code``) or closures (``tasks.sof.compiled``); this general way serves ``%rowIndex`` and larger
+products. Bounds (``ViewEvaluationError`` naming view, resource and limit): ``MAX_ROWS_PER_RESOURCE``,
+``MAX_REPEAT_ELEMENTS`` per ``repeat`` (a path back to the focus never ends), ``MAX_SELECT_DEPTH`` (a
 ``ViewDefinitionError``: deeper would exhaust Python's stack).
 """
 
