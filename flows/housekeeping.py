@@ -1,20 +1,16 @@
 """Housekeeping: ``prune`` lists old or finished jobs, then removes them with their flow runs and artifacts.
 
-Without ``--yes`` nothing is removed: the command lists what it would remove (job id, state, last change, size on
-disk, flow runs and artifacts on the Prefect server) and how. With ``--yes`` each job is removed under its lock (a
-job that a process took meanwhile, or whose record changed since it was listed, is skipped): first its flow runs
-(tags ``job-<id>`` and the directory's own ``dir-<digest>``, with their task runs and logs) and their artifacts on
-the server, then its directory, so an interrupted prune can simply be run again. A copy of a job directory
-prunes only its own records, never the original's; a job whose flow run is running, or paused without its state
-named, stays.
+Without ``--yes`` it only lists what it would remove (job, state, last change, size, flow runs and artifacts). With
+``--yes`` each job is removed under its lock (one a process took, or whose record changed since it was listed, is
+skipped): first its flow runs (tags ``job-<id>`` and the directory's ``dir-<digest>``) and their artifacts, then its
+directory, so an interrupted prune can be run again. A copy of a job directory prunes only its own records; a job
+whose flow run is running, or paused without its state named, stays.
 
-Which jobs: by default the finished ones; ``--state`` names the states instead (AwaitingInspection or Suspended
-only by name; a running job never). ``--older-than`` keeps jobs whose record changed more recently. Only
-directories of the jobs directory named by a job id (a UUID) are jobs; symbolic links are never followed.
-
-The server: ``PREFECT_API_URL`` when set, else the local server when its database exists; without either only job
-directories are listed and removed. The REST API is used directly (no Prefect import), each call through the one
-retry policy (``tasks.clients.retry``: a SQLite server busy with a burst of runs answers 503 for a moment)."""
+Which jobs: the finished ones, or the states ``--state`` names (AwaitingInspection or Suspended only by name, a
+running job never); ``--older-than`` keeps jobs changed more recently. Only directories named by a job id are jobs;
+symbolic links are never followed. The server: ``PREFECT_API_URL``, else the local server when its database exists,
+else none (only directories). Its REST API is called directly (no Prefect import), through the one retry policy (a
+SQLite server busy with a burst of runs answers 503 for a moment)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,16 @@
 """Credentials for outgoing calls, scoped to the origin of the configured service URL.
 
-``ServiceAuth`` is the one ``httpx.Auth`` every client gets. Per request (and per redirect hop) it
-
-- attaches the configured credentials (Basic, or an OAuth 2.0 client-credentials bearer token, plus the API key
-  header) only for the service's origin (scheme, host, port, default ports normalised) or an origin the caller
-  trusted (``trust``: file origins the configuration approves); any other origin gets no Authorization,
-  Proxy-Authorization or API key header, logged once per origin;
-- follows redirects itself (clients are built with ``follow_redirects=False``), so the origin check runs for every
-  hop, and a hop back to the service carries credentials again (httpx's own following strips only Authorization,
-  and an auth flow never sees its hops); every hop lands in the history, so httpx still enforces
-  ``max_redirects``, and the request hook ``strip_foreign_credentials`` checks a ``follow_redirects=True`` call too;
-- on a 401 from the service while using OAuth, fetches exactly one fresh token and sends the request once more;
-- refuses a redirect loop, naming the URL, and a redirect to a URL with user info (httpx would send it as Basic).
-
-Tokens come from a ``TokenSource`` shared per (issuer, client id) across all clients of the process; it asks
-authlib's ``OAuth2Client`` for them and renews them shortly before ``expires_in`` runs out.
+``ServiceAuth`` is the one ``httpx.Auth`` of every client. Per request and per redirect hop it
+- attaches the credentials (Basic, or an OAuth 2.0 client-credentials token, plus the API key header) only for the
+  service's origin or one the caller trusts (``trust``: approved file origins); any other origin gets none, logged
+  once per origin;
+- follows redirects itself (clients have ``follow_redirects=False``), so every hop is checked and a hop back to the
+  service carries credentials again; hops land in the history, so ``max_redirects`` holds, and the request hook
+  ``strip_foreign_credentials`` covers a ``follow_redirects=True`` call too;
+- on a 401 with OAuth, fetches one fresh token and sends the request once more;
+- refuses a redirect loop and a redirect to a URL with user info (httpx would send it as Basic).
+Tokens come from a ``TokenSource`` per (issuer, client id), shared by the process's clients; authlib's
+``OAuth2Client`` fetches them, renewed shortly before ``expires_in`` runs out.
 """
 
 from __future__ import annotations

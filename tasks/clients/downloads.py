@@ -1,21 +1,15 @@
-"""Streaming download of one NDJSON file into the job directory (used by ``extractor`` and ``http_import``).
+"""Streaming download of one NDJSON file into the job directory (``extractor`` and ``http_import``); no Prefect.
 
-Plain Python, no Prefect. The caller's client comes from ``tasks.clients.http.build_client`` (TLS, credentials
-only to the configured origin). Rules (spec "Extraction step procedure" 7 and "Errors"):
-
-- Streamed with ``Accept: application/fhir+ndjson`` and no whole-request deadline: the read timeout is the stall
-  timeout, so a download is cancelled only when no byte arrives for that long.
-- Retried (``retry.*``, every connection an attempt): a transient HTTP status (5xx, 408, 429), a connection error
-  before the answer, a body broken in the middle (a reset, fewer bytes than its Content-Length), which is resumed
-  with ``Range: bytes=<received>-`` into the same temporary file (a 206 from another byte is an error; a 200
-  starts over from byte 0). Never retried (spec): a stall (a read timeout, before the headers or in the body), a
-  write error, data that are no NDJSON: ``DownloadError`` or ``NdjsonError``; ``continue`` redoes the file.
-- The body must be NDJSON (zstd is decompressed): an HTML answer (``text/html`` or a body starting with ``<``) or a
-  line that is no FHIR resource is an error naming the URL and line. A last line cut short (no newline, does not
-  parse: the server closed early without a Content-Length) is a transient error, retried.
-- File names come from the URL's last segment, checked (``tasks.core.names.name_from_data_problem``); more than
-  ``max_files`` files are refused. Output goes through ``AtomicNdjsonWriter`` (renamed when complete), so a failed
-  download never leaves a file under its final name.
+The client comes from ``tasks.clients.http.build_client``. Rules (spec "Extraction step procedure" 7, "Errors"):
+- no whole-request deadline: the read timeout is the stall timeout, so only a download where no byte arrives for
+  that long is cancelled;
+- retried (``retry.*``): a transient status (5xx, 408, 429), a connection error, a body broken in the middle, which
+  is resumed with ``Range: bytes=<received>-`` (a 206 from another byte is an error; a 200 starts over). Never
+  retried (spec): a stall, a write error, data that are no NDJSON; ``continue`` redoes the file;
+- the body must be NDJSON (zstd is decompressed): HTML or a line that is no FHIR resource is an error naming URL and
+  line; a last line cut short (the server closed early) is transient;
+- file names come from the URL's last segment, checked; more than ``max_files`` are refused. ``AtomicNdjsonWriter``
+  renames a file only when complete.
 """
 
 from __future__ import annotations

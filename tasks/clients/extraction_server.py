@@ -1,20 +1,15 @@
-"""Client of the extraction server (TORCH): submit a CRTDL, poll the job, read the result's file URLs.
+"""Client of the extraction server (TORCH): submit a CRTDL, poll the job, read the result's file URLs; no Prefect.
 
-Plain Python, no Prefect. Follows /work/shared/spec/extraction-server-api.md and the real server's deviations in
-protocols.md (kick-off answers 202; X-Progress header; CANCELLED is 410); what is sent and answered is read and
-checked in ``tasks.clients.extraction_documents``, the operator's Task API is ``tasks.clients.extraction_jobs``.
-
-- ``submit`` posts once (``call_once``, the visible opt-out of ``tasks.clients.retry``): a retry could start a
-  second job.
-- ``poll_until_complete`` is the poll table of pipeline-tool.md ("States and transitions"), one GET per iteration
-  (procedure step 4): 202/102 progress, 200 done, 404/410 ``DeadHandleError`` (the caller decides to submit
-  again), 500 ``ExtractionFailedError``, 408/429/other 5xx and network failures polled again after the back-off
-  (doubling from ``polling_interval`` to ``max_polling_interval``), other 4xx terminal; only
-  ``extraction_timeout`` without a 200/202 ends the wait. Time is injectable (``clock``, ``sleep``).
-- Progress is the answer's X-Progress header (or OperationOutcome diagnostics): the Task is not read while polling.
-- Status answers are read bounded (``bounded_answer``); URLs from the server with a user name or password are
-  refused (tasks.core.url_credentials), never followed: httpx would send them as Basic auth. Credentials go to
-  base_url's origin only, and with ``requiresAccessToken`` to the file origins approved in the configuration.
+Follows spec/extraction-server-api.md and the real server's deviations in protocols.md (kick-off 202, X-Progress,
+CANCELLED as 410); documents are read and checked in ``tasks.clients.extraction_documents``, the operator's Task API
+is ``tasks.clients.extraction_jobs``.
+- ``submit`` posts once (``call_once``): a retry could start a second job.
+- ``poll_until_complete`` is the poll table of pipeline-tool.md ("States and transitions"), one GET per iteration:
+  202/102 progress, 200 done, 404/410 ``DeadHandleError``, 500 ``ExtractionFailedError``, 408/429/other 5xx and
+  network failures polled again after the back-off, other 4xx terminal; only ``extraction_timeout`` ends the wait.
+  Progress is the X-Progress header (or OperationOutcome diagnostics). Time is injectable (``clock``, ``sleep``).
+- Answers are read bounded; server URLs with user info are refused, never followed (httpx would send them as Basic
+  auth). Credentials go to base_url's origin only, and with ``requiresAccessToken`` to approved file origins.
 """
 
 from __future__ import annotations

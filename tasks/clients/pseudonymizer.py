@@ -1,20 +1,16 @@
-"""Client of the pseudonymization service (FHIR Pseudonymizer / DIMP): ``POST {url}/fhir/$de-identify``.
+"""Client of the pseudonymization service (FHIR Pseudonymizer / DIMP): ``POST {url}/fhir/$de-identify``; no Prefect.
 
-Wire contract (spec/protocols.md, "Pseudonymization service"): the body is the bare resource, or — with an
-anonymization config — a ``Parameters`` whose parts are, in this order, ``config`` (the YAML as a base64
-``valueAttachment``) and ``resource``; the answer is the de-identified resource itself.
+Wire contract (spec/protocols.md, "Pseudonymization service"): the body is the bare resource or, with an
+anonymization config, a ``Parameters`` of ``config`` (the YAML, base64) then ``resource``; the answer is the
+de-identified resource.
 
-Bundles whose compact JSON is larger than the split threshold are sent as greedy, order-preserving chunks of their
-``entry[]`` (each a Bundle with the same Bundle-level fields and id ``<bundle id>-chunk-<i>``, i from 0) and put
-back together in the original order, under the Bundle-level fields the service gives the Bundle itself sent
-without entries (one request more), so that splitting never changes the Bundle's pseudonymous id or ``meta``.
-Every answer is checked: same resource type as sent and, for Bundles, as many entries as sent, so a resource can
-never get lost on the way.
+A Bundle larger than the split threshold is sent as order-preserving chunks of its ``entry[]`` (id
+``<bundle id>-chunk-<i>``) and put back together under the Bundle-level fields the service gives the Bundle sent
+without entries (one request more), so splitting never changes its pseudonymous id or ``meta``. Every answer is
+checked (same resource type; for Bundles as many entries), so no resource gets lost on the way.
 
-Requests are retried per ``tasks.clients.retry`` (other 4xx terminal with the service's OperationOutcome text) and
-bounded per ``tasks.clients.bounds``: ``services.pseudonymizer.timeout`` is the deadline of each whole request, and
-at most ``max_answer_bytes`` of an answer is read (the step's ``pipeline.max_ndjson_line_size_mb``). At most
-``max_concurrent_requests`` requests are in flight per ``Pseudonymizer``. Plain Python: no Prefect in here.
+Retried per ``tasks.clients.retry``, bounded per ``tasks.clients.bounds`` (``timeout`` per whole request,
+``max_answer_bytes`` per answer), at most ``max_concurrent_requests`` in flight per ``Pseudonymizer``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """CRTDL preprocessing: add the attributes pseudonymization needs (e.g. ``Patient.identifier``) to a CRTDL.
 
-Plain Python on parsed JSON with ``config.enrichment.EnrichmentRule`` objects; the pipeline step reads and writes
-the files.
-
-Decisions (spec: services.crtdl_preprocessing):
-
-- A rule enriches every attribute group whose ``groupReference`` equals its ``group_reference``.
-- A missing attribute is appended as ``{"attributeRef", "mustHave"[, "linkedGroups"]}``. An existing one is never
-  weakened: ``mustHave`` becomes ``existing or rule``; linked group ids are added, never removed.
-- A missing group is created (appended to ``dataExtraction.attributeGroups``, creating ``dataExtraction`` if
-  needed) only when the rule has ``create_if_not_exists``; its ``id`` is a slug of the group name (lower case,
-  runs of other characters as ``-``), made unique with ``-2``, ``-3``, ... Otherwise the rule is skipped and a
-  warning is returned: enrichment is a best effort to add identifiers, not a reason to stop a job.
-- ``linked_groups`` are profile URLs, resolved after all rules ran (so a rule may link to a group another rule
-  creates) to the ids of every group with that ``groupReference``. A target group without an ``id`` gets one
-  derived as for created groups. A URL no group has is an ``EnrichmentError``.
-- The input is never mutated; unknown fields and key order are preserved (new keys are appended).
+Plain Python on parsed JSON with ``config.enrichment.EnrichmentRule`` objects. Decisions (spec:
+services.crtdl_preprocessing):
+- a rule enriches every attribute group whose ``groupReference`` is its ``group_reference``;
+- a missing attribute is appended; an existing one is never weakened (``mustHave`` is ``existing or rule``, linked
+  group ids are only added);
+- a missing group is created only with ``create_if_not_exists``, its ``id`` a slug of its name made unique with
+  ``-2``, ``-3``, …; otherwise the rule is skipped with a warning (enrichment is a best effort, not a reason to stop);
+- ``linked_groups`` (profile URLs) are resolved after all rules ran to the ids of every group with that
+  ``groupReference``; a URL no group has is an ``EnrichmentError``;
+- the input is never mutated; unknown fields and key order are kept.
 """
 
 from __future__ import annotations

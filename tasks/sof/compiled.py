@@ -1,17 +1,12 @@
 """A view's selects compiled to closures that give a resource's rows as one list, without the general row machinery.
 
-``compile_rows(select, limit)`` turns a compiled ``tasks.sof.view.Select`` into ``rows(data, path, env)``: the
-select's rows at that focus as a list of tuples, the same rows in the same order as ``Select.rows`` gives, or None
-when they would be more than ``limit`` (no part and no product of more than ``limit`` rows is ever built: the caller
-then produces them the general, lazy way). Columns are read by closures made once per focus type:
-
-- a single-valued member path (``id``, ``subject.reference``, ``value.ofType(dateTime)``) walks its JSON keys
-  straight, no list per value;
-- anything the data makes irregular (a list where one value was expected, an element holding a resource, a value
-  of more than one element) and every other column (``collection: true``, functions, interpreted FHIRPath) goes
-  through ``Column.value``, which gives the value or the error the general way;
-- a select that ``repeat``\\ s is run by ``Select.rows`` (its bound on elements stays where it is).
-
+``compile_rows(select, limit)`` turns a compiled ``tasks.sof.view.Select`` into ``rows(data, path, env)``: the same
+rows in the same order as ``Select.rows``, or None when they would be more than ``limit`` (no larger part is built;
+the caller then takes the general, lazy way). Columns are read by closures made once per focus type:
+- a single-valued member path (``id``, ``subject.reference``, ``value.ofType(dateTime)``) walks its JSON keys;
+- whatever the data makes irregular (a list where one value was expected, a nested resource) and every other column
+  goes through ``Column.value``, which gives the value or the error the general way;
+- a select that ``repeat``\\ s is run by ``Select.rows`` (its bound stays there).
 A view that reads ``%rowIndex`` is not compiled (each element's rows need their own environment).
 """
 

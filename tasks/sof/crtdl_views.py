@@ -1,22 +1,17 @@
 """One ViewDefinition per CRTDL attribute group, built from the lookup file (spec/protocols.md, "Flattening").
 
-The group's table is the lookup table whose ``url`` is the group's ``groupReference``. The view starts with the
-columns ``id`` and ``patient`` (the resource's patient reference; none outside the patient compartment, e.g.
-Medication), then one select per selected attribute in CRTDL order: its snippet with its children nested inside
-(depth first), wrapped in the iteration (``forEach`` / ``forEachOrNull``) of each ancestor. An attribute whose
-ancestor is also selected is covered by it. Sibling slices of one element (``Condition.code.coding:icd10-gm``,
-``…:sct``) are sibling ``forEachOrNull`` selects: a slice that matches nothing gives nulls (the shape of the expected
-CSVs in shared/testdata/flattening/example).
+The group's table is the lookup table whose ``url`` is its ``groupReference``. The view's columns are ``id``,
+``patient`` (none outside the patient compartment, e.g. Medication), then one select per selected attribute in CRTDL
+order: its snippet with its children nested inside, wrapped in each ancestor's ``forEach`` / ``forEachOrNull``. An
+attribute whose ancestor is also selected is covered by it. Sibling slices of one element
+(``Condition.code.coding:icd10-gm``, ``…:sct``) are sibling ``forEachOrNull`` selects, as in the expected CSVs of
+shared/testdata/flattening/example.
 
-Names. TORCH requires an ``id`` on every attribute group (its Provenance names the group by it): a group without one
-gets ``generated-`` and the first GENERATED_ID_HEX_DIGITS hex digits of the SHA-256 of its JSON (keys sorted) in the
-job's own CRTDL (``with_group_ids``, when the job starts), so the extraction server and flattening use the same id
-(data extracted elsewhere from a CRTDL without ids cannot be routed: flattening fails, naming the ids it found). A
-group without a ``name`` is named by its id. The CSV and the saved ViewDefinition are named after the group, with
-``/ \\ : * ? " < > |`` as ``_``. Groups whose file names would be the same (ignoring case, as some file systems
-and S3 clients do) are each named ``<name>-<short id>`` (``short_group_id``): TORCH's own CRTDLs have two groups of
-one name. A name that still breaks ``tasks.core.names.name_from_data_problem``, or files that still collide (groups
-of one name and one id), are refused when the job starts (``group_name_problems``).
+Names. A group without an ``id`` gets ``generated-`` plus GENERATED_ID_HEX_DIGITS hex digits of the SHA-256 of its
+JSON in the job's own CRTDL (``with_group_ids``), so extraction and flattening use the same id. A group without a
+``name`` is named by its id; files are named after the group, ``/ \\ : * ? " < > |`` as ``_``. Groups whose file
+names collide (ignoring case) are each named ``<name>-<short id>`` (TORCH's own CRTDLs have two groups of one name);
+names that are still unsafe or colliding are refused when the job starts (``group_name_problems``).
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """FHIRPath for ViewDefinitions: each expression compiled once, plain member paths without the interpreter.
 
-``compile_path`` turns an expression into a callable ``(focus, env) -> list[Item]``. A focus is an ``Item``: the
-element's data plus its FHIR type path (``Patient.name``, ``HumanName``, …) so that expressions evaluated later on
-it still resolve choice types (``value.ofType(Quantity)``) the way fhirpathpy does with its R4 model.
+``compile_path`` turns an expression into a callable ``(focus, env) -> list[Item]``. An ``Item`` is the element's
+data plus its FHIR type path (``Patient.name``, ``HumanName``), so that later expressions still resolve choice types
+(``value.ofType(Quantity)``) as fhirpathpy does with its R4 model. Two ways to evaluate:
+- **member paths** (``code.coding``, ``name.first().given``, ``value.ofType(Quantity).value``, ``$this``) are walked
+  directly over the JSON with fhirpathpy's navigation rules: most paths of real views, a few microseconds each;
+- everything else goes through fhirpathpy's parser and evaluator, parsed once, with ``tasks.sof.fhirpath_functions``.
 
-Two ways to evaluate:
-
-- **Member paths** such as ``code.coding``, ``name.first().given``, ``value.ofType(Quantity).value`` or ``$this``
-  are walked directly over the JSON (dict lookups and the model's type tables, the same rules fhirpathpy's member
-  navigation applies). They are most paths in real views and cost a few microseconds instead of tens.
-- Everything else goes through fhirpathpy's parser and evaluator, once parsed, with the functions of
-  ``tasks.sof.fhirpath_functions`` (SQL-on-FHIR's own, and bounded ``matches``, ``replaceMatches``, ``repeat``).
-
-An expression nested more than ``MAX_EXPRESSION_DEPTH`` levels (its parse tree; about half as many parentheses) is
-refused when compiled: the parser and the evaluator recurse once or more per level and would exhaust Python's stack.
-A stack that still runs out while evaluating (deeply nested data compared whole) is reported as such, never as a
-bare ``RecursionError``; each is a ``FhirPathError`` naming the expression.
+An expression nested deeper than ``MAX_EXPRESSION_DEPTH`` is refused when compiled (parser and evaluator recurse per
+level); a stack that still runs out while evaluating is reported as such. Each is a ``FhirPathError`` naming the
+expression.
 """
 
 from __future__ import annotations

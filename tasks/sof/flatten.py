@@ -1,18 +1,15 @@
 """Flattening's plain per-file work: routing resources to attribute groups, and one input file's rows as CSV parts.
 
-Routing (spec/protocols.md, "Flattening"): the extraction's Provenance records name, for each target resource, the
-attribute groups it belongs to (``entity.what.identifier`` with the attribute-group system). TORCH puts them in the
-Bundle line of the resources they route; bare Provenance lines route the bare resources of their file. When no input
-file holds attribute-group Provenance (``has_group_provenance``, decided over all files first), resources go to the
-groups of their type.
+Routing (spec/protocols.md, "Flattening"): Provenance records name the attribute groups of each target resource
+(``entity.what.identifier`` with the attribute-group system), in the Bundle line of the resources they route, or as
+bare lines routing their file's bare resources. When no input file holds such Provenance (``has_group_provenance``,
+decided over all files first), resources go to the groups of their type.
 
-``flatten_file(plan)`` writes the rows of one input file, or of one span of its lines (``tasks.streams.ndjson.Span``),
-per group into ``<parts>/<plan.folder>/<csv name>`` (rows only; a group without rows gets no part) and returns its
-counts. The parent concatenates all parts in input order under one header, so the CSVs are the same bytes whether
-files ran in turn or in parallel, whole or cut. A span's bare Provenance routes come from the whole file: the parent
-finds them once (``bare_routes``) and saves them (``routes_json``, ``plan.routes_file``). No Prefect here, so it runs
-in a lean worker process (``tasks.streams.processes``): cancellation reaches it as a callable
-(``stop_if_cancelled``), progress leaves it as one (``advance``), and its errors are the engine's.
+``flatten_file(plan)`` writes the rows of one file, or one span of it, per group into
+``<parts>/<plan.folder>/<csv name>`` and returns its counts. The parent concatenates the parts in input order under
+one header, so the CSVs are the same bytes whether files ran in turn or in parallel, whole or cut; a span's bare
+Provenance routes come from the whole file (``bare_routes``, saved by ``routes_json``). No Prefect here, so it runs
+in a lean worker process: cancellation reaches it as ``stop_if_cancelled``, progress leaves it as ``advance``.
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """A finished group CSV as Parquet, typed from its ViewDefinition's columns (pyarrow; no Prefect).
 
-``write_parquet(csv_path, view, parquet_path)`` streams the CSV (``tasks.sof.output``'s dialect, header = the view's
-column names) into one Parquet file (zstd, written under a hidden temporary name and renamed when complete) and returns
-its row count. Converting the CSV, not the rows, gives the same Parquet whether the embedded engine or the flattening
-service made it. Blocks of ``BLOCK_BYTES`` in, row groups of about ``ROW_GROUP_BYTES`` out keep memory flat however
-large the file (120 MB and 300 MB: Arrow's pool peaks at 58 MB; blocks are small because pyarrow reads about ten
-ahead); a row longer than a block is read again in larger blocks.
+``write_parquet(csv_path, view, parquet_path)`` streams the CSV into one Parquet file (zstd, hidden temporary name
+renamed when complete) and returns its row count. Converting the CSV, not the rows, gives the same Parquet whether
+the embedded engine or the flattening service made it. Blocks of ``BLOCK_BYTES`` in, row groups of about
+``ROW_GROUP_BYTES`` out keep memory flat (120 MB and 300 MB files: Arrow's pool peaks at 58 MB; blocks are small as
+pyarrow reads about ten ahead); a row longer than a block is read again in larger blocks.
 
-Types, from each column's ``type`` (a ``unionAll``'s branches must agree, else string): ``boolean`` → bool;
-``integer``, ``positiveInt``, ``unsignedInt``, ``integer64`` → int64; everything else → string as the CSV holds it:
-``decimal`` keeps its digits (``1.50`` is not ``1.5``; more than decimal128's 38 digits are allowed), dates and times
-stay text (FHIR allows ``2020`` or ``2020-01``, which no timestamp holds), as do ``base64Binary``, untyped and
-``collection`` columns and objects (compact JSON). An empty cell is null in every column. A cell its declared type
-cannot hold raises ``ViewError`` naming the file, column and row, never the value (it is patient data).
+Types from each column's ``type`` (a ``unionAll``'s branches must agree, else string): ``boolean`` → bool; the
+integer types → int64; everything else stays the CSV's text: ``decimal`` keeps its digits (``1.50`` is not ``1.5``),
+dates and times too (FHIR allows ``2020``, which no timestamp holds). An empty cell is null. A cell its type cannot
+hold raises ``ViewError`` naming file, column and row, never the value (it is patient data).
 """
 
 from __future__ import annotations
