@@ -1,18 +1,10 @@
 """Duration values of the configuration: parsing, formatting and the pydantic type.
 
-Accepted forms (case-insensitive):
-
-* ISO 8601 durations: ``PT30M``, ``PT5S``, ``PT1M30S``, ``P1D``, ``P1DT2H``, ``P1W``, fractional parts
-  such as ``PT0.5S``. Years and months are rejected because their length is not fixed.
-* Short forms: a sequence of number+unit with units ``d``, ``h``, ``m``, ``s``, ``ms``: ``30m``, ``30s``,
-  ``1h30m``, ``500ms``, ``1.5s``.
-* A bare ``0`` (number or string): zero needs no unit, and several keys give 0 a meaning
-  ("use the built-in default").
-
-At most ``MAX_DURATION`` (P3650D, 10 years).
-
-Any other bare number is rejected: ``30`` could mean seconds or minutes, and the earlier configuration
-shape used integer minutes and seconds side by side.
+Accepted (case-insensitive): ISO 8601 durations (``PT30M``, ``PT1M30S``, ``P1DT2H``, ``P1W``, ``PT0.5S``; years and
+months have no fixed length and are refused); short forms of number+unit (``d``, ``h``, ``m``, ``s``, ``ms``:
+``1h30m``, ``500ms``, ``1.5s``); a bare ``0``, since several keys give 0 the meaning "the built-in default". At most
+``MAX_DURATION`` (10 years). Any other bare number is refused: ``30`` could be seconds or minutes, and the earlier
+configuration shape used both side by side.
 """
 
 from __future__ import annotations

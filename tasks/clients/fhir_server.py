@@ -1,18 +1,14 @@
 """Client of a FHIR server for the send step: transaction Bundles (direct_resource_load) and resource PUTs with
-streamed bodies (transfer_load's Binary and DocumentReference). Plain Python: no Prefect in here.
+streamed bodies (transfer_load's Binary and DocumentReference). No Prefect here.
 
-Every call goes through the client layer (``tasks.clients.http``): credentials scoped to the server's origin, the
-one retry policy. A transaction is atomic on the server, so sending it again after an ambiguous failure cannot
-apply it twice: entries are PUTs (idempotent) or conditional creates (``ifNoneExist``), see tasks/send.py.
+Calls go through ``tasks.clients.http`` (origin-scoped credentials, the one retry policy). A transaction is atomic,
+and its entries are PUTs or conditional creates (tasks/send.py), so sending it again after an ambiguous failure
+cannot apply it twice. A 2xx answer is checked entry by entry: a failed or missing entry rejects the batch, with the
+server's answer (credentials it quoted blanked out) kept for inspection.
 
-A 2xx answer to a transaction is not yet a success: every entry of the ``transaction-response`` is checked, and a
-failed or missing entry rejects the batch like an HTTP error would. A rejection carries the server's answer (status
-and body, credentials it quoted back blanked out) so the step can keep it for inspection.
-
-Bounds (``tasks.clients.bounds``; services.send has no timeout key, so they are constants): each read waits up to
-``SEND_TIMEOUT``; each call has a whole-request deadline of ``REQUEST_DEADLINE`` plus 1 s per MB of its body
-(``SLOWEST_UPLOAD_BYTES_PER_SECOND``) on a connection of its own (``answer_within``), past which it is a transient
-failure, retried. At most ``MAX_ANSWER_BYTES`` of an answer is read, 1 MB of an error answer, none of a PUT's.
+Bounds (services.send has no timeout key, so constants): ``SEND_TIMEOUT`` per read; a whole-request deadline of
+``REQUEST_DEADLINE`` plus 1 s per MB of body, past which the call is transient and retried; at most
+``MAX_ANSWER_BYTES`` of an answer, 1 MB of an error answer, none of a PUT's.
 """
 
 from __future__ import annotations

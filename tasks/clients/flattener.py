@@ -1,17 +1,12 @@
 """Client of the MII flattening service (fhir-flattener, SQL-on-FHIR v2): ``$run`` and the health check.
 
-Wire contract (spec/protocols.md, "Flattening service"):
+Wire contract (spec/protocols.md, "Flattening service"): ``GET {service_url}/fhir/metadata`` must list operation
+``$run`` on ``ViewDefinition``; ``POST {service_url}/fhir/ViewDefinition/$run?_format=ndjson`` sends a ``Parameters``
+of a ``viewDefinition`` part and one ``resources`` part per resource, and answers NDJSON, one object per row.
 
-- ``GET {service_url}/fhir/metadata``: a CapabilityStatement listing operation ``$run`` on ``ViewDefinition``;
-  anything else is "not a flattening service".
-- ``POST {service_url}/fhir/ViewDefinition/$run?_format=ndjson`` with ``Content-Type: application/fhir+json`` and
-  ``Accept: application/x-ndjson``; the body is a ``Parameters`` with a ``viewDefinition`` part and one
-  ``resources`` part per resource. The answer is NDJSON, one object per row keyed by column name.
-
-``$run`` changes nothing on the server, so it is retried like a read until its answer starts. Rows are parsed one
-line at a time as they arrive, each at most ``MAX_ROW_BYTES``. ``services.flattening.timeout`` is the deadline of
-each whole request, rows included (``tasks.clients.bounds.answer_within``). Numbers are read as ``Decimal``, so
-they reach the CSV as written. Plain Python: no Prefect in here.
+``$run`` changes nothing, so it is retried like a read until its answer starts. Rows are parsed line by line as they
+arrive, each at most ``MAX_ROW_BYTES``; ``services.flattening.timeout`` bounds each whole request, rows included.
+Numbers are read as ``Decimal``, so they reach the CSV as written. No Prefect here.
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
-"""S3 for the s3_upload send mode: the boto3 client (endpoint, addressing, TLS, timeouts, retry, proxy auth) and
-the uploader with its manifest of uploaded objects.
+"""S3 for the s3_upload send mode: the boto3 client and the uploader with its manifest of uploaded objects.
 
-The S3 API is authenticated by ``s3.access_key_id`` / ``s3.secret_access_key``; ``send.auth`` username and password
-become a ``Proxy-Authorization: Basic`` header for an upstream proxy (``api_key`` is ignored), added on botocore's
-``before-send`` event, after SigV4 signing, so a proxy may strip it without breaking the signature. botocore does
-its own retry backoff; only the number of attempts (``retry.max_attempts``) carries over.
+``s3.access_key_id`` / ``s3.secret_access_key`` sign requests; ``send.auth`` username and password become a
+``Proxy-Authorization`` header for an upstream proxy, added after SigV4 signing (botocore's ``before-send``), so a
+proxy may strip it. botocore retries with its own backoff; ``retry.max_attempts`` carries over.
 
-``S3Uploader`` uploads through boto3's transfer manager (multipart, parallel parts above its threshold) and records
-each object (key, size, ETag) in a JSON manifest, rewritten atomically, so a resumed job skips objects recorded
-and still in the bucket. A multipart upload left by a killed process (boto3 aborts only in-process failures) is
-aborted before the next upload of its key. botocore's error texts are rebuilt from code and message with every
-configured credential blanked out and the exception chain cut, so neither logs nor job records can show them.
+``S3Uploader`` uploads through boto3's transfer manager and records each object (key, size, ETag) in a manifest
+rewritten atomically, so a resumed job skips objects recorded and still in the bucket; a multipart upload a killed
+process left is aborted before its key is uploaded again. botocore's error texts are rebuilt with every configured
+credential blanked out and the exception chain cut, so no log or job record can show them.
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
 """Client of the validation service (the HL7/MII FHIR validator in server mode): ``POST {url}/validateResource``.
 
-Wire contract (spec/protocols.md, "Validation service"): the body is a ``collection`` Bundle whose entries are
-``{fullUrl, resource}``, ``fullUrl`` being ``http://localhost/fhir/<Type>/<id>`` so that references between the
-resources resolve; entries of Bundle resources that lack a ``fullUrl`` get one the same way. The answer is an
-``OperationOutcome``: issues of severity ``error``/``fatal`` are data-quality findings, ``warning`` and
-``information`` are not. An HTTP error is an infrastructure failure, never a finding, with one exception: older
-HAPI-based servers answer findings with 412 or 422 and the OperationOutcome as body, which is taken as findings.
+Wire contract (spec/protocols.md, "Validation service"): a ``collection`` Bundle of ``{fullUrl, resource}`` entries,
+``fullUrl`` being ``http://localhost/fhir/<Type>/<id>`` so references resolve (nested Bundle entries without one get
+one too). The answer is an ``OperationOutcome``: ``error``/``fatal`` issues are data-quality findings. An HTTP error
+is an infrastructure failure, except 412/422 with an OperationOutcome body (older HAPI-based servers): findings.
 
-Chunks are cut from NDJSON lines by the size of the request body (``chunk_bytes``), each resource's bytes used as
-read unless a nested Bundle entry needed a ``fullUrl``; a resource too large for a chunk goes alone, ``oversized``.
-
-Plain Python: no Prefect in here. Requests are retried per ``tasks.clients.retry`` and bounded per
-``tasks.clients.bounds`` (``REQUEST_DEADLINE``, the spec has no key for it; ``MAX_ANSWER_BYTES``). Texts of an
-answer are redacted before they reach a report, log or artifact (``tasks.core.redaction.redact_strings``).
+Chunks are cut from NDJSON lines by request body size (``chunk_bytes``); a resource too large for a chunk goes
+alone, ``oversized``. No Prefect here. Retried per ``tasks.clients.retry``, bounded per ``tasks.clients.bounds``
+(``REQUEST_DEADLINE``, as the spec has no key; ``MAX_ANSWER_BYTES``); an answer's texts are redacted before they
+reach a report, log or artifact.
 """
 
 from __future__ import annotations
