@@ -1,14 +1,11 @@
 """The ``extractor`` step: run an extraction on the extraction server and download its files into ``import/``.
 
-Input: the job's CRTDL, or the status URL of an already complete extraction (procedure step 8: polled, never submitted).
-
-Submission is never repeated by itself (spec: a retry could create a duplicate job): ``extraction_submission`` is
-recorded *before* the POST, the handle the moment the server answers. A run re-attaches to a recorded handle; a
-submission without one (the process died during the POST) stops and explains. A job a poll finds gone (404/410) is
-submitted afresh, at most ``retry.max_attempts`` times per run.
-
-Downloads: one cached sub-task per file URL, so a resumed job fetches only the files it had not finished. Downloads
-running at once in one process share one client built there (``download_client``); the last to end closes it.
+Input: the job's CRTDL, or the status URL of a complete extraction (procedure step 8: polled, never submitted).
+Submission is never repeated by itself (a retry could create a duplicate job): ``extraction_submission`` is recorded
+before the POST, the handle the moment the server answers; a submission without a handle (the process died during
+the POST) stops and explains. A job a poll finds gone (404/410) is submitted afresh, at most ``retry.max_attempts``
+times per run. One cached sub-task per file URL, so a resumed job fetches only unfinished files; downloads in one
+process share one client (``download_client``), closed by the last to end.
 """
 
 from __future__ import annotations

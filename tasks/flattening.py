@@ -1,14 +1,12 @@
 """The ``flattening`` step: the job's data as one CSV per CRTDL attribute group (spec/protocols.md, "Flattening";
-what a user sees: docs/steps.md).
+for users: docs/steps.md).
 
-One ViewDefinition per group that has a lookup table (``tasks.sof.crtdl_views``), saved under ``viewdefinitions/``
-for ``view run``. Resources go to groups by the extraction's Provenance, else by type (``tasks.sof.flatten``). Rows
-come from the embedded engine or, with ``services.flattening.service_url``, the service's ``$run``. The engine works
-piece by piece, each a cached task writing its rows per group into ``.parts/<piece>/``: a whole file, or a span of
-a large file (``tasks.streams.spans``) in worker processes (JSON parsing and FHIRPath hold the GIL). The parts are
-joined in input order (``join_parts``), so the CSVs are the same bytes however many processes ran, and renamed
-into place when the step completes: a resumed job keeps the finished pieces and no CSV is visible before all are.
-Resources of which no CSV has a row fail the step (``refuse_empty_result``).
+One ViewDefinition per group with a lookup table, saved under ``viewdefinitions/`` for ``view run``; resources are
+routed by the extraction's Provenance, else by type. Rows come from the embedded engine or the service's ``$run``.
+The engine works piece by piece (a file, or a span of a large one in worker processes: parsing and FHIRPath hold
+the GIL), each a cached task writing its rows into ``.parts/<piece>/``. The parts are joined in input order, so
+the CSVs are the same bytes however many processes ran, and renamed into place when the step completes. Resources
+of which no CSV has a row fail the step (``refuse_empty_result``).
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """Redaction: the secret registry and ``redact``, the bottom of the house (imports nothing of dupflow's).
 
-Every text that leaves dupflow (an error message, a log line, a job file, an artifact) passes through ``redact``:
-a service may quote the request back (its ``Authorization`` header, API key or form body) in an error. ``redact``
-removes every secret value registered with ``register_secret`` (by the configuration loader for every configured
-secret, by the OAuth token source for each access token it fetches; also their URL-encoded, JSON-escaped, base64
-(standard and URL-safe) and Basic-encoded forms), ``Authorization: …`` values, ``Basic``/``Bearer`` tokens and
-passwords in URLs.
-``redact_strings`` does it for a parsed JSON answer; ``RedactingFilter`` does it for log records, their traceback
-included (installed here on the ``dupflow.clients`` and ``httpx`` loggers; the job's log handlers use it too).
-
-The configuration (``config.loader``) and the clients (``tasks.clients``) both import this module downward.
+Every text that leaves dupflow (error, log line, job file, artifact) passes ``redact``, since a service may quote the
+request back in an error. It removes every value registered with ``register_secret`` (each configured secret, each
+OAuth access token; also their URL-encoded, JSON-escaped, base64 and Basic-encoded forms), ``Authorization: …``
+values, ``Basic``/``Bearer`` tokens and passwords in URLs. ``redact_strings`` does it for parsed JSON;
+``RedactingFilter`` for log records with their tracebacks (on the ``dupflow.clients`` and ``httpx`` loggers and the
+job's log handlers).
 """
 
 from __future__ import annotations

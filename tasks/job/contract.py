@@ -1,15 +1,13 @@
 """The step contract: what a step task receives, what it returns, and how its result is cached.
 
-A step is a Prefect task declared with ``@step_task``; its one parameter is a ``StepInput``, small, serializable
-and secret-free (the task loads the settings itself, ``settings_of``), and it returns a ``StepResult``. Per-file
-sub-tasks (``@file_task``) take the ``StepInput`` plus small values and are called through ``commit_each``.
-Every step and file task's cache key is the path of its result in the job directory (``job_cache_key``): a re-run
-of the job gets every finished step and file back from there.
+A step is a Prefect task declared with ``@step_task``: its one parameter is a small, secret-free ``StepInput`` (the
+task loads the settings itself, ``settings_of``), and it returns a ``StepResult``. Per-file sub-tasks
+(``@file_task``) are called through ``commit_each``. A task's cache key is the path of its result in the job
+directory (``job_cache_key``), so a re-run gets every finished step and file back.
 
-Step kinds (``StepKind``) tell the flow where the next step's input comes from: ``import`` writes ``import/``;
-``transform`` writes its own folder, which the next step reads; ``pass-through`` (validation) and ``sink`` (send)
-write reports, and the next step reads what they read; after a ``gate`` (wait) the next step reads
-``<input folder>_wait/`` when it holds data, else the gate's input."""
+``StepKind`` tells where the next step's input comes from: ``import`` writes ``import/``; ``transform`` its own
+folder; ``pass-through`` (validation) and ``sink`` (send) write reports, so the next step reads what they read;
+after a ``gate`` (wait), ``<input folder>_wait/`` when it holds data, else the gate's input."""
 
 from __future__ import annotations
 

@@ -1,16 +1,12 @@
 """Per-file work of a step: one ``file_task`` run per file (or batch), bounded, each committed as it finishes.
 
-Every step fans its per-file work out through ``map_files``; ``file_runner`` enters the task runner the job chose
-(``pipeline.task_runner``) for the flow run:
-
-- ``dask``: each file is ``file_task.submit``-ted to a ``DaskTaskRunner``: one task run per file on the cluster's
-  worker processes, each a top-level transaction committed when it finishes. Every submitted file runs to its end.
+Steps fan out through ``map_files``; ``file_runner`` enters the runner ``pipeline.task_runner`` chose:
+- ``dask``: each file is submitted to a ``DaskTaskRunner``, one task run per file on the cluster's workers, each a
+  top-level transaction committed when it finishes; every submitted file runs to its end.
 - ``in_process``: threads of the flow's process (``tasks.streams.fanout.run_bounded``). Not Prefect's
-  ``ThreadPoolTaskRunner``, although as fast (``tests/benchmarks/bench_fanout.py``): it joins its threads on close
-  and at exit, so a file stalled in a read would hold Ctrl+C or SIGTERM for up to its stall timeout; ``run_bounded``'s
-  daemon threads are let go after a short grace. No file starts after one has failed: the caller keeps every file
-  that finished and raises the first failure (``tasks.streams.fanout.results_or_raise``), so a service that is
-  down is not retried once per file. Each finished file is committed at once (``commit_each``)."""
+  ``ThreadPoolTaskRunner``, though as fast (``tests/benchmarks/bench_fanout.py``): it joins its threads, so a file
+  stalled in a read would hold Ctrl+C for up to its stall timeout. No file starts after one failed: finished files
+  are kept and the first failure raised, so a service that is down is not retried once per file."""
 
 from __future__ import annotations
 

@@ -1,15 +1,12 @@
 """A view's selects as one generated Python function per resource type: nested loops over the JSON, no call per
 select, column or step.
 
-``generated_rows(root, resource_type, limit)`` gives ``rows(resource) -> list[tuple] | None`` for views within the
-subset below that Python compiles, else None. The function handles only data of the planned shape: at anything
-else (an element that is not an object, a ``resourceType`` other than planned, a list where one value was expected,
-a null in an array, a value ``plain`` would change, more than ``limit`` rows) it returns None and the caller takes
-the closures of ``tasks.sof.compiled``, which give the rows, or the error, exactly.
-
-The subset: selects without ``repeat`` or ``unionAll``, nested at most ``MAX_GENERATED_DEPTH`` levels; iterations
-that are chains of members and ``where(member = 'text')``, columns that are single-valued chains of members (no
-function, not ``collection``), every type path planned from the resource type (``MemberPath.plan``).
+``generated_rows(root, resource_type, limit)`` gives ``rows(resource) -> list[tuple] | None`` for views in the subset
+below, else None. The function handles only data of the planned shape: at anything else (a non-object element,
+another ``resourceType``, a list where one value was expected, a null in an array, more than ``limit`` rows) it
+returns None and the caller takes the closures of ``tasks.sof.compiled``, which give the rows or the error exactly.
+The subset: selects without ``repeat`` or ``unionAll``, at most ``MAX_GENERATED_DEPTH`` deep; iterations over member
+chains and ``where(member = 'text')``; single-valued member-chain columns; every type path planned.
 """
 
 from __future__ import annotations
