@@ -1,14 +1,11 @@
 """What every block of the configuration shares: the base model, the field types that coerce text, and how a
 block reports problems and warnings.
 
-Values that arrive as text (environment variables, command-line flags, ``${VAR}`` substitution) are coerced by
-the field types: ints, bools, durations (see config.durations) and lists (comma-separated ``a,b`` or a flow list
-``[a, b]``). An empty string counts as "not set" for optional strings and secrets.
-
-Rules that span several fields raise one ``config_rule`` error per model that carries every problem as a
-(key path relative to the model, message) pair in ``ctx["problems"]``; config.errors turns them into full key
-paths. Warnings (deprecated shapes, ignored keys) are logged on ``dupflow.config`` and, when the validation
-context has a ``"warnings"`` list, appended to it.
+Text values (environment, flags, ``${VAR}``) are coerced by the field types: ints, bools, durations and lists
+(``a,b`` or ``[a, b]``); an empty string is "not set" for optional strings and secrets. Rules that span fields raise
+one ``config_rule`` error per model carrying every (relative key path, message) pair in ``ctx["problems"]``, which
+``config.errors`` turns into full key paths. Warnings are logged on ``dupflow.config`` and appended to the
+validation context's ``"warnings"`` list when it has one.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """The one configuration loader: YAML file + ${VAR} + APP_* environment + command-line overrides -> Settings.
 
-Precedence, highest first: overrides (command-line flags), APP_* environment variables, the file (config.yaml_file,
-which also expands ${VAR} and Prefect Secret blocks), defaults. The APP_* name of every key is ``APP_`` + its dotted
-path upper-cased with ``.`` -> ``_``, resolved from the known keys (config.keys), never by splitting on ``_``.
-APP_* variables that match no key are ignored (other tools may share the prefix); one set to the empty string counts
-as unset (``APP_X=`` in compose files).
-
-The value source of every leaf key is recorded in ``LoadedConfig.sources``: "default", "file", "env APP_...", or
-"flag <label>" (label ``--set <key>`` unless ``override_labels`` names the real flag). All problems found are raised
-together as one ConfigError (config.errors); no message ever contains a configured value of a secret.
+Precedence, highest first: overrides, APP_* variables, the file (``config.yaml_file``: ${VAR} and Secret blocks
+too), defaults. A key's APP_* name is ``APP_`` + its dotted path upper-cased with ``.`` -> ``_``, resolved from the
+known keys, never by splitting on ``_``; APP_* variables matching no key are ignored (other tools share the prefix)
+and an empty one counts as unset (``APP_X=`` in compose files). ``LoadedConfig.sources`` records each leaf's source
+("default", "file", "env APP_...", "flag <label>"). All problems are raised together as one ConfigError, never with
+a secret's value.
 """
 
 from __future__ import annotations

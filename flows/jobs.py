@@ -1,15 +1,12 @@
 """Jobs: one preparation for every entry point, and the job directory with its CRTDL.
 
-A job is a job directory ``<jobs_dir>/<job id>/`` with its record ``job.json`` (``tasks.job.record``) and one or
-more Prefect flow runs, all named after the job id and tagged ``job-<id>``. ``prepare_job`` makes or finds a job,
-whether the command line starts it, a deployment runs it or a schedule does: it refuses secrets in any parameter,
-fixes the job id, freezes every path of the configuration as absolute, and prepares the job's CRTDL (copied, or
-enriched) in the job directory when the job has one. A job is created only whole: a failed write (a full disk)
-removes its directory again and says why.
-
-Files a user gives are read within bounds: the CRTDL at most MAX_CRTDL_BYTES and 128 levels deep; the
-anonymization config and the CA bundle must be regular files of at most MAX_SETTINGS_FILE_BYTES
-(``step_file_problems``, also run by ``config check``). Import-light (no Prefect): ``status`` and ``list`` use it."""
+A job is a directory ``<jobs_dir>/<job id>/`` with its record ``job.json`` and one or more flow runs named after the
+job id and tagged ``job-<id>``. ``prepare_job`` makes or finds one for the command line, a deployment or a schedule:
+it refuses secrets in any parameter, fixes the job id, freezes every configured path as absolute and puts the job's
+CRTDL (copied or enriched) in its directory. A job is created only whole: a failed write removes its directory.
+Files a user gives are read within bounds (the CRTDL at most MAX_CRTDL_BYTES and 128 levels deep; the anonymization
+config and CA bundle regular files of at most MAX_SETTINGS_FILE_BYTES). Import-light: ``status`` and ``list`` use
+it."""
 
 from __future__ import annotations
 

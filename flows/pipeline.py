@@ -1,15 +1,13 @@
 """The ``dupflow`` flow: one job, its steps in the order of ``pipeline.enabled_steps``.
 
-Every entry point (the command line, a deployment run, a scheduled run) runs this flow on the job
-``prepare_job`` makes or finds (``run_job_id``). Parameters carry no secret; the configuration (with its secrets)
-is loaded inside the run. Each step is a Prefect task in ``STEPS`` with its kind (``StepKind``: what the next step
-reads); finished steps and files come back from the job's cache, so running the flow again resumes the job.
+Every entry point (command line, deployment, schedule) runs this flow on the job ``prepare_job`` makes or finds.
+Parameters carry no secret; the configuration is loaded inside the run. Each step is a Prefect task in ``STEPS``
+with its ``StepKind``; finished steps and files come back from the job's cache, so running again resumes the job.
 
-The flow owns the job: it takes its lock, closes the job's earlier flow run that no process carries on (it ends
-``Continued``), settles a submission in doubt (``attach``/``resubmit``), releases the gates that paused the job
-(``note``), runs the steps, and writes every state of the job into its record (``tasks.job.record``). At a
-``wait`` step a local run ends as ``AwaitingInspection`` (a Paused state, never a green Completed), a deployment
-run is suspended with an input form (``flows.gates``). The job-record artifact is ``flows.job_card``."""
+The flow owns the job: it takes its lock, closes the job's earlier flow run (``Continued``), settles a submission in
+doubt, releases the gates that paused the job, runs the steps, and writes every state into the job's record. At a
+``wait`` step a local run ends as ``AwaitingInspection`` (Paused, never a green Completed) and a deployment run is
+suspended with an input form (``flows.gates``). The job-record artifact is ``flows.job_card``."""
 
 from __future__ import annotations
 

@@ -1,13 +1,10 @@
 """The ``validation`` step: every resource of the step's input through the validator's ``/validateResource``.
 
-A pass-through step: it writes only reports into its own folder; the next step reads what this one read. Per input
-file, resources are cut into ``collection`` Bundles of at most ``bundle_chunk_size_mb`` (streamed), up to
-``max_concurrent_requests`` in flight, and the answers written in chunk order to one NDJSON report per file (one
-annotated OperationOutcome per chunk). Each file is its own cached task, so a resumed job skips finished reports.
-
-Findings never fail a file: ``fail_on_error`` decides, once every report is written, whether the job stops. A
-failure of the service itself (after retries, past ``tasks.clients.validator.REQUEST_DEADLINE``, or an answer over
-``MAX_ANSWER_BYTES``) fails the step, naming the file and chunk.
+A pass-through step: it writes only reports, and the next step reads what this one read. Per file, resources are
+cut into ``collection`` Bundles of at most ``bundle_chunk_size_mb``, up to ``max_concurrent_requests`` in flight,
+the answers written in chunk order to one NDJSON report (one OperationOutcome per chunk); each file is a cached
+task. Findings never fail a file: ``fail_on_error`` decides, once every report is written, whether the job stops.
+A failure of the service itself fails the step, naming file and chunk.
 """
 
 from __future__ import annotations

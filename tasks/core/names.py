@@ -1,13 +1,10 @@
-"""THE rule for a name that comes from data (a CRTDL group name that becomes a CSV and a ViewDefinition name, a result
-or import file name, a part of an S3 key).
+"""THE rule for a name that comes from data (a CRTDL group name that names a CSV and a ViewDefinition, a result or
+import file name, a part of an S3 key).
 
-No control or format character (Unicode categories Cc and Cf: newline, CR, tab, bidirectional overrides and
-isolates, zero-width characters; also the line and paragraph separators), none of ``/ \\ : * ? " < > |``, no
-``..``, no leading dot, not empty, and at most ``MAX_DATA_NAME_BYTES`` bytes of UTF-8, so that the temporary form
-``.<name>.part`` fits the 255 bytes a file name may have. Each door decides whether it refuses such a name or
-escapes it (``show_name`` quotes one for a message).
-
-Imports nothing of ours: the engine, the clients and the steps all use it.
+No control or format character (Unicode Cc and Cf: newline, CR, tab, bidi overrides, zero-width; also the line and
+paragraph separators), none of ``/ \\ : * ? " < > |``, no ``..``, no leading dot, not empty, and at most
+``MAX_DATA_NAME_BYTES`` of UTF-8, so ``.<name>.part`` fits a file name's 255 bytes. Each door refuses such a name or
+escapes it (``show_name``). Imports nothing of ours.
 """
 
 from __future__ import annotations

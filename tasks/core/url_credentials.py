@@ -1,14 +1,11 @@
 """The one rule for every URL that enters dupflow: no user name or password in it (``user:password@host``), and for
 a status URL to follow (``continue --attach``) no token in its query either (``?access_token=…``).
 
-A URL is stored with the job (``job.json``, the job-record artifact, Prefect parameters) and shown
-in logs and status, so credentials in it would leak; and httpx sends the user info of a URL it follows as Basic
-auth to that URL's host, so one from a server (a Location header, a manifest) would send a password to a host
-nobody approved. Every door calls ``refuse_credentials_in_url``: the job input, ``continue --attach``, the
-configuration, the extraction server's Content-Location and manifest URLs, redirect Locations. The message names
-the door and the fix, and shows the URL without its user info.
-
-Import-light (standard library only): the configuration and the command line use it.
+A URL is stored with the job and shown in logs, so credentials in it would leak; and httpx sends a followed URL's
+user info as Basic auth to its host, so one from a server (a Location header, a manifest) would send a password
+where nobody approved. Every door calls ``refuse_credentials_in_url`` (job input, ``continue --attach``, the
+configuration, Content-Location and manifest URLs, redirects): the message names the door and the fix, and shows
+the URL without its user info. Standard library only: the configuration and the command line use it.
 """
 
 from __future__ import annotations

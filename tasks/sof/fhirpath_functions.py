@@ -1,12 +1,9 @@
 """The FHIRPath functions the engine gives fhirpathpy: SQL-on-FHIR's own and bounded replacements of its own.
 
-Registered through fhirpathpy's invocation table (``SOF_FUNCTIONS``, its extension point for user functions):
-``getResourceKey``, ``getReferenceKey``, ``lowBoundary``, ``highBoundary`` (``tasks.sof.boundary``) and ``join`` as
-the SQL-on-FHIR suite reads it. Bounds, each a ``FhirPathError`` (data or a lookup file must not hang a step):
-
-- ``matches`` and ``replaceMatches`` run on RE2 (``google-re2``), in time linear in the text, where Python's ``re``
-  backtracks exponentially (``matches('^(a+)+$')`` on 35 characters: hours). RE2 has no backreferences or
-  lookaround; such a pattern is an error that says so.
+Registered in fhirpathpy's invocation table (``SOF_FUNCTIONS``): ``getResourceKey``, ``getReferenceKey``,
+``lowBoundary``, ``highBoundary`` and ``join`` as the SQL-on-FHIR suite reads it. Bounds, each a ``FhirPathError``:
+- ``matches`` and ``replaceMatches`` run on RE2, linear in the text, where Python's ``re`` backtracks exponentially
+  (``matches('^(a+)+$')`` on 35 characters: hours); a pattern with backreferences or lookaround is refused;
 - ``repeat()`` stops at ``MAX_REPEAT_ELEMENTS`` elements (fhirpathpy's copies its list per element: quadratic).
 """
 
