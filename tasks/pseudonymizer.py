@@ -1,12 +1,10 @@
 """The ``pseudonymizer`` step: every resource of the previous step's files through the service's ``$de-identify``.
 
-Files are worked on one after the other (``core`` first), each as its own cached task, so a resumed job skips the
-finished ones. Within a file, requests are in flight while the output keeps the input order, with at most twice
-``max_concurrent_requests`` resources pending (memory stays bounded whatever the file size). The anonymization YAML
-is read once per run, by the step; its file tasks get its SHA-256 and take the bytes from a cache keyed by it
-(``anonymization_config``): the bytes never become a task parameter (they may hold a hash key). Only a process that
-has not seen them (a Dask worker) reads the file again, and refuses it if it has changed since. Every file must
-come out with as many lines as went in.
+Files one after the other (``core`` first), each a cached task, so a resumed job skips finished ones. Within a file,
+requests are in flight while the output keeps the input order, at most twice ``max_concurrent_requests`` resources
+pending (bounded memory). The anonymization YAML is read once per run; file tasks get its SHA-256 and take the bytes
+from a cache keyed by it, so they never become a task parameter (they may hold a hash key); a Dask worker reads the
+file again and refuses it if it changed. Every file must come out with as many lines as went in.
 """
 
 from __future__ import annotations

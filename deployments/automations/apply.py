@@ -3,11 +3,10 @@
     uv run python -m deployments.automations.apply [FILE]
 
 Unlike ``prefect automation create --from-file`` (which wants block ids, different on every server), a notification
-names its block (``block_document_id: dupflow-notify``), whose id takes its place. The server's automations of the
-file's names are replaced (applying again after an edit does not notify twice) once all of them are valid. The
-server is the jobs' one (``use_server``). The file is read within the configuration's bounds (1 MB, nesting,
-aliases). A server that does not answer, a missing block or an invalid automation or file: one line on stderr,
-exit code 1.
+names its block (``block_document_id: dupflow-notify``). Once all are valid, the server's automations of the file's
+names are replaced, so applying again does not notify twice. The file is read within the configuration's bounds
+(1 MB, nesting, aliases). A server that does not answer, a missing block, an invalid automation or file: one line on
+stderr, exit code 1.
 """
 
 from __future__ import annotations

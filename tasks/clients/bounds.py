@@ -1,11 +1,10 @@
-"""Bounds of one call to a service: a whole-request deadline (``Deadline``), and a cap on how much of an answer is
+"""Bounds of one call to a service: a whole-request deadline (``Deadline``) and a cap on how much of an answer is
 read (``read_answer``).
 
-A per-read timeout (``http_timeout``) never cuts off a server that drips its answer a byte at a time, and an
-answer read whole can be larger than memory, so every call a client makes is bounded twice. A sync read blocked on
-a server dripping its status line and headers cannot be interrupted from its own thread, hence each bounded sync
-call gets a connection of its own, shut down at the deadline (``answer_within``). Past the deadline a call fails
-with a transient ``ServiceError`` (retried); an answer over the cap with a terminal one. Plain Python: no Prefect.
+A per-read timeout never cuts off a server that drips its answer, and an answer read whole can exceed memory, so
+every call is bounded twice. A sync read blocked on a dripping status line cannot be interrupted from its own
+thread, so each bounded sync call gets a connection of its own, shut down at the deadline (``answer_within``).
+Past the deadline a call fails transient (retried); an answer over the cap terminal. No Prefect here.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """The one reader of a JSON file a user gives (the CRTDL, the lookup file, the enrichment file, a ViewDefinition).
 
 ``read_json_file`` reads at most the caller's byte limit (a device such as /dev/zero is refused, never read to its
-end) and refuses documents nested deeper than ``MAX_JSON_DEPTH`` levels, which no such file needs and which would
-otherwise end in a RecursionError far from the file. Every refusal is a ``JsonFileError`` naming the file, the
-reason and the fix.
-
-Import-light and knowing nothing of the pipeline (it imports only ``tasks.core.errors``): the configuration, the command
-line and the SQL-on-FHIR engine use it.
+end) and refuses nesting deeper than ``MAX_JSON_DEPTH``, which no such file needs and which would end in a
+RecursionError far from the file. Each refusal is a ``JsonFileError`` naming file, reason and fix. Import-light.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The flattening lookup file: profile URL → element ids → ViewDefinition snippets (spec/protocols.md).
 
-A lookup file is a JSON array of tables ``{url, resourceType, elements: {<element id>: {viewDefinition,
-children?}}}``. Parent links come from ``children`` (the deprecated ``parent`` field is ignored). ``lookup_problems``
-lists everything wrong with a file, each problem naming its table url and element id: the schema (the same rules
-as aether's flatten-lookup schema), table urls listed twice, children that are no element of the table, a child
-claimed by two parents, cycles, children nested deeper than MAX_ELEMENT_DEPTH levels, and snippets that are no valid
-ViewDefinition select. The file is read through ``tasks.core.jsonfile.read_json_file``: at most MAX_LOOKUP_BYTES (a path
-such as /dev/zero is refused, not read to its end) and nested at most ``tasks.core.jsonfile.MAX_JSON_DEPTH`` levels.
+A JSON array of tables ``{url, resourceType, elements: {<element id>: {viewDefinition, children?}}}``; parent links
+come from ``children`` (the deprecated ``parent`` is ignored). ``lookup_problems`` lists everything wrong, each naming
+table url and element id: the schema (aether's flatten-lookup rules), duplicate table urls, children that are no
+element of the table or have two parents, cycles, nesting deeper than MAX_ELEMENT_DEPTH, snippets that are no valid
+select. Read by ``read_json_file``: at most MAX_LOOKUP_BYTES (/dev/zero is refused) and MAX_JSON_DEPTH levels.
 """
 
 from __future__ import annotations
