@@ -139,6 +139,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def prefect_api(tmp_path_factory: pytest.TempPathFactory, prefect_database: Path):
     """The local Prefect server of a temporary PREFECT_HOME, as ``start`` runs one, on a migrated database;
     PREFECT_HOME and PREFECT_API_URL are exported so CLI subprocesses use it too."""
+    from prefect.context import _temporary_global_settings_context, get_settings_context
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
     from flows.prefect_server import ensure_server, stop_server
@@ -152,8 +153,11 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory, prefect_database: Path
         environment.setenv("PREFECT_API_URL", api_url)
         try:
             with temporary_settings(updates={PREFECT_API_URL: api_url, PREFECT_HOME: str(home)}):
-                yield {"api_url": api_url, "database": home / "prefect.db"}
-                drain_prefect_workers()
+                # Threads a test starts begin with no context of their own: they read the global one (as in
+                # Prefect's own harness).
+                with _temporary_global_settings_context(get_settings_context()):
+                    yield {"api_url": api_url, "database": home / "prefect.db"}
+                    drain_prefect_workers()
         finally:
             stop_server(home)
             kill_servers_of(home)
