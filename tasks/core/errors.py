@@ -1,10 +1,6 @@
-"""The one root of every error dupflow raises on purpose, and the drawing of the whole tree.
-
-Every deliberate failure is a ``DupflowError``: it carries a message a user can act on and, where a service
-call failed, the operation, the HTTP status (None for network errors) and whether it is transient (worth
-retrying) or terminal, as the spec's Errors section describes. Anything else that escapes a step is a bug
-and is reported with its traceback in the job log. The tree (``tests/test_house_rules.py`` checks that this
-drawing names every class)::
+"""The one root of every error dupflow raises on purpose (a message a user can act on; for a failed service call
+also operation, HTTP status and transient or terminal), and the drawing of the whole tree, which
+``tests/test_house_rules.py`` checks. Anything else escaping a step is a bug, logged with its traceback::
 
     DupflowError
     ├── ConfigError                     config.errors: every problem of a configuration, each naming key and fix
@@ -43,10 +39,8 @@ drawing names every class)::
     ├── ApiUnreachableError, ServerStartError                     flows.prefect_server
     └── AutomationFileError             deployments.automations.apply
 
-Outside the tree on purpose, control flow that never reaches a user: ``tasks.streams.fanout.Cancelled`` (unwinds the
-calls of an interrupted fan-out), ``tasks.clients.fhir_server._Refused``, ``config.yaml_file._DuplicateKeyError`` and
-``config.yaml_file._UnusableBlock`` (caught in their module).
-
+Outside the tree on purpose (control flow caught before a user sees it): ``tasks.streams.fanout.Cancelled``,
+``tasks.clients.fhir_server._Refused``, ``config.yaml_file._DuplicateKeyError`` and ``config.yaml_file._UnusableBlock``.
 Import-light on purpose (no httpx, no Prefect): the command line and the job record use it.
 """
 

@@ -1,9 +1,6 @@
-"""The step contract: what a step task receives, what it returns, and how its result is cached.
-
-A step is a Prefect task declared with ``@step_task``: its one parameter is a small, secret-free ``StepInput`` (the
-task loads the settings itself, ``settings_of``), and it returns a ``StepResult``. Per-file sub-tasks
-(``@file_task``) are called through ``commit_each``. A task's cache key is the path of its result in the job
-directory (``job_cache_key``), so a re-run gets every finished step and file back.
+"""The step contract: a ``@step_task`` takes a small, secret-free ``StepInput`` (it loads its settings with
+``settings_of``) and returns a ``StepResult``; ``@file_task`` sub-tasks are called through ``commit_each``. Every
+cache key is the result's path in the job directory (``job_cache_key``), so a re-run gets finished work back.
 
 ``StepKind`` tells where the next step's input comes from: ``import`` writes ``import/``; ``transform`` its own
 folder; ``pass-through`` (validation) and ``sink`` (send) write reports, so the next step reads what they read;
@@ -48,10 +45,8 @@ class StepKind(StrEnum):
 
 
 class DataFile(FileEntry):
-    """One data file of a step's folder: its name, bytes on disk, and what it holds (``resources``): an NDJSON
-    file's lines, each a FHIR resource (a Bundle counts as one), or a CSV file's rows (``counts`` says which).
-    Of an NDJSON file's lines, ``bundles`` are Bundles holding ``bundled`` resources; None when the file was
-    counted before Bundles were (an older job's result: its lines are shown as lines)."""
+    """One data file of a step's folder: name, bytes, and ``resources``: NDJSON lines (a Bundle counts as one, and
+    ``bundles`` of them hold ``bundled``; None if counted before Bundles were) or CSV rows (``counts`` says which)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -83,8 +78,7 @@ class StepInput(BaseModel):
 
     @property
     def number(self) -> int:
-        """The step's number as people read it (1-based): task run names, log lines, ``status``, the job record.
-        Keys (cache keys, ``job.json``, artifact keys) keep the 0-based ``position``."""
+        """The 1-based number people read (run names, logs, ``status``); keys keep the 0-based ``position``."""
         return self.position + 1
 
     @property
@@ -134,12 +128,8 @@ class StepInput(BaseModel):
 
 
 class StepResult(StepRecord):
-    """What a step task returns: the folder it wrote, its files, and counts for the job record and artifacts.
-
-    ``seconds`` is the wall time of the run that made the result (set by ``step_task``; kept when the result
-    comes back from the cache; None in results cached before it existed). ``cached`` is set by the flow when
-    this run got the result from the cache.
-    """
+    """What a step task returns: its folder, files and counts. ``seconds``: the wall time of the run that made it
+    (``step_task``; None in results cached before it existed); ``cached``: set by the flow for a cache hit."""
 
     files: list[DataFile] = Field(default_factory=list)
 
@@ -232,12 +222,9 @@ def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: A
 
 
 def stored_in_job(call: C, step: StepInput) -> C:
-    """``call`` (a step or file task) with its results stored in the job's results folder.
-
-    The results' own paths are their cache keys. The folder is for the record Prefect writes of a failure, under a
-    random name: the decorators' storage root, ``/`` (so that a key may name any job directory), would put it
-    into the file system's root, or fail to and warn. A plain function (``map_files`` runs any) is returned as it is.
-    """
+    """``call`` (a task; a plain function is returned as it is) storing in the job's results folder: where Prefect
+    writes a failure's record under a random name, which the decorators' root ``/`` would put in the file system's
+    root (results themselves are at their cache keys' paths)."""
     if not isinstance(call, Task):
         return call
     return call.with_options(result_storage=JobPaths(step.job_path).results)

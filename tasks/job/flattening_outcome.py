@@ -1,8 +1,5 @@
-"""What the ``flattening`` step did, group by group, and the checks and reports made of it: its error type (the
-engine's errors become it), the counts per group, the refusal of a result without a row (``refuse_empty_result``),
-the log lines and the step's table artifact. Below the step module so that both its engines (embedded, service)
-fill the same ``FlattenOutcome``.
-"""
+"""What the ``flattening`` step did, group by group: its error type, the counts, the refusal of a result without a
+row, the log lines and the table artifact; below the step module so that both engines fill one ``FlattenOutcome``."""
 
 from __future__ import annotations
 
@@ -46,6 +43,10 @@ class GroupCounts:
     resources: int = 0
     rows: int = 0
 
+    def row(self) -> dict[str, Any]:
+        group = self.group
+        return {"group": group.name, "id": group.id, "csv": self.csv, "resources": self.resources, "rows": self.rows}
+
 
 @dataclass
 class FlattenOutcome:
@@ -62,16 +63,7 @@ class FlattenOutcome:
         return {
             "engine": self.engine,
             "routing": self.routing,
-            "groups": [
-                {
-                    "group": g.group.name,
-                    "id": g.group.id,
-                    "csv": g.csv,
-                    "resources": g.resources,
-                    "rows": g.rows,
-                }
-                for g in self.groups
-            ],
+            "groups": [g.row() for g in self.groups],
             "skipped_groups": [{"group": g.name, "profile": g.profile} for g in self.skipped],
             "unrouted": dict(sorted(self.unrouted.items())),
             "unrouted_total": sum(self.unrouted.values()),
@@ -100,7 +92,7 @@ def refuse_empty_result(outcome: FlattenOutcome) -> None:
         if outcome.unrouted:
             _refuse_nothing_routed(outcome, skipped)
         return  # an empty input: every CSV has its header only
-    taken = ", ".join(f"{kind} {count}" for kind, count in sorted(outcome.skipped_resources.items()))
+    taken = _counted(outcome.skipped_resources)
     reasons = [f"the input's {taken} went to attribute groups that were skipped{skipped}"] if taken else []
     if took := [g for g in outcome.groups if g.resources]:
         listed = _listed([f"{g.group.name!r} ({g.resources} resources)" for g in took])
@@ -120,7 +112,7 @@ def _skipped_groups(outcome: FlattenOutcome) -> str:
 
 def _refuse_nothing_routed(outcome: FlattenOutcome, skipped: str) -> None:
     """The input has resources that no group takes and no group took any: the CRTDL is not the data's."""
-    found = ", ".join(f"{kind} {count}" for kind, count in sorted(outcome.unrouted.items()))
+    found = _counted(outcome.unrouted)
     note = f" (groups skipped{skipped})" if skipped else ""
     if outcome.routing == "resource type":
         wanted = _listed(sorted({f"{g.group.name!r} reads {g.resource_type}" for g in outcome.groups})) or "none"
@@ -138,6 +130,10 @@ def _refuse_nothing_routed(outcome: FlattenOutcome, skipped: str) -> None:
     )
 
 
+def _counted(counts: Counter) -> str:
+    return ", ".join(f"{kind} {count}" for kind, count in sorted(counts.items()))
+
+
 def _listed(ids: list[str]) -> str:
     shown = ", ".join(ids[:LISTED_IDS])
     return shown + (f" and {len(ids) - LISTED_IDS} more" if len(ids) > LISTED_IDS else "")
@@ -150,10 +146,9 @@ def report(outcome: FlattenOutcome, step: StepInput) -> None:
     for counts in outcome.groups:
         log.info("%s: %d resources, %d rows", counts.csv, counts.resources, counts.rows)
     if outcome.unrouted:
-        listed = ", ".join(f"{kind} {count}" for kind, count in sorted(outcome.unrouted.items()))
-        log.warning("resources no attribute group routes (not in any CSV): %s", listed)
+        log.warning("resources no attribute group routes (not in any CSV): %s", _counted(outcome.unrouted))
     if outcome.skipped_resources:
-        listed = ", ".join(f"{kind} {count}" for kind, count in sorted(outcome.skipped_resources.items()))
+        listed = _counted(outcome.skipped_resources)
         log.warning("resources of attribute groups skipped for lack of a lookup table (not in any CSV): %s", listed)
     if outcome.unknown_groups:
         listed = ", ".join(sorted(outcome.unknown_groups))
@@ -164,10 +159,7 @@ def report(outcome: FlattenOutcome, step: StepInput) -> None:
 def publish_artifact(outcome: FlattenOutcome, step: StepInput) -> None:
     from prefect.artifacts import create_table_artifact
 
-    table = [
-        {"group": c.group.name, "id": c.group.id, "csv": c.csv, "resources": c.resources, "rows": c.rows}
-        for c in outcome.groups
-    ]
+    table = [c.row() for c in outcome.groups]
     table += [
         {"group": g.name, "id": g.id, "csv": f"(skipped: no lookup table for {g.profile})", "resources": 0, "rows": 0}
         for g in outcome.skipped

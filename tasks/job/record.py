@@ -1,20 +1,19 @@
-"""The job's own file, ``job.json``: what must survive a lost or changed server, behind this one module.
+"""The job's own file, ``job.json`` (``JobRecord``): what must survive a lost or changed Prefect server; what
+``status``, ``list``, the job-record artifact, the ``wait`` gate and ``continue`` read.
 
-Prefect's flow-run and task-run states (with the cached results in ``.prefect/results/``) say what ran; ``job.json``
-(``JobRecord``) is what ``status``, ``list``, the job-record artifact, the ``wait`` gate and ``continue`` read.
+**The one rule (Prefect vs this file).** The file is the job's state; the server shows it, and the file wins,
+corrected by the job's lock: Running while no process holds the lock is Crashed. One exception: Suspended (a
+deployment run waiting for the UI's form, no process of ours behind it) defers to the server, which alone sees it
+resumed or cancelled. So a UI Resume of a *local* paused run changes nothing: the job stays AwaitingInspection until
+``continue``, whose flow run closes the old run as ``Continued``.
 
-**The one rule.** The file is the job's state; the server shows it. When they disagree the file wins, corrected by
-the job's lock: Running while no process holds the lock is Crashed. One exception: Suspended (a deployment run
-waiting for the UI's form, no process of ours behind it) defers to the server, which alone sees it resumed or
-cancelled. A UI Resume of a *local* paused run changes nothing: the job stays AwaitingInspection until ``continue``.
+A step's working files (``send/progress/``, the S3 upload manifest, the flattening's ``.parts``) say how far it got
+within a file; they never decide whether a step is done (Prefect's cached result and ``steps`` here do).
 
-A step's working files (``send/progress/<file>.json``, the S3 manifest, flattening ``.parts``) say how far it got
-within a file; they never decide whether a step is done.
-
-``JobRecord`` (``version`` SCHEMA_VERSION; a file without one is version 1) is validated when read: a file that is no
-job record is a ``RecordError``, one line naming the file and the problem. Every write goes through
-``changing_record``: read, change, write once, under an ``flock`` on ``.job.json.lock``, atomically, so readers never
-lock. Import-light on purpose (no Prefect): ``status`` and ``list`` use it.
+A file that is no job record (not JSON, too large or deep, wrong types, another version; no ``version`` means 1) is
+a one-line ``RecordError``. Every write goes through ``changing_record``: under an ``flock`` on ``.job.json.lock``,
+atomically, so readers never lock. Older layouts (``facts.json``, ``steps/``) are not migrated. No Prefect import:
+``status`` and ``list`` use it.
 """
 
 from __future__ import annotations
@@ -75,9 +74,8 @@ class FileEntry(BaseModel):
 
     @property
     def counts(self) -> dict[str, int]:
-        """What the file holds, by unit: ``rows`` of a CSV file, ``Parquet rows`` of a Parquet file (never added to
-        the CSVs'); of an NDJSON file its bare ``resources`` and its ``Bundles`` holding ``bundled`` resources, or
-        only ``lines`` when it was counted before Bundles were (its lines may be Bundles or resources)."""
+        """What the file holds, by unit: CSV ``rows``, ``Parquet rows`` (never added to the CSVs'), NDJSON bare
+        ``resources`` and ``Bundles`` holding ``bundled``, or ``lines`` if counted before Bundles were."""
         if self.name.endswith(".parquet"):
             return {"Parquet rows": self.resources}
         if self.name.endswith(".csv"):
@@ -113,10 +111,9 @@ class Gate(BaseModel):
 
 
 class JobRecord(BaseModel):
-    """``job.json``: the frozen inputs (``job_id`` to ``created_at``); the state of the job's latest flow run,
-    written by the flow itself at every transition and by nothing else; ``facts``, what the job learned that later
-    steps and people need (the effective CRTDL, the extraction handle, a submission in flight), merged key by key
-    the moment they are known; ``steps`` and ``gates`` by position (``"00"``, ``"01"``, …)."""
+    """The frozen inputs (``job_id`` to ``created_at``); the state of the latest flow run (written by the flow only);
+    ``facts`` later steps and people need (the effective CRTDL, the extraction handle, a submission in flight), merged
+    as soon as known; ``steps`` and ``gates`` by position (``"00"``, ``"01"``, …)."""
 
     version: int = SCHEMA_VERSION
     job_id: str
@@ -143,8 +140,7 @@ def position_key(position: int) -> str:
 
 
 def read_record(job_dir: Path, new: JobRecord | None = None) -> JobRecord:
-    """The job's record, validated, ``RecordError`` (one line) when it is no job record; a job without one yet has
-    ``new`` (an empty one)."""
+    """The job's record, validated (else ``RecordError``); ``new`` (or an empty one) when there is none yet."""
     paths = JobPaths(job_dir)
     path, label = paths.job_file, f"the job record {paths.job_file}"
     if not path.exists():
@@ -177,8 +173,8 @@ def validation_problem(exc: Exception) -> str:
 
 @contextmanager
 def changing_record(job_dir: Path, new: JobRecord | None = None) -> Iterator[JobRecord]:
-    """The record to change in place, written once when the block ends (not when it raises), as one step against
-    every other writer; a job without a record yet starts with ``new`` (an empty one)."""
+    """The record to change in place, written once when the block ends without raising, locked against every other
+    writer; a job without a record yet starts with ``new`` (an empty one)."""
     job_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(job_dir / WRITE_LOCK_FILE):  # a flock of its own open file: it excludes threads too
         record = read_record(job_dir, new)
@@ -225,8 +221,7 @@ def record_step(job_dir: Path, result: StepRecord) -> None:
 
 
 def counts_text(files: Iterable[FileEntry]) -> str:
-    """What the files hold in words: ``12 resources``, ``2 Bundles holding 19 resources``, ``4 rows``, or several
-    of them for a mixed folder (``3 resources, 2 Bundles holding 19 resources``)."""
+    """What the files hold in words, e.g. ``3 resources, 2 Bundles holding 19 resources`` or ``4 rows``."""
     totals: Counter[str] = Counter()
     for each in files:
         totals.update(each.counts)
@@ -246,8 +241,7 @@ def gate(job_dir: Path, position: int) -> dict[str, Any]:
 
 
 def mark_gate_paused(job_dir: Path, position: int) -> None:
-    """Note when the gate first paused the job, once its instructions are published (``continue`` releases the
-    gates that paused)."""
+    """Note when the gate first paused the job (``continue`` releases the gates that paused)."""
     with changing_record(job_dir) as record:
         entry = record.gate(position)
         entry.paused_at = entry.paused_at or now_iso()
