@@ -150,7 +150,7 @@ def ended_state(exc: BaseException) -> tuple[str, str]:
 
 def run_job_steps(job: Job, card: JobRecordCard) -> Any:
     """The steps, and the state the job ends in (written to its record first)."""
-    with file_runner(job.settings.pipeline.task_runner):
+    with file_runner(job.settings.pipeline.task_runner, job.paths.log_file):
         results = run_steps(job, card)
     summary = job_summary(job, results)
     last = results[-1]

@@ -281,7 +281,7 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
 
     use_display("none" if no_progress else "bar" if sys.stderr.isatty() else "log")
     take_interrupts()  # SIGTERM as Ctrl+C: a KeyboardInterrupt
-    log_file = paths.job_dir / "job.log"
+    log_file = paths.log_file
     try:
         with job_logging(log_file), api_watched(paths, prefect_api_url()):
             state = run_flow(job, paths, continuing or {})

@@ -277,7 +277,7 @@ def where_it_runs(step: StepInput, number: int) -> tuple[int, int]:
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
-def test_file_tasks_run_on_the_workers_and_load_the_steps_settings_there(tmp_path, write_config):
+def test_file_tasks_run_on_the_workers_load_the_steps_settings_and_log_to_the_job_log_there(tmp_path, write_config):
     from prefect import flow
 
     config = write_config({"pipeline": {"enabled_steps": ["local_import"]}, "retry": {"max_attempts": 5}})
@@ -288,9 +288,11 @@ def test_file_tasks_run_on_the_workers_and_load_the_steps_settings_there(tmp_pat
 
     @flow
     def fan_out() -> list:
-        with file_runner(TaskRunnerSettings(kind="dask", dask_workers=1)):
+        with file_runner(TaskRunnerSettings(kind="dask", dask_workers=1), tmp_path / "job.log"):
             return map_files(where_it_runs, [(step, number) for number in range(3)], workers=1)
 
     outcomes = fan_out()
     assert [attempts for _, attempts in outcomes] == [5, 5, 5]
     assert os.getpid() not in {pid for pid, _ in outcomes}, "the files ran in the flow's process"
+    worker_lines = (tmp_path / "job.log").read_text()
+    assert "INFO distributed.worker: Stopping worker at" in worker_lines, "the worker process logs to the job log"

@@ -37,7 +37,7 @@ def failure_record_paths(runner: TaskRunnerSettings, step: StepInput) -> list[Pa
 
     @flow
     def one_damaged_file() -> list:
-        with file_runner(runner):
+        with file_runner(runner, JobPaths(Path(step.job_dir)).log_file):
             return map_files(fail_on, [(step, "a.ndjson")], workers=1)
 
     (outcome,) = one_damaged_file()
@@ -56,6 +56,7 @@ def failure_record_paths(runner: TaskRunnerSettings, step: StepInput) -> list[Pa
 def test_a_failed_files_record_is_written_in_its_jobs_results_folder(tmp_path, write_config, runner):
     config = write_config({"pipeline": {"enabled_steps": ["local_import"]}})
     job_dir = tmp_path / "jobs" / "failing-job"
+    job_dir.mkdir(parents=True)
     step = StepInput(
         job_id=job_dir.name, job_dir=str(job_dir), position=0, step="local_import", config_path=str(config)
     )

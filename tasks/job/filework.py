@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from config.runtime import prefect_api_url
@@ -85,14 +86,15 @@ def map_on_flow_runner(file_task: Any, arguments: Sequence[tuple[Any, ...]]) -> 
 
 
 @contextmanager
-def file_runner(settings: TaskRunnerSettings) -> Iterator[None]:
+def file_runner(settings: TaskRunnerSettings, log_file: Path) -> Iterator[None]:
     """The task runner of the job's per-file work during one flow run (``pipeline.task_runner``).
 
     ``in_process``: nothing to set up. ``dask``: a ``DaskTaskRunner`` connected at once (a wrong address fails
     the run before any step) to the scheduler at ``dask_address``, or to a local cluster of ``dask_workers``
     worker processes with one thread each, entered as the flow run's task runner (a copy of the flow-run context,
     as Prefect's engine makes one per run) so that ``map_files`` submits the files to it; the cluster and its
-    processes are closed when the block ends, also on failure or interruption.
+    processes are closed when the block ends, also on failure or interruption. The local workers' own records
+    go to ``log_file`` (the job log), not to the terminal they inherited.
     """
     if settings.kind != "dask":
         yield
@@ -103,6 +105,10 @@ def file_runner(settings: TaskRunnerSettings) -> Iterator[None]:
     assert flow_run is not None, "file_runner is entered by a flow run"
     with dask_runner(settings) as runner:
         connect(runner, settings)
+        if not settings.dask_address:
+            from tasks.job.dask_worker_log import WorkerLogToJobLog
+
+            runner.client.register_plugin(WorkerLogToJobLog(str(log_file)))
         with flow_run.model_copy(update={"task_runner": runner}):
             yield
 

@@ -35,6 +35,10 @@ class JobPaths:
         return self.job_dir / "job.json"
 
     @property
+    def log_file(self) -> Path:
+        return self.job_dir / "job.log"
+
+    @property
     def results(self) -> Path:
         return self.job_dir / ".prefect" / "results"
 

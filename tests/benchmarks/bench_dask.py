@@ -78,7 +78,7 @@ def _measure(root: str, source: str) -> dict:
     for run in range(RUNS):
         timings["in_process"].append(timed_import(import_input(Path(root) / f"default-{run}", source)))
     started = time.perf_counter()
-    with file_runner(TaskRunnerSettings(kind="dask", dask_workers=DASK_WORKERS)):
+    with file_runner(TaskRunnerSettings(kind="dask", dask_workers=DASK_WORKERS), Path(root) / "dask-workers.log"):
         timings["cluster_start"] = time.perf_counter() - started
         for run in range(RUNS):
             timings["dask"].append(timed_import(import_input(Path(root) / f"dask-{run}", source)))

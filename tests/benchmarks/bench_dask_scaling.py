@@ -207,7 +207,7 @@ def import_on(cluster: PinnedCluster, job_dir: Path, source: str) -> float:
 
     runner = {"pipeline.task_runner.kind": "dask", "pipeline.task_runner.dask_address": cluster.address}
     step = import_input(job_dir, source, runner)
-    with file_runner(settings_of(step).pipeline.task_runner):
+    with file_runner(settings_of(step).pipeline.task_runner, job_dir / "job.log"):
         return timed_import(step)
 
 

@@ -98,7 +98,7 @@ def measure_dask(root: Path, sources: list[Path], workers: int) -> float:
     @flow(name="bench-fanout-dask")
     def import_all_on_dask() -> float:
         timings = []
-        with file_runner(TaskRunnerSettings(kind="dask", dask_workers=workers)):
+        with file_runner(TaskRunnerSettings(kind="dask", dask_workers=workers), root / "dask-workers.log"):
             for _ in range(RUNS + 1):
                 arguments = import_arguments(root / "jobs" / uuid.uuid4().hex[:12], sources)
                 started = time.perf_counter()
