@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import closing, suppress
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -265,7 +266,8 @@ def home_port(home: Path) -> int:
     value = local_server_port()
     if value is None:
         with suppress(OSError, ValueError):
-            return valid_port(int((home / PORT_FILE).read_text().strip()))
+            if 0 < (kept := int((home / PORT_FILE).read_text().strip())) < 65536:
+                return kept
         spread = int(hashlib.sha256(str(home).encode()).hexdigest(), 16) % PORT_SPREAD
         return next_free_port(DEFAULT_PORT + spread)
     if not (value.isdigit() and 0 < int(value) < 65536):
@@ -274,12 +276,6 @@ def home_port(home: Path) -> int:
             "for the home's own port"
         )
     return int(value)
-
-
-def valid_port(port: int) -> int:
-    if not 0 < port < 65536:
-        raise ValueError(port)
-    return port
 
 
 def next_free_port(port: int) -> int:
@@ -404,13 +400,7 @@ def cmd_server_start(args: argparse.Namespace) -> int:
     if api_url := prefect_api_url():
         print(f"PREFECT_API_URL is set: jobs use {shown_url(api_url)}; no local server started")
         return 0
-    try:
-        api_url = ensure_server()
-    except ServerStartError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"Prefect UI: {ui_url(api_url)}\nAPI: {api_url}")
-    return 0
+    return print_started(lambda url: f"Prefect UI: {ui_url(url)}\nAPI: {url}")
 
 
 def cmd_server_url(args: argparse.Namespace) -> int:
@@ -419,8 +409,13 @@ def cmd_server_url(args: argparse.Namespace) -> int:
     if api_url := prefect_api_url():
         print(shown_url(api_url))
         return 0
+    return print_started(str)
+
+
+def print_started(shown: Callable[[str], str]) -> int:
+    """This home's server, started if none runs: ``shown(api_url)`` printed, exit 0; else the failure, exit 1."""
     try:
-        print(ensure_server())
+        print(shown(ensure_server()))
     except ServerStartError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
