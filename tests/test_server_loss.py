@@ -1,7 +1,7 @@
 """A job whose Prefect server goes away (kill -9) stops within 30 s in a few lines, recorded Crashed with the
-reason, and ``continue`` completes it once the server runs again without redoing finished work: killed during a
-download, during flattening and during a send, against a real local Prefect server of its own PREFECT_HOME (the
-session's shared server must live on)."""
+reason, and ``continue`` completes it once the server runs again without redoing finished work: three jobs, one
+during a download, one during flattening and one during a send, lose one real local Prefect server of their own
+PREFECT_HOME (the session's shared server must live on) at the same moment."""
 
 from __future__ import annotations
 
@@ -10,15 +10,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from flows.prefect_server import ensure_server, read_record, stop_server
 from tasks.job.record import COMPLETED, CRASHED, read_record as read_job
 from tasks.core.readable import CLI
-from tests.conftest import REPO_ROOT, run_cli, seed_prefect_home, wait_until
+from tests.conftest import REPO_ROOT, plain, run_cli, seed_prefect_home, wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.fhir_server import FhirFakeState, start_fhir_fake
@@ -60,33 +63,113 @@ def start_job(config: Path, *job_input: str, stderr) -> subprocess.Popen:
     )
 
 
-def kill_the_server_while(
-    job: subprocess.Popen, working: Callable[[], object], home: Path, jobs: Path, stderr: Path
-) -> Path:
-    """Once the job is ``working``, kill -9 its server: the job stops within 30 s saying so in at most 5 lines, no
-    traceback, recorded Crashed with the reason. The server is started again; the job's directory."""
-    wait_until(lambda: working() or job.poll() is not None, "the job is at work", timeout=180)
-    assert job.poll() is None, stderr.read_text()
+@dataclass
+class LostJob:
+    """A job started in ``folder`` and stopped by the loss of its server; ``job_dir`` once it has stopped."""
+
+    folder: Path
+    process: subprocess.Popen
+    working: Callable[[], object]
+    job_dir: Path | None = None
+
+    @property
+    def stderr(self) -> Path:
+        return self.folder / "stderr.txt"
+
+
+def launch(stack: ExitStack, folder: Path, tree: dict, working: Callable[[], object], *job_input: str) -> LostJob:
+    """Start the job of configuration ``tree`` (its jobs in ``folder/jobs``); ``working`` tells it is at work."""
+    config = folder / "config.yaml"
+    config.write_text(yaml.safe_dump(plain({"jobs_dir": folder / "jobs", **tree})), encoding="utf-8")
+    terminal = stack.enter_context((folder / "stderr.txt").open("w"))
+    job = LostJob(folder, start_job(config, *job_input, stderr=terminal), working)
+    stack.callback(job.process.kill)  # a job a failed check left running (a stopped one: nothing to do)
+    return job
+
+
+def kill_the_server_under(jobs: list[LostJob], home: Path) -> None:
+    """Once every job is at work, kill -9 their server: each stops within 30 s saying so in at most 5 lines, no
+    traceback, recorded Crashed with the reason. The server is started again."""
+    for job in jobs:
+        wait_until(lambda job=job: job.working() or job.process.poll() is not None, "the job is at work", timeout=180)
+        assert job.process.poll() is None, job.stderr.read_text()
     server = read_record(home)
-    before = len(stderr.read_text())  # the run's start: the UI's address, Prefect's first lines
+    before = [len(job.stderr.read_text()) for job in jobs]  # each run's start: the UI's address, Prefect's lines
     os.killpg(server.pid, signal.SIGKILL)
     killed = time.monotonic()
-    job.wait(timeout=120)
-    stopped_after = time.monotonic() - killed
-
-    job_dir = only_job_dir(jobs)
-    said = stderr.read_text()[before:]
-    assert job.returncode == 1, said
-    assert stopped_after <= STOPPED_WITHIN, f"stopped {stopped_after:.0f} s after the kill"
-    lines = said.strip().splitlines()
-    assert len(lines) <= 5 and "Traceback" not in said, said
-    assert f"job {job_dir.name} stopped: the Prefect server at {server.url} went away" in said
-    assert lines[-1] == f"when the server runs again, resume with: {CLI} continue {job_dir.name}"
-    record = read_job(job_dir)
-    assert record.state == CRASHED and "went away" in record.state_message
+    for job, start in zip(jobs, before, strict=True):
+        job.process.wait(timeout=120)
+        stopped_after = time.monotonic() - killed
+        job.job_dir = job_dir = only_job_dir(job.folder / "jobs")
+        said = job.stderr.read_text()[start:]
+        assert job.process.returncode == 1, said
+        assert stopped_after <= STOPPED_WITHIN, f"stopped {stopped_after:.0f} s after the kill"
+        lines = said.strip().splitlines()
+        assert len(lines) <= 5 and "Traceback" not in said, said
+        assert f"job {job_dir.name} stopped: the Prefect server at {server.url} went away" in said
+        assert lines[-1] == f"when the server runs again, resume with: {CLI} continue {job_dir.name}"
+        record = read_job(job_dir)
+        assert record.state == CRASHED and "went away" in record.state_message
     wait_until_gone(server.pid)
     ensure_server(home, startup_timeout=SERVER_TIMEOUT)
-    return job_dir
+
+
+@dataclass
+class Lost:
+    """The three jobs, stopped, and the services they were using (still running)."""
+
+    download: LostJob
+    files: EchoState
+    flattening: LostJob
+    flattener: LoopbackServer
+    imported: dict[str, int]
+    send: LostJob
+    fhir: LoopbackServer
+    resources: list[dict]
+
+
+@pytest.fixture(scope="module")
+def lost(own_server, tmp_path_factory) -> Iterator[Lost]:
+    with ExitStack() as stack:
+        state = EchoState(replies=[Reply(200, NDJSON_TYPE, NDJSON, delay=STALL), Reply(200, NDJSON_TYPE, NDJSON)])
+        files = stack.enter_context(LoopbackServer(EchoHandler, state))
+        tree = {"pipeline": {"enabled_steps": ["http_import"]}, "compression": {"level": "fastest"}}
+        download = launch(
+            stack, tmp_path_factory.mktemp("download"), tree, lambda: state.requests, f"{files.base_url}/Patient.ndjson"
+        )
+        flattener, flattening = flattening_job(stack, tmp_path_factory.mktemp("flattening"))
+        fhir, send, resources = send_job(stack, tmp_path_factory.mktemp("send"))
+        kill_the_server_under([download, flattening, send], own_server)
+        yield Lost(download, state, flattening, flattener, imported(flattening.job_dir), send, fhir, resources)
+
+
+def flattening_job(stack: ExitStack, folder: Path) -> tuple[LoopbackServer, LostJob]:
+    """A job whose flattening service never answers its first ``$run``."""
+    (folder / "in").mkdir()
+    (folder / "in" / "data.ndjson").write_bytes((EXAMPLE / "input" / "fhir-data.ndjson").read_bytes())
+    flattener = start_flattener()
+    stack.callback(flattener.stop)
+    flattener.state.drip_header_seconds = STALL
+    services = {"local_import": {"dir": folder / "in"}}
+    services["flattening"] = {"service_url": flattener.base_url, "lookup_path": LOOKUP}
+    tree = {"pipeline": {"enabled_steps": ["local_import", "flattening"]}, "services": services}
+    return flattener, launch(stack, folder, tree, lambda: flattener.state.runs, str(EXAMPLE / "example-crtdl.json"))
+
+
+def send_job(stack: ExitStack, folder: Path) -> tuple[LoopbackServer, LostJob, list[dict]]:
+    """A job whose FHIR server takes the first batch and holds the second unanswered."""
+    resources = generated(12, "lost")
+    write_ndjson(folder / "in" / "core.ndjson", resources)
+    fhir = start_fhir_fake(FhirFakeState(hold_from=2))
+    stack.callback(fhir.stop)
+    stack.callback(fhir.state.released.set)
+    send = {"send_as": "direct_resource_load", "url": fhir.base_url, "batch_size": 4}
+    send["auth"] = {"username": "dupflow", "password": "fhir-password"}
+    tree = {
+        "pipeline": {"enabled_steps": ["local_import", "send"]},
+        "services": {"local_import": {"dir": folder / "in"}, "send": send},
+    }
+    return fhir, launch(stack, folder, tree, lambda: len(fhir.state.requests) >= 2), resources
 
 
 def continued(job_dir: Path) -> None:
@@ -100,65 +183,23 @@ def imported(job_dir: Path) -> dict[str, int]:
     return {path.name: path.stat().st_mtime_ns for path in (job_dir / "import").iterdir()}
 
 
-def test_killed_during_a_download_it_stops_in_a_few_lines_and_continue_downloads_the_file_once_more(
-    tmp_path, write_config, own_server
-):
-    state = EchoState(replies=[Reply(200, NDJSON_TYPE, NDJSON, delay=STALL), Reply(200, NDJSON_TYPE, NDJSON)])
-    config = write_config({"pipeline": {"enabled_steps": ["http_import"]}, "compression": {"level": "fastest"}})
-    stderr = tmp_path / "stderr.txt"
-    with LoopbackServer(EchoHandler, state) as files, stderr.open("w") as terminal:
-        job = start_job(config, f"{files.base_url}/Patient.ndjson", stderr=terminal)
-        job_dir = kill_the_server_while(job, lambda: state.requests, own_server, tmp_path / "jobs", stderr)
-        continued(job_dir)
-    assert len(state.requests) == 2
+def test_killed_during_a_download_it_stops_in_a_few_lines_and_continue_downloads_the_file_once_more(lost):
+    continued(lost.download.job_dir)
+    assert len(lost.files.requests) == 2
 
 
-def test_killed_during_flattening_it_stops_in_a_few_lines_and_continue_keeps_the_imported_files(
-    tmp_path, write_config, own_server
-):
-    (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "data.ndjson").write_bytes((EXAMPLE / "input" / "fhir-data.ndjson").read_bytes())
-    flattener = start_flattener()
-    flattener.state.drip_header_seconds = STALL  # the first $run never answers
-    services = {"local_import": {"dir": tmp_path / "in"}}
-    services["flattening"] = {"service_url": flattener.base_url, "lookup_path": LOOKUP}
-    config = write_config({"pipeline": {"enabled_steps": ["local_import", "flattening"]}, "services": services})
-    stderr = tmp_path / "stderr.txt"
-    try:
-        with stderr.open("w") as terminal:
-            job = start_job(config, str(EXAMPLE / "example-crtdl.json"), stderr=terminal)
-            job_dir = kill_the_server_while(job, lambda: flattener.state.runs, own_server, tmp_path / "jobs", stderr)
-        before = imported(job_dir)
-        flattener.state.reset()
-        continued(job_dir)
-    finally:
-        flattener.stop()
-    assert imported(job_dir) == before
+def test_killed_during_flattening_it_stops_in_a_few_lines_and_continue_keeps_the_imported_files(lost):
+    job_dir = lost.flattening.job_dir
+    lost.flattener.state.reset()
+    continued(job_dir)
+    assert imported(job_dir) == lost.imported
     for name in (path.name for path in (EXAMPLE / "expected").iterdir()):
         assert (job_dir / "flattening" / name).read_bytes() == (EXAMPLE / "expected" / name).read_bytes()
 
 
-def test_killed_during_a_send_it_stops_in_a_few_lines_and_continue_sends_no_batch_twice(
-    tmp_path, write_config, own_server
-):
-    resources = generated(12, "lost")
-    write_ndjson(tmp_path / "in" / "core.ndjson", resources)
-    fhir = start_fhir_fake(FhirFakeState(hold_from=2))  # the first batch lands, the second waits unanswered
-    send = {"send_as": "direct_resource_load", "url": fhir.base_url, "batch_size": 4}
-    send["auth"] = {"username": "dupflow", "password": "fhir-password"}
-    services = {"local_import": {"dir": tmp_path / "in"}, "send": send}
-    config = write_config({"pipeline": {"enabled_steps": ["local_import", "send"]}, "services": services})
-    stderr = tmp_path / "stderr.txt"
-    try:
-        with stderr.open("w") as terminal:
-            job = start_job(config, stderr=terminal)
-            held = lambda: len(fhir.state.requests) >= 2  # noqa: E731
-            job_dir = kill_the_server_while(job, held, own_server, tmp_path / "jobs", stderr)
-        fhir.state.released.set()
-        continued(job_dir)
-    finally:
-        fhir.state.released.set()
-        fhir.stop()
-    sent = [f"{r['resourceType']}/{r['id']}" for r in resources]
-    assert sorted(fhir.state.applied) == sorted(sent)
-    assert set(fhir.state.applied.values()) == {1}, fhir.state.applied  # the first batch was not sent again
+def test_killed_during_a_send_it_stops_in_a_few_lines_and_continue_sends_no_batch_twice(lost):
+    lost.fhir.state.released.set()
+    continued(lost.send.job_dir)
+    sent = [f"{r['resourceType']}/{r['id']}" for r in lost.resources]
+    assert sorted(lost.fhir.state.applied) == sorted(sent)
+    assert set(lost.fhir.state.applied.values()) == {1}, lost.fhir.state.applied  # the first batch was not sent again
