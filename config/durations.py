@@ -20,8 +20,7 @@ ACCEPTED_FORMS = "use ISO 8601 (PT30M, PT5S, PT1M30S, P1D, PT0.5S) or a short fo
 
 _NUMBER = r"(\d+(?:\.\d+)?)"
 _ISO_PATTERN = re.compile(
-    rf"P(?:{_NUMBER}W)?(?:{_NUMBER}D)?(?:T(?:{_NUMBER}H)?(?:{_NUMBER}M)?(?:{_NUMBER}S)?)?",
-    re.IGNORECASE,
+    rf"P(?:{_NUMBER}W)?(?:{_NUMBER}D)?(?:T(?:{_NUMBER}H)?(?:{_NUMBER}M)?(?:{_NUMBER}S)?)?", re.IGNORECASE
 )
 _SHORT_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)", re.IGNORECASE)
 _SHORT_PATTERN = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|d|h|m|s))+", re.IGNORECASE)
@@ -91,8 +90,6 @@ def _validate_duration(value: Any) -> Any:
 
 
 Duration = Annotated[
-    timedelta,
-    BeforeValidator(_validate_duration),
-    PlainSerializer(format_duration, return_type=str, when_used="json"),
+    timedelta, BeforeValidator(_validate_duration), PlainSerializer(format_duration, return_type=str, when_used="json")
 ]
 """A timedelta field written in the configuration as an ISO 8601 or short-form duration."""

@@ -31,7 +31,7 @@ class InspectionInput(RunInput):
 
     confirmed: Literal[True] = Field(  # JSON schema {"const": true}, required: the server refuses anything else
         description="Turn on to confirm: I have inspected the data (and put any corrected files in the _wait folder). "
-        "Submitted off, the resume is refused and the job stays suspended.",
+        "Submitted off, the resume is refused and the job stays suspended."
     )
     note: str = Field(default="", description="A note for the job record: what was checked or changed")
 

@@ -39,14 +39,7 @@ from tasks.core.errors import UsageError
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, job_tag
 from tasks.core.readable import CLI, size_text
 from tasks.core.url_credentials import shown_url
-from tasks.job.record import (
-    AWAITING_INSPECTION,
-    FINAL_STATES,
-    RUNNING,
-    SUSPENDED,
-    RecordError,
-    read_record,
-)
+from tasks.job.record import AWAITING_INSPECTION, FINAL_STATES, RUNNING, SUSPENDED, RecordError, read_record
 
 EXIT_OK, EXIT_FAILED = 0, 1
 NAMED_ONLY_STATES = (AWAITING_INSPECTION, SUSPENDED)  # a person still has to look at these: removed only by name

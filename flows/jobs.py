@@ -18,11 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from config.loader import (
-    absolute_path_overrides,
-    cached_settings,
-    refuse_secret_overrides,
-)
+from config.loader import absolute_path_overrides, cached_settings, refuse_secret_overrides
 from config.settings import Settings
 from tasks.core.errors import JobError
 from tasks.core.jsonfile import JsonFileError, parse_json_document, read_limited
@@ -109,11 +105,7 @@ def new_job(
     config_path = str(Path(config_path).resolve()) if config_path else None
     if job_input and "://" not in job_input:
         job_input = str(Path(job_input).expanduser().resolve())
-    frozen = {
-        **overrides,
-        **absolute_path_overrides(settings),
-        "jobs_dir": str(paths.job_dir.parent),
-    }
+    frozen = {**overrides, **absolute_path_overrides(settings), "jobs_dir": str(paths.job_dir.parent)}
     steps = list(settings.pipeline.enabled_steps)
     crtdl = crtdl_input(steps, job_input)
     if "flattening" in steps and crtdl is None:  # spec rule 3: flattening needs a CRTDL

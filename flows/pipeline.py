@@ -93,12 +93,7 @@ def run_job_id(job_id: str | None) -> str:
     return tagged or str(runtime.flow_run.id)
 
 
-@flow(
-    name="dupflow",
-    flow_run_name=flow_run_name,
-    log_prints=False,
-    persist_result=False,
-)
+@flow(name="dupflow", flow_run_name=flow_run_name, log_prints=False, persist_result=False)
 def pipeline(
     job_id: str | None = None,
     config_path: str | None = None,

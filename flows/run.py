@@ -31,16 +31,7 @@ from tasks.core.readable import CLI, duration_text, plain_lines, size_text
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
 from tasks.job.layout import JobPaths, directory_tag, job_tag
-from tasks.job.record import (
-    COMPLETED,
-    FINAL_STATES,
-    SUSPENDED,
-    Gate,
-    JobRecord,
-    StepRecord,
-    counts_text,
-    read_record,
-)
+from tasks.job.record import COMPLETED, FINAL_STATES, SUSPENDED, Gate, JobRecord, StepRecord, counts_text, read_record
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 REPO_ROOT = Path(__file__).resolve().parent.parent

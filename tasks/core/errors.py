@@ -51,12 +51,7 @@ class DupflowError(Exception):
     """A failure with a message for the user; ``transient`` says whether trying again may help."""
 
     def __init__(
-        self,
-        message: str,
-        *,
-        operation: str | None = None,
-        status_code: int | None = None,
-        transient: bool = False,
+        self, message: str, *, operation: str | None = None, status_code: int | None = None, transient: bool = False
     ):
         self.message = message
         self.operation = operation
