@@ -65,6 +65,11 @@ def keep_one_trace_per_failure() -> None:
 
 
 FAILED_FINISHES = ("Finished in state Failed", "Finished in state Crashed")
+SIGNAL_CRASHES = (
+    "Crash detected! Execution was aborted by an interrupt signal.",
+    "Crash detected! Execution was aborted by a termination signal.",
+)
+"""What Prefect logs when its own handler (a flow run's SIGTERM) or Ctrl+C ended a run: the interruption itself."""
 _interrupted = threading.Event()
 
 
@@ -96,8 +101,11 @@ class _OneFailureLine(logging.Filter):
             return False
         if record.name not in RUN_LOGGERS:
             return True
-        if record.getMessage().startswith(FAILED_FINISHES):
+        message = record.getMessage()
+        if message.startswith(FAILED_FINISHES):
             return False
+        if message in SIGNAL_CRASHES:
+            _interrupted.set()
         if record.levelno < logging.ERROR:
             return True
         first, self._shown = not self._shown, True

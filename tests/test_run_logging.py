@@ -1,0 +1,33 @@
+"""The terminal's failure line: Prefect's record of a run ended by a signal is the interruption's echo, not a
+failure, whether our handler or Prefect's own (a flow run's SIGTERM) took the signal."""
+
+import logging
+
+import pytest
+
+from flows import run_logging
+
+
+@pytest.fixture
+def console_filter():
+    yield run_logging._OneFailureLine()
+    run_logging._interrupted.clear()
+
+
+def record(message: str, level: int = logging.ERROR) -> logging.LogRecord:
+    return logging.LogRecord("prefect.task_runs", level, __file__, 1, message, None, None)
+
+
+@pytest.mark.parametrize("crash", run_logging.SIGNAL_CRASHES, ids=["interrupt", "termination"])
+def test_prefects_crash_record_of_a_signal_stays_off_the_terminal_and_so_do_the_failures_after_it(
+    console_filter, crash
+):
+    assert not console_filter.filter(record(crash))  # the run's first ERROR, yet no failure
+    assert not console_filter.filter(record("Task run failed with exception: TerminationSignal()"))
+    assert console_filter.filter(record("extraction: Pending", logging.INFO))
+
+
+def test_a_failure_without_a_signal_shows_once(console_filter):
+    assert console_filter.filter(record("Task run failed with exception: ValueError('no JSON')"))
+    assert not console_filter.filter(record("Flow run failed with exception: ValueError('no JSON')"))
+    assert not console_filter.filter(record("Finished in state Failed('no JSON')"))
