@@ -30,7 +30,7 @@ import httpx
 
 from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, truncate
 from tasks.core.redaction import register_secret
-from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url
+from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url, shown_url
 
 if TYPE_CHECKING:
     from authlib.integrations.httpx_client import OAuth2Client
@@ -64,12 +64,6 @@ def origin_of(url: httpx.URL | str) -> Origin:
     """(scheme, host, port) with the default port filled in, so https://h and https://h:443 are one origin."""
     url = httpx.URL(url)
     return url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme, 0)
-
-
-def _shown_url(url: httpx.URL) -> str:
-    """A URL for messages: no user info, query or fragment (they may carry credentials or tokens)."""
-    port = f":{url.port}" if url.port else ""
-    return f"{url.scheme}://{url.host}{port}{url.path}"
 
 
 def origin_text(origin: Origin) -> str:
@@ -298,12 +292,12 @@ class ServiceAuth(httpx.Auth):
             visited.add(request.url)
 
     def _redirect_loop(self, response: httpx.Response, target: httpx.URL) -> ServiceError:
-        source, again = _shown_url(response.request.url), _shown_url(target)
+        source, again = shown_url(str(response.request.url)), shown_url(str(target))
         where = f"{source} redirects to itself" if source == again else f"{source} redirects back to {again}"
         return self._refused_hop(response, f"redirect loop: {where}; check the URL and the server's configuration")
 
     def _refuse_credentials_in_location(self, response: httpx.Response) -> None:
-        door = f"the Location header of {response.request.method} {_shown_url(response.request.url)}"
+        door = f"the Location header of {response.request.method} {shown_url(str(response.request.url))}"
         fix = "the server redirects there; fix its configuration so that its redirects carry no credentials"
         try:
             refuse_credentials_in_url(str(response.next_request.url), door=door, fix=fix)
@@ -312,7 +306,7 @@ class ServiceAuth(httpx.Auth):
 
     def _refused_hop(self, response: httpx.Response, message: str) -> ServiceError:
         """The terminal error of a redirect that is not followed."""
-        operation = f"{response.request.method} {_shown_url(response.request.url)}"
+        operation = f"{response.request.method} {shown_url(str(response.request.url))}"
         return ServiceError(operation, response.status_code, message, transient=False, service=self.service)
 
     def strip_foreign_credentials(self, request: httpx.Request) -> None:
