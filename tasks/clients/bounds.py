@@ -135,15 +135,19 @@ def in_pieces(body: bytes) -> Iterator[bytes]:
     return (bytes(view[start : start + UPLOAD_PIECE]) for start in range(0, len(view), UPLOAD_PIECE))
 
 
-async def within_deadline(
+def within_deadline(
     attempt: Callable[[], Awaitable[T]], deadline: Deadline, *, operation: str, service: str | None
-) -> T:
-    """Run one async attempt of a call; past ``deadline`` it is cancelled and the deadline's error raised."""
-    try:
-        async with asyncio.timeout(deadline.seconds):
-            return await attempt()
-    except TimeoutError:
-        raise deadline.exceeded(operation, service) from None
+) -> Callable[[], Awaitable[T]]:
+    """``attempt`` bounded: ``deadline.seconds`` after each start it is cancelled and the deadline's error raised."""
+
+    async def bounded() -> T:
+        try:
+            async with asyncio.timeout(deadline.seconds):
+                return await attempt()
+        except TimeoutError:
+            raise deadline.exceeded(operation, service) from None
+
+    return bounded
 
 
 def answer_too_large(size: str, limit: int, *, operation: str, service: str | None, hint: str) -> ServiceError:

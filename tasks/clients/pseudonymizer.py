@@ -159,19 +159,15 @@ class Pseudonymizer:
         body = self._body(resource_json)
 
         async def attempt() -> bytes:
-            request = self._client.build_request("POST", DE_IDENTIFY_PATH, content=body, headers=FHIR_JSON_HEADERS)
-            response = await self._client.send(request, stream=True)
-            try:
+            async with self._client.stream(
+                "POST", DE_IDENTIFY_PATH, content=body, headers=FHIR_JSON_HEADERS
+            ) as response:
                 await raise_for_service_status_async(response, operation=operation, service=service)
                 limit, hint = self._max_answer_bytes, TOO_LARGE_ANSWER_HINT
                 return await read_answer_async(response, limit, operation=operation, service=service, hint=hint)
-            finally:
-                await response.aclose()
 
-        async def bounded_attempt() -> bytes:
-            deadline = Deadline(self._deadline, DEADLINE_SETTING, self._url)
-            return await within_deadline(attempt, deadline, operation=operation, service=service)
-
+        deadline = Deadline(self._deadline, DEADLINE_SETTING, self._url)
+        bounded_attempt = within_deadline(attempt, deadline, operation=operation, service=service)
         async with self._slots:
             content = await call_with_retry_async(bounded_attempt, self._retry, operation=operation, service=service)
         return checked_answer(content, resource)

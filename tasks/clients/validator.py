@@ -254,19 +254,13 @@ class Validator:
 
         async def attempt() -> dict[str, Any]:
             headers = {**FHIR_JSON_HEADERS, "Content-Length": str(len(chunk.body))}
-            request = self._client.http.build_request(
+            async with self._client.http.stream(
                 "POST", VALIDATE_PATH, content=pieces(chunk.body), headers=headers
-            )
-            response = await self._client.http.send(request, stream=True)
-            try:
-                return await self._outcome(response, operation, service)
-            finally:
-                await response.aclose()
+            ) as answer:
+                return await self._outcome(answer, operation, service)
 
-        async def bounded_attempt() -> dict[str, Any]:
-            deadline = Deadline(self._deadline, DEADLINE_SETTING, self._url)
-            return await within_deadline(attempt, deadline, operation=operation, service=service)
-
+        deadline = Deadline(self._deadline, DEADLINE_SETTING, self._url)
+        bounded_attempt = within_deadline(attempt, deadline, operation=operation, service=service)
         return await call_with_retry_async(
             bounded_attempt, self._client.retry, operation=operation, service=service, sleep=self._client.sleep
         )
