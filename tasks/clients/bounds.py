@@ -30,6 +30,8 @@ UPLOAD_PIECE = MB
 """A request body goes out in pieces of this size, the deadline checked before each."""
 OWN_CONNECTION = {"Connection": "close"}
 """Each bounded sync call on a connection of its own, which its deadline can shut down (``Deadline.watch``)."""
+Body = Callable[[], Iterable[bytes]] | bytes
+"""A request body: its bytes, or a function making its pieces afresh for each send."""
 
 
 class Deadline:
@@ -102,13 +104,13 @@ def answer_within(
     *,
     operation: str,
     service: str | None,
-    body: Callable[[], Iterable[bytes]] | bytes | None = None,
+    body: Body | None = None,
     headers: dict[str, str] | None = None,
     **request: Any,
 ) -> Iterator[httpx.Response]:
     """The streamed answer to a sync request on a connection of its own (``OWN_CONNECTION``) that ``deadline`` shuts
-    down when it passes (``watch``); ``body`` (bytes, or a function making its pieces afresh per send) is checked
-    against it piece by piece as it goes out, the answer's head once it is in. A network error in the block, past
+    down when it passes (``watch``); ``body`` is checked against it piece by piece as it goes out, the answer's
+    head once it is in. A network error in the block, past
     the deadline, is the deadline's error: the deadline shut the connection down."""
     pieces = (lambda: in_pieces(body)) if isinstance(body, bytes) else body
     content = None if pieces is None else ReplayableBody(lambda: deadline.pieces(pieces(), operation, service))

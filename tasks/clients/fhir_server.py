@@ -14,7 +14,7 @@ Bounds (services.send has no timeout key, so constants): ``SEND_TIMEOUT`` per re
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from tasks.clients.bounds import MB, Deadline, answer_within
+from tasks.clients.bounds import MB, Body, Deadline, answer_within
 from tasks.clients.bounds import read_answer as read_bounded
 from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, error_body, error_from_response
 from tasks.clients.errors import operation_outcome_texts, truncate
@@ -99,14 +99,7 @@ class FhirServer(Closing):
         answer = self._call("POST", "/fhir", "transaction", body, len(body), rejection=rejected_by_status)
         return checked_transaction_response(answer, entries)
 
-    def put(
-        self,
-        resource_type: str,
-        resource_id: str,
-        body: Callable[[], Iterable[bytes]] | bytes,
-        *,
-        length: int | None = None,
-    ) -> None:
+    def put(self, resource_type: str, resource_id: str, body: Body, *, length: int | None = None) -> None:
         """PUT ``{url}/fhir/<type>/<id>``; ``body`` is the JSON, or a function that streams it afresh per attempt
         (its total ``length`` then goes into Content-Length, so the body is not sent chunked). The answer's body
         is not read: a server may send a large Binary back, and only the status matters."""
@@ -123,7 +116,7 @@ class FhirServer(Closing):
         method: str,
         path: str,
         operation: str,
-        body: Callable[[], Iterable[bytes]] | bytes | None = None,
+        body: Body | None = None,
         size: int | None = None,
         *,
         read_answer: bool = True,
