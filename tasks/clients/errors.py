@@ -167,9 +167,9 @@ def truncate(text: str, limit: int) -> str:
 
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
     """Seconds to wait from a Retry-After header: delay-seconds or an HTTP date; None when absent or invalid."""
-    if value is None or not value.strip():
+    value = (value or "").strip()
+    if not value:
         return None
-    value = value.strip()
     try:
         return max(0.0, float(value))
     except ValueError:

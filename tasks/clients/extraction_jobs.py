@@ -196,8 +196,7 @@ class ExtractionTaskClient(ServiceClient):
         ]
 
     def read_task(self, job_id: str) -> dict[str, Any]:
-        response = self._job_request("GET", job_id, "", operation="read extraction job")
-        return response.json()
+        return self._job_request("GET", job_id, "", operation="read extraction job").json()
 
     def job(self, job_id: str) -> ExtractionJob:
         return ExtractionJob.from_task(self.read_task(job_id))
@@ -251,11 +250,9 @@ class ExtractionTaskClient(ServiceClient):
         with ``If-Match``; a 428 (If-Match missing) is a bug of ours."""
         update = {"resourceType": "Task", "id": task.get("id"), "status": task.get("status")}
         update |= {"intent": task.get("intent") or "order", "priority": priority}
+        headers = {**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'}
+        request = {"content": json.dumps(update).encode(), "headers": headers}
         try:
-            request = {
-                "content": json.dumps(update).encode(),
-                "headers": {**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'},
-            }
             return self._job_request("PUT", job_id, "", operation="set extraction job priority", **request)
         except ServiceError as exc:
             if exc.status_code != 428:

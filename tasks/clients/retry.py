@@ -38,9 +38,7 @@ T = TypeVar("T")
 
 def is_transient(exc: BaseException) -> bool:
     """Worth another attempt: a transient ServiceError or a transient network error."""
-    if isinstance(exc, ServiceError):
-        return exc.transient
-    return is_transient_network_error(exc)
+    return exc.transient if isinstance(exc, ServiceError) else is_transient_network_error(exc)
 
 
 def _policy(retry: RetrySettings, *, operation: str, service: str | None) -> dict:
