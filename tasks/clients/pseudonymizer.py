@@ -95,19 +95,12 @@ class RequestBody:
     """Builds ``$de-identify`` bodies from a resource's JSON bytes, without re-serialising the resource."""
 
     def __init__(self, config: AnonymizationConfig | None):
-        if config is None:
-            self._prefix, self._suffix = b"", b""
-            return
-        config_part = {
-            "name": "config",
-            "valueAttachment": {"contentType": "application/yaml", "data": base64.b64encode(config.data).decode()},
-        }
-        self._prefix = (
-            b'{"resourceType":"Parameters","parameter":['
-            + orjson.dumps(config_part)
-            + b',{"name":"resource","resource":'
-        )
-        self._suffix = b"}]}"
+        self._prefix, self._suffix = b"", b""
+        if config is not None:
+            attachment = {"contentType": "application/yaml", "data": base64.b64encode(config.data).decode()}
+            config_part = orjson.dumps({"name": "config", "valueAttachment": attachment})
+            self._prefix = b'{"resourceType":"Parameters","parameter":[%b,{"name":"resource","resource":' % config_part
+            self._suffix = b"}]}"
 
     def __call__(self, resource_json: bytes) -> bytes:
         return self._prefix + resource_json + self._suffix if self._prefix else resource_json
