@@ -13,6 +13,7 @@ reach a report, log or artifact.
 
 from __future__ import annotations
 
+import itertools
 import re
 import uuid
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -47,6 +48,7 @@ TOO_LARGE_ANSWER_HINT = "lower services.validation.bundle_chunk_size_mb so that 
 
 BODY_PREFIX = b'{"resourceType":"Bundle","type":"collection","entry":['
 BODY_SUFFIX = b"]}"
+EMPTY_BODY_BYTES = len(BODY_PREFIX) + len(BODY_SUFFIX)
 
 # How a report line says which chunk it answers and which resources that chunk held.
 CHUNK_EXTENSION = "urn:dupflow:validation:chunk"
@@ -75,27 +77,24 @@ def iter_chunks(lines: Iterable[tuple[int, bytes]], chunk_bytes: int, source: Pa
     Only one chunk's entries are held at a time. A resource whose entry alone exceeds ``chunk_bytes`` is sent
     alone in a chunk flagged ``oversized``.
     """
-    source = Path(source)
+    source, numbers = Path(source), itertools.count(1)
     entries: list[bytes] = []
     labels: list[str] = []
-    size = len(BODY_PREFIX) + len(BODY_SUFFIX)
-    number = 0
+    size = EMPTY_BODY_BYTES
     for line_number, line in lines:
         entry, label = bundle_entry(parse_resource(source, line_number, line), line.strip(), line_number)
         added = len(entry) + (1 if entries else 0)
         if entries and size + added > chunk_bytes:
-            number += 1
-            yield Chunk(number, join_entries(entries), tuple(labels))
-            entries, labels, size, added = [], [], len(BODY_PREFIX) + len(BODY_SUFFIX), len(entry)
+            yield Chunk(next(numbers), join_entries(entries), tuple(labels))
+            entries, labels, size, added = [], [], EMPTY_BODY_BYTES, len(entry)
         entries.append(entry)
         labels.append(label)
         size += added
         if len(entries) == 1 and size > chunk_bytes:
-            number += 1
-            yield Chunk(number, join_entries(entries), tuple(labels), oversized=True)
-            entries, labels, size = [], [], len(BODY_PREFIX) + len(BODY_SUFFIX)
+            yield Chunk(next(numbers), join_entries(entries), tuple(labels), oversized=True)
+            entries, labels, size = [], [], EMPTY_BODY_BYTES
     if entries:
-        yield Chunk(number + 1, join_entries(entries), tuple(labels))
+        yield Chunk(next(numbers), join_entries(entries), tuple(labels))
 
 
 def join_entries(entries: list[bytes]) -> bytes:
