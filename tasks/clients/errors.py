@@ -128,8 +128,7 @@ def error_body(response: httpx.Response) -> bytes:
     try:
         return response.content
     except httpx.ResponseNotRead:
-        pass
-    body = bytearray()
+        body = bytearray()
     for piece in response.iter_bytes():
         body += piece
         if len(body) > MAX_PARSED_BODY_BYTES:

@@ -194,11 +194,8 @@ class AsyncServiceClient:
 
         return await call_with_retry_async(attempt, self.retry, operation=operation, service=service, sleep=self.sleep)
 
-    async def aclose(self) -> None:
-        await self.http.aclose()
-
     async def __aenter__(self) -> AsyncServiceClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+        await self.http.aclose()
