@@ -126,37 +126,34 @@ class FhirServer(Closing):
         """One call with retry, each attempt within its deadline (``answer_within``), the answer read as it comes in
         (at most ``max_answer_bytes`` of it, none when ``read_answer`` is False). A 4xx/5xx answer (after the retries
         of the transient ones) raises its ``ServiceError``, or what ``rejection`` makes of it and the answer."""
-        refused: list[_Refused] = []
+        refusal: dict[ServiceError, Answer] = {}  # the error of the last 4xx/5xx answer, and that answer
         headers = {**FHIR_JSON_HEADERS, **({"Content-Length": str(size)} if size is not None else {})}
 
         def attempt() -> Answer:
             deadline = Deadline(self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND, DEADLINE_SETTING)
             timeout = http_timeout(min(SEND_TIMEOUT, timedelta(seconds=deadline.seconds)))
             request = {"body": body, "headers": headers, "params": params, "timeout": timeout}
-            try:
-                with answer_within(
-                    self.http, deadline, method, path, operation=operation, service=SERVICE_NAME, **request
-                ) as response:
+            with answer_within(
+                self.http, deadline, method, path, operation=operation, service=SERVICE_NAME, **request
+            ) as response:
+                if not response.is_error:
                     return self._answer(response, deadline, operation, read_answer)
-            except _Refused as exc:
-                refused[:] = [exc]
-                raise exc.error from None
+                answer = Answer(response, error_body(response))
+                error = error_from_response(response, operation=operation, service=SERVICE_NAME, body=answer.body)
+                refusal.clear()
+                refusal[error] = answer
+                raise error
 
         try:
             return call_with_retry(
                 attempt, self._client.retry, operation=operation, service=SERVICE_NAME, sleep=self._client.sleep
             )
         except ServiceError as exc:
-            if rejection is not None and refused and exc is refused[0].error:
-                raise rejection(refused[0].answer, exc) from None
+            if rejection is not None and exc in refusal:
+                raise rejection(refusal[exc], exc) from None
             raise
 
     def _answer(self, response: httpx.Response, deadline: Deadline, operation: str, read_answer: bool) -> Answer:
-        if response.is_error:
-            error = Answer(response, error_body(response))
-            raise _Refused(
-                error, error_from_response(response, operation=operation, service=SERVICE_NAME, body=error.body)
-            )
         if not read_answer:
             return Answer(response, b"")
         limit, hint = self._max_answer_bytes, TOO_LARGE_ANSWER_HINT
@@ -176,17 +173,6 @@ class Answer:
     @property
     def status_code(self) -> int:
         return self.response.status_code
-
-
-class _Refused(Exception):
-    """A 4xx/5xx answer that ended a call: the client error for it, and the answer (for the failure dump).
-
-    Internal control flow of ``FhirServer._call``: it never leaves this module (``_call`` turns it into its
-    ``ServiceError`` or a ``TransactionRejected``), so it is private and not rooted in ``DupflowError``."""
-
-    def __init__(self, answer: Answer, error: ServiceError):
-        super().__init__(str(error))
-        self.answer, self.error = answer, error
 
 
 def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionRejected:
