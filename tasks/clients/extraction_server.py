@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import httpx
 import orjson
 
-from tasks.clients.auth import Origin, ServiceAuth, origin_of, origin_text
+from tasks.clients.auth import ServiceAuth, origin_of, origin_text
 from tasks.clients.errors import error_from_response, is_transient_network_error, is_transient_status, network_error
 from tasks.clients.errors import operation_outcome_texts, parse_retry_after
 from tasks.clients.extraction_documents import SERVICE, DeadHandleError, ExtractionError
@@ -213,7 +213,12 @@ class ExtractionServerClient(Closing):
             if origin == auth.origin:
                 continue
             if origin not in allowed:
-                raise ExtractionError(unapproved_origin_message(origin))
+                raise ExtractionError(
+                    f"the extraction server says its result files need an access token (requiresAccessToken), but "
+                    f"they are on {origin_text(origin)}, another origin than services.extractor.base_url; dupflow "
+                    f"sends credentials only where you approve: add {origin_text(origin)} to "
+                    "services.extractor.file_origins if that file server is yours, then continue the job"
+                )
             auth.trust(origin)
 
 
@@ -221,16 +226,6 @@ def progress(response: httpx.Response) -> PollProgress:
     """The progress text of an in-progress status answer: its X-Progress header, else its diagnostics."""
     return PollProgress(
         response.headers.get("X-Progress") or next(iter(operation_outcome_texts(response.content)), None)
-    )
-
-
-def unapproved_origin_message(origin: Origin) -> str:
-    shown = origin_text(origin)
-    return (
-        f"the extraction server says its result files need an access token (requiresAccessToken), but they are "
-        f"on {shown}, another origin than services.extractor.base_url; dupflow sends credentials "
-        f"only where you approve: add {shown} to services.extractor.file_origins if that file "
-        "server is yours, then continue the job"
     )
 
 

@@ -63,7 +63,7 @@ class TransactionRejected(ServiceError):
         failed_entry: int | None = None,
         outcome: str = "",
     ):
-        super().__init__("transaction", answer.status_code, message, transient=transient, service=SERVICE_NAME)
+        super().__init__("transaction", answer.response.status_code, message, transient=transient, service=SERVICE_NAME)
         self.response_text, self.failed_entry, self.outcome = response_text(answer), failed_entry, outcome
 
 
@@ -169,10 +169,6 @@ class Answer:
 
     response: httpx.Response
     body: bytes
-
-    @property
-    def status_code(self) -> int:
-        return self.response.status_code
 
 
 def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionRejected:
