@@ -207,7 +207,7 @@ def split_bundle(bundle: dict[str, Any], threshold_bytes: int) -> list[dict[str,
     """
     entries = bundle.get("entry") or []
     bundle_id = bundle.get("id", "bundle")
-    skeleton = {name: value for name, value in bundle.items() if name != "entry"}
+    skeleton = without_entries(bundle)
     # The largest chunk id bounds the overhead of every chunk.
     overhead = compact_size({**skeleton, "id": f"{bundle_id}-chunk-{len(entries)}", "entry": []})
     groups: list[list[Any]] = [[]]

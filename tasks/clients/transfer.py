@@ -47,7 +47,7 @@ def document_reference_id(job_id: str) -> str:
 
 def zip_entry_name(name: str) -> str:
     """The file's name inside the zip: without ``.zst``, since the content is decompressed."""
-    return name[: -len(".zst")] if name.endswith(".zst") else name
+    return name.removesuffix(".zst")
 
 
 def send_binary(server: FhirServer, source: Path, resource_id: str, work_dir: Path) -> dict[str, Any]:
