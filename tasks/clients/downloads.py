@@ -162,12 +162,9 @@ def download_ndjson(
     sleep: Callable[[float], None] = time.sleep,
 ) -> FileStats:
     """Stream ``url`` into ``dest`` (compressed at ``level``, plain when None); returns size and resource count.
-
-    A body broken in the middle is resumed (``_Download``) within ``retry``: every connection is an attempt.
-    ``on_bytes`` is told every piece of the body as it arrives (and a negative amount when the body starts again
-    from byte 0: ``_Progress``), ``on_total`` the body's size when the answer gives it (``body_size``).
-    ``stop_if_cancelled`` raises to stop the check of the whole file that may follow the last byte (the caller's
-    fan-out was cancelled)."""
+    ``on_bytes`` is told every piece of the body as it arrives (``_Progress``), ``on_total`` the body's size when the
+    answer gives it (``body_size``). ``stop_if_cancelled`` raises to stop the check of the whole file that may follow
+    the last byte (the caller's fan-out was cancelled)."""
     new_sink = functools.partial(_Sink, url, dest, level, max_line_bytes, stop_if_cancelled=stop_if_cancelled)
     download = _Download(client, url, stall_timeout, _Progress(on_bytes, on_total), new_sink)
     try:
@@ -195,8 +192,7 @@ class _Download:
     _received: int = 0  # body bytes in the sink
 
     def attempt(self) -> FileStats:
-        """One connection. Retried (a transient ``ServiceError``): a failure before the response (connection refused,
-        5xx) and a break in the body. Final: a stall, an error in the data, a write error."""
+        """One connection, one attempt of ``call_with_retry`` (what is retried and what is final: the module)."""
         url, headers = self._url, {"Accept": NDJSON_ACCEPT}
         if self._received:
             headers["Range"] = f"bytes={self._received}-"

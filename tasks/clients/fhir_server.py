@@ -75,9 +75,8 @@ class EntryFailure:
 
 
 class FhirServer(Closing):
-    """One FHIR server (``{url}/fhir``) reached through a ``ServiceClient``. Every call has a whole-request deadline,
-    ``deadline`` plus the time a body of its size takes at ``SLOWEST_UPLOAD_BYTES_PER_SECOND``, and reads at most
-    ``max_answer_bytes`` of an answer (``tasks.clients.bounds``)."""
+    """One FHIR server (``{url}/fhir``) through a ``ServiceClient``; ``deadline`` and ``max_answer_bytes`` replace
+    ``REQUEST_DEADLINE`` and ``MAX_ANSWER_BYTES`` (the bounds in the module docstring)."""
 
     def __init__(
         self, client: ServiceClient, *, deadline: timedelta = REQUEST_DEADLINE, max_answer_bytes: int = MAX_ANSWER_BYTES

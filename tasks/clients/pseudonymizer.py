@@ -121,8 +121,7 @@ class Pseudonymizer:
         max_answer_bytes: int = MAX_ANSWER_BYTES,
     ):
         """``deadline`` bounds each whole request; by default the client's read timeout, which ``http_timeout``
-        sets to the configured ``services.pseudonymizer.timeout``. At most ``max_answer_bytes`` of an answer is
-        read (the step passes ``pipeline.max_ndjson_line_size_mb``: the answer becomes one line of its output)."""
+        sets to the configured ``services.pseudonymizer.timeout``. ``max_answer_bytes``: see ``MAX_ANSWER_BYTES``."""
         self._client, self._url, self._retry = client, client.build_request("POST", DE_IDENTIFY_PATH).url, retry
         self._deadline = deadline.total_seconds() if deadline is not None else client.timeout.read
         self._max_answer_bytes, self._body = max_answer_bytes, RequestBody(config)

@@ -233,8 +233,7 @@ def as_operation_outcome(content: bytes) -> dict[str, Any] | None:
 
 
 class Validator:
-    """Validates chunks through one ``AsyncServiceClient`` (retrying transient failures per ``retry.*``). Each
-    request has a whole-request ``deadline`` and its answer is read up to ``max_answer_bytes``, never more."""
+    """Validates chunks through one ``AsyncServiceClient``, retried and bounded as the module docstring says."""
 
     def __init__(
         self,
