@@ -97,15 +97,14 @@ class ExtractionServerClient(Closing):
     # --- submission --------------------------------------------------------------------------------------
 
     def submit(self, crtdl: bytes) -> ExtractionHandle:
-        """POST $extract-data exactly once (``call_once``: it opts out of retry, since a second
-        request could start a second job); the status URL from Content-Location, made absolute. A failure leaves
-        the submission in doubt for the extraction step to settle."""
-        operation, content = "submit extraction", json.dumps(kickoff_parameters(crtdl)).encode()
+        """POST $extract-data exactly once (``call_once``: it opts out of retry, since a second request could start
+        a second job); the status URL from Content-Location, made absolute. A failure leaves the submission in doubt
+        for the extraction step to settle."""
+        where = {"operation": "submit extraction", "service": SERVICE}
+        content = json.dumps(kickoff_parameters(crtdl)).encode()
         request = {"content": content, "headers": FHIR_JSON_HEADERS, "timeout": http_timeout(SUBMIT_TIMEOUT)}
-        attempt = one_attempt(
-            self.http, "POST", self.base_url + SUBMIT_PATH, operation=operation, service=SERVICE, **request
-        )
-        response = call_once(attempt, operation=operation, service=SERVICE)
+        attempt = one_attempt(self.http, "POST", self.base_url + SUBMIT_PATH, **where, **request)
+        response = call_once(attempt, **where)
         if response.status_code not in (200, 202):
             raise ExtractionError(
                 f"submit extraction: the server answered HTTP {response.status_code}, expected 200 or 202"
