@@ -204,9 +204,7 @@ def token_source_for(auth: AuthSettings, verify: ssl.SSLContext | bool) -> Token
     secret = auth.oauth_client_secret.get_secret_value()
     key = (issuer, client_id, hashlib.sha256(secret.encode()).hexdigest())
     with _token_sources_lock:
-        if key not in _token_sources:
-            _token_sources[key] = TokenSource(issuer, client_id, secret, verify)
-        return _token_sources[key]
+        return _token_sources.setdefault(key, TokenSource(issuer, client_id, secret, verify))
 
 
 @dataclass(frozen=True)
