@@ -103,16 +103,13 @@ def binary_body(resource_id: str, zip_path: Path) -> tuple[Any, int]:
 def document_reference(
     resource_id: str, binaries: list[dict[str, Any]], transfer: TransferSettings, date: str
 ) -> dict[str, Any]:
-    """The job's one DocumentReference: the fields protocols.md lists, one attachment per Binary.
-
-    The project identifier is also an ``identifier``, because some servers search ``identifier`` only over that
-    element (the DSF's HAPI also covers ``masterIdentifier``).
-    """
+    """The job's one DocumentReference: the fields protocols.md lists, one attachment per Binary."""
     project = {"system": PROJECT_IDENTIFIER_SYSTEM, "value": transfer.project_identifier}
     return {
         "resourceType": "DocumentReference",
         "id": resource_id,
         "masterIdentifier": project,
+        # also an identifier: some servers search ``identifier`` only over it (the DSF's HAPI covers both)
         "identifier": [project],
         "status": "current",
         "docStatus": "final",
