@@ -155,11 +155,8 @@ class FhirServer(Closing):
     def _answer(self, response: httpx.Response, deadline: Deadline, operation: str, read_answer: bool) -> Answer:
         if not read_answer:
             return Answer(response, b"")
-        limit, hint = self._max_answer_bytes, TOO_LARGE_ANSWER_HINT
-        return Answer(
-            response,
-            read_bounded(response, limit, operation=operation, service=SERVICE_NAME, hint=hint, deadline=deadline),
-        )
+        where = {"operation": operation, "service": SERVICE_NAME, "deadline": deadline}
+        return Answer(response, read_bounded(response, self._max_answer_bytes, hint=TOO_LARGE_ANSWER_HINT, **where))
 
 
 @dataclass(frozen=True)
@@ -173,9 +170,8 @@ class Answer:
 def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionRejected:
     """The rejection of a transaction the server answered with 4xx/5xx; names the entry when the server did."""
     texts = operation_outcome_texts(answer.body)
-    outcome = "; ".join(texts)
     match = next((m for text in texts if (m := _ENTRY_NUMBER.search(text))), None)
-    failed_entry, outcome = int(match.group(1)) if match else None, truncate(outcome, MAX_MESSAGE_CHARS)
+    failed_entry, outcome = int(match.group(1)) if match else None, truncate("; ".join(texts), MAX_MESSAGE_CHARS)
     return TransactionRejected(
         answer, error.message, transient=error.transient, failed_entry=failed_entry, outcome=outcome
     )
