@@ -87,7 +87,6 @@ def safe_file_name(url: str, compress: bool) -> str:
 def target_names(urls: Iterable[str], compress: bool, max_files: int = DEFAULT_MAX_FILES) -> dict[str, str]:
     """URL -> file name in ``import/``; two URLs that would land on one name are an error, never an overwrite,
     and so are more than ``max_files`` URLs (services.extractor.max_result_files)."""
-    names: dict[str, str] = {}
     owners: dict[str, str] = {}
     for count, url in enumerate(urls, start=1):
         if count > max_files:
@@ -101,8 +100,8 @@ def target_names(urls: Iterable[str], compress: bool, max_files: int = DEFAULT_M
                 f"{shown_url(owners[name])} and {shown_url(url)} would both be saved as {name}; "
                 "the server listed two files with the same name"
             )
-        owners[name], names[url] = url, name
-    return names
+        owners[name] = url
+    return {url: name for name, url in owners.items()}
 
 
 def wait_until_available(
