@@ -267,10 +267,6 @@ class CompiledView:
         """How errors name the view: its ``name``, else its ``title``, else its resource type."""
         return str(self.definition.get("name") or self.definition.get("title") or self.resource)
 
-    def row_dicts(self, resource: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        for row in self.rows(resource):
-            yield dict(zip(self.columns, row, strict=True))
-
     def _passes(self, focus: Focus, env: dict[str, Any]) -> bool:
         for path, evaluate in self.where:
             try:
