@@ -211,11 +211,8 @@ class _Writer:
         if once and (value, at, indent) in self.checked:
             return
         self.checked.add((value, at, indent))
-        planned = self.constant(at)
-        self.emit(
-            indent,
-            f"if type({value}) is not dict or 'resourceType' in {value} and {value}['resourceType'] != {planned}:",
-        )
+        other = f"'resourceType' in {value} and {value}['resourceType'] != {self.constant(at)}"
+        self.emit(indent, f"if type({value}) is not dict or {other}:")
         self.emit(indent + 1, IRREGULAR)
 
 

@@ -66,9 +66,7 @@ class LineChecker:
         self._source = source
         self._lines = LineSplitter(source, max_line_bytes)
         self._parser = simdjson.Parser()
-        self.resources = 0
-        self.bundles = 0
-        self.bundled = 0
+        self.resources = self.bundles = self.bundled = 0
 
     @property
     def lines(self) -> int:
