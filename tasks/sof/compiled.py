@@ -241,13 +241,10 @@ def _row_reader(columns: list[Column]) -> Value:
 
 def _single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:
     """Each column's JSON key where every column is a single-valued path of one member at focus type ``path``."""
-    keys = []
-    for column in columns:
-        plan = column_plan(column, path)
-        if plan is None or not plan.single:
-            return None
-        keys.append(plan.key)
-    return tuple(keys)
+    plans = [column_plan(column, path) for column in columns]
+    if all(plan is not None and plan.single for plan in plans):
+        return tuple(plan.key for plan in plans)
+    return None
 
 
 def column_value(column: Column) -> Value:

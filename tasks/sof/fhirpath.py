@@ -72,9 +72,7 @@ def compile_path(expression: str) -> Compiled:
     if not isinstance(expression, str) or not expression.strip():
         raise FhirPathError(f"expected a FHIRPath expression, got {expression!r}")
     steps = member_steps(expression)
-    if steps is not None:
-        return MemberPath(expression, steps)
-    return _interpreted(expression)
+    return _interpreted(expression) if steps is None else MemberPath(expression, steps)
 
 
 def plain(value: Any) -> Any:
