@@ -331,7 +331,10 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
     row_index = [c.path.strip() == ROW_INDEX for c in select.columns]
     select.null_row = tuple(0 if is_index else None for is_index in row_index)
     select.null_row += (None,) * (len(select.names) - len(row_index))
-    _merge_single_rows(select)
+    # Nested selects that give one row at any focus (columns only: no iteration, nothing nested), ahead of any other,
+    # joined to the select's own columns: the same rows (names and null row are set by now), fewer products.
+    while select.selects and _single_row(select.selects[0]):
+        select.columns += select.selects.pop(0).columns
     return select
 
 
@@ -364,13 +367,6 @@ def _compile_union(spec: Any, where: str, variables: set[str], depth: int) -> li
                 "branch must have the same columns in the same order"
             )
     return union
-
-
-def _merge_single_rows(select: Select) -> None:
-    """Nested selects that give one row at any focus (columns only: no iteration, nothing nested), ahead of any
-    other, joined to the select's own columns: the same rows (names and null row are set before), fewer products."""
-    while select.selects and _single_row(select.selects[0]):
-        select.columns += select.selects.pop(0).columns
 
 
 def _single_row(select: Select) -> bool:
