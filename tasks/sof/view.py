@@ -223,9 +223,8 @@ class CompiledView:
     reads, or is shaped otherwise), for views without ``where`` in the generated subset (``resources.read_rows``)"""
 
     def rows(self, resource: dict[str, Any]) -> Iterable[tuple]:
-        """The resource's rows (none if it is of another type or a ``where`` path is not true): a list or tuple
-        when they are few, else an iterator producing them as they are read. An error names the view and the
-        resource."""
+        """The resource's rows (none if it is of another type or a ``where`` path is not true): a list or tuple when
+        few, else an iterator producing them as they are read; an error names the view and the resource."""
         if resource.get("resourceType") != self.resource:
             return ()
         try:
