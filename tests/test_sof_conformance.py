@@ -46,7 +46,7 @@ def run(view: dict[str, Any], resources: list[dict[str, Any]], way: str) -> list
         lines = enumerate(map(json_bytes, resources), 1)
         return [dict(zip(compiled.columns, row, strict=True)) for row in read_rows(compiled, "suite", lines)]
     compiled = in_one_way(compile_view(view), way)
-    return [row for resource in resources for row in compiled.row_dicts(resource)]
+    return [dict(zip(compiled.columns, row, strict=True)) for resource in resources for row in compiled.rows(resource)]
 
 
 def canonical(rows: list[dict[str, Any]]) -> list[str]:

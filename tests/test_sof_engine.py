@@ -15,11 +15,11 @@ from tasks.sof.view import compile_view
 from tasks.sof import compiled_code
 from tasks.sof.compiled_code import generated_rows
 from tasks.sof.errors import ViewEvaluationError
-from tasks.sof.fhirpath import Item, _interpreted, compile_path, values
+from tasks.sof.fhirpath import _interpreted, compile_path
 from tasks.sof.output import ROWS_PER_BATCH, CsvWriter, csv_cells
-from tasks.sof.resources import may_hold, read_resources
+from tasks.sof.resources import may_hold
 from tasks.sof.view import CACHED_ROWS
-from tests.support.sof import PATIENTS, WAYS, column_values, in_one_way
+from tests.support.sof import PATIENTS, WAYS, column_values, in_one_way, path_values, read_resources
 
 
 @pytest.mark.parametrize("path", ["name.given.join(', ')", "name.given.join()", "(name.given).join(', ')"])
@@ -71,8 +71,7 @@ CONTAINED = {
     ],
 )
 def test_member_paths_the_data_decides_agree_with_the_interpreter(path):
-    focus = Item(CONTAINED, "Patient")
-    assert values(compile_path(path)(focus, {})) == values(_interpreted(path)(focus, {}))
+    assert path_values(compile_path(path), CONTAINED) == path_values(_interpreted(path), CONTAINED)
 
 
 def test_rows_written_in_batches_are_the_same_bytes():

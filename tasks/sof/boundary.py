@@ -122,5 +122,4 @@ def _time(text: str, precision: int | None, high: bool) -> str | None:
     second = second or ("59" if high else "00")
     if precision is None or precision == 9:
         return f"{hour}:{minute}:{second}.{_milliseconds(fraction, high)}"
-    cuts = {2: hour, 4: f"{hour}:{minute}", 6: f"{hour}:{minute}:{second}"}
-    return cuts.get(precision)
+    return {2: hour, 4: f"{hour}:{minute}", 6: f"{hour}:{minute}:{second}"}.get(precision)

@@ -183,8 +183,9 @@ def _rows_at(select: Select, limit: int) -> RowsAt:
     """The product of the select's own columns, its nested selects' rows and its unionAll branches' rows."""
     read = _row_reader(select.columns)
     parts = [compile_rows(nested, limit) for nested in select.selects]
-    if select.union:
-        parts.append(_concatenated([compile_rows(branch, limit) for branch in select.union], limit))
+    if select.union:  # the branches' rows one after the other
+        branches = [compile_rows(branch, limit) for branch in select.union]
+        parts.append(lambda data, path, env: _joined((branch(data, path, env) for branch in branches), limit))
     if not parts:
         return lambda data, path, env: [read(data, path, env)]
 
@@ -206,10 +207,6 @@ def _rows_at(select: Select, limit: int) -> RowsAt:
         return [row] if rows is None else rows
 
     return rows_at
-
-
-def _concatenated(branches: list[RowsAt], limit: int) -> RowsAt:
-    return lambda data, path, env: _joined((branch(data, path, env) for branch in branches), limit)
 
 
 def _joined(parts: Iterable[Rows], limit: int) -> Rows:
@@ -244,13 +241,10 @@ def _row_reader(columns: list[Column]) -> Value:
 
 def _single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:
     """Each column's JSON key where every column is a single-valued path of one member at focus type ``path``."""
-    keys = []
-    for column in columns:
-        plan = column_plan(column, path)
-        if plan is None or not plan.single:
-            return None
-        keys.append(plan.key)
-    return tuple(keys)
+    plans = [column_plan(column, path) for column in columns]
+    if all(plan is not None and plan.single for plan in plans):
+        return tuple(plan.key for plan in plans)
+    return None
 
 
 def column_value(column: Column) -> Value:

@@ -211,11 +211,8 @@ class _Writer:
         if once and (value, at, indent) in self.checked:
             return
         self.checked.add((value, at, indent))
-        planned = self.constant(at)
-        self.emit(
-            indent,
-            f"if type({value}) is not dict or 'resourceType' in {value} and {value}['resourceType'] != {planned}:",
-        )
+        other = f"'resourceType' in {value} and {value}['resourceType'] != {self.constant(at)}"
+        self.emit(indent, f"if type({value}) is not dict or {other}:")
         self.emit(indent + 1, IRREGULAR)
 
 
@@ -248,10 +245,6 @@ def member_plan(evaluate: Any, path: str | None) -> Plan | None:
     if not isinstance(evaluate, MemberPath) or evaluate.function is not None:
         return None
     plan = evaluate.plan(path)
-    if (
-        plan is None
-        or plan.counted
-        or any(kind not in ("member", "where") or not key for kind, key, _, _ in plan.operations)
-    ):
+    if plan is None or plan.counted:
         return None
-    return plan
+    return plan if all(kind in ("member", "where") and key for kind, key, _, _ in plan.operations) else None

@@ -1,7 +1,7 @@
 """FHIRPath for ViewDefinitions: each expression compiled once, plain member paths without the interpreter.
 
-``compile_path`` turns an expression into a callable ``(focus, env) -> list[Item]``. An ``Item`` is the element's
-data plus its FHIR type path (``Patient.name``, ``HumanName``), so that later expressions still resolve choice types
+``compile_path`` turns an expression into one whose ``collect(data, type path, env)`` gives the values and their FHIR
+type paths (``Patient.name``, ``HumanName``), so that later expressions still resolve choice types
 (``value.ofType(Quantity)``) as fhirpathpy does with its R4 model. Two ways to evaluate:
 - **member paths** (``code.coding``, ``name.first().given``, ``value.ofType(Quantity).value``, ``$this``) are walked
   directly over the JSON with fhirpathpy's navigation rules: most paths of real views, a few microseconds each;
@@ -68,18 +68,11 @@ Env = Mapping[str, Any]
 
 
 def compile_path(expression: str) -> Compiled:
-    """The expression as a callable over one focus item; raises ``FhirPathError`` when it does not parse."""
+    """The expression compiled (see the module doc); raises ``FhirPathError`` when it does not parse."""
     if not isinstance(expression, str) or not expression.strip():
         raise FhirPathError(f"expected a FHIRPath expression, got {expression!r}")
     steps = member_steps(expression)
-    if steps is not None:
-        return MemberPath(expression, steps)
-    return _interpreted(expression)
-
-
-def values(items: list[Item]) -> list[Any]:
-    """The plain values of a result (FHIRPath system types as their text)."""
-    return [plain(item.data) for item in items]
+    return _interpreted(expression) if steps is None else MemberPath(expression, steps)
 
 
 def plain(value: Any) -> Any:
@@ -161,10 +154,6 @@ class MemberPath:
         self.fallback = _interpreted(expression) if self.function else None
         self.plans: dict[str | None, Plan | None] = {}
 
-    def __call__(self, focus: Item, env: Env) -> list[Item]:
-        found, paths = self.collect(focus.data, focus.path, env)
-        return items_of(found, paths)
-
     def plan(self, path: str | None) -> Plan | None:
         """The path's plan for focus type ``path`` (made once per type), None where the data decides the types."""
         try:
@@ -196,12 +185,6 @@ Paths = str | None | list
 
 def data_and_paths(items: list[Item]) -> tuple[list, list]:
     return [item.data for item in items], [item.path for item in items]
-
-
-def items_of(found: list, paths: Paths) -> list[Item]:
-    if isinstance(paths, list):
-        return [Item(value, path) for value, path in zip(found, paths, strict=True)]
-    return [Item(value, paths) for value in found]
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,12 +88,8 @@ def bare_routes(path: Path, max_line_bytes: int) -> dict[str, set[str]]:
 
 
 def routes_json(routes: dict[str, set[str]]) -> bytes:
-    """Routes as JSON (each resource's groups sorted), for ``load_routes``."""
+    """Routes as JSON (each resource's groups sorted), for ``routes_of``."""
     return json.dumps({key: sorted(groups) for key, groups in routes.items()}).encode()
-
-
-def load_routes(path: Path) -> dict[str, set[str]]:
-    return {key: set(groups) for key, groups in json.loads(path.read_bytes()).items()}
 
 
 class Engine(Protocol):
@@ -331,7 +327,7 @@ def routes_of(plan: FilePlan) -> dict[str, set[str]]:
     if not plan.by_provenance:
         return {}
     if plan.routes_file:
-        return load_routes(Path(plan.routes_file))
+        return {key: set(groups) for key, groups in json.loads(Path(plan.routes_file).read_bytes()).items()}
     return bare_routes(Path(plan.source), plan.max_line_bytes)
 
 

@@ -18,13 +18,8 @@ from typing import IO, Any
 import orjson
 
 
-class CsvDialect(csv.Dialect):
-    delimiter = ","
-    quotechar = '"'
-    doublequote = True
-    skipinitialspace = False
-    lineterminator = "\n"
-    quoting = csv.QUOTE_MINIMAL
+class CsvDialect(csv.excel):
+    lineterminator = "\n"  # otherwise excel's: RFC 4180 quoting, minimal
 
 
 _NEEDS_QUOTES = (",", '"', "\n", "\r")

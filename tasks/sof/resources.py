@@ -63,22 +63,12 @@ def may_hold(line: bytes, types: frozenset[bytes]) -> bool:
     return any(kind in types or kind == b"Bundle" for kind in named)
 
 
-def read_resources(
-    source: Path | str, lines: Iterable[tuple[int, bytes]], types: Iterable[str]
-) -> Iterator[dict[str, Any]]:
-    """The resources of ``lines`` (numbered, as ``tasks.streams.ndjson.iter_lines`` gives them), except those of lines
-    that hold no resource of ``types`` (see ``may_hold``): such lines are passed over unparsed and unchecked."""
-    wanted = frozenset(kind.encode() for kind in types)
-    for number, line in lines:
-        if may_hold(line, wanted):
-            yield from line_resources(parse_line(source, number, line))
-
-
 def read_rows(view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]]) -> Iterator[tuple]:
-    """The rows of a ``tasks.sof.view.CompiledView`` over ``lines`` (numbered) as ``read_resources`` and
-    ``view.rows`` give them. A line that opens as a resource of the view's type, as compact JSON writers write it, is
-    parsed by orjson alone (no search for decimals) and given to ``view.parsed_rows``; a line it does not take (a
-    decimal a column reads, data of another shape, too many rows, not JSON) is read again the general way."""
+    """The rows of a ``tasks.sof.view.CompiledView`` over ``lines`` (numbered, as ``tasks.streams.ndjson.iter_lines``
+    gives them) as ``view.rows`` gives them; lines that hold no resource of its type (``may_hold``) are passed over
+    unparsed. A line that opens as a resource of the view's type, as compact JSON writers write it, is parsed by orjson
+    alone (no search for decimals) and given to ``view.parsed_rows``; a line it does not take (a decimal a column
+    reads, data of another shape, too many rows, not JSON) is read again the general way."""
     opening = b'{"resourceType":' + orjson.dumps(view.resource)
     fast, most, wanted = view.parsed_rows, view.max_rows_per_resource, frozenset([view.resource.encode()])
     for number, line in lines:

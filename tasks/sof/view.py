@@ -223,9 +223,8 @@ class CompiledView:
     reads, or is shaped otherwise), for views without ``where`` in the generated subset (``resources.read_rows``)"""
 
     def rows(self, resource: dict[str, Any]) -> Iterable[tuple]:
-        """The resource's rows (none if it is of another type or a ``where`` path is not true): a list or tuple
-        when they are few, else an iterator producing them as they are read. An error names the view and the
-        resource."""
+        """The resource's rows (none if it is of another type or a ``where`` path is not true): a list or tuple when
+        few, else an iterator producing them as they are read; an error names the view and the resource."""
         if resource.get("resourceType") != self.resource:
             return ()
         try:
@@ -266,10 +265,6 @@ class CompiledView:
     def name(self) -> str:
         """How errors name the view: its ``name``, else its ``title``, else its resource type."""
         return str(self.definition.get("name") or self.definition.get("title") or self.resource)
-
-    def row_dicts(self, resource: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        for row in self.rows(resource):
-            yield dict(zip(self.columns, row, strict=True))
 
     def _passes(self, focus: Focus, env: dict[str, Any]) -> bool:
         for path, evaluate in self.where:
@@ -335,7 +330,10 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
     row_index = [c.path.strip() == ROW_INDEX for c in select.columns]
     select.null_row = tuple(0 if is_index else None for is_index in row_index)
     select.null_row += (None,) * (len(select.names) - len(row_index))
-    _merge_single_rows(select)
+    # Nested selects that give one row at any focus (columns only: no iteration, nothing nested), ahead of any other,
+    # joined to the select's own columns: the same rows (names and null row are set by now), fewer products.
+    while select.selects and _single_row(select.selects[0]):
+        select.columns += select.selects.pop(0).columns
     return select
 
 
@@ -368,13 +366,6 @@ def _compile_union(spec: Any, where: str, variables: set[str], depth: int) -> li
                 "branch must have the same columns in the same order"
             )
     return union
-
-
-def _merge_single_rows(select: Select) -> None:
-    """Nested selects that give one row at any focus (columns only: no iteration, nothing nested), ahead of any
-    other, joined to the select's own columns: the same rows (names and null row are set before), fewer products."""
-    while select.selects and _single_row(select.selects[0]):
-        select.columns += select.selects.pop(0).columns
 
 
 def _single_row(select: Select) -> bool:

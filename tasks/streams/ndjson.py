@@ -301,9 +301,8 @@ def blank_lines_at(chunk: bytes, start: int) -> tuple[int, int]:
 
 
 def first_non_blank(chunk: bytes, start: int) -> int:
-    """The offset of the first byte from ``start`` that is not whitespace (``len(chunk)`` if none). Looks through
-    windows growing fourfold, so that the work follows the blank run, not what comes after it (``re`` is ten times
-    slower at this)."""
+    """The offset of the first non-whitespace byte from ``start`` (``len(chunk)`` if none), looked for in windows
+    growing fourfold, so that the work follows the blank run, not what comes after it (``re`` is ten times slower)."""
     window = 256
     while start < len(chunk):
         end = min(start + window, len(chunk))

@@ -66,9 +66,7 @@ class LineChecker:
         self._source = source
         self._lines = LineSplitter(source, max_line_bytes)
         self._parser = simdjson.Parser()
-        self.resources = 0
-        self.bundles = 0
-        self.bundled = 0
+        self.resources = self.bundles = self.bundled = 0
 
     @property
     def lines(self) -> int:
@@ -91,8 +89,11 @@ class LineChecker:
             ) from None
 
     def _check_line(self, line: bytes) -> None:
-        if not self._is_resource(line):
-            self._count_bundle(parse_resource(self._source, self.lines, line))
+        if not self._is_resource(line):  # parse_resource raises, or a Bundle is counted from its parse
+            resource = parse_resource(self._source, self.lines, line)
+            if resource["resourceType"] == "Bundle":
+                entry = resource.get("entry")
+                self._add_bundle(len(entry) if type(entry) is list else 0)
         if len(line) > PARSER_KEPT_BYTES:  # simdjson's buffers grow to twice the largest line: give them back
             self._parser = simdjson.Parser()
         self.resources += 1
@@ -122,11 +123,6 @@ class LineChecker:
             return True
         finally:
             del document  # the parser cannot parse again while a proxy into its document is alive
-
-    def _count_bundle(self, resource: dict) -> None:
-        if resource["resourceType"] == "Bundle":
-            entry = resource.get("entry")
-            self._add_bundle(len(entry) if type(entry) is list else 0)
 
     def _add_bundle(self, entries: int) -> None:
         self.bundles += 1

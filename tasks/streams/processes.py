@@ -113,13 +113,6 @@ class WorkerPool:
                 self.executor = ProcessPoolExecutor(self.size, initializer=_start_worker, initargs=initargs)
         return self.executor.submit(function, *args)
 
-    def start(self, *modules: str) -> None:
-        """Start the workers now, importing ``modules``, unless they are started: work for them is on its way (a
-        large file arriving), and they take about half a second to be ready."""
-        if self.executor is None:
-            with suppress(RuntimeError):  # closed: nothing to start
-                self.submit(_import_modules, modules)
-
     def shutdown(self, wait: bool = True, kill_workers: bool = False) -> None:
         with self._lock:
             self._closed = True
@@ -149,9 +142,11 @@ def worker_pool(*preload: str, size: int | None = None) -> Iterator[WorkerPool]:
 
 
 def start_workers(*modules: str) -> None:
-    """``WorkerPool.start`` of the current pool, if one is open."""
-    if (pool := _current.get()) is not None:
-        pool.start(*modules)
+    """Start the workers of the current pool, if one is open, now, importing ``modules``, unless they are started:
+    work for them is on its way (a large file arriving), and they take about half a second to be ready."""
+    if (pool := _current.get()) is not None and pool.executor is None:
+        with suppress(RuntimeError):  # closed: nothing to start
+            pool.submit(_import_modules, modules)
 
 
 def run_in_process(

@@ -57,9 +57,8 @@ def input_pays_for_processes(paths: list[Path]) -> bool:
 
 
 def file_spans(path: Path, processes: int, min_bytes: int) -> list[Span]:
-    """The file whole, or cut at line starts (``line_spans``; a place to cut every ``min_bytes / 8``) into spans of
-    at least ``min_bytes`` of its content: one per process for a zstd file, ``PLAIN_SPANS_PER_PROCESS`` for a plain
-    one."""
+    """The file whole, or cut at line starts (``line_spans``, a place to cut every ``min_bytes / 8``) into spans of at
+    least ``min_bytes`` of content: per process one of a zstd file, ``PLAIN_SPANS_PER_PROCESS`` of a plain one."""
     most = processes * (1 if is_zstd(path) else PLAIN_SPANS_PER_PROCESS)
     spans = min(most, content_bytes(path, most * min_bytes) // min_bytes)
     return line_spans(path, spans, max(min_bytes // 8, 1)) if spans > 1 else [WHOLE_FILE]
@@ -67,8 +66,7 @@ def file_spans(path: Path, processes: int, min_bytes: int) -> list[Span]:
 
 def content_bytes(path: Path, enough: int) -> int:
     """The size of the file's content as read (decompressed), counted up to ``enough``: a plain file's size, or a zstd
-    file decompressed only that far (deciding how to split work needs no more, and a whole pass would cost as much
-    as reading the file)."""
+    file decompressed only that far (splitting work needs no more; a whole pass would cost as much as reading it)."""
     if not is_zstd(path):
         return path.stat().st_size
     counted = 0

@@ -669,7 +669,7 @@ def child_views(source: str, out: str) -> dict:
     from tasks.streams.ndjson import iter_lines
     from tasks.sof.view import compile_view
     from tasks.sof.output import CsvWriter
-    from tasks.sof.resources import read_resources
+    from tests.support.sof import read_resources
 
     path, folder = Path(source), Path(out)
     folder.mkdir(parents=True, exist_ok=True)

@@ -128,7 +128,11 @@ class FlattenerHandler(BaseHTTPRequestHandler):
         try:
             view, resources = read_parameters(body)
             compiled = compile_view(view)
-            rows = [row for resource in resources for row in compiled.row_dicts(resource)]
+            rows = [
+                dict(zip(compiled.columns, row, strict=True))
+                for resource in resources
+                for row in compiled.rows(resource)
+            ]
         except (ValueError, ViewError) as exc:
             return self._outcome(400, str(exc))
         with self.state.lock:

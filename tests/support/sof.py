@@ -1,11 +1,17 @@
-"""The SQL-on-FHIR engine's columns over a few sample resources, and a view run one of its three ways."""
+"""The SQL-on-FHIR engine's columns and FHIRPaths over a few sample resources, a view run one of its three ways, and
+the resources of NDJSON lines as the engine reads them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 from tasks.sof.compiled import compile_rows
 from tasks.sof.compiled_code import generated_rows
+from tasks.sof.fhirpath import Compiled, plain
+from tasks.sof.resources import line_resources, may_hold, parse_line
 from tasks.sof.view import CACHED_ROWS, CompiledView, compile_view
 
 PATIENTS = [
@@ -24,6 +30,11 @@ def column_values(path: str, resources: list[dict] = PATIENTS) -> list:
     return [row[0] for resource in resources for row in view.rows(resource)]
 
 
+def path_values(compiled: Compiled, resource: dict) -> list:
+    """The plain values (FHIRPath system types as their text) a compiled FHIRPath gives on ``resource``."""
+    return [plain(value) for value in compiled.collect(resource, resource["resourceType"], {})[0]]
+
+
 def in_one_way(view: CompiledView, way: str) -> CompiledView:
     """``view`` run only by its generated function, only by its closures, or only the general way. The general way
     stays where the other two give no rows: a view outside the generator's subset or reading ``%rowIndex``, data not
@@ -34,3 +45,14 @@ def in_one_way(view: CompiledView, way: str) -> CompiledView:
         return replace(view, compiled=compile_rows(view.root, CACHED_ROWS))
     generated = generated_rows(view.root, view.resource, CACHED_ROWS)
     return replace(view, compiled=None if generated is None else lambda data, path, env: generated(data))
+
+
+def read_resources(
+    source: Path | str, lines: Iterable[tuple[int, bytes]], types: Iterable[str]
+) -> Iterator[dict[str, Any]]:
+    """The resources of ``lines`` (numbered, as ``tasks.streams.ndjson.iter_lines`` gives them), except those of lines
+    that hold no resource of ``types`` (see ``may_hold``): such lines are passed over unparsed and unchecked."""
+    wanted = frozenset(kind.encode() for kind in types)
+    for number, line in lines:
+        if may_hold(line, wanted):
+            yield from line_resources(parse_line(source, number, line))
