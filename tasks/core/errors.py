@@ -40,7 +40,7 @@ also operation, HTTP status and transient or terminal), and the drawing of the w
     └── AutomationFileError             deployments.automations.apply
 
 Outside the tree on purpose (control flow caught before a user sees it): ``tasks.streams.fanout.Cancelled``,
-``tasks.clients.fhir_server._Refused``, ``config.yaml_file._DuplicateKeyError`` and ``config.yaml_file._UnusableBlock``.
+``config.yaml_file._DuplicateKeyError`` and ``config.yaml_file._UnusableBlock``.
 Import-light on purpose (no httpx, no Prefect): the command line and the job record use it.
 """
 
