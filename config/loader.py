@@ -125,8 +125,7 @@ def load_settings(
     register_secrets(settings)
     warnings += short_secret_warnings(settings)
     sources = _final_sources(raw_sources)
-    enrichments_path = settings.services.crtdl_preprocessing.enrichments_path
-    if enrichments_path is not None:
+    if (enrichments_path := settings.services.crtdl_preprocessing.enrichments_path) is not None:
         sources[ENRICHMENTS_KEY] = f"enrichment file {enrichments_path}"
     return LoadedConfig(settings=settings, sources=sources, warnings=warnings)
 
@@ -146,16 +145,11 @@ def cached_settings(config_path: str | None, overrides: Mapping[str, str]) -> Se
 
 def settings_identity(config_path: str | None, overrides: Mapping[str, str]) -> SettingsIdentity:
     """What the settings of ``config_path`` plus ``overrides`` depend on, without a secret: the file's path,
-    modification time and size, the sorted overrides and a digest of the APP_* environment. A key for caches of the
-    settings and of what is built from them (clients)."""
-    return config_path, file_identity(config_path), tuple(sorted(overrides.items())), app_environment_digest()
-
-
-def app_environment_digest() -> str:
-    """A digest of this process's APP_* variables (names and values): it tells that they changed, not what they
-    are."""
+    modification time and size, the sorted overrides and a digest of the APP_* variables (it tells that they
+    changed, not what they are). A key for caches of the settings and of what is built from them (clients)."""
     variables = sorted((name, value) for name, value in os.environ.items() if name.startswith(ENV_PREFIX))
-    return hashlib.sha256(repr(variables).encode()).hexdigest()[:16]
+    environment = hashlib.sha256(repr(variables).encode()).hexdigest()[:16]
+    return config_path, file_identity(config_path), tuple(sorted(overrides.items())), environment
 
 
 @lru_cache(maxsize=16)
