@@ -107,14 +107,8 @@ class StepInput(BaseModel):
 
     def result(self, files: list[DataFile], folder: Path | None = None, **summary: Any) -> StepResult:
         """The result of a step that wrote ``files`` into ``folder`` (default: its own folder)."""
-        folder = folder or self.output_dir
-        return StepResult(
-            step=self.step,
-            position=self.position,
-            folder=str(folder.relative_to(self.job_path)),
-            files=files,
-            summary=summary,
-        )
+        relative = str((folder or self.output_dir).relative_to(self.job_path))
+        return StepResult(step=self.step, position=self.position, folder=relative, files=files, summary=summary)
 
     def record_facts(self, **facts: Any) -> None:
         """Add facts to the job record (``job.json``) now, e.g. the extraction handle as soon as it is known."""
