@@ -192,14 +192,12 @@ def _s3_send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]
         if getattr(send.s3, key) is None
     ]
     if send.auth.uses_oauth:
-        problems.append(
-            (
-                "services.send.auth",
-                "OAuth 2.0 is not supported with send_as s3_upload, where the auth "
-                "block only carries proxy Basic Auth (username, password); remove the oauth_* keys (the "
-                "bucket itself uses services.send.s3.access_key_id/secret_access_key)",
-            )
+        message = (
+            "OAuth 2.0 is not supported with send_as s3_upload, where the auth block only carries proxy Basic Auth "
+            "(username, password); remove the oauth_* keys (the bucket itself uses "
+            "services.send.s3.access_key_id/secret_access_key)"
         )
+        problems.append(("services.send.auth", message))
     if send.auth.api_key is not None:
         emit_warning(info, "services.send.auth.api_key is ignored with send_as s3_upload; remove it")
     if send.url is not None:
