@@ -61,36 +61,31 @@ def extractor(step: StepInput) -> StepResult:
 @file_task("download-result-file", "download[{name}]")
 def download_result_file(step: StepInput, url: str, name: str, needs_token: bool = False) -> DataFile:
     """One result file; ``needs_token``: the manifest said requiresAccessToken (credentials to approved origins)."""
+    settings = settings_of(step)
+    extractor_settings = settings.services.extractor
     with download_client(step, needs_token) as client:
         if needs_token:
             client.trust_file_origins([url])
-        return download_with(client, step, url, name)
+        checks, interval = extractor_settings.file_ready_retries, extractor_settings.file_ready_interval
+        wait_until_available(client.http, url, checks=checks, interval=interval)
+        raise_if_cancelled()  # an interrupted run starts no new file
+        with track(f"download {name}") as progress:
 
+            def on_bytes(amount: int) -> None:
+                raise_if_cancelled()
+                progress.advance(amount)
 
-def download_with(client: ExtractionServerClient, step: StepInput, url: str, name: str) -> DataFile:
-    settings = settings_of(step)
-    extractor_settings = settings.services.extractor
-    wait_until_available(
-        client.http, url, checks=extractor_settings.file_ready_retries, interval=extractor_settings.file_ready_interval
-    )
-    raise_if_cancelled()  # an interrupted run starts no new file
-    with track(f"download {name}") as progress:
-
-        def on_bytes(amount: int) -> None:
-            raise_if_cancelled()
-            progress.advance(amount)
-
-        stats = download_ndjson(
-            client.http,
-            url,
-            step.output_dir / name,
-            **ndjson_written(settings),
-            stall_timeout=extractor_settings.download_stall_timeout,
-            retry=settings.retry,
-            on_bytes=on_bytes,
-            on_total=progress.set_total,
-            stop_if_cancelled=raise_if_cancelled,
-        )
+            stats = download_ndjson(
+                client.http,
+                url,
+                step.output_dir / name,
+                **ndjson_written(settings),
+                stall_timeout=extractor_settings.download_stall_timeout,
+                retry=settings.retry,
+                on_bytes=on_bytes,
+                on_total=progress.set_total,
+                stop_if_cancelled=raise_if_cancelled,
+            )
     return DataFile.written(name, stats)
 
 
