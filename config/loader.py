@@ -176,10 +176,8 @@ def _display(value: Any) -> str:
 
 
 def effective_config_rows(loaded: LoadedConfig) -> list[tuple[str, str, str]]:
-    """(dotted key, display value, source) for every leaf key; secrets show as ******** when set.
-
-    The enrichments row shows the effective rules, inline or read from enrichments_path.
-    """
+    """(dotted key, display value, source) for every leaf key; secrets show as ******** when set, the enrichments
+    as the effective rules (inline or read from enrichments_path)."""
     return [
         (path, _display(value_at(loaded.settings, path)), loaded.sources.get(path, "default")) for path in leaf_paths()
     ]
