@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from uuid import UUID
 
 from prefect import get_run_logger
@@ -35,7 +34,7 @@ from tasks.streams.ndjson import remove_partial_files
 from tasks.streams.processes import worker_pool
 from tasks.streams.progress import expect_files, track
 from tasks.core.readable import CLI
-from tasks.job.record import read_facts
+from tasks.job.record import now_iso, read_facts
 
 # Files downloaded at once. TORCH serves them from a static file server; 4 keeps a 1 Gbit/s link busy
 # without crowding the server (its own batch concurrency default is 4 as well).
@@ -150,9 +149,7 @@ def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> 
     crtdl_path = step.crtdl_path
     if crtdl_path is None:
         raise ExtractionError("the extractor step needs a CRTDL file (or a complete result URL) as the job input")
-    step.record_facts(
-        extraction_submission={"generation": generation, "started_at": datetime.now(UTC).isoformat(timespec="seconds")}
-    )
+    step.record_facts(extraction_submission={"generation": generation, "started_at": now_iso()})
     handle = client.submit(crtdl_path.read_bytes())
     record_handle(step, handle, generation)
     get_run_logger().info("extraction submitted: job %s, status %s", handle.job_id, handle.status_url)
