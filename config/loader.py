@@ -254,7 +254,6 @@ def register_secrets(settings: Settings) -> None:
         value = value_at(settings, path)
         if isinstance(value, SecretStr):
             register_secret(value.get_secret_value())
-    services = settings.services
-    for auth in (services.extractor.auth, services.pseudonymizer.auth, services.send.auth):
+    for auth in (settings.services.extractor.auth, settings.services.pseudonymizer.auth, settings.services.send.auth):
         if auth.username is not None and auth.password is not None:
             register_basic_credentials(auth.username, auth.password.get_secret_value())

@@ -140,8 +140,7 @@ def settings_of(step: StepInput) -> Settings:
 
 def digest(value: Any) -> str:
     """A short, stable digest of any JSON-serialisable value (for cache keys)."""
-    encoded = json.dumps(value, sort_keys=True, default=str).encode()
-    return hashlib.sha256(encoded).hexdigest()[:20]
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 def job_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
