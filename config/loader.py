@@ -217,8 +217,7 @@ def refuse_secret_overrides(overrides: Mapping[str, str], source: str) -> None:
     """Refuse secret keys among parameter overrides, which are stored with the job (job.json, Prefect's
     flow-run parameters); ``source`` names where they came from ("--set", "the deployment's overrides
     parameter"). Call it before anything else looks at the overrides."""
-    secret = sorted(key for key in overrides if key in secret_key_paths())
-    if secret:
+    if secret := sorted(key for key in overrides if key in secret_key_paths()):
         raise ConfigError(
             [
                 f"{key} (in {source}): is a secret and cannot be given in {source}, which is stored with the job; "

@@ -30,8 +30,7 @@ MAX_LISTED_UNKNOWN_STEPS = 5
 def _step_name_problems(steps: list[str]) -> list[Problem]:
     problems: list[Problem] = []
     counts = Counter(steps)
-    unknown = [step for step in counts if step not in STEP_NAMES and step not in REMOVED_STEPS]
-    if unknown:
+    if unknown := [step for step in counts if step not in STEP_NAMES and step not in REMOVED_STEPS]:
         shown = ", ".join(f"'{step}'" for step in unknown[:MAX_LISTED_UNKNOWN_STEPS])
         more = f" and {len(unknown) - MAX_LISTED_UNKNOWN_STEPS} more" if len(unknown) > MAX_LISTED_UNKNOWN_STEPS else ""
         problems.append(("", f"unknown step {shown}{more}; valid steps are {', '.join(STEP_NAMES)}"))

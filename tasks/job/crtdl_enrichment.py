@@ -54,8 +54,7 @@ def enrich_crtdl(crtdl: Json, rules: Iterable[EnrichmentRule]) -> tuple[Json, li
 
 def _groups_for(crtdl: Json, rule: EnrichmentRule, warnings: list[str]) -> list[Json]:
     """The groups a rule enriches: the existing ones, a newly created one, or none (with a warning)."""
-    groups = _groups_with_reference(_existing_groups(crtdl), rule.group_reference)
-    if groups:
+    if groups := _groups_with_reference(_existing_groups(crtdl), rule.group_reference):
         return groups
     if rule.create_if_not_exists is None:
         warnings.append(
