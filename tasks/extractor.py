@@ -34,7 +34,7 @@ from tasks.streams.ndjson import remove_partial_files
 from tasks.streams.processes import worker_pool
 from tasks.streams.progress import expect_files, track
 from tasks.core.readable import CLI
-from tasks.job.record import now_iso, read_facts
+from tasks.job.record import now_iso, read_facts, record_facts
 
 # Files downloaded at once. TORCH serves them from a static file server; 4 keeps a 1 Gbit/s link busy
 # without crowding the server (its own batch concurrency default is 4 as well).
@@ -149,7 +149,7 @@ def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> 
     crtdl_path = step.crtdl_path
     if crtdl_path is None:
         raise ExtractionError("the extractor step needs a CRTDL file (or a complete result URL) as the job input")
-    step.record_facts(extraction_submission={"generation": generation, "started_at": now_iso()})
+    record_facts(step.job_path, extraction_submission={"generation": generation, "started_at": now_iso()})
     handle = client.submit(crtdl_path.read_bytes())
     record_handle(step, handle, generation)
     get_run_logger().info("extraction submitted: job %s, status %s", handle.job_id, handle.status_url)
@@ -157,7 +157,8 @@ def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> 
 
 
 def record_handle(step: StepInput, handle: ExtractionHandle, generation: int) -> None:
-    step.record_facts(
+    record_facts(
+        step.job_path,
         extraction_status_url=handle.status_url,
         extraction_job_id=handle.job_id,
         extraction_generation=generation,
@@ -198,7 +199,7 @@ def wait_for_result(
             fresh_submissions += 1
             logger.warning("%s; submitting the extraction again (%d of %d)", exc, fresh_submissions, attempts)
             generation = int(read_facts(step.job_path).get("extraction_generation", 0)) + 1
-            step.record_facts(extraction_status_url=None, extraction_job_id=None)
+            record_facts(step.job_path, extraction_status_url=None, extraction_job_id=None)
             handle = submit(step, client, generation)
             continue
         reporter.finish(len(urls))

@@ -30,7 +30,7 @@ from tasks.core.redaction import redact
 from tasks.job.layout import JobPaths, step_artifact_key, step_folder
 from tasks.streams.progress import StepWork, step_progress
 from tasks.streams.ndjson import FileStats
-from tasks.job.record import FileEntry, StepRecord, record_facts
+from tasks.job.record import FileEntry, StepRecord
 
 R = TypeVar("R")
 C = TypeVar("C", bound=Callable[..., Any])
@@ -109,10 +109,6 @@ class StepInput(BaseModel):
         """The result of a step that wrote ``files`` into ``folder`` (default: its own folder)."""
         relative = str((folder or self.output_dir).relative_to(self.job_path))
         return StepResult(step=self.step, position=self.position, folder=relative, files=files, summary=summary)
-
-    def record_facts(self, **facts: Any) -> None:
-        """Add facts to the job record (``job.json``) now, e.g. the extraction handle as soon as it is known."""
-        record_facts(self.job_path, **facts)
 
     def cache_identity(self) -> dict[str, Any]:
         """What a step's (and its files') results depend on: its input, not the facts the job learns as it runs
