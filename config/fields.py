@@ -35,7 +35,6 @@ def env_var_name(key_path: str) -> str:
 
 
 def join_key_path(*parts: str) -> str:
-    """Join key path fragments with dots, skipping empty ones."""
     return ".".join(part for part in parts if part)
 
 
@@ -47,7 +46,6 @@ def raise_problems(problems: list[Problem]) -> None:
 
 
 def raise_problem(path: str, message: str) -> NoReturn:
-    """Raise one problem, as raise_problems does."""
     summary = f"{path}: {message}" if path else message
     raise PydanticCustomError("config_rule", "{summary}", {"summary": summary, "problems": [(path, message)]})
 

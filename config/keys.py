@@ -53,7 +53,6 @@ def secret_key_paths() -> frozenset[str]:
 
 @cache
 def settable_paths() -> frozenset[str]:
-    """The current and the deprecated keys."""
     return frozenset(leaf_paths()) | frozenset(legacy_key_paths())
 
 

@@ -125,8 +125,7 @@ def load_settings(
     register_secrets(settings)
     warnings += short_secret_warnings(settings)
     sources = _final_sources(raw_sources)
-    enrichments_path = settings.services.crtdl_preprocessing.enrichments_path
-    if enrichments_path is not None:
+    if (enrichments_path := settings.services.crtdl_preprocessing.enrichments_path) is not None:
         sources[ENRICHMENTS_KEY] = f"enrichment file {enrichments_path}"
     return LoadedConfig(settings=settings, sources=sources, warnings=warnings)
 
@@ -146,16 +145,11 @@ def cached_settings(config_path: str | None, overrides: Mapping[str, str]) -> Se
 
 def settings_identity(config_path: str | None, overrides: Mapping[str, str]) -> SettingsIdentity:
     """What the settings of ``config_path`` plus ``overrides`` depend on, without a secret: the file's path,
-    modification time and size, the sorted overrides and a digest of the APP_* environment. A key for caches of the
-    settings and of what is built from them (clients)."""
-    return config_path, file_identity(config_path), tuple(sorted(overrides.items())), app_environment_digest()
-
-
-def app_environment_digest() -> str:
-    """A digest of this process's APP_* variables (names and values): it tells that they changed, not what they
-    are."""
+    modification time and size, the sorted overrides and a digest of the APP_* variables (it tells that they
+    changed, not what they are). A key for caches of the settings and of what is built from them (clients)."""
     variables = sorted((name, value) for name, value in os.environ.items() if name.startswith(ENV_PREFIX))
-    return hashlib.sha256(repr(variables).encode()).hexdigest()[:16]
+    environment = hashlib.sha256(repr(variables).encode()).hexdigest()[:16]
+    return config_path, file_identity(config_path), tuple(sorted(overrides.items())), environment
 
 
 @lru_cache(maxsize=16)
@@ -182,10 +176,8 @@ def _display(value: Any) -> str:
 
 
 def effective_config_rows(loaded: LoadedConfig) -> list[tuple[str, str, str]]:
-    """(dotted key, display value, source) for every leaf key; secrets show as ******** when set.
-
-    The enrichments row shows the effective rules, inline or read from enrichments_path.
-    """
+    """(dotted key, display value, source) for every leaf key; secrets show as ******** when set, the enrichments
+    as the effective rules (inline or read from enrichments_path)."""
     return [
         (path, _display(value_at(loaded.settings, path)), loaded.sources.get(path, "default")) for path in leaf_paths()
     ]
@@ -225,8 +217,7 @@ def refuse_secret_overrides(overrides: Mapping[str, str], source: str) -> None:
     """Refuse secret keys among parameter overrides, which are stored with the job (job.json, Prefect's
     flow-run parameters); ``source`` names where they came from ("--set", "the deployment's overrides
     parameter"). Call it before anything else looks at the overrides."""
-    secret = sorted(key for key in overrides if key in secret_key_paths())
-    if secret:
+    if secret := sorted(key for key in overrides if key in secret_key_paths()):
         raise ConfigError(
             [
                 f"{key} (in {source}): is a secret and cannot be given in {source}, which is stored with the job; "
@@ -262,7 +253,6 @@ def register_secrets(settings: Settings) -> None:
         value = value_at(settings, path)
         if isinstance(value, SecretStr):
             register_secret(value.get_secret_value())
-    services = settings.services
-    for auth in (services.extractor.auth, services.pseudonymizer.auth, services.send.auth):
+    for auth in (settings.services.extractor.auth, settings.services.pseudonymizer.auth, settings.services.send.auth):
         if auth.username is not None and auth.password is not None:
             register_basic_credentials(auth.username, auth.password.get_secret_value())

@@ -1,7 +1,5 @@
-"""The process environment that is not dupflow configuration: Prefect's own settings.
-
-Kept here because config/ is the one place that reads environment variables.
-"""
+"""The process environment that is not dupflow configuration, Prefect's own settings: here because config/ is the
+one place that reads environment variables."""
 
 from __future__ import annotations
 

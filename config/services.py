@@ -115,13 +115,8 @@ def legacy_key_paths() -> dict[str, str]:
 def _migrate_flat_auth(data: dict[str, Any], info: ValidationInfo) -> list[Problem]:
     flat = [key for key in LEGACY_FLAT_AUTH_KEYS if key in data]
     if flat and data.get("auth") not in (None, {}):
-        return [
-            (
-                "auth",
-                f"is used together with the deprecated flat keys {', '.join(flat)} in {EXTRACTOR_PATH}; "
-                f"move them into {EXTRACTOR_PATH}.auth and delete the flat keys",
-            )
-        ]
+        message = f"is used together with the deprecated flat keys {', '.join(flat)} in {EXTRACTOR_PATH}; "
+        return [("auth", message + f"move them into {EXTRACTOR_PATH}.auth and delete the flat keys")]
     if flat:
         data["auth"] = {key: data.pop(key) for key in flat}
         emit_warning(

@@ -30,8 +30,7 @@ MAX_LISTED_UNKNOWN_STEPS = 5
 def _step_name_problems(steps: list[str]) -> list[Problem]:
     problems: list[Problem] = []
     counts = Counter(steps)
-    unknown = [step for step in counts if step not in STEP_NAMES and step not in REMOVED_STEPS]
-    if unknown:
+    if unknown := [step for step in counts if step not in STEP_NAMES and step not in REMOVED_STEPS]:
         shown = ", ".join(f"'{step}'" for step in unknown[:MAX_LISTED_UNKNOWN_STEPS])
         more = f" and {len(unknown) - MAX_LISTED_UNKNOWN_STEPS} more" if len(unknown) > MAX_LISTED_UNKNOWN_STEPS else ""
         problems.append(("", f"unknown step {shown}{more}; valid steps are {', '.join(STEP_NAMES)}"))
@@ -192,14 +191,12 @@ def _s3_send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]
         if getattr(send.s3, key) is None
     ]
     if send.auth.uses_oauth:
-        problems.append(
-            (
-                "services.send.auth",
-                "OAuth 2.0 is not supported with send_as s3_upload, where the auth "
-                "block only carries proxy Basic Auth (username, password); remove the oauth_* keys (the "
-                "bucket itself uses services.send.s3.access_key_id/secret_access_key)",
-            )
+        message = (
+            "OAuth 2.0 is not supported with send_as s3_upload, where the auth block only carries proxy Basic Auth "
+            "(username, password); remove the oauth_* keys (the bucket itself uses "
+            "services.send.s3.access_key_id/secret_access_key)"
         )
+        problems.append(("services.send.auth", message))
     if send.auth.api_key is not None:
         emit_warning(info, "services.send.auth.api_key is ignored with send_as s3_upload; remove it")
     if send.url is not None:

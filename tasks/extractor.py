@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from uuid import UUID
 
 from prefect import get_run_logger
@@ -35,7 +34,7 @@ from tasks.streams.ndjson import remove_partial_files
 from tasks.streams.processes import worker_pool
 from tasks.streams.progress import expect_files, track
 from tasks.core.readable import CLI
-from tasks.job.record import read_facts
+from tasks.job.record import now_iso, read_facts, record_facts
 
 # Files downloaded at once. TORCH serves them from a static file server; 4 keeps a 1 Gbit/s link busy
 # without crowding the server (its own batch concurrency default is 4 as well).
@@ -61,36 +60,31 @@ def extractor(step: StepInput) -> StepResult:
 @file_task("download-result-file", "download[{name}]")
 def download_result_file(step: StepInput, url: str, name: str, needs_token: bool = False) -> DataFile:
     """One result file; ``needs_token``: the manifest said requiresAccessToken (credentials to approved origins)."""
+    settings = settings_of(step)
+    extractor_settings = settings.services.extractor
     with download_client(step, needs_token) as client:
         if needs_token:
             client.trust_file_origins([url])
-        return download_with(client, step, url, name)
+        checks, interval = extractor_settings.file_ready_retries, extractor_settings.file_ready_interval
+        wait_until_available(client.http, url, checks=checks, interval=interval)
+        raise_if_cancelled()  # an interrupted run starts no new file
+        with track(f"download {name}") as progress:
 
+            def on_bytes(amount: int) -> None:
+                raise_if_cancelled()
+                progress.advance(amount)
 
-def download_with(client: ExtractionServerClient, step: StepInput, url: str, name: str) -> DataFile:
-    settings = settings_of(step)
-    extractor_settings = settings.services.extractor
-    wait_until_available(
-        client.http, url, checks=extractor_settings.file_ready_retries, interval=extractor_settings.file_ready_interval
-    )
-    raise_if_cancelled()  # an interrupted run starts no new file
-    with track(f"download {name}") as progress:
-
-        def on_bytes(amount: int) -> None:
-            raise_if_cancelled()
-            progress.advance(amount)
-
-        stats = download_ndjson(
-            client.http,
-            url,
-            step.output_dir / name,
-            **ndjson_written(settings),
-            stall_timeout=extractor_settings.download_stall_timeout,
-            retry=settings.retry,
-            on_bytes=on_bytes,
-            on_total=progress.set_total,
-            stop_if_cancelled=raise_if_cancelled,
-        )
+            stats = download_ndjson(
+                client.http,
+                url,
+                step.output_dir / name,
+                **ndjson_written(settings),
+                stall_timeout=extractor_settings.download_stall_timeout,
+                retry=settings.retry,
+                on_bytes=on_bytes,
+                on_total=progress.set_total,
+                stop_if_cancelled=raise_if_cancelled,
+            )
     return DataFile.written(name, stats)
 
 
@@ -155,9 +149,7 @@ def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> 
     crtdl_path = step.crtdl_path
     if crtdl_path is None:
         raise ExtractionError("the extractor step needs a CRTDL file (or a complete result URL) as the job input")
-    step.record_facts(
-        extraction_submission={"generation": generation, "started_at": datetime.now(UTC).isoformat(timespec="seconds")}
-    )
+    record_facts(step.job_path, extraction_submission={"generation": generation, "started_at": now_iso()})
     handle = client.submit(crtdl_path.read_bytes())
     record_handle(step, handle, generation)
     get_run_logger().info("extraction submitted: job %s, status %s", handle.job_id, handle.status_url)
@@ -165,7 +157,8 @@ def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> 
 
 
 def record_handle(step: StepInput, handle: ExtractionHandle, generation: int) -> None:
-    step.record_facts(
+    record_facts(
+        step.job_path,
         extraction_status_url=handle.status_url,
         extraction_job_id=handle.job_id,
         extraction_generation=generation,
@@ -206,7 +199,7 @@ def wait_for_result(
             fresh_submissions += 1
             logger.warning("%s; submitting the extraction again (%d of %d)", exc, fresh_submissions, attempts)
             generation = int(read_facts(step.job_path).get("extraction_generation", 0)) + 1
-            step.record_facts(extraction_status_url=None, extraction_job_id=None)
+            record_facts(step.job_path, extraction_status_url=None, extraction_job_id=None)
             handle = submit(step, client, generation)
             continue
         reporter.finish(len(urls))

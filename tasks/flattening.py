@@ -101,8 +101,7 @@ def flatten_input_file(
     assert step.crtdl_path is not None and step.input_dir is not None
     views, skipped = plan_views(step.crtdl_path, lookup, warn=False)
     max_line = settings.pipeline.max_ndjson_line_size_bytes
-    parts_dir = step.output_dir / PARTS_FOLDER
-    plan = file_plan(step.input_dir, piece, parts_dir, views, skipped, by_provenance, max_line)
+    plan = file_plan(step.input_dir, piece, step.output_dir / PARTS_FOLDER, views, skipped, by_provenance, max_line)
     total = piece.span.lines or next((f.resources for f in step.files if f.name == piece.name), None)
     return flatten_one(plan, piece.label, total, in_worker_process=in_worker_process)
 
@@ -144,13 +143,11 @@ def plan_views(
     """One ViewDefinition per attribute group that has a lookup table; the groups skipped for lack of one.
     ``warn`` logs what is left out (the step does, once; its per-file tasks plan again silently)."""
     try:
-        crtdl = json.loads(Path(crtdl_path).read_bytes())
-        groups = attribute_groups(crtdl)
+        groups = attribute_groups(json.loads(Path(crtdl_path).read_bytes()))
     except (OSError, ValueError) as exc:
         raise FlatteningError(f"cannot read the CRTDL {crtdl_path}: {exc}") from exc
     with engine_errors_as_step_errors():
-        tables = load_lookup(lookup_path)
-        views, skipped = built_views(groups, tables, warn)
+        views, skipped = built_views(groups, load_lookup(lookup_path), warn)
     if warn:
         warn_shared_names(groups)
     names = Counter(view.group.csv_name.casefold() for view in views)

@@ -93,5 +93,4 @@ def source_url(job_input: str | None) -> str:
 
 
 def origin(url: str) -> str:
-    parsed = httpx.URL(url)
-    return str(parsed.copy_with(path="/", query=None, fragment=None, userinfo=b"")).rstrip("/")
+    return str(httpx.URL(url).copy_with(path="/", query=None, fragment=None, userinfo=b"")).rstrip("/")

@@ -87,8 +87,7 @@ def source_directory(job_input: str | None, configured_dir: str | None) -> Path:
 
 
 def find_ndjson_files(source: Path, recursive: bool) -> list[Path]:
-    files = sorted(scan(source, recursive))
-    if files:
+    if files := sorted(scan(source, recursive)):
         return files
     hint = ""
     if not recursive and any(p.is_dir() for p in source.iterdir()):

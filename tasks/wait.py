@@ -20,14 +20,14 @@ from tasks.job.layout import artifact_key
 from tasks.streams.ndjson import FileStats, is_data_file
 from tasks.streams.ndjson_writer import count_contents
 from tasks.core.readable import CLI, SHOW_WHOLE
-from tasks.job.record import gate, mark_gate_paused
+from tasks.job.record import mark_gate_paused, read_record
 
 
 @task(name="wait", task_run_name="wait[{step.number}]", cache_policy=NO_CACHE, persist_result=False)
 def wait(step: StepInput, resume_hint: str = "") -> StepResult:
-    entry = gate(step.job_path, step.position)
-    if not entry.get("released"):
-        if "paused_at" not in entry:  # published once: a resumed deployment run passes the gate again
+    entry = read_record(step.job_path).gate(step.position)
+    if not entry.released:
+        if entry.paused_at is None:  # published once: a resumed deployment run passes the gate again
             wait_dir(step).mkdir(parents=True, exist_ok=True)
             text = inspection_text(step, resume_hint)
             get_run_logger().info("%s", text, extra=SHOW_WHOLE)

@@ -33,7 +33,6 @@ from tasks.job.record import (
     StepRecord,
     changing_record,
     counts_text,
-    gate,
     mark_gate_paused,
     read_facts,
     read_record,
@@ -47,6 +46,11 @@ from tests.conftest import REPO_ROOT
 from tests.support.jobs import step_results
 
 WRITERS, FACTS_EACH = 4, 25
+
+
+def gate(job_dir: Path, position: int) -> dict:
+    """The wait gate at ``position`` as the record keeps it, without its unset keys."""
+    return read_record(job_dir).gate(position).model_dump(exclude_none=True)
 
 
 def record_many(job_dir: str, writer: str) -> None:

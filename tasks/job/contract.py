@@ -30,7 +30,7 @@ from tasks.core.redaction import redact
 from tasks.job.layout import JobPaths, step_artifact_key, step_folder
 from tasks.streams.progress import StepWork, step_progress
 from tasks.streams.ndjson import FileStats
-from tasks.job.record import FileEntry, StepRecord, record_facts
+from tasks.job.record import FileEntry, StepRecord
 
 R = TypeVar("R")
 C = TypeVar("C", bound=Callable[..., Any])
@@ -107,18 +107,8 @@ class StepInput(BaseModel):
 
     def result(self, files: list[DataFile], folder: Path | None = None, **summary: Any) -> StepResult:
         """The result of a step that wrote ``files`` into ``folder`` (default: its own folder)."""
-        folder = folder or self.output_dir
-        return StepResult(
-            step=self.step,
-            position=self.position,
-            folder=str(folder.relative_to(self.job_path)),
-            files=files,
-            summary=summary,
-        )
-
-    def record_facts(self, **facts: Any) -> None:
-        """Add facts to the job record (``job.json``) now, e.g. the extraction handle as soon as it is known."""
-        record_facts(self.job_path, **facts)
+        relative = str((folder or self.output_dir).relative_to(self.job_path))
+        return StepResult(step=self.step, position=self.position, folder=relative, files=files, summary=summary)
 
     def cache_identity(self) -> dict[str, Any]:
         """What a step's (and its files') results depend on: its input, not the facts the job learns as it runs
@@ -146,8 +136,7 @@ def settings_of(step: StepInput) -> Settings:
 
 def digest(value: Any) -> str:
     """A short, stable digest of any JSON-serialisable value (for cache keys)."""
-    encoded = json.dumps(value, sort_keys=True, default=str).encode()
-    return hashlib.sha256(encoded).hexdigest()[:20]
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 def job_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from config.enrichment import AttributeToAdd, EnrichmentRule
@@ -38,33 +37,24 @@ class UnresolvedLinkError(EnrichmentError):
         )
 
 
-@dataclass
-class _PendingLink:
-    rule: EnrichmentRule
-    attribute: Json
-    url: str
-
-
 def enrich_crtdl(crtdl: Json, rules: Iterable[EnrichmentRule]) -> tuple[Json, list[str]]:
     """Apply ``rules`` in order to a copy of ``crtdl`` (see the module docstring for the semantics); the enriched
     copy, and one warning line per skipped rule for the caller to log or show."""
     enriched = copy.deepcopy(crtdl)
     warnings: list[str] = []
-    pending_links: list[_PendingLink] = []
+    links: list[tuple[str, Json, str]] = []  # (the rule's group_reference, the attribute, a linked profile URL)
     for rule in rules:
-        groups = _groups_for(enriched, rule, warnings)
-        for group in groups:
+        for group in _groups_for(enriched, rule, warnings):
             for wanted in rule.attributes_to_add:
                 attribute = _ensure_attribute(group, wanted)
-                pending_links.extend(_PendingLink(rule, attribute, url) for url in wanted.linked_groups or [])
-    _resolve_links(enriched, pending_links)
+                links.extend((rule.group_reference, attribute, url) for url in wanted.linked_groups or [])
+    _resolve_links(enriched, links)
     return enriched, warnings
 
 
 def _groups_for(crtdl: Json, rule: EnrichmentRule, warnings: list[str]) -> list[Json]:
     """The groups a rule enriches: the existing ones, a newly created one, or none (with a warning)."""
-    groups = _groups_with_reference(_existing_groups(crtdl), rule.group_reference)
-    if groups:
+    if groups := _groups_with_reference(_existing_groups(crtdl), rule.group_reference):
         return groups
     if rule.create_if_not_exists is None:
         warnings.append(
@@ -129,13 +119,13 @@ def _ensure_attribute(group: Json, wanted: AttributeToAdd) -> Json:
     return attribute
 
 
-def _resolve_links(crtdl: Json, pending_links: list[_PendingLink]) -> None:
+def _resolve_links(crtdl: Json, links: list[tuple[str, Json, str]]) -> None:
     groups = _existing_groups(crtdl)
-    for link in pending_links:
-        targets = _groups_with_reference(groups, link.url)
+    for group_reference, attribute, url in links:
+        targets = _groups_with_reference(groups, url)
         if not targets:
-            raise UnresolvedLinkError(link.rule.group_reference, link.attribute["attributeRef"], link.url)
-        linked_ids = link.attribute.setdefault("linkedGroups", [])
+            raise UnresolvedLinkError(group_reference, attribute["attributeRef"], url)
+        linked_ids = attribute.setdefault("linkedGroups", [])
         for target in targets:
             target_id = _id_of(target, groups)
             if target_id not in linked_ids:

@@ -38,18 +38,13 @@ def map_files(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]],
     on the flow run's Dask runner when ``file_runner`` entered one, else at most ``workers`` at once in-process;
     each outcome (result or the exception raised) in the order of ``arguments``, so a caller keeps every file that
     finished."""
-    if on_other_processes():
-        return map_on_flow_runner(file_task, arguments)
-    return map_in_process(file_task, arguments, workers)
-
-
-def on_other_processes() -> bool:
-    """Whether the flow run's task runner runs tasks in other processes (Dask), not in this one's threads."""
     from prefect.context import FlowRunContext
     from prefect.task_runners import ThreadPoolTaskRunner
 
     context = FlowRunContext.get()
-    return context is not None and not isinstance(context.task_runner, ThreadPoolTaskRunner)
+    if context is not None and not isinstance(context.task_runner, ThreadPoolTaskRunner):  # Dask's processes
+        return map_on_flow_runner(file_task, arguments)
+    return map_in_process(file_task, arguments, workers)
 
 
 def map_in_process(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]], workers: int) -> list:
@@ -114,28 +109,22 @@ def file_runner(settings: TaskRunnerSettings, log_file: Path) -> Iterator[None]:
 
 
 def dask_runner(settings: TaskRunnerSettings) -> DaskTaskRunner:
+    from prefect.settings import get_current_settings
     from prefect_dask import DaskTaskRunner
 
     client_kwargs = {"timeout": DASK_CONNECT_TIMEOUT}
     if settings.dask_address:
         return DaskTaskRunner(address=settings.dask_address, client_kwargs=client_kwargs)
+    api_url = get_current_settings().api.url or prefect_api_url()  # the local workers report their task runs to it
     cluster_kwargs = {
         "n_workers": settings.local_workers,
         "threads_per_worker": 1,
         "processes": True,
         "host": "127.0.0.1",
         "dashboard_address": None,
-        "env": worker_environment(),
+        "env": {"PREFECT_API_URL": str(api_url)} if api_url else {},
     }
     return DaskTaskRunner(cluster_kwargs=cluster_kwargs, client_kwargs=client_kwargs)
-
-
-def worker_environment() -> dict[str, str]:
-    """The Prefect API of this run for the local workers (they report their task runs to it)."""
-    from prefect.settings import get_current_settings
-
-    api_url = get_current_settings().api.url or prefect_api_url()
-    return {"PREFECT_API_URL": str(api_url)} if api_url else {}
 
 
 def connect(runner: DaskTaskRunner, settings: TaskRunnerSettings) -> None:

@@ -135,8 +135,7 @@ def _counted(counts: Counter) -> str:
 
 
 def _listed(ids: list[str]) -> str:
-    shown = ", ".join(ids[:LISTED_IDS])
-    return shown + (f" and {len(ids) - LISTED_IDS} more" if len(ids) > LISTED_IDS else "")
+    return ", ".join(ids[:LISTED_IDS]) + (f" and {len(ids) - LISTED_IDS} more" if len(ids) > LISTED_IDS else "")
 
 
 def report(outcome: FlattenOutcome, step: StepInput) -> None:

@@ -63,7 +63,6 @@ def directory_tag(job_dir: Path) -> str:
 
 
 def job_of_tag(tag: str) -> str | None:
-    """The job id a flow-run tag names, if it is a job tag."""
     return tag.removeprefix(JOB_TAG_PREFIX) if tag.startswith(JOB_TAG_PREFIX) else None
 
 

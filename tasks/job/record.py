@@ -235,11 +235,6 @@ def counts_text(files: Iterable[FileEntry]) -> str:
     return ", ".join(parts) or "0 resources"
 
 
-def gate(job_dir: Path, position: int) -> dict[str, Any]:
-    """The wait gate at ``position``: ``paused_at`` once it paused the job, ``released`` with its note."""
-    return read_record(job_dir).gate(position).model_dump(exclude_none=True)
-
-
 def mark_gate_paused(job_dir: Path, position: int) -> None:
     """Note when the gate first paused the job (``continue`` releases the gates that paused)."""
     with changing_record(job_dir) as record:
