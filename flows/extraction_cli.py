@@ -238,17 +238,13 @@ def cmd_delete(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
     if answer is None:
         message = f"no answer: extraction job {job_id} was not deleted (--yes deletes without asking)"
         return fail(args, message, EXIT_FAILED)
-    if not answer:  # the person said no: nothing went wrong
-        if args.json:
-            print_json({"ok": True, "operation": "delete", "job_id": job_id, "deleted": False})
-        else:
-            print(f"extraction job {job_id}: nothing deleted")
-        return EXIT_OK
-    client.delete(job_id)
+    if answer:  # else the person said no: nothing went wrong
+        client.delete(job_id)
+    outcome = "deleted; the server removes its result files" if answer else "nothing deleted"
     if args.json:
-        print_json({"ok": True, "operation": "delete", "job_id": job_id})
+        print_json({"ok": True, "operation": "delete", "job_id": job_id} | ({} if answer else {"deleted": False}))
     else:
-        print(f"extraction job {job_id}: deleted; the server removes its result files")
+        print(f"extraction job {job_id}: {outcome}")
     return EXIT_OK
 
 
@@ -263,7 +259,10 @@ def confirm(question: str) -> bool | None:
 
 
 def cmd_cohort_preview(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
-    crtdl = read_crtdl_file(args.crtdl)
+    try:
+        crtdl = Path(args.crtdl).read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"CRTDL {args.crtdl} not found; give the path of the CRTDL JSON file") from None
     parse_crtdl(crtdl, args.crtdl)
     preview = client.evaluate_cohort(crtdl)
     if args.json:
@@ -274,13 +273,6 @@ def cmd_cohort_preview(args: argparse.Namespace, client: ExtractionTaskClient) -
         for patient_id in preview.patient_ids:
             print(patient_id)
     return EXIT_OK
-
-
-def read_crtdl_file(path: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"CRTDL {path} not found; give the path of the CRTDL JSON file") from None
 
 
 def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
