@@ -84,12 +84,10 @@ def is_locked(paths: JobPaths) -> bool:
         return False
     fd = os.open(lock_path, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # closing the descriptor lets the shared lock go again
+        return False
     except OSError:
         return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
     finally:
         os.close(fd)
 
