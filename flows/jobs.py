@@ -85,8 +85,7 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str]) -> Job:
 def refuse_older_layout(paths: JobPaths) -> None:
     """A job directory of a version before the one record (``facts.json``, ``steps/`` beside ``job.json``) holds its
     facts where this version does not look: continuing it would lose its extraction handle, so it is refused."""
-    older = [name for name in ("facts.json", "steps") if (paths.job_dir / name).exists()]
-    if older:
+    if older := [name for name in ("facts.json", "steps") if (paths.job_dir / name).exists()]:
         raise JobError(
             f"job {paths.job_id} was made by an older dupflow ({' and '.join(older)} beside job.json); this version "
             "keeps a job's facts and steps in job.json only: finish the job with the version that made it, or start it "
@@ -145,9 +144,7 @@ def create_job_files(paths: JobPaths, record: JobRecord, crtdl: Path | None, eff
 def crtdl_input(steps: list[str], job_input: str | None) -> Path | None:
     """The job's CRTDL: the extractor's input unless that is a result URL; for the other import steps the input
     when it is a ``.json`` file (their data come from a directory or a URL)."""
-    if not job_input or "://" in job_input:
-        return None
-    if steps[0] == "extractor" or is_crtdl_file(job_input):
+    if job_input and "://" not in job_input and (steps[0] == "extractor" or is_crtdl_file(job_input)):
         return Path(job_input)
     return None
 
