@@ -68,11 +68,6 @@ class JobRecordCard:
         self._results: list[StepResult] = []
         self._failed: tuple[str, BaseException] | None = None
 
-    def publish(self, results: list[StepResult]) -> None:
-        """The record with these steps done (or awaiting), now."""
-        self.note(results)
-        self.refresh()
-
     def note(self, results: list[StepResult]) -> None:
         """These steps, shown at the next ``refresh``."""
         self._results = list(results)
@@ -93,12 +88,11 @@ class JobRecordCard:
 
     def _publish(self) -> None:
         markdown = job_record_markdown(self._job, self._results, self._failed)
+        key = artifact_key(self._job.job_id)
         if self._artifact_id is None:
-            self._artifact_id = this_runs_artifact_id(artifact_key(self._job.job_id))
+            self._artifact_id = this_runs_artifact_id(key)
         if self._artifact_id is None:
-            self._artifact_id = create_markdown_artifact(
-                key=artifact_key(self._job.job_id), markdown=markdown, description="Job record"
-            )
+            self._artifact_id = create_markdown_artifact(key=key, markdown=markdown, description="Job record")
             return
         with get_client(sync_client=True) as client:
             client.update_artifact(self._artifact_id, ArtifactUpdate(data=markdown))

@@ -238,7 +238,8 @@ def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:
         results.append(result)
         if not result.awaiting:
             publish_step_table(job, result)
-        card.publish(results)
+        card.note(results)
+        card.refresh()
         if result.awaiting:
             break
         logger.info(
