@@ -189,10 +189,9 @@ def job_logging(log_file: Path) -> Iterator[None]:
     apply_prefect_defaults()
     import prefect.main  # noqa: F401  (configures Prefect's logging, once per process; patched below)
 
-    for name in ("prefect", "dupflow"):
-        logging.getLogger(name).addHandler(file_handler)
-    dask_handler = _HandTo(file_handler)
-    logging.getLogger("distributed").addHandler(dask_handler)
+    attached = [("prefect", file_handler), ("dupflow", file_handler), ("distributed", _HandTo(file_handler))]
+    for name, handler in attached:
+        logging.getLogger(name).addHandler(handler)
     patched = [(handler, handler.formatter) for handler in _console_handlers()]
     for handler, formatter in patched:
         handler.setFormatter(_NoTraceback(formatter))
@@ -206,9 +205,8 @@ def job_logging(log_file: Path) -> Iterator[None]:
             handler.setFormatter(formatter)
             handler.removeFilter(redacting)
             handler.removeFilter(one_failure)
-        for name in ("prefect", "dupflow"):
-            logging.getLogger(name).removeHandler(file_handler)
-        logging.getLogger("distributed").removeHandler(dask_handler)
+        for name, handler in attached:
+            logging.getLogger(name).removeHandler(handler)
         file_handler.close()
 
 
