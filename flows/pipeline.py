@@ -232,7 +232,7 @@ def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:
         except PrefectSignal:  # a suspend for inspection (Pause) or an abort: not a failure of the step
             raise
         except BaseException as exc:
-            card.note_failure(results, name, exc)  # published with the job's ended state
+            card.note_failure(results, exc)  # published with the job's ended state
             raise
         record_step(job.paths.job_dir, result)
         results.append(result)
