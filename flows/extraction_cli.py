@@ -112,8 +112,7 @@ def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
 
 def service_failure_text(exc: ServiceError, server: str | None) -> str:
     """The failure in the client's words; when no answer came at all (a network error, a missed deadline; not an
-    answer refused or too large), which server was asked and how to point at another (the URL without
-    credentials)."""
+    answer refused or too large), which server was asked and how to point at another (the URL without credentials)."""
     if not exc.no_answer or server is None:
         return str(exc)
     return (

@@ -169,8 +169,7 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
         labels[key.strip()] = f"--set {key.strip()}"
     refuse_secret_overrides(overrides, "--set")
     for attr, key in FLAG_KEYS.items():
-        value = getattr(args, attr, None)
-        if value is not None:
+        if (value := getattr(args, attr, None)) is not None:
             overrides[key] = value
             labels[key] = "--" + attr.replace("_", "-")
     return overrides, labels
