@@ -85,10 +85,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     preview.set_defaults(command=command(cmd_cohort_preview))
 
 
-Handler = Callable[[argparse.Namespace, ExtractionTaskClient], int]
-
-
-def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
+def command(handler: Callable[[argparse.Namespace, ExtractionTaskClient], int]) -> Callable[[argparse.Namespace], int]:
     """Load the configuration, open the client, run ``handler``, and turn failures into messages and exit codes."""
 
     def run(args: argparse.Namespace) -> int:
@@ -185,8 +182,7 @@ def cmd_list(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
 
 
 def cmd_show(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
-    job_id = extraction_job_id(args)
-    task = client.read_task(job_id)
+    task = client.read_task(extraction_job_id(args))
     job = ExtractionJob.from_task(task)
     if args.json:
         print_json(job.as_json() | {"task": task})
@@ -290,7 +286,7 @@ def optional(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def age(timestamp: str | None, now: datetime | None = None) -> str:
+def age(timestamp: str | None) -> str:
     """``3m ago`` for an ISO timestamp; ``-`` when there is none."""
     if not timestamp:
         return "-"
@@ -300,7 +296,7 @@ def age(timestamp: str | None, now: datetime | None = None) -> str:
         return "-"
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    seconds = max(((now or datetime.now(UTC)) - moment).total_seconds(), 0)
+    seconds = max((datetime.now(UTC) - moment).total_seconds(), 0)
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds / size:.0f}{unit} ago"
