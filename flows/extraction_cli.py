@@ -24,13 +24,7 @@ from config.loader import load_settings
 from config.runtime import default_jobs_dir
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_documents import ExtractionError, InvalidCrtdlError, parse_crtdl
-from tasks.clients.extraction_jobs import (
-    JOB_STATUSES,
-    ControlResult,
-    ExtractionJob,
-    ExtractionTaskClient,
-    SearchRejectedError,
-)
+from tasks.clients.extraction_jobs import JOB_STATUSES, ExtractionJob, ExtractionTaskClient, SearchRejectedError
 from tasks.job.record import read_facts
 from tasks.core.errors import UsageError
 from tasks.core.url_credentials import CredentialsInUrlError, shown_url
@@ -211,10 +205,6 @@ def cmd_control(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
     """pause, resume, cancel, or priority (``args.level``)."""
     job_id, operation = extraction_job_id(args), args.operation
     result = client.set_priority(job_id, args.level) if operation == "priority" else client.control(job_id, operation)
-    return report_change(args, operation, result)
-
-
-def report_change(args: argparse.Namespace, operation: str, result: ControlResult) -> int:
     job = result.job
     if args.json:
         print_json({"ok": True, "operation": operation, "changed": result.changed, "job": job.as_json()})
