@@ -220,7 +220,6 @@ def name_and_tag_flow_run(job_id: str, job_dir: Path) -> None:
 
 def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:
     """Run every step in order; each step's input follows the kinds of the steps before it."""
-    logger = get_run_logger()
     keep_one_trace_per_failure()
     results: list[StepResult] = []
     current: StepResult | None = None  # what the next step reads
@@ -242,7 +241,7 @@ def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:
         card.refresh()
         if result.awaiting:
             break
-        logger.info(
+        get_run_logger().info(
             "step %d %s: %d file(s), %s in %s",
             position + 1,
             name,
