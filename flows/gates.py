@@ -76,9 +76,7 @@ def confirmed_inspection(
     if answer is not None:
         return InspectionInput(**answer)
     card.note([*done, wait(step, hint)])  # the record shows the gate awaiting while the run is suspended
-    message = (
-        f"awaiting inspection at step {step.position + 1} (wait); resume in the UI with the confirmation turned on"
-    )
+    message = f"awaiting inspection at step {step.number} (wait); resume in the UI with the confirmation turned on"
     record_state(job.paths.job_dir, SUSPENDED, message)
     card.refresh()
     return suspend_flow_run(wait_for_input=InspectionInput, timeout=SUSPEND_TIMEOUT_SECONDS, key=key)
