@@ -37,8 +37,7 @@ def api_watched(paths: JobPaths, api_url: str | None) -> Iterator[None]:
         yield
         return
     done = threading.Event()
-    watcher = threading.Thread(target=watch, args=(paths, api_url, done), name="dupflow-api-watch", daemon=True)
-    watcher.start()
+    threading.Thread(target=watch, args=(paths, api_url, done), name="dupflow-api-watch", daemon=True).start()
     try:
         yield
     finally:

@@ -24,13 +24,7 @@ from config.loader import load_settings
 from config.runtime import default_jobs_dir
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_documents import ExtractionError, InvalidCrtdlError, parse_crtdl
-from tasks.clients.extraction_jobs import (
-    JOB_STATUSES,
-    ControlResult,
-    ExtractionJob,
-    ExtractionTaskClient,
-    SearchRejectedError,
-)
+from tasks.clients.extraction_jobs import JOB_STATUSES, ExtractionJob, ExtractionTaskClient, SearchRejectedError
 from tasks.job.record import read_facts
 from tasks.core.errors import UsageError
 from tasks.core.url_credentials import CredentialsInUrlError, shown_url
@@ -85,10 +79,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     preview.set_defaults(command=command(cmd_cohort_preview))
 
 
-Handler = Callable[[argparse.Namespace, ExtractionTaskClient], int]
-
-
-def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
+def command(handler: Callable[[argparse.Namespace, ExtractionTaskClient], int]) -> Callable[[argparse.Namespace], int]:
     """Load the configuration, open the client, run ``handler``, and turn failures into messages and exit codes."""
 
     def run(args: argparse.Namespace) -> int:
@@ -112,8 +103,7 @@ def command(handler: Handler) -> Callable[[argparse.Namespace], int]:
 
 def service_failure_text(exc: ServiceError, server: str | None) -> str:
     """The failure in the client's words; when no answer came at all (a network error, a missed deadline; not an
-    answer refused or too large), which server was asked and how to point at another (the URL without
-    credentials)."""
+    answer refused or too large), which server was asked and how to point at another (the URL without credentials)."""
     if not exc.no_answer or server is None:
         return str(exc)
     return (
@@ -186,8 +176,7 @@ def cmd_list(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
 
 
 def cmd_show(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
-    job_id = extraction_job_id(args)
-    task = client.read_task(job_id)
+    task = client.read_task(extraction_job_id(args))
     job = ExtractionJob.from_task(task)
     if args.json:
         print_json(job.as_json() | {"task": task})
@@ -216,10 +205,6 @@ def cmd_control(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
     """pause, resume, cancel, or priority (``args.level``)."""
     job_id, operation = extraction_job_id(args), args.operation
     result = client.set_priority(job_id, args.level) if operation == "priority" else client.control(job_id, operation)
-    return report_change(args, operation, result)
-
-
-def report_change(args: argparse.Namespace, operation: str, result: ControlResult) -> int:
     job = result.job
     if args.json:
         print_json({"ok": True, "operation": operation, "changed": result.changed, "job": job.as_json()})
@@ -238,17 +223,13 @@ def cmd_delete(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
     if answer is None:
         message = f"no answer: extraction job {job_id} was not deleted (--yes deletes without asking)"
         return fail(args, message, EXIT_FAILED)
-    if not answer:  # the person said no: nothing went wrong
-        if args.json:
-            print_json({"ok": True, "operation": "delete", "job_id": job_id, "deleted": False})
-        else:
-            print(f"extraction job {job_id}: nothing deleted")
-        return EXIT_OK
-    client.delete(job_id)
+    if answer:  # else the person said no: nothing went wrong
+        client.delete(job_id)
+    outcome = "deleted; the server removes its result files" if answer else "nothing deleted"
     if args.json:
-        print_json({"ok": True, "operation": "delete", "job_id": job_id})
+        print_json({"ok": True, "operation": "delete", "job_id": job_id} | ({} if answer else {"deleted": False}))
     else:
-        print(f"extraction job {job_id}: deleted; the server removes its result files")
+        print(f"extraction job {job_id}: {outcome}")
     return EXIT_OK
 
 
@@ -263,7 +244,10 @@ def confirm(question: str) -> bool | None:
 
 
 def cmd_cohort_preview(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
-    crtdl = read_crtdl_file(args.crtdl)
+    try:
+        crtdl = Path(args.crtdl).read_bytes()
+    except FileNotFoundError:
+        raise UsageError(f"CRTDL {args.crtdl} not found; give the path of the CRTDL JSON file") from None
     parse_crtdl(crtdl, args.crtdl)
     preview = client.evaluate_cohort(crtdl)
     if args.json:
@@ -274,13 +258,6 @@ def cmd_cohort_preview(args: argparse.Namespace, client: ExtractionTaskClient) -
         for patient_id in preview.patient_ids:
             print(patient_id)
     return EXIT_OK
-
-
-def read_crtdl_file(path: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"CRTDL {path} not found; give the path of the CRTDL JSON file") from None
 
 
 def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
@@ -299,7 +276,7 @@ def optional(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def age(timestamp: str | None, now: datetime | None = None) -> str:
+def age(timestamp: str | None) -> str:
     """``3m ago`` for an ISO timestamp; ``-`` when there is none."""
     if not timestamp:
         return "-"
@@ -309,7 +286,7 @@ def age(timestamp: str | None, now: datetime | None = None) -> str:
         return "-"
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    seconds = max(((now or datetime.now(UTC)) - moment).total_seconds(), 0)
+    seconds = max((datetime.now(UTC) - moment).total_seconds(), 0)
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds / size:.0f}{unit} ago"

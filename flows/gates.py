@@ -69,24 +69,14 @@ def confirmed_inspection(
     job: Job, step: StepInput, hint: str, done: list[StepResult], card: JobRecordCard
 ) -> InspectionInput:
     """The form of the resume that confirmed the inspection. The first time, the ``wait`` task publishes what to
-    inspect and the run is suspended; the resumed run finds the answer to the suspend's key without suspending."""
-    keyset = keyset_from_paused_state(Suspended(pause_key=inspection_key(step.position)))
-    answer = read_flow_run_input(keyset["response"])
+    inspect and the run is suspended (its process ends; the job record says Suspended first); the resumed run runs
+    the flow again and finds the answer to the suspend's key without suspending."""
+    key = f"wait-{step.position:02d}"
+    answer = read_flow_run_input(keyset_from_paused_state(Suspended(pause_key=key))["response"])
     if answer is not None:
         return InspectionInput(**answer)
     card.note([*done, wait(step, hint)])  # the record shows the gate awaiting while the run is suspended
-    return suspend_for_inspection(job, step.position, card)
-
-
-def inspection_key(position: int) -> str:
-    return f"wait-{position:02d}"
-
-
-def suspend_for_inspection(job: Job, position: int, card: JobRecordCard) -> InspectionInput:
-    """Suspend the deployment run (its process ends); the job record says Suspended first. A resume runs the flow
-    again, which finds the form's answer in ``confirmed_inspection``."""
-    message = f"awaiting inspection at step {position + 1} (wait); resume in the UI with the confirmation turned on"
+    message = f"awaiting inspection at step {step.number} (wait); resume in the UI with the confirmation turned on"
     record_state(job.paths.job_dir, SUSPENDED, message)
     card.refresh()
-    key = inspection_key(position)
     return suspend_flow_run(wait_for_input=InspectionInput, timeout=SUSPEND_TIMEOUT_SECONDS, key=key)

@@ -105,7 +105,10 @@ class Selection:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     jobs_dir = Path(args.jobs_dir or default_jobs_dir()).resolve()
-    older_than = parse_age_limit(args.older_than)
+    try:
+        older_than = parse_duration(args.older_than) if args.older_than is not None else None
+    except ValueError as exc:
+        raise UsageError(f"--older-than: {exc}") from None
     states = tuple(args.state or FINAL_STATES)
     api_url = housekeeping_api_url()
     server = httpx.Client(base_url=api_url.rstrip("/"), timeout=API_TIMEOUT) if api_url else nullcontext()
@@ -120,15 +123,6 @@ def cmd_prune(args: argparse.Namespace) -> int:
     except ServiceError as exc:
         print(f"error: {exc} (at {shown_url(api_url or '')}); nothing more was removed", file=sys.stderr)
         return EXIT_FAILED
-
-
-def parse_age_limit(text: str | None) -> timedelta | None:
-    if text is None:
-        return None
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise UsageError(f"--older-than: {exc}") from None
 
 
 def select_jobs(

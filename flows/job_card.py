@@ -12,13 +12,7 @@ from prefect import get_run_logger, runtime
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import ArtifactUpdate
-from prefect.client.schemas.filters import (
-    ArtifactCollectionFilter,
-    ArtifactCollectionFilterKey,
-    ArtifactFilter,
-    ArtifactFilterFlowRunId,
-    ArtifactFilterKey,
-)
+from prefect.client.schemas import filters
 from prefect.exceptions import ExternalSignal
 from prefect.settings import get_current_settings
 
@@ -66,21 +60,16 @@ class JobRecordCard:
         self._job = job
         self._artifact_id: Any = None
         self._results: list[StepResult] = []
-        self._failed: tuple[str, BaseException] | None = None
-
-    def publish(self, results: list[StepResult]) -> None:
-        """The record with these steps done (or awaiting), now."""
-        self.note(results)
-        self.refresh()
+        self._failed: BaseException | None = None
 
     def note(self, results: list[StepResult]) -> None:
         """These steps, shown at the next ``refresh``."""
         self._results = list(results)
 
-    def note_failure(self, results: list[StepResult], step: str, exc: BaseException) -> None:
+    def note_failure(self, results: list[StepResult], exc: BaseException) -> None:
         """The failed step's cause, shown at the next ``refresh`` (when the job's ended state is recorded)."""
         self.note(results)
-        self._failed = (step, exc)
+        self._failed = exc
 
     def refresh(self) -> None:
         """Publish the record as it stands: the job's state from ``job.json`` and the steps noted so far. The card
@@ -93,12 +82,11 @@ class JobRecordCard:
 
     def _publish(self) -> None:
         markdown = job_record_markdown(self._job, self._results, self._failed)
+        key = artifact_key(self._job.job_id)
         if self._artifact_id is None:
-            self._artifact_id = this_runs_artifact_id(artifact_key(self._job.job_id))
+            self._artifact_id = this_runs_artifact_id(key)
         if self._artifact_id is None:
-            self._artifact_id = create_markdown_artifact(
-                key=artifact_key(self._job.job_id), markdown=markdown, description="Job record"
-            )
+            self._artifact_id = create_markdown_artifact(key=key, markdown=markdown, description="Job record")
             return
         with get_client(sync_client=True) as client:
             client.update_artifact(self._artifact_id, ArtifactUpdate(data=markdown))
@@ -108,15 +96,16 @@ def this_runs_artifact_id(key: str) -> Any:
     """The id of the artifact ``key`` made by this flow run, if it made one."""
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(
-            artifact_filter=ArtifactFilter(
-                key=ArtifactFilterKey(any_=[key]), flow_run_id=ArtifactFilterFlowRunId(any_=[runtime.flow_run.id])
+            artifact_filter=filters.ArtifactFilter(
+                key=filters.ArtifactFilterKey(any_=[key]),
+                flow_run_id=filters.ArtifactFilterFlowRunId(any_=[runtime.flow_run.id]),
             ),
             limit=1,
         )
     return found[0].id if found else None
 
 
-def job_record_markdown(job: Job, results: list[StepResult], failed: tuple[str, BaseException] | None) -> str:
+def job_record_markdown(job: Job, results: list[StepResult], failed: BaseException | None) -> str:
     """The job record: the job's state on top; per step its state, folder, files, contents, size, wall time
     (that of the run that made it, for a step served from the cache) and links to its artifacts; the step time so
     far, the inspections with their notes, the recorded facts as text, and a link to this flow run."""
@@ -142,7 +131,7 @@ def job_record_markdown(job: Job, results: list[StepResult], failed: tuple[str, 
     pending = list(enumerate(job.settings.pipeline.enabled_steps))[len(results) :]
     if failed is not None and pending:
         (position, step), *pending = pending
-        cause = one_line(failed[1])
+        cause = one_line(failed)
         lines.append(f"| {position + 1} | {step} | failed: {cause} | | | | | | {step_links(links, position)} |")
     lines += [f"| {position + 1} | {step} | not run yet | | | | | | |" for position, step in pending]
     lines += ["", step_time_text(results)]
@@ -220,7 +209,7 @@ def artifact_links(job_id: str, base: str) -> dict[int | None, list[str]]:
     prefix = artifact_key(job_id) + "-"
     with get_client(sync_client=True) as client:
         found = client.read_latest_artifacts(
-            artifact_filter=ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(like_=prefix))
+            artifact_filter=filters.ArtifactCollectionFilter(key=filters.ArtifactCollectionFilterKey(like_=prefix))
         )
     links: dict[int | None, list[str]] = {}
     for artifact in sorted((a for a in found if a.key and a.key.startswith(prefix)), key=lambda a: a.key or ""):
@@ -230,9 +219,8 @@ def artifact_links(job_id: str, base: str) -> dict[int | None, list[str]]:
 
 
 def artifact_label(rest: str) -> tuple[int | None, str]:
-    """The step position (0-based) and label of a key's rest: ``04-pseudonymizer-report`` (step 4) → (3,
-    ``report``); ``04-pseudonymizer`` (the step's file table) → (3, ``files``); ``inspection`` → (None,
-    ``inspection``)."""
+    """The step position (0-based) and label of a key's rest: ``04-pseudonymizer-report`` (step 4) → (3, ``report``);
+    ``04-pseudonymizer`` (the step's file table) → (3, ``files``); ``inspection`` → (None, ``inspection``)."""
     if match := STEP_KEY.fullmatch(rest):
         return int(match["number"]) - 1, match["label"] or "files"
     return None, rest

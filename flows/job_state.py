@@ -1,5 +1,6 @@
 """Whether a job is worked on, and its state: the job's lock, the one rule of ``tasks.job.record`` that settles
-the state, and finding jobs for ``continue``, ``status``, ``list`` and ``prune``. Import-light (no Prefect).
+the state (asking a Prefect server over its REST API where the rule defers to it), and finding jobs for
+``continue``, ``status``, ``list`` and ``prune``. Import-light (no Prefect).
 """
 
 from __future__ import annotations
@@ -10,12 +11,15 @@ import os
 import tempfile
 from pathlib import Path
 
+import httpx
+
 from config.runtime import prefect_api_url
 from tasks.core.errors import JobError
-from tasks.job.layout import JobPaths
+from tasks.job.layout import JobPaths, job_of_tag, job_tag
 from tasks.job.record import SUSPENDED, JobRecord, RecordError, read_record, settled_state
 
 LOCK_FILE = ".lock"
+PAGE = 200  # the most flow runs the Prefect API returns at once
 
 
 class JobLockedError(JobError):
@@ -84,12 +88,10 @@ def is_locked(paths: JobPaths) -> bool:
         return False
     fd = os.open(lock_path, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # closing the descriptor lets the shared lock go again
+        return False
     except OSError:
         return True
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
     finally:
         os.close(fd)
 
@@ -101,14 +103,31 @@ def current_state(paths: JobPaths, job: JobRecord) -> str:
 
 def current_states(jobs: list[tuple[JobPaths, JobRecord]]) -> list[str]:
     """Each job's state by the one rule of ``tasks.job.record``: the Prefect server, when one is configured, is asked
-    (in one request) only about the suspended jobs, the one case where the rule defers to it."""
-    suspended = [job.job_id for _, job in jobs if job.state == SUSPENDED]
-    server: dict[str, str] = {}
-    if prefect_api_url() is not None and suspended:
-        from flows.server_state import latest_states  # the state of each job's newest flow run
-
-        server = latest_states(suspended)
+    (in one request per ``PAGE`` jobs) only about the suspended jobs, the one case where the rule defers to it."""
+    server = latest_states([job.job_id for _, job in jobs if job.state == SUSPENDED])
     return [settled_state(job.state, locked=is_locked(paths), server=server.get(job.job_id)) for paths, job in jobs]
+
+
+def latest_states(job_ids: list[str], timeout: float = 2.0) -> dict[str, str]:
+    """The newest flow run's state name per job, in one request per ``PAGE`` jobs; jobs the server does not know
+    (or whose request failed) are left out."""
+    api = prefect_api_url()
+    states: dict[str, str] = {}
+    for start in range(0, len(job_ids) if api else 0, PAGE):
+        page = job_ids[start : start + PAGE]
+        tags = [job_tag(job_id) for job_id in page]
+        body = {"flow_runs": {"tags": {"any_": tags}}, "sort": "EXPECTED_START_TIME_DESC", "limit": PAGE}
+        try:
+            response = httpx.post(f"{api.rstrip('/')}/flow_runs/filter", json=body, timeout=timeout)
+            runs = response.raise_for_status().json()
+        except (httpx.HTTPError, ValueError):
+            continue
+        for run in runs:  # newest first: the first run naming a job is its newest
+            name = run.get("state_name") or (run.get("state") or {}).get("name")
+            for job_id in map(job_of_tag, run.get("tags") or []):
+                if job_id in page and job_id not in states:
+                    states[job_id] = name
+    return states
 
 
 def find_job_dir(job: str, jobs_dir: Path) -> Path:

@@ -1,12 +1,11 @@
 """Jobs: one preparation for every entry point, and the job directory with its CRTDL.
 
-A job is a directory ``<jobs_dir>/<job id>/`` with its record ``job.json`` and one or more flow runs named after the
-job id and tagged ``job-<id>``. ``prepare_job`` makes or finds one for the command line, a deployment or a schedule:
-it refuses secrets in any parameter, fixes the job id, freezes every configured path as absolute and puts the job's
-CRTDL (copied or enriched) in its directory. A job is created only whole: a failed write removes its directory.
-Files a user gives are read within bounds (the CRTDL at most MAX_CRTDL_BYTES and 128 levels deep; the anonymization
-config and CA bundle regular files of at most MAX_SETTINGS_FILE_BYTES). Import-light: ``status`` and ``list`` use
-it."""
+A job is a directory ``<jobs_dir>/<job id>/`` with its record ``job.json`` and one or more flow runs named after the job
+id and tagged ``job-<id>``. ``prepare_job`` makes or finds one for the command line, a deployment or a schedule: it
+refuses secrets in any parameter, fixes the job id, freezes every configured path as absolute and puts the job's CRTDL
+(copied or enriched) in its directory. A job is created only whole: a failed write removes its directory. Files a user
+gives are read within bounds (the CRTDL at most MAX_CRTDL_BYTES and 128 levels deep; the anonymization config and CA
+bundle regular files of at most MAX_SETTINGS_FILE_BYTES). Import-light: ``status`` and ``list`` use it."""
 
 from __future__ import annotations
 
@@ -85,8 +84,7 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str]) -> Job:
 def refuse_older_layout(paths: JobPaths) -> None:
     """A job directory of a version before the one record (``facts.json``, ``steps/`` beside ``job.json``) holds its
     facts where this version does not look: continuing it would lose its extraction handle, so it is refused."""
-    older = [name for name in ("facts.json", "steps") if (paths.job_dir / name).exists()]
-    if older:
+    if older := [name for name in ("facts.json", "steps") if (paths.job_dir / name).exists()]:
         raise JobError(
             f"job {paths.job_id} was made by an older dupflow ({' and '.join(older)} beside job.json); this version "
             "keeps a job's facts and steps in job.json only: finish the job with the version that made it, or start it "
@@ -145,9 +143,7 @@ def create_job_files(paths: JobPaths, record: JobRecord, crtdl: Path | None, eff
 def crtdl_input(steps: list[str], job_input: str | None) -> Path | None:
     """The job's CRTDL: the extractor's input unless that is a result URL; for the other import steps the input
     when it is a ``.json`` file (their data come from a directory or a URL)."""
-    if not job_input or "://" in job_input:
-        return None
-    if steps[0] == "extractor" or is_crtdl_file(job_input):
+    if job_input and "://" not in job_input and (steps[0] == "extractor" or is_crtdl_file(job_input)):
         return Path(job_input)
     return None
 

@@ -220,7 +220,6 @@ def name_and_tag_flow_run(job_id: str, job_dir: Path) -> None:
 
 def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:
     """Run every step in order; each step's input follows the kinds of the steps before it."""
-    logger = get_run_logger()
     keep_one_trace_per_failure()
     results: list[StepResult] = []
     current: StepResult | None = None  # what the next step reads
@@ -232,16 +231,17 @@ def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:
         except PrefectSignal:  # a suspend for inspection (Pause) or an abort: not a failure of the step
             raise
         except BaseException as exc:
-            card.note_failure(results, name, exc)  # published with the job's ended state
+            card.note_failure(results, exc)  # published with the job's ended state
             raise
         record_step(job.paths.job_dir, result)
         results.append(result)
         if not result.awaiting:
             publish_step_table(job, result)
-        card.publish(results)
+        card.note(results)
+        card.refresh()
         if result.awaiting:
             break
-        logger.info(
+        get_run_logger().info(
             "step %d %s: %d file(s), %s in %s",
             position + 1,
             name,

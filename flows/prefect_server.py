@@ -182,7 +182,6 @@ def server_status(home: Path | None = None) -> dict | None:
 
 
 def ui_url(api_url: str) -> str:
-    """The UI address of a Prefect server from its API URL."""
     return api_url.rstrip("/").removesuffix("/api")
 
 
@@ -372,11 +371,9 @@ def terminate(pid: int) -> None:
         with suppress(ProcessLookupError):
             os.killpg(pid, sig)
         deadline = time.monotonic() + STOP_GRACE
-        while process_exists(pid):
-            if time.monotonic() >= deadline:
-                break
+        while process_exists(pid) and time.monotonic() < deadline:
             time.sleep(POLL_INTERVAL)
-        else:
+        if not process_exists(pid):
             return
 
 

@@ -169,8 +169,7 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
         labels[key.strip()] = f"--set {key.strip()}"
     refuse_secret_overrides(overrides, "--set")
     for attr, key in FLAG_KEYS.items():
-        value = getattr(args, attr, None)
-        if value is not None:
+        if (value := getattr(args, attr, None)) is not None:
             overrides[key] = value
             labels[key] = "--" + attr.replace("_", "-")
     return overrides, labels
@@ -272,14 +271,13 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
 
     use_display("none" if no_progress else "bar" if sys.stderr.isatty() else "log")
     take_interrupts()  # SIGTERM as Ctrl+C: a KeyboardInterrupt
-    log_file = paths.log_file
     try:
-        with job_logging(log_file), api_watched(paths, prefect_api_url()):
+        with job_logging(paths.log_file), api_watched(paths, prefect_api_url()):
             state = run_flow(job, paths, continuing or {})
     except KeyboardInterrupt:
         print(f"interrupted; resume with: {CLI} continue {job.job_id}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    return report_outcome(paths, state, log_file)
+    return report_outcome(paths, state)
 
 
 def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any]) -> Any:
@@ -308,14 +306,14 @@ def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any]) -> Any
         raise KeyboardInterrupt from exc
 
 
-def report_outcome(paths: JobPaths, state: Any, log_file: Path) -> int:
+def report_outcome(paths: JobPaths, state: Any) -> int:
     job = read_record(paths.job_dir)
     if state.is_completed() or state.is_paused():
         print(f"{job.state}: {job.state_message}" if job.state_message else job.state)
         print(f"job directory: {paths.job_dir}")
         return EXIT_OK
     print(f"job {job.job_id} failed: {job.state_message or redact(state.message or '')}", file=sys.stderr)
-    print(f"full log: {log_file}", file=sys.stderr)
+    print(f"full log: {paths.log_file}", file=sys.stderr)
     print(f"after fixing the cause, resume with: {CLI} continue {job.job_id}", file=sys.stderr)
     if key := setting_named_in(job.state_message or ""):
         print(f"or change {key} for this job: {CLI} continue {job.job_id} --set {key}=VALUE", file=sys.stderr)

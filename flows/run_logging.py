@@ -5,6 +5,7 @@ event, no traceback, and a failure only once.
 
 from __future__ import annotations
 
+import copy
 import logging
 import signal
 import threading
@@ -128,15 +129,12 @@ class _NoTraceback(logging.Formatter):
         self._wrapped = wrapped or logging.Formatter()
 
     def format(self, record: logging.LogRecord) -> str:
-        saved = record.exc_info, record.exc_text, record.stack_info, record.msg, record.args
+        record = copy.copy(record)  # the other handlers (job log, API) get the record as it was
         if record.name in RUN_LOGGERS and record.exc_info and record.exc_info[1] is not None:
             record.msg, record.args = redact(f"failed: {record.exc_info[1]}"), ()
         record.exc_info, record.exc_text, record.stack_info = None, None, None
-        try:
-            text = self._wrapped.format(record)
-            return text if getattr(record, "show_whole", False) else text.splitlines()[0]
-        finally:
-            record.exc_info, record.exc_text, record.stack_info, record.msg, record.args = saved
+        text = self._wrapped.format(record)
+        return text if getattr(record, "show_whole", False) else text.splitlines()[0]
 
 
 class _JobLogFormatter(logging.Formatter):
@@ -189,10 +187,9 @@ def job_logging(log_file: Path) -> Iterator[None]:
     apply_prefect_defaults()
     import prefect.main  # noqa: F401  (configures Prefect's logging, once per process; patched below)
 
-    for name in ("prefect", "dupflow"):
-        logging.getLogger(name).addHandler(file_handler)
-    dask_handler = _HandTo(file_handler)
-    logging.getLogger("distributed").addHandler(dask_handler)
+    attached = [("prefect", file_handler), ("dupflow", file_handler), ("distributed", _HandTo(file_handler))]
+    for name, handler in attached:
+        logging.getLogger(name).addHandler(handler)
     patched = [(handler, handler.formatter) for handler in _console_handlers()]
     for handler, formatter in patched:
         handler.setFormatter(_NoTraceback(formatter))
@@ -206,9 +203,8 @@ def job_logging(log_file: Path) -> Iterator[None]:
             handler.setFormatter(formatter)
             handler.removeFilter(redacting)
             handler.removeFilter(one_failure)
-        for name in ("prefect", "dupflow"):
-            logging.getLogger(name).removeHandler(file_handler)
-        logging.getLogger("distributed").removeHandler(dask_handler)
+        for name, handler in attached:
+            logging.getLogger(name).removeHandler(handler)
         file_handler.close()
 
 

@@ -57,30 +57,24 @@ def cmd_view_run(args: argparse.Namespace) -> int:
     except ViewDefinitionError as exc:
         print(f"invalid ViewDefinition {args.view}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        return print_rows(view, definition, args)
-    except KeyboardInterrupt:
-        sys.stdout.flush()  # rows are written whole, so the output ends after the last complete one
-        written = "no Parquet was written" if args.format == "parquet" else "the rows above are complete"
-        print(f"view run interrupted (Ctrl+C); {written}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-
-
-def print_rows(view, definition: dict[str, Any], args: argparse.Namespace) -> int:
-    out = sys.stdout
     resources = Path(args.resources)
     try:
         if args.format == "parquet":
             print_parquet(view, definition, resources)
         elif args.format == "csv":
-            write_csv(view, resources, out)
+            write_csv(view, resources, sys.stdout)
         else:
             for row in view_rows(view, resources):
-                out.write(json_bytes(dict(zip(view.columns, row, strict=True))).decode() + "\n")
+                sys.stdout.write(json_bytes(dict(zip(view.columns, row, strict=True))).decode() + "\n")
     except (OSError, NdjsonError, ResourceLineError, ViewError) as exc:
-        out.flush()
+        sys.stdout.flush()
         print(f"view run failed: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except KeyboardInterrupt:
+        sys.stdout.flush()  # rows are written whole, so the output ends after the last complete one
+        written = "no Parquet was written" if args.format == "parquet" else "the rows above are complete"
+        print(f"view run interrupted (Ctrl+C); {written}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return EXIT_OK
 
 
