@@ -22,9 +22,11 @@ the server kept every flow run and task run of the warm jobs (task runs reach it
 has exited). The server is stopped at the end.
 
 ``--against REV`` (e.g. ``91120ab``) compares instead: the tree of that commit (``git archive``, run with this
-checkout's environment) and this tree start the same tiny job in turn, A then B, against the same running server
-(warm) and with the server stopped (cold), so both see the same machine load; the figures of both and their ratio
-are printed side by side.
+checkout's environment) and this tree start the same tiny job in turn, A then B, with the tree's server running
+(warm) and stopped (cold), so both see the same machine load; the figures of both and their ratio are printed side by
+side. Each tree has a PREFECT_HOME of its own, its server started and stopped by its own code: trees from before the
+home's own server (ce43d6f) write the same server record in another form, so in one home each would start a server
+beside the other's and leave one running.
 
 The project's own modules are byte-compiled first: these machines set PYTHONDONTWRITEBYTECODE=1, so without
 that every command would compile them from source (0.2 s), which no ordinary installation does after its first
@@ -103,24 +105,37 @@ def measure(env: dict[str, str], home: Path, runs: int) -> None:
 
 
 def compare(env: dict[str, str], home: Path, runs: int, revision: str, baseline: Path) -> None:
-    """The tree of ``revision`` (A) and this tree (B), run in turn on the same server and the same load."""
+    """The tree of ``revision`` (A) and this tree (B), run in turn, each on the server of its own home, at one load."""
     baseline.mkdir()
     archive = subprocess.run(["git", "archive", revision], cwd=REPO_ROOT, capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", str(baseline)], input=archive, check=True)
     compile_tree(baseline)
     trees = {f"A {revision}": baseline, "B this tree": REPO_ROOT}
-    timed(cli("start", "--no-progress"), env)  # migrates the fresh home; not counted
-    cold: dict[str, list] = {label: [] for label in trees}
-    for _ in range(runs):
-        for label, tree in trees.items():
-            stop_server(home)
-            cold[label].append(timed(cli("start", "--no-progress"), env | {"PYTHONPATH": str(tree)}, cwd=tree))
-    ensure_server(home)
-    timed(cli("start", "--no-progress"), env)  # the server's first job is slower; not counted
-    warm: dict[str, list] = {label: [] for label in trees}
-    for _ in range(runs):
-        for label, tree in trees.items():
-            warm[label].append(timed(cli("start", "--no-progress"), env | {"PYTHONPATH": str(tree)}, cwd=tree))
+    envs = {
+        label: env | {"PYTHONPATH": str(tree), "PREFECT_HOME": f"{home}-{label[0]}"} for label, tree in trees.items()
+    }
+    start = {label: (cli("start", "--no-progress"), envs[label], tree) for label, tree in trees.items()}
+
+    def stop(label: str) -> None:  # exit 1 when no server runs
+        subprocess.run(cli("server", "stop"), env=envs[label], cwd=trees[label], capture_output=True)
+
+    try:
+        for label in trees:
+            timed(*start[label])  # migrates the tree's fresh home; not counted
+        cold: dict[str, list] = {label: [] for label in trees}
+        for _ in range(runs):
+            for label in trees:
+                stop(label)
+                cold[label].append(timed(*start[label]))
+        for label in trees:
+            timed(*start[label])  # the server's first job is slower; not counted
+        warm: dict[str, list] = {label: [] for label in trees}
+        for _ in range(runs):
+            for label in trees:
+                warm[label].append(timed(*start[label]))
+    finally:
+        for label in trees:
+            stop(label)
     for case, figures in (("cold", cold), ("warm", warm)):
         for label, measured in figures.items():
             report(f"{case}, {label}", measured)
