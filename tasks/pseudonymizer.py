@@ -127,17 +127,17 @@ def pseudonymize_file(
 async def pseudonymize_with_service(
     settings: Settings, source: Path, dest: Path, config: AnonymizationConfig | None, expected_resources: int | None
 ) -> FileCounts:
-    block = settings.services.pseudonymizer
-    if not block.url:
+    configured = settings.services.pseudonymizer
+    if not configured.url:
         raise PseudonymizerStepError("services.pseudonymizer.url is not set")
-    endpoint = ServiceEndpoint("pseudonymizer", block.url, block.auth, http_timeout(block.timeout))
+    endpoint = ServiceEndpoint("pseudonymizer", configured.url, configured.auth, http_timeout(configured.timeout))
     async with build_async_client(endpoint, settings.tls) as client:
         service = Pseudonymizer(
             client,
             settings.retry,
             config=config,
-            split_threshold_mb=block.bundle_split_threshold_mb,
-            max_concurrent_requests=block.max_concurrent_requests,
+            split_threshold_mb=configured.bundle_split_threshold_mb,
+            max_concurrent_requests=configured.max_concurrent_requests,
             max_answer_bytes=settings.pipeline.max_ndjson_line_size_bytes,
         )
         return await pseudonymize_path(
@@ -145,7 +145,7 @@ async def pseudonymize_with_service(
             dest,
             service,
             **ndjson_written(settings),
-            window=window_size(block.max_concurrent_requests),
+            window=window_size(configured.max_concurrent_requests),
             expected_resources=expected_resources,
         )
 
