@@ -175,11 +175,9 @@ class _Writer:
             groups = self.grouped(found or f"[{focus}]", key, at, indent)
             self.emit(indent, f"{kept} = {groups}.get({self.constant(argument)}, ())")
             return kept
-        kept, value, child = self.name("e"), self.name("x"), self.name("c")
+        kept = self.name("e")
         self.emit(indent, f"{kept} = []")
-        self.emit(indent, f"for {value} in {found or f'[{focus}]'}:")
-        self.check_object(value, at, indent + 1)
-        self.emit(indent + 1, f"{child} = {value}.get({self.constant(key)})")
+        _, child = self.each_member(found or f"[{focus}]", key, at, indent)
         self.emit(indent + 1, f"if type({child}) is list:")
         self.emit(indent + 2, f"if None in {child}:")
         self.emit(indent + 3, IRREGULAR)
@@ -188,16 +186,23 @@ class _Writer:
         self.emit(indent + 2, f"{kept}.append({child})")
         return kept
 
+    def each_member(self, found: str, key: str, at: Any, indent: int) -> tuple[str, str]:
+        """Opens a loop over ``found``, each element checked as an object of ``at``: the element's name and that of
+        its ``key`` member, both bound in the loop's body at ``indent + 1``."""
+        value, child = self.name("x"), self.name("c")
+        self.emit(indent, f"for {value} in {found}:")
+        self.check_object(value, at, indent + 1)
+        self.emit(indent + 1, f"{child} = {value}.get({self.constant(key)})")
+        return value, child
+
     def grouped(self, found: str, key: str, at: Any, indent: int) -> str:
         """Code giving the elements of ``found`` by their text value of ``key`` (``where(key = 'text')`` keeps those of
         one text: sibling wheres over the same elements share one pass); the dict's name."""
         known = (found, key, repr(at), indent)
         if known not in self.groups:
-            groups, value, child = self.name("g"), self.name("x"), self.name("c")
+            groups = self.name("g")
             self.emit(indent, f"{groups} = {{}}")
-            self.emit(indent, f"for {value} in {found}:")
-            self.check_object(value, at, indent + 1)
-            self.emit(indent + 1, f"{child} = {value}.get({self.constant(key)})")
+            value, child = self.each_member(found, key, at, indent)
             self.emit(indent + 1, f"if type({child}) is str:")
             self.emit(indent + 2, f"{groups}.setdefault({child}, []).append({value})")
             self.emit(indent + 1, f"elif type({child}) is list:")
