@@ -408,3 +408,38 @@ def interrupt_once_queued(pool, calls: int) -> None:
     """Ctrl+C, as soon as ``calls`` calls wait in the pool."""
     wait_for_calls_in_the_pool(pool, calls)
     signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+def test_a_call_that_gets_to_make_its_file_after_its_fan_out_was_cancelled_makes_none(tmp_path):
+    """A download whose answer's head arrives after Ctrl+C, past the fan-out's grace and after the step removed its
+    temporary files: it makes no file then (the process is about to end and would leave a ``.part`` behind)."""
+    assert threading.current_thread() is threading.main_thread(), "a signal reaches the main thread only"
+    started, answered, outcome = threading.Event(), threading.Event(), []
+
+    def late_answer() -> None:
+        started.set()
+        answered.wait(DEADLINE_SECONDS)  # stalled past the grace; the caller does not wait for it
+        try:
+            with AtomicNdjsonWriter(tmp_path / "late.ndjson", None, MB) as out:
+                out.write(b'{"resourceType":"A"}\n')
+        except BaseException as exc:
+            outcome.append(exc)
+            raise
+        outcome.append("written")
+
+    def interrupt() -> None:
+        started.wait(DEADLINE_SECONDS)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Thread(target=interrupt, daemon=True).start()
+        with pytest.raises(KeyboardInterrupt):
+            run_bounded([late_answer], workers=1)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    remove_partial_files(tmp_path)  # what every step does after its fan-out
+    answered.set()
+    wait_until(lambda: outcome, "the late call ended", timeout=DEADLINE_SECONDS)
+    assert isinstance(outcome[0], Cancelled)
+    assert list(tmp_path.iterdir()) == []

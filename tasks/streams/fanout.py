@@ -6,12 +6,13 @@ service requests on one ``httpx.AsyncClient``, so output files keep the input or
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import TypeVar, cast
 
 T = TypeVar("T")
@@ -25,7 +26,8 @@ class Cancelled(Exception):
     (hence no ``DupflowError``): it unwinds the calls of an interrupted caller, which raises the interrupt instead."""
 
 
-_cancelled: contextvars.ContextVar[threading.Event] = contextvars.ContextVar("fanout_cancelled")
+_cancelled: contextvars.ContextVar[tuple[threading.Event, threading.Lock]] = contextvars.ContextVar("fanout_cancelled")
+"""A fan-out's cancel flag, and the lock its caller sets the flag under and its calls create files under."""
 
 
 def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exception]:
@@ -33,9 +35,9 @@ def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exceptio
     result or the exception raised. When the caller is interrupted no new call starts, running calls stop at their
     next ``raise_if_cancelled``, and after ``CANCEL_GRACE_SECONDS`` the caller goes on (a stalled call is not waited
     for). The caller's thread waits in short joins, so a signal reaches it at once."""
-    cancelled = threading.Event()
+    cancelled, creating = threading.Event(), threading.Lock()
     context = contextvars.copy_context()
-    context.run(_cancelled.set, cancelled)
+    context.run(_cancelled.set, (cancelled, creating))
     outcomes: list = [None] * len(calls)
     pending: queue.SimpleQueue[int] = queue.SimpleQueue()
     for index in range(len(calls)):
@@ -53,17 +55,19 @@ def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exceptio
                 outcomes[index] = exc
 
     threads = [threading.Thread(target=work, daemon=True) for _ in range(min(workers, len(calls)))]
-    for thread in threads:
-        thread.start()
     try:
+        for thread in threads:  # an interrupt while they start cancels the calls already running too
+            thread.start()
         for thread in threads:
             while thread.is_alive():
                 thread.join(0.2)
     except BaseException:
-        cancelled.set()
+        with creating:  # a call's file is now made before the flag, or not at all (``unless_cancelled``)
+            cancelled.set()
         grace_ends = time.monotonic() + CANCEL_GRACE_SECONDS
         for thread in threads:
-            thread.join(max(0.0, grace_ends - time.monotonic()))
+            if thread.ident is not None:  # started
+                thread.join(max(0.0, grace_ends - time.monotonic()))
         raise
     return outcomes
 
@@ -82,9 +86,26 @@ def results_or_raise(outcomes: list[R | Exception]) -> list[R]:
 
 def raise_if_cancelled() -> None:
     """Stop a call of ``run_bounded`` whose fan-out is being cancelled (a no-op outside one)."""
-    event = _cancelled.get(None)
-    if event is not None and event.is_set():
+    found = _cancelled.get(None)
+    if found is not None and found[0].is_set():
         raise Cancelled("the run was interrupted")
+
+
+@contextlib.contextmanager
+def unless_cancelled() -> Iterator[None]:
+    """The block (a call making a temporary file) runs only while the call's fan-out is not cancelled, else
+    ``Cancelled``; under the lock the caller cancels under. A call stalled past the grace is not waited for, so the
+    caller removes its temporary files (``remove_partial_files``): each was made before the cancellation, and none
+    is made after it, however late a stalled call gets to make one."""
+    found = _cancelled.get(None)
+    if found is None:
+        yield
+        return
+    cancelled, creating = found
+    with creating:
+        if cancelled.is_set():
+            raise Cancelled("the run was interrupted")
+        yield
 
 
 async def ordered_map(items: Iterable[T], call: Callable[[T], Awaitable[R]], window: int) -> AsyncIterator[tuple[T, R]]:

@@ -14,6 +14,7 @@ from typing import BinaryIO, NamedTuple
 import simdjson
 import zstandard
 
+from tasks.streams.fanout import unless_cancelled
 from tasks.streams.ndjson import (
     PART_PREFIX,
     PART_SUFFIX,
@@ -167,7 +168,8 @@ class AtomicNdjsonWriter:
 
     def __enter__(self) -> AtomicNdjsonWriter:
         self.dest.parent.mkdir(parents=True, exist_ok=True)
-        self._raw = open(self.part, "wb")
+        with unless_cancelled():  # the step removes temporary files after a cancelled fan-out: none may come later
+            self._raw = open(self.part, "wb")
         if self._level is None:
             self._out: BinaryIO = self._raw
         else:
