@@ -101,10 +101,9 @@ def unless_cancelled() -> Iterator[None]:
     if found is None:
         yield
         return
-    cancelled, creating = found
+    _, creating = found
     with creating:
-        if cancelled.is_set():
-            raise Cancelled("the run was interrupted")
+        raise_if_cancelled()
         yield
 
 
