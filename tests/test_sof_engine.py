@@ -5,7 +5,6 @@ rows (and errors) the general way gives."""
 from __future__ import annotations
 
 import io
-from dataclasses import replace
 from decimal import Decimal
 
 import orjson
@@ -19,7 +18,7 @@ from tasks.sof.fhirpath import _interpreted, compile_path
 from tasks.sof.output import ROWS_PER_BATCH, CsvWriter, csv_cells
 from tasks.sof.resources import may_hold
 from tasks.sof.view import CACHED_ROWS
-from tests.support.sof import PATIENTS, WAYS, column_values, in_one_way, path_values, read_resources
+from tests.support.sof import PATIENTS, WAYS, column_values, in_one_way, path_values, read_resources, with_compiled
 
 
 @pytest.mark.parametrize("path", ["name.given.join(', ')", "name.given.join()", "(name.given).join(', ')"])
@@ -200,7 +199,7 @@ GENERATED_VIEW = {"resource": "Condition", "select": IRREGULAR_VIEW["select"][:-
 @pytest.mark.parametrize("resource", IRREGULAR_CONDITIONS, ids=lambda resource: resource["id"])
 def test_compiled_selects_give_the_rows_the_general_way_gives(definition, resource):
     view = compile_view(definition)
-    general = replace(view, compiled=None)
+    general = with_compiled(view, None)
 
     assert view.compiled is not None
     assert (generated_rows(view.root, "Condition", CACHED_ROWS) is None) == (definition is IRREGULAR_VIEW)
@@ -213,7 +212,7 @@ def test_a_column_of_several_values_is_the_same_error_compiled():
     assert generated is not None
     assert generated(IRREGULAR_CONDITIONS[2]) is None  # a list where one value was expected: the closures read it
     errors = []
-    for engine in (view, replace(view, compiled=None)):
+    for engine in (view, with_compiled(view, None)):
         with pytest.raises(ViewEvaluationError) as error:
             list(engine.rows(IRREGULAR_CONDITIONS[2]))
         errors.append(str(error.value))

@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
-from functools import partial
+from functools import cached_property, partial
 from itertools import chain, islice
 from math import prod
 from typing import Any
@@ -217,10 +217,20 @@ class CompiledView:
     constants: dict[str, Any]
     definition: dict[str, Any]
     max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE
-    compiled: RowsAt | None = None
-    parsed_rows: Callable[[dict], list[tuple] | None] | None = None
-    """The generated rows for a resource as orjson parses it (``PARSED``: None where it holds a decimal a column
-    reads, or is shaped otherwise), for views without ``where`` in the generated subset (``resources.read_rows``)"""
+
+    @cached_property
+    def compiled(self) -> RowsAt | None:
+        """The compiled selects (``tasks.sof.compiled``), None for a view reading ``%rowIndex``. Built at first use:
+        most views compiled in a job are only checked (a CRTDL's views, a lookup file's snippets)."""
+        return None if self.root.indexed else compile_view_rows(self.root, self.resource, CACHED_ROWS)
+
+    @cached_property
+    def parsed_rows(self) -> Callable[[dict], list[tuple] | None] | None:
+        """The generated rows for a resource as orjson parses it (``PARSED``: None where it holds a decimal a column
+        reads, or is shaped otherwise), for views without ``where`` in the generated subset (``resources.read_rows``)"""
+        if self.where or self.compiled is None:
+            return None
+        return generated_rows(self.root, self.resource, CACHED_ROWS, PARSED)
 
     def rows(self, resource: dict[str, Any]) -> Iterable[tuple]:
         """The resource's rows (none if it is of another type or a ``where`` path is not true): a list or tuple when
@@ -298,14 +308,12 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
         for select in _selects(root):
             select.indexed = False
     _check_unique(root.names)
-    compiled = None if root.indexed else compile_view_rows(root, resource, CACHED_ROWS)
     where = []
     for index, clause in enumerate(_list_of(view.get("where", []), "where")):
         if not isinstance(clause, dict) or not isinstance(clause.get("path"), str):
             raise ViewDefinitionError(f"where[{index}] needs a path (a FHIRPath giving a boolean)")
         where.append((clause["path"], _compile(clause["path"], f"where[{index}]", known_variables)))
-    parsed = None if where or compiled is None else generated_rows(root, resource, CACHED_ROWS, PARSED)
-    return CompiledView(resource, root.names, root, where, constants, view, max_rows_per_resource, compiled, parsed)
+    return CompiledView(resource, root.names, root, where, constants, view, max_rows_per_resource)
 
 
 def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) -> Select:

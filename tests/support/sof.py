@@ -4,7 +4,7 @@ the resources of NDJSON lines as the engine reads them."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
+from copy import copy
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +40,18 @@ def in_one_way(view: CompiledView, way: str) -> CompiledView:
     stays where the other two give no rows: a view outside the generator's subset or reading ``%rowIndex``, data not
     shaped as planned, more than ``CACHED_ROWS`` rows."""
     if way == "general" or view.root.indexed:
-        return replace(view, compiled=None)
+        return with_compiled(view, None)
     if way == "closures":
-        return replace(view, compiled=compile_rows(view.root, CACHED_ROWS))
+        return with_compiled(view, compile_rows(view.root, CACHED_ROWS))
     generated = generated_rows(view.root, view.resource, CACHED_ROWS)
-    return replace(view, compiled=None if generated is None else lambda data, path, env: generated(data))
+    return with_compiled(view, None if generated is None else lambda data, path, env: generated(data))
+
+
+def with_compiled(view: CompiledView, compiled: Any) -> CompiledView:
+    """A copy of ``view`` whose compiled selects are ``compiled`` (None: the general way) instead of its own."""
+    other = copy(view)
+    other.compiled = compiled
+    return other
 
 
 def read_resources(
