@@ -62,7 +62,7 @@ PROBE_TIMEOUT = 0.5
 API_ANSWER_TIMEOUT = 20.0  # a server elsewhere that is busy (2-core machine under load) was seen to take over 5 s
 STARTUP_TIMEOUT = 120.0  # a fresh PREFECT_HOME migrates its database first: 15-40 s on a busy 2-core machine
 STOP_GRACE = 10.0
-POLL_INTERVAL = 0.2
+POLL_INTERVAL = 0.05  # a start-up waits for the server by this much at most; a refused connection costs ~0.1 ms
 # Off: two services no job needs, which only label runs Late and workers offline in the UI (the scheduler, triggers,
 # pause expirations, task-run recorder, event persister, cancellation clean-up and the UI stay on); two malloc arenas
 # for the server's threads instead of glibc's 8 per core.
