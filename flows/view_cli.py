@@ -81,7 +81,7 @@ def cmd_view_run(args: argparse.Namespace) -> int:
 def write_csv(view, resources: Path, out: IO[str]) -> None:
     writer = CsvWriter(out)
     writer.writerow(view.columns)
-    writer.writerows(view_rows(view, resources))
+    writer.writerows(view_rows(view, resources, csv=True))
 
 
 def print_parquet(view, definition: dict[str, Any], resources: Path) -> None:
@@ -97,6 +97,7 @@ def print_parquet(view, definition: dict[str, Any], resources: Path) -> None:
             shutil.copyfileobj(parquet, sys.stdout.buffer)
 
 
-def view_rows(view, resources: Path):
-    """The view's rows over the file's resources; lines holding no resource of the view's type are not parsed."""
-    return read_rows(view, resources, iter_lines(resources, MAX_LINE_BYTES))
+def view_rows(view, resources: Path, csv: bool = False):
+    """The view's rows over the file's resources (``csv``: as CSV cells need them); lines holding no resource of the
+    view's type are not parsed."""
+    return read_rows(view, resources, iter_lines(resources, MAX_LINE_BYTES), csv)

@@ -103,6 +103,8 @@ def test_batched_csv_lines_are_what_python_csv_writes_for_every_kind_of_cell():
         "]",
         "],[",
         "[null]",
+        "[null",
+        "a]b",
         "\t",
         "\x00",
         " lead",

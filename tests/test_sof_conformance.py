@@ -5,6 +5,7 @@ README), all at one upstream commit."""
 
 from __future__ import annotations
 
+import io
 import json
 from decimal import Decimal
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from tasks.sof.errors import ViewError
-from tasks.sof.output import json_bytes
+from tasks.sof.output import CsvWriter, json_bytes
 from tasks.sof.resources import read_rows
 from tasks.sof.view import compile_view
 from tests.conftest import TESTDATA
@@ -69,6 +70,24 @@ def test_conformance(path: Path, index: int, way: str):
         assert len(rows) == test["expectCount"]
     else:
         assert canonical(rows) == canonical(test["expect"])
+
+
+@pytest.mark.parametrize(("path", "index"), cases(SUITE, EXTRA))
+def test_rows_for_csv_are_the_same_csv_as_the_rows_of_the_lines_way(path: Path, index: int):
+    """``view run``'s CSV and the flattener take the rows for CSV cells (``''`` where a value is missing): the same
+    bytes as the rows of the ``lines`` way written to CSV, or the same error."""
+    suite = load(path)
+    test = suite["tests"][index]
+    written = []
+    for csv in (False, True):
+        out, lines = io.StringIO(), enumerate(map(json_bytes, suite["resources"]), 1)
+        try:
+            CsvWriter(out).writerows(read_rows(compile_view(test["view"]), "suite", lines, csv))
+        except ViewError as exc:
+            out.write(f"error: {type(exc).__name__}")
+        written.append(out.getvalue())
+    assert written[1] == written[0]
+    assert written[0].startswith("error") == ("expectError" in test)
 
 
 def test_the_shared_suite_has_its_70_tests():

@@ -32,13 +32,14 @@ IRREGULAR = "return None"
 
 
 def generated_rows(
-    root: Any, resource_type: str, limit: int, kept: frozenset = KEPT
+    root: Any, resource_type: str, limit: int, kept: frozenset = KEPT, empty: str | None = None
 ) -> Callable[[dict], list[tuple] | None] | None:
     """``root``'s rows (a ``tasks.sof.view.Select``) as one generated function, or None outside the subset; a column
-    value of a type not in ``kept`` is data not of the planned shape."""
+    value of a type not in ``kept`` is data not of the planned shape. ``empty``: the value of a member the data lacks
+    and of a ``forEachOrNull``'s row without elements (``''`` for CSV, which writes it as it writes a null)."""
     if not _in_subset(root, resource_type, depth=0):
         return None
-    writer = _Writer(limit)
+    writer = _Writer(limit, empty)
     result, single = writer.select(root, "d0", resource_type, 1)
     source = "def rows(d0):\n" + "".join(writer.lines) + f"    return {f'[{result}]' if single else result}\n"
     namespace = {"KEPT": kept, **writer.constants}
@@ -51,8 +52,8 @@ def generated_rows(
 
 
 class _Writer:
-    def __init__(self, limit: int):
-        self.limit = limit
+    def __init__(self, limit: int, empty: str | None):
+        self.limit, self.empty = limit, empty
         self.lines: list[str] = []
         self.constants: dict[str, Any] = {}
         self.names = count()
@@ -97,7 +98,8 @@ class _Writer:
         self.emit(indent + int(not single) + 1, IRREGULAR)
         if select.iteration == "forEachOrNull":
             self.emit(indent, f"if not {found}:")
-            self.emit(indent + 1, f"{rows} = [{self.constant(select.null_row)}]")
+            null_row = tuple(self.empty if value is None else value for value in select.null_row)
+            self.emit(indent + 1, f"{rows} = [{self.constant(null_row)}]")
         return rows, False
 
     def rows_at(self, select: Any, focus: str, path: str, indent: int) -> tuple[str, bool]:
@@ -140,7 +142,8 @@ class _Writer:
             if step:  # no value: the chain ends here (one level deep however long the chain: Python allows 100)
                 self.emit(indent, f"if {value} is not None:")
             self.check_object(value if step else focus, at, indent + min(step, 1), once=not step)
-            self.emit(indent + min(step, 1), f"{value} = {value if step else focus}.get({self.constant(key)})")
+            default = "" if self.empty is None or step < len(plan.operations) - 1 else f", {self.empty!r}"
+            self.emit(indent + min(step, 1), f"{value} = {value if step else focus}.get({self.constant(key)}{default})")
         self.emit(indent, f"if type({value}) not in KEPT:")
         self.emit(indent + 1, IRREGULAR)
         return value

@@ -205,7 +205,7 @@ class FileParts(TypedDict):
 
 class ParsedLine:
     """The line being routed, parsed by orjson alone (no search for decimals); ``exact(resource)`` is one of its
-    resources as the decimal-keeping parse gives it, for a view whose ``parsed_rows`` does not take it."""
+    resources as the decimal-keeping parse gives it, for a view whose ``csv_rows`` does not take it."""
 
     def __init__(self, source: Path):
         self.source, self.number, self.line, self.root = source, 0, b"", None
@@ -234,7 +234,7 @@ class ParsedLine:
 class RowsWriter:
     """A group's rows as CSV lines (no header) in ``path``, opened at the first row; rows are held until
     ``ROWS_PER_BATCH`` have come (written in one call, whatever resources they came from) or the part is closed.
-    Resources come from ``line`` as orjson parses it: the view's ``parsed_rows`` where it takes them, else the view's
+    Resources come from ``line`` as orjson parses it: the view's ``csv_rows`` where it takes them, else the view's
     rows of the resource parsed with its decimals."""
 
     def __init__(self, path: Path, view: CompiledView, name: str, line: ParsedLine):
@@ -248,8 +248,8 @@ class RowsWriter:
         """Take the resource's rows as the view produces them (one resource may give millions)."""
         try:
             view, rows = self.view, None
-            if view.parsed_rows is not None and resource.get("resourceType") == view.resource:
-                rows = view.parsed_rows(resource)
+            if view.csv_rows is not None and resource.get("resourceType") == view.resource:
+                rows = view.csv_rows(resource)
             if rows is None or len(rows) > view.max_rows_per_resource:
                 rows = view.rows(self.line.exact(resource))
             streamed = type(rows) is not list and type(rows) is not tuple

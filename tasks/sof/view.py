@@ -232,6 +232,12 @@ class CompiledView:
             return None
         return generated_rows(self.root, self.resource, CACHED_ROWS, PARSED)
 
+    @cached_property
+    def csv_rows(self) -> Callable[[dict], list[tuple] | None] | None:
+        """``parsed_rows`` for CSV: a missing value is ``''`` rather than None, as CSV writes both as an empty cell,
+        so a batch of its rows has no null for ``output.CsvWriter`` to take out of its lines"""
+        return None if self.parsed_rows is None else generated_rows(self.root, self.resource, CACHED_ROWS, PARSED, "")
+
     def rows(self, resource: dict[str, Any]) -> Iterable[tuple]:
         """The resource's rows (none if it is of another type or a ``where`` path is not true): a list or tuple when
         few, else an iterator producing them as they are read; an error names the view and the resource."""
