@@ -44,6 +44,7 @@ from tasks.sof.flatten import (
     bare_routes,
     flatten_file,
     has_group_provenance,
+    parquet_file,
     routes_json,
 )
 from tasks.sof.lookup import LookupTable, load_lookup
@@ -52,7 +53,14 @@ from tasks.sof.resources import parse_line
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.streams.files import write_file_atomically
 from tasks.streams.ndjson import PART_PREFIX, PART_SUFFIX, iter_lines
-from tasks.streams.processes import SharedCount, never_cancelled, pool_size, run_in_process, worker_pool
+from tasks.streams.processes import (
+    ProcessCalls,
+    SharedCount,
+    never_cancelled,
+    pool_size,
+    run_in_process,
+    worker_pool,
+)
 from tasks.streams.spans import MB, SPAN_MIN_BYTES, Piece, file_spans, input_pays_for_processes
 
 log = logging.getLogger("dupflow.flattening")
@@ -216,15 +224,21 @@ def clean_output(folder: Path) -> None:
 
 def add_parquet_files(out_dir: Path, views: list[GroupView], outcome: FlattenOutcome) -> None:
     """Each group's CSV also as Parquet beside it (``services.flattening.formats`` has parquet), typed from its view
-    (``tasks.sof.parquet``); listed with the step's files."""
-    from tasks.sof.parquet import write_parquet  # pyarrow costs 33 MB and 0.1-0.3 s: only for a job that asks
-
+    (``tasks.sof.parquet``), converted one after the other in one worker process: the long-lived flow process never
+    loads pyarrow nor holds Arrow's memory, and one worker keeps the job's peak lower than two (each holds pyarrow and
+    a row group); listed with the step's files."""
     view_of = {view.group.csv_name: view.view for view in views}
-    for csv_file in list(outcome.files):
-        parquet_path = out_dir / (csv_file.name.removesuffix(".csv") + ".parquet")
-        with engine_errors_as_step_errors():
-            rows = write_parquet(out_dir / csv_file.name, view_of[csv_file.name], parquet_path)
-        outcome.files.append(DataFile(name=parquet_path.name, size=parquet_path.stat().st_size, resources=rows))
+    csv_files = list(outcome.files)
+    parquet_paths = [out_dir / (csv_file.name.removesuffix(".csv") + ".parquet") for csv_file in csv_files]
+    if not csv_files:
+        return
+    with worker_pool(size=1), engine_errors_as_step_errors():
+        calls = ProcessCalls(parquet_file)
+        for csv_file, parquet_path in zip(csv_files, parquet_paths, strict=True):
+            calls.start(out_dir / csv_file.name, view_of[csv_file.name], parquet_path)
+        rows = calls.results(raise_if_cancelled)
+    for parquet_path, count in zip(parquet_paths, rows, strict=True):
+        outcome.files.append(DataFile(name=parquet_path.name, size=parquet_path.stat().st_size, resources=count))
 
 
 def file_plan(

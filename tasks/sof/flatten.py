@@ -335,3 +335,11 @@ def routes_of(plan: FilePlan) -> dict[str, set[str]]:
 def compiled_view(view_json: str) -> CompiledView:
     """A ViewDefinition compiled once per process, however many files use it."""
     return compile_view(json.loads(view_json))
+
+
+def parquet_file(csv_path: Path, view: dict[str, Any], parquet_path: Path) -> int:
+    """``tasks.sof.parquet.write_parquet`` for a worker process, imported there: pyarrow's modules and Arrow's memory
+    (about 100 MB for a large CSV) stay in the worker, out of the long-lived flow process."""
+    from tasks.sof.parquet import write_parquet
+
+    return write_parquet(csv_path, view, parquet_path)
