@@ -228,15 +228,18 @@ class CompiledView:
     def parsed_rows(self) -> Callable[[dict], list[tuple] | None] | None:
         """The generated rows for a resource as orjson parses it (``PARSED``: None where it holds a decimal a column
         reads, or is shaped otherwise), for views without ``where`` in the generated subset (``resources.read_rows``)"""
-        if self.where or self.compiled is None:
-            return None
-        return generated_rows(self.root, self.resource, CACHED_ROWS, PARSED)
+        return self._generated(None)
 
     @cached_property
     def csv_rows(self) -> Callable[[dict], list[tuple] | None] | None:
         """``parsed_rows`` for CSV: a missing value is ``''`` rather than None, as CSV writes both as an empty cell,
         so a batch of its rows has no null for ``output.CsvWriter`` to take out of its lines"""
-        return None if self.parsed_rows is None else generated_rows(self.root, self.resource, CACHED_ROWS, PARSED, "")
+        return self._generated("")
+
+    def _generated(self, empty: str | None) -> Callable[[dict], list[tuple] | None] | None:
+        if self.where or self.root.indexed:
+            return None
+        return generated_rows(self.root, self.resource, CACHED_ROWS, PARSED, empty)
 
     def rows(self, resource: dict[str, Any]) -> Iterable[tuple]:
         """The resource's rows (none if it is of another type or a ``where`` path is not true): a list or tuple when
