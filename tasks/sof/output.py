@@ -49,14 +49,18 @@ class CsvWriter:
 
     def writerows(self, rows: Iterable[tuple]) -> int:
         """The rows' values as CSV lines, ``ROWS_PER_BATCH`` at a time (rows as they come: one resource may give
-        millions): a batch of strings, nulls, ints and booleans that needs no quoting made from its JSON
-        (``_plain_lines``), else in one call to ``csv`` (the cells as ``cell`` makes them where they are more than
-        strings, nulls and ints); the number of rows written."""
+        millions): a batch that needs no quoting joined as it is where it is all strings (``_string_lines``), else
+        made from its JSON where it is strings, nulls, ints and booleans (``_plain_lines``), else in one call to
+        ``csv`` (the cells as ``cell`` makes them where they are more than strings, nulls and ints); the number of
+        rows written."""
         written = 0
         pending = iter(rows)
         while batch := list(islice(pending, ROWS_PER_BATCH)):
             written += len(batch)
-            if _JSON_AS_CELLS.issuperset(map(type, chain.from_iterable(batch))) and (text := _plain_lines(batch)):
+            text = _string_lines(batch)
+            if text is None and _JSON_AS_CELLS.issuperset(map(type, chain.from_iterable(batch))):
+                text = _plain_lines(batch)
+            if text is not None:
                 if self._bytes is None:
                     self._stream.write(text.decode())
                 else:
@@ -71,6 +75,23 @@ class CsvWriter:
             else:
                 self._writer.writerows(batch)
         return written
+
+
+def _string_lines(batch: list) -> bytes | None:
+    """The batch's CSV lines, its cells joined as they are, where every cell is a string (``CompiledView.csv_rows``
+    gives most rows so) and none needs quoting or would trouble a reader: no comma but the separators, no line feed
+    but the rows' ends, no quote, CR or NUL. None otherwise, where a row has fewer than two cells (``csv`` quotes a
+    lone empty cell), the rows differ in length, or a string is no UTF-8 (a lone surrogate)."""
+    width, rows = len(batch[0]), len(batch)
+    if width < 2 or any(len(row) != width for row in batch):
+        return None
+    try:
+        text = "\n".join(map(",".join, batch)).encode()
+    except (TypeError, UnicodeEncodeError):  # a cell that is no string, or no UTF-8
+        return None
+    if text.count(b",") != rows * (width - 1) or text.count(b"\n") != rows - 1:
+        return None
+    return None if b'"' in text or b"\r" in text or b"\x00" in text else text + b"\n"
 
 
 def _plain_lines(batch: list) -> bytes | None:
