@@ -12,7 +12,7 @@ import pytest
 
 from tasks.sof.view import compile_view
 from tasks.sof import compiled_code
-from tasks.sof.compiled_code import generated_rows
+from tasks.sof.compiled_code import generated_rows, product_rows
 from tasks.sof.errors import ViewEvaluationError
 from tasks.sof.fhirpath import _interpreted, compile_path
 from tasks.sof.output import ROWS_PER_BATCH, CsvWriter, csv_cells
@@ -258,3 +258,12 @@ def test_a_view_python_cannot_compile_is_left_to_the_closures(monkeypatch):
     for _ in range(30):
         nested = {"a": nested}
     assert list(view.rows({"resourceType": "Patient", **nested})) == [("inner",)]
+
+
+def test_product_rows_gives_every_combination_in_order_and_none_beyond_the_limit():
+    a, b, c = [("a1",), ("a2",)], [("b",)], [("c1",), ("c2",)]
+    assert product_rows(10, (("h",),), a, b) == [("h", "a1", "b"), ("h", "a2", "b")]
+    assert product_rows(10, a, b, c) == [("a1", "b", "c1"), ("a1", "b", "c2"), ("a2", "b", "c1"), ("a2", "b", "c2")]
+    assert product_rows(3, a, b, c) is None
+    assert product_rows(10, a, [], c) == [] == product_rows(10, b, [])
+    assert product_rows(10, b, (("x", "y"),)) == [("b", "x", "y")]

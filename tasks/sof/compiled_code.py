@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from decimal import Decimal
-from itertools import count
+from itertools import chain, count, product
+from math import prod
 from typing import Any
 
 from tasks.sof.fhirpath import MemberPath, Plan
@@ -42,13 +43,34 @@ def generated_rows(
     writer = _Writer(limit, empty)
     result, single = writer.select(root, "d0", resource_type, 1)
     source = "def rows(d0):\n" + "".join(writer.lines) + f"    return {f'[{result}]' if single else result}\n"
-    namespace = {"KEPT": kept, **writer.constants}
+    namespace = {"KEPT": kept, "product_rows": product_rows, **writer.constants}
     try:
         code = compile(source, f"<view {resource_type}>", "exec")
     except (SyntaxError, RecursionError, MemoryError):  # beyond Python's own limits (IndentationError is a SyntaxError)
         return None
     exec(code, namespace)  # noqa: S102 - source made here, no input text
     return namespace["rows"]
+
+
+def product_rows(limit: int, *parts: list[tuple] | tuple[tuple]) -> list[tuple] | None:
+    """The rows of the parts' product, in order (the last part's rows vary fastest), each the concatenation of one
+    row of every part; None beyond ``limit`` rows. Where one part has several rows and the others one (the usual
+    case beside all having one), one pass over that part: no product of every pair of parts in turn."""
+    many, before, after = None, (), ()
+    for part in parts:
+        if len(part) != 1:
+            if many is not None:
+                return (
+                    None
+                    if prod(map(len, parts)) > limit
+                    else list(map(tuple, map(chain.from_iterable, product(*parts))))
+                )
+            many = part
+        elif many is None:
+            before += part[0]
+        else:
+            after += part[0]
+    return [before + row + after for row in many] if many is not None else [before + after]
 
 
 class _Writer:
@@ -104,35 +126,27 @@ class _Writer:
 
     def rows_at(self, select: Any, focus: str, path: str, indent: int) -> tuple[str, bool]:
         """Code giving the product of the select's columns and nested selects at ``focus``: the name of its row
-        while every part gives one (True), else of its list of rows."""
+        where every part always gives one (True), else of its list of rows: one concatenation where every part gave
+        one row (the usual case), else ``product_rows``."""
         cells = [self.column(column, focus, path, indent) for column in select.columns]
-        rows, single = self.name("r"), True
-        self.emit(indent, f"{rows} = ({''.join(cell + ', ' for cell in cells)})")
-        for nested in select.selects:
-            part, one = self.select(nested, focus, path, indent)
-            if single and one:
-                self.emit(indent, f"{rows} += {part}")
-                continue
-            if single:  # the row so far before each of the part's rows (each part has at most ``limit``)
-                single, row = False, rows
-                rows = self.name("r")
-                self.emit(indent, f"if len({part}) == 1:")
-                self.emit(indent + 1, f"{rows} = [{row} + {part}[0]]")
-                self.emit(indent, "else:")
-                self.emit(indent + 1, f"{rows} = [{row} + more for more in {part}]")
-                continue
-            # One row on either side (the usual case) without a comprehension (a function call each in Python 3.11)
-            self.emit(indent, f"if len({rows}) == 1{'' if one else f' and len({part}) == 1'}:")
-            self.emit(indent + 1, f"{rows} = [{rows}[0] + {part}{'' if one else '[0]'}]")
-            if one:
-                self.emit(indent, "else:")
-                self.emit(indent + 1, f"{rows} = [row + {part} for row in {rows}]")
-                continue
-            self.emit(indent, f"elif len({rows}) * len({part}) > {self.limit}:")
-            self.emit(indent + 1, IRREGULAR)
-            self.emit(indent, "else:")
-            self.emit(indent + 1, f"{rows} = [row + more for row in {rows} for more in {part}]")
-        return rows, single
+        parts = [(self.name("r"), True)]
+        self.emit(indent, f"{parts[0][0]} = ({''.join(cell + ', ' for cell in cells)})")
+        parts += [self.select(nested, focus, path, indent) for nested in select.selects]
+        if len(parts) == 1:
+            return parts[0]
+        rows, lists = self.name("r"), [part for part, one in parts if not one]
+        row = " + ".join(part if one else f"{part}[0]" for part, one in parts)
+        if not lists:
+            self.emit(indent, f"{rows} = {row}")
+            return rows, True
+        self.emit(indent, f"if {' and '.join(f'len({part}) == 1' for part in lists)}:")
+        self.emit(indent + 1, f"{rows} = [{row}]")
+        self.emit(indent, "else:")
+        arguments = ", ".join(f"({part},)" if one else part for part, one in parts)
+        self.emit(indent + 1, f"{rows} = product_rows({self.limit}, {arguments})")
+        self.emit(indent + 1, f"if {rows} is None:")
+        self.emit(indent + 2, IRREGULAR)
+        return rows, False
 
     def column(self, column: Any, focus: str, path: str, indent: int) -> str:
         """Code reading a single-valued chain of members; the value's name."""
