@@ -10,7 +10,7 @@ import pytest
 
 from tasks.sof.fhirpath import _interpreted, compile_path, member_steps
 from tasks.sof.flatten import FilePlan, GroupPlan, flatten_file
-from tasks.sof.output import json_bytes
+from tasks.sof.output import csv_cells, json_bytes
 from tasks.sof.resources import line_resources, parse_line, read_rows
 from tasks.sof.view import compile_view
 from tests.conftest import TESTDATA
@@ -117,3 +117,35 @@ def test_the_flattener_reads_lines_by_orjson_first_and_a_resource_a_view_reads_a
     parts = flatten_file(plan)
     assert (tmp_path / "parts" / "f" / "obs.csv").read_text() == "a,1.50\nb,7\nc,7\n"
     assert parts["rows"] == [3]
+
+
+def test_the_csv_rows_are_the_cells_of_the_general_rows_every_one_a_string():
+    columns = [("id", "id"), ("active", "active"), ("births", "multipleBirthInteger"), ("gender", "gender")]
+    view = compile_view(
+        {
+            "resource": "Patient",
+            "select": [
+                {"column": [{"name": name, "path": path} for name, path in columns]},
+                {"column": [{"name": "status", "path": "maritalStatus.text"}]},
+                {"forEachOrNull": "link", "column": [{"name": "other", "path": "other.reference"}]},
+            ],
+        }
+    )
+    patients = [
+        {
+            "resourceType": "Patient",
+            "id": "p1",
+            "active": True,
+            "multipleBirthInteger": 2,
+            "gender": "female",
+            "maritalStatus": {"text": "M"},
+            "link": [{"other": {"reference": "Patient/p2"}}, {"other": {}}],
+        },
+        {"resourceType": "Patient", "id": "p2", "active": False, "multipleBirthInteger": 0, "maritalStatus": {}},
+        {"resourceType": "Patient", "id": "p3", "gender": None, "multipleBirthInteger": -12345678901234},
+    ]
+    cells = [view.csv_rows(patient) for patient in patients]
+
+    assert cells == [[tuple(csv_cells(row)) for row in view.rows(patient)] for patient in patients]
+    assert {type(cell) for rows in cells for row in rows for cell in row} == {str}
+    assert view.csv_rows({**patients[0], "multipleBirthInteger": 1.5}) is None  # a float: the decimal-keeping way

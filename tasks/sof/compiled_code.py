@@ -33,14 +33,15 @@ IRREGULAR = "return None"
 
 
 def generated_rows(
-    root: Any, resource_type: str, limit: int, kept: frozenset = KEPT, empty: str | None = None
+    root: Any, resource_type: str, limit: int, kept: frozenset = KEPT, cells: bool = False
 ) -> Callable[[dict], list[tuple] | None] | None:
     """``root``'s rows (a ``tasks.sof.view.Select``) as one generated function, or None outside the subset; a column
-    value of a type not in ``kept`` is data not of the planned shape. ``empty``: the value of a member the data lacks
-    and of a ``forEachOrNull``'s row without elements (``''`` for CSV, which writes it as it writes a null)."""
+    value of a type not in ``kept`` is data not of the planned shape. ``cells``: every value as its CSV cell, for
+    ``PARSED`` values (``output.cell``: a string as it is, ``''`` for a missing value or a null, ``true``/``false``,
+    an int's digits), so that rows are all strings (``output.CsvWriter`` joins them as they are)."""
     if not _in_subset(root, resource_type, depth=0):
         return None
-    writer = _Writer(limit, empty)
+    writer = _Writer(limit, cells)
     result, single = writer.select(root, "d0", resource_type, 1)
     source = "def rows(d0):\n" + "".join(writer.lines) + f"    return {f'[{result}]' if single else result}\n"
     namespace = {"KEPT": kept, "product_rows": product_rows, **writer.constants}
@@ -74,8 +75,8 @@ def product_rows(limit: int, *parts: list[tuple] | tuple[tuple]) -> list[tuple] 
 
 
 class _Writer:
-    def __init__(self, limit: int, empty: str | None):
-        self.limit, self.empty = limit, empty
+    def __init__(self, limit: int, cells: bool):
+        self.limit, self.cells = limit, cells
         self.lines: list[str] = []
         self.constants: dict[str, Any] = {}
         self.names = count()
@@ -120,7 +121,7 @@ class _Writer:
         self.emit(indent + int(not single) + 1, IRREGULAR)
         if select.iteration == "forEachOrNull":
             self.emit(indent, f"if not {found}:")
-            null_row = tuple(self.empty if value is None else value for value in select.null_row)
+            null_row = tuple("" if self.cells and value is None else value for value in select.null_row)
             self.emit(indent + 1, f"{rows} = [{self.constant(null_row)}]")
         return rows, False
 
@@ -156,11 +157,25 @@ class _Writer:
             if step:  # no value: the chain ends here (one level deep however long the chain: Python allows 100)
                 self.emit(indent, f"if {value} is not None:")
             self.check_object(value if step else focus, at, indent + min(step, 1), once=not step)
-            default = "" if self.empty is None or step < len(plan.operations) - 1 else f", {self.empty!r}"
+            default = ", ''" if self.cells and step == len(plan.operations) - 1 else ""
             self.emit(indent + min(step, 1), f"{value} = {value if step else focus}.get({self.constant(key)}{default})")
-        self.emit(indent, f"if type({value}) not in KEPT:")
-        self.emit(indent + 1, IRREGULAR)
+        if self.cells:
+            self.as_cell(value, indent)
+        else:
+            self.emit(indent, f"if type({value}) not in KEPT:")
+            self.emit(indent + 1, IRREGULAR)
         return value
+
+    def as_cell(self, value: str, indent: int) -> None:
+        """Code making the value of a ``PARSED`` type its CSV cell (a string), and giving up at any other type."""
+        self.emit(indent, f"if type({value}) is not str:")
+        for test, cell in (("is None", "''"), ("is True", "'true'"), ("is False", "'false'")):
+            self.emit(indent + 1, f"{'if' if test == 'is None' else 'elif'} {value} {test}:")
+            self.emit(indent + 2, f"{value} = {cell}")
+        self.emit(indent + 1, f"elif type({value}) is int:")
+        self.emit(indent + 2, f"{value} = str({value})")
+        self.emit(indent + 1, "else:")
+        self.emit(indent + 2, IRREGULAR)
 
     def walk(self, plan: Plan, focus: str, indent: int) -> str:
         """Code giving the elements of an iteration plan of members and where() in a list; the list's name. The

@@ -228,18 +228,18 @@ class CompiledView:
     def parsed_rows(self) -> Callable[[dict], list[tuple] | None] | None:
         """The generated rows for a resource as orjson parses it (``PARSED``: None where it holds a decimal a column
         reads, or is shaped otherwise), for views without ``where`` in the generated subset (``resources.read_rows``)"""
-        return self._generated(None)
+        return self._generated()
 
     @cached_property
     def csv_rows(self) -> Callable[[dict], list[tuple] | None] | None:
-        """``parsed_rows`` for CSV: a missing value is ``''`` rather than None, as CSV writes both as an empty cell,
-        so a batch of its rows has no null for ``output.CsvWriter`` to take out of its lines"""
-        return self._generated("")
+        """``parsed_rows`` as CSV cells, every value a string (``compiled_code.generated_rows``, ``cells``), so that
+        ``output.CsvWriter`` joins a batch of them as it is"""
+        return self._generated(cells=True)
 
-    def _generated(self, empty: str | None) -> Callable[[dict], list[tuple] | None] | None:
+    def _generated(self, cells: bool = False) -> Callable[[dict], list[tuple] | None] | None:
         if self.where or self.root.indexed:
             return None
-        return generated_rows(self.root, self.resource, CACHED_ROWS, PARSED, empty)
+        return generated_rows(self.root, self.resource, CACHED_ROWS, PARSED, cells)
 
     def rows(self, resource: dict[str, Any]) -> Iterable[tuple]:
         """The resource's rows (none if it is of another type or a ``where`` path is not true): a list or tuple when
