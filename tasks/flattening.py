@@ -227,11 +227,11 @@ def add_parquet_files(out_dir: Path, views: list[GroupView], outcome: FlattenOut
     (``tasks.sof.parquet``), converted one after the other in one worker process: the long-lived flow process never
     loads pyarrow nor holds Arrow's memory, and one worker keeps the job's peak lower than two (each holds pyarrow and
     a row group); listed with the step's files."""
-    view_of = {view.group.csv_name: view.view for view in views}
     csv_files = list(outcome.files)
-    parquet_paths = [out_dir / (csv_file.name.removesuffix(".csv") + ".parquet") for csv_file in csv_files]
     if not csv_files:
         return
+    view_of = {view.group.csv_name: view.view for view in views}
+    parquet_paths = [out_dir / (csv_file.name.removesuffix(".csv") + ".parquet") for csv_file in csv_files]
     with worker_pool(size=1), engine_errors_as_step_errors():
         calls = ProcessCalls(parquet_file)
         for csv_file, parquet_path in zip(csv_files, parquet_paths, strict=True):

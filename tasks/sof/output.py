@@ -98,9 +98,9 @@ def _plain_lines(batch: list) -> bytes | None:
     """The batch's CSV lines made from its JSON (``orjson``, in C, a row a line) where no cell needs quoting: no JSON
     escape (so no quote, backslash, CR, LF or control character in a string), no comma but the separators and no
     bracket but the rows' own. A comma is then always a separator, so an unquoted ``null`` after one, or after a row's
-    ``[``, is a null: it becomes an empty cell (rows for CSV rarely hold one: ``CompiledView.csv_rows``); then the
-    quotes and brackets go. None where a cell needs quoting, a row has fewer than two cells (``csv`` quotes a lone
-    empty cell), the rows differ in length, or orjson refuses a value (an int beyond 64 bits, a lone surrogate)."""
+    ``[``, is a null: it becomes an empty cell; then the quotes and brackets go. None where a cell needs quoting, a
+    row has fewer than two cells (``csv`` quotes a lone empty cell), the rows differ in length, or orjson refuses a
+    value (an int beyond 64 bits, a lone surrogate)."""
     width, rows = len(batch[0]), len(batch)
     if width < 2 or any(len(row) != width for row in batch):
         return None

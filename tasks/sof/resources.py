@@ -68,8 +68,8 @@ def read_rows(view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]],
     gives them) as ``view.rows`` gives them; lines that hold no resource of its type (``may_hold``) are passed over
     unparsed. A line that opens as a resource of the view's type, as compact JSON writers write it, is parsed by orjson
     alone (no search for decimals) and given to ``view.parsed_rows``; a line it does not take (a decimal a column
-    reads, data of another shape, too many rows, not JSON) is read again the general way. ``csv``: rows for CSV cells,
-    where that function gives ``''`` for a missing value (``view.csv_rows``)."""
+    reads, data of another shape, too many rows, not JSON) is read again the general way. ``csv``: rows for CSV, from
+    the function that gives every value as its cell (``view.csv_rows``)."""
     opening = b'{"resourceType":' + orjson.dumps(view.resource)
     fast = view.csv_rows if csv else view.parsed_rows
     most, wanted = view.max_rows_per_resource, frozenset([view.resource.encode()])
