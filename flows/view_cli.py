@@ -98,6 +98,5 @@ def print_parquet(view, definition: dict[str, Any], resources: Path) -> None:
 
 
 def view_rows(view, resources: Path, csv: bool = False):
-    """The view's rows over the file's resources (``csv``: as CSV cells need them); lines holding no resource of the
-    view's type are not parsed."""
+    """The view's rows over the file (``csv``: as CSV cells); lines holding no resource of its type are not parsed."""
     return read_rows(view, resources, iter_lines(resources, MAX_LINE_BYTES), csv)

@@ -53,14 +53,7 @@ from tasks.sof.resources import parse_line
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.streams.files import write_file_atomically
 from tasks.streams.ndjson import PART_PREFIX, PART_SUFFIX, iter_lines
-from tasks.streams.processes import (
-    ProcessCalls,
-    SharedCount,
-    never_cancelled,
-    pool_size,
-    run_in_process,
-    worker_pool,
-)
+from tasks.streams.processes import ProcessCalls, SharedCount, never_cancelled, pool_size, run_in_process, worker_pool
 from tasks.streams.spans import MB, SPAN_MIN_BYTES, Piece, file_spans, input_pays_for_processes
 
 log = logging.getLogger("dupflow.flattening")
@@ -224,9 +217,8 @@ def clean_output(folder: Path) -> None:
 
 def add_parquet_files(out_dir: Path, views: list[GroupView], outcome: FlattenOutcome) -> None:
     """Each group's CSV also as Parquet beside it (``services.flattening.formats`` has parquet), typed from its view
-    (``tasks.sof.parquet``), converted one after the other in one worker process: the long-lived flow process never
-    loads pyarrow nor holds Arrow's memory, and one worker keeps the job's peak lower than two (each holds pyarrow and
-    a row group); listed with the step's files."""
+    (``tasks.sof.parquet``), one after the other in one worker process (the long-lived flow process never loads
+    pyarrow; two workers would each hold it and a row group); listed with the step's files."""
     csv_files = list(outcome.files)
     if not csv_files:
         return

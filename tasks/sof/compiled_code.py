@@ -60,12 +60,8 @@ def product_rows(limit: int, *parts: list[tuple] | tuple[tuple]) -> list[tuple] 
     many, before, after = None, (), ()
     for part in parts:
         if len(part) != 1:
-            if many is not None:
-                return (
-                    None
-                    if prod(map(len, parts)) > limit
-                    else list(map(tuple, map(chain.from_iterable, product(*parts))))
-                )
+            if many is not None:  # several parts of several rows (or none)
+                return None if prod(map(len, parts)) > limit else [tuple(chain(*rows)) for rows in product(*parts)]
             many = part
         elif many is None:
             before += part[0]

@@ -78,10 +78,9 @@ class CsvWriter:
 
 
 def _string_lines(batch: list) -> bytes | None:
-    """The batch's CSV lines, its cells joined as they are, where every cell is a string (``CompiledView.csv_rows``
-    gives most rows so) and none needs quoting or would trouble a reader: no comma but the separators, no line feed
-    but the rows' ends, no quote, CR or NUL. None otherwise, where a row has fewer than two cells (``csv`` quotes a
-    lone empty cell), the rows differ in length, or a string is no UTF-8 (a lone surrogate)."""
+    """The batch's CSV lines, its cells joined as they are, where all are strings (as ``CompiledView.csv_rows`` gives
+    them) and none holds a comma, line feed, quote, CR or NUL; None otherwise, where a row has fewer than two cells
+    (``csv`` quotes a lone empty cell), the rows differ in length, or a string is no UTF-8 (a lone surrogate)."""
     width, rows = len(batch[0]), len(batch)
     if width < 2 or any(len(row) != width for row in batch):
         return None
@@ -111,11 +110,7 @@ def _plain_lines(batch: list) -> bytes | None:
     brackets = text.count(b"[") == rows == text.count(b"]")
     if b"\\" in text or text.count(b",") != rows * (width - 1) or not brackets:
         return None
-    if b",null" in text:
-        text = text.replace(b",null", b",")
-    if b"[null," in text:
-        text = text.replace(b"[null,", b"[,")
-    return text.translate(None, b'"[]') + b"\n"
+    return text.replace(b",null", b",").replace(b"[null,", b"[,").translate(None, b'"[]') + b"\n"
 
 
 def _quoted(cell: str) -> str:
