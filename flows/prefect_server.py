@@ -62,6 +62,7 @@ PROBE_TIMEOUT = 0.5
 API_ANSWER_TIMEOUT = 20.0  # a server elsewhere that is busy (2-core machine under load) was seen to take over 5 s
 STARTUP_TIMEOUT = 120.0  # a fresh PREFECT_HOME migrates its database first: 15-40 s on a busy 2-core machine
 STOP_GRACE = 10.0
+CMDLINE_READS = 5  # an exiting process's stays empty
 POLL_INTERVAL = 0.05  # a start-up waits for the server by this much at most; a refused connection costs ~0.1 ms
 # Off: two services no job needs, which only label runs Late and workers offline in the UI (the scheduler, triggers,
 # pause expirations, task-run recorder, event persister, cancellation clean-up and the UI stay on); two malloc arenas
@@ -344,7 +345,10 @@ def process_is_server(pid: int) -> bool:
     if not process_exists(pid):
         return False
     try:
-        arguments = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        for _ in range(CMDLINE_READS):  # a live process's command line was seen to read empty now and then
+            if (arguments := Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")) != [b""]:
+                break
+            time.sleep(0.01)
     except FileNotFoundError:
         return not Path("/proc/self").exists()  # no /proc (macOS): the pid check above is all there is
     return b"prefect" in arguments and b"server" in arguments and b"start" in arguments
@@ -381,16 +385,13 @@ def register(commands: argparse._SubParsersAction) -> None:
     """Add ``server start|stop|status|url`` to the ``python -m flows.run`` parser."""
     server = commands.add_parser("server", help="the local Prefect server (and its UI) that jobs use")
     server_commands = server.add_subparsers(required=True, metavar="SUBCOMMAND")
-    start = server_commands.add_parser("start", help="start the local Prefect server if none runs; print its UI URL")
-    start.set_defaults(command=cmd_server_start)
-    stop = server_commands.add_parser("stop", help="stop the local Prefect server")
-    stop.set_defaults(command=cmd_server_stop)
-    status = server_commands.add_parser("status", help="show the local Prefect server (exit code 1 if none runs)")
-    status.set_defaults(command=cmd_server_status)
-    url = server_commands.add_parser(
-        "url", help="print the API URL jobs use (this home's local server, started if none runs): for PREFECT_API_URL"
-    )
-    url.set_defaults(command=cmd_server_url)
+    for name, command, text in (
+        ("start", cmd_server_start, "start the local Prefect server if none runs; print its UI URL"),
+        ("stop", cmd_server_stop, "stop the local Prefect server"),
+        ("status", cmd_server_status, "show the local Prefect server (exit code 1 if none runs)"),
+        ("url", cmd_server_url, "print the API URL for PREFECT_API_URL (this home's server, started if none runs)"),
+    ):
+        server_commands.add_parser(name, help=text).set_defaults(command=command)
 
 
 def cmd_server_start(args: argparse.Namespace) -> int:
@@ -427,8 +428,7 @@ def cmd_server_stop(args: argparse.Namespace) -> int:
 def cmd_server_status(args: argparse.Namespace) -> int:
     if api_url := prefect_api_url():
         print(f"PREFECT_API_URL is set: jobs use {shown_url(api_url)}, not the local server")
-    status = server_status()
-    if status is None:
+    if (status := server_status()) is None:
         print("no local Prefect server is running (the next job starts one)")
         return 1
     print(f"Prefect UI: {status['ui_url']}")

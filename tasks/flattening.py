@@ -220,8 +220,6 @@ def add_parquet_files(out_dir: Path, views: list[GroupView], outcome: FlattenOut
     (``tasks.sof.parquet``), one after the other in one worker process (the long-lived flow process never loads
     pyarrow; two workers would each hold it and a row group); listed with the step's files."""
     csv_files = list(outcome.files)
-    if not csv_files:
-        return
     view_of = {view.group.csv_name: view.view for view in views}
     parquet_paths = [out_dir / (csv_file.name.removesuffix(".csv") + ".parquet") for csv_file in csv_files]
     with worker_pool(size=1), engine_errors_as_step_errors():
