@@ -35,8 +35,7 @@ class CsvWriter:
     """Rows as RFC 4180 lines: ``csv.writer`` for most, a row with a bare CR quoted here (see the module doc)."""
 
     def __init__(self, stream: IO[str]):
-        self._stream = stream
-        self._writer = csv.writer(stream, dialect=CsvDialect)
+        self._stream, self._writer = stream, csv.writer(stream, dialect=CsvDialect)
         utf8 = str(getattr(stream, "encoding", "")).lower().replace("-", "") == "utf8"
         self._bytes: IO[bytes] | None = getattr(stream, "buffer", None) if utf8 else None
         """The UTF-8 text stream's byte stream: a batch's lines made as bytes go there, not decoded and encoded"""

@@ -64,8 +64,7 @@ class LineChecker:
     accepts what simdjson cannot represent (integers beyond 64 bits, deep nesting). Not thread-safe."""
 
     def __init__(self, source: str, max_line_bytes: int):
-        self._source = source
-        self._lines = LineSplitter(source, max_line_bytes)
+        self._source, self._lines = source, LineSplitter(source, max_line_bytes)
         self._parser = simdjson.Parser()
         self.resources = self.bundles = self.bundled = 0
 
@@ -74,24 +73,24 @@ class LineChecker:
         return self._lines.number
 
     def feed(self, chunk: bytes) -> None:
-        for line in self._lines.feed(chunk):
-            self._check_line(line)
+        for number, line in self._lines.numbered(chunk):
+            self._check_line(number, line)
 
     def finish(self) -> None:
         """Check the last line when the data do not end with a newline: it must be a complete resource."""
         if not (line := self._lines.finish()):
             return
         try:
-            self._check_line(line)
+            self._check_line(self.lines, line)
         except NdjsonError:
             raise TruncatedLineError(
                 f"{self._source}: the data end in the middle of line {self.lines}, without a newline; "
                 "they are truncated"
             ) from None
 
-    def _check_line(self, line: bytes) -> None:
+    def _check_line(self, number: int, line: bytes) -> None:
         if not self._is_resource(line):  # parse_resource raises, or a Bundle is counted from its parse
-            resource = parse_resource(self._source, self.lines, line)
+            resource = parse_resource(self._source, number, line)
             if resource["resourceType"] == "Bundle":
                 entry = resource.get("entry")
                 self._add_bundle(len(entry) if type(entry) is list else 0)
@@ -151,12 +150,9 @@ class AtomicNdjsonWriter:
         expected_size: int | None = None,
         stop_if_cancelled: Callable[[], None] = never_cancelled,
     ):
-        self.dest = dest
+        self.dest, self._level, self._max_line_bytes = dest, level, max_line_bytes
         self.part = dest.with_name(f"{PART_PREFIX}{dest.name}{PART_SUFFIX}")
-        self._level = level
-        self._source = source or str(dest)
-        self._max_line_bytes = max_line_bytes
-        self._stop_if_cancelled = stop_if_cancelled
+        self._source, self._stop_if_cancelled = source or str(dest), stop_if_cancelled
         check_later = level is None and (expected_size or 0) >= CHECK_IN_PROCESS_MIN_BYTES and processes_allowed()
         self._checker = None if check_later else LineChecker(self._source, max_line_bytes)  # None: in a worker
         self._checks = ProcessCalls(check_plain_span)  # of the spans written so far (``_check_span``)
