@@ -8,38 +8,49 @@ Writes ``--megabytes`` of seeded, varied TORCH-shaped NDJSON in ``--files`` file
 data), serves them from the fake extraction server's directory mode in its own process, and measures, each in a
 fresh child process (so its peak RSS is its own), the best of ``--runs``:
 
-- curl:     ``curl --parallel`` into files, ``DOWNLOAD_CONCURRENCY`` at a time (the anchor);
+- curl:     ``curl --parallel`` into files, ``DOWNLOAD_CONCURRENCY`` at a time (the anchor), and the same followed by
+            ``sync`` (the files on disk, as a download leaves them);
 - raw:      httpx streaming every file to nowhere (the ceiling of httpx on this wire);
+- synced:   httpx streaming every file into a file, synced when complete (a download without its line check);
 - plain:    ``tasks.clients.downloads.download_ndjson`` with compression off (NDJSON check of every line, line
-            count, temporary file + fsync + rename), ``DOWNLOAD_CONCURRENCY`` files at a time, as the extractor;
+            count, temporary file + fsync + rename), ``DOWNLOAD_CONCURRENCY`` files at a time in the step's worker
+            pool, opened and ended in the run (``compare.download_group``, as the extractor);
 - dupflow:  the same at zstd ``--level``.
 
 Then the two costs inside a download on the same bytes, one core, from memory: the per-line check alone
 (``tasks.streams.ndjson_writer.LineChecker``: simdjson per line) and zstd at ``--level``. Figures go to stdout, with
-the CPU seconds per GB of each child (on a shared machine the steadier figure).
+the CPU seconds per GB of each child and its worker processes (on a shared machine the steadier figure).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 from pathlib import Path
 
 import httpx
 import zstandard
 
-from config.settings import RetrySettings
-from tasks.clients.downloads import download_ndjson, target_names
+from tasks.clients.downloads import target_names
 from tasks.extractor import DOWNLOAD_CONCURRENCY
 from tasks.streams.ndjson import ZSTD_LEVELS, CompressionLevel
 from tasks.streams.ndjson_writer import LineChecker
-from tests.benchmarks.compare import MAX_LINE_BYTES, MB, best_seconds, fresh, run_command, serving, write_dataset
+from tests.benchmarks.compare import (
+    MAX_LINE_BYTES,
+    MB,
+    best_seconds,
+    download_group,
+    fresh,
+    run_command,
+    serving,
+    write_dataset,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +61,7 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--level", choices=list(ZSTD_LEVELS), default="default")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--child", choices=["raw", "dupflow", "plain"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=["raw", "synced", "dupflow", "plain"], help=argparse.SUPPRESS)
     parser.add_argument("--arguments", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -70,14 +81,19 @@ def run_benchmark(megabytes: int, files: int, level: CompressionLevel, runs: int
             for number, url in enumerate(urls):
                 curl += ["-o", str(out / f"{number}.ndjson"), url]
             curl_seconds = best_seconds(lambda: run_command(curl), runs, fresh(out))
-            results = {mode: in_child(mode, urls, str(out), level, runs) for mode in ("raw", "plain", "dupflow")}
+            curl_sync_seconds = best_seconds(lambda: (run_command(curl), os.sync()), runs, fresh(out))
+            modes = ("raw", "synced", "plain", "dupflow")
+            results = {mode: in_child(mode, urls, str(out), level, runs) for mode in modes}
         check_rate, zstd_rate = line_check_rate(paths), zstd_rate_of(paths, level)
     print(f"{len(paths)} files, {total:,.0f} MB over loopback, {DOWNLOAD_CONCURRENCY} at a time, best of {runs}")
     print(f"{'measurement':<44} {'MB/s':>8} {'x curl':>7} {'CPU s/GB':>9} {'peak RSS':>10}")
     curl_rate = total / curl_seconds
     print(f"{'curl --parallel into files':<44} {curl_rate:>8,.0f} {1:>7.2f}")
+    synced_rate = total / curl_sync_seconds
+    print(f"{'curl --parallel into files, then sync':<44} {synced_rate:>8,.0f} {synced_rate / curl_rate:>7.2f}")
     labels = {
         "raw": "raw httpx stream to /dev/null",
+        "synced": "httpx stream into files, each synced",
         "plain": "dupflow download_ndjson, no compression",
         "dupflow": f"dupflow download_ndjson, zstd {level}",
     }
@@ -101,25 +117,14 @@ def in_child(mode: str, urls: list[str], out: str, level: str, runs: int) -> dic
 
 def measure(mode: str, urls: list[str], out: str, level: CompressionLevel, runs: int) -> dict:
     folder = Path(out)
-    names = target_names(urls, compress=mode == "dupflow")
-
-    def work(client: httpx.Client, url: str) -> None:
-        if mode == "raw":
-            stream_to_nowhere(client, url)
-            return
-        download_ndjson(
-            client,
-            url,
-            folder / names[url],
-            level=level if mode == "dupflow" else None,
-            max_line_bytes=MAX_LINE_BYTES,
-            stall_timeout=timedelta(minutes=1),
-            retry=RetrySettings(),
-        )
+    names = target_names(urls, compress=False)
 
     def all_files() -> None:
+        if mode in ("plain", "dupflow"):  # the extractor's way: its bounded threads, in the step's worker pool
+            download_group(urls, out, level if mode == "dupflow" else None, DOWNLOAD_CONCURRENCY)
+            return
         with httpx.Client(timeout=httpx.Timeout(60)) as client, ThreadPoolExecutor(DOWNLOAD_CONCURRENCY) as pool:
-            list(pool.map(lambda url: work(client, url), urls))
+            list(pool.map(lambda url: stream_to(client, url, folder / names[url] if mode == "synced" else None), urls))
 
     cpu_before = cpu_seconds()
     seconds = best_seconds(all_files, runs, fresh(folder))
@@ -128,16 +133,23 @@ def measure(mode: str, urls: list[str], out: str, level: CompressionLevel, runs:
 
 
 def cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    """This process's CPU time and its ended children's (the worker pool's, ended with each run)."""
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(part.ru_utime + part.ru_stime for part in usage)
 
 
-def stream_to_nowhere(client: httpx.Client, url: str) -> int:
-    received = 0
+def stream_to(client: httpx.Client, url: str, path: Path | None) -> None:
+    """The body to nowhere (``path`` None), else into ``path``, synced when complete."""
     with client.stream("GET", url, headers={"Accept": "application/fhir+ndjson"}) as response:
-        for chunk in response.iter_bytes():
-            received += len(chunk)
-    return received
+        if path is None:
+            for _ in response.iter_bytes():
+                pass
+            return
+        with open(path, "wb") as out:
+            for chunk in response.iter_bytes():
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
 
 
 def line_check_rate(paths: list[Path]) -> float:

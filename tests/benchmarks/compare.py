@@ -17,8 +17,8 @@ least disturbed):
 - import:     ``local_import``'s per-file copy (``AtomicNdjsonWriter.copy``, one file per core, the step's pool),
               plain and zstd ``default``, next to ``cp`` and ``zstd -5 -T1`` of the same files;
 - download:   ``download_ndjson`` from the fake extraction server serving the files (its own process),
-              ``DOWNLOAD_CONCURRENCY`` at a time as the extractor step, next to ``curl --parallel`` and a plain
-              parallel httpx fetch into files;
+              ``DOWNLOAD_CONCURRENCY`` at a time as the extractor step, next to ``curl --parallel`` (for plain files
+              also followed by ``sync``: on disk, as a download leaves them) and a plain parallel httpx fetch;
 - pseudonymization: ``pseudonymize_path`` against the fake service (its own process, fixed latency) at the
               default ``max_concurrent_requests``, next to latency x requests / concurrency;
 - flattening: the step's ``flatten_one`` per file (embedded engine, the shared example's CRTDL and lookup; no
@@ -57,7 +57,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from decimal import Decimal
 from functools import partial
@@ -345,6 +345,7 @@ def download_rows(root: Path, files: list[Path], runs: int) -> list[Row]:
         for number, url in enumerate(urls):
             curl += ["-o", str(out / f"{number}.ndjson"), url]
         curl_rate = total / best_seconds(lambda: run_command(curl), runs, fresh(out))
+        synced_rate = total / best_seconds(lambda: (run_command(curl), os.sync()), runs, fresh(out))
         plain = in_child("fetch", urls=urls, out=str(out), runs=runs, concurrency=DOWNLOAD_CONCURRENCY)
         rows = [
             Row(
@@ -370,6 +371,8 @@ def download_rows(root: Path, files: list[Path], runs: int) -> list[Row]:
                     result["peak_mb"],
                 )
             )
+            if level is None:  # its files synced as a download's are: the same work on disk
+                rows.append(replace(rows[-1], anchor="curl --parallel, sync", anchor_rate=synced_rate))
     shutil.rmtree(out, ignore_errors=True)
     return rows
 
