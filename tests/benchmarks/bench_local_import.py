@@ -6,7 +6,8 @@ Data: ``--mb`` MB of seeded, varied TORCH-shaped Bundles (``compare``'s data: ev
 ``--files`` files, written once. Each round runs, in turn on the same files (the rounds interleave, so each sees the
 same machine load):
 
-- ``cp``: the copy (GNU cp, into a fresh folder; nothing synced), and ``cp`` followed by ``sync`` apart;
+- ``cp``: the copy (GNU cp, into a fresh folder; nothing synced), and ``cp`` followed by ``sync`` apart (before each
+  timed measurement the output folder is emptied and synced, so that none pays for an earlier one's files);
 - the scan: the fastest validating scan of every line in one process (simdjson's parser over each line, nothing
   else: the least a line check can do);
 - for a level: ``zstd -T1 -<level>`` of the files in place of ``cp``;
@@ -60,16 +61,19 @@ def main() -> None:
 
 def one_round(root: Path, files: list[Path], levels: list[str]) -> dict[str, float]:
     out = root / "out"
-    measured = {"cp": timed(lambda: run_command(["cp", *map(str, files), str(fresh(out))]))}
-    measured["cp + sync"] = timed(lambda: (run_command(["cp", *map(str, files), str(fresh(out))]), os.sync()))
+    cp = ["cp", *map(str, files), str(out)]
+    settled(out)
+    measured = {"cp": timed(lambda: run_command(cp))}
+    settled(out)
+    measured["cp + sync"] = timed(lambda: (run_command(cp), os.sync()))
     measured["scan"] = timed(lambda: scan(files))
     for level in levels:
         copy = "cp"
         if level != "off":
             copy = f"zstd -T1 -{ZSTD_LEVELS[level]}"
-            command = ["zstd", "-q", "-f", "-T1", f"-{ZSTD_LEVELS[level]}", "--output-dir-flat", str(fresh(out))]
+            command = ["zstd", "-q", "-f", "-T1", f"-{ZSTD_LEVELS[level]}", "--output-dir-flat", str(settled(out))]
             measured[copy] = timed(lambda command=command: run_command([*command, *map(str, files)]))
-        seconds, peak = import_in_child(files, fresh(out), level)
+        seconds, peak = import_in_child(files, settled(out), level)
         measured[f"local_import {level}"] = seconds
         measured[f"ratio {level} / {copy} + scan"] = seconds / (measured[copy] + measured["scan"])
         measured[f"ratio {level} / cp + sync"] = seconds / measured["cp + sync"]
@@ -83,9 +87,12 @@ def load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def fresh(folder: Path) -> Path:
+def settled(folder: Path) -> Path:
+    """``folder`` empty, and nothing left for the disk to write: what one measurement wrote is neither deleted nor
+    written back while the next is timed (the copy of a round's first measurement paid for the last round's files)."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
+    os.sync()
     return folder
 
 
