@@ -2,11 +2,12 @@
 
 Run on demand (not collected by pytest):
 
-    python -m tests.benchmarks.bench_download [--megabytes 512] [--files 8] [--level default] [--runs 3]
+    python -m tests.benchmarks.bench_download [--megabytes 512] [--files 8] [--level default] [--rounds 5]
 
 Writes ``--megabytes`` of seeded, varied TORCH-shaped NDJSON in ``--files`` files (``tests.benchmarks.compare``'s
-data), serves them from the fake extraction server's directory mode in its own process, and measures, each in a
-fresh child process (so its peak RSS is its own), the best of ``--runs``:
+data), serves them from the fake extraction server's directory mode in its own process, and measures in
+``--rounds`` rounds, each measurement once a round in turn (the downloads each in a fresh child process, so that its
+peak RSS is its own), each on an emptied and synced output folder:
 
 - curl:     ``curl --parallel`` into files, ``DOWNLOAD_CONCURRENCY`` at a time (the anchor), and the same followed by
             ``sync`` (the files on disk, as a download leaves them);
@@ -18,8 +19,10 @@ fresh child process (so its peak RSS is its own), the best of ``--runs``:
 - dupflow:  the same at zstd ``--level``.
 
 Then the two costs inside a download on the same bytes, one core, from memory: the per-line check alone
-(``tasks.streams.ndjson_writer.LineChecker``: simdjson per line) and zstd at ``--level``. Figures go to stdout, with
-the CPU seconds per GB of each child and its worker processes (on a shared machine the steadier figure).
+(``tasks.streams.ndjson_writer.LineChecker``: simdjson per line) and zstd at ``--level``. Printed: each round's
+seconds, then per measurement MB/s and its ratio to curl's and to curl-then-sync's in the same round (min and
+median), the CPU seconds per GB of each child and its worker processes (on a shared machine the steadier figure), the
+load average before and after.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import resource
 import subprocess
 import sys
@@ -55,67 +59,105 @@ from tests.benchmarks.compare import (
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+LABELS = {
+    "curl": "curl --parallel into files",
+    "curl, sync": "curl --parallel into files, then sync",
+    "raw": "raw httpx stream to /dev/null",
+    "synced": "httpx stream into files, each synced",
+    "plain": "dupflow download_ndjson, no compression",
+    "dupflow": "dupflow download_ndjson, zstd {level}",
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--megabytes", type=int, default=512)
     parser.add_argument("--files", type=int, default=8)
     parser.add_argument("--level", choices=list(ZSTD_LEVELS), default="default")
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--child", choices=["raw", "synced", "dupflow", "plain"], help=argparse.SUPPRESS)
     parser.add_argument("--arguments", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child, level=args.level, runs=args.runs, **json.loads(args.arguments))))
+        print(json.dumps(measure(args.child, level=args.level, **json.loads(args.arguments))))
         return
-    run_benchmark(args.megabytes, args.files, args.level, args.runs)
+    run_benchmark(args.megabytes, args.files, args.level, args.rounds)
 
 
-def run_benchmark(megabytes: int, files: int, level: CompressionLevel, runs: int) -> None:
+def run_benchmark(megabytes: int, files: int, level: CompressionLevel, rounds: int) -> None:
+    print(f"load average before: {load()}")
     with tempfile.TemporaryDirectory(prefix="bench-download-") as scratch:
         root = Path(scratch)
         paths = write_dataset(root / "data", megabytes, files, seed=14)
         total = sum(p.stat().st_size for p in paths) / MB
-        out = root / "out"
+        print(f"{len(paths)} files, {total:,.0f} MB over loopback, {DOWNLOAD_CONCURRENCY} at a time, {rounds} rounds")
         with serving(root / "data") as urls:
-            curl = ["curl", "-s", "--fail", "--parallel", "--parallel-max", str(DOWNLOAD_CONCURRENCY)]
-            for number, url in enumerate(urls):
-                curl += ["-o", str(out / f"{number}.ndjson"), url]
-            curl_seconds = best_seconds(lambda: run_command(curl), runs, fresh(out))
-            curl_sync_seconds = best_seconds(lambda: (run_command(curl), os.sync()), runs, fresh(out))
-            modes = ("raw", "synced", "plain", "dupflow")
-            results = {mode: in_child(mode, urls, str(out), level, runs) for mode in modes}
+            found = [one_round(urls, root / "out", level) for _ in range(rounds)]
         check_rate, zstd_rate = line_check_rate(paths), zstd_rate_of(paths, level)
-    print(f"{len(paths)} files, {total:,.0f} MB over loopback, {DOWNLOAD_CONCURRENCY} at a time, best of {runs}")
-    print(f"{'measurement':<44} {'MB/s':>8} {'x curl':>7} {'CPU s/GB':>9} {'peak RSS':>10}")
-    curl_rate = total / curl_seconds
-    print(f"{'curl --parallel into files':<44} {curl_rate:>8,.0f} {1:>7.2f}")
-    synced_rate = total / curl_sync_seconds
-    print(f"{'curl --parallel into files, then sync':<44} {synced_rate:>8,.0f} {synced_rate / curl_rate:>7.2f}")
-    labels = {
-        "raw": "raw httpx stream to /dev/null",
-        "synced": "httpx stream into files, each synced",
-        "plain": "dupflow download_ndjson, no compression",
-        "dupflow": f"dupflow download_ndjson, zstd {level}",
-    }
-    for mode, result in results.items():
-        rate = total / result["seconds"]
+    report(found, total, level)
+    print(f"{'line check alone (simdjson per line), 1 core':<44} {check_rate:>8,.0f} MB/s")
+    print(f"{f'zstd {level} compression alone, 1 thread':<44} {zstd_rate:>8,.0f} MB/s")
+    print(f"load average after: {load()}")
+
+
+def one_round(urls: list[str], out: Path, level: str) -> dict[str, dict]:
+    """Every measurement once, in turn, each on an emptied and synced output folder: seconds (and, for a child,
+    CPU seconds and peak RSS)."""
+    curl = ["curl", "-s", "--fail", "--parallel", "--parallel-max", str(DOWNLOAD_CONCURRENCY)]
+    for number, url in enumerate(urls):
+        curl += ["-o", str(out / f"{number}.ndjson"), url]
+    found = {}
+    for name, work in (("curl", lambda: run_command(curl)), ("curl, sync", lambda: (run_command(curl), os.sync()))):
+        settle(out)
+        found[name] = {"seconds": best_seconds(work, 1)}
+    for mode in ("raw", "synced", "plain", "dupflow"):
+        settle(out)
+        found[mode] = in_child(mode, urls, str(out), level)
+    print("  ".join(f"{name} {result['seconds']:.2f} s" for name, result in found.items()), flush=True)
+    return found
+
+
+def report(found: list[dict[str, dict]], total: float, level: str) -> None:
+    """Per measurement: MB/s min / median over the rounds, its ratio to curl's and to curl-then-sync's in the same
+    round (min / median), CPU seconds per GB (median) and peak RSS."""
+    print(f"{'measurement':<44} {'MB/s':>13} {'x curl':>13} {'x curl, sync':>13} {'CPU s/GB':>9} {'peak RSS':>9}")
+    print(f"{'':<44} {'min / median':>13} {'min / median':>13} {'min / median':>13} {'median':>9}")
+    for name in found[0]:
+        rates = [total / one[name]["seconds"] for one in found]
+        to_curl = [one["curl"]["seconds"] / one[name]["seconds"] for one in found]
+        to_synced = [one["curl, sync"]["seconds"] / one[name]["seconds"] for one in found]
+        cpu = [one[name]["cpu"] / total * 1000 for one in found if "cpu" in one[name]]
+        peak = max((one[name]["maxrss_kb"] / 1024 for one in found if "maxrss_kb" in one[name]), default=None)
         print(
-            f"{labels[mode]:<44} {rate:>8,.0f} {rate / curl_rate:>7.2f} {result['cpu'] / total * 1000:>9.2f} "
-            f"{result['maxrss_kb'] / 1024:>7,.0f} MB"
+            f"{LABELS[name].format(level=level):<44} {spread(rates, '{:,.0f}'):>13} {spread(to_curl):>13} "
+            f"{spread(to_synced):>13} {f'{statistics.median(cpu):.2f}' if cpu else '':>9} "
+            f"{f'{peak:,.0f} MB' if peak else '':>9}"
         )
-    print(f"{'line check alone (simdjson per line), 1 core':<44} {check_rate:>8,.0f}")
-    print(f"{f'zstd {level} compression alone, 1 thread':<44} {zstd_rate:>8,.0f}")
 
 
-def in_child(mode: str, urls: list[str], out: str, level: str, runs: int) -> dict:
+def spread(values: list[float], form: str = "{:.2f}") -> str:
+    return f"{form.format(min(values))} / {form.format(statistics.median(values))}"
+
+
+def settle(folder: Path) -> None:
+    """``folder`` emptied and nothing left for the disk to write, so that no measurement pays for another's files."""
+    fresh(folder)()
+    os.sync()
+
+
+def load() -> str:
+    return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def in_child(mode: str, urls: list[str], out: str, level: str) -> dict:
     arguments = json.dumps({"urls": urls, "out": out})
     command = [sys.executable, "-m", "tests.benchmarks.bench_download", "--child", mode, "--arguments", arguments]
-    command += ["--level", level, "--runs", str(runs)]
+    command += ["--level", level]
     output = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
     return json.loads(output.strip().splitlines()[-1])
 
 
-def measure(mode: str, urls: list[str], out: str, level: CompressionLevel, runs: int) -> dict:
+def measure(mode: str, urls: list[str], out: str, level: CompressionLevel) -> dict:
     folder = Path(out)
     names = target_names(urls, compress=False)
 
@@ -127,8 +169,8 @@ def measure(mode: str, urls: list[str], out: str, level: CompressionLevel, runs:
             list(pool.map(lambda url: stream_to(client, url, folder / names[url] if mode == "synced" else None), urls))
 
     cpu_before = cpu_seconds()
-    seconds = best_seconds(all_files, runs, fresh(folder))
-    cpu = (cpu_seconds() - cpu_before) / runs
+    seconds = best_seconds(all_files, 1)
+    cpu = cpu_seconds() - cpu_before
     return {"seconds": seconds, "cpu": cpu, "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
 
 
