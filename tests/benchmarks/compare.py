@@ -35,7 +35,8 @@ least disturbed):
               running (warm), and the peak RSS of the process tree (the flow process plus the server);
 - memory:     a ``--job-size`` MB job (local_import + flattening of these data, plain and zstd ``default``)
               through ``flows.run start`` with the local server running: the peak RSS of the command's process
-              tree (the flow process and its worker processes, sampled), and the reused server's apart.
+              tree (the flow process and its worker processes, sampled), the reused server's apart (its RSS at
+              rest before the job, its peak), and the most both held at one time (their RSS summed per sample).
 
 The ratio column is ours / anchor for rates (higher is better) and anchor / ours for times.
 """
@@ -69,7 +70,7 @@ import zstandard
 
 from tests.benchmarks.bench_flattening import EXAMPLE, LOOKUP
 from tests.benchmarks.bench_views import duckdb_patient_csv
-from tests.benchmarks.memory import descendants, tree_peak_mb, vm_hwm_mb
+from tests.benchmarks.memory import descendants, tree_peak_mb, vm_hwm_mb, vm_rss_mb
 from tests.benchmarks.bench_flattening import patient_bundle as flattening_bundle
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -864,6 +865,7 @@ def memory_lines(root: Path, megabytes: int, files: int, seed: int) -> list[str]
     lines = []
     try:
         ensure_server(home)
+        server_pid = (server_status(home) or {})["pid"]
         for settings in MEMORY_JOBS:
             options = [part for setting in settings for part in ("--set", setting)]
             command = cli(
@@ -875,12 +877,13 @@ def memory_lines(root: Path, megabytes: int, files: int, seed: int) -> list[str]
                 *options,
                 "--no-progress",
             )
-            seconds, tree_mb, flow_mb = sampled_tree(command, env)
-            server_pid = (server_status(home) or {}).get("pid")
-            server_mb = tree_peak_mb(server_pid) if server_pid else 0.0
+            resting = vm_rss_mb(server_pid)
+            seconds, tree_mb, flow_mb, together_mb = sampled_tree(command, env, server_pid)
             lines.append(
                 f"memory, {size:,.0f} MB job (local_import + flattening, {', '.join(settings)}, {seconds:.0f} s): "
-                f"command tree {tree_mb:,.0f} MB (flow process {flow_mb:,.0f} MB); reused server {server_mb:,.0f} MB"
+                f"command tree {tree_mb:,.0f} MB (flow process {flow_mb:,.0f} MB); reused server "
+                f"{tree_peak_mb(server_pid):,.0f} MB (at rest before the job {resting:,.0f} MB); tree and server "
+                f"together at most {together_mb:,.0f} MB"
             )
             shutil.rmtree(root / "jobs", ignore_errors=True)
     finally:
@@ -889,16 +892,19 @@ def memory_lines(root: Path, megabytes: int, files: int, seed: int) -> list[str]
     return lines
 
 
-def sampled_tree(command: list[str], env: dict[str, str]) -> tuple[float, float, float]:
-    """Seconds, the sum of every tree member's peak RSS (sampled every 0.1 s, the flow's own from wait4) and the
-    flow process's peak, in MB."""
+def sampled_tree(command: list[str], env: dict[str, str], server_pid: int) -> tuple[float, float, float, float]:
+    """Seconds, the sum of every tree member's peak RSS (sampled every 0.1 s, the flow's own from wait4), the flow
+    process's peak, and the most the tree and the server held at one time (their RSS summed at each sample), in MB."""
     with tempfile.TemporaryFile() as output:
         started = time.perf_counter()
         process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=output)
         peaks: dict[int, float] = {}
+        together = 0.0
         while (ended := os.wait4(process.pid, os.WNOHANG))[0] == 0:
-            for pid in descendants(process.pid):
+            members = descendants(process.pid)
+            for pid in members:
                 peaks[pid] = max(peaks.get(pid, 0.0), vm_hwm_mb(pid))
+            together = max(together, sum(map(vm_rss_mb, [*members, server_pid])))
             time.sleep(0.1)
         seconds = time.perf_counter() - started
         _, status, usage = ended
@@ -908,7 +914,7 @@ def sampled_tree(command: list[str], env: dict[str, str]) -> tuple[float, float,
             raise SystemExit(f"{' '.join(command[1:])} failed ({process.returncode}): {output.read()[-3000:]!r}")
     peaks.pop(process.pid, None)
     flow_mb = usage.ru_maxrss / 1024
-    return seconds, flow_mb + sum(peaks.values()), flow_mb
+    return seconds, flow_mb + sum(peaks.values()), flow_mb, together
 
 
 def timed_tree(command: list[str], env: dict[str, str]) -> tuple[float, float]:

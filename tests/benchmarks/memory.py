@@ -30,9 +30,18 @@ def descendants(pid: int) -> list[int]:
 
 def vm_hwm_mb(pid: int) -> float:
     """The peak RSS of ``pid`` so far in MB; 0 for a process that is gone."""
+    return _status_mb(pid, "VmHWM:")
+
+
+def vm_rss_mb(pid: int) -> float:
+    """The RSS of ``pid`` now in MB; 0 for a process that is gone."""
+    return _status_mb(pid, "VmRSS:")
+
+
+def _status_mb(pid: int, field: str) -> float:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
