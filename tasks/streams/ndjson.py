@@ -230,8 +230,8 @@ class LineSplitter:
     def numbered(self, chunk: bytes) -> Iterable[tuple[int, bytes]]:
         """The non-blank lines ending in ``chunk``, with their numbers: short lines cut by ``bytes.split``, numbered in
         C, where none may be blank (empty, opening with whitespace) or too long; else one by one (errors in order)."""
-        short = chunk.count(b"\n", 0, SPLIT_PROBE_BYTES) * SPLIT_LINE_BYTES >= min(len(chunk), SPLIT_PROBE_BYTES)
-        lines = chunk.split(b"\n", most := len(chunk) // MIN_LINE_BYTES + 2) if short else [b""]  # [b""]: no split
+        most, probe = len(chunk) // MIN_LINE_BYTES + 2, min(len(chunk), SPLIT_PROBE_BYTES)
+        lines = chunk.split(b"\n", most) if chunk.count(b"\n", 0, probe) * SPLIT_LINE_BYTES >= probe else [b""]
         tail = lines.pop()
         if self._pending and lines:
             lines[0] = bytes(self._pending + lines[0])
