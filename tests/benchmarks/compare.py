@@ -435,6 +435,7 @@ def download_group(urls: list[str], out: str, level: str | None, threads: int) -
     """``download_ndjson`` for each URL, ``threads`` at a time on one client, as the extractor step does."""
     from config.settings import RetrySettings
     from tasks.clients.downloads import download_ndjson, target_names
+    from tasks.extractor import CHECK_WORKERS
     from tasks.streams.fanout import first_failure, run_bounded
     from tasks.streams.processes import worker_pool
 
@@ -452,7 +453,7 @@ def download_group(urls: list[str], out: str, level: str | None, threads: int) -
         )
 
     # as the extractor step: its bounded threads, the line checks of large plain files in the step's worker pool
-    with httpx.Client(timeout=60) as client, worker_pool():
+    with httpx.Client(timeout=60) as client, worker_pool(size=CHECK_WORKERS):
         if failure := first_failure(run_bounded([lambda url=url: download(client, url) for url in urls], threads)):
             raise failure
 
