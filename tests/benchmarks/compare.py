@@ -894,8 +894,10 @@ def memory_lines(root: Path, megabytes: int, files: int, seed: int) -> list[str]
 
 
 def sampled_tree(command: list[str], env: dict[str, str], server_pid: int) -> tuple[float, float, float, float]:
-    """Seconds, the sum of every tree member's peak RSS (sampled every 0.1 s, the flow's own from wait4), the flow
-    process's peak, and the most the tree and the server held at one time (their RSS summed at each sample), in MB."""
+    """Seconds, the sum of every tree member's peak RSS (sampled every 0.1 s), the flow process's own peak, and the
+    most the tree and the server held at one time (their RSS summed at each sample), in MB. The flow's peak is its
+    own high-water mark, sampled: wait4's ru_maxrss would be the largest of it and every child it waited for (the
+    Parquet worker's peak was taken for the flow process's)."""
     with tempfile.TemporaryFile() as output:
         started = time.perf_counter()
         process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=output)
@@ -908,13 +910,11 @@ def sampled_tree(command: list[str], env: dict[str, str], server_pid: int) -> tu
             together = max(together, sum(map(vm_rss_mb, [*members, server_pid])))
             time.sleep(0.1)
         seconds = time.perf_counter() - started
-        _, status, usage = ended
-        process.returncode = os.waitstatus_to_exitcode(status)
+        process.returncode = os.waitstatus_to_exitcode(ended[1])
         if process.returncode != 0:
             output.seek(0)
             raise SystemExit(f"{' '.join(command[1:])} failed ({process.returncode}): {output.read()[-3000:]!r}")
-    peaks.pop(process.pid, None)
-    flow_mb = usage.ru_maxrss / 1024
+    flow_mb = peaks.pop(process.pid, 0.0)
     return seconds, flow_mb + sum(peaks.values()), flow_mb, together
 
 
