@@ -160,8 +160,8 @@ def cli(*args: str) -> list[str]:
 
 
 def timed(command: list[str], env: dict[str, str], cwd: Path = REPO_ROOT) -> tuple[float, float, float]:
-    """Wall-clock seconds, CPU seconds and peak RSS in MB of the command's own process (os.wait4: this child's
-    rusage alone, not a server it starts)."""
+    """Wall-clock seconds, CPU seconds and peak RSS in MB of the command (os.wait4: its rusage and that of the
+    processes it waited for, its workers, if any; not a server it starts, which outlives it)."""
     with tempfile.TemporaryFile() as output:
         start = time.perf_counter()
         process = subprocess.Popen(command, cwd=cwd, env=env, stdout=output, stderr=subprocess.STDOUT)

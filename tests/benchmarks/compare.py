@@ -919,7 +919,8 @@ def sampled_tree(command: list[str], env: dict[str, str], server_pid: int) -> tu
 
 
 def timed_tree(command: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Wall-clock seconds and the command's own peak RSS in MB (os.wait4: this child's rusage alone)."""
+    """Wall-clock seconds and the command's peak RSS in MB (os.wait4: the largest of it and of the processes it
+    waited for, its workers, if any: a tiny job starts none)."""
     started = time.perf_counter()
     process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(process.pid, 0)
