@@ -45,14 +45,15 @@ from tasks.clients.downloads import target_names
 from tasks.extractor import DOWNLOAD_CONCURRENCY
 from tasks.streams.ndjson import ZSTD_LEVELS, CompressionLevel
 from tasks.streams.ndjson_writer import LineChecker
+from tests.benchmarks.bench_views import load
 from tests.benchmarks.compare import (
     MAX_LINE_BYTES,
     MB,
     best_seconds,
     download_group,
-    fresh,
     run_command,
     serving,
+    settled,
     write_dataset,
 )
 
@@ -108,10 +109,10 @@ def one_round(urls: list[str], out: Path, level: str) -> dict[str, dict]:
         curl += ["-o", str(out / f"{number}.ndjson"), url]
     found = {}
     for name, work in (("curl", lambda: run_command(curl)), ("curl, sync", lambda: (run_command(curl), os.sync()))):
-        settle(out)
+        settled(out)
         found[name] = {"seconds": best_seconds(work, 1)}
     for mode in ("raw", "synced", "plain", "dupflow"):
-        settle(out)
+        settled(out)
         found[mode] = in_child(mode, urls, str(out), level)
     print("  ".join(f"{name} {result['seconds']:.2f} s" for name, result in found.items()), flush=True)
     return found
@@ -137,16 +138,6 @@ def report(found: list[dict[str, dict]], total: float, level: str) -> None:
 
 def spread(values: list[float], form: str = "{:.2f}") -> str:
     return f"{form.format(min(values))} / {form.format(statistics.median(values))}"
-
-
-def settle(folder: Path) -> None:
-    """``folder`` emptied and nothing left for the disk to write, so that no measurement pays for another's files."""
-    fresh(folder)()
-    os.sync()
-
-
-def load() -> str:
-    return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 def in_child(mode: str, urls: list[str], out: str, level: str) -> dict:

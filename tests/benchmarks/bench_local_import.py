@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.benchmarks.compare import MB, run_command, write_dataset
+from tests.benchmarks.compare import MB, run_command, settled, write_dataset
 
 ZSTD_LEVELS = {"fastest": 1, "default": 5, "better": 9, "best": 12}
 
@@ -85,15 +85,6 @@ def one_round(root: Path, files: list[Path], levels: list[str]) -> dict[str, flo
 
 def load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
-
-
-def settled(folder: Path) -> Path:
-    """``folder`` empty, and nothing left for the disk to write: what one measurement wrote is neither deleted nor
-    written back while the next is timed (the copy of a round's first measurement paid for the last round's files)."""
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    os.sync()
-    return folder
 
 
 def timed(work) -> float:

@@ -274,6 +274,14 @@ def fresh(folder: Path) -> Callable[[], None]:
     return clear
 
 
+def settled(folder: Path) -> Path:
+    """``folder`` emptied, and nothing left for the disk to write: what one measurement wrote is neither deleted nor
+    written back while the next is timed (the copy of a round's first measurement paid for the last round's files)."""
+    fresh(folder)()
+    os.sync()
+    return folder
+
+
 # --- import --------------------------------------------------------------------------------------------------
 
 
