@@ -50,6 +50,7 @@ from tests.benchmarks.compare import (
     MAX_LINE_BYTES,
     MB,
     best_seconds,
+    curl_command,
     download_group,
     run_command,
     serving,
@@ -104,9 +105,7 @@ def run_benchmark(megabytes: int, files: int, level: CompressionLevel, rounds: i
 def one_round(urls: list[str], out: Path, level: str) -> dict[str, dict]:
     """Every measurement once, in turn, each on an emptied and synced output folder: seconds (and, for a child,
     CPU seconds and peak RSS)."""
-    curl = ["curl", "-s", "--fail", "--parallel", "--parallel-max", str(DOWNLOAD_CONCURRENCY)]
-    for number, url in enumerate(urls):
-        curl += ["-o", str(out / f"{number}.ndjson"), url]
+    curl = curl_command(urls, out)
     found = {}
     for name, work in (("curl", lambda: run_command(curl)), ("curl, sync", lambda: (run_command(curl), os.sync()))):
         settled(out)

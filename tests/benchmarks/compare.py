@@ -350,9 +350,7 @@ def download_rows(root: Path, files: list[Path], runs: int) -> list[Row]:
     total = sum(p.stat().st_size for p in files) / MB
     out = root / "anchor-out"
     with serving(files[0].parent) as urls:
-        curl = ["curl", "-s", "--fail", "--parallel", "--parallel-max", str(DOWNLOAD_CONCURRENCY)]
-        for number, url in enumerate(urls):
-            curl += ["-o", str(out / f"{number}.ndjson"), url]
+        curl = curl_command(urls, out)
         curl_rate = total / best_seconds(lambda: run_command(curl), runs, fresh(out))
         synced_rate = total / best_seconds(lambda: (run_command(curl), os.sync()), runs, fresh(out))
         plain = in_child("fetch", urls=urls, out=str(out), runs=runs, concurrency=DOWNLOAD_CONCURRENCY)
@@ -384,6 +382,16 @@ def download_rows(root: Path, files: list[Path], runs: int) -> list[Row]:
                 rows.append(replace(rows[-1], anchor="curl --parallel, sync", anchor_rate=synced_rate))
     shutil.rmtree(out, ignore_errors=True)
     return rows
+
+
+def curl_command(urls: list[str], out: Path) -> list[str]:
+    """``curl --parallel`` of ``urls`` into numbered files in ``out``, as many at a time as the extractor step."""
+    from tasks.extractor import DOWNLOAD_CONCURRENCY
+
+    command = ["curl", "-s", "--fail", "--parallel", "--parallel-max", str(DOWNLOAD_CONCURRENCY)]
+    for number, url in enumerate(urls):
+        command += ["-o", str(out / f"{number}.ndjson"), url]
+    return command
 
 
 class serving:
