@@ -56,7 +56,7 @@ DEFAULT_PORT = 4200  # Prefect's; a home's own port is chosen from PORT_SPREAD p
 PORT_SPREAD = 1000
 PORT_SEARCH = 100  # ports tried from the wanted one upwards
 NONCE_LOGGER = "dupflow.server."  # + the server's nonce: a logger nobody logs to, echoed by /admin/settings
-PORT_ATTEMPTS = 3  # starts when another home's server takes the chosen port first
+PORT_ATTEMPTS = 3  # starts when another program or home's server takes the chosen port first
 PORT_RELEASE_TIMEOUT = 10.0  # for a killed server, exiting, to let go of its port
 PROBE_TIMEOUT = 0.5
 API_ANSWER_TIMEOUT = 20.0  # a server elsewhere that is busy (2-core machine under load) was seen to take over 5 s
@@ -204,9 +204,9 @@ def database_configured_elsewhere(home: Path) -> bool:
 
 
 def start_server(home: Path, startup_timeout: float, previous: ServerRecord | None = None) -> ServerRecord:
-    """Start a server on the home's port (the next free one if it is taken), record it, and wait until it is
-    healthy; when another home's server took the port meanwhile, start again on the next free one.
-    ``previous``: this home's server before, gone or ended; its port is given time to be released."""
+    """Start a server on the home's port (the next free one if it is taken), record it, and wait until it is healthy;
+    when another program (the server says the port is in use) or home's server (it answers there) took the port
+    first, start again on the next free one. ``previous``: this home's server before; its port gets time to be freed."""
     port = wanted = home_port(home)
     deadline = time.monotonic() + (PORT_RELEASE_TIMEOUT if previous is not None and previous.port == wanted else 0)
     while next_free_port(wanted) != wanted and time.monotonic() < deadline:
@@ -221,11 +221,11 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
         ended = not process_is_server(record.pid)
         terminate(record.pid)
         (home / STATE_FILE).unlink(missing_ok=True)
-        if not is_healthy(record.url):  # nothing else answers there: this server itself failed
+        log = Path(record.log).read_text(errors="replace") if Path(record.log).exists() else ""
+        if "already in use" not in log and not is_healthy(record.url):  # the server itself failed, not its port
             break
     failure = "ended during start-up" if ended else f"did not come up within {startup_timeout:.0f} s"
-    lines = Path(record.log).read_text(errors="replace").strip().splitlines() if Path(record.log).exists() else []
-    last = f" (its last line: {lines[-1][:200]})" if lines else ""
+    last = f" (its last line: {lines[-1][:200]})" if (lines := log.strip().splitlines()) else ""
     raise ServerStartError(f"the local Prefect server {failure}{last}; see its log {record.log}")
 
 

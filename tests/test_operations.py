@@ -19,6 +19,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -30,6 +32,7 @@ from prefect.utilities.schema_tools import validate as validate_schema
 
 from flows.gates import InspectionInput
 from flows.prefect_server import (
+    LOG_FILE,
     PORT_SEARCH,
     STATE_FILE,
     ServerStartError,
@@ -180,6 +183,34 @@ def test_a_taken_port_moves_the_server_to_the_next_free_one_said_in_one_line(own
     assert read_record(own_home).port == moved and servers_of(own_home) == [read_record(own_home).pid]
     said = [line for line in capsys.readouterr().err.splitlines() if str(port) in line]
     assert len(said) == 1 and "taken" in said[0] and url.removesuffix("/api") in said[0], said
+
+
+@pytest.mark.slow
+def test_a_port_taken_after_it_was_found_free_moves_the_server_to_the_next_one(own_home):
+    """Another program binds the port between dupflow's check and the server's own (CI saw another test's socket take
+    it): the server says the port is in use and ends, and the start goes on with the next free port."""
+    port = int(os.environ["PREFECT_SERVER_API_PORT"])
+    taken = threading.Event()
+
+    def take_the_port_once_launched(other_program: socket.socket) -> None:
+        deadline = time.monotonic() + SERVER_TIMEOUT
+        while not (own_home / STATE_FILE).exists() and time.monotonic() < deadline:
+            time.sleep(0.005)  # launched: the server checks its port only after its imports (a second or more)
+        other_program.bind(("127.0.0.1", port))
+        other_program.listen()
+        taken.set()
+
+    with socket.socket() as other_program:
+        taker = threading.Thread(target=take_the_port_once_launched, args=(other_program,), daemon=True)
+        taker.start()
+        url = ensure_server(startup_timeout=SERVER_TIMEOUT)
+        taker.join(5)
+
+    assert taken.is_set()
+    moved = urlsplit(url).port
+    assert port < moved < port + PORT_SEARCH
+    assert read_record(own_home).port == moved and servers_of(own_home) == [read_record(own_home).pid]
+    assert "already in use" in (own_home / (LOG_FILE + ".1")).read_text()  # the first server's log, kept
 
 
 @pytest.mark.slow
