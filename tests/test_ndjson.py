@@ -3,6 +3,7 @@ import contextvars
 import os
 import random
 import signal
+import sys
 import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
@@ -15,6 +16,7 @@ from loky.process_executor import ShutdownExecutorError
 from tasks.streams import processes
 from tests.support.processes import worker_pids
 from tasks.streams.fanout import Cancelled, raise_if_cancelled, run_bounded
+from tasks.streams.files import start_writeback
 from tasks.streams import ndjson_writer
 from tasks.streams.ndjson import (
     LineTooLongError,
@@ -317,6 +319,43 @@ def test_copy_appends_a_data_files_content_and_counts_it(tmp_path, expected_size
         copied = sum(writer.copy(source))
     assert copied == len(content) and dest.read_bytes() == content + b"\n"
     assert writer.stats.resources == 120
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sync_file_range is Linux's")
+def test_the_kernel_takes_the_advice_to_write_a_file_out_early_and_a_pipe_is_no_error(tmp_path):
+    with open(tmp_path / "data", "wb") as out:
+        out.write(os.urandom(MB))
+        out.flush()
+        assert start_writeback(out.fileno())
+    reading, writing = os.pipe()
+    try:
+        assert not start_writeback(writing)
+    finally:
+        os.close(reading)
+        os.close(writing)
+
+
+@pytest.mark.parametrize("level", [None, "fastest"])
+@pytest.mark.parametrize("how", ["write", "copy"])
+def test_a_file_written_out_as_it_grows_holds_every_byte_once(tmp_path, monkeypatch, level, how):
+    """The writer flushes and asks for writeback every ``WRITEBACK_BYTES`` (made small here) in the middle of lines
+    and of zstd frames; the file holds the data as written, every resource counted once."""
+    monkeypatch.setattr(ndjson_writer, "WRITEBACK_BYTES", 4096)
+    rng = random.Random(7)
+    content = b"".join(
+        b'{"resourceType":"Patient","id":"p%d","note":"%s"}\n' % (n, os.urandom(rng.randrange(10, 900)).hex().encode())
+        for n in range(2000)
+    )
+    source, dest = tmp_path / "in.ndjson", tmp_path / "out" / ("in.ndjson" + (".zst" if level else ""))
+    source.write_bytes(content)
+    with AtomicNdjsonWriter(dest, level, MB) as writer:
+        if how == "copy":
+            assert sum(writer.copy(source)) == len(content)
+        for start in range(0, len(content) if how == "write" else 0, 3001):
+            writer.write(content[start : start + 3001])
+    written = dest.read_bytes()
+    assert (zstandard.ZstdDecompressor().decompressobj().decompress(written) if level else written) == content
+    assert writer.stats.resources == 2000 and writer.stats.size == len(written)
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ import simdjson
 import zstandard
 
 from tasks.streams.fanout import unless_cancelled
+from tasks.streams.files import start_writeback
 from tasks.streams.ndjson import (
     PART_PREFIX,
     PART_SUFFIX,
@@ -47,6 +48,7 @@ CHECK_IN_PROCESS_MIN_BYTES = 16 << 20
 SPAN_MIN_BYTES = 8 << 20  # a large plain file is checked in spans of about this size as it is written
 CUT_READ_BYTES = 64 << 10
 COPY_PIECE_BYTES = 64 << 20
+WRITEBACK_BYTES = 8 << 20  # the disk is asked to write the file out (``start_writeback``) every this many bytes
 
 
 class LineCounts(NamedTuple):
@@ -133,9 +135,10 @@ class LineChecker:
 
 
 class AtomicNdjsonWriter:
-    """Writes ``dest`` through a hidden temporary file (zstd when asked), synced and renamed on success, deleted on
-    any exception (KeyboardInterrupt included), so a half-written file is never taken for a finished one; ``stats``
-    is set after a successful close. ``source`` names the data's origin in errors (default: ``dest``).
+    """Writes ``dest`` through a hidden temporary file (zstd when asked; its writing to the disk started as it grows,
+    ``WRITEBACK_BYTES`` apart), synced and renamed on success, deleted on any exception (KeyboardInterrupt included),
+    so a half-written file is never taken for a finished one; ``stats`` is set after a successful close. ``source``
+    names the data's origin in errors (default: ``dest``).
 
     ``expected_size`` (the source's size, when known) lets a large plain file be checked in worker processes, in spans
     as it is written and synced (``check_plain_span``), so the writing thread only moves bytes: the same verdict, a
@@ -156,7 +159,7 @@ class AtomicNdjsonWriter:
         check_later = level is None and (expected_size or 0) >= CHECK_IN_PROCESS_MIN_BYTES and processes_allowed()
         self._checker = None if check_later else LineChecker(self._source, max_line_bytes)  # None: in a worker
         self._checks = ProcessCalls(check_plain_span)  # of the spans written so far (``_check_span``)
-        self._checked_to = self._written = 0
+        self._checked_to = self._written = self._since_writeback = 0
         if check_later:
             start_workers(__name__)  # ready for the first span
         self._ends_with_newline = True
@@ -185,6 +188,11 @@ class AtomicNdjsonWriter:
             self._written += len(chunk)
             if self._written - self._checked_to >= SPAN_MIN_BYTES and (newline := chunk.rfind(b"\n")) >= 0:
                 self._check_span(self._written - len(chunk) + newline + 1)
+        self._since_writeback += len(chunk)
+        if self._since_writeback >= WRITEBACK_BYTES:
+            self._raw.flush()  # what the compressor gave so far; its frame goes on unchanged
+            start_writeback(self._raw.fileno())
+            self._since_writeback = 0
 
     def write_line(self, line: bytes) -> None:
         self.write(line + b"\n")

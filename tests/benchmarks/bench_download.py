@@ -12,7 +12,8 @@ peak RSS is its own), each on an emptied and synced output folder:
 - curl:     ``curl --parallel`` into files, ``DOWNLOAD_CONCURRENCY`` at a time (the anchor), and the same followed by
             ``sync`` (the files on disk, as a download leaves them);
 - raw:      httpx streaming every file to nowhere (the ceiling of httpx on this wire);
-- synced:   httpx streaming every file into a file, synced when complete (a download without its line check);
+- synced:   httpx streaming every file into a file, written back to the disk as it grows and synced when complete
+            (a download without its line check);
 - plain:    ``tasks.clients.downloads.download_ndjson`` with compression off (NDJSON check of every line, line
             count, temporary file + fsync + rename), ``DOWNLOAD_CONCURRENCY`` files at a time in the step's worker
             pool, opened and ended in the run (``compare.download_group``, as the extractor);
@@ -44,7 +45,8 @@ import zstandard
 from tasks.clients.downloads import target_names
 from tasks.extractor import DOWNLOAD_CONCURRENCY
 from tasks.streams.ndjson import ZSTD_LEVELS, CompressionLevel
-from tasks.streams.ndjson_writer import LineChecker
+from tasks.streams.files import start_writeback
+from tasks.streams.ndjson_writer import WRITEBACK_BYTES, LineChecker
 from tests.benchmarks.bench_views import load
 from tests.benchmarks.compare import (
     MAX_LINE_BYTES,
@@ -171,7 +173,9 @@ def cpu_seconds() -> float:
 
 
 def stream_to(client: httpx.Client, url: str, path: Path | None) -> None:
-    """The body to nowhere (``path`` None), else into ``path``, synced when complete."""
+    """The body to nowhere (``path`` None), else into ``path``, its writing to the disk started every
+    ``WRITEBACK_BYTES`` as the download's, synced when complete."""
+    written_back = 0
     with client.stream("GET", url, headers={"Accept": "application/fhir+ndjson"}) as response:
         if path is None:
             for _ in response.iter_bytes():
@@ -180,6 +184,10 @@ def stream_to(client: httpx.Client, url: str, path: Path | None) -> None:
         with open(path, "wb") as out:
             for chunk in response.iter_bytes():
                 out.write(chunk)
+                if out.tell() - written_back >= WRITEBACK_BYTES:
+                    out.flush()
+                    start_writeback(out.fileno())
+                    written_back = out.tell()
             out.flush()
             os.fsync(out.fileno())
 
