@@ -85,8 +85,7 @@ def list_from_text(value: Any) -> Any:
 def refuse_control_characters(path: str | None) -> str | None:
     """A path with a NUL, newline or other control character passes every other check and then fails the step
     that opens it: refused here, so ``config check`` names the key."""
-    control = next((char for char in path or "" if unicodedata.category(char) == "Cc"), None)
-    if control is not None:
+    if (control := next((char for char in path or "" if unicodedata.category(char) == "Cc"), None)) is not None:
         raise PydanticCustomError(
             "path_control",
             "contains the control character U+{code}, which no path should have; remove it from the path",
@@ -141,8 +140,7 @@ def refuse_unsendable_secret(secret: SecretStr | None) -> SecretStr | None:
         raise PydanticCustomError(
             "secret_size", "is longer than 64 KB, more than any password, key or token; check what sets it"
         )
-    control = next((char for char in text if unicodedata.category(char) == "Cc"), None)
-    if control is not None:
+    if (control := next((char for char in text if unicodedata.category(char) == "Cc"), None)) is not None:
         raise PydanticCustomError(
             "secret_control",
             "contains the control character U+{code} (a pasted line break?), which no HTTP header may carry; "

@@ -231,15 +231,16 @@ def refuse_secret_overrides(overrides: Mapping[str, str], source: str) -> None:
 MIN_REDACTABLE_SECRET = 8
 
 
+def _secret_values(settings: Settings) -> dict[str, str]:
+    """Each secret key that is set, by its current path (a deprecated flat key feeds one), and its value."""
+    values = {path: value_at(settings, path) for path in sorted(secret_key_paths() - set(legacy_key_paths()))}
+    return {path: value.get_secret_value() for path, value in values.items() if isinstance(value, SecretStr)}
+
+
 def short_secret_warnings(settings: Settings) -> list[str]:
     """One warning per secret under ``MIN_REDACTABLE_SECRET`` characters: so short a value also stands in ordinary
     text, so the redaction either misses it (under 4 characters) or blanks words that merely contain it."""
-    short = [
-        path
-        for path in sorted(secret_key_paths() - set(legacy_key_paths()))
-        if isinstance(value := value_at(settings, path), SecretStr)
-        and len(value.get_secret_value()) < MIN_REDACTABLE_SECRET
-    ]
+    short = [path for path, secret in _secret_values(settings).items() if len(secret) < MIN_REDACTABLE_SECRET]
     message = "is shorter than 8 characters, too short to be redacted safely from logs and errors; use a longer one"
     for path in short:
         logger.warning("%s: %s", path, message)
@@ -249,10 +250,8 @@ def short_secret_warnings(settings: Settings) -> list[str]:
 def register_secrets(settings: Settings) -> None:
     """Hand every configured secret to the redaction (``tasks.core.redaction.redact``, below this module), so a
     service that echoes one back in an error never gets it into a message, log line or record."""
-    for path in secret_key_paths() - set(legacy_key_paths()):
-        value = value_at(settings, path)
-        if isinstance(value, SecretStr):
-            register_secret(value.get_secret_value())
+    for secret in _secret_values(settings).values():
+        register_secret(secret)
     for auth in (settings.services.extractor.auth, settings.services.pseudonymizer.auth, settings.services.send.auth):
-        if auth.username is not None and auth.password is not None:
+        if auth.uses_basic:
             register_basic_credentials(auth.username, auth.password.get_secret_value())

@@ -72,8 +72,7 @@ def confirmed_inspection(
     inspect and the run is suspended (its process ends; the job record says Suspended first); the resumed run runs
     the flow again and finds the answer to the suspend's key without suspending."""
     key = f"wait-{step.position:02d}"
-    answer = read_flow_run_input(keyset_from_paused_state(Suspended(pause_key=key))["response"])
-    if answer is not None:
+    if (answer := read_flow_run_input(keyset_from_paused_state(Suspended(pause_key=key))["response"])) is not None:
         return InspectionInput(**answer)
     card.note([*done, wait(step, hint)])  # the record shows the gate awaiting while the run is suspended
     message = f"awaiting inspection at step {step.number} (wait); resume in the UI with the confirmation turned on"

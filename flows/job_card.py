@@ -83,8 +83,7 @@ class JobRecordCard:
     def _publish(self) -> None:
         markdown = job_record_markdown(self._job, self._results, self._failed)
         key = artifact_key(self._job.job_id)
-        if self._artifact_id is None:
-            self._artifact_id = this_runs_artifact_id(key)
+        self._artifact_id = self._artifact_id or this_runs_artifact_id(key)
         if self._artifact_id is None:
             self._artifact_id = create_markdown_artifact(key=key, markdown=markdown, description="Job record")
             return

@@ -35,8 +35,7 @@ class OneTracePerFailure(logging.Filter):
         self._traced.clear()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        failure = record.exc_info[1] if record.exc_info else None
-        if failure is not None:
+        if record.exc_info and (failure := record.exc_info[1]) is not None:
             identity = (type(failure).__qualname__, str(failure))
             if identity in self._traced:
                 record.exc_info, record.exc_text = None, None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import email.utils
 import json
 import ssl
+from contextlib import suppress
 from datetime import datetime, UTC
 
 import httpx
@@ -169,10 +170,8 @@ def parse_retry_after(value: str | None, *, now: datetime | None = None) -> floa
     value = (value or "").strip()
     if not value:
         return None
-    try:
+    with suppress(ValueError):
         return max(0.0, float(value))
-    except ValueError:
-        pass
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):

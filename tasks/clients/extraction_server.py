@@ -27,6 +27,7 @@ import httpx
 import orjson
 
 from tasks.clients.auth import ServiceAuth, origin_of, origin_text
+from tasks.clients.bounds import declared_size
 from tasks.clients.errors import error_from_response, is_transient_network_error, is_transient_status, network_error
 from tasks.clients.errors import operation_outcome_texts, parse_retry_after
 from tasks.clients.extraction_documents import SERVICE, DeadHandleError, ExtractionError
@@ -94,8 +95,6 @@ class ExtractionServerClient(Closing):
         self.http = build_client(ServiceEndpoint(SERVICE, self.base_url, settings.auth, timeout), tls)
         self.files_need_token = False  # the manifest's requiresAccessToken, once the job is complete
 
-    # --- submission --------------------------------------------------------------------------------------
-
     def submit(self, crtdl: bytes) -> ExtractionHandle:
         """POST $extract-data exactly once (``call_once``: it opts out of retry, since a second request could start
         a second job); the status URL from Content-Location, made absolute. A failure leaves the submission in doubt
@@ -117,8 +116,6 @@ class ExtractionServerClient(Closing):
             )
         refuse_credentials_in_url(location, door="the kick-off answer's Content-Location header", fix=SERVER_URL_FIX)
         return ExtractionHandle.from_status_url(str(response.url.join(location)))
-
-    # --- polling -----------------------------------------------------------------------------------------
 
     def poll_until_complete(self, handle: ExtractionHandle, on_progress: ProgressCallback | None = None) -> list[str]:
         """Poll until the job is complete and return the absolute URLs of its result files."""
@@ -183,8 +180,6 @@ class ExtractionServerClient(Closing):
             "continue re-attaches to it; raise services.extractor.extraction_timeout if the server is slow"
         )
 
-    # --- result ------------------------------------------------------------------------------------------
-
     def result_file_urls(self, response: httpx.Response) -> list[str]:
         try:
             document = orjson.loads(response.content)  # orjson bounds the nesting depth (json recurses)
@@ -233,9 +228,8 @@ def bounded_answer(response: httpx.Response) -> httpx.Response:
     ``MAX_MANIFEST_BYTES`` is refused, any other answer is cut at ``MAX_STATUS_BODY_BYTES``."""
     complete = response.status_code == 200
     limit = MAX_MANIFEST_BYTES if complete else MAX_STATUS_BODY_BYTES
-    declared = response.headers.get("Content-Length", "")
-    if complete and declared.isdigit() and int(declared) > limit:
-        raise manifest_too_large(f"{int(declared):,} bytes (its Content-Length)")
+    if complete and (declared := declared_size(response)) is not None and declared > limit:
+        raise manifest_too_large(f"{declared:,} bytes (its Content-Length)")
     body = bytearray()
     for chunk in response.iter_bytes():
         body += chunk

@@ -68,8 +68,7 @@ def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings) -
                 retries={"mode": "standard", "total_max_attempts": retry.max_attempts},
             ),
         )
-    proxy_auth = send.auth.uses_basic
-    if proxy_auth:
+    if proxy_auth := send.auth.uses_basic:
         client.meta.events.register(
             "before-send.s3", ProxyAuthorization(send.auth.username, send.auth.password.get_secret_value())
         )

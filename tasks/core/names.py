@@ -31,8 +31,7 @@ def name_from_data_problem(name: str) -> str | None:
         return "contains .. (a path could leave its folder)"
     if name.startswith("."):
         return "starts with a dot (a hidden file)"
-    size = len(name.encode("utf-8", "surrogateescape"))
-    if size > MAX_DATA_NAME_BYTES:
+    if (size := len(name.encode("utf-8", "surrogateescape"))) > MAX_DATA_NAME_BYTES:
         return f"is too long: {size} bytes of UTF-8, more than the {MAX_DATA_NAME_BYTES} a name may have"
     return None
 

@@ -62,8 +62,7 @@ def redact(text: str) -> str:
     """``text`` without any registered secret, Authorization value, Basic/Bearer token or URL password."""
     if not text:
         return text
-    pattern = _secrets_pattern
-    if pattern is not None:
+    if (pattern := _secrets_pattern) is not None:
         text = pattern.sub(REDACTED, text)
     text = _AUTHORIZATION_VALUE.sub(lambda m: m.group(1) + REDACTED, text)
     text = _SCHEME_TOKEN.sub(

@@ -155,7 +155,7 @@ JOB_CACHE = CacheKeyFnPolicy(cache_key_fn=job_cache_key)
 _PERSISTED = dict(cache_policy=JOB_CACHE, persist_result=True, result_serializer="json", result_storage=Path("/"))
 
 
-def step_task(name: str, **options: Any) -> Callable[[Callable[..., StepResult]], Any]:
+def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
     """Declare a step's Prefect task: cached in the job directory, run named after the step, timed (the result's
     ``seconds``), its file work shown as one progress artifact (``job-<id>-NN-<step>-progress``)."""
 
@@ -170,19 +170,15 @@ def step_task(name: str, **options: Any) -> Callable[[Callable[..., StepResult]]
                 result = function(step, *args, **kwargs)
             return result.model_copy(update={"seconds": round(time.monotonic() - started, 3)})
 
-        return task(name=name, task_run_name=f"{name}" + "[{step.number}]", **{**_PERSISTED, **options})(
-            redacting_failures(timed)
-        )
+        return task(name=name, task_run_name=name + "[{step.number}]", **_PERSISTED)(redacting_failures(timed))
 
     return declare
 
 
-def file_task(name: str, run_name: str, **options: Any) -> Callable[[Callable[..., R]], Any]:
+def file_task(name: str, run_name: str) -> Callable[[Callable[..., R]], Any]:
     """Declare a per-file (or per-batch) sub-task; ``run_name`` is a template over its parameters, e.g.
     ``"pseudonymize[{name}]"``."""
-    return lambda function: task(name=name, task_run_name=run_name, **{**_PERSISTED, **options})(
-        redacting_failures(function)
-    )
+    return lambda function: task(name=name, task_run_name=run_name, **_PERSISTED)(redacting_failures(function))
 
 
 def redacting_failures(function: Callable[..., R]) -> Callable[..., R]:

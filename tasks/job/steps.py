@@ -50,12 +50,11 @@ async def write_answers(
     into ``dest`` (atomically). ``written`` gives an answer's line and how many input lines it stands for (progress:
     ``(label, expected lines)``); the stats of the file written."""
     label, expected = progress
-    with track(label, expected, "lines") as shown:
-        with AtomicNdjsonWriter(dest, level, line_limit, source=source) as writer:
-            async for request, answer in ordered_map(requests, ask, window):
-                line, lines = written(request, answer)
-                writer.write_line(line)
-                shown.advance(lines)
+    with track(label, expected, "lines") as shown, AtomicNdjsonWriter(dest, level, line_limit, source=source) as writer:
+        async for request, answer in ordered_map(requests, ask, window):
+            line, lines = written(request, answer)
+            writer.write_line(line)
+            shown.advance(lines)
     assert writer.stats is not None
     return writer.stats
 

@@ -159,8 +159,7 @@ def group_name_problems(crtdl: dict[str, Any]) -> list[str]:
 def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
     """The group's ViewDefinition (validated: an invalid one raises ``ViewError`` naming the group)."""
     fixed = [{"name": "id", "path": "id"}]
-    patient_path = PATIENT_REFERENCE_PATHS.get(table.resource_type, DEFAULT_PATIENT_REFERENCE)
-    if patient_path is not None:
+    if (patient_path := PATIENT_REFERENCE_PATHS.get(table.resource_type, DEFAULT_PATIENT_REFERENCE)) is not None:
         fixed.append({"name": "patient", "path": patient_path})
     selects: list[dict[str, Any]] = [{"column": fixed}]
     selected = [a for a in group.attributes if a in table.elements]
@@ -188,8 +187,7 @@ def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
 
 def _expanded(table: LookupTable, element_id: str) -> dict[str, Any]:
     snippet = copy.deepcopy(table.snippet(element_id))
-    children = [_expanded(table, child) for child in table.children(element_id)]
-    if children:
+    if children := [_expanded(table, child) for child in table.children(element_id)]:
         snippet["select"] = list(snippet.get("select", [])) + children
     return snippet
 
@@ -197,8 +195,7 @@ def _expanded(table: LookupTable, element_id: str) -> dict[str, Any]:
 def _wrapped_in_ancestors(table: LookupTable, element_id: str, ancestors: list[str]) -> dict[str, Any]:
     select = _expanded(table, element_id)
     for ancestor in reversed(ancestors):
-        iteration = {k: v for k, v in table.snippet(ancestor).items() if k in ("forEach", "forEachOrNull")}
-        if iteration:
+        if iteration := {k: v for k, v in table.snippet(ancestor).items() if k in ("forEach", "forEachOrNull")}:
             select = {**iteration, "select": [select]}
     return select
 

@@ -324,10 +324,7 @@ def _walk_items(steps: list[Step], focus: Item) -> list[Item]:
         elif kind == "where":
             items = [item for item in items if [child.data for child in child_items(item, name)] == [argument]]
         else:
-            found: list[Item] = []
-            for item in items:
-                found.extend(child_items(item, name, argument))
-            items = found
+            items = [child for item in items for child in child_items(item, name, argument)]
         if not items:
             break
     return items

@@ -80,8 +80,7 @@ def _boundary(high: bool) -> Callable[..., list]:
         results = []
         for node in inputs:
             type_path = node.path if isinstance(node, ResourceNode) else None
-            result = boundary(_data(node), type_path, digits, high=high)
-            if result is not None:
+            if (result := boundary(_data(node), type_path, digits, high=high)) is not None:
                 results.append(result)
         return results
 

@@ -64,8 +64,7 @@ def add_routes(routes: dict[str, set[str]], provenance: dict[str, Any]) -> None:
         if identifier.get("system") == ATTRIBUTE_GROUP_SYSTEM and isinstance(identifier.get("value"), str):
             groups.append(identifier["value"])
     for target in provenance.get("target") or []:
-        key = reference_key((target or {}).get("reference"))
-        if key is not None and groups:
+        if (key := reference_key((target or {}).get("reference"))) is not None and groups:
             routes.setdefault(key, set()).update(groups)
 
 
@@ -152,11 +151,8 @@ class Router:
                     skipped = True
                 else:
                     self.counts.unknown_groups[group] += 1
-        if skipped and not targets:
-            self.counts.skipped_resources[kind] += 1
         if not targets:
-            if not skipped:
-                self.counts.unrouted[kind] += 1
+            (self.counts.skipped_resources if skipped else self.counts.unrouted)[kind] += 1
             return
         for target in targets:
             self.counts.resources[target] += 1

@@ -124,8 +124,7 @@ def _read(path: Path) -> tuple[Any, list[str]]:
 def _document_problems(document: Any) -> list[str]:
     validator = Draft202012Validator(LOOKUP_SCHEMA)
     errors = sorted(validator.iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path])
-    problems = [_schema_problem(document, error) for error in errors]
-    if problems:
+    if problems := [_schema_problem(document, error) for error in errors]:
         return problems
     seen: set[str] = set()
     for table in document:

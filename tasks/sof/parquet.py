@@ -54,11 +54,10 @@ def write_parquet(
     try:
         rows = _converted_in_blocks_of_its_rows(csv_path, schema, temporary, row_group_bytes)
         os.replace(temporary, parquet_path)
-    except OSError as exc:
+    except BaseException as exc:
         temporary.unlink(missing_ok=True)
-        raise write_error(exc, parquet_path) from None
-    except BaseException:
-        temporary.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise write_error(exc, parquet_path) from None
         raise
     return rows
 

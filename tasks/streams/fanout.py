@@ -72,22 +72,17 @@ def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exceptio
     return outcomes
 
 
-def first_failure(outcomes: list[R | Exception]) -> Exception | None:
-    return next((outcome for outcome in outcomes if isinstance(outcome, Exception)), None)
-
-
 def results_or_raise(outcomes: list[R | Exception]) -> list[R]:
     """The results when every call succeeded; else the first failure is raised (after all calls ended, so the
     caller has kept every file that finished)."""
-    if failure := first_failure(outcomes):
+    if failure := next((outcome for outcome in outcomes if isinstance(outcome, Exception)), None):
         raise failure
     return cast(list[R], outcomes)
 
 
 def raise_if_cancelled() -> None:
     """Stop a call of ``run_bounded`` whose fan-out is being cancelled (a no-op outside one)."""
-    found = _cancelled.get(None)
-    if found is not None and found[0].is_set():
+    if (found := _cancelled.get(None)) is not None and found[0].is_set():
         raise Cancelled("the run was interrupted")
 
 

@@ -314,8 +314,7 @@ def first_non_blank(chunk: bytes, start: int) -> int:
     window = 256
     while start < len(chunk):
         end = min(start + window, len(chunk))
-        rest = len(chunk[start:end].lstrip())
-        if rest:
+        if rest := len(chunk[start:end].lstrip()):
             return end - rest
         start, window = end, window * 4
     return len(chunk)

@@ -97,8 +97,7 @@ def track(label: str, total: int | None = None, unit: str = "B") -> Iterator[Tra
 def expect_files(count: int, noun: str = "files") -> None:
     """Tell the step run's progress how many files (or ``noun``: flattening's "pieces") it will work on, when its
     input does not say (downloads) or is cut; its artifact then shows those done of expected."""
-    aggregate = _step_progress.get()
-    if aggregate is not None:
+    if (aggregate := _step_progress.get()) is not None:
         aggregate.expect_files(count, noun)
 
 
@@ -257,13 +256,12 @@ class StepProgress:
     def _measure(self, now: float, finished: bool, stopped: bool) -> tuple[float, str]:
         unit = "lines" if "lines" in self._done else "B"
         done = self._done.get(unit, 0)
+        known = self._files_known()
         if finished:
             self._percent = 100.0
+            self._files_finished = max(self._files_finished, known)  # a resumed step's cached pieces never started here
         elif (fraction := self._fraction_done(unit, done)) is not None:
             self._percent = max(self._percent, min(99.9, 100.0 * fraction))
-        known = self._files_known()
-        if finished:  # pieces served from the cache (a resumed step) never started here
-            self._files_finished = max(self._files_finished, known)
         files = f"{min(self._files_finished, known)} / {known}" if known else f"{self._files_finished}"
         if self._noun != "files":  # pieces of the input's files
             files += f" {self._noun} of {self._work.files} file{'s' * (self._work.files != 1)}"

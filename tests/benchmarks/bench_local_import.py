@@ -118,7 +118,7 @@ def import_once(files: list[str], out: str, level: str) -> None:
     """Child process: the files through ``import_file`` in the step's worker pool, one thread per file as the step
     runs them; prints seconds and the peak RSS of the process and its workers."""
     from tasks.local_import import import_file
-    from tasks.streams.fanout import first_failure, run_bounded
+    from tasks.streams.fanout import results_or_raise, run_bounded
     from tasks.streams.processes import worker_pool
     from tests.benchmarks.memory import tree_peak_mb
     from tests.steps import step_input
@@ -129,8 +129,7 @@ def import_once(files: list[str], out: str, level: str) -> None:
     calls = [lambda path=path: import_file.fn(step, path, Path(path).stem + suffix, []) for path in files]
     started = time.perf_counter()
     with worker_pool():
-        if failure := first_failure(run_bounded(calls, workers=os.cpu_count() or 1)):
-            raise failure
+        results_or_raise(run_bounded(calls, workers=os.cpu_count() or 1))
         peak = tree_peak_mb(os.getpid())
     print(time.perf_counter() - started, peak)
 

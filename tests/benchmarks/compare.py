@@ -316,7 +316,7 @@ def zstd_anchor(files: list[Path], out: Path, runs: int) -> tuple[str, float]:
 
 
 def child_import(files: list[str], out: str, level: str | None, runs: int) -> dict:
-    from tasks.streams.fanout import first_failure, run_bounded
+    from tasks.streams.fanout import results_or_raise, run_bounded
     from tasks.streams.ndjson_writer import AtomicNdjsonWriter
     from tasks.streams.processes import worker_pool
 
@@ -333,8 +333,7 @@ def child_import(files: list[str], out: str, level: str | None, runs: int) -> di
     def import_all() -> None:  # as the step: one file per core, the line checks in the step's worker pool
         calls = [lambda path=Path(p): copy(path) for p in files]
         with worker_pool():
-            if failure := first_failure(run_bounded(calls, workers=os.cpu_count() or 1)):
-                raise failure
+            results_or_raise(run_bounded(calls, workers=os.cpu_count() or 1))
 
     seconds = best_seconds(import_all, runs, fresh(folder))
     shutil.rmtree(folder, ignore_errors=True)
@@ -452,7 +451,7 @@ def download_group(urls: list[str], out: str, level: str | None, threads: int) -
     from config.settings import RetrySettings
     from tasks.clients.downloads import download_ndjson, target_names
     from tasks.extractor import CHECK_WORKERS
-    from tasks.streams.fanout import first_failure, run_bounded
+    from tasks.streams.fanout import results_or_raise, run_bounded
     from tasks.streams.processes import worker_pool
 
     names = target_names(urls, compress=level is not None)
@@ -470,8 +469,7 @@ def download_group(urls: list[str], out: str, level: str | None, threads: int) -
 
     # as the extractor step: its bounded threads, the line checks of large plain files in the step's worker pool
     with httpx.Client(timeout=60) as client, worker_pool(size=CHECK_WORKERS):
-        if failure := first_failure(run_bounded([lambda url=url: download(client, url) for url in urls], threads)):
-            raise failure
+        results_or_raise(run_bounded([lambda url=url: download(client, url) for url in urls], threads))
 
 
 # --- pseudonymization ----------------------------------------------------------------------------------------
