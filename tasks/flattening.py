@@ -51,7 +51,7 @@ from tasks.sof.lookup import LookupTable, load_lookup
 from tasks.sof.output import CsvWriter, csv_cells, json_bytes
 from tasks.sof.resources import parse_line
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
-from tasks.streams.files import write_file_atomically
+from tasks.streams.files import close_synced, write_file_atomically
 from tasks.streams.ndjson import PART_PREFIX, PART_SUFFIX, iter_lines
 from tasks.streams.processes import ProcessCalls, SharedCount, never_cancelled, pool_size, run_in_process, worker_pool
 from tasks.streams.spans import MB, SPAN_MIN_BYTES, Piece, file_spans, input_pays_for_processes
@@ -347,6 +347,7 @@ def join_parts(
                     if result["rows"][i]:
                         with (parts_dir / result["folder"] / name).open("rb") as part:
                             shutil.copyfileobj(part, out, COPY_CHUNK)
+                close_synced(out)
     except BaseException:
         for temporary, _, _ in written:
             temporary.unlink(missing_ok=True)
@@ -382,7 +383,7 @@ class GroupCsv:
             self.rows += 1
 
     def finish(self) -> DataFile:
-        self._stream.close()
+        close_synced(self._stream)
         self.part.replace(self.dest)
         return DataFile(name=self.dest.name, size=self.dest.stat().st_size, resources=self.rows)
 

@@ -28,7 +28,7 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.csv as pa_csv  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 
-from tasks.streams.files import write_error
+from tasks.streams.files import close_synced, write_error
 from tasks.sof.errors import ViewError
 
 BLOCK_BYTES = 1024 * 1024
@@ -53,6 +53,8 @@ def write_parquet(
     temporary = parquet_path.with_name(f".{parquet_path.name}.part")
     try:
         rows = _converted_in_blocks_of_its_rows(csv_path, schema, temporary, row_group_bytes)
+        with open(temporary, "rb") as written:  # pyarrow closed it unsynced
+            close_synced(written)
         os.replace(temporary, parquet_path)
     except BaseException as exc:
         temporary.unlink(missing_ok=True)

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 from tasks.core.errors import DupflowError
 
@@ -49,6 +50,14 @@ def write_file_atomically(path: Path, data: bytes, *, private: bool = False) -> 
     except OSError as exc:
         temporary.unlink(missing_ok=True)
         raise write_error(exc, path) from None
+
+
+def close_synced(stream: IO) -> None:
+    """Flush ``stream``, put its file's data on the disk, close it: a file about to be renamed into place as finished
+    (a CSV, a Parquet file) must not come back from a power cut half-written, as ``AtomicNdjsonWriter``'s do not."""
+    stream.flush()
+    os.fsync(stream.fileno())
+    stream.close()
 
 
 def start_writeback(fd: int) -> bool:
