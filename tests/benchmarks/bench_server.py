@@ -1,4 +1,5 @@
-"""The local Prefect server's memory with Prefect's defaults and as dupflow starts it, in interleaved rounds.
+"""The local Prefect server's memory with Prefect's defaults, as dupflow starts it and two variants of that, in
+interleaved rounds.
 
 Run on demand (not collected by pytest):
 
@@ -6,8 +7,10 @@ Run on demand (not collected by pytest):
 
 Each round starts the command line's local server (``flows.prefect_server.ensure_server``) in a temporary
 PREFECT_HOME of its own per variant: once with Prefect's defaults (every service on, glibc's 8 malloc arenas per
-core: ``SERVER_DEFAULTS`` overridden through the environment, which wins over them) and once as dupflow starts it;
-the variants take turns, so both see the same machine load. For each start:
+core: ``SERVER_DEFAULTS`` overridden through the environment, which wins over them), once as dupflow starts it,
+once as dupflow starts it without the database's migration check at start-up (the home's database is migrated by
+its first start), once with every server service off; the variants take turns, so all see the same machine load.
+For each start:
 
 - at rest: the server's RSS (``VmRSS`` of its process tree) ``--settle`` seconds after it answers;
 - during a small job: the highest RSS sampled (every 0.1 s) while ``--jobs`` jobs run one after the other, and the
@@ -30,15 +33,20 @@ import threading
 import time
 from pathlib import Path
 
+from prefect.settings.models.server.services import ServerServicesSettings
+
 from flows.prefect_server import SERVER_DEFAULTS, ensure_server, server_status, stop_server
 from tests.benchmarks.memory import descendants, tree_peak_mb
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = REPO_ROOT / "config" / "sample-data"
 GLIBC_ARENAS = str(8 * (os.cpu_count() or 1))  # glibc's default MALLOC_ARENA_MAX on 64-bit
+SERVICES = ServerServicesSettings.model_fields  # each turned off by PREFECT_SERVER_SERVICES_<NAME>_ENABLED=false
 VARIANTS = {
     "Prefect's defaults": {name: GLIBC_ARENAS if name == "MALLOC_ARENA_MAX" else "true" for name in SERVER_DEFAULTS},
     "as dupflow starts it": {},
+    "no migration check": {"PREFECT_SERVER_DATABASE_MIGRATE_ON_START": "false"},
+    "every service off": {f"PREFECT_SERVER_SERVICES_{name.upper()}_ENABLED": "false" for name in SERVICES},
 }
 
 
@@ -58,10 +66,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-server-") as scratch:
         data = job_data(Path(scratch) / "data", args.files)
         homes = {label: Path(scratch) / f"home-{number}" for number, label in enumerate(VARIANTS)}
-        for label, home in homes.items():  # the first start migrates the home's database: not counted
-            with variant(label):
-                ensure_server(home)
-                stop_server(home)
+        for home in homes.values():  # the first start, as dupflow's, migrates the home's database: not counted
+            ensure_server(home)
+            stop_server(home)
         for round_number in range(args.rounds):
             for label, home in homes.items():
                 with variant(label):

@@ -893,12 +893,14 @@ def memory_lines(root: Path, megabytes: int, files: int, seed: int) -> list[str]
                 "--no-progress",
             )
             resting = vm_rss_mb(server_pid)
-            seconds, tree_mb, flow_mb, together_mb = sampled_tree(command, env, server_pid)
+            seconds, tree_mb, flow_mb, together = sampled_tree(command, env, server_pid)
             lines.append(
                 f"memory, {size:,.0f} MB job (local_import + flattening, {', '.join(settings)}, {seconds:.0f} s): "
                 f"command tree {tree_mb:,.0f} MB (flow process {flow_mb:,.0f} MB); reused server "
                 f"{tree_peak_mb(server_pid):,.0f} MB (at rest before the job {resting:,.0f} MB); tree and server "
-                f"together at most {together_mb:,.0f} MB"
+                f"together at most {sum(together.values()):,.0f} MB ("
+                + ", ".join(f"{role} {mb:,.0f}" for role, mb in together.items())
+                + ")"
             )
             shutil.rmtree(root / "jobs", ignore_errors=True)
     finally:
@@ -907,21 +909,27 @@ def memory_lines(root: Path, megabytes: int, files: int, seed: int) -> list[str]
     return lines
 
 
-def sampled_tree(command: list[str], env: dict[str, str], server_pid: int) -> tuple[float, float, float, float]:
+def sampled_tree(
+    command: list[str], env: dict[str, str], server_pid: int
+) -> tuple[float, float, float, dict[str, float]]:
     """Seconds, the sum of every tree member's peak RSS (sampled every 0.1 s), the flow process's own peak, and the
-    most the tree and the server held at one time (their RSS summed at each sample), in MB. The flow's peak is its
-    own high-water mark, sampled: wait4's ru_maxrss would be the largest of it and every child it waited for (the
-    Parquet worker's peak was taken for the flow process's)."""
+    sample at which the tree and the server held the most together (their RSS summed), by role, in MB. The flow's
+    peak is its own high-water mark, sampled: wait4's ru_maxrss would be the largest of it and every child it waited
+    for (the Parquet worker's peak was taken for the flow process's)."""
     with tempfile.TemporaryFile() as output:
         started = time.perf_counter()
         process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=output)
         peaks: dict[int, float] = {}
-        together = 0.0
+        together: dict[str, float] = {}
         while (ended := os.wait4(process.pid, os.WNOHANG))[0] == 0:
             members = descendants(process.pid)
             for pid in members:
                 peaks[pid] = max(peaks.get(pid, 0.0), vm_hwm_mb(pid))
-            together = max(together, sum(map(vm_rss_mb, [*members, server_pid])))
+            roles = {"server": vm_rss_mb(server_pid)}
+            for pid in members:
+                role = "flow" if pid == process.pid else process_role(pid)
+                roles[role] = roles.get(role, 0.0) + vm_rss_mb(pid)
+            together = max(together, roles, key=lambda held: sum(held.values()))
             time.sleep(0.1)
         seconds = time.perf_counter() - started
         process.returncode = os.waitstatus_to_exitcode(ended[1])
@@ -930,6 +938,15 @@ def sampled_tree(command: list[str], env: dict[str, str], server_pid: int) -> tu
             raise SystemExit(f"{' '.join(command[1:])} failed ({process.returncode}): {output.read()[-3000:]!r}")
     flow_mb = peaks.pop(process.pid, 0.0)
     return seconds, flow_mb + sum(peaks.values()), flow_mb, together
+
+
+def process_role(pid: int) -> str:
+    """What a process under a job's command is, by its command line: a worker, a resource tracker, or another."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "other"
+    return "workers" if b"LokyProcess" in command else "trackers" if b"resource_tracker" in command else "other"
 
 
 def timed_tree(command: list[str], env: dict[str, str]) -> tuple[float, float]:
