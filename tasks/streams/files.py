@@ -1,6 +1,6 @@
 """Small files written whole (temporary name, synced, renamed: a half-written file is never taken for a finished
-one; a failed write raises ``JobWriteError``), an early start of a large file's writing to the disk, and an
-exclusive lock the kernel releases when its holder dies.
+one; a failed write raises ``JobWriteError``), a large file's sync before its rename and an early start of its
+writing to the disk, and an exclusive lock the kernel releases when its holder dies.
 """
 
 from __future__ import annotations
