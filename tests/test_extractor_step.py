@@ -106,6 +106,7 @@ def test_an_extraction_job_downloads_every_file_core_first_and_records_the_handl
 def test_extraction_progress_is_published_as_a_prefect_artifact(tmp_path, extractor_config):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
 
     with start_extraction_server(
         durations={
@@ -119,7 +120,9 @@ def test_extraction_progress_is_published_as_a_prefect_artifact(tmp_path, extrac
     job_dir = only_job_dir(jobs_dir_of(tmp_path))
     key = f"job-{job_dir.name}-01-extractor-progress"
     with get_client(sync_client=True) as client:
-        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC
+        )
     assert artifacts and artifacts[0].type == "progress" and float(artifacts[0].data) == 100.0
 
 

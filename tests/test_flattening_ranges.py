@@ -20,6 +20,7 @@ import zstandard
 from flows.run import EXIT_OK, main
 from tasks.streams import processes
 from tasks.job.contract import DataFile
+from tasks.job.layout import step_artifact_key
 from tasks.flattening import PARTS_FOLDER, plan_pieces, plan_views
 from tasks.job.flattening_outcome import FlatteningError
 from tasks.streams.ndjson import WHOLE_FILE, iter_lines
@@ -194,14 +195,19 @@ def step_on(job_dir: Path, path: Path):
 
 def flattening_progress(job_id: str) -> tuple[float, str]:
     """The data and description of the flattening step's progress artifact
-    (``job-<id>-<NN>-flattening-progress``), as the latest run left it."""
+    (``job-<id>-<NN>-flattening-progress``), as the latest run left it. Every test's job here is named ``job``: the
+    key is shared by the runs of earlier tests, so the newest version is asked of the server (unsorted, it returns
+    a page of 200 versions in no set order)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
 
+    key = step_artifact_key(job_id, 1, "flattening", "progress")
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_=job_id)))
-    runs = sorted((a for a in found if a.key and a.key.endswith("-flattening-progress")), key=lambda a: a.created)
-    return runs[-1].data, runs[-1].description
+        (newest,) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC, limit=1
+        )
+    return newest.data, newest.description
 
 
 def spoil_at(path: Path, offset: int) -> int:

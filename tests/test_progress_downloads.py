@@ -87,11 +87,14 @@ def progress_artifacts(job_dir: Path, position: int, step: str) -> list[Any]:
     """Every version of the step's progress artifact, oldest first."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
 
     key = step_artifact_key(job_dir.name, position, step, "progress")
-    with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
-    return sorted(found, key=lambda artifact: artifact.created)
+    with get_client(sync_client=True) as client:  # sorted by the server: unsorted, a page of 200 in no set order
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC
+        )
+    return found[::-1]
 
 
 def progress_lines(job_dir: Path, label: str) -> list[str]:

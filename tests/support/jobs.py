@@ -45,13 +45,20 @@ def job_file(job_dir: Path) -> dict:
 
 
 def read_artifacts(key_prefix: str) -> dict[str, str]:
-    """The job's artifacts in the Prefect API, by key (data as text)."""
+    """The job's artifacts in the Prefect API, by key (data as text), each key's newest version (the server returns a
+    page of 200 in no set order unless it is told to sort)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
 
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_=key_prefix)))
-    return {artifact.key: str(artifact.data) for artifact in found}
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(like_=key_prefix)), sort=ArtifactSort.CREATED_DESC
+        )
+    newest_first: dict[str, str] = {}
+    for artifact in found:  # the newest version of each key
+        newest_first.setdefault(artifact.key, str(artifact.data))
+    return newest_first
 
 
 def flow_run_state(flow_run_id: str) -> tuple[str, str]:
@@ -98,11 +105,15 @@ def wait_for(probe, process: subprocess.Popen, timeout: float = 90.0):
 
 
 def read_report_artifact(key: str) -> list[dict[str, Any]]:
+    """The newest version of the artifact ``key``'s data."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
 
     with get_client(sync_client=True) as client:
-        (artifact,) = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), limit=1)
+        (artifact,) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])), sort=ArtifactSort.CREATED_DESC, limit=1
+        )
     data = artifact.data
     return json.loads(data) if isinstance(data, str) else data
 
