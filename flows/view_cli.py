@@ -21,7 +21,7 @@ from tasks.streams.ndjson import NdjsonError, iter_lines
 from tasks.sof.errors import ViewDefinitionError, ViewError
 from tasks.sof.view import compile_view
 from tasks.sof.output import CsvWriter, json_bytes
-from tasks.sof.resources import ResourceLineError, read_rows
+from tasks.sof.resources import ResourceLineError, flat_csv_rows, read_rows
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 MAX_LINE_BYTES = 1024 * 1024 * 1024
@@ -99,4 +99,6 @@ def print_parquet(view, definition: dict[str, Any], resources: Path) -> None:
 
 def view_rows(view, resources: Path, csv: bool = False):
     """The view's rows over the file (``csv``: as CSV cells); lines holding no resource of its type are not parsed."""
+    if csv and (rows := flat_csv_rows(view, resources, MAX_LINE_BYTES)) is not None:
+        return rows
     return read_rows(view, resources, iter_lines(resources, MAX_LINE_BYTES), csv)

@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 
+from flows.view_cli import view_rows
 from tasks.sof.errors import ViewError
+from tasks.sof.flat_rows import flat_block_rows
 from tasks.sof.output import CsvWriter, json_bytes
 from tasks.sof.resources import read_rows
 from tasks.sof.view import compile_view
@@ -73,21 +75,42 @@ def test_conformance(path: Path, index: int, way: str):
 
 
 @pytest.mark.parametrize(("path", "index"), cases(SUITE, EXTRA))
-def test_rows_for_csv_are_the_same_csv_as_the_rows_of_the_lines_way(path: Path, index: int):
-    """``view run``'s CSV and the flattener take the rows for CSV cells (``''`` where a value is missing): the same
-    bytes as the rows of the ``lines`` way written to CSV, or the same error."""
+def test_rows_for_csv_are_the_same_csv_as_the_rows_of_the_lines_way(path: Path, index: int, tmp_path: Path):
+    """``view run``'s CSV and the flattener take the rows for CSV cells (``''`` where a value is missing), and
+    ``view run`` reads a file of a flat view's own type block by block (``flat_csv_rows``): the same bytes as the
+    rows of the ``lines`` way written to CSV, or the same error."""
     suite = load(path)
     test = suite["tests"][index]
+    resources = tmp_path / "resources.ndjson"
+    resources.write_bytes(b"".join(json_bytes(resource) + b"\n" for resource in suite["resources"]))
     written = []
-    for csv in (False, True):
+    for way in ("lines", "lines for csv", "file for csv"):
         out, lines = io.StringIO(), enumerate(map(json_bytes, suite["resources"]), 1)
         try:
-            CsvWriter(out).writerows(read_rows(compile_view(test["view"]), "suite", lines, csv))
+            view = compile_view(test["view"])
+            rows = view_rows(view, resources, csv=True) if way == "file for csv" else read_rows(view, "suite", lines)
+            CsvWriter(out).writerows(read_rows(view, "suite", lines, csv=True) if way == "lines for csv" else rows)
         except ViewError as exc:
             out.write(f"error: {type(exc).__name__}")
         written.append(out.getvalue())
     assert written[1] == written[0]
+    assert written[2] == written[0]
     assert written[0].startswith("error") == ("expectError" in test)
+
+
+def test_the_suite_s_flat_views_are_read_block_by_block():
+    """The block path of ``view run``'s CSV (``flat_rows``) is taken by the suite's cases that it is made for, so the
+    test above compares it there."""
+    taken = []
+    for path, index in (case.values for case in cases(SUITE, EXTRA)):
+        suite = load(path)
+        test = suite["tests"][index]
+        if "expectError" in test or (rows_of := flat_block_rows(compile_view(test["view"]))) is None:
+            continue
+        if rows_of(b"".join(json_bytes(resource) + b"\n" for resource in suite["resources"])) is not None:
+            taken.append(test["title"])
+    assert "select & column" in taken
+    assert len(taken) >= 7
 
 
 def test_the_shared_suite_has_its_70_tests():

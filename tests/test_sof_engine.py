@@ -98,6 +98,26 @@ def test_rows_of_strings_nulls_and_numbers_go_to_csv_as_they_are_the_same_bytes(
     assert batched.getvalue() == one_by_one.getvalue()
 
 
+@pytest.mark.parametrize(
+    ("value", "cell"),
+    [({"k": 1}, '"{""k"":1}"'), ({"k": "v"}, '"{""k"":""v""}"'), (["a"], '"[""a""]"'), ([], "[]"), ({}, "{}")],
+    ids=["object", "string member", "array", "empty array", "empty object"],
+)
+def test_rows_with_an_object_or_array_go_to_csv_as_its_json(value, cell):
+    """A batch otherwise of the types ``_plain_lines`` takes (no type test per cell): the cell is the value's JSON,
+    quoted, not its JSON with the quotes taken out."""
+    rows = [(str(n), True, None, n) for n in range(ROWS_PER_BATCH)]
+    rows[7] = ("x", value, None, 1)
+    one_by_one, batched = io.StringIO(), io.StringIO()
+    writer = CsvWriter(one_by_one)
+    for row in rows:
+        writer.writerow(csv_cells(row))
+
+    assert CsvWriter(batched).writerows(rows) == len(rows)
+    assert batched.getvalue() == one_by_one.getvalue()
+    assert batched.getvalue().splitlines()[7] == f"x,{cell},,1"
+
+
 def test_lines_of_other_types_are_passed_over_unparsed():
     lines = [
         b'{"resourceType":"Observation","id":"o1","valueQuantity":{"value":1.5}}',

@@ -26,8 +26,6 @@ _NEEDS_QUOTES = (",", '"', "\n", "\r")
 _WRITTEN_AS_CELLS = frozenset({str, type(None), int})
 """Types ``csv`` writes as ``cell`` would (None empty, ints as ``str``): rows of only these need no conversion. Not
 ``Decimal``: ``str`` gives it an exponent (``0E-8``), ``cell`` plain notation."""
-_JSON_AS_CELLS = _WRITTEN_AS_CELLS | {bool}
-"""Types orjson writes as ``cell`` would once quotes and nulls are taken out (``_plain_lines``)."""
 ROWS_PER_BATCH = 1000
 
 
@@ -51,13 +49,14 @@ class CsvWriter:
         millions): a batch that needs no quoting joined as it is where it is all strings (``_string_lines``), else
         made from its JSON where it is strings, nulls, ints and booleans (``_plain_lines``), else in one call to
         ``csv`` (the cells as ``cell`` makes them where they are more than strings, nulls and ints); the number of
-        rows written."""
+        rows written. Values are those the engine gives: strings, nulls, ints, booleans, ``Decimal``, objects and
+        arrays (``fhirpath.plain`` makes floats decimals)."""
         written = 0
         pending = iter(rows)
         while batch := list(islice(pending, ROWS_PER_BATCH)):
             written += len(batch)
             text = _string_lines(batch)
-            if text is None and _JSON_AS_CELLS.issuperset(map(type, chain.from_iterable(batch))):
+            if text is None:
                 text = _plain_lines(batch)
             if text is not None:
                 if self._bytes is None:
@@ -80,9 +79,9 @@ def _string_lines(batch: list) -> bytes | None:
     """The batch's CSV lines, its cells joined as they are, where all are strings (as ``CompiledView.csv_rows`` gives
     them) and none holds a comma, line feed, quote, CR or NUL; None otherwise, where a row has fewer than two cells
     (``csv`` quotes a lone empty cell), the rows differ in length, or a string is no UTF-8 (a lone surrogate)."""
-    width, rows = len(batch[0]), len(batch)
-    if width < 2 or any(len(row) != width for row in batch):
+    if not (width := _width(batch)):
         return None
+    rows = len(batch)
     try:
         text = "\n".join(map(",".join, batch)).encode()
     except (TypeError, UnicodeEncodeError):  # a cell that is no string, or no UTF-8
@@ -93,23 +92,34 @@ def _string_lines(batch: list) -> bytes | None:
 
 
 def _plain_lines(batch: list) -> bytes | None:
-    """The batch's CSV lines made from its JSON (``orjson``, in C, a row a line) where no cell needs quoting: no JSON
+    """The batch's CSV lines made from its JSON (``orjson``, in C, one call) where no cell needs quoting: no JSON
     escape (so no quote, backslash, CR, LF or control character in a string), no comma but the separators and no
     bracket but the rows' own. A comma is then always a separator, so an unquoted ``null`` after one, or after a row's
-    ``[``, is a null: it becomes an empty cell; then the quotes and brackets go. None where a cell needs quoting, a
-    row has fewer than two cells (``csv`` quotes a lone empty cell), the rows differ in length, or orjson refuses a
-    value (an int beyond 64 bits, a lone surrogate)."""
-    width, rows = len(batch[0]), len(batch)
-    if width < 2 or any(len(row) != width for row in batch):
+    ``[``, is a null: it becomes an empty cell; then the quotes and brackets go. None where a cell needs quoting, is
+    an object or array (a brace, a bracket more) or a ``Decimal`` (orjson refuses it, as an int beyond 64 bits and a
+    lone surrogate), a row has fewer than two cells (``csv`` quotes a lone empty cell), or the rows differ in length.
+    No type test per cell: it cost as much as the rest."""
+    if not (width := _width(batch)):
         return None
+    rows = len(batch)
     try:
-        text = b"\n".join(map(orjson.dumps, batch))
+        text = orjson.dumps(batch)  # [[...],[...]]: one call
     except TypeError:
         return None
-    brackets = text.count(b"[") == rows == text.count(b"]")
-    if b"\\" in text or text.count(b",") != rows * (width - 1) or not brackets:
+    brackets = text.count(b"[") == rows + 1 == text.count(b"]")
+    if b"\\" in text or b"{" in text or text.count(b",") != rows * width - 1 or not brackets:
         return None
-    return text.replace(b",null", b",").replace(b"[null,", b"[,").translate(None, b'"[]') + b"\n"
+    text = text[1:-1].replace(b"],[", b"]\n[")
+    if b"null" in text:
+        text = text.replace(b",null", b",").replace(b"[null,", b"[,")
+    return text.translate(None, b'"[]') + b"\n"
+
+
+def _width(batch: list) -> int:
+    """The length of every row of the batch where they are all as long, and two cells or more (``csv`` quotes a lone
+    empty cell); else 0."""
+    widths = set(map(len, batch))
+    return widths.pop() if len(widths) == 1 and min(widths) > 1 else 0
 
 
 def _quoted(cell: str) -> str:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from decimal import Decimal
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ import orjson
 import re2
 
 from tasks.sof.errors import ResourceLineError
+from tasks.sof.flat_rows import flat_block_rows
+from tasks.streams.ndjson import LineSplitter, iter_chunks
 
 _DECIMAL_NUMBER = re2.compile(rb"[:\[,][ \t\n\r\f\v]*-?\d+(?:\.\d|[eE])")  # RE2: 2.5x Python's re here
 _DECIMAL_DECODER = json.JSONDecoder(parse_float=Decimal)  # made once: ``json.loads(parse_float=...)`` makes one a call
@@ -87,3 +90,20 @@ def read_rows(view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]],
         if may_hold(line, wanted):
             for resource in line_resources(parse_line(source, number, line)):
                 yield from view.rows(resource)
+
+
+def flat_csv_rows(view: Any, source: Path, max_line_bytes: int) -> Iterator[tuple] | None:
+    """``read_rows``' CSV rows of a flat view (``tasks.sof.flat_rows``) over a file: every block of lines that msgspec
+    takes at once, the others line by line; None for any other view."""
+    if (block_rows := flat_block_rows(view)) is None:
+        return None
+    return chain.from_iterable(_flat_blocks(view, source, max_line_bytes, block_rows))
+
+
+def _flat_blocks(view: Any, source: Path, max_line_bytes: int, block_rows: Callable) -> Iterator[Iterable[tuple]]:
+    lines = LineSplitter(source, max_line_bytes)
+    for chunk in iter_chunks(source):
+        rows = lines.take_block(chunk, block_rows)
+        yield read_rows(view, source, lines.numbered(chunk), csv=True) if rows is None else rows
+    if last := lines.finish():
+        yield read_rows(view, source, [(lines.number, last)], csv=True)

@@ -7,7 +7,7 @@ Content is checked as it streams (``tasks.streams.ndjson_writer``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -240,6 +240,17 @@ class LineSplitter:
         first, self.number = self.number + 1, self.number + len(lines)
         self._pending, self._blank_run_bytes = bytearray(tail), 0
         return zip(range(first, self.number + 1), lines, strict=True)
+
+    def take_block(self, chunk: bytes, take: Callable[[bytes], list | None]) -> list | None:
+        """``take`` of the lines ending in ``chunk`` as one block (with the line begun before it), where it gives one
+        item per line: those lines are then read. None, and nothing read, where ``take`` gives None (it must where a
+        line is blank), no line ends in the chunk, or the block or the rest could hold a line over the limit."""
+        end = chunk.rfind(b"\n") + 1
+        if not end or len(self._pending) + end > self._max or len(chunk) - end > self._max:
+            return None
+        if (taken := take(b"".join((self._pending, memoryview(chunk)[:end])))) is not None:  # one copy
+            self.number, self._pending, self._blank_run_bytes = self.number + len(taken), bytearray(chunk[end:]), 0
+        return taken
 
     def _one_by_one(self, chunk: bytes) -> Iterator[tuple[int, bytes]]:
         # The parts of a line that spans chunks are appended through a view, without a slice copy.
