@@ -48,14 +48,15 @@ def flat_block_rows(view: Any) -> Callable[[bytes], list[tuple] | None] | None:
     decode, cells = msgspec.json.Decoder(row).decode_lines, attrgetter(*(fields[key] for key in keys))
 
     def rows(block: bytes) -> list[tuple] | None:
-        if block[:1] <= b" " or _OPENS_BLANK.search(block) or _TWO_OBJECTS.search(block):
-            return None
-        try:
+        try:  # the decoding first: in a file of several types it stops at the first line of another, at once
+            found = decode(block)
+            if block[:1] <= b" " or _OPENS_BLANK.search(block) or _TWO_OBJECTS.search(block):
+                return None
             if not block.isascii():
                 block.decode()
-            return list(map(cells, decode(block)))
         except (ValueError, RecursionError):  # msgspec's errors and UnicodeDecodeError are ValueErrors
             return None
+        return list(map(cells, found))
 
     return rows
 
