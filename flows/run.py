@@ -118,9 +118,7 @@ def add_continue_command(commands: argparse._SubParsersAction) -> None:
     resume.add_argument("job", help="job id or job directory")
     add_jobs_dir_flag(resume)
     add_progress_flag(resume)
-    resume.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="replace a non-secret key for this job"
-    )
+    add_set_flag(resume, "replace a non-secret key for this job")
     in_doubt = resume.add_mutually_exclusive_group()
     in_doubt.add_argument("--attach", metavar="STATUS_URL", help="follow this extraction (after a submission in doubt)")
     in_doubt.add_argument(
@@ -137,13 +135,11 @@ def add_override_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--anonymization-config", help="anonymization YAML (overrides services.pseudonymizer.anonymization_config)"
     )
-    parser.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a non-secret key, e.g. retry.max_attempts=3 (repeatable)",
-    )
+    add_set_flag(parser, "override a non-secret key, e.g. retry.max_attempts=3 (repeatable)")
+
+
+def add_set_flag(parser: argparse.ArgumentParser, text: str) -> None:
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=text)
 
 
 def add_progress_flag(parser: argparse.ArgumentParser) -> None:
