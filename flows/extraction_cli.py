@@ -139,8 +139,7 @@ def extraction_job_id(args: argparse.Namespace) -> str:
     job_dir = Path(args.jobs_dir or default_jobs_dir()) / ref
     if not is_job_id(ref) or not job_dir.is_dir():
         return ref
-    recorded = read_facts(job_dir).get("extraction_job_id")
-    if not recorded:
+    if not (recorded := read_facts(job_dir).get("extraction_job_id")):
         raise UsageError(
             f"dupflow job {ref} has no extraction job yet (no extraction_job_id in {job_dir / 'job.json'})"
         )
@@ -267,9 +266,7 @@ def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 
 
 def batches_text(job: ExtractionJob) -> str:
-    if job.batches_total is None:
-        return "-"
-    return f"{job.batches_completed or 0}/{job.batches_total}"
+    return "-" if job.batches_total is None else f"{job.batches_completed or 0}/{job.batches_total}"
 
 
 def optional(value: object) -> str:

@@ -20,7 +20,7 @@ import shlex
 import shutil
 import sys
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -140,8 +140,7 @@ def select_jobs(
         except RecordError as exc:
             selection.protected.append((entry.name, f"its job.json cannot be read (look at it yourself): {exc}"))
             continue
-        state = current_state(paths, job)
-        if state == RUNNING:
+        if (state := current_state(paths, job)) == RUNNING:
             selection.protected.append((entry.name, "Running (a process works on it)"))
         elif state in NAMED_ONLY_STATES and state not in states:
             selection.protected.append((entry.name, f"{state} (remove it with --state {state})"))
@@ -183,10 +182,8 @@ def size_on_disk(directory: Path) -> int:
     total = 0
     for root, _, files in os.walk(directory):
         for name in files:
-            try:
+            with suppress(FileNotFoundError):  # a temporary file renamed meanwhile
                 total += os.lstat(os.path.join(root, name)).st_size
-            except FileNotFoundError:  # a temporary file renamed meanwhile
-                continue
     return total
 
 

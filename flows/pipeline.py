@@ -163,8 +163,7 @@ def run_job_steps(job: Job, card: JobRecordCard) -> Any:
 def close_earlier_flow_run(job: Job, flow_run_id: str) -> None:
     """The job's previous flow run, left Paused (awaiting inspection) or Running (resumed in the UI, or killed) by
     a process that is gone (this flow holds the job's lock), ends as ``Continued``, naming this run."""
-    earlier = [run_id for run_id in job.record.flow_run_ids if run_id != flow_run_id]
-    if not earlier:
+    if not (earlier := [run_id for run_id in job.record.flow_run_ids if run_id != flow_run_id]):
         return
     with get_client(sync_client=True) as client:
         drop_local_pause_guards(client, earlier[-1:])

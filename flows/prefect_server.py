@@ -175,8 +175,7 @@ def stop_server(home: Path | None = None) -> bool:
 
 def server_status(home: Path | None = None) -> dict | None:
     """The recorded server (url, ui_url, pid, port, log, started_at, healthy), or None if none is running."""
-    record = read_record(prefect_home(home))
-    if record is None or not process_is_server(record.pid):
+    if (record := read_record(prefect_home(home))) is None or not process_is_server(record.pid):
         return None
     shown = {key: value for key, value in asdict(record).items() if key != "nonce"}
     return {**shown, "ui_url": ui_url(record.url), "healthy": is_healthy(record.url)}
@@ -263,8 +262,7 @@ def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
 def home_port(home: Path) -> int:
     """The port of this home's server: ``PREFECT_SERVER_API_PORT``, else the one it kept (``PORT_FILE``), else a
     free one chosen now from a start that the home's path gives (two homes on one machine rarely meet)."""
-    value = local_server_port()
-    if value is None:
+    if (value := local_server_port()) is None:
         with suppress(OSError, ValueError):
             if 0 < (kept := int((home / PORT_FILE).read_text().strip())) < 65536:
                 return kept
