@@ -39,8 +39,7 @@ def parse_duration(text: str) -> timedelta:
     if re.fullmatch(r"[+-]?\d+(\.\d+)?", value):
         raise ValueError(f"'{value[:MAX_SHOWN_CHARS]}' has no unit, which is ambiguous; {ACCEPTED_FORMS}")
     shown = value if len(value) <= MAX_SHOWN_CHARS else value[:MAX_SHOWN_CHARS] + "…"
-    iso = _ISO_PATTERN.fullmatch(value)
-    if iso and any(iso.groups()) and not value.upper().endswith("T"):
+    if (iso := _ISO_PATTERN.fullmatch(value)) and any(iso.groups()) and not value.upper().endswith("T"):
         amounts = (float(part) if part else 0.0 for part in iso.groups())
         total = sum(amount * unit for amount, unit in zip(amounts, _ISO_UNIT_SECONDS, strict=True))
         return _bounded(total, shown)

@@ -119,8 +119,7 @@ def read_yaml(config_path: Path) -> dict[str, Any]:
 
 @lru_cache(maxsize=8)
 def _parsed_yaml(config_path: Path, identity: tuple[int, int] | None) -> dict[str, Any]:
-    data = parse_yaml_file(config_path)
-    if data is None:
+    if (data := parse_yaml_file(config_path)) is None:
         return {}
     if not isinstance(data, dict):
         raise _file_problem(config_path, "the top level must be a mapping of keys (services, pipeline, ...)")

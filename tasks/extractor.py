@@ -109,8 +109,7 @@ def download_client(step: StepInput, needs_token: bool) -> Iterator[ExtractionSe
     whether the files need a token: no client is a task parameter."""
     key = (settings_identity(step.config_path, step.overrides), needs_token)
     with _download_clients_lock:
-        lease = _download_clients.get(key)
-        if lease is None:
+        if (lease := _download_clients.get(key)) is None:
             settings = settings_of(step)
             client = ExtractionServerClient(settings.services.extractor, settings.tls)
             lease = _download_clients[key] = DownloadLease(client)
@@ -147,8 +146,7 @@ def current_handle(step: StepInput, client: ExtractionServerClient) -> Extractio
 
 def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> ExtractionHandle:
     """Submit the job's CRTDL once; the attempt is recorded before the POST and the handle right after it."""
-    crtdl_path = step.crtdl_path
-    if crtdl_path is None:
+    if (crtdl_path := step.crtdl_path) is None:
         raise ExtractionError("the extractor step needs a CRTDL file (or a complete result URL) as the job input")
     record_facts(step.job_path, extraction_submission={"generation": generation, "started_at": now_iso()})
     handle = client.submit(crtdl_path.read_bytes())

@@ -178,8 +178,7 @@ def built_views(
     """The view of each group that has a lookup table, and the groups that have none (see ``plan_views``)."""
     views, skipped = [], []
     for group in groups:
-        table = tables.get(group.profile)
-        if table is None:
+        if (table := tables.get(group.profile)) is None:
             if warn:
                 log.warning(
                     "attribute group %r is skipped: the lookup file has no table for profile %s",

@@ -198,6 +198,5 @@ async def read_answer_async(
 
 
 def _refuse_declared(response: httpx.Response, limit: int, *, operation: str, service: str | None, hint: str) -> None:
-    size = declared_size(response)
-    if size is not None and size > limit:
+    if (size := declared_size(response)) is not None and size > limit:
         raise answer_too_large(size_text(size), limit, operation=operation, service=service, hint=hint)

@@ -381,8 +381,7 @@ class FirstLineCheck:
         self._content_at = -1
 
     def feed(self, chunk: bytes) -> Iterator[bytes]:
-        pending = self._pending
-        if pending is None:
+        if (pending := self._pending) is None:
             yield chunk
             return
         searched = len(pending)

@@ -108,8 +108,7 @@ class ExtractionServerClient(Closing):
             raise ExtractionError(
                 f"submit extraction: the server answered HTTP {response.status_code}, expected 200 or 202"
             )
-        location = response.headers.get("Content-Location")
-        if not location:
+        if not (location := response.headers.get("Content-Location")):
             raise ExtractionError(
                 "submit extraction: the server accepted the request but sent no Content-Location header, so the "
                 "job cannot be followed; check base_url points at the extraction server (not a proxy page)"

@@ -138,8 +138,7 @@ def _combined_ca_bundle(ca_cert_path: str) -> str:
     except OSError as exc:
         raise ValueError(f"tls.ca_cert_path {ca_cert_path}: cannot read PEM bundle: {exc}") from exc
     parts = [Path(certifi.where()).read_text()]
-    system_bundle = ssl.get_default_verify_paths().cafile
-    if system_bundle and os.path.isfile(system_bundle):
+    if (system_bundle := ssl.get_default_verify_paths().cafile) and os.path.isfile(system_bundle):
         parts.append(Path(system_bundle).read_text())
     parts.append(extra)
     with tempfile.NamedTemporaryFile("w", prefix="dupflow-ca-", suffix=".pem", delete=False) as bundle:
@@ -176,8 +175,7 @@ class S3Uploader:
     def upload(self, path: Path, key: str) -> UploadedObject:
         """Upload ``path`` as ``key``, unless the manifest records it with this size and it is still in the bucket."""
         size = path.stat().st_size
-        recorded = self._recorded(key, size)
-        if recorded is not None and self._is_stored(recorded):
+        if (recorded := self._recorded(key, size)) is not None and self._is_stored(recorded):
             log.info("S3 object %s is already in bucket %s (manifest); not uploading it again", key, self._bucket)
             return recorded
         started = time.perf_counter()

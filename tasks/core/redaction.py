@@ -90,8 +90,7 @@ class RedactingFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        redacted = redact(message)
-        if redacted != message:
+        if (redacted := redact(message)) != message:
             record.msg, record.args = redacted, None
         if record.exc_info and not record.exc_text:
             record.exc_text = self._formatter.formatException(record.exc_info)

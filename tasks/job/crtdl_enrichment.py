@@ -66,8 +66,7 @@ def _groups_for(crtdl: Json, rule: EnrichmentRule, warnings: list[str]) -> list[
 
 
 def _existing_groups(crtdl: Json) -> list[Json]:
-    data_extraction = crtdl.get("dataExtraction")
-    if data_extraction is None:
+    if (data_extraction := crtdl.get("dataExtraction")) is None:
         return []
     if not isinstance(data_extraction, dict):
         raise EnrichmentError("CRTDL dataExtraction is not a JSON object")
@@ -122,13 +121,11 @@ def _ensure_attribute(group: Json, wanted: AttributeToAdd) -> Json:
 def _resolve_links(crtdl: Json, links: list[tuple[str, Json, str]]) -> None:
     groups = _existing_groups(crtdl)
     for group_reference, attribute, url in links:
-        targets = _groups_with_reference(groups, url)
-        if not targets:
+        if not (targets := _groups_with_reference(groups, url)):
             raise UnresolvedLinkError(group_reference, attribute["attributeRef"], url)
         linked_ids = attribute.setdefault("linkedGroups", [])
         for target in targets:
-            target_id = _id_of(target, groups)
-            if target_id not in linked_ids:
+            if (target_id := _id_of(target, groups)) not in linked_ids:
                 linked_ids.append(target_id)
 
 

@@ -92,8 +92,7 @@ def unless_cancelled() -> Iterator[None]:
     ``Cancelled``; under the lock the caller cancels under. A call stalled past the grace is not waited for, so the
     caller removes its temporary files (``remove_partial_files``): each was made before the cancellation, and none
     is made after it, however late a stalled call gets to make one."""
-    found = _cancelled.get(None)
-    if found is None:
+    if (found := _cancelled.get(None)) is None:
         yield
         return
     _, creating = found

@@ -44,8 +44,7 @@ class _LogTracker(Tracker):
 
     def advance(self, amount: int) -> None:
         self._done += amount
-        now = time.monotonic()
-        if now - self._last >= LOG_EVERY_SECONDS:
+        if (now := time.monotonic()) - self._last >= LOG_EVERY_SECONDS:
             self._last = now
             logger.info("%s", self.describe(now))
 
@@ -83,8 +82,7 @@ def use_display(display: Display) -> None:
 @contextmanager
 def track(label: str, total: int | None = None, unit: str = "B") -> Iterator[Tracker]:
     with _display_tracker(label, total, unit) as shown:
-        aggregate = _step_progress.get()
-        if aggregate is None:
+        if (aggregate := _step_progress.get()) is None:
             yield shown
             return
         work = aggregate.file_started(FileWork(shown, aggregate, unit, total))
@@ -159,8 +157,7 @@ def step_progress(key: str, step: str, work: StepWork) -> Iterator[StepProgress 
     published) outside a Prefect task run."""
     from prefect.context import TaskRunContext
 
-    context = TaskRunContext.get()
-    if context is None:
+    if (context := TaskRunContext.get()) is None:
         yield None
         return
     aggregate = StepProgress(key, step, work, context.task_run.id, context.task_run.flow_run_id)
