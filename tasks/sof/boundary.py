@@ -77,8 +77,7 @@ def _decimal(value: Decimal, precision: int | None, high: bool) -> Decimal | Non
 
 
 def _date(text: str, precision: int | None, high: bool) -> str | None:
-    match = _DATE.match(text)
-    if match is None:
+    if (match := _DATE.match(text)) is None:
         return None
     date = _full_date(*match.groups(), high)
     return date if precision is None else {4: date[:4], 6: date[:7], 8: date}.get(precision)
@@ -97,8 +96,7 @@ def _milliseconds(digits: str | None, high: bool) -> str:
 
 
 def _datetime(text: str, precision: int | None, high: bool) -> str | None:
-    match = _DATETIME.match(text)
-    if match is None:
+    if (match := _DATETIME.match(text)) is None:
         return None
     year, month, day, hour, minute, second, fraction, zone = match.groups()
     hour = hour or ("23" if high else "00")
@@ -114,8 +112,7 @@ def _datetime(text: str, precision: int | None, high: bool) -> str | None:
 
 
 def _time(text: str, precision: int | None, high: bool) -> str | None:
-    match = _TIME.match(text)
-    if match is None:
+    if (match := _TIME.match(text)) is None:
         return None
     hour, minute, second, fraction = match.groups()
     minute = minute or ("59" if high else "00")

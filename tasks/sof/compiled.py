@@ -74,10 +74,8 @@ def _elements(iterate: Compiled, where: str) -> Callable[[Any, Any, Any], tuple[
         except KeyError:
             plan = member_plan(iterate, path)
             walk, found_path = walks[path] = (_step_walk(plan), None if plan is None else plan.path)
-        if walk is not None:
-            found = walk([data])
-            if found is not None:
-                return found, found_path
+        if walk is not None and (found := walk([data])) is not None:
+            return found, found_path
         return collect(data, path, env)
 
     return elements
@@ -93,8 +91,7 @@ def _step_walk(plan: Plan | None) -> Callable[[list], list | None] | None:
 
     def walk(found: list) -> list | None:
         for step in steps:
-            found = step(found)
-            if not found:  # None (irregular) or no element
+            if not (found := step(found)):  # None (irregular) or no element
                 return found
         return found
 
@@ -128,8 +125,7 @@ def _where_step(key: str, literal: Any, at: Any) -> Callable[[list], list | None
             return None
         kept: list = []
         for value in values:
-            child = value.get(key)
-            if child == literal:
+            if (child := value.get(key)) == literal:
                 kept.append(value)
             elif type(child) is list:
                 return None
@@ -160,8 +156,7 @@ def compile_view_rows(root: Select, resource_type: str, limit: int) -> RowsAt:
     """The view's rows at a resource: the generated function (``tasks.sof.compiled_code``) where the view is in its
     subset and the resource shaped as it plans, else the closures of ``compile_rows``."""
     closures = compile_rows(root, limit)
-    generated = generated_rows(root, resource_type, limit)
-    if generated is None:
+    if (generated := generated_rows(root, resource_type, limit)) is None:
         return closures
 
     def rows(data: Any, path: Any, env: Any) -> Rows:
@@ -193,8 +188,7 @@ def _rows_at(select: Select, limit: int) -> RowsAt:
         row = read(data, path, env)
         rows = None  # one row (``row``) until a part gives several
         for part in parts:
-            extra = part(data, path, env)
-            if not extra:  # None (too many) or no rows at all
+            if not (extra := part(data, path, env)):  # None (too many) or no rows at all
                 return extra
             if rows is None and len(extra) == 1:
                 row += extra[0]
@@ -260,10 +254,8 @@ def column_value(column: Column) -> Value:
             walk = walks[path]
         except KeyError:
             walk = walks[path] = _key_walk(column_plan(column, path))
-        if walk is not None:
-            found = walk(data)
-            if found is not _IRREGULAR:
-                return found if found is None or type(found) is str else plain(found)
+        if walk is not None and (found := walk(data)) is not _IRREGULAR:
+            return found if found is None or type(found) is str else plain(found)
         return column.value(data, path, env)
 
     return value
@@ -282,8 +274,7 @@ def _key_walk(plan: Plan | None) -> Callable[[Any], Any] | None:
                 return _IRREGULAR if isinstance(data, list | dict) else None
             if "resourceType" in data and data["resourceType"] != at:
                 return _IRREGULAR
-            data = data.get(key)
-            if data is None:
+            if (data := data.get(key)) is None:
                 return None
         return _IRREGULAR if isinstance(data, list) else data
 

@@ -254,8 +254,7 @@ def _in_subset(select: Any, path: str | None, depth: int) -> bool:
     if depth > MAX_GENERATED_DEPTH or select.iteration == "repeat" or select.union:
         return False
     if select.iteration is not None:
-        plan = member_plan(select.iterate[0], path)
-        if plan is None:
+        if (plan := member_plan(select.iterate[0], path)) is None:
             return False
         path = plan.path
     return all(column_plan(column, path) for column in select.columns) and all(

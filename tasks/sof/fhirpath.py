@@ -106,11 +106,9 @@ def member_steps(expression: str) -> list[Step] | None:
     steps: list[Step] = []
     position = 0
     while True:
-        match = _SEGMENT.match(text, position)
-        if match is None or (steps and steps[-1][0] in _FUNCTIONS):
+        if (match := _SEGMENT.match(text, position)) is None or (steps and steps[-1][0] in _FUNCTIONS):
             return None
-        step = _step(match, first=not steps)
-        if step is None:
+        if (step := _step(match, first=not steps)) is None:
             return None
         steps.append(step)
         position = match.end()
@@ -163,8 +161,7 @@ class MemberPath:
             return plan
 
     def collect(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
-        plan = self.plan(path)
-        if plan is None:
+        if (plan := self.plan(path)) is None:
             return self._general(data, path, env)
         found = _member_of(data, plan.key, plan.at) if plan.single else _walk(plan, data)
         if found is None:
@@ -206,8 +203,7 @@ def _plan(steps: list[Step], path: str | None, counted: bool) -> Plan | None:
         if kind == "first":
             operations.append(("first", "", None, path))
             continue
-        resolved = _resolve(path, name, argument if kind == "member" else None)
-        if resolved is None:
+        if (resolved := _resolve(path, name, argument if kind == "member" else None)) is None:
             return None
         key, child_path = resolved
         if kind == "where":

@@ -183,8 +183,7 @@ def _cycle_problems(url: str, elements: dict[str, dict[str, Any]]) -> list[str]:
             continue
         path, pending = [root], [iter(elements[root].get("children", []))]
         while pending:
-            child = next(pending[-1], None)
-            if child is None:
+            if (child := next(pending[-1], None)) is None:
                 finished.add(path.pop())
                 pending.pop()
             elif child in path:

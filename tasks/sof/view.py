@@ -121,8 +121,7 @@ class Select:
         pending = [iter(self._children(focus, env))]
         count = 0
         while pending:
-            item = next(pending[-1], None)
-            if item is None:
+            if (item := next(pending[-1], None)) is None:
                 pending.pop()
                 continue
             count += 1
@@ -372,8 +371,7 @@ def _compile_iteration(select: Select, spec: dict, where: str, variables: set[st
 
 
 def _compile_union(spec: Any, where: str, variables: set[str], depth: int) -> list[Select]:
-    branches = _list_of(spec, f"{where}.unionAll")
-    if not branches:
+    if not (branches := _list_of(spec, f"{where}.unionAll")):
         raise ViewDefinitionError(f"{where}.unionAll is empty")
     union = [_compile_select(s, f"{where}.unionAll[{i}]", variables, depth + 1) for i, s in enumerate(branches)]
     for index, branch in enumerate(union[1:], start=1):
