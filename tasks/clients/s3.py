@@ -125,9 +125,7 @@ def s3_verify(tls: TlsSettings) -> str | bool:
     if tls.insecure_skip_verify:
         log.warning(INSECURE_WARNING, "S3")
         return False
-    if not tls.ca_cert_path:
-        return certifi.where()
-    return _combined_ca_bundle(tls.ca_cert_path)
+    return _combined_ca_bundle(tls.ca_cert_path) if tls.ca_cert_path else certifi.where()
 
 
 @functools.cache

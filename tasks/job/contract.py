@@ -210,6 +210,4 @@ def stored_in_job(call: C, step: StepInput) -> C:
     """``call`` (a task; a plain function is returned as it is) storing in the job's results folder: where Prefect
     writes a failure's record under a random name, which the decorators' root ``/`` would put in the file system's
     root (results themselves are at their cache keys' paths)."""
-    if not isinstance(call, Task):
-        return call
-    return call.with_options(result_storage=JobPaths(step.job_path).results)
+    return call.with_options(result_storage=JobPaths(step.job_path).results) if isinstance(call, Task) else call

@@ -236,9 +236,7 @@ def _row_reader(columns: list[Column]) -> Value:
 def _single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:
     """Each column's JSON key where every column is a single-valued path of one member at focus type ``path``."""
     plans = [column_plan(column, path) for column in columns]
-    if all(plan is not None and plan.single for plan in plans):
-        return tuple(plan.key for plan in plans)
-    return None
+    return tuple(plan.key for plan in plans) if all(plan is not None and plan.single for plan in plans) else None
 
 
 def column_value(column: Column) -> Value:

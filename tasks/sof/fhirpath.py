@@ -166,9 +166,7 @@ class MemberPath:
         found = _member_of(data, plan.key, plan.at) if plan.single else _walk(plan, data)
         if found is None:
             return self._general(data, path, env)
-        if self.function is None:
-            return found, plan.path
-        return _computed(self.function, found), None
+        return (found, plan.path) if self.function is None else (_computed(self.function, found), None)
 
     def _general(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
         if self.fallback is not None:
@@ -236,9 +234,7 @@ def _resolve(path: str | None, member: str, of_type: str | None) -> tuple[str, s
     child_path = _TYPES.get(child_path, child_path)
     if of_type is not None and not choices and child_path != of_type:
         return "", None
-    if _holds_resources(child_path):
-        return None
-    return key, child_path
+    return None if _holds_resources(child_path) else (key, child_path)
 
 
 @lru_cache(maxsize=1024)

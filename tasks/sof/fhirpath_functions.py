@@ -49,9 +49,7 @@ def reference_keys(found: list, wanted: str | None) -> list[str]:
         if not isinstance(reference, str):
             continue
         parts = reference.split("/_history")[0].split("/")
-        if len(parts) < 2:
-            continue
-        if wanted is None or parts[-2] == wanted:
+        if len(parts) >= 2 and (wanted is None or parts[-2] == wanted):
             keys.append(f"{parts[-2]}/{parts[-1]}")
     return keys
 
@@ -59,9 +57,7 @@ def reference_keys(found: list, wanted: str | None) -> list[str]:
 def join(ctx: dict, inputs: list, separator: Any = "") -> Any:
     """FHIRPath's ``join``: the input strings joined, ``''`` for an empty input (as the SQL-on-FHIR suite expects;
     fhirpathpy's gives no value), no value for an empty separator collection."""
-    if isinstance(separator, list):
-        return []
-    return joined([_data(node) for node in inputs], separator)
+    return [] if isinstance(separator, list) else joined([_data(node) for node in inputs], separator)
 
 
 def joined(found: list, separator: str) -> str:
@@ -121,10 +117,8 @@ def replace_matches(ctx: dict, inputs: list, pattern: Any, replacement: Any) -> 
 
 
 def _single_string(inputs: list) -> str:
-    if len(inputs) == 1:
-        data = _data(inputs[0])
-        if isinstance(data, str):
-            return data
+    if len(inputs) == 1 and isinstance(data := _data(inputs[0]), str):
+        return data
     raise FhirPathError(f"expected one string, got {inputs!r:.200}")
 
 

@@ -72,9 +72,7 @@ def parquet_schema(view: dict[str, Any]) -> pa.Schema:
 def arrow_type(fhir_type: str | None) -> pa.DataType:
     if fhir_type == "boolean":
         return pa.bool_()
-    if fhir_type in INTEGER_TYPES:
-        return pa.int64()
-    return pa.string()
+    return pa.int64() if fhir_type in INTEGER_TYPES else pa.string()
 
 
 def _select_columns(select: dict[str, Any]) -> list[tuple[str, str | None]]:

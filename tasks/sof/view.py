@@ -141,9 +141,7 @@ class Select:
             found, paths = evaluate.collect(*focus, env)
         except FhirPathError as exc:
             raise ViewEvaluationError(f"{self.iteration}: {exc}") from exc
-        if isinstance(paths, list):
-            return list(zip(found, paths, strict=True))
-        return [(value, paths) for value in found]
+        return list(zip(found, paths, strict=True)) if isinstance(paths, list) else [(value, paths) for value in found]
 
     def _rows_at(self, focus: Focus, env: dict[str, Any]) -> Iterable[tuple]:
         """The product of this select's own columns, each nested select's rows and its unionAll branches' rows
