@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import anyio.to_thread
 import httpx
 
-from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, truncate
+from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, json_or_none, truncate
 from tasks.core.redaction import register_secret
 from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url, shown_url
 
@@ -183,10 +183,7 @@ class TokenSource:
 
 def _oauth_error_text(response: httpx.Response) -> str:
     """RFC 6749 ``error`` and ``error_description`` of a token error response, else the status line."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
+    body = json_or_none(response.content)
     if isinstance(body, dict) and isinstance(body.get("error"), str):
         description = body.get("error_description")
         text = f"{body['error']}: {description}" if isinstance(description, str) else body["error"]

@@ -14,6 +14,7 @@ import json
 import ssl
 from contextlib import suppress
 from datetime import datetime, UTC
+from typing import Any
 
 import httpx
 
@@ -142,10 +143,7 @@ def operation_outcome_texts(body: bytes) -> list[str]:
     anything else."""
     if not body or len(body) > MAX_PARSED_BODY_BYTES:
         return []
-    try:
-        outcome = json.loads(body)
-    except ValueError:
-        return []
+    outcome = json_or_none(body)
     if not isinstance(outcome, dict) or outcome.get("resourceType") != "OperationOutcome":
         return []
     texts: list[str] = []
@@ -153,6 +151,14 @@ def operation_outcome_texts(body: bytes) -> list[str]:
         if isinstance(issue, dict):
             texts.extend(truncate(redact(text), MAX_TEXT_CHARS) for text in _issue_texts(issue))
     return texts
+
+
+def json_or_none(body: bytes) -> Any:
+    """An answer's body parsed as JSON; None when it is not JSON (the caller then finds it is not what it wants)."""
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
 
 
 def _issue_texts(issue: dict) -> list[str]:

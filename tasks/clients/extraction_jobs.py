@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from tasks.clients.errors import ServiceError
+from tasks.clients.errors import ServiceError, json_or_none
 from tasks.clients.extraction_documents import SERVICE, TASK_TIMEOUT, ExtractionError, base_url_of, progress_values
 from tasks.clients.http import FHIR_JSON, FHIR_JSON_HEADERS, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
@@ -305,10 +305,7 @@ class ExtractionTaskClient(ServiceClient):
 
     def _updated_job(self, job_id: str, response: httpx.Response) -> ExtractionJob:
         """The Task of a successful PUT (its body is not specified: read the Task when it is not one)."""
-        try:
-            document = response.json()
-        except ValueError:
-            document = None
+        document = json_or_none(response.content)
         if isinstance(document, dict) and document.get("resourceType") == "Task":
             return ExtractionJob.from_task(document)
         return self.job(job_id)

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 
 from tasks.clients.bounds import MB, Deadline, answer_within, read_answer
-from tasks.clients.errors import network_error, raise_for_service_status
+from tasks.clients.errors import json_or_none, network_error, raise_for_service_status
 from tasks.core.redaction import redact
 from tasks.clients.http import ServiceClient
 from tasks.clients.retry import call_with_retry
@@ -56,11 +56,7 @@ class Flattener:
         with self._answer("GET", METADATA_PATH, operation) as (response, deadline):
             where = {"operation": operation, "service": self._service, "deadline": deadline}
             content = read_answer(response, MAX_METADATA_BYTES, hint=NOT_A_SERVICE_HINT, **where)
-        try:
-            statement = json.loads(content)
-        except ValueError:
-            statement = None
-        if not lists_view_run(statement):
+        if not lists_view_run(json_or_none(content)):
             raise FlattenerError(
                 f"{redact(self.client.endpoint.base_url)} is not a flattening service: its {METADATA_PATH} lists no "
                 "$run operation on ViewDefinition (check services.flattening.service_url)"
