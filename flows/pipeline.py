@@ -148,8 +148,7 @@ def run_job_steps(job: Job, card: JobRecordCard) -> Any:
     with file_runner(job.settings.pipeline.task_runner, job.paths.log_file):
         results = run_steps(job, card)
     summary = job_summary(job, results)
-    last = results[-1]
-    if last.awaiting:
+    if (last := results[-1]).awaiting:
         message = f"awaiting inspection at step {last.position + 1} (wait); continue with: {CLI} continue {job.job_id}"
         state = Paused(name=AWAITING_INSPECTION, message=message, data=summary)
         guard_local_pause(job.job_id, str(runtime.flow_run.id))

@@ -368,8 +368,7 @@ def print_step_status(position: int, step: str, result: StepRecord | None, gate:
 def cmd_list(args: argparse.Namespace) -> int:
     """The jobs, newest first; a job whose record cannot be read is listed as unreadable, with why."""
     jobs_dir = jobs_dir_for(args)
-    jobs = list_jobs(jobs_dir)
-    if not jobs:
+    if not (jobs := list_jobs(jobs_dir)):
         print(f"no jobs in {jobs_dir.resolve()}")
         return EXIT_OK
     readable = [(paths, job) for paths, job in jobs if isinstance(job, JobRecord)]

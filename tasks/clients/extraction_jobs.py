@@ -206,16 +206,14 @@ class ExtractionTaskClient(ServiceClient):
         state the operation leads to is reported as unchanged, not as an error (the real server answers a
         repeated $cancel with 200, the spec with 409)."""
         target, rule = CONTROL_OPERATIONS[operation]
-        before = self.job(job_id)
-        if before.status in target:
+        if (before := self.job(job_id)).status in target:
             return ControlResult(before, changed=False)
         try:
             response = self._job_request("POST", job_id, f"/${operation}", operation=f"{operation} extraction job")
         except ServiceError as exc:
             if exc.status_code != 409:
                 raise
-            now = self.job(job_id)
-            if now.status in target:
+            if (now := self.job(job_id)).status in target:
                 return ControlResult(now, changed=False)
             raise TransitionRefusedError(
                 f"{operation} extraction job", f"job {job_id} is {now.status}; {rule}", now.status

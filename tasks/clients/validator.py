@@ -180,8 +180,7 @@ def read_findings(outcome: dict[str, Any], labels: tuple[str, ...], keep: int) -
         else:
             counted.errors += 1
             location = issue_location(issue)
-            index = entry_index(location, len(labels))
-            if index is not None:
+            if (index := entry_index(location, len(labels))) is not None:
                 counted.resources_with_errors.add(index)
             if len(counted.findings) < keep:
                 resource = labels[index] if index is not None else "(not tied to a resource)"

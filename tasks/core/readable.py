@@ -86,8 +86,7 @@ def plain_note(text: str) -> str:
     ESC, bidirectional overrides, zero-width characters; Unicode categories Cc, Cf, Zl, Zp) a space, at most
     MAX_NOTE_BYTES of UTF-8 with the cut said. A terminal or a page then shows the note as typed, and nothing else."""
     shown = " ".join("".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in text).split())
-    size = len(shown.encode())
-    if size <= MAX_NOTE_BYTES:
+    if (size := len(shown.encode())) <= MAX_NOTE_BYTES:
         return shown
     cut = f" … (cut at {MAX_NOTE_BYTES // KIB} KB of {size_text(size)})"  # within the bound: a kept note stays as is
     return shown.encode()[: MAX_NOTE_BYTES - len(cut.encode())].decode(errors="ignore") + cut

@@ -58,8 +58,7 @@ def directory_tag(job_dir: Path) -> str:
     """The tag that ties a flow run to the one job directory it ran in (a short digest of the directory's real
     path): a copy of the directory (a backup, a second jobs dir) has the job id, never this tag, so ``prune`` of
     the copy leaves the original's flow runs and artifacts alone."""
-    digest = hashlib.sha256(os.path.realpath(job_dir).encode()).hexdigest()[:16]
-    return DIRECTORY_TAG_PREFIX + digest
+    return DIRECTORY_TAG_PREFIX + hashlib.sha256(os.path.realpath(job_dir).encode()).hexdigest()[:16]
 
 
 def job_of_tag(tag: str) -> str | None:

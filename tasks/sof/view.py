@@ -179,8 +179,7 @@ Part = tuple | list | _Reproduced
 
 def _part(produce: Callable[[Focus, dict[str, Any]], Iterable[tuple]], focus: Focus, env: dict[str, Any]) -> Part:
     """A part's rows kept when there are at most ``CACHED_ROWS`` (nearly always one or a few), else reproduced."""
-    rows = produce(focus, env)
-    if isinstance(rows, tuple):
+    if isinstance(rows := produce(focus, env), tuple):
         return rows
     kept = list(islice(rows, CACHED_ROWS + 1))
     return kept if len(kept) <= CACHED_ROWS else _Reproduced(partial(produce, focus, env))
@@ -301,11 +300,9 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
     """The ViewDefinition, validated and compiled; raises ``ViewDefinitionError`` naming what is wrong."""
     if not isinstance(view, dict):
         raise ViewDefinitionError("a ViewDefinition must be a JSON object")
-    resource = view.get("resource")
-    if not isinstance(resource, str) or not resource:
+    if not isinstance(resource := view.get("resource"), str) or not resource:
         raise ViewDefinitionError("the ViewDefinition has no resource (the FHIR resource type it reads)")
-    selects = view.get("select")
-    if not isinstance(selects, list) or not selects:
+    if not isinstance(selects := view.get("select"), list) or not selects:
         raise ViewDefinitionError("the ViewDefinition has no select")
     constants = _constants(view.get("constant", []))
     known_variables = _BUILTIN_VARIABLES | set(constants)
@@ -336,9 +333,7 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
     ]
     if "unionAll" in spec:
         select.union = _compile_union(spec["unionAll"], where, variables, depth)
-    select.names = [c.name for c in select.columns]
-    for nested in select.selects:
-        select.names += nested.names
+    select.names = [c.name for c in select.columns] + [name for nested in select.selects for name in nested.names]
     if select.union:
         select.names += select.union[0].names
     row_index = [c.path.strip() == ROW_INDEX for c in select.columns]
@@ -400,8 +395,7 @@ def _compile_column(spec: Any, where: str, variables: set[str]) -> Column:
         raise ViewDefinitionError(f"{where} needs a name of letters, digits and _ starting with a letter, got {name!r}")
     if not isinstance(path, str) or not path.strip():
         raise ViewDefinitionError(f"{where} ({name}) needs a path")
-    collection = spec.get("collection", False)
-    if not isinstance(collection, bool):
+    if not isinstance(collection := spec.get("collection", False), bool):
         raise ViewDefinitionError(f"{where} ({name}): collection must be true or false")
     return Column(name, path, _compile(path, f"{where} ({name})", variables), collection)
 
