@@ -162,7 +162,6 @@ _SEND_AS_MISSING = (
     "is required because the send step is enabled; set one of direct_resource_load, transfer_load, s3_upload"
 )
 
-
 _FHIR_SEND_AUTH = "needs exactly one of Basic Auth or OAuth 2.0 client credentials"
 _FHIR_SEND_AUTH_FIX = (
     "set username and password, or oauth_issuer_uri, oauth_client_id and oauth_client_secret, in services.send.auth"

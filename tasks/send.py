@@ -232,8 +232,7 @@ class BatchProgress:
     not duplicate)."""
 
     def __init__(self, path: Path, identity: dict[str, Any]):
-        self.path = path
-        self.identity = identity
+        self.path, self.identity = path, identity
         self.state = {"batches": 0, "entries": 0, "next_line": 0, "next_entry": 0, "complete": False}
         try:
             stored = orjson.loads(path.read_bytes())

@@ -53,10 +53,8 @@ class DupflowError(Exception):
     def __init__(
         self, message: str, *, operation: str | None = None, status_code: int | None = None, transient: bool = False
     ):
-        self.message = message
-        self.operation = operation
-        self.status_code = status_code
-        self.transient = transient
+        self.message, self.operation = message, operation
+        self.status_code, self.transient = status_code, transient
         super().__init__(message)
 
     @property

@@ -27,7 +27,6 @@ PARSED = frozenset({str, type(None), bool, int})
 """Values a column gives as they are from orjson's parse, which reads decimals as floats: objects (which may hold
 one) and floats are left to the decimal-keeping parse."""
 
-
 IRREGULAR = "return None"
 """The generated statement for data not shaped as planned."""
 

@@ -184,8 +184,7 @@ class StepProgress:
     def __init__(self, key: str, step: str, work: StepWork, task_run_id: UUID, flow_run_id: UUID | None):
         self._key, self._step, self._work = key, step, work
         self._task_run_id, self._flow_run_id = task_run_id, flow_run_id
-        self._lock = threading.Lock()
-        self._publishing = threading.Lock()
+        self._lock, self._publishing = threading.Lock(), threading.Lock()
         self._started = time.monotonic()
         self._next_publish = float("-inf")
         self._artifact: UUID | None = None
