@@ -119,3 +119,11 @@ def test_the_command_does_not_import_prefect():
     assert (
         subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, env={"PYTHONPATH": str(REPO_ROOT)}).returncode == 0
     )
+
+
+def test_msgspec_is_imported_only_for_a_flat_view_s_csv():
+    """Every command and every flattening worker would pay its import at start (10 ms)."""
+    probe = "import sys, flows.run, tasks.sof.flatten; sys.exit('msgspec' in sys.modules)"
+    assert (
+        subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, env={"PYTHONPATH": str(REPO_ROOT)}).returncode == 0
+    )
