@@ -28,7 +28,7 @@ import httpx
 import orjson
 
 from tasks.clients.bounds import declared_size
-from tasks.clients.errors import ServiceError, is_transient_status, raise_for_service_status
+from tasks.clients.errors import ServiceError, is_transient_status, json_or_none, raise_for_service_status
 from tasks.clients.http import http_timeout, service_name
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import StepError
@@ -413,9 +413,5 @@ def _check_first_line(line: bytes, url: str) -> None:
         raise DownloadError(
             f"{shown_url(url)}: the server answered with an HTML or XML page, not NDJSON; check the URL"
         )
-    try:
-        first = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        first = None
-    if not isinstance(first, dict):
+    if not isinstance(json_or_none(line, orjson.loads), dict):
         raise DownloadError(f"{shown_url(url)}: the body is not NDJSON (its first line is not a JSON object)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import email.utils
 import json
 import ssl
+from collections.abc import Callable
 from contextlib import suppress
 from datetime import datetime, UTC
 from typing import Any
@@ -153,10 +154,10 @@ def operation_outcome_texts(body: bytes) -> list[str]:
     return texts
 
 
-def json_or_none(body: bytes) -> Any:
-    """An answer's body parsed as JSON; None when it is not JSON (the caller then finds it is not what it wants)."""
+def json_or_none(body: bytes, loads: Callable[[bytes], Any] = json.loads) -> Any:
+    """An answer's body parsed by ``loads``; None when it is no JSON (the caller then finds it is not what it wants)."""
     try:
-        return json.loads(body)
+        return loads(body)
     except ValueError:
         return None
 

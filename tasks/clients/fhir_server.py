@@ -24,7 +24,7 @@ import orjson
 
 from tasks.clients.bounds import MB, Body, Deadline, answer_within
 from tasks.clients.bounds import read_answer as read_bounded
-from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, error_body, error_from_response
+from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, error_body, error_from_response, json_or_none
 from tasks.clients.errors import operation_outcome_texts, truncate
 from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.retry import call_with_retry
@@ -179,10 +179,7 @@ def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionReject
 
 def checked_transaction_response(answer: Answer, sent: int) -> dict:
     """The parsed ``transaction-response``; a failed or missing entry raises ``TransactionRejected``."""
-    try:
-        bundle = orjson.loads(answer.body)
-    except orjson.JSONDecodeError:
-        bundle = None
+    bundle = json_or_none(answer.body, orjson.loads)
     if not isinstance(bundle, dict) or bundle.get("resourceType") != "Bundle":
         raise _bad_answer(answer, "the answer is not a Bundle")
     entries = bundle.get("entry") or []

@@ -26,7 +26,7 @@ import httpx
 import orjson
 
 from tasks.clients.bounds import MB, Deadline, read_answer_async, within_deadline
-from tasks.clients.errors import raise_for_service_status_async
+from tasks.clients.errors import json_or_none, raise_for_service_status_async
 from tasks.core.redaction import redact_strings
 from tasks.clients.http import FHIR_JSON_HEADERS, AsyncServiceClient
 from tasks.clients.retry import call_with_retry_async
@@ -222,10 +222,7 @@ def annotated(outcome: dict[str, Any], chunk: Chunk) -> dict[str, Any]:
 def as_operation_outcome(content: bytes) -> dict[str, Any] | None:
     """The answer as an OperationOutcome, every text in it redacted (it goes into reports, logs and artifacts);
     None when it is not one."""
-    try:
-        answer = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        return None
+    answer = json_or_none(content, orjson.loads)
     if not isinstance(answer, dict) or answer.get("resourceType") != "OperationOutcome":
         return None
     return redact_strings(answer)
