@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import queue
 import threading
 import time
 from collections import deque
@@ -39,15 +38,13 @@ def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exceptio
     context = contextvars.copy_context()
     context.run(_cancelled.set, (cancelled, creating))
     outcomes: list = [None] * len(calls)
-    pending: queue.SimpleQueue[int] = queue.SimpleQueue()
-    for index in range(len(calls)):
-        pending.put(index)
+    pending = deque(range(len(calls)))  # a deque's appends and pops are thread-safe
 
     def work() -> None:
         while not cancelled.is_set():
             try:
-                index = pending.get_nowait()
-            except queue.Empty:
+                index = pending.popleft()
+            except IndexError:
                 return
             try:
                 outcomes[index] = context.copy().run(calls[index])
