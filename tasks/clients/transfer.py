@@ -105,6 +105,7 @@ def document_reference(
 ) -> dict[str, Any]:
     """The job's one DocumentReference: the fields protocols.md lists, one attachment per Binary."""
     project = {"system": PROJECT_IDENTIFIER_SYSTEM, "value": transfer.project_identifier}
+    organization = {"system": ORGANIZATION_IDENTIFIER_SYSTEM, "value": transfer.organization_identifier}
     return {
         "resourceType": "DocumentReference",
         "id": resource_id,
@@ -114,12 +115,7 @@ def document_reference(
         "status": "current",
         "docStatus": "final",
         "date": date,
-        "author": [
-            {
-                "type": "Organization",
-                "identifier": {"system": ORGANIZATION_IDENTIFIER_SYSTEM, "value": transfer.organization_identifier},
-            }
-        ],
+        "author": [{"type": "Organization", "identifier": organization}],
         "content": [
             {"attachment": {"contentType": ZIP_CONTENT_TYPE, "url": f"Binary/{b['id']}", "title": b["title"]}}
             for b in binaries
