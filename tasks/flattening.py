@@ -61,6 +61,7 @@ log = logging.getLogger("dupflow.flattening")
 VIEWS_FOLDER = "viewdefinitions"
 PARTS_FOLDER = ".parts"
 COPY_CHUNK = 1 << 20
+PlannedViews = tuple[list[GroupView], list[AttributeGroup]]  # the groups' views, the groups without a lookup table
 
 
 @step_task("flattening")
@@ -138,9 +139,7 @@ def flatten_in_worker(plan: FilePlan, progress: Tracker) -> FileParts:
     return result
 
 
-def plan_views(
-    crtdl_path: Path, lookup_path: Path, *, warn: bool = True
-) -> tuple[list[GroupView], list[AttributeGroup]]:
+def plan_views(crtdl_path: Path, lookup_path: Path, *, warn: bool = True) -> PlannedViews:
     """One ViewDefinition per attribute group that has a lookup table; the groups skipped for lack of one.
     ``warn`` logs what is left out (the step does, once; its per-file tasks plan again silently)."""
     try:
@@ -172,9 +171,7 @@ def warn_shared_names(groups: list[AttributeGroup]) -> None:
         )
 
 
-def built_views(
-    groups: list[AttributeGroup], tables: dict[str, LookupTable], warn: bool
-) -> tuple[list[GroupView], list[AttributeGroup]]:
+def built_views(groups: list[AttributeGroup], tables: dict[str, LookupTable], warn: bool) -> PlannedViews:
     """The view of each group that has a lookup table, and the groups that have none (see ``plan_views``)."""
     views, skipped = [], []
     for group in groups:
