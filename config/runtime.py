@@ -4,6 +4,7 @@ one place that reads environment variables."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 # Defaults for Prefect on these machines (see ../shared/prefect-notes.md); a value the user set wins. No
 # analytics: the server's, and the SDK's (DO_NOT_TRACK), which in a terminal shows a notice, writes milestone
@@ -30,8 +31,8 @@ def local_server_port() -> str | None:
     return os.environ.get("PREFECT_SERVER_API_PORT") or None
 
 
-def default_jobs_dir() -> str:
-    """jobs_dir for commands that read jobs without a configuration file: APP_JOBS_DIR, else the default."""
+def jobs_dir_of(flag: str | None) -> Path:
+    """jobs_dir of commands without a configuration file: ``flag`` (--jobs-dir), else APP_JOBS_DIR, else the default."""
     from config.settings import Settings
 
-    return os.environ.get("APP_JOBS_DIR") or Settings.model_fields["jobs_dir"].default
+    return Path(flag or os.environ.get("APP_JOBS_DIR") or Settings.model_fields["jobs_dir"].default)

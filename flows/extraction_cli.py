@@ -21,7 +21,7 @@ from typing import Any
 
 from config.errors import ConfigError
 from config.loader import load_settings
-from config.runtime import default_jobs_dir
+from config.runtime import jobs_dir_of
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_documents import ExtractionError, InvalidCrtdlError, parse_crtdl
 from tasks.clients.extraction_jobs import JOB_STATUSES, ExtractionJob, ExtractionTaskClient, SearchRejectedError
@@ -136,7 +136,7 @@ def print_json(document: Any) -> None:
 def extraction_job_id(args: argparse.Namespace) -> str:
     """The extraction job id ``args.job`` names: a dupflow job id resolves to the one recorded in its facts."""
     ref = args.job
-    job_dir = Path(args.jobs_dir or default_jobs_dir()) / ref
+    job_dir = jobs_dir_of(args.jobs_dir) / ref
     if not is_job_id(ref) or not job_dir.is_dir():
         return ref
     if not (recorded := read_facts(job_dir).get("extraction_job_id")):

@@ -20,7 +20,7 @@ from config.errors import ConfigError
 from config.keys import leaf_paths, secret_key_paths
 from config.loader import cached_settings, effective_config_rows, load_settings, refuse_secret_overrides
 from config.yaml_file import names_secret_blocks
-from config.runtime import default_jobs_dir, prefect_api_url
+from config.runtime import jobs_dir_of, prefect_api_url
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.api_watch import api_watched
 from flows.job_state import JobLock, current_state, current_states, find_job_dir, list_jobs
@@ -224,7 +224,7 @@ def cmd_continue(args: argparse.Namespace) -> int:
         fix="give the status URL without them; the credentials come from services.extractor.auth",
         tokens=True,
     )
-    paths = JobPaths(find_job_dir(args.job, jobs_dir_for(args)))
+    paths = JobPaths(find_job_dir(args.job, jobs_dir_of(args.jobs_dir)))
     with JobLock(paths):
         return continue_locked_job(paths, args, overrides)
 
@@ -327,12 +327,8 @@ def setting_named_in(message: str) -> str | None:
     return min(named)[1] if named else None
 
 
-def jobs_dir_for(args: argparse.Namespace) -> Path:
-    return Path(args.jobs_dir or default_jobs_dir())
-
-
 def cmd_status(args: argparse.Namespace) -> int:
-    paths = JobPaths(find_job_dir(args.job, jobs_dir_for(args)))
+    paths = JobPaths(find_job_dir(args.job, jobs_dir_of(args.jobs_dir)))
     job = read_record(paths.job_dir)
     print(f"job {job.job_id}")
     print(f"  directory: {paths.job_dir}")
@@ -367,7 +363,7 @@ def print_step_status(position: int, step: str, result: StepRecord | None, gate:
 
 def cmd_list(args: argparse.Namespace) -> int:
     """The jobs, newest first; a job whose record cannot be read is listed as unreadable, with why."""
-    jobs_dir = jobs_dir_for(args)
+    jobs_dir = jobs_dir_of(args.jobs_dir)
     if not (jobs := list_jobs(jobs_dir)):
         print(f"no jobs in {jobs_dir.resolve()}")
         return EXIT_OK
