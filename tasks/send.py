@@ -320,10 +320,9 @@ def failing_entry(labels: list[str], index: int | None, outcome: str) -> str:
     if index is not None and 0 <= index < len(labels):
         return f"entry {index + 1} ({labels[index]})"
     named = [i for i, label in enumerate(labels) if label in outcome]
-    if not named:
-        types = {label.split("/")[0].split(" ")[0] for label in labels}
-        mentioned = [t for t in types if re.search(rf"\b{re.escape(t)}\b", outcome)]
-        named = [i for i, label in enumerate(labels) if label.split("/")[0].split(" ")[0] in mentioned]
+    if not named:  # the entries of each resource type the text names
+        kinds = [label.split("/")[0].split(" ")[0] for label in labels]
+        named = [i for i, kind in enumerate(kinds) if re.search(rf"\b{re.escape(kind)}\b", outcome)]
     if len(named) == 1:
         return f"entry {named[0] + 1} ({labels[named[0]]})"
     if named:
