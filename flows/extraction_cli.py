@@ -30,6 +30,7 @@ from tasks.core.errors import UsageError
 from tasks.core.url_credentials import CredentialsInUrlError, shown_url
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+CONTROL_HELP = {"pause": "pause a running job", "resume": "resume a paused job", "cancel": "cancel a job"}
 DONE_WORDS = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}
 ALREADY_WORDS = {"pause": "already paused", "resume": "already running", "cancel": "already cancelled"}
 
@@ -55,11 +56,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     show = sub.add_parser("show", parents=[common, job_ref], help="one job: progress and consent audit files")
     show.set_defaults(command=command(cmd_show))
 
-    for operation, text in (
-        ("pause", "pause a running job"),
-        ("resume", "resume a paused job"),
-        ("cancel", "cancel a job"),
-    ):
+    for operation, text in CONTROL_HELP.items():
         control = sub.add_parser(operation, parents=[common, job_ref], help=text)
         control.set_defaults(command=command(cmd_control), operation=operation)
 
