@@ -36,19 +36,8 @@ from tasks.http_import import http_import
 from tasks.job.contract import StepInput, StepKind, StepResult, stored_in_job
 from tasks.job.filework import file_runner
 from tasks.job.layout import directory_tag, job_of_tag, job_tag
-from tasks.job.record import (
-    AWAITING_INSPECTION,
-    CONTINUED,
-    CRASHED,
-    FAILED,
-    RUNNING,
-    counts_text,
-    read_facts,
-    record_facts,
-    record_state,
-    record_step,
-    release_awaiting_gates,
-)
+from tasks.job.record import AWAITING_INSPECTION, CONTINUED, CRASHED, FAILED, RUNNING, counts_text, read_facts
+from tasks.job.record import record_facts, record_state, record_step, release_awaiting_gates
 from tasks.local_import import local_import
 from tasks.pseudonymizer import pseudonymizer
 from tasks.send import send
