@@ -76,6 +76,11 @@ def test_member_paths_the_data_decides_agree_with_the_interpreter(path):
 def test_rows_written_in_batches_are_the_same_bytes():
     rows = [(str(n), None, True, Decimal("1.10"), "a,b") for n in range(ROWS_PER_BATCH + 500)]
     rows[ROWS_PER_BATCH + 10] = ("x", "bare\rcarriage return", False, 1, "")
+    same_csv_in_batches(rows)
+
+
+def same_csv_in_batches(rows: list[tuple]) -> str:
+    """The CSV of ``rows`` written in batches, checked to be the bytes of each row written as its cells."""
     one_by_one, batched = io.StringIO(), io.StringIO()
     writer = CsvWriter(one_by_one)
     for row in rows:
@@ -83,19 +88,14 @@ def test_rows_written_in_batches_are_the_same_bytes():
 
     assert CsvWriter(batched).writerows(iter(rows)) == len(rows)
     assert batched.getvalue() == one_by_one.getvalue()
+    return batched.getvalue()
 
 
 def test_rows_of_strings_nulls_and_numbers_go_to_csv_as_they_are_the_same_bytes():
     rows = [(str(n), None, n, Decimal("1.10"), "a,b", 'q"') for n in range(ROWS_PER_BATCH + 5)]
     rows[3] = (None,)
     rows[ROWS_PER_BATCH + 2] = ("bare\rcarriage return", None, 2, Decimal("0.0"), "", "")
-    one_by_one, batched = io.StringIO(), io.StringIO()
-    writer = CsvWriter(one_by_one)
-    for row in rows:
-        writer.writerow(csv_cells(row))
-
-    assert CsvWriter(batched).writerows(rows) == len(rows)
-    assert batched.getvalue() == one_by_one.getvalue()
+    same_csv_in_batches(rows)
 
 
 @pytest.mark.parametrize(
@@ -108,14 +108,7 @@ def test_rows_with_an_object_or_array_go_to_csv_as_its_json(value, cell):
     quoted, not its JSON with the quotes taken out."""
     rows = [(str(n), True, None, n) for n in range(ROWS_PER_BATCH)]
     rows[7] = ("x", value, None, 1)
-    one_by_one, batched = io.StringIO(), io.StringIO()
-    writer = CsvWriter(one_by_one)
-    for row in rows:
-        writer.writerow(csv_cells(row))
-
-    assert CsvWriter(batched).writerows(rows) == len(rows)
-    assert batched.getvalue() == one_by_one.getvalue()
-    assert batched.getvalue().splitlines()[7] == f"x,{cell},,1"
+    assert same_csv_in_batches(rows).splitlines()[7] == f"x,{cell},,1"
 
 
 def test_lines_of_other_types_are_passed_over_unparsed():
