@@ -44,8 +44,7 @@ def write_file_atomically(path: Path, data: bytes, *, private: bool = False) -> 
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(temporary, "wb", opener=lambda name, flags: os.open(name, flags, 0o600 if private else 0o666)) as out:
             out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
+            close_synced(out)
         os.replace(temporary, path)
     except OSError as exc:
         temporary.unlink(missing_ok=True)
@@ -54,7 +53,7 @@ def write_file_atomically(path: Path, data: bytes, *, private: bool = False) -> 
 
 def close_synced(stream: IO) -> None:
     """Flush ``stream``, put its file's data on the disk, close it: a file about to be renamed into place as finished
-    (a CSV, a Parquet file) must not come back from a power cut half-written, as ``AtomicNdjsonWriter``'s do not."""
+    (a job file, an NDJSON file, a CSV, a Parquet file) must not come back from a power cut half-written."""
     stream.flush()
     os.fsync(stream.fileno())
     stream.close()

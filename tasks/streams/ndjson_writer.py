@@ -15,7 +15,7 @@ import simdjson
 import zstandard
 
 from tasks.streams.fanout import unless_cancelled
-from tasks.streams.files import start_writeback
+from tasks.streams.files import close_synced, start_writeback
 from tasks.streams.ndjson import (
     PART_PREFIX,
     PART_SUFFIX,
@@ -223,9 +223,7 @@ class AtomicNdjsonWriter:
                 self._out.write(b"\n")
             if self._out is not self._raw:
                 self._out.close()
-            self._raw.flush()
-            os.fsync(self._raw.fileno())
-            self._raw.close()
+            close_synced(self._raw)
             checked = counts()
             os.replace(self.part, self.dest)
         except BaseException:
