@@ -11,9 +11,10 @@ peak RSS is its own), each on an emptied and synced output folder:
 
 - curl:     ``curl --parallel`` into files, ``DOWNLOAD_CONCURRENCY`` at a time (the anchor), and the same followed by
             ``sync`` (the files on disk, as a download leaves them);
-- raw:      httpx streaming every file to nowhere (the ceiling of httpx on this wire);
-- synced:   httpx streaming every file into a file, written back to the disk as it grows and synced when complete
-            (a download without its line check);
+- raw:      httpx streaming every file to nowhere, in the download's 1 MiB socket reads (``read_in_large_pieces``):
+            the ceiling of httpx on this wire;
+- synced:   the same into a file, written back to the disk as it grows and synced when complete (a download
+            without its line check);
 - plain:    ``tasks.clients.downloads.download_ndjson`` with compression off (NDJSON check of every line, line
             count, temporary file + fsync + rename), ``DOWNLOAD_CONCURRENCY`` files at a time in the step's worker
             pool, opened and ended in the run (``compare.download_group``, as the extractor);
@@ -22,8 +23,9 @@ peak RSS is its own), each on an emptied and synced output folder:
 Then the two costs inside a download on the same bytes, one core, from memory: the per-line check alone
 (``tasks.streams.ndjson_writer.LineChecker``: simdjson per line) and zstd at ``--level``. Printed: each round's
 seconds, then per measurement MB/s and its ratio to curl's and to curl-then-sync's in the same round (min and
-median), the CPU seconds per GB of each child and its worker processes (on a shared machine the steadier figure), the
-load average before and after.
+median), the CPU seconds per GB of each child and its worker processes (on a shared machine the steadier figure) and
+of the serving fake beside it (median), the load average before and after. The two CPU columns together, over the
+cores, are the least time a measurement can take on this machine.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from pathlib import Path
 import httpx
 import zstandard
 
-from tasks.clients.downloads import target_names
+from tasks.clients.downloads import read_in_large_pieces, target_names
 from tasks.extractor import DOWNLOAD_CONCURRENCY
 from tasks.streams.ndjson import ZSTD_LEVELS, CompressionLevel
 from tasks.streams.files import start_writeback
@@ -95,8 +97,9 @@ def run_benchmark(megabytes: int, files: int, level: CompressionLevel, rounds: i
         paths = write_dataset(root / "data", megabytes, files, seed=14)
         total = sum(p.stat().st_size for p in paths) / MB
         print(f"{len(paths)} files, {total:,.0f} MB over loopback, {DOWNLOAD_CONCURRENCY} at a time, {rounds} rounds")
-        with serving(root / "data") as urls:
-            found = [one_round(urls, root / "out", level) for _ in range(rounds)]
+        server = serving(root / "data")
+        with server:
+            found = [one_round(server, root / "out", level) for _ in range(rounds)]
         check_rate, zstd_rate = line_check_rate(paths), zstd_rate_of(paths, level)
     report(found, total, level)
     print(f"{'line check alone (simdjson per line), 1 core':<44} {check_rate:>8,.0f} MB/s")
@@ -104,35 +107,41 @@ def run_benchmark(megabytes: int, files: int, level: CompressionLevel, rounds: i
     print(f"load average after: {load()}")
 
 
-def one_round(urls: list[str], out: Path, level: str) -> dict[str, dict]:
-    """Every measurement once, in turn, each on an emptied and synced output folder: seconds (and, for a child,
-    CPU seconds and peak RSS)."""
-    curl = curl_command(urls, out)
+def one_round(server: serving, out: Path, level: str) -> dict[str, dict]:
+    """Every measurement once, in turn, each on an emptied and synced output folder: seconds and the serving fake's
+    CPU seconds (and, for a child, its CPU seconds and peak RSS)."""
+    curl = curl_command(server.urls, out)
     found = {}
     for name, work in (("curl", lambda: run_command(curl)), ("curl, sync", lambda: (run_command(curl), os.sync()))):
         settled(out)
+        served = server.cpu_seconds()
         found[name] = {"seconds": best_seconds(work, 1)}
+        found[name]["server_cpu"] = server.cpu_seconds() - served
     for mode in ("raw", "synced", "plain", "dupflow"):
         settled(out)
-        found[mode] = in_child(mode, urls, str(out), level)
+        served = server.cpu_seconds()
+        found[mode] = in_child(mode, server.urls, str(out), level)
+        found[mode]["server_cpu"] = server.cpu_seconds() - served
     print("  ".join(f"{name} {result['seconds']:.2f} s" for name, result in found.items()), flush=True)
     return found
 
 
 def report(found: list[dict[str, dict]], total: float, level: str) -> None:
     """Per measurement: MB/s min / median over the rounds, its ratio to curl's and to curl-then-sync's in the same
-    round (min / median), CPU seconds per GB (median) and peak RSS."""
-    print(f"{'measurement':<44} {'MB/s':>13} {'x curl':>13} {'x curl, sync':>13} {'CPU s/GB':>9} {'peak RSS':>9}")
-    print(f"{'':<44} {'min / median':>13} {'min / median':>13} {'min / median':>13} {'median':>9}")
+    round (min / median), its own and the server's CPU seconds per GB (median) and peak RSS."""
+    head = f"{'measurement':<44} {'MB/s':>13} {'x curl':>13} {'x curl, sync':>13} {'CPU s/GB':>9} {'server':>7}"
+    print(f"{head} {'peak RSS':>9}")
+    print(f"{'':<44} {'min / median':>13} {'min / median':>13} {'min / median':>13} {'median':>9} {'s/GB':>7}")
     for name in found[0]:
         rates = [total / one[name]["seconds"] for one in found]
         to_curl = [one["curl"]["seconds"] / one[name]["seconds"] for one in found]
         to_synced = [one["curl, sync"]["seconds"] / one[name]["seconds"] for one in found]
         cpu = [one[name]["cpu"] / total * 1000 for one in found if "cpu" in one[name]]
+        served = statistics.median(one[name]["server_cpu"] / total * 1000 for one in found)
         peak = max((one[name]["maxrss_kb"] / 1024 for one in found if "maxrss_kb" in one[name]), default=None)
         print(
             f"{LABELS[name].format(level=level):<44} {spread(rates, '{:,.0f}'):>13} {spread(to_curl):>13} "
-            f"{spread(to_synced):>13} {f'{statistics.median(cpu):.2f}' if cpu else '':>9} "
+            f"{spread(to_synced):>13} {f'{statistics.median(cpu):.2f}' if cpu else '':>9} {served:>7.2f} "
             f"{f'{peak:,.0f} MB' if peak else '':>9}"
         )
 
@@ -177,6 +186,7 @@ def stream_to(client: httpx.Client, url: str, path: Path | None) -> None:
     ``WRITEBACK_BYTES`` as the download's, synced when complete."""
     written_back = 0
     with client.stream("GET", url, headers={"Accept": "application/fhir+ndjson"}) as response:
+        read_in_large_pieces(response)
         if path is None:
             for _ in response.iter_bytes():
                 pass

@@ -398,6 +398,12 @@ class serving:
 
     def __init__(self, folder: Path):
         self.folder = folder
+        self.urls: list[str] = []
+
+    def cpu_seconds(self) -> float:
+        """The serving process's CPU time so far (user and system, from ``/proc``)."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def __enter__(self) -> list[str]:
         from tests.support.ports import free_port
@@ -412,7 +418,8 @@ class serving:
                 break
         if status_url is None:
             raise SystemExit("the fake extraction server did not start")
-        return [item["url"] for item in httpx.get(status_url, timeout=60).json()["output"]]
+        self.urls = [item["url"] for item in httpx.get(status_url, timeout=60).json()["output"]]
+        return self.urls
 
     def __exit__(self, *exc) -> None:
         self.process.terminate()
