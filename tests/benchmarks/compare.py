@@ -18,7 +18,8 @@ least disturbed):
               plain and zstd ``default``, next to ``cp`` and ``zstd -5 -T1`` of the same files;
 - download:   ``download_ndjson`` from the fake extraction server serving the files (its own process),
               ``DOWNLOAD_CONCURRENCY`` at a time as the extractor step, next to ``curl --parallel`` (for plain files
-              also followed by ``sync``: on disk, as a download leaves them) and a plain parallel httpx fetch;
+              also followed by ``sync``: on disk, as a download leaves them) and a plain parallel httpx fetch into
+              files, in the download's 1 MiB socket reads;
 - pseudonymization: ``pseudonymize_path`` against the fake service (its own process, fixed latency) at the
               default ``max_concurrent_requests``, next to latency x requests / concurrency;
 - flattening: the step's ``flatten_one`` per file (embedded engine, the shared example's CRTDL and lookup; no
@@ -356,7 +357,7 @@ def download_rows(root: Path, files: list[Path], runs: int) -> list[Row]:
         rows = [
             Row(
                 "download, plain httpx fetch",
-                "httpx threads",
+                "httpx threads, 1 MiB reads",
                 total / plain["seconds"],
                 "curl --parallel",
                 curl_rate,
@@ -427,10 +428,13 @@ class serving:
 
 
 def child_fetch(urls: list[str], out: str, runs: int, concurrency: int) -> dict:
+    from tasks.clients.downloads import read_in_large_pieces
+
     folder = Path(out)
 
     def fetch(client: httpx.Client, number: int, url: str) -> None:
         with client.stream("GET", url) as response, open(folder / f"{number}.ndjson", "wb") as dest:
+            read_in_large_pieces(response)
             for chunk in response.iter_bytes():
                 dest.write(chunk)
 
