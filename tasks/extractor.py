@@ -31,7 +31,6 @@ from tasks.job.filework import map_files
 from tasks.job.layout import step_artifact_key
 from tasks.job.steps import ndjson_written
 from tasks.streams.ndjson import remove_partial_files
-from tasks.streams.processes import pool_size, worker_pool
 from tasks.streams.progress import expect_files, track
 from tasks.core.readable import CLI
 from tasks.job.record import now_iso, read_facts, record_facts
@@ -39,7 +38,6 @@ from tasks.job.record import now_iso, read_facts, record_facts
 # Files downloaded at once. TORCH serves them from a static file server; 4 keeps a 1 Gbit/s link busy
 # without crowding the server (its own batch concurrency default is 4 as well).
 DOWNLOAD_CONCURRENCY = 4
-CHECK_WORKERS = max(1, pool_size() - 1)  # line checks of large plain files: every core but the one downloads hold
 ARTIFACT_EVERY_SECONDS = 1.0
 
 
@@ -84,7 +82,6 @@ def download_result_file(step: StepInput, url: str, name: str, needs_token: bool
                 retry=settings.retry,
                 on_bytes=on_bytes,
                 on_total=progress.set_total,
-                stop_if_cancelled=raise_if_cancelled,
             )
     return DataFile.written(name, stats)
 
@@ -246,7 +243,7 @@ def download_result_files(step: StepInput, urls: list[str], needs_token: bool) -
     arguments = [(step, url, name, needs_token) for url, name in names.items()]
     expect_files(len(arguments))
     try:
-        with download_client(step, needs_token), worker_pool(size=CHECK_WORKERS):
+        with download_client(step, needs_token):
             outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
     finally:
         remove_partial_files(step.output_dir)

@@ -20,9 +20,7 @@ from tasks.clients.http import ServiceEndpoint, build_client, http_timeout
 from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
 from tasks.core.errors import StepError
 from tasks.job.steps import ndjson_written
-from tasks.streams.fanout import raise_if_cancelled
 from tasks.streams.ndjson import FileStats, remove_partial_files
-from tasks.streams.processes import worker_pool
 from tasks.streams.progress import expect_files, track
 from tasks.core.url_credentials import shown_url
 
@@ -42,8 +40,7 @@ def http_import(step: StepInput) -> StepResult:
     name = safe_file_name(url, compress=settings_of(step).compression.enabled)
     remove_partial_files(step.output_dir)
     expect_files(1)
-    with worker_pool(size=1):  # one file: its line check (when it is large and plain) needs one worker, on a retry too
-        record = commit_each(fetch_url, step, url, name)
+    record = commit_each(fetch_url, step, url, name)
     return step.result([record], source=shown_url(url))
 
 
@@ -76,7 +73,6 @@ def fetch_ndjson(
             retry=settings.retry,
             on_bytes=on_bytes,
             on_total=on_total,
-            stop_if_cancelled=raise_if_cancelled,
         )
 
 

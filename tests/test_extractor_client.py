@@ -409,7 +409,7 @@ def test_a_transient_status_is_retried_and_the_file_then_downloaded(tmp_path):
 
 
 def large_ndjson(last_line: bytes) -> bytes:
-    """A plain body large enough to be checked in a worker process once written, ending with ``last_line``."""
+    """A plain body of the size that a local import checks in worker processes, ending with ``last_line``."""
     line = b'{"resourceType":"Patient","id":"p%06d","text":"' + b"x" * 1000 + b'"}\n'
     lines = [line.replace(b"%06d", b"%06d" % number) for number in range(CHECK_IN_PROCESS_MIN_BYTES // len(line) + 1)]
     return b"".join(lines) + last_line
@@ -420,16 +420,14 @@ def serve_once_each(*bodies: bytes) -> EchoState:
 
 
 @pytest.fixture
-def worker_pool():
-    """The worker processes a large plain download is checked in: the test's pool, stopped after it."""
-    if not processes.processes_allowed():
-        pytest.skip("one core: no worker processes")
+def open_worker_pool():
+    """A step's worker pool, open around the download: a download must still start none of its workers."""
     with processes.worker_pool():
         yield
+        assert not worker_pids()
 
 
-@pytest.mark.slow  # a worker process
-def test_a_large_plain_file_is_checked_in_a_worker_process_and_counted(tmp_path, worker_pool):
+def test_a_large_plain_download_is_checked_as_it_arrives_in_no_worker_process(tmp_path, open_worker_pool):
     body = large_ndjson(b"")
     with (
         LoopbackServer(EchoHandler, serve_once_each(body)) as server,
@@ -437,11 +435,10 @@ def test_a_large_plain_file_is_checked_in_a_worker_process_and_counted(tmp_path,
     ):
         stats = download(c.http, f"{server.base_url}/f/a.ndjson", tmp_path / "a.ndjson", level=None)
     assert stats.resources == body.count(b"\n") and (tmp_path / "a.ndjson").read_bytes() == body
-    assert worker_pids()
+    assert not worker_pids()
 
 
-@pytest.mark.slow  # a worker process
-def test_a_bad_line_in_a_large_file_is_the_same_error_as_in_a_small_one(tmp_path, worker_pool):
+def test_a_bad_line_in_a_large_file_is_the_same_error_as_in_a_small_one(tmp_path, open_worker_pool):
     body = large_ndjson(b'{"id":"no type"}\n')
     line = body.count(b"\n")
     with (
@@ -451,16 +448,15 @@ def test_a_bad_line_in_a_large_file_is_the_same_error_as_in_a_small_one(tmp_path
         expected = f"{server.base_url}/f/a.ndjson: line {line} is a JSON object without a resourceType"
         with pytest.raises(NdjsonError, match=re.escape(expected)):
             download(c.http, f"{server.base_url}/f/a.ndjson", tmp_path / "a.ndjson", level=None)
-    assert worker_pids() and list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.slow  # a worker process
-def test_a_large_file_whose_last_line_is_cut_off_is_retried_as_incomplete(tmp_path, worker_pool):
+def test_a_large_file_whose_last_line_is_cut_off_is_retried_as_incomplete(tmp_path, open_worker_pool):
     cut, whole = large_ndjson(b'{"resourceType":"Pat'), large_ndjson(b"")
     state = serve_once_each(cut, whole)
     with LoopbackServer(EchoHandler, state) as server, client_for(server.base_url, SimulatedTime()) as c:
         stats = download(c.http, f"{server.base_url}/f/a.ndjson", tmp_path / "a.ndjson", level=None)
-    assert len(state.requests) == 2 and worker_pids()
+    assert len(state.requests) == 2
     assert stats.resources == whole.count(b"\n") and (tmp_path / "a.ndjson").read_bytes() == whole
 
 

@@ -16,14 +16,14 @@ peak RSS is its own), each on an emptied and synced output folder:
 - synced:   the same into a file, written back to the disk as it grows and synced when complete (a download
             without its line check);
 - plain:    ``tasks.clients.downloads.download_ndjson`` with compression off (NDJSON check of every line, line
-            count, temporary file + fsync + rename), ``DOWNLOAD_CONCURRENCY`` files at a time in the step's worker
-            pool, opened and ended in the run (``compare.download_group``, as the extractor);
+            count, in the downloading thread; temporary file + fsync + rename), ``DOWNLOAD_CONCURRENCY`` files at a
+            time on one client (``compare.download_group``, as the extractor);
 - dupflow:  the same at zstd ``--level``.
 
 Then the two costs inside a download on the same bytes, one core, from memory: the per-line check alone
 (``tasks.streams.ndjson_writer.LineChecker``: simdjson per line) and zstd at ``--level``. Printed: each round's
 seconds, then per measurement MB/s and its ratio to curl's and to curl-then-sync's in the same round (min and
-median), the CPU seconds per GB of each child and its worker processes (on a shared machine the steadier figure) and
+median), the CPU seconds per GB of each child and any process it started (on a shared machine the steadier figure) and
 of the serving fake beside it (median), the load average before and after. The two CPU columns together, over the
 cores, are the least time a measurement can take on this machine.
 """
@@ -163,7 +163,7 @@ def measure(mode: str, urls: list[str], out: str, level: CompressionLevel) -> di
     names = target_names(urls, compress=False)
 
     def all_files() -> None:
-        if mode in ("plain", "dupflow"):  # the extractor's way: its bounded threads, in the step's worker pool
+        if mode in ("plain", "dupflow"):  # the extractor's way: its bounded threads on one client
             download_group(urls, out, level if mode == "dupflow" else None, DOWNLOAD_CONCURRENCY)
             return
         with httpx.Client(timeout=httpx.Timeout(60)) as client, ThreadPoolExecutor(DOWNLOAD_CONCURRENCY) as pool:
@@ -176,7 +176,7 @@ def measure(mode: str, urls: list[str], out: str, level: CompressionLevel) -> di
 
 
 def cpu_seconds() -> float:
-    """This process's CPU time and its ended children's (the worker pool's, ended with each run)."""
+    """This process's CPU time and its ended children's (none for a download; kept so that one would count)."""
     usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     return sum(part.ru_utime + part.ru_stime for part in usage)
 

@@ -461,9 +461,7 @@ def download_group(urls: list[str], out: str, level: str | None, threads: int) -
     """``download_ndjson`` for each URL, ``threads`` at a time on one client, as the extractor step does."""
     from config.settings import RetrySettings
     from tasks.clients.downloads import download_ndjson, target_names
-    from tasks.extractor import CHECK_WORKERS
     from tasks.streams.fanout import results_or_raise, run_bounded
-    from tasks.streams.processes import worker_pool
 
     names = target_names(urls, compress=level is not None)
 
@@ -478,8 +476,7 @@ def download_group(urls: list[str], out: str, level: str | None, threads: int) -
             retry=RetrySettings(),
         )
 
-    # as the extractor step: its bounded threads, the line checks of large plain files in the step's worker pool
-    with httpx.Client(timeout=60) as client, worker_pool(size=CHECK_WORKERS):
+    with httpx.Client(timeout=60) as client:  # as the extractor step: its bounded threads on one client
         results_or_raise(run_bounded([lambda url=url: download(client, url) for url in urls], threads))
 
 
