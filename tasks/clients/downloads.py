@@ -12,7 +12,7 @@ The client comes from ``tasks.clients.http.build_client``. Rules (spec "Extracti
   renames a file only when complete.
 
 Every line is checked in the downloading thread as it arrives, never read back in a worker process: read in 1 MiB
-pieces, a download holds the GIL for little besides the check, and on 2 cores the check inline took 30 % less CPU
+pieces, a download holds the GIL for little besides the check, and on 2 cores the check inline took a quarter less CPU
 and downloaded faster than worker processes reading the file back (docs/performance.md, "The line check").
 """
 
