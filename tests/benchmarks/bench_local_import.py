@@ -7,7 +7,9 @@ Data: ``--mb`` MB of seeded, varied TORCH-shaped Bundles (``compare``'s data: ev
 same machine load):
 
 - ``cp``: the copy (GNU cp, into a fresh folder; nothing synced), and ``cp`` followed by ``sync`` apart (before each
-  timed measurement the output folder is emptied and synced, so that none pays for an earlier one's files);
+  timed measurement the output folder is emptied and synced, so that none pays for an earlier one's files, and
+  twice the data's size of memory is written and freed, so that none pays for memory the host took back:
+  ``compare.back_memory``);
 - the scan: the fastest validating scan of every line in one process (simdjson's parser over each line, nothing
   else: the least a line check can do);
 - for a level: ``zstd -T1 -<level>`` of the files in place of ``cp``;
@@ -60,20 +62,21 @@ def main() -> None:
 
 
 def one_round(root: Path, files: list[Path], levels: list[str]) -> dict[str, float]:
-    out = root / "out"
+    out, backed = root / "out", 2 * sum(path.stat().st_size for path in files)  # each measurement's page cache, twice
     cp = ["cp", *map(str, files), str(out)]
-    settled(out)
+    settled(out, backed)
     measured = {"cp": timed(lambda: run_command(cp))}
-    settled(out)
+    settled(out, backed)
     measured["cp + sync"] = timed(lambda: (run_command(cp), os.sync()))
     measured["scan"] = timed(lambda: scan(files))
     for level in levels:
         copy = "cp"
         if level != "off":
-            copy = f"zstd -T1 -{ZSTD_LEVELS[level]}"
-            command = ["zstd", "-q", "-f", "-T1", f"-{ZSTD_LEVELS[level]}", "--output-dir-flat", str(settled(out))]
+            flag = f"-{ZSTD_LEVELS[level]}"
+            copy = f"zstd -T1 {flag}"
+            command = ["zstd", "-q", "-f", "-T1", flag, "--output-dir-flat", str(settled(out, backed))]
             measured[copy] = timed(lambda command=command: run_command([*command, *map(str, files)]))
-        seconds, peak = import_in_child(files, settled(out), level)
+        seconds, peak = import_in_child(files, settled(out, backed), level)
         measured[f"local_import {level}"] = seconds
         measured[f"ratio {level} / {copy} + scan"] = seconds / (measured[copy] + measured["scan"])
         measured[f"ratio {level} / cp + sync"] = seconds / measured["cp + sync"]

@@ -275,12 +275,25 @@ def fresh(folder: Path) -> Callable[[], None]:
     return clear
 
 
-def settled(folder: Path) -> Path:
+def settled(folder: Path, backed_bytes: int) -> Path:
     """``folder`` emptied, and nothing left for the disk to write: what one measurement wrote is neither deleted nor
-    written back while the next is timed (the copy of a round's first measurement paid for the last round's files)."""
+    written back while the next is timed (the copy of a round's first measurement paid for the last round's files).
+    Then ``backed_bytes`` of memory are written and freed (``back_memory``), so that the next measurement does not pay
+    for memory the host took back."""
     fresh(folder)()
     os.sync()
+    back_memory(backed_bytes)
     return folder
+
+
+def back_memory(size: int) -> None:
+    """Have ``size`` bytes of fresh memory written and freed (by ``dd``, whose buffer is its memory: in this process the
+    peak would pass to every child's ``ru_maxrss``). On a virtual machine whose balloon driver reports free pages to
+    the host (virtio_balloon's free page reporting, as here), memory left free for about two seconds goes back to the
+    host, and the next measurement to fill it pays the host's faults: here a 1 GiB ``cp`` took 1.7 s after 3 s idle,
+    0.25 s right after another, and 0.26 s after 3 GiB were written and freed. Whichever measurement came first after
+    a pause paid it (the first ``cp`` of every ``bench_local_import`` round: 2.0 s, then 0.3 s with this)."""
+    run_command(["dd", "if=/dev/zero", "of=/dev/null", f"bs={size}", "count=1", "iflag=fullblock", "status=none"])
 
 
 # --- import --------------------------------------------------------------------------------------------------
