@@ -42,9 +42,10 @@ from tasks.streams.processes import (
 
 UTF8_BOM = b"\xef\xbb\xbf"
 PARSER_KEPT_BYTES = 1 << 20  # a line checker keeps simdjson's buffers for lines up to this size, not larger
-# A plain file of at least this size whose writer is told its size (local_import, which copies it in the kernel) is
-# checked in worker processes, on every core beside the copy. Below it the pool's start costs more. A download checks
-# its lines as they arrive (``tasks.clients.downloads``): read back in a worker, the same check cost a third more CPU.
+# A plain file of at least this size whose writer is told its size (local_import's: a kernel copy, or a decompressed
+# zstd source) is checked in worker processes, on every core beside the copy. Below it the pool's start costs more.
+# A download checks its lines as they arrive (``tasks.clients.downloads``): read back in a worker, the same check cost
+# a third more CPU.
 CHECK_IN_PROCESS_MIN_BYTES = 16 << 20
 SPAN_MIN_BYTES = 8 << 20  # a large plain file is checked in spans of about this size as it is written
 CUT_READ_BYTES = 64 << 10
