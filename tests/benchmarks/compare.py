@@ -37,7 +37,8 @@ least disturbed):
 - memory:     a ``--job-size`` MB job (local_import + flattening of these data, plain and zstd ``default``)
               through ``flows.run start`` with the local server running: the peak RSS of the command's process
               tree (the flow process and its worker processes, sampled), the reused server's apart (its RSS at
-              rest before the job, its peak), and the most both held at one time (their RSS summed per sample).
+              rest before the job, its peak), and the most both held at one time (their RSS summed per sample;
+              their PSS summed, which counts a page they share once).
 
 The ratio column is ours / anchor for rates (higher is better) and anchor / ours for times.
 """
@@ -71,7 +72,7 @@ import zstandard
 
 from tests.benchmarks.bench_flattening import EXAMPLE, LOOKUP
 from tests.benchmarks.bench_views import duckdb_patient_csv
-from tests.benchmarks.memory import descendants, tree_peak_mb, vm_hwm_mb, vm_rss_mb
+from tests.benchmarks.memory import descendants, pss_mb, tree_peak_mb, vm_hwm_mb, vm_rss_mb
 from tests.benchmarks.bench_flattening import patient_bundle as flattening_bundle
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -914,14 +915,14 @@ def memory_lines(root: Path, megabytes: int, files: int, seed: int) -> list[str]
                 "--no-progress",
             )
             resting = vm_rss_mb(server_pid)
-            seconds, tree_mb, flow_mb, together = sampled_tree(command, env, server_pid)
+            seconds, tree_mb, flow_mb, together, shared = sampled_tree(command, env, server_pid)
             lines.append(
                 f"memory, {size:,.0f} MB job (local_import + flattening, {', '.join(settings)}, {seconds:.0f} s): "
                 f"command tree {tree_mb:,.0f} MB (flow process {flow_mb:,.0f} MB); reused server "
                 f"{tree_peak_mb(server_pid):,.0f} MB (at rest before the job {resting:,.0f} MB); tree and server "
                 f"together at most {sum(together.values()):,.0f} MB ("
                 + ", ".join(f"{role} {mb:,.0f}" for role, mb in together.items())
-                + ")"
+                + f"); their proportional set sizes (PSS: shared pages counted once) together at most {shared:,.0f} MB"
             )
             shutil.rmtree(root / "jobs", ignore_errors=True)
     finally:
@@ -932,16 +933,17 @@ def memory_lines(root: Path, megabytes: int, files: int, seed: int) -> list[str]
 
 def sampled_tree(
     command: list[str], env: dict[str, str], server_pid: int
-) -> tuple[float, float, float, dict[str, float]]:
-    """Seconds, the sum of every tree member's peak RSS (sampled every 0.1 s), the flow process's own peak, and the
-    sample at which the tree and the server held the most together (their RSS summed), by role, in MB. The flow's
-    peak is its own high-water mark, sampled: wait4's ru_maxrss would be the largest of it and every child it waited
-    for (the Parquet worker's peak was taken for the flow process's)."""
+) -> tuple[float, float, float, dict[str, float], float]:
+    """Seconds, the sum of every tree member's peak RSS (sampled every 0.1 s), the flow process's own peak, the
+    sample at which the tree and the server held the most together (their RSS summed), by role, and the most their
+    PSS summed at one sample, in MB. The flow's peak is its own high-water mark, sampled: wait4's ru_maxrss would be
+    the largest of it and every child it waited for (the Parquet worker's peak was taken for the flow process's)."""
     with tempfile.TemporaryFile() as output:
         started = time.perf_counter()
         process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=output)
         peaks: dict[int, float] = {}
         together: dict[str, float] = {}
+        shared = 0.0
         while (ended := os.wait4(process.pid, os.WNOHANG))[0] == 0:
             members = descendants(process.pid)
             for pid in members:
@@ -951,6 +953,7 @@ def sampled_tree(
                 role = "flow" if pid == process.pid else process_role(pid)
                 roles[role] = roles.get(role, 0.0) + vm_rss_mb(pid)
             together = max(together, roles, key=lambda held: sum(held.values()))
+            shared = max(shared, sum(map(pss_mb, [server_pid, *members])))
             time.sleep(0.1)
         seconds = time.perf_counter() - started
         process.returncode = os.waitstatus_to_exitcode(ended[1])
@@ -958,7 +961,7 @@ def sampled_tree(
             output.seek(0)
             raise SystemExit(f"{' '.join(command[1:])} failed ({process.returncode}): {output.read()[-3000:]!r}")
     flow_mb = peaks.pop(process.pid, 0.0)
-    return seconds, flow_mb + sum(peaks.values()), flow_mb, together
+    return seconds, flow_mb + sum(peaks.values()), flow_mb, together, shared
 
 
 def process_role(pid: int) -> str:

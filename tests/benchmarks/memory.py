@@ -38,9 +38,15 @@ def vm_rss_mb(pid: int) -> float:
     return _status_mb(pid, "VmRSS:")
 
 
-def _status_mb(pid: int, field: str) -> float:
+def pss_mb(pid: int) -> float:
+    """The proportional set size of ``pid`` now in MB (each page shared by N processes counts 1/N to each, so the PSS
+    of processes adds up to what they hold together); 0 for a process that is gone."""
+    return _status_mb(pid, "Pss:", "smaps_rollup")
+
+
+def _status_mb(pid: int, field: str, name: str = "status") -> float:
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/{name}").read_text().splitlines():
             if line.startswith(field):
                 return int(line.split()[1]) / 1024
     except OSError:
