@@ -193,7 +193,7 @@ def test_a_starting_server_is_its_server_at_every_check_of_its_start_up(home):
     """Its command line read empty now and then while it imported (about 1 in 10,000 reads): a start polling every
     50 ms took such a read for an ended server, ended it and failed (CI, 6 tests of one module). Port 0: the system
     gives a free one at the bind, which no other test's server can take first (a stressed CI saw this server end
-    early, its home's port chosen seconds before its bind)."""
+    early; the likely cause, its home's port, was chosen seconds before its bind)."""
     log = home / "server.log"
     command = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", "0"]
     with log.open("wb") as output:
