@@ -99,9 +99,8 @@ def run_benchmark(megabytes: int, files: int, level: CompressionLevel, rounds: i
         total = sum(p.stat().st_size for p in paths) / MB
         print(f"{len(paths)} files, {total:,.0f} MB over loopback, {DOWNLOAD_CONCURRENCY} at a time, {rounds} rounds")
         server = serving(root / "data")
-        backed = 2 * sum(p.stat().st_size for p in paths)  # the files written and the processes' memory, and more
         with server:
-            found = [one_round(server, root / "out", level, backed) for _ in range(rounds)]
+            found = [one_round(server, root / "out", level, paths) for _ in range(rounds)]
         check_rate, zstd_rate = line_check_rate(paths), zstd_rate_of(paths, level)
     report(found, total, level)
     print(f"{'line check alone (simdjson per line), 1 core':<44} {check_rate:>8,.0f} MB/s")
@@ -109,19 +108,19 @@ def run_benchmark(megabytes: int, files: int, level: CompressionLevel, rounds: i
     print(f"load average after: {load()}")
 
 
-def one_round(server: serving, out: Path, level: str, backed: int) -> dict[str, dict]:
-    """Every measurement once, in turn, each on an emptied and synced output folder and ``backed`` bytes of memory the
-    host backs (``settled``): seconds and the serving fake's CPU seconds (and, for a child, its CPU seconds and peak
-    RSS)."""
+def one_round(server: serving, out: Path, level: str, paths: list[Path]) -> dict[str, dict]:
+    """Every measurement once, in turn, each on an emptied and synced output folder and memory the host backs
+    (``settled`` for the served ``paths``): seconds and the serving fake's CPU seconds (and, for a child, its CPU
+    seconds and peak RSS)."""
     curl = curl_command(server.urls, out)
     found = {}
     for name, work in (("curl", lambda: run_command(curl)), ("curl, sync", lambda: (run_command(curl), os.sync()))):
-        settled(out, backed)
+        settled(out, paths)
         served = server.cpu_seconds()
         found[name] = {"seconds": best_seconds(work, 1)}
         found[name]["server_cpu"] = server.cpu_seconds() - served
     for mode in ("raw", "synced", "plain", "dupflow"):
-        settled(out, backed)
+        settled(out, paths)
         served = server.cpu_seconds()
         found[mode] = in_child(mode, server.urls, str(out), level)
         found[mode]["server_cpu"] = server.cpu_seconds() - served

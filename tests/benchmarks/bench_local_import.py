@@ -62,11 +62,11 @@ def main() -> None:
 
 
 def one_round(root: Path, files: list[Path], levels: list[str]) -> dict[str, float]:
-    out, backed = root / "out", 2 * sum(path.stat().st_size for path in files)  # each measurement's page cache, twice
+    out = root / "out"
     cp = ["cp", *map(str, files), str(out)]
-    settled(out, backed)
+    settled(out, files)
     measured = {"cp": timed(lambda: run_command(cp))}
-    settled(out, backed)
+    settled(out, files)
     measured["cp + sync"] = timed(lambda: (run_command(cp), os.sync()))
     measured["scan"] = timed(lambda: scan(files))
     for level in levels:
@@ -74,9 +74,9 @@ def one_round(root: Path, files: list[Path], levels: list[str]) -> dict[str, flo
         if level != "off":
             flag = f"-{ZSTD_LEVELS[level]}"
             copy = f"zstd -T1 {flag}"
-            command = ["zstd", "-q", "-f", "-T1", flag, "--output-dir-flat", str(settled(out, backed))]
+            command = ["zstd", "-q", "-f", "-T1", flag, "--output-dir-flat", str(settled(out, files))]
             measured[copy] = timed(lambda command=command: run_command([*command, *map(str, files)]))
-        seconds, peak = import_in_child(files, settled(out, backed), level)
+        seconds, peak = import_in_child(files, settled(out, files), level)
         measured[f"local_import {level}"] = seconds
         measured[f"ratio {level} / {copy} + scan"] = seconds / (measured[copy] + measured["scan"])
         measured[f"ratio {level} / cp + sync"] = seconds / measured["cp + sync"]

@@ -276,14 +276,15 @@ def fresh(folder: Path) -> Callable[[], None]:
     return clear
 
 
-def settled(folder: Path, backed_bytes: int) -> Path:
+def settled(folder: Path, data: list[Path]) -> Path:
     """``folder`` emptied, and nothing left for the disk to write: what one measurement wrote is neither deleted nor
     written back while the next is timed (the copy of a round's first measurement paid for the last round's files).
-    Then ``backed_bytes`` of memory are written and freed (``back_memory``), so that the next measurement does not pay
-    for memory the host took back."""
+    Then twice the size of ``data`` (the measured files: the page cache a measurement fills, and its processes'
+    memory) is written and freed (``back_memory``), so that the next measurement does not pay for memory the host took
+    back."""
     fresh(folder)()
     os.sync()
-    back_memory(backed_bytes)
+    back_memory(2 * sum(path.stat().st_size for path in data))
     return folder
 
 
