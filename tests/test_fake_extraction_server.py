@@ -643,17 +643,9 @@ def test_directory_mode_jobs_submitted_later_end_with_the_same_files(client, res
 
 
 @pytest.mark.slow  # a subprocess
-def test_directory_mode_from_the_command_line(client, result_dir, unused_tcp_port):
+def test_directory_mode_from_the_command_line(client, result_dir):
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.fakes.extraction_server",
-            "--port",
-            str(unused_tcp_port),
-            "--serve-dir",
-            str(result_dir),
-        ],
+        [sys.executable, "-m", "tests.fakes.extraction_server", "--port", "0", "--serve-dir", str(result_dir)],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -677,16 +669,19 @@ def test_response_delay_slows_every_answer(client):
 
 
 @pytest.mark.slow  # a subprocess
-def test_runs_alone_from_the_command_line(client, unused_tcp_port):
+def test_runs_alone_from_the_command_line(client):
+    """On port 0 the system gives a free port at the bind (one chosen before could be taken by then): the fake
+    names it in its first line."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.fakes.extraction_server", "--port", str(unused_tcp_port)],
+        [sys.executable, "-m", "tests.fakes.extraction_server", "--port", "0"],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
-        assert "listening" in process.stdout.readline()
-        metadata = client.get(f"http://127.0.0.1:{unused_tcp_port}/fhir/metadata")
+        first = process.stdout.readline()
+        assert "listening on http://127.0.0.1:" in first
+        metadata = client.get(f"{first.rsplit(' ', 1)[1].strip()}/fhir/metadata")
         assert metadata.json()["resourceType"] == "CapabilityStatement"
     finally:
         process.terminate()
