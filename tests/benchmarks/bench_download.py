@@ -24,8 +24,10 @@ written and freed (``compare.back_memory``: none pays for memory the host took b
 Then the two costs inside a download on the same bytes, one core, from memory: the per-line check alone
 (``tasks.streams.ndjson_writer.LineChecker``: simdjson per line) and zstd at ``--level``. Printed: each round's
 seconds, then per measurement MB/s and its ratio to curl's and to curl-then-sync's in the same round (min and
-median), the CPU seconds per GB of each child and any process it started (on a shared machine the steadier figure) and
-of the serving fake beside it (median), the load average before and after. The two CPU columns together, over the
+median), the CPU seconds per GB of each child and any process it started, and of curl (one thread, nearly all of it
+the kernel's copies off the socket and into the page cache, which every measurement that writes pays too; a sync's
+writeback is the kernel's, in none of them), on a shared machine the steadier figure, and of the serving fake beside
+it (median), the load average before and after. The two CPU columns together, over the
 cores, are the least time a measurement can take on this machine.
 """
 
@@ -116,8 +118,8 @@ def one_round(server: serving, out: Path, level: str, paths: list[Path]) -> dict
     found = {}
     for name, work in (("curl", lambda: run_command(curl)), ("curl, sync", lambda: (run_command(curl), os.sync()))):
         settled(out, paths)
-        served = server.cpu_seconds()
-        found[name] = {"seconds": best_seconds(work, 1)}
+        served, ended = server.cpu_seconds(), ended_children_cpu()
+        found[name] = {"seconds": best_seconds(work, 1), "cpu": ended_children_cpu() - ended}
         found[name]["server_cpu"] = server.cpu_seconds() - served
     for mode in ("raw", "synced", "plain", "dupflow"):
         settled(out, paths)
@@ -175,6 +177,12 @@ def measure(mode: str, urls: list[str], out: str, level: CompressionLevel) -> di
     seconds = best_seconds(all_files, 1)
     cpu = cpu_seconds() - cpu_before
     return {"seconds": seconds, "cpu": cpu, "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+
+
+def ended_children_cpu() -> float:
+    """The CPU time of this process's ended children (curl's: its own, the sync's is this process's)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def cpu_seconds() -> float:
