@@ -52,7 +52,7 @@ from tasks.extractor import DOWNLOAD_CONCURRENCY
 from tasks.streams.ndjson import ZSTD_LEVELS, CompressionLevel
 from tasks.streams.files import start_writeback
 from tasks.streams.ndjson_writer import WRITEBACK_BYTES, LineChecker
-from tests.benchmarks.bench_views import load
+from tests.benchmarks.machine import load
 from tests.benchmarks.compare import (
     MAX_LINE_BYTES,
     MB,

@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from tests.benchmarks.compare import MB, run_command, settled, write_dataset
+from tests.benchmarks.machine import load
 
 ZSTD_LEVELS = {"fastest": 1, "default": 5, "better": 9, "best": 12}
 
@@ -84,10 +85,6 @@ def one_round(root: Path, files: list[Path], levels: list[str]) -> dict[str, flo
     print("  ".join(f"{key} {value:.2f}" for key, value in measured.items()), flush=True)
     shutil.rmtree(out, ignore_errors=True)
     return measured
-
-
-def load() -> str:
-    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def timed(work) -> float:

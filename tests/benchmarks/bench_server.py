@@ -36,6 +36,7 @@ from pathlib import Path
 from prefect.settings.models.server.services import ServerServicesSettings
 
 from flows.prefect_server import SERVER_DEFAULTS, ensure_server, server_status, stop_server
+from tests.benchmarks.machine import load
 from tests.benchmarks.memory import descendants, tree_peak_mb
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -143,10 +144,6 @@ def tree_rss_mb(pid: int) -> float:
             continue
         total += sum(int(line.split()[1]) / 1024 for line in lines if line.startswith("VmRSS:"))
     return total
-
-
-def load() -> str:
-    return " ".join(f"{value:.1f}" for value in os.getloadavg())
 
 
 if __name__ == "__main__":

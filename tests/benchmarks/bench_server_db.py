@@ -24,6 +24,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from flows.prefect_server import ensure_server, read_record, stop_server
+from tests.benchmarks.machine import load
 from tests.benchmarks.memory import descendants, tree_peak_mb
 from tests.support.postgres import running_postgres
 
@@ -72,7 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.pop("PREFECT_API_URL", None)
     results: dict[str, list[tuple[float, float, float]]] = {"SQLite": [], "PostgreSQL": []}
-    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    print(f"load average before: {load()}", flush=True)
     with ExitStack() as stack:
         homes = {name: Path(stack.enter_context(tempfile.TemporaryDirectory())) for name in results}
         urls = {"SQLite": None, "PostgreSQL": stack.enter_context(running_postgres())}
@@ -85,7 +86,7 @@ def main() -> None:
     for name, rounds in results.items():
         cells = [f"{min(v):.1f} / {statistics.median(v):.1f}" for v in zip(*rounds, strict=True)]
         print(f"{name:<12} {cells[0]:>16} {cells[1]:>16} {cells[2]:>20}")
-    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(f"load average after: {load()}")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ from pathlib import Path
 import httpx
 
 from flows.prefect_server import ensure_server, server_status, stop_server
+from tests.benchmarks.machine import load
 from tests.benchmarks.memory import tree_peak_mb
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +66,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as scratch:
         home = Path(scratch) / "prefect-home"
         env = clean_environment(home, Path(scratch) / "jobs")
-        print(f"load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
+        print(f"load average: {load()} on {os.cpu_count()} CPUs")
         try:
             if args.against:
                 compare(env, home, args.runs, args.against, Path(scratch) / "baseline")

@@ -31,6 +31,7 @@ from typing import Any
 import orjson
 
 from tests.benchmarks.fakes import fake_in_own_process, peak_rss_mb
+from tests.benchmarks.machine import load
 
 MB = 1024 * 1024
 POOL_SIZE = 5000
@@ -167,7 +168,7 @@ def throughput(tmp: Path, size_mb: int, latency: float) -> None:
                 flush=True,
             )
     print(f"  rate at 4 / (4 x rate at 1) = {rates[4] / (4 * rates[1]):.2f} (goal: at least 1/1.3 = 0.77)")
-    print(f"  load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs (others' work slows both)")
+    print(f"  load average during the run: {load()} on {os.cpu_count()} CPUs (others' work slows both)")
 
 
 def memory(tmp: Path, size_gb: float, latency: float) -> None:

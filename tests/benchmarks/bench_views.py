@@ -31,6 +31,7 @@ from pathlib import Path
 import orjson
 
 from tests.benchmarks.bench_flattening import EXAMPLE, LOOKUP, patient_bundle
+from tests.benchmarks.machine import load
 
 TYPES = ("Patient", "Condition", "Procedure")
 PATIENT_FIELDS = {  # the Patient view's columns: (JSON key, DuckDB type)
@@ -140,10 +141,6 @@ def report(paths: dict[str, Path], found: dict[str, dict[str, list]], out: Path)
         f"wall {min(w for _, w in ours) / min(w for _, w in duck):.2f}x (min against min); "
         f"CSVs {'identical' if same else 'DIFFERENT'}"
     )
-
-
-def load() -> str:
-    return " ".join(f"{value:.2f}" for value in os.getloadavg())
 
 
 def main() -> None:

@@ -72,6 +72,7 @@ import zstandard
 
 from tests.benchmarks.bench_flattening import EXAMPLE, LOOKUP
 from tests.benchmarks.bench_views import duckdb_patient_csv
+from tests.benchmarks.machine import load
 from tests.benchmarks.memory import descendants, pss_mb, tree_peak_mb, vm_hwm_mb, vm_rss_mb
 from tests.benchmarks.bench_flattening import patient_bundle as flattening_bundle
 
@@ -123,7 +124,7 @@ def main() -> None:
         print(json.dumps(CHILDREN[args.child](**json.loads(sys.stdin.read()))))
         return
     print(
-        f"{os.cpu_count()} cores, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}, "
+        f"{os.cpu_count()} cores, load average {load()}, "
         f"Python {platform.python_version()}, best of {args.runs} runs each"
     )
     with tempfile.TemporaryDirectory(prefix="dupflow-compare-", dir=scratch_root()) as scratch:
