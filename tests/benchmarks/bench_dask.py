@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tests.benchmarks.compare import MB, best_seconds, fresh, run_command, write_dataset
+from tests.benchmarks.dataset import MB, write_dataset
+from tests.benchmarks.runs import best_seconds, fresh, run_command
 
 if TYPE_CHECKING:
     from tasks.job.contract import StepInput

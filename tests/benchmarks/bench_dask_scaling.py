@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.benchmarks.bench_dask import ZSTD_LEVEL, import_input, prefect_api_url, timed_import
-from tests.benchmarks.compare import MB, REPO_ROOT, fresh, write_dataset
+from tests.benchmarks.dataset import MB, write_dataset
+from tests.benchmarks.runs import REPO_ROOT, fresh
 
 CLUSTER_START_SECONDS = 120
 CLUSTERS = {"A": 1, "B": 2}  # label: workers, each pinned to its own core

@@ -8,7 +8,7 @@ Writes ``--megabytes`` of seeded, varied TORCH-shaped NDJSON in ``--files`` file
 data), serves them from the fake extraction server's directory mode in its own process, and measures in
 ``--rounds`` rounds, each measurement once a round in turn (the downloads each in a fresh child process, so that its
 peak RSS is its own), each on an emptied and synced output folder, right after twice the data's size of memory was
-written and freed (``compare.back_memory``: none pays for memory the host took back):
+written and freed (``runs.back_memory``: none pays for memory the host took back):
 
 - curl:     ``curl --parallel`` into files, ``DOWNLOAD_CONCURRENCY`` at a time (the anchor), and the same followed by
             ``sync`` (the files on disk, as a download leaves them);
@@ -18,7 +18,7 @@ written and freed (``compare.back_memory``: none pays for memory the host took b
             without its line check);
 - plain:    ``tasks.clients.downloads.download_ndjson`` with compression off (NDJSON check of every line, line
             count, in the downloading thread; temporary file + fsync + rename), ``DOWNLOAD_CONCURRENCY`` files at a
-            time on one client (``compare.download_group``, as the extractor);
+            time on one client (``compare_download.download_group``, as the extractor);
 - dupflow:  the same at zstd ``--level``.
 
 Then the two costs inside a download on the same bytes, one core, from memory: the per-line check alone
@@ -52,20 +52,9 @@ from tasks.extractor import DOWNLOAD_CONCURRENCY
 from tasks.streams.ndjson import ZSTD_LEVELS, CompressionLevel
 from tasks.streams.files import start_writeback
 from tasks.streams.ndjson_writer import WRITEBACK_BYTES, LineChecker
-from tests.benchmarks.machine import load
-from tests.benchmarks.compare import (
-    MAX_LINE_BYTES,
-    MB,
-    best_seconds,
-    curl_command,
-    download_group,
-    run_command,
-    serving,
-    settled,
-    write_dataset,
-)
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.compare_download import curl_command, download_group, serving
+from tests.benchmarks.dataset import MAX_LINE_BYTES, MB, write_dataset
+from tests.benchmarks.runs import REPO_ROOT, best_seconds, load, run_command, settled
 
 
 LABELS = {

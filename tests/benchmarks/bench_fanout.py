@@ -23,7 +23,7 @@ import time
 import uuid
 from pathlib import Path
 
-from tests.benchmarks.compare import write_dataset
+from tests.benchmarks.dataset import write_dataset
 
 RUNS = 3
 MB_PER_FILE = 0.5

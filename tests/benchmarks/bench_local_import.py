@@ -9,7 +9,7 @@ same machine load):
 - ``cp``: the copy (GNU cp, into a fresh folder; nothing synced), and ``cp`` followed by ``sync`` apart (before each
   timed measurement the output folder is emptied and synced, so that none pays for an earlier one's files, and
   twice the data's size of memory is written and freed, so that none pays for memory the host took back:
-  ``compare.back_memory``);
+  ``runs.back_memory``);
 - the scan: the fastest validating scan of every line in one process (simdjson's parser over each line, nothing
   else: the least a line check can do);
 - for a level: ``zstd -T1 -<level>`` of the files in place of ``cp``;
@@ -33,8 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.benchmarks.compare import MB, run_command, settled, write_dataset
-from tests.benchmarks.machine import load
+from tests.benchmarks.dataset import MB, write_dataset
+from tests.benchmarks.runs import load, run_command, settled
 
 ZSTD_LEVELS = {"fastest": 1, "default": 5, "better": 9, "best": 12}
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from prefect.settings.models.server.services import ServerServicesSettings
 
 from flows.prefect_server import SERVER_DEFAULTS, ensure_server, server_status, stop_server
-from tests.benchmarks.machine import load
+from tests.benchmarks.runs import load
 from tests.benchmarks.memory import descendants, tree_peak_mb
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

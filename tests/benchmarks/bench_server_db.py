@@ -24,7 +24,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from flows.prefect_server import ensure_server, read_record, stop_server
-from tests.benchmarks.machine import load
+from tests.benchmarks.runs import load
 from tests.benchmarks.memory import descendants, tree_peak_mb
 from tests.support.postgres import running_postgres
 

@@ -48,7 +48,7 @@ from pathlib import Path
 import httpx
 
 from flows.prefect_server import ensure_server, server_status, stop_server
-from tests.benchmarks.machine import load
+from tests.benchmarks.runs import load
 from tests.benchmarks.memory import tree_peak_mb
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -31,7 +31,7 @@ from typing import Any
 import orjson
 
 from tests.benchmarks.fakes import fake_in_own_process, peak_rss_mb
-from tests.benchmarks.machine import load
+from tests.benchmarks.runs import load
 
 MB = 1024 * 1024
 POOL_SIZE = 5000

@@ -31,7 +31,7 @@ from pathlib import Path
 import orjson
 
 from tests.benchmarks.bench_flattening import EXAMPLE, LOOKUP, patient_bundle
-from tests.benchmarks.machine import load
+from tests.benchmarks.runs import load
 
 TYPES = ("Patient", "Condition", "Procedure")
 PATIENT_FIELDS = {  # the Patient view's columns: (JSON key, DuckDB type)
