@@ -19,6 +19,7 @@ from config.errors import ConfigError
 from config.fields import Problem, join_key_path
 from config.keys import secret_key_paths
 from tasks.core.redaction import register_secret
+from tasks.core.url_credentials import shown_url
 
 MAX_CONFIG_BYTES = 1_000_000
 MAX_YAML_DEPTH = 32
@@ -246,12 +247,12 @@ def _load_secret_block(block: str) -> str:
         value = Secret.load(block, _sync=True).get()
     except ValueError:
         raise _UnusableBlock(
-            f"the Prefect API {api} has no Secret block named {block}; create it (the UI's Blocks page, "
+            f"the Prefect API {shown_url(api)} has no Secret block named {block}; create it (the UI's Blocks page, "
             "or Secret(value=...).save(name) in Python) or correct the name"
         ) from None
     except httpx.HTTPError as error:
         raise _UnusableBlock(
-            f"the Prefect API {api} did not answer the request for the Secret block {block} "
+            f"the Prefect API {shown_url(api)} did not answer the request for the Secret block {block} "
             f"({type(error).__name__}); start that server or set PREFECT_API_URL to the one holding the block"
         ) from None
     if not isinstance(value, str):

@@ -107,6 +107,20 @@ def test_a_missing_block_names_the_key_the_block_and_the_fix(write_config):
     assert "has no Secret block named dupflow-test-no-such-block; create it" in problem
 
 
+def test_a_missing_blocks_message_shows_the_api_without_its_password(write_config, prefect_api):
+    """A PREFECT_API_URL may carry user:password (a server behind a proxy's Basic Auth): the message names the
+    server as every other message does, without them."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    api = prefect_api["api_url"].replace("http://", "http://admin:api-pw-7c41e0@")
+    config = write_config(extractor_tree("http://127.0.0.1:9", "${prefect-secret:dupflow-test-no-such-block}"))
+    with temporary_settings(updates={PREFECT_API_URL: api}), pytest.raises(ConfigError) as raised:
+        load_settings(config, env={})
+    (problem,) = raised.value.problems
+    assert f"the Prefect API {prefect_api['api_url']} has no Secret block named dupflow-test-no-such-block" in problem
+    assert "api-pw-7c41e0" not in problem and "admin" not in problem
+
+
 def test_a_missing_block_does_no_harm_when_the_environment_sets_the_key(write_config):
     config = write_config(extractor_tree("http://127.0.0.1:9", "${prefect-secret:dupflow-test-no-such-block}"))
     loaded = load_settings(config, env={"APP_SERVICES_EXTRACTOR_AUTH_PASSWORD": "pw-from-env"})
