@@ -98,7 +98,11 @@ def new_job(
     refuse_credentials_in_url(
         job_input,
         door="the job input (INPUT)",
-        fix="give the URL without them and put the credentials in the import service's auth block",
+        fix=(
+            "give the URL without them (an extraction's result URL is fetched with services.extractor.auth); a file "
+            "that needs them for http_import: download it yourself and import its folder with local_import"
+        ),
+        tokens=True,
     )
     config_path = str(Path(config_path).resolve()) if config_path else None
     if job_input and "://" not in job_input:

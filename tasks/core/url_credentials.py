@@ -1,5 +1,6 @@
 """The one rule for every URL that enters dupflow: no user name or password in it (``user:password@host``), and for
-a status URL to follow (``continue --attach``) no token in its query either (``?access_token=…``).
+a URL the job stores (its input, ``continue --attach``) no token in its query either (``?access_token=…``, a signed
+URL's signature): the job's record and its flow run's parameters keep that URL whole, to follow it on ``continue``.
 
 A URL is stored with the job and shown in logs, so credentials in it would leak; and httpx sends a followed URL's
 user info as Basic auth to its host, so one from a server (a Location header, a manifest) would send a password
@@ -24,8 +25,22 @@ class CredentialsInUrlError(DupflowError):
     """A URL with a user name or password; the message never contains them."""
 
 
-# Query parameters that carry a bearer credential (OAuth tokens and codes, signed-URL signatures).
-_TOKEN_PARAMETERS = frozenset({"access_token", "token", "code", "sig"})
+# Query parameters that carry a bearer credential: OAuth tokens and codes, and the signatures and credentials of
+# signed URLs (Azure SAS, S3 and Google Cloud Storage presigned URLs, CloudFront), compared in lower case.
+_TOKEN_PARAMETERS = frozenset(
+    {
+        "access_token",
+        "token",
+        "code",
+        "sig",
+        "signature",
+        "x-amz-signature",
+        "x-amz-credential",
+        "x-amz-security-token",
+        "x-goog-signature",
+        "x-goog-credential",
+    }
+)
 
 # Kept as they are in a path: percent escapes stay escaped, so a decoded %0A never breaks a message's line.
 _PATH_SAFE = "/%:@!$&'()*+,=-._~"
@@ -43,9 +58,8 @@ def shown_url(url: str) -> str:
 
 def refuse_credentials_in_url(url: str | None, *, door: str, fix: str, tokens: bool = False) -> None:
     """Raise ``CredentialsInUrlError`` when ``url`` carries user info, or with ``tokens`` a token in its query
-    (``access_token``, ``token``, ``code``, ``sig``, in any case: a status URL to follow, which the job stores, needs
-    none; a file's URL to import may need one and is stored without its query). ``door`` names where the URL came
-    from (an argument, option, key or header); ``fix`` says what to do instead."""
+    (``_TOKEN_PARAMETERS``, in any case: a URL the job stores, its input or a status URL to attach to). ``door`` names
+    where the URL came from (an argument, option, key or header); ``fix`` says what to do instead."""
     if url is None:
         return
     parts = urlsplit(url.strip())
