@@ -46,11 +46,11 @@ def import_dir(tmp_path: Path) -> Path:
 def test_a_url_is_imported_named_after_its_last_segment_compressed_and_counted(tmp_path, write_config):
     server, state = serve(Reply(200, NDJSON_TYPE, NDJSON))
     with server:
-        assert start(write_config, f"{server.base_url}/export/patients?token=secret") == EXIT_OK
+        assert start(write_config, f"{server.base_url}/export/patients?part=1") == EXIT_OK
         job_dir = only_job_dir(tmp_path / "jobs")
         assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_OK
     (request,) = state.requests  # continue did not fetch again
-    assert request.path == "/export/patients?token=secret" and "authorization" not in request.headers
+    assert request.path == "/export/patients?part=1" and "authorization" not in request.headers
     stored = job_dir / "import" / "patients.ndjson.zst"
     assert zstandard.ZstdDecompressor().decompressobj().decompress(stored.read_bytes()) == NDJSON
     result = step_results(job_dir)[0]

@@ -139,7 +139,7 @@ def test_http_import_logs_bytes_with_the_total_only_when_the_answer_gives_it(
     state = GatedState(length=length)
     state.release.set()
     with LoopbackServer(GatedHandler, state) as server:
-        url = f"{server.base_url}/export/patients?token=secret-4711"
+        url = f"{server.base_url}/export/patients?part=secret-4711"
         assert main(["start", str(http_import_config(write_config)), url]) == EXIT_OK
 
     job_dir = only_job_dir(tmp_path / "jobs")
