@@ -27,6 +27,7 @@ from flows.job_state import JobLock
 from flows.jobs import Job, prepare_job
 from flows.prefect_server import local_pause_guard, local_pause_guard_name
 from flows.run_logging import keep_one_trace_per_failure
+from tasks.clients.extraction_documents import ExtractionHandle
 from tasks.core.readable import CLI
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
@@ -186,7 +187,7 @@ def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> 
     """``attach`` follows the extraction at that status URL; ``resubmit`` allows a fresh submission."""
     refuse_credentials_in_url(attach, door="attach", fix="give the status URL without them", tokens=True)
     if attach:
-        job_id = attach.rstrip("/").rsplit("/", 1)[-1]
+        job_id = ExtractionHandle.from_status_url(attach).job_id
         record_facts(
             job.paths.job_dir, extraction_status_url=attach, extraction_job_id=job_id, extraction_submission=None
         )

@@ -131,6 +131,35 @@ def test_relative_content_location_is_made_absolute():
     assert handle == ExtractionHandle(f"{server.base_url}/fhir/__status/abc-1", "abc-1")
 
 
+@pytest.mark.parametrize(
+    ("escaped", "problem"),
+    [
+        ("x%0A%20%20state:%20COMPLETED", "a control character U+000A"),
+        ("x%1B[2K", "a control character U+001B"),
+        ("x%E2%80%AEexe.fdp", "a bidirectional text control character U+202E"),
+    ],
+    ids=["newline", "escape", "bidi"],
+)
+def test_a_job_id_that_would_not_show_as_it_is_is_refused_at_the_kick_off(escaped, problem):
+    """The job ID (the status URL's last segment, decoded) is stored, logged and printed by ``status``: a newline
+    there forged a line of its own."""
+    state = EchoState(replies=[Reply(202, {"Content-Location": f"/fhir/__status/{escaped}"}, b"")])
+    with LoopbackServer(EchoHandler, state) as server, client_for(server.base_url, SimulatedTime()) as client:
+        with pytest.raises(ExtractionError) as refused:
+            client.submit(CRTDL)
+    message = str(refused.value)
+    assert f"which contains {problem}" in message and "Content-Location" in message
+    assert message.isprintable(), message
+
+
+def test_the_job_id_of_an_attached_status_url_follows_the_same_rule():
+    assert ExtractionHandle.from_status_url("https://torch.example/fhir/__status/0b6b?page=1").job_id == "0b6b"
+    with pytest.raises(ExtractionError, match="is empty"):
+        ExtractionHandle.from_status_url("https://torch.example/")
+    with pytest.raises(ExtractionError, match=r"U\+2066"):
+        ExtractionHandle.from_status_url("https://torch.example/fhir/__status/%E2%81%A6abc")
+
+
 def test_a_crtdl_that_is_not_json_is_rejected_naming_the_file():
     with pytest.raises(InvalidCrtdlError, match="invalid CRTDL /x/c.json: not valid JSON"):
         parse_crtdl(b"{nope", "/x/c.json")
@@ -279,6 +308,11 @@ def test_both_result_shapes_and_all_url_forms_give_absolute_file_urls(sim, shape
         ("files/j/a.ndjson", "https://torch.example.org/base/files/j/a.ndjson"),
         ("files.example.org:8080/j/a.ndjson", "https://files.example.org:8080/j/a.ndjson"),
         ("localhost:81/j/a.ndjson", "https://localhost:81/j/a.ndjson"),
+        ("[::1]:8080/j/a.ndjson", "https://[::1]:8080/j/a.ndjson"),
+        ("./a.ndjson", "https://torch.example.org/base/a.ndjson"),
+        ("./j/a.ndjson", "https://torch.example.org/base/j/a.ndjson"),
+        ("../files/a.ndjson", "https://torch.example.org/files/a.ndjson"),
+        ("files.v2/a.ndjson", "https://files.v2/a.ndjson"),
     ],
 )
 def test_file_urls_resolve_against_base_url(url, expected):

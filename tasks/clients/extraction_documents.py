@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from tasks.core.errors import StepError
+from tasks.core.names import invisible_character_problem, show_name
+from tasks.core.url_credentials import shown_url
 
 if TYPE_CHECKING:
     from config.services import ExtractorSettings
@@ -29,6 +31,9 @@ TASK_TIMEOUT = timedelta(seconds=10)
 # The spec's {extension_base}/extractor-job-progress and the real server's torch-job-progress.
 PROGRESS_EXTENSION_SUFFIXES = ("/extractor-job-progress", "/torch-job-progress")
 ISSUES_EXTENSION_SUFFIXES = ("extractor-job-issues", "torch-job-issues")
+# A host in a scheme-less file URL: an IPv6 address in brackets, or labels of letters, digits and inner hyphens.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+HOST = re.compile(rf"\[[0-9A-Fa-f:.]+\]|{_LABEL}(?:\.{_LABEL})*")
 NO_MATCHING_DATA = (
     "the extraction finished without result files: no data matched the CRTDL. Typical causes: the cohort "
     "criteria matched no patient, the time period is out of range of the data, or the cohort or a profile "
@@ -75,8 +80,18 @@ class ExtractionHandle:
 
     @classmethod
     def from_status_url(cls, status_url: str) -> ExtractionHandle:
-        """The extraction job ID is the last path segment of the status URL."""
-        return cls(status_url, httpx.URL(status_url).path.rstrip("/").rsplit("/", 1)[-1])
+        """The extraction job ID is the last path segment of the status URL, decoded. It is stored, logged and shown
+        (``status``), so one that would not show as what it is (``%0A``, ``%1B``, ``%E2%80%AE`` decoded) is an
+        ``ExtractionError``, whichever door the URL came through (the kick-off's Content-Location, ``--attach``, the
+        job input)."""
+        job_id = httpx.URL(status_url).path.rstrip("/").rsplit("/", 1)[-1]
+        if problem := ("is empty" if not job_id else invisible_character_problem(job_id)):
+            raise ExtractionError(
+                f"the status URL {shown_url(status_url)} names the extraction job {show_name(job_id)}, which "
+                f"{problem}; a job ID is stored and shown, so check where the URL came from (the server's "
+                "Content-Location, --attach or the job input)"
+            )
+        return cls(status_url, job_id)
 
 
 def base_url_of(settings: ExtractorSettings) -> str:
@@ -230,6 +245,9 @@ def resolve_file_url(base_url: str, url: str) -> str:
 
 
 def _looks_like_host(segment: str) -> bool:
-    """``127.0.0.1:8080``, ``files.example.org``, ``localhost:80`` — not ``files`` or ``job-1``."""
+    """``127.0.0.1:8080``, ``files.example.org``, ``localhost:80`` — not ``files``, ``job-1``, ``.`` or ``..`` (a
+    path-relative ``./core.ndjson`` resolves against base_url): a ``HOST`` with a dot, a port, or ``localhost``."""
     host = segment.rsplit(":", 1)[0] if re.search(r":\d+$", segment) else segment
-    return bool(host) and (host == "localhost" or host != segment or "." in host)
+    if not HOST.fullmatch(host):
+        return False
+    return host == "localhost" or host != segment or "." in host

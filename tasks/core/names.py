@@ -23,7 +23,7 @@ def name_from_data_problem(name: str) -> str | None:
     U+000A"), or None when it can; see the module docstring for the rule."""
     if not name:
         return "is empty"
-    if problem := _invisible_character_problem(name):
+    if problem := invisible_character_problem(name):
         return problem
     if reserved := sorted({char for char in name if char in RESERVED_NAME_CHARACTERS}):
         return f"contains {' '.join(reserved)} (none of {' '.join(RESERVED_NAME_CHARACTERS)} may be in a file name)"
@@ -36,7 +36,8 @@ def name_from_data_problem(name: str) -> str | None:
     return None
 
 
-def _invisible_character_problem(name: str) -> str | None:
+def invisible_character_problem(name: str) -> str | None:
+    """Why ``name`` would not show as what it is (a control, bidirectional or other invisible character), or None."""
     for char in name:
         if unicodedata.category(char) not in INVISIBLE_CATEGORIES:
             continue
