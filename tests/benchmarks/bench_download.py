@@ -24,11 +24,11 @@ written and freed (``runs.back_memory``: none pays for memory the host took back
 Then the two costs inside a download on the same bytes, one core, from memory: the per-line check alone
 (``tasks.streams.ndjson_writer.LineChecker``: simdjson per line) and zstd at ``--level``. Printed: each round's
 seconds, then per measurement MB/s and its ratio to curl's and to curl-then-sync's in the same round (min and
-median), the CPU seconds per GB of each child and any process it started, and of curl (one thread, nearly all of it
-the kernel's copies off the socket and into the page cache, which every measurement that writes pays too; a sync's
-writeback is the kernel's, in none of them), on a shared machine the steadier figure, and of the serving fake beside
-it (median), the load average before and after. The two CPU columns together, over the
-cores, are the least time a measurement can take on this machine.
+median), the CPU seconds per GB (median; on a shared machine the steadier figure) of each measurement and of the
+serving fake beside it, and the load average before and after. A measurement's CPU is its child's and any process the
+child started, or curl's own (one thread, nearly all of it the kernel's copies off the socket and into the page cache,
+which every measurement that writes pays too; no row counts the kernel's writeback after a sync). The two CPU columns
+together, over the cores, are the least time a measurement can take on this machine.
 """
 
 from __future__ import annotations

@@ -80,10 +80,8 @@ class serving:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def __enter__(self) -> list[str]:
-        from tests.support.ports import free_port
-
-        port = free_port()
-        command = [sys.executable, "-m", "tests.fakes.extraction_server", "--port", str(port), "--serve-dir"]
+        # Port 0: the system gives a free port at the bind, and the status URL the fake prints names it.
+        command = [sys.executable, "-m", "tests.fakes.extraction_server", "--port", "0", "--serve-dir"]
         self.process = subprocess.Popen([*command, str(self.folder)], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
         status_url = None
         for line in self.process.stdout:
