@@ -3,9 +3,10 @@
 Input: the job's CRTDL, or the status URL of a complete extraction (procedure step 8: polled, never submitted).
 Submission is never repeated by itself (a retry could create a duplicate job): ``extraction_submission`` is recorded
 before the POST, the handle the moment the server answers; a submission without a handle (the process died during
-the POST) stops and explains. A job a poll finds gone (404/410) is submitted afresh, at most ``retry.max_attempts``
-times per run. One cached sub-task per file URL, so a resumed job fetches only unfinished files; downloads in one
-process share one client (``download_client``), closed by the last to end.
+the POST, a network error, a 5xx) stops and explains, but a kick-off refused with a 4xx created no job and is cleared.
+A job a poll finds gone (404/410) is submitted afresh, at most ``retry.max_attempts`` times per run. One cached
+sub-task per file URL, so a resumed job fetches only unfinished files; downloads in one process share one client
+(``download_client``), closed by the last to end.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from config.loader import SettingsIdentity, settings_identity
 from tasks.clients.downloads import download_ndjson, target_names, wait_until_available
+from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_documents import DeadHandleError, ExtractionError, ExtractionHandle
 from tasks.clients.extraction_server import ExtractionServerClient, PollProgress
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
@@ -142,11 +144,22 @@ def current_handle(step: StepInput, client: ExtractionServerClient) -> Extractio
 
 
 def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> ExtractionHandle:
-    """Submit the job's CRTDL once; the attempt is recorded before the POST and the handle right after it."""
+    """Submit the job's CRTDL once; the attempt is recorded before the POST and the handle right after it.
+
+    A kick-off the server refused (a 4xx answer: no job was created) clears the attempt, so ``continue`` submits
+    again once the cause is fixed; the error fails the step unchanged. Anything else stays in doubt: a network
+    error or timeout may come after the request was sent, and a 5xx may hide a job (a proxy's 502/503/504 while
+    the server behind it took the request)."""
     if (crtdl_path := step.crtdl_path) is None:
         raise ExtractionError("the extractor step needs a CRTDL file (or a complete result URL) as the job input")
+    crtdl = crtdl_path.read_bytes()  # read before the attempt is recorded: an unreadable file sends nothing
     record_facts(step.job_path, extraction_submission={"generation": generation, "started_at": now_iso()})
-    handle = client.submit(crtdl_path.read_bytes())
+    try:
+        handle = client.submit(crtdl)
+    except ServiceError as exc:
+        if exc.status_code is not None and 400 <= exc.status_code < 500:
+            record_facts(step.job_path, extraction_submission=None)
+        raise
     record_handle(step, handle, generation)
     get_run_logger().info("extraction submitted: job %s, status %s", handle.job_id, handle.status_url)
     return handle

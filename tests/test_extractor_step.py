@@ -19,7 +19,9 @@ import zstandard
 from flows.run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 from tasks.core.readable import CLI
 from tasks.job.record import read_facts
-from tests.conftest import TESTDATA, complete_results, run_cli
+from tests.conftest import TESTDATA, complete_results, extraction_tree, run_cli
+from tests.fakes._server import LoopbackServer
+from tests.fakes.echo import EchoHandler, EchoState, Reply, operation_outcome
 from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
 from tests.support.jobs import job_file, only_job_dir, start_cli_process, step_results, wait_for
 
@@ -294,9 +296,6 @@ def test_a_signal_during_stalled_downloads_ends_the_run_at_once_in_one_line_with
 
 
 def test_a_handle_that_keeps_dying_gives_up_after_max_attempts_fresh_submissions(tmp_path, capsys, extractor_config):
-    from tests.fakes._server import LoopbackServer
-    from tests.fakes.echo import EchoHandler, EchoState, Reply
-
     def accepted(n: int) -> Reply:
         return Reply(202, {"Content-Location": f"/fhir/__status/job-{n}"}, b"")
 
@@ -308,3 +307,77 @@ def test_a_handle_that_keeps_dying_gives_up_after_max_attempts_fresh_submissions
     assert len(posts) == 4  # the first submission and retry.max_attempts = 3 fresh ones
     err = capsys.readouterr().err
     assert "job-3 is gone" in err and "3 fresh submission(s)" in err and "retry.max_attempts" in err
+
+
+def kickoffs(server: ExtractionServer) -> int:
+    """The kick-off POSTs the fake received, refused ones included (a 401 is answered before it counts as a
+    submission)."""
+    return len([r for r in server.state.requests if r.method == "POST" and r.path == "/fhir/$extract-data"])
+
+
+def basic_header(username: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+
+
+def test_a_kickoff_refused_for_wrong_credentials_is_submitted_again_by_continue_once_they_are_fixed(
+    tmp_path, torch, capsys, write_config
+):
+    torch.state.auth_check = lambda headers: headers.get("authorization") == basic_header("dupflow", "the-right-one")
+    config = write_config(extraction_tree(torch.base_url, auth={"username": "dupflow", "password": "wrong"}))
+    assert main(["start", str(config), str(CRTDL), "--no-progress"]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "HTTP 401" in err and "Authentication required" in err and "may or may not have that job" not in err
+    job_dir = only_job_dir(jobs_dir_of(tmp_path))
+    assert "extraction_submission" not in read_facts(job_dir)  # refused: no job exists, nothing is in doubt
+
+    write_config(extraction_tree(torch.base_url, auth={"username": "dupflow", "password": "the-right-one"}))
+    assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_OK, capsys.readouterr().err
+    assert kickoffs(torch) == 2 and len(torch.state.submissions) == 1
+    facts = read_facts(job_dir)
+    assert facts["extraction_job_id"] == torch.state.submissions[0].job_id and "extraction_submission" not in facts
+    assert job_file(job_dir)["state"] == "Completed" and len(step_result(job_dir)["files"]) == 4
+
+
+def test_a_kickoff_refused_with_400_reports_the_diagnostics_and_continue_submits_again(
+    tmp_path, torch, capsys, extractor_config
+):
+    crtdl = json.loads(CRTDL.read_text())
+    unknown = "https://example.org/fhir/StructureDefinition/NoSuchProfile"
+    crtdl["dataExtraction"]["attributeGroups"].append({"id": "unknown", "groupReference": unknown, "attributes": []})
+    refused = tmp_path / "unknown-profile.json"
+    refused.write_text(json.dumps(crtdl))
+    config = extractor_config(torch)
+
+    assert main(["start", str(config), str(refused), "--no-progress"]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "HTTP 400" in err and f"Unknown Profile: {unknown}" in err  # the server's diagnostics, verbatim
+    job_dir = only_job_dir(jobs_dir_of(tmp_path))
+    assert "extraction_submission" not in read_facts(job_dir)
+
+    # No --resubmit needed: continue submits again (here the same CRTDL, refused the same way, not "in doubt").
+    assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert f"Unknown Profile: {unknown}" in err and "may or may not have that job" not in err
+    assert [s.status for s in torch.state.submissions] == [400, 400]
+    assert "extraction_submission" not in read_facts(job_dir)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [Reply(502, body=operation_outcome("Bad Gateway")), Reply(503), Reply(reset=True)],
+    ids=["502", "503", "connection-reset"],
+)
+def test_a_kickoff_answered_with_5xx_or_no_answer_leaves_the_submission_in_doubt(
+    tmp_path, capsys, extractor_config, answer
+):
+    state = EchoState(replies=[answer])
+    with LoopbackServer(EchoHandler, state) as server:
+        config = extractor_config(server)
+        assert main(["start", str(config), str(CRTDL), "--no-progress"]) == EXIT_FAILED
+        job_dir = only_job_dir(jobs_dir_of(tmp_path))
+        assert "extraction_submission" in read_facts(job_dir)  # a proxy's 5xx or a lost answer may hide a job
+        capsys.readouterr()
+        assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "may or may not have that job" in err and f"continue {job_dir.name} --resubmit" in err
+    assert len([r for r in state.requests if r.method == "POST"]) == 1
