@@ -254,6 +254,19 @@ def test_a_200_that_is_not_an_operation_outcome_is_refused():
             validate(echo, one_chunk(patient(1)))
 
 
+@pytest.mark.parametrize("status", [412, 422])
+def test_a_412_or_422_without_an_operation_outcome_is_the_service_error_of_its_status(status):
+    """A proxy's page answered with a findings status: an error naming the status (not findings, not retried)."""
+    from tests.fakes.echo import EchoHandler, EchoState, Reply
+
+    page = Reply(status, {"Content-Type": "text/html"}, b"<html><body>Unprocessable</body></html>")
+    with LoopbackServer(EchoHandler, EchoState(replies=[page])) as echo:
+        with pytest.raises(ServiceError) as caught:
+            validate(echo, one_chunk(patient(1)))
+    assert caught.value.status_code == status and not caught.value.transient
+    assert f"HTTP {status}" in str(caught.value) and len(echo.state.requests) == 1
+
+
 def test_a_slow_drip_longer_than_the_read_timeout_completes_while_bytes_keep_coming(validator_fake):
     validator_fake.state.reset(drip_seconds=1.5)
     outcome = validate(validator_fake, one_chunk(*shared_data("InvalidPatient.ndjson")), read_timeout=1.0)

@@ -26,7 +26,7 @@ import httpx
 import orjson
 
 from tasks.clients.bounds import MB, Deadline, read_answer_async, within_deadline
-from tasks.clients.errors import json_or_none, raise_for_service_status_async
+from tasks.clients.errors import error_from_response, json_or_none, raise_for_service_status_async
 from tasks.core.redaction import redact_strings
 from tasks.clients.http import FHIR_JSON_HEADERS, AsyncServiceClient
 from tasks.clients.retry import call_with_retry_async
@@ -260,14 +260,17 @@ class Validator:
         )
 
     async def _outcome(self, response: httpx.Response, operation: str, service: str) -> dict[str, Any]:
-        """The answer's OperationOutcome: a 2xx, or findings answered with 412/422; anything else raises."""
-        if response.is_success or response.status_code in FINDINGS_STATUSES:
-            content = await read_answer_async(
-                response, self._max_answer_bytes, operation=operation, service=service, hint=TOO_LARGE_ANSWER_HINT
-            )
-            if (outcome := as_operation_outcome(content)) is not None:
-                return outcome
-        await raise_for_service_status_async(response, operation=operation, service=service)
+        """The answer's OperationOutcome: a 2xx, or findings answered with 412/422; anything else raises (a 412/422
+        without one, a proxy's page, as the service error of its status, from the body already read)."""
+        if not (response.is_success or response.status_code in FINDINGS_STATUSES):
+            await raise_for_service_status_async(response, operation=operation, service=service)
+        content = await read_answer_async(
+            response, self._max_answer_bytes, operation=operation, service=service, hint=TOO_LARGE_ANSWER_HINT
+        )
+        if (outcome := as_operation_outcome(content)) is not None:
+            return outcome
+        if response.is_error:
+            raise error_from_response(response, operation=operation, service=service, body=content)
         raise ValidationServiceError(
             f"{service}: {operation}: the service answered HTTP {response.status_code} without an "
             "OperationOutcome; is services.validation.url the validator's root?"
