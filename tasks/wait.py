@@ -19,6 +19,8 @@ from tasks.job.contract import DataFile, StepInput, StepResult, settings_of
 from tasks.job.layout import artifact_key
 from tasks.streams.ndjson import FileStats, is_data_file
 from tasks.streams.ndjson_writer import count_contents
+from tasks.core.errors import StepError
+from tasks.core.names import name_from_data_problem, show_name
 from tasks.core.readable import CLI, SHOW_WHOLE
 from tasks.job.record import mark_gate_paused, read_record
 
@@ -63,9 +65,14 @@ def publish_inspection_artifact(step: StepInput, text: str) -> None:
 
 
 def released_result(step: StepInput) -> StepResult:
+    """The corrected files of ``<input>_wait/`` when there are any (each name under the rule for names from data:
+    they become the next steps' file names, S3 keys and transfer entries), else the step's input unchanged."""
     corrected = sorted(p for p in wait_dir(step).iterdir() if is_data_file(p)) if wait_dir(step).is_dir() else []
     if not corrected:
         return StepResult(step=step.step, position=step.position, folder=step.folder or "", files=step.files)
+    for path in corrected:
+        if problem := name_from_data_problem(path.name):
+            raise StepError(f"{wait_dir(step)}: the corrected file {show_name(path.name)} {problem}; rename it")
     max_line_bytes = settings_of(step).pipeline.max_ndjson_line_size_bytes
     files = [
         DataFile.written(p.name, FileStats(p.stat().st_size, *count_contents(p, max_line_bytes))) for p in corrected
