@@ -8,9 +8,10 @@
   service carries credentials again; hops land in the history, so ``max_redirects`` holds, and the request hook
   ``strip_foreign_credentials`` covers a ``follow_redirects=True`` call too;
 - on a 401 with OAuth, fetches one fresh token and sends the request once more;
-- refuses a redirect loop and a redirect to a URL with user info (httpx would send it as Basic).
+- refuses a redirect loop and a redirect to a URL with user info (httpx would send it as Basic);
+- leaves the body of an answer it does not return (a redirect, a 401 before a fresh token) unread (``UnreadBody``).
 Tokens come from a ``TokenSource`` per (issuer, client id), shared by the process's clients; authlib's
-``OAuth2Client`` fetches them, renewed shortly before ``expires_in`` runs out.
+``OAuth2Client`` fetches them, renewed shortly before ``expires_in`` runs out, its answers read bounded.
 """
 
 from __future__ import annotations
@@ -21,14 +22,17 @@ import ssl
 import threading
 import time
 import warnings
-from collections.abc import AsyncGenerator, Callable, Generator, Iterable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import anyio.to_thread
 import httpx
+import orjson
 
 from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, json_or_none, truncate
+from tasks.core.readable import size_text
 from tasks.core.redaction import register_secret
 from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url, shown_url
 
@@ -42,6 +46,9 @@ log = logging.getLogger("dupflow.clients")
 CREDENTIAL_HEADERS = ("Authorization", "Proxy-Authorization")
 TOKEN_REQUEST_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 MAX_RENEWAL_LEEWAY_SECONDS = 30.0
+MAX_OAUTH_ANSWER_BYTES = 1024 * 1024
+"""The most of a discovery document or a token answer that is read (either is a few KB)."""
+OAUTH_FIX = "check oauth_issuer_uri and the identity provider's configuration"
 
 
 def oauth2_client_class() -> type[OAuth2Client]:
@@ -91,6 +98,50 @@ class ReplayableBody:
         yield from self._make()
 
 
+class UnreadBody(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """The body of an answer that is not used: a redirect's, or a 401's answered with a fresh token. httpx reads such
+    an answer whole before it sends the next request, streamed call or not; given this body it reads nothing, and
+    closing it closes the connection (one with a body left unread cannot carry another request)."""
+
+    def __init__(self, stream: httpx.SyncByteStream | httpx.AsyncByteStream):
+        self._stream = stream
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from ()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        return
+        yield  # makes this an async generator: one that yields nothing
+
+    def close(self) -> None:
+        self._stream.close()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+def leave_unread(response: httpx.Response) -> None:
+    response.stream = UnreadBody(response.stream)
+
+
+class CappedBody(httpx.SyncByteStream):
+    """A sync answer's body as sent, at most ``limit`` bytes of it: ``too_large()`` is raised once more comes."""
+
+    def __init__(self, stream: httpx.SyncByteStream, limit: int, too_large: Callable[[], Exception]):
+        self._stream, self._limit, self._too_large = stream, limit, too_large
+
+    def __iter__(self) -> Iterator[bytes]:
+        seen = 0
+        for piece in self._stream:
+            seen += len(piece)
+            if seen > self._limit:
+                raise self._too_large()
+            yield piece
+
+    def close(self) -> None:
+        self._stream.close()
+
+
 def _replayable(request: httpx.Request) -> bool:
     """A body that can be streamed again (``ReplayableBody``), so a resend after a 401 needs no copy in memory
     (httpx keeps the iterable given as ``content`` as its stream's ``_stream``)."""
@@ -107,8 +158,9 @@ class TokenSource:
 
     The token endpoint is discovered from ``{issuer}/.well-known/openid-configuration`` (``token_endpoint``);
     where discovery fails, ``{issuer}/protocol/openid-connect/token`` (Keycloak) is used. The id and secret are
-    sent in the form body (client_secret_post). A token without ``expires_in`` is used until the service
-    rejects it.
+    sent in the form body (client_secret_post), so a discovered endpoint must be as safe as the issuer
+    (``_checked_endpoint``). A token without ``expires_in`` is used until the service rejects it. Answers are read
+    bounded (``_bounded``).
     """
 
     def __init__(self, issuer: str, client_id: str, client_secret: str, verify: ssl.SSLContext | bool):
@@ -141,6 +193,8 @@ class TokenSource:
             token_endpoint_auth_method="client_secret_post",
             verify=self._verify,
             timeout=TOKEN_REQUEST_TIMEOUT,
+            headers={"Accept-Encoding": "identity"},
+            event_hooks={"response": [self._bounded]},
         ) as client:
             client.register_compliance_hook("access_token_response", self._raise_for_token_error)
             endpoint = self._token_endpoint or self._discover_token_endpoint(client)
@@ -162,14 +216,49 @@ class TokenSource:
     def _discover_token_endpoint(self, client: OAuth2Client) -> str:
         try:
             response = client.request("GET", f"{self.issuer}/.well-known/openid-configuration", withhold_token=True)
-            endpoint = response.json().get("token_endpoint") if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
-            endpoint = None
+        except httpx.HTTPError:
+            response = None
+        found = response is not None and response.status_code == 200
+        document = json_or_none(response.content, orjson.loads) if found else None  # orjson: nesting is bounded
+        endpoint = document.get("token_endpoint") if isinstance(document, dict) else None
         if isinstance(endpoint, str) and endpoint:
-            return endpoint
+            return self._checked_endpoint(endpoint)
         fallback = f"{self.issuer}/protocol/openid-connect/token"
         log.info("OIDC discovery failed for issuer %s; using %s", self.issuer, fallback)
         return fallback
+
+    def _checked_endpoint(self, endpoint: str) -> str:
+        """A discovered token endpoint the secret may be sent to: without user info, and https when the issuer is.
+        Another origin than the issuer's is allowed: identity providers name one (Google's issuer
+        accounts.google.com names oauth2.googleapis.com), and the issuer, reached as configured, vouches for it."""
+        door = f"the token_endpoint named by the discovery document of oauth_issuer_uri {shown_url(self.issuer)}"
+        try:
+            refuse_credentials_in_url(endpoint, door=door, fix=OAUTH_FIX)
+        except CredentialsInUrlError as exc:
+            raise self._refused(str(exc)) from None
+        if urlsplit(self.issuer).scheme.lower() == "https" and urlsplit(endpoint).scheme.lower() != "https":
+            raise self._refused(
+                f"{door} is {shown_url(endpoint)}, which is not https: the client secret would be sent in clear text; "
+                f"{OAUTH_FIX} (its token endpoint must be https)"
+            )
+        return endpoint
+
+    def _bounded(self, response: httpx.Response) -> None:
+        """Response hook of the token client: a discovery document or token answer is read as sent (asked for with
+        ``Accept-Encoding: identity``; a compressed one could unfold far beyond its size), at most
+        ``MAX_OAUTH_ANSWER_BYTES``."""
+        source, limit = shown_url(str(response.url)), size_text(MAX_OAUTH_ANSWER_BYTES)
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise self._refused(
+                f"the answer from {source} came compressed (Content-Encoding {encoding}) although dupflow asked for "
+                f"none (Accept-Encoding: identity); {OAUTH_FIX} (it must not compress its answers to this client)"
+            )
+        message = f"the answer from {source} is more than the {limit} read from an identity provider; {OAUTH_FIX}"
+        response.stream = CappedBody(response.stream, MAX_OAUTH_ANSWER_BYTES, lambda: self._refused(message))
+
+    def _refused(self, message: str) -> ServiceError:
+        return ServiceError("fetch OAuth token", None, message, transient=False, service="oauth")
 
     def _raise_for_token_error(self, response: httpx.Response) -> httpx.Response:
         """authlib compliance hook: turn a non-2xx token response into a ServiceError (never the body itself)."""
@@ -276,6 +365,7 @@ class ServiceAuth(httpx.Auth):
             if token is not None and response.status_code == 401 and not renewed:
                 log.info("%s answered 401; retrying once with a fresh OAuth token", self.service)
                 renewed, rejected = True, token
+                leave_unread(response)
                 continue
             rejected = None
             if response.next_request is None:
@@ -285,6 +375,7 @@ class ServiceAuth(httpx.Auth):
             if request.url in visited:
                 raise self._redirect_loop(response, request.url)
             visited.add(request.url)
+            leave_unread(response)
 
     def _redirect_loop(self, response: httpx.Response, target: httpx.URL) -> ServiceError:
         source, again = shown_url(str(response.request.url)), shown_url(str(target))

@@ -1,5 +1,5 @@
 """Bounds of one call to a service: a whole-request deadline (``Deadline``) and a cap on how much of an answer is
-read (``read_answer``).
+read (``read_answer``; ``read_response`` keeps the answer an ``httpx.Response``).
 
 A per-read timeout never cuts off a server that drips its answer, and an answer read whole can exceed memory, so
 every call is bounded twice. A sync read blocked on a dripping status line cannot be interrupted from its own
@@ -32,6 +32,8 @@ OWN_CONNECTION = {"Connection": "close"}
 """Each bounded sync call on a connection of its own, which its deadline can shut down (``Deadline.watch``)."""
 Body = Callable[[], Iterable[bytes]] | bytes
 """A request body: its bytes, or a function making its pieces afresh for each send."""
+BODY_FRAMING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+"""Headers that no longer describe a body read and decoded here (``answered``)."""
 
 
 class Deadline:
@@ -152,8 +154,11 @@ def within_deadline(
     return bounded
 
 
-def answer_too_large(size: str, limit: int, *, operation: str, service: str | None, hint: str) -> ServiceError:
-    message = f"the answer is {size}, more than the {size_text(limit)} read from this service; {hint}"
+def answer_too_large(
+    size: str, limit: int, *, operation: str, service: str | None, hint: str, source: httpx.URL | None = None
+) -> ServiceError:
+    answer = "the answer" if source is None else f"the answer from {shown_url(str(source))}"
+    message = f"{answer} is {size}, more than the {size_text(limit)} read from this service; {hint}"
     return ServiceError(operation, None, message, transient=False, service=service)
 
 
@@ -170,33 +175,65 @@ def read_answer(
     service: str | None,
     hint: str,
     deadline: Deadline | None = None,
+    source: httpx.URL | None = None,
 ) -> bytes:
-    """The body of a streamed ``response``, at most ``limit`` bytes (else a terminal ``ServiceError``); the
-    ``deadline`` is checked after each piece."""
-    _refuse_declared(response, limit, operation=operation, service=service, hint=hint)
+    """The body of a streamed ``response``, at most ``limit`` bytes (else a terminal ``ServiceError``, naming
+    ``source`` when given); the ``deadline`` is checked after each piece."""
+    where = {"operation": operation, "service": service, "hint": hint, "source": source}
+    _refuse_declared(response, limit, **where)
     body = bytearray()
     for piece in response.iter_bytes():
         body += piece
         if len(body) > limit:
-            raise answer_too_large(f"over {size_text(limit)}", limit, operation=operation, service=service, hint=hint)
+            raise answer_too_large(f"over {size_text(limit)}", limit, **where)
         if deadline is not None:
             deadline.check(operation, service)
     return bytes(body)
 
 
 async def read_answer_async(
-    response: httpx.Response, limit: int, *, operation: str, service: str | None, hint: str
+    response: httpx.Response,
+    limit: int,
+    *,
+    operation: str,
+    service: str | None,
+    hint: str,
+    source: httpx.URL | None = None,
 ) -> bytes:
     """``read_answer`` for a streamed response of an ``httpx.AsyncClient`` (run it ``within_deadline``)."""
-    _refuse_declared(response, limit, operation=operation, service=service, hint=hint)
+    where = {"operation": operation, "service": service, "hint": hint, "source": source}
+    _refuse_declared(response, limit, **where)
     body = bytearray()
     async for piece in response.aiter_bytes():
         body += piece
         if len(body) > limit:
-            raise answer_too_large(f"over {size_text(limit)}", limit, operation=operation, service=service, hint=hint)
+            raise answer_too_large(f"over {size_text(limit)}", limit, **where)
     return bytes(body)
 
 
-def _refuse_declared(response: httpx.Response, limit: int, *, operation: str, service: str | None, hint: str) -> None:
+def _refuse_declared(response: httpx.Response, limit: int, **where: Any) -> None:
     if (size := declared_size(response)) is not None and size > limit:
-        raise answer_too_large(size_text(size), limit, operation=operation, service=service, hint=hint)
+        raise answer_too_large(size_text(size), limit, **where)
+
+
+def read_response(
+    response: httpx.Response, limit: int, *, operation: str, service: str | None, hint: str
+) -> httpx.Response:
+    """A streamed ``response`` read as httpx would read it (``content``, ``json()``), but at most ``limit`` bytes
+    of it (``read_answer``; the error names its URL)."""
+    where = {"operation": operation, "service": service, "hint": hint, "source": response.url}
+    return answered(response, read_answer(response, limit, **where))
+
+
+async def read_response_async(
+    response: httpx.Response, limit: int, *, operation: str, service: str | None, hint: str
+) -> httpx.Response:
+    """``read_response`` for a streamed response of an ``httpx.AsyncClient``."""
+    where = {"operation": operation, "service": service, "hint": hint, "source": response.url}
+    return answered(response, await read_answer_async(response, limit, **where))
+
+
+def answered(response: httpx.Response, body: bytes) -> httpx.Response:
+    """``response`` with ``body``, read and decoded from it, as its content (so without its framing headers)."""
+    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in BODY_FRAMING_HEADERS]
+    return httpx.Response(response.status_code, headers=headers, content=body, request=response.request)

@@ -18,6 +18,7 @@ from datetime import datetime, UTC
 from typing import Any
 
 import httpx
+import orjson
 
 from tasks.core.errors import DupflowError
 from tasks.core.redaction import redact
@@ -160,6 +161,17 @@ def json_or_none(body: bytes, loads: Callable[[bytes], Any] = json.loads) -> Any
         return loads(body)
     except ValueError:
         return None
+
+
+def json_object(response: httpx.Response, *, operation: str, service: str | None, hint: str) -> dict[str, Any]:
+    """The JSON object of a read answer (orjson: nesting is bounded); an answer that is no JSON object is a terminal
+    ``ServiceError`` naming its URL and ``hint`` (the fix), never its body."""
+    document = json_or_none(response.content, orjson.loads)
+    if isinstance(document, dict):
+        return document
+    found = "a body that is not JSON" if document is None else "JSON that is not a JSON object"
+    message = f"{shown_url(str(response.url))} answered HTTP {response.status_code} with {found}; {hint}"
+    raise ServiceError(operation, None, message, transient=False, service=service)
 
 
 def _issue_texts(issue: dict) -> list[str]:

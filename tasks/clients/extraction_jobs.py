@@ -3,8 +3,9 @@
 ``python -m flows.run extraction …`` and ``cohort preview`` list, read, pause, resume, cancel, reprioritise
 (PUT with If-Match, read again on 409/412) and delete jobs, and evaluate a cohort without starting a job
 (``$evaluate-cohort``; 404: not supported). Every call goes through ``ServiceClient`` (retry and classification by
-default); failures are ``ServiceError``s, the subclasses below for the answers an operator needs explained.
-Plain Python, no Prefect.
+default, answers read bounded: ``MAX_TASK_ANSWER_BYTES``, ``MAX_COHORT_ANSWER_BYTES``); failures are
+``ServiceError``s, the subclasses below for the answers an operator needs explained (an answer that is no JSON object
+too). Plain Python, no Prefect.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from tasks.clients.errors import ServiceError, json_or_none
+from tasks.clients.bounds import MB
+from tasks.clients.errors import ServiceError, json_object, json_or_none
 from tasks.clients.extraction_documents import SERVICE, TASK_TIMEOUT, ExtractionError, base_url_of, progress_values
 from tasks.clients.http import FHIR_JSON, FHIR_JSON_HEADERS, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
@@ -39,6 +41,15 @@ STALE_VERSION = (409, 412)
 PRIORITY_ATTEMPTS = 5
 COHORT_PREVIEW_TIMEOUT = timedelta(minutes=10)
 CONSENT_AUDIT_TEXT = "Consent audit NDJSON"
+MAX_TASK_ANSWER_BYTES = 32 * MB
+"""The most of a Task API answer that is read: a Task is a few KB, so this holds a search over thousands of jobs."""
+MAX_COHORT_ANSWER_BYTES = 64 * MB
+"""The most of a cohort preview (a List) that is read: about 60 bytes per patient, room for some 1,000,000."""
+TOO_MANY_JOBS = (
+    "list fewer jobs (extraction list --status or --id) or delete old ones; or check services.extractor.base_url"
+)
+TOO_LARGE_COHORT = "the cohort is too large to preview; start the extraction, or check services.extractor.base_url"
+NOT_THE_SERVER = "check that services.extractor.base_url points at the extraction server (not a proxy or login page)"
 # Per operation: the states the job ends in (already there means nothing to do) and why a 409 happens.
 CONTROL_OPERATIONS = {
     "pause": ({"PAUSED"}, "only running jobs can be paused"),
@@ -154,6 +165,11 @@ def _job_status(task: dict[str, Any]) -> str:
     return str(task.get("status") or "unknown")
 
 
+def document_of(response: httpx.Response, operation: str) -> dict[str, Any]:
+    """The JSON object the server answered; anything else is a terminal ``ServiceError`` (never its body)."""
+    return json_object(response, operation=operation, service=SERVICE, hint=NOT_THE_SERVER)
+
+
 def cohort_patient_ids(document: Any) -> tuple[str, ...]:
     """Patient ids of an $evaluate-cohort List (``entry[].item.reference``, ``Patient/`` dropped)."""
     if not isinstance(document, dict) or document.get("resourceType") != "List":
@@ -181,14 +197,14 @@ class ExtractionTaskClient(ServiceClient):
         params = {name: ",".join(values) for name, values in (("_id", ids), ("status", statuses)) if values}
         headers = {"Accept": FHIR_JSON} | ({"Prefer": "handling=strict"} if strict else {})
         try:
-            response = self.request(
-                "GET", "/fhir/Task", operation="search extraction jobs", params=params, headers=headers
-            )
+            request = {"params": params, "headers": headers, "max_answer_bytes": MAX_TASK_ANSWER_BYTES}
+            request["too_large_hint"] = TOO_MANY_JOBS
+            response = self.request("GET", "/fhir/Task", operation="search extraction jobs", **request)
         except ServiceError as exc:
             if exc.status_code == 400:
                 raise SearchRejectedError(exc.message.split("; ")) from exc
             raise
-        bundle = response.json()
+        bundle = document_of(response, "search extraction jobs")
         return [
             ExtractionJob.from_task(entry["resource"])
             for entry in bundle.get("entry") or []
@@ -196,7 +212,8 @@ class ExtractionTaskClient(ServiceClient):
         ]
 
     def read_task(self, job_id: str) -> dict[str, Any]:
-        return self._job_request("GET", job_id, "", operation="read extraction job").json()
+        operation = "read extraction job"
+        return document_of(self._job_request("GET", job_id, "", operation=operation), operation)
 
     def job(self, job_id: str) -> ExtractionJob:
         return ExtractionJob.from_task(self.read_task(job_id))
@@ -218,7 +235,9 @@ class ExtractionTaskClient(ServiceClient):
             raise TransitionRefusedError(
                 f"{operation} extraction job", f"job {job_id} is {now.status}; {rule}", now.status
             ) from exc
-        return ControlResult(ExtractionJob.from_task(response.json()), changed=True)
+        return ControlResult(
+            ExtractionJob.from_task(document_of(response, f"{operation} extraction job")), changed=True
+        )
 
     def set_priority(self, job_id: str, level: str, attempts: int = PRIORITY_ATTEMPTS) -> ControlResult:
         """Read the Task and PUT it with ``If-Match: W/"<versionId>"``; on a stale version (409/412) read it
@@ -278,6 +297,7 @@ class ExtractionTaskClient(ServiceClient):
         try:
             headers = {"Content-Type": "application/json", "Accept": FHIR_JSON}
             request = {"content": crtdl, "headers": headers, "timeout": http_timeout(COHORT_PREVIEW_TIMEOUT)}
+            request |= {"max_answer_bytes": MAX_COHORT_ANSWER_BYTES, "too_large_hint": TOO_LARGE_COHORT}
             response = self.request("POST", "/fhir/$evaluate-cohort", operation="preview cohort", **request)
         except ServiceError as exc:
             if exc.status_code not in (404, 405):
@@ -287,15 +307,17 @@ class ExtractionTaskClient(ServiceClient):
                 "exists only in newer servers)"
             )
             raise refused("preview cohort", exc.status_code, message, CohortPreviewUnsupportedError) from exc
-        return CohortPreview(cohort_patient_ids(response.json()))
+        return CohortPreview(cohort_patient_ids(document_of(response, "preview cohort")))
 
     def _job_request(
         self, method: str, job_id: str, suffix: str, *, operation: str, once: bool = False, **kwargs
     ) -> httpx.Response:
-        """A request about one job (retried unless ``once``); a 404 becomes ``JobNotFoundError``."""
+        """A request about one job (retried unless ``once``), its answer read bounded; a 404 becomes
+        ``JobNotFoundError``."""
         send = self.request_once if once else self.request
+        bounds = {"max_answer_bytes": MAX_TASK_ANSWER_BYTES, "too_large_hint": NOT_THE_SERVER}
         try:
-            return send(method, f"/fhir/Task/{job_id}{suffix}", operation=operation, **kwargs)
+            return send(method, f"/fhir/Task/{job_id}{suffix}", operation=operation, **bounds, **kwargs)
         except ServiceError as exc:
             if exc.status_code != 404:
                 raise

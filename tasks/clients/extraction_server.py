@@ -8,8 +8,9 @@ is ``tasks.clients.extraction_jobs``.
   202/102 progress, 200 done, 404/410 ``DeadHandleError``, 500 ``ExtractionFailedError``, 408/429/other 5xx and
   network failures polled again after the back-off, other 4xx terminal; only ``extraction_timeout`` ends the wait.
   Progress is the X-Progress header (or OperationOutcome diagnostics). Time is injectable (``clock``, ``sleep``).
-- Answers are read bounded; server URLs with user info are refused, never followed (httpx would send them as Basic
-  auth). Credentials go to base_url's origin only, and with ``requiresAccessToken`` to approved file origins.
+- Answers are read bounded (the kick-off's body not at all: only its status and Content-Location matter); server
+  URLs with user info are refused, never followed (httpx would send them as Basic auth). Credentials go to
+  base_url's origin only, and with ``requiresAccessToken`` to approved file origins.
 """
 
 from __future__ import annotations
@@ -27,15 +28,14 @@ import httpx
 import orjson
 
 from tasks.clients.auth import ServiceAuth, origin_of, origin_text
-from tasks.clients.bounds import declared_size
+from tasks.clients.bounds import answered, declared_size
 from tasks.clients.errors import error_from_response, is_transient_network_error, is_transient_status, network_error
-from tasks.clients.errors import operation_outcome_texts, parse_retry_after
+from tasks.clients.errors import operation_outcome_texts, parse_retry_after, raise_for_service_status
 from tasks.clients.extraction_documents import SERVICE, DeadHandleError, ExtractionError
 from tasks.clients.extraction_documents import ExtractionFailedError, ExtractionHandle, ExtractionTimeoutError
 from tasks.clients.extraction_documents import base_url_of, kickoff_parameters, manifest_request
 from tasks.clients.extraction_documents import requires_access_token, resolve_file_url, result_urls
 from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceEndpoint, build_client, http_timeout
-from tasks.clients.http import one_attempt
 from tasks.clients.retry import call_once
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
 
@@ -53,8 +53,6 @@ POLL_TIMEOUT = timedelta(seconds=30)
 MAX_MANIFEST_BYTES = 32 * 1024 * 1024
 # Any other status answer (progress, errors): only its first MiB is read.
 MAX_STATUS_BODY_BYTES = 1024 * 1024
-# Headers that no longer describe a body read and decoded here.
-BODY_FRAMING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 IN_PROGRESS = (102, 202)
 DEAD_HANDLE = (404, 410)
 JOB_FAILED = 500
@@ -98,23 +96,18 @@ class ExtractionServerClient(Closing):
     def submit(self, crtdl: bytes) -> ExtractionHandle:
         """POST $extract-data exactly once (``call_once``: it opts out of retry, since a second request could start
         a second job); the status URL from Content-Location, made absolute. A failure leaves the submission in doubt
-        for the extraction step to settle."""
+        for the extraction step to settle. The answer's body is never needed, so it is not read (of an error answer
+        the first MiB, for its OperationOutcome's diagnostics: ``raise_for_service_status``)."""
         where = {"operation": "submit extraction", "service": SERVICE}
         content = json.dumps(kickoff_parameters(crtdl)).encode()
         request = {"content": content, "headers": FHIR_JSON_HEADERS, "timeout": http_timeout(SUBMIT_TIMEOUT)}
-        attempt = one_attempt(self.http, "POST", self.base_url + SUBMIT_PATH, **where, **request)
-        response = call_once(attempt, **where)
-        if response.status_code not in (200, 202):
-            raise ExtractionError(
-                f"submit extraction: the server answered HTTP {response.status_code}, expected 200 or 202"
-            )
-        if not (location := response.headers.get("Content-Location")):
-            raise ExtractionError(
-                "submit extraction: the server accepted the request but sent no Content-Location header, so the "
-                "job cannot be followed; check base_url points at the extraction server (not a proxy page)"
-            )
-        refuse_credentials_in_url(location, door="the kick-off answer's Content-Location header", fix=SERVER_URL_FIX)
-        return ExtractionHandle.from_status_url(str(response.url.join(location)))
+
+        def attempt() -> ExtractionHandle:
+            with self.http.stream("POST", self.base_url + SUBMIT_PATH, **request) as response:
+                raise_for_service_status(response, **where)
+                return kicked_off(response)
+
+        return call_once(attempt, **where)
 
     def poll_until_complete(self, handle: ExtractionHandle, on_progress: ProgressCallback | None = None) -> list[str]:
         """Poll until the job is complete and return the absolute URLs of its result files."""
@@ -215,6 +208,21 @@ class ExtractionServerClient(Closing):
             auth.trust(origin)
 
 
+def kicked_off(response: httpx.Response) -> ExtractionHandle:
+    """The handle of the job a successful kick-off answer started (from its status and headers only)."""
+    if response.status_code not in (200, 202):
+        raise ExtractionError(
+            f"submit extraction: the server answered HTTP {response.status_code}, expected 200 or 202"
+        )
+    if not (location := response.headers.get("Content-Location")):
+        raise ExtractionError(
+            "submit extraction: the server accepted the request but sent no Content-Location header, so the "
+            "job cannot be followed; check base_url points at the extraction server (not a proxy page)"
+        )
+    refuse_credentials_in_url(location, door="the kick-off answer's Content-Location header", fix=SERVER_URL_FIX)
+    return ExtractionHandle.from_status_url(str(response.url.join(location)))
+
+
 def progress(response: httpx.Response) -> PollProgress:
     """The progress text of an in-progress status answer: its X-Progress header, else its diagnostics."""
     return PollProgress(
@@ -237,8 +245,7 @@ def bounded_answer(response: httpx.Response) -> httpx.Response:
                 raise manifest_too_large(f"more than {limit:,} bytes")
             del body[limit:]
             break
-    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in BODY_FRAMING_HEADERS]
-    return httpx.Response(response.status_code, headers=headers, content=bytes(body), request=response.request)
+    return answered(response, bytes(body))
 
 
 def manifest_too_large(size: str) -> ExtractionError:

@@ -10,7 +10,8 @@ Steps never build ``httpx`` clients themselves::
 Relative URLs resolve against the service's base URL; redirects are followed by the auth flow
 (``tasks.clients.auth``), credentials reaching only the service's origin. ``ServiceClient.request`` is one attempt
 under ``tasks.clients.retry``'s policy (``request_once``: ``call_once``, for a call that could create something
-twice); clients that stream a body or bound an answer pass their own attempt to ``call_with_retry(_async)``.
+twice); its answer is streamed and read at most ``max_answer_bytes`` far (``MAX_ANSWER_BYTES`` by default). Clients
+that stream a body or read an answer piece by piece pass their own attempt to ``call_with_retry(_async)``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import certifi
 import httpx
 
 from tasks.clients.auth import ServiceAuth
+from tasks.clients.bounds import MB, read_response, read_response_async
 from tasks.clients.errors import raise_for_service_status, raise_for_service_status_async
 from tasks.clients.retry import call_once, call_with_retry, call_with_retry_async
 
@@ -45,6 +47,10 @@ INSECURE_WARNING = (
 )
 FHIR_JSON = "application/fhir+json"
 FHIR_JSON_HEADERS = {"Content-Type": FHIR_JSON, "Accept": FHIR_JSON}
+MAX_ANSWER_BYTES = 16 * MB
+"""The most of an answer ``ServiceClient.request`` reads unless the call passes ``max_answer_bytes``; of an error
+answer only the first MiB is read (``raise_for_service_status``)."""
+TOO_LARGE_HINT = "check that the service URL points at the service; an answer this large is not one dupflow expects"
 
 
 def http_timeout(read: timedelta, *, connect: timedelta = DEFAULT_CONNECT_TIMEOUT) -> httpx.Timeout:
@@ -146,7 +152,8 @@ class ServiceClient(Closing):
         self.http = build_client(endpoint, tls)
 
     def request(self, method: str, url: str | httpx.URL, *, operation: str, **request_kwargs) -> httpx.Response:
-        """``http.request`` under the retry policy; a 4xx/5xx answer becomes a ``ServiceError``."""
+        """``http.request`` under the retry policy, its answer read bounded (``one_attempt``); a 4xx/5xx answer
+        becomes a ``ServiceError``."""
         attempt = one_attempt(self.http, method, url, operation=operation, service=self.endpoint.name, **request_kwargs)
         return call_with_retry(attempt, self.retry, operation=operation, service=self.endpoint.name, sleep=self.sleep)
 
@@ -157,14 +164,25 @@ class ServiceClient(Closing):
 
 
 def one_attempt(
-    http: httpx.Client, method: str, url: str | httpx.URL, *, operation: str, service: str | None, **request_kwargs
+    http: httpx.Client,
+    method: str,
+    url: str | httpx.URL,
+    *,
+    operation: str,
+    service: str | None,
+    max_answer_bytes: int = MAX_ANSWER_BYTES,
+    too_large_hint: str = TOO_LARGE_HINT,
+    **request_kwargs,
 ) -> Callable[[], httpx.Response]:
-    """One request whose 4xx/5xx answer raises a ``ServiceError``: an attempt for ``tasks.clients.retry``."""
+    """One request whose 4xx/5xx answer raises a ``ServiceError``: an attempt for ``tasks.clients.retry``. The answer
+    is streamed and read as it comes, at most ``max_answer_bytes`` of it (else a terminal ``ServiceError`` naming
+    the URL, the limit and ``too_large_hint``, the fix)."""
+    where = {"operation": operation, "service": service}
 
     def attempt() -> httpx.Response:
-        response = http.request(method, url, **request_kwargs)
-        raise_for_service_status(response, operation=operation, service=service)
-        return response
+        with http.stream(method, url, **request_kwargs) as response:
+            raise_for_service_status(response, **where)
+            return read_response(response, max_answer_bytes, hint=too_large_hint, **where)
 
     return attempt
 
@@ -183,16 +201,26 @@ class AsyncServiceClient:
         self.endpoint, self.retry, self.sleep = endpoint, retry, sleep
         self.http = build_async_client(endpoint, tls)
 
-    async def request(self, method: str, url: str | httpx.URL, *, operation: str, **request_kwargs) -> httpx.Response:
-        """``http.request`` under the retry policy; a 4xx/5xx answer becomes a ``ServiceError``."""
-        service = self.endpoint.name
+    async def request(
+        self,
+        method: str,
+        url: str | httpx.URL,
+        *,
+        operation: str,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
+        too_large_hint: str = TOO_LARGE_HINT,
+        **request_kwargs,
+    ) -> httpx.Response:
+        """``http.request`` under the retry policy, its answer read bounded as ``one_attempt`` reads it; a 4xx/5xx
+        answer becomes a ``ServiceError``."""
+        where = {"operation": operation, "service": self.endpoint.name}
 
         async def attempt() -> httpx.Response:
-            response = await self.http.request(method, url, **request_kwargs)
-            await raise_for_service_status_async(response, operation=operation, service=service)
-            return response
+            async with self.http.stream(method, url, **request_kwargs) as response:
+                await raise_for_service_status_async(response, **where)
+                return await read_response_async(response, max_answer_bytes, hint=too_large_hint, **where)
 
-        return await call_with_retry_async(attempt, self.retry, operation=operation, service=service, sleep=self.sleep)
+        return await call_with_retry_async(attempt, self.retry, **where, sleep=self.sleep)
 
     async def __aenter__(self) -> AsyncServiceClient:
         return self
