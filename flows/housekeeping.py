@@ -33,6 +33,7 @@ from flows import prefect_server
 from flows.extraction_cli import age, is_job_id
 from flows.job_state import JobLock, JobLockedError, current_state
 from config.settings import RetrySettings
+from tasks.clients.bounds import read_response
 from tasks.clients.errors import ServiceError, raise_for_service_status
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import UsageError
@@ -45,6 +46,8 @@ EXIT_OK, EXIT_FAILED = 0, 1
 NAMED_ONLY_STATES = (AWAITING_INSPECTION, SUSPENDED)  # a person still has to look at these: removed only by name
 API_TIMEOUT = 30.0
 PREFECT_API = "the Prefect API"
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+API_HINT = "check that PREFECT_API_URL points at a Prefect server"
 PAGE = 200  # the most rows the Prefect API returns at once
 LIVE_RUN_STATES = ("RUNNING", "PENDING", "CANCELLING")  # a process carries the run on: its records stay
 
@@ -241,17 +244,21 @@ def filtered(client: httpx.Client, path: str, body: dict) -> list[dict]:
             return rows
 
 
-def api_call(client: httpx.Client, method: str, path: str, body: dict | None = None) -> httpx.Response:
-    """One request to the Prefect API through the one retry policy (a busy SQLite server answers 503); a DELETE
-    of something already gone (404) is no error."""
+def api_call(
+    client: httpx.Client, method: str, path: str, body: dict | None = None, max_answer_bytes: int = MAX_ANSWER_BYTES
+) -> httpx.Response:
+    """One request to the Prefect API through the one retry policy (a busy SQLite server answers 503), its answer
+    read at most ``max_answer_bytes`` far (a page of rows is far less); a DELETE of something already gone (404) is
+    no error."""
+    where = {"operation": f"{method} {path}", "service": PREFECT_API}
 
     def attempt() -> httpx.Response:
-        response = client.request(method, path, json=body)
-        if not (method == "DELETE" and response.status_code == 404):
-            raise_for_service_status(response, operation=f"{method} {path}", service=PREFECT_API)
-        return response
+        with client.stream(method, path, json=body) as response:
+            if not (method == "DELETE" and response.status_code == 404):
+                raise_for_service_status(response, **where)
+            return read_response(response, max_answer_bytes, hint=API_HINT, **where)
 
-    return call_with_retry(attempt, RetrySettings(), operation=f"{method} {path}", service=PREFECT_API)
+    return call_with_retry(attempt, RetrySettings(), **where)
 
 
 def delete_server_records(client: httpx.Client, job: Candidate) -> None:

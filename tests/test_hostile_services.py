@@ -424,3 +424,19 @@ def test_a_300_mb_flattener_answer_is_streamed_with_the_clients_peak_rss_under_4
     assert output.split() == [str(LARGE_ANSWER // row), "rows"]
     assert flattener_fake.state.bytes_written >= LARGE_ANSWER - row
     assert peak_mb < PEAK_RSS_LIMIT_MB
+
+
+def test_an_answer_of_the_prefect_api_larger_than_its_bound_is_refused_naming_the_api_and_the_fix():
+    """``prune`` reads the Prefect API's answers bounded like every service's: the API is outside this process."""
+    import httpx
+
+    from flows.housekeeping import api_call
+    from tests.fakes.echo import EchoHandler, EchoState, Reply
+
+    page = Reply(200, {"Content-Type": "application/json"}, b"[" + b'{"id": "x"},' * 1000 + b'{"id": "y"}]')
+    with LoopbackServer(EchoHandler, EchoState(replies=[page])) as api, httpx.Client(base_url=api.base_url) as client:
+        with pytest.raises(ServiceError) as refused:
+            api_call(client, "POST", "/flow_runs/filter", {"limit": 200}, max_answer_bytes=1024)
+    message = str(refused.value)
+    assert f"{api.base_url}/flow_runs/filter" in message and "more than the 1.0 KB" in message
+    assert "PREFECT_API_URL points at a Prefect server" in message and not refused.value.transient
