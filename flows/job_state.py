@@ -14,12 +14,16 @@ from pathlib import Path
 import httpx
 
 from config.runtime import prefect_api_url
+from tasks.clients.bounds import read_response
+from tasks.clients.errors import ServiceError
 from tasks.core.errors import JobError
 from tasks.job.layout import JobPaths, job_of_tag, job_tag
 from tasks.job.record import SUSPENDED, JobRecord, RecordError, read_record, settled_state
 
 LOCK_FILE = ".lock"
 PAGE = 200  # the most flow runs the Prefect API returns at once
+MAX_PAGE_BYTES = 64 * 1024 * 1024  # a page of PAGE flow runs is far less
+PAGE_READ = {"operation": "read flow runs", "service": "the Prefect API", "hint": "check PREFECT_API_URL"}
 
 
 class JobLockedError(JobError):
@@ -118,9 +122,9 @@ def latest_states(job_ids: list[str], timeout: float = 2.0) -> dict[str, str]:
         tags = [job_tag(job_id) for job_id in page]
         body = {"flow_runs": {"tags": {"any_": tags}}, "sort": "EXPECTED_START_TIME_DESC", "limit": PAGE}
         try:
-            response = httpx.post(f"{api.rstrip('/')}/flow_runs/filter", json=body, timeout=timeout)
-            runs = response.raise_for_status().json()
-        except (httpx.HTTPError, ValueError):
+            with httpx.stream("POST", f"{api.rstrip('/')}/flow_runs/filter", json=body, timeout=timeout) as response:
+                runs = read_response(response.raise_for_status(), MAX_PAGE_BYTES, **PAGE_READ).json()
+        except (httpx.HTTPError, ValueError, ServiceError):  # a page too large: as if the server did not answer
             continue
         for run in runs:  # newest first: the first run naming a job is its newest
             name = run.get("state_name") or (run.get("state") or {}).get("name")

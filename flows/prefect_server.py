@@ -60,6 +60,7 @@ PORT_ATTEMPTS = 3  # starts when another program or home's server takes the chos
 PORT_RELEASE_TIMEOUT = 10.0  # for a killed server, exiting, to let go of its port
 PROBE_TIMEOUT = 0.5
 API_ANSWER_TIMEOUT = 20.0  # a server elsewhere that is busy (2-core machine under load) was seen to take over 5 s
+MAX_PROBE_ANSWER_BYTES = 1024 * 1024
 STARTUP_TIMEOUT = 120.0  # a fresh PREFECT_HOME migrates its database first: 15-40 s on a busy 2-core machine
 STOP_GRACE = 10.0
 CMDLINE_READS = 5  # an exiting process's stays empty
@@ -325,15 +326,17 @@ def is_healthy(url: str) -> bool:
 
 
 def http_get(url: str, path: str, timeout: float) -> tuple[int, bytes] | None:
-    """``GET <url><path>``: its status and body, None if nothing answers. The standard library, not Prefect's
-    client (no Prefect import for fast commands) nor ``httpx.get`` (a TLS context per call: 0.1 s when busy)."""
+    """``GET <url><path>``: its status and at most ``MAX_PROBE_ANSWER_BYTES`` of its body (more is cut off: a
+    health check or the server's settings are a few KB), None if nothing answers. The standard library, not
+    Prefect's client (no Prefect import for fast commands) nor ``httpx.get`` (a TLS context per call: 0.1 s when
+    busy)."""
     parts = urlsplit(url)
     kind = HTTPSConnection if parts.scheme == "https" else HTTPConnection
     try:
         with closing(kind(parts.hostname or "", parts.port, timeout=timeout)) as connection:
             connection.request("GET", parts.path.rstrip("/") + path)
             response = connection.getresponse()
-            return response.status, response.read()
+            return response.status, response.read(MAX_PROBE_ANSWER_BYTES)
     except (OSError, HTTPException, ValueError):
         return None
 

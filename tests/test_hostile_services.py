@@ -440,3 +440,14 @@ def test_an_answer_of_the_prefect_api_larger_than_its_bound_is_refused_naming_th
     message = str(refused.value)
     assert f"{api.base_url}/flow_runs/filter" in message and "more than the 1.0 KB" in message
     assert "PREFECT_API_URL points at a Prefect server" in message and not refused.value.transient
+
+
+def test_a_probe_of_the_prefect_server_reads_at_most_its_bound_of_an_answer():
+    """The health and settings probes read a few KB: an endless or huge answer is cut off, not read whole."""
+    from flows.prefect_server import MAX_PROBE_ANSWER_BYTES, http_get
+    from tests.fakes.echo import EchoHandler, EchoState, Reply
+
+    huge = Reply(200, {"Content-Type": "application/json"}, b"x" * (3 * MAX_PROBE_ANSWER_BYTES))
+    with LoopbackServer(EchoHandler, EchoState(replies=[huge])) as api:
+        status, body = http_get(f"{api.base_url}/api", "/health", 5.0)
+    assert status == 200 and len(body) == MAX_PROBE_ANSWER_BYTES
