@@ -1,11 +1,12 @@
 """The S3 uploader against moto in server mode behind a proxy that demands Proxy-Authorization.
 
 Path-style addressing, region eu-central-1. What the bucket holds is read back from moto directly (not through
-the uploader): objects, contents and incomplete multipart uploads.
+the uploader): objects, contents and incomplete multipart uploads; what the manifest records is read from its files.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -13,7 +14,10 @@ import random
 import signal
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -34,6 +38,7 @@ from tests.support.s3 import (
     incomplete_uploads,
     listing,
     manifest_objects,
+    records_folder,
     stored_digest,
 )
 
@@ -83,12 +88,14 @@ def test_a_small_file_is_one_put_with_proxy_auth_and_lands_in_the_manifest(proxy
 
     assert uploaded == UploadedObject("job-1/core.ndjson", 100_000, uploaded.etag)
     assert listing(store, bucket) == [uploaded] == manifest_objects(manifest)
-    assert json.loads(manifest.read_text())["bucket"] == bucket
     assert stored_digest(store, bucket, "job-1/core.ndjson") == file_digest(source)
     assert "PutObject" in proxy.state.operations()
     assert all(request.authorized for request in proxy.state.requests)
     assert all(request.path.startswith(f"/{bucket}") for request in proxy.state.requests)  # path style
-    assert [p.name for p in manifest.parent.iterdir()] == ["s3-manifest.json"]  # no temporary left
+    assert [p.name for p in manifest.parent.iterdir()] == ["s3-manifest"]  # no old-style file written
+    [record] = records_folder(manifest).iterdir()  # no temporary left
+    assert record.name == f"{hashlib.sha256(b'job-1/core.ndjson').hexdigest()}.json"
+    assert json.loads(record.read_text()) == {"version": 1, "bucket": bucket, **asdict(uploaded)}
 
 
 def test_a_large_file_goes_up_in_parallel_parts(proxy, store, bucket, tmp_path):
@@ -152,32 +159,121 @@ def test_a_file_of_another_size_than_recorded_is_uploaded_again(proxy, store, bu
     assert stored_digest(store, bucket, uploaded.key) == file_digest(source)
 
 
-def test_a_manifest_of_another_bucket_or_unreadable_is_not_trusted(proxy, store, bucket, tmp_path, caplog):
+def test_a_record_of_another_bucket_or_unreadable_is_not_trusted(proxy, store, bucket, tmp_path, caplog):
     source = data_file(tmp_path / "a.ndjson", 5000)
     manifest = tmp_path / "s3-manifest.json"
-    manifest.write_text(
-        json.dumps({"bucket": "elsewhere", "objects": [{"key": "job-1/a.ndjson", "size": 5000, "etag": "x"}]})
-    )
     with closing(uploader(proxy, bucket, manifest)) as s3:
         s3.upload(source, "job-1/a.ndjson")
-    manifest.write_text("{not json")
-    with closing(uploader(proxy, bucket, manifest)) as s3:
+        [record] = records_folder(manifest).iterdir()
+        record.write_text(json.dumps({**json.loads(record.read_text()), "bucket": "elsewhere"}))
+        s3.upload(source, "job-1/a.ndjson")
+        record.write_text("{not json")
         uploaded = s3.upload(source, "job-1/a.ndjson")
 
     assert "describes bucket elsewhere" in caplog.text and "is unreadable" in caplog.text
-    assert proxy.state.operations().count("PutObject") == 2
+    assert proxy.state.operations().count("PutObject") == 3
     assert manifest_objects(manifest) == [uploaded] == listing(store, bucket)
 
 
 def test_uploads_from_threads_share_one_manifest(proxy, store, bucket, tmp_path):
-    from concurrent.futures import ThreadPoolExecutor
-
     sources = [data_file(tmp_path / f"batch-{n:04d}.ndjson", 3000 + n, seed=n) for n in range(8)]
     manifest = tmp_path / "s3-manifest.json"
     with closing(uploader(proxy, bucket, manifest)) as s3, ThreadPoolExecutor(4) as pool:
         uploaded = list(pool.map(lambda path: s3.upload(path, f"job-1/{path.name}"), sources))
 
     assert sorted(uploaded, key=lambda u: u.key) == listing(store, bucket) == manifest_objects(manifest)
+
+
+# --- uploaders at once: the per-file tasks on a Dask cluster, each with its own uploader ------------------------
+
+
+def test_uploaders_made_before_either_uploads_lose_none_of_each_others_objects(proxy, store, bucket, tmp_path):
+    """Each records its object without dropping the other's, and reads the manifest when it checks a key (not when
+    it was made), so neither the other uploader nor a resumed run uploads an object again."""
+    first, second = data_file(tmp_path / "a.ndjson", 5000, seed=1), data_file(tmp_path / "b.ndjson", 6000, seed=2)
+    manifest = tmp_path / "s3-manifest.json"
+    with closing(uploader(proxy, bucket, manifest)) as one, closing(uploader(proxy, bucket, manifest)) as two:
+        a = one.upload(first, "job-1/a.ndjson")
+        b = two.upload(second, "job-1/b.ndjson")
+        proxy.state.reset()
+        assert (two.upload(first, "job-1/a.ndjson"), one.upload(second, "job-1/b.ndjson")) == (a, b)
+    with closing(uploader(proxy, bucket, manifest)) as resumed:
+        assert (resumed.upload(first, "job-1/a.ndjson"), resumed.upload(second, "job-1/b.ndjson")) == (a, b)
+
+    assert "PutObject" not in proxy.state.operations()
+    assert listing(store, bucket) == [a, b] == manifest_objects(manifest)
+
+
+@pytest.mark.parametrize("same_file", [False, True], ids=["a-file-each", "one-file-for-all"])
+def test_uploaders_started_together_in_threads_all_record_their_objects(proxy, store, bucket, tmp_path, same_file):
+    """Eight uploaders, one file each (or all the same file, so all write one record at once), released together:
+    no write fails, every object is recorded, no temporary file is left."""
+    count = 8
+    sources = [data_file(tmp_path / f"batch-{n:04d}.ndjson", 3000 + n, seed=n) for n in range(count)]
+    sources = [sources[0]] * count if same_file else sources
+    manifest = tmp_path / "s3-manifest.json"
+    uploaders = [uploader(proxy, bucket, manifest) for _ in range(count)]
+    start = threading.Barrier(count)
+
+    def upload(s3: S3Uploader, path: Path) -> UploadedObject:
+        start.wait(30)
+        return s3.upload(path, f"job-1/{path.name}")
+
+    try:
+        with ThreadPoolExecutor(count) as pool:
+            uploaded = list(pool.map(upload, uploaders, sources))
+    finally:
+        for s3 in uploaders:
+            s3.close()
+
+    assert sorted(set(uploaded), key=lambda u: u.key) == listing(store, bucket) == manifest_objects(manifest)
+    assert len(listing(store, bucket)) == (1 if same_file else count)
+    assert all(path.suffix == ".json" and not path.name.startswith(".") for path in records_folder(manifest).iterdir())
+
+
+# --- the single manifest file of the previous version -----------------------------------------------------------
+
+
+def old_manifest(manifest: Path, bucket: str, *objects: UploadedObject) -> bytes:
+    """``send/s3-manifest.json`` as the previous version wrote it."""
+    content = {"version": 1, "bucket": bucket, "objects": [asdict(uploaded) for uploaded in objects]}
+    manifest.write_text(json.dumps(content, indent=2) + "\n")
+    return manifest.read_bytes()
+
+
+def test_an_object_the_old_manifest_file_records_is_not_uploaded_again(proxy, store, bucket, tmp_path):
+    first, second = data_file(tmp_path / "a.ndjson", 5000, seed=1), data_file(tmp_path / "b.ndjson", 6000, seed=2)
+    put = store.put_object(Bucket=bucket, Key="job-1/a.ndjson", Body=first.read_bytes())
+    earlier = UploadedObject("job-1/a.ndjson", 5000, put["ETag"].strip('"'))
+    manifest = tmp_path / "s3-manifest.json"
+    written = old_manifest(manifest, bucket, earlier)
+
+    with closing(uploader(proxy, bucket, manifest)) as s3:
+        again = s3.upload(first, "job-1/a.ndjson")
+        other = s3.upload(second, "job-1/b.ndjson")
+
+    assert again == earlier
+    assert [r.path for r in proxy.state.requests if r.operation == "PutObject"] == [f"/{bucket}/job-1/b.ndjson"]
+    assert listing(store, bucket) == [earlier, other]
+    assert manifest_objects(manifest) == [other] and manifest.read_bytes() == written  # read, never written
+
+
+@pytest.mark.parametrize("unreadable", [False, True], ids=["another-bucket", "unreadable"])
+def test_an_old_manifest_file_of_another_bucket_or_unreadable_is_not_trusted(
+    proxy, store, bucket, tmp_path, caplog, unreadable
+):
+    source = data_file(tmp_path / "a.ndjson", 5000)
+    put = store.put_object(Bucket=bucket, Key="job-1/a.ndjson", Body=source.read_bytes())
+    manifest = tmp_path / "s3-manifest.json"
+    old_manifest(manifest, "elsewhere", UploadedObject("job-1/a.ndjson", 5000, put["ETag"].strip('"')))
+    if unreadable:
+        manifest.write_text("{not json")
+    with closing(uploader(proxy, bucket, manifest)) as s3:
+        uploaded = s3.upload(source, "job-1/a.ndjson")
+
+    assert ("is unreadable" if unreadable else "describes bucket elsewhere, not") in caplog.text
+    assert proxy.state.operations().count("PutObject") == 1
+    assert manifest_objects(manifest) == [uploaded] == listing(store, bucket)
 
 
 # --- kill during a multipart upload -----------------------------------------------------------------------------
@@ -213,7 +309,7 @@ def test_a_kill_during_a_multipart_upload_leaves_no_orphaned_upload_after_the_ne
     proxy.state.hold_parts = False
     proxy.state.release.set()
     assert len(incomplete_uploads(store, bucket)) == 1  # what a killed run leaves behind
-    assert not manifest.exists()
+    assert not records_folder(manifest).exists()
 
     with closing(uploader(proxy, bucket, manifest)) as s3:
         uploaded = s3.upload(source, key)
@@ -245,7 +341,7 @@ def test_a_wrong_proxy_password_is_a_terminal_error_naming_the_auth_keys(proxy, 
     assert "services.send.auth" in error.message and "wrong-password" not in str(error)
     assert_clean(error)
     assert not any(request.authorized for request in proxy.state.requests)
-    assert not (tmp_path / "m.json").exists()
+    assert not (tmp_path / "m").exists()
 
 
 def test_a_503_is_retried_by_botocore(proxy, store, bucket, tmp_path):

@@ -4,16 +4,17 @@
 ``Proxy-Authorization`` header for an upstream proxy, added after SigV4 signing (botocore's ``before-send``), so a
 proxy may strip it. botocore retries with its own backoff; ``retry.max_attempts`` carries over.
 
-``S3Uploader`` uploads through boto3's transfer manager and records each object (key, size, ETag) in a manifest
-rewritten atomically, so a resumed job skips objects recorded and still in the bucket; a multipart upload a killed
-process left is aborted before its key is uploaded again. botocore's error texts are rebuilt with every configured
-credential blanked out and the exception chain cut, so no log or job record can show them.
+``S3Uploader`` uploads through boto3's transfer manager and records each object (key, size, ETag) in the job's
+``Manifest``, one file per object, so a resumed job skips objects recorded and still in the bucket; a multipart
+upload a killed process left is aborted before its key is uploaded again. botocore's error texts are rebuilt with
+every configured credential blanked out and the exception chain cut, so no log or job record can show them.
 """
 
 from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -161,14 +162,14 @@ class UploadedObject:
 
 
 class S3Uploader:
-    """Uploads files to ``services.send.s3.bucket`` and keeps the manifest of what is there; thread-safe."""
+    """Uploads files to ``services.send.s3.bucket`` and records them in the manifest (see ``Manifest`` for
+    ``manifest_path``); thread-safe, and any number of uploaders may share one manifest."""
 
     def __init__(self, send: SendSettings, tls: TlsSettings, retry: RetrySettings, manifest_path: Path):
         self._bucket, self._client = send.s3.bucket, make_s3_client(send, tls, retry)
         self._secrets = configured_secrets(send)
         self._transfer = TransferConfig()  # boto3's defaults: 8 MB threshold and parts, 10 parts in parallel
-        self._manifest_path, self._lock = manifest_path, threading.Lock()
-        self._objects = read_manifest(manifest_path, self._bucket)
+        self._manifest = Manifest(manifest_path, self._bucket)
 
     def upload(self, path: Path, key: str) -> UploadedObject:
         """Upload ``path`` as ``key``, unless the manifest records it with this size and it is still in the bucket."""
@@ -187,7 +188,7 @@ class S3Uploader:
         if uploaded.size != size:
             message = f"the bucket holds {uploaded.size} bytes after uploading {size}; was the file changed meanwhile?"
             raise ServiceError(f"upload {key}", None, message, transient=False, service=SERVICE)
-        self._record(uploaded)
+        self._manifest.record(uploaded)
         elapsed, mb = time.perf_counter() - started, size / MB
         rate = (mb, elapsed, mb / max(elapsed, 1e-9))
         log.info("uploaded %s to S3 bucket %s: %.1f MB in %.1f s (%.1f MB/s)", key, self._bucket, *rate)
@@ -197,8 +198,7 @@ class S3Uploader:
         self._client.close()
 
     def _recorded(self, key: str, size: int) -> UploadedObject | None:
-        with self._lock:
-            recorded = self._objects.get(key)
+        recorded = self._manifest.recorded(key)
         return recorded if recorded is not None and recorded.size == size else None
 
     def _is_stored(self, recorded: UploadedObject) -> bool:
@@ -220,38 +220,74 @@ class S3Uploader:
                     log.info("aborting an incomplete multipart upload of %s left by an earlier run", key)
                     self._client.abort_multipart_upload(Bucket=self._bucket, Key=key, UploadId=upload["UploadId"])
 
-    def _record(self, uploaded: UploadedObject) -> None:
-        with self._lock:
-            self._objects[uploaded.key] = uploaded
-            write_manifest(self._manifest_path, self._bucket, self._objects.values())
-
     def _service_error(self, operation: str, exc: BaseException) -> ServiceError:
         return service_error(operation, exc, bucket=self._bucket, secrets=self._secrets)
 
 
-def read_manifest(path: Path, bucket: str | None) -> dict[str, UploadedObject]:
-    """The manifest's objects by key; empty when there is none yet or it describes another bucket."""
+class Manifest:
+    """What the uploaders of one job have put in the bucket: one record per object, ``<folder>/<sha256 of the
+    key>.json`` (bucket, key, size, ETag), where the folder is ``manifest_path`` without ``.json``
+    (``send/s3-manifest/``). Each record is written whole under a temporary name of its writer's own and renamed into
+    place, so any number of uploaders in any processes (Dask workers, machines sharing the job folder) record their
+    objects without a lock, none loses another's, and no reader sees half a record. A key's record is read when the
+    key is checked, so an object another uploader recorded after this one was made counts.
+
+    ``manifest_path`` itself is the single file the previous version rewrote whole (``send/s3-manifest.json``): read,
+    never written, so a job it started and this version resumes does not upload its objects again."""
+
+    def __init__(self, manifest_path: Path, bucket: str | None):
+        self._folder, self._bucket = manifest_path.with_suffix(""), bucket
+        self._legacy = read_legacy_manifest(manifest_path, bucket)
+
+    def recorded(self, key: str) -> UploadedObject | None:
+        """The object recorded as ``key`` in this bucket, by its own record or else the old single file."""
+        recorded = self._read_record(key)
+        return recorded if recorded is not None else self._legacy.get(key)
+
+    def record(self, uploaded: UploadedObject) -> None:
+        record = {"version": MANIFEST_VERSION, "bucket": self._bucket, **asdict(uploaded)}
+        data = (json.dumps(record, indent=2) + "\n").encode()
+        write_file_atomically(self._record_path(uploaded.key), data, shared=True)
+
+    def _record_path(self, key: str) -> Path:
+        """A digest, as a key may be longer than a file name may be and hold characters a file name may not."""
+        return self._folder / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
+
+    def _read_record(self, key: str) -> UploadedObject | None:
+        path = self._record_path(key)
+        try:
+            record = json.loads(path.read_bytes())
+            recorded = UploadedObject(record["key"], record["size"], record["etag"])
+            if recorded.key != key:
+                raise ValueError(f"it records key {recorded.key}")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("S3 manifest record %s is unreadable (%s); %s is uploaded again", path, exc, key)
+            return None
+        if (described := record.get("bucket")) != self._bucket:
+            where = (path, described, self._bucket, key)
+            log.warning("S3 manifest record %s describes bucket %s, not %s; %s is uploaded again", *where)
+            return None
+        return recorded
+
+
+def read_legacy_manifest(path: Path, bucket: str | None) -> dict[str, UploadedObject]:
+    """The objects by key of the previous version's single manifest file; empty when there is none, it is
+    unreadable or it describes another bucket."""
     try:
         manifest = json.loads(path.read_text())
+        objects = {entry["key"]: UploadedObject(**entry) for entry in manifest.get("objects", [])}
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as exc:
-        log.warning("S3 manifest %s is unreadable (%s); every file is uploaded again", path, exc)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("S3 manifest %s is unreadable (%s); the objects it records are uploaded again", path, exc)
         return {}
     if manifest.get("bucket") != bucket:
-        described = manifest.get("bucket")
-        log.warning("S3 manifest %s describes bucket %s, not %s; every file is uploaded again", path, described, bucket)
+        where = (path, manifest.get("bucket"), bucket)
+        log.warning("S3 manifest %s describes bucket %s, not %s; the objects it records are uploaded again", *where)
         return {}
-    return {entry["key"]: UploadedObject(**entry) for entry in manifest.get("objects", [])}
-
-
-def write_manifest(path: Path, bucket: str | None, objects: Any) -> None:
-    manifest = {
-        "version": MANIFEST_VERSION,
-        "bucket": bucket,
-        "objects": [asdict(uploaded) for uploaded in sorted(objects, key=lambda uploaded: uploaded.key)],
-    }
-    write_file_atomically(path, (json.dumps(manifest, indent=2) + "\n").encode())
+    return objects
 
 
 def configured_secrets(send: SendSettings) -> tuple[str, ...]:

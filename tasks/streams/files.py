@@ -10,6 +10,7 @@ import errno
 import fcntl
 import functools
 import os
+import uuid
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,10 +37,12 @@ def write_error(exc: OSError, path: Path) -> JobWriteError:
     return JobWriteError(f"cannot write {path}: {exc.strerror or exc}; check that the folder exists and is writable")
 
 
-def write_file_atomically(path: Path, data: bytes, *, private: bool = False) -> None:
+def write_file_atomically(path: Path, data: bytes, *, private: bool = False, shared: bool = False) -> None:
     """Write a small job file (job.json, the CRTDL copy) under a temporary name, synced, then renamed; when that
-    fails the temporary file is removed and ``JobWriteError`` says why. ``private``: readable by its owner only."""
-    temporary = path.with_name(f".{path.name}.part")
+    fails the temporary file is removed and ``JobWriteError`` says why. ``private``: readable by its owner only.
+    ``shared``: other processes may write ``path`` at the same time (an S3 manifest record), so the temporary name is
+    this writer's own (with the fixed ``.<name>.part`` one writer's rename would take another's file away)."""
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.part" if shared else f".{path.name}.part")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(temporary, "wb", opener=lambda name, flags: os.open(name, flags, 0o600 if private else 0o666)) as out:

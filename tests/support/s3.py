@@ -28,7 +28,14 @@ def listing(store, bucket: str) -> list[UploadedObject]:
 
 
 def manifest_objects(manifest: Path) -> list[UploadedObject]:
-    return [UploadedObject(**entry) for entry in json.loads(manifest.read_text())["objects"]]
+    """What the manifest's records (``<manifest without .json>/*.json``, one per object) hold, by key."""
+    records = [json.loads(path.read_text()) for path in records_folder(manifest).glob("*.json")]
+    objects = (UploadedObject(record["key"], record["size"], record["etag"]) for record in records)
+    return sorted(objects, key=lambda uploaded: uploaded.key)
+
+
+def records_folder(manifest: Path) -> Path:
+    return manifest.with_suffix("")
 
 
 def incomplete_uploads(store, bucket: str) -> list[dict]:
