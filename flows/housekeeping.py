@@ -31,7 +31,7 @@ from config.durations import parse_duration
 from config.runtime import jobs_dir_of, prefect_api_url
 from flows import prefect_server
 from flows.extraction_cli import age, is_job_id
-from flows.job_state import JobLock, JobLockedError, current_state
+from flows.job_state import MAX_PAGE_BYTES, PAGE, PREFECT_API, JobLock, JobLockedError, current_state
 from config.settings import RetrySettings
 from tasks.clients.bounds import read_response
 from tasks.clients.errors import ServiceError, raise_for_service_status
@@ -45,10 +45,7 @@ from tasks.job.record import AWAITING_INSPECTION, FINAL_STATES, RUNNING, SUSPEND
 EXIT_OK, EXIT_FAILED = 0, 1
 NAMED_ONLY_STATES = (AWAITING_INSPECTION, SUSPENDED)  # a person still has to look at these: removed only by name
 API_TIMEOUT = 30.0
-PREFECT_API = "the Prefect API"
-MAX_ANSWER_BYTES = 64 * 1024 * 1024
 API_HINT = "check that PREFECT_API_URL points at a Prefect server"
-PAGE = 200  # the most rows the Prefect API returns at once
 LIVE_RUN_STATES = ("RUNNING", "PENDING", "CANCELLING")  # a process carries the run on: its records stay
 
 
@@ -245,7 +242,7 @@ def filtered(client: httpx.Client, path: str, body: dict) -> list[dict]:
 
 
 def api_call(
-    client: httpx.Client, method: str, path: str, body: dict | None = None, max_answer_bytes: int = MAX_ANSWER_BYTES
+    client: httpx.Client, method: str, path: str, body: dict | None = None, max_answer_bytes: int = MAX_PAGE_BYTES
 ) -> httpx.Response:
     """One request to the Prefect API through the one retry policy (a busy SQLite server answers 503), its answer
     read at most ``max_answer_bytes`` far (a page of rows is far less); a DELETE of something already gone (404) is

@@ -21,9 +21,10 @@ from tasks.job.layout import JobPaths, job_of_tag, job_tag
 from tasks.job.record import SUSPENDED, JobRecord, RecordError, read_record, settled_state
 
 LOCK_FILE = ".lock"
-PAGE = 200  # the most flow runs the Prefect API returns at once
-MAX_PAGE_BYTES = 64 * 1024 * 1024  # a page of PAGE flow runs is far less
-PAGE_READ = {"operation": "read flow runs", "service": "the Prefect API", "hint": "check PREFECT_API_URL"}
+PREFECT_API = "the Prefect API"
+PAGE = 200  # the most rows (flow runs, artifacts) the Prefect API returns at once
+MAX_PAGE_BYTES = 64 * 1024 * 1024  # the most of a Prefect API answer read: a page of PAGE rows is far less
+PAGE_READ = {"operation": "read flow runs", "service": PREFECT_API, "hint": "check PREFECT_API_URL"}
 
 
 class JobLockedError(JobError):

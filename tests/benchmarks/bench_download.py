@@ -176,8 +176,8 @@ def ended_children_cpu() -> float:
 
 def cpu_seconds() -> float:
     """This process's CPU time and its ended children's (none for a download; kept so that one would count)."""
-    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    return sum(part.ru_utime + part.ru_stime for part in usage)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime + ended_children_cpu()
 
 
 def stream_to(client: httpx.Client, url: str, path: Path | None) -> None:
