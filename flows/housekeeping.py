@@ -33,6 +33,7 @@ from flows import prefect_server
 from flows.extraction_cli import age, is_job_id
 from flows.job_state import MAX_PAGE_BYTES, PAGE, PREFECT_API, JobLock, JobLockedError, current_state
 from config.settings import RetrySettings
+from tasks.clients.auth import AS_SENT
 from tasks.clients.bounds import read_response
 from tasks.clients.errors import ServiceError, raise_for_service_status
 from tasks.clients.retry import call_with_retry
@@ -111,7 +112,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
         raise UsageError(f"--older-than: {exc}") from None
     states = tuple(args.state or FINAL_STATES)
     api_url = housekeeping_api_url()
-    server = httpx.Client(base_url=api_url.rstrip("/"), timeout=API_TIMEOUT) if api_url else nullcontext()
+    client_options = {"headers": AS_SENT, "timeout": API_TIMEOUT}
+    server = httpx.Client(base_url=api_url.rstrip("/"), **client_options) if api_url else nullcontext()
     try:
         with server as client:
             selection = select_jobs(jobs_dir, states, older_than, client)

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from config.runtime import prefect_api_url
+from tasks.clients.auth import AS_SENT
 from tasks.clients.bounds import read_response
 from tasks.clients.errors import ServiceError
 from tasks.core.errors import JobError
@@ -123,7 +124,8 @@ def latest_states(job_ids: list[str], timeout: float = 2.0) -> dict[str, str]:
         tags = [job_tag(job_id) for job_id in page]
         body = {"flow_runs": {"tags": {"any_": tags}}, "sort": "EXPECTED_START_TIME_DESC", "limit": PAGE}
         try:
-            with httpx.stream("POST", f"{api.rstrip('/')}/flow_runs/filter", json=body, timeout=timeout) as response:
+            url = f"{api.rstrip('/')}/flow_runs/filter"
+            with httpx.stream("POST", url, json=body, headers=AS_SENT, timeout=timeout) as response:
                 runs = read_response(response.raise_for_status(), MAX_PAGE_BYTES, **PAGE_READ).json()
         except (httpx.HTTPError, ValueError, ServiceError):  # a page too large: as if the server did not answer
             continue

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.core.errors import StepError
+from tasks.core.names import name_key, show_path
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.job.filework import map_files
 from tasks.job.steps import ndjson_written
@@ -101,7 +102,8 @@ def scan(source: Path, recursive: bool) -> list[Path]:
 
     def unreadable(exc: OSError) -> None:
         raise LocalImportError(
-            f"cannot read directory {exc.filename}: {exc.strerror}; fix its permissions or remove it from the import"
+            f"cannot read directory {show_path(exc.filename)}: {exc.strerror}; fix its permissions or remove it from "
+            "the import"
         )
 
     files = []
@@ -123,14 +125,14 @@ def check_data_file(path: Path) -> Path:
     try:
         mode = path.stat().st_mode
     except OSError as exc:
-        raise LocalImportError(f"cannot read {path}: {_stat_problem(path, exc)}; fix or remove it") from None
+        raise LocalImportError(f"cannot read {show_path(path)}: {_stat_problem(path, exc)}; fix or remove it") from None
     if not stat.S_ISREG(mode):
         raise LocalImportError(
-            f"{path} is {_file_kind(mode)}, not a file, although its name says data; remove it from the import "
-            "folder or rename it"
+            f"{show_path(path)} is {_file_kind(mode)}, not a file, although its name says data; remove it from the "
+            "import folder or rename it"
         )
     if not os.access(path, os.R_OK):
-        raise LocalImportError(f"cannot read file {path}: permission denied; fix its permissions")
+        raise LocalImportError(f"cannot read file {show_path(path)}: permission denied; fix its permissions")
     return path
 
 
@@ -152,13 +154,17 @@ def _file_kind(mode: int) -> str:
 
 def target_names(files: list[Path], compress: bool) -> list[str]:
     """Names in ``import/``; two sources that would land on one name are an error, never an overwrite."""
-    seen: dict[str, Path] = {}
+    seen: dict[str, tuple[str, Path]] = {}
     for path in files:
         name = output_name(path.name, compress)
-        if name in seen:
-            raise LocalImportError(f"{seen[name]} and {path} would both be imported as {name}; rename one of them")
-        seen[name] = path
-    return list(seen)
+        if (key := name_key(name)) in seen:
+            first = show_path(seen[key][1])
+            raise LocalImportError(
+                f"{first} and {show_path(path)} would both be imported as {name} (a file system that ignores case "
+                "takes them for one file); rename one of them"
+            )
+        seen[key] = (name, path)
+    return [name for name, _ in seen.values()]
 
 
 def file_identity(path: Path) -> list:

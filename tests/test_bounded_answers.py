@@ -9,6 +9,7 @@ counts, never by timing.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import socket
 import ssl
@@ -18,14 +19,16 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 import trustme
+import zstandard
 
 from config.services import AuthSettings, ExtractorSettings
-from config.settings import RetrySettings, TlsSettings
+from config.settings import RetrySettings, Settings, TlsSettings
 from tasks.clients.auth import TokenSource
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_jobs import ExtractionTaskClient
 from tasks.clients.extraction_server import ExtractionServerClient
 from tasks.clients.http import ServiceClient, ServiceEndpoint, build_async_client, build_client, trusted_context
+from tasks.http_import import fetch_ndjson
 from tests.conftest import wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.oauth import REALM_PATH, OAuthHandler, OAuthState
@@ -71,6 +74,7 @@ class Script:
 
     replies: dict[str, list[Reply]]
     requests: list[tuple[str, str, bytes]] = field(default_factory=list)
+    accepted_encodings: list[str | None] = field(default_factory=list)
     sent: dict[str, int] = field(default_factory=dict)
     open: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -102,6 +106,7 @@ class ScriptedHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         script: Script = self.server.state
         path = self.path.split("?")[0]
+        script.accepted_encodings.append(self.headers.get("Accept-Encoding"))
         reply = script.take(self.command, path, self.rfile.read(int(self.headers.get("Content-Length") or 0)))
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, PIECE)  # little waits in buffers
         self.send_response(reply.status)
@@ -191,7 +196,63 @@ def test_a_401s_huge_body_is_not_read_before_the_request_goes_again_with_a_fresh
     assert script.settled()["/data"] < UNREAD_LIMIT
 
 
-# --- 1b: the extraction kick-off's body is never needed ---------------------------------------------------------
+# --- 1b: every answer is asked for as sent, and one that comes compressed anyway is refused unread --------------
+
+
+def zstd_bomb(decoded: int = 1024 * MB) -> bytes:
+    """A zstd body of a few KB that would decode to ``decoded`` bytes (frames of 64 MB of newlines, repeated)."""
+    frame = zstandard.ZstdCompressor(level=1).compress(b"\n" * (64 * MB))
+    return frame * (decoded // (64 * MB))
+
+
+def bomb_reply(encoding: str) -> Reply:
+    body = zstd_bomb() if encoding == "zstd" else gzip.compress(b"\n" * (64 * MB), compresslevel=1)
+    return Reply(200, {"Content-Type": "application/fhir+ndjson", "Content-Encoding": encoding}, body)
+
+
+def streamed(server: LoopbackServer) -> bytes:
+    with build_client(ServiceEndpoint("svc", server.base_url), TLS) as client:
+        with client.stream("GET", "/data") as response:
+            return response.read()
+
+
+def requested(server: LoopbackServer) -> bytes:
+    with ServiceClient(ServiceEndpoint("svc", server.base_url), TLS, NO_RETRY) as client:
+        return client.request("GET", "/data", operation="read").content
+
+
+def requested_async(server: LoopbackServer) -> bytes:
+    async def run() -> bytes:
+        async with build_async_client(ServiceEndpoint("svc", server.base_url), TLS) as client:
+            async with client.stream("GET", "/data") as response:
+                return await response.aread()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("encoding", ["zstd", "gzip"])
+@pytest.mark.parametrize("call", [streamed, requested, requested_async])
+def test_a_compressed_answer_is_refused_before_it_is_decoded(script, server, call, encoding):
+    script.replies["/data"] = [bomb_reply(encoding)]
+    with pytest.raises(
+        ServiceError, match=f"svc: .* came compressed \\(Content-Encoding '{encoding}'\\).*not to compress"
+    ):
+        call(server)
+    assert script.accepted_encodings == ["identity"]
+
+
+def test_a_download_answered_compressed_fails_terminally_and_leaves_no_file(script, server, tmp_path):
+    script.replies["/Patient.ndjson"] = [bomb_reply("zstd")]
+    settings = Settings.model_validate(
+        {"pipeline": {"enabled_steps": ["http_import"]}, "retry": {"initial_backoff_ms": 1, "max_backoff_ms": 1}}
+    )
+    with pytest.raises(ServiceError, match="came compressed") as failed:
+        fetch_ndjson(f"{server.base_url}/Patient.ndjson", tmp_path / "Patient.ndjson", settings)
+    assert not failed.value.transient and len(script.requests) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- 1c: the extraction kick-off's body is never needed ---------------------------------------------------------
 
 
 def extraction_client(server: LoopbackServer) -> ExtractionServerClient:
@@ -221,7 +282,7 @@ def test_a_failed_kick_off_with_an_endless_body_is_reported_from_its_first_mib(s
     assert script.settled()["/fhir/$extract-data"] < UNREAD_LIMIT
 
 
-# --- 1c: the operator's Task API reads its answers bounded and says so when one is not JSON ----------------------
+# --- 1d: the operator's Task API reads its answers bounded and says so when one is not JSON ----------------------
 
 
 def task_client(server: LoopbackServer) -> ExtractionTaskClient:
@@ -300,7 +361,7 @@ def test_an_endless_token_answer_is_cut_off(script, server):
 def test_a_compressed_token_answer_is_refused(script, server):
     script.replies["/realm/.well-known/openid-configuration"] = [Reply(404)]
     script.replies["/realm/protocol/openid-connect/token"] = [Reply(200, {"Content-Encoding": "gzip"}, b"\x1f\x8b")]
-    with pytest.raises(ServiceError, match="Content-Encoding gzip"):
+    with pytest.raises(ServiceError, match="Content-Encoding 'gzip'"):
         token_source(server.base_url + "/realm").access_token()
     (_, _, sent) = script.requests[-1]
     assert b"client_secret" in sent  # the request went out; its answer is what is refused

@@ -525,6 +525,8 @@ def test_file_names_are_forced_to_ndjson_and_duplicates_are_an_error():
     assert safe_file_name("http://h/j/core.ndjson?x=1", compress=False) == "core.ndjson"
     with pytest.raises(DownloadError, match="would both be saved as core.ndjson"):
         target_names(["http://h/j1/core.ndjson", "http://h/j2/core.ndjson"], compress=False)
+    with pytest.raises(DownloadError, match="would both be saved as Core.ndjson .*ignores case"):
+        target_names(["http://h/j1/core.ndjson", "http://h/j2/Core.ndjson"], compress=False)
 
 
 # --- Task API and cohort preview ---------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import zstandard
 
 from tasks.job.contract import DataFile, StepInput
 from tasks.local_import import LocalImportError, find_ndjson_files, import_file, source_directory, target_names
-from tasks.streams.ndjson import LineTooLongError, NdjsonError, is_zstd
+from tasks.streams.ndjson import LineTooLongError, NdjsonError, UnsafeNameError, is_zstd
 from tests.steps import step_input
 
 
@@ -66,6 +67,31 @@ def test_two_files_that_would_get_one_name_are_refused(tmp_path):
     files = [tmp_path / "x" / "a.ndjson", tmp_path / "y" / "a.ndjson.zst"]
     with pytest.raises(LocalImportError, match="would both be imported as a.ndjson.zst"):
         target_names(files, compress=True)
+
+
+def test_two_files_whose_names_differ_only_in_case_are_refused(tmp_path):
+    """On a file system that ignores case (macOS, SMB, NTFS) the second would overwrite the first."""
+    files = [tmp_path / "Patient.ndjson", tmp_path / "sub" / "PATIENT.ndjson", tmp_path / "patient.ndjson"]
+    with pytest.raises(LocalImportError, match="would both be imported as PATIENT.ndjson .*ignores case"):
+        target_names(files, compress=False)
+
+
+def test_a_folder_name_with_a_control_character_is_shown_escaped(tmp_path):
+    folder = tmp_path / "x\n12:00:00 INFO import finished OK\u202e"
+    folder.mkdir()
+    os.mkfifo(folder / "a.ndjson")
+    with pytest.raises(LocalImportError) as refused:
+        find_ndjson_files(tmp_path, recursive=True)
+    message = str(refused.value)
+    assert "named pipe" in message and "\\n12:00:00" in message and "\\u202e" in message
+    assert "\n" not in message and "\u202e" not in message
+
+
+def test_a_file_name_that_is_not_utf_8_is_refused_before_anything_is_copied(tmp_path):
+    """A Latin-1 name (``P\xe4tient``) could never be stored in the job's record."""
+    name = os.fsdecode(b"P\xe4tient.ndjson")
+    with pytest.raises(UnsafeNameError, match=r"'P\\udce4tient.ndjson.zst' is not valid UTF-8"):
+        target_names([tmp_path / name], compress=True)
 
 
 def test_plain_input_is_compressed_and_counted(tmp_path):

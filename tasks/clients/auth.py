@@ -32,6 +32,7 @@ import httpx
 import orjson
 
 from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, json_or_none, truncate
+from tasks.core.names import show_name
 from tasks.core.readable import size_text
 from tasks.core.redaction import register_secret
 from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url, shown_url
@@ -65,6 +66,22 @@ def oauth2_client_class() -> type[OAuth2Client]:
 
 Origin = tuple[str, str, int]
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+AS_SENT = {"Accept-Encoding": "identity"}
+"""Every client asks for answers as sent: httpx decodes a compressed piece whole, before any bound can count it."""
+
+
+def compressed_answer(response: httpx.Response) -> str | None:
+    """Why ``response`` is refused: it came compressed although ``AS_SENT`` asked for none (a 16 KB zstd answer
+    can unfold to gigabytes in one piece); None when it came as sent."""
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return None
+    return (
+        f"the answer from {shown_url(str(response.url))} came compressed (Content-Encoding {show_name(encoding)}) "
+        "although dupflow asked for none (Accept-Encoding: identity)"
+    )
 
 
 def origin_of(url: httpx.URL | str) -> Origin:
@@ -193,7 +210,7 @@ class TokenSource:
             token_endpoint_auth_method="client_secret_post",
             verify=self._verify,
             timeout=TOKEN_REQUEST_TIMEOUT,
-            headers={"Accept-Encoding": "identity"},
+            headers=AS_SENT,
             event_hooks={"response": [self._bounded]},
         ) as client:
             client.register_compliance_hook("access_token_response", self._raise_for_token_error)
@@ -248,12 +265,8 @@ class TokenSource:
         ``Accept-Encoding: identity``; a compressed one could unfold far beyond its size), at most
         ``MAX_OAUTH_ANSWER_BYTES``."""
         source, limit = shown_url(str(response.url)), size_text(MAX_OAUTH_ANSWER_BYTES)
-        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):
-            raise self._refused(
-                f"the answer from {source} came compressed (Content-Encoding {encoding}) although dupflow asked for "
-                f"none (Accept-Encoding: identity); {OAUTH_FIX} (it must not compress its answers to this client)"
-            )
+        if (problem := compressed_answer(response)) is not None:
+            raise self._refused(f"{problem}; {OAUTH_FIX} (it must not compress its answers to this client)")
         message = f"the answer from {source} is more than the {limit} read from an identity provider; {OAUTH_FIX}"
         response.stream = CappedBody(response.stream, MAX_OAUTH_ANSWER_BYTES, lambda: self._refused(message))
 

@@ -36,7 +36,7 @@ from tasks.clients.errors import ServiceError, is_transient_status, json_or_none
 from tasks.clients.http import http_timeout, service_name
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import StepError
-from tasks.core.names import name_from_data_problem, show_name
+from tasks.core.names import name_from_data_problem, name_key, show_name
 from tasks.core.url_credentials import shown_url
 from tasks.streams.ndjson_writer import AtomicNdjsonWriter
 from tasks.streams.ndjson import (
@@ -90,7 +90,7 @@ def safe_file_name(url: str, compress: bool) -> str:
 def target_names(urls: Iterable[str], compress: bool, max_files: int = DEFAULT_MAX_FILES) -> dict[str, str]:
     """URL -> file name in ``import/``; two URLs that would land on one name are an error, never an overwrite,
     and so are more than ``max_files`` URLs (services.extractor.max_result_files)."""
-    owners: dict[str, str] = {}
+    owners: dict[str, tuple[str, str]] = {}
     for count, url in enumerate(urls, start=1):
         if count > max_files:
             raise DownloadError(
@@ -98,13 +98,13 @@ def target_names(urls: Iterable[str], compress: bool, max_files: int = DEFAULT_M
                 "allows; check the extraction (raise the key if the result is really that large)"
             )
         name = safe_file_name(url, compress)
-        if name in owners and owners[name] != url:
+        if (key := name_key(name)) in owners and owners[key][1] != url:
             raise DownloadError(
-                f"{shown_url(owners[name])} and {shown_url(url)} would both be saved as {name}; "
-                "the server listed two files with the same name"
+                f"{shown_url(owners[key][1])} and {shown_url(url)} would both be saved as {name} (a file system that "
+                "ignores case takes them for one file); the server listed two files with the same name"
             )
-        owners[name] = url
-    return {url: name for name, url in owners.items()}
+        owners[key] = (name, url)
+    return {url: name for name, url in owners.values()}
 
 
 def wait_until_available(
@@ -164,7 +164,7 @@ def download_ndjson(
 ) -> FileStats:
     """Stream ``url`` into ``dest`` (compressed at ``level``, plain when None); returns size and resource count.
     ``on_bytes`` is told every piece of the body as it arrives (``_Progress``), ``on_total`` the body's size when the
-    answer gives it (``body_size``)."""
+    answer gives it (its Content-Length: answers come as sent, ``http.AS_SENT``)."""
     new_sink = functools.partial(_Sink, url, dest, level, max_line_bytes)
     download = _Download(client, url, stall_timeout, _Progress(on_bytes, on_total), new_sink)
     try:
@@ -209,7 +209,7 @@ class _Download:
             read_in_large_pieces(response)
             if response.status_code == 200:  # the whole file: a first attempt, or a server that ignored the Range
                 self.discard()
-                self._progress.from_start(body_size(response))
+                self._progress.from_start(declared_size(response))
                 self._sink = self._new_sink()
             assert self._sink is not None
             self._receive(response)
@@ -295,13 +295,6 @@ def check_response(response: httpx.Response, url: str, resuming_at: int = 0) -> 
         raise DownloadError(f"{shown_url(url)}: expected HTTP 200 with the file, got HTTP {response.status_code}")
     if response.headers.get("Content-Type", "").split(";")[0].strip().lower() == "text/html":
         raise DownloadError(f"{shown_url(url)}: the server answered with an HTML page, not NDJSON; check the URL")
-
-
-def body_size(response: httpx.Response) -> int | None:
-    """The size of the body as ``iter_bytes`` yields it: the Content-Length, unless a Content-Encoding (gzip...)
-    makes that the size of what went over the wire, not of what arrives decoded."""
-    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-    return declared_size(response) if encoding == "identity" else None
 
 
 def _stalled(url: str, stall_timeout: timedelta) -> DownloadError:

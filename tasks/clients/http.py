@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Self
 import certifi
 import httpx
 
-from tasks.clients.auth import ServiceAuth
+from tasks.clients.auth import AS_SENT, ServiceAuth, compressed_answer
 from tasks.clients.bounds import MB, read_response, read_response_async
-from tasks.clients.errors import raise_for_service_status, raise_for_service_status_async
+from tasks.clients.errors import ServiceError, raise_for_service_status, raise_for_service_status_async
 from tasks.clients.retry import call_once, call_with_retry, call_with_retry_async
+from tasks.core.url_credentials import shown_url
 
 if TYPE_CHECKING:
     from config.services import AuthSettings
@@ -95,6 +96,7 @@ def _client_options(endpoint: ServiceEndpoint, tls: TlsSettings) -> tuple[Servic
     auth = ServiceAuth(endpoint.name, endpoint.base_url, endpoint.auth, verify)
     options = {
         "base_url": endpoint.base_url,
+        "headers": AS_SENT,
         "auth": auth,
         "verify": verify,
         "timeout": endpoint.timeout,
@@ -106,13 +108,30 @@ def _client_options(endpoint: ServiceEndpoint, tls: TlsSettings) -> tuple[Servic
 def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
     """A configured client rooted at the service's URL; close it (``with``) when done."""
     auth, options = _client_options(endpoint, tls)
-    return httpx.Client(**options, event_hooks={"request": [auth.strip_foreign_credentials]})
+    hooks = {"request": [auth.strip_foreign_credentials], "response": [functools.partial(refuse_compressed, endpoint)]}
+    return httpx.Client(**options, event_hooks=hooks)
 
 
 def build_async_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.AsyncClient:
     """The ``httpx.AsyncClient`` counterpart of ``build_client``."""
     auth, options = _client_options(endpoint, tls)
-    return httpx.AsyncClient(**options, event_hooks={"request": [auth.strip_foreign_credentials_async]})
+    hooks = {
+        "request": [auth.strip_foreign_credentials_async],
+        "response": [functools.partial(refuse_compressed_async, endpoint)],
+    }
+    return httpx.AsyncClient(**options, event_hooks=hooks)
+
+
+def refuse_compressed(endpoint: ServiceEndpoint, response: httpx.Response) -> None:
+    """Response event hook: an answer that came compressed (``AS_SENT`` asked for none) is a terminal error."""
+    if (problem := compressed_answer(response)) is not None:
+        operation = f"{response.request.method} {shown_url(str(response.request.url))}"
+        fix = "configure the service (or a proxy before it) not to compress its answers to this client"
+        raise ServiceError(operation, response.status_code, f"{problem}; {fix}", transient=False, service=endpoint.name)
+
+
+async def refuse_compressed_async(endpoint: ServiceEndpoint, response: httpx.Response) -> None:
+    refuse_compressed(endpoint, response)
 
 
 def service_name(client: httpx.Client | httpx.AsyncClient) -> str | None:

@@ -31,7 +31,11 @@ def name_from_data_problem(name: str) -> str | None:
         return "contains .. (a path could leave its folder)"
     if name.startswith("."):
         return "starts with a dot (a hidden file)"
-    if (size := len(name.encode("utf-8", "surrogateescape"))) > MAX_DATA_NAME_BYTES:
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a file system name's undecodable bytes, kept as surrogates by Python
+        return "is not valid UTF-8 (bytes of another encoding, such as Latin-1, in a file name)"
+    if size > MAX_DATA_NAME_BYTES:
         return f"is too long: {size} bytes of UTF-8, more than the {MAX_DATA_NAME_BYTES} a name may have"
     return None
 
@@ -53,3 +57,15 @@ def invisible_character_problem(name: str) -> str | None:
 def show_name(name: str) -> str:
     """``name`` quoted for a message, every control character escaped and cut after SHOWN_NAME_CHARS characters."""
     return ascii(name) if len(name) <= SHOWN_NAME_CHARS else ascii(name[:SHOWN_NAME_CHARS]) + "…"
+
+
+def show_path(path: object) -> str:
+    """``path`` as it is when it shows as itself; quoted with its control, format and undecodable characters
+    escaped when it would not (a folder named with a newline would forge a line of the message)."""
+    text = str(path)
+    return text if text.isprintable() else ascii(text)
+
+
+def name_key(name: str) -> str:
+    """What two file names share when a case-insensitive file system (macOS, SMB, NTFS) takes them for one file."""
+    return unicodedata.normalize("NFC", name).casefold()
