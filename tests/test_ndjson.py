@@ -4,6 +4,7 @@ import os
 import random
 import signal
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
@@ -317,6 +318,28 @@ def test_copy_appends_a_data_files_content_and_counts_it(tmp_path, expected_size
     dest = tmp_path / "out" / "in.ndjson"
     with AtomicNdjsonWriter(dest, None, MB, expected_size=expected_size) as writer:
         copied = sum(writer.copy(source))
+    assert copied == len(content) and dest.read_bytes() == content + b"\n"
+    assert writer.stats.resources == 120
+
+
+SHM = Path("/dev/shm")
+
+
+@pytest.mark.slow
+@NEEDS_WORKERS
+@pytest.mark.skipif(
+    not SHM.is_dir() or not os.access(SHM, os.W_OK), reason="needs /dev/shm, a file system of its own, for the source"
+)
+def test_a_plain_file_from_another_file_system_is_copied_whole(tmp_path):
+    """The kernel copies between file systems only up to Linux 5.18 (EXDEV since 5.19): else through this process."""
+    content = b"\n".join(SPANNED_LINES)
+    with tempfile.TemporaryDirectory(dir=SHM) as shm:
+        source = Path(shm, "in.ndjson")
+        source.write_bytes(content)
+        assert source.stat().st_dev != tmp_path.stat().st_dev, "the source must be on another file system"
+        dest = tmp_path / "in.ndjson"
+        with AtomicNdjsonWriter(dest, None, MB, expected_size=LARGE) as writer:
+            copied = sum(writer.copy(source))
     assert copied == len(content) and dest.read_bytes() == content + b"\n"
     assert writer.stats.resources == 120
 

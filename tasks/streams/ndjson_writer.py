@@ -4,6 +4,7 @@ that a binary file, a stray text line or a truncated file never travels to the n
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 from collections.abc import Callable, Iterator
@@ -50,6 +51,7 @@ CHECK_IN_PROCESS_MIN_BYTES = 16 << 20
 SPAN_MIN_BYTES = 8 << 20  # a large plain file is checked in spans of about this size as it is written
 CUT_READ_BYTES = 64 << 10
 COPY_PIECE_BYTES = 64 << 20
+NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS})
 WRITEBACK_BYTES = 8 << 20  # the disk is asked to write the file out (``start_writeback``) every this many bytes
 
 
@@ -202,18 +204,31 @@ class AtomicNdjsonWriter:
     def copy(self, source: Path) -> Iterator[int]:
         """Append the content of the data file ``source`` (decompressed), yielding the sizes written. A plain file,
         when workers check this writer's output, is copied in the kernel (``os.copy_file_range``, as ``cp`` does)."""
-        if self._checker is not None or is_zstd(source):
-            for chunk in iter_chunks(source):
-                self.write(chunk)
-                yield len(chunk)
-            return
-        self._raw.flush()
-        with open(source, "rb", buffering=0) as data:
-            while copied := os.copy_file_range(data.fileno(), self._raw.fileno(), COPY_PIECE_BYTES):
-                self._written += copied
-                yield copied
-            if (size := data.seek(0, os.SEEK_END)) > 0:
-                self._ends_with_newline = os.pread(data.fileno(), 1, size - 1) == b"\n"
+        if self._checker is None and not is_zstd(source):
+            self._raw.flush()
+            with open(source, "rb", buffering=0) as data:
+                if (copied := self._first_kernel_copy(data)) is not None:
+                    while copied:
+                        self._written += copied
+                        yield copied
+                        copied = os.copy_file_range(data.fileno(), self._raw.fileno(), COPY_PIECE_BYTES)
+                    if (size := data.seek(0, os.SEEK_END)) > 0:
+                        self._ends_with_newline = os.pread(data.fileno(), 1, size - 1) == b"\n"
+                    return
+        for chunk in iter_chunks(source):
+            self.write(chunk)
+            yield len(chunk)
+
+    def _first_kernel_copy(self, data: BinaryIO) -> int | None:
+        """The bytes the first ``os.copy_file_range`` copied; None when the kernel cannot copy between these files
+        (another file system: Linux 5.19 and later refuse that with EXDEV; or one without the call), which are then
+        copied through this process."""
+        try:
+            return os.copy_file_range(data.fileno(), self._raw.fileno(), COPY_PIECE_BYTES)
+        except OSError as exc:
+            if exc.errno in NO_KERNEL_COPY:
+                return None
+            raise
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
