@@ -99,7 +99,7 @@ def refuse_userinfo(url: str | None) -> str | None:
     try:
         refuse_credentials_in_url(
             url,
-            door="the URL",
+            door="",
             fix="remove them from the URL and put the credentials in the service's auth block (username, "
             "password, set with ${VAR} or an APP_* variable)",
         )

@@ -71,14 +71,20 @@ def prepare_job(
 
 
 def existing_job(paths: JobPaths, overrides: Mapping[str, str]) -> Job:
-    """A job found again; ``overrides`` (non-secret) replace the frozen ones, so "fix the cause and continue" works."""
+    """A job found again; ``overrides`` (non-secret) replace the frozen ones, so "fix the cause and continue" works.
+    They are checked before they are stored (a refused one changes nothing), their paths frozen absolute as at
+    ``start``."""
     refuse_older_layout(paths)
     record = read_record(paths.job_dir)
+    changed = {**record.overrides, **overrides, "jobs_dir": str(paths.job_dir.parent)}
+    settings = cached_settings(record.config_path, changed)
     if overrides:
+        changed |= {key: path for key, path in absolute_path_overrides(settings).items() if key in overrides}
+        settings = cached_settings(record.config_path, changed)
         with changing_record(paths.job_dir) as record:
-            record.overrides = {**record.overrides, **overrides, "jobs_dir": str(paths.job_dir.parent)}
-    record.overrides["jobs_dir"] = str(paths.job_dir.parent)
-    return Job(paths, record, cached_settings(record.config_path, record.overrides))
+            record.overrides = changed
+    record.overrides = changed
+    return Job(paths, record, settings)
 
 
 def refuse_older_layout(paths: JobPaths) -> None:

@@ -145,6 +145,7 @@ def test_a_secret_in_overrides_is_refused_naming_key_and_the_way_to_give_it() ->
             "services.send.auth.oauth_issuer_uri",
             "services: {send: {auth: {oauth_issuer_uri: 'https://a:pw-in-url@kc/realms/x'}}}",
         ),
+        ("services.extractor.base_url", "services: {extractor: {base_url: 'https://bob:q[pw-in-url]@torch'}}"),
     ],
 )
 def test_a_password_in_a_url_is_refused_without_repeating_it(tmp_path, key, yaml_block) -> None:
@@ -152,8 +153,17 @@ def test_a_password_in_a_url_is_refused_without_repeating_it(tmp_path, key, yaml
     path.write_text(f"pipeline: {{enabled_steps: [local_import]}}\n{yaml_block}\n", encoding="utf-8")
     with pytest.raises(ConfigError) as error:
         load_settings(path, env={})
-    assert any(p.startswith(f"{key}:") and "auth block" in p for p in error.value.problems), error.value.problems
+    assert any(p.startswith(f"{key}: the URL") and "auth block" in p for p in error.value.problems), error.value
     assert "pw-in-url" not in str(error.value)
+
+
+def test_a_password_with_a_bracket_in_an_attach_url_is_refused_in_one_line(tmp_path, write_config, capsys):
+    """urlsplit reads ``[…]`` as an IPv6 address and quoted the password in its error, a traceback."""
+    _, job_dir = made_job(tmp_path, write_config)
+    url = "https://bob:q[pw-in-url]@torch.example/fhir/__status/job-1"
+    assert main(["continue", str(job_dir), "--attach", url, "--no-progress"]) == EXIT_USAGE
+    error = capsys.readouterr().err
+    assert "pw-in-url" not in error and "Traceback" not in error and "user name or password" in error
 
 
 # --- 3. truncated downloads -----------------------------------------------------------------------------
@@ -454,3 +464,53 @@ def test_continue_on_a_read_only_job_directory_is_one_line_and_exit_2(tmp_path, 
     assert exit_code == EXIT_USAGE and error.count("\n") == 1, error
     assert f"cannot write in its directory {job_dir}" in error and "make it writable" in error
     assert {path.name: path.read_bytes() for path in job_dir.iterdir()} == before
+
+
+def made_job(tmp_path: Path, write_config) -> tuple[str, Path]:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.ndjson").write_text('{"resourceType":"Patient","id":"1"}\n')
+    config = write_config(
+        {
+            "pipeline": {"enabled_steps": ["local_import", "pseudonymizer"]},
+            "services": {"pseudonymizer": {"url": "http://pseudo.example"}},
+        }
+    )
+    job = prepare_job(None, str(config), str(tmp_path / "in"), {}, overrides_source="--set")
+    return job.job_id, job.paths.job_dir
+
+
+@pytest.mark.parametrize(
+    ("override", "refusal"),
+    [
+        ({"services.pseudonymizer.url": "https://bob:Sup3rSecretPw@pseudo.example"}, "user name or password"),
+        ({"retyr.max_attempts": "3"}, "did you mean retry.max_attempts"),
+        ({"retry.max_attempts": "99"}, "must be between 1 and 10"),
+    ],
+)
+def test_a_refused_continue_override_is_never_stored_with_the_job(tmp_path, write_config, override, refusal):
+    """A bad ``continue --set`` changed job.json before it was checked: a password stayed in it, and an unknown key
+    (which --set cannot remove) made every later continue fail."""
+    job_id, job_dir = made_job(tmp_path, write_config)
+    before = (job_dir / "job.json").read_bytes()
+
+    with pytest.raises(ConfigError, match=refusal):
+        prepare_job(job_id, None, None, override, overrides_source="--set", jobs_dir=job_dir.parent)
+
+    assert (job_dir / "job.json").read_bytes() == before
+    assert prepare_job(job_id, None, None, {}, overrides_source="--set", jobs_dir=job_dir.parent).job_id == job_id
+
+
+def test_a_path_given_to_continue_is_frozen_absolute_as_at_start(tmp_path, write_config, monkeypatch):
+    job_id, job_dir = made_job(tmp_path, write_config)
+    for site in ("siteA", "siteB"):
+        (tmp_path / site).mkdir()
+        (tmp_path / site / "anon.yaml").write_text("fhirPathRules: []\n")
+    key = "services.pseudonymizer.anonymization_config"
+    monkeypatch.chdir(tmp_path / "siteA")
+    prepare_job(job_id, None, None, {key: "anon.yaml"}, overrides_source="--set", jobs_dir=job_dir.parent)
+
+    monkeypatch.chdir(tmp_path / "siteB")
+    job = prepare_job(job_id, None, None, {}, overrides_source="--set", jobs_dir=job_dir.parent)
+
+    assert job.record.overrides[key] == str(tmp_path / "siteA" / "anon.yaml")
+    assert str(job.settings.services.pseudonymizer.anonymization_config) == str(tmp_path / "siteA" / "anon.yaml")

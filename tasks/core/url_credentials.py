@@ -11,7 +11,7 @@ the URL without its user info. Standard library only: the configuration and the 
 
 from __future__ import annotations
 
-from urllib.parse import parse_qsl, quote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, quote, urlsplit
 
 from tasks.core.errors import DupflowError
 
@@ -50,19 +50,36 @@ def shown_url(url: str) -> str:
     """The one way a URL is shown (messages, logs, records): scheme://host[:port]/path, without user info, path
     parameters (``;jsessionid=…``), query or fragment, which may carry secrets or tokens; the path
     percent-encoded as sent."""
-    parts = urlsplit(url.strip())
+    parts = split_url(url)
     host = parts.netloc.rpartition("@")[2]
     path = quote(parts.path.split(";", 1)[0], safe=_PATH_SAFE)
     return f"{parts.scheme}://{host}{path}" if parts.scheme else f"{host}{path}"
 
 
+def split_url(url: str) -> SplitResult:
+    """``urlsplit``, which never raises: a network location it cannot read (a ``[`` in a password gives "'…' does
+    not appear to be an IPv4 or IPv6 address", quoting the secret) is split at its first ``/`` by hand."""
+    text = url.strip()
+    try:
+        return urlsplit(text)
+    except ValueError:
+        scheme, separator, rest = text.partition("://")
+        if not separator:
+            scheme, rest = "", text.removeprefix("//")
+        netloc, slash, path = rest.partition("/")
+        path, _, fragment = (slash + path).partition("#")
+        path, _, query = path.partition("?")
+        return SplitResult(scheme, netloc, path, query, fragment)
+
+
 def refuse_credentials_in_url(url: str | None, *, door: str, fix: str, tokens: bool = False) -> None:
     """Raise ``CredentialsInUrlError`` when ``url`` carries user info, or with ``tokens`` a token in its query
     (``_TOKEN_PARAMETERS``, in any case: a URL the job stores, its input or a status URL to attach to). ``door`` names
-    where the URL came from (an argument, option, key or header); ``fix`` says what to do instead."""
+    where the URL came from (an argument, option or header; empty where the message names the key already);
+    ``fix`` says what to do instead."""
     if url is None:
         return
-    parts = urlsplit(url.strip())
+    parts = split_url(url)
     if "@" in parts.netloc:
         carried = "a user name or password (user:password@host)"
     elif tokens and (found := sorted({k for k, _ in parse_qsl(parts.query) if k.lower() in _TOKEN_PARAMETERS})):
@@ -70,6 +87,6 @@ def refuse_credentials_in_url(url: str | None, *, door: str, fix: str, tokens: b
     else:
         return
     raise CredentialsInUrlError(
-        f"{door}: the URL {shown_url(url)} carries {carried}, "
+        f"{door}{': ' if door else ''}the URL {shown_url(url)} carries {carried}, "
         f"which would be stored with the job, shown in logs and sent to that host; {fix}"
     )
