@@ -7,7 +7,7 @@ Each run is a job of its own (its job id is the run's id, and the run's name fro
 CONFIG and INPUT as parameters; relative paths in CONFIG resolve against CONFIG's directory. Secrets come from this
 process's environment (``${VAR}`` / ``APP_*``), never from the parameters. A run at a ``wait`` step is suspended;
 Resume in the UI continues it. Work pool and workers instead: ``deployments/prefect.yaml``. A dead
-``PREFECT_API_URL``: one line on stderr, exit code 2.
+``PREFECT_API_URL``, a configuration with problems or an INPUT with credentials: one line on stderr, exit code 2.
 """
 
 from __future__ import annotations
@@ -16,8 +16,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from config.loader import load_settings
 from config.runtime import apply_prefect_defaults, prefect_api_url
-from flows.prefect_server import ApiUnreachableError, require_answer
+from flows.jobs import refuse_credentials_in_job_input
+from flows.prefect_server import require_answer
+from tasks.core.errors import DupflowError
 
 
 def main() -> None:
@@ -29,12 +32,15 @@ def main() -> None:
     parser.add_argument("--timezone", default="UTC", help="time zone of the cron schedule, e.g. Europe/Berlin")
     args = parser.parse_args()
     apply_prefect_defaults()
-    if api_url := prefect_api_url():
-        try:
+    try:
+        if api_url := prefect_api_url():
             require_answer(api_url)
-        except ApiUnreachableError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            sys.exit(2)
+        # Checked before they become the deployment's parameters: every scheduled run would fail on them.
+        refuse_credentials_in_job_input(args.input)
+        load_settings(args.config)
+    except DupflowError as exc:  # ApiUnreachableError included
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     from prefect.schedules import Cron
 
     from flows.pipeline import pipeline

@@ -49,8 +49,13 @@ class JobLock:
         try:
             self._path.parent.mkdir(parents=True, exist_ok=True)
             tempfile.TemporaryFile(dir=self._path.parent).close()  # every record write makes a file beside job.json
-            fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:  # never written through: its target could be any file
+                raise JobError(
+                    f"job {self._path.parent.name}: its lock file {self._path} is a symbolic link; remove it and run "
+                    "continue"
+                ) from None
             raise JobError(
                 f"job {self._path.parent.name}: cannot write in its directory {self._path.parent} "
                 f"({exc.strerror}); make it writable, or copy the job to a writable place, and run continue there"

@@ -98,9 +98,8 @@ def refuse_older_layout(paths: JobPaths) -> None:
         )
 
 
-def new_job(
-    paths: JobPaths, config_path: str | None, job_input: str | None, overrides: dict[str, str], settings: Settings
-) -> Job:
+def refuse_credentials_in_job_input(job_input: str | None) -> None:
+    """The job input is stored with the job and as a flow run's (or a deployment's) parameter: no credentials."""
     refuse_credentials_in_url(
         job_input,
         door="the job input (INPUT)",
@@ -110,6 +109,12 @@ def new_job(
         ),
         tokens=True,
     )
+
+
+def new_job(
+    paths: JobPaths, config_path: str | None, job_input: str | None, overrides: dict[str, str], settings: Settings
+) -> Job:
+    refuse_credentials_in_job_input(job_input)
     config_path = str(Path(config_path).resolve()) if config_path else None
     if job_input and "://" not in job_input:
         job_input = str(Path(job_input).expanduser().resolve())

@@ -27,7 +27,7 @@ from flows.job_state import JobLock, current_state, current_states, find_job_dir
 from flows.jobs import prepare_job, step_file_problems
 from flows.run_logging import job_logging, take_interrupts
 from tasks.core.errors import DupflowError, UsageError
-from tasks.core.readable import CLI, duration_text, plain_lines, size_text
+from tasks.core.readable import CLI, duration_text, plain_lines, plain_text, size_text
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
 from tasks.job.layout import JobPaths, directory_tag, job_tag
@@ -308,7 +308,7 @@ def report_outcome(paths: JobPaths, state: Any) -> int:
         print(f"{job.state}: {job.state_message}" if job.state_message else job.state)
         print(f"job directory: {paths.job_dir}")
         return EXIT_OK
-    print(f"job {job.job_id} failed: {job.state_message or redact(state.message or '')}", file=sys.stderr)
+    print(f"job {job.job_id} failed: {job.state_message or plain_text(redact(state.message or ''))}", file=sys.stderr)
     print(f"full log: {paths.log_file}", file=sys.stderr)
     print(f"after fixing the cause, resume with: {CLI} continue {job.job_id}", file=sys.stderr)
     if key := setting_named_in(job.state_message or ""):

@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import sys
 import threading
 import time
 import tracemalloc
+import unicodedata
 from collections.abc import Iterator
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler
@@ -27,8 +29,13 @@ from tasks.clients.errors import ServiceError
 from tasks.core.redaction import redact, register_secret
 from tasks.clients.http import ServiceClient, ServiceEndpoint, build_async_client, build_client, http_timeout
 from tasks.clients.pseudonymizer import Pseudonymizer
+from tasks.core.errors import JobError
+from tasks.job.layout import JobPaths
+from tasks.job.record import record_state
 from tasks.streams.ndjson import NdjsonError
 from deployments.automations.apply import main as apply_automations
+from deployments.serve import main as serve
+from flows.job_state import LOCK_FILE, JobLock
 from flows.jobs import prepare_job
 from flows.run import EXIT_USAGE, main
 from tests.conftest import run_cli
@@ -514,3 +521,55 @@ def test_a_path_given_to_continue_is_frozen_absolute_as_at_start(tmp_path, write
 
     assert job.record.overrides[key] == str(tmp_path / "siteA" / "anon.yaml")
     assert str(job.settings.services.pseudonymizer.anonymization_config) == str(tmp_path / "siteA" / "anon.yaml")
+
+
+@pytest.mark.parametrize(
+    ("job_input", "config_text", "said"),
+    [
+        ("https://bob:pw-in-url@files.example/Patient.ndjson", None, "the job input (INPUT): the URL https://files."),
+        ("https://files.example/Patient.ndjson?access_token=pw-in-url", None, "a token in its query (access_token)"),
+        (None, "pipeline: {enabled_steps: [nonsense]}\n", "pipeline.enabled_steps"),
+    ],
+)
+def test_serve_refuses_a_job_input_with_credentials_or_a_bad_configuration_before_a_deployment_exists(
+    tmp_path, monkeypatch, capsys, job_input, config_text, said
+):
+    """They would become the deployment's parameters, shown in the UI, and fail every scheduled run."""
+    config = tmp_path / "job.yaml"
+    config.write_text(config_text or "pipeline: {enabled_steps: [http_import]}\n")
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setattr(sys, "argv", ["serve", str(config), *([job_input] if job_input else [])])
+    with pytest.raises(SystemExit) as ended:
+        serve()
+    error = capsys.readouterr().err
+    assert ended.value.code == 2 and error.startswith("error: ") and said in error and "pw-in-url" not in error
+
+
+def test_a_lock_file_that_is_a_symbolic_link_is_never_written_through(tmp_path, write_config, capsys):
+    """The lock is truncated and given the holder's pid: through a link, any file the user may write (prune too)."""
+    _, job_dir = made_job(tmp_path, write_config)
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me\n")
+    (job_dir / LOCK_FILE).unlink(missing_ok=True)
+    (job_dir / LOCK_FILE).symlink_to(precious)
+
+    with pytest.raises(JobError, match=f"its lock file {job_dir / LOCK_FILE} is a symbolic link; remove it"):
+        JobLock(JobPaths(job_dir)).acquire()
+
+    assert precious.read_text() == "keep me\n"
+
+
+def test_a_services_words_with_escape_sequences_show_as_plain_text_in_status(tmp_path, write_config, capsys):
+    """A service's error text travels into the job's state message; on a terminal its escape sequences would clear
+    the screen, retitle the window or forge lines."""
+    _, job_dir = made_job(tmp_path, write_config)
+    said = "bad \x1b]0;pwned\x07\x1b[2J\x1b[31mFAKE: job Completed\x1b[0m\nforged line\u202eevil"
+    record_state(job_dir, "Failed", f"pseudonymizer: de-identify failed with HTTP 422 (terminal): {said}")
+    capsys.readouterr()
+
+    assert main(["status", str(job_dir)]) == 0
+
+    out = capsys.readouterr().out
+    (state,) = [line for line in out.splitlines() if line.lstrip().startswith("state:")]
+    assert "HTTP 422 (terminal): bad ]0;pwned [2J [31mFAKE: job Completed [0m forged line evil" in state
+    assert not any(unicodedata.category(char) in ("Cc", "Cf") for char in out.replace("\n", ""))

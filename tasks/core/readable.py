@@ -1,5 +1,5 @@
 """Values as a person reads them: sizes in B/KB/MB/GB, durations in s/min/h, nested facts as ``key: value`` lines,
-free text from a person (an inspection note) made safe to show.
+free text (an inspection note, a service's error message) made safe to show.
 
 ``status`` and the job-record artifact show the same values the same way. Import-light (nothing of ours, no
 Prefect): ``status`` uses it.
@@ -50,7 +50,7 @@ def readable_lines(value: Any, depth: int = 0) -> list[tuple[int, str | None, st
     items = value.items() if isinstance(value, Mapping) else ((None, item) for item in value)
     lines: list[tuple[int, str | None, str | None]] = []
     for key, item in items:
-        label = None if key is None else str(key)
+        label = None if key is None else plain_text(str(key))
         if isinstance(item, Mapping | list | tuple) and item:
             if label is not None:
                 lines.append((depth, label, None))
@@ -66,7 +66,7 @@ def scalar_text(value: Any) -> str:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    return str(value)
+    return plain_text(str(value))
 
 
 def plain_lines(value: Any, indent: str) -> list[str]:
@@ -81,10 +81,11 @@ def plain_lines(value: Any, indent: str) -> list[str]:
     return lines
 
 
-def plain_note(text: str) -> str:
-    """A person's note as it is kept and shown: each control or format character (newline, CR, escape sequences'
-    ESC, bidirectional overrides, zero-width characters; Unicode categories Cc, Cf, Zl, Zp) a space, at most
-    MAX_NOTE_BYTES of UTF-8 with the cut said. A terminal or a page then shows the note as typed, and nothing else."""
+def plain_text(text: str) -> str:
+    """Free text from outside as it is kept and shown (a person's note, a service's words in an error, a value in a
+    step's summary): each control or format character (newline, CR, escape sequences' ESC, bidirectional overrides,
+    zero-width characters; Unicode categories Cc, Cf, Zl, Zp) a space, at most MAX_NOTE_BYTES of UTF-8 with the cut
+    said. A terminal or a page then shows the text as written, and nothing else: no forged line, no colours."""
     shown = " ".join("".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in text).split())
     if (size := len(shown.encode())) <= MAX_NOTE_BYTES:
         return shown

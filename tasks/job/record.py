@@ -29,7 +29,7 @@ from pydantic import AfterValidator, BaseModel, Field, StringConstraints, Valida
 
 from tasks.core.errors import JobError
 from tasks.core.jsonfile import MB, JsonFileError, read_json_file
-from tasks.core.readable import plain_note
+from tasks.core.readable import plain_text
 from tasks.job.layout import JobPaths
 from tasks.streams.files import exclusive_lock, write_file_atomically
 
@@ -104,10 +104,10 @@ class Gate(BaseModel):
     paused_at: Timestamp | None = None
     released: bool = False
     released_at: Timestamp | None = None
-    note: Annotated[str | None, AfterValidator(lambda note: note if note is None else plain_note(note))] = None
+    note: Annotated[str | None, AfterValidator(lambda note: note if note is None else plain_text(note))] = None
 
     def release(self, note: str) -> None:
-        self.released, self.released_at, self.note = True, now_iso(), plain_note(note)
+        self.released, self.released_at, self.note = True, now_iso(), plain_text(note)
 
 
 class JobRecord(BaseModel):
@@ -124,7 +124,7 @@ class JobRecord(BaseModel):
     created_at: Timestamp = Field(default_factory=now_iso)
     updated_at: Timestamp = Field(default_factory=now_iso)
     state: str = PENDING
-    state_message: str = ""
+    state_message: Annotated[str, AfterValidator(plain_text)] = ""
     flow_run_ids: list[str] = Field(default_factory=list)
     facts: dict[str, Any] = Field(default_factory=dict)
     steps: dict[PositionKey, StepRecord] = Field(default_factory=dict)
@@ -197,7 +197,7 @@ def record_facts(job_dir: Path, **facts: Any) -> dict[str, Any]:
 def record_state(job_dir: Path, state: str, message: str = "", flow_run_id: str | None = None) -> None:
     """The job's latest flow-run state (``message`` must already be redacted); only the flow writes it."""
     with changing_record(job_dir) as record:
-        record.state, record.state_message = state, message
+        record.state, record.state_message = state, plain_text(message)
         if flow_run_id and flow_run_id not in record.flow_run_ids:
             record.flow_run_ids.append(flow_run_id)
 

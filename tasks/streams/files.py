@@ -83,7 +83,7 @@ def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
 def exclusive_lock(path: Path) -> Iterator[None]:
     """Hold an exclusive ``flock`` on ``path`` (made if missing) for the block; the kernel releases it if the
     holder dies, so a killed process never leaves it locked."""
-    with open(path, "a") as lock:
+    with open(path, "a", opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW, 0o666)) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
