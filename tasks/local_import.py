@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.core.errors import StepError
-from tasks.core.names import name_key, show_path
+from tasks.core.names import name_key, show_text
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.job.filework import map_files
 from tasks.job.steps import ndjson_written
@@ -102,8 +102,8 @@ def scan(source: Path, recursive: bool) -> list[Path]:
 
     def unreadable(exc: OSError) -> None:
         raise LocalImportError(
-            f"cannot read directory {show_path(exc.filename)}: {exc.strerror}; fix its permissions or remove it from "
-            "the import"
+            f"cannot read directory {show_text(exc.filename, None)}: {exc.strerror}; fix its permissions or remove it "
+            "from the import"
         )
 
     files = []
@@ -125,14 +125,16 @@ def check_data_file(path: Path) -> Path:
     try:
         mode = path.stat().st_mode
     except OSError as exc:
-        raise LocalImportError(f"cannot read {show_path(path)}: {_stat_problem(path, exc)}; fix or remove it") from None
+        raise LocalImportError(
+            f"cannot read {show_text(path, None)}: {_stat_problem(path, exc)}; fix or remove it"
+        ) from None
     if not stat.S_ISREG(mode):
         raise LocalImportError(
-            f"{show_path(path)} is {_file_kind(mode)}, not a file, although its name says data; remove it from the "
-            "import folder or rename it"
+            f"{show_text(path, None)} is {_file_kind(mode)}, not a file, although its name says data; remove it from "
+            "the import folder or rename it"
         )
     if not os.access(path, os.R_OK):
-        raise LocalImportError(f"cannot read file {show_path(path)}: permission denied; fix its permissions")
+        raise LocalImportError(f"cannot read file {show_text(path, None)}: permission denied; fix its permissions")
     return path
 
 
@@ -158,10 +160,10 @@ def target_names(files: list[Path], compress: bool) -> list[str]:
     for path in files:
         name = output_name(path.name, compress)
         if (key := name_key(name)) in seen:
-            first = show_path(seen[key][1])
+            first, second = show_text(seen[key][1], None), show_text(path, None)
             raise LocalImportError(
-                f"{first} and {show_path(path)} would both be imported as {name} (a file system that ignores case "
-                "takes them for one file); rename one of them"
+                f"{first} and {second} would both be imported as {name} (a file system that ignores case takes them "
+                "for one file); rename one of them"
             )
         seen[key] = (name, path)
     return [name for name, _ in seen.values()]

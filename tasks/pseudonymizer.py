@@ -130,7 +130,8 @@ async def pseudonymize_with_service(
     configured = settings.services.pseudonymizer
     if not configured.url:
         raise PseudonymizerStepError("services.pseudonymizer.url is not set")
-    endpoint = ServiceEndpoint("pseudonymizer", configured.url, configured.auth, http_timeout(configured.timeout))
+    timeout, connections = http_timeout(configured.timeout), max(100, configured.max_concurrent_requests)
+    endpoint = ServiceEndpoint("pseudonymizer", configured.url, configured.auth, timeout, connections)
     async with build_async_client(endpoint, settings.tls) as client:
         service = Pseudonymizer(
             client,

@@ -98,7 +98,8 @@ async def validate_with_service(
 ) -> FileValidation:
     service = settings.services.validation
     assert service.url is not None
-    endpoint = ServiceEndpoint("validation", service.url, None, http_timeout(READ_TIMEOUT))
+    connections = max(100, service.max_concurrent_requests)
+    endpoint = ServiceEndpoint("validation", service.url, None, http_timeout(READ_TIMEOUT), connections)
     async with AsyncServiceClient(endpoint, settings.tls, settings.retry) as client:
         return await validate_path(
             source,

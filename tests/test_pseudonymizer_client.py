@@ -23,6 +23,7 @@ from tasks.clients.pseudonymizer import (
     checked_answer,
     compact_size,
     reassemble_bundle,
+    resource_label,
     split_bundle,
 )
 from tests.support.pseudonymization import (
@@ -246,6 +247,17 @@ def test_no_more_than_max_concurrent_requests_are_in_flight(pseudonymizer_fake):
 def test_an_answer_of_another_type_is_refused():
     with pytest.raises(PseudonymizationError, match="'OperationOutcome' instead of a de-identified Patient"):
         checked_answer(b'{"resourceType":"OperationOutcome"}', patient(1))
+
+
+def test_type_and_id_from_data_or_an_answer_show_escaped_and_bounded_in_messages():
+    """They come from the data (an invalid id is what the service refuses) and the service: one forged line, an
+    escape sequence or a megabyte of id would go into the step's error as it was."""
+    forged = "p1\n12:00:00 INFO step done\x1b[2J\u202e" + "x" * 1_000_000
+    label = resource_label({"resourceType": "Patient", "id": forged})
+    assert label.startswith("Patient/'p1\\n12:00:00 INFO step done\\x1b[2J\\u202e") and len(label) < 200
+    with pytest.raises(PseudonymizationError) as refused:
+        checked_answer(orjson.dumps({"resourceType": forged}), patient(1))
+    assert len(str(refused.value)) < 300 and str(refused.value).isprintable()
 
 
 def test_an_answer_that_drops_bundle_entries_is_refused():

@@ -19,6 +19,7 @@ import pytest
 
 from config.errors import ConfigError
 from config.loader import load_settings
+from config.settings import Settings
 from flows.run import EXIT_FAILED, EXIT_OK, main
 from tasks.clients.pseudonymizer import MB
 from tasks.pseudonymizer import (
@@ -26,6 +27,7 @@ from tasks.pseudonymizer import (
     PseudonymizerStepError,
     anonymization_config,
     pseudonymize_path,
+    pseudonymize_with_service,
     read_anonymization_config,
     window_size,
 )
@@ -110,6 +112,21 @@ def test_output_keeps_the_input_order_when_answers_come_back_out_of_order_with_8
     assert probe.most_in_flight == 8
     assert read_output(tmp_path / "out.ndjson.zst") == [server_side(p, pseudonymizer_fake) for p in patients]
     assert (counts.resources_in, counts.resources_out, counts.requests) == (160, 160, 160)
+
+
+def test_more_than_100_requests_in_flight_each_get_a_connection(pseudonymizer_fake, tmp_path):
+    """httpx pools 100 connections by default: the rest waited for one within their own deadline and failed."""
+    probe = ConcurrencyProbe(pseudonymizer_fake, hold_seconds=0, fill=150, fill_timeout=60)
+    pseudonymizer_fake.state.reset(status_hook=probe)
+    source = write_lines(tmp_path / "Patient.ndjson", [patient(i) for i in range(300)])
+    service = {"url": pseudonymizer_fake.base_url, "max_concurrent_requests": 150}
+    settings = Settings.model_validate(
+        {"pipeline": {"enabled_steps": ["local_import", "pseudonymizer"]}, "services": {"pseudonymizer": service}}
+    )
+
+    counts = asyncio.run(pseudonymize_with_service(settings, source, tmp_path / "out.ndjson", None, None))
+
+    assert probe.most_in_flight == 150 and counts.resources_out == 300
 
 
 def test_a_slow_answer_holds_back_at_most_twice_max_concurrent_requests_resources(pseudonymizer_fake, tmp_path):

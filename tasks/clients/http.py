@@ -67,6 +67,9 @@ class ServiceEndpoint:
     base_url: str
     auth: AuthSettings | None = None
     timeout: httpx.Timeout = field(default_factory=lambda: http_timeout(timedelta(seconds=30)))
+    max_connections: int = 100
+    """Connections open at once (httpx's default is 100: a step allowing more requests in flight says so, else
+    the rest wait for a connection within their timeout)."""
 
 
 def ssl_verify(tls: TlsSettings, *, purpose: str) -> ssl.SSLContext | bool:
@@ -100,6 +103,7 @@ def _client_options(endpoint: ServiceEndpoint, tls: TlsSettings) -> tuple[Servic
         "auth": auth,
         "verify": verify,
         "timeout": endpoint.timeout,
+        "limits": httpx.Limits(max_connections=endpoint.max_connections, max_keepalive_connections=20),
         "follow_redirects": False,  # ServiceAuth follows them, checking each hop's origin
     }
     return auth, options

@@ -27,6 +27,7 @@ import httpx
 import orjson
 
 from tasks.core.errors import StepError
+from tasks.core.names import show_name, show_text
 from tasks.clients.bounds import MB, Deadline, read_answer_async, within_deadline
 from tasks.clients.errors import raise_for_service_status_async
 from tasks.core.redaction import redact
@@ -146,7 +147,7 @@ class Pseudonymizer:
         return [call.result()[1] for call in calls]
 
     async def _deidentify(self, resource_json: bytes, resource: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
-        operation = f"de-identify {resource.get('resourceType')}"
+        operation = f"de-identify {show_text(resource.get('resourceType'))}"
         service = service_name(self._client)
         body = self._body(resource_json)
 
@@ -173,8 +174,9 @@ def checked_answer(content: bytes, sent: dict[str, Any]) -> tuple[bytes, dict[st
         raise PseudonymizationError("the service answered with something that is not JSON") from None
     sent_type = sent.get("resourceType")
     if not isinstance(answer, dict) or answer.get("resourceType") != sent_type:
-        got = answer.get("resourceType") if isinstance(answer, dict) else type(answer).__name__
-        raise PseudonymizationError(redact(f"the service answered with {got!r} instead of a de-identified {sent_type}"))
+        got = show_name(str(answer.get("resourceType"))) if isinstance(answer, dict) else type(answer).__name__
+        sent_shown = show_text(sent_type)
+        raise PseudonymizationError(redact(f"the service answered with {got} instead of a de-identified {sent_shown}"))
     if sent_type == "Bundle" and len(answer.get("entry") or []) != len(sent.get("entry") or []):
         raise PseudonymizationError(
             f"the service answered with {len(answer.get('entry') or [])} Bundle entries for "
@@ -248,4 +250,4 @@ def resource_label(resource: Any) -> str:
     """``Type/id`` of a resource for messages (never its content)."""
     if not isinstance(resource, dict):
         return "no resource"
-    return f"{resource.get('resourceType', 'unknown type')}/{resource.get('id', '(no id)')}"
+    return f"{show_text(resource.get('resourceType', 'unknown type'))}/{show_text(resource.get('id', '(no id)'))}"

@@ -27,6 +27,7 @@ import orjson
 
 from tasks.clients.bounds import MB, Deadline, read_answer_async, within_deadline
 from tasks.clients.errors import error_from_response, json_or_none, raise_for_service_status_async
+from tasks.core.names import show_text
 from tasks.core.redaction import redact_strings
 from tasks.clients.http import FHIR_JSON_HEADERS, AsyncServiceClient
 from tasks.clients.retry import call_with_retry_async
@@ -134,8 +135,12 @@ def with_full_urls(resource: dict[str, Any]) -> bool:
 
 def resource_label(resource: dict[str, Any], line_number: int) -> str:
     """``Type/id`` of a resource for reports and messages (never its content); the line where it has no id."""
-    resource_type = resource.get("resourceType", "unknown type")
-    return f"{resource_type}/{resource['id']}" if resource.get("id") else f"{resource_type} (line {line_number})"
+    resource_type = show_text(resource.get("resourceType", "unknown type"))
+    return (
+        f"{resource_type}/{show_text(resource['id'])}"
+        if resource.get("id")
+        else f"{resource_type} (line {line_number})"
+    )
 
 
 @dataclass(frozen=True)

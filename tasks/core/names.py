@@ -59,11 +59,14 @@ def show_name(name: str) -> str:
     return ascii(name) if len(name) <= SHOWN_NAME_CHARS else ascii(name[:SHOWN_NAME_CHARS]) + "…"
 
 
-def show_path(path: object) -> str:
-    """``path`` as it is when it shows as itself; quoted with its control, format and undecodable characters
-    escaped when it would not (a folder named with a newline would forge a line of the message)."""
-    text = str(path)
-    return text if text.isprintable() else ascii(text)
+def show_text(value: object, limit: int | None = SHOWN_NAME_CHARS) -> str:
+    """``value`` (a path, a resource id from data) as it is when it shows as itself within ``limit`` characters
+    (None: any length); else quoted with its control, format and undecodable characters escaped and cut as
+    ``show_name`` does (a folder or an id with a newline in it would forge a line of the message)."""
+    text = str(value)
+    if text.isprintable() and (limit is None or len(text) <= limit):
+        return text
+    return ascii(text) if limit is None else show_name(text)
 
 
 def name_key(name: str) -> str:
