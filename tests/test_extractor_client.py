@@ -523,6 +523,7 @@ def test_file_names_that_could_escape_import_are_refused(url):
 def test_file_names_are_forced_to_ndjson_and_duplicates_are_an_error():
     assert safe_file_name("http://h/j/batch-1", compress=True) == "batch-1.ndjson.zst"
     assert safe_file_name("http://h/j/core.ndjson?x=1", compress=False) == "core.ndjson"
+    assert safe_file_name("http://h/j/core.ndjson;jsessionid=8F3A0718", compress=False) == "core.ndjson"
     with pytest.raises(DownloadError, match="would both be saved as core.ndjson"):
         target_names(["http://h/j1/core.ndjson", "http://h/j2/core.ndjson"], compress=False)
     with pytest.raises(DownloadError, match="would both be saved as Core.ndjson .*ignores case"):

@@ -3,6 +3,7 @@ import contextvars
 import os
 import random
 import signal
+import struct
 import sys
 import tempfile
 import threading
@@ -505,3 +506,15 @@ def test_a_call_that_gets_to_make_its_file_after_its_fan_out_was_cancelled_makes
     wait_until(lambda: outcome, "the late call ended", timeout=DEADLINE_SECONDS)
     assert isinstance(outcome[0], Cancelled)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_zstd_file_that_opens_with_a_skippable_frame_is_read_as_zstd(tmp_path):
+    """pzstd, zstd's own parallel tool, starts every file with a skippable frame (RFC 8878 3.1.2)."""
+    content = b"\n".join(SPANNED_LINES) + b"\n"
+    frame = zstandard.ZstdCompressor().compress(content)
+    path = tmp_path / "pzstd.ndjson.zst"
+    path.write_bytes(struct.pack("<III", 0x184D2A50, 4, len(frame)) + frame)
+
+    assert is_zstd(path)
+    assert b"".join(iter_chunks(path)) == content
+    assert count_resources(path, MB) == 120

@@ -73,9 +73,10 @@ class FileNotReadyError(DownloadError):
 
 
 def safe_file_name(url: str, compress: bool) -> str:
-    """``<last URL segment>`` forced to ``.ndjson`` (+ ``.zst``); names that could leave the folder are refused."""
+    """``<last URL segment>`` forced to ``.ndjson`` (+ ``.zst``); names that could leave the folder are refused.
+    The segment's path parameters (``;jsessionid=…``, which may be a session) are no part of the name."""
     raw_path = httpx.URL(url).raw_path.decode("ascii").split("?", 1)[0]
-    segment = unquote(raw_path.rsplit("/", 1)[-1])  # split before decoding: %2F is not a separator here
+    segment = unquote(raw_path.rsplit("/", 1)[-1].split(";", 1)[0])  # split before decoding: %2F, %3B are data
     if problem := name_from_data_problem(segment):
         raise UnsafeFileNameError(
             f"{shown_url(url)}: cannot use {show_name(segment)} as a file name in import/: it {problem}; "

@@ -17,7 +17,7 @@ import zstandard
 
 from tasks.core.errors import StepError
 from tasks.core.names import name_from_data_problem, show_name
-from tasks.streams.zstd_blocks import ZSTD_MAGIC, ZstdBlockCutter
+from tasks.streams.zstd_blocks import ZSTD_MAGIC, ZstdBlockCutter, starts_zstd
 
 CHUNK_SIZE = 1 << 20
 DATA_SUFFIXES = (".ndjson", ".ndjson.zst")
@@ -94,7 +94,7 @@ def output_name(name: str, compress: bool) -> str:
 
 def is_zstd(path: Path) -> bool:
     with open(path, "rb") as f:
-        return f.read(4) == ZSTD_MAGIC
+        return starts_zstd(f.read(4))
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ class StreamDecoder:
             if len(self._head) < len(ZSTD_MAGIC):
                 return
             chunk, self._head = self._head, b""
-            self._is_zstd = chunk.startswith(ZSTD_MAGIC)
+            self._is_zstd = starts_zstd(chunk)
         if not self._is_zstd:
             yield chunk
             return

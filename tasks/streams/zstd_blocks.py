@@ -11,6 +11,12 @@ ZSTD_BLOCKS_PER_PIECE = 8  # zstd blocks per decompression call: about 70 KB in 
 ZSTD_OUTPUT_PIECE = ZSTD_BLOCKS_PER_PIECE * ZSTD_BLOCK_MAX  # the most one decompression call gives, at any ratio
 
 
+def starts_zstd(head: bytes) -> bool:
+    """``head`` (at least 4 bytes) begins a zstd stream: a frame, or a skippable frame (``pzstd`` starts each file
+    with one, RFC 8878 3.1.2)."""
+    return head[:4] == ZSTD_MAGIC or (len(head) >= 4 and head[0] & 0xF0 == 0x50 and head[1:4] == b"\x2a\x4d\x18")
+
+
 class ZstdBlockCutter:
     """Cuts a zstd stream into pieces that each end at most ``ZSTD_BLOCKS_PER_PIECE`` blocks, so that each
     decompresses to at most ``ZSTD_OUTPUT_PIECE`` bytes.
