@@ -7,6 +7,8 @@ child with a generous deadline, or in process where it now finishes at once.
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import csv
 import inspect
 import io
@@ -23,7 +25,7 @@ import orjson
 import pytest
 
 from config.settings import RetrySettings, TlsSettings
-from tasks.clients.flattener import Flattener
+from tasks.clients.flattener import Flattener, FlattenerError, parse_row
 from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.flattening import flatten_with_service, plan_views
 from tasks.job.flattening_outcome import FlatteningError
@@ -507,3 +509,20 @@ def test_a_job_whose_groups_all_get_resources_still_completes(tmp_path) -> None:
 
     assert sum(group.resources for group in outcome.groups) == 7
     assert outcome.unrouted["Encounter"] == 2
+
+
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        (b'{"id":' + b"[" * 5000 + b"]" * 5000 + b"}", "depth limit"),
+        (b'{"id":"p1","v":NaN}', "unexpected character"),
+        (b'{"id":"a\\ud800b"}', "surrogate"),
+    ],
+    ids=["deeply-nested", "NaN", "lone-surrogate"],
+)
+def test_a_service_row_that_no_csv_could_hold_is_an_error_naming_the_line(line, said):
+    """``json`` raised RecursionError on the first, took NaN as a cell ``nan``, and the third failed the CSV's
+    UTF-8 writing as a bare UnicodeEncodeError."""
+    with pytest.raises(FlattenerError, match=f"answer line 7 is not JSON .*{said}"):
+        parse_row(line, 7)
+    assert parse_row(b'{"id":"p1","v":1.50}', 1) == {"id": "p1", "v": Decimal("1.50")}

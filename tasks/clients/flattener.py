@@ -19,6 +19,7 @@ from decimal import Decimal
 from typing import Any
 
 import httpx
+import orjson
 
 from tasks.clients.bounds import MB, Deadline, answer_within, read_answer
 from tasks.clients.errors import json_or_none, network_error, raise_for_service_status
@@ -56,7 +57,7 @@ class Flattener:
         with self._answer("GET", METADATA_PATH, operation) as (response, deadline):
             where = {"operation": operation, "service": self._service, "deadline": deadline}
             content = read_answer(response, MAX_METADATA_BYTES, hint=NOT_A_SERVICE_HINT, **where)
-        if not lists_view_run(json_or_none(content)):
+        if not lists_view_run(json_or_none(content, orjson.loads)):
             raise FlattenerError(
                 f"{redact(self.client.endpoint.base_url)} is not a flattening service: its {METADATA_PATH} lists no "
                 "$run operation on ViewDefinition (check services.flattening.service_url)"
@@ -128,10 +129,13 @@ def answer_lines(response: httpx.Response, deadline: Deadline, operation: str, s
 
 
 def parse_row(line: bytes, number: int) -> dict[str, Any]:
-    """One row of the answer, numbers as ``Decimal``; a ``FlattenerError`` naming the line for anything else."""
+    """One row of the answer, numbers as ``Decimal``; a ``FlattenerError`` naming the line for anything else. orjson
+    checks the line first, strictly: no NaN or Infinity, no lone surrogate (no UTF-8 CSV could hold it), nesting
+    bounded (``json`` would raise RecursionError)."""
     try:
+        orjson.loads(line)
         row = json.loads(line, parse_float=Decimal)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise FlattenerError(f"the flattening service's $run answer line {number} is not JSON ({exc})") from exc
     if not isinstance(row, dict):
         raise FlattenerError(f"the flattening service's $run answer line {number} is not a JSON object")
