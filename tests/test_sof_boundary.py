@@ -12,6 +12,7 @@ from decimal import Decimal
 import pytest
 
 from tasks.sof.output import CsvWriter, cell, csv_cells
+from tasks.sof.resources import parse_line
 from tests.support.sof import column_values
 
 
@@ -80,6 +81,19 @@ def test_decimals_reach_the_csv_without_an_exponent_row_by_row_and_in_batches():
     CsvWriter(batched).writerows([row, ("text", 3, None, Decimal("-2E-3"))])  # the embedded engine's way
     assert one.getvalue().strip() == "0.00000000,0.0000001,100,1.50"
     assert batched.getvalue().splitlines() == ["0.00000000,0.0000001,100,1.50", "text,3,,-0.002"]
+
+
+def test_integers_beyond_64_bits_keep_their_digits_and_a_huge_exponent_stays_a_short_cell():
+    """orjson made a float of 12345678901234567890123 (12345678901234568000000 in the CSV) and refused it inside an
+    object cell; 1e50000000 became a cell of 50 MB."""
+    big = b'"valueQuantity":{"value":12345678901234567890123,"unit":"mg"}'
+    obs = parse_line("in.ndjson", 1, b'{"resourceType":"Observation","id":"o1",' + big + b"}")
+    assert csv_cells(tuple(column_values("value.ofType(Quantity).value", [obs]))) == ["12345678901234567890123"]
+    quantity = csv_cells(tuple(column_values("value.ofType(Quantity)", [obs])))
+    assert quantity == ['{"value":12345678901234567890123,"unit":"mg"}']
+    bomb = parse_line("in.ndjson", 2, b'{"resourceType":"Observation","id":"o2","valueQuantity":{"value":1e50000000}}')
+    assert csv_cells(tuple(column_values("value.ofType(Quantity).value", [bomb]))) == ["1E+50000000"]
+    assert csv_cells((Decimal("1E-7"), {"v": Decimal("1E-7")})) == ["0.0000001", '{"v":0.0000001}']
 
 
 def test_batched_csv_lines_are_what_python_csv_writes_for_every_kind_of_cell():

@@ -128,6 +128,10 @@ def _quoted(cell: str) -> str:
     return cell
 
 
+MAX_EXPANDED_DIGITS = 100
+"""A decimal with an exponent is written out in digits while its magnitude is within 10 to the ±100."""
+
+
 def cell(value: Any) -> str:
     if value is None:
         return ""
@@ -137,9 +141,8 @@ def cell(value: Any) -> str:
         return "false"
     if isinstance(value, str):
         return value
-    if isinstance(value, Decimal):  # its digits without an exponent: ``str`` writes 0.0000001 as 1E-7
-        text = str(value)
-        return format(value, "f") if "E" in text else text
+    if isinstance(value, Decimal):
+        return decimal_text(value)
     if isinstance(value, int):
         return str(value)
     if isinstance(value, dict | list):
@@ -147,16 +150,38 @@ def cell(value: Any) -> str:
     return str(value)
 
 
+def decimal_text(value: Decimal) -> str:
+    """A decimal's digits without an exponent (``str`` writes 0.0000001 as 1E-7), unless they would take more than
+    ``MAX_EXPANDED_DIGITS``: 1e50000000 is no 50 MB cell."""
+    text = str(value)
+    expands = "E" in text and -MAX_EXPANDED_DIGITS <= value.adjusted() <= MAX_EXPANDED_DIGITS
+    return format(value, "f") if expands else text
+
+
 def csv_cells(row: tuple) -> list[str]:
     return [value if type(value) is str else cell(value) for value in row]
 
 
 def json_bytes(value: Any) -> bytes:
-    """Compact JSON; decimals keep their digits."""
-    return orjson.dumps(value, default=_decimal_fragment)
+    """Compact JSON; decimals and integers beyond 64 bits (which orjson refuses) keep their digits."""
+    try:
+        return orjson.dumps(value, default=_decimal_fragment)
+    except orjson.JSONEncodeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+        return orjson.dumps(_big_ints_as_decimals(value), default=_decimal_fragment)
+
+
+def _big_ints_as_decimals(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _big_ints_as_decimals(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_big_ints_as_decimals(item) for item in value]
+    is_big = isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64
+    return Decimal(value) if is_big else value
 
 
 def _decimal_fragment(value: Any) -> Any:
     if isinstance(value, Decimal):
-        return orjson.Fragment(str(value))
+        return orjson.Fragment(decimal_text(value))
     raise TypeError(f"cannot write {type(value).__name__} as JSON")

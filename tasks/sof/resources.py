@@ -18,7 +18,7 @@ from tasks.sof.errors import ResourceLineError
 from tasks.sof.flat_rows import flat_block_rows
 from tasks.streams.ndjson import LineSplitter, iter_chunks
 
-_DECIMAL_NUMBER = re2.compile(rb"[:\[,][ \t\n\r\f\v]*-?\d+(?:\.\d|[eE])")  # RE2: 2.5x Python's re here
+_DECIMAL_NUMBER = re2.compile(rb"[:\[,][ \t\n\r\f\v]*-?(?:\d+(?:\.\d|[eE])|\d{20})")  # RE2: 2.5x Python's re here
 _DECIMAL_DECODER = json.JSONDecoder(parse_float=Decimal)  # made once: ``json.loads(parse_float=...)`` makes one a call
 _RESOURCE_TYPE_KEY = b'"resourceType"'
 _RESOURCE_TYPE = re.compile(rb'"resourceType"\s*:\s*"([^"\\]*)"')
@@ -27,8 +27,9 @@ _RESOURCE_TYPE = re.compile(rb'"resourceType"\s*:\s*"([^"\\]*)"')
 def parse_line(source: Path | str, number: int, line: bytes) -> dict[str, Any]:
     """One NDJSON line; decimals as ``Decimal`` (they reach the CSV as written), the fast parser when there are none.
 
-    A line "has decimals" when a number with a fraction or exponent follows ``:``, ``[`` or ``,``; a string that
-    looks like that only costs the slower parser, never a wrong value.
+    A line "has decimals" when a number with a fraction or exponent, or an integer of 20 digits or more (orjson
+    would make a float of one beyond 64 bits), follows ``:``, ``[`` or ``,``; a string that looks like that only
+    costs the slower parser, never a wrong value.
     """
     try:
         if _DECIMAL_NUMBER.search(line):
