@@ -306,6 +306,22 @@ def test_a_children_chain_is_reported_once_without_recursion(tmp_path):
     assert problem.startswith("table https://example.org/chain element Observation.e0: its children nest")
 
 
+@pytest.mark.parametrize("length", [65, 600])
+def test_a_children_chain_listed_leaf_first_is_reported_too(tmp_path, length):
+    """The walk measured depth only going down from unfinished elements: listed leaf first, every element was
+    finished at depth 1, the check passed, and the step died of RecursionError."""
+    (table,) = children_chain(length)
+    table["elements"] = dict(reversed(table["elements"].items()))
+    path = tmp_path / "lookup.json"
+    path.write_text(json.dumps([table]))
+    (problem,) = lookup_problems(path)
+    assert "its children nest more than 64 levels deep" in problem
+    (tmp_path / "ok.json").write_text(
+        json.dumps([{**table, "elements": dict(reversed(children_chain(63)[0]["elements"].items()))}])
+    )
+    assert lookup_problems(tmp_path / "ok.json") == []
+
+
 def test_a_100000_deep_crtdl_is_refused_at_start_without_a_traceback(tmp_path, write_config):
     config = write_config(flattening_example(tmp_path))
     crtdl = tmp_path / "deep.json"

@@ -175,21 +175,29 @@ def _table_problems(table: dict[str, Any]) -> list[str]:
 
 def _cycle_problems(url: str, elements: dict[str, dict[str, Any]]) -> list[str]:
     """Cycles in the children links (each reported once, at the element it returns to) and chains deeper than
-    MAX_ELEMENT_DEPTH; a depth-first walk with its own stack, so a chain of any length costs no recursion."""
+    MAX_ELEMENT_DEPTH, whatever order the elements are listed in; a depth-first walk with its own stack, so a chain of
+    any length costs no recursion."""
     problems: list[str] = []
-    finished: set[str] = set()
+    height: dict[str, int] = {}  # of each finished element: the longest chain of children below it, itself included
     for root in elements:
-        if root in finished:
+        if root in height:
             continue
         path, pending = [root], [iter(elements[root].get("children", []))]
         while pending:
             if (child := next(pending[-1], None)) is None:
-                finished.add(path.pop())
+                done = path.pop()
                 pending.pop()
+                height[done] = 1 + max((height.get(c, 0) for c in elements[done].get("children", [])), default=0)
+                if height[done] > MAX_ELEMENT_DEPTH:  # a chain whose lower part was walked first, from its leaf
+                    problems.append(
+                        f"table {url} element {done}: its children nest more than {MAX_ELEMENT_DEPTH} levels deep, "
+                        "far deeper than any FHIR element"
+                    )
+                    return problems
             elif child in path:
                 cycle = " → ".join(path[path.index(child) :] + [child])
                 problems.append(f"table {url} element {child}: its children lead back to it ({cycle})")
-            elif child in elements and child not in finished:
+            elif child in elements and child not in height:
                 if len(path) >= MAX_ELEMENT_DEPTH:
                     problems.append(
                         f"table {url} element {root}: its children nest more than {MAX_ELEMENT_DEPTH} levels deep "
