@@ -7,8 +7,6 @@ child with a generous deadline, or in process where it now finishes at once.
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 import csv
 import inspect
 import io
@@ -18,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import tracemalloc
+from decimal import Decimal
 from itertools import islice
 from pathlib import Path
 
@@ -28,12 +27,13 @@ from config.settings import RetrySettings, TlsSettings
 from tasks.clients.flattener import Flattener, FlattenerError, parse_row
 from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.flattening import flatten_with_service, plan_views
-from tasks.job.flattening_outcome import FlatteningError
+from tasks.job.flattening_outcome import FlatteningError, engine_errors_as_step_errors
 from tests.flattening_runs import flatten_files
 from tasks.sof.view import compile_view
 from tasks.sof.errors import FhirPathError, ResourceLineError, ViewDefinitionError, ViewEvaluationError
 from tasks.sof.fhirpath import MAX_EXPRESSION_DEPTH, Item, compile_path
 from tasks.sof.fhirpath_functions import MAX_REPEAT_ELEMENTS
+from tasks.sof.flatten import FilePlan, GroupPlan, flatten_file
 from tasks.sof.resources import parse_line
 from tasks.sof.view import MAX_ROWS_PER_RESOURCE, MAX_SELECT_DEPTH
 from tests.conftest import REPO_ROOT, TESTDATA
@@ -526,3 +526,34 @@ def test_a_service_row_that_no_csv_could_hold_is_an_error_naming_the_line(line, 
     with pytest.raises(FlattenerError, match=f"answer line 7 is not JSON .*{said}"):
         parse_row(line, 7)
     assert parse_row(b'{"id":"p1","v":1.50}', 1) == {"id": "p1", "v": Decimal("1.50")}
+
+
+def flattened_alone(tmp_path: Path, line: bytes, columns: list[dict]) -> Path:
+    """Flatten one ``line`` by a Patient view of ``columns``, as a step's file task does; the CSV part."""
+    view = {"resource": "Patient", "select": [{"column": columns}]}
+    source = tmp_path / "in.ndjson"
+    source.write_bytes(line + b"\n")
+    group = GroupPlan("g", "p.csv", "Patient", json.dumps(view))
+    with engine_errors_as_step_errors():
+        flatten_file(FilePlan(str(source), str(tmp_path / "parts"), "p1", (group,), (), False, 1 << 24))
+    return tmp_path / "parts" / "p1" / "p.csv"
+
+
+def test_an_object_cell_nested_deeper_than_json_can_be_written_is_an_error_naming_view_and_file(tmp_path):
+    """orjson reads 1024 levels but writes 254: the cell raised a bare TypeError."""
+    extension = {"url": "u", "valueString": "x"}
+    for _ in range(300):
+        extension = {"url": "u", "extension": [extension]}
+    line = json.dumps({"resourceType": "Patient", "id": "p1", "extension": [extension]}).encode()
+    columns = [{"name": "id", "path": "id"}, {"name": "ext", "path": "extension", "collection": True}]
+    with pytest.raises(FlatteningError, match=f"p.csv: a cell from {tmp_path / 'in.ndjson'} cannot be written"):
+        flattened_alone(tmp_path, line, columns)
+
+
+@pytest.mark.parametrize("decimals", ["", ',"multipleBirthDecimal":1.5'], ids=["no-decimal", "a-decimal"])
+def test_a_lone_surrogate_is_refused_naming_the_line_whatever_else_the_line_holds(tmp_path, decimals):
+    """With a decimal in the line the decimal-keeping parser took it, and the CSV failed with UnicodeEncodeError."""
+    line = b'{"resourceType":"Patient","id":"p1","gender":"a\\ud800b"%s}' % decimals.encode()
+    columns = [{"name": "id", "path": "id"}, {"name": "g", "path": "gender"}]
+    with pytest.raises(FlatteningError, match="in.ndjson: line 1 is not valid JSON .*surrogate"):
+        flattened_alone(tmp_path, line, columns)

@@ -259,7 +259,12 @@ class RowsWriter:
         if self._writer is None:
             self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by close
             self._writer = CsvWriter(self._stream)
-        self.rows += self._writer.writerows(rows)
+        try:
+            self.rows += self._writer.writerows(rows)
+        except orjson.JSONEncodeError as exc:  # an object cell nested deeper than orjson writes (254 levels)
+            raise ViewEvaluationError(
+                f"{self.name}: a cell from {self.line.source} cannot be written as JSON ({exc})"
+            ) from None
         self._pending = []
 
     def close(self) -> int:

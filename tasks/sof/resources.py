@@ -19,6 +19,7 @@ from tasks.sof.flat_rows import flat_block_rows
 from tasks.streams.ndjson import LineSplitter, iter_chunks
 
 _DECIMAL_NUMBER = re2.compile(rb"[:\[,][ \t\n\r\f\v]*-?(?:\d+(?:\.\d|[eE])|\d{20})")  # RE2: 2.5x Python's re here
+_SURROGATE_ESCAPE = re2.compile(rb"\\u[dD][89a-fA-F]")
 _DECIMAL_DECODER = json.JSONDecoder(parse_float=Decimal)  # made once: ``json.loads(parse_float=...)`` makes one a call
 _RESOURCE_TYPE_KEY = b'"resourceType"'
 _RESOURCE_TYPE = re.compile(rb'"resourceType"\s*:\s*"([^"\\]*)"')
@@ -33,7 +34,9 @@ def parse_line(source: Path | str, number: int, line: bytes) -> dict[str, Any]:
     """
     try:
         if _DECIMAL_NUMBER.search(line):
-            resource = _DECIMAL_DECODER.decode(line.decode("utf-8-sig", "surrogatepass"))
+            if _SURROGATE_ESCAPE.search(line):
+                orjson.loads(line.removeprefix(b"\xef\xbb\xbf"))  # refuses a lone surrogate, as without decimals
+            resource = _DECIMAL_DECODER.decode(line.decode("utf-8-sig"))
         else:
             resource = orjson.loads(line)
     except ValueError as exc:
