@@ -32,7 +32,7 @@ from tests.flattening_runs import flatten_files
 from tasks.sof.view import compile_view
 from tasks.sof.errors import FhirPathError, ResourceLineError, ViewDefinitionError, ViewEvaluationError
 from tasks.sof.fhirpath import MAX_EXPRESSION_DEPTH, Item, compile_path
-from tasks.sof.fhirpath_functions import MAX_REPEAT_ELEMENTS
+from tasks.sof.fhirpath_functions import MAX_COMPUTED_SIZE, MAX_REPEAT_ELEMENTS
 from tasks.sof.flatten import FilePlan, GroupPlan, flatten_file
 from tasks.sof.resources import parse_line
 from tasks.sof.view import MAX_ROWS_PER_RESOURCE, MAX_SELECT_DEPTH
@@ -391,6 +391,41 @@ def test_the_fhirpath_repeat_function_is_bounded() -> None:
     with pytest.raises(ViewEvaluationError, match=rf"repeat\(\) reaches more than {MAX_REPEAT_ELEMENTS:,} elements"):
         list(view.rows(flat))
     assert list(view.rows(nested_items(50))) == [(50,)]
+
+
+@pytest.mark.parametrize(
+    ("path", "function"),
+    [
+        (f"({' | '.join(map(str, range(40)))}).aggregate($total & $total & 'x', '')", "aggregate"),
+        ("id" + ".replace('x', 'xxxxxxxxxx')" * 12, "replace"),
+        ("id" + f".replaceMatches('x', '{'x' * 1000}')" * 3, "replaceMatches"),
+        ("id.repeat($this & $this)", "repeat"),
+    ],
+)
+def test_an_expression_of_bounded_size_builds_no_value_of_unbounded_size(path: str, function: str) -> None:
+    """Doubling per element, or a thousand times per call: 16 GB from a line of a view, before the bound."""
+    view = compile_view({"resource": "Patient", "select": [{"column": [{"name": "c", "path": path}]}]})
+    refused = rf"{function}\(\) makes a value of more than {MAX_COMPUTED_SIZE:,} characters"
+    with pytest.raises(ViewEvaluationError, match=refused):
+        list(view.rows({"resourceType": "Patient", "id": "x"}))
+
+
+def test_bounded_replace_and_aggregate_keep_fhirpaths_results() -> None:
+    view = compile_view(
+        {
+            "resource": "Patient",
+            "select": [
+                {
+                    "column": [
+                        {"name": "r", "path": "id.replace('a', 'bc')"},
+                        {"name": "e", "path": "id.replace('', '-')"},
+                        {"name": "s", "path": "(1 | 2 | 3).aggregate($total + $this, 0)"},
+                    ]
+                }
+            ],
+        }
+    )
+    assert list(view.rows({"resourceType": "Patient", "id": "xay"})) == [("xbcy", "-x-a-y-", 6)]
 
 
 @pytest.mark.slow

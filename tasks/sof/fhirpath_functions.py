@@ -4,7 +4,11 @@ Registered in fhirpathpy's invocation table (``SOF_FUNCTIONS``): ``getResourceKe
 ``lowBoundary``, ``highBoundary`` and ``join`` as the SQL-on-FHIR suite reads it. Bounds, each a ``FhirPathError``:
 - ``matches`` and ``replaceMatches`` run on RE2, linear in the text, where Python's ``re`` backtracks exponentially
   (``matches('^(a+)+$')`` on 35 characters: hours); a pattern with backreferences or lookaround is refused;
-- ``repeat()`` stops at ``MAX_REPEAT_ELEMENTS`` elements (fhirpathpy's copies its list per element: quadratic).
+- ``repeat()`` stops at ``MAX_REPEAT_ELEMENTS`` elements (fhirpathpy's copies its list per element: quadratic);
+- ``replace``, ``replaceMatches``, ``aggregate`` and ``repeat`` make no string or collection of more than
+  ``MAX_COMPUTED_SIZE`` characters (elements count one each): the only ways an expression of bounded size builds a
+  value of unbounded size (``aggregate($total & $total, '')`` doubles per element, ``.replace('x', 'xxxxxxxxxx')``
+  ten times per call); ``&`` and ``+`` outside them grow with the expression, which is bounded.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ from functools import lru_cache
 from typing import Any
 
 import re2
+from fhirpathpy.engine.invocations import strings
 from fhirpathpy.engine.nodes import ResourceNode
 
 from tasks.sof.boundary import boundary
 from tasks.sof.errors import FhirPathError
 
 MAX_REPEAT_ELEMENTS = 10_000
+MAX_COMPUTED_SIZE = 1 << 20
+"""FHIR allows no string over 1 MB: a computed one larger than that is a runaway expression."""
 
 
 def get_resource_key(ctx: dict, inputs: list) -> list[str]:
@@ -112,8 +119,42 @@ def replace_matches(ctx: dict, inputs: list, pattern: Any, replacement: Any) -> 
     give no value."""
     if not inputs or isinstance(pattern, list) or isinstance(replacement, list):
         return []
-    text = _single_string(inputs)
-    return regex(pattern, False).sub(re.sub(r"\$(\d+)", r"\\\1", replacement), text)
+    text, compiled = _single_string(inputs), regex(pattern, False)
+    size = len(text)
+    for _ in compiled.finditer(text):  # counted only as far as the bound: every match adds a replacement
+        if (size := size + len(replacement)) > MAX_COMPUTED_SIZE:
+            break
+    _refuse_larger("replaceMatches", size)
+    return _bounded("replaceMatches", compiled.sub(re.sub(r"\$(\d+)", r"\\\1", replacement), text))
+
+
+def replace(ctx: dict, inputs: list, pattern: Any, substitution: Any) -> Any:
+    """fhirpathpy's ``replace``, refused before it builds a string larger than ``MAX_COMPUTED_SIZE``."""
+    if inputs and isinstance(pattern, str) and isinstance(substitution, str):
+        text = _single_string(inputs)
+        count = len(text) + 1 if pattern == "" else text.count(pattern)
+        _refuse_larger("replace", len(text) + count * (len(substitution) - len(pattern)))
+    return strings.replace(ctx, inputs, pattern, substitution)
+
+
+def aggregate(ctx: dict, inputs: list, expression: Callable[[Any], Any], initial: Any = None) -> Any:
+    """fhirpathpy's ``aggregate``, its ``$total`` checked after each element."""
+    ctx["$total"] = initial
+    for index, element in enumerate(inputs):
+        ctx["$index"] = index
+        ctx["$total"] = _bounded("aggregate", expression(element))
+    return ctx["$total"]
+
+
+def _bounded(function: str, value: Any) -> Any:
+    values = value if isinstance(value, list) else [value]
+    _refuse_larger(function, len(values) + sum(len(item) for item in values if isinstance(item, str)))
+    return value
+
+
+def _refuse_larger(function: str, size: int) -> None:
+    if size > MAX_COMPUTED_SIZE:
+        raise FhirPathError(f"{function}() makes a value of more than {MAX_COMPUTED_SIZE:,} characters")
 
 
 def _single_string(inputs: list) -> str:
@@ -131,6 +172,7 @@ def repeat(ctx: dict, inputs: Any, expression: Callable[[Any], list]) -> list:
     pending = deque(inputs)
     while pending:
         fresh = [element for element in expression(pending.popleft()) if element not in seen]
+        _bounded("repeat", fresh)
         seen.update(fresh)
         found.extend(fresh)
         pending.extend(fresh)
@@ -147,5 +189,7 @@ SOF_FUNCTIONS: dict[str, dict[str, Any]] = {
     "matches": {"fn": matches, "arity": {1: ["String"]}, "nullable_input": True},
     "replaceMatches": {"fn": replace_matches, "arity": {2: ["String", "String"]}, "nullable_input": True},
     "repeat": {"fn": repeat, "arity": {1: ["Expr"]}},
+    "replace": {"fn": replace, "arity": {2: ["String", "String"]}, "nullable_input": True},
+    "aggregate": {"fn": aggregate, "arity": {1: ["Expr"], 2: ["Expr", "Any"]}},
     "join": {"fn": join, "arity": {0: [], 1: ["String"]}},
 }
