@@ -267,12 +267,30 @@ def test_an_answer_that_drops_bundle_entries_is_refused():
         checked_answer(answer, sent)
 
 
-def test_a_pretty_printed_answer_becomes_one_compact_line_and_a_compact_one_is_kept_as_written():
-    pretty = b'{\n  "resourceType": "Observation",\n  "valueDecimal": 1.50\n}\n'
+def test_a_pretty_printed_answer_becomes_one_line_and_every_answer_keeps_its_numbers_as_written():
+    pretty = b'{\n  "resourceType": "Observation",\r\n  "valueDecimal": 1.50, "n": 12345678901234567890123\n}\n'
     compact = b'{"resourceType":"Observation","valueDecimal":1.50}'
     sent = {"resourceType": "Observation"}
-    assert checked_answer(pretty, sent)[0] == b'{"resourceType":"Observation","valueDecimal":1.5}'
+    line = b'{   "resourceType": "Observation",    "valueDecimal": 1.50, "n": 12345678901234567890123 }'
+    assert checked_answer(pretty, sent)[0] == line
     assert checked_answer(compact, sent)[0] == compact
+
+
+def test_a_split_bundle_keeps_every_numbers_digits(pseudonymizer_fake):
+    """Chunks were written from orjson's parse and the Bundle put back the same way: 1.50 came back as 1.5 and 30
+    digits as 17, while the same Bundle sent whole kept them (FHIR's decimal precision is significant)."""
+    bundle = observation_bundle(count=6, pad=250_000)
+    bundle["entry"][3]["resource"]["valueQuantity"] = {"value": "DECIMAL"}
+    bundle["entry"][5]["resource"]["valueQuantity"] = {"value": "PI"}
+    line = orjson.dumps(bundle).replace(b'"DECIMAL"', b"1.50").replace(b'"PI"', b"3.14159265358979323846264338327")
+
+    async def run():
+        async with open_service(pseudonymizer_fake, split_threshold_mb=1) as service:
+            return await service.pseudonymize(line, orjson.loads(line))
+
+    result = asyncio.run(run())
+    assert result.split and b'"valueQuantity":{"value":1.50}' in result.line
+    assert b'"valueQuantity":{"value":3.14159265358979323846264338327}' in result.line
 
 
 def test_a_missing_config_file_raises_os_error(tmp_path: Path):

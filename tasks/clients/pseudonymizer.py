@@ -6,8 +6,9 @@ de-identified resource.
 
 A Bundle larger than the split threshold is sent as order-preserving chunks of its ``entry[]`` (id
 ``<bundle id>-chunk-<i>``) and put back together under the Bundle-level fields the service gives the Bundle sent
-without entries (one request more), so splitting never changes its pseudonymous id or ``meta``. Every answer is
-checked (same resource type; for Bundles as many entries), so no resource gets lost on the way.
+without entries (one request more), so splitting never changes its pseudonymous id or ``meta``; every number keeps
+its digits on the way (``tasks.core.exact_json``). Every answer is checked (same resource type; for Bundles as many
+entries), so no resource gets lost on the way.
 
 Retried per ``tasks.clients.retry``, bounded per ``tasks.clients.bounds`` (``timeout`` per whole request,
 ``max_answer_bytes`` per answer), at most ``max_concurrent_requests`` in flight per ``Pseudonymizer``.
@@ -27,6 +28,7 @@ import httpx
 import orjson
 
 from tasks.core.errors import StepError
+from tasks.core.exact_json import dumps_exact, loads_exact
 from tasks.core.names import show_name, show_text
 from tasks.clients.bounds import MB, Deadline, read_answer_async, within_deadline
 from tasks.clients.errors import raise_for_service_status_async
@@ -131,9 +133,10 @@ class Pseudonymizer:
     async def pseudonymize(self, resource_json: bytes, resource: dict[str, Any]) -> Pseudonymized:
         """De-identify one resource given as its JSON bytes and parsed form; large Bundles are split."""
         if needs_split(resource, self.split_threshold_bytes):
-            chunks = split_bundle(resource, self.split_threshold_bytes)
-            fields, *answers = await self._deidentify_all([without_entries(resource), *chunks])
-            return Pseudonymized(orjson.dumps(reassemble_bundle(resource, fields, answers)), len(chunks) + 1, True)
+            exact = loads_exact(resource_json)  # the chunks and the Bundle put back keep every number's digits
+            chunks = split_bundle(exact, self.split_threshold_bytes)
+            fields, *answers = await self._deidentify_all([without_entries(exact), *chunks])
+            return Pseudonymized(dumps_exact(reassemble_bundle(exact, fields, answers)), len(chunks) + 1, True)
         line, _ = await self._deidentify(resource_json, resource)
         return Pseudonymized(line, 1, False)
 
@@ -141,10 +144,10 @@ class Pseudonymizer:
         """De-identify several resources at once; the first failure cancels the others and is raised as is."""
         try:
             async with asyncio.TaskGroup() as group:
-                calls = [group.create_task(self._deidentify(orjson.dumps(r), r)) for r in resources]
+                calls = [group.create_task(self._deidentify(dumps_exact(r), r)) for r in resources]
         except ExceptionGroup as failures:
             raise failures.exceptions[0]  # noqa: B904 - the first failure is the news, not the group
-        return [call.result()[1] for call in calls]
+        return [loads_exact(call.result()[0]) for call in calls]
 
     async def _deidentify(self, resource_json: bytes, resource: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
         operation = f"de-identify {show_text(resource.get('resourceType'))}"
@@ -182,17 +185,17 @@ def checked_answer(content: bytes, sent: dict[str, Any]) -> tuple[bytes, dict[st
             f"the service answered with {len(answer.get('entry') or [])} Bundle entries for "
             f"{len(sent.get('entry') or [])} sent; refusing to lose resources"
         )
-    return as_ndjson_line(content, answer), answer
+    return as_ndjson_line(content), answer
 
 
-def as_ndjson_line(content: bytes, parsed: dict[str, Any]) -> bytes:
-    """The answer's own bytes when they already form one line (keeps decimals as written), else compact JSON."""
-    content = content.strip()
-    return orjson.dumps(parsed) if b"\n" in content or b"\r" in content else content
+def as_ndjson_line(content: bytes) -> bytes:
+    """The answer's own bytes as one line, numbers as written: a line break can only stand between JSON tokens
+    (a string holds it escaped), so each becomes a space."""
+    return content.strip().replace(b"\r", b" ").replace(b"\n", b" ")
 
 
 def compact_size(resource: Any) -> int:
-    return len(orjson.dumps(resource))
+    return len(dumps_exact(resource))
 
 
 def needs_split(resource: dict[str, Any], threshold_bytes: int) -> bool:

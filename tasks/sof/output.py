@@ -17,6 +17,8 @@ from typing import IO, Any
 
 import orjson
 
+from tasks.core.exact_json import dumps_exact
+
 
 class CsvDialect(csv.excel):
     lineterminator = "\n"  # otherwise excel's: RFC 4180 quoting, minimal
@@ -163,25 +165,5 @@ def csv_cells(row: tuple) -> list[str]:
 
 
 def json_bytes(value: Any) -> bytes:
-    """Compact JSON; decimals and integers beyond 64 bits (which orjson refuses) keep their digits."""
-    try:
-        return orjson.dumps(value, default=_decimal_fragment)
-    except orjson.JSONEncodeError as exc:
-        if "64-bit" not in str(exc):
-            raise
-        return orjson.dumps(_big_ints_as_decimals(value), default=_decimal_fragment)
-
-
-def _big_ints_as_decimals(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _big_ints_as_decimals(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_big_ints_as_decimals(item) for item in value]
-    is_big = isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64
-    return Decimal(value) if is_big else value
-
-
-def _decimal_fragment(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return orjson.Fragment(decimal_text(value))
-    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+    """Compact JSON; decimals and integers beyond 64 bits keep their digits, decimals written as in a column."""
+    return dumps_exact(value, decimal_text)

@@ -3,10 +3,8 @@ lines of types no view reads passed over unparsed."""
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable, Iterator
-from decimal import Decimal
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -14,13 +12,13 @@ from typing import Any
 import orjson
 import re2
 
+from tasks.core.exact_json import EXACT_DECODER
 from tasks.sof.errors import ResourceLineError
 from tasks.sof.flat_rows import flat_block_rows
 from tasks.streams.ndjson import LineSplitter, iter_chunks
 
 _DECIMAL_NUMBER = re2.compile(rb"[:\[,][ \t\n\r\f\v]*-?(?:\d+(?:\.\d|[eE])|\d{20})")  # RE2: 2.5x Python's re here
 _SURROGATE_ESCAPE = re2.compile(rb"\\u[dD][89a-fA-F]")
-_DECIMAL_DECODER = json.JSONDecoder(parse_float=Decimal)  # made once: ``json.loads(parse_float=...)`` makes one a call
 _RESOURCE_TYPE_KEY = b'"resourceType"'
 _RESOURCE_TYPE = re.compile(rb'"resourceType"\s*:\s*"([^"\\]*)"')
 
@@ -36,7 +34,7 @@ def parse_line(source: Path | str, number: int, line: bytes) -> dict[str, Any]:
         if _DECIMAL_NUMBER.search(line):
             if _SURROGATE_ESCAPE.search(line):
                 orjson.loads(line.removeprefix(b"\xef\xbb\xbf"))  # refuses a lone surrogate, as without decimals
-            resource = _DECIMAL_DECODER.decode(line.decode("utf-8-sig"))
+            resource = EXACT_DECODER.decode(line.decode("utf-8-sig"))
         else:
             resource = orjson.loads(line)
     except ValueError as exc:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import copy
 import hashlib
 import hmac
 import json
@@ -49,9 +50,11 @@ import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+import orjson
 import yaml
 
 from tests.fakes._server import LoopbackServer, ResettableState, serve_forever_cli
@@ -216,7 +219,7 @@ _Location = tuple[Any, ...]  # keys and list indices from the resource root
 
 def deidentify(resource: dict[str, Any], config: AnonymizationConfig) -> dict[str, Any]:
     """Return a de-identified deep copy of ``resource`` (and of every resource nested in it)."""
-    result = json.loads(json.dumps(resource))
+    result = copy.deepcopy(resource)
     _deidentify_in_place(result, config)
     return result
 
@@ -568,7 +571,7 @@ class PseudonymizerHandler(BaseHTTPRequestHandler):
 
     def _deidentify_body(self, body: bytes, recorded: RecordedRequest) -> dict[str, Any]:
         try:
-            document = json.loads(body)
+            document = json.loads(body, parse_float=Decimal)  # a FHIR server keeps a decimal's precision
         except ValueError:
             recorded.body_kind = "invalid-json"
             raise _Rejection(400, "body is not valid JSON", "structure") from None
@@ -593,7 +596,7 @@ class PseudonymizerHandler(BaseHTTPRequestHandler):
             raise _Rejection(500, f"de-identification failed: {type(exc).__name__}", "exception") from None
 
     def _send_json(self, status: int, document: dict[str, Any]) -> None:
-        payload = json.dumps(document, separators=(",", ":")).encode("utf-8")
+        payload = orjson.dumps(document, default=_decimal_as_written)
         padding = self.state.answer_padding if status == 200 else 0
         self.send_response(status)
         self.send_header("Content-Type", FHIR_JSON)
@@ -637,3 +640,9 @@ def start_pseudonymizer(**options: Any) -> LoopbackServer:
 
 if __name__ == "__main__":
     serve_forever_cli(PseudonymizerHandler, PseudonymizerState(), "fake pseudonymization service")
+
+
+def _decimal_as_written(value: object) -> orjson.Fragment:
+    if isinstance(value, Decimal):
+        return orjson.Fragment(str(value))
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")

@@ -1,0 +1,49 @@
+"""JSON with its numbers' digits kept: decimals as ``Decimal`` (``1.50`` stays ``1.50``), integers of any size.
+
+orjson, the fast parser, drops a decimal's trailing zeros and makes a float of an integer beyond 64 bits; FHIR's
+decimal precision is significant. ``loads_exact`` and ``dumps_exact`` are for the data a step passes on after
+taking it apart (a split Bundle); the rest passes lines on as they came. Import-light.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+import orjson
+
+EXACT_DECODER = json.JSONDecoder(parse_float=Decimal)
+"""Made once: ``json.loads(parse_float=...)`` makes a decoder per call."""
+
+
+def loads_exact(data: bytes) -> Any:
+    """``data`` parsed with decimals as ``Decimal`` and integers exact."""
+    return EXACT_DECODER.decode(data.decode("utf-8"))
+
+
+def dumps_exact(value: Any, decimal_text: Callable[[Decimal], str] = str) -> bytes:
+    """Compact JSON of ``value``; a ``Decimal`` written as ``decimal_text`` gives it, an integer beyond 64 bits (which
+    orjson refuses) with all its digits."""
+
+    def fragment(item: Any) -> Any:
+        if isinstance(item, Decimal):
+            return orjson.Fragment(decimal_text(item))
+        raise TypeError(f"cannot write {type(item).__name__} as JSON")
+
+    try:
+        return orjson.dumps(value, default=fragment)
+    except orjson.JSONEncodeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+        return orjson.dumps(_big_ints_as_decimals(value), default=fragment)
+
+
+def _big_ints_as_decimals(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _big_ints_as_decimals(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_big_ints_as_decimals(item) for item in value]
+    is_big = isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64
+    return Decimal(value) if is_big else value
