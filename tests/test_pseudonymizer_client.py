@@ -182,6 +182,20 @@ def test_an_entry_larger_than_the_threshold_fails_naming_it_its_size_and_the_rem
     assert pseudonymizer_fake.state.requests == []
 
 
+def test_an_entry_below_the_threshold_that_fits_no_chunk_with_the_bundles_own_fields_says_so(pseudonymizer_fake):
+    """The entry alone was called "larger than the split threshold" although it was smaller."""
+    bundle = observation_bundle(count=3, pad=10)
+    bundle["entry"][1]["resource"]["note"][0]["text"] = "y" * int(0.6 * MB)
+    bundle["signature"] = {"data": "z" * int(0.6 * MB)}
+
+    with pytest.raises(EntryTooLargeError) as caught:
+        pseudonymize(pseudonymizer_fake, bundle, split_threshold_mb=1)
+
+    message = str(caught.value)
+    assert "entry 1 (Observation/o1) is 0.6 MB and the Bundle's own fields" in message
+    assert "0.6 MB: together more than the split threshold of 1 MB" in message
+
+
 # --- errors and retry --------------------------------------------------------------------------------------------
 
 

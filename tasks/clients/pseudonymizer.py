@@ -56,11 +56,17 @@ class PseudonymizationError(StepError):
 class EntryTooLargeError(PseudonymizationError):
     """One Bundle entry alone does not fit in a request below the split threshold."""
 
-    def __init__(self, entry: Any, index: int, size: int, threshold_bytes: int):
+    def __init__(self, entry: Any, index: int, size: int, threshold_bytes: int, overhead: int = 0):
         self.entry_label, self.index = resource_label(entry), index
         self.size, self.threshold_bytes = size, threshold_bytes
+        together = (
+            f" and the Bundle's own fields (all but its entries, sent with every chunk) {overhead / MB:.1f} MB: "
+            "together more than"
+            if size <= threshold_bytes
+            else ", larger than"
+        )
         super().__init__(
-            f"Bundle entry {index} ({self.entry_label}) is {size / MB:.1f} MB, larger than the split threshold of "
+            f"Bundle entry {index} ({self.entry_label}) is {size / MB:.1f} MB{together} the split threshold of "
             f"{threshold_bytes // MB} MB, so it cannot be sent on its own; raise "
             "services.pseudonymizer.bundle_split_threshold_mb (up to 100) and, if needed, the pseudonymization "
             "service's request body limit"
@@ -219,9 +225,8 @@ def split_bundle(bundle: dict[str, Any], threshold_bytes: int) -> list[dict[str,
     for index, entry in enumerate(entries):
         entry_size = compact_size(entry)
         if overhead + entry_size > threshold_bytes:
-            raise EntryTooLargeError(
-                entry.get("resource") if isinstance(entry, dict) else None, index, entry_size, threshold_bytes
-            )
+            resource = entry.get("resource") if isinstance(entry, dict) else None
+            raise EntryTooLargeError(resource, index, entry_size, threshold_bytes, overhead)
         added = entry_size + (1 if groups[-1] else 0)  # the comma between entries
         if size + added > threshold_bytes:
             groups.append([])
