@@ -73,14 +73,14 @@ def _describe(error: Mapping[str, Any]) -> str:
     return _FIXED_TEXTS.get(kind, error["msg"])
 
 
-def _is_at_or_below(path: str, key: str) -> bool:
+def is_at_or_below(path: str, key: str) -> bool:
     return path == key or path.startswith((key + ".", key + "["))
 
 
 def _origin_note(path: str, sources: Mapping[str, str]) -> str:
     """' (from APP_X)' when the offending value came from the environment or a flag."""
     for key, source in sources.items():
-        if _is_at_or_below(path, key) and source.startswith(("env ", "flag ")):
+        if is_at_or_below(path, key) and source.startswith(("env ", "flag ")):
             return f" (from {source.split(' ', 1)[1]})"
     return ""
 
@@ -94,6 +94,6 @@ def validation_problems(error: ValidationError, sources: Mapping[str, str], skip
         entries = item["ctx"]["problems"] if item["type"] == "config_rule" else [("", _describe(item))]
         for relative, message in entries:
             path = join_key_path(base, relative)
-            if not any(_is_at_or_below(path, key) for key in skip):
+            if not any(is_at_or_below(path, key) for key in skip):
                 problems.append(f"{path or '(top level)'}{_origin_note(path, sources)}: {message}")
     return problems

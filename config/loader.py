@@ -26,7 +26,7 @@ from typing import Any
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from config.durations import format_duration
-from config.errors import ConfigError, validation_problems
+from config.errors import ConfigError, is_at_or_below, validation_problems
 from config.fields import ENV_PREFIX, Problem, env_var_name
 from config.keys import ENRICHMENTS_KEY, env_var_index, leaf_paths, secret_key_paths, settable_paths, value_at
 from config.services import legacy_key_paths
@@ -110,8 +110,10 @@ def load_settings(
     flag_problems = [_unknown_flag_key(key, label) for key, label in labels.items() if key not in settable_paths()]
     flags = {key: (value, f"flag {labels[key]}") for key, value in (overrides or {}).items() if key in settable_paths()}
     _set_values(tree, flags, raw_sources)
-    # A ${VAR} in a file value that the environment or a flag replaces does no harm.
-    unresolved = [(path, message) for path, message in unresolved if raw_sources.get(path, "file") == "file"]
+    # A ${VAR} in a file value that the environment or a flag replaces (the value, or a list or block holding it)
+    # does no harm.
+    replaced = [key for key, source in raw_sources.items() if source != "file"]
+    unresolved = [(path, said) for path, said in unresolved if not any(is_at_or_below(path, key) for key in replaced)]
     problems = [f"{path}: {message}" for path, message in unresolved] + flag_problems
     warnings: list[str] = []
     try:

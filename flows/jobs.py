@@ -21,6 +21,7 @@ from config.loader import absolute_path_overrides, cached_settings, refuse_secre
 from config.settings import Settings
 from tasks.core.errors import JobError
 from tasks.core.jsonfile import JsonFileError, parse_json_document, read_limited
+from tasks.core.readable import CLI
 from tasks.job.layout import JobPaths, is_crtdl_file
 from tasks.streams.files import write_error, write_file_atomically
 from tasks.job.record import JobRecord, changing_record, read_record, record_facts
@@ -126,7 +127,7 @@ def new_job(
             "the flattening step needs a CRTDL: give the CRTDL file as INPUT "
             "(with local_import: start CONFIG CRTDL --dir DATA; with extractor: start CONFIG CRTDL)"
         )
-    refuse_missing_import_directory(steps, job_input, settings)
+    refuse_missing_input(steps, job_input, settings)
     if problems := step_file_problems(settings):
         raise JobError("; ".join(problems))
     # The CRTDL is read (and enriched) before anything is written: a bad one leaves no job behind.
@@ -163,9 +164,17 @@ def crtdl_input(steps: list[str], job_input: str | None) -> Path | None:
     return None
 
 
-def refuse_missing_import_directory(steps: list[str], job_input: str | None, settings: Settings) -> None:
-    """A local_import job whose directory is missing, or no directory, is refused before it exists, saying how
-    to give the right one (the step itself would only fail once the job is made)."""
+NEEDED_INPUT = {
+    "extractor": f"the extractor step needs a CRTDL file (or a complete result URL) as INPUT: {CLI} start CONFIG CRTDL",
+    "http_import": f"http_import needs the URL of an NDJSON file as INPUT: {CLI} start CONFIG URL",
+}
+
+
+def refuse_missing_input(steps: list[str], job_input: str | None, settings: Settings) -> None:
+    """A job whose import step has no input (or a local_import directory that is missing, or no directory) is refused
+    before it exists, saying how to give it: the job input is frozen, so the step would fail on every continue."""
+    if steps[0] in NEEDED_INPUT and not job_input:
+        raise JobError(f"{NEEDED_INPUT[steps[0]]}; no job was made")
     if steps[0] != "local_import":
         return
     from tasks.local_import import LocalImportError, source_directory

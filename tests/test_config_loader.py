@@ -170,6 +170,20 @@ def test_unset_variable_in_a_value_replaced_by_env_is_not_an_error(write_yaml_te
     assert loaded.settings.services.local_import.dir == "/from/env"
 
 
+@pytest.mark.parametrize(
+    "replacing",
+    [
+        {"env": {"APP_PIPELINE_ENABLED_STEPS": "local_import"}},
+        {"overrides": {"pipeline.enabled_steps": "local_import"}},
+    ],
+    ids=["env", "set"],
+)
+def test_unset_variable_in_a_list_item_replaced_whole_is_not_an_error(write_yaml_text, replacing) -> None:
+    path = write_yaml_text("pipeline:\n  enabled_steps: [local_import, '${STEP2}']\n")
+    loaded = load_settings(path, **{"env": {}, **replacing})
+    assert loaded.settings.pipeline.enabled_steps == ["local_import"]
+
+
 def test_a_secret_block_in_a_key_that_is_no_secret_is_an_error_naming_key_and_fix(write_yaml_text) -> None:
     """Checked before any Prefect API is asked (tests/test_secret_blocks.py reads real blocks)."""
     path = write_yaml_text(LOCAL_ONLY + "services:\n  local_import:\n    dir: ${prefect-secret:import-dir}\n")

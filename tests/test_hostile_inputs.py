@@ -573,3 +573,17 @@ def test_a_services_words_with_escape_sequences_show_as_plain_text_in_status(tmp
     (state,) = [line for line in out.splitlines() if line.lstrip().startswith("state:")]
     assert "HTTP 422 (terminal): bad ]0;pwned [2J [31mFAKE: job Completed [0m forged line evil" in state
     assert not any(unicodedata.category(char) in ("Cc", "Cf") for char in out.replace("\n", ""))
+
+
+@pytest.mark.parametrize(
+    ("steps", "said"),
+    [(["extractor"], r"needs a CRTDL file \(or a complete result URL\) as INPUT"), (["http_import"], "as INPUT")],
+)
+def test_an_import_step_without_its_input_is_refused_before_a_job_exists(tmp_path, write_config, steps, said):
+    """The job input is frozen with the job: made without one, it failed on every continue."""
+    config = write_config(
+        {"pipeline": {"enabled_steps": steps}, "services": {"extractor": {"base_url": "http://torch.example"}}}
+    )
+    with pytest.raises(JobError, match=f"{said}.*; no job was made"):
+        prepare_job(None, str(config), None, {}, overrides_source="--set")
+    assert not (tmp_path / "jobs").exists() or list((tmp_path / "jobs").iterdir()) == []
