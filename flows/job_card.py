@@ -147,8 +147,8 @@ def markdown_list(value: Any) -> list[str]:
     """``value`` as a nested markdown list: ``key: value`` items, never a Python dict or list."""
     lines = []
     for depth, label, text in readable_lines(value):
-        parts = [f"**{label}**"] if label is not None else []
-        parts += [f"`{text}`"] if text is not None else []
+        parts = [f"**{markdown_text(label)}**"] if label is not None else []
+        parts += [code_span(text)] if text is not None else []
         lines.append("  " * depth + "- " + ": ".join(parts))
     return lines
 
@@ -196,9 +196,18 @@ def one_line(exc: BaseException) -> str:
 
 
 def one_line_text(message: str) -> str:
-    """A message's first line, no pipes (it may stand in a table cell), secrets redacted."""
+    """A message's first line shown as itself (``markdown_text``: no pipe ends a table cell, no link or image is
+    made of a service's words), secrets redacted."""
     first = (redact(message).strip().splitlines() or [""])[0]
-    return first.replace("|", "\\|")[:300]
+    return markdown_text(first[:300])
+
+
+def code_span(text: str) -> str:
+    """``text`` as a markdown code span whose fence is longer than any run of backticks in it (CommonMark), so
+    the text cannot end the span and go on as markdown."""
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    padding = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{padding}{text}{padding}{fence}"
 
 
 def artifact_links(job_id: str, base: str) -> dict[int | None, list[str]]:

@@ -35,6 +35,7 @@ from tasks.job.record import record_state
 from tasks.streams.ndjson import NdjsonError
 from deployments.automations.apply import main as apply_automations
 from deployments.serve import main as serve
+from flows.job_card import markdown_list, one_line_text
 from flows.job_state import LOCK_FILE, JobLock
 from flows.jobs import prepare_job
 from flows.run import EXIT_USAGE, main
@@ -587,3 +588,13 @@ def test_an_import_step_without_its_input_is_refused_before_a_job_exists(tmp_pat
     with pytest.raises(JobError, match=f"{said}.*; no job was made"):
         prepare_job(None, str(config), None, {}, overrides_source="--set")
     assert not (tmp_path / "jobs").exists() or list((tmp_path / "jobs").iterdir()) == []
+
+
+def test_a_services_words_make_no_link_image_or_cell_break_in_the_job_record_card():
+    """The card is markdown in the Prefect UI: a service's error text or a value from the data made links, images
+    (a request to any host when the page is opened) or broke out of a code span."""
+    cause = one_line_text("bad ![pixel](https://evil.example/t.png) [click](javascript:alert(1)) | <b>x</b>")
+    assert "![" not in cause and "](" not in cause and "<b>" not in cause and " | " not in cause
+    assert "evil.example/t.png" in cause  # shown, as text
+    (line,) = markdown_list({"[x](https://evil.example)": "a`b``c"})
+    assert line == "- **\\[x\\]\\(https\\://evil.example\\)**: ```a`b``c```"

@@ -633,6 +633,12 @@ def _unwrap_parameters(
         raise _Rejection(400, "config attachment data is not valid base64") from None
 
 
+def _decimal_as_written(value: object) -> orjson.Fragment:
+    if isinstance(value, Decimal):
+        return orjson.Fragment(str(value))
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
 def start_pseudonymizer(**options: Any) -> LoopbackServer:
     """Start a fake on a free port with ``PseudonymizerState(**options)``; the caller stops it (``.stop()``)."""
     return LoopbackServer(PseudonymizerHandler, PseudonymizerState(**options)).start()
@@ -640,9 +646,3 @@ def start_pseudonymizer(**options: Any) -> LoopbackServer:
 
 if __name__ == "__main__":
     serve_forever_cli(PseudonymizerHandler, PseudonymizerState(), "fake pseudonymization service")
-
-
-def _decimal_as_written(value: object) -> orjson.Fragment:
-    if isinstance(value, Decimal):
-        return orjson.Fragment(str(value))
-    raise TypeError(f"cannot write {type(value).__name__} as JSON")
