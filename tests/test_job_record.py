@@ -19,6 +19,7 @@ import httpx
 import pytest
 from prefect import flow
 
+from flows.job_card import markdown_text
 from flows.run import EXIT_FAILED, EXIT_OK, main
 from tasks.streams.progress import StepWork, step_progress, track
 from tasks.core.readable import size_text
@@ -82,9 +83,10 @@ def test_a_failed_step_is_named_and_continue_marks_cached_steps_with_the_time_th
     assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_OK
 
     record = latest(f"job-{job_dir.name}")["data"]
-    assert record.splitlines()[2] == f"**State: Completed** — outputs in {job_dir / 'pseudonymizer'}"
+    outputs = markdown_text(f"outputs in {job_dir / 'pseudonymizer'}")  # shown as itself: its _ are no emphasis
+    assert record.splitlines()[2] == f"**State: Completed** — {outputs}"
     facts = record[record.index("## Facts") :]
-    assert "- **extraction_submission**\n  - **generation**: `2`\n" in facts, facts
+    assert "- **extraction\\_submission**\n  - **generation**: `2`\n" in facts, facts  # labels as text
     assert not re.search(r"[{\[]'", facts), "facts as text, never a Python dict or list"
     cached = row(record, "local_import")
     assert cached["state"] == "done (cached)" and cached["time"] == first_import["time"], record

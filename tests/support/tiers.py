@@ -8,7 +8,7 @@ served in this process (threads). A test that needs a Prefect server, a subproce
 - while a test not marked slow runs, Prefect's API (setting and environment) is a closed local port and starting a
   process (``subprocess``, ``asyncio``'s subprocesses, ``multiprocessing``, ``os.fork``) raises ``SlowOnlyError``:
   a test that reaches either fails loudly instead of starting a server or a child;
-- the modules of slow tests run first (``pytest_collection_modifyitems``), so that with ``-n 3 --dist loadscope``
+- the modules of slow tests run first (``pytest_collection_modifyitems``), so that with ``-n 4 --dist loadscope``
   the fast modules fill the end of the run on every worker;
 - every test, of either tier, must leave the ``PREFECT_*`` environment and Prefect's API setting as it found them
   (``flows.prefect_server.use_server`` exports ``PREFECT_API_URL`` for the whole process): one that does not fails,
