@@ -108,9 +108,15 @@ def scan(source: Path, recursive: bool) -> list[Path]:
 
     files = []
     for folder, subfolders, names in os.walk(source, onerror=unreadable):
-        files.extend(check_data_file(Path(folder, name)) for name in [*names, *subfolders] if is_data_name(name))
-        if not recursive:
-            subfolders.clear()
+        for name in [*names, *subfolders]:
+            if is_data_name(name):
+                files.append(check_data_file(Path(folder, name)))
+            elif is_data_name(name.lower()):  # never a file that looks like data left out without a word
+                raise LocalImportError(
+                    f"{show_text(Path(folder, name), None)} is named like data but its suffix is not in lower case; "
+                    "rename it to end in .ndjson or .ndjson.zst, or move it out of the import folder"
+                )
+        subfolders[:] = [name for name in subfolders if recursive and not name.startswith(".")]  # as hidden files
     return files
 
 

@@ -63,6 +63,21 @@ def test_only_ndjson_files_are_picked_up(tmp_path):
     assert [p.name for p in find_ndjson_files(tmp_path, recursive=False)] == ["a.ndjson", "b.ndjson.zst"]
 
 
+@pytest.mark.parametrize("name", ["A.NDJSON", "b.ndjson.ZST", "c.Ndjson"])
+def test_a_data_file_whose_suffix_is_not_in_lower_case_is_an_error_naming_it(tmp_path, name):
+    (tmp_path / "a.ndjson").write_text("{}\n")
+    (tmp_path / name).write_text("{}\n")
+    with pytest.raises(LocalImportError, match=f"{tmp_path / name} is named like data but its suffix"):
+        find_ndjson_files(tmp_path, recursive=False)
+
+
+def test_a_recursive_scan_passes_hidden_folders_over_as_it_passes_hidden_files(tmp_path):
+    for folder in (".Trash-1000", ".snapshot", "visible"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "a.ndjson").write_text("{}\n")
+    assert find_ndjson_files(tmp_path, recursive=True) == [tmp_path / "visible" / "a.ndjson"]
+
+
 def test_two_files_that_would_get_one_name_are_refused(tmp_path):
     files = [tmp_path / "x" / "a.ndjson", tmp_path / "y" / "a.ndjson.zst"]
     with pytest.raises(LocalImportError, match="would both be imported as a.ndjson.zst"):
