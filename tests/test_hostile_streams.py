@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from tasks.streams.ndjson_writer import AtomicNdjsonWriter
 from tests.support.ndjson import count_resources
 from tasks.streams.zstd_blocks import ZSTD_OUTPUT_PIECE
 from tests.conftest import REPO_ROOT
+from tests.fakes._server import LoopbackServer
 from tests.fakes.extraction_server import start_extraction_server
 from tests.peak_rss import run_measured
 from tests.steps import step_input
@@ -349,3 +351,47 @@ def test_resets_on_every_attempt_end_in_a_clear_error_after_max_attempts(tmp_pat
     assert server.state.file_gets[file_key(server, "a.ndjson")] == 3
     assert [r.header("range") for r in server.state.requests_to("/files/")] == [None, "bytes=30000-", "bytes=60000-"]
     assert list((tmp_path / "job").glob("**/*.ndjson*")) == []
+
+
+class LastChunkLostHandler(BaseHTTPRequestHandler):
+    """Sends ``SERVED`` as one chunk and hangs up before the chunked body's end; a Range request past the end gets
+    416 with the file's size, as a server answers it."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.server.state.append(self.headers.get("Range"))
+        self.close_connection = True
+        if self.headers.get("Range"):
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{len(SERVED)}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "application/fhir+ndjson")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.wfile.write(b"%x\r\n%b\r\n" % (len(SERVED), SERVED))  # no 0-chunk: the body's end is lost
+        self.wfile.flush()
+
+
+def test_a_body_whose_end_was_lost_after_its_last_byte_is_finished_when_the_server_says_416(tmp_path):
+    """Asked for the rest from the size received, the server says there is none (416, bytes */size): every byte
+    had come, so the file is complete; it failed as "expected HTTP 200 with the file"."""
+    with LoopbackServer(LastChunkLostHandler, []) as server:
+        step = step_input(
+            tmp_path / "job",
+            "extractor",
+            services__extractor__base_url=server.base_url,
+            services__extractor__file_ready_retries="0",
+            compression__enabled="false",
+            retry__initial_backoff_ms="1",
+            retry__max_backoff_ms="5",
+        )
+        record = download_result_file.fn(step, f"{server.base_url}/files/a.ndjson", "a.ndjson")
+        assert server.state == [None, f"bytes={len(SERVED)}-"]
+    assert (step.output_dir / "a.ndjson").read_bytes() == SERVED and record.resources == SERVED.count(b"\n")

@@ -204,6 +204,8 @@ class _Download:
                 )
             except httpx.ReadTimeout as exc:
                 raise _stalled(url, self._stall_timeout) from exc
+            if response.status_code == 416 and self._received and whole_size(response) == self._received:
+                return self._finished()  # every byte had come; only the body's end was lost (a chunked body's last)
             operation = f"download {shown_url(url)}"
             raise_for_service_status(response, operation=operation, service=service_name(self._client))
             check_response(response, url, resuming_at=self._received)
@@ -303,6 +305,13 @@ def _stalled(url: str, stall_timeout: timedelta) -> DownloadError:
         f"{shown_url(url)}: no data arrived for {stall_timeout.total_seconds():g} s, download cancelled "
         "(services.extractor.download_stall_timeout); run continue to download it again"
     )
+
+
+def whole_size(response: httpx.Response) -> int | None:
+    """The size a 416 says the file has (``Content-Range: bytes */size``); None when it says none."""
+    unit, _, span = response.headers.get("Content-Range", "").partition(" ")
+    size = span.removeprefix("*/")
+    return int(size) if unit == "bytes" and span.startswith("*/") and size.isdigit() else None
 
 
 def range_start(response: httpx.Response) -> int | None:
