@@ -20,6 +20,7 @@ from pathlib import Path
 from config.loader import absolute_path_overrides, cached_settings, refuse_secret_overrides
 from config.settings import Settings
 from tasks.core.errors import JobError
+from tasks.core.names import show_text
 from tasks.core.jsonfile import JsonFileError, parse_json_document, read_limited
 from tasks.core.readable import CLI
 from tasks.job.layout import JobPaths, is_crtdl_file
@@ -112,10 +113,23 @@ def refuse_credentials_in_job_input(job_input: str | None) -> None:
     )
 
 
+def refuse_undecodable(paths: Mapping[str, str | None]) -> None:
+    """A path whose name is not valid UTF-8 (a Latin-1 folder name) could never be stored in the job's record:
+    refused before the job exists."""
+    for what, path in paths.items():
+        try:
+            str(path or "").encode("utf-8")
+        except UnicodeEncodeError:
+            raise JobError(f"{what} {show_text(path, None)} is not valid UTF-8; rename it; no job was made") from None
+
+
 def new_job(
     paths: JobPaths, config_path: str | None, job_input: str | None, overrides: dict[str, str], settings: Settings
 ) -> Job:
     refuse_credentials_in_job_input(job_input)
+    refuse_undecodable(
+        {"the configuration file": config_path, "the job input": job_input, "--dir": settings.services.local_import.dir}
+    )
     config_path = str(Path(config_path).resolve()) if config_path else None
     if job_input and "://" not in job_input:
         job_input = str(Path(job_input).expanduser().resolve())

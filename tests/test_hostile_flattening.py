@@ -586,9 +586,25 @@ def test_an_object_cell_nested_deeper_than_json_can_be_written_is_an_error_namin
 
 
 @pytest.mark.parametrize("decimals", ["", ',"multipleBirthDecimal":1.5'], ids=["no-decimal", "a-decimal"])
-def test_a_lone_surrogate_is_refused_naming_the_line_whatever_else_the_line_holds(tmp_path, decimals):
-    """With a decimal in the line the decimal-keeping parser took it, and the CSV failed with UnicodeEncodeError."""
-    line = b'{"resourceType":"Patient","id":"p1","gender":"a\\ud800b"%s}' % decimals.encode()
+@pytest.mark.parametrize(("value", "said"), [(b'"a\\ud800b"', "surrogate"), (b"NaN", ""), (b"-Infinity", "")])
+def test_a_lone_surrogate_or_nan_is_refused_naming_the_line_whatever_else_the_line_holds(
+    tmp_path, decimals, value, said
+):
+    """With a decimal in the line the decimal-keeping parser took them: the CSV failed with UnicodeEncodeError, or
+    got a cell NaN."""
+    line = b'{"resourceType":"Patient","id":"p1","gender":%s%s}' % (value, decimals.encode())
     columns = [{"name": "id", "path": "id"}, {"name": "g", "path": "gender"}]
-    with pytest.raises(FlatteningError, match="in.ndjson: line 1 is not valid JSON .*surrogate"):
+    with pytest.raises(FlatteningError, match=f"in.ndjson: line 1 is not valid JSON .*{said}"):
         flattened_alone(tmp_path, line, columns)
+
+
+def test_a_view_error_shows_the_resources_id_escaped_and_cut():
+    """The id comes from the data: a newline in it forged a line of the message, a megabyte of it made one."""
+    column = {"name": "c", "path": "id.replace('x', 'xx')"}
+    view = compile_view({"resource": "Patient", "select": [{"column": [column]}]})
+    forged = "p1\n12:00:00 INFO flattening finished OK\x1b[2J" + "x" * 1_000_000
+    with pytest.raises(ViewEvaluationError) as refused:
+        list(view.rows({"resourceType": "Patient", "id": forged}))
+    message = str(refused.value)
+    assert "Patient/'p1\\n12:00:00 INFO flattening finished OK\\x1b[2J" in message and len(message) < 1000
+    assert message.isprintable()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import os
 import sys
 import threading
 import time
@@ -154,6 +155,7 @@ def test_a_secret_in_overrides_is_refused_naming_key_and_the_way_to_give_it() ->
             "services: {send: {auth: {oauth_issuer_uri: 'https://a:pw-in-url@kc/realms/x'}}}",
         ),
         ("services.extractor.base_url", "services: {extractor: {base_url: 'https://bob:q[pw-in-url]@torch'}}"),
+        ("services.extractor.base_url", "services: {extractor: {base_url: 'https://b:q[x@torch?token=pw-in-url'}}"),
     ],
 )
 def test_a_password_in_a_url_is_refused_without_repeating_it(tmp_path, key, yaml_block) -> None:
@@ -598,3 +600,14 @@ def test_a_services_words_make_no_link_image_or_cell_break_in_the_job_record_car
     assert "evil.example/t.png" in cause  # shown, as text
     (line,) = markdown_list({"[x](https://evil.example)": "a`b``c"})
     assert line == "- **\\[x\\]\\(https\\://evil.example\\)**: ```a`b``c```"
+
+
+def test_a_job_input_that_is_not_valid_utf_8_is_refused_before_a_job_exists(tmp_path, write_config):
+    """A Latin-1 folder name could not be stored in the job's record: a bare serialization error, a half-made job."""
+    folder = tmp_path / os.fsdecode(b"M\xfcller-Export")
+    folder.mkdir()
+    (folder / "a.ndjson").write_text('{"resourceType":"Patient","id":"1"}\n')
+    config = write_config({"pipeline": {"enabled_steps": ["local_import"]}})
+    with pytest.raises(JobError, match=r"the job input .*M\\udcfcller-Export' is not valid UTF-8; rename it"):
+        prepare_job(None, str(config), str(folder), {}, overrides_source="--set")
+    assert not (tmp_path / "jobs").exists() or list((tmp_path / "jobs").iterdir()) == []

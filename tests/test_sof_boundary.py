@@ -91,6 +91,9 @@ def test_integers_beyond_64_bits_keep_their_digits_and_a_huge_exponent_stays_a_s
     assert csv_cells(tuple(column_values("value.ofType(Quantity).value", [obs]))) == ["12345678901234567890123"]
     quantity = csv_cells(tuple(column_values("value.ofType(Quantity)", [obs])))
     assert quantity == ['{"value":12345678901234567890123,"unit":"mg"}']
+    negative = b'{"resourceType":"Observation","id":"o3","valueQuantity":{"value":-9999999999999999999}}'
+    below = parse_line("in.ndjson", 3, negative)  # 19 digits, below -2**63
+    assert csv_cells(tuple(column_values("value.ofType(Quantity).value", [below]))) == ["-9999999999999999999"]
     bomb = parse_line("in.ndjson", 2, b'{"resourceType":"Observation","id":"o2","valueQuantity":{"value":1e50000000}}')
     assert csv_cells(tuple(column_values("value.ofType(Quantity).value", [bomb]))) == ["1E+50000000"]
     assert csv_cells((Decimal("1E-7"), {"v": Decimal("1E-7")})) == ["0.0000001", '{"v":0.0000001}']

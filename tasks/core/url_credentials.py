@@ -58,7 +58,8 @@ def shown_url(url: str) -> str:
 
 def split_url(url: str) -> SplitResult:
     """``urlsplit``, which never raises: a network location it cannot read (a ``[`` in a password gives "'…' does
-    not appear to be an IPv4 or IPv6 address", quoting the secret) is split at its first ``/`` by hand."""
+    not appear to be an IPv4 or IPv6 address", quoting the secret) is split by hand, its host ending at the first
+    ``/``, ``?`` or ``#`` as in ``urlsplit``."""
     text = url.strip()
     try:
         return urlsplit(text)
@@ -66,9 +67,10 @@ def split_url(url: str) -> SplitResult:
         scheme, separator, rest = text.partition("://")
         if not separator:
             scheme, rest = "", text.removeprefix("//")
-        netloc, slash, path = rest.partition("/")
-        path, _, fragment = (slash + path).partition("#")
-        path, _, query = path.partition("?")
+        end = min((at for at in map(rest.find, "/?#") if at >= 0), default=len(rest))  # as urlsplit ends it
+        netloc, rest = rest[:end], rest[end:]
+        rest, _, fragment = rest.partition("#")
+        path, _, query = rest.partition("?")
         return SplitResult(scheme, netloc, path, query, fragment)
 
 

@@ -17,7 +17,8 @@ from tasks.sof.errors import ResourceLineError
 from tasks.sof.flat_rows import flat_block_rows
 from tasks.streams.ndjson import LineSplitter, iter_chunks
 
-_DECIMAL_NUMBER = re2.compile(rb"[:\[,][ \t\n\r\f\v]*-?(?:\d+(?:\.\d|[eE])|\d{20})")  # RE2: 2.5x Python's re here
+# A number with a fraction or exponent, or an integer beyond 64 bits; RE2: 2.5x Python's re here.
+_DECIMAL_NUMBER = re2.compile(rb"[:\[,][ \t\n\r\f\v]*(?:-?\d+(?:\.\d|[eE])|-?\d{20}|-\d{19})")
 _SURROGATE_ESCAPE = re2.compile(rb"\\u[dD][89a-fA-F]")
 _RESOURCE_TYPE_KEY = b'"resourceType"'
 _RESOURCE_TYPE = re.compile(rb'"resourceType"\s*:\s*"([^"\\]*)"')
@@ -26,13 +27,13 @@ _RESOURCE_TYPE = re.compile(rb'"resourceType"\s*:\s*"([^"\\]*)"')
 def parse_line(source: Path | str, number: int, line: bytes) -> dict[str, Any]:
     """One NDJSON line; decimals as ``Decimal`` (they reach the CSV as written), the fast parser when there are none.
 
-    A line "has decimals" when a number with a fraction or exponent, or an integer of 20 digits or more (orjson
-    would make a float of one beyond 64 bits), follows ``:``, ``[`` or ``,``; a string that looks like that only
-    costs the slower parser, never a wrong value.
+    A line "has decimals" when a number with a fraction or exponent, or an integer of 20 digits or more (19 when
+    negative: orjson would make a float of one beyond 64 bits), follows ``:``, ``[`` or ``,``; a string that looks
+    like that only costs the slower parser, never a wrong value.
     """
     try:
         if _DECIMAL_NUMBER.search(line):
-            if _SURROGATE_ESCAPE.search(line):
+            if b"\\u" in line and _SURROGATE_ESCAPE.search(line):
                 orjson.loads(line.removeprefix(b"\xef\xbb\xbf"))  # refuses a lone surrogate, as without decimals
             resource = EXACT_DECODER.decode(line.decode("utf-8-sig"))
         else:

@@ -29,6 +29,7 @@ from itertools import chain, islice
 from math import prod
 from typing import Any
 
+from tasks.core.names import show_text
 from tasks.sof.compiled import RowsAt, compile_view_rows
 from tasks.sof.compiled_code import PARSED, generated_rows
 from tasks.sof.errors import FhirPathError, ViewDefinitionError, ViewEvaluationError
@@ -273,7 +274,7 @@ class CompiledView:
             raise self._about(resource, exc) from exc
 
     def _about(self, resource: dict[str, Any], exc: ViewEvaluationError) -> ViewEvaluationError:
-        key = f"{resource.get('resourceType')}/{resource.get('id', '(no id)')}"
+        key = f"{show_text(resource.get('resourceType'))}/{show_text(resource.get('id', '(no id)'))}"
         return ViewEvaluationError(f"view {self.name!r}, {key}: {exc}")
 
     @property
