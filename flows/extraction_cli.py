@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +24,7 @@ from config.runtime import jobs_dir_of
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_documents import ExtractionError, InvalidCrtdlError, parse_crtdl
 from tasks.clients.extraction_jobs import JOB_STATUSES, ExtractionJob, ExtractionTaskClient, SearchRejectedError
+from tasks.job.layout import is_job_id
 from tasks.job.record import read_facts
 from tasks.core.errors import UsageError
 from tasks.core.url_credentials import CredentialsInUrlError, shown_url
@@ -141,14 +141,6 @@ def extraction_job_id(args: argparse.Namespace) -> str:
             f"dupflow job {ref} has no extraction job yet (no extraction_job_id in {job_dir / 'job.json'})"
         )
     return str(recorded)
-
-
-def is_job_id(name: str) -> bool:
-    """Job ids are UUIDs in their canonical form (``flows.jobs.prepare_job`` makes them)."""
-    try:
-        return str(uuid.UUID(name)) == name
-    except ValueError:
-        return False
 
 
 def cmd_list(args: argparse.Namespace, client: ExtractionTaskClient) -> int:

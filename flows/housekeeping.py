@@ -30,7 +30,7 @@ import httpx
 from config.durations import parse_duration
 from config.runtime import jobs_dir_of, prefect_api_url
 from flows import prefect_server
-from flows.extraction_cli import age, is_job_id
+from flows.extraction_cli import age
 from flows.job_state import MAX_PAGE_BYTES, PAGE, PREFECT_API, JobLock, JobLockedError, current_state
 from config.settings import RetrySettings
 from tasks.clients.auth import AS_SENT
@@ -38,7 +38,7 @@ from tasks.clients.bounds import read_response
 from tasks.clients.errors import ServiceError, raise_for_service_status
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import UsageError
-from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, job_tag
+from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_tag
 from tasks.core.readable import CLI, size_text
 from tasks.core.url_credentials import shown_url
 from tasks.job.record import AWAITING_INSPECTION, FINAL_STATES, RUNNING, SUSPENDED, RecordError, read_record

@@ -23,7 +23,7 @@ from tasks.core.errors import JobError
 from tasks.core.names import show_text
 from tasks.core.jsonfile import JsonFileError, parse_json_document, read_limited
 from tasks.core.readable import CLI
-from tasks.job.layout import JobPaths, is_crtdl_file
+from tasks.job.layout import JobPaths, is_crtdl_file, is_job_id
 from tasks.streams.files import write_error, write_file_atomically
 from tasks.job.record import JobRecord, changing_record, read_record, record_facts
 from tasks.core.url_credentials import refuse_credentials_in_url
@@ -62,6 +62,11 @@ def prepare_job(
     """
     overrides = dict(overrides or {})
     refuse_secret_overrides(overrides, overrides_source)
+    if job_id and not is_job_id(job_id):  # it names the job's directory: ``..`` or a path would leave jobs_dir
+        raise JobError(
+            f"{show_text(job_id)} is not a job id (a UUID, as start makes it); give the id of an existing job, or "
+            "none to make a new one"
+        )
     if job_id and jobs_dir is not None and JobPaths(jobs_dir / job_id).job_file.is_file():
         return existing_job(JobPaths(jobs_dir / job_id), overrides)
     settings = cached_settings(config_path, overrides)

@@ -611,3 +611,14 @@ def test_a_job_input_that_is_not_valid_utf_8_is_refused_before_a_job_exists(tmp_
     with pytest.raises(JobError, match=r"the job input .*M\\udcfcller-Export' is not valid UTF-8; rename it"):
         prepare_job(None, str(config), str(folder), {}, overrides_source="--set")
     assert not (tmp_path / "jobs").exists() or list((tmp_path / "jobs").iterdir()) == []
+
+
+@pytest.mark.parametrize("job_id", ["../outside", "/tmp/elsewhere", "evil\u202etxt", "x" * 300])
+def test_a_job_id_that_is_no_job_id_is_refused_before_anything_is_written(tmp_path, write_config, job_id):
+    """The deployment's form takes a job id to continue: ``..`` or a path made the job's directory outside jobs_dir."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.ndjson").write_text('{"resourceType":"Patient","id":"1"}\n')
+    config = write_config({"pipeline": {"enabled_steps": ["local_import"]}})
+    with pytest.raises(JobError, match="is not a job id .*give the id of an existing job, or none"):
+        prepare_job(job_id, str(config), str(tmp_path / "in"), {}, overrides_source="the flow's parameters")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "in"]

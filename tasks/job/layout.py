@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,3 +75,11 @@ def step_artifact_key(job_id: str, position: int, step: str, *parts: str) -> str
     """A step's artifact key, ``job-<id>-NN-<step>[-<part>]``, NN the step's number as people read it (1-based, as in
     task run names, log lines and ``status``)."""
     return artifact_key(job_id, f"{position + 1:02d}", step, *parts)
+
+
+def is_job_id(name: str) -> bool:
+    """Job ids are UUIDs in their canonical form (``flows.jobs.prepare_job`` makes them)."""
+    try:
+        return str(uuid.UUID(name)) == name
+    except ValueError:
+        return False
