@@ -22,7 +22,7 @@ from flows.prefect_server import http_get
 from tasks.core.readable import CLI
 from tasks.core.url_credentials import shown_url
 from tasks.job.layout import JobPaths
-from tasks.job.record import CRASHED, RecordError, record_state
+from tasks.job.record import CRASHED, RecordError, record_stopped
 
 PROBE_INTERVAL = 2.0
 PROBE_TIMEOUT = 5.0
@@ -62,7 +62,7 @@ def stop_job(paths: JobPaths, api_url: str) -> None:
     """Record the job Crashed with the reason, say so, and end the process (no Prefect call: the server is gone)."""
     reason = f"the Prefect server at {shown_url(api_url)} went away (no answer for {LOST_AFTER:.0f} s)"
     with suppress(RecordError, OSError):
-        record_state(paths.job_dir, CRASHED, reason)
+        record_stopped(paths.job_dir, CRASHED, reason)
     line = logging.LogRecord("dupflow", logging.ERROR, __file__, 0, "job stopped: %s", (reason,), None)
     for handler in logging.getLogger("dupflow").handlers:
         if isinstance(handler, logging.FileHandler):  # job.log; the terminal gets the two lines below

@@ -38,7 +38,7 @@ from tasks.job.contract import StepInput, StepKind, StepResult, stored_in_job
 from tasks.job.filework import file_runner
 from tasks.job.layout import directory_tag, job_of_tag, job_tag
 from tasks.job.record import AWAITING_INSPECTION, CONTINUED, CRASHED, FAILED, RUNNING, counts_text, read_facts
-from tasks.job.record import record_facts, record_state, record_step, release_awaiting_gates
+from tasks.job.record import record_facts, record_state, record_step, record_stopped, release_awaiting_gates
 from tasks.local_import import local_import
 from tasks.pseudonymizer import pseudonymizer
 from tasks.send import send
@@ -113,7 +113,7 @@ def pipeline(
         close_earlier_flow_run(job, flow_run_id)
         record_state(job.paths.job_dir, RUNNING, flow_run_id=flow_run_id)
         settle_submission_in_doubt(job, attach, resubmit)
-        if note is not None:
+        if note is not None and job.record.state == AWAITING_INSPECTION:  # else its wait step pauses it again
             release_awaiting_gates(job.paths.job_dir, note)
         card = JobRecordCard(job)
         try:
@@ -121,7 +121,7 @@ def pipeline(
         except PrefectSignal:  # suspended for inspection: the state is written before the suspend
             raise
         except BaseException as exc:
-            record_state(job.paths.job_dir, *ended_state(exc))
+            record_stopped(job.paths.job_dir, *ended_state(exc))
             card.refresh()
             raise
 

@@ -39,6 +39,7 @@ from tasks.job.record import (
     record_facts,
     record_state,
     record_step,
+    record_stopped,
     release_awaiting_gates,
     settled_state,
 )
@@ -250,3 +251,15 @@ def test_the_job_record_card_shows_a_note_as_text_never_as_html_or_a_link(tmp_pa
 
     assert "<script>" not in line and "&lt;script&gt;alert\\(1\\)&lt;/script&gt;" in line
     assert "](" not in line and "javascript:" not in line and "\\[go\\]\\(javascript\\:x\\)" in line
+
+
+@pytest.mark.parametrize(("written", "kept"), [(AWAITING_INSPECTION, True), (COMPLETED, True), (RUNNING, False)])
+def test_a_run_stopping_after_it_wrote_its_end_leaves_that_end_in_the_record(tmp_path, written, kept):
+    """After AwaitingInspection or Completed a run may still fail on its way out (the card's refresh, a server that
+    went away): recorded Crashed, the next continue opened the inspection gate nobody had passed."""
+    job_dir = tmp_path / "job"
+    with changing_record(job_dir, new=JobRecord(job_id="j")) as record:
+        record.state, record.state_message = written, "the run's own end"
+    record_stopped(job_dir, CRASHED, "the Prefect server went away")
+    expected = (written, "the run's own end") if kept else (CRASHED, "the Prefect server went away")
+    assert (read_record(job_dir).state, read_record(job_dir).state_message) == expected

@@ -202,6 +202,15 @@ def record_state(job_dir: Path, state: str, message: str = "", flow_run_id: str 
             record.flow_run_ids.append(flow_run_id)
 
 
+def record_stopped(job_dir: Path, state: str, message: str) -> None:
+    """The state a run stops in on an error, a signal or the loss of its server, unless the run has written its end
+    already: what fails after AwaitingInspection or Completed (the record card's refresh, Prefect's final state)
+    changes nothing of the job, and an AwaitingInspection taken for a crash would let ``continue`` open its gate."""
+    with changing_record(job_dir) as record:
+        if record.state not in (AWAITING_INSPECTION, COMPLETED):
+            record.state, record.state_message = state, plain_text(message)
+
+
 def settled_state(recorded: str, *, locked: bool, server: str | None = None) -> str:
     """The job's state by the module's one rule: the file's, Crashed for a Running that no process holds, and the
     server's for a Suspended run (``server``: the state name of the job's newest flow run, if a server answered)."""
