@@ -17,10 +17,10 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.job.contract import DataFile, StepInput, StepResult, settings_of
 from tasks.job.layout import artifact_key
-from tasks.streams.ndjson import FileStats, is_data_file
+from tasks.streams.ndjson import FileStats, is_data_file, output_name
 from tasks.streams.ndjson_writer import count_contents
 from tasks.core.errors import StepError
-from tasks.core.names import name_from_data_problem, show_name
+from tasks.core.names import name_from_data_problem, name_key, show_name
 from tasks.core.readable import CLI, SHOW_WHOLE
 from tasks.job.record import mark_gate_paused, read_record
 
@@ -70,9 +70,16 @@ def released_result(step: StepInput) -> StepResult:
     corrected = sorted(p for p in wait_dir(step).iterdir() if is_data_file(p)) if wait_dir(step).is_dir() else []
     if not corrected:
         return StepResult(step=step.step, position=step.position, folder=step.folder or "", files=step.files)
+    seen: dict[str, str] = {}
     for path in corrected:
         if problem := name_from_data_problem(path.name):
             raise StepError(f"{wait_dir(step)}: the corrected file {show_name(path.name)} {problem}; rename it")
+        if (key := name_key(output_name(path.name, compress=False))) in seen:  # the next step writes one file
+            raise StepError(
+                f"{wait_dir(step)}: the corrected files {show_name(seen[key])} and {show_name(path.name)} would "
+                "become one file in the next step (their names differ only in suffix or case); keep one of them"
+            )
+        seen[key] = path.name
     max_line_bytes = settings_of(step).pipeline.max_ndjson_line_size_bytes
     files = [
         DataFile.written(p.name, FileStats(p.stat().st_size, *count_contents(p, max_line_bytes))) for p in corrected

@@ -120,20 +120,29 @@ def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp
     assert "step 2 (wait): released: checked a.ndjson" in job_record_card(job_dir.name, continued_run)
 
 
+@pytest.mark.parametrize(
+    ("names", "said"),
+    [
+        (["core\u202etxt.ndjson"], "the corrected file 'core\\u202etxt.ndjson' contains a bidirectional text control"),
+        (["Patient.ndjson", "patient.ndjson.zst"], "'Patient.ndjson' and 'patient.ndjson.zst' would become one file"),
+    ],
+    ids=["bidi", "one-file-twice"],
+)
 def test_a_corrected_file_whose_name_would_not_show_as_it_is_fails_the_wait_step_naming_it(
-    tmp_path, job_config, capsys
+    tmp_path, job_config, capsys, names, said
 ):
     """The corrected files' names become the next steps' file names, S3 keys and transfer entries: the rule for names
-    from data holds for them as for imported ones."""
+    from data holds for them as for imported ones, and two of them that the next step would write as one file (the
+    data of one lost, the other sent twice) are refused too."""
     source = source_dir(tmp_path, {"a.ndjson": 3})
     assert main(["start", str(job_config(["local_import", "wait"])), str(source), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")
-    write_ndjson(job_dir / "import_wait" / "core\u202etxt.ndjson", 2)
+    for name in names:
+        write_ndjson(job_dir / "import_wait" / name, 2)
 
     assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_FAILED
     err = capsys.readouterr().err
-    assert "the corrected file 'core\\u202etxt.ndjson' contains a bidirectional text control character U+202E" in err
-    assert "rename it" in err and job_file(job_dir)["state"] == "Failed"
+    assert said in err and job_file(job_dir)["state"] == "Failed"
 
 
 def flow_run_message(flow_run_id: str) -> str:
