@@ -5,10 +5,10 @@ Registered in fhirpathpy's invocation table (``SOF_FUNCTIONS``): ``getResourceKe
 - ``matches`` and ``replaceMatches`` run on RE2, linear in the text, where Python's ``re`` backtracks exponentially
   (``matches('^(a+)+$')`` on 35 characters: hours); a pattern with backreferences or lookaround is refused;
 - ``repeat()`` stops at ``MAX_REPEAT_ELEMENTS`` elements (fhirpathpy's copies its list per element: quadratic);
-- ``replace``, ``replaceMatches``, ``aggregate`` and ``repeat`` make no string or collection of more than
-  ``MAX_COMPUTED_SIZE`` characters (elements count one each): the only ways an expression of bounded size builds a
-  value of unbounded size (``aggregate($total & $total, '')`` doubles per element, ``.replace('x', 'xxxxxxxxxx')``
-  ten times per call); ``&`` and ``+`` outside them grow with the expression, which is bounded.
+- ``&``, ``+``, ``join``, ``replace``, ``replaceMatches``, ``aggregate`` and ``repeat`` make no string or collection
+  of more than ``MAX_COMPUTED_SIZE`` characters (elements count one each): the ways an expression of bounded size
+  builds a value of unbounded size (``.select($this & $this)`` doubles per link, ``aggregate($total & $total, '')``
+  per element, ``.replace('x', 'xxxxxxxxxx')`` grows tenfold per call).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from functools import lru_cache
 from typing import Any
 
 import re2
-from fhirpathpy.engine.invocations import strings
+from fhirpathpy.engine.invocations import math, strings
 from fhirpathpy.engine.nodes import ResourceNode
 
 from tasks.sof.boundary import boundary
@@ -70,7 +70,20 @@ def join(ctx: dict, inputs: list, separator: Any = "") -> Any:
 def joined(found: list, separator: str) -> str:
     if not all(isinstance(value, str) for value in found):
         raise FhirPathError(f"join needs a collection of strings, got {found!r:.200}")
+    _refuse_larger("join()", sum(map(len, found)) + len(separator) * max(len(found) - 1, 0))
     return separator.join(found)
+
+
+def amp(ctx: dict, left: Any = "", right: Any = "") -> str:
+    """FHIRPath's ``&`` (an empty operand counts as ``''``), refused before it builds a string too large."""
+    left, right = ("" if isinstance(side, list) and not side else side for side in (left, right))
+    _refuse_larger("&", len(left) + len(right))
+    return math.amp(ctx, left, right)
+
+
+def plus(ctx: dict, left: list, right: list) -> Any:
+    """FHIRPath's ``+``, its result checked (strings join as with ``&``)."""
+    return _bounded("+", math.plus(ctx, left, right))
 
 
 def _data(node: Any) -> Any:
@@ -124,8 +137,8 @@ def replace_matches(ctx: dict, inputs: list, pattern: Any, replacement: Any) -> 
     for _ in compiled.finditer(text):  # counted only as far as the bound: every match adds a replacement
         if (size := size + len(replacement)) > MAX_COMPUTED_SIZE:
             break
-    _refuse_larger("replaceMatches", size)
-    return _bounded("replaceMatches", compiled.sub(re.sub(r"\$(\d+)", r"\\\1", replacement), text))
+    _refuse_larger("replaceMatches()", size)
+    return _bounded("replaceMatches()", compiled.sub(re.sub(r"\$(\d+)", r"\\\1", replacement), text))
 
 
 def replace(ctx: dict, inputs: list, pattern: Any, substitution: Any) -> Any:
@@ -133,7 +146,7 @@ def replace(ctx: dict, inputs: list, pattern: Any, substitution: Any) -> Any:
     if inputs and isinstance(pattern, str) and isinstance(substitution, str):
         text = _single_string(inputs)
         count = len(text) + 1 if pattern == "" else text.count(pattern)
-        _refuse_larger("replace", len(text) + count * (len(substitution) - len(pattern)))
+        _refuse_larger("replace()", len(text) + count * (len(substitution) - len(pattern)))
     return strings.replace(ctx, inputs, pattern, substitution)
 
 
@@ -142,7 +155,7 @@ def aggregate(ctx: dict, inputs: list, expression: Callable[[Any], Any], initial
     ctx["$total"] = initial
     for index, element in enumerate(inputs):
         ctx["$index"] = index
-        ctx["$total"] = _bounded("aggregate", expression(element))
+        ctx["$total"] = _bounded("aggregate()", expression(element))
     return ctx["$total"]
 
 
@@ -154,7 +167,7 @@ def _bounded(function: str, value: Any) -> Any:
 
 def _refuse_larger(function: str, size: int) -> None:
     if size > MAX_COMPUTED_SIZE:
-        raise FhirPathError(f"{function}() makes a value of more than {MAX_COMPUTED_SIZE:,} characters")
+        raise FhirPathError(f"{function} makes a value of more than {MAX_COMPUTED_SIZE:,} characters")
 
 
 def _single_string(inputs: list) -> str:
@@ -170,9 +183,11 @@ def repeat(ctx: dict, inputs: Any, expression: Callable[[Any], list]) -> list:
     found: list = []
     seen: set = set()
     pending = deque(inputs)
+    size = 0
     while pending:
         fresh = [element for element in expression(pending.popleft()) if element not in seen]
-        _bounded("repeat", fresh)
+        size += len(fresh) + sum(len(item) for item in fresh if isinstance(item, str))
+        _refuse_larger("repeat()", size)
         seen.update(fresh)
         found.extend(fresh)
         pending.extend(fresh)
@@ -190,6 +205,8 @@ SOF_FUNCTIONS: dict[str, dict[str, Any]] = {
     "replaceMatches": {"fn": replace_matches, "arity": {2: ["String", "String"]}, "nullable_input": True},
     "repeat": {"fn": repeat, "arity": {1: ["Expr"]}},
     "replace": {"fn": replace, "arity": {2: ["String", "String"]}, "nullable_input": True},
+    "&": {"fn": amp, "arity": {2: ["String", "String"]}},
+    "+": {"fn": plus, "arity": {2: ["Any", "Any"]}, "nullable": True},
     "aggregate": {"fn": aggregate, "arity": {1: ["Expr"], 2: ["Expr", "Any"]}},
     "join": {"fn": join, "arity": {0: [], 1: ["String"]}},
 }
