@@ -19,6 +19,7 @@ from pathlib import Path
 
 from config.loader import absolute_path_overrides, cached_settings, refuse_secret_overrides
 from config.settings import Settings
+from flows.job_state import JobLock
 from tasks.core.errors import JobError
 from tasks.core.names import show_text
 from tasks.core.jsonfile import JsonFileError, parse_json_document, read_limited
@@ -88,7 +89,7 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str]) -> Job:
     if overrides:
         changed |= {key: path for key, path in absolute_path_overrides(settings).items() if key in overrides}
         settings = cached_settings(record.config_path, changed)
-        with changing_record(paths.job_dir) as record:
+        with JobLock(paths), changing_record(paths.job_dir) as record:  # never a job another process works on
             record.overrides = changed
     record.overrides = changed
     return Job(paths, record, settings)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import fcntl
 import logging
 import os
 import sys
@@ -37,7 +38,7 @@ from tasks.streams.ndjson import NdjsonError
 from deployments.automations.apply import main as apply_automations
 from deployments.serve import main as serve
 from flows.job_card import markdown_list, one_line_text
-from flows.job_state import LOCK_FILE, JobLock
+from flows.job_state import LOCK_FILE, JobLock, JobLockedError
 from flows.jobs import prepare_job
 from flows.run import EXIT_USAGE, main
 from tests.conftest import run_cli
@@ -622,3 +623,19 @@ def test_a_job_id_that_is_no_job_id_is_refused_before_anything_is_written(tmp_pa
     with pytest.raises(JobError, match="is not a job id .*give the id of an existing job, or none"):
         prepare_job(job_id, str(config), str(tmp_path / "in"), {}, overrides_source="the flow's parameters")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "in"]
+
+
+def test_overrides_for_a_job_another_process_works_on_are_refused_before_they_are_stored(tmp_path, write_config):
+    """A deployment run of a locked job wrote its overrides into job.json, then found the job locked and failed:
+    the refused run had still changed what the next continue uses."""
+    job_id, job_dir = made_job(tmp_path, write_config)
+    before = (job_dir / "job.json").read_bytes()
+    with open(job_dir / LOCK_FILE, "w") as held:  # as another process holds it: its own lock, another pid
+        fcntl.flock(held, fcntl.LOCK_EX)
+        held.write("999999")
+        held.flush()
+        with pytest.raises(JobLockedError, match="is being worked on by another process"):
+            prepare_job(
+                job_id, None, None, {"retry.max_attempts": "1"}, overrides_source="--set", jobs_dir=job_dir.parent
+            )
+    assert (job_dir / "job.json").read_bytes() == before
