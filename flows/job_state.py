@@ -18,7 +18,7 @@ from tasks.clients.auth import AS_SENT
 from tasks.clients.bounds import read_response
 from tasks.clients.errors import ServiceError
 from tasks.core.errors import JobError
-from tasks.job.layout import JobPaths, job_of_tag, job_tag
+from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, job_of_tag, job_tag
 from tasks.job.record import SUSPENDED, JobRecord, RecordError, read_record, settled_state
 
 LOCK_FILE = ".lock"
@@ -115,14 +115,16 @@ def current_state(paths: JobPaths, job: JobRecord) -> str:
 def current_states(jobs: list[tuple[JobPaths, JobRecord]]) -> list[str]:
     """Each job's state by the one rule of ``tasks.job.record``: the Prefect server, when one is configured, is asked
     (in one request per ``PAGE`` jobs) only about the suspended jobs, the one case where the rule defers to it."""
-    server = latest_states([job.job_id for _, job in jobs if job.state == SUSPENDED])
+    suspended = {job.job_id: directory_tag(paths.job_dir) for paths, job in jobs if job.state == SUSPENDED}
+    server = latest_states(suspended)
     return [settled_state(job.state, locked=is_locked(paths), server=server.get(job.job_id)) for paths, job in jobs]
 
 
-def latest_states(job_ids: list[str], timeout: float = 2.0) -> dict[str, str]:
-    """The newest flow run's state name per job, in one request per ``PAGE`` jobs; jobs the server does not know
-    (or whose request failed) are left out."""
-    api = prefect_api_url()
+def latest_states(directories: dict[str, str], timeout: float = 2.0) -> dict[str, str]:
+    """The newest flow run's state name per job (job id → its directory's tag), in one request per ``PAGE`` jobs;
+    a run of a copy of the job in another directory (its ``dir-`` tag another) does not count. Jobs the server does
+    not know (or whose request failed) are left out."""
+    api, job_ids = prefect_api_url(), list(directories)
     states: dict[str, str] = {}
     for start in range(0, len(job_ids) if api else 0, PAGE):
         page = job_ids[start : start + PAGE]
@@ -135,9 +137,10 @@ def latest_states(job_ids: list[str], timeout: float = 2.0) -> dict[str, str]:
         except (httpx.HTTPError, ValueError, ServiceError):  # a page too large: as if the server did not answer
             continue
         for run in runs:  # newest first: the first run naming a job is its newest
-            name = run.get("state_name") or (run.get("state") or {}).get("name")
-            for job_id in map(job_of_tag, run.get("tags") or []):
-                if job_id in page and job_id not in states:
+            name, tags = run.get("state_name") or (run.get("state") or {}).get("name"), run.get("tags") or []
+            dirs = {tag for tag in tags if tag.startswith(DIRECTORY_TAG_PREFIX)}
+            for job_id in map(job_of_tag, tags):
+                if job_id in page and job_id not in states and dirs <= {directories[job_id]}:
                     states[job_id] = name
     return states
 

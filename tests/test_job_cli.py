@@ -8,12 +8,16 @@ import re
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 from prefect.client.orchestration import get_client
 
+from flows.job_state import current_state
 from flows.prefect_server import local_pause_guard_name
+from tasks.job.layout import JobPaths, directory_tag, job_tag
+from tasks.job.record import SUSPENDED, JobRecord, changing_record, read_record
 from tasks.core.readable import CLI
 from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
 from tests.conftest import REPO_ROOT, complete_results, run_cli, wait_until
@@ -435,3 +439,25 @@ def test_start_reads_the_configuration_file_once(tmp_path, job_config, capsys):
     sys.addaudithook(count_opens)  # a hook cannot be removed: it only counts this test's file
     assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
     assert len(opened) == 1, opened
+
+
+def test_a_suspended_jobs_state_comes_from_its_own_directorys_runs_never_a_copys(tmp_path):
+    """A copy of a job (a backup, a second jobs dir) has its id but another directory: its run's Completed made the
+    original, still Suspended, read Completed, and continue said "nothing to do"."""
+    from prefect import flow
+    from prefect.states import Completed, Suspended
+
+    @flow(name="dupflow-copy-of-a-job")
+    def copy_probe() -> None:
+        pass
+
+    job_id = str(uuid.uuid4())
+    original, copy = (JobPaths(tmp_path / folder / job_id) for folder in ("jobs-a", "jobs-b"))
+    for paths in (original, copy):
+        with changing_record(paths.job_dir, new=JobRecord(job_id=job_id, state=SUSPENDED)):
+            pass
+    with get_client(sync_client=True) as client:
+        client.create_flow_run(copy_probe, tags=[job_tag(job_id), directory_tag(original.job_dir)], state=Suspended())
+        client.create_flow_run(copy_probe, tags=[job_tag(job_id), directory_tag(copy.job_dir)], state=Completed())
+    assert current_state(original, read_record(original.job_dir)) == SUSPENDED
+    assert current_state(copy, read_record(copy.job_dir)) == "Completed"
