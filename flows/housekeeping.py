@@ -46,6 +46,8 @@ from tasks.job.record import AWAITING_INSPECTION, FINAL_STATES, RUNNING, SUSPEND
 EXIT_OK, EXIT_FAILED = 0, 1
 NAMED_ONLY_STATES = (AWAITING_INSPECTION, SUSPENDED)  # a person still has to look at these: removed only by name
 API_TIMEOUT = 30.0
+PRUNING_PREFIX = ".pruning-"
+"""A job directory being removed is first renamed to this and its id: half removed, it is no job to list."""
 API_HINT = "check that PREFECT_API_URL points at a Prefect server"
 LIVE_RUN_STATES = ("RUNNING", "PENDING", "CANCELLING")  # a process carries the run on: its records stay
 
@@ -120,7 +122,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
             print_selection(selection, jobs_dir, api_url)
             if not args.yes:
                 print_how_to_remove(selection, args)
+                if begun := begun_removals(jobs_dir):
+                    print(f"{len(begun)} job(s) an interrupted prune began to remove: --yes finishes them")
                 return EXIT_OK
+            finish_removals(jobs_dir)
             return remove_jobs(selection.chosen, jobs_dir, client)
     except ServiceError as exc:
         print(f"error: {exc} (at {shown_url(api_url or '')}); nothing more was removed", file=sys.stderr)
@@ -302,6 +307,18 @@ def given_options(args: argparse.Namespace) -> list[str]:
     return options + (["--jobs-dir", str(args.jobs_dir)] if args.jobs_dir else [])
 
 
+def begun_removals(jobs_dir: Path) -> list[Path]:
+    """Job directories a prune renamed for removal (``PRUNING_PREFIX``) and was stopped before it finished."""
+    found = sorted(jobs_dir.glob(f"{PRUNING_PREFIX}*")) if jobs_dir.is_dir() else []
+    return [path for path in found if is_job_id(path.name.removeprefix(PRUNING_PREFIX)) and not path.is_symlink()]
+
+
+def finish_removals(jobs_dir: Path) -> None:
+    for path in begun_removals(jobs_dir):
+        shutil.rmtree(path)
+        print(f"removed {path.name.removeprefix(PRUNING_PREFIX)} (an interrupted prune had begun it)")
+
+
 def remove_jobs(chosen: list[Candidate], jobs_dir: Path, client: httpx.Client | None) -> int:
     """Remove each chosen job; exit code 1 when a directory could not be removed (skipped jobs are no failure)."""
     removed, failed = 0, 0
@@ -335,7 +352,9 @@ def remove_job(job: Candidate, jobs_dir: Path, client: httpx.Client | None) -> s
                     return why
                 job.flow_run_ids = [run["id"] for run in runs]
                 delete_server_records(client, job)
-            shutil.rmtree(job.paths.job_dir)
+            trash = jobs_dir / f"{PRUNING_PREFIX}{job.job_id}"
+            os.replace(job.paths.job_dir, trash)  # in one step: a kill in rmtree leaves no job that looks whole
+            shutil.rmtree(trash)
     except JobLockedError:
         return "a process took it meanwhile"
     except RecordError as exc:

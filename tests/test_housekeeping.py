@@ -179,6 +179,24 @@ def test_without_a_prefect_server_only_job_directories_are_listed_and_removed(tm
     assert not old.exists() and not (tmp_path / "empty-home" / "prefect.db").exists()
 
 
+def test_a_removal_an_interrupted_prune_began_is_told_and_finished_by_the_next(tmp_path):
+    """rmtree removes in the file system's order: stopped after job.json, a job's data stayed on disk in a directory
+    no later prune, list or status found. A job is renamed out of the jobs' names before it is removed."""
+    jobs = tmp_path / "jobs"
+    job_id = "00000000-0000-4000-8000-000000000011"
+    recorded_job(jobs, job_id, "Failed").rename(begun := jobs / f".pruning-{job_id}")  # as a killed prune left it
+    (begun / "send").mkdir()
+    (begun / "send" / "Patient-0.ndjson").write_text('{"resourceType":"Patient","id":"p1"}\n')
+    no_server = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "empty-home")}
+
+    listed = run_cli("prune", "--jobs-dir", str(jobs), env=no_server)
+    assert listed.returncode == EXIT_OK and "1 job(s) an interrupted prune began to remove" in listed.stdout
+    assert begun.is_dir()
+    removed = run_cli("prune", "--jobs-dir", str(jobs), "--yes", env=no_server)
+    assert removed.returncode == EXIT_OK, removed.stderr
+    assert f"removed {job_id} (an interrupted prune had begun it)" in removed.stdout and list(jobs.iterdir()) == []
+
+
 def test_pruning_a_copy_of_job_directories_leaves_the_originals_runs_and_artifacts(tmp_path, start_job, prefect_api):
     api = prefect_api["api_url"]
     originals = [made_old(start_job(["local_import"])), made_old(start_job(["local_import", "wait"]))]
