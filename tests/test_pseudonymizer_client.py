@@ -6,6 +6,7 @@ import asyncio
 import base64
 import hashlib
 import itertools
+import json
 from pathlib import Path
 
 import orjson
@@ -298,11 +299,7 @@ def test_a_split_bundle_keeps_every_numbers_digits(pseudonymizer_fake):
     bundle["entry"][5]["resource"]["valueQuantity"] = {"value": "PI"}
     line = orjson.dumps(bundle).replace(b'"DECIMAL"', b"1.50").replace(b'"PI"', b"3.14159265358979323846264338327")
 
-    async def run():
-        async with open_service(pseudonymizer_fake, split_threshold_mb=1) as service:
-            return await service.pseudonymize(line, orjson.loads(line))
-
-    result = asyncio.run(run())
+    result = pseudonymize_line(pseudonymizer_fake, line, split_threshold_mb=1)
     assert result.split and b'"valueQuantity":{"value":1.50}' in result.line
     assert b'"valueQuantity":{"value":3.14159265358979323846264338327}' in result.line
 
@@ -310,3 +307,25 @@ def test_a_split_bundle_keeps_every_numbers_digits(pseudonymizer_fake):
 def test_a_missing_config_file_raises_os_error(tmp_path: Path):
     with pytest.raises(OSError):
         AnonymizationConfig.read(tmp_path / "missing.yaml")
+
+
+def test_a_bundle_nested_deeper_than_json_is_written_fails_clearly_before_any_request(pseudonymizer_fake):
+    """orjson reads 1024 levels but writes 254: the size check of every Bundle raised a bare JSONEncodeError."""
+    extension = {"url": "u", "valueString": "x"}
+    for _ in range(300):
+        extension = {"url": "u", "extension": [extension]}
+    bundle = observation_bundle(count=1, pad=1)
+    bundle["entry"][0]["resource"]["extension"] = [extension]
+    with pytest.raises(PseudonymizationError, match="cannot be written as JSON again .*it is no FHIR resource"):
+        pseudonymize_line(pseudonymizer_fake, json.dumps(bundle).encode())
+    assert pseudonymizer_fake.state.requests == []
+
+
+def pseudonymize_line(pseudonymizer_fake, line: bytes, **options):
+    """``pseudonymize`` of a line as written (numbers as they are), not of a dict orjson writes."""
+
+    async def run():
+        async with open_service(pseudonymizer_fake, **options) as service:
+            return await service.pseudonymize(line, orjson.loads(line))
+
+    return asyncio.run(run())

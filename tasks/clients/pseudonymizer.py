@@ -201,7 +201,12 @@ def as_ndjson_line(content: bytes) -> bytes:
 
 
 def compact_size(resource: Any) -> int:
-    return len(dumps_exact(resource))
+    try:
+        return len(dumps_exact(resource))
+    except orjson.JSONEncodeError as exc:  # nested deeper than JSON is written (254 levels)
+        raise PseudonymizationError(
+            f"the resource cannot be written as JSON again ({exc}); it is no FHIR resource"
+        ) from None
 
 
 def needs_split(resource: dict[str, Any], threshold_bytes: int) -> bool:
