@@ -37,7 +37,16 @@ from tasks.http_import import http_import
 from tasks.job.contract import StepInput, StepKind, StepResult, stored_in_job
 from tasks.job.filework import file_runner
 from tasks.job.layout import directory_tag, job_of_tag, job_tag
-from tasks.job.record import AWAITING_INSPECTION, CONTINUED, CRASHED, FAILED, RUNNING, counts_text, read_facts
+from tasks.job.record import (
+    AWAITING_INSPECTION,
+    CONTINUED,
+    CRASHED,
+    FAILED,
+    RUNNING,
+    SUSPENDED,
+    counts_text,
+    read_facts,
+)
 from tasks.job.record import record_facts, record_state, record_step, record_stopped, release_awaiting_gates
 from tasks.local_import import local_import
 from tasks.pseudonymizer import pseudonymizer
@@ -113,7 +122,8 @@ def pipeline(
         close_earlier_flow_run(job, flow_run_id)
         record_state(job.paths.job_dir, RUNNING, flow_run_id=flow_run_id)
         settle_submission_in_doubt(job, attach, resubmit)
-        if note is not None and job.record.state == AWAITING_INSPECTION:  # else its wait step pauses it again
+        if note is not None and job.record.state in (AWAITING_INSPECTION, SUSPENDED):  # else its wait step pauses
+            # it again: a job that crashed is not known to be at a gate anyone saw
             release_awaiting_gates(job.paths.job_dir, note)
         card = JobRecordCard(job)
         try:
