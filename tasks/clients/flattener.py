@@ -12,10 +12,8 @@ Numbers are read as ``Decimal``, so they reach the CSV as written. No Prefect he
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from datetime import timedelta
-from decimal import Decimal
 from typing import Any
 
 import httpx
@@ -23,6 +21,7 @@ import orjson
 
 from tasks.clients.bounds import MB, Deadline, answer_within, read_answer
 from tasks.clients.errors import json_or_none, network_error, raise_for_service_status
+from tasks.core.exact_json import loads_exact
 from tasks.core.redaction import redact
 from tasks.clients.http import ServiceClient
 from tasks.clients.retry import call_with_retry
@@ -129,12 +128,12 @@ def answer_lines(response: httpx.Response, deadline: Deadline, operation: str, s
 
 
 def parse_row(line: bytes, number: int) -> dict[str, Any]:
-    """One row of the answer, numbers as ``Decimal``; a ``FlattenerError`` naming the line for anything else. orjson
-    checks the line first, strictly: no NaN or Infinity, no lone surrogate (no UTF-8 CSV could hold it), nesting
-    bounded (``json`` would raise RecursionError)."""
+    """One row of the answer, numbers exact (``loads_exact``); a ``FlattenerError`` naming the line for anything
+    else. orjson checks the line first, strictly: no lone surrogate (no UTF-8 CSV could hold it), nesting bounded
+    (``json`` would raise RecursionError)."""
     try:
         orjson.loads(line)
-        row = json.loads(line, parse_float=Decimal)
+        row = loads_exact(line)
     except (ValueError, RecursionError) as exc:
         raise FlattenerError(f"the flattening service's $run answer line {number} is not JSON ({exc})") from exc
     if not isinstance(row, dict):

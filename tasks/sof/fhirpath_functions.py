@@ -160,9 +160,13 @@ def aggregate(ctx: dict, inputs: list, expression: Callable[[Any], Any], initial
 
 
 def _bounded(function: str, value: Any) -> Any:
-    values = value if isinstance(value, list) else [value]
-    _refuse_larger(function, len(values) + sum(len(item) for item in values if isinstance(item, str)))
+    _refuse_larger(function, _size(value if isinstance(value, list) else [value]))
     return value
+
+
+def _size(values: list) -> int:
+    """A collection's size as the bound counts it: one per element, and each string's characters."""
+    return len(values) + sum(len(item) for item in values if isinstance(item, str))
 
 
 def _refuse_larger(function: str, size: int) -> None:
@@ -186,7 +190,7 @@ def repeat(ctx: dict, inputs: Any, expression: Callable[[Any], list]) -> list:
     size = 0
     while pending:
         fresh = [element for element in expression(pending.popleft()) if element not in seen]
-        size += len(fresh) + sum(len(item) for item in fresh if isinstance(item, str))
+        size += _size(fresh)
         _refuse_larger("repeat()", size)
         seen.update(fresh)
         found.extend(fresh)
