@@ -20,6 +20,9 @@ from tasks.streams.fanout import Cancelled
 
 RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
 DASK_LOGGERS = ("distributed", "prefect.task_runner.dask")  # their INFO (a cluster's life) goes to the job log only
+CLUSTER_TEARDOWN = "Worker process still alive after"
+"""distributed.nanny's WARNING when a worker takes more than 4 s to end as the local cluster closes (a loaded
+machine): it is killed and joined, the run's work is done; a line of the cluster's life, for the job log only."""
 
 
 class OneTracePerFailure(logging.Filter):
@@ -90,14 +93,17 @@ def take_interrupts() -> None:
 
 class _OneFailureLine(logging.Filter):
     """The terminal tells a failure once (Prefect logs it at every run it passes): only the first ERROR of a run,
-    and no "Finished in state Failed/Crashed" line; nor Dask's INFO. The job log and the UI keep them all."""
+    and no "Finished in state Failed/Crashed" line; nor Dask's INFO and its teardown warning (``CLUSTER_TEARDOWN``).
+    The job log and the UI keep them all."""
 
     def __init__(self) -> None:
         super().__init__()
         self._shown = False
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING and record.name.startswith(DASK_LOGGERS):
+        if record.name.startswith(DASK_LOGGERS) and (
+            record.levelno < logging.WARNING or str(record.msg).startswith(CLUSTER_TEARDOWN)
+        ):
             return False
         if record.name not in RUN_LOGGERS:
             return True

@@ -31,3 +31,14 @@ def test_a_failure_without_a_signal_shows_once(console_filter):
     assert console_filter.filter(record("Task run failed with exception: ValueError('no JSON')"))
     assert not console_filter.filter(record("Flow run failed with exception: ValueError('no JSON')"))
     assert not console_filter.filter(record("Finished in state Failed('no JSON')"))
+
+
+def test_the_local_clusters_teardown_warning_stays_off_the_terminal_and_other_dask_warnings_show(console_filter):
+    """On a loaded machine a worker may take over 4 s to end as the cluster closes; the nanny kills it and says so.
+    The run's work is done: a line of the cluster's life, for the job log only."""
+    teardown = "Worker process still alive after 4.0 seconds, killing"
+    assert not console_filter.filter(
+        logging.LogRecord("distributed.nanny", logging.WARNING, "", 1, teardown, None, None)
+    )
+    lost = "Removing worker 'tcp://127.0.0.1:1' caused the cluster to lose scattered data"
+    assert console_filter.filter(logging.LogRecord("distributed.scheduler", logging.WARNING, "", 1, lost, None, None))
