@@ -142,7 +142,7 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
     home = prefect_home(home)
     with exclusive_lock(home / LOCK_FILE):
         record = read_record(home)
-        if record is not None and process_is_server(record.pid):
+        if record is not None and runs_recorded_server(record):
             if wait_until_healthy(record, startup_timeout, home):
                 return record.url
             terminate(record.pid)
@@ -168,7 +168,7 @@ def stop_server(home: Path | None = None) -> bool:
     home = prefect_home(home)
     with exclusive_lock(home / LOCK_FILE):
         record = read_record(home)
-        if running := record is not None and process_is_server(record.pid):
+        if running := record is not None and runs_recorded_server(record):
             terminate(record.pid)
         (home / STATE_FILE).unlink(missing_ok=True)
         return running
@@ -176,7 +176,7 @@ def stop_server(home: Path | None = None) -> bool:
 
 def server_status(home: Path | None = None) -> dict | None:
     """The recorded server (url, ui_url, pid, port, log, started_at, healthy), or None if none is running."""
-    if (record := read_record(prefect_home(home))) is None or not process_is_server(record.pid):
+    if (record := read_record(prefect_home(home))) is None or not runs_recorded_server(record):
         return None
     shown = {key: value for key, value in asdict(record).items() if key != "nonce"}
     return {**shown, "ui_url": ui_url(record.url), "healthy": is_healthy(record.url)}
@@ -218,7 +218,7 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
             if local_server_port() is None:
                 write_file_atomically(home / PORT_FILE, f"{port}\n".encode())  # kept for the next start
             return record
-        ended = not process_is_server(record.pid)
+        ended = not runs_recorded_server(record)
         terminate(record.pid)
         (home / STATE_FILE).unlink(missing_ok=True)
         log = Path(record.log).read_text(errors="replace") if Path(record.log).exists() else ""
@@ -302,10 +302,10 @@ def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool
     dies (another home's server may have taken its port and answer there) or ``timeout`` passes first."""
     deadline = time.monotonic() + timeout
     while not (is_healthy(record.url) and serves_home(record, home)):
-        if not process_is_server(record.pid) or time.monotonic() >= deadline:
+        if not runs_recorded_server(record) or time.monotonic() >= deadline:
             return False
         time.sleep(POLL_INTERVAL)
-    return process_is_server(record.pid)
+    return runs_recorded_server(record)
 
 
 def serves_home(record: ServerRecord, home: Path) -> bool:
@@ -339,6 +339,21 @@ def http_get(url: str, path: str, timeout: float) -> tuple[int, bytes] | None:
             return response.status, response.read(MAX_PROBE_ANSWER_BYTES)
     except (OSError, HTTPException, ValueError):
         return None
+
+
+def runs_recorded_server(record: ServerRecord) -> bool:
+    """Whether the recorded server still runs: its pid a ``prefect server start`` whose environment holds the start's
+    nonce, so a recycled pid that became another home's server is neither reused nor stopped. Without /proc, for a
+    record written before nonces, or an environment read empty (a process exiting), the pid check alone tells."""
+    if not process_is_server(record.pid):
+        return False
+    try:
+        environment = Path(f"/proc/{record.pid}/environ").read_bytes()
+    except FileNotFoundError:
+        return True
+    except PermissionError:  # another user's process: not one this home started
+        return False
+    return not (record.nonce and environment) or (NONCE_LOGGER + record.nonce).encode() in environment
 
 
 def process_is_server(pid: int) -> bool:

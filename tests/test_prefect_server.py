@@ -280,6 +280,52 @@ def test_a_process_that_echoes_the_homes_path_is_not_its_server(tmp_path, foreig
     assert serves_home(record, tmp_path)
 
 
+def decoy_server(environment: dict[str, str]) -> subprocess.Popen:
+    """A process whose command line reads ``prefect server start``, as a recycled pid may: it serves nothing."""
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)", "prefect", "server", "start"],
+        env={**os.environ, **environment},
+        start_new_session=True,
+    )
+
+
+@pytest.mark.slow
+def test_a_recycled_pid_now_another_server_is_neither_reused_nor_stopped(tmp_path):
+    """The pid recorded for a home's server, recycled into another home's ``prefect server start``: stop, status
+    and start leave it alone (its environment lacks the start's nonce); the home's own server is stopped."""
+    nonce = "0123456789abcdef0123456789abcdef"
+    other = decoy_server({"PREFECT_LOGGING_EXTRA_LOGGERS": "dupflow.server.fedcba9876543210fedcba9876543210"})
+    own = decoy_server({"PREFECT_LOGGING_EXTRA_LOGGERS": f"dupflow.server.{nonce}"})
+    try:
+        for process in (other, own):
+            assert wait_until_command_line(process.pid)
+        write_record(tmp_path, ServerRecord(other.pid, 1, "http://127.0.0.1:1/api", "log", "now", nonce))
+        assert server_status(tmp_path) is None
+        assert stop_server(tmp_path) is False
+        assert other.poll() is None and read_record(tmp_path) is None
+
+        write_record(tmp_path, ServerRecord(own.pid, 1, "http://127.0.0.1:1/api", "log", "now", nonce))
+        assert stop_server(tmp_path) is True
+        assert own.wait(timeout=SERVER_TIMEOUT) is not None and other.poll() is None
+    finally:
+        for process in (other, own):
+            process.kill()
+            process.wait()
+
+
+def wait_until_command_line(pid: int, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not process_is_server(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def write_record(home: Path, record: ServerRecord) -> None:
+    (home / STATE_FILE).write_text(json.dumps(record.__dict__))
+
+
 def test_each_home_gets_its_own_port_kept_in_the_home(tmp_path, monkeypatch):
     monkeypatch.delenv("PREFECT_SERVER_API_PORT", raising=False)
     homes = [tmp_path / f"home-{number}" for number in range(20)]
