@@ -236,6 +236,7 @@ def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: di
         prefect_server.use_server()  # a suspended run is the server's (the record's rule): resumed or cancelled there
     state = current_state(paths, job)
     if state == SUSPENDED:
+        refuse_flags_of_a_new_run(job, args, overrides)
         return resume_suspended_run(job, args.note)
     if job.state == SUSPENDED and state not in FINAL_STATES:
         raise UsageError(f"job {job.job_id}: its deployment run is {state} on the server (resumed there); let it end")
@@ -247,6 +248,19 @@ def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: di
     print(f"job {job.job_id}: continuing in {paths.job_dir}")
     continuing = {"note": args.note, "attach": args.attach, "resubmit": args.resubmit}
     return run_job(paths, args.no_progress, continuing)
+
+
+def refuse_flags_of_a_new_run(job: JobRecord, args: argparse.Namespace, overrides: dict[str, str]) -> None:
+    """A suspended run goes on with the parameters it was started with: ``--set``, ``--attach`` and ``--resubmit``
+    would be lost without a word, so they are refused before it is resumed."""
+    flags = (("--set", overrides), ("--attach", args.attach), ("--resubmit", args.resubmit))
+    given = [flag for flag, value in flags if value]
+    if given:
+        raise UsageError(
+            f"job {job.job_id}: its deployment run is suspended at a wait step and goes on as it was started, so "
+            f"{', '.join(given)} cannot apply; resume it without them, or cancel that run in the Prefect UI and "
+            f"continue with them"
+        )
 
 
 def resume_suspended_run(job: JobRecord, note: str) -> int:

@@ -461,3 +461,31 @@ def test_a_suspended_jobs_state_comes_from_its_own_directorys_runs_never_a_copys
         client.create_flow_run(copy_probe, tags=[job_tag(job_id), directory_tag(copy.job_dir)], state=Completed())
     assert current_state(original, read_record(original.job_dir)) == SUSPENDED
     assert current_state(copy, read_record(copy.job_dir)) == "Completed"
+
+
+@pytest.mark.parametrize("flags", [["--set", "compression.level=fastest"], ["--resubmit"]])
+def test_continue_of_a_suspended_run_refuses_flags_it_could_not_apply_and_leaves_the_run_suspended(
+    tmp_path, flags, capsys
+):
+    """A suspended deployment run goes on with the parameters it was started with: a flag of a new run was dropped
+    without a word when ``continue`` resumed it."""
+    from prefect import flow
+    from prefect.states import Suspended
+
+    @flow(name="dupflow-suspended-probe")
+    def suspended_probe() -> None:
+        pass
+
+    job_id = str(uuid.uuid4())
+    paths = JobPaths(tmp_path / "jobs" / job_id)
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(
+            suspended_probe, tags=[job_tag(job_id), directory_tag(paths.job_dir)], state=Suspended()
+        )
+    with changing_record(paths.job_dir, new=JobRecord(job_id=job_id, state=SUSPENDED, flow_run_ids=[str(run.id)])):
+        pass
+
+    assert main(["continue", job_id, "--jobs-dir", str(tmp_path / "jobs"), *flags]) == EXIT_USAGE
+    error = capsys.readouterr().err
+    assert f"{flags[0]} cannot apply" in error and "cancel that run in the Prefect UI" in error, error
+    assert read_flow_run_state(str(run.id)).name == "Suspended"
