@@ -86,6 +86,7 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str]) -> Job:
     record = read_record(paths.job_dir)
     changed = {**record.overrides, **overrides, "jobs_dir": str(paths.job_dir.parent)}
     settings = cached_settings(record.config_path, changed)
+    refuse_other_steps(record, settings)
     if overrides:
         changed |= {key: path for key, path in absolute_path_overrides(settings).items() if key in overrides}
         settings = cached_settings(record.config_path, changed)
@@ -93,6 +94,18 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str]) -> Job:
             record.overrides = changed
     record.overrides = changed
     return Job(paths, record, settings)
+
+
+def refuse_other_steps(record: JobRecord, settings: Settings) -> None:
+    """A job runs the steps it was started with: a list changed since (the configuration file edited, ``--set``)
+    would skip or add steps on data that went through the others, so it is refused before anything is stored."""
+    now = list(settings.pipeline.enabled_steps)
+    if record.enabled_steps and now != record.enabled_steps:
+        raise JobError(
+            f"job {record.job_id} was started with pipeline.enabled_steps [{', '.join(record.enabled_steps)}], the "
+            f"configuration now says [{', '.join(now)}]; a job runs the steps it started with: put the list back to "
+            "continue it, or start a new job for the new steps"
+        )
 
 
 def refuse_older_layout(paths: JobPaths) -> None:

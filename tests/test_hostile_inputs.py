@@ -490,6 +490,28 @@ def made_job(tmp_path: Path, write_config) -> tuple[str, Path]:
     return job.job_id, job.paths.job_dir
 
 
+def test_a_job_whose_configuration_now_lists_other_steps_is_refused_naming_both_lists(tmp_path, write_config):
+    """The steps a job was started with are the job's: continuing after the file dropped the pseudonymizer ended
+    Completed on data never pseudonymized."""
+    job_id, job_dir = made_job(tmp_path, write_config)
+    before = (job_dir / "job.json").read_bytes()
+    write_config(
+        {
+            "pipeline": {"enabled_steps": ["local_import"]},
+            "services": {"pseudonymizer": {"url": "http://pseudo.example"}},
+        }
+    )
+
+    with pytest.raises(JobError) as refused:
+        prepare_job(job_id, None, None, {}, overrides_source="--set", jobs_dir=job_dir.parent)
+
+    assert "pipeline.enabled_steps [local_import, pseudonymizer], the configuration now says [local_import]" in str(
+        refused.value
+    )
+    assert "put the list back to continue it, or start a new job" in str(refused.value)
+    assert (job_dir / "job.json").read_bytes() == before
+
+
 @pytest.mark.parametrize(
     ("override", "refusal"),
     [
