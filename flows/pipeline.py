@@ -34,7 +34,7 @@ from tasks.core.url_credentials import refuse_credentials_in_url
 from tasks.extractor import extractor
 from tasks.flattening import flattening
 from tasks.http_import import http_import
-from tasks.job.contract import StepInput, StepKind, StepResult, stored_in_job
+from tasks.job.contract import StepInput, StepKind, StepResult, files_gone, stored_in_job
 from tasks.job.filework import file_runner
 from tasks.job.layout import directory_tag, job_of_tag, job_tag
 from tasks.job.record import (
@@ -253,8 +253,12 @@ def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:
 
 
 def run_step(step_task: Any, step: StepInput) -> StepResult:
-    """Run a step's task; a result Prefect answers from the job's cache is marked ``cached`` for the record."""
-    state = stored_in_job(step_task, step)(step, return_state=True)
+    """Run a step's task; a result Prefect answers from the job's cache is marked ``cached`` for the record, and
+    taken only while its files are on disk as recorded (else the step runs again, redoing only what is gone)."""
+    run = stored_in_job(step_task, step)
+    state = run(step, return_state=True)
+    if files_gone(state, step.job_path):
+        state = run.with_options(refresh_cache=True)(step, return_state=True)
     result: StepResult = state.result()
     return result.model_copy(update={"cached": True}) if state.name == "Cached" else result
 

@@ -81,8 +81,14 @@ def released_result(step: StepInput) -> StepResult:
             )
         seen[key] = path.name
     max_line_bytes = settings_of(step).pipeline.max_ndjson_line_size_bytes
-    files = [
-        DataFile.written(p.name, FileStats(p.stat().st_size, *count_contents(p, max_line_bytes))) for p in corrected
-    ]
+    files = [corrected_file(path, max_line_bytes) for path in corrected]
     get_run_logger().info("continuing with %d corrected file(s) from %s", len(files), wait_dir(step))
     return step.result(files, folder=wait_dir(step))
+
+
+def corrected_file(path: Path, max_line_bytes: int) -> DataFile:
+    """A corrected file as the next step's input, with its time of change: a person may correct it again to the
+    same size, and the next step must then read it anew."""
+    found = path.stat()
+    counted = DataFile.written(path.name, FileStats(found.st_size, *count_contents(path, max_line_bytes)))
+    return counted.model_copy(update={"modified_ns": found.st_mtime_ns})

@@ -12,13 +12,14 @@ import functools
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
 
 from prefect import Task, task
 from prefect.cache_policies import CacheKeyFnPolicy
+from prefect.client.schemas.objects import State
 from prefect.context import TaskRunContext
 from prefect.transactions import CommitMode, transaction
 from pydantic import BaseModel, ConfigDict, Field
@@ -46,9 +47,13 @@ class StepKind(StrEnum):
 
 class DataFile(FileEntry):
     """One data file of a step's folder: name, bytes, and ``resources``: NDJSON lines (a Bundle counts as one, and
-    ``bundles`` of them hold ``bundled``; None if counted before Bundles were) or CSV rows (``counts`` says which)."""
+    ``bundles`` of them hold ``bundled``; None if counted before Bundles were) or CSV rows (``counts`` says which).
+    ``modified_ns``: when the file was last changed, kept for a file a person may edit (a wait step's corrected
+    files), so that a correction of the same size is a new input."""
 
     model_config = ConfigDict(frozen=True)
+
+    modified_ns: int | None = None
 
     @classmethod
     def written(cls, name: str, stats: FileStats) -> DataFile:
@@ -58,6 +63,14 @@ class DataFile(FileEntry):
     @property
     def core(self) -> bool:
         return self.name.startswith("core.")
+
+    def on_disk_in(self, folder: Path) -> bool:
+        """Whether ``folder`` holds this file as it was recorded (its size; its time of change when kept)."""
+        try:
+            found = (folder / self.name).stat()
+        except OSError:
+            return False
+        return found.st_size == self.size and self.modified_ns in (None, found.st_mtime_ns)
 
 
 class StepInput(BaseModel):
@@ -114,7 +127,11 @@ class StepInput(BaseModel):
         """What a step's (and its files') results depend on: its input, not the facts the job learns as it runs
         (a step that recorded an extraction handle must still find its finished files on ``continue``), nor where
         its settings come from (``continue --set`` that fixes a cause must not redo the finished files)."""
-        return self.model_dump(mode="json", exclude={"job_dir", "facts", "config_path", "overrides"})
+        identity = self.model_dump(mode="json", exclude={"job_dir", "facts", "config_path", "overrides"})
+        for entry in identity["files"]:  # an unset time of change leaves the keys of files without one as they were
+            if entry["modified_ns"] is None:
+                del entry["modified_ns"]
+        return identity
 
 
 class StepResult(StepRecord):
@@ -201,9 +218,43 @@ def redacting_failures(function: Callable[..., R]) -> Callable[..., R]:
 
 def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: Any) -> R:
     """Call a ``file_task`` so that its result is committed the moment it finishes, not when the step does:
-    a run killed in the middle of a step keeps every file it had finished."""
+    a run killed in the middle of a step keeps every file it had finished. A cached result whose files are no
+    longer on disk as recorded is made again (``files_gone``)."""
     with transaction(commit_mode=CommitMode.EAGER):
-        return stored_in_job(call, step)(step, *args, **kwargs)
+        if not isinstance(call, Task):
+            return call(step, *args, **kwargs)
+        run = stored_in_job(call, step)
+        state = run(step, *args, return_state=True, **kwargs)
+        if files_gone(state, step.output_dir):
+            state = run.with_options(refresh_cache=True)(step, *args, return_state=True, **kwargs)
+        return state.result()
+
+
+def files_gone(state: State, folder: Path) -> bool:
+    """Whether ``state`` is a cache hit whose result names a ``DataFile`` that ``folder`` no longer holds as
+    recorded (deleted, truncated, corrected): such a result is not taken, the work is done again. A step's result
+    (``StepResult``) is looked for in its own folder, relative to the job directory ``folder``."""
+    if state.name != "Cached":
+        return False
+    result = state.result()
+    if isinstance(result, StepResult):
+        folder = folder / result.folder
+    return not all(f.on_disk_in(folder) for f in data_files(result))
+
+
+def data_files(value: Any) -> Iterator[DataFile]:
+    """Every ``DataFile`` in a task's result (a model, a dict, a list of them)."""
+    if isinstance(value, DataFile):
+        yield value
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from data_files(getattr(value, name))
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from data_files(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from data_files(item)
 
 
 def stored_in_job(call: C, step: StepInput) -> C:

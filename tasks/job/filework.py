@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from config.runtime import prefect_api_url
 from config.settings import TaskRunnerSettings
-from tasks.job.contract import commit_each, stored_in_job
+from tasks.job.contract import commit_each, files_gone, stored_in_job
 from tasks.core.errors import DupflowError
 from tasks.streams.fanout import run_bounded
 
@@ -77,7 +77,16 @@ def map_on_flow_runner(file_task: Any, arguments: Sequence[tuple[Any, ...]]) -> 
     """Submit every file task to the flow run's task runner at once (Dask runs one per worker thread), then
     collect in order."""
     futures = [stored_in_job(file_task, args[0]).submit(*args) for args in arguments]
-    return [outcome_of(lambda future: future.result(), future) for future in futures]
+    return [outcome_of(kept_result, (future, file_task, args)) for future, args in zip(futures, arguments)]
+
+
+def kept_result(submitted: tuple[Any, Any, tuple[Any, ...]]) -> Any:
+    """A submitted file task's result; a cached one whose files are gone from disk is made again (``files_gone``)."""
+    future, file_task, args = submitted
+    future.wait()
+    if files_gone(future.state, args[0].output_dir):
+        future = stored_in_job(file_task, args[0]).with_options(refresh_cache=True).submit(*args)
+    return future.result()
 
 
 @contextmanager
