@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_jobs import ExtractionJob, ExtractionTaskClient
 from tasks.clients.extraction_documents import (
     DeadHandleError,
+    ExtractionCancelledError,
     ExtractionError,
     ExtractionFailedError,
     ExtractionHandle,
@@ -42,6 +44,7 @@ from tasks.clients.extraction_documents import (
 )
 from tasks.clients.extraction_jobs import CohortPreviewUnsupportedError, cohort_patient_ids
 from tasks.clients.extraction_server import PollProgress
+from tasks.core.url_credentials import CredentialsInUrlError
 from tasks.streams import processes
 from tests.support.processes import worker_pids
 from tasks.streams.ndjson import NdjsonError
@@ -49,6 +52,7 @@ from tasks.streams.ndjson_writer import CHECK_IN_PROCESS_MIN_BYTES
 from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
+from tests.fakes.oauth import REALM_PATH, OAuthHandler, OAuthState
 from tests.fakes.extraction_crtdl import parse_crtdl as parse_fake_crtdl
 from tests.fakes.extraction_server import ExtractionServer, JobStatus, start_extraction_server
 from tests.support.extraction import CRTDL, FAST_RETRY, LONG_JOB, SimulatedTime, client_for
@@ -208,13 +212,78 @@ def test_404_on_poll_raises_dead_handle(torch, sim):
     assert caught.value.status_code == 404 and caught.value.handle == handle
 
 
-def test_410_for_a_cancelled_job_raises_dead_handle(torch, sim):
+def test_410_for_a_job_cancelled_on_the_server_is_a_cancel_not_a_lost_job(torch, sim):
+    """TORCH answers a cancelled job's status with 410, like a deleted one's: a person's cancel was taken for a lost
+    handle, and the step submitted the extraction again."""
     with client_for(torch.base_url, sim) as client:
         handle = client.submit(CRTDL)
         torch.state.force_status(handle.job_id, JobStatus.CANCELLED)
-        with pytest.raises(DeadHandleError) as caught:
+        with pytest.raises(ExtractionCancelledError) as caught:
             client.poll_until_complete(handle)
-    assert caught.value.status_code == 410
+    assert not isinstance(caught.value, DeadHandleError) and caught.value.status_code == 410
+    assert f"extraction job {handle.job_id} was cancelled on the extraction server" in str(caught.value)
+    assert "--resubmit" in str(caught.value) and len(torch.state.submissions) == 1
+
+
+def test_410_for_a_job_whose_task_is_gone_or_unreadable_is_a_lost_handle(sim):
+    server, state = scripted_status_server(Reply(410), Reply(404), Reply(410), Reply(200, body=b"<html>"))
+    with server, client_for(server.base_url, sim) as client:
+        for _ in range(2):
+            with pytest.raises(DeadHandleError):
+                client.poll_until_complete(ExtractionHandle(f"{server.base_url}/fhir/__status/j", "j"))
+    assert [r.path for r in state.requests] == ["/fhir/__status/j", "/fhir/Task/j"] * 2
+
+
+def test_an_identity_provider_outage_while_the_token_is_renewed_is_polled_through(sim):
+    """A 503 of the token endpoint while polling is a transient failure of that poll, like a reset: it ended the
+    step."""
+    oauth = OAuthState()
+
+    def bearer(headers: dict[str, str]) -> bool:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        return scheme == "Bearer" and oauth.is_valid(token)
+
+    auth = {"oauth_issuer_uri": "", "oauth_client_id": oauth.client_id, "oauth_client_secret": oauth.client_secret}
+    with (
+        LoopbackServer(OAuthHandler, oauth) as idp,
+        start_extraction_server(clock=sim, durations=dict(LONG_JOB), auth_check=bearer) as server,
+    ):
+        auth["oauth_issuer_uri"] = idp.base_url + REALM_PATH
+        with client_for(server.base_url, sim, auth=auth) as client:
+            handle = client.submit(CRTDL)
+            oauth.revoke_all()  # the next poll is refused: the token is renewed, and the provider is out
+            oauth.unavailable_next = 2
+            urls = client.poll_until_complete(handle)
+    assert len(urls) == 4 and oauth.unavailable_next == 0
+
+
+@pytest.mark.parametrize("retry_after", ["0", "Thu, 01 Jan 1970 00:00:00 GMT"])
+def test_a_503_storm_asking_to_retry_at_once_is_still_polled_with_backoff(sim, retry_after):
+    server, _ = scripted_status_server(*[Reply(503, {"Retry-After": retry_after})] * 4, manifest_reply())
+    with server, client_for(server.base_url, sim) as client:
+        client.poll_until_complete(ExtractionHandle(f"{server.base_url}/fhir/__status/j", "j"))
+    assert sim.sleeps == [1.0, 2.0, 4.0, 8.0]
+
+
+def test_a_status_answer_dripping_its_body_ends_at_the_poll_deadline_and_the_window_decides(sim):
+    """One byte every 0.3 s, within every read timeout: the poll stayed in one GET, the liveness window unseen."""
+    dripping = Reply(202, {"Content-Type": "application/json"}, b" " * 1000, drip=0.3)
+    server, state = scripted_status_server(dripping, dripping, dripping)
+    started = time.monotonic()
+    with server, client_for(server.base_url, sim, extraction_timeout="PT1S") as client:
+        with pytest.raises(ExtractionTimeoutError):
+            client.poll_until_complete(ExtractionHandle(f"{server.base_url}/fhir/__status/j", "j"))
+    assert len(state.requests) == 2 and time.monotonic() - started < 30
+
+
+def test_a_status_url_with_a_token_in_its_query_is_refused_at_the_kick_off(sim):
+    kicked = Reply(202, {"Content-Location": "/fhir/__status/j?access_token=SEKRET-123"}, b"")
+    server, _ = scripted_status_server(kicked)
+    with server, client_for(server.base_url, sim) as client:
+        with pytest.raises(CredentialsInUrlError) as caught:
+            client.submit(CRTDL)
+    assert "carries a token in its query (access_token)" in str(caught.value)
+    assert "SEKRET-123" not in str(caught.value)
 
 
 def test_500_is_a_terminal_failure_with_the_servers_diagnostics(sim):

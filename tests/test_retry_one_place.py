@@ -158,7 +158,7 @@ def extraction_client(base_url: str, sleeps: list[float]) -> ExtractionServerCli
     return ExtractionServerClient(settings, TLS, sleep=sleeps.append)
 
 
-def test_the_status_poll_honours_retry_after_and_polls_on_past_max_attempts(tmp_path):
+def test_the_status_poll_never_polls_sooner_than_its_backoff_and_polls_on_past_max_attempts(tmp_path):
     manifest = {"output": [{"type": "NDJSON Bundle", "url": "/files/a.ndjson"}], "error": []}
     replies = [
         UNAVAILABLE_A_MOMENT,
@@ -170,7 +170,7 @@ def test_the_status_poll_honours_retry_after_and_polls_on_past_max_attempts(tmp_
         urls = client.poll_until_complete(ExtractionHandle(f"{server.base_url}/fhir/__status/j", "j"))
         assert urls == [f"{server.base_url}/files/a.ndjson"]
         assert [request.method for request in server.state.requests] == ["GET"] * (RETRY.max_attempts + 2)
-    assert sleeps == [0.3, 2.0, 4.0, 8.0]  # Retry-After replaces the first wait; the poll's own back-off doubles on
+    assert sleeps == [1.0, 2.0, 4.0, 8.0]  # a Retry-After of 0.3 s does not shorten the wait; the back-off doubles on
 
 
 @pytest.mark.parametrize("failure", [Reply(503), Reply(502), Reply(reset=True)], ids=["503", "502", "reset"])

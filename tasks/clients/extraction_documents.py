@@ -61,6 +61,27 @@ class DeadHandleError(ExtractionError):
         )
 
 
+class ExtractionCancelledError(ExtractionError):
+    """The job's status answered 410 and its Task says CANCELLED: a person cancelled it, nothing was lost."""
+
+    def __init__(self, handle: ExtractionHandle):
+        super().__init__(
+            f"extraction job {handle.job_id} was cancelled on the extraction server (its status answered HTTP 410, "
+            "its Task says CANCELLED); a cancelled extraction is not submitted again on its own: to extract anew, "
+            f"continue the job with --resubmit, or start a new job",
+            status_code=410,
+        )
+
+
+def job_status_of(task: dict[str, Any]) -> str:
+    """A Task's JobStatus code (``businessStatus``), else its FHIR ``status``."""
+    business = task.get("businessStatus") if isinstance(task.get("businessStatus"), dict) else {}
+    for coding in business.get("coding") or []:
+        if isinstance(coding, dict) and isinstance(coding.get("code"), str):
+            return coding["code"]
+    return str(task.get("status") or "unknown")
+
+
 class ExtractionFailedError(ExtractionError):
     pass
 

@@ -22,7 +22,8 @@ import httpx
 
 from tasks.clients.bounds import MB
 from tasks.clients.errors import ServiceError, json_object, json_or_none
-from tasks.clients.extraction_documents import SERVICE, TASK_TIMEOUT, ExtractionError, base_url_of, progress_values
+from tasks.clients.extraction_documents import SERVICE, TASK_TIMEOUT, ExtractionError, base_url_of, job_status_of
+from tasks.clients.extraction_documents import progress_values
 from tasks.clients.http import FHIR_JSON, FHIR_JSON_HEADERS, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
 
@@ -114,7 +115,7 @@ class ExtractionJob:
         progress = progress_values(task)
         return cls(
             id=str(task.get("id")),
-            status=_job_status(task),
+            status=job_status_of(task),
             priority="HIGH" if task.get("priority") in HIGH_TASK_PRIORITIES else "NORMAL",
             version=meta.get("versionId"),
             authored_on=task.get("authoredOn"),
@@ -155,14 +156,6 @@ def _consent_audit_files(task: dict[str, Any]) -> tuple[str, ...]:
     for url in urls:
         refuse_credentials_in_url(url, door="a consent audit file URL of the Task", fix=SERVER_URL_FIX)
     return urls
-
-
-def _job_status(task: dict[str, Any]) -> str:
-    business = task.get("businessStatus") if isinstance(task.get("businessStatus"), dict) else {}
-    for coding in business.get("coding") or []:
-        if isinstance(coding, dict) and isinstance(coding.get("code"), str):
-            return coding["code"]
-    return str(task.get("status") or "unknown")
 
 
 def document_of(response: httpx.Response, operation: str) -> dict[str, Any]:

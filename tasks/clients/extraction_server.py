@@ -23,20 +23,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 import httpx
 import orjson
 
 from tasks.clients.auth import ServiceAuth, origin_of, origin_text
-from tasks.clients.bounds import answered, declared_size
+from tasks.clients.bounds import Deadline, answer_within, answered, declared_size
 from tasks.clients.errors import error_from_response, is_transient_network_error, is_transient_status, network_error
-from tasks.clients.errors import operation_outcome_texts, parse_retry_after, raise_for_service_status
-from tasks.clients.extraction_documents import SERVICE, DeadHandleError, ExtractionError
+from tasks.clients.errors import ServiceError, operation_outcome_texts, parse_retry_after, raise_for_service_status
+from tasks.clients.extraction_documents import SERVICE, DeadHandleError, ExtractionCancelledError, ExtractionError
 from tasks.clients.extraction_documents import ExtractionFailedError, ExtractionHandle, ExtractionTimeoutError
 from tasks.clients.extraction_documents import base_url_of, kickoff_parameters, manifest_request
-from tasks.clients.extraction_documents import requires_access_token, resolve_file_url, result_urls
+from tasks.clients.extraction_documents import job_status_of, requires_access_token, resolve_file_url, result_urls
 from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceEndpoint, build_client, http_timeout
 from tasks.clients.retry import call_once
+from tasks.core.readable import plain_text
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
 
 if TYPE_CHECKING:
@@ -53,6 +55,11 @@ POLL_TIMEOUT = timedelta(seconds=30)
 MAX_MANIFEST_BYTES = 32 * 1024 * 1024
 # Any other status answer (progress, errors): only its first MiB is read.
 MAX_STATUS_BODY_BYTES = 1024 * 1024
+# One status poll (or Task read) in all, at most: a status answer is a few KB, a manifest at most MAX_MANIFEST_BYTES.
+POLL_DEADLINE = timedelta(minutes=2)
+POLL_DEADLINE_SETTING = "a status poll's deadline, 2 minutes or services.extractor.extraction_timeout if shorter"
+STATUS_ACCEPT = {"Accept": "application/json"}
+TASK_ACCEPT = {"Accept": "application/fhir+json"}
 IN_PROGRESS = (102, 202)
 DEAD_HANDLE = (404, 410)
 JOB_FAILED = 500
@@ -95,17 +102,18 @@ class ExtractionServerClient(Closing):
 
     def submit(self, crtdl: bytes) -> ExtractionHandle:
         """POST $extract-data exactly once (``call_once``: it opts out of retry, since a second request could start
-        a second job); the status URL from Content-Location, made absolute. A failure leaves the submission in doubt
-        for the extraction step to settle. The answer's body is never needed, so it is not read (of an error answer
-        the first MiB, for its OperationOutcome's diagnostics: ``raise_for_service_status``)."""
+        a second job), within SUBMIT_TIMEOUT in all; the status URL from Content-Location, made absolute. A failure
+        leaves the submission in doubt for the extraction step to settle. The answer's body is never needed, so it
+        is not read (of an error answer the first MiB, for its OperationOutcome's diagnostics)."""
         where = {"operation": "submit extraction", "service": SERVICE}
         content = json.dumps(kickoff_parameters(crtdl)).encode()
-        request = {"content": content, "headers": FHIR_JSON_HEADERS, "timeout": http_timeout(SUBMIT_TIMEOUT)}
+        request = {"body": content, "headers": FHIR_JSON_HEADERS, "timeout": http_timeout(SUBMIT_TIMEOUT)}
 
         def attempt() -> ExtractionHandle:
-            with self.http.stream("POST", self.base_url + SUBMIT_PATH, **request) as response:
-                raise_for_service_status(response, **where)
-                return kicked_off(response)
+            deadline = Deadline(SUBMIT_TIMEOUT.total_seconds(), "the kick-off's deadline, 60 s")
+            with answer_within(self.http, deadline, "POST", self.base_url + SUBMIT_PATH, **where, **request) as answer:
+                raise_for_service_status(answer, **where)
+                return kicked_off(answer)
 
         return call_once(attempt, **where)
 
@@ -131,25 +139,38 @@ class ExtractionServerClient(Closing):
             silent_for = self.clock() - last_contact
             if silent_for >= window:
                 raise self._timeout(handle)
-            self.sleep(min(retry_after if retry_after is not None else interval, cap, window - silent_for))
+            wait = interval if retry_after is None else max(retry_after, interval)  # "Retry-After: 0" is no storm
+            self.sleep(min(wait, cap, window - silent_for))
             interval = min(interval * 2, cap)
 
     def _poll_once(self, handle: ExtractionHandle) -> httpx.Response | None:
-        """One status GET; a transient network failure is swallowed (None): the liveness window is the net."""
+        """One status GET within its deadline (a server that drips its answer would hold it past the liveness
+        window); a transient failure is swallowed (None), the identity provider's included: the window is the net."""
+        window = self.settings.extraction_timeout.total_seconds()
+        deadline = Deadline(min(POLL_DEADLINE.total_seconds(), window), POLL_DEADLINE_SETTING)
+        where = {"operation": "poll extraction status", "service": SERVICE}
         try:
-            with self.http.stream("GET", handle.status_url, headers={"Accept": "application/json"}) as response:
-                return bounded_answer(response)
+            with answer_within(self.http, deadline, "GET", handle.status_url, headers=STATUS_ACCEPT, **where) as answer:
+                return bounded_answer(answer)
         except httpx.TransportError as exc:
             if not is_transient_network_error(exc):
-                raise network_error(exc, operation="poll extraction status", service=SERVICE) from exc
+                raise network_error(exc, **where) from exc
             failure = f"{type(exc).__name__}: {exc}"
-            log.warning("extractor: status poll of job %s failed (%s); polling again", handle.job_id, failure)
-            return None
+        except ServiceError as exc:
+            if not exc.transient:
+                raise
+            failure = exc.message
+        log.warning("extractor: status poll of job %s failed (%s); polling again", handle.job_id, plain_text(failure))
+        return None
 
     def _raise_unless_transient(self, handle: ExtractionHandle, response: httpx.Response) -> None:
         status = response.status_code
         if status in DEAD_HANDLE:
-            raise DeadHandleError(handle, status)
+            raise (
+                ExtractionCancelledError(handle)
+                if status == 410 and self._cancelled(handle)
+                else DeadHandleError(handle, status)
+            )
         if status == JOB_FAILED:
             texts = operation_outcome_texts(response.content)
             reason = "; ".join(texts) if texts else "the server gave no reason"
@@ -163,6 +184,19 @@ class ExtractionServerClient(Closing):
         if status >= 400:
             raise error_from_response(response, operation="poll extraction status", service=SERVICE)
         raise ExtractionError(f"poll extraction status: unexpected HTTP {status} from {handle.status_url}")
+
+    def _cancelled(self, handle: ExtractionHandle) -> bool:
+        """Whether the Task API shows the job CANCELLED: TORCH answers a cancelled job's status with 410, as it
+        does a deleted one, and a person's cancel must not be undone by a fresh submission. No answer is no proof."""
+        where = {"operation": "read extraction job", "service": SERVICE}
+        url = f"{self.base_url}/fhir/Task/{quote(handle.job_id, safe='')}"
+        deadline = Deadline(POLL_DEADLINE.total_seconds(), POLL_DEADLINE_SETTING)
+        try:
+            with answer_within(self.http, deadline, "GET", url, headers=TASK_ACCEPT, **where) as answer:
+                task = json.loads(bounded_answer(answer).content) if answer.status_code == 200 else None
+        except (httpx.HTTPError, ServiceError, ValueError):
+            return False
+        return isinstance(task, dict) and job_status_of(task) in ("CANCELLED", "cancelled")
 
     def _timeout(self, handle: ExtractionHandle) -> ExtractionTimeoutError:
         window = self.settings.extraction_timeout
@@ -219,7 +253,9 @@ def kicked_off(response: httpx.Response) -> ExtractionHandle:
             "submit extraction: the server accepted the request but sent no Content-Location header, so the "
             "job cannot be followed; check base_url points at the extraction server (not a proxy page)"
         )
-    refuse_credentials_in_url(location, door="the kick-off answer's Content-Location header", fix=SERVER_URL_FIX)
+    refuse_credentials_in_url(
+        location, door="the kick-off answer's Content-Location header", fix=SERVER_URL_FIX, tokens=True
+    )
     return ExtractionHandle.from_status_url(str(response.url.join(location)))
 
 

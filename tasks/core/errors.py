@@ -13,7 +13,7 @@ also operation, HTTP status and transient or terminal), and the drawing of the w
     │   ├── HttpImportError             tasks.http_import
     │   ├── SubmissionInDoubtError      tasks.extractor: a kick-off whose answer was lost
     │   ├── ExtractionError             tasks.clients.extraction_documents
-    │   │   ├── InvalidCrtdlError, DeadHandleError, ExtractionFailedError,
+    │   │   ├── InvalidCrtdlError, DeadHandleError, ExtractionCancelledError, ExtractionFailedError,
     │   │   └── ExtractionTimeoutError, NoMatchingDataError
     │   ├── DownloadError               tasks.clients.downloads
     │   │   └── FileNotReadyError, UnsafeFileNameError

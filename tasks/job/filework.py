@@ -77,7 +77,7 @@ def map_on_flow_runner(file_task: Any, arguments: Sequence[tuple[Any, ...]]) -> 
     """Submit every file task to the flow run's task runner at once (Dask runs one per worker thread), then
     collect in order."""
     futures = [stored_in_job(file_task, args[0]).submit(*args) for args in arguments]
-    return [outcome_of(kept_result, (future, file_task, args)) for future, args in zip(futures, arguments)]
+    return [outcome_of(kept_result, (future, file_task, args)) for future, args in zip(futures, arguments, strict=True)]
 
 
 def kept_result(submitted: tuple[Any, Any, tuple[Any, ...]]) -> Any:

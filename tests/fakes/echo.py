@@ -35,6 +35,7 @@ class Reply:
     body: bytes = b'{"ok": true}'
     reset: bool = False  # abort the connection with a TCP reset instead of answering
     delay: float = 0.0  # seconds to stall before answering (to provoke client read timeouts)
+    drip: float = 0.0  # seconds between the body's bytes, sent one at a time (within any read timeout)
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,19 @@ class EchoHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(reply.body)))
         self.end_headers()
         if self.command != "HEAD":
+            self._write_body(reply)
+
+    def _write_body(self, reply: Reply) -> None:
+        if not reply.drip:
             self.wfile.write(reply.body)
+            return
+        try:
+            for byte in reply.body:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(reply.drip)
+        except OSError:  # the client gave up
+            pass
 
     def _reset_connection(self) -> None:
         self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

@@ -40,6 +40,7 @@ class OAuthState:
     expires_in: float = 300.0
     discovery: bool = True
     token_requests: list[str] = field(default_factory=list)  # path of every token request
+    unavailable_next: int = 0  # answer that many next token requests with 503 (a brief outage)
     resource_requests: list[dict[str, str]] = field(default_factory=list)  # headers, lower-case names
     _issued: dict[str, float] = field(default_factory=dict)  # token -> monotonic expiry
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -105,7 +106,10 @@ class OAuthHandler(_JsonHandler):
             return
         with state.lock:
             state.token_requests.append(self.path)
-        if form.get("grant_type") != "client_credentials":
+            unavailable, state.unavailable_next = state.unavailable_next > 0, max(0, state.unavailable_next - 1)
+        if unavailable:
+            self._send_json(503, {"error": "temporarily_unavailable"})
+        elif form.get("grant_type") != "client_credentials":
             self._send_json(400, {"error": "unsupported_grant_type"})
         elif self._client_credentials(form) != (state.client_id, state.client_secret):
             self._send_json(
