@@ -25,6 +25,8 @@ from tasks.clients.errors import ServiceError
 from tasks.clients.fhir_server import FhirServer, TransactionRejected
 from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
 from tasks.core.errors import StepError
+from tasks.core.names import show_text
+from tasks.core.readable import plain_text
 from tasks.job.steps import one_file_at_a_time
 from tasks.clients.transfer import binary_id, put_document_reference, send_binary
 from tasks.streams.files import write_file_atomically
@@ -312,11 +314,12 @@ def rejection_message(name: str, batch: Batch, exc: ServiceError) -> str:
     status = f"HTTP {exc.status_code}" if exc.status_code is not None else "no status"
     outcome = exc.outcome or exc.message
     entry = failing_entry(batch.labels, exc.failed_entry, outcome)
-    return f"{where} was rejected ({status}); first failing entry: {entry}; the server says: {outcome}"
+    return f"{where} was rejected ({status}); first failing entry: {entry}; the server says: {plain_text(outcome)}"
 
 
 def failing_entry(labels: list[str], index: int | None, outcome: str) -> str:
     """The failing entry as the server named it: by index, else by a Type/id or a resource type in its text."""
+    labels = [show_text(label) for label in labels]  # a resource id from the data, shown as itself or escaped
     if index is not None and 0 <= index < len(labels):
         return f"entry {index + 1} ({labels[index]})"
     named = [i for i, label in enumerate(labels) if label in outcome]

@@ -21,6 +21,7 @@ import httpx
 import orjson
 
 from tasks.core.errors import DupflowError
+from tasks.core.readable import plain_text
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import shown_url
 
@@ -46,7 +47,8 @@ class ServiceError(DupflowError):
         no_answer: bool = False,
     ):
         self.service, self.retry_after, self.no_answer = service, retry_after, no_answer
-        super().__init__(redact(message), operation=operation, status_code=status_code, transient=transient)
+        # A service's own words come from outside: escape sequences, forged lines and bidi marks become spaces.
+        super().__init__(plain_text(redact(message)), operation=operation, status_code=status_code, transient=transient)
         who = f"{service}: " if service else ""
         status = f" with HTTP {status_code}" if status_code is not None else ""
         self.args = (redact(f"{who}{operation} failed{status} ({self.kind}): {self.message}"),)  # what str() shows
@@ -141,8 +143,8 @@ def error_body(response: httpx.Response) -> bytes:
 
 
 def operation_outcome_texts(body: bytes) -> list[str]:
-    """The diagnostics and details texts of a FHIR OperationOutcome body, each redacted and truncated; [] for
-    anything else."""
+    """The diagnostics and details texts of a FHIR OperationOutcome body, each redacted, truncated and made plain
+    (``plain_text``); [] for anything else."""
     if not body or len(body) > MAX_PARSED_BODY_BYTES:
         return []
     outcome = json_or_none(body)
@@ -151,7 +153,7 @@ def operation_outcome_texts(body: bytes) -> list[str]:
     texts: list[str] = []
     for issue in outcome.get("issue") or []:
         if isinstance(issue, dict):
-            texts.extend(truncate(redact(text), MAX_TEXT_CHARS) for text in _issue_texts(issue))
+            texts.extend(plain_text(truncate(redact(text), MAX_TEXT_CHARS)) for text in _issue_texts(issue))
     return texts
 
 

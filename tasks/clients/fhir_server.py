@@ -28,6 +28,7 @@ from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, error_body, er
 from tasks.clients.errors import operation_outcome_texts, truncate
 from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.retry import call_with_retry
+from tasks.core.readable import plain_text
 from tasks.core.redaction import redact
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ SLOWEST_UPLOAD_BYTES_PER_SECOND = MB
 """A body adds its size at this rate to the deadline: a 2 GB Binary may take 34 minutes more to go out."""
 DEADLINE_SETTING = "REQUEST_DEADLINE of tasks/clients/fhir_server.py, plus 1 s per MB sent"
 MAX_ANSWER_BYTES = 64 * MB
+MAX_STATUS_CHARS = 100  # an entry's response.status: "422 Unprocessable Entity"
 """The most of one answer that is read (a transaction-response, a read back); a PUT's answer body is not read."""
 TOO_LARGE_ANSWER_HINT = "lower services.send.batch_size so that each transaction gets a smaller answer"
 _ENTRY_NUMBER = re.compile(r"\bentry\s*\[?\s*(\d+)", re.IGNORECASE)
@@ -201,7 +203,8 @@ def first_failed_entry(entries: list) -> EntryFailure | None:
         if not (code.isdigit() and 200 <= int(code) < 300):
             outcome = answer.get("outcome") if isinstance(answer, dict) else None
             texts = operation_outcome_texts(orjson.dumps(outcome)) if outcome else []
-            return EntryFailure(index, status or "no status", truncate("; ".join(texts), MAX_MESSAGE_CHARS))
+            shown = plain_text(truncate(status, MAX_STATUS_CHARS)) or "no status"  # the server's own words
+            return EntryFailure(index, shown, truncate("; ".join(texts), MAX_MESSAGE_CHARS))
     return None
 
 

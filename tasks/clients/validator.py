@@ -28,6 +28,7 @@ import orjson
 from tasks.clients.bounds import MB, Deadline, read_answer_async, within_deadline
 from tasks.clients.errors import error_from_response, json_or_none, raise_for_service_status_async
 from tasks.core.names import show_text
+from tasks.core.readable import plain_text
 from tasks.core.redaction import redact_strings
 from tasks.clients.http import FHIR_JSON_HEADERS, AsyncServiceClient
 from tasks.clients.retry import call_with_retry_async
@@ -44,6 +45,7 @@ REQUEST_DEADLINE = timedelta(minutes=10)
 silent while it works on a chunk, and a 10 MB chunk can take minutes."""
 DEADLINE_SETTING = "REQUEST_DEADLINE of tasks/clients/validator.py"
 MAX_ANSWER_BYTES = 64 * MB
+MAX_FINDING_CHARS = 500  # a finding's message or location as kept in the step's summary and report artifact
 """The most of one answer that is read: an OperationOutcome is parsed whole and kept as one report line."""
 TOO_LARGE_ANSWER_HINT = "lower services.validation.bundle_chunk_size_mb so that each chunk gets a smaller answer"
 
@@ -189,7 +191,8 @@ def read_findings(outcome: dict[str, Any], labels: tuple[str, ...], keep: int) -
                 counted.resources_with_errors.add(index)
             if len(counted.findings) < keep:
                 resource = labels[index] if index is not None else "(not tied to a resource)"
-                counted.findings.append(Finding(resource, location or "(no location)", issue_message(issue)))
+                shown = show_text(location, MAX_FINDING_CHARS) if location else "(no location)"
+                counted.findings.append(Finding(resource, shown, issue_message(issue)))
     return counted
 
 
@@ -211,9 +214,9 @@ def entry_index(location: str | None, entries: int) -> int | None:
 def issue_message(issue: dict[str, Any]) -> str:
     details = issue.get("details")
     for text in (details.get("text") if isinstance(details, dict) else None, issue.get("diagnostics")):
-        if isinstance(text, str) and text.strip():
-            return text.strip()
-    return f"({issue.get('code') or 'no code'}, no message)"
+        if isinstance(text, str) and (shown := plain_text(text[: MAX_FINDING_CHARS * 4])):
+            return shown if len(shown) <= MAX_FINDING_CHARS else shown[:MAX_FINDING_CHARS] + " …"
+    return f"({show_text(issue.get('code') or 'no code')}, no message)"
 
 
 def annotated(outcome: dict[str, Any], chunk: Chunk) -> dict[str, Any]:

@@ -1,0 +1,72 @@
+"""A service's own words reach messages, logs, summaries and artifacts as plain, bounded text: an escape sequence
+that clears the terminal, a carriage return that forges a log line, a bidi mark that reverses what follows, each
+becomes a space, at every door (any client's error, a transaction entry's status and outcome, a resource id from
+the data, a validator's findings)."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import orjson
+import pytest
+
+from config.services import AuthSettings, SendSettings
+from config.settings import RetrySettings, TlsSettings
+from tasks.clients.errors import ServiceError
+from tasks.clients.fhir_server import FhirServer
+from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.validator import read_findings
+from tasks.core.errors import StepError
+from tasks.send import send_resources
+from tests.fakes._server import LoopbackServer
+from tests.fakes.echo import EchoHandler, EchoState, Reply
+
+HOSTILE = "disk\x1b[2J\x1b]0;owned\x07 full\r12:00:00 INFO all sent\u202eexe.gnp"
+NO_RETRY = RetrySettings(max_attempts=1, initial_backoff_ms=0, max_backoff_ms=0)
+
+
+def plain(text: str) -> bool:
+    return text.isprintable() and "\x1b" not in text and "\u202e" not in text
+
+
+def outcome(text: str, **issue: object) -> dict:
+    return {"resourceType": "OperationOutcome", "issue": [{"severity": "error", "diagnostics": text, **issue}]}
+
+
+def test_a_services_error_text_is_plain_in_any_clients_error():
+    state = EchoState(replies=[Reply(503, body=json.dumps(outcome(HOSTILE)).encode())])
+    with LoopbackServer(EchoHandler, state) as server:
+        endpoint = ServiceEndpoint("validator", server.base_url, AuthSettings(), http_timeout(timedelta(seconds=10)))
+        with ServiceClient(endpoint, TlsSettings(), NO_RETRY) as client, pytest.raises(ServiceError) as caught:
+            client.request("GET", "/x", operation="validate")
+    assert plain(str(caught.value)) and "disk [2J ]0;owned full 12:00:00 INFO all sent exe.gnp" in str(caught.value)
+
+
+def test_a_rejected_entrys_status_outcome_and_resource_id_are_plain_and_bounded(tmp_path: Path):
+    answer = {
+        "resourceType": "Bundle",
+        "type": "transaction-response",
+        "entry": [{"response": {"status": "422 " + HOSTILE + "x" * 1_000_000, "outcome": outcome(HOSTILE)}}],
+    }
+    state = EchoState(replies=[Reply(200, body=orjson.dumps(answer))])
+    hostile_id = "p\x1b[31mRED\n" + "y" * 200_000
+    source = tmp_path / "core.ndjson"
+    source.write_bytes(orjson.dumps({"resourceType": "Patient", "id": hostile_id}) + b"\n")
+    with LoopbackServer(EchoHandler, state) as server:
+        send = SendSettings(send_as="direct_resource_load", url=server.base_url)
+        with FhirServer.connect(send, TlsSettings(), NO_RETRY) as fhir, pytest.raises(StepError) as caught:
+            send_resources(fhir, source, tmp_path / "send", job_id="j", batch_size=10, max_line_bytes=1 << 20)
+    message = str(caught.value)
+    assert plain(message) and len(message) < 10_000, message[:500]
+    assert "first failing entry: entry 1 ('Patient/p\\x1b[31mRED\\n" in message
+
+
+def test_a_validators_findings_are_plain_and_bounded():
+    findings = read_findings(
+        outcome(HOSTILE + "z" * 3_000_000, expression=["Patient.name\x1b[2J" + "w" * 100_000]), ("Patient/p1",), 5
+    )
+    (finding,) = findings.findings
+    assert plain(finding.describe()) and len(finding.describe()) < 2_000
+    assert finding.message.startswith("disk [2J ]0;owned full 12:00:00 INFO all sent exe.gnp")
