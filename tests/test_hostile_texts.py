@@ -1,11 +1,12 @@
 """A service's own words reach messages, logs, summaries and artifacts as plain, bounded text: an escape sequence
 that clears the terminal, a carriage return that forges a log line, a bidi mark that reverses what follows, each
 becomes a space, at every door (any client's error, a transaction entry's status and outcome, a resource id from
-the data, a validator's findings)."""
+the data, a validator's findings). And the OAuth token fetch, bounded in time like every other call."""
 
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 
 from config.services import AuthSettings, SendSettings
 from config.settings import RetrySettings, TlsSettings
+from tasks.clients.auth import TokenSource
 from tasks.clients.errors import ServiceError
 from tasks.clients.fhir_server import FhirServer
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
@@ -70,3 +72,34 @@ def test_a_validators_findings_are_plain_and_bounded():
     (finding,) = findings.findings
     assert plain(finding.describe()) and len(finding.describe()) < 2_000
     assert finding.message.startswith("disk [2J ]0;owned full 12:00:00 INFO all sent exe.gnp")
+
+
+# --- the OAuth token: bounded in time, and an answer without a token is a clear error ----------------------------
+
+
+def test_a_token_endpoint_dripping_its_answer_is_cut_off_at_the_fetchs_deadline():
+    """The call needing the token has its own deadline, which cannot cut off the token's client: a token answer
+    dripping one byte every 0.2 s held the call (and every caller waiting for the token) as long as it dripped."""
+    token = json.dumps({"access_token": "t", "token_type": "Bearer", "expires_in": 300}).encode()
+    state = EchoState(replies=[Reply(404), Reply(200, body=token, drip=0.2)])
+    started = time.monotonic()
+    with LoopbackServer(EchoHandler, state) as idp, pytest.raises(ServiceError) as caught:
+        TokenSource(idp.base_url + "/realm", "dupflow", "s3cret", False, deadline=timedelta(seconds=1)).access_token()
+    assert caught.value.transient and "no complete answer from http://127.0.0.1" in str(caught.value)
+    assert "within 1 s" in str(caught.value) and time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (b'{"token_type": "Bearer"}', "has no access_token"),
+        (b"<html>sign in</html>", "is no token"),
+    ],
+    ids=["no-access-token", "login-page"],
+)
+def test_a_token_answer_without_a_token_names_the_setting_to_check(body, said):
+    state = EchoState(replies=[Reply(404), Reply(200, {"Content-Type": "text/html"}, body)])
+    with LoopbackServer(EchoHandler, state) as idp, pytest.raises(ServiceError) as caught:
+        TokenSource(idp.base_url + "/realm", "dupflow", "s3cret", False).access_token()
+    assert said in str(caught.value) and "check oauth_issuer_uri" in str(caught.value)
+    assert not caught.value.transient and "s3cret" not in str(caught.value)

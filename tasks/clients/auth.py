@@ -24,6 +24,7 @@ import time
 import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -31,9 +32,10 @@ import anyio.to_thread
 import httpx
 import orjson
 
+from tasks.clients.deadline import Deadline
 from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, json_or_none, truncate
 from tasks.core.names import show_name
-from tasks.core.readable import size_text
+from tasks.core.readable import plain_text, size_text
 from tasks.core.redaction import register_secret
 from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url, shown_url
 
@@ -46,6 +48,8 @@ log = logging.getLogger("dupflow.clients")
 
 CREDENTIAL_HEADERS = ("Authorization", "Proxy-Authorization")
 TOKEN_REQUEST_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
+TOKEN_DEADLINE = timedelta(seconds=60)  # discovery and the token request in all
+TOKEN_DEADLINE_SETTING = "TOKEN_DEADLINE of tasks/clients/auth.py, 60 s"
 MAX_RENEWAL_LEEWAY_SECONDS = 30.0
 MAX_OAUTH_ANSWER_BYTES = 1024 * 1024
 """The most of a discovery document or a token answer that is read (either is a few KB)."""
@@ -180,9 +184,16 @@ class TokenSource:
     bounded (``_bounded``).
     """
 
-    def __init__(self, issuer: str, client_id: str, client_secret: str, verify: ssl.SSLContext | bool):
+    def __init__(
+        self,
+        issuer: str,
+        client_id: str,
+        client_secret: str,
+        verify: ssl.SSLContext | bool,
+        deadline: timedelta = TOKEN_DEADLINE,
+    ):
         self.issuer, self.client_id, self._client_secret = issuer.rstrip("/"), client_id, client_secret
-        self._verify = verify
+        self._verify, self._deadline = verify, deadline
         self._token_endpoint: str | None = None
         self._token: _Token | None = None
         self._lock = threading.Lock()
@@ -204,24 +215,43 @@ class TokenSource:
         return await anyio.to_thread.run_sync(lambda: self.access_token(rejected=rejected))
 
     def _fetch(self) -> _Token:
-        with oauth2_client_class()(
-            client_id=self.client_id,
-            client_secret=self._client_secret,
-            token_endpoint_auth_method="client_secret_post",
-            verify=self._verify,
-            timeout=TOKEN_REQUEST_TIMEOUT,
-            headers=AS_SENT,
-            event_hooks={"response": [self._bounded]},
-        ) as client:
-            client.register_compliance_hook("access_token_response", self._raise_for_token_error)
-            endpoint = self._token_endpoint or self._discover_token_endpoint(client)
-            token = client.fetch_token(endpoint, grant_type="client_credentials")
+        """Discovery (once) and the token request, within the source's deadline (TOKEN_DEADLINE) in all: the call
+        that needs the token has its own deadline, which cannot cut off this other client, and the lock keeps other
+        callers waiting."""
+        deadline = Deadline(self._deadline.total_seconds(), TOKEN_DEADLINE_SETTING, self.issuer)
+        watched = deadline.watch()
+        try:
+            with oauth2_client_class()(
+                client_id=self.client_id,
+                client_secret=self._client_secret,
+                token_endpoint_auth_method="client_secret_post",
+                verify=self._verify,
+                timeout=TOKEN_REQUEST_TIMEOUT,
+                headers=AS_SENT,
+                event_hooks={
+                    "request": [lambda request: request.extensions.update(watched)],
+                    "response": [self._bounded],
+                },
+            ) as client:
+                client.register_compliance_hook("access_token_response", self._raise_for_token_error)
+                endpoint = self._token_endpoint or self._discover_token_endpoint(client)
+                token = client.fetch_token(endpoint, grant_type="client_credentials")
+        except httpx.TransportError:
+            deadline.check("fetch OAuth token", "oauth")
+            raise
+        except ValueError as exc:  # authlib: an answer that is no JSON object (a proxy's login page)
+            raise self._refused(
+                f"the token endpoint's answer is no token ({plain_text(str(exc))}); {OAUTH_FIX}"
+            ) from None
+        finally:
+            deadline.release()
         self._token_endpoint = endpoint
         log.debug("fetched an OAuth access token for client %s from %s", self.client_id, endpoint)
         return self._cached(token)
 
-    @staticmethod
-    def _cached(token: dict) -> _Token:
+    def _cached(self, token: dict) -> _Token:
+        if not isinstance(token.get("access_token"), str) or not token["access_token"]:
+            raise self._refused(f"the token endpoint's answer has no access_token; {OAUTH_FIX}")
         register_secret(token["access_token"])
         expires_in = token.get("expires_in")
         if not isinstance(expires_in, (int, float)) or expires_in <= 0:
