@@ -10,6 +10,7 @@ import pytest
 from config.services import AuthSettings
 from config.settings import TlsSettings
 from tasks.clients.auth import origin_of
+from tasks.clients.errors import ServiceError
 from tasks.clients.http import ServiceEndpoint, build_async_client, build_client
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
@@ -82,13 +83,28 @@ def test_redirect_back_to_the_service_origin_carries_credentials_again(service, 
     elsewhere.state.replies.append(Reply(303, {"Location": f"{service.base_url}/final"}))
 
     with build_client(ServiceEndpoint("send", service.base_url, auth), TLS) as client:
-        response = client.post("/start", content=b"payload")
+        response = client.get("/start")
 
     assert response.status_code == 200
-    assert [(r.method, r.path) for r in service.state.requests] == [("POST", "/start"), ("GET", "/final")]
-    assert elsewhere.state.requests[0].method == "POST" and elsewhere.state.requests[0].body == b"payload"
+    assert [(r.method, r.path) for r in service.state.requests] == [("GET", "/start"), ("GET", "/final")]
+    assert elsewhere.state.requests[0].method == "GET"
     assert credentials_seen(service) == [{"authorization", "x-api-key"}] * 2
     assert credentials_seen(elsewhere) == [set()]
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_request_with_a_body_is_never_sent_on_by_a_redirect(service, elsewhere, auth, status):
+    """A 307/308 handed the transaction (patient data) to the other server, and the step reported success; a
+    301/302/303 turned it into a GET without its body, and the error told of anything but the redirect."""
+    service.state.replies.append(Reply(status, {"Location": f"{elsewhere.base_url}/fhir"}))
+
+    with build_client(ServiceEndpoint("send", service.base_url, auth), TLS) as client:
+        with pytest.raises(ServiceError) as refused:
+            client.post("/fhir", content=b"patient data")
+
+    assert f"the server redirects to {elsewhere.base_url}/fhir" in str(refused.value)
+    assert "set the service's URL in the configuration" in str(refused.value) and not refused.value.transient
+    assert elsewhere.state.requests == [] and len(service.state.requests) == 1
 
 
 def test_async_client_drops_credentials_on_a_cross_origin_redirect(service, elsewhere, auth):

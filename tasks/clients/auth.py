@@ -8,7 +8,8 @@
   service carries credentials again; hops land in the history, so ``max_redirects`` holds, and the request hook
   ``strip_foreign_credentials`` covers a ``follow_redirects=True`` call too;
 - on a 401 with OAuth, fetches one fresh token and sends the request once more;
-- refuses a redirect loop and a redirect to a URL with user info (httpx would send it as Basic);
+- refuses a redirect loop, a redirect to a URL with user info (httpx would send it as Basic) and any redirect of
+  a request with a body (its data would go elsewhere, or be dropped by a 301/302);
 - leaves the body of an answer it does not return (a redirect, a 401 before a fresh token) unread (``UnreadBody``).
 Tokens come from a ``TokenSource`` per (issuer, client id), shared by the process's clients; authlib's
 ``OAuth2Client`` fetches them, renewed shortly before ``expires_in`` runs out, its answers read bounded.
@@ -413,12 +414,25 @@ class ServiceAuth(httpx.Auth):
             rejected = None
             if response.next_request is None:
                 return
+            self._refuse_redirect_of_a_body(response)
             request = response.next_request
             self._refuse_credentials_in_location(response)
             if request.url in visited:
                 raise self._redirect_loop(response, request.url)
             visited.add(request.url)
             leave_unread(response)
+
+    def _refuse_redirect_of_a_body(self, response: httpx.Response) -> None:
+        """A request that carries a body (patient data, a CRTDL) is never sent on: a 301/302/303 would turn it into a
+        GET without its body, and a 307/308 may hand the data to another server. The user sets the URL instead."""
+        if response.request.method in ("GET", "HEAD"):
+            return
+        target = shown_url(str(response.next_request.url))
+        raise self._refused_hop(
+            response,
+            f"the server redirects to {target}; a request with a body is not sent on to another address: set the "
+            "service's URL in the configuration to the address it redirects to",
+        )
 
     def _redirect_loop(self, response: httpx.Response, target: httpx.URL) -> ServiceError:
         source, again = shown_url(str(response.request.url)), shown_url(str(target))
