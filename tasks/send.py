@@ -25,6 +25,7 @@ from tasks.clients.errors import ServiceError
 from tasks.clients.fhir_server import FhirServer, TransactionRejected
 from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
 from tasks.core.errors import StepError
+from tasks.core.exact_json import dumps_exact, loads_exact
 from tasks.core.names import show_text
 from tasks.core.readable import plain_text
 from tasks.job.steps import one_file_at_a_time
@@ -152,15 +153,19 @@ def iter_batches(
     first_number: int = 1,
 ) -> Iterator[Batch]:
     """The transaction batches of ``source``, from entry ``start_entry`` of line ``start_line`` on (lines before it
-    skipped unparsed); a batch's ``next_line``/``next_entry`` is where a run resumed after it starts."""
+    skipped unparsed); a batch's ``next_line``/``next_entry`` is where a run resumed after it starts. A line's
+    entries (an unwrapped Bundle's) that fit in one batch are never cut in two: the batch before them ends early,
+    so that references between them (``urn:uuid:``, a Patient and its Conditions) resolve in one transaction."""
     batch = Batch(first_number)
     for line_number, line in iter_lines(source, max_line_bytes):
         if line_number < start_line:
             continue
         skip = start_entry if line_number == start_line else 0
-        for index, (entry, label) in enumerate(line_entries(source, line_number, line, tag_prefix)):
-            if index < skip:
-                continue
+        entries = list(enumerate(line_entries(source, line_number, line, tag_prefix)))[skip:]
+        if batch.entries and len(batch.entries) + len(entries) > batch_size >= len(entries):
+            yield batch
+            batch = Batch(batch.number + 1)
+        for index, (entry, label) in entries:
             batch.entries.append(entry)
             batch.labels.append(label)
             batch.next_line, batch.next_entry = line_number, index + 1
@@ -175,7 +180,10 @@ def line_entries(source: Path, line_number: int, line: bytes, tag_prefix: str) -
     """The transaction entries of one NDJSON line: the resource, or the resources of an unwrapped Bundle."""
     resource = parse_resource(source, line_number, line)  # an NdjsonError is a StepError
     where = f"{source.name} line {line_number}"
-    if resource.get("resourceType") == "Bundle" and resource.get("type") in UNWRAPPED_BUNDLE_TYPES:
+    unwrapped = resource.get("resourceType") == "Bundle" and resource.get("type") in UNWRAPPED_BUNDLE_TYPES
+    if unwrapped or not resource.get("id"):  # taken apart and written anew: every number kept as written
+        resource = exact_resource(line, where)
+    if unwrapped:
         for index, item in enumerate(resource.get("entry") or []):
             inner = item.get("resource") if isinstance(item, dict) else None
             if isinstance(inner, dict):
@@ -183,6 +191,22 @@ def line_entries(source: Path, line_number: int, line: bytes, tag_prefix: str) -
                 yield transaction_entry(inner, None, tag, f"{where} entry {index + 1}", item.get("fullUrl"))
         return
     yield transaction_entry(resource, line, f"{tag_prefix}:{line_number}", where)
+
+
+def exact_resource(line: bytes, where: str) -> dict:
+    """The line parsed with its numbers as written (``1.50`` stays ``1.50``: FHIR's decimal precision counts)."""
+    try:
+        return loads_exact(line)
+    except RecursionError:
+        raise StepError(f"{where}: the resource is nested too deep to be taken apart; send it as it is") from None
+
+
+def written(resource: dict, where: str) -> bytes:
+    """``resource`` as JSON with its numbers as read (``exact_resource``)."""
+    try:
+        return dumps_exact(resource)
+    except (TypeError, RecursionError):  # orjson writes at most 254 levels
+        raise StepError(f"{where}: the resource is nested too deep (over 254 levels) to be sent") from None
 
 
 def transaction_entry(
@@ -199,12 +223,12 @@ def transaction_entry(
     if resource_id:
         label = f"{resource_type}/{resource_id}"
         request = {"method": "PUT", "url": label}
-        body = raw if raw is not None else orjson.dumps(resource)
+        body = raw if raw is not None else written(resource, where)
     else:
         label = f"{resource_type} (no id)"
         code = entry_tag(tag)
         request = {"method": "POST", "url": resource_type, "ifNoneExist": f"_tag={SEND_ENTRY_TAG_SYSTEM}|{code}"}
-        body = orjson.dumps(with_tag(resource, code))
+        body = written(with_tag(resource, code), where)
     return prefix + b'"resource":' + body + b',"request":' + orjson.dumps(request) + b"}", label
 
 

@@ -154,6 +154,43 @@ def test_bundles_are_unwrapped_into_entries_and_a_batch_counts_entries(tmp_path)
     assert [b.labels for b in resumed] == [["Observation/u-o5", "Bundle/doc-1"]]
 
 
+def test_a_bundle_that_fits_in_a_batch_is_never_cut_across_two_transactions(tmp_path):
+    """A Patient's Bundle cut in two: its Conditions in one transaction, the Patient (or the urn:uuid entry they
+    reference) in the next, which a server with referential integrity refuses."""
+    patient = {"resourceType": "Patient", "id": "p1"}
+    condition = {"resourceType": "Condition", "id": "c1", "subject": {"reference": "urn:uuid:p1"}}
+    bundle = {
+        "resourceType": "Bundle",
+        "type": "transaction",
+        "entry": [{"fullUrl": "urn:uuid:p1", "resource": patient}, {"resource": condition}],
+    }
+    singles = [{"resourceType": "Observation", "id": f"o{n}"} for n in (1, 2)]
+    source = write_ndjson(tmp_path / "x.ndjson", [*singles, bundle])
+
+    batches = list(iter_batches(source, 3, tag_prefix="t", max_line_bytes=MB))
+
+    assert [b.labels for b in batches] == [["Observation/o1", "Observation/o2"], ["Patient/p1", "Condition/c1"]]
+    assert [(b.next_line, b.next_entry) for b in batches] == [(2, 1), (3, 2)]
+
+
+def test_entries_taken_apart_keep_every_number_as_written(tmp_path):
+    """FHIR's decimal precision counts: an unwrapped Bundle's entries and a resource without id are written anew,
+    and orjson made 1.5 of 1.50 and a float of an integer beyond 64 bits."""
+    line = (
+        b'{"resourceType":"Bundle","type":"collection","entry":[{"resource":{"resourceType":"Observation","id":"o1",'
+        b'"valueQuantity":{"value":1.50}}}]}\n'
+        b'{"resourceType":"Observation","valueQuantity":{"value":0.100},"note":[{"text":"x"}],'
+        b'"extension":[{"url":"u","valueInteger64":123456789012345678901234567890}]}\n'
+    )
+    source = tmp_path / "x.ndjson"
+    source.write_bytes(line)
+
+    (batch,) = list(iter_batches(source, 10, tag_prefix="t", max_line_bytes=MB))
+
+    body = batch.body()
+    assert b'"value":1.50' in body and b'"value":0.100' in body and b"123456789012345678901234567890" in body
+
+
 def test_batch_size_zero_means_one_hundred(fhir_fake, tmp_path):
     source = write_ndjson(tmp_path / "core.ndjson", generated(250, "z"))
 
