@@ -11,6 +11,7 @@ suspended with an input form (``flows.gates``). The job-record artifact is ``flo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from prefect.client.orchestration import get_client
 from prefect.exceptions import ObjectNotFound, PrefectSignal
 from prefect.states import Cancelled, Completed, Paused
 
+from config.settings import Settings
 from flows.gates import run_gate
 from flows.job_card import JobRecordCard, job_summary, publish_step_table
 from flows.job_state import JobLock
@@ -33,8 +35,10 @@ from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
 from tasks.extractor import extractor
 from tasks.flattening import flattening
+from tasks.flattening import shaped_settings as flattening_shape
 from tasks.http_import import http_import
-from tasks.job.contract import StepInput, StepKind, StepResult, files_gone, stored_in_job
+from tasks.http_import import shaped_settings as http_import_shape
+from tasks.job.contract import StepInput, StepKind, StepResult, digest, files_gone, stored_in_job
 from tasks.job.filework import file_runner
 from tasks.job.layout import directory_tag, job_of_tag, job_tag
 from tasks.job.record import (
@@ -49,27 +53,34 @@ from tasks.job.record import (
 )
 from tasks.job.record import record_facts, record_state, record_step, record_stopped, release_awaiting_gates
 from tasks.local_import import local_import
+from tasks.local_import import shaped_settings as local_import_shape
 from tasks.pseudonymizer import pseudonymizer
+from tasks.pseudonymizer import shaped_settings as pseudonymizer_shape
 from tasks.send import send
+from tasks.send import shaped_settings as send_shape
 from tasks.validation import validation
 from tasks.wait import wait
 
 
 @dataclass(frozen=True)
 class StepSpec:
+    """A step's kind, its task, and the settings that shape its output (None: none do, as for the extractor, whose
+    files are the server's: a changed setting never makes it extract again)."""
+
     kind: StepKind
     task: Any
+    shaped_by: Callable[[Settings], Any] | None = None
 
 
 STEPS: dict[str, StepSpec] = {
     "extractor": StepSpec(StepKind.IMPORT, extractor),
-    "local_import": StepSpec(StepKind.IMPORT, local_import),
-    "http_import": StepSpec(StepKind.IMPORT, http_import),
-    "pseudonymizer": StepSpec(StepKind.TRANSFORM, pseudonymizer),
+    "local_import": StepSpec(StepKind.IMPORT, local_import, local_import_shape),
+    "http_import": StepSpec(StepKind.IMPORT, http_import, http_import_shape),
+    "pseudonymizer": StepSpec(StepKind.TRANSFORM, pseudonymizer, pseudonymizer_shape),
     "wait": StepSpec(StepKind.GATE, wait),
     "validation": StepSpec(StepKind.PASS_THROUGH, validation),
-    "flattening": StepSpec(StepKind.TRANSFORM, flattening),
-    "send": StepSpec(StepKind.SINK, send),
+    "flattening": StepSpec(StepKind.TRANSFORM, flattening, flattening_shape),
+    "send": StepSpec(StepKind.SINK, send, send_shape),
 }
 
 
@@ -275,4 +286,5 @@ def step_input(job: Job, position: int, name: str, current: StepResult | None) -
         facts=read_facts(job.paths.job_dir),
         config_path=job.record.config_path,
         overrides=job.record.overrides,
+        settings_digest=digest(shaped(job.settings)) if (shaped := STEPS[name].shaped_by) else None,
     )

@@ -20,6 +20,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from config.settings import Settings
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
 from tasks.job.flattening_outcome import (
@@ -34,6 +35,7 @@ from tasks.streams.progress import Tracker, expect_files, track
 from tasks.sof.view import compile_view
 from tasks.job.contract import DataFile, StepInput, StepResult, digest, file_task, settings_of, step_task
 from tasks.job.filework import map_files
+from tasks.job.steps import file_shape
 from tasks.sof.crtdl_views import AttributeGroup, GroupView, attribute_groups, build_view, csv_file_name
 from tasks.sof.flatten import (
     FileParts,
@@ -448,3 +450,10 @@ def flatten_with_service(
         raise
     outcome.files += [out.finish() for out in outs]
     return outcome
+
+
+def shaped_settings(settings: Settings) -> dict[str, Any]:
+    """What the step's files depend on besides its input (and the job's CRTDL): the lookup file (its contents too),
+    the formats."""
+    flattening = settings.services.flattening
+    return {"lookup": file_shape(flattening.lookup_path), "formats": flattening.formats}

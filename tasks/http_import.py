@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -19,7 +19,7 @@ from tasks.clients.downloads import download_ndjson, safe_file_name
 from tasks.clients.http import ServiceEndpoint, build_client, http_timeout
 from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
 from tasks.core.errors import StepError
-from tasks.job.steps import ndjson_written
+from tasks.job.steps import compression_shape, ndjson_written
 from tasks.streams.ndjson import FileStats, remove_partial_files
 from tasks.streams.progress import expect_files, track
 from tasks.core.url_credentials import shown_url
@@ -90,3 +90,8 @@ def source_url(job_input: str | None) -> str:
 
 def origin(url: str) -> str:
     return str(httpx.URL(url).copy_with(path="/", query=None, fragment=None, userinfo=b"")).rstrip("/")
+
+
+def shaped_settings(settings: Settings) -> dict[str, Any]:
+    """What the step's files depend on besides its input: compression."""
+    return compression_shape(settings)

@@ -12,13 +12,15 @@ import errno
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
+from config.settings import Settings
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.core.errors import StepError
 from tasks.core.names import name_key, show_text
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.job.filework import map_files
-from tasks.job.steps import ndjson_written
+from tasks.job.steps import compression_shape, ndjson_written
 from tasks.job.layout import is_crtdl_file
 from tasks.streams.ndjson import DATA_SUFFIXES, output_name, remove_partial_files
 from tasks.streams.ndjson_writer import AtomicNdjsonWriter
@@ -179,3 +181,9 @@ def file_identity(path: Path) -> list:
     """What makes a source file the same file on a re-run: its path, size and modification time."""
     stat = path.stat()
     return [str(path), stat.st_size, stat.st_mtime_ns]
+
+
+def shaped_settings(settings: Settings) -> dict[str, Any]:
+    """What the step's files depend on besides its input: the folder, whether it is read recursively, compression."""
+    folder = settings.services.local_import
+    return {"dir": folder.dir, "recursive": folder.recursive, **compression_shape(settings)}

@@ -29,7 +29,8 @@ from tasks.clients.pseudonymizer import (
 )
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.core.errors import StepError
-from tasks.job.steps import one_file_at_a_time, ndjson_written, publish_report, write_answers
+from tasks.job.steps import compression_shape, file_shape, one_file_at_a_time, ndjson_written, publish_report
+from tasks.job.steps import write_answers
 from tasks.streams.ndjson import (
     CompressionLevel,
     FileStats,
@@ -272,3 +273,8 @@ def publish_file_reports(step: StepInput, reports: list[FileReport]) -> None:
         for r in reports
     ]
     publish_report(step, rows, "lines, split Bundles and requests per file")
+
+
+def shaped_settings(settings: Settings) -> dict[str, Any]:
+    """What the step's files depend on besides its input: the anonymization config (its contents too), compression."""
+    return {"config": file_shape(settings.services.pseudonymizer.anonymization_config), **compression_shape(settings)}

@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from config.settings import Settings
 from tasks.clients.errors import ServiceError
 from tasks.clients.fhir_server import FhirServer, TransactionRejected
 from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
@@ -289,7 +290,13 @@ def send_resources(
     """Send every resource of ``source`` in transactions of at most ``batch_size`` entries, resuming from the
     file's progress record in ``records`` (the step's folder)."""
     started = time.monotonic()
-    identity = {"file": source.name, "size": source.stat().st_size, "batch_size": batch_size}
+    # The destination too: a file sent to one server is not taken as sent to another (``shaped_settings``).
+    identity = {
+        "file": source.name,
+        "size": source.stat().st_size,
+        "batch_size": batch_size,
+        "to": str(server.http.base_url),
+    }
     progress = BatchProgress(records / "progress" / f"{source.name}.json", identity)
     report = DirectReport(source.name)
     if progress.state["complete"]:
@@ -369,3 +376,14 @@ def keep_failed_batch(failed_dir: Path, name: str, number: int, body: bytes, ans
         log.warning("could not keep the rejected batch in %s: %s", failed_dir, exc)
         return f". (The request could not be kept in {failed_dir}: {exc.strerror or exc})"
     return f". The request and the answer are in {stem}.request.json and {stem.name}.response.txt"
+
+
+def shaped_settings(settings: Settings) -> dict[str, Any]:
+    """Where the step delivers (its mode and destination, never credentials): a changed destination is sent to."""
+    send = settings.services.send
+    return {
+        "send_as": send.send_as,
+        "url": send.url,
+        "s3": [send.s3.bucket, send.s3.endpoint, send.s3.region],
+        "transfer": [send.transfer.project_identifier, send.transfer.organization_identifier],
+    }

@@ -90,5 +90,5 @@ def corrected_file(path: Path, max_line_bytes: int) -> DataFile:
     """A corrected file as the next step's input, with its time of change: a person may correct it again to the
     same size, and the next step must then read it anew."""
     found = path.stat()
-    counted = DataFile.written(path.name, FileStats(found.st_size, *count_contents(path, max_line_bytes)))
-    return counted.model_copy(update={"modified_ns": found.st_mtime_ns})
+    counts = count_contents(path, max_line_bytes)
+    return DataFile.written(path.name, FileStats(found.st_size, *counts, modified_ns=found.st_mtime_ns))

@@ -9,8 +9,8 @@ import pytest
 
 from flows.run import EXIT_FAILED, EXIT_OK, main
 from tests.support.jobs import job_file, only_job_dir, resources_in, source_dir
-from tests.support.pseudonymization import patient, server_side
-from tests.test_pseudonymizer_step import pseudonymizer_job, read_output, write_lines
+from tests.support.ndjson import read_output, write_lines
+from tests.support.pseudonymization import OVERRIDE_CONFIG, patient, pseudonymizer_job, server_side
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
@@ -68,3 +68,28 @@ def test_a_corrected_file_corrected_again_to_the_same_size_is_pseudonymized_anew
     assert [request.status for request in state.requests] == [200] * 3  # a's two again, then b's
     again = [server_side(p, pseudonymizer_fake) for p in (patient(1, birthDate="1972-02-03"), patient(2))]
     assert read_output(job_dir / "pseudonymizer" / "a.ndjson.zst") == again
+
+
+def test_continue_with_a_setting_that_shapes_a_finished_steps_output_runs_that_step_again(
+    pseudonymizer_fake, tmp_path, write_config
+):
+    """``continue --set services.pseudonymizer.anonymization_config=…`` on a completed job: the cached pseudonymizer
+    step was taken as it was, no request went out, and the job said Completed with the old config's output."""
+    source = tmp_path / "in"
+    source.mkdir()
+    write_lines(source / "a.ndjson", [patient(1), patient(2)])
+    config = write_config(pseudonymizer_job(pseudonymizer_fake))
+    assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
+    job_dir = only_job_dir(tmp_path / "jobs")
+    imported = (job_dir / "import" / "a.ndjson.zst").stat().st_mtime_ns
+    state = pseudonymizer_fake.state
+    state.reset()
+
+    changed = f"services.pseudonymizer.anonymization_config={OVERRIDE_CONFIG}"
+    assert main(["continue", str(job_dir), "--set", changed, "--no-progress"]) == EXIT_OK
+
+    assert [r.parameter_names for r in state.requests] == [["config", "resource"]] * 2  # sent with the new config
+    assert (job_dir / "import" / "a.ndjson.zst").stat().st_mtime_ns == imported  # the import is as it was
+    state.reset()
+    assert main(["continue", str(job_dir), "--set", changed, "--no-progress"]) == EXIT_OK
+    assert state.requests == []  # the same settings again: nothing to redo

@@ -114,8 +114,10 @@ def test_plain_input_is_compressed_and_counted(tmp_path):
     source.write_bytes(b'{"resourceType":"Patient","id":"1"}\n\n{"resourceType":"Patient","id":"2"}\n')
     ctx = context(tmp_path, **{"compression.level": "best"})
     record = import_file.fn(ctx, str(source), "a.ndjson.zst", [])
-    size = (ctx.output_dir / "a.ndjson.zst").stat().st_size
-    assert record == DataFile(name="a.ndjson.zst", size=size, resources=2, bundles=0)
+    found = (ctx.output_dir / "a.ndjson.zst").stat()
+    assert record == DataFile(
+        name="a.ndjson.zst", size=found.st_size, resources=2, bundles=0, modified_ns=found.st_mtime_ns
+    )
     assert is_zstd(ctx.output_dir / "a.ndjson.zst")
 
 

@@ -31,7 +31,7 @@ from tasks.pseudonymizer import (
     read_anonymization_config,
     window_size,
 )
-from tests.support.ndjson import iter_resources
+from tests.support.ndjson import read_output, write_lines
 from tests.conftest import run_cli, wait_until
 from tests.fakes._server import LoopbackServer
 from tests.support.jobs import job_file, only_job_dir, read_report_artifact, start_cli_process, wait_for
@@ -42,6 +42,7 @@ from tests.support.pseudonymization import (
     observation_bundle,
     open_service,
     patient,
+    pseudonymizer_job,
     server_side,
 )
 
@@ -72,15 +73,6 @@ def opened_paths(open_audit_hook) -> Iterator[list[str]]:
     _opens = opened
     yield opened
     _opens = None
-
-
-def write_lines(path: Path, resources: list[dict[str, Any]]) -> Path:
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in resources))
-    return path
-
-
-def read_output(path: Path) -> list[dict[str, Any]]:
-    return [resource for _, resource in iter_resources(path, 100 * MB)]
 
 
 def run_file(
@@ -219,18 +211,6 @@ def test_max_concurrent_requests_defaults_to_4_and_must_be_between_1_and_1000():
 
 
 # --- end to end through the CLI ----------------------------------------------------------------------------------
-
-
-def pseudonymizer_job(pseudonymizer_fake: LoopbackServer, concurrency: int = 4) -> dict:
-    """The configuration tree of a local import, then the pseudonymizer step on the fake service."""
-    return {
-        "pipeline": {"enabled_steps": ["local_import", "pseudonymizer"]},
-        "compression": {"level": "fastest"},
-        "retry": {"initial_backoff_ms": 1, "max_backoff_ms": 5},
-        "services": {
-            "pseudonymizer": {"url": pseudonymizer_fake.base_url, "max_concurrent_requests": concurrency},
-        },
-    }
 
 
 def override_patients_dir(tmp_path: Path) -> Path:

@@ -22,7 +22,8 @@ from tests.support.ndjson import iter_resources
 from tests.conftest import REPO_ROOT, TESTDATA
 from tests.support.jobs import read_report_artifact, wait_for
 from tests.support.validation import run_step, step_input, validation_flow
-from tests.support.validation import marks, varied_patients, write_lines
+from tests.support.ndjson import write_lines
+from tests.support.validation import marks, varied_patients
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 

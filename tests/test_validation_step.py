@@ -20,7 +20,8 @@ from tests.support.ndjson import iter_resources
 from tasks.validation import FileValidation, failure_message, validate_path
 from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer
-from tests.support.validation import marks, varied_patients, write_lines
+from tests.support.ndjson import write_lines
+from tests.support.validation import marks, varied_patients
 
 FAST_RETRY = RetrySettings(max_attempts=3, initial_backoff_ms=1, max_backoff_ms=5)
 

@@ -48,8 +48,8 @@ class StepKind(StrEnum):
 class DataFile(FileEntry):
     """One data file of a step's folder: name, bytes, and ``resources``: NDJSON lines (a Bundle counts as one, and
     ``bundles`` of them hold ``bundled``; None if counted before Bundles were) or CSV rows (``counts`` says which).
-    ``modified_ns``: when the file was last changed, kept for a file a person may edit (a wait step's corrected
-    files), so that a correction of the same size is a new input."""
+    ``modified_ns``: the file's time of change as written (or, for a wait step's corrected file, as read), so that
+    a file written anew to the same size (a step run again with other settings, a correction) is a new input."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -58,7 +58,8 @@ class DataFile(FileEntry):
     @classmethod
     def written(cls, name: str, stats: FileStats) -> DataFile:
         """The data file ``name`` as its writer counted it."""
-        return cls(name=name, size=stats.size, resources=stats.resources, bundles=stats.bundles, bundled=stats.bundled)
+        counts = {"resources": stats.resources, "bundles": stats.bundles, "bundled": stats.bundled}
+        return cls(name=name, size=stats.size, modified_ns=stats.modified_ns, **counts)
 
     @property
     def core(self) -> bool:
@@ -88,6 +89,9 @@ class StepInput(BaseModel):
     facts: dict[str, Any] = Field(default_factory=dict)
     config_path: str | None = None
     overrides: dict[str, str] = Field(default_factory=dict)
+    settings_digest: str | None = None
+    """A digest of the settings that shape this step's output (``shaped_settings`` of its module): one changed
+    since (``continue --set``, the file edited) runs the step, and the ones reading its files, again."""
 
     @property
     def number(self) -> int:
@@ -131,6 +135,8 @@ class StepInput(BaseModel):
         for entry in identity["files"]:  # an unset time of change leaves the keys of files without one as they were
             if entry["modified_ns"] is None:
                 del entry["modified_ns"]
+        if identity["settings_digest"] is None:  # so do a step's unshaped settings
+            del identity["settings_digest"]
         return identity
 
 

@@ -3,6 +3,7 @@ file's requests answered in order into one NDJSON file, and a report artifact of
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,6 +27,21 @@ def ndjson_written(settings: Settings) -> dict[str, Any]:
     """How a step writes NDJSON: ``level``, its zstd level (None: plain), and ``max_line_bytes``, the longest line."""
     level = settings.compression.level if settings.compression.enabled else None
     return {"level": level, "max_line_bytes": settings.pipeline.max_ndjson_line_size_bytes}
+
+
+def compression_shape(settings: Settings) -> dict[str, Any]:
+    """How a step compresses what it writes: part of the output's shape (``shaped_settings``)."""
+    return {"compressed": settings.compression.enabled, "level": settings.compression.level}
+
+
+def file_shape(path: str | None) -> dict[str, Any]:
+    """A settings file (anonymization config, lookup file) as part of a step's output's shape: its path and its
+    contents' SHA-256 (None when it cannot be read: the step itself then says why)."""
+    try:
+        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
+    except OSError:
+        digest = None
+    return {"path": path, "sha256": digest}
 
 
 def one_file_at_a_time(file_task: Callable[..., T], arguments: Sequence[tuple[Any, ...]]) -> list[T]:

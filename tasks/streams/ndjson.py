@@ -68,6 +68,7 @@ class FileStats:
     resources: int
     bundles: int = 0
     bundled: int = 0
+    modified_ns: int | None = None  # the file's time of change when it was counted
 
 
 def is_data_file(path: Path) -> bool:

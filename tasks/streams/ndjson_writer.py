@@ -246,7 +246,8 @@ class AtomicNdjsonWriter:
         except BaseException:
             self.discard()
             raise
-        self.stats = FileStats(self.dest.stat().st_size, *checked)
+        found = self.dest.stat()
+        self.stats = FileStats(found.st_size, *checked, modified_ns=found.st_mtime_ns)
 
     def _check_span(self, end: int) -> None:
         """Start the check of the bytes written from the last span's end to ``end`` (a line's end) in a worker."""

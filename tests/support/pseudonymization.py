@@ -110,3 +110,15 @@ class ConcurrencyProbe:
             self._current -= 1
             self.finished.append(arrival)
         return None
+
+
+def pseudonymizer_job(pseudonymizer_fake: LoopbackServer, concurrency: int = 4) -> dict:
+    """The configuration tree of a local import, then the pseudonymizer step on the fake service."""
+    return {
+        "pipeline": {"enabled_steps": ["local_import", "pseudonymizer"]},
+        "compression": {"level": "fastest"},
+        "retry": {"initial_backoff_ms": 1, "max_backoff_ms": 5},
+        "services": {
+            "pseudonymizer": {"url": pseudonymizer_fake.base_url, "max_concurrent_requests": concurrency},
+        },
+    }

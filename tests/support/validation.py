@@ -8,7 +8,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-import orjson
 from prefect import flow
 
 from tasks.clients.validator import CHUNK_EXTENSION, MB, RESOURCE_EXTENSION
@@ -29,11 +28,6 @@ def marks(outcome: dict[str, Any]) -> tuple[int, list[str]]:
     extensions = outcome["extension"]
     (number,) = [e["valueInteger"] for e in extensions if e["url"] == CHUNK_EXTENSION]
     return number, [e["valueString"] for e in extensions if e["url"] == RESOURCE_EXTENSION]
-
-
-def write_lines(path: Path, resources: list[dict[str, Any]]) -> Path:
-    path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in resources))
-    return path
 
 
 def varied_patients(count: int, seed: int = 7, max_pad: int = 400) -> list[dict[str, Any]]:
