@@ -21,7 +21,8 @@ from pydantic_core import PydanticCustomError
 
 from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url
 
-logger = logging.getLogger("dupflow.config")
+CONFIG_LOGGER = "dupflow.config"  # the configuration's warnings
+logger = logging.getLogger(CONFIG_LOGGER)
 
 ENV_PREFIX = "APP_"
 

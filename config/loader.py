@@ -27,14 +27,14 @@ from pydantic import BaseModel, SecretStr, ValidationError
 
 from config.durations import format_duration
 from config.errors import ConfigError, is_at_or_below, validation_problems
-from config.fields import ENV_PREFIX, Problem, env_var_name
+from config.fields import CONFIG_LOGGER, ENV_PREFIX, Problem, env_var_name
 from config.keys import ENRICHMENTS_KEY, env_var_index, leaf_paths, secret_key_paths, settable_paths, value_at
 from config.services import legacy_key_paths
 from config.settings import Settings
 from config.yaml_file import SECRET_BLOCK_PREFIX, drop_empty_keys, file_identity, read_yaml, substitute_variables
 from tasks.core.redaction import register_basic_credentials, register_secret
 
-logger = logging.getLogger("dupflow.config")
+logger = logging.getLogger(CONFIG_LOGGER)
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def _set_values(tree: dict[str, Any], values: Mapping[str, tuple[str, str]], sou
 
 def _unknown_flag_key(key: str, label: str) -> str:
     close = difflib.get_close_matches(key, leaf_paths(), n=1)
-    hint = f"did you mean {close[0]}?" if close else "run config check to list the keys"
+    hint = f"did you mean {close[0]}?" if close else "config/example.yaml lists every key, each under its section"
     return f"{label}: unknown configuration key {key}; {hint}"
 
 

@@ -36,3 +36,10 @@ def jobs_dir_of(flag: str | None) -> Path:
     from config.settings import Settings
 
     return Path(flag or os.environ.get("APP_JOBS_DIR") or Settings.model_fields["jobs_dir"].default)
+
+
+def job_on_command_line(job_dir: Path) -> str:
+    """How a command names the job in ``job_dir``: its id when ``continue ID`` finds it there (the jobs directory of
+    commands without a configuration file), else the directory itself, which works from anywhere."""
+    job_dir = Path(job_dir).resolve()
+    return job_dir.name if (jobs_dir_of(None).resolve() / job_dir.name) == job_dir else str(job_dir)

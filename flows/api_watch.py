@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
+from config.runtime import job_on_command_line
 from flows.prefect_server import http_get
 from tasks.core.readable import CLI
 from tasks.core.url_credentials import shown_url
@@ -69,6 +70,8 @@ def stop_job(paths: JobPaths, api_url: str) -> None:
             handler.handle(line)
             handler.flush()
     print(f"\njob {paths.job_id} stopped: {reason}", file=sys.stderr)  # after a line Prefect may have left open
-    print(f"when the server runs again, resume with: {CLI} continue {paths.job_id}", file=sys.stderr)
+    print(
+        f"when the server runs again, resume with: {CLI} continue {job_on_command_line(paths.job_dir)}", file=sys.stderr
+    )
     sys.stderr.flush()
     os._exit(EXIT_FAILED)

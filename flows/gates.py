@@ -16,6 +16,7 @@ from prefect.input.run_input import keyset_from_paused_state
 from prefect.states import Suspended
 from pydantic import Field
 
+from config.runtime import job_on_command_line
 from flows.job_card import JobRecordCard
 from flows.jobs import Job
 from tasks.core.readable import CLI
@@ -56,12 +57,13 @@ def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordC
 
 def resume_hint(job: Job, in_deployment: bool) -> str:
     """How to go on past a wait step: a deployment run names its own resume call (with this run's id)."""
+    job_ref = job_on_command_line(job.paths.job_dir)
     if not in_deployment:
-        return f"{CLI} continue {job.job_id}"
+        return f"{CLI} continue {job_ref}"
     return (
         "press Resume on this flow run in the Prefect UI and fill in the form, or "
         f'POST /api/flow_runs/{runtime.flow_run.id}/resume with {{"run_input": {{"confirmed": true, "note": "..."}}}}, '
-        f"or run: {CLI} continue {job.job_id}"
+        f"or run: {CLI} continue {job_ref}"
     )
 
 

@@ -23,6 +23,7 @@ from prefect.exceptions import ObjectNotFound, PrefectSignal
 from prefect.states import Cancelled, Completed, Paused
 
 from config.settings import Settings
+from config.runtime import job_on_command_line
 from flows.gates import run_gate
 from flows.job_card import JobRecordCard, job_summary, publish_step_table
 from flows.job_state import JobLock
@@ -160,7 +161,8 @@ def run_job_steps(job: Job, card: JobRecordCard) -> Any:
         results = run_steps(job, card)
     summary = job_summary(job, results)
     if (last := results[-1]).awaiting:
-        message = f"awaiting inspection at step {last.position + 1} (wait); continue with: {CLI} continue {job.job_id}"
+        go_on = f"{CLI} continue {job_on_command_line(job.paths.job_dir)}"
+        message = f"awaiting inspection at step {last.position + 1} (wait); continue with: {go_on}"
         state = Paused(name=AWAITING_INSPECTION, message=message, data=summary)
         guard_local_pause(job.job_id, str(runtime.flow_run.id))
     else:

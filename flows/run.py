@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from config.errors import ConfigError
+from config.fields import CONFIG_LOGGER
 from config.keys import leaf_paths, secret_key_paths
 from config.loader import cached_settings, effective_config_rows, load_settings, refuse_secret_overrides
 from config.yaml_file import names_secret_blocks
-from config.runtime import jobs_dir_of, prefect_api_url
+from config.runtime import job_on_command_line, jobs_dir_of, prefect_api_url
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.api_watch import api_watched
 from flows.job_state import JobLock, current_state, current_states, find_job_dir, list_jobs
@@ -182,11 +185,23 @@ def validate_configuration(config_path: str | None, overrides: dict[str, str], l
         raise
 
 
+@contextmanager
+def config_warnings_unlogged() -> Iterator[None]:
+    """The configuration's warnings not logged (Python's last-resort handler would print each bare to stderr)."""
+    config_logger = logging.getLogger(CONFIG_LOGGER)
+    config_logger.disabled = True
+    try:
+        yield
+    finally:
+        config_logger.disabled = False
+
+
 def cmd_config_check(args: argparse.Namespace) -> int:
     overrides, labels = overrides_from_flags(args)
     if names_secret_blocks(args.config):
         prefect_server.use_server()  # its Secret blocks are read from the jobs' server
-    loaded = load_settings(args.config, overrides=overrides, override_labels=labels)
+    with config_warnings_unlogged():  # each is printed once, below the table
+        loaded = load_settings(args.config, overrides=overrides, override_labels=labels)
     if problems := step_file_problems(loaded.settings):
         raise ConfigError(problems)
     rows = effective_config_rows(loaded)
@@ -285,7 +300,7 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
         with job_logging(paths.log_file), api_watched(paths, prefect_api_url()):
             state = run_flow(job, paths, continuing or {})
     except KeyboardInterrupt:
-        print(f"interrupted; resume with: {CLI} continue {job.job_id}", file=sys.stderr)
+        print(f"interrupted; resume with: {CLI} continue {job_on_command_line(paths.job_dir)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     return report_outcome(paths, state)
 
@@ -324,9 +339,10 @@ def report_outcome(paths: JobPaths, state: Any) -> int:
         return EXIT_OK
     print(f"job {job.job_id} failed: {job.state_message or plain_text(redact(state.message or ''))}", file=sys.stderr)
     print(f"full log: {paths.log_file}", file=sys.stderr)
-    print(f"after fixing the cause, resume with: {CLI} continue {job.job_id}", file=sys.stderr)
+    job_ref = job_on_command_line(paths.job_dir)
+    print(f"after fixing the cause, resume with: {CLI} continue {job_ref}", file=sys.stderr)
     if key := setting_named_in(job.state_message or ""):
-        print(f"or change {key} for this job: {CLI} continue {job.job_id} --set {key}=VALUE", file=sys.stderr)
+        print(f"or change {key} for this job: {CLI} continue {job_ref} --set {key}=VALUE", file=sys.stderr)
     return EXIT_FAILED
 
 

@@ -18,10 +18,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from uuid import UUID
 
+import httpx
 from prefect import get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from config.loader import SettingsIdentity, settings_identity
+from config.runtime import job_on_command_line
 from tasks.clients.downloads import download_ndjson, target_names, wait_until_available
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_documents import DeadHandleError, ExtractionError, ExtractionHandle
@@ -146,10 +148,10 @@ def current_handle(step: StepInput, client: ExtractionServerClient) -> Extractio
 def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> ExtractionHandle:
     """Submit the job's CRTDL once; the attempt is recorded before the POST and the handle right after it.
 
-    A kick-off the server refused (a 4xx answer: no job was created) clears the attempt, so ``continue`` submits
-    again once the cause is fixed; the error fails the step unchanged. Anything else stays in doubt: a network
-    error or timeout may come after the request was sent, and a 5xx may hide a job (a proxy's 502/503/504 while
-    the server behind it took the request)."""
+    A kick-off the server refused (a 4xx answer: no job was created) or that never reached it (the connection was
+    refused) clears the attempt, so ``continue`` submits again once the cause is fixed; the error fails the step
+    unchanged. Anything else stays in doubt, said at once (``SubmissionInDoubtError``): a timeout may come after the
+    request was sent, and a 5xx may hide a job (a proxy's 502/503/504 while the server behind it took it)."""
     if (crtdl_path := step.crtdl_path) is None:
         raise ExtractionError("the extractor step needs a CRTDL file (or a complete result URL) as the job input")
     crtdl = crtdl_path.read_bytes()  # read before the attempt is recorded: an unreadable file sends nothing
@@ -157,9 +159,12 @@ def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> 
     try:
         handle = client.submit(crtdl)
     except ServiceError as exc:
-        if exc.status_code is not None and 400 <= exc.status_code < 500:
+        refused = exc.status_code is not None and 400 <= exc.status_code < 500
+        if refused or isinstance(exc.__cause__, httpx.ConnectError):  # no job, or nothing sent
             record_facts(step.job_path, extraction_submission=None)
-        raise
+            raise
+        in_flight = read_facts(step.job_path).get("extraction_submission") or {}
+        raise SubmissionInDoubtError(f"{exc}; {submission_in_doubt_message(step, in_flight)}") from exc
     record_handle(step, handle, generation)
     get_run_logger().info("extraction submitted: job %s, status %s", handle.job_id, handle.status_url)
     return handle
@@ -176,12 +181,13 @@ def record_handle(step: StepInput, handle: ExtractionHandle, generation: int) ->
 
 
 def submission_in_doubt_message(step: StepInput, in_flight: dict) -> str:
+    job, config = job_on_command_line(step.job_path), step.config_path or "CONFIG"
     return (
-        f"an extraction was submitted at {in_flight.get('started_at')} but the run ended before the server's answer "
-        "was recorded, so the server may or may not have that job; submitting again could start a second "
-        f"extraction. Look for it with: {CLI} extraction list CONFIG --status PENDING,RUNNING_GET_COHORT,"
-        f"RUNNING_PROCESS_BATCH,RUNNING_PROCESS_CORE,COMPLETED. Then either follow it: {CLI} continue "
-        f"{step.job_id} --attach <status URL>, or submit anew: {CLI} continue {step.job_id} --resubmit"
+        f"an extraction was submitted at {in_flight.get('started_at')} and no answer naming its job was recorded "
+        "(the run ended, or the server answered with a 5xx or not at all), so the server may or may not have that "
+        f"job; submitting again could start a second extraction. Look for it with: {CLI} extraction list {config} "
+        "--status PENDING,RUNNING_GET_COHORT,RUNNING_PROCESS_BATCH,RUNNING_PROCESS_CORE,COMPLETED. Then either follow "
+        f"it: {CLI} continue {job} --attach <status URL>, or submit anew: {CLI} continue {job} --resubmit"
     )
 
 

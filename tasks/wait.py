@@ -15,6 +15,8 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from config.runtime import job_on_command_line
+
 from tasks.job.contract import DataFile, StepInput, StepResult, settings_of
 from tasks.job.layout import artifact_key
 from tasks.streams.ndjson import FileStats, is_data_file, output_name
@@ -50,7 +52,7 @@ def inspection_text(step: StepInput, resume_hint: str) -> str:
         f"  Corrected files go into: {wait_dir(step)}\n"
         f"  When that folder holds any .ndjson/.ndjson.zst file on resume, the next step reads only that folder; "
         f"otherwise it reads {step.input_dir} unchanged.\n"
-        f"  To continue: {resume_hint or f'{CLI} continue {step.job_id}'}"
+        f"  To continue: {resume_hint or f'{CLI} continue {job_on_command_line(step.job_path)}'}"
     )
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import shlex
 
+import pytest
+
 from flows.run import CLI, EXIT_OK, EXIT_USAGE, START_EXAMPLES, build_parser, cmd_start, main
+from tests.conftest import run_cli
 
 
 def test_config_check_shows_every_value_with_its_source_and_masks_secrets(write_config, monkeypatch, capsys):
@@ -57,3 +60,17 @@ def test_the_start_examples_of_the_help_parse_as_typed():
     assert len(commands) == 5
     for command in commands:
         assert build_parser().parse_args(shlex.split(command.removeprefix(CLI))).command is cmd_start, command
+
+
+@pytest.mark.slow  # a subprocess: Python's last-resort log handler printed each warning once more, bare
+def test_config_check_prints_each_warning_once(write_config):
+    config = write_config(
+        {
+            "pipeline": {"enabled_steps": ["extractor"]},
+            "services": {"extractor": {"base_url": "http://torch.example", "username": "u", "password": "pw"}},
+        }
+    )
+    checked = run_cli("config", "check", str(config))
+    assert checked.returncode == EXIT_OK, checked.stderr
+    assert checked.stderr.count("flat auth keys username, password are deprecated") == 1, checked.stderr
+    assert checked.stderr.count("too short to be redacted safely") == 1, checked.stderr

@@ -389,6 +389,8 @@ def test_unknown_override_key_is_an_error_naming_it(tmp_path: Path) -> None:
     assert any(
         "services.local_import.dirr" in p and "did you mean services.local_import.dir?" in p for p in error.problems
     ), error.problems
+    far = rejected(tmp_path, {}, overrides={"nosuch.key": "1"})  # no key near it: where the keys are listed
+    assert any("nosuch.key" in p and "config/example.yaml lists every key" in p for p in far.problems), far.problems
 
 
 def test_errors_never_show_secret_values_or_pydantic_urls(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from config.errors import ConfigError
 from config.loader import PATH_KEYS, absolute_path_overrides, load_settings
+from config.runtime import job_on_command_line
 from tests.conftest import REPO_ROOT
 
 LOCAL_ONLY = "pipeline:\n  enabled_steps: [local_import]\n"
@@ -110,3 +111,14 @@ def test_absurd_numbers_are_refused_before_they_overflow_a_sleep(key: str, value
         load_settings(None, env={"APP_PIPELINE_ENABLED_STEPS": "local_import"}, overrides={key: value})
     (problem,) = error.value.problems
     assert problem.startswith(f"{key} (from --set {key}):") and fragment in problem
+
+
+def test_a_job_is_named_by_its_id_in_the_default_jobs_directory_else_by_its_directory(tmp_path, monkeypatch):
+    """A printed ``continue ID`` failed as typed when the configuration's jobs_dir was not the default."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("APP_JOBS_DIR", raising=False)
+    assert job_on_command_line(tmp_path / "jobs" / "0b6f8e3c") == "0b6f8e3c"
+    assert job_on_command_line(Path("jobs/0b6f8e3c")) == "0b6f8e3c"
+    assert job_on_command_line(tmp_path / "site" / "0b6f8e3c") == str(tmp_path / "site" / "0b6f8e3c")
+    monkeypatch.setenv("APP_JOBS_DIR", str(tmp_path / "site"))
+    assert job_on_command_line(tmp_path / "site" / "0b6f8e3c") == "0b6f8e3c"

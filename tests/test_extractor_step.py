@@ -289,7 +289,7 @@ def test_a_signal_during_stalled_downloads_ends_the_run_at_once_in_one_line_with
     assert process.returncode == 130, err
     assert took < 15, f"the run needed {took:.0f} s to stop"
     lines = err.strip().splitlines()  # the run's INFO lines, then the interruption's one line, no echo of it
-    assert lines[-1] == f"interrupted; resume with: {CLI} continue {job_dir.name}", err
+    assert lines[-1] == f"interrupted; resume with: {CLI} continue {job_dir}", err
     assert not [line for line in lines if "| ERROR " in line or "Traceback" in line], err
     assert list((job_dir / "import").glob(".*.part")) == []
     assert job_file(job_dir)["state"] == "Crashed"
@@ -376,8 +376,9 @@ def test_a_kickoff_answered_with_5xx_or_no_answer_leaves_the_submission_in_doubt
         assert main(["start", str(config), str(CRTDL), "--no-progress"]) == EXIT_FAILED
         job_dir = only_job_dir(jobs_dir_of(tmp_path))
         assert "extraction_submission" in read_facts(job_dir)  # a proxy's 5xx or a lost answer may hide a job
-        capsys.readouterr()
+        first = capsys.readouterr().err  # the first run says so at once, the command filled in as typed
+        assert "may or may not have that job" in first and f"extraction list {config} --status" in first
         assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_FAILED
     err = capsys.readouterr().err
-    assert "may or may not have that job" in err and f"continue {job_dir.name} --resubmit" in err
+    assert "may or may not have that job" in err and f"continue {job_dir} --resubmit" in err
     assert len([r for r in state.requests if r.method == "POST"]) == 1

@@ -104,7 +104,7 @@ def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp
     record = job_file(job_dir)
     assert record["state"] == "AwaitingInspection"
     assert (job_dir / "import_wait").is_dir()
-    assert f"continue {job_dir.name}" in record["state_message"]
+    assert f"continue {job_dir}" in record["state_message"]  # outside the default jobs directory: the path
     (paused_run,) = record["flow_run_ids"]
     assert flow_run_state(paused_run) == ("PAUSED", "AwaitingInspection")  # never a green Completed run
 
@@ -200,7 +200,7 @@ def test_a_failing_import_exits_1_names_the_problem_and_the_continue_that_fixes_
     job_dir = only_job_dir(tmp_path / "jobs")
     assert "no .ndjson or .ndjson.zst files" in err and "services.local_import.recursive" in err
     assert job_file(job_dir)["state"] == "Failed"
-    fix = f"continue {job_dir.name} --set services.local_import.recursive=VALUE"
+    fix = f"continue {job_dir} --set services.local_import.recursive=VALUE"
     assert fix in err, err
 
     assert main(["continue", str(job_dir), "--set", "services.local_import.recursive=true", "--no-progress"]) == EXIT_OK

@@ -54,7 +54,7 @@ def test_a_kill_during_the_submission_never_submits_again_by_itself(tmp_path, ex
     assert len(posts) == 1
     message = refused.stderr
     assert "may or may not have that job" in message and "extraction list" in message
-    assert f"continue {job_dir.name} --attach" in message and f"continue {job_dir.name} --resubmit" in message
+    assert f"continue {job_dir} --attach" in message and f"continue {job_dir} --resubmit" in message
     assert "Traceback" not in message
 
     # The operator decides: submit anew (here to a server that answers).

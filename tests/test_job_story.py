@@ -74,8 +74,8 @@ def test_a_local_wait_shows_the_whole_inspection_message_and_status_reads_plainl
         f"  Data to inspect: {job_dir / 'import'}\n",
         f"  Corrected files go into: {job_dir / 'import_wait'}\n",
         f"the next step reads only that folder; otherwise it reads {job_dir / 'import'} unchanged.\n",
-        f"  To continue: {HINT} {job_dir.name}\n",
-        f"AwaitingInspection: awaiting inspection at step 2 (wait); continue with: {HINT} {job_dir.name}\n",
+        f"  To continue: {HINT} {job_dir}\n",
+        f"AwaitingInspection: awaiting inspection at step 2 (wait); continue with: {HINT} {job_dir}\n",
     ):
         assert line in terminal, terminal
 
@@ -99,8 +99,8 @@ def test_a_failed_job_prints_the_hint_a_user_types(tmp_path, write_config, capsy
 
     assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_FAILED
 
-    (job_dir,) = (tmp_path / "jobs").iterdir()
-    assert f"after fixing the cause, resume with: {HINT} {job_dir.name}\n" in capsys.readouterr().err
+    (job_dir,) = (tmp_path / "jobs").iterdir()  # not the default ./jobs: the hint names the directory
+    assert f"after fixing the cause, resume with: {HINT} {job_dir}\n" in capsys.readouterr().err
 
 
 def write_patients(path: Path, count: int) -> Path:

@@ -145,7 +145,7 @@ def test_a_job_at_a_wait_step_notifies_that_it_waits_for_inspection(applied, rec
 
     message = notification(recorder, job_id, "AwaitingInspection")
     assert message["subject"] == f"dupflow job {job_id} is waiting for inspection"
-    assert f"continue {job_id}" in message["body"]  # the state message: what to do next
+    assert f"continue {tmp_path / 'jobs' / job_id}" in message["body"]  # the state message: what to do next
     assert f"/runs/flow-run/{flow_run_id}" in message["body"]  # a link: the local server knows its UI address
 
 

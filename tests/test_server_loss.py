@@ -107,7 +107,7 @@ def kill_the_server_under(jobs: list[LostJob], home: Path) -> None:
         lines = said.strip().splitlines()
         assert len(lines) <= 5 and "Traceback" not in said, said
         assert f"job {job_dir.name} stopped: the Prefect server at {server.url} went away" in said
-        assert lines[-1] == f"when the server runs again, resume with: {CLI} continue {job_dir.name}"
+        assert lines[-1] == f"when the server runs again, resume with: {CLI} continue {job_dir}"
         record = read_job(job_dir)
         assert record.state == CRASHED and "went away" in record.state_message
     wait_until_gone(server.pid)
