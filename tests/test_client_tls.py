@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+from datetime import timedelta
 
 import botocore.exceptions
 import pytest
@@ -12,8 +13,9 @@ from moto.server import ThreadedMotoServer
 
 from config.services import S3Settings, SendSettings
 from config.settings import RetrySettings, TlsSettings
+from tasks.clients.downloads import wait_until_available
 from tasks.clients.errors import ServiceError
-from tasks.clients.http import ServiceClient, ServiceEndpoint, ssl_verify
+from tasks.clients.http import ServiceClient, ServiceEndpoint, build_client, ssl_verify
 from tasks.clients.s3 import make_s3_client
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState
@@ -57,9 +59,25 @@ def test_certificate_from_an_unknown_ca_is_rejected_without_retry(https_service)
         get_metadata(https_service, TlsSettings(), sleep=sleeps.append)
 
     assert raised.value.status_code is None and not raised.value.transient
-    assert "CERTIFICATE_VERIFY_FAILED" in raised.value.message
+    assert "CERTIFICATE_VERIFY_FAILED" in raised.value.message and "give its CA with tls.ca_cert_path" in str(
+        raised.value
+    )
     assert sleeps == []
     assert https_service.state.requests == []
+
+
+@pytest.mark.parametrize("scheme", ["https", "ftp"])
+def test_a_result_file_that_no_check_can_make_ready_is_said_at_once_naming_the_fix(https_service, scheme):
+    """An untrusted certificate, or a URL of a scheme httpx cannot speak, counted as "not ready": every check was
+    waited for, then the advice was to raise file_ready_retries."""
+    url = f"{https_service.base_url}/files/a.ndjson".replace("https", scheme)
+    sleeps: list[float] = []
+    with build_client(ServiceEndpoint("extractor", https_service.base_url), TlsSettings()) as client:
+        with pytest.raises(ServiceError) as raised:
+            wait_until_available(client, url, checks=10, interval=timedelta(seconds=10), sleep=sleeps.append)
+    fix = "give its CA with tls.ca_cert_path" if scheme == "https" else "only http and https URLs can be fetched"
+    assert fix in str(raised.value) and "file_ready_retries" not in str(raised.value)
+    assert sleeps == [] and not raised.value.transient
 
 
 def test_ca_cert_path_makes_the_server_trusted(https_service, ca_pem):

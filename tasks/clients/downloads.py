@@ -32,7 +32,8 @@ import httpx
 import orjson
 
 from tasks.clients.bounds import declared_size
-from tasks.clients.errors import ServiceError, is_transient_status, json_or_none, raise_for_service_status
+from tasks.clients.errors import ServiceError, is_transient_network_error, is_transient_status, json_or_none
+from tasks.clients.errors import network_error, raise_for_service_status
 from tasks.clients.http import http_timeout, service_name
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import StepError
@@ -142,11 +143,17 @@ def is_available(client: httpx.Client, url: str) -> bool:
 
 
 def _probe_status(client: httpx.Client, method: str, url: str, headers: dict | None = None) -> int | None:
-    """The status of a request whose body is never read (a server may ignore Range); None on a network error."""
+    """The status of a request whose body is never read (a server may ignore Range); None on a network error that
+    waiting may cure. A certificate not trusted or a URL this client cannot speak to is said at once, naming the fix:
+    no number of checks makes it ready."""
     try:
         with client.stream(method, url, headers=headers, timeout=PROBE_TIMEOUT) as response:
             return response.status_code
-    except httpx.TransportError:
+    except httpx.TransportError as exc:
+        if not is_transient_network_error(exc):
+            raise network_error(
+                exc, operation="check that a result file is ready", service=service_name(client)
+            ) from exc
         return None
 
 

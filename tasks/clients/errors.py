@@ -83,6 +83,10 @@ def _caused_by(exc: BaseException | None, cause_type: type[BaseException]) -> bo
 def network_error(exc: httpx.TransportError, *, operation: str, service: str | None) -> ServiceError:
     """Wrap a transport error (connect, read, reset, timeout, …) as a structured error naming where it happened."""
     message, transient = f"network error: {type(exc).__name__}: {exc}{where(exc)}", is_transient_network_error(exc)
+    if _caused_by(exc, ssl.SSLCertVerificationError):
+        message += "; the server's certificate is not trusted: give its CA with tls.ca_cert_path"
+    elif isinstance(exc, httpx.UnsupportedProtocol):
+        message += "; only http and https URLs can be fetched"
     return ServiceError(operation, None, message, transient=transient, service=service, no_answer=True)
 
 
