@@ -41,6 +41,10 @@ TOO_LARGE_HINT = (
     "the chunk was larger than the validation service accepts: lower services.validation.bundle_chunk_size_mb, "
     "or raise the service's request body limit"
 )
+ALONE_TOO_LARGE_HINT = (
+    "the chunk held this one resource, larger than the validation service accepts (a smaller "
+    "services.validation.bundle_chunk_size_mb cannot help): raise the service's request body limit"
+)
 
 stdlib_logger = logging.getLogger("dupflow.validation")
 
@@ -195,7 +199,7 @@ def chunk_failure(source: Path, chunk: Chunk, exc: Exception) -> str:
         "this is a failure of the validation service, not a finding in the data"
     )
     if isinstance(exc, ServiceError) and exc.status_code == 413:
-        message += f"; {TOO_LARGE_HINT}"
+        message += f"; {ALONE_TOO_LARGE_HINT if len(chunk.labels) == 1 else TOO_LARGE_HINT}"
     return message
 
 

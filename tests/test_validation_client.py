@@ -78,6 +78,30 @@ def test_entries_carry_a_full_url_and_the_resource_bytes_as_read():
     assert (chunk.number, chunk.labels, chunk.oversized) == (1, ("Patient/p1",), False)
 
 
+def test_a_bundle_given_full_urls_keeps_every_number_as_written():
+    """A TORCH Bundle's entries have no fullUrl: the Bundle is written anew with them, and orjson made 1.5 of 1.50."""
+    line = (
+        b'{"resourceType":"Bundle","id":"b1","type":"transaction","entry":[{"resource":{"resourceType":"Observation",'
+        b'"id":"o1","valueQuantity":{"value":1.50},"extension":[{"url":"u","valueDecimal":123456789012345678901.0}]},'
+        b'"request":{"method":"PUT","url":"Observation/o1"}}]}'
+    )
+    (chunk,) = iter_chunks([(1, line)], 1 << 20, "a.ndjson")
+
+    assert b'"value":1.50' in chunk.body and b"123456789012345678901.0" in chunk.body
+    assert b'"fullUrl":"http://localhost/fhir/Observation/o1"' in chunk.body
+
+
+def test_a_bundle_too_deep_to_be_written_anew_names_file_and_line():
+    deep = b'{"a":' * 300 + b"1" + b"}" * 300
+    line = (
+        b'{"resourceType":"Bundle","type":"collection","entry":[{"resource":{"resourceType":"Basic","x":'
+        + deep
+        + b"}}]}"
+    )
+    with pytest.raises(NdjsonError, match=r"a\.ndjson: line 1: the Bundle is nested too deep"):
+        list(iter_chunks([(1, line)], 1 << 20, "a.ndjson"))
+
+
 def test_chunks_are_greedy_by_serialized_size_keep_order_and_never_exceed_the_limit():
     resources = [patient(i, pad=(i * 37) % 300) for i in range(200)]
     limit = 4000

@@ -210,6 +210,17 @@ def test_a_413_fails_with_the_hint_to_lower_the_chunk_size(validator_fake, tmp_p
     assert len(validator_fake.state.requests) == 1
 
 
+def test_a_413_for_a_chunk_of_one_resource_does_not_advise_a_smaller_chunk(validator_fake, tmp_path):
+    """A chunk holding one resource over the service's limit: lowering bundle_chunk_size_mb cannot help."""
+    validator_fake.state.reset(max_body_bytes=200)
+    source = write_lines(tmp_path / "a.ndjson", varied_patients(1))
+
+    with pytest.raises(StepError) as failed:
+        run_file(validator_fake, source, tmp_path / "a.ndjson.zst")
+    assert "cannot help): raise the service's request body limit" in str(failed.value)
+    assert "lower services.validation.bundle_chunk_size_mb" not in str(failed.value)
+
+
 def test_the_fail_on_error_message_gives_resources_with_errors_per_file_and_where_the_reports_are(tmp_path):
     def checked(name: str, resources: int, with_errors: int, errors: int) -> FileValidation:
         report = {"name": name, "size": 1, "resources": 1}

@@ -33,7 +33,8 @@ from tasks.core.redaction import redact_strings
 from tasks.clients.http import FHIR_JSON_HEADERS, AsyncServiceClient
 from tasks.clients.retry import call_with_retry_async
 from tasks.core.errors import DupflowError
-from tasks.streams.ndjson import parse_resource
+from tasks.core.exact_json import dumps_exact, loads_exact
+from tasks.streams.ndjson import NdjsonError, parse_resource
 
 VALIDATE_PATH = "/validateResource"
 FULL_URL_BASE = "http://localhost/fhir"
@@ -85,7 +86,7 @@ def iter_chunks(lines: Iterable[tuple[int, bytes]], chunk_bytes: int, source: Pa
     labels: list[str] = []
     size = EMPTY_BODY_BYTES
     for line_number, line in lines:
-        entry, label = bundle_entry(parse_resource(source, line_number, line), line.strip(), line_number)
+        entry, label = bundle_entry(parse_resource(source, line_number, line), line.strip(), line_number, source)
         added = len(entry) + (1 if entries else 0)
         if entries and size + added > chunk_bytes:
             yield Chunk(next(numbers), join_entries(entries), tuple(labels))
@@ -104,12 +105,22 @@ def join_entries(entries: list[bytes]) -> bytes:
     return BODY_PREFIX + b",".join(entries) + BODY_SUFFIX
 
 
-def bundle_entry(resource: dict[str, Any], resource_json: bytes, line_number: int) -> tuple[bytes, str]:
-    """The entry ``{fullUrl, resource}`` for one resource as JSON bytes, and the resource's label."""
+def bundle_entry(resource: dict[str, Any], resource_json: bytes, line_number: int, source: Path) -> tuple[bytes, str]:
+    """The entry ``{fullUrl, resource}`` for one resource as JSON bytes, and the resource's label. A Bundle whose
+    entries lack a fullUrl is written anew with them, every number as read (``tasks.core.exact_json``)."""
     if with_full_urls(resource):
-        resource_json = orjson.dumps(resource)
+        resource_json = with_full_urls_written(resource_json, f"{source}: line {line_number}")
     full_url = orjson.dumps(full_url_of(resource))
     return b'{"fullUrl":' + full_url + b',"resource":' + resource_json + b"}", resource_label(resource, line_number)
+
+
+def with_full_urls_written(resource_json: bytes, where: str) -> bytes:
+    exact = loads_exact(resource_json)
+    with_full_urls(exact)
+    try:
+        return dumps_exact(exact)
+    except (TypeError, RecursionError):  # orjson writes at most 254 levels
+        raise NdjsonError(f"{where}: the Bundle is nested too deep (over 254 levels) to be validated") from None
 
 
 def full_url_of(resource: Any) -> str:
