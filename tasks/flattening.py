@@ -453,7 +453,7 @@ def flatten_with_service(
 
 
 def shaped_settings(settings: Settings) -> dict[str, Any]:
-    """What the step's files depend on besides its input (and the job's CRTDL): the lookup file (its contents too),
+    """What the step's files depend on besides its input (and the job's CRTDL): the lookup file (an edit of it too),
     the formats."""
     flattening = settings.services.flattening
     return {"lookup": file_shape(flattening.lookup_path), "formats": flattening.formats}

@@ -276,5 +276,5 @@ def publish_file_reports(step: StepInput, reports: list[FileReport]) -> None:
 
 
 def shaped_settings(settings: Settings) -> dict[str, Any]:
-    """What the step's files depend on besides its input: the anonymization config (its contents too), compression."""
+    """What the step's files depend on besides its input: the anonymization config (an edit of it too), compression."""
     return {"config": file_shape(settings.services.pseudonymizer.anonymization_config), **compression_shape(settings)}

@@ -3,7 +3,6 @@ file's requests answered in order into one NDJSON file, and a report artifact of
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -35,13 +34,14 @@ def compression_shape(settings: Settings) -> dict[str, Any]:
 
 
 def file_shape(path: str | None) -> dict[str, Any]:
-    """A settings file (anonymization config, lookup file) as part of a step's output's shape: its path and its
-    contents' SHA-256 (None when it cannot be read: the step itself then says why)."""
+    """A settings file (anonymization config, lookup file) as part of a step's output's shape: its path, size and
+    time of change, so that an edit counts (read by stat, not opened: the step reads it once per run). None when it
+    cannot be found: the step itself then says why."""
     try:
-        digest = hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
+        found = Path(path).stat() if path else None
     except OSError:
-        digest = None
-    return {"path": path, "sha256": digest}
+        found = None
+    return {"path": path, "size": found and found.st_size, "modified_ns": found and found.st_mtime_ns}
 
 
 def one_file_at_a_time(file_task: Callable[..., T], arguments: Sequence[tuple[Any, ...]]) -> list[T]:
