@@ -96,18 +96,18 @@ def flattening(step: StepInput) -> StepResult:
 
 @file_task("flatten-file", "flatten[{piece.label}]")
 def flatten_input_file(
-    step: StepInput, piece: Piece, by_provenance: bool, plan_digest: str, in_worker_process: bool
+    step: StepInput, piece: Piece, by_provenance: bool, plan_digest: str, in_worker_process: bool, lines: int | None
 ) -> FileParts:
     """Flatten ``piece`` into ``flattening/.parts/<piece.folder>/``; ``plan_digest`` (the views and the skipped groups)
-    makes a changed CRTDL or lookup file a new result; ``in_worker_process``: the step's choice, made once for all."""
+    makes a changed CRTDL or lookup file a new result; ``in_worker_process``: the step's choice, made once for all;
+    ``lines``: the input file's, for progress."""
     settings = settings_of(step)
     lookup = Path(settings.services.flattening.lookup_path or "")
     assert step.crtdl_path is not None and step.input_dir is not None
     views, skipped = plan_views(step.crtdl_path, lookup, warn=False)
     max_line = settings.pipeline.max_ndjson_line_size_bytes
     plan = file_plan(step.input_dir, piece, step.output_dir / PARTS_FOLDER, views, skipped, by_provenance, max_line)
-    total = piece.span.lines or next((f.resources for f in step.files if f.name == piece.name), None)
-    return flatten_one(plan, piece.label, total, in_worker_process=in_worker_process)
+    return flatten_one(plan, piece.label, piece.span.lines or lines, in_worker_process=in_worker_process)
 
 
 def flatten_one(plan: FilePlan, label: str, total: int | None, *, in_worker_process: bool) -> FileParts:
@@ -292,7 +292,8 @@ def flatten_step_files(
         workers = pool_size() if in_processes else 1
         pieces = plan_pieces(paths, parts_dir, workers, by_provenance, max_line_bytes)
         expect_files(len(pieces), "pieces" if len(pieces) > len(paths) else "files")  # a cut file's spans one by one
-        arguments = [(step, piece, by_provenance, plan_digest, in_processes) for piece in pieces]
+        lines = {f.name: f.resources for f in step.files}
+        arguments = [(step, piece, by_provenance, plan_digest, in_processes, lines.get(piece.name)) for piece in pieces]
         results = results_or_raise(map_files(flatten_input_file, arguments, workers))
         if missing := [i for i, result in enumerate(results) if not parts_on_disk(parts_dir, views, result)]:
             log.warning("parts of %d finished pieces are gone: flattening them again", len(missing))

@@ -70,7 +70,8 @@ def validation(step: StepInput) -> StepResult:
     if not service.url:
         raise StepError("services.validation.url is not set; the validation step needs the validator's root URL")
     remove_partial_files(step.output_dir)
-    arguments = [(step, path.name, service.bundle_chunk_size_mb) for path in step.input_paths()]
+    lines = {f.name: f.resources for f in step.files}
+    arguments = [(step, path.name, service.bundle_chunk_size_mb, lines.get(path.name)) for path in step.input_paths()]
     checked: list[FileValidation] = one_file_at_a_time(validate_file, arguments)
     publish_artifact(step, checked)
     if service.fail_on_error and any(c.errors for c in checked):
@@ -87,13 +88,13 @@ def validation(step: StepInput) -> StepResult:
 
 
 @file_task("validate-file", "validate[{name}]")
-def validate_file(step: StepInput, name: str, chunk_size_mb: int) -> FileValidation:
-    """Validate one input file into its report (``chunk_size_mb`` is a parameter: it shapes the report)."""
+def validate_file(step: StepInput, name: str, chunk_size_mb: int, expected: int | None) -> FileValidation:
+    """Validate one input file into its report (``chunk_size_mb`` is a parameter: it shapes the report; ``expected``:
+    the file's lines, for progress)."""
     settings = settings_of(step)
     assert step.input_dir is not None
     source = step.input_dir / name
     dest = step.output_dir / output_name(name, settings.compression.enabled)
-    expected = next((f.resources for f in step.files if f.name == name), None)
     return asyncio.run(validate_with_service(settings, source, dest, chunk_size_mb, expected))
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from config.runtime import prefect_api_url
 from config.settings import TaskRunnerSettings
-from tasks.job.contract import commit_each, files_gone, stored_in_job
+from tasks.job.contract import StepInput, commit_each, files_gone, stored_in_job
 from tasks.core.errors import DupflowError
 from tasks.streams.fanout import run_bounded
 
@@ -41,6 +41,9 @@ def map_files(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]],
     from prefect.context import FlowRunContext
     from prefect.task_runners import ThreadPoolTaskRunner
 
+    if arguments and isinstance(arguments[0][0], StepInput):  # one step's files: its input made small once for all
+        slim = arguments[0][0].for_file_tasks()
+        arguments = [(slim, *args[1:]) for args in arguments]
     context = FlowRunContext.get()
     if context is not None and not isinstance(context.task_runner, ThreadPoolTaskRunner):  # Dask's processes
         return map_on_flow_runner(file_task, arguments)
