@@ -19,6 +19,9 @@ from flows.run import EXIT_FAILED, EXIT_OK, main
 from tasks.job.contract import StepInput, file_task, settings_of
 from tasks.job.filework import file_runner, map_files
 from tests.conftest import complete_results, run_cli
+from tests.support.ndjson import write_lines
+from tests.support.validation import step_input as validation_step_input
+from tests.support.validation import validation_overrides
 from tests.support.jobs import (
     flow_run_state,
     job_file,
@@ -296,3 +299,33 @@ def test_file_tasks_run_on_the_workers_load_the_steps_settings_and_log_to_the_jo
     assert os.getpid() not in {pid for pid, _ in outcomes}, "the files ran in the flow's process"
     worker_lines = (tmp_path / "job.log").read_text()
     assert "INFO distributed.worker: Stopping worker at" in worker_lines, "the worker process logs to the job log"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_a_services_max_concurrent_requests_holds_for_the_step_on_a_dask_cluster(validator_fake, tmp_path):
+    """Each Dask worker took a file with its own window: the validator saw workers x max_concurrent_requests."""
+    from prefect import flow
+
+    from tasks.job.contract import stored_in_job
+    from tasks.validation import validation
+
+    validator_fake.state.reset(latency_seconds=0.3, shallow=True)
+    job_dir = tmp_path / "jobs" / "dask-validation"
+    (job_dir / "import").mkdir(parents=True)
+    for n in range(3):
+        patients = [
+            {"resourceType": "Patient", "id": f"p{n}-{i}", "name": [{"family": "x" * 300_000}]} for i in range(6)
+        ]
+        write_lines(job_dir / "import" / f"batch-{n}.ndjson", patients)
+    overrides = validation_overrides(validator_fake.base_url, False, chunk_mb=1, concurrency=2)
+    step = validation_step_input(job_dir, overrides)
+
+    @flow(persist_result=False)
+    def on_dask():
+        with file_runner(TaskRunnerSettings(kind="dask", dask_workers=3), tmp_path / "job.log"):
+            return stored_in_job(validation, step)(step)
+
+    result = on_dask()
+    assert sum(f["chunks"] for f in result.summary["per_file"]) == 6  # two in each file, three files at once before
+    assert validator_fake.state.most_in_flight <= 2

@@ -2,7 +2,9 @@
 
 Steps fan out through ``map_files``; ``file_runner`` enters the runner ``pipeline.task_runner`` chose:
 - ``dask``: each file is submitted to a ``DaskTaskRunner``, one task run per file on the cluster's workers, each a
-  top-level transaction committed when it finishes; every submitted file runs to its end.
+  top-level transaction committed when it finishes; every submitted file runs to its end. Files "one at a time"
+  (``workers`` 1: the steps whose files each keep a service busy) go one at a time there too, so the service's
+  ``max_concurrent_requests`` holds for the step, not per worker.
 - ``in_process``: threads of the flow's process (``tasks.streams.fanout.run_bounded``). Not Prefect's
   ``ThreadPoolTaskRunner``, though as fast (``tests/benchmarks/bench_fanout.py``): it joins its threads, so a file
   stalled in a read would hold Ctrl+C for up to its stall timeout. No file starts after one failed: finished files
@@ -46,7 +48,7 @@ def map_files(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]],
         arguments = [(slim, *args[1:]) for args in arguments]
     context = FlowRunContext.get()
     if context is not None and not isinstance(context.task_runner, ThreadPoolTaskRunner):  # Dask's processes
-        return map_on_flow_runner(file_task, arguments)
+        return map_on_flow_runner(file_task, arguments, workers)
     return map_in_process(file_task, arguments, workers)
 
 
@@ -76,9 +78,17 @@ def outcome_of(call: Callable[[Any], R], argument: Any) -> R | Exception:
         return exc
 
 
-def map_on_flow_runner(file_task: Any, arguments: Sequence[tuple[Any, ...]]) -> list:
+def map_on_flow_runner(file_task: Any, arguments: Sequence[tuple[Any, ...]], workers: int) -> list:
     """Submit every file task to the flow run's task runner at once (Dask runs one per worker thread), then
-    collect in order."""
+    collect in order; with ``workers`` 1, one after the other, none after a failure (as ``map_in_process``)."""
+    if workers <= 1:
+        outcomes: list = []
+        for args in arguments:
+            if failed := next((o for o in outcomes if isinstance(o, Exception)), None):
+                outcomes.append(failed)
+                continue
+            outcomes.append(outcome_of(kept_result, (stored_in_job(file_task, args[0]).submit(*args), file_task, args)))
+        return outcomes
     futures = [stored_in_job(file_task, args[0]).submit(*args) for args in arguments]
     return [outcome_of(kept_result, (future, file_task, args)) for future, args in zip(futures, arguments, strict=True)]
 

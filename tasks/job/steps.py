@@ -45,8 +45,9 @@ def file_shape(path: str | None) -> dict[str, Any]:
 
 
 def one_file_at_a_time(file_task: Callable[..., T], arguments: Sequence[tuple[Any, ...]]) -> list[T]:
-    """``file_task`` for every file, one at a time in-process (a file's own requests are what keeps its service busy;
-    on a Dask cluster one per worker); every finished file is kept, the first failure raised."""
+    """``file_task`` for every file, one at a time, on a Dask cluster too (a file's own requests are what keeps its
+    service busy, and the service's ``max_concurrent_requests`` is the step's); every finished file is kept, the
+    first failure raised."""
     return results_or_raise(map_files(file_task, arguments, workers=1))
 
 
