@@ -39,6 +39,11 @@ log = logging.getLogger("dupflow.send")
 DEFAULT_BATCH_SIZE = 100
 UNWRAPPED_BUNDLE_TYPES = ("transaction", "collection", "searchset")
 SEND_ENTRY_TAG_SYSTEM = "urn:dupflow:send-entry"
+STATUS_HINTS = {  # what a refusal of the whole transaction asks of the user
+    401: ": the server did not accept the credentials; check services.send.auth",
+    403: ": the credentials may not write there; check services.send.auth and the server's access rules",
+    413: ": the transaction is larger than the server accepts; lower services.send.batch_size or raise its body limit",
+}
 
 
 @step_task("send")
@@ -345,7 +350,10 @@ def rejection_message(name: str, batch: Batch, exc: ServiceError) -> str:
     status = f"HTTP {exc.status_code}" if exc.status_code is not None else "no status"
     outcome = exc.outcome or exc.message
     entry = failing_entry(batch.labels, exc.failed_entry, outcome)
-    return f"{where} was rejected ({status}); first failing entry: {entry}; the server says: {plain_text(outcome)}"
+    hint = STATUS_HINTS.get(exc.status_code or 0, "")
+    return (
+        f"{where} was rejected ({status}){hint}; first failing entry: {entry}; the server says: {plain_text(outcome)}"
+    )
 
 
 def failing_entry(labels: list[str], index: int | None, outcome: str) -> str:

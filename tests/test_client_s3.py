@@ -113,6 +113,18 @@ def test_a_large_file_goes_up_in_parallel_parts(proxy, store, bucket, tmp_path):
     assert stored_digest(store, bucket, uploaded.key) == file_digest(source)
 
 
+def test_a_store_whose_answers_lack_the_etag_is_said_to_be_so_not_a_bare_key_error(proxy, bucket, tmp_path):
+    """A proxy before the store that does not pass the ETag on: the upload crashed with KeyError: 'ETag'."""
+    proxy.state.dropped_headers = {"etag"}
+    source = data_file(tmp_path / "a.ndjson", 1000)
+    s3 = uploader(proxy, bucket, tmp_path / "manifest.json")
+    with pytest.raises(ServiceError) as failed:
+        s3.upload(source, "job/a.ndjson")
+    s3.close()
+    assert "HeadObject answer has no ETag; check the S3 endpoint or the proxy before it" in str(failed.value)
+    assert not failed.value.transient and not (tmp_path / "manifest").exists()
+
+
 def test_a_resumed_job_skips_objects_the_manifest_records_and_the_bucket_holds(proxy, store, bucket, tmp_path):
     first, second = data_file(tmp_path / "a.ndjson", 5000, seed=1), data_file(tmp_path / "b.ndjson", 6000, seed=2)
     manifest = tmp_path / "s3-manifest.json"

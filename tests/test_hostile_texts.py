@@ -103,3 +103,18 @@ def test_a_token_answer_without_a_token_names_the_setting_to_check(body, said):
         TokenSource(idp.base_url + "/realm", "dupflow", "s3cret", False).access_token()
     assert said in str(caught.value) and "check oauth_issuer_uri" in str(caught.value)
     assert not caught.value.transient and "s3cret" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("status", "fix"),
+    [(401, "check services.send.auth"), (403, "check services.send.auth"), (413, "lower services.send.batch_size")],
+)
+def test_a_refused_transaction_names_the_setting_to_check(tmp_path: Path, status, fix):
+    state = EchoState(replies=[Reply(status, body=b"")])
+    source = tmp_path / "core.ndjson"
+    source.write_bytes(b'{"resourceType":"Patient","id":"p1"}\n')
+    with LoopbackServer(EchoHandler, state) as server:
+        send = SendSettings(send_as="direct_resource_load", url=server.base_url)
+        with FhirServer.connect(send, TlsSettings(), NO_RETRY) as fhir, pytest.raises(StepError) as caught:
+            send_resources(fhir, source, tmp_path / "send", job_id="j", batch_size=10, max_line_bytes=1 << 20)
+    assert f"was rejected (HTTP {status}): " in str(caught.value) and fix in str(caught.value)

@@ -184,7 +184,7 @@ class S3Uploader:
             head = self._client.head_object(Bucket=self._bucket, Key=key)
         except (BotoCoreError, ClientError, S3UploadFailedError) as exc:
             raise self._service_error(f"upload {key}", exc) from None
-        uploaded = UploadedObject(key, head["ContentLength"], head["ETag"].strip('"'))
+        uploaded = UploadedObject(key, *stored_size_and_etag(head, f"upload {key}"))
         if uploaded.size != size:
             message = f"the bucket holds {uploaded.size} bytes after uploading {size}; was the file changed meanwhile?"
             raise ServiceError(f"upload {key}", None, message, transient=False, service=SERVICE)
@@ -209,7 +209,7 @@ class S3Uploader:
             if isinstance(exc, ClientError) and _status_of(exc) == 404:
                 return False
             raise self._service_error(f"check {recorded.key}", exc) from None
-        return head["ContentLength"] == recorded.size and head["ETag"].strip('"') == recorded.etag
+        return stored_size_and_etag(head, f"check {recorded.key}") == (recorded.size, recorded.etag)
 
     def _abort_incomplete_uploads(self, key: str) -> None:
         """Abort multipart uploads of ``key`` left by a killed run; the server would keep their parts forever."""
@@ -270,6 +270,18 @@ class Manifest:
             log.warning("S3 manifest record %s describes bucket %s, not %s; %s is uploaded again", *where)
             return None
         return recorded
+
+
+def stored_size_and_etag(head: dict[str, Any], operation: str) -> tuple[int, str]:
+    """An object's size and ETag as HeadObject gives them; a store (or a proxy) that leaves either out cannot tell
+    an upload complete, which is said as such."""
+    size, etag = head.get("ContentLength"), head.get("ETag")
+    if not isinstance(size, int) or not isinstance(etag, str):
+        missing = " and ".join(name for name, value in (("Content-Length", size), ("ETag", etag)) if value is None)
+        gap = missing or "usable size or ETag"
+        message = f"the store's HeadObject answer has no {gap}; check the S3 endpoint or the proxy before it"
+        raise ServiceError(operation, None, message, transient=False, service=SERVICE)
+    return size, etag.strip('"')
 
 
 def read_legacy_manifest(path: Path, bucket: str | None) -> dict[str, UploadedObject]:

@@ -55,6 +55,7 @@ class S3ProxyState:
     password: str | None = None
     replies: deque[Reply] = field(default_factory=deque)
     hold_parts: bool = False
+    dropped_headers: set[str] = field(default_factory=set)  # lower-case names left out of every relayed answer
     part_held: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
     requests: list[ProxiedRequest] = field(default_factory=list)
@@ -76,6 +77,7 @@ class S3ProxyState:
             self.requests.clear()
             self.replies.clear()
         self.hold_parts = False
+        self.dropped_headers = set()
         self.part_held.clear()
         self.release.clear()
 
@@ -196,8 +198,9 @@ class S3ProxyHandler(BaseHTTPRequestHandler):
         length = answer.getheader("Content-Length")
         content = None if length is not None or self.command == "HEAD" else answer.read()
         self.send_response(answer.status)
+        dropped = HOP_BY_HOP | {"content-length"} | self.server.state.dropped_headers
         for name, value in answer.getheaders():
-            if name.lower() not in HOP_BY_HOP | {"content-length"}:
+            if name.lower() not in dropped:
                 self.send_header(name, value)
         self.send_header("Content-Length", str(len(content)) if content is not None else length or "0")
         self.end_headers()
