@@ -180,7 +180,7 @@ def test_the_extraction_kick_off_is_sent_exactly_once(failure, tmp_path, caplog)
         with extraction_client(server.base_url, []) as client, pytest.raises(ServiceError) as raised:
             client.submit(crtdl)
         assert [(r.method, r.path) for r in server.state.requests] == [("POST", "/fhir/$extract-data")]
-    assert raised.value.transient and raised.value.operation == "submit extraction"
+    assert raised.value.transient and raised.value.operation == f"submit extraction to {server.base_url}"
     assert policy_waits(caplog) == []
 
 

@@ -39,7 +39,7 @@ from tasks.clients.extraction_documents import job_status_of, requires_access_to
 from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceEndpoint, build_client, http_timeout
 from tasks.clients.retry import call_once
 from tasks.core.readable import plain_text
-from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
+from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url, shown_url
 
 if TYPE_CHECKING:
     from config.services import ExtractorSettings
@@ -105,7 +105,7 @@ class ExtractionServerClient(Closing):
         a second job), within SUBMIT_TIMEOUT in all; the status URL from Content-Location, made absolute. A failure
         leaves the submission in doubt for the extraction step to settle. The answer's body is never needed, so it
         is not read (of an error answer the first MiB, for its OperationOutcome's diagnostics)."""
-        where = {"operation": "submit extraction", "service": SERVICE}
+        where = {"operation": f"submit extraction to {shown_url(self.base_url)}", "service": SERVICE}
         content = json.dumps(kickoff_parameters(crtdl)).encode()
         request = {"body": content, "headers": FHIR_JSON_HEADERS, "timeout": http_timeout(SUBMIT_TIMEOUT)}
 
