@@ -226,12 +226,15 @@ def test_410_for_a_job_cancelled_on_the_server_is_a_cancel_not_a_lost_job(torch,
 
 
 def test_410_for_a_job_whose_task_is_gone_or_unreadable_is_a_lost_handle(sim):
-    server, state = scripted_status_server(Reply(410), Reply(404), Reply(410), Reply(200, body=b"<html>"))
+    huge = Reply(200, body=b" " * (33 * 1024 * 1024))  # over the bound of any status answer
+    server, state = scripted_status_server(
+        Reply(410), Reply(404), Reply(410), Reply(200, body=b"<html>"), Reply(410), huge
+    )
     with server, client_for(server.base_url, sim) as client:
-        for _ in range(2):
+        for _ in range(3):
             with pytest.raises(DeadHandleError):
                 client.poll_until_complete(ExtractionHandle(f"{server.base_url}/fhir/__status/j", "j"))
-    assert [r.path for r in state.requests] == ["/fhir/__status/j", "/fhir/Task/j"] * 2
+    assert [r.path for r in state.requests] == ["/fhir/__status/j", "/fhir/Task/j"] * 3
 
 
 def test_an_identity_provider_outage_while_the_token_is_renewed_is_polled_through(sim):

@@ -194,7 +194,7 @@ class ExtractionServerClient(Closing):
         try:
             with answer_within(self.http, deadline, "GET", url, headers=TASK_ACCEPT, **where) as answer:
                 task = json.loads(bounded_answer(answer).content) if answer.status_code == 200 else None
-        except (httpx.HTTPError, ServiceError, ValueError):
+        except (httpx.HTTPError, ServiceError, ExtractionError, ValueError):  # ExtractionError: over the manifest bound
             return False
         return isinstance(task, dict) and job_status_of(task) in ("CANCELLED", "cancelled")
 
