@@ -60,7 +60,8 @@ def data_files(job_dir: Path) -> dict[str, bytes]:
 
 
 class WorkerWatch(threading.Thread):
-    """Watches this process's Dask worker processes (multiprocessing spawn children) while a run goes on."""
+    """Watches the Dask worker processes (multiprocessing spawn children) of a command this process runs
+    (``python -m flows.run``), while it goes on: a pool an earlier test left in this process is not theirs."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
@@ -70,7 +71,15 @@ class WorkerWatch(threading.Thread):
     def run(self) -> None:
         while not self.stop.wait(0.05):
             for worker in workers():
-                self.seen.setdefault(worker.pid, worker)
+                if worker.pid not in self.seen and of_a_command(worker):
+                    self.seen[worker.pid] = worker
+
+
+def of_a_command(process: psutil.Process) -> bool:
+    try:
+        return any("flows.run" in " ".join(parent.cmdline()) for parent in process.parents())
+    except psutil.Error:
+        return False
 
 
 def workers() -> list[psutil.Process]:
