@@ -28,7 +28,6 @@ from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, fil
 from tasks.core.errors import StepError
 from tasks.core.exact_json import dumps_exact, loads_exact
 from tasks.core.names import show_text
-from tasks.core.readable import plain_text
 from tasks.job.steps import one_file_at_a_time
 from tasks.clients.transfer import binary_id, put_document_reference, send_binary
 from tasks.streams.files import write_file_atomically
@@ -351,9 +350,7 @@ def rejection_message(name: str, batch: Batch, exc: ServiceError) -> str:
     outcome = exc.outcome or exc.message
     entry = failing_entry(batch.labels, exc.failed_entry, outcome)
     hint = STATUS_HINTS.get(exc.status_code or 0, "")
-    return (
-        f"{where} was rejected ({status}){hint}; first failing entry: {entry}; the server says: {plain_text(outcome)}"
-    )
+    return f"{where} was rejected ({status}){hint}; first failing entry: {entry}; the server says: {outcome}"
 
 
 def failing_entry(labels: list[str], index: int | None, outcome: str) -> str:
