@@ -311,7 +311,7 @@ def refuse_unusable_group_names(source: Path, crtdl: dict) -> None:
     try:
         problems = group_name_problems(crtdl)
     except ValueError as exc:
-        raise JobError(f"invalid CRTDL {source}: {exc}; flattening needs its attribute groups") from None
+        raise JobError(f"invalid CRTDL {source} for the flattening step: {exc}") from None
     if problems:
         raise JobError(f"CRTDL {source}: " + "; ".join(problems))
 

@@ -20,6 +20,8 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from config.settings import Settings
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
@@ -51,6 +53,7 @@ from tasks.sof.flatten import (
 )
 from tasks.sof.lookup import LookupTable, load_lookup
 from tasks.sof.output import CsvWriter, csv_cells, json_bytes
+from tasks.sof.errors import ResourceLineError
 from tasks.sof.resources import parse_line
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.streams.files import close_synced, write_file_atomically
@@ -438,7 +441,7 @@ def flatten_with_service(
             for path in paths:
                 routes = bare_routes(path, max_line_bytes) if by_provenance else {}
                 for number, line in iter_lines(path, max_line_bytes):
-                    router.route_line(parse_line(path, number, line), routes)
+                    route_to_service(router, path, number, parse_line(path, number, line), routes)
         for engine in engines:
             engine.close()
         for group, resources, out in zip(outcome.groups, counts.resources, outs, strict=True):
@@ -451,6 +454,17 @@ def flatten_with_service(
         raise
     outcome.files += [out.finish() for out in outs]
     return outcome
+
+
+def route_to_service(router: Router, path: Path, number: int, resource: dict, routes: dict[str, set[str]]) -> None:
+    """``router.route_line``; a resource orjson cannot write again (over 254 levels, where it reads 1024) is the
+    line's fault, named as the embedded engine names a line it cannot read."""
+    try:
+        router.route_line(resource, routes)
+    except orjson.JSONEncodeError:
+        raise ResourceLineError(
+            f"{path}: line {number} is nested too deeply (over 254 levels) to be sent to the flattening service"
+        ) from None
 
 
 def shaped_settings(settings: Settings) -> dict[str, Any]:

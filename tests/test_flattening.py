@@ -21,6 +21,7 @@ from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.flattening import flatten_with_service, plan_views, save_view_definitions
 from tasks.job.flattening_outcome import FlatteningError
 from tasks.sof.crtdl_views import attribute_groups, csv_file_name, group_name_problems, short_group_id
+from tasks.sof.errors import CrtdlError
 from tasks.sof.flatten import reference_key
 from tasks.sof.resources import parse_line
 from tests.conftest import TESTDATA
@@ -360,10 +361,13 @@ def test_a_group_id_that_is_no_plain_name_ends_the_file_name_as_a_short_hash():
         }
     }
     assert [g.csv_name for g in attribute_groups(crtdl)] == ["Obs-x.csv", "obs-y.csv", "Other.csv"]
-    crtdl["dataExtraction"]["attributeGroups"][1]["id"] = "x"  # one id twice: the files would still collide
-    assert group_name_problems(crtdl) == [
-        "attribute groups 'x' and 'x' would both write 'obs-x.csv'; give each group its own id and name in the CRTDL"
-    ]
+    crtdl["dataExtraction"]["attributeGroups"][1]["id"] = "x"  # one id twice: no resource could tell them apart
+    with pytest.raises(CrtdlError) as refused:
+        group_name_problems(crtdl)
+    assert str(refused.value) == (
+        "attribute groups 'Obs' and 'obs' share the id 'x'; resources are routed to a group by its id: give each "
+        "group its own id in the CRTDL"
+    )
 
 
 def test_cells_keep_numbers_as_written_strings_verbatim_and_json_for_objects(tmp_path):

@@ -29,15 +29,23 @@ from tasks.sof.errors import CrtdlError, ViewError
 from tasks.sof.lookup import LookupTable
 from tasks.sof.view import compile_view
 
+# The R4 types in the patient compartment whose reference to the patient is their element ``patient``.
+_PATIENT_ELEMENT_TYPES = (
+    *("AllergyIntolerance", "BodyStructure", "Claim", "ClaimResponse", "Consent", "CoverageEligibilityRequest"),
+    *("CoverageEligibilityResponse", "DetectedIssue", "Device", "EpisodeOfCare", "ExplanationOfBenefit"),
+    *("FamilyMemberHistory", "Immunization", "ImmunizationEvaluation", "ImmunizationRecommendation"),
+    *("MolecularSequence", "NutritionOrder", "RelatedPerson", "SupplyDelivery", "VisionPrescription"),
+)
 # The reference to the patient a resource belongs to, by resource type (FHIR R4 patient compartment; None: outside).
 PATIENT_REFERENCE_PATHS: dict[str, str | None] = {
     **dict.fromkeys(("Patient", "Medication", "Organization", "Substance", "Location", "Practitioner"), None),
     "PractitionerRole": None,
-    **dict.fromkeys(("Device", "Consent", "AllergyIntolerance", "Immunization", "Claim"), "patient.reference"),
-    "ExplanationOfBenefit": "patient.reference",
+    **dict.fromkeys(_PATIENT_ELEMENT_TYPES, "patient.reference"),
     "Account": "subject.reference",
     "Coverage": "beneficiary.reference",
     "Appointment": "participant.actor.where(reference.startsWith('Patient/')).reference.first()",
+    "AppointmentResponse": "actor.where(reference.startsWith('Patient/')).reference.first()",
+    "EnrollmentRequest": "candidate.reference",
     "ResearchSubject": "individual.reference",
 }
 DEFAULT_PATIENT_REFERENCE = "subject.reference"
@@ -100,8 +108,8 @@ def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
         if not isinstance(group, dict) or not isinstance(group.get("groupReference"), str):
             raise CrtdlError(f"attribute group {index + 1} of the CRTDL has no groupReference")
         group_id = str(group.get("id") or generated_group_id(group))
-        refs = [a["attributeRef"] for a in group.get("attributes") or [] if isinstance(a, dict) and "attributeRef" in a]
-        groups.append((group_id, str(group.get("name") or group_id), group["groupReference"], refs))
+        groups.append((group_id, str(group.get("name") or group_id), group["groupReference"], _attribute_refs(group)))
+    _refuse_shared_ids([(group_id, name) for group_id, name, _, _ in groups])
     stems = [_UNSAFE_FILE_CHARACTERS.sub("_", name) for _, name, _, _ in groups]
     shared = {stem for stem, count in Counter(stem.casefold() for stem in stems).items() if count > 1}
     return [
@@ -134,6 +142,27 @@ def generated_group_id(group: dict[str, Any]) -> str:
     """The id a CRTDL group written without one gets in the job's CRTDL (and so in the Provenance)."""
     digest = hashlib.sha256(json.dumps(group, sort_keys=True).encode()).hexdigest()
     return GENERATED_ID_PREFIX + digest[:GENERATED_ID_HEX_DIGITS]
+
+
+def _attribute_refs(group: dict[str, Any]) -> list[str]:
+    """The group's ``attributeRef``s in order, each once (a repeated one would name its columns twice)."""
+    refs = [a["attributeRef"] for a in group.get("attributes") or [] if isinstance(a, dict) and "attributeRef" in a]
+    if not all(isinstance(ref, str) for ref in refs):
+        raise CrtdlError(f"attribute group {show_name(str(group.get('id')))} has an attributeRef that is not a string")
+    return list(dict.fromkeys(refs))
+
+
+def _refuse_shared_ids(groups: list[tuple[str, str]]) -> None:
+    """Resources reach a group by its id (the Provenance names it): two groups of one id cannot both get theirs."""
+    first_named: dict[str, str] = {}
+    for group_id, name in groups:
+        if group_id in first_named:
+            raise CrtdlError(
+                f"attribute groups {show_name(first_named[group_id])} and {show_name(name)} share the id "
+                f"{show_name(group_id)}; resources are routed to a group by its id: give each group its own id in "
+                "the CRTDL"
+            )
+        first_named[group_id] = name
 
 
 def group_name_problems(crtdl: dict[str, Any]) -> list[str]:

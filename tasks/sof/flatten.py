@@ -59,13 +59,23 @@ def reference_key(reference: Any) -> str | None:
 def add_routes(routes: dict[str, set[str]], provenance: dict[str, Any]) -> None:
     """Route each target a TORCH Provenance names to each attribute group it names."""
     groups = []
-    for entity in provenance.get("entity") or []:
-        identifier = ((entity or {}).get("what") or {}).get("identifier") or {}
+    for entity in _list(provenance.get("entity")):
+        identifier = _object(_object(_object(entity).get("what")).get("identifier"))
         if identifier.get("system") == ATTRIBUTE_GROUP_SYSTEM and isinstance(identifier.get("value"), str):
             groups.append(identifier["value"])
-    for target in provenance.get("target") or []:
-        if (key := reference_key((target or {}).get("reference"))) is not None and groups:
+    for target in _list(provenance.get("target")):
+        if (key := reference_key(_object(target).get("reference"))) is not None and groups:
             routes.setdefault(key, set()).update(groups)
+
+
+def _list(value: Any) -> list:
+    """``value`` if it is a JSON array, else none: a malformed part of a Provenance routes nothing (what it would
+    have routed is counted as unrouted)."""
+    return value if isinstance(value, list) else []
+
+
+def _object(value: Any) -> dict:
+    return value if isinstance(value, dict) else {}
 
 
 def has_group_provenance(path: Path, max_line_bytes: int) -> bool:

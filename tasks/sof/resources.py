@@ -22,6 +22,7 @@ _DECIMAL_NUMBER = re2.compile(rb"[:\[,][ \t\n\r\f\v]*(?:-?\d+(?:\.\d|[eE])|-?\d{
 _SURROGATE_ESCAPE = re2.compile(rb"\\u[dD][89a-fA-F]")
 _RESOURCE_TYPE_KEY = b'"resourceType"'
 _RESOURCE_TYPE = re.compile(rb'"resourceType"\s*:\s*"([^"\\]*)"')
+_ESCAPED_LETTER = re.compile(rb"\\u00[4-7][0-9A-Fa-f]")
 
 
 def parse_line(source: Path | str, number: int, line: bytes) -> dict[str, Any]:
@@ -51,7 +52,10 @@ def line_resources(resource: dict[str, Any]) -> list[dict[str, Any]]:
     """The resources of one line: a Bundle's entries, or the resource itself."""
     if resource.get("resourceType") != "Bundle":
         return [resource]
-    return [e["resource"] for e in resource.get("entry") or [] if isinstance((e or {}).get("resource"), dict)]
+    entries = resource.get("entry")
+    if not isinstance(entries, list):
+        return []
+    return [e["resource"] for e in entries if isinstance(e, dict) and isinstance(e.get("resource"), dict)]
 
 
 def may_hold(line: bytes, types: frozenset[bytes]) -> bool:
@@ -62,11 +66,17 @@ def may_hold(line: bytes, types: frozenset[bytes]) -> bool:
         return True
     if line.find(_RESOURCE_TYPE_KEY, first + len(_RESOURCE_TYPE_KEY)) < 0:  # the usual case: one, found by bytes
         named = _RESOURCE_TYPE.match(line, first)
-        return named is None or named[1] in types or named[1] == b"Bundle"
+        return named is None or named[1] in types or named[1] == b"Bundle" or _may_escape_a_key(line)
     named = _RESOURCE_TYPE.findall(line)
     if len(named) < line.count(_RESOURCE_TYPE_KEY):  # one not a plain key and value: parse and see
         return True
-    return any(kind in types or kind == b"Bundle" for kind in named)
+    return any(kind in types or kind == b"Bundle" for kind in named) or _may_escape_a_key(line)
+
+
+def _may_escape_a_key(line: bytes) -> bool:
+    """Whether a key may be written with an escaped letter (``"resourc\\u0065Type"``), which the byte search above
+    does not see: the line's own type may then be another than the ones found."""
+    return b"\\u00" in line and _ESCAPED_LETTER.search(line) is not None
 
 
 def read_rows(view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]], csv: bool = False) -> Iterator[tuple]:
