@@ -4,7 +4,8 @@ The gate lives in ``job.json`` (``tasks.job.record``), checked by an uncached ta
 first time the job reaches it, the task prepares ``<input folder>_wait/`` for corrected files, publishes what to
 inspect and how to go on (once: the record notes the pause), and answers "awaiting"; the flow then stops the run
 (locally until ``continue``; a deployment run is suspended until resumed in the UI) and releases the gate. The task
-then answers with ``<input folder>_wait/`` when it holds any data file, else its input.
+then answers with ``<input folder>_wait/`` when it holds any file, else its input. A corrected file is of the kind
+the step before wrote: NDJSON(.zst), or the flattening's CSV and Parquet tables.
 """
 
 from __future__ import annotations
@@ -19,12 +20,16 @@ from config.runtime import job_on_command_line
 
 from tasks.job.contract import DataFile, StepInput, StepResult, settings_of
 from tasks.job.layout import artifact_key
-from tasks.streams.ndjson import FileStats, is_data_file, output_name
+from tasks.streams.ndjson import DATA_SUFFIXES, FileStats, is_partial, output_name
 from tasks.streams.ndjson_writer import count_contents
 from tasks.core.errors import StepError
 from tasks.core.names import name_from_data_problem, name_key, show_name
 from tasks.core.readable import CLI, SHOW_WHOLE
 from tasks.job.record import mark_gate_paused, read_record
+from tasks.sof.output import csv_data_rows
+
+
+TABLE_SUFFIXES = (".csv", ".parquet")
 
 
 @task(name="wait", task_run_name="wait[{step.number}]", cache_policy=NO_CACHE, persist_result=False)
@@ -50,8 +55,8 @@ def inspection_text(step: StepInput, resume_hint: str) -> str:
         f"Job {step.job_id} is paused for inspection at step {step.number} (wait).\n"
         f"  Data to inspect: {step.input_dir}\n"
         f"  Corrected files go into: {wait_dir(step)}\n"
-        f"  When that folder holds any .ndjson/.ndjson.zst file on resume, the next step reads only that folder; "
-        f"otherwise it reads {step.input_dir} unchanged.\n"
+        f"  When that folder holds any file on resume (each ending in {' or '.join(correction_suffixes(step))}), "
+        f"the next step reads only that folder; otherwise it reads {step.input_dir} unchanged.\n"
         f"  To continue: {resume_hint or f'{CLI} continue {job_on_command_line(step.job_path)}'}"
     )
 
@@ -69,7 +74,7 @@ def publish_inspection_artifact(step: StepInput, text: str) -> None:
 def released_result(step: StepInput) -> StepResult:
     """The corrected files of ``<input>_wait/`` when there are any (each name under the rule for names from data:
     they become the next steps' file names, S3 keys and transfer entries), else the step's input unchanged."""
-    corrected = sorted(p for p in wait_dir(step).iterdir() if is_data_file(p)) if wait_dir(step).is_dir() else []
+    corrected = corrected_paths(step)
     if not corrected:
         return StepResult(step=step.step, position=step.position, folder=step.folder or "", files=step.files)
     seen: dict[str, str] = {}
@@ -88,9 +93,44 @@ def released_result(step: StepInput) -> StepResult:
     return step.result(files, folder=wait_dir(step))
 
 
+def correction_suffixes(step: StepInput) -> tuple[str, ...]:
+    """What a corrected file is named like: the kind of file the step before wrote (the flattening's tables, else
+    NDJSON)."""
+    if step.files and all(f.name.endswith(TABLE_SUFFIXES) for f in step.files):
+        return TABLE_SUFFIXES
+    return DATA_SUFFIXES
+
+
+def corrected_paths(step: StepInput) -> list[Path]:
+    """The files of ``<input>_wait/``; any other entry there (a file of another kind, a suffix in upper case, a
+    folder) is refused: a person put it there as a correction, and it must not be passed over without a word."""
+    folder, suffixes = wait_dir(step), correction_suffixes(step)
+    if not folder.is_dir():
+        return []
+    corrected = []
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith(".") or is_partial(path):
+            continue
+        if not (path.is_file() and path.name.endswith(suffixes)):
+            raise StepError(
+                f"{folder}: {show_name(path.name)} is no corrected file the next step reads (a file ending in "
+                f"{' or '.join(suffixes)}); rename it or move it out of that folder, then continue again"
+            )
+        corrected.append(path)
+    return corrected
+
+
 def corrected_file(path: Path, max_line_bytes: int) -> DataFile:
     """A corrected file as the next step's input, with its time of change: a person may correct it again to the
-    same size, and the next step must then read it anew."""
+    same size, and the next step must then read it anew. A table's resources are its rows, as the flattening
+    counts them."""
     found = path.stat()
-    counts = count_contents(path, max_line_bytes)
+    if path.name.endswith(".csv"):
+        counts: tuple[int, ...] = (csv_data_rows(path),)
+    elif path.name.endswith(".parquet"):
+        from tasks.sof.parquet import parquet_rows  # pyarrow is loaded only for a job that has Parquet
+
+        counts = (parquet_rows(path),)
+    else:
+        counts = count_contents(path, max_line_bytes)
     return DataFile.written(path.name, FileStats(found.st_size, *counts, modified_ns=found.st_mtime_ns))

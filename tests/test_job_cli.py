@@ -129,8 +129,10 @@ def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp
     [
         (["core\u202etxt.ndjson"], "the corrected file 'core\\u202etxt.ndjson' contains a bidirectional text control"),
         (["Patient.ndjson", "patient.ndjson.zst"], "'Patient.ndjson' and 'patient.ndjson.zst' would become one file"),
+        (["a.ndjson", "b.NDJSON"], "'b.NDJSON' is no corrected file the next step reads (a file ending in .ndjson or"),
+        (["c.json"], "'c.json' is no corrected file the next step reads"),
     ],
-    ids=["bidi", "one-file-twice"],
+    ids=["bidi", "one-file-twice", "upper-case-suffix", "another-suffix"],
 )
 def test_a_corrected_file_whose_name_would_not_show_as_it_is_fails_the_wait_step_naming_it(
     tmp_path, job_config, capsys, names, said
@@ -147,6 +149,29 @@ def test_a_corrected_file_whose_name_would_not_show_as_it_is_fails_the_wait_step
     assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_FAILED
     err = capsys.readouterr().err
     assert said in err and job_file(job_dir)["state"] == "Failed"
+
+
+def test_a_corrected_csv_after_flattening_is_what_the_next_step_reads(tmp_path, write_config, capsys):
+    """A wait after the flattening: its corrected files are tables, not NDJSON (they were passed over without a
+    word, and the uncorrected CSV went on)."""
+    sample = REPO_ROOT / "config" / "sample-data"
+    steps = {"enabled_steps": ["local_import", "flattening", "wait"]}
+    services = {"local_import": {"dir": sample}, "flattening": {"lookup_path": sample / "flatten-lookup.json"}}
+    config = write_config({"pipeline": steps, "services": services})
+    assert main(["start", str(config), str(sample / "crtdl.json"), "--no-progress"]) == EXIT_OK
+    job_dir = only_job_dir(tmp_path / "jobs")
+    assert "(each ending in .csv or .parquet)" in (job_dir / "job.log").read_text()
+    original = (job_dir / "flattening" / "Encounter.csv").read_text().splitlines(keepends=True)
+    (job_dir / "flattening_wait" / "Encounter.csv").write_text("".join(original[:-1]))  # a row removed
+
+    assert main(["continue", str(job_dir), "--no-progress", "--note", "one row less"]) == EXIT_OK
+    record = job_file(job_dir)
+    assert record["state"] == "Completed" and record["state_message"].endswith("flattening_wait")
+    capsys.readouterr()
+    assert main(["status", str(job_dir)]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "3. wait: done, 1 file(s)" in out and "in flattening_wait" in out
+    assert f"Encounter.csv  {len(''.join(original[:-1]))} B  {len(original) - 2} rows" in out
 
 
 def flow_run_message(flow_run_id: str) -> str:

@@ -16,8 +16,8 @@ import pytest
 
 from tasks.streams.files import JobWriteError
 from tasks.sof.errors import ViewError
-from tasks.sof.output import CsvWriter
-from tasks.sof.parquet import BLOCK_BYTES, parquet_schema, write_parquet
+from tasks.sof.output import CsvWriter, csv_data_rows
+from tasks.sof.parquet import BLOCK_BYTES, parquet_rows, parquet_schema, write_parquet
 from tests.peak_rss import run_measured
 
 TYPED_VIEW = {
@@ -176,6 +176,28 @@ def test_a_csv_of_other_columns_is_refused(tmp_path):
     with pytest.raises(ViewError, match=r"has the columns \['id', 'other'\], but its ViewDefinition has"):
         write_parquet(csv_path, TYPED_VIEW, tmp_path / "obs.parquet")
     assert not (tmp_path / "obs.parquet").exists()
+
+
+def test_the_rows_of_a_corrected_table_are_counted_as_the_flattening_counts_them(tmp_path):
+    """What the wait step says of a corrected CSV or Parquet: quoted line breaks belong to their cell, a last row
+    without its line end counts, any chunk boundary; a file that is no Parquet is named."""
+    rows = [["p1", "a\nb"], ["p2", 'say "x"\r\n,y'], ["p3", ""]]
+    with (tmp_path / "t.csv").open("w", newline="", encoding="utf-8") as stream:
+        CsvWriter(stream).writerows([("id", "note"), *rows])
+    text = (tmp_path / "t.csv").read_bytes()
+    (tmp_path / "cut.csv").write_bytes(text.removesuffix(b"\n"))
+    (tmp_path / "header.csv").write_bytes(b"id,note\n")
+    for chunk in (1, 2, 3, 7, 1 << 20):
+        assert csv_data_rows(tmp_path / "t.csv", chunk) == 3
+        assert csv_data_rows(tmp_path / "cut.csv", chunk) == 3
+        assert csv_data_rows(tmp_path / "header.csv", chunk) == 0
+    view = {
+        "resource": "Patient",
+        "select": [{"column": [{"name": "id", "path": "id"}, {"name": "note", "path": "n"}]}],
+    }
+    assert write_parquet(tmp_path / "t.csv", view, tmp_path / "t.parquet") == parquet_rows(tmp_path / "t.parquet") == 3
+    with pytest.raises(ViewError, match=r"^t\.csv cannot be read as a Parquet file"):
+        parquet_rows(tmp_path / "t.csv")
 
 
 def test_a_parquet_that_cannot_be_written_says_where_and_leaves_nothing(tmp_path):

@@ -64,6 +64,14 @@ def write_parquet(
     return rows
 
 
+def parquet_rows(path: Path) -> int:
+    """The rows a Parquet file's footer records; ``ViewError`` when it is none."""
+    try:
+        return pq.read_metadata(path).num_rows
+    except (pa.ArrowException, OSError) as exc:
+        raise ViewError(f"{path.name} cannot be read as a Parquet file ({exc})") from None
+
+
 def parquet_schema(view: dict[str, Any]) -> pa.Schema:
     """The view's columns in the engine's order (depth first), each with its Parquet type."""
     return pa.schema([(name, arrow_type(fhir_type)) for name, fhir_type in _select_columns({"select": view["select"]})])
