@@ -19,7 +19,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, SecretStr, ValidationInfo
 from pydantic_core import PydanticCustomError
 
-from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url
+from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url, shown_url, split_url
 
 CONFIG_LOGGER = "dupflow.config"  # the configuration's warnings
 logger = logging.getLogger(CONFIG_LOGGER)
@@ -109,6 +109,25 @@ def refuse_userinfo(url: str | None) -> str | None:
     return url
 
 
+def refuse_non_http_url(url: str | None) -> str | None:
+    """A service's URL is ``http(s)://host[:port][/path]``: a scheme left out (``localhost:8080``) or another one
+    passed ``config check`` and failed the step that first called the service, naming no key."""
+    if url is None:
+        return None
+    parts = split_url(url)
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        port_ok = False
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname or not port_ok:
+        raise PydanticCustomError(
+            "url_not_http",
+            "{shown} is not an http(s) URL with a host; write it as https://host[:port][/path]",
+            {"shown": shown_url(url) if "://" in url else repr(url.split("?")[0].split("#")[0])},
+        )
+    return url
+
+
 def positive(note: str) -> AfterValidator:
     """A duration that must be longer than zero; ``note`` ends the message (e.g. "default PT30S")."""
 
@@ -152,5 +171,5 @@ def refuse_unsendable_secret(secret: SecretStr | None) -> SecretStr | None:
 
 
 OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_blank_to_none), AfterValidator(refuse_unsendable_secret)]
-OptionalUrl = Annotated[OptionalStr, AfterValidator(refuse_userinfo)]
+OptionalUrl = Annotated[OptionalStr, AfterValidator(refuse_userinfo), AfterValidator(refuse_non_http_url)]
 StrList = Annotated[list[str], BeforeValidator(list_from_text)]

@@ -16,6 +16,7 @@ from pydantic_core import PydanticCustomError
 from config.fields import ConfigModel, OptionalPath, OptionalStr, Problem, StrList, emit_warning, env_var_name
 from config.fields import raise_problem, raise_problems, refuse_control_characters, zero_means
 from config.services import FHIR_SEND_MODES, SendSettings, ServicesSettings
+from tasks.core.url_credentials import has_user_info
 
 # The one list of step names, and which of them import data or may be listed more than once: the configuration
 # checks enabled_steps by them, tasks.job.layout names the import steps' folder by them, and the flow's table of step
@@ -87,6 +88,12 @@ class TaskRunnerSettings(ConfigModel):
             port = parts.port
         except ValueError:
             port = None
+        if has_user_info(address):  # shown by config check and in errors
+            raise PydanticCustomError(
+                "dask_address_userinfo",
+                "carries a user name or password; a Dask scheduler address is tcp://<host>:<port> (or tls://, its "
+                "certificates set in Dask's own configuration)",
+            )
         if parts.scheme not in ("tcp", "tls") or not parts.hostname or port is None or parts.path.strip("/"):
             raise PydanticCustomError(
                 "dask_address",

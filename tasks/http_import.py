@@ -82,7 +82,7 @@ def source_url(job_input: str | None) -> str:
     try:
         scheme = httpx.URL(job_input).scheme
     except httpx.InvalidURL as exc:
-        raise HttpImportError(f"http_import: {job_input!r} is not a valid URL ({exc})") from exc
+        raise HttpImportError(f"http_import: {shown_url(job_input)} is not a valid URL ({exc})") from None
     if scheme not in ("http", "https"):
         raise HttpImportError(f"http_import: {shown_url(job_input)} is not an http(s) URL; give the file's URL")
     return job_input

@@ -152,6 +152,21 @@ def services(**blocks: Any) -> dict[str, Any]:
             id="bare-integer-duration",
         ),
         pytest.param({"compression": {"level": "max"}}, "compression.level", "set one of those", id="bad-level"),
+        *[
+            pytest.param(
+                services(**{service: {key: url}}),
+                f"services.{service}.{key}",
+                "is not an http(s) URL with a host; write it as https://host[:port][/path]",
+                id=f"{service}-{url}",
+            )
+            for service, key, url in [
+                ("pseudonymizer", "url", "localhost:8080"),  # no scheme: it failed the step, naming no key
+                ("extractor", "base_url", "ftp://torch.example"),
+                ("validation", "url", "http://"),
+                ("flattening", "service_url", "torch.example.org"),
+                ("send", "url", "http://h:99999"),
+            ]
+        ],
     ],
 )
 def test_configuration_error_names_key_path_and_fix(

@@ -213,6 +213,12 @@ def test_an_address_where_no_scheduler_answers_fails_the_run_naming_the_key(tmp_
             id="address-without-port",
         ),
         pytest.param(
+            {"pipeline.task_runner.kind": "dask", "pipeline.task_runner.dask_address": "tls://u:pw-in-url@sched:8786"},
+            "pipeline.task_runner.dask_address",
+            "carries a user name or password; a Dask scheduler address is tcp://<host>:<port>",
+            id="address-with-a-password",
+        ),
+        pytest.param(
             {"pipeline.task_runner.kind": "dask", "pipeline.task_runner.dask_workers": "0"},
             "pipeline.task_runner.dask_workers",
             "must be between 1 and 1024",

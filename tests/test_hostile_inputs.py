@@ -29,6 +29,7 @@ from config.settings import RetrySettings, TlsSettings
 from tasks.clients.downloads import DownloadError, UnsafeFileNameError, download_ndjson, safe_file_name, target_names
 from tasks.clients.errors import ServiceError
 from tasks.core.redaction import redact, register_secret
+from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url, shown_url
 from tasks.clients.http import ServiceClient, ServiceEndpoint, build_async_client, build_client, http_timeout
 from tasks.clients.pseudonymizer import Pseudonymizer
 from tasks.core.errors import JobError
@@ -157,6 +158,11 @@ def test_a_secret_in_overrides_is_refused_naming_key_and_the_way_to_give_it() ->
         ),
         ("services.extractor.base_url", "services: {extractor: {base_url: 'https://bob:q[pw-in-url]@torch'}}"),
         ("services.extractor.base_url", "services: {extractor: {base_url: 'https://b:q[x@torch?token=pw-in-url'}}"),
+        # a /, # or ? in the password ends the host for urlsplit, which then finds no @ in it
+        ("services.pseudonymizer.url", "services: {pseudonymizer: {url: 'http://r:Gx7/pw-in-url@127.0.0.1:1'}}"),
+        ("services.pseudonymizer.url", "services: {pseudonymizer: {url: 'http://r:pw-in-url#x@127.0.0.1:1'}}"),
+        ("services.pseudonymizer.url", "services: {pseudonymizer: {url: 'http://r:pw-in-url?x@127.0.0.1:1/p'}}"),
+        ("services.pseudonymizer.url", "services: {pseudonymizer: {url: 'r:pw-in-url@localhost:1'}}"),  # no scheme
     ],
 )
 def test_a_password_in_a_url_is_refused_without_repeating_it(tmp_path, key, yaml_block) -> None:
@@ -166,6 +172,29 @@ def test_a_password_in_a_url_is_refused_without_repeating_it(tmp_path, key, yaml
         load_settings(path, env={})
     assert any(p.startswith(f"{key}: the URL") and "auth block" in p for p in error.value.problems), error.value
     assert "pw-in-url" not in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://r:Gx7/pw-in-url@127.0.0.1:1/x", "http://127.0.0.1:1/x"),
+        ("http://r:pw-in-url#x@h", "http://h"),
+        ("http://r:pw-in-url?x@h/p", "http://h/p"),
+        ("http://r:12/34pw-in-url@h/p?q=1", "http://h/p"),  # a port of digits, the rest of the password a path
+    ],
+)
+def test_every_door_refuses_user_info_that_urlsplit_does_not_see_and_shows_none_of_it(url, shown) -> None:
+    with pytest.raises(CredentialsInUrlError) as refused:
+        refuse_credentials_in_url(url, door="job input", fix="fix")
+    assert str(refused.value).startswith(f"job input: the URL {shown} carries a user name or password")
+    assert shown_url(url) == shown and "pw-in-url" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["https://h/x?sig=abc@d", "http://h/users/%40me", "https://h/a?x=1#f@g", "http://[::1]:80"]
+)
+def test_an_at_sign_in_a_query_fragment_or_escaped_path_is_no_user_info(url) -> None:
+    refuse_credentials_in_url(url, door="job input", fix="fix")
 
 
 def test_a_password_with_a_bracket_in_an_attach_url_is_refused_in_one_line(tmp_path, write_config, capsys):

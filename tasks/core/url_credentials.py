@@ -56,11 +56,39 @@ def shown_url(url: str) -> str:
     return f"{parts.scheme}://{host}{path}" if parts.scheme else f"{host}{path}"
 
 
+def has_user_info(url: str) -> bool:
+    """Whether ``url`` may carry a user name or password (see ``_without_user_info``)."""
+    return _without_user_info(url.strip()) != url.strip()
+
+
+def _without_user_info(text: str) -> str:
+    """``text`` without what may be user info: everything after ``scheme://`` up to its last ``@`` before the query.
+    A password with ``/``, ``?`` or ``#`` in it ends the host for ``urlsplit`` (``http://u:a/b@h`` is host ``u``,
+    port ``a``), so the ``@`` of such a password is not in the network location it gives; where that port is no
+    number (a ``?`` in the password), up to the last ``@`` of all."""
+    scheme, separator, rest = text.partition("://")
+    if not separator:
+        scheme, rest = "", text
+    end = rest.find("?")
+    if end < 0 or not _port_is_a_number(rest):
+        end = len(rest)
+    at = rest.rfind("@", 0, end)
+    return text if at < 0 else f"{scheme}{separator}{rest[at + 1 :]}"
+
+
+def _port_is_a_number(rest: str) -> bool:
+    """Whether the network location of ``rest`` (a URL after its ``scheme://``) has no port or a numeric one."""
+    end = min((at for at in map(rest.find, "/?#") if at >= 0), default=len(rest))  # as urlsplit ends it
+    host = rest[:end].rpartition("@")[2]
+    port = host.rpartition("]")[2].partition(":")[2] if host.startswith("[") else host.partition(":")[2]
+    return port == "" or port.isascii() and port.isdigit()
+
+
 def split_url(url: str) -> SplitResult:
     """``urlsplit``, which never raises: a network location it cannot read (a ``[`` in a password gives "'…' does
     not appear to be an IPv4 or IPv6 address", quoting the secret) is split by hand, its host ending at the first
     ``/``, ``?`` or ``#`` as in ``urlsplit``."""
-    text = url.strip()
+    text = _without_user_info(url.strip())
     try:
         return urlsplit(text)
     except ValueError:
@@ -82,8 +110,8 @@ def refuse_credentials_in_url(url: str | None, *, door: str, fix: str, tokens: b
     if url is None:
         return
     parts = split_url(url)
-    if "@" in parts.netloc:
-        carried = "a user name or password (user:password@host)"
+    if has_user_info(url):
+        carried = "a user name or password (user:password@host; write a literal @ as %40)"
     elif tokens and (found := sorted({k for k, _ in parse_qsl(parts.query) if k.lower() in _TOKEN_PARAMETERS})):
         carried = f"a token in its query ({', '.join(found)})"
     else:
