@@ -259,8 +259,8 @@ class DirectReport:
 
 class BatchProgress:
     """Where sending a file stands: ``send/progress/<file>.json``, rewritten atomically per batch. A record of another
-    input (name, size) or batch size is ignored: the file is sent from the start (PUTs and conditional creates do
-    not duplicate)."""
+    input (name, size, time of change), batch size or server is ignored: the file is sent from the start (PUTs and
+    conditional creates do not duplicate)."""
 
     def __init__(self, path: Path, identity: dict[str, Any]):
         self.path, self.identity = path, identity
@@ -294,10 +294,13 @@ def send_resources(
     """Send every resource of ``source`` in transactions of at most ``batch_size`` entries, resuming from the
     file's progress record in ``records`` (the step's folder)."""
     started = time.monotonic()
-    # The destination too: a file sent to one server is not taken as sent to another (``shaped_settings``).
+    # The destination too: a file sent to one server is not taken as sent to another (``shaped_settings``); and the
+    # file's time of change: a file written anew to the same size (another import, new pseudonyms) is another input.
+    found = source.stat()
     identity = {
         "file": source.name,
-        "size": source.stat().st_size,
+        "size": found.st_size,
+        "modified_ns": found.st_mtime_ns,
         "batch_size": batch_size,
         "to": str(server.http.base_url),
     }

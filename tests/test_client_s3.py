@@ -171,6 +171,24 @@ def test_a_file_of_another_size_than_recorded_is_uploaded_again(proxy, store, bu
     assert stored_digest(store, bucket, uploaded.key) == file_digest(source)
 
 
+def test_a_file_written_anew_to_the_same_size_is_uploaded_again(proxy, store, bucket, tmp_path):
+    """A step run again (``continue --set``) can write a file of the same name and size: the object the manifest
+    records is of another file (it was kept, and the bucket held the old data)."""
+    source = data_file(tmp_path / "a.ndjson", 5000, seed=1)
+    manifest = tmp_path / "s3-manifest.json"
+    with closing(uploader(proxy, bucket, manifest)) as s3:
+        s3.upload(source, "job-1/a.ndjson")
+    data_file(source, 5000, seed=2)
+    os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 1_000_000))  # a coarse clock
+
+    with closing(uploader(proxy, bucket, manifest)) as s3:
+        uploaded = s3.upload(source, "job-1/a.ndjson")
+
+    assert proxy.state.operations().count("PutObject") == 2
+    assert listing(store, bucket) == [uploaded] == manifest_objects(manifest)
+    assert stored_digest(store, bucket, uploaded.key) == file_digest(source)
+
+
 def test_a_record_of_another_bucket_or_unreadable_is_not_trusted(proxy, store, bucket, tmp_path, caplog):
     source = data_file(tmp_path / "a.ndjson", 5000)
     manifest = tmp_path / "s3-manifest.json"

@@ -191,6 +191,20 @@ def test_entries_taken_apart_keep_every_number_as_written(tmp_path):
     assert b'"value":1.50' in body and b'"value":0.100' in body and b"123456789012345678901234567890" in body
 
 
+def test_a_file_written_anew_to_the_same_size_is_sent_again(fhir_fake, tmp_path):
+    """Another import or new pseudonyms can give a file of the same name and size: its progress record is of another
+    input (it was taken as complete, and the server kept the old resources)."""
+    source = write_ndjson(tmp_path / "core.ndjson", [{"resourceType": "Patient", "id": "pAAAA"}])
+    send_file(fhir_fake.base_url, source, tmp_path / "send")
+    write_ndjson(source, [{"resourceType": "Patient", "id": "pBBBB"}])
+    os.utime(source, ns=(source.stat().st_atime_ns, source.stat().st_mtime_ns + 1_000_000))  # a coarse clock
+
+    report = send_file(fhir_fake.base_url, source, tmp_path / "send")
+
+    assert dict(fhir_fake.state.applied) == {"Patient/pAAAA": 1, "Patient/pBBBB": 1}
+    assert (report.batches, report.entries) == (1, 1)
+
+
 def test_batch_size_zero_means_one_hundred(fhir_fake, tmp_path):
     source = write_ndjson(tmp_path / "core.ndjson", generated(250, "z"))
 

@@ -23,7 +23,7 @@ import ssl
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -159,6 +159,9 @@ class UploadedObject:
     key: str
     size: int
     etag: str
+    source_modified_ns: int | None = field(default=None, compare=False)
+    """The uploaded file's time of change (None in a record of an earlier version): a file written anew to the same
+    size is uploaded again."""
 
 
 class S3Uploader:
@@ -173,8 +176,9 @@ class S3Uploader:
 
     def upload(self, path: Path, key: str) -> UploadedObject:
         """Upload ``path`` as ``key``, unless the manifest records it with this size and it is still in the bucket."""
-        size = path.stat().st_size
-        if (recorded := self._recorded(key, size)) is not None and self._is_stored(recorded):
+        found = path.stat()
+        size = found.st_size
+        if (recorded := self._recorded(key, found)) is not None and self._is_stored(recorded):
             log.info("S3 object %s is already in bucket %s (manifest); not uploading it again", key, self._bucket)
             return recorded
         started = time.perf_counter()
@@ -184,7 +188,7 @@ class S3Uploader:
             head = self._client.head_object(Bucket=self._bucket, Key=key)
         except (BotoCoreError, ClientError, S3UploadFailedError) as exc:
             raise self._service_error(f"upload {key}", exc) from None
-        uploaded = UploadedObject(key, *stored_size_and_etag(head, f"upload {key}"))
+        uploaded = UploadedObject(key, *stored_size_and_etag(head, f"upload {key}"), found.st_mtime_ns)
         if uploaded.size != size:
             message = f"the bucket holds {uploaded.size} bytes after uploading {size}; was the file changed meanwhile?"
             raise ServiceError(f"upload {key}", None, message, transient=False, service=SERVICE)
@@ -197,9 +201,12 @@ class S3Uploader:
     def close(self) -> None:
         self._client.close()
 
-    def _recorded(self, key: str, size: int) -> UploadedObject | None:
+    def _recorded(self, key: str, found: os.stat_result) -> UploadedObject | None:
+        """The manifest's record of ``key`` when it was uploaded from the file as it is now."""
         recorded = self._manifest.recorded(key)
-        return recorded if recorded is not None and recorded.size == size else None
+        if recorded is None or recorded.size != found.st_size:
+            return None
+        return recorded if recorded.source_modified_ns in (None, found.st_mtime_ns) else None
 
     def _is_stored(self, recorded: UploadedObject) -> bool:
         """Whether the bucket still holds the recorded object (same size and ETag)."""
@@ -257,7 +264,7 @@ class Manifest:
         path = self._record_path(key)
         try:
             record = json.loads(path.read_bytes())
-            recorded = UploadedObject(record["key"], record["size"], record["etag"])
+            recorded = UploadedObject(record["key"], record["size"], record["etag"], record.get("source_modified_ns"))
             if recorded.key != key:
                 raise ValueError(f"it records key {recorded.key}")
         except FileNotFoundError:
