@@ -360,6 +360,19 @@ def assert_clean(error: ServiceError) -> None:
     assert error.__cause__ is None and error.__suppress_context__  # botocore's own exception is not chained
 
 
+def test_a_proxy_password_beyond_latin_1_is_sent_as_utf_8_like_every_basic_auth(proxy, store, bucket, tmp_path):
+    """httpx sends the FHIR servers' Basic auth as UTF-8; urllib3's helper encoded Latin-1, and a password with €
+    failed the step with a UnicodeEncodeError quoting a character of it and its position."""
+    source = data_file(tmp_path / "a.ndjson", 5000)
+    proxy.state.password = "Kennwort-\u20acuro-2024"
+    try:
+        with closing(uploader(proxy, bucket, tmp_path / "m.json", password=proxy.state.password)) as s3:
+            uploaded = s3.upload(source, "job-1/a.ndjson")
+    finally:
+        proxy.state.password = PROXY_PASSWORD
+    assert listing(store, bucket) == [uploaded]
+
+
 def test_a_wrong_proxy_password_is_a_terminal_error_naming_the_auth_keys(proxy, bucket, tmp_path):
     source = data_file(tmp_path / "a.ndjson", 5000)
     with closing(uploader(proxy, bucket, tmp_path / "m.json", password="wrong-password")) as s3:

@@ -13,6 +13,7 @@ every configured credential blanked out and the exception chain cut, so no log o
 from __future__ import annotations
 
 import atexit
+import base64
 import functools
 import hashlib
 import json
@@ -34,7 +35,6 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, SSLError
 from botocore.exceptions import ConnectionError as BotoConnectionError
-from urllib3.util import make_headers
 
 from tasks.clients.http import INSECURE_WARNING
 from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, is_transient_status, truncate
@@ -112,7 +112,7 @@ class ProxyAuthorization:
     """botocore ``before-send`` handler that sets ``Proxy-Authorization: Basic …``; its repr hides the value."""
 
     def __init__(self, username: str, password: str):
-        self._header = make_headers(proxy_basic_auth=f"{username}:{password}")["proxy-authorization"]
+        self._header = "Basic " + basic_credentials(username, password)
 
     def __call__(self, request: Any, **_: Any) -> None:
         request.headers["Proxy-Authorization"] = self._header
@@ -314,9 +314,14 @@ def configured_secrets(send: SendSettings) -> tuple[str, ...]:
     values = [send.s3.access_key_id, send.s3.secret_access_key, send.auth.password]
     secrets = [value.get_secret_value() for value in values if value is not None]
     if send.auth.uses_basic:
-        header = make_headers(proxy_basic_auth=f"{send.auth.username}:{send.auth.password.get_secret_value()}")
-        secrets.append(header["proxy-authorization"].removeprefix("Basic "))
+        secrets.append(basic_credentials(send.auth.username, send.auth.password.get_secret_value()))
     return tuple(secret for secret in secrets if secret)
+
+
+def basic_credentials(username: str, password: str) -> str:
+    """``user:password`` in Base64 of its UTF-8, as httpx sends Basic auth to the FHIR servers (urllib3's helper
+    encodes Latin-1: a password with € failed the step with a UnicodeEncodeError quoting a character of it)."""
+    return base64.b64encode(f"{username}:{password}".encode()).decode("ascii")
 
 
 def service_error(operation: str, exc: BaseException, *, bucket: str | None, secrets: tuple[str, ...]) -> ServiceError:
