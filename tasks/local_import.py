@@ -51,18 +51,31 @@ def local_import(step: StepInput) -> StepResult:
 @file_task("import-file", "import[{name}]")
 def import_file(step: StepInput, source: str, name: str, identity: list) -> DataFile:
     """Copy one file into ``import/<name>``; ``identity`` (path, size, mtime) makes a changed source a new file."""
-    source_path = Path(source)
-    size = source_path.stat().st_size
+    source_path, shown = Path(source), show_text(source, None)  # a folder's name may hold a line break
+    size = identity[1]
     written = ndjson_written(settings_of(step))
     with track(f"import {source_path.name}", size) as progress:
         with AtomicNdjsonWriter(
-            step.output_dir / name, source=source, expected_size=size, stop_if_cancelled=raise_if_cancelled, **written
+            step.output_dir / name, source=shown, expected_size=size, stop_if_cancelled=raise_if_cancelled, **written
         ) as writer:
             for written in writer.copy(source_path):
                 raise_if_cancelled()
                 progress.advance(written)
+                refuse_a_changed_source(source_path, identity)  # one stat a piece: a growing file never ends
+            refuse_a_changed_source(source_path, identity)
     assert writer.stats is not None
     return DataFile.written(name, writer.stats)
+
+
+def refuse_a_changed_source(path: Path, identity: list) -> None:
+    """A file still being written (an export not finished) would be imported as whatever part of it exists: its
+    size and time of change must stay those the scan found."""
+    found = path.stat()
+    if [found.st_size, found.st_mtime_ns] != identity[1:]:
+        raise LocalImportError(
+            f"{show_text(path, None)} changed while it was imported ({identity[1]:,} bytes when the step began, "
+            f"{found.st_size:,} now); wait until whatever writes it has finished, then continue the job"
+        )
 
 
 def source_directory(job_input: str | None, configured_dir: str | None) -> Path:
@@ -113,13 +126,35 @@ def scan(source: Path, recursive: bool) -> list[Path]:
         for name in [*names, *subfolders]:
             if is_data_name(name):
                 files.append(check_data_file(Path(folder, name)))
-            elif is_data_name(name.lower()):  # never a file that looks like data left out without a word
-                raise LocalImportError(
-                    f"{show_text(Path(folder, name), None)} is named like data but its suffix is not in lower case; "
-                    "rename it to end in .ndjson or .ndjson.zst, or move it out of the import folder"
-                )
+            else:
+                refuse_data_left_out(Path(folder, name))
         subfolders[:] = [name for name in subfolders if recursive and not name.startswith(".")]  # as hidden files
+        for name in subfolders:
+            if os.path.islink(path := Path(folder, name)):  # os.walk does not follow it
+                raise LocalImportError(
+                    f"{show_text(path, None)} is a symbolic link to a folder, which the recursive scan does not "
+                    "follow; import the folder it points to, or copy its files in"
+                )
     return files
+
+
+def refuse_data_left_out(path: Path) -> None:
+    """Never a file that looks like data left out without a word: a suffix in upper case, or NDJSON compressed
+    otherwise than with zstd."""
+    lower = path.name.lower()
+    if path.name.startswith("."):
+        return
+    if is_data_name(lower):
+        raise LocalImportError(
+            f"{show_text(path, None)} is named like data but its suffix is not in lower case; "
+            "rename it to end in .ndjson or .ndjson.zst, or move it out of the import folder"
+        )
+    if ".ndjson." in lower:
+        raise LocalImportError(
+            f"{show_text(path, None)} is named like data of another kind: only plain NDJSON (.ndjson) and zstd "
+            "(.ndjson.zst) are read; decompress it, or compress it with zstd as .ndjson.zst, or move it out of the "
+            "import folder"
+        )
 
 
 def is_data_name(name: str) -> bool:

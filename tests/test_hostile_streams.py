@@ -134,12 +134,12 @@ def test_a_line_growing_past_the_limit_in_a_bomb_is_refused(bombs):
 IMPORT_BOMB = """
     import tempfile
     from pathlib import Path
-    from tasks.local_import import import_file
+    from tasks.local_import import file_identity, import_file
     from tests.steps import step_input
 
     step = step_input(Path(tempfile.mkdtemp()) / "job", "local_import")
     try:
-        import_file.fn(step, {source!r}, "out.ndjson.zst", [])
+        import_file.fn(step, {source!r}, "out.ndjson.zst", file_identity(Path({source!r})))
     except Exception as exc:
         print(type(exc).__name__, exc)
     print("left:", sorted(p.name for p in step.output_dir.iterdir()))

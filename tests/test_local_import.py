@@ -9,7 +9,15 @@ import pytest
 import zstandard
 
 from tasks.job.contract import DataFile, StepInput
-from tasks.local_import import LocalImportError, find_ndjson_files, import_file, source_directory, target_names
+from tasks.local_import import (
+    LocalImportError,
+    file_identity,
+    find_ndjson_files,
+    import_file,
+    scan,
+    source_directory,
+    target_names,
+)
 from tasks.streams.ndjson import LineTooLongError, NdjsonError, UnsafeNameError, is_zstd
 from tests.steps import step_input
 
@@ -71,6 +79,26 @@ def test_a_data_file_whose_suffix_is_not_in_lower_case_is_an_error_naming_it(tmp
         find_ndjson_files(tmp_path, recursive=False)
 
 
+@pytest.mark.parametrize("name", ["Patient.ndjson.gz", "Condition.ndjson.zstd", "Obs.ndjson.bz2"])
+def test_ndjson_compressed_otherwise_than_with_zstd_is_an_error_naming_it(tmp_path, name):
+    (tmp_path / "a.ndjson").write_text("{}\n")
+    (tmp_path / name).write_bytes(b"\x1f\x8b")
+    with pytest.raises(LocalImportError, match=f"{tmp_path / name} is named like data of another kind: only plain"):
+        find_ndjson_files(tmp_path, recursive=False)
+
+
+def test_a_symlinked_folder_in_a_recursive_scan_is_an_error_naming_it(tmp_path):
+    """os.walk does not follow it: its files were left out without a word."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "Observation.ndjson").write_text("{}\n")
+    (tmp_path / "in" / "2023").mkdir(parents=True)
+    (tmp_path / "in" / "2023" / "Patient.ndjson").write_text("{}\n")
+    (tmp_path / "in" / "2024").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(LocalImportError, match=f"^{tmp_path / 'in' / '2024'} is a symbolic link to a folder, which"):
+        find_ndjson_files(tmp_path / "in", recursive=True)
+    assert scan(tmp_path / "in", recursive=False) == []  # not scanned at all: no folder is
+
+
 def test_a_recursive_scan_passes_hidden_folders_over_as_it_passes_hidden_files(tmp_path):
     for folder in (".Trash-1000", ".snapshot", "visible"):
         (tmp_path / folder).mkdir()
@@ -102,6 +130,42 @@ def test_a_folder_name_with_a_control_character_is_shown_escaped(tmp_path):
     assert "\n" not in message and "\u202e" not in message
 
 
+@pytest.mark.parametrize(
+    ("name", "data", "said"),
+    [
+        ("a.ndjson", b'{"resourceType":"Patient"}\nnot json\n', "/a.ndjson': line 2 is not valid JSON"),
+        ("b.ndjson.zst", zstandard.ZstdCompressor().compress(b"{}\n")[:-3], "/b.ndjson.zst': not readable as zstd"),
+    ],
+)
+def test_a_folder_name_with_a_control_character_is_shown_escaped_in_the_import_s_errors_too(tmp_path, name, data, said):
+    folder = tmp_path / "x\n12:00:00 INFO import finished OK\u202e"
+    folder.mkdir()
+    (source := folder / name).write_bytes(data)
+    with pytest.raises(NdjsonError) as refused:
+        import_file.fn(context(tmp_path), str(source), name, file_identity(source))
+    message = str(refused.value)
+    assert said in message and "\\n12:00:00" in message and "\\u202e" in message
+    assert "\n" not in message and "\u202e" not in message
+
+
+def test_a_source_that_changes_while_it_is_imported_fails_naming_it_and_leaves_nothing(tmp_path):
+    """An export still being written was imported as whatever part of it existed, and a file that kept growing never
+    ended; each piece copied is checked against the size and time of change the scan found."""
+    source = tmp_path / "Observation.ndjson"
+    source.write_bytes(b'{"resourceType":"Observation"}\n' * 1000)
+    scanned = file_identity(source)
+    with source.open("ab") as still_written:
+        still_written.write(b'{"resourceType":"Observation"}\n')
+    ctx = context(tmp_path, **{"compression.enabled": "false"})
+    with pytest.raises(LocalImportError) as refused:
+        import_file.fn(ctx, str(source), "Observation.ndjson", scanned)
+    assert str(refused.value) == (
+        f"{source} changed while it was imported (31,000 bytes when the step began, 31,031 now); wait until whatever "
+        "writes it has finished, then continue the job"
+    )
+    assert list(ctx.output_dir.iterdir()) == []
+
+
 def test_a_file_name_that_is_not_utf_8_is_refused_before_anything_is_copied(tmp_path):
     """A Latin-1 name (``P\xe4tient``) could never be stored in the job's record."""
     name = os.fsdecode(b"P\xe4tient.ndjson")
@@ -113,7 +177,7 @@ def test_plain_input_is_compressed_and_counted(tmp_path):
     source = tmp_path / "a.ndjson"
     source.write_bytes(b'{"resourceType":"Patient","id":"1"}\n\n{"resourceType":"Patient","id":"2"}\n')
     ctx = context(tmp_path, **{"compression.level": "best"})
-    record = import_file.fn(ctx, str(source), "a.ndjson.zst", [])
+    record = import_file.fn(ctx, str(source), "a.ndjson.zst", file_identity(source))
     found = (ctx.output_dir / "a.ndjson.zst").stat()
     assert record == DataFile(
         name="a.ndjson.zst", size=found.st_size, resources=2, bundles=0, modified_ns=found.st_mtime_ns
@@ -125,7 +189,7 @@ def test_zstd_input_is_written_plain_when_compression_is_off(tmp_path):
     source = tmp_path / "a.ndjson"  # zstd content under a plain name: recognised by magic bytes
     source.write_bytes(zstandard.ZstdCompressor().compress(b'{"resourceType":"Patient","id":"1"}\n'))
     ctx = context(tmp_path, **{"compression.enabled": "false"})
-    import_file.fn(ctx, str(source), "a.ndjson", [])
+    import_file.fn(ctx, str(source), "a.ndjson", file_identity(source))
     assert (ctx.output_dir / "a.ndjson").read_bytes() == b'{"resourceType":"Patient","id":"1"}\n'
 
 
@@ -134,7 +198,7 @@ def test_a_line_over_the_limit_names_file_line_and_key_and_leaves_nothing(tmp_pa
     source.write_bytes(b'{"resourceType":"Patient"}\n{"resourceType":"Patient"}\n' + b"x" * (1024 * 1024 + 1) + b"\n")
     ctx = context(tmp_path, **{"pipeline.max_ndjson_line_size_mb": "1"})
     with pytest.raises(LineTooLongError) as error:
-        import_file.fn(ctx, str(source), "big.ndjson.zst", [])
+        import_file.fn(ctx, str(source), "big.ndjson.zst", file_identity(source))
     assert str(error.value).startswith(f"{source}: line 3 ")
     assert "pipeline.max_ndjson_line_size_mb" in str(error.value)
     assert list(ctx.output_dir.iterdir()) == []
@@ -145,5 +209,5 @@ def test_unreadable_zstd_is_a_clear_error_and_leaves_nothing(tmp_path):
     source.write_bytes(b"\x28\xb5\x2f\xfd" + b"not really zstd")
     ctx = context(tmp_path)
     with pytest.raises(NdjsonError, match="bad.ndjson.zst: not readable as zstd"):
-        import_file.fn(ctx, str(source), "bad.ndjson.zst", [])
+        import_file.fn(ctx, str(source), "bad.ndjson.zst", file_identity(source))
     assert list(ctx.output_dir.iterdir()) == []

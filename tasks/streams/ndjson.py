@@ -113,14 +113,15 @@ class Span:
 WHOLE_FILE = Span()
 
 
-def iter_chunks(path: Path, span: Span = WHOLE_FILE) -> Iterator[bytes]:
+def iter_chunks(path: Path, span: Span = WHOLE_FILE, shown: str | None = None) -> Iterator[bytes]:
     """The decompressed content of a data file (or of a span of it), in chunks; zstd is detected by its magic bytes.
     A plain file's span is read from its start; a zstd file's is decompressed from the file's start, the bytes
-    before the span dropped (a zstd stream cannot be entered in the middle)."""
+    before the span dropped (a zstd stream cannot be entered in the middle). ``shown`` names the file in errors
+    (default: its path as it is)."""
     if span.start and not is_zstd(path):
         chunks = raw_chunks(path, span.start)
     else:
-        chunks = bytes_after(decompress_if_zstd(raw_chunks(path), str(path)), span.start)
+        chunks = bytes_after(decompress_if_zstd(raw_chunks(path), shown or str(path)), span.start)
     yield from chunks if span.end is None else bytes_upto(chunks, span.end - span.start)
 
 

@@ -202,8 +202,9 @@ class AtomicNdjsonWriter:
         self.write(line + b"\n")
 
     def copy(self, source: Path) -> Iterator[int]:
-        """Append the content of the data file ``source`` (decompressed), yielding the sizes written. A plain file,
-        when workers check this writer's output, is copied in the kernel (``os.copy_file_range``, as ``cp`` does)."""
+        """Append the content of the data file ``source`` (decompressed; named in errors as this writer's
+        ``source``), yielding the sizes written. A plain file, when workers check this writer's output, is copied in
+        the kernel (``os.copy_file_range``, as ``cp`` does)."""
         if self._checker is None and not is_zstd(source):
             self._raw.flush()
             with open(source, "rb", buffering=0) as data:
@@ -215,7 +216,7 @@ class AtomicNdjsonWriter:
                     if (size := data.seek(0, os.SEEK_END)) > 0:
                         self._ends_with_newline = os.pread(data.fileno(), 1, size - 1) == b"\n"
                     return
-        for chunk in iter_chunks(source):
+        for chunk in iter_chunks(source, shown=self._source):
             self.write(chunk)
             yield len(chunk)
 

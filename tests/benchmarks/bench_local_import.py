@@ -117,7 +117,7 @@ def import_in_child(files: list[Path], out: Path, level: str) -> tuple[float, fl
 def import_once(files: list[str], out: str, level: str) -> None:
     """Child process: the files through ``import_file`` in the step's worker pool, one thread per file as the step
     runs them; prints seconds and the peak RSS of the process and its workers."""
-    from tasks.local_import import import_file
+    from tasks.local_import import file_identity, import_file
     from tasks.streams.fanout import results_or_raise, run_bounded
     from tasks.streams.processes import worker_pool
     from tests.benchmarks.memory import tree_peak_mb
@@ -126,7 +126,7 @@ def import_once(files: list[str], out: str, level: str) -> None:
     overrides = {"compression.enabled": "false"} if level == "off" else {"compression.level": level}
     step = step_input(Path(out) / "job", "local_import", **overrides)
     suffix = ".ndjson" if level == "off" else ".ndjson.zst"
-    calls = [lambda path=path: import_file.fn(step, path, Path(path).stem + suffix, []) for path in files]
+    calls = [lambda p=path: import_file.fn(step, p, Path(p).stem + suffix, file_identity(Path(p))) for path in files]
     started = time.perf_counter()
     with worker_pool():
         results_or_raise(run_bounded(calls, workers=os.cpu_count() or 1))
