@@ -78,9 +78,9 @@ class AuthSettings(ConfigModel):
         return self
 
 
-def _fhir_base(block: str) -> AfterValidator:
+def _fhir_base(block: str, key: str = "url") -> AfterValidator:
     """Drops a trailing /fhir (the clients append it) and warns, as the earlier shape included it."""
-    key_path = f"services.{block}.url"
+    key_path = f"services.{block}.{key}"
 
     def strip(url: str | None, info: ValidationInfo) -> str | None:
         trimmed = (url or "").rstrip("/")
@@ -181,7 +181,7 @@ class ExtractorSettings(ConfigModel):
 
     DEFAULT_DOWNLOAD_STALL_TIMEOUT: ClassVar[timedelta] = _STALL
 
-    base_url: OptionalUrl = None
+    base_url: Annotated[OptionalUrl, _fhir_base("extractor", "base_url")] = None
     auth: AuthSettings = Field(default_factory=AuthSettings)
     extraction_timeout: Annotated[Duration, positive("a liveness window of silence, default PT30M")] = timedelta(
         minutes=30
@@ -233,7 +233,7 @@ class FlatteningSettings(ConfigModel):
 
     FORMATS: ClassVar[tuple[str, ...]] = ("csv", "parquet")
 
-    service_url: OptionalUrl = None
+    service_url: Annotated[OptionalUrl, _fhir_base("flattening", "service_url")] = None
     lookup_path: OptionalPath = None
     formats: StrList = Field(default_factory=lambda: ["csv"])
     timeout: Annotated[Duration, positive("default PT30M")] = timedelta(minutes=30)

@@ -258,13 +258,21 @@ def test_legacy_integer_timing_keys_become_durations_with_warnings(write_yaml_te
     assert "replace it with services.extractor.extraction_timeout: PT45M" in loaded.warnings[0]
 
 
-@pytest.mark.parametrize(("block", "url"), [("pseudonymizer", "https://dimp/fhir"), ("send", "https://fhir/fhir/")])
-def test_url_ending_in_fhir_is_trimmed_with_a_warning(write_yaml_text, block: str, url: str) -> None:
-    loaded = load_settings(write_yaml_text(LOCAL_ONLY + f"services:\n  {block}:\n    url: {url}\n"), env={})
-    assert getattr(loaded.settings.services, block).url == url.rstrip("/").removesuffix("/fhir")
+@pytest.mark.parametrize(
+    ("block", "key", "url"),
+    [
+        ("pseudonymizer", "url", "https://dimp/fhir"),
+        ("send", "url", "https://fhir/fhir/"),
+        ("extractor", "base_url", "https://torch/fhir"),  # it went to /fhir/fhir/$extract-data
+        ("flattening", "service_url", "https://flattener/FHIR/"),
+    ],
+)
+def test_url_ending_in_fhir_is_trimmed_with_a_warning(write_yaml_text, block: str, key: str, url: str) -> None:
+    loaded = load_settings(write_yaml_text(LOCAL_ONLY + f"services:\n  {block}:\n    {key}: {url}\n"), env={})
+    assert getattr(getattr(loaded.settings.services, block), key) == url.rstrip("/")[: -len("/fhir")]
     assert loaded.warnings == [
-        f"services.{block}.url: ends with /fhir, which the client appends itself; the "
-        f"suffix was dropped. Remove /fhir from services.{block}.url."
+        f"services.{block}.{key}: ends with /fhir, which the client appends itself; the "
+        f"suffix was dropped. Remove /fhir from services.{block}.{key}."
     ]
 
 
