@@ -36,7 +36,7 @@ class LocalImportError(StepError):
 def local_import(step: StepInput) -> StepResult:
     settings = settings_of(step)
     source = source_directory(step.job_input, settings.services.local_import.dir)
-    files = find_ndjson_files(source, settings.services.local_import.recursive)
+    files = find_ndjson_files(source, settings.services.local_import.recursive, jobs_dir=step.job_path.parent)
     targets = target_names(files, compress=settings.compression.enabled)
     remove_partial_files(step.output_dir)
     arguments = [(step, str(path), name, file_identity(path)) for path, name in zip(files, targets, strict=True)]
@@ -102,8 +102,8 @@ def source_directory(job_input: str | None, configured_dir: str | None) -> Path:
     return source.resolve()
 
 
-def find_ndjson_files(source: Path, recursive: bool) -> list[Path]:
-    if files := sorted(scan(source, recursive)):
+def find_ndjson_files(source: Path, recursive: bool, jobs_dir: Path | None = None) -> list[Path]:
+    if files := sorted(scan(source, recursive, jobs_dir)):
         return files
     hint = ""
     if not recursive and any(p.is_dir() for p in source.iterdir()):
@@ -111,9 +111,11 @@ def find_ndjson_files(source: Path, recursive: bool) -> list[Path]:
     raise LocalImportError(f"no .ndjson or .ndjson.zst files in {source}{hint}")
 
 
-def scan(source: Path, recursive: bool) -> list[Path]:
+def scan(source: Path, recursive: bool, jobs_dir: Path | None = None) -> list[Path]:
     """Every data file of ``source`` (and its subdirectories): whatever is named like one must be a readable file
-    (``check_data_file``). An unreadable directory is an error naming it."""
+    (``check_data_file``). An unreadable directory is an error naming it. ``jobs_dir`` is passed over: an import folder
+    that holds it would import earlier jobs' files again."""
+    skipped = jobs_dir.resolve() if jobs_dir is not None else None
 
     def unreadable(exc: OSError) -> None:
         raise LocalImportError(
@@ -128,7 +130,11 @@ def scan(source: Path, recursive: bool) -> list[Path]:
                 files.append(check_data_file(Path(folder, name)))
             else:
                 refuse_data_left_out(Path(folder, name))
-        subfolders[:] = [name for name in subfolders if recursive and not name.startswith(".")]  # as hidden files
+        subfolders[:] = [  # hidden ones as hidden files
+            name
+            for name in subfolders
+            if recursive and not name.startswith(".") and Path(folder, name).resolve() != skipped
+        ]
         for name in subfolders:
             if os.path.islink(path := Path(folder, name)):  # os.walk does not follow it
                 raise LocalImportError(

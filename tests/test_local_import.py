@@ -99,6 +99,15 @@ def test_a_symlinked_folder_in_a_recursive_scan_is_an_error_naming_it(tmp_path):
     assert scan(tmp_path / "in", recursive=False) == []  # not scanned at all: no folder is
 
 
+def test_a_recursive_scan_passes_the_jobs_directory_over(tmp_path):
+    """An import folder that holds the jobs directory: earlier jobs' imported files are no input of this one."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.ndjson").write_text("{}\n")
+    (tmp_path / "jobs" / "0d3f" / "import").mkdir(parents=True)
+    (tmp_path / "jobs" / "0d3f" / "import" / "a.ndjson.zst").write_text("{}\n")
+    assert find_ndjson_files(tmp_path, recursive=True, jobs_dir=tmp_path / "jobs") == [tmp_path / "data" / "a.ndjson"]
+
+
 def test_a_recursive_scan_passes_hidden_folders_over_as_it_passes_hidden_files(tmp_path):
     for folder in (".Trash-1000", ".snapshot", "visible"):
         (tmp_path / folder).mkdir()
