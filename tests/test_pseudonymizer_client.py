@@ -23,6 +23,7 @@ from tasks.clients.pseudonymizer import (
     RequestBody,
     checked_answer,
     compact_size,
+    needs_split,
     reassemble_bundle,
     resource_label,
     split_bundle,
@@ -134,6 +135,14 @@ def test_a_bundle_at_or_below_the_threshold_is_sent_whole(pseudonymizer_fake):
     result = pseudonymize(pseudonymizer_fake, bundle, split_threshold_mb=1)
     assert (result.requests, result.split, len(pseudonymizer_fake.state.requests)) == (1, False, 1)
     assert orjson.loads(result.line) == server_side(bundle, pseudonymizer_fake)
+
+
+@pytest.mark.parametrize(
+    "entry", ["x" * 2000, {"resource": {"resourceType": "Patient", "id": "p", "note": "x" * 2000}}]
+)
+def test_a_bundle_whose_entry_is_not_an_array_is_never_split(entry):
+    """A string was split into its characters, and the Bundle put together again held a list of them."""
+    assert not needs_split({"resourceType": "Bundle", "id": "b", "entry": entry}, 1000)
 
 
 def test_split_chunks_are_greedy_within_the_threshold_keep_bundle_fields_and_number_their_ids():

@@ -154,6 +154,19 @@ def test_bundles_are_unwrapped_into_entries_and_a_batch_counts_entries(tmp_path)
     assert [b.labels for b in resumed] == [["Observation/u-o5", "Bundle/doc-1"]]
 
 
+@pytest.mark.parametrize("entry", [5, "abc", {"resource": {"resourceType": "Patient", "id": "p"}}])
+def test_a_bundle_whose_entry_is_not_an_array_fails_naming_its_line(tmp_path, entry):
+    """It was taken as holding nothing (a string's characters passed over one by one): the line was sent as nothing."""
+    source = write_ndjson(
+        tmp_path / "x.ndjson", [generated(1, "a")[0], {"resourceType": "Bundle", "type": "collection", "entry": entry}]
+    )
+    with pytest.raises(StepError) as refused:
+        list(iter_batches(source, 3, tag_prefix="t", max_line_bytes=MB))
+    assert str(refused.value) == (
+        "x.ndjson line 2: the Bundle's entry is not an array, so it holds no resource to send; fix it"
+    )
+
+
 def test_a_bundle_that_fits_in_a_batch_is_never_cut_across_two_transactions(tmp_path):
     """A Patient's Bundle cut in two: its Conditions in one transaction, the Patient (or the urn:uuid entry they
     reference) in the next, which a server with referential integrity refuses."""

@@ -133,6 +133,13 @@ def test_an_empty_input_gives_no_chunk():
     assert list(iter_chunks([], 1000, "a.ndjson")) == []
 
 
+@pytest.mark.parametrize("entry", [5, "abc", {"resource": patient(1)}])
+def test_a_bundle_whose_entry_is_not_an_array_goes_to_the_validator_as_it_is(entry):
+    """The validator says what is wrong with it (an integer failed the chunking with a bare TypeError)."""
+    bundle = {"resourceType": "Bundle", "id": "b1", "type": "collection", "entry": entry}
+    assert entries(one_chunk(bundle)) == [{"fullUrl": "http://localhost/fhir/Bundle/b1", "resource": bundle}]
+
+
 def test_bundle_entries_without_a_full_url_get_one_nested_ones_too_and_existing_ones_are_kept():
     inner = {"resourceType": "Bundle", "id": "inner", "type": "collection", "entry": [{"resource": patient(9)}]}
     bundle = {

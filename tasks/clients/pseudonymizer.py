@@ -210,7 +210,8 @@ def compact_size(resource: Any) -> int:
 
 
 def needs_split(resource: dict[str, Any], threshold_bytes: int) -> bool:
-    is_bundle = resource.get("resourceType") == "Bundle" and bool(resource.get("entry"))
+    entries = resource.get("entry")  # another value than a list is sent as it is: the service says what is wrong
+    is_bundle = resource.get("resourceType") == "Bundle" and isinstance(entries, list) and bool(entries)
     return is_bundle and compact_size(resource) > threshold_bytes
 
 

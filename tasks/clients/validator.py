@@ -135,7 +135,8 @@ def with_full_urls(resource: dict[str, Any]) -> bool:
     if resource.get("resourceType") != "Bundle":
         return False
     changed = False
-    for entry in resource.get("entry") or []:
+    entries = resource.get("entry")
+    for entry in entries if isinstance(entries, list) else []:  # not a list: the validator says what is wrong
         if not isinstance(entry, dict):
             continue
         if not entry.get("fullUrl"):
