@@ -6,6 +6,7 @@ Against the fake extraction server (tests/fakes/extraction_server.py) and script
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import threading
@@ -22,7 +23,9 @@ from flows.jobs import prepare_job
 from flows.run import EXIT_OK, EXIT_USAGE, main
 from tasks.clients.downloads import download_ndjson, wait_until_available
 from tasks.clients.errors import ServiceError
-from tasks.clients.extraction_documents import ExtractionError
+from tasks.clients.extraction_documents import ExtractionError, manifest_request, progress_values, requires_access_token
+from tasks.clients.extraction_documents import result_urls
+from tasks.clients.extraction_jobs import ExtractionJob, cohort_patient_ids
 from tasks.clients.extraction_server import MAX_MANIFEST_BYTES
 from tasks.clients.http import ServiceEndpoint, build_client
 from tasks.job.record import read_facts
@@ -188,6 +191,28 @@ def test_a_redirect_to_a_url_with_credentials_is_refused(tmp_path):
 
 
 # --- item 13: a manifest too large is refused early and cheaply -----------------------------------------------
+
+
+SHAPES = [5, "s", True, {"a": 1}, [1], [[1]], [{"url": [1]}], [{"name": [1], "part": 5}], [{"extension": 5}]]
+
+
+@pytest.mark.parametrize("key", ["output", "error", "extension", "parameter", "entry", "priority", "meta"])
+@pytest.mark.parametrize("value", SHAPES, ids=repr)
+def test_a_server_document_of_another_shape_is_read_as_meaning_nothing_or_refused_never_a_type_error(key, value):
+    """Iterating a number failed the step with a bare TypeError, and a string was read character by character."""
+    manifest = {"output": [{"url": "http://h/a.ndjson"}], key: value}
+    parameters = {
+        "resourceType": "Parameters",
+        "parameter": [{"name": "output", "part": [{"name": "url"}]}],
+        key: value,
+    }
+    for document in (manifest, parameters):
+        with contextlib.suppress(ExtractionError):  # an answer without its list of files is refused, naming it
+            result_urls(document, 100)
+        manifest_request(document), requires_access_token(document)
+    task = {"resourceType": "Task", "id": "t", "status": "in-progress", key: value}
+    assert ExtractionJob.from_task(task).priority == "NORMAL" and progress_values(task) == {}
+    assert cohort_patient_ids({"resourceType": "List", key: value}) == ()
 
 
 def test_a_manifest_with_more_entries_than_allowed_is_refused_naming_count_and_limit(sim):
