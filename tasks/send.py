@@ -235,7 +235,7 @@ def transaction_entry(
         label = f"{resource_type} (no id)"
         code = entry_tag(tag)
         request = {"method": "POST", "url": resource_type, "ifNoneExist": f"_tag={SEND_ENTRY_TAG_SYSTEM}|{code}"}
-        body = written(with_tag(resource, code), where)
+        body = written(with_tag(resource, code, where), where)
     return prefix + b'"resource":' + body + b',"request":' + orjson.dumps(request) + b"}", label
 
 
@@ -244,10 +244,16 @@ def entry_tag(position: str) -> str:
     return hashlib.sha256(position.encode()).hexdigest()[:32]
 
 
-def with_tag(resource: dict, code: str) -> dict:
-    meta = dict(resource.get("meta") or {})
-    meta["tag"] = [*(meta.get("tag") or []), {"system": SEND_ENTRY_TAG_SYSTEM, "code": code}]
-    return {**resource, "meta": meta}
+def with_tag(resource: dict, code: str, where: str) -> dict:
+    """``resource`` with the tag its conditional create looks for; a ``meta`` or ``meta.tag`` of another shape than
+    FHIR's is refused (the tag could not be added without dropping or mangling it)."""
+    meta = resource.get("meta", {})
+    if not isinstance(meta, dict) or not isinstance(meta.get("tag", []), list):
+        raise StepError(f"{where}: the resource's meta is not an object with a tag array; fix the resource")
+    return {
+        **resource,
+        "meta": {**meta, "tag": [*meta.get("tag", []), {"system": SEND_ENTRY_TAG_SYSTEM, "code": code}]},
+    }
 
 
 @dataclass

@@ -183,7 +183,7 @@ def test_a_dupflow_job_id_resolves_to_its_recorded_extraction_job(capsys, tmp_pa
 
 
 def test_a_server_where_nothing_listens_is_named_by_its_url(capsys, write_config, unused_tcp_port):
-    dead = f"http://127.0.0.1:{unused_tcp_port}/fhir"
+    dead = f"http://127.0.0.1:{unused_tcp_port}"
     config = write_config(extractor_config_at(dead), jobs_dir=None)
 
     code, out, err = cli(capsys, "extraction", "list", str(config))

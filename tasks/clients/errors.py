@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import orjson
 
+from tasks.core.json_shapes import as_array
 from tasks.core.errors import DupflowError
 from tasks.core.readable import plain_text
 from tasks.core.redaction import redact
@@ -155,7 +156,7 @@ def operation_outcome_texts(body: bytes) -> list[str]:
     if not isinstance(outcome, dict) or outcome.get("resourceType") != "OperationOutcome":
         return []
     texts: list[str] = []
-    for issue in outcome.get("issue") or []:
+    for issue in as_array(outcome.get("issue")):
         if isinstance(issue, dict):
             texts.extend(plain_text(truncate(redact(text), MAX_TEXT_CHARS)) for text in _issue_texts(issue))
     return texts

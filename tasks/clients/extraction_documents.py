@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from tasks.core.json_shapes import as_array
 from tasks.core.errors import StepError
 from tasks.core.names import invisible_character_problem, show_name
 from tasks.core.url_credentials import shown_url
@@ -73,16 +74,10 @@ class ExtractionCancelledError(ExtractionError):
         )
 
 
-def json_array(value: Any) -> list:
-    """A JSON array of the server's answer, or none: an answer of another shape (a number, an object) means
-    nothing here, and iterating it failed with a bare TypeError (a string, character by character)."""
-    return value if isinstance(value, list) else []
-
-
 def job_status_of(task: dict[str, Any]) -> str:
     """A Task's JobStatus code (``businessStatus``), else its FHIR ``status``."""
     business = task.get("businessStatus") if isinstance(task.get("businessStatus"), dict) else {}
-    for coding in json_array(business.get("coding")):
+    for coding in as_array(business.get("coding")):
         if isinstance(coding, dict) and isinstance(coding.get("code"), str):
             return coding["code"]
     return str(task.get("status") or "unknown")
@@ -149,14 +144,14 @@ def kickoff_parameters(crtdl: bytes) -> dict[str, Any]:
 def progress_values(task: Any) -> dict[str, Any]:
     """Sub-extension values of the Task's progress extension ({} without one); ``activeBatch`` as (batch id,
     stage) pairs."""
-    for extension in json_array(task.get("extension")) if isinstance(task, dict) else []:
+    for extension in as_array(task.get("extension")) if isinstance(task, dict) else []:
         if isinstance(extension, dict) and str(extension.get("url", "")).endswith(PROGRESS_EXTENSION_SUFFIXES):
             values: dict[str, Any] = {"activeBatch": ()}
-            for sub in json_array(extension.get("extension")):
+            for sub in as_array(extension.get("extension")):
                 if not isinstance(sub, dict):
                     continue
                 if sub.get("url") == "activeBatch":
-                    pairs = [p for p in json_array(sub.get("extension")) if isinstance(p, dict)]
+                    pairs = [p for p in as_array(sub.get("extension")) if isinstance(p, dict)]
                     parts = {str(p.get("url")): p.get("valueString") for p in pairs}
                     values["activeBatch"] += ((str(parts.get("batchId")), parts.get("stage")),)
                 elif isinstance(sub.get("valueInteger"), int) and isinstance(sub.get("url"), str):
@@ -168,7 +163,7 @@ def progress_values(task: Any) -> dict[str, Any]:
 def _parameters(document: Any) -> list[dict] | None:
     """The parameters of a ``Parameters`` resource (the objects among them); None for any other document."""
     if isinstance(document, dict) and document.get("resourceType") == "Parameters":
-        return [p for p in json_array(document.get("parameter")) if isinstance(p, dict)]
+        return [p for p in as_array(document.get("parameter")) if isinstance(p, dict)]
     return None
 
 
@@ -221,10 +216,10 @@ def refuse_too_many_outputs(document: Any, max_files: int) -> None:
 
 def _manifest_urls(manifest: dict) -> tuple[list[str], list[str]]:
     urls = [o["url"] for o in manifest["output"] if isinstance(o, dict) and isinstance(o.get("url"), str)]
-    errors = [_error_entry_text(e) for e in json_array(manifest.get("error"))]
-    for extension in json_array(manifest.get("extension")):
+    errors = [_error_entry_text(e) for e in as_array(manifest.get("error"))]
+    for extension in as_array(manifest.get("extension")):
         if isinstance(extension, dict) and str(extension.get("url", "")).endswith(ISSUES_EXTENSION_SUFFIXES):
-            errors += [_issue_text(i) for i in json_array(extension.get("valueObject")) if isinstance(i, dict)]
+            errors += [_issue_text(i) for i in as_array(extension.get("valueObject")) if isinstance(i, dict)]
     return urls, [e for e in errors if e]
 
 
@@ -242,7 +237,7 @@ def _issue_text(issue: dict) -> str:
 def _parameters_urls(parameters: list[dict]) -> tuple[list[str], list[str]]:
     urls, errors = [], []
     for parameter in parameters:
-        parts = {str(p.get("name")): _value(p) for p in json_array(parameter.get("part")) if isinstance(p, dict)}
+        parts = {str(p.get("name")): _value(p) for p in as_array(parameter.get("part")) if isinstance(p, dict)}
         if parameter.get("name") == "output" and parts.get("url"):
             urls.append(parts["url"])
         elif parameter.get("name") == "error":

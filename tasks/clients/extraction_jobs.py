@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from tasks.core.json_shapes import as_array
 from tasks.clients.bounds import MB
 from tasks.clients.errors import ServiceError, json_object, json_or_none
 from tasks.clients.extraction_documents import SERVICE, TASK_TIMEOUT, ExtractionError, base_url_of, job_status_of
-from tasks.clients.extraction_documents import json_array, progress_values
+from tasks.clients.extraction_documents import progress_values
 from tasks.clients.http import FHIR_JSON, FHIR_JSON_HEADERS, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
 
@@ -151,7 +152,7 @@ class CohortPreview:
 
 
 def _consent_audit_files(task: dict[str, Any]) -> tuple[str, ...]:
-    outputs = [o for o in json_array(task.get("output")) if isinstance(o, dict) and isinstance(o.get("valueUrl"), str)]
+    outputs = [o for o in as_array(task.get("output")) if isinstance(o, dict) and isinstance(o.get("valueUrl"), str)]
     urls = tuple(o["valueUrl"] for o in outputs if _text_of(o.get("type")) == CONSENT_AUDIT_TEXT)
     for url in urls:
         refuse_credentials_in_url(url, door="a consent audit file URL of the Task", fix=SERVER_URL_FIX)
@@ -172,7 +173,7 @@ def cohort_patient_ids(document: Any) -> tuple[str, ...]:
     if not isinstance(document, dict) or document.get("resourceType") != "List":
         raise ExtractionError("cohort preview: the server's answer is not a FHIR List")
     ids = []
-    for entry in json_array(document.get("entry")):
+    for entry in as_array(document.get("entry")):
         item = entry.get("item") if isinstance(entry, dict) else None
         reference = item.get("reference") if isinstance(item, dict) else None
         if isinstance(reference, str):
@@ -204,7 +205,7 @@ class ExtractionTaskClient(ServiceClient):
         bundle = document_of(response, "search extraction jobs")
         return [
             ExtractionJob.from_task(entry["resource"])
-            for entry in json_array(bundle.get("entry"))
+            for entry in as_array(bundle.get("entry"))
             if isinstance(entry, dict) and isinstance(entry.get("resource"), dict)
         ]
 

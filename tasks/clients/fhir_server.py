@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
+from tasks.core.json_shapes import as_array
 from tasks.clients.bounds import MB, Body, Deadline, answer_within
 from tasks.clients.bounds import read_answer as read_bounded
 from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, error_body, error_from_response, json_or_none
@@ -184,7 +185,7 @@ def checked_transaction_response(answer: Answer, sent: int) -> dict:
     bundle = json_or_none(answer.body, orjson.loads)
     if not isinstance(bundle, dict) or bundle.get("resourceType") != "Bundle":
         raise _bad_answer(answer, "the answer is not a Bundle")
-    entries = bundle.get("entry") or []
+    entries = as_array(bundle.get("entry"))
     if failure := first_failed_entry(entries):
         detail = f": {failure.outcome}" if failure.outcome else ""
         message = f"entry {failure.index + 1} failed with {failure.status}{detail}"

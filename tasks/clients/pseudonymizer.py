@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
+from tasks.core.json_shapes import as_array
 from tasks.core.errors import StepError
 from tasks.core.exact_json import dumps_exact, loads_exact
 from tasks.core.names import show_name, show_text
@@ -186,12 +187,22 @@ def checked_answer(content: bytes, sent: dict[str, Any]) -> tuple[bytes, dict[st
         got = show_name(str(answer.get("resourceType"))) if isinstance(answer, dict) else type(answer).__name__
         sent_shown = show_text(sent_type)
         raise PseudonymizationError(redact(f"the service answered with {got} instead of a de-identified {sent_shown}"))
-    if sent_type == "Bundle" and len(answer.get("entry") or []) != len(sent.get("entry") or []):
+    if sent_type == "Bundle" and not _same_entry_count(answer, sent):
         raise PseudonymizationError(
-            f"the service answered with {len(answer.get('entry') or [])} Bundle entries for "
-            f"{len(sent.get('entry') or [])} sent; refusing to lose resources"
+            f"the service answered with {_entry_count(answer)} Bundle entries for {_entry_count(sent)} sent; "
+            "refusing to lose resources"
         )
     return as_ndjson_line(content), answer
+
+
+def _entry_count(bundle: dict[str, Any]) -> int | None:
+    """How many entries the Bundle has (None: its ``entry`` is no array, sent and answered as it is)."""
+    entries = bundle.get("entry")
+    return None if entries is not None and not isinstance(entries, list) else len(entries or [])
+
+
+def _same_entry_count(answer: dict[str, Any], sent: dict[str, Any]) -> bool:
+    return _entry_count(answer) == _entry_count(sent)
 
 
 def as_ndjson_line(content: bytes) -> bytes:
@@ -256,7 +267,7 @@ def reassemble_bundle(original: dict[str, Any], fields: dict[str, Any], chunks: 
     for name in ("type", "timestamp"):
         if name in original:
             bundle[name] = original[name]
-    bundle["entry"] = [entry for chunk in chunks for entry in chunk.get("entry") or []]
+    bundle["entry"] = [entry for chunk in chunks for entry in as_array(chunk.get("entry"))]
     return bundle
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import orjson
 
+from tasks.core.json_shapes import as_array
 from tasks.clients.bounds import MB, Deadline, read_answer_async, within_deadline
 from tasks.clients.errors import error_from_response, json_or_none, raise_for_service_status_async
 from tasks.core.names import show_text
@@ -188,10 +189,10 @@ def read_findings(outcome: dict[str, Any], labels: tuple[str, ...], keep: int) -
     counted but belongs to no resource, except in a chunk of a single resource.
     """
     counted = ChunkFindings()
-    for issue in outcome.get("issue") or []:
+    for issue in as_array(outcome.get("issue")):
         if not isinstance(issue, dict):
             continue
-        severity = issue.get("severity")
+        severity = str(issue.get("severity"))
         if severity == "warning":
             counted.warnings += 1
         elif severity not in ERROR_SEVERITIES:

@@ -24,6 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from tasks.core.json_shapes import as_array
 from tasks.core.names import name_from_data_problem, show_name
 from tasks.sof.errors import CrtdlError, ViewError
 from tasks.sof.lookup import LookupTable
@@ -104,7 +105,7 @@ def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
     extraction = crtdl.get("dataExtraction") if isinstance(crtdl, dict) else None
     if not isinstance(extraction, dict):
         raise CrtdlError("the CRTDL has no dataExtraction (a top-level object with attributeGroups)")
-    for index, group in enumerate(extraction.get("attributeGroups") or []):
+    for index, group in enumerate(as_array(extraction.get("attributeGroups"))):
         if not isinstance(group, dict) or not isinstance(group.get("groupReference"), str):
             raise CrtdlError(f"attribute group {index + 1} of the CRTDL has no groupReference")
         group_id = str(group.get("id") or generated_group_id(group))

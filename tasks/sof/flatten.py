@@ -27,6 +27,7 @@ from typing import IO, Any, Protocol, TypedDict
 
 import orjson
 
+from tasks.core.json_shapes import as_array, as_object
 from tasks.streams.ndjson import WHOLE_FILE, Span, iter_lines
 from tasks.streams.processes import never_cancelled, uncounted
 from tasks.sof.errors import ViewError, ViewEvaluationError
@@ -57,25 +58,16 @@ def reference_key(reference: Any) -> str | None:
 
 
 def add_routes(routes: dict[str, set[str]], provenance: dict[str, Any]) -> None:
-    """Route each target a TORCH Provenance names to each attribute group it names."""
+    """Route each target a TORCH Provenance names to each attribute group it names; a malformed part routes nothing
+    (what it would have routed is counted as unrouted)."""
     groups = []
-    for entity in _list(provenance.get("entity")):
-        identifier = _object(_object(_object(entity).get("what")).get("identifier"))
+    for entity in as_array(provenance.get("entity")):
+        identifier = as_object(as_object(as_object(entity).get("what")).get("identifier"))
         if identifier.get("system") == ATTRIBUTE_GROUP_SYSTEM and isinstance(identifier.get("value"), str):
             groups.append(identifier["value"])
-    for target in _list(provenance.get("target")):
-        if (key := reference_key(_object(target).get("reference"))) is not None and groups:
+    for target in as_array(provenance.get("target")):
+        if (key := reference_key(as_object(target).get("reference"))) is not None and groups:
             routes.setdefault(key, set()).update(groups)
-
-
-def _list(value: Any) -> list:
-    """``value`` if it is a JSON array, else none: a malformed part of a Provenance routes nothing (what it would
-    have routed is counted as unrouted)."""
-    return value if isinstance(value, list) else []
-
-
-def _object(value: Any) -> dict:
-    return value if isinstance(value, dict) else {}
 
 
 def has_group_provenance(path: Path, max_line_bytes: int) -> bool:

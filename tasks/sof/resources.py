@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import re2
 
+from tasks.core.json_shapes import as_array
 from tasks.core.exact_json import EXACT_DECODER
 from tasks.sof.errors import ResourceLineError
 from tasks.sof.flat_rows import flat_block_rows
@@ -52,9 +53,7 @@ def line_resources(resource: dict[str, Any]) -> list[dict[str, Any]]:
     """The resources of one line: a Bundle's entries, or the resource itself."""
     if resource.get("resourceType") != "Bundle":
         return [resource]
-    entries = resource.get("entry")
-    if not isinstance(entries, list):
-        return []
+    entries = as_array(resource.get("entry"))
     return [e["resource"] for e in entries if isinstance(e, dict) and isinstance(e.get("resource"), dict)]
 
 

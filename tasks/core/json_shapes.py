@@ -1,0 +1,17 @@
+"""Reading a parsed JSON document of someone else's (a server's answer, a data line, a CRTDL): an array where one
+belongs, or an object, else nothing. Iterating what is not a list failed with a bare TypeError (a number), or read
+a string character by character; ``.get`` on what is not an object, with an AttributeError."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def as_array(value: Any) -> list:
+    """``value`` when it is a JSON array, else an empty one."""
+    return value if isinstance(value, list) else []
+
+
+def as_object(value: Any) -> dict:
+    """``value`` when it is a JSON object, else an empty one."""
+    return value if isinstance(value, dict) else {}
