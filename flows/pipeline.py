@@ -31,7 +31,7 @@ from flows.jobs import Job, prepare_job
 from flows.prefect_server import local_pause_guard, local_pause_guard_name
 from flows.run_logging import keep_one_trace_per_failure
 from tasks.clients.extraction_documents import ExtractionHandle
-from tasks.core.readable import CLI
+from tasks.core.readable import CLI, counted
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
 from tasks.extractor import extractor
@@ -253,10 +253,10 @@ def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:
         if result.awaiting:
             break
         get_run_logger().info(
-            "step %d %s: %d file(s), %s in %s",
+            "step %d %s: %s, %s in %s",
             position + 1,
             name,
-            len(result.files),
+            counted(len(result.files), "file"),
             counts_text(result.files),
             result.folder,
         )

@@ -30,7 +30,7 @@ from flows.job_state import JobLock, current_state, current_states, find_job_dir
 from flows.jobs import prepare_job, step_file_problems
 from flows.run_logging import job_logging, take_interrupts
 from tasks.core.errors import DupflowError, UsageError
-from tasks.core.readable import CLI, duration_text, plain_lines, plain_text, size_text
+from tasks.core.readable import CLI, counted, duration_text, plain_lines, plain_text, size_text
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
 from tasks.job.layout import JobPaths, directory_tag, job_tag
@@ -384,7 +384,7 @@ def print_step_status(position: int, step: str, result: StepRecord | None, gate:
     total = size_text(sum(f.size for f in files))
     took = f", took {duration_text(result.seconds)}" if result.seconds is not None else ""
     note = f" (inspection note: {gate.note})" if gate.note else ""
-    print(f"  {position + 1}. {step}: done, {len(files)} file(s), {total} in {result.folder}{took}{note}")
+    print(f"  {position + 1}. {step}: done, {counted(len(files), 'file')}, {total} in {result.folder}{took}{note}")
     for line in plain_lines(result.summary, "       "):
         print(line)
     for f in files:

@@ -36,7 +36,7 @@ from tasks.job.layout import step_artifact_key
 from tasks.job.steps import ndjson_written
 from tasks.streams.ndjson import remove_partial_files
 from tasks.streams.progress import expect_files, track
-from tasks.core.readable import CLI
+from tasks.core.readable import CLI, counted
 from tasks.job.record import now_iso, read_facts, record_facts
 
 # Files downloaded at once. TORCH serves them from a static file server; 4 keeps a 1 Gbit/s link busy
@@ -241,7 +241,7 @@ class ProgressReporter:
             self._publish(self._percent, f"Extraction: {text}")
 
     def finish(self, files: int) -> None:
-        self._publish(100.0, f"Extraction complete: {files} file(s) to download")
+        self._publish(100.0, f"Extraction complete: {counted(files, 'file')} to download")
 
     def _publish(self, percent: float, description: str) -> None:
         self._last_update = time.monotonic()

@@ -24,7 +24,7 @@ from tasks.streams.ndjson import DATA_SUFFIXES, FileStats, is_partial, output_na
 from tasks.streams.ndjson_writer import count_contents
 from tasks.core.errors import StepError
 from tasks.core.names import name_from_data_problem, name_key, show_name
-from tasks.core.readable import CLI, SHOW_WHOLE
+from tasks.core.readable import CLI, SHOW_WHOLE, counted
 from tasks.job.record import mark_gate_paused, read_record
 from tasks.sof.output import csv_data_rows
 
@@ -89,7 +89,7 @@ def released_result(step: StepInput) -> StepResult:
         seen[key] = path.name
     max_line_bytes = settings_of(step).pipeline.max_ndjson_line_size_bytes
     files = [corrected_file(path, max_line_bytes) for path in corrected]
-    get_run_logger().info("continuing with %d corrected file(s) from %s", len(files), wait_dir(step))
+    get_run_logger().info("continuing with %s from %s", counted(len(files), "corrected file"), wait_dir(step))
     return step.result(files, folder=wait_dir(step))
 
 

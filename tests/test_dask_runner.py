@@ -18,6 +18,7 @@ from config.settings import TaskRunnerSettings
 from flows.run import EXIT_FAILED, EXIT_OK, main
 from tasks.job.contract import StepInput, file_task, settings_of
 from tasks.job.filework import file_runner, map_files
+from tasks.core.readable import counted
 from tests.conftest import complete_results, run_cli
 from tests.support.ndjson import write_lines
 from tests.support.validation import step_input as validation_step_input
@@ -148,8 +149,8 @@ def status_list_record_and_server_agree(job_dir: Path, capsys) -> None:
     for shown in (with_server, without_server):
         assert f"state:     Completed (flow run {flow_run})" in shown, shown
         assert (
-            f"1. local_import: done, {files[0]} file(s)" in shown
-            and f"2. flattening: done, {files[1]} file(s)" in shown
+            f"1. local_import: done, {counted(files[0], 'file')}" in shown
+            and f"2. flattening: done, {counted(files[1], 'file')}" in shown
         )
     assert f"{job_dir.name}  Completed" in listed
     assert "**State: Completed**" in card

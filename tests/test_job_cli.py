@@ -18,7 +18,7 @@ from flows.job_state import current_state
 from flows.prefect_server import local_pause_guard_name
 from tasks.job.layout import JobPaths, directory_tag, job_tag
 from tasks.job.record import SUSPENDED, JobRecord, changing_record, read_record
-from tasks.core.readable import CLI
+from tasks.core.readable import CLI, counted
 from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
 from tests.conftest import REPO_ROOT, complete_results, run_cli, wait_until
 from tests.support.deployments import api
@@ -57,7 +57,7 @@ def test_the_embedded_default_job_imports_and_flattens_the_sample_data(tmp_path,
     assert "Task run 'import[fhir-data.ndjson.zst]' - Finished in state Completed()" in "\n".join(run_lines)
     assert any("dupflow.flattening: Task run 'flattening[2]' - " in line for line in run_lines), run_lines
     # The sample's two lines are TORCH transaction Bundles of 12 and 7 resources: Bundles and resources apart.
-    assert any("step 1 local_import: 2 file(s), 2 Bundles holding 19 resources in import" in line for line in run_lines)
+    assert any("step 1 local_import: 2 files, 2 Bundles holding 19 resources in import" in line for line in run_lines)
     unnamed = [line for line in run_lines if not re.search(r": (Task|Flow) run '[^']+' - ", line)]
     assert unnamed == [], "every line of a run names its run, as Prefect's console does"
     imported = sorted(p.name for p in (job_dir / "import").iterdir())
@@ -120,7 +120,7 @@ def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp
     assert flow_run_state(continued_run) == ("COMPLETED", "Completed")
     capsys.readouterr()
     assert main(["status", str(job_dir)]) == EXIT_OK
-    assert "2. wait: done, 1 file(s)" in (out := capsys.readouterr().out) and "checked a.ndjson" in out
+    assert "2. wait: done, 1 file" in (out := capsys.readouterr().out) and "checked a.ndjson" in out
     assert "step 2 (wait): released: checked a.ndjson" in job_record_card(job_dir.name, continued_run)
 
 
@@ -170,8 +170,8 @@ def test_a_corrected_csv_after_flattening_is_what_the_next_step_reads(tmp_path, 
     capsys.readouterr()
     assert main(["status", str(job_dir)]) == EXIT_OK
     out = capsys.readouterr().out
-    assert "3. wait: done, 1 file(s)" in out and "in flattening_wait" in out
-    assert f"Encounter.csv  {len(''.join(original[:-1]))} B  {len(original) - 2} rows" in out
+    assert "3. wait: done, 1 file" in out and "in flattening_wait" in out
+    assert f"Encounter.csv  {len(''.join(original[:-1]))} B  {counted(len(original) - 2, 'row')}" in out
 
 
 def flow_run_message(flow_run_id: str) -> str:
@@ -307,7 +307,7 @@ def test_status_and_list_read_the_job_without_importing_prefect(tmp_path, job_co
         [sys.executable, "-c", probe], cwd=REPO_ROOT, env=env, capture_output=True, text=True, check=True
     ).stdout
     assert "prefect imported: False" in out
-    assert "1. local_import: done, 1 file(s)" in out and "a.ndjson.zst" in out and "4 resources" in out
+    assert "1. local_import: done, 1 file" in out and "a.ndjson.zst" in out and "4 resources" in out
     assert "2. wait: awaiting inspection" in out
     assert f"{job_dir.name}  AwaitingInspection" in out
 

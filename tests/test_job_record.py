@@ -171,7 +171,7 @@ def test_the_sample_job_runs_without_warnings_and_counts_csv_rows_as_rows(tmp_pa
     (job_dir,) = (tmp_path / "jobs").iterdir()
     log = (job_dir / "job.log").read_text()
     assert " WARNING " not in log, log
-    assert "step 2 flattening: 5 file(s), 14 rows in flattening" in log, log
+    assert "step 2 flattening: 5 files, 14 rows in flattening" in log, log
     record = latest(f"job-{job_dir.name}")["data"]
     assert row(record, "flattening")["contents"] == "14 rows", record
     table = latest(f"job-{job_dir.name}-02-flattening")["data"]

@@ -85,7 +85,7 @@ def test_a_local_wait_shows_the_whole_inspection_message_and_status_reads_plainl
     status = capsys.readouterr().out
     assert "  extraction_submission:\n    generation: 2\n" in status, status
     assert "  crtdl_warnings:\n    - no rule for Observation\n" in status, status
-    assert f"1. local_import: done, 1 file(s), {source.stat().st_size} B in import, took " in status, status
+    assert f"1. local_import: done, 1 file, {source.stat().st_size} B in import, took " in status, status
     assert f"       a.ndjson  {source.stat().st_size} B  3 resources\n" in status, status
     assert re.search(r"took \d+\.\d s\n", status), status
     assert " bytes" not in status and not PYTHON_REPR.search(status), status
@@ -121,5 +121,5 @@ def test_continue_with_a_note_records_it_with_the_gate_of_a_local_run(tmp_path, 
     assert gate["released"] and gate["note"] == "checked 2", gate
     capsys.readouterr()
     assert main(["status", str(job_dir)]) == EXIT_OK
-    assert "2. wait: done, 1 file(s), " in (status := capsys.readouterr().out), status
+    assert "2. wait: done, 1 file, " in (status := capsys.readouterr().out), status
     assert "in import (inspection note: checked 2)\n" in status, status

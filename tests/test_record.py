@@ -141,6 +141,11 @@ def test_counts_say_bundles_and_resources_apart():
     assert counts_text([mixed]) == "3 resources, 2 Bundles holding 19 resources"
     assert counts_text([bundles, bare, csv]) == "12 resources, 2 Bundles holding 19 resources, 4 rows"
     assert counts_text([]) == "0 resources"
+    one = [
+        FileEntry(name="a.ndjson", size=1, resources=2, bundles=1, bundled=1),
+        FileEntry(name="a.csv", size=1, resources=1),
+    ]
+    assert counts_text(one) == "1 resource, 1 Bundle holding 1 resource, 1 row"
 
 
 def test_an_older_record_without_bundle_counts_shows_its_lines():

@@ -30,6 +30,11 @@ def size_text(size: float) -> str:
     return f"{size:.1f} {unit}"
 
 
+def counted(number: int, noun: str) -> str:
+    """``1 file``, ``0 files``, ``2 files``: ``noun`` in the singular, with an s for any other number."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
 def duration_text(seconds: float) -> str:
     """``4.2 s`` under a minute, ``3 min 5 s`` under an hour, else ``2 h 7 min``."""
     if round(seconds, 1) < 60:

@@ -29,7 +29,7 @@ from pydantic import AfterValidator, BaseModel, Field, StringConstraints, Valida
 
 from tasks.core.errors import JobError
 from tasks.core.jsonfile import MB, JsonFileError, read_json_file
-from tasks.core.readable import plain_text
+from tasks.core.readable import counted, plain_text
 from tasks.job.layout import JobPaths
 from tasks.streams.files import exclusive_lock, write_file_atomically
 
@@ -236,11 +236,10 @@ def counts_text(files: Iterable[FileEntry]) -> str:
         totals.update(each.counts)
     parts = []
     if totals["resources"] or ("resources" in totals and not totals["Bundles"]):
-        parts.append(f"{totals['resources']} resources")
+        parts.append(counted(totals["resources"], "resource"))
     if totals["Bundles"]:
-        bundles = "Bundle" if totals["Bundles"] == 1 else "Bundles"
-        parts.append(f"{totals['Bundles']} {bundles} holding {totals['bundled']} resources")
-    parts += [f"{totals[unit]} {unit}" for unit in ("lines", "rows", "Parquet rows") if unit in totals]
+        parts.append(f"{counted(totals['Bundles'], 'Bundle')} holding {counted(totals['bundled'], 'resource')}")
+    parts += [counted(totals[unit], unit[:-1]) for unit in ("lines", "rows", "Parquet rows") if unit in totals]
     return ", ".join(parts) or "0 resources"
 
 
