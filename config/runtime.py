@@ -4,6 +4,7 @@ one place that reads environment variables."""
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 
 # Defaults for Prefect on these machines (see ../shared/prefect-notes.md); a value the user set wins. No
@@ -40,6 +41,7 @@ def jobs_dir_of(flag: str | None) -> Path:
 
 def job_on_command_line(job_dir: Path) -> str:
     """How a command names the job in ``job_dir``: its id when ``continue ID`` finds it there (the jobs directory of
-    commands without a configuration file), else the directory itself, which works from anywhere."""
+    commands without a configuration file), else the directory itself, which works from anywhere; quoted for a shell
+    where it needs to be (a space in the path)."""
     job_dir = Path(job_dir).resolve()
-    return job_dir.name if (jobs_dir_of(None).resolve() / job_dir.name) == job_dir else str(job_dir)
+    return job_dir.name if (jobs_dir_of(None).resolve() / job_dir.name) == job_dir else shlex.quote(str(job_dir))

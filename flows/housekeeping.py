@@ -125,8 +125,8 @@ def cmd_prune(args: argparse.Namespace) -> int:
                 if begun := begun_removals(jobs_dir):
                     print(f"{len(begun)} job(s) an interrupted prune began to remove: --yes finishes them")
                 return EXIT_OK
-            finish_removals(jobs_dir)
-            return remove_jobs(selection.chosen, jobs_dir, client)
+            unfinished = finish_removals(jobs_dir)
+            return max(remove_jobs(selection.chosen, jobs_dir, client), EXIT_FAILED if unfinished else EXIT_OK)
     except ServiceError as exc:
         print(f"error: {exc} (at {shown_url(api_url or '')}); nothing more was removed", file=sys.stderr)
         return EXIT_FAILED
@@ -313,10 +313,27 @@ def begun_removals(jobs_dir: Path) -> list[Path]:
     return [path for path in found if is_job_id(path.name.removeprefix(PRUNING_PREFIX)) and not path.is_symlink()]
 
 
-def finish_removals(jobs_dir: Path) -> None:
+def finish_removals(jobs_dir: Path) -> int:
+    """Finish what earlier prunes began; how many could not be finished (each said, none stopping the others: a
+    file this user may not remove kept every later prune from removing anything)."""
+    unfinished = 0
     for path in begun_removals(jobs_dir):
-        shutil.rmtree(path)
+        try:
+            shutil.rmtree(path)
+        except FileNotFoundError:  # another prune at the same time finished it
+            continue
+        except OSError as exc:
+            unfinished += 1
+            print(f"error: could not finish removing {path}: {removal_error(exc)}", file=sys.stderr)
+            continue
         print(f"removed {path.name.removeprefix(PRUNING_PREFIX)} (an interrupted prune had begun it)")
+    return unfinished
+
+
+def removal_error(exc: OSError) -> str:
+    """Why a removal failed, and the fix (rmtree names a file by its name alone)."""
+    which = f" ({exc.filename})" if exc.filename else ""
+    return f"{exc.strerror or exc}{which}; make it removable (its owner, its attributes), then run prune --yes again"
 
 
 def remove_jobs(chosen: list[Candidate], jobs_dir: Path, client: httpx.Client | None) -> int:
@@ -327,7 +344,9 @@ def remove_jobs(chosen: list[Candidate], jobs_dir: Path, client: httpx.Client | 
             why_not = remove_job(job, jobs_dir, client)
         except OSError as exc:
             failed += 1
-            print(f"error: {job.job_id} could not be removed: {exc}", file=sys.stderr)
+            trash = jobs_dir / f"{PRUNING_PREFIX}{job.job_id}"
+            left = f" (it is left as {trash})" if trash.exists() else ""
+            print(f"error: {job.job_id} could not be removed{left}: {removal_error(exc)}", file=sys.stderr)
             continue
         if why_not:
             print(f"skipped {job.job_id}: {why_not}")
@@ -342,6 +361,8 @@ def remove_job(job: Candidate, jobs_dir: Path, client: httpx.Client | None) -> s
     """Remove one job under its lock; why it was not removed, or None."""
     if job.paths.job_dir.is_symlink() or job.paths.job_dir.parent.resolve() != jobs_dir:
         return "not a directory of the jobs directory"
+    if not job.paths.job_file.is_file():  # another prune removed it (its lock would make the folder again)
+        return "it is gone (removed by another prune meanwhile)"
     try:
         with JobLock(job.paths):
             if read_record(job.paths.job_dir).updated_at != job.changed_at:

@@ -18,7 +18,7 @@ from tasks.clients.auth import AS_SENT
 from tasks.clients.bounds import read_response
 from tasks.clients.errors import ServiceError
 from tasks.core.errors import JobError
-from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, job_of_tag, job_tag
+from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_of_tag, job_tag
 from tasks.job.record import SUSPENDED, JobRecord, RecordError, read_record, settled_state
 
 LOCK_FILE = ".lock"
@@ -154,11 +154,12 @@ def find_job_dir(job: str, jobs_dir: Path) -> Path:
 
 
 def list_jobs(jobs_dir: Path) -> list[tuple[JobPaths, JobRecord | RecordError]]:
-    """The jobs of ``jobs_dir``, newest first, each with its record, or why it cannot be read (those last)."""
+    """The jobs of ``jobs_dir``, newest first, each with its record, or why it cannot be read (those last). Only
+    directories named by a job id count (as for ``prune``): a ``.pruning-<id>`` one is half removed."""
     readable, unreadable = [], []
     for job_dir in sorted(jobs_dir.iterdir()) if jobs_dir.is_dir() else []:
         paths = JobPaths(job_dir)
-        if paths.job_file.is_file():
+        if is_job_id(job_dir.name) and paths.job_file.is_file():
             try:
                 readable.append((paths, read_record(job_dir)))
             except RecordError as exc:

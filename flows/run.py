@@ -71,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (``list | head``): stop quietly, and keep Python from complaining at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
+    except KeyboardInterrupt:  # outside a job's run (waiting for the server to start, a listing): nothing to record
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -365,7 +368,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     run = f" (flow run {job.flow_run_ids[-1]})" if job.flow_run_ids else ""
     print(f"  state:     {current_state(paths, job)}{run}" + (f" — {job.state_message}" if job.state_message else ""))
     print(f"  created:   {job.created_at}   updated: {job.updated_at}")
-    print(f"  input:     {job.job_input or '-'}")
+    print(f"  input:     {plain_text(job.job_input or '-')}")  # a deployment's input comes from a form
     for line in plain_lines(dict(sorted(job.facts.items())), "  "):
         print(line)
     for position, step in enumerate(job.enabled_steps):
@@ -402,9 +405,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     print(f"{'JOB':<36}  {'STATE':<18}  {'AGE':>8}  INPUT")
     for paths, job in jobs:
         if isinstance(job, JobRecord):
-            print(f"{job.job_id}  {states[paths]:<18}  {extraction_cli.age(job.created_at):>8}  {job.job_input or ''}")
+            age = extraction_cli.age(job.created_at)
+            print(f"{job.job_id}  {states[paths]:<18}  {age:>8}  {plain_text(job.job_input or '')}")
         else:
-            print(f"{paths.job_id:<36}  {'unreadable':<18}  {'-':>8}  {job}")
+            print(f"{paths.job_id:<36}  {'unreadable':<18}  {'-':>8}  {plain_text(str(job))}")
     return EXIT_OK
 
 

@@ -77,10 +77,11 @@ _interrupted = threading.Event()
 
 
 def take_interrupts() -> None:
-    """SIGTERM, and SIGINT unless it is ignored (a job started in the background), interrupt the run as Ctrl+C
-    does, and from then on its tasks' failures (a worker process ended by the same Ctrl+C, a fan-out cancelled)
-    stay off the terminal: they are the interruption's echo; the one line ``run_job`` prints says it all. (During a
-    flow run Prefect's own SIGTERM handler raises instead; a cancelled fan-out's failure is known by its type.)"""
+    """SIGTERM, and SIGINT and SIGHUP unless they are ignored (a job started in the background, ``nohup``), interrupt
+    the run as Ctrl+C does, and from then on its tasks' failures (a worker process ended by the same Ctrl+C, a
+    fan-out cancelled) stay off the terminal: they are the interruption's echo; the one line ``run_job`` prints says
+    it all. (During a flow run Prefect's own SIGTERM handler raises instead; a cancelled fan-out's failure is known
+    by its type.)"""
 
     def interrupt(signum: int, frame: object) -> None:
         _interrupted.set()
@@ -89,6 +90,8 @@ def take_interrupts() -> None:
     signal.signal(signal.SIGTERM, interrupt)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, interrupt)
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:  # a closed terminal or SSH session; nohup ignores it
+        signal.signal(signal.SIGHUP, interrupt)
 
 
 class _OneFailureLine(logging.Filter):

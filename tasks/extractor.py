@@ -11,6 +11,7 @@ sub-task per file URL, so a resumed job fetches only unfinished files; downloads
 
 from __future__ import annotations
 
+import shlex
 import threading
 import time
 from collections.abc import Iterator
@@ -181,7 +182,7 @@ def record_handle(step: StepInput, handle: ExtractionHandle, generation: int) ->
 
 
 def submission_in_doubt_message(step: StepInput, in_flight: dict) -> str:
-    job, config = job_on_command_line(step.job_path), step.config_path or "CONFIG"
+    job, config = job_on_command_line(step.job_path), shlex.quote(step.config_path) if step.config_path else "CONFIG"
     return (
         f"an extraction was submitted at {in_flight.get('started_at')} and no answer naming its job was recorded "
         "(the run ended, or the server answered with a 5xx or not at all), so the server may or may not have that "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,15 @@ def test_a_job_is_named_by_its_id_in_the_default_jobs_directory_else_by_its_dire
     assert job_on_command_line(tmp_path / "site" / "0b6f8e3c") == str(tmp_path / "site" / "0b6f8e3c")
     monkeypatch.setenv("APP_JOBS_DIR", str(tmp_path / "site"))
     assert job_on_command_line(tmp_path / "site" / "0b6f8e3c") == "0b6f8e3c"
+
+
+def test_a_job_named_by_a_directory_with_a_space_is_quoted_for_the_shell(tmp_path, monkeypatch):
+    """The printed ``continue`` (and the submission-in-doubt advice) failed as pasted: ``unrecognized arguments``."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("APP_JOBS_DIR", raising=False)
+    job_dir = tmp_path / "jobs dir \u00fc" / "0b6f8e3c"
+    assert shlex.split(f"continue {job_on_command_line(job_dir)} --no-progress") == [
+        "continue",
+        str(job_dir),
+        "--no-progress",
+    ]

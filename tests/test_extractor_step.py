@@ -372,12 +372,13 @@ def test_a_kickoff_answered_with_5xx_or_no_answer_leaves_the_submission_in_doubt
 ):
     state = EchoState(replies=[answer])
     with LoopbackServer(EchoHandler, state) as server:
-        config = extractor_config(server)
+        (config := tmp_path / "site config" / "torch.yaml").parent.mkdir()  # a space: the advice is quoted
+        extractor_config(server).rename(config)
         assert main(["start", str(config), str(CRTDL), "--no-progress"]) == EXIT_FAILED
         job_dir = only_job_dir(jobs_dir_of(tmp_path))
         assert "extraction_submission" in read_facts(job_dir)  # a proxy's 5xx or a lost answer may hide a job
         first = capsys.readouterr().err  # the first run says so at once, the command filled in as typed
-        assert "may or may not have that job" in first and f"extraction list {config} --status" in first
+        assert "may or may not have that job" in first and f"extraction list '{config}' --status" in first
         assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_FAILED
     err = capsys.readouterr().err
     assert "may or may not have that job" in err and f"continue {job_dir} --resubmit" in err

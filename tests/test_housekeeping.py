@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from flows.job_state import JobLock
-from flows.run import EXIT_OK, EXIT_USAGE, main
+from flows.run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 from tasks.job.layout import JobPaths
 from tasks.job.record import JobRecord, changing_record
 from tests.conftest import run_cli
@@ -195,6 +195,28 @@ def test_a_removal_an_interrupted_prune_began_is_told_and_finished_by_the_next(t
     removed = run_cli("prune", "--jobs-dir", str(jobs), "--yes", env=no_server)
     assert removed.returncode == EXIT_OK, removed.stderr
     assert f"removed {job_id} (an interrupted prune had begun it)" in removed.stdout and list(jobs.iterdir()) == []
+
+
+def test_a_removal_that_cannot_be_finished_is_said_with_its_path_and_stops_no_other(tmp_path):
+    """A file the user may not remove (another owner, an immutable one; here a file where the folder belongs) kept
+    every later prune from removing anything, with a traceback; and list showed the half-removed job as whole."""
+    jobs = tmp_path / "jobs"
+    stuck = jobs / ".pruning-00000000-0000-4000-8000-000000000012"
+    old = recorded_job(jobs, "00000000-0000-4000-8000-000000000013", "Completed")
+    stuck.write_text("not removable as a folder\n")
+    half = recorded_job(jobs, "00000000-0000-4000-8000-000000000014", "Completed")
+    half.rename(jobs / f".pruning-{half.name}")  # as a killed prune left it
+    no_server = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "empty-home")}
+    listed = run_cli("list", "--jobs-dir", str(jobs), env=no_server).stdout
+    assert old.name in listed and half.name not in listed
+
+    removed = run_cli("prune", "--jobs-dir", str(jobs), "--yes", env=no_server)
+
+    assert removed.returncode == EXIT_FAILED and "Traceback" not in removed.stderr, removed.stderr
+    assert f"error: could not finish removing {stuck}: Not a directory" in removed.stderr
+    assert "then run prune --yes again" in removed.stderr
+    assert f"removed {half.name} (an interrupted prune had begun it)" in removed.stdout
+    assert f"removed {old.name}" in removed.stdout and sorted(jobs.iterdir()) == [stuck]
 
 
 def test_pruning_a_copy_of_job_directories_leaves_the_originals_runs_and_artifacts(tmp_path, start_job, prefect_api):
