@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -21,9 +22,11 @@ from tasks.clients.bounds import Deadline, answer_too_large
 from tasks.job.record import read_facts, record_facts
 from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer
+from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.extraction_server import ExtractionServer, JobStatus, start_extraction_server
 from tests.fakes.extraction_state import BATCH_STAGES, ManualClock
 from tests.fakes.oauth import REALM_PATH, OAuthHandler, OAuthState
+from tests.support.jobs import start_cli_process, wait_for
 
 CRTDL = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
 CONSENT_CRTDL = TESTDATA / "crtdl" / "CRTDL_test_consent-ext.json"
@@ -180,6 +183,19 @@ def test_a_dupflow_job_id_resolves_to_its_recorded_extraction_job(capsys, tmp_pa
     (jobs_dir / not_submitted).mkdir()
     code, _, err = cli(capsys, "extraction", "show", str(config), not_submitted, "--jobs-dir", str(jobs_dir))
     assert code == 2 and "has no extraction job yet" in err
+
+
+@pytest.mark.slow  # a process of its own: Ctrl+C as from a terminal
+def test_ctrl_c_while_a_command_waits_for_a_server_is_exit_130_without_a_traceback(write_config):
+    state = EchoState(replies=[Reply(delay=60)])
+    with LoopbackServer(EchoHandler, state) as server:
+        config = write_config(extractor_config_at(server.base_url), jobs_dir=None)
+        process = start_cli_process("extraction", "list", str(config))
+        wait_for(lambda: state.requests or None, process)  # the command waits for its answer
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 130 and err.strip().splitlines()[-1] == "interrupted", err
+    assert "Traceback" not in err
 
 
 def test_a_server_where_nothing_listens_is_named_by_its_url(capsys, write_config, unused_tcp_port):

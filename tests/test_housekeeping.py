@@ -219,6 +219,19 @@ def test_a_removal_that_cannot_be_finished_is_said_with_its_path_and_stops_no_ot
     assert f"removed {old.name}" in removed.stdout and sorted(jobs.iterdir()) == [stuck]
 
 
+def test_list_and_status_show_a_job_input_with_escape_sequences_made_plain(tmp_path):
+    """A deployment's input comes from a form: terminal escapes and bidi marks were printed as they were."""
+    jobs, job_id = tmp_path / "jobs", "00000000-0000-4000-8000-000000000015"
+    forged = "/data/in\x1b]0;pwned\x07\x1b[2J\u202eput"
+    with changing_record(jobs / job_id, new=JobRecord(job_id=job_id, enabled_steps=["local_import"], job_input=forged)):
+        pass
+    no_server = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "empty-home")}
+    for command in (["list", "--jobs-dir", str(jobs)], ["status", str(jobs / job_id)]):
+        shown = run_cli(*command, env=no_server)
+        assert shown.returncode == EXIT_OK and "/data/in" in shown.stdout, shown.stderr
+        assert not any(c in shown.stdout for c in "\x1b\x07\u202e"), shown.stdout
+
+
 def test_pruning_a_copy_of_job_directories_leaves_the_originals_runs_and_artifacts(tmp_path, start_job, prefect_api):
     api = prefect_api["api_url"]
     originals = [made_old(start_job(["local_import"])), made_old(start_job(["local_import", "wait"]))]
