@@ -24,6 +24,7 @@ from tasks.core.url_credentials import has_user_info
 STEP_NAMES = ("extractor", "local_import", "http_import", "pseudonymizer", "wait", "flattening", "send", "validation")
 IMPORT_STEPS = ("extractor", "local_import", "http_import")
 REPEATABLE_STEPS = ("wait",)
+DATA_STEPS = (*IMPORT_STEPS, "pseudonymizer", "flattening")  # the steps that write data the next steps read
 REMOVED_STEPS = {"csv_conversion": "flattening", "parquet_conversion": "flattening"}
 MAX_LISTED_UNKNOWN_STEPS = 5
 
@@ -210,6 +211,23 @@ def _s3_send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]
     return problems
 
 
+def _send_input_problems(send: SendSettings, pipeline: PipelineSettings) -> list[Problem]:
+    """A direct send loads NDJSON into a FHIR server: after the flattening (CSV, with no data step between) it
+    failed at the end of the job, which can then never be continued (its steps are fixed at start)."""
+    steps = pipeline.enabled_steps
+    producers = [step for step in steps[: steps.index("send")] if step in DATA_STEPS]
+    if send.send_as != "direct_resource_load" or not producers or producers[-1] != "flattening":
+        return []
+    return [
+        (
+            "services.send.send_as",
+            "is direct_resource_load, which loads FHIR resources (NDJSON), but send comes after flattening in "
+            "pipeline.enabled_steps and would get its CSV files; put send before flattening, or send the CSV files "
+            "with send_as s3_upload or transfer_load",
+        )
+    ]
+
+
 class Settings(ConfigModel):
     """The whole configuration. Rules that depend on enabled steps are checked here."""
 
@@ -234,5 +252,7 @@ class Settings(ConfigModel):
             for step, key_path, value in required
             if pipeline.has_step(step) and value is None
         ]
-        raise_problems(problems + (_send_problems(services.send, info) if pipeline.has_step("send") else []))
+        if pipeline.has_step("send"):
+            problems += _send_problems(services.send, info) + _send_input_problems(services.send, pipeline)
+        raise_problems(problems)
         return self

@@ -12,6 +12,9 @@ import yaml
 from config.errors import ConfigError
 from config.loader import load_settings
 from config.fields import env_var_name
+from config.settings import DATA_STEPS
+from flows.pipeline import STEPS
+from tasks.job.contract import StepKind
 
 LOCAL_ONLY = {"pipeline": {"enabled_steps": ["local_import"]}}
 OAUTH = {
@@ -327,6 +330,34 @@ def test_a_secret_under_8_characters_loads_with_a_warning_that_it_cannot_be_reda
     assert not any("1234567" in w for w in loaded.warnings)
     longer = load_settings(_write(tmp_path, services(**blocks)), env={"SECRET": "12345678"})
     assert not [w for w in longer.warnings if "redacted safely" in w]
+
+
+DIRECT_SEND = {"send_as": "direct_resource_load", "url": "https://fhir.example", "auth": BASIC}
+
+
+@pytest.mark.parametrize(
+    ("steps", "refused"),
+    [
+        (["local_import", "flattening", "send"], True),
+        (["local_import", "flattening", "wait", "validation", "send"], True),  # nothing between writes NDJSON
+        (["local_import", "send", "flattening"], False),
+        (["local_import", "flattening", "pseudonymizer", "send"], False),  # not a useful order, but NDJSON to send
+    ],
+)
+def test_a_direct_send_of_the_flattening_s_csv_is_refused_when_the_configuration_is_read(tmp_path, steps, refused):
+    """It failed after every step before it had run, and a job's steps are fixed at its start: no continue helped."""
+    flattening = {"lookup_path": str(tmp_path / "lookup.json")}
+    config = {"pipeline": {"enabled_steps": steps}, **services(send=DIRECT_SEND, flattening=flattening)}
+    config["services"] |= {
+        "pseudonymizer": {"url": "https://pseudo.example"},
+        "validation": {"url": "https://v.example"},
+    }
+    if refused:
+        assert_reported(rejected(tmp_path, config), "services.send.send_as", "put send before flattening")
+    else:
+        load_settings(_write(tmp_path, config), env={})
+    data_steps = {name for name, spec in STEPS.items() if spec.kind in (StepKind.IMPORT, StepKind.TRANSFORM)}
+    assert data_steps == set(DATA_STEPS)  # the configuration's list is the pipeline's
 
 
 def test_send_fhir_modes_refuse_basic_and_oauth_together(tmp_path: Path) -> None:
