@@ -150,6 +150,12 @@ def find_job_dir(job: str, jobs_dir: Path) -> Path:
     for candidate in (Path(job), jobs_dir / job):
         if JobPaths(candidate).job_file.is_file():
             return candidate.resolve()
+    for candidate in (Path(job), jobs_dir / job):
+        if is_job_id(candidate.name) and candidate.is_dir():
+            raise JobError(
+                f"{candidate.resolve()} holds no job.json: its start was stopped before the job was recorded, and "
+                "nothing ran; start the job again, and remove that directory"
+            )
     raise JobError(f"no job {job} in {jobs_dir.resolve()}; pass --jobs-dir (or give the job's directory)")
 
 

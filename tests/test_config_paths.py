@@ -10,6 +10,8 @@ import pytest
 from config.errors import ConfigError
 from config.loader import PATH_KEYS, absolute_path_overrides, load_settings
 from config.runtime import job_on_command_line
+from flows.job_state import find_job_dir
+from tasks.core.errors import JobError
 from tests.conftest import REPO_ROOT
 
 LOCAL_ONLY = "pipeline:\n  enabled_steps: [local_import]\n"
@@ -135,3 +137,19 @@ def test_a_job_named_by_a_directory_with_a_space_is_quoted_for_the_shell(tmp_pat
         str(job_dir),
         "--no-progress",
     ]
+
+
+def test_a_job_directory_whose_start_was_killed_before_its_record_says_so(tmp_path):
+    """A kill the moment the directory was made: continue said "no job" of the directory it was given."""
+    started = tmp_path / "jobs" / "ed8317ea-5f0c-4b1e-9a7e-3c2d1b0a9f8e"
+    started.mkdir(parents=True)
+    (started / ".job.json.lock").write_text("")
+    for named in (str(started), started.name):
+        with pytest.raises(JobError) as refused:
+            find_job_dir(named, tmp_path / "jobs")
+        assert str(refused.value) == (
+            f"{started} holds no job.json: its start was stopped before the job was recorded, and nothing ran; start "
+            "the job again, and remove that directory"
+        )
+    with pytest.raises(JobError, match="^no job nothing-here in "):
+        find_job_dir("nothing-here", tmp_path / "jobs")

@@ -14,6 +14,7 @@ import pytest
 
 from tasks.flattening import GroupCsv, plan_views
 from tasks.sof.parquet import write_parquet
+from tasks.streams.files import write_file_atomically
 from tests.flattening_runs import flatten_files
 from tests.support.flattening import EXAMPLE, LOOKUP, files_of
 from tests.test_parquet import COLUMNS, ROWS, TYPED_VIEW, write_csv
@@ -59,3 +60,16 @@ def test_a_parquet_file_is_synced_before_its_rename(tmp_path, synced):
     assert write_parquet(source, TYPED_VIEW, tmp_path / "rows.parquet") == len(ROWS)
 
     assert synced == [str(tmp_path / ".rows.parquet.part")]
+
+
+@pytest.mark.parametrize("interruption", [KeyboardInterrupt, SystemExit])
+def test_a_job_file_interrupted_before_its_rename_leaves_no_temporary_file(tmp_path, monkeypatch, interruption):
+    """Ctrl+C or SIGTERM (Prefect's handler raises) while a small job file was synced left its ``.part`` behind."""
+
+    def interrupted(fd: int) -> None:
+        raise interruption
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(interruption):
+        write_file_atomically(tmp_path / "job.json", b"{}\n")
+    assert list(tmp_path.iterdir()) == []

@@ -52,6 +52,9 @@ def write_file_atomically(path: Path, data: bytes, *, private: bool = False, sha
     except OSError as exc:
         temporary.unlink(missing_ok=True)
         raise write_error(exc, path) from None
+    except BaseException:  # Ctrl+C or SIGTERM between open and rename leaves no temporary file either
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def close_synced(stream: IO) -> None:
