@@ -28,6 +28,10 @@ from tasks.streams.processes import worker_pool
 from tasks.streams.progress import track
 
 
+CHANGE_CHECK_BYTES = 16 << 20
+"""How much is copied between two checks that the source is as the scan found it (one stat each)."""
+
+
 class LocalImportError(StepError):
     """Bad import input; the message says what is wrong and what to do."""
 
@@ -58,10 +62,13 @@ def import_file(step: StepInput, source: str, name: str, identity: list) -> Data
         with AtomicNdjsonWriter(
             step.output_dir / name, source=shown, expected_size=size, stop_if_cancelled=raise_if_cancelled, **written
         ) as writer:
+            unchecked = 0
             for written in writer.copy(source_path):
                 raise_if_cancelled()
                 progress.advance(written)
-                refuse_a_changed_source(source_path, identity)  # one stat a piece: a growing file never ends
+                if (unchecked := unchecked + written) >= CHANGE_CHECK_BYTES:  # a file that keeps growing never ends
+                    refuse_a_changed_source(source_path, identity)
+                    unchecked = 0
             refuse_a_changed_source(source_path, identity)
     assert writer.stats is not None
     return DataFile.written(name, writer.stats)
