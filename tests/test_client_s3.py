@@ -373,6 +373,22 @@ def test_a_proxy_password_beyond_latin_1_is_sent_as_utf_8_like_every_basic_auth(
     assert listing(store, bucket) == [uploaded]
 
 
+@pytest.mark.parametrize("endpoint", ["https://s3.example.org", None], ids=["endpoint", "aws"])
+def test_proxy_auth_that_would_travel_inside_a_forward_proxy_s_tunnel_is_refused(monkeypatch, tmp_path, endpoint):
+    """HTTPS_PROXY tunnels an https endpoint (CONNECT, without the header): the header went on to the store."""
+    monkeypatch.setenv("HTTPS_PROXY", "http://egress.example:3128")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    config = send_config(endpoint or "https://unused.example", "b")
+    config["s3"]["endpoint"] = endpoint
+    with pytest.raises(ServiceError) as refused:
+        S3Uploader(SendSettings(**config), TLS, RETRY, tmp_path / "m.json")
+    assert "HTTPS_PROXY routes that https endpoint through a forward proxy" in str(refused.value)
+    assert not refused.value.transient and PROXY_PASSWORD not in str(refused.value)
+    monkeypatch.setenv("NO_PROXY", "s3.example.org,amazonaws.com")  # exempted: the endpoint is the proxy
+    S3Uploader(SendSettings(**config), TLS, RETRY, tmp_path / "m.json").close()
+
+
 def test_a_wrong_proxy_password_is_a_terminal_error_naming_the_auth_keys(proxy, bucket, tmp_path):
     source = data_file(tmp_path / "a.ndjson", 5000)
     with closing(uploader(proxy, bucket, tmp_path / "m.json", password="wrong-password")) as s3:

@@ -35,6 +35,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, SSLError
 from botocore.exceptions import ConnectionError as BotoConnectionError
+from botocore.utils import get_environ_proxies
 
 from tasks.clients.http import INSECURE_WARNING
 from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, is_transient_status, truncate
@@ -70,6 +71,7 @@ def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings) -
             ),
         )
     if proxy_auth := send.auth.uses_basic:
+        refuse_proxy_auth_through_a_tunnel(send)
         client.meta.events.register(
             "before-send.s3", ProxyAuthorization(send.auth.username, send.auth.password.get_secret_value())
         )
@@ -78,6 +80,23 @@ def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings) -
         "S3 client for bucket %s at %s (%s addressing)%s", *where, " with proxy authentication" if proxy_auth else ""
     )
     return client
+
+
+def refuse_proxy_auth_through_a_tunnel(send: SendSettings) -> None:
+    """The proxy's Basic credentials go in a header of every request, for a proxy that the endpoint is (spec). Where
+    an environment proxy (HTTPS_PROXY) carries an https endpoint, botocore tunnels through it (CONNECT, without that
+    header) and the header would travel inside the TLS tunnel to the store: a password sent where it was not meant
+    to go. Refused before any request."""
+    endpoint = send.s3.endpoint or f"https://s3.{send.s3.region}.amazonaws.com"
+    if endpoint.lower().startswith("https:") and get_environ_proxies(endpoint).get("https"):
+        message = (
+            "services.send.auth (the proxy's Basic Auth) is sent in a header of each request to "
+            "services.send.s3.endpoint, but HTTPS_PROXY routes that https endpoint through a forward proxy, which "
+            "would get no credentials while the header travelled on to the store; set the proxy itself as "
+            "services.send.s3.endpoint, or exempt the endpoint with NO_PROXY, or remove username/password from "
+            "services.send.auth"
+        )
+        raise ServiceError("connect to S3", None, message, transient=False, service=SERVICE)
 
 
 _SESSION_LOCK = threading.Lock()
