@@ -61,6 +61,19 @@ class DupflowError(Exception):
     def kind(self) -> str:
         return "transient" if self.transient else "terminal"
 
+    def __reduce__(self) -> tuple:
+        """Pickled as its class, ``args`` and attributes, never through its constructor, whose parameters differ by
+        subclass: an error raised on a Dask worker reaches the flow process whole (it came as a TypeError naming
+        ``__init__``, the real reason lost)."""
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
+
+def _rebuilt(cls: type[DupflowError], args: tuple, state: dict) -> DupflowError:
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 class StepError(DupflowError):
     """A step cannot go on with its input (a missing file, bad data, a refused setting); terminal."""

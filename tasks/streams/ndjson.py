@@ -55,9 +55,6 @@ class LineTooLongError(NdjsonError):
             "raise pipeline.max_ndjson_line_size_mb if such large resources are expected"
         )
 
-    def __reduce__(self):  # it travels back from a worker process (``ndjson_writer.check_plain_span``)
-        return type(self), (self.path, self.line_number, self.limit_bytes)
-
 
 @dataclass(frozen=True)
 class FileStats:
