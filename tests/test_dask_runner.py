@@ -16,8 +16,8 @@ from config.errors import ConfigError
 from config.loader import load_settings
 from config.settings import TaskRunnerSettings
 from flows.run import EXIT_FAILED, EXIT_OK, main
-from tasks.job.contract import StepInput, file_task, settings_of
-from tasks.job.filework import file_runner, map_files
+from tasks.job.contract import DataFile, StepInput, file_task, settings_of
+from tasks.job.filework import TaskRunnerError, file_runner, map_files
 from tasks.core.readable import counted
 from tests.conftest import complete_results, run_cli
 from tests.support.ndjson import write_lines
@@ -315,6 +315,40 @@ def test_file_tasks_run_on_the_workers_load_the_steps_settings_and_log_to_the_jo
     assert os.getpid() not in {pid for pid, _ in outcomes}, "the files ran in the flow's process"
     worker_lines = (tmp_path / "job.log").read_text()
     assert "INFO distributed.worker: Stopping worker at" in worker_lines, "the worker process logs to the job log"
+
+
+@file_task("written-elsewhere", "elsewhere[{name}]")
+def written_on_the_workers_own_disk(step: StepInput, name: str, own_disk: str) -> DataFile:
+    """A worker whose jobs directory is a folder of its own machine (not the shared one): it writes its output
+    there and reports it as written."""
+    (Path(own_disk) / name).write_text("{}\n")
+    return DataFile(name=name, size=3, resources=1)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_a_file_a_worker_wrote_where_the_flow_does_not_see_it_fails_the_step_naming_the_fix(tmp_path, write_config):
+    """The job ended Completed with its files on no disk the job could see."""
+    from prefect import flow
+
+    config = write_config({"pipeline": {"enabled_steps": ["local_import"]}})
+    job_dir = tmp_path / "jobs" / "dask-job"
+    step = StepInput(
+        job_id=job_dir.name, job_dir=str(job_dir), position=0, step="local_import", config_path=str(config)
+    )
+    (own_disk := tmp_path / "worker-disk").mkdir()
+
+    @flow(persist_result=False)
+    def fan_out() -> list:
+        with file_runner(TaskRunnerSettings(kind="dask", dask_workers=1), tmp_path / "job.log"):
+            return map_files(written_on_the_workers_own_disk, [(step, "a.ndjson", str(own_disk))], workers=1)
+
+    (outcome,) = fan_out()
+    assert isinstance(outcome, TaskRunnerError), outcome
+    assert str(outcome).startswith(
+        f"a Dask worker wrote a.ndjson where this process does not find it ({job_dir / 'import'})"
+    )
+    assert "every worker must see the jobs directory at the same path" in str(outcome)
 
 
 @pytest.mark.slow

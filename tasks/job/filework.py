@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from config.runtime import prefect_api_url
 from config.settings import TaskRunnerSettings
-from tasks.job.contract import StepInput, commit_each, files_gone, stored_in_job
+from tasks.job.contract import StepInput, commit_each, data_files, files_gone, stored_in_job
 from tasks.core.errors import DupflowError
 from tasks.streams.fanout import run_bounded
 
@@ -94,12 +94,21 @@ def map_on_flow_runner(file_task: Any, arguments: Sequence[tuple[Any, ...]], wor
 
 
 def kept_result(submitted: tuple[Any, Any, tuple[Any, ...]]) -> Any:
-    """A submitted file task's result; a cached one whose files are gone from disk is made again (``files_gone``)."""
+    """A submitted file task's result; a cached one whose files are gone from disk is made again (``files_gone``).
+    The files a worker wrote must be where this process sees them: a worker that does not share the jobs directory
+    at the same path wrote them elsewhere, and the job would end Completed without them."""
     future, file_task, args = submitted
     future.wait()
     if files_gone(future.state, args[0].output_dir):
         future = stored_in_job(file_task, args[0]).with_options(refresh_cache=True).submit(*args)
-    return future.result()
+    result = future.result()
+    if missing := [f.name for f in data_files(result) if not f.on_disk_in(args[0].output_dir)]:
+        raise TaskRunnerError(
+            f"a Dask worker wrote {', '.join(missing)} where this process does not find it ({args[0].output_dir}): "
+            "every worker must see the jobs directory at the same path (a shared file system mounted there); "
+            "fix the workers' mounts, or set pipeline.task_runner.kind: in_process, then continue the job"
+        )
+    return result
 
 
 @contextmanager
