@@ -16,6 +16,7 @@ from pathlib import Path
 
 from config.runtime import apply_prefect_defaults
 from tasks.core.redaction import RedactingFilter, redact
+from tasks.job.job_log import JobLogFormatter
 from tasks.streams.fanout import Cancelled
 
 RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
@@ -145,33 +146,6 @@ class _NoTraceback(logging.Formatter):
         return text if getattr(record, "show_whole", False) else text.splitlines()[0]
 
 
-class _JobLogFormatter(logging.Formatter):
-    """The job log's lines, each naming the run it comes from as Prefect's console does ("Task run
-    'flatten[a.ndjson]' - ..."), also for dupflow's own loggers called inside a task or flow run."""
-
-    def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    def formatMessage(self, record: logging.LogRecord) -> str:
-        return f"{record.asctime} {record.levelname} {record.name}: {run_label(record)}{record.message}"
-
-
-def run_label(record: logging.LogRecord) -> str:
-    """``Task run 'NAME' - `` or ``Flow run 'NAME' - `` for a record logged in a run (Prefect's run loggers say
-    which; for others the run context of the logging thread does), else nothing."""
-    from prefect.context import FlowRunContext, TaskRunContext
-
-    if task_run := getattr(record, "task_run_name", None):
-        return f"Task run {task_run!r} - "
-    if flow_run := getattr(record, "flow_run_name", None):
-        return f"Flow run {flow_run!r} - "
-    if (task_context := TaskRunContext.get()) is not None:
-        return f"Task run {task_context.task_run.name!r} - "
-    if (flow_context := FlowRunContext.get()) is not None and flow_context.flow_run is not None:
-        return f"Flow run {flow_context.flow_run.name!r} - "
-    return ""
-
-
 class _HandTo(logging.Handler):
     """Hands each record to ``target``. No StreamHandler: a Dask LocalCluster sets those of the ``distributed``
     logger to WARNING while it runs (``silence_logs``), which would silence the job log for every logger."""
@@ -189,7 +163,7 @@ def job_logging(log_file: Path) -> Iterator[None]:
     """Send every log record (with tracebacks, each line naming its run) to the job's log file, and keep
     tracebacks and repeats of a failure off the terminal."""
     file_handler = logging.FileHandler(log_file)
-    file_handler.setFormatter(_JobLogFormatter())
+    file_handler.setFormatter(JobLogFormatter())
     file_handler.addFilter(RedactingFilter())
     redacting, one_failure = RedactingFilter(), _OneFailureLine()
     apply_prefect_defaults()

@@ -126,6 +126,11 @@ def test_a_job_on_a_two_process_local_cluster_writes_the_same_bytes_as_the_defau
     log = (job_dir / "job.log").read_text()
     assert "INFO distributed.scheduler: " in log and "INFO prefect.task_runner.dask: " in log, log[-3000:]
     assert "step 1 local_import: " in log, log[-3000:]  # the cluster's silencing of its loggers spares the job log
+    default_log = (only_job_dir(tmp_path / "default-jobs") / "job.log").read_text()
+    for name in ("import[fhir-data.ndjson.zst]", "import[b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson.zst]"):
+        finished = f"INFO prefect.task_runs: Task run '{name}' - Finished in state Completed()"
+        assert finished in default_log and finished in log, log[-3000:]  # the workers' file tasks log there too
+    assert "Task run 'import[" not in terminal, terminal
     status_list_record_and_server_agree(job_dir, capsys)
 
 

@@ -8,12 +8,15 @@ from typing import Any
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from tasks.core.redaction import RedactingFilter
+from tasks.job.job_log import JobLogFormatter
 
 
 class WorkerLogToJobLog(WorkerPlugin):
-    """A Dask worker plugin: in each local worker process, the records of Dask and Tornado go to the job log and
-    no longer to the stderr the process inherited (a worker that loses the closing scheduler logs an ERROR with
-    its trace, a race of every shutdown)."""
+    """A Dask worker plugin: in each local worker process, the records of Dask and Tornado, and those of the file
+    tasks it runs (Prefect's and dupflow's, tracebacks included), go to the job log as the flow process writes them,
+    and no longer to the stderr the process inherited (a worker that loses the closing scheduler logs an ERROR with
+    its trace, a race of every shutdown; a failing file's trace reached the terminal). The UI gets the task runs'
+    records through Prefect's own API handler, as before."""
 
     name = "dupflow-job-log"
 
@@ -21,11 +24,21 @@ class WorkerLogToJobLog(WorkerPlugin):
         self.log_file = log_file
 
     def setup(self, worker: Any) -> None:
-        handler = logging.FileHandler(self.log_file)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        handler.addFilter(RedactingFilter())
+        plain = logging.FileHandler(self.log_file)
+        plain.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        runs = logging.FileHandler(self.log_file)
+        runs.setFormatter(JobLogFormatter())
+        for handler in (plain, runs):
+            handler.addFilter(RedactingFilter())
         for name in ("distributed", "tornado"):
             logger = logging.getLogger(name)
             for console in [h for h in logger.handlers if type(h) is logging.StreamHandler]:
                 logger.removeHandler(console)
-            logger.addHandler(handler)
+            logger.addHandler(plain)
+        import prefect.main  # noqa: F401  (configures Prefect's logging, which would drop a handler added before)
+
+        for name in ("prefect", "dupflow"):  # the root logger's console is Prefect's: not for them here
+            logger = logging.getLogger(name)
+            logger.addHandler(runs)
+            logger.propagate = False
+        logging.getLogger("dupflow").setLevel(logging.INFO)
