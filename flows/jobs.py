@@ -145,6 +145,23 @@ def refuse_undecodable(paths: Mapping[str, str | None]) -> None:
 def new_job(
     paths: JobPaths, config_path: str | None, job_input: str | None, overrides: dict[str, str], settings: Settings
 ) -> Job:
+    record, crtdl, effective = new_job_plan(paths, config_path, job_input, overrides, settings)
+    create_job_files(paths, record, crtdl, effective)
+    return Job(paths, record, settings)
+
+
+def check_new_job(config_path: str | None, job_input: str | None, overrides: Mapping[str, str]) -> None:
+    """Every check ``prepare_job`` makes of a new job, nothing written: ``start`` refuses a bad input before it
+    starts a Prefect server for nothing."""
+    settings = cached_settings(config_path, dict(overrides))
+    paths = JobPaths(Path(settings.jobs_dir).resolve() / str(uuid.uuid4()))
+    new_job_plan(paths, config_path, job_input, dict(overrides), settings)
+
+
+def new_job_plan(
+    paths: JobPaths, config_path: str | None, job_input: str | None, overrides: dict[str, str], settings: Settings
+) -> tuple[JobRecord, Path | None, EffectiveCrtdl | None]:
+    """The new job's record and CRTDL, every check made (a bad input raises ``JobError``), nothing written yet."""
     refuse_credentials_in_job_input(job_input)
     refuse_undecodable(
         {"the configuration file": config_path, "the job input": job_input, "--dir": settings.services.local_import.dir}
@@ -168,8 +185,7 @@ def new_job(
     record = JobRecord(
         job_id=paths.job_id, config_path=config_path, job_input=job_input, overrides=frozen, enabled_steps=steps
     )
-    create_job_files(paths, record, crtdl, effective)
-    return Job(paths, record, settings)
+    return record, crtdl, effective
 
 
 def create_job_files(paths: JobPaths, record: JobRecord, crtdl: Path | None, effective: EffectiveCrtdl | None) -> None:

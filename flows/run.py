@@ -27,7 +27,7 @@ from config.runtime import job_on_command_line, jobs_dir_of, prefect_api_url
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.api_watch import api_watched
 from flows.job_state import JobLock, current_state, current_states, find_job_dir, list_jobs
-from flows.jobs import prepare_job, step_file_problems
+from flows.jobs import check_new_job, prepare_job, step_file_problems
 from flows.run_logging import job_logging, take_interrupts
 from tasks.core.errors import DupflowError, UsageError
 from tasks.core.readable import CLI, counted, duration_text, plain_lines, plain_text, size_text
@@ -225,6 +225,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     if names_secret_blocks(config_path):
         prefect_server.use_server()  # its Secret blocks are read from the jobs' server
     validate_configuration(config_path, overrides, labels)
+    check_new_job(config_path, job_input, overrides)  # a bad input is refused before a server is started for it
     prefect_server.use_server()  # a dead PREFECT_API_URL stops here, before a job exists
     job = prepare_job(None, config_path, job_input, overrides, overrides_source="--set")
     print(f"job {job.job_id}: {job.paths.job_dir}")

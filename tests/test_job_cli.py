@@ -290,6 +290,19 @@ def test_a_local_import_without_a_directory_says_how_to_give_one_once(tmp_path, 
     assert not (tmp_path / "jobs").exists()
 
 
+def test_a_start_refused_for_its_input_starts_no_prefect_server(tmp_path, write_config):
+    """A typo in the CRTDL's path cost a server start (seconds, and a server left running) before the refusal."""
+    home = tmp_path / "fresh-home"
+    sample = REPO_ROOT / "config" / "sample-data"
+    services = {"local_import": {"dir": sample}, "flattening": {"lookup_path": sample / "flatten-lookup.json"}}
+    config = write_config({"pipeline": {"enabled_steps": ["local_import", "flattening"]}, "services": services})
+    refused = run_cli(
+        "start", str(config), str(tmp_path / "typo.json"), env={"PREFECT_HOME": str(home), "PREFECT_API_URL": ""}
+    )
+    assert refused.returncode == EXIT_USAGE and "typo.json not found" in refused.stderr, refused.stderr
+    assert not (home / "prefect.db").exists() and not (tmp_path / "jobs").exists()
+
+
 def test_status_and_list_read_the_job_without_importing_prefect(tmp_path, job_config):
     source = source_dir(tmp_path, {"a.ndjson": 4})
     config = job_config(["local_import", "wait"])
