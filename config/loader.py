@@ -135,14 +135,22 @@ def load_settings(
 SettingsIdentity = tuple[str | None, tuple[int, int] | None, tuple[tuple[str, str], ...], str]
 
 
-def cached_settings(config_path: str | None, overrides: Mapping[str, str]) -> Settings:
+def cached_settings(config_path: str | None, overrides: Mapping[str, str], overrides_source: str = "--set") -> Settings:
     """The settings of ``config_path`` plus ``overrides``, loaded once per process and identity.
 
     The identity is secret-free (``settings_identity``), so an edited file, ``continue --set`` or another APP_*
     value is loaded afresh, in the flow's process and on a Dask worker alike. A Prefect Secret block is read when
     the file is first loaded in the process: a changed block value needs a new process or an edit of the file.
+    ``overrides_source`` names where the overrides came from in an error (a deployment's parameter, not --set).
     """
-    return _settings_of_identity(*settings_identity(config_path, overrides))
+    try:
+        return _settings_of_identity(*settings_identity(config_path, overrides))
+    except ConfigError:
+        if overrides_source == "--set":
+            raise
+        labels = {key: f"{overrides_source} {key}" for key in overrides}
+        load_settings(config_path, overrides=overrides, override_labels=labels)  # raises, its sources named
+        raise
 
 
 def settings_identity(config_path: str | None, overrides: Mapping[str, str]) -> SettingsIdentity:

@@ -54,12 +54,14 @@ def prepare_job(
     *,
     overrides_source: str,
     jobs_dir: Path | None = None,
+    must_exist: bool = False,
 ) -> Job:
     """Make a new job, or find the existing one with ``job_id``; the same for every entry point.
 
     ``overrides_source`` names where overrides came from ("--set", "the deployment's overrides parameter") in
     the error that refuses a secret among them, which comes before any other validation. ``jobs_dir`` is where an
-    existing job was found (``continue`` from anywhere works on the same directory).
+    existing job was found (``continue`` from anywhere works on the same directory). ``must_exist``: ``job_id`` names
+    a job to continue, never one to make.
     """
     overrides = dict(overrides or {})
     refuse_secret_overrides(overrides, overrides_source)
@@ -69,23 +71,29 @@ def prepare_job(
             "none to make a new one"
         )
     if job_id and jobs_dir is not None and JobPaths(jobs_dir / job_id).job_file.is_file():
-        return existing_job(JobPaths(jobs_dir / job_id), overrides)
-    settings = cached_settings(config_path, overrides)
+        return existing_job(JobPaths(jobs_dir / job_id), overrides, overrides_source)
+    settings = cached_settings(config_path, overrides, overrides_source)
     job_id = job_id or str(uuid.uuid4())
     paths = JobPaths(Path(settings.jobs_dir).resolve() / job_id)
     if paths.job_file.is_file():
-        return existing_job(paths, overrides)
+        return existing_job(paths, overrides, overrides_source)
+    if must_exist:  # a job id given to continue: a new job of that id would be another job under its name
+        of = config_path or "the default configuration"
+        raise JobError(
+            f"no job {job_id} in {paths.job_dir.parent} (the jobs_dir of {of}); give the configuration the job was "
+            "started with, or leave the job id empty for a new job"
+        )
     return new_job(paths, config_path, job_input, overrides, settings)
 
 
-def existing_job(paths: JobPaths, overrides: Mapping[str, str]) -> Job:
+def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source: str = "--set") -> Job:
     """A job found again; ``overrides`` (non-secret) replace the frozen ones, so "fix the cause and continue" works.
     They are checked before they are stored (a refused one changes nothing), their paths frozen absolute as at
     ``start``."""
     refuse_older_layout(paths)
     record = read_record(paths.job_dir)
     changed = {**record.overrides, **overrides, "jobs_dir": str(paths.job_dir.parent)}
-    settings = cached_settings(record.config_path, changed)
+    settings = cached_settings(record.config_path, changed, overrides_source)
     refuse_other_steps(record, settings)
     if overrides:
         changed |= {key: path for key, path in absolute_path_overrides(settings).items() if key in overrides}

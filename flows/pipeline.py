@@ -33,7 +33,9 @@ from flows.run_logging import keep_one_trace_per_failure
 from tasks.clients.extraction_documents import ExtractionHandle
 from tasks.core.readable import CLI, counted
 from tasks.core.redaction import redact
-from tasks.core.url_credentials import refuse_credentials_in_url
+from tasks.core.errors import JobError
+from tasks.core.names import show_text
+from tasks.core.url_credentials import refuse_credentials_in_url, split_url
 from tasks.extractor import extractor
 from tasks.flattening import flattening
 from tasks.flattening import shaped_settings as flattening_shape
@@ -41,9 +43,10 @@ from tasks.http_import import http_import
 from tasks.http_import import shaped_settings as http_import_shape
 from tasks.job.contract import StepInput, StepKind, StepResult, digest, files_gone, stored_in_job
 from tasks.job.filework import file_runner
-from tasks.job.layout import directory_tag, job_of_tag, job_tag
+from tasks.job.layout import directory_tag, is_job_id, job_of_tag, job_tag
 from tasks.job.record import (
     AWAITING_INSPECTION,
+    COMPLETED,
     CONTINUED,
     CRASHED,
     FAILED,
@@ -88,7 +91,8 @@ STEPS: dict[str, StepSpec] = {
 def flow_run_name() -> str:
     """The job id, known before the flow's first line: Prefect names the run with it as the run begins, so a
     deployment run's log never shows another name (before that, the server's generated name is all there is)."""
-    return run_job_id(runtime.flow_run.parameters.get("job_id"))
+    given = runtime.flow_run.parameters.get("job_id")
+    return given if isinstance(given, str) and is_job_id(given) else own_job_id()  # a form's text is no name yet
 
 
 def run_job_id(job_id: str | None) -> str:
@@ -100,6 +104,11 @@ def run_job_id(job_id: str | None) -> str:
     """
     if job_id:
         return job_id
+    return own_job_id()
+
+
+def own_job_id() -> str:
+    """The job this flow run made (its ``job-<id>`` tag), else its own id."""
     tagged = next(filter(None, map(job_of_tag, runtime.flow_run.tags or [])), None)
     return tagged or str(runtime.flow_run.id)
 
@@ -125,15 +134,21 @@ def pipeline(
         attach: After a submission in doubt: follow the extraction at this status URL.
         resubmit: After a submission in doubt: submit the extraction anew.
     """
+    checked_attach(attach)  # before anything is made or written
     job = prepare_job(
-        run_job_id(job_id), config_path, job_input, overrides, overrides_source="the flow's overrides parameter"
+        run_job_id(job_id),
+        config_path,
+        job_input,
+        overrides,
+        overrides_source="the flow's overrides parameter",
+        must_exist=bool(job_id),
     )
     flow_run_id = str(runtime.flow_run.id)
     name_and_tag_flow_run(job.job_id, job.paths.job_dir)
     with JobLock(job.paths):
+        settle_submission_in_doubt(job, attach, resubmit)  # refused for a finished job: before Running is recorded
         close_earlier_flow_run(job, flow_run_id)
         record_state(job.paths.job_dir, RUNNING, flow_run_id=flow_run_id)
-        settle_submission_in_doubt(job, attach, resubmit)
         if note is not None and job.record.state in (AWAITING_INSPECTION, SUSPENDED):  # else its wait step pauses
             # it again: a job that crashed is not known to be at a gate anyone saw
             release_awaiting_gates(job.paths.job_dir, note)
@@ -206,9 +221,24 @@ def drop_local_pause_guards(client: Any, flow_run_ids: list[str]) -> None:
         client.request("DELETE", f"/automations/{automation['id']}")
 
 
-def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> None:
-    """``attach`` follows the extraction at that status URL; ``resubmit`` allows a fresh submission."""
+def checked_attach(attach: str | None) -> None:
+    """``attach`` must be an extraction's http(s) status URL without credentials (a form takes any text)."""
     refuse_credentials_in_url(attach, door="attach", fix="give the status URL without them", tokens=True)
+    if attach is not None and split_url(attach).scheme.lower() not in ("http", "https"):
+        raise JobError(
+            f"attach: {show_text(attach)} is not an http(s) status URL; give the URL the extraction server's "
+            "kick-off answered with (its Content-Location), as status and extraction list show it"
+        )
+
+
+def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> None:
+    """``attach`` follows the extraction at that status URL; ``resubmit`` allows a fresh submission. Neither for a
+    completed job: its extraction handle is the record of what it extracted."""
+    if (attach or resubmit) and job.record.state == COMPLETED:
+        raise JobError(
+            f"job {job.job_id} is completed: attach and resubmit apply to a submission in doubt; start a new job "
+            "to extract again"
+        )
     if attach:
         job_id = ExtractionHandle.from_status_url(attach).job_id
         record_facts(

@@ -130,3 +130,40 @@ def test_a_secret_in_the_deployments_overrides_is_refused_before_any_work(server
     assert "secret" in run["state"]["message"] and secret not in run["state"]["message"]
     jobs_after = set((site / "jobs").glob("*")) if (site / "jobs").exists() else set()
     assert jobs_after == jobs_before
+
+
+def jobs_of(site: Path) -> set[Path]:
+    return set((site / "jobs").glob("*")) if (site / "jobs").exists() else set()
+
+
+def test_a_job_id_the_configuration_does_not_know_is_refused_never_made(server, site, served):
+    """Typed into the form with another configuration than the job's: a new job of that id was made (a second
+    extraction under the old job's name, its artifacts mixed with the other's)."""
+    api_url, _ = server
+    before, unknown = jobs_of(site), str(uuid.uuid4())
+    run = run_deployment(api_url, served, {"job_id": unknown})
+    assert run["state"]["type"] == "FAILED" and f"no job {unknown} in {site / 'jobs'}" in run["state"]["message"]
+    assert "give the configuration the job was started with" in run["state"]["message"]
+    assert jobs_of(site) == before
+
+
+@pytest.mark.parametrize("attach", ["status-url-pasted-wrong", "https://alice:pw-in-url@torch.example/fhir/__status/1"])
+def test_attach_on_a_completed_job_is_refused_and_changes_nothing(server, site, served, attach):
+    """A refused attach left job.json Running, and a text that was no URL replaced the job's extraction handle."""
+    api_url, _ = server
+    done = run_deployment(api_url, served, {})
+    job_file = site / "jobs" / done["name"] / "job.json"
+    recorded = job_file.read_bytes()
+    run = run_deployment(api_url, served, {"job_id": done["name"], "attach": attach})
+    assert run["state"]["type"] == "FAILED" and "attach" in run["state"]["message"], run["state"]
+    assert "pw-in-url" not in run["state"]["message"] and job_file.read_bytes() == recorded
+
+
+def test_a_job_id_that_is_no_job_id_never_names_the_run_and_a_bad_override_names_the_parameter(server, site, served):
+    api_url, _ = server
+    forged = "ok\u202egnp.exe\nERROR: forged"
+    run = run_deployment(api_url, served, {"job_id": forged})
+    assert run["state"]["type"] == "FAILED" and run["name"] == run["id"], run["name"]
+    run = run_deployment(api_url, served, {"overrides": {"retry.max_attempts": "many"}})
+    assert run["state"]["type"] == "FAILED"
+    assert "(from the flow's overrides parameter retry.max_attempts)" in run["state"]["message"], run["state"]
