@@ -7,7 +7,8 @@ Each run is a job of its own (its job id is the run's id, and the run's name fro
 CONFIG and INPUT as parameters; relative paths in CONFIG resolve against CONFIG's directory. Secrets come from this
 process's environment (``${VAR}`` / ``APP_*``), never from the parameters. A run at a ``wait`` step is suspended;
 Resume in the UI continues it. Work pool and workers instead: ``deployments/prefect.yaml``. A dead
-``PREFECT_API_URL``, a configuration with problems or an INPUT with credentials: one line on stderr, exit code 2.
+``PREFECT_API_URL``, a configuration with problems, an INPUT ``start`` would refuse (missing, with credentials) or a
+schedule that cannot be read: one line on stderr, exit code 2.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from config.loader import load_settings
 from config.runtime import apply_prefect_defaults, prefect_api_url
-from flows.jobs import refuse_credentials_in_job_input
+from flows.jobs import check_new_job
 from flows.prefect_server import require_answer
 from tasks.core.errors import DupflowError
 
@@ -32,23 +35,30 @@ def main() -> None:
     parser.add_argument("--timezone", default="UTC", help="time zone of the cron schedule, e.g. Europe/Berlin")
     args = parser.parse_args()
     apply_prefect_defaults()
+    from prefect.client.schemas.schedules import CronSchedule
+    from prefect.schedules import Cron
+
     try:
         if api_url := prefect_api_url():
             require_answer(api_url)
         # Checked before they become the deployment's parameters: every scheduled run would fail on them.
-        refuse_credentials_in_job_input(args.input)
         load_settings(args.config)
+        check_new_job(args.config, args.input, {})  # a missing CRTDL or data folder, an INPUT with credentials
+        if schedule := Cron(args.cron, timezone=args.timezone) if args.cron else None:
+            CronSchedule(cron=args.cron, timezone=args.timezone)  # read now: Cron is read when the runner starts
     except DupflowError as exc:  # ApiUnreachableError included
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    from prefect.schedules import Cron
-
+    except ValueError as exc:  # a cron expression or time zone Prefect cannot read
+        reason = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        print(f"error: --cron {args.cron!r} --timezone {args.timezone!r}: {reason}", file=sys.stderr)
+        sys.exit(2)
     from flows.pipeline import pipeline
 
     job_input = args.input if args.input is None or "://" in args.input else str(Path(args.input).resolve())
     pipeline.serve(
         name=args.name,
-        schedules=[Cron(args.cron, timezone=args.timezone)] if args.cron else None,
+        schedules=[schedule] if schedule else None,
         parameters={"config_path": str(Path(args.config).resolve()), "job_input": job_input},
         description="dupflow: one job per run (extract, pseudonymize, inspect, validate, flatten, send)",
         pause_on_shutdown=False,

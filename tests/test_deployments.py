@@ -9,6 +9,7 @@ with the server, and a secret among the deployment's overrides is refused before
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -167,3 +168,31 @@ def test_a_job_id_that_is_no_job_id_never_names_the_run_and_a_bad_override_names
     run = run_deployment(api_url, served, {"overrides": {"retry.max_attempts": "many"}})
     assert run["state"]["type"] == "FAILED"
     assert "(from the flow's overrides parameter retry.max_attempts)" in run["state"]["message"], run["state"]
+
+
+SAMPLE = Path(__file__).resolve().parent.parent / "config" / "sample-data"
+
+
+@pytest.mark.parametrize(
+    ("job_input", "schedule", "said"),
+    [
+        ("missing.json", [], "missing.json not found"),  # as start says it
+        (str(SAMPLE / "crtdl.json"), ["--cron", "bogus"], "error: --cron 'bogus' --timezone 'UTC': Invalid cron"),
+        (str(SAMPLE / "crtdl.json"), ["--cron", "0 2 * * *", "--timezone", "Europe/Berln"], "Invalid timezone"),
+    ],
+    ids=["missing-input", "cron", "timezone"],
+)
+def test_serve_refuses_what_every_run_would_fail_on_in_one_line(tmp_path, write_config, job_input, schedule, said):
+    """It served a deployment whose every run failed on a missing CRTDL; a bad schedule ended in a traceback."""
+    services = {"local_import": {"dir": SAMPLE}, "flattening": {"lookup_path": SAMPLE / "flatten-lookup.json"}}
+    config = write_config({"pipeline": {"enabled_steps": ["local_import", "flattening"]}, "services": services})
+    refused = subprocess.run(
+        [sys.executable, "-m", "deployments.serve", str(config), job_input, *schedule],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(SAMPLE.parent.parent), "PREFECT_API_URL": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and said in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
