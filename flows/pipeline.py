@@ -31,7 +31,7 @@ from flows.jobs import Job, prepare_job
 from flows.prefect_server import local_pause_guard, local_pause_guard_name
 from flows.run_logging import keep_one_trace_per_failure
 from tasks.clients.extraction_documents import ExtractionHandle
-from tasks.core.readable import CLI, counted
+from tasks.core.readable import CLI, counted, plain_text
 from tasks.core.redaction import redact
 from tasks.core.errors import JobError
 from tasks.core.names import show_text
@@ -46,6 +46,7 @@ from tasks.job.filework import file_runner
 from tasks.job.layout import directory_tag, is_job_id, job_of_tag, job_tag
 from tasks.job.record import (
     AWAITING_INSPECTION,
+    CANCELLED,
     COMPLETED,
     CONTINUED,
     CRASHED,
@@ -158,16 +159,31 @@ def pipeline(
         except PrefectSignal:  # suspended for inspection: the state is written before the suspend
             raise
         except BaseException as exc:
-            record_stopped(job.paths.job_dir, *ended_state(exc))
+            record_stopped(job.paths.job_dir, *ended_state(exc, flow_run_id))
             card.refresh()
             raise
 
 
-def ended_state(exc: BaseException) -> tuple[str, str]:
-    """The state a run ends in when ``exc`` stops it, with Prefect's words for it (secrets redacted)."""
+def ended_state(exc: BaseException, flow_run_id: str) -> tuple[str, str]:
+    """The state a run ends in when ``exc`` stops it, with Prefect's words for it (secrets redacted). An interrupt
+    that follows a cancel on the server (the UI's Cancel, a runner shutting down) is that cancel, as the UI shows."""
     if isinstance(exc, Exception):
         return FAILED, redact(f"{type(exc).__name__}: {exc}")
+    if (cancelled := cancelled_on_the_server(flow_run_id)) is not None:
+        return CANCELLED, f"{cancelled}; continue resumes the job"
     return CRASHED, "Execution was aborted by an interrupt signal (Ctrl+C or SIGTERM); continue resumes the job"
+
+
+def cancelled_on_the_server(flow_run_id: str) -> str | None:
+    """The server's message when it has this flow run Cancelling or Cancelled, else None (also when it cannot say)."""
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(flow_run_id).state
+    except Exception:  # noqa: BLE001 - an unanswered question is no cancel
+        return None
+    if state is None or state.type.value not in ("CANCELLING", "CANCELLED"):
+        return None
+    return plain_text(state.message or "Cancelled on the Prefect server")
 
 
 def run_job_steps(job: Job, card: JobRecordCard) -> Any:

@@ -9,6 +9,7 @@ with the server, and a secret among the deployment's overrides is refused before
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import httpx
 import pytest
 
 from tests.conftest import run_cli, wait_until
+from tests.support.jobs import source_dir
 
 pytestmark = pytest.mark.slow
 
@@ -196,3 +198,35 @@ def test_serve_refuses_what_every_run_would_fail_on_in_one_line(tmp_path, write_
     )
     assert refused.returncode == 2 and said in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+
+
+def test_a_run_cancelled_from_the_ui_mid_step_is_a_cancelled_job(server, tmp_path, write_config):
+    """The UI showed Cancelled and job.json, status and the record card said Crashed."""
+    api_url, env = server
+    source = source_dir(tmp_path, {"c.ndjson": 400_000}, pad=400)
+    config = write_config({"pipeline": {"enabled_steps": ["local_import"]}, "compression": {"level": "best"}})
+    name = f"cancel-{uuid.uuid4().hex[:8]}"
+    serving = subprocess.Popen(
+        [sys.executable, "-m", "deployments.serve", str(config), str(source), "--name", name],
+        cwd=tmp_path,
+        env={**env, "PREFECT_RUNNER_POLL_FREQUENCY": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deployment = wait_for_deployment(api_url, f"dupflow/{name}", serving)
+        run_id = httpx.post(f"{api_url}/deployments/{deployment}/create_flow_run", json={"parameters": {}}).json()["id"]
+        part = tmp_path / "jobs" / run_id / "import" / ".c.ndjson.zst.part"
+        wait_until(part.exists, "the import is at work", timeout=RUN_TIMEOUT)
+        cancel = {"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}  # the UI's Cancel
+        httpx.post(f"{api_url}/flow_runs/{run_id}/set_state", json=cancel).raise_for_status()
+        wait_until(
+            lambda: json.loads((part.parent.parent / "job.json").read_text())["state"] != "Running", "the run ends"
+        )
+    finally:
+        serving.terminate()
+        serving.wait(30)
+    record = json.loads((tmp_path / "jobs" / run_id / "job.json").read_text())
+    assert record["state"] == "Cancelled" and record["state_message"].endswith("; continue resumes the job"), record
+    status = run_cli("status", str(tmp_path / "jobs" / run_id), env=env)
+    assert "state:     Cancelled" in status.stdout, status.stdout
