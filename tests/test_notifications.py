@@ -5,7 +5,7 @@ block named ``dupflow-notify`` (here a custom webhook to a recording HTTP server
 applied with ``python -m deployments.automations.apply``, then real dupflow jobs from the command line that wait for
 inspection, fail, and crash (SIGTERM while a download stalls). Each time the server's automation fires and the
 recorder receives a message naming the job, its state and the state's message. A deployment run's ``Suspended``
-state is the same automation's other expected event; it is not provoked here (that needs a deployment and a worker).
+state is the same automation's other expected event, provoked here by setting a run of the flow Suspended.
 
 Issue 20 item 2 on the same server: the local server starts with the automation that puts a local paused run the
 UI resumed straight back to AwaitingInspection (``apply`` keeps it), and that says what to do in a notification.
@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -147,6 +148,19 @@ def test_a_job_at_a_wait_step_notifies_that_it_waits_for_inspection(applied, rec
     assert message["subject"] == f"dupflow job {job_id} is waiting for inspection"
     assert f"continue {tmp_path / 'jobs' / job_id}" in message["body"]  # the state message: what to do next
     assert f"/runs/flow-run/{flow_run_id}" in message["body"]  # a link: the local server knows its UI address
+
+
+def test_a_suspended_deployment_run_notifies_how_to_resume_it(applied, recorder, tmp_path, write_config):
+    """Prefect suspends a deployment run without a message: the notification said nothing of what to do."""
+    _, flow_run_id = job_at_a_wait_step(applied, tmp_path, write_config)  # the flow dupflow, known to the server
+    api_url, name = applied["PREFECT_API_URL"], str(uuid.uuid4())
+    flow_id = api(api_url, "GET", f"/flow_runs/{flow_run_id}")["flow_id"]
+    run = api(api_url, "POST", "/flow_runs/", json={"flow_id": flow_id, "name": name})
+    suspended = {"state": {"type": "PAUSED", "name": "Suspended"}, "force": True}  # as suspend_flow_run leaves it
+    api(api_url, "POST", f"/flow_runs/{run['id']}/set_state", json=suspended)
+
+    message = notification(recorder, name, "Suspended")
+    assert "Resume it in the Prefect UI with the confirmation turned on" in message["body"], message
 
 
 def test_a_failed_job_notifies_with_the_reason(applied, recorder, tmp_path, write_config):
