@@ -43,7 +43,8 @@ def main() -> None:
             require_answer(api_url)
         # Checked before they become the deployment's parameters: every scheduled run would fail on them.
         load_settings(args.config)
-        check_new_job(args.config, args.input, {})  # a missing CRTDL or data folder, an INPUT with credentials
+        if args.input is not None:  # else each run gives its input in the form
+            check_new_job(args.config, args.input, {})  # a missing CRTDL or data folder, an INPUT with credentials
         if schedule := Cron(args.cron, timezone=args.timezone) if args.cron else None:
             CronSchedule(cron=args.cron, timezone=args.timezone)  # read now: Cron is read when the runner starts
     except DupflowError as exc:  # ApiUnreachableError included

@@ -34,8 +34,7 @@ from tasks.clients.extraction_documents import ExtractionHandle
 from tasks.core.readable import CLI, counted, plain_text
 from tasks.core.redaction import redact
 from tasks.core.errors import JobError
-from tasks.core.names import show_text
-from tasks.core.url_credentials import refuse_credentials_in_url, split_url
+from tasks.core.url_credentials import refuse_credentials_in_url, shown_url, split_url
 from tasks.extractor import extractor
 from tasks.flattening import flattening
 from tasks.flattening import shaped_settings as flattening_shape
@@ -242,7 +241,7 @@ def checked_attach(attach: str | None) -> None:
     refuse_credentials_in_url(attach, door="attach", fix="give the status URL without them", tokens=True)
     if attach is not None and split_url(attach).scheme.lower() not in ("http", "https"):
         raise JobError(
-            f"attach: {show_text(attach)} is not an http(s) status URL; give the URL the extraction server's "
+            f"attach: {shown_url(attach)!r} is not an http(s) status URL; give the URL the extraction server's "
             "kick-off answered with (its Content-Location), as status and extraction list show it"
         )
 

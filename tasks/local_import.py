@@ -28,6 +28,9 @@ from tasks.streams.processes import worker_pool
 from tasks.streams.progress import track
 
 
+# NDJSON compressed otherwise than with zstd: named like data, never read (a checksum or backup beside a file is no
+# data: Patient.ndjson.zst.sha256, Patient.ndjson.bak).
+COMPRESSED_SUFFIXES = (".gz", ".gzip", ".bz2", ".xz", ".lzma", ".zstd", ".lz4", ".br", ".zip", ".7z")
 CHANGE_CHECK_BYTES = 16 << 20
 """How much is copied between two checks that the source is as the scan found it (one stat each)."""
 
@@ -81,7 +84,8 @@ def refuse_a_changed_source(path: Path, identity: list) -> None:
     if [found.st_size, found.st_mtime_ns] != identity[1:]:
         raise LocalImportError(
             f"{show_text(path, None)} changed while it was imported ({identity[1]:,} bytes when the step began, "
-            f"{found.st_size:,} now); wait until whatever writes it has finished, then continue the job"
+            f"{found.st_size:,} now, written again since); wait until whatever writes it has finished, then continue "
+            "the job"
         )
 
 
@@ -162,7 +166,7 @@ def refuse_data_left_out(path: Path) -> None:
             f"{show_text(path, None)} is named like data but its suffix is not in lower case; "
             "rename it to end in .ndjson or .ndjson.zst, or move it out of the import folder"
         )
-    if ".ndjson." in lower:
+    if lower.endswith(COMPRESSED_SUFFIXES) and ".ndjson." in lower:
         raise LocalImportError(
             f"{show_text(path, None)} is named like data of another kind: only plain NDJSON (.ndjson) and zstd "
             "(.ndjson.zst) are read; decompress it, or compress it with zstd as .ndjson.zst, or move it out of the "

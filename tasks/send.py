@@ -189,9 +189,9 @@ def line_entries(source: Path, line_number: int, line: bytes, tag_prefix: str) -
     if unwrapped or not resource.get("id"):  # taken apart and written anew: every number kept as written
         resource = exact_resource(line, where)
     if unwrapped:
-        if not isinstance(entries := resource.get("entry") or [], list):
+        if not isinstance(entries := resource.get("entry", []), list | None):
             raise StepError(f"{where}: the Bundle's entry is not an array, so it holds no resource to send; fix it")
-        for index, item in enumerate(entries):
+        for index, item in enumerate(entries or []):
             inner = item.get("resource") if isinstance(item, dict) else None
             if isinstance(inner, dict):
                 tag = f"{tag_prefix}:{line_number}:{index}"

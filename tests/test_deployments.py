@@ -180,16 +180,17 @@ SAMPLE = Path(__file__).resolve().parent.parent / "config" / "sample-data"
     [
         ("missing.json", [], "missing.json not found"),  # as start says it
         (str(SAMPLE / "crtdl.json"), ["--cron", "bogus"], "error: --cron 'bogus' --timezone 'UTC': Invalid cron"),
+        (None, ["--cron", "bogus"], "Invalid cron"),  # without INPUT (each run gives it in the form): not refused
         (str(SAMPLE / "crtdl.json"), ["--cron", "0 2 * * *", "--timezone", "Europe/Berln"], "Invalid timezone"),
     ],
-    ids=["missing-input", "cron", "timezone"],
+    ids=["missing-input", "cron", "no-input", "timezone"],
 )
 def test_serve_refuses_what_every_run_would_fail_on_in_one_line(tmp_path, write_config, job_input, schedule, said):
     """It served a deployment whose every run failed on a missing CRTDL; a bad schedule ended in a traceback."""
     services = {"local_import": {"dir": SAMPLE}, "flattening": {"lookup_path": SAMPLE / "flatten-lookup.json"}}
     config = write_config({"pipeline": {"enabled_steps": ["local_import", "flattening"]}, "services": services})
     refused = subprocess.run(
-        [sys.executable, "-m", "deployments.serve", str(config), job_input, *schedule],
+        [sys.executable, "-m", "deployments.serve", str(config), *([job_input] if job_input else []), *schedule],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(SAMPLE.parent.parent), "PREFECT_API_URL": ""},
         capture_output=True,

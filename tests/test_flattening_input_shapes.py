@@ -55,6 +55,20 @@ def test_two_groups_of_one_id_are_refused_before_the_job_exists(tmp_path):
         plan_views(crtdl, LOOKUP)
 
 
+@pytest.mark.parametrize("attributes", [5, True, {"attributeRef": "Procedure.status"}, [{"attributeRef": 7}]], ids=repr)
+def test_attributes_that_are_no_list_of_references_are_refused_naming_the_group(tmp_path, attributes):
+    """A number failed start with a bare TypeError; an object gave the group no columns without a word."""
+
+    def broken(groups):
+        groups[2]["attributes"] = attributes
+
+    crtdl = example_crtdl(tmp_path, broken)
+    with pytest.raises(JobError) as refused:
+        refuse_unusable_group_names(crtdl, json.loads(crtdl.read_text()))
+    assert "its attributes must be a list of objects with a string attributeRef; fix the CRTDL" in str(refused.value)
+    assert "attribute group 'd49d96a5-53af-4069-862b-2ff804eac084'" in str(refused.value)
+
+
 def test_an_attribute_listed_twice_gives_its_columns_once(tmp_path):
     def twice(groups):
         groups[2]["attributes"].append(dict(groups[2]["attributes"][0]))

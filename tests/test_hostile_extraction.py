@@ -193,6 +193,14 @@ def test_a_redirect_to_a_url_with_credentials_is_refused(tmp_path):
 # --- item 13: a manifest too large is refused early and cheaply -----------------------------------------------
 
 
+def test_an_error_file_url_with_a_password_is_named_without_it():
+    manifest = {"output": [], "error": [{"url": "https://svc:pw-in-url@torch.example/output/err.ndjson"}]}
+    with pytest.raises(ExtractionError) as refused:
+        result_urls(manifest, 100)
+    assert "error file https://torch.example/output/err.ndjson" in str(refused.value)
+    assert "pw-in-url" not in str(refused.value)
+
+
 SHAPES = [5, "s", True, {"a": 1}, [1], [[1]], [{"url": [1]}], [{"name": [1], "part": 5}], [{"extension": 5}]]
 
 

@@ -20,7 +20,7 @@ SHAPES = [5, "ab", True, {"a": 1}, [1], [[1]], ["x", None]]
 def test_a_pseudonymized_bundle_whose_entry_is_no_array_is_refused_not_counted_by_its_characters(entry):
     sent = {"resourceType": "Bundle", "id": "b", "entry": [{"resource": {"resourceType": "Patient"}}] * 2}
     answer = orjson.dumps({"resourceType": "Bundle", "id": "x", "entry": entry})  # "ab" had the length of 2 entries
-    with pytest.raises(PseudonymizationError, match="answered with None Bundle entries for 2 sent"):
+    with pytest.raises(PseudonymizationError, match="answered with a Bundle whose entry is not an array for 2 sent"):
         checked_answer(answer, sent)
 
 

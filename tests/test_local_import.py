@@ -87,6 +87,12 @@ def test_ndjson_compressed_otherwise_than_with_zstd_is_an_error_naming_it(tmp_pa
         find_ndjson_files(tmp_path, recursive=False)
 
 
+def test_a_checksum_or_backup_beside_a_data_file_is_passed_over(tmp_path):
+    for name in ("Patient.ndjson.zst", "Patient.ndjson.zst.sha256", "Patient.ndjson.md5", "Patient.ndjson.bak"):
+        (tmp_path / name).write_text("{}\n")
+    assert [p.name for p in find_ndjson_files(tmp_path, recursive=False)] == ["Patient.ndjson.zst"]
+
+
 def test_a_symlinked_folder_in_a_recursive_scan_is_an_error_naming_it(tmp_path):
     """os.walk does not follow it: its files were left out without a word."""
     (tmp_path / "elsewhere").mkdir()
@@ -159,7 +165,8 @@ def test_a_folder_name_with_a_control_character_is_shown_escaped_in_the_import_s
 
 def test_a_source_that_changes_while_it_is_imported_fails_naming_it_and_leaves_nothing(tmp_path):
     """An export still being written was imported as whatever part of it existed, and a file that kept growing never
-    ended; each piece copied is checked against the size and time of change the scan found."""
+    ended: the source is checked against the size and time of change the scan found (every 16 MB copied, and at the
+    end, as here)."""
     source = tmp_path / "Observation.ndjson"
     source.write_bytes(b'{"resourceType":"Observation"}\n' * 1000)
     scanned = file_identity(source)
@@ -169,8 +176,8 @@ def test_a_source_that_changes_while_it_is_imported_fails_naming_it_and_leaves_n
     with pytest.raises(LocalImportError) as refused:
         import_file.fn(ctx, str(source), "Observation.ndjson", scanned)
     assert str(refused.value) == (
-        f"{source} changed while it was imported (31,000 bytes when the step began, 31,031 now); wait until whatever "
-        "writes it has finished, then continue the job"
+        f"{source} changed while it was imported (31,000 bytes when the step began, 31,031 now, written again since); "
+        "wait until whatever writes it has finished, then continue the job"
     )
     assert list(ctx.output_dir.iterdir()) == []
 

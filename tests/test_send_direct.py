@@ -154,7 +154,7 @@ def test_bundles_are_unwrapped_into_entries_and_a_batch_counts_entries(tmp_path)
     assert [b.labels for b in resumed] == [["Observation/u-o5", "Bundle/doc-1"]]
 
 
-@pytest.mark.parametrize("entry", [5, "abc", {"resource": {"resourceType": "Patient", "id": "p"}}])
+@pytest.mark.parametrize("entry", [5, "abc", {"resource": {"resourceType": "Patient", "id": "p"}}, {}, "", 0, False])
 def test_a_bundle_whose_entry_is_not_an_array_fails_naming_its_line(tmp_path, entry):
     """It was taken as holding nothing (a string's characters passed over one by one): the line was sent as nothing."""
     source = write_ndjson(

@@ -225,7 +225,7 @@ def _manifest_urls(manifest: dict) -> tuple[list[str], list[str]]:
 
 def _error_entry_text(entry: Any) -> str:
     if isinstance(entry, dict):
-        return f"error file {entry['url']}" if isinstance(entry.get("url"), str) else json.dumps(entry)[:500]
+        return f"error file {shown_url(entry['url'])}" if isinstance(entry.get("url"), str) else json.dumps(entry)[:500]
     return str(entry)
 
 

@@ -189,8 +189,8 @@ def checked_answer(content: bytes, sent: dict[str, Any]) -> tuple[bytes, dict[st
         raise PseudonymizationError(redact(f"the service answered with {got} instead of a de-identified {sent_shown}"))
     if sent_type == "Bundle" and not _same_entry_count(answer, sent):
         raise PseudonymizationError(
-            f"the service answered with {_entry_count(answer)} Bundle entries for {_entry_count(sent)} sent; "
-            "refusing to lose resources"
+            f"the service answered with {_entries_said(answer)} for {_entries_said(sent, short=True)} sent; refusing "
+            "to lose resources"
         )
     return as_ndjson_line(content), answer
 
@@ -199,6 +199,12 @@ def _entry_count(bundle: dict[str, Any]) -> int | None:
     """How many entries the Bundle has (None: its ``entry`` is no array, sent and answered as it is)."""
     entries = bundle.get("entry")
     return None if entries is not None and not isinstance(entries, list) else len(entries or [])
+
+
+def _entries_said(bundle: dict[str, Any], short: bool = False) -> str:
+    if (count := _entry_count(bundle)) is None:
+        return "a Bundle whose entry is not an array"
+    return str(count) if short else f"{count} Bundle entries"
 
 
 def _same_entry_count(answer: dict[str, Any], sent: dict[str, Any]) -> bool:

@@ -62,25 +62,24 @@ def has_user_info(url: str) -> bool:
 
 
 def _without_user_info(text: str) -> str:
-    """``text`` without what may be user info: everything after ``scheme://`` up to its last ``@`` before the query.
-    A password with ``/``, ``?`` or ``#`` in it ends the host for ``urlsplit`` (``http://u:a/b@h`` is host ``u``,
-    port ``a``), so the ``@`` of such a password is not in the network location it gives; where that port is no
-    number (a ``?`` in the password), up to the last ``@`` of all."""
+    """``text`` without what may be user info. Its network location ends at the first ``/``, ``?`` or ``#`` after
+    ``scheme://`` (as ``urlsplit`` reads it), and an ``@`` in it starts the host. A password with one of those three
+    characters in it ends that location early (``http://u:a/b@h`` is host ``u``, port ``a``): an ``@`` further on
+    is taken as the end of user info too when the location is followed by ``?`` or ``#`` rather than a path, or when
+    its port is no number; an ``@`` in a path after a host (``https://h/exports/@latest/``) is none."""
     scheme, separator, rest = text.partition("://")
     if not separator:
         scheme, rest = "", text
-    end = rest.find("?")
-    if end < 0 or not _port_is_a_number(rest):
-        end = len(rest)
+    end = min((at for at in map(rest.find, "/?#") if at >= 0), default=len(rest))
     at = rest.rfind("@", 0, end)
+    if at < 0 and "@" in rest[end:] and (rest[end : end + 1] in ("?", "#") or not _port_is_a_number(rest[:end])):
+        at = rest.rfind("@")
     return text if at < 0 else f"{scheme}{separator}{rest[at + 1 :]}"
 
 
-def _port_is_a_number(rest: str) -> bool:
-    """Whether the network location of ``rest`` (a URL after its ``scheme://``) has no port or a numeric one."""
-    end = min((at for at in map(rest.find, "/?#") if at >= 0), default=len(rest))  # as urlsplit ends it
-    host = rest[:end].rpartition("@")[2]
-    port = host.rpartition("]")[2].partition(":")[2] if host.startswith("[") else host.partition(":")[2]
+def _port_is_a_number(location: str) -> bool:
+    """Whether a network location (``host[:port]``, no user info) has no port or a numeric one."""
+    port = location.rpartition("]")[2].partition(":")[2] if location.startswith("[") else location.partition(":")[2]
     return port == "" or port.isascii() and port.isdigit()
 
 

@@ -109,7 +109,9 @@ def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
         if not isinstance(group, dict) or not isinstance(group.get("groupReference"), str):
             raise CrtdlError(f"attribute group {index + 1} of the CRTDL has no groupReference")
         group_id = str(group.get("id") or generated_group_id(group))
-        groups.append((group_id, str(group.get("name") or group_id), group["groupReference"], _attribute_refs(group)))
+        groups.append(
+            (group_id, str(group.get("name") or group_id), group["groupReference"], _attribute_refs(group, group_id))
+        )
     _refuse_shared_ids([(group_id, name) for group_id, name, _, _ in groups])
     stems = [_UNSAFE_FILE_CHARACTERS.sub("_", name) for _, name, _, _ in groups]
     shared = {stem for stem, count in Counter(stem.casefold() for stem in stems).items() if count > 1}
@@ -145,11 +147,15 @@ def generated_group_id(group: dict[str, Any]) -> str:
     return GENERATED_ID_PREFIX + digest[:GENERATED_ID_HEX_DIGITS]
 
 
-def _attribute_refs(group: dict[str, Any]) -> list[str]:
+def _attribute_refs(group: dict[str, Any], group_id: str) -> list[str]:
     """The group's ``attributeRef``s in order, each once (a repeated one would name its columns twice)."""
-    refs = [a["attributeRef"] for a in group.get("attributes") or [] if isinstance(a, dict) and "attributeRef" in a]
-    if not all(isinstance(ref, str) for ref in refs):
-        raise CrtdlError(f"attribute group {show_name(str(group.get('id')))} has an attributeRef that is not a string")
+    attributes = group.get("attributes", [])
+    refs = [a["attributeRef"] for a in as_array(attributes) if isinstance(a, dict) and "attributeRef" in a]
+    if attributes is not None and not isinstance(attributes, list) or not all(isinstance(r, str) for r in refs):
+        raise CrtdlError(
+            f"attribute group {show_name(group_id)}: its attributes must be a list of objects with a string "
+            "attributeRef; fix the CRTDL"
+        )
     return list(dict.fromkeys(refs))
 
 

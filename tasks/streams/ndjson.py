@@ -68,10 +68,6 @@ class FileStats:
     modified_ns: int | None = None  # the file's time of change when it was counted
 
 
-def is_data_file(path: Path) -> bool:
-    return path.is_file() and path.name.endswith(DATA_SUFFIXES) and not is_partial(path)
-
-
 def is_partial(path: Path) -> bool:
     return path.name.startswith(PART_PREFIX) and path.name.endswith(PART_SUFFIX)
 
