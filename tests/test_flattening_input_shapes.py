@@ -55,7 +55,9 @@ def test_two_groups_of_one_id_are_refused_before_the_job_exists(tmp_path):
         plan_views(crtdl, LOOKUP)
 
 
-@pytest.mark.parametrize("attributes", [5, True, {"attributeRef": "Procedure.status"}, [{"attributeRef": 7}]], ids=repr)
+@pytest.mark.parametrize(
+    "attributes", [5, True, {"attributeRef": "Procedure.status"}, [{"attributeRef": 7}], ["Procedure.status"]], ids=repr
+)
 def test_attributes_that_are_no_list_of_references_are_refused_naming_the_group(tmp_path, attributes):
     """A number failed start with a bare TypeError; an object gave the group no columns without a word."""
 

@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks.core.json_shapes import as_array
+from tasks.core.json_shapes import as_array, as_object
 from tasks.core.names import name_from_data_problem, show_name
 from tasks.sof.errors import CrtdlError, ViewError
 from tasks.sof.lookup import LookupTable
@@ -149,14 +149,15 @@ def generated_group_id(group: dict[str, Any]) -> str:
 
 def _attribute_refs(group: dict[str, Any], group_id: str) -> list[str]:
     """The group's ``attributeRef``s in order, each once (a repeated one would name its columns twice)."""
-    attributes = group.get("attributes", [])
-    refs = [a["attributeRef"] for a in as_array(attributes) if isinstance(a, dict) and "attributeRef" in a]
-    if attributes is not None and not isinstance(attributes, list) or not all(isinstance(r, str) for r in refs):
+    attributes = group.get("attributes") or []
+    if not isinstance(attributes, list) or not all(
+        isinstance(as_object(a).get("attributeRef"), str) for a in attributes
+    ):
         raise CrtdlError(
             f"attribute group {show_name(group_id)}: its attributes must be a list of objects with a string "
             "attributeRef; fix the CRTDL"
         )
-    return list(dict.fromkeys(refs))
+    return list(dict.fromkeys(a["attributeRef"] for a in attributes))
 
 
 def _refuse_shared_ids(groups: list[tuple[str, str]]) -> None:
