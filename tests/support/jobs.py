@@ -87,9 +87,11 @@ def start_cli_process(*args: str) -> subprocess.Popen:
 
 
 def sigint_as_in_a_terminal() -> None:
-    """In the child before it starts: SIGINT handled by default and not blocked."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    """In the child before it starts: SIGINT and SIGHUP handled by default and not blocked, as in a terminal (a test
+    run started in the background ignores SIGINT, one under ``nohup`` SIGHUP, and the child would inherit that)."""
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT, signal.SIGHUP])
 
 
 def wait_for(probe, process: subprocess.Popen, timeout: float = 90.0):
