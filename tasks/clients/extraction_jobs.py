@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from tasks.core.json_shapes import as_array
+from tasks.core.json_shapes import as_array, as_object
 from tasks.clients.bounds import MB
 from tasks.clients.errors import ServiceError, json_object, json_or_none
 from tasks.clients.extraction_documents import SERVICE, TASK_TIMEOUT, ExtractionError, base_url_of, job_status_of
@@ -153,14 +153,10 @@ class CohortPreview:
 
 def _consent_audit_files(task: dict[str, Any]) -> tuple[str, ...]:
     outputs = [o for o in as_array(task.get("output")) if isinstance(o, dict) and isinstance(o.get("valueUrl"), str)]
-    urls = tuple(o["valueUrl"] for o in outputs if _text_of(o.get("type")) == CONSENT_AUDIT_TEXT)
+    urls = tuple(o["valueUrl"] for o in outputs if as_object(o.get("type")).get("text") == CONSENT_AUDIT_TEXT)
     for url in urls:
         refuse_credentials_in_url(url, door="a consent audit file URL of the Task", fix=SERVER_URL_FIX)
     return urls
-
-
-def _text_of(concept: Any) -> Any:
-    return concept.get("text") if isinstance(concept, dict) else None
 
 
 def document_of(response: httpx.Response, operation: str) -> dict[str, Any]:

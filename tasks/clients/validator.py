@@ -136,8 +136,7 @@ def with_full_urls(resource: dict[str, Any]) -> bool:
     if resource.get("resourceType") != "Bundle":
         return False
     changed = False
-    entries = resource.get("entry")
-    for entry in entries if isinstance(entries, list) else []:  # not a list: the validator says what is wrong
+    for entry in as_array(resource.get("entry")):  # not a list: the validator says what is wrong
         if not isinstance(entry, dict):
             continue
         if not entry.get("fullUrl"):
