@@ -20,6 +20,7 @@ from tasks.clients.http import ServiceEndpoint, build_client, http_timeout
 from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
 from tasks.core.errors import StepError
 from tasks.job.steps import compression_shape, ndjson_written
+from tasks.streams.fanout import raise_if_cancelled
 from tasks.streams.ndjson import FileStats, remove_partial_files
 from tasks.streams.progress import expect_files, track
 from tasks.core.url_credentials import shown_url
@@ -47,8 +48,13 @@ def http_import(step: StepInput) -> StepResult:
 @file_task("fetch-url", "fetch[{name}]")
 def fetch_url(step: StepInput, url: str, name: str) -> DataFile:
     with track(f"download {name}") as progress:
+
+        def on_bytes(amount: int) -> None:
+            raise_if_cancelled()
+            progress.advance(amount)
+
         stats = fetch_ndjson(
-            url, step.output_dir / name, settings_of(step), on_bytes=progress.advance, on_total=progress.set_total
+            url, step.output_dir / name, settings_of(step), on_bytes=on_bytes, on_total=progress.set_total
         )
     return DataFile.written(name, stats)
 

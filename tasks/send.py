@@ -30,6 +30,7 @@ from tasks.core.exact_json import dumps_exact, loads_exact
 from tasks.core.names import show_text
 from tasks.job.steps import one_file_at_a_time
 from tasks.clients.transfer import binary_id, put_document_reference, send_binary
+from tasks.streams.fanout import raise_if_cancelled
 from tasks.streams.files import write_file_atomically
 from tasks.streams.ndjson import iter_lines, parse_resource
 
@@ -330,6 +331,7 @@ def send_resources(
         first_number=progress.state["batches"] + 1,
     )
     for batch in batches:
+        raise_if_cancelled()
         send_batch(server, source.name, batch, records / "failed")
         progress.record(batch)
     progress.record(None)

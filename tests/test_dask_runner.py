@@ -15,11 +15,12 @@ import pytest
 from config.errors import ConfigError
 from config.loader import load_settings
 from config.settings import TaskRunnerSettings
-from flows.run import EXIT_FAILED, EXIT_OK, main
+from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, main
 from tasks.job.contract import DataFile, StepInput, file_task, settings_of
 from tasks.job.filework import TaskRunnerError, file_runner, map_files
 from tasks.core.readable import counted
 from tests.conftest import complete_results, run_cli
+from tests.support.dask_cluster import external_cluster, scheduler_address
 from tests.support.ndjson import write_lines
 from tests.support.validation import step_input as validation_step_input
 from tests.support.validation import validation_overrides
@@ -384,3 +385,58 @@ def test_a_services_max_concurrent_requests_holds_for_the_step_on_a_dask_cluster
     result = on_dask()
     assert sum(f["chunks"] for f in result.summary["per_file"]) == 6  # two in each file, three files at once before
     assert validator_fake.state.most_in_flight <= 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.usefixtures("prefect_api")
+def test_a_file_task_on_a_remote_worker_stops_when_its_flow_run_ends(validator_fake, tmp_path, write_config):
+    """A worker on another machine went on with a file (validating, sending) after the flow process was stopped,
+    while ``continue`` did the file again. Here it stops at its next request once the flow run is over."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_second(index: int) -> float:
+        if index == 1:
+            held.set()
+            release.wait(300)
+        return 0.5 if index > 1 else 0.0  # 40 chunks: 20 s more to go once released
+
+    validator_fake.state.reset(shallow=True, delay_for=hold_the_second)
+    patients = [{"resourceType": "Patient", "id": f"p{i}", "name": [{"family": "x" * 300_000}]} for i in range(120)]
+    (source := tmp_path / "source").mkdir()
+    write_lines(source / "patients.ndjson", patients)
+    jobs = tmp_path / "jobs"
+    with external_cluster(tmp_path / "cluster", [[]]) as scheduler_file:
+        runner = {"kind": "dask", "dask_address": scheduler_address(scheduler_file, 1)}
+        validation = {"url": validator_fake.base_url, "bundle_chunk_size_mb": 1, "max_concurrent_requests": 1}
+        tree = {"pipeline": {"enabled_steps": ["local_import", "validation"], "task_runner": runner}}
+        config = write_config({**tree, "services": {"validation": validation}}, jobs_dir=jobs)
+        process = start_cli_process("start", str(config), str(source), "--no-progress")
+        wait_for(lambda: held.is_set() or None, process, timeout=300)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=120) == EXIT_INTERRUPTED
+        release.set()
+        flow_run_id = job_file(job_dir := only_job_dir(jobs))["flow_run_ids"][-1]
+        state = wait_for_task_run_end(flow_run_id, "validate[patients.ndjson.zst]")
+    assert state.type.value == "FAILED", state
+    assert f"stopped: flow run {flow_run_id} ended (Crashed" in state.message
+    assert len(validator_fake.state.requests) < 40, "the worker validated the whole file"
+    assert not list((job_dir / "validation").iterdir())
+
+
+def wait_for_task_run_end(flow_run_id: str, name: str, timeout: float = 120.0):
+    """The final state of the flow run's task run ``name`` (as the worker reported it to the API)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, TaskRunFilter, TaskRunFilterName
+
+    runs = FlowRunFilter(id={"any_": [flow_run_id]})
+    deadline = time.monotonic() + timeout
+    with get_client(sync_client=True) as client:
+        while time.monotonic() < deadline:
+            found = client.read_task_runs(
+                flow_run_filter=runs, task_run_filter=TaskRunFilter(name=TaskRunFilterName(any_=[name]))
+            )
+            if found and found[0].state is not None and found[0].state.is_final():
+                return found[0].state
+            time.sleep(0.2)
+    raise AssertionError(f"task run {name} did not end within {timeout} s")

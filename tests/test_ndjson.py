@@ -17,7 +17,7 @@ from loky.process_executor import ShutdownExecutorError
 
 from tasks.streams import processes
 from tests.support.processes import worker_pids
-from tasks.streams.fanout import Cancelled, raise_if_cancelled, run_bounded
+from tasks.streams.fanout import Cancelled, cancel_scope, raise_if_cancelled, run_bounded
 from tasks.streams.files import start_writeback
 from tasks.streams import ndjson_writer
 from tasks.streams.ndjson import (
@@ -471,6 +471,22 @@ def interrupt_once_queued(pool, calls: int) -> None:
     """Ctrl+C, as soon as ``calls`` calls wait in the pool."""
     wait_for_calls_in_the_pool(pool, calls)
     signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+
+def test_work_in_a_cancel_scope_stops_at_its_next_check_once_another_thread_cancels_it(tmp_path):
+    """How a file task on a Dask worker stops once its flow run is over (``tasks.job.flow_run_watch``): its file is
+    not finished, and no new one is begun."""
+    with cancel_scope() as cancel:
+        with pytest.raises(Cancelled), AtomicNdjsonWriter(tmp_path / "a.ndjson", None, MB) as out:
+            out.write(b'{"resourceType":"A"}\n')
+            raise_if_cancelled()  # not cancelled yet: goes on
+            (canceller := threading.Thread(target=cancel)).start()
+            canceller.join()
+            raise_if_cancelled()
+        with pytest.raises(Cancelled), AtomicNdjsonWriter(tmp_path / "b.ndjson", None, MB):
+            pass
+    raise_if_cancelled()  # outside the scope: nothing to stop
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_call_that_gets_to_make_its_file_after_its_fan_out_was_cancelled_makes_none(tmp_path):

@@ -36,6 +36,7 @@ also operation, HTTP status and transient or terminal), and the drawing of the w
     ├── CredentialsInUrlError           tasks.core.url_credentials: a URL with user:password
     ├── JobWriteError                   tasks.streams.files (also OSError): the job directory cannot be written
     ├── TaskRunnerError                 tasks.job.filework: the configured Dask cluster cannot be used
+    ├── FlowRunEndedError               tasks.job.flow_run_watch: a file task on a Dask worker whose flow run ended
     ├── ApiUnreachableError, ServerStartError                     flows.prefect_server
     └── AutomationFileError             deployments.automations.apply
 

@@ -28,6 +28,7 @@ from config.loader import cached_settings
 from config.settings import Settings
 from tasks.core.errors import DupflowError
 from tasks.core.redaction import redact
+from tasks.job.flow_run_watch import stopped_when_flow_run_ends
 from tasks.job.layout import JobPaths, step_artifact_key, step_folder
 from tasks.streams.progress import StepWork, step_progress
 from tasks.streams.ndjson import FileStats
@@ -212,7 +213,9 @@ def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
 def file_task(name: str, run_name: str) -> Callable[[Callable[..., R]], Any]:
     """Declare a per-file (or per-batch) sub-task; ``run_name`` is a template over its parameters, e.g.
     ``"pseudonymize[{name}]"``."""
-    return lambda function: task(name=name, task_run_name=run_name, **_PERSISTED)(redacting_failures(function))
+    return lambda function: task(name=name, task_run_name=run_name, **_PERSISTED)(
+        redacting_failures(stopped_when_flow_run_ends(function))
+    )
 
 
 def redacting_failures(function: Callable[..., R]) -> Callable[..., R]:

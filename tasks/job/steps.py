@@ -13,7 +13,7 @@ from config.settings import Settings
 from tasks.job.contract import StepInput
 from tasks.job.filework import map_files
 from tasks.job.layout import step_artifact_key
-from tasks.streams.fanout import ordered_map, results_or_raise
+from tasks.streams.fanout import ordered_map, raise_if_cancelled, results_or_raise
 from tasks.streams.ndjson import CompressionLevel, FileStats
 from tasks.streams.ndjson_writer import AtomicNdjsonWriter
 from tasks.streams.progress import track
@@ -69,6 +69,7 @@ async def write_answers(
     label, expected = progress
     with track(label, expected, "lines") as shown, AtomicNdjsonWriter(dest, level, line_limit, source=source) as writer:
         async for request, answer in ordered_map(requests, ask, window):
+            raise_if_cancelled()
             line, lines = written(request, answer)
             writer.write_line(line)
             shown.advance(lines)

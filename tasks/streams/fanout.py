@@ -77,6 +77,24 @@ def results_or_raise(outcomes: list[R | Exception]) -> list[R]:
     return cast(list[R], outcomes)
 
 
+@contextlib.contextmanager
+def cancel_scope() -> Iterator[Callable[[], None]]:
+    """``raise_if_cancelled`` and ``unless_cancelled`` in this block (and in the contexts copied from it) answer to
+    the ``cancel`` it yields, which another thread may call: how work that no ``run_bounded`` runs (a file task on
+    a Dask worker) is stopped from outside."""
+    cancelled, creating = threading.Event(), threading.Lock()
+
+    def cancel() -> None:
+        with creating:
+            cancelled.set()
+
+    token = _cancelled.set((cancelled, creating))
+    try:
+        yield cancel
+    finally:
+        _cancelled.reset(token)
+
+
 def raise_if_cancelled() -> None:
     """Stop a call of ``run_bounded`` whose fan-out is being cancelled (a no-op outside one)."""
     if (found := _cancelled.get(None)) is not None and found[0].is_set():

@@ -23,10 +23,8 @@ import argparse
 import hashlib
 import os
 import shutil
-import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -36,9 +34,9 @@ from pathlib import Path
 
 from tests.benchmarks.bench_dask import ZSTD_LEVEL, import_input, prefect_api_url, timed_import
 from tests.benchmarks.dataset import MB, write_dataset
-from tests.benchmarks.runs import REPO_ROOT, fresh
+from tests.benchmarks.runs import fresh
+from tests.support.dask_cluster import CLUSTER_START_SECONDS, external_cluster
 
-CLUSTER_START_SECONDS = 120
 CLUSTERS = {"A": 1, "B": 2}  # label: workers, each pinned to its own core
 ONE_CORE, TWO_CORES = "zstd 1 core", "zstd 2 cores"
 LABELS = {
@@ -104,57 +102,15 @@ def usable_cores() -> list[int]:
 def pinned_cluster(folder: Path, label: str, cores: list[int]) -> Iterator[PinnedCluster]:
     """A ``dask scheduler`` and one ``dask worker`` (1 process, 1 thread) under ``taskset -c <core>`` per core,
     as the README starts workers on other machines; each process in a session of its own, ended at exit."""
-    folder.mkdir(parents=True)
-    scheduler_file = folder / "scheduler.json"
-    dask = str(Path(sys.executable).parent / "dask")
-    with ExitStack() as stack:
-        scheduler = [dask, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard"]
-        stack.enter_context(process(scheduler + ["--scheduler-file", str(scheduler_file)], folder / "scheduler.log"))
-        for core in cores:
-            worker = [dask, "worker", "--scheduler-file", str(scheduler_file), "--nworkers", "1", "--nthreads", "1"]
-            worker += ["--no-dashboard", "--name", f"{label}-core-{core}"]
-            stack.enter_context(process(["taskset", "-c", str(core), *worker], folder / f"worker-{core}.log"))
+    with external_cluster(folder, [["taskset", "-c", str(core)] for core in cores]) as scheduler_file:
         address, affinities = worker_affinities(scheduler_file, len(cores))
         yield PinnedCluster(label, address, affinities)
 
 
-@contextmanager
-def process(command: list[str], log: Path) -> Iterator[None]:
-    """Run ``command`` in a session of its own (its output in ``log``) until the block ends, then end its group."""
-    environment = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    with log.open("wb") as out:
-        started = subprocess.Popen(
-            command, cwd=REPO_ROOT, env=environment, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            yield
-        finally:
-            end_group(started)
-
-
-def end_group(started: subprocess.Popen) -> None:
-    """SIGTERM to the process group ``started`` leads (a worker's nanny and its worker process), SIGKILL after 30 s."""
-    for sent in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(started.pid, sent)
-        except ProcessLookupError:
-            return
-        try:
-            started.wait(timeout=30)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def worker_affinities(scheduler_file: Path, workers: int) -> tuple[str, dict[str, list[int]]]:
-    """Wait for the scheduler and its workers; the scheduler's address and each worker's cores, read on it."""
+    """Wait for the scheduler's workers; the scheduler's address and each worker's cores, read on it."""
     from distributed import Client
 
-    deadline = time.monotonic() + CLUSTER_START_SECONDS
-    while not scheduler_file.exists():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"no Dask scheduler within {CLUSTER_START_SECONDS} s; see {scheduler_file.parent}")
-        time.sleep(0.1)
     with Client(scheduler_file=str(scheduler_file), timeout=CLUSTER_START_SECONDS) as client:
         client.wait_for_workers(workers, timeout=CLUSTER_START_SECONDS)
         found = client.run(worker_cores)

@@ -1,0 +1,111 @@
+"""A file task on a Dask worker stops when the flow run that submitted it has ended.
+
+Dask cannot stop a running task's thread, and a worker on another machine goes on with a file task after the flow
+process is gone (Ctrl+C, SIGTERM, kill -9, a lost connection to the scheduler): it would go on sending a file's
+batches while ``continue`` sends them again. So on a worker a file task asks the Prefect server for its flow run's
+state every ``WATCH_EVERY_SECONDS``; once the run is over (Crashed, Cancelled or Cancelling, ended as ``Continued``
+by a later run of the job, Failed, Completed), the task's work is cancelled through ``tasks.streams.fanout``: it
+stops at its next ``raise_if_cancelled`` with its temporary files removed, and the task run fails naming why. A
+server that does not answer stops nothing (the work goes on as it would without the watch).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+from uuid import UUID
+
+from tasks.core.errors import DupflowError
+from tasks.core.readable import plain_text
+from tasks.streams.fanout import Cancelled, cancel_scope
+
+R = TypeVar("R")
+
+WATCH_EVERY_SECONDS = 2.0
+_OVER = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED", "CANCELLING"}
+log = logging.getLogger("dupflow.dask")
+
+
+class FlowRunEndedError(DupflowError):
+    """A file task on a Dask worker stopped because its flow run had ended."""
+
+
+def stopped_when_flow_run_ends(function: Callable[..., R]) -> Callable[..., R]:
+    """``function`` (a file task's body) watched on a Dask worker (``watching``); elsewhere as it is."""
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> R:
+        if (flow_run_id := flow_run_on_a_worker()) is None:
+            return function(*args, **kwargs)
+        with watching(flow_run_id):
+            return function(*args, **kwargs)
+
+    return call
+
+
+def flow_run_on_a_worker() -> UUID | None:
+    """The flow run of the task running in this thread when it runs on a Dask worker, else None."""
+    if "distributed" not in sys.modules:  # a worker has imported it; the flow process need not
+        return None
+    from distributed import get_worker
+    from prefect.context import TaskRunContext
+
+    try:
+        get_worker()
+    except ValueError:  # not a worker's task thread
+        return None
+    context = TaskRunContext.get()
+    return context.task_run.flow_run_id if context is not None else None
+
+
+@contextmanager
+def watching(flow_run_id: UUID) -> Iterator[None]:
+    """The block's work cancelled once the flow run is over; its ``Cancelled`` leaves as ``FlowRunEndedError``."""
+    with cancel_scope() as cancel:
+        watch = _Watch(flow_run_id, cancel)
+        watch.start()
+        try:
+            yield
+        except Cancelled:
+            if watch.ended is None:
+                raise
+            raise FlowRunEndedError(
+                f"stopped: flow run {flow_run_id} ended ({watch.ended}) while this file task ran on a Dask worker; "
+                "its output was not written, and continuing the job does this file again"
+            ) from None
+        finally:
+            watch.finish.set()
+
+
+class _Watch(threading.Thread):
+    def __init__(self, flow_run_id: UUID, cancel: Callable[[], None]):
+        super().__init__(name=f"watch flow run {flow_run_id}", daemon=True)
+        self.flow_run_id, self.cancel = flow_run_id, cancel
+        self.finish = threading.Event()
+        self.ended: str | None = None
+
+    def run(self) -> None:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            while not self.finish.wait(WATCH_EVERY_SECONDS):
+                if (ended := self.over(client)) is not None:
+                    self.ended = ended
+                    log.warning("flow run %s ended (%s): stopping this file task", self.flow_run_id, ended)
+                    self.cancel()
+                    return
+
+    def over(self, client: Any) -> str | None:
+        """The flow run's state as ``name: message`` once it is over, else None (also when the server is silent)."""
+        try:
+            state = client.read_flow_run(self.flow_run_id).state
+        except Exception:  # noqa: BLE001 - a server that does not answer stops nothing
+            return None
+        if state is None or state.type.value not in _OVER:
+            return None
+        return plain_text(f"{state.name}: {state.message}" if state.message else state.name)
