@@ -29,7 +29,7 @@ from config.durations import format_duration
 from config.errors import ConfigError, is_at_or_below, validation_problems
 from config.fields import CONFIG_LOGGER, ENV_PREFIX, Problem, env_var_name
 from config.keys import ENRICHMENTS_KEY, env_var_index, leaf_paths, secret_key_paths, settable_paths, value_at
-from config.services import legacy_key_paths
+from config.services import legacy_key_paths, legacy_timing_key_paths
 from config.settings import Settings
 from config.yaml_file import SECRET_BLOCK_PREFIX, drop_empty_keys, file_identity, read_yaml, substitute_variables
 from tasks.core.redaction import register_basic_credentials, register_secret
@@ -74,6 +74,25 @@ def _unknown_flag_key(key: str, label: str) -> str:
     return f"{label}: unknown configuration key {key}; {hint}"
 
 
+_SOURCE_RANKS = ("file", "env ", "flag ")  # precedence, lowest first
+
+
+def _rank(source: str) -> int:
+    return next(rank for rank, prefix in enumerate(_SOURCE_RANKS) if source.startswith(prefix))
+
+
+def _drop_overridden_shapes(tree: dict[str, Any], raw_sources: dict[str, str]) -> None:
+    """A timing key written in one shape (``polling_interval_seconds``) and set in the other by a source of higher
+    precedence (APP_SERVICES_EXTRACTOR_POLLING_INTERVAL over the file): the lower one is overridden, so dropped.
+    Both shapes from one source stay the error that asks to delete the deprecated key."""
+    for old, new in legacy_timing_key_paths().items():
+        if old in raw_sources and new in raw_sources and _rank(raw_sources[old]) != _rank(raw_sources[new]):
+            lower = min((old, new), key=lambda path: _rank(raw_sources[path]))
+            node, leaf = _parent_of(tree, lower)
+            node.pop(leaf, None)  # type: ignore[union-attr]  # the key was set, so its block is a mapping
+            del raw_sources[lower]
+
+
 def _final_sources(raw_sources: Mapping[str, str]) -> dict[str, str]:
     legacy = legacy_key_paths()
     sources = dict.fromkeys(leaf_paths(), "default")
@@ -110,6 +129,7 @@ def load_settings(
     flag_problems = [_unknown_flag_key(key, label) for key, label in labels.items() if key not in settable_paths()]
     flags = {key: (value, f"flag {labels[key]}") for key, value in (overrides or {}).items() if key in settable_paths()}
     _set_values(tree, flags, raw_sources)
+    _drop_overridden_shapes(tree, raw_sources)
     # A ${VAR} in a file value that the environment or a flag replaces (the value, or a list or block holding it)
     # does no harm.
     replaced = [key for key, source in raw_sources.items() if source != "file"]

@@ -259,6 +259,43 @@ def test_legacy_integer_timing_keys_become_durations_with_warnings(write_yaml_te
 
 
 @pytest.mark.parametrize(
+    ("file_key", "env", "expected", "source"),
+    [
+        pytest.param(
+            "polling_interval_seconds: 10",
+            {"APP_SERVICES_EXTRACTOR_POLLING_INTERVAL": "PT20S"},
+            timedelta(seconds=20),
+            "env APP_SERVICES_EXTRACTOR_POLLING_INTERVAL",
+            id="current-variable-over-legacy-file-key",
+        ),
+        pytest.param(
+            "polling_interval: PT10S",
+            {"APP_SERVICES_EXTRACTOR_POLLING_INTERVAL_SECONDS": "20"},
+            timedelta(seconds=20),
+            "env APP_SERVICES_EXTRACTOR_POLLING_INTERVAL_SECONDS",
+            id="legacy-variable-over-current-file-key",
+        ),
+    ],
+)
+def test_a_variable_overrides_a_timing_key_the_file_writes_in_the_other_shape(
+    write_yaml_text, file_key: str, env: dict[str, str], expected: timedelta, source: str
+) -> None:
+    """Precedence holds across the two shapes of a timing key: the variable wins, the file's key is overridden."""
+    path = write_yaml_text(LOCAL_ONLY + f"services:\n  extractor:\n    {file_key}\n")
+    flag = {"services.extractor.polling_interval": "PT30S"}  # and a flag over both
+    for overrides, wanted in (({}, (expected, source)), (flag, (timedelta(seconds=30), f"flag --set {[*flag][0]}"))):
+        loaded = load_settings(path, env=env, overrides=overrides)
+        got = loaded.settings.services.extractor.polling_interval
+        assert (got, loaded.sources["services.extractor.polling_interval"]) == wanted
+
+
+def test_both_shapes_of_a_timing_key_from_one_source_stay_an_error(write_yaml_text) -> None:
+    env = {"APP_SERVICES_EXTRACTOR_POLLING_INTERVAL": "PT5S", "APP_SERVICES_EXTRACTOR_POLLING_INTERVAL_SECONDS": "5"}
+    with pytest.raises(ConfigError, match="polling_interval_seconds.*delete the deprecated"):
+        load_settings(write_yaml_text(LOCAL_ONLY), env=env)
+
+
+@pytest.mark.parametrize(
     ("block", "key", "url"),
     [
         ("pseudonymizer", "url", "https://dimp/fhir"),
