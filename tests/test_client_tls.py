@@ -148,6 +148,18 @@ def test_s3_client_trusts_ca_cert_path(https_s3, ca_pem):
 
 
 @pytest.mark.slow
+def test_s3_client_trusts_the_system_cas_as_every_other_client_does(https_s3, ca_pem, monkeypatch):
+    """A site CA installed in the system store (here the file SSL_CERT_FILE names, as OpenSSL reads it): the HTTP
+    clients trusted it, but S3 used certifi's public CAs alone and failed with CERTIFICATE_VERIFY_FAILED."""
+    monkeypatch.setenv("SSL_CERT_FILE", ca_pem)
+    s3 = make_s3_client(s3_send(https_s3.base_url), TlsSettings(), RetrySettings(max_attempts=1))
+
+    s3.create_bucket(Bucket="secure")
+
+    assert len(https_s3.state.requests) == 1
+
+
+@pytest.mark.slow
 def test_s3_client_rejects_an_unknown_ca(https_s3):
     s3 = make_s3_client(s3_send(https_s3.base_url), TlsSettings(), RetrySettings(max_attempts=1))
 

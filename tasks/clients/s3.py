@@ -145,18 +145,22 @@ def s3_verify(tls: TlsSettings) -> str | bool:
     if tls.insecure_skip_verify:
         log.warning(INSECURE_WARNING, "S3")
         return False
-    return _combined_ca_bundle(tls.ca_cert_path) if tls.ca_cert_path else certifi.where()
+    system_bundle = ssl.get_default_verify_paths().cafile  # what the HTTP clients' context trusts (SSL_CERT_FILE too)
+    if not tls.ca_cert_path and not (system_bundle and os.path.isfile(system_bundle)):
+        return certifi.where()
+    return _combined_ca_bundle(tls.ca_cert_path, system_bundle)
 
 
 @functools.cache
-def _combined_ca_bundle(ca_cert_path: str) -> str:
-    """botocore takes a single bundle file, so the extra PEMs are appended to the default CAs in a temp file."""
+def _combined_ca_bundle(ca_cert_path: str | None, system_bundle: str | None) -> str:
+    """botocore takes a single bundle file, so certifi's CAs, the system's (as the HTTP clients trust them: spec,
+    "System CAs stay trusted") and ``ca_cert_path`` are put together in a temp file."""
     try:
-        extra = Path(ca_cert_path).read_text()
+        extra = Path(ca_cert_path).read_text() if ca_cert_path else ""
     except OSError as exc:
         raise ValueError(f"tls.ca_cert_path {ca_cert_path}: cannot read PEM bundle: {exc}") from exc
     parts = [Path(certifi.where()).read_text()]
-    if (system_bundle := ssl.get_default_verify_paths().cafile) and os.path.isfile(system_bundle):
+    if system_bundle and os.path.isfile(system_bundle):
         parts.append(Path(system_bundle).read_text())
     parts.append(extra)
     with tempfile.NamedTemporaryFile("w", prefix="dupflow-ca-", suffix=".pem", delete=False) as bundle:
