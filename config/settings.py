@@ -57,7 +57,16 @@ def _step_order_problems(steps: list[str]) -> list[Problem]:
         problems.append(("", "a wait step cannot be first; put it after the import step"))
     if any(a == b == "wait" for a, b in itertools.pairwise(steps)):
         problems.append(("", "a wait step cannot directly follow another wait step; remove one of them"))
+    if steps[0] == "http_import" and "flattening" in steps:  # spec rule 3
+        problems.append(("", _NO_CRTDL_WITH_HTTP_IMPORT))
     return problems
+
+
+_NO_CRTDL_WITH_HTTP_IMPORT = (
+    "the flattening step needs a CRTDL, which a job of http_import cannot be given (its one input is the URL of the "
+    "NDJSON file); download the file and import its folder with local_import (start CONFIG CRTDL --dir DATA), or "
+    "extract with extractor"
+)
 
 
 class TaskRunnerSettings(ConfigModel):

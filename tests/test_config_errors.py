@@ -216,6 +216,11 @@ def test_flattening_formats_take_csv_and_parquet_in_any_case_and_order(
         pytest.param(["local_import", "csv_conversion"], "use flattening instead", id="csv-conversion"),
         pytest.param(["local_import", "parquet_conversion"], "use flattening instead", id="parquet-conversion"),
         pytest.param(["local_import", "validation", "validation"], "list it once", id="duplicate-step"),
+        pytest.param(
+            ["http_import", "flattening"],
+            "the flattening step needs a CRTDL, which a job of http_import cannot be given",
+            id="flattening-after-http-import",
+        ),
     ],
 )
 def test_pipeline_step_rules(tmp_path: Path, steps: list[str], fix: str) -> None:
