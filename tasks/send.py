@@ -268,8 +268,9 @@ class DirectReport:
 
 class BatchProgress:
     """Where sending a file stands: ``send/progress/<file>.json``, rewritten atomically per batch. A record of another
-    input (name, size, time of change), batch size or server is ignored: the file is sent from the start (PUTs and
-    conditional creates do not duplicate)."""
+    input (name, size, time of change) or server is ignored: the file is sent from the start (PUTs and conditional
+    creates do not duplicate). The position is one of entries, so a changed batch size (as a 413 asks for) goes on
+    where the last confirmed batch ended; the batch size a record of an earlier version holds is passed over."""
 
     def __init__(self, path: Path, identity: dict[str, Any]):
         self.path, self.identity = path, identity
@@ -278,10 +279,11 @@ class BatchProgress:
             stored = orjson.loads(path.read_bytes())
         except (OSError, orjson.JSONDecodeError):
             return
-        if stored.get("identity") == identity:
+        found = stored.get("identity") if isinstance(stored, dict) else None
+        if isinstance(found, dict) and {k: v for k, v in found.items() if k != "batch_size"} == identity:
             self.state.update({key: stored[key] for key in self.state if key in stored})
         else:
-            log.warning("%s: progress record is for another input or batch size; sending from the start", path.name)
+            log.warning("%s: progress record is for another input or server; sending from the start", path.name)
 
     def record(self, batch: Batch | None) -> None:
         """Where the batch after the confirmed ``batch`` starts; None: the file is complete."""
@@ -310,7 +312,6 @@ def send_resources(
         "file": source.name,
         "size": found.st_size,
         "modified_ns": found.st_mtime_ns,
-        "batch_size": batch_size,
         "to": str(server.http.base_url),
     }
     progress = BatchProgress(records / "progress" / f"{source.name}.json", identity)

@@ -81,6 +81,18 @@ def test_a_failed_entry_comes_inside_a_200_answer_and_nothing_is_applied(fake):
     assert fake.state.applied == {"Patient/p1": 1, "Observation?_tag=s|c": 1}
 
 
+def test_a_body_over_the_limit_is_413_with_an_operation_outcome_and_nothing_is_applied(fake):
+    fake.state.max_body_bytes = 100
+
+    refused = post(fake)
+    put = httpx.put(f"{fake.base_url}/fhir/Binary/b1", content=b"x" * 101, timeout=10)
+
+    assert (refused.status_code, put.status_code) == (413, 413)
+    assert refused.json()["issue"][0]["code"] == "too-costly"
+    assert not fake.state.applied and not fake.state.transactions
+    assert [r["refused"] for r in fake.state.requests] == [413, 413]
+
+
 def test_put_counts_the_body_and_says_created_then_updated(fake):
     first = httpx.put(f"{fake.base_url}/fhir/Binary/b1", content=b"x" * 5000, timeout=10)
     second = httpx.put(f"{fake.base_url}/fhir/Binary/b1", content=b"y" * 10, timeout=10)

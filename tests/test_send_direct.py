@@ -252,6 +252,27 @@ def test_a_failed_entry_in_a_200_transaction_response_stops_the_step(fhir_fake, 
     assert not (tmp_path / "send" / "progress" / "core.ndjson.json").exists()  # nothing was confirmed
 
 
+def test_a_413_then_a_smaller_batch_size_goes_on_after_the_last_confirmed_batch(fhir_fake, tmp_path):
+    """The 413's advice is to lower services.send.batch_size: the progress record was then taken as another input's,
+    and the confirmed batches were sent all over again."""
+    resources = generated(40, "l")
+    for resource in resources[20:]:
+        resource["text"] = {"status": "generated", "div": f"<div>{'x' * 2000}</div>"}
+    source = write_ndjson(tmp_path / "core.ndjson", resources)
+    fhir_fake.state.max_body_bytes = 15_000
+
+    with pytest.raises(
+        StepError, match=r"batch 3 \(10 entries\) was rejected \(HTTP 413\).*lower services.send.batch_size"
+    ):
+        send_file(fhir_fake.base_url, source, tmp_path / "send", batch_size=10)
+    report = send_file(fhir_fake.base_url, source, tmp_path / "send", batch_size=5)
+
+    assert [len(t["entries"]) for t in fhir_fake.state.transactions] == [10, 10, 5, 5, 5, 5]
+    assert set(fhir_fake.state.applied.values()) == {1}  # nothing sent twice, nothing lost
+    assert len(fhir_fake.state.applied) == 40
+    assert (report.resumed_at_batch, report.batches, report.entries) == (3, 6, 40)
+
+
 def test_a_failing_dump_does_not_hide_the_send_error(fhir_fake, tmp_path):
     fhir_fake.state.fail_entry = 0
     (tmp_path / "send").mkdir()

@@ -19,6 +19,8 @@ resource's id, the body itself is only counted). Fault switches (``FhirFakeState
   ``drip_header_seconds`` the same for its status line and headers (no answer ever starts);
 - ``answer_padding``: a successful answer carries that many extra bytes (whitespace inside the JSON), for tests of
   a client's bound on what it reads;
+- ``max_body_bytes``: a request whose body is larger is refused with ``413`` and an OperationOutcome, as a server's
+  (or its proxy's, nginx's ``client_max_body_size``) body limit does; nothing of it is applied;
 - ``hold_from``: from that request on (1 for the first), each is read and recorded, then held unanswered and not
   applied until ``released`` is set, then its connection closed (a server that stalls mid-job); once released,
   requests are answered again.
@@ -61,6 +63,7 @@ class FhirFakeState:
     drip_seconds: float = 0.0
     drip_header_seconds: float = 0.0
     answer_padding: int = 0
+    max_body_bytes: int | None = None
     hold_from: int | None = None
     released: threading.Event = field(default_factory=threading.Event)
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -74,6 +77,7 @@ class FhirFakeState:
             self.fail_entry, self.fail_entry_once, self.oauth = None, False, None
             self.echo_credentials, self.echo_status = None, 401
             self.drip_seconds, self.drip_header_seconds, self.answer_padding = 0.0, 0.0, 0
+            self.max_body_bytes = None
             self.hold_from, self.released = None, threading.Event()
             self.requests.clear()
             self.applied.clear()
@@ -89,7 +93,8 @@ class FhirFakeState:
 
     @property
     def transactions(self) -> list[dict[str, Any]]:
-        return [r for r in self.requests if r["method"] == "POST"]
+        """The transactions the server took in (a refused body, ``refused``, is none)."""
+        return [r for r in self.requests if r["method"] == "POST" and "refused" not in r]
 
 
 def echoed_credentials(authorization: str, api_key: str = "") -> list[str]:
@@ -134,7 +139,7 @@ class FhirHandler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self._read_body()
-        if self._refused():
+        if self._refused() or self._too_large(len(body)):
             return
         if self.path.rstrip("/") != "/fhir":
             return self._send(404, outcome("not-found", f"no route {self.path}"))
@@ -174,7 +179,7 @@ class FhirHandler(BaseHTTPRequestHandler):
 
     def do_PUT(self) -> None:
         size = self._count_body()
-        if self._refused():
+        if self._refused() or self._too_large(size):
             return
         parts = [p for p in self.path.split("?")[0].split("/") if p]
         if len(parts) != 3 or parts[0] != "fhir":
@@ -205,6 +210,16 @@ class FhirHandler(BaseHTTPRequestHandler):
                 self._send(401, outcome("login", "the access token is missing, expired or revoked"))
                 return True
         return False
+
+    def _too_large(self, size: int) -> bool:
+        """Answer 413 for a body over ``max_body_bytes``; True when one was answered."""
+        limit = self.state.max_body_bytes
+        if limit is None or size <= limit:
+            return False
+        with self.state.lock:
+            self.state.requests.append({"method": self.command, "path": self.path, "refused": 413, "bytes": size})
+        self._send(413, outcome("too-costly", f"the request body of {size} bytes is larger than {limit} bytes"))
+        return True
 
     def _echo_credentials(self) -> None:
         """Each form on its own line (text) or in its own issue (outcome), so one redaction cannot hide another."""
