@@ -59,7 +59,24 @@ def _step_order_problems(steps: list[str]) -> list[Problem]:
         problems.append(("", "a wait step cannot directly follow another wait step; remove one of them"))
     if steps[0] == "http_import" and "flattening" in steps:  # spec rule 3
         problems.append(("", _NO_CRTDL_WITH_HTTP_IMPORT))
-    return problems
+    return problems + _validation_input_problems(steps)
+
+
+def _validation_input_problems(steps: list[str]) -> list[Problem]:
+    """Validation checks FHIR resources (NDJSON): after the flattening (CSV, no data step between) it failed once every
+    step before it had run, on a file that is not NDJSON, and a job's steps are fixed at its start."""
+    if "validation" not in steps:
+        return []
+    producers = [step for step in steps[: steps.index("validation")] if step in DATA_STEPS]
+    if not producers or producers[-1] != "flattening":
+        return []
+    return [
+        (
+            "",
+            "has validation after flattening, so validation would get the flattening's CSV files, but it checks FHIR "
+            "resources (NDJSON); put validation before flattening",
+        )
+    ]
 
 
 _NO_CRTDL_WITH_HTTP_IMPORT = (

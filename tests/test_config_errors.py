@@ -221,10 +221,27 @@ def test_flattening_formats_take_csv_and_parquet_in_any_case_and_order(
             "the flattening step needs a CRTDL, which a job of http_import cannot be given",
             id="flattening-after-http-import",
         ),
+        pytest.param(
+            ["local_import", "flattening", "wait", "validation"], "put validation before flattening", id="validate-csv"
+        ),
     ],
 )
 def test_pipeline_step_rules(tmp_path: Path, steps: list[str], fix: str) -> None:
     assert_reported(rejected(tmp_path, {"pipeline": {"enabled_steps": steps}}), "pipeline.enabled_steps", fix)
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        ["local_import", "validation", "flattening"],
+        ["local_import", "flattening", "pseudonymizer", "validation"],  # not a useful order, but NDJSON to validate
+    ],
+)
+def test_validation_that_gets_ndjson_is_accepted_with_flattening_in_the_list(tmp_path: Path, steps: list[str]) -> None:
+    blocks = services(validation={"url": "https://v"}, flattening={"lookup_path": str(tmp_path / "lookup.json")})
+    blocks["services"]["pseudonymizer"] = {"url": "https://pseudo.example"}
+    loaded = load_settings(_write(tmp_path, {"pipeline": {"enabled_steps": steps}, **blocks}), env={})
+    assert loaded.settings.pipeline.enabled_steps == steps
 
 
 def test_wait_may_appear_twice_when_not_adjacent(tmp_path: Path) -> None:
@@ -344,7 +361,7 @@ DIRECT_SEND = {"send_as": "direct_resource_load", "url": "https://fhir.example",
     ("steps", "refused"),
     [
         (["local_import", "flattening", "send"], True),
-        (["local_import", "flattening", "wait", "validation", "send"], True),  # nothing between writes NDJSON
+        (["local_import", "flattening", "wait", "send"], True),  # nothing between writes NDJSON
         (["local_import", "send", "flattening"], False),
         (["local_import", "flattening", "pseudonymizer", "send"], False),  # not a useful order, but NDJSON to send
     ],
