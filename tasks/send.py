@@ -183,7 +183,8 @@ def iter_batches(
 
 
 def line_entries(source: Path, line_number: int, line: bytes, tag_prefix: str) -> Iterator[tuple[bytes, str]]:
-    """The transaction entries of one NDJSON line: the resource, or the resources of an unwrapped Bundle."""
+    """The transaction entries of one NDJSON line: the resource, or the resources of an unwrapped Bundle (but a search's
+    own OperationOutcome, ``search_outcome``)."""
     resource = parse_resource(source, line_number, line)  # an NdjsonError is a StepError
     where = f"{source.name} line {line_number}"
     unwrapped = resource.get("resourceType") == "Bundle" and resource.get("type") in UNWRAPPED_BUNDLE_TYPES
@@ -194,11 +195,18 @@ def line_entries(source: Path, line_number: int, line: bytes, tag_prefix: str) -
             raise StepError(f"{where}: the Bundle's entry is not an array, so it holds no resource to send; fix it")
         for index, item in enumerate(entries or []):
             inner = item.get("resource") if isinstance(item, dict) else None
-            if isinstance(inner, dict):
+            if isinstance(inner, dict) and not search_outcome(item):
                 tag = f"{tag_prefix}:{line_number}:{index}"
                 yield transaction_entry(inner, None, tag, f"{where} entry {index + 1}", item.get("fullUrl"))
         return
     yield transaction_entry(resource, line, f"{tag_prefix}:{line_number}", where)
+
+
+def search_outcome(entry: dict) -> bool:
+    """A searchset entry that is the search's own OperationOutcome (``search.mode: outcome``: warnings about the
+    search), not data: sending it would store the source server's messages on the destination as a resource."""
+    search = entry.get("search")
+    return isinstance(search, dict) and search.get("mode") == "outcome"
 
 
 def exact_resource(line: bytes, where: str) -> dict:

@@ -154,6 +154,27 @@ def test_bundles_are_unwrapped_into_entries_and_a_batch_counts_entries(tmp_path)
     assert [b.labels for b in resumed] == [["Observation/u-o5", "Bundle/doc-1"]]
 
 
+def test_a_searchsets_own_operation_outcome_is_not_sent_as_data(tmp_path):
+    """A searchset may carry the source server's OperationOutcome about the search (search.mode outcome): it was
+    stored on the destination as a resource, beside the data."""
+    resources = generated(2, "q")
+    outcome = {"resourceType": "OperationOutcome", "id": "warn-1", "issue": [{"severity": "warning", "code": "x"}]}
+    searchset = {
+        "resourceType": "Bundle",
+        "type": "searchset",
+        "entry": [
+            {"resource": resources[0], "search": {"mode": "match"}},
+            {"resource": outcome, "search": {"mode": "outcome"}},
+            {"resource": resources[1], "search": {"mode": "include"}},
+        ],
+    }
+    source = write_ndjson(tmp_path / "x.ndjson", [searchset, outcome])
+
+    batches = list(iter_batches(source, 10, tag_prefix="t", max_line_bytes=MB))
+
+    assert [b.labels for b in batches] == [["Patient/q-p0", "Observation/q-o1", "OperationOutcome/warn-1"]]
+
+
 @pytest.mark.parametrize("entry", [5, "abc", {"resource": {"resourceType": "Patient", "id": "p"}}, {}, "", 0, False])
 def test_a_bundle_whose_entry_is_not_an_array_fails_naming_its_line(tmp_path, entry):
     """It was taken as holding nothing (a string's characters passed over one by one): the line was sent as nothing."""
