@@ -114,6 +114,28 @@ def test_resources_without_id_are_created_once_even_when_the_batch_is_sent_again
 
 
 @pytest.mark.slow
+def test_a_batch_of_large_resources_gets_a_minimal_answer_within_the_bound(sekmet, tmp_path):
+    """sekmet, like many servers, sends every resource of a transaction back unless asked for return=minimal: a
+    batch of large resources then got an answer over the client's bound, refused after the server applied it."""
+    prefix = uuid.uuid4().hex[:8]
+    resources = [
+        {
+            "resourceType": "Patient",
+            "id": f"{prefix}-{i}",
+            "text": {"status": "generated", "div": f"<div>{'x' * 20_000}</div>"},
+        }
+        for i in range(10)
+    ]
+    source = write_ndjson(tmp_path / "core.ndjson", resources)
+    settings = Settings.model_validate(send_config(sekmet.url))
+    with FhirServer.connect(settings.services.send, settings.tls, settings.retry, max_answer_bytes=64 * 1024) as server:
+        report = send_resources(server, source, tmp_path / "send", job_id="j", batch_size=10, max_line_bytes=MB)
+
+    assert (report.batches, report.entries) == (1, 10)
+    stored_as_sent(sekmet, resources)
+
+
+@pytest.mark.slow
 def test_a_rejected_batch_names_file_batch_entry_and_the_servers_text_and_is_kept(sekmet, tmp_path):
     prefix = uuid.uuid4().hex[:8]
     resources = generated(12, prefix)

@@ -3,7 +3,8 @@ streamed bodies (transfer_load's Binary and DocumentReference). No Prefect here.
 
 Calls go through ``tasks.clients.http`` (origin-scoped credentials, the one retry policy). A transaction is atomic,
 and its entries are PUTs or conditional creates (tasks/send.py), so sending it again after an ambiguous failure
-cannot apply it twice. A 2xx answer is checked entry by entry: a failed or missing entry rejects the batch, with the
+cannot apply it twice. A transaction asks for ``Prefer: return=minimal`` (only each entry's status is read); a 2xx
+answer is checked entry by entry: a failed or missing entry rejects the batch, with the
 server's answer (credentials it quoted blanked out) kept for inspection.
 
 Bounds (services.send has no timeout key, so constants): ``SEND_TIMEOUT`` per read; a whole-request deadline of
@@ -49,6 +50,10 @@ MAX_ANSWER_BYTES = 64 * MB
 MAX_STATUS_CHARS = 100  # an entry's response.status: "422 Unprocessable Entity"
 """The most of one answer that is read (a transaction-response, a read back); a PUT's answer body is not read."""
 TOO_LARGE_ANSWER_HINT = "lower services.send.batch_size so that each transaction gets a smaller answer"
+RETURN_MINIMAL = {"Prefer": "return=minimal"}
+"""Asked of a transaction: only each entry's status is read, and a server that sends every resource back by default
+answers with as many bytes as it was sent (a batch of large resources then passed ``MAX_ANSWER_BYTES``: refused
+after the server had applied it, again on every ``continue``)."""
 _ENTRY_NUMBER = re.compile(r"\bentry\s*\[?\s*(\d+)", re.IGNORECASE)
 
 
@@ -98,7 +103,9 @@ class FhirServer(Closing):
         """POST a transaction Bundle of ``entries`` entries; the ``transaction-response`` when every entry succeeded.
         Raises ``TransactionRejected`` for an HTTP error (after retries of the transient ones) or a failed entry,
         and ``ServiceError`` (status None) when the server could not be reached or took longer than the deadline."""
-        answer = self._call("POST", "/fhir", "transaction", body, len(body), rejection=rejected_by_status)
+        answer = self._call(
+            "POST", "/fhir", "transaction", body, len(body), rejection=rejected_by_status, extra_headers=RETURN_MINIMAL
+        )
         return checked_transaction_response(answer, entries)
 
     def put(self, resource_type: str, resource_id: str, body: Body, *, length: int | None = None) -> None:
@@ -124,12 +131,14 @@ class FhirServer(Closing):
         read_answer: bool = True,
         params: dict[str, str] | None = None,
         rejection: Callable[[Answer, ServiceError], ServiceError] | None = None,
+        extra_headers: dict[str, str] | None = None,
     ) -> Answer:
         """One call with retry, each attempt within its deadline (``answer_within``), the answer read as it comes in
         (at most ``max_answer_bytes`` of it, none when ``read_answer`` is False). A 4xx/5xx answer (after the retries
         of the transient ones) raises its ``ServiceError``, or what ``rejection`` makes of it and the answer."""
         refusal: dict[ServiceError, Answer] = {}  # the error of the last 4xx/5xx answer, and that answer
-        headers = {**FHIR_JSON_HEADERS, **({"Content-Length": str(size)} if size is not None else {})}
+        headers = {**FHIR_JSON_HEADERS, **(extra_headers or {})}
+        headers |= {"Content-Length": str(size)} if size is not None else {}
 
         def attempt() -> Answer:
             deadline = Deadline(self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND, DEADLINE_SETTING)
