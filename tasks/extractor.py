@@ -3,7 +3,8 @@
 Input: the job's CRTDL, or the status URL of a complete extraction (procedure step 8: polled, never submitted).
 Submission is never repeated by itself (a retry could create a duplicate job): ``extraction_submission`` is recorded
 before the POST, the handle the moment the server answers; a submission without a handle (the process died during
-the POST, a network error, a 5xx) stops and explains, but a kick-off refused with a 4xx created no job and is cleared.
+the POST, a network error, a 5xx) stops and explains, but a kick-off refused with a 4xx created no job and is cleared,
+as is one that never left (no connection made, no OAuth token to be had).
 A job a poll finds gone (404/410) is submitted afresh, at most ``retry.max_attempts`` times per run. One cached
 sub-task per file URL, so a resumed job fetches only unfinished files; downloads in one process share one client
 (``download_client``), closed by the last to end.
@@ -28,7 +29,7 @@ from config.runtime import job_on_command_line
 from tasks.clients.downloads import download_ndjson, target_names, wait_until_available
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_documents import DeadHandleError, ExtractionError, ExtractionHandle
-from tasks.clients.extraction_server import ExtractionServerClient, PollProgress
+from tasks.clients.extraction_server import SUBMIT_PATH, ExtractionServerClient, PollProgress
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.core.errors import StepError
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
@@ -150,9 +151,10 @@ def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> 
     """Submit the job's CRTDL once; the attempt is recorded before the POST and the handle right after it.
 
     A kick-off the server refused (a 4xx answer: no job was created) or that never reached it (the connection was
-    refused) clears the attempt, so ``continue`` submits again once the cause is fixed; the error fails the step
-    unchanged. Anything else stays in doubt, said at once (``SubmissionInDoubtError``): a timeout may come after the
-    request was sent, and a 5xx may hide a job (a proxy's 502/503/504 while the server behind it took it)."""
+    never made, or the identity provider gave no token for it: ``started_no_job``) clears the attempt, so
+    ``continue`` submits again once the cause is fixed; the error fails the step unchanged. Anything else stays in
+    doubt, said at once (``SubmissionInDoubtError``): a timeout may come after the request was sent, and a 5xx may
+    hide a job (a proxy's 502/503/504 while the server behind it took it)."""
     if (crtdl_path := step.crtdl_path) is None:
         raise ExtractionError("the extractor step needs a CRTDL file (or a complete result URL) as the job input")
     crtdl = crtdl_path.read_bytes()  # read before the attempt is recorded: an unreadable file sends nothing
@@ -160,8 +162,7 @@ def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> 
     try:
         handle = client.submit(crtdl)
     except ServiceError as exc:
-        refused = exc.status_code is not None and 400 <= exc.status_code < 500
-        if refused or isinstance(exc.__cause__, httpx.ConnectError):  # no job, or nothing sent
+        if started_no_job(exc, client.base_url + SUBMIT_PATH):
             record_facts(step.job_path, extraction_submission=None)
             raise
         in_flight = read_facts(step.job_path).get("extraction_submission") or {}
@@ -169,6 +170,22 @@ def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> 
     record_handle(step, handle, generation)
     get_run_logger().info("extraction submitted: job %s, status %s", handle.job_id, handle.status_url)
     return handle
+
+
+def started_no_job(exc: ServiceError, kickoff_url: str) -> bool:
+    """Whether a failed kick-off certainly started no job: the server refused it (a 4xx), or it never reached the
+    server: its connection was never made, or the OAuth token it needed could not be had (the identity provider
+    answered with an error, or not at all: its request failed, not the kick-off's)."""
+    if exc.service == "oauth" or (exc.status_code is not None and 400 <= exc.status_code < 500):
+        return True
+    cause = exc.__cause__
+    if isinstance(cause, httpx.ConnectError | httpx.ConnectTimeout):
+        return True
+    try:
+        failed_request = cause.request if isinstance(cause, httpx.RequestError) else None
+    except RuntimeError:  # httpx: raised before a request existed
+        return False
+    return failed_request is not None and failed_request.url != httpx.URL(kickoff_url)
 
 
 def record_handle(step: StepInput, handle: ExtractionHandle, generation: int) -> None:

@@ -23,6 +23,7 @@ from tests.conftest import TESTDATA, complete_results, extraction_tree, run_cli
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply, operation_outcome
 from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
+from tests.fakes.oauth import REALM_PATH, OAuthHandler, OAuthState
 from tests.support.jobs import job_file, only_job_dir, start_cli_process, step_results, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
@@ -336,6 +337,28 @@ def test_a_kickoff_refused_for_wrong_credentials_is_submitted_again_by_continue_
     facts = read_facts(job_dir)
     assert facts["extraction_job_id"] == torch.state.submissions[0].job_id and "extraction_submission" not in facts
     assert job_file(job_dir)["state"] == "Completed" and len(step_result(job_dir)["files"]) == 4
+
+
+def test_an_identity_provider_failing_before_the_kickoff_leaves_nothing_in_doubt_and_continue_submits(
+    tmp_path, torch, capsys, write_config
+):
+    oauth = OAuthState(unavailable_next=1)  # Keycloak answers the kick-off's token request 503: nothing is sent
+    with LoopbackServer(OAuthHandler, oauth) as issuer:
+        torch.state.auth_check = lambda headers: oauth.is_valid(headers.get("authorization", "")[len("Bearer ") :])
+        auth = {
+            "oauth_issuer_uri": f"{issuer.base_url}{REALM_PATH}",
+            "oauth_client_id": oauth.client_id,
+            "oauth_client_secret": oauth.client_secret,
+        }
+        config = write_config(extraction_tree(torch.base_url, auth=auth))
+        assert main(["start", str(config), str(CRTDL), "--no-progress"]) == EXIT_FAILED
+        err = capsys.readouterr().err
+        assert "fetch OAuth token failed with HTTP 503" in err and "may or may not have that job" not in err
+        job_dir = only_job_dir(jobs_dir_of(tmp_path))
+        assert kickoffs(torch) == 0 and "extraction_submission" not in read_facts(job_dir)
+
+        assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_OK, capsys.readouterr().err
+    assert len(torch.state.submissions) == 1 and job_file(job_dir)["state"] == "Completed"
 
 
 def test_a_kickoff_refused_with_400_reports_the_diagnostics_and_continue_submits_again(
