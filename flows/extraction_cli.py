@@ -50,7 +50,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     listing = sub.add_parser("list", parents=[common], help="jobs on the extraction server")
     listing.add_argument("--status", help=f"comma-separated job statuses ({', '.join(JOB_STATUSES)})")
     listing.add_argument("--id", help="comma-separated extraction job ids")
-    listing.add_argument("--strict", action="store_true", help="let the server reject unknown or invalid values")
+    listing.add_argument(
+        "--strict", action="store_true", help="kept for scripts: the server always rejects unknown or invalid values"
+    )
     listing.set_defaults(command=command(cmd_list))
 
     show = sub.add_parser("show", parents=[common, job_ref], help="one job: progress and consent audit files")
@@ -146,7 +148,8 @@ def extraction_job_id(args: argparse.Namespace) -> str:
 def cmd_list(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
     statuses = [s.strip().upper() for s in (args.status or "").split(",") if s.strip()]
     ids = [i.strip() for i in (args.id or "").split(",") if i.strip()]
-    jobs = client.search(ids, statuses, strict=args.strict)
+    # Always strict: a filter value the server ignored would list every job (a typo'd --status CANCELED too).
+    jobs = client.search(ids, statuses, strict=True)
     if args.json:
         print_json({"jobs": [job.as_json() for job in jobs]})
         return EXIT_OK

@@ -118,13 +118,11 @@ def test_list_filters_by_status_and_id_and_prints_json(capsys, torch, clock, con
     assert (code, out.strip()) == (0, "no extraction jobs match")
 
 
-def test_strict_list_shows_the_servers_400_as_a_list_of_problems(capsys, torch, config):
+@pytest.mark.parametrize("strict", [[], ["--strict"]], ids=["default", "--strict"])
+def test_list_shows_the_servers_400_for_bad_filter_values_as_a_list_of_problems(capsys, torch, config, strict):
     submit(torch)
-    lenient = cli(capsys, "extraction", "list", str(config), "--id", "not-a-uuid", "--status", "SLEEPING")
-    assert lenient[0] == 0  # unsupported values are silently ignored without --strict
-
     code, out, err = cli(
-        capsys, "extraction", "list", str(config), "--id", "not-a-uuid", "--status", "SLEEPING", "--strict"
+        capsys, "extraction", "list", str(config), "--id", "not-a-uuid", "--status", "SLEEPING", *strict
     )
     assert code == 2 and out == ""
     assert "the extraction server rejected the search:\n" in err
@@ -134,6 +132,18 @@ def test_strict_list_shows_the_servers_400_as_a_list_of_problems(capsys, torch, 
 
     code, out, _ = cli(capsys, "extraction", "list", str(config), "--status", "SLEEPING", "--strict", "--json")
     assert code == 2 and json.loads(out)["problems"] == ["Invalid status values: [SLEEPING]"]
+
+
+def test_a_mistyped_status_filter_lists_no_job_instead_of_every_job(capsys, torch, clock, config):
+    cancelled, running = submit(torch), submit(torch)
+    clock.tick(0.06)
+    torch.state.force_status(cancelled, JobStatus.CANCELLED)
+
+    # The server ignores a value it does not know unless asked to be strict: CANCELED would match every job, and a
+    # script deleting what the list shows would delete the running one.
+    code, out, err = cli(capsys, "extraction", "list", str(config), "--status", "CANCELED", "--json")
+    assert code == 2 and running not in out
+    assert json.loads(out)["problems"] == ["Invalid status values: [CANCELED]"]
 
 
 # --- show -----------------------------------------------------------------------------------------------------
