@@ -225,6 +225,23 @@ def test_410_for_a_job_cancelled_on_the_server_is_a_cancel_not_a_lost_job(torch,
     assert "--resubmit" in str(caught.value) and len(torch.state.submissions) == 1
 
 
+def test_404_for_a_job_deleted_on_the_server_is_a_delete_not_a_lost_job(sim):
+    """TORCH answers a deleted job's status with 404, like a lost one's, and shows its Task DELETED until the files
+    are removed: a person's delete (dupflow extraction delete) was taken for a lost handle and submitted again."""
+    with (
+        start_extraction_server(clock=sim, durations=dict(LONG_JOB), delete_files_after=3600) as torch,
+        client_for(torch.base_url, sim) as client,
+    ):
+        handle = client.submit(CRTDL)
+        assert httpx.delete(f"{torch.base_url}/fhir/Task/{handle.job_id}").status_code == 204
+        with pytest.raises(ExtractionCancelledError) as caught:
+            client.poll_until_complete(handle)
+    assert not isinstance(caught.value, DeadHandleError) and caught.value.status_code == 404
+    assert f"extraction job {handle.job_id} was deleted on the extraction server" in str(caught.value)
+    assert "its Task says DELETED" in str(caught.value) and "--resubmit" in str(caught.value)
+    assert len(torch.state.submissions) == 1
+
+
 def test_410_for_a_job_whose_task_is_gone_or_unreadable_is_a_lost_handle(sim):
     huge = Reply(200, body=b" " * (33 * 1024 * 1024))  # over the bound of any status answer
     server, state = scripted_status_server(

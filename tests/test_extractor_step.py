@@ -300,7 +300,8 @@ def test_a_handle_that_keeps_dying_gives_up_after_max_attempts_fresh_submissions
     def accepted(n: int) -> Reply:
         return Reply(202, {"Content-Location": f"/fhir/__status/job-{n}"}, b"")
 
-    state = EchoState(replies=[r for n in range(4) for r in (accepted(n), Reply(404))])
+    # Each job's status answers 404, and so does its Task (a lost job, not one a person deleted).
+    state = EchoState(replies=[r for n in range(4) for r in (accepted(n), Reply(404), Reply(404))])
     with LoopbackServer(EchoHandler, state) as server:
         config = extractor_config(server)
         assert main(["start", str(config), str(CRTDL), "--no-progress"]) == EXIT_FAILED

@@ -63,14 +63,16 @@ class DeadHandleError(ExtractionError):
 
 
 class ExtractionCancelledError(ExtractionError):
-    """The job's status answered 410 and its Task says CANCELLED: a person cancelled it, nothing was lost."""
+    """The job's status answered 404 or 410 and its Task says CANCELLED or DELETED: a person cancelled or deleted it,
+    nothing was lost (TORCH keeps a deleted job's Task readable until it removes the job's files)."""
 
-    def __init__(self, handle: ExtractionHandle):
+    def __init__(self, handle: ExtractionHandle, status_code: int = 410, job_status: str = "CANCELLED"):
+        done = "deleted" if job_status.upper() == "DELETED" else "cancelled"
         super().__init__(
-            f"extraction job {handle.job_id} was cancelled on the extraction server (its status answered HTTP 410, "
-            "its Task says CANCELLED); a cancelled extraction is not submitted again on its own: to extract anew, "
-            f"continue the job with --resubmit, or start a new job",
-            status_code=410,
+            f"extraction job {handle.job_id} was {done} on the extraction server (its status answered HTTP "
+            f"{status_code}, its Task says {job_status}); a {done} extraction is not submitted again on its own: to "
+            "extract anew, continue the job with --resubmit, or start a new job",
+            status_code=status_code,
         )
 
 

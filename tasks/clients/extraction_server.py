@@ -5,7 +5,8 @@ CANCELLED as 410); documents are read and checked in ``tasks.clients.extraction_
 is ``tasks.clients.extraction_jobs``.
 - ``submit`` posts once (``call_once``): a retry could start a second job.
 - ``poll_until_complete`` is the poll table of pipeline-tool.md ("States and transitions"), one GET per iteration:
-  202/102 progress, 200 done, 404/410 ``DeadHandleError``, 500 ``ExtractionFailedError``, 408/429/other 5xx and
+  202/102 progress, 200 done, 404/410 ``DeadHandleError`` (``ExtractionCancelledError`` when the Task says a person
+  cancelled or deleted the job), 500 ``ExtractionFailedError``, 408/429/other 5xx and
   network failures polled again after the back-off, other 4xx terminal; only ``extraction_timeout`` ends the wait.
   Progress is the X-Progress header (or OperationOutcome diagnostics). Time is injectable (``clock``, ``sleep``).
 - Answers are read bounded (the kick-off's body not at all: only its status and Content-Location matter); server
@@ -63,6 +64,7 @@ TASK_ACCEPT = {"Accept": "application/fhir+json"}
 IN_PROGRESS = (102, 202)
 DEAD_HANDLE = (404, 410)
 JOB_FAILED = 500
+STOPPED_BY_PERSON = ("CANCELLED", "cancelled", "DELETED")  # a Task's JobStatus code, or its FHIR status
 
 
 @dataclass(frozen=True)
@@ -166,11 +168,9 @@ class ExtractionServerClient(Closing):
     def _raise_unless_transient(self, handle: ExtractionHandle, response: httpx.Response) -> None:
         status = response.status_code
         if status in DEAD_HANDLE:
-            raise (
-                ExtractionCancelledError(handle)
-                if status == 410 and self._cancelled(handle)
-                else DeadHandleError(handle, status)
-            )
+            if (stopped := self._stopped_by_person(handle)) is not None:
+                raise ExtractionCancelledError(handle, status, stopped)
+            raise DeadHandleError(handle, status)
         if status == JOB_FAILED:
             texts = operation_outcome_texts(response.content)
             reason = "; ".join(texts) if texts else "the server gave no reason"
@@ -185,9 +185,11 @@ class ExtractionServerClient(Closing):
             raise error_from_response(response, operation="poll extraction status", service=SERVICE)
         raise ExtractionError(f"poll extraction status: unexpected HTTP {status} from {handle.status_url}")
 
-    def _cancelled(self, handle: ExtractionHandle) -> bool:
-        """Whether the Task API shows the job CANCELLED: TORCH answers a cancelled job's status with 410, as it
-        does a deleted one, and a person's cancel must not be undone by a fresh submission. No answer is no proof."""
+    def _stopped_by_person(self, handle: ExtractionHandle) -> str | None:
+        """The job's state when the Task API shows it CANCELLED or DELETED, else None. TORCH answers a cancelled
+        job's status with 410 and a deleted one's with 404 (its Task says DELETED until the job's files are
+        removed), as it answers a job it lost; a person's cancel or delete must not be undone by a fresh
+        submission. No answer is no proof."""
         where = {"operation": "read extraction job", "service": SERVICE}
         url = f"{self.base_url}/fhir/Task/{quote(handle.job_id, safe='')}"
         deadline = Deadline(POLL_DEADLINE.total_seconds(), POLL_DEADLINE_SETTING)
@@ -195,8 +197,9 @@ class ExtractionServerClient(Closing):
             with answer_within(self.http, deadline, "GET", url, headers=TASK_ACCEPT, **where) as answer:
                 task = json.loads(bounded_answer(answer).content) if answer.status_code == 200 else None
         except (httpx.HTTPError, ServiceError, ExtractionError, ValueError):  # ExtractionError: over the manifest bound
-            return False
-        return isinstance(task, dict) and job_status_of(task) in ("CANCELLED", "cancelled")
+            return None
+        status = job_status_of(task) if isinstance(task, dict) else None
+        return status if status in STOPPED_BY_PERSON else None
 
     def _timeout(self, handle: ExtractionHandle) -> ExtractionTimeoutError:
         window = self.settings.extraction_timeout

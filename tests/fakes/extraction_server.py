@@ -47,7 +47,8 @@ Endpoints
 ---------
     POST   /fhir/$extract-data            202 (``kickoff_status``) + Content-Location, 400 OperationOutcome, 406
     GET    /fhir/__status/{id}            202 progress / 200 manifest / 400 / 404 / 410 / 500 / 503
-    GET    /fhir/Task, /fhir/Task/{id}    search (``Prefer: handling=strict``), read
+    GET    /fhir/Task, /fhir/Task/{id}    search (``Prefer: handling=strict``), read (a deleted job: DELETED until
+                                          its files are removed, as TORCH; search leaves it out)
     PUT    /fhir/Task/{id}                priority; If-Match W/"<version>" (428, 409 or 412)
     POST   /fhir/Task/{id}/$pause|$resume|$cancel, DELETE /fhir/Task/{id}
     GET    /fhir/metadata                 minimal CapabilityStatement
@@ -491,6 +492,9 @@ class ExtractionHandler(ExtractionFilesHandler):
     def _task(self, method: str, job_id: str) -> None:
         state = self.state
         job = state.job(job_id)
+        if job is None and method == "GET" and (gone := state.deleted_job(job_id)) is not None:
+            # As TORCH: a deleted job stays readable, DELETED, until its files are removed (its status answers 404).
+            return self.send_json(200, task_resource(state, gone, state.now(), self.files_base(), deleted=True))
         if job is None:
             return self._task_not_found(job_id)
         if method == "GET":

@@ -303,6 +303,11 @@ class ExtractionServerState:
                 self.deleted[job_id] = (job, self.now() + self.delete_files_after)
             return job is not None
 
+    def deleted_job(self, job_id: str) -> Job | None:
+        """A deleted job whose files have not been removed yet (TORCH's Task read shows it DELETED until then)."""
+        with self.lock:
+            return self.deleted[job_id][0] if job_id in self.deleted else None
+
     def files_job(self, job_id: str) -> Job | None:
         """The job whose files the file server may still serve: a live job, or a deleted one whose files
         have not been removed yet."""

@@ -221,19 +221,19 @@ def job_record(state: ExtractionServerState, job: Job, now: float) -> dict:
 
 
 # --- Task API ------------------------------------------------------------------------------------
-def task_resource(state: ExtractionServerState, job: Job, now: float, files_base: str) -> dict:
+def task_resource(state: ExtractionServerState, job: Job, now: float, files_base: str, deleted: bool = False) -> dict:
+    """The job as a Task; ``deleted``: as TORCH shows a deleted job (Task.status cancelled, JobStatus DELETED)."""
     period = {"start": _instant(state.wall(job.started_at if job.started_at is not None else job.submitted_at))}
     if job.status in FINAL and job.finished_at is not None:
         period["end"] = _instant(state.wall(job.finished_at))
+    code, display = ("DELETED", "Deleted") if deleted else (job.status.value, _DISPLAY[job.status])
     task: dict = {
         "resourceType": "Task",
         "id": job.id,
         "meta": {"versionId": str(state.version(job, now)), "lastUpdated": _instant(state.wall(job.last_updated))},
-        "status": TASK_STATUS[job.status],
+        "status": "cancelled" if deleted else TASK_STATUS[job.status],
         "intent": "order",
-        "businessStatus": {
-            "coding": [{"system": JOB_STATUS_SYSTEM, "code": job.status.value, "display": _DISPLAY[job.status]}]
-        },
+        "businessStatus": {"coding": [{"system": JOB_STATUS_SYSTEM, "code": code, "display": display}]},
         "priority": job.priority,
         "description": f"TORCH Job {job.id}",
         "authoredOn": _instant(state.wall(job.submitted_at)),
