@@ -242,6 +242,25 @@ def test_404_for_a_job_deleted_on_the_server_is_a_delete_not_a_lost_job(sim):
     assert len(torch.state.submissions) == 1
 
 
+def test_a_status_url_on_another_origin_that_wants_credentials_is_explained(torch, sim):
+    """A server whose own base URL is set wrong (another host, scheme or port than base_url) names status URLs there;
+    dupflow rightly sends them no credentials, and the 401 must say why, not only "Authentication required"."""
+    torch.state.auth_check = lambda headers: headers.get("authorization") == "Basic dTpw"  # u:p
+    job_id = torch.state.submit(parse_fake_crtdl(CRTDL), []).id
+    kickoff = Reply(202, {"Content-Location": f"{torch.base_url}/fhir/__status/{job_id}"})
+    front, _ = scripted_status_server(kickoff)
+    with front, client_for(front.base_url, sim, auth=AuthSettings(username="u", password="p")) as client:
+        handle = client.submit(CRTDL)
+        with pytest.raises(ServiceError) as caught:
+            client.poll_until_complete(handle)
+    assert caught.value.status_code == 401 and not caught.value.transient
+    message = str(caught.value)
+    assert f"the status URL {handle.status_url} answered HTTP 401" in message
+    assert f"it is on {torch.base_url}, not on the origin of services.extractor.base_url ({front.base_url})" in message
+    assert "dupflow sends the credentials only there" in message and "torch.base.url" in message
+    assert torch.state.requests_to("/fhir/__status/")[-1].header("authorization") is None
+
+
 def test_410_for_a_job_whose_task_is_gone_or_unreadable_is_a_lost_handle(sim):
     huge = Reply(200, body=b" " * (33 * 1024 * 1024))  # over the bound of any status answer
     server, state = scripted_status_server(

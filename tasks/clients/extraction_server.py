@@ -29,9 +29,10 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from tasks.clients.auth import ServiceAuth, origin_of, origin_text
+from tasks.clients.auth import Origin, ServiceAuth, origin_of, origin_text
 from tasks.clients.bounds import Deadline, answer_within, answered, declared_size
 from tasks.clients.errors import error_from_response, is_transient_network_error, is_transient_status, network_error
+from tasks.clients.errors import where as failed_at
 from tasks.clients.errors import ServiceError, operation_outcome_texts, parse_retry_after, raise_for_service_status
 from tasks.clients.extraction_documents import SERVICE, DeadHandleError, ExtractionCancelledError, ExtractionError
 from tasks.clients.extraction_documents import ExtractionFailedError, ExtractionHandle, ExtractionTimeoutError
@@ -157,7 +158,7 @@ class ExtractionServerClient(Closing):
         except httpx.TransportError as exc:
             if not is_transient_network_error(exc):
                 raise network_error(exc, **where) from exc
-            failure = f"{type(exc).__name__}: {exc}"
+            failure = f"{type(exc).__name__}: {exc}{failed_at(exc)}"  # the URL: a status URL may name another host
         except ServiceError as exc:
             if not exc.transient:
                 raise
@@ -181,6 +182,9 @@ class ExtractionServerClient(Closing):
         if is_transient_status(status):
             log.warning("extractor: status poll of job %s answered HTTP %d; polling again", handle.job_id, status)
             return
+        foreign = origin_of(handle.status_url)
+        if status in (401, 403) and foreign != origin_of(self.base_url) and self.http.auth.schemes:
+            raise self._uncredentialed_status_url(handle, status, foreign)
         if status >= 400:
             raise error_from_response(response, operation="poll extraction status", service=SERVICE)
         raise ExtractionError(f"poll extraction status: unexpected HTTP {status} from {handle.status_url}")
@@ -200,6 +204,17 @@ class ExtractionServerClient(Closing):
             return None
         status = job_status_of(task) if isinstance(task, dict) else None
         return status if status in STOPPED_BY_PERSON else None
+
+    def _uncredentialed_status_url(self, handle: ExtractionHandle, status: int, origin: Origin) -> ServiceError:
+        """A status URL on another origin than base_url's answered 401/403: it got no credentials, by design."""
+        message = (
+            f"the status URL {shown_url(handle.status_url)} answered HTTP {status}; it is on {origin_text(origin)}, "
+            f"not on the origin of services.extractor.base_url ({origin_text(origin_of(self.base_url))}), and "
+            "dupflow sends the credentials only there. Have the extraction server name its status URLs under the "
+            "address dupflow uses (TORCH: torch.base.url), or set services.extractor.base_url to the server's address; "
+            "then continue the job (--attach STATUS_URL follows the job at a status URL under base_url)"
+        )
+        return ServiceError("poll extraction status", status, message, transient=False, service=SERVICE)
 
     def _timeout(self, handle: ExtractionHandle) -> ExtractionTimeoutError:
         window = self.settings.extraction_timeout
