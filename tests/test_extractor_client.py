@@ -39,6 +39,7 @@ from tasks.clients.extraction_documents import (
     ExtractionTimeoutError,
     InvalidCrtdlError,
     NoMatchingDataError,
+    StatusUrlMismatchError,
     parse_crtdl,
     resolve_file_url,
 )
@@ -239,6 +240,25 @@ def test_404_for_a_job_deleted_on_the_server_is_a_delete_not_a_lost_job(sim):
     assert not isinstance(caught.value, DeadHandleError) and caught.value.status_code == 404
     assert f"extraction job {handle.job_id} was deleted on the extraction server" in str(caught.value)
     assert "its Task says DELETED" in str(caught.value) and "--resubmit" in str(caught.value)
+    assert len(torch.state.submissions) == 1
+
+
+def test_404_from_a_status_url_while_the_jobs_task_is_alive_is_no_lost_job(sim):
+    """A status URL that does not lead to the job (the server's base URL without a proxy's path prefix) answered
+    404 for every job: each was taken for lost and submitted again, up to retry.max_attempts fresh extractions."""
+    with (
+        start_extraction_server(clock=sim, durations=dict(LONG_JOB)) as torch,
+        client_for(torch.base_url, sim) as client,
+    ):
+        job_id = client.submit(CRTDL).job_id
+        astray = ExtractionHandle.from_status_url(f"{torch.base_url}/lost-prefix/fhir/__status/{job_id}")
+        with pytest.raises(StatusUrlMismatchError) as caught:
+            client.poll_until_complete(astray)
+    assert not isinstance(caught.value, DeadHandleError) and caught.value.status_code == 404
+    message = str(caught.value)
+    assert f"extraction job {job_id}: its status URL {astray.status_url} answered HTTP 404" in message
+    assert "the server's Task API shows the job" in message and "it is not submitted again" in message
+    assert "--attach" in message and "--resubmit" in message
     assert len(torch.state.submissions) == 1
 
 

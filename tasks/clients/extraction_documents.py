@@ -76,6 +76,21 @@ class ExtractionCancelledError(ExtractionError):
         )
 
 
+class StatusUrlMismatchError(ExtractionError):
+    """The job's status URL answered 404 or 410 while its Task shows the job alive: the URL does not lead to the job
+    (a proxy's path prefix the server leaves out of its base URL), which is no lost job to submit again."""
+
+    def __init__(self, handle: ExtractionHandle, status_code: int, job_status: str):
+        super().__init__(
+            f"extraction job {handle.job_id}: its status URL {shown_url(handle.status_url)} answered HTTP "
+            f"{status_code}, but the server's Task API shows the job {show_name(job_status)}, so the URL does not lead "
+            "to it (the extraction server's own base URL may lack a proxy's path prefix); it is not submitted again. "
+            "Fix the server's base URL or the proxy, then continue the job with --attach and the job's status URL "
+            "(extraction show gives it), or with --resubmit to extract anew",
+            status_code=status_code,
+        )
+
+
 def job_status_of(task: dict[str, Any]) -> str:
     """A Task's JobStatus code (``businessStatus``), else its FHIR ``status``."""
     business = task.get("businessStatus") if isinstance(task.get("businessStatus"), dict) else {}

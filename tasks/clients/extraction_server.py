@@ -38,6 +38,7 @@ from tasks.clients.extraction_documents import SERVICE, DeadHandleError, Extract
 from tasks.clients.extraction_documents import ExtractionFailedError, ExtractionHandle, ExtractionTimeoutError
 from tasks.clients.extraction_documents import base_url_of, kickoff_parameters, manifest_request
 from tasks.clients.extraction_documents import job_status_of, requires_access_token, resolve_file_url, result_urls
+from tasks.clients.extraction_documents import StatusUrlMismatchError
 from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceEndpoint, build_client, http_timeout
 from tasks.clients.retry import call_once
 from tasks.core.readable import plain_text
@@ -169,8 +170,10 @@ class ExtractionServerClient(Closing):
     def _raise_unless_transient(self, handle: ExtractionHandle, response: httpx.Response) -> None:
         status = response.status_code
         if status in DEAD_HANDLE:
-            if (stopped := self._stopped_by_person(handle)) is not None:
-                raise ExtractionCancelledError(handle, status, stopped)
+            if (job_status := self._task_status(handle)) in STOPPED_BY_PERSON:
+                raise ExtractionCancelledError(handle, status, job_status)
+            if job_status:
+                raise StatusUrlMismatchError(handle, status, job_status)
             raise DeadHandleError(handle, status)
         if status == JOB_FAILED:
             texts = operation_outcome_texts(response.content)
@@ -189,11 +192,11 @@ class ExtractionServerClient(Closing):
             raise error_from_response(response, operation="poll extraction status", service=SERVICE)
         raise ExtractionError(f"poll extraction status: unexpected HTTP {status} from {handle.status_url}")
 
-    def _stopped_by_person(self, handle: ExtractionHandle) -> str | None:
-        """The job's state when the Task API shows it CANCELLED or DELETED, else None. TORCH answers a cancelled
-        job's status with 410 and a deleted one's with 404 (its Task says DELETED until the job's files are
-        removed), as it answers a job it lost; a person's cancel or delete must not be undone by a fresh
-        submission. No answer is no proof."""
+    def _task_status(self, handle: ExtractionHandle) -> str | None:
+        """The job's state as its Task shows it, else None. TORCH answers a cancelled job's status with 410 and a
+        deleted one's with 404 (its Task says DELETED until the job's files are removed), as it answers a job it
+        lost; a person's cancel or delete must not be undone by a fresh submission, and a job whose Task is there
+        is not lost. No answer is no proof."""
         where = {"operation": "read extraction job", "service": SERVICE}
         url = f"{self.base_url}/fhir/Task/{quote(handle.job_id, safe='')}"
         deadline = Deadline(POLL_DEADLINE.total_seconds(), POLL_DEADLINE_SETTING)
@@ -202,8 +205,7 @@ class ExtractionServerClient(Closing):
                 task = json.loads(bounded_answer(answer).content) if answer.status_code == 200 else None
         except (httpx.HTTPError, ServiceError, ExtractionError, ValueError):  # ExtractionError: over the manifest bound
             return None
-        status = job_status_of(task) if isinstance(task, dict) else None
-        return status if status in STOPPED_BY_PERSON else None
+        return job_status_of(task) if isinstance(task, dict) and task.get("resourceType") == "Task" else None
 
     def _uncredentialed_status_url(self, handle: ExtractionHandle, status: int, origin: Origin) -> ServiceError:
         """A status URL on another origin than base_url's answered 401/403: it got no credentials, by design."""

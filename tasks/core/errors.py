@@ -14,7 +14,7 @@ also operation, HTTP status and transient or terminal), and the drawing of the w
     │   ├── SubmissionInDoubtError      tasks.extractor: a kick-off whose answer was lost
     │   ├── ExtractionError             tasks.clients.extraction_documents
     │   │   ├── InvalidCrtdlError, DeadHandleError, ExtractionCancelledError, ExtractionFailedError,
-    │   │   └── ExtractionTimeoutError, NoMatchingDataError
+    │   │   └── ExtractionTimeoutError, NoMatchingDataError, StatusUrlMismatchError
     │   ├── DownloadError               tasks.clients.downloads
     │   │   └── FileNotReadyError, UnsafeFileNameError
     │   ├── PseudonymizationError       tasks.clients.pseudonymizer
