@@ -5,13 +5,13 @@ id and tagged ``job-<id>``. ``prepare_job`` makes or finds one for the command l
 refuses secrets in any parameter, fixes the job id, freezes every configured path as absolute and puts the job's CRTDL
 (copied or enriched) in its directory. A job is created only whole: a failed write removes its directory. Files a user
 gives are read within bounds (the CRTDL at most MAX_CRTDL_BYTES and 128 levels deep; the anonymization config and CA
-bundle regular files of at most MAX_SETTINGS_FILE_BYTES). Import-light: ``status`` and ``list`` use it."""
+bundle regular files of at most MAX_SETTINGS_FILE_BYTES, ``tasks.core.jsonfile``). Import-light: ``status`` and
+``list`` use it."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import stat
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,7 +22,7 @@ from config.settings import Settings
 from flows.job_state import JobLock
 from tasks.core.errors import JobError
 from tasks.core.names import show_text
-from tasks.core.jsonfile import JsonFileError, parse_json_document, read_limited
+from tasks.core.jsonfile import JsonFileError, parse_json_document, read_limited, settings_file_problem
 from tasks.core.readable import CLI
 from tasks.job.layout import JobPaths, is_crtdl_file, is_job_id
 from tasks.streams.files import write_error, write_file_atomically
@@ -32,7 +32,6 @@ from tasks.core.url_credentials import refuse_credentials_in_url
 CRTDL_NAME = "crtdl.json"
 ENRICHED_CRTDL_NAME = "enriched-crtdl.json"
 MAX_CRTDL_BYTES = 16 * 1024 * 1024  # a large real CRTDL is under 1 MB; more is a wrong file (or /dev/zero)
-MAX_SETTINGS_FILE_BYTES = 16 * 1024 * 1024  # an anonymization config or a CA bundle is a few hundred KB at most
 
 
 @dataclass(frozen=True)
@@ -245,7 +244,8 @@ def refuse_missing_input(steps: list[str], job_input: str | None, settings: Sett
 def step_file_problems(settings: Settings) -> list[str]:
     """Problems of files the enabled steps will read, found before any work starts (and by ``config check``):
     the flattening lookup file (schema, unique tables, children that exist, one parent each, no cycles), and an
-    anonymization config or CA bundle that is no regular file or larger than MAX_SETTINGS_FILE_BYTES."""
+    anonymization config or CA bundle that is no regular file or larger than MAX_SETTINGS_FILE_BYTES (the step that
+    reads one checks it again: ``tasks.core.jsonfile.read_settings_file``)."""
     problems = [
         f"{key}: {problem}"
         for key, path in (
@@ -262,20 +262,6 @@ def step_file_problems(settings: Settings) -> list[str]:
     return problems + [
         f"services.flattening.lookup_path: {problem}; fix the lookup file" for problem in lookup_problems(Path(lookup))
     ]
-
-
-def settings_file_problem(path: Path) -> str | None:
-    """Why a file a setting names cannot be read whole (a device such as /dev/zero, a huge file); a missing file
-    is left to the step that reads it, which says so."""
-    try:
-        status = path.stat()
-    except OSError:
-        return None
-    if not stat.S_ISREG(status.st_mode):
-        return f"{path} is no regular file; give the path of a file"
-    if status.st_size > MAX_SETTINGS_FILE_BYTES:
-        return f"{path} is larger than {MAX_SETTINGS_FILE_BYTES // (1024 * 1024)} MB, more than such a file needs"
-    return None
 
 
 @dataclass(frozen=True)

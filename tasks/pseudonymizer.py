@@ -21,6 +21,7 @@ from config.settings import Settings
 from tasks.clients.errors import ServiceError
 from tasks.clients.http import ServiceEndpoint, build_async_client, http_timeout
 from tasks.clients.pseudonymizer import (
+    CONFIG_KEY,
     AnonymizationConfig,
     PseudonymizationError,
     Pseudonymized,
@@ -29,6 +30,7 @@ from tasks.clients.pseudonymizer import (
 )
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.core.errors import StepError
+from tasks.core.jsonfile import JsonFileError
 from tasks.job.steps import compression_shape, file_shape, one_file_at_a_time, ndjson_written, publish_report
 from tasks.job.steps import write_answers
 from tasks.streams.ndjson import (
@@ -40,7 +42,6 @@ from tasks.streams.ndjson import (
     remove_partial_files,
 )
 
-CONFIG_KEY = "services.pseudonymizer.anonymization_config"
 TOO_LARGE_HINT = (
     "the request was larger than the pseudonymization service accepts: lower "
     "services.pseudonymizer.bundle_split_threshold_mb so that Bundles are sent in smaller chunks, or raise the "
@@ -217,17 +218,14 @@ def failure_message(source: Path, line_number: int, label: str, exc: Exception) 
 
 
 def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
-    """Read the YAML (the step does, once per run); an unreadable file stops the step before any request."""
+    """Read the YAML (the step does, once per run, within bounds); an unreadable file stops the step before any
+    request."""
     if not path:
         return None
     try:
-        return AnonymizationConfig.read(path)
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        raise PseudonymizerStepError(
-            f"{CONFIG_KEY} (--anonymization-config): cannot read {path}: {reason}; "
-            "fix the path or the file's permissions"
-        ) from None
+        return AnonymizationConfig.read(path, f"{CONFIG_KEY} (--anonymization-config)")
+    except JsonFileError as exc:
+        raise PseudonymizerStepError(str(exc)) from None
 
 
 def remember_config(config: AnonymizationConfig) -> str:

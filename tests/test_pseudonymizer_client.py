@@ -15,6 +15,7 @@ from pydantic import SecretStr
 
 from config.services import AuthSettings
 from tasks.clients.errors import ServiceError
+from tasks.core.jsonfile import JsonFileError
 from tasks.clients.pseudonymizer import (
     MB,
     AnonymizationConfig,
@@ -313,8 +314,8 @@ def test_a_split_bundle_keeps_every_numbers_digits(pseudonymizer_fake):
     assert b'"valueQuantity":{"value":3.14159265358979323846264338327}' in result.line
 
 
-def test_a_missing_config_file_raises_os_error(tmp_path: Path):
-    with pytest.raises(OSError):
+def test_a_missing_config_file_is_an_error_naming_the_setting(tmp_path: Path):
+    with pytest.raises(JsonFileError, match="services.pseudonymizer.anonymization_config: cannot read"):
         AnonymizationConfig.read(tmp_path / "missing.yaml")
 
 

@@ -30,6 +30,7 @@ import orjson
 from tasks.core.json_shapes import as_array
 from tasks.core.errors import StepError
 from tasks.core.exact_json import dumps_exact, loads_exact
+from tasks.core.jsonfile import read_settings_file
 from tasks.core.names import show_name, show_text
 from tasks.clients.bounds import MB, Deadline, read_answer_async, within_deadline
 from tasks.clients.errors import raise_for_service_status_async
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from config.settings import RetrySettings
 
 DE_IDENTIFY_PATH = "/fhir/$de-identify"
+CONFIG_KEY = "services.pseudonymizer.anonymization_config"
 MAX_ANSWER_BYTES = 100 * MB
 """The most of one answer that is read, unless the step says otherwise: pipeline.max_ndjson_line_size_mb's
 default, since the answer becomes one line of the step's output."""
@@ -82,10 +84,11 @@ class AnonymizationConfig:
     data: bytes = field(repr=False)
 
     @classmethod
-    def read(cls, path: str | Path) -> AnonymizationConfig:
-        """Read the file once; raises ``OSError`` when it cannot be read."""
+    def read(cls, path: str | Path, key: str = CONFIG_KEY) -> AnonymizationConfig:
+        """Read the file once, within bounds (``read_settings_file``: a regular file of at most 16 MB, never a device
+        read to its end); raises ``JsonFileError`` naming ``key`` when it cannot be read."""
         path = Path(path).expanduser()
-        return cls(str(path), path.read_bytes())
+        return cls(str(path), read_settings_file(path, key))
 
     @property
     def sha256(self) -> str:

@@ -1,4 +1,5 @@
-"""The one reader of a JSON file a user gives (the CRTDL, the lookup file, the enrichment file, a ViewDefinition).
+"""The one reader of a JSON file a user gives (the CRTDL, the lookup file, the enrichment file, a ViewDefinition),
+and of a settings file sent or trusted as it is (the anonymization config, a CA bundle: ``read_settings_file``).
 
 ``read_json_file`` reads at most the caller's byte limit (a device such as /dev/zero is refused, never read to its
 end) and refuses nesting deeper than ``MAX_JSON_DEPTH``, which no such file needs and which would end in a
@@ -8,6 +9,7 @@ RecursionError far from the file. Each refusal is a ``JsonFileError`` naming fil
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from tasks.core.errors import DupflowError
 
 MAX_JSON_DEPTH = 128
 MB = 1024 * 1024
+MAX_SETTINGS_FILE_BYTES = 16 * MB  # an anonymization config or a CA bundle is a few hundred KB at most
 
 
 class JsonFileError(DupflowError):
@@ -38,6 +41,37 @@ def read_limited(path: Path, max_bytes: int, label: str) -> bytes:
         raise JsonFileError(
             f"{label} is larger than {max_bytes // MB} MB, more than such a file ever needs; check the path"
         )
+    return data
+
+
+def settings_file_problem(path: Path) -> str | None:
+    """Why a file a setting names cannot be read whole (a device such as /dev/zero, a named pipe, a huge file); a
+    missing file is left to whoever reads it, which says so."""
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(status.st_mode):
+        return f"{path} is no regular file; give the path of a file"
+    if status.st_size > MAX_SETTINGS_FILE_BYTES:
+        return f"{path} is larger than {MAX_SETTINGS_FILE_BYTES // MB} MB, more than such a file needs; check the path"
+    return None
+
+
+def read_settings_file(path: Path, key: str) -> bytes:
+    """The bytes of the file the setting ``key`` names, at most MAX_SETTINGS_FILE_BYTES of a regular file (checked
+    where it is read: a job continued with another path, or the file grown since it started, passed the first
+    check); ``JsonFileError`` naming the key, the file and the fix."""
+    if problem := settings_file_problem(path):
+        raise JsonFileError(f"{key}: {problem}")
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_SETTINGS_FILE_BYTES + 1)
+    except OSError as exc:
+        reason = exc.strerror or exc
+        raise JsonFileError(f"{key}: cannot read {path}: {reason}; fix the path or the file's permissions") from None
+    if len(data) > MAX_SETTINGS_FILE_BYTES:  # grown since it was looked at
+        raise JsonFileError(f"{key}: {path} is larger than {MAX_SETTINGS_FILE_BYTES // MB} MB; check the path")
     return data
 
 
