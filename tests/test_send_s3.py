@@ -8,8 +8,10 @@ from __future__ import annotations
 import random
 import shutil
 import signal
+import ssl
 from pathlib import Path
 
+import certifi
 import orjson
 import pytest
 import zstandard
@@ -184,3 +186,40 @@ def test_kill_during_a_multipart_upload_then_continue_leaves_every_object_once(
     assert_bucket_matches_folder(store, bucket, job_dir, "import")
     uploads = [r.path for r in proxy.state.requests if r.operation in ("PutObject", "CreateMultipartUpload")]
     assert uploads == [f"/{bucket}/{job_dir.name}/b.ndjson?uploads"]  # a.ndjson was not sent again
+
+
+def a_ca_certificate() -> str:
+    """The first CA of certifi's bundle in PEM, without the comments before it."""
+    pem = certifi.contents()
+    start = pem.index("-----BEGIN CERTIFICATE-----")
+    end = pem.index("-----END CERTIFICATE-----", start) + len("-----END CERTIFICATE-----")
+    return pem[start:end] + "\n"
+
+
+def test_a_ca_bundle_whose_comments_are_not_utf_8_is_used(credentials, proxy, store, bucket, tmp_path, write_config):
+    """A PEM bundle exported on a Windows machine names its CAs in Latin-1 ("Bundesnetzagentur Prüf-CA"): OpenSSL
+    and the HTTP clients read only the certificates, the S3 client read the file as UTF-8 text and failed the send
+    with a bare UnicodeDecodeError."""
+    bundle = tmp_path / "site-ca.pem"
+    bundle.write_bytes("# Prüf-CA der Klinik\n".encode("latin-1") + a_ca_certificate().encode())
+    config = write_config({**send_s3_config(proxy, bucket, ["local_import", "send"]), "tls": {"ca_cert_path": bundle}})
+
+    assert main(["start", str(config), str(real_inputs(tmp_path)), "--no-progress"]) == EXIT_OK
+
+    assert len(listing(store, bucket)) == 2
+
+
+def test_a_ca_certificate_in_der_form_fails_the_send_naming_the_key_and_pem(
+    credentials, proxy, store, bucket, tmp_path, write_config, capsys
+):
+    """A CA certificate saved in DER (binary) form, as some sites hand them out: the HTTP clients say that
+    ``tls.ca_cert_path`` holds no PEM bundle, the S3 client failed on a bare UnicodeDecodeError."""
+    der = tmp_path / "ca.der"
+    der.write_bytes(ssl.PEM_cert_to_DER_cert(a_ca_certificate()))
+    config = write_config({**send_s3_config(proxy, bucket, ["local_import", "send"]), "tls": {"ca_cert_path": der}})
+
+    assert main(["start", str(config), str(real_inputs(tmp_path)), "--no-progress"]) == EXIT_FAILED
+
+    said = capsys.readouterr().err
+    assert "tls.ca_cert_path" in said and "PEM" in said and "UnicodeDecodeError" not in said
+    assert listing(store, bucket) == []

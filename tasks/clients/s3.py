@@ -37,8 +37,9 @@ from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, SSL
 from botocore.exceptions import ConnectionError as BotoConnectionError
 from botocore.utils import get_environ_proxies
 
-from tasks.clients.http import INSECURE_WARNING
+from tasks.clients.http import INSECURE_WARNING, trusted_context
 from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, is_transient_status, truncate
+from tasks.core.jsonfile import JsonFileError, read_settings_file
 from tasks.core.redaction import RedactingFilter
 from tasks.streams.files import write_file_atomically
 
@@ -154,17 +155,22 @@ def s3_verify(tls: TlsSettings) -> str | bool:
 @functools.cache
 def _combined_ca_bundle(ca_cert_path: str | None, system_bundle: str | None) -> str:
     """botocore takes a single bundle file, so certifi's CAs, the system's (as the HTTP clients trust them: spec,
-    "System CAs stay trusted") and ``ca_cert_path`` are put together in a temp file."""
-    try:
-        extra = Path(ca_cert_path).read_text() if ca_cert_path else ""
-    except OSError as exc:
-        raise ValueError(f"tls.ca_cert_path {ca_cert_path}: cannot read PEM bundle: {exc}") from exc
-    parts = [Path(certifi.where()).read_text()]
+    "System CAs stay trusted") and ``ca_cert_path`` are put together in a temp file. Bytes, as OpenSSL reads them: a
+    PEM bundle's comments may be in any encoding. ``ca_cert_path`` is checked as the HTTP clients check it (a file
+    OpenSSL cannot load as PEM, a DER certificate, is named so) and read within bounds (``read_settings_file``)."""
+    extra = b""
+    if ca_cert_path:
+        trusted_context(ca_cert_path)
+        try:
+            extra = read_settings_file(Path(ca_cert_path), "tls.ca_cert_path")
+        except JsonFileError as exc:
+            raise ValueError(str(exc)) from None
+    parts = [Path(certifi.where()).read_bytes()]
     if system_bundle and os.path.isfile(system_bundle):
-        parts.append(Path(system_bundle).read_text())
+        parts.append(Path(system_bundle).read_bytes())
     parts.append(extra)
-    with tempfile.NamedTemporaryFile("w", prefix="dupflow-ca-", suffix=".pem", delete=False) as bundle:
-        bundle.write("\n".join(parts))
+    with tempfile.NamedTemporaryFile("wb", prefix="dupflow-ca-", suffix=".pem", delete=False) as bundle:
+        bundle.write(b"\n".join(parts))
     atexit.register(Path(bundle.name).unlink, missing_ok=True)
     return bundle.name
 
