@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from config.settings import RetrySettings, TlsSettings
@@ -199,6 +200,27 @@ def test_a_service_failure_after_the_retries_fails_naming_file_and_chunk_and_lea
     assert f"{source}: validation of chunk 1 (3 resources: Patient/p0 … Patient/p2) failed" in message
     assert "HTTP 502" in message and "not a finding in the data" in message
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def deep_bundle_line(levels: int) -> bytes:
+    """A Bundle whose one entry (without a fullUrl) holds a resource nested ``levels`` deep: orjson, which checks
+    every line, reads up to 1024 levels; ``json``, which keeps the decimals' digits, recurses once per level."""
+    inner = b'{"a":' * levels + b"1" + b"}" * levels
+    head = b'{"resourceType":"Bundle","type":"collection","entry":[{"resource":{"resourceType":"Basic","a":'
+    return head + inner + b"}}]}"
+
+
+def test_a_bundle_nested_deeper_than_the_exact_parser_follows_fails_validation_naming_the_line(
+    validator_fake, tmp_path
+):
+    """The validation step gives a Bundle's entries their fullUrl by taking the line apart with the exact parser:
+    a line orjson had accepted (1,000 levels) ended the step in a bare RecursionError."""
+    source = tmp_path / "a.ndjson"
+    source.write_bytes(orjson.dumps({"resourceType": "Patient", "id": "p1"}) + b"\n" + deep_bundle_line(1000) + b"\n")
+    orjson.loads(deep_bundle_line(1000))  # the line check lets it through
+
+    with pytest.raises(StepError, match=f"{source}: line 2: the Bundle is nested too deep"):
+        run_file(validator_fake, source, tmp_path / "out" / "a.ndjson.zst")
 
 
 def test_a_413_fails_with_the_hint_to_lower_the_chunk_size(validator_fake, tmp_path):

@@ -116,9 +116,9 @@ def bundle_entry(resource: dict[str, Any], resource_json: bytes, line_number: in
 
 
 def with_full_urls_written(resource_json: bytes, where: str) -> bytes:
-    exact = loads_exact(resource_json)
-    with_full_urls(exact)
     try:
+        exact = loads_exact(resource_json)  # recurses per level: orjson, which checked the line, reads 1024
+        with_full_urls(exact)
         return dumps_exact(exact)
     except (TypeError, RecursionError):  # orjson writes at most 254 levels
         raise NdjsonError(f"{where}: the Bundle is nested too deep (over 254 levels) to be validated") from None
