@@ -5,8 +5,12 @@ step against the fakes."""
 from __future__ import annotations
 
 import pytest
+import zstandard
 
 from flows.run import EXIT_FAILED, EXIT_OK, main
+from tasks.local_import import local_import
+from tasks.streams.ndjson import NdjsonError
+from tests.steps import step_input
 from tests.support.jobs import only_job_dir
 from tests.support.ndjson import write_lines
 from tests.support.pseudonymization import OVERRIDE_CONFIG, patient, pseudonymizer_job
@@ -40,3 +44,24 @@ def test_continue_naming_an_anonymization_config_over_the_bound_fails_naming_the
     assert pseudonymizer_fake.state.requests == []
     said = capsys.readouterr().err
     assert key in said and str(huge) in said and "16 MB" in said
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_a_file_compressed_with_a_window_over_128_mb_is_named_as_such_not_as_damaged(tmp_path):
+    """``zstd --long=30`` (a 1 GiB window, for large exports) makes a frame that zstd itself decodes only when told
+    ``--long=30``; the import, which keeps the decoder's memory at 128 MB, called the file damaged."""
+    source = tmp_path / "in"
+    source.mkdir()
+    window = zstandard.ZstdCompressionParameters(window_log=30, compression_level=3, write_content_size=False)
+    writer = zstandard.ZstdCompressor(compression_params=window).compressobj()
+    data = b'{"resourceType":"Patient","id":"p1"}\n' * 1000
+    (source / "big.ndjson.zst").write_bytes(writer.compress(data) + writer.flush())
+    step = step_input(tmp_path / "job", "local_import", job_input=str(source))
+
+    with pytest.raises(NdjsonError) as caught:
+        local_import.fn(step)
+
+    said = str(caught.value)
+    assert str(source / "big.ndjson.zst") in said and "damaged" not in said
+    assert "1024 MB window" in said and "128 MB" in said and "--long" in said

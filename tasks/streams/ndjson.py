@@ -20,6 +20,8 @@ from tasks.core.names import name_from_data_problem, show_name
 from tasks.streams.zstd_blocks import ZSTD_MAGIC, ZstdBlockCutter, starts_zstd
 
 CHUNK_SIZE = 1 << 20
+MAX_WINDOW_BYTES = 1 << 27  # the largest zstd window a decoder allows by default (ZSTD_WINDOWLOG_LIMIT_DEFAULT)
+ZSTD_FRAME_HEADER_MAX = 18  # magic, descriptor, window, dictionary id and content size (RFC 8878 3.1.1)
 DATA_SUFFIXES = (".ndjson", ".ndjson.zst")
 PART_PREFIX = "."
 PART_SUFFIX = ".part"
@@ -165,8 +167,9 @@ class StreamDecoder:
         self._source, self._cutter = source, ZstdBlockCutter()
         self._head = b""  # the first bytes, until there are enough to tell zstd by its magic bytes
         self._is_zstd: bool | None = None
-        self._context = zstandard.ZstdDecompressor()
+        self._context = zstandard.ZstdDecompressor()  # windows of at most MAX_WINDOW_BYTES: memory stays bounded
         self._frame, self._frame_has_input = self._context.decompressobj(), False
+        self._frame_head = b""  # the current frame's first bytes: its header, which says its window
 
     def feed(self, chunk: bytes) -> Iterator[bytes]:
         if self._is_zstd is None:
@@ -182,7 +185,7 @@ class StreamDecoder:
             for data in self._cutter.pieces(chunk):
                 yield from self._decompress(data)
         except zstandard.ZstdError as exc:
-            raise NdjsonError(f"{self._source}: not readable as zstd ({exc}); the data are damaged") from exc
+            raise self._unreadable(exc) from exc
 
     def finish(self) -> Iterator[bytes]:
         if self._head:  # fewer bytes than zstd's magic: plain
@@ -192,8 +195,26 @@ class StreamDecoder:
                 f"{self._source}: not readable as zstd (the data end in the middle of a frame); they are truncated"
             )
 
+    def _unreadable(self, exc: zstandard.ZstdError) -> NdjsonError:
+        """The decoder's refusal in words: a frame made for a larger window than the decoder allows (``zstd
+        --long=28`` and up, which zstd itself decodes only when told so) is no damage."""
+        try:
+            window = zstandard.get_frame_parameters(self._frame_head).window_size
+        except zstandard.ZstdError:
+            window = 0
+        if window > MAX_WINDOW_BYTES:
+            return NdjsonError(
+                f"{self._source}: compressed with a {window >> 20} MB window (zstd --long={window.bit_length() - 1}), "
+                f"more than the {MAX_WINDOW_BYTES >> 20} MB a zstd file may ask for here (memory stays bounded); "
+                "compress it again without --long or with --long=27 or less "
+                "(zstd -d --long=31 -c FILE | zstd -c > NEW.ndjson.zst)"
+            )
+        return NdjsonError(f"{self._source}: not readable as zstd ({exc}); the data are damaged")
+
     def _decompress(self, data: memoryview | bytes) -> Iterator[bytes]:
         while data:
+            if not self._frame_has_input:
+                self._frame_head = bytes(data[:ZSTD_FRAME_HEADER_MAX])
             self._frame_has_input = True
             if out := self._frame.decompress(data):
                 yield out
