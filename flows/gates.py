@@ -6,7 +6,7 @@ the run stays suspended. The gate itself lives in the job's record (``tasks.job.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from prefect import runtime
 from prefect.flow_runs import suspend_flow_run
@@ -27,12 +27,20 @@ from tasks.wait import released_result, wait
 SUSPEND_TIMEOUT_SECONDS = 7 * 24 * 3600
 
 
+def editable_toggle(schema: dict[str, Any]) -> None:
+    """``{"enum": [true]}`` for pydantic's ``{"const": true}``: the server refuses every other value the same way,
+    and Prefect's UI leaves the toggle editable (it disables any property with a truthy ``const``, "Confirmed is a
+    const and cannot be changed", so the toggle could never be turned on)."""
+    schema["enum"] = [schema.pop("const")]
+
+
 class InspectionInput(RunInput):
     """The form a person fills in to resume a job suspended for inspection."""
 
-    confirmed: Literal[True] = Field(  # JSON schema {"const": true}, required: the server refuses anything else
+    confirmed: Literal[True] = Field(  # JSON schema enum [true], required: the server refuses anything else
         description="Turn on to confirm: I have inspected the data (and put any corrected files in the _wait folder). "
-        "Submitted off, the resume is refused and the job stays suspended."
+        "Submitted off, the resume is refused and the job stays suspended.",
+        json_schema_extra=editable_toggle,
     )
     note: str = Field(default="", description="A note for the job record: what was checked or changed")
 

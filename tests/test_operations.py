@@ -67,6 +67,18 @@ def test_the_inspection_form_refuses_a_resume_without_confirmation_by_its_schema
     assert InspectionInput(confirmed=True).confirmed is True
 
 
+def test_the_inspection_forms_toggle_can_be_turned_on_in_the_prefect_ui():
+    # Prefect's UI renders a property whose schema has a truthy `const` disabled ("Confirmed is a const and cannot be
+    # changed"; its SchemaFormProperty: `disabled: !!property.const`): the toggle stayed off, every Submit said "True
+    # was expected", and a deployment run at a wait step could not be resumed from the UI at all.
+    schema = create_v2_schema(InspectionInput.__name__, model_base=InspectionInput)
+    confirmed = schema["properties"]["confirmed"]
+    assert confirmed["type"] == "boolean" and not confirmed.get("const"), confirmed  # an editable toggle
+    assert "confirmed" in schema["required"]
+    with pytest.raises(ValueError):  # the model itself still takes nothing but true
+        InspectionInput(confirmed=False)
+
+
 @pytest.mark.slow
 def test_a_resume_without_confirmation_is_refused_at_once_and_the_job_stays_suspended(
     server,  # noqa: F811
