@@ -180,10 +180,7 @@ def new_job_plan(
     steps = list(settings.pipeline.enabled_steps)
     crtdl = crtdl_input(steps, job_input)
     if "flattening" in steps and crtdl is None:  # spec rule 3: flattening needs a CRTDL
-        raise JobError(
-            "the flattening step needs a CRTDL: give the CRTDL file as INPUT "
-            "(with local_import: start CONFIG CRTDL --dir DATA; with extractor: start CONFIG CRTDL)"
-        )
+        raise JobError(no_crtdl_message(job_input))
     refuse_missing_input(steps, job_input, settings)
     if problems := step_file_problems(settings):
         raise JobError("; ".join(problems))
@@ -218,6 +215,20 @@ def crtdl_input(steps: list[str], job_input: str | None) -> Path | None:
     if job_input and "://" not in job_input and (steps[0] == "extractor" or is_crtdl_file(job_input)):
         return Path(job_input)
     return None
+
+
+def no_crtdl_message(job_input: str | None) -> str:
+    """Why a flattening job has no CRTDL; an INPUT that was given is named with what it was taken for (a CRTDL
+    under another suffix, ``query.crtdl``, is no CRTDL, and being told to give one as INPUT would mislead)."""
+    message = (
+        "the flattening step needs a CRTDL: give the CRTDL file as INPUT "
+        "(with local_import: start CONFIG CRTDL --dir DATA; with extractor: start CONFIG CRTDL)"
+    )
+    if not job_input or "://" in job_input:
+        return message
+    if Path(job_input).is_dir():
+        return f"{message}; INPUT {show_text(job_input, None)} is a directory, taken as the data to import"
+    return f"{message}; INPUT {show_text(job_input, None)} is no CRTDL: a CRTDL file's name ends in .json"
 
 
 NEEDED_INPUT = {

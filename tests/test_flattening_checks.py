@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from flows.jobs import check_new_job
 from flows.run import EXIT_USAGE, main
+from tasks.core.errors import JobError
 from tests.conftest import TESTDATA
 
 EXAMPLE_CRTDL = TESTDATA / "flattening" / "example" / "example-crtdl.json"
@@ -58,3 +60,24 @@ def test_flattening_without_a_crtdl_is_refused_at_start(tmp_path, write_config, 
     assert main(["start", str(config)]) == EXIT_USAGE
     assert "the flattening step needs a CRTDL" in capsys.readouterr().err
     assert not (tmp_path / "jobs").exists()
+
+
+@pytest.mark.parametrize("name", ["query.crtdl", "crtdl.JSON", "crtdl.jsn"])
+def test_a_crtdl_given_under_another_suffix_is_named_with_the_reason_it_was_not_taken(tmp_path, write_config, name):
+    # The user gave a CRTDL as INPUT; being told "give the CRTDL file as INPUT" sent them round in a circle.
+    crtdl = tmp_path / name
+    crtdl.write_bytes(EXAMPLE_CRTDL.read_bytes())
+    config = write_config(local_import_and_flattening(tmp_path, TESTDATA / "flattening" / "flatten-lookup.json"))
+    with pytest.raises(JobError) as refused:
+        check_new_job(str(config), str(crtdl), {})
+    said = str(refused.value)
+    assert said.startswith("the flattening step needs a CRTDL: give the CRTDL file as INPUT"), said
+    assert f"INPUT {crtdl} is no CRTDL: a CRTDL file's name ends in .json" in said, said
+
+
+def test_a_data_directory_given_as_the_only_input_is_named_as_taken_for_the_data(tmp_path, write_config):
+    config = write_config(local_import_and_flattening(tmp_path, TESTDATA / "flattening" / "flatten-lookup.json"))
+    with pytest.raises(JobError) as refused:
+        check_new_job(str(config), str(tmp_path), {})
+    said = str(refused.value)
+    assert f"INPUT {tmp_path} is a directory, taken as the data to import" in said, said
