@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from http.client import HTTPConnection, HTTPException, HTTPSConnection
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from config.runtime import local_server_port, prefect_api_url
 from tasks.core.errors import DupflowError
@@ -60,6 +60,7 @@ PORT_ATTEMPTS = 3  # starts when another program or home's server takes the chos
 PORT_RELEASE_TIMEOUT = 10.0  # for a killed server, exiting, to let go of its port
 PROBE_TIMEOUT = 0.5
 API_ANSWER_TIMEOUT = 20.0  # a server elsewhere that is busy (2-core machine under load) was seen to take over 5 s
+OK = (200, b"true")  # what /health of a Prefect API answers
 MAX_PROBE_ANSWER_BYTES = 1024 * 1024
 STARTUP_TIMEOUT = 120.0  # a fresh PREFECT_HOME migrates its database first: 15-40 s on a busy 2-core machine
 STOP_GRACE = 10.0
@@ -154,13 +155,25 @@ def require_answer(api_url: str) -> None:
     asks for credentials (401, 403: a server elsewhere may want a key for it); called before a job is made or
     run. The URL is shown without user info, query or fragment."""
     answer = http_get(api_url, "/health", API_ANSWER_TIMEOUT)
-    if answer is not None and (answer[0] in (401, 403) or answer == (200, b"true")):
+    if answer is not None and (answer[0] in (401, 403) or answer == OK):
         return
+    if answer is not None and (api := api_beside(api_url)) and http_get(api, "/health", API_ANSWER_TIMEOUT) == OK:
+        raise ApiUnreachableError(  # the UI's address, as start prints it, exported as the API's
+            f"PREFECT_API_URL {shown_url(api_url)} is the address of a Prefect server's UI, not its API: set "
+            f"PREFECT_API_URL={shown_url(api)}"
+        )
     found = "does not answer" if answer is None else f"is no Prefect API (GET /health answered HTTP {answer[0]})"
     raise ApiUnreachableError(
         f"the Prefect API {shown_url(api_url)} (PREFECT_API_URL) {found}; start that server, set PREFECT_API_URL "
         f"to one that runs, or unset it to use the local server ({CLI} server start)"
     )
+
+
+def api_beside(url: str) -> str | None:
+    """``url`` with ``/api`` added to its path, where a Prefect server would serve its API; None when it ends so."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    return None if path.endswith("/api") else urlunsplit(parts._replace(path=f"{path}/api"))
 
 
 def stop_server(home: Path | None = None) -> bool:

@@ -22,6 +22,7 @@ import pytest
 
 from flows.prefect_server import (
     PORT_FILE,
+    ApiUnreachableError,
     STATE_FILE,
     ServerRecord,
     ServerStartError,
@@ -260,6 +261,18 @@ def test_a_foreign_server_behind_prefect_api_url_is_one_line_and_exit_2(
     assert exit_code == EXIT_USAGE and error.count("\n") == 1, error
     assert f"the Prefect API http://127.0.0.1:{foreign_api.port}/api (PREFECT_API_URL) {said}" in error
     assert SECRET not in error and "admin" not in error
+
+
+def test_the_uis_address_given_as_prefect_api_url_is_told_with_the_api_url_to_set(foreign_api):
+    # `start` prints "Prefect UI: http://127.0.0.1:PORT"; exported as PREFECT_API_URL, that address was refused as
+    # "is no Prefect API ... start that server", while the server ran: the API is the same address + /api.
+    foreign_api.state.replies.extend([Reply(404, {"Content-Type": "text/html"}, b"<html/>"), Reply(200, {}, b"true")])
+    with pytest.raises(ApiUnreachableError) as refused:
+        require_answer(foreign_api.base_url)
+    said = str(refused.value)
+    assert f"PREFECT_API_URL {foreign_api.base_url} is the address of a Prefect server's UI, not its API" in said
+    assert f"set PREFECT_API_URL={foreign_api.base_url}/api" in said, said
+    assert [request.path for request in foreign_api.state.requests] == ["/health", "/api/health"]
 
 
 def test_a_prefect_api_or_one_that_wants_credentials_is_accepted(foreign_api):
