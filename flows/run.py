@@ -34,7 +34,20 @@ from tasks.core.readable import CLI, counted, duration_text, plain_lines, plain_
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
 from tasks.job.layout import JobPaths, directory_tag, job_tag
-from tasks.job.record import COMPLETED, FINAL_STATES, SUSPENDED, Gate, JobRecord, StepRecord, counts_text, read_record
+from tasks.job.record import (
+    CANCELLED,
+    COMPLETED,
+    CRASHED,
+    FAILED,
+    FINAL_STATES,
+    RUNNING,
+    SUSPENDED,
+    Gate,
+    JobRecord,
+    StepRecord,
+    counts_text,
+    read_record,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -361,13 +374,25 @@ def setting_named_in(message: str) -> str | None:
     return min(named)[1] if named else None
 
 
+def settled_message(recorded: str, state: str, paths: JobPaths) -> str:
+    """What to do about a job whose state the rule settled otherwise than ``job.json`` says (a run killed, or a
+    suspended deployment run cancelled in the UI): the recorded message was about the recorded state."""
+    resume = f"{CLI} continue {job_on_command_line(paths.job_dir)} resumes it"
+    if recorded == RUNNING and state == CRASHED:
+        return f"no process works on it any more (its process was killed); {resume}"
+    said = f"its flow run is {state} on the Prefect server"
+    return f"{said}; {resume}" if state in (CANCELLED, CRASHED, FAILED) else said
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     paths = JobPaths(find_job_dir(args.job, jobs_dir_of(args.jobs_dir)))
     job = read_record(paths.job_dir)
     print(f"job {job.job_id}")
     print(f"  directory: {paths.job_dir}")
     run = f" (flow run {job.flow_run_ids[-1]})" if job.flow_run_ids else ""
-    print(f"  state:     {current_state(paths, job)}{run}" + (f" — {job.state_message}" if job.state_message else ""))
+    state = current_state(paths, job)
+    message = job.state_message if state == job.state else settled_message(job.state, state, paths)
+    print(f"  state:     {state}{run}" + (f" — {message}" if message else ""))
     print(f"  created:   {job.created_at}   updated: {job.updated_at}")
     print(f"  input:     {plain_text(job.job_input or '-')}")  # a deployment's input comes from a form
     for line in plain_lines(dict(sorted(job.facts.items())), "  "):

@@ -529,3 +529,30 @@ def test_continue_of_a_suspended_run_refuses_flags_it_could_not_apply_and_leaves
     error = capsys.readouterr().err
     assert f"{flags[0]} cannot apply" in error and "cancel that run in the Prefect UI" in error, error
     assert read_flow_run_state(str(run.id)).name == "Suspended"
+
+
+def test_status_of_a_suspended_job_whose_run_was_cancelled_gives_no_stale_advice(tmp_path, capsys):
+    """A deployment run suspended at a wait step, then cancelled in the UI: status said "Cancelled — awaiting
+    inspection ...; resume in the UI with the confirmation turned on", which a cancelled run no longer offers."""
+    from prefect import flow
+    from prefect.states import Cancelled
+
+    @flow(name="dupflow-cancelled-probe")
+    def cancelled_probe() -> None:
+        pass
+
+    job_id = str(uuid.uuid4())
+    paths = JobPaths(tmp_path / "jobs" / job_id)
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(
+            cancelled_probe, tags=[job_tag(job_id), directory_tag(paths.job_dir)], state=Cancelled()
+        )
+    waiting = "awaiting inspection at step 2 (wait); resume in the UI with the confirmation turned on"
+    record = JobRecord(job_id=job_id, state=SUSPENDED, state_message=waiting, flow_run_ids=[str(run.id)])
+    with changing_record(paths.job_dir, new=record):
+        pass
+
+    assert main(["status", job_id, "--jobs-dir", str(tmp_path / "jobs")]) == EXIT_OK
+    state_line = next(line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("state:"))
+    assert "Cancelled" in state_line and "resume in the UI" not in state_line, state_line
+    assert f"{CLI} continue {paths.job_dir}" in state_line, state_line
