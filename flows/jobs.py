@@ -255,15 +255,17 @@ def refuse_missing_input(steps: list[str], job_input: str | None, settings: Sett
 def step_file_problems(settings: Settings) -> list[str]:
     """Problems of files the enabled steps will read, found before any work starts (and by ``config check``):
     the flattening lookup file (schema, unique tables, children that exist, one parent each, no cycles), and an
-    anonymization config or CA bundle that is no regular file or larger than MAX_SETTINGS_FILE_BYTES (the step that
-    reads one checks it again: ``tasks.core.jsonfile.read_settings_file``)."""
+    anonymization config or CA bundle that is no regular file or larger than MAX_SETTINGS_FILE_BYTES, or missing
+    where a step reads it (a typo found only when the pseudonymizer step ran, after an extraction of hours; the step
+    that reads one checks it again: ``tasks.core.jsonfile.read_settings_file``)."""
+    anonymization = settings.services.pseudonymizer.anonymization_config
     problems = [
         f"{key}: {problem}"
-        for key, path in (
-            ("services.pseudonymizer.anonymization_config", settings.services.pseudonymizer.anonymization_config),
-            ("tls.ca_cert_path", settings.tls.ca_cert_path),
+        for key, path, read in (
+            ("services.pseudonymizer.anonymization_config", anonymization, settings.pipeline.has_step("pseudonymizer")),
+            ("tls.ca_cert_path", settings.tls.ca_cert_path, True),
         )
-        if path and (problem := settings_file_problem(Path(path)))
+        if path and (problem := settings_file_problem(Path(path), must_exist=read))
     ]
     lookup = settings.services.flattening.lookup_path
     if not settings.pipeline.has_step("flattening") or not lookup:

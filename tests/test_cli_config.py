@@ -74,3 +74,23 @@ def test_config_check_prints_each_warning_once(write_config):
     assert checked.returncode == EXIT_OK, checked.stderr
     assert checked.stderr.count("flat auth keys username, password are deprecated") == 1, checked.stderr
     assert checked.stderr.count("too short to be redacted safely") == 1, checked.stderr
+
+
+def test_a_missing_anonymization_config_is_refused_before_the_job_exists(write_config, tmp_path, capsys):
+    """A typo in --anonymization-config was found only when the pseudonymizer step ran: after the import (an
+    extraction of hours), the job Failed. It is refused by config check and by start, like a missing lookup file."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "Patient.ndjson").write_text('{"resourceType": "Patient", "id": "p1"}\n')
+    config = write_config(
+        {
+            "pipeline": {"enabled_steps": ["local_import", "pseudonymizer"]},
+            "services": {"local_import": {"dir": str(data)}, "pseudonymizer": {"url": "http://127.0.0.1:9"}},
+        }
+    )
+    missing = tmp_path / "anonymisation.yml"
+    for command in (["config", "check"], ["start"]):
+        assert main([*command, str(config), "--anonymization-config", str(missing)]) == EXIT_USAGE
+        error = capsys.readouterr().err
+        assert f"services.pseudonymizer.anonymization_config: cannot read {missing}: No such file" in error, error
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())

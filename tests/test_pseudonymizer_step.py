@@ -313,14 +313,23 @@ def test_start_without_anonymization_config_sends_bare_resources_and_the_servers
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_api")
-def test_an_unreadable_anonymization_config_fails_the_step_before_any_request(
+def test_an_anonymization_config_gone_by_the_time_the_step_runs_fails_it_before_any_request(
     pseudonymizer_fake, tmp_path, write_config, capsys
 ):
+    """A missing file is refused at start (tests/test_cli_config.py); one removed while the job waited at a gate
+    fails the step, naming the key, before any request."""
     source = override_patients_dir(tmp_path)
-    config = write_config(pseudonymizer_job(pseudonymizer_fake))
+    tree = pseudonymizer_job(pseudonymizer_fake)
+    tree["pipeline"]["enabled_steps"] = ["local_import", "wait", "pseudonymizer"]
+    config = write_config(tree)
     missing = tmp_path / "missing.yaml"
+    missing.write_text("fhirPathRules: []\n")
 
-    code = main(["start", str(config), str(source), "--anonymization-config", str(missing), "--no-progress"])
+    assert main(["start", str(config), str(source), "--anonymization-config", str(missing), "--no-progress"]) == 0
+    missing.unlink()
+    code = main(
+        ["continue", only_job_dir(tmp_path / "jobs").name, "--jobs-dir", str(tmp_path / "jobs"), "--no-progress"]
+    )
 
     assert code == EXIT_FAILED
 

@@ -44,13 +44,13 @@ def read_limited(path: Path, max_bytes: int, label: str) -> bytes:
     return data
 
 
-def settings_file_problem(path: Path) -> str | None:
-    """Why a file a setting names cannot be read whole (a device such as /dev/zero, a named pipe, a huge file); a
-    missing file is left to whoever reads it, which says so."""
+def settings_file_problem(path: Path, *, must_exist: bool = False) -> str | None:
+    """Why a file a setting names cannot be read whole (a device such as /dev/zero, a named pipe, a huge file) or,
+    ``must_exist``, is not there; otherwise a missing file is left to whoever reads it, which says so."""
     try:
         status = path.stat()
-    except OSError:
-        return None
+    except OSError as exc:
+        return f"cannot read {path}: {exc.strerror}; fix the path or the file's permissions" if must_exist else None
     if not stat.S_ISREG(status.st_mode):
         return f"{path} is no regular file; give the path of a file"
     if status.st_size > MAX_SETTINGS_FILE_BYTES:
