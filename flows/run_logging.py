@@ -16,6 +16,7 @@ from pathlib import Path
 
 from config.runtime import apply_prefect_defaults
 from tasks.core.redaction import RedactingFilter, redact
+from tasks.job.contract import redact_records_sent_to_prefect
 from tasks.job.job_log import JobLogFormatter
 from tasks.streams.fanout import Cancelled
 
@@ -49,9 +50,6 @@ class OneTracePerFailure(logging.Filter):
 
 
 _one_trace = OneTracePerFailure()
-_redacting = RedactingFilter()
-API_LOGGERS = (*RUN_LOGGERS, "prefect.extra", "prefect.workers")
-"""The loggers whose handlers (Prefect's ``api`` and ``worker_api``) send records to Prefect's API."""
 
 
 def keep_one_trace_per_failure() -> None:
@@ -63,9 +61,7 @@ def keep_one_trace_per_failure() -> None:
         logger = logging.getLogger(name)
         if _one_trace not in logger.filters:
             logger.addFilter(_one_trace)
-    for handler in (h for name in API_LOGGERS for h in logging.getLogger(name).handlers):
-        if _redacting not in handler.filters:
-            handler.addFilter(_redacting)
+    redact_records_sent_to_prefect()
 
 
 FAILED_FINISHES = ("Finished in state Failed", "Finished in state Crashed")
