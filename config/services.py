@@ -38,6 +38,10 @@ _NOT_A_HEADER = (
     "is not a valid HTTP header name; use only letters, digits and !#$%&'*+-.^_`|~ (no spaces or colons), e.g. "
     "x-api-key"
 )
+_SPACE_AT_AN_END = (
+    "starts or ends with a space, which no HTTP header value may; remove it where the value is set (a space pasted "
+    "with the key?)"
+)
 _AUTHORIZATION_HEADER = (
     "is Authorization, which Basic Auth/OAuth 2.0 also set; use another header for the API key (default x-api-key) "
     "or remove the Basic/OAuth fields"
@@ -70,6 +74,8 @@ class AuthSettings(ConfigModel):
         for present, (names, needs) in zip((basic, oauth), _SCHEMES, strict=True):
             missing = [name for name in names if present and name not in present]
             problems += [(name, f"is missing while {', '.join(present)} is set; {needs}") for name in missing]
+        if self.api_key is not None and (key := self.api_key.get_secret_value()) != key.strip(" "):
+            problems.append(("api_key", _SPACE_AT_AN_END))  # h11 would refuse the header, quoting the key
         if not _HTTP_TOKEN.fullmatch(self.api_key_header):
             problems.append(("api_key_header", f"'{self.api_key_header}' {_NOT_A_HEADER}"))
         elif self.api_key_header.lower() == "authorization" and (basic or oauth):

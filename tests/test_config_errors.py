@@ -337,6 +337,32 @@ def test_a_secret_over_64_kb_is_refused_at_once(tmp_path: Path, key_path: str, b
     assert "kkkkkkkk" not in str(error)
 
 
+API_KEYS = ["services.extractor.auth.api_key", "services.pseudonymizer.auth.api_key", "services.send.auth.api_key"]
+
+
+@pytest.mark.parametrize("key_path", API_KEYS)
+@pytest.mark.parametrize("secret", ["api-key-6b0e2f ", " api-key-6b0e2f"], ids=["trailing", "leading"])
+@pytest.mark.parametrize("door", ["variable", "APP_"])
+def test_an_api_key_with_a_space_at_either_end_is_refused_naming_the_key_never_the_value(
+    tmp_path: Path, key_path: str, secret: str, door: str
+) -> None:
+    """An API key is sent as a header value, which cannot start or end with a space: the job got as far as the first
+    request, which h11 refused quoting the key ("Illegal header value b'…'"), taken for a network error and retried."""
+    block = key_path.split(".")[1]
+    env = {"KEY": secret} if door == "variable" else {"KEY": "fine-api-key", env_var_name(key_path): secret}
+    error = rejected(tmp_path, services(**{block: {"auth": {"api_key": "${KEY}"}}}), env=env)
+    assert_reported(error, key_path, "starts or ends with a space, which no HTTP header value may; remove it")
+    assert "api-key-6b0e2f" not in str(error)
+
+
+def test_spaces_inside_an_api_key_and_around_a_password_are_kept(tmp_path: Path) -> None:
+    """A password travels base64-encoded (Basic) and a space inside a header value is allowed."""
+    auth = {"username": "u", "password": "${PASSWORD}", "api_key": "${KEY}"}
+    env = {"PASSWORD": " pass word ", "KEY": "api key"}
+    loaded = load_settings(_write(tmp_path, services(send={"auth": auth})), env=env).settings.services.send.auth
+    assert (loaded.password.get_secret_value(), loaded.api_key.get_secret_value()) == (" pass word ", "api key")
+
+
 def test_a_secret_of_exactly_64_kb_loads(tmp_path: Path) -> None:
     key_path, blocks = SECRET_KEYS[0]
     loaded = load_settings(_write(tmp_path, services(**blocks)), env={"SECRET": "k" * 64 * 1024})
