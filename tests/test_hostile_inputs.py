@@ -191,6 +191,34 @@ def test_the_url_rule_refuses_user_info_that_urlsplit_does_not_see_and_shows_non
 
 
 @pytest.mark.parametrize(
+    ("url", "shown"),
+    [("//r:pw-in-url@127.0.0.1:1/x.ndjson", "127.0.0.1:1/x.ndjson"), ("//:pw-in-url@h", "h")],
+)
+def test_a_url_without_its_scheme_is_refused_for_user_info_as_one_with_it(url, shown) -> None:
+    """A network-path reference (``//host/path``, RFC 3986 4.2) has its user info after the ``//`` as an http URL
+    has: httpx reads it so."""
+    with pytest.raises(CredentialsInUrlError) as refused:
+        refuse_credentials_in_url(url, door="job input", fix="fix")
+    assert str(refused.value).startswith(f"job input: the URL {shown} carries a user name or password")
+    assert "pw-in-url" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "steps", [["http_import"], ["local_import"]], ids=["job input of http_import", "job input of local_import"]
+)
+def test_a_job_input_of_user_info_after_two_slashes_is_refused_before_a_job_exists(
+    tmp_path, write_config, capsys, steps
+) -> None:
+    """``//user:password@host/file``, a URL without its scheme, was taken for a path: the job was made and its
+    input, the password in it, went into job.json, the job log, the terminal and the flow run's parameters."""
+    config = write_config({"pipeline": {"enabled_steps": steps}})
+    assert main(["start", str(config), "//r:pw-in-url@127.0.0.1:9/x.ndjson", "--no-progress"]) == EXIT_USAGE
+    printed = capsys.readouterr()
+    assert "pw-in-url" not in printed.out + printed.err and "user name or password" in printed.err
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
+
+
+@pytest.mark.parametrize(
     "url",
     [
         "https://h/x?sig=abc@d",

@@ -66,10 +66,12 @@ def _without_user_info(text: str) -> str:
     ``scheme://`` (as ``urlsplit`` reads it), and an ``@`` in it starts the host. A password with one of those three
     characters in it ends that location early (``http://u:a/b@h`` is host ``u``, port ``a``): an ``@`` further on
     is taken as the end of user info too when the location is followed by ``?`` or ``#`` rather than a path, or when
-    its port is no number; an ``@`` in a path after a host (``https://h/exports/@latest/``) is none."""
+    its port is no number; an ``@`` in a path after a host (``https://h/exports/@latest/``) is none. A URL without
+    its scheme (``//user:password@host/path``, a network-path reference, as httpx reads it) has its location after
+    the ``//``."""
     scheme, separator, rest = text.partition("://")
     if not separator:
-        scheme, rest = "", text
+        scheme, separator, rest = ("", "//", text[2:]) if text.startswith("//") else ("", "", text)
     end = min((at for at in map(rest.find, "/?#") if at >= 0), default=len(rest))
     at = rest.rfind("@", 0, end)
     if at < 0 and "@" in rest[end:] and (rest[end : end + 1] in ("?", "#") or not _port_is_a_number(rest[:end])):
