@@ -15,8 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from config.runtime import apply_prefect_defaults
-from tasks.core.redaction import RedactingFilter, redact
-from tasks.job.contract import redact_records_sent_to_prefect
+from tasks.core.redaction import RedactingFilter, redact, redact_records_sent_to_prefect
 from tasks.job.job_log import JobLogFormatter
 from tasks.streams.fanout import Cancelled
 

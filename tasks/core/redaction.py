@@ -101,5 +101,21 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+PREFECT_API_LOGGERS = ("prefect.task_runs", "prefect.flow_runs", "prefect.extra", "prefect.workers")
+"""The loggers whose handlers (Prefect's ``api`` and ``worker_api``) send records to Prefect's API."""
+_redacting = RedactingFilter()
+
+
+def redact_records_sent_to_prefect() -> None:
+    """Put the redaction on the handlers that send this process's records to Prefect's API (idempotent), so that
+    Prefect's own records ("Task run failed with exception" with its traceback, whose chained causes no exception
+    handler rewrites) reach the server redacted, and the console after them (it gets the same record). Called in
+    every process that runs a flow or a task: a Dask worker is a process of its own. Here, not beside the tasks:
+    ``flows.run_logging`` uses it too and must not import Prefect before the command line has configured it."""
+    for handler in (h for name in PREFECT_API_LOGGERS for h in logging.getLogger(name).handlers):
+        if _redacting not in handler.filters:
+            handler.addFilter(_redacting)
+
+
 for _logger_name in ("dupflow.clients", "httpx"):
     logging.getLogger(_logger_name).addFilter(RedactingFilter())

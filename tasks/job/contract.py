@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import logging
 import time
 from collections.abc import Callable, Iterator
 from enum import StrEnum
@@ -28,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from config.loader import cached_settings
 from config.settings import Settings
 from tasks.core.errors import DupflowError
-from tasks.core.redaction import RedactingFilter, redact
+from tasks.core.redaction import redact, redact_records_sent_to_prefect
 from tasks.job.flow_run_watch import stopped_when_flow_run_ends
 from tasks.job.layout import JobPaths, step_artifact_key, step_folder
 from tasks.streams.progress import StepWork, step_progress
@@ -217,21 +216,6 @@ def file_task(name: str, run_name: str) -> Callable[[Callable[..., R]], Any]:
     return lambda function: task(name=name, task_run_name=run_name, **_PERSISTED)(
         redacting_failures(stopped_when_flow_run_ends(function))
     )
-
-
-PREFECT_API_LOGGERS = ("prefect.task_runs", "prefect.flow_runs", "prefect.extra", "prefect.workers")
-"""The loggers whose handlers (Prefect's ``api`` and ``worker_api``) send records to Prefect's API."""
-_redacting = RedactingFilter()
-
-
-def redact_records_sent_to_prefect() -> None:
-    """Put the redaction on the handlers that send this process's records to Prefect's API (idempotent), so that
-    Prefect's own records ("Task run failed with exception" with its traceback, whose chained causes no exception
-    handler rewrites) reach the server redacted, and the console after them (it gets the same record). Called in
-    every process that runs a flow or a task: a Dask worker is a process of its own."""
-    for handler in (h for name in PREFECT_API_LOGGERS for h in logging.getLogger(name).handlers):
-        if _redacting not in handler.filters:
-            handler.addFilter(_redacting)
 
 
 def redacting_failures(function: Callable[..., R]) -> Callable[..., R]:
