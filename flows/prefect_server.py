@@ -13,7 +13,8 @@ Done here, as Prefect's ``server start --background`` and ``server stop`` do not
 - the port kept across restarts, else the next free one (Prefect's start refuses a taken port), and a server of
   another PREFECT_HOME that takes it meanwhile told by its home;
 - only the server services a job needs (``SERVER_DEFAULTS``, unless the caller's environment sets them);
-- no APP_* settings in the server's environment: they may hold secrets, and the server outlives the command;
+- of the caller's environment only what a Prefect server uses (``server_environment``): the rest (APP_* settings,
+  the variables a configuration's ``${VAR}`` references read) may hold secrets, and the server outlives the command;
 No Prefect import at module level: the command line's fast commands import this module.
 """
 
@@ -253,7 +254,7 @@ def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
         log.replace(log.with_name(LOG_FILE + ".1"))
     moved = "" if port == wanted else f"; port {wanted} is taken (PREFECT_SERVER_API_PORT chooses another)"
     print(f"starting a local Prefect server on {ui_url(url)}{moved} (log: {log})", file=sys.stderr)
-    env = SERVER_DEFAULTS | {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
+    env = SERVER_DEFAULTS | server_environment(os.environ)
     env |= {"PREFECT_HOME": str(home), "PREFECT_API_URL": url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     nonce = secrets.token_hex(16)
     loggers = os.environ.get("PREFECT_LOGGING_EXTRA_LOGGERS", "")
@@ -271,6 +272,26 @@ def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
     record = ServerRecord(process.pid, port, url, str(log), datetime.now(UTC).isoformat(timespec="seconds"), nonce)
     write_file_atomically(home / STATE_FILE, json.dumps(asdict(record)).encode(), private=True)
     return record
+
+
+SERVER_VARIABLES = {
+    *("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "TERM", "NO_COLOR"),
+    *("VIRTUAL_ENV", "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"),
+    *("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "DO_NOT_TRACK"),
+}
+SERVER_VARIABLE_PREFIXES = ("PREFECT_", "PYTHON", "LC_", "MALLOC_", "PG", "XDG_", "OPENSSL_")
+
+
+def server_environment(environment: os._Environ[str] | dict[str, str]) -> dict[str, str]:
+    """What a Prefect server uses of ``environment``: its settings (PREFECT_*, the database's PG* included), the
+    interpreter's, the locale, certificates and proxies (its automations call webhooks). Nothing else: the server
+    outlives the command that started it, and any other variable may hold one of dupflow's secrets (a ``${VAR}``
+    reference of the configuration, an APP_* setting), readable in its environment for as long as it runs."""
+    return {
+        name: value
+        for name, value in environment.items()
+        if name.upper() in SERVER_VARIABLES or name.startswith(SERVER_VARIABLE_PREFIXES)
+    }
 
 
 def home_port(home: Path) -> int:

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from flows.prefect_server import (
+    server_environment,
     PORT_FILE,
     ApiUnreachableError,
     STATE_FILE,
@@ -103,13 +104,15 @@ def test_a_server_is_started_once_reused_restarted_when_gone_and_stopped(home, m
     # after the Quick start (no migrated database in the home).
     (home / "prefect.db").unlink()
     monkeypatch.setenv("APP_SERVICES__PSEUDONYMIZER__PASSWORD", "not-for-the-server")
+    monkeypatch.setenv("TORCH_PASSWORD", "a-config-reference-not-for-the-server")  # ${TORCH_PASSWORD} in a config
     url = ensure_server(startup_timeout=SERVER_TIMEOUT)
     assert url.startswith("http://127.0.0.1:") and url.endswith("/api")
     assert is_healthy(url)
     first = read_record(home)
     assert first is not None and first.url == url and servers_of(home) == [first.pid]
     assert (home / "dupflow-server.log").is_file()
-    assert b"not-for-the-server" not in Path(f"/proc/{first.pid}/environ").read_bytes()
+    server_environ = Path(f"/proc/{first.pid}/environ").read_bytes()
+    assert b"not-for-the-server" not in server_environ and b"PREFECT_HOME=" in server_environ
     ui_settings = httpx.get(f"{ui_url(first.url)}/ui-settings", timeout=10).json()
     assert ui_settings["api_url"] == url  # the UI on a port other than 4200 calls this server
 
@@ -156,6 +159,30 @@ def test_commands_starting_at_once_or_after_a_killed_starter_share_one_server(ho
     assert urls == {started.url}
     assert read_record(home) == started and servers_of(home) == [started.pid]
     assert is_healthy(started.url)
+
+
+def test_the_server_gets_what_a_prefect_server_uses_of_the_environment_and_nothing_else():
+    """The server outlives the command: a variable a configuration's ${VAR} reads (a password) stayed readable in
+    its environment (``ps eww``, /proc/PID/environ) for as long as it ran."""
+    caller = {
+        "PATH": "/usr/bin",
+        "HOME": "/root",
+        "LC_ALL": "C.UTF-8",
+        "https_proxy": "http://proxy:3128",
+        "SSL_CERT_FILE": "/etc/ssl/site.pem",
+        "PREFECT_SERVER_DATABASE_CONNECTION_URL": "postgresql+asyncpg://prefect@db/prefect",
+        "PGPASSWORD": "the-databases-own",
+        "PYTHONPATH": "/opt/site",
+        "TORCH_PASSWORD": "a-config-reference",
+        "APP_SERVICES__SEND__AUTH__PASSWORD": "an-app-setting",
+        "AWS_SECRET_ACCESS_KEY": "an-s3-key",
+        "SLACK_WEBHOOK": "a-notification-url",
+    }
+    kept = server_environment(caller)
+    assert sorted(kept) == sorted(
+        set(caller) - {"TORCH_PASSWORD", "APP_SERVICES__SEND__AUTH__PASSWORD", "AWS_SECRET_ACCESS_KEY", "SLACK_WEBHOOK"}
+    )
+    assert all(kept[name] == caller[name] for name in kept)
 
 
 def test_prefect_api_url_wins(tmp_path, monkeypatch):
