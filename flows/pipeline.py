@@ -35,7 +35,7 @@ from tasks.core.readable import CLI, counted, plain_text
 from tasks.core.redaction import redact
 from tasks.core.errors import JobError
 from tasks.core.url_credentials import refuse_credentials_in_url, shown_url, split_url
-from tasks.extractor import extractor
+from tasks.extractor import cancel_replaced_extraction, extractor
 from tasks.flattening import flattening
 from tasks.flattening import shaped_settings as flattening_shape
 from tasks.http_import import http_import
@@ -254,13 +254,18 @@ def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> 
             f"job {job.job_id} is completed: attach and resubmit apply to a submission in doubt; start a new job "
             "to extract again"
         )
-    if attach:
-        job_id = ExtractionHandle.from_status_url(attach).job_id
-        record_facts(
-            job.paths.job_dir, extraction_status_url=attach, extraction_job_id=job_id, extraction_submission=None
-        )
-    elif resubmit:
-        record_facts(job.paths.job_dir, extraction_status_url=None, extraction_job_id=None, extraction_submission=None)
+    if not (attach or resubmit):
+        return
+    job_id = ExtractionHandle.from_status_url(attach).job_id if attach else None
+    replaced = read_facts(job.paths.job_dir).get("extraction_job_id")
+    if replaced and replaced != job_id:  # the job's own extraction, given up for another: not left running
+        get_run_logger().warning("%s", cancel_replaced_extraction(job.settings, replaced))
+    record_facts(
+        job.paths.job_dir,
+        extraction_status_url=attach or None,
+        extraction_job_id=job_id,
+        extraction_submission=None,
+    )
 
 
 def name_and_tag_flow_run(job_id: str, job_dir: Path) -> None:

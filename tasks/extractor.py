@@ -5,7 +5,8 @@ Submission is never repeated by itself (a retry could create a duplicate job): `
 before the POST, the handle the moment the server answers; a submission without a handle (the process died during
 the POST, a network error, a 5xx) stops and explains, but a kick-off refused with a 4xx created no job and is cleared,
 as is one that never left (no connection made, no OAuth token to be had).
-A job a poll finds gone (404/410) is submitted afresh, at most ``retry.max_attempts`` times per run. One cached
+A job a poll finds gone (404/410) is submitted afresh, at most ``retry.max_attempts`` times per run; a recorded job that
+``continue --resubmit`` or ``--attach`` replaces is cancelled on the server (``cancel_replaced_extraction``). One cached
 sub-task per file URL, so a resumed job fetches only unfinished files; downloads in one process share one client
 (``download_client``), closed by the last to end.
 """
@@ -25,10 +26,12 @@ from prefect import get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from config.loader import SettingsIdentity, settings_identity
+from config.settings import Settings
 from config.runtime import job_on_command_line
 from tasks.clients.downloads import download_ndjson, target_names, wait_until_available
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_documents import DeadHandleError, ExtractionError, ExtractionHandle
+from tasks.clients.extraction_jobs import ExtractionTaskClient, JobNotFoundError, TransitionRefusedError
 from tasks.clients.extraction_server import SUBMIT_PATH, ExtractionServerClient, PollProgress
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.core.errors import StepError
@@ -207,6 +210,30 @@ def submission_in_doubt_message(step: StepInput, in_flight: dict) -> str:
         "--status PENDING,RUNNING_GET_COHORT,RUNNING_PROCESS_BATCH,RUNNING_PROCESS_CORE,COMPLETED. Then either follow "
         f"it: {CLI} continue {job} --attach <status URL>, or submit anew: {CLI} continue {job} --resubmit"
     )
+
+
+def cancel_replaced_extraction(settings: Settings, job_id: str) -> str:
+    """Cancel the unfinished extraction ``job_id`` that a job's ``continue --resubmit`` or ``--attach`` replaces:
+    left alone it runs on beside its replacement, taking the server's batch slots and disk. Returns what happened,
+    for the log; a cancel that fails does not stop the replacement (the text says how to cancel it by hand)."""
+    try:
+        with ExtractionTaskClient(settings.services.extractor, settings.tls, settings.retry) as client:
+            result = client.control(job_id, "cancel")
+    except TransitionRefusedError as exc:
+        return f"the replaced extraction job {job_id} had already ended ({exc.job_status}); nothing to cancel"
+    except JobNotFoundError:
+        return (
+            f"the extraction server answered 404 for the replaced extraction job {job_id}: it is gone, or the server "
+            "has no Task API to cancel it through (then it may still run there)"
+        )
+    except (ServiceError, ExtractionError) as exc:
+        return (
+            f"the replaced extraction job {job_id} could not be cancelled ({exc}); it may still run on the server: "
+            f"cancel it with: {CLI} extraction cancel CONFIG {job_id}"
+        )
+    if result.changed:
+        return f"cancelled extraction job {job_id}, which this job no longer follows"
+    return f"the replaced extraction job {job_id} was already cancelled"
 
 
 def wait_for_result(

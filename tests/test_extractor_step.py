@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import zstandard
 
@@ -22,8 +23,9 @@ from tasks.job.record import read_facts
 from tests.conftest import TESTDATA, complete_results, extraction_tree, run_cli
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply, operation_outcome
-from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
+from tests.fakes.extraction_server import ExtractionServer, JobStatus, start_extraction_server
 from tests.fakes.oauth import REALM_PATH, OAuthHandler, OAuthState
+from tests.support.extraction import submit
 from tests.support.jobs import job_file, only_job_dir, start_cli_process, step_results, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
@@ -247,6 +249,54 @@ def test_killed_after_a_resubmission_continue_reattaches_to_the_newest_job(tmp_p
         assert result.returncode == EXIT_OK, result.stderr
         first, second = torch.state.submissions
     assert read_facts(job_dir)["extraction_job_id"] == second.job_id
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag", ["--resubmit", "--attach"])
+def test_resubmit_or_attach_elsewhere_cancels_the_unfinished_extraction_the_job_had(tmp_path, extractor_config, flag):
+    """The job's recorded extraction is stuck (TEMP_FAILED: the server answers 503 and may take it up again); the
+    operator replaces it. Left alone, it would run on beside its replacement, taking the server's batch slots."""
+    slow = {"PENDING": 4.0, "RUNNING_GET_COHORT": 0.05, "RUNNING_PROCESS_BATCH": 0.05, "RUNNING_PROCESS_CORE": 0.05}
+    with start_extraction_server(durations=slow) as torch:
+        config = extractor_config(torch)
+        process = start_cli_process("start", str(config), str(CRTDL), "--no-progress")
+        wait_for(lambda: torch.state.polls or None, process)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        first = torch.state.submissions[0].job_id
+        torch.state.force_status(first, JobStatus.TEMP_FAILED)
+        job_dir = only_job_dir(jobs_dir_of(tmp_path))
+        if flag == "--attach":
+            with httpx.Client() as client:
+                replacement = ["--attach", submit(client, torch)]  # the job the operator chose instead
+        else:
+            replacement = ["--resubmit"]
+
+        result = run_cli("continue", str(job_dir), *replacement, "--no-progress")
+
+        assert result.returncode == EXIT_OK, result.stderr
+        assert len(torch.state.submissions) == 2
+        assert torch.state.job(first).status is JobStatus.CANCELLED
+        assert read_facts(job_dir)["extraction_job_id"] == torch.state.submissions[1].job_id
+    assert f"cancelled extraction job {first}" in result.stderr + result.stdout
+
+
+@pytest.mark.slow
+def test_attach_to_the_job_it_already_follows_cancels_nothing(tmp_path, extractor_config):
+    slow = {"PENDING": 3.0, "RUNNING_GET_COHORT": 0.05, "RUNNING_PROCESS_BATCH": 0.05, "RUNNING_PROCESS_CORE": 0.05}
+    with start_extraction_server(durations=slow) as torch:
+        process = start_cli_process("start", str(extractor_config(torch)), str(CRTDL), "--no-progress")
+        wait_for(lambda: torch.state.polls or None, process)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        job_dir = only_job_dir(jobs_dir_of(tmp_path))
+        status_url = read_facts(job_dir)["extraction_status_url"]
+
+        result = run_cli("continue", str(job_dir), "--attach", status_url, "--no-progress")
+
+        assert result.returncode == EXIT_OK, result.stderr
+        assert len(torch.state.submissions) == 1
+        assert [r for r in torch.state.requests if "$cancel" in r.path] == []
 
 
 @pytest.mark.slow
