@@ -21,11 +21,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from boto3.s3.transfer import TransferConfig
 
 from config.services import SendSettings
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.errors import ServiceError
-from tasks.clients.s3 import S3Uploader, UploadedObject
+from tasks.clients.s3 import S3Uploader, UploadedObject, local_etag
 from tests.conftest import REPO_ROOT
 from tests.fakes.echo import Reply
 from tests.support.s3 import (
@@ -98,6 +99,16 @@ def test_a_small_file_is_one_put_with_proxy_auth_and_lands_in_the_manifest(proxy
     assert json.loads(record.read_text()) == {"version": 1, "bucket": bucket, **asdict(uploaded)}
 
 
+@pytest.mark.parametrize("size", [0, 1, 8 * MB - 1, 8 * MB, 8 * MB + 1, 17 * MB], ids=str)
+def test_the_etag_computed_from_the_file_is_the_one_the_store_gives_its_upload(proxy, bucket, tmp_path, size):
+    """What lets a resumed job tell that the store already holds a file it never heard the upload of end."""
+    source = data_file(tmp_path / "a.ndjson", size)
+    with closing(uploader(proxy, bucket, tmp_path / "manifest.json")) as s3:
+        uploaded = s3.upload(source, "job-1/a.ndjson")
+
+    assert local_etag(source, size, TransferConfig()) == uploaded.etag
+
+
 def test_a_large_file_goes_up_in_parallel_parts(proxy, store, bucket, tmp_path):
     source = data_file(tmp_path / "batch-0001.ndjson", 20 * MB)
     manifest = tmp_path / "s3-manifest.json"
@@ -122,7 +133,7 @@ def test_a_store_whose_answers_lack_the_etag_is_said_to_be_so_not_a_bare_key_err
         s3.upload(source, "job/a.ndjson")
     s3.close()
     assert "HeadObject answer has no ETag; check the S3 endpoint or the proxy before it" in str(failed.value)
-    assert not failed.value.transient and not (tmp_path / "manifest").exists()
+    assert not failed.value.transient and manifest_objects(tmp_path / "manifest.json") == []
 
 
 def test_a_resumed_job_skips_objects_the_manifest_records_and_the_bucket_holds(proxy, store, bucket, tmp_path):
@@ -339,7 +350,7 @@ def test_a_kill_during_a_multipart_upload_leaves_no_orphaned_upload_after_the_ne
     proxy.state.hold_parts = False
     proxy.state.release.set()
     assert len(incomplete_uploads(store, bucket)) == 1  # what a killed run leaves behind
-    assert not records_folder(manifest).exists()
+    assert manifest_objects(manifest) == []
 
     with closing(uploader(proxy, bucket, manifest)) as s3:
         uploaded = s3.upload(source, key)
@@ -400,7 +411,7 @@ def test_a_wrong_proxy_password_is_a_terminal_error_naming_the_auth_keys(proxy, 
     assert "services.send.auth" in error.message and "wrong-password" not in str(error)
     assert_clean(error)
     assert not any(request.authorized for request in proxy.state.requests)
-    assert not (tmp_path / "m").exists()
+    assert manifest_objects(tmp_path / "m.json") == []
 
 
 def test_a_503_is_retried_by_botocore(proxy, store, bucket, tmp_path):

@@ -188,6 +188,67 @@ def test_kill_during_a_multipart_upload_then_continue_leaves_every_object_once(
     assert uploads == [f"/{bucket}/{job_dir.name}/b.ndjson?uploads"]  # a.ndjson was not sent again
 
 
+def uploads_by_key(proxy) -> dict[str, int]:
+    """How often each key's content was sent to the store: one PutObject or one CreateMultipartUpload each time."""
+    counts: dict[str, int] = {}
+    for request in proxy.state.requests:
+        if request.operation in ("PutObject", "CreateMultipartUpload"):
+            key = request.path.split("?")[0].split("/", 2)[2]
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("operation", ["CompleteMultipartUpload", "PutObject"])
+def test_killed_after_the_store_took_an_upload_continue_does_not_upload_it_again(
+    credentials, proxy, store, bucket, tmp_path, write_config, operation
+):
+    """The store completed the object; the process died before it heard so (a long CompleteMultipartUpload, a
+    PutObject whose answer was on its way), so the manifest has no record of it."""
+    source = tmp_path / "in"
+    source.mkdir()
+    random_resources(source / "b.ndjson", 20 if operation == "CompleteMultipartUpload" else 2, seed=7)
+    config = write_config(send_s3_config(proxy, bucket, ["local_import", "send"], compression=False))
+    proxy.state.hold_answers = {operation}
+
+    process = start_cli_process("start", str(config), str(source), "--no-progress")
+    wait_for(lambda: proxy.state.answer_held.wait(0.05) or None, process, timeout=120)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    proxy.state.release.set()
+    job_dir = only_job_dir(tmp_path / "jobs")
+    assert [o.key for o in listing(store, bucket)] == [f"{job_dir.name}/b.ndjson"]  # the store holds it whole
+    proxy.state.reset()
+
+    result = run_cli("continue", str(job_dir), "--no-progress")
+
+    assert result.returncode == EXIT_OK, result.stderr
+    assert_bucket_matches_folder(store, bucket, job_dir, "import")
+    assert uploads_by_key(proxy) == {}
+
+
+@pytest.mark.slow
+def test_an_upload_whose_answer_is_lost_counts_when_the_store_holds_it(
+    credentials, proxy, store, bucket, tmp_path, write_config
+):
+    """A proxy that cuts the connection after the store applied the request (504 after a long complete, a reset),
+    with no attempts left: the object is there, so the job goes on without sending it again."""
+    source = tmp_path / "in"
+    source.mkdir()
+    shutil.copy(EXAMPLE_RESULT, source / "a.ndjson")
+    random_resources(source / "b.ndjson", 20, seed=8)
+    tree = send_s3_config(proxy, bucket, ["local_import", "send"], compression=False)
+    config = write_config(tree | {"retry": {"max_attempts": 1}})
+    proxy.state.lose_answers = {"PutObject", "CompleteMultipartUpload"}
+
+    result = run_cli("start", str(config), str(source), "--no-progress")
+
+    assert result.returncode == EXIT_OK, result.stderr
+    job_dir = only_job_dir(tmp_path / "jobs")
+    assert_bucket_matches_folder(store, bucket, job_dir, "import")
+    assert uploads_by_key(proxy) == {f"{job_dir.name}/a.ndjson": 1, f"{job_dir.name}/b.ndjson": 1}
+
+
 def a_ca_certificate() -> str:
     """The first CA of certifi's bundle in PEM, without the comments before it."""
     pem = certifi.contents()

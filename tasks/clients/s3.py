@@ -5,9 +5,12 @@
 proxy may strip it. botocore retries with its own backoff; ``retry.max_attempts`` carries over.
 
 ``S3Uploader`` uploads through boto3's transfer manager and records each object (key, size, ETag) in the job's
-``Manifest``, one file per object, so a resumed job skips objects recorded and still in the bucket; a multipart
-upload a killed process left is aborted before its key is uploaded again. botocore's error texts are rebuilt with
-every configured credential blanked out and the exception chain cut, so no log or job record can show them.
+``Manifest``, one file per object, so a resumed job skips objects recorded and still in the bucket. An upload is noted
+before it starts: an object the store holds with the file's content after an upload that was noted and not recorded
+(the process died, or the answer was lost, after the store completed it) is recorded, not uploaded again
+(``local_etag``). A multipart upload a killed process left is aborted before its key is uploaded again. botocore's
+error texts are rebuilt with every configured credential blanked out and the exception chain cut, so no log or job
+record can show them.
 """
 
 from __future__ import annotations
@@ -18,12 +21,14 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import ssl
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -36,6 +41,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, SSLError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 from botocore.utils import get_environ_proxies
+from s3transfer.utils import ChunksizeAdjuster
 
 from tasks.clients.http import INSECURE_WARNING, trusted_context
 from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, is_transient_status, truncate
@@ -204,24 +210,37 @@ class S3Uploader:
         self._manifest = Manifest(manifest_path, self._bucket)
 
     def upload(self, path: Path, key: str) -> UploadedObject:
-        """Upload ``path`` as ``key``, unless the manifest records it with this size and it is still in the bucket."""
+        """Upload ``path`` as ``key``, unless the manifest records it with this size and it is still in the bucket,
+        or the bucket holds it with this content (``_stored_copy``: an earlier run's upload it never heard end)."""
         found = path.stat()
-        size = found.st_size
         if (recorded := self._recorded(key, found)) is not None and self._is_stored(recorded):
             log.info("S3 object %s is already in bucket %s (manifest); not uploading it again", key, self._bucket)
             return recorded
-        started = time.perf_counter()
+        if self._manifest.attempted(key) and (stored := self._stored_copy(path, key, found)) is not None:
+            where = (key, self._bucket)
+            log.info("S3 object %s is already in bucket %s with this content (an earlier run's upload)", *where)
+        else:
+            self._manifest.note_attempt(key)
+            stored = self._send(path, key, found)
+        self._manifest.record(stored)
+        return stored
+
+    def _send(self, path: Path, key: str, found: os.stat_result) -> UploadedObject:
+        """One upload; a failed one whose object the store holds all the same (its answer was lost) counts."""
+        started, size = time.perf_counter(), found.st_size
         try:
             self._abort_incomplete_uploads(key)
             self._client.upload_file(str(path), self._bucket, key, Config=self._transfer)
             head = self._client.head_object(Bucket=self._bucket, Key=key)
         except (BotoCoreError, ClientError, S3UploadFailedError) as exc:
-            raise self._service_error(f"upload {key}", exc) from None
+            if (stored := self._stored_copy(path, key, found)) is None:
+                raise self._service_error(f"upload {key}", exc) from None
+            log.info("S3 object %s: the store holds the upload whose answer was lost (%s)", key, type(exc).__name__)
+            return stored
         uploaded = UploadedObject(key, *stored_size_and_etag(head, f"upload {key}"), found.st_mtime_ns)
         if uploaded.size != size:
             message = f"the bucket holds {uploaded.size} bytes after uploading {size}; was the file changed meanwhile?"
             raise ServiceError(f"upload {key}", None, message, transient=False, service=SERVICE)
-        self._manifest.record(uploaded)
         elapsed, mb = time.perf_counter() - started, size / MB
         rate = (mb, elapsed, mb / max(elapsed, 1e-9))
         log.info("uploaded %s to S3 bucket %s: %.1f MB in %.1f s (%.1f MB/s)", key, self._bucket, *rate)
@@ -246,6 +265,19 @@ class S3Uploader:
                 return False
             raise self._service_error(f"check {recorded.key}", exc) from None
         return stored_size_and_etag(head, f"check {recorded.key}") == (recorded.size, recorded.etag)
+
+    def _stored_copy(self, path: Path, key: str, found: os.stat_result) -> UploadedObject | None:
+        """``key`` as the bucket holds it when that is ``path``'s content: the same size, and the ETag an upload of it
+        with this uploader's part size gets (``local_etag``); None when it is missing, another object (an ETag of
+        another kind, as server-side encryption with KMS gives, is another), or the store cannot say: then the file
+        is uploaded (again), whose errors say more than a HEAD's bodiless answer."""
+        try:
+            size, etag = stored_size_and_etag(self._client.head_object(Bucket=self._bucket, Key=key), f"check {key}")
+        except (BotoCoreError, ClientError, ServiceError):
+            return None
+        if size != found.st_size or etag != local_etag(path, size, self._transfer):
+            return None
+        return UploadedObject(key, size, etag, found.st_mtime_ns)
 
     def _abort_incomplete_uploads(self, key: str) -> None:
         """Abort multipart uploads of ``key`` left by a killed run; the server would keep their parts forever."""
@@ -284,6 +316,18 @@ class Manifest:
         record = {"version": MANIFEST_VERSION, "bucket": self._bucket, **asdict(uploaded)}
         data = (json.dumps(record, indent=2) + "\n").encode()
         write_file_atomically(self._record_path(uploaded.key), data, shared=True)
+        self._attempt_path(uploaded.key).unlink(missing_ok=True)
+
+    def note_attempt(self, key: str) -> None:
+        """That ``key`` is being uploaded: a run that does not live to record it leaves the note (``attempted``)."""
+        write_file_atomically(self._attempt_path(key), f"{self._bucket}/{key}\n".encode(), shared=True)
+
+    def attempted(self, key: str) -> bool:
+        """Whether an upload of ``key`` was started and not recorded: the store may hold it complete."""
+        return self._attempt_path(key).exists()
+
+    def _attempt_path(self, key: str) -> Path:
+        return self._record_path(key).with_suffix(".attempt")
 
     def _record_path(self, key: str) -> Path:
         """A digest, as a key may be longer than a file name may be and hold characters a file name may not."""
@@ -306,6 +350,32 @@ class Manifest:
             log.warning("S3 manifest record %s describes bucket %s, not %s; %s is uploaded again", *where)
             return None
         return recorded
+
+
+def local_etag(path: Path, size: int, transfer: TransferConfig) -> str:
+    """The ETag S3 gives ``path`` (``size`` bytes) uploaded by boto3 with ``transfer``: the MD5 of its bytes when
+    one PutObject sends it, else the MD5 of its parts' MD5s and their count (parts as boto3 cuts them)."""
+    if size < transfer.multipart_threshold:
+        return next(_part_md5s(path, size, 1)).hexdigest()
+    part_size = ChunksizeAdjuster().adjust_chunksize(transfer.multipart_chunksize, size)
+    parts = math.ceil(size / part_size)
+    digests = b"".join(digest.digest() for digest in _part_md5s(path, part_size, parts))
+    return f"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{parts}"
+
+
+def _part_md5s(path: Path, part_size: int, parts: int) -> Iterator[Any]:
+    with open(path, "rb") as data:
+        for _ in range(parts):
+            yield _md5_read(data, part_size)
+
+
+def _md5_read(data: Any, length: int) -> Any:
+    """The MD5 of the next ``length`` bytes of ``data`` (fewer at its end), read a MB at a time."""
+    digest = hashlib.md5(usedforsecurity=False)
+    while length > 0 and (piece := data.read(min(MB, length))):
+        digest.update(piece)
+        length -= len(piece)
+    return digest
 
 
 def stored_size_and_etag(head: dict[str, Any], operation: str) -> tuple[int, str]:

@@ -12,7 +12,13 @@ authorized. Fault switches:
 - ``replies``: scripted answers (``tests.fakes.echo.Reply``: status, body, stall, reset) for the next requests,
   consumed one per request, instead of forwarding;
 - ``hold_parts``: each ``UploadPart`` waits, before its body is read, until ``release`` is set; ``part_held`` is set
-  when the first one arrives, so a test can kill the client in the middle of a multipart upload.
+  when the first one arrives, so a test can kill the client in the middle of a multipart upload;
+- ``lose_answers``: operation names (``CompleteMultipartUpload``, ``PutObject``, …) whose next request is forwarded
+  to the store, which applies it, and whose answer is then dropped with a connection reset (the store did the work,
+  the client never hears of it); each name is consumed once;
+- ``hold_answers``: operation names whose requests are forwarded to the store, which applies them, and whose answers
+  are then held until ``release`` is set; ``answer_held`` is set when the first is held, so a test can kill the
+  client after the store did the work and before it heard of it.
 
     with start_s3_proxy(moto_url, username="proxy-user", password="…") as proxy: ...
 """
@@ -56,6 +62,9 @@ class S3ProxyState:
     replies: deque[Reply] = field(default_factory=deque)
     hold_parts: bool = False
     dropped_headers: set[str] = field(default_factory=set)  # lower-case names left out of every relayed answer
+    lose_answers: set[str] = field(default_factory=set)  # operations forwarded once, then answered with a reset
+    hold_answers: set[str] = field(default_factory=set)  # operations forwarded, their answers held until release
+    answer_held: threading.Event = field(default_factory=threading.Event)
     part_held: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
     requests: list[ProxiedRequest] = field(default_factory=list)
@@ -78,8 +87,17 @@ class S3ProxyState:
             self.replies.clear()
         self.hold_parts = False
         self.dropped_headers = set()
+        self.lose_answers, self.hold_answers = set(), set()
         self.part_held.clear()
+        self.answer_held.clear()
         self.release.clear()
+
+    def take_lost_answer(self, operation: str) -> bool:
+        with self.lock:
+            if operation in self.lose_answers:
+                self.lose_answers.discard(operation)
+                return True
+            return False
 
     def record(self, request: ProxiedRequest) -> Reply | None:
         with self.lock:
@@ -125,7 +143,8 @@ class S3ProxyHandler(BaseHTTPRequestHandler):
             if state.hold_parts and operation == "UploadPart":
                 state.part_held.set()
                 state.release.wait(HOLD_TIMEOUT_SECONDS)
-            self._forward(state.upstream, path)
+            lose_answer, hold_answer = state.take_lost_answer(operation), operation in state.hold_answers
+            self._forward(state.upstream, path, lose_answer=lose_answer, hold_answer=hold_answer)
 
     do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _handle
 
@@ -139,12 +158,14 @@ class S3ProxyHandler(BaseHTTPRequestHandler):
     def _play(self, reply: Reply) -> None:
         time.sleep(reply.delay)
         if reply.reset:
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            self.close_connection = True
-            self.connection.close()
-            return
+            return self._reset()
         self._drain_body()
         self._answer(reply)
+
+    def _reset(self) -> None:
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close_connection = True
+        self.connection.close()
 
     def _answer(self, reply: Reply) -> None:
         self.send_response(reply.status)
@@ -179,7 +200,7 @@ class S3ProxyHandler(BaseHTTPRequestHandler):
         for _ in self._body():
             pass
 
-    def _forward(self, upstream: str, path: str) -> None:
+    def _forward(self, upstream: str, path: str, *, lose_answer: bool = False, hold_answer: bool = False) -> None:
         target = urlsplit(upstream)
         connection = http.client.HTTPConnection(target.hostname, target.port, timeout=120)
         try:
@@ -190,7 +211,14 @@ class S3ProxyHandler(BaseHTTPRequestHandler):
             else:
                 headers["Content-Length"] = self.headers.get("Content-Length") or "0"
                 connection.request(self.command, path, body=self._body(), headers=headers)
-            self._relay(connection.getresponse())
+            answer = connection.getresponse()
+            if hold_answer:
+                self.server.state.answer_held.set()
+                self.server.state.release.wait(HOLD_TIMEOUT_SECONDS)
+            if lose_answer:
+                answer.read()  # the store has applied the request
+                return self._reset()
+            self._relay(answer)
         finally:
             connection.close()
 
