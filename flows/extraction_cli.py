@@ -22,7 +22,7 @@ from config.errors import ConfigError
 from config.loader import load_settings
 from config.runtime import jobs_dir_of
 from tasks.clients.errors import ServiceError
-from tasks.clients.extraction_documents import ExtractionError, InvalidCrtdlError, parse_crtdl
+from tasks.clients.extraction_documents import BASE_URL_SETTING, ExtractionError, InvalidCrtdlError, parse_crtdl
 from tasks.clients.extraction_jobs import JOB_STATUSES, ExtractionJob, ExtractionTaskClient, SearchRejectedError
 from tasks.job.layout import is_job_id
 from tasks.job.record import read_facts
@@ -102,8 +102,9 @@ def command(handler: Callable[[argparse.Namespace, ExtractionTaskClient], int]) 
 
 def service_failure_text(exc: ServiceError, server: str | None) -> str:
     """The failure in the client's words; when no answer came at all (a network error, a missed deadline; not an
-    answer refused or too large), which server was asked and how to point at another (the URL without credentials)."""
-    if not exc.no_answer or server is None:
+    answer refused or too large), which server was asked and how to point at another (the URL without credentials),
+    unless the client's error says so already (a connection not made: ``tasks.clients.errors.nothing_answers``)."""
+    if not exc.no_answer or server is None or BASE_URL_SETTING in str(exc):
         return str(exc)
     return (
         f"{exc}; no answer from the extraction server at {shown_url(server)}: check that it runs "

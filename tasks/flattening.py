@@ -82,7 +82,8 @@ def flattening(step: StepInput) -> StepResult:
     max_line = settings.pipeline.max_ndjson_line_size_bytes
     clean_output(step.output_dir)
     if config.service_url:
-        endpoint = ServiceEndpoint("flattening", config.service_url, None, http_timeout(config.timeout))
+        timeout, setting = http_timeout(config.timeout), "services.flattening.service_url"
+        endpoint = ServiceEndpoint("flattening", config.service_url, None, timeout, setting=setting)
         with ServiceClient(endpoint, settings.tls, settings.retry) as client:
             service = Flattener(client)
             service.check()

@@ -133,7 +133,9 @@ async def pseudonymize_with_service(
     if not configured.url:
         raise PseudonymizerStepError("services.pseudonymizer.url is not set")
     timeout, connections = http_timeout(configured.timeout), max(100, configured.max_concurrent_requests)
-    endpoint = ServiceEndpoint("pseudonymizer", configured.url, configured.auth, timeout, connections)
+    endpoint = ServiceEndpoint(
+        "pseudonymizer", configured.url, configured.auth, timeout, connections, setting="services.pseudonymizer.url"
+    )
     async with build_async_client(endpoint, settings.tls) as client:
         service = Pseudonymizer(
             client,

@@ -104,7 +104,9 @@ async def validate_with_service(
     service = settings.services.validation
     assert service.url is not None
     connections = max(100, service.max_concurrent_requests)
-    endpoint = ServiceEndpoint("validation", service.url, None, http_timeout(READ_TIMEOUT), connections)
+    endpoint = ServiceEndpoint(
+        "validation", service.url, None, http_timeout(READ_TIMEOUT), connections, setting="services.validation.url"
+    )
     async with AsyncServiceClient(endpoint, settings.tls, settings.retry) as client:
         return await validate_path(
             source,

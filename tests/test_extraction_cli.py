@@ -216,7 +216,8 @@ def test_a_server_where_nothing_listens_is_named_by_its_url(capsys, write_config
 
     assert code == 1, err
     (line,) = [line for line in err.splitlines() if line.startswith("error:")]
-    assert f"extraction server at {dead}" in line and "services.extractor.base_url" in line
+    assert f"nothing answers at {dead}" in line and "services.extractor.base_url right?" in line
+    assert line.count("services.extractor.base_url") == 1  # said once, by the client
 
 
 def test_only_a_missing_answer_is_told_as_no_answer_from_the_server():

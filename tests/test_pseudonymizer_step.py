@@ -34,6 +34,7 @@ from tasks.pseudonymizer import (
 from tests.support.ndjson import read_output, write_lines
 from tests.conftest import run_cli, wait_until
 from tests.fakes._server import LoopbackServer
+from tests.support.ports import free_port
 from tests.support.jobs import job_file, only_job_dir, read_report_artifact, start_cli_process, wait_for
 from tests.support.pseudonymization import (
     OVERRIDE_CONFIG,
@@ -337,6 +338,28 @@ def test_an_anonymization_config_gone_by_the_time_the_step_runs_fails_it_before_
     assert "services.pseudonymizer.anonymization_config" in err and str(missing) in err
     assert pseudonymizer_fake.state.requests == []
     assert job_file(only_job_dir(tmp_path / "jobs"))["state"] == "Failed"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_a_pseudonymizer_where_nothing_answers_fails_naming_the_key_and_the_set_that_fixes_it(
+    pseudonymizer_fake, tmp_path, write_config, capsys
+):
+    source = override_patients_dir(tmp_path)
+    tree = pseudonymizer_job(pseudonymizer_fake)
+    dead = f"http://127.0.0.1:{free_port()}"
+    tree["services"]["pseudonymizer"]["url"] = dead
+    config = write_config(tree)
+
+    assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_FAILED
+
+    err = capsys.readouterr().err
+    job_dir = only_job_dir(tmp_path / "jobs")
+    assert f"nothing answers at {dead}: is the service running there, and is services.pseudonymizer.url right?" in err
+    assert f"continue {job_dir} --set services.pseudonymizer.url=VALUE" in err, err
+    fixed = ["--set", f"services.pseudonymizer.url={pseudonymizer_fake.base_url}"]
+    assert main(["continue", str(job_dir), *fixed, "--no-progress"]) == EXIT_OK
+    assert job_file(job_dir)["state"] == "Completed"
 
 
 @pytest.mark.slow

@@ -34,7 +34,8 @@ import httpx
 import orjson
 
 from tasks.clients.deadline import Deadline
-from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, json_or_none, truncate
+from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, json_or_none, naming_setting
+from tasks.clients.errors import truncate
 from tasks.core.names import show_name
 from tasks.core.readable import plain_text, size_text
 from tasks.core.redaction import register_secret
@@ -369,6 +370,7 @@ class ServiceAuth(httpx.Auth):
                 self._api_key = (auth.api_key_header, auth.api_key.get_secret_value())
         self._withheld_origins: set[Origin] = set()
         self._trusted_origins: set[Origin] = {self.origin}
+        self.issuer_setting: str | None = None  # the key of the OAuth issuer, named should nothing answer there
 
     def trust(self, origin: Origin) -> None:
         """Send the credentials to ``origin`` as well (an origin the configuration approved)."""
@@ -387,16 +389,19 @@ class ServiceAuth(httpx.Auth):
         if self._tokens is not None and not _replayable(request):
             request.read()  # a 401 is answered by sending the same request again
         flow, answer = self._flow(request), None
-        while (ask := _advance(flow, answer)) is not None:
-            answer = self._tokens.access_token(rejected=ask.rejected) if isinstance(ask, _NeedToken) else (yield ask)
+        with naming_setting(self.issuer_setting, self._tokens and self._tokens.issuer):  # a token's request
+            while (ask := _advance(flow, answer)) is not None:
+                token = isinstance(ask, _NeedToken)
+                answer = self._tokens.access_token(rejected=ask.rejected) if token else (yield ask)
 
     async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
         if self._tokens is not None and not _replayable(request):
             await request.aread()
         flow, answer = self._flow(request), None
-        while (ask := _advance(flow, answer)) is not None:
-            token = isinstance(ask, _NeedToken)
-            answer = await self._tokens.access_token_async(rejected=ask.rejected) if token else (yield ask)
+        with naming_setting(self.issuer_setting, self._tokens and self._tokens.issuer):
+            while (ask := _advance(flow, answer)) is not None:
+                token = isinstance(ask, _NeedToken)
+                answer = await self._tokens.access_token_async(rejected=ask.rejected) if token else (yield ask)
 
     def _flow(self, request: httpx.Request):
         """Yields requests to send (answered with responses) and ``_NeedToken`` (answered with a token)."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 import email.utils
 import json
 import ssl
-from collections.abc import Callable
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from datetime import datetime, UTC
 from typing import Any
 
@@ -29,6 +29,9 @@ from tasks.core.url_credentials import shown_url
 MAX_TEXT_CHARS = 500
 MAX_MESSAGE_CHARS = 2000
 MAX_PARSED_BODY_BYTES = 1_000_000
+SERVICE_SETTING = "dupflow.service_setting"
+"""The request extension naming the configuration key of the service URL (or OAuth issuer) whose origin the request
+goes to; ``tasks.clients.http`` sets it on every request to a configured service (``nothing_answers`` reads it)."""
 
 
 class ServiceError(DupflowError):
@@ -88,7 +91,39 @@ def network_error(exc: httpx.TransportError, *, operation: str, service: str | N
         message += "; the server's certificate is not trusted: give its CA with tls.ca_cert_path"
     elif isinstance(exc, httpx.UnsupportedProtocol):
         message += "; only http and https URLs can be fetched"
+    else:
+        message += nothing_answers(exc)
     return ServiceError(operation, None, message, transient=transient, service=service, no_answer=True)
+
+
+def nothing_answers(exc: httpx.TransportError) -> str:
+    """``; nothing answers at <origin>: …`` naming the configuration key to check, for a connection that could not
+    be made (refused, name not resolved, connect timeout; not a TLS handshake, which something answered) to the
+    origin of a configured service URL (``SERVICE_SETTING``); "" otherwise."""
+    if not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout) or _caused_by(exc, ssl.SSLError):
+        return ""
+    try:
+        url, setting = exc.request.url, exc.request.extensions.get(SERVICE_SETTING)
+    except RuntimeError:  # raised before a request existed
+        return ""
+    if not isinstance(setting, str):
+        return ""
+    origin = shown_url(f"{url.scheme}://{url.netloc.decode('ascii')}")
+    return f"; nothing answers at {origin}: is the service running there, and is {setting} right?"
+
+
+@contextmanager
+def naming_setting(setting: str | None, url: str | None) -> Iterator[None]:
+    """A request to ``url``'s origin failing within carries ``setting`` (``SERVICE_SETTING``) on to
+    ``nothing_answers``: for a request another client makes for a service (its OAuth token's, to the issuer)."""
+    try:
+        yield
+    except httpx.TransportError as exc:
+        with suppress(RuntimeError):  # raised before a request existed
+            failed, origin = exc.request.url, httpx.URL(url or "")
+            if setting and (failed.scheme, failed.host, failed.port) == (origin.scheme, origin.host, origin.port):
+                exc.request.extensions[SERVICE_SETTING] = setting  # httpx.URL leaves a default port out: None
+        raise
 
 
 def where(exc: httpx.TransportError) -> str:

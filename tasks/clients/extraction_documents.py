@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from config.services import ExtractorSettings
 
 SERVICE = "extractor"
+BASE_URL_SETTING = "services.extractor.base_url"
 TASK_TIMEOUT = timedelta(seconds=10)
 # The spec's {extension_base}/extractor-job-progress and the real server's torch-job-progress.
 PROGRESS_EXTENSION_SUFFIXES = ("/extractor-job-progress", "/torch-job-progress")
@@ -136,7 +137,7 @@ class ExtractionHandle:
 def base_url_of(settings: ExtractorSettings) -> str:
     """``services.extractor.base_url`` without a trailing slash; an ``ExtractionError`` when it is not set."""
     if not settings.base_url:
-        raise ExtractionError("services.extractor.base_url is not set; set it to the extraction server's URL")
+        raise ExtractionError(f"{BASE_URL_SETTING} is not set; set it to the extraction server's URL")
     return settings.base_url.rstrip("/")
 
 

@@ -24,7 +24,7 @@ from tasks.core.json_shapes import as_array, as_object
 from tasks.clients.bounds import MB
 from tasks.clients.errors import ServiceError, json_object, json_or_none
 from tasks.clients.extraction_documents import SERVICE, TASK_TIMEOUT, ExtractionError, base_url_of, job_status_of
-from tasks.clients.extraction_documents import progress_values
+from tasks.clients.extraction_documents import BASE_URL_SETTING, progress_values
 from tasks.clients.http import FHIR_JSON, FHIR_JSON_HEADERS, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
 
@@ -182,7 +182,9 @@ class ExtractionTaskClient(ServiceClient):
 
     def __init__(self, settings: ExtractorSettings, tls: TlsSettings, retry: RetrySettings):
         self.base_url = base_url_of(settings)
-        super().__init__(ServiceEndpoint(SERVICE, self.base_url, settings.auth, http_timeout(TASK_TIMEOUT)), tls, retry)
+        timeout = http_timeout(TASK_TIMEOUT)
+        endpoint = ServiceEndpoint(SERVICE, self.base_url, settings.auth, timeout, setting=BASE_URL_SETTING)
+        super().__init__(endpoint, tls, retry)
 
     def search(
         self, ids: Sequence[str] = (), statuses: Sequence[str] = (), *, strict: bool = False

@@ -32,13 +32,13 @@ import orjson
 from tasks.clients.auth import Origin, ServiceAuth, origin_of, origin_text
 from tasks.clients.bounds import Deadline, answer_within, answered, declared_size
 from tasks.clients.errors import error_from_response, is_transient_network_error, is_transient_status, network_error
-from tasks.clients.errors import where as failed_at
+from tasks.clients.errors import nothing_answers, where as failed_at
 from tasks.clients.errors import ServiceError, operation_outcome_texts, parse_retry_after, raise_for_service_status
 from tasks.clients.extraction_documents import SERVICE, DeadHandleError, ExtractionCancelledError, ExtractionError
 from tasks.clients.extraction_documents import ExtractionFailedError, ExtractionHandle, ExtractionTimeoutError
 from tasks.clients.extraction_documents import base_url_of, kickoff_parameters, manifest_request
 from tasks.clients.extraction_documents import job_status_of, requires_access_token, resolve_file_url, result_urls
-from tasks.clients.extraction_documents import StatusUrlMismatchError
+from tasks.clients.extraction_documents import BASE_URL_SETTING, StatusUrlMismatchError
 from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceEndpoint, build_client, http_timeout
 from tasks.clients.retry import call_once
 from tasks.core.readable import plain_text
@@ -101,7 +101,8 @@ class ExtractionServerClient(Closing):
         self.settings, self.base_url = settings, base_url_of(settings)
         self.clock, self.sleep = clock, sleep
         timeout = http_timeout(min(POLL_TIMEOUT, settings.extraction_timeout))
-        self.http = build_client(ServiceEndpoint(SERVICE, self.base_url, settings.auth, timeout), tls)
+        endpoint = ServiceEndpoint(SERVICE, self.base_url, settings.auth, timeout, setting=BASE_URL_SETTING)
+        self.http = build_client(endpoint, tls)
         self.files_need_token = False  # the manifest's requiresAccessToken, once the job is complete
 
     def submit(self, crtdl: bytes) -> ExtractionHandle:
@@ -159,7 +160,8 @@ class ExtractionServerClient(Closing):
         except httpx.TransportError as exc:
             if not is_transient_network_error(exc):
                 raise network_error(exc, **where) from exc
-            failure = f"{type(exc).__name__}: {exc}{failed_at(exc)}"  # the URL: a status URL may name another host
+            # the URL: a status URL may name another host
+            failure = f"{type(exc).__name__}: {exc}{failed_at(exc)}{nothing_answers(exc)}"
         except ServiceError as exc:
             if not exc.transient:
                 raise

@@ -96,7 +96,9 @@ class FhirServer(Closing):
     def connect(cls, send: SendSettings, tls: TlsSettings, retry: RetrySettings, **bounds: Any) -> FhirServer:
         """A client for ``services.send.url`` with ``services.send.auth`` (Basic, OAuth or none, plus API key);
         ``bounds`` are ``deadline`` and ``max_answer_bytes`` when not the defaults."""
-        endpoint = ServiceEndpoint(SERVICE_NAME, send.url or "", send.auth, http_timeout(SEND_TIMEOUT))
+        endpoint = ServiceEndpoint(
+            SERVICE_NAME, send.url or "", send.auth, http_timeout(SEND_TIMEOUT), setting="services.send.url"
+        )
         return cls(ServiceClient(endpoint, tls, retry), **bounds)
 
     def transaction(self, body: bytes, entries: int) -> dict:

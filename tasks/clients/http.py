@@ -3,7 +3,8 @@
 Steps never build ``httpx`` clients themselves::
 
     endpoint = ServiceEndpoint("flattening", settings.services.flattening.service_url, None,
-                               http_timeout(settings.services.flattening.timeout))
+                               http_timeout(settings.services.flattening.timeout),
+                               setting="services.flattening.service_url")
     with ServiceClient(endpoint, settings.tls, settings.retry) as client:
         response = client.request("GET", "/fhir/metadata", operation="read metadata")
 
@@ -29,9 +30,10 @@ from typing import TYPE_CHECKING, Self
 import certifi
 import httpx
 
-from tasks.clients.auth import AS_SENT, ServiceAuth, compressed_answer
+from tasks.clients.auth import AS_SENT, Origin, ServiceAuth, compressed_answer, origin_of
 from tasks.clients.bounds import MB, read_response, read_response_async
-from tasks.clients.errors import ServiceError, raise_for_service_status, raise_for_service_status_async
+from tasks.clients.errors import SERVICE_SETTING, ServiceError, raise_for_service_status
+from tasks.clients.errors import raise_for_service_status_async
 from tasks.clients.retry import call_once, call_with_retry, call_with_retry_async
 from tasks.core.url_credentials import shown_url
 
@@ -70,6 +72,14 @@ class ServiceEndpoint:
     max_connections: int = 100
     """Connections open at once (httpx's default is 100: a step allowing more requests in flight says so, else
     the rest wait for a connection within their timeout)."""
+    setting: str | None = None
+    """The configuration key of ``base_url`` (``services.pseudonymizer.url``): a request to its origin that finds
+    nothing answering names it (``tasks.clients.errors.nothing_answers``), and its OAuth issuer's key next to it."""
+
+    @property
+    def issuer_setting(self) -> str | None:
+        """The key of the service's OAuth issuer: ``auth.oauth_issuer_uri`` beside ``setting``."""
+        return f"{self.setting.rpartition('.')[0]}.auth.oauth_issuer_uri" if self.setting else None
 
 
 def ssl_verify(tls: TlsSettings, *, purpose: str) -> ssl.SSLContext | bool:
@@ -97,6 +107,7 @@ def trusted_context(ca_cert_path: str | None) -> ssl.SSLContext:
 def _client_options(endpoint: ServiceEndpoint, tls: TlsSettings) -> tuple[ServiceAuth, dict]:
     verify = ssl_verify(tls, purpose=endpoint.name)
     auth = ServiceAuth(endpoint.name, endpoint.base_url, endpoint.auth, verify)
+    auth.issuer_setting = endpoint.issuer_setting
     options = {
         "base_url": endpoint.base_url,
         "headers": AS_SENT,
@@ -112,7 +123,10 @@ def _client_options(endpoint: ServiceEndpoint, tls: TlsSettings) -> tuple[Servic
 def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
     """A configured client rooted at the service's URL; close it (``with``) when done."""
     auth, options = _client_options(endpoint, tls)
-    hooks = {"request": [auth.strip_foreign_credentials], "response": [functools.partial(refuse_compressed, endpoint)]}
+    hooks = {
+        "request": [auth.strip_foreign_credentials, functools.partial(name_setting, endpoint, auth.origin)],
+        "response": [functools.partial(refuse_compressed, endpoint)],
+    }
     return httpx.Client(**options, event_hooks=hooks)
 
 
@@ -120,10 +134,23 @@ def build_async_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Asy
     """The ``httpx.AsyncClient`` counterpart of ``build_client``."""
     auth, options = _client_options(endpoint, tls)
     hooks = {
-        "request": [auth.strip_foreign_credentials_async],
+        "request": [auth.strip_foreign_credentials_async, functools.partial(name_setting_async, endpoint, auth.origin)],
         "response": [functools.partial(refuse_compressed_async, endpoint)],
     }
     return httpx.AsyncClient(**options, event_hooks=hooks)
+
+
+def name_setting(endpoint: ServiceEndpoint, origin: Origin, request: httpx.Request) -> None:
+    """Request event hook: a request to the service's origin carries the key of its URL (``SERVICE_SETTING``), for
+    the error should nothing answer there; one elsewhere (a result file's host, a redirect's) does not."""
+    if endpoint.setting is not None and origin_of(request.url) == origin:
+        request.extensions[SERVICE_SETTING] = endpoint.setting
+    else:
+        request.extensions.pop(SERVICE_SETTING, None)  # httpx hands a request's extensions on to its redirect
+
+
+async def name_setting_async(endpoint: ServiceEndpoint, origin: Origin, request: httpx.Request) -> None:
+    name_setting(endpoint, origin, request)
 
 
 def refuse_compressed(endpoint: ServiceEndpoint, response: httpx.Response) -> None:
