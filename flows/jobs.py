@@ -265,7 +265,8 @@ def step_file_problems(settings: Settings) -> list[str]:
             ("services.pseudonymizer.anonymization_config", anonymization, settings.pipeline.has_step("pseudonymizer")),
             ("tls.ca_cert_path", settings.tls.ca_cert_path, True),
         )
-        if path and (problem := settings_file_problem(Path(path), must_exist=read))
+        # ``~`` as the job reads it: its paths are frozen expanded (``absolute_path_overrides``)
+        if path and (problem := settings_file_problem(Path(path).expanduser(), must_exist=read))
     ]
     lookup = settings.services.flattening.lookup_path
     if not settings.pipeline.has_step("flattening") or not lookup:

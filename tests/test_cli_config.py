@@ -6,6 +6,7 @@ import shlex
 
 import pytest
 
+from flows.jobs import check_new_job
 from flows.run import CLI, EXIT_OK, EXIT_USAGE, START_EXAMPLES, build_parser, cmd_start, main
 from tests.conftest import run_cli
 
@@ -94,3 +95,24 @@ def test_a_missing_anonymization_config_is_refused_before_the_job_exists(write_c
         error = capsys.readouterr().err
         assert f"services.pseudonymizer.anonymization_config: cannot read {missing}: No such file" in error, error
     assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
+
+
+def test_files_named_from_the_home_directory_pass_the_check_the_job_would_pass(
+    write_config, tmp_path, monkeypatch, capsys
+):
+    """``~/anonymization.yml`` (and a CA bundle so named) works in a job, whose paths are frozen with ``~``
+    expanded; config check and start refused it as missing ('cannot read ~/anonymization.yml')."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "anonymization.yml").write_text("fhirPathRules: []\n")
+    (home / "ca.pem").write_text("not looked into by the check\n")
+    monkeypatch.setenv("HOME", str(home))
+    config = write_config(
+        {
+            "pipeline": {"enabled_steps": ["local_import", "pseudonymizer"]},
+            "services": {"pseudonymizer": {"url": "http://127.0.0.1:9", "anonymization_config": "~/anonymization.yml"}},
+            "tls": {"ca_cert_path": "~/ca.pem"},
+        }
+    )
+    assert main(["config", "check", str(config)]) == EXIT_OK, capsys.readouterr().err
+    check_new_job(str(config), str(tmp_path), {})  # start's checks: no JobError
