@@ -24,10 +24,10 @@ from tasks.core.errors import JobError
 from tasks.core.names import show_text
 from tasks.core.jsonfile import JsonFileError, parse_json_document, read_limited, settings_file_problem
 from tasks.core.readable import CLI
-from tasks.job.layout import JobPaths, is_crtdl_file, is_job_id
+from tasks.job.layout import JobPaths, is_crtdl_file, is_job_id, is_result_url
 from tasks.streams.files import write_error, write_file_atomically
 from tasks.job.record import JobRecord, changing_record, read_record, record_facts
-from tasks.core.url_credentials import refuse_credentials_in_url
+from tasks.core.url_credentials import refuse_credentials_in_url, shown_url
 
 CRTDL_NAME = "crtdl.json"
 ENRICHED_CRTDL_NAME = "enriched-crtdl.json"
@@ -137,6 +137,19 @@ def refuse_credentials_in_job_input(job_input: str | None) -> None:
         ),
         tokens=True,
     )
+
+
+def refuse_extraction_flags_of_a_followed_url(record: JobRecord, attach: str | None, resubmit: bool) -> None:
+    """A job started with an extraction's status URL follows that extraction (``tasks.extractor.current_handle``):
+    it submitted none, so there is no submission of its own for ``--attach`` or ``--resubmit`` to settle, and the
+    extraction, maybe another job's or one started by hand, is not the job's to cancel as a replaced one."""
+    if (attach or resubmit) and "extractor" in record.enabled_steps and is_result_url(record.job_input):
+        flag = "--attach" if attach else "--resubmit"
+        raise JobError(
+            f"job {record.job_id} follows the extraction at the status URL it was started with "
+            f"({shown_url(str(record.job_input))}); {flag} applies to a job that submits its CRTDL. Continue it "
+            "without the flag, or start a new job with the other status URL or a CRTDL as its input"
+        )
 
 
 def refuse_undecodable(paths: Mapping[str, str | None]) -> None:

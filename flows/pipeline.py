@@ -27,7 +27,7 @@ from config.runtime import job_on_command_line
 from flows.gates import run_gate
 from flows.job_card import JobRecordCard, job_summary, publish_step_table
 from flows.job_state import JobLock
-from flows.jobs import Job, prepare_job
+from flows.jobs import Job, prepare_job, refuse_extraction_flags_of_a_followed_url
 from flows.prefect_server import local_pause_guard, local_pause_guard_name
 from flows.run_logging import keep_one_trace_per_failure
 from tasks.clients.extraction_documents import ExtractionHandle
@@ -256,6 +256,7 @@ def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> 
         )
     if not (attach or resubmit):
         return
+    refuse_extraction_flags_of_a_followed_url(job.record, attach, resubmit)  # a deployment's run: no CLI check
     job_id = ExtractionHandle.from_status_url(attach).job_id if attach else None
     replaced = read_facts(job.paths.job_dir).get("extraction_job_id")
     if replaced and replaced != job_id:  # the job's own extraction, given up for another: not left running

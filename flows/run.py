@@ -27,7 +27,7 @@ from config.runtime import job_on_command_line, jobs_dir_of, prefect_api_url
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.api_watch import api_watched
 from flows.job_state import JobLock, current_state, current_states, find_job_dir, list_jobs
-from flows.jobs import check_new_job, prepare_job, step_file_problems
+from flows.jobs import check_new_job, prepare_job, refuse_extraction_flags_of_a_followed_url, step_file_problems
 from flows.run_logging import job_logging, take_interrupts
 from tasks.core.errors import DupflowError, UsageError
 from tasks.core.readable import CLI, counted, duration_text, plain_lines, plain_text, size_text
@@ -264,6 +264,7 @@ def cmd_continue(args: argparse.Namespace) -> int:
 def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: dict[str, str]) -> int:
     """The flow does the continuing (gates, a submission in doubt, the earlier flow run); this picks the way in."""
     job = read_record(paths.job_dir)
+    refuse_extraction_flags_of_a_followed_url(job, args.attach, args.resubmit)  # before a flow run exists
     if job.state == SUSPENDED:
         prefect_server.use_server()  # a suspended run is the server's (the record's rule): resumed or cancelled there
     state = current_state(paths, job)

@@ -37,7 +37,7 @@ from tasks.job.contract import DataFile, StepInput, StepResult, file_task, setti
 from tasks.core.errors import StepError
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.job.filework import map_files
-from tasks.job.layout import step_artifact_key
+from tasks.job.layout import is_result_url, step_artifact_key
 from tasks.job.steps import ndjson_written
 from tasks.streams.ndjson import remove_partial_files
 from tasks.streams.progress import expect_files, track
@@ -129,10 +129,6 @@ def download_client(step: StepInput, needs_token: bool) -> Iterator[ExtractionSe
                 del _download_clients[key]
         if last:
             lease.client.close()
-
-
-def is_result_url(job_input: str | None) -> bool:
-    return bool(job_input) and job_input.lower().startswith(("http://", "https://"))
 
 
 def current_handle(step: StepInput, client: ExtractionServerClient) -> ExtractionHandle:

@@ -251,6 +251,15 @@ def test_killed_after_a_resubmission_continue_reattaches_to_the_newest_job(tmp_p
     assert read_facts(job_dir)["extraction_job_id"] == second.job_id
 
 
+def killed_while_polling(torch: ExtractionServer, config: Path, job_input: str, tmp_path: Path) -> Path:
+    """A job of ``job_input`` started as a command and killed (-9) once it polls the extraction; its directory."""
+    process = start_cli_process("start", str(config), job_input, "--no-progress")
+    wait_for(lambda: torch.state.polls or None, process)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    return only_job_dir(jobs_dir_of(tmp_path))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("flag", ["--resubmit", "--attach"])
 def test_resubmit_or_attach_elsewhere_cancels_the_unfinished_extraction_the_job_had(tmp_path, extractor_config, flag):
@@ -258,14 +267,9 @@ def test_resubmit_or_attach_elsewhere_cancels_the_unfinished_extraction_the_job_
     operator replaces it. Left alone, it would run on beside its replacement, taking the server's batch slots."""
     slow = {"PENDING": 4.0, "RUNNING_GET_COHORT": 0.05, "RUNNING_PROCESS_BATCH": 0.05, "RUNNING_PROCESS_CORE": 0.05}
     with start_extraction_server(durations=slow) as torch:
-        config = extractor_config(torch)
-        process = start_cli_process("start", str(config), str(CRTDL), "--no-progress")
-        wait_for(lambda: torch.state.polls or None, process)
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        job_dir = killed_while_polling(torch, extractor_config(torch), str(CRTDL), tmp_path)
         first = torch.state.submissions[0].job_id
         torch.state.force_status(first, JobStatus.TEMP_FAILED)
-        job_dir = only_job_dir(jobs_dir_of(tmp_path))
         if flag == "--attach":
             with httpx.Client() as client:
                 replacement = ["--attach", submit(client, torch)]  # the job the operator chose instead
@@ -282,14 +286,30 @@ def test_resubmit_or_attach_elsewhere_cancels_the_unfinished_extraction_the_job_
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("flag", ["--resubmit", "--attach"])
+def test_resubmit_or_attach_of_a_job_that_follows_a_given_status_url_cancels_nothing(tmp_path, extractor_config, flag):
+    """A job started with the status URL of an extraction (one started by hand, or another job's) follows it, it
+    does not own it: continue --resubmit (or --attach) cancelled that extraction on the server as the job's
+    replaced one, and the job, which follows its input's URL whatever the flags say, then stopped on the cancel."""
+    slow = {"PENDING": 4.0, "RUNNING_GET_COHORT": 0.05, "RUNNING_PROCESS_BATCH": 0.05, "RUNNING_PROCESS_CORE": 0.05}
+    with start_extraction_server(durations=slow) as torch:
+        with httpx.Client() as client:
+            given, other = submit(client, torch), submit(client, torch)
+        job_dir = killed_while_polling(torch, extractor_config(torch), given, tmp_path)
+
+        result = run_cli("continue", str(job_dir), *([flag, other] if flag == "--attach" else [flag]), "--no-progress")
+
+        assert [r.path for r in torch.state.requests if "$cancel" in r.path] == []
+        assert result.returncode == EXIT_USAGE, result.stderr
+        assert f"{flag} applies to a job that submits its CRTDL" in result.stderr, result.stderr
+        assert len(torch.state.submissions) == 2  # the test's own
+
+
+@pytest.mark.slow
 def test_attach_to_the_job_it_already_follows_cancels_nothing(tmp_path, extractor_config):
     slow = {"PENDING": 3.0, "RUNNING_GET_COHORT": 0.05, "RUNNING_PROCESS_BATCH": 0.05, "RUNNING_PROCESS_CORE": 0.05}
     with start_extraction_server(durations=slow) as torch:
-        process = start_cli_process("start", str(extractor_config(torch)), str(CRTDL), "--no-progress")
-        wait_for(lambda: torch.state.polls or None, process)
-        process.send_signal(signal.SIGKILL)
-        process.wait()
-        job_dir = only_job_dir(jobs_dir_of(tmp_path))
+        job_dir = killed_while_polling(torch, extractor_config(torch), str(CRTDL), tmp_path)
         status_url = read_facts(job_dir)["extraction_status_url"]
 
         result = run_cli("continue", str(job_dir), "--attach", status_url, "--no-progress")

@@ -17,6 +17,11 @@ def step_folder(step: str) -> str:
     return "import" if step in IMPORT_STEPS else step
 
 
+def is_result_url(job_input: str | None) -> bool:
+    """A job input that is an extraction's status URL: the job follows that extraction, it submits none."""
+    return bool(job_input) and job_input.lower().startswith(("http://", "https://"))
+
+
 def is_crtdl_file(job_input: str | None) -> bool:
     """A job input that is a CRTDL: a ``.json`` path that is no directory (a directory or a URL is data, not a
     CRTDL); a missing one too, so that preparing the job says the CRTDL is not found."""
