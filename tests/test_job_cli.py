@@ -10,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prefect.client.orchestration import get_client
@@ -503,25 +504,31 @@ def test_a_suspended_jobs_state_comes_from_its_own_directorys_runs_never_a_copys
     assert current_state(copy, read_record(copy.job_dir)) == "Completed"
 
 
+def job_with_a_probe_run(tmp_path: Path, state: Any) -> tuple[str, JobPaths, Any]:
+    """A job id, its paths under ``tmp_path / "jobs"`` and a flow run of a probe flow in ``state``, tagged as the
+    job's (as a deployment run of the job would be)."""
+    from prefect import flow
+
+    @flow(name="dupflow-probe")
+    def probe() -> None:
+        pass
+
+    job_id = str(uuid.uuid4())
+    paths = JobPaths(tmp_path / "jobs" / job_id)
+    with get_client(sync_client=True) as client:
+        run = client.create_flow_run(probe, tags=[job_tag(job_id), directory_tag(paths.job_dir)], state=state)
+    return job_id, paths, run
+
+
 @pytest.mark.parametrize("flags", [["--set", "compression.level=fastest"], ["--resubmit"]])
 def test_continue_of_a_suspended_run_refuses_flags_it_could_not_apply_and_leaves_the_run_suspended(
     tmp_path, flags, capsys
 ):
     """A suspended deployment run goes on with the parameters it was started with: a flag of a new run was dropped
     without a word when ``continue`` resumed it."""
-    from prefect import flow
     from prefect.states import Suspended
 
-    @flow(name="dupflow-suspended-probe")
-    def suspended_probe() -> None:
-        pass
-
-    job_id = str(uuid.uuid4())
-    paths = JobPaths(tmp_path / "jobs" / job_id)
-    with get_client(sync_client=True) as client:
-        run = client.create_flow_run(
-            suspended_probe, tags=[job_tag(job_id), directory_tag(paths.job_dir)], state=Suspended()
-        )
+    job_id, paths, run = job_with_a_probe_run(tmp_path, Suspended())
     with changing_record(paths.job_dir, new=JobRecord(job_id=job_id, state=SUSPENDED, flow_run_ids=[str(run.id)])):
         pass
 
@@ -534,19 +541,9 @@ def test_continue_of_a_suspended_run_refuses_flags_it_could_not_apply_and_leaves
 def test_status_of_a_suspended_job_whose_run_was_cancelled_gives_no_stale_advice(tmp_path, capsys):
     """A deployment run suspended at a wait step, then cancelled in the UI: status said "Cancelled — awaiting
     inspection ...; resume in the UI with the confirmation turned on", which a cancelled run no longer offers."""
-    from prefect import flow
     from prefect.states import Cancelled
 
-    @flow(name="dupflow-cancelled-probe")
-    def cancelled_probe() -> None:
-        pass
-
-    job_id = str(uuid.uuid4())
-    paths = JobPaths(tmp_path / "jobs" / job_id)
-    with get_client(sync_client=True) as client:
-        run = client.create_flow_run(
-            cancelled_probe, tags=[job_tag(job_id), directory_tag(paths.job_dir)], state=Cancelled()
-        )
+    job_id, paths, run = job_with_a_probe_run(tmp_path, Cancelled())
     waiting = "awaiting inspection at step 2 (wait); resume in the UI with the confirmation turned on"
     record = JobRecord(job_id=job_id, state=SUSPENDED, state_message=waiting, flow_run_ids=[str(run.id)])
     with changing_record(paths.job_dir, new=record):
