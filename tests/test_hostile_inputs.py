@@ -264,6 +264,9 @@ class TruncatingHandler(BaseHTTPRequestHandler):
         body = state["body"][: state["cut_at"]] if truncate else state["body"]
         self.send_response(200)
         self.send_header("Content-Type", "application/fhir+ndjson")
+        # It closes the connection after each answer, and says so: a client that did not hear it reused the closed
+        # connection for its next attempt when that came at once (retry.initial_backoff_ms 0), unseen here.
+        self.send_header("Connection", "close")
         if state["chunked"]:
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
@@ -272,7 +275,6 @@ class TruncatingHandler(BaseHTTPRequestHandler):
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
             self.wfile.write(b"0\r\n\r\n")
         else:
-            self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(body)
         self.close_connection = True
