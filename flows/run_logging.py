@@ -21,6 +21,10 @@ from tasks.streams.fanout import Cancelled
 
 RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
 DASK_LOGGERS = ("distributed", "prefect.task_runner.dask")  # their INFO (a cluster's life) goes to the job log only
+PREFECT_SERVICES = ("EventsWorker", "APILogWorker")
+SERVICE_DRAINING = "Still processing items"
+"""Prefect's note while a service hands its queued events or logs to the server as the run ends: for the job log."""
+HAND_OVER_SECONDS = 10
 CLUSTER_TEARDOWN = "Worker process still alive after"
 """distributed.nanny's WARNING when a worker takes more than 4 s to end as the local cluster closes (a loaded
 machine): it is killed and joined, the run's work is done; a line of the cluster's life, for the job log only."""
@@ -93,6 +97,7 @@ def take_interrupts() -> None:
 class _OneFailureLine(logging.Filter):
     """The terminal tells a failure once (Prefect logs it at every run it passes): only the first ERROR of a run,
     and no "Finished in state Failed/Crashed" line; nor Dask's INFO and its teardown warning (``CLUSTER_TEARDOWN``).
+    Nor Prefect's services' notes as they hand over the run's last events (``SERVICE_DRAINING``).
     The job log and the UI keep them all."""
 
     def __init__(self) -> None:
@@ -103,6 +108,8 @@ class _OneFailureLine(logging.Filter):
         if record.name.startswith(DASK_LOGGERS) and (
             record.levelno < logging.WARNING or str(record.msg).startswith(CLUSTER_TEARDOWN)
         ):
+            return False
+        if record.name in PREFECT_SERVICES and str(record.msg).startswith(SERVICE_DRAINING):
             return False
         if record.name not in RUN_LOGGERS:
             return True
@@ -176,6 +183,7 @@ def job_logging(log_file: Path) -> Iterator[None]:
     try:
         yield
     finally:
+        hand_over_to_prefect()
         for handler, formatter in patched:
             handler.setFormatter(formatter)
             handler.removeFilter(redacting)
@@ -183,6 +191,17 @@ def job_logging(log_file: Path) -> Iterator[None]:
         for name, handler in attached:
             logging.getLogger(name).removeHandler(handler)
         file_handler.close()
+
+
+def hand_over_to_prefect() -> None:
+    """Let Prefect's services send the run's last events and logs now, while the job log is open and before the
+    command's own last line: left to the interpreter's exit, a service still holding items tells so on the terminal
+    after that line. Bounded, as an unreachable server would hold the command."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (EventsWorker, APILogWorker):
+        service.drain_all(timeout=HAND_OVER_SECONDS, at_exit=False)
 
 
 def _console_handlers() -> list[logging.Handler]:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import inspect
 import json
 import os
 import shutil
@@ -143,6 +141,7 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory, prefect_database: Path
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
     from flows.prefect_server import ensure_server, stop_server
+    from flows.run_logging import hand_over_to_prefect
     from tests.support.prefect_servers import SERVER_TIMEOUT, kill_servers_of
 
     home = seed_prefect_home(tmp_path_factory.mktemp("prefect-home"), prefect_database)
@@ -157,27 +156,10 @@ def prefect_api(tmp_path_factory: pytest.TempPathFactory, prefect_database: Path
                 # Prefect's own harness).
                 with _temporary_global_settings_context(get_settings_context()):
                     yield {"api_url": api_url, "database": home / "prefect.db"}
-                    drain_prefect_workers()
+                    hand_over_to_prefect()  # else they retry a gone server at exit for a minute
         finally:
             stop_server(home)
             kill_servers_of(home)
-
-
-def drain_prefect_workers() -> None:
-    """Send what this process's log and event workers still hold before the server stops (as Prefect's test
-    harness does): else they retry a gone server at exit for a minute."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-    from prefect.utilities.asyncutils import run_coro_as_sync
-
-    async def drain() -> None:
-        with contextlib.suppress(RuntimeError):  # never started
-            if inspect.isawaitable(result := APILogWorker.instance().drain()):
-                await result
-        if inspect.isawaitable(result := EventsWorker.drain_all()):
-            await result
-
-    run_coro_as_sync(drain())
 
 
 @pytest.fixture(scope="module")
