@@ -104,9 +104,16 @@ def flow_run_log(api_url: str, run_id: str) -> str:
     return "\n".join(entry["message"] for entry in httpx.post(f"{api_url}/logs/filter", json=body).json())
 
 
-def test_a_deployment_run_is_a_named_tagged_job_under_the_configs_directory(server, site, served):
+@pytest.fixture(scope="module")
+def completed(server, served) -> dict:
+    """One run of the deployment with its defaults, ended; the server's flow run (a run costs seconds: shared)."""
+    api_url, _ = server
+    return run_deployment(api_url, served, {})
+
+
+def test_a_deployment_run_is_a_named_tagged_job_under_the_configs_directory(server, site, completed):
     api_url, env = server
-    run = run_deployment(api_url, served, {})
+    run = completed
     assert run["state"]["type"] == "COMPLETED", run["state"]
     job_id = run["name"]
     assert job_id == run["id"], "a new job takes its flow run's id, so the run bears the job's name from the start"
@@ -151,10 +158,11 @@ def test_a_job_id_the_configuration_does_not_know_is_refused_never_made(server, 
 
 
 @pytest.mark.parametrize("attach", ["status-url-pasted-wrong", "https://alice:pw-in-url@torch.example/fhir/__status/1"])
-def test_attach_on_a_completed_job_is_refused_and_changes_nothing(server, site, served, attach):
+def test_attach_on_a_completed_job_is_refused_and_changes_nothing(server, site, served, completed, attach):
     """A refused attach left job.json Running, and a text that was no URL replaced the job's extraction handle."""
     api_url, _ = server
-    done = run_deployment(api_url, served, {})
+    done = completed
+    assert done["state"]["type"] == "COMPLETED", done["state"]
     job_file = site / "jobs" / done["name"] / "job.json"
     recorded = job_file.read_bytes()
     run = run_deployment(api_url, served, {"job_id": done["name"], "attach": attach})

@@ -2,20 +2,18 @@
 server that stays on its port, an unreachable API said in one line, and a README and docs whose commands run as
 typed.
 
-The inspection test runs a deployment from ``deployments/prefect.yaml`` on a process work pool against a real
-``prefect server start`` on loopback (the fixtures and helpers of ``tests/support/deployments.py``); the server
+The inspection form is checked here with the schema Prefect validates a resume against; a live resume without
+confirmation, refused while a worker runs, is part of tests/test_prefect_native.py's deployment run. The server
 tests start servers of their own in a PREFECT_HOME of their own, on a free port (never 4200 on a shared machine).
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import re
 import shutil
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -42,17 +40,7 @@ from flows.prefect_server import (
 )
 from tests.conftest import REPO_ROOT, run_cli, seed_prefect_home
 from tests.support.ports import free_port
-from tests.support.deployments import (
-    FINAL,
-    api,
-    run_log,
-    run_to_the_gate,
-    start_worker,
-    stop_worker,
-    wait_for_run,
-    write_patients,
-)
-from tests.support.prefect_servers import SERVER_TIMEOUT, kill_servers_of, servers_of, wait_until_gone
+from tests.support.prefect_servers import SERVER_TIMEOUT, kill_servers_of, servers_of
 
 # --- 1. inspection cannot be skipped by accident -----------------------------------------------------------------
 
@@ -77,47 +65,6 @@ def test_the_inspection_forms_toggle_can_be_turned_on_in_the_prefect_ui():
     assert "confirmed" in schema["required"]
     with pytest.raises(ValueError):  # the model itself still takes nothing but true
         InspectionInput(confirmed=False)
-
-
-@pytest.mark.slow
-def test_a_resume_without_confirmation_is_refused_at_once_and_the_job_stays_suspended(
-    server,  # noqa: F811
-    deployed,  # noqa: F811
-    site,  # noqa: F811
-    running_pseudonymizer,
-    tmp_path_factory,
-):
-    api_url, env = server
-    logs = tmp_path_factory.mktemp("worker-logs")
-    worker = start_worker(env, logs / "worker.log")
-    try:
-        run_id, run = run_to_the_gate(api_url, deployed, site, worker, logs)
-        assert run["state"]["name"] == "Suspended", run["state"]
-        job_id, suspended = run["name"], run["state"]["id"]
-        job_dir = site / "jobs" / job_id
-        write_patients(job_dir / "import_wait" / "corrected.ndjson", ["c1"])
-        running_pseudonymizer.state.reset()
-
-        # The UI form submitted with its toggle untouched, or no form at all: refused in the answer itself.
-        for body in ({"run_input": {"confirmed": False, "note": "oops"}}, {"run_input": {"note": "oops"}}, {}):
-            answer = api(api_url, "POST", f"/flow_runs/{run_id}/resume", json=body)
-            assert answer["status"] == "REJECT" and "confirmed" in answer["details"]["reason"], (body, answer)
-            run = api(api_url, "GET", f"/flow_runs/{run_id}")
-            assert run["state"]["id"] == suspended and run["state"]["name"] == "Suspended", run["state"]
-        assert not (job_dir / "pseudonymizer").exists() and running_pseudonymizer.state.requests == []
-        assert json.loads((job_dir / "job.json").read_text())["state"] == "Suspended"
-
-        # Confirmed: the job goes on past the gate, reading the corrected file.
-        confirmed = {"run_input": {"confirmed": True, "note": "ok"}}
-        answer = api(api_url, "POST", f"/flow_runs/{run_id}/resume", json=confirmed)
-        assert answer["status"] == "ACCEPT", answer
-        run = wait_for_run(api_url, run_id, lambda run: run["state"]["type"] in FINAL, worker, logs)
-    finally:
-        stop_worker(worker)
-    assert run["state"]["type"] == "COMPLETED", (run["state"], run_log(api_url, run_id))
-    assert [p.name for p in (job_dir / "pseudonymizer").iterdir()] == ["corrected.ndjson.zst"]
-    gate = json.loads((job_dir / "job.json").read_text())["gates"]["01"]
-    assert gate["released"] and gate["note"] == "ok"
 
 
 # --- 3. the local server keeps its port; an unreachable API is one line ------------------------------------------
@@ -163,23 +110,6 @@ def own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefect_database: 
     yield home
     stop_server(home)
     kill_servers_of(home)
-
-
-@pytest.mark.slow
-def test_a_restarted_local_server_keeps_its_address(own_home, capsys):
-    port = int(os.environ["PREFECT_SERVER_API_PORT"])
-    url = ensure_server(startup_timeout=SERVER_TIMEOUT)
-    assert url == f"http://127.0.0.1:{port}/api"
-
-    assert stop_server() is True  # `server stop`, then the next command
-    assert ensure_server(startup_timeout=SERVER_TIMEOUT) == url
-
-    killed = read_record(own_home).pid  # killed with -9, then the next command
-    os.killpg(killed, signal.SIGKILL)
-    wait_until_gone(killed)
-    assert ensure_server(startup_timeout=SERVER_TIMEOUT) == url
-    assert read_record(own_home).pid != killed and servers_of(own_home) == [read_record(own_home).pid]
-    assert "taken" not in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -78,7 +78,7 @@ def test_the_nightly_deployment_runs_the_sample_job_from_its_parameter_defaults(
 
 
 def test_a_suspended_job_survives_a_worker_restart_and_resumes_with_the_form_reading_the_wait_folder(
-    server, deployed, site, tmp_path_factory
+    server, deployed, site, running_pseudonymizer, tmp_path_factory
 ):
     api_url, env = server
     logs = tmp_path_factory.mktemp("worker-logs")
@@ -105,6 +105,7 @@ def test_a_suspended_job_survives_a_worker_restart_and_resumes_with_the_form_rea
     write_patients(wait_dir / "corrected.ndjson", ["c1", "c2", "c3"])
     worker = start_worker(env, logs / "second.log")
     try:
+        refuse_a_resume_without_confirmation(api_url, run_id, job_dir, running_pseudonymizer)
         note = "checked 2 patients, added 1"
         api(api_url, "POST", f"/flow_runs/{run_id}/resume", json={"run_input": {"confirmed": True, "note": note}})
         run = wait_for_run(api_url, run_id, lambda run: run["state"]["type"] in FINAL, worker, logs)
@@ -125,6 +126,20 @@ def test_a_suspended_job_survives_a_worker_restart_and_resumes_with_the_form_rea
     record = api(api_url, "GET", f"/artifacts/job-{job_id}/latest")["data"]
     assert "pseudonymizer" in record and note in record
     assert [p.name for p in (site / "jobs").iterdir()] == [job_id], "the resumed run must not start a new job"
+
+
+def refuse_a_resume_without_confirmation(api_url: str, run_id: str, job_dir: Path, pseudonymizer) -> None:
+    """The UI form submitted with its toggle untouched, or no form at all, with a worker running (issue 20): refused
+    in the answer itself, and the run stays suspended."""
+    suspended = api(api_url, "GET", f"/flow_runs/{run_id}")["state"]["id"]
+    pseudonymizer.state.reset()
+    for body in ({"run_input": {"confirmed": False, "note": "oops"}}, {"run_input": {"note": "oops"}}, {}):
+        answer = api(api_url, "POST", f"/flow_runs/{run_id}/resume", json=body)
+        assert answer["status"] == "REJECT" and "confirmed" in answer["details"]["reason"], (body, answer)
+        run = api(api_url, "GET", f"/flow_runs/{run_id}")
+        assert run["state"]["id"] == suspended and run["state"]["name"] == "Suspended", run["state"]
+    assert not (job_dir / "pseudonymizer").exists() and pseudonymizer.state.requests == []
+    assert json.loads((job_dir / "job.json").read_text())["state"] == "Suspended"
 
 
 def test_a_suspended_run_cancelled_in_the_ui_shows_cancelled_everywhere_and_continue_runs_the_job_here(

@@ -129,7 +129,7 @@ def test_a_server_is_started_once_reused_restarted_when_gone_and_stopped(home, m
     assert server_status() is None
     again = ensure_server(startup_timeout=SERVER_TIMEOUT)
     second = read_record(home)
-    assert second.pid != first.pid and again == second.url
+    assert second.pid != first.pid and again == second.url == url  # the address the UI and workers know
     assert is_healthy(again) and servers_of(home) == [second.pid]
     block_types = httpx.post(f"{again}/block_types/filter", json={}, timeout=30).json()
     assert any(block["slug"] == "secret" for block in block_types)  # the UI's block catalog is still there
@@ -402,11 +402,8 @@ def test_two_homes_each_keep_their_own_server_and_port_and_never_share_one(tmp_p
         port_a, port_b = read_record(a).port, read_record(b).port
         assert port_a != port_b and (a / PORT_FILE).read_text() == f"{port_a}\n"
 
-        # A stops and starts again while B runs: the same port.
-        stop_server(a)
-        assert ensure_server(a, startup_timeout=SERVER_TIMEOUT) == url_a and is_healthy(url_a)
-
-        # B's server comes to sit on A's port while A is stopped: A never takes it for its own, and moves.
+        # B's server comes to sit on A's port while A is stopped (B stopped starts again on the port its home keeps,
+        # here A's): A never takes it for its own, and moves.
         stop_server(a)
         stop_server(b)
         (b / PORT_FILE).write_text(f"{port_a}\n")
