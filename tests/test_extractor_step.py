@@ -344,7 +344,9 @@ def test_killed_during_downloads_continue_fetches_only_the_unfinished_file(tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sent", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl+C"])
+@pytest.mark.parametrize(
+    "sent", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "Ctrl+C", "SIGHUP-closed-terminal"]
+)
 def test_a_signal_during_stalled_downloads_ends_the_run_at_once_in_one_line_without_partial_files(
     tmp_path, extractor_config, sent
 ):
