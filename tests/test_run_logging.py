@@ -42,3 +42,15 @@ def test_the_local_clusters_teardown_warning_stays_off_the_terminal_and_other_da
     )
     lost = "Removing worker 'tcp://127.0.0.1:1' caused the cluster to lose scattered data"
     assert console_filter.filter(logging.LogRecord("distributed.scheduler", logging.WARNING, "", 1, lost, None, None))
+
+
+def test_prefects_services_handing_over_the_runs_last_events_stay_off_the_terminal(console_filter):
+    """CI under load: the events worker's note came after the command's last line ("interrupted; resume with: …").
+    ``job_logging`` hands the events over before that line; its note is for the job log."""
+    for service in run_logging.PREFECT_SERVICES:
+        note = logging.LogRecord(
+            service, logging.WARNING, "", 1, "Still processing items: 1 items remaining...", None, None
+        )
+        assert not console_filter.filter(note)
+    failed = "Service 'EventsWorker' failed to process item"
+    assert console_filter.filter(logging.LogRecord("EventsWorker", logging.ERROR, "", 1, failed, None, None))
