@@ -33,6 +33,7 @@ from config.services import legacy_key_paths, legacy_timing_key_paths
 from config.settings import Settings
 from config.yaml_file import SECRET_BLOCK_PREFIX, drop_empty_keys, file_identity, read_yaml, substitute_variables
 from tasks.core.redaction import register_basic_credentials, register_secret
+from tasks.core.url_credentials import CredentialsInUrlError, has_user_info, refuse_credentials_in_url
 
 logger = logging.getLogger(CONFIG_LOGGER)
 
@@ -245,17 +246,34 @@ def absolute_path_overrides(settings: Settings) -> dict[str, str]:
 
 def refuse_secret_overrides(overrides: Mapping[str, str], source: str) -> None:
     """Refuse secret keys among parameter overrides, which are stored with the job (job.json, Prefect's
-    flow-run parameters); ``source`` names where they came from ("--set", "the deployment's overrides
-    parameter"). Call it before anything else looks at the overrides."""
-    if secret := sorted(key for key in overrides if key in secret_key_paths()):
-        raise ConfigError(
-            [
-                f"{key} (in {source}): is a secret and cannot be given in {source}, which is stored with the job; "
-                f"set it with ${{VAR}} or ${{{SECRET_BLOCK_PREFIX}BLOCK}} in the configuration file or the "
-                f"environment variable {env_var_name(key)}"
-                for key in secret
-            ]
-        )
+    flow-run parameters), and URLs with a token in their query (``?access_token=…``, a signed URL); ``source``
+    names where they came from ("--set", "the deployment's overrides parameter"). Call it before anything else
+    looks at the overrides."""
+    problems = [
+        f"{key} (in {source}): is a secret and cannot be given in {source}, which is stored with the job; "
+        f"set it with ${{VAR}} or ${{{SECRET_BLOCK_PREFIX}BLOCK}} in the configuration file or the "
+        f"environment variable {env_var_name(key)}"
+        for key in sorted(key for key in overrides if key in secret_key_paths())
+    ]
+    problems += [_token_url_problem(key, str(value), source) for key, value in sorted(overrides.items())]
+    if problems := [problem for problem in problems if problem]:
+        raise ConfigError(problems)
+
+
+def _token_url_problem(key: str, value: str, source: str) -> str | None:
+    """The problem of an override whose value is a URL carrying a token (the URL rule of url_credentials); one with
+    a user name or password is the URL fields' own rule, which names the auth block as the fix."""
+    if has_user_info(value):
+        return None
+    fix = (
+        f"give the URL in the configuration file, its token from ${{VAR}}, or in the environment variable "
+        f"{env_var_name(key)}"
+    )
+    try:
+        refuse_credentials_in_url(value, door=f"{key} (in {source})", fix=fix, tokens=True)
+    except CredentialsInUrlError as exc:
+        return str(exc)
+    return None
 
 
 MIN_REDACTABLE_SECRET = 8

@@ -144,6 +144,20 @@ def test_a_secret_in_overrides_is_refused_naming_key_and_the_way_to_give_it() ->
     assert "${VAR}" in problem and "sk-123" not in str(error.value)
 
 
+@pytest.mark.parametrize("token", ["access_token", "X-Amz-Signature", "sig"])
+def test_a_url_with_a_token_in_its_query_in_overrides_is_refused_naming_key_and_the_way_to_give_it(token) -> None:
+    """Overrides are stored with the job (job.json, the flow run's parameters) and a token in a URL's query is a
+    credential (an OAuth token, a signed URL's signature): a service URL given with --set kept it there."""
+    url = f"https://fhir.example/fhir?_format=json&{token}=tok-Sekr3t-in-query"
+    with pytest.raises(ConfigError) as error:
+        refuse_secret_overrides({"services.send.url": url, "retry.max_attempts": "3"}, "--set")
+    (problem,) = error.value.problems
+    assert problem.startswith("services.send.url (in --set): the URL https://fhir.example/fhir carries a token")
+    assert "configuration file" in problem and "APP_SERVICES_SEND_URL" in problem
+    assert "tok-Sekr3t-in-query" not in str(error.value)
+    refuse_secret_overrides({"services.send.url": "https://fhir.example/fhir?_format=json"}, "--set")  # no token
+
+
 # --- 2. a password in a URL -----------------------------------------------------------------------------
 
 
