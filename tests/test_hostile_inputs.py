@@ -177,6 +177,9 @@ def test_a_url_with_a_token_in_its_query_in_overrides_is_refused_naming_key_and_
         ("services.pseudonymizer.url", "services: {pseudonymizer: {url: 'http://r:pw-in-url#x@127.0.0.1:1'}}"),
         ("services.pseudonymizer.url", "services: {pseudonymizer: {url: 'http://r:pw-in-url?x@127.0.0.1:1/p'}}"),
         ("services.pseudonymizer.url", "services: {pseudonymizer: {url: 'r:pw-in-url@localhost:1'}}"),  # no scheme
+        # a slash too few or too many: "is not an http(s) URL with a host" quoted the whole text, password and all
+        ("services.pseudonymizer.url", "services: {pseudonymizer: {url: 'http:/r:pw-in-url@localhost:1'}}"),
+        ("services.send.url", "services: {send: {url: 'https:///r:pw-in-url@fhir/fhir'}}"),
     ],
 )
 def test_a_password_in_a_url_is_refused_without_repeating_it(tmp_path, key, yaml_block) -> None:
@@ -206,7 +209,12 @@ def test_the_url_rule_refuses_user_info_that_urlsplit_does_not_see_and_shows_non
 
 @pytest.mark.parametrize(
     ("url", "shown"),
-    [("//r:pw-in-url@127.0.0.1:1/x.ndjson", "127.0.0.1:1/x.ndjson"), ("//:pw-in-url@h", "h")],
+    [
+        ("//r:pw-in-url@127.0.0.1:1/x.ndjson", "127.0.0.1:1/x.ndjson"),
+        ("//:pw-in-url@h", "h"),
+        ("http:/r:pw-in-url@h/x.ndjson", "http:///h/x.ndjson"),  # a slash too few
+        ("https:///r:pw-in-url@h/x.ndjson", "https:///h/x.ndjson"),  # one too many
+    ],
 )
 def test_a_url_without_its_scheme_is_refused_for_user_info_as_one_with_it(url, shown) -> None:
     """A network-path reference (``//host/path``, RFC 3986 4.2) has its user info after the ``//`` as an http URL

@@ -11,6 +11,7 @@ the URL without its user info. Standard library only: the configuration and the 
 
 from __future__ import annotations
 
+import re
 from urllib.parse import SplitResult, parse_qsl, quote, urlsplit
 
 from tasks.core.errors import DupflowError
@@ -42,6 +43,8 @@ _TOKEN_PARAMETERS = frozenset(
     }
 )
 
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)(:/*)")  # a scheme and its slashes, however many were typed
+
 # Kept as they are in a path: percent escapes stay escaped, so a decoded %0A never breaks a message's line.
 _PATH_SAFE = "/%:@!$&'()*+,=-._~"
 
@@ -68,9 +71,10 @@ def _without_user_info(text: str) -> str:
     is taken as the end of user info too when the location is followed by ``?`` or ``#`` rather than a path, or when
     its port is no number; an ``@`` in a path after a host (``https://h/exports/@latest/``) is none. A URL without
     its scheme (``//user:password@host/path``, a network-path reference, as httpx reads it) has its location after
-    the ``//``."""
-    scheme, separator, rest = text.partition("://")
-    if not separator:
+    the ``//``; one with a slash too few or too many (``http:/user:password@host``, ``https:///…``), after them."""
+    if (typed := _SCHEME.match(text)) is not None:
+        scheme, separator, rest = typed.group(1), typed.group(2), text[typed.end() :]
+    else:
         scheme, separator, rest = ("", "//", text[2:]) if text.startswith("//") else ("", "", text)
     end = min((at for at in map(rest.find, "/?#") if at >= 0), default=len(rest))
     at = rest.rfind("@", 0, end)
