@@ -24,6 +24,7 @@ from config.keys import leaf_paths, secret_key_paths
 from config.loader import cached_settings, effective_config_rows, load_settings, refuse_secret_overrides
 from config.yaml_file import names_secret_blocks
 from config.runtime import job_on_command_line, jobs_dir_of, prefect_api_url
+from config.settings import Settings
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.api_watch import api_watched
 from flows.job_state import JobLock, current_state, current_states, find_job_dir, list_jobs
@@ -195,10 +196,26 @@ def validate_configuration(config_path: str | None, overrides: dict[str, str], l
     (``cached_settings``: same file, same overrides); an invalid configuration is read once more, only to name the
     flag that set a wrong value in the error."""
     try:
-        cached_settings(config_path, overrides)
+        settings = cached_settings(config_path, overrides)
     except ConfigError:
         load_settings(config_path, overrides=overrides, override_labels=labels)
         raise
+    refuse_flags_no_step_reads(settings, labels)
+
+
+FLAG_STEPS = {"dir": "local_import", "anonymization_config": "pseudonymizer"}  # the step that reads each FLAG_KEYS key
+
+
+def refuse_flags_no_step_reads(settings: Settings, labels: dict[str, str]) -> None:
+    """``--dir`` or ``--anonymization-config`` given to a pipeline without the step that reads it: the job would run
+    without a word of it (data sent on with no pseudonymization the flag asked for)."""
+    for attr, step in FLAG_STEPS.items():
+        key, label = FLAG_KEYS[attr], "--" + attr.replace("_", "-")
+        if labels.get(key) == label and not settings.pipeline.has_step(step):
+            raise UsageError(
+                f"{label} sets {key}, but pipeline.enabled_steps has no {step} step, which is what reads it; add "
+                f"{step} to pipeline.enabled_steps, or leave {label} out"
+            )
 
 
 @contextmanager
@@ -220,6 +237,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
         loaded = load_settings(args.config, overrides=overrides, override_labels=labels)
     if problems := step_file_problems(loaded.settings):
         raise ConfigError(problems)
+    refuse_flags_no_step_reads(loaded.settings, labels)
     rows = effective_config_rows(loaded)
     width = max(len(key) for key, _, _ in rows)
     for key, value, source in rows:

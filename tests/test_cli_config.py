@@ -97,6 +97,29 @@ def test_a_missing_anonymization_config_is_refused_before_the_job_exists(write_c
     assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
 
 
+@pytest.mark.parametrize(
+    ("flag", "step"), [("--anonymization-config", "pseudonymizer"), ("--dir", "local_import")], ids=["anon", "dir"]
+)
+def test_a_flag_for_a_step_the_pipeline_does_not_run_is_refused_naming_the_step(
+    write_config, tmp_path, capsys, flag, step
+):
+    """The flag was dropped without a word: a job given --anonymization-config, on a pipeline with no
+    pseudonymizer step, sent its data on unpseudonymized. start and config check refuse it before a job exists."""
+    anonymization = tmp_path / "anonymization.yml"
+    anonymization.write_text("fhirPathRules: []\n")
+    steps, job_input = (
+        (["http_import"], "https://files.example/Patient.ndjson")
+        if flag == "--dir"
+        else (["local_import"], str(tmp_path))
+    )
+    config = write_config({"pipeline": {"enabled_steps": steps}})
+    for command in (["config", "check", str(config)], ["start", str(config), job_input]):
+        assert main([*command, flag, str(anonymization if flag != "--dir" else tmp_path)]) == EXIT_USAGE
+        error = capsys.readouterr().err
+        assert f"pipeline.enabled_steps has no {step} step" in error and f"leave {flag} out" in error, error
+    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
+
+
 def test_files_named_from_the_home_directory_pass_the_check_the_job_would_pass(
     write_config, tmp_path, monkeypatch, capsys
 ):
