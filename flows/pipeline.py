@@ -196,10 +196,21 @@ def run_job_steps(job: Job, card: JobRecordCard) -> Any:
         state = Paused(name=AWAITING_INSPECTION, message=message, data=summary)
         guard_local_pause(job.job_id, str(runtime.flow_run.id))
     else:
-        state = Completed(message=f"outputs in {summary['output_dir']}", data=summary)
+        state = Completed(message=completed_message(job.settings, last, summary["output_dir"]), data=summary)
     record_state(job.paths.job_dir, state.name, state.message or "")
     card.refresh()
     return state
+
+
+def completed_message(settings: Settings, last: StepResult, output_dir: str) -> str:
+    """Where a completed job's data went: a send's destination (its folder is the data it read), else the folder of
+    the last step's files."""
+    if last.step != "send":
+        return f"outputs in {output_dir}"
+    send = settings.services.send
+    where = f"S3 bucket {send.s3.bucket}" if send.send_as == "s3_upload" else shown_url(send.url or "")
+    sent = counted(last.summary["files_sent"], "file")
+    return f"sent {sent} ({send.send_as}) to {where}; the data sent are in {output_dir}"
 
 
 def close_earlier_flow_run(job: Job, flow_run_id: str) -> None:

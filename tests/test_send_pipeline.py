@@ -69,8 +69,11 @@ def test_direct_load_from_local_import_stores_every_resource_once(sekmet, tmp_pa
     resources = generated(40, f"e2e-{uuid.uuid4().hex[:8]}")
     write_ndjson(tmp_path / "in" / "batch-1.ndjson", resources, zstd=zstd)
     config = write_config(send_config(tmp_path, ["local_import", "send"], direct(sekmet), compress=zstd))
-    start(config, tmp_path)
+    job_dir = start(config, tmp_path)
     stored_as_sent(sekmet, resources)
+    # The job's last words name where the data went, not the import folder as the job's "outputs".
+    sent_to = f"sent 1 file (direct_resource_load) to {sekmet.url}; the data sent are in {job_dir / 'import'}"
+    assert job_file(job_dir)["state_message"] == sent_to
 
 
 def test_direct_load_after_the_pseudonymizer_stores_what_the_service_made(

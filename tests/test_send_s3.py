@@ -109,11 +109,13 @@ def test_local_import_then_s3_upload_puts_every_file_once_through_the_proxy(
 
     job_dir = only_job_dir(tmp_path / "jobs")
     assert job_file(job_dir)["state"] == "Completed"
+    said = f"sent 2 files (s3_upload) to S3 bucket {bucket}; the data sent are in {job_dir / 'import'}"
+    out = capsys.readouterr()
+    assert job_file(job_dir)["state_message"] == said and said in out.out
     suffix = ".ndjson.zst" if compression else ".ndjson"
     assert all(o.key.endswith(suffix) for o in listing(store, bucket)) and len(listing(store, bucket)) == 2
     assert_bucket_matches_folder(store, bucket, job_dir, "import")
     assert proxy.state.requests and all(r.authorized for r in proxy.state.requests)
-    out = capsys.readouterr()
     assert_no_secret_under(tmp_path / "jobs", out.out, out.err)
 
 
