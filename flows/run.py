@@ -71,7 +71,14 @@ START_EXAMPLES = f"""examples, by the configuration's first step:
     {CLI} start job.yaml DATA
   http_import of one NDJSON file:
     {CLI} start job.yaml https://host/Patient.ndjson"""
-FLAG_KEYS = {"dir": "services.local_import.dir", "anonymization_config": "services.pseudonymizer.anonymization_config"}
+FLAG_KEYS = {  # a flag (its argparse attribute): the key it sets, and the step that reads that key
+    "dir": ("services.local_import.dir", "local_import"),
+    "anonymization_config": ("services.pseudonymizer.anonymization_config", "pseudonymizer"),
+}
+
+
+def flag_label(attr: str) -> str:
+    return "--" + attr.replace("_", "-")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -184,10 +191,10 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
         overrides[key.strip()] = value
         labels[key.strip()] = f"--set {key.strip()}"
     refuse_secret_overrides(overrides, "--set")
-    for attr, key in FLAG_KEYS.items():
+    for attr, (key, _) in FLAG_KEYS.items():
         if (value := getattr(args, attr, None)) is not None:
             overrides[key] = value
-            labels[key] = "--" + attr.replace("_", "-")
+            labels[key] = flag_label(attr)
     return overrides, labels
 
 
@@ -203,15 +210,11 @@ def validate_configuration(config_path: str | None, overrides: dict[str, str], l
     refuse_flags_no_step_reads(settings, labels)
 
 
-FLAG_STEPS = {"dir": "local_import", "anonymization_config": "pseudonymizer"}  # the step that reads each FLAG_KEYS key
-
-
 def refuse_flags_no_step_reads(settings: Settings, labels: dict[str, str]) -> None:
     """``--dir`` or ``--anonymization-config`` given to a pipeline without the step that reads it: the job would run
     without a word of it (data sent on with no pseudonymization the flag asked for)."""
-    for attr, step in FLAG_STEPS.items():
-        key, label = FLAG_KEYS[attr], "--" + attr.replace("_", "-")
-        if labels.get(key) == label and not settings.pipeline.has_step(step):
+    for attr, (key, step) in FLAG_KEYS.items():
+        if labels.get(key) == (label := flag_label(attr)) and not settings.pipeline.has_step(step):
             raise UsageError(
                 f"{label} sets {key}, but pipeline.enabled_steps has no {step} step, which is what reads it; add "
                 f"{step} to pipeline.enabled_steps, or leave {label} out"
