@@ -31,6 +31,7 @@ from prefect.utilities.schema_tools import validate as validate_schema
 from flows.gates import InspectionInput
 from flows.prefect_server import (
     LOG_FILE,
+    PORT_ATTEMPTS,
     PORT_SEARCH,
     STATE_FILE,
     ServerStartError,
@@ -123,8 +124,13 @@ def test_a_taken_port_moves_the_server_to_the_next_free_one_said_in_one_line(own
     moved = urlsplit(url).port
     assert port < moved < port + PORT_SEARCH
     assert read_record(own_home).port == moved and servers_of(own_home) == [read_record(own_home).pid]
+    # one line per start; a second when the next port was taken too before the server bound it (CI saw a client
+    # connection of another test hold it: these ports are in the machine's ephemeral range)
     said = [line for line in capsys.readouterr().err.splitlines() if str(port) in line]
-    assert len(said) == 1 and "taken" in said[0] and url.removesuffix("/api") in said[0], said
+    assert 1 <= len(said) <= PORT_ATTEMPTS, said
+    assert all(line.startswith("starting a local Prefect server on") for line in said), said
+    assert all(f"port {port} is taken" in line for line in said), said
+    assert url.removesuffix("/api") in said[-1], said
 
 
 @pytest.mark.slow
