@@ -4,7 +4,8 @@ Without ``--yes`` it only lists what it would remove (job, state, last change, s
 ``--yes`` each job is removed under its lock (one a process took, or whose record changed since it was listed, is
 skipped): first its flow runs (tags ``job-<id>`` and the directory's ``dir-<digest>``) and their artifacts, then its
 directory, so an interrupted prune can be run again. A copy of a job directory prunes only its own records; a job
-whose flow run is running, or paused without its state named, stays.
+whose flow run is running, or paused without its state named, stays. A job that ended before its extraction did is
+noted with the command that cancels that extraction (nothing names it once the directory is gone).
 
 Which jobs: the finished ones, or the states ``--state`` names (AwaitingInspection or Suspended only by name, a
 running job never); ``--older-than`` keeps jobs changed more recently. Only directories named by a job id are jobs;
@@ -36,12 +37,21 @@ from config.settings import RetrySettings
 from tasks.clients.auth import AS_SENT
 from tasks.clients.bounds import read_response
 from tasks.clients.errors import ServiceError, raise_for_service_status
+from tasks.clients.extraction_jobs import UNFINISHED_STATUSES
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import UsageError
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_tag
-from tasks.core.readable import CLI, size_text
+from tasks.core.readable import CLI, plain_text, size_text
 from tasks.core.url_credentials import shown_url
-from tasks.job.record import AWAITING_INSPECTION, FINAL_STATES, RUNNING, SUSPENDED, RecordError, read_record
+from tasks.job.record import (
+    AWAITING_INSPECTION,
+    FINAL_STATES,
+    RUNNING,
+    SUSPENDED,
+    JobRecord,
+    RecordError,
+    read_record,
+)
 
 EXIT_OK, EXIT_FAILED = 0, 1
 NAMED_ONLY_STATES = (AWAITING_INSPECTION, SUSPENDED)  # a person still has to look at these: removed only by name
@@ -93,6 +103,7 @@ class Candidate:
     size: int
     flow_run_ids: list[str] = field(default_factory=list)
     artifact_ids: list[str] = field(default_factory=list)
+    left_running: str | None = None  # what the job may have left running on the extraction server
 
     @property
     def job_id(self) -> str:
@@ -159,8 +170,30 @@ def select_jobs(
                 selection.protected.append((entry.name, why))
                 continue
             run_ids = [run["id"] for run in runs]
-            selection.chosen.append(Candidate(paths, state, job.updated_at, size_on_disk(entry), run_ids, artifacts))
+            candidate = Candidate(paths, state, job.updated_at, size_on_disk(entry), run_ids, artifacts)
+            candidate.left_running = unfollowed_extraction(job)
+            selection.chosen.append(candidate)
     return selection
+
+
+def unfollowed_extraction(job: JobRecord) -> str | None:
+    """The extraction a job ended without following to its end, with how to cancel it: it may still run on the
+    extraction server, and once the job's directory is gone nothing names it any more."""
+    if "extractor" not in job.enabled_steps or any(step.step == "extractor" for step in job.steps.values()):
+        return None
+    config = shlex.quote(job.config_path) if job.config_path else "CONFIG"
+    if extraction := job.facts.get("extraction_job_id"):
+        extraction = shlex.quote(plain_text(str(extraction)))
+        return (
+            f"its extraction job {extraction} may still run on the extraction server; to cancel it: "
+            f"{CLI} extraction cancel {config} {extraction}"
+        )
+    if job.facts.get("extraction_submission"):
+        return (
+            "an extraction it submitted may run on the extraction server, named nowhere; look for it with: "
+            f"{CLI} extraction list {config} --status {','.join(UNFINISHED_STATUSES)}"
+        )
+    return None
 
 
 def job_entries(jobs_dir: Path) -> Iterator[tuple[Path, str | None]]:
@@ -285,6 +318,9 @@ def print_selection(selection: Selection, jobs_dir: Path, api_url: str | None) -
             f"{job.job_id}  {job.state:<18}  {age(job.changed_at):>9}  {size_text(job.size):>10}  "
             f"{len(job.flow_run_ids):>9}  {len(job.artifact_ids):>9}"
         )
+    for job in selection.chosen:
+        if job.left_running:
+            print(f"note {job.job_id}: {job.left_running}")
     for name, why in selection.protected:
         print(f"kept {name}: {why}")
     if selection.not_matching:
@@ -353,6 +389,8 @@ def remove_jobs(chosen: list[Candidate], jobs_dir: Path, client: httpx.Client | 
         else:
             removed += 1
             print(f"removed {job.job_id} ({len(job.flow_run_ids)} flow run(s), {len(job.artifact_ids)} artifact(s))")
+            if job.left_running:
+                print(f"  {job.left_running}")
     print(f"removed {removed} of {len(chosen)} job(s)")
     return EXIT_FAILED if failed else EXIT_OK
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import shlex
 import signal
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 from flows.extraction_cli import service_failure_text
 from flows.run import main
 from tasks.clients.bounds import Deadline, answer_too_large
-from tasks.job.record import read_facts, record_facts
+from tasks.job.record import JobRecord, changing_record, read_facts, record_facts
 from tests.conftest import TESTDATA
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
@@ -32,6 +33,7 @@ CRTDL = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
 CONSENT_CRTDL = TESTDATA / "crtdl" / "CRTDL_test_consent-ext.json"
 PASSWORD = "cli-basic-pw-4711"
 API_KEY = "cli-api-key-0815"
+LONG_AGO = "2026-01-01T00:00:00+00:00"
 
 
 @pytest.fixture
@@ -291,6 +293,37 @@ def test_cancelling_a_cancelled_job_says_it_already_is(capsys, torch, clock, con
     code, out, _ = cli(capsys, "extraction", "cancel", str(config), job_id)
 
     assert (code, out.strip()) == (0, f"extraction job {job_id}: already cancelled (status CANCELLED)")
+
+
+def recorded_failed_job(jobs_dir: Path, job_id: str, config: Path, **facts) -> None:
+    record = JobRecord(job_id=job_id, config_path=str(config), enabled_steps=["extractor", "send"], state="Failed")
+    with changing_record(jobs_dir / job_id, new=record) as job:
+        job.facts.update(facts)
+
+
+def test_prune_names_the_extraction_a_removed_job_left_running_with_a_command_that_cancels_it(
+    capsys, tmp_path, torch, clock, config, monkeypatch
+):
+    """Once a Failed job's directory is pruned nothing names its extraction, which may still run on the server."""
+    monkeypatch.setenv("PREFECT_API_URL", "")  # no Prefect server: only the directories
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "empty-home"))
+    extraction, jobs = submit(torch), tmp_path / "jobs"
+    clock.tick(0.11)
+    left, in_doubt = "00000000-0000-4000-8000-000000000021", "00000000-0000-4000-8000-000000000022"
+    recorded_failed_job(jobs, left, config, extraction_job_id=extraction)
+    recorded_failed_job(jobs, in_doubt, config, extraction_submission={"generation": 1, "started_at": LONG_AGO})
+
+    code, listed, _ = cli(capsys, "prune", "--jobs-dir", str(jobs))
+    code_yes, removed, _ = cli(capsys, "prune", "--jobs-dir", str(jobs), "--yes")
+
+    assert (code, code_yes) == (0, 0) and not (jobs / left).exists() and status_of(torch, extraction) != JobStatus.CANCELLED
+    assert f"note {left}: its extraction job {extraction} may still run" in listed
+    assert f"note {in_doubt}: an extraction it submitted may run on the extraction server, named nowhere" in listed
+    assert "extraction list" in listed and "--status PENDING,RUNNING_GET_COHORT" in listed
+    command = removed.split("to cancel it: ", 1)[1].splitlines()[0]
+    argv = shlex.split(command)
+    assert cli(capsys, *argv[argv.index("flows.run") + 1 :])[0] == 0
+    assert status_of(torch, extraction) == JobStatus.CANCELLED
 
 
 # --- priority -----------------------------------------------------------------------------------------------------

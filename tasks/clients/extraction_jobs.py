@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("dupflow.extractor")
 
 RUNNING_STATUSES = ("RUNNING_GET_COHORT", "RUNNING_PROCESS_BATCH", "RUNNING_PROCESS_CORE")
-JOB_STATUSES = ("PENDING", *RUNNING_STATUSES, "PAUSED", "TEMP_FAILED", "COMPLETED", "FAILED", "CANCELLED")
+UNFINISHED_STATUSES = ("PENDING", *RUNNING_STATUSES, "PAUSED", "TEMP_FAILED")
+JOB_STATUSES = (*UNFINISHED_STATUSES, "COMPLETED", "FAILED", "CANCELLED")
 HIGH_TASK_PRIORITIES = frozenset({"asap", "stat", "urgent"})
 TASK_PRIORITY_FOR = {"high": "asap", "normal": "routine"}
 # A stale If-Match answers 409 in the spec and 412 on the real server: the version moved on, read it again.
