@@ -170,8 +170,8 @@ def select_jobs(
                 selection.protected.append((entry.name, why))
                 continue
             run_ids = [run["id"] for run in runs]
-            candidate = Candidate(paths, state, job.updated_at, size_on_disk(entry), run_ids, artifacts)
-            candidate.left_running = unfollowed_extraction(job)
+            left_running = unfollowed_extraction(job)
+            candidate = Candidate(paths, state, job.updated_at, size_on_disk(entry), run_ids, artifacts, left_running)
             selection.chosen.append(candidate)
     return selection
 
@@ -184,8 +184,9 @@ def unfollowed_extraction(job: JobRecord) -> str | None:
     config = shlex.quote(job.config_path) if job.config_path else "CONFIG"
     if extraction := job.facts.get("extraction_job_id"):
         extraction = shlex.quote(plain_text(str(extraction)))
+        where = shown_url(plain_text(str(job.facts.get("extraction_status_url") or "the extraction server")))
         return (
-            f"its extraction job {extraction} may still run on the extraction server; to cancel it: "
+            f"its extraction job {extraction} may still run ({where}); to cancel it: "
             f"{CLI} extraction cancel {config} {extraction}"
         )
     if job.facts.get("extraction_submission"):

@@ -310,14 +310,16 @@ def test_prune_names_the_extraction_a_removed_job_left_running_with_a_command_th
     extraction, jobs = submit(torch), tmp_path / "jobs"
     clock.tick(0.11)
     left, in_doubt = "00000000-0000-4000-8000-000000000021", "00000000-0000-4000-8000-000000000022"
-    recorded_failed_job(jobs, left, config, extraction_job_id=extraction)
+    status_url = f"{torch.base_url}/fhir/__status/{extraction}"
+    recorded_failed_job(jobs, left, config, extraction_job_id=extraction, extraction_status_url=status_url)
     recorded_failed_job(jobs, in_doubt, config, extraction_submission={"generation": 1, "started_at": LONG_AGO})
 
     code, listed, _ = cli(capsys, "prune", "--jobs-dir", str(jobs))
     code_yes, removed, _ = cli(capsys, "prune", "--jobs-dir", str(jobs), "--yes")
 
-    assert (code, code_yes) == (0, 0) and not (jobs / left).exists() and status_of(torch, extraction) != JobStatus.CANCELLED
-    assert f"note {left}: its extraction job {extraction} may still run" in listed
+    assert (code, code_yes) == (0, 0) and not (jobs / left).exists()
+    assert status_of(torch, extraction) != JobStatus.CANCELLED  # prune itself cancels nothing
+    assert f"note {left}: its extraction job {extraction} may still run ({status_url}); to cancel it: " in listed
     assert f"note {in_doubt}: an extraction it submitted may run on the extraction server, named nowhere" in listed
     assert "extraction list" in listed and "--status PENDING,RUNNING_GET_COHORT" in listed
     command = removed.split("to cancel it: ", 1)[1].splitlines()[0]
