@@ -217,6 +217,13 @@ def _send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]:
     return _s3_send_problems(send, info)
 
 
+PROXY_AUTH_WITHOUT_ENDPOINT = (
+    "carries the Basic Auth of a proxy that services.send.s3.endpoint names, but the endpoint is not set, so every "
+    "request would go to AWS itself with the proxy's password in it; set the proxy's address as "
+    "services.send.s3.endpoint, or remove username and password from services.send.auth"
+)
+
+
 def _s3_send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]:
     problems = [
         _required(f"services.send.s3.{key}", "for send_as s3_upload")
@@ -230,6 +237,8 @@ def _s3_send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]
             "services.send.s3.access_key_id/secret_access_key)"
         )
         problems.append(("services.send.auth", message))
+    elif send.auth.uses_basic and send.s3.endpoint is None:
+        problems.append(("services.send.auth", PROXY_AUTH_WITHOUT_ENDPOINT))
     if send.auth.api_key is not None:
         emit_warning(info, "services.send.auth.api_key is ignored with send_as s3_upload; remove it")
     if send.url is not None:

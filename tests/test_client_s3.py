@@ -384,20 +384,36 @@ def test_a_proxy_password_beyond_latin_1_is_sent_as_utf_8_like_every_basic_auth(
     assert listing(store, bucket) == [uploaded]
 
 
-@pytest.mark.parametrize("endpoint", ["https://s3.example.org", None], ids=["endpoint", "aws"])
-def test_proxy_auth_that_would_travel_inside_a_forward_proxy_s_tunnel_is_refused(monkeypatch, tmp_path, endpoint):
+def test_proxy_auth_that_would_travel_inside_a_forward_proxy_s_tunnel_is_refused(monkeypatch, tmp_path):
     """HTTPS_PROXY tunnels an https endpoint (CONNECT, without the header): the header went on to the store."""
     monkeypatch.setenv("HTTPS_PROXY", "http://egress.example:3128")
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
-    config = send_config(endpoint or "https://unused.example", "b")
-    config["s3"]["endpoint"] = endpoint
+    config = send_config("https://s3.example.org", "b")
     with pytest.raises(ServiceError) as refused:
         S3Uploader(SendSettings(**config), TLS, RETRY, tmp_path / "m.json")
     assert "HTTPS_PROXY routes that https endpoint through a forward proxy" in str(refused.value)
     assert not refused.value.transient and PROXY_PASSWORD not in str(refused.value)
-    monkeypatch.setenv("NO_PROXY", "s3.example.org,amazonaws.com")  # exempted: the endpoint is the proxy
+    monkeypatch.setenv("NO_PROXY", "s3.example.org")  # exempted: the endpoint is the proxy
     S3Uploader(SendSettings(**config), TLS, RETRY, tmp_path / "m.json").close()
+
+
+@pytest.mark.parametrize("https_proxy", ["http://egress.example:3128", None], ids=["forward-proxy", "none"])
+def test_proxy_auth_without_an_endpoint_is_refused_as_aws_itself_would_get_it(monkeypatch, tmp_path, https_proxy):
+    """No endpoint: every request goes to AWS, and the proxy's password in its header with it (settings made
+    otherwise than by the configuration's loader, which refuses the same)."""
+    for name in ("HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    if https_proxy:
+        monkeypatch.setenv("HTTPS_PROXY", https_proxy)
+    config = send_config("https://unused.example", "b")
+    config["s3"]["endpoint"] = None
+    with pytest.raises(ServiceError) as refused:
+        S3Uploader(SendSettings(**config), TLS, RETRY, tmp_path / "m.json")
+    assert "services.send.auth carries the Basic Auth of a proxy that services.send.s3.endpoint names" in str(
+        refused.value
+    )
+    assert not refused.value.transient and PROXY_PASSWORD not in str(refused.value)
 
 
 def test_a_wrong_proxy_password_is_a_terminal_error_naming_the_auth_keys(proxy, bucket, tmp_path):

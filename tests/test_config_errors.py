@@ -437,12 +437,23 @@ def test_s3_upload_rejects_oauth_proxy_auth(tmp_path: Path) -> None:
 def test_s3_upload_accepts_basic_proxy_auth_and_ignores_api_key_with_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = {**SEND_STEPS, **services(send={**S3_SEND, "auth": {**BASIC, "api_key": "k"}})}
+    s3 = {**S3_SEND["s3"], "endpoint": "http://s3-proxy.example:3128"}
+    config = {**SEND_STEPS, **services(send={**S3_SEND, "s3": s3, "auth": {**BASIC, "api_key": "k"}})}
     with caplog.at_level(logging.WARNING, logger="dupflow.config"):
         loaded = load_settings(_write(tmp_path, config), env={})
     assert loaded.settings.services.send.auth.uses_basic
     assert any("services.send.auth.api_key is ignored" in w for w in loaded.warnings)
     assert any("services.send.auth.api_key is ignored" in r.getMessage() for r in caplog.records)
+
+
+def test_s3_upload_refuses_proxy_auth_without_an_endpoint_as_aws_would_get_the_password(tmp_path: Path) -> None:
+    config = {**SEND_STEPS, **services(send={**S3_SEND, "auth": BASIC})}
+    with pytest.raises(ConfigError) as caught:
+        load_settings(_write(tmp_path, config), env={})
+    message = str(caught.value)
+    assert "services.send.auth: carries the Basic Auth of a proxy that services.send.s3.endpoint names" in message
+    assert "set the proxy's address as services.send.s3.endpoint, or remove username and password" in message
+    assert BASIC["password"] not in message
 
 
 def test_authorization_header_is_allowed_for_a_static_token_alone(tmp_path: Path) -> None:

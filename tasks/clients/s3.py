@@ -43,6 +43,7 @@ from botocore.exceptions import ConnectionError as BotoConnectionError
 from botocore.utils import get_environ_proxies
 from s3transfer.utils import ChunksizeAdjuster
 
+from config.settings import PROXY_AUTH_WITHOUT_ENDPOINT
 from tasks.clients.http import INSECURE_WARNING, trusted_context
 from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, is_transient_status, truncate
 from tasks.core.jsonfile import JsonFileError, read_settings_file
@@ -78,7 +79,7 @@ def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings) -
             ),
         )
     if proxy_auth := send.auth.uses_basic:
-        refuse_proxy_auth_through_a_tunnel(send)
+        refuse_proxy_auth_beyond_the_proxy(send)
         client.meta.events.register(
             "before-send.s3", ProxyAuthorization(send.auth.username, send.auth.password.get_secret_value())
         )
@@ -89,12 +90,15 @@ def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings) -
     return client
 
 
-def refuse_proxy_auth_through_a_tunnel(send: SendSettings) -> None:
-    """The proxy's Basic credentials go in a header of every request, for a proxy that the endpoint is (spec). Where
-    an environment proxy (HTTPS_PROXY) carries an https endpoint, botocore tunnels through it (CONNECT, without that
-    header) and the header would travel inside the TLS tunnel to the store: a password sent where it was not meant
-    to go. Refused before any request."""
-    endpoint = send.s3.endpoint or f"https://s3.{send.s3.region}.amazonaws.com"
+def refuse_proxy_auth_beyond_the_proxy(send: SendSettings) -> None:
+    """The proxy's Basic credentials go in a header of every request, for a proxy that the endpoint is (spec).
+    Without an endpoint every request goes to AWS itself; where an environment proxy (HTTPS_PROXY) carries an https
+    endpoint, botocore tunnels through it (CONNECT, without that header) and the header would travel inside the TLS
+    tunnel to the store: either way a password sent where it was not meant to go. Refused before any request (the
+    configuration refuses the first already; this door holds for settings made otherwise)."""
+    if (endpoint := send.s3.endpoint) is None:
+        message = f"services.send.auth {PROXY_AUTH_WITHOUT_ENDPOINT}"
+        raise ServiceError("connect to S3", None, message, transient=False, service=SERVICE)
     if endpoint.lower().startswith("https:") and get_environ_proxies(endpoint).get("https"):
         message = (
             "services.send.auth (the proxy's Basic Auth) is sent in a header of each request to "
