@@ -59,6 +59,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("dupflow.clients")
 
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 10.0
+COMPATIBLE_CHECKSUMS = {
+    "request_checksum_calculation": "when_required",
+    "response_checksum_validation": "when_required",
+}
+"""For a store at ``s3.endpoint``: boto3 (since 1.36) adds CRC32 checksums to every upload, which S3-compatible stores
+without them (older MinIO and Ceph, many appliances) refuse; only operations that require one send it. Without a
+checksum botocore signs the payload's SHA-256 (SigV4), so the store still checks every byte."""
 
 
 def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings) -> Any:
@@ -78,6 +85,7 @@ def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings) -
                 connect_timeout=min(DEFAULT_CONNECT_TIMEOUT_SECONDS, timeout),
                 read_timeout=timeout,
                 retries={"mode": "standard", "total_max_attempts": retry.max_attempts},
+                **(COMPATIBLE_CHECKSUMS if s3.endpoint else {}),
             ),
         )
     if proxy_auth := send.auth.uses_basic:
