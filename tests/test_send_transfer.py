@@ -19,6 +19,7 @@ import orjson
 import pytest
 import zstandard
 
+from tasks.clients.errors import ServiceError
 from tasks.clients.fhir_server import FhirServer
 from tasks.clients.transfer import (
     PROJECT_IDENTIFIER_SYSTEM,
@@ -180,3 +181,35 @@ def test_the_streamed_body_is_the_binary_json(tmp_path):
     with zipfile.ZipFile(io.BytesIO(base64.b64decode(binary["data"]))) as archive:
         assert archive.namelist() == ["core.ndjson"]
         assert archive.read("core.ndjson") == plain_content(source)
+
+
+@pytest.mark.parametrize(
+    ("fault", "status", "fix"),
+    [
+        ("echo", 401, "check services.send.auth"),
+        ("echo", 403, "check services.send.auth and the server's access rules"),
+        ("body_limit", 413, "raise the body limit of the server (or of a proxy before it"),
+    ],
+    ids=["401", "403", "413"],
+)
+def test_a_refused_binary_says_the_key_or_the_fix_as_a_refused_transaction_does(tmp_path, fault, status, fix):
+    """A transaction refused with 401/403/413 named services.send.auth or the fix; the same refusal of a Binary said
+    only "HTTP 403 Forbidden" (or the server's own words), the key nowhere."""
+    source = input_folder(tmp_path / "in")[2]
+    fake = start_fhir_fake()
+    try:
+        if fault == "echo":
+            fake.state.echo_credentials, fake.state.echo_status = "text", status
+        else:
+            fake.state.max_body_bytes = 1000
+        settings = settings_for(fake.base_url)
+        with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
+            with pytest.raises(ServiceError) as raised:
+                send_binary(server, source, "bin-1", tmp_path / "send")
+    finally:
+        fake.stop()
+
+    message = str(raised.value)
+    assert f"PUT Binary/bin-1 failed with HTTP {status}" in message
+    assert fix in message
+    assert raised.value.status_code == status and not raised.value.transient

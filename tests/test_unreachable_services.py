@@ -19,6 +19,7 @@ from tasks.clients.extraction_jobs import ExtractionTaskClient
 from tasks.clients.extraction_server import ExtractionServerClient
 from tasks.clients.fhir_server import FhirServer
 from tasks.clients.http import ServiceClient, ServiceEndpoint
+from tasks.clients.s3 import S3Uploader
 from tasks.clients.transfer import send_binary
 from tasks.flattening import flattening
 from tasks.pseudonymizer import pseudonymize_with_service
@@ -104,6 +105,24 @@ def test_direct_resource_load_and_transfer_load_name_services_send_url(dead, tmp
 
     for raised in (transaction, binary):
         assert nothing_answers(dead, "services.send.url") in str(raised.value)
+
+
+def test_s3_upload_names_services_send_s3_endpoint(dead, tmp_path):
+    """s3_upload to an endpoint where nothing listens said only botocore's "Could not connect to the endpoint URL",
+    naming no key (and no --set line in the failure summary)."""
+    s3 = {"bucket": "research", "region": "eu-central-1", "access_key_id": "AKIDX", "secret_access_key": "s3-secret"}
+    send = settings(["local_import", "send"], send={"send_as": "s3_upload", "s3": {**s3, "endpoint": dead}})
+    uploader = S3Uploader(send.services.send, TLS, ONE_ATTEMPT, tmp_path / "s3-manifest.json")
+    try:
+        with pytest.raises(ServiceError) as raised:
+            uploader.upload(patients(tmp_path), "job-1/Patient.ndjson")
+    finally:
+        uploader.close()
+
+    message = str(raised.value)
+    assert nothing_answers(dead, "services.send.s3.endpoint") in message
+    assert setting_named_in(message) == "services.send.s3.endpoint"
+    assert raised.value.transient and "s3-secret" not in message
 
 
 def test_the_extraction_kick_off_and_the_task_api_name_services_extractor_base_url(dead):

@@ -54,6 +54,14 @@ RETURN_MINIMAL = {"Prefer": "return=minimal"}
 """Asked of a transaction: only each entry's status is read, and a server that sends every resource back by default
 answers with as many bytes as it was sent (a batch of large resources then passed ``MAX_ANSWER_BYTES``: refused
 after the server had applied it, again on every ``continue``)."""
+PUT_HINTS = {  # what a refused PUT (transfer_load's Binary and DocumentReference) asks of the user
+    401: "; the server did not accept the credentials: check services.send.auth",
+    403: "; the credentials may not write there: check services.send.auth and the server's access rules",
+    413: (
+        "; the resource is larger than the server accepts: raise the body limit of the server (or of a proxy before "
+        "it, such as nginx's client_max_body_size)"
+    ),
+}
 _ENTRY_NUMBER = re.compile(r"\bentry\s*\[?\s*(\d+)", re.IGNORECASE)
 
 
@@ -116,7 +124,8 @@ class FhirServer(Closing):
         is not read: a server may send a large Binary back, and only the status matters."""
         size = len(body) if isinstance(body, bytes) else length
         operation = f"PUT {resource_type}/{resource_id}"
-        self._call("PUT", f"/fhir/{resource_type}/{resource_id}", operation, body, size, read_answer=False)
+        path = f"/fhir/{resource_type}/{resource_id}"
+        self._call("PUT", path, operation, body, size, read_answer=False, rejection=refused_put)
 
     def get(self, path: str, **params: str) -> dict:
         """GET a resource or a search under ``{url}/fhir`` (used to read back what was sent)."""
@@ -179,6 +188,20 @@ class Answer:
 
     response: httpx.Response
     body: bytes
+
+
+def refused_put(answer: Answer, error: ServiceError) -> ServiceError:
+    """A PUT's 4xx/5xx, with what the user can do about it for the refusals ``PUT_HINTS`` knows."""
+    if (hint := PUT_HINTS.get(error.status_code or 0)) is None:
+        return error
+    return ServiceError(
+        error.operation,
+        error.status_code,
+        error.message + hint,
+        transient=error.transient,
+        service=error.service,
+        retry_after=error.retry_after,
+    )
 
 
 def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionRejected:

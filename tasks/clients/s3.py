@@ -32,13 +32,15 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import boto3
 import certifi
 from boto3.exceptions import S3UploadFailedError
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, SSLError
+from botocore.exceptions import BotoCoreError, ClientError, ConnectTimeoutError, EndpointConnectionError
+from botocore.exceptions import HTTPClientError, SSLError
 from botocore.exceptions import ConnectionError as BotoConnectionError
 from botocore.utils import get_environ_proxies
 from s3transfer.utils import ChunksizeAdjuster
@@ -48,6 +50,7 @@ from tasks.clients.http import INSECURE_WARNING, trusted_context
 from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, is_transient_status, truncate
 from tasks.core.jsonfile import JsonFileError, read_settings_file
 from tasks.core.redaction import RedactingFilter
+from tasks.core.url_credentials import shown_url
 from tasks.streams.files import write_file_atomically
 
 if TYPE_CHECKING:
@@ -57,6 +60,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("dupflow.clients")
 
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 10.0
+COMPATIBLE_CHECKSUMS = {
+    "request_checksum_calculation": "when_required",
+    "response_checksum_validation": "when_required",
+}
+"""For a store at ``s3.endpoint``: boto3 (since 1.36) adds CRC32 checksums to every upload, which S3-compatible stores
+without them (older MinIO and Ceph, many appliances) refuse; only operations that require one send it. Without a
+checksum botocore signs the payload's SHA-256 (SigV4), so the store still checks every byte."""
 
 
 def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings) -> Any:
@@ -76,6 +86,7 @@ def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings) -
                 connect_timeout=min(DEFAULT_CONNECT_TIMEOUT_SECONDS, timeout),
                 read_timeout=timeout,
                 retries={"mode": "standard", "total_max_attempts": retry.max_attempts},
+                **(COMPATIBLE_CHECKSUMS if s3.endpoint else {}),
             ),
         )
     if proxy_auth := send.auth.uses_basic:
@@ -186,6 +197,7 @@ def _combined_ca_bundle(ca_cert_path: str | None, system_bundle: str | None) -> 
 
 
 SERVICE = "s3"
+ENDPOINT_SETTING = "services.send.s3.endpoint"
 MANIFEST_VERSION = 1
 HIDDEN = "<hidden>"
 MB = 1024 * 1024
@@ -438,11 +450,24 @@ def service_error(operation: str, exc: BaseException, *, bucket: str | None, sec
     else:
         status = None
         transient = isinstance(exc, HTTPClientError | BotoConnectionError) and not isinstance(exc, SSLError)
-        message = f"{'network error: ' if transient else ''}{type(exc).__name__}: {exc}"
+        message = f"{'network error: ' if transient else ''}{type(exc).__name__}: {exc}{nothing_answers(exc)}"
     for secret in secrets:
         message = message.replace(secret, HIDDEN)
     message = truncate(message, MAX_MESSAGE_CHARS)
     return ServiceError(operation, status, message, transient=transient, service=SERVICE)
+
+
+def nothing_answers(exc: BaseException) -> str:
+    """``; nothing answers at <origin>: …`` naming ``services.send.s3.endpoint`` (as the HTTP clients name their
+    service's URL key), for a connection to the store that could not be made (refused, name not resolved, connect
+    timeout); "" otherwise. The default endpoint (none configured) is AWS's, reached by region."""
+    if not isinstance(exc, EndpointConnectionError | ConnectTimeoutError):
+        return ""
+    url = urlsplit(str(exc.kwargs.get("endpoint_url", "")))
+    origin = shown_url(f"{url.scheme}://{url.netloc}")
+    if url.hostname and url.hostname.endswith(".amazonaws.com"):
+        return f"; nothing answers at {origin}: is the network open to it, and are {ENDPOINT_SETTING} and region right?"
+    return f"; nothing answers at {origin}: is the service running there, and is {ENDPOINT_SETTING} right?"
 
 
 def _status_of(exc: ClientError) -> int | None:

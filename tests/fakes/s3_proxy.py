@@ -18,7 +18,11 @@ authorized. Fault switches:
   the client never hears of it); each name is consumed once;
 - ``hold_answers``: operation names whose requests are forwarded to the store, which applies them, and whose answers
   are then held until ``release`` is set; ``answer_held`` is set when the first is held, so a test can kill the
-  client after the store did the work and before it heard of it.
+  client after the store did the work and before it heard of it;
+- ``refuse_checksums``: a request carrying the flexible checksums boto3 adds by default since 1.36
+  (``x-amz-checksum-*``, ``x-amz-sdk-checksum-algorithm``, an ``aws-chunked`` body with a trailer) is answered
+  ``501 NotImplemented``, as S3-compatible stores answer functionality they lack (MinIO's "A header you provided
+  implies functionality that is not implemented"), and is never forwarded.
 
     with start_s3_proxy(moto_url, username="proxy-user", password="…") as proxy: ...
 """
@@ -42,6 +46,10 @@ from tests.fakes.echo import HOP_BY_HOP, Reply
 
 CHUNK = 1024 * 1024
 HOLD_TIMEOUT_SECONDS = 60
+NOT_IMPLEMENTED = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>NotImplemented</Code><Message>A header you provided implies '
+    b"functionality that is not implemented</Message></Error>"
+)
 NOT_FORWARDED = HOP_BY_HOP | {"proxy-authorization", "content-length", "expect", "host"}
 
 
@@ -64,6 +72,7 @@ class S3ProxyState:
     dropped_headers: set[str] = field(default_factory=set)  # lower-case names left out of every relayed answer
     lose_answers: set[str] = field(default_factory=set)  # operations forwarded once, then answered with a reset
     hold_answers: set[str] = field(default_factory=set)  # operations forwarded, their answers held until release
+    refuse_checksums: bool = False
     answer_held: threading.Event = field(default_factory=threading.Event)
     part_held: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
@@ -88,6 +97,7 @@ class S3ProxyState:
         self.hold_parts = False
         self.dropped_headers = set()
         self.lose_answers, self.hold_answers = set(), set()
+        self.refuse_checksums = False
         self.part_held.clear()
         self.answer_held.clear()
         self.release.clear()
@@ -139,6 +149,9 @@ class S3ProxyHandler(BaseHTTPRequestHandler):
             self._answer(Reply(407, {"Proxy-Authenticate": 'Basic realm="s3"'}, b"Proxy Authentication Required"))
         elif reply is not None:
             self._play(reply)
+        elif state.refuse_checksums and self._carries_checksums():
+            self._drain_body()
+            self._answer(Reply(501, {"Content-Type": "application/xml"}, NOT_IMPLEMENTED))
         else:
             if state.hold_parts and operation == "UploadPart":
                 state.part_held.set()
@@ -147,6 +160,11 @@ class S3ProxyHandler(BaseHTTPRequestHandler):
             self._forward(state.upstream, path, lose_answer=lose_answer, hold_answer=hold_answer)
 
     do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _handle
+
+    def _carries_checksums(self) -> bool:
+        names = [name.lower() for name in self.headers]
+        flexible = any(name.startswith(("x-amz-checksum-", "x-amz-sdk-checksum-", "x-amz-trailer")) for name in names)
+        return flexible or "aws-chunked" in self.headers.get("Content-Encoding", "").lower()
 
     @staticmethod
     def _origin_form(target: str) -> str:
