@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from config.durations import Duration, format_duration
+from config.durations import MAX_DURATION, Duration, format_duration
 from config.enrichment import CrtdlPreprocessingSettings
 from config.fields import ConfigModel, OptionalPath, OptionalSecret, OptionalStr, OptionalUrl, Problem, StrList
 from config.fields import emit_warning, positive, raise_problem, raise_problems, refuse_userinfo, zero_means
@@ -150,6 +150,10 @@ def _migrate_legacy_durations(data: dict[str, Any], info: ValidationInfo) -> lis
         amount = int(amount.strip()) if isinstance(amount, str) and amount.strip().isdigit() else amount
         if not isinstance(amount, int) or isinstance(amount, bool):
             problems.append((old, f"must be a whole number of {unit}; better, replace it with {new} (e.g. PT30S)"))
+            continue
+        if abs(amount) > MAX_DURATION / timedelta(**{unit: 1}):  # timedelta() of it would overflow, or sleep for ages
+            longest = f"{format_duration(MAX_DURATION)}, 10 years"
+            problems.append((old, f"is longer than the maximum of {longest}; replace it with {new} (e.g. PT30S)"))
             continue
         data[new] = timedelta(**{unit: amount})
         emit_warning(

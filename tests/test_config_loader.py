@@ -259,6 +259,29 @@ def test_legacy_integer_timing_keys_become_durations_with_warnings(write_yaml_te
 
 
 @pytest.mark.parametrize(
+    ("key", "amount"),
+    [
+        ("extraction_timeout_minutes", 99_999_999_999_999),  # timedelta() overflowed: a traceback, exit code 1
+        ("polling_interval_seconds", 400_000_000),  # 12 years: past the 10-year bound every duration key has
+        ("max_polling_interval_seconds", 10**90),
+    ],
+)
+@pytest.mark.parametrize("door", ["file", "APP_"])
+def test_a_legacy_timing_key_longer_than_ten_years_is_refused_naming_it(
+    write_yaml_text, key: str, amount: int, door: str
+) -> None:
+    variable = f"APP_SERVICES_EXTRACTOR_{key.upper()}"
+    in_file = f"services:\n  extractor:\n    {key}: {amount}\n" if door == "file" else ""
+    env = {variable: str(amount)} if door == "APP_" else {}
+    with pytest.raises(ConfigError) as error:
+        load_settings(write_yaml_text(LOCAL_ONLY + in_file), env=env)
+    (problem,) = error.value.problems
+    assert problem.startswith(f"services.extractor.{key}")
+    assert "longer than the maximum of P3650D" in problem and "replace it with" in problem
+    assert (variable in problem) == (door == "APP_")
+
+
+@pytest.mark.parametrize(
     ("file_key", "env", "expected", "source"),
     [
         pytest.param(
