@@ -445,6 +445,48 @@ def test_s3_upload_accepts_basic_proxy_auth_and_ignores_api_key_with_warning(
     assert any("services.send.auth.api_key is ignored" in r.getMessage() for r in caplog.records)
 
 
+S3_REFUSED = [
+    ("region", "eu central 1", "e.g. eu-central-1"),
+    ("region", "eu-central-1 ", "e.g. eu-central-1"),
+    ("region", "s3.eu-central-1.amazonaws.com", "e.g. eu-central-1"),
+    ("bucket", "research/exports", "the bucket's name alone"),  # a key prefix put into the bucket
+    ("bucket", "my bucket", "the bucket's name alone"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "fix"), S3_REFUSED, ids=[value for _, value, _ in S3_REFUSED])
+@pytest.mark.parametrize("door", ["file", "APP_"])
+def test_an_s3_region_or_bucket_the_s3_client_cannot_take_is_refused_naming_the_key(
+    tmp_path: Path, key: str, value: str, fix: str, door: str
+) -> None:
+    """The S3 client refuses these (a region is a host label, a bucket has no / or space): they passed config check
+    and failed the send step at the end of the job, with botocore's words that name no key."""
+    import botocore.exceptions
+    from botocore.handlers import validate_bucket_name
+    from botocore.utils import validate_region_name
+
+    check = validate_region_name if key == "region" else lambda name: validate_bucket_name({"Bucket": name})
+    with pytest.raises((botocore.exceptions.InvalidRegionError, botocore.exceptions.ParamValidationError)):
+        check(value)
+    variable = env_var_name(f"services.send.s3.{key}")
+    s3 = {**S3_SEND["s3"], key: value} if door == "file" else S3_SEND["s3"]
+    error = rejected(
+        tmp_path,
+        {**SEND_STEPS, **services(send={**S3_SEND, "s3": s3})},
+        env={variable: value} if door == "APP_" else None,
+    )
+    assert_reported(error, f"services.send.s3.{key}", fix)
+
+
+@pytest.mark.parametrize(
+    ("region", "bucket"), [("eu-central-1", "dupflow-exports"), ("garage", "Research_Exports.2024"), ("r", "b")]
+)
+def test_s3_regions_and_buckets_the_s3_client_takes_are_accepted(tmp_path: Path, region: str, bucket: str) -> None:
+    s3 = {**S3_SEND["s3"], "region": region, "bucket": bucket}
+    loaded = load_settings(_write(tmp_path, {**SEND_STEPS, **services(send={**S3_SEND, "s3": s3})}), env={})
+    assert (loaded.settings.services.send.s3.region, loaded.settings.services.send.s3.bucket) == (region, bucket)
+
+
 def test_authorization_header_is_allowed_for_a_static_token_alone(tmp_path: Path) -> None:
     config = services(extractor={"auth": {"api_key": "Bearer static", "api_key_header": "Authorization"}})
     loaded = load_settings(_write(tmp_path, config), env={})
