@@ -109,6 +109,21 @@ def refuse_userinfo(url: str | None) -> str | None:
     return url
 
 
+def refuse_url_control_characters(url: str | None) -> str | None:
+    """A URL with a control character (the CR of an env file with Windows line ends, a tab) passed the URL checks,
+    which read URLs as browsers do, without tabs and line ends; then the service's client refused it (httpx's
+    InvalidURL, naming no key) when the step first called the service. The URL itself is not shown: it may hold a
+    token."""
+    if (control := next((char for char in url or "" if unicodedata.category(char) == "Cc"), None)) is not None:
+        raise PydanticCustomError(
+            "url_control",
+            "contains the control character U+{code} (a line end or tab, e.g. from an env file with Windows line "
+            "ends), which no URL may have; remove it where the value is set",
+            {"code": f"{ord(control):04X}"},
+        )
+    return url
+
+
 def refuse_non_http_url(url: str | None) -> str | None:
     """A service's URL is ``http(s)://host[:port][/path]``: a scheme left out (``localhost:8080``) or another one
     passed ``config check`` and failed the step that first called the service, naming no key."""
@@ -171,5 +186,10 @@ def refuse_unsendable_secret(secret: SecretStr | None) -> SecretStr | None:
 
 
 OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_blank_to_none), AfterValidator(refuse_unsendable_secret)]
-OptionalUrl = Annotated[OptionalStr, AfterValidator(refuse_userinfo), AfterValidator(refuse_non_http_url)]
+OptionalUrl = Annotated[
+    OptionalStr,
+    AfterValidator(refuse_url_control_characters),
+    AfterValidator(refuse_userinfo),
+    AfterValidator(refuse_non_http_url),
+]
 StrList = Annotated[list[str], BeforeValidator(list_from_text)]

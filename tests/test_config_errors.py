@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -485,6 +486,36 @@ def test_s3_regions_and_buckets_the_s3_client_takes_are_accepted(tmp_path: Path,
     s3 = {**S3_SEND["s3"], "region": region, "bucket": bucket}
     loaded = load_settings(_write(tmp_path, {**SEND_STEPS, **services(send={**S3_SEND, "s3": s3})}), env={})
     assert (loaded.settings.services.send.s3.region, loaded.settings.services.send.s3.bucket) == (region, bucket)
+
+
+URL_KEYS = [
+    "services.extractor.base_url",
+    "services.extractor.auth.oauth_issuer_uri",
+    "services.pseudonymizer.url",
+    "services.flattening.service_url",
+    "services.send.url",
+    "services.send.s3.endpoint",
+    "services.validation.url",
+    "services.extractor.file_origins",
+]
+
+
+@pytest.mark.parametrize("key_path", URL_KEYS)
+@pytest.mark.parametrize(
+    ("url", "code"),
+    [("https://service.example/api\r", "U+000D"), ("https://service.exa\tmple", "U+0009"), ("https://a\nb", "U+000A")],
+    ids=["CR-of-a-windows-env-file", "tab", "newline"],
+)
+def test_a_url_with_a_control_character_is_refused_naming_the_key_never_the_url(
+    tmp_path: Path, key_path: str, url: str, code: str
+) -> None:
+    """The URL checks read a URL as browsers do, dropping tabs and line ends, so such a value passed them and the
+    client refused it (httpx's InvalidURL, naming no key) when the step first called the service."""
+    with pytest.raises(httpx.InvalidURL):
+        httpx.URL(url)
+    error = rejected(tmp_path, {}, env={env_var_name(key_path): url + "?token=url-token-0c4e"})
+    assert_reported(error, key_path, f"contains the control character {code}")
+    assert "url-token-0c4e" not in str(error) and "service.exa" not in str(error)
 
 
 def test_authorization_header_is_allowed_for_a_static_token_alone(tmp_path: Path) -> None:
