@@ -19,6 +19,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, SecretStr, ValidationInfo
 from pydantic_core import PydanticCustomError
 
+from config.yaml_bounds import yaml_shape_problem
 from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url, shown_url, split_url
 
 CONFIG_LOGGER = "dupflow.config"  # the configuration's warnings
@@ -76,7 +77,9 @@ def list_from_text(value: Any) -> Any:
         return value
     text = value.strip()
     if text.startswith("["):
-        try:
+        try:  # within the configuration file's bounds: the text may come from a deployment's form
+            if (found := yaml_shape_problem(text)) is not None:
+                raise PydanticCustomError("list_bounds", "{problem}", {"problem": found[0]})
             return yaml.safe_load(text)
         except yaml.YAMLError:
             raise PydanticCustomError("list_syntax", "is not a valid flow list; write a,b or [a, b]") from None
