@@ -19,6 +19,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, SecretStr, ValidationInfo
 from pydantic_core import PydanticCustomError
 
+from config.yaml_bounds import yaml_shape_problem
 from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url, shown_url, split_url
 
 CONFIG_LOGGER = "dupflow.config"  # the configuration's warnings
@@ -76,7 +77,9 @@ def list_from_text(value: Any) -> Any:
         return value
     text = value.strip()
     if text.startswith("["):
-        try:
+        try:  # within the configuration file's bounds: the text may come from a deployment's form
+            if (found := yaml_shape_problem(text)) is not None:
+                raise PydanticCustomError("list_bounds", "{problem}", {"problem": found[0]})
             return yaml.safe_load(text)
         except yaml.YAMLError:
             raise PydanticCustomError("list_syntax", "is not a valid flow list; write a,b or [a, b]") from None
@@ -106,6 +109,21 @@ def refuse_userinfo(url: str | None) -> str | None:
         )
     except CredentialsInUrlError as exc:
         raise PydanticCustomError("url_userinfo", "{message}", {"message": str(exc)}) from None
+    return url
+
+
+def refuse_url_control_characters(url: str | None) -> str | None:
+    """A URL with a control character (the CR of an env file with Windows line ends, a tab) passed the URL checks,
+    which read URLs as browsers do, without tabs and line ends; then the service's client refused it (httpx's
+    InvalidURL, naming no key) when the step first called the service. The URL itself is not shown: it may hold a
+    token."""
+    if (control := next((char for char in url or "" if unicodedata.category(char) == "Cc"), None)) is not None:
+        raise PydanticCustomError(
+            "url_control",
+            "contains the control character U+{code} (a line end or tab, e.g. from an env file with Windows line "
+            "ends), which no URL may have; remove it where the value is set",
+            {"code": f"{ord(control):04X}"},
+        )
     return url
 
 
@@ -171,5 +189,10 @@ def refuse_unsendable_secret(secret: SecretStr | None) -> SecretStr | None:
 
 
 OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_blank_to_none), AfterValidator(refuse_unsendable_secret)]
-OptionalUrl = Annotated[OptionalStr, AfterValidator(refuse_userinfo), AfterValidator(refuse_non_http_url)]
+OptionalUrl = Annotated[
+    OptionalStr,
+    AfterValidator(refuse_url_control_characters),
+    AfterValidator(refuse_userinfo),
+    AfterValidator(refuse_non_http_url),
+]
 StrList = Annotated[list[str], BeforeValidator(list_from_text)]

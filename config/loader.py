@@ -33,7 +33,8 @@ from config.services import legacy_key_paths, legacy_timing_key_paths
 from config.settings import Settings
 from config.yaml_file import SECRET_BLOCK_PREFIX, drop_empty_keys, file_identity, read_yaml, substitute_variables
 from tasks.core.redaction import register_basic_credentials, register_secret
-from tasks.core.url_credentials import CredentialsInUrlError, has_user_info, refuse_credentials_in_url
+from tasks.core.url_credentials import CredentialsInUrlError, has_user_info, hide_query_tokens, query_tokens
+from tasks.core.url_credentials import refuse_credentials_in_url
 
 logger = logging.getLogger(CONFIG_LOGGER)
 
@@ -203,7 +204,7 @@ def _display(value: Any) -> str:
         return json.dumps(value.model_dump(mode="json"), separators=(",", ":"))
     if isinstance(value, list):
         return "[" + ", ".join(_display(item) for item in value) + "]"
-    return str(value)
+    return hide_query_tokens(str(value))  # a service URL may carry its token (?access_token=${TOKEN})
 
 
 def effective_config_rows(loaded: LoadedConfig) -> list[tuple[str, str, str]]:
@@ -297,9 +298,14 @@ def short_secret_warnings(settings: Settings) -> list[str]:
 
 def register_secrets(settings: Settings) -> None:
     """Hand every configured secret to the redaction (``tasks.core.redaction.redact``, below this module), so a
-    service that echoes one back in an error never gets it into a message, log line or record."""
+    service that echoes one back in an error never gets it into a message, log line or record; a token in a
+    configured URL's query too."""
     for secret in _secret_values(settings).values():
         register_secret(secret)
+    for path in leaf_paths():  # a token in a service URL's query (?access_token=${TOKEN}) is a secret too
+        if isinstance(url := value_at(settings, path), str):
+            for token in query_tokens(url):
+                register_secret(token)
     for auth in (settings.services.extractor.auth, settings.services.pseudonymizer.auth, settings.services.send.auth):
         if auth.uses_basic:
             register_basic_credentials(auth.username, auth.password.get_secret_value())

@@ -11,10 +11,12 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from config.durations import Duration, format_duration
+from config.durations import MAX_DURATION, Duration, format_duration
 from config.enrichment import CrtdlPreprocessingSettings
 from config.fields import ConfigModel, OptionalPath, OptionalSecret, OptionalStr, OptionalUrl, Problem, StrList
-from config.fields import emit_warning, positive, raise_problem, raise_problems, refuse_userinfo, zero_means
+from config.fields import emit_warning, positive, raise_problem, raise_problems, refuse_url_control_characters
+from config.fields import refuse_userinfo, zero_means
+from tasks.core.names import show_name
 
 _HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 """RFC 7230 token (tchar+), the grammar of an HTTP header name."""
@@ -151,6 +153,10 @@ def _migrate_legacy_durations(data: dict[str, Any], info: ValidationInfo) -> lis
         if not isinstance(amount, int) or isinstance(amount, bool):
             problems.append((old, f"must be a whole number of {unit}; better, replace it with {new} (e.g. PT30S)"))
             continue
+        if abs(amount) > MAX_DURATION / timedelta(**{unit: 1}):  # timedelta() of it would overflow, or sleep for ages
+            longest = f"{format_duration(MAX_DURATION)}, 10 years"
+            problems.append((old, f"is longer than the maximum of {longest}; replace it with {new} (e.g. PT30S)"))
+            continue
         data[new] = timedelta(**{unit: amount})
         emit_warning(
             info,
@@ -172,6 +178,7 @@ def _at_least_one_second(value: timedelta) -> timedelta:
 
 def _origins_only(values: list[str]) -> list[str]:
     for value in values:
+        refuse_url_control_characters(value)
         refuse_userinfo(value)
         parts = urlsplit(value.strip())
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query:
@@ -277,11 +284,33 @@ class TransferSettings(ConfigModel):
     organization_identifier: OptionalStr = None
 
 
+# What the S3 client (botocore) takes as a region (a host label) and as a bucket (a name, or an access point's ARN):
+# another value failed the send step, at the end of the job, with botocore's words that name no key.
+_S3_REGION = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
+_S3_BUCKET = re.compile(r"[a-zA-Z0-9.\-_]{1,255}|arn:.+")
+
+
+def _s3_name(pattern: re.Pattern[str], rule: str) -> AfterValidator:
+    def check(value: str | None) -> str | None:
+        if value is not None and not pattern.fullmatch(value):
+            raise PydanticCustomError("s3_name", "{shown} {rule}", {"shown": show_name(value), "rule": rule})
+        return value
+
+    return AfterValidator(check)
+
+
+_REGION_RULE = "is not an S3 region name (letters, digits and -, e.g. eu-central-1); set the store's region"
+_BUCKET_RULE = (
+    "is not an S3 bucket name (letters, digits, . - _; no / or spaces: the objects' keys start with the job id); "
+    "set the bucket's name alone"
+)
+
+
 class S3Settings(ConfigModel):
     """services.send.s3 (s3_upload only)."""
 
-    bucket: OptionalStr = None
-    region: OptionalStr = None
+    bucket: Annotated[OptionalStr, _s3_name(_S3_BUCKET, _BUCKET_RULE)] = None
+    region: Annotated[OptionalStr, _s3_name(_S3_REGION, _REGION_RULE)] = None
     access_key_id: OptionalSecret = None
     secret_access_key: OptionalSecret = None
     endpoint: OptionalUrl = Field(default=None, description="an S3-compatible store's address; unset: AWS's")

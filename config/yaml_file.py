@@ -18,22 +18,18 @@ import yaml
 from config.errors import ConfigError
 from config.fields import Problem, join_key_path
 from config.keys import secret_key_paths
+from config.yaml_bounds import YamlLoader, yaml_shape_problem
 from tasks.core.redaction import register_secret
 from tasks.core.url_credentials import shown_url
 
 MAX_CONFIG_BYTES = 1_000_000
-MAX_YAML_DEPTH = 32
-MAX_YAML_NODES = 100_000
-MAX_NUMBER_CHARS = 100
-_NUMBER_LIKE = re.compile(r"[-+]?[0-9][0-9_.eExXoObB:+-]*|[-+]?\.[0-9][0-9_eE+-]*")
-_YamlLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class _DuplicateKeyError(yaml.MarkedYAMLError):
     """Two entries of one mapping with the same key (PyYAML would silently keep the last)."""
 
 
-class _StrictLoader(_YamlLoader):  # type: ignore[misc, valid-type]
+class _StrictLoader(YamlLoader):  # type: ignore[misc, valid-type]
     """YAML's safe loader that refuses duplicate keys instead of keeping the last value."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -73,43 +69,11 @@ def _read_text(config_path: Path) -> str:
         raise _file_problem(config_path, text) from None
 
 
-_TOO_DEEP = f"nested more than {MAX_YAML_DEPTH} levels deep; a configuration needs far fewer, check the file"
-_TOO_MANY = (
-    f"more than {MAX_YAML_NODES:,} values once YAML aliases (*name) are expanded; write the values out or use fewer "
-    "aliases"
-)
-
-
 def _check_yaml_shape(text: str, config_path: Path) -> None:
-    """Refuse, before building anything, documents that would cost more than a configuration ever needs:
-    nesting deeper than MAX_YAML_DEPTH, more than MAX_YAML_NODES values once aliases are expanded (an
-    "alias bomb" of a few hundred bytes expands to billions), and numbers longer than MAX_NUMBER_CHARS.
-    Reads parser events only, so memory and time stay proportional to the text."""
-    anchors: dict[str, int] = {}
-    open_nodes: list[list[Any]] = [[None, 0]]  # [anchor, expanded size] per open collection; [0] is the root
-    for event in yaml.parse(text, Loader=_YamlLoader):
-        anchor, size, problem = None, 0, None
-        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
-            open_nodes.append([event.anchor, 1])
-            problem = _TOO_DEEP if len(open_nodes) - 1 > MAX_YAML_DEPTH else None
-        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
-            anchor, size = open_nodes.pop()
-        elif isinstance(event, yaml.ScalarEvent):
-            anchor, size = event.anchor, 1
-            if event.implicit[0] and len(event.value) > MAX_NUMBER_CHARS and _NUMBER_LIKE.fullmatch(event.value):
-                problem = (
-                    f"a number {len(event.value):,} characters long; no setting takes such a number, shorten it "
-                    "(quote it if it is meant as text)"
-                )
-        elif isinstance(event, yaml.AliasEvent):
-            size = anchors.get(event.anchor, 1)
-        if anchor is not None:
-            anchors[anchor] = size
-        open_nodes[-1][1] += size
-        if problem is None and open_nodes[-1][1] > MAX_YAML_NODES:
-            problem = _TOO_MANY
-        if problem is not None:
-            raise _file_problem(config_path, problem, event.start_mark)
+    """Refuse, before building anything, documents that would cost more than a configuration ever needs
+    (``config.yaml_bounds``)."""
+    if (found := yaml_shape_problem(text)) is not None:
+        raise _file_problem(config_path, *found)
 
 
 def read_yaml(config_path: Path) -> dict[str, Any]:

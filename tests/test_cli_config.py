@@ -34,6 +34,23 @@ def test_config_check_shows_every_value_with_its_source_and_masks_secrets(write_
     assert lines["jobs_dir"].endswith("(default)")
 
 
+def test_config_check_masks_a_token_in_a_service_url_s_query(write_config, monkeypatch, capsys):
+    """A service URL may carry its token in the query (?access_token=${TOKEN}): a secret, masked like the others."""
+    url = "https://validator.example/api?profile=mii&access_token=${VALIDATOR_TOKEN}#part"
+    config = write_config(
+        {"services": {"validation": {"url": url}}, "pipeline": {"enabled_steps": ["local_import", "validation"]}}
+    )
+    monkeypatch.setenv("VALIDATOR_TOKEN", "validator-token-5f0c1e")
+    monkeypatch.setenv("APP_SERVICES_FLATTENING_SERVICE_URL", "http://flattener.example/?Token=flattener-token-9a7d")
+    assert main(["config", "check", str(config)]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "validator-token-5f0c1e" not in out and "flattener-token-9a7d" not in out
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    shown = "https://validator.example/api?profile=mii&access_token=********#part  (file)"
+    assert lines["services.validation.url"].endswith(shown)
+    assert "http://flattener.example/?Token=********  (env" in lines["services.flattening.service_url"]
+
+
 def test_config_check_exits_2_and_reports_every_problem_together(write_config, capsys):
     config = write_config(
         {

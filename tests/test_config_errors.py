@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
@@ -454,6 +455,78 @@ def test_s3_upload_refuses_proxy_auth_without_an_endpoint_as_aws_would_get_the_p
     assert "services.send.auth: carries the Basic Auth of a proxy that services.send.s3.endpoint names" in message
     assert "set the proxy's address as services.send.s3.endpoint, or remove username and password" in message
     assert BASIC["password"] not in message
+
+
+S3_REFUSED = [
+    ("region", "eu central 1", "e.g. eu-central-1"),
+    ("region", "eu-central-1 ", "e.g. eu-central-1"),
+    ("region", "s3.eu-central-1.amazonaws.com", "e.g. eu-central-1"),
+    ("bucket", "research/exports", "the bucket's name alone"),  # a key prefix put into the bucket
+    ("bucket", "my bucket", "the bucket's name alone"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "fix"), S3_REFUSED, ids=[value for _, value, _ in S3_REFUSED])
+@pytest.mark.parametrize("door", ["file", "APP_"])
+def test_an_s3_region_or_bucket_the_s3_client_cannot_take_is_refused_naming_the_key(
+    tmp_path: Path, key: str, value: str, fix: str, door: str
+) -> None:
+    """The S3 client refuses these (a region is a host label, a bucket has no / or space): they passed config check
+    and failed the send step at the end of the job, with botocore's words that name no key."""
+    import botocore.exceptions
+    from botocore.handlers import validate_bucket_name
+    from botocore.utils import validate_region_name
+
+    check = validate_region_name if key == "region" else lambda name: validate_bucket_name({"Bucket": name})
+    with pytest.raises((botocore.exceptions.InvalidRegionError, botocore.exceptions.ParamValidationError)):
+        check(value)
+    variable = env_var_name(f"services.send.s3.{key}")
+    s3 = {**S3_SEND["s3"], key: value} if door == "file" else S3_SEND["s3"]
+    error = rejected(
+        tmp_path,
+        {**SEND_STEPS, **services(send={**S3_SEND, "s3": s3})},
+        env={variable: value} if door == "APP_" else None,
+    )
+    assert_reported(error, f"services.send.s3.{key}", fix)
+
+
+@pytest.mark.parametrize(
+    ("region", "bucket"), [("eu-central-1", "dupflow-exports"), ("garage", "Research_Exports.2024"), ("r", "b")]
+)
+def test_s3_regions_and_buckets_the_s3_client_takes_are_accepted(tmp_path: Path, region: str, bucket: str) -> None:
+    s3 = {**S3_SEND["s3"], "region": region, "bucket": bucket}
+    loaded = load_settings(_write(tmp_path, {**SEND_STEPS, **services(send={**S3_SEND, "s3": s3})}), env={})
+    assert (loaded.settings.services.send.s3.region, loaded.settings.services.send.s3.bucket) == (region, bucket)
+
+
+URL_KEYS = [
+    "services.extractor.base_url",
+    "services.extractor.auth.oauth_issuer_uri",
+    "services.pseudonymizer.url",
+    "services.flattening.service_url",
+    "services.send.url",
+    "services.send.s3.endpoint",
+    "services.validation.url",
+    "services.extractor.file_origins",
+]
+
+
+@pytest.mark.parametrize("key_path", URL_KEYS)
+@pytest.mark.parametrize(
+    ("url", "code"),
+    [("https://service.example/api\r", "U+000D"), ("https://service.exa\tmple", "U+0009"), ("https://a\nb", "U+000A")],
+    ids=["CR-of-a-windows-env-file", "tab", "newline"],
+)
+def test_a_url_with_a_control_character_is_refused_naming_the_key_never_the_url(
+    tmp_path: Path, key_path: str, url: str, code: str
+) -> None:
+    """The URL checks read a URL as browsers do, dropping tabs and line ends, so such a value passed them and the
+    client refused it (httpx's InvalidURL, naming no key) when the step first called the service."""
+    with pytest.raises(httpx.InvalidURL):
+        httpx.URL(url)
+    error = rejected(tmp_path, {}, env={env_var_name(key_path): url + "?token=url-token-0c4e"})
+    assert_reported(error, key_path, f"contains the control character {code}")
+    assert "url-token-0c4e" not in str(error) and "service.exa" not in str(error)
 
 
 def test_authorization_header_is_allowed_for_a_static_token_alone(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import pytest
 from config.errors import ConfigError
 from config.keys import env_var_index, leaf_paths
 from config.loader import effective_config_rows, load_settings
+from tasks.core.redaction import redact
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "config" / "example.yaml"
 DIAGNOSE = "https://www.medizininformatik-initiative.de/fhir/core/modul-diagnose/StructureDefinition/Diagnose"
@@ -259,6 +260,29 @@ def test_legacy_integer_timing_keys_become_durations_with_warnings(write_yaml_te
 
 
 @pytest.mark.parametrize(
+    ("key", "amount"),
+    [
+        ("extraction_timeout_minutes", 99_999_999_999_999),  # timedelta() overflowed: a traceback, exit code 1
+        ("polling_interval_seconds", 400_000_000),  # 12 years: past the 10-year bound every duration key has
+        ("max_polling_interval_seconds", 10**90),
+    ],
+)
+@pytest.mark.parametrize("door", ["file", "APP_"])
+def test_a_legacy_timing_key_longer_than_ten_years_is_refused_naming_it(
+    write_yaml_text, key: str, amount: int, door: str
+) -> None:
+    variable = f"APP_SERVICES_EXTRACTOR_{key.upper()}"
+    in_file = f"services:\n  extractor:\n    {key}: {amount}\n" if door == "file" else ""
+    env = {variable: str(amount)} if door == "APP_" else {}
+    with pytest.raises(ConfigError) as error:
+        load_settings(write_yaml_text(LOCAL_ONLY + in_file), env=env)
+    (problem,) = error.value.problems
+    assert problem.startswith(f"services.extractor.{key}")
+    assert "longer than the maximum of P3650D" in problem and "replace it with" in problem
+    assert (variable in problem) == (door == "APP_")
+
+
+@pytest.mark.parametrize(
     ("file_key", "env", "expected", "source"),
     [
         pytest.param(
@@ -428,6 +452,16 @@ def test_effective_rows_cover_every_leaf_and_mask_secrets() -> None:
     assert rows["pipeline.enabled_steps"] == ("[local_import]", "env APP_PIPELINE_ENABLED_STEPS")
     assert rows["compression.enabled"] == ("true", "default")
     assert "row-secret" not in repr(effective_config_rows(loaded)) and "row-secret" not in repr(loaded)
+
+
+def test_a_token_in_a_service_url_s_query_is_redacted_like_a_secret() -> None:
+    """A service that quotes the URL it was called with (httpx's "Client error '404 Not Found' for url '…'") in an
+    error never gets the token of its query into a message, log line or job record."""
+    token = "pseudonymizer-token-31c9b7"
+    env = {"APP_SERVICES_PSEUDONYMIZER_URL": f"https://dimp.example/base?token={token}"}
+    loaded = load_settings(None, env=env | {"APP_PIPELINE_ENABLED_STEPS": "local_import"})
+    said = redact(f"Client error '404 Not Found' for url '{loaded.settings.services.pseudonymizer.url}/fhir'")
+    assert token not in said and "https://dimp.example/base?token=" in said
 
 
 def test_example_file_validates_without_warnings_and_mentions_every_key() -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from config.errors import ConfigError
+from config.fields import env_var_name
 from config.loader import load_settings, refuse_secret_overrides
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.downloads import DownloadError, UnsafeFileNameError, download_ndjson, safe_file_name, target_names
@@ -472,6 +473,43 @@ def test_a_hostile_enrichment_file_is_a_clear_error(tmp_path, content, fragment)
         load_settings(path, env={})
     (problem,) = error.value.problems
     assert problem.startswith("services.crtdl_preprocessing.enrichments_path:") and fragment in problem
+
+
+def enrichment_bomb(copies: int) -> str:
+    """Inline enrichment rules as one flow list: ``copies`` aliases of a rule whose ``copies`` attributes each link
+    ``copies`` groups, copies**3 values once expanded in a text of a few kB."""
+    aliases = ", ".join
+    groups = f"&g [{aliases(['G'] * copies)}]"
+    attribute = f"&a {{attribute_ref: Patient.id, linked_groups: {groups}}}"
+    rule = f"&r {{group_reference: P, attributes_to_add: [{attribute}, {aliases(['*a'] * (copies - 1))}]}}"
+    return f"[{rule}, {aliases(['*r'] * (copies - 1))}]"
+
+
+@pytest.mark.parametrize(
+    ("key", "text", "fragment"),
+    [
+        ("pipeline.enabled_steps", "[" * 3000 + "]" * 3000, "nested more than 32 levels deep"),  # RecursionError
+        ("services.crtdl_preprocessing.enrichments", enrichment_bomb(120), "once YAML aliases (*name) are expanded"),
+    ],
+    ids=["deep-nesting", "alias-bomb"],
+)
+@pytest.mark.parametrize("door", ["APP_", "--set", "deployment"])
+def test_a_hostile_list_text_from_a_variable_or_an_override_is_refused_as_in_the_file(key, text, fragment, door):
+    """A list may be given as a flow list ``[a, b]`` in an APP_* variable, ``--set`` or a deployment's overrides
+    parameter (a form in the Prefect UI): parsed without the file's bounds, deep nesting crashed the command or the
+    flow run with a RecursionError traceback, and an alias bomb was accepted (4.5 kB of text: 64 million values,
+    validated, then printed by config check and written into the job's CRTDL)."""
+    env = {env_var_name(key): text} if door == "APP_" else {}
+    env |= {"APP_PIPELINE_ENABLED_STEPS": "local_import"} if key != "pipeline.enabled_steps" else {}
+    overrides = {key: text} if door != "APP_" else {}
+    labels = {key: "the flow's overrides parameter"} if door == "deployment" else None
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as error:
+        load_settings(None, env=env, overrides=overrides, override_labels=labels)
+    assert time.monotonic() - started < 1.0
+    (problem,) = [problem for problem in error.value.problems if problem.startswith(key)]
+    assert fragment in problem
+    assert {"APP_": env_var_name(key), "--set": f"--set {key}", "deployment": "overrides parameter"}[door] in problem
 
 
 def test_a_long_step_list_is_checked_in_linear_time(tmp_path) -> None:

@@ -12,7 +12,7 @@ the URL without its user info. Standard library only: the configuration and the 
 from __future__ import annotations
 
 import re
-from urllib.parse import SplitResult, parse_qsl, quote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, quote, unquote_plus, urlsplit
 
 from tasks.core.errors import DupflowError
 
@@ -105,6 +105,35 @@ def split_url(url: str) -> SplitResult:
         rest, _, fragment = rest.partition("#")
         path, _, query = rest.partition("?")
         return SplitResult(scheme, netloc, path, query, fragment)
+
+
+_QUERY_PARAMETER = re.compile(r"(?<=[?&;])([^=&;#]+)=([^&;#]*)")
+HIDDEN_TOKEN = "********"
+
+
+def query_tokens(url: str) -> list[str]:
+    """The values of the token parameters (``_TOKEN_PARAMETERS``) in ``url``'s query, as written and decoded: a
+    configured service URL may carry one (``?access_token=${TOKEN}``), a secret to redact like the others."""
+    query = split_url(url).query
+    written = [value for name, value in _QUERY_PARAMETER.findall("?" + query) if _is_token(name)]
+    return [value for value in written + [v for k, v in parse_qsl(query) if k.lower() in _TOKEN_PARAMETERS] if value]
+
+
+def hide_query_tokens(url: str) -> str:
+    """``url`` whole, but the value of each token parameter in its query replaced by ``HIDDEN_TOKEN`` (how
+    ``config check`` shows a configured URL)."""
+    head, mark, rest = url.partition("?")
+    if not mark:
+        return url
+    query, hash_mark, fragment = rest.partition("#")
+    hidden = _QUERY_PARAMETER.sub(
+        lambda found: f"{found.group(1)}={HIDDEN_TOKEN}" if _is_token(found.group(1)) else found.group(0), "?" + query
+    )
+    return f"{head}{hidden}{hash_mark}{fragment}"
+
+
+def _is_token(name: str) -> bool:
+    return unquote_plus(name).strip().lower() in _TOKEN_PARAMETERS
 
 
 def refuse_credentials_in_url(url: str | None, *, door: str, fix: str, tokens: bool = False) -> None:
