@@ -3,6 +3,7 @@ parent."""
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import os
 import signal
@@ -143,6 +144,26 @@ def test_leaving_the_block_by_an_exception_stops_a_running_worker():
     thread.join(DEADLINE_SECONDS)
     assert failure and isinstance(failure[0], ShutdownExecutorError)
     wait_until(lambda: all(gone(pid) for pid in pids), "the workers exited", DEADLINE_SECONDS)
+
+
+def test_a_kill_is_not_taken_back_by_the_graceful_close_at_the_end_of_the_block():
+    """A cancelled wait kills the pool (without waiting) and the block goes on to its graceful close: loky took each
+    close's word as the new one, so when its manager thread had not acted on the kill yet (a loaded machine: 1 in 10
+    stress runs of test_ndjson's interrupted fan-out) the workers ran their calls to the end."""
+    with processes.worker_pool() as pool:
+        thread = threading.Thread(
+            target=contextvars.copy_context().run, args=(sleep_in_a_worker_or_be_stopped,), daemon=True
+        )
+        thread.start()
+        wait_until(worker_pids, "the workers started", DEADLINE_SECONDS)
+        pids = worker_pids()
+        pool.shutdown(wait=False, kill_workers=True)  # as ProcessCalls.results does when its wait is cancelled
+    wait_until(lambda: all(gone(pid) for pid in pids), "the killed workers exited", DEADLINE_SECONDS)
+
+
+def sleep_in_a_worker_or_be_stopped() -> None:
+    with contextlib.suppress(BrokenProcessPool, ShutdownExecutorError):
+        processes.run_in_process(time.sleep, 600)
 
 
 def test_the_workers_end_with_their_block():

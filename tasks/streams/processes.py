@@ -101,6 +101,7 @@ class WorkerPool:
         self.executor: ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
         self._closed = False
+        self._killed = False
 
     def submit(self, function: Callable[..., R], *args: Any) -> Future[R]:
         with self._lock:
@@ -114,8 +115,13 @@ class WorkerPool:
         return self.executor.submit(function, *args)
 
     def shutdown(self, wait: bool = True, kill_workers: bool = False) -> None:
+        """Close the pool; ``kill_workers``: stop running work at once. A pool once killed stays so: loky takes each
+        call's ``kill_workers`` as the new word, so the graceful close at the end of the pool's block, made before
+        loky's manager thread acted on a cancelled wait's kill, took the kill back and left the workers running their
+        calls to the end."""
         with self._lock:
             self._closed = True
+            self._killed = kill_workers = self._killed or kill_workers
             executor = self.executor
         if executor is not None:
             executor.shutdown(wait=wait, kill_workers=kill_workers)
