@@ -7,6 +7,8 @@ import os
 import shlex
 from pathlib import Path
 
+from tasks.core.errors import UsageError
+
 # Defaults for Prefect on these machines (see ../shared/prefect-notes.md); a value the user set wins. No
 # analytics: the server's, and the SDK's (DO_NOT_TRACK), which in a terminal shows a notice, writes milestone
 # files to PREFECT_HOME and sends events from a thread that the command waits for (up to 2 s) at exit.
@@ -37,6 +39,19 @@ def jobs_dir_of(flag: str | None) -> Path:
     from config.settings import Settings
 
     return Path(flag or os.environ.get("APP_JOBS_DIR") or Settings.model_fields["jobs_dir"].default)
+
+
+def listed_jobs_dir(flag: str | None) -> Path:
+    """``jobs_dir_of`` for the commands that list its jobs (``list``, ``prune``): a file there is a mistake to say,
+    not a jobs directory without jobs."""
+    jobs_dir = jobs_dir_of(flag)
+    if jobs_dir.exists() and not jobs_dir.is_dir():
+        given = "--jobs-dir" if flag else "APP_JOBS_DIR" if os.environ.get("APP_JOBS_DIR") else "jobs_dir"
+        raise UsageError(
+            f"{given} {shlex.quote(str(jobs_dir))} is a file, not a directory; give the directory that holds the "
+            "jobs (each job is a directory in it)"
+        )
+    return jobs_dir
 
 
 def job_on_command_line(job_dir: Path) -> str:

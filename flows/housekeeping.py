@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 from config.durations import parse_duration
-from config.runtime import jobs_dir_of, prefect_api_url
+from config.runtime import listed_jobs_dir, prefect_api_url
 from flows import prefect_server
 from flows.extraction_cli import age
 from flows.job_state import MAX_PAGE_BYTES, PAGE, PREFECT_API, JobLock, JobLockedError, current_state
@@ -118,7 +118,7 @@ class Selection:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    jobs_dir = jobs_dir_of(args.jobs_dir).resolve()
+    jobs_dir = listed_jobs_dir(args.jobs_dir).resolve()
     try:
         older_than = parse_duration(args.older_than) if args.older_than is not None else None
     except ValueError as exc:

@@ -23,7 +23,7 @@ from config.fields import CONFIG_LOGGER
 from config.keys import leaf_paths, secret_key_paths
 from config.loader import cached_settings, effective_config_rows, load_settings, refuse_secret_overrides
 from config.yaml_file import names_secret_blocks
-from config.runtime import job_on_command_line, jobs_dir_of, prefect_api_url
+from config.runtime import job_on_command_line, jobs_dir_of, listed_jobs_dir, prefect_api_url
 from config.settings import Settings
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.api_watch import api_watched
@@ -444,7 +444,7 @@ def print_step_status(position: int, step: str, result: StepRecord | None, gate:
 
 def cmd_list(args: argparse.Namespace) -> int:
     """The jobs, newest first; a job whose record cannot be read is listed as unreadable, with why."""
-    jobs_dir = jobs_dir_of(args.jobs_dir)
+    jobs_dir = listed_jobs_dir(args.jobs_dir)
     if not (jobs := list_jobs(jobs_dir)):
         print(f"no jobs in {jobs_dir.resolve()}")
         return EXIT_OK

@@ -413,6 +413,15 @@ def test_list_without_jobs_says_so_with_the_absolute_directory(tmp_path, capsys)
     assert capsys.readouterr().out == f"no jobs in {tmp_path / 'none'}\n"
 
 
+@pytest.mark.parametrize("command", ["list", "prune"])
+def test_a_file_given_as_the_jobs_directory_is_a_usage_error_not_an_empty_list(tmp_path, capsys, command):
+    """It said "no jobs in …" (prune: after starting the local Prefect server for nothing) and exited 0."""
+    (not_a_directory := tmp_path / "jobs.yaml").write_text("jobs_dir: /data/jobs\n")
+    assert main([command, "--jobs-dir", str(not_a_directory)]) == EXIT_USAGE
+    said = capsys.readouterr().err
+    assert f"--jobs-dir {not_a_directory} is a file, not a directory; give the directory that holds the jobs" in said
+
+
 def test_an_unknown_job_names_the_absolute_jobs_directory_and_the_flag(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["status", "nope", "--jobs-dir", "jobs"]) == EXIT_USAGE
