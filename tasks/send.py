@@ -23,7 +23,7 @@ import orjson
 
 from config.settings import Settings
 from tasks.clients.errors import ServiceError
-from tasks.clients.fhir_server import FhirServer, TransactionRejected
+from tasks.clients.fhir_server import AUTH_REFUSALS, FhirServer, TransactionRejected
 from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
 from tasks.core.errors import StepError
 from tasks.core.exact_json import dumps_exact, loads_exact
@@ -40,9 +40,8 @@ DEFAULT_BATCH_SIZE = 100
 UNWRAPPED_BUNDLE_TYPES = ("transaction", "collection", "searchset")
 SEND_ENTRY_TAG_SYSTEM = "urn:dupflow:send-entry"
 STATUS_HINTS = {  # what a refusal of the whole transaction asks of the user
-    401: ": the server did not accept the credentials; check services.send.auth",
-    403: ": the credentials may not write there; check services.send.auth and the server's access rules",
-    413: ": the transaction is larger than the server accepts; lower services.send.batch_size or raise its body limit",
+    **AUTH_REFUSALS,
+    413: "the transaction is larger than the server accepts; lower services.send.batch_size or raise its body limit",
 }
 
 
@@ -371,7 +370,7 @@ def rejection_message(name: str, batch: Batch, exc: ServiceError) -> str:
     status = f"HTTP {exc.status_code}" if exc.status_code is not None else "no status"
     outcome = exc.outcome or exc.message
     entry = failing_entry(batch.labels, exc.failed_entry, outcome)
-    hint = STATUS_HINTS.get(exc.status_code or 0, "")
+    hint = f": {text}" if (text := STATUS_HINTS.get(exc.status_code or 0)) else ""
     return f"{where} was rejected ({status}){hint}; first failing entry: {entry}; the server says: {outcome}"
 
 

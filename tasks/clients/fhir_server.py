@@ -54,12 +54,15 @@ RETURN_MINIMAL = {"Prefer": "return=minimal"}
 """Asked of a transaction: only each entry's status is read, and a server that sends every resource back by default
 answers with as many bytes as it was sent (a batch of large resources then passed ``MAX_ANSWER_BYTES``: refused
 after the server had applied it, again on every ``continue``)."""
+AUTH_REFUSALS = {  # what a request refused for its credentials asks of the user (a transaction, a PUT)
+    401: "the server did not accept the credentials; check services.send.auth",
+    403: "the credentials may not write there; check services.send.auth and the server's access rules",
+}
 PUT_HINTS = {  # what a refused PUT (transfer_load's Binary and DocumentReference) asks of the user
-    401: "; the server did not accept the credentials: check services.send.auth",
-    403: "; the credentials may not write there: check services.send.auth and the server's access rules",
+    **AUTH_REFUSALS,
     413: (
-        "; the resource is larger than the server accepts: raise the body limit of the server (or of a proxy before "
-        "it, such as nginx's client_max_body_size)"
+        "the resource is larger than the server accepts: raise the body limit of the server (or of a proxy before it, "
+        "such as nginx's client_max_body_size)"
     ),
 }
 _ENTRY_NUMBER = re.compile(r"\bentry\s*\[?\s*(\d+)", re.IGNORECASE)
@@ -197,7 +200,7 @@ def refused_put(answer: Answer, error: ServiceError) -> ServiceError:
     return ServiceError(
         error.operation,
         error.status_code,
-        error.message + hint,
+        f"{error.message}; {hint}",
         transient=error.transient,
         service=error.service,
         retry_after=error.retry_after,
