@@ -108,8 +108,12 @@ def nothing_answers(exc: httpx.TransportError) -> str:
         return ""
     if not isinstance(setting, str):
         return ""
-    origin = shown_url(f"{url.scheme}://{url.netloc.decode('ascii')}")
-    return f"; nothing answers at {origin}: is the service running there, and is {setting} right?"
+    return nothing_answers_at(f"{url.scheme}://{url.netloc.decode('ascii')}", setting)
+
+
+def nothing_answers_at(origin: str, setting: str) -> str:
+    """The hint of a connection to ``origin`` that could not be made, naming the configuration key ``setting``."""
+    return f"; nothing answers at {shown_url(origin)}: is the service running there, and is {setting} right?"
 
 
 @contextmanager

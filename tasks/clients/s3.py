@@ -47,7 +47,7 @@ from s3transfer.utils import ChunksizeAdjuster
 
 from config.settings import PROXY_AUTH_WITHOUT_ENDPOINT
 from tasks.clients.http import INSECURE_WARNING, trusted_context
-from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, is_transient_status, truncate
+from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, is_transient_status, nothing_answers_at, truncate
 from tasks.core.jsonfile import JsonFileError, read_settings_file
 from tasks.core.redaction import RedactingFilter
 from tasks.core.url_credentials import shown_url
@@ -464,10 +464,11 @@ def nothing_answers(exc: BaseException) -> str:
     if not isinstance(exc, EndpointConnectionError | ConnectTimeoutError):
         return ""
     url = urlsplit(str(exc.kwargs.get("endpoint_url", "")))
-    origin = shown_url(f"{url.scheme}://{url.netloc}")
+    origin = f"{url.scheme}://{url.netloc}"
     if url.hostname and url.hostname.endswith(".amazonaws.com"):
-        return f"; nothing answers at {origin}: is the network open to it, and are {ENDPOINT_SETTING} and region right?"
-    return f"; nothing answers at {origin}: is the service running there, and is {ENDPOINT_SETTING} right?"
+        shown = shown_url(origin)
+        return f"; nothing answers at {shown}: is the network open to it, and are {ENDPOINT_SETTING} and region right?"
+    return nothing_answers_at(origin, ENDPOINT_SETTING)
 
 
 def _status_of(exc: ClientError) -> int | None:
