@@ -284,15 +284,26 @@ class TransferSettings(ConfigModel):
     organization_identifier: OptionalStr = None
 
 
-# What the S3 client (botocore) takes as a region (a host label) and as a bucket (a name, or an access point's ARN):
-# another value failed the send step, at the end of the job, with botocore's words that name no key.
-_S3_REGION = re.compile(r"(?![0-9]+$)(?!-)[a-zA-Z0-9-]{1,63}(?<!-)")
-_S3_BUCKET = re.compile(r"[a-zA-Z0-9.\-_]{1,255}|arn:.+")
+def _botocore_refuses(kind: str, value: str) -> bool:
+    """Whether the S3 client (botocore) refuses ``value`` as a region (a host label) or a bucket (a name, or an access
+    point's ARN), by its own checks: such a value failed the send step, at the end of the job, with botocore's words
+    that name no key. botocore is imported only for a value to check (a quarter of a second)."""
+    from botocore.exceptions import BotoCoreError
+    from botocore.handlers import validate_bucket_name
+    from botocore.utils import validate_region_name
+
+    if value.endswith("\n"):  # botocore's patterns end in $, which lets one line end through; the request would not
+        return True
+    try:
+        validate_region_name(value) if kind == "region" else validate_bucket_name({"Bucket": value})
+    except BotoCoreError:
+        return True
+    return False
 
 
-def _s3_name(pattern: re.Pattern[str], rule: str) -> AfterValidator:
+def _s3_name(kind: str, rule: str) -> AfterValidator:
     def check(value: str | None) -> str | None:
-        if value is not None and not pattern.fullmatch(value):
+        if value is not None and _botocore_refuses(kind, value):
             raise PydanticCustomError("s3_name", "{shown} {rule}", {"shown": show_name(value), "rule": rule})
         return value
 
@@ -309,8 +320,8 @@ _BUCKET_RULE = (
 class S3Settings(ConfigModel):
     """services.send.s3 (s3_upload only)."""
 
-    bucket: Annotated[OptionalStr, _s3_name(_S3_BUCKET, _BUCKET_RULE)] = None
-    region: Annotated[OptionalStr, _s3_name(_S3_REGION, _REGION_RULE)] = None
+    bucket: Annotated[OptionalStr, _s3_name("bucket", _BUCKET_RULE)] = None
+    region: Annotated[OptionalStr, _s3_name("region", _REGION_RULE)] = None
     access_key_id: OptionalSecret = None
     secret_access_key: OptionalSecret = None
     endpoint: OptionalUrl = Field(default=None, description="an S3-compatible store's address; unset: AWS's")
