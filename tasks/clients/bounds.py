@@ -49,11 +49,14 @@ def answer_within(
 ) -> Iterator[httpx.Response]:
     """The streamed answer to a sync request on a connection of its own (``OWN_CONNECTION``) that ``deadline`` shuts
     down when it passes (``watch``); ``body`` is checked against it piece by piece as it goes out, the answer's
-    head once it is in. A network error in the block, past
+    head once it is in. A body given as bytes is declared by its ``Content-Length`` (sent in pieces, it would
+    otherwise go out chunked, which servers reading only ``Content-Length`` refuse); a body made by a function is
+    chunked unless the caller declares its size. A network error in the block, past
     the deadline, is the deadline's error: the deadline shut the connection down."""
     pieces = (lambda: in_pieces(body)) if isinstance(body, bytes) else body
     content = None if pieces is None else ReplayableBody(lambda: deadline.pieces(pieces(), operation, service))
-    headers = {**(headers or {}), **OWN_CONNECTION}
+    declared = {"Content-Length": str(len(body))} if isinstance(body, bytes) else {}
+    headers = {**declared, **(headers or {}), **OWN_CONNECTION}
     built = http.build_request(method, url, content=content, headers=headers, extensions=deadline.watch(), **request)
     deadline.url = built.url
     try:

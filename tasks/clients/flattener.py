@@ -68,8 +68,7 @@ class Flattener:
         sends them (the answer is never held whole)."""
         body = run_parameters(view, resources)
         operation = f"$run over {len(resources)} resources"
-        headers = {**RUN_HEADERS, "Content-Length": str(len(body))}
-        request = {"params": {"_format": "ndjson"}, "headers": headers, "body": body}
+        request = {"params": {"_format": "ndjson"}, "headers": RUN_HEADERS, "body": body}
         with self._answer("POST", RUN_PATH, operation, **request) as (response, deadline):
             lines = answer_lines(response, deadline, operation, self._service)
             for number, line in enumerate(lines, start=1):

@@ -3,7 +3,8 @@
 Every fake in this package is a plain ``http.server`` handler so that tests see real sockets: real
 resets, real stalls, real chunked bodies. ``LoopbackServer`` starts it on a free port and stops it
 cleanly; ``serve_forever_cli`` lets a fake run alone (``python -m tests.fakes.<name> --port N``, and
-``--latency SECONDS`` for the pseudonymizer and the validator).
+``--latency SECONDS`` for the pseudonymizer and the validator). ``LengthOnlyHandler`` is the base of the fakes of
+services that read a request body by its ``Content-Length`` only, as many real ones and their fronts do.
 """
 
 from __future__ import annotations
@@ -32,6 +33,29 @@ class ResettableState:
             for item in fields(self):
                 if item.name != "_lock":
                     setattr(self, item.name, getattr(fresh, item.name))
+
+
+class LengthOnlyHandler(BaseHTTPRequestHandler):
+    """A handler that refuses a chunked request body with 411 Length Required, as a server or front reading only
+    ``Content-Length`` does (an old-style front; a Java service that then reads an empty body answers 400, blaming
+    the input). A fake's state with ``allow_chunked = True`` lets such a body through."""
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        if "Transfer-Encoding" not in self.headers or getattr(self.server, "state", None) is None:
+            return True
+        if getattr(self.server.state, "allow_chunked", False):
+            return True
+        body = b"411 Length Required: this server reads a request body by its Content-Length only\n"
+        self.close_connection = True  # the chunked body is left unread
+        self.send_response(411)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+        return False
 
 
 class _Server(ThreadingHTTPServer):

@@ -81,12 +81,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tests.fakes._server import LoopbackServer
+from tests.fakes._server import LengthOnlyHandler, LoopbackServer
 from tests.fakes.extraction_content import materialize, remove_job_files
 from tests.fakes.extraction_crtdl import KickoffError, parse_kickoff
 from tests.fakes.extraction_state import (
@@ -138,7 +137,7 @@ class _Abort(Exception):
     """Raised after the connection was reset on purpose; ends the request quietly."""
 
 
-class ExtractionFilesHandler(BaseHTTPRequestHandler):
+class ExtractionFilesHandler(LengthOnlyHandler):
     """Static result-file server (the nginx next to TORCH): GET, HEAD, Range; nothing else."""
 
     protocol_version = "HTTP/1.1"

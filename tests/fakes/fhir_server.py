@@ -39,11 +39,10 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import quote, quote_plus
 
-from tests.fakes._server import LoopbackServer, serve_forever_cli
+from tests.fakes._server import LengthOnlyHandler, LoopbackServer, serve_forever_cli
 from tests.fakes.oauth import OAuthState
 
 FHIR_JSON = "application/fhir+json"
@@ -126,7 +125,7 @@ def entry_key(entry: dict) -> str:
     return str(request.get("url"))
 
 
-class FhirHandler(BaseHTTPRequestHandler):
+class FhirHandler(LengthOnlyHandler):
     protocol_version = "HTTP/1.1"
     server_version = "FakeFhir/1.0"
 

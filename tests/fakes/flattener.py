@@ -25,13 +25,12 @@ import threading
 import time
 from dataclasses import dataclass, field
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from tasks.sof.errors import ViewError
 from tasks.sof.view import compile_view
 from tasks.sof.output import json_bytes
-from tests.fakes._server import LoopbackServer, serve_forever_cli
+from tests.fakes._server import LengthOnlyHandler, LoopbackServer, serve_forever_cli
 
 RUN_PATH = "/fhir/ViewDefinition/$run"
 METADATA_PATH = "/fhir/metadata"
@@ -93,7 +92,7 @@ class FlattenerState:
                 setattr(self, name, value)
 
 
-class FlattenerHandler(BaseHTTPRequestHandler):
+class FlattenerHandler(LengthOnlyHandler):
     server_version = "fake-flattener/1"
     protocol_version = "HTTP/1.1"
 

@@ -21,10 +21,9 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, unquote
 
-from tests.fakes._server import serve_forever_cli
+from tests.fakes._server import LengthOnlyHandler, serve_forever_cli
 
 REALM_PATH = "/realms/dupflow"
 DISCOVERED_TOKEN_PATH = "/oauth2/token"
@@ -60,7 +59,7 @@ class OAuthState:
             self._issued.clear()
 
 
-class _JsonHandler(BaseHTTPRequestHandler):
+class _JsonHandler(LengthOnlyHandler):
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: object) -> None:

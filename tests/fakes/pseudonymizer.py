@@ -51,13 +51,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import orjson
 import yaml
 
-from tests.fakes._server import LoopbackServer, ResettableState, serve_forever_cli
+from tests.fakes._server import LengthOnlyHandler, LoopbackServer, ResettableState, serve_forever_cli
 
 DE_IDENTIFY_PATH = "/fhir/$de-identify"
 FHIR_JSON = "application/fhir+json"
@@ -464,7 +463,7 @@ def operation_outcome(diagnostics: str, code: str = "invalid", severity: str = "
     }
 
 
-class PseudonymizerHandler(BaseHTTPRequestHandler):
+class PseudonymizerHandler(LengthOnlyHandler):
     protocol_version = "HTTP/1.1"
     server_version = "FakePseudonymizer/1.0"
 

@@ -30,14 +30,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import orjson
 from fhir.resources.R4B import get_fhir_model_class
 from pydantic import ValidationError
 
-from tests.fakes._server import LoopbackServer, ResettableState, serve_forever_cli
+from tests.fakes._server import LengthOnlyHandler, LoopbackServer, ResettableState, serve_forever_cli
 
 VALIDATE_PATH = "/validateResource"
 FHIR_JSON = "application/fhir+json"
@@ -263,7 +262,7 @@ class ValidatorState(ResettableState):
 # ------------------------------------------------------------------------------------------------------- handler
 
 
-class ValidatorHandler(BaseHTTPRequestHandler):
+class ValidatorHandler(LengthOnlyHandler):
     protocol_version = "HTTP/1.1"
     server_version = "FakeValidator/1.0"
 
