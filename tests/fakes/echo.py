@@ -20,10 +20,9 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
-from tests.fakes._server import serve_forever_cli
+from tests.fakes._server import LengthOnlyHandler, serve_forever_cli
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "proxy-connection"}
 
@@ -51,6 +50,7 @@ class EchoState:
     replies: deque[Reply] | list[Reply] = field(default_factory=deque)
     upstream: str | None = None
     requests: list[RecordedRequest] = field(default_factory=list)
+    allow_chunked: bool = True  # botocore sends chunked bodies, which S3 takes; False: a Content-Length-only server
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -62,7 +62,7 @@ class EchoState:
             return self.replies.popleft() if self.replies else None
 
 
-class EchoHandler(BaseHTTPRequestHandler):
+class EchoHandler(LengthOnlyHandler):
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: object) -> None:  # keep test output quiet
