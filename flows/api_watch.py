@@ -4,8 +4,11 @@ A flow run cannot go on without its server (every task run reports its states th
 and retries each call for minutes, printing warnings, before the run fails with a long traceback. Instead a thread
 probes the API's ``/health`` (any answer, a busy server's 503 too, counts as alive); after ``LOST_AFTER`` seconds
 without one it records the job Crashed with the reason, says so in two lines with the exact ``continue`` command,
-and ends the process at once. Nothing is lost: a finished file is committed, a half-written one is a ``.part`` file
-that the next run writes again, and the kernel releases the job's lock. The worker processes end with their parent.
+and ends the process at once. A server that answers is checked to be the one the job started on (``same_server``):
+another home's server, or any other program, that takes the port of a server that died would otherwise get the
+job's states, logs and artifacts; the job stops at once instead. Nothing is lost: a finished file is committed,
+a half-written one is a ``.part`` file that the next run writes again, and the kernel releases the job's lock. The
+worker processes end with their parent.
 """
 
 from __future__ import annotations
@@ -15,11 +18,11 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 
 from config.runtime import job_on_command_line
-from flows.prefect_server import http_get
+from flows.prefect_server import http_get, prefect_home, read_record, settings_of_home
 from tasks.core.readable import CLI
 from tasks.core.url_credentials import shown_url
 from tasks.job.layout import JobPaths
@@ -49,19 +52,42 @@ def watch(paths: JobPaths, api_url: str, done: threading.Event) -> None:
     """Probe until ``done``. While the API does not answer, Prefect's log shipping does not complain on the terminal
     (its "--- Error logging to API ---" follows ``logging.raiseExceptions``); an answer restores that."""
     answered = time.monotonic()
+    same = same_server(api_url)
     while not done.wait(PROBE_INTERVAL):
         alive = http_get(api_url, "/health", PROBE_TIMEOUT) is not None
+        if alive and not same() and not done.is_set():
+            stop_job(paths, f"another server answers at {shown_url(api_url)}, not the Prefect server the job ran on")
         logging.raiseExceptions = alive
         if alive:
             answered = time.monotonic()
         elif time.monotonic() - answered >= LOST_AFTER and not done.is_set():
-            stop_job(paths, api_url)
+            stop_job(paths, f"the Prefect server at {shown_url(api_url)} went away (no answer for {LOST_AFTER:.0f} s)")
     logging.raiseExceptions = True
 
 
-def stop_job(paths: JobPaths, api_url: str) -> None:
+def same_server(api_url: str) -> Callable[[], bool]:
+    """Whether the server answering at ``api_url`` is still the job's. The home's own server proves it as ``start``
+    checks it (its settings name the home and echo the start's nonce; one started anew for the home by another
+    command serves the same database and passes); a server given by ``PREFECT_API_URL`` by settings that stay what
+    they were when the job started. An answer that tells nothing (``shown_settings``) is taken for the job's server."""
+    home = prefect_home()
+    if (record := read_record(home)) is not None and record.url == api_url:
+        return lambda: (
+            (answer := shown_settings(api_url)) is None or settings_of_home(answer, read_record(home) or record, home)
+        )
+    first = shown_settings(api_url)
+    return lambda: first is None or (answer := shown_settings(api_url)) is None or answer == first
+
+
+def shown_settings(api_url: str) -> tuple[int, bytes] | None:
+    """The answer to ``/admin/settings``; None where it tells nothing: none in time, a busy server's 5xx, or one
+    asking for credentials (401, 403). Any other answer, a program's 404 too, is compared."""
+    answer = http_get(api_url, "/admin/settings", PROBE_TIMEOUT)
+    return None if answer is None or answer[0] in (401, 403) or answer[0] >= 500 else answer
+
+
+def stop_job(paths: JobPaths, reason: str) -> None:
     """Record the job Crashed with the reason, say so, and end the process (no Prefect call: the server is gone)."""
-    reason = f"the Prefect server at {shown_url(api_url)} went away (no answer for {LOST_AFTER:.0f} s)"
     with suppress(RecordError, OSError):
         record_stopped(paths.job_dir, CRASHED, reason)
     line = logging.LogRecord("dupflow", logging.ERROR, __file__, 0, "job stopped: %s", (reason,), None)

@@ -346,7 +346,12 @@ def serves_home(record: ServerRecord, home: Path) -> bool:
     """Whether the server at ``record.url`` is the one started for ``home``: its settings name the home and echo
     the start's secret nonce (the same port, or a process that echoes the home's path, is no proof). A record
     written before nonces had none: the home alone tells."""
-    status, body = http_get(record.url, "/admin/settings", API_ANSWER_TIMEOUT) or (None, b"")
+    return settings_of_home(http_get(record.url, "/admin/settings", API_ANSWER_TIMEOUT), record, home)
+
+
+def settings_of_home(answer: tuple[int, bytes] | None, record: ServerRecord, home: Path) -> bool:
+    """Whether ``answer``, a server's ``/admin/settings`` (None: no answer), is that of ``home``'s server."""
+    status, body = answer or (None, b"")
     try:
         settings = json.loads(body)
         same_home = status == 200 and Path(settings["home"]).resolve() == home.resolve()
