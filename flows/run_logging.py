@@ -24,6 +24,10 @@ DASK_LOGGERS = ("distributed", "prefect.task_runner.dask")  # their INFO (a clus
 PREFECT_SERVICES = ("EventsWorker", "APILogWorker")
 SERVICE_DRAINING = "Still processing items"
 """Prefect's note while a service hands its queued events or logs to the server as the run ends: for the job log."""
+EVENT_CLIENT_NOISE = ("prefect.events.clients", "prefect._internal.concurrency")
+"""Prefect's event client (no websocket to the API) and its services' thread machinery ("Service 'EventsWorker'
+failed to process item Event(…)", the whole event, kilobytes on one line): where the server is lost, the API watch
+says so in two lines; these are for the job log."""
 HAND_OVER_SECONDS = 10
 CLUSTER_TEARDOWN = "Worker process still alive after"
 """distributed.nanny's WARNING when a worker takes more than 4 s to end as the local cluster closes (a loaded
@@ -97,8 +101,8 @@ def take_interrupts() -> None:
 class _OneFailureLine(logging.Filter):
     """The terminal tells a failure once (Prefect logs it at every run it passes): only the first ERROR of a run,
     and no "Finished in state Failed/Crashed" line; nor Dask's INFO and its teardown warning (``CLUSTER_TEARDOWN``).
-    Nor Prefect's services' notes as they hand over the run's last events (``SERVICE_DRAINING``).
-    The job log and the UI keep them all."""
+    Nor Prefect's services' notes as they hand over the run's last events (``SERVICE_DRAINING``), nor its event
+    client's and services' failures (``EVENT_CLIENT_NOISE``). The job log and the UI keep them all."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -110,6 +114,8 @@ class _OneFailureLine(logging.Filter):
         ):
             return False
         if record.name in PREFECT_SERVICES and str(record.msg).startswith(SERVICE_DRAINING):
+            return False
+        if record.name.startswith(EVENT_CLIENT_NOISE):
             return False
         if record.name not in RUN_LOGGERS:
             return True

@@ -52,5 +52,23 @@ def test_prefects_services_handing_over_the_runs_last_events_stay_off_the_termin
             service, logging.WARNING, "", 1, "Still processing items: 1 items remaining...", None, None
         )
         assert not console_filter.filter(note)
-    failed = "Service 'EventsWorker' failed to process item"
-    assert console_filter.filter(logging.LogRecord("EventsWorker", logging.ERROR, "", 1, failed, None, None))
+
+
+def test_prefects_event_client_noise_stays_off_the_terminal_and_other_prefect_warnings_show(console_filter):
+    """With its server killed, Prefect's event client warned of the websocket and its services' machinery logged
+    each undelivered event whole (2.4-2.9 kB on one line): the API watch tells the loss in two lines; these records
+    are for the job log. Prefect's other warnings still show."""
+    event = "Event(occurred=DateTime(2026, 11, 26), event='prefect.task-run.Completed', resource=" + "x" * 2500 + ")"
+    noise = [
+        ("prefect.events.clients", logging.WARNING, "Unable to connect to 'ws://127.0.0.1:4578/api/events/in'.", ()),
+        (
+            "prefect._internal.concurrency",
+            logging.ERROR,
+            "Service %r failed to process item %r",
+            ("EventsWorker", event),
+        ),
+    ]
+    for name, level, message, args in noise:
+        assert not console_filter.filter(logging.LogRecord(name, level, "", 1, message, args, None))
+    other = logging.LogRecord("prefect.flow_runs", logging.WARNING, "", 1, "a flow run warning", None, None)
+    assert console_filter.filter(other)
