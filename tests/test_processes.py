@@ -233,3 +233,22 @@ def kill_workers_once_started() -> None:
     wait_until(worker_pids, "the workers started", DEADLINE_SECONDS)
     for pid in worker_pids():
         os.kill(pid, signal.SIGKILL)
+
+
+def test_a_process_ended_at_once_leaves_no_warning_of_its_pools_semaphores_on_the_terminal():
+    """A job whose server is lost ends its process at once (``os._exit``); loky's resource tracker then removes the
+    pool's semaphores and warned of "leaked semlock objects" in two lines of 400 characters under the job's last
+    words. The tracker still cleans up (it exits when done, closing the terminal's stream); it says nothing."""
+    script = (
+        "import os, time\n"
+        "from tasks.streams import processes\n"
+        "with processes.worker_pool():\n"
+        "    processes.run_in_process(time.sleep, 0)\n"
+        "    print('ending at once', flush=True)\n"
+        "    os._exit(1)\n"
+    )
+    result = subprocess.run(  # its output ends when the tracker, the last holder of the stream, has exited
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, env=plain_environment(), timeout=120
+    )
+    assert result.stdout == "ending at once\n" and result.returncode == 1, result.stderr
+    assert result.stderr == ""

@@ -14,6 +14,7 @@ import importlib
 import multiprocessing
 import os
 import select
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +31,10 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 
 MAX_PROCESSES = 8
+TRACKER_WARNING = "ignore:resource_tracker:UserWarning"
+"""For loky's resource tracker process, which takes this process's ``sys.warnoptions`` as its -W flags: a job process
+ended at once (its server lost, kill -9) leaves the pool's semaphores to the tracker, which removes them and warns of
+"leaked semlock objects" on the terminal, two lines of 400 characters under the job's last words."""
 POLL_SECONDS = 0.2
 COUNT_WRITE_SECONDS = 0.5
 
@@ -110,6 +115,8 @@ class WorkerPool:
                     raise RuntimeError("the worker pool is closed: its step has ended")
                 from loky import ProcessPoolExecutor
 
+                if TRACKER_WARNING not in sys.warnoptions:  # before loky starts its tracker
+                    sys.warnoptions.append(TRACKER_WARNING)
                 initargs = (os.getpid(), self.preload)
                 self.executor = ProcessPoolExecutor(self.size, initializer=_start_worker, initargs=initargs)
         return self.executor.submit(function, *args)
