@@ -32,8 +32,18 @@ def send_config(url: str, *, basic: bool = True, password: str = PASSWORD, **sen
     }
 
 
-def send_file(url: str, source: Path, records: Path, *, batch_size: int = 100, job_id: str = "job-1", **options):
-    settings = Settings.model_validate(send_config(url, **options))
+def send_file(
+    url: str,
+    source: Path,
+    records: Path,
+    *,
+    batch_size: int = 100,
+    job_id: str = "job-1",
+    tls: dict[str, Any] | None = None,
+    **options: Any,
+):
+    """``source`` sent to ``url`` as the step sends it; ``tls`` the configuration's ``tls`` (for an https URL)."""
+    settings = Settings.model_validate(send_config(url, **options) | {"tls": tls or {}})
     with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
         return send_resources(server, source, records, job_id=job_id, batch_size=batch_size, max_line_bytes=16 * MB)
 

@@ -1,0 +1,134 @@
+"""The clients through a real nginx before the fakes, as hospitals run their services (tests/support/nginx.py): TLS
+ending at nginx, request bodies passed on as they come (``proxy_request_buffering off``), and nginx's own body limit
+(``client_max_body_size``), whose 413 names the fix. The fakes read a request body by its Content-Length only, so a
+body nginx passes on chunked (as it does any body the client sent chunked) is refused: the extraction kick-off went
+out chunked before it declared its length."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from config.settings import TlsSettings
+from tasks.clients.downloads import download_ndjson
+from tasks.pseudonymizer import pseudonymize_path
+from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
+from tests.fakes.fhir_server import start_fhir_fake
+from tests.fakes.pseudonymizer import start_pseudonymizer
+from tests.support.extraction import CRTDL, FAST_RETRY, SimulatedTime, client_for
+from tests.support.ndjson import read_output, write_lines
+from tests.support.nginx import NginxFront, Upstream
+from tests.support.pseudonymization import observation_bundle, open_service, patient, server_side
+from tests.support.sending import MB, generated, send_file, write_ndjson
+
+pytestmark = pytest.mark.slow
+
+TIGHT = "8k"  # the body limit of the fronts named "tight …"
+SIM = SimulatedTime()  # the fake extraction server's clock, and its clients': polling takes no real time
+
+
+@pytest.fixture(scope="module")
+def fakes() -> Iterator[dict]:
+    servers = {
+        "extraction": start_extraction_server(clock=SIM),
+        "pseudonymizer": start_pseudonymizer(),
+        "fhir": start_fhir_fake(),
+    }
+    yield servers
+    for server in servers.values():
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def nginx_upstreams(fakes) -> dict[str, Upstream]:
+    """Each fake behind nginx twice: with nginx's default body limit (1m), and with a tight one."""
+    fronts = {name: Upstream(server.port) for name, server in fakes.items()}
+    return fronts | {f"tight {name}": Upstream(server.port, TIGHT) for name, server in fakes.items()}
+
+
+def tls(front: NginxFront) -> TlsSettings:
+    return TlsSettings(ca_cert_path=front.ca_cert_path)
+
+
+# --- the extraction ------------------------------------------------------------------------------------------
+
+
+def test_an_extraction_through_nginx_kicks_off_polls_and_downloads(nginx_front, fakes, tmp_path):
+    """Kick-off, polling and every download over https through nginx, request bodies not buffered: the kick-off
+    reaches the server (which reads Content-Length only) as it was sent."""
+    torch: ExtractionServer = fakes["extraction"]
+    url = nginx_front.urls["extraction"]
+    with client_for(url, SIM, tls(nginx_front)) as client:
+        urls = client.poll_until_complete(client.submit(CRTDL))
+        files = [download_file(client.http, file_url, tmp_path) for file_url in urls]
+
+    assert [s.status for s in torch.state.submissions][-1] in (200, 202)
+    assert urls and all(file_url.startswith(f"{url}/") for file_url in urls)
+    assert all(stats.resources > 0 for stats in files)
+
+
+def download_file(http, url: str, folder: Path):
+    return download_ndjson(
+        http,
+        url,
+        folder / url.rsplit("/", 1)[-1],
+        level=None,
+        max_line_bytes=MB,
+        stall_timeout=timedelta(seconds=30),
+        retry=FAST_RETRY,
+    )
+
+
+# --- the pseudonymizer ---------------------------------------------------------------------------------------
+
+
+def pseudonymize_file(url: str, front: NginxFront, source: Path, dest: Path, **options):
+    async def run():
+        async with open_service(url, tls=tls(front), max_concurrent_requests=4, **options) as service:
+            return await pseudonymize_path(source, dest, service, level="fastest", max_line_bytes=16 * MB, window=8)
+
+    return asyncio.run(run())
+
+
+def test_a_file_is_pseudonymized_through_nginx(nginx_front, fakes, tmp_path):
+    """Resources and a Bundle split in chunks (each below nginx's default limit of 1 MB), four requests at a time,
+    over https through nginx."""
+    fakes["pseudonymizer"].state.reset()
+    resources = [patient(i) for i in range(12)] + [observation_bundle(count=6, pad=300_000)]
+    source = write_lines(tmp_path / "in.ndjson", resources)
+
+    counts = pseudonymize_file(
+        nginx_front.urls["pseudonymizer"], nginx_front, source, tmp_path / "out.ndjson.zst", split_threshold_mb=1
+    )
+
+    written = read_output(tmp_path / "out.ndjson.zst")
+    assert written[:12] == [server_side(p, fakes["pseudonymizer"]) for p in resources[:12]]
+    assert [entry["resource"]["valueInteger"] for entry in written[12]["entry"]] == list(range(6))
+    assert (counts.resources_in, counts.resources_out, counts.bundles_split) == (13, 13, 1)
+    requests = fakes["pseudonymizer"].state.requests
+    assert counts.requests == len(requests) > 13 and all(r.status == 200 and r.size <= MB for r in requests)
+
+
+# --- the send ------------------------------------------------------------------------------------------------
+
+
+def test_resources_are_sent_in_transactions_through_nginx(nginx_front, fakes, tmp_path):
+    fhir = fakes["fhir"]
+    fhir.state.reset()
+    source = write_ndjson(tmp_path / "core.ndjson", generated(25, "n"))
+
+    report = send_file(
+        nginx_front.urls["fhir"], source, tmp_path / "send", batch_size=10, basic=False, tls=tls_config(nginx_front)
+    )
+
+    assert [len(t["entries"]) for t in fhir.state.transactions] == [10, 10, 5]
+    assert len(fhir.state.applied) == 25 and set(fhir.state.applied.values()) == {1}
+    assert (report.batches, report.entries) == (3, 25)
+
+
+def tls_config(front: NginxFront) -> dict:
+    return {"ca_cert_path": front.ca_cert_path}
