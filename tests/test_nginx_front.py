@@ -7,6 +7,7 @@ out chunked before it declared its length."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -15,7 +16,9 @@ import pytest
 
 from config.settings import TlsSettings
 from tasks.clients.downloads import download_ndjson
-from tasks.pseudonymizer import pseudonymize_path
+from tasks.clients.errors import ServiceError
+from tasks.core.errors import StepError
+from tasks.pseudonymizer import PseudonymizerStepError, pseudonymize_path
 from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
 from tests.fakes.fhir_server import start_fhir_fake
 from tests.fakes.pseudonymizer import start_pseudonymizer
@@ -132,3 +135,44 @@ def test_resources_are_sent_in_transactions_through_nginx(nginx_front, fakes, tm
 
 def tls_config(front: NginxFront) -> dict:
     return {"ca_cert_path": front.ca_cert_path}
+
+
+# --- nginx's body limit --------------------------------------------------------------------------------------
+
+LIMIT_FIX = "nginx's client_max_body_size"
+
+
+def test_a_kickoff_over_nginxs_body_limit_names_the_limit_to_raise(nginx_front, fakes):
+    large = json.dumps(json.loads(CRTDL), indent=4096 * 4).encode()  # the same CRTDL, over 8 KB
+    submitted = len(fakes["extraction"].state.submissions)
+    with client_for(nginx_front.urls["tight extraction"], SIM, tls(nginx_front)) as client:
+        with pytest.raises(ServiceError) as caught:
+            client.submit(large)
+
+    assert caught.value.status_code == 413 and LIMIT_FIX in str(caught.value)
+    assert len(fakes["extraction"].state.submissions) == submitted  # nginx refused it; the server never saw it
+
+
+def test_a_resource_over_nginxs_body_limit_names_the_limit_to_raise(nginx_front, fakes, tmp_path):
+    fakes["pseudonymizer"].state.reset()
+    source = write_lines(tmp_path / "in.ndjson", [patient(1), patient(2, note=[{"text": "x" * 20_000}])])
+
+    with pytest.raises(PseudonymizerStepError) as caught:
+        pseudonymize_file(nginx_front.urls["tight pseudonymizer"], nginx_front, source, tmp_path / "out.ndjson.zst")
+
+    message = str(caught.value)
+    assert "line 2 (Patient/p2)" in message and "HTTP 413" in message and LIMIT_FIX in message
+    assert len(fakes["pseudonymizer"].state.requests) == 1  # the first resource; nginx kept the second from it
+
+
+def test_a_transaction_over_nginxs_body_limit_names_the_limit_to_raise(nginx_front, fakes, tmp_path):
+    fakes["fhir"].state.reset()
+    source = write_ndjson(tmp_path / "core.ndjson", generated(100, "t"))
+    url = nginx_front.urls["tight fhir"]
+
+    with pytest.raises(StepError) as caught:
+        send_file(url, source, tmp_path / "send", batch_size=100, basic=False, tls=tls_config(nginx_front))
+
+    message = str(caught.value)
+    assert "HTTP 413" in message and "lower services.send.batch_size" in message and LIMIT_FIX in message
+    assert fakes["fhir"].state.requests == []
