@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from config.settings import TlsSettings
-from tasks.clients.downloads import download_ndjson
+from tasks.clients.downloads import download_ndjson, wait_until_available
 from tasks.clients.errors import ServiceError
 from tasks.core.errors import StepError
 from tasks.pseudonymizer import PseudonymizerStepError, pseudonymize_path
@@ -61,20 +61,26 @@ def tls(front: NginxFront) -> TlsSettings:
 
 
 def test_an_extraction_through_nginx_kicks_off_polls_and_downloads(nginx_front, fakes, tmp_path):
-    """Kick-off, polling and every download over https through nginx, request bodies not buffered: the kick-off
-    reaches the server (which reads Content-Length only) as it was sent."""
+    """Kick-off, polling and every download (as the step does them) over https through nginx, request bodies not
+    buffered: the kick-off reaches the server, which reads a body by its Content-Length only, with its length (before
+    a2d6640 it went out chunked, nginx passed it on chunked, and the server answered 411)."""
     torch: ExtractionServer = fakes["extraction"]
     url = nginx_front.urls["extraction"]
     with client_for(url, SIM, tls(nginx_front)) as client:
-        urls = client.poll_until_complete(client.submit(CRTDL))
+        handle = client.submit(CRTDL)
+        urls = client.poll_until_complete(handle)
         files = [download_file(client.http, file_url, tmp_path) for file_url in urls]
 
-    assert [s.status for s in torch.state.submissions][-1] in (200, 202)
+    (submission,) = [s for s in torch.state.submissions if s.job_id == handle.job_id]
+    assert submission.status == 202 and handle.status_url.startswith(f"{url}/fhir/__status/")
+    assert "transfer-encoding" not in submission.headers
+    assert submission.headers["content-length"] == str(len(submission.body))
     assert urls and all(file_url.startswith(f"{url}/") for file_url in urls)
     assert all(stats.resources > 0 for stats in files)
 
 
 def download_file(http, url: str, folder: Path):
+    wait_until_available(http, url, checks=3, interval=timedelta(seconds=1))
     return download_ndjson(
         http,
         url,

@@ -155,7 +155,8 @@ def wait_for_answer(process: subprocess.Popen, front: NginxFront) -> None:
                 stderr = (front.folder / "stderr.log").read_text(errors="replace")
                 pytest.fail(f"nginx exited with {process.returncode}: {stderr}{front.error_log()}", pytrace=False)
             if time.monotonic() > deadline:
-                pytest.fail(f"nginx did not answer at {url} within {STARTUP_SECONDS} s: {front.error_log()}")
+                late = f"nginx did not answer at {url} within {STARTUP_SECONDS} s: {front.error_log()}"
+                pytest.fail(late, pytrace=False)
             time.sleep(0.02)
 
 
