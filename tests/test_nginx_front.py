@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -26,7 +27,7 @@ from tests.support.extraction import CRTDL, FAST_RETRY, SimulatedTime, client_fo
 from tests.support.ndjson import read_output, write_lines
 from tests.support.nginx import NginxFront, Upstream
 from tests.support.pseudonymization import observation_bundle, open_service, patient, server_side
-from tests.support.sending import MB, generated, send_file, write_ndjson
+from tests.support.sending import MB, generated, send_file, transfer, write_ndjson
 
 pytestmark = pytest.mark.slow
 
@@ -139,6 +140,23 @@ def test_resources_are_sent_in_transactions_through_nginx(nginx_front, fakes, tm
     assert (report.batches, report.entries) == (3, 25)
 
 
+def test_files_are_transferred_as_binaries_through_nginx(nginx_front, fakes, tmp_path):
+    """transfer_load: each file a Binary PUT whose body is streamed (its length declared), then the
+    DocumentReference."""
+    fhir = fakes["fhir"]
+    fhir.state.reset()
+    inputs = [write_ndjson(tmp_path / f"{name}.ndjson", generated(300, name)) for name in ("core", "Observation")]
+    records = tmp_path / "send"
+    records.mkdir()
+
+    reference = transfer(nginx_front.urls["fhir"], "job-n", inputs, records, tls=tls_config(nginx_front))
+
+    binaries = [key for key in fhir.state.put_bytes if key.startswith("Binary/")]
+    assert len(binaries) == 2 and all(fhir.state.put_bytes[key] > 1000 for key in binaries)
+    assert reference in fhir.state.put_bytes
+    assert set(fhir.state.applied.values()) == {1}
+
+
 def tls_config(front: NginxFront) -> dict:
     return {"ca_cert_path": front.ca_cert_path}
 
@@ -181,4 +199,18 @@ def test_a_transaction_over_nginxs_body_limit_names_the_limit_to_raise(nginx_fro
 
     message = str(caught.value)
     assert "HTTP 413" in message and "lower services.send.batch_size" in message and LIMIT_FIX in message
+    assert fakes["fhir"].state.requests == []
+
+
+def test_a_binary_over_nginxs_body_limit_names_the_limit_to_raise(nginx_front, fakes, tmp_path):
+    fakes["fhir"].state.reset()
+    noise = [{"resourceType": "Patient", "id": "p1", "name": [{"text": os.urandom(16_000).hex()}]}]
+    source = write_ndjson(tmp_path / "core.ndjson", noise)  # 32 KB that no zip makes smaller than 8 KB
+    records = tmp_path / "send"
+    records.mkdir()
+
+    with pytest.raises(ServiceError) as caught:
+        transfer(nginx_front.urls["tight fhir"], "job-b", [source], records, tls=tls_config(nginx_front))
+
+    assert caught.value.status_code == 413 and LIMIT_FIX in str(caught.value)
     assert fakes["fhir"].state.requests == []
