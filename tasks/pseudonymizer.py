@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from config.settings import Settings
-from tasks.clients.errors import ServiceError
+from tasks.clients.errors import BODY_LIMIT, ServiceError
 from tasks.clients.http import ServiceEndpoint, build_async_client, http_timeout
 from tasks.clients.pseudonymizer import (
     CONFIG_KEY,
@@ -44,8 +44,8 @@ from tasks.streams.ndjson import (
 
 TOO_LARGE_HINT = (
     "the request was larger than the pseudonymization service accepts: lower "
-    "services.pseudonymizer.bundle_split_threshold_mb so that Bundles are sent in smaller chunks, or raise the "
-    "service's request body limit"
+    "services.pseudonymizer.bundle_split_threshold_mb so that Bundles are sent in smaller chunks, or raise "
+    f"{BODY_LIMIT}"
 )
 CACHED_CONFIGS = 4
 """Anonymization configs kept per process, by digest: a run uses one; a long-lived worker may see a few jobs'."""

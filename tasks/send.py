@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from config.settings import Settings
-from tasks.clients.errors import ServiceError
+from tasks.clients.errors import BODY_LIMIT, ServiceError
 from tasks.clients.fhir_server import AUTH_REFUSALS, FhirServer, TransactionRejected
 from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
 from tasks.core.errors import StepError
@@ -41,7 +41,7 @@ UNWRAPPED_BUNDLE_TYPES = ("transaction", "collection", "searchset")
 SEND_ENTRY_TAG_SYSTEM = "urn:dupflow:send-entry"
 STATUS_HINTS = {  # what a refusal of the whole transaction asks of the user
     **AUTH_REFUSALS,
-    413: "the transaction is larger than the server accepts; lower services.send.batch_size or raise its body limit",
+    413: f"the transaction is larger than the server accepts; lower services.send.batch_size or raise {BODY_LIMIT}",
 }
 
 

@@ -23,7 +23,7 @@ from prefect.logging import get_run_logger
 from pydantic import BaseModel
 
 from config.settings import Settings
-from tasks.clients.errors import ServiceError
+from tasks.clients.errors import BODY_LIMIT, ServiceError
 from tasks.clients.http import AsyncServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.validator import MB, Chunk, ValidationServiceError, Validator, annotated, iter_chunks, read_findings
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
@@ -39,11 +39,11 @@ REPORT_LINE_LIMIT = 1 << 30
 """Report lines hold a whole chunk's OperationOutcome; the NDJSON line limit is for input resources."""
 TOO_LARGE_HINT = (
     "the chunk was larger than the validation service accepts: lower services.validation.bundle_chunk_size_mb, "
-    "or raise the service's request body limit"
+    f"or raise {BODY_LIMIT}"
 )
 ALONE_TOO_LARGE_HINT = (
     "the chunk held this one resource, larger than the validation service accepts (a smaller "
-    "services.validation.bundle_chunk_size_mb cannot help): raise the service's request body limit"
+    f"services.validation.bundle_chunk_size_mb cannot help): raise {BODY_LIMIT}"
 )
 
 stdlib_logger = logging.getLogger("dupflow.validation")

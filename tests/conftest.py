@@ -19,7 +19,13 @@ from tests.support.ports import free_port
 
 # The two tiers (fast: no Prefect server, no process; slow: marked) and the check that no test leaves Prefect's
 # settings changed; the fixtures of a real Prefect server with this repository's deployments (server, deployed, site).
-pytest_plugins = ["tests.support.tiers", "tests.support.deployments", "tests.support.s3", "tests.support.postgres"]
+pytest_plugins = [
+    "tests.support.tiers",
+    "tests.support.deployments",
+    "tests.support.s3",
+    "tests.support.postgres",
+    "tests.support.nginx",
+]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TESTDATA = REPO_ROOT.parent / "shared" / "testdata"

@@ -123,6 +123,21 @@ def test_kickoff_500_is_attempted_exactly_once():
     assert len(state.requests) == 1
 
 
+def test_a_kickoff_too_large_for_the_server_or_its_proxy_names_the_limit_to_raise():
+    """A front's 413 is an HTML page naming nothing: the message said only "HTTP 413 Request Entity Too Large"."""
+    page = b"<html><head><title>413 Request Entity Too Large</title></head><body>nginx</body></html>"
+    state = EchoState(replies=[Reply(413, {"Content-Type": "text/html"}, page)])
+    with LoopbackServer(EchoHandler, state) as server, client_for(server.base_url, SimulatedTime()) as client:
+        with pytest.raises(ServiceError) as caught:
+            client.submit(CRTDL)
+
+    assert (caught.value.status_code, caught.value.transient) == (413, False)
+    assert "the CRTDL is larger than the extraction server accepts: raise the body limit of the server" in str(
+        caught.value
+    )
+    assert "nginx's client_max_body_size" in str(caught.value) and len(state.requests) == 1
+
+
 def test_missing_content_location_is_an_error(sim):
     with start_extraction_server(clock=sim, omit_content_location=True) as server:
         with client_for(server.base_url, sim) as client, pytest.raises(ExtractionError, match="Content-Location"):
@@ -760,6 +775,17 @@ def test_cohort_preview_reads_the_patients_of_the_list_and_404_means_unsupported
         with pytest.raises(CohortPreviewUnsupportedError):
             client.evaluate_cohort(CRTDL)
     assert state.requests[0].body == CRTDL and state.requests[0].headers["content-type"] == "application/json"
+
+
+def test_a_cohort_preview_too_large_for_the_server_or_its_proxy_names_the_limit_to_raise():
+    page = b"<html><head><title>413 Request Entity Too Large</title></head><body>nginx</body></html>"
+    server, state = scripted_status_server(Reply(413, {"Content-Type": "text/html"}, page))
+    with server, task_client(server.base_url) as client, pytest.raises(ServiceError) as caught:
+        client.evaluate_cohort(CRTDL)
+
+    assert (caught.value.status_code, caught.value.transient) == (413, False) and len(state.requests) == 1
+    assert "the CRTDL is larger than the extraction server accepts" in str(caught.value)
+    assert "nginx's client_max_body_size" in str(caught.value)
 
 
 def test_a_cohort_preview_that_is_no_list_is_an_error():

@@ -189,7 +189,7 @@ def test_an_entry_larger_than_the_threshold_fails_naming_it_its_size_and_the_rem
     message = str(caught.value)
     assert "entry 1 (Observation/o1)" in message and "1.5 MB" in message and "threshold of 1 MB" in message
     assert "services.pseudonymizer.bundle_split_threshold_mb (up to 100)" in message
-    assert "request body limit" in message
+    assert "if needed, the body limit of the server (or of a proxy before it, such as nginx's" in message
     assert pseudonymizer_fake.state.requests == []
 
 

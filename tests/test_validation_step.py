@@ -239,7 +239,9 @@ def test_a_413_for_a_chunk_of_one_resource_does_not_advise_a_smaller_chunk(valid
 
     with pytest.raises(StepError) as failed:
         run_file(validator_fake, source, tmp_path / "a.ndjson.zst")
-    assert "cannot help): raise the service's request body limit" in str(failed.value)
+    assert "cannot help): raise the body limit of the server (or of a proxy before it, such as nginx's" in str(
+        failed.value
+    )
     assert "lower services.validation.bundle_chunk_size_mb" not in str(failed.value)
 
 

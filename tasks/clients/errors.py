@@ -12,7 +12,7 @@ from __future__ import annotations
 import email.utils
 import json
 import ssl
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from datetime import datetime, UTC
 from typing import Any
@@ -29,6 +29,9 @@ from tasks.core.url_credentials import shown_url
 MAX_TEXT_CHARS = 500
 MAX_MESSAGE_CHARS = 2000
 MAX_PARSED_BODY_BYTES = 1_000_000
+BODY_LIMIT = "the body limit of the server (or of a proxy before it, such as nginx's client_max_body_size)"
+"""What a 413 asks to raise (after a smaller request, where one can be made): a proxy's limit as well as the
+service's own, since the proxy answers for the service (nginx's 413 is an HTML page naming neither)."""
 SERVICE_SETTING = "dupflow.service_setting"
 """The request extension naming the configuration key of the service URL (or OAuth issuer) whose origin the request
 goes to; ``tasks.clients.http`` sets it on every request to a configured service (``nothing_answers`` reads it)."""
@@ -140,22 +143,34 @@ def where(exc: httpx.TransportError) -> str:
 
 
 def error_from_response(
-    response: httpx.Response, *, operation: str, service: str | None, body: bytes | None = None
+    response: httpx.Response,
+    *,
+    operation: str,
+    service: str | None,
+    body: bytes | None = None,
+    hints: Mapping[int, str] | None = None,
 ) -> ServiceError:
-    """Build the error for a 4xx/5xx response from its ``body`` (by default the read response's content)."""
+    """Build the error for a 4xx/5xx response from its ``body`` (by default the read response's content), with what
+    the user can do about it when ``hints`` knows the status."""
     texts = operation_outcome_texts(response.content if body is None else body)
     status_line = f"HTTP {response.status_code} {response.reason_phrase}"
     message = truncate("; ".join(texts), MAX_MESSAGE_CHARS) if texts else status_line
+    if hint := (hints or {}).get(response.status_code):
+        message = f"{message}; {hint}"
     status, retry_after = response.status_code, parse_retry_after(response.headers.get("Retry-After"))
     transient = is_transient_status(status)
     return ServiceError(operation, status, message, transient=transient, service=service, retry_after=retry_after)
 
 
-def raise_for_service_status(response: httpx.Response, *, operation: str, service: str | None) -> None:
+def raise_for_service_status(
+    response: httpx.Response, *, operation: str, service: str | None, hints: Mapping[int, str] | None = None
+) -> None:
     """Raise a ``ServiceError`` for a 4xx/5xx response (reading at most ``MAX_PARSED_BODY_BYTES`` of a streamed
-    body: only an OperationOutcome's texts are used, and an error page can be of any size)."""
+    body: only an OperationOutcome's texts are used, and an error page can be of any size); ``hints`` as
+    ``error_from_response`` takes them."""
     if response.is_error:
-        raise error_from_response(response, operation=operation, service=service, body=error_body(response))
+        body = error_body(response)
+        raise error_from_response(response, operation=operation, service=service, body=body, hints=hints)
 
 
 async def raise_for_service_status_async(response: httpx.Response, *, operation: str, service: str | None) -> None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from tasks.clients.errors import BODY_LIMIT
 from tasks.core.json_shapes import as_array
 from tasks.core.errors import StepError
 from tasks.core.names import invisible_character_problem, show_name
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 
 SERVICE = "extractor"
 BASE_URL_SETTING = "services.extractor.base_url"
+CRTDL_REFUSALS = {413: f"the CRTDL is larger than the extraction server accepts: raise {BODY_LIMIT}"}
+"""What a request carrying the CRTDL (the kick-off, the cohort preview) refused for its size asks of the user."""
 TASK_TIMEOUT = timedelta(seconds=10)
 # The spec's {extension_base}/extractor-job-progress and the real server's torch-job-progress.
 PROGRESS_EXTENSION_SUFFIXES = ("/extractor-job-progress", "/torch-job-progress")

@@ -24,7 +24,7 @@ from tasks.core.json_shapes import as_array, as_object
 from tasks.clients.bounds import MB
 from tasks.clients.errors import ServiceError, json_object, json_or_none
 from tasks.clients.extraction_documents import SERVICE, TASK_TIMEOUT, ExtractionError, base_url_of, job_status_of
-from tasks.clients.extraction_documents import BASE_URL_SETTING, progress_values
+from tasks.clients.extraction_documents import BASE_URL_SETTING, CRTDL_REFUSALS, progress_values
 from tasks.clients.http import FHIR_JSON, FHIR_JSON_HEADERS, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
 
@@ -295,6 +295,7 @@ class ExtractionTaskClient(ServiceClient):
             headers = {"Content-Type": "application/json", "Accept": FHIR_JSON}
             request = {"content": crtdl, "headers": headers, "timeout": http_timeout(COHORT_PREVIEW_TIMEOUT)}
             request |= {"max_answer_bytes": MAX_COHORT_ANSWER_BYTES, "too_large_hint": TOO_LARGE_COHORT}
+            request |= {"status_hints": CRTDL_REFUSALS}
             response = self.request("POST", "/fhir/$evaluate-cohort", operation="preview cohort", **request)
         except ServiceError as exc:
             if exc.status_code not in (404, 405):

@@ -38,7 +38,7 @@ from tasks.clients.extraction_documents import SERVICE, DeadHandleError, Extract
 from tasks.clients.extraction_documents import ExtractionFailedError, ExtractionHandle, ExtractionTimeoutError
 from tasks.clients.extraction_documents import base_url_of, kickoff_parameters, manifest_request
 from tasks.clients.extraction_documents import job_status_of, requires_access_token, resolve_file_url, result_urls
-from tasks.clients.extraction_documents import BASE_URL_SETTING, StatusUrlMismatchError
+from tasks.clients.extraction_documents import BASE_URL_SETTING, CRTDL_REFUSALS, StatusUrlMismatchError
 from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceEndpoint, build_client, http_timeout
 from tasks.clients.retry import call_once
 from tasks.core.readable import plain_text
@@ -117,7 +117,7 @@ class ExtractionServerClient(Closing):
         def attempt() -> ExtractionHandle:
             deadline = Deadline(SUBMIT_TIMEOUT.total_seconds(), "the kick-off's deadline, 60 s")
             with answer_within(self.http, deadline, "POST", self.base_url + SUBMIT_PATH, **where, **request) as answer:
-                raise_for_service_status(answer, **where)
+                raise_for_service_status(answer, **where, hints=CRTDL_REFUSALS)
                 return kicked_off(answer)
 
         return call_once(attempt, **where)

@@ -27,7 +27,7 @@ from tasks.core.json_shapes import as_array
 from tasks.clients.bounds import MB, Body, Deadline, answer_within
 from tasks.clients.bounds import read_answer as read_bounded
 from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, error_body, error_from_response, json_or_none
-from tasks.clients.errors import operation_outcome_texts, truncate
+from tasks.clients.errors import BODY_LIMIT, operation_outcome_texts, truncate
 from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.retry import call_with_retry
 from tasks.core.readable import plain_text
@@ -60,10 +60,7 @@ AUTH_REFUSALS = {  # what a request refused for its credentials asks of the user
 }
 PUT_HINTS = {  # what a refused PUT (transfer_load's Binary and DocumentReference) asks of the user
     **AUTH_REFUSALS,
-    413: (
-        "the resource is larger than the server accepts: raise the body limit of the server (or of a proxy before it, "
-        "such as nginx's client_max_body_size)"
-    ),
+    413: f"the resource is larger than the server accepts: raise {BODY_LIMIT}",
 }
 _ENTRY_NUMBER = re.compile(r"\bentry\s*\[?\s*(\d+)", re.IGNORECASE)
 

@@ -22,7 +22,7 @@ import functools
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Self
@@ -222,16 +222,18 @@ def one_attempt(
     service: str | None,
     max_answer_bytes: int = MAX_ANSWER_BYTES,
     too_large_hint: str = TOO_LARGE_HINT,
+    status_hints: Mapping[int, str] | None = None,
     **request_kwargs,
 ) -> Callable[[], httpx.Response]:
-    """One request whose 4xx/5xx answer raises a ``ServiceError``: an attempt for ``tasks.clients.retry``. The answer
-    is streamed and read as it comes, at most ``max_answer_bytes`` of it (else a terminal ``ServiceError`` naming
-    the URL, the limit and ``too_large_hint``, the fix)."""
+    """One request whose 4xx/5xx answer raises a ``ServiceError`` (saying the fix ``status_hints`` knows for its
+    status): an attempt for ``tasks.clients.retry``. The answer is streamed and read as it comes, at most
+    ``max_answer_bytes`` of it (else a terminal ``ServiceError`` naming the URL, the limit and ``too_large_hint``,
+    the fix)."""
     where = {"operation": operation, "service": service}
 
     def attempt() -> httpx.Response:
         with http.stream(method, url, **request_kwargs) as response:
-            raise_for_service_status(response, **where)
+            raise_for_service_status(response, **where, hints=status_hints)
             return read_response(response, max_answer_bytes, hint=too_large_hint, **where)
 
     return attempt

@@ -33,7 +33,7 @@ from tasks.core.exact_json import dumps_exact, loads_exact
 from tasks.core.jsonfile import read_settings_file
 from tasks.core.names import show_name, show_text
 from tasks.clients.bounds import MB, Deadline, read_answer_async, within_deadline
-from tasks.clients.errors import raise_for_service_status_async
+from tasks.clients.errors import BODY_LIMIT, raise_for_service_status_async
 from tasks.core.redaction import redact
 from tasks.clients.http import FHIR_JSON_HEADERS, service_name
 from tasks.clients.retry import call_with_retry_async
@@ -71,8 +71,7 @@ class EntryTooLargeError(PseudonymizationError):
         super().__init__(
             f"Bundle entry {index} ({self.entry_label}) is {size / MB:.1f} MB{together} the split threshold of "
             f"{threshold_bytes // MB} MB, so it cannot be sent on its own; raise "
-            "services.pseudonymizer.bundle_split_threshold_mb (up to 100) and, if needed, the pseudonymization "
-            "service's request body limit"
+            f"services.pseudonymizer.bundle_split_threshold_mb (up to 100) and, if needed, {BODY_LIMIT}"
         )
 
 

@@ -202,7 +202,10 @@ class ExtractionFilesHandler(LengthOnlyHandler):
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
     def api_base(self) -> str:
+        """The origin the client reached: its Host, and the scheme of a TLS-ending proxy before the server
+        (``X-Forwarded-Proto``, as TORCH's base URL is set behind one) or of this connection."""
         scheme = "https" if isinstance(self.connection, ssl.SSLSocket) else "http"
+        scheme = self.headers.get("X-Forwarded-Proto") or scheme
         host = self.headers.get("Host") or "{}:{}".format(*self.server.server_address[:2])
         return f"{scheme}://{host}"
 

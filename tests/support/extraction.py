@@ -42,8 +42,11 @@ def extractor_settings(base_url: str, **overrides) -> ExtractorSettings:
     return ExtractorSettings(**values)
 
 
-def client_for(base_url: str, sim: SimulatedTime, **overrides) -> ExtractionServerClient:
-    return ExtractionServerClient(extractor_settings(base_url, **overrides), TlsSettings(), clock=sim, sleep=sim.sleep)
+def client_for(
+    base_url: str, sim: SimulatedTime, tls: TlsSettings | None = None, **overrides
+) -> ExtractionServerClient:
+    settings = extractor_settings(base_url, **overrides)
+    return ExtractionServerClient(settings, tls or TlsSettings(), clock=sim, sleep=sim.sleep)
 
 
 CRTDL_DIR = TESTDATA / "crtdl"

@@ -27,10 +27,15 @@ FAST_RETRY = RetrySettings(max_attempts=3, initial_backoff_ms=1, max_backoff_ms=
 
 @asynccontextmanager
 async def open_service(
-    pseudonymizer_fake: LoopbackServer, auth: AuthSettings | None = None, **options: Any
+    pseudonymizer_fake: LoopbackServer | str,
+    auth: AuthSettings | None = None,
+    tls: TlsSettings | None = None,
+    **options: Any,
 ) -> AsyncIterator[Pseudonymizer]:
-    endpoint = ServiceEndpoint("pseudonymizer", pseudonymizer_fake.base_url, auth or AuthSettings())
-    async with build_async_client(endpoint, TlsSettings()) as client:
+    """A client of the fake, or of the service at a URL (``tls`` for one over https, such as nginx before it)."""
+    url = pseudonymizer_fake if isinstance(pseudonymizer_fake, str) else pseudonymizer_fake.base_url
+    endpoint = ServiceEndpoint("pseudonymizer", url, auth or AuthSettings())
+    async with build_async_client(endpoint, tls or TlsSettings()) as client:
         yield Pseudonymizer(client, FAST_RETRY, **options)
 
 

@@ -32,8 +32,18 @@ def send_config(url: str, *, basic: bool = True, password: str = PASSWORD, **sen
     }
 
 
-def send_file(url: str, source: Path, records: Path, *, batch_size: int = 100, job_id: str = "job-1", **options):
-    settings = Settings.model_validate(send_config(url, **options))
+def send_file(
+    url: str,
+    source: Path,
+    records: Path,
+    *,
+    batch_size: int = 100,
+    job_id: str = "job-1",
+    tls: dict[str, Any] | None = None,
+    **options: Any,
+):
+    """``source`` sent to ``url`` as the step sends it; ``tls`` the configuration's ``tls`` (for an https URL)."""
+    settings = Settings.model_validate(send_config(url, **options) | {"tls": tls or {}})
     with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
         return send_resources(server, source, records, job_id=job_id, batch_size=batch_size, max_line_bytes=16 * MB)
 
@@ -83,7 +93,8 @@ PROJECT = "Test_PROJECT_Transfer"
 ORGANIZATION = "medizininformatik-initiative.de"
 
 
-def settings_for(url: str, project: str = PROJECT) -> Settings:
+def settings_for(url: str, project: str = PROJECT, tls: dict[str, Any] | None = None) -> Settings:
+    """The settings of a transfer_load send to ``url``; ``tls`` the configuration's ``tls`` (for an https URL)."""
     return Settings.model_validate(
         {
             "pipeline": {"enabled_steps": ["local_import", "send"]},
@@ -96,13 +107,16 @@ def settings_for(url: str, project: str = PROJECT) -> Settings:
                 }
             },
             "retry": {"max_attempts": 3, "initial_backoff_ms": 10, "max_backoff_ms": 50},
+            "tls": tls or {},
         }
     )
 
 
-def transfer(url: str, job_id: str, inputs: list[Path], records: Path, project: str = PROJECT) -> str:
+def transfer(
+    url: str, job_id: str, inputs: list[Path], records: Path, project: str = PROJECT, tls: dict[str, Any] | None = None
+) -> str:
     """What the step does for a job: one Binary per file, then the DocumentReference."""
-    settings = settings_for(url, project)
+    settings = settings_for(url, project, tls)
     with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
         binaries = [send_binary(server, path, binary_id(job_id, path.name), records) for path in inputs]
         return put_document_reference(

@@ -28,7 +28,9 @@ from collections.abc import Iterator
 import pytest
 
 # Fixtures that start a Prefect server, a process or a real third-party server: only slow tests may use them.
-SLOW_FIXTURES = frozenset({"prefect_api", "prefect_database", "moto_url", "moto_s3", "https_s3", "sekmet"})
+SLOW_FIXTURES = frozenset(
+    {"prefect_api", "prefect_database", "moto_url", "moto_s3", "https_s3", "sekmet", "nginx_front"}
+)
 
 
 class SlowOnlyError(RuntimeError):
