@@ -341,7 +341,7 @@ def test_a_status_url_with_a_token_in_its_query_is_refused_at_the_kick_off(sim):
     with server, client_for(server.base_url, sim) as client:
         with pytest.raises(CredentialsInUrlError) as caught:
             client.submit(CRTDL)
-    assert "carries a token in its query (access_token)" in str(caught.value)
+    assert "carries a secret in its query (access_token)" in str(caught.value)
     assert "SEKRET-123" not in str(caught.value)
 
 
