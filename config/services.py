@@ -14,7 +14,7 @@ from pydantic_core import PydanticCustomError
 from config.durations import MAX_DURATION, Duration, format_duration
 from config.enrichment import CrtdlPreprocessingSettings
 from config.fields import ConfigModel, OptionalPath, OptionalSecret, OptionalStr, OptionalUrl, Problem, StrList
-from config.fields import emit_warning, positive, raise_problem, raise_problems, refuse_url_control_characters
+from config.fields import emit_warning, positive, raise_problem, raise_problems, refuse_invisible_url_characters
 from config.fields import refuse_userinfo, zero_means
 from tasks.core.names import show_name
 
@@ -178,7 +178,7 @@ def _at_least_one_second(value: timedelta) -> timedelta:
 
 def _origins_only(values: list[str]) -> list[str]:
     for value in values:
-        refuse_url_control_characters(value)
+        refuse_invisible_url_characters(value)
         refuse_userinfo(value)
         parts = urlsplit(value.strip())
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query:
