@@ -194,6 +194,24 @@ def refuse_unsendable_secret(secret: SecretStr | None) -> SecretStr | None:
 
 
 OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_blank_to_none), AfterValidator(refuse_unsendable_secret)]
+
+
+def refuse_non_ascii_header_secret(secret: SecretStr | None) -> SecretStr | None:
+    """A secret sent as it is in a header (an API key, an S3 access key id). httpx sends a non-ASCII one as UTF-8;
+    servers read header bytes as ASCII or Latin-1, so the key does not match, and a server quoting it back writes
+    ``Ã¤`` for ``ä``. Refused naming the key, never the value or any character of it. (A Basic password may be
+    non-ASCII: its header carries Base64 of its UTF-8, as browsers send it.)"""
+    if secret is not None and not secret.get_secret_value().isascii():
+        raise PydanticCustomError(
+            "secret_not_ascii",
+            "is not ASCII, and it is sent as an HTTP header value, which servers read as ASCII or Latin-1, so it "
+            "would not match the key the service issued; give the key exactly as issued (ASCII) and check the "
+            "encoding of what sets it (the file, variable or Secret block)",
+        )
+    return secret
+
+
+HeaderSecret = Annotated[OptionalSecret, AfterValidator(refuse_non_ascii_header_secret)]
 OptionalUrl = Annotated[
     OptionalStr,
     AfterValidator(refuse_invisible_url_characters),
