@@ -20,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Sec
 from pydantic_core import PydanticCustomError
 
 from config.yaml_bounds import yaml_shape_problem
+from tasks.core.names import CONTROL, invisible_character
 from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url, shown_url, split_url
 
 CONFIG_LOGGER = "dupflow.config"  # the configuration's warnings
@@ -112,19 +113,23 @@ def refuse_userinfo(url: str | None) -> str | None:
     return url
 
 
-def refuse_url_control_characters(url: str | None) -> str | None:
-    """A URL with a control character (the CR of an env file with Windows line ends, a tab) passed the URL checks,
-    which read URLs as browsers do, without tabs and line ends; then the service's client refused it (httpx's
-    InvalidURL, naming no key) when the step first called the service. The URL itself is not shown: it may hold a
-    token."""
-    if (control := next((char for char in url or "" if unicodedata.category(char) == "Cc"), None)) is not None:
-        raise PydanticCustomError(
-            "url_control",
-            "contains the control character U+{code} (a line end or tab, e.g. from an env file with Windows line "
-            "ends), which no URL may have; remove it where the value is set",
-            {"code": f"{ord(control):04X}"},
-        )
-    return url
+def refuse_invisible_url_characters(url: str | None) -> str | None:
+    """A URL with a character that does not show as itself (Unicode Cc, Cf, Zl, Zp). A control character (the CR of
+    an env file with Windows line ends, a tab) passed the URL checks, which read URLs as browsers do, without tabs
+    and line ends; then the service's client refused it (httpx's InvalidURL, naming no key) when the step first
+    called the service. A bidi override (U+202E) or a line separator (U+2028) passed them all and ``config check``
+    printed it raw, showing another address or a forged line. Named by its code; the URL itself is not shown: it
+    may hold a token."""
+    if (found := invisible_character(url or "")) is None:
+        return url
+    kind, code = found
+    hint = " (a line end or tab, e.g. from an env file with Windows line ends)" if kind == CONTROL else ""
+    raise PydanticCustomError(
+        "url_invisible",
+        "contains the {kind} {code}{hint}, which no URL may have: it would not show as what it is; remove it where "
+        "the value is set",
+        {"kind": kind, "code": code, "hint": hint},
+    )
 
 
 def refuse_non_http_url(url: str | None) -> str | None:
@@ -189,9 +194,27 @@ def refuse_unsendable_secret(secret: SecretStr | None) -> SecretStr | None:
 
 
 OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_blank_to_none), AfterValidator(refuse_unsendable_secret)]
+
+
+def refuse_non_ascii_header_secret(secret: SecretStr | None) -> SecretStr | None:
+    """A secret sent as it is in a header (an API key, an S3 access key id). httpx sends a non-ASCII one as UTF-8;
+    servers read header bytes as ASCII or Latin-1, so the key does not match, and a server quoting it back writes
+    ``Ã¤`` for ``ä``. Refused naming the key, never the value or any character of it. (A Basic password may be
+    non-ASCII: its header carries Base64 of its UTF-8, as browsers send it.)"""
+    if secret is not None and not secret.get_secret_value().isascii():
+        raise PydanticCustomError(
+            "secret_not_ascii",
+            "is not ASCII, and it is sent as an HTTP header value, which servers read as ASCII or Latin-1, so it "
+            "would not match the key the service issued; give the key exactly as issued (ASCII) and check the "
+            "encoding of what sets it (the file, variable or Secret block)",
+        )
+    return secret
+
+
+HeaderSecret = Annotated[OptionalSecret, AfterValidator(refuse_non_ascii_header_secret)]
 OptionalUrl = Annotated[
     OptionalStr,
-    AfterValidator(refuse_url_control_characters),
+    AfterValidator(refuse_invisible_url_characters),
     AfterValidator(refuse_userinfo),
     AfterValidator(refuse_non_http_url),
 ]

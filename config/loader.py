@@ -247,7 +247,7 @@ def absolute_path_overrides(settings: Settings) -> dict[str, str]:
 
 def refuse_secret_overrides(overrides: Mapping[str, str], source: str) -> None:
     """Refuse secret keys among parameter overrides, which are stored with the job (job.json, Prefect's
-    flow-run parameters), and URLs with a token in their query (``?access_token=…``, a signed URL); ``source``
+    flow-run parameters), and URLs with a secret in their query (``?access_token=…``, ``?apikey=…``); ``source``
     names where they came from ("--set", "the deployment's overrides parameter"). Call it before anything else
     looks at the overrides."""
     problems = [
@@ -262,7 +262,7 @@ def refuse_secret_overrides(overrides: Mapping[str, str], source: str) -> None:
 
 
 def _token_url_problem(key: str, value: str, source: str) -> str | None:
-    """The problem of an override whose value is a URL carrying a token (the URL rule of url_credentials); one with
+    """The problem of an override whose value is a URL carrying a secret (the URL rule of url_credentials); one with
     a user name or password is the URL fields' own rule, which names the auth block as the fix."""
     if has_user_info(value):
         return None

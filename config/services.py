@@ -13,9 +13,9 @@ from pydantic_core import PydanticCustomError
 
 from config.durations import MAX_DURATION, Duration, format_duration
 from config.enrichment import CrtdlPreprocessingSettings
-from config.fields import ConfigModel, OptionalPath, OptionalSecret, OptionalStr, OptionalUrl, Problem, StrList
-from config.fields import emit_warning, positive, raise_problem, raise_problems, refuse_url_control_characters
-from config.fields import refuse_userinfo, zero_means
+from config.fields import ConfigModel, HeaderSecret, OptionalPath, OptionalSecret, OptionalStr, OptionalUrl, Problem
+from config.fields import emit_warning, positive, raise_problem, raise_problems, refuse_invisible_url_characters
+from config.fields import StrList, refuse_userinfo, zero_means
 from tasks.core.names import show_name
 
 _HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -58,7 +58,7 @@ class AuthSettings(ConfigModel):
     oauth_issuer_uri: OptionalUrl = None
     oauth_client_id: OptionalStr = None
     oauth_client_secret: OptionalSecret = None
-    api_key: OptionalSecret = None
+    api_key: HeaderSecret = None
     api_key_header: str = "x-api-key"
 
     @property
@@ -178,7 +178,7 @@ def _at_least_one_second(value: timedelta) -> timedelta:
 
 def _origins_only(values: list[str]) -> list[str]:
     for value in values:
-        refuse_url_control_characters(value)
+        refuse_invisible_url_characters(value)
         refuse_userinfo(value)
         parts = urlsplit(value.strip())
         if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query:
@@ -322,7 +322,7 @@ class S3Settings(ConfigModel):
 
     bucket: Annotated[OptionalStr, _s3_name("bucket", _BUCKET_RULE)] = None
     region: Annotated[OptionalStr, _s3_name("region", _REGION_RULE)] = None
-    access_key_id: OptionalSecret = None
+    access_key_id: HeaderSecret = None
     secret_access_key: OptionalSecret = None
     endpoint: OptionalUrl = Field(default=None, description="an S3-compatible store's address; unset: AWS's")
     use_path_style: bool = False

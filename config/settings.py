@@ -14,7 +14,8 @@ from pydantic import AfterValidator, Field, ValidationInfo, field_validator, mod
 from pydantic_core import PydanticCustomError
 
 from config.fields import ConfigModel, OptionalPath, OptionalStr, Problem, StrList, emit_warning, env_var_name
-from config.fields import raise_problem, raise_problems, refuse_control_characters, zero_means
+from config.fields import raise_problem, raise_problems, refuse_control_characters, refuse_invisible_url_characters
+from config.fields import zero_means
 from config.services import FHIR_SEND_MODES, SendSettings, ServicesSettings
 from tasks.core.url_credentials import has_user_info
 
@@ -110,6 +111,7 @@ class TaskRunnerSettings(ConfigModel):
     def _scheduler_address(cls, address: str | None) -> str | None:
         if address is None:
             return None
+        refuse_invisible_url_characters(address)
         parts = urlsplit(address.strip())
         try:
             port = parts.port

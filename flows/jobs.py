@@ -21,7 +21,7 @@ from config.loader import absolute_path_overrides, cached_settings, refuse_secre
 from config.settings import Settings
 from flows.job_state import JobLock
 from tasks.core.errors import JobError
-from tasks.core.names import show_text
+from tasks.core.names import invisible_character, show_text
 from tasks.core.jsonfile import JsonFileError, parse_json_document, read_limited, settings_file_problem
 from tasks.core.readable import CLI
 from tasks.job.layout import JobPaths, is_crtdl_file, is_job_id, is_result_url
@@ -139,6 +139,19 @@ def refuse_credentials_in_job_input(job_input: str | None) -> None:
     )
 
 
+def refuse_invisible_url_characters(url: str | None, door: str) -> None:
+    """A job input or status URL is stored in the job's record and its flow run's parameters and shown by
+    ``status``: a control, bidi or line-separator character in it (Unicode Cc, Cf, Zl, Zp) would show another
+    address or forge a line. Refused before anything is stored, the character named by its code, never shown (a
+    path is shown escaped instead: ``show_text``)."""
+    if url is not None and (found := invisible_character(url)) is not None:
+        kind, code = found
+        raise JobError(
+            f"{door} contains the {kind} {code}, which no URL may have: it would not show as what it is in the "
+            "job's record, status and logs; retype the URL without it"
+        )
+
+
 def refuse_extraction_flags_of_a_followed_url(record: JobRecord, attach: str | None, resubmit: bool) -> None:
     """A job started with an extraction's status URL follows that extraction (``tasks.extractor.current_handle``):
     it submitted none, so there is no submission of its own for ``--attach`` or ``--resubmit`` to settle, and the
@@ -182,6 +195,8 @@ def new_job_plan(
     paths: JobPaths, config_path: str | None, job_input: str | None, overrides: dict[str, str], settings: Settings
 ) -> tuple[JobRecord, Path | None, EffectiveCrtdl | None]:
     """The new job's record and CRTDL, every check made (a bad input raises ``JobError``), nothing written yet."""
+    if job_input and "://" in job_input:
+        refuse_invisible_url_characters(job_input, "the job input (INPUT)")
     refuse_credentials_in_job_input(job_input)
     refuse_undecodable(
         {"the configuration file": config_path, "the job input": job_input, "--dir": settings.services.local_import.dir}

@@ -27,7 +27,7 @@ from config.runtime import job_on_command_line
 from flows.gates import run_gate
 from flows.job_card import JobRecordCard, job_summary, publish_step_table
 from flows.job_state import JobLock
-from flows.jobs import Job, prepare_job, refuse_extraction_flags_of_a_followed_url
+from flows.jobs import Job, prepare_job, refuse_extraction_flags_of_a_followed_url, refuse_invisible_url_characters
 from flows.prefect_server import local_pause_guard, local_pause_guard_name
 from flows.run_logging import keep_one_trace_per_failure
 from tasks.clients.extraction_documents import ExtractionHandle
@@ -249,6 +249,7 @@ def drop_local_pause_guards(client: Any, flow_run_ids: list[str]) -> None:
 
 def checked_attach(attach: str | None) -> None:
     """``attach`` must be an extraction's http(s) status URL without credentials (a form takes any text)."""
+    refuse_invisible_url_characters(attach, "attach")
     refuse_credentials_in_url(attach, door="attach", fix="give the status URL without them", tokens=True)
     if attach is not None and split_url(attach).scheme.lower() not in ("http", "https"):
         raise JobError(

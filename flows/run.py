@@ -28,7 +28,8 @@ from config.settings import Settings
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.api_watch import api_watched
 from flows.job_state import JobLock, current_state, current_states, find_job_dir, list_jobs
-from flows.jobs import check_new_job, prepare_job, refuse_extraction_flags_of_a_followed_url, step_file_problems
+from flows.jobs import check_new_job, prepare_job, refuse_extraction_flags_of_a_followed_url
+from flows.jobs import refuse_invisible_url_characters, step_file_problems
 from flows.run_logging import job_logging, take_interrupts
 from tasks.core.errors import DupflowError, UsageError
 from tasks.core.readable import CLI, counted, duration_text, plain_lines, plain_text, size_text
@@ -271,6 +272,7 @@ def cmd_continue(args: argparse.Namespace) -> int:
     ``continue`` at once the second exits 2 ("being worked on") and records nothing. The flow takes the same lock
     again (as every run of the job does, deployment runs included); the command holds it until it ends."""
     overrides, _ = overrides_from_flags(args)
+    refuse_invisible_url_characters(args.attach, "--attach")
     refuse_credentials_in_url(
         args.attach,
         door="--attach",

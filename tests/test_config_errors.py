@@ -529,6 +529,59 @@ def test_a_url_with_a_control_character_is_refused_naming_the_key_never_the_url(
     assert "url-token-0c4e" not in str(error) and "service.exa" not in str(error)
 
 
+@pytest.mark.parametrize("key_path", [*URL_KEYS, "pipeline.task_runner.dask_address"])
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("https://service.example/api\u2028x", "contains the line or paragraph separator U+2028, which no URL"),
+        ("https://service.example/api\u2029", "contains the line or paragraph separator U+2029"),
+        ("https://service.example/\u202elmth.exe", "contains the bidirectional text control character U+202E"),
+        ("https://service\u200b.example", "contains the invisible format character U+200B"),
+    ],
+    ids=["line-separator", "paragraph-separator", "right-to-left-override", "zero-width-space"],
+)
+def test_a_url_with_a_character_that_does_not_show_as_itself_is_refused_naming_it_by_its_code(
+    tmp_path: Path, key_path: str, url: str, said: str
+) -> None:
+    """The URL checks let these through and ``config check`` printed them raw: a line separator forges a line, a
+    right-to-left override shows another address. Refused like a control character, the character never shown."""
+    if key_path == "pipeline.task_runner.dask_address":
+        url = url.replace("https://", "tcp://").replace(".example", ".example:8786", 1)
+    error = rejected(tmp_path, {}, env={env_var_name(key_path): url + "?token=url-token-0c4e"})
+    assert_reported(error, key_path, said)
+    assert_reported(error, key_path, "remove it where the value is set")
+    assert not any(char in str(error) for char in "\u2028\u2029\u202e\u200b") and ".example" not in str(error)
+
+
+HEADER_SECRET_KEYS = [f"services.{block}.auth.api_key" for block in ("extractor", "pseudonymizer", "send")]
+
+
+@pytest.mark.parametrize("key_path", [*HEADER_SECRET_KEYS, "services.send.s3.access_key_id"])
+@pytest.mark.parametrize(
+    "secret", ["schl\u00fcssel-5a1f-key", "key-\u20ac-2026-9b3c", "\uff21\uff30\uff29-fullwidth-7d2e"]
+)
+def test_a_header_secret_that_is_not_ascii_is_refused_naming_the_key_never_the_value(
+    tmp_path: Path, key_path: str, secret: str
+) -> None:
+    """httpx sends such a key as UTF-8, a server reads its header as Latin-1: the key does not match, and a server
+    quoting it back wrote ``schlÃ¼ssel`` into the terminal, job.log and the Prefect database."""
+    error = rejected(tmp_path, {}, env={env_var_name(key_path): secret})
+    assert_reported(error, key_path, "is not ASCII, and it is sent as an HTTP header value")
+    assert_reported(error, key_path, "give the key exactly as issued (ASCII)")
+    assert secret not in str(error) and str(error).isascii()
+
+
+def test_a_basic_password_or_client_secret_beyond_ascii_is_taken(tmp_path: Path) -> None:
+    """Basic auth sends Base64 of the UTF-8 (as browsers do) and the client secret goes URL-encoded in a form body:
+    neither is a header value of its own, and a password with € works against the servers that expect it."""
+    config = services(
+        extractor={"auth": {"username": "dupflow", "password": "Kennw\u00f6rt-\u20ac-2026"}},
+        send={"auth": {**OAUTH, "oauth_client_secret": "Geheimnis-\u00e4\u00f6\u00fc-2026"}},
+    )
+    loaded = load_settings(_write(tmp_path, config), env={})
+    assert loaded.settings.services.extractor.auth.password.get_secret_value() == "Kennw\u00f6rt-\u20ac-2026"
+
+
 def test_authorization_header_is_allowed_for_a_static_token_alone(tmp_path: Path) -> None:
     config = services(extractor={"auth": {"api_key": "Bearer static", "api_key_header": "Authorization"}})
     loaded = load_settings(_write(tmp_path, config), env={})

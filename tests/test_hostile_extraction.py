@@ -104,13 +104,13 @@ def test_continue_attach_with_a_token_in_its_query_is_refused_like_a_password(tm
 
     error = capsys.readouterr().err
     assert exit_code == EXIT_USAGE and error.count("\n") == 1
-    assert "--attach" in error and f"a token in its query ({parameter})" in error
+    assert "--attach" in error and f"a secret in its query ({parameter})" in error
     assert "https://torch.example/fhir/__status/0b6b" in error and PASSWORD not in error
 
 
 def test_a_query_without_a_token_is_no_credential():
     refuse_credentials_in_url("https://torch.example/fhir/x?page=2&_count=10&token=", door="d", fix="f", tokens=True)
-    with pytest.raises(CredentialsInUrlError, match="token"):
+    with pytest.raises(CredentialsInUrlError, match=r"a secret in its query \(Token\)"):
         refuse_credentials_in_url(f"https://torch.example/fhir/x?Token={PASSWORD}", door="d", fix="f", tokens=True)
 
 
@@ -125,7 +125,7 @@ def test_an_import_url_with_a_token_in_its_query_is_refused_before_the_job_store
         prepare_job(None, str(config), url, {}, overrides_source="--set")
 
     message = str(refused.value)
-    assert "the job input (INPUT)" in message and f"a token in its query ({parameter})" in message
+    assert "the job input (INPUT)" in message and f"a secret in its query (X-Amz-Date, {parameter})" in message
     assert "https://files.example/Patient.ndjson" in message and "local_import" in message
     assert PASSWORD not in message
     assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())

@@ -153,7 +153,7 @@ def test_a_url_with_a_token_in_its_query_in_overrides_is_refused_naming_key_and_
     with pytest.raises(ConfigError) as error:
         refuse_secret_overrides({"services.send.url": url, "retry.max_attempts": "3"}, "--set")
     (problem,) = error.value.problems
-    assert problem.startswith("services.send.url (in --set): the URL https://fhir.example/fhir carries a token")
+    assert problem.startswith("services.send.url (in --set): the URL https://fhir.example/fhir carries a secret")
     assert "configuration file" in problem and "APP_SERVICES_SEND_URL" in problem
     assert "tok-Sekr3t-in-query" not in str(error.value)
     refuse_secret_overrides({"services.send.url": "https://fhir.example/fhir?_format=json"}, "--set")  # no token
@@ -679,7 +679,7 @@ def test_a_path_given_to_continue_is_frozen_absolute_as_at_start(tmp_path, write
     ("job_input", "config_text", "said"),
     [
         ("https://bob:pw-in-url@files.example/Patient.ndjson", None, "the job input (INPUT): the URL https://files."),
-        ("https://files.example/Patient.ndjson?access_token=pw-in-url", None, "a token in its query (access_token)"),
+        ("https://files.example/Patient.ndjson?access_token=pw-in-url", None, "a secret in its query (access_token)"),
         (None, "pipeline: {enabled_steps: [nonsense]}\n", "pipeline.enabled_steps"),
     ],
 )

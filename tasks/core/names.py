@@ -40,18 +40,40 @@ def name_from_data_problem(name: str) -> str | None:
     return None
 
 
-def invisible_character_problem(name: str) -> str | None:
-    """Why ``name`` would not show as what it is (a control, bidirectional or other invisible character), or None."""
-    for char in name:
-        if unicodedata.category(char) not in INVISIBLE_CATEGORIES:
+BIDI_CONTROL = "bidirectional text control character"
+CONTROL = "control character"
+LINE_SEPARATOR = "line or paragraph separator"
+FORMAT = "invisible format character"
+_INVISIBLE_CONSEQUENCES = {
+    BIDI_CONTROL: ", which can make it display as another name",
+    CONTROL: " (such as a newline or a tab)",
+    LINE_SEPARATOR: ", which breaks the line it is shown on",
+    FORMAT: " (such as a zero-width space)",
+}
+
+
+def invisible_character(text: str) -> tuple[str, str] | None:
+    """The first character of ``text`` that would not show as itself (Unicode categories Cc, Cf, Zl, Zp): its kind
+    (``BIDI_CONTROL``, ``CONTROL``, ``LINE_SEPARATOR``, ``FORMAT``) and its code (``U+202E``), or None. A message
+    names it by these, never printing the character."""
+    for char in text:
+        if (category := unicodedata.category(char)) not in INVISIBLE_CATEGORIES:
             continue
         code = f"U+{ord(char):04X}"
         if char in BIDI_CONTROLS:
-            return f"contains a bidirectional text control character {code}, which can make it display as another name"
-        if unicodedata.category(char) == "Cc":
-            return f"contains a control character {code} (such as a newline or a tab)"
-        return f"contains an invisible format character {code} (such as a zero-width space)"
+            return BIDI_CONTROL, code
+        kinds = {"Cc": CONTROL, "Zl": LINE_SEPARATOR, "Zp": LINE_SEPARATOR}
+        return kinds.get(category, FORMAT), code
     return None
+
+
+def invisible_character_problem(name: str) -> str | None:
+    """Why ``name`` would not show as what it is (a control, bidirectional or other invisible character), or None."""
+    if (found := invisible_character(name)) is None:
+        return None
+    kind, code = found
+    article = "an" if kind[0] in "aeiou" else "a"
+    return f"contains {article} {kind} {code}{_INVISIBLE_CONSEQUENCES[kind]}"
 
 
 def show_name(name: str) -> str:

@@ -2,7 +2,8 @@
 
 Every text that leaves dupflow (error, log line, job file, artifact) passes ``redact``, since a service may quote the
 request back in an error. It removes every value registered with ``register_secret`` (each configured secret, each
-OAuth access token; also their URL-encoded, JSON-escaped, base64 and Basic-encoded forms), ``Authorization: …``
+OAuth access token; also their URL-encoded, JSON-escaped, base64 and Basic-encoded forms, and the forms of their
+UTF-8 misread as Latin-1), ``Authorization: …``
 values, ``Basic``/``Bearer`` tokens and passwords in URLs. ``redact_strings`` does it for parsed JSON;
 ``RedactingFilter`` for log records with their tracebacks (on the ``dupflow.clients`` and ``httpx`` loggers and the
 job's log handlers).
@@ -10,11 +11,12 @@ job's log handlers).
 
 from __future__ import annotations
 
-import base64
+import contextlib
 import json
 import logging
 import re
 import threading
+from base64 import b64encode, urlsafe_b64encode
 from typing import Any
 from urllib.parse import quote, quote_plus
 
@@ -25,6 +27,7 @@ MIN_SECRET_CHARS = 4
 _AUTHORIZATION_VALUE = re.compile(r"(?i)(\b(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)[^\"'\r\n,;}]+")
 _SCHEME_TOKEN = re.compile(r"(?i)\b(basic|bearer)(\s+)([A-Za-z0-9._~+/-]{8,}=*)")
 _URL_USERINFO = re.compile(r"(://)[^/@\s:]*:[^/@\s]*@")
+_LOWER_ESCAPES = re.compile(r"%[0-9A-F]{2}")
 
 _secrets: set[str] = set()
 _secrets_pattern: re.Pattern[str] | None = None
@@ -32,13 +35,11 @@ _secrets_lock = threading.Lock()
 
 
 def register_secret(value: str) -> None:
-    """Redact ``value`` (and its URL-encoded, JSON-escaped and base64 forms) from every text ``redact`` sees."""
+    """Redact ``value`` from every text ``redact`` sees, in each form it can come back in (``secret_forms``)."""
     global _secrets_pattern
     if len(value) < MIN_SECRET_CHARS:
         return
-    encoded = base64.b64encode(value.encode()).decode().rstrip("=")  # unpadded: matches with or without padding
-    urlsafe = base64.urlsafe_b64encode(value.encode()).decode().rstrip("=")
-    forms = {value, quote_plus(value), quote(value, safe=""), json.dumps(value)[1:-1], encoded, urlsafe}
+    forms = secret_forms(value)
     with _secrets_lock:
         if forms <= _secrets:
             return
@@ -47,10 +48,27 @@ def register_secret(value: str) -> None:
         _secrets_pattern = re.compile("|".join(re.escape(secret) for secret in ordered))
 
 
+def secret_forms(value: str) -> set[str]:
+    """Every form in which a service may quote ``value`` back: as it is, or its UTF-8 read as Latin-1 or
+    Windows-1252 (a server decoding a header or a Basic token so writes ``Ã¤`` for ``ä``); each of these
+    URL-encoded (``+`` or ``%20`` for a space, upper- or lower-case escapes) and JSON-escaped; and the Base64 of its
+    UTF-8 (standard and URL-safe, unpadded: it matches with or without padding)."""
+    data = value.encode()
+    texts = {value, data.decode("latin-1")}
+    with contextlib.suppress(UnicodeDecodeError):  # a byte that Windows-1252 leaves undefined
+        texts.add(data.decode("cp1252"))
+    forms = {b64encode(data).decode().rstrip("="), urlsafe_b64encode(data).decode().rstrip("=")}
+    for text in texts:
+        encoded = quote(text, safe="")
+        forms |= {text, quote_plus(text), encoded, _LOWER_ESCAPES.sub(lambda m: m.group(0).lower(), encoded)}
+        forms |= {json.dumps(text)[1:-1], json.dumps(text, ensure_ascii=False)[1:-1]}
+    return forms
+
+
 def register_basic_credentials(username: str, password: str) -> None:
     """Register the password and the Basic header token of the pair (an echoed header shows only the token)."""
     register_secret(password)
-    register_secret(base64.b64encode(f"{username}:{password}".encode()).decode())
+    register_secret(b64encode(f"{username}:{password}".encode()).decode())
 
 
 def _looks_like_token(word: str) -> bool:

@@ -1,12 +1,14 @@
 """The one rule for every URL that enters dupflow: no user name or password in it (``user:password@host``), and for
-a URL the job stores (its input, ``continue --attach``) no token in its query either (``?access_token=…``, a signed
-URL's signature): the job's record and its flow run's parameters keep that URL whole, to follow it on ``continue``.
+a URL the job stores (its input, ``continue --attach``) no secret in its query either (``?access_token=…``,
+``?apikey=…``, a signed URL's signature: every parameter whose name says secret, ``is_secret_query_name``): the
+job's record and its flow run's parameters keep that URL whole, to follow it on ``continue``.
 
 A URL is stored with the job and shown in logs, so credentials in it would leak; and httpx sends a followed URL's
 user info as Basic auth to its host, so one from a server (a Location header, a manifest) would send a password
 where nobody approved. Every door calls ``refuse_credentials_in_url`` (job input, ``continue --attach``, the
 configuration, Content-Location and manifest URLs, redirects): the message names the door and the fix, and shows
-the URL without its user info. Standard library only: the configuration and the command line use it.
+the URL without its user info. Standard library only (and ``tasks.core.names``): the configuration and the
+command line use it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import re
 from urllib.parse import SplitResult, parse_qsl, quote, unquote_plus, urlsplit
 
 from tasks.core.errors import DupflowError
+from tasks.core.names import show_text
 
 SERVER_URL_FIX = (
     "the server sent it; fix the server's configuration (its public base URL) so that its URLs carry no "
@@ -26,22 +29,38 @@ class CredentialsInUrlError(DupflowError):
     """A URL with a user name or password; the message never contains them."""
 
 
-# Query parameters that carry a bearer credential: OAuth tokens and codes, and the signatures and credentials of
-# signed URLs (Azure SAS, S3 and Google Cloud Storage presigned URLs, CloudFront), compared in lower case.
-_TOKEN_PARAMETERS = frozenset(
-    {
-        "access_token",
-        "token",
-        "code",
-        "sig",
-        "signature",
-        "x-amz-signature",
-        "x-amz-credential",
-        "x-amz-security-token",
-        "x-goog-signature",
-        "x-goog-credential",
-    }
+# A query parameter whose name says secret: its words (split at every other character and at camelCase, as in
+# ``X-Amz-Signature``, ``api_key``, ``clientSecret``, ``APIKey``), in lower case and a plural ``s`` dropped, hold one
+# of these; or one of them ends (``apikey``, ``accesstoken``, ``clientsecret``) or starts (``password``,
+# ``sessionid``, ``tokenid``) a word; or the name starts with a signed URL's prefix (S3, Google Cloud Storage).
+_SECRET_WORDS = frozenset(
+    {"key", "token", "secret", "password", "passwd", "pwd", "pass", "passphrase", "passcode", "auth", "authorization"}
+    | {"credential", "cred", "signature", "sig", "session", "code", "apikey", "jwt", "otp", "kennwort"}
 )
+_SECRET_WORD_ENDS = ("key", "token", "secret", "passwd", "password", "pwd", "credential", "signature")
+_SECRET_WORD_STARTS = ("token", "secret", "passw", "credential", "signature", "session", "apikey")
+_SIGNED_URL_PREFIXES = ("x-amz-", "x-goog-")
+_NAME_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+
+def is_secret_query_name(name: str) -> bool:
+    """Whether a query parameter of this name (as written or decoded) carries a secret (the rule above): the one
+    rule of every door, the refusal of a stored URL's, ``config check``'s mask and the redaction's registry."""
+    decoded = unquote_plus(name).strip()
+    if decoded.lower().startswith(_SIGNED_URL_PREFIXES):
+        return True
+    return any(_is_secret_word(word.lower()) for word in _NAME_WORD.findall(decoded))
+
+
+def _is_secret_word(word: str) -> bool:
+    singular = word[:-1] if word.endswith("s") and len(word) > 3 else word
+    return (
+        word in _SECRET_WORDS
+        or singular in _SECRET_WORDS
+        or singular.endswith(_SECRET_WORD_ENDS)
+        or word.startswith(_SECRET_WORD_STARTS)
+    )
+
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)(:/*)")  # a scheme and its slashes, however many were typed
 
@@ -112,33 +131,31 @@ HIDDEN_TOKEN = "********"
 
 
 def query_tokens(url: str) -> list[str]:
-    """The values of the token parameters (``_TOKEN_PARAMETERS``) in ``url``'s query, as written and decoded: a
-    configured service URL may carry one (``?access_token=${TOKEN}``), a secret to redact like the others."""
+    """The values of the secret parameters (``is_secret_query_name``) in ``url``'s query, as written and decoded: a
+    configured service URL may carry one (``?access_token=${TOKEN}``, ``?apikey=${KEY}``), a secret to redact like
+    the others."""
     query = split_url(url).query
-    written = [value for name, value in _QUERY_PARAMETER.findall("?" + query) if _is_token(name)]
-    return [value for value in written + [v for k, v in parse_qsl(query) if k.lower() in _TOKEN_PARAMETERS] if value]
+    written = [value for name, value in _QUERY_PARAMETER.findall("?" + query) if is_secret_query_name(name)]
+    return [value for value in written + [v for k, v in parse_qsl(query) if is_secret_query_name(k)] if value]
 
 
 def hide_query_tokens(url: str) -> str:
-    """``url`` whole, but the value of each token parameter in its query replaced by ``HIDDEN_TOKEN`` (how
-    ``config check`` shows a configured URL)."""
+    """``url`` whole, but the value of each secret parameter in its query (``is_secret_query_name``) replaced by
+    ``HIDDEN_TOKEN`` (how ``config check`` shows a configured URL)."""
     head, mark, rest = url.partition("?")
     if not mark:
         return url
     query, hash_mark, fragment = rest.partition("#")
     hidden = _QUERY_PARAMETER.sub(
-        lambda found: f"{found.group(1)}={HIDDEN_TOKEN}" if _is_token(found.group(1)) else found.group(0), "?" + query
+        lambda found: f"{found.group(1)}={HIDDEN_TOKEN}" if is_secret_query_name(found.group(1)) else found.group(0),
+        "?" + query,
     )
     return f"{head}{hidden}{hash_mark}{fragment}"
 
 
-def _is_token(name: str) -> bool:
-    return unquote_plus(name).strip().lower() in _TOKEN_PARAMETERS
-
-
 def refuse_credentials_in_url(url: str | None, *, door: str, fix: str, tokens: bool = False) -> None:
-    """Raise ``CredentialsInUrlError`` when ``url`` carries user info, or with ``tokens`` a token in its query
-    (``_TOKEN_PARAMETERS``, in any case: a URL the job stores, its input or a status URL to attach to). ``door`` names
+    """Raise ``CredentialsInUrlError`` when ``url`` carries user info, or with ``tokens`` a secret in its query
+    (``is_secret_query_name``: a URL the job stores, its input or a status URL to attach to). ``door`` names
     where the URL came from (an argument, option or header; empty where the message names the key already);
     ``fix`` says what to do instead."""
     if url is None:
@@ -146,8 +163,8 @@ def refuse_credentials_in_url(url: str | None, *, door: str, fix: str, tokens: b
     parts = split_url(url)
     if has_user_info(url):
         carried = "a user name or password (user:password@host; write a literal @ as %40)"
-    elif tokens and (found := sorted({k for k, _ in parse_qsl(parts.query) if k.lower() in _TOKEN_PARAMETERS})):
-        carried = f"a token in its query ({', '.join(found)})"
+    elif tokens and (found := sorted({k for k, _ in parse_qsl(parts.query) if is_secret_query_name(k)})):
+        carried = f"a secret in its query ({', '.join(show_text(name) for name in found)})"
     else:
         return
     raise CredentialsInUrlError(
