@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from datetime import timedelta
 from collections import Counter
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -15,7 +16,8 @@ from pydantic_core import PydanticCustomError
 
 from config.fields import ConfigModel, OptionalPath, OptionalStr, Problem, StrList, emit_warning, env_var_name
 from config.fields import raise_problem, raise_problems, refuse_control_characters, refuse_invisible_url_characters
-from config.fields import zero_means
+from config.durations import Duration
+from config.fields import positive, zero_means
 from config.services import FHIR_SEND_MODES, SendSettings, ServicesSettings
 from tasks.core.url_credentials import has_user_info
 
@@ -150,6 +152,8 @@ class PipelineSettings(ConfigModel):
 
     enabled_steps: StrList = Field(default_factory=list, validate_default=True)
     max_ndjson_line_size_mb: Annotated[int, zero_means(100)] = Field(default=100, ge=0, le=4096)
+    # How long a deployment run stays suspended at a wait step; then Prefect fails it ("never resumed").
+    wait_timeout: Annotated[Duration, positive("how long a suspended run waits, default P7D")] = timedelta(days=7)
     task_runner: TaskRunnerSettings = Field(default_factory=TaskRunnerSettings)
 
     @property

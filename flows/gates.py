@@ -6,6 +6,7 @@ the run stays suspended. The gate itself lives in the job's record (``tasks.job.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from prefect import runtime
@@ -23,8 +24,6 @@ from tasks.core.readable import CLI
 from tasks.job.contract import StepInput, StepResult
 from tasks.job.record import RUNNING, SUSPENDED, changing_record, read_record, record_state
 from tasks.wait import released_result, wait
-
-SUSPEND_TIMEOUT_SECONDS = 7 * 24 * 3600
 
 
 def editable_toggle(schema: dict[str, Any]) -> None:
@@ -85,7 +84,16 @@ def confirmed_inspection(
     if (answer := read_flow_run_input(keyset_from_paused_state(Suspended(pause_key=key))["response"])) is not None:
         return InspectionInput(**answer)
     card.note([*done, wait(step, hint)])  # the record shows the gate awaiting while the run is suspended
-    message = f"awaiting inspection at step {step.number} (wait); resume in the UI with the confirmation turned on"
-    record_state(job.paths.job_dir, SUSPENDED, message)
+    timeout = job.settings.pipeline.wait_timeout
+    record_state(job.paths.job_dir, SUSPENDED, suspended_message(step, datetime.now(UTC) + timeout))
     card.refresh()
-    return suspend_flow_run(wait_for_input=InspectionInput, timeout=SUSPEND_TIMEOUT_SECONDS, key=key)
+    return suspend_flow_run(wait_for_input=InspectionInput, timeout=int(timeout.total_seconds()), key=key)
+
+
+def suspended_message(step: StepInput, expires: datetime) -> str:
+    """The state of a run suspended at a wait step: what to do, and until when (``pipeline.wait_timeout``), after
+    which Prefect refuses the resume and fails the run."""
+    return (
+        f"awaiting inspection at step {step.number} (wait) until {expires:%Y-%m-%d %H:%M} UTC "
+        "(pipeline.wait_timeout); resume in the UI with the confirmation turned on"
+    )

@@ -156,6 +156,12 @@ def services(**blocks: Any) -> dict[str, Any]:
             id="bare-integer-duration",
         ),
         pytest.param({"compression": {"level": "max"}}, "compression.level", "set one of those", id="bad-level"),
+        pytest.param(
+            {"pipeline": {"enabled_steps": ["local_import", "wait"], "wait_timeout": "PT0S"}},
+            "pipeline.wait_timeout",
+            "must be longer than zero; set e.g. PT30S",
+            id="wait-timeout-0",
+        ),
         *[
             pytest.param(
                 services(**{service: {key: url}}),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,9 @@ def test_a_suspended_job_survives_a_worker_restart_and_resumes_with_the_form_rea
         assert str(wait_dir) in run_log(api_url, run_id)
         record = api(api_url, "GET", f"/artifacts/job-{job_id}/latest")["data"]
         assert "awaiting inspection" in record and "failed:" not in record, record  # a suspend is no failure
+        expires = datetime.fromisoformat(run["state"]["state_details"]["pause_timeout"])
+        assert timedelta(days=6, hours=23) < expires - datetime.now(UTC) <= timedelta(days=7), expires
+        assert r"\(pipeline.wait\_timeout\)" in record and f"until {expires:%Y-%m-%d}" in record, record  # Markdown
         assert wait_for_exit_of_flow_processes(worker)
     finally:
         stop_worker(worker)
