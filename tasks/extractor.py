@@ -287,7 +287,8 @@ class ProgressReporter:
     def _publish(self, percent: float, description: str) -> None:
         self._last_update = time.monotonic()
         if self._artifact is None:
-            self._artifact = create_progress_artifact(percent, key=self._key, description=description)
+            # async_dispatch types its result as the UUID or a coroutine; called from sync code it is the UUID
+            self._artifact = create_progress_artifact(percent, key=self._key, description=description)  # type: ignore[assignment]
         else:
             update_progress_artifact(self._artifact, percent, description=description)
 

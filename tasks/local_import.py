@@ -66,10 +66,10 @@ def import_file(step: StepInput, source: str, name: str, identity: list) -> Data
             step.output_dir / name, source=shown, expected_size=size, stop_if_cancelled=raise_if_cancelled, **written
         ) as writer:
             unchecked = 0
-            for written in writer.copy(source_path):
+            for copied in writer.copy(source_path):
                 raise_if_cancelled()
-                progress.advance(written)
-                if (unchecked := unchecked + written) >= CHANGE_CHECK_BYTES:  # a file that keeps growing never ends
+                progress.advance(copied)
+                if (unchecked := unchecked + copied) >= CHANGE_CHECK_BYTES:  # a file that keeps growing never ends
                     refuse_a_changed_source(source_path, identity)
                     unchecked = 0
             refuse_a_changed_source(source_path, identity)

@@ -114,16 +114,20 @@ def pseudonymize_file(
     SHA-256, of the bytes the step read) makes a changed anonymization config a new result."""
     settings = settings_of(step)
     config = anonymization_config(settings.services.pseudonymizer.anonymization_config, config_digest)
-    source = step.input_dir / source_name
+    source = step.input_path(source_name)
     started = time.monotonic()
     counts = asyncio.run(
         pseudonymize_with_service(settings, source, step.output_dir / name, config, expected_resources)
     )
-    report = {key: getattr(counts, key) for key in ("resources_in", "resources_out", "bundles_split", "requests")}
-    seconds = round(time.monotonic() - started, 3)
-    return FileResult(
-        file=DataFile.written(name, counts.written), report=FileReport(file=source.name, **report, seconds=seconds)
+    report = FileReport(
+        file=source.name,
+        resources_in=counts.resources_in,
+        resources_out=counts.resources_out,
+        bundles_split=counts.bundles_split,
+        requests=counts.requests,
+        seconds=round(time.monotonic() - started, 3),
     )
+    return FileResult(file=DataFile.written(name, counts.written), report=report)
 
 
 async def pseudonymize_with_service(

@@ -29,7 +29,7 @@ from tasks.core.errors import StepError
 from tasks.core.exact_json import dumps_exact, loads_exact
 from tasks.core.names import show_text
 from tasks.job.steps import one_file_at_a_time
-from tasks.clients.transfer import binary_id, put_document_reference, send_binary
+from tasks.clients.transfer import SentBinary, binary_id, put_document_reference, send_binary
 from tasks.streams.fanout import raise_if_cancelled
 from tasks.streams.files import write_file_atomically
 from tasks.streams.ndjson import iter_lines, parse_resource
@@ -79,7 +79,7 @@ def send_file_direct(step: StepInput, name: str, size: int) -> dict[str, Any]:
     with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
         report = send_resources(
             server,
-            step.input_dir / name,
+            step.input_path(name),
             step.output_dir,
             job_id=step.job_id,
             batch_size=effective_batch_size(settings.services.send.batch_size),
@@ -89,15 +89,15 @@ def send_file_direct(step: StepInput, name: str, size: int) -> dict[str, Any]:
 
 
 @file_task("send-file-binary", "send[{name}]")
-def send_file_binary(step: StepInput, name: str, size: int) -> dict[str, Any]:
+def send_file_binary(step: StepInput, name: str, size: int) -> dict[str, SentBinary]:
     settings = settings_of(step)
     with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
-        binary = send_binary(server, step.input_dir / name, binary_id(step.job_id, name), step.output_dir)
+        binary = send_binary(server, step.input_path(name), binary_id(step.job_id, name), step.output_dir)
     return {"binary": binary}
 
 
 @file_task("send-document-reference", "send[DocumentReference]")
-def send_document_reference(step: StepInput, binaries: list[dict[str, Any]]) -> str:
+def send_document_reference(step: StepInput, binaries: list[SentBinary]) -> str:
     settings = settings_of(step)
     with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
         return put_document_reference(
@@ -112,7 +112,7 @@ def send_file_s3(step: StepInput, name: str, size: int) -> dict[str, Any]:
     settings = settings_of(step)
     uploader = S3Uploader(settings.services.send, settings.tls, settings.retry, step.output_dir / "s3-manifest.json")
     try:
-        uploaded = uploader.upload(step.input_dir / name, f"{step.job_id}/{name}")
+        uploaded = uploader.upload(step.input_path(name), f"{step.job_id}/{name}")
     finally:
         uploader.close()
     return {"key": uploaded.key, "size": uploaded.size, "etag": uploaded.etag}

@@ -21,7 +21,7 @@ from config.runtime import job_on_command_line
 from tasks.job.contract import DataFile, StepInput, StepResult, settings_of
 from tasks.job.layout import artifact_key
 from tasks.streams.ndjson import DATA_SUFFIXES, FileStats, is_partial, output_name
-from tasks.streams.ndjson_writer import count_contents
+from tasks.streams.ndjson_writer import LineCounts, count_contents
 from tasks.core.errors import StepError
 from tasks.core.names import name_from_data_problem, name_key, show_name
 from tasks.core.readable import CLI, SHOW_WHOLE, counted
@@ -126,11 +126,11 @@ def corrected_file(path: Path, max_line_bytes: int) -> DataFile:
     counts them."""
     found = path.stat()
     if path.name.endswith(".csv"):
-        counts: tuple[int, ...] = (csv_data_rows(path),)
+        counts = LineCounts(csv_data_rows(path), bundles=0, bundled=0)
     elif path.name.endswith(".parquet"):
         from tasks.sof.parquet import parquet_rows  # pyarrow is loaded only for a job that has Parquet
 
-        counts = (parquet_rows(path),)
+        counts = LineCounts(parquet_rows(path), bundles=0, bundled=0)
     else:
         counts = count_contents(path, max_line_bytes)
     return DataFile.written(path.name, FileStats(found.st_size, *counts, modified_ns=found.st_mtime_ns))

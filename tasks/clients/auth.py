@@ -10,7 +10,8 @@
 - on a 401 with OAuth, fetches one fresh token and sends the request once more;
 - refuses a redirect loop, a redirect to a URL with user info (httpx would send it as Basic) and any redirect of
   a request with a body (its data would go elsewhere, or be dropped by a 301/302);
-- leaves the body of an answer it does not return (a redirect, a 401 before a fresh token) unread (``UnreadBody``).
+- leaves the body of an answer it does not return (a redirect, a 401 before a fresh token) unread
+  (``bodies.UnreadBody``).
 Tokens come from a ``TokenSource`` per (issuer, client id), shared by the process's clients; authlib's
 ``OAuth2Client`` fetches them, renewed shortly before ``expires_in`` runs out, its answers read bounded.
 """
@@ -23,16 +24,17 @@ import ssl
 import threading
 import time
 import warnings
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterable, Iterator
+from collections.abc import AsyncGenerator, Generator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import anyio.to_thread
 import httpx
 import orjson
 
+from tasks.clients.bodies import CappedBody, leave_unread, replayable
 from tasks.clients.deadline import Deadline
 from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, json_or_none, naming_setting
 from tasks.clients.errors import truncate
@@ -108,67 +110,6 @@ class _Token:
 
     def is_due(self) -> bool:
         return self.renew_at is not None and clock() >= self.renew_at
-
-
-class ReplayableBody:
-    """A request body streamed from a function, afresh each time httpx iterates it: on every retry attempt, and
-    when an OAuth token is replaced after a 401 (the auth flow then need not hold the whole body in memory)."""
-
-    def __init__(self, make: Callable[[], Iterable[bytes]]):
-        self._make = make
-
-    def __iter__(self) -> Iterator[bytes]:
-        yield from self._make()
-
-
-class UnreadBody(httpx.SyncByteStream, httpx.AsyncByteStream):
-    """The body of an answer that is not used: a redirect's, or a 401's answered with a fresh token. httpx reads such
-    an answer whole before it sends the next request, streamed call or not; given this body it reads nothing, and
-    closing it closes the connection (one with a body left unread cannot carry another request)."""
-
-    def __init__(self, stream: httpx.SyncByteStream | httpx.AsyncByteStream):
-        self._stream = stream
-
-    def __iter__(self) -> Iterator[bytes]:
-        yield from ()
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        return
-        yield  # makes this an async generator: one that yields nothing
-
-    def close(self) -> None:
-        self._stream.close()
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-
-def leave_unread(response: httpx.Response) -> None:
-    response.stream = UnreadBody(response.stream)
-
-
-class CappedBody(httpx.SyncByteStream):
-    """A sync answer's body as sent, at most ``limit`` bytes of it: ``too_large()`` is raised once more comes."""
-
-    def __init__(self, stream: httpx.SyncByteStream, limit: int, too_large: Callable[[], Exception]):
-        self._stream, self._limit, self._too_large = stream, limit, too_large
-
-    def __iter__(self) -> Iterator[bytes]:
-        seen = 0
-        for piece in self._stream:
-            seen += len(piece)
-            if seen > self._limit:
-                raise self._too_large()
-            yield piece
-
-    def close(self) -> None:
-        self._stream.close()
-
-
-def _replayable(request: httpx.Request) -> bool:
-    """A body that can be streamed again (``ReplayableBody``), so a resend after a 401 needs no copy in memory
-    (httpx keeps the iterable given as ``content`` as its stream's ``_stream``)."""
-    return isinstance(getattr(request.stream, "_stream", None), ReplayableBody)
 
 
 def clock() -> float:
@@ -300,6 +241,7 @@ class TokenSource:
         if (problem := compressed_answer(response)) is not None:
             raise self._refused(f"{problem}; {OAUTH_FIX} (it must not compress its answers to this client)")
         message = f"the answer from {source} is more than the {limit} read from an identity provider; {OAUTH_FIX}"
+        assert isinstance(response.stream, httpx.SyncByteStream), "the token client (authlib's OAuth2Client) is sync"
         response.stream = CappedBody(response.stream, MAX_OAUTH_ANSWER_BYTES, lambda: self._refused(message))
 
     def _refused(self, message: str) -> ServiceError:
@@ -331,21 +273,36 @@ _token_sources_lock = threading.Lock()
 
 def token_source_for(auth: AuthSettings, verify: ssl.SSLContext | bool) -> TokenSource:
     """The process-wide token source of this issuer and client id (a changed secret gets its own)."""
-    issuer, client_id = auth.oauth_issuer_uri.rstrip("/"), auth.oauth_client_id
-    secret = auth.oauth_client_secret.get_secret_value()
+    issuer, client_id, client_secret = auth.oauth_issuer_uri, auth.oauth_client_id, auth.oauth_client_secret
+    # AuthSettings refuses an OAuth block without all three
+    assert issuer is not None and client_id is not None and client_secret is not None
+    issuer, secret = issuer.rstrip("/"), client_secret.get_secret_value()
     key = (issuer, client_id, hashlib.sha256(secret.encode()).hexdigest())
     with _token_sources_lock:
         return _token_sources.setdefault(key, TokenSource(issuer, client_id, secret, verify))
 
 
+def basic_login(auth: AuthSettings) -> tuple[str, str] | None:
+    """The username and the password's value when ``auth`` uses Basic (``uses_basic``), else None."""
+    if auth.username is None or auth.password is None:
+        return None
+    return auth.username, auth.password.get_secret_value()
+
+
 @dataclass(frozen=True)
 class _NeedToken:
-    """Asked by the shared flow; the sync or async driver answers with an access token."""
+    """Asked by the shared flow; the sync or async driver answers with an access token of ``tokens``."""
 
+    tokens: TokenSource
     rejected: str | None = None
 
 
-def _advance(flow: Generator, answer: object) -> _NeedToken | httpx.Request | None:
+_Flow = Generator["_NeedToken | httpx.Request", Any, None]
+"""``ServiceAuth._flow``: a ``_NeedToken`` is answered with a token (``str``), a request with its response; the
+answer's type depends on the ask, which a generator's one send type cannot say, hence ``Any``."""
+
+
+def _advance(flow: _Flow, answer: object) -> _NeedToken | httpx.Request | None:
     """The flow's next ask after ``answer`` (None starts it); None once it has ended."""
     try:
         return flow.send(answer)
@@ -364,8 +321,8 @@ class ServiceAuth(httpx.Auth):
         if auth is not None:
             if auth.uses_oauth:
                 self._tokens = token_source_for(auth, verify)
-            elif auth.uses_basic:
-                self._basic = httpx.BasicAuth(auth.username, auth.password.get_secret_value())
+            elif (login := basic_login(auth)) is not None:
+                self._basic = httpx.BasicAuth(*login)
             if auth.api_key is not None:
                 self._api_key = (auth.api_key_header, auth.api_key.get_secret_value())
         self._withheld_origins: set[Origin] = set()
@@ -386,24 +343,34 @@ class ServiceAuth(httpx.Auth):
         return f"ServiceAuth(service={self.service!r}, origin={origin_text(self.origin)!r}, schemes={self.schemes!r})"
 
     def sync_auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        if self._tokens is not None and not _replayable(request):
+        if self._tokens is not None and not replayable(request):
             request.read()  # a 401 is answered by sending the same request again
-        flow, answer = self._flow(request), None
-        with naming_setting(self.issuer_setting, self._tokens and self._tokens.issuer):  # a token's request
+        flow = self._flow(request)
+        answer: str | httpx.Response | None = None  # None starts the flow
+        with naming_setting(self.issuer_setting, self._issuer):  # a token's request
             while (ask := _advance(flow, answer)) is not None:
-                token = isinstance(ask, _NeedToken)
-                answer = self._tokens.access_token(rejected=ask.rejected) if token else (yield ask)
+                if isinstance(ask, _NeedToken):
+                    answer = ask.tokens.access_token(rejected=ask.rejected)
+                else:
+                    answer = yield ask
 
     async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
-        if self._tokens is not None and not _replayable(request):
+        if self._tokens is not None and not replayable(request):
             await request.aread()
-        flow, answer = self._flow(request), None
-        with naming_setting(self.issuer_setting, self._tokens and self._tokens.issuer):
+        flow = self._flow(request)
+        answer: str | httpx.Response | None = None  # None starts the flow
+        with naming_setting(self.issuer_setting, self._issuer):
             while (ask := _advance(flow, answer)) is not None:
-                token = isinstance(ask, _NeedToken)
-                answer = await self._tokens.access_token_async(rejected=ask.rejected) if token else (yield ask)
+                if isinstance(ask, _NeedToken):
+                    answer = await ask.tokens.access_token_async(rejected=ask.rejected)
+                else:
+                    answer = yield ask
 
-    def _flow(self, request: httpx.Request):
+    @property
+    def _issuer(self) -> str | None:
+        return None if self._tokens is None else self._tokens.issuer
+
+    def _flow(self, request: httpx.Request) -> _Flow:
         """Yields requests to send (answered with responses) and ``_NeedToken`` (answered with a token)."""
         renewed = False
         rejected: str | None = None
@@ -419,20 +386,20 @@ class ServiceAuth(httpx.Auth):
             rejected = None
             if response.next_request is None:
                 return
-            self._refuse_redirect_of_a_body(response)
+            self._refuse_redirect_of_a_body(response, response.next_request.url)
             request = response.next_request
-            self._refuse_credentials_in_location(response)
+            self._refuse_credentials_in_location(response, request.url)
             if request.url in visited:
                 raise self._redirect_loop(response, request.url)
             visited.add(request.url)
             leave_unread(response)
 
-    def _refuse_redirect_of_a_body(self, response: httpx.Response) -> None:
+    def _refuse_redirect_of_a_body(self, response: httpx.Response, location: httpx.URL) -> None:
         """A request that carries a body (patient data, a CRTDL) is never sent on: a 301/302/303 would turn it into a
         GET without its body, and a 307/308 may hand the data to another server. The user sets the URL instead."""
         if response.request.method in ("GET", "HEAD"):
             return
-        target = shown_url(str(response.next_request.url))
+        target = shown_url(str(location))
         raise self._refused_hop(
             response,
             f"the server redirects to {target}; a request with a body is not sent on to another address: set the "
@@ -444,11 +411,11 @@ class ServiceAuth(httpx.Auth):
         where = f"{source} redirects to itself" if source == again else f"{source} redirects back to {again}"
         return self._refused_hop(response, f"redirect loop: {where}; check the URL and the server's configuration")
 
-    def _refuse_credentials_in_location(self, response: httpx.Response) -> None:
+    def _refuse_credentials_in_location(self, response: httpx.Response, location: httpx.URL) -> None:
         door = f"the Location header of {response.request.method} {shown_url(str(response.request.url))}"
         fix = "the server redirects there; fix its configuration so that its redirects carry no credentials"
         try:
-            refuse_credentials_in_url(str(response.next_request.url), door=door, fix=fix)
+            refuse_credentials_in_url(str(location), door=door, fix=fix)
         except CredentialsInUrlError as exc:
             raise self._refused_hop(response, str(exc)) from None
 
@@ -467,12 +434,14 @@ class ServiceAuth(httpx.Auth):
         """``strip_foreign_credentials`` for the event hooks of an ``httpx.AsyncClient``."""
         self.strip_foreign_credentials(request)
 
-    def _scope_credentials(self, request: httpx.Request, rejected: str | None):
+    def _scope_credentials(
+        self, request: httpx.Request, rejected: str | None
+    ) -> Generator[_NeedToken, Any, str | None]:
         """Attach credentials for the service's origin, strip them for any other; returns the bearer token used."""
         if origin_of(request.url) not in self._trusted_origins:
             self._withhold(request)
             return None
-        token = (yield _NeedToken(rejected)) if self._tokens is not None else None
+        token = (yield _NeedToken(self._tokens, rejected)) if self._tokens is not None else None
         if self._basic is not None:
             next(self._basic.auth_flow(request))
         if token is not None:

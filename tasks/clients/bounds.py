@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import httpx
 
-from tasks.clients.auth import ReplayableBody
+from tasks.clients.bodies import ReplayableBody
 from tasks.clients.deadline import Deadline
-from tasks.clients.errors import ServiceError
+from tasks.clients.errors import Call, ServiceError
 from tasks.core.readable import size_text
 from tasks.core.url_credentials import shown_url
 
@@ -32,6 +32,13 @@ Body = Callable[[], Iterable[bytes]] | bytes
 """A request body: its bytes, or a function making its pieces afresh for each send."""
 BODY_FRAMING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 """Headers that no longer describe a body read and decoded here (``answered``)."""
+
+
+class TooLarge(Call):
+    """The keywords of ``answer_too_large`` besides the size: the call, the fix, and the answer's URL if known."""
+
+    hint: str
+    source: httpx.URL | None
 
 
 @contextlib.contextmanager
@@ -119,7 +126,7 @@ def read_answer(
 ) -> bytes:
     """The body of a streamed ``response``, at most ``limit`` bytes (else a terminal ``ServiceError``, naming
     ``source`` when given); the ``deadline`` is checked after each piece."""
-    where = {"operation": operation, "service": service, "hint": hint, "source": source}
+    where: TooLarge = {"operation": operation, "service": service, "hint": hint, "source": source}
     _refuse_declared(response, limit, **where)
     body = bytearray()
     for piece in response.iter_bytes():
@@ -141,7 +148,7 @@ async def read_answer_async(
     source: httpx.URL | None = None,
 ) -> bytes:
     """``read_answer`` for a streamed response of an ``httpx.AsyncClient`` (run it ``within_deadline``)."""
-    where = {"operation": operation, "service": service, "hint": hint, "source": source}
+    where: TooLarge = {"operation": operation, "service": service, "hint": hint, "source": source}
     _refuse_declared(response, limit, **where)
     body = bytearray()
     async for piece in response.aiter_bytes():
@@ -151,7 +158,7 @@ async def read_answer_async(
     return bytes(body)
 
 
-def _refuse_declared(response: httpx.Response, limit: int, **where: Any) -> None:
+def _refuse_declared(response: httpx.Response, limit: int, **where: Unpack[TooLarge]) -> None:
     if (size := declared_size(response)) is not None and size > limit:
         raise answer_too_large(size_text(size), limit, **where)
 
@@ -161,7 +168,7 @@ def read_response(
 ) -> httpx.Response:
     """A streamed ``response`` read as httpx would read it (``content``, ``json()``), but at most ``limit`` bytes
     of it (``read_answer``; the error names its URL)."""
-    where = {"operation": operation, "service": service, "hint": hint, "source": response.url}
+    where: TooLarge = {"operation": operation, "service": service, "hint": hint, "source": response.url}
     return answered(response, read_answer(response, limit, **where))
 
 
@@ -169,7 +176,7 @@ async def read_response_async(
     response: httpx.Response, limit: int, *, operation: str, service: str | None, hint: str
 ) -> httpx.Response:
     """``read_response`` for a streamed response of an ``httpx.AsyncClient``."""
-    where = {"operation": operation, "service": service, "hint": hint, "source": response.url}
+    where: TooLarge = {"operation": operation, "service": service, "hint": hint, "source": response.url}
     return answered(response, await read_answer_async(response, limit, **where))
 
 

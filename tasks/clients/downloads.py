@@ -289,8 +289,8 @@ def read_in_large_pieces(response: httpx.Response) -> None:
     bound = getattr(response.stream, "_stream", None)
     pooled = getattr(getattr(bound, "_httpcore_stream", None), "_stream", None)
     connection = getattr(pooled, "_connection", None)
-    if isinstance(getattr(connection, "READ_NUM_BYTES", None), int):
-        connection.READ_NUM_BYTES = max(connection.READ_NUM_BYTES, READ_SIZE)
+    if connection is not None and isinstance(size := getattr(connection, "READ_NUM_BYTES", None), int):
+        connection.READ_NUM_BYTES = max(size, READ_SIZE)
 
 
 def check_response(response: httpx.Response, url: str, resuming_at: int = 0) -> None:
@@ -379,7 +379,7 @@ class FirstLineCheck:
     answer that is no NDJSON must not be saved), then passes everything on (``feed``, then ``finish``).
 
     Blank data before the first line pass on at once (the writer limits them), and a first line longer than
-    ``max_line_bytes`` is passed on unchecked, as it is (no copy): the writer reports it as too long.
+    ``max_line_bytes`` is passed on unchecked: the writer reports it as too long.
     """
 
     def __init__(self, url: str, max_line_bytes: int):
@@ -404,7 +404,7 @@ class FirstLineCheck:
             yield from self.finish()
         elif len(pending) > self._max_line_bytes:
             self._pending = None
-            yield pending  # a bytearray, not copied: the writer takes any bytes-like chunk
+            yield bytes(pending)
 
     def finish(self) -> Iterator[bytes]:
         pending, self._pending = self._pending, None

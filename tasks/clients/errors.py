@@ -15,7 +15,7 @@ import ssl
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from datetime import datetime, UTC
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 import orjson
@@ -37,10 +37,19 @@ SERVICE_SETTING = "dupflow.service_setting"
 goes to; ``tasks.clients.http`` sets it on every request to a configured service (``nothing_answers`` reads it)."""
 
 
+class Call(TypedDict):
+    """The keywords that name a call in its errors, given together (``**call``) to the functions that take them."""
+
+    operation: str
+    service: str | None
+
+
 class ServiceError(DupflowError):
     """A failed call to a service. ``transient``: network errors, 408, 429 and 5xx (retrying may help).
     ``retry_after`` is the server's Retry-After in seconds, when it sent one. ``no_answer``: no (complete) answer
     came at all (a network error, a missed deadline), as opposed to an answer that was refused or not usable."""
+
+    operation: str  # always named, unlike a DupflowError's
 
     def __init__(
         self,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from tasks.clients.errors import BODY_LIMIT
-from tasks.core.json_shapes import as_array
+from tasks.core.json_shapes import as_array, as_object
 from tasks.core.errors import StepError
 from tasks.core.names import invisible_character_problem, show_name
 from tasks.core.url_credentials import shown_url
@@ -97,7 +97,7 @@ class StatusUrlMismatchError(ExtractionError):
 
 def job_status_of(task: dict[str, Any]) -> str:
     """A Task's JobStatus code (``businessStatus``), else its FHIR ``status``."""
-    business = task.get("businessStatus") if isinstance(task.get("businessStatus"), dict) else {}
+    business = as_object(task.get("businessStatus"))
     for coding in as_array(business.get("coding")):
         if isinstance(coding, dict) and isinstance(coding.get("code"), str):
             return coding["code"]
@@ -259,8 +259,8 @@ def _parameters_urls(parameters: list[dict]) -> tuple[list[str], list[str]]:
     urls, errors = [], []
     for parameter in parameters:
         parts = {str(p.get("name")): _value(p) for p in as_array(parameter.get("part")) if isinstance(p, dict)}
-        if parameter.get("name") == "output" and parts.get("url"):
-            urls.append(parts["url"])
+        if parameter.get("name") == "output" and (url := parts.get("url")):
+            urls.append(url)
         elif parameter.get("name") == "error":
             errors.append(parts.get("diagnostics") or _value(parameter) or "error")
     return urls, errors

@@ -113,7 +113,7 @@ class ExtractionJob:
 
     @classmethod
     def from_task(cls, task: dict[str, Any]) -> ExtractionJob:
-        meta = task.get("meta") if isinstance(task.get("meta"), dict) else {}
+        meta = as_object(task.get("meta"))
         progress = progress_values(task)
         return cls(
             id=str(task.get("id")),
@@ -264,10 +264,10 @@ class ExtractionTaskClient(ServiceClient):
         with ``If-Match``; a 428 (If-Match missing) is a bug of ours."""
         update = {"resourceType": "Task", "id": task.get("id"), "status": task.get("status")}
         update |= {"intent": task.get("intent") or "order", "priority": priority}
-        headers = {**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'}
-        request = {"content": json.dumps(update).encode(), "headers": headers}
+        content, headers = json.dumps(update).encode(), {**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'}
+        operation = "set extraction job priority"
         try:
-            return self._job_request("PUT", job_id, "", operation="set extraction job priority", **request)
+            return self._job_request("PUT", job_id, "", operation=operation, content=content, headers=headers)
         except ServiceError as exc:
             if exc.status_code != 428:
                 raise

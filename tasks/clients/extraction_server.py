@@ -32,7 +32,7 @@ import orjson
 from tasks.clients.auth import Origin, ServiceAuth, origin_of, origin_text
 from tasks.clients.bounds import Deadline, answer_within, answered, declared_size
 from tasks.clients.errors import error_from_response, is_transient_network_error, is_transient_status, network_error
-from tasks.clients.errors import nothing_answers, where as failed_at
+from tasks.clients.errors import Call, nothing_answers, where as failed_at
 from tasks.clients.errors import ServiceError, operation_outcome_texts, parse_retry_after, raise_for_service_status
 from tasks.clients.extraction_documents import SERVICE, DeadHandleError, ExtractionCancelledError, ExtractionError
 from tasks.clients.extraction_documents import ExtractionFailedError, ExtractionHandle, ExtractionTimeoutError
@@ -110,13 +110,15 @@ class ExtractionServerClient(Closing):
         a second job), within SUBMIT_TIMEOUT in all; the status URL from Content-Location, made absolute. A failure
         leaves the submission in doubt for the extraction step to settle. The answer's body is never needed, so it
         is not read (of an error answer the first MiB, for its OperationOutcome's diagnostics)."""
-        where = {"operation": f"submit extraction to {shown_url(self.base_url)}", "service": SERVICE}
-        content = json.dumps(kickoff_parameters(crtdl)).encode()
-        request = {"body": content, "headers": FHIR_JSON_HEADERS, "timeout": http_timeout(SUBMIT_TIMEOUT)}
+        where: Call = {"operation": f"submit extraction to {shown_url(self.base_url)}", "service": SERVICE}
+        content, timeout = json.dumps(kickoff_parameters(crtdl)).encode(), http_timeout(SUBMIT_TIMEOUT)
 
         def attempt() -> ExtractionHandle:
             deadline = Deadline(SUBMIT_TIMEOUT.total_seconds(), "the kick-off's deadline, 60 s")
-            with answer_within(self.http, deadline, "POST", self.base_url + SUBMIT_PATH, **where, **request) as answer:
+            url = self.base_url + SUBMIT_PATH
+            with answer_within(
+                self.http, deadline, "POST", url, body=content, headers=FHIR_JSON_HEADERS, timeout=timeout, **where
+            ) as answer:
                 raise_for_service_status(answer, **where, hints=CRTDL_REFUSALS)
                 return kicked_off(answer)
 
@@ -153,7 +155,7 @@ class ExtractionServerClient(Closing):
         window); a transient failure is swallowed (None), the identity provider's included: the window is the net."""
         window = self.settings.extraction_timeout.total_seconds()
         deadline = Deadline(min(POLL_DEADLINE.total_seconds(), window), POLL_DEADLINE_SETTING)
-        where = {"operation": "poll extraction status", "service": SERVICE}
+        where: Call = {"operation": "poll extraction status", "service": SERVICE}
         try:
             with answer_within(self.http, deadline, "GET", handle.status_url, headers=STATUS_ACCEPT, **where) as answer:
                 return bounded_answer(answer)
@@ -188,7 +190,7 @@ class ExtractionServerClient(Closing):
             log.warning("extractor: status poll of job %s answered HTTP %d; polling again", handle.job_id, status)
             return
         foreign = origin_of(handle.status_url)
-        if status in (401, 403) and foreign != origin_of(self.base_url) and self.http.auth.schemes:
+        if status in (401, 403) and foreign != origin_of(self.base_url) and self._auth.schemes:
             raise self._uncredentialed_status_url(handle, status, foreign)
         if status >= 400:
             raise error_from_response(response, operation="poll extraction status", service=SERVICE)
@@ -199,7 +201,7 @@ class ExtractionServerClient(Closing):
         deleted one's with 404 (its Task says DELETED until the job's files are removed), as it answers a job it
         lost; a person's cancel or delete must not be undone by a fresh submission, and a job whose Task is there
         is not lost. No answer is no proof."""
-        where = {"operation": "read extraction job", "service": SERVICE}
+        where: Call = {"operation": "read extraction job", "service": SERVICE}
         url = f"{self.base_url}/fhir/Task/{quote(handle.job_id, safe='')}"
         deadline = Deadline(POLL_DEADLINE.total_seconds(), POLL_DEADLINE_SETTING)
         try:
@@ -244,12 +246,17 @@ class ExtractionServerClient(Closing):
             self.trust_file_origins(urls)
         return urls
 
+    @property
+    def _auth(self) -> ServiceAuth:
+        auth = self.http.auth
+        assert isinstance(auth, ServiceAuth), "build_client gives every client a ServiceAuth"
+        return auth
+
     def trust_file_origins(self, urls: Sequence[str]) -> None:
         """The files need a token: send the credentials to their origins too, if each is base_url's origin or
         listed in ``services.extractor.file_origins`` (else an error naming the origin and the key)."""
         self.files_need_token = True
-        auth = self.http.auth
-        assert isinstance(auth, ServiceAuth)
+        auth = self._auth
         allowed = {origin_of(origin) for origin in self.settings.file_origins}
         for origin in dict.fromkeys(origin_of(url) for url in urls):
             if origin == auth.origin:

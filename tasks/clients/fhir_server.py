@@ -27,7 +27,7 @@ from tasks.core.json_shapes import as_array
 from tasks.clients.bounds import MB, Body, Deadline, answer_within
 from tasks.clients.bounds import read_answer as read_bounded
 from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, error_body, error_from_response, json_or_none
-from tasks.clients.errors import BODY_LIMIT, operation_outcome_texts, truncate
+from tasks.clients.errors import BODY_LIMIT, Call, operation_outcome_texts, truncate
 from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.retry import call_with_retry
 from tasks.core.readable import plain_text
@@ -150,13 +150,13 @@ class FhirServer(Closing):
         refusal: dict[ServiceError, Answer] = {}  # the error of the last 4xx/5xx answer, and that answer
         headers = {**FHIR_JSON_HEADERS, **(extra_headers or {})}
         headers |= {"Content-Length": str(size)} if size is not None else {}
+        where: Call = {"operation": operation, "service": SERVICE_NAME}
 
         def attempt() -> Answer:
             deadline = Deadline(self._deadline + (size or 0) / SLOWEST_UPLOAD_BYTES_PER_SECOND, DEADLINE_SETTING)
             timeout = http_timeout(min(SEND_TIMEOUT, timedelta(seconds=deadline.seconds)))
-            request = {"body": body, "headers": headers, "params": params, "timeout": timeout}
             with answer_within(
-                self.http, deadline, method, path, operation=operation, service=SERVICE_NAME, **request
+                self.http, deadline, method, path, body=body, headers=headers, params=params, timeout=timeout, **where
             ) as response:
                 if not response.is_error:
                     return self._answer(response, deadline, operation, read_answer)
@@ -167,9 +167,7 @@ class FhirServer(Closing):
                 raise error
 
         try:
-            return call_with_retry(
-                attempt, self._client.retry, operation=operation, service=SERVICE_NAME, sleep=self._client.sleep
-            )
+            return call_with_retry(attempt, self._client.retry, **where, sleep=self._client.sleep)
         except ServiceError as exc:
             if rejection is not None and exc in refusal:
                 raise rejection(refusal[exc], exc) from None
@@ -178,8 +176,9 @@ class FhirServer(Closing):
     def _answer(self, response: httpx.Response, deadline: Deadline, operation: str, read_answer: bool) -> Answer:
         if not read_answer:
             return Answer(response, b"")
-        where = {"operation": operation, "service": SERVICE_NAME, "deadline": deadline}
-        return Answer(response, read_bounded(response, self._max_answer_bytes, hint=TOO_LARGE_ANSWER_HINT, **where))
+        limit, hint = self._max_answer_bytes, TOO_LARGE_ANSWER_HINT
+        body = read_bounded(response, limit, operation=operation, service=SERVICE_NAME, hint=hint, deadline=deadline)
+        return Answer(response, body)
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ import orjson
 
 from tasks.core.json_shapes import as_array, as_object
 from tasks.clients.bounds import MB, Deadline, answer_within, read_answer
-from tasks.clients.errors import json_or_none, network_error, raise_for_service_status
+from tasks.clients.errors import Call, json_or_none, network_error, raise_for_service_status
 from tasks.core.exact_json import loads_exact
 from tasks.core.redaction import redact
-from tasks.clients.http import ServiceClient
+from tasks.clients.http import ServiceClient, read_seconds
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import StepError
 
@@ -49,14 +49,14 @@ class Flattener:
 
     def __init__(self, client: ServiceClient, *, deadline: timedelta | None = None):
         self.client = client
-        self._deadline = deadline.total_seconds() if deadline is not None else client.endpoint.timeout.read
+        self._deadline = deadline.total_seconds() if deadline is not None else read_seconds(client.endpoint.timeout)
 
     def check(self) -> None:
         """Raise ``FlattenerError`` unless the service's CapabilityStatement lists ``$run`` on ViewDefinition."""
         operation = "read the flattening service's metadata"
         with self._answer("GET", METADATA_PATH, operation) as (response, deadline):
-            where = {"operation": operation, "service": self._service, "deadline": deadline}
-            content = read_answer(response, MAX_METADATA_BYTES, hint=NOT_A_SERVICE_HINT, **where)
+            limit, hint, service = MAX_METADATA_BYTES, NOT_A_SERVICE_HINT, self._service
+            content = read_answer(response, limit, operation=operation, service=service, hint=hint, deadline=deadline)
         if not lists_view_run(json_or_none(content, orjson.loads)):
             raise FlattenerError(
                 f"{redact(self.client.endpoint.base_url)} is not a flattening service: its {METADATA_PATH} lists no "
@@ -85,7 +85,7 @@ class Flattener:
     ) -> Iterator[tuple[httpx.Response, Deadline]]:
         """A 2xx answer whose body is still to be read, and the deadline its reading must keep. Failures before the
         answer starts are retried (``$run`` changes nothing); a failure while it is read is not (rows were taken)."""
-        where = {"operation": operation, "service": self._service}
+        where: Call = {"operation": operation, "service": self._service}
 
         def attempt() -> tuple[contextlib.ExitStack, httpx.Response, Deadline]:
             deadline = Deadline(self._deadline, DEADLINE_SETTING)

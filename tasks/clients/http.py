@@ -32,7 +32,7 @@ import httpx
 
 from tasks.clients.auth import AS_SENT, Origin, ServiceAuth, compressed_answer, origin_of
 from tasks.clients.bounds import MB, read_response, read_response_async
-from tasks.clients.errors import SERVICE_SETTING, ServiceError, raise_for_service_status
+from tasks.clients.errors import SERVICE_SETTING, Call, ServiceError, raise_for_service_status
 from tasks.clients.errors import raise_for_service_status_async
 from tasks.clients.retry import call_once, call_with_retry, call_with_retry_async
 from tasks.core.url_credentials import shown_url
@@ -59,6 +59,16 @@ TOO_LARGE_HINT = "check that the service URL points at the service; an answer th
 def http_timeout(read: timedelta, *, connect: timedelta = DEFAULT_CONNECT_TIMEOUT) -> httpx.Timeout:
     """A per-request timeout from a configured duration: ``read`` bounds each read, write and pool wait."""
     return httpx.Timeout(read.total_seconds(), connect=min(connect, read).total_seconds())
+
+
+EventHooks = dict[str, list[Callable[..., object]]]
+"""httpx's ``event_hooks``: functions called with each request (``"request"``) and each response."""
+
+
+def read_seconds(timeout: httpx.Timeout) -> float:
+    """The read timeout of a client made here, in seconds."""
+    assert timeout.read is not None, "http_timeout always sets the read timeout"
+    return timeout.read
 
 
 @dataclass(frozen=True)
@@ -123,7 +133,7 @@ def _client_options(endpoint: ServiceEndpoint, tls: TlsSettings) -> tuple[Servic
 def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
     """A configured client rooted at the service's URL; close it (``with``) when done."""
     auth, options = _client_options(endpoint, tls)
-    hooks = {
+    hooks: EventHooks = {
         "request": [auth.strip_foreign_credentials, functools.partial(name_setting, endpoint, auth.origin)],
         "response": [functools.partial(refuse_compressed, endpoint)],
     }
@@ -133,7 +143,7 @@ def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
 def build_async_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.AsyncClient:
     """The ``httpx.AsyncClient`` counterpart of ``build_client``."""
     auth, options = _client_options(endpoint, tls)
-    hooks = {
+    hooks: EventHooks = {
         "request": [auth.strip_foreign_credentials_async, functools.partial(name_setting_async, endpoint, auth.origin)],
         "response": [functools.partial(refuse_compressed_async, endpoint)],
     }
@@ -229,7 +239,7 @@ def one_attempt(
     status): an attempt for ``tasks.clients.retry``. The answer is streamed and read as it comes, at most
     ``max_answer_bytes`` of it (else a terminal ``ServiceError`` naming the URL, the limit and ``too_large_hint``,
     the fix)."""
-    where = {"operation": operation, "service": service}
+    where: Call = {"operation": operation, "service": service}
 
     def attempt() -> httpx.Response:
         with http.stream(method, url, **request_kwargs) as response:
@@ -265,7 +275,7 @@ class AsyncServiceClient:
     ) -> httpx.Response:
         """``http.request`` under the retry policy, its answer read bounded as ``one_attempt`` reads it; a 4xx/5xx
         answer becomes a ``ServiceError``."""
-        where = {"operation": operation, "service": self.endpoint.name}
+        where: Call = {"operation": operation, "service": self.endpoint.name}
 
         async def attempt() -> httpx.Response:
             async with self.http.stream(method, url, **request_kwargs) as response:

@@ -35,7 +35,7 @@ from tasks.core.names import show_name, show_text
 from tasks.clients.bounds import MB, Deadline, read_answer_async, within_deadline
 from tasks.clients.errors import BODY_LIMIT, raise_for_service_status_async
 from tasks.core.redaction import redact
-from tasks.clients.http import FHIR_JSON_HEADERS, service_name
+from tasks.clients.http import FHIR_JSON_HEADERS, read_seconds, service_name
 from tasks.clients.retry import call_with_retry_async
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ class Pseudonymizer:
         """``deadline`` bounds each whole request; by default the client's read timeout, which ``http_timeout``
         sets to the configured ``services.pseudonymizer.timeout``. ``max_answer_bytes``: see ``MAX_ANSWER_BYTES``."""
         self._client, self._url, self._retry = client, client.build_request("POST", DE_IDENTIFY_PATH).url, retry
-        self._deadline = deadline.total_seconds() if deadline is not None else client.timeout.read
+        self._deadline = deadline.total_seconds() if deadline is not None else read_seconds(client.timeout)
         self._max_answer_bytes, self._body = max_answer_bytes, RequestBody(config)
         self.split_threshold_bytes, self._slots = split_threshold_mb * MB, asyncio.Semaphore(max_concurrent_requests)
 

@@ -52,6 +52,7 @@ def _policy(retry: RetrySettings, *, operation: str, service: str | None) -> dic
 
     def log_retry(state: RetryCallState) -> None:
         failed = f"{service}: {operation} failed" if service else f"{operation} failed"
+        assert state.outcome is not None, "tenacity calls before_sleep once an attempt has failed"
         exc = state.outcome.exception()
         said = str(exc) or type(exc).__name__  # many network errors have no text
         shown = said if said.startswith(failed) else f"{failed} ({said})"  # a ServiceError of this call says it

@@ -46,6 +46,7 @@ from botocore.utils import get_environ_proxies
 from s3transfer.utils import ChunksizeAdjuster
 
 from config.settings import PROXY_AUTH_WITHOUT_ENDPOINT
+from tasks.clients.auth import basic_login
 from tasks.clients.http import INSECURE_WARNING, trusted_context
 from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, is_transient_status, nothing_answers_at, truncate
 from tasks.core.jsonfile import JsonFileError, read_settings_file
@@ -89,15 +90,11 @@ def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings) -
                 **(COMPATIBLE_CHECKSUMS if s3.endpoint else {}),
             ),
         )
-    if proxy_auth := send.auth.uses_basic:
+    if (login := basic_login(send.auth)) is not None:
         refuse_proxy_auth_beyond_the_proxy(send)
-        client.meta.events.register(
-            "before-send.s3", ProxyAuthorization(send.auth.username, send.auth.password.get_secret_value())
-        )
+        client.meta.events.register("before-send.s3", ProxyAuthorization(*login))
     where = (s3.bucket, s3.endpoint or "the default endpoint", "path-style" if s3.use_path_style else "automatic")
-    log.info(
-        "S3 client for bucket %s at %s (%s addressing)%s", *where, " with proxy authentication" if proxy_auth else ""
-    )
+    log.info("S3 client for bucket %s at %s (%s addressing)%s", *where, " with proxy authentication" if login else "")
     return client
 
 
@@ -428,8 +425,8 @@ def configured_secrets(send: SendSettings) -> tuple[str, ...]:
     """Every credential of the s3_upload settings, in the forms an error text could carry them."""
     values = [send.s3.access_key_id, send.s3.secret_access_key, send.auth.password]
     secrets = [value.get_secret_value() for value in values if value is not None]
-    if send.auth.uses_basic:
-        secrets.append(basic_credentials(send.auth.username, send.auth.password.get_secret_value()))
+    if (login := basic_login(send.auth)) is not None:
+        secrets.append(basic_credentials(*login))
     return tuple(secret for secret in secrets if secret)
 
 

@@ -17,7 +17,7 @@ import zipfile
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 
@@ -50,7 +50,17 @@ def zip_entry_name(name: str) -> str:
     return name.removesuffix(".zst")
 
 
-def send_binary(server: FhirServer, source: Path, resource_id: str, work_dir: Path) -> dict[str, Any]:
+class SentBinary(TypedDict):
+    """A data file sent as ``Binary/<id>`` (``send_binary``): a DocumentReference attachment and a report row."""
+
+    file: str
+    id: str
+    title: str
+    zip_size: int
+    seconds: float
+
+
+def send_binary(server: FhirServer, source: Path, resource_id: str, work_dir: Path) -> SentBinary:
     """PUT ``Binary/<id>`` holding ``source`` decompressed and zipped; the zip goes through a temporary file and
     its base64 is streamed into the request, so memory stays flat whatever the file size."""
     started = time.monotonic()
@@ -63,13 +73,13 @@ def send_binary(server: FhirServer, source: Path, resource_id: str, work_dir: Pa
     finally:
         temporary.unlink(missing_ok=True)
     log.info("%s: sent as Binary/%s (%d bytes zipped)", source.name, resource_id, zip_size)
-    return {
-        "file": source.name,
-        "id": resource_id,
-        "title": zip_entry_name(source.name),
-        "zip_size": zip_size,
-        "seconds": round(time.monotonic() - started, 3),
-    }
+    return SentBinary(
+        file=source.name,
+        id=resource_id,
+        title=zip_entry_name(source.name),
+        zip_size=zip_size,
+        seconds=round(time.monotonic() - started, 3),
+    )
 
 
 def zip_data_file(source: Path, dest: Path) -> None:
@@ -101,7 +111,7 @@ def binary_body(resource_id: str, zip_path: Path) -> tuple[Any, int]:
 
 
 def document_reference(
-    resource_id: str, binaries: list[dict[str, Any]], transfer: TransferSettings, date: str
+    resource_id: str, binaries: list[SentBinary], transfer: TransferSettings, date: str
 ) -> dict[str, Any]:
     """The job's one DocumentReference: the fields protocols.md lists, one attachment per Binary."""
     project = {"system": PROJECT_IDENTIFIER_SYSTEM, "value": transfer.project_identifier}
@@ -124,7 +134,7 @@ def document_reference(
 
 
 def put_document_reference(
-    server: FhirServer, record: Path, job_id: str, binaries: list[dict[str, Any]], transfer: TransferSettings
+    server: FhirServer, record: Path, job_id: str, binaries: list[SentBinary], transfer: TransferSettings
 ) -> str:
     """PUT the job's DocumentReference (same id and date on every run of the job); returns ``DocumentReference/<id>``.
 

@@ -235,8 +235,7 @@ def annotated(outcome: dict[str, Any], chunk: Chunk) -> dict[str, Any]:
     """The outcome as a report line: extensions give the chunk number and every resource it held, in order."""
     marks = [{"url": CHUNK_EXTENSION, "valueInteger": chunk.number}]
     marks += [{"url": RESOURCE_EXTENSION, "valueString": label} for label in chunk.labels]
-    existing = outcome.get("extension") if isinstance(outcome.get("extension"), list) else []
-    return {"resourceType": "OperationOutcome", **outcome, "extension": existing + marks}
+    return {"resourceType": "OperationOutcome", **outcome, "extension": as_array(outcome.get("extension")) + marks}
 
 
 def as_operation_outcome(content: bytes) -> dict[str, Any] | None:
@@ -268,8 +267,12 @@ class Validator:
 
         async def attempt() -> dict[str, Any]:
             headers = {**FHIR_JSON_HEADERS, "Content-Length": str(len(chunk.body))}
+            # memoryviews, which httpx sends as it sends bytes, though its signature names only bytes
             async with self._client.http.stream(
-                "POST", VALIDATE_PATH, content=pieces(chunk.body), headers=headers
+                "POST",
+                VALIDATE_PATH,
+                headers=headers,
+                content=pieces(chunk.body),  # type: ignore[arg-type]
             ) as answer:
                 return await self._outcome(answer, operation, service)
 

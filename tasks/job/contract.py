@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Iterator
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypedDict, TypeVar, overload
 
 from prefect import Task, task
-from prefect.cache_policies import CacheKeyFnPolicy
+from prefect.cache_policies import CacheKeyFnPolicy, CachePolicy
 from prefect.client.schemas.objects import State
 from prefect.context import TaskRunContext
 from prefect.transactions import CommitMode, transaction
@@ -35,7 +35,7 @@ from tasks.streams.ndjson import FileStats
 from tasks.job.record import FileEntry, StepRecord
 
 R = TypeVar("R")
-C = TypeVar("C", bound=Callable[..., Any])
+P = ParamSpec("P")
 
 
 class StepKind(StrEnum):
@@ -114,6 +114,11 @@ class StepInput(BaseModel):
     def input_dir(self) -> Path | None:
         return self.job_path / self.folder if self.folder is not None else None
 
+    def input_path(self, name: str) -> Path:
+        """The input data file ``name``."""
+        assert self.input_dir is not None, f"step {self.step} has no input folder"
+        return self.input_dir / name
+
     def input_paths(self) -> list[Path]:
         """The input data files, ``core`` first (referential integrity), then by name."""
         assert self.input_dir is not None, f"step {self.step} has no input folder"
@@ -185,9 +190,19 @@ def job_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 
 JOB_CACHE = CacheKeyFnPolicy(cache_key_fn=job_cache_key)
 
+
+class _Persisted(TypedDict):
+    """The keywords of ``prefect.task`` that keep a job's task results."""
+
+    cache_policy: CachePolicy
+    persist_result: bool
+    result_serializer: str
+    result_storage: Path
+
+
 # Results are JSON files at the absolute path the cache key names; "/" as the storage root lets the key choose.
 # Where a job's task runs, ``stored_in_job`` narrows it to the job's results folder.
-_PERSISTED = dict(cache_policy=JOB_CACHE, persist_result=True, result_serializer="json", result_storage=Path("/"))
+_PERSISTED = _Persisted(cache_policy=JOB_CACHE, persist_result=True, result_serializer="json", result_storage=Path("/"))
 
 
 def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
@@ -245,7 +260,7 @@ def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: A
     with transaction(commit_mode=CommitMode.EAGER):
         if not isinstance(call, Task):
             return call(step, *args, **kwargs)
-        run = stored_in_job(call, step)
+        run: Task[..., R] = stored_in_job(call, step)
         state = run(step, *args, return_state=True, **kwargs)
         if files_gone(state, step.output_dir):
             state = run.with_options(refresh_cache=True)(step, *args, return_state=True, **kwargs)
@@ -279,7 +294,11 @@ def data_files(value: Any) -> Iterator[DataFile]:
             yield from data_files(item)
 
 
-def stored_in_job(call: C, step: StepInput) -> C:
+@overload
+def stored_in_job(call: Task[P, R], step: StepInput) -> Task[P, R]: ...
+@overload
+def stored_in_job(call: Callable[P, R], step: StepInput) -> Callable[P, R]: ...
+def stored_in_job(call: Callable[P, R], step: StepInput) -> Callable[P, R]:
     """``call`` (a task; a plain function is returned as it is) storing in the job's results folder: where Prefect
     writes a failure's record under a random name, which the decorators' root ``/`` would put in the file system's
     root (results themselves are at their cache keys' paths)."""

@@ -12,6 +12,7 @@ Steps fan out through ``map_files``; ``file_runner`` enters the runner ``pipelin
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,7 +69,7 @@ def map_in_process(file_task: Callable[..., R], arguments: Sequence[tuple[Any, .
 
     if workers <= 1:
         return [outcome_of(call, args) for args in arguments]
-    return run_bounded([lambda args=args: call(args) for args in arguments], workers)
+    return run_bounded([functools.partial(call, args) for args in arguments], workers)
 
 
 def outcome_of(call: Callable[[Any], R], argument: Any) -> R | Exception:

@@ -8,6 +8,7 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from config.settings import IMPORT_STEPS
 
@@ -17,15 +18,15 @@ def step_folder(step: str) -> str:
     return "import" if step in IMPORT_STEPS else step
 
 
-def is_result_url(job_input: str | None) -> bool:
+def is_result_url(job_input: str | None) -> TypeGuard[str]:
     """A job input that is an extraction's status URL: the job follows that extraction, it submits none."""
-    return bool(job_input) and job_input.lower().startswith(("http://", "https://"))
+    return job_input is not None and job_input.lower().startswith(("http://", "https://"))
 
 
 def is_crtdl_file(job_input: str | None) -> bool:
     """A job input that is a CRTDL: a ``.json`` path that is no directory (a directory or a URL is data, not a
     CRTDL); a missing one too, so that preparing the job says the CRTDL is not found."""
-    return bool(job_input) and "://" not in job_input and job_input.endswith(".json") and not Path(job_input).is_dir()
+    return bool(job_input and "://" not in job_input and job_input.endswith(".json") and not Path(job_input).is_dir())
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ atomically, so readers never lock. Older layouts (``facts.json``, ``steps/``) ar
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -91,7 +91,7 @@ class StepRecord(BaseModel):
     step: str
     position: int
     folder: str
-    files: list[FileEntry] = Field(default_factory=list)
+    files: Sequence[FileEntry] = Field(default_factory=list)  # a StepResult's are DataFiles
     summary: dict[str, Any] = Field(default_factory=dict)
     awaiting: bool = False
     seconds: float | None = None

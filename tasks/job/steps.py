@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from prefect.artifacts import create_table_artifact
 
@@ -22,7 +22,14 @@ T = TypeVar("T")
 A = TypeVar("A")
 
 
-def ndjson_written(settings: Settings) -> dict[str, Any]:
+class NdjsonWriting(TypedDict):
+    """How a step writes NDJSON (``ndjson_written``), as keywords of ``AtomicNdjsonWriter``."""
+
+    level: CompressionLevel | None
+    max_line_bytes: int
+
+
+def ndjson_written(settings: Settings) -> NdjsonWriting:
     """How a step writes NDJSON: ``level``, its zstd level (None: plain), and ``max_line_bytes``, the longest line."""
     level = settings.compression.level if settings.compression.enabled else None
     return {"level": level, "max_line_bytes": settings.pipeline.max_ndjson_line_size_bytes}

@@ -7,7 +7,7 @@ Content is checked as it streams (``tasks.streams.ndjson_writer``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -108,7 +108,7 @@ class Span:
 WHOLE_FILE = Span()
 
 
-def iter_chunks(path: Path, span: Span = WHOLE_FILE, shown: str | None = None) -> Iterator[bytes]:
+def iter_chunks(path: Path, span: Span = WHOLE_FILE, shown: str | None = None) -> Generator[bytes, None, None]:
     """The decompressed content of a data file (or of a span of it), in chunks; zstd is detected by its magic bytes.
     A plain file's span is read from its start; a zstd file's is decompressed from the file's start, the bytes
     before the span dropped (a zstd stream cannot be entered in the middle). ``shown`` names the file in errors
@@ -335,7 +335,7 @@ def blank_lines_at(chunk: bytes, start: int) -> tuple[int, int]:
     return run_end, chunk.count(b"\n", start, run_end)
 
 
-def first_non_blank(chunk: bytes, start: int) -> int:
+def first_non_blank(chunk: bytes | bytearray, start: int) -> int:
     """The offset of the first non-whitespace byte from ``start`` (``len(chunk)`` if none), looked for in windows
     growing fourfold, so that the work follows the blank run, not what comes after it (``re`` is ten times slower)."""
     window = 256

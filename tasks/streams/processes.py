@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import wait
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -172,7 +172,7 @@ def run_in_process(
     return calls.results(stop_if_cancelled)[0]
 
 
-class ProcessCalls:
+class ProcessCalls(Generic[R]):
     """Calls of ``function``, each started in a worker of the current pool once its arguments are known (``start``;
     without an open pool, in ``results`` in a pool of their own), waited for together in order (``results``, which
     raises the first exception of a worker, ``BrokenProcessPool`` when one died). ``results`` waits in short slices,
