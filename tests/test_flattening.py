@@ -20,7 +20,13 @@ from tasks.clients.flattener import Flattener, FlattenerError, run_parameters
 from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.flattening import flatten_with_service, plan_views, save_view_definitions
 from tasks.job.flattening_outcome import FlatteningError
-from tasks.sof.crtdl_views import attribute_groups, csv_file_name, group_name_problems, short_group_id
+from tasks.sof.crtdl_views import (
+    attribute_groups,
+    csv_file_name,
+    generated_group_id,
+    group_name_problems,
+    short_group_id,
+)
 from tasks.sof.errors import CrtdlError
 from tasks.sof.flatten import reference_key
 from tasks.sof.resources import parse_line
@@ -365,8 +371,26 @@ def test_a_group_id_that_is_no_plain_name_ends_the_file_name_as_a_short_hash():
     with pytest.raises(CrtdlError) as refused:
         group_name_problems(crtdl)
     assert str(refused.value) == (
-        "attribute groups 'Obs' and 'obs' share the id 'x'; resources are routed to a group by its id: give each "
-        "group its own id in the CRTDL"
+        "attribute groups 1 ('Obs') and 2 ('obs') of the CRTDL's attributeGroups share the id 'x'; resources are "
+        "routed to a group by its id: give group 2 an id of its own in the CRTDL"
+    )
+
+
+def test_a_group_copied_without_an_id_is_refused_naming_each_copy_by_its_position():
+    """TORCH takes a CRTDL whose group is there twice (both get one generated id); names alone cannot tell the two
+    apart (a group without a name is named by its id), positions can."""
+    crtdl = json.loads((TESTDATA / "crtdl" / "CRTDL_observation.json").read_text())
+    groups = crtdl["dataExtraction"]["attributeGroups"]
+    copied = {key: value for key, value in groups[0].items() if key != "id"}
+    groups[:] = [groups[1], copied, dict(copied)]
+
+    with pytest.raises(CrtdlError) as refused:
+        attribute_groups(crtdl)
+
+    generated = generated_group_id(copied)
+    assert str(refused.value) == (
+        f"attribute groups 2 ('{generated}') and 3 ('{generated}') of the CRTDL's attributeGroups share the id "
+        f"'{generated}'; resources are routed to a group by its id: give group 3 an id of its own in the CRTDL"
     )
 
 

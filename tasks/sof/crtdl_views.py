@@ -161,16 +161,16 @@ def _attribute_refs(group: dict[str, Any], group_id: str) -> list[str]:
 
 
 def _refuse_shared_ids(groups: list[tuple[str, str]]) -> None:
-    """Resources reach a group by its id (the Provenance names it): two groups of one id cannot both get theirs."""
-    first_named: dict[str, str] = {}
-    for group_id, name in groups:
-        if group_id in first_named:
+    """Resources reach a group by its id (the Provenance names it): two groups of one id cannot both get theirs.
+    Each group is named by its position (from 1) and its name, which may be shared as well (a copied group)."""
+    first_at: dict[str, int] = {}
+    for index, (group_id, name) in enumerate(groups):
+        if (first := first_at.setdefault(group_id, index)) != index:
             raise CrtdlError(
-                f"attribute groups {show_name(first_named[group_id])} and {show_name(name)} share the id "
-                f"{show_name(group_id)}; resources are routed to a group by its id: give each group its own id in "
-                "the CRTDL"
+                f"attribute groups {first + 1} ({show_name(groups[first][1])}) and {index + 1} ({show_name(name)}) "
+                f"of the CRTDL's attributeGroups share the id {show_name(group_id)}; resources are routed to a group "
+                f"by its id: give group {index + 1} an id of its own in the CRTDL"
             )
-        first_named[group_id] = name
 
 
 def group_name_problems(crtdl: dict[str, Any]) -> list[str]:
