@@ -330,7 +330,8 @@ def test_two_groups_of_one_name_write_two_files_named_by_their_ids(tmp_path, eng
     }
     lookup = tmp_path / "lookup.json"
     lookup.write_text(json.dumps([*json.loads(LOOKUP.read_text()), table]))
-    role = {"resourceType": "PractitionerRole", "id": "r1", "period": {"start": "2023-01-05"}}
+    role = {"resourceType": "PractitionerRole", "id": "r1", "meta": {"profile": [STUDY_PERSON]}}
+    role["period"] = {"start": "2023-01-05"}
     source = tmp_path / "in" / "data.ndjson"
     source.parent.mkdir()
     source.write_text(json.dumps(role) + "\n")
@@ -425,9 +426,11 @@ def test_cells_keep_numbers_as_written_strings_verbatim_and_json_for_objects(tmp
             ]
         }
     }
-    o1 = '"id":"o1","subject":{"reference":"Patient/1"},"valueQuantity":{"value":1.50,"unit":"mg"}'
+    o1 = '"id":"o1","meta":{"profile":["https://example.org/Obs"]},"subject":{"reference":"Patient/1"}'
+    o1 += ',"valueQuantity":{"value":1.50,"unit":"mg"}'
     note = '"note":[{"text":"=1+1, \\"quoted\\"\\nnext"}]'
-    o2 = '"id":"o2","subject":{"reference":"Patient/2"},"valueQuantity":{"value":12345678901234567890.000001}'
+    o2 = '"id":"o2","meta":{"profile":["https://example.org/Obs"]},"subject":{"reference":"Patient/2"}'
+    o2 += ',"valueQuantity":{"value":12345678901234567890.000001}'
     (tmp_path / "lookup.json").write_text(json.dumps(lookup))
     (tmp_path / "crtdl.json").write_text(json.dumps(crtdl))
     source = tmp_path / "obs.ndjson"
