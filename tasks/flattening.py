@@ -2,11 +2,12 @@
 for users: docs/steps.md).
 
 One ViewDefinition per group with a lookup table, saved under ``viewdefinitions/`` for ``view run``; resources are
-routed by the extraction's Provenance, else by type. Rows come from the embedded engine or the service's ``$run``.
-The engine works piece by piece (a file, or a span of a large one in worker processes: parsing and FHIRPath hold
-the GIL), each a cached task writing its rows into ``.parts/<piece>/``. The parts are joined in input order, so
-the CSVs are the same bytes however many processes ran, and renamed into place when the step completes. Resources
-of which no CSV has a row fail the step (``refuse_empty_result``).
+routed by the extraction's Provenance, else by type, profile and CRTDL filters (``tasks.sof.selection``). Rows come
+from the embedded engine or the service's ``$run``. The engine works piece by piece (a file, or a span of a large
+one in worker processes: parsing and FHIRPath hold the GIL), each a cached task writing its rows into
+``.parts/<piece>/``. The parts are joined in input order, so the CSVs are the same bytes however many processes ran,
+and renamed into place when the step completes. Resources of which no CSV has a row fail the step
+(``refuse_empty_result``).
 """
 
 from __future__ import annotations
