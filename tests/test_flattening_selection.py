@@ -249,3 +249,47 @@ def test_a_date_filter_takes_what_overlaps_its_days(value, taken):
     if value is not None:
         encounter["period"] = value if isinstance(value, dict) else {"start": value, "end": value}
     assert selection.check(encounter) == (TAKEN if taken else FILTERED_OUT)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_api")
+def test_the_step_on_a_plain_import_records_what_its_filters_left_out_and_could_not_apply(tmp_path):
+    """The step in a Prefect run: its summary (the job's record) and its table artifact say what the profiles and
+    filters left out, and what of the CRTDL could not be applied."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    from tasks.job.contract import DataFile
+    from tasks.job.layout import artifact_key
+    from tests.steps import step_input
+    from tests.support.flattening import run_step
+
+    job_dir = tmp_path / "plain-import-job"
+    source = plain_import(job_dir)  # job_dir/in/
+    files = [DataFile(name=source.name, size=source.stat().st_size, resources=23)]
+    crtdl = str(CRTDLS / "CRTDL_diagnosis_basic.json")
+    step = step_input(
+        job_dir,
+        "flattening",
+        folder="in",
+        files=files,
+        facts={"crtdl_path": crtdl},
+        position=1,
+        pipeline__enabled_steps="[local_import, flattening]",
+        services__flattening__lookup_path=str(LOOKUP),
+    )
+
+    result = run_step(step)
+
+    assert result.summary["routing"] == "resource type"
+    assert result.summary["filtered_out"] == {"Condition": 4}
+    assert list(result.summary["not_applied"]) == ["diagnosis basic"]
+    with get_client(sync_client=True) as client:
+        (artifact,) = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[artifact_key(step.job_id, "flattening")])),
+            sort=ArtifactSort.CREATED_DESC,
+            limit=1,
+        )
+    rows = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
+    assert {"group": "(left out by the filters)", "id": "", "csv": "Condition", "resources": 4, "rows": 0} in rows
