@@ -293,3 +293,21 @@ def test_the_step_on_a_plain_import_records_what_its_filters_left_out_and_could_
         )
     rows = json.loads(artifact.data) if isinstance(artifact.data, str) else artifact.data
     assert {"group": "(left out by the filters)", "id": "", "csv": "Condition", "resources": 4, "rows": 0} in rows
+
+
+def test_a_filter_torch_would_refuse_is_named_and_a_patient_group_takes_every_patient():
+    condition = next(r for r in blaze_resources() if r["resourceType"] == "Condition")
+    diagnose = condition["meta"]["profile"][0]
+    no_system = [{"type": "token", "name": "code", "codes": [{"code": "I95"}]}]
+    no_date = [{"type": "date", "name": "recorded-date", "start": "2021-13-01"}]
+
+    assert compile_selection("Condition", diagnose, no_system, False, []).not_applied == (
+        "the token filter 'code' ('None|I95'): a code without its system or code; the group takes its Conditions of "
+        "any code",
+    )
+    assert compile_selection("Condition", diagnose, no_date, False, []).not_applied == (
+        "the date filter 'recorded-date' ('2021-13-01' to …): '2021-13-01' is no date (YYYY-MM-DD); the group "
+        "takes its Conditions of any date",
+    )
+    patients = compile_selection("Patient", diagnose, no_system + no_date, True, ["Patient.gender"])
+    assert patients.not_applied == () and patients.check({"resourceType": "Patient"}) == TAKEN

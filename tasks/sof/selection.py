@@ -158,9 +158,11 @@ def _shown_codes(codes: Any) -> list[str]:
 def _date_test(resource_type: str, spec: dict[str, Any]) -> tuple[DateBounds | None, str | None]:
     """The bounds of the (first) date filter on its elements, or None and why it cannot be applied."""
     name, start, end = spec["name"], spec.get("start"), spec.get("end")
-    shown = f"{show_name(name)} ({show_name(str(start or '…'))} to {show_name(str(end or '…'))})"
+    first, last = (show_name(str(day)) if day is not None else "…" for day in (start, end))
+    shown = f"{show_name(name)} ({first} to {last})"
     if (bad := next((d for d in (start, end) if d is not None and not _is_date(d)), None)) is not None:
-        return None, f"the date filter {shown}: {show_name(str(bad))} is no date (YYYY-MM-DD)"
+        why = f"{show_name(str(bad))} is no date (YYYY-MM-DD)"
+        return None, f"the date filter {shown}: {why}; the group takes its {resource_type}s of any date"
     found = DATE_ELEMENTS.get(name, {}).get(resource_type)
     if found is None:
         why = _unknown_parameter("date", name, resource_type)
