@@ -311,3 +311,23 @@ def test_a_filter_torch_would_refuse_is_named_and_a_patient_group_takes_every_pa
     )
     patients = compile_selection("Patient", diagnose, no_system + no_date, True, ["Patient.gender"])
     assert patients.not_applied == () and patients.check({"resourceType": "Patient"}) == TAKEN
+
+
+def test_codings_and_dates_of_any_shape_are_tested_without_an_error():
+    """Data from anywhere: a coding whose system is a list (which would not hash), a date that is no date."""
+    condition = next(r for r in blaze_resources() if r["id"] == "VHF00006-CD-1")  # ICD-10-GM I95.0, 2022-01-01
+    diagnose = condition["meta"]["profile"][0]
+    filters = [
+        {"type": "token", "name": "code", "codes": [{"system": ICD, "code": "I95"}]},
+        {"type": "date", "name": "recorded-date", "start": "2021-01-01", "end": "2022-12-31"},
+    ]
+    selection = compile_selection("Condition", diagnose, filters, False, [])
+    assert selection.check(condition) == TAKEN
+
+    odd = copy.deepcopy(condition)
+    odd["code"]["coding"][:0] = [{"system": [ICD], "code": {"I95": 1}}, "I95", {"system": ICD}]
+    assert selection.check(odd) == TAKEN
+    odd["recordedDate"] = "yesterday, around noon"
+    assert selection.check(odd) == FILTERED_OUT
+    odd["meta"]["profile"] = [{"url": diagnose}, 7]
+    assert selection.check(odd) == OTHER_PROFILE

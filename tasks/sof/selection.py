@@ -24,7 +24,7 @@ resource passes any of them), so when one of them cannot be applied none is: few
 from __future__ import annotations
 
 import datetime
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tasks.core.json_shapes import as_object
@@ -60,7 +60,7 @@ class Selection:
     profile: str | None = None
     token_paths: Paths = ()
     codes: frozenset[tuple[str, str]] = frozenset()
-    code_prefixes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    code_prefixes: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """Per code system whose codes extend their parent's, the codes that take the codes they begin."""
     date: DateBounds | None = None
     not_applied: tuple[str, ...] = ()
@@ -78,11 +78,13 @@ class Selection:
     def _coded(self, resource: dict[str, Any]) -> bool:
         for coding in _codings(values(resource, self.token_paths)):
             system, code = coding.get("system"), coding.get("code")
+            if type(system) is not str or type(code) is not str:
+                continue  # no coding a search could match (and a list would not hash)
             if (system, code) in self.codes:
                 return True
-            prefixes = self.code_prefixes.get(system) if self.code_prefixes else None
-            if prefixes and type(code) is str and code.startswith(prefixes):
-                return True
+            for prefix_system, prefixes in self.code_prefixes:
+                if system == prefix_system and code.startswith(prefixes):
+                    return True
         return False
 
 
@@ -110,7 +112,7 @@ def compile_selection(
     for system, code in sorted(codes):
         if system in PREFIX_HIERARCHY_SYSTEMS:
             prefixes[system] = (*prefixes.get(system, ()), code)
-    return Selection(profile, token_paths, exact, prefixes, date, tuple(notes))
+    return Selection(profile, token_paths, exact, tuple(prefixes.items()), date, tuple(notes))
 
 
 def _unusable(spec: Any) -> str | None:
@@ -258,6 +260,8 @@ def _range(value: Any) -> tuple[str, str] | None:
 
 
 def _day_range(text: str) -> tuple[str, str] | None:
+    if not text[:4].isdigit():
+        return None
     if len(text) >= 10:
         return text[:10], text[:10]
     if len(text) == 7:
