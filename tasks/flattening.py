@@ -2,11 +2,12 @@
 for users: docs/steps.md).
 
 One ViewDefinition per group with a lookup table, saved under ``viewdefinitions/`` for ``view run``; resources are
-routed by the extraction's Provenance, else by type. Rows come from the embedded engine or the service's ``$run``.
-The engine works piece by piece (a file, or a span of a large one in worker processes: parsing and FHIRPath hold
-the GIL), each a cached task writing its rows into ``.parts/<piece>/``. The parts are joined in input order, so
-the CSVs are the same bytes however many processes ran, and renamed into place when the step completes. Resources
-of which no CSV has a row fail the step (``refuse_empty_result``).
+routed by the extraction's Provenance, else by type, profile and CRTDL filters (``tasks.sof.selection``). Rows come
+from the embedded engine or the service's ``$run``. The engine works piece by piece (a file, or a span of a large
+one in worker processes: parsing and FHIRPath hold the GIL), each a cached task writing its rows into
+``.parts/<piece>/``. The parts are joined in input order, so the CSVs are the same bytes however many processes ran,
+and renamed into place when the step completes. Resources of which no CSV has a row fail the step
+(``refuse_empty_result``).
 """
 
 from __future__ import annotations
@@ -244,7 +245,9 @@ def file_plan(
 ) -> FilePlan:
     """What a worker needs to flatten ``piece``: a span reads its file's bare routes where ``plan_pieces`` saved
     them."""
-    groups = tuple(GroupPlan(v.group.id, v.group.csv_name, v.resource_type, json.dumps(v.view)) for v in views)
+    groups = tuple(
+        GroupPlan(v.group.id, v.group.csv_name, v.resource_type, json.dumps(v.view), v.selection) for v in views
+    )
     routes = str(routes_path(parts_dir, piece.name)) if by_provenance and piece.count > 1 else ""
     path, skipped_ids = str(input_dir / piece.name), tuple(group.id for group in skipped)
     parts = str(parts_dir)
@@ -292,7 +295,7 @@ def flatten_step_files(
     parts_dir = step.output_dir / PARTS_FOLDER
     with worker_pool(flatten_file.__module__) if in_processes else nullcontext():
         by_provenance = routes_by_provenance(paths, max_line_bytes)
-        plan_digest = digest([[v.group.id, v.group.csv_name, v.view] for v in views] + [g.id for g in skipped])
+        plan_digest = digest([[v.group, v.view] for v in views] + [g.id for g in skipped])
         workers = pool_size() if in_processes else 1
         pieces = plan_pieces(paths, parts_dir, workers, by_provenance, max_line_bytes)
         expect_files(len(pieces), "pieces" if len(pieces) > len(paths) else "files")  # a cut file's spans one by one
@@ -337,6 +340,8 @@ def join_parts(
         outcome.unrouted.update(result["unrouted"])
         outcome.skipped_resources.update(result["skipped_resources"])
         outcome.unknown_groups.update(result["unknown_groups"])
+        outcome.other_profile.update(result["other_profile"])
+        outcome.filtered_out.update(result["filtered_out"])
     refuse_empty_result(outcome)
     written: list[tuple[Path, Path, int]] = []
     try:
@@ -435,8 +440,9 @@ def flatten_with_service(
     engines = [RemoteGroup(service, view.view, out, per_group) for view, out in zip(views, outs, strict=True)]
     outcome = new_outcome(views, skipped, by_provenance, "service")
     counts = RouteCounts([0] * len(views), outcome.unrouted, outcome.skipped_resources, outcome.unknown_groups)
-    groups = [(v.group.id, v.resource_type) for v in views]
-    router = Router(groups, [g.id for g in skipped], engines, by_provenance, counts)
+    counts.other_profile, counts.filtered_out = outcome.other_profile, outcome.filtered_out
+    groups, selections = [(v.group.id, v.resource_type) for v in views], [v.selection for v in views]
+    router = Router(groups, [g.id for g in skipped], engines, by_provenance, counts, selections)
     try:
         with engine_errors_as_step_errors():
             for path in paths:

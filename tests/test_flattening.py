@@ -20,7 +20,13 @@ from tasks.clients.flattener import Flattener, FlattenerError, run_parameters
 from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.flattening import flatten_with_service, plan_views, save_view_definitions
 from tasks.job.flattening_outcome import FlatteningError
-from tasks.sof.crtdl_views import attribute_groups, csv_file_name, group_name_problems, short_group_id
+from tasks.sof.crtdl_views import (
+    attribute_groups,
+    csv_file_name,
+    generated_group_id,
+    group_name_problems,
+    short_group_id,
+)
 from tasks.sof.errors import CrtdlError
 from tasks.sof.flatten import reference_key
 from tasks.sof.resources import parse_line
@@ -324,7 +330,8 @@ def test_two_groups_of_one_name_write_two_files_named_by_their_ids(tmp_path, eng
     }
     lookup = tmp_path / "lookup.json"
     lookup.write_text(json.dumps([*json.loads(LOOKUP.read_text()), table]))
-    role = {"resourceType": "PractitionerRole", "id": "r1", "period": {"start": "2023-01-05"}}
+    role = {"resourceType": "PractitionerRole", "id": "r1", "meta": {"profile": [STUDY_PERSON]}}
+    role["period"] = {"start": "2023-01-05"}
     source = tmp_path / "in" / "data.ndjson"
     source.parent.mkdir()
     source.write_text(json.dumps(role) + "\n")
@@ -365,8 +372,26 @@ def test_a_group_id_that_is_no_plain_name_ends_the_file_name_as_a_short_hash():
     with pytest.raises(CrtdlError) as refused:
         group_name_problems(crtdl)
     assert str(refused.value) == (
-        "attribute groups 'Obs' and 'obs' share the id 'x'; resources are routed to a group by its id: give each "
-        "group its own id in the CRTDL"
+        "attribute groups 1 ('Obs') and 2 ('obs') of the CRTDL's attributeGroups share the id 'x'; resources are "
+        "routed to a group by its id: give group 2 an id of its own in the CRTDL"
+    )
+
+
+def test_a_group_copied_without_an_id_is_refused_naming_each_copy_by_its_position():
+    """TORCH takes a CRTDL whose group is there twice (both get one generated id); names alone cannot tell the two
+    apart (a group without a name is named by its id), positions can."""
+    crtdl = json.loads((TESTDATA / "crtdl" / "CRTDL_observation.json").read_text())
+    groups = crtdl["dataExtraction"]["attributeGroups"]
+    copied = {key: value for key, value in groups[0].items() if key != "id"}
+    groups[:] = [groups[1], copied, dict(copied)]
+
+    with pytest.raises(CrtdlError) as refused:
+        attribute_groups(crtdl)
+
+    generated = generated_group_id(copied)
+    assert str(refused.value) == (
+        f"attribute groups 2 ('{generated}') and 3 ('{generated}') of the CRTDL's attributeGroups share the id "
+        f"'{generated}'; resources are routed to a group by its id: give group 3 an id of its own in the CRTDL"
     )
 
 
@@ -401,9 +426,11 @@ def test_cells_keep_numbers_as_written_strings_verbatim_and_json_for_objects(tmp
             ]
         }
     }
-    o1 = '"id":"o1","subject":{"reference":"Patient/1"},"valueQuantity":{"value":1.50,"unit":"mg"}'
+    o1 = '"id":"o1","meta":{"profile":["https://example.org/Obs"]},"subject":{"reference":"Patient/1"}'
+    o1 += ',"valueQuantity":{"value":1.50,"unit":"mg"}'
     note = '"note":[{"text":"=1+1, \\"quoted\\"\\nnext"}]'
-    o2 = '"id":"o2","subject":{"reference":"Patient/2"},"valueQuantity":{"value":12345678901234567890.000001}'
+    o2 = '"id":"o2","meta":{"profile":["https://example.org/Obs"]},"subject":{"reference":"Patient/2"}'
+    o2 += ',"valueQuantity":{"value":12345678901234567890.000001}'
     (tmp_path / "lookup.json").write_text(json.dumps(lookup))
     (tmp_path / "crtdl.json").write_text(json.dumps(crtdl))
     source = tmp_path / "obs.ndjson"

@@ -47,9 +47,9 @@ def test_two_groups_of_one_id_are_refused_before_the_job_exists(tmp_path):
     with pytest.raises(JobError) as refused:
         refuse_unusable_group_names(crtdl, json.loads(crtdl.read_text()))
     assert str(refused.value) == (
-        f"invalid CRTDL {crtdl} for the flattening step: attribute groups 'Diagnosis' and 'Procedure' share the id "
-        f"'{group_ids()['Condition']}'; resources are routed to a group by its id: give each group its own id in the "
-        "CRTDL"
+        f"invalid CRTDL {crtdl} for the flattening step: attribute groups 2 ('Diagnosis') and 3 ('Procedure') of the "
+        f"CRTDL's attributeGroups share the id '{group_ids()['Condition']}'; resources are routed to a group by its "
+        "id: give group 3 an id of its own in the CRTDL"
     )
     with pytest.raises(FlatteningError, match="share the id"):  # a job made before the check: refused at the step
         plan_views(crtdl, LOOKUP)

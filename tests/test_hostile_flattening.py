@@ -46,6 +46,7 @@ LOOKUP = TESTDATA / "flattening" / "flatten-lookup.json"
 TORCH_RESULT = TESTDATA / "extraction" / "example-result"
 TORCH_BATCH = TORCH_RESULT / "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson"
 MB = 1024 * 1024
+DIAGNOSE = "https://www.medizininformatik-initiative.de/fhir/core/modul-diagnose/StructureDefinition/Diagnose"
 CHILD_DEADLINE = 120
 SLICE_SYSTEMS = (
     "http://snomed.info/sct",
@@ -104,6 +105,7 @@ def condition_with_codings(per_system: int, ident: str = "c-many-codings") -> di
     return {
         "resourceType": "Condition",
         "id": ident,
+        "meta": {"profile": [DIAGNOSE]},  # a plain import: the Diagnosis group takes a Condition of its profile
         "subject": {"reference": "Patient/p1"},
         "code": {"coding": codings},
         "recordedDate": "2024-01-15",

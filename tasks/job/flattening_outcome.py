@@ -19,6 +19,7 @@ from tasks.sof.errors import SofError
 log = logging.getLogger("dupflow.flattening")
 
 LISTED_IDS = 10
+BY_TYPE = "resource type"
 
 
 class FlatteningError(StepError):
@@ -42,6 +43,8 @@ class GroupCounts:
     resource_type: str
     resources: int = 0
     rows: int = 0
+    not_applied: tuple[str, ...] = ()
+    """Without Provenance: the group's CRTDL restrictions that could not be applied (``Selection.not_applied``)."""
 
     def row(self) -> dict[str, Any]:
         group = self.group
@@ -57,6 +60,8 @@ class FlattenOutcome:
     skipped_resources: Counter = field(default_factory=Counter)
     unrouted: Counter = field(default_factory=Counter)
     unknown_groups: Counter = field(default_factory=Counter)
+    other_profile: Counter = field(default_factory=Counter)
+    filtered_out: Counter = field(default_factory=Counter)
     files: list[DataFile] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -68,6 +73,17 @@ class FlattenOutcome:
             "unrouted": dict(sorted(self.unrouted.items())),
             "unrouted_total": sum(self.unrouted.values()),
             "resources_of_skipped_groups": dict(sorted(self.skipped_resources.items())),
+            **self._selection_summary(),
+        }
+
+    def _selection_summary(self) -> dict[str, Any]:
+        """Without Provenance: what the groups' profiles and filters left out, what of them was not applied."""
+        if self.routing != BY_TYPE:
+            return {}
+        return {
+            "other_profile": dict(sorted(self.other_profile.items())),
+            "filtered_out": dict(sorted(self.filtered_out.items())),
+            "not_applied": {g.group.name: list(g.not_applied) for g in self.groups if g.not_applied},
         }
 
 
@@ -75,9 +91,12 @@ def new_outcome(
     views: list[GroupView], skipped: list[AttributeGroup], by_provenance: bool, engine: str
 ) -> FlattenOutcome:
     return FlattenOutcome(
-        groups=[GroupCounts(view.group, view.group.csv_name, view.resource_type) for view in views],
+        groups=[
+            GroupCounts(view.group, view.group.csv_name, view.resource_type, not_applied=view.selection.not_applied)
+            for view in views
+        ],
         skipped=skipped,
-        routing="provenance" if by_provenance else "resource type",
+        routing="provenance" if by_provenance else BY_TYPE,
         engine=engine,
     )
 
@@ -89,9 +108,9 @@ def refuse_empty_result(outcome: FlattenOutcome) -> None:
         return
     skipped = _skipped_groups(outcome)
     if not outcome.skipped_resources and not any(group.resources for group in outcome.groups):
-        if outcome.unrouted:
+        if outcome.unrouted or outcome.other_profile:
             _refuse_nothing_routed(outcome, skipped)
-        return  # an empty input: every CSV has its header only
+        return  # an empty input, or the filters took nothing: every CSV has its header only
     taken = _counted(outcome.skipped_resources)
     reasons = [f"the input's {taken} went to attribute groups that were skipped{skipped}"] if taken else []
     if took := [g for g in outcome.groups if g.resources]:
@@ -112,14 +131,17 @@ def _skipped_groups(outcome: FlattenOutcome) -> str:
 
 def _refuse_nothing_routed(outcome: FlattenOutcome, skipped: str) -> None:
     """The input has resources that no group takes and no group took any: the CRTDL is not the data's."""
-    found = _counted(outcome.unrouted)
+    found = _counted(outcome.unrouted + outcome.other_profile)
     note = f" (groups skipped{skipped})" if skipped else ""
-    if outcome.routing == "resource type":
+    if outcome.routing == BY_TYPE:
         wanted = _listed(sorted({f"{g.group.name!r} reads {g.resource_type}" for g in outcome.groups})) or "none"
+        if outcome.other_profile:
+            profiles = _listed(sorted({g.group.profile for g in outcome.groups}))
+            wanted += f"; no meta.profile of the input's {_counted(outcome.other_profile)} is theirs ({profiles})"
         raise FlatteningError(
             f"no input resource was routed to any attribute group: the input holds {found} (and no attribute-group "
-            f"Provenance to route by), but the CRTDL's groups read other types ({wanted}){note}. Check that the "
-            "input is the data this CRTDL extracted, or give the CRTDL of that data"
+            f"Provenance to route by), but the CRTDL's groups read other types or profiles ({wanted}){note}. Check "
+            "that the input is the data this CRTDL extracted, or give the CRTDL of that data"
         )
     expected = _listed([f"{g.group.id} ({g.group.name})" for g in outcome.groups]) or "none"
     seen = _listed(sorted(outcome.unknown_groups)) or "none"
@@ -140,8 +162,8 @@ def _listed(ids: list[str]) -> str:
 
 def report(outcome: FlattenOutcome, step: StepInput) -> None:
     """Log what was written and what was not routed; publish the step's table artifact."""
-    if outcome.routing == "resource type":
-        log.warning("the input holds no attribute-group Provenance (a plain import): resources routed by resource type")
+    if outcome.routing == BY_TYPE:
+        report_selection(outcome)
     for counts in outcome.groups:
         log.info("%s: %d resources, %d rows", counts.csv, counts.resources, counts.rows)
     if outcome.unrouted:
@@ -155,6 +177,26 @@ def report(outcome: FlattenOutcome, step: StepInput) -> None:
     publish_artifact(outcome, step)
 
 
+def report_selection(outcome: FlattenOutcome) -> None:
+    """Without Provenance: how resources were routed, per group what of its CRTDL could not be applied (one warning
+    each), and what the profiles and filters left out."""
+    log.warning(
+        "the input holds no attribute-group Provenance (a plain import): each attribute group takes the resources of "
+        "its type and profile that pass its CRTDL filters, as the extraction selects them (docs/steps.md)"
+    )
+    for counts in outcome.groups:
+        if counts.not_applied:
+            log.warning("attribute group %r: not applied: %s", counts.group.name, "; ".join(counts.not_applied))
+    if outcome.other_profile:
+        listed = _counted(outcome.other_profile)
+        log.warning("resources of no attribute group's profile (meta.profile; not in any CSV): %s", listed)
+    if outcome.filtered_out:
+        log.info(
+            "resources the attribute groups' CRTDL filters leave out (not in any CSV): %s",
+            _counted(outcome.filtered_out),
+        )
+
+
 def publish_artifact(outcome: FlattenOutcome, step: StepInput) -> None:
     from prefect.artifacts import create_table_artifact
 
@@ -163,10 +205,15 @@ def publish_artifact(outcome: FlattenOutcome, step: StepInput) -> None:
         {"group": g.name, "id": g.id, "csv": f"(skipped: no lookup table for {g.profile})", "resources": 0, "rows": 0}
         for g in outcome.skipped
     ]
-    table += [
-        {"group": "(unrouted)", "id": "", "csv": kind, "resources": count, "rows": 0}
-        for kind, count in sorted(outcome.unrouted.items())
-    ]
+    for label, counts in (
+        ("(unrouted)", outcome.unrouted),
+        ("(of no group's profile)", outcome.other_profile),
+        ("(left out by the filters)", outcome.filtered_out),
+    ):
+        table += [
+            {"group": label, "id": "", "csv": kind, "resources": count, "rows": 0}
+            for kind, count in sorted(counts.items())
+        ]
     create_table_artifact(
         key=artifact_key(step.job_id, "flattening"),
         table=table,

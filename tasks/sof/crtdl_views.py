@@ -28,6 +28,7 @@ from tasks.core.json_shapes import as_array, as_object
 from tasks.core.names import name_from_data_problem, show_name
 from tasks.sof.errors import CrtdlError, ViewError
 from tasks.sof.lookup import LookupTable
+from tasks.sof.selection import Selection, compile_selection
 from tasks.sof.view import compile_view
 
 # The R4 types in the patient compartment whose reference to the patient is their element ``patient``.
@@ -66,6 +67,11 @@ class AttributeGroup:
     file_stem: str
     """What its CSV and ViewDefinition are named (see the module doc, "Names")."""
     attributes: list[str] = field(default_factory=list)
+    filters: list[Any] = field(default_factory=list)
+    """Its CRTDL ``filter`` list as written; with ``reference_only`` and ``must_have`` (the attributeRefs marked
+    mustHave): what ``tasks.sof.selection`` applies to data without Provenance."""
+    reference_only: bool = False
+    must_have: list[str] = field(default_factory=list)
 
     @property
     def csv_name(self) -> str:
@@ -83,6 +89,8 @@ class GroupView:
     resource_type: str
     view: dict[str, Any]
     skipped_attributes: list[str] = field(default_factory=list)
+    selection: Selection = field(default_factory=Selection)
+    """Which resources of its type it takes from data without Provenance."""
 
 
 def csv_file_name(group_name: str) -> str:
@@ -109,9 +117,7 @@ def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
         if not isinstance(group, dict) or not isinstance(group.get("groupReference"), str):
             raise CrtdlError(f"attribute group {index + 1} of the CRTDL has no groupReference")
         group_id = str(group.get("id") or generated_group_id(group))
-        groups.append(
-            (group_id, str(group.get("name") or group_id), group["groupReference"], _attribute_refs(group, group_id))
-        )
+        groups.append((group_id, str(group.get("name") or group_id), group, _attribute_refs(group, group_id)))
     _refuse_shared_ids([(group_id, name) for group_id, name, _, _ in groups])
     stems = [_UNSAFE_FILE_CHARACTERS.sub("_", name) for _, name, _, _ in groups]
     shared = {stem for stem, count in Counter(stem.casefold() for stem in stems).items() if count > 1}
@@ -119,11 +125,14 @@ def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
         AttributeGroup(
             group_id,
             name,
-            profile,
+            group["groupReference"],
             stem if stem.casefold() not in shared else f"{stem}-{short_group_id(group_id)}",
             refs,
+            as_array(group.get("filter")),
+            group.get("includeReferenceOnly") is True,
+            [a["attributeRef"] for a in as_array(group.get("attributes")) if as_object(a).get("mustHave") is True],
         )
-        for (group_id, name, profile, refs), stem in zip(groups, stems, strict=True)
+        for (group_id, name, group, refs), stem in zip(groups, stems, strict=True)
     ]
 
 
@@ -161,16 +170,16 @@ def _attribute_refs(group: dict[str, Any], group_id: str) -> list[str]:
 
 
 def _refuse_shared_ids(groups: list[tuple[str, str]]) -> None:
-    """Resources reach a group by its id (the Provenance names it): two groups of one id cannot both get theirs."""
-    first_named: dict[str, str] = {}
-    for group_id, name in groups:
-        if group_id in first_named:
+    """Resources reach a group by its id (the Provenance names it): two groups of one id cannot both get theirs.
+    Each group is named by its position (from 1) and its name, which may be shared as well (a copied group)."""
+    first_at: dict[str, int] = {}
+    for index, (group_id, name) in enumerate(groups):
+        if (first := first_at.setdefault(group_id, index)) != index:
             raise CrtdlError(
-                f"attribute groups {show_name(first_named[group_id])} and {show_name(name)} share the id "
-                f"{show_name(group_id)}; resources are routed to a group by its id: give each group its own id in "
-                "the CRTDL"
+                f"attribute groups {first + 1} ({show_name(groups[first][1])}) and {index + 1} ({show_name(name)}) "
+                f"of the CRTDL's attributeGroups share the id {show_name(group_id)}; resources are routed to a group "
+                f"by its id: give group {index + 1} an id of its own in the CRTDL"
             )
-        first_named[group_id] = name
 
 
 def group_name_problems(crtdl: dict[str, Any]) -> list[str]:
@@ -219,7 +228,10 @@ def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
         compile_view(view)
     except ViewError as exc:
         raise ViewError(f"attribute group {group.name!r} ({group.profile}): invalid ViewDefinition: {exc}") from exc
-    return GroupView(group, table.resource_type, view, skipped)
+    selection = compile_selection(
+        table.resource_type, group.profile, group.filters, group.reference_only, group.must_have
+    )
+    return GroupView(group, table.resource_type, view, skipped, selection)
 
 
 def _expanded(table: LookupTable, element_id: str) -> dict[str, Any]:

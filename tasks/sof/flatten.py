@@ -3,7 +3,8 @@
 Routing (spec/protocols.md, "Flattening"): Provenance records name the attribute groups of each target resource
 (``entity.what.identifier`` with the attribute-group system), in the Bundle line of the resources they route, or as
 bare lines routing their file's bare resources. When no input file holds such Provenance (``has_group_provenance``,
-decided over all files first), resources go to the groups of their type.
+decided over all files first), resources go to the groups of their type whose profile and CRTDL filters they pass
+(``tasks.sof.selection``, as the extraction would have selected them); what no group takes is counted per type.
 
 ``flatten_file(plan)`` writes the rows of one file, or one span of it, per group into
 ``<parts>/<plan.folder>/<csv name>`` and returns its counts. The parent concatenates the parts in input order under
@@ -33,6 +34,7 @@ from tasks.streams.processes import never_cancelled, uncounted
 from tasks.sof.errors import ViewError, ViewEvaluationError
 from tasks.sof.output import ROWS_PER_BATCH, CsvWriter
 from tasks.sof.resources import line_resources, parse_line
+from tasks.sof.selection import FILTERED_OUT, TAKEN, Selection
 from tasks.sof.view import CompiledView, compile_view
 
 ATTRIBUTE_GROUP_SYSTEM = "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"
@@ -105,11 +107,16 @@ class RouteCounts:
     unrouted: Counter = field(default_factory=Counter)
     skipped_resources: Counter = field(default_factory=Counter)
     unknown_groups: Counter = field(default_factory=Counter)
+    other_profile: Counter = field(default_factory=Counter)
+    """Without Provenance: per type, what no group of its type took, as none has its profile."""
+    filtered_out: Counter = field(default_factory=Counter)
+    """Without Provenance: per type, what no group of its type took, as its filters left it out."""
 
 
 class Router:
     """Sends each resource to the engines of its groups (``(group id, resource type)`` each) and counts what goes
-    where (in ``counts``, by default new ones)."""
+    where (in ``counts``, by default new ones). Without Provenance, a group takes what its ``selections`` entry
+    (by default every resource of its type) takes."""
 
     def __init__(
         self,
@@ -118,12 +125,14 @@ class Router:
         engines: list[Engine],
         by_provenance: bool,
         counts: RouteCounts | None = None,
+        selections: list[Selection] | None = None,
     ):
         self.index = {group: i for i, (group, _) in enumerate(groups)}
         self.skipped_ids = set(skipped_ids)
-        self.by_type: dict[str, list[int]] = {}
+        chosen = selections or [Selection()] * len(groups)
+        self.by_type: dict[str, list[tuple[int, Selection]]] = {}
         for i, (_, kind) in enumerate(groups):
-            self.by_type.setdefault(kind, []).append(i)
+            self.by_type.setdefault(kind, []).append((i, chosen[i]))
         self.engines, self.by_provenance = engines, by_provenance
         self.counts = counts or RouteCounts([0] * len(groups))
 
@@ -143,16 +152,16 @@ class Router:
         kind = str(resource.get("resourceType"))
         skipped = False
         if not self.by_provenance:
-            targets = self.by_type.get(kind, [])
-        else:
-            targets = []
-            for group in sorted(routes.get(resource_key(resource) or "", ())):
-                if group in self.index:
-                    targets.append(self.index[group])
-                elif group in self.skipped_ids:
-                    skipped = True
-                else:
-                    self.counts.unknown_groups[group] += 1
+            self.route_by_type(kind, resource)
+            return
+        targets = []
+        for group in sorted(routes.get(resource_key(resource) or "", ())):
+            if group in self.index:
+                targets.append(self.index[group])
+            elif group in self.skipped_ids:
+                skipped = True
+            else:
+                self.counts.unknown_groups[group] += 1
         if not targets:
             (self.counts.skipped_resources if skipped else self.counts.unrouted)[kind] += 1
             return
@@ -160,15 +169,34 @@ class Router:
             self.counts.resources[target] += 1
             self.engines[target].add(resource)
 
+    def route_by_type(self, kind: str, resource: dict[str, Any]) -> None:
+        """To each group of its type that takes it; else counted by why (no group, another profile, filtered out)."""
+        candidates = self.by_type.get(kind)
+        if not candidates:
+            self.counts.unrouted[kind] += 1
+            return
+        taken = filtered = False
+        for target, selection in candidates:
+            verdict = selection.check(resource)
+            if verdict == TAKEN:
+                taken = True
+                self.counts.resources[target] += 1
+                self.engines[target].add(resource)
+            filtered = filtered or verdict == FILTERED_OUT
+        if not taken:
+            (self.counts.filtered_out if filtered else self.counts.other_profile)[kind] += 1
+
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """What a worker needs of one attribute group: its id, CSV name, resource type and ViewDefinition (JSON)."""
+    """What a worker needs of one attribute group: its id, CSV name, resource type, ViewDefinition (JSON) and which
+    resources it takes from data without Provenance."""
 
     id: str
     csv_name: str
     resource_type: str
     view_json: str
+    selection: Selection = field(default_factory=Selection)
 
 
 @dataclass(frozen=True)
@@ -199,6 +227,8 @@ class FileParts(TypedDict):
     unrouted: dict[str, int]
     skipped_resources: dict[str, int]
     unknown_groups: dict[str, int]
+    other_profile: dict[str, int]
+    filtered_out: dict[str, int]
 
 
 class ParsedLine:
@@ -295,7 +325,8 @@ def flatten_file(
     work.mkdir(parents=True)
     parsed = ParsedLine(source)
     writers = [RowsWriter(work / g.csv_name, compiled_view(g.view_json), g.csv_name, parsed) for g in plan.groups]
-    router = Router([(g.id, g.resource_type) for g in plan.groups], plan.skipped_ids, writers, plan.by_provenance)
+    groups, selections = [(g.id, g.resource_type) for g in plan.groups], [g.selection for g in plan.groups]
+    router = Router(groups, plan.skipped_ids, writers, plan.by_provenance, selections=selections)
     counts = router.counts
     lines = 0
     try:
@@ -322,6 +353,8 @@ def flatten_file(
         unrouted=dict(counts.unrouted),
         skipped_resources=dict(counts.skipped_resources),
         unknown_groups=dict(counts.unknown_groups),
+        other_profile=dict(counts.other_profile),
+        filtered_out=dict(counts.filtered_out),
     )
 
 

@@ -1,0 +1,271 @@
+"""Which resources of its type an attribute group takes when the data carry no TORCH Provenance (a plain import).
+
+TORCH selects a group's resources by a FHIR search per group: ``<type>?_profile:below=<groupReference>`` plus its
+filters (every ``token`` filter's codes, each with the descendants its ontology lists, as one search each: a resource
+matches any of them; the first ``date`` filter's ``ge<start>`` and ``le<end>`` on every one); a Patient group is
+searched by type alone. ``compile_selection`` turns a group into the same test on a resource, built once per group:
+
+- profile: some ``meta.profile`` is the groupReference, or a version of it (``<url>|<version>``; a groupReference
+  with a version takes that version and those below it, ``1.0`` takes ``1.0.2``).
+- token: a coding of an element the filter's search parameter reads (``tasks.sof.search_elements``) has the
+  filter's system and code. TORCH's ontology adds a code's descendants; the data do not carry that tree, so a code of
+  a system whose codes extend their parent's (ICD-10-GM, OPS, ATC: ``B05`` → ``B05.3``) takes the codes it begins,
+  and a code of any other system only itself.
+- date: a value of the element ends on or after ``start`` and begins on or before ``end``, compared as the calendar
+  dates written in the data (``2021``, ``2021-03`` and Periods are ranges; times and offsets are not considered);
+  a resource without the element is not taken, as in a search.
+
+What cannot be applied (a search parameter these tables do not know for the type, a filter without its codes or
+with a date that is none, ``includeReferenceOnly``, ``mustHave``) is listed in ``Selection.not_applied``, one text
+per restriction, for the step's warning; the group then takes what passes the rest. Token filters match as one (a
+resource passes any of them), so when one of them cannot be applied none is: fewer would leave out what it takes.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.core.json_shapes import as_object
+from tasks.core.names import show_name
+from tasks.sof.search_elements import DATE_ELEMENTS, TOKEN_ELEMENTS, Paths, known_names
+
+PATIENT = "Patient"
+# Code systems whose codes begin with their parent's code (ICD-10-GM, OPS, ATC): a descendant is a longer code.
+PREFIX_HIERARCHY_SYSTEMS = frozenset(
+    {
+        "http://fhir.de/CodeSystem/bfarm/icd-10-gm",
+        "http://fhir.de/CodeSystem/bfarm/ops",
+        "http://fhir.de/CodeSystem/bfarm/atc",
+        "http://www.whocc.no/atc",
+    }
+)
+_NO_START, _NO_END = "", "~"  # below and above every date written as digits
+
+TAKEN, OTHER_PROFILE, FILTERED_OUT = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class DateBounds:
+    paths: Paths
+    start: str | None
+    end: str | None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A group's test of a resource of its type (``check``); small and picklable, for worker processes."""
+
+    profile: str | None = None
+    token_paths: Paths = ()
+    codes: frozenset[tuple[str, str]] = frozenset()
+    code_prefixes: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Per code system whose codes extend their parent's, the codes that take the codes they begin."""
+    date: DateBounds | None = None
+    not_applied: tuple[str, ...] = ()
+
+    def check(self, resource: dict[str, Any]) -> int:
+        """TAKEN, or why not: OTHER_PROFILE, FILTERED_OUT."""
+        if self.profile is not None and not _has_profile(resource, self.profile):
+            return OTHER_PROFILE
+        if self.token_paths and not self._coded(resource):
+            return FILTERED_OUT
+        if self.date is not None and not _dated(resource, self.date):
+            return FILTERED_OUT
+        return TAKEN
+
+    def _coded(self, resource: dict[str, Any]) -> bool:
+        for coding in _codings(values(resource, self.token_paths)):
+            system, code = coding.get("system"), coding.get("code")
+            if type(system) is not str or type(code) is not str:
+                continue  # no coding a search could match (and a list would not hash)
+            if (system, code) in self.codes:
+                return True
+            for prefix_system, prefixes in self.code_prefixes:
+                if system == prefix_system and code.startswith(prefixes):
+                    return True
+        return False
+
+
+def compile_selection(
+    resource_type: str, profile: str, filters: list[Any], reference_only: bool, must_have: list[str]
+) -> Selection:
+    """The group's test (see the module doc); a Patient group takes every Patient, as TORCH's search does."""
+    if resource_type == PATIENT:
+        return Selection()
+    notes = [note for f in filters if (note := _unusable(f))]
+    named = [f for f in filters if not _unusable(f)]
+    token_paths, codes, token_notes = _token_test(resource_type, [f for f in named if f.get("type") == "token"])
+    dates = [f for f in named if f.get("type") == "date"]
+    date, date_note = _date_test(resource_type, dates[0]) if dates else (None, None)
+    notes += token_notes + ([date_note] if date_note else [])
+    if reference_only:
+        notes.append(
+            f"includeReferenceOnly (the group takes every {resource_type} of its profile, not only those other "
+            "groups reference)"
+        )
+    if must_have:
+        notes.append(f"mustHave of {', '.join(must_have)} (patients without them are not left out)")
+    exact = frozenset(codes)
+    prefixes: dict[str, tuple[str, ...]] = {}
+    for system, code in sorted(codes):
+        if system in PREFIX_HIERARCHY_SYSTEMS:
+            prefixes[system] = (*prefixes.get(system, ()), code)
+    return Selection(profile, token_paths, exact, tuple(prefixes.items()), date, tuple(notes))
+
+
+def _unusable(spec: Any) -> str | None:
+    """What is wrong with a filter TORCH would not take (no object, no name); None for any other."""
+    if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+        return f"a filter that is no object with a name ({show_name(str(spec))})"
+    return None
+
+
+def _token_test(resource_type: str, tokens: list[dict[str, Any]]) -> tuple[Paths, set[tuple[str, str]], list[str]]:
+    """The elements and the ``(system, code)`` pairs of the token filters, or nothing and why (see the module doc)."""
+    paths: list[tuple[str, ...]] = []
+    codes: set[tuple[str, str]] = set()
+    for token in tokens:
+        if not token.get("codes"):
+            continue  # no code: TORCH searches without one
+        name = token["name"]
+        found = TOKEN_ELEMENTS.get(name, {}).get(resource_type)
+        listed = [c for c in token["codes"] if isinstance(c, dict)] if isinstance(token["codes"], list) else []
+        valid = [c for c in listed if isinstance(c.get("system"), str) and isinstance(c.get("code"), str)]
+        pairs = {(c["system"], c["code"]) for c in valid}
+        if found is None or not valid or len(valid) < len(token["codes"]):
+            why = (
+                _unknown_parameter("token", name, resource_type)
+                if found is None
+                else "a code without its system or code"
+            )
+            shown = ", ".join(_shown_codes(token["codes"]))
+            note = (
+                f"the token filter {show_name(name)} ({shown}): {why}; the group takes its {resource_type}s of any code"
+            )
+            return (), set(), [note]
+        paths += [p for p in found if p not in paths]
+        codes |= pairs
+    return tuple(paths), codes, []
+
+
+def _shown_codes(codes: Any) -> list[str]:
+    listed = codes if isinstance(codes, list) else [codes]
+    shown = [f"{as_object(c).get('system')}|{as_object(c).get('code')}" for c in listed]
+    shown = [show_name(text) for text in shown]
+    return shown[:5] + ([f"{len(shown) - 5} more"] if len(shown) > 5 else [])
+
+
+def _date_test(resource_type: str, spec: dict[str, Any]) -> tuple[DateBounds | None, str | None]:
+    """The bounds of the (first) date filter on its elements, or None and why it cannot be applied."""
+    name, start, end = spec["name"], spec.get("start"), spec.get("end")
+    first, last = (show_name(str(day)) if day is not None else "…" for day in (start, end))
+    shown = f"{show_name(name)} ({first} to {last})"
+    if (bad := next((d for d in (start, end) if d is not None and not _is_date(d)), None)) is not None:
+        why = f"{show_name(str(bad))} is no date (YYYY-MM-DD)"
+        return None, f"the date filter {shown}: {why}; the group takes its {resource_type}s of any date"
+    found = DATE_ELEMENTS.get(name, {}).get(resource_type)
+    if found is None:
+        why = _unknown_parameter("date", name, resource_type)
+        return None, f"the date filter {shown}: {why}; the group takes its {resource_type}s of any date"
+    if start is None and end is None:
+        return None, None
+    return DateBounds(found, start, end), None
+
+
+def _unknown_parameter(kind: str, name: str, resource_type: str) -> str:
+    known = known_names(TOKEN_ELEMENTS if kind == "token" else DATE_ELEMENTS, resource_type)
+    listed = f" (known: {', '.join(known)})" if known else ""
+    return f"{show_name(name)} is no {kind} search parameter of {resource_type} dupflow knows{listed}"
+
+
+def _is_date(value: Any) -> bool:
+    try:
+        return isinstance(value, str) and len(value) == 10 and bool(datetime.date.fromisoformat(value))
+    except ValueError:
+        return False
+
+
+def values(node: Any, paths: Paths) -> list[Any]:
+    """Every value at each path of JSON keys (arrays on the way are walked through)."""
+    if len(paths) == 1 and len(paths[0]) == 1:  # the usual case (``code``, ``period``), the fast way
+        value = node.get(paths[0][0])
+        return value if type(value) is list else [] if value is None else [value]
+    found: list[Any] = []
+    for path in paths:
+        level = [node]
+        for key in path:
+            nxt: list[Any] = []
+            for item in level:
+                value = item.get(key) if isinstance(item, dict) else None
+                if isinstance(value, list):
+                    nxt += value
+                elif value is not None:
+                    nxt.append(value)
+            level = nxt
+        found += level
+    return found
+
+
+def _codings(elements: list[Any]) -> list[dict[str, Any]]:
+    """The codings of CodeableConcepts, and Codings themselves."""
+    codings: list[dict[str, Any]] = []
+    for element in elements:
+        if isinstance(element, dict):
+            inner = element.get("coding")
+            codings += [c for c in inner if isinstance(c, dict)] if isinstance(inner, list) else [element]
+    return codings
+
+
+def _has_profile(resource: dict[str, Any], wanted: str) -> bool:
+    """Whether some ``meta.profile`` is ``wanted`` or below it (``_profile:below``: the URL, and the version's)."""
+    meta = resource.get("meta")
+    profiles = meta.get("profile") if type(meta) is dict else None
+    if type(profiles) is not list:
+        return False
+    if wanted in profiles:
+        return True
+    url, _, version = wanted.partition("|")
+    for profile in profiles:
+        if isinstance(profile, str) and profile.partition("|")[0] == url:
+            own = profile.partition("|")[2]
+            if not version or own == version or own.startswith(version + "."):
+                return True
+    return False
+
+
+def _dated(resource: dict[str, Any], bounds: DateBounds) -> bool:
+    """Whether some value ends on or after the start, and some value begins on or before the end (each bound is its
+    own search parameter, as TORCH sends them)."""
+    ranges = [r for value in values(resource, bounds.paths) if (r := _range(value)) is not None]
+    if not ranges:
+        return False
+    after = bounds.start is None or any(last >= bounds.start for _, last in ranges)
+    return after and (bounds.end is None or any(first <= bounds.end for first, _ in ranges))
+
+
+def _range(value: Any) -> tuple[str, str] | None:
+    """The first and last calendar day (``YYYY-MM-DD``) of a date, dateTime, instant or Period; None for none."""
+    if isinstance(value, str):
+        return _day_range(value)
+    if isinstance(value, dict):
+        start, end = value.get("start"), value.get("end")
+        first = _day_range(start) if isinstance(start, str) else None
+        last = _day_range(end) if isinstance(end, str) else None
+        if first is None and last is None:
+            return None
+        return (first[0] if first else _NO_START), (last[1] if last else _NO_END)
+    return None
+
+
+def _day_range(text: str) -> tuple[str, str] | None:
+    if not text[:4].isdigit():
+        return None
+    if len(text) >= 10:
+        return text[:10], text[:10]
+    if len(text) == 7:
+        return text + "-01", text + "-31"
+    if len(text) == 4:
+        return text + "-01-01", text + "-12-31"
+    return None
