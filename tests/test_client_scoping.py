@@ -7,10 +7,11 @@ import logging
 
 import pytest
 
-from config.services import AuthSettings
+from config.services import AuthSettings, ExtractorSettings
 from config.settings import TlsSettings
 from tasks.clients.auth import origin_of
 from tasks.clients.errors import ServiceError
+from tasks.clients.extraction_server import ExtractionServerClient
 from tasks.clients.http import ServiceEndpoint, build_async_client, build_client
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
@@ -156,3 +157,28 @@ def test_redirect_followed_by_httpx_itself_still_drops_credentials(service, else
     assert response.status_code == 200
     assert credentials_seen(service) == [{"authorization", "x-api-key"}]
     assert credentials_seen(elsewhere) == [set()]
+
+
+def test_a_token_in_the_configured_urls_query_goes_with_each_request_to_its_origin_and_nowhere_else(service, elsewhere):
+    """A service URL may carry its token in the query (``services.validation.url: https://h/api?apikey=${KEY}``).
+    Paths are joined before it, not after it (httpx would send ``/api?apikey=K/$validate``), and, like every other
+    credential, it goes only to the service's origin."""
+    endpoint = ServiceEndpoint("validation", f"{service.base_url}/api?apikey=K-secret&tenant=t1")
+    with build_client(endpoint, TLS) as client:
+        client.post("/$validate", params={"_format": "json"}, content=b"{}")
+        client.get(f"{service.base_url}/files/a.ndjson")
+        client.get(f"{elsewhere.base_url}/files/b.ndjson")
+    assert [request.path for request in service.state.requests] == [
+        "/api/$validate?_format=json&apikey=K-secret&tenant=t1",
+        "/files/a.ndjson?apikey=K-secret&tenant=t1",
+    ]
+    assert [request.path for request in elsewhere.state.requests] == ["/files/b.ndjson"]
+
+
+def test_the_extraction_client_joins_its_paths_before_the_configured_query(service):
+    service.state.replies.append(Reply(202, {"Content-Location": f"{service.base_url}/torch/fhir/__status/1"}, b""))
+    settings = ExtractorSettings(base_url=f"{service.base_url}/torch?access_token=T-secret")
+    with ExtractionServerClient(settings, TLS) as client:
+        handle = client.submit(b'{"cohortDefinition": {}, "dataExtraction": {}}')
+    assert handle.status_url == f"{service.base_url}/torch/fhir/__status/1"
+    assert [request.path for request in service.state.requests] == ["/torch/fhir/$extract-data?access_token=T-secret"]

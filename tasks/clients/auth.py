@@ -325,6 +325,7 @@ class ServiceAuth(httpx.Auth):
                 self._basic = httpx.BasicAuth(*login)
             if auth.api_key is not None:
                 self._api_key = (auth.api_key_header, auth.api_key.get_secret_value())
+        self._query = httpx.URL(base_url).params  # a token in the configured URL's query, a credential too
         self._withheld_origins: set[Origin] = set()
         self._trusted_origins: set[Origin] = {self.origin}
         self.issuer_setting: str | None = None  # the key of the OAuth issuer, named should nothing answer there
@@ -449,6 +450,8 @@ class ServiceAuth(httpx.Auth):
         if self._api_key is not None:
             header, key = self._api_key
             request.headers[header] = key
+        if self._query:
+            request.url = request.url.copy_merge_params(self._query)
         return token
 
     def _withhold(self, request: httpx.Request) -> None:

@@ -25,7 +25,7 @@ from tasks.clients.bounds import MB
 from tasks.clients.errors import ServiceError, json_object, json_or_none
 from tasks.clients.extraction_documents import SERVICE, TASK_TIMEOUT, ExtractionError, base_url_of, job_status_of
 from tasks.clients.extraction_documents import BASE_URL_SETTING, CRTDL_REFUSALS, progress_values
-from tasks.clients.http import FHIR_JSON, FHIR_JSON_HEADERS, ServiceClient, ServiceEndpoint, http_timeout
+from tasks.clients.http import FHIR_JSON, FHIR_JSON_HEADERS, ServiceClient, ServiceEndpoint, http_timeout, without_query
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url
 
 if TYPE_CHECKING:
@@ -182,9 +182,9 @@ class ExtractionTaskClient(ServiceClient):
     """The Task API and $evaluate-cohort of the server configured by ``services.extractor``."""
 
     def __init__(self, settings: ExtractorSettings, tls: TlsSettings, retry: RetrySettings):
-        self.base_url = base_url_of(settings)
+        self.base_url = without_query(base_url_of(settings))
         timeout = http_timeout(TASK_TIMEOUT)
-        endpoint = ServiceEndpoint(SERVICE, self.base_url, settings.auth, timeout, setting=BASE_URL_SETTING)
+        endpoint = ServiceEndpoint(SERVICE, base_url_of(settings), settings.auth, timeout, setting=BASE_URL_SETTING)
         super().__init__(endpoint, tls, retry)
 
     def search(

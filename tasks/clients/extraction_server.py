@@ -39,7 +39,7 @@ from tasks.clients.extraction_documents import ExtractionFailedError, Extraction
 from tasks.clients.extraction_documents import base_url_of, kickoff_parameters, manifest_request
 from tasks.clients.extraction_documents import job_status_of, requires_access_token, resolve_file_url, result_urls
 from tasks.clients.extraction_documents import BASE_URL_SETTING, CRTDL_REFUSALS, StatusUrlMismatchError
-from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceEndpoint, build_client, http_timeout
+from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceEndpoint, build_client, http_timeout, without_query
 from tasks.clients.retry import call_once
 from tasks.core.readable import plain_text
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url, shown_url
@@ -98,10 +98,10 @@ class ExtractionServerClient(Closing):
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ):
-        self.settings, self.base_url = settings, base_url_of(settings)
+        self.settings, self.base_url = settings, without_query(base_url_of(settings))  # its query: the endpoint's
         self.clock, self.sleep = clock, sleep
         timeout = http_timeout(min(POLL_TIMEOUT, settings.extraction_timeout))
-        endpoint = ServiceEndpoint(SERVICE, self.base_url, settings.auth, timeout, setting=BASE_URL_SETTING)
+        endpoint = ServiceEndpoint(SERVICE, base_url_of(settings), settings.auth, timeout, setting=BASE_URL_SETTING)
         self.http = build_client(endpoint, tls)
         self.files_need_token = False  # the manifest's requiresAccessToken, once the job is complete
 

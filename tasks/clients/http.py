@@ -22,6 +22,7 @@ import functools
 import logging
 import ssl
 import time
+from urllib.parse import urlsplit, urlunsplit
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -92,6 +93,13 @@ class ServiceEndpoint:
         return f"{self.setting.rpartition('.')[0]}.auth.oauth_issuer_uri" if self.setting else None
 
 
+def without_query(url: str) -> str:
+    """A service URL without its query (a token such as ``?access_token=…``) and fragment: the base that request
+    paths are joined to (httpx would put them after the query); ``ServiceAuth`` adds the query to each request to the
+    service's origin, as it adds the other credentials."""
+    return urlunsplit(urlsplit(url)._replace(query="", fragment=""))
+
+
 def ssl_verify(tls: TlsSettings, *, purpose: str) -> ssl.SSLContext | bool:
     """The ``verify`` value for httpx: system and certifi CAs plus ``ca_cert_path``, or False when skipping
     (``purpose`` names the client in the warning logged then)."""
@@ -119,7 +127,7 @@ def _client_options(endpoint: ServiceEndpoint, tls: TlsSettings) -> tuple[Servic
     auth = ServiceAuth(endpoint.name, endpoint.base_url, endpoint.auth, verify)
     auth.issuer_setting = endpoint.issuer_setting
     options = {
-        "base_url": endpoint.base_url,
+        "base_url": without_query(endpoint.base_url),  # its query goes with each request to its origin (auth)
         "headers": AS_SENT,
         "auth": auth,
         "verify": verify,
