@@ -2,9 +2,9 @@
 
 A flow run cannot go on without its server (every task run reports its states there), and Prefect's client waits
 and retries each call for minutes, printing warnings, before the run fails with a long traceback. Instead a thread
-probes the API's ``/health`` (any answer, a busy server's 503 too, counts as alive); after ``LOST_AFTER`` seconds
-without one it records the job Crashed with the reason, says so in two lines with the exact ``continue`` command,
-and ends the process at once. A server that answers is checked to be the one the job started on (``same_server``):
+probes the API's ``/ready`` (any answer, a busy server's 503 too, counts as alive); after ``LOST_AFTER`` seconds
+without one, or ``DATABASE_LOST_AFTER`` seconds of the server saying its database is not available, it records the
+job Crashed with the reason, says so in two lines with the exact ``continue`` command, and ends the process at once. A server that answers is checked to be the one the job started on (``same_server``):
 another home's server, or any other program, that takes the port of a server that died would otherwise get the
 job's states, logs and artifacts; the job stops at once instead. Nothing is lost: a finished file is committed,
 a half-written one is a ``.part`` file that the next run writes again, and the kernel releases the job's lock. The
@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 
 from config.runtime import job_on_command_line
 from flows.prefect_server import http_get, prefect_home, read_record, settings_of_home
@@ -31,7 +32,21 @@ from tasks.job.record import CRASHED, RecordError, record_stopped
 PROBE_INTERVAL = 2.0
 PROBE_TIMEOUT = 5.0
 LOST_AFTER = 15.0  # a server busy with a burst of runs answers within seconds; a gone one never
+DATABASE_LOST_AFTER = 10.0  # without its database Prefect's client gives the run up after about 19 s
+NO_DATABASE = (503, b"Database is not available")  # Prefect's /ready when its database does not connect
 EXIT_FAILED = 1
+SERVER_RUNS = "when the server runs again"
+NOT_OURS = "not the Prefect server the job ran on"
+
+
+@dataclass(frozen=True)
+class Loss:
+    """What a probe found missing: how long it may last before the job stops, what the job then says, and when to
+    resume it."""
+
+    after: float
+    reason: str
+    resume_when: str
 
 
 @contextmanager
@@ -54,15 +69,30 @@ def watch(paths: JobPaths, api_url: str, done: threading.Event) -> None:
     answered = time.monotonic()
     same = same_server(api_url)
     while not done.wait(PROBE_INTERVAL):
-        alive = http_get(api_url, "/health", PROBE_TIMEOUT) is not None
-        if alive and not same() and not done.is_set():
-            stop_job(paths, f"another server answers at {shown_url(api_url)}, not the Prefect server the job ran on")
-        logging.raiseExceptions = alive
-        if alive:
+        loss = probe(api_url)
+        if loss is None and not same() and not done.is_set():
+            stop_job(paths, Loss(0, f"another server answers at {shown_url(api_url)}, {NOT_OURS}", SERVER_RUNS))
+        logging.raiseExceptions = loss is None
+        if loss is None:
             answered = time.monotonic()
-        elif time.monotonic() - answered >= LOST_AFTER and not done.is_set():
-            stop_job(paths, f"the Prefect server at {shown_url(api_url)} went away (no answer for {LOST_AFTER:.0f} s)")
+        elif time.monotonic() - answered >= loss.after and not done.is_set():
+            stop_job(paths, loss)
     logging.raiseExceptions = True
+
+
+def probe(api_url: str) -> Loss | None:
+    """What is missing for the job to go on: the server (no answer to ``/ready``) or its database (``NO_DATABASE``);
+    None when it answers otherwise (a busy server's 503 too, or an older one without ``/ready``)."""
+    answer = http_get(api_url, "/ready", PROBE_TIMEOUT)
+    shown = shown_url(api_url)
+    if answer is None:
+        return Loss(
+            LOST_AFTER, f"the Prefect server at {shown} went away (no answer for {LOST_AFTER:.0f} s)", SERVER_RUNS
+        )
+    if answer[0] == NO_DATABASE[0] and NO_DATABASE[1] in answer[1]:
+        reason = f"the Prefect server at {shown} lost its database (not available for {DATABASE_LOST_AFTER:.0f} s)"
+        return Loss(DATABASE_LOST_AFTER, reason, "when the server's database runs again")
+    return None
 
 
 def same_server(api_url: str) -> Callable[[], bool]:
@@ -86,18 +116,17 @@ def shown_settings(api_url: str) -> tuple[int, bytes] | None:
     return None if answer is None or answer[0] in (401, 403) or answer[0] >= 500 else answer
 
 
-def stop_job(paths: JobPaths, reason: str) -> None:
+def stop_job(paths: JobPaths, loss: Loss) -> None:
     """Record the job Crashed with the reason, say so, and end the process (no Prefect call: the server is gone)."""
     with suppress(RecordError, OSError):
-        record_stopped(paths.job_dir, CRASHED, reason)
-    line = logging.LogRecord("dupflow", logging.ERROR, __file__, 0, "job stopped: %s", (reason,), None)
+        record_stopped(paths.job_dir, CRASHED, loss.reason)
+    line = logging.LogRecord("dupflow", logging.ERROR, __file__, 0, "job stopped: %s", (loss.reason,), None)
     for handler in logging.getLogger("dupflow").handlers:
         if isinstance(handler, logging.FileHandler):  # job.log; the terminal gets the two lines below
             handler.handle(line)
             handler.flush()
-    print(f"\njob {paths.job_id} stopped: {reason}", file=sys.stderr)  # after a line Prefect may have left open
-    print(
-        f"when the server runs again, resume with: {CLI} continue {job_on_command_line(paths.job_dir)}", file=sys.stderr
-    )
+    print(f"\njob {paths.job_id} stopped: {loss.reason}", file=sys.stderr)  # after a line Prefect may have left open
+    command = f"{CLI} continue {job_on_command_line(paths.job_dir)}"
+    print(f"{loss.resume_when}, resume with: {command}", file=sys.stderr)
     sys.stderr.flush()
     os._exit(EXIT_FAILED)

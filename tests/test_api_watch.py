@@ -39,10 +39,11 @@ with api_watched(JobPaths(Path(sys.argv[1])), sys.argv[2]):
 
 @dataclass
 class ServerPlay:
-    """What the fake answers: ``settings`` to /admin/settings as (status, body); ``true`` to /health. Each settings
+    """What the fake answers: ``settings`` to /admin/settings as (status, body), ``ready`` to /ready. Each settings
     request sets ``asked`` and is counted, so a test waits for the watch's probes rather than for time."""
 
     settings: tuple[int, bytes]
+    ready: tuple[int, bytes] = (200, b'{"message":"OK"}')
     asked: threading.Condition = field(default_factory=threading.Condition)
     settings_requests: int = 0
 
@@ -55,7 +56,7 @@ class PlayedServer(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         play: ServerPlay = self.server.state
-        status, body = (200, b"true") if self.path.endswith("/health") else play.settings
+        status, body = play.ready if self.path.endswith("/ready") else play.settings
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -170,3 +171,20 @@ def test_a_job_on_a_server_given_by_prefect_api_url_stops_when_its_settings_chan
         assert watch.poll() is None, "the job's own server stopped it"
         play.settings = home_settings(home.parent / "a-laptop-home")
         assert "another server answers at" in stopped(watch)
+
+
+def test_a_job_whose_server_lost_its_database_stops_naming_the_database(tmp_path, home):
+    """PostgreSQL stopped under a live server: Prefect's client gave the run up after 19 s in 68 lines, recorded as
+    a ConcurrencySlotAcquisitionError. The server's /ready says why; the job stops first, in two lines."""
+    play = ServerPlay(home_settings(home))
+    with LoopbackServer(PlayedServer, play) as server:
+        record_home_server(home, server.base_url)
+        watch = start_watch(tmp_path, home, server.base_url)
+        probes_seen(play, 1)
+        play.ready = (503, b'{"message":"Database is not available"}')
+        lines = stopped(watch).strip().splitlines()
+    assert (
+        lines[0]
+        == f"job job-1 stopped: the Prefect server at {server.base_url} lost its database (not available for 10 s)"
+    )
+    assert lines[1].startswith("when the server's database runs again, resume with: ") and len(lines) == 2

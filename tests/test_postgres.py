@@ -5,11 +5,14 @@ trip of a deployment run on a process work pool, and ``prune``, each seen in Pos
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import run_cli
+from tasks.core.readable import CLI
+from tests.conftest import REPO_ROOT, run_cli, wait_until
 from tests.support.deployments import (
     api,
     local_server,
@@ -19,8 +22,11 @@ from tests.support.deployments import (
     wait_for_run,
     write_patients,
 )
+from tests.fakes.flattener import start_flattener
+from tests.support.flattening import EXAMPLE, LOOKUP
 from tests.support.postgres import query
 
+STALL = 120.0  # the flattening service holds the job's first $run this long: the job is at work when the database goes
 pytestmark = pytest.mark.slow
 
 
@@ -76,3 +82,46 @@ def test_an_inspection_round_trip_of_a_deployment_run_on_postgresql(server, depl
     assert done["state"]["type"] == "COMPLETED"
     (state,) = query(postgres_url, "select state_type::text from flow_run where id = $1::uuid", run_id)
     assert state == ("COMPLETED",)
+
+
+def test_a_job_whose_postgresql_stops_says_so_in_a_few_lines_and_continue_completes_it(
+    tmp_path, write_config, server, postgres
+):
+    """PostgreSQL stopped under a live server: the job gave up after 19 s in 68 lines, a traceback recorded as a
+    ConcurrencySlotAcquisitionError. It now stops as for a lost server (the API watch reads the server's /ready):
+    a few lines naming the database and the command that resumes it, which completes the job once it is back."""
+    _, env = server
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "data.ndjson").write_bytes((EXAMPLE / "input" / "fhir-data.ndjson").read_bytes())
+    flattener = start_flattener(drip_header_seconds=STALL)  # holds the first $run: the job is at work
+    services = {"local_import": {"dir": tmp_path / "in"}}
+    services["flattening"] = {"service_url": flattener.base_url, "lookup_path": LOOKUP}
+    config = write_config({"pipeline": {"enabled_steps": ["local_import", "flattening"]}, "services": services})
+    command = [sys.executable, "-m", "flows.run", "start", str(config), str(EXAMPLE / "example-crtdl.json")]
+    terminal = tmp_path / "terminal.txt"
+    with terminal.open("w") as stderr:
+        job = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+    try:
+        wait_until(lambda: flattener.state.runs or job.poll() is not None, "the job is at work", timeout=180)
+        assert job.poll() is None, terminal.read_text()
+        before = len(terminal.read_text())
+        postgres.stop()
+        try:
+            job.wait(timeout=120)
+        finally:
+            postgres.start()
+        said = terminal.read_text()[before:]
+        lines = said.strip().splitlines()
+        (job_dir,) = (tmp_path / "jobs").iterdir()
+        assert job.returncode == 1 and "Traceback" not in said and len(lines) <= 5, said
+        lost = f"the Prefect server at {env['PREFECT_API_URL']} lost its database (not available for 10 s)"
+        assert lines[-2] == f"job {job_dir.name} stopped: {lost}"
+        assert lines[-1] == f"when the server's database runs again, resume with: {CLI} continue {job_dir}"
+        flattener.state.reset()
+        resumed = run_cli("continue", job_dir.name, "--jobs-dir", str(job_dir.parent), "--no-progress", env=env)
+        assert resumed.returncode == 0, resumed.stderr
+    finally:
+        job.kill()
+        flattener.stop()
+    for name in (path.name for path in (EXAMPLE / "expected").iterdir()):
+        assert (job_dir / "flattening" / name).read_bytes() == (EXAMPLE / "expected" / name).read_bytes()

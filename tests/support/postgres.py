@@ -10,7 +10,8 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,28 +34,52 @@ def as_server_user(*command: str | Path) -> None:
     subprocess.run([*prefix, *map(str, command)], check=True, capture_output=True, timeout=120)
 
 
+@dataclass(frozen=True)
+class Postgres:
+    """A running server: its ``url``, and ``stop``/``start`` to take it away from the clients and give it back."""
+
+    url: str
+    data: Path
+    log: Path
+    options: str
+
+    def stop(self) -> None:
+        """As a crash or an operator's immediate shutdown does: the clients' connections end at once."""
+        as_server_user(postgres_bin() / "pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop")
+
+    def start(self) -> None:
+        as_server_user(postgres_bin() / "pg_ctl", "-D", self.data, "-o", self.options, "-l", self.log, "-w", "start")
+
+
 @contextmanager
-def running_postgres() -> Iterator[str]:
-    """``postgresql+asyncpg://prefect@127.0.0.1:PORT/prefect`` of a fresh server (trust on 127.0.0.1 only)."""
+def running_postgres() -> Iterator[Postgres]:
+    """A fresh server (trust on 127.0.0.1 only) at ``postgresql+asyncpg://prefect@127.0.0.1:PORT/prefect``."""
     binaries, root, port = postgres_bin(), Path(tempfile.mkdtemp(prefix="dupflow-postgres-")), free_port()
     if os.geteuid() == 0:
         os.chown(root, NOBODY, NOBODY)
     data = root / "data"
     as_server_user(binaries / "initdb", "-D", data, "-U", "prefect", "-A", "trust", "--no-sync", "-E", "UTF8")
     options = f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off"
-    as_server_user(binaries / "pg_ctl", "-D", data, "-o", options, "-l", root / "postgres.log", "-w", "start")
+    server = Postgres(f"postgresql+asyncpg://prefect@127.0.0.1:{port}/prefect", data, root / "postgres.log", options)
+    server.start()
     try:
         as_server_user(binaries / "createdb", "-h", "127.0.0.1", "-p", str(port), "-U", "prefect", "prefect")
-        yield f"postgresql+asyncpg://prefect@127.0.0.1:{port}/prefect"
+        yield server
     finally:
-        as_server_user(binaries / "pg_ctl", "-D", data, "-m", "fast", "-w", "stop")
+        with suppress(subprocess.CalledProcessError):  # a test may have left it stopped
+            as_server_user(binaries / "pg_ctl", "-D", data, "-m", "fast", "-w", "stop")
         shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    with running_postgres() as url:
-        yield url
+def postgres() -> Iterator[Postgres]:
+    with running_postgres() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def postgres_url(postgres: Postgres) -> str:
+    return postgres.url
 
 
 def query(url: str, sql: str, *arguments: Any) -> list[tuple]:

@@ -29,7 +29,17 @@ import pytest
 
 # Fixtures that start a Prefect server, a process or a real third-party server: only slow tests may use them.
 SLOW_FIXTURES = frozenset(
-    {"prefect_api", "prefect_database", "moto_url", "moto_s3", "https_s3", "sekmet", "nginx_front"}
+    {
+        "prefect_api",
+        "prefect_database",
+        "moto_url",
+        "moto_s3",
+        "https_s3",
+        "sekmet",
+        "nginx_front",
+        "postgres",
+        "postgres_url",
+    }
 )
 
 
