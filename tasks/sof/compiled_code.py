@@ -272,10 +272,11 @@ def column_plan(column: Any, path: str | None) -> Plan | None:
 
 
 def member_plan(evaluate: Any, path: str | None) -> Plan | None:
-    """The path's plan from focus type ``path`` where it is member and where() steps with keys, else None."""
+    """The path's plan from focus type ``path`` where it is one or more member and where() steps with keys, else
+    None (``$this``, no step at all, is left to the closures)."""
     if not isinstance(evaluate, MemberPath) or evaluate.function is not None:
         return None
     plan = evaluate.plan(path)
-    if plan is None or plan.counted:
+    if plan is None or plan.counted or not plan.operations:
         return None
     return plan if all(kind in ("member", "where") and key for kind, key, _, _ in plan.operations) else None
