@@ -31,11 +31,16 @@ class AttributeToAdd(_RuleModel):
     linked_groups: StrList = Field(default_factory=list)
 
 
-class EnrichmentRule(_RuleModel):
-    """One CRTDL enrichment: attributes to add to the attribute group with profile group_reference."""
+class _RuleBase(_RuleModel):
+    """The fields a rule has in both spellings but its attributes, whose models differ (``_FileAttribute``)."""
 
     group_reference: str = Field(min_length=1)
     create_if_not_exists: CreateIfNotExists | None = None
+
+
+class EnrichmentRule(_RuleBase):
+    """One CRTDL enrichment: attributes to add to the attribute group with profile group_reference."""
+
     attributes_to_add: list[AttributeToAdd] = Field(default_factory=list)
 
 
@@ -43,7 +48,7 @@ class _FileAttribute(AttributeToAdd):
     linked_groups: list[str] = Field(default_factory=list)  # a JSON list, never the configuration's "a,b" text
 
 
-class _FileRule(EnrichmentRule):
+class _FileRule(_RuleBase):
     """A rule of the file, which may also ask for the group to be named after the profile (addGroupIfNotExists)."""
 
     attributes_to_add: list[_FileAttribute] = Field(default_factory=list)
@@ -65,7 +70,9 @@ class _FileRule(EnrichmentRule):
             # The group name of the short form: the profile URL's last path segment, without a |version.
             create = CreateIfNotExists(group_name=self.group_reference.split("|", 1)[0].rstrip("/").rsplit("/", 1)[-1])
         return EnrichmentRule(
-            group_reference=self.group_reference, create_if_not_exists=create, attributes_to_add=self.attributes_to_add
+            group_reference=self.group_reference,
+            create_if_not_exists=create,
+            attributes_to_add=list(self.attributes_to_add),
         )
 
 

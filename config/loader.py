@@ -256,8 +256,10 @@ def refuse_secret_overrides(overrides: Mapping[str, str], source: str) -> None:
         f"environment variable {env_var_name(key)}"
         for key in sorted(key for key in overrides if key in secret_key_paths())
     ]
-    problems += [_token_url_problem(key, str(value), source) for key, value in sorted(overrides.items())]
-    if problems := [problem for problem in problems if problem]:
+    problems += [
+        problem for key, value in sorted(overrides.items()) if (problem := _token_url_problem(key, str(value), source))
+    ]
+    if problems:
         raise ConfigError(problems)
 
 
@@ -307,5 +309,5 @@ def register_secrets(settings: Settings) -> None:
             for token in query_tokens(url):
                 register_secret(token)
     for auth in (settings.services.extractor.auth, settings.services.pseudonymizer.auth, settings.services.send.auth):
-        if auth.uses_basic:
+        if auth.username is not None and auth.password is not None:  # uses_basic, written out to narrow both
             register_basic_credentials(auth.username, auth.password.get_secret_value())

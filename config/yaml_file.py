@@ -208,7 +208,9 @@ def _load_secret_block(block: str) -> str:
             "prints the local server's)"
         )
     try:
-        value = Secret.load(block, _sync=True).get()
+        # Prefect's async_dispatch wrapper takes _sync (and then gives the block, never a coroutine), but its typed
+        # signature is the sync function's, without _sync, returning "block or coroutine".
+        value = Secret.load(block, _sync=True).get()  # type: ignore[call-arg, union-attr]
     except ValueError:
         raise _UnusableBlock(
             f"the Prefect API {shown_url(api)} has no Secret block named {block}; create it (the UI's Blocks page, "

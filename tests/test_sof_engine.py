@@ -259,6 +259,23 @@ def test_a_chain_of_any_length_runs_every_way(members, way):
     assert list(view.rows(patient)) == [("p1", "deep", "deep")]
 
 
+@pytest.mark.parametrize("way", WAYS)
+def test_this_as_a_column_or_a_for_each_runs_every_way(way):
+    """``$this`` is a member path of no step: the generator wrote a column never assigned (NameError) and took the
+    last step of a forEach that has none (IndexError)."""
+    definition = {
+        "resource": "Patient",
+        "select": [
+            {"column": [{"name": "id", "path": "id"}]},
+            {"forEach": "$this", "column": [{"name": "again", "path": "id"}]},
+            {"forEach": "name", "column": [{"name": "name", "path": "$this"}]},
+        ],
+    }
+    view = in_one_way(compile_view(definition), way)
+    patient = {"resourceType": "Patient", "id": "p1", "name": [{"family": "f"}]}
+    assert list(view.rows(patient)) == [("p1", "p1", {"family": "f"})]
+
+
 def test_a_view_python_cannot_compile_is_left_to_the_closures(monkeypatch):
     """Whatever the generator writes that Python refuses (here 30 nested loops; it allows 20) runs as closures."""
     monkeypatch.setattr(compiled_code, "MAX_GENERATED_DEPTH", 64)

@@ -79,7 +79,8 @@ def _decimal(value: Decimal, precision: int | None, high: bool) -> Decimal | Non
 def _date(text: str, precision: int | None, high: bool) -> str | None:
     if (match := _DATE.match(text)) is None:
         return None
-    date = _full_date(*match.groups(), high)
+    year, month, day = match.groups()
+    date = _full_date(year, month, day, high)
     return date if precision is None else {4: date[:4], 6: date[:7], 8: date}.get(precision)
 
 

@@ -91,8 +91,9 @@ def _step_walk(plan: Plan | None) -> Callable[[list], list | None] | None:
 
     def walk(found: list) -> list | None:
         for step in steps:
-            if not (found := step(found)):  # None (irregular) or no element
-                return found
+            if not (after := step(found)):  # None (irregular) or no element
+                return after
+            found = after
         return found
 
     return walk
@@ -235,8 +236,12 @@ def _row_reader(columns: list[Column]) -> Value:
 
 def _single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:
     """Each column's JSON key where every column is a single-valued path of one member at focus type ``path``."""
-    plans = [column_plan(column, path) for column in columns]
-    return tuple(plan.key for plan in plans) if all(plan is not None and plan.single for plan in plans) else None
+    keys = []
+    for column in columns:
+        if (plan := column_plan(column, path)) is None or not plan.single:
+            return None
+        keys.append(plan.key)
+    return tuple(keys)
 
 
 def column_value(column: Column) -> Value:

@@ -94,12 +94,13 @@ class _Writer:
     def emit(self, indent: int, line: str) -> None:
         self.lines.append("    " * indent + line + "\n")
 
-    def select(self, select: Any, focus: str, path: str, indent: int) -> tuple[str, bool]:
+    def select(self, select: Any, focus: str, path: str | None, indent: int) -> tuple[str, bool]:
         """Code giving the select's rows at ``focus`` (of type ``path``): the name of their list, or of their one row
         (a tuple) where the select always gives one (True)."""
         if select.iteration is None:
             return self.rows_at(select, focus, path, indent)
         plan = member_plan(select.iterate[0], path)
+        assert plan is not None  # _in_subset planned every iteration before the writer starts
         found = self.walk(plan, focus, indent)
         rows, element = self.name("r"), self.name("d")
         kind, _, _, at = plan.operations[-1]
@@ -120,7 +121,7 @@ class _Writer:
             self.emit(indent + 1, f"{rows} = [{self.constant(null_row)}]")
         return rows, False
 
-    def rows_at(self, select: Any, focus: str, path: str, indent: int) -> tuple[str, bool]:
+    def rows_at(self, select: Any, focus: str, path: str | None, indent: int) -> tuple[str, bool]:
         """Code giving the product of the select's columns and nested selects at ``focus``: the name of its row
         where every part always gives one (True), else of its list of rows: one concatenation where every part gave
         one row (the usual case), else ``product_rows``."""
@@ -144,9 +145,10 @@ class _Writer:
         self.emit(indent + 2, IRREGULAR)
         return rows, False
 
-    def column(self, column: Any, focus: str, path: str, indent: int) -> str:
+    def column(self, column: Any, focus: str, path: str | None, indent: int) -> str:
         """Code reading a single-valued chain of members; the value's name."""
         plan = column_plan(column, path)
+        assert plan is not None  # _in_subset planned every column before the writer starts
         value = self.name("v")
         for step, (_, key, _, at) in enumerate(plan.operations):
             if step:  # no value: the chain ends here (one level deep however long the chain: Python allows 100)
@@ -181,6 +183,7 @@ class _Writer:
             if known not in self.walked:
                 self.walked[known] = self.step(operations[step], found, focus, indent)
             found = self.walked[known]
+        assert found is not None  # member_plan gives plans of one step or more
         return found
 
     def step(self, operation: tuple, found: str | None, focus: str, indent: int) -> str:
@@ -272,10 +275,11 @@ def column_plan(column: Any, path: str | None) -> Plan | None:
 
 
 def member_plan(evaluate: Any, path: str | None) -> Plan | None:
-    """The path's plan from focus type ``path`` where it is member and where() steps with keys, else None."""
+    """The path's plan from focus type ``path`` where it is one or more member and where() steps with keys, else
+    None (``$this``, no step at all, is left to the closures)."""
     if not isinstance(evaluate, MemberPath) or evaluate.function is not None:
         return None
     plan = evaluate.plan(path)
-    if plan is None or plan.counted:
+    if plan is None or plan.counted or not plan.operations:
         return None
     return plan if all(kind in ("member", "where") and key for kind, key, _, _ in plan.operations) else None

@@ -196,7 +196,7 @@ class Plan:
 
 def _plan(steps: list[Step], path: str | None, counted: bool) -> Plan | None:
     """The steps resolved against the focus type ``path``, or None where a child's type depends on the data."""
-    operations = []
+    operations: list[tuple[str, str, str | None, str | None]] = []
     for kind, name, argument in steps:
         if kind == "first":
             operations.append(("first", "", None, path))
@@ -241,11 +241,12 @@ def _resolve(path: str | None, member: str, of_type: str | None) -> tuple[str, s
 def _holds_resources(type_path: str) -> bool:
     """Whether elements of this type are resources (their own ``resourceType`` then decides their type)."""
     seen = set()
-    while type_path and type_path not in seen:
-        if type_path == "Resource":
+    current: str | None = type_path
+    while current and current not in seen:
+        if current == "Resource":
             return True
-        seen.add(type_path)
-        type_path = _PARENTS.get(type_path)
+        seen.add(current)
+        current = _PARENTS.get(current)
     return False
 
 

@@ -19,7 +19,7 @@ import json
 import re
 import shutil
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain, islice
@@ -122,7 +122,7 @@ class Router:
         self,
         groups: list[tuple[str, str]],
         skipped_ids: Iterable[str],
-        engines: list[Engine],
+        engines: Sequence[Engine],
         by_provenance: bool,
         counts: RouteCounts | None = None,
         selections: list[Selection] | None = None,
@@ -275,11 +275,13 @@ class RowsWriter:
     def add(self, resource: dict[str, Any]) -> None:
         """Take the resource's rows as the view produces them (one resource may give millions)."""
         try:
-            view, rows = self.view, None
+            view, cells = self.view, None
             if view.csv_rows is not None and resource.get("resourceType") == view.resource:
-                rows = view.csv_rows(resource)
-            if rows is None or len(rows) > view.max_rows_per_resource:
+                cells = view.csv_rows(resource)
+            if cells is None or len(cells) > view.max_rows_per_resource:
                 rows = view.rows(self.line.exact(resource))
+            else:
+                rows = cells
             streamed = type(rows) is not list and type(rows) is not tuple
             self._pending += islice(rows, ROWS_PER_BATCH) if streamed else rows
             if len(self._pending) >= ROWS_PER_BATCH:

@@ -90,8 +90,9 @@ class LookupTable:
     def ancestors(self, element_id: str) -> list[str]:
         """The element's ancestors, outermost first."""
         chain = []
-        while (element_id := self.parents.get(element_id)) is not None:
-            chain.append(element_id)
+        while (parent := self.parents.get(element_id)) is not None:
+            chain.append(parent)
+            element_id = parent
         return chain[::-1]
 
 

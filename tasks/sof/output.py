@@ -10,7 +10,7 @@ would go out unquoted and split the row for every reader; ``CsvWriter`` quotes s
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from itertools import chain, islice
 from pathlib import Path
@@ -56,6 +56,7 @@ class CsvWriter:
         arrays (``fhirpath.plain`` makes floats decimals)."""
         written = 0
         pending = iter(rows)
+        batch: list[Sequence[Any]]  # the engine's tuples, or (below) their cells as lists of strings
         while batch := list(islice(pending, ROWS_PER_BATCH)):
             written += len(batch)
             text = _string_lines(batch)
@@ -161,7 +162,7 @@ def decimal_text(value: Decimal) -> str:
     return format(value, "f") if expands else text
 
 
-def csv_cells(row: tuple) -> list[str]:
+def csv_cells(row: Iterable[Any]) -> list[str]:
     return [value if type(value) is str else cell(value) for value in row]
 
 

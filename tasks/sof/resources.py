@@ -66,10 +66,10 @@ def may_hold(line: bytes, types: frozenset[bytes]) -> bool:
     if line.find(_RESOURCE_TYPE_KEY, first + len(_RESOURCE_TYPE_KEY)) < 0:  # the usual case: one, found by bytes
         named = _RESOURCE_TYPE.match(line, first)
         return named is None or named[1] in types or named[1] == b"Bundle" or _may_escape_a_key(line)
-    named = _RESOURCE_TYPE.findall(line)
-    if len(named) < line.count(_RESOURCE_TYPE_KEY):  # one not a plain key and value: parse and see
+    kinds = _RESOURCE_TYPE.findall(line)
+    if len(kinds) < line.count(_RESOURCE_TYPE_KEY):  # one not a plain key and value: parse and see
         return True
-    return any(kind in types or kind == b"Bundle" for kind in named) or _may_escape_a_key(line)
+    return any(kind in types or kind == b"Bundle" for kind in kinds) or _may_escape_a_key(line)
 
 
 def _may_escape_a_key(line: bytes) -> bool:

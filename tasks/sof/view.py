@@ -27,7 +27,7 @@ from decimal import Decimal
 from functools import cached_property, partial
 from itertools import chain, islice
 from math import prod
-from typing import Any
+from typing import Any, TypeGuard
 
 from tasks.core.names import show_text
 from tasks.sof.compiled import RowsAt, compile_view_rows
@@ -189,12 +189,17 @@ def _part(produce: Callable[[Focus, dict[str, Any]], Iterable[tuple]], focus: Fo
 def _product(head: tuple, parts: list[Part]) -> Iterable[tuple]:
     """``head`` joined with each combination of one row of each part, in order: a tuple when it has at most
     ``CACHED_ROWS`` rows, else produced lazily."""
-    if _Reproduced in map(type, parts) or prod(map(len, parts)) > CACHED_ROWS:
+    if not _all_kept(parts) or prod(map(len, parts)) > CACHED_ROWS:
         return _streamed_product(head, parts)
     rows = [head]
     for part in parts:
         rows = [row + extra for row in rows for extra in part]
     return tuple(rows)
+
+
+def _all_kept(parts: list[Part]) -> TypeGuard[list[tuple | list]]:
+    """Whether every part holds its rows (none is reproduced), so each has a length."""
+    return _Reproduced not in map(type, parts)
 
 
 def _streamed_product(prefix: tuple, parts: list[Part]) -> Iterator[tuple]:
