@@ -40,11 +40,15 @@ def torch_bundle(rng: random.Random, index: int, groups: dict[str, str]) -> dict
     """The flattening example's patient Bundle with random ids, plus Observations as TORCH returns them."""
     bundle = flattening_bundle(rng, index, groups)
     patient = bundle["entry"][0]["resource"]
-    patient["id"] = f"{rng.getrandbits(128):032x}"
+    was, patient["id"] = f"Patient/{patient['id']}", f"{rng.getrandbits(128):032x}"
+    bundle["entry"][0]["request"]["url"] = f"Patient/{patient['id']}"
     for entry in bundle["entry"][1:]:
         resource = entry["resource"]
         if "subject" in resource:
             resource["subject"] = {"reference": f"Patient/{patient['id']}"}
+        for target in resource.get("target", []):  # the Patient group's Provenance: the Patient reaches its CSV
+            if target["reference"] == was:
+                target["reference"] = f"Patient/{patient['id']}"
     for _ in range(rng.randint(3, 20)):
         observation = {
             "resourceType": "Observation",
