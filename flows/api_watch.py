@@ -4,11 +4,12 @@ A flow run cannot go on without its server (every task run reports its states th
 and retries each call for minutes, printing warnings, before the run fails with a long traceback. Instead a thread
 probes the API's ``/ready`` (any answer, a busy server's 503 too, counts as alive); after ``LOST_AFTER`` seconds
 without one, or ``DATABASE_LOST_AFTER`` seconds of the server saying its database is not available, it records the
-job Crashed with the reason, says so in two lines with the exact ``continue`` command, and ends the process at once. A server that answers is checked to be the one the job started on (``same_server``):
-another home's server, or any other program, that takes the port of a server that died would otherwise get the
-job's states, logs and artifacts; the job stops at once instead. Nothing is lost: a finished file is committed,
-a half-written one is a ``.part`` file that the next run writes again, and the kernel releases the job's lock. The
-worker processes end with their parent.
+job Crashed with the reason, says so in two lines with the exact ``continue`` command, and ends the process at once.
+A server that answers is checked to be the one the job started on (``same_server``): another home's server, or any
+other program, that takes the port of a server that died would otherwise get the job's states, logs and artifacts;
+the job stops at once instead. Nothing is lost: a finished file is committed, a half-written one is a ``.part``
+file that the next run writes again, and the kernel releases the job's lock. The worker processes end with their
+parent.
 """
 
 from __future__ import annotations

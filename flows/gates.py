@@ -81,8 +81,9 @@ def confirmed_inspection(
     inspect and the run is suspended (its process ends; the job record says Suspended first); the resumed run runs
     the flow again and finds the answer to the suspend's key without suspending."""
     key = f"wait-{step.position:02d}"
-    if (answer := read_flow_run_input(keyset_from_paused_state(Suspended(pause_key=key))["response"])) is not None:
-        return InspectionInput(**answer)
+    answer = read_flow_run_input(keyset_from_paused_state(Suspended(pause_key=key))["response"])
+    if answer is not None:  # a sync caller gets the value (Prefect's dispatch types it as a coroutine too)
+        return InspectionInput.model_validate(answer)
     card.note([*done, wait(step, hint)])  # the record shows the gate awaiting while the run is suspended
     timeout = job.settings.pipeline.wait_timeout
     record_state(job.paths.job_dir, SUSPENDED, suspended_message(step, datetime.now(UTC) + timeout))

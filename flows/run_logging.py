@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 from config.runtime import apply_prefect_defaults
 from tasks.core.redaction import RedactingFilter, redact, redact_records_sent_to_prefect
@@ -87,7 +88,7 @@ def take_interrupts() -> None:
     it all. (During a flow run Prefect's own SIGTERM handler raises instead; a cancelled fan-out's failure is known
     by its type.)"""
 
-    def interrupt(signum: int, frame: object) -> None:
+    def interrupt(signum: int, frame: FrameType | None) -> None:
         _interrupted.set()
         signal.default_int_handler(signum, frame)
 
