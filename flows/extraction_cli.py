@@ -271,9 +271,9 @@ def shown(value: object, limit: int | None = SHOWN_NAME_CHARS) -> str:
     return "-" if value is None else show_text(value, limit)
 
 
-def age(timestamp: str | None) -> str:
-    """``3m ago`` for an ISO timestamp; ``-`` when there is none."""
-    if not timestamp:
+def age(timestamp: object) -> str:
+    """``3m ago`` for an ISO timestamp; ``-`` when there is none (or the server sent no text)."""
+    if not timestamp or not isinstance(timestamp, str):
         return "-"
     try:
         moment = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))

@@ -115,3 +115,11 @@ def test_hostile_patient_ids_of_a_cohort_preview_reach_the_terminal_plain(capsys
     code, output = cli(capsys, "cohort", "preview", str(config), str(CRTDL), "--ids")
     assert code == 0 and output.splitlines()[:2] == ["cohort size: 2 patients", "pat-1"]
     assert_plain(output)
+
+
+def test_a_task_whose_dates_are_no_text_shows_no_age(capsys, torch, config):
+    [job_id] = torch.state.jobs
+    torch.state.edit_task = lambda task: task.update(authoredOn=20260101, meta={"lastUpdated": ["x"]})
+    for command in (["list"], ["show", job_id]):
+        code, output = cli(capsys, "extraction", command[0], str(config), *command[1:])
+        assert code == 0 and "Traceback" not in output, output
