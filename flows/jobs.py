@@ -23,7 +23,7 @@ from flows.job_state import JobLock
 from tasks.core.errors import JobError
 from tasks.core.names import show_text
 from tasks.core.jsonfile import JsonFileError, parse_json_document, read_limited, settings_file_problem
-from tasks.core.readable import CLI
+from tasks.core.readable import CLI, plain_text
 from tasks.job.layout import JobPaths, is_crtdl_file, is_job_id, is_result_url
 from tasks.streams.files import write_error, write_file_atomically
 from tasks.job.record import JobRecord, changing_record, read_record, record_facts
@@ -145,10 +145,11 @@ def refuse_extraction_flags_of_a_followed_url(record: JobRecord, attach: str | N
     extraction, maybe another job's or one started by hand, is not the job's to cancel as a replaced one."""
     if (attach or resubmit) and "extractor" in record.enabled_steps and is_result_url(record.job_input):
         flag = "--attach" if attach else "--resubmit"
+        url = shown_url(plain_text(str(record.job_input)))  # a damaged record's host may hold escape sequences
         raise JobError(
-            f"job {record.job_id} follows the extraction at the status URL it was started with "
-            f"({shown_url(str(record.job_input))}); {flag} applies to a job that submits its CRTDL. Continue it "
-            "without the flag, or start a new job with the other status URL or a CRTDL as its input"
+            f"job {record.job_id} follows the extraction at the status URL it was started with ({url}); {flag} "
+            "applies to a job that submits its CRTDL. Continue it without the flag, or start a new job with the other "
+            "status URL or a CRTDL as its input"
         )
 
 

@@ -1,17 +1,20 @@
 """Foreign text on a terminal is plain: a hostile extraction server's Task fields (``extraction list``, ``show``,
-``pause``, ``cohort preview --ids``) reach it with no escape sequence (an OSC title, a screen clear), carriage
-return, C1 control, bidi control or line separator, and still recognisable (escaped, or the controls made spaces).
+``pause``, ``cohort preview --ids``) and every text of a damaged ``job.json`` (``status``, ``list``, ``continue``,
+``prune``) reach it with no escape sequence (an OSC title, a screen clear), carriage return, C1 control, bidi control
+or line separator, and still recognisable (escaped, or the controls made spaces).
 
-Against the fake extraction server (its ``edit_task`` and ``cohort_ids`` switches); commands run in-process
-through the real argument parser.
+Against the fake extraction server (its ``edit_task`` and ``cohort_ids`` switches) and job records written by hand;
+commands run in-process through the real argument parser.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -123,3 +126,107 @@ def test_a_task_whose_dates_are_no_text_shows_no_age(capsys, torch, config):
     for command in (["list"], ["show", job_id]):
         code, output = cli(capsys, "extraction", command[0], str(config), *command[1:])
         assert code == 0 and "Traceback" not in output, output
+
+
+# --- a damaged job record -------------------------------------------------------------------------------------------
+
+
+def sane_record(job_id: str) -> dict[str, Any]:
+    """A finished local import, as ``job.json`` holds it."""
+    return {
+        "version": 2,
+        "job_id": job_id,
+        "config_path": "/jobs/config.yaml",
+        "job_input": "/data/in",
+        "enabled_steps": ["local_import"],
+        "state": "Completed",
+        "state_message": "all steps done",
+        "flow_run_ids": [str(uuid.uuid4())],
+        "facts": {"effective_crtdl": "crtdl.json"},
+        "steps": {
+            "00": {
+                "step": "local_import",
+                "position": 0,
+                "folder": "00-local_import",
+                "files": [{"name": "Patient.ndjson", "size": 10, "resources": 1}],
+                "summary": {"files": 1},
+            }
+        },
+        "gates": {"00": {"released": True, "note": "looked fine"}},
+    }
+
+
+DAMAGES: dict[str, Callable[[dict], None]] = {
+    "job_id": lambda record: record.update(job_id=HOSTILE),
+    "state": lambda record: record.update(state=HOSTILE),
+    "state_message": lambda record: record.update(state_message=HOSTILE),
+    "flow_run_ids": lambda record: record.update(flow_run_ids=[HOSTILE]),
+    "job_input": lambda record: record.update(job_input=HOSTILE),
+    "enabled_steps": lambda record: record.update(enabled_steps=["local_import", HOSTILE]),
+    "step folder": lambda record: record["steps"]["00"].update(folder=HOSTILE),
+    "file name": lambda record: record["steps"]["00"]["files"][0].update(name=HOSTILE),
+    "summary": lambda record: record["steps"]["00"].update(summary={HOSTILE: HOSTILE}),
+    "facts": lambda record: record.update(facts={HOSTILE: HOSTILE}),
+    "gate note": lambda record: record["gates"]["00"].update(note=HOSTILE),
+}
+
+
+def damaged_job(jobs_dir: Path, damage: Callable[[dict], None], **changes: Any) -> str:
+    """A job whose ``job.json`` is ``sane_record`` with ``changes``, then ``damage``d; its id."""
+    job_id = str(uuid.uuid4())
+    record = sane_record(job_id) | changes
+    damage(record)
+    (jobs_dir / job_id).mkdir(parents=True)
+    (jobs_dir / job_id / "job.json").write_text(json.dumps(record), encoding="utf-8")
+    return job_id
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_every_text_of_a_damaged_record_reaches_status_plain(capsys, tmp_path, damage):
+    job_id = damaged_job(tmp_path / "jobs", DAMAGES[damage])
+    code, output = cli(capsys, "status", job_id, "--jobs-dir", str(tmp_path / "jobs"))
+    assert code == 0, output
+    assert_plain(output)
+
+
+@pytest.mark.parametrize("damage", ["job_id", "state", "job_input"])
+def test_every_text_of_a_damaged_record_reaches_list_plain(capsys, tmp_path, damage):
+    damaged_job(tmp_path / "jobs", DAMAGES[damage])
+    code, output = cli(capsys, "list", "--jobs-dir", str(tmp_path / "jobs"))
+    assert code == 0, output
+    assert_plain(output)
+
+
+def test_continue_of_a_completed_job_with_a_damaged_id_says_it_plain(capsys, tmp_path):
+    job_id = damaged_job(tmp_path / "jobs", DAMAGES["job_id"])
+    code, output = cli(capsys, "continue", job_id, "--jobs-dir", str(tmp_path / "jobs"))
+    assert code == 0 and "is already completed" in output, output
+    assert_plain(output)
+
+
+FOLLOWING = {"job_input": "https://torch.example/fhir/__status/1", "enabled_steps": ["extractor"], "steps": {}}
+FOLLOWING_DAMAGES: dict[str, Callable[[dict], None]] = {
+    "job_id": DAMAGES["job_id"],
+    "job_input": lambda record: record.update(job_input=f"https://{HOSTILE}/fhir/__status/1"),
+}
+
+
+@pytest.mark.parametrize("damage", FOLLOWING_DAMAGES)
+def test_continue_refusing_a_flag_names_a_damaged_records_texts_plain(capsys, tmp_path, damage):
+    """A job following a status URL refuses ``--resubmit``, naming the job and its URL."""
+    job_id = damaged_job(tmp_path / "jobs", FOLLOWING_DAMAGES[damage], **FOLLOWING)
+    code, output = cli(capsys, "continue", job_id, "--jobs-dir", str(tmp_path / "jobs"), "--resubmit")
+    assert code == 2 and "--resubmit applies to a job that submits its CRTDL" in output, output
+    assert_plain(output)
+
+
+def test_prune_names_a_damaged_records_configuration_plain(capsys, tmp_path, monkeypatch):
+    """A failed job that may have left its extraction running: the dry run says how to cancel it."""
+    monkeypatch.setenv("PREFECT_API_URL", "")
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "empty-home"))
+    facts = {"extraction_job_id": "e-1", "extraction_status_url": "https://torch.example/fhir/__status/e-1"}
+    unfollowed = {"state": "Failed", "enabled_steps": ["extractor"], "steps": {}, "facts": facts}
+    damaged_job(tmp_path / "jobs", lambda record: record.update(config_path=HOSTILE), **unfollowed)
+    code, output = cli(capsys, "prune", "--jobs-dir", str(tmp_path / "jobs"))
+    assert code == 0 and "extraction cancel" in output, output
+    assert_plain(output)
