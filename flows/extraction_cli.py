@@ -31,6 +31,7 @@ from tasks.job.layout import is_job_id
 from tasks.job.record import read_facts
 from tasks.core.errors import UsageError
 from tasks.core.names import SHOWN_NAME_CHARS, show_text
+from tasks.core.readable import plain_text
 from tasks.core.url_credentials import CredentialsInUrlError, shown_url
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -98,8 +99,8 @@ def command(handler: Callable[[argparse.Namespace, ExtractionTaskClient], int]) 
             return fail(args, f"the extraction server rejected the search:\n{problems}", EXIT_USAGE, exc.problems)
         except ServiceError as exc:
             return fail(args, service_failure_text(exc, server), EXIT_FAILED)
-        except (ExtractionError, CredentialsInUrlError) as exc:
-            return fail(args, str(exc), EXIT_FAILED)
+        except (ExtractionError, CredentialsInUrlError) as exc:  # about what the server sent: plain, as its words
+            return fail(args, plain_text(str(exc)), EXIT_FAILED)
 
     return run
 

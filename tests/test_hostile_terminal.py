@@ -105,6 +105,16 @@ def test_a_hostile_task_field_reaches_the_terminal_plain(capsys, torch, config, 
     assert_plain(output)
 
 
+def test_a_refused_consent_audit_url_is_named_plain(capsys, torch, config):
+    """A URL with credentials is refused, its host named: a hostile host's escape sequences made spaces."""
+    [job_id] = torch.state.jobs
+    url = f"https://user:pw@{HOSTILE}/files/audit.ndjson"
+    torch.state.edit_task = lambda task: task.update(output=[{"type": {"text": CONSENT_AUDIT}, "valueUrl": url}])
+    code, output = cli(capsys, "extraction", "show", str(config), job_id)
+    assert code == 1 and "carries a user name or password" in output and "pw" not in output, output
+    assert_plain(output)
+
+
 def test_json_output_keeps_the_servers_text_as_sent_and_escaped(capsys, torch, config):
     [job_id] = torch.state.jobs
     torch.state.edit_task = TASK_EDITS["status"]
