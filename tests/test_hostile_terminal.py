@@ -240,3 +240,14 @@ def test_prune_names_a_damaged_records_configuration_plain(capsys, tmp_path, mon
     code, output = cli(capsys, "prune", "--jobs-dir", str(tmp_path / "jobs"))
     assert code == 0 and "extraction cancel" in output, output
     assert_plain(output)
+
+
+@pytest.mark.slow  # a Prefect server: continue starts one before it prepares the job
+@pytest.mark.usefixtures("prefect_api")
+def test_continue_refusing_other_steps_names_a_damaged_records_steps_plain(capsys, tmp_path, write_config):
+    config = write_config({"pipeline": {"enabled_steps": ["local_import"]}})
+    damages = {"state": HOSTILE, "enabled_steps": ["local_import", HOSTILE]}
+    job_id = damaged_job(tmp_path / "jobs", lambda record: record.update(damages), config_path=str(config))
+    code, output = cli(capsys, "continue", job_id, "--jobs-dir", str(tmp_path / "jobs"))
+    assert code == 2 and "was started with pipeline.enabled_steps [local_import, run" in output, output
+    assert_plain(output)
