@@ -21,7 +21,7 @@ from config.loader import absolute_path_overrides, cached_settings, refuse_secre
 from config.settings import Settings
 from flows.job_state import JobLock
 from tasks.core.errors import JobError
-from tasks.core.names import show_text
+from tasks.core.names import invisible_character_problem, show_text
 from tasks.core.jsonfile import JsonFileError, parse_json_document, read_limited, settings_file_problem
 from tasks.core.readable import CLI, plain_text
 from tasks.job.layout import JobPaths, is_crtdl_file, is_job_id, is_result_url
@@ -91,6 +91,7 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source
     ``start``."""
     refuse_older_layout(paths)
     record = read_record(paths.job_dir)
+    refuse_unshowable_settings(record)
     changed = {**record.overrides, **overrides, "jobs_dir": str(paths.job_dir.parent)}
     settings = cached_settings(record.config_path, changed, overrides_source)
     refuse_other_steps(record, settings)
@@ -101,6 +102,19 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source
             record.overrides = changed
     record.overrides = changed
     return Job(paths, record, settings)
+
+
+def refuse_unshowable_settings(record: JobRecord) -> None:
+    """The record's configuration path and overrides go to the configuration's loader, whose messages show them as
+    they are: one with a control, bidi or other invisible character (a damaged ``job.json``) is refused first,
+    shown escaped, so that it never reaches a terminal raw."""
+    texts = [("config_path", record.config_path or "")] + [
+        ("overrides", f"{k}={v}") for k, v in record.overrides.items()
+    ]
+    for field, text in texts:
+        if problem := invisible_character_problem(text):
+            shown = show_text(text, None)
+            raise JobError(f"job {record.job_id}: {field} {shown} in its job.json {problem}; correct it, or start anew")
 
 
 def refuse_other_steps(record: JobRecord, settings: Settings) -> None:

@@ -251,3 +251,20 @@ def test_continue_refusing_other_steps_names_a_damaged_records_steps_plain(capsy
     code, output = cli(capsys, "continue", job_id, "--jobs-dir", str(tmp_path / "jobs"))
     assert code == 2 and "was started with pipeline.enabled_steps [local_import, run" in output, output
     assert_plain(output)
+
+
+@pytest.mark.slow  # a Prefect server: continue starts one before it prepares the job
+@pytest.mark.usefixtures("prefect_api")
+@pytest.mark.parametrize("damage", ["config_path", "override key", "override value"])
+def test_continue_refuses_a_damaged_records_settings_naming_them_plain(capsys, tmp_path, write_config, damage):
+    """The record's configuration path and overrides go to the configuration's loader, which shows them as given."""
+    config = str(write_config({"pipeline": {"enabled_steps": ["local_import"]}}))
+    damages: dict[str, Callable[[dict], None]] = {
+        "config_path": lambda record: record.update(config_path=config + HOSTILE),
+        "override key": lambda record: record.update(overrides={f"services.local_import.dir{HOSTILE}": "/data"}),
+        "override value": lambda record: record.update(overrides={"services.local_import.dir": f"/data{HOSTILE}"}),
+    }
+    job_id = damaged_job(tmp_path / "jobs", damages[damage], config_path=config, state="Failed")
+    code, output = cli(capsys, "continue", job_id, "--jobs-dir", str(tmp_path / "jobs"))
+    assert code == 2 and "in its job.json contains a control character U+001B" in output, output
+    assert_plain(output)
