@@ -139,8 +139,10 @@ def current_handle(step: StepInput, client: ExtractionServerClient) -> Extractio
         return handle
     facts = read_facts(step.job_path)
     if facts.get("extraction_status_url"):
-        get_run_logger().info("re-attaching to extraction job %s", facts["extraction_job_id"])
-        return ExtractionHandle(facts["extraction_status_url"], facts["extraction_job_id"])
+        # Through the door every status URL takes: a damaged record's job id is never logged or followed.
+        handle = ExtractionHandle.from_status_url(str(facts["extraction_status_url"]))
+        get_run_logger().info("re-attaching to extraction job %s", handle.job_id)
+        return handle
     if (in_flight := facts.get("extraction_submission")) is not None:
         raise SubmissionInDoubtError(submission_in_doubt_message(step, in_flight))
     return submit(step, client, generation=int(facts.get("extraction_generation", 0)))

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from flows.run import main
-from tests.conftest import TESTDATA
+from tests.conftest import TESTDATA, extraction_tree, run_cli
 from tests.fakes.extraction_crtdl import parse_crtdl
 from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
 from tests.fakes.extraction_state import ManualClock
@@ -268,3 +268,18 @@ def test_continue_refuses_a_damaged_records_settings_naming_them_plain(capsys, t
     code, output = cli(capsys, "continue", job_id, "--jobs-dir", str(tmp_path / "jobs"))
     assert code == 2 and "in its job.json contains a control character U+001B" in output, output
     assert_plain(output)
+
+
+@pytest.mark.slow  # a flow run against a Prefect server, in a process of its own (its log lines as on a terminal)
+@pytest.mark.usefixtures("prefect_api")
+def test_continue_re_attaching_names_the_extraction_job_of_its_status_url_never_a_damaged_id(tmp_path, write_config):
+    with start_extraction_server() as torch:
+        job = torch.state.submit(parse_crtdl(CRTDL.read_bytes()), [])
+        config = str(write_config(extraction_tree(torch.base_url)))
+        facts = {"extraction_status_url": f"{torch.base_url}/fhir/__status/{job.id}", "extraction_job_id": HOSTILE}
+        following = {"config_path": config, "job_input": str(CRTDL), "enabled_steps": ["extractor"], "steps": {}}
+        job_id = damaged_job(tmp_path / "jobs", lambda record: record.update(facts=facts), state="Failed", **following)
+        continued = run_cli("continue", job_id, "--jobs-dir", str(tmp_path / "jobs"), "--no-progress")
+    output = continued.stdout + continued.stderr
+    assert continued.returncode == 0 and f"re-attaching to extraction job {job.id}" in output, output
+    assert NOT_PLAIN.search(output) is None, output
