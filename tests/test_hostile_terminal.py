@@ -115,6 +115,16 @@ def test_a_refused_consent_audit_url_is_named_plain(capsys, torch, config):
     assert_plain(output)
 
 
+@pytest.mark.parametrize("command", ["show", "cancel", "priority"])
+def test_a_dupflow_jobs_damaged_extraction_id_is_asked_for_escaped_and_named_plain(capsys, tmp_path, config, command):
+    """A job.json's extraction job id is looked up as one path segment (httpx refused its controls, a traceback)."""
+    job_id = damaged_job(tmp_path / "jobs", lambda record: record.update(facts={"extraction_job_id": HOSTILE}))
+    extra = ["high"] if command == "priority" else []
+    code, output = cli(capsys, "extraction", command, str(config), job_id, "--jobs-dir", str(tmp_path / "jobs"), *extra)
+    assert code == 1 and "the extraction server has no job" in output, output
+    assert_plain(output)
+
+
 def test_json_output_keeps_the_servers_text_as_sent_and_escaped(capsys, torch, config):
     [job_id] = torch.state.jobs
     torch.state.edit_task = TASK_EDITS["status"]
