@@ -293,3 +293,18 @@ def test_continue_re_attaching_names_the_extraction_job_of_its_status_url_never_
     output = continued.stdout + continued.stderr
     assert continued.returncode == 0 and f"re-attaching to extraction job {job.id}" in output, output
     assert NOT_PLAIN.search(output) is None, output
+
+
+@pytest.mark.slow  # a flow run against a Prefect server, in a process of its own (its log lines as on a terminal)
+@pytest.mark.usefixtures("prefect_api")
+def test_continue_resubmitting_names_a_damaged_replaced_extraction_id_plain(tmp_path, write_config):
+    """``--resubmit`` cancels the extraction the record names, and says what became of it."""
+    with start_extraction_server() as torch:
+        config = str(write_config(extraction_tree(torch.base_url)))
+        facts = {"extraction_job_id": HOSTILE, "crtdl_path": str(CRTDL)}
+        following = {"config_path": config, "job_input": str(CRTDL), "enabled_steps": ["extractor"], "steps": {}}
+        job_id = damaged_job(tmp_path / "jobs", lambda record: record.update(facts=facts), state="Failed", **following)
+        continued = run_cli("continue", job_id, "--jobs-dir", str(tmp_path / "jobs"), "--resubmit", "--no-progress")
+    output = continued.stdout + continued.stderr
+    assert "the extraction server answered 404 for the replaced extraction job" in output, output
+    assert NOT_PLAIN.search(output) is None, output
