@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from flows.prefect_server import DATABASE_URL_SETTINGS
 from flows.run import main
 from tests.conftest import TESTDATA, extraction_tree, run_cli
 from tests.fakes.extraction_crtdl import parse_crtdl
@@ -242,8 +243,10 @@ def test_continue_refusing_a_flag_names_a_damaged_records_texts_plain(capsys, tm
 
 def test_prune_names_a_damaged_records_configuration_plain(capsys, tmp_path, monkeypatch):
     """A failed job that may have left its extraction running: the dry run says how to cancel it."""
-    monkeypatch.setenv("PREFECT_API_URL", "")
+    monkeypatch.setenv("PREFECT_API_URL", "")  # no server: prune lists the job directories alone
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "empty-home"))
+    for name in DATABASE_URL_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
     facts = {"extraction_job_id": "e-1", "extraction_status_url": "https://torch.example/fhir/__status/e-1"}
     unfollowed = {"state": "Failed", "enabled_steps": ["extractor"], "steps": {}, "facts": facts}
     damaged_job(tmp_path / "jobs", lambda record: record.update(config_path=HOSTILE), **unfollowed)
