@@ -6,6 +6,9 @@ Every command talks to ``services.extractor`` (base URL, auth, TLS and retry fro
 extraction job id, or a dupflow job id (a directory under ``--jobs-dir``) whose recorded extraction job id is
 used. Exit codes as the rest of the command line: 0 done, 1 the server refused or failed, 2 usage or
 configuration error. No Prefect here: these commands answer in well under a second.
+
+What the server sends (ids, statuses, dates, batches, URLs, patient ids) is shown by ``shown``: as itself, or
+escaped where a control, bidi or other invisible character would change the terminal. ``--json`` keeps it as sent.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from tasks.clients.extraction_jobs import JOB_STATUSES, ExtractionJob, Extractio
 from tasks.job.layout import is_job_id
 from tasks.job.record import read_facts
 from tasks.core.errors import UsageError
+from tasks.core.names import SHOWN_NAME_CHARS, show_text
+from tasks.core.readable import plain_text
 from tasks.core.url_credentials import CredentialsInUrlError, shown_url
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -94,8 +99,8 @@ def command(handler: Callable[[argparse.Namespace, ExtractionTaskClient], int]) 
             return fail(args, f"the extraction server rejected the search:\n{problems}", EXIT_USAGE, exc.problems)
         except ServiceError as exc:
             return fail(args, service_failure_text(exc, server), EXIT_FAILED)
-        except (ExtractionError, CredentialsInUrlError) as exc:
-            return fail(args, str(exc), EXIT_FAILED)
+        except (ExtractionError, CredentialsInUrlError) as exc:  # about what the server sent: plain, as its words
+            return fail(args, plain_text(str(exc)), EXIT_FAILED)
 
     return run
 
@@ -159,10 +164,7 @@ def cmd_list(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
         return EXIT_OK
     print_table(
         ("ID", "STATUS", "PRIORITY", "BATCHES", "COHORT", "AGE"),
-        [
-            (job.id, job.status, job.priority, batches_text(job), optional(job.cohort_size), age(job.authored_on))
-            for job in jobs
-        ],
+        [(job.id, job.status, job.priority, batches_text(job), job.cohort_size, age(job.authored_on)) for job in jobs],
     )
     return EXIT_OK
 
@@ -173,23 +175,23 @@ def cmd_show(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
     if args.json:
         print_json(job.as_json() | {"task": task})
         return EXIT_OK
-    print(f"extraction job {job.id}")
-    print(f"  status:    {job.status}")
+    print(f"extraction job {shown(job.id)}")
+    print(f"  status:    {shown(job.status)}")
     print(f"  priority:  {job.priority}")
-    print(f"  version:   {optional(job.version)}")
-    print(f"  submitted: {optional(job.authored_on)} ({age(job.authored_on)})")
-    print(f"  updated:   {optional(job.last_updated)}")
+    print(f"  version:   {shown(job.version)}")
+    print(f"  submitted: {shown(job.authored_on)} ({age(job.authored_on)})")
+    print(f"  updated:   {shown(job.last_updated)}")
     if job.cohort_size is None:
         print("  progress:  not known before the cohort query has finished")
     else:
-        print(f"  cohort:    {job.cohort_size} patients, batch size {optional(job.batch_size)}")
+        print(f"  cohort:    {job.cohort_size} patients, batch size {shown(job.batch_size)}")
         print(f"  batches:   {batches_text(job)} done, {len(job.active_batches)} active")
         for batch_id, stage in job.active_batches:
-            print(f"    {batch_id}  {stage or 'starting'}")
+            print(f"    {shown(batch_id)}  {shown(stage or 'starting')}")
     if job.consent_audit_files:
         print(f"  consent audit files ({len(job.consent_audit_files)}):")
         for url in job.consent_audit_files:
-            print(f"    {url}")
+            print(f"    {shown(url, None)}")
     return EXIT_OK
 
 
@@ -202,18 +204,18 @@ def cmd_control(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
         print_json({"ok": True, "operation": operation, "changed": result.changed, "job": job.as_json()})
     elif operation == "priority":
         verb = "priority set to" if result.changed else "priority already"
-        print(f"extraction job {job.id}: {verb} {job.priority} (status {job.status})")
+        print(f"extraction job {shown(job.id)}: {verb} {job.priority} (status {shown(job.status)})")
     else:
         verb = DONE_WORDS[operation] if result.changed else ALREADY_WORDS[operation]
-        print(f"extraction job {job.id}: {verb} (status {job.status})")
+        print(f"extraction job {shown(job.id)}: {verb} (status {shown(job.status)})")
     return EXIT_OK
 
 
 def cmd_delete(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
     job_id = extraction_job_id(args)
-    answer = args.yes or confirm(f"Delete extraction job {job_id} and its result files on {client.base_url}?")
+    answer = args.yes or confirm(f"Delete extraction job {shown(job_id)} and its result files on {client.base_url}?")
     if answer is None:
-        message = f"no answer: extraction job {job_id} was not deleted (--yes deletes without asking)"
+        message = f"no answer: extraction job {shown(job_id)} was not deleted (--yes deletes without asking)"
         return fail(args, message, EXIT_FAILED)
     if answer:  # else the person said no: nothing went wrong
         client.delete(job_id)
@@ -221,7 +223,7 @@ def cmd_delete(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
     if args.json:
         print_json({"ok": True, "operation": "delete", "job_id": job_id} | ({} if answer else {"deleted": False}))
     else:
-        print(f"extraction job {job_id}: {outcome}")
+        print(f"extraction job {shown(job_id)}: {outcome}")
     return EXIT_OK
 
 
@@ -248,27 +250,31 @@ def cmd_cohort_preview(args: argparse.Namespace, client: ExtractionTaskClient) -
     print(f"cohort size: {preview.size} patient{'s' if preview.size != 1 else ''}")
     if args.ids:
         for patient_id in preview.patient_ids:
-            print(patient_id)
+            print(shown(patient_id))
     return EXIT_OK
 
 
-def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows, strict=True)]
-    for row in (header, *rows):
-        print("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+def print_table(header: tuple[str, ...], rows: list[tuple[object, ...]]) -> None:
+    """Columns as wide as their widest cell; every cell ``shown``."""
+    cells = [header, *([shown(cell) for cell in row] for row in rows)]
+    widths = [max(len(cell) for cell in column) for column in zip(*cells, strict=True)]
+    for row in cells:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
 def batches_text(job: ExtractionJob) -> str:
     return "-" if job.batches_total is None else f"{job.batches_completed or 0}/{job.batches_total}"
 
 
-def optional(value: object) -> str:
-    return "-" if value is None else str(value)
+def shown(value: object, limit: int | None = SHOWN_NAME_CHARS) -> str:
+    """A value from the server as a terminal line may show it: ``-`` for none, else ``show_text`` (as itself, or
+    quoted and escaped, cut after ``limit`` characters)."""
+    return "-" if value is None else show_text(value, limit)
 
 
-def age(timestamp: str | None) -> str:
-    """``3m ago`` for an ISO timestamp; ``-`` when there is none."""
-    if not timestamp:
+def age(timestamp: object) -> str:
+    """``3m ago`` for an ISO timestamp; ``-`` when there is none (or the server sent no text)."""
+    if not timestamp or not isinstance(timestamp, str):
         return "-"
     try:
         moment = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))

@@ -42,6 +42,7 @@ from tasks.clients.retry import call_with_retry
 from tasks.core.errors import UsageError
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_tag
 from tasks.core.readable import CLI, plain_text, size_text
+from tasks.core.names import show_text
 from tasks.core.url_credentials import shown_url
 from tasks.job.record import (
     AWAITING_INSPECTION,
@@ -181,7 +182,7 @@ def unfollowed_extraction(job: JobRecord) -> str | None:
     extraction server, and once the job's directory is gone nothing names it any more."""
     if "extractor" not in job.enabled_steps or any(step.step == "extractor" for step in job.steps.values()):
         return None
-    config = shlex.quote(job.config_path) if job.config_path else "CONFIG"
+    config = shlex.quote(show_text(job.config_path, None)) if job.config_path else "CONFIG"
     if extraction := job.facts.get("extraction_job_id"):
         extraction = shlex.quote(plain_text(str(extraction)))
         where = shown_url(plain_text(str(job.facts.get("extraction_status_url") or "the extraction server")))

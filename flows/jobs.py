@@ -21,9 +21,9 @@ from config.loader import absolute_path_overrides, cached_settings, refuse_secre
 from config.settings import Settings
 from flows.job_state import JobLock
 from tasks.core.errors import JobError
-from tasks.core.names import invisible_character, show_text
+from tasks.core.names import invisible_character, invisible_character_problem, show_text
 from tasks.core.jsonfile import JsonFileError, parse_json_document, read_limited, settings_file_problem
-from tasks.core.readable import CLI
+from tasks.core.readable import CLI, plain_text
 from tasks.job.layout import JobPaths, is_crtdl_file, is_job_id, is_result_url
 from tasks.streams.files import write_error, write_file_atomically
 from tasks.job.record import JobRecord, changing_record, read_record, record_facts
@@ -91,6 +91,7 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source
     ``start``."""
     refuse_older_layout(paths)
     record = read_record(paths.job_dir)
+    refuse_unshowable_settings(record)
     changed = {**record.overrides, **overrides, "jobs_dir": str(paths.job_dir.parent)}
     settings = cached_settings(record.config_path, changed, overrides_source)
     refuse_other_steps(record, settings)
@@ -101,6 +102,19 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source
             record.overrides = changed
     record.overrides = changed
     return Job(paths, record, settings)
+
+
+def refuse_unshowable_settings(record: JobRecord) -> None:
+    """The record's configuration path and overrides go to the configuration's loader, whose messages show them as
+    they are: one with a control, bidi or other invisible character (a damaged ``job.json``) is refused first,
+    shown escaped, so that it never reaches a terminal raw."""
+    texts = [("config_path", record.config_path or "")] + [
+        ("overrides", f"{k}={v}") for k, v in record.overrides.items()
+    ]
+    for field, text in texts:
+        if problem := invisible_character_problem(text):
+            shown = show_text(text, None)
+            raise JobError(f"job {record.job_id}: {field} {shown} in its job.json {problem}; correct it, or start anew")
 
 
 def refuse_other_steps(record: JobRecord, settings: Settings) -> None:
@@ -158,10 +172,11 @@ def refuse_extraction_flags_of_a_followed_url(record: JobRecord, attach: str | N
     extraction, maybe another job's or one started by hand, is not the job's to cancel as a replaced one."""
     if (attach or resubmit) and "extractor" in record.enabled_steps and is_result_url(record.job_input):
         flag = "--attach" if attach else "--resubmit"
+        url = shown_url(plain_text(str(record.job_input)))  # a damaged record's host may hold escape sequences
         raise JobError(
-            f"job {record.job_id} follows the extraction at the status URL it was started with "
-            f"({shown_url(str(record.job_input))}); {flag} applies to a job that submits its CRTDL. Continue it "
-            "without the flag, or start a new job with the other status URL or a CRTDL as its input"
+            f"job {record.job_id} follows the extraction at the status URL it was started with ({url}); {flag} "
+            "applies to a job that submits its CRTDL. Continue it without the flag, or start a new job with the other "
+            "status URL or a CRTDL as its input"
         )
 
 

@@ -33,6 +33,7 @@ from flows.jobs import refuse_invisible_url_characters, step_file_problems
 from flows.run_logging import job_logging, take_interrupts
 from tasks.core.errors import DupflowError, UsageError
 from tasks.core.readable import CLI, counted, duration_text, plain_lines, plain_text, size_text
+from tasks.core.names import show_text
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
 from tasks.job.layout import JobPaths, directory_tag, job_tag
@@ -437,11 +438,12 @@ def print_step_status(position: int, step: str, result: StepRecord | None, gate:
     total = size_text(sum(f.size for f in files))
     took = f", took {duration_text(result.seconds)}" if result.seconds is not None else ""
     note = f" (inspection note: {gate.note})" if gate.note else ""
-    print(f"  {position + 1}. {step}: done, {counted(len(files), 'file')}, {total} in {result.folder}{took}{note}")
+    folder = show_text(result.folder, None)  # a damaged record's folder or file name shows escaped
+    print(f"  {position + 1}. {step}: done, {counted(len(files), 'file')}, {total} in {folder}{took}{note}")
     for line in plain_lines(result.summary, "       "):
         print(line)
     for f in files:
-        print(f"       {f.name}  {size_text(f.size)}  {counts_text([f])}")
+        print(f"       {show_text(f.name, None)}  {size_text(f.size)}  {counts_text([f])}")
 
 
 def cmd_list(args: argparse.Namespace) -> int:

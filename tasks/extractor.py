@@ -42,6 +42,7 @@ from tasks.job.steps import ndjson_written
 from tasks.streams.ndjson import remove_partial_files
 from tasks.streams.progress import expect_files, track
 from tasks.core.readable import CLI, counted
+from tasks.core.names import show_text
 from tasks.job.record import now_iso, read_facts, record_facts
 
 # Files downloaded at once. TORCH serves them from a static file server; 4 keeps a 1 Gbit/s link busy
@@ -139,8 +140,10 @@ def current_handle(step: StepInput, client: ExtractionServerClient) -> Extractio
         return handle
     facts = read_facts(step.job_path)
     if facts.get("extraction_status_url"):
-        get_run_logger().info("re-attaching to extraction job %s", facts["extraction_job_id"])
-        return ExtractionHandle(facts["extraction_status_url"], facts["extraction_job_id"])
+        # Through the door every status URL takes: a damaged record's job id is never logged or followed.
+        handle = ExtractionHandle.from_status_url(str(facts["extraction_status_url"]))
+        get_run_logger().info("re-attaching to extraction job %s", handle.job_id)
+        return handle
     if (in_flight := facts.get("extraction_submission")) is not None:
         raise SubmissionInDoubtError(submission_in_doubt_message(step, in_flight))
     return submit(step, client, generation=int(facts.get("extraction_generation", 0)))
@@ -211,25 +214,27 @@ def submission_in_doubt_message(step: StepInput, in_flight: dict) -> str:
 def cancel_replaced_extraction(settings: Settings, job_id: str) -> str:
     """Cancel the unfinished extraction ``job_id`` that a job's ``continue --resubmit`` or ``--attach`` replaces:
     left alone it runs on beside its replacement, taking the server's batch slots and disk. Returns what happened,
-    for the log; a cancel that fails does not stop the replacement (the text says how to cancel it by hand)."""
+    for the log; a cancel that fails does not stop the replacement (the text says how to cancel it by hand). The id
+    comes from the job's record: shown as itself or escaped."""
+    shown = show_text(job_id)
     try:
         with ExtractionTaskClient(settings.services.extractor, settings.tls, settings.retry) as client:
             result = client.control(job_id, "cancel")
     except TransitionRefusedError as exc:
-        return f"the replaced extraction job {job_id} had already ended ({exc.job_status}); nothing to cancel"
+        return f"the replaced extraction job {shown} had already ended ({show_text(exc.job_status)}); nothing to cancel"
     except JobNotFoundError:
         return (
-            f"the extraction server answered 404 for the replaced extraction job {job_id}: it is gone, or the server "
+            f"the extraction server answered 404 for the replaced extraction job {shown}: it is gone, or the server "
             "has no Task API to cancel it through (then it may still run there)"
         )
     except (ServiceError, ExtractionError) as exc:
         return (
-            f"the replaced extraction job {job_id} could not be cancelled ({exc}); it may still run on the server: "
-            f"cancel it with: {CLI} extraction cancel CONFIG {job_id}"
+            f"the replaced extraction job {shown} could not be cancelled ({exc}); it may still run on the server: "
+            f"cancel it with: {CLI} extraction cancel CONFIG {shown}"
         )
     if result.changed:
-        return f"cancelled extraction job {job_id}, which this job no longer follows"
-    return f"the replaced extraction job {job_id} was already cancelled"
+        return f"cancelled extraction job {shown}, which this job no longer follows"
+    return f"the replaced extraction job {shown} was already cancelled"
 
 
 def wait_for_result(

@@ -126,13 +126,13 @@ class ExtractionHandle:
         """The extraction job ID is the last path segment of the status URL, decoded. It is stored, logged and shown
         (``status``), so one that would not show as what it is (``%0A``, ``%1B``, ``%E2%80%AE`` decoded) is an
         ``ExtractionError``, whichever door the URL came through (the kick-off's Content-Location, ``--attach``, the
-        job input)."""
+        job input, the job's record when a run re-attaches)."""
         job_id = httpx.URL(status_url).path.rstrip("/").rsplit("/", 1)[-1]
         if problem := ("is empty" if not job_id else invisible_character_problem(job_id)):
             raise ExtractionError(
                 f"the status URL {shown_url(status_url)} names the extraction job {show_name(job_id)}, which "
                 f"{problem}; a job ID is stored and shown, so check where the URL came from (the server's "
-                "Content-Location, --attach or the job input)"
+                "Content-Location, --attach, the job input or the job's job.json)"
             )
         return cls(status_url, job_id)
 

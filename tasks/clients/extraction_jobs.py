@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import httpx
 
@@ -311,11 +312,12 @@ class ExtractionTaskClient(ServiceClient):
         self, method: str, job_id: str, suffix: str, *, operation: str, once: bool = False, **kwargs
     ) -> httpx.Response:
         """A request about one job (retried unless ``once``), its answer read bounded; a 404 becomes
-        ``JobNotFoundError``."""
+        ``JobNotFoundError``. The id is one path segment, escaped: it may come from a job.json or a person."""
         send = self.request_once if once else self.request
         bounds = {"max_answer_bytes": MAX_TASK_ANSWER_BYTES, "too_large_hint": NOT_THE_SERVER}
+        path = f"/fhir/Task/{quote(job_id, safe='')}{suffix}"
         try:
-            return send(method, f"/fhir/Task/{job_id}{suffix}", operation=operation, **bounds, **kwargs)
+            return send(method, path, operation=operation, **bounds, **kwargs)
         except ServiceError as exc:
             if exc.status_code != 404:
                 raise

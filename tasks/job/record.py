@@ -56,6 +56,9 @@ def _iso_time(text: str) -> str:
 
 
 Timestamp = Annotated[str, AfterValidator(_iso_time)]
+PlainText = Annotated[str, AfterValidator(plain_text)]
+"""A text of the record shown as it is (the job's id and state, a flow run's id, a step's name, a message, a note):
+a damaged file's escape sequences, line breaks and bidi controls become spaces as it is read (``plain_text``)."""
 PositionKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{2,4}$")]  # "00", "01", … (``position_key``)
 
 
@@ -104,7 +107,7 @@ class Gate(BaseModel):
     paused_at: Timestamp | None = None
     released: bool = False
     released_at: Timestamp | None = None
-    note: Annotated[str | None, AfterValidator(lambda note: note if note is None else plain_text(note))] = None
+    note: PlainText | None = None
 
     def release(self, note: str) -> None:
         self.released, self.released_at, self.note = True, now_iso(), plain_text(note)
@@ -116,16 +119,16 @@ class JobRecord(BaseModel):
     as soon as known; ``steps`` and ``gates`` by position (``"00"``, ``"01"``, …)."""
 
     version: int = SCHEMA_VERSION
-    job_id: str
+    job_id: PlainText
     config_path: str | None = None
     job_input: str | None = None
     overrides: dict[str, str] = Field(default_factory=dict)
-    enabled_steps: list[str] = Field(default_factory=list)
+    enabled_steps: list[PlainText] = Field(default_factory=list)
     created_at: Timestamp = Field(default_factory=now_iso)
     updated_at: Timestamp = Field(default_factory=now_iso)
-    state: str = PENDING
-    state_message: Annotated[str, AfterValidator(plain_text)] = ""
-    flow_run_ids: list[str] = Field(default_factory=list)
+    state: PlainText = PENDING
+    state_message: PlainText = ""
+    flow_run_ids: list[PlainText] = Field(default_factory=list)
     facts: dict[str, Any] = Field(default_factory=dict)
     steps: dict[PositionKey, StepRecord] = Field(default_factory=dict)
     gates: dict[PositionKey, Gate] = Field(default_factory=dict)

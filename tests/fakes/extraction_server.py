@@ -36,7 +36,9 @@ Switches (``ExtractionServerState`` fields; see the comments there)
                  (stalls and resets hit ranged GETs too), ignore_ranges (200 and the whole file), delete_fails,
                  move_version_on_put (next N priority PUTs meet a version that just moved on: 409/412),
                  url_userinfo ("user:pw" in Content-Location, the manifest's request and file URLs),
-                 extra_output_entries (N more manifest outputs, streamed chunked without Content-Length)
+                 extra_output_entries (N more manifest outputs, streamed chunked without Content-Length),
+                 edit_task (callable changing every Task answered: hostile ids, statuses, dates, URLs),
+                 cohort_ids (the patient ids $evaluate-cohort answers)
     methods      forget_jobs() (restart: handles 404), force_status(job_id, status), job(job_id),
                  requests_to(path_prefix, origin)
     records      requests (origin, method, path, lower-cased headers), submissions (body, headers, status,
@@ -402,7 +404,9 @@ class ExtractionHandler(ExtractionFilesHandler):
                 400, outcome("fatal", "invalid", "Body is neither a CRTDL with a cohortDefinition nor a CCDL")
             )
         state = self.state
-        patients = state.cohort_of(hashlib.sha256(self.body).hexdigest()[:8])
+        patients = state.cohort_ids
+        if patients is None:
+            patients = state.cohort_of(hashlib.sha256(self.body).hexdigest()[:8])
         self.send_json(200, cohort_list(patients, state.wall(state.now())))
 
     # --- status -----------------------------------------------------------------------------------

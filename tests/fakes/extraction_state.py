@@ -191,6 +191,8 @@ class ExtractionServerState:
     auth_check: Callable[[dict[str, str]], bool] | None = None  # API requests failing it answer 401
     url_userinfo: str | None = None  # e.g. "user:pw": put into Content-Location, the manifest's request and file URLs
     extra_output_entries: int = 0  # a completed manifest lists N more outputs, streamed without Content-Length
+    edit_task: Callable[[dict], None] | None = None  # changes every Task before it is answered (hostile fields)
+    cohort_ids: tuple[str, ...] | None = None  # the patient ids $evaluate-cohort answers (else ``cohort_of``)
 
     # --- directory mode -----------------------------------------------------------------------------
     serve_dir: Path | None = None  # every job's output is this directory's NDJSON files (plain or .zst)

@@ -244,6 +244,8 @@ def task_resource(state: ExtractionServerState, job: Job, now: float, files_base
     outputs = _consent_outputs(state, job, now, files_base)
     if outputs:
         task["output"] = outputs
+    if state.edit_task is not None:
+        state.edit_task(task)
     return task
 
 

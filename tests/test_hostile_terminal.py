@@ -1,0 +1,313 @@
+"""Foreign text on a terminal is plain: a hostile extraction server's Task fields (``extraction list``, ``show``,
+``pause``, ``cohort preview --ids``) and every text of a damaged ``job.json`` (``status``, ``list``, ``continue``,
+``prune``) reach it with no escape sequence (an OSC title, a screen clear), carriage return, C1 control, bidi control
+or line separator, and still recognisable (escaped, or the controls made spaces).
+
+Against the fake extraction server (its ``edit_task`` and ``cohort_ids`` switches) and job records written by hand;
+commands run in-process through the real argument parser.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows.prefect_server import DATABASE_URL_SETTINGS
+from flows.run import main
+from tests.conftest import TESTDATA, extraction_tree, run_cli
+from tests.fakes.extraction_crtdl import parse_crtdl
+from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
+from tests.fakes.extraction_state import ManualClock
+
+CRTDL = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
+CONSENT_AUDIT = "Consent audit NDJSON"
+HOSTILE = "run\x1b[2J\x1b]0;owned\x07\rx\x9b31m\u202eexe.gnp\u2066\u2028y\u2029z"
+# Every control but the line feed (C0, DEL, C1), the bidi embeddings, overrides and isolates, the line and
+# paragraph separators.
+NOT_PLAIN = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
+
+
+def assert_plain(output: str) -> None:
+    found = NOT_PLAIN.search(output)
+    assert found is None, f"U+{ord(found.group()):04X} reached the terminal: {output!r}"
+    assert "owned" in output and "exe.gnp" in output, output  # the text is still there to read
+
+
+def cli(capsys, *args: str) -> tuple[int, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+# --- a hostile extraction server ----------------------------------------------------------------------------------
+
+
+def set_active_batch(part: str) -> Callable[[dict], None]:
+    """An edit of the Task's progress: each active batch's ``part`` (batchId or stage) hostile."""
+
+    def edit(task: dict) -> None:
+        for extension in task["extension"][0]["extension"]:
+            if extension["url"] == "activeBatch":
+                for sub in extension["extension"]:
+                    if sub["url"] == part:
+                        sub["valueString"] = HOSTILE
+
+    return edit
+
+
+TASK_EDITS: dict[str, Callable[[dict], None]] = {
+    "id": lambda task: task.update(id=HOSTILE),
+    "status": lambda task: task["businessStatus"]["coding"][0].update(code=HOSTILE),
+    "version": lambda task: task["meta"].update(versionId=HOSTILE),
+    "last updated": lambda task: task["meta"].update(lastUpdated=HOSTILE),
+    "authored on": lambda task: task.update(authoredOn=HOSTILE),
+    "batch id": set_active_batch("batchId"),
+    "batch stage": set_active_batch("stage"),
+    "consent audit URL": lambda task: task.update(
+        output=[{"type": {"text": CONSENT_AUDIT}, "valueUrl": f"https://torch.example/files/{HOSTILE}"}]
+    ),
+}
+SHOWN_BY = {
+    "list": ("id", "status"),
+    "show": tuple(TASK_EDITS),
+    "pause": ("id", "status"),
+}
+
+
+@pytest.fixture
+def torch():
+    clock = ManualClock()
+    with start_extraction_server(clock=clock, cohort_size=6, batch_size=2, max_concurrency=2) as server:
+        server.state.submit(parse_crtdl(CRTDL.read_bytes()), [])
+        clock.tick(0.11)  # the cohort is known, two batches are being processed
+        yield server
+
+
+@pytest.fixture
+def config(write_config, torch: ExtractionServer) -> Path:
+    tree = {"pipeline": {"enabled_steps": ["extractor"]}, "services": {"extractor": {"base_url": torch.base_url}}}
+    return write_config({**tree, "retry": {"max_attempts": 1}}, jobs_dir=None)
+
+
+@pytest.mark.parametrize(
+    ("command", "field"), [(command, field) for command, fields in SHOWN_BY.items() for field in fields]
+)
+def test_a_hostile_task_field_reaches_the_terminal_plain(capsys, torch, config, command, field):
+    [job_id] = torch.state.jobs
+    torch.state.edit_task = TASK_EDITS[field]
+    code, output = cli(capsys, "extraction", command, str(config), *([] if command == "list" else [job_id]))
+    assert code == 0, output
+    assert_plain(output)
+
+
+def test_a_refused_consent_audit_url_is_named_plain(capsys, torch, config):
+    """A URL with credentials is refused, its host named: a hostile host's escape sequences made spaces."""
+    [job_id] = torch.state.jobs
+    url = f"https://user:pw@{HOSTILE}/files/audit.ndjson"
+    torch.state.edit_task = lambda task: task.update(output=[{"type": {"text": CONSENT_AUDIT}, "valueUrl": url}])
+    code, output = cli(capsys, "extraction", "show", str(config), job_id)
+    assert code == 1 and "carries a user name or password" in output and "pw" not in output, output
+    assert_plain(output)
+
+
+@pytest.mark.parametrize("command", ["show", "cancel", "priority"])
+def test_a_dupflow_jobs_damaged_extraction_id_is_asked_for_escaped_and_named_plain(capsys, tmp_path, config, command):
+    """A job.json's extraction job id is looked up as one path segment (httpx refused its controls, a traceback)."""
+    job_id = damaged_job(tmp_path / "jobs", lambda record: record.update(facts={"extraction_job_id": HOSTILE}))
+    extra = ["high"] if command == "priority" else []
+    code, output = cli(capsys, "extraction", command, str(config), job_id, "--jobs-dir", str(tmp_path / "jobs"), *extra)
+    assert code == 1 and "the extraction server has no job" in output, output
+    assert_plain(output)
+
+
+def test_json_output_keeps_the_servers_text_as_sent_and_escaped(capsys, torch, config):
+    [job_id] = torch.state.jobs
+    torch.state.edit_task = TASK_EDITS["status"]
+    code, output = cli(capsys, "extraction", "show", str(config), job_id, "--json")
+    assert code == 0 and NOT_PLAIN.search(output) is None
+    assert json.loads(output)["status"] == HOSTILE
+
+
+def test_hostile_patient_ids_of_a_cohort_preview_reach_the_terminal_plain(capsys, torch, config):
+    torch.state.cohort_ids = ("pat-1", HOSTILE)
+    code, output = cli(capsys, "cohort", "preview", str(config), str(CRTDL), "--ids")
+    assert code == 0 and output.splitlines()[:2] == ["cohort size: 2 patients", "pat-1"]
+    assert_plain(output)
+
+
+def test_a_task_whose_dates_are_no_text_shows_no_age(capsys, torch, config):
+    [job_id] = torch.state.jobs
+    torch.state.edit_task = lambda task: task.update(authoredOn=20260101, meta={"lastUpdated": ["x"]})
+    for command in (["list"], ["show", job_id]):
+        code, output = cli(capsys, "extraction", command[0], str(config), *command[1:])
+        assert code == 0 and "Traceback" not in output, output
+
+
+# --- a damaged job record -------------------------------------------------------------------------------------------
+
+
+def sane_record(job_id: str) -> dict[str, Any]:
+    """A finished local import, as ``job.json`` holds it."""
+    return {
+        "version": 2,
+        "job_id": job_id,
+        "config_path": "/jobs/config.yaml",
+        "job_input": "/data/in",
+        "enabled_steps": ["local_import"],
+        "state": "Completed",
+        "state_message": "all steps done",
+        "flow_run_ids": [str(uuid.uuid4())],
+        "facts": {"effective_crtdl": "crtdl.json"},
+        "steps": {
+            "00": {
+                "step": "local_import",
+                "position": 0,
+                "folder": "00-local_import",
+                "files": [{"name": "Patient.ndjson", "size": 10, "resources": 1}],
+                "summary": {"files": 1},
+            }
+        },
+        "gates": {"00": {"released": True, "note": "looked fine"}},
+    }
+
+
+DAMAGES: dict[str, Callable[[dict], None]] = {
+    "job_id": lambda record: record.update(job_id=HOSTILE),
+    "state": lambda record: record.update(state=HOSTILE),
+    "state_message": lambda record: record.update(state_message=HOSTILE),
+    "flow_run_ids": lambda record: record.update(flow_run_ids=[HOSTILE]),
+    "job_input": lambda record: record.update(job_input=HOSTILE),
+    "enabled_steps": lambda record: record.update(enabled_steps=["local_import", HOSTILE]),
+    "step folder": lambda record: record["steps"]["00"].update(folder=HOSTILE),
+    "file name": lambda record: record["steps"]["00"]["files"][0].update(name=HOSTILE),
+    "summary": lambda record: record["steps"]["00"].update(summary={HOSTILE: HOSTILE}),
+    "facts": lambda record: record.update(facts={HOSTILE: HOSTILE}),
+    "gate note": lambda record: record["gates"]["00"].update(note=HOSTILE),
+}
+
+
+def damaged_job(jobs_dir: Path, damage: Callable[[dict], None], **changes: Any) -> str:
+    """A job whose ``job.json`` is ``sane_record`` with ``changes``, then ``damage``d; its id."""
+    job_id = str(uuid.uuid4())
+    record = sane_record(job_id) | changes
+    damage(record)
+    (jobs_dir / job_id).mkdir(parents=True)
+    (jobs_dir / job_id / "job.json").write_text(json.dumps(record), encoding="utf-8")
+    return job_id
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_every_text_of_a_damaged_record_reaches_status_plain(capsys, tmp_path, damage):
+    job_id = damaged_job(tmp_path / "jobs", DAMAGES[damage])
+    code, output = cli(capsys, "status", job_id, "--jobs-dir", str(tmp_path / "jobs"))
+    assert code == 0, output
+    assert_plain(output)
+
+
+@pytest.mark.parametrize("damage", ["job_id", "state", "job_input"])
+def test_every_text_of_a_damaged_record_reaches_list_plain(capsys, tmp_path, damage):
+    damaged_job(tmp_path / "jobs", DAMAGES[damage])
+    code, output = cli(capsys, "list", "--jobs-dir", str(tmp_path / "jobs"))
+    assert code == 0, output
+    assert_plain(output)
+
+
+def test_continue_of_a_completed_job_with_a_damaged_id_says_it_plain(capsys, tmp_path):
+    job_id = damaged_job(tmp_path / "jobs", DAMAGES["job_id"])
+    code, output = cli(capsys, "continue", job_id, "--jobs-dir", str(tmp_path / "jobs"))
+    assert code == 0 and "is already completed" in output, output
+    assert_plain(output)
+
+
+FOLLOWING = {"job_input": "https://torch.example/fhir/__status/1", "enabled_steps": ["extractor"], "steps": {}}
+FOLLOWING_DAMAGES: dict[str, Callable[[dict], None]] = {
+    "job_id": DAMAGES["job_id"],
+    "job_input": lambda record: record.update(job_input=f"https://{HOSTILE}/fhir/__status/1"),
+}
+
+
+@pytest.mark.parametrize("damage", FOLLOWING_DAMAGES)
+def test_continue_refusing_a_flag_names_a_damaged_records_texts_plain(capsys, tmp_path, damage):
+    """A job following a status URL refuses ``--resubmit``, naming the job and its URL."""
+    job_id = damaged_job(tmp_path / "jobs", FOLLOWING_DAMAGES[damage], **FOLLOWING)
+    code, output = cli(capsys, "continue", job_id, "--jobs-dir", str(tmp_path / "jobs"), "--resubmit")
+    assert code == 2 and "--resubmit applies to a job that submits its CRTDL" in output, output
+    assert_plain(output)
+
+
+def test_prune_names_a_damaged_records_configuration_plain(capsys, tmp_path, monkeypatch):
+    """A failed job that may have left its extraction running: the dry run says how to cancel it."""
+    monkeypatch.setenv("PREFECT_API_URL", "")  # no server: prune lists the job directories alone
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "empty-home"))
+    for name in DATABASE_URL_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    facts = {"extraction_job_id": "e-1", "extraction_status_url": "https://torch.example/fhir/__status/e-1"}
+    unfollowed = {"state": "Failed", "enabled_steps": ["extractor"], "steps": {}, "facts": facts}
+    damaged_job(tmp_path / "jobs", lambda record: record.update(config_path=HOSTILE), **unfollowed)
+    code, output = cli(capsys, "prune", "--jobs-dir", str(tmp_path / "jobs"))
+    assert code == 0 and "extraction cancel" in output, output
+    assert_plain(output)
+
+
+@pytest.mark.slow  # a Prefect server: continue starts one before it prepares the job
+@pytest.mark.usefixtures("prefect_api")
+def test_continue_refusing_other_steps_names_a_damaged_records_steps_plain(capsys, tmp_path, write_config):
+    config = write_config({"pipeline": {"enabled_steps": ["local_import"]}})
+    damages = {"state": HOSTILE, "enabled_steps": ["local_import", HOSTILE]}
+    job_id = damaged_job(tmp_path / "jobs", lambda record: record.update(damages), config_path=str(config))
+    code, output = cli(capsys, "continue", job_id, "--jobs-dir", str(tmp_path / "jobs"))
+    assert code == 2 and "was started with pipeline.enabled_steps [local_import, run" in output, output
+    assert_plain(output)
+
+
+@pytest.mark.slow  # a Prefect server: continue starts one before it prepares the job
+@pytest.mark.usefixtures("prefect_api")
+@pytest.mark.parametrize("damage", ["config_path", "override key", "override value"])
+def test_continue_refuses_a_damaged_records_settings_naming_them_plain(capsys, tmp_path, write_config, damage):
+    """The record's configuration path and overrides go to the configuration's loader, which shows them as given."""
+    config = str(write_config({"pipeline": {"enabled_steps": ["local_import"]}}))
+    damages: dict[str, Callable[[dict], None]] = {
+        "config_path": lambda record: record.update(config_path=config + HOSTILE),
+        "override key": lambda record: record.update(overrides={f"services.local_import.dir{HOSTILE}": "/data"}),
+        "override value": lambda record: record.update(overrides={"services.local_import.dir": f"/data{HOSTILE}"}),
+    }
+    job_id = damaged_job(tmp_path / "jobs", damages[damage], config_path=config, state="Failed")
+    code, output = cli(capsys, "continue", job_id, "--jobs-dir", str(tmp_path / "jobs"))
+    assert code == 2 and "in its job.json contains a control character U+001B" in output, output
+    assert_plain(output)
+
+
+@pytest.mark.slow  # a flow run against a Prefect server, in a process of its own (its log lines as on a terminal)
+@pytest.mark.usefixtures("prefect_api")
+def test_continue_re_attaching_names_the_extraction_job_of_its_status_url_never_a_damaged_id(tmp_path, write_config):
+    with start_extraction_server() as torch:
+        job = torch.state.submit(parse_crtdl(CRTDL.read_bytes()), [])
+        config = str(write_config(extraction_tree(torch.base_url)))
+        facts = {"extraction_status_url": f"{torch.base_url}/fhir/__status/{job.id}", "extraction_job_id": HOSTILE}
+        following = {"config_path": config, "job_input": str(CRTDL), "enabled_steps": ["extractor"], "steps": {}}
+        job_id = damaged_job(tmp_path / "jobs", lambda record: record.update(facts=facts), state="Failed", **following)
+        continued = run_cli("continue", job_id, "--jobs-dir", str(tmp_path / "jobs"), "--no-progress")
+    output = continued.stdout + continued.stderr
+    assert continued.returncode == 0 and f"re-attaching to extraction job {job.id}" in output, output
+    assert NOT_PLAIN.search(output) is None, output
+
+
+@pytest.mark.slow  # a flow run against a Prefect server, in a process of its own (its log lines as on a terminal)
+@pytest.mark.usefixtures("prefect_api")
+def test_continue_resubmitting_names_a_damaged_replaced_extraction_id_plain(tmp_path, write_config):
+    """``--resubmit`` cancels the extraction the record names, and says what became of it."""
+    with start_extraction_server() as torch:
+        config = str(write_config(extraction_tree(torch.base_url)))
+        facts = {"extraction_job_id": HOSTILE, "crtdl_path": str(CRTDL)}
+        following = {"config_path": config, "job_input": str(CRTDL), "enabled_steps": ["extractor"], "steps": {}}
+        job_id = damaged_job(tmp_path / "jobs", lambda record: record.update(facts=facts), state="Failed", **following)
+        continued = run_cli("continue", job_id, "--jobs-dir", str(tmp_path / "jobs"), "--resubmit", "--no-progress")
+    output = continued.stdout + continued.stderr
+    assert "the extraction server answered 404 for the replaced extraction job" in output, output
+    assert NOT_PLAIN.search(output) is None, output
