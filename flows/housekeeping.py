@@ -36,7 +36,7 @@ from flows.job_state import MAX_PAGE_BYTES, PAGE, PREFECT_API, JobLock, JobLocke
 from config.settings import RetrySettings
 from tasks.clients.auth import AS_SENT
 from tasks.clients.bounds import read_response
-from tasks.clients.errors import ServiceError, raise_for_service_status
+from tasks.clients.errors import Call, ServiceError, raise_for_service_status
 from tasks.clients.extraction_jobs import UNFINISHED_STATUSES
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import UsageError
@@ -126,8 +126,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
         raise UsageError(f"--older-than: {exc}") from None
     states = tuple(args.state or FINAL_STATES)
     api_url = housekeeping_api_url()
-    client_options = {"headers": AS_SENT, "timeout": API_TIMEOUT}
-    server = httpx.Client(base_url=api_url.rstrip("/"), **client_options) if api_url else nullcontext()
+    server = (
+        httpx.Client(base_url=api_url.rstrip("/"), headers=AS_SENT, timeout=API_TIMEOUT) if api_url else nullcontext()
+    )
     try:
         with server as client:
             selection = select_jobs(jobs_dir, states, older_than, client)
@@ -289,7 +290,7 @@ def api_call(
     """One request to the Prefect API through the one retry policy (a busy SQLite server answers 503), its answer
     read at most ``max_answer_bytes`` far (a page of rows is far less); a DELETE of something already gone (404) is
     no error."""
-    where = {"operation": f"{method} {path}", "service": PREFECT_API}
+    where: Call = {"operation": f"{method} {path}", "service": PREFECT_API}
 
     def attempt() -> httpx.Response:
         with client.stream(method, path, json=body) as response:

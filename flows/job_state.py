@@ -126,7 +126,8 @@ def latest_states(directories: dict[str, str], timeout: float = 2.0) -> dict[str
     not know (or whose request failed) are left out."""
     api, job_ids = prefect_api_url(), list(directories)
     states: dict[str, str] = {}
-    for start in range(0, len(job_ids) if api else 0, PAGE):
+    for start in range(0, len(job_ids) if api is not None else 0, PAGE):
+        assert api is not None  # the range is empty without one
         page = job_ids[start : start + PAGE]
         tags = [job_tag(job_id) for job_id in page]
         body = {"flow_runs": {"tags": {"any_": tags}}, "sort": "EXPECTED_START_TIME_DESC", "limit": PAGE}
@@ -140,7 +141,7 @@ def latest_states(directories: dict[str, str], timeout: float = 2.0) -> dict[str
             name, tags = run.get("state_name") or (run.get("state") or {}).get("name"), run.get("tags") or []
             dirs = {tag for tag in tags if tag.startswith(DIRECTORY_TAG_PREFIX)}
             for job_id in map(job_of_tag, tags):
-                if job_id in page and job_id not in states and dirs <= {directories[job_id]}:
+                if name and job_id in page and job_id not in states and dirs <= {directories[job_id]}:
                     states[job_id] = name
     return states
 
@@ -162,7 +163,8 @@ def find_job_dir(job: str, jobs_dir: Path) -> Path:
 def list_jobs(jobs_dir: Path) -> list[tuple[JobPaths, JobRecord | RecordError]]:
     """The jobs of ``jobs_dir``, newest first, each with its record, or why it cannot be read (those last). Only
     directories named by a job id count (as for ``prune``): a ``.pruning-<id>`` one is half removed."""
-    readable, unreadable = [], []
+    readable: list[tuple[JobPaths, JobRecord]] = []
+    unreadable: list[tuple[JobPaths, RecordError]] = []
     for job_dir in sorted(jobs_dir.iterdir()) if jobs_dir.is_dir() else []:
         paths = JobPaths(job_dir)
         if is_job_id(job_dir.name) and paths.job_file.is_file():
@@ -170,4 +172,7 @@ def list_jobs(jobs_dir: Path) -> list[tuple[JobPaths, JobRecord | RecordError]]:
                 readable.append((paths, read_record(job_dir)))
             except RecordError as exc:
                 unreadable.append((paths, exc))
-    return sorted(readable, key=lambda job: job[1].created_at, reverse=True) + unreadable
+    listed: list[tuple[JobPaths, JobRecord | RecordError]] = [
+        *sorted(readable, key=lambda job: job[1].created_at, reverse=True)
+    ]
+    return [*listed, *unreadable]

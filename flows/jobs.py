@@ -337,7 +337,7 @@ def effective_crtdl(source: Path, settings: Settings) -> EffectiveCrtdl:
 
     parsed, data = read_crtdl(source)
     preprocessing = settings.services.crtdl_preprocessing
-    enriched, warnings = parsed, []
+    enriched, warnings = parsed, list[str]()
     if preprocessing.enabled and preprocessing.rules:
         try:
             enriched, warnings = enrich_crtdl(parsed, preprocessing.rules)

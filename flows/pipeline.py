@@ -15,12 +15,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import httpx
 from prefect import flow, get_run_logger, runtime
 from prefect.client.orchestration import get_client
 from prefect.exceptions import ObjectNotFound, PrefectSignal
-from prefect.states import Cancelled, Completed, Paused
+from prefect.states import Cancelled, Completed, Paused, State
 
 from config.settings import Settings
 from config.runtime import job_on_command_line
@@ -177,7 +178,7 @@ def cancelled_on_the_server(flow_run_id: str) -> str | None:
     """The server's message when it has this flow run Cancelling or Cancelled, else None (also when it cannot say)."""
     try:
         with get_client(sync_client=True) as client:
-            state = client.read_flow_run(flow_run_id).state
+            state = client.read_flow_run(UUID(flow_run_id)).state
     except Exception:  # noqa: BLE001 - an unanswered question is no cancel
         return None
     if state is None or state.type.value not in ("CANCELLING", "CANCELLED"):
@@ -193,11 +194,11 @@ def run_job_steps(job: Job, card: JobRecordCard) -> Any:
     if (last := results[-1]).awaiting:
         go_on = f"{CLI} continue {job_on_command_line(job.paths.job_dir)}"
         message = f"awaiting inspection at step {last.position + 1} (wait); continue with: {go_on}"
-        state = Paused(name=AWAITING_INSPECTION, message=message, data=summary)
+        state: State = Paused(name=AWAITING_INSPECTION, message=message, data=summary)
         guard_local_pause(job.job_id, str(runtime.flow_run.id))
     else:
         state = Completed(message=completed_message(job.settings, last, summary["output_dir"]), data=summary)
-    record_state(job.paths.job_dir, state.name, state.message or "")
+    record_state(job.paths.job_dir, state.name or "", state.message or "")
     card.refresh()
     return state
 
@@ -221,7 +222,7 @@ def close_earlier_flow_run(job: Job, flow_run_id: str) -> None:
     with get_client(sync_client=True) as client:
         drop_local_pause_guards(client, earlier[-1:])
         try:
-            run = client.read_flow_run(earlier[-1])
+            run = client.read_flow_run(UUID(earlier[-1]))
         except ObjectNotFound:  # not in this server's database (another PREFECT_HOME): nothing to close
             return
         if run.state is not None and not run.state.is_final():
