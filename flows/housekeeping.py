@@ -166,6 +166,8 @@ def select_jobs(
             selection.protected.append((entry.name, f"{state} (remove it with --state {state})"))
         elif state not in states or not old_enough(job.updated_at, older_than, now):
             selection.not_matching += 1
+        elif elsewhere := another_servers(client, job):
+            selection.protected.append((entry.name, elsewhere))
         else:
             runs, artifacts = server_records(client, paths)
             if why := live_run(runs, states):
@@ -262,6 +264,22 @@ def server_records(client: httpx.Client | None, paths: JobPaths) -> tuple[list[d
     run_ids = [run["id"] for run in runs]
     body = {"artifacts": {"flow_run_id": {"any_": run_ids}}}
     return runs, [artifact["id"] for artifact in filtered(client, "/artifacts/filter", body)] if runs else []
+
+
+def another_servers(client: httpx.Client | None, job: JobRecord) -> str | None:
+    """Why a job stays that ran on another Prefect server (another home's, sharing this jobs directory): none of its
+    recorded flow runs is on this one (nor is there one), so its runs and artifacts could not go with it; else None.
+    A copy of a job's directory runs on the same server: its original's runs are there."""
+    if not job.flow_run_ids:
+        return None
+    if client is not None:
+        ids = {"flow_runs": {"id": {"any_": job.flow_run_ids[-PAGE:]}}}
+        if api_call(client, "POST", "/flow_runs/filter", {**ids, "limit": 1}).json():
+            return None
+    return (
+        f"another Prefect server's: none of its {len(job.flow_run_ids)} flow run(s) is on this one; prune it from "
+        "the home that ran it (or remove its directory yourself if that server is gone)"
+    )
 
 
 def live_run(runs: list[dict], states: tuple[str, ...]) -> str | None:

@@ -260,3 +260,24 @@ def test_a_job_whose_flow_run_awaits_inspection_on_the_server_is_never_pruned(tm
     assert pruned.returncode == EXIT_OK, pruned.stderr
     assert f"kept {awaiting.name}: its flow run {runs[0]} is AwaitingInspection on the server" in pruned.stdout
     assert awaiting.is_dir() and flow_runs_of(prefect_api["api_url"], awaiting.name) == runs
+
+
+def test_jobs_of_another_homes_server_sharing_the_jobs_directory_are_kept(tmp_path, start_job, prefect_api):
+    """Two homes, one jobs directory: prune under the second home removed the first home's job folders (its dry run
+    said "0 flow runs, 0 artifacts" for them), leaving their runs and artifacts on the first home's server. A job
+    none of whose recorded flow runs is on the pruning home's server, or which has none, is another server's."""
+    jobs = tmp_path / "jobs"
+    ours = made_old(start_job(["local_import"]))
+    theirs = recorded_job(jobs, "00000000-0000-4000-8000-000000000020", "Completed")
+    record = json.loads((theirs / "job.json").read_text())
+    (theirs / "job.json").write_text(json.dumps({**record, "flow_run_ids": ["00000000-0000-4000-8000-0000000000ff"]}))
+
+    here = prune(jobs, "--yes")
+    second_home = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "second-home")}
+    elsewhere = run_cli("prune", "--jobs-dir", str(jobs), "--yes", env=second_home)
+
+    assert here.returncode == EXIT_OK and f"removed {ours.name} (" in here.stdout, here.stdout + here.stderr
+    kept = f"kept {theirs.name}: another Prefect server's: none of its 1 flow run(s) is on this one"
+    assert kept in here.stdout and theirs.is_dir(), here.stdout
+    assert elsewhere.returncode == EXIT_OK and kept in elsewhere.stdout and theirs.is_dir(), elsewhere.stdout
+    assert not (tmp_path / "second-home" / "prefect.db").exists()  # no server was started for it
