@@ -19,7 +19,7 @@ from prefect.settings import get_current_settings
 from config.settings import STEP_NAMES
 from flows.jobs import Job
 from tasks.core.errors import DupflowError
-from tasks.core.readable import duration_text, readable_lines, size_text
+from tasks.core.readable import CAUSE_CHARS, duration_text, readable_lines, size_text, truncate
 from tasks.core.redaction import redact
 from tasks.job.contract import StepResult
 from tasks.job.layout import artifact_key, step_artifact_key
@@ -196,10 +196,10 @@ def one_line(exc: BaseException) -> str:
 
 
 def one_line_text(message: str) -> str:
-    """A message's first line shown as itself (``markdown_text``: no pipe ends a table cell, no link or image is
-    made of a service's words), secrets redacted."""
-    first = (redact(message).strip().splitlines() or [""])[0]
-    return markdown_text(first[:300])
+    """A message on one line, whole as the terminal shows it up to ``CAUSE_CHARS`` (cut at a word with "…" past
+    that), shown as itself (``markdown_text``: no pipe ends a table cell, no link or image is made of a service's
+    words), secrets redacted."""
+    return markdown_text(truncate(" ".join(redact(message).split()), CAUSE_CHARS))
 
 
 def code_span(text: str) -> str:

@@ -32,7 +32,7 @@ from flows.jobs import check_new_job, prepare_job, refuse_extraction_flags_of_a_
 from flows.jobs import refuse_invisible_url_characters, step_file_problems
 from flows.run_logging import job_logging, take_interrupts
 from tasks.core.errors import DupflowError, UsageError
-from tasks.core.readable import CLI, counted, duration_text, plain_lines, plain_text, size_text
+from tasks.core.readable import CAUSE_CHARS, CLI, counted, duration_text, plain_lines, plain_text, size_text, truncate
 from tasks.core.names import show_text
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
@@ -417,7 +417,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     run = f" (flow run {job.flow_run_ids[-1]})" if job.flow_run_ids else ""
     state = current_state(paths, job)
     message = job.state_message if state == job.state else settled_message(job.state, state, paths)
-    print(f"  state:     {state}{run}" + (f" — {message}" if message else ""))
+    print(f"  state:     {state}{run}" + (f" — {truncate(message, CAUSE_CHARS)}" if message else ""))
     print(f"  created:   {job.created_at}   updated: {job.updated_at}")
     print(f"  input:     {plain_text(job.job_input or '-')}")  # a deployment's input comes from a form
     for line in plain_lines(dict(sorted(job.facts.items())), "  "):

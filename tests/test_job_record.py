@@ -255,3 +255,17 @@ def test_a_failure_cause_in_the_record_is_one_line_with_secrets_redacted():
     cause = one_line(RuntimeError("token record-secret-4711 was refused | try again\nsecond line"))
 
     assert "record-secret-4711" not in cause and "\n" not in cause and "\\|" in cause
+
+
+def test_a_failure_cause_is_shown_whole_up_to_a_few_kilobytes_then_cut_at_a_word():
+    """The card cut a cause at its first line and 300 characters (mid-word, no mark) where the terminal showed it
+    whole: the hint at its end, the fix, was lost."""
+    from flows.job_card import one_line_text
+    from tasks.core.readable import CAUSE_CHARS
+
+    cause = "services.send.url answered HTTP 413\n" + "the body is too large " * 40 + "; set services.send.batch_size"
+    shown = one_line_text(cause)
+    assert shown.endswith("set services.send.batch\\_size") and "\n" not in shown and len(shown) > 900
+
+    long = one_line_text("word " * CAUSE_CHARS)
+    assert long.endswith("word…") and len(long) <= CAUSE_CHARS

@@ -37,9 +37,9 @@ import orjson
 from tasks.clients.bodies import CappedBody, leave_unread, replayable
 from tasks.clients.deadline import Deadline
 from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, json_or_none, naming_setting
-from tasks.clients.errors import truncate
+
 from tasks.core.names import show_name
-from tasks.core.readable import plain_text, size_text
+from tasks.core.readable import plain_text, size_text, truncate
 from tasks.core.redaction import register_secret
 from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials_in_url, shown_url
 

@@ -22,7 +22,7 @@ import orjson
 
 from tasks.core.json_shapes import as_array
 from tasks.core.errors import DupflowError
-from tasks.core.readable import plain_text
+from tasks.core.readable import plain_text, truncate
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import shown_url
 
@@ -248,10 +248,6 @@ def _issue_texts(issue: dict) -> list[str]:
     details = issue.get("details")
     candidates = [issue.get("diagnostics"), details.get("text") if isinstance(details, dict) else None]
     return [text.strip() for text in candidates if isinstance(text, str) and text.strip()]
-
-
-def truncate(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:

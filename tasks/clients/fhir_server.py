@@ -27,10 +27,10 @@ from tasks.core.json_shapes import as_array
 from tasks.clients.bounds import MB, Body, Deadline, answer_within
 from tasks.clients.bounds import read_answer as read_bounded
 from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, error_body, error_from_response, json_or_none
-from tasks.clients.errors import BODY_LIMIT, Call, operation_outcome_texts, truncate
+from tasks.clients.errors import BODY_LIMIT, Call, operation_outcome_texts
 from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.retry import call_with_retry
-from tasks.core.readable import plain_text
+from tasks.core.readable import plain_text, truncate
 from tasks.core.redaction import redact
 
 if TYPE_CHECKING:

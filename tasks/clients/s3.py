@@ -48,8 +48,9 @@ from s3transfer.utils import ChunksizeAdjuster
 from config.settings import PROXY_AUTH_WITHOUT_ENDPOINT
 from tasks.clients.auth import basic_login
 from tasks.clients.http import INSECURE_WARNING, trusted_context
-from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, is_transient_status, nothing_answers_at, truncate
+from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, is_transient_status, nothing_answers_at
 from tasks.core.jsonfile import JsonFileError, read_settings_file
+from tasks.core.readable import truncate
 from tasks.core.redaction import RedactingFilter
 from tasks.core.url_credentials import shown_url
 from tasks.streams.files import write_file_atomically
