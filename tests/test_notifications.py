@@ -90,6 +90,21 @@ def test_applying_the_file_again_replaces_its_automations(applied):
     assert {name for name in names if not name.startswith("dupflow local run ")} == AUTOMATIONS  # not the guards
 
 
+def test_two_applies_at_once_end_with_one_automation_of_each_name_and_no_error(applied):
+    """Two applies at once: the second's delete of an automation the first had just deleted printed httpx's raw
+    "404 ... Automation not found", and both could create one, which would notify twice."""
+    command = [sys.executable, "-m", "deployments.automations.apply"]
+    both = [
+        subprocess.Popen(command, cwd=REPO_ROOT, env=applied, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    said = [apply.communicate(timeout=COMMAND_TIMEOUT) for apply in both]
+    assert [apply.returncode for apply in both] == [0, 0], said
+    assert all(stderr == "" for _, stderr in said), said
+    for name in AUTOMATIONS:
+        assert len(automations_named(applied, name)) == 1, name
+
+
 def test_a_file_naming_a_missing_block_changes_none_of_its_automations(environment, tmp_path):
     notify = yaml.safe_load((REPO_ROOT / "deployments" / "automations" / "notify.yaml").read_text())
     (automation, *_) = notify["automations"]

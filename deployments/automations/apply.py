@@ -47,9 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         with get_client(sync_client=True) as client:
             cores = [AutomationCore.model_validate(with_block_ids(client, automation)) for automation in automations]
             for core in cores:
-                for existing in client.read_automations_by_name(core.name):
-                    client.delete_automation(existing.id)
-                print(f"applied automation {core.name!r} ({client.create_automation(core)})")
+                print(f"applied automation {core.name!r} ({replace_automation(client, core)})")
     except ConfigError as exc:  # the file's problem, one line (not "invalid configuration")
         print(f"error: {'; '.join(exc.problems)}", file=sys.stderr)
         return 1
@@ -57,6 +55,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def replace_automation(client, core) -> UUID:
+    """Replace the server's automations of ``core``'s name by ``core``; its id. Another apply at the same time may
+    delete one first (a 404 here is no error), and create its own: each apply then keeps the same one of the name,
+    the newest, so they end with one automation, not one each (which would notify twice)."""
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    created = client.create_automation(core)
+    named = client.request("POST", "/automations/filter", json={"automations": {"name": {"any_": [core.name]}}})
+    for existing in sorted(named.json(), key=lambda found: (found["created"], found["id"]))[:-1]:
+        try:
+            client.delete_automation(UUID(existing["id"]))
+        except PrefectHTTPStatusError as exc:
+            if exc.response.status_code != 404:
+                raise
+    return created
 
 
 def read_automations(path: Path) -> list[dict[str, Any]]:
