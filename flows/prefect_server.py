@@ -40,6 +40,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from config.runtime import local_server_port, prefect_api_url
+from flows.prefect_api import version_problem
 from tasks.core.errors import DupflowError
 from tasks.core.readable import CLI
 from tasks.core.url_credentials import shown_url
@@ -152,11 +153,19 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
 
 
 def require_answer(api_url: str) -> None:
-    """Raise ``ApiUnreachableError`` unless a Prefect API answers at ``api_url``: its ``/health`` says ``true``, or
-    asks for credentials (401, 403: a server elsewhere may want a key for it); called before a job is made or
-    run. The URL is shown without user info, query or fragment."""
+    """Raise ``ApiUnreachableError`` unless a Prefect API answers at ``api_url``: its ``/health`` says ``true`` and
+    its ``/admin/version`` names a Prefect version this client can use (``version_problem``), or it asks for
+    credentials (401, 403: a server elsewhere may want a key for it); called before a job is made or run. The URL
+    is shown without user info, query or fragment."""
     answer = http_get(api_url, "/health", API_ANSWER_TIMEOUT)
-    if answer is not None and (answer[0] in (401, 403) or answer == OK):
+    if answer is not None and answer[0] in (401, 403):
+        return
+    if answer == OK:
+        if problem := version_problem(http_get(api_url, "/admin/version", API_ANSWER_TIMEOUT)):
+            raise ApiUnreachableError(
+                f"the Prefect API {shown_url(api_url)} (PREFECT_API_URL) {problem}; set PREFECT_API_URL to a Prefect "
+                f"server's API, or unset it to use the local server ({CLI} server start)"
+            )
         return
     if answer is not None and (api := api_beside(api_url)) and http_get(api, "/health", API_ANSWER_TIMEOUT) == OK:
         raise ApiUnreachableError(  # the UI's address, as start prints it, exported as the API's

@@ -40,6 +40,8 @@ from flows.prefect_server import (
     stop_server,
 )
 from tests.conftest import REPO_ROOT, run_cli, seed_prefect_home
+from tests.fakes._server import LoopbackServer
+from tests.fakes.foreign_api import WEB_PAGE, ForeignHandler, ForeignState
 from tests.support.ports import free_port
 from tests.support.prefect_servers import SERVER_TIMEOUT, kill_servers_of, servers_of
 
@@ -82,6 +84,22 @@ def test_an_unreachable_prefect_api_is_one_line_exit_2_and_no_job(tmp_path, unus
     (line,) = done.stderr.strip().splitlines()
     assert dead in line and "PREFECT_API_URL" in line and "does not answer" in line
     assert not jobs.exists() or list(jobs.iterdir()) == [], "no job may be made against a dead API"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("elsewhere", [WEB_PAGE, b"true"], ids=["web-page", "true-everywhere"])
+def test_a_server_whose_health_says_true_but_is_no_prefect_api_is_one_line_exit_2_and_no_job(tmp_path, elsewhere):
+    """A 58-line InvalidVersion traceback, exit 1, and an empty job folder left behind."""
+    jobs = tmp_path / "jobs"
+    with LoopbackServer(ForeignHandler, ForeignState(elsewhere=elsewhere)) as foreign:
+        api_url = f"{foreign.base_url}/api"
+        done = run_cli("start", "--set", f"jobs_dir={jobs}", "--no-progress", env={"PREFECT_API_URL": api_url})
+
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    (line,) = done.stderr.strip().splitlines()
+    assert f"{api_url} (PREFECT_API_URL) answers GET /health with true but is no Prefect API" in line, line
+    assert f"GET /admin/version answered HTTP 200 '{elsewhere.decode().strip()[:40]}" in line, line
+    assert not jobs.exists() or list(jobs.iterdir()) == [], "no job may be made against a server that is no Prefect API"
 
 
 @pytest.mark.slow
