@@ -27,6 +27,7 @@ from tasks.core.errors import DupflowError
 
 
 def main() -> None:
+    apply_prefect_defaults()  # before anything imports Prefect: its telemetry is decided at its import
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", help="configuration YAML")
     parser.add_argument("input", nargs="?", help="job input (directory, CRTDL file or URL)")
@@ -34,7 +35,6 @@ def main() -> None:
     parser.add_argument("--cron", help="cron schedule, e.g. '0 2 * * *'")
     parser.add_argument("--timezone", default="UTC", help="time zone of the cron schedule, e.g. Europe/Berlin")
     args = parser.parse_args()
-    apply_prefect_defaults()
     from prefect.client.schemas.schedules import CronSchedule
     from prefect.schedules import Cron
 
