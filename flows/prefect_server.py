@@ -3,7 +3,8 @@
 Without ``PREFECT_API_URL`` Prefect starts a temporary server for every command (9-11 s), left running by a kill -9
 of the command. Instead, the first command that needs the API runs Prefect's ``prefect server start`` (it migrates
 its database) on 127.0.0.1, recorded in ``PREFECT_HOME``; later commands reuse it until ``server stop`` or its end
-(the next command then starts another). ``PREFECT_API_URL`` still wins, and must answer (``require_answer``).
+(the next command then starts another). ``PREFECT_API_URL`` still wins, and must answer (``require_answer``). Each
+start records the server's API URL in the home's Prefect profile (``flows.prefect_profile``), for ``prefect`` commands.
 
 Done here, as Prefect's ``server start --background`` and ``server stop`` do not serve:
 - the detached start: ``--background`` pipes the server's output into the starting command, which exits (and no
@@ -41,6 +42,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from config.runtime import local_server_port, prefect_api_url
 from flows.prefect_api import version_problem
+from flows.prefect_profile import record_in_profile
 from tasks.core.errors import DupflowError
 from tasks.core.readable import CLI
 from tasks.core.url_credentials import shown_url
@@ -240,6 +242,7 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
         if wait_until_healthy(record, startup_timeout, home):
             if local_server_port() is None:
                 write_file_atomically(home / PORT_FILE, f"{port}\n".encode())  # kept for the next start
+            record_in_profile(home, record.url, server_environment(os.environ))  # for `prefect …` commands
             return record
         ended = not runs_recorded_server(record)
         terminate(record.pid)
