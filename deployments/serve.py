@@ -57,11 +57,7 @@ def main() -> None:
         reason = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
         print(f"error: --cron {args.cron!r} --timezone {args.timezone!r}: {reason}", file=sys.stderr)
         sys.exit(2)
-    from prefect.context import refresh_global_settings_context
-
     from flows.pipeline import pipeline
-
-    refresh_global_settings_context()  # Prefect read its settings at its import by the checks, before use_server
 
     job_input = args.input if args.input is None or "://" in args.input else str(Path(args.input).resolve())
     pipeline.serve(

@@ -17,12 +17,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
 from config.runtime import PREFECT_DEFAULTS
 
 PROFILE = "dupflow"
+API_URL = "PREFECT_API_URL"
 DEFAULT_PROFILE = "ephemeral"  # Prefect's, active while the user has chosen none
 RECORD_TIMEOUT = 60.0
 
@@ -31,6 +33,8 @@ def record_in_profile(home: Path, api_url: str, environment: Mapping[str, str]) 
     """Record ``api_url`` in the ``dupflow`` profile of ``home`` (this module run with ``environment``, Prefect's
     settings of the caller); what it says (a profile of the user's stays active) goes to stderr. Best effort: a
     profile that cannot be written costs the ``prefect`` commands their server, not the job its run."""
+    if not {"PREFECT_PROFILE", "PREFECT_PROFILES_PATH"} & set(environment) and recorded(home, api_url):
+        return
     env = {name: value for name, value in environment.items() if name != "PREFECT_API_URL"}
     env = PREFECT_DEFAULTS | env | {"PREFECT_HOME": str(home)}
     try:
@@ -50,6 +54,16 @@ def record_in_profile(home: Path, api_url: str, environment: Mapping[str, str]) 
         print(f"warning: the Prefect profile {PROFILE!r} was not updated: {why}", file=sys.stderr)
     elif said := done.stdout.strip():
         print(said, file=sys.stderr)
+
+
+def recorded(home: Path, api_url: str) -> bool:
+    """Whether the home's profiles file already has the ``dupflow`` profile active and naming ``api_url`` (a restart
+    on the kept port): then the Prefect import of a recording is not paid (about 1.5 s of CPU)."""
+    try:
+        written = tomllib.loads((home / "profiles.toml").read_text())
+    except (OSError, ValueError):  # TOMLDecodeError is a ValueError
+        return False
+    return written.get("active") == PROFILE and written.get("profiles", {}).get(PROFILE, {}).get(API_URL) == api_url
 
 
 def update_profile(api_url: str) -> str | None:

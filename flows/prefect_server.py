@@ -4,7 +4,7 @@ Without ``PREFECT_API_URL`` Prefect starts a temporary server for every command 
 of the command. Instead, the first command that needs the API runs Prefect's ``prefect server start`` (it migrates
 its database) on 127.0.0.1, recorded in ``PREFECT_HOME``; later commands reuse it until ``server stop`` or its end
 (the next command then starts another). ``PREFECT_API_URL`` still wins, and must answer (``require_answer``). Each
-start records the server's API URL in the home's Prefect profile (``flows.prefect_profile``), for ``prefect`` commands.
+start records its URL in the home's Prefect profile for ``prefect`` commands (``flows.prefect_profile``).
 
 Done here, as Prefect's ``server start --background`` and ``server stop`` do not serve:
 - the detached start: ``--background`` pipes the server's output into the starting command, which exits (and no
@@ -134,8 +134,9 @@ def use_server() -> None:
     if (api_url := prefect_api_url()) is not None:
         require_answer(api_url)
     else:
-        api_url = ensure_server()
-        os.environ["PREFECT_API_URL"] = api_url
+        os.environ["PREFECT_API_URL"] = api_url = ensure_server()
+        if (prefect_context := sys.modules.get("prefect.context")) is not None:  # it read the profile's URL at import
+            prefect_context.refresh_global_settings_context()
         print(f"Prefect UI: {ui_url(api_url)}", file=sys.stderr)
 
 

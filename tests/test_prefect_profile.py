@@ -14,8 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flows.prefect_profile import recorded
 from flows.prefect_server import ensure_server, stop_server
-from tests.conftest import seed_prefect_home
+from tests.conftest import run_cli, seed_prefect_home
 from tests.support.ports import free_port
 from tests.support.prefect_servers import SERVER_TIMEOUT, kill_servers_of
 
@@ -66,6 +67,18 @@ def test_a_prefect_command_typed_after_dupflow_started_the_server_talks_to_that_
     assert "PREFECT_SERVER_ANALYTICS_ENABLED='False' (from profile)" in shown, shown  # `prefect server start` too
 
 
+def test_a_job_runs_on_the_started_server_though_the_profile_named_a_gone_one(own_home, tmp_path, unused_tcp_port):
+    """Prefect reads the profile's URL when the job's checks import it, before the server is started: the flow
+    went to the gone server ("Failed to reach API"), unless the command has Prefect read its settings again."""
+    gone = f"http://127.0.0.1:{unused_tcp_port}/api"  # the port moved: another program held it at the last start
+    (own_home / "profiles.toml").write_text(f'active = "dupflow"\n\n[profiles.dupflow]\nPREFECT_API_URL = "{gone}"\n')
+
+    done = run_cli("start", "--set", f"jobs_dir={tmp_path / 'jobs'}", "--no-progress")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert gone not in (own_home / "profiles.toml").read_text()
+
+
 def record(home: Path, api_url: str, **env: str) -> subprocess.CompletedProcess:
     """``python -m flows.prefect_profile API_URL`` for ``home``, as a server start runs it."""
     base = {name: value for name, value in os.environ.items() if name not in ("PREFECT_API_URL", "PREFECT_PROFILE")}
@@ -111,5 +124,8 @@ def test_prefects_default_profile_gives_way_unless_the_user_changed_it_or_chose_
     assert "profile 'ephemeral'" in record(chosen, "http://127.0.0.1:4321/api", PREFECT_PROFILE="ephemeral").stdout
 
     assert tomllib.loads((fresh / "profiles.toml").read_text())["active"] == "dupflow"
+    # a restart on the kept port pays no Prefect import: the file already says it
+    assert recorded(fresh, "http://127.0.0.1:4321/api") and not recorded(fresh, "http://127.0.0.1:4322/api")
+    assert not recorded(changed, "http://127.0.0.1:4321/api")  # another profile active
     assert tomllib.loads((changed / "profiles.toml").read_text())["active"] == "ephemeral"
     assert tomllib.loads((chosen / "profiles.toml").read_text())["active"] == "ephemeral"
