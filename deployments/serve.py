@@ -1,14 +1,15 @@
 """Serve the dupflow flow as a Prefect deployment from this process, optionally on a schedule.
 
-    PREFECT_API_URL=http://127.0.0.1:4200/api uv run python -m deployments.serve CONFIG [INPUT] \\
-        [--name dupflow] [--cron "0 2 * * *" --timezone Europe/Berlin]
+    uv run python -m deployments.serve CONFIG [INPUT] [--name dupflow] [--cron "0 2 * * *" --timezone Europe/Berlin]
 
 Each run is a job of its own (its job id is the run's id, and the run's name from the flow's first log line) with
 CONFIG and INPUT as parameters; relative paths in CONFIG resolve against CONFIG's directory. Secrets come from this
 process's environment (``${VAR}`` / ``APP_*``), never from the parameters. A run at a ``wait`` step is suspended;
-Resume in the UI continues it. Work pool and workers instead: ``deployments/prefect.yaml``. A dead
-``PREFECT_API_URL``, a configuration with problems, an INPUT ``start`` would refuse (missing, with credentials) or a
-schedule that cannot be read: one line on stderr, exit code 2.
+Resume in the UI continues it. Work pool and workers instead: ``deployments/prefect.yaml``. It serves on the jobs'
+server: ``PREFECT_API_URL`` when set, else this home's local server, started if none runs (as ``start`` does; a
+temporary server would schedule nothing). A dead ``PREFECT_API_URL``, a configuration with problems, an INPUT
+``start`` would refuse (missing, with credentials) or a schedule that cannot be read: one line on stderr, exit
+code 2.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from config.loader import load_settings
-from config.runtime import apply_prefect_defaults, prefect_api_url
+from config.runtime import apply_prefect_defaults
+from config.yaml_file import names_secret_blocks
 from flows.jobs import check_new_job
-from flows.prefect_server import require_answer
+from flows.prefect_server import use_server
 from tasks.core.errors import DupflowError
 
 
 def main() -> None:
+    apply_prefect_defaults()  # before anything imports Prefect: its telemetry is decided at its import
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", help="configuration YAML")
     parser.add_argument("input", nargs="?", help="job input (directory, CRTDL file or URL)")
@@ -34,20 +37,20 @@ def main() -> None:
     parser.add_argument("--cron", help="cron schedule, e.g. '0 2 * * *'")
     parser.add_argument("--timezone", default="UTC", help="time zone of the cron schedule, e.g. Europe/Berlin")
     args = parser.parse_args()
-    apply_prefect_defaults()
     from prefect.client.schemas.schedules import CronSchedule
     from prefect.schedules import Cron
 
     try:
-        if api_url := prefect_api_url():
-            require_answer(api_url)
+        if names_secret_blocks(args.config):
+            use_server()  # its Secret blocks are read from the jobs' server
         # Checked before they become the deployment's parameters: every scheduled run would fail on them.
         load_settings(args.config)
         if args.input is not None:  # else each run gives its input in the form
             check_new_job(args.config, args.input, {})  # a missing CRTDL or data folder, an INPUT with credentials
         if schedule := Cron(args.cron, timezone=args.timezone) if args.cron else None:
             CronSchedule(cron=args.cron, timezone=args.timezone)  # read now: Cron is read when the runner starts
-    except DupflowError as exc:  # ApiUnreachableError included
+        use_server()  # the jobs' server, as start finds or starts it: a temporary one schedules nothing
+    except DupflowError as exc:  # ApiUnreachableError and ServerStartError included
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except ValueError as exc:  # a cron expression or time zone Prefect cannot read

@@ -3,7 +3,8 @@
 Without ``PREFECT_API_URL`` Prefect starts a temporary server for every command (9-11 s), left running by a kill -9
 of the command. Instead, the first command that needs the API runs Prefect's ``prefect server start`` (it migrates
 its database) on 127.0.0.1, recorded in ``PREFECT_HOME``; later commands reuse it until ``server stop`` or its end
-(the next command then starts another). ``PREFECT_API_URL`` still wins, and must answer (``require_answer``).
+(the next command then starts another). ``PREFECT_API_URL`` still wins, and must answer (``require_answer``). Each
+start records its URL in the home's Prefect profile for ``prefect`` commands (``flows.prefect_profile``).
 
 Done here, as Prefect's ``server start --background`` and ``server stop`` do not serve:
 - the detached start: ``--background`` pipes the server's output into the starting command, which exits (and no
@@ -25,7 +26,6 @@ import hashlib
 import json
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -40,6 +40,9 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from config.runtime import local_server_port, prefect_api_url
+from flows.prefect_api import version_problem
+from flows.prefect_profile import record_in_profile
+from flows.server_process import POLL_INTERVAL, process_is_server, terminate
 from tasks.core.errors import DupflowError
 from tasks.core.readable import CLI
 from tasks.core.url_credentials import shown_url
@@ -64,9 +67,6 @@ API_ANSWER_TIMEOUT = 20.0  # a server elsewhere that is busy (2-core machine und
 OK = (200, b"true")  # what /health of a Prefect API answers
 MAX_PROBE_ANSWER_BYTES = 1024 * 1024
 STARTUP_TIMEOUT = 120.0  # a fresh PREFECT_HOME migrates its database first: 15-40 s on a busy 2-core machine
-STOP_GRACE = 10.0
-CMDLINE_READS = 5  # an exiting process's stays empty
-POLL_INTERVAL = 0.05  # a start-up waits for the server by this much at most; a refused connection costs ~0.1 ms
 # Off: two services no job needs, which only label runs Late and workers offline in the UI (the scheduler, triggers,
 # pause expirations, task-run recorder, event persister, cancellation clean-up and the UI stay on); two malloc arenas
 # for the server's threads instead of glibc's 8 per core.
@@ -131,8 +131,9 @@ def use_server() -> None:
     if (api_url := prefect_api_url()) is not None:
         require_answer(api_url)
     else:
-        api_url = ensure_server()
-        os.environ["PREFECT_API_URL"] = api_url
+        os.environ["PREFECT_API_URL"] = api_url = ensure_server()
+        if (prefect_context := sys.modules.get("prefect.context")) is not None:  # it read the profile's URL at import
+            prefect_context.refresh_global_settings_context()
         print(f"Prefect UI: {ui_url(api_url)}", file=sys.stderr)
 
 
@@ -152,11 +153,19 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
 
 
 def require_answer(api_url: str) -> None:
-    """Raise ``ApiUnreachableError`` unless a Prefect API answers at ``api_url``: its ``/health`` says ``true``, or
-    asks for credentials (401, 403: a server elsewhere may want a key for it); called before a job is made or
-    run. The URL is shown without user info, query or fragment."""
+    """Raise ``ApiUnreachableError`` unless a Prefect API answers at ``api_url``: its ``/health`` says ``true`` and
+    its ``/admin/version`` names a Prefect version this client can use (``version_problem``), or it asks for
+    credentials (401, 403: a server elsewhere may want a key for it); called before a job is made or run. The URL
+    is shown without user info, query or fragment."""
     answer = http_get(api_url, "/health", API_ANSWER_TIMEOUT)
-    if answer is not None and (answer[0] in (401, 403) or answer == OK):
+    if answer is not None and answer[0] in (401, 403):
+        return
+    if answer == OK:
+        if problem := version_problem(http_get(api_url, "/admin/version", API_ANSWER_TIMEOUT)):
+            raise ApiUnreachableError(
+                f"the Prefect API {shown_url(api_url)} (PREFECT_API_URL) {problem}; set PREFECT_API_URL to a Prefect "
+                f"server's API, or unset it to use the local server ({CLI} server start)"
+            )
         return
     if answer is not None and (api := api_beside(api_url)) and http_get(api, "/health", API_ANSWER_TIMEOUT) == OK:
         raise ApiUnreachableError(  # the UI's address, as start prints it, exported as the API's
@@ -231,6 +240,7 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
         if wait_until_healthy(record, startup_timeout, home):
             if local_server_port() is None:
                 write_file_atomically(home / PORT_FILE, f"{port}\n".encode())  # kept for the next start
+            record_in_profile(home, record.url, server_environment(os.environ))  # for `prefect …` commands
             return record
         ended = not runs_recorded_server(record)
         terminate(record.pid)
@@ -393,47 +403,6 @@ def runs_recorded_server(record: ServerRecord) -> bool:
     except PermissionError:  # another user's process: not one this home started
         return False
     return not (record.nonce and environment) or (NONCE_LOGGER + record.nonce).encode() in environment
-
-
-def process_is_server(pid: int) -> bool:
-    """Whether ``pid`` is alive and still a ``prefect server start`` (a recycled pid is not)."""
-    if not process_exists(pid):
-        return False
-    try:
-        for _ in range(CMDLINE_READS):  # a live process's command line was seen to read empty now and then
-            if (arguments := Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")) != [b""]:
-                break
-            time.sleep(0.01)
-    except FileNotFoundError:
-        return not Path("/proc/self").exists()  # no /proc (macOS): the pid check above is all there is
-    return b"prefect" in arguments and b"server" in arguments and b"start" in arguments
-
-
-def process_exists(pid: int) -> bool:
-    """Whether ``pid`` exists (an exiting one, its command line already empty, still holds its port); collected
-    first if it is this process's exited child, so it does not linger as a zombie."""
-    with suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-def terminate(pid: int) -> None:
-    """SIGTERM the server (one process, leading its own process group), SIGKILL if it outlives ``STOP_GRACE``;
-    returns once it is gone, its port free."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        with suppress(ProcessLookupError):
-            os.killpg(pid, sig)
-        deadline = time.monotonic() + STOP_GRACE
-        while process_exists(pid) and time.monotonic() < deadline:
-            time.sleep(POLL_INTERVAL)
-        if not process_exists(pid):
-            return
 
 
 def register(commands: argparse._SubParsersAction) -> None:

@@ -23,7 +23,7 @@ from config.fields import CONFIG_LOGGER
 from config.keys import leaf_paths, secret_key_paths
 from config.loader import cached_settings, effective_config_rows, load_settings, refuse_secret_overrides
 from config.yaml_file import names_secret_blocks
-from config.runtime import job_on_command_line, jobs_dir_of, listed_jobs_dir, prefect_api_url
+from config.runtime import apply_prefect_defaults, job_on_command_line, jobs_dir_of, listed_jobs_dir, prefect_api_url
 from config.settings import Settings
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.api_watch import api_watched
@@ -84,6 +84,7 @@ def flag_label(attr: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    apply_prefect_defaults()  # before anything imports Prefect: its telemetry is decided at its import
     args = build_parser().parse_args(argv)
     try:
         return args.command(args)
@@ -323,9 +324,11 @@ def refuse_flags_of_a_new_run(job: JobRecord, args: argparse.Namespace, override
 def resume_suspended_run(job: JobRecord, note: str) -> int:
     """A deployment run suspended at a wait step is resumed where it is, with the inspection form's answers: a
     worker of its work pool continues it (a local run instead would stop at the same gate again)."""
+    from uuid import UUID
+
     from prefect.flow_runs import resume_flow_run
 
-    resume_flow_run(job.flow_run_ids[-1], run_input={"confirmed": True, "note": note})
+    resume_flow_run(UUID(job.flow_run_ids[-1]), run_input={"confirmed": True, "note": note})
     print(f"job {job.job_id}: resumed its suspended flow run {job.flow_run_ids[-1]}; a worker of its pool continues it")
     return EXIT_OK
 

@@ -20,9 +20,11 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 from prefect._internal.pydantic.v2_schema import create_v2_schema
 from prefect.utilities.schema_tools import ValidationError as SchemaValidationError
@@ -40,6 +42,8 @@ from flows.prefect_server import (
     stop_server,
 )
 from tests.conftest import REPO_ROOT, run_cli, seed_prefect_home
+from tests.fakes._server import LoopbackServer
+from tests.fakes.foreign_api import WEB_PAGE, ForeignHandler, ForeignState
 from tests.support.ports import free_port
 from tests.support.prefect_servers import SERVER_TIMEOUT, kill_servers_of, servers_of
 
@@ -85,6 +89,22 @@ def test_an_unreachable_prefect_api_is_one_line_exit_2_and_no_job(tmp_path, unus
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("elsewhere", [WEB_PAGE, b"true"], ids=["web-page", "true-everywhere"])
+def test_a_server_whose_health_says_true_but_is_no_prefect_api_is_one_line_exit_2_and_no_job(tmp_path, elsewhere):
+    """A 58-line InvalidVersion traceback, exit 1, and an empty job folder left behind."""
+    jobs = tmp_path / "jobs"
+    with LoopbackServer(ForeignHandler, ForeignState(elsewhere=elsewhere)) as foreign:
+        api_url = f"{foreign.base_url}/api"
+        done = run_cli("start", "--set", f"jobs_dir={jobs}", "--no-progress", env={"PREFECT_API_URL": api_url})
+
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    (line,) = done.stderr.strip().splitlines()
+    assert f"{api_url} (PREFECT_API_URL) answers GET /health with true but is no Prefect API" in line, line
+    assert f"GET /admin/version answered HTTP 200 '{elsewhere.decode().strip()[:40]}" in line, line
+    assert not jobs.exists() or list(jobs.iterdir()) == [], "no job may be made against a server that is no Prefect API"
+
+
+@pytest.mark.slow
 def test_serving_deployments_against_an_unreachable_api_is_one_line_exit_2(unused_tcp_port):
     dead = f"http://127.0.0.1:{unused_tcp_port}/api"
     done = subprocess.run(
@@ -111,6 +131,46 @@ def own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefect_database: 
     yield home
     stop_server(home)
     kill_servers_of(home)
+
+
+@pytest.mark.slow
+def test_serving_on_a_schedule_as_the_readme_types_it_schedules_on_the_homes_server(own_home, tmp_path):
+    """Without PREFECT_API_URL, serve ran on a temporary server ("Cannot schedule flows on an ephemeral server"):
+    the nightly run never fired. It serves on this home's server, started as start starts it."""
+    name = f"nightly-{os.getpid()}"
+    crtdl = REPO_ROOT / "config" / "sample-data" / "crtdl.json"
+    schedule = ["--cron", "0 2 * * *", "--timezone", "Europe/Berlin"]
+    with open(tmp_path / "serve.log", "wb") as log:
+        serving = subprocess.Popen(
+            [sys.executable, "-m", "deployments.serve", str(REPO_ROOT / "config" / "default.yaml"), str(crtdl)]
+            + ["--name", name, *schedule],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + SERVER_TIMEOUT
+        while (deployment := served_deployment(own_home, name)) is None:
+            said = (tmp_path / "serve.log").read_text()
+            assert serving.poll() is None and time.monotonic() < deadline, said
+            time.sleep(0.2)
+    finally:
+        serving.terminate()
+        serving.wait(60)
+    (scheduled,) = deployment["schedules"]
+    assert scheduled["active"] and scheduled["schedule"]["cron"] == "0 2 * * *", deployment
+    assert scheduled["schedule"]["timezone"] == "Europe/Berlin", deployment
+
+
+def served_deployment(home: Path, name: str) -> dict | None:
+    """The deployment ``dupflow/<name>`` on the server recorded in ``home``, once it is there."""
+    if (record := read_record(home)) is None:
+        return None
+    with suppress(httpx.HTTPError):
+        found = httpx.get(f"{record.url}/deployments/name/dupflow/{name}", timeout=10)
+        return found.json() if found.status_code == 200 else None
+    return None
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ migrates its database first), so the scenarios that start servers are few, long 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from flows.server_process import process_is_server
 from flows.prefect_server import (
     server_environment,
     PORT_FILE,
@@ -29,7 +31,6 @@ from flows.prefect_server import (
     ServerStartError,
     ensure_server,
     home_port,
-    process_is_server,
     read_record,
     register,
     require_answer,
@@ -303,10 +304,36 @@ def test_the_uis_address_given_as_prefect_api_url_is_told_with_the_api_url_to_se
 
 
 def test_a_prefect_api_or_one_that_wants_credentials_is_accepted(foreign_api):
-    foreign_api.state.replies.extend([Reply(200, {}, b"true"), Reply(401, {}, b'{"detail": "unauthorized"}')])
-    require_answer(foreign_api.base_url + "/api")
-    require_answer(foreign_api.base_url + "/api")
-    assert [request.path for request in foreign_api.state.requests] == ["/api/health"] * 2
+    version = json.dumps(importlib.metadata.version("prefect")).encode()
+    unauthorized = Reply(401, {}, b'{"detail": "unauthorized"}')
+    foreign_api.state.replies.extend([Reply(200, {}, b"true"), Reply(200, {}, version), unauthorized])
+    foreign_api.state.replies.extend([Reply(200, {}, b"true"), unauthorized])
+    for _ in range(3):
+        require_answer(foreign_api.base_url + "/api")
+    paths = [request.path for request in foreign_api.state.requests]
+    assert paths == ["/api/health", "/api/admin/version", "/api/health", "/api/health", "/api/admin/version"]
+
+
+@pytest.mark.parametrize(
+    ("version", "said"),
+    [
+        (
+            Reply(200, {"Content-Type": "text/html"}, b"<html>\x1b[2JWelcome</html>"),
+            "answered HTTP 200 '<html> [2JWelcome",
+        ),
+        (Reply(200, {}, b"true"), "answered HTTP 200 'true'"),  # Prefect's client: a 58-line InvalidVersion traceback
+        (Reply(404, {}, b'{"detail": "Not Found"}'), 'answered HTTP 404 \'{"detail": "Not Found"}\''),
+        (Reply(200, {}, b'"2.20.3"'), "is Prefect 2.20.3, this client Prefect 3."),
+    ],
+    ids=["web-page", "true-everywhere", "not-found", "other-major-version"],
+)
+def test_a_server_whose_health_says_true_but_is_no_prefect_api_is_refused_in_one_line(foreign_api, version, said):
+    foreign_api.state.replies.extend([Reply(200, {}, b"true"), version])
+    with pytest.raises(ApiUnreachableError) as refused:
+        require_answer(foreign_api.base_url + "/api")
+    line = str(refused.value)
+    assert f"the Prefect API {foreign_api.base_url}/api (PREFECT_API_URL)" in line and said in line, line
+    assert "\n" not in line and "\x1b" not in line and "unset it to use the local server" in line, line
 
 
 def test_a_process_that_echoes_the_homes_path_is_not_its_server(tmp_path, foreign_api):

@@ -34,12 +34,12 @@ class AutomationFileError(DupflowError):
 
 
 def main(argv: list[str] | None = None) -> int:
+    apply_prefect_defaults()  # before anything imports Prefect: its telemetry is decided at its import
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("file", nargs="?", type=Path, default=NOTIFY_FILE, help="automation file (YAML)")
     args = parser.parse_args(argv)
     try:
         automations = read_automations(args.file)
-        apply_prefect_defaults()
         use_server()
         from prefect.client.orchestration import get_client
         from prefect.events.schemas.automations import AutomationCore

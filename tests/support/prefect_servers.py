@@ -7,7 +7,7 @@ import signal
 import time
 from pathlib import Path
 
-from flows.prefect_server import process_is_server
+from flows.server_process import process_is_server
 
 SERVER_TIMEOUT = 240.0
 

@@ -1,0 +1,55 @@
+"""Whether a pid is a running ``prefect server start``, and stopping one: the process side of the local server
+(``flows.prefect_server``), read from /proc where there is one. No Prefect import."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from contextlib import suppress
+from pathlib import Path
+
+STOP_GRACE = 10.0
+CMDLINE_READS = 5  # an exiting process's stays empty
+POLL_INTERVAL = 0.05  # a start or stop waits for the server by this much at most; a refused connection costs ~0.1 ms
+
+
+def process_is_server(pid: int) -> bool:
+    """Whether ``pid`` is alive and still a ``prefect server start`` (a recycled pid is not)."""
+    if not process_exists(pid):
+        return False
+    try:
+        for _ in range(CMDLINE_READS):  # a live process's command line was seen to read empty now and then
+            if (arguments := Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")) != [b""]:
+                break
+            time.sleep(0.01)
+    except FileNotFoundError:
+        return not Path("/proc/self").exists()  # no /proc (macOS): the pid check above is all there is
+    return b"prefect" in arguments and b"server" in arguments and b"start" in arguments
+
+
+def process_exists(pid: int) -> bool:
+    """Whether ``pid`` exists (an exiting one, its command line already empty, still holds its port); collected
+    first if it is this process's exited child, so it does not linger as a zombie."""
+    with suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def terminate(pid: int) -> None:
+    """SIGTERM the server (one process, leading its own process group), SIGKILL if it outlives ``STOP_GRACE``;
+    returns once it is gone, its port free."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with suppress(ProcessLookupError):
+            os.killpg(pid, sig)
+        deadline = time.monotonic() + STOP_GRACE
+        while process_exists(pid) and time.monotonic() < deadline:
+            time.sleep(POLL_INTERVAL)
+        if not process_exists(pid):
+            return
