@@ -5,9 +5,31 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 from pathlib import Path
 
 from tasks.core.errors import UsageError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
+
+def command_line() -> str:
+    """The command a printed hint (``continue``, ``status``) starts with, as the user types it where they typed the
+    command that printed it: the console script ``dupflow`` or ``python -m flows.run``; through ``uv run`` (which
+    sets UV_RUN_RECURSION_DEPTH for what it runs) with ``--project`` outside this project's folder, where ``uv run``
+    alone would find no project."""
+    program = "dupflow" if Path(sys.argv[0]).name == "dupflow" else "python -m flows.run"
+    if "UV_RUN_RECURSION_DEPTH" not in os.environ:
+        return program  # its virtual environment is active, or it is installed
+    try:
+        inside = Path.cwd().resolve().is_relative_to(PROJECT_ROOT)
+    except OSError:  # the working directory is gone
+        inside = False
+    return f"uv run {program}" if inside else f"uv run --project {shlex.quote(str(PROJECT_ROOT))} {program}"
+
+
+CLI = command_line()
+"""The command line as this process was run (``command_line``): every printed hint starts with it."""
 
 # Defaults for Prefect on these machines (see ../shared/prefect-notes.md); a value the user set wins. No
 # analytics: the server's, and the SDK's (DO_NOT_TRACK), which in a terminal shows a notice, writes milestone

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from config.runtime import job_on_command_line
 from flows.prefect_server import http_get, prefect_home, read_record, settings_of_home
-from tasks.core.readable import CLI
+from config.runtime import CLI
 from tasks.core.url_credentials import shown_url
 from tasks.job.layout import JobPaths
 from tasks.job.record import CRASHED, RecordError, record_stopped

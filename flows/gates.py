@@ -20,7 +20,7 @@ from pydantic import Field
 from config.runtime import job_on_command_line
 from flows.job_card import JobRecordCard
 from flows.jobs import Job
-from tasks.core.readable import CLI
+from config.runtime import CLI
 from tasks.job.contract import StepInput, StepResult
 from tasks.job.record import RUNNING, SUSPENDED, changing_record, read_record, record_state
 from tasks.wait import released_result, wait

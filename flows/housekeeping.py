@@ -41,7 +41,8 @@ from tasks.clients.extraction_jobs import UNFINISHED_STATUSES
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import UsageError
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_tag
-from tasks.core.readable import CLI, plain_text, size_text
+from config.runtime import CLI
+from tasks.core.readable import plain_text, size_text
 from tasks.core.names import show_text
 from tasks.core.url_credentials import shown_url
 from tasks.job.record import (

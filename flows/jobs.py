@@ -23,7 +23,8 @@ from flows.job_state import JobLock
 from tasks.core.errors import JobError
 from tasks.core.names import invisible_character, invisible_character_problem, show_text
 from tasks.core.jsonfile import JsonFileError, parse_json_document, read_limited, settings_file_problem
-from tasks.core.readable import CLI, plain_text
+from config.runtime import CLI
+from tasks.core.readable import plain_text
 from tasks.job.layout import JobPaths, is_crtdl_file, is_job_id, is_result_url
 from tasks.streams.files import write_error, write_file_atomically
 from tasks.job.record import JobRecord, changing_record, read_record, record_facts

@@ -32,7 +32,8 @@ from flows.jobs import Job, prepare_job, refuse_extraction_flags_of_a_followed_u
 from flows.prefect_server import local_pause_guard, local_pause_guard_name
 from flows.run_logging import keep_one_trace_per_failure
 from tasks.clients.extraction_documents import ExtractionHandle
-from tasks.core.readable import CLI, counted, plain_text
+from config.runtime import CLI
+from tasks.core.readable import counted, plain_text
 from tasks.core.redaction import redact
 from tasks.core.errors import JobError
 from tasks.core.url_credentials import refuse_credentials_in_url, shown_url, split_url

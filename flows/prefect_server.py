@@ -44,7 +44,7 @@ from flows.prefect_api import version_problem
 from flows.prefect_profile import record_in_profile
 from flows.server_process import POLL_INTERVAL, process_is_server, terminate
 from tasks.core.errors import DupflowError
-from tasks.core.readable import CLI
+from config.runtime import CLI
 from tasks.core.url_credentials import shown_url
 from tasks.job.record import AWAITING_INSPECTION
 from tasks.streams.files import exclusive_lock, write_file_atomically

@@ -32,7 +32,8 @@ from flows.jobs import check_new_job, prepare_job, refuse_extraction_flags_of_a_
 from flows.jobs import refuse_invisible_url_characters, step_file_problems
 from flows.run_logging import job_logging, take_interrupts
 from tasks.core.errors import DupflowError, UsageError
-from tasks.core.readable import CAUSE_CHARS, CLI, counted, duration_text, plain_lines, plain_text, size_text, truncate
+from config.runtime import CLI
+from tasks.core.readable import CAUSE_CHARS, counted, duration_text, plain_lines, plain_text, size_text, truncate
 from tasks.core.names import show_text
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url

@@ -41,7 +41,8 @@ from tasks.job.layout import is_result_url, step_artifact_key
 from tasks.job.steps import ndjson_written
 from tasks.streams.ndjson import remove_partial_files
 from tasks.streams.progress import expect_files, track
-from tasks.core.readable import CLI, counted
+from config.runtime import CLI
+from tasks.core.readable import counted
 from tasks.core.names import show_text
 from tasks.job.record import now_iso, read_facts, record_facts
 

@@ -24,7 +24,8 @@ from tasks.streams.ndjson import DATA_SUFFIXES, FileStats, is_partial, output_na
 from tasks.streams.ndjson_writer import LineCounts, count_contents
 from tasks.core.errors import StepError
 from tasks.core.names import name_from_data_problem, name_key, show_name
-from tasks.core.readable import CLI, SHOW_WHOLE, counted
+from config.runtime import CLI
+from tasks.core.readable import SHOW_WHOLE, counted
 from tasks.job.record import mark_gate_paused, read_record
 from tasks.sof.output import csv_data_rows
 

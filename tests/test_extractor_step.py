@@ -18,7 +18,7 @@ import pytest
 import zstandard
 
 from flows.run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
-from tasks.core.readable import CLI
+from config.runtime import CLI
 from tasks.job.record import read_facts
 from tests.conftest import TESTDATA, complete_results, extraction_tree, run_cli
 from tests.fakes._server import LoopbackServer

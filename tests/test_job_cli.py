@@ -19,7 +19,8 @@ from flows.job_state import current_state
 from flows.prefect_server import local_pause_guard_name
 from tasks.job.layout import JobPaths, directory_tag, job_tag
 from tasks.job.record import SUSPENDED, JobRecord, changing_record, read_record
-from tasks.core.readable import CLI, counted
+from config.runtime import CLI
+from tasks.core.readable import counted
 from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
 from tests.conftest import REPO_ROOT, complete_results, run_cli, wait_until
 from tests.support.deployments import api

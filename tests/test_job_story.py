@@ -13,11 +13,12 @@ import pytest
 from flows.run import EXIT_FAILED, EXIT_OK, main
 from tasks.core.readable import duration_text, plain_lines, size_text
 from tasks.job.record import record_facts
+from config.runtime import CLI
 from tests.conftest import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
-HINT = "uv run python -m flows.run continue"
+HINT = f"{CLI} continue"
 PYTHON_REPR = re.compile(r"[{\[]['\"\d]|[}\]]$|': |\": ")
 
 

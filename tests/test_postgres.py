@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tasks.core.readable import CLI
+from config.runtime import CLI
 from tests.conftest import REPO_ROOT, run_cli, wait_until
 from tests.support.deployments import (
     api,

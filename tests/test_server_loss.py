@@ -20,7 +20,7 @@ import yaml
 
 from flows.prefect_server import ensure_server, read_record, stop_server
 from tasks.job.record import COMPLETED, CRASHED, read_record as read_job
-from tasks.core.readable import CLI
+from config.runtime import CLI
 from tests.conftest import REPO_ROOT, plain, run_cli, seed_prefect_home, wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply

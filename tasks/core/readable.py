@@ -15,8 +15,6 @@ KIB = 1024
 MAX_NOTE_BYTES = 4 * KIB
 CAUSE_CHARS = 4 * KIB
 """A job's state message (a failure's whole cause) is shown whole up to this, in ``status`` and the job record."""
-CLI = "uv run python -m flows.run"
-"""The command line as a user types it on a fresh clone: every printed hint starts with it."""
 SHOW_WHOLE = {"show_whole": True}
 """A log call's ``extra`` that keeps its multi-line message whole on the terminal (others show their first line)."""
 
