@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from tests.conftest import run_cli, wait_until
+from tests.support.deployments import api
 from tests.support.jobs import source_dir
 
 pytestmark = pytest.mark.slow
@@ -224,11 +225,11 @@ def test_a_run_cancelled_from_the_ui_mid_step_is_a_cancelled_job(server, tmp_pat
     )
     try:
         deployment = wait_for_deployment(api_url, f"dupflow/{name}", serving)
-        run_id = httpx.post(f"{api_url}/deployments/{deployment}/create_flow_run", json={"parameters": {}}).json()["id"]
+        run_id = api(api_url, "POST", f"/deployments/{deployment}/create_flow_run", json={"parameters": {}})["id"]
         part = tmp_path / "jobs" / run_id / "import" / ".c.ndjson.zst.part"
         wait_until(part.exists, "the import is at work", timeout=RUN_TIMEOUT)
         cancel = {"state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True}  # the UI's Cancel
-        httpx.post(f"{api_url}/flow_runs/{run_id}/set_state", json=cancel).raise_for_status()
+        api(api_url, "POST", f"/flow_runs/{run_id}/set_state", json=cancel)
         wait_until(
             lambda: json.loads((part.parent.parent / "job.json").read_text())["state"] != "Running", "the run ends"
         )
