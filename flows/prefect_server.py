@@ -42,7 +42,7 @@ from urllib.parse import urlsplit, urlunsplit
 from config.runtime import local_server_port, prefect_api_url
 from flows.prefect_api import version_problem
 from flows.prefect_profile import record_in_profile
-from flows.server_process import POLL_INTERVAL, process_is_server, terminate
+from flows.server_process import POLL_INTERVAL, process_is_server, process_stopped, terminate
 from tasks.core.errors import DupflowError
 from config.runtime import CLI
 from tasks.core.url_credentials import shown_url
@@ -146,6 +146,11 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
     with exclusive_lock(home / LOCK_FILE):
         record = read_record(home)
         if record is not None and runs_recorded_server(record):
+            if process_stopped(record.pid):
+                raise ServerStartError(
+                    f"the local Prefect server (pid {record.pid}) is stopped (SIGSTOP or Ctrl+Z) and answers nothing: "
+                    f"continue it with kill -CONT {record.pid}, or end it with {CLI} server stop"
+                )
             if wait_until_healthy(record, startup_timeout, home):
                 return record.url
             terminate(record.pid)

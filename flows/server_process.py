@@ -53,3 +53,12 @@ def terminate(pid: int) -> None:
             time.sleep(POLL_INTERVAL)
         if not process_exists(pid):
             return
+
+
+def process_stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP, Ctrl+Z in its terminal, a debugger): it holds its port and answers
+    nothing until it is continued. Without /proc: not known, False."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False

@@ -137,6 +137,18 @@ def test_a_server_is_started_once_reused_restarted_when_gone_and_stopped(home, m
     status = server_status()
     assert (status["url"], status["pid"], status["healthy"]) == (again, second.pid, True)
 
+    # Frozen (SIGSTOP, Ctrl+Z in its terminal): said at once with both ways out, not waited on for 120 s in silence.
+    os.kill(second.pid, signal.SIGSTOP)
+    try:
+        began = time.monotonic()
+        with pytest.raises(ServerStartError) as frozen:
+            ensure_server(startup_timeout=SERVER_TIMEOUT)
+        assert time.monotonic() - began < 10 and f"kill -CONT {second.pid}" in str(frozen.value), str(frozen.value)
+        assert "server stop" in str(frozen.value)
+    finally:
+        os.kill(second.pid, signal.SIGCONT)
+    assert ensure_server(startup_timeout=SERVER_TIMEOUT) == again
+
     # Stopped: the process ends and the state file goes.
     assert stop_server() is True
     assert not process_is_server(second.pid) and servers_of(home) == []
