@@ -231,10 +231,24 @@ def database_configured_elsewhere(home: Path) -> bool:
         return False
 
 
+def new_database_note(home: Path) -> str | None:
+    """What to say when the home's server starts on a database of its own, ``DATABASE_FILE``, made anew, where it ran
+    before (the home kept its port) on one configured elsewhere (PostgreSQL) that is no longer configured: the jobs'
+    flow runs and artifacts are in that one."""
+    if database_configured_elsewhere(home) or (home / DATABASE_FILE).exists() or not (home / PORT_FILE).exists():
+        return None
+    return (
+        f"note: the server starts on a new SQLite database ({home / DATABASE_FILE}); this home's server ran on "
+        f"another before, which holds the jobs' runs: set {DATABASE_URL_SETTINGS[1]} as then to use it"
+    )
+
+
 def start_server(home: Path, startup_timeout: float, previous: ServerRecord | None = None) -> ServerRecord:
     """Start a server on the home's port (the next free one if it is taken), record it, and wait until it is healthy;
     when another program (the server says the port is in use) or home's server (it answers there) took the port
     first, start again on the next free one. ``previous``: this home's server before; its port gets time to be freed."""
+    if note := new_database_note(home):
+        print(note, file=sys.stderr)
     port = wanted = home_port(home)
     deadline = time.monotonic() + (PORT_RELEASE_TIMEOUT if previous is not None and previous.port == wanted else 0)
     while next_free_port(wanted) != wanted and time.monotonic() < deadline:

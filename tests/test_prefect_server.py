@@ -23,6 +23,8 @@ import pytest
 
 from flows.server_process import process_is_server
 from flows.prefect_server import (
+    DATABASE_URL_SETTINGS,
+    new_database_note,
     server_environment,
     PORT_FILE,
     ApiUnreachableError,
@@ -456,3 +458,21 @@ def test_two_homes_each_keep_their_own_server_and_port_and_never_share_one(tmp_p
         for home in (a, b):
             stop_server(home)
             kill_servers_of(home)
+
+
+def test_a_home_that_ran_on_another_database_says_so_when_it_starts_on_a_new_sqlite_one(tmp_path, monkeypatch):
+    """A home whose server ran on PostgreSQL, started without PREFECT_API_DATABASE_CONNECTION_URL, silently got a
+    second, SQLite database that holds none of its jobs' runs."""
+    for name in DATABASE_URL_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    home = tmp_path / "home"
+    home.mkdir()
+    assert new_database_note(home) is None  # a new home: nothing to say
+    (home / PORT_FILE).write_text("4321\n")  # it ran a server, whose database was not here
+    note = new_database_note(home)
+    assert note is not None and str(home / "prefect.db") in note and "PREFECT_API_DATABASE_CONNECTION_URL" in note
+    (home / "prefect.db").write_bytes(b"")
+    assert new_database_note(home) is None  # it ran on its own SQLite database
+    monkeypatch.setenv("PREFECT_API_DATABASE_CONNECTION_URL", "postgresql+asyncpg://prefect@db/prefect")
+    (home / "prefect.db").unlink()
+    assert new_database_note(home) is None  # configured: it goes there
