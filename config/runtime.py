@@ -3,6 +3,7 @@ one place that reads environment variables."""
 
 from __future__ import annotations
 
+import base64
 import os
 import shlex
 import sys
@@ -49,6 +50,23 @@ def apply_prefect_defaults() -> None:
 def prefect_api_url() -> str | None:
     """The Prefect server in use, or None for the embedded (ephemeral) API."""
     return os.environ.get("PREFECT_API_URL") or None
+
+
+def prefect_api_headers() -> dict[str, str]:
+    """The credentials Prefect's own client sends its API, for dupflow's direct calls to it (``prune``, ``status``,
+    the server probes): Basic with ``PREFECT_API_AUTH_STRING`` (a server run with PREFECT_SERVER_API_AUTH_STRING),
+    else Bearer with ``PREFECT_API_KEY``. Each is redacted wherever dupflow shows or logs text."""
+    from tasks.core.redaction import register_secret
+
+    if auth_string := os.environ.get("PREFECT_API_AUTH_STRING"):
+        token = base64.b64encode(auth_string.encode()).decode()
+        register_secret(auth_string)
+        register_secret(token)
+        return {"Authorization": f"Basic {token}"}
+    if key := os.environ.get("PREFECT_API_KEY"):
+        register_secret(key)
+        return {"Authorization": f"Bearer {key}"}
+    return {}
 
 
 def local_server_port() -> str | None:

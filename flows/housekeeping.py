@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 
 from config.durations import parse_duration
-from config.runtime import listed_jobs_dir, prefect_api_url
+from config.runtime import listed_jobs_dir, prefect_api_headers, prefect_api_url
 from flows import prefect_server
 from flows.extraction_cli import age
 from flows.job_state import MAX_PAGE_BYTES, PAGE, PREFECT_API, JobLock, JobLockedError, current_state
@@ -128,7 +128,9 @@ def cmd_prune(args: argparse.Namespace) -> int:
     states = tuple(args.state or FINAL_STATES)
     api_url = housekeeping_api_url()
     server = (
-        httpx.Client(base_url=api_url.rstrip("/"), headers=AS_SENT, timeout=API_TIMEOUT) if api_url else nullcontext()
+        httpx.Client(base_url=api_url.rstrip("/"), headers=AS_SENT | prefect_api_headers(), timeout=API_TIMEOUT)
+        if api_url
+        else nullcontext()
     )
     try:
         with server as client:

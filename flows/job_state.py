@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from config.runtime import prefect_api_url
+from config.runtime import prefect_api_headers, prefect_api_url
 from tasks.clients.auth import AS_SENT
 from tasks.clients.bounds import read_response
 from tasks.clients.errors import ServiceError
@@ -124,7 +124,7 @@ def latest_states(directories: dict[str, str], timeout: float = 2.0) -> dict[str
     """The newest flow run's state name per job (job id → its directory's tag), in one request per ``PAGE`` jobs;
     a run of a copy of the job in another directory (its ``dir-`` tag another) does not count. Jobs the server does
     not know (or whose request failed) are left out."""
-    api, job_ids = prefect_api_url(), list(directories)
+    api, job_ids, credentials = prefect_api_url(), list(directories), prefect_api_headers()
     states: dict[str, str] = {}
     for start in range(0, len(job_ids) if api is not None else 0, PAGE):
         assert api is not None  # the range is empty without one
@@ -133,7 +133,7 @@ def latest_states(directories: dict[str, str], timeout: float = 2.0) -> dict[str
         body = {"flow_runs": {"tags": {"any_": tags}}, "sort": "EXPECTED_START_TIME_DESC", "limit": PAGE}
         try:
             url = f"{api.rstrip('/')}/flow_runs/filter"
-            with httpx.stream("POST", url, json=body, headers=AS_SENT, timeout=timeout) as response:
+            with httpx.stream("POST", url, json=body, headers=AS_SENT | credentials, timeout=timeout) as response:
                 runs = read_response(response.raise_for_status(), MAX_PAGE_BYTES, **PAGE_READ).json()
         except (httpx.HTTPError, ValueError, ServiceError):  # a page too large: as if the server did not answer
             continue

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from config.runtime import local_server_port, prefect_api_url
+from config.runtime import local_server_port, prefect_api_headers, prefect_api_url
 from flows.prefect_api import version_problem
 from flows.prefect_profile import record_in_profile
 from flows.server_process import POLL_INTERVAL, process_is_server, process_stopped, terminate
@@ -402,7 +402,7 @@ def http_get(url: str, path: str, timeout: float) -> tuple[int, bytes] | None:
     kind = HTTPSConnection if parts.scheme == "https" else HTTPConnection
     try:
         with closing(kind(parts.hostname or "", parts.port, timeout=timeout)) as connection:
-            connection.request("GET", parts.path.rstrip("/") + path)
+            connection.request("GET", parts.path.rstrip("/") + path, headers=prefect_api_headers())
             response = connection.getresponse()
             return response.status, response.read(MAX_PROBE_ANSWER_BYTES)
     except (OSError, HTTPException, ValueError):
