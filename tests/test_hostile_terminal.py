@@ -248,7 +248,7 @@ def test_prune_names_a_damaged_records_configuration_plain(capsys, tmp_path, mon
     for name in DATABASE_URL_SETTINGS:
         monkeypatch.delenv(name, raising=False)
     facts = {"extraction_job_id": "e-1", "extraction_status_url": "https://torch.example/fhir/__status/e-1"}
-    unfollowed = {"state": "Failed", "enabled_steps": ["extractor"], "steps": {}, "facts": facts}
+    unfollowed = {"state": "Failed", "enabled_steps": ["extractor"], "steps": {}, "facts": facts, "flow_run_ids": []}
     damaged_job(tmp_path / "jobs", lambda record: record.update(config_path=HOSTILE), **unfollowed)
     code, output = cli(capsys, "prune", "--jobs-dir", str(tmp_path / "jobs"))
     assert code == 0 and "extraction cancel" in output, output

@@ -148,10 +148,12 @@ def test_a_command_whose_blocks_live_on_an_unreachable_api_says_so_in_one_line(w
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-def test_the_loader_without_a_prefect_api_names_the_key_the_block_and_the_setting(write_config):
-    """Outside a command (the loader as a library, with no server known), the error names key, block and fix."""
+def test_the_loader_without_a_prefect_api_names_the_key_the_block_and_the_setting(write_config, tmp_path):
+    """Outside a command (the loader as a library, with no server known: no PREFECT_API_URL, and a home whose
+    Prefect profile names none), the error names key, block and fix."""
     config = write_config(extractor_tree("http://127.0.0.1:9"))
     env = {name: value for name, value in os.environ.items() if not name.startswith(("APP_", "PREFECT_API_URL"))}
+    env["PREFECT_HOME"] = str(tmp_path / "home-without-a-server")
     code = f"from config.loader import load_settings; load_settings({str(config)!r})"
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
