@@ -23,7 +23,7 @@ from tasks.core.readable import CAUSE_CHARS, duration_text, readable_lines, size
 from tasks.core.redaction import redact
 from tasks.job.contract import StepResult
 from tasks.job.layout import artifact_key, step_artifact_key
-from tasks.job.record import JobRecord, counts_text, read_record
+from tasks.job.record import RUNNING, JobRecord, counts_text, read_record
 
 STEP_KEY = re.compile(
     rf"(?P<number>\d+)-(?:{'|'.join(step.replace('_', '-') for step in STEP_NAMES)})(?:-(?P<label>.*))?"
@@ -52,9 +52,10 @@ def publish_step_table(job: Job, result: StepResult) -> None:
 
 class JobRecordCard:
     """The job-record artifact (key ``job-<id>``, one key per job, so the UI's Artifacts page shows one card per job):
-    one version per flow run, made at its first step boundary and updated in place at the later ones and when the
-    job's state changes, so the run's Artifacts tab shows one "Job record" card (a deployment run resumed from the
-    top finds its card again) and the key's page keeps one version per run as the job's history."""
+    one version per flow run, made as its first step starts (the step at work links to its live progress) and
+    updated in place at every step boundary and when the job's state changes, so the run's Artifacts tab shows one
+    "Job record" card (a deployment run resumed from the top finds its card again) and the key's page keeps one
+    version per run as the job's history."""
 
     def __init__(self, job: Job):
         self._job = job
@@ -132,6 +133,10 @@ def job_record_markdown(job: Job, results: list[StepResult], failed: BaseExcepti
         (position, step), *pending = pending
         cause = one_line(failed)
         lines.append(f"| {position + 1} | {step} | failed: {cause} | | | | | | {step_links(links, position)} |")
+    if failed is None and pending and record.state == RUNNING:  # the step at work: a link to its live progress
+        (position, step), *pending = pending
+        progress = f"[progress]({base}/artifacts/key/{step_artifact_key(job.job_id, position, step, 'progress')})"
+        lines.append(f"| {position + 1} | {step} | running | | | | | | {progress} |")
     lines += [f"| {position + 1} | {step} | not run yet | | | | | | |" for position, step in pending]
     lines += ["", step_time_text(results)]
     if others := links.pop(None, []):

@@ -18,7 +18,9 @@ from tasks.clients.auth import AS_SENT
 from tasks.clients.bounds import read_response
 from tasks.clients.errors import ServiceError
 from tasks.core.errors import JobError
+from tasks.core.readable import plain_text
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_of_tag, job_tag
+from tasks.job.layout import step_artifact_key
 from tasks.job.record import SUSPENDED, JobRecord, RecordError, read_record, settled_state
 
 LOCK_FILE = ".lock"
@@ -26,6 +28,7 @@ PREFECT_API = "the Prefect API"
 PAGE = 200  # the most rows (flow runs, artifacts) the Prefect API returns at once
 MAX_PAGE_BYTES = 64 * 1024 * 1024  # the most of a Prefect API answer read: a page of PAGE rows is far less
 PAGE_READ = {"operation": "read flow runs", "service": PREFECT_API, "hint": "check PREFECT_API_URL"}
+PROGRESS_READ = {"operation": "read a step's progress", "service": PREFECT_API, "hint": "check PREFECT_API_URL"}
 
 
 class JobLockedError(JobError):
@@ -176,3 +179,23 @@ def list_jobs(jobs_dir: Path) -> list[tuple[JobPaths, JobRecord | RecordError]]:
         *sorted(readable, key=lambda job: job[1].created_at, reverse=True)
     ]
     return [*listed, *unreadable]
+
+
+def step_at_work(job: JobRecord, position: int, step: str, timeout: float = 2.0) -> str | None:
+    """What a running step has done so far, as its progress artifact says it (files done of total, bytes or lines,
+    the rate) with its percent; None without a server, or where this run of the job has published none yet."""
+    if (api := prefect_api_url()) is None or not job.flow_run_ids:
+        return None
+    url = f"{api.rstrip('/')}/artifacts/{step_artifact_key(job.job_id, position, step, 'progress')}/latest"
+    try:
+        with httpx.stream("GET", url, headers=AS_SENT | prefect_api_headers(), timeout=timeout) as response:
+            if response.status_code == 404:
+                return None
+            artifact = read_response(response.raise_for_status(), MAX_PAGE_BYTES, **PROGRESS_READ).json()
+    except (httpx.HTTPError, ValueError, ServiceError):  # the server could not say: the record's word stands
+        return None
+    if not isinstance(artifact, dict) or str(artifact.get("flow_run_id")) != job.flow_run_ids[-1]:
+        return None  # an earlier run's
+    said = plain_text(str(artifact.get("description") or "")).removeprefix(f"{step} ")
+    percent = artifact.get("data")
+    return f"{said} ({percent:.0f} %)" if isinstance(percent, int | float) else said

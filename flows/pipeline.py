@@ -299,6 +299,7 @@ def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:
     keep_one_trace_per_failure()
     results: list[StepResult] = []
     current: StepResult | None = None  # what the next step reads
+    card.refresh()  # the first step at work, with its progress, before it ends
     for position, name in enumerate(job.settings.pipeline.enabled_steps):
         spec = STEPS[name]
         step = step_input(job, position, name, current)

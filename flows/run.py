@@ -27,7 +27,7 @@ from config.runtime import apply_prefect_defaults, job_on_command_line, jobs_dir
 from config.settings import Settings
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.api_watch import api_watched
-from flows.job_state import JobLock, current_state, current_states, find_job_dir, list_jobs
+from flows.job_state import JobLock, current_state, current_states, find_job_dir, list_jobs, step_at_work
 from flows.jobs import check_new_job, prepare_job, refuse_extraction_flags_of_a_followed_url
 from flows.jobs import refuse_invisible_url_characters, step_file_problems
 from flows.run_logging import job_logging, take_interrupts
@@ -426,20 +426,29 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"  input:     {plain_text(job.job_input or '-')}")  # a deployment's input comes from a form
     for line in plain_lines(dict(sorted(job.facts.items())), "  "):
         print(line)
+    pending = [position for position in range(len(job.enabled_steps)) if f"{position:02d}" not in job.steps]
+    working = pending[0] if state == RUNNING and pending else None
     for position, step in enumerate(job.enabled_steps):
         key = f"{position:02d}"
-        print_step_status(position, step, job.steps.get(key), job.gates.get(key) or Gate())
+        at_work = step_at_work(job, position, step) if position == working else None
+        print_step_status(position, step, job.steps.get(key), job.gates.get(key) or Gate(), at_work)
     return EXIT_OK
 
 
-def print_step_status(position: int, step: str, result: StepRecord | None, gate: Gate) -> None:
-    released = f"released ({gate.note})" if gate.note else "released"
-    if result is None or result.awaiting:
-        waiting = "awaiting inspection" if result else "not finished"
-        print(f"  {position + 1}. {step}: " + (released if gate.released else waiting))
-        return
-    files = result.files
+def print_step_status(position: int, step: str, result: StepRecord | None, gate: Gate, at_work: str | None) -> None:
+    """A step's line: done, with its files; awaiting inspection, with the files that wait; at work, with what its
+    progress says so far (``at_work``); or not finished."""
+    files = result.files if result is not None else []
     total = size_text(sum(f.size for f in files))
+    if result is None or result.awaiting:
+        if gate.released:
+            said = f"released ({gate.note})" if gate.note else "released"
+        elif result is not None:
+            said = f"awaiting inspection: {counted(len(files), 'file')}, {total} in {show_text(result.folder, None)}"
+        else:
+            said = f"working: {at_work}" if at_work else "not finished"
+        print(f"  {position + 1}. {step}: {said}")
+        return
     took = f", took {duration_text(result.seconds)}" if result.seconds is not None else ""
     note = f" (inspection note: {gate.note})" if gate.note else ""
     folder = show_text(result.folder, None)  # a damaged record's folder or file name shows escaped

@@ -43,7 +43,9 @@ def wait(step: StepInput, resume_hint: str = "") -> StepResult:
             get_run_logger().info("%s", text, extra=SHOW_WHOLE)
             publish_inspection_artifact(step, text)
             mark_gate_paused(step.job_path, step.position)  # after publishing: a failed publish is tried again
-        return StepResult(step=step.step, position=step.position, folder=step.folder or "", awaiting=True)
+        return StepResult(
+            step=step.step, position=step.position, folder=step.folder or "", files=step.files, awaiting=True
+        )
     return released_result(step)
 
 
