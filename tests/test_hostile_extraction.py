@@ -114,23 +114,6 @@ def test_a_query_without_a_token_is_no_credential():
         refuse_credentials_in_url(f"https://torch.example/fhir/x?Token={PASSWORD}", door="d", fix="f", tokens=True)
 
 
-@pytest.mark.parametrize("parameter", ["sig", "X-Amz-Signature", "x-goog-signature", "access_token"])
-def test_an_import_url_with_a_token_in_its_query_is_refused_before_the_job_stores_it(tmp_path, write_config, parameter):
-    """The job's record and its flow run's parameters keep the input URL whole (``continue`` follows it), so a
-    signed URL's signature or a token there would be stored and shown: refused, with the way to import such a file."""
-    config = write_config({"pipeline": {"enabled_steps": ["http_import"]}})
-    url = f"https://files.example/Patient.ndjson?X-Amz-Date=20261125T000000Z&{parameter}={PASSWORD}"
-
-    with pytest.raises(CredentialsInUrlError) as refused:
-        prepare_job(None, str(config), url, {}, overrides_source="--set")
-
-    message = str(refused.value)
-    assert "the job input (INPUT)" in message and f"a secret in its query (X-Amz-Date, {parameter})" in message
-    assert "https://files.example/Patient.ndjson" in message and "local_import" in message
-    assert PASSWORD not in message
-    assert not (tmp_path / "jobs").exists() or not any((tmp_path / "jobs").iterdir())
-
-
 def test_the_job_input_and_the_configuration_follow_the_same_rule(tmp_path, write_config):
     config = extractor_config(write_config, "http://127.0.0.1:9")
     with pytest.raises(CredentialsInUrlError) as by_input:
