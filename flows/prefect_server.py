@@ -417,6 +417,8 @@ def runs_recorded_server(record: ServerRecord) -> bool:
         return False
     try:
         environment = Path(f"/proc/{record.pid}/environ").read_bytes()
+    except ProcessLookupError:  # it ended between the open and the read
+        return False
     except FileNotFoundError:
         return True
     except PermissionError:  # another user's process: not one this home started

@@ -23,6 +23,8 @@ def process_is_server(pid: int) -> bool:
             if (arguments := Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")) != [b""]:
                 break
             time.sleep(0.01)
+    except ProcessLookupError:  # it ended between the open and the read of its command line
+        return False
     except FileNotFoundError:
         return not Path("/proc/self").exists()  # no /proc (macOS): the pid check above is all there is
     return b"prefect" in arguments and b"server" in arguments and b"start" in arguments
