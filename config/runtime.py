@@ -4,6 +4,7 @@ one place that reads environment variables."""
 from __future__ import annotations
 
 import base64
+import functools
 import os
 import shlex
 import sys
@@ -56,14 +57,23 @@ def prefect_api_headers() -> dict[str, str]:
     """The credentials Prefect's own client sends its API, for dupflow's direct calls to it (``prune``, ``status``,
     the server probes): Basic with ``PREFECT_API_AUTH_STRING`` (a server run with PREFECT_SERVER_API_AUTH_STRING),
     else Bearer with ``PREFECT_API_KEY``. Each is redacted wherever dupflow shows or logs text."""
+    return dict(
+        _api_headers(os.environ.get("PREFECT_API_AUTH_STRING") or None, os.environ.get("PREFECT_API_KEY") or None)
+    )
+
+
+@functools.cache
+def _api_headers(auth_string: str | None, key: str | None) -> dict[str, str]:
+    """``prefect_api_headers`` for these values, made and registered for redaction once (the server probes ask for
+    them every 50 ms of a start-up, and registering a secret computes all its forms)."""
     from tasks.core.redaction import register_secret
 
-    if auth_string := os.environ.get("PREFECT_API_AUTH_STRING"):
+    if auth_string:
         token = base64.b64encode(auth_string.encode()).decode()
         register_secret(auth_string)
         register_secret(token)
         return {"Authorization": f"Basic {token}"}
-    if key := os.environ.get("PREFECT_API_KEY"):
+    if key:
         register_secret(key)
         return {"Authorization": f"Bearer {key}"}
     return {}
