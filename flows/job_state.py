@@ -10,6 +10,7 @@ import fcntl
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -127,19 +128,13 @@ def latest_states(directories: dict[str, str], timeout: float = 2.0) -> dict[str
     """The newest flow run's state name per job (job id → its directory's tag), in one request per ``PAGE`` jobs;
     a run of a copy of the job in another directory (its ``dir-`` tag another) does not count. Jobs the server does
     not know (or whose request failed) are left out."""
-    api, job_ids, credentials = prefect_api_url(), list(directories), prefect_api_headers()
-    states: dict[str, str] = {}
-    for start in range(0, len(job_ids) if api is not None else 0, PAGE):
-        assert api is not None  # the range is empty without one
+    job_ids, states = list(directories), dict[str, str]()
+    for start in range(0, len(job_ids) if prefect_api_url() is not None else 0, PAGE):
         page = job_ids[start : start + PAGE]
         tags = [job_tag(job_id) for job_id in page]
         body = {"flow_runs": {"tags": {"any_": tags}}, "sort": "EXPECTED_START_TIME_DESC", "limit": PAGE}
-        try:
-            url = f"{api.rstrip('/')}/flow_runs/filter"
-            with httpx.stream("POST", url, json=body, headers=AS_SENT | credentials, timeout=timeout) as response:
-                runs = read_response(response.raise_for_status(), MAX_PAGE_BYTES, **PAGE_READ).json()
-        except (httpx.HTTPError, ValueError, ServiceError):  # a page too large: as if the server did not answer
-            continue
+        if not isinstance(runs := api_answer("POST", "/flow_runs/filter", PAGE_READ, timeout, body), list):
+            continue  # as if the server did not answer (a page too large too)
         for run in runs:  # newest first: the first run naming a job is its newest
             name, tags = run.get("state_name") or (run.get("state") or {}).get("name"), run.get("tags") or []
             dirs = {tag for tag in tags if tag.startswith(DIRECTORY_TAG_PREFIX)}
@@ -147,6 +142,22 @@ def latest_states(directories: dict[str, str], timeout: float = 2.0) -> dict[str
                 if name and job_id in page and job_id not in states and dirs <= {directories[job_id]}:
                     states[job_id] = name
     return states
+
+
+def api_answer(method: str, path: str, read: dict[str, str], timeout: float, body: dict | None = None) -> Any:
+    """The JSON answer of one bounded call to the jobs' Prefect API (``PREFECT_API_URL``, with its credentials); None
+    without a server, for a 404, or where the server could not say (no answer, an error, an answer over
+    ``MAX_PAGE_BYTES`` or no JSON): the commands that ask then go by the job's record."""
+    if (api := prefect_api_url()) is None:
+        return None
+    headers = AS_SENT | prefect_api_headers()
+    try:
+        with httpx.stream(method, f"{api.rstrip('/')}{path}", json=body, headers=headers, timeout=timeout) as response:
+            if response.status_code == 404:
+                return None
+            return read_response(response.raise_for_status(), MAX_PAGE_BYTES, **read).json()
+    except (httpx.HTTPError, ValueError, ServiceError):
+        return None
 
 
 def find_job_dir(job: str, jobs_dir: Path) -> Path:
@@ -175,27 +186,18 @@ def list_jobs(jobs_dir: Path) -> list[tuple[JobPaths, JobRecord | RecordError]]:
                 readable.append((paths, read_record(job_dir)))
             except RecordError as exc:
                 unreadable.append((paths, exc))
-    listed: list[tuple[JobPaths, JobRecord | RecordError]] = [
-        *sorted(readable, key=lambda job: job[1].created_at, reverse=True)
-    ]
-    return [*listed, *unreadable]
+    return [*sorted(readable, key=lambda job: job[1].created_at, reverse=True), *unreadable]
 
 
 def step_at_work(job: JobRecord, position: int, step: str, timeout: float = 2.0) -> str | None:
     """What a running step has done so far, as its progress artifact says it (files done of total, bytes or lines,
     the rate) with its percent; None without a server, or where this run of the job has published none yet."""
-    if (api := prefect_api_url()) is None or not job.flow_run_ids:
+    if not job.flow_run_ids:
         return None
-    url = f"{api.rstrip('/')}/artifacts/{step_artifact_key(job.job_id, position, step, 'progress')}/latest"
-    try:
-        with httpx.stream("GET", url, headers=AS_SENT | prefect_api_headers(), timeout=timeout) as response:
-            if response.status_code == 404:
-                return None
-            artifact = read_response(response.raise_for_status(), MAX_PAGE_BYTES, **PROGRESS_READ).json()
-    except (httpx.HTTPError, ValueError, ServiceError):  # the server could not say: the record's word stands
-        return None
+    key = step_artifact_key(job.job_id, position, step, "progress")
+    artifact = api_answer("GET", f"/artifacts/{key}/latest", PROGRESS_READ, timeout)
     if not isinstance(artifact, dict) or str(artifact.get("flow_run_id")) != job.flow_run_ids[-1]:
-        return None  # an earlier run's
+        return None  # none, or an earlier run's
     said = plain_text(str(artifact.get("description") or "")).removeprefix(f"{step} ")
     percent = artifact.get("data")
     return f"{said} ({percent:.0f} %)" if isinstance(percent, int | float) else said
