@@ -40,6 +40,7 @@ PREFECT_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "1",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",  # a killed job's run turns Crashed on the server (flows.heartbeats)
 }
 
 

@@ -1,7 +1,8 @@
-"""The gate protocol of a ``wait`` step in a flow run: a local run stops there (the job awaits inspection until
-``continue``); a deployment run is suspended with an input form whose schema requires the confirmation to be true,
-so Prefect's server refuses a resume without it at once (the UI shows the reason; the API answers ``REJECT``) and
-the run stays suspended. The gate itself lives in the job's record (``tasks.job.record``).
+"""The gate protocol of a ``wait`` step in a flow run: the run is suspended with an input form whose schema requires
+the confirmation to be true, so Prefect's server refuses a resume without it at once (the UI shows the reason; the
+API answers ``REJECT``) and the run stays suspended. Every job's run has a deployment to be suspended in: a worker's,
+or the command line's (``COMMAND_LINE_DEPLOYMENT``, whose runs the command line executes and ``continue`` resumes).
+The gate's release and note are kept in the job's record (``tasks.job.record``).
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ from pydantic import Field
 from config.runtime import job_on_command_line
 from flows.job_card import JobRecordCard
 from flows.jobs import Job
+from tasks.core.errors import JobError
 from config.runtime import CLI
 from tasks.job.contract import StepInput, StepResult
-from tasks.job.record import RUNNING, SUSPENDED, changing_record, read_record, record_state
+from tasks.job.record import RUNNING, SUSPENDED, changing_record, read_record, record_state, record_step
 from tasks.wait import released_result, wait
+
+COMMAND_LINE_DEPLOYMENT = "command-line"  # the deployment of the jobs the command line starts (``flows.job_runs``)
 
 
 def editable_toggle(schema: dict[str, Any]) -> None:
@@ -45,32 +49,36 @@ class InspectionInput(RunInput):
 
 
 def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordCard) -> StepResult:
-    """A wait step: in a deployment run, suspend until resumed with the inspection form; locally, stop the run.
+    """A wait step: suspend until resumed with the inspection form (or ``continue``, which fills it in).
 
-    In a deployment run the ``wait`` task runs once, when the gate pauses the job. Prefect runs a resumed run again
-    from the top (every other task shows again, as Cached): the flow reads the form's answer first, without
-    suspending again or saying so, and, confirmed, releases the gate and goes on with the folder the gate hands on
-    (``released_result``), without running the task a second time."""
-    in_deployment = runtime.deployment.id is not None
-    hint = resume_hint(job, in_deployment)
-    if not in_deployment or read_record(job.paths.job_dir).gate(step.position).released:
-        return wait(step, hint)
-    inspection = confirmed_inspection(job, step, hint, done, card)
+    The ``wait`` task runs once, when the gate pauses the job. Prefect runs a resumed run again from the top (every
+    other task shows again, as Cached): the flow reads the form's answer first, without suspending again or saying
+    so, and, confirmed, releases the gate and goes on with the folder the gate hands on (``released_result``),
+    without running the task a second time. A gate released before jobs had one run is passed as released."""
+    if read_record(job.paths.job_dir).gate(step.position).released:
+        return wait(step, resume_hint(job))
+    if runtime.deployment.id is None:
+        raise JobError(
+            f"job {job.job_id} reached a wait step in a flow run of no deployment, which cannot be suspended; run it "
+            f"with {CLI} continue {job_on_command_line(job.paths.job_dir)}"
+        )
+    inspection = confirmed_inspection(job, step, resume_hint(job), done, card)
     with changing_record(job.paths.job_dir) as record:
         record.gate(step.position).release(inspection.note)
     record_state(job.paths.job_dir, RUNNING)  # a resumed run passed its suspend, which wrote Suspended first
     return released_result(step)
 
 
-def resume_hint(job: Job, in_deployment: bool) -> str:
-    """How to go on past a wait step: a deployment run names its own resume call (with this run's id)."""
-    job_ref = job_on_command_line(job.paths.job_dir)
-    if not in_deployment:
-        return f"{CLI} continue {job_ref}"
+def resume_hint(job: Job) -> str:
+    """How to go on past a wait step: the command line, which resumes the run with the form filled in; a worker's
+    run also names its own resume call (with this run's id)."""
+    go_on = f"{CLI} continue {job_on_command_line(job.paths.job_dir)}"
+    if runtime.deployment.name in (None, COMMAND_LINE_DEPLOYMENT):
+        return f"{go_on} (a Resume in the Prefect UI leaves the run waiting for that command)"
     return (
         "press Resume on this flow run in the Prefect UI and fill in the form, or "
         f'POST /api/flow_runs/{runtime.flow_run.id}/resume with {{"run_input": {{"confirmed": true, "note": "..."}}}}, '
-        f"or run: {CLI} continue {job_ref}"
+        f"or run: {go_on}"
     )
 
 
@@ -84,17 +92,17 @@ def confirmed_inspection(
     answer = read_flow_run_input(keyset_from_paused_state(Suspended(pause_key=key))["response"])
     if answer is not None:  # a sync caller gets the value (Prefect's dispatch types it as a coroutine too)
         return InspectionInput.model_validate(answer)
-    card.note([*done, wait(step, hint)])  # the record shows the gate awaiting while the run is suspended
+    awaiting = wait(step, hint)
+    record_step(job.paths.job_dir, awaiting)  # status and the card show the gate awaiting while the run is suspended
+    card.note([*done, awaiting])
     timeout = job.settings.pipeline.wait_timeout
-    record_state(job.paths.job_dir, SUSPENDED, suspended_message(step, datetime.now(UTC) + timeout))
+    record_state(job.paths.job_dir, SUSPENDED, suspended_message(step, datetime.now(UTC) + timeout, hint))
     card.refresh()
     return suspend_flow_run(wait_for_input=InspectionInput, timeout=int(timeout.total_seconds()), key=key)
 
 
-def suspended_message(step: StepInput, expires: datetime) -> str:
-    """The state of a run suspended at a wait step: what to do, and until when (``pipeline.wait_timeout``), after
-    which Prefect refuses the resume and fails the run."""
-    return (
-        f"awaiting inspection at step {step.number} (wait) until {expires:%Y-%m-%d %H:%M} UTC "
-        "(pipeline.wait_timeout); resume in the UI with the confirmation turned on"
-    )
+def suspended_message(step: StepInput, expires: datetime, hint: str) -> str:
+    """The state of a run suspended at a wait step: until when (``pipeline.wait_timeout``, after which Prefect
+    refuses the resume and fails the run), and how to go on (``resume_hint``)."""
+    until = f"{expires:%Y-%m-%d %H:%M} UTC (pipeline.wait_timeout)"
+    return f"awaiting inspection at step {step.number} (wait) until {until}; to go on: {hint}"

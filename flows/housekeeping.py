@@ -323,13 +323,9 @@ def api_call(
 
 
 def delete_server_records(client: httpx.Client, job: Candidate) -> None:
-    """The job's artifacts, then its flow runs (their task runs and logs go with them) and the automations that
-    guarded them (``local_pause_guard``); gone already is fine."""
+    """The job's artifacts, then its flow runs (their task runs and logs go with them); gone already is fine."""
     for path in [f"/artifacts/{a}" for a in job.artifact_ids] + [f"/flow_runs/{r}" for r in job.flow_run_ids]:
         api_call(client, "DELETE", path)
-    guards = {"automations": {"name": {"any_": [prefect_server.local_pause_guard_name(r) for r in job.flow_run_ids]}}}
-    for automation in api_call(client, "POST", "/automations/filter", guards).json():
-        api_call(client, "DELETE", f"/automations/{automation['id']}")
 
 
 def print_selection(selection: Selection, jobs_dir: Path, api_url: str | None) -> None:

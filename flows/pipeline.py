@@ -1,13 +1,13 @@
 """The ``dupflow`` flow: one job, its steps in the order of ``pipeline.enabled_steps``.
 
-Every entry point (command line, deployment, schedule) runs this flow on the job ``prepare_job`` makes or finds.
-Parameters carry no secret; the configuration is loaded inside the run. Each step is a Prefect task in ``STEPS``
-with its ``StepKind``; finished steps and files come back from the job's cache, so running again resumes the job.
+Every entry point (command line, deployment, schedule) runs this flow on the job ``prepare_job`` makes or finds; a
+job is one flow run from start to end (``flows.job_runs``). Parameters carry no secret; the configuration is loaded
+inside the run. Each step is a Prefect task in ``STEPS`` with its ``StepKind``; finished steps and files come back
+from the job's result records, so running again resumes the job.
 
-The flow owns the job: it takes its lock, closes the job's earlier flow run (``Continued``), settles a submission in
-doubt, releases the gates that paused the job, runs the steps, and writes every state into the job's record. At a
-``wait`` step a local run ends as ``AwaitingInspection`` (Paused, never a green Completed) and a deployment run is
-suspended with an input form (``flows.gates``). The job-record artifact is ``flows.job_card``."""
+The flow owns the job: it takes its lock, settles a submission in doubt, releases the gates a job from before left
+awaiting, runs the steps, and writes every state into the job's record. At a ``wait`` step the run is suspended with
+an input form (``flows.gates``). The job-record artifact is ``flows.job_card``."""
 
 from __future__ import annotations
 
@@ -17,22 +17,19 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
-import httpx
 from prefect import flow, get_run_logger, runtime
 from prefect.client.orchestration import get_client
-from prefect.exceptions import ObjectNotFound, PrefectSignal
-from prefect.states import Cancelled, Completed, Paused, State
+from prefect.exceptions import PrefectSignal
+from prefect.states import Completed, State
 
 from config.settings import Settings
-from config.runtime import job_on_command_line
 from flows.gates import run_gate
+from flows.heartbeats import ensure_crash_detection
 from flows.job_card import JobRecordCard, job_summary, publish_step_table
 from flows.job_state import JobLock
 from flows.jobs import Job, prepare_job, refuse_extraction_flags_of_a_followed_url, refuse_invisible_url_characters
-from flows.prefect_server import local_pause_guard, local_pause_guard_name
 from flows.run_logging import keep_one_trace_per_failure
 from tasks.clients.extraction_documents import ExtractionHandle
-from config.runtime import CLI
 from tasks.core.readable import counted, plain_text
 from tasks.core.redaction import redact
 from tasks.core.errors import JobError
@@ -49,7 +46,6 @@ from tasks.job.record import (
     AWAITING_INSPECTION,
     CANCELLED,
     COMPLETED,
-    CONTINUED,
     CRASHED,
     FAILED,
     RUNNING,
@@ -147,12 +143,12 @@ def pipeline(
     )
     flow_run_id = str(runtime.flow_run.id)
     name_and_tag_flow_run(job.job_id, job.paths.job_dir)
+    ensure_crash_detection()
     with JobLock(job.paths):
         settle_submission_in_doubt(job, attach, resubmit)  # refused for a finished job: before Running is recorded
-        close_earlier_flow_run(job, flow_run_id)
         record_state(job.paths.job_dir, RUNNING, flow_run_id=flow_run_id)
-        if note is not None and job.record.state in (AWAITING_INSPECTION, SUSPENDED):  # else its wait step pauses
-            # it again: a job that crashed is not known to be at a gate anyone saw
+        if note is not None and job.record.state in (AWAITING_INSPECTION, SUSPENDED):  # a gate of a job from before,
+            # or of a run this server lost; a job that crashed is not known to be at a gate anyone saw
             release_awaiting_gates(job.paths.job_dir, note)
         card = JobRecordCard(job)
         try:
@@ -188,17 +184,13 @@ def cancelled_on_the_server(flow_run_id: str) -> str | None:
 
 
 def run_job_steps(job: Job, card: JobRecordCard) -> Any:
-    """The steps, and the state the job ends in (written to its record first)."""
+    """The steps, and the state the job ends in (written to its record first); a gate suspends the run instead."""
     with file_runner(job.settings.pipeline.task_runner, job.paths.log_file):
         results = run_steps(job, card)
     summary = job_summary(job, results)
-    if (last := results[-1]).awaiting:
-        go_on = f"{CLI} continue {job_on_command_line(job.paths.job_dir)}"
-        message = f"awaiting inspection at step {last.position + 1} (wait); continue with: {go_on}"
-        state: State = Paused(name=AWAITING_INSPECTION, message=message, data=summary)
-        guard_local_pause(job.job_id, str(runtime.flow_run.id))
-    else:
-        state = Completed(message=completed_message(job.settings, last, summary["output_dir"]), data=summary)
+    state: State[Any] = Completed(
+        message=completed_message(job.settings, results[-1], summary["output_dir"]), data=summary
+    )
     record_state(job.paths.job_dir, state.name or "", state.message or "")
     card.refresh()
     return state
@@ -213,40 +205,6 @@ def completed_message(settings: Settings, last: StepResult, output_dir: str) -> 
     where = f"S3 bucket {send.s3.bucket}" if send.send_as == "s3_upload" else shown_url(send.url or "")
     sent = counted(last.summary["files_sent"], "file")
     return f"sent {sent} ({send.send_as}) to {where}; the data sent are in {output_dir}"
-
-
-def close_earlier_flow_run(job: Job, flow_run_id: str) -> None:
-    """The job's previous flow run, left Paused (awaiting inspection) or Running (resumed in the UI, or killed) by
-    a process that is gone (this flow holds the job's lock), ends as ``Continued``, naming this run."""
-    if not (earlier := [run_id for run_id in job.record.flow_run_ids if run_id != flow_run_id]):
-        return
-    with get_client(sync_client=True) as client:
-        drop_local_pause_guards(client, earlier[-1:])
-        try:
-            run = client.read_flow_run(UUID(earlier[-1]))
-        except ObjectNotFound:  # not in this server's database (another PREFECT_HOME): nothing to close
-            return
-        if run.state is not None and not run.state.is_final():
-            message = f"the job was continued in flow run {flow_run_id}"
-            client.set_flow_run_state(earlier[-1], Cancelled(name=CONTINUED, message=message), force=True)
-
-
-def guard_local_pause(job_id: str, flow_run_id: str) -> None:
-    """Keep this local run paused when the UI resumes it (``local_pause_guard``); without the guard the job still
-    waits for ``continue`` (only a UI resume would leave a ghost run), so a failure is a warning."""
-    try:
-        with get_client(sync_client=True) as client:
-            drop_local_pause_guards(client, [flow_run_id])
-            client.request("POST", "/automations/", json=local_pause_guard(job_id, flow_run_id))
-    except (OSError, httpx.HTTPError) as exc:
-        get_run_logger().warning("could not guard the paused run against a resume in the UI: %s", exc)
-
-
-def drop_local_pause_guards(client: Any, flow_run_ids: list[str]) -> None:
-    """Remove the ``local_pause_guard`` automations of these flow runs from the server of ``client``."""
-    names = {"automations": {"name": {"any_": [local_pause_guard_name(run_id) for run_id in flow_run_ids]}}}
-    for automation in client.request("POST", "/automations/filter", json=names).json():
-        client.request("DELETE", f"/automations/{automation['id']}")
 
 
 def checked_attach(attach: str | None) -> None:
@@ -312,12 +270,9 @@ def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:
             raise
         record_step(job.paths.job_dir, result)
         results.append(result)
-        if not result.awaiting:
-            publish_step_table(job, result)
+        publish_step_table(job, result)
         card.note(results)
         card.refresh()
-        if result.awaiting:
-            break
         get_run_logger().info(
             "step %d %s: %s, %s in %s",
             position + 1,

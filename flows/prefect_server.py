@@ -36,7 +36,6 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from http.client import HTTPConnection, HTTPException, HTTPSConnection
 from pathlib import Path
-from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from config.runtime import local_server_port, prefect_api_headers, prefect_api_url
@@ -46,7 +45,6 @@ from flows.server_process import POLL_INTERVAL, process_is_server, process_stopp
 from tasks.core.errors import DupflowError
 from config.runtime import CLI
 from tasks.core.url_credentials import shown_url
-from tasks.job.record import AWAITING_INSPECTION
 from tasks.streams.files import exclusive_lock, write_file_atomically
 
 STATE_FILE = "dupflow-server.json"
@@ -75,34 +73,6 @@ SERVER_DEFAULTS = {
     "PREFECT_SERVER_SERVICES_FOREMAN_ENABLED": "false",
     "MALLOC_ARENA_MAX": "2",
 }
-
-
-def local_pause_guard_name(flow_run_id: str) -> str:
-    return f"dupflow local run {flow_run_id} stays paused"
-
-
-def local_pause_guard(job_id: str, flow_run_id: str) -> dict[str, Any]:
-    """The automation that keeps a local run paused for inspection: no process is behind it, so when the UI resumes
-    it (a ghost) the server puts it straight back, saying to ``continue`` the job. One per run: Prefect fills no
-    template into a state's message, and the message names the job."""
-    refused = (
-        "the Prefect UI cannot resume a local run (no process is behind it); the job still awaits inspection: go on "
-        f"with: {CLI} continue {job_id}"
-    )
-    return {
-        "name": local_pause_guard_name(flow_run_id),
-        "description": f"Resume in the UI puts the paused local run of job {job_id} back to {AWAITING_INSPECTION}.",
-        "trigger": {
-            "type": "event",
-            "posture": "Reactive",
-            "match": {"prefect.resource.id": f"prefect.flow-run.{flow_run_id}"},
-            "expect": ["prefect.flow-run.Running"],
-            "threshold": 1,
-        },
-        "actions": [  # on the run whose event fired it (the action's default source)
-            {"type": "change-flow-run-state", "state": "PAUSED", "name": AWAITING_INSPECTION, "message": refused}
-        ],
-    }
 
 
 class ServerStartError(DupflowError):

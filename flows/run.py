@@ -37,7 +37,7 @@ from tasks.core.readable import CAUSE_CHARS, counted, duration_text, plain_lines
 from tasks.core.names import show_text
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
-from tasks.job.layout import JobPaths, directory_tag, job_tag
+from tasks.job.layout import JobPaths
 from tasks.job.record import (
     CANCELLED,
     COMPLETED,
@@ -54,6 +54,7 @@ from tasks.job.record import (
 )
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+SCHEDULED_NAMES = ("Resuming", "Scheduled", "Late")  # a suspended run resumed in the UI, waiting to be run
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EMBEDDED_CONFIG = REPO_ROOT / "config" / "default.yaml"
 EMBEDDED_CRTDL = REPO_ROOT / "config" / "sample-data" / "crtdl.json"
@@ -267,7 +268,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     prefect_server.use_server()  # a dead PREFECT_API_URL stops here, before a job exists
     job = prepare_job(None, config_path, job_input, overrides, overrides_source="--set")
     print(f"job {job.job_id}: {job.paths.job_dir}")
-    return run_job(job.paths, args.no_progress)
+    return run_job(job.paths, args.no_progress, None)
 
 
 def cmd_continue(args: argparse.Namespace) -> int:
@@ -288,17 +289,18 @@ def cmd_continue(args: argparse.Namespace) -> int:
 
 
 def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: dict[str, str]) -> int:
-    """The flow does the continuing (gates, a submission in doubt, the earlier flow run); this picks the way in."""
+    """The job's flow run goes on (``flows.job_runs``); the flow settles the gates and a submission in doubt."""
     job = read_record(paths.job_dir)
     refuse_extraction_flags_of_a_followed_url(job, args.attach, args.resubmit)  # before a flow run exists
     if job.state == SUSPENDED:
         prefect_server.use_server()  # a suspended run is the server's (the record's rule): resumed or cancelled there
     state = current_state(paths, job)
-    if state == SUSPENDED:
+    if job.state == SUSPENDED and state not in FINAL_STATES:  # at a gate, or resumed in the UI
         refuse_flags_of_a_new_run(job, args, overrides)
-        return resume_suspended_run(job, args.note)
-    if job.state == SUSPENDED and state not in FINAL_STATES:
-        raise UsageError(f"job {job.job_id}: its deployment run is {state} on the server (resumed there); let it end")
+        from flows.job_runs import is_run_of_a_worker
+
+        if is_run_of_a_worker(job.flow_run_ids[-1]):
+            return resume_suspended_run(job, args.note, state)
     if state == COMPLETED and not overrides:
         print(f"job {job.job_id} is already completed; nothing to do (outputs in {paths.job_dir})")
         return EXIT_OK
@@ -322,9 +324,11 @@ def refuse_flags_of_a_new_run(job: JobRecord, args: argparse.Namespace, override
         )
 
 
-def resume_suspended_run(job: JobRecord, note: str) -> int:
-    """A deployment run suspended at a wait step is resumed where it is, with the inspection form's answers: a
-    worker of its work pool continues it (a local run instead would stop at the same gate again)."""
+def resume_suspended_run(job: JobRecord, note: str, state: str) -> int:
+    """A worker's deployment run suspended at a wait step is resumed where it is, with the inspection form's answers:
+    a worker of its work pool continues it. Resumed already (in the UI), it is the worker's to go on with."""
+    if state != SUSPENDED:
+        raise UsageError(f"job {job.job_id}: its deployment run is {state} on the server (resumed there); let it end")
     from uuid import UUID
 
     from prefect.flow_runs import resume_flow_run
@@ -334,9 +338,9 @@ def resume_suspended_run(job: JobRecord, note: str) -> int:
     return EXIT_OK
 
 
-def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | None = None) -> int:
-    """Run the flow in this process and report the outcome in one line; the full trace goes to the job's log.
-    ``continuing``: the flow's parameters of a ``continue`` (note, attach, resubmit)."""
+def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | None) -> int:
+    """Run the job's flow run in this process and report the outcome in one line; the full trace goes to the job's
+    log. ``continuing``: the flow's parameters of a ``continue`` (note, attach, resubmit); None for a new job."""
     job = read_record(paths.job_dir)
     from tasks.streams.progress import use_display
 
@@ -344,20 +348,18 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
     take_interrupts()  # SIGTERM as Ctrl+C: a KeyboardInterrupt
     try:
         with job_logging(paths.log_file), api_watched(paths, prefect_api_url()):
-            state = run_flow(job, paths, continuing or {})
+            state = run_flow(job, paths, continuing)
     except KeyboardInterrupt:
         print(f"interrupted; resume with: {CLI} continue {job_on_command_line(paths.job_dir)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     return report_outcome(paths, state)
 
 
-def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any]) -> Any:
-    """A new flow run of the job (a ``continue`` too: the flow closes the earlier run that no process carries on)."""
-    from prefect import tags
+def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any] | None) -> Any:
+    """The job's one flow run (``flows.job_runs``): made for a new job, carried on by a ``continue``."""
     from prefect.exceptions import TerminationSignal
-    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-    from flows.pipeline import pipeline
+    from flows import job_runs
 
     parameters = dict(
         job_id=job.job_id,
@@ -365,14 +367,16 @@ def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any]) -> Any
         job_input=job.job_input,
         # The directory this command found the job in, whatever jobs_dir says now.
         overrides={**job.overrides, "jobs_dir": str(paths.job_dir.parent)},
-        **continuing,
+        **(continuing or {}),
     )
+    if continuing is None:
+        run = job_runs.new_job_run(job.job_id, paths, parameters)
+    else:
+        run = job_runs.continued_job_run(job.job_id, paths, job.flow_run_ids, parameters, continuing["note"])
+    if run.said:
+        print(f"job {job.job_id}: {run.said}")
     try:
-        with (
-            tags(job_tag(job.job_id), directory_tag(paths.job_dir)),
-            temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}),
-        ):
-            return pipeline(**parameters, return_state=True)
+        return job_runs.execute(run.flow_run)
     except TerminationSignal as exc:
         raise KeyboardInterrupt from exc
 
@@ -406,10 +410,13 @@ def setting_named_in(message: str) -> str | None:
 def settled_message(recorded: str, state: str, paths: JobPaths) -> str:
     """What to do about a job whose state the rule settled otherwise than ``job.json`` says (a run killed, or a
     suspended deployment run cancelled in the UI): the recorded message was about the recorded state."""
-    resume = f"{CLI} continue {job_on_command_line(paths.job_dir)} resumes it"
+    go_on = f"{CLI} continue {job_on_command_line(paths.job_dir)}"
+    resume = f"{go_on} resumes it"
     if recorded == RUNNING and state == CRASHED:
         return f"no process works on it any more (its process was killed); {resume}"
     said = f"its flow run is {state} on the Prefect server"
+    if state in SCHEDULED_NAMES:  # resumed in the UI: a worker's run is its worker's; the command line's, continue's
+        return f"{said}: a worker goes on with a deployment's run, {go_on} with a job of the command line"
     return f"{said}; {resume}" if state in (CANCELLED, CRASHED, FAILED) else said
 
 

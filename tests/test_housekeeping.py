@@ -114,14 +114,14 @@ def test_yes_removes_exactly_the_old_finished_jobs_and_their_runs_and_artifacts(
     assert not completed.exists()
     assert flow_runs_of(api, completed.name) == [] and artifact_keys_of(api, completed.name) == []
     assert f"kept {running.name}: Running" in removed.stdout
-    assert f"kept {awaiting.name}: AwaitingInspection (remove it with --state AwaitingInspection)" in removed.stdout
+    assert f"kept {awaiting.name}: Suspended (remove it with --state Suspended)" in removed.stdout
     assert f"skipped {taken.name}: a process took it meanwhile" in removed.stdout
     assert "removed 1 of 2 job(s)" in removed.stdout
     assert sorted(jobs_in(jobs)) == sorted([awaiting, recent, running, taken])
     for job, (runs, keys) in others.items():
         assert (flow_runs_of(api, job.name), artifact_keys_of(api, job.name)) == (runs, keys)
 
-    named = prune(jobs, "--state", "awaitinginspection", "--yes")
+    named = prune(jobs, "--state", "suspended", "--yes")
     assert named.returncode == EXIT_OK, named.stderr
     assert not awaiting.exists() and flow_runs_of(api, awaiting.name) == [] == artifact_keys_of(api, awaiting.name)
     assert recent.is_dir() and flow_runs_of(api, recent.name)
@@ -240,7 +240,7 @@ def test_pruning_a_copy_of_job_directories_leaves_the_originals_runs_and_artifac
     for job in originals:
         shutil.copytree(job, backup / job.name)
 
-    pruned = prune(backup, "--state", "Completed", "--state", "AwaitingInspection", "--yes")
+    pruned = prune(backup, "--state", "Completed", "--state", "Suspended", "--yes")
 
     assert pruned.returncode == EXIT_OK, pruned.stderr
     assert "removed 2 of 2 job(s)" in pruned.stdout and jobs_in(backup) == []
@@ -258,7 +258,7 @@ def test_a_job_whose_flow_run_awaits_inspection_on_the_server_is_never_pruned(tm
     pruned = prune(tmp_path / "jobs", "--yes")
 
     assert pruned.returncode == EXIT_OK, pruned.stderr
-    assert f"kept {awaiting.name}: its flow run {runs[0]} is AwaitingInspection on the server" in pruned.stdout
+    assert f"kept {awaiting.name}: its flow run {runs[0]} is Suspended on the server" in pruned.stdout
     assert awaiting.is_dir() and flow_runs_of(prefect_api["api_url"], awaiting.name) == runs
 
 

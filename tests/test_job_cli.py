@@ -16,13 +16,12 @@ import pytest
 from prefect.client.orchestration import get_client
 
 from flows.job_state import current_state
-from flows.prefect_server import local_pause_guard_name
 from tasks.job.layout import JobPaths, directory_tag, job_tag
 from tasks.job.record import SUSPENDED, JobRecord, changing_record, read_record
 from config.runtime import CLI
 from tasks.core.readable import counted
 from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
-from tests.conftest import REPO_ROOT, complete_results, run_cli, wait_until
+from tests.conftest import REPO_ROOT, complete_results, run_cli
 from tests.support.deployments import api
 from tests.support.jobs import (
     flow_run_state,
@@ -104,11 +103,11 @@ def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp
     assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")
     record = job_file(job_dir)
-    assert record["state"] == "AwaitingInspection"
+    assert record["state"] == "Suspended"
     assert (job_dir / "import_wait").is_dir()
     assert f"continue {job_dir}" in record["state_message"]  # outside the default jobs directory: the path
-    (paused_run,) = record["flow_run_ids"]
-    assert flow_run_state(paused_run) == ("PAUSED", "AwaitingInspection")  # never a green Completed run
+    (job_run,) = record["flow_run_ids"]
+    assert flow_run_state(job_run) == ("PAUSED", "Suspended")  # never a green Completed run
 
     write_ndjson(job_dir / "import_wait" / "a.ndjson", 2)
     assert main(["continue", str(job_dir), "--no-progress", "--note", "checked a.ndjson"]) == EXIT_OK
@@ -116,14 +115,38 @@ def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp
     assert record["state"] == "Completed"
     assert record["state_message"].endswith("import_wait")
     assert record["gates"]["01"]["note"] == "checked a.ndjson"
-    # continue is a new flow run of the job; the paused one ends, saying which run went on
-    (_, continued_run) = record["flow_run_ids"]
-    assert flow_run_state(paused_run) == ("CANCELLED", "Continued")
-    assert flow_run_state(continued_run) == ("COMPLETED", "Completed")
+    # continue goes on in the job's one flow run: resumed with the form's answers, its history shows both parts
+    assert record["flow_run_ids"] == [job_run]
+    assert flow_run_history(job_run)[-4:] == ["Suspended", "Resuming", "Running", "Completed"]
     capsys.readouterr()
     assert main(["status", str(job_dir)]) == EXIT_OK
     assert "2. wait: done, 1 file" in (out := capsys.readouterr().out) and "checked a.ndjson" in out
-    assert "step 2 (wait): released: checked a.ndjson" in job_record_card(job_dir.name, continued_run)
+    assert "step 2 (wait): released: checked a.ndjson" in job_record_card(job_dir.name, job_run)
+
+
+def test_a_job_from_before_or_whose_run_the_server_lost_goes_on_in_a_new_run_that_says_so(
+    tmp_path, job_config, capsys
+):
+    """A version-2 job of a dupflow before every gate was a suspend (AwaitingInspection, its paused run of no
+    deployment), here also unknown to this server (a lost database): ``continue`` makes a new run of the job, says
+    so, takes the finished step from the job folder and passes the gate with the note."""
+    source = source_dir(tmp_path, {"a.ndjson": 3})
+    assert main(["start", str(job_config(["local_import", "wait"])), str(source), "--no-progress"]) == EXIT_OK
+    job_dir = only_job_dir(tmp_path / "jobs")
+    lost_run = str(uuid.uuid4())
+    with changing_record(job_dir) as record:
+        record.state, record.flow_run_ids = "AwaitingInspection", [lost_run]
+    capsys.readouterr()
+
+    assert main(["continue", str(job_dir), "--no-progress", "--note", "from before"]) == EXIT_OK
+    said = capsys.readouterr().out
+    assert "its flow run is not on this Prefect server" in said and "a new run" in said, said
+    record = job_file(job_dir)
+    assert record["version"] == 2 and record["state"] == "Completed"
+    assert record["gates"]["01"]["note"] == "from before"
+    assert record["steps"]["00"]["cached"] is True  # the import was not done again
+    (kept, new_run) = record["flow_run_ids"]
+    assert kept == lost_run and flow_run_state(new_run) == ("COMPLETED", "Completed")
 
 
 @pytest.mark.parametrize(
@@ -176,17 +199,10 @@ def test_a_corrected_csv_after_flattening_is_what_the_next_step_reads(tmp_path, 
     assert f"Encounter.csv  {len(''.join(original[:-1]))} B  {counted(len(original) - 2, 'row')}" in out
 
 
-def flow_run_message(flow_run_id: str) -> str:
-    return read_flow_run_state(flow_run_id).message or ""
-
-
-def paused_again(flow_run_id: str) -> bool:
-    """Whether the run, paused as AwaitingInspection and then resumed (Running), is AwaitingInspection again."""
-
+def flow_run_history(flow_run_id: str) -> list[str]:
+    """The names of the run's states, oldest first."""
     with get_client(sync_client=True) as client:
-        history = [(state.type.value, state.name) for state in client.read_flow_run_states(flow_run_id)]
-    awaiting = ("PAUSED", "AwaitingInspection")
-    return history[-3:] == [awaiting, ("RUNNING", "Running"), awaiting]
+        return [state.name for state in client.read_flow_run_states(flow_run_id)]
 
 
 def test_a_job_recorded_without_a_version_by_the_dupflow_before_the_typed_record_resumes(tmp_path, job_config):
@@ -324,43 +340,45 @@ def test_status_and_list_read_the_job_without_importing_prefect(tmp_path, job_co
     assert "prefect imported: False" in out
     assert "1. local_import: done, 1 file" in out and "a.ndjson.zst" in out and "4 resources" in out
     assert "2. wait: awaiting inspection" in out
-    assert f"{job_dir.name}  AwaitingInspection" in out
+    assert f"{job_dir.name}  Suspended" in out
 
 
-def test_a_ui_resume_of_a_local_paused_run_is_put_back_and_every_view_agrees_until_continue_goes_on(
+def test_a_ui_resume_of_a_local_job_waits_visibly_until_continue_goes_on_in_the_same_run(
     tmp_path, job_config, prefect_api, capsys
 ):
+    """The command line's job at a gate is a suspended deployment run, as a worker's is, with the same form. Resumed
+    in the UI (or the API) it waits as Scheduled for the command line, every view saying so; ``continue`` then runs
+    it with the form's note, no automation made and no state forced."""
     source = source_dir(tmp_path, {"a.ndjson": 2})
     assert main(["start", str(job_config(["local_import", "wait"])), str(source), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")
-    (paused_run,) = job_file(job_dir)["flow_run_ids"]
-
-    # The UI's Resume button on the paused run turns it Running, with no process behind it; the automation the
-    # run made when it paused puts it straight back, saying why and what to do.
-    api(prefect_api["api_url"], "POST", f"/flow_runs/{paused_run}/resume", json={})
-    wait_until(lambda: paused_again(paused_run), "the resumed run to be put back to AwaitingInspection", timeout=120)
-    assert f"go on with: {CLI} continue {job_dir.name}" in flow_run_message(paused_run)
+    (job_run,) = job_file(job_dir)["flow_run_ids"]
     capsys.readouterr()
     assert main(["status", str(job_dir)]) == EXIT_OK
-    with_server = capsys.readouterr().out
+    assert "state:     Suspended" in (shown := capsys.readouterr().out) and "2. wait: awaiting inspection" in shown
+    assert "| 2 | wait | awaiting inspection |" in job_record_card(job_dir.name, job_run)
+
+    refused = {"run_input": {"confirmed": False, "note": "not yet"}}
+    assert api(prefect_api["api_url"], "POST", f"/flow_runs/{job_run}/resume", json=refused)["status"] == "REJECT"
+    form = {"run_input": {"confirmed": True, "note": "looked at in the UI"}}
+    assert api(prefect_api["api_url"], "POST", f"/flow_runs/{job_run}/resume", json=form)["status"] == "ACCEPT"
+    assert flow_run_state(job_run) == ("SCHEDULED", "Resuming")
+    assert main(["status", str(job_dir)]) == EXIT_OK
+    shown = capsys.readouterr().out
+    assert "state:     Resuming" in shown and f"{CLI} continue {job_dir} with a job of the command line" in shown
     assert main(["list", "--jobs-dir", str(tmp_path / "jobs")]) == EXIT_OK
-    listed = capsys.readouterr().out
-    without_server = run_cli("status", str(job_dir), env={"PREFECT_API_URL": ""}).stdout
-    for shown in (with_server, without_server):
-        assert "state:     AwaitingInspection" in shown and "2. wait: awaiting inspection" in shown, shown
-    assert f"{job_dir.name}  AwaitingInspection" in listed
-    assert "| 2 | wait | awaiting inspection |" in job_record_card(job_dir.name, paused_run)
+    assert f"{job_dir.name}  Resuming" in capsys.readouterr().out
 
     assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_OK
-    (_, continued_run) = job_file(job_dir)["flow_run_ids"]
-    assert flow_run_state(paused_run) == ("CANCELLED", "Continued")
-    guards = {"automations": {"name": {"any_": [local_pause_guard_name(paused_run)]}}}
-    assert api(prefect_api["api_url"], "POST", "/automations/filter", json=guards) == []  # continue removed it
-    assert flow_run_state(continued_run) == ("COMPLETED", "Completed")
+    record = job_file(job_dir)
+    assert record["flow_run_ids"] == [job_run] and flow_run_state(job_run) == ("COMPLETED", "Completed")
+    assert record["gates"]["01"]["note"] == "looked at in the UI"  # the UI's form, not continue's default note
+    automations = json.dumps(api(prefect_api["api_url"], "POST", "/automations/filter", json={}))
+    assert job_run not in automations and job_dir.name not in automations  # none made for the job
     capsys.readouterr()
     assert main(["list", "--jobs-dir", str(tmp_path / "jobs")]) == EXIT_OK
     assert f"{job_dir.name}  Completed" in capsys.readouterr().out
-    assert "| 2 | wait | done |" in job_record_card(job_dir.name, continued_run)
+    assert "| 2 | wait | done |" in job_record_card(job_dir.name, job_run)
 
 
 @pytest.mark.slow

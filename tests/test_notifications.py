@@ -4,12 +4,8 @@ Against a real ``prefect server start`` in a PREFECT_HOME of its own, as the REA
 block named ``dupflow-notify`` (here a custom webhook to a recording HTTP server on 127.0.0.1), the automations
 applied with ``python -m deployments.automations.apply``, then real dupflow jobs from the command line that wait for
 inspection, fail, and crash (SIGTERM while a download stalls). Each time the server's automation fires and the
-recorder receives a message naming the job, its state and the state's message. A deployment run's ``Suspended``
-state is the same automation's other expected event, provoked here by setting a run of the flow Suspended.
-
-Issue 20 item 2 on the same server: the local server starts with the automation that puts a local paused run the
-UI resumed straight back to AwaitingInspection (``apply`` keeps it), and that says what to do in a notification.
-"""
+recorder receives a message naming the job, its state and the state's message (or, for a ``Suspended`` run, which
+Prefect leaves without one, what to do)."""
 
 from __future__ import annotations
 
@@ -18,14 +14,13 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from flows.prefect_server import ensure_server, local_pause_guard, local_pause_guard_name, stop_server
+from flows.prefect_server import ensure_server, stop_server
 from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
 from tests.conftest import REPO_ROOT, seed_prefect_home, wait_until
 from tests.fakes._server import LoopbackServer
@@ -138,44 +133,14 @@ def job_at_a_wait_step(applied: dict[str, str], tmp_path: Path, write_config) ->
     return only_job(tmp_path / "jobs")
 
 
-def test_a_ui_resume_of_a_local_paused_run_is_put_back_and_notifies_what_to_do(
-    applied, recorder, tmp_path, write_config
-):
-    job_id, flow_run_id = job_at_a_wait_step(applied, tmp_path, write_config)
-    notification(recorder, job_id, "AwaitingInspection")
-
-    # The UI's Resume button: the run turns Running with no process behind it, and the server puts it back.
-    api_url = applied["PREFECT_API_URL"]
-    api(api_url, "POST", f"/flow_runs/{flow_run_id}/resume", json={})
-    (guard,) = automations_named(applied, local_pause_guard_name(flow_run_id))  # made when the run paused
-    refused = local_pause_guard(job_id, flow_run_id)["actions"][0]["message"]
-    assert f"continue {job_id}" in refused
-    message = notification(recorder, job_id, "AwaitingInspection", saying=refused)
-    assert f"/runs/flow-run/{flow_run_id}" in message["body"]
-    state = api(api_url, "GET", f"/flow_runs/{flow_run_id}")["state"]
-    assert (state["type"], state["name"], state["message"]) == ("PAUSED", "AwaitingInspection", refused)
-
-
 def test_a_job_at_a_wait_step_notifies_that_it_waits_for_inspection(applied, recorder, tmp_path, write_config):
     job_id, flow_run_id = job_at_a_wait_step(applied, tmp_path, write_config)
 
-    message = notification(recorder, job_id, "AwaitingInspection")
+    message = notification(recorder, job_id, "Suspended")
     assert message["subject"] == f"dupflow job {job_id} is waiting for inspection"
-    assert f"continue {tmp_path / 'jobs' / job_id}" in message["body"]  # the state message: what to do next
+    assert f"python -m flows.run continue {job_id}" in message["body"]  # Prefect suspends a run without a message:
+    assert "Resume a worker's run in the Prefect UI with the confirmation turned on" in message["body"]  # what to do
     assert f"/runs/flow-run/{flow_run_id}" in message["body"]  # a link: the local server knows its UI address
-
-
-def test_a_suspended_deployment_run_notifies_how_to_resume_it(applied, recorder, tmp_path, write_config):
-    """Prefect suspends a deployment run without a message: the notification said nothing of what to do."""
-    _, flow_run_id = job_at_a_wait_step(applied, tmp_path, write_config)  # the flow dupflow, known to the server
-    api_url, name = applied["PREFECT_API_URL"], str(uuid.uuid4())
-    flow_id = api(api_url, "GET", f"/flow_runs/{flow_run_id}")["flow_id"]
-    run = api(api_url, "POST", "/flow_runs/", json={"flow_id": flow_id, "name": name})
-    suspended = {"state": {"type": "PAUSED", "name": "Suspended"}, "force": True}  # as suspend_flow_run leaves it
-    api(api_url, "POST", f"/flow_runs/{run['id']}/set_state", json=suspended)
-
-    message = notification(recorder, name, "Suspended")
-    assert "Resume it in the Prefect UI with the confirmation turned on" in message["body"], message
 
 
 def test_a_failed_job_notifies_with_the_reason(applied, recorder, tmp_path, write_config):

@@ -3,8 +3,9 @@
 Dask cannot stop a running task's thread, and a worker on another machine goes on with a file task after the flow
 process is gone (Ctrl+C, SIGTERM, kill -9, a lost connection to the scheduler): it would go on sending a file's
 batches while ``continue`` sends them again. So on a worker a file task asks the Prefect server for its flow run's
-state every ``WATCH_EVERY_SECONDS``; once the run is over (Crashed, Cancelled or Cancelling, ended as ``Continued``
-by a later run of the job, Failed, Completed), the task's work is cancelled through ``tasks.streams.fanout``: it
+state every ``WATCH_EVERY_SECONDS``; once the run is over (Crashed, Cancelled or Cancelling, Failed, Completed) or
+a later attempt of it began (``continue`` goes on in the job's one flow run: its run count grew), the task's work is
+cancelled through ``tasks.streams.fanout``: it
 stops at its next ``raise_if_cancelled`` with its temporary files removed, and the task run fails naming why. A
 server that does not answer stops nothing (the work goes on as it would without the watch).
 """
@@ -88,24 +89,30 @@ class _Watch(threading.Thread):
         self.flow_run_id, self.cancel = flow_run_id, cancel
         self.finish = threading.Event()
         self.ended: str | None = None
+        self.attempt: int | None = None  # the run's run count when the watch began
 
     def run(self) -> None:
         from prefect.client.orchestration import get_client
 
         with get_client(sync_client=True) as client:
-            while not self.finish.wait(WATCH_EVERY_SECONDS):
-                if (ended := self.over(client)) is not None:
-                    self.ended = ended
-                    log.warning("flow run %s ended (%s): stopping this file task", self.flow_run_id, ended)
-                    self.cancel()
+            while (ended := self.over(client)) is None:  # at once too: the attempt the task belongs to
+                if self.finish.wait(WATCH_EVERY_SECONDS):
                     return
+            self.ended = ended
+            log.warning("flow run %s ended (%s): stopping this file task", self.flow_run_id, ended)
+            self.cancel()
 
     def over(self, client: Any) -> str | None:
-        """The flow run's state as ``name: message`` once it is over, else None (also when the server is silent)."""
+        """The flow run's state as ``name: message`` once it is over or a later attempt of it began, else None (also
+        when the server is silent)."""
         try:
-            state = client.read_flow_run(self.flow_run_id).state
+            run = client.read_flow_run(self.flow_run_id)
         except Exception:  # noqa: BLE001 - a server that does not answer stops nothing
             return None
+        self.attempt = run.run_count if self.attempt is None else self.attempt
+        state = run.state
+        if run.run_count != self.attempt or (state is not None and state.type.value == "PENDING"):
+            return "a later attempt of the flow run began: the job was continued"
         if state is None or state.type.value not in _OVER:
             return None
         return plain_text(f"{state.name}: {state.message}" if state.message else state.name)

@@ -2,10 +2,9 @@
 ``status``, ``list``, the job-record artifact, the ``wait`` gate and ``continue`` read.
 
 **The one rule (Prefect vs this file).** The file is the job's state; the server shows it, and the file wins,
-corrected by the job's lock: Running while no process holds the lock is Crashed. One exception: Suspended (a
-deployment run waiting for the UI's form, no process of ours behind it) defers to the server, which alone sees it
-resumed or cancelled. So a UI Resume of a *local* paused run changes nothing: the job stays AwaitingInspection until
-``continue``, whose flow run closes the old run as ``Continued``.
+corrected by the job's lock: Running while no process holds the lock is Crashed. One exception: Suspended (a run
+waiting at a gate for the inspection form, no process of ours behind it) defers to the server, which alone sees it
+resumed or cancelled.
 
 A step's working files (``send/progress/``, the S3 upload manifest, the flattening's ``.parts``) say how far it got
 within a file; they never decide whether a step is done (Prefect's cached result and ``steps`` here do).
@@ -40,9 +39,8 @@ MAX_RECORD_BYTES = 64 * MB  # the record of 8 steps with 50,000 files each is so
 # Job states: Prefect's state names, the same in every view (CLI with or without a server, job.json, README).
 RUNNING, COMPLETED, FAILED, CRASHED, CANCELLED = "Running", "Completed", "Failed", "Crashed", "Cancelled"
 PENDING = "Pending"  # a job made and not yet started by a flow run (nothing ran; continue starts it)
-AWAITING_INSPECTION = "AwaitingInspection"
-SUSPENDED = "Suspended"  # a deployment run at a wait step, waiting for the inspection form
-CONTINUED = "Continued"  # the final state of a paused flow run whose job a later flow run continued
+AWAITING_INSPECTION = "AwaitingInspection"  # a job at a wait step, of a dupflow before every gate was a suspend
+SUSPENDED = "Suspended"  # a run at a wait step, waiting for the inspection form
 FINAL_STATES = (COMPLETED, FAILED, CRASHED, CANCELLED)  # a job in one of them has ended; no run carries it on
 
 

@@ -1,0 +1,113 @@
+"""The job's one flow run, made and carried on by the command line.
+
+A job started on the command line is a run of the deployment ``dupflow/command-line``, which has no work pool: this
+process executes it, as ``prefect flow-run execute`` does, so at a wait step it is suspended with the inspection
+form like a worker's run, and its process ends. ``continue`` goes on in that same run: a suspended run is resumed with
+the form's answers (the command line is the confirmation), an ended one is set back to Pending as ``AwaitingRetry``
+(what ``prefect flow-run retry`` does) with the continue's parameters; the run's state history shows each attempt,
+and finished steps come back from the job folder's result records. Only a job whose run this server does not know (a
+new server or database, another PREFECT_HOME, a job from before) gets a new run, which says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.client.schemas.objects import FlowRun
+from prefect.exceptions import ObjectNotFound, Pause
+from prefect.states import Pending, State
+
+from flows.gates import COMMAND_LINE_DEPLOYMENT
+from flows.pipeline import pipeline
+from tasks.core.errors import JobError
+from tasks.job.layout import JobPaths, directory_tag, job_tag
+
+RETRIED = "AwaitingRetry"  # Prefect's name for a run set back to go again (``prefect flow-run retry``)
+DESCRIPTION = (
+    "Jobs started on the command line (python -m flows.run start): the command line runs them, no worker does. A run "
+    "suspended at a wait step, or resumed here, goes on with: python -m flows.run continue JOB_ID"
+)
+
+
+@dataclass(frozen=True)
+class JobRun:
+    """The flow run to execute, and what became of the job's earlier run to get it (said on the terminal)."""
+
+    flow_run: FlowRun
+    said: str
+
+
+def new_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any], said: str = "") -> JobRun:
+    """A new run of the command line's deployment for the job: named after it, tagged with it and its folder."""
+    with get_client(sync_client=True) as client:
+        deployment_id = client.create_deployment(  # an upsert: the same deployment every time
+            flow_id=client.create_flow(pipeline),
+            name=COMMAND_LINE_DEPLOYMENT,
+            entrypoint="flows/pipeline.py:pipeline",
+            description=DESCRIPTION,
+        )
+        run = client.create_flow_run_from_deployment(
+            deployment_id,
+            parameters=parameters,
+            name=job_id,
+            tags=[job_tag(job_id), directory_tag(paths.job_dir)],
+        )
+    return JobRun(run, said)
+
+
+def continued_job_run(
+    job_id: str, paths: JobPaths, flow_run_ids: list[str], parameters: dict[str, Any], note: str
+) -> JobRun:
+    """The job's run, made ready to go on in this process: resumed with the form's answers when suspended at a
+    gate, else set back to Pending with ``parameters``; a new run when this server has none of the job's."""
+    with get_client(sync_client=True) as client:
+        run = known_run(client, flow_run_ids)
+        if run is None or run.deployment_id is None:  # a lost database, another home, or a job from before
+            said = "its flow run is not on this Prefect server (or is from before jobs had one run): a new run"
+            return new_job_run(job_id, paths, parameters, f"{said} takes every finished step from the job folder")
+        if run.state is not None and run.state.is_paused():
+            resume_with_form(client, run.id, note)
+            return JobRun(client.read_flow_run(run.id), "resumed its suspended flow run, confirmed with the note")
+        if run.state is None or not run.state.is_scheduled():  # scheduled: resumed in the UI, this goes on with it
+            client.update_flow_run(run.id, parameters=parameters)
+            again: State[Any] = Pending(name=RETRIED, message="continued from the command line")
+            client.set_flow_run_state(run.id, again, force=True)  # this process holds the job's lock: none runs it
+        return JobRun(client.read_flow_run(run.id), f"going on in its flow run {run.id}")
+
+
+def known_run(client: SyncPrefectClient, flow_run_ids: list[str]) -> FlowRun | None:
+    """The job's newest flow run, if this server has it."""
+    if not flow_run_ids:
+        return None
+    try:
+        return client.read_flow_run(UUID(flow_run_ids[-1]))
+    except ObjectNotFound:
+        return None
+
+
+def resume_with_form(client: SyncPrefectClient, flow_run_id: UUID, note: str) -> None:
+    """Resume a suspended run with the inspection form's answers, as the UI's Resume does; refused, it says why."""
+    answer = client.resume_flow_run(flow_run_id, run_input={"confirmed": True, "note": note})
+    if answer.status.value != "ACCEPT":
+        reason = getattr(answer.details, "reason", None) or answer.status.value
+        raise JobError(f"the Prefect server did not resume flow run {flow_run_id}: {reason}")
+
+
+def is_run_of_a_worker(flow_run_id: str) -> bool:
+    """Whether the run belongs to a deployment with a work pool (a worker runs it, not the command line)."""
+    with get_client(sync_client=True) as client:
+        run = known_run(client, [flow_run_id])
+    return run is not None and run.work_pool_name is not None
+
+
+def execute(run: FlowRun) -> Any:
+    """Run the flow run in this process (``prefect flow-run execute``); its final state, or Suspended at a gate."""
+    from prefect.flow_engine import run_flow
+
+    try:
+        return run_flow(pipeline, flow_run=run, parameters=run.parameters, return_type="state")
+    except Pause as paused:
+        return paused.state
