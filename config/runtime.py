@@ -8,6 +8,7 @@ import functools
 import os
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from tasks.core.errors import UsageError
@@ -54,13 +55,13 @@ def prefect_api_url() -> str | None:
     return os.environ.get("PREFECT_API_URL") or None
 
 
-def prefect_api_headers() -> dict[str, str]:
+def prefect_api_headers(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The credentials Prefect's own client sends its API, for dupflow's direct calls to it (``prune``, ``status``,
     the server probes): Basic with ``PREFECT_API_AUTH_STRING`` (a server run with PREFECT_SERVER_API_AUTH_STRING),
-    else Bearer with ``PREFECT_API_KEY``. Each is redacted wherever dupflow shows or logs text."""
-    return dict(
-        _api_headers(os.environ.get("PREFECT_API_AUTH_STRING") or None, os.environ.get("PREFECT_API_KEY") or None)
-    )
+    else Bearer with ``PREFECT_API_KEY``, from ``env`` (a client's environment; default: this process's). Each is
+    redacted wherever dupflow shows or logs text."""
+    env = os.environ if env is None else env
+    return dict(_api_headers(env.get("PREFECT_API_AUTH_STRING") or None, env.get("PREFECT_API_KEY") or None))
 
 
 @functools.cache

@@ -1,6 +1,6 @@
 """A shared Prefect server with access control (``PREFECT_SERVER_API_AUTH_STRING`` on the server,
-``PREFECT_API_AUTH_STRING`` on its clients): the command line's jobs, ``status``, ``list`` and ``prune`` work
-against it and never show the credential."""
+``PREFECT_API_AUTH_STRING`` on its clients): the command line's jobs, ``status``, ``list`` and ``prune``, and a
+worker's deployment runs work against it and never show the credential."""
 
 from __future__ import annotations
 
@@ -12,11 +12,21 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import run_cli, seed_prefect_home
-from tests.support.deployments import local_server, write_patients
+from tests.conftest import run_cli, seed_prefect_home, wait_until
+from tests.support.deployments import (
+    deploy,
+    local_server,
+    run_log,
+    start_run,
+    start_worker,
+    stop_worker,
+    wait_for_run,
+    write_patients,
+)
 
 pytestmark = pytest.mark.slow
 AUTH_STRING = "dupflow-admin:Auth-Str1ng-4711"
+SHOWN = ("Auth-Str1ng-4711", base64.b64encode(AUTH_STRING.encode()).decode())  # the credential, as sent
 
 
 @pytest.fixture(scope="module")
@@ -46,5 +56,42 @@ def test_jobs_status_list_and_prune_work_against_a_server_with_an_auth_string(tm
     assert pruned.returncode == 0 and f"removed {job_dir.name} (1 flow run(s)" in pruned.stdout, pruned.stdout
     assert not job_dir.exists()
     said = "".join(done.stdout + done.stderr for done in (started, status, listed, pruned))
-    assert "Auth-Str1ng-4711" not in said and base64.b64encode(AUTH_STRING.encode()).decode() not in said
+    assert not [shown for shown in SHOWN if shown in said]
     assert not list((tmp_path / "jobs").iterdir())
+
+
+def test_a_worker_runs_a_deployment_run_to_its_end_against_a_server_with_an_auth_string(
+    tmp_path, write_config, guarded
+):
+    """``prefect deploy``, ``prefect worker start`` with the client's environment, and the run it starts (its
+    flow's own calls to the API: job name and tag, job record, logs) all get through, and none shows the
+    credential."""
+    api_url, env = guarded
+    deployed = deploy(api_url, env)
+    write_patients(tmp_path / "data" / "a.ndjson", ["p1", "p2"])
+    config = write_config({"pipeline": {"enabled_steps": ["local_import"]}})
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    worker = start_worker(env, logs / "worker.log")
+    try:
+        run_id = start_run(api_url, deployed, config, tmp_path / "data", env)
+        run = wait_for_run(api_url, run_id, lambda run: False, worker, logs, env)
+        # The flow's process writes its console log through the worker, the same records reach the API in batches:
+        # its last one (the flow's end) is waited for in both.
+        ending = f"Flow run '{run_id}' - Finished in state"
+        wait_until(lambda: ending in (logs / "worker.log").read_text(), "the flow's end in the worker log")
+        (last,) = [line for line in (logs / "worker.log").read_text().splitlines() if ending in line]
+        last = last.split(f"Flow run '{run_id}' - ", 1)[1]
+        wait_until(lambda: last in run_log(api_url, run_id, env), "the flow's end in the run's log")
+    finally:
+        stop_worker(worker)
+
+    log = run_log(api_url, run_id, env)
+    assert run["state"]["type"] == "COMPLETED", (run["state"], log)
+    assert run["name"] == run_id and f"job-{run_id}" in run["tags"], "the job's name and tag: the flow's own calls"
+    job_dir = tmp_path / "jobs" / run_id
+    assert json.loads((job_dir / "job.json").read_text())["state"] == "Completed"
+    assert (job_dir / "import" / "a.ndjson.zst").is_file()
+    said = {"worker log": (logs / "worker.log").read_text(), "run log": log, "run state": json.dumps(run)}
+    said |= {str(path): path.read_text(errors="replace") for path in job_dir.rglob("*") if path.is_file()}
+    assert not [(where, shown) for where, text in said.items() for shown in SHOWN if shown in text]

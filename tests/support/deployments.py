@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from config.runtime import prefect_api_headers
 from flows.prefect_server import ensure_server, stop_server
 from tests.conftest import REPO_ROOT, seed_prefect_home
 from tests.support.prefect_servers import kill_servers_of
@@ -60,14 +61,19 @@ def server(tmp_path_factory: pytest.TempPathFactory, prefect_database: Path) -> 
 
 @pytest.fixture(scope="module")
 def deployed(server) -> dict[str, dict[str, Any]]:
-    """``prefect work-pool create`` and ``prefect deploy --all`` from the repository root; the deployments by name."""
-    api_url, env = server
+    """This repository's deployments on the module's server (``deploy``)."""
+    return deploy(*server)
+
+
+def deploy(api_url: str, env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """``prefect work-pool create`` and ``prefect deploy --all`` from the repository root, as the client ``env``;
+    the deployments by name."""
     prefect("work-pool", "create", POOL, "--type", "process", env=env)
     prefect("--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml", env=env)
     names = ("nightly-sample", "on-demand")
-    deployments = {name: api(api_url, "GET", f"/deployments/name/dupflow/{name}") for name in names}
+    deployments = {name: api(api_url, "GET", f"/deployments/name/dupflow/{name}", env=env) for name in names}
     # The nightly schedule must not fire a sample job into the repository while the tests run.
-    api(api_url, "PATCH", f"/deployments/{deployments['nightly-sample']['id']}", json={"paused": True})
+    api(api_url, "PATCH", f"/deployments/{deployments['nightly-sample']['id']}", env=env, json={"paused": True})
     return deployments
 
 
@@ -103,10 +109,12 @@ def prefect(*args: str, env: dict[str, str]) -> None:
     assert done.returncode == 0, f"prefect {' '.join(args)}:\n{done.stdout}\n{done.stderr}"
 
 
-def api(api_url: str, method: str, path: str, **kwargs: Any) -> Any:
-    """One REST call; a 503 (the SQLite database busy on a loaded machine) is retried, as Prefect's client does."""
+def api(api_url: str, method: str, path: str, env: Mapping[str, str] | None = None, **kwargs: Any) -> Any:
+    """One REST call with the credentials Prefect's client sends from the client environment ``env`` (none without
+    it); a 503 (the SQLite database busy on a loaded machine) is retried, as Prefect's client does."""
+    headers = prefect_api_headers(env or {})
     for attempt in range(5):
-        response = httpx.request(method, f"{api_url}{path}", timeout=30, **kwargs)
+        response = httpx.request(method, f"{api_url}{path}", headers=headers, timeout=30, **kwargs)
         if response.status_code != 503:
             break
         time.sleep(0.5 * 2**attempt)
@@ -139,29 +147,36 @@ def run_to_the_gate(
     api_url: str, deployed: dict, site: Path, worker: subprocess.Popen, logs: Path
 ) -> tuple[str, dict[str, Any]]:
     """A run of the on-demand deployment on the site's data, once it is paused at its wait step: its id and run."""
-    run_id = api(
-        api_url,
-        "POST",
-        f"/deployments/{deployed['on-demand']['id']}/create_flow_run",
-        json={"parameters": {"config_path": str(site / "job.yaml"), "job_input": str(site / "data")}},
-    )["id"]
+    run_id = start_run(api_url, deployed, site / "job.yaml", site / "data")
     return run_id, wait_for_run(api_url, run_id, lambda run: run["state"]["type"] == "PAUSED", worker, logs)
 
 
+def start_run(api_url: str, deployed: dict, config: Path, job_input: Path, env: Mapping[str, str] | None = None) -> str:
+    """A run of the on-demand deployment, created as the UI's Run dialog does: its id."""
+    parameters = {"config_path": str(config), "job_input": str(job_input)}
+    path = f"/deployments/{deployed['on-demand']['id']}/create_flow_run"
+    return api(api_url, "POST", path, env=env, json={"parameters": parameters})["id"]
+
+
 def wait_for_run(
-    api_url: str, run_id: str, done: Callable[[dict], bool], worker: subprocess.Popen, logs: Path
+    api_url: str,
+    run_id: str,
+    done: Callable[[dict], bool],
+    worker: subprocess.Popen,
+    logs: Path,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
         assert worker.poll() is None, "the worker ended:\n" + "\n".join(p.read_text() for p in logs.iterdir())
-        run = api(api_url, "GET", f"/flow_runs/{run_id}")
+        run = api(api_url, "GET", f"/flow_runs/{run_id}", env=env)
         if done(run) or run["state"]["type"] in FINAL:
             return run
         time.sleep(0.5)
-    raise AssertionError(f"flow run {run_id} stayed {run['state']}:\n{run_log(api_url, run_id)}")
+    raise AssertionError(f"flow run {run_id} stayed {run['state']}:\n{run_log(api_url, run_id, env)}")
 
 
-def run_log(api_url: str, run_id: str) -> str:
+def run_log(api_url: str, run_id: str, env: Mapping[str, str] | None = None) -> str:
     body = {"logs": {"flow_run_id": {"any_": [run_id]}}, "sort": "TIMESTAMP_ASC", "limit": 200}
-    logs = api(api_url, "POST", "/logs/filter", json=body)
+    logs = api(api_url, "POST", "/logs/filter", env=env, json=body)
     return "\n".join(f"{entry['level']} {entry['message']}" for entry in logs)
