@@ -23,7 +23,7 @@ from prefect.states import Pending, State
 from flows.gates import COMMAND_LINE_DEPLOYMENT
 from flows.pipeline import pipeline
 from tasks.core.errors import JobError
-from tasks.job.layout import JobPaths, directory_tag, job_tag
+from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, job_tag
 
 RETRIED = "AwaitingRetry"  # Prefect's name for a run set back to go again (``prefect flow-run retry``)
 DESCRIPTION = (
@@ -64,10 +64,10 @@ def continued_job_run(
     """The job's run, made ready to go on in this process: resumed with the form's answers when suspended at a
     gate, else set back to Pending with ``parameters``; a new run when this server has none of the job's."""
     with get_client(sync_client=True) as client:
-        run = known_run(client, flow_run_ids)
-        if run is None or run.deployment_id is None:  # a lost database, another home, or a job from before
-            said = "its flow run is not on this Prefect server (or is from before jobs had one run): a new run"
-            return new_job_run(job_id, paths, parameters, f"{said} takes every finished step from the job folder")
+        run = known_run(client, flow_run_ids, paths)
+        if run is None or run.deployment_id is None:  # a lost database, another home, a copy, or a job from before
+            said = "its flow run is not on this Prefect server (or is from before jobs had one run): a new run takes"
+            return new_job_run(job_id, paths, parameters, f"{said} every finished step from the job folder")
         if run.state is not None and run.state.is_paused():
             resume_with_form(client, run.id, note)
             return JobRun(client.read_flow_run(run.id), "resumed its suspended flow run, confirmed with the note")
@@ -78,14 +78,17 @@ def continued_job_run(
         return JobRun(client.read_flow_run(run.id), f"going on in its flow run {run.id}")
 
 
-def known_run(client: SyncPrefectClient, flow_run_ids: list[str]) -> FlowRun | None:
-    """The job's newest flow run, if this server has it."""
+def known_run(client: SyncPrefectClient, flow_run_ids: list[str], paths: JobPaths | None = None) -> FlowRun | None:
+    """The job's newest flow run, if this server has it, and it is this directory's (a copy of the job, a backup,
+    has its record but not its run)."""
     if not flow_run_ids:
         return None
     try:
-        return client.read_flow_run(UUID(flow_run_ids[-1]))
+        run = client.read_flow_run(UUID(flow_run_ids[-1]))
     except ObjectNotFound:
         return None
+    directories = {tag for tag in run.tags if tag.startswith(DIRECTORY_TAG_PREFIX)}
+    return run if paths is None or directory_tag(paths.job_dir) in directories or not directories else None
 
 
 def resume_with_form(client: SyncPrefectClient, flow_run_id: UUID, note: str) -> None:
