@@ -1,6 +1,6 @@
 """Whether a job is worked on, and its state: the job's lock, the one rule of ``tasks.job.record`` that settles
-the state (asking a Prefect server over its REST API where the rule defers to it), and finding jobs for
-``continue``, ``status``, ``list`` and ``prune``. Import-light (no Prefect).
+the state (its flow run's, asked of the Prefect server over its REST API), and finding jobs for ``continue``,
+``status``, ``list`` and ``prune``. Import-light (no Prefect).
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ from tasks.core.errors import JobError
 from tasks.core.readable import plain_text
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_of_tag, job_tag
 from tasks.job.layout import step_artifact_key
-from tasks.job.record import SUSPENDED, JobRecord, RecordError, read_record, settled_state
+from tasks.job.record import JobRecord, RecordError, read_record, settled_state
 
 LOCK_FILE = ".lock"
 PREFECT_API = "the Prefect API"
 PAGE = 200  # the most rows (flow runs, artifacts) the Prefect API returns at once
+TAGS_PER_REQUEST = 100  # a tags filter is one SQL function call, and SQLite takes at most 127 arguments (a 500 else)
 MAX_PAGE_BYTES = 64 * 1024 * 1024  # the most of a Prefect API answer read: a page of PAGE rows is far less
 PAGE_READ = {"operation": "read flow runs", "service": PREFECT_API, "hint": "check PREFECT_API_URL"}
 PROGRESS_READ = {"operation": "read a step's progress", "service": PREFECT_API, "hint": "check PREFECT_API_URL"}
@@ -117,31 +118,40 @@ def current_state(paths: JobPaths, job: JobRecord) -> str:
 
 
 def current_states(jobs: list[tuple[JobPaths, JobRecord]]) -> list[str]:
-    """Each job's state by the one rule of ``tasks.job.record``: the Prefect server, when one is configured, is asked
-    (in one request per ``PAGE`` jobs) only about the suspended jobs, the one case where the rule defers to it."""
-    suspended = {job.job_id: directory_tag(paths.job_dir) for paths, job in jobs if job.state == SUSPENDED}
-    server = latest_states(suspended)
+    """Each job's state by the one rule of ``tasks.job.record``: its flow run's, as the Prefect server says (asked
+    in one request per ``TAGS_PER_REQUEST`` jobs), else its record's."""
+    server = latest_states({job.job_id: directory_tag(paths.job_dir) for paths, job in jobs})
     return [settled_state(job.state, locked=is_locked(paths), server=server.get(job.job_id)) for paths, job in jobs]
 
 
 def latest_states(directories: dict[str, str], timeout: float = 2.0) -> dict[str, str]:
-    """The newest flow run's state name per job (job id → its directory's tag), in one request per ``PAGE`` jobs;
-    a run of a copy of the job in another directory (its ``dir-`` tag another) does not count. Jobs the server does
-    not know (or whose request failed) are left out."""
+    """The newest flow run's state name per job (job id → its directory's tag), asked ``TAGS_PER_REQUEST`` jobs at a
+    time; a run of a copy of the job in another directory (its ``dir-`` tag another) does not count. Jobs the server
+    does not know (or whose request failed) are left out."""
     job_ids, states = list(directories), dict[str, str]()
-    for start in range(0, len(job_ids) if prefect_api_url() is not None else 0, PAGE):
-        page = job_ids[start : start + PAGE]
-        tags = [job_tag(job_id) for job_id in page]
-        body = {"flow_runs": {"tags": {"any_": tags}}, "sort": "EXPECTED_START_TIME_DESC", "limit": PAGE}
-        if not isinstance(runs := api_answer("POST", "/flow_runs/filter", PAGE_READ, timeout, body), list):
-            continue  # as if the server did not answer (a page too large too)
-        for run in runs:  # newest first: the first run naming a job is its newest
+    for start in range(0, len(job_ids) if prefect_api_url() is not None else 0, TAGS_PER_REQUEST):
+        page = job_ids[start : start + TAGS_PER_REQUEST]
+        for run in runs_of(page, timeout):  # newest first: the first run naming a job is its newest
             name, tags = run.get("state_name") or (run.get("state") or {}).get("name"), run.get("tags") or []
             dirs = {tag for tag in tags if tag.startswith(DIRECTORY_TAG_PREFIX)}
             for job_id in map(job_of_tag, tags):
                 if name and job_id in page and job_id not in states and dirs <= {directories[job_id]}:
                     states[job_id] = name
     return states
+
+
+def runs_of(job_ids: list[str], timeout: float) -> list[dict[str, Any]]:
+    """The flow runs tagged with any of the jobs, newest first, page after page (a job may have more than one: a
+    copy's, or the runs of a job from before); as far as the server answered."""
+    body: dict[str, Any] = {"flow_runs": {"tags": {"any_": [job_tag(job_id) for job_id in job_ids]}}}
+    runs: list[dict[str, Any]] = []
+    while True:
+        page = {**body, "sort": "EXPECTED_START_TIME_DESC", "limit": PAGE, "offset": len(runs)}
+        if not isinstance(answer := api_answer("POST", "/flow_runs/filter", PAGE_READ, timeout, page), list):
+            return runs  # as if the server did not answer (a page too large too)
+        runs.extend(run for run in answer if isinstance(run, dict))
+        if len(answer) < PAGE:
+            return runs
 
 
 def api_answer(method: str, path: str, read: dict[str, str], timeout: float, body: dict | None = None) -> Any:

@@ -547,6 +547,34 @@ def job_with_a_probe_run(tmp_path: Path, state: Any) -> tuple[str, JobPaths, Any
     return job_id, paths, run
 
 
+def test_list_shows_every_jobs_state_from_its_flow_run_past_a_page_of_the_api(tmp_path, capsys):
+    """Two hundred and one jobs: the server answers 200 rows a page, and each job's state is its run's there (the
+    records, never updated, say Pending; a Failed run of another directory, a copy's, does not count)."""
+    from prefect import flow
+    from prefect.states import Completed, Failed
+
+    @flow(name="dupflow-probe")
+    def probe() -> None:
+        pass
+
+    job_ids = sorted(str(uuid.uuid4()) for _ in range(201))
+    with get_client(sync_client=True) as client:
+        for number, job_id in enumerate(job_ids):
+            paths = JobPaths(tmp_path / "jobs" / job_id)
+            state = Failed() if number == 200 else Completed()
+            run = client.create_flow_run(probe, tags=[job_tag(job_id), directory_tag(paths.job_dir)], state=state)
+            copy = JobPaths(tmp_path / "copy" / job_id)
+            client.create_flow_run(probe, tags=[job_tag(job_id), directory_tag(copy.job_dir)], state=Failed())
+            with changing_record(paths.job_dir, new=JobRecord(job_id=job_id, flow_run_ids=[str(run.id)])):
+                pass
+    capsys.readouterr()
+
+    assert main(["list", "--jobs-dir", str(tmp_path / "jobs")]) == EXIT_OK
+    rows = {line.split()[0]: line.split()[1] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert sorted(rows) == job_ids
+    assert sorted(rows.values()) == ["Completed"] * 200 + ["Failed"], rows
+
+
 @pytest.mark.parametrize("flags", [["--set", "compression.level=fastest"], ["--resubmit"]])
 def test_continue_of_a_suspended_run_refuses_flags_it_could_not_apply_and_leaves_the_run_suspended(
     tmp_path, flags, capsys

@@ -1,10 +1,9 @@
 """The job's own file, ``job.json`` (``JobRecord``): what must survive a lost or changed Prefect server; what
 ``status``, ``list``, the job-record artifact, the ``wait`` gate and ``continue`` read.
 
-**The one rule (Prefect vs this file).** The file is the job's state; the server shows it, and the file wins,
-corrected by the job's lock: Running while no process holds the lock is Crashed. One exception: Suspended (a run
-waiting at a gate for the inspection form, no process of ours behind it) defers to the server, which alone sees it
-resumed or cancelled.
+**The one rule (Prefect vs this file).** The job's state is its flow run's on the server; the file's stands in where
+no server knows the run (a lost database, a copy of the job), and either is corrected by the job's lock: Running
+while no process holds the lock is Crashed.
 
 A step's working files (``send/progress/``, the S3 upload manifest, the flattening's ``.parts``) say how far it got
 within a file; they never decide whether a step is done (Prefect's cached result and ``steps`` here do).
@@ -213,13 +212,11 @@ def record_stopped(job_dir: Path, state: str, message: str) -> None:
 
 
 def settled_state(recorded: str, *, locked: bool, server: str | None = None) -> str:
-    """The job's state by the module's one rule: the file's, Crashed for a Running that no process holds, and the
-    server's for a Suspended run (``server``: the state name of the job's newest flow run, if a server answered)."""
-    if recorded == RUNNING and not locked:
-        return CRASHED
-    if recorded == SUSPENDED and server:
-        return server
-    return recorded
+    """The job's state: its flow run's on the server (``server``, the state name, when a server knows the run of
+    this directory), else the file's; Running that no process holds is Crashed (killed, and the server has not seen
+    its heartbeats stop yet)."""
+    state = server or recorded
+    return CRASHED if state == RUNNING and not locked else state
 
 
 def record_step(job_dir: Path, result: StepRecord) -> None:
