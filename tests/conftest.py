@@ -87,6 +87,18 @@ def plain(value):
     return str(value) if isinstance(value, Path) else value
 
 
+@pytest.fixture
+def empty_prefect_api(monkeypatch: pytest.MonkeyPatch):
+    """A Prefect API that answers and knows no job (``tests.fakes.prefect_api``), as PREFECT_API_URL: ``status``,
+    ``list`` and ``prune`` go by the jobs' records, in the fast tier."""
+    from tests.fakes.prefect_api import start_empty_prefect_api
+
+    server = start_empty_prefect_api()
+    monkeypatch.setenv("PREFECT_API_URL", f"{server.base_url}/api")
+    yield server
+    server.stop()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_lasting_prefect_server():
     """A command run without the test API starts the local Prefect server of PREFECT_HOME: stop it at the end."""

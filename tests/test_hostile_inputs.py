@@ -711,6 +711,7 @@ def test_a_lock_file_that_is_a_symbolic_link_is_never_written_through(tmp_path, 
     assert precious.read_text() == "keep me\n"
 
 
+@pytest.mark.usefixtures("empty_prefect_api")
 def test_a_services_words_with_escape_sequences_show_as_plain_text_in_status(tmp_path, write_config, capsys):
     """A service's error text travels into the job's state message; on a terminal its escape sequences would clear
     the screen, retitle the window or forge lines."""

@@ -202,6 +202,7 @@ def damaged_job(jobs_dir: Path, damage: Callable[[dict], None], **changes: Any) 
     return job_id
 
 
+@pytest.mark.usefixtures("empty_prefect_api")
 @pytest.mark.parametrize("damage", DAMAGES)
 def test_every_text_of_a_damaged_record_reaches_status_plain(capsys, tmp_path, damage):
     job_id = damaged_job(tmp_path / "jobs", DAMAGES[damage])
@@ -210,6 +211,7 @@ def test_every_text_of_a_damaged_record_reaches_status_plain(capsys, tmp_path, d
     assert_plain(output)
 
 
+@pytest.mark.usefixtures("empty_prefect_api")
 @pytest.mark.parametrize("damage", ["job_id", "state", "job_input"])
 def test_every_text_of_a_damaged_record_reaches_list_plain(capsys, tmp_path, damage):
     damaged_job(tmp_path / "jobs", DAMAGES[damage])
@@ -218,6 +220,7 @@ def test_every_text_of_a_damaged_record_reaches_list_plain(capsys, tmp_path, dam
     assert_plain(output)
 
 
+@pytest.mark.usefixtures("empty_prefect_api")
 def test_continue_of_a_completed_job_with_a_damaged_id_says_it_plain(capsys, tmp_path):
     job_id = damaged_job(tmp_path / "jobs", DAMAGES["job_id"])
     code, output = cli(capsys, "continue", job_id, "--jobs-dir", str(tmp_path / "jobs"))

@@ -80,13 +80,14 @@ def test_a_fact_set_to_none_is_removed_and_the_others_are_kept(tmp_path):
     assert record_facts(tmp_path, extraction_job_id=None) == {"crtdl_path": "/c.json"}
 
 
-def test_the_file_settles_a_disagreement_with_the_server():
-    assert settled_state(AWAITING_INSPECTION, locked=False, server="Running") == AWAITING_INSPECTION
-    assert settled_state(RUNNING, locked=False, server="Running") == CRASHED
+def test_the_flow_runs_state_settles_a_disagreement_with_the_record():
+    assert settled_state(SUSPENDED, locked=False, server="Cancelled") == "Cancelled"  # the server's, where it knows
+    assert settled_state(COMPLETED, locked=False, server="Suspended") == SUSPENDED
+    assert settled_state(SUSPENDED, locked=False, server=None) == SUSPENDED  # the record's, where it does not
+    assert settled_state(AWAITING_INSPECTION, locked=False, server=None) == AWAITING_INSPECTION
     assert settled_state(RUNNING, locked=True, server=None) == RUNNING
-    assert settled_state(SUSPENDED, locked=False, server="Cancelled") == "Cancelled"
-    assert settled_state(SUSPENDED, locked=False, server=None) == SUSPENDED
-    assert settled_state(COMPLETED, locked=False, server="Running") == COMPLETED
+    assert settled_state(RUNNING, locked=False, server=None) == CRASHED  # no process holds it: killed
+    assert settled_state(COMPLETED, locked=False, server="Running") == CRASHED  # its heartbeats not missed yet
 
 
 def test_a_gate_publishes_once_and_continue_releases_it_with_its_note(tmp_path):
@@ -200,6 +201,7 @@ def test_a_hostile_job_json_is_one_line_naming_the_file_and_exit_2(tmp_path, cap
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.usefixtures("empty_prefect_api")
 @pytest.mark.parametrize("content,problem", HOSTILE.values(), ids=HOSTILE.keys())
 def test_list_shows_a_hostile_job_as_unreadable_and_prune_skips_it(tmp_path, capsys, monkeypatch, content, problem):
     jobs_dir = tmp_path / "jobs"
