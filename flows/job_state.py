@@ -136,7 +136,7 @@ def latest_states(directories: dict[str, str], timeout: float = 2.0) -> dict[str
             dirs = {tag for tag in tags if tag.startswith(DIRECTORY_TAG_PREFIX)}
             for job_id in map(job_of_tag, tags):
                 if name and job_id in page and job_id not in states and dirs <= {directories[job_id]}:
-                    states[job_id] = name
+                    states[job_id] = plain_text(name)  # any API client may name a state
     return states
 
 
