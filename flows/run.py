@@ -309,7 +309,7 @@ def refuse_flags_of_a_new_run(job: JobRecord, args: argparse.Namespace, override
     given = [flag for flag, value in flags if value]
     if given:
         raise UsageError(
-            f"job {job.job_id}: its deployment run is suspended at a wait step and goes on as it was started, so "
+            f"job {job.job_id}: its flow run is suspended at a wait step and goes on as it was started, so "
             f"{', '.join(given)} cannot apply; resume it without them, or cancel that run in the Prefect UI and "
             f"continue with them"
         )
