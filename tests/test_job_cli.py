@@ -124,9 +124,7 @@ def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp
     assert "step 2 (wait): released: checked a.ndjson" in job_record_card(job_dir.name, job_run)
 
 
-def test_a_job_from_before_or_whose_run_the_server_lost_goes_on_in_a_new_run_that_says_so(
-    tmp_path, job_config, capsys
-):
+def test_a_job_from_before_or_whose_run_the_server_lost_goes_on_in_a_new_run_that_says_so(tmp_path, job_config, capsys):
     """A version-2 job of a dupflow before every gate was a suspend (AwaitingInspection, its paused run of no
     deployment), here also unknown to this server (a lost database): ``continue`` makes a new run of the job, says
     so, takes the finished step from the job folder and passes the gate with the note."""
