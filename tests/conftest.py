@@ -44,6 +44,23 @@ def no_caller_app_variables(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name)
 
 
+@pytest.fixture(autouse=True)
+def secrets_registered_by_the_test_end_with_it():
+    """The redaction's registry of secrets as the test found it, afterwards: a command registers the secrets of the
+    configuration it loads, a test worker those of thousands. Each registration compiles one pattern of every form
+    of every registered secret; kept across a worker's tests, a registration grew to seconds (a 64 KB secret's forms
+    among 1,200 others) and the redaction of each log record tenfold."""
+    from tasks.core import redaction
+
+    with redaction._secrets_lock:
+        secrets, pattern = set(redaction._secrets), redaction._secrets_pattern
+    yield
+    with redaction._secrets_lock:
+        redaction._secrets.clear()
+        redaction._secrets.update(secrets)
+        redaction._secrets_pattern = pattern
+
+
 FAST_RETRY = {"initial_backoff_ms": 1, "max_backoff_ms": 5}
 
 
