@@ -116,11 +116,6 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
     with exclusive_lock(home / LOCK_FILE):
         record = read_record(home)
         if record is not None and runs_recorded_server(record):
-            if process_stopped(record.pid):
-                raise ServerStartError(
-                    f"the local Prefect server (pid {record.pid}) is stopped (SIGSTOP or Ctrl+Z) and answers nothing: "
-                    f"continue it with kill -CONT {record.pid}, or end it with {CLI} server stop"
-                )
             if wait_until_healthy(record, startup_timeout, home):
                 return record.url
             terminate(record.pid)
@@ -335,10 +330,22 @@ def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool
     dies (another home's server may have taken its port and answer there) or ``timeout`` passes first."""
     deadline = time.monotonic() + timeout
     while not (is_healthy(record.url) and serves_home(record, home)):
+        refuse_if_stopped(record.pid)
         if not runs_recorded_server(record) or time.monotonic() >= deadline:
             return False
         time.sleep(POLL_INTERVAL)
     return runs_recorded_server(record)
+
+
+def refuse_if_stopped(pid: int) -> None:
+    """Say at once, with both ways out, that the server is stopped (SIGSTOP, Ctrl+Z): it holds its port and
+    answers nothing, so waiting for it would be a silent wait to the start timeout. Checked on every poll: a stop
+    may land while the wait is under way."""
+    if process_stopped(pid):
+        raise ServerStartError(
+            f"the local Prefect server (pid {pid}) is stopped (SIGSTOP or Ctrl+Z) and answers nothing: "
+            f"continue it with kill -CONT {pid}, or end it with {CLI} server stop"
+        )
 
 
 def serves_home(record: ServerRecord, home: Path) -> bool:

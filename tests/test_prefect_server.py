@@ -45,7 +45,13 @@ from flows.run import EXIT_USAGE, main
 from tests.conftest import REPO_ROOT, seed_prefect_home
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
-from tests.support.prefect_servers import SERVER_TIMEOUT, kill_servers_of, servers_of, wait_until_gone
+from tests.support.prefect_servers import (
+    SERVER_TIMEOUT,
+    kill_servers_of,
+    servers_of,
+    wait_until_gone,
+    wait_until_stopped,
+)
 
 SECRET = "pw-Sekr3t-api"
 
@@ -142,6 +148,7 @@ def test_a_server_is_started_once_reused_restarted_when_gone_and_stopped(home, m
     # Frozen (SIGSTOP, Ctrl+Z in its terminal): said at once with both ways out, not waited on for 120 s in silence.
     os.kill(second.pid, signal.SIGSTOP)
     try:
+        wait_until_stopped(second.pid)
         began = time.monotonic()
         with pytest.raises(ServerStartError) as frozen:
             ensure_server(startup_timeout=SERVER_TIMEOUT)

@@ -7,7 +7,7 @@ import signal
 import time
 from pathlib import Path
 
-from flows.server_process import process_is_server
+from flows.server_process import process_is_server, process_stopped
 
 SERVER_TIMEOUT = 240.0
 
@@ -36,4 +36,12 @@ def wait_until_gone(pid: int, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while process_is_server(pid):
         assert time.monotonic() < deadline, f"server {pid} still running"
+        time.sleep(0.05)
+
+
+def wait_until_stopped(pid: int, timeout: float = 30.0) -> None:
+    """Wait for a SIGSTOP to land: the kernel delivers it when the process is next scheduled (later when busy)."""
+    deadline = time.monotonic() + timeout
+    while not process_stopped(pid):
+        assert time.monotonic() < deadline, f"server {pid} not stopped"
         time.sleep(0.05)
