@@ -1,5 +1,5 @@
 """Benchmark: each of the example's three views over a file of its own resource type, next to orjson parsing the same
-file, and the Patient view next to a hand-written DuckDB query, file to CSV.
+file, and the Patient view next to a hand-written DuckDB query, file to CSV, in this process and each as a process.
 
 Run: ``uv run python -m tests.benchmarks.bench_views [--patients 25000] [--rounds 5]``.
 
@@ -11,9 +11,16 @@ Procedure): no line repeats. Views: the three the shared example's CRTDL gives (
 Each round, in turn for every view: orjson parsing every line of the view's file (``orjson.loads`` in a loop, the
 anchor), then ``view run``'s CSV path (``flows.view_cli.write_csv``, the file to a CSV file); for the Patient view
 also DuckDB (``read_json`` of the file with the view's six fields, ``COPY ... TO`` a CSV, its threads), whose CSV
-must be the same bytes as ours. Printed: per view the CPU seconds (``time.process_time``: the process's, DuckDB's
-threads included) and wall seconds, min and median over the rounds, the ratio dupflow / orjson of each round's CPU
-(min and median), and the load average before and after.
+must be the same bytes as ours. Then the same as a user runs them, each a process of its own (this venv's Python,
+without ``uv run``'s lock check, which both would pay): ``python -m flows.run view run VIEW.json FILE --format csv``
+with its standard output to a file, for every view, and for Patient a Python process that imports duckdb and runs
+that query; every CSV must be the same bytes as ``write_csv``'s.
+
+Printed: per view the CPU seconds (``time.process_time``: the process's, DuckDB's threads included; of a process,
+user + system of every thread, from ``RUSAGE_CHILDREN``) and wall seconds, min and median over the rounds, the ratio
+dupflow / orjson of each round's CPU (min and median), the same of ``view run``'s process against DuckDB's, whether
+the project's own modules were byte-compiled (after the Quick start on a machine with ``PYTHONDONTWRITEBYTECODE=1``
+they are not: every process compiles those it imports), and the load average before and after.
 """
 
 from __future__ import annotations
@@ -22,7 +29,10 @@ import argparse
 import json
 import os
 import random
+import resource
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,7 +41,7 @@ from pathlib import Path
 import orjson
 
 from tests.benchmarks.bench_flattening import EXAMPLE, LOOKUP, patient_bundle
-from tests.benchmarks.runs import load
+from tests.benchmarks.runs import REPO_ROOT, load
 
 TYPES = ("Patient", "Condition", "Procedure")
 PATIENT_FIELDS = {  # the Patient view's columns: (JSON key, DuckDB type)
@@ -63,18 +73,47 @@ def write_own_type_files(folder: Path, patients: int, seed: int) -> dict[str, Pa
     return paths
 
 
-def duckdb_patient_csv(source: Path, target: Path) -> None:
+def duckdb_patient_sql(source: Path, target: Path) -> str:
     """The Patient view by hand in DuckDB: ``read_json`` of the six fields it reads (and ``resourceType``, for files
     of several types), to a CSV with a header."""
-    import duckdb
-
     fields = {"resourceType": "VARCHAR", **dict(PATIENT_FIELDS.values())}
     columns = ", ".join(f"{key}: '{kind}'" for key, kind in fields.items())
     select = ", ".join(f'"{key}" AS {name}' for name, (key, _) in PATIENT_FIELDS.items())
     table = f"read_json('{source}', format = 'newline_delimited', columns = {{{columns}}})"
     query = f"SELECT {select} FROM {table} WHERE resourceType = 'Patient'"
+    return f"COPY ({query}) TO '{target}' (FORMAT csv, HEADER true)"
+
+
+def duckdb_patient_csv(source: Path, target: Path) -> None:
+    import duckdb
+
     with duckdb.connect() as connection:
-        connection.execute(f"COPY ({query}) TO '{target}' (FORMAT csv, HEADER true)")
+        connection.execute(duckdb_patient_sql(source, target))
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def as_process(command: list[str], target: Path | None = None) -> tuple[float, float]:
+    """CPU (user + system, every thread) and wall seconds of ``command`` as a process, its standard output to
+    ``target`` (else nowhere)."""
+    cpu, wall = children_cpu(), time.perf_counter()
+    with open(target or os.devnull, "wb") as out:
+        subprocess.run(command, stdout=out, check=True, cwd=REPO_ROOT)
+    return children_cpu() - cpu, time.perf_counter() - wall
+
+
+def view_run_process(view: Path, source: Path, target: Path) -> tuple[float, float]:
+    return as_process(
+        [sys.executable, "-m", "flows.run", "view", "run", str(view), str(source), "--format", "csv"], target
+    )
+
+
+def duckdb_process(source: Path, target: Path) -> tuple[float, float]:
+    script = "import sys, duckdb; duckdb.connect().execute(sys.argv[1])"
+    return as_process([sys.executable, "-c", script, duckdb_patient_sql(source, target)])
 
 
 def timed(work: Callable[[], object]) -> tuple[float, float]:
@@ -98,21 +137,33 @@ def dupflow_csv(view, source: Path, target: Path) -> None:
 
 
 def measure(paths: dict[str, Path], out: Path, rounds: int) -> dict[str, dict[str, list]]:
-    """``rounds`` rounds, each view in turn: orjson, dupflow (and DuckDB for Patient); (CPU, wall) per round."""
+    """``rounds`` rounds, each view in turn: orjson, dupflow, ``view run`` as a process (and DuckDB in this process
+    and as a process for Patient); (CPU, wall) per round."""
     from tasks.flattening import plan_views
     from tasks.sof.view import compile_view
 
-    views = {g.resource_type: compile_view(g.view) for g in plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)[0]}
-    found: dict[str, dict[str, list]] = {kind: {"orjson": [], "dupflow": [], "duckdb": []} for kind in TYPES}
+    views = {}
+    for group in plan_views(EXAMPLE / "example-crtdl.json", LOOKUP)[0]:
+        (out / f"{group.resource_type}.view.json").write_text(json.dumps(group.view))
+        views[group.resource_type] = compile_view(group.view)
+    found: dict[str, dict[str, list]] = {kind: {} for kind in TYPES}
     for _ in range(rounds):
         for kind in TYPES:
-            found[kind]["orjson"].append(timed(lambda kind=kind: parse_all(paths[kind])))
-            target = out / f"{kind}-dupflow.csv"
-            found[kind]["dupflow"].append(timed(lambda kind=kind, t=target: dupflow_csv(views[kind], paths[kind], t)))
-            if kind == "Patient":
-                found[kind]["duckdb"].append(
-                    timed(lambda kind=kind: duckdb_patient_csv(paths[kind], out / f"{kind}-duckdb.csv"))
-                )
+            for name, figures in one_view(kind, paths[kind], views[kind], out).items():
+                found[kind].setdefault(name, []).append(figures)
+    return found
+
+
+def one_view(kind: str, source: Path, view, out: Path) -> dict[str, tuple[float, float]]:
+    """One round of one view: (CPU, wall) of each measurement, taken in this order."""
+    found = {
+        "orjson": timed(lambda: parse_all(source)),
+        "dupflow": timed(lambda: dupflow_csv(view, source, out / f"{kind}-dupflow.csv")),
+        "view run": view_run_process(out / f"{kind}.view.json", source, out / f"{kind}-process.csv"),
+    }
+    if kind == "Patient":
+        found["duckdb"] = timed(lambda: duckdb_patient_csv(source, out / "Patient-duckdb.csv"))
+        found["duckdb process"] = duckdb_process(source, out / "Patient-duckdb-process.csv")
     return found
 
 
@@ -120,18 +171,25 @@ def spread(values: list[float]) -> str:
     return f"{min(values):.3f} / {statistics.median(values):.3f}"
 
 
+def ratios(ours: list[tuple[float, float]], anchor: list[tuple[float, float]]) -> str:
+    """Min and median of each round's CPU ratio."""
+    each = [mine[0] / theirs[0] for mine, theirs in zip(ours, anchor, strict=True)]
+    return f"{min(each):>6.2f}x / {statistics.median(each):.2f}x"
+
+
 def report(paths: dict[str, Path], found: dict[str, dict[str, list]], out: Path) -> None:
-    heads = ("orjson CPU s", "dupflow CPU s", "dupflow wall s", "dupflow/orjson")
+    heads = ("orjson CPU s", "dupflow CPU s", "dupflow wall s", "dupflow/orjson", "view run CPU s")
     print(f"{'view':<10} {'MB':>6} " + " ".join(f"{head:>15}" for head in heads))
-    print(f"{'':<10} {'':>6} {'min / median':>15} {'min / median':>15} {'min / median':>15} {'min / median':>15}")
+    print(f"{'':<10} {'':>6} " + " ".join(f"{'min / median':>15}" for _ in heads))
     for kind in TYPES:
-        ours, anchor = found[kind]["dupflow"], found[kind]["orjson"]
-        ratios = [mine[0] / parse[0] for mine, parse in zip(ours, anchor, strict=True)]
+        ours, anchor, process = (found[kind][name] for name in ("dupflow", "orjson", "view run"))
         print(
             f"{kind:<10} {paths[kind].stat().st_size / 1e6:>6.1f} {spread([c for c, _ in anchor]):>15} "
-            f"{spread([c for c, _ in ours]):>15} {spread([w for _, w in ours]):>15} "
-            f"{min(ratios):>6.2f}x / {statistics.median(ratios):.2f}x"
+            f"{spread([c for c, _ in ours]):>15} {spread([w for _, w in ours]):>15} {ratios(ours, anchor):>15} "
+            f"{spread([c for c, _ in process]):>15}"
         )
+        if (out / f"{kind}-process.csv").read_bytes() != (out / f"{kind}-dupflow.csv").read_bytes():
+            raise SystemExit(f"view {kind}: view run's process wrote another CSV than write_csv")
     duck, ours = found["Patient"]["duckdb"], found["Patient"]["dupflow"]
     same = (out / "Patient-duckdb.csv").read_bytes() == (out / "Patient-dupflow.csv").read_bytes()
     print(
@@ -141,6 +199,20 @@ def report(paths: dict[str, Path], found: dict[str, dict[str, list]], out: Path)
         f"wall {min(w for _, w in ours) / min(w for _, w in duck):.2f}x (min against min); "
         f"CSVs {'identical' if same else 'DIFFERENT'}"
     )
+    duck, ours = found["Patient"]["duckdb process"], found["Patient"]["view run"]
+    same = (out / "Patient-duckdb-process.csv").read_bytes() == (out / "Patient-process.csv").read_bytes()
+    print(
+        f"the same as processes (python -m flows.run view run, against python importing duckdb and running the query): "
+        f"view run CPU {spread([c for c, _ in ours])} s, wall {spread([w for _, w in ours])} s; DuckDB CPU "
+        f"{spread([c for c, _ in duck])} s, wall {spread([w for _, w in duck])} s (min / median); view run / DuckDB "
+        f"CPU {ratios(ours, duck)} (min / median of each round's); CSVs {'identical' if same else 'DIFFERENT'}"
+    )
+
+
+def compiled_project() -> str:
+    """Whether this tree's own modules have their bytecode cached (else every process compiles what it imports)."""
+    cached = (REPO_ROOT / "flows" / "__pycache__").is_dir()
+    return "byte-compiled" if cached else "not byte-compiled (every process compiles the modules it imports)"
 
 
 def main() -> None:
@@ -158,6 +230,7 @@ def main() -> None:
             + ", ".join(f"{kind} {lines[kind]:,} lines" for kind in TYPES)
             + f"; {os.cpu_count()} cores, {args.rounds} rounds taken in turn; load average before: {load()}"
         )
+        print(f"the project's own modules: {compiled_project()}")
         found = measure(paths, folder, args.rounds)
         report(paths, found, folder)
         print(f"load average after: {load()}")
