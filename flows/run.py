@@ -14,6 +14,12 @@ import logging
 import os
 import re
 import sys
+
+if __name__ == "__main__" and sys.argv[1:2] == ["view"]:  # the engine alone: none of the imports below
+    from flows.view_cli import main as view_main
+
+    sys.exit(view_main(sys.argv[1:]))
+
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path

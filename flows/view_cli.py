@@ -5,7 +5,11 @@ engine runs over the resources (plain or zstd NDJSON; Bundles are opened into th
 as NDJSON (one object per row keyed by column name), as the flattening step's CSV, or as its Parquet (the CSV
 converted in a temporary folder, then copied to the standard output, which must be a file or a pipe). An invalid
 ViewDefinition exits 2 with the reason, and so does a VIEW.json larger than MAX_VIEW_BYTES or nested too deeply;
-Ctrl+C exits 130 with one line, after the last complete row (for Parquet: before its copy starts). No Prefect."""
+Ctrl+C exits 130 with one line, after the last complete row (for Parquet: before its copy starts).
+
+``python -m flows.run view …`` (and the ``dupflow`` script's) is handed to ``main`` before the rest of the command
+line is imported: the engine alone, without Prefect, the configuration, the clients or the job record (0.3 s of
+imports it does not need)."""
 
 from __future__ import annotations
 
@@ -13,9 +17,12 @@ import argparse
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from config.runtime import CLI
+from tasks.core.errors import DupflowError
 from tasks.core.jsonfile import JsonFileError, read_json_file
 from tasks.streams.ndjson import NdjsonError, iter_lines
 from tasks.sof.errors import ViewDefinitionError, ViewError
@@ -26,6 +33,21 @@ from tasks.sof.resources import ResourceLineError, flat_csv_rows, read_rows
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 MAX_LINE_BYTES = 1024 * 1024 * 1024
 MAX_VIEW_BYTES = 16 * 1024 * 1024  # a ViewDefinition is a few KB; more is the wrong file (or /dev/zero)
+
+
+def main(argv: Sequence[str]) -> int:
+    """``view …`` as the whole command, with the command line's parser for it and its exits (``flows.run.main``'s)."""
+    parser = argparse.ArgumentParser(prog=CLI)
+    register(parser.add_subparsers(required=True, metavar="COMMAND"))
+    args = parser.parse_args(argv)
+    try:
+        return args.command(args)
+    except DupflowError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:  # before a row was read (cmd_view_run says more once rows are written)
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def register(commands: argparse._SubParsersAction) -> None:
