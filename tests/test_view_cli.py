@@ -147,6 +147,27 @@ def test_view_run_imports_the_engine_alone(tmp_path, command):
     assert not sorted(name for name in imported if name.startswith(unneeded))
 
 
+def test_view_run_stops_quietly_when_its_reader_goes_away(tmp_path):
+    """``view run … | head``: exit 0 and no word, as for ``list | head`` (it said ``view run failed: [Errno 32]``)."""
+    (tmp_path / "view.json").write_text(json.dumps(PATIENT_VIEW))
+    patients = b"".join(b'{"resourceType":"Patient","id":"p%d","active":true}\n' % n for n in range(100_000))
+    (tmp_path / "patients.ndjson").write_bytes(patients)
+    command = [sys.executable, "-m", "flows.run", "view", "run", str(tmp_path / "view.json")]
+    with subprocess.Popen(
+        [*command, str(tmp_path / "patients.ndjson"), "--format", "csv"],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as process:
+        assert process.stdout is not None and process.stderr is not None
+        assert process.stdout.readline() == b"id,active\n"
+        process.stdout.close()  # far more rows than a pipe holds are still to come
+        errors = process.stderr.read()
+        assert process.wait(timeout=120) == 0
+    assert errors == b""
+
+
 def test_msgspec_is_imported_only_for_a_flat_view_s_csv():
     """Every command and every flattening worker would pay its import at start (10 ms)."""
     probe = "import sys, flows.run, tasks.sof.flatten; sys.exit('msgspec' in sys.modules)"
