@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from decimal import Decimal
-from itertools import chain, count, product
-from math import prod
+from itertools import count, product
 from typing import Any
 
 from tasks.sof.fhirpath import MemberPath, Plan
@@ -42,8 +41,9 @@ def generated_rows(
         return None
     writer = _Writer(limit, cells)
     result, single = writer.select(root, "d0", resource_type, 1)
-    source = "def rows(d0):\n" + "".join(writer.lines) + f"    return {f'[{result}]' if single else result}\n"
-    namespace = {"KEPT": kept, "product_rows": product_rows, **writer.constants}
+    lines = (line if isinstance(line, str) else line() for line in writer.lines)
+    source = "def rows(d0):\n" + "".join(lines) + f"    return {f'[{result}]' if single else result}\n"
+    namespace = {"KEPT": kept, "product": product, **writer.constants}
     try:
         code = compile(source, f"<view {resource_type}>", "exec")
     except (SyntaxError, RecursionError, MemoryError):  # beyond Python's own limits (IndentationError is a SyntaxError)
@@ -52,35 +52,19 @@ def generated_rows(
     return namespace["rows"]
 
 
-def product_rows(limit: int, *parts: list[tuple] | tuple[tuple]) -> list[tuple] | None:
-    """The rows of the parts' product, in order (the last part's rows vary fastest), each the concatenation of one
-    row of every part; None beyond ``limit`` rows. Where one part has several rows and the others one (the usual
-    case beside all having one), one pass over that part: no product of every pair of parts in turn."""
-    many, before, after = None, (), ()
-    for part in parts:
-        if len(part) != 1:
-            if many is not None:  # several parts of several rows (or none)
-                return None if prod(map(len, parts)) > limit else [tuple(chain(*rows)) for rows in product(*parts)]
-            many = part
-        elif many is None:
-            before += part[0]
-        else:
-            after += part[0]
-    return [before + row + after for row in many] if many is not None else [before + after]
-
-
 class _Writer:
     def __init__(self, limit: int, cells: bool):
         self.limit, self.cells = limit, cells
-        self.lines: list[str] = []
+        self.lines: list[str | Callable[[], str]] = []
+        """The function's lines; a ``_Where``'s are written when the source is made (sibling wheres add to them)"""
         self.constants: dict[str, Any] = {}
         self.names = count()
         self.checked: set[tuple[str, Any, int]] = set()
         """(value, type, indent) checked as an object of that type in the block at that indent"""
         self.walked: dict[tuple[str, str, int], str] = {}
         """(focus, steps, indent): the list a walk of these steps from that focus gave in that block"""
-        self.groups: dict[tuple[str, str, str, int], str] = {}
-        """(elements, key, type, indent): the dict of those elements by their text value of key, in that block"""
+        self.groups: dict[tuple[str, str, str, int], _Where] = {}
+        """(elements, key, type, indent): the pass keeping those elements by their text value of key, in that block"""
 
     def name(self, prefix: str) -> str:
         return f"{prefix}{next(self.names)}"
@@ -104,6 +88,12 @@ class _Writer:
         found = self.walk(plan, focus, indent)
         rows, element = self.name("r"), self.name("d")
         kind, _, _, at = plan.operations[-1]
+        if select.iteration == "forEachOrNull":  # over nothing (often: a coding of a system not there) one null row
+            null_row = tuple("" if self.cells and value is None else value for value in select.null_row)
+            self.emit(indent, f"if not {found}:")
+            self.emit(indent + 1, f"{rows} = [{self.constant(null_row)}]")
+            self.emit(indent, "else:")
+            indent += 1
         if kind == "where":  # the elements a where keeps were checked as objects of that type as it read them
             self.checked.add((element, at, indent + 1))
         self.emit(indent, f"{rows} = []")
@@ -115,19 +105,18 @@ class _Writer:
             self.emit(indent + 1, f"{rows} += {part}")
         self.emit(indent + int(not single), f"if len({rows}) > {self.limit}:")
         self.emit(indent + int(not single) + 1, IRREGULAR)
-        if select.iteration == "forEachOrNull":
-            self.emit(indent, f"if not {found}:")
-            null_row = tuple("" if self.cells and value is None else value for value in select.null_row)
-            self.emit(indent + 1, f"{rows} = [{self.constant(null_row)}]")
         return rows, False
 
     def rows_at(self, select: Any, focus: str, path: str | None, indent: int) -> tuple[str, bool]:
         """Code giving the product of the select's columns and nested selects at ``focus``: the name of its row
         where every part always gives one (True), else of its list of rows: one concatenation where every part gave
-        one row (the usual case), else ``product_rows``."""
+        one row (the usual case), else one loop over the one list of rows (or the ``itertools.product`` of several),
+        in order: the last part's rows vary fastest."""
         cells = [self.column(column, focus, path, indent) for column in select.columns]
-        parts = [(self.name("r"), True)]
-        self.emit(indent, f"{parts[0][0]} = ({''.join(cell + ', ' for cell in cells)})")
+        parts = []
+        if cells or not select.selects:  # a select of nested selects alone gives their rows
+            parts.append((self.name("r"), True))
+            self.emit(indent, f"{parts[0][0]} = ({''.join(cell + ', ' for cell in cells)})")
         parts += [self.select(nested, focus, path, indent) for nested in select.selects]
         if len(parts) == 1:
             return parts[0]
@@ -139,10 +128,15 @@ class _Writer:
         self.emit(indent, f"if {' and '.join(f'len({part}) == 1' for part in lists)}:")
         self.emit(indent + 1, f"{rows} = [{row}]")
         self.emit(indent, "else:")
-        arguments = ", ".join(f"({part},)" if one else part for part, one in parts)
-        self.emit(indent + 1, f"{rows} = product_rows({self.limit}, {arguments})")
-        self.emit(indent + 1, f"if {rows} is None:")
-        self.emit(indent + 2, IRREGULAR)
+        if len(lists) > 1:  # one list of rows is no longer than the limit; a product of several may be
+            self.emit(indent + 1, f"if {' * '.join(f'len({part})' for part in lists)} > {self.limit}:")
+            self.emit(indent + 2, IRREGULAR)
+        each = {part: self.name("p") for part in lists}
+        row = " + ".join(part if one else each[part] for part, one in parts)
+        rows_of = lists[0] if len(lists) == 1 else f"product({', '.join(lists)})"
+        self.emit(indent + 1, f"{rows} = []")
+        self.emit(indent + 1, f"for {', '.join(each.values())} in {rows_of}:")
+        self.emit(indent + 2, f"{rows}.append({row})")
         return rows, False
 
     def column(self, column: Any, focus: str, path: str | None, indent: int) -> str:
@@ -177,44 +171,80 @@ class _Writer:
     def walk(self, plan: Plan, focus: str, indent: int) -> str:
         """Code giving the elements of an iteration plan of members and where() in a list; the list's name. The
         lists of its first steps from this focus are reused where an earlier walk in the block made them."""
-        operations, found = plan.operations, None
-        for step in range(len(operations)):
-            known = (focus, repr(operations[: step + 1]), indent)
+        operations, found, step = plan.operations, None, 0
+        while step < len(operations):
+            paired = step == 0 and self.pairs(operations, focus, indent)
+            known = (focus, repr(operations[: step + 1 + paired]), indent)
             if known not in self.walked:
-                self.walked[known] = self.step(operations[step], found, focus, indent)
-            found = self.walked[known]
+                if paired:
+                    self.walked[known] = self.member_pair(operations[0], operations[1], focus, indent)
+                else:
+                    self.walked[known] = self.step(operations[step], found, focus, indent)
+            found, step = self.walked[known], step + 1 + paired
         assert found is not None  # member_plan gives plans of one step or more
         return found
+
+    def pairs(self, operations: tuple, focus: str, indent: int) -> bool:
+        """Whether a walk opens with two member steps taken as one (``member_pair``): not where an earlier walk in the
+        block made the first step's list."""
+        first_two = [kind for kind, _, _, _ in operations[:2]]
+        return first_two == ["member", "member"] and (focus, repr(operations[:1]), indent) not in self.walked
+
+    def member_pair(self, first: tuple, second: tuple, focus: str, indent: int) -> str:
+        """Code giving the elements of two member steps from ``focus`` (``clinicalStatus.coding``): where the first
+        member is one object (a 0..1 element, the usual case) its member's, with no list of one and no loop; else
+        step by step. The list's name."""
+        (_, key, _, at), (_, inner_key, _, inner_at) = first, second
+        child, inner, kept = self.name("c"), self.name("c"), self.name("e")
+        self.check_object(focus, at, indent, once=True)
+        self.emit(indent, f"{child} = {focus}.get({self.constant(key)})")
+        planned = f"'resourceType' not in {child} or {child}['resourceType'] == {self.constant(inner_at)}"
+        self.emit(indent, f"if type({child}) is dict and ({planned}):")
+        self.emit(indent + 1, f"{inner} = {child}.get({self.constant(inner_key)})")
+        self.listed(inner, kept, indent + 1)
+        self.emit(indent, "else:")
+        self.listed(child, (listed := self.name("e")), indent + 1)
+        self.members(listed, inner_key, inner_at, indent + 1, kept)
+        return kept
 
     def step(self, operation: tuple, found: str | None, focus: str, indent: int) -> str:
         """Code giving one step's elements from the list ``found`` (None: from ``focus``); the list's name."""
         kind, key, argument, at = operation
+        kept = self.name("e")
         if kind == "member" and found is None:
-            kept, child = self.name("e"), self.name("c")
+            child = self.name("c")
             self.check_object(focus, at, indent, once=True)
             self.emit(indent, f"{child} = {focus}.get({self.constant(key)})")
-            self.emit(indent, f"if type({child}) is list:")
-            self.emit(indent + 1, f"if None in {child}:")
-            self.emit(indent + 2, IRREGULAR)
-            self.emit(indent + 1, f"{kept} = {child}")  # the data's own list: the code only reads it
-            self.emit(indent, "else:")
-            self.emit(indent + 1, f"{kept} = [] if {child} is None else [{child}]")
-            return kept
-        if kind == "where":
-            kept = self.name("e")
-            groups = self.grouped(found or f"[{focus}]", key, at, indent)
-            self.emit(indent, f"{kept} = {groups}.get({self.constant(argument)}, ())")
-            return kept
-        kept = self.name("e")
+            self.listed(child, kept, indent)
+        elif kind == "where":
+            where = self.grouped(found or f"[{focus}]", key, at, indent)
+            if argument not in where.lists:
+                where.lists[argument] = (kept, self.constant(argument))
+            return where.lists[argument][0]
+        else:
+            self.members(found or f"[{focus}]", key, at, indent, kept)
+        return kept
+
+    def listed(self, value: str, kept: str, indent: int) -> None:
+        """Code giving a member's value as a list (``kept``): the data's own list (the code only reads it), none for
+        no value, else the one value."""
+        self.emit(indent, f"if type({value}) is list:")
+        self.emit(indent + 1, f"if None in {value}:")
+        self.emit(indent + 2, IRREGULAR)
+        self.emit(indent + 1, f"{kept} = {value}")
+        self.emit(indent, "else:")
+        self.emit(indent + 1, f"{kept} = [] if {value} is None else [{value}]")
+
+    def members(self, found: str, key: str, at: Any, indent: int, kept: str) -> None:
+        """Code giving the ``key`` members of the elements of ``found`` in one list (``kept``)."""
         self.emit(indent, f"{kept} = []")
-        _, child = self.each_member(found or f"[{focus}]", key, at, indent)
+        _, child = self.each_member(found, key, at, indent)
         self.emit(indent + 1, f"if type({child}) is list:")
         self.emit(indent + 2, f"if None in {child}:")
         self.emit(indent + 3, IRREGULAR)
         self.emit(indent + 2, f"{kept} += {child}")
         self.emit(indent + 1, f"elif {child} is not None:")
         self.emit(indent + 2, f"{kept}.append({child})")
-        return kept
 
     def each_member(self, found: str, key: str, at: Any, indent: int) -> tuple[str, str]:
         """Opens a loop over ``found``, each element checked as an object of ``at``: the element's name and that of
@@ -225,19 +255,15 @@ class _Writer:
         self.emit(indent + 1, f"{child} = {value}.get({self.constant(key)})")
         return value, child
 
-    def grouped(self, found: str, key: str, at: Any, indent: int) -> str:
-        """Code giving the elements of ``found`` by their text value of ``key`` (``where(key = 'text')`` keeps those of
-        one text: sibling wheres over the same elements share one pass); the dict's name."""
+    def grouped(self, found: str, key: str, at: Any, indent: int) -> _Where:
+        """The pass over ``found`` that keeps, for each ``where(key = 'text')`` of the block over those elements, the
+        elements of that text (sibling wheres share it; a where met later adds its text)."""
         known = (found, key, repr(at), indent)
         if known not in self.groups:
-            groups = self.name("g")
-            self.emit(indent, f"{groups} = {{}}")
-            value, child = self.each_member(found, key, at, indent)
-            self.emit(indent + 1, f"if type({child}) is str:")
-            self.emit(indent + 2, f"{groups}.setdefault({child}, []).append({value})")
-            self.emit(indent + 1, f"elif type({child}) is list:")
-            self.emit(indent + 2, IRREGULAR)
-            self.groups[known] = groups
+            where = self.groups[known] = _Where(indent)
+            self.lines.append(where.initial)
+            where.element, where.child = self.each_member(found, key, at, indent)
+            self.lines.append(where.branches)
         return self.groups[known]
 
     def check_object(self, value: str, at: str | None, indent: int, once: bool = False) -> None:
@@ -249,6 +275,27 @@ class _Writer:
         other = f"'resourceType' in {value} and {value}['resourceType'] != {self.constant(at)}"
         self.emit(indent, f"if type({value}) is not dict or {other}:")
         self.emit(indent + 1, IRREGULAR)
+
+
+class _Where:
+    """One pass over a list's elements keeping, for each text a ``where(key = 'text')`` of the block reads, the
+    elements whose ``key`` is that text: compared, not hashed into a dict (a list per text, no ``setdefault``)."""
+
+    def __init__(self, indent: int):
+        self.indent, self.element, self.child = indent, "", ""
+        self.lists: dict[str, tuple[str, str]] = {}
+        """text: the name of its list and of its constant"""
+
+    def initial(self) -> str:
+        return "".join(f"{'    ' * self.indent}{kept} = []\n" for kept, _ in self.lists.values())
+
+    def branches(self) -> str:
+        pad = "    " * (self.indent + 1)
+        tests = [
+            f"{pad}{'elif' if number else 'if'} {self.child} == {text}:\n{pad}    {kept}.append({self.element})\n"
+            for number, (kept, text) in enumerate(self.lists.values())
+        ]
+        return "".join(tests) + f"{pad}elif type({self.child}) is list:\n{pad}    {IRREGULAR}\n"
 
 
 def _in_subset(select: Any, path: str | None, depth: int) -> bool:
