@@ -32,8 +32,8 @@ from tasks.job.flattening_outcome import FlatteningError, engine_errors_as_step_
 from tests.flattening_runs import flatten_files
 from tasks.sof.view import compile_view
 from tasks.sof.errors import FhirPathError, ResourceLineError, ViewDefinitionError, ViewEvaluationError
-from tasks.sof.fhirpath import MAX_EXPRESSION_DEPTH, Item, compile_path
-from tasks.sof.fhirpath_functions import MAX_COMPUTED_SIZE, MAX_REPEAT_ELEMENTS
+from tasks.sof.fhirpath import Item, compile_path
+from tasks.sof.fhirpath_shared import MAX_COMPUTED_SIZE, MAX_EXPRESSION_DEPTH, MAX_REPEAT_ELEMENTS
 from tasks.sof.flatten import FilePlan, GroupPlan, flatten_file
 from tasks.sof.resources import parse_line
 from tasks.sof.view import MAX_ROWS_PER_RESOURCE, MAX_SELECT_DEPTH

@@ -9,6 +9,7 @@ from decimal import Decimal
 import pytest
 
 from tasks.sof.fhirpath import _interpreted, compile_path, member_steps
+from tasks.sof.fhirpath_shared import MODEL
 from tasks.sof.flatten import FilePlan, GroupPlan, flatten_file
 from tasks.sof.output import csv_cells, json_bytes
 from tasks.sof.resources import line_resources, parse_line, read_rows
@@ -64,6 +65,13 @@ def test_a_fast_path_agrees_with_the_interpreter(path):
     fast, slow = compile_path(path), _interpreted(path)
     for resource in resources():
         assert path_values(fast, resource) == path_values(slow, resource), (path, resource["id"])
+
+
+def test_the_member_paths_read_fhirpathpy_s_own_r4_model():
+    """Read from its files without importing fhirpathpy (its package loads the interpreter): the same tables."""
+    from fhirpathpy.models import models
+
+    assert models["r4"] == MODEL
 
 
 @pytest.mark.parametrize(

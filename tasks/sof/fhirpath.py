@@ -5,7 +5,9 @@ type paths (``Patient.name``, ``HumanName``), so that later expressions still re
 (``value.ofType(Quantity)``) as fhirpathpy does with its R4 model. Two ways to evaluate:
 - **member paths** (``code.coding``, ``name.first().given``, ``value.ofType(Quantity).value``, ``$this``) are walked
   directly over the JSON with fhirpathpy's navigation rules: most paths of real views, a few microseconds each;
-- everything else goes through fhirpathpy's parser and evaluator, parsed once, with ``tasks.sof.fhirpath_functions``.
+- everything else goes through fhirpathpy's parser and evaluator, parsed once, with ``tasks.sof.fhirpath_functions``
+  (``tasks.sof.fhirpath_interpreter``, imported for the first such expression: a view of member paths never loads
+  fhirpathpy).
 
 An expression nested deeper than ``MAX_EXPRESSION_DEPTH`` is refused when compiled (parser and evaluator recurse per
 level); a stack that still runs out while evaluating is reported as such. Each is a ``FhirPathError`` naming the
@@ -15,28 +17,19 @@ expression.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from functools import lru_cache
-from typing import Any
-
-from fhirpathpy.engine import do_eval
-from fhirpathpy.engine.invocations.constants import constants as fhirpath_constants
-from fhirpathpy.engine.nodes import FP_Type, ResourceNode
-from fhirpathpy.engine.util import arraify
-from fhirpathpy.models import models
-from antlr4 import CommonTokenStream, InputStream, Token
-from antlr4.error.ErrorListener import ErrorListener
-from antlr4.tree.Tree import ParseTreeWalker
-from fhirpathpy.parser.ASTPathListener import ASTPathListener
-from fhirpathpy.parser.generated.FHIRPathLexer import FHIRPathLexer
-from fhirpathpy.parser.generated.FHIRPathParser import FHIRPathParser
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tasks.sof.errors import FhirPathError
-from tasks.sof.fhirpath_functions import SOF_FUNCTIONS, joined, reference_keys, resource_keys
+from tasks.sof.fhirpath_shared import MODEL, Env, Item, Paths, data_and_paths, joined, reference_keys, resource_keys
 
-MODEL = models["r4"]
+if TYPE_CHECKING:
+    from tasks.sof.fhirpath_interpreter import Interpreted
+
 _CHOICES: dict[str, list[str]] = MODEL["choiceTypePaths"]
 _ELSEWHERE: dict[str, str] = MODEL["pathsDefinedElsewhere"]
 _TYPES: dict[str, str] = MODEL["path2Type"]
@@ -51,20 +44,6 @@ _SEGMENT = re.compile(
     rf"|(?P<member>{_IDENTIFIER})(?:\.ofType\((?P<type>{_IDENTIFIER})\))?"
 )
 _KEYWORDS = {"and", "or", "xor", "implies", "div", "mod", "in", "contains", "is", "as", "true", "false"}
-MAX_EXPRESSION_DEPTH = 100
-SHOWN_EXPRESSION_CHARS = 120
-_TOO_DEEP = f"nested more than {MAX_EXPRESSION_DEPTH} levels deep (split it, or drop redundant parentheses)"
-
-
-@dataclass(frozen=True, slots=True)
-class Item:
-    """One element of a collection: its JSON data and its FHIR type path (None for computed values)."""
-
-    data: Any
-    path: str | None = None
-
-
-Env = Mapping[str, Any]
 
 
 def compile_path(expression: str) -> Compiled:
@@ -76,12 +55,14 @@ def compile_path(expression: str) -> Compiled:
 
 
 def plain(value: Any) -> Any:
+    """A value as a column gives it: a float as a decimal, a FHIRPath system value (``FP_Quantity``, a date-time)
+    of the interpreter as its text (there are none unless the interpreter was imported)."""
     if type(value) is str:
         return value
-    if isinstance(value, FP_Type):  # FP_Quantity among them
-        return str(value)
     if isinstance(value, float):
         return Decimal(repr(value))
+    if (nodes := sys.modules.get("fhirpathpy.engine.nodes")) is not None and isinstance(value, nodes.FP_Type):
+        return str(value)
     return value
 
 
@@ -172,14 +153,6 @@ class MemberPath:
         if self.fallback is not None:
             return self.fallback.collect(data, path, env)
         return data_and_paths(_walk_items(self.members, Item(data, path)))
-
-
-Paths = str | None | list
-"""The type paths of collected values: one for all of them, or a list with one per value."""
-
-
-def data_and_paths(items: list[Item]) -> tuple[list, list]:
-    return [item.data for item in items], [item.path for item in items]
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,104 +326,10 @@ def child_items(item: Item, member: str, of_type: str | None = None) -> list[Ite
     return [Item(value, child_path)]
 
 
-class _RaisingErrorListener(ErrorListener):
-    def syntaxError(self, recognizer, offendingSymbol, line, column, msg, e):  # noqa: N802, N803 - ANTLR's names
-        raise FhirPathError(f"column {column + 1}: {msg}")
-
-
-def parse(expression: str) -> dict[str, Any]:
-    """fhirpathpy's parse tree of ``expression``, strictly: fhirpathpy's own ``parse`` recovers from syntax errors
-    silently (``status.where(`` parses), so its lexer and parser run here with a listener that raises."""
-    listener = _RaisingErrorListener()
-    lexer = FHIRPathLexer(InputStream(expression))
-    lexer.removeErrorListeners()
-    lexer.addErrorListener(listener)
-    tokens = CommonTokenStream(lexer)
-    parser = FHIRPathParser(tokens)
-    parser.buildParseTrees = True
-    parser.removeErrorListeners()
-    parser.addErrorListener(listener)
-    ast = ASTPathListener()
-    try:
-        tree = parser.expression()
-        if tokens.LA(1) != Token.EOF:
-            raise FhirPathError(f"unexpected {tokens.LT(1).text!r} at column {tokens.LT(1).column + 1}")
-        ParseTreeWalker().walk(ast, tree)
-    except RecursionError:
-        raise FhirPathError(_TOO_DEEP) from None
-    parsed = ast.parentStack[0]
-    if tree_depth(parsed) > MAX_EXPRESSION_DEPTH:
-        raise FhirPathError(_TOO_DEEP)
-    return parsed
-
-
-def tree_depth(node: dict[str, Any]) -> int:
-    """Levels of a parse tree (walked with a list, not recursion)."""
-    deepest, pending = 0, [(node, 1)]
-    while pending:
-        node, depth = pending.pop()
-        deepest = max(deepest, depth)
-        pending.extend((child, depth + 1) for child in node.get("children") or ())
-    return deepest
-
-
-def shown(expression: str) -> str:
-    """The expression as error messages quote it (a long one cut short)."""
-    if len(expression) <= SHOWN_EXPRESSION_CHARS:
-        return repr(expression)
-    return repr(expression[:SHOWN_EXPRESSION_CHARS]) + f"... ({len(expression)} characters)"
-
-
 def _interpreted(expression: str) -> Interpreted:
-    try:
-        parsed = parse(expression)
-    except Exception as exc:  # FhirPathError from the listener, bare exceptions from fhirpathpy's AST builder
-        raise FhirPathError(f"cannot parse FHIRPath {shown(expression)}: {exc}") from exc
-    return Interpreted(expression, parsed["children"][0])
+    from tasks.sof.fhirpath_interpreter import interpreted  # fhirpathpy: only for an expression that needs it
+
+    return interpreted(expression)
 
 
-@dataclass(frozen=True)
-class Interpreted:
-    """An expression fhirpathpy evaluates (parsed once); ``collect`` as ``MemberPath``'s."""
-
-    expression: str
-    root: dict[str, Any]
-
-    def __call__(self, focus: Item, env: Env) -> list[Item]:
-        node = ResourceNode.create_node(focus.data, focus.path)
-        data_root = arraify(node)
-        ctx = {
-            "dataRoot": data_root,
-            "$this": data_root,
-            "vars": {"context": node, "ucum": "http://unitsofmeasure.org", **env},
-            "model": MODEL,
-            "userInvocationTable": SOF_FUNCTIONS,
-        }
-        fhirpath_constants.reset()
-        try:
-            result = do_eval(ctx, data_root, self.root)
-        except FhirPathError as exc:
-            raise FhirPathError(f"FHIRPath {shown(self.expression)}: {exc}") from exc
-        except RecursionError:
-            raise FhirPathError(
-                f"FHIRPath {shown(self.expression)} ran out of Python's stack: the expression, or the data it "
-                "compares, is nested too deeply"
-            ) from None
-        except Exception as exc:
-            raise FhirPathError(f"FHIRPath {shown(self.expression)} failed: {exc}") from exc
-        return [
-            Item(value.data, value.path) if isinstance(value, ResourceNode) else Item(value)
-            for value in arraify(result)
-            if not _is_primitive_extension_only(value)
-        ]
-
-    def collect(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
-        return data_and_paths(self(Item(data, path), env))
-
-
-Compiled = MemberPath | Interpreted
-
-
-def _is_primitive_extension_only(value: Any) -> bool:
-    """fhirpathpy yields ``_element`` siblings (extensions of primitives) as their own nodes; they are no values."""
-    return isinstance(value, ResourceNode) and isinstance(value.data, Mapping) and list(value.data) == ["extension"]
+Compiled: TypeAlias = "MemberPath | Interpreted"

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -25,10 +25,14 @@ from fhirpathpy.engine.nodes import ResourceNode
 
 from tasks.sof.boundary import boundary
 from tasks.sof.errors import FhirPathError
-
-MAX_REPEAT_ELEMENTS = 10_000
-MAX_COMPUTED_SIZE = 1 << 20
-"""FHIR allows no string over 1 MB: a computed one larger than that is a runaway expression."""
+from tasks.sof.fhirpath_shared import (
+    MAX_COMPUTED_SIZE,
+    MAX_REPEAT_ELEMENTS,
+    joined,
+    reference_keys,
+    refuse_larger,
+    resource_keys,
+)
 
 
 def get_resource_key(ctx: dict, inputs: list) -> list[str]:
@@ -36,29 +40,9 @@ def get_resource_key(ctx: dict, inputs: list) -> list[str]:
     return resource_keys([_data(node) for node in inputs])
 
 
-def resource_keys(found: list) -> list[str]:
-    return [
-        f"{data['resourceType']}/{data['id']}"
-        for data in found
-        if isinstance(data, Mapping) and "resourceType" in data and "id" in data
-    ]
-
-
 def get_reference_key(ctx: dict, inputs: list, type_info: Any = None) -> list[str]:
     """``Type/id`` of each Reference (history and base URL dropped); only those of the given type, if any."""
     return reference_keys([_data(node) for node in inputs], getattr(type_info, "name", None))
-
-
-def reference_keys(found: list, wanted: str | None) -> list[str]:
-    keys = []
-    for data in found:
-        reference = data.get("reference") if isinstance(data, Mapping) else None
-        if not isinstance(reference, str):
-            continue
-        parts = reference.split("/_history")[0].split("/")
-        if len(parts) >= 2 and (wanted is None or parts[-2] == wanted):
-            keys.append(f"{parts[-2]}/{parts[-1]}")
-    return keys
 
 
 def join(ctx: dict, inputs: list, separator: Any = "") -> Any:
@@ -67,17 +51,10 @@ def join(ctx: dict, inputs: list, separator: Any = "") -> Any:
     return [] if isinstance(separator, list) else joined([_data(node) for node in inputs], separator)
 
 
-def joined(found: list, separator: str) -> str:
-    if not all(isinstance(value, str) for value in found):
-        raise FhirPathError(f"join needs a collection of strings, got {found!r:.200}")
-    _refuse_larger("join()", sum(map(len, found)) + len(separator) * max(len(found) - 1, 0))
-    return separator.join(found)
-
-
 def amp(ctx: dict, left: Any = "", right: Any = "") -> str:
     """FHIRPath's ``&`` (an empty operand counts as ``''``), refused before it builds a string too large."""
     left, right = ("" if isinstance(side, list) and not side else side for side in (left, right))
-    _refuse_larger("&", len(left) + len(right))
+    refuse_larger("&", len(left) + len(right))
     return math.amp(ctx, left, right)
 
 
@@ -137,7 +114,7 @@ def replace_matches(ctx: dict, inputs: list, pattern: Any, replacement: Any) -> 
     for _ in compiled.finditer(text):  # counted only as far as the bound: every match adds a replacement
         if (size := size + len(replacement)) > MAX_COMPUTED_SIZE:
             break
-    _refuse_larger("replaceMatches()", size)
+    refuse_larger("replaceMatches()", size)
     return _bounded("replaceMatches()", compiled.sub(re.sub(r"\$(\d+)", r"\\\1", replacement), text))
 
 
@@ -146,7 +123,7 @@ def replace(ctx: dict, inputs: list, pattern: Any, substitution: Any) -> Any:
     if inputs and isinstance(pattern, str) and isinstance(substitution, str):
         text = _single_string(inputs)
         count = len(text) + 1 if pattern == "" else text.count(pattern)
-        _refuse_larger("replace()", len(text) + count * (len(substitution) - len(pattern)))
+        refuse_larger("replace()", len(text) + count * (len(substitution) - len(pattern)))
     return strings.replace(ctx, inputs, pattern, substitution)
 
 
@@ -160,18 +137,13 @@ def aggregate(ctx: dict, inputs: list, expression: Callable[[Any], Any], initial
 
 
 def _bounded(function: str, value: Any) -> Any:
-    _refuse_larger(function, _size(value if isinstance(value, list) else [value]))
+    refuse_larger(function, _size(value if isinstance(value, list) else [value]))
     return value
 
 
 def _size(values: list) -> int:
     """A collection's size as the bound counts it: one per element, and each string's characters."""
     return len(values) + sum(len(item) for item in values if isinstance(item, str))
-
-
-def _refuse_larger(function: str, size: int) -> None:
-    if size > MAX_COMPUTED_SIZE:
-        raise FhirPathError(f"{function} makes a value of more than {MAX_COMPUTED_SIZE:,} characters")
 
 
 def _single_string(inputs: list) -> str:
@@ -191,7 +163,7 @@ def repeat(ctx: dict, inputs: Any, expression: Callable[[Any], list]) -> list:
     while pending:
         fresh = [element for element in expression(pending.popleft()) if element not in seen]
         size += _size(fresh)
-        _refuse_larger("repeat()", size)
+        refuse_larger("repeat()", size)
         seen.update(fresh)
         found.extend(fresh)
         pending.extend(fresh)

@@ -34,7 +34,7 @@ from tasks.sof.compiled import RowsAt, compile_view_rows
 from tasks.sof.compiled_code import PARSED, generated_rows
 from tasks.sof.errors import FhirPathError, ViewDefinitionError, ViewEvaluationError
 from tasks.sof.fhirpath import Compiled, compile_path, plain
-from tasks.sof.fhirpath_functions import MAX_REPEAT_ELEMENTS
+from tasks.sof.fhirpath_shared import MAX_REPEAT_ELEMENTS
 
 COLUMN_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 ITERATIONS = ("forEach", "forEachOrNull", "repeat")

@@ -1,0 +1,96 @@
+"""What FHIRPath's two ways of evaluating (``tasks.sof.fhirpath``'s member paths, ``tasks.sof.fhirpath_interpreter``)
+share, without importing fhirpathpy: its R4 model's type tables, the items an expression collects, how an expression
+is shown in errors, the bounds, and the plain halves of SQL-on-FHIR's functions.
+
+fhirpathpy's package imports its parser and evaluator (0.1 s, most of a small ``view run``'s start), which a view of
+member paths never uses: the model's tables are read from fhirpathpy's own files here (``MODEL`` is
+``fhirpathpy.models.models["r4"]``), and the interpreter is imported where an expression needs it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tasks.sof.errors import FhirPathError
+
+MAX_EXPRESSION_DEPTH = 100
+SHOWN_EXPRESSION_CHARS = 120
+TOO_DEEP = f"nested more than {MAX_EXPRESSION_DEPTH} levels deep (split it, or drop redundant parentheses)"
+MAX_REPEAT_ELEMENTS = 10_000
+MAX_COMPUTED_SIZE = 1 << 20
+"""FHIR allows no string over 1 MB: a computed one larger than that is a runaway expression."""
+
+
+def r4_model() -> dict[str, Any]:
+    """fhirpathpy's R4 model: its four tables, read from its package's files (found, not imported)."""
+    spec = importlib.util.find_spec("fhirpathpy")
+    assert spec is not None and spec.submodule_search_locations  # a dependency
+    folder = Path(next(iter(spec.submodule_search_locations))) / "models" / "r4"
+    return {path.stem: orjson.loads(path.read_bytes()) for path in sorted(folder.glob("*.json"))}
+
+
+MODEL = r4_model()
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One element of a collection: its JSON data and its FHIR type path (None for computed values)."""
+
+    data: Any
+    path: str | None = None
+
+
+Env = Mapping[str, Any]
+
+
+Paths = str | None | list
+"""The type paths of collected values: one for all of them, or a list with one per value."""
+
+
+def data_and_paths(items: list[Item]) -> tuple[list, list]:
+    return [item.data for item in items], [item.path for item in items]
+
+
+def shown(expression: str) -> str:
+    """The expression as error messages quote it (a long one cut short)."""
+    if len(expression) <= SHOWN_EXPRESSION_CHARS:
+        return repr(expression)
+    return repr(expression[:SHOWN_EXPRESSION_CHARS]) + f"... ({len(expression)} characters)"
+
+
+def resource_keys(found: list) -> list[str]:
+    return [
+        f"{data['resourceType']}/{data['id']}"
+        for data in found
+        if isinstance(data, Mapping) and "resourceType" in data and "id" in data
+    ]
+
+
+def reference_keys(found: list, wanted: str | None) -> list[str]:
+    keys = []
+    for data in found:
+        reference = data.get("reference") if isinstance(data, Mapping) else None
+        if not isinstance(reference, str):
+            continue
+        parts = reference.split("/_history")[0].split("/")
+        if len(parts) >= 2 and (wanted is None or parts[-2] == wanted):
+            keys.append(f"{parts[-2]}/{parts[-1]}")
+    return keys
+
+
+def joined(found: list, separator: str) -> str:
+    if not all(isinstance(value, str) for value in found):
+        raise FhirPathError(f"join needs a collection of strings, got {found!r:.200}")
+    refuse_larger("join()", sum(map(len, found)) + len(separator) * max(len(found) - 1, 0))
+    return separator.join(found)
+
+
+def refuse_larger(function: str, size: int) -> None:
+    if size > MAX_COMPUTED_SIZE:
+        raise FhirPathError(f"{function} makes a value of more than {MAX_COMPUTED_SIZE:,} characters")
