@@ -147,13 +147,29 @@ class TaskRunnerSettings(ConfigModel):
         return self
 
 
+class FileBatchSettings(ConfigModel):
+    """pipeline.file_batches: how a step's files are grouped into task runs. Consecutive files (in the step's order)
+    make one batch, one Prefect task run, cached as a whole, up to ``max_files`` files or ``max_mb`` MB; a file of
+    ``max_mb`` or more is a batch of its own. A task run costs the Prefect server about 30 ms of CPU and a row of
+    its database; a resumed job does again at most the batch that was interrupted."""
+
+    max_files: int = Field(default=5000, ge=1, le=100_000)
+    max_mb: int = Field(default=32, ge=1, le=100_000)
+
+    @property
+    def max_bytes(self) -> int:
+        return self.max_mb * 1024 * 1024
+
+
 class PipelineSettings(ConfigModel):
-    """pipeline: the ordered steps of a job, and where their per-file work runs (``task_runner``)."""
+    """pipeline: the ordered steps of a job, how their files are grouped into task runs (``file_batches``) and where
+    that work runs (``task_runner``)."""
 
     enabled_steps: StrList = Field(default_factory=list, validate_default=True)
     max_ndjson_line_size_mb: Annotated[int, zero_means(100)] = Field(default=100, ge=0, le=4096)
     # How long a deployment run stays suspended at a wait step; then Prefect fails it ("never resumed").
     wait_timeout: Annotated[Duration, positive("how long a suspended run waits, default P7D")] = timedelta(days=7)
+    file_batches: FileBatchSettings = Field(default_factory=FileBatchSettings)
     task_runner: TaskRunnerSettings = Field(default_factory=TaskRunnerSettings)
 
     @property

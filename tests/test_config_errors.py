@@ -111,6 +111,24 @@ def services(**blocks: Any) -> dict[str, Any]:
             "at least polling_interval",
             id="max-polling-below-polling",
         ),
+        pytest.param(
+            {"pipeline": {**LOCAL_ONLY["pipeline"], "file_batches": {"max_files": 0}}},
+            "pipeline.file_batches.max_files",
+            "must be between 1 and 100000; set a value in that range",
+            id="batch-files-0",
+        ),
+        pytest.param(
+            {"pipeline": {**LOCAL_ONLY["pipeline"], "file_batches": {"max_mb": 0}}},
+            "pipeline.file_batches.max_mb",
+            "must be between 1 and 100000; set a value in that range",
+            id="batch-mb-0",
+        ),
+        pytest.param(
+            {"pipeline": {**LOCAL_ONLY["pipeline"], "file_batches": {"max_mb": 100_001}}},
+            "pipeline.file_batches.max_mb",
+            "must be between 1 and 100000; set a value in that range",
+            id="batch-mb-too-large",
+        ),
         pytest.param({"retry": {"max_attempts": 0}}, "retry.max_attempts", "between 1 and 10", id="attempts-0"),
         pytest.param({"retry": {"max_attempts": 11}}, "retry.max_attempts", "between 1 and 10", id="attempts-11"),
         pytest.param(

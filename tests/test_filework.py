@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from tasks.job.contract import DataFile, StepInput, settings_of
-from tasks.job.filework import map_files
+from tasks.job.filework import batch_label, file_batches, map_files
 
 
 def where_it_runs(number: int) -> tuple[int, threading.Thread]:
@@ -70,3 +70,18 @@ def test_file_tasks_get_the_steps_file_list_as_a_digest_and_their_keys_still_cov
     assert len(seen[0].model_dump_json()) < 1_000
     changed = step.model_copy(update={"files": [*files[:-1], files[-1].model_copy(update={"size": 1})]})
     assert changed.for_file_tasks().cache_identity() != seen[0].cache_identity()
+
+
+def test_consecutive_files_make_batches_bounded_by_count_and_bytes_and_a_large_file_is_alone():
+    sizes = [10, 10, 10, 10, 10, 100, 10, None, 10, 0, 60, 50]
+
+    batches = file_batches(sizes, max_files=3, max_bytes=100)
+
+    assert [list(batch) for batch in batches] == [[0, 1, 2], [3, 4], [5], [6], [7], [8, 9, 10], [11]]
+    assert file_batches(sizes, max_files=3, max_bytes=100) == batches, "the same files, the same batches"
+    assert file_batches([], max_files=3, max_bytes=100) == []
+
+
+def test_a_batch_is_named_after_its_files():
+    assert batch_label(["a.ndjson"]) == "a.ndjson"
+    assert batch_label(["a.ndjson", "b.ndjson", "f.ndjson"]) == "a.ndjson … f.ndjson (3 files)"

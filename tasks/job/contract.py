@@ -13,6 +13,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, ParamSpec, TypedDict, TypeVar, overload
@@ -168,9 +169,16 @@ class StepResult(StepRecord):
         return sum(f.size for f in self.files)
 
 
+_batch_settings: ContextVar[tuple[StepInput, Settings] | None] = ContextVar("batch_settings", default=None)
+"""The settings a batch of files (``batch_task``) loaded once for all its files."""
+
+
 def settings_of(step: StepInput) -> Settings:
     """The job's settings, loaded where the step runs (the flow's process or a Dask worker) from the configuration
-    the step names; cached per secret-free identity, so secrets never travel as task parameters."""
+    the step names; cached per secret-free identity, so secrets never travel as task parameters. Within a batch of
+    files, the batch's (its configuration file is looked at once per batch, not per file)."""
+    if (held := _batch_settings.get()) is not None and held[0] is step:
+        return held[1]
     return cached_settings(step.config_path, step.overrides)
 
 
@@ -231,6 +239,31 @@ def file_task(name: str, run_name: str) -> Callable[[Callable[..., R]], Any]:
     return lambda function: task(name=name, task_run_name=run_name, **_PERSISTED)(
         redacting_failures(stopped_when_flow_run_ends(function))
     )
+
+
+def batch_task(name: str, verb: str, each: Callable[..., R]) -> Any:
+    """The Prefect task over a batch of a step's files (``tasks.job.filework.map_batches``): ``each(step, *args)``
+    for every file's ``args`` in turn, their results in order, cached and persisted as one result; its run is named
+    ``verb[label]``, the label naming its files (``import[a.ndjson … f.ndjson (6 files)]``). ``each`` stays the plain
+    call for one file."""
+
+    def files_of_batch(step: StepInput, label: str, files: list[tuple[Any, ...]]) -> list[R]:
+        return each_file(each, step, files)
+
+    files_of_batch.__name__ = files_of_batch.__qualname__ = f"{each.__name__}_batch"
+    files_of_batch.__module__ = each.__module__
+    files_of_batch.__doc__ = f"A batch of ``{each.__name__}``."
+    return file_task(name, verb + "[{label}]")(files_of_batch)
+
+
+def each_file(each: Callable[..., R], step: StepInput, files: list[tuple[Any, ...]]) -> list[R]:
+    """``each(step, *args)`` for every file's ``args``, the step's settings loaded once for all (a function of the
+    module, so that a batch task pickled for a Dask worker refers to it by name)."""
+    held = _batch_settings.set((step, settings_of(step)))
+    try:
+        return [each(step, *args) for args in files]
+    finally:
+        _batch_settings.reset(held)
 
 
 def redacting_failures(function: Callable[..., R]) -> Callable[..., R]:

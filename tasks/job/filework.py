@@ -16,11 +16,11 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from config.runtime import prefect_api_url
 from config.settings import TaskRunnerSettings
-from tasks.job.contract import StepInput, commit_each, data_files, files_gone, stored_in_job
+from tasks.job.contract import StepInput, commit_each, data_files, files_gone, settings_of, stored_in_job
 from tasks.core.errors import DupflowError
 from tasks.streams.fanout import run_bounded
 
@@ -51,6 +51,63 @@ def map_files(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]],
     if context is not None and not isinstance(context.task_runner, ThreadPoolTaskRunner):  # Dask's processes
         return map_on_flow_runner(file_task, arguments, workers)
     return map_in_process(file_task, arguments, workers)
+
+
+class FileToDo(NamedTuple):
+    """One file of a step's batches (``map_batches``): its name (for the batch's label), its size in bytes (for the
+    batch's bound; None when it is not known: a batch of its own) and the arguments of the step's call for it."""
+
+    name: str
+    size: int | None
+    args: tuple[Any, ...]
+
+
+def map_batches(
+    batch_task: Callable[..., list[R]], step: StepInput, files: Sequence[FileToDo], workers: int
+) -> list[R | Exception]:
+    """Run the step's ``batch_task`` (``tasks.job.contract.batch_task``) over its ``files`` in batches
+    (``run_batches``). Each file's outcome in the order of ``files``: its result, or the exception that failed its
+    batch."""
+    outcomes: list[R | Exception] = []
+    for batch, outcome in run_batches(batch_task, step, files, workers):
+        outcomes += [outcome] * len(batch) if isinstance(outcome, Exception) else outcome
+    return outcomes
+
+
+def run_batches(
+    batch_task: Callable[..., R], step: StepInput, files: Sequence[FileToDo], workers: int, *shared: Any
+) -> list[tuple[range, R | Exception]]:
+    """Run ``batch_task(step, label, [args of each file], *shared)`` for each batch of ``files`` (``file_batches``,
+    bounded by ``pipeline.file_batches``) through ``map_files``: at most ``workers`` batches at once, each a task run
+    cached as a whole. Each batch (the indexes of its files) with its outcome: the result, or the exception raised."""
+    limits = settings_of(step).pipeline.file_batches
+    batches = file_batches([file.size for file in files], limits.max_files, limits.max_bytes)
+    arguments = [
+        (step, batch_label([files[i].name for i in batch]), [files[i].args for i in batch], *shared)
+        for batch in batches
+    ]
+    return list(zip(batches, map_files(batch_task, arguments, workers), strict=True))
+
+
+def file_batches(sizes: Sequence[int | None], max_files: int, max_bytes: int) -> list[range]:
+    """Consecutive files as batches of at most ``max_files`` files and ``max_bytes`` bytes; a file of ``max_bytes``
+    or more, or of an unknown size, alone. The same sizes give the same batches (and so the same cache keys)."""
+    batches: list[range] = []
+    start, total, closed = 0, 0, False
+    for index, size in enumerate(sizes):
+        alone = size is None or size >= max_bytes
+        if index > start and (closed or alone or index - start >= max_files or total + (size or 0) > max_bytes):
+            batches.append(range(start, index))
+            start, total = index, 0
+        total, closed = total + (size or 0), alone
+    if start < len(sizes):
+        batches.append(range(start, len(sizes)))
+    return batches
+
+
+def batch_label(names: Sequence[str]) -> str:
+    """``a.ndjson`` for one file, ``a.ndjson … f.ndjson (6 files)`` for several (the run name of their batch)."""
+    return names[0] if len(names) == 1 else f"{names[0]} … {names[-1]} ({len(names)} files)"
 
 
 def map_in_process(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]], workers: int) -> list:

@@ -80,12 +80,14 @@ def use_display(display: Display) -> None:
 
 
 @contextmanager
-def track(label: str, total: int | None = None, unit: str = "B") -> Iterator[Tracker]:
+def track(label: str, total: int | None = None, unit: str = "B", files: int = 1) -> Iterator[Tracker]:
+    """The progress of work on ``files`` of the step's files (several: a batch worked on as one) against ``total``
+    ``unit``s."""
     with _display_tracker(label, total, unit) as shown:
         if (aggregate := _step_progress.get()) is None:
             yield shown
             return
-        work = aggregate.file_started(FileWork(shown, aggregate, unit, total))
+        work = aggregate.file_started(FileWork(shown, aggregate, unit, total, files=files))
         try:
             yield work
         finally:
@@ -127,14 +129,15 @@ class StepWork:
 
 @dataclass(eq=False)
 class FileWork(Tracker):
-    """One file in work in a step run: its size when known and what is done of it. The file's tracker: it feeds
-    its display (``shown``) and its step's aggregate."""
+    """One file (or a batch of ``files``) in work in a step run: its size when known and what is done of it. The
+    file's tracker: it feeds its display (``shown``) and its step's aggregate."""
 
     shown: Tracker
     aggregate: StepProgress
     unit: str
     total: int | None
     done: int = 0
+    files: int = 1
 
     def advance(self, amount: int) -> None:
         self.shown.advance(amount)
@@ -201,7 +204,7 @@ class StepProgress:
 
     def file_started(self, work: FileWork) -> FileWork:
         with self._lock:
-            self._files_started += 1
+            self._files_started += work.files
             self._in_work.add(work)
             if work.total:
                 self._totals[work.unit] = self._totals.get(work.unit, 0) + work.total
@@ -215,7 +218,7 @@ class StepProgress:
 
     def file_finished(self, work: FileWork) -> None:
         with self._lock:
-            self._files_finished += 1
+            self._files_finished += work.files
             self._in_work.discard(work)
         self.publish()
 
@@ -272,7 +275,7 @@ class StepProgress:
         if total := self._work.total(unit):
             return done / total
         if self._files_expected:
-            in_work = sum(work.fraction() for work in self._in_work)
+            in_work = sum(work.files * work.fraction() for work in self._in_work)
             return (self._files_finished + in_work) / self._files_expected
         if total := self._totals.get(unit, 0):
             return done / total
