@@ -1,9 +1,10 @@
 """The ``local_import`` step: copy NDJSON files from a local directory into the job's ``import/``.
 
-Source: a directory given as the job input, else ``services.local_import.dir`` (``--dir``). Each file is its own
-cached task, so a resumed job copies only the files not finished before; files are copied on every core at once
-(zstd releases the GIL). Anything named like data that is no readable file (a directory, a named pipe, a dangling
-symbolic link, ...) fails the step with its path named: nothing that looks like data is left out silently.
+Source: a directory given as the job input, else ``services.local_import.dir`` (``--dir``). Files are copied in
+batches (``pipeline.file_batches``), each a cached task, so a resumed job copies only the batches not finished
+before; batches are copied on every core at once (zstd releases the GIL). Anything named like data that is no
+readable file (a directory, a named pipe, a dangling symbolic link, ...) fails the step with its path named: nothing
+that looks like data is left out silently.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from config.settings import Settings
-from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
+from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
 from tasks.core.errors import StepError
 from tasks.core.names import name_key, show_text
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
-from tasks.job.filework import map_files
+from tasks.job.filework import FileToDo, map_batches
 from tasks.job.steps import compression_shape, ndjson_written
 from tasks.job.layout import is_crtdl_file
 from tasks.streams.ndjson import DATA_SUFFIXES, output_name, remove_partial_files
@@ -46,16 +47,19 @@ def local_import(step: StepInput) -> StepResult:
     files = find_ndjson_files(source, settings.services.local_import.recursive, jobs_dir=step.job_path.parent)
     targets = target_names(files, compress=settings.compression.enabled)
     remove_partial_files(step.output_dir)
-    arguments = [(step, str(path), name, file_identity(path)) for path, name in zip(files, targets, strict=True)]
+    identities = [file_identity(path) for path in files]
+    to_do = [
+        FileToDo(name, identity[1], (str(path), name, identity))
+        for path, name, identity in zip(files, targets, identities, strict=True)
+    ]
     try:
         with worker_pool():  # the line checks of the step's large plain files share its workers
-            outcomes = map_files(import_file, arguments, workers=os.cpu_count() or 1)
+            outcomes = map_batches(import_files, step, to_do, workers=os.cpu_count() or 1)
     finally:
         remove_partial_files(step.output_dir)
     return step.result(results_or_raise(outcomes), source=str(source))
 
 
-@file_task("import-file", "import[{name}]")
 def import_file(step: StepInput, source: str, name: str, identity: list) -> DataFile:
     """Copy one file into ``import/<name>``; ``identity`` (path, size, mtime) makes a changed source a new file."""
     source_path, shown = Path(source), show_text(source, None)  # a folder's name may hold a line break
@@ -75,6 +79,9 @@ def import_file(step: StepInput, source: str, name: str, identity: list) -> Data
             refuse_a_changed_source(source_path, identity)
     assert writer.stats is not None
     return DataFile.written(name, writer.stats)
+
+
+import_files = batch_task("import-files", "import", import_file)
 
 
 def refuse_a_changed_source(path: Path, identity: list) -> None:

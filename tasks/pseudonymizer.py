@@ -1,6 +1,7 @@
 """The ``pseudonymizer`` step: every resource of the previous step's files through the service's ``$de-identify``.
 
-Files one after the other (``core`` first), each a cached task, so a resumed job skips finished ones. Within a file,
+Files one after the other (``core`` first), in batches (``pipeline.file_batches``), each a cached task, so a
+resumed job skips finished batches. Within a file,
 requests are in flight while the output keeps the input order, at most twice ``max_concurrent_requests`` resources
 pending (bounded memory). The anonymization YAML is read once per run; file tasks get its SHA-256 and take the bytes
 from a cache keyed by it, so they never become a task parameter (they may hold a hash key); a Dask worker reads the
@@ -28,10 +29,11 @@ from tasks.clients.pseudonymizer import (
     Pseudonymizer,
     resource_label,
 )
-from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
+from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
+from tasks.job.filework import FileToDo
 from tasks.core.errors import StepError
 from tasks.core.jsonfile import JsonFileError
-from tasks.job.steps import compression_shape, file_shape, one_file_at_a_time, ndjson_written, publish_report
+from tasks.job.steps import compression_shape, file_shape, one_batch_at_a_time, ndjson_written, publish_report
 from tasks.job.steps import write_answers
 from tasks.streams.ndjson import (
     CompressionLevel,
@@ -89,13 +91,13 @@ def pseudonymizer(step: StepInput) -> StepResult:
     config = read_anonymization_config(settings.services.pseudonymizer.anonymization_config)
     compress = settings.compression.enabled
     config_digest = remember_config(config) if config else None
-    resources = {f.name: f.resources for f in step.files}
-    arguments = [
-        (step, source.name, output_name(source.name, compress), resources[source.name], config_digest)
-        for source in step.input_paths()
+    inputs = {f.name: f for f in step.files}
+    files = [
+        FileToDo(name, inputs[name].size, (name, output_name(name, compress), inputs[name].resources, config_digest))
+        for name in (source.name for source in step.input_paths())
     ]
     remove_partial_files(step.output_dir)
-    results: list[FileResult] = one_file_at_a_time(pseudonymize_file, arguments)
+    results: list[FileResult] = one_batch_at_a_time(pseudonymize_files, step, files)
     reports = [result["report"] for result in results]
     publish_file_reports(step, reports)
     return step.result(
@@ -106,7 +108,6 @@ def pseudonymizer(step: StepInput) -> StepResult:
     )
 
 
-@file_task("pseudonymize-file", "pseudonymize[{source_name}]")
 def pseudonymize_file(
     step: StepInput, source_name: str, name: str, expected_resources: int, config_digest: str | None
 ) -> FileResult:
@@ -128,6 +129,9 @@ def pseudonymize_file(
         seconds=round(time.monotonic() - started, 3),
     )
     return FileResult(file=DataFile.written(name, counts.written), report=report)
+
+
+pseudonymize_files = batch_task("pseudonymize-files", "pseudonymize", pseudonymize_file)
 
 
 async def pseudonymize_with_service(

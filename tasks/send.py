@@ -4,6 +4,8 @@
   batch ``send/progress/<file>.json`` records where the next starts, and a POST entry is a conditional create on a
   tag of (job, file, position), so a resumed run never creates a resource twice. A rejected batch stops the step,
   its request and answer kept in ``send/failed/`` with credentials blanked.
+- Files are sent in batches of files (``pipeline.file_batches``; not the transactions' ``batch_size``), one at a time,
+  each a cached task.
 - ``transfer_load``: the MII data transfer (``tasks.clients.transfer``).
 - ``s3_upload``: each file as object ``<job id>/<file name>`` (``tasks.clients.s3``).
 """
@@ -24,11 +26,13 @@ import orjson
 from config.settings import Settings
 from tasks.clients.errors import BODY_LIMIT, ServiceError
 from tasks.clients.fhir_server import AUTH_REFUSALS, FhirServer, TransactionRejected
-from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
+from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, commit_each, file_task, settings_of
+from tasks.job.contract import step_task
+from tasks.job.filework import FileToDo
 from tasks.core.errors import StepError
 from tasks.core.exact_json import dumps_exact, loads_exact
 from tasks.core.names import show_text
-from tasks.job.steps import one_file_at_a_time
+from tasks.job.steps import one_batch_at_a_time
 from tasks.clients.transfer import SentBinary, binary_id, put_document_reference, send_binary
 from tasks.streams.fanout import raise_if_cancelled
 from tasks.streams.files import write_file_atomically
@@ -54,26 +58,25 @@ def send(step: StepInput) -> StepResult:
     if mode == "direct_resource_load":
         refuse_csv_input(files)
         core, others = [f for f in files if f.core], [f for f in files if not f.core]
-        reports = send_files(send_file_direct, step, core) + send_files(send_file_direct, step, others)
+        reports = send_files(send_files_direct, step, core) + send_files(send_files_direct, step, others)
         summary = {"transactions": sum(r["batches"] for r in reports), "entries": sum(r["entries"] for r in reports)}
     elif mode == "transfer_load":
-        reports = send_files(send_file_binary, step, files)
+        reports = send_files(send_files_binary, step, files)
         document = commit_each(send_document_reference, step, [r["binary"] for r in reports])
         summary = {"document_reference": document, "binaries": [r["binary"] for r in reports]}
     elif mode == "s3_upload":
-        reports = send_files(send_file_s3, step, files)
+        reports = send_files(send_files_s3, step, files)
         summary = {"bucket": settings.services.send.s3.bucket, "objects": [r["key"] for r in reports]}
     else:
         raise StepError(f"services.send.send_as is {mode!r}; set one of direct_resource_load, transfer_load, s3_upload")
     return step.result(files, folder=step.input_dir, mode=mode, files_sent=len(files), **summary)
 
 
-def send_files(send_file: Any, step: StepInput, files: list[DataFile]) -> list[dict[str, Any]]:
-    """Send ``files`` through the per-file task ``send_file``; every finished file is kept, the first failure raised."""
-    return one_file_at_a_time(send_file, [(step, f.name, f.size) for f in files])
+def send_files(batch_task: Any, step: StepInput, files: list[DataFile]) -> list[dict[str, Any]]:
+    """Send ``files`` in batches of ``batch_task``; every finished batch is kept, the first failure raised."""
+    return one_batch_at_a_time(batch_task, step, [FileToDo(f.name, f.size, (f.name, f.size)) for f in files])
 
 
-@file_task("send-file-direct", "send[{name}]")
 def send_file_direct(step: StepInput, name: str, size: int) -> dict[str, Any]:
     settings = settings_of(step)
     with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
@@ -88,12 +91,15 @@ def send_file_direct(step: StepInput, name: str, size: int) -> dict[str, Any]:
     return asdict(report)
 
 
-@file_task("send-file-binary", "send[{name}]")
 def send_file_binary(step: StepInput, name: str, size: int) -> dict[str, SentBinary]:
     settings = settings_of(step)
     with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
         binary = send_binary(server, step.input_path(name), binary_id(step.job_id, name), step.output_dir)
     return {"binary": binary}
+
+
+send_files_direct = batch_task("send-files-direct", "send", send_file_direct)
+send_files_binary = batch_task("send-files-binary", "send", send_file_binary)
 
 
 @file_task("send-document-reference", "send[DocumentReference]")
@@ -105,7 +111,6 @@ def send_document_reference(step: StepInput, binaries: list[SentBinary]) -> str:
         )
 
 
-@file_task("send-file-s3", "send[{name}]")
 def send_file_s3(step: StepInput, name: str, size: int) -> dict[str, Any]:
     from tasks.clients.s3 import S3Uploader
 
@@ -116,6 +121,9 @@ def send_file_s3(step: StepInput, name: str, size: int) -> dict[str, Any]:
     finally:
         uploader.close()
     return {"key": uploaded.key, "size": uploaded.size, "etag": uploaded.etag}
+
+
+send_files_s3 = batch_task("send-files-s3", "send", send_file_s3)
 
 
 def refuse_csv_input(files: list[DataFile]) -> None:

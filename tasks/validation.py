@@ -2,9 +2,10 @@
 
 A pass-through step: it writes only reports, and the next step reads what this one read. Per file, resources are
 cut into ``collection`` Bundles of at most ``bundle_chunk_size_mb``, up to ``max_concurrent_requests`` in flight,
-the answers written in chunk order to one NDJSON report (one OperationOutcome per chunk); each file is a cached
-task. Findings never fail a file: ``fail_on_error`` decides, once every report is written, whether the job stops.
-A failure of the service itself fails the step, naming file and chunk.
+the answers written in chunk order to one NDJSON report (one OperationOutcome per chunk); files are validated in
+batches (``pipeline.file_batches``), each a cached task. Findings never fail a file: ``fail_on_error`` decides,
+once every report is written, whether the job stops. A failure of the service itself fails the step, naming file
+and chunk.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from config.settings import Settings
 from tasks.clients.errors import BODY_LIMIT, ServiceError
 from tasks.clients.http import AsyncServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.validator import MB, Chunk, ValidationServiceError, Validator, annotated, iter_chunks, read_findings
-from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
+from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
+from tasks.job.filework import FileToDo
 from tasks.core.errors import StepError
-from tasks.job.steps import one_file_at_a_time, ndjson_written, publish_report, write_answers
+from tasks.job.steps import one_batch_at_a_time, ndjson_written, publish_report, write_answers
 from tasks.streams.ndjson import CompressionLevel, iter_lines, output_name, remove_partial_files
 
 FIRST_ERRORS = 5
@@ -70,9 +72,12 @@ def validation(step: StepInput) -> StepResult:
     if not service.url:
         raise StepError("services.validation.url is not set; the validation step needs the validator's root URL")
     remove_partial_files(step.output_dir)
-    lines = {f.name: f.resources for f in step.files}
-    arguments = [(step, path.name, service.bundle_chunk_size_mb, lines.get(path.name)) for path in step.input_paths()]
-    checked: list[FileValidation] = one_file_at_a_time(validate_file, arguments)
+    inputs = {f.name: f for f in step.files}
+    files = [
+        FileToDo(name, inputs[name].size, (name, service.bundle_chunk_size_mb, inputs[name].resources))
+        for name in (path.name for path in step.input_paths())
+    ]
+    checked: list[FileValidation] = one_batch_at_a_time(validate_files, step, files)
     publish_artifact(step, checked)
     if service.fail_on_error and any(c.errors for c in checked):
         raise StepError(failure_message(step.output_dir, checked))
@@ -87,7 +92,6 @@ def validation(step: StepInput) -> StepResult:
     )
 
 
-@file_task("validate-file", "validate[{name}]")
 def validate_file(step: StepInput, name: str, chunk_size_mb: int, expected: int | None) -> FileValidation:
     """Validate one input file into its report (``chunk_size_mb`` is a parameter: it shapes the report; ``expected``:
     the file's lines, for progress)."""
@@ -96,6 +100,9 @@ def validate_file(step: StepInput, name: str, chunk_size_mb: int, expected: int 
     source = step.input_dir / name
     dest = step.output_dir / output_name(name, settings.compression.enabled)
     return asyncio.run(validate_with_service(settings, source, dest, chunk_size_mb, expected))
+
+
+validate_files = batch_task("validate-files", "validate", validate_file)
 
 
 async def validate_with_service(

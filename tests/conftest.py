@@ -223,7 +223,7 @@ def wait_until(probe, what: str = "the condition", timeout: float = 60.0) -> Non
 
 
 def complete_results(jobs_dir: Path, task: str) -> int:
-    """Persisted results of ``task`` (e.g. ``00-local_import-import-file``) written whole: a result file seen while
+    """Persisted results of ``task`` (e.g. ``00-local_import-import-files``) written whole: a result file seen while
     Prefect still writes it does not count (a kill then makes ``continue`` redo that file, harmlessly)."""
     complete = 0
     for path in jobs_dir.glob(f"*/.prefect/results/*-{task}-*"):

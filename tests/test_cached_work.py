@@ -19,7 +19,8 @@ def test_a_cached_import_whose_files_were_deleted_or_cut_is_made_again_and_the_i
     """Files of a finished step deleted or cut short while the job waited: the cached result named them as they
     were, so continue went on with 4 lost records (cut) or failed on every try (deleted)."""
     source = source_dir(tmp_path, {"a.ndjson": 3, "b.ndjson": 5, "c.ndjson": 4})
-    config = write_config({"pipeline": {"enabled_steps": ["local_import", "wait"]}, "compression": {"enabled": False}})
+    pipeline = {"enabled_steps": ["local_import", "wait"], "file_batches": {"max_files": 1}}  # a task run a file
+    config = write_config({"pipeline": pipeline, "compression": {"enabled": False}})
     assert main(["start", str(config), str(source), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")
     imported = job_dir / "import"

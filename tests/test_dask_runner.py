@@ -131,9 +131,9 @@ def test_a_job_on_a_two_process_local_cluster_writes_the_same_bytes_as_the_defau
     assert "INFO distributed.scheduler: " in log and "INFO prefect.task_runner.dask: " in log, log[-3000:]
     assert "step 1 local_import: " in log, log[-3000:]  # the cluster's silencing of its loggers spares the job log
     default_log = (only_job_dir(tmp_path / "default-jobs") / "job.log").read_text()
-    for name in ("import[fhir-data.ndjson.zst]", "import[b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson.zst]"):
-        finished = f"INFO prefect.task_runs: Task run '{name}' - Finished in state Completed()"
-        assert finished in default_log and finished in log, log[-3000:]  # the workers' file tasks log there too
+    name = "import[b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson.zst … fhir-data.ndjson.zst (2 files)]"  # one batch
+    finished = f"INFO prefect.task_runs: Task run '{name}' - Finished in state Completed()"
+    assert finished in default_log and finished in log, log[-3000:]  # the workers' file tasks log there too
     assert "Task run 'import[" not in terminal, terminal
     status_list_record_and_server_agree(job_dir, capsys)
 
@@ -264,9 +264,9 @@ def test_the_default_is_the_in_process_runner():
 @pytest.mark.timeout(900)
 @pytest.mark.usefixtures("prefect_api")
 def test_a_killed_dask_run_resumes_with_its_finished_files_and_leaves_no_worker(tmp_path, write_config):
-    # One worker thread runs the files in the order they were submitted: a and b are finished before c starts
-    # (with two workers, Dask may put b behind c on one of them, and c may finish first). c is 88 MB of NDJSON,
-    # a second or more at zstd best: long enough to be killed in the middle of it.
+    # a and b are one batch, c (over 32 MB) one of its own. One worker thread runs the batches in the order they
+    # were submitted: a and b are finished before c starts (with two workers, Dask may put c first). c is 88 MB of
+    # NDJSON, a second or more at zstd best: long enough to be killed in the middle of it.
     source = source_dir(tmp_path, {"a.ndjson": 10, "b.ndjson": 20, "c.ndjson": 200_000}, pad=400)
     jobs = tmp_path / "jobs"
     config = write_config(
@@ -278,7 +278,7 @@ def test_a_killed_dask_run_resumes_with_its_finished_files_and_leaves_no_worker(
     )
     process = start_cli_process("start", str(config), str(source), "--no-progress")
     wait_for(lambda: next(jobs.glob("*/import/.c.ndjson.zst.part"), None), process)
-    wait_for(lambda: complete_results(jobs, "00-local_import-import-file") == 2 or None, process)
+    wait_for(lambda: complete_results(jobs, "00-local_import-import-files") == 1 or None, process)
     cluster = psutil.Process(process.pid).children(recursive=True)
     process.send_signal(signal.SIGKILL)
     process.wait()

@@ -139,7 +139,7 @@ IMPORT_BOMB = """
 
     step = step_input(Path(tempfile.mkdtemp()) / "job", "local_import")
     try:
-        import_file.fn(step, {source!r}, "out.ndjson.zst", file_identity(Path({source!r})))
+        import_file(step, {source!r}, "out.ndjson.zst", file_identity(Path({source!r})))
     except Exception as exc:
         print(type(exc).__name__, exc)
     print("left:", sorted(p.name for p in step.output_dir.iterdir()))

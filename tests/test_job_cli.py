@@ -55,7 +55,8 @@ def test_the_embedded_default_job_imports_and_flattens_the_sample_data(tmp_path,
     assert main(["start", "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")
     run_lines = job_log_lines_of(job_dir, ("prefect.task_runs", "prefect.flow_runs", "dupflow."))
-    assert "Task run 'import[fhir-data.ndjson.zst]' - Finished in state Completed()" in "\n".join(run_lines)
+    batch = "import[b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson.zst … fhir-data.ndjson.zst (2 files)]"
+    assert f"Task run '{batch}' - Finished in state Completed()" in "\n".join(run_lines)
     assert any("dupflow.flattening: Task run 'flattening[2]' - " in line for line in run_lines), run_lines
     # The sample's two lines are TORCH transaction Bundles of 12 and 7 resources: Bundles and resources apart.
     assert any("step 1 local_import: 2 files, 2 Bundles holding 19 resources in import" in line for line in run_lines)
@@ -258,14 +259,15 @@ def test_a_failing_file_is_told_once_on_the_terminal_and_in_full_in_the_job_log(
     assert done.returncode == EXIT_FAILED, done.stderr
     errors = [line for line in done.stderr.splitlines() if "ERROR" in line]
     assert len(errors) == 1, done.stderr
-    assert "Task run 'import[bad.ndjson" in errors[0] and "bad.ndjson" in errors[0] and "Traceback" not in done.stderr
+    batch = "import[a.ndjson.zst … bad.ndjson.zst (2 files)]"  # the run of the batch, the message naming the file
+    assert f"Task run '{batch}'" in errors[0] and "/bad.ndjson" in errors[0] and "Traceback" not in done.stderr
     assert "Finished in state Failed" not in done.stderr
     job_dir = only_job_dir(tmp_path / "jobs")
     assert f"full log: {job_dir / 'job.log'}" in done.stderr
     log = (job_dir / "job.log").read_text()
     assert log.count("Traceback (most recent call last)") == 1
     failed_runs = [line for line in job_log_lines_of(job_dir, ("prefect.",)) if "Finished in state Failed" in line]
-    assert any("Task run 'import[bad.ndjson" in line for line in failed_runs), log
+    assert any(f"Task run '{batch}'" in line for line in failed_runs), log
     assert any(f"Flow run '{job_dir.name}'" in line for line in failed_runs), log
 
 
@@ -387,9 +389,10 @@ def test_killed_multi_file_import_redoes_only_unfinished_files_on_continue(tmp_p
     config = job_config(["local_import"], level="best")
 
     process = start_cli_process("start", str(config), str(source), "--no-progress")
-    # Files are imported in parallel: kill once c is being written and the results of a and b are recorded.
+    # a and b are one batch, c (over 32 MB) one of its own, imported in parallel: kill once c is being written and
+    # the result of a and b's batch is recorded.
     partial = wait_for(lambda: next(jobs.glob("*/import/.c.ndjson.zst.part"), None), process)
-    wait_for(lambda: complete_results(jobs, "00-local_import-import-file") == 2 or None, process)
+    wait_for(lambda: complete_results(jobs, "00-local_import-import-files") == 1 or None, process)
     process.send_signal(signal.SIGKILL)
     process.wait()
     job_dir = partial.parent.parent

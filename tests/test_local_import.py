@@ -157,7 +157,7 @@ def test_a_folder_name_with_a_control_character_is_shown_escaped_in_the_import_s
     folder.mkdir()
     (source := folder / name).write_bytes(data)
     with pytest.raises(NdjsonError) as refused:
-        import_file.fn(context(tmp_path), str(source), name, file_identity(source))
+        import_file(context(tmp_path), str(source), name, file_identity(source))
     message = str(refused.value)
     assert said in message and "\\n12:00:00" in message and "\\u202e" in message
     assert "\n" not in message and "\u202e" not in message
@@ -174,7 +174,7 @@ def test_a_source_that_changes_while_it_is_imported_fails_naming_it_and_leaves_n
         still_written.write(b'{"resourceType":"Observation"}\n')
     ctx = context(tmp_path, **{"compression.enabled": "false"})
     with pytest.raises(LocalImportError) as refused:
-        import_file.fn(ctx, str(source), "Observation.ndjson", scanned)
+        import_file(ctx, str(source), "Observation.ndjson", scanned)
     assert str(refused.value) == (
         f"{source} changed while it was imported (31,000 bytes when the step began, 31,031 now, written again since); "
         "wait until whatever writes it has finished, then continue the job"
@@ -193,7 +193,7 @@ def test_plain_input_is_compressed_and_counted(tmp_path):
     source = tmp_path / "a.ndjson"
     source.write_bytes(b'{"resourceType":"Patient","id":"1"}\n\n{"resourceType":"Patient","id":"2"}\n')
     ctx = context(tmp_path, **{"compression.level": "best"})
-    record = import_file.fn(ctx, str(source), "a.ndjson.zst", file_identity(source))
+    record = import_file(ctx, str(source), "a.ndjson.zst", file_identity(source))
     found = (ctx.output_dir / "a.ndjson.zst").stat()
     assert record == DataFile(
         name="a.ndjson.zst", size=found.st_size, resources=2, bundles=0, modified_ns=found.st_mtime_ns
@@ -205,7 +205,7 @@ def test_zstd_input_is_written_plain_when_compression_is_off(tmp_path):
     source = tmp_path / "a.ndjson"  # zstd content under a plain name: recognised by magic bytes
     source.write_bytes(zstandard.ZstdCompressor().compress(b'{"resourceType":"Patient","id":"1"}\n'))
     ctx = context(tmp_path, **{"compression.enabled": "false"})
-    import_file.fn(ctx, str(source), "a.ndjson", file_identity(source))
+    import_file(ctx, str(source), "a.ndjson", file_identity(source))
     assert (ctx.output_dir / "a.ndjson").read_bytes() == b'{"resourceType":"Patient","id":"1"}\n'
 
 
@@ -214,7 +214,7 @@ def test_a_line_over_the_limit_names_file_line_and_key_and_leaves_nothing(tmp_pa
     source.write_bytes(b'{"resourceType":"Patient"}\n{"resourceType":"Patient"}\n' + b"x" * (1024 * 1024 + 1) + b"\n")
     ctx = context(tmp_path, **{"pipeline.max_ndjson_line_size_mb": "1"})
     with pytest.raises(LineTooLongError) as error:
-        import_file.fn(ctx, str(source), "big.ndjson.zst", file_identity(source))
+        import_file(ctx, str(source), "big.ndjson.zst", file_identity(source))
     assert str(error.value).startswith(f"{source}: line 3 ")
     assert "pipeline.max_ndjson_line_size_mb" in str(error.value)
     assert list(ctx.output_dir.iterdir()) == []
@@ -225,5 +225,5 @@ def test_unreadable_zstd_is_a_clear_error_and_leaves_nothing(tmp_path):
     source.write_bytes(b"\x28\xb5\x2f\xfd" + b"not really zstd")
     ctx = context(tmp_path)
     with pytest.raises(NdjsonError, match="bad.ndjson.zst: not readable as zstd"):
-        import_file.fn(ctx, str(source), "bad.ndjson.zst", file_identity(source))
+        import_file(ctx, str(source), "bad.ndjson.zst", file_identity(source))
     assert list(ctx.output_dir.iterdir()) == []

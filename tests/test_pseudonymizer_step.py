@@ -375,7 +375,8 @@ def test_killed_mid_file_continue_redoes_only_the_unfinished_file_without_losing
     write_lines(source / "a.ndjson", first)
     write_lines(source / "b.ndjson", second)
     jobs = tmp_path / "jobs"
-    config = write_config(pseudonymizer_job(pseudonymizer_fake, concurrency=2))
+    job = pseudonymizer_job(pseudonymizer_fake, concurrency=2)
+    config = write_config({**job, "pipeline": {**job["pipeline"], "file_batches": {"max_files": 1}}})  # a run a file
 
     process = start_cli_process("start", str(config), str(source), "--no-progress")
     probe = lambda: next(jobs.glob("*/pseudonymizer/.b.ndjson.zst.part"), None)  # noqa: E731

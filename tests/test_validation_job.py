@@ -169,7 +169,7 @@ def test_killed_mid_step_continue_keeps_finished_reports_and_leaves_none_half_wr
     finished = (reports / "a.ndjson.zst").stat().st_mtime_ns
     validator_fake.state.reset()
 
-    result = run_step(job_dir, validator_fake.base_url, fail_on_error=False, concurrency=2)
+    result = run_step(job_dir, validator_fake.base_url, fail_on_error=False, concurrency=2, batch_files=1)
 
     assert (reports / "a.ndjson.zst").stat().st_mtime_ns == finished
     b_lines = report_lines(reports / "b.ndjson.zst")

@@ -1,4 +1,4 @@
-"""What the steps that send every file through a service share: their file tasks run one file at a time, each
+"""What the steps that send every file through a service share: their batches of files run one at a time, each
 file's requests answered in order into one NDJSON file, and a report artifact of one row per file."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from prefect.artifacts import create_table_artifact
 
 from config.settings import Settings
 from tasks.job.contract import StepInput
-from tasks.job.filework import map_files
+from tasks.job.filework import FileToDo, map_batches
 from tasks.job.layout import step_artifact_key
 from tasks.streams.fanout import ordered_map, raise_if_cancelled, results_or_raise
 from tasks.streams.ndjson import CompressionLevel, FileStats
@@ -51,11 +51,11 @@ def file_shape(path: str | None) -> dict[str, Any]:
     return {"path": path, "size": found and found.st_size, "modified_ns": found and found.st_mtime_ns}
 
 
-def one_file_at_a_time(file_task: Callable[..., T], arguments: Sequence[tuple[Any, ...]]) -> list[T]:
-    """``file_task`` for every file, one at a time, on a Dask cluster too (a file's own requests are what keeps its
-    service busy, and the service's ``max_concurrent_requests`` is the step's); every finished file is kept, the
-    first failure raised."""
-    return results_or_raise(map_files(file_task, arguments, workers=1))
+def one_batch_at_a_time(batch_task: Callable[..., list[T]], step: StepInput, files: Sequence[FileToDo]) -> list[T]:
+    """``batch_task`` over the step's ``files`` in batches (``map_batches``), one batch at a time and its files in
+    turn, on a Dask cluster too (a file's own requests are what keeps its service busy, and the service's
+    ``max_concurrent_requests`` is the step's); every finished batch is kept, the first failure raised."""
+    return results_or_raise(map_batches(batch_task, step, files, workers=1))
 
 
 async def write_answers(

@@ -64,8 +64,12 @@ def step_input(job_dir: Path, overrides: dict[str, str]) -> StepInput:
     )
 
 
-def validation_overrides(url: str, fail_on_error: bool, chunk_mb: int = 1, concurrency: int = 4) -> dict[str, str]:
+def validation_overrides(
+    url: str, fail_on_error: bool, chunk_mb: int = 1, concurrency: int = 4, batch_files: int = 5000
+) -> dict[str, str]:
+    """``batch_files``: files per task run (``pipeline.file_batches.max_files``)."""
     return {
+        "pipeline.file_batches.max_files": str(batch_files),
         "pipeline.enabled_steps": "[local_import, validation]",
         "services.validation.url": url,
         "services.validation.fail_on_error": str(fail_on_error).lower(),
@@ -82,5 +86,5 @@ def run_step(job_dir: Path, url: str, fail_on_error: bool, **options: Any) -> St
 
 
 def run_in_this_process(job_dir: str, url: str) -> None:
-    """Entry point of the killed subprocess: the same step, settings and flow as the tests use."""
-    run_step(Path(job_dir), url, fail_on_error=False, concurrency=2)
+    """Entry point of the killed subprocess: the same step, settings and flow as the tests use, a task run per file."""
+    run_step(Path(job_dir), url, fail_on_error=False, concurrency=2, batch_files=1)
