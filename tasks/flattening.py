@@ -16,16 +16,16 @@ import io
 import json
 import logging
 import shutil
-from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 
 from config.settings import Settings
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
+from tasks.job.flattening_plan import StepPlan, plan_views, remember_plan, step_plan
 from tasks.job.flattening_outcome import (
     FlatteningError,
     FlattenOutcome,
@@ -36,13 +36,14 @@ from tasks.job.flattening_outcome import (
 )
 from tasks.streams.progress import Tracker, expect_files, track
 from tasks.sof.view import compile_view
-from tasks.job.contract import DataFile, StepInput, StepResult, digest, file_task, settings_of, step_task
-from tasks.job.filework import map_files
+from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
+from tasks.job.filework import FileToDo, run_batches
 from tasks.job.steps import file_shape
-from tasks.sof.crtdl_views import AttributeGroup, GroupView, attribute_groups, build_view, csv_file_name
+from tasks.sof.crtdl_views import AttributeGroup, GroupView
 from tasks.sof.flatten import (
     FileParts,
     FilePlan,
+    PieceSource,
     GroupPlan,
     RouteCounts,
     Router,
@@ -52,7 +53,6 @@ from tasks.sof.flatten import (
     parquet_file,
     routes_json,
 )
-from tasks.sof.lookup import LookupTable, load_lookup
 from tasks.sof.output import CsvWriter, csv_cells, json_bytes
 from tasks.sof.errors import ResourceLineError
 from tasks.sof.resources import parse_line
@@ -67,7 +67,6 @@ log = logging.getLogger("dupflow.flattening")
 VIEWS_FOLDER = "viewdefinitions"
 PARTS_FOLDER = ".parts"
 COPY_CHUNK = 1 << 20
-PlannedViews = tuple[list[GroupView], list[AttributeGroup]]  # the groups' views, the groups without a lookup table
 
 
 @step_task("flattening")
@@ -78,7 +77,8 @@ def flattening(step: StepInput) -> StepResult:
         raise FlatteningError("the flattening step needs the job's CRTDL (give it as INPUT when starting the job)")
     if not config.lookup_path:
         raise FlatteningError("services.flattening.lookup_path is not set (the lookup file flattening needs)")
-    views, skipped = plan_views(step.crtdl_path, Path(config.lookup_path))
+    plan = remember_plan(*plan_views(step.crtdl_path, Path(config.lookup_path)))
+    views, skipped = plan.views, plan.skipped
     save_view_definitions(step.job_path / VIEWS_FOLDER, views)
     max_line = settings.pipeline.max_ndjson_line_size_bytes
     clean_output(step.output_dir)
@@ -92,33 +92,55 @@ def flattening(step: StepInput) -> StepResult:
                 step.input_paths(), step.output_dir, views, skipped, max_line, service, config.batch_size_mb * MB
             )
     else:
-        outcome = flatten_step_files(step, views, skipped, max_line)
+        outcome = flatten_step_files(step, plan, max_line)
     if "parquet" in config.formats:
         add_parquet_files(step.output_dir, views, outcome)
     report(outcome, step)
     return step.result(outcome.files, **outcome.summary())
 
 
-@file_task("flatten-file", "flatten[{piece.label}]")
-def flatten_input_file(
-    step: StepInput, piece: Piece, by_provenance: bool, plan_digest: str, in_worker_process: bool, lines: int | None
-) -> FileParts:
-    """Flatten ``piece`` into ``flattening/.parts/<piece.folder>/``; ``plan_digest`` (the views and the skipped groups)
-    makes a changed CRTDL or lookup file a new result; ``in_worker_process``: the step's choice, made once for all;
-    ``lines``: the input file's, for progress."""
-    settings = settings_of(step)
-    lookup = Path(settings.services.flattening.lookup_path or "")
-    assert step.crtdl_path is not None and step.input_dir is not None
-    views, skipped = plan_views(step.crtdl_path, lookup, warn=False)
-    max_line = settings.pipeline.max_ndjson_line_size_bytes
-    plan = file_plan(step.input_dir, piece, step.output_dir / PARTS_FOLDER, views, skipped, by_provenance, max_line)
-    return flatten_one(plan, piece.label, piece.span.lines or lines, in_worker_process=in_worker_process)
+class BatchResult(TypedDict):
+    """A flattened batch of pieces: what ``flatten_file`` wrote, and its parts as data files of the step's folder (so
+    that a cached batch whose parts are gone is flattened again, as any cached file that is gone is made again)."""
+
+    parts: FileParts
+    files: list[DataFile]
 
 
-def flatten_one(plan: FilePlan, label: str, total: int | None, *, in_worker_process: bool) -> FileParts:
-    """One piece's parts, in a worker process or in this one, its progress shown as ``flatten <label>`` against
-    ``total`` lines; a cancelled fan-out stops it, and the engine's errors become the step's."""
-    with engine_errors_as_step_errors(), track(f"flatten {label}", total, "lines") as progress:
+@file_task("flatten-pieces", "flatten[{label}]")
+def flatten_batch(
+    step: StepInput,
+    label: str,
+    pieces: list[tuple[Piece, int | None]],
+    by_provenance: bool,
+    plan_digest: str,
+    in_worker_process: bool,
+) -> BatchResult:
+    """Flatten the batch's pieces (each with its input file's lines, for progress), in turn, into one parts folder
+    ``flattening/.parts/<first piece's folder>/``; ``plan_digest`` (the views and the skipped groups) makes a changed
+    CRTDL or lookup file a new result; ``in_worker_process``: the step's choice, made once for all."""
+    assert step.input_dir is not None
+    plan = step_plan(step, plan_digest)
+    max_line = settings_of(step).pipeline.max_ndjson_line_size_bytes
+    parts_dir = step.output_dir / PARTS_FOLDER
+    only = [piece for piece, _ in pieces]
+    planned = pieces_plan(step.input_dir, only, parts_dir, plan.groups, plan.skipped_ids, by_provenance, max_line)
+    lines = [piece.span.lines or whole for piece, whole in pieces]
+    total = sum(n for n in lines if n is not None) if None not in lines else None
+    parts = flatten_one(planned, label, total, in_worker_process=in_worker_process, files=len(pieces))
+    files = [
+        DataFile(name=f"{PARTS_FOLDER}/{parts['folder']}/{group.csv_name}", size=size, resources=rows)
+        for group, rows, size in zip(plan.groups, parts["rows"], parts["bytes"], strict=True)
+        if rows
+    ]
+    return BatchResult(parts=parts, files=files)
+
+
+def flatten_one(plan: FilePlan, label: str, total: int | None, *, in_worker_process: bool, files: int = 1) -> FileParts:
+    """The parts of a plan's pieces (``files`` of the step's input), in a worker process or in this one, its progress
+    shown as ``flatten <label>`` against ``total`` lines; a cancelled fan-out stops it, and the engine's errors become
+    the step's."""
+    with engine_errors_as_step_errors(), track(f"flatten {label}", total, "lines", files=files) as progress:
         if in_worker_process:
             return flatten_in_worker(plan, progress)
         return flatten_file(plan, raise_if_cancelled, progress.advance)
@@ -144,62 +166,6 @@ def flatten_in_worker(plan: FilePlan, progress: Tracker) -> FileParts:
         done.remove()
     progress.advance(result["lines"] - shown)
     return result
-
-
-def plan_views(crtdl_path: Path, lookup_path: Path, *, warn: bool = True) -> PlannedViews:
-    """One ViewDefinition per attribute group that has a lookup table; the groups skipped for lack of one.
-    ``warn`` logs what is left out (the step does, once; its per-file tasks plan again silently)."""
-    try:
-        groups = attribute_groups(json.loads(Path(crtdl_path).read_bytes()))
-    except (OSError, ValueError) as exc:
-        raise FlatteningError(f"cannot read the CRTDL {crtdl_path}: {exc}") from exc
-    with engine_errors_as_step_errors():
-        views, skipped = built_views(groups, load_lookup(lookup_path), warn)
-    if warn:
-        warn_shared_names(groups)
-    names = Counter(view.group.csv_name.casefold() for view in views)
-    if clashes := [name for name, count in names.items() if count > 1]:
-        raise FlatteningError(f"several attribute groups would write the same CSV ({', '.join(clashes)}); rename them")
-    return views, skipped
-
-
-def warn_shared_names(groups: list[AttributeGroup]) -> None:
-    """One warning per name that several groups share, naming the groups and the file each writes."""
-    sharing: dict[str, list[AttributeGroup]] = {}
-    for group in groups:
-        if group.csv_name != csv_file_name(group.name):
-            sharing.setdefault(csv_file_name(group.name).casefold(), []).append(group)
-    for same in sharing.values():
-        log.warning(
-            "attribute groups %s share the name %r: their files are %s",
-            " and ".join(repr(group.id) for group in same),
-            same[0].name,
-            " and ".join(repr(group.csv_name) for group in same),
-        )
-
-
-def built_views(groups: list[AttributeGroup], tables: dict[str, LookupTable], warn: bool) -> PlannedViews:
-    """The view of each group that has a lookup table, and the groups that have none (see ``plan_views``)."""
-    views, skipped = [], []
-    for group in groups:
-        if (table := tables.get(group.profile)) is None:
-            if warn:
-                log.warning(
-                    "attribute group %r is skipped: the lookup file has no table for profile %s",
-                    group.name,
-                    group.profile,
-                )
-            skipped.append(group)
-            continue
-        built = build_view(group, table)
-        if built.skipped_attributes and warn:
-            log.warning(
-                "attribute group %r: no lookup element for %s (left out of its CSV)",
-                group.name,
-                ", ".join(built.skipped_attributes),
-            )
-        views.append(built)
-    return views, skipped
 
 
 def save_view_definitions(folder: Path, views: list[GroupView]) -> None:
@@ -234,24 +200,26 @@ def add_parquet_files(out_dir: Path, views: list[GroupView], outcome: FlattenOut
         outcome.files.append(DataFile(name=parquet_path.name, size=parquet_path.stat().st_size, resources=count))
 
 
-def file_plan(
+def pieces_plan(
     input_dir: Path,
-    piece: Piece,
+    pieces: list[Piece],
     parts_dir: Path,
-    views: list[GroupView],
-    skipped: list[AttributeGroup],
+    groups: tuple[GroupPlan, ...],
+    skipped_ids: tuple[str, ...],
     by_provenance: bool,
     max_line_bytes: int,
 ) -> FilePlan:
-    """What a worker needs to flatten ``piece``: a span reads its file's bare routes where ``plan_pieces`` saved
-    them."""
-    groups = tuple(
-        GroupPlan(v.group.id, v.group.csv_name, v.resource_type, json.dumps(v.view), v.selection) for v in views
+    """What a worker needs to flatten ``pieces`` into the parts folder of the first: a span reads its file's bare
+    routes where ``plan_pieces`` saved them."""
+    sources = tuple(
+        PieceSource(
+            str(input_dir / piece.name),
+            piece.span,
+            str(routes_path(parts_dir, piece.name)) if by_provenance and piece.count > 1 else "",
+        )
+        for piece in pieces
     )
-    routes = str(routes_path(parts_dir, piece.name)) if by_provenance and piece.count > 1 else ""
-    path, skipped_ids = str(input_dir / piece.name), tuple(group.id for group in skipped)
-    parts = str(parts_dir)
-    return FilePlan(path, parts, piece.folder, groups, skipped_ids, by_provenance, max_line_bytes, piece.span, routes)
+    return FilePlan(sources, str(parts_dir), pieces[0].folder, groups, skipped_ids, by_provenance, max_line_bytes)
 
 
 def plan_pieces(
@@ -285,41 +253,33 @@ def routes_by_provenance(paths: list[Path], max_line_bytes: int) -> bool:
     return any(has_group_provenance(path, max_line_bytes) for path in paths)
 
 
-def flatten_step_files(
-    step: StepInput, views: list[GroupView], skipped: list[AttributeGroup], max_line_bytes: int
-) -> FlattenOutcome:
-    """Each piece of the input through its cached ``flatten[...]`` task, then the parts joined into the CSVs; on a
-    large input in worker processes that end with this step (they start while the input is scanned and cut)."""
+def flatten_step_files(step: StepInput, plan: StepPlan, max_line_bytes: int) -> FlattenOutcome:
+    """The input's pieces in batches of cached ``flatten[...]`` tasks (``map_batches``; a span of a large file
+    alone), then the parts joined into the CSVs; on a large input in worker processes that end with this step (they
+    start while the input is scanned and cut)."""
     paths = step.input_paths()
     in_processes = input_pays_for_processes(paths)
     parts_dir = step.output_dir / PARTS_FOLDER
     with worker_pool(flatten_file.__module__) if in_processes else nullcontext():
         by_provenance = routes_by_provenance(paths, max_line_bytes)
-        plan_digest = digest([[v.group, v.view] for v in views] + [g.id for g in skipped])
         workers = pool_size() if in_processes else 1
         pieces = plan_pieces(paths, parts_dir, workers, by_provenance, max_line_bytes)
         expect_files(len(pieces), "pieces" if len(pieces) > len(paths) else "files")  # a cut file's spans one by one
-        lines = {f.name: f.resources for f in step.files}
-        arguments = [(step, piece, by_provenance, plan_digest, in_processes, lines.get(piece.name)) for piece in pieces]
-        results = results_or_raise(map_files(flatten_input_file, arguments, workers))
-        if missing := [i for i, result in enumerate(results) if not parts_on_disk(parts_dir, views, result)]:
-            log.warning("parts of %d finished pieces are gone: flattening them again", len(missing))
-            refresh = flatten_input_file.with_options(refresh_cache=True)
-            again = results_or_raise(map_files(refresh, [arguments[i] for i in missing], workers))
-            for i, result in zip(missing, again, strict=True):
-                results[i] = result
-    outcome = join_parts(step.output_dir, parts_dir, views, skipped, results, by_provenance)
+        inputs = {f.name: f for f in step.files}
+        to_do = [
+            FileToDo(
+                piece.label,
+                inputs[piece.name].size if piece.count == 1 else None,
+                (piece, inputs[piece.name].resources),
+            )
+            for piece in pieces
+        ]
+        batches = run_batches(flatten_batch, step, to_do, workers, by_provenance, plan.digest, in_processes)
+        results = results_or_raise([outcome for _, outcome in batches])
+    parts = [result["parts"] for result in results]
+    outcome = join_parts(step.output_dir, parts_dir, plan.views, plan.skipped, parts, by_provenance)
     shutil.rmtree(parts_dir, ignore_errors=True)
     return outcome
-
-
-def parts_on_disk(parts_dir: Path, views: list[GroupView], result: FileParts) -> bool:
-    """Whether every part a (possibly cached) piece's result names is on disk with its size."""
-    for view, rows, size in zip(views, result["rows"], result["bytes"], strict=True):
-        part = parts_dir / result["folder"] / view.group.csv_name
-        if rows and (not part.is_file() or part.stat().st_size != size):
-            return False
-    return True
 
 
 def join_parts(

@@ -24,13 +24,14 @@ from pathlib import Path
 
 from tasks.flattening import (
     PARTS_FOLDER,
-    file_plan,
     flatten_one,
     join_parts,
+    pieces_plan,
     plan_pieces,
     plan_views,
     routes_by_provenance,
 )
+from tasks.job.flattening_plan import remember_plan
 from tasks.job.flattening_outcome import FlattenOutcome
 from tasks.streams.processes import worker_pool
 from tasks.streams.spans import SPAN_MIN_BYTES
@@ -62,7 +63,11 @@ def flatten_files(
             by_provenance = routes_by_provenance(paths, max_line_bytes)
             pieces = plan_pieces(paths, parts_dir, spans or processes, by_provenance, max_line_bytes, min_span_bytes)
             folder = paths[0].parent if paths else out_dir
-            plans = [file_plan(folder, p, parts_dir, views, skipped, by_provenance, max_line_bytes) for p in pieces]
+            plan = remember_plan(views, skipped)
+            plans = [
+                pieces_plan(folder, [p], parts_dir, plan.groups, plan.skipped_ids, by_provenance, max_line_bytes)
+                for p in pieces
+            ]
             calls = [
                 partial(flatten_one, plan, piece.label, piece.span.lines or None, in_worker_process=processes > 1)
                 for piece, plan in zip(pieces, plans, strict=True)

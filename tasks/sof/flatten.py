@@ -6,11 +6,12 @@ bare lines routing their file's bare resources. When no input file holds such Pr
 decided over all files first), resources go to the groups of their type whose profile and CRTDL filters they pass
 (``tasks.sof.selection``, as the extraction would have selected them); what no group takes is counted per type.
 
-``flatten_file(plan)`` writes the rows of one file, or one span of it, per group into
-``<parts>/<plan.folder>/<csv name>`` and returns its counts. The parent concatenates the parts in input order under
-one header, so the CSVs are the same bytes whether files ran in turn or in parallel, whole or cut; a span's bare
-Provenance routes come from the whole file (``bare_routes``, saved by ``routes_json``). No Prefect here, so it runs
-in a lean worker process: cancellation reaches it as ``stop_if_cancelled``, progress leaves it as ``advance``.
+``flatten_file(plan)`` writes the rows of its pieces (files, or spans of one), in turn, per group into
+``<parts>/<plan.folder>/<csv name>`` and returns their counts. The parent concatenates the parts in input order
+under one header, so the CSVs are the same bytes whether pieces ran in turn or in parallel, whole or cut, alone or
+with others; a span's bare Provenance routes come from the whole file (``bare_routes``, saved by ``routes_json``). No
+Prefect here, so it runs in a lean worker process: cancellation reaches it as ``stop_if_cancelled``, progress leaves
+it as ``advance``.
 """
 
 from __future__ import annotations
@@ -200,19 +201,27 @@ class GroupPlan:
 
 
 @dataclass(frozen=True)
-class FilePlan:
-    """One input file's (or span's) flattening, as a worker process receives it (small and picklable): its parts go
-    to ``<parts_dir>/<folder>``; ``routes_file`` names its file's saved bare routes (empty: find them here)."""
+class PieceSource:
+    """One piece of the input: the file ``path`` whole, or its ``span``; ``routes_file`` names the file's saved bare
+    routes (empty: find them here)."""
 
-    source: str
+    path: str
+    span: Span = WHOLE_FILE
+    routes_file: str = ""
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    """The flattening of pieces of the input (a batch of files, or one span), as a worker process receives it (small
+    and picklable): their rows, in the order of ``sources``, go to the parts in ``<parts_dir>/<folder>``."""
+
+    sources: tuple[PieceSource, ...]
     parts_dir: str
     folder: str
     groups: tuple[GroupPlan, ...]
     skipped_ids: tuple[str, ...]
     by_provenance: bool
     max_line_bytes: int
-    span: Span = WHOLE_FILE
-    routes_file: str = ""
 
 
 class FileParts(TypedDict):
@@ -318,26 +327,28 @@ class RowsWriter:
 def flatten_file(
     plan: FilePlan, stop_if_cancelled: Callable[[], None] = never_cancelled, advance: Callable[[int], None] = uncounted
 ) -> FileParts:
-    """Flatten ``plan.source`` (its ``plan.span``) into ``<parts_dir>/<folder>/``, written as ``.<folder>.tmp`` and
-    renamed when complete (an earlier attempt's parts are replaced). ``stop_if_cancelled`` is called before each
-    line and raises to stop; ``advance(1)`` after each line (progress)."""
-    source, parts_dir = Path(plan.source), Path(plan.parts_dir)
+    """Flatten the plan's pieces, in turn, into ``<parts_dir>/<folder>/``, written as ``.<folder>.tmp`` and renamed
+    when complete (an earlier attempt's parts are replaced). ``stop_if_cancelled`` is called before each line and
+    raises to stop; ``advance(1)`` after each line (progress)."""
+    parts_dir = Path(plan.parts_dir)
     work, final = parts_dir / f".{plan.folder}.tmp", parts_dir / plan.folder
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    parsed = ParsedLine(source)
+    parsed = ParsedLine(Path(plan.sources[0].path))
     writers = [RowsWriter(work / g.csv_name, compiled_view(g.view_json), g.csv_name, parsed) for g in plan.groups]
     groups, selections = [(g.id, g.resource_type) for g in plan.groups], [g.selection for g in plan.groups]
     router = Router(groups, plan.skipped_ids, writers, plan.by_provenance, selections=selections)
     counts = router.counts
     lines = 0
     try:
-        routes = routes_of(plan)
-        for number, line in iter_lines(source, plan.max_line_bytes, plan.span):
-            stop_if_cancelled()
-            router.route_line(parsed.parse(number, line), routes)
-            lines += 1
-            advance(1)
+        for piece in plan.sources:
+            parsed.source = source = Path(piece.path)
+            routes = routes_of(piece, plan)
+            for number, line in iter_lines(source, plan.max_line_bytes, piece.span):
+                stop_if_cancelled()
+                router.route_line(parsed.parse(number, line), routes)
+                lines += 1
+                advance(1)
         sizes = [writer.close() for writer in writers]
     except BaseException:
         for writer in writers:
@@ -360,13 +371,13 @@ def flatten_file(
     )
 
 
-def routes_of(plan: FilePlan) -> dict[str, set[str]]:
-    """The bare Provenance routes of the plan's file: saved by the parent for a span, found here for a whole file."""
+def routes_of(piece: PieceSource, plan: FilePlan) -> dict[str, set[str]]:
+    """The bare Provenance routes of the piece's file: saved by the parent for a span, found here for a whole file."""
     if not plan.by_provenance:
         return {}
-    if plan.routes_file:
-        return {key: set(groups) for key, groups in json.loads(Path(plan.routes_file).read_bytes()).items()}
-    return bare_routes(Path(plan.source), plan.max_line_bytes)
+    if piece.routes_file:
+        return {key: set(groups) for key, groups in json.loads(Path(piece.routes_file).read_bytes()).items()}
+    return bare_routes(Path(piece.path), plan.max_line_bytes)
 
 
 @lru_cache(maxsize=64)

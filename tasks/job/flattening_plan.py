@@ -1,0 +1,130 @@
+"""What every piece of a ``flattening`` step shares, made once per step: the CRTDL's attribute groups as
+ViewDefinitions (``plan_views``) and their plan for the pieces (``StepPlan``), kept per process by digest so that the
+step's piece tasks take it instead of reading the CRTDL and the lookup file again."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.job.contract import StepInput, digest, settings_of
+from tasks.job.flattening_outcome import FlatteningError, engine_errors_as_step_errors
+from tasks.sof.crtdl_views import AttributeGroup, GroupView, attribute_groups, build_view, csv_file_name
+from tasks.sof.flatten import GroupPlan
+from tasks.sof.lookup import LookupTable, load_lookup
+
+log = logging.getLogger("dupflow.flattening")
+
+CACHED_PLANS = 4
+"""Step plans kept per process, by digest: a run uses one; a long-lived worker may see a few jobs'."""
+PlannedViews = tuple[list[GroupView], list[AttributeGroup]]  # the groups' views, the groups without a lookup table
+
+
+def plan_views(crtdl_path: Path, lookup_path: Path, *, warn: bool = True) -> PlannedViews:
+    """One ViewDefinition per attribute group that has a lookup table; the groups skipped for lack of one.
+    ``warn`` logs what is left out (the step does, once; its per-file tasks plan again silently)."""
+    try:
+        groups = attribute_groups(json.loads(Path(crtdl_path).read_bytes()))
+    except (OSError, ValueError) as exc:
+        raise FlatteningError(f"cannot read the CRTDL {crtdl_path}: {exc}") from exc
+    with engine_errors_as_step_errors():
+        views, skipped = built_views(groups, load_lookup(lookup_path), warn)
+    if warn:
+        warn_shared_names(groups)
+    names = Counter(view.group.csv_name.casefold() for view in views)
+    if clashes := [name for name, count in names.items() if count > 1]:
+        raise FlatteningError(f"several attribute groups would write the same CSV ({', '.join(clashes)}); rename them")
+    return views, skipped
+
+
+def warn_shared_names(groups: list[AttributeGroup]) -> None:
+    """One warning per name that several groups share, naming the groups and the file each writes."""
+    sharing: dict[str, list[AttributeGroup]] = {}
+    for group in groups:
+        if group.csv_name != csv_file_name(group.name):
+            sharing.setdefault(csv_file_name(group.name).casefold(), []).append(group)
+    for same in sharing.values():
+        log.warning(
+            "attribute groups %s share the name %r: their files are %s",
+            " and ".join(repr(group.id) for group in same),
+            same[0].name,
+            " and ".join(repr(group.csv_name) for group in same),
+        )
+
+
+def built_views(groups: list[AttributeGroup], tables: dict[str, LookupTable], warn: bool) -> PlannedViews:
+    """The view of each group that has a lookup table, and the groups that have none (see ``plan_views``)."""
+    views, skipped = [], []
+    for group in groups:
+        if (table := tables.get(group.profile)) is None:
+            if warn:
+                log.warning(
+                    "attribute group %r is skipped: the lookup file has no table for profile %s",
+                    group.name,
+                    group.profile,
+                )
+            skipped.append(group)
+            continue
+        built = build_view(group, table)
+        if built.skipped_attributes and warn:
+            log.warning(
+                "attribute group %r: no lookup element for %s (left out of its CSV)",
+                group.name,
+                ", ".join(built.skipped_attributes),
+            )
+        views.append(built)
+    return views, skipped
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What every piece of a flattening step shares, made once per step and process (``step_plan``): the groups'
+    views, the groups skipped, the views as a worker receives them, and a digest of them all."""
+
+    views: list[GroupView]
+    skipped: list[AttributeGroup]
+    groups: tuple[GroupPlan, ...]
+    skipped_ids: tuple[str, ...]
+    digest: str
+
+
+_plans: dict[str, StepPlan] = {}
+_plans_lock = threading.Lock()
+
+
+def remember_plan(views: list[GroupView], skipped: list[AttributeGroup]) -> StepPlan:
+    """The step's plan, kept in this process for its pieces (the latest ``CACHED_PLANS``, by digest)."""
+    groups = tuple(
+        GroupPlan(v.group.id, v.group.csv_name, v.resource_type, json.dumps(v.view), v.selection) for v in views
+    )
+    plan_digest = digest([[v.group, v.view] for v in views] + [g.id for g in skipped])
+    plan = StepPlan(views, skipped, groups, tuple(group.id for group in skipped), plan_digest)
+    with _plans_lock:
+        _plans.pop(plan_digest, None)
+        _plans[plan_digest] = plan
+        while len(_plans) > CACHED_PLANS:
+            del _plans[next(iter(_plans))]
+    return plan
+
+
+def step_plan(step: StepInput, plan_digest: str) -> StepPlan:
+    """The plan the step made, by its digest; made again from the CRTDL and lookup file only in a process that has
+    not seen it (a Dask worker), where files changed since the step read them are refused (the CSVs would mix two
+    plans)."""
+    with _plans_lock:
+        plan = _plans.get(plan_digest)
+    if plan is not None:
+        return plan
+    lookup = settings_of(step).services.flattening.lookup_path
+    assert step.crtdl_path is not None
+    plan = remember_plan(*plan_views(step.crtdl_path, Path(lookup or ""), warn=False))
+    if plan.digest != plan_digest:
+        raise FlatteningError(
+            f"the CRTDL {step.crtdl_path} or the lookup file {lookup} (services.flattening.lookup_path) changed while "
+            "the step ran; keep them unchanged while a job runs, then continue the job"
+        )
+    return plan
