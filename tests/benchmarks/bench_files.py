@@ -1,0 +1,188 @@
+"""A job's cost per file: many small files through ``local_import`` and ``flattening``, next to the floor.
+
+Run on demand (not collected by pytest):
+
+    python -m tests.benchmarks.bench_files [--files 200,1000,3000] [--rounds 3] [--repo DIR]
+
+A job is the embedded sample job (``config/default.yaml``, the sample CRTDL and lookup file) over N files, each a
+copy of the sample's TORCH Bundle (12.7 KB), run as the command line runs it (``flows.run start ... --dir``) against
+one local Prefect server started once in a temporary PREFECT_HOME and reused by every job. Per job: its wall time
+(the command, start to exit), the flow process's peak RSS (``ru_maxrss``), the task runs the server recorded for the
+job's flow run, and the time the server takes to answer the run graph the UI loads (``graph-v2``). The floor is
+``cat`` of the same files plus orjson parsing their every line (one core). Rounds take the Ns in turn; each round
+prints the load average. At the end: min and median per N, and the growth fit (least squares over every job:
+wall = a + b N, peak RSS = c + d N). ``--repo`` runs the jobs with another checkout's code (the one measured
+before a change), with this checkout's Python environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from tests.benchmarks.runs import load
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SAMPLE = REPO_ROOT / "config" / "sample-data"
+BUNDLE = SAMPLE / "b4a838f8-55e9-4d4b-8551-e530fc7d9f3e.ndjson"
+SETTLE_SECONDS = 60.0
+FLOOR = """
+import orjson, sys, time
+from pathlib import Path
+started = time.perf_counter()
+for path in sorted(Path(sys.argv[1]).iterdir()):
+    for line in path.read_bytes().splitlines():
+        orjson.loads(line)
+print(time.perf_counter() - started)
+"""
+
+
+@dataclass
+class Job:
+    files: int
+    wall: float
+    peak_mb: float
+    task_runs: int
+    graph_seconds: float
+    graph_nodes: int
+    floor: float
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--files", default="200,1000,3000", help="the Ns, comma-separated")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="the checkout whose code runs the jobs")
+    args = parser.parse_args()
+    counts = [int(n) for n in args.files.split(",")]
+    jobs: list[Job] = []
+    with tempfile.TemporaryDirectory(prefix="bench-files-") as scratch:
+        env = job_environment(Path(scratch))
+        api = start_server(env)
+        data = {n: write_files(Path(scratch) / f"data-{n}", n) for n in counts}
+        print(f"repo {args.repo}; {os.cpu_count()} CPUs; server {api}", flush=True)
+        for round_number in range(1, args.rounds + 1):
+            print(f"round {round_number}: load average {load()}", flush=True)
+            for n in counts:
+                job = run_job(args.repo, env, api, data[n], Path(scratch) / "jobs")
+                jobs.append(job)
+                print(f"  {describe(job)}", flush=True)
+        print(f"load average at the end: {load()}")
+        subprocess.run([sys.executable, "-m", "flows.run", "server", "stop"], cwd=REPO_ROOT, env=env, check=False)
+    summarize(jobs, counts)
+
+
+def job_environment(scratch: Path) -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items() if not name.startswith(("APP_", "PREFECT_"))}
+    return {**env, "PREFECT_HOME": str(scratch / "home"), "APP_JOBS_DIR": str(scratch / "jobs")}
+
+
+def start_server(env: dict[str, str]) -> str:
+    """The local server the jobs share, started as the command line starts it; its API URL."""
+    command = [sys.executable, "-m", "flows.run", "server", "start"]
+    subprocess.run(command, cwd=REPO_ROOT, env=env, check=True, capture_output=True, timeout=300)
+    record = json.loads((Path(env["PREFECT_HOME"]) / "dupflow-server.json").read_text())
+    return record["url"]
+
+
+def write_files(folder: Path, count: int) -> Path:
+    folder.mkdir()
+    for number in range(count):
+        shutil.copyfile(BUNDLE, folder / f"batch-{number:05d}.ndjson")
+    return folder
+
+
+def run_job(repo: Path, env: dict[str, str], api: str, data: Path, jobs_dir: Path) -> Job:
+    command = [sys.executable, "-m", "flows.run", "start", str(repo / "config" / "default.yaml")]
+    command += [str(repo / "config" / "sample-data" / "crtdl.json"), "--dir", str(data), "--no-progress"]
+    started = time.perf_counter()
+    process = subprocess.Popen(command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - started
+    stdout, stderr = process.communicate()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"the job failed:\n{stderr.decode()[-3000:]}")
+    job_dir = Path(stdout.decode().split("\n", 1)[0].split(": ", 1)[1])
+    flow_run = json.loads((job_dir / "job.json").read_text())["flow_run_ids"][-1]
+    files = sum(1 for _ in data.iterdir())
+    task_runs = recorded_task_runs(api, flow_run)
+    graph_seconds, nodes = graph_load(api, flow_run)
+    shutil.rmtree(jobs_dir, ignore_errors=True)
+    return Job(files, wall, usage.ru_maxrss / 1024, task_runs, graph_seconds, nodes, floor_seconds(data))
+
+
+def recorded_task_runs(api: str, flow_run: str) -> int:
+    """The task runs the server holds for the flow run, once their count stopped changing (they arrive as events)."""
+    body = {"task_runs": {"flow_run_id": {"any_": [flow_run]}}}
+    deadline, last, count = time.monotonic() + SETTLE_SECONDS, -1, 0
+    while time.monotonic() < deadline:
+        count = httpx.post(f"{api}/task_runs/count", json=body, timeout=60).json()
+        if count == last:
+            return count
+        last = count
+        time.sleep(1.0)
+    return count
+
+
+def graph_load(api: str, flow_run: str) -> tuple[float, int]:
+    """Seconds the server takes to answer the flow run's graph (as the UI asks for it), and its nodes."""
+    started = time.perf_counter()
+    answer = httpx.get(f"{api}/flow_runs/{flow_run}/graph-v2", timeout=300)
+    seconds = time.perf_counter() - started
+    answer.raise_for_status()
+    return seconds, len(answer.json()["nodes"])
+
+
+def floor_seconds(data: Path) -> float:
+    """``cat`` of the files to /dev/null, plus orjson parsing their every line."""
+    started = time.perf_counter()
+    subprocess.run(f"cat {data}/* > /dev/null", shell=True, check=True)
+    cat = time.perf_counter() - started
+    parsed = subprocess.run([sys.executable, "-c", FLOOR, str(data)], check=True, capture_output=True, text=True)
+    return cat + float(parsed.stdout)
+
+
+def describe(job: Job) -> str:
+    per_file = 1000 * job.wall / job.files
+    return (
+        f"N={job.files:>6}: wall {job.wall:7.1f} s ({per_file:6.2f} ms/file), flow peak {job.peak_mb:5.0f} MB, "
+        f"task runs {job.task_runs:>6}, graph-v2 {job.graph_seconds:6.2f} s ({job.graph_nodes} nodes), "
+        f"floor {1000 * job.floor / job.files:5.2f} ms/file"
+    )
+
+
+def summarize(jobs: list[Job], counts: list[int]) -> None:
+    print("\nper N: min / median over the rounds")
+    print(f"{'N':>6} {'ms/file':>15} {'flow peak MB':>15} {'task runs':>13} {'graph-v2 s':>15} {'floor ms/file':>15}")
+    for n in counts:
+        of_n = [job for job in jobs if job.files == n]
+        columns = [
+            [1000 * j.wall / n for j in of_n],
+            [j.peak_mb for j in of_n],
+            [j.task_runs for j in of_n],
+            [j.graph_seconds for j in of_n],
+            [1000 * j.floor / n for j in of_n],
+        ]
+        cells = [f"{min(c):7.2f} / {statistics.median(c):6.2f}" for c in columns]
+        cells[2] = f"{min(columns[2]):5d} / {statistics.median(columns[2]):5.0f}"
+        print(f"{n:>6} " + " ".join(f"{cell:>15}" for cell in cells))
+    if len(counts) > 1:
+        wall = statistics.linear_regression([j.files for j in jobs], [j.wall for j in jobs])
+        peak = statistics.linear_regression([j.files for j in jobs], [j.peak_mb for j in jobs])
+        print(f"growth fit: wall = {wall.intercept:.1f} s + {1000 * wall.slope:.2f} ms x N; ", end="")
+        print(f"flow peak RSS = {peak.intercept:.0f} MB + {1024 * peak.slope:.1f} KB x N")
+
+
+if __name__ == "__main__":
+    main()
