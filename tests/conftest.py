@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -114,6 +116,24 @@ def empty_prefect_api(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("PREFECT_API_URL", f"{server.base_url}/api")
     yield server
     server.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_server_left_behind(request: pytest.FixtureRequest):
+    """A slow test's Prefect server in a home under its ``tmp_path`` ends with the test: one left running holds a
+    port, its share of the cores and its database for the rest of the run (two were, unseen, for a whole suite)."""
+    if request.node.get_closest_marker("slow") is None or "tmp_path" not in request.fixturenames:
+        yield
+        return
+    tmp_path = request.getfixturevalue("tmp_path")
+    yield
+    from tests.support.prefect_servers import servers_under
+
+    left = servers_under(tmp_path)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    assert left == [], f"the test left Prefect servers running (pids {left}, now killed): stop them in the test"
 
 
 @pytest.fixture(scope="session", autouse=True)

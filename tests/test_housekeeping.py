@@ -197,7 +197,7 @@ def test_a_removal_an_interrupted_prune_began_is_told_and_finished_by_the_next(t
     assert f"removed {job_id} (an interrupted prune had begun it)" in removed.stdout and list(jobs.iterdir()) == []
 
 
-def test_a_removal_that_cannot_be_finished_is_said_with_its_path_and_stops_no_other(tmp_path):
+def test_a_removal_that_cannot_be_finished_is_said_with_its_path_and_stops_no_other(tmp_path, empty_prefect_api):
     """A file the user may not remove (another owner, an immutable one; here a file where the folder belongs) kept
     every later prune from removing anything, with a traceback; and list showed the half-removed job as whole."""
     jobs = tmp_path / "jobs"
@@ -206,9 +206,9 @@ def test_a_removal_that_cannot_be_finished_is_said_with_its_path_and_stops_no_ot
     stuck.write_text("not removable as a folder\n")
     half = recorded_job(jobs, "00000000-0000-4000-8000-000000000014", "Completed")
     half.rename(jobs / f".pruning-{half.name}")  # as a killed prune left it
-    no_server = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "empty-home")}
-    listed = run_cli("list", "--jobs-dir", str(jobs), env=no_server).stdout
+    listed = run_cli("list", "--jobs-dir", str(jobs)).stdout  # on an API that knows no job: by the records
     assert old.name in listed and half.name not in listed
+    no_server = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "empty-home")}
 
     removed = run_cli("prune", "--jobs-dir", str(jobs), "--yes", env=no_server)
 
@@ -219,15 +219,14 @@ def test_a_removal_that_cannot_be_finished_is_said_with_its_path_and_stops_no_ot
     assert f"removed {old.name}" in removed.stdout and sorted(jobs.iterdir()) == [stuck]
 
 
-def test_list_and_status_show_a_job_input_with_escape_sequences_made_plain(tmp_path):
+def test_list_and_status_show_a_job_input_with_escape_sequences_made_plain(tmp_path, empty_prefect_api):
     """A deployment's input comes from a form: terminal escapes and bidi marks were printed as they were."""
     jobs, job_id = tmp_path / "jobs", "00000000-0000-4000-8000-000000000015"
     forged = "/data/in\x1b]0;pwned\x07\x1b[2J\u202eput"
     with changing_record(jobs / job_id, new=JobRecord(job_id=job_id, enabled_steps=["local_import"], job_input=forged)):
         pass
-    no_server = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "empty-home")}
     for command in (["list", "--jobs-dir", str(jobs)], ["status", str(jobs / job_id)]):
-        shown = run_cli(*command, env=no_server)
+        shown = run_cli(*command)  # on an API that knows no job: by the record
         assert shown.returncode == EXIT_OK and "/data/in" in shown.stdout, shown.stderr
         assert not any(c in shown.stdout for c in "\x1b\x07\u202e"), shown.stdout
 

@@ -19,6 +19,16 @@ def kill_servers_of(home: Path) -> None:
 
 def servers_of(home: Path) -> list[int]:
     """Live ``prefect server start`` processes whose PREFECT_HOME is ``home`` (read from /proc)."""
+    return [pid for pid, server_home in servers() if server_home == home.resolve()]
+
+
+def servers_under(folder: Path) -> list[int]:
+    """Live ``prefect server start`` processes whose PREFECT_HOME is ``folder`` or inside it."""
+    return [pid for pid, server_home in servers() if server_home.is_relative_to(folder.resolve())]
+
+
+def servers() -> list[tuple[int, Path]]:
+    """Every live ``prefect server start`` process with its PREFECT_HOME (read from /proc)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or not process_is_server(int(entry.name)):
@@ -27,8 +37,9 @@ def servers_of(home: Path) -> list[int]:
             environment = (entry / "environ").read_bytes().split(b"\0")
         except (FileNotFoundError, PermissionError, ProcessLookupError):
             continue
-        if f"PREFECT_HOME={home.resolve()}".encode() in environment:
-            found.append(int(entry.name))
+        homes = [name.removeprefix(b"PREFECT_HOME=") for name in environment if name.startswith(b"PREFECT_HOME=")]
+        if homes:
+            found.append((int(entry.name), Path(homes[0].decode(errors="replace"))))
     return found
 
 
