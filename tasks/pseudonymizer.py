@@ -11,7 +11,6 @@ file again and refuses it if it changed. Every file must come out with as many l
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from tasks.clients.pseudonymizer import (
 from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
 from tasks.job.filework import FileToDo
 from tasks.core.errors import StepError
+from tasks.core.kept import KeptByDigest
 from tasks.core.jsonfile import JsonFileError
 from tasks.job.steps import compression_shape, file_shape, one_batch_at_a_time, ndjson_written, publish_report
 from tasks.job.steps import write_answers
@@ -49,11 +49,7 @@ TOO_LARGE_HINT = (
     "services.pseudonymizer.bundle_split_threshold_mb so that Bundles are sent in smaller chunks, or raise "
     f"{BODY_LIMIT}"
 )
-CACHED_CONFIGS = 4
-"""Anonymization configs kept per process, by digest: a run uses one; a long-lived worker may see a few jobs'."""
-
-_configs_by_digest: dict[str, AnonymizationConfig] = {}
-_configs_lock = threading.Lock()
+_configs_by_digest: KeptByDigest[AnonymizationConfig] = KeptByDigest(size=4)
 
 
 class PseudonymizerStepError(StepError):
@@ -240,13 +236,8 @@ def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
 
 def remember_config(config: AnonymizationConfig) -> str:
     """Keep the config the step read for its file tasks in this process; its digest, which names it to them."""
-    digest = config.sha256
-    with _configs_lock:
-        _configs_by_digest.pop(digest, None)
-        _configs_by_digest[digest] = config
-        while len(_configs_by_digest) > CACHED_CONFIGS:
-            del _configs_by_digest[next(iter(_configs_by_digest))]
-    return digest
+    _configs_by_digest.keep(config.sha256, config)
+    return config.sha256
 
 
 def anonymization_config(path: str | None, digest: str | None) -> AnonymizationConfig | None:
@@ -254,9 +245,7 @@ def anonymization_config(path: str | None, digest: str | None) -> AnonymizationC
     Dask worker), where a file changed since the step read it is refused (the job would mix two configs)."""
     if digest is None:
         return None
-    with _configs_lock:
-        config = _configs_by_digest.get(digest)
-    if config is not None:
+    if (config := _configs_by_digest.get(digest)) is not None:
         return config
     config = read_anonymization_config(path)
     if config is None or config.sha256 != digest:

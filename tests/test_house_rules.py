@@ -17,7 +17,17 @@ from tests.conftest import REPO_ROOT
 PACKAGES = ("config", "tasks", "flows", "deployments")
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 50
-MUTABLE_CALLS = {"dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter", "WeakValueDictionary"}
+MUTABLE_CALLS = {
+    "dict",
+    "list",
+    "set",
+    "defaultdict",
+    "OrderedDict",
+    "deque",
+    "Counter",
+    "WeakValueDictionary",
+    "KeptByDigest",
+}
 MUTATING_METHODS = {"append", "add", "update", "pop", "clear", "setdefault", "extend", "insert", "remove", "discard"}
 
 # module:name -> what it is keyed by (never a job)

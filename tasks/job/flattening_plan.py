@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from tasks.core.kept import KeptByDigest
 from tasks.job.contract import StepInput, digest, settings_of
 from tasks.job.flattening_outcome import FlatteningError, engine_errors_as_step_errors
 from tasks.sof.crtdl_views import AttributeGroup, GroupView, attribute_groups, build_view, csv_file_name
@@ -19,8 +19,6 @@ from tasks.sof.lookup import LookupTable, load_lookup
 
 log = logging.getLogger("dupflow.flattening")
 
-CACHED_PLANS = 4
-"""Step plans kept per process, by digest: a run uses one; a long-lived worker may see a few jobs'."""
 PlannedViews = tuple[list[GroupView], list[AttributeGroup]]  # the groups' views, the groups without a lookup table
 
 
@@ -92,22 +90,17 @@ class StepPlan:
     digest: str
 
 
-_plans: dict[str, StepPlan] = {}
-_plans_lock = threading.Lock()
+_plans: KeptByDigest[StepPlan] = KeptByDigest(size=4)
 
 
 def remember_plan(views: list[GroupView], skipped: list[AttributeGroup]) -> StepPlan:
-    """The step's plan, kept in this process for its pieces (the latest ``CACHED_PLANS``, by digest)."""
+    """The step's plan, kept in this process for its pieces (``KeptByDigest``)."""
     groups = tuple(
         GroupPlan(v.group.id, v.group.csv_name, v.resource_type, json.dumps(v.view), v.selection) for v in views
     )
     plan_digest = digest([[v.group, v.view] for v in views] + [g.id for g in skipped])
     plan = StepPlan(views, skipped, groups, tuple(group.id for group in skipped), plan_digest)
-    with _plans_lock:
-        _plans.pop(plan_digest, None)
-        _plans[plan_digest] = plan
-        while len(_plans) > CACHED_PLANS:
-            del _plans[next(iter(_plans))]
+    _plans.keep(plan_digest, plan)
     return plan
 
 
@@ -115,9 +108,7 @@ def step_plan(step: StepInput, plan_digest: str) -> StepPlan:
     """The plan the step made, by its digest; made again from the CRTDL and lookup file only in a process that has
     not seen it (a Dask worker), where files changed since the step read them are refused (the CSVs would mix two
     plans)."""
-    with _plans_lock:
-        plan = _plans.get(plan_digest)
-    if plan is not None:
+    if (plan := _plans.get(plan_digest)) is not None:
         return plan
     lookup = settings_of(step).services.flattening.lookup_path
     assert step.crtdl_path is not None

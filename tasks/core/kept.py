@@ -1,0 +1,31 @@
+"""What a step read once, kept in its process by digest for its file tasks (``KeptByDigest``)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class KeptByDigest(Generic[T]):
+    """The latest ``size`` values given to ``keep``, by their digest: a step reads a file once (the anonymization
+    config, the flattening's plan) and names it to its file tasks by digest, never as a task parameter. A process
+    that has not seen it (a Dask worker) finds nothing and reads it again. A run uses one value; a long-lived worker
+    may see a few jobs'."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._values: dict[str, T] = {}
+        self._lock = threading.Lock()
+
+    def keep(self, digest: str, value: T) -> None:
+        with self._lock:
+            self._values.pop(digest, None)
+            self._values[digest] = value
+            while len(self._values) > self._size:
+                del self._values[next(iter(self._values))]
+
+    def get(self, digest: str) -> T | None:
+        with self._lock:
+            return self._values.get(digest)
