@@ -87,10 +87,9 @@ def pseudonymizer(step: StepInput) -> StepResult:
     config = read_anonymization_config(settings.services.pseudonymizer.anonymization_config)
     compress = settings.compression.enabled
     config_digest = remember_config(config) if config else None
-    inputs = {f.name: f for f in step.files}
     files = [
-        FileToDo(name, inputs[name].size, (name, output_name(name, compress), inputs[name].resources, config_digest))
-        for name in (source.name for source in step.input_paths())
+        FileToDo(f.name, f.size, (f.name, output_name(f.name, compress), f.resources, config_digest))
+        for f in step.input_files()
     ]
     remove_partial_files(step.output_dir)
     results: list[FileResult] = one_batch_at_a_time(pseudonymize_files, step, files)

@@ -72,11 +72,7 @@ def validation(step: StepInput) -> StepResult:
     if not service.url:
         raise StepError("services.validation.url is not set; the validation step needs the validator's root URL")
     remove_partial_files(step.output_dir)
-    inputs = {f.name: f for f in step.files}
-    files = [
-        FileToDo(name, inputs[name].size, (name, service.bundle_chunk_size_mb, inputs[name].resources))
-        for name in (path.name for path in step.input_paths())
-    ]
+    files = [FileToDo(f.name, f.size, (f.name, service.bundle_chunk_size_mb, f.resources)) for f in step.input_files()]
     checked: list[FileValidation] = one_batch_at_a_time(validate_files, step, files)
     publish_artifact(step, checked)
     if service.fail_on_error and any(c.errors for c in checked):

@@ -123,11 +123,15 @@ class StepInput(BaseModel):
         assert self.input_dir is not None, f"step {self.step} has no input folder"
         return self.input_dir / name
 
+    def input_files(self) -> list[DataFile]:
+        """The input data files as the previous step recorded them, ``core`` first (referential integrity), then by
+        name."""
+        return sorted(self.files, key=lambda f: (not f.core, f.name))
+
     def input_paths(self) -> list[Path]:
-        """The input data files, ``core`` first (referential integrity), then by name."""
+        """The paths of ``input_files``."""
         assert self.input_dir is not None, f"step {self.step} has no input folder"
-        ordered = sorted(self.files, key=lambda f: (not f.core, f.name))
-        return [self.input_dir / f.name for f in ordered]
+        return [self.input_dir / f.name for f in self.input_files()]
 
     @property
     def crtdl_path(self) -> Path | None:
