@@ -274,7 +274,7 @@ def test_secrets_appear_in_no_repr_or_log_line(service, issuer, oauth, caplog):
 
 
 @pytest.mark.slow
-def test_s3_client_sends_proxy_authorization_on_every_request_and_ignores_the_api_key(moto_url):
+def test_s3_client_sends_proxy_authorization_on_every_request_and_ignores_the_api_key(moto_url, tmp_path):
     with LoopbackServer(EchoHandler, EchoState(upstream=moto_url)) as proxy:
         send = SendSettings(
             send_as="s3_upload",
@@ -288,7 +288,7 @@ def test_s3_client_sends_proxy_authorization_on_every_request_and_ignores_the_ap
                 use_path_style=True,
             ),
         )
-        s3 = make_s3_client(send, TLS, NO_RETRY)
+        s3 = make_s3_client(send, TLS, NO_RETRY, tmp_path / "ca.pem")
         s3.create_bucket(Bucket="research", CreateBucketConfiguration={"LocationConstraint": "eu-central-1"})
         s3.put_object(Bucket="research", Key="job-1/core.ndjson", Body=b'{"resourceType":"Patient"}\n')
         body = s3.get_object(Bucket="research", Key="job-1/core.ndjson")["Body"].read()
@@ -304,7 +304,7 @@ def test_s3_client_sends_proxy_authorization_on_every_request_and_ignores_the_ap
 
 
 @pytest.mark.slow
-def test_s3_client_without_auth_sends_no_proxy_authorization(moto_url):
+def test_s3_client_without_auth_sends_no_proxy_authorization(moto_url, tmp_path):
     with LoopbackServer(EchoHandler, EchoState(upstream=moto_url)) as proxy:
         send = SendSettings(
             s3=S3Settings(
@@ -316,7 +316,7 @@ def test_s3_client_without_auth_sends_no_proxy_authorization(moto_url):
                 use_path_style=True,
             )
         )
-        make_s3_client(send, TLS, NO_RETRY).create_bucket(Bucket="plain")
+        make_s3_client(send, TLS, NO_RETRY, tmp_path / "ca.pem").create_bucket(Bucket="plain")
 
         (request,) = proxy.state.requests
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+from pathlib import Path
 from datetime import timedelta
 
 import botocore.exceptions
@@ -138,21 +139,26 @@ def s3_send(endpoint: str) -> SendSettings:
 
 
 @pytest.mark.slow
-def test_s3_client_trusts_ca_cert_path(https_s3, ca_pem):
-    s3 = make_s3_client(s3_send(https_s3.base_url), TlsSettings(ca_cert_path=ca_pem), RetrySettings(max_attempts=1))
+def test_s3_client_trusts_ca_cert_path(https_s3, ca_pem, tmp_path):
+    """botocore takes one bundle file: it is the job's (a killed process leaves no temporary copy behind)."""
+    bundle = tmp_path / "send" / "s3-ca-bundle.pem"
+    tls = TlsSettings(ca_cert_path=ca_pem)
+    s3 = make_s3_client(s3_send(https_s3.base_url), tls, RetrySettings(max_attempts=1), bundle)
 
     s3.create_bucket(Bucket="secure")
     s3.put_object(Bucket="secure", Key="job/a.ndjson", Body=b"{}\n")
 
     assert s3.get_object(Bucket="secure", Key="job/a.ndjson")["Body"].read() == b"{}\n"
+    assert bundle.read_bytes().endswith(Path(ca_pem).read_bytes())
+    assert sorted(p.name for p in bundle.parent.iterdir()) == ["s3-ca-bundle.pem"]
 
 
 @pytest.mark.slow
-def test_s3_client_trusts_the_system_cas_as_every_other_client_does(https_s3, ca_pem, monkeypatch):
+def test_s3_client_trusts_the_system_cas_as_every_other_client_does(https_s3, ca_pem, monkeypatch, tmp_path):
     """A site CA installed in the system store (here the file SSL_CERT_FILE names, as OpenSSL reads it): the HTTP
     clients trusted it, but S3 used certifi's public CAs alone and failed with CERTIFICATE_VERIFY_FAILED."""
     monkeypatch.setenv("SSL_CERT_FILE", ca_pem)
-    s3 = make_s3_client(s3_send(https_s3.base_url), TlsSettings(), RetrySettings(max_attempts=1))
+    s3 = make_s3_client(s3_send(https_s3.base_url), TlsSettings(), RetrySettings(max_attempts=1), tmp_path / "ca.pem")
 
     s3.create_bucket(Bucket="secure")
 
@@ -160,8 +166,8 @@ def test_s3_client_trusts_the_system_cas_as_every_other_client_does(https_s3, ca
 
 
 @pytest.mark.slow
-def test_s3_client_rejects_an_unknown_ca(https_s3):
-    s3 = make_s3_client(s3_send(https_s3.base_url), TlsSettings(), RetrySettings(max_attempts=1))
+def test_s3_client_rejects_an_unknown_ca(https_s3, tmp_path):
+    s3 = make_s3_client(s3_send(https_s3.base_url), TlsSettings(), RetrySettings(max_attempts=1), tmp_path / "ca.pem")
 
     with pytest.raises(botocore.exceptions.SSLError):
         s3.create_bucket(Bucket="secure")
@@ -170,11 +176,10 @@ def test_s3_client_rejects_an_unknown_ca(https_s3):
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
-def test_s3_client_with_insecure_skip_verify_connects_and_warns(https_s3, caplog):
+def test_s3_client_with_insecure_skip_verify_connects_and_warns(https_s3, caplog, tmp_path):
     caplog.set_level(logging.WARNING, logger="dupflow.clients")
-    s3 = make_s3_client(
-        s3_send(https_s3.base_url), TlsSettings(insecure_skip_verify=True), RetrySettings(max_attempts=1)
-    )
+    tls = TlsSettings(insecure_skip_verify=True)
+    s3 = make_s3_client(s3_send(https_s3.base_url), tls, RetrySettings(max_attempts=1), tmp_path / "ca.pem")
 
     s3.create_bucket(Bucket="secure")
 

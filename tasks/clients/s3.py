@@ -15,7 +15,6 @@ record can show them.
 
 from __future__ import annotations
 
-import atexit
 import base64
 import functools
 import hashlib
@@ -25,7 +24,6 @@ import math
 import os
 import re
 import ssl
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -71,8 +69,9 @@ without them (older MinIO and Ceph, many appliances) refuse; only operations tha
 checksum botocore signs the payload's SHA-256 (SigV4), so the store still checks every byte."""
 
 
-def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings) -> Any:
-    """A boto3 S3 client configured from ``services.send`` (its ``s3`` block and ``auth``), ``tls`` and ``retry``."""
+def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings, ca_bundle: Path) -> Any:
+    """A boto3 S3 client configured from ``services.send`` (its ``s3`` block and ``auth``), ``tls`` and ``retry``;
+    ``ca_bundle``: where the CA bundle file botocore needs is written when one is needed (``s3_verify``)."""
     s3 = send.s3
     timeout = s3.timeout.total_seconds()
     with _SESSION_LOCK:  # creating clients from one session is not thread-safe; reusing it saves ~0.2 s a client
@@ -82,7 +81,7 @@ def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings) -
             endpoint_url=s3.endpoint or None,
             aws_access_key_id=s3.access_key_id.get_secret_value() if s3.access_key_id else None,
             aws_secret_access_key=s3.secret_access_key.get_secret_value() if s3.secret_access_key else None,
-            verify=s3_verify(tls),
+            verify=s3_verify(tls, ca_bundle),
             config=Config(
                 s3={"addressing_style": "path" if s3.use_path_style else "auto"},
                 connect_timeout=min(DEFAULT_CONNECT_TIMEOUT_SECONDS, timeout),
@@ -160,7 +159,7 @@ class ProxyAuthorization:
         return "ProxyAuthorization(<hidden>)"
 
 
-def s3_verify(tls: TlsSettings) -> str | bool:
+def s3_verify(tls: TlsSettings, ca_bundle: Path) -> str | bool:
     """botocore's ``verify``: False when skipping, else a CA bundle file (certifi + system CAs + ca_cert_path)."""
     if tls.insecure_skip_verify:
         log.warning(INSECURE_WARNING, "S3")
@@ -168,15 +167,17 @@ def s3_verify(tls: TlsSettings) -> str | bool:
     system_bundle = ssl.get_default_verify_paths().cafile  # what the HTTP clients' context trusts (SSL_CERT_FILE too)
     if not tls.ca_cert_path and not (system_bundle and os.path.isfile(system_bundle)):
         return certifi.where()
-    return _combined_ca_bundle(tls.ca_cert_path, system_bundle)
+    return _combined_ca_bundle(tls.ca_cert_path, system_bundle, ca_bundle)
 
 
 @functools.cache
-def _combined_ca_bundle(ca_cert_path: str | None, system_bundle: str | None) -> str:
+def _combined_ca_bundle(ca_cert_path: str | None, system_bundle: str | None, bundle: Path) -> str:
     """botocore takes a single bundle file, so certifi's CAs, the system's (as the HTTP clients trust them: spec,
-    "System CAs stay trusted") and ``ca_cert_path`` are put together in a temp file. Bytes, as OpenSSL reads them: a
-    PEM bundle's comments may be in any encoding. ``ca_cert_path`` is checked as the HTTP clients check it (a file
-    OpenSSL cannot load as PEM, a DER certificate, is named so) and read within bounds (``read_settings_file``)."""
+    "System CAs stay trusted") and ``ca_cert_path`` are put together in ``bundle``, written once per process. A file
+    of the job's, not a temporary one: a process killed while it sends leaves no bundle behind outside the job's folder.
+    Bytes, as OpenSSL reads them: a PEM bundle's comments may be in any encoding. ``ca_cert_path`` is checked as the
+    HTTP clients check it (a file OpenSSL cannot load as PEM, a DER certificate, is named so) and read within bounds
+    (``read_settings_file``)."""
     extra = b""
     if ca_cert_path:
         trusted_context(ca_cert_path)
@@ -188,10 +189,8 @@ def _combined_ca_bundle(ca_cert_path: str | None, system_bundle: str | None) -> 
     if system_bundle and os.path.isfile(system_bundle):
         parts.append(Path(system_bundle).read_bytes())
     parts.append(extra)
-    with tempfile.NamedTemporaryFile("wb", prefix="dupflow-ca-", suffix=".pem", delete=False) as bundle:
-        bundle.write(b"\n".join(parts))
-    atexit.register(Path(bundle.name).unlink, missing_ok=True)
-    return bundle.name
+    write_file_atomically(bundle, b"\n".join(parts), shared=True)
+    return str(bundle)
 
 
 SERVICE = "s3"
@@ -218,7 +217,8 @@ class S3Uploader:
     ``manifest_path``); thread-safe, and any number of uploaders may share one manifest."""
 
     def __init__(self, send: SendSettings, tls: TlsSettings, retry: RetrySettings, manifest_path: Path):
-        self._bucket, self._client = send.s3.bucket, make_s3_client(send, tls, retry)
+        ca_bundle = manifest_path.with_name("s3-ca-bundle.pem")
+        self._bucket, self._client = send.s3.bucket, make_s3_client(send, tls, retry, ca_bundle)
         self._secrets = configured_secrets(send)
         self._transfer = TransferConfig()  # boto3's defaults: 8 MB threshold and parts, 10 parts in parallel
         self._manifest = Manifest(manifest_path, self._bucket)

@@ -162,7 +162,7 @@ def measure(mode: str, endpoint: str, source: Path) -> dict:
     key = f"{mode}/{source.name}"
     with tempfile.TemporaryDirectory() as folder:
         if mode == "boto3":
-            client = make_s3_client(send, TlsSettings(), RetrySettings())
+            client = make_s3_client(send, TlsSettings(), RetrySettings(), Path(folder) / "ca.pem")
             started = time.perf_counter()
             client.upload_file(str(source), BUCKET, key)
         else:
