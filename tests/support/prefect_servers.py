@@ -31,14 +31,16 @@ def servers() -> list[tuple[int, Path]]:
     """Every live ``prefect server start`` process with its PREFECT_HOME (read from /proc)."""
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or not process_is_server(int(entry.name)):
+        if not entry.name.isdigit():
             continue
         try:
             environment = (entry / "environ").read_bytes().split(b"\0")
         except (FileNotFoundError, PermissionError, ProcessLookupError):
             continue
         homes = [name.removeprefix(b"PREFECT_HOME=") for name in environment if name.startswith(b"PREFECT_HOME=")]
-        if homes:
+        # The environment first: a kernel thread's command line reads empty, which process_is_server reads again
+        # and again (tens of ms each, seconds per scan).
+        if homes and process_is_server(int(entry.name)):
             found.append((int(entry.name), Path(homes[0].decode(errors="replace"))))
     return found
 
