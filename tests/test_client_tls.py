@@ -154,6 +154,22 @@ def test_s3_client_trusts_ca_cert_path(https_s3, ca_pem, tmp_path):
 
 
 @pytest.mark.slow
+def test_an_s3_ca_bundle_removed_or_left_by_another_run_is_written_anew(https_s3, ca_pem, tmp_path):
+    """The send folder removed to send again, or a bundle of other CAs (an earlier run's settings): a process that
+    made its bundle before still gets one that holds its CAs."""
+    bundle, tls, once = tmp_path / "s3-ca-bundle.pem", TlsSettings(ca_cert_path=ca_pem), RetrySettings(max_attempts=1)
+    make_s3_client(s3_send(https_s3.base_url), tls, once, bundle)
+    for left in (None, b"not the CAs of this run\n"):
+        bundle.unlink()
+        if left is not None:
+            bundle.write_bytes(left)
+
+        make_s3_client(s3_send(https_s3.base_url), tls, once, bundle).create_bucket(Bucket=f"bucket-{len(left or b'')}")
+
+        assert bundle.read_bytes().endswith(Path(ca_pem).read_bytes())
+
+
+@pytest.mark.slow
 def test_s3_client_trusts_the_system_cas_as_every_other_client_does(https_s3, ca_pem, monkeypatch, tmp_path):
     """A site CA installed in the system store (here the file SSL_CERT_FILE names, as OpenSSL reads it): the HTTP
     clients trusted it, but S3 used certifi's public CAs alone and failed with CERTIFICATE_VERIFY_FAILED."""

@@ -167,17 +167,23 @@ def s3_verify(tls: TlsSettings, ca_bundle: Path) -> str | bool:
     system_bundle = ssl.get_default_verify_paths().cafile  # what the HTTP clients' context trusts (SSL_CERT_FILE too)
     if not tls.ca_cert_path and not (system_bundle and os.path.isfile(system_bundle)):
         return certifi.where()
-    return _combined_ca_bundle(tls.ca_cert_path, system_bundle, ca_bundle)
+    data = _combined_ca_bundle(tls.ca_cert_path, system_bundle)
+    try:
+        written = ca_bundle.read_bytes() == data
+    except OSError:
+        written = False
+    if not written:  # missing, or another run's (the CAs may have changed since): written anew
+        write_file_atomically(ca_bundle, data, shared=True)
+    return str(ca_bundle)
 
 
 @functools.cache
-def _combined_ca_bundle(ca_cert_path: str | None, system_bundle: str | None, bundle: Path) -> str:
+def _combined_ca_bundle(ca_cert_path: str | None, system_bundle: str | None) -> bytes:
     """botocore takes a single bundle file, so certifi's CAs, the system's (as the HTTP clients trust them: spec,
-    "System CAs stay trusted") and ``ca_cert_path`` are put together in ``bundle``, written once per process. A file
-    of the job's, not a temporary one: a process killed while it sends leaves no bundle behind outside the job's folder.
-    Bytes, as OpenSSL reads them: a PEM bundle's comments may be in any encoding. ``ca_cert_path`` is checked as the
-    HTTP clients check it (a file OpenSSL cannot load as PEM, a DER certificate, is named so) and read within bounds
-    (``read_settings_file``)."""
+    "System CAs stay trusted") and ``ca_cert_path`` are put together, in a file of the job's (``s3_verify``): a
+    temporary one was left behind by every process killed while it sent. Bytes, as OpenSSL reads them: a PEM bundle's
+    comments may be in any encoding. ``ca_cert_path`` is checked as the HTTP clients check it (a file OpenSSL cannot
+    load as PEM, a DER certificate, is named so) and read within bounds (``read_settings_file``)."""
     extra = b""
     if ca_cert_path:
         trusted_context(ca_cert_path)
@@ -189,8 +195,7 @@ def _combined_ca_bundle(ca_cert_path: str | None, system_bundle: str | None, bun
     if system_bundle and os.path.isfile(system_bundle):
         parts.append(Path(system_bundle).read_bytes())
     parts.append(extra)
-    write_file_atomically(bundle, b"\n".join(parts), shared=True)
-    return str(bundle)
+    return b"\n".join(parts)
 
 
 SERVICE = "s3"
