@@ -23,6 +23,7 @@ from prefect.cache_policies import CacheKeyFnPolicy, CachePolicy
 from prefect.client.schemas.objects import State
 from prefect.context import TaskRunContext
 from prefect.transactions import CommitMode, transaction
+from prefect.utilities.annotations import quote
 from pydantic import BaseModel, ConfigDict, Field
 
 from config.loader import cached_settings
@@ -296,14 +297,19 @@ def redacting_failures(function: Callable[..., R]) -> Callable[..., R]:
 def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: Any) -> R:
     """Call a ``file_task`` so that its result is committed the moment it finishes, not when the step does:
     a run killed in the middle of a step keeps every file it had finished. A cached result whose files are no
-    longer on disk as recorded is made again (``files_gone``)."""
+    longer on disk as recorded is made again (``files_gone``).
+
+    A list among the arguments (a batch's files) is given ``quote``d: Prefect would walk every element of it twice
+    (for upstream results, which plain names and sizes never are, then to resolve them), at once some 1 KB per
+    file; the task and its cache key get the list. (Not on Dask, whose runner would hand the task the wrapper.)"""
     with transaction(commit_mode=CommitMode.EAGER):
         if not isinstance(call, Task):
             return call(step, *args, **kwargs)
         run: Task[..., R] = stored_in_job(call, step)
-        state = run(step, *args, return_state=True, **kwargs)
+        given = [quote(arg) if isinstance(arg, list) else arg for arg in args]
+        state = run(step, *given, return_state=True, **kwargs)
         if files_gone(state, step.output_dir):
-            state = run.with_options(refresh_cache=True)(step, *args, return_state=True, **kwargs)
+            state = run.with_options(refresh_cache=True)(step, *given, return_state=True, **kwargs)
         return state.result()
 
 
