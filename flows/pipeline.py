@@ -11,6 +11,7 @@ an input form (``flows.gates``). The job-record artifact is ``flows.job_card``."
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -268,6 +269,7 @@ def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:
         except BaseException as exc:
             card.note_failure(results, exc)  # published with the job's ended state
             raise
+        release_free_memory()
         record_step(job.paths.job_dir, result)
         results.append(result)
         publish_step_table(job, result)
@@ -284,6 +286,16 @@ def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:
         if spec.kind in (StepKind.IMPORT, StepKind.TRANSFORM, StepKind.GATE):
             current = result
     return results
+
+
+def release_free_memory() -> None:
+    """Give the C heap's free pages back to the system once a step has ended (glibc's ``malloc_trim``; nothing where
+    the C library has none). glibc keeps what a step freed in its heaps, one per thread that worked, so each step's
+    passing peak stayed resident under the next step's: the flow process of a job of 3,000 files peaked at 129 MB,
+    now at 125 (its import), one of 200 files at 118, now 116.5 (``tests/benchmarks/bench_files.py``)."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def run_step(step_task: Any, step: StepInput) -> StepResult:

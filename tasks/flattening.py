@@ -16,6 +16,7 @@ import io
 import json
 import logging
 import shutil
+from collections.abc import Iterable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, TypedDict
@@ -89,7 +90,7 @@ def flattening(step: StepInput) -> StepResult:
             service = Flattener(client)
             service.check()
             outcome = flatten_with_service(
-                step.input_paths(), step.output_dir, views, skipped, max_line, service, config.batch_size_mb * MB
+                list(step.input_paths()), step.output_dir, views, skipped, max_line, service, config.batch_size_mb * MB
             )
     else:
         outcome = flatten_step_files(step, plan, max_line)
@@ -223,7 +224,7 @@ def pieces_plan(
 
 
 def plan_pieces(
-    paths: list[Path],
+    paths: Iterable[Path],
     parts_dir: Path,
     processes: int,
     by_provenance: bool,
@@ -248,7 +249,7 @@ def routes_path(parts_dir: Path, name: str) -> Path:
     return parts_dir / f".{name}.routes.json"
 
 
-def routes_by_provenance(paths: list[Path], max_line_bytes: int) -> bool:
+def routes_by_provenance(paths: Iterable[Path], max_line_bytes: int) -> bool:
     """Whether resources are routed by attribute-group Provenance: some input file has it (see the module doc, 2)."""
     return any(has_group_provenance(path, max_line_bytes) for path in paths)
 
@@ -257,14 +258,15 @@ def flatten_step_files(step: StepInput, plan: StepPlan, max_line_bytes: int) -> 
     """The input's pieces in batches of cached ``flatten[...]`` tasks (``map_batches``; a span of a large file
     alone), then the parts joined into the CSVs; on a large input in worker processes that end with this step (they
     start while the input is scanned and cut)."""
-    paths = step.input_paths()
-    in_processes = input_pays_for_processes(paths)
+    in_processes = input_pays_for_processes(step.input_paths())
     parts_dir = step.output_dir / PARTS_FOLDER
     with worker_pool(flatten_file.__module__) if in_processes else nullcontext():
-        by_provenance = routes_by_provenance(paths, max_line_bytes)
+        by_provenance = routes_by_provenance(step.input_paths(), max_line_bytes)
         workers = pool_size() if in_processes else 1
-        pieces = plan_pieces(paths, parts_dir, workers, by_provenance, max_line_bytes)
-        expect_files(len(pieces), "pieces" if len(pieces) > len(paths) else "files")  # a cut file's spans one by one
+        pieces = plan_pieces(step.input_paths(), parts_dir, workers, by_provenance, max_line_bytes)
+        expect_files(
+            len(pieces), "pieces" if len(pieces) > len(step.files) else "files"
+        )  # a cut file's spans one by one
         inputs = {f.name: f for f in step.files}
         to_do = [
             FileToDo(

@@ -65,9 +65,15 @@ def import_file(step: StepInput, source: str, name: str, identity: list) -> Data
     source_path, shown = Path(source), show_text(source, None)  # a folder's name may hold a line break
     size = identity[1]
     written = ndjson_written(settings_of(step))
+    hint = None if source.endswith(".zst") else size  # a zstd file's data are larger than its size
     with track(f"import {source_path.name}", size) as progress:
         with AtomicNdjsonWriter(
-            step.output_dir / name, source=shown, expected_size=size, stop_if_cancelled=raise_if_cancelled, **written
+            step.output_dir / name,
+            source=shown,
+            expected_size=size,
+            stop_if_cancelled=raise_if_cancelled,
+            size_hint=hint,
+            **written,
         ) as writer:
             unchecked = 0
             for copied in writer.copy(source_path):

@@ -116,6 +116,21 @@ def test_writer_counts_resources_and_compresses(tmp_path):
     assert is_zstd(dest) and count_resources(dest, MB) == 3
 
 
+def test_writer_sizes_its_zstd_window_by_the_hint_and_takes_more_data_than_hinted(tmp_path):
+    line = b'{"resourceType":"Patient","id":"%d"}\n'
+    data = b"".join(line % number for number in range(2000))  # 78 KB
+    written = {}
+    for hint in (None, 1000):  # a hint far below the data: never a pledge
+        dest = tmp_path / f"{hint}.ndjson.zst"
+        with AtomicNdjsonWriter(dest, "default", MB, size_hint=hint) as writer:
+            writer.write(data)
+        assert writer.stats.resources == 2000
+        written[hint] = dest.read_bytes()
+    assert zstandard.get_frame_parameters(written[None]).window_size == 2 * MB  # the level's own: any size
+    assert zstandard.get_frame_parameters(written[1000]).window_size <= 16 * 1024
+    assert all(zstandard.ZstdDecompressor().decompressobj().decompress(each) == data for each in written.values())
+
+
 def test_writer_adds_the_missing_final_newline(tmp_path):
     dest = tmp_path / "out.ndjson"
     with AtomicNdjsonWriter(dest, None, MB) as writer:

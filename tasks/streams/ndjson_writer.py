@@ -146,7 +146,11 @@ class AtomicNdjsonWriter:
 
     ``expected_size`` (the source's size, when known) lets a large plain file be checked in worker processes, in spans
     as it is written and synced (``check_plain_span``), so the writing thread only moves bytes: the same verdict, a
-    bad line reported once the whole file is written. ``stop_if_cancelled`` raises to stop that check."""
+    bad line reported once the whole file is written. ``stop_if_cancelled`` raises to stop that check.
+
+    ``size_hint`` (the size of the data to be written, when known: a plain source's) makes the zstd context for that
+    size, not for any size: 0.27 MB for a 12.7 KB file instead of 5.5 MB at the default level, held by every file
+    written at once. A hint, never a pledge: more data are compressed all the same."""
 
     def __init__(
         self,
@@ -156,8 +160,9 @@ class AtomicNdjsonWriter:
         source: str | None = None,
         expected_size: int | None = None,
         stop_if_cancelled: Callable[[], None] = never_cancelled,
+        size_hint: int | None = None,
     ):
-        self.dest, self._level, self._max_line_bytes = dest, level, max_line_bytes
+        self.dest, self._level, self._max_line_bytes, self._size_hint = dest, level, max_line_bytes, size_hint
         self.part = dest.with_name(f"{PART_PREFIX}{dest.name}{PART_SUFFIX}")
         self._source, self._stop_if_cancelled = source or str(dest), stop_if_cancelled
         check_later = level is None and (expected_size or 0) >= CHECK_IN_PROCESS_MIN_BYTES and processes_allowed()
@@ -176,8 +181,10 @@ class AtomicNdjsonWriter:
         if self._level is None:
             self._out: BinaryIO = self._raw
         else:
-            compressor = zstandard.ZstdCompressor(level=ZSTD_LEVELS[self._level], threads=0)
-            self._out = compressor.stream_writer(self._raw, closefd=False)
+            params = zstandard.ZstdCompressionParameters.from_level(
+                ZSTD_LEVELS[self._level], source_size=self._size_hint or 0, threads=0
+            )
+            self._out = zstandard.ZstdCompressor(compression_params=params).stream_writer(self._raw, closefd=False)
         return self
 
     def write(self, chunk: bytes) -> None:

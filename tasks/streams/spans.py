@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from collections.abc import Iterable
 from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +46,7 @@ class Piece:
         return self.name if self.count == 1 else f"{self.name}#{self.index}-{self.count}"
 
 
-def input_pays_for_processes(paths: list[Path]) -> bool:
+def input_pays_for_processes(paths: Iterable[Path]) -> bool:
     """Worker processes pay for their start-up only on a large input (its content, counted only as far as the
     threshold) and where they can help."""
     counted = 0
