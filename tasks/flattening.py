@@ -264,9 +264,8 @@ def flatten_step_files(step: StepInput, plan: StepPlan, max_line_bytes: int) -> 
         by_provenance = routes_by_provenance(step.input_paths(), max_line_bytes)
         workers = pool_size() if in_processes else 1
         pieces = plan_pieces(step.input_paths(), parts_dir, workers, by_provenance, max_line_bytes)
-        expect_files(
-            len(pieces), "pieces" if len(pieces) > len(step.files) else "files"
-        )  # a cut file's spans one by one
+        cut = len(pieces) > len(step.files)  # a cut file's spans are counted one by one
+        expect_files(len(pieces), "pieces" if cut else "files")
         inputs = {f.name: f for f in step.files}
         to_do = [
             FileToDo(
