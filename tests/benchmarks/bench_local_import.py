@@ -126,7 +126,7 @@ def import_once(files: list[str], out: str, level: str) -> None:
     overrides = {"compression.enabled": "false"} if level == "off" else {"compression.level": level}
     step = step_input(Path(out) / "job", "local_import", **overrides)
     suffix = ".ndjson" if level == "off" else ".ndjson.zst"
-    calls = [lambda p=path: import_file.fn(step, p, Path(p).stem + suffix, file_identity(Path(p))) for path in files]
+    calls = [lambda p=path: import_file(step, p, Path(p).stem + suffix, file_identity(Path(p))) for path in files]
     started = time.perf_counter()
     with worker_pool():
         results_or_raise(run_bounded(calls, workers=os.cpu_count() or 1))
