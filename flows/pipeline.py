@@ -291,8 +291,7 @@ def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:
 def release_free_memory() -> None:
     """Give the C heap's free pages back to the system once a step has ended (glibc's ``malloc_trim``; nothing where
     the C library has none). glibc keeps what a step freed in its heaps, one per thread that worked, so each step's
-    passing peak stayed resident under the next step's: the flow process of a job of 3,000 files peaked at 129 MB,
-    now at 125 (its import), one of 200 files at 118, now 116.5 (``tests/benchmarks/bench_files.py``)."""
+    passing peak would stay resident under the next step's (``tests/benchmarks/bench_files.py`` shows the peak)."""
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if trim is not None:
         trim(0)
