@@ -2,7 +2,7 @@
 the confirmation to be true, so Prefect's server refuses a resume without it at once (the UI shows the reason; the
 API answers ``REJECT``) and the run stays suspended. Every job's run has a deployment to be suspended in: a worker's,
 or the command line's (``COMMAND_LINE_DEPLOYMENT``, whose runs the command line executes and ``continue`` resumes).
-The gate's release and note are kept in the job's record (``tasks.job.record``).
+The form's answer (the confirmation and the note) is the flow run's run input.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Literal
 from prefect import runtime
 from prefect.flow_runs import suspend_flow_run
 from prefect.input import RunInput
-from prefect.input.actions import read_flow_run_input
+from prefect.input.actions import create_flow_run_input, read_flow_run_input
 from prefect.input.run_input import keyset_from_paused_state
 from prefect.states import Suspended
 from pydantic import Field
@@ -23,9 +23,9 @@ from flows.job_card import JobRecordCard
 from flows.jobs import Job
 from tasks.core.errors import JobError
 from config.runtime import CLI
-from tasks.job.contract import StepInput, StepResult
-from tasks.job.record import RUNNING, SUSPENDED, changing_record, read_record, record_state, record_step
-from tasks.wait import released_result, wait
+from tasks.job.contract import StepInput, StepResult, stored_in_job
+from tasks.job.record import SUSPENDED, PlainText, record_state
+from tasks.wait import gate_result_path, wait
 
 COMMAND_LINE_DEPLOYMENT = "command-line"  # the deployment of the jobs the command line starts (``flows.job_runs``)
 
@@ -45,28 +45,25 @@ class InspectionInput(RunInput):
         "Submitted off, the resume is refused and the job stays suspended.",
         json_schema_extra=editable_toggle,
     )
-    note: str = Field(default="", description="A note for the job record: what was checked or changed")
+    note: PlainText = Field(default="", description="A note for the job record: what was checked or changed")
 
 
-def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordCard) -> StepResult:
+def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordCard, note: str | None) -> StepResult:
     """A wait step: suspend until resumed with the inspection form (or ``continue``, which fills it in).
 
-    The ``wait`` task runs once, when the gate pauses the job. Prefect runs a resumed run again from the top (every
-    other task shows again, as Cached): the flow reads the form's answer first, without suspending again or saying
-    so, and, confirmed, releases the gate and goes on with the folder the gate hands on (``released_result``),
-    without running the task a second time. A gate released before jobs had one run is passed as released."""
-    if read_record(job.paths.job_dir).gate(step.position).released:
-        return wait(step, resume_hint(job))
+    The form's answer is the run input of the suspend's key, kept by the flow run: a run resumed (from the top, every
+    other task shows again, as Cached) or retried by ``continue`` finds it and runs the ``wait`` task with its note,
+    which hands on the folder to go on with, without suspending again. A run without the answer runs the ``wait``
+    task without one, which publishes what to inspect, and is suspended. ``continue``'s ``note`` is the answer for a
+    gate that paused the job (its ``paused`` result is in the job folder) in a run that is not suspended any more
+    (cancelled, or lost with its server's database)."""
     if runtime.deployment.id is None:
         raise JobError(
             f"job {job.job_id} reached a wait step in a flow run of no deployment, which cannot be suspended; run it "
             f"with {CLI} continue {job_on_command_line(job.paths.job_dir)}"
         )
-    inspection = confirmed_inspection(job, step, resume_hint(job), done, card)
-    with changing_record(job.paths.job_dir) as record:
-        record.gate(step.position).release(inspection.note)
-    record_state(job.paths.job_dir, RUNNING)  # a resumed run passed its suspend, which wrote Suspended first
-    return released_result(step)
+    inspection = confirmed_inspection(job, step, resume_hint(job), done, card, note)
+    return stored_in_job(wait, step)(step, note=inspection.note)
 
 
 def resume_hint(job: Job) -> str:
@@ -83,18 +80,21 @@ def resume_hint(job: Job) -> str:
 
 
 def confirmed_inspection(
-    job: Job, step: StepInput, hint: str, done: list[StepResult], card: JobRecordCard
+    job: Job, step: StepInput, hint: str, done: list[StepResult], card: JobRecordCard, note: str | None
 ) -> InspectionInput:
     """The form of the resume that confirmed the inspection. The first time, the ``wait`` task publishes what to
     inspect and the run is suspended (its process ends; the job record says Suspended first); the resumed run runs
-    the flow again and finds the answer to the suspend's key without suspending."""
+    the flow again and finds the answer to the suspend's key without suspending. ``continue``'s note after a pause
+    is kept as that answer, so a later run of the job passes the gate with it."""
     key = f"wait-{step.position:02d}"
-    answer = read_flow_run_input(keyset_from_paused_state(Suspended(pause_key=key))["response"])
+    answer_key = keyset_from_paused_state(Suspended(pause_key=key))["response"]
+    answer = read_flow_run_input(answer_key)
+    if answer is None and note is not None and gate_result_path(step, "paused").is_file():
+        create_flow_run_input(answer_key, answer := {"confirmed": True, "note": note})
     if answer is not None:  # a sync caller gets the value (Prefect's dispatch types it as a coroutine too)
         return InspectionInput.model_validate(answer)
-    awaiting = wait(step, hint)
-    record_step(job.paths.job_dir, awaiting)  # status and the card show the gate awaiting while the run is suspended
-    card.note([*done, awaiting])
+    awaiting = stored_in_job(wait, step)(step, hint)
+    card.note([*done, awaiting])  # the card shows the gate awaiting while the run is suspended
     timeout = job.settings.pipeline.wait_timeout
     record_state(job.paths.job_dir, SUSPENDED, suspended_message(step, datetime.now(UTC) + timeout, hint))
     card.refresh()

@@ -177,16 +177,17 @@ def select_jobs(
                 selection.protected.append((entry.name, why))
                 continue
             run_ids = [run["id"] for run in runs]
-            left_running = unfollowed_extraction(job)
+            left_running = unfollowed_extraction(paths, job)
             candidate = Candidate(paths, state, job.updated_at, size_on_disk(entry), run_ids, artifacts, left_running)
             selection.chosen.append(candidate)
     return selection
 
 
-def unfollowed_extraction(job: JobRecord) -> str | None:
-    """The extraction a job ended without following to its end, with how to cancel it: it may still run on the
-    extraction server, and once the job's directory is gone nothing names it any more."""
-    if "extractor" not in job.enabled_steps or any(step.step == "extractor" for step in job.steps.values()):
+def unfollowed_extraction(paths: JobPaths, job: JobRecord) -> str | None:
+    """The extraction a job ended without following to its end (its extractor step left no result record), with how
+    to cancel it: it may still run on the extraction server, and once the job's directory is gone nothing names it
+    any more."""
+    if "extractor" not in job.enabled_steps or any(paths.results.glob(f"{job.job_id}-*-extractor-extractor-*")):
         return None
     config = shlex.quote(show_text(job.config_path, None)) if job.config_path else "CONFIG"
     if extraction := job.facts.get("extraction_job_id"):

@@ -23,7 +23,7 @@ from tasks.core.readable import CAUSE_CHARS, duration_text, readable_lines, size
 from tasks.core.redaction import redact
 from tasks.job.contract import StepResult
 from tasks.job.layout import artifact_key, step_artifact_key
-from tasks.job.record import RUNNING, JobRecord, counts_text, read_record
+from tasks.job.record import RUNNING, counts_text, read_record
 
 STEP_KEY = re.compile(
     rf"(?P<number>\d+)-(?:{'|'.join(step.replace('_', '-') for step in STEP_NAMES)})(?:-(?P<label>.*))?"
@@ -141,7 +141,7 @@ def job_record_markdown(job: Job, results: list[StepResult], failed: BaseExcepti
     lines += ["", step_time_text(results)]
     if others := links.pop(None, []):
         lines += ["", f"Other artifacts: {' · '.join(others)}"]
-    if inspections := inspection_lines(record):
+    if inspections := inspection_lines(results):
         lines += ["", "## Inspections", "", *inspections]
     if record.facts:
         lines += ["", "## Facts", "", *markdown_list(dict(sorted(record.facts.items())))]
@@ -158,16 +158,13 @@ def markdown_list(value: Any) -> list[str]:
     return lines
 
 
-def inspection_lines(record: JobRecord) -> list[str]:
-    """One line per gate that paused the job: released or not, and the note it was released with."""
-    steps = record.enabled_steps
+def inspection_lines(results: list[StepResult]) -> list[str]:
+    """One line per gate the job reached: released (with the note of its form) or awaiting inspection."""
     lines = []
-    for key, entry in sorted(record.gates.items()):
-        position = int(key)
-        name = steps[position] if position < len(steps) else "wait"
-        state = "released" if entry.released else "awaiting inspection"
-        note = f": {markdown_text(entry.note)}" if entry.note else ""
-        lines.append(f"- step {position + 1} ({name}): {state}{note}")
+    for r in (r for r in results if r.step == "wait"):
+        note = str(r.summary.get("inspection note") or "")
+        state = "awaiting inspection" if r.awaiting else "released" + (f": {markdown_text(note)}" if note else "")
+        lines.append(f"- step {r.position + 1} ({r.step}): {state}")
     return lines
 
 

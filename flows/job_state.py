@@ -7,22 +7,26 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from config.runtime import prefect_api_headers, prefect_api_url
 from tasks.clients.auth import AS_SENT
 from tasks.clients.bounds import read_response
 from tasks.clients.errors import ServiceError
 from tasks.core.errors import JobError
+from tasks.core.jsonfile import JsonFileError, read_json_file
 from tasks.core.readable import plain_text
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_of_tag, job_tag
 from tasks.job.layout import step_artifact_key
-from tasks.job.record import JobRecord, RecordError, read_record, settled_state
+from tasks.job.record import MAX_RECORD_BYTES, JobRecord, RecordError, StepRecord, read_record, settled_state
 
 LOCK_FILE = ".lock"
 PREFECT_API = "the Prefect API"
@@ -141,17 +145,10 @@ def latest_states(directories: dict[str, str], timeout: float = 2.0) -> dict[str
 
 
 def runs_of(job_ids: list[str], timeout: float) -> list[dict[str, Any]]:
-    """The flow runs tagged with any of the jobs, newest first, page after page (a job may have more than one: a
-    copy's, or the runs of a job from before); as far as the server answered."""
+    """The flow runs tagged with any of the jobs, newest first (a job may have more than one: a copy's, or the runs
+    of a job from before); as far as the server answered."""
     body: dict[str, Any] = {"flow_runs": {"tags": {"any_": [job_tag(job_id) for job_id in job_ids]}}}
-    runs: list[dict[str, Any]] = []
-    while True:
-        page = {**body, "sort": "EXPECTED_START_TIME_DESC", "limit": PAGE, "offset": len(runs)}
-        if not isinstance(answer := api_answer("POST", "/flow_runs/filter", PAGE_READ, timeout, page), list):
-            return runs  # as if the server did not answer (a page too large too)
-        runs.extend(run for run in answer if isinstance(run, dict))
-        if len(answer) < PAGE:
-            return runs
+    return filtered_rows("/flow_runs/filter", body, timeout)
 
 
 def api_answer(method: str, path: str, read: dict[str, str], timeout: float, body: dict | None = None) -> Any:
@@ -199,14 +196,70 @@ def list_jobs(jobs_dir: Path) -> list[tuple[JobPaths, JobRecord | RecordError]]:
     return [*sorted(readable, key=lambda job: job[1].created_at, reverse=True), *unreadable]
 
 
-def step_at_work(job: JobRecord, position: int, step: str, timeout: float = 2.0) -> str | None:
+def newest_run(paths: JobPaths, job_id: str, timeout: float = 2.0) -> dict[str, Any] | None:
+    """The job directory's newest flow run as the server has it (a run of a copy elsewhere does not count); None
+    where the server has none, or cannot say."""
+    own = directory_tag(paths.job_dir)
+    for run in runs_of([job_id], timeout):
+        if {tag for tag in run.get("tags") or [] if str(tag).startswith(DIRECTORY_TAG_PREFIX)} <= {own}:
+            return run
+    return None
+
+
+def finished_steps(
+    paths: JobPaths, steps: list[str], run: dict[str, Any], timeout: float = 2.0
+) -> dict[int, StepRecord]:
+    """The steps the run's latest attempt finished (a gate: awaiting or released), by position, each read from its
+    task's result record in the job folder; the server names the record, and one that is not this step's or cannot
+    be read counts as not finished."""
+    names = {f"{step}[{position + 1}]": position for position, step in enumerate(steps)}
+    body = {"flow_runs": {"id": {"any_": [run.get("id")]}}, "task_runs": {"name": {"any_": list(names)}}}
+    done: dict[int, StepRecord] = {}
+    for task_run in filtered_rows("/task_runs/filter", body, timeout):  # newest first: the first is the latest
+        position = names.get(str(task_run.get("name")))
+        if position is None or position in done or task_run.get("flow_run_run_count") != run.get("run_count"):
+            continue
+        state = task_run.get("state") or {}
+        if state.get("type") == "COMPLETED" and (record := step_record(paths, steps[position], position, state)):
+            done[position] = record
+    return done
+
+
+def step_record(paths: JobPaths, step: str, position: int, state: dict[str, Any]) -> StepRecord | None:
+    """A finished step's record, read from the job folder's result record the state names (by its name: the job
+    may have been moved since); None where it is no record of this step or cannot be read."""
+    name = str((state.get("data") or {}).get("storage_key") or "").rsplit("/", 1)[-1]
+    kinds = "(paused|released)" if step == "wait" else "[0-9a-f]{20}"  # a gate's (``flows.gates``), else a cache key
+    if not re.fullmatch(rf"{re.escape(paths.job_id)}-{position:02d}-{step}-{step.replace('_', '-')}-{kinds}", name):
+        return None
+    try:
+        document = read_json_file(paths.results / name, MAX_RECORD_BYTES, f"the result record {name}")
+        record = StepRecord.model_validate(json.loads(document["result"])["data"])
+    except (JsonFileError, ValidationError, ValueError, KeyError, TypeError):
+        return None
+    if (record.step, record.position) != (step, position):
+        return None
+    return record.model_copy(update={"cached": state.get("name") == "Cached"})
+
+
+def filtered_rows(path: str, body: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
+    """Every row of a ``…/filter`` endpoint, newest first, page after page; as far as the server answered."""
+    rows: list[dict[str, Any]] = []
+    while True:
+        page = {**body, "sort": "EXPECTED_START_TIME_DESC", "limit": PAGE, "offset": len(rows)}
+        if not isinstance(answer := api_answer("POST", path, PAGE_READ, timeout, page), list):
+            return rows
+        rows.extend(row for row in answer if isinstance(row, dict))
+        if len(answer) < PAGE:
+            return rows
+
+
+def step_at_work(job_id: str, run_id: str, position: int, step: str, timeout: float = 2.0) -> str | None:
     """What a running step has done so far, as its progress artifact says it (files done of total, bytes or lines,
     the rate) with its percent; None without a server, or where this run of the job has published none yet."""
-    if not job.flow_run_ids:
-        return None
-    key = step_artifact_key(job.job_id, position, step, "progress")
+    key = step_artifact_key(job_id, position, step, "progress")
     artifact = api_answer("GET", f"/artifacts/{key}/latest", PROGRESS_READ, timeout)
-    if not isinstance(artifact, dict) or str(artifact.get("flow_run_id")) != job.flow_run_ids[-1]:
+    if not isinstance(artifact, dict) or str(artifact.get("flow_run_id")) != run_id:
         return None  # none, or an earlier run's
     said = plain_text(str(artifact.get("description") or "")).removeprefix(f"{step} ")
     percent = artifact.get("data")

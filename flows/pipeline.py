@@ -5,8 +5,8 @@ job is one flow run from start to end (``flows.job_runs``). Parameters carry no 
 inside the run. Each step is a Prefect task in ``STEPS`` with its ``StepKind``; finished steps and files come back
 from the job's result records, so running again resumes the job.
 
-The flow owns the job: it takes its lock, settles a submission in doubt, releases the gates a job from before left
-awaiting, runs the steps, and writes every state into the job's record. At a ``wait`` step the run is suspended with
+The flow owns the job: it takes its lock, settles a submission in doubt, runs the steps, and writes every state into
+the job's record. At a ``wait`` step the run is suspended with
 an input form (``flows.gates``). The job-record artifact is ``flows.job_card``."""
 
 from __future__ import annotations
@@ -44,17 +44,15 @@ from tasks.job.contract import StepInput, StepKind, StepResult, digest, files_go
 from tasks.job.filework import file_runner
 from tasks.job.layout import directory_tag, is_job_id, job_of_tag, job_tag
 from tasks.job.record import (
-    AWAITING_INSPECTION,
     CANCELLED,
     COMPLETED,
     CRASHED,
     FAILED,
     RUNNING,
-    SUSPENDED,
     counts_text,
     read_facts,
 )
-from tasks.job.record import record_facts, record_state, record_step, record_stopped, release_awaiting_gates
+from tasks.job.record import record_facts, record_state, record_stopped
 from tasks.local_import import local_import
 from tasks.local_import import shaped_settings as local_import_shape
 from tasks.pseudonymizer import pseudonymizer
@@ -129,7 +127,7 @@ def pipeline(
         config_path: Path of the configuration YAML (absolute, or relative to the worker's directory).
         job_input: A CRTDL file, a data directory, or a URL, depending on the import step.
         overrides: Non-secret configuration keys to override, e.g. {"retry.max_attempts": "3"}.
-        note: Continue past the wait steps that paused the job, with this inspection note.
+        note: Continue past a wait step that paused the job, with this inspection note (``continue``'s form).
         attach: After a submission in doubt: follow the extraction at this status URL.
         resubmit: After a submission in doubt: submit the extraction anew.
     """
@@ -148,12 +146,9 @@ def pipeline(
     with JobLock(job.paths):
         settle_submission_in_doubt(job, attach, resubmit)  # refused for a finished job: before Running is recorded
         record_state(job.paths.job_dir, RUNNING, flow_run_id=flow_run_id)
-        if note is not None and job.record.state in (AWAITING_INSPECTION, SUSPENDED):  # a gate of a job from before,
-            # or of a run this server lost; a job that crashed is not known to be at a gate anyone saw
-            release_awaiting_gates(job.paths.job_dir, note)
         card = JobRecordCard(job)
         try:
-            return run_job_steps(job, card)
+            return run_job_steps(job, card, note)
         except PrefectSignal:  # suspended for inspection: the state is written before the suspend
             raise
         except BaseException as exc:
@@ -184,10 +179,10 @@ def cancelled_on_the_server(flow_run_id: str) -> str | None:
     return plain_text(state.message or "Cancelled on the Prefect server")
 
 
-def run_job_steps(job: Job, card: JobRecordCard) -> Any:
+def run_job_steps(job: Job, card: JobRecordCard, note: str | None) -> Any:
     """The steps, and the state the job ends in (written to its record first); a gate suspends the run instead."""
     with file_runner(job.settings.pipeline.task_runner, job.paths.log_file):
-        results = run_steps(job, card)
+        results = run_steps(job, card, note)
     summary = job_summary(job, results)
     state: State[Any] = Completed(
         message=completed_message(job.settings, results[-1], summary["output_dir"]), data=summary
@@ -253,7 +248,7 @@ def name_and_tag_flow_run(job_id: str, job_dir: Path) -> None:
         client.update_flow_run(runtime.flow_run.id, name=job_id, tags=sorted(tags | own))
 
 
-def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:
+def run_steps(job: Job, card: JobRecordCard, note: str | None) -> list[StepResult]:
     """Run every step in order; each step's input follows the kinds of the steps before it."""
     keep_one_trace_per_failure()
     results: list[StepResult] = []
@@ -263,14 +258,15 @@ def run_steps(job: Job, card: JobRecordCard) -> list[StepResult]:
         spec = STEPS[name]
         step = step_input(job, position, name, current)
         try:
-            result = run_gate(job, step, results, card) if spec.kind is StepKind.GATE else run_step(spec.task, step)
+            result = (
+                run_gate(job, step, results, card, note) if spec.kind is StepKind.GATE else run_step(spec.task, step)
+            )
         except PrefectSignal:  # a suspend for inspection (Pause) or an abort: not a failure of the step
             raise
         except BaseException as exc:
             card.note_failure(results, exc)  # published with the job's ended state
             raise
         release_free_memory()
-        record_step(job.paths.job_dir, result)
         results.append(result)
         publish_step_table(job, result)
         card.note(results)

@@ -156,7 +156,7 @@ def add_continue_command(commands: argparse._SubParsersAction) -> None:
         "--resubmit", action="store_true", help="submit the extraction anew (after a submission in doubt)"
     )
     resume.add_argument(
-        "--note", default="continued from the command line", help="the inspection note, kept in the job's record"
+        "--note", default="continued from the command line", help="the inspection note (the gate form's answer)"
     )
     resume.set_defaults(command=cmd_continue)
 

@@ -1,6 +1,7 @@
 """``status`` and ``list``: each job's state (its flow run's, asked of the jobs' Prefect server over its REST API,
-without importing Prefect), and for ``status`` its facts and steps, as plain text (a damaged record's escape
-sequences and controls never reach the terminal)."""
+without importing Prefect), and for ``status`` its facts and its steps (the run's task runs, each step's files and
+counts read from its result record in the job folder, a gate's note from its form's answer), as plain text (a
+damaged record's escape sequences and controls never reach the terminal)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ import argparse
 
 from config.runtime import CLI, job_on_command_line, jobs_dir_of, listed_jobs_dir
 from flows import extraction_cli, prefect_server
-from flows.job_state import current_state, current_states, find_job_dir, list_jobs, step_at_work
+from flows.job_state import current_state, current_states, find_job_dir, finished_steps, list_jobs, newest_run
+from flows.job_state import step_at_work
 from tasks.core.names import show_text
 from tasks.core.readable import CAUSE_CHARS, counted, duration_text, plain_lines, plain_text, size_text, truncate
 from tasks.job.layout import JobPaths
-from tasks.job.record import CANCELLED, CRASHED, FAILED, RUNNING, Gate, JobRecord, StepRecord, counts_text, read_record
+from tasks.job.record import CANCELLED, CRASHED, FAILED, RUNNING, JobRecord, StepRecord, counts_text, read_record
 
 EXIT_OK = 0
 SCHEDULED_NAMES = ("Resuming", "Scheduled", "Late")  # a suspended run resumed in the UI, waiting to be run
@@ -37,41 +39,39 @@ def cmd_status(args: argparse.Namespace) -> int:
     prefect_server.use_server()  # the job's state is its flow run's there
     print(f"job {job.job_id}")
     print(f"  directory: {paths.job_dir}")
-    run = f" (flow run {job.flow_run_ids[-1]})" if job.flow_run_ids else ""
+    run = newest_run(paths, paths.job_id)  # its directory's name: the record's may be damaged
     state = current_state(paths, job)
     message = job.state_message if state == job.state else settled_message(job.state, state, paths)
-    print(f"  state:     {state}{run}" + (f" — {truncate(message, CAUSE_CHARS)}" if message else ""))
+    shown_run = f" (flow run {plain_text(str(run.get('id')))})" if run else ""
+    print(f"  state:     {state}{shown_run}" + (f" — {truncate(message, CAUSE_CHARS)}" if message else ""))
     print(f"  created:   {job.created_at}   updated: {job.updated_at}")
     print(f"  input:     {plain_text(job.job_input or '-')}")  # a deployment's input comes from a form
     for line in plain_lines(dict(sorted(job.facts.items())), "  "):
         print(line)
-    pending = [position for position in range(len(job.enabled_steps)) if f"{position:02d}" not in job.steps]
-    working = pending[0] if state == RUNNING and pending else None
+    if run is None:
+        print("  steps:     this Prefect server has no flow run of the job; continue makes one that skips every step")
+        print("             whose result the job folder holds")
+    done = finished_steps(paths, job.enabled_steps, run) if run else {}
+    working = next((p for p in range(len(job.enabled_steps)) if p not in done), None) if state == RUNNING else None
     for position, step in enumerate(job.enabled_steps):
-        key = f"{position:02d}"
-        at_work = step_at_work(job, position, step) if position == working else None
-        print_step_status(position, step, job.steps.get(key), job.gates.get(key) or Gate(), at_work)
+        at_work = step_at_work(job.job_id, str(run["id"]), position, step) if run and position == working else None
+        print_step_status(position, step, done.get(position), at_work)
     return EXIT_OK
 
 
-def print_step_status(position: int, step: str, result: StepRecord | None, gate: Gate, at_work: str | None) -> None:
+def print_step_status(position: int, step: str, result: StepRecord | None, at_work: str | None) -> None:
     """A step's line: done, with its files; awaiting inspection, with the files that wait; at work, with what its
     progress says so far (``at_work``); or not finished."""
-    files = result.files if result is not None else []
-    total = size_text(sum(f.size for f in files))
-    if result is None or result.awaiting:
-        if gate.released:
-            said = f"released ({gate.note})" if gate.note else "released"
-        elif result is not None:
-            said = f"awaiting inspection: {counted(len(files), 'file')}, {total} in {show_text(result.folder, None)}"
-        else:
-            said = f"working: {at_work}" if at_work else "not finished"
-        print(f"  {position + 1}. {step}: {said}")
+    if result is None:
+        print(f"  {position + 1}. {step}: " + (f"working: {at_work}" if at_work else "not finished"))
+        return
+    files, total = result.files, size_text(sum(f.size for f in result.files))
+    folder = show_text(result.folder, None)  # a damaged record's folder or file name shows escaped
+    if result.awaiting:
+        print(f"  {position + 1}. {step}: awaiting inspection: {counted(len(files), 'file')}, {total} in {folder}")
         return
     took = f", took {duration_text(result.seconds)}" if result.seconds is not None else ""
-    note = f" (inspection note: {gate.note})" if gate.note else ""
-    folder = show_text(result.folder, None)  # a damaged record's folder or file name shows escaped
-    print(f"  {position + 1}. {step}: done, {counted(len(files), 'file')}, {total} in {folder}{took}{note}")
+    print(f"  {position + 1}. {step}: done, {counted(len(files), 'file')}, {total} in {folder}{took}")
     for line in plain_lines(result.summary, "       "):
         print(line)
     for f in files:

@@ -1,52 +1,69 @@
 """The ``wait`` step: a gate where the job stops so a person can inspect (and correct) the data so far.
 
-The gate lives in ``job.json`` (``tasks.job.record``), checked by an uncached task, so it survives any process. The
-first time the job reaches it, the task prepares ``<input folder>_wait/`` for corrected files, publishes what to
-inspect and how to go on (once: the record notes the pause), and answers "awaiting"; the flow then stops the run
-(locally until ``continue``; a deployment run is suspended until resumed in the UI) and releases the gate. The task
-then answers with ``<input folder>_wait/`` when it holds any file, else its input. A corrected file is of the kind
+The gate is the flow run's suspend with an inspection form (``flows.gates``): until the run holds the form's answer,
+the uncached task prepares ``<input folder>_wait/`` for corrected files, publishes what to inspect and how to go on,
+and answers "awaiting"; the flow then suspends the run. Released, the task hands on ``<input folder>_wait/`` when it
+holds any file, else its input (``released_result``), with the form's note. A corrected file is of the kind
 the step before wrote: NDJSON(.zst), or the flattening's CSV and Parquet tables.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
-from prefect.cache_policies import NO_CACHE
+from prefect.cache_policies import CacheKeyFnPolicy
+from prefect.context import TaskRunContext
 
 from config.runtime import job_on_command_line
 
 from tasks.job.contract import DataFile, StepInput, StepResult, settings_of
-from tasks.job.layout import artifact_key
+from tasks.job.layout import JobPaths, artifact_key
 from tasks.streams.ndjson import DATA_SUFFIXES, FileStats, is_partial, output_name
 from tasks.streams.ndjson_writer import LineCounts, count_contents
 from tasks.core.errors import StepError
 from tasks.core.names import name_from_data_problem, name_key, show_name
 from config.runtime import CLI
 from tasks.core.readable import SHOW_WHOLE, counted
-from tasks.job.record import mark_gate_paused, read_record
 from tasks.sof.output import csv_data_rows
 
 
 TABLE_SUFFIXES = (".csv", ".parquet")
 
 
-@task(name="wait", task_run_name="wait[{step.number}]", cache_policy=NO_CACHE, persist_result=False)
-def wait(step: StepInput, resume_hint: str = "") -> StepResult:
-    entry = read_record(step.job_path).gate(step.position)
-    if not entry.released:
-        if entry.paused_at is None:  # published once: a resumed deployment run passes the gate again
-            wait_dir(step).mkdir(parents=True, exist_ok=True)
-            text = inspection_text(step, resume_hint)
-            get_run_logger().info("%s", text, extra=SHOW_WHOLE)
-            publish_inspection_artifact(step, text)
-            mark_gate_paused(step.job_path, step.position)  # after publishing: a failed publish is tried again
-        return StepResult(
-            step=step.step, position=step.position, folder=step.folder or "", files=step.files, awaiting=True
-        )
-    return released_result(step)
+def gate_result_path(step: StepInput, outcome: str) -> Path:
+    """Where the task's ``paused`` or ``released`` result is kept in the job's results folder: what ``status`` reads
+    of the gate; a ``paused`` one also tells a later run of the job that the gate paused it (``flows.gates``)."""
+    return JobPaths(step.job_path).results / f"{step.job_id}-{step.position:02d}-wait-wait-{outcome}"
+
+
+def gate_result_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
+    return str(gate_result_path(parameters["step"], "paused" if parameters.get("note") is None else "released"))
+
+
+@task(
+    name="wait",
+    task_run_name="wait[{step.number}]",
+    cache_policy=CacheKeyFnPolicy(cache_key_fn=gate_result_key),
+    refresh_cache=True,  # a key, not a cache: run each time (the corrected files may change until the release)
+    persist_result=True,
+    result_serializer="json",
+    result_storage=Path("/"),  # the key is the absolute path
+)
+def wait(step: StepInput, resume_hint: str = "", note: str | None = None) -> StepResult:
+    """Without the inspection form's ``note`` (the gate not released yet): prepare ``<input folder>_wait/``, publish
+    what to inspect and how to go on, and answer "awaiting". With it: the files the gate hands on, and the note."""
+    if note is None:
+        wait_dir(step).mkdir(parents=True, exist_ok=True)
+        text = inspection_text(step, resume_hint)
+        get_run_logger().info("%s", text, extra=SHOW_WHOLE)
+        publish_inspection_artifact(step, text)
+        folder, files = step.folder or "", step.files
+        return StepResult(step=step.step, position=step.position, folder=folder, files=files, awaiting=True)
+    released = released_result(step)
+    return released.model_copy(update={"summary": {"inspection note": note}} if note else {})
 
 
 def wait_dir(step: StepInput) -> Path:

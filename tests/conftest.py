@@ -110,9 +110,9 @@ def plain(value):
 def empty_prefect_api(monkeypatch: pytest.MonkeyPatch):
     """A Prefect API that answers and knows no job (``tests.fakes.prefect_api``), as PREFECT_API_URL: ``status``,
     ``list`` and ``prune`` go by the jobs' records, in the fast tier."""
-    from tests.fakes.prefect_api import start_empty_prefect_api
+    from tests.fakes.prefect_api import start_prefect_api
 
-    server = start_empty_prefect_api()
+    server = start_prefect_api()
     monkeypatch.setenv("PREFECT_API_URL", f"{server.base_url}/api")
     yield server
     server.stop()

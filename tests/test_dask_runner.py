@@ -32,6 +32,7 @@ from tests.support.jobs import (
     resources_in,
     source_dir,
     start_cli_process,
+    step_results,
     wait_for,
 )
 
@@ -143,7 +144,7 @@ def status_list_record_and_server_agree(job_dir: Path, capsys) -> None:
     all say Completed with each step's files."""
     record = job_file(job_dir)
     (flow_run,) = record["flow_run_ids"]
-    steps = {int(position): result for position, result in record["steps"].items()}
+    steps = step_results(job_dir)
     assert record["state"] == "Completed" and sorted(steps) == [0, 1]
     files = {position: len(result["files"]) for position, result in steps.items()}
     assert files == {0: 2, 1: 5}  # the sample's two data files, flattened into five CSVs

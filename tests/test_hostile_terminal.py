@@ -20,6 +20,7 @@ import pytest
 
 from flows.prefect_server import DATABASE_URL_SETTINGS
 from flows.run import main
+from tasks.job.layout import directory_tag, job_tag
 from tests.conftest import TESTDATA, extraction_tree, run_cli
 from tests.fakes.extraction_crtdl import parse_crtdl
 from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
@@ -153,7 +154,8 @@ def test_a_task_whose_dates_are_no_text_shows_no_age(capsys, torch, config):
 
 
 def sane_record(job_id: str) -> dict[str, Any]:
-    """A finished local import, as ``job.json`` holds it."""
+    """A finished local import, as ``job.json`` holds it, with its step's result record (``"steps"``, written to the
+    job folder's results by ``damaged_job``)."""
     return {
         "version": 2,
         "job_id": job_id,
@@ -170,10 +172,9 @@ def sane_record(job_id: str) -> dict[str, Any]:
                 "position": 0,
                 "folder": "00-local_import",
                 "files": [{"name": "Patient.ndjson", "size": 10, "resources": 1}],
-                "summary": {"files": 1},
+                "summary": {"files": 1, "inspection note": "looked fine"},
             }
         },
-        "gates": {"00": {"released": True, "note": "looked fine"}},
     }
 
 
@@ -181,33 +182,60 @@ DAMAGES: dict[str, Callable[[dict], None]] = {
     "job_id": lambda record: record.update(job_id=HOSTILE),
     "state": lambda record: record.update(state=HOSTILE),
     "state_message": lambda record: record.update(state_message=HOSTILE),
-    "flow_run_ids": lambda record: record.update(flow_run_ids=[HOSTILE]),
     "job_input": lambda record: record.update(job_input=HOSTILE),
     "enabled_steps": lambda record: record.update(enabled_steps=["local_import", HOSTILE]),
     "step folder": lambda record: record["steps"]["00"].update(folder=HOSTILE),
     "file name": lambda record: record["steps"]["00"]["files"][0].update(name=HOSTILE),
     "summary": lambda record: record["steps"]["00"].update(summary={HOSTILE: HOSTILE}),
     "facts": lambda record: record.update(facts={HOSTILE: HOSTILE}),
-    "gate note": lambda record: record["gates"]["00"].update(note=HOSTILE),
 }
 
 
 def damaged_job(jobs_dir: Path, damage: Callable[[dict], None], **changes: Any) -> str:
-    """A job whose ``job.json`` is ``sane_record`` with ``changes``, then ``damage``d; its id."""
+    """A job whose ``job.json`` is ``sane_record`` with ``changes``, then ``damage``d (its steps' result records in
+    the job's results folder); its id."""
     job_id = str(uuid.uuid4())
     record = sane_record(job_id) | changes
     damage(record)
-    (jobs_dir / job_id).mkdir(parents=True)
+    results = jobs_dir / job_id / ".prefect" / "results"
+    results.mkdir(parents=True)
+    for key, step in record.pop("steps").items():
+        result = json.dumps({"__class__": "tasks.job.contract.StepResult", "data": step})
+        name = f"{job_id}-{key}-local_import-local-import-{'0' * 20}"
+        (results / name).write_text(json.dumps({"metadata": {"storage_key": str(results / name)}, "result": result}))
     (jobs_dir / job_id / "job.json").write_text(json.dumps(record), encoding="utf-8")
     return job_id
 
 
-@pytest.mark.usefixtures("empty_prefect_api")
+def completed_run_on(api: Any, job_dir: Path, state_name: str = "Completed") -> None:
+    """The job's flow run, completed, with its local import's task run naming its result record (as ``status``
+    finds them on a real server: tagged with the job and its directory)."""
+    job_id, run_id = job_dir.name, str(uuid.uuid4())
+    tags = [job_tag(job_id), directory_tag(job_dir)]
+    state = {"type": "COMPLETED", "name": state_name, "message": state_name}
+    api.state.flow_runs.append({"id": run_id, "tags": tags, "state_name": state_name, "state": state, "run_count": 1})
+    (result,) = (job_dir / ".prefect" / "results").iterdir()
+    task_state = {"type": "COMPLETED", "name": "Completed", "data": {"storage_key": str(result)}}
+    task_run = {"flow_run_id": run_id, "name": "local_import[1]", "flow_run_run_count": 1, "state": task_state}
+    api.state.task_runs.append(task_run)
+
+
 @pytest.mark.parametrize("damage", DAMAGES)
-def test_every_text_of_a_damaged_record_reaches_status_plain(capsys, tmp_path, damage):
+def test_every_text_of_a_damaged_record_reaches_status_plain(capsys, tmp_path, empty_prefect_api, damage):
     job_id = damaged_job(tmp_path / "jobs", DAMAGES[damage])
+    if damage != "state":  # where the server knows the run, its state is shown, not the record's
+        completed_run_on(empty_prefect_api, tmp_path / "jobs" / job_id)
     code, output = cli(capsys, "status", job_id, "--jobs-dir", str(tmp_path / "jobs"))
     assert code == 0, output
+    assert ("1. local_import: done, 1 file" in output) is (damage != "state"), output  # the step's record read
+    assert_plain(output)
+
+
+def test_a_servers_state_reaches_status_plain(capsys, tmp_path, empty_prefect_api):
+    job_id = damaged_job(tmp_path / "jobs", lambda record: None)
+    completed_run_on(empty_prefect_api, tmp_path / "jobs" / job_id, state_name=HOSTILE)
+    code, output = cli(capsys, "status", job_id, "--jobs-dir", str(tmp_path / "jobs"))
+    assert code == 0 and "1. local_import: done, 1 file" in output, output
     assert_plain(output)
 
 

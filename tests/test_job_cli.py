@@ -33,6 +33,7 @@ from tests.support.jobs import (
     resources_in,
     source_dir,
     start_cli_process,
+    step_results,
     wait_for,
     write_ndjson,
 )
@@ -115,13 +116,14 @@ def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp
     record = job_file(job_dir)
     assert record["state"] == "Completed"
     assert record["state_message"].endswith("import_wait")
-    assert record["gates"]["01"]["note"] == "checked a.ndjson"
+    assert step_results(job_dir)[1]["summary"] == {"inspection note": "checked a.ndjson"}
     # continue goes on in the job's one flow run: resumed with the form's answers, its history shows both parts
     assert record["flow_run_ids"] == [job_run]
     assert flow_run_history(job_run)[-4:] == ["Suspended", "Resuming", "Running", "Completed"]
     capsys.readouterr()
     assert main(["status", str(job_dir)]) == EXIT_OK
-    assert "2. wait: done, 1 file" in (out := capsys.readouterr().out) and "checked a.ndjson" in out
+    out = capsys.readouterr().out
+    assert "2. wait: done, 1 file" in out and "in import_wait" in out and "inspection note: checked a.ndjson" in out
     assert "step 2 (wait): released: checked a.ndjson" in job_record_card(job_dir.name, job_run)
 
 
@@ -142,8 +144,9 @@ def test_a_job_from_before_or_whose_run_the_server_lost_goes_on_in_a_new_run_tha
     assert "its flow run is not on this Prefect server" in said and "a new run" in said, said
     record = job_file(job_dir)
     assert record["version"] == 2 and record["state"] == "Completed"
-    assert record["gates"]["01"]["note"] == "from before"
-    assert record["steps"]["00"]["cached"] is True  # the import was not done again
+    steps = step_results(job_dir)
+    assert steps[1]["summary"] == {"inspection note": "from before"}  # the gate had paused the job: passed
+    assert steps[0]["cached"] is True  # the import was not done again
     (kept, new_run) = record["flow_run_ids"]
     assert kept == lost_run and flow_run_state(new_run) == ("COMPLETED", "Completed")
 
@@ -214,7 +217,8 @@ def test_a_job_recorded_without_a_version_by_the_dupflow_before_the_typed_record
     (job_dir / "job.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     assert main(["continue", str(job_dir), "--no-progress", "--note", "old record"]) == EXIT_OK
     record = job_file(job_dir)
-    assert record["version"] == 2 and record["state"] == "Completed" and record["gates"]["01"]["note"] == "old record"
+    assert record["version"] == 2 and record["state"] == "Completed"
+    assert step_results(job_dir)[1]["summary"] == {"inspection note": "old record"}
 
 
 def test_continue_from_another_directory_works_on_the_same_job_and_files(tmp_path, write_config):
@@ -372,7 +376,7 @@ def test_a_ui_resume_of_a_local_job_waits_visibly_until_continue_goes_on_in_the_
     assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_OK
     record = job_file(job_dir)
     assert record["flow_run_ids"] == [job_run] and flow_run_state(job_run) == ("COMPLETED", "Completed")
-    assert record["gates"]["01"]["note"] == "looked at in the UI"  # the UI's form, not continue's default note
+    assert step_results(job_dir)[1]["summary"] == {"inspection note": "looked at in the UI"}  # not continue's default
     automations = json.dumps(api(prefect_api["api_url"], "POST", "/automations/filter", json={}))
     assert job_run not in automations and job_dir.name not in automations  # none made for the job
     capsys.readouterr()

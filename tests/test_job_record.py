@@ -27,6 +27,7 @@ from tasks.job.record import record_facts
 from tasks.wait import wait
 from tests.conftest import REPO_ROOT
 from tests.steps import step_input
+from tests.support.jobs import step_results
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
@@ -127,7 +128,7 @@ def test_the_record_links_every_artifact_and_a_step_has_one_progress_artifact_up
     record = latest(f"job-{job_dir.name}")["data"]
     pseudonymized = row(record, "pseudonymizer")
     assert float(pseudonymized["time"].removesuffix(" s")) >= 40 * LATENCY, "two requests at once, 80 in all"
-    files = json.loads((job_dir / "job.json").read_text())["steps"]["01"]["files"]
+    files = step_results(job_dir)[1]["files"]
     assert pseudonymized["size"] == size_text(sum(f["size"] for f in files)), "sizes in KB/MB/GB"
     links = {(label, artifact_key_of(found)) for label, _, found in LINK.findall(pseudonymized["artifacts"])}
     prefix = f"job-{job_dir.name}-02-pseudonymizer"
@@ -141,16 +142,16 @@ def test_the_record_links_every_artifact_and_a_step_has_one_progress_artifact_up
     assert re.search(r"\*\*Step time so far\*\*: \d+\.\d s", record), record
 
 
-def test_the_inspection_note_is_published_once_when_the_gate_is_passed_again_before_its_release(tmp_path):
+def test_what_to_inspect_is_published_when_the_gate_pauses_and_not_when_it_is_released(tmp_path):
     step = step_input(
         tmp_path / "gate-job", "wait", folder="import", position=1, pipeline__enabled_steps="local_import,wait"
     )
 
     @flow
-    def reach_the_gate_twice() -> list[bool]:
-        return [wait(step).awaiting, wait(step).awaiting]
+    def pause_then_release() -> list[bool]:
+        return [wait(step).awaiting, wait(step, note="checked").awaiting]
 
-    assert reach_the_gate_twice() == [True, True]
+    assert pause_then_release() == [True, False]
     assert len(versions(f"job-{step.job_id}-inspection")) == 1
 
 

@@ -119,9 +119,9 @@ def test_continue_with_a_note_records_it_with_the_gate_of_a_local_run(tmp_path, 
 
     assert main(["continue", job_dir.name, "--jobs-dir", str(tmp_path / "jobs"), "--note", "checked 2"]) == EXIT_OK
 
-    gate = json.loads((job_dir / "job.json").read_text())["gates"]["01"]
-    assert gate["released"] and gate["note"] == "checked 2", gate
     capsys.readouterr()
     assert main(["status", str(job_dir)]) == EXIT_OK
-    assert "2. wait: done, 1 file, " in (status := capsys.readouterr().out), status
-    assert "in import (inspection note: checked 2)\n" in status, status
+    assert re.search(
+        r"\n  2\. wait: done, 1 file, .* in import\n +inspection note: checked 2\n",
+        status := capsys.readouterr().out,
+    ), status

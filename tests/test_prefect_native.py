@@ -121,12 +121,13 @@ def test_a_suspended_job_survives_a_worker_restart_and_resumes_with_the_form_rea
     log = run_log(api_url, run_id)
     assert log.count("Suspending flow run") == 1, "a resumed run does not suspend again: " + log
     waits = [name for name in task_run_names(api_url, run_id) if name.startswith("wait[")]
-    assert len(waits) == 1, "the gate's task runs once, when it pauses"
+    assert len(waits) == 2, "the gate's task runs when it pauses, and once more when it is released"
+    assert log.count("is paused for inspection") == 1, "what to inspect is published once: " + log
     outputs = sorted((job_dir / "pseudonymizer").iterdir())
     assert [p.name for p in outputs] == ["corrected.ndjson.zst"]
     assert len(list(iter_resources(outputs[0], 1 << 20))) == 3
-    gate = json.loads((job_dir / "job.json").read_text())["gates"]["01"]
-    assert gate["released"] and gate["note"] == note
+    status = run_cli("status", job_id, "--jobs-dir", str(site / "jobs"), env=env).stdout
+    assert "2. wait: done, 1 file" in status and f"inspection note: {note}" in status, status
     record = api(api_url, "GET", f"/artifacts/job-{job_id}/latest")["data"]
     assert "pseudonymizer" in record and note in record
     assert [p.name for p in (site / "jobs").iterdir()] == [job_id], "the resumed run must not start a new job"
@@ -167,7 +168,8 @@ def test_a_suspended_run_cancelled_in_the_ui_shows_cancelled_everywhere_and_cont
     continued = run_cli("continue", job_id, "--jobs-dir", jobs, "--no-progress", "--note", "seen", env=env)
     assert continued.returncode == 0, continued.stderr
     record = json.loads((site / "jobs" / job_id / "job.json").read_text())
-    assert record["state"] == "Completed" and record["gates"]["01"]["note"] == "seen"
+    assert record["state"] == "Completed"
+    assert "inspection note: seen" in run_cli("status", job_id, "--jobs-dir", jobs, env=env).stdout
     assert record["flow_run_ids"] == [run_id]  # the job's one run went on here, its history showing the cancel
     assert api(api_url, "GET", f"/flow_runs/{run_id}")["state"]["type"] == "COMPLETED"
 

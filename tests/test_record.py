@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from flows import housekeeping
+from flows.gates import InspectionInput
 from flows.job_card import inspection_lines
-from flows.job_state import JobLock
+from flows.job_state import JobLock, finished_steps
 from flows.run import EXIT_OK, EXIT_USAGE, main
 from tasks.core.readable import MAX_NOTE_BYTES
-from tasks.job.contract import DataFile
+from tasks.job.contract import DataFile, StepResult
 from tasks.job.layout import JobPaths
 from tasks.job.record import (
     AWAITING_INSPECTION,
@@ -30,28 +31,18 @@ from tasks.job.record import (
     SUSPENDED,
     FileEntry,
     JobRecord,
-    StepRecord,
     changing_record,
     counts_text,
-    mark_gate_paused,
     read_facts,
     read_record,
     record_facts,
     record_state,
-    record_step,
     record_stopped,
-    release_awaiting_gates,
     settled_state,
 )
 from tests.conftest import REPO_ROOT
-from tests.support.jobs import step_results
 
 WRITERS, FACTS_EACH = 4, 25
-
-
-def gate(job_dir: Path, position: int) -> dict:
-    """The wait gate at ``position`` as the record keeps it, without its unset keys."""
-    return read_record(job_dir).gate(position).model_dump(exclude_none=True)
 
 
 def record_many(job_dir: str, writer: str) -> None:
@@ -88,26 +79,6 @@ def test_the_flow_runs_state_settles_a_disagreement_with_the_record():
     assert settled_state(RUNNING, locked=True, server=None) == RUNNING
     assert settled_state(RUNNING, locked=False, server=None) == CRASHED  # no process holds it: killed
     assert settled_state(COMPLETED, locked=False, server="Running") == CRASHED  # its heartbeats not missed yet
-
-
-def test_a_gate_publishes_once_and_continue_releases_it_with_its_note(tmp_path):
-    mark_gate_paused(tmp_path, 1)
-    first = gate(tmp_path, 1)["paused_at"]
-    mark_gate_paused(tmp_path, 1)
-    assert gate(tmp_path, 1)["paused_at"] == first
-    assert release_awaiting_gates(tmp_path, "checked 3 patients") == [1]
-    assert gate(tmp_path, 1)["released"] and gate(tmp_path, 1)["note"] == "checked 3 patients"
-    assert release_awaiting_gates(tmp_path, "again") == []
-
-
-def test_a_step_recorded_again_forgets_the_steps_after_it(tmp_path):
-    for position in range(3):
-        record_step(tmp_path, StepRecord(step=f"s{position}", position=position, folder="import"))
-    record_step(tmp_path, StepRecord(step="s1", position=1, folder="import_wait"))
-    assert {position: result["folder"] for position, result in step_results(tmp_path).items()} == {
-        0: "import",
-        1: "import_wait",
-    }
 
 
 @pytest.mark.slow
@@ -172,9 +143,9 @@ HOSTILE = {
     "a list": (b"[]", "is no job record (expected a JSON object)"),
     "an empty object": (b"{}", "is no job record (job_id: Field required"),
     "deeply nested": (b'{"facts": {"x": ' + b"[" * 5000 + b"]" * 5000 + b"}}", "is nested too deeply"),
-    "wrong types": (json.dumps({**VALID, "steps": {"00": {"files": 3}}}).encode(), "steps.00.step: Field required"),
+    "wrong types": (json.dumps({**VALID, "facts": 3}).encode(), "facts: Input should be a valid dictionary"),
     "a wrong time": (json.dumps({**VALID, "created_at": "yesterday"}).encode(), "created_at: Value error"),
-    "a step key that is no position": (json.dumps({**VALID, "gates": {"x\n1": {}}}).encode(), "gates.x\\n1.[key]"),
+    "a key with a line break": (json.dumps({**VALID, "overrides": {"x\n1": 3}}).encode(), "overrides.x\\n1: Input"),
     "a newer version": (json.dumps({**VALID, "version": 99}).encode(), "has version 99; this dupflow reads versions"),
     "300 MB": (None, f"is larger than {MAX_RECORD_BYTES // 2**20} MB"),
 }
@@ -220,11 +191,21 @@ def test_list_shows_a_hostile_job_as_unreadable_and_prune_skips_it(tmp_path, cap
     assert problem in pruned and f"{GOOD_ID}  Completed" in pruned, pruned
 
 
-def test_a_record_without_version_is_read_as_version_1_and_written_back_as_the_current_one(tmp_path):
-    (tmp_path / "job.json").write_text(json.dumps({**VALID, "state": COMPLETED, "gates": {"01": {"released": True}}}))
-    assert read_record(tmp_path).state == COMPLETED and gate(tmp_path, 1) == {"released": True}
+@pytest.mark.parametrize("version", [None, 2], ids=["version 1", "version 2"])
+def test_an_older_record_is_read_and_written_back_without_its_steps_and_gates(tmp_path, version):
+    """Before the steps' results and the gates' answers lived in Prefect's result records and run input, the record
+    held a copy of each: read as before, the copies are dropped at the next write (the job goes on from its results)."""
+    older = {
+        **VALID,
+        "state": COMPLETED,
+        "steps": {"00": {"step": "local_import"}},
+        "gates": {"01": {"released": True}},
+    }
+    (tmp_path / "job.json").write_text(json.dumps(older | ({"version": version} if version else {})))
+    assert read_record(tmp_path).state == COMPLETED
     record_facts(tmp_path, crtdl_path="/c.json")
-    assert json.loads((tmp_path / "job.json").read_text())["version"] == 2
+    written = json.loads((tmp_path / "job.json").read_text())
+    assert written["version"] == 2 and "steps" not in written and "gates" not in written
 
 
 HOSTILE_NOTES = {  # as typed -> as kept and shown
@@ -238,23 +219,16 @@ HOSTILE_NOTES = {  # as typed -> as kept and shown
 
 
 @pytest.mark.parametrize(("note", "kept"), HOSTILE_NOTES.values(), ids=HOSTILE_NOTES.keys())
-def test_a_note_is_kept_without_control_or_bidi_characters_and_at_most_4_KB(tmp_path, note, kept):
-    mark_gate_paused(tmp_path, 1)
-    release_awaiting_gates(tmp_path, note)
-    (tmp_path / "copy").mkdir()
-    hand_written = json.loads((tmp_path / "job.json").read_text())
-    hand_written["gates"]["01"]["note"] = note  # a note put in job.json by other means is read the same way
-    (tmp_path / "copy" / "job.json").write_text(json.dumps(hand_written))
-
-    assert gate(tmp_path, 1)["note"] == kept
-    assert read_record(tmp_path / "copy").gates["01"].note == kept
+def test_a_note_is_kept_without_control_or_bidi_characters_and_at_most_4_KB(note, kept):
+    """The form's answer as the flow takes it (the server keeps whatever an API client sent)."""
+    assert InspectionInput.model_validate({"confirmed": True, "note": note}).note == kept
 
 
-def test_the_job_record_card_shows_a_note_as_text_never_as_html_or_a_link(tmp_path):
-    mark_gate_paused(tmp_path, 1)
-    release_awaiting_gates(tmp_path, HOSTILE_NOTES["html-and-link"][0])
+def test_the_job_record_card_shows_a_note_as_text_never_as_html_or_a_link():
+    note = InspectionInput.model_validate({"confirmed": True, "note": HOSTILE_NOTES["html-and-link"][0]}).note
+    released = StepResult(step="wait", position=1, folder="import", summary={"inspection note": note})
 
-    (line,) = inspection_lines(read_record(tmp_path))
+    (line,) = inspection_lines([released])
 
     assert "<script>" not in line and "&lt;script&gt;alert\\(1\\)&lt;/script&gt;" in line
     assert "](" not in line and "javascript:" not in line and "\\[go\\]\\(javascript\\:x\\)" in line
@@ -270,3 +244,53 @@ def test_a_run_stopping_after_it_wrote_its_end_leaves_that_end_in_the_record(tmp
     record_stopped(job_dir, CRASHED, "the Prefect server went away")
     expected = (written, "the run's own end") if kept else (CRASHED, "the Prefect server went away")
     assert (read_record(job_dir).state, read_record(job_dir).state_message) == expected
+
+
+# --- the steps as status reads them: the run's task runs, each step's result record in the job folder -------------
+
+
+def result_record(job_dir: Path, name: str, step: str, position: int) -> str:
+    """A step's result record as Prefect writes it (JSON serializer), in the job's results folder; its path."""
+    path = job_dir / ".prefect" / "results" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"step": step, "position": position, "folder": step, "files": []}
+    result = json.dumps({"__class__": "tasks.job.contract.StepResult", "data": data})
+    path.write_text(json.dumps({"metadata": {"storage_key": str(path)}, "result": result}))
+    return str(path)
+
+
+def task_run(run_id: str, name: str, attempt: int, storage_key: str, state: str = "Completed") -> dict:
+    data = {"storage_key": storage_key}
+    return {
+        "flow_run_id": run_id,
+        "name": name,
+        "flow_run_run_count": attempt,
+        "state": {"type": "COMPLETED", "name": state, "data": data},
+    }
+
+
+def test_only_the_runs_latest_attempt_and_each_steps_own_record_count_as_finished(tmp_path, empty_prefect_api):
+    """A step finished in an earlier attempt may be redone (its input changed at a gate): until this attempt
+    finishes it, it is not finished. The server names each record; one that is not this job's, this step's, in its
+    results folder, or that says it is another step's, is none (a damaged or foreign server cannot point status at
+    any file)."""
+    job_dir = tmp_path / JOB_ID
+    steps = ["local_import", "pseudonymizer", "wait", "flattening", "send"]
+    run = {"id": "run-1", "run_count": 2}
+    own = result_record(job_dir, f"{JOB_ID}-00-local_import-local-import-{'a' * 20}", "local_import", 0)
+    earlier = result_record(job_dir, f"{JOB_ID}-01-pseudonymizer-pseudonymizer-{'b' * 20}", "pseudonymizer", 1)
+    gate = result_record(job_dir, f"{JOB_ID}-02-wait-wait-released", "wait", 2)
+    other_step = result_record(job_dir, f"{JOB_ID}-03-flattening-flattening-{'c' * 20}", "send", 4)
+    (tmp_path / "passwd").write_text("root:x:0:0")
+    empty_prefect_api.state.task_runs += [
+        task_run("run-1", "local_import[1]", 2, own, state="Cached"),
+        task_run("run-1", "pseudonymizer[2]", 1, earlier),
+        task_run("run-1", "wait[3]", 2, gate),
+        task_run("run-1", "flattening[4]", 2, other_step),
+        task_run("run-1", "send[5]", 2, str(tmp_path / "passwd")),
+        task_run("run-2", "send[5]", 2, own),
+    ]
+
+    done = finished_steps(JobPaths(job_dir), steps, run)
+
+    assert sorted(done) == [0, 2] and done[0].cached and not done[2].cached

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, Field, StringConstraints, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, ValidationError
 
 from tasks.core.errors import JobError
 from tasks.core.jsonfile import MB, JsonFileError, read_json_file
@@ -56,7 +56,6 @@ Timestamp = Annotated[str, AfterValidator(_iso_time)]
 PlainText = Annotated[str, AfterValidator(plain_text)]
 """A text of the record shown as it is (the job's id and state, a flow run's id, a step's name, a message, a note):
 a damaged file's escape sequences, line breaks and bidi controls become spaces as it is read (``plain_text``)."""
-PositionKey = Annotated[str, StringConstraints(pattern=r"^[0-9]{2,4}$")]  # "00", "01", … (``position_key``)
 
 
 class RecordError(JobError):
@@ -98,22 +97,11 @@ class StepRecord(BaseModel):
     cached: bool = False
 
 
-class Gate(BaseModel):
-    """A wait step's gate: when it paused the job, and its release with the note."""
-
-    paused_at: Timestamp | None = None
-    released: bool = False
-    released_at: Timestamp | None = None
-    note: PlainText | None = None
-
-    def release(self, note: str) -> None:
-        self.released, self.released_at, self.note = True, now_iso(), plain_text(note)
-
-
 class JobRecord(BaseModel):
     """The frozen inputs (``job_id`` to ``created_at``); the state of the latest flow run (written by the flow only);
     ``facts`` later steps and people need (the effective CRTDL, the extraction handle, a submission in flight), merged
-    as soon as known; ``steps`` and ``gates`` by position (``"00"``, ``"01"``, …)."""
+    as soon as known. A step's files and counts are its task's result record, a gate's note the run input of its
+    inspection form: a ``steps`` or ``gates`` of an older record is dropped as it is read."""
 
     version: int = SCHEMA_VERSION
     job_id: PlainText
@@ -127,16 +115,6 @@ class JobRecord(BaseModel):
     state_message: PlainText = ""
     flow_run_ids: list[PlainText] = Field(default_factory=list)
     facts: dict[str, Any] = Field(default_factory=dict)
-    steps: dict[PositionKey, StepRecord] = Field(default_factory=dict)
-    gates: dict[PositionKey, Gate] = Field(default_factory=dict)
-
-    def gate(self, position: int) -> Gate:
-        """The gate at ``position``; one that has not paused the job yet is added (written by a change only)."""
-        return self.gates.setdefault(position_key(position), Gate())
-
-
-def position_key(position: int) -> str:
-    return f"{position:02d}"
 
 
 def read_record(job_dir: Path, new: JobRecord | None = None) -> JobRecord:
@@ -219,14 +197,6 @@ def settled_state(recorded: str, *, locked: bool, server: str | None = None) -> 
     return CRASHED if state == RUNNING and not locked else state
 
 
-def record_step(job_dir: Path, result: StepRecord) -> None:
-    """A step's result as the flow saw it (also when served from the cache); a step after it is forgotten, since
-    its input may have changed (a corrected file at a gate)."""
-    with changing_record(job_dir) as record:
-        record.steps = {key: step for key, step in record.steps.items() if int(key) < result.position}
-        record.steps[position_key(result.position)] = result
-
-
 def counts_text(files: Iterable[FileEntry]) -> str:
     """What the files hold in words, e.g. ``3 resources, 2 Bundles holding 19 resources`` or ``4 rows``."""
     totals: Counter[str] = Counter()
@@ -239,19 +209,3 @@ def counts_text(files: Iterable[FileEntry]) -> str:
         parts.append(f"{counted(totals['Bundles'], 'Bundle')} holding {counted(totals['bundled'], 'resource')}")
     parts += [counted(totals[unit], unit[:-1]) for unit in ("lines", "rows", "Parquet rows") if unit in totals]
     return ", ".join(parts) or "0 resources"
-
-
-def mark_gate_paused(job_dir: Path, position: int) -> None:
-    """Note when the gate first paused the job (``continue`` releases the gates that paused)."""
-    with changing_record(job_dir) as record:
-        entry = record.gate(position)
-        entry.paused_at = entry.paused_at or now_iso()
-
-
-def release_awaiting_gates(job_dir: Path, note: str) -> list[int]:
-    """Open every gate that paused the job and is not open yet; returns their positions."""
-    with changing_record(job_dir) as record:
-        opened = [key for key, entry in record.gates.items() if entry.paused_at and not entry.released]
-        for key in opened:
-            record.gates[key].release(note)
-    return [int(key) for key in opened]

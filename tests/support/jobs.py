@@ -14,6 +14,7 @@ from typing import Any
 
 import zstandard
 
+from tasks.job.layout import JobPaths
 from tasks.job.record import read_record
 from tests.conftest import REPO_ROOT
 
@@ -141,6 +142,14 @@ def job_record_card(job_id: str, flow_run_id: str) -> str:
     return str(card.data)
 
 
-def step_results(job_dir: Path) -> dict[int, dict[str, Any]]:
-    """The recorded step results by position, as ``job.json`` holds them (none before the job has a record)."""
-    return {int(key): step.model_dump(mode="json") for key, step in read_record(job_dir).steps.items()}
+def step_results(job_dir: Path) -> dict[int, Any]:
+    """The steps the job's newest flow run finished, by position, as ``status`` reads them (the run's task runs on
+    the server of ``PREFECT_API_URL``, each step's result record in the job folder): a step's record as JSON, a
+    gate's form answer; none before the job has a record or a run."""
+    from flows.job_state import finished_steps, newest_run
+    from tasks.job.record import StepRecord
+
+    if not (paths := JobPaths(job_dir)).job_file.is_file() or (run := newest_run(paths, paths.job_id)) is None:
+        return {}
+    done = finished_steps(paths, read_record(job_dir).enabled_steps, run)
+    return {p: step.model_dump(mode="json") if isinstance(step, StepRecord) else step for p, step in done.items()}
