@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from config.runtime import job_on_command_line
@@ -28,7 +28,6 @@ from flows.prefect_server import http_get, prefect_home, read_record, settings_o
 from config.runtime import CLI
 from tasks.core.url_credentials import shown_url
 from tasks.job.layout import JobPaths
-from tasks.job.record import CRASHED, RecordError, record_stopped
 
 PROBE_INTERVAL = 2.0
 PROBE_TIMEOUT = 5.0
@@ -118,9 +117,8 @@ def shown_settings(api_url: str) -> tuple[int, bytes] | None:
 
 
 def stop_job(paths: JobPaths, loss: Loss) -> None:
-    """Record the job Crashed with the reason, say so, and end the process (no Prefect call: the server is gone)."""
-    with suppress(RecordError, OSError):
-        record_stopped(paths.job_dir, CRASHED, loss.reason)
+    """Say why the job stopped, and end the process (no Prefect call: the server is gone; its run, Running without
+    a process holding the job, is Crashed by the rule of ``flows.job_state``)."""
     line = logging.LogRecord("dupflow", logging.ERROR, __file__, 0, "job stopped: %s", (loss.reason,), None)
     for handler in logging.getLogger("dupflow").handlers:
         if isinstance(handler, logging.FileHandler):  # job.log; the terminal gets the two lines below

@@ -20,11 +20,12 @@ from pydantic import Field
 
 from config.runtime import job_on_command_line
 from flows.job_card import JobRecordCard
+from flows import job_state
 from flows.jobs import Job
 from tasks.core.errors import JobError
 from config.runtime import CLI
 from tasks.job.contract import StepInput, StepResult, stored_in_job
-from tasks.job.record import SUSPENDED, PlainText, record_state
+from tasks.job.record import SUSPENDED, PlainText
 from tasks.wait import gate_result_path, wait
 
 COMMAND_LINE_DEPLOYMENT = "command-line"  # the deployment of the jobs the command line starts (``flows.job_runs``)
@@ -67,23 +68,16 @@ def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordC
 
 
 def resume_hint(job: Job) -> str:
-    """How to go on past a wait step: the command line, which resumes the run with the form filled in; a worker's
-    run also names its own resume call (with this run's id)."""
-    go_on = f"{CLI} continue {job_on_command_line(job.paths.job_dir)}"
-    if runtime.deployment.name in (None, COMMAND_LINE_DEPLOYMENT):
-        return f"{go_on} (a Resume in the Prefect UI leaves the run waiting for that command)"
-    return (
-        "press Resume on this flow run in the Prefect UI and fill in the form, or "
-        f'POST /api/flow_runs/{runtime.flow_run.id}/resume with {{"run_input": {{"confirmed": true, "note": "..."}}}}, '
-        f"or run: {go_on}"
-    )
+    """How to go on past this run's wait step (``flows.job_state.resume_hint``): a worker's run by its own id too."""
+    local = runtime.deployment.name in (None, COMMAND_LINE_DEPLOYMENT)
+    return job_state.resume_hint(job.paths.job_dir, None if local else str(runtime.flow_run.id))
 
 
 def confirmed_inspection(
     job: Job, step: StepInput, hint: str, done: list[StepResult], card: JobRecordCard, note: str | None
 ) -> InspectionInput:
     """The form of the resume that confirmed the inspection. The first time, the ``wait`` task publishes what to
-    inspect and the run is suspended (its process ends; the job record says Suspended first); the resumed run runs
+    inspect and the run is suspended (its process ends; the card says Suspended first); the resumed run runs
     the flow again and finds the answer to the suspend's key without suspending. ``continue``'s note after a pause
     is kept as that answer, so a later run of the job passes the gate with it."""
     key = f"wait-{step.position:02d}"
@@ -96,13 +90,6 @@ def confirmed_inspection(
     awaiting = stored_in_job(wait, step)(step, hint)
     card.note([*done, awaiting])  # the card shows the gate awaiting while the run is suspended
     timeout = job.settings.pipeline.wait_timeout
-    record_state(job.paths.job_dir, SUSPENDED, suspended_message(step, datetime.now(UTC) + timeout, hint))
+    card.set_state(SUSPENDED, job_state.suspended_message(key, datetime.now(UTC) + timeout, hint))
     card.refresh()
     return suspend_flow_run(wait_for_input=InspectionInput, timeout=int(timeout.total_seconds()), key=key)
-
-
-def suspended_message(step: StepInput, expires: datetime, hint: str) -> str:
-    """The state of a run suspended at a wait step: until when (``pipeline.wait_timeout``, after which Prefect
-    refuses the resume and fails the run), and how to go on (``resume_hint``)."""
-    until = f"{expires:%Y-%m-%d %H:%M} UTC (pipeline.wait_timeout)"
-    return f"awaiting inspection at step {step.number} (wait) until {until}; to go on: {hint}"

@@ -1,17 +1,18 @@
 """Housekeeping: ``prune`` lists old or finished jobs, then removes them with their flow runs and artifacts.
 
 Without ``--yes`` it only lists what it would remove (job, state, last change, size, flow runs and artifacts). With
-``--yes`` each job is removed under its lock (one a process took, or whose record changed since it was listed, is
-skipped): first its flow runs (tags ``job-<id>`` and the directory's ``dir-<digest>``) and their artifacts, then its
-directory, so an interrupted prune can be run again. A copy of a job directory prunes only its own records; a job
-whose flow run is running, or paused without its state named, stays. A job that ended before its extraction did is
-noted with the command that cancels that extraction (nothing names it once the directory is gone).
+``--yes`` each job is removed under its lock (one a process took, or that changed since it was listed, is skipped):
+first its flow runs (tags ``job-<id>`` and the directory's ``dir-<digest>``) and their artifacts, then its
+directory, so an interrupted prune can be run again. A job whose flow run is running, or paused without its state
+named, stays; so does one of which this server has no flow run (another home's, a copy, a lost database), whose
+state nobody can tell. A job that ended before its extraction did is noted with the command that cancels that
+extraction (nothing names it once the directory is gone).
 
-Which jobs: the finished ones, or the states ``--state`` names (AwaitingInspection or Suspended only by name, a
-running job never); ``--older-than`` keeps jobs changed more recently. Only directories named by a job id are jobs;
-symbolic links are never followed. The server: ``PREFECT_API_URL``, else the local server when its database exists,
-else none (only directories). Its REST API is called directly (no Prefect import), through the one retry policy (a
-SQLite server busy with a burst of runs answers 503 for a moment)."""
+Which jobs: the finished ones, or the states ``--state`` names (Suspended only by name, a running job never);
+``--older-than`` keeps jobs changed more recently (their record, log or results on disk). Only directories named by
+a job id are jobs; symbolic links are never followed. The server: ``PREFECT_API_URL``, else the local server when
+its database exists, else none (nothing is removed then). Its REST API is called directly (no Prefect import),
+through the one retry policy (a SQLite server busy with a burst of runs answers 503 for a moment)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ from config.durations import parse_duration
 from config.runtime import listed_jobs_dir, prefect_api_headers, prefect_api_url
 from flows import prefect_server
 from flows.extraction_cli import age
-from flows.job_state import MAX_PAGE_BYTES, PAGE, PREFECT_API, JobLock, JobLockedError, current_state
+from flows.job_state import MAX_PAGE_BYTES, PAGE, PREFECT_API, JobLock, JobLockedError, is_locked, latest_runs
+from flows.job_state import run_state, settled_state
 from config.settings import RetrySettings
 from tasks.clients.auth import AS_SENT
 from tasks.clients.bounds import read_response
@@ -45,18 +47,15 @@ from config.runtime import CLI
 from tasks.core.readable import plain_text, size_text
 from tasks.core.names import show_text
 from tasks.core.url_credentials import shown_url
-from tasks.job.record import (
-    AWAITING_INSPECTION,
-    FINAL_STATES,
-    RUNNING,
-    SUSPENDED,
-    JobRecord,
-    RecordError,
-    read_record,
-)
+from tasks.job.record import FINAL_STATES, RUNNING, SUSPENDED, UNKNOWN, JobRecord, RecordError, read_record
 
 EXIT_OK, EXIT_FAILED = 0, 1
-NAMED_ONLY_STATES = (AWAITING_INSPECTION, SUSPENDED)  # a person still has to look at these: removed only by name
+NAMED_ONLY_STATES = (SUSPENDED,)  # a person still has to look at these: removed only by name
+KEPT_BECAUSE = {
+    RUNNING: "Running (a process works on it)",
+    UNKNOWN: "no flow run of it on this Prefect server (another home's, or a lost database): prune it from the home "
+    "that ran it, or remove its directory yourself",
+}
 API_TIMEOUT = 30.0
 PRUNING_PREFIX = ".pruning-"
 """A job directory being removed is first renamed to this and its id: half removed, it is no job to list."""
@@ -69,9 +68,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     prune = commands.add_parser(
         "prune", help="list old or finished jobs (and their flow runs and artifacts); remove them with --yes"
     )
-    prune.add_argument(
-        "--older-than", metavar="DURATION", help="only jobs whose record changed longer ago (P30D, 30d, 12h)"
-    )
+    prune.add_argument("--older-than", metavar="DURATION", help="only jobs changed longer ago on disk (P30D, 30d, 12h)")
     prune.add_argument(
         "--state",
         action="append",
@@ -151,43 +148,58 @@ def cmd_prune(args: argparse.Namespace) -> int:
 def select_jobs(
     jobs_dir: Path, states: tuple[str, ...], older_than: timedelta | None, client: httpx.Client | None
 ) -> Selection:
-    selection = Selection()
-    now = datetime.now(UTC)
-    for entry, problem in job_entries(jobs_dir):
-        if problem:
-            selection.protected.append((entry.name, problem))
-            continue
-        paths = JobPaths(entry)
-        try:
-            job = read_record(entry)
-        except RecordError as exc:
-            selection.protected.append((entry.name, f"its job.json cannot be read (look at it yourself): {exc}"))
-            continue
-        if (state := current_state(paths, job)) == RUNNING:
-            selection.protected.append((entry.name, "Running (a process works on it)"))
+    selection, now = Selection(), datetime.now(UTC)
+    readable = readable_jobs(jobs_dir, selection)
+    newest = latest_runs({paths.job_id: directory_tag(paths.job_dir) for paths, _ in readable})
+    for paths, job in readable:
+        run = newest.get(paths.job_id)
+        state, changed_at = settled_state(run_state(run), locked=is_locked(paths)), changed_time(paths)
+        if state in (RUNNING, UNKNOWN):
+            selection.protected.append((paths.job_id, KEPT_BECAUSE[state]))
         elif state in NAMED_ONLY_STATES and state not in states:
-            selection.protected.append((entry.name, f"{state} (remove it with --state {state})"))
-        elif state not in states or not old_enough(job.updated_at, older_than, now):
+            selection.protected.append((paths.job_id, f"{state} (remove it with --state {state})"))
+        elif state not in states or not old_enough(changed_at, older_than, now):
             selection.not_matching += 1
-        elif elsewhere := another_servers(client, job):
-            selection.protected.append((entry.name, elsewhere))
         else:
             runs, artifacts = server_records(client, paths)
             if why := live_run(runs, states):
-                selection.protected.append((entry.name, why))
+                selection.protected.append((paths.job_id, why))
                 continue
-            run_ids = [run["id"] for run in runs]
-            left_running = unfollowed_extraction(paths, job)
-            candidate = Candidate(paths, state, job.updated_at, size_on_disk(entry), run_ids, artifacts, left_running)
-            selection.chosen.append(candidate)
+            run_ids, size, left_running = (
+                [r["id"] for r in runs],
+                size_on_disk(paths.job_dir),
+                unfollowed_extraction(paths, job),
+            )
+            selection.chosen.append(Candidate(paths, state, changed_at, size, run_ids, artifacts, left_running))
     return selection
+
+
+def readable_jobs(jobs_dir: Path, selection: Selection) -> list[tuple[JobPaths, JobRecord]]:
+    """The jobs of ``jobs_dir`` with their records; each entry that must not be touched is kept, with why."""
+    readable = []
+    for entry, problem in job_entries(jobs_dir):
+        if problem is None:
+            try:
+                readable.append((JobPaths(entry), read_record(entry)))
+                continue
+            except RecordError as exc:
+                problem = f"its job.json cannot be read (look at it yourself): {exc}"
+        selection.protected.append((entry.name, problem))
+    return readable
+
+
+def changed_time(paths: JobPaths) -> str:
+    """When the job last changed on disk: its record, its log (every command-line run writes there) or its results
+    (each finished task adds one), whichever is newest."""
+    times = [path.stat().st_mtime for path in (paths.job_file, paths.log_file, paths.results) if path.exists()]
+    return datetime.fromtimestamp(max(times, default=0), UTC).isoformat(timespec="seconds")
 
 
 def unfollowed_extraction(paths: JobPaths, job: JobRecord) -> str | None:
     """The extraction a job ended without following to its end (its extractor step left no result record), with how
     to cancel it: it may still run on the extraction server, and once the job's directory is gone nothing names it
     any more."""
-    if "extractor" not in job.enabled_steps or any(paths.results.glob(f"{job.job_id}-*-extractor-extractor-*")):
+    if "extractor" not in job.enabled_steps or paths.finished("extractor"):
         return None
     config = shlex.quote(show_text(job.config_path, None)) if job.config_path else "CONFIG"
     if extraction := job.facts.get("extraction_job_id"):
@@ -268,22 +280,6 @@ def server_records(client: httpx.Client | None, paths: JobPaths) -> tuple[list[d
     run_ids = [run["id"] for run in runs]
     body = {"artifacts": {"flow_run_id": {"any_": run_ids}}}
     return runs, [artifact["id"] for artifact in filtered(client, "/artifacts/filter", body)] if runs else []
-
-
-def another_servers(client: httpx.Client | None, job: JobRecord) -> str | None:
-    """Why a job stays that ran on another Prefect server (another home's, sharing this jobs directory): none of its
-    recorded flow runs is on this one (nor is there one), so its runs and artifacts could not go with it; else None.
-    A copy of a job's directory runs on the same server: its original's runs are there."""
-    if not job.flow_run_ids:
-        return None
-    if client is not None:
-        ids = {"flow_runs": {"id": {"any_": job.flow_run_ids[-PAGE:]}}}
-        if api_call(client, "POST", "/flow_runs/filter", {**ids, "limit": 1}).json():
-            return None
-    return (
-        f"another Prefect server's: none of its {len(job.flow_run_ids)} flow run(s) is on this one; prune it from "
-        "the home that ran it (or remove its directory yourself if that server is gone)"
-    )
 
 
 def live_run(runs: list[dict], states: tuple[str, ...]) -> str | None:
@@ -424,8 +420,8 @@ def remove_job(job: Candidate, jobs_dir: Path, client: httpx.Client | None) -> s
         return "it is gone (removed by another prune meanwhile)"
     try:
         with JobLock(job.paths):
-            if read_record(job.paths.job_dir).updated_at != job.changed_at:
-                return "its record changed since it was listed; run prune again"
+            if changed_time(job.paths) != job.changed_at:
+                return "it changed since it was listed; run prune again"
             if client is not None:
                 runs, job.artifact_ids = server_records(client, job.paths)  # as they are now
                 if why := live_run(runs, (job.state,)):

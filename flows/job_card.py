@@ -1,6 +1,6 @@
 """The job in the Prefect UI: the job-record artifact (one card per flow run, updated in place at every step
 boundary and state change), each finished step's file table, and the flow's result summary. Only a picture of
-the job: ``job.json`` (``tasks.job.record``) is the job's state.
+the job, drawn by the flow: the job's state is its flow run's.
 """
 
 from __future__ import annotations
@@ -62,6 +62,11 @@ class JobRecordCard:
         self._artifact_id: Any = None
         self._results: list[StepResult] = []
         self._failed: BaseException | None = None
+        self._state, self._message = RUNNING, ""
+
+    def set_state(self, state: str, message: str = "") -> None:
+        """The job's state (and its message, redacted already) as the run enters it, shown at the next ``refresh``."""
+        self._state, self._message = state, message
 
     def note(self, results: list[StepResult]) -> None:
         """These steps, shown at the next ``refresh``."""
@@ -73,7 +78,7 @@ class JobRecordCard:
         self._failed = exc
 
     def refresh(self) -> None:
-        """Publish the record as it stands: the job's state from ``job.json`` and the steps noted so far. The card
+        """Publish the record as it stands: the job's state and the steps noted so far. The card
         is a picture of the job: one that cannot be published (the API may be what failed) is logged, never put in
         place of the job's own outcome (a finished job stays Completed)."""
         try:
@@ -82,7 +87,7 @@ class JobRecordCard:
             get_run_logger().warning("the job record could not be updated: %s", one_line(publish_error))
 
     def _publish(self) -> None:
-        markdown = job_record_markdown(self._job, self._results, self._failed)
+        markdown = job_record_markdown(self._job, self._results, self._failed, (self._state, self._message))
         key = artifact_key(self._job.job_id)
         self._artifact_id = self._artifact_id or this_runs_artifact_id(key)
         if self._artifact_id is None:
@@ -105,15 +110,17 @@ def this_runs_artifact_id(key: str) -> Any:
     return found[0].id if found else None
 
 
-def job_record_markdown(job: Job, results: list[StepResult], failed: BaseException | None) -> str:
+def job_record_markdown(
+    job: Job, results: list[StepResult], failed: BaseException | None, job_state: tuple[str, str]
+) -> str:
     """The job record: the job's state on top; per step its state, folder, files, contents, size, wall time
     (that of the run that made it, for a step served from the cache) and links to its artifacts; the step time so
     far, the inspections with their notes, the recorded facts as text, and a link to this flow run."""
     base = (get_current_settings().ui_url or "").rstrip("/")  # empty: links relative to the UI's own origin
     links = artifact_links(job.job_id, base)
-    record = read_record(job.paths.job_dir)  # the state as the flow wrote it at its latest transition
-    message = f" — {one_line_text(record.state_message)}" if record.state_message else ""
-    lines = [f"# dupflow job `{job.job_id}`", "", f"**State: {record.state}**{message}", ""]
+    record = read_record(job.paths.job_dir)  # the facts as the steps recorded them so far
+    message = f" — {one_line_text(job_state[1])}" if job_state[1] else ""
+    lines = [f"# dupflow job `{job.job_id}`", "", f"**State: {job_state[0]}**{message}", ""]
     lines += [f"Job directory: `{job.paths.job_dir}`", ""]
     if runtime.flow_run.id:
         lines += [f"Latest flow run: [{runtime.flow_run.name}]({base}/runs/flow-run/{runtime.flow_run.id})", ""]
@@ -133,7 +140,7 @@ def job_record_markdown(job: Job, results: list[StepResult], failed: BaseExcepti
         (position, step), *pending = pending
         cause = one_line(failed)
         lines.append(f"| {position + 1} | {step} | failed: {cause} | | | | | | {step_links(links, position)} |")
-    if failed is None and pending and record.state == RUNNING:  # the step at work: a link to its live progress
+    if failed is None and pending and job_state[0] == RUNNING:  # the step at work: a link to its live progress
         (position, step), *pending = pending
         progress = f"[progress]({base}/artifacts/key/{step_artifact_key(job.job_id, position, step, 'progress')})"
         lines.append(f"| {position + 1} | {step} | running | | | | | | {progress} |")

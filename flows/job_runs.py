@@ -16,14 +16,16 @@ from typing import Any
 from uuid import UUID
 
 from prefect.client.orchestration import SyncPrefectClient, get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 from prefect.client.schemas.objects import FlowRun
-from prefect.exceptions import ObjectNotFound, Pause
+from prefect.client.schemas.sorting import FlowRunSort
+from prefect.exceptions import Pause
 from prefect.states import Pending, State
 
 from flows.gates import COMMAND_LINE_DEPLOYMENT
 from flows.pipeline import pipeline
 from tasks.core.errors import JobError
-from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, job_tag
+from tasks.job.layout import JobPaths, directory_tag, job_tag
 
 RETRIED = "AwaitingRetry"  # Prefect's name for a run set back to go again (``prefect flow-run retry``)
 DESCRIPTION = (
@@ -58,13 +60,11 @@ def new_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any], said: 
     return JobRun(run, said)
 
 
-def continued_job_run(
-    job_id: str, paths: JobPaths, flow_run_ids: list[str], parameters: dict[str, Any], note: str
-) -> JobRun:
+def continued_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any], note: str) -> JobRun:
     """The job's run, made ready to go on in this process: resumed with the form's answers when suspended at a
     gate, else set back to Pending with ``parameters``; a new run when this server has none of the job's."""
     with get_client(sync_client=True) as client:
-        run = known_run(client, flow_run_ids, paths)
+        run = known_run(client, paths)
         if run is None or run.deployment_id is None:  # a lost database, another home, a copy, or a job from before
             said = "its flow run is not on this Prefect server (or is from before jobs had one run): a new run takes"
             return new_job_run(job_id, paths, parameters, f"{said} every finished step from the job folder")
@@ -78,17 +78,14 @@ def continued_job_run(
         return JobRun(client.read_flow_run(run.id), f"going on in its flow run {run.id}")
 
 
-def known_run(client: SyncPrefectClient, flow_run_ids: list[str], paths: JobPaths | None = None) -> FlowRun | None:
-    """The job's newest flow run, if this server has it, and it is this directory's (a copy of the job, a backup,
-    has its record but not its run)."""
-    if not flow_run_ids:
-        return None
-    try:
-        run = client.read_flow_run(UUID(flow_run_ids[-1]))
-    except ObjectNotFound:
-        return None
-    directories = {tag for tag in run.tags if tag.startswith(DIRECTORY_TAG_PREFIX)}
-    return run if paths is None or directory_tag(paths.job_dir) in directories or not directories else None
+def known_run(client: SyncPrefectClient, paths: JobPaths) -> FlowRun | None:
+    """The job directory's newest flow run, if this server has one (by its tags: the job's and its directory's; a
+    copy of the job elsewhere has its own)."""
+    tags = FlowRunFilterTags(all_=[job_tag(paths.job_id), directory_tag(paths.job_dir)])
+    found = client.read_flow_runs(
+        flow_run_filter=FlowRunFilter(tags=tags), sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=1
+    )
+    return found[0] if found else None
 
 
 def resume_with_form(client: SyncPrefectClient, flow_run_id: UUID, note: str) -> None:
@@ -97,13 +94,6 @@ def resume_with_form(client: SyncPrefectClient, flow_run_id: UUID, note: str) ->
     if answer.status.value != "ACCEPT":
         reason = getattr(answer.details, "reason", None) or answer.status.value
         raise JobError(f"the Prefect server did not resume flow run {flow_run_id}: {reason}")
-
-
-def is_run_of_a_worker(flow_run_id: str) -> bool:
-    """Whether the run belongs to a deployment with a work pool (a worker runs it, not the command line)."""
-    with get_client(sync_client=True) as client:
-        run = known_run(client, [flow_run_id])
-    return run is not None and run.work_pool_name is not None
 
 
 def execute(run: FlowRun) -> Any:

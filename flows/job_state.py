@@ -1,6 +1,7 @@
-"""Whether a job is worked on, and its state: the job's lock, the one rule of ``tasks.job.record`` that settles
-the state (its flow run's, asked of the Prefect server over its REST API), and finding jobs for ``continue``,
-``status``, ``list`` and ``prune``. Import-light (no Prefect).
+"""Whether a job is worked on, and what Prefect holds of it: the job's lock; its state by the one rule
+(``settled_state``: its newest flow run's, asked of the Prefect server over its REST API, with the lock); the steps
+its run finished (their result records in the job folder); how to go on at a gate; and finding jobs for
+``continue``, ``status``, ``list`` and ``prune``. Import-light (no Prefect).
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ import json
 import os
 import re
 import tempfile
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 from pydantic import ValidationError
 
-from config.runtime import prefect_api_headers, prefect_api_url
+from config.runtime import CLI, job_on_command_line, prefect_api_headers, prefect_api_url
 from tasks.clients.auth import AS_SENT
 from tasks.clients.bounds import read_response
 from tasks.clients.errors import ServiceError
@@ -26,10 +28,20 @@ from tasks.core.jsonfile import JsonFileError, read_json_file
 from tasks.core.readable import plain_text
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_of_tag, job_tag
 from tasks.job.layout import step_artifact_key
-from tasks.job.record import MAX_RECORD_BYTES, JobRecord, RecordError, StepRecord, read_record, settled_state
+from tasks.job.record import (
+    MAX_RECORD_BYTES,
+    RUNNING,
+    CRASHED,
+    UNKNOWN,
+    JobRecord,
+    RecordError,
+    StepRecord,
+    read_record,
+)
 
 LOCK_FILE = ".lock"
 PREFECT_API = "the Prefect API"
+SCHEDULED_NAMES = ("Resuming", "Scheduled", "Late")  # a suspended run resumed in the UI, waiting to be run
 PAGE = 200  # the most rows (flow runs, artifacts) the Prefect API returns at once
 TAGS_PER_REQUEST = 100  # a tags filter is one SQL function call, and SQLite takes at most 127 arguments (a 500 else)
 MAX_PAGE_BYTES = 64 * 1024 * 1024  # the most of a Prefect API answer read: a page of PAGE rows is far less
@@ -116,32 +128,67 @@ def is_locked(paths: JobPaths) -> bool:
         os.close(fd)
 
 
-def current_state(paths: JobPaths, job: JobRecord) -> str:
-    """The job's state by the one rule of ``tasks.job.record``."""
-    return current_states([(paths, job)])[0]
+def current_state(paths: JobPaths) -> str:
+    """The job's state by the one rule (``settled_state``)."""
+    return current_states([paths])[0]
 
 
-def current_states(jobs: list[tuple[JobPaths, JobRecord]]) -> list[str]:
-    """Each job's state by the one rule of ``tasks.job.record``: its flow run's, as the Prefect server says (asked
-    in one request per ``TAGS_PER_REQUEST`` jobs), else its record's."""
-    server = latest_states({job.job_id: directory_tag(paths.job_dir) for paths, job in jobs})
-    return [settled_state(job.state, locked=is_locked(paths), server=server.get(job.job_id)) for paths, job in jobs]
+def current_states(jobs: list[JobPaths]) -> list[str]:
+    """Each job's state by the one rule (``settled_state``), the server asked in one request per
+    ``TAGS_PER_REQUEST`` jobs (each found by its directory's name, whatever its record says)."""
+    runs = latest_runs({paths.job_id: directory_tag(paths.job_dir) for paths in jobs})
+    return [settled_state(run_state(runs.get(paths.job_id)), locked=is_locked(paths)) for paths in jobs]
 
 
-def latest_states(directories: dict[str, str], timeout: float = 2.0) -> dict[str, str]:
-    """The newest flow run's state name per job (job id → its directory's tag), asked ``TAGS_PER_REQUEST`` jobs at a
-    time; a run of a copy of the job in another directory (its ``dir-`` tag another) does not count. Jobs the server
-    does not know (or whose request failed) are left out."""
-    job_ids, states = list(directories), dict[str, str]()
+def settled_state(server: str | None, *, locked: bool) -> str:
+    """The job's state: its newest flow run's on the server (``Unknown`` where the server has none); Running that no
+    process holds (the job's lock) is Crashed: killed, and the server has not missed its heartbeats yet."""
+    if server is None:
+        return UNKNOWN
+    return CRASHED if server == RUNNING and not locked else server
+
+
+def resume_hint(job_dir: Path, worker_run_id: str | None) -> str:
+    """How to go on past a wait step: the command line, which resumes the run with the form filled in; a worker's
+    run (``worker_run_id``) also by its own resume call."""
+    go_on = f"{CLI} continue {job_on_command_line(job_dir)}"
+    if worker_run_id is None:
+        return f"{go_on} (a Resume in the Prefect UI leaves the run waiting for that command)"
+    return (
+        "press Resume on this flow run in the Prefect UI and fill in the form, or "
+        f'POST /api/flow_runs/{worker_run_id}/resume with {{"run_input": {{"confirmed": true, "note": "..."}}}}, '
+        f"or run: {go_on}"
+    )
+
+
+def suspended_message(pause_key: str | None, expires: datetime | None, hint: str) -> str:
+    """What a run suspended at a wait step waits for: the step (its ``pause_key``, ``wait-NN`` by position), until
+    when (``pipeline.wait_timeout``, after which Prefect refuses the resume and fails the run), and how to go on."""
+    at = f" at step {int(found[1]) + 1} (wait)" if (found := re.fullmatch(r"wait-(\d+)", pause_key or "")) else ""
+    until = f" until {expires.astimezone(UTC):%Y-%m-%d %H:%M} UTC (pipeline.wait_timeout)" if expires else ""
+    return f"awaiting inspection{at}{until}; to go on: {hint}"
+
+
+def latest_runs(directories: dict[str, str], timeout: float = 2.0) -> dict[str, dict[str, Any]]:
+    """The newest flow run per job (job id → its directory's tag), asked ``TAGS_PER_REQUEST`` jobs at a time; a run
+    of a copy of the job in another directory (its ``dir-`` tag another) does not count. Jobs the server does not
+    know (or whose request failed) are left out."""
+    job_ids, newest = list(directories), dict[str, dict[str, Any]]()
     for start in range(0, len(job_ids) if prefect_api_url() is not None else 0, TAGS_PER_REQUEST):
         page = job_ids[start : start + TAGS_PER_REQUEST]
         for run in runs_of(page, timeout):  # newest first: the first run naming a job is its newest
-            name, tags = run.get("state_name") or (run.get("state") or {}).get("name"), run.get("tags") or []
+            tags = [str(tag) for tag in run.get("tags") or []]
             dirs = {tag for tag in tags if tag.startswith(DIRECTORY_TAG_PREFIX)}
             for job_id in map(job_of_tag, tags):
-                if name and job_id in page and job_id not in states and dirs <= {directories[job_id]}:
-                    states[job_id] = plain_text(name)  # any API client may name a state
-    return states
+                if job_id in page and job_id not in newest and dirs <= {directories[job_id]}:
+                    newest[job_id] = run
+    return newest
+
+
+def run_state(run: dict[str, Any] | None) -> str | None:
+    """A run's state name as the server gives it, made plain (any API client may name a state); None for no run."""
+    name = (run or {}).get("state_name") or ((run or {}).get("state") or {}).get("name")
+    return plain_text(str(name)) if name else None
 
 
 def runs_of(job_ids: list[str], timeout: float) -> list[dict[str, Any]]:
@@ -154,7 +201,7 @@ def runs_of(job_ids: list[str], timeout: float) -> list[dict[str, Any]]:
 def api_answer(method: str, path: str, read: dict[str, str], timeout: float, body: dict | None = None) -> Any:
     """The JSON answer of one bounded call to the jobs' Prefect API (``PREFECT_API_URL``, with its credentials); None
     without a server, for a 404, or where the server could not say (no answer, an error, an answer over
-    ``MAX_PAGE_BYTES`` or no JSON): the commands that ask then go by the job's record."""
+    ``MAX_PAGE_BYTES`` or no JSON): the commands that ask take it as no run (``Unknown``)."""
     if (api := prefect_api_url()) is None:
         return None
     headers = AS_SENT | prefect_api_headers()
@@ -196,14 +243,10 @@ def list_jobs(jobs_dir: Path) -> list[tuple[JobPaths, JobRecord | RecordError]]:
     return [*sorted(readable, key=lambda job: job[1].created_at, reverse=True), *unreadable]
 
 
-def newest_run(paths: JobPaths, job_id: str, timeout: float = 2.0) -> dict[str, Any] | None:
-    """The job directory's newest flow run as the server has it (a run of a copy elsewhere does not count); None
-    where the server has none, or cannot say."""
-    own = directory_tag(paths.job_dir)
-    for run in runs_of([job_id], timeout):
-        if {tag for tag in run.get("tags") or [] if str(tag).startswith(DIRECTORY_TAG_PREFIX)} <= {own}:
-            return run
-    return None
+def newest_run(paths: JobPaths) -> dict[str, Any] | None:
+    """The job directory's newest flow run as the server has it (found by its directory's name, whatever its record
+    says); None where the server has none, or cannot say."""
+    return latest_runs({paths.job_id: directory_tag(paths.job_dir)}).get(paths.job_id)
 
 
 def finished_steps(

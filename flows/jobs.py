@@ -1,12 +1,12 @@
 """Jobs: one preparation for every entry point, and the job directory with its CRTDL.
 
-A job is a directory ``<jobs_dir>/<job id>/`` with its record ``job.json`` and one or more flow runs named after the job
-id and tagged ``job-<id>``. ``prepare_job`` makes or finds one for the command line, a deployment or a schedule: it
-refuses secrets in any parameter, fixes the job id, freezes every configured path as absolute and puts the job's CRTDL
-(copied or enriched) in its directory. A job is created only whole: a failed write removes its directory. Files a user
-gives are read within bounds (the CRTDL at most MAX_CRTDL_BYTES and 128 levels deep; the anonymization config and CA
-bundle regular files of at most MAX_SETTINGS_FILE_BYTES, ``tasks.core.jsonfile``). Import-light: ``status`` and
-``list`` use it."""
+A job is a directory ``<jobs_dir>/<job id>/`` with its own file ``job.json`` (inputs and facts) and its flow run named
+after the job id and tagged ``job-<id>``. ``prepare_job`` makes or finds one for the command line, a deployment or a
+schedule: it refuses secrets in any parameter, fixes the job id, freezes every configured path as absolute and puts
+the job's CRTDL (copied or enriched) in its directory. A job is created only whole: a failed write removes its
+directory. Files a user gives are read within bounds (the CRTDL at most MAX_CRTDL_BYTES and 128 levels deep; the
+anonymization config and CA bundle regular files of at most MAX_SETTINGS_FILE_BYTES, ``tasks.core.jsonfile``).
+Import-light: ``status`` and ``list`` use it."""
 
 from __future__ import annotations
 

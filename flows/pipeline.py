@@ -5,9 +5,9 @@ job is one flow run from start to end (``flows.job_runs``). Parameters carry no 
 inside the run. Each step is a Prefect task in ``STEPS`` with its ``StepKind``; finished steps and files come back
 from the job's result records, so running again resumes the job.
 
-The flow owns the job: it takes its lock, settles a submission in doubt, runs the steps, and writes every state into
-the job's record. At a ``wait`` step the run is suspended with
-an input form (``flows.gates``). The job-record artifact is ``flows.job_card``."""
+The flow owns the job: it takes its lock, settles a submission in doubt and runs the steps; the job's state is its
+flow run's. At a ``wait`` step the run is suspended with an input form (``flows.gates``). The job-record artifact is
+``flows.job_card``."""
 
 from __future__ import annotations
 
@@ -40,19 +40,17 @@ from tasks.flattening import flattening
 from tasks.flattening import shaped_settings as flattening_shape
 from tasks.http_import import http_import
 from tasks.http_import import shaped_settings as http_import_shape
-from tasks.job.contract import StepInput, StepKind, StepResult, digest, files_gone, stored_in_job
+from tasks.job.contract import StepInput, StepKind, StepResult, digest, files_gone, redact_exception, stored_in_job
 from tasks.job.filework import file_runner
 from tasks.job.layout import directory_tag, is_job_id, job_of_tag, job_tag
 from tasks.job.record import (
     CANCELLED,
-    COMPLETED,
     CRASHED,
     FAILED,
-    RUNNING,
     counts_text,
     read_facts,
 )
-from tasks.job.record import record_facts, record_state, record_stopped
+from tasks.job.record import record_facts
 from tasks.local_import import local_import
 from tasks.local_import import shaped_settings as local_import_shape
 from tasks.pseudonymizer import pseudonymizer
@@ -144,15 +142,15 @@ def pipeline(
     name_and_tag_flow_run(job.job_id, job.paths.job_dir)
     ensure_crash_detection()
     with JobLock(job.paths):
-        settle_submission_in_doubt(job, attach, resubmit)  # refused for a finished job: before Running is recorded
-        record_state(job.paths.job_dir, RUNNING, flow_run_id=flow_run_id)
+        settle_submission_in_doubt(job, attach, resubmit)
         card = JobRecordCard(job)
         try:
             return run_job_steps(job, card, note)
-        except PrefectSignal:  # suspended for inspection: the state is written before the suspend
+        except PrefectSignal:  # suspended for inspection: the card shows it already
             raise
         except BaseException as exc:
-            record_stopped(job.paths.job_dir, *ended_state(exc, flow_run_id))
+            redact_exception(exc)  # Prefect makes the failed state's message of its text
+            card.set_state(*ended_state(exc, flow_run_id))
             card.refresh()
             raise
 
@@ -180,14 +178,14 @@ def cancelled_on_the_server(flow_run_id: str) -> str | None:
 
 
 def run_job_steps(job: Job, card: JobRecordCard, note: str | None) -> Any:
-    """The steps, and the state the job ends in (written to its record first); a gate suspends the run instead."""
+    """The steps, and the state the job ends in (shown on its card first); a gate suspends the run instead."""
     with file_runner(job.settings.pipeline.task_runner, job.paths.log_file):
         results = run_steps(job, card, note)
     summary = job_summary(job, results)
     state: State[Any] = Completed(
         message=completed_message(job.settings, results[-1], summary["output_dir"]), data=summary
     )
-    record_state(job.paths.job_dir, state.name or "", state.message or "")
+    card.set_state(state.name or "", state.message or "")
     card.refresh()
     return state
 
@@ -216,11 +214,11 @@ def checked_attach(attach: str | None) -> None:
 
 def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> None:
     """``attach`` follows the extraction at that status URL; ``resubmit`` allows a fresh submission. Neither for a
-    completed job: its extraction handle is the record of what it extracted."""
-    if (attach or resubmit) and job.record.state == COMPLETED:
+    job whose extractor step finished: its extraction handle is the record of what it extracted."""
+    if (attach or resubmit) and job.paths.finished("extractor"):
         raise JobError(
-            f"job {job.job_id} is completed: attach and resubmit apply to a submission in doubt; start a new job "
-            "to extract again"
+            f"job {job.job_id} has finished its extraction: attach and resubmit apply to a submission in doubt; "
+            "start a new job to extract again"
         )
     if not (attach or resubmit):
         return

@@ -34,7 +34,8 @@ from config.runtime import apply_prefect_defaults, job_on_command_line, jobs_dir
 from config.settings import Settings
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.api_watch import api_watched
-from flows.job_state import JobLock, current_state, find_job_dir
+from flows.job_state import SCHEDULED_NAMES, JobLock, find_job_dir, newest_run, resume_hint, run_state
+from flows.job_state import suspended_message
 from flows.jobs import check_new_job, prepare_job, refuse_extraction_flags_of_a_followed_url
 from flows.jobs import refuse_invisible_url_characters, step_file_problems
 from flows.run_logging import job_logging, take_interrupts
@@ -45,13 +46,7 @@ from tasks.core.readable import plain_text
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
 from tasks.job.layout import JobPaths
-from tasks.job.record import (
-    COMPLETED,
-    FINAL_STATES,
-    SUSPENDED,
-    JobRecord,
-    read_record,
-)
+from tasks.job.record import COMPLETED, SUSPENDED, UNKNOWN, JobRecord, read_record
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -292,13 +287,12 @@ def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: di
     job = read_record(paths.job_dir)
     refuse_extraction_flags_of_a_followed_url(job, args.attach, args.resubmit)  # before a flow run exists
     prefect_server.use_server()  # the job's state is its flow run's there
-    state = current_state(paths, job)
-    if job.state == SUSPENDED and state not in FINAL_STATES:  # at a gate, or resumed in the UI
+    run = newest_run(paths)
+    state = run_state(run) or UNKNOWN
+    if run and (state == SUSPENDED or state in SCHEDULED_NAMES):  # at a gate, or resumed in the UI
         refuse_flags_of_a_new_run(job, args, overrides)
-        from flows.job_runs import is_run_of_a_worker
-
-        if is_run_of_a_worker(job.flow_run_ids[-1]):
-            return resume_suspended_run(job, args.note, state)
+        if run.get("work_pool_name"):  # a worker's run
+            return resume_suspended_run(job, str(run.get("id")), args.note, state)
     if state == COMPLETED and not overrides:
         print(f"job {job.job_id} is already completed; nothing to do (outputs in {paths.job_dir})")
         return EXIT_OK
@@ -321,7 +315,7 @@ def refuse_flags_of_a_new_run(job: JobRecord, args: argparse.Namespace, override
         )
 
 
-def resume_suspended_run(job: JobRecord, note: str, state: str) -> int:
+def resume_suspended_run(job: JobRecord, run_id: str, note: str, state: str) -> int:
     """A worker's deployment run suspended at a wait step is resumed where it is, with the inspection form's answers:
     a worker of its work pool continues it. Resumed already (in the UI), it is the worker's to go on with."""
     if state != SUSPENDED:
@@ -330,8 +324,8 @@ def resume_suspended_run(job: JobRecord, note: str, state: str) -> int:
 
     from prefect.flow_runs import resume_flow_run
 
-    resume_flow_run(UUID(job.flow_run_ids[-1]), run_input={"confirmed": True, "note": note})
-    print(f"job {job.job_id}: resumed its suspended flow run {job.flow_run_ids[-1]}; a worker of its pool continues it")
+    resume_flow_run(UUID(run_id), run_input={"confirmed": True, "note": note})
+    print(f"job {job.job_id}: resumed its suspended flow run {run_id}; a worker of its pool continues it")
     return EXIT_OK
 
 
@@ -369,7 +363,7 @@ def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any] | None)
     if continuing is None:
         run = job_runs.new_job_run(job.job_id, paths, parameters)
     else:
-        run = job_runs.continued_job_run(job.job_id, paths, job.flow_run_ids, parameters, continuing["note"])
+        run = job_runs.continued_job_run(job.job_id, paths, parameters, continuing["note"])
     if run.said:
         print(f"job {job.job_id}: {run.said}")
     try:
@@ -379,18 +373,32 @@ def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any] | None)
 
 
 def report_outcome(paths: JobPaths, state: Any) -> int:
-    job = read_record(paths.job_dir)
+    """The run's end in one line: Completed with where the data went, Suspended with how to go on, else the cause
+    and how to resume."""
     if state.is_completed() or state.is_paused():
-        print(f"{job.state}: {job.state_message}" if job.state_message else job.state)
+        details = state.state_details
+        hint = resume_hint(paths.job_dir, None)  # the command line's run
+        said = suspended_message(details.pause_key, details.pause_timeout, hint) if state.is_paused() else state.message
+        print(f"{state.name}: {plain_text(said)}" if said else state.name)
         print(f"job directory: {paths.job_dir}")
         return EXIT_OK
-    print(f"job {job.job_id} failed: {job.state_message or plain_text(redact(state.message or ''))}", file=sys.stderr)
+    cause = plain_text(failure_text(state))
+    print(f"job {paths.job_id} failed: {cause}", file=sys.stderr)
     print(f"full log: {paths.log_file}", file=sys.stderr)
     job_ref = job_on_command_line(paths.job_dir)
     print(f"after fixing the cause, resume with: {CLI} continue {job_ref}", file=sys.stderr)
-    if key := setting_named_in(job.state_message or ""):
+    if key := setting_named_in(cause):
         print(f"or change {key} for this job: {CLI} continue {job_ref} --set {key}=VALUE", file=sys.stderr)
     return EXIT_FAILED
+
+
+def failure_text(state: Any) -> str:
+    """What ended the run: its exception as ``Type: text`` where the state holds it, else the state's message."""
+    try:
+        exc = state.result(raise_on_failure=False)
+    except Exception:  # noqa: BLE001 - a result that cannot be read leaves the message
+        exc = None
+    return redact(f"{type(exc).__name__}: {exc}" if isinstance(exc, BaseException) else state.message or "")
 
 
 def setting_named_in(message: str) -> str | None:

@@ -6,31 +6,51 @@ damaged record's escape sequences and controls never reach the terminal)."""
 from __future__ import annotations
 
 import argparse
+from datetime import datetime
+from typing import Any
 
 from config.runtime import CLI, job_on_command_line, jobs_dir_of, listed_jobs_dir
 from flows import extraction_cli, prefect_server
-from flows.job_state import current_state, current_states, find_job_dir, finished_steps, list_jobs, newest_run
-from flows.job_state import step_at_work
+from flows.job_state import current_states, find_job_dir, finished_steps, is_locked, list_jobs, newest_run
+from flows.job_state import SCHEDULED_NAMES, resume_hint, run_state, settled_state, step_at_work, suspended_message
 from tasks.core.names import show_text
 from tasks.core.readable import CAUSE_CHARS, counted, duration_text, plain_lines, plain_text, size_text, truncate
 from tasks.job.layout import JobPaths
-from tasks.job.record import CANCELLED, CRASHED, FAILED, RUNNING, JobRecord, StepRecord, counts_text, read_record
+from tasks.job.record import CANCELLED, CRASHED, FAILED, RUNNING, SUSPENDED, JobRecord, StepRecord, counts_text
+from tasks.job.record import read_record
 
 EXIT_OK = 0
-SCHEDULED_NAMES = ("Resuming", "Scheduled", "Late")  # a suspended run resumed in the UI, waiting to be run
 
 
-def settled_message(recorded: str, state: str, paths: JobPaths) -> str:
-    """What to do about a job whose state the rule settled otherwise than ``job.json`` says (a run killed, or a
-    suspended deployment run cancelled in the UI): the recorded message was about the recorded state."""
+def state_message(paths: JobPaths, run: dict[str, Any] | None, state: str) -> str:
+    """What the job's state means, and what to do about it: the server's message, or where the rule settled the
+    state otherwise than the server says (a run killed) or the server does not say (a gate, a Resume in the UI, no
+    run at all), this tool's."""
     go_on = f"{CLI} continue {job_on_command_line(paths.job_dir)}"
-    resume = f"{go_on} resumes it"
-    if recorded == RUNNING and state == CRASHED:
-        return f"no process works on it any more (its process was killed); {resume}"
-    said = f"its flow run is {state} on the Prefect server"
+    server = (run or {}).get("state") or {}
+    said = plain_text(str(server.get("message") or ""))
+    if run is None:
+        where = "this Prefect server has no flow run of the job (a new server or database, another home's)"
+        return f"{where}; {go_on} makes one that skips every finished step"
+    if state == CRASHED and server.get("name") == RUNNING:
+        return f"no process works on it any more (its process was killed); {go_on} resumes it"
+    if state == SUSPENDED:
+        details = server.get("state_details") or {}
+        expires = parsed_time(details.get("pause_timeout"))
+        worker_run = str(run.get("id")) if run.get("work_pool_name") else None
+        return suspended_message(details.get("pause_key"), expires, resume_hint(paths.job_dir, worker_run))
     if state in SCHEDULED_NAMES:  # resumed in the UI: a worker's run is its worker's; the command line's, continue's
-        return f"{said}: a worker goes on with a deployment's run, {go_on} with a job of the command line"
-    return f"{said}; {resume}" if state in (CANCELLED, CRASHED, FAILED) else said
+        return (
+            f"its flow run is {state}: a worker goes on with a deployment's run, {go_on} with a job of the command line"
+        )
+    return "; ".join(filter(None, [said, f"{go_on} resumes it"])) if state in (CANCELLED, CRASHED, FAILED) else said
+
+
+def parsed_time(text: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(text)) if text else None
+    except ValueError:
+        return None
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -39,18 +59,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     prefect_server.use_server()  # the job's state is its flow run's there
     print(f"job {job.job_id}")
     print(f"  directory: {paths.job_dir}")
-    run = newest_run(paths, paths.job_id)  # its directory's name: the record's may be damaged
-    state = current_state(paths, job)
-    message = job.state_message if state == job.state else settled_message(job.state, state, paths)
+    run = newest_run(paths)
+    state = settled_state(run_state(run), locked=is_locked(paths))
+    message = state_message(paths, run, state)
     shown_run = f" (flow run {plain_text(str(run.get('id')))})" if run else ""
     print(f"  state:     {state}{shown_run}" + (f" — {truncate(message, CAUSE_CHARS)}" if message else ""))
-    print(f"  created:   {job.created_at}   updated: {job.updated_at}")
+    updated = f"   updated: {plain_text(str(run.get('updated')))}" if run else ""
+    print(f"  created:   {job.created_at}{updated}")
     print(f"  input:     {plain_text(job.job_input or '-')}")  # a deployment's input comes from a form
     for line in plain_lines(dict(sorted(job.facts.items())), "  "):
         print(line)
-    if run is None:
-        print("  steps:     this Prefect server has no flow run of the job; continue makes one that skips every step")
-        print("             whose result the job folder holds")
     done = finished_steps(paths, job.enabled_steps, run) if run else {}
     working = next((p for p in range(len(job.enabled_steps)) if p not in done), None) if state == RUNNING else None
     for position, step in enumerate(job.enabled_steps):
@@ -84,9 +102,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not (jobs := list_jobs(jobs_dir)):
         print(f"no jobs in {jobs_dir.resolve()}")
         return EXIT_OK
-    readable = [(paths, job) for paths, job in jobs if isinstance(job, JobRecord)]
+    readable = [paths for paths, job in jobs if isinstance(job, JobRecord)]
     prefect_server.use_server()  # each job's state is its flow run's there
-    states = dict(zip((paths for paths, _ in readable), current_states(readable), strict=True))
+    states = dict(zip(readable, current_states(readable), strict=True))
     print(f"{'JOB':<36}  {'STATE':<18}  {'AGE':>8}  INPUT")
     for paths, job in jobs:
         if isinstance(job, JobRecord):

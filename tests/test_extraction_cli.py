@@ -14,6 +14,7 @@ import json
 import shlex
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.extraction_server import ExtractionServer, JobStatus, start_extraction_server
 from tests.fakes.extraction_state import BATCH_STAGES, ManualClock
 from tests.fakes.oauth import REALM_PATH, OAuthHandler, OAuthState
-from tests.support.jobs import start_cli_process, wait_for
+from tests.support.jobs import put_flow_run, start_cli_process, wait_for
 
 CRTDL = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
 CONSENT_CRTDL = TESTDATA / "crtdl" / "CRTDL_test_consent-ext.json"
@@ -295,24 +296,24 @@ def test_cancelling_a_cancelled_job_says_it_already_is(capsys, torch, clock, con
     assert (code, out.strip()) == (0, f"extraction job {job_id}: already cancelled (status CANCELLED)")
 
 
-def recorded_failed_job(jobs_dir: Path, job_id: str, config: Path, **facts) -> None:
-    record = JobRecord(job_id=job_id, config_path=str(config), enabled_steps=["extractor", "send"], state="Failed")
+def recorded_failed_job(jobs_dir: Path, job_id: str, config: Path, api: Any, **facts) -> None:
+    """A job whose flow run failed (on the fake Prefect API ``api``) before its extractor step finished."""
+    record = JobRecord(job_id=job_id, config_path=str(config), enabled_steps=["extractor", "send"])
     with changing_record(jobs_dir / job_id, new=record) as job:
         job.facts.update(facts)
+    put_flow_run(api, jobs_dir / job_id, "FAILED", "Failed")
 
 
 def test_prune_names_the_extraction_a_removed_job_left_running_with_a_command_that_cancels_it(
-    capsys, tmp_path, torch, clock, config, monkeypatch
+    capsys, tmp_path, torch, clock, config, empty_prefect_api
 ):
     """Once a Failed job's directory is pruned nothing names its extraction, which may still run on the server."""
-    monkeypatch.setenv("PREFECT_API_URL", "")  # no Prefect server: only the directories
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "empty-home"))
-    extraction, jobs = submit(torch), tmp_path / "jobs"
+    extraction, jobs, api = submit(torch), tmp_path / "jobs", empty_prefect_api
     clock.tick(0.11)
     left, in_doubt = "00000000-0000-4000-8000-000000000021", "00000000-0000-4000-8000-000000000022"
     status_url = f"{torch.base_url}/fhir/__status/{extraction}"
-    recorded_failed_job(jobs, left, config, extraction_job_id=extraction, extraction_status_url=status_url)
-    recorded_failed_job(jobs, in_doubt, config, extraction_submission={"generation": 1, "started_at": LONG_AGO})
+    recorded_failed_job(jobs, left, config, api, extraction_job_id=extraction, extraction_status_url=status_url)
+    recorded_failed_job(jobs, in_doubt, config, api, extraction_submission={"generation": 1, "started_at": LONG_AGO})
 
     code, listed, _ = cli(capsys, "prune", "--jobs-dir", str(jobs))
     code_yes, removed, _ = cli(capsys, "prune", "--jobs-dir", str(jobs), "--yes")

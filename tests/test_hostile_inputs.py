@@ -35,7 +35,6 @@ from tasks.clients.http import ServiceClient, ServiceEndpoint, build_async_clien
 from tasks.clients.pseudonymizer import Pseudonymizer
 from tasks.core.errors import JobError
 from tasks.job.layout import JobPaths
-from tasks.job.record import record_state
 from tasks.streams.ndjson import NdjsonError
 from deployments.automations.apply import main as apply_automations
 from deployments.serve import main as serve
@@ -46,6 +45,7 @@ from flows.run import EXIT_USAGE, main
 from tests.conftest import run_cli
 from tests.fakes._server import LoopbackServer
 from tests.support.filesystem import unwritable
+from tests.support.jobs import put_flow_run
 from tests.fakes.echo import EchoHandler, EchoState, Reply, operation_outcome
 
 MB = 1024 * 1024
@@ -711,13 +711,20 @@ def test_a_lock_file_that_is_a_symbolic_link_is_never_written_through(tmp_path, 
     assert precious.read_text() == "keep me\n"
 
 
-@pytest.mark.usefixtures("empty_prefect_api")
-def test_a_services_words_with_escape_sequences_show_as_plain_text_in_status(tmp_path, write_config, capsys):
+def test_a_services_words_with_escape_sequences_show_as_plain_text_in_status(
+    tmp_path, write_config, capsys, empty_prefect_api
+):
     """A service's error text travels into the job's state message; on a terminal its escape sequences would clear
     the screen, retitle the window or forge lines."""
     _, job_dir = made_job(tmp_path, write_config)
     said = "bad \x1b]0;pwned\x07\x1b[2J\x1b[31mFAKE: job Completed\x1b[0m\nforged line\u202eevil"
-    record_state(job_dir, "Failed", f"pseudonymizer: de-identify failed with HTTP 422 (terminal): {said}")
+    put_flow_run(
+        empty_prefect_api,
+        job_dir,
+        "FAILED",
+        "Failed",
+        f"pseudonymizer: de-identify failed with HTTP 422 (terminal): {said}",
+    )
     capsys.readouterr()
 
     assert main(["status", str(job_dir)]) == 0

@@ -18,10 +18,9 @@ from typing import Any
 
 import pytest
 
-from flows.prefect_server import DATABASE_URL_SETTINGS
 from flows.run import main
-from tasks.job.layout import directory_tag, job_tag
 from tests.conftest import TESTDATA, extraction_tree, run_cli
+from tests.support.jobs import put_flow_run
 from tests.fakes.extraction_crtdl import parse_crtdl
 from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
 from tests.fakes.extraction_state import ManualClock
@@ -162,9 +161,6 @@ def sane_record(job_id: str) -> dict[str, Any]:
         "config_path": "/jobs/config.yaml",
         "job_input": "/data/in",
         "enabled_steps": ["local_import"],
-        "state": "Completed",
-        "state_message": "all steps done",
-        "flow_run_ids": [str(uuid.uuid4())],
         "facts": {"effective_crtdl": "crtdl.json"},
         "steps": {
             "00": {
@@ -180,8 +176,6 @@ def sane_record(job_id: str) -> dict[str, Any]:
 
 DAMAGES: dict[str, Callable[[dict], None]] = {
     "job_id": lambda record: record.update(job_id=HOSTILE),
-    "state": lambda record: record.update(state=HOSTILE),
-    "state_message": lambda record: record.update(state_message=HOSTILE),
     "job_input": lambda record: record.update(job_input=HOSTILE),
     "enabled_steps": lambda record: record.update(enabled_steps=["local_import", HOSTILE]),
     "step folder": lambda record: record["steps"]["00"].update(folder=HOSTILE),
@@ -210,10 +204,7 @@ def damaged_job(jobs_dir: Path, damage: Callable[[dict], None], **changes: Any) 
 def completed_run_on(api: Any, job_dir: Path, state_name: str = "Completed") -> None:
     """The job's flow run, completed, with its local import's task run naming its result record (as ``status``
     finds them on a real server: tagged with the job and its directory)."""
-    job_id, run_id = job_dir.name, str(uuid.uuid4())
-    tags = [job_tag(job_id), directory_tag(job_dir)]
-    state = {"type": "COMPLETED", "name": state_name, "message": state_name}
-    api.state.flow_runs.append({"id": run_id, "tags": tags, "state_name": state_name, "state": state, "run_count": 1})
+    run_id = put_flow_run(api, job_dir, "COMPLETED", state_name, state_name)
     (result,) = (job_dir / ".prefect" / "results").iterdir()
     task_state = {"type": "COMPLETED", "name": "Completed", "data": {"storage_key": str(result)}}
     task_run = {"flow_run_id": run_id, "name": "local_import[1]", "flow_run_run_count": 1, "state": task_state}
@@ -223,24 +214,25 @@ def completed_run_on(api: Any, job_dir: Path, state_name: str = "Completed") -> 
 @pytest.mark.parametrize("damage", DAMAGES)
 def test_every_text_of_a_damaged_record_reaches_status_plain(capsys, tmp_path, empty_prefect_api, damage):
     job_id = damaged_job(tmp_path / "jobs", DAMAGES[damage])
-    if damage != "state":  # where the server knows the run, its state is shown, not the record's
-        completed_run_on(empty_prefect_api, tmp_path / "jobs" / job_id)
+    completed_run_on(empty_prefect_api, tmp_path / "jobs" / job_id)
     code, output = cli(capsys, "status", job_id, "--jobs-dir", str(tmp_path / "jobs"))
-    assert code == 0, output
-    assert ("1. local_import: done, 1 file" in output) is (damage != "state"), output  # the step's record read
+    assert code == 0 and "1. local_import: done, 1 file" in output, output  # the step's record read
     assert_plain(output)
 
 
-def test_a_servers_state_reaches_status_plain(capsys, tmp_path, empty_prefect_api):
+@pytest.mark.parametrize("command", ["status", "list"])
+def test_a_servers_state_and_message_reach_status_and_list_plain(capsys, tmp_path, empty_prefect_api, command):
     job_id = damaged_job(tmp_path / "jobs", lambda record: None)
     completed_run_on(empty_prefect_api, tmp_path / "jobs" / job_id, state_name=HOSTILE)
-    code, output = cli(capsys, "status", job_id, "--jobs-dir", str(tmp_path / "jobs"))
-    assert code == 0 and "1. local_import: done, 1 file" in output, output
+    code, output = cli(
+        capsys, command, *([job_id] if command == "status" else []), "--jobs-dir", str(tmp_path / "jobs")
+    )
+    assert code == 0 and job_id in output, output
     assert_plain(output)
 
 
 @pytest.mark.usefixtures("empty_prefect_api")
-@pytest.mark.parametrize("damage", ["job_id", "state", "job_input"])
+@pytest.mark.parametrize("damage", ["job_id", "job_input"])
 def test_every_text_of_a_damaged_record_reaches_list_plain(capsys, tmp_path, damage):
     damaged_job(tmp_path / "jobs", DAMAGES[damage])
     code, output = cli(capsys, "list", "--jobs-dir", str(tmp_path / "jobs"))
@@ -248,9 +240,9 @@ def test_every_text_of_a_damaged_record_reaches_list_plain(capsys, tmp_path, dam
     assert_plain(output)
 
 
-@pytest.mark.usefixtures("empty_prefect_api")
-def test_continue_of_a_completed_job_with_a_damaged_id_says_it_plain(capsys, tmp_path):
+def test_continue_of_a_completed_job_with_a_damaged_id_says_it_plain(capsys, tmp_path, empty_prefect_api):
     job_id = damaged_job(tmp_path / "jobs", DAMAGES["job_id"])
+    put_flow_run(empty_prefect_api, tmp_path / "jobs" / job_id, "COMPLETED", "Completed")
     code, output = cli(capsys, "continue", job_id, "--jobs-dir", str(tmp_path / "jobs"))
     assert code == 0 and "is already completed" in output, output
     assert_plain(output)
@@ -272,15 +264,12 @@ def test_continue_refusing_a_flag_names_a_damaged_records_texts_plain(capsys, tm
     assert_plain(output)
 
 
-def test_prune_names_a_damaged_records_configuration_plain(capsys, tmp_path, monkeypatch):
+def test_prune_names_a_damaged_records_configuration_plain(capsys, tmp_path, empty_prefect_api):
     """A failed job that may have left its extraction running: the dry run says how to cancel it."""
-    monkeypatch.setenv("PREFECT_API_URL", "")  # no server: prune lists the job directories alone
-    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "empty-home"))
-    for name in DATABASE_URL_SETTINGS:
-        monkeypatch.delenv(name, raising=False)
     facts = {"extraction_job_id": "e-1", "extraction_status_url": "https://torch.example/fhir/__status/e-1"}
-    unfollowed = {"state": "Failed", "enabled_steps": ["extractor"], "steps": {}, "facts": facts, "flow_run_ids": []}
-    damaged_job(tmp_path / "jobs", lambda record: record.update(config_path=HOSTILE), **unfollowed)
+    unfollowed = {"enabled_steps": ["extractor"], "steps": {}, "facts": facts}
+    job_id = damaged_job(tmp_path / "jobs", lambda record: record.update(config_path=HOSTILE), **unfollowed)
+    put_flow_run(empty_prefect_api, tmp_path / "jobs" / job_id, "FAILED", "Failed")
     code, output = cli(capsys, "prune", "--jobs-dir", str(tmp_path / "jobs"))
     assert code == 0 and "extraction cancel" in output, output
     assert_plain(output)

@@ -3,7 +3,6 @@ real test Prefect API; running and awaiting jobs, symbolic links and other entri
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -15,10 +14,9 @@ from flows.run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 from tasks.job.layout import JobPaths
 from tasks.job.record import JobRecord, changing_record
 from tests.conftest import run_cli
+from tests.support.jobs import made_old, put_flow_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
-
-LONG_AGO = "2026-01-01T00:00:00+00:00"
 
 
 @pytest.fixture
@@ -42,20 +40,19 @@ def jobs_in(jobs_dir: Path) -> list[Path]:
     return [entry for entry in jobs_dir.iterdir() if entry.is_dir()] if jobs_dir.is_dir() else []
 
 
-def made_old(job_dir: Path) -> Path:
-    """The job as if its record last changed long ago (the record's own writes always stamp now)."""
-    record = json.loads((job_dir / "job.json").read_text())
-    record["updated_at"] = LONG_AGO
-    (job_dir / "job.json").write_text(json.dumps(record))
-    return job_dir
-
-
-def recorded_job(jobs_dir: Path, job_id: str, state: str) -> Path:
+def recorded_job(jobs_dir: Path, job_id: str) -> Path:
     """A job known only by its record, last changed long ago (no flow runs)."""
     paths = JobPaths(jobs_dir / job_id)
-    with changing_record(paths.job_dir, new=JobRecord(job_id=job_id, enabled_steps=["local_import"], state=state)):
+    with changing_record(paths.job_dir, new=JobRecord(job_id=job_id, enabled_steps=["local_import"])):
         pass
     return made_old(paths.job_dir)
+
+
+def forced_state(api_url: str, job_dir: Path, state_type: str) -> None:
+    """The job's flow run put in a state by hand, as an API client (the UI) can."""
+    (run,) = flow_runs_of(api_url, job_dir.name)
+    body = {"state": {"type": state_type, "name": state_type.title()}, "force": True}
+    httpx.post(f"{api_url}/flow_runs/{run}/set_state", json=body).raise_for_status()
 
 
 def flow_runs_of(api_url: str, job_id: str) -> list[str]:
@@ -102,9 +99,11 @@ def test_yes_removes_exactly_the_old_finished_jobs_and_their_runs_and_artifacts(
     completed = made_old(start_job(["local_import"]))
     awaiting = made_old(start_job(["local_import", "wait"]))
     recent = start_job(["local_import"])
-    running = recorded_job(jobs, "00000000-0000-4000-8000-000000000001", "Running")
-    taken = recorded_job(jobs, "00000000-0000-4000-8000-000000000002", "Completed")
-    others = {job: (flow_runs_of(api, job.name), artifact_keys_of(api, job.name)) for job in (awaiting, recent)}
+    running, taken = made_old(start_job(["local_import"])), made_old(start_job(["local_import"]))
+    forced_state(api, running, "RUNNING")  # a process (this test) holds it, below
+    others = {
+        job: (flow_runs_of(api, job.name), artifact_keys_of(api, job.name)) for job in (awaiting, recent, running)
+    }
     assert all(runs and keys for runs, keys in others.values())
 
     with JobLock(JobPaths(running)), JobLock(JobPaths(taken)):
@@ -116,7 +115,7 @@ def test_yes_removes_exactly_the_old_finished_jobs_and_their_runs_and_artifacts(
     assert f"kept {running.name}: Running" in removed.stdout
     assert f"kept {awaiting.name}: Suspended (remove it with --state Suspended)" in removed.stdout
     assert f"skipped {taken.name}: a process took it meanwhile" in removed.stdout
-    assert "removed 1 of 2 job(s)" in removed.stdout
+    assert "removed 1 of 2 job(s)" in removed.stdout, removed.stdout
     assert sorted(jobs_in(jobs)) == sorted([awaiting, recent, running, taken])
     for job, (runs, keys) in others.items():
         assert (flow_runs_of(api, job.name), artifact_keys_of(api, job.name)) == (runs, keys)
@@ -129,12 +128,12 @@ def test_yes_removes_exactly_the_old_finished_jobs_and_their_runs_and_artifacts(
 
 def test_symbolic_links_and_entries_not_named_by_a_job_id_are_never_touched(tmp_path):
     jobs, outside = tmp_path / "jobs", tmp_path / "outside"
-    elsewhere = recorded_job(outside, "00000000-0000-4000-8000-00000000000a", "Completed")
+    elsewhere = recorded_job(outside, "00000000-0000-4000-8000-00000000000a")
     linked = jobs / "00000000-0000-4000-8000-00000000000b"
     jobs.mkdir()
     linked.symlink_to(elsewhere, target_is_directory=True)
-    not_a_job = recorded_job(jobs, "00000000-0000-4000-8000-00000000000c", "Completed").rename(jobs / "notes")
-    upper_case = recorded_job(jobs, "00000000-0000-4000-8000-00000000000D", "Completed")
+    not_a_job = recorded_job(jobs, "00000000-0000-4000-8000-00000000000c").rename(jobs / "notes")
+    upper_case = recorded_job(jobs, "00000000-0000-4000-8000-00000000000D")
 
     removed = prune(jobs, "--yes")
 
@@ -167,16 +166,18 @@ def exit_code(argv: list[str]) -> int:
         return int(exc.code or 0)
 
 
-def test_without_a_prefect_server_only_job_directories_are_listed_and_removed(tmp_path):
+def test_without_a_prefect_server_no_job_is_removed_and_each_says_why(tmp_path):
+    """Without a server nobody can tell a job's state: a job may still be running, or awaiting inspection."""
     jobs = tmp_path / "jobs"
-    old = recorded_job(jobs, "00000000-0000-4000-8000-000000000010", "Failed")
+    old = recorded_job(jobs, "00000000-0000-4000-8000-000000000010")
     no_server = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "empty-home")}
 
     removed = run_cli("prune", "--jobs-dir", str(jobs), "--older-than", "1h", "--yes", env=no_server)
 
     assert removed.returncode == EXIT_OK, removed.stderr
-    assert "no Prefect server" in removed.stdout and "removed 1 of 1 job(s)" in removed.stdout
-    assert not old.exists() and not (tmp_path / "empty-home" / "prefect.db").exists()
+    assert "no Prefect server" in removed.stdout and "removed 0 of 0 job(s)" in removed.stdout
+    assert f"kept {old.name}: no flow run of it on this Prefect server" in removed.stdout
+    assert old.is_dir() and not (tmp_path / "empty-home" / "prefect.db").exists()
 
 
 def test_a_removal_an_interrupted_prune_began_is_told_and_finished_by_the_next(tmp_path):
@@ -184,7 +185,7 @@ def test_a_removal_an_interrupted_prune_began_is_told_and_finished_by_the_next(t
     no later prune, list or status found. A job is renamed out of the jobs' names before it is removed."""
     jobs = tmp_path / "jobs"
     job_id = "00000000-0000-4000-8000-000000000011"
-    recorded_job(jobs, job_id, "Failed").rename(begun := jobs / f".pruning-{job_id}")  # as a killed prune left it
+    recorded_job(jobs, job_id).rename(begun := jobs / f".pruning-{job_id}")  # as a killed prune left it
     (begun / "send").mkdir()
     (begun / "send" / "Patient-0.ndjson").write_text('{"resourceType":"Patient","id":"p1"}\n')
     no_server = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "empty-home")}
@@ -202,15 +203,15 @@ def test_a_removal_that_cannot_be_finished_is_said_with_its_path_and_stops_no_ot
     every later prune from removing anything, with a traceback; and list showed the half-removed job as whole."""
     jobs = tmp_path / "jobs"
     stuck = jobs / ".pruning-00000000-0000-4000-8000-000000000012"
-    old = recorded_job(jobs, "00000000-0000-4000-8000-000000000013", "Completed")
+    old = recorded_job(jobs, "00000000-0000-4000-8000-000000000013")
+    put_flow_run(empty_prefect_api, old, "COMPLETED", "Completed")
     stuck.write_text("not removable as a folder\n")
-    half = recorded_job(jobs, "00000000-0000-4000-8000-000000000014", "Completed")
+    half = recorded_job(jobs, "00000000-0000-4000-8000-000000000014")
     half.rename(jobs / f".pruning-{half.name}")  # as a killed prune left it
-    listed = run_cli("list", "--jobs-dir", str(jobs)).stdout  # on an API that knows no job: by the records
+    listed = run_cli("list", "--jobs-dir", str(jobs)).stdout
     assert old.name in listed and half.name not in listed
-    no_server = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "empty-home")}
 
-    removed = run_cli("prune", "--jobs-dir", str(jobs), "--yes", env=no_server)
+    removed = run_cli("prune", "--jobs-dir", str(jobs), "--yes")
 
     assert removed.returncode == EXIT_FAILED and "Traceback" not in removed.stderr, removed.stderr
     assert f"error: could not finish removing {stuck}: Not a directory" in removed.stderr
@@ -226,12 +227,14 @@ def test_list_and_status_show_a_job_input_with_escape_sequences_made_plain(tmp_p
     with changing_record(jobs / job_id, new=JobRecord(job_id=job_id, enabled_steps=["local_import"], job_input=forged)):
         pass
     for command in (["list", "--jobs-dir", str(jobs)], ["status", str(jobs / job_id)]):
-        shown = run_cli(*command)  # on an API that knows no job: by the record
+        shown = run_cli(*command)  # on an API that knows no job
         assert shown.returncode == EXIT_OK and "/data/in" in shown.stdout, shown.stderr
         assert not any(c in shown.stdout for c in "\x1b\x07\u202e"), shown.stdout
 
 
-def test_pruning_a_copy_of_job_directories_leaves_the_originals_runs_and_artifacts(tmp_path, start_job, prefect_api):
+def test_pruning_a_copy_of_job_directories_leaves_the_copies_and_the_originals_runs(tmp_path, start_job, prefect_api):
+    """A copy (a backup) has no flow run of its own: its state is nobody's to tell, so it stays, and the originals'
+    runs and artifacts with it."""
     api = prefect_api["api_url"]
     originals = [made_old(start_job(["local_import"])), made_old(start_job(["local_import", "wait"]))]
     records = {job.name: (flow_runs_of(api, job.name), artifact_keys_of(api, job.name)) for job in originals}
@@ -242,16 +245,14 @@ def test_pruning_a_copy_of_job_directories_leaves_the_originals_runs_and_artifac
     pruned = prune(backup, "--state", "Completed", "--state", "Suspended", "--yes")
 
     assert pruned.returncode == EXIT_OK, pruned.stderr
-    assert "removed 2 of 2 job(s)" in pruned.stdout and jobs_in(backup) == []
-    assert all(f"removed {job.name} (0 flow run(s), 0 artifact(s))" in pruned.stdout for job in originals)
+    assert "removed 0 of 0 job(s)" in pruned.stdout and len(jobs_in(backup)) == 2
+    assert all(f"kept {job.name}: no flow run of it on this Prefect server" in pruned.stdout for job in originals)
     assert all(job.is_dir() for job in originals)
     assert {job.name: (flow_runs_of(api, job.name), artifact_keys_of(api, job.name)) for job in originals} == records
 
 
 def test_a_job_whose_flow_run_awaits_inspection_on_the_server_is_never_pruned(tmp_path, start_job, prefect_api):
     awaiting = made_old(start_job(["local_import", "wait"]))
-    record = json.loads((awaiting / "job.json").read_text())
-    (awaiting / "job.json").write_text(json.dumps({**record, "state": "Completed"}))  # the record says otherwise
     runs = flow_runs_of(prefect_api["api_url"], awaiting.name)
 
     pruned = prune(tmp_path / "jobs", "--yes")
@@ -264,19 +265,17 @@ def test_a_job_whose_flow_run_awaits_inspection_on_the_server_is_never_pruned(tm
 def test_jobs_of_another_homes_server_sharing_the_jobs_directory_are_kept(tmp_path, start_job, prefect_api):
     """Two homes, one jobs directory: prune under the second home removed the first home's job folders (its dry run
     said "0 flow runs, 0 artifacts" for them), leaving their runs and artifacts on the first home's server. A job
-    none of whose recorded flow runs is on the pruning home's server, or which has none, is another server's."""
+    of which the pruning home's server has no flow run stays."""
     jobs = tmp_path / "jobs"
     ours = made_old(start_job(["local_import"]))
-    theirs = recorded_job(jobs, "00000000-0000-4000-8000-000000000020", "Completed")
-    record = json.loads((theirs / "job.json").read_text())
-    (theirs / "job.json").write_text(json.dumps({**record, "flow_run_ids": ["00000000-0000-4000-8000-0000000000ff"]}))
+    theirs = recorded_job(jobs, "00000000-0000-4000-8000-000000000020")
 
     here = prune(jobs, "--yes")
     second_home = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "second-home")}
     elsewhere = run_cli("prune", "--jobs-dir", str(jobs), "--yes", env=second_home)
 
     assert here.returncode == EXIT_OK and f"removed {ours.name} (" in here.stdout, here.stdout + here.stderr
-    kept = f"kept {theirs.name}: another Prefect server's: none of its 1 flow run(s) is on this one"
+    kept = f"kept {theirs.name}: no flow run of it on this Prefect server (another home's, or a lost database)"
     assert kept in here.stdout and theirs.is_dir(), here.stdout
     assert elsewhere.returncode == EXIT_OK and kept in elsewhere.stdout and theirs.is_dir(), elsewhere.stdout
     assert not (tmp_path / "second-home" / "prefect.db").exists()  # no server was started for it

@@ -17,7 +17,7 @@ from prefect.client.orchestration import get_client
 
 from flows.job_state import current_state
 from tasks.job.layout import JobPaths, directory_tag, job_tag
-from tasks.job.record import SUSPENDED, JobRecord, changing_record, read_record
+from tasks.job.record import SUSPENDED, JobRecord, changing_record
 from config.runtime import CLI
 from tasks.core.readable import counted
 from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
@@ -128,27 +128,30 @@ def test_import_then_wait_pauses_and_continue_completes_with_corrected_files(tmp
 
 
 def test_a_job_from_before_or_whose_run_the_server_lost_goes_on_in_a_new_run_that_says_so(tmp_path, job_config, capsys):
-    """A version-2 job of a dupflow before every gate was a suspend (AwaitingInspection, its paused run of no
-    deployment), here also unknown to this server (a lost database): ``continue`` makes a new run of the job, says
-    so, takes the finished step from the job folder and passes the gate with the note."""
+    """A version-2 job (its job.json also held its state and flow runs) whose run this server lost (a lost
+    database): ``continue`` makes a new run of the job, says so, takes the finished step from the job folder and
+    passes the gate that had paused the job with the note."""
     source = source_dir(tmp_path, {"a.ndjson": 3})
     assert main(["start", str(job_config(["local_import", "wait"])), str(source), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")
-    lost_run = str(uuid.uuid4())
-    with changing_record(job_dir) as record:
-        record.state, record.flow_run_ids = "AwaitingInspection", [lost_run]
+    (lost_run,) = job_file(job_dir)["flow_run_ids"]
+    version_2 = {**json.loads((job_dir / "job.json").read_text()), "version": 2, "state": "Suspended"}
+    (job_dir / "job.json").write_text(json.dumps(version_2 | {"flow_run_ids": [lost_run], "steps": {}, "gates": {}}))
+    with get_client(sync_client=True) as client:
+        client.delete_flow_run(uuid.UUID(lost_run))
     capsys.readouterr()
 
     assert main(["continue", str(job_dir), "--no-progress", "--note", "from before"]) == EXIT_OK
     said = capsys.readouterr().out
     assert "its flow run is not on this Prefect server" in said and "a new run" in said, said
     record = job_file(job_dir)
-    assert record["version"] == 2 and record["state"] == "Completed"
+    assert record["version"] == 3 and record["state"] == "Completed"
+    assert not {"steps", "gates"} & set(json.loads((job_dir / "job.json").read_text()))  # imported once
     steps = step_results(job_dir)
     assert steps[1]["summary"] == {"inspection note": "from before"}  # the gate had paused the job: passed
     assert steps[0]["cached"] is True  # the import was not done again
-    (kept, new_run) = record["flow_run_ids"]
-    assert kept == lost_run and flow_run_state(new_run) == ("COMPLETED", "Completed")
+    (new_run,) = record["flow_run_ids"]
+    assert new_run != lost_run and flow_run_state(new_run) == ("COMPLETED", "Completed")
 
 
 @pytest.mark.parametrize(
@@ -208,7 +211,8 @@ def flow_run_history(flow_run_id: str) -> list[str]:
 
 
 def test_a_job_recorded_without_a_version_by_the_dupflow_before_the_typed_record_resumes(tmp_path, job_config):
-    """Its job.json is version 1 (no ``version``, written by ``json.dumps``): read as it is, resumed, written as 2."""
+    """Its job.json is version 1 (no ``version``, written by ``json.dumps``, with the state and flow runs it held):
+    read as it is, resumed, written as 3."""
     source = source_dir(tmp_path, {"a.ndjson": 3})
     assert main(["start", str(job_config(["local_import", "wait"])), str(source), "--no-progress"]) == EXIT_OK
     job_dir = only_job_dir(tmp_path / "jobs")
@@ -217,7 +221,7 @@ def test_a_job_recorded_without_a_version_by_the_dupflow_before_the_typed_record
     (job_dir / "job.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
     assert main(["continue", str(job_dir), "--no-progress", "--note", "old record"]) == EXIT_OK
     record = job_file(job_dir)
-    assert record["version"] == 2 and record["state"] == "Completed"
+    assert record["version"] == 3 and record["state"] == "Completed"
     assert step_results(job_dir)[1]["summary"] == {"inspection note": "old record"}
 
 
@@ -457,7 +461,7 @@ def test_list_piped_into_head_ends_quietly(tmp_path):
 
     for number in range(3000):  # more than a pipe holds, so head goes away while list is still writing
         job_id = f"00000000-0000-0000-0000-{number:012d}"
-        job = JobRecord(job_id=job_id, job_input=f"/data/{number}", enabled_steps=["local_import"], state="Completed")
+        job = JobRecord(job_id=job_id, job_input=f"/data/{number}", enabled_steps=["local_import"])
         with changing_record(tmp_path / "jobs" / job_id, new=job):
             pass
     piped = subprocess.run(
@@ -527,13 +531,13 @@ def test_a_suspended_jobs_state_comes_from_its_own_directorys_runs_never_a_copys
     job_id = str(uuid.uuid4())
     original, copy = (JobPaths(tmp_path / folder / job_id) for folder in ("jobs-a", "jobs-b"))
     for paths in (original, copy):
-        with changing_record(paths.job_dir, new=JobRecord(job_id=job_id, state=SUSPENDED)):
+        with changing_record(paths.job_dir, new=JobRecord(job_id=job_id)):
             pass
     with get_client(sync_client=True) as client:
         client.create_flow_run(copy_probe, tags=[job_tag(job_id), directory_tag(original.job_dir)], state=Suspended())
         client.create_flow_run(copy_probe, tags=[job_tag(job_id), directory_tag(copy.job_dir)], state=Completed())
-    assert current_state(original, read_record(original.job_dir)) == SUSPENDED
-    assert current_state(copy, read_record(copy.job_dir)) == "Completed"
+    assert current_state(original) == SUSPENDED
+    assert current_state(copy) == "Completed"
 
 
 def job_with_a_probe_run(tmp_path: Path, state: Any) -> tuple[str, JobPaths, Any]:
@@ -554,7 +558,7 @@ def job_with_a_probe_run(tmp_path: Path, state: Any) -> tuple[str, JobPaths, Any
 
 def test_list_shows_every_jobs_state_from_its_flow_run_past_a_page_of_the_api(tmp_path, capsys):
     """Two hundred and one jobs: the server answers 200 rows a page, and each job's state is its run's there (the
-    records, never updated, say Pending; a Failed run of another directory, a copy's, does not count)."""
+    records hold no state; a Failed run of another directory, a copy's, does not count)."""
     from prefect import flow
     from prefect.states import Completed, Failed
 
@@ -567,10 +571,10 @@ def test_list_shows_every_jobs_state_from_its_flow_run_past_a_page_of_the_api(tm
         for number, job_id in enumerate(job_ids):
             paths = JobPaths(tmp_path / "jobs" / job_id)
             state = Failed() if number == 200 else Completed()
-            run = client.create_flow_run(probe, tags=[job_tag(job_id), directory_tag(paths.job_dir)], state=state)
+            client.create_flow_run(probe, tags=[job_tag(job_id), directory_tag(paths.job_dir)], state=state)
             copy = JobPaths(tmp_path / "copy" / job_id)
             client.create_flow_run(probe, tags=[job_tag(job_id), directory_tag(copy.job_dir)], state=Failed())
-            with changing_record(paths.job_dir, new=JobRecord(job_id=job_id, flow_run_ids=[str(run.id)])):
+            with changing_record(paths.job_dir, new=JobRecord(job_id=job_id)):
                 pass
     capsys.readouterr()
 
@@ -589,7 +593,7 @@ def test_continue_of_a_suspended_run_refuses_flags_it_could_not_apply_and_leaves
     from prefect.states import Suspended
 
     job_id, paths, run = job_with_a_probe_run(tmp_path, Suspended())
-    with changing_record(paths.job_dir, new=JobRecord(job_id=job_id, state=SUSPENDED, flow_run_ids=[str(run.id)])):
+    with changing_record(paths.job_dir, new=JobRecord(job_id=job_id)):
         pass
 
     assert main(["continue", job_id, "--jobs-dir", str(tmp_path / "jobs"), *flags]) == EXIT_USAGE
@@ -604,9 +608,7 @@ def test_status_of_a_suspended_job_whose_run_was_cancelled_gives_no_stale_advice
     from prefect.states import Cancelled
 
     job_id, paths, run = job_with_a_probe_run(tmp_path, Cancelled())
-    waiting = "awaiting inspection at step 2 (wait); resume in the UI with the confirmation turned on"
-    record = JobRecord(job_id=job_id, state=SUSPENDED, state_message=waiting, flow_run_ids=[str(run.id)])
-    with changing_record(paths.job_dir, new=record):
+    with changing_record(paths.job_dir, new=JobRecord(job_id=job_id)):
         pass
 
     assert main(["status", job_id, "--jobs-dir", str(tmp_path / "jobs")]) == EXIT_OK

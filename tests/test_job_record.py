@@ -27,7 +27,7 @@ from tasks.job.record import record_facts
 from tasks.wait import wait
 from tests.conftest import REPO_ROOT
 from tests.steps import step_input
-from tests.support.jobs import step_results
+from tests.support.jobs import job_file, step_results
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
 
@@ -96,7 +96,7 @@ def test_a_failed_step_is_named_and_continue_marks_cached_steps_with_the_time_th
     # One "Job record" card per flow run (its Artifacts tab), though the record changed at every step boundary,
     # and one card for the job on the Artifacts page (latest per key; ``latest`` finds exactly one).
     cards = versions(f"job-{job_dir.name}")
-    runs = json.loads((job_dir / "job.json").read_text())["flow_run_ids"]
+    runs = job_file(job_dir)["flow_run_ids"]
     assert sorted(str(card.flow_run_id) for card in cards) == sorted(runs), cards
     assert latest(f"job-{job_dir.name}")["id"] == str(max(cards, key=lambda card: card.created).id)
 

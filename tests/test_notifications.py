@@ -130,7 +130,7 @@ def job_at_a_wait_step(applied: dict[str, str], tmp_path: Path, write_config) ->
     source.mkdir()
     (source / "a.ndjson").write_text('{"resourceType": "Patient", "id": "p1"}\n')
     assert dupflow("start", config, source, env=applied).returncode == EXIT_OK
-    return only_job(tmp_path / "jobs")
+    return only_job(tmp_path / "jobs", applied)
 
 
 def test_a_job_at_a_wait_step_notifies_that_it_waits_for_inspection(applied, recorder, tmp_path, write_config):
@@ -148,7 +148,7 @@ def test_a_failed_job_notifies_with_the_reason(applied, recorder, tmp_path, writ
     (tmp_path / "empty" / "sub").mkdir(parents=True)
 
     assert dupflow("start", config, tmp_path / "empty", env=applied).returncode == EXIT_FAILED
-    job_id, flow_run_id = only_job(tmp_path / "jobs")
+    job_id, flow_run_id = only_job(tmp_path / "jobs", applied)
 
     message = notification(recorder, job_id, "Failed")
     assert message["subject"] == f"dupflow job {job_id} failed"
@@ -169,7 +169,7 @@ def test_a_job_stopped_by_sigterm_notifies_that_it_crashed(applied, recorder, tm
         finally:
             process.kill()
     assert process.returncode == EXIT_INTERRUPTED, err
-    job_id, flow_run_id = only_job(tmp_path / "jobs")
+    job_id, flow_run_id = only_job(tmp_path / "jobs", applied)
 
     message = notification(recorder, job_id, "Crashed")
     assert message["subject"] == f"dupflow job {job_id} crashed"
@@ -197,10 +197,12 @@ def automations_named(env: dict[str, str], *names: str) -> list[dict]:
     return api(env["PREFECT_API_URL"], "POST", "/automations/filter", json=body)
 
 
-def only_job(jobs_dir: Path) -> tuple[str, str]:
-    """The id and the (only) flow run id of the one job in ``jobs_dir``."""
+def only_job(jobs_dir: Path, env: dict[str, str]) -> tuple[str, str]:
+    """The id and the (only) flow run id of the one job in ``jobs_dir``, on the server of ``env``."""
     (job_dir,) = [path for path in jobs_dir.iterdir() if path.is_dir()]
-    (flow_run_id,) = json.loads((job_dir / "job.json").read_text())["flow_run_ids"]
+    tags = {"flow_runs": {"tags": {"all_": [f"job-{job_dir.name}"]}}}
+    (run,) = api(env["PREFECT_API_URL"], "POST", "/flow_runs/filter", json=tags)
+    flow_run_id = run["id"]
     return job_dir.name, flow_run_id
 
 

@@ -11,7 +11,6 @@ new job takes the run's id: it is the run's name from the flow's first log line,
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from datetime import UTC, datetime, timedelta
@@ -144,7 +143,6 @@ def refuse_a_resume_without_confirmation(api_url: str, run_id: str, job_dir: Pat
         run = api(api_url, "GET", f"/flow_runs/{run_id}")
         assert run["state"]["id"] == suspended and run["state"]["name"] == "Suspended", run["state"]
     assert not (job_dir / "pseudonymizer").exists() and pseudonymizer.state.requests == []
-    assert json.loads((job_dir / "job.json").read_text())["state"] == "Suspended"
 
 
 def test_a_suspended_run_cancelled_in_the_ui_shows_cancelled_everywhere_and_continue_runs_the_job_here(
@@ -167,10 +165,9 @@ def test_a_suspended_run_cancelled_in_the_ui_shows_cancelled_everywhere_and_cont
 
     continued = run_cli("continue", job_id, "--jobs-dir", jobs, "--no-progress", "--note", "seen", env=env)
     assert continued.returncode == 0, continued.stderr
-    record = json.loads((site / "jobs" / job_id / "job.json").read_text())
-    assert record["state"] == "Completed"
-    assert "inspection note: seen" in run_cli("status", job_id, "--jobs-dir", jobs, env=env).stdout
-    assert record["flow_run_ids"] == [run_id]  # the job's one run went on here, its history showing the cancel
+    status = run_cli("status", job_id, "--jobs-dir", jobs, env=env).stdout
+    assert f"state:     Completed (flow run {run_id})" in status and "inspection note: seen" in status, status
+    # the job's one run went on here, its history showing the cancel
     assert api(api_url, "GET", f"/flow_runs/{run_id}")["state"]["type"] == "COMPLETED"
 
 

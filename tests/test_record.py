@@ -14,21 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from flows import housekeeping
 from flows.gates import InspectionInput
 from flows.job_card import inspection_lines
-from flows.job_state import JobLock, finished_steps
+from flows.job_state import JobLock, finished_steps, settled_state
 from flows.run import EXIT_OK, EXIT_USAGE, main
 from tasks.core.readable import MAX_NOTE_BYTES
 from tasks.job.contract import DataFile, StepResult
 from tasks.job.layout import JobPaths
 from tasks.job.record import (
-    AWAITING_INSPECTION,
     COMPLETED,
     CRASHED,
     MAX_RECORD_BYTES,
-    RUNNING,
-    SUSPENDED,
     FileEntry,
     JobRecord,
     changing_record,
@@ -36,11 +32,9 @@ from tasks.job.record import (
     read_facts,
     read_record,
     record_facts,
-    record_state,
-    record_stopped,
-    settled_state,
 )
 from tests.conftest import REPO_ROOT
+from tests.support.jobs import put_flow_run
 
 WRITERS, FACTS_EACH = 4, 25
 
@@ -52,7 +46,6 @@ def record_many(job_dir: str, writer: str) -> None:
 
 @pytest.mark.slow
 def test_facts_from_threads_and_processes_at_once_are_all_kept(tmp_path):
-    record_state(tmp_path, RUNNING, flow_run_id="run-1")
     threads = [threading.Thread(target=record_many, args=(str(tmp_path), f"thread{i}")) for i in range(WRITERS)]
     context = multiprocessing.get_context("spawn")
     processes = [context.Process(target=record_many, args=(str(tmp_path), f"process{i}")) for i in range(WRITERS)]
@@ -63,7 +56,7 @@ def test_facts_from_threads_and_processes_at_once_are_all_kept(tmp_path):
     assert all(process.exitcode == 0 for process in processes)
 
     assert len(read_facts(tmp_path)) == 2 * WRITERS * FACTS_EACH
-    assert read_record(tmp_path).state == RUNNING and read_record(tmp_path).flow_run_ids == ["run-1"]
+    assert read_record(tmp_path).job_id == tmp_path.name
 
 
 def test_a_fact_set_to_none_is_removed_and_the_others_are_kept(tmp_path):
@@ -71,14 +64,12 @@ def test_a_fact_set_to_none_is_removed_and_the_others_are_kept(tmp_path):
     assert record_facts(tmp_path, extraction_job_id=None) == {"crtdl_path": "/c.json"}
 
 
-def test_the_flow_runs_state_settles_a_disagreement_with_the_record():
-    assert settled_state(SUSPENDED, locked=False, server="Cancelled") == "Cancelled"  # the server's, where it knows
-    assert settled_state(COMPLETED, locked=False, server="Suspended") == SUSPENDED
-    assert settled_state(SUSPENDED, locked=False, server=None) == SUSPENDED  # the record's, where it does not
-    assert settled_state(AWAITING_INSPECTION, locked=False, server=None) == AWAITING_INSPECTION
-    assert settled_state(RUNNING, locked=True, server=None) == RUNNING
-    assert settled_state(RUNNING, locked=False, server=None) == CRASHED  # no process holds it: killed
-    assert settled_state(COMPLETED, locked=False, server="Running") == CRASHED  # its heartbeats not missed yet
+def test_the_job_state_is_its_runs_and_running_without_a_process_is_crashed():
+    assert settled_state("Cancelled", locked=False) == "Cancelled"  # the server's
+    assert settled_state("Suspended", locked=False) == "Suspended"
+    assert settled_state(None, locked=False) == "Unknown" == settled_state(None, locked=True)  # no run on the server
+    assert settled_state("Running", locked=True) == "Running"
+    assert settled_state("Running", locked=False) == CRASHED  # no process holds it: killed, heartbeats not missed yet
 
 
 @pytest.mark.slow
@@ -172,19 +163,19 @@ def test_a_hostile_job_json_is_one_line_naming_the_file_and_exit_2(tmp_path, cap
     assert err.count("\n") == 1 and "Traceback" not in err
 
 
-@pytest.mark.usefixtures("empty_prefect_api")
 @pytest.mark.parametrize("content,problem", HOSTILE.values(), ids=HOSTILE.keys())
-def test_list_shows_a_hostile_job_as_unreadable_and_prune_skips_it(tmp_path, capsys, monkeypatch, content, problem):
+def test_list_shows_a_hostile_job_as_unreadable_and_prune_skips_it(
+    tmp_path, capsys, empty_prefect_api, content, problem
+):
     jobs_dir = tmp_path / "jobs"
     write_hostile(jobs_dir, JOB_ID, content)
-    with changing_record(jobs_dir / GOOD_ID, new=JobRecord(job_id=GOOD_ID, job_input="/data", state=COMPLETED)):
+    with changing_record(jobs_dir / GOOD_ID, new=JobRecord(job_id=GOOD_ID, job_input="/data")):
         pass
+    put_flow_run(empty_prefect_api, jobs_dir / GOOD_ID, "COMPLETED", "Completed")
     assert main(["list", "--jobs-dir", str(jobs_dir)]) == EXIT_OK
     listed = capsys.readouterr().out.splitlines()
     assert listed[1].startswith(f"{GOOD_ID}  Completed") and listed[1].endswith("/data"), listed
     assert listed[2].startswith(f"{JOB_ID}  unreadable") and problem in listed[2], listed
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
-    monkeypatch.setattr(housekeeping, "local_server_has_jobs", lambda: False)
     assert main(["prune", "--jobs-dir", str(jobs_dir)]) == EXIT_OK
     pruned = capsys.readouterr().out
     assert f"kept {JOB_ID}: its job.json cannot be read (look at it yourself): the job record" in pruned, pruned
@@ -193,8 +184,8 @@ def test_list_shows_a_hostile_job_as_unreadable_and_prune_skips_it(tmp_path, cap
 
 @pytest.mark.parametrize("version", [None, 2], ids=["version 1", "version 2"])
 def test_an_older_record_is_read_and_written_back_without_its_steps_and_gates(tmp_path, version):
-    """Before the steps' results and the gates' answers lived in Prefect's result records and run input, the record
-    held a copy of each: read as before, the copies are dropped at the next write (the job goes on from its results)."""
+    """Before the job's state, flow runs, steps and gates lived in Prefect's store, the record held a copy of each:
+    read as before, the copies are dropped at the next write (the job goes on from its results)."""
     older = {
         **VALID,
         "state": COMPLETED,
@@ -202,10 +193,11 @@ def test_an_older_record_is_read_and_written_back_without_its_steps_and_gates(tm
         "gates": {"01": {"released": True}},
     }
     (tmp_path / "job.json").write_text(json.dumps(older | ({"version": version} if version else {})))
-    assert read_record(tmp_path).state == COMPLETED
+    assert read_record(tmp_path).job_id == JOB_ID
     record_facts(tmp_path, crtdl_path="/c.json")
     written = json.loads((tmp_path / "job.json").read_text())
-    assert written["version"] == 2 and "steps" not in written and "gates" not in written
+    assert written["version"] == 3 and written["facts"] == {"crtdl_path": "/c.json"}
+    assert not {"state", "flow_run_ids", "steps", "gates"} & set(written)
 
 
 HOSTILE_NOTES = {  # as typed -> as kept and shown
@@ -232,18 +224,6 @@ def test_the_job_record_card_shows_a_note_as_text_never_as_html_or_a_link():
 
     assert "<script>" not in line and "&lt;script&gt;alert\\(1\\)&lt;/script&gt;" in line
     assert "](" not in line and "javascript:" not in line and "\\[go\\]\\(javascript\\:x\\)" in line
-
-
-@pytest.mark.parametrize(("written", "kept"), [(AWAITING_INSPECTION, True), (COMPLETED, True), (RUNNING, False)])
-def test_a_run_stopping_after_it_wrote_its_end_leaves_that_end_in_the_record(tmp_path, written, kept):
-    """After AwaitingInspection or Completed a run may still fail on its way out (the card's refresh, a server that
-    went away): recorded Crashed, the next continue opened the inspection gate nobody had passed."""
-    job_dir = tmp_path / "job"
-    with changing_record(job_dir, new=JobRecord(job_id="j")) as record:
-        record.state, record.state_message = written, "the run's own end"
-    record_stopped(job_dir, CRASHED, "the Prefect server went away")
-    expected = (written, "the run's own end") if kept else (CRASHED, "the Prefect server went away")
-    assert (read_record(job_dir).state, read_record(job_dir).state_message) == expected
 
 
 # --- the steps as status reads them: the run's task runs, each step's result record in the job folder -------------

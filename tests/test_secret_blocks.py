@@ -21,7 +21,7 @@ from tests.conftest import TESTDATA, extraction_tree, run_cli
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
 from tests.fakes.extraction_server import start_extraction_server
-from tests.support.jobs import read_artifacts
+from tests.support.jobs import job_file, read_artifacts
 from tests.support.filesystem import files_under
 from tests.support.leaks import database_texts, forms
 
@@ -77,7 +77,7 @@ def test_a_secret_block_supplies_the_extraction_password_and_is_stored_nowhere(
         assert len(torch.state.submissions) == 1  # the fake answers 401 to any other password
 
     (job_dir,) = (tmp_path / "jobs").iterdir()
-    record = json.loads((job_dir / "job.json").read_text())
+    record = job_file(job_dir)
     assert record["state"] == "Completed"
     printed = "".join(output.stdout + output.stderr for output in outputs)
     assert re.search(r"services\.extractor\.auth\.password +\*{8} +\(file\)", printed)  # config check masks it

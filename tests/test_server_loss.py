@@ -19,7 +19,6 @@ import pytest
 import yaml
 
 from flows.prefect_server import ensure_server, read_record, stop_server
-from tasks.job.record import COMPLETED, CRASHED, read_record as read_job
 from config.runtime import CLI
 from tests.conftest import REPO_ROOT, plain, run_cli, seed_prefect_home, wait_until
 from tests.fakes._server import LoopbackServer
@@ -110,8 +109,6 @@ def kill_the_server_under(jobs: list[LostJob], home: Path) -> None:
         assert max(map(len, lines)) <= TERMINAL_LINE and "prefect.events" not in said, said  # noise: job.log
         assert f"job {job_dir.name} stopped: the Prefect server at {server.url} went away" in said
         assert lines[-1] == f"when the server runs again, resume with: {CLI} continue {job_dir}"
-        record = read_job(job_dir)
-        assert record.state == CRASHED and "went away" in record.state_message
     wait_until_gone(server.pid)
     ensure_server(home, startup_timeout=SERVER_TIMEOUT)
 
@@ -176,8 +173,7 @@ def send_job(stack: ExitStack, folder: Path) -> tuple[LoopbackServer, LostJob, l
 
 def continued(job_dir: Path) -> None:
     resumed = run_cli("continue", job_dir.name, "--jobs-dir", str(job_dir.parent), "--no-progress", timeout=300)
-    assert resumed.returncode == 0, resumed.stderr
-    assert read_job(job_dir).state == COMPLETED
+    assert resumed.returncode == 0 and "Completed: " in resumed.stdout, resumed.stdout + resumed.stderr
 
 
 def imported(job_dir: Path) -> dict[str, int]:

@@ -286,13 +286,18 @@ def redacting_failures(function: Callable[..., R]) -> Callable[..., R]:
         try:
             return function(*args, **kwargs)
         except Exception as exc:
-            if (text := str(exc)) != (redacted := redact(text)):
-                exc.args = (redacted,)
-                if isinstance(exc, DupflowError):
-                    exc.message = redact(exc.message)
+            redact_exception(exc)
             raise
 
     return call
+
+
+def redact_exception(exc: BaseException) -> None:
+    """``exc``'s text redacted in place, before Prefect makes a failed state's message (or a record) of it."""
+    if (text := str(exc)) != (redacted := redact(text)):
+        exc.args = (redacted,)
+        if isinstance(exc, DupflowError):
+            exc.message = redact(exc.message)
 
 
 def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: Any) -> R:

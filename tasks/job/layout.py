@@ -49,6 +49,11 @@ class JobPaths:
     def results(self) -> Path:
         return self.job_dir / ".prefect" / "results"
 
+    def finished(self, step: str) -> bool:
+        """Whether ``step``'s task left its result record (named by its cache key, ``job_cache_key``): it finished."""
+        task = step.replace("_", "-")
+        return any(self.results.glob(f"{self.job_id}-[0-9][0-9]-{step}-{task}-*"))
+
 
 JOB_TAG_PREFIX = "job-"
 

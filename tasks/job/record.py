@@ -1,17 +1,18 @@
-"""The job's own file, ``job.json`` (``JobRecord``): what must survive a lost or changed Prefect server; what
-``status``, ``list``, the job-record artifact, the ``wait`` gate and ``continue`` read.
+"""The job's own file, ``job.json`` (``JobRecord``): its frozen inputs and the facts it learned. Why not Prefect's:
+the inputs must survive a lost server database (``continue <job dir>`` makes a new run from them), and the facts
+include the write-ahead record of an extraction submission, which must survive a power cut: Prefect's local result
+storage writes a record in place, without a temporary name or a sync (``LocalFileSystem.write_path``).
 
-**The one rule (Prefect vs this file).** The job's state is its flow run's on the server; the file's stands in where
-no server knows the run (a lost database, a copy of the job), and either is corrected by the job's lock: Running
-while no process holds the lock is Crashed.
-
-A step's working files (``send/progress/``, the S3 upload manifest, the flattening's ``.parts``) say how far it got
-within a file; they never decide whether a step is done (Prefect's cached result and ``steps`` here do).
+Everything else of the job is Prefect's: its state is its flow run's (found by the run's tags), each step's files
+and counts its task's result record in the job folder, a gate's answer the run input of its inspection form. A
+step's working files (``send/progress/``, the S3 upload manifest, the flattening's ``.parts``) say how far it got
+within a file; they never decide whether a step is done (Prefect's cached result does).
 
 A file that is no job record (not JSON, too large or deep, wrong types, another version; no ``version`` means 1) is
-a one-line ``RecordError``. Every write goes through ``changing_record``: under an ``flock`` on ``.job.json.lock``,
-atomically, so readers never lock. Older layouts (``facts.json``, ``steps/``) are not migrated. No Prefect import:
-``status`` and ``list`` use it.
+a one-line ``RecordError``; one of versions 1 and 2 (which also held the state, the flow runs, the steps and the
+gates) is read, and written as version 3 at its next change. Every write goes through ``changing_record``: under an
+``flock`` on ``.job.json.lock``, atomically, so readers never lock. No Prefect import: ``status`` and ``list`` use
+it.
 """
 
 from __future__ import annotations
@@ -32,14 +33,13 @@ from tasks.job.layout import JobPaths
 from tasks.streams.files import exclusive_lock, write_file_atomically
 
 WRITE_LOCK_FILE = ".job.json.lock"
-SCHEMA_VERSION = 2  # version 1: the same fields without ``version`` (dupflow before the typed record)
-MAX_RECORD_BYTES = 64 * MB  # the record of 8 steps with 50,000 files each is some 40 MB
+SCHEMA_VERSION = 3  # 2 also held state, flow runs, steps and gates; 1 is 2 without ``version``
+MAX_RECORD_BYTES = 64 * MB  # a version 2 record held every step's files: of 8 steps with 50,000 files, some 40 MB
 
-# Job states: Prefect's state names, the same in every view (CLI with or without a server, job.json, README).
+# Job states: Prefect's state names, the same in every view (the UI, status, list, README).
 RUNNING, COMPLETED, FAILED, CRASHED, CANCELLED = "Running", "Completed", "Failed", "Crashed", "Cancelled"
-PENDING = "Pending"  # a job made and not yet started by a flow run (nothing ran; continue starts it)
-AWAITING_INSPECTION = "AwaitingInspection"  # a job at a wait step, of a dupflow before every gate was a suspend
 SUSPENDED = "Suspended"  # a run at a wait step, waiting for the inspection form
+UNKNOWN = "Unknown"  # no flow run of the job on this server (a new server or database, another home's, a copy)
 FINAL_STATES = (COMPLETED, FAILED, CRASHED, CANCELLED)  # a job in one of them has ended; no run carries it on
 
 
@@ -98,10 +98,9 @@ class StepRecord(BaseModel):
 
 
 class JobRecord(BaseModel):
-    """The frozen inputs (``job_id`` to ``created_at``); the state of the latest flow run (written by the flow only);
-    ``facts`` later steps and people need (the effective CRTDL, the extraction handle, a submission in flight), merged
-    as soon as known. A step's files and counts are its task's result record, a gate's note the run input of its
-    inspection form: a ``steps`` or ``gates`` of an older record is dropped as it is read."""
+    """The frozen inputs (``job_id`` to ``created_at``) and the ``facts`` later steps and people need (the effective
+    CRTDL, the extraction handle, a submission in flight), merged as soon as known. What an older record held besides
+    (``state``, ``flow_run_ids``, ``steps``, ``gates``) is dropped as it is read: Prefect holds it."""
 
     version: int = SCHEMA_VERSION
     job_id: PlainText
@@ -110,10 +109,6 @@ class JobRecord(BaseModel):
     overrides: dict[str, str] = Field(default_factory=dict)
     enabled_steps: list[PlainText] = Field(default_factory=list)
     created_at: Timestamp = Field(default_factory=now_iso)
-    updated_at: Timestamp = Field(default_factory=now_iso)
-    state: PlainText = PENDING
-    state_message: PlainText = ""
-    flow_run_ids: list[PlainText] = Field(default_factory=list)
     facts: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -128,7 +123,7 @@ def read_record(job_dir: Path, new: JobRecord | None = None) -> JobRecord:
     except JsonFileError as exc:
         raise RecordError(str(exc)) from None
     version = document.get("version", 1) if isinstance(document, dict) else SCHEMA_VERSION
-    if version not in (1, SCHEMA_VERSION):
+    if version not in (1, 2, SCHEMA_VERSION):
         raise RecordError(
             f"{label} has version {repr(version)[:20]}; this dupflow reads versions 1 to {SCHEMA_VERSION}: finish "
             "the job with the dupflow that made it"
@@ -157,7 +152,6 @@ def changing_record(job_dir: Path, new: JobRecord | None = None) -> Iterator[Job
     with exclusive_lock(job_dir / WRITE_LOCK_FILE):  # a flock of its own open file: it excludes threads too
         record = read_record(job_dir, new)
         yield record
-        record.updated_at = now_iso()
         write_file_atomically(JobPaths(job_dir).job_file, (record.model_dump_json(indent=2) + "\n").encode())
 
 
@@ -170,31 +164,6 @@ def record_facts(job_dir: Path, **facts: Any) -> dict[str, Any]:
     with changing_record(job_dir) as record:
         record.facts = {key: value for key, value in {**record.facts, **facts}.items() if value is not None}
     return dict(record.facts)
-
-
-def record_state(job_dir: Path, state: str, message: str = "", flow_run_id: str | None = None) -> None:
-    """The job's latest flow-run state (``message`` must already be redacted); only the flow writes it."""
-    with changing_record(job_dir) as record:
-        record.state, record.state_message = state, plain_text(message)
-        if flow_run_id and flow_run_id not in record.flow_run_ids:
-            record.flow_run_ids.append(flow_run_id)
-
-
-def record_stopped(job_dir: Path, state: str, message: str) -> None:
-    """The state a run stops in on an error, a signal or the loss of its server, unless the run has written its end
-    already: what fails after AwaitingInspection or Completed (the record card's refresh, Prefect's final state)
-    changes nothing of the job, and an AwaitingInspection taken for a crash would let ``continue`` open its gate."""
-    with changing_record(job_dir) as record:
-        if record.state not in (AWAITING_INSPECTION, COMPLETED):
-            record.state, record.state_message = state, plain_text(message)
-
-
-def settled_state(recorded: str, *, locked: bool, server: str | None = None) -> str:
-    """The job's state: its flow run's on the server (``server``, the state name, when a server knows the run of
-    this directory), else the file's; Running that no process holds is Crashed (killed, and the server has not seen
-    its heartbeats stop yet)."""
-    state = server or recorded
-    return CRASHED if state == RUNNING and not locked else state
 
 
 def counts_text(files: Iterable[FileEntry]) -> str:

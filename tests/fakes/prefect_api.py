@@ -2,9 +2,10 @@
 it over REST): what ``prefect server start`` answers to the calls they make. Empty, as a fresh server is, unless a
 test puts flow runs and task runs in it (``state.flow_runs``, ``state.task_runs``: rows as the real server returns
 them, newest first). Its ``/health`` says ``true``, ``/admin/version`` names the installed Prefect; the ``…/filter``
-endpoints of flow runs (by ``tags.any_`` and ``id.any_``) and task runs (by ``flow_runs.id.any_`` and
-``task_runs.name.any_``) filter those rows with ``limit`` and ``offset``, any other filter finds nothing; any other
-path is the server's 404. The requests are kept (``state.requests``: method and path)."""
+endpoints of flow runs (by ``tags.any_``, ``tags.all_`` and ``id.any_``) and task runs (by ``flow_runs.id.any_``
+and ``task_runs.name.any_``) filter those rows with ``limit`` and ``offset``, any other filter finds nothing; a
+flow run is deleted as the server does it (204, then 404); any other path is the server's 404. The requests are
+kept (``state.requests``: method and path)."""
 
 from __future__ import annotations
 
@@ -32,11 +33,13 @@ def any_of(filters: dict[str, Any], name: str, sub: str = "any_") -> list[Any] |
 
 def matching_flow_runs(state: PrefectApiState, body: dict[str, Any]) -> list[dict[str, Any]]:
     filters = body.get("flow_runs") or {}
-    tags, ids = any_of(filters, "tags"), any_of(filters, "id")
+    tags, all_tags, ids = any_of(filters, "tags"), any_of(filters, "tags", "all_"), any_of(filters, "id")
     return [
         run
         for run in state.flow_runs
-        if (tags is None or set(tags) & set(run["tags"])) and (ids is None or run["id"] in ids)
+        if (tags is None or set(tags) & set(run["tags"]))
+        and set(all_tags or []) <= set(run["tags"])
+        and (ids is None or run["id"] in ids)
     ]
 
 
@@ -73,6 +76,17 @@ class PrefectApiHandler(BaseHTTPRequestHandler):
             return self.answer(404, NOT_FOUND)
         offset = body.get("offset") or 0
         self.answer(200, rows[offset : offset + (body.get("limit") or 200)])
+
+    def do_DELETE(self) -> None:
+        state: PrefectApiState = self.server.state
+        state.requests.append(("DELETE", self.path))
+        gone = [run for run in state.flow_runs if self.path == f"/api/flow_runs/{run['id']}"]
+        for run in gone:
+            state.flow_runs.remove(run)
+        self.send_response(204) if gone else self.answer(404, NOT_FOUND)
+        if gone:
+            self.send_header("Content-Length", "0")
+            self.end_headers()
 
     def answer(self, status: int, document: object) -> None:
         body = json.dumps(document).encode()

@@ -9,14 +9,18 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import zstandard
 
-from tasks.job.layout import JobPaths
+from tasks.job.layout import JobPaths, directory_tag, job_tag
 from tasks.job.record import read_record
 from tests.conftest import REPO_ROOT
+
+LONG_AGO = "2026-01-01T00:00:00+00:00"
 
 
 def write_ndjson(path: Path, count: int, pad: int = 0) -> Path:
@@ -41,8 +45,27 @@ def only_job_dir(jobs_dir: Path) -> Path:
     return job_dir
 
 
+def made_old(job_dir: Path) -> Path:
+    """The job as if it last changed on disk long ago (its record, log and results)."""
+    paths, long_ago = JobPaths(job_dir), datetime.fromisoformat(LONG_AGO).timestamp()
+    for path in (paths.job_file, paths.log_file, paths.results):
+        if path.exists():
+            os.utime(path, (long_ago, long_ago))
+    return job_dir
+
+
 def job_file(job_dir: Path) -> dict:
-    return json.loads((job_dir / "job.json").read_text())
+    """The job as ``status`` shows it: its ``job.json``, with the state and message of its newest flow run on the
+    server of ``PREFECT_API_URL`` (by the one rule: ``Unknown`` without one) and that run's id in ``flow_run_ids``
+    (empty without one)."""
+    from flows.job_state import is_locked, newest_run, run_state, settled_state
+    from flows.status_cli import state_message
+
+    paths = JobPaths(job_dir)
+    run = newest_run(paths)
+    state = settled_state(run_state(run), locked=is_locked(paths))
+    shown = {"state": state, "state_message": state_message(paths, run, state)}
+    return json.loads(paths.job_file.read_text()) | shown | {"flow_run_ids": [str(run["id"])] if run else []}
 
 
 def read_artifacts(key_prefix: str) -> dict[str, str]:
@@ -149,7 +172,19 @@ def step_results(job_dir: Path) -> dict[int, Any]:
     from flows.job_state import finished_steps, newest_run
     from tasks.job.record import StepRecord
 
-    if not (paths := JobPaths(job_dir)).job_file.is_file() or (run := newest_run(paths, paths.job_id)) is None:
+    if not (paths := JobPaths(job_dir)).job_file.is_file() or (run := newest_run(paths)) is None:
         return {}
     done = finished_steps(paths, read_record(job_dir).enabled_steps, run)
     return {p: step.model_dump(mode="json") if isinstance(step, StepRecord) else step for p, step in done.items()}
+
+
+def put_flow_run(api: Any, job_dir: Path, state_type: str, state_name: str, message: str = "") -> str:
+    """A flow run of the job on the fake Prefect API (``tests.fakes.prefect_api``) as the real server returns it:
+    tagged with the job and its directory, in the given state; its id."""
+    run_id = str(uuid.uuid4())
+    state = {"type": state_type, "name": state_name, "message": message}
+    tags = [job_tag(job_dir.name), directory_tag(job_dir)]
+    api.state.flow_runs.insert(
+        0, {"id": run_id, "tags": tags, "state_name": state_name, "state": state, "run_count": 1}
+    )
+    return run_id
