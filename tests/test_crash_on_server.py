@@ -12,7 +12,7 @@ import pytest
 
 from flows.heartbeats import AUTOMATION_NAME
 from flows.run import EXIT_OK
-from tests.conftest import run_cli, wait_until
+from tests.conftest import run_cli, run_cli_here, wait_until
 from tests.support.deployments import api
 from tests.support.jobs import flow_run_state, job_file, only_job_dir, read_flow_run_state, source_dir
 from tests.support.jobs import start_cli_process, wait_for
@@ -68,7 +68,7 @@ def test_a_killed_job_shows_crashed_on_the_server_by_itself_and_continue_goes_on
     assert len(api(prefect_api["api_url"], "POST", "/automations/filter", json=names)) == 1
 
     job_dir = only_job_dir(jobs)
-    listed = run_cli("prune", "--jobs-dir", str(jobs), "--state", "crashed")  # no more "Running on the server"
+    listed = run_cli_here("prune", "--jobs-dir", str(jobs), "--state", "crashed")  # no more "Running on the server"
     assert "would remove 1 job(s)" in listed.stdout and job_dir.name in listed.stdout, listed.stdout + listed.stderr
 
     running_pseudonymizer.state.latency_seconds = 0

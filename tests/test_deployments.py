@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import run_cli, wait_until
+from tests.conftest import run_cli_here, wait_until
 from tests.support.deployments import api
 from tests.support.jobs import source_dir
 
@@ -126,7 +126,7 @@ def test_a_deployment_run_is_a_named_tagged_job_under_the_configs_directory(serv
     job_dir = site / "jobs" / job_id
     assert (job_dir / "import" / "a.ndjson.zst").is_file()
 
-    status = run_cli("status", job_id, "--jobs-dir", str(site / "jobs"), env=env)
+    status = run_cli_here("status", job_id, "--jobs-dir", str(site / "jobs"), env=env)
     assert status.returncode == 0, status.stderr
     assert f"state:     Completed (flow run {run['id']})" in status.stdout
 
@@ -238,5 +238,5 @@ def test_a_run_cancelled_from_the_ui_mid_step_is_a_cancelled_job(server, tmp_pat
         serving.wait(30)
     record = json.loads((tmp_path / "jobs" / run_id / "job.json").read_text())
     assert record["state"] == "Cancelled" and record["state_message"].endswith("; continue resumes the job"), record
-    status = run_cli("status", str(tmp_path / "jobs" / run_id), env=env)
+    status = run_cli_here("status", str(tmp_path / "jobs" / run_id), env=env)
     assert "state:     Cancelled" in status.stdout, status.stdout

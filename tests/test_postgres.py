@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from config.runtime import CLI
-from tests.conftest import REPO_ROOT, run_cli, wait_until
+from tests.conftest import REPO_ROOT, run_cli, run_cli_here, wait_until
 from tests.support.deployments import (
     api,
     local_server,
@@ -61,7 +61,7 @@ def test_a_job_runs_and_is_pruned_against_prefect_on_postgresql(tmp_path, write_
     assert flow_runs_in_postgres(postgres_url, job_dir.name) == ["COMPLETED"]
     record = json.loads((job_dir / "job.json").read_text())
     (job_dir / "job.json").write_text(json.dumps({**record, "updated_at": "2026-01-01T00:00:00+00:00"}))
-    pruned = run_cli("prune", "--jobs-dir", str(tmp_path / "jobs"), "--older-than", "30d", "--yes", env=env)
+    pruned = run_cli_here("prune", "--jobs-dir", str(tmp_path / "jobs"), "--older-than", "30d", "--yes", env=env)
     assert pruned.returncode == 0 and "removed 1 of 1 job(s)" in pruned.stdout, pruned.stdout + pruned.stderr
     assert flow_runs_in_postgres(postgres_url, job_dir.name) == [] and not job_dir.exists()
 

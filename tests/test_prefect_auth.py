@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import run_cli, seed_prefect_home, wait_until
+from tests.conftest import run_cli, run_cli_here, seed_prefect_home, wait_until
 from tests.support.deployments import (
     deploy,
     local_server,
@@ -46,11 +46,11 @@ def test_jobs_status_list_and_prune_work_against_a_server_with_an_auth_string(tm
     started = run_cli("start", str(config), str(tmp_path / "data"), "--no-progress", env=env)
     assert started.returncode == 0, started.stderr
     (job_dir,) = (tmp_path / "jobs").iterdir()
-    status = run_cli("status", str(job_dir), env=env)
-    listed = run_cli("list", "--jobs-dir", str(tmp_path / "jobs"), env=env)
+    status = run_cli_here("status", str(job_dir), env=env)
+    listed = run_cli_here("list", "--jobs-dir", str(tmp_path / "jobs"), env=env)
     record = json.loads((job_dir / "job.json").read_text())
     (job_dir / "job.json").write_text(json.dumps({**record, "updated_at": "2026-01-01T00:00:00+00:00"}))
-    pruned = run_cli("prune", "--jobs-dir", str(tmp_path / "jobs"), "--older-than", "30d", "--yes", env=env)
+    pruned = run_cli_here("prune", "--jobs-dir", str(tmp_path / "jobs"), "--older-than", "30d", "--yes", env=env)
 
     assert "state:     Completed" in status.stdout and job_dir.name in listed.stdout, status.stdout + listed.stdout
     assert pruned.returncode == 0 and f"removed {job_dir.name} (1 flow run(s)" in pruned.stdout, pruned.stdout
