@@ -120,7 +120,9 @@ def test_a_deployment_run_is_a_named_tagged_job_under_the_configs_directory(serv
     assert job_id == run["id"], "a new job takes its flow run's id, so the run bears the job's name from the start"
     assert f"job-{job_id}" in run["tags"]
     beginning = f"Beginning flow run '{job_id}'"
-    wait_until(lambda: beginning in flow_run_log(api_url, run["id"]), "the run's logs reach the API", timeout=120)
+    wait_until(
+        lambda: beginning in flow_run_log(api_url, run["id"]), "the run's logs reach the API", timeout=120, every=0.25
+    )
     log = flow_run_log(api_url, run["id"])
     assert "new-job" not in log, log
     job_dir = site / "jobs" / job_id

@@ -82,7 +82,7 @@ def test_a_worker_runs_a_deployment_run_to_its_end_against_a_server_with_an_auth
         wait_until(lambda: ending in (logs / "worker.log").read_text(), "the flow's end in the worker log")
         (last,) = [line for line in (logs / "worker.log").read_text().splitlines() if ending in line]
         last = last.split(f"Flow run '{run_id}' - ", 1)[1]
-        wait_until(lambda: last in run_log(api_url, run_id, env), "the flow's end in the run's log")
+        wait_until(lambda: last in run_log(api_url, run_id, env), "the flow's end in the run's log", every=0.25)
     finally:
         stop_worker(worker)
 

@@ -36,7 +36,7 @@ def test_status_and_the_card_show_the_step_at_work(tmp_path, write_config, prefe
                 said["status"] = run_cli_here("status", str(job_dir)).stdout
                 return "1. http_import: working: " in said["status"]
 
-            wait_until(working, "status shows the step at work", timeout=120)
+            wait_until(working, "status shows the step at work", timeout=120, every=0.25)
             card = httpx.get(f"{prefect_api['api_url']}/artifacts/job-{job_dir.name}/latest").json()["data"]
         finally:
             job.kill()
