@@ -20,13 +20,23 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import run_cli_here, wait_until
+from tests.conftest import REPO_ROOT, run_cli_here, wait_until
 from tests.support.deployments import api
 from tests.support.jobs import source_dir
 
 pytestmark = pytest.mark.slow
 
 RUN_TIMEOUT = 180.0
+
+
+@pytest.fixture(scope="module")
+def server(prefect_api) -> tuple[str, dict[str, str]]:
+    """The test run's Prefect server (``prefect_api``) and the environment for its clients: this module's tests read
+    only their own deployments, runs and jobs, so a server of the module's own (a start costs some 7 CPU-seconds)
+    would tell them nothing more."""
+    api_url = prefect_api["api_url"]
+    env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
+    return api_url, env | {"PREFECT_API_URL": api_url, "PYTHONPATH": str(REPO_ROOT)}
 
 
 @pytest.fixture(scope="module")
