@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import json
 import os
 import shutil
@@ -12,6 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -234,12 +236,15 @@ def flattener_fake(running_flattener):
     return running_flattener
 
 
-def wait_until(probe, what: str = "the condition", timeout: float = 60.0) -> None:
-    """Wait for an event (``probe()`` true), never for a fixed time: a loaded machine is slow, not wrong."""
+def wait_until(probe, what: str = "the condition", timeout: float = 60.0, every: float = 0.02) -> None:
+    """Wait for an event (``probe()`` true), never for a fixed time: a loaded machine is slow, not wrong.
+
+    ``every``: the seconds between probes. A probe that asks a Prefect server costs it and this process some 20 ms
+    of CPU; asked every 0.02 s through a 90-second wait, that was a core's worth: such a probe asks less often."""
     deadline = time.monotonic() + timeout
     while not probe():
         assert time.monotonic() < deadline, f"not reached within {timeout} s: {what}"
-        time.sleep(0.02)
+        time.sleep(every)
 
 
 def complete_results(jobs_dir: Path, task: str) -> int:
@@ -265,6 +270,63 @@ def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
         text=True,
         timeout=timeout,
     )
+
+
+@dataclass
+class RanHere:
+    """What ``run_cli_here`` leaves: the fields of ``run_cli``'s ``CompletedProcess`` that tests read."""
+
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_cli_here(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> RanHere:
+    """``run_cli`` in this process, for a command that needs no process of its own (``status``, ``list``, ``prune``,
+    ``config check``, ``view run``): a subprocess costs a CPU-second to start and import. The same entry point as
+    ``python -m flows.run`` (``view`` by the engine alone, as there), the same environment, working directory and
+    exit code (argparse's exit too). It begins as a new process does, with no secret registered for redaction and
+    no configuration read; afterwards the environment (``use_server`` exports ``PREFECT_API_URL``), the working
+    directory, the redaction's registry and Prefect's global settings context are as they were. Keep ``run_cli``
+    where the test is about the process: a kill, a signal, a job's lock held by the test, a job's run."""
+    from config.loader import _settings_of_identity
+    from config.yaml_file import _parsed_yaml
+    from flows.run import main
+    from flows.view_cli import main as view_main
+    from tasks.core import redaction
+
+    saved_environment, saved_cwd = dict(os.environ), Path.cwd()
+    with redaction._secrets_lock:
+        saved_secrets, redaction._secrets = redaction._secrets, set()
+        saved_pattern, redaction._secrets_pattern = redaction._secrets_pattern, None
+    _settings_of_identity.cache_clear()
+    _parsed_yaml.cache_clear()
+    context = sys.modules.get("prefect.context")
+    saved_settings = None if context is None else context.GLOBAL_SETTINGS_CONTEXT
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        os.environ.update(env or {})
+        os.chdir(cwd or REPO_ROOT)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = view_main(list(args)) if args[:1] == ("view",) else main(list(args))
+            except SystemExit as exc:  # argparse's refusals, as the process would exit
+                code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+                if isinstance(exc.code, str):
+                    print(exc.code, file=sys.stderr)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_environment)
+        os.chdir(saved_cwd)
+        with redaction._secrets_lock:
+            redaction._secrets, redaction._secrets_pattern = saved_secrets, saved_pattern
+        if (context := sys.modules.get("prefect.context")) is not None:
+            if saved_settings is None:
+                context.refresh_global_settings_context()  # imported meanwhile: read from the environment put back
+            else:
+                context.GLOBAL_SETTINGS_CONTEXT = saved_settings
+    return RanHere(list(args), code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import yaml
 import zstandard
 
 from flows.run import EXIT_OK
-from tests.conftest import TESTDATA, plain, run_cli
+from tests.conftest import TESTDATA, plain, run_cli, run_cli_here
 from tests.fakes.pseudonymizer import start_pseudonymizer
 from tests.fakes.validator import start_validator
 from tests.support.jobs import flow_run_state, job_file, only_job_dir, start_cli_process, step_results, wait_for
@@ -154,9 +154,9 @@ def test_killed_then_continued_gives_the_outputs_of_a_clean_run(tmp_path, write_
 
 def every_view_says_crashed(job_dir: Path) -> bool:
     """``status`` with the server (whose flow run a killed process left Running) and without it, and ``list``."""
-    with_server = run_cli("status", str(job_dir)).stdout
-    without_server = run_cli("status", str(job_dir), env={"PREFECT_API_URL": ""}).stdout
-    listed = run_cli("list", "--jobs-dir", str(job_dir.parent)).stdout
+    with_server = run_cli_here("status", str(job_dir)).stdout
+    without_server = run_cli_here("status", str(job_dir), env={"PREFECT_API_URL": ""}).stdout
+    listed = run_cli_here("list", "--jobs-dir", str(job_dir.parent)).stdout
     assert "state:     Crashed" in with_server and "state:     Crashed" in without_server, (with_server, without_server)
     assert f"{job_dir.name}  Crashed" in listed, listed
     return True

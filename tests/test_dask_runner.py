@@ -19,7 +19,7 @@ from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, main
 from tasks.job.contract import DataFile, StepInput, file_task, settings_of
 from tasks.job.filework import TaskRunnerError, file_runner, map_files
 from tasks.core.readable import counted
-from tests.conftest import complete_results, run_cli
+from tests.conftest import complete_results, run_cli, run_cli_here
 from tests.support.dask_cluster import external_cluster, scheduler_address
 from tests.support.ndjson import write_lines
 from tests.support.validation import step_input as validation_step_input
@@ -152,7 +152,7 @@ def status_list_record_and_server_agree(job_dir: Path, capsys) -> None:
     capsys.readouterr()
     assert main(["status", str(job_dir)]) == EXIT_OK
     with_server = capsys.readouterr().out
-    without_server = run_cli("status", str(job_dir), env={"PREFECT_API_URL": ""}).stdout
+    without_server = run_cli_here("status", str(job_dir), env={"PREFECT_API_URL": ""}).stdout
     assert main(["list", "--jobs-dir", str(job_dir.parent)]) == EXIT_OK
     listed = capsys.readouterr().out
     card = job_record_card(job_dir.name, flow_run)

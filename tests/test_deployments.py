@@ -19,13 +19,23 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import run_cli, wait_until
+from tests.conftest import REPO_ROOT, run_cli_here, wait_until
 from tests.support.deployments import api
 from tests.support.jobs import source_dir
 
 pytestmark = pytest.mark.slow
 
 RUN_TIMEOUT = 180.0
+
+
+@pytest.fixture(scope="module")
+def server(prefect_api) -> tuple[str, dict[str, str]]:
+    """The test run's Prefect server (``prefect_api``) and the environment for its clients: this module's tests read
+    only their own deployments, runs and jobs, so a server of the module's own (a start costs some 7 CPU-seconds)
+    would tell them nothing more."""
+    api_url = prefect_api["api_url"]
+    env = {name: value for name, value in os.environ.items() if not name.startswith("APP_")}
+    return api_url, env | {"PREFECT_API_URL": api_url, "PYTHONPATH": str(REPO_ROOT)}
 
 
 @pytest.fixture(scope="module")
@@ -119,13 +129,15 @@ def test_a_deployment_run_is_a_named_tagged_job_under_the_configs_directory(serv
     assert job_id == run["id"], "a new job takes its flow run's id, so the run bears the job's name from the start"
     assert f"job-{job_id}" in run["tags"]
     beginning = f"Beginning flow run '{job_id}'"
-    wait_until(lambda: beginning in flow_run_log(api_url, run["id"]), "the run's logs reach the API", timeout=120)
+    wait_until(
+        lambda: beginning in flow_run_log(api_url, run["id"]), "the run's logs reach the API", timeout=120, every=0.25
+    )
     log = flow_run_log(api_url, run["id"])
     assert "new-job" not in log, log
     job_dir = site / "jobs" / job_id
     assert (job_dir / "import" / "a.ndjson.zst").is_file()
 
-    status = run_cli("status", job_id, "--jobs-dir", str(site / "jobs"), env=env)
+    status = run_cli_here("status", job_id, "--jobs-dir", str(site / "jobs"), env=env)
     assert status.returncode == 0, status.stderr
     assert f"state:     Completed (flow run {run['id']})" in status.stdout
 
@@ -233,7 +245,6 @@ def test_a_run_cancelled_from_the_ui_mid_step_is_a_cancelled_job(server, tmp_pat
     finally:
         serving.terminate()
         serving.wait(30)
-    status = run_cli("status", str(tmp_path / "jobs" / run_id), env=env)
-    assert (
-        "state:     Cancelled" in status.stdout and f"continue {tmp_path / 'jobs' / run_id} resumes it" in status.stdout
-    ), status.stdout
+    status = run_cli_here("status", str(tmp_path / "jobs" / run_id), env=env)
+    resumes = f"continue {tmp_path / 'jobs' / run_id} resumes it"
+    assert "state:     Cancelled" in status.stdout and resumes in status.stdout, status.stdout

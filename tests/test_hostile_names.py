@@ -29,7 +29,7 @@ from tasks.streams.ndjson import UnsafeNameError, output_name
 from tasks.sof.crtdl_views import generated_group_id
 from tasks.sof.lookup import lookup_problems
 from tests.flattening_runs import flatten_files
-from tests.conftest import REPO_ROOT, TESTDATA, run_cli, wait_until
+from tests.conftest import REPO_ROOT, TESTDATA, run_cli_here, wait_until
 from tests.fakes.extraction_content import ContentPlan, patient_bundle
 from tests.fakes.extraction_crtdl import parse_crtdl as fake_server_parse_crtdl
 from tests.fakes.extraction_state import Job
@@ -82,7 +82,7 @@ def assert_one_clear_line(result: subprocess.CompletedProcess, code: int = 2) ->
 
 def config_check_problem(config: Path) -> str:
     """``config check`` refused ``config`` with exit 2 and one problem, without a traceback; returns the problem."""
-    result = run_cli("config", "check", str(config), timeout=60)
+    result = run_cli_here("config", "check", str(config))
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     heading, problem = result.stderr.strip().splitlines()
     assert heading == "error: invalid configuration (1 problem):"
@@ -417,7 +417,7 @@ def test_view_run_with_5000_nested_selects_exits_2_with_one_clear_line(tmp_path)
     view = tmp_path / "view.json"
     view.write_text(f'{{"resourceType": "ViewDefinition", "resource": "Patient", "select": [{select}]}}')
 
-    line = assert_one_clear_line(run_cli("view", "run", str(view), str(EXAMPLE / "input" / "fhir-data.ndjson")))
+    line = assert_one_clear_line(run_cli_here("view", "run", str(view), str(EXAMPLE / "input" / "fhir-data.ndjson")))
 
     assert line == f"view run: {view} is nested too deeply (more than 128 levels); fix the file"
 

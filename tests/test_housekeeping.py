@@ -13,7 +13,7 @@ from flows.job_state import JobLock
 from flows.run import EXIT_FAILED, EXIT_OK, EXIT_USAGE, main
 from tasks.job.layout import JobPaths
 from tasks.job.record import JobRecord, changing_record
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_cli_here
 from tests.support.jobs import made_old, put_flow_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
@@ -69,8 +69,9 @@ def artifact_keys_of(api_url: str, job_id: str) -> list[str]:
 
 
 def prune(jobs_dir: Path, *options: str):
-    """``prune`` as a user runs it: its own process (so this test's job locks are another process's)."""
-    return run_cli("prune", "--jobs-dir", str(jobs_dir), *options)
+    """``prune`` as a user runs it, in this process (``run_cli_here``): where the test holds a job's lock, the
+    command is ``run_cli``'s process, so that the lock is another process's."""
+    return run_cli_here("prune", "--jobs-dir", str(jobs_dir), *options)
 
 
 def test_a_dry_run_lists_the_old_finished_jobs_with_their_runs_and_artifacts_and_removes_nothing(
@@ -107,7 +108,7 @@ def test_yes_removes_exactly_the_old_finished_jobs_and_their_runs_and_artifacts(
     assert all(runs and keys for runs, keys in others.values())
 
     with JobLock(JobPaths(running)), JobLock(JobPaths(taken)):
-        removed = prune(jobs, "--older-than", "30d", "--yes")
+        removed = run_cli("prune", "--jobs-dir", str(jobs), "--older-than", "30d", "--yes")
 
     assert removed.returncode == EXIT_OK, removed.stderr
     assert not completed.exists()
@@ -172,7 +173,7 @@ def test_without_a_prefect_server_no_job_is_removed_and_each_says_why(tmp_path):
     old = recorded_job(jobs, "00000000-0000-4000-8000-000000000010")
     no_server = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "empty-home")}
 
-    removed = run_cli("prune", "--jobs-dir", str(jobs), "--older-than", "1h", "--yes", env=no_server)
+    removed = run_cli_here("prune", "--jobs-dir", str(jobs), "--older-than", "1h", "--yes", env=no_server)
 
     assert removed.returncode == EXIT_OK, removed.stderr
     assert "no Prefect server" in removed.stdout and "removed 0 of 0 job(s)" in removed.stdout
@@ -190,10 +191,10 @@ def test_a_removal_an_interrupted_prune_began_is_told_and_finished_by_the_next(t
     (begun / "send" / "Patient-0.ndjson").write_text('{"resourceType":"Patient","id":"p1"}\n')
     no_server = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "empty-home")}
 
-    listed = run_cli("prune", "--jobs-dir", str(jobs), env=no_server)
+    listed = run_cli_here("prune", "--jobs-dir", str(jobs), env=no_server)
     assert listed.returncode == EXIT_OK and "1 job(s) an interrupted prune began to remove" in listed.stdout
     assert begun.is_dir()
-    removed = run_cli("prune", "--jobs-dir", str(jobs), "--yes", env=no_server)
+    removed = run_cli_here("prune", "--jobs-dir", str(jobs), "--yes", env=no_server)
     assert removed.returncode == EXIT_OK, removed.stderr
     assert f"removed {job_id} (an interrupted prune had begun it)" in removed.stdout and list(jobs.iterdir()) == []
 
@@ -208,10 +209,10 @@ def test_a_removal_that_cannot_be_finished_is_said_with_its_path_and_stops_no_ot
     stuck.write_text("not removable as a folder\n")
     half = recorded_job(jobs, "00000000-0000-4000-8000-000000000014")
     half.rename(jobs / f".pruning-{half.name}")  # as a killed prune left it
-    listed = run_cli("list", "--jobs-dir", str(jobs)).stdout
+    listed = run_cli_here("list", "--jobs-dir", str(jobs)).stdout
     assert old.name in listed and half.name not in listed
 
-    removed = run_cli("prune", "--jobs-dir", str(jobs), "--yes")
+    removed = run_cli_here("prune", "--jobs-dir", str(jobs), "--yes")
 
     assert removed.returncode == EXIT_FAILED and "Traceback" not in removed.stderr, removed.stderr
     assert f"error: could not finish removing {stuck}: Not a directory" in removed.stderr
@@ -227,7 +228,7 @@ def test_list_and_status_show_a_job_input_with_escape_sequences_made_plain(tmp_p
     with changing_record(jobs / job_id, new=JobRecord(job_id=job_id, enabled_steps=["local_import"], job_input=forged)):
         pass
     for command in (["list", "--jobs-dir", str(jobs)], ["status", str(jobs / job_id)]):
-        shown = run_cli(*command)  # on an API that knows no job
+        shown = run_cli_here(*command)  # on an API that knows no job
         assert shown.returncode == EXIT_OK and "/data/in" in shown.stdout, shown.stderr
         assert not any(c in shown.stdout for c in "\x1b\x07\u202e"), shown.stdout
 
@@ -272,7 +273,7 @@ def test_jobs_of_another_homes_server_sharing_the_jobs_directory_are_kept(tmp_pa
 
     here = prune(jobs, "--yes")
     second_home = {"PREFECT_API_URL": "", "PREFECT_HOME": str(tmp_path / "second-home")}
-    elsewhere = run_cli("prune", "--jobs-dir", str(jobs), "--yes", env=second_home)
+    elsewhere = run_cli_here("prune", "--jobs-dir", str(jobs), "--yes", env=second_home)
 
     assert here.returncode == EXIT_OK and f"removed {ours.name} (" in here.stdout, here.stdout + here.stderr
     kept = f"kept {theirs.name}: no flow run of it on this Prefect server (another home's, or a lost database)"

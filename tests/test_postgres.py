@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from config.runtime import CLI
-from tests.conftest import REPO_ROOT, run_cli, wait_until
+from tests.conftest import REPO_ROOT, run_cli, run_cli_here, wait_until
 from tests.support.jobs import made_old
 from tests.support.deployments import (
     api,
@@ -60,7 +60,7 @@ def test_a_job_runs_and_is_pruned_against_prefect_on_postgresql(tmp_path, write_
     (job_dir,) = (tmp_path / "jobs").iterdir()
     assert flow_runs_in_postgres(postgres_url, job_dir.name) == ["COMPLETED"]
     made_old(job_dir)
-    pruned = run_cli("prune", "--jobs-dir", str(tmp_path / "jobs"), "--older-than", "30d", "--yes", env=env)
+    pruned = run_cli_here("prune", "--jobs-dir", str(tmp_path / "jobs"), "--older-than", "30d", "--yes", env=env)
     assert pruned.returncode == 0 and "removed 1 of 1 job(s)" in pruned.stdout, pruned.stdout + pruned.stderr
     assert flow_runs_in_postgres(postgres_url, job_dir.name) == [] and not job_dir.exists()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import run_cli, seed_prefect_home, wait_until
+from tests.conftest import run_cli, run_cli_here, seed_prefect_home, wait_until
 from tests.support.jobs import made_old
 from tests.support.deployments import (
     deploy,
@@ -47,10 +47,10 @@ def test_jobs_status_list_and_prune_work_against_a_server_with_an_auth_string(tm
     started = run_cli("start", str(config), str(tmp_path / "data"), "--no-progress", env=env)
     assert started.returncode == 0, started.stderr
     (job_dir,) = (tmp_path / "jobs").iterdir()
-    status = run_cli("status", str(job_dir), env=env)
-    listed = run_cli("list", "--jobs-dir", str(tmp_path / "jobs"), env=env)
+    status = run_cli_here("status", str(job_dir), env=env)
+    listed = run_cli_here("list", "--jobs-dir", str(tmp_path / "jobs"), env=env)
     made_old(job_dir)
-    pruned = run_cli("prune", "--jobs-dir", str(tmp_path / "jobs"), "--older-than", "30d", "--yes", env=env)
+    pruned = run_cli_here("prune", "--jobs-dir", str(tmp_path / "jobs"), "--older-than", "30d", "--yes", env=env)
 
     assert "state:     Completed" in status.stdout and job_dir.name in listed.stdout, status.stdout + listed.stdout
     assert pruned.returncode == 0 and f"removed {job_dir.name} (1 flow run(s)" in pruned.stdout, pruned.stdout
@@ -82,7 +82,7 @@ def test_a_worker_runs_a_deployment_run_to_its_end_against_a_server_with_an_auth
         wait_until(lambda: ending in (logs / "worker.log").read_text(), "the flow's end in the worker log")
         (last,) = [line for line in (logs / "worker.log").read_text().splitlines() if ending in line]
         last = last.split(f"Flow run '{run_id}' - ", 1)[1]
-        wait_until(lambda: last in run_log(api_url, run_id, env), "the flow's end in the run's log")
+        wait_until(lambda: last in run_log(api_url, run_id, env), "the flow's end in the run's log", every=0.25)
     finally:
         stop_worker(worker)
 

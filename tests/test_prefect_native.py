@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.ndjson import iter_resources
-from tests.conftest import REPO_ROOT, run_cli
+from tests.conftest import REPO_ROOT, run_cli, run_cli_here
 from tests.support.deployments import (
     FINAL,
     POOL,
@@ -156,12 +156,12 @@ def test_a_suspended_run_cancelled_in_the_ui_shows_cancelled_everywhere_and_cont
     finally:
         stop_worker(worker)
     job_id, jobs = run["name"], str(site / "jobs")
-    assert "state:     Suspended" in run_cli("status", job_id, "--jobs-dir", jobs, env=env).stdout
+    assert "state:     Suspended" in run_cli_here("status", job_id, "--jobs-dir", jobs, env=env).stdout
 
     # Cancelled in the UI: no process of ours is behind a suspended run, so the server's word settles it.
     api(api_url, "POST", f"/flow_runs/{run_id}/set_state", json={"state": {"type": "CANCELLED"}, "force": True})
-    assert "state:     Cancelled" in run_cli("status", job_id, "--jobs-dir", jobs, env=env).stdout
-    assert f"{job_id}  Cancelled" in run_cli("list", "--jobs-dir", jobs, env=env).stdout
+    assert "state:     Cancelled" in run_cli_here("status", job_id, "--jobs-dir", jobs, env=env).stdout
+    assert f"{job_id}  Cancelled" in run_cli_here("list", "--jobs-dir", jobs, env=env).stdout
 
     continued = run_cli("continue", job_id, "--jobs-dir", jobs, "--no-progress", "--note", "seen", env=env)
     assert continued.returncode == 0, continued.stderr

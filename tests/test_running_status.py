@@ -11,7 +11,7 @@ import sys
 import httpx
 import pytest
 
-from tests.conftest import REPO_ROOT, run_cli, wait_until
+from tests.conftest import REPO_ROOT, run_cli, run_cli_here, wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply
 
@@ -33,10 +33,10 @@ def test_status_and_the_card_show_the_step_at_work(tmp_path, write_config, prefe
             said = {}
 
             def working() -> bool:
-                said["status"] = run_cli("status", str(job_dir)).stdout
+                said["status"] = run_cli_here("status", str(job_dir)).stdout
                 return "1. http_import: working: " in said["status"]
 
-            wait_until(working, "status shows the step at work", timeout=120)
+            wait_until(working, "status shows the step at work", timeout=120, every=0.25)
             card = httpx.get(f"{prefect_api['api_url']}/artifacts/job-{job_dir.name}/latest").json()["data"]
         finally:
             job.kill()
@@ -53,5 +53,5 @@ def test_a_wait_step_holding_the_job_shows_the_files_that_wait(tmp_path, write_c
     config = write_config({"pipeline": {"enabled_steps": ["local_import", "wait"]}})
     assert run_cli("start", str(config), str(tmp_path / "in"), "--no-progress").returncode == 0
     (job_dir,) = (tmp_path / "jobs").iterdir()
-    status = run_cli("status", str(job_dir)).stdout
+    status = run_cli_here("status", str(job_dir)).stdout
     assert "2. wait: awaiting inspection: 2 files, " in status and " in import" in status, status

@@ -14,7 +14,7 @@ import zstandard
 
 import pytest
 
-from tests.conftest import REPO_ROOT, TESTDATA, run_cli
+from tests.conftest import REPO_ROOT, TESTDATA, run_cli_here
 
 pytestmark = pytest.mark.slow  # the command in a subprocess
 
@@ -31,7 +31,7 @@ def test_view_run_prints_one_json_object_per_row_from_bundles_and_zstd(tmp_path)
     packed = tmp_path / "data.ndjson.zst"
     packed.write_bytes(zstandard.ZstdCompressor().compress(EXAMPLE_INPUT.read_bytes()))
 
-    result = run_cli("view", "run", str(tmp_path / "view.json"), str(packed))
+    result = run_cli_here("view", "run", str(tmp_path / "view.json"), str(packed))
 
     assert result.returncode == 0, result.stderr
     assert [json.loads(line) for line in result.stdout.splitlines()] == [
@@ -43,7 +43,7 @@ def test_view_run_prints_one_json_object_per_row_from_bundles_and_zstd(tmp_path)
 def test_view_run_prints_csv_like_the_flattening_step(tmp_path):
     (tmp_path / "view.json").write_text(json.dumps(PATIENT_VIEW))
 
-    result = run_cli("view", "run", str(tmp_path / "view.json"), str(EXAMPLE_INPUT), "--format", "csv")
+    result = run_cli_here("view", "run", str(tmp_path / "view.json"), str(EXAMPLE_INPUT), "--format", "csv")
 
     assert result.returncode == 0, result.stderr
     assert result.stdout == "id,active\nmii-patient-example-1,true\nmii-patient-example-42,true\n"
@@ -98,7 +98,7 @@ def test_an_invalid_viewdefinition_exits_2_with_the_reason(tmp_path):
     )
     (tmp_path / "view.json").write_text(json.dumps(view))
 
-    result = run_cli("view", "run", str(tmp_path / "view.json"), str(EXAMPLE_INPUT))
+    result = run_cli_here("view", "run", str(tmp_path / "view.json"), str(EXAMPLE_INPUT))
 
     assert result.returncode == 2
     assert "unionAll[1] has columns ['b']" in result.stderr
@@ -109,7 +109,7 @@ def test_a_row_error_exits_1_naming_the_column(tmp_path):
     view = dict(PATIENT_VIEW, select=[{"column": [{"name": "ids", "path": "identifier.system | id"}]}])
     (tmp_path / "view.json").write_text(json.dumps(view))
 
-    result = run_cli("view", "run", str(tmp_path / "view.json"), str(EXAMPLE_INPUT))
+    result = run_cli_here("view", "run", str(tmp_path / "view.json"), str(EXAMPLE_INPUT))
 
     assert result.returncode == 1
     assert "Collection value for column 'ids'" in result.stderr
