@@ -457,7 +457,7 @@ def test_an_unknown_job_names_the_absolute_jobs_directory_and_the_flag(tmp_path,
 
 
 def test_list_piped_into_head_ends_quietly(tmp_path, empty_prefect_api):
-    """On an API that knows no job (``list`` goes by the records): the module's server, asked for the states of
+    """On an API that knows no job (every job Unknown): the module's server, asked for the states of
     3,000 jobs, spent tens of seconds of CPU on an answer this test does not read."""
     from tasks.job.record import JobRecord, changing_record
 
