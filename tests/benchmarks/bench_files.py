@@ -114,7 +114,8 @@ def run_job(repo: Path, env: dict[str, str], api: str, data: Path, jobs_dir: Pat
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"the job failed:\n{stderr.decode()[-3000:]}")
     job_dir = Path(stdout.decode().split("\n", 1)[0].split(": ", 1)[1])
-    flow_run = json.loads((job_dir / "job.json").read_text())["flow_run_ids"][-1]
+    tags = {"flow_runs": {"tags": {"all_": [f"job-{job_dir.name}"]}}, "limit": 1}
+    flow_run = httpx.post(f"{api}/flow_runs/filter", json=tags).raise_for_status().json()[0]["id"]
     files = sum(1 for _ in data.iterdir())
     task_runs = recorded_task_runs(api, flow_run)
     graph_seconds, nodes = graph_load(api, flow_run)
