@@ -70,16 +70,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-files-") as scratch:
         env = job_environment(Path(scratch))
         api = start_server(env)
-        data = {n: write_files(Path(scratch) / f"data-{n}", n) for n in counts}
-        print(f"repo {args.repo}; {os.cpu_count()} CPUs; server {api}", flush=True)
-        for round_number in range(1, args.rounds + 1):
-            print(f"round {round_number}: load average {load()}", flush=True)
-            for n in counts:
-                job = run_job(args.repo, env, api, data[n], Path(scratch) / "jobs")
-                jobs.append(job)
-                print(f"  {describe(job)}", flush=True)
-        print(f"load average at the end: {load()}")
-        subprocess.run([sys.executable, "-m", "flows.run", "server", "stop"], cwd=REPO_ROOT, env=env, check=False)
+        try:  # the server stops with the benchmark, also when a job fails
+            data = {n: write_files(Path(scratch) / f"data-{n}", n) for n in counts}
+            print(f"repo {args.repo}; {os.cpu_count()} CPUs; server {api}", flush=True)
+            for round_number in range(1, args.rounds + 1):
+                print(f"round {round_number}: load average {load()}", flush=True)
+                for n in counts:
+                    job = run_job(args.repo, env, api, data[n], Path(scratch) / "jobs")
+                    jobs.append(job)
+                    print(f"  {describe(job)}", flush=True)
+            print(f"load average at the end: {load()}")
+        finally:
+            subprocess.run([sys.executable, "-m", "flows.run", "server", "stop"], cwd=REPO_ROOT, env=env, check=False)
     summarize(jobs, counts)
 
 
