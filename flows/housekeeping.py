@@ -152,8 +152,8 @@ def select_jobs(
     readable = readable_jobs(jobs_dir, selection)
     newest = latest_runs({paths.job_id: directory_tag(paths.job_dir) for paths, _ in readable})
     for paths, job in readable:
-        run = newest.get(paths.job_id)
-        state, changed_at = settled_state(run_state(run), locked=is_locked(paths)), changed_time(paths)
+        state = settled_state(run_state(newest.get(paths.job_id)), locked=is_locked(paths))
+        changed_at = changed_time(paths)
         if state in (RUNNING, UNKNOWN):
             selection.protected.append((paths.job_id, KEPT_BECAUSE[state]))
         elif state in NAMED_ONLY_STATES and state not in states:
@@ -165,11 +165,8 @@ def select_jobs(
             if why := live_run(runs, states):
                 selection.protected.append((paths.job_id, why))
                 continue
-            run_ids, size, left_running = (
-                [r["id"] for r in runs],
-                size_on_disk(paths.job_dir),
-                unfollowed_extraction(paths, job),
-            )
+            run_ids, left_running = [each["id"] for each in runs], unfollowed_extraction(paths, job)
+            size = size_on_disk(paths.job_dir)
             selection.chosen.append(Candidate(paths, state, changed_at, size, run_ids, artifacts, left_running))
     return selection
 
@@ -199,7 +196,7 @@ def unfollowed_extraction(paths: JobPaths, job: JobRecord) -> str | None:
     """The extraction a job ended without following to its end (its extractor step left no result record), with how
     to cancel it: it may still run on the extraction server, and once the job's directory is gone nothing names it
     any more."""
-    if "extractor" not in job.enabled_steps or paths.finished("extractor"):
+    if "extractor" not in job.enabled_steps or paths.finished(job.enabled_steps, "extractor"):
         return None
     config = shlex.quote(show_text(job.config_path, None)) if job.config_path else "CONFIG"
     if extraction := job.facts.get("extraction_job_id"):

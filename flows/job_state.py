@@ -27,7 +27,7 @@ from tasks.core.errors import JobError
 from tasks.core.jsonfile import JsonFileError, read_json_file
 from tasks.core.readable import plain_text
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_of_tag, job_tag
-from tasks.job.layout import step_artifact_key
+from tasks.job.layout import result_name, step_artifact_key
 from tasks.job.record import (
     MAX_RECORD_BYTES,
     RUNNING,
@@ -126,11 +126,6 @@ def is_locked(paths: JobPaths) -> bool:
         return True
     finally:
         os.close(fd)
-
-
-def current_state(paths: JobPaths) -> str:
-    """The job's state by the one rule (``settled_state``)."""
-    return current_states([paths])[0]
 
 
 def current_states(jobs: list[JobPaths]) -> list[str]:
@@ -272,8 +267,8 @@ def step_record(paths: JobPaths, step: str, position: int, state: dict[str, Any]
     """A finished step's record, read from the job folder's result record the state names (by its name: the job
     may have been moved since); None where it is no record of this step or cannot be read."""
     name = str((state.get("data") or {}).get("storage_key") or "").rsplit("/", 1)[-1]
-    kinds = "(paused|released)" if step == "wait" else "[0-9a-f]{20}"  # a gate's (``flows.gates``), else a cache key
-    if not re.fullmatch(rf"{re.escape(paths.job_id)}-{position:02d}-{step}-{step.replace('_', '-')}-{kinds}", name):
+    suffix = "(paused|released)" if step == "wait" else "[0-9a-f]{20}"  # a gate's outcome (tasks.wait), or a digest
+    if not re.fullmatch(re.escape(result_name(paths.job_id, position, step, step, "")) + suffix, name):
         return None
     try:
         document = read_json_file(paths.results / name, MAX_RECORD_BYTES, f"the result record {name}")

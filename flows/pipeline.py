@@ -215,7 +215,7 @@ def checked_attach(attach: str | None) -> None:
 def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> None:
     """``attach`` follows the extraction at that status URL; ``resubmit`` allows a fresh submission. Neither for a
     job whose extractor step finished: its extraction handle is the record of what it extracted."""
-    if (attach or resubmit) and job.paths.finished("extractor"):
+    if (attach or resubmit) and job.paths.finished(job.settings.pipeline.enabled_steps, "extractor"):
         raise JobError(
             f"job {job.job_id} has finished its extraction: attach and resubmit apply to a submission in doubt; "
             "start a new job to extract again"

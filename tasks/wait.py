@@ -20,7 +20,7 @@ from prefect.context import TaskRunContext
 from config.runtime import job_on_command_line
 
 from tasks.job.contract import DataFile, StepInput, StepResult, settings_of
-from tasks.job.layout import JobPaths, artifact_key
+from tasks.job.layout import JobPaths, artifact_key, result_name
 from tasks.streams.ndjson import DATA_SUFFIXES, FileStats, is_partial, output_name
 from tasks.streams.ndjson_writer import LineCounts, count_contents
 from tasks.core.errors import StepError
@@ -36,7 +36,7 @@ TABLE_SUFFIXES = (".csv", ".parquet")
 def gate_result_path(step: StepInput, outcome: str) -> Path:
     """Where the task's ``paused`` or ``released`` result is kept in the job's results folder: what ``status`` reads
     of the gate; a ``paused`` one also tells a later run of the job that the gate paused it (``flows.gates``)."""
-    return JobPaths(step.job_path).results / f"{step.job_id}-{step.position:02d}-wait-wait-{outcome}"
+    return JobPaths(step.job_path).results / result_name(step.job_id, step.position, "wait", "wait", outcome)
 
 
 def gate_result_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:

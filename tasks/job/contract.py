@@ -31,7 +31,7 @@ from config.settings import Settings
 from tasks.core.errors import DupflowError
 from tasks.core.redaction import redact, redact_records_sent_to_prefect
 from tasks.job.flow_run_watch import stopped_when_flow_run_ends
-from tasks.job.layout import JobPaths, step_artifact_key, step_folder
+from tasks.job.layout import JobPaths, result_name, step_artifact_key, step_folder
 from tasks.streams.progress import StepWork, step_progress
 from tasks.streams.ndjson import FileStats
 from tasks.job.record import FileEntry, StepRecord
@@ -197,11 +197,10 @@ def digest(value: Any) -> str:
 
 
 def job_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
-    """The result's path in the job directory; dashes only in the name (a ``/`` there breaks lock managers)."""
+    """The result's path in the job directory (``result_name``)."""
     step: StepInput = parameters["step"]
     others = {name: value for name, value in parameters.items() if name != "step"}
-    name = context.task.name.replace("_", "-")
-    key = f"{step.job_id}-{step.position:02d}-{step.step}-{name}-{digest([step.cache_identity(), others])}"
+    key = result_name(step.job_id, step.position, step.step, context.task.name, digest([step.cache_identity(), others]))
     return str(JobPaths(step.job_path).results / key)
 
 

@@ -49,10 +49,16 @@ class JobPaths:
     def results(self) -> Path:
         return self.job_dir / ".prefect" / "results"
 
-    def finished(self, step: str) -> bool:
-        """Whether ``step``'s task left its result record (named by its cache key, ``job_cache_key``): it finished."""
-        task = step.replace("_", "-")
-        return any(self.results.glob(f"{self.job_id}-[0-9][0-9]-{step}-{task}-*"))
+    def finished(self, steps: list[str], step: str) -> bool:
+        """Whether ``step`` is among ``steps`` and its task left its result record: it finished."""
+        return step in steps and any(self.results.glob(result_name(self.job_id, steps.index(step), step, step, "*")))
+
+
+def result_name(job_id: str, position: int, step: str, task: str, suffix: str) -> str:
+    """The name of a task's result record in the job's results folder, ``<job>-NN-<step>-<task>-<suffix>``: NN the
+    step's 0-based position, the task's name with dashes only (a ``/`` breaks lock managers), the suffix the digest
+    of its input (``tasks.job.contract.job_cache_key``) or a gate's outcome (``tasks.wait``)."""
+    return f"{job_id}-{position:02d}-{step}-{task.replace('_', '-')}-{suffix}"
 
 
 JOB_TAG_PREFIX = "job-"
