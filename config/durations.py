@@ -69,7 +69,6 @@ def format_duration(value: timedelta) -> str:
 
 
 def _validate_duration(value: Any) -> Any:
-    """Turn the configuration's duration spellings into a timedelta (pydantic before-validator)."""
     if isinstance(value, timedelta):
         return value
     if isinstance(value, str):

@@ -41,16 +41,19 @@ def join_key_path(*parts: str) -> str:
     return ".".join(part for part in parts if part)
 
 
+def _rule_error(problems: list[Problem]) -> PydanticCustomError:
+    """Every problem of one model as a single pydantic error the loader can unpack."""
+    summary = "; ".join(f"{path}: {message}" if path else message for path, message in problems)
+    return PydanticCustomError("config_rule", "{summary}", {"summary": summary, "problems": list(problems)})
+
+
 def raise_problems(problems: list[Problem]) -> None:
-    """Raise every problem of one model at once as a single pydantic error the loader can unpack."""
     if problems:
-        summary = "; ".join(f"{path}: {message}" if path else message for path, message in problems)
-        raise PydanticCustomError("config_rule", "{summary}", {"summary": summary, "problems": list(problems)})
+        raise _rule_error(problems)
 
 
 def raise_problem(path: str, message: str) -> NoReturn:
-    summary = f"{path}: {message}" if path else message
-    raise PydanticCustomError("config_rule", "{summary}", {"summary": summary, "problems": [(path, message)]})
+    raise _rule_error([(path, message)])
 
 
 def emit_warning(info: ValidationInfo | None, message: str) -> None:
@@ -62,8 +65,6 @@ def emit_warning(info: ValidationInfo | None, message: str) -> None:
 
 
 class ConfigModel(BaseModel):
-    """Base of every configuration block: unknown keys are errors."""
-
     model_config = ConfigDict(extra="forbid")
 
 
@@ -165,7 +166,6 @@ def positive(note: str) -> AfterValidator:
 
 
 def zero_means(default: Any) -> AfterValidator:
-    """0 (or a zero duration) stands for ``default``."""
     return AfterValidator(lambda value: value if value > type(default)() else default)
 
 

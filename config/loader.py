@@ -63,7 +63,6 @@ def _has_path(tree: dict[str, Any], path: str) -> bool:
 
 
 def _set_values(tree: dict[str, Any], values: Mapping[str, tuple[str, str]], sources: dict[str, str]) -> None:
-    """Set each key of ``values`` to its (value, source) in the tree, and record the source."""
     for key, (value, source) in values.items():
         node, leaf = _parent_of(tree, key, create=True)
         node[leaf] = value  # type: ignore[index]  # create=True made every parent a mapping
@@ -230,7 +229,6 @@ PATH_KEYS = (
 
 
 def resolve_file_paths(tree: dict[str, Any], config_dir: Path) -> None:
-    """Make the relative path keys of a parsed configuration file absolute against ``config_dir``, in place."""
     for key in PATH_KEYS:
         node, leaf = _parent_of(tree, key)
         value = node.get(leaf) if node is not None else None

@@ -235,8 +235,6 @@ class ExtractorSettings(ConfigModel):
 
 
 class PseudonymizerSettings(ConfigModel):
-    """services.pseudonymizer."""
-
     url: Annotated[OptionalUrl, _fhir_base("pseudonymizer")] = None
     bundle_split_threshold_mb: int = Field(default=10, ge=1, le=100)
     timeout: Annotated[Duration, positive("default PT30S")] = timedelta(seconds=30)
@@ -246,8 +244,6 @@ class PseudonymizerSettings(ConfigModel):
 
 
 class FlatteningSettings(ConfigModel):
-    """services.flattening."""
-
     FORMATS: ClassVar[tuple[str, ...]] = ("csv", "parquet")
 
     service_url: Annotated[OptionalUrl, _fhir_base("flattening", "service_url")] = None
@@ -333,8 +329,6 @@ FHIR_SEND_MODES = ("direct_resource_load", "transfer_load")
 
 
 class SendSettings(ConfigModel):
-    """services.send."""
-
     send_as: Literal["direct_resource_load", "transfer_load", "s3_upload"] | None = None
     url: Annotated[OptionalUrl, _fhir_base("send")] = None
     batch_size: int = Field(default=100, ge=0, le=1000)
@@ -344,8 +338,6 @@ class SendSettings(ConfigModel):
 
 
 class ValidationSettings(ConfigModel):
-    """services.validation."""
-
     url: OptionalUrl = None
     max_concurrent_requests: int = Field(default=4, ge=1, le=1000)
     bundle_chunk_size_mb: int = Field(default=10, ge=1, le=1024)
@@ -353,8 +345,6 @@ class ValidationSettings(ConfigModel):
 
 
 class LocalImportSettings(ConfigModel):
-    """services.local_import."""
-
     dir: OptionalPath = None
     recursive: bool = False
 

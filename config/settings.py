@@ -65,13 +65,16 @@ def _step_order_problems(steps: list[str]) -> list[Problem]:
     return problems + _validation_input_problems(steps)
 
 
+def _after_flattening(steps: list[str], step: str) -> bool:
+    """Whether ``step`` gets the flattening's CSV files: the last data step before it is the flattening."""
+    producers = [name for name in steps[: steps.index(step)] if name in DATA_STEPS]
+    return bool(producers) and producers[-1] == "flattening"
+
+
 def _validation_input_problems(steps: list[str]) -> list[Problem]:
     """Validation checks FHIR resources (NDJSON): after the flattening (CSV, no data step between) it failed once every
     step before it had run, on a file that is not NDJSON, and a job's steps are fixed at its start."""
-    if "validation" not in steps:
-        return []
-    producers = [step for step in steps[: steps.index("validation")] if step in DATA_STEPS]
-    if not producers or producers[-1] != "flattening":
+    if "validation" not in steps or not _after_flattening(steps, "validation"):
         return []
     return [
         (
@@ -105,7 +108,6 @@ class TaskRunnerSettings(ConfigModel):
 
     @property
     def local_workers(self) -> int:
-        """Worker processes of a local cluster."""
         return self.dask_workers or os.cpu_count() or 1
 
     @field_validator("dask_address")
@@ -217,10 +219,9 @@ def _required(key_path: str, reason: str) -> Problem:
 _SEND_AS_MISSING = (
     "is required because the send step is enabled; set one of direct_resource_load, transfer_load, s3_upload"
 )
-
-_FHIR_SEND_AUTH = "needs exactly one of Basic Auth or OAuth 2.0 client credentials"
-_FHIR_SEND_AUTH_FIX = (
-    "set username and password, or oauth_issuer_uri, oauth_client_id and oauth_client_secret, in services.send.auth"
+_FHIR_SEND_AUTH = (
+    "needs exactly one of Basic Auth or OAuth 2.0 client credentials {reason}; set username and password, or "
+    "oauth_issuer_uri, oauth_client_id and oauth_client_secret, in services.send.auth"
 )
 
 
@@ -231,7 +232,7 @@ def _send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]:
         reason = f"for send_as {send.send_as}"
         problems = [_required("services.send.url", reason)] if send.url is None else []
         if not (send.auth.uses_basic or send.auth.uses_oauth):
-            problems.append(("services.send.auth", f"{_FHIR_SEND_AUTH} {reason}; {_FHIR_SEND_AUTH_FIX}"))
+            problems.append(("services.send.auth", _FHIR_SEND_AUTH.format(reason=reason)))
         keys = ("project_identifier", "organization_identifier") if send.send_as == "transfer_load" else ()
         return problems + [
             _required(f"services.send.transfer.{key}", reason) for key in keys if getattr(send.transfer, key) is None
@@ -271,9 +272,7 @@ def _s3_send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]
 def _send_input_problems(send: SendSettings, pipeline: PipelineSettings) -> list[Problem]:
     """A direct send loads NDJSON into a FHIR server: after the flattening (CSV, with no data step between) it
     failed at the end of the job, which can then never be continued (its steps are fixed at start)."""
-    steps = pipeline.enabled_steps
-    producers = [step for step in steps[: steps.index("send")] if step in DATA_STEPS]
-    if send.send_as != "direct_resource_load" or not producers or producers[-1] != "flattening":
+    if send.send_as != "direct_resource_load" or not _after_flattening(pipeline.enabled_steps, "send"):
         return []
     return [
         (

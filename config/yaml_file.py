@@ -46,7 +46,6 @@ class _StrictLoader(YamlLoader):  # type: ignore[misc, valid-type]
 
 
 def _file_problem(config_path: Path, text: str, where: yaml.Mark | None = None) -> ConfigError:
-    """The one problem of an unusable file, naming the file (and the line)."""
     return ConfigError([f"{config_path}: {f'line {where.line + 1}: ' if where else ''}{text}"])
 
 
@@ -69,13 +68,6 @@ def _read_text(config_path: Path) -> str:
         raise _file_problem(config_path, text) from None
 
 
-def _check_yaml_shape(text: str, config_path: Path) -> None:
-    """Refuse, before building anything, documents that would cost more than a configuration ever needs
-    (``config.yaml_bounds``)."""
-    if (found := yaml_shape_problem(text)) is not None:
-        raise _file_problem(config_path, *found)
-
-
 def read_yaml(config_path: Path) -> dict[str, Any]:
     """The file's YAML tree (``${VAR}`` not yet expanded), read and parsed once per path, modification time and
     size in this process: the command, the job's preparation and its steps share one read of the file."""
@@ -96,7 +88,8 @@ def parse_yaml_file(config_path: Path) -> Any:
     length, duplicate keys): the configuration, and every other YAML file dupflow reads (the automation file)."""
     text = _read_text(config_path)
     try:
-        _check_yaml_shape(text, config_path)
+        if (found := yaml_shape_problem(text)) is not None:  # before anything is built (``config.yaml_bounds``)
+            raise _file_problem(config_path, *found)
         data = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a safe loader that also refuses duplicate keys
     except _DuplicateKeyError as error:
         raise _file_problem(
@@ -141,8 +134,6 @@ class _UnusableBlock(Exception):
 
 
 def _substitute_text(text: str, path: str, env: Mapping[str, str], problems: list[Problem]) -> str:
-    """Expand ${VAR} and ${prefect-secret:NAME} in one string; $${X} stays the literal ${X}."""
-
     def expand(match: re.Match[str]) -> str:
         if match.group(0) == "$${":
             return "${"
@@ -229,8 +220,6 @@ def _load_secret_block(block: str) -> str:
 
 
 def substitute_variables(node: Any, env: Mapping[str, str], problems: list[Problem], path: str = "") -> Any:
-    """Expand ${VAR} and ${prefect-secret:NAME} in every string value of a parsed YAML tree (mappings and lists,
-    recursively)."""
     if isinstance(node, dict):
         return {
             key: substitute_variables(value, env, problems, join_key_path(path, str(key)))

@@ -26,7 +26,6 @@ refuses them."""
 
 
 def loads_exact(data: bytes) -> Any:
-    """``data`` parsed with decimals as ``Decimal`` and integers exact."""
     return EXACT_DECODER.decode(data.decode("utf-8"))
 
 

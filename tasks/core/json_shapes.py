@@ -8,10 +8,8 @@ from typing import Any
 
 
 def as_array(value: Any) -> list:
-    """``value`` when it is a JSON array, else an empty one."""
     return value if isinstance(value, list) else []
 
 
 def as_object(value: Any) -> dict:
-    """``value`` when it is a JSON object, else an empty one."""
     return value if isinstance(value, dict) else {}

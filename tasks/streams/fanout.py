@@ -34,9 +34,9 @@ def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exceptio
     result or the exception raised. When the caller is interrupted no new call starts, running calls stop at their
     next ``raise_if_cancelled``, and after ``CANCEL_GRACE_SECONDS`` the caller goes on (a stalled call is not waited
     for). The caller's thread waits in short joins, so a signal reaches it at once."""
-    cancelled, creating = threading.Event(), threading.Lock()
-    context = contextvars.copy_context()
-    context.run(_cancelled.set, (cancelled, creating))
+    with cancel_scope() as cancel:
+        context = contextvars.copy_context()
+    cancelled = context[_cancelled][0]
     outcomes: list = [None] * len(calls)
     pending = deque(range(len(calls)))  # a deque's appends and pops are thread-safe
 
@@ -59,8 +59,7 @@ def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exceptio
             while thread.is_alive():
                 thread.join(0.2)
     except BaseException:
-        with creating:  # a call's file is now made before the flag, or not at all (``unless_cancelled``)
-            cancelled.set()
+        cancel()  # a call's file is now made before the flag, or not at all (``unless_cancelled``)
         grace_ends = time.monotonic() + CANCEL_GRACE_SECONDS
         for thread in threads:
             if thread.ident is not None:  # started

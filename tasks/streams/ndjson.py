@@ -131,7 +131,6 @@ def raw_chunks(path: Path | str, offset: int = 0) -> Iterator[bytes]:
 
 
 def bytes_after(chunks: Iterable[bytes], count: int) -> Iterator[bytes]:
-    """``chunks`` without their first ``count`` bytes."""
     for chunk in chunks:
         if count >= len(chunk):
             count -= len(chunk)

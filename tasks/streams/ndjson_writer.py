@@ -17,29 +17,11 @@ import zstandard
 
 from tasks.streams.fanout import unless_cancelled
 from tasks.streams.files import close_synced, start_writeback
-from tasks.streams.ndjson import (
-    PART_PREFIX,
-    PART_SUFFIX,
-    ZSTD_LEVELS,
-    CompressionLevel,
-    FileStats,
-    LineSplitter,
-    NdjsonError,
-    TruncatedLineError,
-    bytes_upto,
-    is_zstd,
-    iter_chunks,
-    parse_resource,
-    raw_chunks,
-)
-from tasks.streams.processes import (
-    ProcessCalls,
-    never_cancelled,
-    pool_size,
-    processes_allowed,
-    run_in_process,
-    start_workers,
-)
+from tasks.streams.ndjson import PART_PREFIX, PART_SUFFIX, ZSTD_LEVELS, CompressionLevel, FileStats, LineSplitter
+from tasks.streams.ndjson import NdjsonError, TruncatedLineError, bytes_upto, is_zstd, iter_chunks, parse_resource
+from tasks.streams.ndjson import raw_chunks
+from tasks.streams.processes import ProcessCalls, never_cancelled, pool_size, processes_allowed, run_in_process
+from tasks.streams.processes import start_workers
 
 UTF8_BOM = b"\xef\xbb\xbf"
 PARSER_KEPT_BYTES = 1 << 20  # a line checker keeps simdjson's buffers for lines up to this size, not larger

@@ -81,7 +81,6 @@ class SharedCount:
             return 0
 
     def remove(self) -> None:
-        """Delete the file (the caller, once the work is over)."""
         with suppress(FileNotFoundError):
             os.unlink(self.path)
 

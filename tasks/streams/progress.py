@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from uuid import UUID
 
-from tasks.core.readable import size_text
+from tasks.core.readable import counted, size_text
 
 LOG_EVERY_SECONDS = 5.0
 ARTIFACT_EVERY_SECONDS = 1.0
@@ -38,8 +38,7 @@ class Tracker:
 
 class _LogTracker(Tracker):
     def __init__(self, label: str, total: int | None, unit: str):
-        self._label, self._total, self._unit = label, total, unit
-        self._done = 0
+        self._label, self._total, self._unit, self._done = label, total, unit, 0
         self._started = self._last = time.monotonic()
 
     def advance(self, amount: int) -> None:
@@ -262,10 +261,7 @@ class StepProgress:
         elif (fraction := self._fraction_done(unit, done)) is not None:
             self._percent = max(self._percent, min(99.9, 100.0 * fraction))
         files = f"{min(self._files_finished, known)} / {known}" if known else f"{self._files_finished}"
-        if self._noun != "files":  # pieces of the input's files
-            files += f" {self._noun} of {self._work.files} file{'s' * (self._work.files != 1)}"
-        else:
-            files += " files"
+        files += f" {self._noun}" + (f" of {counted(self._work.files, 'file')}" if self._noun != "files" else "")
         amounts = ", ".join(_human(amount, name) for name, amount in sorted(self._done.items())) or "nothing yet"
         rate = _human(done / max(now - self._started, 1e-9), unit)
         state = "done" if finished else "stopped" if stopped else "working"
@@ -351,16 +347,8 @@ _board = _Board()
 def _new_rich_progress() -> Any:
     """Columns per task's unit: bytes as sizes and a transfer speed, other units counted; an ETA only for a task
     with a total."""
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        MofNCompleteColumn,
-        Progress,
-        ProgressColumn,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
+    from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
+    from rich.progress import TimeRemainingColumn, TransferSpeedColumn
     from rich.text import Text
 
     class AmountColumn(ProgressColumn):
