@@ -50,7 +50,6 @@ def _file_problem(config_path: Path, text: str, where: yaml.Mark | None = None) 
 
 
 def _read_text(config_path: Path) -> str:
-    """The file as text: at most MAX_CONFIG_BYTES, UTF-8."""
     try:
         with open(config_path, "rb") as file:
             data = file.read(MAX_CONFIG_BYTES + 1)

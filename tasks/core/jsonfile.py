@@ -31,7 +31,6 @@ def read_json_file(path: Path, max_bytes: int, label: str) -> Any:
 
 
 def read_limited(path: Path, max_bytes: int, label: str) -> bytes:
-    """The bytes of ``path``, refused (``JsonFileError``) when there are more than ``max_bytes``."""
     try:
         with open(path, "rb") as file:
             data = file.read(max_bytes + 1)
@@ -76,7 +75,6 @@ def read_settings_file(path: Path, key: str) -> bytes:
 
 
 def parse_json_document(data: bytes, label: str) -> Any:
-    """``data`` as JSON, nested at most MAX_JSON_DEPTH levels; else ``JsonFileError`` naming ``label``."""
     too_deep = JsonFileError(f"{label} is nested too deeply (more than {MAX_JSON_DEPTH} levels); fix the file")
     try:
         document = json.loads(data)

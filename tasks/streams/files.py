@@ -28,7 +28,6 @@ class JobWriteError(DupflowError, OSError):
 
 
 def write_error(exc: OSError, path: Path) -> JobWriteError:
-    """The user's words for a failed write of ``path``: where, why and what to do."""
     if exc.errno == errno.ENOSPC:
         return JobWriteError(
             f"no space left on {path.parent}: cannot write {path.name}; free space there (or set another jobs_dir) "

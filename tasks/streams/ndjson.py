@@ -149,7 +149,6 @@ def bytes_upto(chunks: Iterable[bytes], count: int) -> Iterator[bytes]:
 
 
 def decompress_if_zstd(chunks: Iterable[bytes], source: str) -> Iterator[bytes]:
-    """Pass plain bytes through; decompress a zstd stream (by its magic bytes): ``StreamDecoder`` over ``chunks``."""
     decoder = StreamDecoder(source)
     for chunk in chunks:
         yield from decoder.feed(chunk)

@@ -42,7 +42,6 @@ class Piece:
 
     @property
     def folder(self) -> str:
-        """Its parts' folder name."""
         return self.name if self.count == 1 else f"{self.name}#{self.index}-{self.count}"
 
 

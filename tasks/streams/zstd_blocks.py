@@ -34,7 +34,6 @@ class ZstdBlockCutter:
         self._skip = 0  # bytes to pass before the next header
         self._in_block = False  # the bytes skipped are a block's content
         self._checksum = 0  # bytes of checksum after the frame's last block
-        self._last_block = False
         self._block_ends = 0  # in the current piece
         self._lost = False
 
@@ -66,7 +65,6 @@ class ZstdBlockCutter:
                 self._on_header(header)
             if not self._skip and self._in_block:
                 self._in_block = False
-                self._end_block()
                 self._block_ends += 1
                 if self._block_ends == ZSTD_BLOCKS_PER_PIECE:
                     self._block_ends = 0
@@ -78,7 +76,7 @@ class ZstdBlockCutter:
     def _frame_magic(self, magic: bytes) -> None:
         if magic == ZSTD_MAGIC:
             self._expect(1, self._frame_header_descriptor)
-        elif magic[0] & 0xF0 == 0x50 and magic[1:] == b"\x2a\x4d\x18":  # a skippable frame: its size, then data
+        elif starts_zstd(magic):  # a skippable frame: its size, then data
             self._expect(4, self._skippable_size)
         else:
             self._lost = True
@@ -101,13 +99,9 @@ class ZstdBlockCutter:
         if block_type == 3:  # reserved: damaged data
             self._lost = True
             return
-        self._last_block = bool(value & 0x01)
-        self._skip = 1 if block_type == 1 else size  # an RLE block holds its one byte, repeated ``size`` times
+        # An RLE block holds its one byte, repeated ``size`` times; the frame's last block is passed with the
+        # checksum after it, which gives no output.
+        last = value & 0x01
+        self._skip = (1 if block_type == 1 else size) + (self._checksum if last else 0)
         self._in_block = True
-
-    def _end_block(self) -> None:
-        if self._last_block:
-            self._skip = self._checksum
-            self._expect(4, self._frame_magic)
-        else:
-            self._expect(3, self._block_header)
+        self._expect(*((4, self._frame_magic) if last else (3, self._block_header)))
