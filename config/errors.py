@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from config.fields import join_key_path
 from config.keys import model_at
 from tasks.core.errors import DupflowError
+from tasks.core.readable import counted
 
 
 class ConfigError(DupflowError):
@@ -20,9 +21,8 @@ class ConfigError(DupflowError):
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
-        count = len(self.problems)
         lines = "\n".join(f"  - {problem}" for problem in self.problems)
-        super().__init__(f"invalid configuration ({count} problem{'s' if count != 1 else ''}):\n{lines}")
+        super().__init__(f"invalid configuration ({counted(len(self.problems), 'problem')}):\n{lines}")
 
 
 def _range_text(loc: tuple[Any, ...]) -> str:

@@ -86,12 +86,11 @@ class AuthSettings(ConfigModel):
         return self
 
 
-def _fhir_base(block: str, key: str = "url") -> AfterValidator:
+def _fhir_base(block: str) -> AfterValidator:
     """Drops a trailing /fhir (the clients append it) and warns, as the earlier shape included it."""
-    key_path = f"services.{block}.{key}"
 
     def strip(url: str | None, info: ValidationInfo) -> str | None:
-        trimmed = (url or "").rstrip("/")
+        trimmed, key_path = (url or "").rstrip("/"), f"services.{block}.{info.field_name}"
         if not trimmed.lower().endswith("/fhir"):
             return url
         emit_warning(
@@ -198,7 +197,7 @@ class ExtractorSettings(ConfigModel):
 
     DEFAULT_DOWNLOAD_STALL_TIMEOUT: ClassVar[timedelta] = _STALL
 
-    base_url: Annotated[OptionalUrl, _fhir_base("extractor", "base_url")] = None
+    base_url: Annotated[OptionalUrl, _fhir_base("extractor")] = None
     auth: AuthSettings = Field(default_factory=AuthSettings)
     extraction_timeout: Annotated[Duration, positive("a liveness window of silence, default PT30M")] = timedelta(
         minutes=30
@@ -246,7 +245,7 @@ class PseudonymizerSettings(ConfigModel):
 class FlatteningSettings(ConfigModel):
     FORMATS: ClassVar[tuple[str, ...]] = ("csv", "parquet")
 
-    service_url: Annotated[OptionalUrl, _fhir_base("flattening", "service_url")] = None
+    service_url: Annotated[OptionalUrl, _fhir_base("flattening")] = None
     lookup_path: OptionalPath = None
     formats: StrList = Field(default_factory=lambda: ["csv"])
     timeout: Annotated[Duration, positive("default PT30M")] = timedelta(minutes=30)
