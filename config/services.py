@@ -279,26 +279,25 @@ class TransferSettings(ConfigModel):
     organization_identifier: OptionalStr = None
 
 
-def _botocore_refuses(kind: str, value: str) -> bool:
-    """Whether the S3 client (botocore) refuses ``value`` as a region (a host label) or a bucket (a name, or an access
+def _s3_name(kind: str, rule: str) -> AfterValidator:
+    """Refuses a value the S3 client (botocore) refuses as a region (a host label) or a bucket (a name, or an access
     point's ARN), by its own checks: such a value failed the send step, at the end of the job, with botocore's words
     that name no key. botocore is imported only for a value to check (a quarter of a second)."""
-    from botocore.exceptions import BotoCoreError
-    from botocore.handlers import validate_bucket_name
-    from botocore.utils import validate_region_name
 
-    if value.endswith("\n"):  # botocore's patterns end in $, which lets one line end through; the request would not
-        return True
-    try:
-        validate_region_name(value) if kind == "region" else validate_bucket_name({"Bucket": value})
-    except BotoCoreError:
-        return True
-    return False
-
-
-def _s3_name(kind: str, rule: str) -> AfterValidator:
     def check(value: str | None) -> str | None:
-        if value is not None and _botocore_refuses(kind, value):
+        if value is None:
+            return None
+        from botocore.exceptions import BotoCoreError
+        from botocore.handlers import validate_bucket_name
+        from botocore.utils import validate_region_name
+
+        try:
+            validate_region_name(value) if kind == "region" else validate_bucket_name({"Bucket": value})
+            # botocore's patterns end in $, which lets one line end through; the request would not
+            refused = value.endswith("\n")
+        except BotoCoreError:
+            refused = True
+        if refused:
             raise PydanticCustomError("s3_name", "{shown} {rule}", {"shown": show_name(value), "rule": rule})
         return value
 
