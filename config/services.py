@@ -193,8 +193,6 @@ _STALL = timedelta(minutes=1)
 
 
 class ExtractorSettings(ConfigModel):
-    """services.extractor: the extraction server client."""
-
     DEFAULT_DOWNLOAD_STALL_TIMEOUT: ClassVar[timedelta] = _STALL
 
     base_url: Annotated[OptionalUrl, _fhir_base("extractor")] = None

@@ -30,8 +30,6 @@ class _DuplicateKeyError(yaml.MarkedYAMLError):
 
 
 class _StrictLoader(YamlLoader):  # type: ignore[misc, valid-type]
-    """YAML's safe loader that refuses duplicate keys instead of keeping the last value."""
-
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
