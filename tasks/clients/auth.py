@@ -431,10 +431,6 @@ class ServiceAuth(httpx.Auth):
         if origin_of(request.url) not in self._trusted_origins:
             self._withhold(request)
 
-    async def strip_foreign_credentials_async(self, request: httpx.Request) -> None:
-        """``strip_foreign_credentials`` for the event hooks of an ``httpx.AsyncClient``."""
-        self.strip_foreign_credentials(request)
-
     def _scope_credentials(
         self, request: httpx.Request, rejected: str | None
     ) -> Generator[_NeedToken, Any, str | None]:
