@@ -172,14 +172,6 @@ def read_response(
     return answered(response, read_answer(response, limit, **where))
 
 
-async def read_response_async(
-    response: httpx.Response, limit: int, *, operation: str, service: str | None, hint: str
-) -> httpx.Response:
-    """``read_response`` for a streamed response of an ``httpx.AsyncClient``."""
-    where: TooLarge = {"operation": operation, "service": service, "hint": hint, "source": response.url}
-    return answered(response, await read_answer_async(response, limit, **where))
-
-
 def answered(response: httpx.Response, body: bytes) -> httpx.Response:
     """``response`` with ``body``, read and decoded from it, as its content (so without its framing headers)."""
     headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in BODY_FRAMING_HEADERS]

@@ -23,7 +23,7 @@ import logging
 import ssl
 import time
 from urllib.parse import urlsplit, urlunsplit
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Container, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Self, TypeVar
@@ -32,7 +32,7 @@ import certifi
 import httpx
 
 from tasks.clients.auth import AS_SENT, Origin, ServiceAuth, compressed_answer, origin_of
-from tasks.clients.bounds import MB, read_response, read_response_async
+from tasks.clients.bounds import MB, Deadline, answered, read_answer_async, read_response, within_deadline
 from tasks.clients.errors import SERVICE_SETTING, Call, ServiceError, raise_for_service_status
 from tasks.clients.errors import raise_for_service_status_async
 from tasks.clients.retry import call_once, call_with_retry, call_with_retry_async
@@ -252,28 +252,60 @@ class AsyncServiceClient:
         self.endpoint, self.retry, self.sleep = endpoint, retry, sleep
         self.http = build_async_client(endpoint, tls)
 
-    async def request(
-        self,
-        method: str,
-        url: str | httpx.URL,
-        *,
-        operation: str,
-        max_answer_bytes: int = MAX_ANSWER_BYTES,
-        too_large_hint: str = TOO_LARGE_HINT,
-        **request_kwargs,
-    ) -> httpx.Response:
-        """``ServiceClient.request`` (without ``once`` and ``status_hints``) for coroutines."""
-        where: Call = {"operation": operation, "service": self.endpoint.name}
-
-        async def attempt() -> httpx.Response:
-            async with self.http.stream(method, url, **request_kwargs) as response:
-                await raise_for_service_status_async(response, **where)
-                return await read_response_async(response, max_answer_bytes, hint=too_large_hint, **where)
-
-        return await call_with_retry_async(attempt, self.retry, **where, sleep=self.sleep)
+    async def request(self, method: str, url: str | httpx.URL, *, operation: str, **request_kwargs) -> httpx.Response:
+        """``ServiceClient.request`` (without ``once`` and ``status_hints``) for coroutines (``request_async``)."""
+        return await request_async(
+            self.http,
+            self.retry,
+            method,
+            url,
+            operation=operation,
+            name_source=True,
+            sleep=self.sleep,
+            **request_kwargs,
+        )
 
     async def __aenter__(self) -> AsyncServiceClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.http.aclose()
+
+
+async def request_async(
+    http: httpx.AsyncClient,
+    retry: RetrySettings,
+    method: str,
+    url: str | httpx.URL,
+    *,
+    operation: str,
+    max_answer_bytes: int = MAX_ANSWER_BYTES,
+    too_large_hint: str = TOO_LARGE_HINT,
+    name_source: bool = False,
+    deadline: Deadline | None = None,
+    answers: Container[int] = (),
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    **request_kwargs: Any,
+) -> httpx.Response:
+    """``http.request`` under the retry policy, each attempt within ``deadline`` when given (``within_deadline``). A
+    4xx/5xx answer raises a ``ServiceError``, unless its status is one of ``answers``; the answer is streamed and read
+    as it comes, at most ``max_answer_bytes`` of it (else a terminal ``ServiceError`` naming the limit,
+    ``too_large_hint``, the fix, and with ``name_source`` the URL)."""
+    where: Call = {"operation": operation, "service": service_name(http)}
+
+    async def attempt() -> httpx.Response:
+        async with http.stream(method, url, **request_kwargs) as response:
+            if response.status_code not in answers:
+                await raise_for_service_status_async(response, **where)
+            source = response.url if name_source else None
+            body = await read_answer_async(response, max_answer_bytes, hint=too_large_hint, source=source, **where)
+            answer = answered(response, body)
+            status_line = (
+                "http_version",
+                "reason_phrase",
+            )  # as sent: an error made of an answer in ``answers`` says it
+            answer.extensions = {key: value for key, value in response.extensions.items() if key in status_line}
+            return answer
+
+    bounded = attempt if deadline is None else within_deadline(attempt, deadline, **where)
+    return await call_with_retry_async(bounded, retry, **where, sleep=sleep)
