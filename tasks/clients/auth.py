@@ -11,7 +11,7 @@
 - refuses a redirect loop, a redirect to a URL with user info (httpx would send it as Basic) and any redirect of
   a request with a body (its data would go elsewhere, or be dropped by a 301/302);
 - leaves the body of an answer it does not return (a redirect, a 401 before a fresh token) unread
-  (``bodies.UnreadBody``).
+  (``bounds.UnreadBody``).
 Tokens come from a ``TokenSource`` per (issuer, client id), shared by the process's clients; authlib's
 ``OAuth2Client`` fetches them, renewed shortly before ``expires_in`` runs out, its answers read bounded.
 """
@@ -34,8 +34,7 @@ import anyio.to_thread
 import httpx
 import orjson
 
-from tasks.clients.bodies import CappedBody, leave_unread, replayable
-from tasks.clients.deadline import Deadline
+from tasks.clients.bounds import CappedBody, Deadline, leave_unread, replayable
 from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, json_or_none, naming_setting
 
 from tasks.core.names import show_name
