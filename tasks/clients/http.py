@@ -1,18 +1,12 @@
 """The one place outgoing HTTP clients are made: TLS, credentials and timeouts; retry comes from ``retry``.
 
-Steps never build ``httpx`` clients themselves::
-
-    endpoint = ServiceEndpoint("flattening", settings.services.flattening.service_url, None,
-                               http_timeout(settings.services.flattening.timeout),
-                               setting="services.flattening.service_url")
-    with ServiceClient(endpoint, settings.tls, settings.retry) as client:
-        response = client.request("GET", "/fhir/metadata", operation="read metadata")
-
-Relative URLs resolve against the service's base URL; redirects are followed by the auth flow
-(``tasks.clients.auth``), credentials reaching only the service's origin. ``ServiceClient.request`` is one attempt
-under ``tasks.clients.retry``'s policy (``once``: ``call_once``, for a call that could create something
-twice); its answer is streamed and read at most ``max_answer_bytes`` far (``MAX_ANSWER_BYTES`` by default). Clients
-that stream a body or read an answer piece by piece pass their own attempt to ``call_with_retry(_async)``.
+Steps never build ``httpx`` clients themselves: they give a ``ServiceEndpoint`` to ``ServiceClient``,
+``AsyncServiceClient`` or ``build_(async_)client``. Relative URLs resolve against the service's base URL; redirects
+are followed by the auth flow (``tasks.clients.auth``), credentials reaching only the service's origin.
+``ServiceClient.request`` and ``request_async`` are requests under ``tasks.clients.retry``'s policy (``once``:
+``call_once``, for a call that could create something twice); their answer is streamed and read at most
+``max_answer_bytes`` far (``MAX_ANSWER_BYTES`` by default). Clients that stream a body or read an answer piece by
+piece pass their own attempt to ``call_with_retry``.
 """
 
 from __future__ import annotations

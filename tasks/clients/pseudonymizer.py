@@ -178,7 +178,7 @@ def checked_answer(content: bytes, sent: dict[str, Any]) -> tuple[bytes, dict[st
         got = show_name(str(answer.get("resourceType"))) if isinstance(answer, dict) else type(answer).__name__
         sent_shown = show_text(sent_type)
         raise PseudonymizationError(redact(f"the service answered with {got} instead of a de-identified {sent_shown}"))
-    if sent_type == "Bundle" and not _same_entry_count(answer, sent):
+    if sent_type == "Bundle" and _entry_count(answer) != _entry_count(sent):
         raise PseudonymizationError(
             f"the service answered with {_entries_said(answer)} for {_entries_said(sent, short=True)} sent; refusing "
             "to lose resources"
@@ -196,10 +196,6 @@ def _entries_said(bundle: dict[str, Any], short: bool = False) -> str:
     if (count := _entry_count(bundle)) is None:
         return "a Bundle whose entry is not an array"
     return str(count) if short else f"{count} Bundle entries"
-
-
-def _same_entry_count(answer: dict[str, Any], sent: dict[str, Any]) -> bool:
-    return _entry_count(answer) == _entry_count(sent)
 
 
 def as_ndjson_line(content: bytes) -> bytes:
