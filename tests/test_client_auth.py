@@ -13,7 +13,7 @@ import pytest
 from config.services import AuthSettings, S3Settings, SendSettings
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.errors import ServiceError
-from tasks.clients.bodies import ReplayableBody
+from tasks.clients.bounds import ReplayableBody
 from tasks.clients.http import ServiceClient, ServiceEndpoint, build_async_client, build_client
 from tasks.clients.s3 import make_s3_client
 from tests.fakes._server import LoopbackServer

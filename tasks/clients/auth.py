@@ -11,7 +11,7 @@
 - refuses a redirect loop, a redirect to a URL with user info (httpx would send it as Basic) and any redirect of
   a request with a body (its data would go elsewhere, or be dropped by a 301/302);
 - leaves the body of an answer it does not return (a redirect, a 401 before a fresh token) unread
-  (``bodies.UnreadBody``).
+  (``bounds.UnreadBody``).
 Tokens come from a ``TokenSource`` per (issuer, client id), shared by the process's clients; authlib's
 ``OAuth2Client`` fetches them, renewed shortly before ``expires_in`` runs out, its answers read bounded.
 """
@@ -34,8 +34,7 @@ import anyio.to_thread
 import httpx
 import orjson
 
-from tasks.clients.bodies import CappedBody, leave_unread, replayable
-from tasks.clients.deadline import Deadline
+from tasks.clients.bounds import CappedBody, Deadline, leave_unread, replayable
 from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, json_or_none, naming_setting
 
 from tasks.core.names import show_name
@@ -103,15 +102,6 @@ def origin_text(origin: Origin) -> str:
     return f"{scheme}://{host}:{port}"
 
 
-@dataclass(frozen=True, repr=False)
-class _Token:
-    access_token: str
-    renew_at: float | None  # time.monotonic() after which the token is renewed; None: until rejected
-
-    def is_due(self) -> bool:
-        return self.renew_at is not None and clock() >= self.renew_at
-
-
 def clock() -> float:
     """Token lifetimes are measured on the monotonic clock (one name, so a test can move it on)."""
     return time.monotonic()
@@ -123,8 +113,7 @@ class TokenSource:
     The token endpoint is discovered from ``{issuer}/.well-known/openid-configuration`` (``token_endpoint``);
     where discovery fails, ``{issuer}/protocol/openid-connect/token`` (Keycloak) is used. The id and secret are
     sent in the form body (client_secret_post), so a discovered endpoint must be as safe as the issuer
-    (``_checked_endpoint``). A token without ``expires_in`` is used until the service rejects it. Answers are read
-    bounded (``_bounded``).
+    (``_checked_endpoint``). Answers are read bounded (``_bounded``).
     """
 
     def __init__(
@@ -138,7 +127,8 @@ class TokenSource:
         self.issuer, self.client_id, self._client_secret = issuer.rstrip("/"), client_id, client_secret
         self._verify, self._deadline = verify, deadline
         self._token_endpoint: str | None = None
-        self._token: _Token | None = None
+        self._token: str | None = None
+        self._renew_at: float | None = None  # clock() after which the token is renewed; None: until rejected
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -148,16 +138,16 @@ class TokenSource:
         """A valid access token; pass the token a service just rejected to get a fresh one instead. If another
         caller already replaced it, that replacement is returned (one renewal per rejection, however many 401s)."""
         with self._lock:
-            token = self._token
-            if token is None or token.is_due() or token.access_token == rejected:
-                self._token = token = self._fetch()
-            return token.access_token
+            due = self._renew_at is not None and clock() >= self._renew_at
+            if self._token is None or due or self._token == rejected:
+                self._token, self._renew_at = self._fetch()
+            return self._token
 
     async def access_token_async(self, *, rejected: str | None = None) -> str:
         """``access_token`` for async callers: the blocking fetch runs in a worker thread."""
         return await anyio.to_thread.run_sync(lambda: self.access_token(rejected=rejected))
 
-    def _fetch(self) -> _Token:
+    def _fetch(self) -> tuple[str, float | None]:
         """Discovery (once) and the token request, within the source's deadline (TOKEN_DEADLINE) in all: the call
         that needs the token has its own deadline, which cannot cut off this other client, and the lock keeps other
         callers waiting."""
@@ -192,16 +182,16 @@ class TokenSource:
         log.debug("fetched an OAuth access token for client %s from %s", self.client_id, endpoint)
         return self._cached(token)
 
-    def _cached(self, token: dict) -> _Token:
-        if not isinstance(token.get("access_token"), str) or not token["access_token"]:
+    def _cached(self, token: dict) -> tuple[str, float | None]:
+        """The access token and when it is renewed: a quarter of its lifetime early, at most 30 s (a 300 s Keycloak
+        token after 270 s); one without ``expires_in`` is used until the service rejects it."""
+        if not isinstance(access_token := token.get("access_token"), str) or not access_token:
             raise self._refused(f"the token endpoint's answer has no access_token; {OAUTH_FIX}")
-        register_secret(token["access_token"])
+        register_secret(access_token)
         expires_in = token.get("expires_in")
         if not isinstance(expires_in, (int, float)) or expires_in <= 0:
-            return _Token(token["access_token"], None)
-        # renewed a quarter of its lifetime early, at most 30 s: a 300 s Keycloak token after 270 s
-        leeway = min(MAX_RENEWAL_LEEWAY_SECONDS, expires_in / 4)
-        return _Token(token["access_token"], clock() + expires_in - leeway)
+            return access_token, None
+        return access_token, clock() + expires_in - min(MAX_RENEWAL_LEEWAY_SECONDS, expires_in / 4)
 
     def _discover_token_endpoint(self, client: OAuth2Client) -> str:
         try:
@@ -430,10 +420,6 @@ class ServiceAuth(httpx.Auth):
         when a caller passes ``follow_redirects=True`` (httpx would keep the API key header on those)."""
         if origin_of(request.url) not in self._trusted_origins:
             self._withhold(request)
-
-    async def strip_foreign_credentials_async(self, request: httpx.Request) -> None:
-        """``strip_foreign_credentials`` for the event hooks of an ``httpx.AsyncClient``."""
-        self.strip_foreign_credentials(request)
 
     def _scope_credentials(
         self, request: httpx.Request, rejected: str | None

@@ -1,5 +1,7 @@
 """Bounds of one call to a service: a whole-request deadline (``Deadline``) and a cap on how much of an answer is
-read (``read_answer``; ``read_response`` keeps the answer an ``httpx.Response``).
+read (``read_answer``; ``read_response`` keeps the answer an ``httpx.Response``); and the bodies the clients stream:
+a request body made afresh for each send (``ReplayableBody``), an answer's body left unread (``UnreadBody``) and one
+read at most to a limit (``CappedBody``).
 
 A per-read timeout never cuts off a server that drips its answer, and an answer read whole can exceed memory, so
 every call is bounded twice. A sync read blocked on a dripping status line cannot be interrupted from its own
@@ -11,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar, Unpack
 
 import httpx
 
-from tasks.clients.bodies import ReplayableBody
-from tasks.clients.deadline import Deadline
 from tasks.clients.errors import Call, ServiceError
 from tasks.core.readable import size_text
 from tasks.core.url_credentials import shown_url
@@ -32,6 +35,130 @@ Body = Callable[[], Iterable[bytes]] | bytes
 """A request body: its bytes, or a function making its pieces afresh for each send."""
 BODY_FRAMING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 """Headers that no longer describe a body read and decoded here (``answered``)."""
+
+
+class Deadline:
+    """The end of one call: ``seconds`` from now. ``setting`` names what sets it, and ``url`` (set where the request
+    is built, if not given) the address called, for the error message."""
+
+    def __init__(self, seconds: float, setting: str, url: str | httpx.URL | None = None):
+        self.seconds, self.setting, self.url = seconds, setting, url
+        self._end = time.monotonic() + seconds
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def check(self, operation: str, service: str | None) -> None:
+        """Raise the deadline's ``ServiceError`` once it has passed."""
+        if self.passed():
+            raise self.exceeded(operation, service)
+
+    def passed(self) -> bool:
+        return time.monotonic() >= self._end
+
+    def watch(self) -> dict[str, Any]:
+        """The extensions of a sync httpx request that opens its own connection (sent with ``Connection: close``):
+        at the deadline the request's socket is shut down, which ends a read blocked on a server that drips its
+        headers. Call ``release`` when the answer is closed."""
+        self._timer = threading.Timer(max(0.0, self._end - time.monotonic()), self._shut_down)
+        self._timer.daemon = True
+        self._timer.start()
+        return {"trace": self._note_connection}
+
+    def release(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _note_connection(self, event: str, info: dict[str, Any]) -> None:
+        """httpcore's trace hook: keep the socket of each connection the request opens."""
+        if event in ("connection.connect_tcp.complete", "connection.start_tls.complete") and info.get("return_value"):
+            with self._lock:
+                self._sockets.append(info["return_value"].get_extra_info("socket"))
+            if self.passed():
+                self._shut_down()
+
+    def _shut_down(self) -> None:
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def exceeded(self, operation: str, service: str | None) -> ServiceError:
+        source = f" from {shown_url(str(self.url))}" if self.url is not None else ""
+        message = f"no complete answer{source} within {round(self.seconds, 1):g} s, the deadline of one request"
+        return ServiceError(
+            operation, None, f"{message} ({self.setting})", transient=True, service=service, no_answer=True
+        )
+
+    def pieces(self, body: Iterable[bytes], operation: str, service: str | None) -> Iterator[bytes]:
+        """``body`` as it is sent, checking the deadline before each piece (a server that reads slowly)."""
+        for piece in body:
+            self.check(operation, service)
+            yield piece
+
+
+class ReplayableBody:
+    """A request body streamed from a function, afresh each time httpx iterates it: on every retry attempt, and
+    when an OAuth token is replaced after a 401 (the auth flow then need not hold the whole body in memory)."""
+
+    def __init__(self, make: Callable[[], Iterable[bytes]]):
+        self._make = make
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._make()
+
+
+class UnreadBody(httpx.SyncByteStream, httpx.AsyncByteStream):
+    """The body of an answer that is not used: a redirect's, or a 401's answered with a fresh token. httpx reads such
+    an answer whole before it sends the next request, streamed call or not; given this body it reads nothing, and
+    closing it closes the connection (one with a body left unread cannot carry another request)."""
+
+    def __init__(self, stream: httpx.SyncByteStream | httpx.AsyncByteStream):
+        self._stream = stream
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from ()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        return
+        yield  # makes this an async generator: one that yields nothing
+
+    def close(self) -> None:
+        assert isinstance(self._stream, httpx.SyncByteStream), "httpx closes a sync client's answers only"
+        self._stream.close()
+
+    async def aclose(self) -> None:
+        assert isinstance(self._stream, httpx.AsyncByteStream), "httpx acloses an async client's answers only"
+        await self._stream.aclose()
+
+
+def leave_unread(response: httpx.Response) -> None:
+    response.stream = UnreadBody(response.stream)
+
+
+class CappedBody(httpx.SyncByteStream):
+    """A sync answer's body as sent, at most ``limit`` bytes of it: ``too_large()`` is raised once more comes."""
+
+    def __init__(self, stream: httpx.SyncByteStream, limit: int, too_large: Callable[[], Exception]):
+        self._stream, self._limit, self._too_large = stream, limit, too_large
+
+    def __iter__(self) -> Iterator[bytes]:
+        seen = 0
+        for piece in self._stream:
+            seen += len(piece)
+            if seen > self._limit:
+                raise self._too_large()
+            yield piece
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+def replayable(request: httpx.Request) -> bool:
+    """A body that can be streamed again (``ReplayableBody``), so a resend after a 401 needs no copy in memory
+    (httpx keeps the iterable given as ``content`` as its stream's ``_stream``)."""
+    return isinstance(getattr(request.stream, "_stream", None), ReplayableBody)
 
 
 class TooLarge(Call):
@@ -170,14 +297,6 @@ def read_response(
     of it (``read_answer``; the error names its URL)."""
     where: TooLarge = {"operation": operation, "service": service, "hint": hint, "source": response.url}
     return answered(response, read_answer(response, limit, **where))
-
-
-async def read_response_async(
-    response: httpx.Response, limit: int, *, operation: str, service: str | None, hint: str
-) -> httpx.Response:
-    """``read_response`` for a streamed response of an ``httpx.AsyncClient``."""
-    where: TooLarge = {"operation": operation, "service": service, "hint": hint, "source": response.url}
-    return answered(response, await read_answer_async(response, limit, **where))
 
 
 def answered(response: httpx.Response, body: bytes) -> httpx.Response:

@@ -171,10 +171,11 @@ def download_ndjson(
     sleep: Callable[[float], None] = time.sleep,
 ) -> FileStats:
     """Stream ``url`` into ``dest`` (compressed at ``level``, plain when None); returns size and resource count.
-    ``on_bytes`` is told every piece of the body as it arrives (``_Progress``), ``on_total`` the body's size when the
+    ``on_bytes`` is told every piece of the body as it arrives, ``on_total`` the body's size when the
     answer gives it (its Content-Length: answers come as sent, ``http.AS_SENT``)."""
     new_sink = functools.partial(_Sink, url, dest, level, max_line_bytes)
-    download = _Download(client, url, stall_timeout, _Progress(on_bytes, on_total), new_sink)
+    told = (on_bytes or (lambda amount: None), on_total or (lambda size: None))
+    download = _Download(client, url, stall_timeout, *told, new_sink)
     try:
         return call_with_retry(
             download.attempt, retry, operation=f"download {shown_url(url)}", service=service_name(client), sleep=sleep
@@ -194,10 +195,12 @@ class _Download:
     _client: httpx.Client
     _url: str
     _stall_timeout: timedelta
-    _progress: _Progress
+    _on_bytes: Callable[[int], None]
+    _on_total: Callable[[int], None]
     _new_sink: Callable[[], _Sink]
     _sink: _Sink | None = None
     _received: int = 0  # body bytes in the sink
+    _told: int = 0  # body bytes told to on_bytes
 
     def attempt(self) -> FileStats:
         """One connection, one attempt of ``call_with_retry`` (what is retried and what is final: the module)."""
@@ -211,7 +214,7 @@ class _Download:
                 )
             except httpx.ReadTimeout as exc:
                 raise _stalled(url, self._stall_timeout) from exc
-            if response.status_code == 416 and self._received and whole_size(response) == self._received:
+            if response.status_code == 416 and self._received and content_range(response)[1] == self._received:
                 return self._finished()  # every byte had come; only the body's end was lost (a chunked body's last)
             operation = f"download {shown_url(url)}"
             raise_for_service_status(response, operation=operation, service=service_name(self._client))
@@ -219,7 +222,10 @@ class _Download:
             read_in_large_pieces(response)
             if response.status_code == 200:  # the whole file: a first attempt, or a server that ignored the Range
                 self.discard()
-                self._progress.from_start(declared_size(response))
+                if self._told:  # told of earlier attempts: taken back in one, so the bytes done never exceed the file
+                    self._progress(-self._told)
+                if (size := declared_size(response)) is not None:
+                    self._on_total(size)
                 self._sink = self._new_sink()
             assert self._sink is not None
             self._receive(response)
@@ -231,7 +237,7 @@ class _Download:
         assert self._sink is not None
         try:
             for chunk in response.iter_bytes():
-                self._progress.received(len(chunk))
+                self._progress(len(chunk))
                 self._sink.write(chunk)
                 self._received += len(chunk)
         except httpx.ReadTimeout as exc:
@@ -242,6 +248,10 @@ class _Download:
                 "resumed from there while retry.max_attempts allows, then run continue to download it again"
             )
             raise ServiceError(f"download {shown_url(self._url)}", None, message, transient=True) from exc
+
+    def _progress(self, amount: int) -> None:
+        self._told += amount
+        self._on_bytes(amount)
 
     def _finished(self) -> FileStats:
         assert self._sink is not None
@@ -260,26 +270,6 @@ class _Download:
         self._sink, self._received = None, 0
 
 
-class _Progress:
-    """Where a download tells its progress: the optional callbacks, called only when given. When the whole body
-    comes (again: a server that ignored the Range, a body read again after its end was cut), the bytes told of
-    earlier attempts are taken back with one negative amount, so the bytes done never exceed the file."""
-
-    def __init__(self, on_bytes: Callable[[int], None] | None, on_total: Callable[[int], None] | None):
-        self._on_bytes, self._on_total, self._told = on_bytes, on_total, 0
-
-    def received(self, amount: int) -> None:
-        self._told += amount
-        if self._on_bytes is not None:
-            self._on_bytes(amount)
-
-    def from_start(self, size: int | None) -> None:
-        if self._told:
-            self.received(-self._told)
-        if size is not None and self._on_total is not None:
-            self._on_total(size)
-
-
 def read_in_large_pieces(response: httpx.Response) -> None:
     """Let the connection under ``response`` take up to ``READ_SIZE`` bytes per socket read instead of httpcore's
     fixed 64 KiB: a quarter of a download's CPU time went to handling the small pieces (parsing frames, copying,
@@ -296,7 +286,7 @@ def read_in_large_pieces(response: httpx.Response) -> None:
 def check_response(response: httpx.Response, url: str, resuming_at: int = 0) -> None:
     """Only a 200 with a non-HTML body is a file (a proxy's error page must never be saved as data); asked for the
     rest from byte ``resuming_at``, a 206 from exactly there is too."""
-    if response.status_code == 206 and resuming_at and range_start(response) != resuming_at:
+    if response.status_code == 206 and resuming_at and content_range(response)[0] != resuming_at:
         raise DownloadError(
             f"{shown_url(url)}: asked for the file from byte {resuming_at:,}, the server sent "
             f"{response.headers.get('Content-Range', 'no Content-Range')!r}; run continue to download it again"
@@ -314,18 +304,14 @@ def _stalled(url: str, stall_timeout: timedelta) -> DownloadError:
     )
 
 
-def whole_size(response: httpx.Response) -> int | None:
-    """The size a 416 says the file has (``Content-Range: bytes */size``); None when it says none."""
+def content_range(response: httpx.Response) -> tuple[int | None, int | None]:
+    """The first byte of a 206's ``Content-Range: bytes first-last/size`` and the size a 416's says the file has
+    (``bytes */size``); None for what it does not say."""
     unit, _, span = response.headers.get("Content-Range", "").partition(" ")
-    size = span.removeprefix("*/")
-    return int(size) if unit == "bytes" and span.startswith("*/") and size.isdigit() else None
-
-
-def range_start(response: httpx.Response) -> int | None:
-    """The first byte of a 206's ``Content-Range: bytes first-last/size``; None when it has none."""
-    unit, _, span = response.headers.get("Content-Range", "").partition(" ")
-    first = span.split("-", 1)[0]
-    return int(first) if unit == "bytes" and first.isdigit() else None
+    first, size = span.split("-", 1)[0], span.removeprefix("*/")
+    if unit != "bytes":
+        return None, None
+    return int(first) if first.isdigit() else None, int(size) if span.startswith("*/") and size.isdigit() else None
 
 
 class _Sink:

@@ -195,7 +195,7 @@ class ExtractionTaskClient(ServiceClient):
         params = {name: ",".join(values) for name, values in (("_id", ids), ("status", statuses)) if values}
         headers = {"Accept": FHIR_JSON} | ({"Prefer": "handling=strict"} if strict else {})
         try:
-            request = {"params": params, "headers": headers, "max_answer_bytes": MAX_TASK_ANSWER_BYTES}
+            request: dict[str, Any] = {"params": params, "headers": headers, "max_answer_bytes": MAX_TASK_ANSWER_BYTES}
             request["too_large_hint"] = TOO_MANY_JOBS
             response = self.request("GET", "/fhir/Task", operation="search extraction jobs", **request)
         except ServiceError as exc:
@@ -294,7 +294,11 @@ class ExtractionTaskClient(ServiceClient):
         """POST /fhir/$evaluate-cohort with the CRTDL as plain JSON; the patients of the resulting List."""
         try:
             headers = {"Content-Type": "application/json", "Accept": FHIR_JSON}
-            request = {"content": crtdl, "headers": headers, "timeout": http_timeout(COHORT_PREVIEW_TIMEOUT)}
+            request: dict[str, Any] = {
+                "content": crtdl,
+                "headers": headers,
+                "timeout": http_timeout(COHORT_PREVIEW_TIMEOUT),
+            }
             request |= {"max_answer_bytes": MAX_COHORT_ANSWER_BYTES, "too_large_hint": TOO_LARGE_COHORT}
             request |= {"status_hints": CRTDL_REFUSALS}
             response = self.request("POST", "/fhir/$evaluate-cohort", operation="preview cohort", **request)
@@ -313,11 +317,10 @@ class ExtractionTaskClient(ServiceClient):
     ) -> httpx.Response:
         """A request about one job (retried unless ``once``), its answer read bounded; a 404 becomes
         ``JobNotFoundError``. The id is one path segment, escaped: it may come from a job.json or a person."""
-        send = self.request_once if once else self.request
-        bounds = {"max_answer_bytes": MAX_TASK_ANSWER_BYTES, "too_large_hint": NOT_THE_SERVER}
+        bounds: dict[str, Any] = {"max_answer_bytes": MAX_TASK_ANSWER_BYTES, "too_large_hint": NOT_THE_SERVER}
         path = f"/fhir/Task/{quote(job_id, safe='')}{suffix}"
         try:
-            return send(method, path, operation=operation, **bounds, **kwargs)
+            return self.request(method, path, operation=operation, once=once, **bounds, **kwargs)
         except ServiceError as exc:
             if exc.status_code != 404:
                 raise

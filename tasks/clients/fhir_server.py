@@ -78,8 +78,12 @@ class TransactionRejected(ServiceError):
         transient: bool = False,
         failed_entry: int | None = None,
         outcome: str = "",
+        retry_after: float | None = None,
     ):
-        super().__init__("transaction", answer.response.status_code, message, transient=transient, service=SERVICE_NAME)
+        status = answer.response.status_code
+        super().__init__(
+            "transaction", status, message, transient=transient, service=SERVICE_NAME, retry_after=retry_after
+        )
         self.response_text, self.failed_entry, self.outcome = response_text(answer), failed_entry, outcome
 
 
@@ -125,7 +129,7 @@ class FhirServer(Closing):
         size = len(body) if isinstance(body, bytes) else length
         operation = f"PUT {resource_type}/{resource_id}"
         path = f"/fhir/{resource_type}/{resource_id}"
-        self._call("PUT", path, operation, body, size, read_answer=False, rejection=refused_put)
+        self._call("PUT", path, operation, body, size, read_answer=False, hints=PUT_HINTS)
 
     def get(self, path: str, **params: str) -> dict:
         """GET a resource or a search under ``{url}/fhir`` (used to read back what was sent)."""
@@ -141,13 +145,14 @@ class FhirServer(Closing):
         *,
         read_answer: bool = True,
         params: dict[str, str] | None = None,
+        hints: dict[int, str] | None = None,
         rejection: Callable[[Answer, ServiceError], ServiceError] | None = None,
         extra_headers: dict[str, str] | None = None,
     ) -> Answer:
         """One call with retry, each attempt within its deadline (``answer_within``), the answer read as it comes in
-        (at most ``max_answer_bytes`` of it, none when ``read_answer`` is False). A 4xx/5xx answer (after the retries
-        of the transient ones) raises its ``ServiceError``, or what ``rejection`` makes of it and the answer."""
-        refusal: dict[ServiceError, Answer] = {}  # the error of the last 4xx/5xx answer, and that answer
+        (at most ``max_answer_bytes`` of it, none when ``read_answer`` is False). A 4xx/5xx answer raises its
+        ``ServiceError`` (with the fix ``hints`` knows for its status), or what ``rejection`` makes of it and the
+        answer; a transient one is retried first."""
         headers = {**FHIR_JSON_HEADERS, **(extra_headers or {})}
         headers |= {"Content-Length": str(size)} if size is not None else {}
         where: Call = {"operation": operation, "service": SERVICE_NAME}
@@ -161,17 +166,10 @@ class FhirServer(Closing):
                 if not response.is_error:
                     return self._answer(response, deadline, operation, read_answer)
                 answer = Answer(response, error_body(response))
-                error = error_from_response(response, operation=operation, service=SERVICE_NAME, body=answer.body)
-                refusal.clear()
-                refusal[error] = answer
-                raise error
+                error = error_from_response(response, **where, body=answer.body, hints=hints)
+                raise error if rejection is None else rejection(answer, error)
 
-        try:
-            return call_with_retry(attempt, self._client.retry, **where, sleep=self._client.sleep)
-        except ServiceError as exc:
-            if rejection is not None and exc in refusal:
-                raise rejection(refusal[exc], exc) from None
-            raise
+        return call_with_retry(attempt, self._client.retry, **where, sleep=self._client.sleep)
 
     def _answer(self, response: httpx.Response, deadline: Deadline, operation: str, read_answer: bool) -> Answer:
         if not read_answer:
@@ -189,27 +187,18 @@ class Answer:
     body: bytes
 
 
-def refused_put(answer: Answer, error: ServiceError) -> ServiceError:
-    """A PUT's 4xx/5xx, with what the user can do about it for the refusals ``PUT_HINTS`` knows."""
-    if (hint := PUT_HINTS.get(error.status_code or 0)) is None:
-        return error
-    return ServiceError(
-        error.operation,
-        error.status_code,
-        f"{error.message}; {hint}",
-        transient=error.transient,
-        service=error.service,
-        retry_after=error.retry_after,
-    )
-
-
 def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionRejected:
     """The rejection of a transaction the server answered with 4xx/5xx; names the entry when the server did."""
     texts = operation_outcome_texts(answer.body)
     match = next((m for text in texts if (m := _ENTRY_NUMBER.search(text))), None)
     failed_entry, outcome = int(match.group(1)) if match else None, truncate("; ".join(texts), MAX_MESSAGE_CHARS)
     return TransactionRejected(
-        answer, error.message, transient=error.transient, failed_entry=failed_entry, outcome=outcome
+        answer,
+        error.message,
+        transient=error.transient,
+        failed_entry=failed_entry,
+        outcome=outcome,
+        retry_after=error.retry_after,
     )
 
 

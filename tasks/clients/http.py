@@ -1,18 +1,12 @@
 """The one place outgoing HTTP clients are made: TLS, credentials and timeouts; retry comes from ``retry``.
 
-Steps never build ``httpx`` clients themselves::
-
-    endpoint = ServiceEndpoint("flattening", settings.services.flattening.service_url, None,
-                               http_timeout(settings.services.flattening.timeout),
-                               setting="services.flattening.service_url")
-    with ServiceClient(endpoint, settings.tls, settings.retry) as client:
-        response = client.request("GET", "/fhir/metadata", operation="read metadata")
-
-Relative URLs resolve against the service's base URL; redirects are followed by the auth flow
-(``tasks.clients.auth``), credentials reaching only the service's origin. ``ServiceClient.request`` is one attempt
-under ``tasks.clients.retry``'s policy (``request_once``: ``call_once``, for a call that could create something
-twice); its answer is streamed and read at most ``max_answer_bytes`` far (``MAX_ANSWER_BYTES`` by default). Clients
-that stream a body or read an answer piece by piece pass their own attempt to ``call_with_retry(_async)``.
+Steps never build ``httpx`` clients themselves: they give a ``ServiceEndpoint`` to ``ServiceClient``,
+``AsyncServiceClient`` or ``build_(async_)client``. Relative URLs resolve against the service's base URL; redirects
+are followed by the auth flow (``tasks.clients.auth``), credentials reaching only the service's origin.
+``ServiceClient.request`` and ``request_async`` are requests under ``tasks.clients.retry``'s policy (``once``:
+``call_once``, for a call that could create something twice); their answer is streamed and read at most
+``max_answer_bytes`` far (``MAX_ANSWER_BYTES`` by default). Clients that stream a body or read an answer piece by
+piece pass their own attempt to ``call_with_retry``.
 """
 
 from __future__ import annotations
@@ -23,16 +17,16 @@ import logging
 import ssl
 import time
 from urllib.parse import urlsplit, urlunsplit
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Container, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import certifi
 import httpx
 
 from tasks.clients.auth import AS_SENT, Origin, ServiceAuth, compressed_answer, origin_of
-from tasks.clients.bounds import MB, read_response, read_response_async
+from tasks.clients.bounds import MB, Deadline, answered, read_answer_async, read_response, within_deadline
 from tasks.clients.errors import SERVICE_SETTING, Call, ServiceError, raise_for_service_status
 from tasks.clients.errors import raise_for_service_status_async
 from tasks.clients.retry import call_once, call_with_retry, call_with_retry_async
@@ -43,6 +37,7 @@ if TYPE_CHECKING:
     from config.settings import RetrySettings, TlsSettings
 
 log = logging.getLogger("dupflow.clients")
+C = TypeVar("C", httpx.Client, httpx.AsyncClient)
 
 DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=10)
 INSECURE_WARNING = (
@@ -60,10 +55,6 @@ TOO_LARGE_HINT = "check that the service URL points at the service; an answer th
 def http_timeout(read: timedelta, *, connect: timedelta = DEFAULT_CONNECT_TIMEOUT) -> httpx.Timeout:
     """A per-request timeout from a configured duration: ``read`` bounds each read, write and pool wait."""
     return httpx.Timeout(read.total_seconds(), connect=min(connect, read).total_seconds())
-
-
-EventHooks = dict[str, list[Callable[..., object]]]
-"""httpx's ``event_hooks``: functions called with each request (``"request"``) and each response."""
 
 
 def read_seconds(timeout: httpx.Timeout) -> float:
@@ -122,40 +113,42 @@ def trusted_context(ca_cert_path: str | None) -> ssl.SSLContext:
     return context
 
 
-def _client_options(endpoint: ServiceEndpoint, tls: TlsSettings) -> tuple[ServiceAuth, dict]:
-    verify = ssl_verify(tls, purpose=endpoint.name)
-    auth = ServiceAuth(endpoint.name, endpoint.base_url, endpoint.auth, verify)
-    auth.issuer_setting = endpoint.issuer_setting
-    options = {
-        "base_url": without_query(endpoint.base_url),  # its query goes with each request to its origin (auth)
-        "headers": AS_SENT,
-        "auth": auth,
-        "verify": verify,
-        "timeout": endpoint.timeout,
-        "limits": httpx.Limits(max_connections=endpoint.max_connections, max_keepalive_connections=20),
-        "follow_redirects": False,  # ServiceAuth follows them, checking each hop's origin
-    }
-    return auth, options
-
-
 def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
     """A configured client rooted at the service's URL; close it (``with``) when done."""
-    auth, options = _client_options(endpoint, tls)
-    hooks: EventHooks = {
-        "request": [auth.strip_foreign_credentials, functools.partial(name_setting, endpoint, auth.origin)],
-        "response": [functools.partial(refuse_compressed, endpoint)],
-    }
-    return httpx.Client(**options, event_hooks=hooks)
+    return _build(httpx.Client, endpoint, tls)
 
 
 def build_async_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.AsyncClient:
-    """The ``httpx.AsyncClient`` counterpart of ``build_client``."""
-    auth, options = _client_options(endpoint, tls)
-    hooks: EventHooks = {
-        "request": [auth.strip_foreign_credentials_async, functools.partial(name_setting_async, endpoint, auth.origin)],
-        "response": [functools.partial(refuse_compressed_async, endpoint)],
+    return _build(httpx.AsyncClient, endpoint, tls)
+
+
+def _build(client_class: type[C], endpoint: ServiceEndpoint, tls: TlsSettings) -> C:
+    verify = ssl_verify(tls, purpose=endpoint.name)
+    auth = ServiceAuth(endpoint.name, endpoint.base_url, endpoint.auth, verify)
+    auth.issuer_setting = endpoint.issuer_setting
+    hooks: dict[str, list[Callable[..., Any]]] = {
+        "request": [auth.strip_foreign_credentials, functools.partial(name_setting, endpoint, auth.origin)],
+        "response": [functools.partial(refuse_compressed, endpoint)],
     }
-    return httpx.AsyncClient(**options, event_hooks=hooks)
+    if client_class is httpx.AsyncClient:  # its event hooks are awaited
+        hooks = {event: [_awaitable(hook) for hook in called] for event, called in hooks.items()}
+    return client_class(
+        base_url=without_query(endpoint.base_url),  # its query goes with each request to its origin (auth)
+        headers=AS_SENT,
+        auth=auth,
+        verify=verify,
+        timeout=endpoint.timeout,
+        limits=httpx.Limits(max_connections=endpoint.max_connections, max_keepalive_connections=20),
+        follow_redirects=False,  # ServiceAuth follows them, checking each hop's origin
+        event_hooks=hooks,
+    )
+
+
+def _awaitable(hook: Callable[[Any], None]) -> Callable[[Any], Awaitable[None]]:
+    async def awaited(argument: Any) -> None:
+        hook(argument)
+
+    return awaited
 
 
 def name_setting(endpoint: ServiceEndpoint, origin: Origin, request: httpx.Request) -> None:
@@ -167,20 +160,12 @@ def name_setting(endpoint: ServiceEndpoint, origin: Origin, request: httpx.Reque
         request.extensions.pop(SERVICE_SETTING, None)  # httpx hands a request's extensions on to its redirect
 
 
-async def name_setting_async(endpoint: ServiceEndpoint, origin: Origin, request: httpx.Request) -> None:
-    name_setting(endpoint, origin, request)
-
-
 def refuse_compressed(endpoint: ServiceEndpoint, response: httpx.Response) -> None:
     """Response event hook: an answer that came compressed (``AS_SENT`` asked for none) is a terminal error."""
     if (problem := compressed_answer(response)) is not None:
         operation = f"{response.request.method} {shown_url(str(response.request.url))}"
         fix = "configure the service (or a proxy before it) not to compress its answers to this client"
         raise ServiceError(operation, response.status_code, f"{problem}; {fix}", transient=False, service=endpoint.name)
-
-
-async def refuse_compressed_async(endpoint: ServiceEndpoint, response: httpx.Response) -> None:
-    refuse_compressed(endpoint, response)
 
 
 def service_name(client: httpx.Client | httpx.AsyncClient) -> str | None:
@@ -205,7 +190,7 @@ class Closing:
 
 class ServiceClient(Closing):
     """A client for one configured service whose every request is retried and classified by the one policy
-    (``request``; ``request_once`` for a call that could create or destroy something twice). ``http`` is the
+    (``request``; with ``once`` for a call that could create or destroy something twice). ``http`` is the
     ``httpx.Client`` for clients that stream bodies in their own attempts; ``sleep`` waits between attempts."""
 
     def __init__(
@@ -219,42 +204,32 @@ class ServiceClient(Closing):
         self.endpoint, self.retry, self.sleep = endpoint, retry, sleep
         self.http = build_client(endpoint, tls)
 
-    def request(self, method: str, url: str | httpx.URL, *, operation: str, **request_kwargs) -> httpx.Response:
-        """``http.request`` under the retry policy, its answer read bounded (``one_attempt``); a 4xx/5xx answer
-        becomes a ``ServiceError``."""
-        attempt = one_attempt(self.http, method, url, operation=operation, service=self.endpoint.name, **request_kwargs)
-        return call_with_retry(attempt, self.retry, operation=operation, service=self.endpoint.name, sleep=self.sleep)
+    def request(
+        self,
+        method: str,
+        url: str | httpx.URL,
+        *,
+        operation: str,
+        once: bool = False,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
+        too_large_hint: str = TOO_LARGE_HINT,
+        status_hints: Mapping[int, str] | None = None,
+        **request_kwargs,
+    ) -> httpx.Response:
+        """``http.request`` under the retry policy (``once``: attempted exactly once, for a call that must not be
+        repeated on an ambiguous failure). A 4xx/5xx answer raises a ``ServiceError`` (saying the fix ``status_hints``
+        knows for its status); the answer is streamed and read as it comes, at most ``max_answer_bytes`` of it (else a
+        terminal ``ServiceError`` naming the URL, the limit and ``too_large_hint``, the fix)."""
+        where: Call = {"operation": operation, "service": self.endpoint.name}
 
-    def request_once(self, method: str, url: str | httpx.URL, *, operation: str, **request_kwargs) -> httpx.Response:
-        """``request`` attempted exactly once: for a call that must not be repeated on an ambiguous failure."""
-        attempt = one_attempt(self.http, method, url, operation=operation, service=self.endpoint.name, **request_kwargs)
-        return call_once(attempt, operation=operation, service=self.endpoint.name)
+        def attempt() -> httpx.Response:
+            with self.http.stream(method, url, **request_kwargs) as response:
+                raise_for_service_status(response, **where, hints=status_hints)
+                return read_response(response, max_answer_bytes, hint=too_large_hint, **where)
 
+        return call_once(attempt, **where) if once else call_with_retry(attempt, self.retry, **where, sleep=self.sleep)
 
-def one_attempt(
-    http: httpx.Client,
-    method: str,
-    url: str | httpx.URL,
-    *,
-    operation: str,
-    service: str | None,
-    max_answer_bytes: int = MAX_ANSWER_BYTES,
-    too_large_hint: str = TOO_LARGE_HINT,
-    status_hints: Mapping[int, str] | None = None,
-    **request_kwargs,
-) -> Callable[[], httpx.Response]:
-    """One request whose 4xx/5xx answer raises a ``ServiceError`` (saying the fix ``status_hints`` knows for its
-    status): an attempt for ``tasks.clients.retry``. The answer is streamed and read as it comes, at most
-    ``max_answer_bytes`` of it (else a terminal ``ServiceError`` naming the URL, the limit and ``too_large_hint``,
-    the fix)."""
-    where: Call = {"operation": operation, "service": service}
-
-    def attempt() -> httpx.Response:
-        with http.stream(method, url, **request_kwargs) as response:
-            raise_for_service_status(response, **where, hints=status_hints)
-            return read_response(response, max_answer_bytes, hint=too_large_hint, **where)
-
-    return attempt
+    request_once = functools.partialmethod(request, once=True)
 
 
 class AsyncServiceClient:
@@ -271,29 +246,60 @@ class AsyncServiceClient:
         self.endpoint, self.retry, self.sleep = endpoint, retry, sleep
         self.http = build_async_client(endpoint, tls)
 
-    async def request(
-        self,
-        method: str,
-        url: str | httpx.URL,
-        *,
-        operation: str,
-        max_answer_bytes: int = MAX_ANSWER_BYTES,
-        too_large_hint: str = TOO_LARGE_HINT,
-        **request_kwargs,
-    ) -> httpx.Response:
-        """``http.request`` under the retry policy, its answer read bounded as ``one_attempt`` reads it; a 4xx/5xx
-        answer becomes a ``ServiceError``."""
-        where: Call = {"operation": operation, "service": self.endpoint.name}
-
-        async def attempt() -> httpx.Response:
-            async with self.http.stream(method, url, **request_kwargs) as response:
-                await raise_for_service_status_async(response, **where)
-                return await read_response_async(response, max_answer_bytes, hint=too_large_hint, **where)
-
-        return await call_with_retry_async(attempt, self.retry, **where, sleep=self.sleep)
+    async def request(self, method: str, url: str | httpx.URL, *, operation: str, **request_kwargs) -> httpx.Response:
+        """``ServiceClient.request`` (without ``once`` and ``status_hints``) for coroutines (``request_async``)."""
+        return await request_async(
+            self.http,
+            self.retry,
+            method,
+            url,
+            operation=operation,
+            name_source=True,
+            sleep=self.sleep,
+            **request_kwargs,
+        )
 
     async def __aenter__(self) -> AsyncServiceClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.http.aclose()
+
+
+async def request_async(
+    http: httpx.AsyncClient,
+    retry: RetrySettings,
+    method: str,
+    url: str | httpx.URL,
+    *,
+    operation: str,
+    max_answer_bytes: int = MAX_ANSWER_BYTES,
+    too_large_hint: str = TOO_LARGE_HINT,
+    name_source: bool = False,
+    deadline: Deadline | None = None,
+    answers: Container[int] = (),
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    **request_kwargs: Any,
+) -> httpx.Response:
+    """``http.request`` under the retry policy, each attempt within ``deadline`` when given (``within_deadline``). A
+    4xx/5xx answer raises a ``ServiceError``, unless its status is one of ``answers``; the answer is streamed and read
+    as it comes, at most ``max_answer_bytes`` of it (else a terminal ``ServiceError`` naming the limit,
+    ``too_large_hint``, the fix, and with ``name_source`` the URL)."""
+    where: Call = {"operation": operation, "service": service_name(http)}
+
+    async def attempt() -> httpx.Response:
+        async with http.stream(method, url, **request_kwargs) as response:
+            if response.status_code not in answers:
+                await raise_for_service_status_async(response, **where)
+            source = response.url if name_source else None
+            body = await read_answer_async(response, max_answer_bytes, hint=too_large_hint, source=source, **where)
+            answer = answered(response, body)
+            status_line = (
+                "http_version",
+                "reason_phrase",
+            )  # as sent: an error made of an answer in ``answers`` says it
+            answer.extensions = {key: value for key, value in response.extensions.items() if key in status_line}
+            return answer
+
+    bounded = attempt if deadline is None else within_deadline(attempt, deadline, **where)
+    return await call_with_retry_async(bounded, retry, **where, sleep=sleep)

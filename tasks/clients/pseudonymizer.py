@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -32,11 +33,10 @@ from tasks.core.errors import StepError
 from tasks.core.exact_json import dumps_exact, loads_exact
 from tasks.core.jsonfile import read_settings_file
 from tasks.core.names import show_name, show_text
-from tasks.clients.bounds import MB, Deadline, read_answer_async, within_deadline
-from tasks.clients.errors import BODY_LIMIT, raise_for_service_status_async
+from tasks.clients.bounds import MB, Deadline
+from tasks.clients.errors import BODY_LIMIT
 from tasks.core.redaction import redact
-from tasks.clients.http import FHIR_JSON_HEADERS, read_seconds, service_name
-from tasks.clients.retry import call_with_retry_async
+from tasks.clients.http import FHIR_JSON_HEADERS, read_seconds, request_async
 
 if TYPE_CHECKING:
     from config.settings import RetrySettings
@@ -134,9 +134,11 @@ class Pseudonymizer:
     ):
         """``deadline`` bounds each whole request; by default the client's read timeout, which ``http_timeout``
         sets to the configured ``services.pseudonymizer.timeout``. ``max_answer_bytes``: see ``MAX_ANSWER_BYTES``."""
-        self._client, self._url, self._retry = client, client.build_request("POST", DE_IDENTIFY_PATH).url, retry
-        self._deadline = deadline.total_seconds() if deadline is not None else read_seconds(client.timeout)
-        self._max_answer_bytes, self._body = max_answer_bytes, RequestBody(config)
+        seconds = deadline.total_seconds() if deadline is not None else read_seconds(client.timeout)
+        bound = Deadline(seconds, DEADLINE_SETTING, client.build_request("POST", DE_IDENTIFY_PATH).url)
+        bounds: dict[str, Any] = {"max_answer_bytes": max_answer_bytes, "too_large_hint": TOO_LARGE_ANSWER_HINT}
+        self._send = functools.partial(request_async, client, retry, "POST", DE_IDENTIFY_PATH, deadline=bound, **bounds)
+        self._body = RequestBody(config)
         self.split_threshold_bytes, self._slots = split_threshold_mb * MB, asyncio.Semaphore(max_concurrent_requests)
 
     async def pseudonymize(self, resource_json: bytes, resource: dict[str, Any]) -> Pseudonymized:
@@ -159,23 +161,10 @@ class Pseudonymizer:
         return [loads_exact(call.result()[0]) for call in calls]
 
     async def _deidentify(self, resource_json: bytes, resource: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
-        operation = f"de-identify {show_text(resource.get('resourceType'))}"
-        service = service_name(self._client)
-        body = self._body(resource_json)
-
-        async def attempt() -> bytes:
-            async with self._client.stream(
-                "POST", DE_IDENTIFY_PATH, content=body, headers=FHIR_JSON_HEADERS
-            ) as response:
-                await raise_for_service_status_async(response, operation=operation, service=service)
-                limit, hint = self._max_answer_bytes, TOO_LARGE_ANSWER_HINT
-                return await read_answer_async(response, limit, operation=operation, service=service, hint=hint)
-
-        deadline = Deadline(self._deadline, DEADLINE_SETTING, self._url)
-        bounded_attempt = within_deadline(attempt, deadline, operation=operation, service=service)
+        operation, body = f"de-identify {show_text(resource.get('resourceType'))}", self._body(resource_json)
         async with self._slots:
-            content = await call_with_retry_async(bounded_attempt, self._retry, operation=operation, service=service)
-        return checked_answer(content, resource)
+            response = await self._send(operation=operation, content=body, headers=FHIR_JSON_HEADERS)
+        return checked_answer(response.content, resource)
 
 
 def checked_answer(content: bytes, sent: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
@@ -189,7 +178,7 @@ def checked_answer(content: bytes, sent: dict[str, Any]) -> tuple[bytes, dict[st
         got = show_name(str(answer.get("resourceType"))) if isinstance(answer, dict) else type(answer).__name__
         sent_shown = show_text(sent_type)
         raise PseudonymizationError(redact(f"the service answered with {got} instead of a de-identified {sent_shown}"))
-    if sent_type == "Bundle" and not _same_entry_count(answer, sent):
+    if sent_type == "Bundle" and _entry_count(answer) != _entry_count(sent):
         raise PseudonymizationError(
             f"the service answered with {_entries_said(answer)} for {_entries_said(sent, short=True)} sent; refusing "
             "to lose resources"
@@ -207,10 +196,6 @@ def _entries_said(bundle: dict[str, Any], short: bool = False) -> str:
     if (count := _entry_count(bundle)) is None:
         return "a Bundle whose entry is not an array"
     return str(count) if short else f"{count} Bundle entries"
-
-
-def _same_entry_count(answer: dict[str, Any], sent: dict[str, Any]) -> bool:
-    return _entry_count(answer) == _entry_count(sent)
 
 
 def as_ndjson_line(content: bytes) -> bytes:

@@ -26,7 +26,6 @@ import re
 import ssl
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -374,27 +373,19 @@ class Manifest:
 def local_etag(path: Path, size: int, transfer: TransferConfig) -> str:
     """The ETag S3 gives ``path`` (``size`` bytes) uploaded by boto3 with ``transfer``: the MD5 of its bytes when
     one PutObject sends it, else the MD5 of its parts' MD5s and their count (parts as boto3 cuts them)."""
-    if size < transfer.multipart_threshold:
-        return next(_part_md5s(path, size, 1)).hexdigest()
-    part_size = ChunksizeAdjuster().adjust_chunksize(transfer.multipart_chunksize, size)
-    parts = math.ceil(size / part_size)
-    digests = b"".join(digest.digest() for digest in _part_md5s(path, part_size, parts))
-    return f"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{parts}"
-
-
-def _part_md5s(path: Path, part_size: int, parts: int) -> Iterator[Any]:
+    whole = size < transfer.multipart_threshold
+    part_size = size if whole else ChunksizeAdjuster().adjust_chunksize(transfer.multipart_chunksize, size)
+    digests = []
     with open(path, "rb") as data:
-        for _ in range(parts):
-            yield _md5_read(data, part_size)
-
-
-def _md5_read(data: Any, length: int) -> Any:
-    """The MD5 of the next ``length`` bytes of ``data`` (fewer at its end), read a MB at a time."""
-    digest = hashlib.md5(usedforsecurity=False)
-    while length > 0 and (piece := data.read(min(MB, length))):
-        digest.update(piece)
-        length -= len(piece)
-    return digest
+        for _ in range(1 if whole else math.ceil(size / part_size)):
+            digest, left = hashlib.md5(usedforsecurity=False), part_size
+            while left > 0 and (piece := data.read(min(MB, left))):  # a MB at a time
+                digest.update(piece)
+                left -= len(piece)
+            digests.append(digest)
+    if whole:
+        return digests[0].hexdigest()
+    return f"{hashlib.md5(b''.join(d.digest() for d in digests), usedforsecurity=False).hexdigest()}-{len(digests)}"
 
 
 def stored_size_and_etag(head: dict[str, Any], operation: str) -> tuple[int, str]:

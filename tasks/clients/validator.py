@@ -13,6 +13,7 @@ reach a report, log or artifact.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 import uuid
@@ -22,17 +23,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 
 from tasks.core.json_shapes import as_array
-from tasks.clients.bounds import MB, Deadline, read_answer_async, within_deadline
-from tasks.clients.errors import error_from_response, json_or_none, raise_for_service_status_async
+from tasks.clients.bounds import MB, Deadline
+from tasks.clients.errors import error_from_response, json_or_none
 from tasks.core.names import show_text
 from tasks.core.readable import plain_text
 from tasks.core.redaction import redact_strings
-from tasks.clients.http import FHIR_JSON_HEADERS, AsyncServiceClient
-from tasks.clients.retry import call_with_retry_async
+from tasks.clients.http import FHIR_JSON_HEADERS, AsyncServiceClient, request_async
 from tasks.core.errors import DupflowError
 from tasks.core.exact_json import dumps_exact, loads_exact
 from tasks.streams.ndjson import NdjsonError, parse_resource
@@ -257,52 +256,37 @@ class Validator:
         deadline: timedelta = REQUEST_DEADLINE,
         max_answer_bytes: int = MAX_ANSWER_BYTES,
     ):
-        self._client, self._url = client, client.http.build_request("POST", VALIDATE_PATH).url
-        self._deadline, self._max_answer_bytes = deadline.total_seconds(), max_answer_bytes
+        self._service, url = client.endpoint.name, client.http.build_request("POST", VALIDATE_PATH).url
+        bounds: dict[str, Any] = {"max_answer_bytes": max_answer_bytes, "too_large_hint": TOO_LARGE_ANSWER_HINT}
+        bounds |= {"deadline": Deadline(deadline.total_seconds(), DEADLINE_SETTING, url), "sleep": client.sleep}
+        self._send = functools.partial(request_async, client.http, client.retry, "POST", VALIDATE_PATH, **bounds)
 
     async def validate(self, chunk: Chunk, source: str) -> dict[str, Any]:
-        """The service's OperationOutcome for ``chunk``; raises ``ServiceError`` for an infrastructure failure."""
-        operation = f"validate {source} chunk {chunk.number}"
-        service = self._client.endpoint.name
-
-        async def attempt() -> dict[str, Any]:
-            headers = {**FHIR_JSON_HEADERS, "Content-Length": str(len(chunk.body))}
-            # memoryviews, which httpx sends as it sends bytes, though its signature names only bytes
-            async with self._client.http.stream(
-                "POST",
-                VALIDATE_PATH,
-                headers=headers,
-                content=pieces(chunk.body),  # type: ignore[arg-type]
-            ) as answer:
-                return await self._outcome(answer, operation, service)
-
-        deadline = Deadline(self._deadline, DEADLINE_SETTING, self._url)
-        bounded_attempt = within_deadline(attempt, deadline, operation=operation, service=service)
-        return await call_with_retry_async(
-            bounded_attempt, self._client.retry, operation=operation, service=service, sleep=self._client.sleep
-        )
-
-    async def _outcome(self, response: httpx.Response, operation: str, service: str) -> dict[str, Any]:
-        """The answer's OperationOutcome: a 2xx, or findings answered with 412/422; anything else raises (a 412/422
-        without one, a proxy's page, as the service error of its status, from the body already read)."""
-        if not (response.is_success or response.status_code in FINDINGS_STATUSES):
-            await raise_for_service_status_async(response, operation=operation, service=service)
-        content = await read_answer_async(
-            response, self._max_answer_bytes, operation=operation, service=service, hint=TOO_LARGE_ANSWER_HINT
-        )
-        if (outcome := as_operation_outcome(content)) is not None:
+        """The service's OperationOutcome for ``chunk``: a 2xx's, or findings answered with 412/422; raises
+        ``ServiceError`` for an infrastructure failure (a 412/422 without one, a proxy's page, as the service error of
+        its status)."""
+        operation, service = f"validate {source} chunk {chunk.number}", self._service
+        headers = {**FHIR_JSON_HEADERS, "Content-Length": str(len(chunk.body))}
+        # memoryviews, which httpx sends as it sends bytes
+        content = Pieces(chunk.body)
+        response = await self._send(operation=operation, headers=headers, content=content, answers=FINDINGS_STATUSES)
+        if (outcome := as_operation_outcome(response.content)) is not None:
             return outcome
         if response.is_error:
-            raise error_from_response(response, operation=operation, service=service, body=content)
+            raise error_from_response(response, operation=operation, service=service)
         raise ValidationServiceError(
             f"{service}: {operation}: the service answered HTTP {response.status_code} without an "
             "OperationOutcome; is services.validation.url the validator's root?"
         )
 
 
-async def pieces(body: bytes) -> AsyncIterator[memoryview]:
-    """The body in slices, without copies: sent whole, httpx copies it once more per request in flight, which
-    adds ``max_concurrent_requests`` chunks to the step's peak memory."""
-    view = memoryview(body)
-    for start in range(0, len(view), SEND_PIECE):
-        yield view[start : start + SEND_PIECE]
+class Pieces:
+    """A body in slices, without copies, afresh for each attempt: sent whole, httpx copies it once more per request
+    in flight, which adds ``max_concurrent_requests`` chunks to the step's peak memory."""
+
+    def __init__(self, body: bytes):
+        self._view = memoryview(body)
+
+    async def __aiter__(self) -> AsyncIterator[memoryview]:
+        for start in range(0, len(self._view), SEND_PIECE):
+            yield self._view[start : start + SEND_PIECE]
