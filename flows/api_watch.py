@@ -23,9 +23,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from config.runtime import job_on_command_line
+from config.runtime import job_on_command_line, CLI
 from flows.prefect_server import http_get, prefect_home, read_record, settings_of_home
-from config.runtime import CLI
 from tasks.core.url_credentials import shown_url
 from tasks.job.layout import JobPaths
 

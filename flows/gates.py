@@ -18,12 +18,11 @@ from prefect.input.run_input import keyset_from_paused_state
 from prefect.states import Suspended
 from pydantic import Field
 
-from config.runtime import job_on_command_line
+from config.runtime import job_on_command_line, CLI
 from flows.job_card import JobRecordCard
 from flows import job_state
 from flows.jobs import Job
 from tasks.core.errors import JobError
-from config.runtime import CLI
 from tasks.job.contract import StepInput, StepResult, stored_in_job
 from tasks.job.record import SUSPENDED, PlainText
 from tasks.wait import gate_result_path, wait

@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from config.durations import parse_duration
-from config.runtime import listed_jobs_dir, prefect_api_headers, prefect_api_url
+from config.runtime import listed_jobs_dir, prefect_api_headers, prefect_api_url, CLI
 from flows import prefect_server
 from flows.extraction_cli import age
 from flows.job_state import MAX_PAGE_BYTES, PAGE, PREFECT_API, JobLock, JobLockedError, is_locked, latest_runs
@@ -43,7 +43,6 @@ from tasks.clients.extraction_jobs import UNFINISHED_STATUSES
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import UsageError
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_tag
-from config.runtime import CLI
 from tasks.core.readable import plain_text, size_text
 from tasks.core.names import show_text
 from tasks.core.url_credentials import shown_url

@@ -28,16 +28,8 @@ from tasks.core.jsonfile import JsonFileError, read_json_file
 from tasks.core.readable import plain_text
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_of_tag, job_tag
 from tasks.job.layout import result_name, step_artifact_key
-from tasks.job.record import (
-    MAX_RECORD_BYTES,
-    RUNNING,
-    CRASHED,
-    UNKNOWN,
-    JobRecord,
-    RecordError,
-    StepRecord,
-    read_record,
-)
+from tasks.job.record import MAX_RECORD_BYTES, RUNNING, CRASHED, UNKNOWN, JobRecord, RecordError, StepRecord
+from tasks.job.record import read_record
 
 LOCK_FILE = ".lock"
 PREFECT_API = "the Prefect API"

@@ -38,12 +38,11 @@ from http.client import HTTPConnection, HTTPException, HTTPSConnection
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from config.runtime import local_server_port, prefect_api_headers, prefect_api_url
+from config.runtime import CLI, local_server_port, prefect_api_headers, prefect_api_url
 from flows.prefect_api import version_problem
 from flows.prefect_profile import record_in_profile
 from flows.server_process import POLL_INTERVAL, process_is_server, process_stopped, terminate
 from tasks.core.errors import DupflowError
-from config.runtime import CLI
 from tasks.core.url_credentials import shown_url
 from tasks.streams.files import exclusive_lock, write_file_atomically
 
@@ -123,10 +122,8 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
 
 
 def require_answer(api_url: str) -> None:
-    """Raise ``ApiUnreachableError`` unless a Prefect API answers at ``api_url``: its ``/health`` says ``true`` and
-    its ``/admin/version`` names a Prefect version this client can use (``version_problem``), or it asks for
-    credentials (401, 403: a server elsewhere may want a key for it); called before a job is made or run. The URL
-    is shown without user info, query or fragment."""
+    """Raise ``ApiUnreachableError`` unless a Prefect API this client can use answers at ``api_url`` (``/health``
+    true, ``version_problem`` none), or it asks for credentials (401, 403: a server elsewhere may want a key)."""
     answer = http_get(api_url, "/health", API_ANSWER_TIMEOUT)
     if answer is not None and answer[0] in (401, 403):
         return
@@ -157,7 +154,7 @@ def api_beside(url: str) -> str | None:
 
 
 def stop_server(home: Path | None = None) -> bool:
-    """Stop the server recorded in PREFECT_HOME (SIGTERM, SIGKILL after a grace); whether one was running."""
+    """Stop the server recorded in PREFECT_HOME; whether one was running."""
     home = prefect_home(home)
     with exclusive_lock(home / LOCK_FILE):
         record = read_record(home)
@@ -168,7 +165,7 @@ def stop_server(home: Path | None = None) -> bool:
 
 
 def server_status(home: Path | None = None) -> dict | None:
-    """The recorded server (url, ui_url, pid, port, log, started_at, healthy), or None if none is running."""
+    """The recorded server (without its nonce) with its UI URL and health, or None if none is running."""
     if (record := read_record(prefect_home(home))) is None or not runs_recorded_server(record):
         return None
     shown = {key: value for key, value in asdict(record).items() if key != "nonce"}
@@ -330,22 +327,15 @@ def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool
     dies (another home's server may have taken its port and answer there) or ``timeout`` passes first."""
     deadline = time.monotonic() + timeout
     while not (is_healthy(record.url) and serves_home(record, home)):
-        refuse_if_stopped(record.pid)
+        if process_stopped(record.pid):  # it holds its port and answers nothing: say so, not wait to the timeout
+            raise ServerStartError(
+                f"the local Prefect server (pid {record.pid}) is stopped (SIGSTOP or Ctrl+Z) and answers nothing: "
+                f"continue it with kill -CONT {record.pid}, or end it with {CLI} server stop"
+            )
         if not runs_recorded_server(record) or time.monotonic() >= deadline:
             return False
         time.sleep(POLL_INTERVAL)
     return runs_recorded_server(record)
-
-
-def refuse_if_stopped(pid: int) -> None:
-    """Say at once, with both ways out, that the server is stopped (SIGSTOP, Ctrl+Z): it holds its port and
-    answers nothing, so waiting for it would be a silent wait to the start timeout. Checked on every poll: a stop
-    may land while the wait is under way."""
-    if process_stopped(pid):
-        raise ServerStartError(
-            f"the local Prefect server (pid {pid}) is stopped (SIGSTOP or Ctrl+Z) and answers nothing: "
-            f"continue it with kill -CONT {pid}, or end it with {CLI} server stop"
-        )
 
 
 def serves_home(record: ServerRecord, home: Path) -> bool:
@@ -404,7 +394,6 @@ def runs_recorded_server(record: ServerRecord) -> bool:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    """Add ``server start|stop|status|url`` to the ``python -m flows.run`` parser."""
     server = commands.add_parser("server", help="the local Prefect server (and its UI) that jobs use")
     server_commands = server.add_subparsers(required=True, metavar="SUBCOMMAND")
     for name, command, text in (
@@ -433,7 +422,6 @@ def cmd_server_url(args: argparse.Namespace) -> int:
 
 
 def print_started(shown: Callable[[str], str]) -> int:
-    """This home's server, started if none runs: ``shown(api_url)`` printed, exit 0; else the failure, exit 1."""
     try:
         print(shown(ensure_server()))
     except ServerStartError as exc:

@@ -30,7 +30,7 @@ from config.fields import CONFIG_LOGGER
 from config.keys import leaf_paths, secret_key_paths
 from config.loader import cached_settings, effective_config_rows, load_settings, refuse_secret_overrides
 from config.yaml_file import names_secret_blocks
-from config.runtime import apply_prefect_defaults, job_on_command_line, jobs_dir_of, prefect_api_url
+from config.runtime import apply_prefect_defaults, job_on_command_line, jobs_dir_of, prefect_api_url, CLI
 from config.settings import Settings
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.api_watch import api_watched
@@ -41,7 +41,6 @@ from flows.jobs import refuse_invisible_url_characters, step_file_problems
 from flows.run_logging import job_logging, take_interrupts
 from flows.status_cli import cmd_list, cmd_status
 from tasks.core.errors import DupflowError, UsageError
-from config.runtime import CLI
 from tasks.core.readable import plain_text
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
