@@ -62,14 +62,10 @@ def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordC
             f"job {job.job_id} reached a wait step in a flow run of no deployment, which cannot be suspended; run it "
             f"with {CLI} continue {job_on_command_line(job.paths.job_dir)}"
         )
-    inspection = confirmed_inspection(job, step, resume_hint(job), done, card, note)
+    local = runtime.deployment.name in (None, COMMAND_LINE_DEPLOYMENT)  # a worker's run is resumed by its id too
+    hint = job_state.resume_hint(job.paths.job_dir, None if local else str(runtime.flow_run.id))
+    inspection = confirmed_inspection(job, step, hint, done, card, note)
     return stored_in_job(wait, step)(step, note=inspection.note)
-
-
-def resume_hint(job: Job) -> str:
-    """How to go on past this run's wait step (``flows.job_state.resume_hint``): a worker's run by its own id too."""
-    local = runtime.deployment.name in (None, COMMAND_LINE_DEPLOYMENT)
-    return job_state.resume_hint(job.paths.job_dir, None if local else str(runtime.flow_run.id))
 
 
 def confirmed_inspection(
@@ -90,5 +86,4 @@ def confirmed_inspection(
     card.note([*done, awaiting])  # the card shows the gate awaiting while the run is suspended
     timeout = job.settings.pipeline.wait_timeout
     card.set_state(SUSPENDED, job_state.suspended_message(key, datetime.now(UTC) + timeout, hint))
-    card.refresh()
     return suspend_flow_run(wait_for_input=InspectionInput, timeout=int(timeout.total_seconds()), key=key)

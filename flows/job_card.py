@@ -65,8 +65,9 @@ class JobRecordCard:
         self._state, self._message = RUNNING, ""
 
     def set_state(self, state: str, message: str = "") -> None:
-        """The job's state (and its message, redacted already) as the run enters it, shown at the next ``refresh``."""
+        """The job's state (and its message, redacted already) as the run enters it, published now."""
         self._state, self._message = state, message
+        self.refresh()
 
     def note(self, results: list[StepResult]) -> None:
         """These steps, shown at the next ``refresh``."""

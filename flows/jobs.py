@@ -83,7 +83,9 @@ def prepare_job(
             f"no job {job_id} in {paths.job_dir.parent} (the jobs_dir of {of}); give the configuration the job was "
             "started with, or leave the job id empty for a new job"
         )
-    return new_job(paths, config_path, job_input, overrides, settings)
+    record, crtdl, effective = new_job_plan(paths, config_path, job_input, overrides, settings)
+    create_job_files(paths, record, crtdl, effective)
+    return Job(paths, record, settings)
 
 
 def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source: str = "--set") -> Job:
@@ -191,14 +193,6 @@ def refuse_undecodable(paths: Mapping[str, str | None]) -> None:
             raise JobError(f"{what} {show_text(path, None)} is not valid UTF-8; rename it; no job was made") from None
 
 
-def new_job(
-    paths: JobPaths, config_path: str | None, job_input: str | None, overrides: dict[str, str], settings: Settings
-) -> Job:
-    record, crtdl, effective = new_job_plan(paths, config_path, job_input, overrides, settings)
-    create_job_files(paths, record, crtdl, effective)
-    return Job(paths, record, settings)
-
-
 def check_new_job(config_path: str | None, job_input: str | None, overrides: Mapping[str, str]) -> None:
     """Every check ``prepare_job`` makes of a new job, nothing written: ``start`` refuses a bad input before it
     starts a Prefect server for nothing."""
@@ -246,8 +240,11 @@ def create_job_files(paths: JobPaths, record: JobRecord, crtdl: Path | None, eff
     try:
         with changing_record(paths.job_dir, new=record):
             pass
-        if crtdl is not None and effective is not None:
-            write_crtdl(paths, crtdl, effective)
+        if crtdl is not None and effective is not None:  # recorded as ``crtdl_path`` for every step that needs it
+            target = paths.job_dir / effective.name
+            write_file_atomically(target, effective.data)
+            warnings = effective.warnings or None
+            record_facts(paths.job_dir, crtdl_path=str(target), crtdl_source=str(crtdl), crtdl_warnings=warnings)
     except OSError:
         shutil.rmtree(paths.job_dir, ignore_errors=True)
         raise
@@ -382,10 +379,3 @@ def refuse_unusable_group_names(source: Path, crtdl: dict) -> None:
         raise JobError(f"invalid CRTDL {source} for the flattening step: {exc}") from None
     if problems:
         raise JobError(f"CRTDL {source}: " + "; ".join(problems))
-
-
-def write_crtdl(paths: JobPaths, source: Path, crtdl: EffectiveCrtdl) -> None:
-    """The job's one CRTDL in its directory, recorded as ``crtdl_path`` for every step that needs it."""
-    target = paths.job_dir / crtdl.name
-    write_file_atomically(target, crtdl.data)
-    record_facts(paths.job_dir, crtdl_path=str(target), crtdl_source=str(source), crtdl_warnings=crtdl.warnings or None)

@@ -129,7 +129,6 @@ def pipeline(
         except BaseException as exc:
             redact_exception(exc)  # Prefect makes the failed state's message of its text
             card.set_state(*ended_state(exc, flow_run_id))
-            card.refresh()
             raise
 
 
@@ -164,7 +163,6 @@ def run_job_steps(job: Job, card: JobRecordCard, note: str | None) -> Any:
         message=completed_message(job.settings, results[-1], summary["output_dir"]), data=summary
     )
     card.set_state(state.name or "", state.message or "")
-    card.refresh()
     return state
 
 

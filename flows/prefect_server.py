@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.metadata
 import json
 import os
 import secrets
@@ -39,10 +40,10 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from config.runtime import CLI, local_server_port, prefect_api_headers, prefect_api_url
-from flows.prefect_api import version_problem
 from flows.prefect_profile import record_in_profile
 from flows.server_process import POLL_INTERVAL, process_is_server, process_stopped, terminate
 from tasks.core.errors import DupflowError
+from tasks.core.readable import plain_text
 from tasks.core.url_credentials import shown_url
 from tasks.streams.files import exclusive_lock, write_file_atomically
 
@@ -63,6 +64,7 @@ PROBE_TIMEOUT = 0.5
 API_ANSWER_TIMEOUT = 20.0  # a server elsewhere that is busy (2-core machine under load) was seen to take over 5 s
 OK = (200, b"true")  # what /health of a Prefect API answers
 MAX_PROBE_ANSWER_BYTES = 1024 * 1024
+SHOWN_ANSWER_CHARS = 80
 STARTUP_TIMEOUT = 120.0  # a fresh PREFECT_HOME migrates its database first: 15-40 s on a busy 2-core machine
 # Off: two services no job needs, which only label runs Late and workers offline in the UI (the scheduler, triggers,
 # pause expirations, task-run recorder, event persister, cancellation clean-up and the UI stay on); two malloc arenas
@@ -144,6 +146,31 @@ def require_answer(api_url: str) -> None:
         f"the Prefect API {shown_url(api_url)} (PREFECT_API_URL) {found}; start that server, set PREFECT_API_URL "
         f"to one that runs, or unset it to use the local server ({CLI} server start)"
     )
+
+
+def version_problem(answer: tuple[int, bytes] | None) -> str | None:
+    """What is wrong with ``answer``, a server's answer to ``GET /admin/version`` (status and body; None: nothing
+    answered), for this client; None when it names a Prefect version of this client's major version. Prefect's
+    client reads and parses that answer before its first call: a foreign one ends there in a traceback
+    (``InvalidVersion``, a JSON error), a Prefect of another major version in "incompatible versions"."""
+    if answer is not None and answer[0] in (401, 403):  # a server elsewhere may want credentials for it
+        return None
+    from packaging.version import Version  # Prefect's own reading of versions
+
+    try:  # /admin/version answers a JSON string, read as Prefect's client reads it
+        found = Version(json.loads(answer[1])) if answer is not None and answer[0] == 200 else None
+    except (ValueError, TypeError):  # InvalidVersion and JSON errors are ValueErrors
+        found = None
+    if found is None:
+        said = (
+            f"HTTP {answer[0]} {plain_text(answer[1].decode(errors='replace'))[:SHOWN_ANSWER_CHARS]!r}"
+            if answer
+            else "nothing"
+        )
+        return f"answers GET /health with true but is no Prefect API (GET /admin/version answered {said})"
+    if found.major != (ours := Version(importlib.metadata.version("prefect"))).major:
+        return f"is Prefect {found}, this client Prefect {ours}: their major versions must match"
+    return None
 
 
 def api_beside(url: str) -> str | None:

@@ -176,12 +176,9 @@ def add_jobs_dir_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
-    """``--dir``, ``--anonymization-config`` and ``--set`` as (dotted key -> raw value, key -> flag label).
-
-    Flags end up in Prefect's flow-run parameters and job.json, so a secret among them is refused first.
-    """
-    overrides: dict[str, str] = {}
-    labels: dict[str, str] = {}
+    """The flags as (dotted key -> raw value, key -> flag label). They end up in Prefect's flow-run parameters and
+    job.json, so a secret among them is refused first."""
+    overrides, labels = dict[str, str](), dict[str, str]()
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
@@ -282,7 +279,6 @@ def cmd_continue(args: argparse.Namespace) -> int:
 
 
 def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: dict[str, str]) -> int:
-    """The job's flow run goes on (``flows.job_runs``); the flow settles the gates and a submission in doubt."""
     job = read_record(paths.job_dir)
     refuse_extraction_flags_of_a_followed_url(job, args.attach, args.resubmit)  # before a flow run exists
     prefect_server.use_server()  # the job's state is its flow run's there
@@ -305,8 +301,7 @@ def refuse_flags_of_a_new_run(job: JobRecord, args: argparse.Namespace, override
     """A suspended run goes on with the parameters it was started with: ``--set``, ``--attach`` and ``--resubmit``
     would be lost without a word, so they are refused before it is resumed."""
     flags = (("--set", overrides), ("--attach", args.attach), ("--resubmit", args.resubmit))
-    given = [flag for flag, value in flags if value]
-    if given:
+    if given := [flag for flag, value in flags if value]:
         raise UsageError(
             f"job {job.job_id}: its flow run is suspended at a wait step and goes on as it was started, so "
             f"{', '.join(given)} cannot apply; resume it without them, or cancel that run in the Prefect UI and "
@@ -346,7 +341,6 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
 
 
 def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any] | None) -> Any:
-    """The job's one flow run (``flows.job_runs``): made for a new job, carried on by a ``continue``."""
     from prefect.exceptions import TerminationSignal
 
     from flows import job_runs
