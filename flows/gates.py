@@ -49,14 +49,8 @@ class InspectionInput(RunInput):
 
 
 def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordCard, note: str | None) -> StepResult:
-    """A wait step: suspend until resumed with the inspection form (or ``continue``, which fills it in).
-
-    The form's answer is the run input of the suspend's key, kept by the flow run: a run resumed (from the top, every
-    other task shows again, as Cached) or retried by ``continue`` finds it and runs the ``wait`` task with its note,
-    which hands on the folder to go on with, without suspending again. A run without the answer runs the ``wait``
-    task without one, which publishes what to inspect, and is suspended. ``continue``'s ``note`` is the answer for a
-    gate that paused the job (its ``paused`` result is in the job folder) in a run that is not suspended any more
-    (cancelled, or lost with its server's database)."""
+    """A wait step: suspend until resumed with the inspection form (or ``continue``, which fills it in); then the
+    ``wait`` task runs with the form's note and hands on the folder to go on with."""
     if runtime.deployment.id is None:
         raise JobError(
             f"job {job.job_id} reached a wait step in a flow run of no deployment, which cannot be suspended; run it "
@@ -71,10 +65,12 @@ def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordC
 def confirmed_inspection(
     job: Job, step: StepInput, hint: str, done: list[StepResult], card: JobRecordCard, note: str | None
 ) -> InspectionInput:
-    """The form of the resume that confirmed the inspection. The first time, the ``wait`` task publishes what to
-    inspect and the run is suspended (its process ends; the card says Suspended first); the resumed run runs
-    the flow again and finds the answer to the suspend's key without suspending. ``continue``'s note after a pause
-    is kept as that answer, so a later run of the job passes the gate with it."""
+    """The form of the resume that confirmed the inspection: the run input of the suspend's key, kept by the flow run.
+    A run resumed (from the top, every other task shows again, as Cached) or retried by ``continue`` finds it and does
+    not suspend again. Without it the ``wait`` task publishes what to inspect and the run is suspended (its process
+    ends; the card says Suspended first). ``continue``'s note is kept as the answer for a gate that paused the job (its
+    ``paused`` result is in the job folder) in a run that is not suspended any more (cancelled, or lost with its
+    server's database), so a later run of the job passes the gate with it."""
     key = f"wait-{step.position:02d}"
     answer_key = keyset_from_paused_state(Suspended(pause_key=key))["response"]
     answer = read_flow_run_input(answer_key)

@@ -63,7 +63,6 @@ LIVE_RUN_STATES = ("RUNNING", "PENDING", "CANCELLING")  # a process carries the 
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    """Add ``prune`` to the ``python -m flows.run`` parser."""
     prune = commands.add_parser(
         "prune", help="list old or finished jobs (and their flow runs and artifacts); remove them with --yes"
     )
@@ -228,10 +227,7 @@ def job_entries(jobs_dir: Path) -> Iterator[tuple[Path, str | None]]:
 
 
 def old_enough(changed_at: str, older_than: timedelta | None, now: datetime) -> bool:
-    if older_than is None:
-        return True
-    changed = datetime.fromisoformat(changed_at)
-    return now - (changed if changed.tzinfo else changed.replace(tzinfo=UTC)) >= older_than
+    return older_than is None or now - datetime.fromisoformat(changed_at) >= older_than  # changed_time's, in UTC
 
 
 def size_on_disk(directory: Path) -> int:
@@ -289,7 +285,6 @@ def live_run(runs: list[dict], states: tuple[str, ...]) -> str | None:
 
 
 def filtered(client: httpx.Client, path: str, body: dict) -> list[dict]:
-    """Every row of a ``…/filter`` endpoint, a page at a time."""
     rows: list[dict] = []
     while True:
         page = api_call(client, "POST", path, {**body, "limit": PAGE, "offset": len(rows)}).json()
@@ -409,7 +404,7 @@ def remove_jobs(chosen: list[Candidate], jobs_dir: Path, client: httpx.Client | 
 
 
 def remove_job(job: Candidate, jobs_dir: Path, client: httpx.Client | None) -> str | None:
-    """Remove one job under its lock; why it was not removed, or None."""
+    """Remove one job under its lock; why not, or None."""
     if job.paths.job_dir.is_symlink() or job.paths.job_dir.parent.resolve() != jobs_dir:
         return "not a directory of the jobs directory"
     if not job.paths.job_file.is_file():  # another prune removed it (its lock would make the folder again)

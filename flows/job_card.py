@@ -99,7 +99,6 @@ class JobRecordCard:
 
 
 def this_runs_artifact_id(key: str) -> Any:
-    """The id of the artifact ``key`` made by this flow run, if it made one."""
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(
             artifact_filter=filters.ArtifactFilter(

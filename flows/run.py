@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import os
 import re
 import sys
 
@@ -40,7 +39,7 @@ from flows.jobs import check_new_job, prepare_job, refuse_extraction_flags_of_a_
 from flows.jobs import refuse_invisible_url_characters, step_file_problems
 from flows.run_logging import job_logging, take_interrupts
 from flows.status_cli import cmd_list, cmd_status
-from tasks.core.errors import DupflowError, UsageError
+from tasks.core.errors import UsageError
 from tasks.core.readable import plain_text
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
@@ -80,19 +79,7 @@ def flag_label(attr: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     apply_prefect_defaults()  # before anything imports Prefect: its telemetry is decided at its import
-    args = build_parser().parse_args(argv)
-    try:
-        return args.command(args)
-    except DupflowError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except BrokenPipeError:
-        # The reader went away (``list | head``): stop quietly, and keep Python from complaining at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
-    except KeyboardInterrupt:  # outside a job's run (waiting for the server to start, a listing): nothing to record
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    return view_cli.dispatch(build_parser().parse_args(argv))
 
 
 def build_parser() -> argparse.ArgumentParser:
