@@ -243,19 +243,16 @@ def size_on_disk(directory: Path) -> int:
 def housekeeping_api_url() -> str | None:
     """The jobs' server (as ``use_server`` points at it), or None when there is none to clean: no
     ``PREFECT_API_URL``, no local server running and no local database that one would serve."""
-    if prefect_api_url() is None and not local_server_has_jobs():
-        return None
+    if prefect_api_url() is None:
+        home = prefect_server.prefect_home()
+        if not (
+            prefect_server.server_status() is not None
+            or (home / prefect_server.DATABASE_FILE).is_file()
+            or prefect_server.database_configured_elsewhere(home)
+        ):
+            return None
     prefect_server.use_server()
     return prefect_api_url()
-
-
-def local_server_has_jobs() -> bool:
-    home = prefect_server.prefect_home()
-    return (
-        prefect_server.server_status() is not None
-        or (home / prefect_server.DATABASE_FILE).is_file()
-        or prefect_server.database_configured_elsewhere(home)
-    )
 
 
 def server_records(client: httpx.Client | None, paths: JobPaths) -> tuple[list[dict], list[str]]:

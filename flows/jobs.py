@@ -143,19 +143,6 @@ def refuse_older_layout(paths: JobPaths) -> None:
         )
 
 
-def refuse_credentials_in_job_input(job_input: str | None) -> None:
-    """The job input is stored with the job and as a flow run's (or a deployment's) parameter: no credentials."""
-    refuse_credentials_in_url(
-        job_input,
-        door="the job input (INPUT)",
-        fix=(
-            "give the URL without them (an extraction's result URL is fetched with services.extractor.auth); a file "
-            "that needs them for http_import: download it yourself and import its folder with local_import"
-        ),
-        tokens=True,
-    )
-
-
 def refuse_invisible_url_characters(url: str | None, door: str) -> None:
     """A job input or status URL is stored in the job's record and its flow run's parameters and shown by
     ``status``: a control, bidi or line-separator character in it (Unicode Cc, Cf, Zl, Zp) would show another
@@ -207,7 +194,15 @@ def new_job_plan(
     """The new job's record and CRTDL, every check made (a bad input raises ``JobError``), nothing written yet."""
     if job_input and "://" in job_input:
         refuse_invisible_url_characters(job_input, "the job input (INPUT)")
-    refuse_credentials_in_job_input(job_input)
+    refuse_credentials_in_url(  # it is stored with the job and as a flow run's (or a deployment's) parameter
+        job_input,
+        door="the job input (INPUT)",
+        fix=(
+            "give the URL without them (an extraction's result URL is fetched with services.extractor.auth); a file "
+            "that needs them for http_import: download it yourself and import its folder with local_import"
+        ),
+        tokens=True,
+    )
     refuse_undecodable(
         {"the configuration file": config_path, "the job input": job_input, "--dir": settings.services.local_import.dir}
     )

@@ -19,8 +19,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["view"]:  # the engine alone: no
 
     sys.exit(view_main(sys.argv[1:]))
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,18 +179,6 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
     return overrides, labels
 
 
-def validate_configuration(config_path: str | None, overrides: dict[str, str], labels: dict[str, str]) -> None:
-    """Read and check the configuration before a job exists. The read is the one the job's preparation uses
-    (``cached_settings``: same file, same overrides); an invalid configuration is read once more, only to name the
-    flag that set a wrong value in the error."""
-    try:
-        settings = cached_settings(config_path, overrides)
-    except ConfigError:
-        load_settings(config_path, overrides=overrides, override_labels=labels)
-        raise
-    refuse_flags_no_step_reads(settings, labels)
-
-
 def refuse_flags_no_step_reads(settings: Settings, labels: dict[str, str]) -> None:
     """``--dir`` or ``--anonymization-config`` given to a pipeline without the step that reads it: the job would run
     without a word of it (data sent on with no pseudonymization the flag asked for)."""
@@ -203,23 +190,18 @@ def refuse_flags_no_step_reads(settings: Settings, labels: dict[str, str]) -> No
             )
 
 
-@contextmanager
-def config_warnings_unlogged() -> Iterator[None]:
-    """The configuration's warnings not logged (Python's last-resort handler would print each bare to stderr)."""
-    config_logger = logging.getLogger(CONFIG_LOGGER)
-    config_logger.disabled = True
-    try:
-        yield
-    finally:
-        config_logger.disabled = False
-
-
 def cmd_config_check(args: argparse.Namespace) -> int:
     overrides, labels = overrides_from_flags(args)
     if names_secret_blocks(args.config):
         prefect_server.use_server()  # its Secret blocks are read from the jobs' server
-    with config_warnings_unlogged():  # each is printed once, below the table
+    # The configuration's warnings are printed once, below the table: not logged (Python's last-resort handler
+    # would print each bare to stderr).
+    config_logger = logging.getLogger(CONFIG_LOGGER)
+    config_logger.disabled = True
+    try:
         loaded = load_settings(args.config, overrides=overrides, override_labels=labels)
+    finally:
+        config_logger.disabled = False
     if problems := step_file_problems(loaded.settings):
         raise ConfigError(problems)
     refuse_flags_no_step_reads(loaded.settings, labels)
@@ -240,7 +222,12 @@ def cmd_start(args: argparse.Namespace) -> int:
         config_path, job_input = str(EMBEDDED_CONFIG), str(EMBEDDED_CRTDL)
     if names_secret_blocks(config_path):
         prefect_server.use_server()  # its Secret blocks are read from the jobs' server
-    validate_configuration(config_path, overrides, labels)
+    try:  # the read the job's preparation uses (``cached_settings``: same file, same overrides)
+        settings = cached_settings(config_path, overrides)
+    except ConfigError:  # read once more, only to name the flag that set a wrong value in the error
+        load_settings(config_path, overrides=overrides, override_labels=labels)
+        raise
+    refuse_flags_no_step_reads(settings, labels)
     check_new_job(config_path, job_input, overrides)  # a bad input is refused before a server is started for it
     prefect_server.use_server()  # a dead PREFECT_API_URL stops here, before a job exists
     job = prepare_job(None, config_path, job_input, overrides, overrides_source="--set")
