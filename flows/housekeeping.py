@@ -338,14 +338,10 @@ def print_how_to_remove(selection: Selection, args: argparse.Namespace) -> None:
         return
     total = sum(job.size for job in selection.chosen)
     print(f"would remove {len(selection.chosen)} job(s), {size_text(total)} on disk; nothing was removed")
-    print(f"to remove them: {CLI} " + shlex.join(["prune", *given_options(args), "--yes"]))
-
-
-def given_options(args: argparse.Namespace) -> list[str]:
     options = ["--older-than", args.older_than] if args.older_than else []
-    for state in args.state or []:
-        options += ["--state", state]
-    return options + (["--jobs-dir", str(args.jobs_dir)] if args.jobs_dir else [])
+    options += [option for state in args.state or [] for option in ("--state", state)]
+    options += ["--jobs-dir", str(args.jobs_dir)] if args.jobs_dir else []
+    print(f"to remove them: {CLI} " + shlex.join(["prune", *options, "--yes"]))
 
 
 def begun_removals(jobs_dir: Path) -> list[Path]:
