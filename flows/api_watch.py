@@ -23,9 +23,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from config.runtime import job_on_command_line
+from config.runtime import job_on_command_line, CLI
 from flows.prefect_server import http_get, prefect_home, read_record, settings_of_home
-from config.runtime import CLI
 from tasks.core.url_credentials import shown_url
 from tasks.job.layout import JobPaths
 
@@ -41,8 +40,7 @@ NOT_OURS = "not the Prefect server the job ran on"
 
 @dataclass(frozen=True)
 class Loss:
-    """What a probe found missing: how long it may last before the job stops, what the job then says, and when to
-    resume it."""
+    """What a probe found missing: how long it may last before the job stops, why it stopped, when to resume."""
 
     after: float
     reason: str
@@ -51,7 +49,6 @@ class Loss:
 
 @contextmanager
 def api_watched(paths: JobPaths, api_url: str | None) -> Iterator[None]:
-    """Watch ``api_url`` while the block runs (nothing to watch without one)."""
     if api_url is None:
         yield
         return

@@ -41,7 +41,6 @@ ALREADY_WORDS = {"pause": "already paused", "resume": "already running", "cancel
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    """Add this module's commands to the ``python -m flows.run`` parser."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("config", help="configuration YAML (services.extractor: base_url, auth; tls; retry)")
     common.add_argument("--json", action="store_true", help="machine-readable JSON output")
@@ -196,7 +195,6 @@ def cmd_show(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
 
 
 def cmd_control(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
-    """pause, resume, cancel, or priority (``args.level``)."""
     job_id, operation = extraction_job_id(args), args.operation
     result = client.set_priority(job_id, args.level) if operation == "priority" else client.control(job_id, operation)
     job = result.job
@@ -255,7 +253,6 @@ def cmd_cohort_preview(args: argparse.Namespace, client: ExtractionTaskClient) -
 
 
 def print_table(header: tuple[str, ...], rows: list[tuple[object, ...]]) -> None:
-    """Columns as wide as their widest cell; every cell ``shown``."""
     cells = [header, *([shown(cell) for cell in row] for row in rows)]
     widths = [max(len(cell) for cell in column) for column in zip(*cells, strict=True)]
     for row in cells:

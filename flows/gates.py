@@ -18,12 +18,11 @@ from prefect.input.run_input import keyset_from_paused_state
 from prefect.states import Suspended
 from pydantic import Field
 
-from config.runtime import job_on_command_line
+from config.runtime import job_on_command_line, CLI
 from flows.job_card import JobRecordCard
 from flows import job_state
 from flows.jobs import Job
 from tasks.core.errors import JobError
-from config.runtime import CLI
 from tasks.job.contract import StepInput, StepResult, stored_in_job
 from tasks.job.record import SUSPENDED, PlainText
 from tasks.wait import gate_result_path, wait
@@ -50,36 +49,28 @@ class InspectionInput(RunInput):
 
 
 def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordCard, note: str | None) -> StepResult:
-    """A wait step: suspend until resumed with the inspection form (or ``continue``, which fills it in).
-
-    The form's answer is the run input of the suspend's key, kept by the flow run: a run resumed (from the top, every
-    other task shows again, as Cached) or retried by ``continue`` finds it and runs the ``wait`` task with its note,
-    which hands on the folder to go on with, without suspending again. A run without the answer runs the ``wait``
-    task without one, which publishes what to inspect, and is suspended. ``continue``'s ``note`` is the answer for a
-    gate that paused the job (its ``paused`` result is in the job folder) in a run that is not suspended any more
-    (cancelled, or lost with its server's database)."""
+    """A wait step: suspend until resumed with the inspection form (or ``continue``, which fills it in); then the
+    ``wait`` task runs with the form's note and hands on the folder to go on with."""
     if runtime.deployment.id is None:
         raise JobError(
             f"job {job.job_id} reached a wait step in a flow run of no deployment, which cannot be suspended; run it "
             f"with {CLI} continue {job_on_command_line(job.paths.job_dir)}"
         )
-    inspection = confirmed_inspection(job, step, resume_hint(job), done, card, note)
+    local = runtime.deployment.name in (None, COMMAND_LINE_DEPLOYMENT)  # a worker's run is resumed by its id too
+    hint = job_state.resume_hint(job.paths.job_dir, None if local else str(runtime.flow_run.id))
+    inspection = confirmed_inspection(job, step, hint, done, card, note)
     return stored_in_job(wait, step)(step, note=inspection.note)
-
-
-def resume_hint(job: Job) -> str:
-    """How to go on past this run's wait step (``flows.job_state.resume_hint``): a worker's run by its own id too."""
-    local = runtime.deployment.name in (None, COMMAND_LINE_DEPLOYMENT)
-    return job_state.resume_hint(job.paths.job_dir, None if local else str(runtime.flow_run.id))
 
 
 def confirmed_inspection(
     job: Job, step: StepInput, hint: str, done: list[StepResult], card: JobRecordCard, note: str | None
 ) -> InspectionInput:
-    """The form of the resume that confirmed the inspection. The first time, the ``wait`` task publishes what to
-    inspect and the run is suspended (its process ends; the card says Suspended first); the resumed run runs
-    the flow again and finds the answer to the suspend's key without suspending. ``continue``'s note after a pause
-    is kept as that answer, so a later run of the job passes the gate with it."""
+    """The form of the resume that confirmed the inspection: the run input of the suspend's key, kept by the flow run.
+    A run resumed (from the top, every other task shows again, as Cached) or retried by ``continue`` finds it and does
+    not suspend again. Without it the ``wait`` task publishes what to inspect and the run is suspended (its process
+    ends; the card says Suspended first). ``continue``'s note is kept as the answer for a gate that paused the job (its
+    ``paused`` result is in the job folder) in a run that is not suspended any more (cancelled, or lost with its
+    server's database), so a later run of the job passes the gate with it."""
     key = f"wait-{step.position:02d}"
     answer_key = keyset_from_paused_state(Suspended(pause_key=key))["response"]
     answer = read_flow_run_input(answer_key)
@@ -91,5 +82,4 @@ def confirmed_inspection(
     card.note([*done, awaiting])  # the card shows the gate awaiting while the run is suspended
     timeout = job.settings.pipeline.wait_timeout
     card.set_state(SUSPENDED, job_state.suspended_message(key, datetime.now(UTC) + timeout, hint))
-    card.refresh()
     return suspend_flow_run(wait_for_input=InspectionInput, timeout=int(timeout.total_seconds()), key=key)

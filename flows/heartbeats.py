@@ -23,7 +23,6 @@ ENDS = ("Completed", "Failed", "Cancelled", "Crashed", "Paused", "Suspended")  #
 
 
 def crash_detection() -> dict[str, Any]:
-    """The automation, as the API takes it."""
     return {
         "name": AUTOMATION_NAME,
         "description": "Prefect's zombie-run recipe for the flow dupflow: a killed job's run shows Crashed.",

@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from config.durations import parse_duration
-from config.runtime import listed_jobs_dir, prefect_api_headers, prefect_api_url
+from config.runtime import listed_jobs_dir, prefect_api_headers, prefect_api_url, CLI
 from flows import prefect_server
 from flows.extraction_cli import age
 from flows.job_state import MAX_PAGE_BYTES, PAGE, PREFECT_API, JobLock, JobLockedError, is_locked, latest_runs
@@ -43,7 +43,6 @@ from tasks.clients.extraction_jobs import UNFINISHED_STATUSES
 from tasks.clients.retry import call_with_retry
 from tasks.core.errors import UsageError
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_tag
-from config.runtime import CLI
 from tasks.core.readable import plain_text, size_text
 from tasks.core.names import show_text
 from tasks.core.url_credentials import shown_url
@@ -64,7 +63,6 @@ LIVE_RUN_STATES = ("RUNNING", "PENDING", "CANCELLING")  # a process carries the 
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    """Add ``prune`` to the ``python -m flows.run`` parser."""
     prune = commands.add_parser(
         "prune", help="list old or finished jobs (and their flow runs and artifacts); remove them with --yes"
     )
@@ -229,10 +227,7 @@ def job_entries(jobs_dir: Path) -> Iterator[tuple[Path, str | None]]:
 
 
 def old_enough(changed_at: str, older_than: timedelta | None, now: datetime) -> bool:
-    if older_than is None:
-        return True
-    changed = datetime.fromisoformat(changed_at)
-    return now - (changed if changed.tzinfo else changed.replace(tzinfo=UTC)) >= older_than
+    return older_than is None or now - datetime.fromisoformat(changed_at) >= older_than  # changed_time's, in UTC
 
 
 def size_on_disk(directory: Path) -> int:
@@ -248,19 +243,16 @@ def size_on_disk(directory: Path) -> int:
 def housekeeping_api_url() -> str | None:
     """The jobs' server (as ``use_server`` points at it), or None when there is none to clean: no
     ``PREFECT_API_URL``, no local server running and no local database that one would serve."""
-    if prefect_api_url() is None and not local_server_has_jobs():
-        return None
+    if prefect_api_url() is None:
+        home = prefect_server.prefect_home()
+        if not (
+            prefect_server.server_status() is not None
+            or (home / prefect_server.DATABASE_FILE).is_file()
+            or prefect_server.database_configured_elsewhere(home)
+        ):
+            return None
     prefect_server.use_server()
     return prefect_api_url()
-
-
-def local_server_has_jobs() -> bool:
-    home = prefect_server.prefect_home()
-    return (
-        prefect_server.server_status() is not None
-        or (home / prefect_server.DATABASE_FILE).is_file()
-        or prefect_server.database_configured_elsewhere(home)
-    )
 
 
 def server_records(client: httpx.Client | None, paths: JobPaths) -> tuple[list[dict], list[str]]:
@@ -290,7 +282,6 @@ def live_run(runs: list[dict], states: tuple[str, ...]) -> str | None:
 
 
 def filtered(client: httpx.Client, path: str, body: dict) -> list[dict]:
-    """Every row of a ``…/filter`` endpoint, a page at a time."""
     rows: list[dict] = []
     while True:
         page = api_call(client, "POST", path, {**body, "limit": PAGE, "offset": len(rows)}).json()
@@ -347,14 +338,10 @@ def print_how_to_remove(selection: Selection, args: argparse.Namespace) -> None:
         return
     total = sum(job.size for job in selection.chosen)
     print(f"would remove {len(selection.chosen)} job(s), {size_text(total)} on disk; nothing was removed")
-    print(f"to remove them: {CLI} " + shlex.join(["prune", *given_options(args), "--yes"]))
-
-
-def given_options(args: argparse.Namespace) -> list[str]:
     options = ["--older-than", args.older_than] if args.older_than else []
-    for state in args.state or []:
-        options += ["--state", state]
-    return options + (["--jobs-dir", str(args.jobs_dir)] if args.jobs_dir else [])
+    options += [option for state in args.state or [] for option in ("--state", state)]
+    options += ["--jobs-dir", str(args.jobs_dir)] if args.jobs_dir else []
+    print(f"to remove them: {CLI} " + shlex.join(["prune", *options, "--yes"]))
 
 
 def begun_removals(jobs_dir: Path) -> list[Path]:
@@ -410,7 +397,7 @@ def remove_jobs(chosen: list[Candidate], jobs_dir: Path, client: httpx.Client | 
 
 
 def remove_job(job: Candidate, jobs_dir: Path, client: httpx.Client | None) -> str | None:
-    """Remove one job under its lock; why it was not removed, or None."""
+    """Remove one job under its lock; why not, or None."""
     if job.paths.job_dir.is_symlink() or job.paths.job_dir.parent.resolve() != jobs_dir:
         return "not a directory of the jobs directory"
     if not job.paths.job_file.is_file():  # another prune removed it (its lock would make the folder again)

@@ -65,8 +65,9 @@ class JobRecordCard:
         self._state, self._message = RUNNING, ""
 
     def set_state(self, state: str, message: str = "") -> None:
-        """The job's state (and its message, redacted already) as the run enters it, shown at the next ``refresh``."""
+        """The job's state (and its message, redacted already) as the run enters it, published now."""
         self._state, self._message = state, message
+        self.refresh()
 
     def note(self, results: list[StepResult]) -> None:
         """These steps, shown at the next ``refresh``."""
@@ -78,27 +79,23 @@ class JobRecordCard:
         self._failed = exc
 
     def refresh(self) -> None:
-        """Publish the record as it stands: the job's state and the steps noted so far. The card
-        is a picture of the job: one that cannot be published (the API may be what failed) is logged, never put in
-        place of the job's own outcome (a finished job stays Completed)."""
+        """Publish the record as it stands: the job's state and the steps noted so far. The card is a picture of the
+        job: one that cannot be published (the API may be what failed) is logged, never put in place of the job's own
+        outcome (a finished job stays Completed)."""
         try:
-            self._publish()
+            markdown = job_record_markdown(self._job, self._results, self._failed, (self._state, self._message))
+            key = artifact_key(self._job.job_id)
+            self._artifact_id = self._artifact_id or this_runs_artifact_id(key)
+            if self._artifact_id is None:
+                self._artifact_id = create_markdown_artifact(key=key, markdown=markdown, description="Job record")
+            else:
+                with get_client(sync_client=True) as client:
+                    client.update_artifact(self._artifact_id, ArtifactUpdate(data=markdown))
         except Exception as publish_error:
             get_run_logger().warning("the job record could not be updated: %s", one_line(publish_error))
 
-    def _publish(self) -> None:
-        markdown = job_record_markdown(self._job, self._results, self._failed, (self._state, self._message))
-        key = artifact_key(self._job.job_id)
-        self._artifact_id = self._artifact_id or this_runs_artifact_id(key)
-        if self._artifact_id is None:
-            self._artifact_id = create_markdown_artifact(key=key, markdown=markdown, description="Job record")
-            return
-        with get_client(sync_client=True) as client:
-            client.update_artifact(self._artifact_id, ArtifactUpdate(data=markdown))
-
 
 def this_runs_artifact_id(key: str) -> Any:
-    """The id of the artifact ``key`` made by this flow run, if it made one."""
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(
             artifact_filter=filters.ArtifactFilter(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from uuid import UUID
 
 from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
@@ -68,8 +67,11 @@ def continued_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any], 
         if run is None or run.deployment_id is None:  # a lost database, another home, a copy, or a job from before
             said = "its flow run is not on this Prefect server (or is from before jobs had one run): a new run takes"
             return new_job_run(job_id, paths, parameters, f"{said} every finished step from the job folder")
-        if run.state is not None and run.state.is_paused():
-            resume_with_form(client, run.id, note)
+        if run.state is not None and run.state.is_paused():  # resumed with the form's answers, as the UI's Resume
+            answer = client.resume_flow_run(run.id, run_input={"confirmed": True, "note": note})
+            if answer.status.value != "ACCEPT":
+                reason = getattr(answer.details, "reason", None) or answer.status.value
+                raise JobError(f"the Prefect server did not resume flow run {run.id}: {reason}")
             return JobRun(client.read_flow_run(run.id), "resumed its suspended flow run, confirmed with the note")
         if run.state is None or not run.state.is_scheduled():  # scheduled: resumed in the UI, this goes on with it
             client.update_flow_run(run.id, parameters=parameters)
@@ -86,14 +88,6 @@ def known_run(client: SyncPrefectClient, paths: JobPaths) -> FlowRun | None:
         flow_run_filter=FlowRunFilter(tags=tags), sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=1
     )
     return found[0] if found else None
-
-
-def resume_with_form(client: SyncPrefectClient, flow_run_id: UUID, note: str) -> None:
-    """Resume a suspended run with the inspection form's answers, as the UI's Resume does; refused, it says why."""
-    answer = client.resume_flow_run(flow_run_id, run_input={"confirmed": True, "note": note})
-    if answer.status.value != "ACCEPT":
-        reason = getattr(answer.details, "reason", None) or answer.status.value
-        raise JobError(f"the Prefect server did not resume flow run {flow_run_id}: {reason}")
 
 
 def execute(run: FlowRun) -> Any:

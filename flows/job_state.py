@@ -28,16 +28,8 @@ from tasks.core.jsonfile import JsonFileError, read_json_file
 from tasks.core.readable import plain_text
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_of_tag, job_tag
 from tasks.job.layout import result_name, step_artifact_key
-from tasks.job.record import (
-    MAX_RECORD_BYTES,
-    RUNNING,
-    CRASHED,
-    UNKNOWN,
-    JobRecord,
-    RecordError,
-    StepRecord,
-    read_record,
-)
+from tasks.job.record import MAX_RECORD_BYTES, RUNNING, CRASHED, UNKNOWN, JobRecord, RecordError, StepRecord
+from tasks.job.record import read_record
 
 LOCK_FILE = ".lock"
 PREFECT_API = "the Prefect API"
@@ -114,7 +106,6 @@ class JobLock:
 
 
 def is_locked(paths: JobPaths) -> bool:
-    """True while some process holds the job's lock (that is, the job is really running)."""
     lock_path = paths.job_dir / LOCK_FILE
     if not lock_path.exists():
         return False
@@ -171,7 +162,9 @@ def latest_runs(directories: dict[str, str], timeout: float = 2.0) -> dict[str, 
     job_ids, newest = list(directories), dict[str, dict[str, Any]]()
     for start in range(0, len(job_ids) if prefect_api_url() is not None else 0, TAGS_PER_REQUEST):
         page = job_ids[start : start + TAGS_PER_REQUEST]
-        for run in runs_of(page, timeout):  # newest first: the first run naming a job is its newest
+        body = {"flow_runs": {"tags": {"any_": [job_tag(job_id) for job_id in page]}}}
+        # Newest first: the first run naming a job is its newest (a job may have more: a copy's, earlier ones).
+        for run in filtered_rows("/flow_runs/filter", body, timeout):
             tags = [str(tag) for tag in run.get("tags") or []]
             dirs = {tag for tag in tags if tag.startswith(DIRECTORY_TAG_PREFIX)}
             for job_id in map(job_of_tag, tags):
@@ -181,16 +174,9 @@ def latest_runs(directories: dict[str, str], timeout: float = 2.0) -> dict[str, 
 
 
 def run_state(run: dict[str, Any] | None) -> str | None:
-    """A run's state name as the server gives it, made plain (any API client may name a state); None for no run."""
+    """A run's state name, made plain (any API client may name a state); None for no run."""
     name = (run or {}).get("state_name") or ((run or {}).get("state") or {}).get("name")
     return plain_text(str(name)) if name else None
-
-
-def runs_of(job_ids: list[str], timeout: float) -> list[dict[str, Any]]:
-    """The flow runs tagged with any of the jobs, newest first (a job may have more than one: a copy's, or the runs
-    of a job from before); as far as the server answered."""
-    body: dict[str, Any] = {"flow_runs": {"tags": {"any_": [job_tag(job_id) for job_id in job_ids]}}}
-    return filtered_rows("/flow_runs/filter", body, timeout)
 
 
 def api_answer(method: str, path: str, read: dict[str, str], timeout: float, body: dict | None = None) -> Any:
@@ -281,7 +267,7 @@ def step_record(paths: JobPaths, step: str, position: int, state: dict[str, Any]
 
 
 def filtered_rows(path: str, body: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
-    """Every row of a ``…/filter`` endpoint, newest first, page after page; as far as the server answered."""
+    """Every row of a ``…/filter`` endpoint, newest first; as far as the server answered."""
     rows: list[dict[str, Any]] = []
     while True:
         page = {**body, "sort": "EXPECTED_START_TIME_DESC", "limit": PAGE, "offset": len(rows)}

@@ -83,7 +83,9 @@ def prepare_job(
             f"no job {job_id} in {paths.job_dir.parent} (the jobs_dir of {of}); give the configuration the job was "
             "started with, or leave the job id empty for a new job"
         )
-    return new_job(paths, config_path, job_input, overrides, settings)
+    record, crtdl, effective = new_job_plan(paths, config_path, job_input, overrides, settings)
+    create_job_files(paths, record, crtdl, effective)
+    return Job(paths, record, settings)
 
 
 def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source: str = "--set") -> Job:
@@ -141,19 +143,6 @@ def refuse_older_layout(paths: JobPaths) -> None:
         )
 
 
-def refuse_credentials_in_job_input(job_input: str | None) -> None:
-    """The job input is stored with the job and as a flow run's (or a deployment's) parameter: no credentials."""
-    refuse_credentials_in_url(
-        job_input,
-        door="the job input (INPUT)",
-        fix=(
-            "give the URL without them (an extraction's result URL is fetched with services.extractor.auth); a file "
-            "that needs them for http_import: download it yourself and import its folder with local_import"
-        ),
-        tokens=True,
-    )
-
-
 def refuse_invisible_url_characters(url: str | None, door: str) -> None:
     """A job input or status URL is stored in the job's record and its flow run's parameters and shown by
     ``status``: a control, bidi or line-separator character in it (Unicode Cc, Cf, Zl, Zp) would show another
@@ -191,14 +180,6 @@ def refuse_undecodable(paths: Mapping[str, str | None]) -> None:
             raise JobError(f"{what} {show_text(path, None)} is not valid UTF-8; rename it; no job was made") from None
 
 
-def new_job(
-    paths: JobPaths, config_path: str | None, job_input: str | None, overrides: dict[str, str], settings: Settings
-) -> Job:
-    record, crtdl, effective = new_job_plan(paths, config_path, job_input, overrides, settings)
-    create_job_files(paths, record, crtdl, effective)
-    return Job(paths, record, settings)
-
-
 def check_new_job(config_path: str | None, job_input: str | None, overrides: Mapping[str, str]) -> None:
     """Every check ``prepare_job`` makes of a new job, nothing written: ``start`` refuses a bad input before it
     starts a Prefect server for nothing."""
@@ -213,7 +194,15 @@ def new_job_plan(
     """The new job's record and CRTDL, every check made (a bad input raises ``JobError``), nothing written yet."""
     if job_input and "://" in job_input:
         refuse_invisible_url_characters(job_input, "the job input (INPUT)")
-    refuse_credentials_in_job_input(job_input)
+    refuse_credentials_in_url(  # it is stored with the job and as a flow run's (or a deployment's) parameter
+        job_input,
+        door="the job input (INPUT)",
+        fix=(
+            "give the URL without them (an extraction's result URL is fetched with services.extractor.auth); a file "
+            "that needs them for http_import: download it yourself and import its folder with local_import"
+        ),
+        tokens=True,
+    )
     refuse_undecodable(
         {"the configuration file": config_path, "the job input": job_input, "--dir": settings.services.local_import.dir}
     )
@@ -246,8 +235,11 @@ def create_job_files(paths: JobPaths, record: JobRecord, crtdl: Path | None, eff
     try:
         with changing_record(paths.job_dir, new=record):
             pass
-        if crtdl is not None and effective is not None:
-            write_crtdl(paths, crtdl, effective)
+        if crtdl is not None and effective is not None:  # recorded as ``crtdl_path`` for every step that needs it
+            target = paths.job_dir / effective.name
+            write_file_atomically(target, effective.data)
+            warnings = effective.warnings or None
+            record_facts(paths.job_dir, crtdl_path=str(target), crtdl_source=str(crtdl), crtdl_warnings=warnings)
     except OSError:
         shutil.rmtree(paths.job_dir, ignore_errors=True)
         raise
@@ -382,10 +374,3 @@ def refuse_unusable_group_names(source: Path, crtdl: dict) -> None:
         raise JobError(f"invalid CRTDL {source} for the flattening step: {exc}") from None
     if problems:
         raise JobError(f"CRTDL {source}: " + "; ".join(problems))
-
-
-def write_crtdl(paths: JobPaths, source: Path, crtdl: EffectiveCrtdl) -> None:
-    """The job's one CRTDL in its directory, recorded as ``crtdl_path`` for every step that needs it."""
-    target = paths.job_dir / crtdl.name
-    write_file_atomically(target, crtdl.data)
-    record_facts(paths.job_dir, crtdl_path=str(target), crtdl_source=str(source), crtdl_warnings=crtdl.warnings or None)

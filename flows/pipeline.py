@@ -36,27 +36,15 @@ from tasks.core.redaction import redact
 from tasks.core.errors import JobError
 from tasks.core.url_credentials import refuse_credentials_in_url, shown_url, split_url
 from tasks.extractor import cancel_replaced_extraction, extractor
-from tasks.flattening import flattening
-from tasks.flattening import shaped_settings as flattening_shape
-from tasks.http_import import http_import
-from tasks.http_import import shaped_settings as http_import_shape
+from tasks.flattening import flattening, shaped_settings as flattening_shape
+from tasks.http_import import http_import, shaped_settings as http_import_shape
 from tasks.job.contract import StepInput, StepKind, StepResult, digest, files_gone, redact_exception, stored_in_job
 from tasks.job.filework import file_runner
 from tasks.job.layout import directory_tag, is_job_id, job_of_tag, job_tag
-from tasks.job.record import (
-    CANCELLED,
-    CRASHED,
-    FAILED,
-    counts_text,
-    read_facts,
-)
-from tasks.job.record import record_facts
-from tasks.local_import import local_import
-from tasks.local_import import shaped_settings as local_import_shape
-from tasks.pseudonymizer import pseudonymizer
-from tasks.pseudonymizer import shaped_settings as pseudonymizer_shape
-from tasks.send import send
-from tasks.send import shaped_settings as send_shape
+from tasks.job.record import CANCELLED, CRASHED, FAILED, counts_text, read_facts, record_facts
+from tasks.local_import import local_import, shaped_settings as local_import_shape
+from tasks.pseudonymizer import pseudonymizer, shaped_settings as pseudonymizer_shape
+from tasks.send import send, shaped_settings as send_shape
 from tasks.validation import validation
 from tasks.wait import wait
 
@@ -90,20 +78,10 @@ def flow_run_name() -> str:
     return given if isinstance(given, str) and is_job_id(given) else own_job_id()  # a form's text is no name yet
 
 
-def run_job_id(job_id: str | None) -> str:
-    """The job this flow run works on: ``job_id``, else the job it already made (its ``job-<id>`` tag), else a new
-    job named after this flow run's id (a deployment or scheduled run without a job id).
-
-    A resumed deployment run starts the flow again with the same parameters (no job id): its own id (or the tag,
-    for a job made before jobs took the run's id) makes it resume its own job instead of starting a new one.
-    """
-    if job_id:
-        return job_id
-    return own_job_id()
-
-
 def own_job_id() -> str:
-    """The job this flow run made (its ``job-<id>`` tag), else its own id."""
+    """The job this flow run made (its ``job-<id>`` tag), else its own id: a deployment or scheduled run without a
+    job id makes a job named after its run, and, resumed (the flow starts again with the same parameters, no job
+    id), finds that job again instead of starting a new one (the tag: a job made before jobs took the run's id)."""
     tagged = next(filter(None, map(job_of_tag, runtime.flow_run.tags or [])), None)
     return tagged or str(runtime.flow_run.id)
 
@@ -131,7 +109,7 @@ def pipeline(
     """
     checked_attach(attach)  # before anything is made or written
     job = prepare_job(
-        run_job_id(job_id),
+        job_id or own_job_id(),
         config_path,
         job_input,
         overrides,
@@ -151,7 +129,6 @@ def pipeline(
         except BaseException as exc:
             redact_exception(exc)  # Prefect makes the failed state's message of its text
             card.set_state(*ended_state(exc, flow_run_id))
-            card.refresh()
             raise
 
 
@@ -186,7 +163,6 @@ def run_job_steps(job: Job, card: JobRecordCard, note: str | None) -> Any:
         message=completed_message(job.settings, results[-1], summary["output_dir"]), data=summary
     )
     card.set_state(state.name or "", state.message or "")
-    card.refresh()
     return state
 
 

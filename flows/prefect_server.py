@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.metadata
 import json
 import os
 import secrets
@@ -38,12 +39,11 @@ from http.client import HTTPConnection, HTTPException, HTTPSConnection
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from config.runtime import local_server_port, prefect_api_headers, prefect_api_url
-from flows.prefect_api import version_problem
+from config.runtime import CLI, local_server_port, prefect_api_headers, prefect_api_url
 from flows.prefect_profile import record_in_profile
 from flows.server_process import POLL_INTERVAL, process_is_server, process_stopped, terminate
 from tasks.core.errors import DupflowError
-from config.runtime import CLI
+from tasks.core.readable import plain_text
 from tasks.core.url_credentials import shown_url
 from tasks.streams.files import exclusive_lock, write_file_atomically
 
@@ -64,6 +64,7 @@ PROBE_TIMEOUT = 0.5
 API_ANSWER_TIMEOUT = 20.0  # a server elsewhere that is busy (2-core machine under load) was seen to take over 5 s
 OK = (200, b"true")  # what /health of a Prefect API answers
 MAX_PROBE_ANSWER_BYTES = 1024 * 1024
+SHOWN_ANSWER_CHARS = 80
 STARTUP_TIMEOUT = 120.0  # a fresh PREFECT_HOME migrates its database first: 15-40 s on a busy 2-core machine
 # Off: two services no job needs, which only label runs Late and workers offline in the UI (the scheduler, triggers,
 # pause expirations, task-run recorder, event persister, cancellation clean-up and the UI stay on); two malloc arenas
@@ -123,10 +124,8 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
 
 
 def require_answer(api_url: str) -> None:
-    """Raise ``ApiUnreachableError`` unless a Prefect API answers at ``api_url``: its ``/health`` says ``true`` and
-    its ``/admin/version`` names a Prefect version this client can use (``version_problem``), or it asks for
-    credentials (401, 403: a server elsewhere may want a key for it); called before a job is made or run. The URL
-    is shown without user info, query or fragment."""
+    """Raise ``ApiUnreachableError`` unless a Prefect API this client can use answers at ``api_url`` (``/health``
+    true, ``version_problem`` none), or it asks for credentials (401, 403: a server elsewhere may want a key)."""
     answer = http_get(api_url, "/health", API_ANSWER_TIMEOUT)
     if answer is not None and answer[0] in (401, 403):
         return
@@ -149,6 +148,31 @@ def require_answer(api_url: str) -> None:
     )
 
 
+def version_problem(answer: tuple[int, bytes] | None) -> str | None:
+    """What is wrong with ``answer``, a server's answer to ``GET /admin/version`` (status and body; None: nothing
+    answered), for this client; None when it names a Prefect version of this client's major version. Prefect's
+    client reads and parses that answer before its first call: a foreign one ends there in a traceback
+    (``InvalidVersion``, a JSON error), a Prefect of another major version in "incompatible versions"."""
+    if answer is not None and answer[0] in (401, 403):  # a server elsewhere may want credentials for it
+        return None
+    from packaging.version import Version  # Prefect's own reading of versions
+
+    try:  # /admin/version answers a JSON string, read as Prefect's client reads it
+        found = Version(json.loads(answer[1])) if answer is not None and answer[0] == 200 else None
+    except (ValueError, TypeError):  # InvalidVersion and JSON errors are ValueErrors
+        found = None
+    if found is None:
+        said = (
+            f"HTTP {answer[0]} {plain_text(answer[1].decode(errors='replace'))[:SHOWN_ANSWER_CHARS]!r}"
+            if answer
+            else "nothing"
+        )
+        return f"answers GET /health with true but is no Prefect API (GET /admin/version answered {said})"
+    if found.major != (ours := Version(importlib.metadata.version("prefect"))).major:
+        return f"is Prefect {found}, this client Prefect {ours}: their major versions must match"
+    return None
+
+
 def api_beside(url: str) -> str | None:
     """``url`` with ``/api`` added to its path, where a Prefect server would serve its API; None when it ends so."""
     parts = urlsplit(url)
@@ -157,7 +181,7 @@ def api_beside(url: str) -> str | None:
 
 
 def stop_server(home: Path | None = None) -> bool:
-    """Stop the server recorded in PREFECT_HOME (SIGTERM, SIGKILL after a grace); whether one was running."""
+    """Stop the server recorded in PREFECT_HOME; whether one was running."""
     home = prefect_home(home)
     with exclusive_lock(home / LOCK_FILE):
         record = read_record(home)
@@ -168,7 +192,7 @@ def stop_server(home: Path | None = None) -> bool:
 
 
 def server_status(home: Path | None = None) -> dict | None:
-    """The recorded server (url, ui_url, pid, port, log, started_at, healthy), or None if none is running."""
+    """The recorded server (without its nonce) with its UI URL and health, or None if none is running."""
     if (record := read_record(prefect_home(home))) is None or not runs_recorded_server(record):
         return None
     shown = {key: value for key, value in asdict(record).items() if key != "nonce"}
@@ -330,22 +354,15 @@ def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool
     dies (another home's server may have taken its port and answer there) or ``timeout`` passes first."""
     deadline = time.monotonic() + timeout
     while not (is_healthy(record.url) and serves_home(record, home)):
-        refuse_if_stopped(record.pid)
+        if process_stopped(record.pid):  # it holds its port and answers nothing: say so, not wait to the timeout
+            raise ServerStartError(
+                f"the local Prefect server (pid {record.pid}) is stopped (SIGSTOP or Ctrl+Z) and answers nothing: "
+                f"continue it with kill -CONT {record.pid}, or end it with {CLI} server stop"
+            )
         if not runs_recorded_server(record) or time.monotonic() >= deadline:
             return False
         time.sleep(POLL_INTERVAL)
     return runs_recorded_server(record)
-
-
-def refuse_if_stopped(pid: int) -> None:
-    """Say at once, with both ways out, that the server is stopped (SIGSTOP, Ctrl+Z): it holds its port and
-    answers nothing, so waiting for it would be a silent wait to the start timeout. Checked on every poll: a stop
-    may land while the wait is under way."""
-    if process_stopped(pid):
-        raise ServerStartError(
-            f"the local Prefect server (pid {pid}) is stopped (SIGSTOP or Ctrl+Z) and answers nothing: "
-            f"continue it with kill -CONT {pid}, or end it with {CLI} server stop"
-        )
 
 
 def serves_home(record: ServerRecord, home: Path) -> bool:
@@ -404,7 +421,6 @@ def runs_recorded_server(record: ServerRecord) -> bool:
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    """Add ``server start|stop|status|url`` to the ``python -m flows.run`` parser."""
     server = commands.add_parser("server", help="the local Prefect server (and its UI) that jobs use")
     server_commands = server.add_subparsers(required=True, metavar="SUBCOMMAND")
     for name, command, text in (
@@ -433,7 +449,6 @@ def cmd_server_url(args: argparse.Namespace) -> int:
 
 
 def print_started(shown: Callable[[str], str]) -> int:
-    """This home's server, started if none runs: ``shown(api_url)`` printed, exit 0; else the failure, exit 1."""
     try:
         print(shown(ensure_server()))
     except ServerStartError as exc:

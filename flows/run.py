@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import os
 import re
 import sys
 
@@ -20,8 +19,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["view"]:  # the engine alone: no
 
     sys.exit(view_main(sys.argv[1:]))
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +28,7 @@ from config.fields import CONFIG_LOGGER
 from config.keys import leaf_paths, secret_key_paths
 from config.loader import cached_settings, effective_config_rows, load_settings, refuse_secret_overrides
 from config.yaml_file import names_secret_blocks
-from config.runtime import apply_prefect_defaults, job_on_command_line, jobs_dir_of, prefect_api_url
+from config.runtime import apply_prefect_defaults, job_on_command_line, jobs_dir_of, prefect_api_url, CLI
 from config.settings import Settings
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.api_watch import api_watched
@@ -40,8 +38,7 @@ from flows.jobs import check_new_job, prepare_job, refuse_extraction_flags_of_a_
 from flows.jobs import refuse_invisible_url_characters, step_file_problems
 from flows.run_logging import job_logging, take_interrupts
 from flows.status_cli import cmd_list, cmd_status
-from tasks.core.errors import DupflowError, UsageError
-from config.runtime import CLI
+from tasks.core.errors import UsageError
 from tasks.core.readable import plain_text
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
@@ -81,19 +78,7 @@ def flag_label(attr: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     apply_prefect_defaults()  # before anything imports Prefect: its telemetry is decided at its import
-    args = build_parser().parse_args(argv)
-    try:
-        return args.command(args)
-    except DupflowError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except BrokenPipeError:
-        # The reader went away (``list | head``): stop quietly, and keep Python from complaining at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
-    except KeyboardInterrupt:  # outside a job's run (waiting for the server to start, a listing): nothing to record
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    return view_cli.dispatch(build_parser().parse_args(argv))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,12 +162,9 @@ def add_jobs_dir_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
-    """``--dir``, ``--anonymization-config`` and ``--set`` as (dotted key -> raw value, key -> flag label).
-
-    Flags end up in Prefect's flow-run parameters and job.json, so a secret among them is refused first.
-    """
-    overrides: dict[str, str] = {}
-    labels: dict[str, str] = {}
+    """The flags as (dotted key -> raw value, key -> flag label). They end up in Prefect's flow-run parameters and
+    job.json, so a secret among them is refused first."""
+    overrides, labels = dict[str, str](), dict[str, str]()
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
@@ -197,18 +179,6 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
     return overrides, labels
 
 
-def validate_configuration(config_path: str | None, overrides: dict[str, str], labels: dict[str, str]) -> None:
-    """Read and check the configuration before a job exists. The read is the one the job's preparation uses
-    (``cached_settings``: same file, same overrides); an invalid configuration is read once more, only to name the
-    flag that set a wrong value in the error."""
-    try:
-        settings = cached_settings(config_path, overrides)
-    except ConfigError:
-        load_settings(config_path, overrides=overrides, override_labels=labels)
-        raise
-    refuse_flags_no_step_reads(settings, labels)
-
-
 def refuse_flags_no_step_reads(settings: Settings, labels: dict[str, str]) -> None:
     """``--dir`` or ``--anonymization-config`` given to a pipeline without the step that reads it: the job would run
     without a word of it (data sent on with no pseudonymization the flag asked for)."""
@@ -220,23 +190,18 @@ def refuse_flags_no_step_reads(settings: Settings, labels: dict[str, str]) -> No
             )
 
 
-@contextmanager
-def config_warnings_unlogged() -> Iterator[None]:
-    """The configuration's warnings not logged (Python's last-resort handler would print each bare to stderr)."""
-    config_logger = logging.getLogger(CONFIG_LOGGER)
-    config_logger.disabled = True
-    try:
-        yield
-    finally:
-        config_logger.disabled = False
-
-
 def cmd_config_check(args: argparse.Namespace) -> int:
     overrides, labels = overrides_from_flags(args)
     if names_secret_blocks(args.config):
         prefect_server.use_server()  # its Secret blocks are read from the jobs' server
-    with config_warnings_unlogged():  # each is printed once, below the table
+    # The configuration's warnings are printed once, below the table: not logged (Python's last-resort handler
+    # would print each bare to stderr).
+    config_logger = logging.getLogger(CONFIG_LOGGER)
+    config_logger.disabled = True
+    try:
         loaded = load_settings(args.config, overrides=overrides, override_labels=labels)
+    finally:
+        config_logger.disabled = False
     if problems := step_file_problems(loaded.settings):
         raise ConfigError(problems)
     refuse_flags_no_step_reads(loaded.settings, labels)
@@ -257,7 +222,12 @@ def cmd_start(args: argparse.Namespace) -> int:
         config_path, job_input = str(EMBEDDED_CONFIG), str(EMBEDDED_CRTDL)
     if names_secret_blocks(config_path):
         prefect_server.use_server()  # its Secret blocks are read from the jobs' server
-    validate_configuration(config_path, overrides, labels)
+    try:  # the read the job's preparation uses (``cached_settings``: same file, same overrides)
+        settings = cached_settings(config_path, overrides)
+    except ConfigError:  # read once more, only to name the flag that set a wrong value in the error
+        load_settings(config_path, overrides=overrides, override_labels=labels)
+        raise
+    refuse_flags_no_step_reads(settings, labels)
     check_new_job(config_path, job_input, overrides)  # a bad input is refused before a server is started for it
     prefect_server.use_server()  # a dead PREFECT_API_URL stops here, before a job exists
     job = prepare_job(None, config_path, job_input, overrides, overrides_source="--set")
@@ -283,7 +253,6 @@ def cmd_continue(args: argparse.Namespace) -> int:
 
 
 def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: dict[str, str]) -> int:
-    """The job's flow run goes on (``flows.job_runs``); the flow settles the gates and a submission in doubt."""
     job = read_record(paths.job_dir)
     refuse_extraction_flags_of_a_followed_url(job, args.attach, args.resubmit)  # before a flow run exists
     prefect_server.use_server()  # the job's state is its flow run's there
@@ -306,8 +275,7 @@ def refuse_flags_of_a_new_run(job: JobRecord, args: argparse.Namespace, override
     """A suspended run goes on with the parameters it was started with: ``--set``, ``--attach`` and ``--resubmit``
     would be lost without a word, so they are refused before it is resumed."""
     flags = (("--set", overrides), ("--attach", args.attach), ("--resubmit", args.resubmit))
-    given = [flag for flag, value in flags if value]
-    if given:
+    if given := [flag for flag, value in flags if value]:
         raise UsageError(
             f"job {job.job_id}: its flow run is suspended at a wait step and goes on as it was started, so "
             f"{', '.join(given)} cannot apply; resume it without them, or cancel that run in the Prefect UI and "
@@ -347,7 +315,6 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
 
 
 def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any] | None) -> Any:
-    """The job's one flow run (``flows.job_runs``): made for a new job, carried on by a ``continue``."""
     from prefect.exceptions import TerminationSignal
 
     from flows import job_runs

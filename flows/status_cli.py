@@ -36,7 +36,10 @@ def state_message(paths: JobPaths, run: dict[str, Any] | None, state: str) -> st
         return f"no process works on it any more (its process was killed); {go_on} resumes it"
     if state == SUSPENDED:
         details = server.get("state_details") or {}
-        expires = parsed_time(details.get("pause_timeout"))
+        try:
+            expires = datetime.fromisoformat(str(details["pause_timeout"])) if details.get("pause_timeout") else None
+        except ValueError:
+            expires = None
         worker_run = str(run.get("id")) if run.get("work_pool_name") else None
         return suspended_message(details.get("pause_key"), expires, resume_hint(paths.job_dir, worker_run))
     if state in SCHEDULED_NAMES:  # resumed in the UI: a worker's run is its worker's; the command line's, continue's
@@ -44,13 +47,6 @@ def state_message(paths: JobPaths, run: dict[str, Any] | None, state: str) -> st
             f"its flow run is {state}: a worker goes on with a deployment's run, {go_on} with a job of the command line"
         )
     return "; ".join(filter(None, [said, f"{go_on} resumes it"])) if state in (CANCELLED, CRASHED, FAILED) else said
-
-
-def parsed_time(text: Any) -> datetime | None:
-    try:
-        return datetime.fromisoformat(str(text)) if text else None
-    except ValueError:
-        return None
 
 
 def cmd_status(args: argparse.Namespace) -> int:

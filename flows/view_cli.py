@@ -37,22 +37,28 @@ MAX_VIEW_BYTES = 16 * 1024 * 1024  # a ViewDefinition is a few KB; more is the w
 
 
 def main(argv: Sequence[str]) -> int:
-    """``view …`` as the whole command, with the command line's parser for it and its exits (``flows.run.main``'s)."""
+    """``view …`` as the whole command, with the command line's parser for it and its exits."""
     parser = argparse.ArgumentParser(prog=CLI)
     register(parser.add_subparsers(required=True, metavar="COMMAND"))
-    args = parser.parse_args(argv)
+    return dispatch(parser.parse_args(argv))
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """Run the parsed command with the command line's exits (``flows.run.main`` and ``main`` here share them)."""
     try:
         return args.command(args)
     except DupflowError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:  # before a row was read (cmd_view_run says more once rows are written)
+    except BrokenPipeError:  # the reader went away (``list | head``): stop quietly, and keep Python from complaining
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
+    except KeyboardInterrupt:  # outside a job's run or before a row was read (waiting for a server, a listing)
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 
 def register(commands: argparse._SubParsersAction) -> None:
-    """Add this module's commands to the ``python -m flows.run`` parser."""
     view = commands.add_parser("view", help="SQL-on-FHIR ViewDefinition commands")
     view_commands = view.add_subparsers(required=True, metavar="SUBCOMMAND")
     run = view_commands.add_parser("run", help="run a ViewDefinition over NDJSON resources and print the rows")
