@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
 from prefect.client.orchestration import SyncPrefectClient, get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
@@ -68,16 +69,21 @@ def continued_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any], 
             said = "its flow run is not on this Prefect server (or is from before jobs had one run): a new run takes"
             return new_job_run(job_id, paths, parameters, f"{said} every finished step from the job folder")
         if run.state is not None and run.state.is_paused():  # resumed with the form's answers, as the UI's Resume
-            answer = client.resume_flow_run(run.id, run_input={"confirmed": True, "note": note})
-            if answer.status.value != "ACCEPT":
-                reason = getattr(answer.details, "reason", None) or answer.status.value
-                raise JobError(f"the Prefect server did not resume flow run {run.id}: {reason}")
+            resume_confirmed(client, run.id, note)
             return JobRun(client.read_flow_run(run.id), "resumed its suspended flow run, confirmed with the note")
         if run.state is None or not run.state.is_scheduled():  # scheduled: resumed in the UI, this goes on with it
             client.update_flow_run(run.id, parameters=parameters)
             again: State[Any] = Pending(name=RETRIED, message="continued from the command line")
             client.set_flow_run_state(run.id, again, force=True)  # this process holds the job's lock: none runs it
         return JobRun(client.read_flow_run(run.id), f"going on in its flow run {run.id}")
+
+
+def resume_confirmed(client: SyncPrefectClient, run_id: UUID, note: str) -> None:
+    """Resume a suspended run with the inspection form's answers; a refusal is a one-line ``JobError``."""
+    answer = client.resume_flow_run(run_id, run_input={"confirmed": True, "note": note})
+    if answer.status.value != "ACCEPT":
+        reason = getattr(answer.details, "reason", None) or answer.status.value
+        raise JobError(f"the Prefect server did not resume flow run {run_id}: {reason}")
 
 
 def known_run(client: SyncPrefectClient, paths: JobPaths) -> FlowRun | None:

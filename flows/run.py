@@ -290,9 +290,12 @@ def resume_suspended_run(job: JobRecord, run_id: str, note: str, state: str) -> 
         raise UsageError(f"job {job.job_id}: its deployment run is {state} on the server (resumed there); let it end")
     from uuid import UUID
 
-    from prefect.flow_runs import resume_flow_run
+    from prefect.client.orchestration import get_client
 
-    resume_flow_run(UUID(run_id), run_input={"confirmed": True, "note": note})
+    from flows.job_runs import resume_confirmed
+
+    with get_client(sync_client=True) as client:
+        resume_confirmed(client, UUID(run_id), note)
     print(f"job {job.job_id}: resumed its suspended flow run {run_id}; a worker of its pool continues it")
     return EXIT_OK
 

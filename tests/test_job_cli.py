@@ -617,3 +617,35 @@ def test_status_of_a_suspended_job_whose_run_was_cancelled_gives_no_stale_advice
     state_line = next(line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("state:"))
     assert "Cancelled" in state_line and "resume in the UI" not in state_line, state_line
     assert f"{CLI} continue {paths.job_dir}" in state_line, state_line
+
+
+def test_continue_of_a_workers_suspended_run_the_server_will_not_resume_is_one_line(tmp_path, capsys):
+    """A worker's run suspended at a wait step is resumed by ``continue`` with the form's answers; when the server
+    refuses that resume (here: the form's schema is gone), the command said so in a traceback."""
+    from prefect import flow
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.states import Suspended
+
+    @flow(name="dupflow-probe")
+    def probe() -> None:
+        pass
+
+    job_id = str(uuid.uuid4())
+    paths = JobPaths(tmp_path / "jobs" / job_id)
+    keyset = {"schema": "gone-schema", "response": "gone-response", "description": "gone-description"}
+    with get_client(sync_client=True) as client:
+        pool = client.create_work_pool(WorkPoolCreate(name=f"probe-{job_id}", type="process")).name
+        deployment = client.create_deployment(flow_id=client.create_flow(probe), name=job_id, work_pool_name=pool)
+        run = client.create_flow_run_from_deployment(
+            deployment,
+            tags=[job_tag(job_id), directory_tag(paths.job_dir)],
+            state=Suspended(timeout_seconds=600, pause_key="1", state_details={"run_input_keyset": keyset}),
+        )
+    with changing_record(paths.job_dir, new=JobRecord(job_id=job_id)):
+        pass
+
+    assert main(["continue", job_id, "--jobs-dir", str(tmp_path / "jobs"), "--note", "seen"]) == EXIT_USAGE
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "Traceback" not in error, error
+    assert f"did not resume flow run {run.id}" in error and "Run input schema not found" in error, error
+    assert read_flow_run_state(str(run.id)).name == "Suspended"
