@@ -91,7 +91,7 @@ class Select:
             return self._rows_at(focus, env)
         if self.iteration == "repeat":
             return self._each_lazily(list(self._repeated(focus, env)), 0, env)
-        elements = self._evaluated(self.iterate[0], focus, env)
+        elements = self.evaluated(self.iterate[0], focus, env)
         if len(elements) == 1:  # the usual case: one element, its rows as they are
             return self._rows_at(elements[0], self._indexed(env, 0))
         return self._each(elements, env)
@@ -135,9 +135,9 @@ class Select:
             pending.append(iter(self._children(item, env)))
 
     def _children(self, focus: Focus, env: dict[str, Any]) -> list[Focus]:
-        return [child for evaluate in self.iterate for child in self._evaluated(evaluate, focus, env)]
+        return [child for evaluate in self.iterate for child in self.evaluated(evaluate, focus, env)]
 
-    def _evaluated(self, evaluate: Compiled, focus: Focus, env: dict[str, Any]) -> list[Focus]:
+    def evaluated(self, evaluate: Compiled, focus: Focus, env: dict[str, Any]) -> list[Focus]:
         try:
             found, paths = evaluate.collect(*focus, env)
         except FhirPathError as exc:
