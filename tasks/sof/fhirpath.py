@@ -5,7 +5,7 @@ type paths (``Patient.name``, ``HumanName``), so that later expressions still re
 (``value.ofType(Quantity)``) as fhirpathpy does with its R4 model. Two ways to evaluate:
 - **member paths** (``code.coding``, ``name.first().given``, ``value.ofType(Quantity).value``, ``$this``) are walked
   directly over the JSON with fhirpathpy's navigation rules: most paths of real views, a few microseconds each;
-- everything else goes through fhirpathpy's parser and evaluator, parsed once, with ``tasks.sof.fhirpath_functions``
+- everything else goes through fhirpathpy's parser and evaluator, parsed once, with the engine's functions
   (``tasks.sof.fhirpath_interpreter``, imported for the first such expression: a view of member paths never loads
   fhirpathpy).
 
@@ -127,7 +127,6 @@ class MemberPath:
     """
 
     def __init__(self, expression: str, steps: list[Step]):
-        self.steps = steps
         self.function = steps[-1] if steps and steps[-1][0] in _FUNCTIONS else None
         self.members = steps[:-1] if self.function else steps
         self.fallback = _interpreted(expression) if self.function else None
