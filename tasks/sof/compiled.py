@@ -122,7 +122,7 @@ def _row_reader(columns: list[Column]) -> Value:
         try:
             keys = keyed[path]
         except KeyError:
-            keys = keyed[path] = _single_keys(columns, path)
+            keys = keyed[path] = single_keys(columns, path)
         if keys is not None and type(data) is dict and data.get("resourceType", path) == path:
             row = tuple(map(data.get, keys))
             if KEPT.issuperset(map(type, row)):
@@ -132,7 +132,7 @@ def _row_reader(columns: list[Column]) -> Value:
     return read
 
 
-def _single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:
+def single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:
     """Each column's JSON key where every column is a single-valued path of one member at focus type ``path``."""
     keys = []
     for column in columns:

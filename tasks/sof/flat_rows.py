@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import re2
 
-from tasks.sof.compiled_code import column_plan
+from tasks.sof.compiled import single_keys
 
 CELL_VALUE = str | bool | int | None
 _OPENS_BLANK = re2.compile(rb"\n[ \t\r\n\x0b\x0c]")
@@ -73,10 +73,7 @@ def flat_keys(view: Any) -> list[str] | None:
             return None
         columns += select.columns
         selects[:0] = select.selects
-    keys = []
-    for column in columns:
-        plan = column_plan(column, view.resource)
-        if plan is None or len(plan.operations) != 1 or plan.operations[0][1] == "resourceType":
-            return None
-        keys.append(plan.operations[0][1])
-    return keys if [column.name for column in columns] == list(view.columns) else None
+    keys = single_keys(columns, view.resource)
+    if keys is None or "resourceType" in keys or [column.name for column in columns] != list(view.columns):
+        return None
+    return list(keys)

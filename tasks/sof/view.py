@@ -157,12 +157,8 @@ class Select:
             if not parts[-1]:
                 return ()
         if self.union:
-            parts.append(_part(partial(_concatenated, self.union), focus, env))
+            parts.append(_part(lambda at, e: chain.from_iterable(b.rows(at, e) for b in self.union), focus, env))
         return _product(head, parts)
-
-
-def _concatenated(branches: list[Select], focus: Focus, env: dict[str, Any]) -> Iterator[tuple]:
-    return chain.from_iterable(branch.rows(focus, env) for branch in branches)
 
 
 @dataclass(frozen=True)
