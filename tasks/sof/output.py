@@ -55,9 +55,7 @@ class CsvWriter:
         batch: list[Sequence[Any]]  # the engine's tuples, or (below) their cells as lists of strings
         while batch := list(islice(pending, ROWS_PER_BATCH)):
             written += len(batch)
-            text = _string_lines(batch)
-            if text is None:
-                text = _plain_lines(batch)
+            text = _string_lines(batch) or _plain_lines(batch)  # never b"": each ends with a line feed
             if text is not None:
                 if self._bytes is None:
                     self._stream.write(text.decode())
@@ -143,8 +141,6 @@ def cell(value: Any) -> str:
         return value
     if isinstance(value, Decimal):
         return decimal_text(value)
-    if isinstance(value, int):
-        return str(value)
     if isinstance(value, dict | list):
         return json_bytes(value).decode()
     return str(value)

@@ -107,12 +107,11 @@ def compile_selection(
         )
     if must_have:
         notes.append(f"mustHave of {', '.join(must_have)} (patients without them are not left out)")
-    exact = frozenset(codes)
     prefixes: dict[str, tuple[str, ...]] = {}
     for system, code in sorted(codes):
         if system in PREFIX_HIERARCHY_SYSTEMS:
             prefixes[system] = (*prefixes.get(system, ()), code)
-    return Selection(profile, token_paths, exact, tuple(prefixes.items()), date, tuple(notes))
+    return Selection(profile, token_paths, frozenset(codes), tuple(prefixes.items()), date, tuple(notes))
 
 
 def _unusable(spec: Any) -> str | None:

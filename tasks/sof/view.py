@@ -57,6 +57,8 @@ class Column:
     path: str
     evaluate: Compiled
     collection: bool = False
+    fhir_type: Any = None
+    """Its ``type`` (None for a collection: it holds a JSON array), for ``tasks.sof.parquet``."""
 
     def value(self, data: Any, path: str | None, env: dict[str, Any]) -> Any:
         try:
@@ -82,6 +84,8 @@ class Select:
     iterate: list[Compiled] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
+    types: list[Any] = field(default_factory=list)
+    """The columns' ``fhir_type`` in ``names`` order; a unionAll's where every branch agrees, else None."""
     null_row: tuple = ()
     indexed: bool = True
 
@@ -336,8 +340,11 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
     if "unionAll" in spec:
         select.union = _compile_union(spec["unionAll"], where, variables, depth)
     select.names = [c.name for c in select.columns] + [name for nested in select.selects for name in nested.names]
+    select.types = [c.fhir_type for c in select.columns] + [kind for nested in select.selects for kind in nested.types]
     if select.union:
         select.names += select.union[0].names
+        types = zip(*(branch.types for branch in select.union), strict=True)
+        select.types += [kinds[0] if all(kind == kinds[0] for kind in kinds) else None for kinds in types]
     row_index = [c.path.strip() == ROW_INDEX for c in select.columns]
     select.null_row = tuple(0 if is_index else None for is_index in row_index)
     select.null_row += (None,) * (len(select.names) - len(row_index))
@@ -399,7 +406,8 @@ def _compile_column(spec: Any, where: str, variables: set[str]) -> Column:
         raise ViewDefinitionError(f"{where} ({name}) needs a path")
     if not isinstance(collection := spec.get("collection", False), bool):
         raise ViewDefinitionError(f"{where} ({name}): collection must be true or false")
-    return Column(name, path, _compile(path, f"{where} ({name})", variables), collection)
+    fhir_type = None if collection else spec.get("type")
+    return Column(name, path, _compile(path, f"{where} ({name})", variables), collection, fhir_type)
 
 
 def _check_object(spec: Any, keys: set[str], where: str) -> None:
