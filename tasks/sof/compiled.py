@@ -17,7 +17,7 @@ from itertools import islice
 from typing import Any
 
 from tasks.sof.compiled_code import KEPT, column_plan, generated_rows
-from tasks.sof.fhirpath import MemberPath, Plan, plain
+from tasks.sof.fhirpath import Plan, plain
 
 Select = Any
 """A ``tasks.sof.view.Select`` (not imported: ``view`` imports this module)."""
@@ -114,20 +114,21 @@ def _joined(parts: Iterable[Rows], limit: int) -> Rows:
 
 def _row_reader(columns: list[Column]) -> Value:
     """The select's own columns as a tuple at a focus: where every column is one member key at that focus type, the
-    keys looked up at once (values of the types ``plain`` keeps as they are); else column by column."""
-    values = [column_value(column) for column in columns]
-    keyed: dict[Any, tuple[str, ...] | None] = {}
+    keys looked up at once (values of the types ``plain`` keeps as they are); else column by column, a single-valued
+    member path by a key walk planned per focus type, any other column (or irregular data) by ``Column.value``."""
+    planned: dict[Any, tuple[tuple[str, ...] | None, list]] = {}
 
     def read(data: Any, path: Any, env: Any) -> tuple:
         try:
-            keys = keyed[path]
+            keys, walks = planned[path]
         except KeyError:
-            keys = keyed[path] = single_keys(columns, path)
+            walks = [_key_walk(column_plan(column, path)) for column in columns]
+            keys, walks = planned[path] = single_keys(columns, path), walks
         if keys is not None and type(data) is dict and data.get("resourceType", path) == path:
             row = tuple(map(data.get, keys))
             if KEPT.issuperset(map(type, row)):
                 return row
-        return tuple([value(data, path, env) for value in values])
+        return tuple([_value(walk, column, data, path, env) for walk, column in zip(walks, columns, strict=True)])
 
     return read
 
@@ -142,24 +143,10 @@ def single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:
     return tuple(keys)
 
 
-def column_value(column: Column) -> Value:
-    """How the column's value is read at a focus: a key walk planned per focus type where the path is a plain
-    single-valued member path, else ``Column.value``."""
-    evaluate = column.evaluate
-    if column.collection or not isinstance(evaluate, MemberPath) or evaluate.function is not None:
-        return column.value
-    walks: dict[Any, Callable[[Any], Any] | None] = {}
-
-    def value(data: Any, path: Any, env: Any) -> Any:
-        try:
-            walk = walks[path]
-        except KeyError:
-            walk = walks[path] = _key_walk(column_plan(column, path))
-        if walk is not None and (found := walk(data)) is not _IRREGULAR:
-            return found if found is None or type(found) is str else plain(found)
-        return column.value(data, path, env)
-
-    return value
+def _value(walk: Callable[[Any], Any] | None, column: Column, data: Any, path: Any, env: Any) -> Any:
+    if walk is not None and (found := walk(data)) is not _IRREGULAR:
+        return found if found is None or type(found) is str else plain(found)
+    return column.value(data, path, env)
 
 
 def _key_walk(plan: Plan | None) -> Callable[[Any], Any] | None:
