@@ -69,7 +69,6 @@ def parse(expression: str) -> dict[str, Any]:
     lexer.addErrorListener(listener)
     tokens = CommonTokenStream(lexer)
     parser = FHIRPathParser(tokens)
-    parser.buildParseTrees = True
     parser.removeErrorListeners()
     parser.addErrorListener(listener)
     ast = ASTPathListener()
