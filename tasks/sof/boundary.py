@@ -31,8 +31,6 @@ _DATETIME = re.compile(
     r"(Z|[+-]\d{2}:\d{2})?$"
 )
 _TIME = re.compile(r"^(\d{2})(?::(\d{2})(?::(\d{2})(?:\.(\d+))?)?)?$")
-_DATE_TYPES = {"date"}
-_DATETIME_TYPES = {"dateTime", "instant"}
 
 
 def boundary(value: Any, type_name: str | None, precision: int | None, *, high: bool) -> Any:
@@ -48,9 +46,9 @@ def boundary(value: Any, type_name: str | None, precision: int | None, *, high: 
         return _datetime(text, precision, high) if "T" in text else _date(text, precision, high)
     if not isinstance(value, str):
         return None
-    if type_name in _DATE_TYPES:
+    if type_name == "date":
         return _date(value, precision, high)
-    if type_name in _DATETIME_TYPES:
+    if type_name in ("dateTime", "instant"):
         return _datetime(value, precision, high)
     if type_name == "time" or (type_name is None and _TIME.match(value) and ":" in value):
         return _time(value, precision, high)

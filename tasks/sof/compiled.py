@@ -16,9 +16,8 @@ from collections.abc import Callable, Iterable
 from itertools import islice
 from typing import Any
 
-from tasks.sof.compiled_code import KEPT, column_plan, generated_rows, member_plan
-from tasks.sof.errors import FhirPathError, ViewEvaluationError
-from tasks.sof.fhirpath import Compiled, MemberPath, Paths, Plan, plain
+from tasks.sof.compiled_code import KEPT, column_plan, generated_rows
+from tasks.sof.fhirpath import Plan, plain
 
 Select = Any
 """A ``tasks.sof.view.Select`` (not imported: ``view`` imports this module)."""
@@ -39,118 +38,17 @@ def compile_rows(select: Select, limit: int) -> RowsAt:
     rows_at = _rows_at(select, limit)
     if select.iteration is None:
         return rows_at
-    elements_at = _elements(select.iterate[0], select.iteration)
     null_rows = [select.null_row] if select.iteration == "forEachOrNull" else []
 
     def rows(data: Any, path: Any, env: Any) -> Rows:
-        elements, paths = elements_at(data, path, env)
+        elements = select.evaluated(select.iterate[0], (data, path), env)
         if not elements:
             return list(null_rows)
         if len(elements) == 1:  # the usual case: its rows as they are
-            return rows_at(elements[0], paths[0] if isinstance(paths, list) else paths, env)
-        each = paths if isinstance(paths, list) else [paths] * len(elements)
-        return _joined((rows_at(element, at, env) for element, at in zip(elements, each, strict=True)), limit)
+            return rows_at(elements[0][0], elements[0][1], env)
+        return _joined((rows_at(element, at, env) for element, at in elements), limit)
 
     return rows
-
-
-def _elements(iterate: Compiled, where: str) -> Callable[[Any, Any, Any], tuple[list, Paths]]:
-    """The elements an iteration path gives at a focus and their type paths: a walk of steps planned per focus
-    type where the path is a chain of members and ``where(member = 'text')``, else the path's ``collect``."""
-    walks: dict[Any, tuple[Callable[[list], list | None] | None, Paths]] = {}
-
-    def collect(data: Any, path: Any, env: Any) -> tuple[list, Paths]:
-        try:
-            return iterate.collect(data, path, env)
-        except FhirPathError as exc:
-            raise ViewEvaluationError(f"{where}: {exc}") from exc
-
-    if not isinstance(iterate, MemberPath) or iterate.function is not None:
-        return collect
-
-    def elements(data: Any, path: Any, env: Any) -> tuple[list, Paths]:
-        try:
-            walk, found_path = walks[path]
-        except KeyError:
-            plan = member_plan(iterate, path)
-            walk, found_path = walks[path] = (_step_walk(plan), None if plan is None else plan.path)
-        if walk is not None and (found := walk([data])) is not None:
-            return found, found_path
-        return collect(data, path, env)
-
-    return elements
-
-
-def _step_walk(plan: Plan | None) -> Callable[[list], list | None] | None:
-    """The plan's steps as one function each, run in turn (None from a step: the data is not shaped as planned)."""
-    if plan is None:
-        return None
-    steps = [_STEPS[kind](key, argument, at) for kind, key, argument, at in plan.operations]
-    if len(steps) == 1:
-        return steps[0]
-
-    def walk(found: list) -> list | None:
-        for step in steps:
-            if not (after := step(found)):  # None (irregular) or no element
-                return after
-            found = after
-        return found
-
-    return walk
-
-
-def _member_step(key: str, argument: Any, at: Any) -> Callable[[list], list | None]:
-    def step(found: list) -> list | None:
-        if len(found) == 1 and type(found[0]) is dict and found[0].get("resourceType", at) == at:  # one focus
-            child = found[0].get(key)
-            if type(child) is list:
-                return [element for element in child if element is not None] if None in child else child
-            return [] if child is None else [child]
-        if (values := _objects_at(found, at)) is None:
-            return None
-        children: list = []
-        for value in values:
-            child = value.get(key)
-            if type(child) is list:
-                children += child
-            elif child is not None:
-                children.append(child)
-        return [child for child in children if child is not None] if None in children else children
-
-    return step
-
-
-def _where_step(key: str, literal: Any, at: Any) -> Callable[[list], list | None]:
-    def step(found: list) -> list | None:
-        if (values := _objects_at(found, at)) is None:
-            return None
-        kept: list = []
-        for value in values:
-            if (child := value.get(key)) == literal:
-                kept.append(value)
-            elif type(child) is list:
-                return None
-        return kept
-
-    return step
-
-
-def _objects_at(found: list, at: Any) -> list | None:
-    """The JSON objects of ``found`` (other values skipped, as a member of them is empty); None, to give the element
-    to the general way, for a dict subclass or a resource of another type than ``at``."""
-    objects: list = []
-    for value in found:
-        if type(value) is not dict:
-            if isinstance(value, dict):
-                return None
-            continue
-        if "resourceType" in value and value["resourceType"] != at:
-            return None
-        objects.append(value)
-    return objects
-
-
-_STEPS = {"member": _member_step, "where": _where_step}
 
 
 def compile_view_rows(root: Select, resource_type: str, limit: int) -> RowsAt:
@@ -216,25 +114,26 @@ def _joined(parts: Iterable[Rows], limit: int) -> Rows:
 
 def _row_reader(columns: list[Column]) -> Value:
     """The select's own columns as a tuple at a focus: where every column is one member key at that focus type, the
-    keys looked up at once (values of the types ``plain`` keeps as they are); else column by column."""
-    values = [column_value(column) for column in columns]
-    keyed: dict[Any, tuple[str, ...] | None] = {}
+    keys looked up at once (values of the types ``plain`` keeps as they are); else column by column, a single-valued
+    member path by a key walk planned per focus type, any other column (or irregular data) by ``Column.value``."""
+    planned: dict[Any, tuple[tuple[str, ...] | None, list]] = {}
 
     def read(data: Any, path: Any, env: Any) -> tuple:
         try:
-            keys = keyed[path]
+            keys, walks = planned[path]
         except KeyError:
-            keys = keyed[path] = _single_keys(columns, path)
+            walks = [_key_walk(column_plan(column, path)) for column in columns]
+            keys, walks = planned[path] = single_keys(columns, path), walks
         if keys is not None and type(data) is dict and data.get("resourceType", path) == path:
             row = tuple(map(data.get, keys))
             if KEPT.issuperset(map(type, row)):
                 return row
-        return tuple([value(data, path, env) for value in values])
+        return tuple([_value(walk, column, data, path, env) for walk, column in zip(walks, columns, strict=True)])
 
     return read
 
 
-def _single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:
+def single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:
     """Each column's JSON key where every column is a single-valued path of one member at focus type ``path``."""
     keys = []
     for column in columns:
@@ -244,24 +143,10 @@ def _single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:
     return tuple(keys)
 
 
-def column_value(column: Column) -> Value:
-    """How the column's value is read at a focus: a key walk planned per focus type where the path is a plain
-    single-valued member path, else ``Column.value``."""
-    evaluate = column.evaluate
-    if column.collection or not isinstance(evaluate, MemberPath) or evaluate.function is not None:
-        return column.value
-    walks: dict[Any, Callable[[Any], Any] | None] = {}
-
-    def value(data: Any, path: Any, env: Any) -> Any:
-        try:
-            walk = walks[path]
-        except KeyError:
-            walk = walks[path] = _key_walk(column_plan(column, path))
-        if walk is not None and (found := walk(data)) is not _IRREGULAR:
-            return found if found is None or type(found) is str else plain(found)
-        return column.value(data, path, env)
-
-    return value
+def _value(walk: Callable[[Any], Any] | None, column: Column, data: Any, path: Any, env: Any) -> Any:
+    if walk is not None and (found := walk(data)) is not _IRREGULAR:
+        return found if found is None or type(found) is str else plain(found)
+    return column.value(data, path, env)
 
 
 def _key_walk(plan: Plan | None) -> Callable[[Any], Any] | None:

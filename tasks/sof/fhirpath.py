@@ -5,7 +5,7 @@ type paths (``Patient.name``, ``HumanName``), so that later expressions still re
 (``value.ofType(Quantity)``) as fhirpathpy does with its R4 model. Two ways to evaluate:
 - **member paths** (``code.coding``, ``name.first().given``, ``value.ofType(Quantity).value``, ``$this``) are walked
   directly over the JSON with fhirpathpy's navigation rules: most paths of real views, a few microseconds each;
-- everything else goes through fhirpathpy's parser and evaluator, parsed once, with ``tasks.sof.fhirpath_functions``
+- everything else goes through fhirpathpy's parser and evaluator, parsed once, with the engine's functions
   (``tasks.sof.fhirpath_interpreter``, imported for the first such expression: a view of member paths never loads
   fhirpathpy).
 
@@ -127,7 +127,6 @@ class MemberPath:
     """
 
     def __init__(self, expression: str, steps: list[Step]):
-        self.steps = steps
         self.function = steps[-1] if steps and steps[-1][0] in _FUNCTIONS else None
         self.members = steps[:-1] if self.function else steps
         self.fallback = _interpreted(expression) if self.function else None
@@ -188,26 +187,26 @@ def _plan(steps: list[Step], path: str | None, counted: bool) -> Plan | None:
 
 
 @lru_cache(maxsize=4096)
-def _resolve(path: str | None, member: str, of_type: str | None) -> tuple[str, str | None] | None:
-    """``child_items``' bookkeeping once per type: the JSON key and the child's type path (key ``""``: never any
-    child), or None when they depend on the data."""
+def _keys(path: str | None, member: str, of_type: str | None) -> tuple[tuple[str, str], ...]:
+    """fhirpathpy's type bookkeeping for ``path.member`` (or ``.ofType(T)``): the JSON keys the child may be at, each
+    with its type path; each choice of a choice element without ``ofType``, in the model's order."""
     child_path = f"{path}.{member}" if path else f".{member}"
     child_path = _ELSEWHERE.get(child_path, child_path)
-    choices = _CHOICES.get(child_path)
-    key = member
-    if choices:
-        if of_type is None:
-            return None
-        wanted = of_type[0].upper() + of_type[1:]
-        if wanted not in choices:
-            return "", None
-        key, child_path = member + wanted, child_path + wanted
-    elif member == "extension":
-        child_path = "Extension"
+    if choices := _CHOICES.get(child_path):
+        wanted = choices if of_type is None else [of_type[0].upper() + of_type[1:]]
+        return tuple((member + c, _TYPES.get(child_path + c, child_path + c)) for c in wanted if c in choices)
+    child_path = "Extension" if member == "extension" else child_path
     child_path = _TYPES.get(child_path, child_path)
-    if of_type is not None and not choices and child_path != of_type:
+    return () if of_type is not None and child_path != of_type else ((member, child_path),)
+
+
+def _resolve(path: str | None, member: str, of_type: str | None) -> tuple[str, str | None] | None:
+    """The JSON key and the child's type path once per type (key ``""``: never any child), or None when they depend
+    on the data (a choice element without ``ofType``, a child that is a resource)."""
+    if not (keys := _keys(path, member, of_type)):
         return "", None
-    return None if _holds_resources(child_path) else (key, child_path)
+    key, child_path = keys[0]
+    return None if (of_type is None and key != member) or _holds_resources(child_path) else (key, child_path)
 
 
 @lru_cache(maxsize=1024)
@@ -302,28 +301,14 @@ def child_items(item: Item, member: str, of_type: str | None = None) -> list[Ite
     if not isinstance(data, Mapping):
         return []
     path = data.get("resourceType") if "resourceType" in data else item.path
-    child_path = f"{path}.{member}" if path else f".{member}"
-    child_path = _ELSEWHERE.get(child_path, child_path)
-    choices = _CHOICES.get(child_path)
-    if choices:
-        value = None
-        wanted = [of_type[0].upper() + of_type[1:]] if of_type else choices
-        for choice in wanted:
-            if choice in choices and (value := data.get(member + choice)) is not None:
-                child_path += choice
-                break
-    else:
-        value = data.get(member)
-        if member == "extension":
-            child_path = "Extension"
-    if value is None:
-        return []
-    child_path = _TYPES.get(child_path, child_path)
-    if of_type is not None and not choices and child_path != of_type:
-        return []
-    if isinstance(value, list):
-        return [Item(v, child_path) for v in value if v is not None]
-    return [Item(value, child_path)]
+    if not isinstance(path, str | None):  # data's own resourceType: a list would not hash
+        path = f"{path}" if path else None
+    for key, child_path in _keys(path, member, of_type):
+        if (value := data.get(key)) is not None:
+            if isinstance(value, list):
+                return [Item(v, child_path) for v in value if v is not None]
+            return [Item(value, child_path)]
+    return []
 
 
 def _interpreted(expression: str) -> Interpreted:

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import re2
 
-from tasks.sof.compiled_code import column_plan
+from tasks.sof.compiled import single_keys
 
 CELL_VALUE = str | bool | int | None
 _OPENS_BLANK = re2.compile(rb"\n[ \t\r\n\x0b\x0c]")
@@ -64,19 +64,10 @@ def flat_block_rows(view: Any) -> Callable[[bytes], list[tuple] | None] | None:
 
 def flat_keys(view: Any) -> list[str] | None:
     """The JSON key each column of a flat view reads, in column order; None for any other view."""
-    if view.csv_rows is None or len(view.columns) < 2:
+    # compile_view joins nested selects of one row each to their parent's columns: a flat view's root has them all
+    if view.csv_rows is None or len(view.columns) < 2 or view.root.selects or view.root.union:
         return None
-    columns, selects = [], [view.root]
-    while selects:
-        select = selects.pop(0)
-        if select.iteration is not None or select.union:
-            return None
-        columns += select.columns
-        selects[:0] = select.selects
-    keys = []
-    for column in columns:
-        plan = column_plan(column, view.resource)
-        if plan is None or len(plan.operations) != 1 or plan.operations[0][1] == "resourceType":
-            return None
-        keys.append(plan.operations[0][1])
-    return keys if [column.name for column in columns] == list(view.columns) else None
+    keys = single_keys(view.root.columns, view.resource)
+    if keys is None or "resourceType" in keys:
+        return None
+    return list(keys)

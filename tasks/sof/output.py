@@ -21,10 +21,6 @@ import orjson
 from tasks.core.exact_json import dumps_exact
 
 
-class CsvDialect(csv.excel):
-    lineterminator = "\n"  # otherwise excel's: RFC 4180 quoting, minimal
-
-
 _NEEDS_QUOTES = (",", '"', "\n", "\r")
 _WRITTEN_AS_CELLS = frozenset({str, type(None), int})
 """Types ``csv`` writes as ``cell`` would (None empty, ints as ``str``): rows of only these need no conversion. Not
@@ -36,14 +32,14 @@ class CsvWriter:
     """Rows as RFC 4180 lines: ``csv.writer`` for most, a row with a bare CR quoted here (see the module doc)."""
 
     def __init__(self, stream: IO[str]):
-        self._stream, self._writer = stream, csv.writer(stream, dialect=CsvDialect)
+        self._stream, self._writer = stream, csv.writer(stream, lineterminator="\n")  # else excel's: RFC 4180 quoting
         utf8 = str(getattr(stream, "encoding", "")).lower().replace("-", "") == "utf8"
         self._bytes: IO[bytes] | None = getattr(stream, "buffer", None) if utf8 else None
         """The UTF-8 text stream's byte stream: a batch's lines made as bytes go there, not decoded and encoded"""
 
     def writerow(self, cells: list[str]) -> None:
         if "\r" in "".join(cells):
-            self._stream.write(",".join(map(_quoted, cells)) + CsvDialect.lineterminator)
+            self._stream.write(",".join(map(_quoted, cells)) + "\n")
         else:
             self._writer.writerow(cells)
 
@@ -59,9 +55,7 @@ class CsvWriter:
         batch: list[Sequence[Any]]  # the engine's tuples, or (below) their cells as lists of strings
         while batch := list(islice(pending, ROWS_PER_BATCH)):
             written += len(batch)
-            text = _string_lines(batch)
-            if text is None:
-                text = _plain_lines(batch)
+            text = _string_lines(batch) or _plain_lines(batch)  # never b"": each ends with a line feed
             if text is not None:
                 if self._bytes is None:
                     self._stream.write(text.decode())
@@ -147,8 +141,6 @@ def cell(value: Any) -> str:
         return value
     if isinstance(value, Decimal):
         return decimal_text(value)
-    if isinstance(value, int):
-        return str(value)
     if isinstance(value, dict | list):
         return json_bytes(value).decode()
     return str(value)

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq  # noqa: E402
 
 from tasks.streams.files import close_synced, write_error
 from tasks.sof.errors import ViewError
+from tasks.sof.view import compile_view
 
 BLOCK_BYTES = 1024 * 1024
 MAX_BLOCK_BYTES = 1024 * BLOCK_BYTES  # a row longer than this (a CSV row of over 1 GB) is refused
@@ -73,33 +74,15 @@ def parquet_rows(path: Path) -> int:
 
 
 def parquet_schema(view: dict[str, Any]) -> pa.Schema:
-    """The view's columns in the engine's order (depth first), each with its Parquet type."""
-    return pa.schema([(name, arrow_type(fhir_type)) for name, fhir_type in _select_columns({"select": view["select"]})])
+    """The view's columns in the engine's order, each with its Parquet type (``Select.types``)."""
+    root = compile_view(view).root
+    return pa.schema([(name, arrow_type(fhir_type)) for name, fhir_type in zip(root.names, root.types, strict=True)])
 
 
 def arrow_type(fhir_type: str | None) -> pa.DataType:
     if fhir_type == "boolean":
         return pa.bool_()
     return pa.int64() if fhir_type in INTEGER_TYPES else pa.string()
-
-
-def _select_columns(select: dict[str, Any]) -> list[tuple[str, str | None]]:
-    """``(name, type)`` of a select's own columns, then its nested selects', then its ``unionAll``'s (a collection
-    column's type is None: it holds a JSON array)."""
-    columns = [(c["name"], None if c.get("collection") else c.get("type")) for c in select.get("column", [])]
-    for nested in select.get("select", []):
-        columns += _select_columns(nested)
-    if branches := select.get("unionAll"):
-        columns += _agreed_types([_select_columns(branch) for branch in branches])
-    return columns
-
-
-def _agreed_types(branches: list[list[tuple[str, str | None]]]) -> list[tuple[str, str | None]]:
-    """The first branch's columns, each keeping its type only where every branch declares the same."""
-    return [
-        (name, fhir_type if all(branch[i][1] == fhir_type for branch in branches) else None)
-        for i, (name, fhir_type) in enumerate(branches[0])
-    ]
 
 
 def _converted_in_blocks_of_its_rows(

@@ -114,5 +114,4 @@ DATE_ELEMENTS: dict[str, dict[str, Paths]] = {
 
 
 def known_names(table: dict[str, dict[str, Paths]], resource_type: str) -> list[str]:
-    """The parameter names the table knows for ``resource_type``, sorted."""
     return sorted(name for name, by_type in table.items() if resource_type in by_type)

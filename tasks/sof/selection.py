@@ -107,12 +107,11 @@ def compile_selection(
         )
     if must_have:
         notes.append(f"mustHave of {', '.join(must_have)} (patients without them are not left out)")
-    exact = frozenset(codes)
     prefixes: dict[str, tuple[str, ...]] = {}
     for system, code in sorted(codes):
         if system in PREFIX_HIERARCHY_SYSTEMS:
             prefixes[system] = (*prefixes.get(system, ()), code)
-    return Selection(profile, token_paths, exact, tuple(prefixes.items()), date, tuple(notes))
+    return Selection(profile, token_paths, frozenset(codes), tuple(prefixes.items()), date, tuple(notes))
 
 
 def _unusable(spec: Any) -> str | None:
@@ -133,7 +132,6 @@ def _token_test(resource_type: str, tokens: list[dict[str, Any]]) -> tuple[Paths
         found = TOKEN_ELEMENTS.get(name, {}).get(resource_type)
         listed = [c for c in token["codes"] if isinstance(c, dict)] if isinstance(token["codes"], list) else []
         valid = [c for c in listed if isinstance(c.get("system"), str) and isinstance(c.get("code"), str)]
-        pairs = {(c["system"], c["code"]) for c in valid}
         if found is None or not valid or len(valid) < len(token["codes"]):
             why = (
                 _unknown_parameter("token", name, resource_type)
@@ -146,7 +144,7 @@ def _token_test(resource_type: str, tokens: list[dict[str, Any]]) -> tuple[Paths
             )
             return (), set(), [note]
         paths += [p for p in found if p not in paths]
-        codes |= pairs
+        codes |= {(c["system"], c["code"]) for c in valid}
     return tuple(paths), codes, []
 
 

@@ -57,6 +57,8 @@ class Column:
     path: str
     evaluate: Compiled
     collection: bool = False
+    fhir_type: Any = None
+    """Its ``type`` (None for a collection: it holds a JSON array), for ``tasks.sof.parquet``."""
 
     def value(self, data: Any, path: str | None, env: dict[str, Any]) -> Any:
         try:
@@ -82,6 +84,8 @@ class Select:
     iterate: list[Compiled] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
+    types: list[Any] = field(default_factory=list)
+    """The columns' ``fhir_type`` in ``names`` order; a unionAll's where every branch agrees, else None."""
     null_row: tuple = ()
     indexed: bool = True
 
@@ -91,7 +95,7 @@ class Select:
             return self._rows_at(focus, env)
         if self.iteration == "repeat":
             return self._each_lazily(list(self._repeated(focus, env)), 0, env)
-        elements = self._evaluated(self.iterate[0], focus, env)
+        elements = self.evaluated(self.iterate[0], focus, env)
         if len(elements) == 1:  # the usual case: one element, its rows as they are
             return self._rows_at(elements[0], self._indexed(env, 0))
         return self._each(elements, env)
@@ -135,9 +139,9 @@ class Select:
             pending.append(iter(self._children(item, env)))
 
     def _children(self, focus: Focus, env: dict[str, Any]) -> list[Focus]:
-        return [child for evaluate in self.iterate for child in self._evaluated(evaluate, focus, env)]
+        return [child for evaluate in self.iterate for child in self.evaluated(evaluate, focus, env)]
 
-    def _evaluated(self, evaluate: Compiled, focus: Focus, env: dict[str, Any]) -> list[Focus]:
+    def evaluated(self, evaluate: Compiled, focus: Focus, env: dict[str, Any]) -> list[Focus]:
         try:
             found, paths = evaluate.collect(*focus, env)
         except FhirPathError as exc:
@@ -157,12 +161,8 @@ class Select:
             if not parts[-1]:
                 return ()
         if self.union:
-            parts.append(_part(partial(_concatenated, self.union), focus, env))
+            parts.append(_part(lambda at, e: chain.from_iterable(b.rows(at, e) for b in self.union), focus, env))
         return _product(head, parts)
-
-
-def _concatenated(branches: list[Select], focus: Focus, env: dict[str, Any]) -> Iterator[tuple]:
-    return chain.from_iterable(branch.rows(focus, env) for branch in branches)
 
 
 @dataclass(frozen=True)
@@ -340,8 +340,11 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
     if "unionAll" in spec:
         select.union = _compile_union(spec["unionAll"], where, variables, depth)
     select.names = [c.name for c in select.columns] + [name for nested in select.selects for name in nested.names]
+    select.types = [c.fhir_type for c in select.columns] + [kind for nested in select.selects for kind in nested.types]
     if select.union:
         select.names += select.union[0].names
+        types = zip(*(branch.types for branch in select.union), strict=True)
+        select.types += [kinds[0] if all(kind == kinds[0] for kind in kinds) else None for kinds in types]
     row_index = [c.path.strip() == ROW_INDEX for c in select.columns]
     select.null_row = tuple(0 if is_index else None for is_index in row_index)
     select.null_row += (None,) * (len(select.names) - len(row_index))
@@ -403,7 +406,8 @@ def _compile_column(spec: Any, where: str, variables: set[str]) -> Column:
         raise ViewDefinitionError(f"{where} ({name}) needs a path")
     if not isinstance(collection := spec.get("collection", False), bool):
         raise ViewDefinitionError(f"{where} ({name}): collection must be true or false")
-    return Column(name, path, _compile(path, f"{where} ({name})", variables), collection)
+    fhir_type = None if collection else spec.get("type")
+    return Column(name, path, _compile(path, f"{where} ({name})", variables), collection, fhir_type)
 
 
 def _check_object(spec: Any, keys: set[str], where: str) -> None:
