@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ParamSpec, TypedDict, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, overload
 
 from prefect import Task, task
-from prefect.cache_policies import CacheKeyFnPolicy, CachePolicy
+from prefect.cache_policies import CacheKeyFnPolicy
 from prefect.client.schemas.objects import State
 from prefect.context import TaskRunContext
 from prefect.transactions import CommitMode, transaction
@@ -207,18 +207,18 @@ def job_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 JOB_CACHE = CacheKeyFnPolicy(cache_key_fn=job_cache_key)
 
 
-class _Persisted(TypedDict):
-    """The keywords of ``prefect.task`` that keep a job's task results."""
-
-    cache_policy: CachePolicy
-    persist_result: bool
-    result_serializer: str
-    result_storage: Path
-
-
-# Results are JSON files at the absolute path the cache key names; "/" as the storage root lets the key choose.
-# Where a job's task runs, ``stored_in_job`` narrows it to the job's results folder.
-_PERSISTED = _Persisted(cache_policy=JOB_CACHE, persist_result=True, result_serializer="json", result_storage=Path("/"))
+def persisted_task(name: str, run_name: str, function: Callable[..., Any]) -> Any:
+    """``function`` as a Prefect task whose result is kept as JSON at the absolute path its cache key names ("/" as
+    the storage root lets the key choose; ``stored_in_job`` narrows it where a job's task runs), and whose
+    exceptions leave redacted."""
+    return task(
+        name=name,
+        task_run_name=run_name,
+        cache_policy=JOB_CACHE,
+        persist_result=True,
+        result_serializer="json",
+        result_storage=Path("/"),
+    )(redacting_failures(function))
 
 
 def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
@@ -236,7 +236,7 @@ def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
                 result = function(step, *args, **kwargs)
             return result.model_copy(update={"seconds": round(time.monotonic() - started, 3)})
 
-        return task(name=name, task_run_name=name + "[{step.number}]", **_PERSISTED)(redacting_failures(timed))
+        return persisted_task(name, name + "[{step.number}]", timed)
 
     return declare
 
@@ -244,9 +244,7 @@ def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
 def file_task(name: str, run_name: str) -> Callable[[Callable[..., R]], Any]:
     """Declare a per-file (or per-batch) sub-task; ``run_name`` is a template over its parameters, e.g.
     ``"pseudonymize[{name}]"``."""
-    return lambda function: task(name=name, task_run_name=run_name, **_PERSISTED)(
-        redacting_failures(stopped_when_flow_run_ends(function))
-    )
+    return lambda function: persisted_task(name, run_name, stopped_when_flow_run_ends(function))
 
 
 def batch_task(name: str, verb: str, each: Callable[..., R]) -> Any:
