@@ -39,7 +39,6 @@ from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.job.filework import map_files
 from tasks.job.layout import is_result_url, step_artifact_key
 from tasks.job.steps import ndjson_written
-from tasks.streams.ndjson import remove_partial_files
 from tasks.streams.progress import expect_files, track
 from config.runtime import CLI
 from tasks.core.readable import counted
@@ -59,7 +58,6 @@ class SubmissionInDoubtError(StepError):
 @step_task("extractor")
 def extractor(step: StepInput) -> StepResult:
     settings = settings_of(step)
-    remove_partial_files(step.output_dir)
     with ExtractionServerClient(settings.services.extractor, settings.tls) as client:
         handle, urls = wait_for_result(step, client, current_handle(step, client))
         needs_token = client.files_need_token
@@ -302,16 +300,13 @@ class ProgressReporter:
 def download_result_files(step: StepInput, urls: list[str], needs_token: bool) -> list[DataFile]:
     """Download every file, ``core`` first in the record. After a failure no new download starts, every finished file
     is kept for ``continue``, and the first failure is raised; on an interrupt those in flight stop at their next
-    chunk. Temporary files are removed either way."""
+    chunk."""
     settings = settings_of(step)
     names = target_names(
         urls, compress=settings.compression.enabled, max_files=settings.services.extractor.max_result_files
     )
     arguments = [(step, url, name, needs_token) for url, name in names.items()]
     expect_files(len(arguments))
-    try:
-        with download_client(step, needs_token):
-            outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
-    finally:
-        remove_partial_files(step.output_dir)
+    with download_client(step, needs_token):
+        outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
     return sorted(results_or_raise(outcomes), key=lambda f: (not f.core, f.name))

@@ -21,7 +21,7 @@ from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, fil
 from tasks.core.errors import StepError
 from tasks.job.steps import compression_shape, ndjson_written
 from tasks.streams.fanout import raise_if_cancelled
-from tasks.streams.ndjson import FileStats, remove_partial_files
+from tasks.streams.ndjson import FileStats
 from tasks.streams.progress import expect_files, track
 from tasks.core.url_credentials import shown_url
 
@@ -39,7 +39,6 @@ class HttpImportError(StepError):
 def http_import(step: StepInput) -> StepResult:
     url = source_url(step.job_input)
     name = safe_file_name(url, compress=settings_of(step).compression.enabled)
-    remove_partial_files(step.output_dir)
     expect_files(1)
     record = commit_each(fetch_url, step, url, name)
     return step.result([record], source=shown_url(url))

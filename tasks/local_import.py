@@ -23,7 +23,7 @@ from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.job.filework import FileToDo, map_batches
 from tasks.job.steps import compression_shape, ndjson_written
 from tasks.job.layout import is_crtdl_file
-from tasks.streams.ndjson import DATA_SUFFIXES, output_name, remove_partial_files
+from tasks.streams.ndjson import DATA_SUFFIXES, output_name
 from tasks.streams.ndjson_writer import AtomicNdjsonWriter
 from tasks.streams.processes import worker_pool
 from tasks.streams.progress import track
@@ -46,17 +46,13 @@ def local_import(step: StepInput) -> StepResult:
     source = source_directory(step.job_input, settings.services.local_import.dir)
     files = find_ndjson_files(source, settings.services.local_import.recursive, jobs_dir=step.job_path.parent)
     targets = target_names(files, compress=settings.compression.enabled)
-    remove_partial_files(step.output_dir)
     identities = [file_identity(path) for path in files]
     to_do = [
         FileToDo(name, identity[1], (str(path), name, identity))
         for path, name, identity in zip(files, targets, identities, strict=True)
     ]
-    try:
-        with worker_pool():  # the line checks of the step's large plain files share its workers
-            outcomes = map_batches(import_files, step, to_do, workers=os.cpu_count() or 1)
-    finally:
-        remove_partial_files(step.output_dir)
+    with worker_pool():  # the line checks of the step's large plain files share its workers
+        outcomes = map_batches(import_files, step, to_do, workers=os.cpu_count() or 1)
     return step.result(results_or_raise(outcomes), source=str(source))
 
 

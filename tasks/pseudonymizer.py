@@ -33,16 +33,9 @@ from tasks.job.filework import FileToDo
 from tasks.core.errors import StepError
 from tasks.core.kept import KeptByDigest
 from tasks.core.jsonfile import JsonFileError
-from tasks.job.steps import compression_shape, file_shape, one_batch_at_a_time, ndjson_written, publish_report
+from tasks.job.steps import compression_shape, file_shape, ndjson_written, one_batch_at_a_time, publish_report
 from tasks.job.steps import write_answers
-from tasks.streams.ndjson import (
-    CompressionLevel,
-    FileStats,
-    iter_lines,
-    output_name,
-    parse_resource,
-    remove_partial_files,
-)
+from tasks.streams.ndjson import CompressionLevel, FileStats, iter_lines, output_name, parse_resource
 
 TOO_LARGE_HINT = (
     "the request was larger than the pseudonymization service accepts: lower "
@@ -91,7 +84,6 @@ def pseudonymizer(step: StepInput) -> StepResult:
         FileToDo(f.name, f.size, (f.name, output_name(f.name, compress), f.resources, config_digest))
         for f in step.input_files()
     ]
-    remove_partial_files(step.output_dir)
     results: list[FileResult] = one_batch_at_a_time(pseudonymize_files, step, files)
     reports = [result["report"] for result in results]
     publish_file_reports(step, reports)

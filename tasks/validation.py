@@ -31,7 +31,7 @@ from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, sett
 from tasks.job.filework import FileToDo
 from tasks.core.errors import StepError
 from tasks.job.steps import one_batch_at_a_time, ndjson_written, publish_report, write_answers
-from tasks.streams.ndjson import CompressionLevel, iter_lines, output_name, remove_partial_files
+from tasks.streams.ndjson import CompressionLevel, iter_lines, output_name
 
 FIRST_ERRORS = 5
 """Error messages kept per file for the step's summary and artifact."""
@@ -71,7 +71,6 @@ def validation(step: StepInput) -> StepResult:
     service = settings.services.validation
     if not service.url:
         raise StepError("services.validation.url is not set; the validation step needs the validator's root URL")
-    remove_partial_files(step.output_dir)
     files = [FileToDo(f.name, f.size, (f.name, service.bundle_chunk_size_mb, f.resources)) for f in step.input_files()]
     checked: list[FileValidation] = one_batch_at_a_time(validate_files, step, files)
     publish_artifact(step, checked)

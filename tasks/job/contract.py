@@ -33,7 +33,7 @@ from tasks.core.redaction import redact, redact_records_sent_to_prefect
 from tasks.job.flow_run_watch import stopped_when_flow_run_ends
 from tasks.job.layout import JobPaths, result_name, step_artifact_key, step_folder
 from tasks.streams.progress import StepWork, step_progress
-from tasks.streams.ndjson import FileStats
+from tasks.streams.ndjson import FileStats, remove_partial_files
 from tasks.job.record import FileEntry, StepRecord
 
 R = TypeVar("R")
@@ -120,7 +120,6 @@ class StepInput(BaseModel):
         return self.job_path / self.folder if self.folder is not None else None
 
     def input_path(self, name: str) -> Path:
-        """The input data file ``name``."""
         assert self.input_dir is not None, f"step {self.step} has no input folder"
         return self.input_dir / name
 
@@ -131,9 +130,7 @@ class StepInput(BaseModel):
 
     def input_paths(self) -> Iterator[Path]:
         """The paths of ``input_files``, made as they are read: a list of 3,000 held 2.5 MB for the whole step."""
-        folder = self.input_dir
-        assert folder is not None, f"step {self.step} has no input folder"
-        return (folder / f.name for f in self.input_files())
+        return (self.input_path(f.name) for f in self.input_files())
 
     @property
     def crtdl_path(self) -> Path | None:
@@ -223,7 +220,8 @@ def persisted_task(name: str, run_name: str, function: Callable[..., Any]) -> An
 
 def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
     """Declare a step's Prefect task: cached in the job directory, run named after the step, timed (the result's
-    ``seconds``), its file work shown as one progress artifact (``job-<id>-NN-<step>-progress``)."""
+    ``seconds``), its file work shown as one progress artifact (``job-<id>-NN-<step>-progress``), the temporary
+    files of its folder removed before and after (also on failure or interruption)."""
 
     def declare(function: Callable[..., StepResult]) -> Any:
         @functools.wraps(function)
@@ -232,8 +230,12 @@ def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
             key = step_artifact_key(step.job_id, step.position, step.step, "progress")
             files = step.files
             work = StepWork(files=len(files), size=sum(f.size for f in files), lines=sum(f.resources for f in files))
-            with step_progress(key, step.step, work):
-                result = function(step, *args, **kwargs)
+            remove_partial_files(step.output_dir)  # temporaries of a killed run: never resumed from
+            try:
+                with step_progress(key, step.step, work):
+                    result = function(step, *args, **kwargs)
+            finally:
+                remove_partial_files(step.output_dir)
             return result.model_copy(update={"seconds": round(time.monotonic() - started, 3)})
 
         return persisted_task(name, name + "[{step.number}]", timed)
