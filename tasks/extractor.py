@@ -95,16 +95,13 @@ def download_result_file(step: StepInput, url: str, name: str, needs_token: bool
     return DataFile.written(name, stats)
 
 
-DownloadKey = tuple[SettingsIdentity, bool]
-
-
 @dataclass
 class DownloadLease:
     client: ExtractionServerClient
     holders: int = 0
 
 
-_download_clients: dict[DownloadKey, DownloadLease] = {}
+_download_clients: dict[tuple[SettingsIdentity, bool], DownloadLease] = {}
 _download_clients_lock = threading.Lock()
 
 

@@ -138,7 +138,6 @@ class StepInput(BaseModel):
         return Path(value) if value else None
 
     def result(self, files: list[DataFile], folder: Path | None = None, **summary: Any) -> StepResult:
-        """The result of a step that wrote ``files`` into ``folder`` (default: its own folder)."""
         relative = str((folder or self.output_dir).relative_to(self.job_path))
         return StepResult(step=self.step, position=self.position, folder=relative, files=files, summary=summary)
 
@@ -201,21 +200,22 @@ def job_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     return str(JobPaths(step.job_path).results / key)
 
 
-JOB_CACHE = CacheKeyFnPolicy(cache_key_fn=job_cache_key)
-
-
-def persisted_task(name: str, run_name: str, function: Callable[..., Any]) -> Any:
-    """``function`` as a Prefect task whose result is kept as JSON at the absolute path its cache key names ("/" as
-    the storage root lets the key choose; ``stored_in_job`` narrows it where a job's task runs), and whose
-    exceptions leave redacted."""
-    return task(
+def persisted_task(
+    name: str, run_name: str, key: Callable[..., str] = job_cache_key, **options: Any
+) -> Callable[[Callable[..., Any]], Any]:
+    """Declare a Prefect task whose result is kept as JSON at the absolute path its cache ``key`` names ("/" as the
+    storage root lets the key choose; ``stored_in_job`` narrows it where a job's task runs), and whose exceptions
+    leave redacted."""
+    persisted = task(
         name=name,
         task_run_name=run_name,
-        cache_policy=JOB_CACHE,
+        cache_policy=CacheKeyFnPolicy(cache_key_fn=key),
         persist_result=True,
         result_serializer="json",
         result_storage=Path("/"),
-    )(redacting_failures(function))
+        **options,
+    )
+    return lambda function: persisted(redacting_failures(function))
 
 
 def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
@@ -238,7 +238,7 @@ def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
                 remove_partial_files(step.output_dir)
             return result.model_copy(update={"seconds": round(time.monotonic() - started, 3)})
 
-        return persisted_task(name, name + "[{step.number}]", timed)
+        return persisted_task(name, name + "[{step.number}]")(timed)
 
     return declare
 
@@ -246,7 +246,7 @@ def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
 def file_task(name: str, run_name: str) -> Callable[[Callable[..., R]], Any]:
     """Declare a per-file (or per-batch) sub-task; ``run_name`` is a template over its parameters, e.g.
     ``"pseudonymize[{name}]"``."""
-    return lambda function: persisted_task(name, run_name, stopped_when_flow_run_ends(function))
+    return lambda function: persisted_task(name, run_name)(stopped_when_flow_run_ends(function))
 
 
 def batch_task(name: str, verb: str, each: Callable[..., R]) -> Any:
@@ -331,7 +331,6 @@ def files_gone(state: State, folder: Path) -> bool:
 
 
 def data_files(value: Any) -> Iterator[DataFile]:
-    """Every ``DataFile`` in a task's result (a model, a dict, a list of them)."""
     if isinstance(value, DataFile):
         yield value
     elif isinstance(value, BaseModel):
