@@ -28,7 +28,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from config.loader import SettingsIdentity, settings_identity
 from config.settings import Settings
 from config.runtime import job_on_command_line
-from tasks.clients.downloads import download_ndjson, target_names, wait_until_available
+from tasks.clients.downloads import target_names, wait_until_available
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_documents import DeadHandleError, ExtractionError, ExtractionHandle
 from tasks.clients.extraction_jobs import ExtractionTaskClient, JobNotFoundError, TransitionRefusedError
@@ -38,8 +38,8 @@ from tasks.core.errors import StepError
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.job.filework import map_files
 from tasks.job.layout import is_result_url, step_artifact_key
-from tasks.job.steps import ndjson_written
-from tasks.streams.progress import expect_files, track
+from tasks.job.steps import download_tracked
+from tasks.streams.progress import expect_files
 from config.runtime import CLI
 from tasks.core.readable import counted
 from tasks.core.names import show_text
@@ -76,22 +76,8 @@ def download_result_file(step: StepInput, url: str, name: str, needs_token: bool
         checks, interval = extractor_settings.file_ready_retries, extractor_settings.file_ready_interval
         wait_until_available(client.http, url, checks=checks, interval=interval)
         raise_if_cancelled()  # an interrupted run starts no new file
-        with track(f"download {name}") as progress:
-
-            def on_bytes(amount: int) -> None:
-                raise_if_cancelled()
-                progress.advance(amount)
-
-            stats = download_ndjson(
-                client.http,
-                url,
-                step.output_dir / name,
-                **ndjson_written(settings),
-                stall_timeout=extractor_settings.download_stall_timeout,
-                retry=settings.retry,
-                on_bytes=on_bytes,
-                on_total=progress.set_total,
-            )
+        stall = extractor_settings.download_stall_timeout
+        stats = download_tracked(client.http, url, step.output_dir / name, settings, stall)
     return DataFile.written(name, stats)
 
 
