@@ -32,6 +32,7 @@ from tasks.streams.progress import track
 # NDJSON compressed otherwise than with zstd: named like data, never read (a checksum or backup beside a file is no
 # data: Patient.ndjson.zst.sha256, Patient.ndjson.bak).
 COMPRESSED_SUFFIXES = (".gz", ".gzip", ".bz2", ".xz", ".lzma", ".zstd", ".lz4", ".br", ".zip", ".7z")
+FILE_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFSOCK: "a socket"}
 CHANGE_CHECK_BYTES = 16 << 20
 """How much is copied between two checks that the source is as the scan found it (one stat each)."""
 
@@ -198,8 +199,9 @@ def check_data_file(path: Path) -> Path:
             f"cannot read {show_text(path, None)}: {_stat_problem(path, exc)}; fix or remove it"
         ) from None
     if not stat.S_ISREG(mode):
+        kind = FILE_KINDS.get(stat.S_IFMT(mode), "a device")
         raise LocalImportError(
-            f"{show_text(path, None)} is {_file_kind(mode)}, not a file, although its name says data; remove it from "
+            f"{show_text(path, None)} is {kind}, not a file, although its name says data; remove it from "
             "the import folder or rename it"
         )
     if not os.access(path, os.R_OK):
@@ -213,14 +215,6 @@ def _stat_problem(path: Path, exc: OSError) -> str:
     if exc.errno == errno.ENOENT and path.is_symlink():
         return f"it is a symbolic link to {os.readlink(path)}, which does not exist"
     return exc.strerror or type(exc).__name__
-
-
-def _file_kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a named pipe (FIFO)"
-    return "a socket" if stat.S_ISSOCK(mode) else "a device"
 
 
 def target_names(files: list[Path], compress: bool) -> list[str]:

@@ -42,7 +42,7 @@ TOO_LARGE_HINT = (
     "services.pseudonymizer.bundle_split_threshold_mb so that Bundles are sent in smaller chunks, or raise "
     f"{BODY_LIMIT}"
 )
-_configs_by_digest: KeptByDigest[AnonymizationConfig] = KeptByDigest(size=4)
+_configs_by_digest: KeptByDigest[AnonymizationConfig] = KeptByDigest(size=4)  # the step's, for its file tasks
 
 
 class PseudonymizerStepError(StepError):
@@ -79,7 +79,9 @@ def pseudonymizer(step: StepInput) -> StepResult:
     settings = settings_of(step)
     config = read_anonymization_config(settings.services.pseudonymizer.anonymization_config)
     compress = settings.compression.enabled
-    config_digest = remember_config(config) if config else None
+    if config:
+        _configs_by_digest.keep(config.sha256, config)
+    config_digest = config.sha256 if config else None
     files = [
         FileToDo(f.name, f.size, (f.name, output_name(f.name, compress), f.resources, config_digest))
         for f in step.input_files()
@@ -225,12 +227,6 @@ def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
         raise PseudonymizerStepError(str(exc)) from None
 
 
-def remember_config(config: AnonymizationConfig) -> str:
-    """Keep the config the step read for its file tasks in this process; its digest, which names it to them."""
-    _configs_by_digest.keep(config.sha256, config)
-    return config.sha256
-
-
 def anonymization_config(path: str | None, digest: str | None) -> AnonymizationConfig | None:
     """The config the step read, by its ``digest``; read from ``path`` only in a process that has not seen it (a
     Dask worker), where a file changed since the step read it is refused (the job would mix two configs)."""
@@ -244,7 +240,7 @@ def anonymization_config(path: str | None, digest: str | None) -> AnonymizationC
             f"{CONFIG_KEY} (--anonymization-config): {path} changed while the step ran (it is no longer the file "
             "the step read at its start); keep the file unchanged while a job runs"
         )
-    remember_config(config)
+    _configs_by_digest.keep(digest, config)
     return config
 
 
