@@ -60,8 +60,6 @@ class FileReport(TypedDict):
 
 @dataclass
 class FileCounts:
-    """What one file's pseudonymization wrote and counted."""
-
     written: FileStats = FileStats(size=0, resources=0)
     resources_in: int = 0
     resources_out: int = 0

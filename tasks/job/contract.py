@@ -188,7 +188,6 @@ def settings_of(step: StepInput) -> Settings:
 
 
 def digest(value: Any) -> str:
-    """A short, stable digest of any JSON-serialisable value (for cache keys)."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
