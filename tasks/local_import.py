@@ -19,7 +19,7 @@ from config.settings import Settings
 from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
 from tasks.core.errors import StepError
 from tasks.core.names import name_key, show_text
-from tasks.streams.fanout import raise_if_cancelled, results_or_raise
+from tasks.streams.fanout import raise_if_cancelled
 from tasks.job.filework import FileToDo, map_batches
 from tasks.job.steps import compression_shape, ndjson_written
 from tasks.job.layout import is_crtdl_file
@@ -53,8 +53,8 @@ def local_import(step: StepInput) -> StepResult:
         for path, name, identity in zip(files, targets, identities, strict=True)
     ]
     with worker_pool():  # the line checks of the step's large plain files share its workers
-        outcomes = map_batches(import_files, step, to_do, workers=os.cpu_count() or 1)
-    return step.result(results_or_raise(outcomes), source=str(source))
+        imported = map_batches(import_files, step, to_do, workers=os.cpu_count() or 1)
+    return step.result(imported, source=str(source))
 
 
 def import_file(step: StepInput, source: str, name: str, identity: list) -> DataFile:

@@ -22,7 +22,7 @@ from config.runtime import prefect_api_url
 from config.settings import TaskRunnerSettings
 from tasks.job.contract import StepInput, commit_each, data_files, files_gone, settings_of, stored_in_job
 from tasks.core.errors import DupflowError
-from tasks.streams.fanout import run_bounded
+from tasks.streams.fanout import results_or_raise, run_bounded
 
 if TYPE_CHECKING:
     from prefect_dask import DaskTaskRunner
@@ -84,29 +84,26 @@ class FileToDo(NamedTuple):
 
 def map_batches(
     batch_task: Callable[..., list[R]], step: StepInput, files: Sequence[FileToDo], workers: int
-) -> list[R | Exception]:
+) -> list[R]:
     """Run the step's ``batch_task`` (``tasks.job.contract.batch_task``) over its ``files`` in batches
-    (``run_batches``). Each file's outcome in the order of ``files``: its result, or the exception that failed its
-    batch."""
-    outcomes: list[R | Exception] = []
-    for batch, outcome in run_batches(batch_task, step, files, workers):
-        outcomes += [outcome] * len(batch) if isinstance(outcome, Exception) else outcome
-    return outcomes
+    (``run_batches``): each file's result in the order of ``files``, or, once every batch has ended (each finished
+    one kept), the first failure raised."""
+    return [result for batch in results_or_raise(run_batches(batch_task, step, files, workers)) for result in batch]
 
 
 def run_batches(
     batch_task: Callable[..., R], step: StepInput, files: Sequence[FileToDo], workers: int, *shared: Any
-) -> list[tuple[range, R | Exception]]:
+) -> list[R | Exception]:
     """Run ``batch_task(step, label, [args of each file], *shared)`` for each batch of ``files`` (``file_batches``,
     bounded by ``pipeline.file_batches``) through ``map_files``: at most ``workers`` batches at once, each a task run
-    cached as a whole. Each batch (the indexes of its files) with its outcome: the result, or the exception raised."""
+    cached as a whole. Each batch's outcome: the result, or the exception raised."""
     limits = settings_of(step).pipeline.file_batches
     batches = file_batches([file.size for file in files], limits.max_files, limits.max_bytes)
     arguments = [
         (step, batch_label([files[i].name for i in batch]), [files[i].args for i in batch], *shared)
         for batch in batches
     ]
-    return list(zip(batches, map_files(batch_task, arguments, workers), strict=True))
+    return map_files(batch_task, arguments, workers)
 
 
 def file_batches(sizes: Sequence[int | None], max_files: int, max_bytes: int) -> list[range]:

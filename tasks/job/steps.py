@@ -17,7 +17,7 @@ from tasks.clients.downloads import download_ndjson
 from tasks.job.contract import StepInput
 from tasks.job.filework import FileToDo, map_batches
 from tasks.job.layout import step_artifact_key
-from tasks.streams.fanout import ordered_map, raise_if_cancelled, results_or_raise
+from tasks.streams.fanout import ordered_map, raise_if_cancelled
 from tasks.streams.ndjson import CompressionLevel, FileStats
 from tasks.streams.ndjson_writer import AtomicNdjsonWriter
 from tasks.streams.progress import track
@@ -80,7 +80,7 @@ def one_batch_at_a_time(batch_task: Callable[..., list[T]], step: StepInput, fil
     """``batch_task`` over the step's ``files`` in batches (``map_batches``), one batch at a time and its files in
     turn, on a Dask cluster too (a file's own requests are what keeps its service busy, and the service's
     ``max_concurrent_requests`` is the step's); every finished batch is kept, the first failure raised."""
-    return results_or_raise(map_batches(batch_task, step, files, workers=1))
+    return map_batches(batch_task, step, files, workers=1)
 
 
 async def write_answers(
