@@ -69,15 +69,13 @@ def extractor(step: StepInput) -> StepResult:
 def download_result_file(step: StepInput, url: str, name: str, needs_token: bool = False) -> DataFile:
     """One result file; ``needs_token``: the manifest said requiresAccessToken (credentials to approved origins)."""
     settings = settings_of(step)
-    extractor_settings = settings.services.extractor
+    config = settings.services.extractor
     with download_client(step, needs_token) as client:
         if needs_token:
             client.trust_file_origins([url])
-        checks, interval = extractor_settings.file_ready_retries, extractor_settings.file_ready_interval
-        wait_until_available(client.http, url, checks=checks, interval=interval)
+        wait_until_available(client.http, url, checks=config.file_ready_retries, interval=config.file_ready_interval)
         raise_if_cancelled()  # an interrupted run starts no new file
-        stall = extractor_settings.download_stall_timeout
-        stats = download_tracked(client.http, url, step.output_dir / name, settings, stall)
+        stats = download_tracked(client.http, url, step.output_dir / name, settings, config.download_stall_timeout)
     return DataFile.written(name, stats)
 
 
