@@ -28,7 +28,7 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from config.loader import SettingsIdentity, settings_identity
 from config.settings import Settings
 from config.runtime import job_on_command_line
-from tasks.clients.downloads import download_ndjson, target_names, wait_until_available
+from tasks.clients.downloads import target_names, wait_until_available
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_documents import DeadHandleError, ExtractionError, ExtractionHandle
 from tasks.clients.extraction_jobs import ExtractionTaskClient, JobNotFoundError, TransitionRefusedError
@@ -38,9 +38,8 @@ from tasks.core.errors import StepError
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.job.filework import map_files
 from tasks.job.layout import is_result_url, step_artifact_key
-from tasks.job.steps import ndjson_written
-from tasks.streams.ndjson import remove_partial_files
-from tasks.streams.progress import expect_files, track
+from tasks.job.steps import download_tracked
+from tasks.streams.progress import expect_files
 from config.runtime import CLI
 from tasks.core.readable import counted
 from tasks.core.names import show_text
@@ -59,7 +58,6 @@ class SubmissionInDoubtError(StepError):
 @step_task("extractor")
 def extractor(step: StepInput) -> StepResult:
     settings = settings_of(step)
-    remove_partial_files(step.output_dir)
     with ExtractionServerClient(settings.services.extractor, settings.tls) as client:
         handle, urls = wait_for_result(step, client, current_handle(step, client))
         needs_token = client.files_need_token
@@ -71,33 +69,14 @@ def extractor(step: StepInput) -> StepResult:
 def download_result_file(step: StepInput, url: str, name: str, needs_token: bool = False) -> DataFile:
     """One result file; ``needs_token``: the manifest said requiresAccessToken (credentials to approved origins)."""
     settings = settings_of(step)
-    extractor_settings = settings.services.extractor
+    config = settings.services.extractor
     with download_client(step, needs_token) as client:
         if needs_token:
             client.trust_file_origins([url])
-        checks, interval = extractor_settings.file_ready_retries, extractor_settings.file_ready_interval
-        wait_until_available(client.http, url, checks=checks, interval=interval)
+        wait_until_available(client.http, url, checks=config.file_ready_retries, interval=config.file_ready_interval)
         raise_if_cancelled()  # an interrupted run starts no new file
-        with track(f"download {name}") as progress:
-
-            def on_bytes(amount: int) -> None:
-                raise_if_cancelled()
-                progress.advance(amount)
-
-            stats = download_ndjson(
-                client.http,
-                url,
-                step.output_dir / name,
-                **ndjson_written(settings),
-                stall_timeout=extractor_settings.download_stall_timeout,
-                retry=settings.retry,
-                on_bytes=on_bytes,
-                on_total=progress.set_total,
-            )
+        stats = download_tracked(client.http, url, step.output_dir / name, settings, config.download_stall_timeout)
     return DataFile.written(name, stats)
-
-
-DownloadKey = tuple[SettingsIdentity, bool]
 
 
 @dataclass
@@ -106,7 +85,7 @@ class DownloadLease:
     holders: int = 0
 
 
-_download_clients: dict[DownloadKey, DownloadLease] = {}
+_download_clients: dict[tuple[SettingsIdentity, bool], DownloadLease] = {}
 _download_clients_lock = threading.Lock()
 
 
@@ -302,16 +281,13 @@ class ProgressReporter:
 def download_result_files(step: StepInput, urls: list[str], needs_token: bool) -> list[DataFile]:
     """Download every file, ``core`` first in the record. After a failure no new download starts, every finished file
     is kept for ``continue``, and the first failure is raised; on an interrupt those in flight stop at their next
-    chunk. Temporary files are removed either way."""
+    chunk."""
     settings = settings_of(step)
     names = target_names(
         urls, compress=settings.compression.enabled, max_files=settings.services.extractor.max_result_files
     )
     arguments = [(step, url, name, needs_token) for url, name in names.items()]
     expect_files(len(arguments))
-    try:
-        with download_client(step, needs_token):
-            outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
-    finally:
-        remove_partial_files(step.output_dir)
+    with download_client(step, needs_token):
+        outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
     return sorted(results_or_raise(outcomes), key=lambda f: (not f.core, f.name))

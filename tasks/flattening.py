@@ -276,7 +276,7 @@ def flatten_step_files(step: StepInput, plan: StepPlan, max_line_bytes: int) -> 
             for piece in pieces
         ]
         batches = run_batches(flatten_batch, step, to_do, workers, by_provenance, plan.digest, in_processes)
-        results = results_or_raise([outcome for _, outcome in batches])
+        results = results_or_raise(batches)
     parts = [result["parts"] for result in results]
     outcome = join_parts(step.output_dir, parts_dir, plan.views, plan.skipped, parts, by_provenance)
     shutil.rmtree(parts_dir, ignore_errors=True)

@@ -8,21 +8,19 @@ the extractor's downloads (``tasks.clients.downloads``). The fetch is a cached s
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from config.services import ExtractorSettings
-from tasks.clients.downloads import download_ndjson, safe_file_name
+from tasks.clients.downloads import safe_file_name
 from tasks.clients.http import ServiceEndpoint, build_client, http_timeout
 from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
 from tasks.core.errors import StepError
-from tasks.job.steps import compression_shape, ndjson_written
-from tasks.streams.fanout import raise_if_cancelled
-from tasks.streams.ndjson import FileStats, remove_partial_files
-from tasks.streams.progress import expect_files, track
+from tasks.job.steps import compression_shape, download_tracked
+from tasks.streams.ndjson import FileStats
+from tasks.streams.progress import expect_files
 from tasks.core.url_credentials import shown_url
 
 if TYPE_CHECKING:
@@ -39,7 +37,6 @@ class HttpImportError(StepError):
 def http_import(step: StepInput) -> StepResult:
     url = source_url(step.job_input)
     name = safe_file_name(url, compress=settings_of(step).compression.enabled)
-    remove_partial_files(step.output_dir)
     expect_files(1)
     record = commit_each(fetch_url, step, url, name)
     return step.result([record], source=shown_url(url))
@@ -47,39 +44,14 @@ def http_import(step: StepInput) -> StepResult:
 
 @file_task("fetch-url", "fetch[{name}]")
 def fetch_url(step: StepInput, url: str, name: str) -> DataFile:
-    with track(f"download {name}") as progress:
-
-        def on_bytes(amount: int) -> None:
-            raise_if_cancelled()
-            progress.advance(amount)
-
-        stats = fetch_ndjson(
-            url, step.output_dir / name, settings_of(step), on_bytes=on_bytes, on_total=progress.set_total
-        )
-    return DataFile.written(name, stats)
+    return DataFile.written(name, fetch_ndjson(url, step.output_dir / name, settings_of(step)))
 
 
-def fetch_ndjson(
-    url: str,
-    dest: Path,
-    settings: Settings,
-    *,
-    on_bytes: Callable[[int], None] | None = None,
-    on_total: Callable[[int], None] | None = None,
-) -> FileStats:
-    """Download ``url`` into ``dest`` (plain Python: the step's task above adds the cache and the progress)."""
+def fetch_ndjson(url: str, dest: Path, settings: Settings) -> FileStats:
+    """Download ``url`` into ``dest`` (the step's task above adds the cache)."""
     endpoint = ServiceEndpoint("http_import", origin(url), None, http_timeout(STALL_TIMEOUT))
     with build_client(endpoint, settings.tls) as client:
-        return download_ndjson(
-            client,
-            url,
-            dest,
-            **ndjson_written(settings),
-            stall_timeout=STALL_TIMEOUT,
-            retry=settings.retry,
-            on_bytes=on_bytes,
-            on_total=on_total,
-        )
+        return download_tracked(client, url, dest, settings, STALL_TIMEOUT)
 
 
 def source_url(job_input: str | None) -> str:

@@ -19,11 +19,11 @@ from config.settings import Settings
 from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
 from tasks.core.errors import StepError
 from tasks.core.names import name_key, show_text
-from tasks.streams.fanout import raise_if_cancelled, results_or_raise
+from tasks.streams.fanout import raise_if_cancelled
 from tasks.job.filework import FileToDo, map_batches
 from tasks.job.steps import compression_shape, ndjson_written
 from tasks.job.layout import is_crtdl_file
-from tasks.streams.ndjson import DATA_SUFFIXES, output_name, remove_partial_files
+from tasks.streams.ndjson import DATA_SUFFIXES, output_name
 from tasks.streams.ndjson_writer import AtomicNdjsonWriter
 from tasks.streams.processes import worker_pool
 from tasks.streams.progress import track
@@ -32,6 +32,7 @@ from tasks.streams.progress import track
 # NDJSON compressed otherwise than with zstd: named like data, never read (a checksum or backup beside a file is no
 # data: Patient.ndjson.zst.sha256, Patient.ndjson.bak).
 COMPRESSED_SUFFIXES = (".gz", ".gzip", ".bz2", ".xz", ".lzma", ".zstd", ".lz4", ".br", ".zip", ".7z")
+FILE_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFSOCK: "a socket"}
 CHANGE_CHECK_BYTES = 16 << 20
 """How much is copied between two checks that the source is as the scan found it (one stat each)."""
 
@@ -46,18 +47,14 @@ def local_import(step: StepInput) -> StepResult:
     source = source_directory(step.job_input, settings.services.local_import.dir)
     files = find_ndjson_files(source, settings.services.local_import.recursive, jobs_dir=step.job_path.parent)
     targets = target_names(files, compress=settings.compression.enabled)
-    remove_partial_files(step.output_dir)
     identities = [file_identity(path) for path in files]
     to_do = [
         FileToDo(name, identity[1], (str(path), name, identity))
         for path, name, identity in zip(files, targets, identities, strict=True)
     ]
-    try:
-        with worker_pool():  # the line checks of the step's large plain files share its workers
-            outcomes = map_batches(import_files, step, to_do, workers=os.cpu_count() or 1)
-    finally:
-        remove_partial_files(step.output_dir)
-    return step.result(results_or_raise(outcomes), source=str(source))
+    with worker_pool():  # the line checks of the step's large plain files share its workers
+        imported = map_batches(import_files, step, to_do, workers=os.cpu_count() or 1)
+    return step.result(imported, source=str(source))
 
 
 def import_file(step: StepInput, source: str, name: str, identity: list) -> DataFile:
@@ -202,8 +199,9 @@ def check_data_file(path: Path) -> Path:
             f"cannot read {show_text(path, None)}: {_stat_problem(path, exc)}; fix or remove it"
         ) from None
     if not stat.S_ISREG(mode):
+        kind = FILE_KINDS.get(stat.S_IFMT(mode), "a device")
         raise LocalImportError(
-            f"{show_text(path, None)} is {_file_kind(mode)}, not a file, although its name says data; remove it from "
+            f"{show_text(path, None)} is {kind}, not a file, although its name says data; remove it from "
             "the import folder or rename it"
         )
     if not os.access(path, os.R_OK):
@@ -217,14 +215,6 @@ def _stat_problem(path: Path, exc: OSError) -> str:
     if exc.errno == errno.ENOENT and path.is_symlink():
         return f"it is a symbolic link to {os.readlink(path)}, which does not exist"
     return exc.strerror or type(exc).__name__
-
-
-def _file_kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a named pipe (FIFO)"
-    return "a socket" if stat.S_ISSOCK(mode) else "a device"
 
 
 def target_names(files: list[Path], compress: bool) -> list[str]:

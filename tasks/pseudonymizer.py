@@ -33,23 +33,16 @@ from tasks.job.filework import FileToDo
 from tasks.core.errors import StepError
 from tasks.core.kept import KeptByDigest
 from tasks.core.jsonfile import JsonFileError
-from tasks.job.steps import compression_shape, file_shape, one_batch_at_a_time, ndjson_written, publish_report
+from tasks.job.steps import compression_shape, file_shape, ndjson_written, one_batch_at_a_time, publish_report
 from tasks.job.steps import write_answers
-from tasks.streams.ndjson import (
-    CompressionLevel,
-    FileStats,
-    iter_lines,
-    output_name,
-    parse_resource,
-    remove_partial_files,
-)
+from tasks.streams.ndjson import CompressionLevel, FileStats, iter_lines, output_name, parse_resource
 
 TOO_LARGE_HINT = (
     "the request was larger than the pseudonymization service accepts: lower "
     "services.pseudonymizer.bundle_split_threshold_mb so that Bundles are sent in smaller chunks, or raise "
     f"{BODY_LIMIT}"
 )
-_configs_by_digest: KeptByDigest[AnonymizationConfig] = KeptByDigest(size=4)
+_configs_by_digest: KeptByDigest[AnonymizationConfig] = KeptByDigest(size=4)  # the step's, for its file tasks
 
 
 class PseudonymizerStepError(StepError):
@@ -67,8 +60,6 @@ class FileReport(TypedDict):
 
 @dataclass
 class FileCounts:
-    """What one file's pseudonymization wrote and counted."""
-
     written: FileStats = FileStats(size=0, resources=0)
     resources_in: int = 0
     resources_out: int = 0
@@ -86,12 +77,13 @@ def pseudonymizer(step: StepInput) -> StepResult:
     settings = settings_of(step)
     config = read_anonymization_config(settings.services.pseudonymizer.anonymization_config)
     compress = settings.compression.enabled
-    config_digest = remember_config(config) if config else None
+    if config:
+        _configs_by_digest.keep(config.sha256, config)
+    config_digest = config.sha256 if config else None
     files = [
         FileToDo(f.name, f.size, (f.name, output_name(f.name, compress), f.resources, config_digest))
         for f in step.input_files()
     ]
-    remove_partial_files(step.output_dir)
     results: list[FileResult] = one_batch_at_a_time(pseudonymize_files, step, files)
     reports = [result["report"] for result in results]
     publish_file_reports(step, reports)
@@ -233,12 +225,6 @@ def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
         raise PseudonymizerStepError(str(exc)) from None
 
 
-def remember_config(config: AnonymizationConfig) -> str:
-    """Keep the config the step read for its file tasks in this process; its digest, which names it to them."""
-    _configs_by_digest.keep(config.sha256, config)
-    return config.sha256
-
-
 def anonymization_config(path: str | None, digest: str | None) -> AnonymizationConfig | None:
     """The config the step read, by its ``digest``; read from ``path`` only in a process that has not seen it (a
     Dask worker), where a file changed since the step read it is refused (the job would mix two configs)."""
@@ -252,7 +238,7 @@ def anonymization_config(path: str | None, digest: str | None) -> AnonymizationC
             f"{CONFIG_KEY} (--anonymization-config): {path} changed while the step ran (it is no longer the file "
             "the step read at its start); keep the file unchanged while a job runs"
         )
-    remember_config(config)
+    _configs_by_digest.keep(digest, config)
     return config
 
 

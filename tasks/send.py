@@ -331,29 +331,27 @@ def send_resources(
     }
     progress = BatchProgress(records / "progress" / f"{source.name}.json", identity)
     report = DirectReport(source.name)
-    if progress.state["complete"]:
-        report.batches, report.entries = progress.state["batches"], progress.state["entries"]
-        return report
-    if progress.state["batches"]:
-        report.resumed_at_batch = progress.state["batches"] + 1
-        log.info("%s: resuming at batch %d", source.name, report.resumed_at_batch)
-    batches = iter_batches(
-        source,
-        batch_size,
-        tag_prefix=f"{job_id}:{source.name}",
-        max_line_bytes=max_line_bytes,
-        start_line=progress.state["next_line"],
-        start_entry=progress.state["next_entry"],
-        first_number=progress.state["batches"] + 1,
-    )
-    for batch in batches:
-        raise_if_cancelled()
-        send_batch(server, source.name, batch, records / "failed")
-        progress.record(batch)
-    progress.record(None)
+    if not progress.state["complete"]:
+        if progress.state["batches"]:
+            report.resumed_at_batch = progress.state["batches"] + 1
+            log.info("%s: resuming at batch %d", source.name, report.resumed_at_batch)
+        for batch in iter_batches(
+            source,
+            batch_size,
+            tag_prefix=f"{job_id}:{source.name}",
+            max_line_bytes=max_line_bytes,
+            start_line=progress.state["next_line"],
+            start_entry=progress.state["next_entry"],
+            first_number=progress.state["batches"] + 1,
+        ):
+            raise_if_cancelled()
+            send_batch(server, source.name, batch, records / "failed")
+            progress.record(batch)
+        progress.record(None)
+        report.seconds = round(time.monotonic() - started, 3)
+        sent, transactions = progress.state["entries"], progress.state["batches"]
+        log.info("%s: %d entries sent in %d transactions", source.name, sent, transactions)
     report.batches, report.entries = progress.state["batches"], progress.state["entries"]
-    report.seconds = round(time.monotonic() - started, 3)
-    log.info("%s: %d entries sent in %d transactions", source.name, report.entries, report.batches)
     return report
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 import orjson
 from prefect.exceptions import MissingContextError
 from prefect.logging import get_run_logger
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from config.settings import Settings
 from tasks.clients.errors import BODY_LIMIT, ServiceError
@@ -31,7 +30,7 @@ from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, sett
 from tasks.job.filework import FileToDo
 from tasks.core.errors import StepError
 from tasks.job.steps import one_batch_at_a_time, ndjson_written, publish_report, write_answers
-from tasks.streams.ndjson import CompressionLevel, iter_lines, output_name, remove_partial_files
+from tasks.streams.ndjson import CompressionLevel, iter_lines, output_name
 
 FIRST_ERRORS = 5
 """Error messages kept per file for the step's summary and artifact."""
@@ -52,17 +51,28 @@ stdlib_logger = logging.getLogger("dupflow.validation")
 
 
 class FileValidation(BaseModel):
-    """What the validation of one input file found, and the report it wrote."""
+    """What the validation of one input file found, counted over its chunks as they come back in order, and the
+    report it wrote."""
 
     file: str
     report: DataFile
-    resources: int
-    chunks: int
-    resources_with_errors: int
-    errors: int
-    warnings: int
-    information: int
-    first_errors: list[str]
+    resources: int = 0
+    chunks: int = 0
+    resources_with_errors: int = 0
+    errors: int = 0
+    warnings: int = 0
+    information: int = 0
+    first_errors: list[str] = Field(default_factory=list)
+
+    def add(self, chunk: Chunk, outcome: dict[str, Any]) -> None:
+        findings = read_findings(outcome, chunk.labels, FIRST_ERRORS - len(self.first_errors))
+        self.resources += len(chunk.labels)
+        self.chunks += 1
+        self.resources_with_errors += len(findings.resources_with_errors)
+        self.errors += findings.errors
+        self.warnings += findings.warnings
+        self.information += findings.information
+        self.first_errors += [finding.describe() for finding in findings.findings]
 
 
 @step_task("validation")
@@ -71,7 +81,6 @@ def validation(step: StepInput) -> StepResult:
     service = settings.services.validation
     if not service.url:
         raise StepError("services.validation.url is not set; the validation step needs the validator's root URL")
-    remove_partial_files(step.output_dir)
     files = [FileToDo(f.name, f.size, (f.name, service.bundle_chunk_size_mb, f.resources)) for f in step.input_files()]
     checked: list[FileValidation] = one_batch_at_a_time(validate_files, step, files)
     publish_artifact(step, checked)
@@ -92,8 +101,7 @@ def validate_file(step: StepInput, name: str, chunk_size_mb: int, expected: int 
     """Validate one input file into its report (``chunk_size_mb`` is a parameter: it shapes the report; ``expected``:
     the file's lines, for progress)."""
     settings = settings_of(step)
-    assert step.input_dir is not None
-    source = step.input_dir / name
+    source = step.input_path(name)
     dest = step.output_dir / output_name(name, settings.compression.enabled)
     return asyncio.run(validate_with_service(settings, source, dest, chunk_size_mb, expected))
 
@@ -122,29 +130,6 @@ async def validate_with_service(
         )
 
 
-@dataclass
-class Tally:
-    """Counts over a file's chunks, as they come back in order."""
-
-    resources: int = 0
-    chunks: int = 0
-    resources_with_errors: int = 0
-    errors: int = 0
-    warnings: int = 0
-    information: int = 0
-    first_errors: list[str] = field(default_factory=list)
-
-    def add(self, chunk: Chunk, outcome: dict[str, Any]) -> None:
-        findings = read_findings(outcome, chunk.labels, FIRST_ERRORS - len(self.first_errors))
-        self.resources += len(chunk.labels)
-        self.chunks += 1
-        self.resources_with_errors += len(findings.resources_with_errors)
-        self.errors += findings.errors
-        self.warnings += findings.warnings
-        self.information += findings.information
-        self.first_errors += [finding.describe() for finding in findings.findings]
-
-
 async def validate_path(
     source: Path,
     dest: Path,
@@ -157,7 +142,7 @@ async def validate_path(
     expected_resources: int | None = None,
 ) -> FileValidation:
     """Validate ``source`` chunk by chunk, ``window`` requests in flight, into the report ``dest`` (atomic)."""
-    tally = Tally()
+    found = FileValidation(file=source.name, report=DataFile(name=dest.name, size=0, resources=0))  # until written
 
     async def validate(chunk: Chunk) -> dict[str, Any]:
         try:
@@ -166,7 +151,7 @@ async def validate_path(
             raise StepError(chunk_failure(source, chunk, exc)) from exc
 
     def written(chunk: Chunk, outcome: dict[str, Any]) -> tuple[bytes, int]:
-        tally.add(chunk, outcome)
+        found.add(chunk, outcome)
         return orjson.dumps(annotated(outcome, chunk)), len(chunk.labels)
 
     chunks = warn_oversized(iter_chunks(iter_lines(source, max_line_bytes), chunk_bytes, source), source)
@@ -181,11 +166,11 @@ async def validate_path(
         progress=(f"validate {source.name}", expected_resources),
         source=str(dest),
     )
-    return FileValidation(file=source.name, report=DataFile.written(dest.name, stats), **asdict(tally))
+    found.report = DataFile.written(dest.name, stats)
+    return found
 
 
 def warn_oversized(chunks: Iterator[Chunk], source: Path) -> Iterator[Chunk]:
-    """Pass chunks through, warning about each resource that is larger than a chunk on its own."""
     for chunk in chunks:
         if chunk.oversized:
             step_logger().warning(

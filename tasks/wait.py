@@ -12,14 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
-from prefect.cache_policies import CacheKeyFnPolicy
 from prefect.context import TaskRunContext
 
 from config.runtime import job_on_command_line
 
-from tasks.job.contract import DataFile, StepInput, StepResult, settings_of
+from tasks.job.contract import DataFile, StepInput, StepResult, persisted_task, settings_of
 from tasks.job.layout import JobPaths, artifact_key, result_name
 from tasks.streams.ndjson import DATA_SUFFIXES, FileStats, is_partial, output_name
 from tasks.streams.ndjson_writer import LineCounts, count_contents
@@ -43,15 +42,8 @@ def gate_result_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     return str(gate_result_path(parameters["step"], "paused" if parameters.get("note") is None else "released"))
 
 
-@task(
-    name="wait",
-    task_run_name="wait[{step.number}]",
-    cache_policy=CacheKeyFnPolicy(cache_key_fn=gate_result_key),
-    refresh_cache=True,  # a key, not a cache: run each time (the corrected files may change until the release)
-    persist_result=True,
-    result_serializer="json",
-    result_storage=Path("/"),  # the key is the absolute path
-)
+# A key, not a cache: run each time (the corrected files may change until the release).
+@persisted_task("wait", "wait[{step.number}]", gate_result_key, refresh_cache=True)
 def wait(step: StepInput, resume_hint: str = "", note: str | None = None) -> StepResult:
     """Without the inspection form's ``note`` (the gate not released yet): prepare ``<input folder>_wait/``, publish
     what to inspect and how to go on, and answer "awaiting". With it: the files the gate hands on, and the note."""

@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ParamSpec, TypedDict, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, overload
 
 from prefect import Task, task
-from prefect.cache_policies import CacheKeyFnPolicy, CachePolicy
+from prefect.cache_policies import CacheKeyFnPolicy
 from prefect.client.schemas.objects import State
 from prefect.context import TaskRunContext
 from prefect.transactions import CommitMode, transaction
@@ -33,7 +33,7 @@ from tasks.core.redaction import redact, redact_records_sent_to_prefect
 from tasks.job.flow_run_watch import stopped_when_flow_run_ends
 from tasks.job.layout import JobPaths, result_name, step_artifact_key, step_folder
 from tasks.streams.progress import StepWork, step_progress
-from tasks.streams.ndjson import FileStats
+from tasks.streams.ndjson import FileStats, remove_partial_files
 from tasks.job.record import FileEntry, StepRecord
 
 R = TypeVar("R")
@@ -120,7 +120,6 @@ class StepInput(BaseModel):
         return self.job_path / self.folder if self.folder is not None else None
 
     def input_path(self, name: str) -> Path:
-        """The input data file ``name``."""
         assert self.input_dir is not None, f"step {self.step} has no input folder"
         return self.input_dir / name
 
@@ -131,9 +130,7 @@ class StepInput(BaseModel):
 
     def input_paths(self) -> Iterator[Path]:
         """The paths of ``input_files``, made as they are read: a list of 3,000 held 2.5 MB for the whole step."""
-        folder = self.input_dir
-        assert folder is not None, f"step {self.step} has no input folder"
-        return (folder / f.name for f in self.input_files())
+        return (self.input_path(f.name) for f in self.input_files())
 
     @property
     def crtdl_path(self) -> Path | None:
@@ -141,7 +138,6 @@ class StepInput(BaseModel):
         return Path(value) if value else None
 
     def result(self, files: list[DataFile], folder: Path | None = None, **summary: Any) -> StepResult:
-        """The result of a step that wrote ``files`` into ``folder`` (default: its own folder)."""
         relative = str((folder or self.output_dir).relative_to(self.job_path))
         return StepResult(step=self.step, position=self.position, folder=relative, files=files, summary=summary)
 
@@ -192,7 +188,6 @@ def settings_of(step: StepInput) -> Settings:
 
 
 def digest(value: Any) -> str:
-    """A short, stable digest of any JSON-serialisable value (for cache keys)."""
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
@@ -204,26 +199,28 @@ def job_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
     return str(JobPaths(step.job_path).results / key)
 
 
-JOB_CACHE = CacheKeyFnPolicy(cache_key_fn=job_cache_key)
-
-
-class _Persisted(TypedDict):
-    """The keywords of ``prefect.task`` that keep a job's task results."""
-
-    cache_policy: CachePolicy
-    persist_result: bool
-    result_serializer: str
-    result_storage: Path
-
-
-# Results are JSON files at the absolute path the cache key names; "/" as the storage root lets the key choose.
-# Where a job's task runs, ``stored_in_job`` narrows it to the job's results folder.
-_PERSISTED = _Persisted(cache_policy=JOB_CACHE, persist_result=True, result_serializer="json", result_storage=Path("/"))
+def persisted_task(
+    name: str, run_name: str, key: Callable[..., str] = job_cache_key, **options: Any
+) -> Callable[[Callable[..., Any]], Any]:
+    """Declare a Prefect task whose result is kept as JSON at the absolute path its cache ``key`` names ("/" as the
+    storage root lets the key choose; ``stored_in_job`` narrows it where a job's task runs), and whose exceptions
+    leave redacted."""
+    persisted = task(
+        name=name,
+        task_run_name=run_name,
+        cache_policy=CacheKeyFnPolicy(cache_key_fn=key),
+        persist_result=True,
+        result_serializer="json",
+        result_storage=Path("/"),
+        **options,
+    )
+    return lambda function: persisted(redacting_failures(function))
 
 
 def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
     """Declare a step's Prefect task: cached in the job directory, run named after the step, timed (the result's
-    ``seconds``), its file work shown as one progress artifact (``job-<id>-NN-<step>-progress``)."""
+    ``seconds``), its file work shown as one progress artifact (``job-<id>-NN-<step>-progress``), the temporary
+    files of its folder removed before and after (also on failure or interruption)."""
 
     def declare(function: Callable[..., StepResult]) -> Any:
         @functools.wraps(function)
@@ -232,11 +229,15 @@ def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
             key = step_artifact_key(step.job_id, step.position, step.step, "progress")
             files = step.files
             work = StepWork(files=len(files), size=sum(f.size for f in files), lines=sum(f.resources for f in files))
-            with step_progress(key, step.step, work):
-                result = function(step, *args, **kwargs)
+            remove_partial_files(step.output_dir)  # temporaries of a killed run: never resumed from
+            try:
+                with step_progress(key, step.step, work):
+                    result = function(step, *args, **kwargs)
+            finally:
+                remove_partial_files(step.output_dir)
             return result.model_copy(update={"seconds": round(time.monotonic() - started, 3)})
 
-        return task(name=name, task_run_name=name + "[{step.number}]", **_PERSISTED)(redacting_failures(timed))
+        return persisted_task(name, name + "[{step.number}]")(timed)
 
     return declare
 
@@ -244,9 +245,7 @@ def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
 def file_task(name: str, run_name: str) -> Callable[[Callable[..., R]], Any]:
     """Declare a per-file (or per-batch) sub-task; ``run_name`` is a template over its parameters, e.g.
     ``"pseudonymize[{name}]"``."""
-    return lambda function: task(name=name, task_run_name=run_name, **_PERSISTED)(
-        redacting_failures(stopped_when_flow_run_ends(function))
-    )
+    return lambda function: persisted_task(name, run_name)(stopped_when_flow_run_ends(function))
 
 
 def batch_task(name: str, verb: str, each: Callable[..., R]) -> Any:
@@ -331,7 +330,6 @@ def files_gone(state: State, folder: Path) -> bool:
 
 
 def data_files(value: Any) -> Iterator[DataFile]:
-    """Every ``DataFile`` in a task's result (a model, a dict, a list of them)."""
     if isinstance(value, DataFile):
         yield value
     elif isinstance(value, BaseModel):

@@ -54,7 +54,7 @@ def enrich_crtdl(crtdl: Json, rules: Iterable[EnrichmentRule]) -> tuple[Json, li
 
 def _groups_for(crtdl: Json, rule: EnrichmentRule, warnings: list[str]) -> list[Json]:
     """The groups a rule enriches: the existing ones, a newly created one, or none (with a warning)."""
-    if groups := _groups_with_reference(_existing_groups(crtdl), rule.group_reference):
+    if groups := [group for group in _existing_groups(crtdl) if group.get("groupReference") == rule.group_reference]:
         return groups
     if rule.create_if_not_exists is None:
         warnings.append(
@@ -74,10 +74,6 @@ def _existing_groups(crtdl: Json) -> list[Json]:
     if not isinstance(groups, list) or not all(isinstance(group, dict) for group in groups):
         raise EnrichmentError("CRTDL dataExtraction.attributeGroups is not a list of objects")
     return groups
-
-
-def _groups_with_reference(groups: list[Json], group_reference: str) -> list[Json]:
-    return [group for group in groups if group.get("groupReference") == group_reference]
 
 
 def _create_group(crtdl: Json, group_reference: str, group_name: str) -> Json:
@@ -121,7 +117,7 @@ def _ensure_attribute(group: Json, wanted: AttributeToAdd) -> Json:
 def _resolve_links(crtdl: Json, links: list[tuple[str, Json, str]]) -> None:
     groups = _existing_groups(crtdl)
     for group_reference, attribute, url in links:
-        if not (targets := _groups_with_reference(groups, url)):
+        if not (targets := [group for group in groups if group.get("groupReference") == url]):
             raise UnresolvedLinkError(group_reference, attribute["attributeRef"], url)
         linked_ids = attribute.setdefault("linkedGroups", [])
         for target in targets:

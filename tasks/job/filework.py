@@ -22,7 +22,7 @@ from config.runtime import prefect_api_url
 from config.settings import TaskRunnerSettings
 from tasks.job.contract import StepInput, commit_each, data_files, files_gone, settings_of, stored_in_job
 from tasks.core.errors import DupflowError
-from tasks.streams.fanout import run_bounded
+from tasks.streams.fanout import results_or_raise, run_bounded
 
 if TYPE_CHECKING:
     from prefect_dask import DaskTaskRunner
@@ -48,9 +48,29 @@ def map_files(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]],
         slim = arguments[0][0].for_file_tasks()
         arguments = [(slim, *args[1:]) for args in arguments]
     context = FlowRunContext.get()
-    if context is not None and not isinstance(context.task_runner, ThreadPoolTaskRunner):  # Dask's processes
-        return map_on_flow_runner(file_task, arguments, workers)
-    return map_in_process(file_task, arguments, workers)
+    on_dask = context is not None and not isinstance(context.task_runner, ThreadPoolTaskRunner)
+    dask_task: Any = file_task  # a Task there
+    if on_dask and workers > 1:  # every file submitted at once; Dask runs one per worker thread
+        futures = [stored_in_job(dask_task, args[0]).submit(*args) for args in arguments]
+        return [
+            outcome_of(kept_result, future, file_task, args) for future, args in zip(futures, arguments, strict=True)
+        ]
+    failures: list[Exception] = []
+
+    def call(args: tuple[Any, ...]) -> R:
+        if failures:  # no file starts after one failed
+            raise failures[0]
+        try:
+            if on_dask:
+                return kept_result(stored_in_job(dask_task, args[0]).submit(*args), file_task, args)
+            return commit_each(file_task, *args)
+        except Exception as exc:
+            failures.append(exc)
+            raise
+
+    if workers <= 1:  # in the calling thread, so Ctrl+C or SIGTERM stops it where it is (a daemon thread would go on)
+        return [outcome_of(call, args) for args in arguments]
+    return run_bounded([functools.partial(call, args) for args in arguments], workers)
 
 
 class FileToDo(NamedTuple):
@@ -64,29 +84,26 @@ class FileToDo(NamedTuple):
 
 def map_batches(
     batch_task: Callable[..., list[R]], step: StepInput, files: Sequence[FileToDo], workers: int
-) -> list[R | Exception]:
+) -> list[R]:
     """Run the step's ``batch_task`` (``tasks.job.contract.batch_task``) over its ``files`` in batches
-    (``run_batches``). Each file's outcome in the order of ``files``: its result, or the exception that failed its
-    batch."""
-    outcomes: list[R | Exception] = []
-    for batch, outcome in run_batches(batch_task, step, files, workers):
-        outcomes += [outcome] * len(batch) if isinstance(outcome, Exception) else outcome
-    return outcomes
+    (``run_batches``): each file's result in the order of ``files``, or, once every batch has ended (each finished
+    one kept), the first failure raised."""
+    return [result for batch in results_or_raise(run_batches(batch_task, step, files, workers)) for result in batch]
 
 
 def run_batches(
     batch_task: Callable[..., R], step: StepInput, files: Sequence[FileToDo], workers: int, *shared: Any
-) -> list[tuple[range, R | Exception]]:
+) -> list[R | Exception]:
     """Run ``batch_task(step, label, [args of each file], *shared)`` for each batch of ``files`` (``file_batches``,
     bounded by ``pipeline.file_batches``) through ``map_files``: at most ``workers`` batches at once, each a task run
-    cached as a whole. Each batch (the indexes of its files) with its outcome: the result, or the exception raised."""
+    cached as a whole. Each batch's outcome: the result, or the exception raised."""
     limits = settings_of(step).pipeline.file_batches
     batches = file_batches([file.size for file in files], limits.max_files, limits.max_bytes)
     arguments = [
         (step, batch_label([files[i].name for i in batch]), [files[i].args for i in batch], *shared)
         for batch in batches
     ]
-    return list(zip(batches, map_files(batch_task, arguments, workers), strict=True))
+    return map_files(batch_task, arguments, workers)
 
 
 def file_batches(sizes: Sequence[int | None], max_files: int, max_bytes: int) -> list[range]:
@@ -110,52 +127,17 @@ def batch_label(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else f"{names[0]} … {names[-1]} ({len(names)} files)"
 
 
-def map_in_process(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]], workers: int) -> list:
-    """One file at a time runs in the calling thread, so Ctrl+C or SIGTERM stops it where it is (a daemon thread
-    would go on sending until the process exits); more at once run on ``run_bounded``'s threads."""
-    failures: list[Exception] = []
-
-    def call(args: tuple[Any, ...]) -> R:
-        if failures:
-            raise failures[0]
-        try:
-            return commit_each(file_task, *args)
-        except Exception as exc:
-            failures.append(exc)
-            raise
-
-    if workers <= 1:
-        return [outcome_of(call, args) for args in arguments]
-    return run_bounded([functools.partial(call, args) for args in arguments], workers)
-
-
-def outcome_of(call: Callable[[Any], R], argument: Any) -> R | Exception:
+def outcome_of(call: Callable[..., R], *args: Any) -> R | Exception:
     try:
-        return call(argument)
+        return call(*args)
     except Exception as exc:  # kept for the caller, which decides what to raise
         return exc
 
 
-def map_on_flow_runner(file_task: Any, arguments: Sequence[tuple[Any, ...]], workers: int) -> list:
-    """Submit every file task to the flow run's task runner at once (Dask runs one per worker thread), then
-    collect in order; with ``workers`` 1, one after the other, none after a failure (as ``map_in_process``)."""
-    if workers <= 1:
-        outcomes: list = []
-        for args in arguments:
-            if failed := next((o for o in outcomes if isinstance(o, Exception)), None):
-                outcomes.append(failed)
-                continue
-            outcomes.append(outcome_of(kept_result, (stored_in_job(file_task, args[0]).submit(*args), file_task, args)))
-        return outcomes
-    futures = [stored_in_job(file_task, args[0]).submit(*args) for args in arguments]
-    return [outcome_of(kept_result, (future, file_task, args)) for future, args in zip(futures, arguments, strict=True)]
-
-
-def kept_result(submitted: tuple[Any, Any, tuple[Any, ...]]) -> Any:
+def kept_result(future: Any, file_task: Any, args: tuple[Any, ...]) -> Any:
     """A submitted file task's result; a cached one whose files are gone from disk is made again (``files_gone``).
     The files a worker wrote must be where this process sees them: a worker that does not share the jobs directory
     at the same path wrote them elsewhere, and the job would end Completed without them."""
-    future, file_task, args = submitted
     future.wait()
     if files_gone(future.state, args[0].output_dir):
         future = stored_in_job(file_task, args[0]).with_options(refresh_cache=True).submit(*args)

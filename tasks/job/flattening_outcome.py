@@ -65,6 +65,11 @@ class FlattenOutcome:
     files: list[DataFile] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
+        selection = {  # without Provenance: what the groups' profiles and filters left out, what was not applied
+            "other_profile": dict(sorted(self.other_profile.items())),
+            "filtered_out": dict(sorted(self.filtered_out.items())),
+            "not_applied": {g.group.name: list(g.not_applied) for g in self.groups if g.not_applied},
+        }
         return {
             "engine": self.engine,
             "routing": self.routing,
@@ -73,17 +78,7 @@ class FlattenOutcome:
             "unrouted": dict(sorted(self.unrouted.items())),
             "unrouted_total": sum(self.unrouted.values()),
             "resources_of_skipped_groups": dict(sorted(self.skipped_resources.items())),
-            **self._selection_summary(),
-        }
-
-    def _selection_summary(self) -> dict[str, Any]:
-        """Without Provenance: what the groups' profiles and filters left out, what of them was not applied."""
-        if self.routing != BY_TYPE:
-            return {}
-        return {
-            "other_profile": dict(sorted(self.other_profile.items())),
-            "filtered_out": dict(sorted(self.filtered_out.items())),
-            "not_applied": {g.group.name: list(g.not_applied) for g in self.groups if g.not_applied},
+            **(selection if self.routing == BY_TYPE else {}),
         }
 
 

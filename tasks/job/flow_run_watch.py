@@ -17,7 +17,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -41,9 +41,8 @@ def stopped_when_flow_run_ends(function: Callable[..., R]) -> Callable[..., R]:
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> R:
-        if (flow_run_id := flow_run_on_a_worker()) is None:
-            return function(*args, **kwargs)
-        with watching(flow_run_id):
+        flow_run_id = flow_run_on_a_worker()
+        with nullcontext() if flow_run_id is None else watching(flow_run_id):
             return function(*args, **kwargs)
 
     return call

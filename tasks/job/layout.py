@@ -14,7 +14,6 @@ from config.settings import IMPORT_STEPS
 
 
 def step_folder(step: str) -> str:
-    """The folder a step writes: ``import`` for every import step, else the step's name."""
     return "import" if step in IMPORT_STEPS else step
 
 

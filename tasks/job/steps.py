@@ -1,19 +1,23 @@
-"""What the steps that send every file through a service share: their batches of files run one at a time, each
-file's requests answered in order into one NDJSON file, and a report artifact of one row per file."""
+"""What the steps share besides their contract: how they write NDJSON and download a file; for the steps that send
+every file through a service, their batches of files run one at a time, each file's requests answered in order
+into one NDJSON file, and a report artifact of one row per file."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 
+import httpx
 from prefect.artifacts import create_table_artifact
 
 from config.settings import Settings
+from tasks.clients.downloads import download_ndjson
 from tasks.job.contract import StepInput
 from tasks.job.filework import FileToDo, map_batches
 from tasks.job.layout import step_artifact_key
-from tasks.streams.fanout import ordered_map, raise_if_cancelled, results_or_raise
+from tasks.streams.fanout import ordered_map, raise_if_cancelled
 from tasks.streams.ndjson import CompressionLevel, FileStats
 from tasks.streams.ndjson_writer import AtomicNdjsonWriter
 from tasks.streams.progress import track
@@ -33,6 +37,27 @@ def ndjson_written(settings: Settings) -> NdjsonWriting:
     """How a step writes NDJSON: ``level``, its zstd level (None: plain), and ``max_line_bytes``, the longest line."""
     level = settings.compression.level if settings.compression.enabled else None
     return {"level": level, "max_line_bytes": settings.pipeline.max_ndjson_line_size_bytes}
+
+
+def download_tracked(client: httpx.Client, url: str, dest: Path, settings: Settings, stall: timedelta) -> FileStats:
+    """``url`` downloaded into ``dest`` (``download_ndjson``), shown as ``download <file name>``; an interrupted run
+    stops it at its next chunk."""
+    with track(f"download {dest.name}") as progress:
+
+        def on_bytes(amount: int) -> None:
+            raise_if_cancelled()
+            progress.advance(amount)
+
+        return download_ndjson(
+            client,
+            url,
+            dest,
+            **ndjson_written(settings),
+            stall_timeout=stall,
+            retry=settings.retry,
+            on_bytes=on_bytes,
+            on_total=progress.set_total,
+        )
 
 
 def compression_shape(settings: Settings) -> dict[str, Any]:
@@ -55,7 +80,7 @@ def one_batch_at_a_time(batch_task: Callable[..., list[T]], step: StepInput, fil
     """``batch_task`` over the step's ``files`` in batches (``map_batches``), one batch at a time and its files in
     turn, on a Dask cluster too (a file's own requests are what keeps its service busy, and the service's
     ``max_concurrent_requests`` is the step's); every finished batch is kept, the first failure raised."""
-    return results_or_raise(map_batches(batch_task, step, files, workers=1))
+    return map_batches(batch_task, step, files, workers=1)
 
 
 async def write_answers(
