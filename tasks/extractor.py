@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import shlex
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from uuid import UUID
 
 import httpx
 from prefect import get_run_logger
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from config.loader import SettingsIdentity, settings_identity
 from config.settings import Settings
@@ -39,7 +36,7 @@ from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.job.filework import map_files
 from tasks.job.layout import is_result_url, step_artifact_key
 from tasks.job.steps import download_tracked
-from tasks.streams.progress import expect_files
+from tasks.streams.progress import ProgressArtifact, expect_files
 from config.runtime import CLI
 from tasks.core.readable import counted
 from tasks.core.names import show_text
@@ -48,7 +45,6 @@ from tasks.job.record import now_iso, read_facts, record_facts
 # Files downloaded at once. TORCH serves them from a static file server; 4 keeps a 1 Gbit/s link busy
 # without crowding the server (its own batch concurrency default is 4 as well).
 DOWNLOAD_CONCURRENCY = 4
-ARTIFACT_EVERY_SECONDS = 1.0
 
 
 class SubmissionInDoubtError(StepError):
@@ -248,13 +244,12 @@ def wait_for_result(
 
 
 class ProgressReporter:
-    """Shows polling progress in the log (when it changes) and as a Prefect progress artifact (<= 1/s)."""
+    """Shows polling progress in the log (when it changes) and as a Prefect progress artifact (at most every
+    ``ARTIFACT_EVERY_SECONDS``) of its own, beside the downloads' one of the same key."""
 
     def __init__(self, step: StepInput):
-        self._key = step_artifact_key(step.job_id, step.position, step.step, "progress")
-        self._artifact: UUID | None = None
+        self._artifact = ProgressArtifact(step_artifact_key(step.job_id, step.position, step.step, "progress"))
         self._last_text: str | None = None
-        self._last_update = float("-inf")
         self._percent = 0.0
 
     def __call__(self, progress: PollProgress) -> None:
@@ -263,19 +258,11 @@ class ProgressReporter:
             get_run_logger().info("extraction: %s", text)
             self._last_text = text
         self._percent = progress.percent if progress.percent is not None else self._percent
-        if time.monotonic() - self._last_update >= ARTIFACT_EVERY_SECONDS:
-            self._publish(self._percent, f"Extraction: {text}")
+        if self._artifact.due():
+            self._artifact.write(self._percent, f"Extraction: {text}")
 
     def finish(self, files: int) -> None:
-        self._publish(100.0, f"Extraction complete: {counted(files, 'file')} to download")
-
-    def _publish(self, percent: float, description: str) -> None:
-        self._last_update = time.monotonic()
-        if self._artifact is None:
-            # async_dispatch types its result as the UUID or a coroutine; called from sync code it is the UUID
-            self._artifact = create_progress_artifact(percent, key=self._key, description=description)  # type: ignore[assignment]
-        else:
-            update_progress_artifact(self._artifact, percent, description=description)
+        self._artifact.write(100.0, f"Extraction complete: {counted(files, 'file')} to download")
 
 
 def download_result_files(step: StepInput, urls: list[str], needs_token: bool) -> list[DataFile]:

@@ -157,12 +157,10 @@ _step_progress: contextvars.ContextVar[StepProgress | None] = contextvars.Contex
 def step_progress(key: str, step: str, work: StepWork) -> Iterator[StepProgress | None]:
     """The aggregate progress of one step run, published as the progress artifact ``key``; None (and nothing
     published) outside a Prefect task run."""
-    from prefect.context import TaskRunContext
-
-    if (context := TaskRunContext.get()) is None:
+    if (artifact := ProgressArtifact(key)).run is None:
         yield None
         return
-    aggregate = StepProgress(key, step, work, context.task_run.id, context.task_run.flow_run_id)
+    aggregate = StepProgress(artifact, step, work)
     token = _step_progress.set(aggregate)
     try:
         yield aggregate
@@ -183,13 +181,10 @@ class StepProgress:
     most every ``ARTIFACT_EVERY_SECONDS``; a thread that finds another one publishing goes on with its work.
     """
 
-    def __init__(self, key: str, step: str, work: StepWork, task_run_id: UUID, flow_run_id: UUID | None):
-        self._key, self._step, self._work = key, step, work
-        self._task_run_id, self._flow_run_id = task_run_id, flow_run_id
+    def __init__(self, artifact: ProgressArtifact, step: str, work: StepWork):
+        self._artifact, self._step, self._work = artifact, step, work
         self._lock, self._publishing = threading.Lock(), threading.Lock()
         self._started = time.monotonic()
-        self._next_publish = float("-inf")
-        self._artifact: UUID | None = None
         self._files_started = self._files_finished = self._files_expected = 0
         self._noun = "files"  # what is counted: "pieces" of the input's files when the step cuts them
         self._in_work: set[FileWork] = set()
@@ -225,7 +220,7 @@ class StepProgress:
         with self._lock:
             work.done += amount
             self._done[work.unit] = self._done.get(work.unit, 0) + amount
-        if time.monotonic() >= self._next_publish:
+        if self._artifact.due():
             self.publish()
 
     def publish(self, *, finished: bool = False, stopped: bool = False) -> None:
@@ -234,16 +229,14 @@ class StepProgress:
         if not self._publishing.acquire(blocking=final):
             return
         try:
-            now = time.monotonic()
-            if not final and now < self._next_publish:
+            if not final and not self._artifact.due():
                 return
             with self._lock:
                 known_work = self._files_started > 0 and bool(self._files_known() or self._totals)
-                if not known_work or (stopped and self._artifact is None):
+                if not known_work or (stopped and self._artifact.id is None):
                     return
-                percent, description = self._measure(now, finished, stopped)
-            self._next_publish = now + ARTIFACT_EVERY_SECONDS
-            self._write(percent, description)
+                percent, description = self._measure(time.monotonic(), finished, stopped)
+            self._artifact.write(percent, description)
         finally:
             self._publishing.release()
 
@@ -277,29 +270,47 @@ class StepProgress:
             return done / total
         return None
 
-    def _write(self, percent: float, description: str) -> None:
+
+class ProgressArtifact:
+    """The progress artifact ``key`` of the task run it is made in (none outside one: ``run`` is None), made by its
+    first ``write``, then updated in place; ``due`` once ``ARTIFACT_EVERY_SECONDS`` passed since the last write."""
+
+    def __init__(self, key: str):
+        from prefect.context import TaskRunContext
+
+        self.key, self.run = key, TaskRunContext.get()
+        self.id: UUID | None = None
+        self._next_write = float("-inf")
+
+    def due(self) -> bool:
+        return time.monotonic() >= self._next_write
+
+    def write(self, percent: float, description: str) -> None:
         """One request; a failure is logged and ends this artifact's updates, never the step's work."""
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
 
+        if self.run is None:
+            return
+        self._next_write = time.monotonic() + ARTIFACT_EVERY_SECONDS
         try:
             with get_client(sync_client=True) as client:
-                if self._artifact is None:
-                    self._artifact = client.create_artifact(
+                if self.id is None:
+                    self.id = client.create_artifact(
                         ArtifactCreate(
-                            key=self._key,
+                            key=self.key,
                             type="progress",
                             data=percent,
                             description=description,
-                            task_run_id=self._task_run_id,
-                            flow_run_id=self._flow_run_id,
+                            task_run_id=self.run.task_run.id,
+                            flow_run_id=self.run.task_run.flow_run_id,
                         )
                     ).id
                 else:
-                    client.update_artifact(self._artifact, ArtifactUpdate(data=percent, description=description))
+                    client.update_artifact(self.id, ArtifactUpdate(data=percent, description=description))
         except Exception as exc:
-            self._next_publish = float("inf")
-            logger.warning("progress artifact %s not updated any more: %s", self._key, exc)
+            self._next_write = float("inf")
+            logger.warning("progress artifact %s not updated any more: %s", self.key, exc)
 
 
 class _Board:
