@@ -34,6 +34,7 @@ OWN_CONNECTION = {"Connection": "close"}
 Body = Callable[[], Iterable[bytes]] | bytes
 """A request body: its bytes, or a function making its pieces afresh for each send."""
 BODY_FRAMING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+STATUS_LINE = ("http_version", "reason_phrase")  # httpx keeps them in a response's extensions
 """Headers that no longer describe a body read and decoded here (``answered``)."""
 
 
@@ -300,6 +301,9 @@ def read_response(
 
 
 def answered(response: httpx.Response, body: bytes) -> httpx.Response:
-    """``response`` with ``body``, read and decoded from it, as its content (so without its framing headers)."""
+    """``response`` with ``body``, read and decoded from it, as its content (so without its framing headers), and
+    its status line as sent: an error made of the answer says the server's reason phrase."""
     headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in BODY_FRAMING_HEADERS]
-    return httpx.Response(response.status_code, headers=headers, content=body, request=response.request)
+    answer = httpx.Response(response.status_code, headers=headers, content=body, request=response.request)
+    answer.extensions = {key: response.extensions[key] for key in STATUS_LINE if key in response.extensions}
+    return answer

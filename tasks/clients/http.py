@@ -293,13 +293,7 @@ async def request_async(
                 await raise_for_service_status_async(response, **where)
             source = response.url if name_source else None
             body = await read_answer_async(response, max_answer_bytes, hint=too_large_hint, source=source, **where)
-            answer = answered(response, body)
-            status_line = (
-                "http_version",
-                "reason_phrase",
-            )  # as sent: an error made of an answer in ``answers`` says it
-            answer.extensions = {key: value for key, value in response.extensions.items() if key in status_line}
-            return answer
+            return answered(response, body)
 
     bounded = attempt if deadline is None else within_deadline(attempt, deadline, **where)
     return await call_with_retry_async(bounded, retry, **where, sleep=sleep)
