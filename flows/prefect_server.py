@@ -2,9 +2,10 @@
 
 Without ``PREFECT_API_URL`` Prefect starts a temporary server for every command (9-11 s), left running by a kill -9
 of the command. Instead, the first command that needs the API runs Prefect's ``prefect server start`` (it migrates
-its database) on 127.0.0.1, recorded in ``PREFECT_HOME``; later commands reuse it until ``server stop`` or its end
-(the next command then starts another). ``PREFECT_API_URL`` still wins, and must answer (``require_answer``). Each
-start records its URL in the home's Prefect profile for ``prefect`` commands (``flows.prefect_profile``).
+its database; on a new one it is restarted once after, to free what the migration took) on 127.0.0.1, recorded in
+``PREFECT_HOME``; later commands reuse it until ``server stop`` or its end (the next command then starts another).
+``PREFECT_API_URL`` still wins, and must answer (``require_answer``). Each start records its URL in the home's
+Prefect profile for ``prefect`` commands (``flows.prefect_profile``).
 
 Done here, as Prefect's ``server start --background`` and ``server stop`` do not serve:
 - the detached start: ``--background`` pipes the server's output into the starting command, which exits (and no
@@ -120,7 +121,13 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
             if wait_until_healthy(record, startup_timeout, home):
                 return record.url
             terminate(record.pid)
-        return start_server(home, startup_timeout, previous=record).url
+        fresh = not database_configured_elsewhere(home) and not (home / DATABASE_FILE).exists()
+        record = start_server(home, startup_timeout, previous=record)
+        if fresh:  # it migrated the new database and would keep the migration's modules (30 MB) for its life
+            print("the server migrated its new database; restarting it to free what that took", file=sys.stderr)
+            terminate(record.pid)
+            record = start_server(home, startup_timeout, previous=record)
+        return record.url
 
 
 def require_answer(api_url: str) -> None:
