@@ -88,14 +88,15 @@ def memory_lines(root: Path, megabytes: int, files: int, seed: int) -> list[str]
                 "--no-progress",
             )
             resting = vm_rss_mb(server_pid)
-            seconds, tree_mb, flow_mb, together, shared = sampled_tree(command, env, server_pid)
+            seconds, tree_mb, flow_mb, together, shared, own = sampled_tree(command, env, server_pid)
             lines.append(
                 f"memory, {size:,.0f} MB job (local_import + flattening, {', '.join(settings)}, {seconds:.0f} s): "
                 f"command tree {tree_mb:,.0f} MB (flow process {flow_mb:,.0f} MB); reused server "
                 f"{tree_peak_mb(server_pid):,.0f} MB (at rest before the job {resting:,.0f} MB); tree and server "
                 f"together at most {sum(together.values()):,.0f} MB ("
                 + ", ".join(f"{role} {mb:,.0f}" for role, mb in together.items())
-                + f"); their proportional set sizes (PSS: shared pages counted once) together at most {shared:,.0f} MB"
+                + f"); their proportional set sizes (PSS: shared pages counted once) together at most "
+                f"{shared:,.0f} MB, the job's own processes' at most {own:,.0f} MB"
             )
             shutil.rmtree(root / "jobs", ignore_errors=True)
     finally:
@@ -106,17 +107,18 @@ def memory_lines(root: Path, megabytes: int, files: int, seed: int) -> list[str]
 
 def sampled_tree(
     command: list[str], env: dict[str, str], server_pid: int
-) -> tuple[float, float, float, dict[str, float], float]:
+) -> tuple[float, float, float, dict[str, float], float, float]:
     """Seconds, the sum of every tree member's peak RSS (sampled every 0.1 s), the flow process's own peak, the
     sample at which the tree and the server held the most together (their RSS summed), by role, and the most their
-    PSS summed at one sample, in MB. The flow's peak is its own high-water mark, sampled: wait4's ru_maxrss would be
-    the largest of it and every child it waited for (the Parquet worker's peak was taken for the flow process's)."""
+    PSS summed at one sample, with and without the server's, in MB. The flow's peak is its own high-water mark,
+    sampled: wait4's ru_maxrss would be the largest of it and every child it waited for (the Parquet worker's peak
+    was taken for the flow process's)."""
     with tempfile.TemporaryFile() as output:
         started = time.perf_counter()
         process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=output)
         peaks: dict[int, float] = {}
         together: dict[str, float] = {}
-        shared = 0.0
+        shared = own = 0.0
         while (ended := os.wait4(process.pid, os.WNOHANG))[0] == 0:
             members = descendants(process.pid)
             for pid in members:
@@ -126,7 +128,8 @@ def sampled_tree(
                 role = "flow" if pid == process.pid else process_role(pid)
                 roles[role] = roles.get(role, 0.0) + vm_rss_mb(pid)
             together = max(together, roles, key=lambda held: sum(held.values()))
-            shared = max(shared, sum(map(pss_mb, [server_pid, *members])))
+            job = sum(map(pss_mb, members))
+            shared, own = max(shared, job + pss_mb(server_pid)), max(own, job)
             time.sleep(0.1)
         seconds = time.perf_counter() - started
         process.returncode = os.waitstatus_to_exitcode(ended[1])
@@ -134,7 +137,7 @@ def sampled_tree(
             output.seek(0)
             raise SystemExit(f"{' '.join(command[1:])} failed ({process.returncode}): {output.read()[-3000:]!r}")
     flow_mb = peaks.pop(process.pid, 0.0)
-    return seconds, flow_mb + sum(peaks.values()), flow_mb, together, shared
+    return seconds, flow_mb + sum(peaks.values()), flow_mb, together, shared, own
 
 
 def process_role(pid: int) -> str:
