@@ -21,7 +21,7 @@ from config.runtime import job_on_command_line
 from tasks.job.contract import DataFile, StepInput, StepResult, persisted_task, settings_of
 from tasks.job.layout import JobPaths, artifact_key, result_name
 from tasks.streams.ndjson import DATA_SUFFIXES, FileStats, is_partial, output_name
-from tasks.streams.ndjson_writer import LineCounts, count_contents
+from tasks.streams.line_check import LineCounts, count_contents
 from tasks.core.errors import StepError
 from tasks.core.names import name_from_data_problem, name_key, show_name
 from config.runtime import CLI

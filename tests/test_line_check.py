@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from tasks.streams.ndjson import NdjsonError, parse_resource
-from tasks.streams.ndjson_writer import LineChecker
+from tasks.streams.line_check import LineChecker
 
 MB = 1024 * 1024
 RESOURCE = b'{"resourceType":"Observation","id":"o1","valueQuantity":{"value":12.5,"unit":"mg/dL"},"note":"\xc3\xa4"}'

@@ -7,7 +7,7 @@ import tracemalloc
 import pytest
 
 from tasks.streams.ndjson import CHUNK_SIZE, LineSplitter, LineTooLongError, NdjsonError
-from tasks.streams.ndjson_writer import LineChecker
+from tasks.streams.line_check import LineChecker
 
 LIMIT = 64
 PIECES = [

@@ -1,5 +1,5 @@
-"""Writing data files (``AtomicNdjsonWriter``) and checking their lines as the bytes stream (``LineChecker``), so
-that a binary file, a stray text line or a truncated file never travels to the next step as finished NDJSON.
+"""Writing data files (``AtomicNdjsonWriter``), each line checked as the bytes stream (``tasks.streams.line_check``),
+so that a binary file, a stray text line or a truncated file never travels to the next step as finished NDJSON.
 """
 
 from __future__ import annotations
@@ -10,21 +10,18 @@ import os
 from collections.abc import Callable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import BinaryIO
 
-import simdjson
 import zstandard
 
 from tasks.streams.fanout import unless_cancelled
 from tasks.streams.files import close_synced, start_writeback
-from tasks.streams.ndjson import PART_PREFIX, PART_SUFFIX, ZSTD_LEVELS, CompressionLevel, FileStats, LineSplitter
-from tasks.streams.ndjson import NdjsonError, TruncatedLineError, bytes_upto, is_zstd, iter_chunks, parse_resource
-from tasks.streams.ndjson import raw_chunks
+from tasks.streams.line_check import LineChecker, LineCounts, check_plain_span
+from tasks.streams.ndjson import PART_PREFIX, PART_SUFFIX, ZSTD_LEVELS, CompressionLevel, FileStats
+from tasks.streams.ndjson import NdjsonError, is_zstd, iter_chunks
 from tasks.streams.processes import ProcessCalls, never_cancelled, pool_size, processes_allowed, run_in_process
 from tasks.streams.processes import start_workers
 
-UTF8_BOM = b"\xef\xbb\xbf"
-PARSER_KEPT_BYTES = 1 << 20  # a line checker keeps simdjson's buffers for lines up to this size, not larger
 # A plain file of at least this size whose writer is told its size (local_import's: a kernel copy, or a decompressed
 # zstd source) is checked in worker processes, on every core beside the copy. Below it the pool's start costs more.
 # A download checks its lines as they arrive (``tasks.clients.downloads``): read back in a worker, the same check cost
@@ -35,89 +32,6 @@ CUT_READ_BYTES = 64 << 10
 COPY_PIECE_BYTES = 64 << 20
 NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS})
 WRITEBACK_BYTES = 8 << 20  # the disk is asked to write the file out (``start_writeback``) every this many bytes
-
-
-class LineCounts(NamedTuple):
-    """A checked stream's counts (a tuple: it travels back from a worker process): ``FileStats`` without the size."""
-
-    resources: int
-    bundles: int
-    bundled: int
-
-
-class LineChecker:
-    """Counts and checks the lines of a byte stream fed in any chunks: each must be a FHIR resource by
-    ``parse_resource``'s rules. simdjson checks a whole line without building Python objects (four to eight times
-    orjson's speed); what it does not prove a resource goes to ``parse_resource``, which raises orjson's error or
-    accepts what simdjson cannot represent (integers beyond 64 bits, deep nesting). Not thread-safe."""
-
-    def __init__(self, source: str, max_line_bytes: int):
-        self._source, self._lines = source, LineSplitter(source, max_line_bytes)
-        self._parser = simdjson.Parser()
-        self.resources = self.bundles = self.bundled = 0
-
-    @property
-    def lines(self) -> int:
-        return self._lines.number
-
-    def feed(self, chunk: bytes) -> None:
-        for number, line in self._lines.numbered(chunk):
-            self._check_line(number, line)
-
-    def finish(self) -> None:
-        """Check the last line when the data do not end with a newline: it must be a complete resource."""
-        if not (line := self._lines.finish()):
-            return
-        try:
-            self._check_line(self.lines, line)
-        except NdjsonError:
-            raise TruncatedLineError(
-                f"{self._source}: the data end in the middle of line {self.lines}, without a newline; "
-                "they are truncated"
-            ) from None
-
-    def _check_line(self, number: int, line: bytes) -> None:
-        if not self._is_resource(line):  # parse_resource raises, or a Bundle is counted from its parse
-            resource = parse_resource(self._source, number, line)
-            if resource["resourceType"] == "Bundle":
-                entry = resource.get("entry")
-                self._add_bundle(len(entry) if type(entry) is list else 0)
-        if len(line) > PARSER_KEPT_BYTES:  # simdjson's buffers grow to twice the largest line: give them back
-            self._parser = simdjson.Parser()
-        self.resources += 1
-
-    def _is_resource(self, line: bytes) -> bool:
-        """True when simdjson proves ``line`` a resource; False leaves the verdict to ``parse_resource``."""
-        if line.startswith(UTF8_BOM):  # simdjson skips a byte order mark, orjson refuses it
-            return False
-        try:
-            document = self._parser.parse(line)
-        except (ValueError, RuntimeError):  # invalid JSON, too deep, a big integer (UnicodeDecodeError included)
-            return False
-        try:
-            if type(document) is not simdjson.Object:
-                return False
-            # orjson keeps the last of duplicate keys, simdjson's lookup finds the first: only a single key is sure.
-            keys = 0
-            for key in document:
-                if key == "resourceType":
-                    keys += 1
-            resource_type = document.get("resourceType") if keys == 1 else None
-            if type(resource_type) is not str or resource_type == "":
-                return False
-            if resource_type == "Bundle":  # counted from the parsed document: never a second parse
-                entry = document.get("entry")
-                self._add_bundle(len(entry) if type(entry) is simdjson.Array else 0)
-            return True
-        finally:
-            del document  # the parser cannot parse again while a proxy into its document is alive
-
-    def _add_bundle(self, entries: int) -> None:
-        self.bundles += 1
-        self.bundled += entries
-
-    def counts(self) -> LineCounts:
-        return LineCounts(self.resources, self.bundles, self.bundled)
 
 
 class AtomicNdjsonWriter:
@@ -152,7 +66,7 @@ class AtomicNdjsonWriter:
         self._checks = ProcessCalls(check_plain_span)  # of the spans written so far (``_check_span``)
         self._checked_to = self._written = self._since_writeback = 0
         if check_later:
-            start_workers(__name__)  # ready for the first span
+            start_workers(check_plain_span.__module__)  # ready for the first span
         self._ends_with_newline = True
         self.stats: FileStats | None = None
 
@@ -279,18 +193,6 @@ class AtomicNdjsonWriter:
             self.part.unlink(missing_ok=True)
 
 
-def count_contents(path: Path, max_line_bytes: int) -> LineCounts:
-    """What a data file holds (resources, Bundles and their entries), each line checked like
-    ``AtomicNdjsonWriter`` checks it."""
-    return _checked_counts(iter_chunks(path), str(path), max_line_bytes)
-
-
-def check_plain_span(path: str, source: str, max_line_bytes: int, start: int, end: int) -> LineCounts:
-    """What ``path`` holds from ``start`` (a line's start) to ``end``, read as it is (the writer wrote these very
-    bytes), each line checked; errors name ``source`` and count lines from ``start``. Runs in a worker process."""
-    return _checked_counts(bytes_upto(raw_chunks(path, start), end - start), source, max_line_bytes)
-
-
 def byte_spans(path: Path, most: int, start: int, end: int) -> list[tuple[int, int]]:
     """The bytes from ``start`` to ``end`` cut after a newline into at most ``most`` spans of at least
     ``SPAN_MIN_BYTES``: (start, end) each. Each cut is the first newline from an equal share on (a read of a few
@@ -306,11 +208,3 @@ def byte_spans(path: Path, most: int, start: int, end: int) -> list[tuple[int, i
                 break
             cuts.append(data.tell() - len(piece) + newline + 1)
     return [(first, last) for first, last in itertools.pairwise([*cuts, end]) if last > first] or [(start, end)]
-
-
-def _checked_counts(chunks: Iterator[bytes], source: str, max_line_bytes: int) -> LineCounts:
-    checker = LineChecker(source, max_line_bytes)
-    for chunk in chunks:
-        checker.feed(chunk)
-    checker.finish()
-    return checker.counts()

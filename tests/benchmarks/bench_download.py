@@ -22,7 +22,7 @@ written and freed (``runs.back_memory``: none pays for memory the host took back
 - dupflow:  the same at zstd ``--level``.
 
 Then the two costs inside a download on the same bytes, one core, from memory: the per-line check alone
-(``tasks.streams.ndjson_writer.LineChecker``: simdjson per line) and zstd at ``--level``. Printed: each round's
+(``tasks.streams.line_check.LineChecker``: simdjson per line) and zstd at ``--level``. Printed: each round's
 seconds, then per measurement MB/s and its ratio to curl's and to curl-then-sync's in the same round (min and
 median), the CPU seconds per GB (median; on a shared machine the steadier figure) of each measurement and of the
 serving fake beside it, and the load average before and after. A measurement's CPU is its child's and any process the
@@ -51,7 +51,8 @@ from tasks.clients.downloads import read_in_large_pieces, target_names
 from tasks.extractor import DOWNLOAD_CONCURRENCY
 from tasks.streams.ndjson import ZSTD_LEVELS, CompressionLevel
 from tasks.streams.files import start_writeback
-from tasks.streams.ndjson_writer import WRITEBACK_BYTES, LineChecker
+from tasks.streams.line_check import LineChecker
+from tasks.streams.ndjson_writer import WRITEBACK_BYTES
 from tests.benchmarks.compare_download import curl_command, download_group, serving
 from tests.benchmarks.dataset import MAX_LINE_BYTES, MB, write_dataset
 from tests.benchmarks.runs import REPO_ROOT, best_seconds, load, run_command, settled

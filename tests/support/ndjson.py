@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from tasks.streams.ndjson import iter_lines, parse_resource
-from tasks.streams.ndjson_writer import count_contents
+from tasks.streams.line_check import count_contents
 
 
 def iter_resources(path: Path, max_line_bytes: int) -> Iterator[tuple[int, dict]]:
