@@ -11,7 +11,8 @@ def tree_peak_mb(pid: int) -> float:
 
 
 def descendants(pid: int) -> list[int]:
-    """``pid`` and every live process under it."""
+    """``pid`` and every live process under it, but a child not yet past its exec: forked (``vfork`` shares the very
+    address space) to start another program, it holds its parent's pages, which would count twice for that instant."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -24,8 +25,15 @@ def descendants(pid: int) -> list[int]:
     while todo:
         current = todo.pop()
         found.append(current)
-        todo += children.get(current, [])
+        todo += [child for child in children.get(current, []) if _cmdline(child) != _cmdline(current)]
     return found
+
+
+def _cmdline(pid: int) -> bytes | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
 
 
 def vm_hwm_mb(pid: int) -> float:
