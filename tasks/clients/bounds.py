@@ -34,8 +34,8 @@ OWN_CONNECTION = {"Connection": "close"}
 Body = Callable[[], Iterable[bytes]] | bytes
 """A request body: its bytes, or a function making its pieces afresh for each send."""
 BODY_FRAMING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
-STATUS_LINE = ("http_version", "reason_phrase")  # httpx keeps them in a response's extensions
 """Headers that no longer describe a body read and decoded here (``answered``)."""
+STATUS_LINE = ("http_version", "reason_phrase")  # httpx keeps them in a response's extensions
 
 
 class Deadline:
