@@ -19,7 +19,7 @@ import orjson
 
 from tasks.sof.errors import FhirPathError
 
-MAX_EXPRESSION_DEPTH = 100
+MAX_EXPRESSION_DEPTH = 100  # refused when compiled: fhirpathpy's parser and evaluator recurse per level
 SHOWN_EXPRESSION_CHARS = 120
 TOO_DEEP = f"nested more than {MAX_EXPRESSION_DEPTH} levels deep (split it, or drop redundant parentheses)"
 MAX_REPEAT_ELEMENTS = 10_000
