@@ -248,7 +248,7 @@ class _Writer:
         return value, child
 
     def grouped(self, found: str, key: str, at: Any, indent: int) -> _Where:
-        """The one pass over ``found`` of the block's ``where(key = 'text')``\ s over those elements (``_Where``)."""
+        """The one pass over ``found`` of the block's ``where(key = 'text')`` tests over those elements (``_Where``)."""
         known = (found, key, repr(at), indent)
         if known not in self.groups:
             where = self.groups[known] = _Where(indent)

@@ -56,8 +56,6 @@ _PLAIN_ID = re.compile(r"[A-Za-z0-9_-]{1,36}")  # a UUID fits
 
 @dataclass(frozen=True)
 class AttributeGroup:
-    """A CRTDL attribute group: what flattening needs of it."""
-
     id: str
     name: str
     profile: str
@@ -91,7 +89,6 @@ class GroupView:
 
 
 def csv_file_name(group_name: str) -> str:
-    """``<group name>.csv`` with the characters ``/ \\ : * ? " < > |`` replaced by ``_``."""
     return _UNSAFE_FILE_CHARACTERS.sub("_", group_name) + ".csv"
 
 

@@ -185,8 +185,6 @@ class Router:
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """What a worker needs of one attribute group."""
-
     id: str
     csv_name: str
     resource_type: str

@@ -50,7 +50,6 @@ def parse_line(source: Path | str, number: int, line: bytes) -> dict[str, Any]:
 
 
 def line_resources(resource: dict[str, Any]) -> list[dict[str, Any]]:
-    """The resources of one line: a Bundle's entries, or the resource itself."""
     if resource.get("resourceType") != "Bundle":
         return [resource]
     entries = as_array(resource.get("entry"))

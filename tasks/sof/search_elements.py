@@ -19,7 +19,6 @@ def _paths(*dotted: str) -> Paths:
 
 
 def _same(dotted: str, *kinds: str) -> dict[str, Paths]:
-    """The one path ``dotted`` for each of the resource types ``kinds``."""
     return dict.fromkeys(kinds, _paths(dotted))
 
 
