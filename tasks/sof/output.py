@@ -110,8 +110,7 @@ def _plain_lines(batch: list) -> bytes | None:
 
 
 def _width(batch: list) -> int:
-    """The length of every row of the batch where they are all as long, and two cells or more (``csv`` quotes a lone
-    empty cell); else 0."""
+    """The rows' length where all are as long and two cells or more (``csv`` quotes a lone empty cell); else 0."""
     widths = set(map(len, batch))
     return widths.pop() if len(widths) == 1 and min(widths) > 1 else 0
 

@@ -36,6 +36,7 @@ ROW_GROUP_BYTES = 8 * 1024 * 1024  # the Parquet writer holds a row group's page
 ROW_GROUP_MAX_ROWS = 1 << 30  # rows do not cut a row group: its bytes do
 COMPRESSION = "zstd"
 INTEGER_TYPES = frozenset({"integer", "positiveInt", "unsignedInt", "integer64"})
+ARROW_TYPES = {"boolean": pa.bool_(), **dict.fromkeys(INTEGER_TYPES, pa.int64())}  # any other type: text
 _CONVERSION_ERROR = re.compile(
     r"In CSV column #(?P<index>\d+): (?:Row #(?P<row>\d+): )?CSV conversion error to (?P<type>\w+)"
 )
@@ -46,8 +47,7 @@ _CELL_VALUE = re.compile(r"'[^']*'")  # a quoted value in pyarrow's reason
 def write_parquet(
     csv_path: Path, view: dict[str, Any], parquet_path: Path, row_group_bytes: int = ROW_GROUP_BYTES
 ) -> int:
-    """Write ``csv_path`` (a group CSV of ``view``) as ``parquet_path`` (a hidden name renamed when complete); its
-    rows."""
+    """Write ``view``'s group CSV as ``parquet_path`` (a hidden name renamed when complete); the number of rows."""
     schema = parquet_schema(view)
     temporary = parquet_path.with_name(f".{parquet_path.name}.part")
     try:
@@ -74,13 +74,8 @@ def parquet_rows(path: Path) -> int:
 def parquet_schema(view: dict[str, Any]) -> pa.Schema:
     """The view's columns in the engine's order, each with its Parquet type (``Select.types``)."""
     root = compile_view(view).root
-    return pa.schema([(name, arrow_type(fhir_type)) for name, fhir_type in zip(root.names, root.types, strict=True)])
-
-
-def arrow_type(fhir_type: str | None) -> pa.DataType:
-    if fhir_type == "boolean":
-        return pa.bool_()
-    return pa.int64() if fhir_type in INTEGER_TYPES else pa.string()
+    types = [ARROW_TYPES.get(fhir_type, pa.string()) for fhir_type in root.types]
+    return pa.schema(list(zip(root.names, types, strict=True)))
 
 
 def _converted_in_blocks_of_its_rows(

@@ -102,8 +102,7 @@ def read_rows(view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]],
 
 
 def flat_csv_rows(view: Any, source: Path, max_line_bytes: int) -> Iterator[tuple] | None:
-    """``read_rows``' CSV rows of a flat view (``tasks.sof.flat_rows``) over a file, block by block where msgspec takes
-    a block; None for any other view."""
+    """``read_rows``' CSV rows of a flat view (``tasks.sof.flat_rows``) over a file; None for any other view."""
     if (block_rows := flat_block_rows(view)) is None:
         return None
     return chain.from_iterable(_flat_blocks(view, source, max_line_bytes, block_rows))

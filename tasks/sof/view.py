@@ -183,8 +183,7 @@ def _part(produce: Callable[[Focus, dict[str, Any]], Iterable[tuple]], focus: Fo
 
 
 def _product(head: tuple, parts: list[Part]) -> Iterable[tuple]:
-    """``head`` joined with each combination of one row of each part, in order: a tuple when it has at most
-    ``CACHED_ROWS`` rows, else produced lazily."""
+    """``head`` joined with each combination of a row of each part: a tuple up to ``CACHED_ROWS`` rows, else lazily."""
     if not _all_kept(parts) or prod(map(len, parts)) > CACHED_ROWS:
         return _streamed_product(head, parts)
     rows = [head]
