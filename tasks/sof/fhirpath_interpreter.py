@@ -176,12 +176,9 @@ def _data(node: Any) -> Any:
 def _boundary(high: bool) -> Callable[..., list]:
     def invoke(ctx: dict, inputs: list, precision: Any = None) -> list:
         digits = None if precision in (None, []) else int(precision)
-        results = []
-        for node in inputs:
-            type_path = node.path if isinstance(node, ResourceNode) else None
-            if (result := boundary(_data(node), type_path, digits, high=high)) is not None:
-                results.append(result)
-        return results
+        typed = [(_data(node), node.path if isinstance(node, ResourceNode) else None) for node in inputs]
+        found = [boundary(data, type_path, digits, high=high) for data, type_path in typed]
+        return [result for result in found if result is not None]
 
     return invoke
 
