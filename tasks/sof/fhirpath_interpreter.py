@@ -33,22 +33,9 @@ from fhirpathpy.parser.generated.FHIRPathParser import FHIRPathParser
 
 from tasks.sof.boundary import boundary
 from tasks.sof.errors import FhirPathError
-from tasks.sof.fhirpath_shared import (
-    MAX_COMPUTED_SIZE,
-    MAX_EXPRESSION_DEPTH,
-    MAX_REPEAT_ELEMENTS,
-    MODEL,
-    TOO_DEEP,
-    Env,
-    Item,
-    Paths,
-    data_and_paths,
-    joined,
-    reference_keys,
-    refuse_larger,
-    resource_keys,
-    shown,
-)
+from tasks.sof.fhirpath_shared import MAX_COMPUTED_SIZE, MAX_EXPRESSION_DEPTH, MAX_REPEAT_ELEMENTS, TOO_DEEP
+from tasks.sof.fhirpath_shared import MODEL, Env, Item, Paths, data_and_paths, shown
+from tasks.sof.fhirpath_shared import joined, reference_keys, refuse_larger, resource_keys
 
 
 class _RaisingErrorListener(ErrorListener):
