@@ -355,11 +355,10 @@ def _compile_iteration(select: Select, spec: dict, where: str, variables: set[st
         return
     select.iteration = iterations[0]
     expressions = spec[select.iteration]
-    if select.iteration == "repeat":
-        if not isinstance(expressions, list) or not expressions:
-            raise ViewDefinitionError(f"{where}.repeat must be a non-empty list of FHIRPath expressions")
-    else:
+    if select.iteration != "repeat":
         expressions = [expressions]
+    elif not isinstance(expressions, list) or not expressions:
+        raise ViewDefinitionError(f"{where}.repeat must be a non-empty list of FHIRPath expressions")
     select.iterate = [_compile(e, f"{where}.{select.iteration}", variables) for e in expressions]
     select.paths = list(expressions)
 
