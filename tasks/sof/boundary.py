@@ -99,8 +99,7 @@ def _datetime(text: str, precision: int | None, high: bool) -> str | None:
         return None
     year, month, day, hour, minute, second, fraction, zone = match.groups()
     hour = hour or ("23" if high else "00")
-    minute = minute or ("59" if high else "00")
-    second = second or ("59" if high else "00")
+    minute, second = (part or ("59" if high else "00") for part in (minute, second))
     zone = zone or ("-12:00" if high else "+14:00")
     date = _full_date(year, month, day, high)
     if precision is None or precision == 17:
@@ -114,8 +113,7 @@ def _time(text: str, precision: int | None, high: bool) -> str | None:
     if (match := _TIME.match(text)) is None:
         return None
     hour, minute, second, fraction = match.groups()
-    minute = minute or ("59" if high else "00")
-    second = second or ("59" if high else "00")
+    minute, second = (part or ("59" if high else "00") for part in (minute, second))
     if precision is None or precision == 9:
         return f"{hour}:{minute}:{second}.{_milliseconds(fraction, high)}"
     return {2: hour, 4: f"{hour}:{minute}", 6: f"{hour}:{minute}:{second}"}.get(precision)

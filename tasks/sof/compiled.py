@@ -1,13 +1,11 @@
 """A view's selects compiled to closures that give a resource's rows as one list, without the general row machinery.
 
-``compile_rows(select, limit)`` turns a compiled ``tasks.sof.view.Select`` into ``rows(data, path, env)``: the same
-rows in the same order as ``Select.rows``, or None when they would be more than ``limit`` (no larger part is built;
-the caller then takes the general, lazy way). Columns are read by closures made once per focus type:
-- a single-valued member path (``id``, ``subject.reference``, ``value.ofType(dateTime)``) walks its JSON keys;
-- whatever the data makes irregular (a list where one value was expected, a nested resource) and every other column
-  goes through ``Column.value``, which gives the value or the error the general way;
-- a select that ``repeat``\\ s is run by ``Select.rows`` (its bound stays there).
-A view that reads ``%rowIndex`` is not compiled (each element's rows need their own environment).
+``compile_rows(select, limit)`` turns a ``tasks.sof.view.Select`` into ``rows(data, path, env)``: ``Select.rows``'
+rows in its order, or None beyond ``limit`` (no larger part is built; the caller then takes the general, lazy way).
+A single-valued member path (``id``, ``value.ofType(dateTime)``) walks its JSON keys, planned once per focus type;
+every other column, and irregular data (a list for one value, a nested resource), goes through ``Column.value``; a
+``repeat`` through ``Select.rows`` (its bound stays there). A view reading ``%rowIndex`` is not compiled (each
+element's rows need their own environment).
 """
 
 from __future__ import annotations
@@ -19,10 +17,8 @@ from typing import Any
 from tasks.sof.compiled_code import KEPT, column_plan, generated_rows
 from tasks.sof.fhirpath import Plan, plain
 
-Select = Any
-"""A ``tasks.sof.view.Select`` (not imported: ``view`` imports this module)."""
+Select = Any  # a tasks.sof.view.Select, and below a Column (view imports this module)
 Column = Any
-"""A ``tasks.sof.view.Column``."""
 
 Rows = list[tuple] | None
 RowsAt = Callable[[Any, Any, Any], Rows]
@@ -52,8 +48,8 @@ def compile_rows(select: Select, limit: int) -> RowsAt:
 
 
 def compile_view_rows(root: Select, resource_type: str, limit: int) -> RowsAt:
-    """The view's rows at a resource: the generated function (``tasks.sof.compiled_code``) where the view is in its
-    subset and the resource shaped as it plans, else the closures of ``compile_rows``."""
+    """The view's rows at a resource: the generated function (``tasks.sof.compiled_code``) where it gives them, else
+    the closures."""
     closures = compile_rows(root, limit)
     if (generated := generated_rows(root, resource_type, limit)) is None:
         return closures
@@ -113,9 +109,8 @@ def _joined(parts: Iterable[Rows], limit: int) -> Rows:
 
 
 def _row_reader(columns: list[Column]) -> Value:
-    """The select's own columns as a tuple at a focus: where every column is one member key at that focus type, the
-    keys looked up at once (values of the types ``plain`` keeps as they are); else column by column, a single-valued
-    member path by a key walk planned per focus type, any other column (or irregular data) by ``Column.value``."""
+    """The select's own columns as a tuple at a focus: where each is one member key at that focus type, the keys
+    looked up at once (values ``plain`` keeps as they are); else column by column (see the module doc)."""
     planned: dict[Any, tuple[tuple[str, ...] | None, list]] = {}
 
     def read(data: Any, path: Any, env: Any) -> tuple:
@@ -150,8 +145,8 @@ def _value(walk: Callable[[Any], Any] | None, column: Column, data: Any, path: A
 
 
 def _key_walk(plan: Plan | None) -> Callable[[Any], Any] | None:
-    """The plan as a walk over dicts giving the single value (None: no value), ``_IRREGULAR`` where the data is not
-    shaped as planned; None without a plan."""
+    """The plan as a walk over dicts giving the single value or None, ``_IRREGULAR`` where the data is not shaped as
+    planned; None without a plan."""
     if plan is None:
         return None
     steps = tuple((key, at) for _, key, _, at in plan.operations)

@@ -2,11 +2,10 @@
 select, column or step.
 
 ``generated_rows(root, resource_type, limit)`` gives ``rows(resource) -> list[tuple] | None`` for views in the subset
-below, else None. The function handles only data of the planned shape: at anything else (a non-object element,
-another ``resourceType``, a list where one value was expected, a null in an array, more than ``limit`` rows) it
-returns None and the caller takes the closures of ``tasks.sof.compiled``, which give the rows or the error exactly.
-The subset: selects without ``repeat`` or ``unionAll``, at most ``MAX_GENERATED_DEPTH`` deep; iterations over member
-chains and ``where(member = 'text')``; single-valued member-chain columns; every type path planned.
+(selects without ``repeat`` or ``unionAll``, at most ``MAX_GENERATED_DEPTH`` deep; iterations over member chains and
+``where(member = 'text')``; single-valued member-chain columns; every type path planned), else None. At data of
+another shape (a non-object element, another ``resourceType``, a list for one value, a null in an array, more than
+``limit`` rows) the function returns None: the closures of ``tasks.sof.compiled`` then give the rows or the error.
 """
 
 from __future__ import annotations
@@ -33,10 +32,9 @@ IRREGULAR = "return None"
 def generated_rows(
     root: Any, resource_type: str, limit: int, kept: frozenset = KEPT, cells: bool = False
 ) -> Callable[[dict], list[tuple] | None] | None:
-    """``root``'s rows (a ``tasks.sof.view.Select``) as one generated function, or None outside the subset; a column
-    value of a type not in ``kept`` is data not of the planned shape. ``cells``: every value as its CSV cell, for
-    ``PARSED`` values (``output.cell``: a string as it is, ``''`` for a missing value or a null, ``true``/``false``,
-    an int's digits), so that rows are all strings (``output.CsvWriter`` joins them as they are)."""
+    """``root``'s rows (a ``tasks.sof.view.Select``) as one generated function, or None outside the subset; a value of
+    a type not in ``kept`` is data not of the planned shape. ``cells``: each ``PARSED`` value as ``output.cell`` makes
+    it, so that rows are all strings (``output.CsvWriter`` joins them as they are)."""
     if not _in_subset(root, resource_type, depth=0):
         return None
     writer = _Writer(limit, cells)
@@ -99,19 +97,16 @@ class _Writer:
         self.emit(indent, f"{rows} = []")
         self.emit(indent, f"for {element} in {found}:")
         part, single = self.rows_at(select, element, plan.path, indent + 1)
-        if single:  # one row per element: the list is no longer than the data's, checked once
-            self.emit(indent + 1, f"{rows}.append({part})")
-        else:
-            self.emit(indent + 1, f"{rows} += {part}")
+        # one row per element: the list is no longer than the data's, checked once
+        self.emit(indent + 1, f"{rows}.append({part})" if single else f"{rows} += {part}")
         self.emit(indent + int(not single), f"if len({rows}) > {self.limit}:")
         self.emit(indent + int(not single) + 1, IRREGULAR)
         return rows, False
 
     def rows_at(self, select: Any, focus: str, path: str | None, indent: int) -> tuple[str, bool]:
-        """Code giving the product of the select's columns and nested selects at ``focus``: the name of its row
-        where every part always gives one (True), else of its list of rows: one concatenation where every part gave
-        one row (the usual case), else one loop over the one list of rows (or the ``itertools.product`` of several),
-        in order: the last part's rows vary fastest."""
+        """Code giving the product of the select's columns and nested selects at ``focus``: the name of its row where
+        every part always gives one (True), else of its rows: one concatenation where each part gave one row (the
+        usual case), else a loop over the one list of rows (or the ``product`` of several), the last varying fastest."""
         cells = [self.column(column, focus, path, indent) for column in select.columns]
         parts = []
         if cells or not select.selects:  # a select of nested selects alone gives their rows
@@ -158,7 +153,7 @@ class _Writer:
         return value
 
     def as_cell(self, value: str, indent: int) -> None:
-        """Code making the value of a ``PARSED`` type its CSV cell (a string), and giving up at any other type."""
+        """Code making a ``PARSED`` value its CSV cell, giving up at any other type."""
         self.emit(indent, f"if type({value}) is not str:")
         for test, cell in (("is None", "''"), ("is True", "'true'"), ("is False", "'false'")):
             self.emit(indent + 1, f"{'if' if test == 'is None' else 'elif'} {value} {test}:")
@@ -169,8 +164,8 @@ class _Writer:
         self.emit(indent + 2, IRREGULAR)
 
     def walk(self, plan: Plan, focus: str, indent: int) -> str:
-        """Code giving the elements of an iteration plan of members and where() in a list; the list's name. The
-        lists of its first steps from this focus are reused where an earlier walk in the block made them."""
+        """Code giving the elements of an iteration plan in a list; the list's name. Lists an earlier walk in the
+        block made of its first steps from this focus are reused."""
         operations, found, step = plan.operations, None, 0
         while step < len(operations):
             paired = step == 0 and self.pairs(operations, focus, indent)
@@ -185,15 +180,13 @@ class _Writer:
         return found
 
     def pairs(self, operations: tuple, focus: str, indent: int) -> bool:
-        """Whether a walk opens with two member steps taken as one (``member_pair``): not where an earlier walk in the
-        block made the first step's list."""
+        """Whether a walk opens with two member steps taken as one (``member_pair``), its first step's list not made."""
         first_two = [kind for kind, _, _, _ in operations[:2]]
         return first_two == ["member", "member"] and (focus, repr(operations[:1]), indent) not in self.walked
 
     def member_pair(self, first: tuple, second: tuple, focus: str, indent: int) -> str:
-        """Code giving the elements of two member steps from ``focus`` (``clinicalStatus.coding``): where the first
-        member is one object (a 0..1 element, the usual case) its member's, with no list of one and no loop; else
-        step by step. The list's name."""
+        """Code giving the elements of two member steps (``clinicalStatus.coding``); the list's name. Where the first
+        is one object (a 0..1 element, the usual case) no list of one and no loop."""
         (_, key, _, at), (_, inner_key, _, inner_at) = first, second
         child, inner, kept = self.name("c"), self.name("c"), self.name("e")
         self.check_object(focus, at, indent, once=True)
@@ -226,8 +219,7 @@ class _Writer:
         return kept
 
     def listed(self, value: str, kept: str, indent: int) -> None:
-        """Code giving a member's value as a list (``kept``): the data's own list (the code only reads it), none for
-        no value, else the one value."""
+        """Code giving a member's value as a list (``kept``): the data's own list (only read), or of none or one."""
         self.emit(indent, f"if type({value}) is list:")
         self.emit(indent + 1, f"if None in {value}:")
         self.emit(indent + 2, IRREGULAR)
@@ -247,8 +239,8 @@ class _Writer:
         self.emit(indent + 2, f"{kept}.append({child})")
 
     def each_member(self, found: str, key: str, at: Any, indent: int) -> tuple[str, str]:
-        """Opens a loop over ``found``, each element checked as an object of ``at``: the element's name and that of
-        its ``key`` member, both bound in the loop's body at ``indent + 1``."""
+        """Opens a loop over ``found``, each element checked as an object of ``at``; the names of the element and its
+        ``key`` member in the loop's body."""
         value, child = self.name("x"), self.name("c")
         self.emit(indent, f"for {value} in {found}:")
         self.check_object(value, at, indent + 1)
@@ -256,8 +248,7 @@ class _Writer:
         return value, child
 
     def grouped(self, found: str, key: str, at: Any, indent: int) -> _Where:
-        """The pass over ``found`` that keeps, for each ``where(key = 'text')`` of the block over those elements, the
-        elements of that text (sibling wheres share it; a where met later adds its text)."""
+        """The one pass over ``found`` of the block's ``where(key = 'text')`` tests over those elements (``_Where``)."""
         known = (found, key, repr(at), indent)
         if known not in self.groups:
             where = self.groups[known] = _Where(indent)
@@ -267,8 +258,7 @@ class _Writer:
         return self.groups[known]
 
     def check_object(self, value: str, at: str | None, indent: int, once: bool = False) -> None:
-        """Code giving up (``IRREGULAR``) unless ``value`` is a JSON object of the planned type; ``once``: a focus,
-        whose value stays what it is in its block, checked there once."""
+        """Code giving up unless ``value`` is a JSON object of type ``at``; ``once``: a focus, checked once a block."""
         if once and (value, at, indent) in self.checked:
             return
         self.checked.add((value, at, indent))

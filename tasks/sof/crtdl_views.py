@@ -1,17 +1,14 @@
-"""One ViewDefinition per CRTDL attribute group, built from the lookup file (spec/protocols.md, "Flattening").
+"""One ViewDefinition per CRTDL attribute group, built from the lookup table whose ``url`` is its ``groupReference``
+(spec/protocols.md, "Flattening"). Columns: ``id``, ``patient`` (none outside the patient compartment, e.g.
+Medication), then one select per selected attribute in CRTDL order: its snippet with its children nested inside,
+wrapped in each ancestor's ``forEach`` / ``forEachOrNull`` (an attribute whose ancestor is selected is covered by
+it). Sibling slices of one element (``Condition.code.coding:icd10-gm``, ``…:sct``) are sibling ``forEachOrNull``
+selects, as in shared/testdata/flattening/example.
 
-The group's table is the lookup table whose ``url`` is its ``groupReference``. The view's columns are ``id``,
-``patient`` (none outside the patient compartment, e.g. Medication), then one select per selected attribute in CRTDL
-order: its snippet with its children nested inside, wrapped in each ancestor's ``forEach`` / ``forEachOrNull``. An
-attribute whose ancestor is also selected is covered by it. Sibling slices of one element
-(``Condition.code.coding:icd10-gm``, ``…:sct``) are sibling ``forEachOrNull`` selects, as in the expected CSVs of
-shared/testdata/flattening/example.
-
-Names. A group without an ``id`` gets ``generated-`` plus GENERATED_ID_HEX_DIGITS hex digits of the SHA-256 of its
-JSON in the job's own CRTDL (``with_group_ids``), so extraction and flattening use the same id. A group without a
-``name`` is named by its id; files are named after the group, ``/ \\ : * ? " < > |`` as ``_``. Groups whose file
-names collide (ignoring case) are each named ``<name>-<short id>`` (TORCH's own CRTDLs have two groups of one name);
-names that are still unsafe or colliding are refused when the job starts (``group_name_problems``).
+Names. A group without an ``id`` gets ``generated_group_id`` in the job's own CRTDL (``with_group_ids``), so
+extraction and flattening use the same id; one without a ``name`` is named by its id. Files are named after the group
+(``csv_file_name``); groups whose file names collide (ignoring case) are each named ``<name>-<short id>`` (TORCH's
+own CRTDLs have two groups of one name); names still unsafe or colliding are refused (``group_name_problems``).
 """
 
 from __future__ import annotations
@@ -59,8 +56,6 @@ _PLAIN_ID = re.compile(r"[A-Za-z0-9_-]{1,36}")  # a UUID fits
 
 @dataclass(frozen=True)
 class AttributeGroup:
-    """A CRTDL attribute group: what flattening needs of it."""
-
     id: str
     name: str
     profile: str
@@ -80,7 +75,7 @@ class AttributeGroup:
     @property
     def view_file_name(self) -> str:
         """The name its ViewDefinition is saved under (``viewdefinitions/``)."""
-        return self.csv_name.removesuffix(".csv") + ".json"
+        return self.file_stem + ".json"
 
 
 @dataclass(frozen=True)
@@ -94,7 +89,6 @@ class GroupView:
 
 
 def csv_file_name(group_name: str) -> str:
-    """``<group name>.csv`` with the characters ``/ \\ : * ? " < > |`` replaced by ``_``."""
     return _UNSAFE_FILE_CHARACTERS.sub("_", group_name) + ".csv"
 
 
@@ -107,8 +101,7 @@ def short_group_id(group_id: str) -> str:
 
 
 def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
-    """The CRTDL's attribute groups in order; a group without an id gets the extraction server's generated one,
-    a group without a name is named by its id; groups whose file names would be the same get distinct ones."""
+    """The CRTDL's attribute groups in order, named as the module doc says."""
     groups = []
     extraction = crtdl.get("dataExtraction") if isinstance(crtdl, dict) else None
     if not isinstance(extraction, dict):
@@ -137,8 +130,7 @@ def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
 
 
 def with_group_ids(crtdl: dict[str, Any]) -> dict[str, Any]:
-    """``crtdl`` itself when every attribute group has an id; else a copy in which each group without one has its
-    ``generated_group_id``."""
+    """``crtdl``, or where a group has no id a copy in which it has its ``generated_group_id``."""
     extraction = crtdl.get("dataExtraction")
     groups = extraction.get("attributeGroups") if isinstance(extraction, dict) else None
     if not isinstance(groups, list) or all(not isinstance(g, dict) or g.get("id") for g in groups):
@@ -183,9 +175,8 @@ def _refuse_shared_ids(groups: list[tuple[str, str]]) -> None:
 
 
 def group_name_problems(crtdl: dict[str, Any]) -> list[str]:
-    """Every attribute group whose name cannot name its CSV and ViewDefinition, and every two groups whose files
-    would still share a name (see the module doc, "Names"); each problem names the group and the fix. Raises
-    ``CrtdlError`` for a CRTDL without attribute groups (as ``attribute_groups``)."""
+    """Every group whose name cannot name its files, and every two whose files would still share a name, each
+    naming the group and the fix; ``CrtdlError`` as ``attribute_groups``."""
     problems = []
     owners: dict[str, AttributeGroup] = {}
     for group in attribute_groups(crtdl):

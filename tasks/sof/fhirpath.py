@@ -1,17 +1,12 @@
 """FHIRPath for ViewDefinitions: each expression compiled once, plain member paths without the interpreter.
 
-``compile_path`` turns an expression into one whose ``collect(data, type path, env)`` gives the values and their FHIR
-type paths (``Patient.name``, ``HumanName``), so that later expressions still resolve choice types
+``compile_path`` gives an expression whose ``collect(data, type path, env)`` gives the values and their FHIR type
+paths (``Patient.name``, ``HumanName``), so that later expressions still resolve choice types
 (``value.ofType(Quantity)``) as fhirpathpy does with its R4 model. Two ways to evaluate:
 - **member paths** (``code.coding``, ``name.first().given``, ``value.ofType(Quantity).value``, ``$this``) are walked
-  directly over the JSON with fhirpathpy's navigation rules: most paths of real views, a few microseconds each;
-- everything else goes through fhirpathpy's parser and evaluator, parsed once, with the engine's functions
-  (``tasks.sof.fhirpath_interpreter``, imported for the first such expression: a view of member paths never loads
-  fhirpathpy).
-
-An expression nested deeper than ``MAX_EXPRESSION_DEPTH`` is refused when compiled (parser and evaluator recurse per
-level); a stack that still runs out while evaluating is reported as such. Each is a ``FhirPathError`` naming the
-expression.
+  over the JSON with fhirpathpy's navigation rules: most paths of real views, a few microseconds each;
+- everything else by fhirpathpy, parsed once, with the engine's functions (``tasks.sof.fhirpath_interpreter``,
+  imported for the first such expression: a view of member paths never loads fhirpathpy).
 """
 
 from __future__ import annotations
@@ -74,13 +69,9 @@ _FUNCTIONS = ("exists", "join", "resourceKey", "referenceKey")
 
 
 def member_steps(expression: str) -> list[Step] | None:
-    """The steps of a plain member path, else None (the interpreter evaluates it).
-
-    Plain: members (``code.coding``), ``member.ofType(Type)``, ``first()`` and ``where(member = 'text')`` joined
-    by dots, optionally ended by ``exists()``, ``join('separator')``, ``getResourceKey()`` or
-    ``getReferenceKey(Type)``; ``$this`` alone is no step at all. A leading capitalised name (a type filter such as
-    ``Patient.name``), operators, other literals, indexes and other functions are left to the interpreter.
-    """
+    """The steps of a plain member path, else None: members, ``member.ofType(Type)``, ``first()`` and
+    ``where(member = 'text')`` joined by dots, optionally ended by one of ``_FUNCTIONS``; ``$this`` is no step. A
+    leading capitalised name (a type filter: ``Patient.name``) is left to the interpreter."""
     text = expression.strip()
     if text == "$this":
         return []
@@ -117,14 +108,11 @@ def _step(match: re.Match, first: bool) -> Step | None:
 
 
 class MemberPath:
-    """A member path compiled to plain dict walks, planned once per focus type (``_plan``).
-
-    ``collect(data, type_path, env)`` gives ``(values, type path)``: the values are the JSON data themselves, no
-    wrapper per element, and their type path is one for all. Where the type of a child depends on the data (a choice
-    element without ``ofType``, an element holding a resource, data whose ``resourceType`` says otherwise, a
-    primitive's ``_element`` where a function counts or joins values) the path goes the general way: elements with
-    their own type paths, or the interpreter for paths ending in a function.
-    """
+    """A member path as plain dict walks, planned once per focus type: ``collect`` gives the JSON values themselves
+    and one type path for all. Where a child's type depends on the data (a choice element without ``ofType``, a
+    resource, data whose ``resourceType`` says otherwise, a primitive's ``_element`` where a function counts or joins
+    values) it goes the general way: items with their own type paths, or the interpreter for a path ending in a
+    function."""
 
     def __init__(self, expression: str, steps: list[Step]):
         self.function = steps[-1] if steps and steps[-1][0] in _FUNCTIONS else None

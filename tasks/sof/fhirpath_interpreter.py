@@ -1,16 +1,12 @@
 """FHIRPath expressions that are no member paths, parsed once and evaluated by fhirpathpy with the engine's own
-functions: imported only where a view has one (``tasks.sof.fhirpath``).
-
-Its functions, registered in fhirpathpy's invocation table (``SOF_FUNCTIONS``): SQL-on-FHIR's ``getResourceKey``,
-``getReferenceKey``, ``lowBoundary``, ``highBoundary`` and ``join`` as the suite reads it, and bounded replacements
-of fhirpathpy's own. Bounds, each a ``FhirPathError``:
+functions (``SOF_FUNCTIONS``: SQL-on-FHIR's, and bounded replacements of fhirpathpy's); imported only where a view
+has one. Bounds, each a ``FhirPathError``:
 - ``matches`` and ``replaceMatches`` run on RE2, linear in the text, where Python's ``re`` backtracks exponentially
   (``matches('^(a+)+$')`` on 35 characters: hours); a pattern with backreferences or lookaround is refused;
 - ``repeat()`` stops at ``MAX_REPEAT_ELEMENTS`` elements (fhirpathpy's copies its list per element: quadratic);
-- ``&``, ``+``, ``join``, ``replace``, ``replaceMatches``, ``aggregate`` and ``repeat`` make no string or collection
-  of more than ``MAX_COMPUTED_SIZE`` characters (elements count one each): the ways an expression of bounded size
-  builds a value of unbounded size (``.select($this & $this)`` doubles per link, ``aggregate($total & $total, '')``
-  per element, ``.replace('x', 'xxxxxxxxxx')`` grows tenfold per call).
+- ``&``, ``+``, ``join``, ``replace``, ``replaceMatches``, ``aggregate`` and ``repeat`` make nothing of more than
+  ``MAX_COMPUTED_SIZE`` characters (elements count one each): the ways a bounded expression builds an unbounded
+  value (``.select($this & $this)`` doubles per link, ``.replace('x', 'xxxxxxxxxx')`` grows tenfold per call).
 """
 
 from __future__ import annotations
@@ -37,22 +33,9 @@ from fhirpathpy.parser.generated.FHIRPathParser import FHIRPathParser
 
 from tasks.sof.boundary import boundary
 from tasks.sof.errors import FhirPathError
-from tasks.sof.fhirpath_shared import (
-    MAX_COMPUTED_SIZE,
-    MAX_EXPRESSION_DEPTH,
-    MAX_REPEAT_ELEMENTS,
-    MODEL,
-    TOO_DEEP,
-    Env,
-    Item,
-    Paths,
-    data_and_paths,
-    joined,
-    reference_keys,
-    refuse_larger,
-    resource_keys,
-    shown,
-)
+from tasks.sof.fhirpath_shared import MAX_COMPUTED_SIZE, MAX_EXPRESSION_DEPTH, MAX_REPEAT_ELEMENTS, TOO_DEEP
+from tasks.sof.fhirpath_shared import MODEL, Env, Item, Paths, data_and_paths, shown
+from tasks.sof.fhirpath_shared import joined, reference_keys, refuse_larger, resource_keys
 
 
 class _RaisingErrorListener(ErrorListener):
@@ -61,8 +44,7 @@ class _RaisingErrorListener(ErrorListener):
 
 
 def parse(expression: str) -> dict[str, Any]:
-    """fhirpathpy's parse tree of ``expression``, strictly: fhirpathpy's own ``parse`` recovers from syntax errors
-    silently (``status.where(`` parses), so its lexer and parser run here with a listener that raises."""
+    """fhirpathpy's parse tree, strictly: its own ``parse`` silently recovers from syntax errors (``status.where(``)."""
     listener = _RaisingErrorListener()
     lexer = FHIRPathLexer(InputStream(expression))
     lexer.removeErrorListeners()
@@ -149,12 +131,10 @@ def _is_primitive_extension_only(value: Any) -> bool:
 
 
 def get_resource_key(ctx: dict, inputs: list) -> list[str]:
-    """``Type/id`` of each resource in the input (the key ``getReferenceKey`` gives for a reference to it)."""
     return resource_keys([_data(node) for node in inputs])
 
 
 def get_reference_key(ctx: dict, inputs: list, type_info: Any = None) -> list[str]:
-    """``Type/id`` of each Reference (history and base URL dropped); only those of the given type, if any."""
     return reference_keys([_data(node) for node in inputs], getattr(type_info, "name", None))
 
 
@@ -183,12 +163,9 @@ def _data(node: Any) -> Any:
 def _boundary(high: bool) -> Callable[..., list]:
     def invoke(ctx: dict, inputs: list, precision: Any = None) -> list:
         digits = None if precision in (None, []) else int(precision)
-        results = []
-        for node in inputs:
-            type_path = node.path if isinstance(node, ResourceNode) else None
-            if (result := boundary(_data(node), type_path, digits, high=high)) is not None:
-                results.append(result)
-        return results
+        typed = [(_data(node), node.path if isinstance(node, ResourceNode) else None) for node in inputs]
+        found = [boundary(data, type_path, digits, high=high) for data, type_path in typed]
+        return [result for result in found if result is not None]
 
     return invoke
 
@@ -211,15 +188,14 @@ def regex(pattern: str, dot_matches_newline: bool) -> Any:
 
 
 def matches(ctx: dict, inputs: list, pattern: Any) -> Any:
-    """fhirpathpy's ``matches`` (search, ``.`` matching newlines), on RE2; empty input or regex give no value."""
+    """fhirpathpy's ``matches`` (search, ``.`` matching newlines), on RE2."""
     if not inputs or isinstance(pattern, list):
         return []
     return regex(pattern, True).search(_single_string(inputs)) is not None
 
 
 def replace_matches(ctx: dict, inputs: list, pattern: Any, replacement: Any) -> Any:
-    """fhirpathpy's ``replaceMatches`` (``$1`` for the first group), on RE2; empty input, regex or substitution
-    give no value."""
+    """fhirpathpy's ``replaceMatches`` (``$1`` for the first group), on RE2."""
     if not inputs or isinstance(pattern, list) or isinstance(replacement, list):
         return []
     text, compiled = _single_string(inputs), regex(pattern, False)

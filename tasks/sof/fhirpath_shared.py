@@ -1,10 +1,6 @@
-"""What FHIRPath's two ways of evaluating (``tasks.sof.fhirpath``'s member paths, ``tasks.sof.fhirpath_interpreter``)
-share, without importing fhirpathpy: its R4 model's type tables, the items an expression collects, how an expression
-is shown in errors, the bounds, and the plain halves of SQL-on-FHIR's functions.
-
-fhirpathpy's package imports its parser and evaluator (0.1 s, most of a small ``view run``'s start), which a view of
-member paths never uses: the model's tables are read from fhirpathpy's own files here (``MODEL`` is
-``fhirpathpy.models.models["r4"]``), and the interpreter is imported where an expression needs it.
+"""What FHIRPath's two ways of evaluating (``tasks.sof.fhirpath``, ``tasks.sof.fhirpath_interpreter``) share,
+without importing fhirpathpy: its package imports its parser and evaluator (0.1 s, most of a small ``view run``'s
+start), which a view of member paths never uses. ``MODEL`` is ``fhirpathpy.models.models["r4"]``, read from its files.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ import orjson
 
 from tasks.sof.errors import FhirPathError
 
-MAX_EXPRESSION_DEPTH = 100
+MAX_EXPRESSION_DEPTH = 100  # refused when compiled: fhirpathpy's parser and evaluator recurse per level
 SHOWN_EXPRESSION_CHARS = 120
 TOO_DEEP = f"nested more than {MAX_EXPRESSION_DEPTH} levels deep (split it, or drop redundant parentheses)"
 MAX_REPEAT_ELEMENTS = 10_000
@@ -28,7 +24,6 @@ MAX_COMPUTED_SIZE = 1 << 20
 
 
 def r4_model() -> dict[str, Any]:
-    """fhirpathpy's R4 model: its four tables, read from its package's files (found, not imported)."""
     spec = importlib.util.find_spec("fhirpathpy")
     assert spec is not None and spec.submodule_search_locations  # a dependency
     folder = Path(next(iter(spec.submodule_search_locations))) / "models" / "r4"

@@ -1,16 +1,12 @@
 """The rows of a flat view made from a whole block of NDJSON lines at once: msgspec decodes, in C, only the fields
 the view's columns read, with no split into lines and no dict per resource.
 
-A flat view is one whose generated rows exist (``CompiledView.csv_rows``: no ``where``, no ``%rowIndex``) and whose
-selects have no ``forEach``, ``forEachOrNull`` or ``unionAll``, with at least two columns, each one member of the
-resource (``id``, ``gender``, ``deceased.ofType(boolean)``). It gives one row per resource, the values of those
-members: a string, ``true``, ``false``, an int, a null, or nothing (an empty cell), as ``csv_rows`` gives them.
-
-A block is taken only where msgspec reads every line as exactly one object of the view's type whose columns hold
-those kinds of value, and the block is UTF-8 (msgspec checks only the strings it reads). Anything else (another
-type, a Bundle, a decimal, an object or a list where a column reads, a blank line, a line opening with whitespace
-or holding two values, bytes not JSON) and the caller reads the block line by line, where every verdict is made as
-before.
+A flat view has generated rows (``CompiledView.csv_rows``) and no ``forEach``, ``forEachOrNull`` or ``unionAll``,
+with two columns or more, each one member of the resource (``id``, ``deceased.ofType(boolean)``): one row per
+resource, its cells as ``csv_rows`` gives them. A block is taken only where msgspec reads every line as exactly one
+object of the view's type whose columns hold a string, boolean, int or null, and the block is UTF-8 (msgspec checks
+only the strings it reads). Anything else (a Bundle, a decimal, a blank line, a line opening with whitespace or
+holding two values, bytes not JSON) and the caller reads the block line by line, every verdict made as before.
 """
 
 from __future__ import annotations
@@ -32,8 +28,8 @@ the line-by-line read. RE2: each of the two searches is a tenth of their alterna
 
 
 def flat_block_rows(view: Any) -> Callable[[bytes], list[tuple] | None] | None:
-    """For a flat view (see the module doc), ``rows(block)``: the rows of a block of whole lines, one per line, or
-    None where the block must be read line by line; None for any other view."""
+    """For a flat view, ``rows(block)``: a block of whole lines' rows, or None where it must be read line by line;
+    None for any other view."""
     keys = flat_keys(view)
     if keys is None:
         return None

@@ -2,16 +2,13 @@
 
 Routing (spec/protocols.md, "Flattening"): Provenance records name the attribute groups of each target resource
 (``entity.what.identifier`` with the attribute-group system), in the Bundle line of the resources they route, or as
-bare lines routing their file's bare resources. When no input file holds such Provenance (``has_group_provenance``,
-decided over all files first), resources go to the groups of their type whose profile and CRTDL filters they pass
-(``tasks.sof.selection``, as the extraction would have selected them); what no group takes is counted per type.
+bare lines routing their file's bare resources. Where no input file holds such Provenance (``has_group_provenance``),
+resources go to the groups of their type whose profile and filters they pass (``tasks.sof.selection``).
 
-``flatten_file(plan)`` writes the rows of its pieces (files, or spans of one), in turn, per group into
-``<parts>/<plan.folder>/<csv name>`` and returns their counts. The parent concatenates the parts in input order
-under one header, so the CSVs are the same bytes whether pieces ran in turn or in parallel, whole or cut, alone or
-with others; a span's bare Provenance routes come from the whole file (``bare_routes``, saved by ``routes_json``). No
-Prefect here, so it runs in a lean worker process: cancellation reaches it as ``stop_if_cancelled``, progress leaves
-it as ``advance``.
+``flatten_file(plan)`` writes its pieces' rows per group into ``<parts>/<plan.folder>/<csv name>``. The parent
+concatenates the parts in input order under one header, so the CSVs are the same bytes however the pieces ran; a
+span's bare Provenance routes come from the whole file (``bare_routes``, saved by ``routes_json``). No Prefect here:
+it runs in a lean worker process (cancellation comes as ``stop_if_cancelled``, progress goes as ``advance``).
 """
 
 from __future__ import annotations
@@ -42,8 +39,7 @@ ATTRIBUTE_GROUP_SYSTEM = "https://www.medizininformatik-initiative.de/fhir/fdpg/
 _GROUP_MARKER = ATTRIBUTE_GROUP_SYSTEM.encode()
 _BARE_PROVENANCE = re.compile(rb'^\s*\{.*?"resourceType"\s*:\s*"Provenance"')
 _BUNDLE = re.compile(rb'"resourceType"\s*:\s*"Bundle"')
-# A line that opens as a Bundle (as TORCH writes every line) is no bare Provenance: known from its first bytes,
-# without searching the whole line for the group marker.
+# A line opening as a Bundle (as TORCH writes every line) is no bare Provenance: known without searching the line.
 _BUNDLE_OPENING = re.compile(rb'\s*\{\s*"resourceType"\s*:\s*"Bundle"')
 
 
@@ -115,9 +111,8 @@ class RouteCounts:
 
 
 class Router:
-    """Sends each resource to the engines of its groups (``(group id, resource type)`` each) and counts what goes
-    where (in ``counts``, by default new ones). Without Provenance, a group takes what its ``selections`` entry
-    (by default every resource of its type) takes."""
+    """Sends each resource to the engines of its groups (``(group id, resource type)`` each), counting what goes
+    where. Without Provenance, a group takes what its ``selections`` entry (by default: its type) takes."""
 
     def __init__(
         self,
@@ -190,9 +185,6 @@ class Router:
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """What a worker needs of one attribute group: its id, CSV name, resource type, ViewDefinition (JSON) and which
-    resources it takes from data without Provenance."""
-
     id: str
     csv_name: str
     resource_type: str
@@ -202,8 +194,7 @@ class GroupPlan:
 
 @dataclass(frozen=True)
 class PieceSource:
-    """One piece of the input: the file ``path`` whole, or its ``span``; ``routes_file`` names the file's saved bare
-    routes (empty: find them here)."""
+    """The file ``path`` whole, or its ``span``; ``routes_file``: the file's saved bare routes (empty: find them)."""
 
     path: str
     span: Span = WHOLE_FILE
@@ -212,8 +203,7 @@ class PieceSource:
 
 @dataclass(frozen=True)
 class FilePlan:
-    """The flattening of pieces of the input (a batch of files, or one span), as a worker process receives it (small
-    and picklable): their rows, in the order of ``sources``, go to the parts in ``<parts_dir>/<folder>``."""
+    """The flattening of pieces of the input (a batch of files, or one span) as a worker receives it (picklable)."""
 
     sources: tuple[PieceSource, ...]
     parts_dir: str
@@ -225,8 +215,7 @@ class FilePlan:
 
 
 class FileParts(TypedDict):
-    """What ``flatten_file`` wrote: its parts' folder, lines read; per group (in group order) resources routed, rows
-    and part bytes."""
+    """What ``flatten_file`` wrote; ``resources``, ``rows`` and ``bytes`` per group, in group order."""
 
     folder: str
     lines: int
@@ -269,10 +258,9 @@ class ParsedLine:
 
 
 class RowsWriter:
-    """A group's rows as CSV lines (no header) in ``path``, opened at the first row; rows are held until
-    ``ROWS_PER_BATCH`` have come (written in one call, whatever resources they came from) or the part is closed.
-    Resources come from ``line`` as orjson parses it: the view's ``csv_rows`` where it takes them, else the view's
-    rows of the resource parsed with its decimals."""
+    """A group's rows as CSV lines (no header) in ``path``, opened at the first row, written ``ROWS_PER_BATCH`` at a
+    time. Resources come as orjson parses them: the view's ``csv_rows`` where it takes them, else the view's rows of
+    the resource parsed with its decimals (``line.exact``)."""
 
     def __init__(self, path: Path, view: CompiledView, name: str, line: ParsedLine):
         self.path, self.view, self.name, self.line = path, view, name, line
@@ -328,8 +316,7 @@ def flatten_file(
     plan: FilePlan, stop_if_cancelled: Callable[[], None] = never_cancelled, advance: Callable[[int], None] = uncounted
 ) -> FileParts:
     """Flatten the plan's pieces, in turn, into ``<parts_dir>/<folder>/``, written as ``.<folder>.tmp`` and renamed
-    when complete (an earlier attempt's parts are replaced). ``stop_if_cancelled`` is called before each line and
-    raises to stop; ``advance(1)`` after each line (progress)."""
+    when complete (replacing an earlier attempt's). ``stop_if_cancelled`` before each line, ``advance(1)`` after."""
     parts_dir = Path(plan.parts_dir)
     work, final = parts_dir / f".{plan.folder}.tmp", parts_dir / plan.folder
     shutil.rmtree(work, ignore_errors=True)
@@ -387,8 +374,8 @@ def compiled_view(view_json: str) -> CompiledView:
 
 
 def parquet_file(csv_path: Path, view: dict[str, Any], parquet_path: Path) -> int:
-    """``tasks.sof.parquet.write_parquet`` for a worker process, imported there: pyarrow's modules and Arrow's memory
-    (about 100 MB for a large CSV) stay in the worker, out of the long-lived flow process."""
+    """``tasks.sof.parquet.write_parquet``, imported in the worker: pyarrow and Arrow's memory (about 100 MB for a
+    large CSV) stay out of the long-lived flow process."""
     from tasks.sof.parquet import write_parquet
 
     return write_parquet(csv_path, view, parquet_path)

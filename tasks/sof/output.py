@@ -44,12 +44,10 @@ class CsvWriter:
             self._writer.writerow(cells)
 
     def writerows(self, rows: Iterable[tuple]) -> int:
-        """The rows' values as CSV lines, ``ROWS_PER_BATCH`` at a time (rows as they come: one resource may give
-        millions): a batch that needs no quoting joined as it is where it is all strings (``_string_lines``), else
-        made from its JSON where it is strings, nulls, ints and booleans (``_plain_lines``), else in one call to
-        ``csv`` (the cells as ``cell`` makes them where they are more than strings, nulls and ints); the number of
-        rows written. Values are those the engine gives: strings, nulls, ints, booleans, ``Decimal``, objects and
-        arrays (``fhirpath.plain`` makes floats decimals)."""
+        """The rows as CSV lines, ``ROWS_PER_BATCH`` at a time (one resource may give millions); the number written.
+        A batch needing no quoting is joined as it is (``_string_lines``) or made from its JSON (``_plain_lines``),
+        else written in one call to ``csv`` (as ``cell`` makes its cells where they are more than strings, nulls and
+        ints)."""
         written = 0
         pending = iter(rows)
         batch: list[Sequence[Any]]  # the engine's tuples, or (below) their cells as lists of strings
@@ -74,9 +72,8 @@ class CsvWriter:
 
 
 def _string_lines(batch: list) -> bytes | None:
-    """The batch's CSV lines, its cells joined as they are, where all are strings (as ``CompiledView.csv_rows`` gives
-    them) and none holds a comma, line feed, quote, CR or NUL; None otherwise, where a row has fewer than two cells
-    (``csv`` quotes a lone empty cell), the rows differ in length, or a string is no UTF-8 (a lone surrogate)."""
+    """The batch's CSV lines, its cells joined as they are, where all are strings (``CompiledView.csv_rows``) holding
+    no comma, line feed, quote, CR or NUL; None otherwise, or where ``_width`` is 0 or a string is no UTF-8."""
     if not (width := _width(batch)):
         return None
     rows = len(batch)
@@ -91,12 +88,11 @@ def _string_lines(batch: list) -> bytes | None:
 
 def _plain_lines(batch: list) -> bytes | None:
     """The batch's CSV lines made from its JSON (``orjson``, in C, one call) where no cell needs quoting: no JSON
-    escape (so no quote, backslash, CR, LF or control character in a string), no comma but the separators and no
-    bracket but the rows' own. A comma is then always a separator, so an unquoted ``null`` after one, or after a row's
-    ``[``, is a null: it becomes an empty cell; then the quotes and brackets go. None where a cell needs quoting, is
-    an object or array (a brace, a bracket more) or a ``Decimal`` (orjson refuses it, as an int beyond 64 bits and a
-    lone surrogate), a row has fewer than two cells (``csv`` quotes a lone empty cell), or the rows differ in length.
-    No type test per cell: it cost as much as the rest."""
+    escape (no quote, backslash, CR, LF or control character in a string), no comma but the separators, no bracket
+    but the rows' own. A comma is then always a separator, so an unquoted ``null`` after one, or after a row's ``[``,
+    is a null: an empty cell; then the quotes and brackets go. None where a cell needs quoting, is an object, array or
+    ``Decimal`` (orjson refuses it, an int beyond 64 bits and a lone surrogate), or ``_width`` is 0. No type test per
+    cell: it cost as much as the rest."""
     if not (width := _width(batch)):
         return None
     rows = len(batch)
@@ -114,8 +110,7 @@ def _plain_lines(batch: list) -> bytes | None:
 
 
 def _width(batch: list) -> int:
-    """The length of every row of the batch where they are all as long, and two cells or more (``csv`` quotes a lone
-    empty cell); else 0."""
+    """The rows' length where all are as long and two cells or more (``csv`` quotes a lone empty cell); else 0."""
     widths = set(map(len, batch))
     return widths.pop() if len(widths) == 1 and min(widths) > 1 else 0
 

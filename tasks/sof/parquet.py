@@ -1,15 +1,13 @@
 """A finished group CSV as Parquet, typed from its ViewDefinition's columns (pyarrow; no Prefect).
 
-``write_parquet(csv_path, view, parquet_path)`` streams the CSV into one Parquet file (zstd, hidden temporary name
-renamed when complete) and returns its row count. Converting the CSV, not the rows, gives the same Parquet whether
-the embedded engine or the flattening service made it. Blocks of ``BLOCK_BYTES`` in, row groups of about
-``ROW_GROUP_BYTES`` out keep memory flat (120 MB and 300 MB files: Arrow's pool peaks at 58 MB; blocks are small as
-pyarrow reads about ten ahead); a row longer than a block is read again in larger blocks.
+Converting the CSV, not the rows, gives the same Parquet whether the embedded engine or the flattening service made
+it. Blocks of ``BLOCK_BYTES`` in, row groups of about ``ROW_GROUP_BYTES`` out keep memory flat (120 MB and 300 MB
+files: Arrow's pool peaks at 58 MB; blocks are small as pyarrow reads about ten ahead).
 
-Types from each column's ``type`` (a ``unionAll``'s branches must agree, else string): ``boolean`` → bool; the
-integer types → int64; everything else stays the CSV's text: ``decimal`` keeps its digits (``1.50`` is not ``1.5``),
-dates and times too (FHIR allows ``2020``, which no timestamp holds). An empty cell is null. A cell its type cannot
-hold raises ``ViewError`` naming file, column and row, never the value (it is patient data).
+Types from each column's ``type`` (a ``unionAll``'s branches must agree, else string): ``boolean`` → bool, the
+integer types → int64, everything else stays text: ``decimal`` keeps its digits (``1.50`` is not ``1.5``), dates
+too (FHIR allows ``2020``, which no timestamp holds). An empty cell is null. A cell its type cannot hold raises
+``ViewError`` naming file, column and row, never the value (it is patient data).
 """
 
 from __future__ import annotations
@@ -38,6 +36,7 @@ ROW_GROUP_BYTES = 8 * 1024 * 1024  # the Parquet writer holds a row group's page
 ROW_GROUP_MAX_ROWS = 1 << 30  # rows do not cut a row group: its bytes do
 COMPRESSION = "zstd"
 INTEGER_TYPES = frozenset({"integer", "positiveInt", "unsignedInt", "integer64"})
+ARROW_TYPES = {"boolean": pa.bool_(), **dict.fromkeys(INTEGER_TYPES, pa.int64())}  # any other type: text
 _CONVERSION_ERROR = re.compile(
     r"In CSV column #(?P<index>\d+): (?:Row #(?P<row>\d+): )?CSV conversion error to (?P<type>\w+)"
 )
@@ -48,8 +47,7 @@ _CELL_VALUE = re.compile(r"'[^']*'")  # a quoted value in pyarrow's reason
 def write_parquet(
     csv_path: Path, view: dict[str, Any], parquet_path: Path, row_group_bytes: int = ROW_GROUP_BYTES
 ) -> int:
-    """Write ``csv_path`` (a group CSV of ``view``) as ``parquet_path`` in row groups of about ``row_group_bytes``;
-    the number of rows."""
+    """Write ``view``'s group CSV as ``parquet_path`` (a hidden name renamed when complete); the number of rows."""
     schema = parquet_schema(view)
     temporary = parquet_path.with_name(f".{parquet_path.name}.part")
     try:
@@ -76,13 +74,8 @@ def parquet_rows(path: Path) -> int:
 def parquet_schema(view: dict[str, Any]) -> pa.Schema:
     """The view's columns in the engine's order, each with its Parquet type (``Select.types``)."""
     root = compile_view(view).root
-    return pa.schema([(name, arrow_type(fhir_type)) for name, fhir_type in zip(root.names, root.types, strict=True)])
-
-
-def arrow_type(fhir_type: str | None) -> pa.DataType:
-    if fhir_type == "boolean":
-        return pa.bool_()
-    return pa.int64() if fhir_type in INTEGER_TYPES else pa.string()
+    types = [ARROW_TYPES.get(fhir_type, pa.string()) for fhir_type in root.types]
+    return pa.schema(list(zip(root.names, types, strict=True)))
 
 
 def _converted_in_blocks_of_its_rows(
@@ -142,8 +135,8 @@ def _row_groups(batches: Iterable[pa.RecordBatch], row_group_bytes: int) -> Iter
 
 
 def _arrow_problem(exc: pa.ArrowInvalid, schema: pa.Schema) -> str:
-    """pyarrow's reason in one line; for a cell that does not fit its column's declared type, the column's name, the
-    row and the fix, never the cell's value (patient data)."""
+    """pyarrow's reason in one line, never a cell's value (patient data); for a cell its column's type cannot hold,
+    the column, the row and the fix."""
     reason = str(exc).splitlines()[0]
     if (found := _CONVERSION_ERROR.search(reason)) is None:
         return _CELL_VALUE.sub("'…'", reason)

@@ -50,7 +50,6 @@ def parse_line(source: Path | str, number: int, line: bytes) -> dict[str, Any]:
 
 
 def line_resources(resource: dict[str, Any]) -> list[dict[str, Any]]:
-    """The resources of one line: a Bundle's entries, or the resource itself."""
     if resource.get("resourceType") != "Bundle":
         return [resource]
     entries = as_array(resource.get("entry"))
@@ -79,12 +78,10 @@ def _may_escape_a_key(line: bytes) -> bool:
 
 
 def read_rows(view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]], csv: bool = False) -> Iterator[tuple]:
-    """The rows of a ``tasks.sof.view.CompiledView`` over ``lines`` (numbered, as ``tasks.streams.ndjson.iter_lines``
-    gives them) as ``view.rows`` gives them; lines that hold no resource of its type (``may_hold``) are passed over
-    unparsed. A line that opens as a resource of the view's type, as compact JSON writers write it, is parsed by orjson
-    alone (no search for decimals) and given to ``view.parsed_rows``; a line it does not take (a decimal a column
-    reads, data of another shape, too many rows, not JSON) is read again the general way. ``csv``: rows for CSV, from
-    the function that gives every value as its cell (``view.csv_rows``)."""
+    """``view.rows`` over numbered ``lines``, lines that hold no resource of its type (``may_hold``) passed over
+    unparsed. A line opening as a resource of the view's type, as compact JSON writers write it, is parsed by orjson
+    alone and given to ``view.parsed_rows`` (``csv``: ``view.csv_rows``); a line it does not take (a decimal a column
+    reads, another shape, too many rows, not JSON) is read again the general way."""
     opening = b'{"resourceType":' + orjson.dumps(view.resource)
     fast = view.csv_rows if csv else view.parsed_rows
     most, wanted = view.max_rows_per_resource, frozenset([view.resource.encode()])
@@ -105,8 +102,7 @@ def read_rows(view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]],
 
 
 def flat_csv_rows(view: Any, source: Path, max_line_bytes: int) -> Iterator[tuple] | None:
-    """``read_rows``' CSV rows of a flat view (``tasks.sof.flat_rows``) over a file: every block of lines that msgspec
-    takes at once, the others line by line; None for any other view."""
+    """``read_rows``' CSV rows of a flat view (``tasks.sof.flat_rows``) over a file; None for any other view."""
     if (block_rows := flat_block_rows(view)) is None:
         return None
     return chain.from_iterable(_flat_blocks(view, source, max_line_bytes, block_rows))

@@ -18,48 +18,35 @@ def _paths(*dotted: str) -> Paths:
     return tuple(tuple(path.split(".")) for path in dotted)
 
 
+def _same(dotted: str, *kinds: str) -> dict[str, Paths]:
+    return dict.fromkeys(kinds, _paths(dotted))
+
+
 _MEDICATION = _paths("medicationCodeableConcept")
 _EFFECTIVE = _paths("effectiveDateTime", "effectivePeriod", "effectiveInstant")
 
 # Token parameters: the elements (CodeableConcept or Coding) whose codings a ``system|code`` matches.
 TOKEN_ELEMENTS: dict[str, dict[str, Paths]] = {
     "code": {
-        "AllergyIntolerance": _paths("code", "reaction.substance"),
-        "Basic": _paths("code"),
-        "ChargeItem": _paths("code"),
-        "Condition": _paths("code"),
-        "DetectedIssue": _paths("code"),
-        "DeviceRequest": _paths("codeCodeableConcept"),
-        "DiagnosticReport": _paths("code"),
-        "FamilyMemberHistory": _paths("condition.code"),
-        "List": _paths("code"),
-        "Medication": _paths("code"),
-        "MedicationAdministration": _MEDICATION,
-        "MedicationDispense": _MEDICATION,
-        "MedicationRequest": _MEDICATION,
+        **_same("code", "Basic", "ChargeItem", "Condition", "DetectedIssue", "DiagnosticReport", "List", "Medication"),
+        **_same("code", "Observation", "Procedure", "ServiceRequest", "Task"),
+        **dict.fromkeys(("MedicationAdministration", "MedicationDispense", "MedicationRequest"), _MEDICATION),
         "MedicationStatement": _MEDICATION,
-        "Observation": _paths("code"),
-        "Procedure": _paths("code"),
-        "ServiceRequest": _paths("code"),
+        "AllergyIntolerance": _paths("code", "reaction.substance"),
+        "DeviceRequest": _paths("codeCodeableConcept"),
+        "FamilyMemberHistory": _paths("condition.code"),
         "Substance": _paths("code", "ingredient.substanceCodeableConcept"),
-        "Task": _paths("code"),
     },
     "category": {
-        kind: _paths("category")
-        for kind in (
-            *("AdverseEvent", "AllergyIntolerance", "CarePlan", "CareTeam", "Communication", "Composition"),
-            *("Condition", "Consent", "DiagnosticReport", "DocumentReference", "Goal", "MedicationRequest"),
-            *("MedicationStatement", "Observation", "Procedure", "ResearchStudy", "ServiceRequest", "Substance"),
-            "SupplyRequest",
-        )
+        **_same("category", "AdverseEvent", "AllergyIntolerance", "CarePlan", "CareTeam", "Communication"),
+        **_same("category", "Composition", "Condition", "Consent", "DiagnosticReport", "DocumentReference", "Goal"),
+        **_same("category", "MedicationRequest", "MedicationStatement", "Observation", "Procedure", "ResearchStudy"),
+        **_same("category", "ServiceRequest", "Substance", "SupplyRequest"),
     },
     "type": {
-        kind: _paths("type")
-        for kind in (
-            *("Account", "AllergyIntolerance", "Composition", "Coverage", "Device", "DocumentReference"),
-            *("Encounter", "EpisodeOfCare", "Location", "Media", "MedicationDispense", "Organization"),
-            "Specimen",
-        )
+        **_same("type", "Account", "AllergyIntolerance", "Composition", "Coverage", "Device", "DocumentReference"),
+        **_same("type", "Encounter", "EpisodeOfCare", "Location", "Media", "MedicationDispense", "Organization"),
+        **_same("type", "Specimen"),
     },
     "class": {"Encounter": _paths("class")},
     "vaccine-code": {"Immunization": _paths("vaccineCode")},
@@ -70,28 +57,17 @@ TOKEN_ELEMENTS: dict[str, dict[str, Paths]] = {
 # Date parameters: the elements (date, dateTime, instant or Period) whose time a ``ge``/``le`` bound compares.
 DATE_ELEMENTS: dict[str, dict[str, Paths]] = {
     "date": {
-        "AdverseEvent": _paths("date"),
+        **_same("date", "AdverseEvent", "ClinicalImpression", "Composition", "DocumentReference"),
+        **_same("date", "FamilyMemberHistory", "List"),
+        **_same("period", "CarePlan", "CareTeam", "Encounter", "EpisodeOfCare", "Flag", "ResearchStudy"),
+        **_same("period", "ResearchSubject"),
+        **_same("occurrenceDateTime", "Immunization", "RiskAssessment"),
+        **dict.fromkeys(("DiagnosticReport", "Observation"), _EFFECTIVE),
         "AllergyIntolerance": _paths("recordedDate"),
         "Appointment": _paths("start"),
-        "CarePlan": _paths("period"),
-        "CareTeam": _paths("period"),
-        "ClinicalImpression": _paths("date"),
-        "Composition": _paths("date"),
         "Consent": _paths("dateTime"),
-        "DiagnosticReport": _EFFECTIVE,
-        "DocumentReference": _paths("date"),
-        "Encounter": _paths("period"),
-        "EpisodeOfCare": _paths("period"),
-        "FamilyMemberHistory": _paths("date"),
-        "Flag": _paths("period"),
-        "Immunization": _paths("occurrenceDateTime"),
-        "List": _paths("date"),
         "MedicationRequest": _paths("dosageInstruction.timing.event"),
-        "Observation": _EFFECTIVE,
         "Procedure": _paths("performedDateTime", "performedPeriod"),
-        "ResearchStudy": _paths("period"),
-        "ResearchSubject": _paths("period"),
-        "RiskAssessment": _paths("occurrenceDateTime"),
         "SupplyRequest": _paths("authoredOn"),
     },
     "onset-date": {"Condition": _paths("onsetDateTime", "onsetPeriod")},

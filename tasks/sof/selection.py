@@ -1,24 +1,22 @@
 """Which resources of its type an attribute group takes when the data carry no TORCH Provenance (a plain import).
 
-TORCH selects a group's resources by a FHIR search per group: ``<type>?_profile:below=<groupReference>`` plus its
-filters (every ``token`` filter's codes, each with the descendants its ontology lists, as one search each: a resource
-matches any of them; the first ``date`` filter's ``ge<start>`` and ``le<end>`` on every one); a Patient group is
-searched by type alone. ``compile_selection`` turns a group into the same test on a resource, built once per group:
+TORCH selects a group's resources by one FHIR search per group: ``<type>?_profile:below=<groupReference>`` plus its
+filters (each ``token`` filter's codes with their ontology's descendants, a resource matching any; the first ``date``
+filter's ``ge<start>`` and ``le<end>``); a Patient group by type alone. ``compile_selection`` builds the same test:
 
-- profile: some ``meta.profile`` is the groupReference, or a version of it (``<url>|<version>``; a groupReference
-  with a version takes that version and those below it, ``1.0`` takes ``1.0.2``).
-- token: a coding of an element the filter's search parameter reads (``tasks.sof.search_elements``) has the
-  filter's system and code. TORCH's ontology adds a code's descendants; the data do not carry that tree, so a code of
-  a system whose codes extend their parent's (ICD-10-GM, OPS, ATC: ``B05`` → ``B05.3``) takes the codes it begins,
-  and a code of any other system only itself.
-- date: a value of the element ends on or after ``start`` and begins on or before ``end``, compared as the calendar
-  dates written in the data (``2021``, ``2021-03`` and Periods are ranges; times and offsets are not considered);
-  a resource without the element is not taken, as in a search.
+- profile: some ``meta.profile`` is the groupReference or a version of it (``<url>|<version>``; a versioned
+  groupReference takes that version and those below it, ``1.0`` takes ``1.0.2``).
+- token: a coding of an element the search parameter reads (``tasks.sof.search_elements``) has the filter's system
+  and code. The data do not carry the ontology's tree, so a code of a system whose codes extend their parent's
+  (ICD-10-GM, OPS, ATC: ``B05`` → ``B05.3``) takes the codes it begins, any other code only itself.
+- date: a value of the element ends on or after ``start`` and begins on or before ``end``, as calendar dates written
+  in the data (``2021``, ``2021-03`` and Periods are ranges; times and offsets ignored); without the element, not
+  taken, as in a search.
 
-What cannot be applied (a search parameter these tables do not know for the type, a filter without its codes or
-with a date that is none, ``includeReferenceOnly``, ``mustHave``) is listed in ``Selection.not_applied``, one text
-per restriction, for the step's warning; the group then takes what passes the rest. Token filters match as one (a
-resource passes any of them), so when one of them cannot be applied none is: fewer would leave out what it takes.
+What cannot be applied (a search parameter unknown for the type, a filter without its codes or with a date that is
+none, ``includeReferenceOnly``, ``mustHave``) is listed in ``Selection.not_applied``, one text each, for the step's
+warning; the group takes what passes the rest. Token filters match as one, so when one cannot be applied none is:
+fewer would leave out what it takes.
 """
 
 from __future__ import annotations
@@ -133,16 +131,11 @@ def _token_test(resource_type: str, tokens: list[dict[str, Any]]) -> tuple[Paths
         listed = [c for c in token["codes"] if isinstance(c, dict)] if isinstance(token["codes"], list) else []
         valid = [c for c in listed if isinstance(c.get("system"), str) and isinstance(c.get("code"), str)]
         if found is None or not valid or len(valid) < len(token["codes"]):
-            why = (
-                _unknown_parameter("token", name, resource_type)
-                if found is None
-                else "a code without its system or code"
-            )
-            shown = ", ".join(_shown_codes(token["codes"]))
-            note = (
-                f"the token filter {show_name(name)} ({shown}): {why}; the group takes its {resource_type}s of any code"
-            )
-            return (), set(), [note]
+            why = "a code without its system or code"
+            if found is None:
+                why = _unknown_parameter("token", name, resource_type)
+            shown = f"{show_name(name)} ({', '.join(_shown_codes(token['codes']))})"
+            return (), set(), [f"the token filter {shown}: {why}; the group takes its {resource_type}s of any code"]
         paths += [p for p in found if p not in paths]
         codes |= {(c["system"], c["code"]) for c in valid}
     return tuple(paths), codes, []
@@ -150,8 +143,7 @@ def _token_test(resource_type: str, tokens: list[dict[str, Any]]) -> tuple[Paths
 
 def _shown_codes(codes: Any) -> list[str]:
     listed = codes if isinstance(codes, list) else [codes]
-    shown = [f"{as_object(c).get('system')}|{as_object(c).get('code')}" for c in listed]
-    shown = [show_name(text) for text in shown]
+    shown = [show_name(f"{as_object(c).get('system')}|{as_object(c).get('code')}") for c in listed]
     return shown[:5] + ([f"{len(shown) - 5} more"] if len(shown) > 5 else [])
 
 
@@ -160,16 +152,14 @@ def _date_test(resource_type: str, spec: dict[str, Any]) -> tuple[DateBounds | N
     name, start, end = spec["name"], spec.get("start"), spec.get("end")
     first, last = (show_name(str(day)) if day is not None else "…" for day in (start, end))
     shown = f"{show_name(name)} ({first} to {last})"
+    found = DATE_ELEMENTS.get(name, {}).get(resource_type)
     if (bad := next((d for d in (start, end) if d is not None and not _is_date(d)), None)) is not None:
         why = f"{show_name(str(bad))} is no date (YYYY-MM-DD)"
-        return None, f"the date filter {shown}: {why}; the group takes its {resource_type}s of any date"
-    found = DATE_ELEMENTS.get(name, {}).get(resource_type)
-    if found is None:
+    elif found is None:
         why = _unknown_parameter("date", name, resource_type)
-        return None, f"the date filter {shown}: {why}; the group takes its {resource_type}s of any date"
-    if start is None and end is None:
-        return None, None
-    return DateBounds(found, start, end), None
+    else:
+        return (DateBounds(found, start, end) if start is not None or end is not None else None), None
+    return None, f"the date filter {shown}: {why}; the group takes its {resource_type}s of any date"
 
 
 def _unknown_parameter(kind: str, name: str, resource_type: str) -> str:
@@ -245,20 +235,16 @@ def _dated(resource: dict[str, Any], bounds: DateBounds) -> bool:
 
 def _range(value: Any) -> tuple[str, str] | None:
     """The first and last calendar day (``YYYY-MM-DD``) of a date, dateTime, instant or Period; None for none."""
-    if isinstance(value, str):
+    if not isinstance(value, dict):
         return _day_range(value)
-    if isinstance(value, dict):
-        start, end = value.get("start"), value.get("end")
-        first = _day_range(start) if isinstance(start, str) else None
-        last = _day_range(end) if isinstance(end, str) else None
-        if first is None and last is None:
-            return None
-        return (first[0] if first else _NO_START), (last[1] if last else _NO_END)
-    return None
+    first, last = _day_range(value.get("start")), _day_range(value.get("end"))
+    if first is None and last is None:
+        return None
+    return (first[0] if first else _NO_START), (last[1] if last else _NO_END)
 
 
-def _day_range(text: str) -> tuple[str, str] | None:
-    if not text[:4].isdigit():
+def _day_range(text: Any) -> tuple[str, str] | None:
+    if not isinstance(text, str) or not text[:4].isdigit():
         return None
     if len(text) >= 10:
         return text[:10], text[:10]

@@ -1,20 +1,16 @@
-"""SQL-on-FHIR v2 ViewDefinitions: validated and compiled once, then run resource by resource.
+"""SQL-on-FHIR v2 ViewDefinitions: validated (``ViewDefinitionError``) and compiled once by ``compile_view``, then
+run resource by resource (``CompiledView.rows``: tuples in ``columns`` order: a select's own columns, its nested
+selects', its ``unionAll``'s).
 
-``compile_view(view)`` checks the ViewDefinition (``ViewDefinitionError``) and compiles its FHIRPaths once;
-``CompiledView.rows(resource)`` yields rows as tuples in ``columns`` order (a select's own columns, then its nested
-selects', then its ``unionAll``'s).
-
-Row semantics (the v2 specification): a select's rows are the cartesian product of its columns' row, each nested
-select's rows and its ``unionAll`` branches' rows, per element ``forEach`` / ``forEachOrNull`` / ``repeat`` iterates
-(``%rowIndex`` its 0-based position); ``forEachOrNull`` over nothing gives one row of nulls. A resource is skipped
-unless every ``where`` gives ``true``.
+A select's rows are the product of its columns' row, each nested select's rows and its ``unionAll`` branches' rows,
+per element ``forEach`` / ``forEachOrNull`` / ``repeat`` iterates (``%rowIndex`` its position); ``forEachOrNull``
+over nothing gives a row of nulls. A resource is skipped unless every ``where`` gives ``true``.
 
 Rows are lazy: one resource can give millions (60 codings in each of four slices: 13 million), so a part of a
-product is kept as a list only up to ``CACHED_ROWS`` rows. Most rows come from the generated function
-(``tasks.sof.compiled_code``) or closures (``tasks.sof.compiled``); this general way serves ``%rowIndex`` and larger
-products. Bounds (``ViewEvaluationError`` naming view, resource and limit): ``MAX_ROWS_PER_RESOURCE``,
-``MAX_REPEAT_ELEMENTS`` per ``repeat`` (a path back to the focus never ends), ``MAX_SELECT_DEPTH`` (a
-``ViewDefinitionError``: deeper would exhaust Python's stack).
+product is kept as a list only up to ``CACHED_ROWS`` rows. Most rows come from ``tasks.sof.compiled_code`` or
+``tasks.sof.compiled``; this general way serves ``%rowIndex`` and larger products. Bounds: ``MAX_ROWS_PER_RESOURCE``,
+``MAX_REPEAT_ELEMENTS`` per ``repeat`` (a path back to the focus never ends), ``MAX_SELECT_DEPTH`` (deeper would
+exhaust Python's stack).
 """
 
 from __future__ import annotations
@@ -121,8 +117,8 @@ class Select:
         return {**env, "rowIndex": position} if self.indexed else env
 
     def _repeated(self, focus: Focus, env: dict[str, Any]) -> Iterator[Focus]:
-        """Depth first: each element the repeat paths give, followed by the elements repeated from it (a stack of
-        iterators, not recursion: a deep element tree must not exhaust Python's stack)."""
+        """Depth first, each element the repeat paths give, then those repeated from it (a stack of iterators: a
+        deep element tree must not exhaust Python's stack)."""
         pending = [iter(self._children(focus, env))]
         count = 0
         while pending:
@@ -187,8 +183,7 @@ def _part(produce: Callable[[Focus, dict[str, Any]], Iterable[tuple]], focus: Fo
 
 
 def _product(head: tuple, parts: list[Part]) -> Iterable[tuple]:
-    """``head`` joined with each combination of one row of each part, in order: a tuple when it has at most
-    ``CACHED_ROWS`` rows, else produced lazily."""
+    """``head`` joined with each combination of a row of each part: a tuple up to ``CACHED_ROWS`` rows, else lazily."""
     if not _all_kept(parts) or prod(map(len, parts)) > CACHED_ROWS:
         return _streamed_product(head, parts)
     rows = [head]
@@ -223,19 +218,18 @@ class CompiledView:
     @cached_property
     def compiled(self) -> RowsAt | None:
         """The compiled selects (``tasks.sof.compiled``), None for a view reading ``%rowIndex``. Built at first use:
-        most views compiled in a job are only checked (a CRTDL's views, a lookup file's snippets)."""
+        most views compiled in a job are only checked."""
         return None if self.root.indexed else compile_view_rows(self.root, self.resource, CACHED_ROWS)
 
     @cached_property
     def parsed_rows(self) -> Callable[[dict], list[tuple] | None] | None:
-        """The generated rows for a resource as orjson parses it (``PARSED``: None where it holds a decimal a column
-        reads, or is shaped otherwise), for views without ``where`` in the generated subset (``resources.read_rows``)"""
+        """The generated rows of a resource as orjson parses it (None where a column reads a decimal: ``PARSED``), for
+        views without ``where`` in the generated subset."""
         return self._generated()
 
     @cached_property
     def csv_rows(self) -> Callable[[dict], list[tuple] | None] | None:
-        """``parsed_rows`` as CSV cells, every value a string (``compiled_code.generated_rows``, ``cells``), so that
-        ``output.CsvWriter`` joins a batch of them as it is"""
+        """``parsed_rows`` as CSV cells, all strings (``output.CsvWriter`` joins them as they are)."""
         return self._generated(cells=True)
 
     def _generated(self, cells: bool = False) -> Callable[[dict], list[tuple] | None] | None:
@@ -244,8 +238,8 @@ class CompiledView:
         return generated_rows(self.root, self.resource, CACHED_ROWS, PARSED, cells)
 
     def rows(self, resource: dict[str, Any]) -> Iterable[tuple]:
-        """The resource's rows (none if it is of another type or a ``where`` path is not true): a list or tuple when
-        few, else an iterator producing them as they are read; an error names the view and the resource."""
+        """The resource's rows (none for another type or a ``where`` not true): a list or tuple when few, else an
+        iterator; an error names the view and the resource."""
         if resource.get("resourceType") != self.resource:
             return ()
         try:
@@ -257,8 +251,7 @@ class CompiledView:
         return self._streamed(resource, rows)
 
     def _rows(self, resource: dict[str, Any]) -> Iterable[tuple]:
-        """The rows as the compiled selects give them (``tasks.sof.compiled``), else the general way (a view reading
-        ``%rowIndex``, or more than ``CACHED_ROWS`` rows)."""
+        """The compiled selects' rows, else (``%rowIndex``, more than ``CACHED_ROWS`` rows) the general way's."""
         focus = (resource, self.resource)
         env = {**self.constants, "rowIndex": 0}
         if not self._passes(focus, env):
@@ -345,9 +338,8 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
         select.names += select.union[0].names
         types = zip(*(branch.types for branch in select.union), strict=True)
         select.types += [kinds[0] if all(kind == kinds[0] for kind in kinds) else None for kinds in types]
-    row_index = [c.path.strip() == ROW_INDEX for c in select.columns]
-    select.null_row = tuple(0 if is_index else None for is_index in row_index)
-    select.null_row += (None,) * (len(select.names) - len(row_index))
+    own = tuple(0 if c.path.strip() == ROW_INDEX else None for c in select.columns)
+    select.null_row = own + (None,) * (len(select.names) - len(own))
     # Nested selects that give one row at any focus (columns only: no iteration, nothing nested), ahead of any other,
     # joined to the select's own columns: the same rows (names and null row are set by now), fewer products.
     while select.selects and _single_row(select.selects[0]):
@@ -363,11 +355,10 @@ def _compile_iteration(select: Select, spec: dict, where: str, variables: set[st
         return
     select.iteration = iterations[0]
     expressions = spec[select.iteration]
-    if select.iteration == "repeat":
-        if not isinstance(expressions, list) or not expressions:
-            raise ViewDefinitionError(f"{where}.repeat must be a non-empty list of FHIRPath expressions")
-    else:
+    if select.iteration != "repeat":
         expressions = [expressions]
+    elif not isinstance(expressions, list) or not expressions:
+        raise ViewDefinitionError(f"{where}.repeat must be a non-empty list of FHIRPath expressions")
     select.iterate = [_compile(e, f"{where}.{select.iteration}", variables) for e in expressions]
     select.paths = list(expressions)
 
