@@ -48,8 +48,7 @@ KEPT_BECAUSE = {
     "that ran it, or remove its directory yourself",
 }
 API_TIMEOUT = 30.0
-PRUNING_PREFIX = ".pruning-"
-"""A job directory being removed is first renamed to this and its id: half removed, it is no job to list."""
+PRUNING_PREFIX = ".pruning-"  # a job directory being removed is renamed to this and its id: no job to list
 API_HINT = "check that PREFECT_API_URL points at a Prefect server"
 LIVE_RUN_STATES = ("RUNNING", "PENDING", "CANCELLING")  # a process carries the run on: its records stay
 

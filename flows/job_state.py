@@ -215,8 +215,7 @@ def list_jobs(jobs_dir: Path) -> list[tuple[JobPaths, JobRecord | RecordError]]:
 
 
 def newest_run(paths: JobPaths) -> dict[str, Any] | None:
-    """The job directory's newest flow run (found by its directory's name); None where the server has none or cannot
-    say."""
+    """The job directory's newest flow run, found by its directory's name; None where the server cannot say."""
     return latest_runs({paths.job_id: directory_tag(paths.job_dir)}).get(paths.job_id)
 
 
