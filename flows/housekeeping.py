@@ -25,8 +25,7 @@ from config.durations import parse_duration
 from config.runtime import listed_jobs_dir, prefect_api_headers, prefect_api_url, CLI
 from flows import prefect_server
 from flows.extraction_cli import age
-from flows.job_state import MAX_PAGE_BYTES, PAGE, PREFECT_API, JobLock, JobLockedError, is_locked, latest_runs
-from flows.job_state import run_state, settled_state
+from flows.job_state import MAX_PAGE_BYTES, PAGE, PREFECT_API, JobLock, JobLockedError, current_states
 from config.settings import RetrySettings
 from tasks.clients.auth import AS_SENT
 from tasks.clients.bounds import read_response
@@ -58,14 +57,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "prune", help="list old or finished jobs (and their flow runs and artifacts); remove them with --yes"
     )
     prune.add_argument("--older-than", metavar="DURATION", help="only jobs changed longer ago on disk (P30D, 30d, 12h)")
-    prune.add_argument(
-        "--state",
-        action="append",
-        type=state_name,
-        metavar="STATE",
-        help=f"only jobs in this state, repeatable ({', '.join(FINAL_STATES + NAMED_ONLY_STATES)}; "
-        f"default: {', '.join(FINAL_STATES)})",
-    )
+    states = f"({', '.join(FINAL_STATES + NAMED_ONLY_STATES)}; default: {', '.join(FINAL_STATES)})"
+    help_text = f"only jobs in this state, repeatable {states}"
+    prune.add_argument("--state", action="append", type=state_name, metavar="STATE", help=help_text)
     prune.add_argument("--jobs-dir", help="jobs directory (default: jobs_dir of APP_JOBS_DIR, else ./jobs)")
     prune.add_argument("--yes", action="store_true", help="remove them (without it: only list what would go)")
     prune.set_defaults(command=cmd_prune)
@@ -83,8 +77,6 @@ def state_name(text: str) -> str:
 
 @dataclass
 class Candidate:
-    """A job that matches the criteria, with what the server holds of it."""
-
     paths: JobPaths
     state: str
     changed_at: str
@@ -139,9 +131,7 @@ def select_jobs(
 ) -> Selection:
     selection, now = Selection(), datetime.now(UTC)
     readable = readable_jobs(jobs_dir, selection)
-    newest = latest_runs({paths.job_id: directory_tag(paths.job_dir) for paths, _ in readable})
-    for paths, job in readable:
-        state = settled_state(run_state(newest.get(paths.job_id)), locked=is_locked(paths))
+    for (paths, job), state in zip(readable, current_states([paths for paths, _ in readable]), strict=True):
         changed_at = changed_time(paths)
         too_recent = older_than is not None and now - datetime.fromisoformat(changed_at) < older_than  # both UTC
         if state in (RUNNING, UNKNOWN):
@@ -151,12 +141,11 @@ def select_jobs(
         elif state not in states or too_recent:
             selection.not_matching += 1
         else:
-            runs, artifacts = server_records(client, paths)
+            runs, run_ids, artifacts = server_records(client, paths)
             if why := live_run(runs, states):
                 selection.protected.append((paths.job_id, why))
                 continue
-            run_ids, left_running = [each["id"] for each in runs], unfollowed_extraction(paths, job)
-            size = size_on_disk(paths.job_dir)
+            size, left_running = size_on_disk(paths.job_dir), unfollowed_extraction(paths, job)
             selection.chosen.append(Candidate(paths, state, changed_at, size, run_ids, artifacts, left_running))
     return selection
 
@@ -230,11 +219,11 @@ def housekeeping_api_url() -> str | None:
     return prefect_api_url()
 
 
-def server_records(client: httpx.Client | None, paths: JobPaths) -> tuple[list[dict], list[str]]:
+def server_records(client: httpx.Client | None, paths: JobPaths) -> tuple[list[dict], list[str], list[str]]:
     """The job directory's flow runs on the server (tags ``job-<id>`` and this directory's ``dir-…``; a run from
-    before directories were tagged counts for every directory of its job) and the ids of their artifacts."""
+    before directories were tagged counts for every directory of its job), their ids and their artifacts' ids."""
     if client is None:
-        return [], []
+        return [], [], []
     own = directory_tag(paths.job_dir)
     runs = [
         run
@@ -243,7 +232,7 @@ def server_records(client: httpx.Client | None, paths: JobPaths) -> tuple[list[d
     ]
     run_ids = [run["id"] for run in runs]
     body = {"artifacts": {"flow_run_id": {"any_": run_ids}}}
-    return runs, [artifact["id"] for artifact in filtered(client, "/artifacts/filter", body)] if runs else []
+    return runs, run_ids, [artifact["id"] for artifact in filtered(client, "/artifacts/filter", body)] if runs else []
 
 
 def live_run(runs: list[dict], states: tuple[str, ...]) -> str | None:
@@ -374,10 +363,9 @@ def remove_job(job: Candidate, jobs_dir: Path, client: httpx.Client | None) -> s
             if changed_time(job.paths) != job.changed_at:
                 return "it changed since it was listed; run prune again"
             if client is not None:
-                runs, job.artifact_ids = server_records(client, job.paths)  # as they are now
+                runs, job.flow_run_ids, job.artifact_ids = server_records(client, job.paths)  # as they are now
                 if why := live_run(runs, (job.state,)):
                     return why
-                job.flow_run_ids = [run["id"] for run in runs]
                 records = [f"/artifacts/{a}" for a in job.artifact_ids] + [f"/flow_runs/{r}" for r in job.flow_run_ids]
                 for path in records:  # artifacts first; a flow run's task runs and logs go with it
                     api_call(client, "DELETE", path)

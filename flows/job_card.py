@@ -23,10 +23,8 @@ from tasks.job.contract import StepResult
 from tasks.job.layout import artifact_key, step_artifact_key
 from tasks.job.record import RUNNING, counts_text, read_record
 
-STEP_KEY = re.compile(
-    rf"(?P<number>\d+)-(?:{'|'.join(step.replace('_', '-') for step in STEP_NAMES)})(?:-(?P<label>.*))?"
-)
-"""What follows ``job-<id>-`` in a step's artifact key (``tasks.job.layout.step_artifact_key``)."""
+STEP_NAMES_IN_KEYS = "|".join(step.replace("_", "-") for step in STEP_NAMES)
+STEP_KEY = re.compile(rf"(?P<number>\d+)-(?:{STEP_NAMES_IN_KEYS})(?:-(?P<label>.*))?")  # a step's key after job-<id>-
 
 
 def job_summary(job: Job, results: list[StepResult]) -> dict[str, Any]:
@@ -91,14 +89,10 @@ class JobRecordCard:
 
 
 def this_runs_artifact_id(key: str) -> Any:
+    this_run = filters.ArtifactFilterFlowRunId(any_=[runtime.flow_run.id])
+    by_key = filters.ArtifactFilter(key=filters.ArtifactFilterKey(any_=[key]), flow_run_id=this_run)
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(
-            artifact_filter=filters.ArtifactFilter(
-                key=filters.ArtifactFilterKey(any_=[key]),
-                flow_run_id=filters.ArtifactFilterFlowRunId(any_=[runtime.flow_run.id]),
-            ),
-            limit=1,
-        )
+        found = client.read_artifacts(artifact_filter=by_key, limit=1)
     return found[0].id if found else None
 
 
@@ -212,10 +206,9 @@ def artifact_links(job_id: str, base: str) -> dict[int | None, list[str]]:
     """Links to the latest version of each of the job's artifacts (``/artifacts/key/<key>`` would list every
     version), by step position (None: of no single step, e.g. the inspection note)."""
     prefix = artifact_key(job_id) + "-"
+    by_key = filters.ArtifactCollectionFilter(key=filters.ArtifactCollectionFilterKey(like_=prefix))
     with get_client(sync_client=True) as client:
-        found = client.read_latest_artifacts(
-            artifact_filter=filters.ArtifactCollectionFilter(key=filters.ArtifactCollectionFilterKey(like_=prefix))
-        )
+        found = client.read_latest_artifacts(artifact_filter=by_key)
     links: dict[int | None, list[str]] = {}
     for artifact in sorted((a for a in found if a.key and a.key.startswith(prefix)), key=lambda a: a.key or ""):
         position, label = artifact_label(artifact.key.removeprefix(prefix))

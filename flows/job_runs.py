@@ -40,7 +40,6 @@ class JobRun:
 
 
 def new_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any], said: str = "") -> JobRun:
-    """A new run of the command line's deployment, named after the job, tagged with it and its folder."""
     with get_client(sync_client=True) as client:
         deployment_id = client.create_deployment(  # an upsert: the same deployment every time
             flow_id=client.create_flow(pipeline),

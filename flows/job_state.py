@@ -114,7 +114,6 @@ def is_locked(paths: JobPaths) -> bool:
 
 
 def current_states(jobs: list[JobPaths]) -> list[str]:
-    """Each job's state by the one rule (``settled_state``), found by its directory's name."""
     runs = latest_runs({paths.job_id: directory_tag(paths.job_dir) for paths in jobs})
     return [settled_state(run_state(runs.get(paths.job_id)), locked=is_locked(paths)) for paths in jobs]
 

@@ -322,7 +322,6 @@ def effective_crtdl(source: Path, settings: Settings) -> EffectiveCrtdl:
 
 
 def read_crtdl(source: Path) -> tuple[dict, bytes]:
-    """The CRTDL at ``source``, parsed, and its bytes."""
     if not source.is_file():
         problem = "is a directory" if source.is_dir() else "is no regular file" if source.exists() else "not found"
         raise JobError(f"CRTDL {source} {problem}; give the CRTDL JSON file as the job input")

@@ -89,7 +89,6 @@ def print_step_status(position: int, step: str, result: StepRecord | None, at_wo
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """The jobs, newest first; a job whose record cannot be read is listed as unreadable, with why."""
     jobs_dir = listed_jobs_dir(args.jobs_dir)
     if not (jobs := list_jobs(jobs_dir)):
         print(f"no jobs in {jobs_dir.resolve()}")

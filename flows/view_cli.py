@@ -57,12 +57,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     run = view_commands.add_parser("run", help="run a ViewDefinition over NDJSON resources and print the rows")
     run.add_argument("view", metavar="VIEW.json", help="the ViewDefinition (JSON)")
     run.add_argument("resources", metavar="RESOURCES.ndjson", help="resources, plain or zstd NDJSON")
-    run.add_argument(
-        "--format",
-        choices=("ndjson", "csv", "parquet"),
-        default="ndjson",
-        help="output format (default ndjson; parquet goes to a file or pipe: > rows.parquet)",
-    )
+    formats = "output format (default ndjson; parquet goes to a file or pipe: > rows.parquet)"
+    run.add_argument("--format", choices=("ndjson", "csv", "parquet"), default="ndjson", help=formats)
     run.set_defaults(command=cmd_view_run)
 
 
@@ -110,7 +106,6 @@ def write_csv(view, resources: Path, out: IO[str]) -> None:
 
 
 def print_parquet(view, definition: dict[str, Any], resources: Path) -> None:
-    """The flattening step's Parquet: its CSV written to a temporary folder, converted, then copied."""
     from tasks.sof.parquet import write_parquet  # pyarrow costs every other command 0.1-0.3 s and 33 MB
 
     with tempfile.TemporaryDirectory(prefix="dupflow-view-") as folder:
