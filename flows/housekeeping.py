@@ -205,8 +205,7 @@ def size_on_disk(directory: Path) -> int:
 
 
 def housekeeping_api_url() -> str | None:
-    """The jobs' server (as ``use_server`` points at it); None without ``PREFECT_API_URL``, a local server or the
-    local database one would serve."""
+    """The jobs' server as ``use_server`` points at it; None where there is none, nor a local database to serve."""
     if prefect_api_url() is None:
         home = prefect_server.prefect_home()
         if not (

@@ -47,9 +47,8 @@ def publish_step_table(job: Job, result: StepResult) -> None:
 
 
 class JobRecordCard:
-    """The job-record artifact (key ``job-<id>``: one card per job on the Artifacts page), one version per flow run
-    updated in place at every step boundary and state change, so the key's page keeps one version per run as the
-    job's history (a deployment run resumed from the top finds its card again)."""
+    """The job-record artifact (key ``job-<id>``): one version per flow run, updated in place at every step boundary
+    and state change, so the key's page keeps one version per run as the job's history."""
 
     def __init__(self, job: Job):
         self._job = job
@@ -99,8 +98,7 @@ def this_runs_artifact_id(key: str) -> Any:
 def job_record_markdown(
     job: Job, results: list[StepResult], failed: BaseException | None, job_state: tuple[str, str]
 ) -> str:
-    """The job record: its state, a table of the steps (a cached step's time is the run's that made it) with links
-    to their artifacts, the step time so far, the inspections, the recorded facts, and a link to this flow run."""
+    """The job record: its state and flow run, its steps with links to their artifacts, the inspections and facts."""
     base = (get_current_settings().ui_url or "").rstrip("/")  # empty: links relative to the UI's own origin
     links = artifact_links(job.job_id, base)
     record = read_record(job.paths.job_dir)  # the facts as the steps recorded them so far
@@ -164,8 +162,7 @@ _MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()|~:])")  # within a line (a list
 
 
 def markdown_text(text: str) -> str:
-    """Text shown as itself in markdown: ``& < >`` as entities, markdown's punctuation (and ``:``, so no
-    ``javascript:`` link) escaped."""
+    """Text shown as itself: ``& < >`` as entities, markdown's punctuation (and ``:``: no ``javascript:``) escaped."""
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
 

@@ -1,10 +1,6 @@
-"""The job's one flow run, made and carried on by the command line.
-
-A command-line job is a run of the deployment ``dupflow/command-line`` (no work pool) that this process executes, as
-``prefect flow-run execute`` does: at a wait step it is suspended like a worker's run, and its process ends.
-``continue`` goes on in that same run (resumed with the form's answers, or set back to Pending as ``prefect flow-run
-retry`` does), so its state history shows each attempt. Only a job whose run this server does not know gets a new
-run, which says so."""
+"""The job's one flow run: a run of the deployment ``dupflow/command-line`` (no work pool) that this process executes,
+as ``prefect flow-run execute`` does, suspended at a wait step like a worker's run. ``continue`` goes on in that same
+run (resumed, or set back to Pending as ``prefect flow-run retry`` does), so its state history shows each attempt."""
 
 from __future__ import annotations
 

@@ -44,9 +44,8 @@ class JobLockedError(JobError):
 
 class JobLock:
     """An exclusive lock on a job directory for one process's lifetime; the kernel drops it when the process dies.
-
-    The lock file holds its holder's process id while held, so a process tells it holds the lock already
-    (``continue`` takes it, then its flow does as every run does): a second taking owns nothing."""
+    The lock file holds its holder's process id, so a second taking in the same process (``continue``, then its
+    flow) owns nothing."""
 
     def __init__(self, paths: JobPaths):
         self._path = paths.job_dir / LOCK_FILE
@@ -265,8 +264,7 @@ def filtered_rows(path: str, body: dict[str, Any], timeout: float) -> list[dict[
 
 
 def step_at_work(job_id: str, run_id: str, position: int, step: str, timeout: float = 2.0) -> str | None:
-    """What a running step has done so far, as its progress artifact says, with its percent; None where this run has
-    published none."""
+    """A running step's progress as its artifact says, with its percent; None where this run published none."""
     key = step_artifact_key(job_id, position, step, "progress")
     artifact = api_answer("GET", f"/artifacts/{key}/latest", PROGRESS_READ, timeout)
     if not isinstance(artifact, dict) or str(artifact.get("flow_run_id")) != run_id:

@@ -1,8 +1,5 @@
-"""Jobs: one preparation for every entry point (``prepare_job``), and the job directory with its CRTDL.
-
-A job is a directory ``<jobs_dir>/<job id>/`` with its ``job.json``: every configured path frozen absolute, no secret
-in any parameter, the CRTDL (copied or enriched) beside it. A job is created only whole: a failed write removes its
-directory. Import-light: ``status`` and ``list`` use it."""
+"""Jobs: one preparation for every entry point (``prepare_job``): a directory ``<jobs_dir>/<job id>/`` with its
+``job.json`` (paths frozen absolute, no secret) and its CRTDL, created only whole. Import-light: ``status`` uses it."""
 
 from __future__ import annotations
 
@@ -267,9 +264,8 @@ def refuse_missing_input(steps: list[str], job_input: str | None, settings: Sett
 
 
 def step_file_problems(settings: Settings) -> list[str]:
-    """Problems of files the enabled steps will read (the flattening lookup file, an anonymization config or CA
-    bundle), found before any work starts: a typo found only by the pseudonymizer step comes after hours of
-    extraction."""
+    """Problems of files the enabled steps will read, found before any work starts: a typo found only by the
+    pseudonymizer step comes after hours of extraction."""
     anonymization = settings.services.pseudonymizer.anonymization_config
     problems = [
         f"{key}: {problem}"
@@ -298,8 +294,7 @@ class EffectiveCrtdl:
 
 
 def effective_crtdl(source: Path, settings: Settings) -> EffectiveCrtdl:
-    """Spec procedure step 1: the CRTDL as given, or enriched when preprocessing has rules; any problem is a
-    ``JobError`` naming the file."""
+    """Spec procedure step 1: the CRTDL as given, or enriched when preprocessing has rules."""
     from tasks.job.crtdl_enrichment import EnrichmentError, enrich_crtdl
     from tasks.sof.crtdl_views import with_group_ids
 
