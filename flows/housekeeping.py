@@ -1,11 +1,8 @@
 """``prune``: lists old or finished jobs; with ``--yes`` removes each under its lock: first its flow runs (tags
 ``job-<id>``, ``dir-<digest>``) and their artifacts, then its directory, so an interrupted prune can be run again.
-
 Kept: a job a process holds or that changed since it was listed, one whose flow run is running (or paused, its state
-not named), one this server has no run of (nobody can tell its state). A job that ended before its extraction did is
-noted with the command that cancels it: nothing names it once the directory is gone. Only directories named by a job
-id are jobs; symbolic links are never followed. The server's REST API is called directly (no Prefect import), through
-the one retry policy (a busy SQLite server answers 503 for a moment)."""
+not named), one this server has no run of (nobody can tell its state). The Prefect server's REST API is called
+directly (no Prefect import)."""
 
 from __future__ import annotations
 
