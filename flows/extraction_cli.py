@@ -1,15 +1,7 @@
-"""Extraction server control from the command line: ``extraction list|show|pause|resume|cancel|priority|delete``
-and ``cohort preview`` (``register`` declares their arguments).
-
-Every command talks to ``services.extractor`` (base URL, auth, TLS and retry from CONFIG) through
-``tasks.clients.extraction_jobs.ExtractionTaskClient`` and takes ``--json`` for scripts. ID-or-JOB is an
-extraction job id, or a dupflow job id (a directory under ``--jobs-dir``) whose recorded extraction job id is
-used. Exit codes as the rest of the command line: 0 done, 1 the server refused or failed, 2 usage or
-configuration error. No Prefect here: these commands answer in well under a second.
-
-What the server sends (ids, statuses, dates, batches, URLs, patient ids) is shown by ``shown``: as itself, or
-escaped where a control, bidi or other invisible character would change the terminal. ``--json`` keeps it as sent.
-"""
+"""``extraction list|show|pause|resume|cancel|priority|delete`` and ``cohort preview``: the extraction server
+(``services.extractor`` of CONFIG) from the command line. Exit codes: 0 done, 1 the server refused or failed, 2 usage
+or configuration. No Prefect here: these commands answer in well under a second. What the server sends is shown by
+``shown`` (escaped where an invisible character would change the terminal); ``--json`` keeps it as sent."""
 
 from __future__ import annotations
 
@@ -105,9 +97,8 @@ def command(handler: Callable[[argparse.Namespace, ExtractionTaskClient], int]) 
 
 
 def service_failure_text(exc: ServiceError, server: str | None) -> str:
-    """The failure in the client's words; when no answer came at all (a network error, a missed deadline; not an
-    answer refused or too large), which server was asked and how to point at another (the URL without credentials),
-    unless the client's error says so already (a connection not made: ``tasks.clients.errors.nothing_answers``)."""
+    """The failure in the client's words; when no answer came at all, also which server was asked and how to point
+    at another, unless the client's error says so already (a connection not made)."""
     if not exc.no_answer or server is None or BASE_URL_SETTING in str(exc):
         return str(exc)
     return (
@@ -264,8 +255,7 @@ def batches_text(job: ExtractionJob) -> str:
 
 
 def shown(value: object, limit: int | None = SHOWN_NAME_CHARS) -> str:
-    """A value from the server as a terminal line may show it: ``-`` for none, else ``show_text`` (as itself, or
-    quoted and escaped, cut after ``limit`` characters)."""
+    """A value from the server as a terminal line may show it: ``-`` for none, else ``show_text``."""
     return "-" if value is None else show_text(value, limit)
 
 

@@ -1,18 +1,8 @@
-"""Housekeeping: ``prune`` lists old or finished jobs, then removes them with their flow runs and artifacts.
-
-Without ``--yes`` it only lists what it would remove (job, state, last change, size, flow runs and artifacts). With
-``--yes`` each job is removed under its lock (one a process took, or that changed since it was listed, is skipped):
-first its flow runs (tags ``job-<id>`` and the directory's ``dir-<digest>``) and their artifacts, then its
-directory, so an interrupted prune can be run again. A job whose flow run is running, or paused without its state
-named, stays; so does one of which this server has no flow run (another home's, a copy, a lost database), whose
-state nobody can tell. A job that ended before its extraction did is noted with the command that cancels that
-extraction (nothing names it once the directory is gone).
-
-Which jobs: the finished ones, or the states ``--state`` names (Suspended only by name, a running job never);
-``--older-than`` keeps jobs changed more recently (their record, log or results on disk). Only directories named by
-a job id are jobs; symbolic links are never followed. The server: ``PREFECT_API_URL``, else the local server when
-its database exists, else none (nothing is removed then). Its REST API is called directly (no Prefect import),
-through the one retry policy (a SQLite server busy with a burst of runs answers 503 for a moment)."""
+"""``prune``: lists old or finished jobs; with ``--yes`` removes each under its lock: first its flow runs (tags
+``job-<id>``, ``dir-<digest>``) and their artifacts, then its directory, so an interrupted prune can be run again.
+Kept: a job a process holds or that changed since it was listed, one whose flow run is running (or paused, its state
+not named), one this server has no run of (nobody can tell its state). The Prefect server's REST API is called
+directly (no Prefect import)."""
 
 from __future__ import annotations
 
@@ -21,7 +11,6 @@ import os
 import shlex
 import shutil
 import sys
-from collections.abc import Iterator
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -33,8 +22,7 @@ from config.durations import parse_duration
 from config.runtime import listed_jobs_dir, prefect_api_headers, prefect_api_url, CLI
 from flows import prefect_server
 from flows.extraction_cli import age
-from flows.job_state import MAX_PAGE_BYTES, PAGE, PREFECT_API, JobLock, JobLockedError, is_locked, latest_runs
-from flows.job_state import run_state, settled_state
+from flows.job_state import MAX_PAGE_BYTES, PAGE, PREFECT_API, JobLock, JobLockedError, current_states
 from config.settings import RetrySettings
 from tasks.clients.auth import AS_SENT
 from tasks.clients.bounds import read_response
@@ -56,8 +44,7 @@ KEPT_BECAUSE = {
     "that ran it, or remove its directory yourself",
 }
 API_TIMEOUT = 30.0
-PRUNING_PREFIX = ".pruning-"
-"""A job directory being removed is first renamed to this and its id: half removed, it is no job to list."""
+PRUNING_PREFIX = ".pruning-"  # a job directory being removed is renamed to this and its id: no job to list
 API_HINT = "check that PREFECT_API_URL points at a Prefect server"
 LIVE_RUN_STATES = ("RUNNING", "PENDING", "CANCELLING")  # a process carries the run on: its records stay
 
@@ -67,14 +54,9 @@ def register(commands: argparse._SubParsersAction) -> None:
         "prune", help="list old or finished jobs (and their flow runs and artifacts); remove them with --yes"
     )
     prune.add_argument("--older-than", metavar="DURATION", help="only jobs changed longer ago on disk (P30D, 30d, 12h)")
-    prune.add_argument(
-        "--state",
-        action="append",
-        type=state_name,
-        metavar="STATE",
-        help=f"only jobs in this state, repeatable ({', '.join(FINAL_STATES + NAMED_ONLY_STATES)}; "
-        f"default: {', '.join(FINAL_STATES)})",
-    )
+    states = f"({', '.join(FINAL_STATES + NAMED_ONLY_STATES)}; default: {', '.join(FINAL_STATES)})"
+    help_text = f"only jobs in this state, repeatable {states}"
+    prune.add_argument("--state", action="append", type=state_name, metavar="STATE", help=help_text)
     prune.add_argument("--jobs-dir", help="jobs directory (default: jobs_dir of APP_JOBS_DIR, else ./jobs)")
     prune.add_argument("--yes", action="store_true", help="remove them (without it: only list what would go)")
     prune.set_defaults(command=cmd_prune)
@@ -92,8 +74,6 @@ def state_name(text: str) -> str:
 
 @dataclass
 class Candidate:
-    """A job that matches the criteria, with what the server holds of it."""
-
     paths: JobPaths
     state: str
     changed_at: str
@@ -148,52 +128,51 @@ def select_jobs(
 ) -> Selection:
     selection, now = Selection(), datetime.now(UTC)
     readable = readable_jobs(jobs_dir, selection)
-    newest = latest_runs({paths.job_id: directory_tag(paths.job_dir) for paths, _ in readable})
-    for paths, job in readable:
-        state = settled_state(run_state(newest.get(paths.job_id)), locked=is_locked(paths))
+    for (paths, job), state in zip(readable, current_states([paths for paths, _ in readable]), strict=True):
         changed_at = changed_time(paths)
+        too_recent = older_than is not None and now - datetime.fromisoformat(changed_at) < older_than  # both UTC
         if state in (RUNNING, UNKNOWN):
             selection.protected.append((paths.job_id, KEPT_BECAUSE[state]))
         elif state in NAMED_ONLY_STATES and state not in states:
             selection.protected.append((paths.job_id, f"{state} (remove it with --state {state})"))
-        elif state not in states or not old_enough(changed_at, older_than, now):
+        elif state not in states or too_recent:
             selection.not_matching += 1
         else:
-            runs, artifacts = server_records(client, paths)
+            runs, run_ids, artifacts = server_records(client, paths)
             if why := live_run(runs, states):
                 selection.protected.append((paths.job_id, why))
                 continue
-            run_ids, left_running = [each["id"] for each in runs], unfollowed_extraction(paths, job)
-            size = size_on_disk(paths.job_dir)
+            size, left_running = size_on_disk(paths.job_dir), unfollowed_extraction(paths, job)
             selection.chosen.append(Candidate(paths, state, changed_at, size, run_ids, artifacts, left_running))
     return selection
 
 
 def readable_jobs(jobs_dir: Path, selection: Selection) -> list[tuple[JobPaths, JobRecord]]:
-    """The jobs of ``jobs_dir`` with their records; each entry that must not be touched is kept, with why."""
+    """The jobs of ``jobs_dir`` in name order with their records; each one that must not be touched is kept, with
+    why. Entries not named by a job id are no jobs."""
     readable = []
-    for entry, problem in job_entries(jobs_dir):
-        if problem is None:
+    for entry in sorted(jobs_dir.iterdir()) if jobs_dir.is_dir() else []:
+        if not is_job_id(entry.name):
+            continue
+        if entry.is_symlink():
+            selection.protected.append((entry.name, "a symbolic link (never followed)"))
+        elif JobPaths(entry).job_file.is_file():
             try:
                 readable.append((JobPaths(entry), read_record(entry)))
-                continue
             except RecordError as exc:
-                problem = f"its job.json cannot be read (look at it yourself): {exc}"
-        selection.protected.append((entry.name, problem))
+                selection.protected.append((entry.name, f"its job.json cannot be read (look at it yourself): {exc}"))
     return readable
 
 
 def changed_time(paths: JobPaths) -> str:
-    """When the job last changed on disk: its record, its log (every command-line run writes there) or its results
-    (each finished task adds one), whichever is newest."""
+    """When the job last changed on disk: the newest of its record, its log (every run writes there) and results."""
     times = [path.stat().st_mtime for path in (paths.job_file, paths.log_file, paths.results) if path.exists()]
     return datetime.fromtimestamp(max(times, default=0), UTC).isoformat(timespec="seconds")
 
 
 def unfollowed_extraction(paths: JobPaths, job: JobRecord) -> str | None:
-    """The extraction a job ended without following to its end (its extractor step left no result record), with how
-    to cancel it: it may still run on the extraction server, and once the job's directory is gone nothing names it
-    any more."""
+    """How to cancel the extraction a job ended without following (its extractor step left no result record): it
+    may still run, and once the job's directory is gone nothing names it."""
     if "extractor" not in job.enabled_steps or paths.finished(job.enabled_steps, "extractor"):
         return None
     config = shlex.quote(show_text(job.config_path, None)) if job.config_path else "CONFIG"
@@ -212,24 +191,6 @@ def unfollowed_extraction(paths: JobPaths, job: JobRecord) -> str | None:
     return None
 
 
-def job_entries(jobs_dir: Path) -> Iterator[tuple[Path, str | None]]:
-    """The jobs directory's job directories in name order, each with why it must not be touched (or None).
-    Entries not named by a job id are no jobs and are left out."""
-    if not jobs_dir.is_dir():
-        return
-    for entry in sorted(jobs_dir.iterdir()):
-        if not is_job_id(entry.name):
-            continue
-        if entry.is_symlink():
-            yield entry, "a symbolic link (never followed)"
-        elif JobPaths(entry).job_file.is_file():
-            yield entry, None
-
-
-def old_enough(changed_at: str, older_than: timedelta | None, now: datetime) -> bool:
-    return older_than is None or now - datetime.fromisoformat(changed_at) >= older_than  # changed_time's, in UTC
-
-
 def size_on_disk(directory: Path) -> int:
     """Bytes of the files under ``directory``; symbolic links are not followed."""
     total = 0
@@ -241,8 +202,7 @@ def size_on_disk(directory: Path) -> int:
 
 
 def housekeeping_api_url() -> str | None:
-    """The jobs' server (as ``use_server`` points at it), or None when there is none to clean: no
-    ``PREFECT_API_URL``, no local server running and no local database that one would serve."""
+    """The jobs' server as ``use_server`` points at it; None where there is none, nor a local database to serve."""
     if prefect_api_url() is None:
         home = prefect_server.prefect_home()
         if not (
@@ -255,11 +215,11 @@ def housekeeping_api_url() -> str | None:
     return prefect_api_url()
 
 
-def server_records(client: httpx.Client | None, paths: JobPaths) -> tuple[list[dict], list[str]]:
+def server_records(client: httpx.Client | None, paths: JobPaths) -> tuple[list[dict], list[str], list[str]]:
     """The job directory's flow runs on the server (tags ``job-<id>`` and this directory's ``dir-…``; a run from
-    before directories were tagged counts for every directory of its job) and the ids of their artifacts."""
+    before directories were tagged counts for every directory of its job), their ids and their artifacts' ids."""
     if client is None:
-        return [], []
+        return [], [], []
     own = directory_tag(paths.job_dir)
     runs = [
         run
@@ -268,12 +228,11 @@ def server_records(client: httpx.Client | None, paths: JobPaths) -> tuple[list[d
     ]
     run_ids = [run["id"] for run in runs]
     body = {"artifacts": {"flow_run_id": {"any_": run_ids}}}
-    return runs, [artifact["id"] for artifact in filtered(client, "/artifacts/filter", body)] if runs else []
+    return runs, run_ids, [artifact["id"] for artifact in filtered(client, "/artifacts/filter", body)] if runs else []
 
 
 def live_run(runs: list[dict], states: tuple[str, ...]) -> str | None:
-    """Why the job's server records must stay: a flow run that is running, or paused (awaiting inspection,
-    suspended) unless that state was named; else None."""
+    """Why the job's server records stay: a flow run running, or paused in a state not named; else None."""
     for run in runs:
         state = run.get("state") or {}
         if state.get("type") in LIVE_RUN_STATES or (state.get("type") == "PAUSED" and state.get("name") not in states):
@@ -293,9 +252,8 @@ def filtered(client: httpx.Client, path: str, body: dict) -> list[dict]:
 def api_call(
     client: httpx.Client, method: str, path: str, body: dict | None = None, max_answer_bytes: int = MAX_PAGE_BYTES
 ) -> httpx.Response:
-    """One request to the Prefect API through the one retry policy (a busy SQLite server answers 503), its answer
-    read at most ``max_answer_bytes`` far (a page of rows is far less); a DELETE of something already gone (404) is
-    no error."""
+    """One request through the one retry policy (a busy SQLite server answers 503), its answer read at most
+    ``max_answer_bytes`` far; a DELETE of something already gone (404) is no error."""
     where: Call = {"operation": f"{method} {path}", "service": PREFECT_API}
 
     def attempt() -> httpx.Response:
@@ -305,12 +263,6 @@ def api_call(
             return read_response(response, max_answer_bytes, hint=API_HINT, **where)
 
     return call_with_retry(attempt, RetrySettings(), **where)
-
-
-def delete_server_records(client: httpx.Client, job: Candidate) -> None:
-    """The job's artifacts, then its flow runs (their task runs and logs go with them); gone already is fine."""
-    for path in [f"/artifacts/{a}" for a in job.artifact_ids] + [f"/flow_runs/{r}" for r in job.flow_run_ids]:
-        api_call(client, "DELETE", path)
 
 
 def print_selection(selection: Selection, jobs_dir: Path, api_url: str | None) -> None:
@@ -351,8 +303,8 @@ def begun_removals(jobs_dir: Path) -> list[Path]:
 
 
 def finish_removals(jobs_dir: Path) -> int:
-    """Finish what earlier prunes began; how many could not be finished (each said, none stopping the others: a
-    file this user may not remove kept every later prune from removing anything)."""
+    """Finish what earlier prunes began; how many could not be (each said; none stops the others, or a file this
+    user may not remove would keep every later prune from removing anything)."""
     unfinished = 0
     for path in begun_removals(jobs_dir):
         try:
@@ -374,7 +326,7 @@ def removal_error(exc: OSError) -> str:
 
 
 def remove_jobs(chosen: list[Candidate], jobs_dir: Path, client: httpx.Client | None) -> int:
-    """Remove each chosen job; exit code 1 when a directory could not be removed (skipped jobs are no failure)."""
+    """Exit code 1 when a directory could not be removed (skipped jobs are no failure)."""
     removed, failed = 0, 0
     for job in chosen:
         try:
@@ -407,11 +359,12 @@ def remove_job(job: Candidate, jobs_dir: Path, client: httpx.Client | None) -> s
             if changed_time(job.paths) != job.changed_at:
                 return "it changed since it was listed; run prune again"
             if client is not None:
-                runs, job.artifact_ids = server_records(client, job.paths)  # as they are now
+                runs, job.flow_run_ids, job.artifact_ids = server_records(client, job.paths)  # as they are now
                 if why := live_run(runs, (job.state,)):
                     return why
-                job.flow_run_ids = [run["id"] for run in runs]
-                delete_server_records(client, job)
+                records = [f"/artifacts/{a}" for a in job.artifact_ids] + [f"/flow_runs/{r}" for r in job.flow_run_ids]
+                for path in records:  # artifacts first; a flow run's task runs and logs go with it
+                    api_call(client, "DELETE", path)
             trash = jobs_dir / f"{PRUNING_PREFIX}{job.job_id}"
             os.replace(job.paths.job_dir, trash)  # in one step: a kill in rmtree leaves no job that looks whole
             shutil.rmtree(trash)

@@ -1,7 +1,5 @@
-"""The job in the Prefect UI: the job-record artifact (one card per flow run, updated in place at every step
-boundary and state change), each finished step's file table, and the flow's result summary. Only a picture of
-the job, drawn by the flow: the job's state is its flow run's.
-"""
+"""The job in the Prefect UI: the job-record card, each finished step's file table, the flow's result summary. Only a
+picture of the job: the job's state is its flow run's."""
 
 from __future__ import annotations
 
@@ -25,10 +23,8 @@ from tasks.job.contract import StepResult
 from tasks.job.layout import artifact_key, step_artifact_key
 from tasks.job.record import RUNNING, counts_text, read_record
 
-STEP_KEY = re.compile(
-    rf"(?P<number>\d+)-(?:{'|'.join(step.replace('_', '-') for step in STEP_NAMES)})(?:-(?P<label>.*))?"
-)
-"""What follows ``job-<id>-`` in a step's artifact key (``tasks.job.layout.step_artifact_key``)."""
+STEP_NAMES_IN_KEYS = "|".join(step.replace("_", "-") for step in STEP_NAMES)
+STEP_KEY = re.compile(rf"(?P<number>\d+)-(?:{STEP_NAMES_IN_KEYS})(?:-(?P<label>.*))?")  # a step's key after job-<id>-
 
 
 def job_summary(job: Job, results: list[StepResult]) -> dict[str, Any]:
@@ -51,11 +47,8 @@ def publish_step_table(job: Job, result: StepResult) -> None:
 
 
 class JobRecordCard:
-    """The job-record artifact (key ``job-<id>``, one key per job, so the UI's Artifacts page shows one card per job):
-    one version per flow run, made as its first step starts (the step at work links to its live progress) and
-    updated in place at every step boundary and when the job's state changes, so the run's Artifacts tab shows one
-    "Job record" card (a deployment run resumed from the top finds its card again) and the key's page keeps one
-    version per run as the job's history."""
+    """The job-record artifact (key ``job-<id>``): one version per flow run, updated in place at every step boundary
+    and state change, so the key's page keeps one version per run as the job's history."""
 
     def __init__(self, job: Job):
         self._job = job
@@ -65,7 +58,7 @@ class JobRecordCard:
         self._state, self._message = RUNNING, ""
 
     def set_state(self, state: str, message: str = "") -> None:
-        """The job's state (and its message, redacted already) as the run enters it, published now."""
+        """The job's state (and its message, redacted already), published now."""
         self._state, self._message = state, message
         self.refresh()
 
@@ -74,14 +67,13 @@ class JobRecordCard:
         self._results = list(results)
 
     def note_failure(self, results: list[StepResult], exc: BaseException) -> None:
-        """The failed step's cause, shown at the next ``refresh`` (when the job's ended state is recorded)."""
+        """The failed step's cause, shown at the next ``refresh``."""
         self.note(results)
         self._failed = exc
 
     def refresh(self) -> None:
-        """Publish the record as it stands: the job's state and the steps noted so far. The card is a picture of the
-        job: one that cannot be published (the API may be what failed) is logged, never put in place of the job's own
-        outcome (a finished job stays Completed)."""
+        """Publish the record as it stands; one that cannot be (the API may be what failed) is logged, never put in
+        place of the job's own outcome (a finished job stays Completed)."""
         try:
             markdown = job_record_markdown(self._job, self._results, self._failed, (self._state, self._message))
             key = artifact_key(self._job.job_id)
@@ -96,23 +88,17 @@ class JobRecordCard:
 
 
 def this_runs_artifact_id(key: str) -> Any:
+    this_run = filters.ArtifactFilterFlowRunId(any_=[runtime.flow_run.id])
+    by_key = filters.ArtifactFilter(key=filters.ArtifactFilterKey(any_=[key]), flow_run_id=this_run)
     with get_client(sync_client=True) as client:
-        found = client.read_artifacts(
-            artifact_filter=filters.ArtifactFilter(
-                key=filters.ArtifactFilterKey(any_=[key]),
-                flow_run_id=filters.ArtifactFilterFlowRunId(any_=[runtime.flow_run.id]),
-            ),
-            limit=1,
-        )
+        found = client.read_artifacts(artifact_filter=by_key, limit=1)
     return found[0].id if found else None
 
 
 def job_record_markdown(
     job: Job, results: list[StepResult], failed: BaseException | None, job_state: tuple[str, str]
 ) -> str:
-    """The job record: the job's state on top; per step its state, folder, files, contents, size, wall time
-    (that of the run that made it, for a step served from the cache) and links to its artifacts; the step time so
-    far, the inspections with their notes, the recorded facts as text, and a link to this flow run."""
+    """The job record: its state and flow run, its steps with links to their artifacts, the inspections and facts."""
     base = (get_current_settings().ui_url or "").rstrip("/")  # empty: links relative to the UI's own origin
     links = artifact_links(job.job_id, base)
     record = read_record(job.paths.job_dir)  # the facts as the steps recorded them so far
@@ -176,8 +162,7 @@ _MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()|~:])")  # within a line (a list
 
 
 def markdown_text(text: str) -> str:
-    """Text shown as itself in markdown: HTML's ``& < >`` as entities, markdown's punctuation (and ``:``, so no
-    ``javascript:`` or other link forms) escaped with a backslash."""
+    """Text shown as itself: ``& < >`` as entities, markdown's punctuation (and ``:``: no ``javascript:``) escaped."""
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
 
@@ -202,29 +187,25 @@ def one_line(exc: BaseException) -> str:
 
 
 def one_line_text(message: str) -> str:
-    """A message on one line, whole as the terminal shows it up to ``CAUSE_CHARS`` (cut at a word with "…" past
-    that), shown as itself (``markdown_text``: no pipe ends a table cell, no link or image is made of a service's
-    words), secrets redacted."""
+    """A message on one line, cut at ``CAUSE_CHARS``, as itself (no pipe ends a table cell, no link is made of a
+    service's words), secrets redacted."""
     return markdown_text(truncate(" ".join(redact(message).split()), CAUSE_CHARS))
 
 
 def code_span(text: str) -> str:
-    """``text`` as a markdown code span whose fence is longer than any run of backticks in it (CommonMark), so
-    the text cannot end the span and go on as markdown."""
+    """A code span whose fence is longer than any run of backticks in ``text`` (CommonMark): the text cannot end it."""
     fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
     padding = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{padding}{text}{padding}{fence}"
 
 
 def artifact_links(job_id: str, base: str) -> dict[int | None, list[str]]:
-    """Markdown links to the latest version of each of the job's artifacts (the UI's ``/artifacts/artifact/<id>``
-    page, which shows that one artifact; ``/artifacts/key/<key>`` would list every version), by step position
-    (None: artifacts of no single step, e.g. the inspection note); each labelled by what follows the step's key."""
+    """Links to the latest version of each of the job's artifacts (``/artifacts/key/<key>`` would list every
+    version), by step position (None: of no single step, e.g. the inspection note)."""
     prefix = artifact_key(job_id) + "-"
+    by_key = filters.ArtifactCollectionFilter(key=filters.ArtifactCollectionFilterKey(like_=prefix))
     with get_client(sync_client=True) as client:
-        found = client.read_latest_artifacts(
-            artifact_filter=filters.ArtifactCollectionFilter(key=filters.ArtifactCollectionFilterKey(like_=prefix))
-        )
+        found = client.read_latest_artifacts(artifact_filter=by_key)
     links: dict[int | None, list[str]] = {}
     for artifact in sorted((a for a in found if a.key and a.key.startswith(prefix)), key=lambda a: a.key or ""):
         position, label = artifact_label(artifact.key.removeprefix(prefix))
@@ -233,8 +214,8 @@ def artifact_links(job_id: str, base: str) -> dict[int | None, list[str]]:
 
 
 def artifact_label(rest: str) -> tuple[int | None, str]:
-    """The step position (0-based) and label of a key's rest: ``04-pseudonymizer-report`` (step 4) → (3, ``report``);
-    ``04-pseudonymizer`` (the step's file table) → (3, ``files``); ``inspection`` → (None, ``inspection``)."""
+    """``04-pseudonymizer-report`` → (3, ``report``); ``04-pseudonymizer`` (its file table) → (3, ``files``);
+    ``inspection`` → (None, ``inspection``)."""
     if match := STEP_KEY.fullmatch(rest):
         return int(match["number"]) - 1, match["label"] or "files"
     return None, rest

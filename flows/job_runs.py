@@ -1,13 +1,6 @@
-"""The job's one flow run, made and carried on by the command line.
-
-A job started on the command line is a run of the deployment ``dupflow/command-line``, which has no work pool: this
-process executes it, as ``prefect flow-run execute`` does, so at a wait step it is suspended with the inspection
-form like a worker's run, and its process ends. ``continue`` goes on in that same run: a suspended run is resumed with
-the form's answers (the command line is the confirmation), an ended one is set back to Pending as ``AwaitingRetry``
-(what ``prefect flow-run retry`` does) with the continue's parameters; the run's state history shows each attempt,
-and finished steps come back from the job folder's result records. Only a job whose run this server does not know (a
-new server or database, another PREFECT_HOME, a job from before) gets a new run, which says so.
-"""
+"""The job's one flow run: a run of the deployment ``dupflow/command-line`` (no work pool) that this process executes,
+as ``prefect flow-run execute`` does, suspended at a wait step like a worker's run. ``continue`` goes on in that same
+run (resumed, or set back to Pending as ``prefect flow-run retry`` does), so its state history shows each attempt."""
 
 from __future__ import annotations
 
@@ -43,7 +36,6 @@ class JobRun:
 
 
 def new_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any], said: str = "") -> JobRun:
-    """A new run of the command line's deployment for the job: named after it, tagged with it and its folder."""
     with get_client(sync_client=True) as client:
         deployment_id = client.create_deployment(  # an upsert: the same deployment every time
             flow_id=client.create_flow(pipeline),
@@ -51,20 +43,18 @@ def new_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any], said: 
             entrypoint="flows/pipeline.py:pipeline",
             description=DESCRIPTION,
         )
-        run = client.create_flow_run_from_deployment(
-            deployment_id,
-            parameters=parameters,
-            name=job_id,
-            tags=[job_tag(job_id), directory_tag(paths.job_dir)],
-        )
+        tags = [job_tag(job_id), directory_tag(paths.job_dir)]
+        run = client.create_flow_run_from_deployment(deployment_id, parameters=parameters, name=job_id, tags=tags)
     return JobRun(run, said)
 
 
 def continued_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any], note: str) -> JobRun:
-    """The job's run, made ready to go on in this process: resumed with the form's answers when suspended at a
-    gate, else set back to Pending with ``parameters``; a new run when this server has none of the job's."""
+    """The job's run, made ready to go on in this process; a new run when this server has none of the job's."""
     with get_client(sync_client=True) as client:
-        run = known_run(client, paths)
+        tags = FlowRunFilterTags(all_=[job_tag(paths.job_id), directory_tag(paths.job_dir)])  # a copy has its own
+        sort = FlowRunSort.EXPECTED_START_TIME_DESC
+        found = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=tags), sort=sort, limit=1)
+        run = found[0] if found else None
         if run is None or run.deployment_id is None:  # a lost database, another home, a copy, or a job from before
             said = "its flow run is not on this Prefect server (or is from before jobs had one run): a new run takes"
             return new_job_run(job_id, paths, parameters, f"{said} every finished step from the job folder")
@@ -84,16 +74,6 @@ def resume_confirmed(client: SyncPrefectClient, run_id: UUID, note: str) -> None
     if answer.status.value != "ACCEPT":
         reason = getattr(answer.details, "reason", None) or answer.status.value
         raise JobError(f"the Prefect server did not resume flow run {run_id}: {reason}")
-
-
-def known_run(client: SyncPrefectClient, paths: JobPaths) -> FlowRun | None:
-    """The job directory's newest flow run, if this server has one (by its tags: the job's and its directory's; a
-    copy of the job elsewhere has its own)."""
-    tags = FlowRunFilterTags(all_=[job_tag(paths.job_id), directory_tag(paths.job_dir)])
-    found = client.read_flow_runs(
-        flow_run_filter=FlowRunFilter(tags=tags), sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=1
-    )
-    return found[0] if found else None
 
 
 def execute(run: FlowRun) -> Any:

@@ -1,8 +1,5 @@
-"""Whether a job is worked on, and what Prefect holds of it: the job's lock; its state by the one rule
-(``settled_state``: its newest flow run's, asked of the Prefect server over its REST API, with the lock); the steps
-its run finished (their result records in the job folder); how to go on at a gate; and finding jobs for
-``continue``, ``status``, ``list`` and ``prune``. Import-light (no Prefect).
-"""
+"""The job's lock, its state by the one rule (``settled_state``), the steps its run finished, how to go on at a gate,
+and finding jobs. Import-light: the Prefect server is asked over its REST API, without importing Prefect."""
 
 from __future__ import annotations
 
@@ -46,13 +43,9 @@ class JobLockedError(JobError):
 
 
 class JobLock:
-    """An exclusive lock on a job directory for the lifetime of one process working on it.
-
-    The kernel releases it when the process dies, so a killed run never leaves a stale lock. The lock file holds
-    its holder's process id while it is held (it is emptied before release), which is how a process tells that
-    it holds the lock already: ``continue`` takes it before a flow run exists, then its flow takes it as every run
-    does. Such a second taking owns nothing; the lock is released when its first holder releases it.
-    """
+    """An exclusive lock on a job directory for one process's lifetime; the kernel drops it when the process dies.
+    The lock file holds its holder's process id, so a second taking in the same process (``continue``, then its
+    flow) owns nothing."""
 
     def __init__(self, paths: JobPaths):
         self._path = paths.job_dir / LOCK_FILE
@@ -120,23 +113,20 @@ def is_locked(paths: JobPaths) -> bool:
 
 
 def current_states(jobs: list[JobPaths]) -> list[str]:
-    """Each job's state by the one rule (``settled_state``), the server asked in one request per
-    ``TAGS_PER_REQUEST`` jobs (each found by its directory's name, whatever its record says)."""
     runs = latest_runs({paths.job_id: directory_tag(paths.job_dir) for paths in jobs})
     return [settled_state(run_state(runs.get(paths.job_id)), locked=is_locked(paths)) for paths in jobs]
 
 
 def settled_state(server: str | None, *, locked: bool) -> str:
-    """The job's state: its newest flow run's on the server (``Unknown`` where the server has none); Running that no
-    process holds (the job's lock) is Crashed: killed, and the server has not missed its heartbeats yet."""
+    """The job's newest flow run's state (``Unknown`` without one); Running that no process holds (the job's lock) is
+    Crashed: killed, and the server has not missed its heartbeats yet."""
     if server is None:
         return UNKNOWN
     return CRASHED if server == RUNNING and not locked else server
 
 
 def resume_hint(job_dir: Path, worker_run_id: str | None) -> str:
-    """How to go on past a wait step: the command line, which resumes the run with the form filled in; a worker's
-    run (``worker_run_id``) also by its own resume call."""
+    """How to go on past a wait step: the command line fills in the form; a worker's run also by its resume call."""
     go_on = f"{CLI} continue {job_on_command_line(job_dir)}"
     if worker_run_id is None:
         return f"{go_on} (a Resume in the Prefect UI leaves the run waiting for that command)"
@@ -148,17 +138,16 @@ def resume_hint(job_dir: Path, worker_run_id: str | None) -> str:
 
 
 def suspended_message(pause_key: str | None, expires: datetime | None, hint: str) -> str:
-    """What a run suspended at a wait step waits for: the step (its ``pause_key``, ``wait-NN`` by position), until
-    when (``pipeline.wait_timeout``, after which Prefect refuses the resume and fails the run), and how to go on."""
+    """What a run suspended at a wait step (``pause_key`` ``wait-NN``) waits for, until when (after that Prefect
+    refuses the resume and fails the run), and how to go on."""
     at = f" at step {int(found[1]) + 1} (wait)" if (found := re.fullmatch(r"wait-(\d+)", pause_key or "")) else ""
     until = f" until {expires.astimezone(UTC):%Y-%m-%d %H:%M} UTC (pipeline.wait_timeout)" if expires else ""
     return f"awaiting inspection{at}{until}; to go on: {hint}"
 
 
 def latest_runs(directories: dict[str, str], timeout: float = 2.0) -> dict[str, dict[str, Any]]:
-    """The newest flow run per job (job id → its directory's tag), asked ``TAGS_PER_REQUEST`` jobs at a time; a run
-    of a copy of the job in another directory (its ``dir-`` tag another) does not count. Jobs the server does not
-    know (or whose request failed) are left out."""
+    """The newest flow run per job (job id → its directory's tag; a copy's run, tagged another, does not count);
+    jobs the server does not know (or whose request failed) are left out."""
     job_ids, newest = list(directories), dict[str, dict[str, Any]]()
     for start in range(0, len(job_ids) if prefect_api_url() is not None else 0, TAGS_PER_REQUEST):
         page = job_ids[start : start + TAGS_PER_REQUEST]
@@ -180,9 +169,8 @@ def run_state(run: dict[str, Any] | None) -> str | None:
 
 
 def api_answer(method: str, path: str, read: dict[str, str], timeout: float, body: dict | None = None) -> Any:
-    """The JSON answer of one bounded call to the jobs' Prefect API (``PREFECT_API_URL``, with its credentials); None
-    without a server, for a 404, or where the server could not say (no answer, an error, an answer over
-    ``MAX_PAGE_BYTES`` or no JSON): the commands that ask take it as no run (``Unknown``)."""
+    """The JSON answer of one bounded call to ``PREFECT_API_URL``; None without a server, for a 404, or where the
+    server could not say (no answer, an error, too large, no JSON): the commands take it as no run (``Unknown``)."""
     if (api := prefect_api_url()) is None:
         return None
     headers = AS_SENT | prefect_api_headers()
@@ -210,8 +198,8 @@ def find_job_dir(job: str, jobs_dir: Path) -> Path:
 
 
 def list_jobs(jobs_dir: Path) -> list[tuple[JobPaths, JobRecord | RecordError]]:
-    """The jobs of ``jobs_dir``, newest first, each with its record, or why it cannot be read (those last). Only
-    directories named by a job id count (as for ``prune``): a ``.pruning-<id>`` one is half removed."""
+    """The jobs, newest first, each with its record or why it cannot be read (those last); only directories named by
+    a job id count (a ``.pruning-<id>`` one is half removed)."""
     readable: list[tuple[JobPaths, JobRecord]] = []
     unreadable: list[tuple[JobPaths, RecordError]] = []
     for job_dir in sorted(jobs_dir.iterdir()) if jobs_dir.is_dir() else []:
@@ -225,17 +213,15 @@ def list_jobs(jobs_dir: Path) -> list[tuple[JobPaths, JobRecord | RecordError]]:
 
 
 def newest_run(paths: JobPaths) -> dict[str, Any] | None:
-    """The job directory's newest flow run as the server has it (found by its directory's name, whatever its record
-    says); None where the server has none, or cannot say."""
+    """The job directory's newest flow run, found by its directory's name; None where the server cannot say."""
     return latest_runs({paths.job_id: directory_tag(paths.job_dir)}).get(paths.job_id)
 
 
 def finished_steps(
     paths: JobPaths, steps: list[str], run: dict[str, Any], timeout: float = 2.0
 ) -> dict[int, StepRecord]:
-    """The steps the run's latest attempt finished (a gate: awaiting or released), by position, each read from its
-    task's result record in the job folder; the server names the record, and one that is not this step's or cannot
-    be read counts as not finished."""
+    """The steps the run's latest attempt finished (a gate: awaiting or released), by position, each read from the
+    result record its task run names; one not this step's or unreadable counts as not finished."""
     names = {f"{step}[{position + 1}]": position for position, step in enumerate(steps)}
     body = {"flow_runs": {"id": {"any_": [run.get("id")]}}, "task_runs": {"name": {"any_": list(names)}}}
     done: dict[int, StepRecord] = {}
@@ -250,8 +236,7 @@ def finished_steps(
 
 
 def step_record(paths: JobPaths, step: str, position: int, state: dict[str, Any]) -> StepRecord | None:
-    """A finished step's record, read from the job folder's result record the state names (by its name: the job
-    may have been moved since); None where it is no record of this step or cannot be read."""
+    """The record the state names, looked up by name in the job folder (the job may have moved since)."""
     name = str((state.get("data") or {}).get("storage_key") or "").rsplit("/", 1)[-1]
     suffix = "(paused|released)" if step == "wait" else "[0-9a-f]{20}"  # a gate's outcome (tasks.wait), or a digest
     if not re.fullmatch(re.escape(result_name(paths.job_id, position, step, step, "")) + suffix, name):
@@ -279,8 +264,7 @@ def filtered_rows(path: str, body: dict[str, Any], timeout: float) -> list[dict[
 
 
 def step_at_work(job_id: str, run_id: str, position: int, step: str, timeout: float = 2.0) -> str | None:
-    """What a running step has done so far, as its progress artifact says it (files done of total, bytes or lines,
-    the rate) with its percent; None without a server, or where this run of the job has published none yet."""
+    """A running step's progress as its artifact says, with its percent; None where this run published none."""
     key = step_artifact_key(job_id, position, step, "progress")
     artifact = api_answer("GET", f"/artifacts/{key}/latest", PROGRESS_READ, timeout)
     if not isinstance(artifact, dict) or str(artifact.get("flow_run_id")) != run_id:

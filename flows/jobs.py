@@ -1,12 +1,5 @@
-"""Jobs: one preparation for every entry point, and the job directory with its CRTDL.
-
-A job is a directory ``<jobs_dir>/<job id>/`` with its own file ``job.json`` (inputs and facts) and its flow run named
-after the job id and tagged ``job-<id>``. ``prepare_job`` makes or finds one for the command line, a deployment or a
-schedule: it refuses secrets in any parameter, fixes the job id, freezes every configured path as absolute and puts
-the job's CRTDL (copied or enriched) in its directory. A job is created only whole: a failed write removes its
-directory. Files a user gives are read within bounds (the CRTDL at most MAX_CRTDL_BYTES and 128 levels deep; the
-anonymization config and CA bundle regular files of at most MAX_SETTINGS_FILE_BYTES, ``tasks.core.jsonfile``).
-Import-light: ``status`` and ``list`` use it."""
+"""Jobs: one preparation for every entry point (``prepare_job``): a directory ``<jobs_dir>/<job id>/`` with its
+``job.json`` (paths frozen absolute, no secret) and its CRTDL, created only whole. Import-light: ``status`` uses it."""
 
 from __future__ import annotations
 
@@ -56,13 +49,9 @@ def prepare_job(
     jobs_dir: Path | None = None,
     must_exist: bool = False,
 ) -> Job:
-    """Make a new job, or find the existing one with ``job_id``; the same for every entry point.
-
-    ``overrides_source`` names where overrides came from ("--set", "the deployment's overrides parameter") in
-    the error that refuses a secret among them, which comes before any other validation. ``jobs_dir`` is where an
-    existing job was found (``continue`` from anywhere works on the same directory). ``must_exist``: ``job_id`` names
-    a job to continue, never one to make.
-    """
+    """Make a new job, or find the existing one with ``job_id`` (in ``jobs_dir`` if given: ``continue`` from anywhere
+    works on the same directory). ``overrides_source`` names the overrides' origin in the error refusing a secret
+    among them; ``must_exist``: ``job_id`` names a job to continue, never one to make."""
     overrides = dict(overrides or {})
     refuse_secret_overrides(overrides, overrides_source)
     if job_id and not is_job_id(job_id):  # it names the job's directory: ``..`` or a path would leave jobs_dir
@@ -89,9 +78,8 @@ def prepare_job(
 
 
 def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source: str = "--set") -> Job:
-    """A job found again; ``overrides`` (non-secret) replace the frozen ones, so "fix the cause and continue" works.
-    They are checked before they are stored (a refused one changes nothing), their paths frozen absolute as at
-    ``start``."""
+    """A job found again; ``overrides`` replace the frozen ones ("fix the cause and continue"), checked before they
+    are stored, their paths frozen absolute as at ``start``."""
     refuse_older_layout(paths)
     record = read_record(paths.job_dir)
     refuse_unshowable_settings(record)
@@ -108,21 +96,17 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source
 
 
 def refuse_unshowable_settings(record: JobRecord) -> None:
-    """The record's configuration path and overrides go to the configuration's loader, whose messages show them as
-    they are: one with a control, bidi or other invisible character (a damaged ``job.json``) is refused first,
-    shown escaped, so that it never reaches a terminal raw."""
-    texts = [("config_path", record.config_path or "")] + [
-        ("overrides", f"{k}={v}") for k, v in record.overrides.items()
-    ]
-    for field, text in texts:
+    """The loader's messages show the record's configuration path and overrides as they are: one with an invisible
+    character (a damaged ``job.json``) is refused first, shown escaped, so it never reaches a terminal raw."""
+    overrides = [f"{key}={value}" for key, value in record.overrides.items()]
+    for field, text in [("config_path", record.config_path or ""), *(("overrides", each) for each in overrides)]:
         if problem := invisible_character_problem(text):
             shown = show_text(text, None)
             raise JobError(f"job {record.job_id}: {field} {shown} in its job.json {problem}; correct it, or start anew")
 
 
 def refuse_other_steps(record: JobRecord, settings: Settings) -> None:
-    """A job runs the steps it was started with: a list changed since (the configuration file edited, ``--set``)
-    would skip or add steps on data that went through the others, so it is refused before anything is stored."""
+    """A step list changed since the start would skip or add steps on data that went through the others."""
     now = list(settings.pipeline.enabled_steps)
     if record.enabled_steps and now != record.enabled_steps:
         raise JobError(
@@ -133,8 +117,8 @@ def refuse_other_steps(record: JobRecord, settings: Settings) -> None:
 
 
 def refuse_older_layout(paths: JobPaths) -> None:
-    """A job directory of a version before the one record (``facts.json``, ``steps/`` beside ``job.json``) holds its
-    facts where this version does not look: continuing it would lose its extraction handle, so it is refused."""
+    """An older version's job (``facts.json``, ``steps/`` beside ``job.json``) holds its facts where this version
+    does not look: continuing it would lose its extraction handle."""
     if older := [name for name in ("facts.json", "steps") if (paths.job_dir / name).exists()]:
         raise JobError(
             f"job {paths.job_id} was made by an older dupflow ({' and '.join(older)} beside job.json); this version "
@@ -144,10 +128,8 @@ def refuse_older_layout(paths: JobPaths) -> None:
 
 
 def refuse_invisible_url_characters(url: str | None, door: str) -> None:
-    """A job input or status URL is stored in the job's record and its flow run's parameters and shown by
-    ``status``: a control, bidi or line-separator character in it (Unicode Cc, Cf, Zl, Zp) would show another
-    address or forge a line. Refused before anything is stored, the character named by its code, never shown (a
-    path is shown escaped instead: ``show_text``)."""
+    """A stored and shown URL with a control, bidi or line-separator character (Unicode Cc, Cf, Zl, Zp) would show
+    another address or forge a line: refused, the character named by its code, never shown."""
     if url is not None and (found := invisible_character(url)) is not None:
         kind, code = found
         raise JobError(
@@ -157,9 +139,8 @@ def refuse_invisible_url_characters(url: str | None, door: str) -> None:
 
 
 def refuse_extraction_flags_of_a_followed_url(record: JobRecord, attach: str | None, resubmit: bool) -> None:
-    """A job started with an extraction's status URL follows that extraction (``tasks.extractor.current_handle``):
-    it submitted none, so there is no submission of its own for ``--attach`` or ``--resubmit`` to settle, and the
-    extraction, maybe another job's or one started by hand, is not the job's to cancel as a replaced one."""
+    """A job started with a status URL follows that extraction: it has no submission for ``--attach`` or
+    ``--resubmit`` to settle, and the extraction (maybe another job's) is not its to cancel as a replaced one."""
     if (attach or resubmit) and "extractor" in record.enabled_steps and is_result_url(record.job_input):
         flag = "--attach" if attach else "--resubmit"
         url = shown_url(plain_text(str(record.job_input)))  # a damaged record's host may hold escape sequences
@@ -171,8 +152,7 @@ def refuse_extraction_flags_of_a_followed_url(record: JobRecord, attach: str | N
 
 
 def refuse_undecodable(paths: Mapping[str, str | None]) -> None:
-    """A path whose name is not valid UTF-8 (a Latin-1 folder name) could never be stored in the job's record:
-    refused before the job exists."""
+    """A path not valid UTF-8 (a Latin-1 folder name) could never be stored in the job's record."""
     for what, path in paths.items():
         try:
             str(path or "").encode("utf-8")
@@ -181,8 +161,7 @@ def refuse_undecodable(paths: Mapping[str, str | None]) -> None:
 
 
 def check_new_job(config_path: str | None, job_input: str | None, overrides: Mapping[str, str]) -> None:
-    """Every check ``prepare_job`` makes of a new job, nothing written: ``start`` refuses a bad input before it
-    starts a Prefect server for nothing."""
+    """Every check of a new job, nothing written: ``start`` refuses a bad input before it starts a Prefect server."""
     settings = cached_settings(config_path, dict(overrides))
     paths = JobPaths(Path(settings.jobs_dir).resolve() / str(uuid.uuid4()))
     new_job_plan(paths, config_path, job_input, dict(overrides), settings)
@@ -192,17 +171,14 @@ def new_job_plan(
     paths: JobPaths, config_path: str | None, job_input: str | None, overrides: dict[str, str], settings: Settings
 ) -> tuple[JobRecord, Path | None, EffectiveCrtdl | None]:
     """The new job's record and CRTDL, every check made (a bad input raises ``JobError``), nothing written yet."""
+    door = "the job input (INPUT)"
     if job_input and "://" in job_input:
-        refuse_invisible_url_characters(job_input, "the job input (INPUT)")
-    refuse_credentials_in_url(  # it is stored with the job and as a flow run's (or a deployment's) parameter
-        job_input,
-        door="the job input (INPUT)",
-        fix=(
-            "give the URL without them (an extraction's result URL is fetched with services.extractor.auth); a file "
-            "that needs them for http_import: download it yourself and import its folder with local_import"
-        ),
-        tokens=True,
+        refuse_invisible_url_characters(job_input, door)
+    fix = (
+        "give the URL without them (an extraction's result URL is fetched with services.extractor.auth); a file "
+        "that needs them for http_import: download it yourself and import its folder with local_import"
     )
+    refuse_credentials_in_url(job_input, door=door, fix=fix, tokens=True)  # stored with the job and as a parameter
     refuse_undecodable(
         {"the configuration file": config_path, "the job input": job_input, "--dir": settings.services.local_import.dir}
     )
@@ -226,8 +202,8 @@ def new_job_plan(
 
 
 def create_job_files(paths: JobPaths, record: JobRecord, crtdl: Path | None, effective: EffectiveCrtdl | None) -> None:
-    """The new job's directory, ``job.json`` and CRTDL; when one cannot be written (a full disk), the directory
-    is removed again and ``JobWriteError`` says why, so no half-made job is left to be continued."""
+    """The new job's directory, ``job.json`` and CRTDL; one that cannot be written (a full disk) removes the directory
+    again, so no half-made job is left to be continued."""
     try:
         paths.job_dir.mkdir(parents=True)
     except OSError as exc:
@@ -246,16 +222,15 @@ def create_job_files(paths: JobPaths, record: JobRecord, crtdl: Path | None, eff
 
 
 def crtdl_input(steps: list[str], job_input: str | None) -> Path | None:
-    """The job's CRTDL: the extractor's input unless that is a result URL; for the other import steps the input
-    when it is a ``.json`` file (their data come from a directory or a URL)."""
+    """The extractor's input unless a URL; for the other import steps the input when a ``.json`` file."""
     if job_input and "://" not in job_input and (steps[0] == "extractor" or is_crtdl_file(job_input)):
         return Path(job_input)
     return None
 
 
 def no_crtdl_message(job_input: str | None) -> str:
-    """Why a flattening job has no CRTDL; an INPUT that was given is named with what it was taken for (a CRTDL
-    under another suffix, ``query.crtdl``, is no CRTDL, and being told to give one as INPUT would mislead)."""
+    """Why a flattening job has no CRTDL; a given INPUT is named with what it was taken for (``query.crtdl`` is no
+    CRTDL, and being told to give one as INPUT would mislead)."""
     message = (
         "the flattening step needs a CRTDL: give the CRTDL file as INPUT "
         "(with local_import: start CONFIG CRTDL --dir DATA; with extractor: start CONFIG CRTDL)"
@@ -274,8 +249,8 @@ NEEDED_INPUT = {
 
 
 def refuse_missing_input(steps: list[str], job_input: str | None, settings: Settings) -> None:
-    """A job whose import step has no input (or a local_import directory that is missing, or no directory) is refused
-    before it exists, saying how to give it: the job input is frozen, so the step would fail on every continue."""
+    """An import step without its input (or local_import directory) is refused before the job exists: the job input
+    is frozen, so the step would fail on every continue."""
     if steps[0] in NEEDED_INPUT and not job_input:
         raise JobError(f"{NEEDED_INPUT[steps[0]]}; no job was made")
     if steps[0] != "local_import":
@@ -289,11 +264,8 @@ def refuse_missing_input(steps: list[str], job_input: str | None, settings: Sett
 
 
 def step_file_problems(settings: Settings) -> list[str]:
-    """Problems of files the enabled steps will read, found before any work starts (and by ``config check``):
-    the flattening lookup file (schema, unique tables, children that exist, one parent each, no cycles), and an
-    anonymization config or CA bundle that is no regular file or larger than MAX_SETTINGS_FILE_BYTES, or missing
-    where a step reads it (a typo found only when the pseudonymizer step ran, after an extraction of hours; the step
-    that reads one checks it again: ``tasks.core.jsonfile.read_settings_file``)."""
+    """Problems of files the enabled steps will read, found before any work starts: a typo found only by the
+    pseudonymizer step comes after hours of extraction."""
     anonymization = settings.services.pseudonymizer.anonymization_config
     problems = [
         f"{key}: {problem}"
@@ -322,18 +294,17 @@ class EffectiveCrtdl:
 
 
 def effective_crtdl(source: Path, settings: Settings) -> EffectiveCrtdl:
-    """Spec procedure step 1: the CRTDL as given, or enriched when preprocessing has rules; a missing, oversized
-    (MAX_CRTDL_BYTES) or too deeply nested file, invalid JSON, a rule that cannot be applied or, with flattening,
-    a group name that cannot name its CSV is an error naming the file."""
+    """Spec procedure step 1: the CRTDL as given, or enriched when preprocessing has rules."""
     from tasks.job.crtdl_enrichment import EnrichmentError, enrich_crtdl
     from tasks.sof.crtdl_views import with_group_ids
 
     parsed, data = read_crtdl(source)
     preprocessing = settings.services.crtdl_preprocessing
+    rules = preprocessing.rules if preprocessing.enabled else []
     enriched, warnings = parsed, list[str]()
-    if preprocessing.enabled and preprocessing.rules:
+    if rules:
         try:
-            enriched, warnings = enrich_crtdl(parsed, preprocessing.rules)
+            enriched, warnings = enrich_crtdl(parsed, rules)
         except EnrichmentError as exc:
             raise JobError(f"{source}: {exc}") from exc
     enriched = with_group_ids(enriched)
@@ -341,12 +312,11 @@ def effective_crtdl(source: Path, settings: Settings) -> EffectiveCrtdl:
         refuse_unusable_group_names(source, enriched)
     if enriched is parsed:
         return EffectiveCrtdl(CRTDL_NAME, data, [])
-    name = ENRICHED_CRTDL_NAME if preprocessing.enabled and preprocessing.rules else CRTDL_NAME
+    name = ENRICHED_CRTDL_NAME if rules else CRTDL_NAME
     return EffectiveCrtdl(name, (json.dumps(enriched, indent=2) + "\n").encode(), warnings)
 
 
 def read_crtdl(source: Path) -> tuple[dict, bytes]:
-    """The CRTDL at ``source``, parsed, and its bytes; ``JobError`` naming the file when it cannot be one."""
     if not source.is_file():
         problem = "is a directory" if source.is_dir() else "is no regular file" if source.exists() else "not found"
         raise JobError(f"CRTDL {source} {problem}; give the CRTDL JSON file as the job input")
@@ -364,8 +334,8 @@ def read_crtdl(source: Path) -> tuple[dict, bytes]:
 
 
 def refuse_unusable_group_names(source: Path, crtdl: dict) -> None:
-    """Item 6 of issue 22: a group name becomes a CSV and a ViewDefinition file name (and an S3 key); names that
-    cannot (control or bidi characters, ``..``, too long) or that would collide are refused before the job exists."""
+    """A group name becomes a CSV, a ViewDefinition file name and an S3 key: names that cannot, or would collide,
+    are refused before the job exists."""
     from tasks.sof.crtdl_views import group_name_problems
 
     try:

@@ -1,7 +1,5 @@
-"""``status`` and ``list``: each job's state (its flow run's, asked of the jobs' Prefect server over its REST API,
-without importing Prefect), and for ``status`` its facts and its steps (the run's task runs, each step's files and
-counts read from its result record in the job folder, a gate's note from its form's answer), as plain text (a
-damaged record's escape sequences and controls never reach the terminal)."""
+"""``status`` and ``list``: each job's state (its flow run's, without importing Prefect), and for ``status`` its facts
+and steps, as plain text (a damaged record's escape sequences and controls never reach the terminal)."""
 
 from __future__ import annotations
 
@@ -23,9 +21,8 @@ EXIT_OK = 0
 
 
 def state_message(paths: JobPaths, run: dict[str, Any] | None, state: str) -> str:
-    """What the job's state means, and what to do about it: the server's message, or where the rule settled the
-    state otherwise than the server says (a run killed) or the server does not say (a gate, a Resume in the UI, no
-    run at all), this tool's."""
+    """What the job's state means and what to do: the server's message, or this tool's where the server says
+    otherwise (a run killed) or nothing (a gate, a Resume in the UI, no run at all)."""
     go_on = f"{CLI} continue {job_on_command_line(paths.job_dir)}"
     server = (run or {}).get("state") or {}
     said = plain_text(str(server.get("message") or ""))
@@ -74,8 +71,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def print_step_status(position: int, step: str, result: StepRecord | None, at_work: str | None) -> None:
-    """A step's line: done, with its files; awaiting inspection, with the files that wait; at work, with what its
-    progress says so far (``at_work``); or not finished."""
+    """A step's line: done with its files, awaiting inspection, at work (with its progress), or not finished."""
     if result is None:
         print(f"  {position + 1}. {step}: " + (f"working: {at_work}" if at_work else "not finished"))
         return
@@ -93,7 +89,6 @@ def print_step_status(position: int, step: str, result: StepRecord | None, at_wo
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """The jobs, newest first; a job whose record cannot be read is listed as unreadable, with why."""
     jobs_dir = listed_jobs_dir(args.jobs_dir)
     if not (jobs := list_jobs(jobs_dir)):
         print(f"no jobs in {jobs_dir.resolve()}")

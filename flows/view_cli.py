@@ -1,15 +1,8 @@
-"""``view run VIEW.json RESOURCES.ndjson [--format ndjson|csv|parquet]``: run one SQL-on-FHIR ViewDefinition by hand.
+"""``view run VIEW.json RESOURCES.ndjson [--format ndjson|csv|parquet]``: run one SQL-on-FHIR ViewDefinition by hand,
+printing the rows as NDJSON, or as the flattening step's CSV or Parquet. Ctrl+C stops after the last complete row.
 
-For people who write or check views (such as those a flattening job saves in ``viewdefinitions/``): the embedded
-engine runs over the resources (plain or zstd NDJSON; Bundles are opened into their entries) and prints the rows
-as NDJSON (one object per row keyed by column name), as the flattening step's CSV, or as its Parquet (the CSV
-converted in a temporary folder, then copied to the standard output, which must be a file or a pipe). An invalid
-ViewDefinition exits 2 with the reason, and so does a VIEW.json larger than MAX_VIEW_BYTES or nested too deeply;
-Ctrl+C exits 130 with one line, after the last complete row (for Parquet: before its copy starts).
-
-``python -m flows.run view …`` (and the ``dupflow`` script's) is handed to ``main`` before the rest of the command
-line is imported: the engine alone, without Prefect, the configuration, the clients or the job record (0.3 s of
-imports it does not need)."""
+``view …`` is handed to ``main`` before the rest of the command line is imported: the engine alone, without Prefect,
+the configuration, the clients or the job record (0.3 s of imports it does not need)."""
 
 from __future__ import annotations
 
@@ -44,7 +37,7 @@ def main(argv: Sequence[str]) -> int:
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    """Run the parsed command with the command line's exits (``flows.run.main`` and ``main`` here share them)."""
+    """Run the parsed command with the command line's exits (shared with ``flows.run.main``)."""
     try:
         return args.command(args)
     except DupflowError as exc:
@@ -64,12 +57,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     run = view_commands.add_parser("run", help="run a ViewDefinition over NDJSON resources and print the rows")
     run.add_argument("view", metavar="VIEW.json", help="the ViewDefinition (JSON)")
     run.add_argument("resources", metavar="RESOURCES.ndjson", help="resources, plain or zstd NDJSON")
-    run.add_argument(
-        "--format",
-        choices=("ndjson", "csv", "parquet"),
-        default="ndjson",
-        help="output format (default ndjson; parquet goes to a file or pipe: > rows.parquet)",
-    )
+    formats = "output format (default ndjson; parquet goes to a file or pipe: > rows.parquet)"
+    run.add_argument("--format", choices=("ndjson", "csv", "parquet"), default="ndjson", help=formats)
     run.set_defaults(command=cmd_view_run)
 
 
@@ -117,7 +106,6 @@ def write_csv(view, resources: Path, out: IO[str]) -> None:
 
 
 def print_parquet(view, definition: dict[str, Any], resources: Path) -> None:
-    """The rows as the flattening step's Parquet: its CSV written to a temporary folder, converted, then copied."""
     from tasks.sof.parquet import write_parquet  # pyarrow costs every other command 0.1-0.3 s and 33 MB
 
     with tempfile.TemporaryDirectory(prefix="dupflow-view-") as folder:
