@@ -11,7 +11,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapte
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from config.fields import ConfigModel, OptionalPath, StrList, list_from_text, raise_problem, raise_problems
+from config.fields import ConfigModel, OptionalPath, StrList, list_from_text, raise_problems
 from tasks.core.jsonfile import JsonFileError, read_json_file
 
 
@@ -126,11 +126,11 @@ class CrtdlPreprocessingSettings(ConfigModel):
     @model_validator(mode="after")
     def _load_rules(self) -> CrtdlPreprocessingSettings:
         if self.enrichments is not None and self.enrichments_path is not None:
-            raise_problem(
-                "",
-                "enrichments and enrichments_path are both set; keep either the inline rules "
-                "(enrichments) or the external file (enrichments_path)",
+            message = (
+                "enrichments and enrichments_path are both set; keep either the inline rules (enrichments) or the "
+                "external file (enrichments_path)"
             )
+            raise_problems([("", message)])
         if self.enrichments_path is not None:
             rules, problems = read_enrichment_file(self.enrichments_path)
             raise_problems([("enrichments_path", problem) for problem in problems])

@@ -14,7 +14,7 @@ from pydantic_core import PydanticCustomError
 from config.durations import MAX_DURATION, Duration, format_duration
 from config.enrichment import CrtdlPreprocessingSettings
 from config.fields import ConfigModel, HeaderSecret, OptionalPath, OptionalSecret, OptionalStr, OptionalUrl, Problem
-from config.fields import emit_warning, positive, raise_problem, raise_problems, refuse_invisible_url_characters
+from config.fields import emit_warning, positive, raise_problems, refuse_invisible_url_characters
 from config.fields import StrList, refuse_userinfo, zero_means
 from tasks.core.names import show_name
 
@@ -223,11 +223,11 @@ class ExtractorSettings(ConfigModel):
     @model_validator(mode="after")
     def _max_polling_not_below_polling(self) -> ExtractorSettings:
         if self.max_polling_interval < self.polling_interval:
-            raise_problem(
-                "max_polling_interval",
+            message = (
                 f"is {format_duration(self.max_polling_interval)}, below polling_interval "
-                f"{format_duration(self.polling_interval)}; set it to at least polling_interval",
+                f"{format_duration(self.polling_interval)}; set it to at least polling_interval"
             )
+            raise_problems([("max_polling_interval", message)])
         return self
 
 
