@@ -18,8 +18,7 @@ from config.fields import emit_warning, positive, raise_problems, refuse_invisib
 from config.fields import StrList, refuse_userinfo, zero_means
 from tasks.core.names import show_name
 
-_HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-"""RFC 7230 token (tchar+), the grammar of an HTTP header name."""
+_HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 7230 token (tchar+): an HTTP header name
 
 _SCHEMES = (
     (
@@ -144,24 +143,21 @@ def _migrate_legacy_durations(data: dict[str, Any], info: ValidationInfo) -> lis
     for old, (new, unit) in LEGACY_DURATION_KEYS.items():
         if old not in data:
             continue
-        if new in data:
-            problems.append((old, f"and {new} are both set; delete the deprecated {old} and keep {new}"))
-            continue
         amount = data.pop(old)
         amount = int(amount.strip()) if isinstance(amount, str) and amount.strip().isdigit() else amount
-        if not isinstance(amount, int) or isinstance(amount, bool):
+        if new in data:
+            problems.append((old, f"and {new} are both set; delete the deprecated {old} and keep {new}"))
+        elif not isinstance(amount, int) or isinstance(amount, bool):
             problems.append((old, f"must be a whole number of {unit}; better, replace it with {new} (e.g. PT30S)"))
-            continue
-        if abs(amount) > MAX_DURATION / timedelta(**{unit: 1}):  # timedelta() of it would overflow, or sleep for ages
+        elif abs(amount) > MAX_DURATION / timedelta(**{unit: 1}):  # timedelta() of it would overflow, or sleep for ages
             longest = f"{format_duration(MAX_DURATION)}, 10 years"
             problems.append((old, f"is longer than the maximum of {longest}; replace it with {new} (e.g. PT30S)"))
-            continue
-        data[new] = timedelta(**{unit: amount})
-        emit_warning(
-            info,
-            f"{EXTRACTOR_PATH}.{old} is deprecated; replace it with {EXTRACTOR_PATH}.{new}: "
-            f"{format_duration(data[new])} (a duration).",
-        )
+        else:
+            data[new] = timedelta(**{unit: amount})
+            duration = f"{format_duration(data[new])} (a duration)"
+            emit_warning(
+                info, f"{EXTRACTOR_PATH}.{old} is deprecated; replace it with {EXTRACTOR_PATH}.{new}: {duration}."
+            )
     return problems
 
 
