@@ -31,7 +31,7 @@ from config.fields import CONFIG_LOGGER, ENV_PREFIX, Problem, env_var_name
 from config.keys import ENRICHMENTS_KEY, env_var_index, leaf_paths, secret_key_paths, settable_paths, value_at
 from config.services import legacy_key_paths, legacy_timing_key_paths
 from config.settings import Settings
-from config.yaml_file import SECRET_BLOCK_PREFIX, drop_empty_keys, file_identity, read_yaml, substitute_variables
+from config.yaml_file import SECRET_BLOCK_PREFIX, file_identity, read_yaml, substitute_variables
 from tasks.core.redaction import register_basic_credentials, register_secret
 from tasks.core.url_credentials import CredentialsInUrlError, has_user_info, hide_query_tokens, query_tokens
 from tasks.core.url_credentials import refuse_credentials_in_url
@@ -120,7 +120,7 @@ def load_settings(
     unresolved: list[Problem] = []
     tree: dict[str, Any] = {}
     if config_path is not None:
-        tree = drop_empty_keys(substitute_variables(read_yaml(Path(config_path)), env, unresolved))
+        tree = substitute_variables(read_yaml(Path(config_path)), env, unresolved)
         resolve_file_paths(tree, Path(config_path).expanduser().resolve().parent)
     raw_sources = {path: "file" for path in sorted(settable_paths()) if _has_path(tree, path)}
     index = env_var_index()
