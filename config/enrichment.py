@@ -98,8 +98,8 @@ def _file_error_text(error: Any) -> str:
 
 
 def read_enrichment_file(path: str) -> tuple[list[EnrichmentRule], list[str]]:
-    """Read an external enrichment JSON file: (rules, problems). The loader has made a path written in the
-    configuration file absolute against the file's directory; other relative paths use the working directory."""
+    """(rules, problems) of an external enrichment JSON file; a relative path written in the configuration file is
+    already absolute against its directory."""
     try:
         raw = read_json_file(Path(path), MAX_ENRICHMENT_FILE_BYTES, path)
         entries = _ENRICHMENT_FILE.validate_python(raw, by_alias=True, by_name=False)

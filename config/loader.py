@@ -6,7 +6,6 @@ problems are raised together as one ConfigError, never with a secret's value."""
 
 from __future__ import annotations
 
-import copy
 import difflib
 import hashlib
 import json
@@ -131,7 +130,7 @@ def load_settings(
     problems = [f"{path}: {message}" for path, message in unresolved] + flag_problems
     warnings: list[str] = []
     try:
-        settings = Settings.model_validate(copy.deepcopy(tree), context={"warnings": warnings})
+        settings = Settings.model_validate(tree, context={"warnings": warnings})
     except ValidationError as error:
         raise ConfigError(
             problems + validation_problems(error, raw_sources, {path for path, _ in unresolved})
