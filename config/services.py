@@ -50,8 +50,6 @@ _AUTHORIZATION_HEADER = (
 
 
 class AuthSettings(ConfigModel):
-    """Common auth block (services.extractor.auth, services.pseudonymizer.auth, services.send.auth)."""
-
     username: OptionalStr = None
     password: OptionalSecret = None
     oauth_issuer_uri: OptionalUrl = None

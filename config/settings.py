@@ -93,13 +93,10 @@ def _after_flattening(steps: list[str], step: str) -> bool:
 
 
 class TaskRunnerSettings(ConfigModel):
-    """pipeline.task_runner: where the per-file work of every step runs.
-
-    ``in_process`` (the default): threads of the flow's own process. ``dask``: each file is a Prefect task run on the
-    running scheduler at ``dask_address``, or else on a local cluster of ``dask_workers`` processes (one thread each;
-    default one per core) started for the flow run. Every worker must see the jobs directory at the same path and
-    reach the same Prefect API. Dask costs ~0.1 s per task run: it pays for file-sized work only.
-    """
+    """Where the per-file work runs: threads of the flow's process (``in_process``), or Prefect task runs on the Dask
+    scheduler at ``dask_address``, else on a local cluster of ``dask_workers`` processes (default one per core) started
+    for the flow run. Every worker must see the jobs directory at the same path and reach the same Prefect API. Dask
+    costs ~0.1 s per task run: it pays for file-sized work only."""
 
     kind: Literal["in_process", "dask"] = "in_process"
     dask_address: OptionalStr = None
@@ -267,8 +264,6 @@ def _s3_send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]
 
 
 class Settings(ConfigModel):
-    """The whole configuration. Rules that depend on enabled steps are checked here."""
-
     services: ServicesSettings = Field(default_factory=ServicesSettings)
     pipeline: PipelineSettings = Field(default_factory=dict, validate_default=True)  # type: ignore[arg-type]
     retry: RetrySettings = Field(default_factory=RetrySettings)
