@@ -24,7 +24,7 @@ from config.durations import format_duration
 from config.errors import ConfigError, is_at_or_below, validation_problems
 from config.fields import CONFIG_LOGGER, ENV_PREFIX, Problem, env_var_name
 from config.keys import ENRICHMENTS_KEY, env_var_index, leaf_paths, secret_key_paths, settable_paths, value_at
-from config.services import legacy_key_paths, legacy_timing_key_paths
+from config.services import LEGACY_KEY_PATHS, LEGACY_TIMING_KEY_PATHS
 from config.settings import Settings
 from config.yaml_file import SECRET_BLOCK_PREFIX, file_identity, read_yaml, substitute_variables
 from tasks.core.redaction import register_basic_credentials, register_secret
@@ -81,7 +81,7 @@ def _drop_overridden_shapes(tree: dict[str, Any], raw_sources: dict[str, str]) -
     """A timing key written in one shape (``polling_interval_seconds``) and set in the other by a source of higher
     precedence (APP_SERVICES_EXTRACTOR_POLLING_INTERVAL over the file): the lower one is overridden, so dropped.
     Both shapes from one source stay the error that asks to delete the deprecated key."""
-    for old, new in legacy_timing_key_paths().items():
+    for old, new in LEGACY_TIMING_KEY_PATHS.items():
         if old in raw_sources and new in raw_sources and _rank(raw_sources[old]) != _rank(raw_sources[new]):
             lower = min((old, new), key=lambda path: _rank(raw_sources[path]))
             node, leaf = _parent_of(tree, lower)
@@ -90,11 +90,10 @@ def _drop_overridden_shapes(tree: dict[str, Any], raw_sources: dict[str, str]) -
 
 
 def _final_sources(raw_sources: Mapping[str, str]) -> dict[str, str]:
-    legacy = legacy_key_paths()
     sources = dict.fromkeys(leaf_paths(), "default")
     for path, source in raw_sources.items():
-        deprecated = path in legacy and source == "file"
-        sources[legacy.get(path, path)] = f"{source} (deprecated key {path})" if deprecated else source
+        deprecated = path in LEGACY_KEY_PATHS and source == "file"
+        sources[LEGACY_KEY_PATHS.get(path, path)] = f"{source} (deprecated key {path})" if deprecated else source
     return sources
 
 
@@ -264,7 +263,7 @@ MIN_REDACTABLE_SECRET = 8
 
 def _secret_values(settings: Settings) -> dict[str, str]:
     """Each secret key that is set, by its current path (a deprecated flat key feeds one), and its value."""
-    values = {path: value_at(settings, path) for path in sorted(secret_key_paths() - set(legacy_key_paths()))}
+    values = {path: value_at(settings, path) for path in sorted(secret_key_paths() - set(LEGACY_KEY_PATHS))}
     return {path: value.get_secret_value() for path, value in values.items() if isinstance(value, SecretStr)}
 
 

@@ -107,17 +107,13 @@ LEGACY_DURATION_KEYS: dict[str, tuple[str, str]] = {
     "max_polling_interval_seconds": ("max_polling_interval", "seconds"),
 }
 EXTRACTOR_PATH = "services.extractor"
-
-
-def legacy_key_paths() -> dict[str, str]:
-    """Deprecated dotted key -> the current key it feeds (used for env names and value sources)."""
-    flat = {f"{EXTRACTOR_PATH}.{key}": f"{EXTRACTOR_PATH}.auth.{key}" for key in LEGACY_FLAT_AUTH_KEYS}
-    return flat | legacy_timing_key_paths()
-
-
-def legacy_timing_key_paths() -> dict[str, str]:
-    """Deprecated integer timing key -> the duration key it feeds (dotted paths)."""
-    return {f"{EXTRACTOR_PATH}.{old}": f"{EXTRACTOR_PATH}.{new}" for old, (new, _) in LEGACY_DURATION_KEYS.items()}
+# Deprecated dotted key -> the current key it feeds (for env names and value sources).
+LEGACY_TIMING_KEY_PATHS = {
+    f"{EXTRACTOR_PATH}.{old}": f"{EXTRACTOR_PATH}.{new}" for old, (new, _) in LEGACY_DURATION_KEYS.items()
+}
+LEGACY_KEY_PATHS = {
+    f"{EXTRACTOR_PATH}.{key}": f"{EXTRACTOR_PATH}.auth.{key}" for key in LEGACY_FLAT_AUTH_KEYS
+} | LEGACY_TIMING_KEY_PATHS
 
 
 def _migrate_flat_auth(data: dict[str, Any], info: ValidationInfo) -> list[Problem]:
