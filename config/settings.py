@@ -55,12 +55,9 @@ def _step_name_problems(steps: list[str]) -> list[str]:
         shown = ", ".join(f"'{step}'" for step in unknown[:MAX_LISTED_UNKNOWN_STEPS])
         more = f" and {len(unknown) - MAX_LISTED_UNKNOWN_STEPS} more" if len(unknown) > MAX_LISTED_UNKNOWN_STEPS else ""
         problems.append(f"unknown step {shown}{more}; valid steps are {', '.join(STEP_NAMES)}")
-    problems += [
-        f"step {step} was a placeholder and no longer exists; use {REMOVED_STEPS[step]} instead (it produces CSV "
-        "through the flattening service)"
-        for step in counts
-        if step in REMOVED_STEPS
-    ]
+    for step in [step for step in counts if step in REMOVED_STEPS]:
+        message = f"step {step} was a placeholder and no longer exists; use {REMOVED_STEPS[step]} instead"
+        problems.append(message + " (it produces CSV through the flattening service)")
     once_only = set(STEP_NAMES) - set(REPEATABLE_STEPS + IMPORT_STEPS)
     duplicates = sorted(step for step, count in counts.items() if count > 1 and step in once_only)
     return problems + [f"step {step} is listed more than once; list it once" for step in duplicates]
