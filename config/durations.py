@@ -1,11 +1,7 @@
-"""Duration values of the configuration: parsing, formatting and the pydantic type.
-
-Accepted (case-insensitive): ISO 8601 durations (``PT30M``, ``PT1M30S``, ``P1DT2H``, ``P1W``, ``PT0.5S``; years and
-months have no fixed length and are refused); short forms of number+unit (``d``, ``h``, ``m``, ``s``, ``ms``:
-``1h30m``, ``500ms``, ``1.5s``); a bare ``0``, since several keys give 0 the meaning "the built-in default". At most
-``MAX_DURATION`` (10 years). Any other bare number is refused: ``30`` could be seconds or minutes, and the earlier
-configuration shape used both side by side.
-"""
+"""Duration values of the configuration, accepted (case-insensitive) as ISO 8601 (``PT1M30S``, ``P1DT2H``, ``P1W``;
+years and months have no fixed length and are refused), short forms (``1h30m``, ``500ms``, ``1.5s``: d, h, m, s, ms)
+or a bare ``0`` (several keys give 0 the meaning "the built-in default"), at most ``MAX_DURATION``. Any other bare
+number is refused: ``30`` could be seconds or minutes, and the earlier configuration shape used both side by side."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapte
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
-from config.fields import ConfigModel, OptionalPath, StrList, list_from_text, raise_problem, raise_problems
+from config.fields import ConfigModel, OptionalPath, StrList, list_from_text, raise_problems
 from tasks.core.jsonfile import JsonFileError, read_json_file
 
 
@@ -98,8 +98,8 @@ def _file_error_text(error: Any) -> str:
 
 
 def read_enrichment_file(path: str) -> tuple[list[EnrichmentRule], list[str]]:
-    """Read an external enrichment JSON file: (rules, problems). The loader has made a path written in the
-    configuration file absolute against the file's directory; other relative paths use the working directory."""
+    """(rules, problems) of an external enrichment JSON file; a relative path written in the configuration file is
+    already absolute against its directory."""
     try:
         raw = read_json_file(Path(path), MAX_ENRICHMENT_FILE_BYTES, path)
         entries = _ENRICHMENT_FILE.validate_python(raw, by_alias=True, by_name=False)
@@ -126,11 +126,11 @@ class CrtdlPreprocessingSettings(ConfigModel):
     @model_validator(mode="after")
     def _load_rules(self) -> CrtdlPreprocessingSettings:
         if self.enrichments is not None and self.enrichments_path is not None:
-            raise_problem(
-                "",
-                "enrichments and enrichments_path are both set; keep either the inline rules "
-                "(enrichments) or the external file (enrichments_path)",
+            message = (
+                "enrichments and enrichments_path are both set; keep either the inline rules (enrichments) or the "
+                "external file (enrichments_path)"
             )
+            raise_problems([("", message)])
         if self.enrichments_path is not None:
             rules, problems = read_enrichment_file(self.enrichments_path)
             raise_problems([("enrichments_path", problem) for problem in problems])

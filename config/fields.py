@@ -1,19 +1,15 @@
-"""What every block of the configuration shares: the base model, the field types that coerce text, and how a
-block reports problems and warnings.
-
-Text values (environment, flags, ``${VAR}``) are coerced by the field types: ints, bools, durations and lists
-(``a,b`` or ``[a, b]``); an empty string is "not set" for optional strings and secrets. Rules that span fields raise
-one ``config_rule`` error per model carrying every (relative key path, message) pair in ``ctx["problems"]``, which
-``config.errors`` turns into full key paths. Warnings are logged on ``dupflow.config`` and appended to the
-validation context's ``"warnings"`` list when it has one.
-"""
+"""What every block of the configuration shares: the base model, the field types that coerce text (environment,
+flags, ``${VAR}``; an empty string is "not set" for optional strings and secrets), and how a block reports problems
+(one ``config_rule`` error per model, its (relative key path, message) pairs in ``ctx["problems"]``, which
+``config.errors`` turns into full key paths) and warnings (logged, and appended to the validation context's
+``"warnings"`` list when it has one)."""
 
 from __future__ import annotations
 
 import logging
 import unicodedata
 from datetime import timedelta
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import yaml
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, SecretStr, ValidationInfo
@@ -28,8 +24,7 @@ logger = logging.getLogger(CONFIG_LOGGER)
 
 ENV_PREFIX = "APP_"
 
-Problem = tuple[str, str]
-"""(key path relative to the model being validated, message that says what is wrong and how to fix it)"""
+Problem = tuple[str, str]  # (key path relative to the model being validated, what is wrong and how to fix it)
 
 
 def env_var_name(key_path: str) -> str:
@@ -41,19 +36,11 @@ def join_key_path(*parts: str) -> str:
     return ".".join(part for part in parts if part)
 
 
-def _rule_error(problems: list[Problem]) -> PydanticCustomError:
-    """Every problem of one model as a single pydantic error the loader can unpack."""
-    summary = "; ".join(f"{path}: {message}" if path else message for path, message in problems)
-    return PydanticCustomError("config_rule", "{summary}", {"summary": summary, "problems": list(problems)})
-
-
 def raise_problems(problems: list[Problem]) -> None:
+    """Every problem of one model as a single pydantic error the loader can unpack."""
     if problems:
-        raise _rule_error(problems)
-
-
-def raise_problem(path: str, message: str) -> NoReturn:
-    raise _rule_error([(path, message)])
+        summary = "; ".join(f"{path}: {message}" if path else message for path, message in problems)
+        raise PydanticCustomError("config_rule", "{summary}", {"summary": summary, "problems": list(problems)})
 
 
 def emit_warning(info: ValidationInfo | None, message: str) -> None:
@@ -89,8 +76,8 @@ def list_from_text(value: Any) -> Any:
 
 
 def refuse_control_characters(path: str | None) -> str | None:
-    """A path with a NUL, newline or other control character passes every other check and then fails the step
-    that opens it: refused here, so ``config check`` names the key."""
+    """A path with a control character (NUL, newline) would fail only the step that opens it; ``config check`` names
+    the key."""
     if (control := next((char for char in path or "" if unicodedata.category(char) == "Cc"), None)) is not None:
         raise PydanticCustomError(
             "path_control",
@@ -115,12 +102,10 @@ def refuse_userinfo(url: str | None) -> str | None:
 
 
 def refuse_invisible_url_characters(url: str | None) -> str | None:
-    """A URL with a character that does not show as itself (Unicode Cc, Cf, Zl, Zp). A control character (the CR of
-    an env file with Windows line ends, a tab) passed the URL checks, which read URLs as browsers do, without tabs
-    and line ends; then the service's client refused it (httpx's InvalidURL, naming no key) when the step first
-    called the service. A bidi override (U+202E) or a line separator (U+2028) passed them all and ``config check``
-    printed it raw, showing another address or a forged line. Named by its code; the URL itself is not shown: it
-    may hold a token."""
+    """A URL with a character that does not show as itself (Unicode Cc, Cf, Zl, Zp). The URL checks read URLs as
+    browsers do, skipping tabs and line ends (a CR from an env file), which httpx then refused naming no key; a bidi
+    override or line separator passed them all and ``config check`` printed another address or a forged line.
+    Named by its code, never showing the URL (it may hold a token)."""
     if (found := invisible_character(url or "")) is None:
         return url
     kind, code = found
@@ -134,8 +119,8 @@ def refuse_invisible_url_characters(url: str | None) -> str | None:
 
 
 def refuse_non_http_url(url: str | None) -> str | None:
-    """A service's URL is ``http(s)://host[:port][/path]``: a scheme left out (``localhost:8080``) or another one
-    passed ``config check`` and failed the step that first called the service, naming no key."""
+    """``http(s)://host[:port][/path]``: a scheme left out (``localhost:8080``) or another one would fail only the
+    step that first calls the service, naming no key."""
     if url is None:
         return None
     parts = split_url(url)
@@ -175,9 +160,8 @@ MAX_SECRET_BYTES = 64 * 1024
 
 
 def refuse_unsendable_secret(secret: SecretStr | None) -> SecretStr | None:
-    """A secret travels in an HTTP header and into the redaction's registry. A control character (a pasted line
-    break, from a Secret block or ``${VAR}``) makes httpx quote the whole header value in its error, and a secret of
-    megabytes makes every redaction crawl; both are refused here, naming the key and never the value."""
+    """A secret travels in an HTTP header and into the redaction's registry: httpx quotes a header value with a
+    control character (a pasted line break) in its error, and a secret of megabytes makes every redaction crawl."""
     text = secret.get_secret_value() if secret is not None else ""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_SECRET_BYTES:
         raise PydanticCustomError(
@@ -197,10 +181,8 @@ OptionalSecret = Annotated[SecretStr | None, BeforeValidator(_blank_to_none), Af
 
 
 def refuse_non_ascii_header_secret(secret: SecretStr | None) -> SecretStr | None:
-    """A secret sent as it is in a header (an API key, an S3 access key id). httpx sends a non-ASCII one as UTF-8;
-    servers read header bytes as ASCII or Latin-1, so the key does not match, and a server quoting it back writes
-    ``Ã¤`` for ``ä``. Refused naming the key, never the value or any character of it. (A Basic password may be
-    non-ASCII: its header carries Base64 of its UTF-8, as browsers send it.)"""
+    """A secret sent as it is in a header (an API key, an S3 access key id): httpx sends it as UTF-8, servers read
+    ASCII or Latin-1, so it would not match. (A Basic password may be non-ASCII: its header carries Base64.)"""
     if secret is not None and not secret.get_secret_value().isascii():
         raise PydanticCustomError(
             "secret_not_ascii",

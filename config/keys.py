@@ -10,7 +10,7 @@ from typing import Any, get_args
 from pydantic import BaseModel, SecretStr
 
 from config.fields import env_var_name, join_key_path
-from config.services import legacy_key_paths
+from config.services import LEGACY_KEY_PATHS
 from config.settings import Settings
 
 ENRICHMENTS_KEY = "services.crtdl_preprocessing.enrichments"
@@ -47,13 +47,13 @@ def _holds_secret(annotation: Any) -> bool:
 def secret_key_paths() -> frozenset[str]:
     """Dotted paths of every secret key (SecretStr fields), including the deprecated flat extractor keys."""
     secrets = {path for path, annotation in _leaves(Settings, "", _nested_model) if _holds_secret(annotation)}
-    deprecated = {old for old, current in legacy_key_paths().items() if current in secrets}
+    deprecated = {old for old, current in LEGACY_KEY_PATHS.items() if current in secrets}
     return frozenset(secrets | deprecated)
 
 
 @cache
 def settable_paths() -> frozenset[str]:
-    return frozenset(leaf_paths()) | frozenset(legacy_key_paths())
+    return frozenset(leaf_paths()) | frozenset(LEGACY_KEY_PATHS)
 
 
 @cache

@@ -1,16 +1,11 @@
-"""The one configuration loader: YAML file + ${VAR} + APP_* environment + command-line overrides -> Settings.
-
-Precedence, highest first: overrides, APP_* variables, the file (``config.yaml_file``: ${VAR} and Secret blocks
-too), defaults. A key's APP_* name is ``APP_`` + its dotted path upper-cased with ``.`` -> ``_``, resolved from the
-known keys, never by splitting on ``_``; APP_* variables matching no key are ignored (other tools share the prefix)
-and an empty one counts as unset (``APP_X=`` in compose files). ``LoadedConfig.sources`` records each leaf's source
-("default", "file", "env APP_...", "flag <label>"). All problems are raised together as one ConfigError, never with
-a secret's value.
-"""
+"""The one configuration loader. Precedence, highest first: command-line overrides, APP_* variables, the file
+(``config.yaml_file``), defaults. An APP_* name is resolved from the known keys (``env_var_name``), never by splitting
+on ``_``; one matching no key is ignored (other tools share the prefix), an empty one is unset (``APP_X=`` in compose
+files). ``LoadedConfig.sources`` records each leaf's source ("default", "file", "env APP_...", "flag <label>"). All
+problems are raised together as one ConfigError, never with a secret's value."""
 
 from __future__ import annotations
 
-import copy
 import difflib
 import hashlib
 import json
@@ -29,9 +24,9 @@ from config.durations import format_duration
 from config.errors import ConfigError, is_at_or_below, validation_problems
 from config.fields import CONFIG_LOGGER, ENV_PREFIX, Problem, env_var_name
 from config.keys import ENRICHMENTS_KEY, env_var_index, leaf_paths, secret_key_paths, settable_paths, value_at
-from config.services import legacy_key_paths, legacy_timing_key_paths
+from config.services import LEGACY_KEY_PATHS, LEGACY_TIMING_KEY_PATHS
 from config.settings import Settings
-from config.yaml_file import SECRET_BLOCK_PREFIX, drop_empty_keys, file_identity, read_yaml, substitute_variables
+from config.yaml_file import SECRET_BLOCK_PREFIX, file_identity, read_yaml, substitute_variables
 from tasks.core.redaction import register_basic_credentials, register_secret
 from tasks.core.url_credentials import CredentialsInUrlError, has_user_info, hide_query_tokens, query_tokens
 from tasks.core.url_credentials import refuse_credentials_in_url
@@ -86,7 +81,7 @@ def _drop_overridden_shapes(tree: dict[str, Any], raw_sources: dict[str, str]) -
     """A timing key written in one shape (``polling_interval_seconds``) and set in the other by a source of higher
     precedence (APP_SERVICES_EXTRACTOR_POLLING_INTERVAL over the file): the lower one is overridden, so dropped.
     Both shapes from one source stay the error that asks to delete the deprecated key."""
-    for old, new in legacy_timing_key_paths().items():
+    for old, new in LEGACY_TIMING_KEY_PATHS.items():
         if old in raw_sources and new in raw_sources and _rank(raw_sources[old]) != _rank(raw_sources[new]):
             lower = min((old, new), key=lambda path: _rank(raw_sources[path]))
             node, leaf = _parent_of(tree, lower)
@@ -95,11 +90,10 @@ def _drop_overridden_shapes(tree: dict[str, Any], raw_sources: dict[str, str]) -
 
 
 def _final_sources(raw_sources: Mapping[str, str]) -> dict[str, str]:
-    legacy = legacy_key_paths()
     sources = dict.fromkeys(leaf_paths(), "default")
     for path, source in raw_sources.items():
-        deprecated = path in legacy and source == "file"
-        sources[legacy.get(path, path)] = f"{source} (deprecated key {path})" if deprecated else source
+        deprecated = path in LEGACY_KEY_PATHS and source == "file"
+        sources[LEGACY_KEY_PATHS.get(path, path)] = f"{source} (deprecated key {path})" if deprecated else source
     return sources
 
 
@@ -110,17 +104,14 @@ def load_settings(
     overrides: Mapping[str, str] | None = None,
     override_labels: Mapping[str, str] | None = None,
 ) -> LoadedConfig:
-    """Load and validate the configuration; raise ConfigError listing every problem found.
-
-    ``env`` defaults to os.environ (for ${VAR} and APP_*). ``overrides`` maps dotted keys to raw strings from
-    the command line; ``override_labels`` maps a key to the flag that set it (e.g. "--dir") for the sources.
-    ``config_path`` None means defaults + environment + overrides only.
-    """
+    """Load and validate the configuration (``config_path`` None: no file); raise ConfigError listing every problem.
+    ``overrides`` maps dotted keys to raw strings from the command line, ``override_labels`` a key to the flag that
+    set it (e.g. "--dir")."""
     env = os.environ if env is None else env
     unresolved: list[Problem] = []
     tree: dict[str, Any] = {}
     if config_path is not None:
-        tree = drop_empty_keys(substitute_variables(read_yaml(Path(config_path)), env, unresolved))
+        tree = substitute_variables(read_yaml(Path(config_path)), env, unresolved)
         resolve_file_paths(tree, Path(config_path).expanduser().resolve().parent)
     raw_sources = {path: "file" for path in sorted(settable_paths()) if _has_path(tree, path)}
     index = env_var_index()
@@ -138,7 +129,7 @@ def load_settings(
     problems = [f"{path}: {message}" for path, message in unresolved] + flag_problems
     warnings: list[str] = []
     try:
-        settings = Settings.model_validate(copy.deepcopy(tree), context={"warnings": warnings})
+        settings = Settings.model_validate(tree, context={"warnings": warnings})
     except ValidationError as error:
         raise ConfigError(
             problems + validation_problems(error, raw_sources, {path for path, _ in unresolved})
@@ -157,13 +148,9 @@ SettingsIdentity = tuple[str | None, tuple[int, int] | None, tuple[tuple[str, st
 
 
 def cached_settings(config_path: str | None, overrides: Mapping[str, str], overrides_source: str = "--set") -> Settings:
-    """The settings of ``config_path`` plus ``overrides``, loaded once per process and identity.
-
-    The identity is secret-free (``settings_identity``), so an edited file, ``continue --set`` or another APP_*
-    value is loaded afresh, in the flow's process and on a Dask worker alike. A Prefect Secret block is read when
-    the file is first loaded in the process: a changed block value needs a new process or an edit of the file.
-    ``overrides_source`` names where the overrides came from in an error (a deployment's parameter, not --set).
-    """
+    """The settings of ``config_path`` plus ``overrides``, loaded once per process and ``settings_identity``: an
+    edited file, ``continue --set`` or another APP_* value is loaded afresh, but a changed Prefect Secret block only
+    in a new process. ``overrides_source`` names the overrides' origin in an error (a deployment's parameter)."""
     try:
         return _settings_of_identity(*settings_identity(config_path, overrides))
     except ConfigError:
@@ -175,9 +162,8 @@ def cached_settings(config_path: str | None, overrides: Mapping[str, str], overr
 
 
 def settings_identity(config_path: str | None, overrides: Mapping[str, str]) -> SettingsIdentity:
-    """What the settings of ``config_path`` plus ``overrides`` depend on, without a secret: the file's path,
-    modification time and size, the sorted overrides and a digest of the APP_* variables (it tells that they
-    changed, not what they are). A key for caches of the settings and of what is built from them (clients)."""
+    """What the settings of ``config_path`` plus ``overrides`` depend on, without a secret (a digest of the APP_*
+    variables tells that they changed, not what they are): a key for caches of the settings and of clients."""
     variables = sorted((name, value) for name, value in os.environ.items() if name.startswith(ENV_PREFIX))
     environment = hashlib.sha256(repr(variables).encode()).hexdigest()[:16]
     return config_path, file_identity(config_path), tuple(sorted(overrides.items())), environment
@@ -207,17 +193,15 @@ def _display(value: Any) -> str:
 
 
 def effective_config_rows(loaded: LoadedConfig) -> list[tuple[str, str, str]]:
-    """(dotted key, display value, source) for every leaf key; secrets show as ******** when set, the enrichments
-    as the effective rules (inline or read from enrichments_path)."""
+    """(dotted key, display value, source) for every leaf key; secrets show as ******** when set."""
     return [
         (path, _display(value_at(loaded.settings, path)), loaded.sources.get(path, "default")) for path in leaf_paths()
     ]
 
 
-# Keys that name files or directories. A relative path in the configuration file is relative to the file's
-# directory; one from a flag, --set, an APP_* variable or the default is relative to the current directory.
-# A job freezes them as absolute paths when it starts, so that ``continue`` from another working directory
-# (or a deployment worker) reads the same files.
+# Keys that name files or directories: relative to the configuration file's directory when written there, else to
+# the current directory. A job freezes them as absolute paths when it starts, so that ``continue`` from another
+# working directory (or a deployment worker) reads the same files.
 PATH_KEYS = (
     "jobs_dir",
     "services.local_import.dir",
@@ -237,17 +221,14 @@ def resolve_file_paths(tree: dict[str, Any], config_dir: Path) -> None:
 
 
 def absolute_path_overrides(settings: Settings) -> dict[str, str]:
-    """Every path key that is set, as an absolute path: file values are already absolute against the file's
-    directory (``load_settings``); the others are made absolute against the current directory here."""
+    """Every path key that is set, as an absolute path (the file's values are already absolute)."""
     paths = {key: value_at(settings, key) for key in PATH_KEYS}
     return {key: str(Path(value).expanduser().resolve()) for key, value in paths.items() if value}
 
 
 def refuse_secret_overrides(overrides: Mapping[str, str], source: str) -> None:
-    """Refuse secret keys among parameter overrides, which are stored with the job (job.json, Prefect's
-    flow-run parameters), and URLs with a secret in their query (``?access_token=…``, ``?apikey=…``); ``source``
-    names where they came from ("--set", "the deployment's overrides parameter"). Call it before anything else
-    looks at the overrides."""
+    """Refuse secret keys and URLs with a secret in their query (``?access_token=…``) among overrides, which are
+    stored with the job (job.json, Prefect's flow-run parameters). Call it before anything else looks at them."""
     problems = [
         f"{key} (in {source}): is a secret and cannot be given in {source}, which is stored with the job; "
         f"set it with ${{VAR}} or ${{{SECRET_BLOCK_PREFIX}BLOCK}} in the configuration file or the "
@@ -262,8 +243,8 @@ def refuse_secret_overrides(overrides: Mapping[str, str], source: str) -> None:
 
 
 def _token_url_problem(key: str, value: str, source: str) -> str | None:
-    """The problem of an override whose value is a URL carrying a secret (the URL rule of url_credentials); one with
-    a user name or password is the URL fields' own rule, which names the auth block as the fix."""
+    """The problem of an override that is a URL carrying a token; one with a user name or password is left to the URL
+    fields' own rule, which names the auth block as the fix."""
     if has_user_info(value):
         return None
     fix = (
@@ -282,7 +263,7 @@ MIN_REDACTABLE_SECRET = 8
 
 def _secret_values(settings: Settings) -> dict[str, str]:
     """Each secret key that is set, by its current path (a deprecated flat key feeds one), and its value."""
-    values = {path: value_at(settings, path) for path in sorted(secret_key_paths() - set(legacy_key_paths()))}
+    values = {path: value_at(settings, path) for path in sorted(secret_key_paths() - set(LEGACY_KEY_PATHS))}
     return {path: value.get_secret_value() for path, value in values.items() if isinstance(value, SecretStr)}
 
 
@@ -297,9 +278,8 @@ def short_secret_warnings(settings: Settings) -> list[str]:
 
 
 def register_secrets(settings: Settings) -> None:
-    """Hand every configured secret to the redaction (``tasks.core.redaction.redact``, below this module), so a
-    service that echoes one back in an error never gets it into a message, log line or record; a token in a
-    configured URL's query too."""
+    """Hand every configured secret to the redaction, so a service that echoes one back in an error never gets it
+    into a message, log line or record."""
     for secret in _secret_values(settings).values():
         register_secret(secret)
     for path in leaf_paths():  # a token in a service URL's query (?access_token=${TOKEN}) is a secret too

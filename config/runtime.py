@@ -17,10 +17,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def command_line() -> str:
-    """The command a printed hint (``continue``, ``status``) starts with, as the user types it where they typed the
-    command that printed it: the console script ``dupflow`` or ``python -m flows.run``; through ``uv run`` (which
-    sets UV_RUN_RECURSION_DEPTH for what it runs) with ``--project`` outside this project's folder, where ``uv run``
-    alone would find no project."""
+    """The command a printed hint (``continue``, ``status``) starts with, as the user typed the one that printed it;
+    through ``uv run`` (which sets UV_RUN_RECURSION_DEPTH) with ``--project`` outside this project's folder."""
     program = "dupflow" if Path(sys.argv[0]).name == "dupflow" else "python -m flows.run"
     if "UV_RUN_RECURSION_DEPTH" not in os.environ:
         return program  # its virtual environment is active, or it is installed
@@ -32,11 +30,9 @@ def command_line() -> str:
 
 
 CLI = command_line()
-"""The command line as this process was run (``command_line``): every printed hint starts with it."""
 
-# Defaults for Prefect on these machines (see ../shared/prefect-notes.md); a value the user set wins. No
-# analytics: the server's, and the SDK's (DO_NOT_TRACK), which in a terminal shows a notice, writes milestone
-# files to PREFECT_HOME and sends events from a thread that the command waits for (up to 2 s) at exit.
+# Defaults for Prefect (see ../shared/prefect-notes.md); a value the user set wins. The SDK's analytics
+# (DO_NOT_TRACK) show a notice, write files to PREFECT_HOME and send events the command waits for (up to 2 s) at exit.
 PREFECT_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "1",
@@ -56,18 +52,16 @@ def prefect_api_url() -> str | None:
 
 
 def prefect_api_headers(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The credentials Prefect's own client sends its API, for dupflow's direct calls to it (``prune``, ``status``,
-    the server probes): Basic with ``PREFECT_API_AUTH_STRING`` (a server run with PREFECT_SERVER_API_AUTH_STRING),
-    else Bearer with ``PREFECT_API_KEY``, from ``env`` (a client's environment; default: this process's). Each is
-    redacted wherever dupflow shows or logs text."""
+    """The credentials Prefect's own client sends its API, for dupflow's direct calls to it: Basic with
+    ``PREFECT_API_AUTH_STRING``, else Bearer with ``PREFECT_API_KEY``, from ``env`` (default: this process's)."""
     env = os.environ if env is None else env
     return dict(_api_headers(env.get("PREFECT_API_AUTH_STRING") or None, env.get("PREFECT_API_KEY") or None))
 
 
 @functools.cache
 def _api_headers(auth_string: str | None, key: str | None) -> dict[str, str]:
-    """``prefect_api_headers`` for these values, made and registered for redaction once (the server probes ask for
-    them every 50 ms of a start-up, and registering a secret computes all its forms)."""
+    """Made and registered for redaction once: the server probes ask every 50 ms of a start-up, and registering a
+    secret computes all its forms."""
     from tasks.core.redaction import register_secret
 
     if auth_string:
@@ -94,8 +88,7 @@ def jobs_dir_of(flag: str | None) -> Path:
 
 
 def listed_jobs_dir(flag: str | None) -> Path:
-    """``jobs_dir_of`` for the commands that list its jobs (``list``, ``prune``): a file there is a mistake to say,
-    not a jobs directory without jobs."""
+    """``jobs_dir_of`` for the commands that list its jobs: a file there is a mistake, not a directory without jobs."""
     jobs_dir = jobs_dir_of(flag)
     if jobs_dir.exists() and not jobs_dir.is_dir():
         given = "--jobs-dir" if flag else "APP_JOBS_DIR" if os.environ.get("APP_JOBS_DIR") else "jobs_dir"
@@ -107,8 +100,7 @@ def listed_jobs_dir(flag: str | None) -> Path:
 
 
 def job_on_command_line(job_dir: Path) -> str:
-    """How a command names the job in ``job_dir``: its id when ``continue ID`` finds it there (the jobs directory of
-    commands without a configuration file), else the directory itself, which works from anywhere; quoted for a shell
-    where it needs to be (a space in the path)."""
+    """How a command names the job in ``job_dir``: its id when ``continue ID`` finds it there, else the directory
+    itself, quoted for a shell."""
     job_dir = Path(job_dir).resolve()
     return job_dir.name if (jobs_dir_of(None).resolve() / job_dir.name) == job_dir else shlex.quote(str(job_dir))

@@ -14,12 +14,11 @@ from pydantic_core import PydanticCustomError
 from config.durations import MAX_DURATION, Duration, format_duration
 from config.enrichment import CrtdlPreprocessingSettings
 from config.fields import ConfigModel, HeaderSecret, OptionalPath, OptionalSecret, OptionalStr, OptionalUrl, Problem
-from config.fields import emit_warning, positive, raise_problem, raise_problems, refuse_invisible_url_characters
+from config.fields import emit_warning, positive, raise_problems, refuse_invisible_url_characters
 from config.fields import StrList, refuse_userinfo, zero_means
 from tasks.core.names import show_name
 
-_HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-"""RFC 7230 token (tchar+), the grammar of an HTTP header name."""
+_HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 7230 token (tchar+): an HTTP header name
 
 _SCHEMES = (
     (
@@ -51,8 +50,6 @@ _AUTHORIZATION_HEADER = (
 
 
 class AuthSettings(ConfigModel):
-    """Common auth block (services.extractor.auth, services.pseudonymizer.auth, services.send.auth)."""
-
     username: OptionalStr = None
     password: OptionalSecret = None
     oauth_issuer_uri: OptionalUrl = None
@@ -110,17 +107,13 @@ LEGACY_DURATION_KEYS: dict[str, tuple[str, str]] = {
     "max_polling_interval_seconds": ("max_polling_interval", "seconds"),
 }
 EXTRACTOR_PATH = "services.extractor"
-
-
-def legacy_key_paths() -> dict[str, str]:
-    """Deprecated dotted key -> the current key it feeds (used for env names and value sources)."""
-    flat = {f"{EXTRACTOR_PATH}.{key}": f"{EXTRACTOR_PATH}.auth.{key}" for key in LEGACY_FLAT_AUTH_KEYS}
-    return flat | legacy_timing_key_paths()
-
-
-def legacy_timing_key_paths() -> dict[str, str]:
-    """Deprecated integer timing key -> the duration key it feeds (dotted paths)."""
-    return {f"{EXTRACTOR_PATH}.{old}": f"{EXTRACTOR_PATH}.{new}" for old, (new, _) in LEGACY_DURATION_KEYS.items()}
+# Deprecated dotted key -> the current key it feeds (for env names and value sources).
+LEGACY_TIMING_KEY_PATHS = {
+    f"{EXTRACTOR_PATH}.{old}": f"{EXTRACTOR_PATH}.{new}" for old, (new, _) in LEGACY_DURATION_KEYS.items()
+}
+LEGACY_KEY_PATHS = {
+    f"{EXTRACTOR_PATH}.{key}": f"{EXTRACTOR_PATH}.auth.{key}" for key in LEGACY_FLAT_AUTH_KEYS
+} | LEGACY_TIMING_KEY_PATHS
 
 
 def _migrate_flat_auth(data: dict[str, Any], info: ValidationInfo) -> list[Problem]:
@@ -144,24 +137,21 @@ def _migrate_legacy_durations(data: dict[str, Any], info: ValidationInfo) -> lis
     for old, (new, unit) in LEGACY_DURATION_KEYS.items():
         if old not in data:
             continue
-        if new in data:
-            problems.append((old, f"and {new} are both set; delete the deprecated {old} and keep {new}"))
-            continue
         amount = data.pop(old)
         amount = int(amount.strip()) if isinstance(amount, str) and amount.strip().isdigit() else amount
-        if not isinstance(amount, int) or isinstance(amount, bool):
+        if new in data:
+            problems.append((old, f"and {new} are both set; delete the deprecated {old} and keep {new}"))
+        elif not isinstance(amount, int) or isinstance(amount, bool):
             problems.append((old, f"must be a whole number of {unit}; better, replace it with {new} (e.g. PT30S)"))
-            continue
-        if abs(amount) > MAX_DURATION / timedelta(**{unit: 1}):  # timedelta() of it would overflow, or sleep for ages
+        elif abs(amount) > MAX_DURATION / timedelta(**{unit: 1}):  # timedelta() of it would overflow, or sleep for ages
             longest = f"{format_duration(MAX_DURATION)}, 10 years"
             problems.append((old, f"is longer than the maximum of {longest}; replace it with {new} (e.g. PT30S)"))
-            continue
-        data[new] = timedelta(**{unit: amount})
-        emit_warning(
-            info,
-            f"{EXTRACTOR_PATH}.{old} is deprecated; replace it with {EXTRACTOR_PATH}.{new}: "
-            f"{format_duration(data[new])} (a duration).",
-        )
+        else:
+            data[new] = timedelta(**{unit: amount})
+            duration = f"{format_duration(data[new])} (a duration)"
+            emit_warning(
+                info, f"{EXTRACTOR_PATH}.{old} is deprecated; replace it with {EXTRACTOR_PATH}.{new}: {duration}."
+            )
     return problems
 
 
@@ -223,11 +213,11 @@ class ExtractorSettings(ConfigModel):
     @model_validator(mode="after")
     def _max_polling_not_below_polling(self) -> ExtractorSettings:
         if self.max_polling_interval < self.polling_interval:
-            raise_problem(
-                "max_polling_interval",
+            message = (
                 f"is {format_duration(self.max_polling_interval)}, below polling_interval "
-                f"{format_duration(self.polling_interval)}; set it to at least polling_interval",
+                f"{format_duration(self.polling_interval)}; set it to at least polling_interval"
             )
+            raise_problems([("max_polling_interval", message)])
         return self
 
 

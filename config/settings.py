@@ -4,103 +4,96 @@ on the enabled steps: checked only for the steps that are enabled, so an unused 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
-from datetime import timedelta
 from collections import Counter
+from datetime import timedelta
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from config.fields import ConfigModel, OptionalPath, OptionalStr, Problem, StrList, emit_warning, env_var_name
-from config.fields import raise_problem, raise_problems, refuse_control_characters, refuse_invisible_url_characters
 from config.durations import Duration
-from config.fields import positive, zero_means
+from config.fields import ConfigModel, OptionalPath, OptionalStr, Problem, StrList, emit_warning, env_var_name
+from config.fields import positive, raise_problems, refuse_control_characters, refuse_invisible_url_characters
+from config.fields import zero_means
 from config.services import FHIR_SEND_MODES, SendSettings, ServicesSettings
 from tasks.core.url_credentials import has_user_info
 
-# The one list of step names, and which of them import data or may be listed more than once: the configuration
-# checks enabled_steps by them, tasks.job.layout names the import steps' folder by them, and the flow's table of step
-# tasks (flows.pipeline.STEPS) is checked against them by tests/test_step_names.py.
+# The one list of step names: the configuration checks enabled_steps by them, tasks.job.layout names the import
+# steps' folder by them, and tests/test_step_names.py checks the flow's table of step tasks against them.
 STEP_NAMES = ("extractor", "local_import", "http_import", "pseudonymizer", "wait", "flattening", "send", "validation")
 IMPORT_STEPS = ("extractor", "local_import", "http_import")
 REPEATABLE_STEPS = ("wait",)
 DATA_STEPS = (*IMPORT_STEPS, "pseudonymizer", "flattening")  # the steps that write data the next steps read
 REMOVED_STEPS = {"csv_conversion": "flattening", "parquet_conversion": "flattening"}
 MAX_LISTED_UNKNOWN_STEPS = 5
-
-
-def _step_name_problems(steps: list[str]) -> list[Problem]:
-    problems: list[Problem] = []
-    counts = Counter(steps)
-    if unknown := [step for step in counts if step not in STEP_NAMES and step not in REMOVED_STEPS]:
-        shown = ", ".join(f"'{step}'" for step in unknown[:MAX_LISTED_UNKNOWN_STEPS])
-        more = f" and {len(unknown) - MAX_LISTED_UNKNOWN_STEPS} more" if len(unknown) > MAX_LISTED_UNKNOWN_STEPS else ""
-        problems.append(("", f"unknown step {shown}{more}; valid steps are {', '.join(STEP_NAMES)}"))
-    for step in [step for step in counts if step in REMOVED_STEPS]:
-        message = f"step {step} was a placeholder and no longer exists; use {REMOVED_STEPS[step]} instead"
-        problems.append(("", message + " (it produces CSV through the flattening service)"))
-    once_only = set(STEP_NAMES) - set(REPEATABLE_STEPS + IMPORT_STEPS)
-    duplicates = sorted(step for step, count in counts.items() if count > 1 and step in once_only)
-    return problems + [("", f"step {step} is listed more than once; list it once") for step in duplicates]
-
-
-def _step_order_problems(steps: list[str]) -> list[Problem]:
-    problems: list[Problem] = []
-    imports = [step for step in steps if step in IMPORT_STEPS]
-    if len(imports) != 1:
-        found = f"found {', '.join(dict.fromkeys(imports))}" if imports else "found none"
-        needs = f"needs exactly one import step ({', '.join(IMPORT_STEPS)}), {found}"
-        problems.append(("", f"{needs}; keep exactly one and put it first"))
-    elif steps[0] not in IMPORT_STEPS:
-        problems.append(("", f"the import step {imports[0]} must come first; move it to the start of the list"))
-    if steps[0] == "wait":
-        problems.append(("", "a wait step cannot be first; put it after the import step"))
-    if any(a == b == "wait" for a, b in itertools.pairwise(steps)):
-        problems.append(("", "a wait step cannot directly follow another wait step; remove one of them"))
-    if steps[0] == "http_import" and "flattening" in steps:  # spec rule 3
-        problems.append(("", _NO_CRTDL_WITH_HTTP_IMPORT))
-    return problems + _validation_input_problems(steps)
-
-
-def _after_flattening(steps: list[str], step: str) -> bool:
-    """Whether ``step`` gets the flattening's CSV files: the last data step before it is the flattening."""
-    producers = [name for name in steps[: steps.index(step)] if name in DATA_STEPS]
-    return bool(producers) and producers[-1] == "flattening"
-
-
-def _validation_input_problems(steps: list[str]) -> list[Problem]:
-    """Validation checks FHIR resources (NDJSON): after the flattening (CSV, no data step between) it failed once every
-    step before it had run, on a file that is not NDJSON, and a job's steps are fixed at its start."""
-    if "validation" not in steps or not _after_flattening(steps, "validation"):
-        return []
-    return [
-        (
-            "",
-            "has validation after flattening, so validation would get the flattening's CSV files, but it checks FHIR "
-            "resources (NDJSON); put validation before flattening",
-        )
-    ]
-
-
 _NO_CRTDL_WITH_HTTP_IMPORT = (
     "the flattening step needs a CRTDL, which a job of http_import cannot be given (its one input is the URL of the "
     "NDJSON file); download the file and import its folder with local_import (start CONFIG CRTDL --dir DATA), or "
     "extract with extractor"
 )
+# Validation checks NDJSON and a direct send loads it: after the flattening (CSV) they failed once every step before
+# them had run, and a job's steps are fixed at its start.
+_VALIDATION_AFTER_FLATTENING = (
+    "has validation after flattening, so validation would get the flattening's CSV files, but it checks FHIR "
+    "resources (NDJSON); put validation before flattening"
+)
+_DIRECT_SEND_AFTER_FLATTENING = (
+    "is direct_resource_load, which loads FHIR resources (NDJSON), but send comes after flattening in "
+    "pipeline.enabled_steps and would get its CSV files; put send before flattening, or send the CSV files "
+    "with send_as s3_upload or transfer_load"
+)
+
+
+def _step_name_problems(steps: list[str]) -> list[str]:
+    problems = []
+    counts = Counter(steps)
+    if unknown := [step for step in counts if step not in STEP_NAMES and step not in REMOVED_STEPS]:
+        shown = ", ".join(f"'{step}'" for step in unknown[:MAX_LISTED_UNKNOWN_STEPS])
+        more = f" and {len(unknown) - MAX_LISTED_UNKNOWN_STEPS} more" if len(unknown) > MAX_LISTED_UNKNOWN_STEPS else ""
+        problems.append(f"unknown step {shown}{more}; valid steps are {', '.join(STEP_NAMES)}")
+    for step in [step for step in counts if step in REMOVED_STEPS]:
+        message = f"step {step} was a placeholder and no longer exists; use {REMOVED_STEPS[step]} instead"
+        problems.append(message + " (it produces CSV through the flattening service)")
+    once_only = set(STEP_NAMES) - set(REPEATABLE_STEPS + IMPORT_STEPS)
+    duplicates = sorted(step for step, count in counts.items() if count > 1 and step in once_only)
+    return problems + [f"step {step} is listed more than once; list it once" for step in duplicates]
+
+
+def _step_order_problems(steps: list[str]) -> list[str]:
+    problems = []
+    imports = [step for step in steps if step in IMPORT_STEPS]
+    if len(imports) != 1:
+        found = f"found {', '.join(dict.fromkeys(imports))}" if imports else "found none"
+        needs = f"needs exactly one import step ({', '.join(IMPORT_STEPS)}), {found}"
+        problems.append(f"{needs}; keep exactly one and put it first")
+    elif steps[0] not in IMPORT_STEPS:
+        problems.append(f"the import step {imports[0]} must come first; move it to the start of the list")
+    if steps[0] == "wait":
+        problems.append("a wait step cannot be first; put it after the import step")
+    if any(a == b == "wait" for a, b in itertools.pairwise(steps)):
+        problems.append("a wait step cannot directly follow another wait step; remove one of them")
+    if steps[0] == "http_import" and "flattening" in steps:  # spec rule 3
+        problems.append(_NO_CRTDL_WITH_HTTP_IMPORT)
+    if _after_flattening(steps, "validation"):
+        problems.append(_VALIDATION_AFTER_FLATTENING)
+    return problems
+
+
+def _after_flattening(steps: list[str], step: str) -> bool:
+    """Whether ``step`` is listed and gets the flattening's CSV files: the last data step before it is flattening."""
+    producers = [name for name in steps[: steps.index(step)] if name in DATA_STEPS] if step in steps else []
+    return bool(producers) and producers[-1] == "flattening"
 
 
 class TaskRunnerSettings(ConfigModel):
-    """pipeline.task_runner: where the per-file work of every step runs.
-
-    ``in_process`` (the default): threads of the flow's own process. ``dask``: each file is a Prefect task run on a
-    Dask cluster (prefect-dask's ``DaskTaskRunner``): the running scheduler at ``dask_address``, or else a local
-    cluster of ``dask_workers`` worker processes (one thread each; default one per core) started for the flow run
-    and closed at its end. Every worker must see the jobs directory at the same path and reach the same Prefect
-    API. Dask costs ~0.1 s per task run: it pays for file-sized work only.
-    """
+    """Where the per-file work runs: threads of the flow's process (``in_process``), or Prefect task runs on the Dask
+    scheduler at ``dask_address``, else on a local cluster of ``dask_workers`` processes (default one per core) started
+    for the flow run. Every worker must see the jobs directory at the same path and reach the same Prefect API. Dask
+    costs ~0.1 s per task run: it pays for file-sized work only."""
 
     kind: Literal["in_process", "dask"] = "in_process"
     dask_address: OptionalStr = None
@@ -137,23 +130,21 @@ class TaskRunnerSettings(ConfigModel):
     @model_validator(mode="after")
     def _keys_fit_the_kind(self) -> TaskRunnerSettings:
         if self.kind == "in_process":
-            keys = [key for key in ("dask_address", "dask_workers") if getattr(self, key) is not None]
             fix = "is set but kind is in_process; set kind: dask to run the per-file work on Dask, or remove it"
-            raise_problems([(key, fix) for key in keys])
+            raise_problems([(key, fix) for key in ("dask_address", "dask_workers") if getattr(self, key) is not None])
         elif self.dask_address is not None and self.dask_workers is not None:
-            raise_problem(
-                "dask_workers",
-                "sizes a local cluster, but dask_address names a running scheduler whose workers are started "
-                "where they run; remove dask_workers (or dask_address, for a local cluster)",
+            message = (
+                "sizes a local cluster, but dask_address names a running scheduler whose workers are started where "
+                "they run; remove dask_workers (or dask_address, for a local cluster)"
             )
+            raise_problems([("dask_workers", message)])
         return self
 
 
 class FileBatchSettings(ConfigModel):
-    """pipeline.file_batches: how a step's files are grouped into task runs. Consecutive files (in the step's order)
-    make one batch, one Prefect task run, cached as a whole, up to ``max_files`` files or ``max_mb`` MB; a file of
-    ``max_mb`` or more is a batch of its own. A task run costs the Prefect server about 30 ms of CPU and a row of
-    its database; a resumed job does again at most the batch that was interrupted."""
+    """pipeline.file_batches: consecutive files of a step make one batch, one Prefect task run cached as a whole, up
+    to ``max_files`` files or ``max_mb`` MB; a larger file is a batch of its own. A task run costs the Prefect server
+    about 30 ms of CPU and a row of its database; a resumed job does again at most the batch that was interrupted."""
 
     max_files: int = Field(default=5000, ge=1, le=100_000)
     max_mb: int = Field(default=32, ge=1, le=100_000)
@@ -164,9 +155,6 @@ class FileBatchSettings(ConfigModel):
 
 
 class PipelineSettings(ConfigModel):
-    """pipeline: the ordered steps of a job, how their files are grouped into task runs (``file_batches``) and where
-    that work runs (``task_runner``)."""
-
     enabled_steps: StrList = Field(default_factory=list, validate_default=True)
     max_ndjson_line_size_mb: Annotated[int, zero_means(100)] = Field(default=100, ge=0, le=4096)
     # How long a deployment run stays suspended at a wait step; then Prefect fails it ("never resumed").
@@ -185,12 +173,12 @@ class PipelineSettings(ConfigModel):
     @classmethod
     def _steps_follow_the_rules(cls, steps: list[str]) -> list[str]:
         if not steps:
-            raise_problem(
-                "",
-                "is empty; list the steps to run in order, starting with one import step, "
-                "e.g. [local_import, pseudonymizer, send]",
+            message = (
+                "is empty; list the steps to run in order, starting with one import step, e.g. [local_import, "
+                "pseudonymizer, send]"
             )
-        raise_problems(_step_name_problems(steps) + _step_order_problems(steps))
+            raise_problems([("", message)])
+        raise_problems([("", problem) for problem in _step_name_problems(steps) + _step_order_problems(steps)])
         return steps
 
 
@@ -216,6 +204,12 @@ def _required(key_path: str, reason: str) -> Problem:
     return (key_path, f"is required {reason}; set it in the configuration file or with {env_var_name(key_path)}")
 
 
+_REQUIRED_BY_STEP = {
+    "extractor": "services.extractor.base_url",
+    "pseudonymizer": "services.pseudonymizer.url",
+    "validation": "services.validation.url",
+    "flattening": "services.flattening.lookup_path",
+}
 _SEND_AS_MISSING = (
     "is required because the send step is enabled; set one of direct_resource_load, transfer_load, s3_upload"
 )
@@ -223,28 +217,31 @@ _FHIR_SEND_AUTH = (
     "needs exactly one of Basic Auth or OAuth 2.0 client credentials {reason}; set username and password, or "
     "oauth_issuer_uri, oauth_client_id and oauth_client_secret, in services.send.auth"
 )
-
-
-def _send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]:
-    if send.send_as is None:
-        return [("services.send.send_as", _SEND_AS_MISSING)]
-    if send.send_as in FHIR_SEND_MODES:
-        reason = f"for send_as {send.send_as}"
-        problems = [_required("services.send.url", reason)] if send.url is None else []
-        if not (send.auth.uses_basic or send.auth.uses_oauth):
-            problems.append(("services.send.auth", _FHIR_SEND_AUTH.format(reason=reason)))
-        keys = ("project_identifier", "organization_identifier") if send.send_as == "transfer_load" else ()
-        return problems + [
-            _required(f"services.send.transfer.{key}", reason) for key in keys if getattr(send.transfer, key) is None
-        ]
-    return _s3_send_problems(send, info)
-
-
+_S3_SEND_OAUTH = (
+    "OAuth 2.0 is not supported with send_as s3_upload, where the auth block only carries proxy Basic Auth "
+    "(username, password); remove the oauth_* keys (the bucket itself uses "
+    "services.send.s3.access_key_id/secret_access_key)"
+)
 PROXY_AUTH_WITHOUT_ENDPOINT = (
     "carries the Basic Auth of a proxy that services.send.s3.endpoint names, but the endpoint is not set, so every "
     "request would go to AWS itself with the proxy's password in it; set the proxy's address as "
     "services.send.s3.endpoint, or remove username and password from services.send.auth"
 )
+
+
+def _send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]:
+    if send.send_as is None:
+        return [("services.send.send_as", _SEND_AS_MISSING)]
+    if send.send_as not in FHIR_SEND_MODES:
+        return _s3_send_problems(send, info)
+    reason = f"for send_as {send.send_as}"
+    problems = [_required("services.send.url", reason)] if send.url is None else []
+    if not (send.auth.uses_basic or send.auth.uses_oauth):
+        problems.append(("services.send.auth", _FHIR_SEND_AUTH.format(reason=reason)))
+    keys = ("project_identifier", "organization_identifier") if send.send_as == "transfer_load" else ()
+    return problems + [
+        _required(f"services.send.transfer.{key}", reason) for key in keys if getattr(send.transfer, key) is None
+    ]
 
 
 def _s3_send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]:
@@ -254,39 +251,16 @@ def _s3_send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]
         if getattr(send.s3, key) is None
     ]
     if send.auth.uses_oauth:
-        message = (
-            "OAuth 2.0 is not supported with send_as s3_upload, where the auth block only carries proxy Basic Auth "
-            "(username, password); remove the oauth_* keys (the bucket itself uses "
-            "services.send.s3.access_key_id/secret_access_key)"
-        )
-        problems.append(("services.send.auth", message))
+        problems.append(("services.send.auth", _S3_SEND_OAUTH))
     elif send.auth.uses_basic and send.s3.endpoint is None:
         problems.append(("services.send.auth", PROXY_AUTH_WITHOUT_ENDPOINT))
-    if send.auth.api_key is not None:
-        emit_warning(info, "services.send.auth.api_key is ignored with send_as s3_upload; remove it")
-    if send.url is not None:
-        emit_warning(info, "services.send.url is ignored with send_as s3_upload; remove it")
+    for key, value in (("auth.api_key", send.auth.api_key), ("url", send.url)):
+        if value is not None:
+            emit_warning(info, f"services.send.{key} is ignored with send_as s3_upload; remove it")
     return problems
 
 
-def _send_input_problems(send: SendSettings, pipeline: PipelineSettings) -> list[Problem]:
-    """A direct send loads NDJSON into a FHIR server: after the flattening (CSV, with no data step between) it
-    failed at the end of the job, which can then never be continued (its steps are fixed at start)."""
-    if send.send_as != "direct_resource_load" or not _after_flattening(pipeline.enabled_steps, "send"):
-        return []
-    return [
-        (
-            "services.send.send_as",
-            "is direct_resource_load, which loads FHIR resources (NDJSON), but send comes after flattening in "
-            "pipeline.enabled_steps and would get its CSV files; put send before flattening, or send the CSV files "
-            "with send_as s3_upload or transfer_load",
-        )
-    ]
-
-
 class Settings(ConfigModel):
-    """The whole configuration. Rules that depend on enabled steps are checked here."""
-
     services: ServicesSettings = Field(default_factory=ServicesSettings)
     pipeline: PipelineSettings = Field(default_factory=dict, validate_default=True)  # type: ignore[arg-type]
     retry: RetrySettings = Field(default_factory=RetrySettings)
@@ -296,19 +270,15 @@ class Settings(ConfigModel):
 
     @model_validator(mode="after")
     def _enabled_steps_are_configured(self, info: ValidationInfo) -> Settings:
-        services, pipeline = self.services, self.pipeline
-        required = [
-            ("extractor", "services.extractor.base_url", services.extractor.base_url),
-            ("pseudonymizer", "services.pseudonymizer.url", services.pseudonymizer.url),
-            ("validation", "services.validation.url", services.validation.url),
-            ("flattening", "services.flattening.lookup_path", services.flattening.lookup_path),
-        ]
         problems = [
-            _required(key_path, f"because the {step} step is enabled")
-            for step, key_path, value in required
-            if pipeline.has_step(step) and value is None
+            _required(path, f"because the {step} step is enabled")
+            for step, path in _REQUIRED_BY_STEP.items()
+            if self.pipeline.has_step(step) and functools.reduce(getattr, path.split("."), self) is None
         ]
-        if pipeline.has_step("send"):
-            problems += _send_problems(services.send, info) + _send_input_problems(services.send, pipeline)
+        send = self.services.send
+        if self.pipeline.has_step("send"):
+            problems += _send_problems(send, info)
+            if send.send_as == "direct_resource_load" and _after_flattening(self.pipeline.enabled_steps, "send"):
+                problems.append(("services.send.send_as", _DIRECT_SEND_AFTER_FLATTENING))
         raise_problems(problems)
         return self

@@ -1,7 +1,6 @@
-"""The bounds of every YAML text dupflow parses, the configuration file's and a list given as text (``[a, b]`` in an
-APP_* variable, ``--set`` or a deployment's overrides): documents that would cost more than a configuration ever
-needs are refused from parser events alone, before anything is built, so memory and time stay proportional to the
-text. Imports nothing of ours (``config.fields`` and ``config.yaml_file`` both use it)."""
+"""The bounds of every YAML text dupflow parses (the configuration file, a list given as text: ``[a, b]``): a
+document that would cost more than a configuration ever needs is refused from parser events alone, before anything
+is built, so memory and time stay proportional to the text. Imports nothing of ours: ``config.fields`` uses it."""
 
 from __future__ import annotations
 

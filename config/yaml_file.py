@@ -1,8 +1,7 @@
-"""The configuration file as a source: read at most MAX_CONFIG_BYTES of UTF-8, refuse documents that would cost
-more than a configuration ever needs, parse the YAML (duplicate keys refused) once per file version in this
-process, and expand ``${VAR}`` in its values: the text of an environment variable, or, for a secret key,
-``${prefect-secret:NAME}``: the text of the Prefect Secret block NAME, read from the Prefect API when the file is
-loaded (inside the run, for a run's steps), never a parameter. ``$${X}`` stays the literal ``${X}``."""
+"""The configuration file as a source: at most MAX_CONFIG_BYTES of UTF-8 within the bounds of ``config.yaml_bounds``,
+parsed (duplicate keys refused) once per file version in this process, its ``${VAR}`` expanded from the environment
+and, for a secret key, ``${prefect-secret:NAME}`` from the Prefect Secret block NAME when the file is loaded (inside
+the run, for a run's steps), never a parameter. ``$${X}`` stays the literal ``${X}``."""
 
 from __future__ import annotations
 
@@ -66,8 +65,8 @@ def _read_text(config_path: Path) -> str:
 
 
 def read_yaml(config_path: Path) -> dict[str, Any]:
-    """The file's YAML tree (``${VAR}`` not yet expanded), read and parsed once per path, modification time and
-    size in this process: the command, the job's preparation and its steps share one read of the file."""
+    """The file's YAML tree (``${VAR}`` not yet expanded), parsed once per path, modification time and size in this
+    process: the command, the job's preparation and its steps share one read."""
     return copy.deepcopy(_parsed_yaml(config_path, file_identity(str(config_path))))
 
 
@@ -81,8 +80,8 @@ def _parsed_yaml(config_path: Path, identity: tuple[int, int] | None) -> dict[st
 
 
 def parse_yaml_file(config_path: Path) -> Any:
-    """The YAML document of a file read within this module's bounds (size, UTF-8, depth, expanded values, number
-    length, duplicate keys): the configuration, and every other YAML file dupflow reads (the automation file)."""
+    """The YAML document of a file within this module's bounds: the configuration, and every other YAML file dupflow
+    reads (the automation file)."""
     text = _read_text(config_path)
     try:
         if (found := yaml_shape_problem(text)) is not None:  # before anything is built (``config.yaml_bounds``)
@@ -108,15 +107,6 @@ def file_identity(path: str | None) -> tuple[int, int] | None:
     except OSError:
         return None
     return (status.st_mtime_ns, status.st_size) if status else None
-
-
-def drop_empty_keys(node: Any) -> Any:
-    """A key written with no value (``auth:`` with every line commented out) is the same as the key absent."""
-    if isinstance(node, dict):
-        return {key: drop_empty_keys(value) for key, value in node.items() if value is not None}
-    if isinstance(node, list):
-        return [drop_empty_keys(item) for item in node]
-    return node
 
 
 _REFERENCE = re.compile(r"\$\$\{|\$\{([^}]*)\}")
@@ -156,8 +146,8 @@ def _substitute_text(text: str, path: str, env: Mapping[str, str], problems: lis
 
 
 def _secret_block_value(block: str, path: str, problems: list[Problem]) -> str | None:
-    """The text held by the Prefect Secret block ``block`` for the secret key ``path``, registered for redaction;
-    None (and a problem naming the key, the block and the fix) when it cannot be used."""
+    """The text of the Prefect Secret block ``block`` for the secret key ``path``, registered for redaction; None (and
+    a problem) when it cannot be used."""
     reference = f"${{{SECRET_BLOCK_PREFIX}{block}}}"
     if path not in secret_key_paths():
         problem = (
@@ -182,8 +172,6 @@ def _secret_block_value(block: str, path: str, problems: list[Problem]) -> str |
 
 
 def _load_secret_block(block: str) -> str:
-    """The text of the Prefect Secret block ``block``, read from the Prefect API this process uses; _UnusableBlock
-    when the block is missing, the API does not answer or the block holds no text."""
     import httpx
     from prefect.blocks.system import Secret
     from prefect.settings import PREFECT_API_URL
@@ -217,10 +205,13 @@ def _load_secret_block(block: str) -> str:
 
 
 def substitute_variables(node: Any, env: Mapping[str, str], problems: list[Problem], path: str = "") -> Any:
+    """``node`` with ``${...}`` expanded in its texts, and without its keys written with no value (``auth:`` with
+    every line commented out is the same as the key absent)."""
     if isinstance(node, dict):
         return {
             key: substitute_variables(value, env, problems, join_key_path(path, str(key)))
             for key, value in node.items()
+            if value is not None
         }
     if isinstance(node, list):
         return [substitute_variables(item, env, problems, f"{path}[{index}]") for index, item in enumerate(node)]
@@ -230,8 +221,8 @@ def substitute_variables(node: Any, env: Mapping[str, str], problems: list[Probl
 
 
 def names_secret_blocks(config_path: str | None) -> bool:
-    """Whether the file takes a value from a Prefect Secret block (``${prefect-secret:NAME}``, not escaped): the
-    command must then know the jobs' Prefect server before it loads the settings."""
+    """Whether the file takes a value from a Prefect Secret block: the command must then know the jobs' Prefect
+    server before it loads the settings."""
     if config_path is None:
         return False
     reference = re.compile(r"(?<!\$)\$\{" + re.escape(SECRET_BLOCK_PREFIX))
