@@ -18,7 +18,7 @@ from config.runtime import prefect_api_url
 from config.settings import TaskRunnerSettings
 from tasks.job.contract import StepInput, commit_each, data_files, files_gone, settings_of, stored_in_job
 from tasks.core.errors import DupflowError
-from tasks.streams.fanout import results_or_raise, run_bounded
+from tasks.streams.fanout import outcome_of, results_or_raise, run_bounded
 
 if TYPE_CHECKING:
     from prefect_dask import DaskTaskRunner
@@ -117,13 +117,6 @@ def file_batches(sizes: Sequence[int | None], max_files: int, max_bytes: int) ->
 def batch_label(names: Sequence[str]) -> str:
     """``a.ndjson`` for one file, ``a.ndjson … f.ndjson (6 files)`` for several (the run name of their batch)."""
     return names[0] if len(names) == 1 else f"{names[0]} … {names[-1]} ({len(names)} files)"
-
-
-def outcome_of(call: Callable[..., R], *args: Any) -> R | Exception:
-    try:
-        return call(*args)
-    except Exception as exc:  # kept for the caller, which decides what to raise
-        return exc
 
 
 def kept_result(future: Any, file_task: Any, args: tuple[Any, ...]) -> Any:

@@ -12,6 +12,9 @@ from typing import TypeGuard
 
 from config.settings import IMPORT_STEPS
 
+JOB_TAG_PREFIX = "job-"
+DIRECTORY_TAG_PREFIX = "dir-"
+
 
 def step_folder(step: str) -> str:
     return "import" if step in IMPORT_STEPS else step
@@ -59,15 +62,9 @@ def result_name(job_id: str, position: int, step: str, task: str, suffix: str) -
     return f"{job_id}-{position:02d}-{step}-{task.replace('_', '-')}-{suffix}"
 
 
-JOB_TAG_PREFIX = "job-"
-
-
 def job_tag(job_id: str) -> str:
     """The tag every flow run of the job carries (the UI filters by it); also its artifact keys' prefix."""
     return JOB_TAG_PREFIX + job_id
-
-
-DIRECTORY_TAG_PREFIX = "dir-"
 
 
 def directory_tag(job_dir: Path) -> str:

@@ -10,7 +10,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -43,10 +43,7 @@ def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exceptio
                 index = pending.popleft()
             except IndexError:
                 return
-            try:
-                outcomes[index] = context.copy().run(calls[index])
-            except Exception as exc:  # kept for the caller, which decides what to raise
-                outcomes[index] = exc
+            outcomes[index] = outcome_of(context.copy().run, calls[index])
 
     threads = [threading.Thread(target=work, daemon=True) for _ in range(min(workers, len(calls)))]
     try:
@@ -63,6 +60,13 @@ def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exceptio
                 thread.join(max(0.0, grace_ends - time.monotonic()))
         raise
     return outcomes
+
+
+def outcome_of(call: Callable[..., R], *args: Any) -> R | Exception:
+    try:
+        return call(*args)
+    except Exception as exc:  # kept for the caller, which decides what to raise
+        return exc
 
 
 def results_or_raise(outcomes: list[R | Exception]) -> list[R]:
