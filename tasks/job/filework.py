@@ -68,8 +68,7 @@ def map_files(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]],
 
 
 class FileToDo(NamedTuple):
-    """One file of a step's batches (``map_batches``): its name, its size (None: unknown, a batch of its own) and the
-    arguments of the step's call for it."""
+    """A file of a step's batches: name, size (None: unknown, a batch of its own), the step's call's arguments."""
 
     name: str
     size: int | None

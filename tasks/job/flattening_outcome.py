@@ -96,8 +96,7 @@ def new_outcome(
 
 
 def refuse_empty_result(outcome: FlattenOutcome) -> None:
-    """Fail when the input had resources and no CSV has a row (the step module's doc, 6), naming each skipped group
-    (no lookup table) with its profile."""
+    """Fail when the input had resources and no CSV has a row (the step module's doc, 6)."""
     if any(group.rows for group in outcome.groups):
         return
     skipped = _skipped_groups(outcome)
@@ -171,8 +170,7 @@ def report(outcome: FlattenOutcome, step: StepInput) -> None:
 
 
 def report_selection(outcome: FlattenOutcome) -> None:
-    """Without Provenance: how resources were routed, what of each group's CRTDL could not be applied, and what the
-    profiles and filters left out."""
+    """Without Provenance: how resources were routed, what of the CRTDL was not applied, what was left out."""
     log.warning(
         "the input holds no attribute-group Provenance (a plain import): each attribute group takes the resources of "
         "its type and profile that pass its CRTDL filters, as the extraction selects them (docs/steps.md)"

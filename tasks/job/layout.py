@@ -26,8 +26,7 @@ def is_result_url(job_input: str | None) -> TypeGuard[str]:
 
 
 def is_crtdl_file(job_input: str | None) -> bool:
-    """A job input that is a CRTDL: a ``.json`` path that is no directory (a missing one too, so that preparing the
-    job says it is not found)."""
+    """A ``.json`` path that is no directory (a missing one too, so that preparing the job says it is not found)."""
     return bool(job_input and "://" not in job_input and job_input.endswith(".json") and not Path(job_input).is_dir())
 
 

@@ -140,8 +140,7 @@ def validation_problem(exc: Exception) -> str:
 
 @contextmanager
 def changing_record(job_dir: Path, new: JobRecord | None = None) -> Iterator[JobRecord]:
-    """The record to change in place (``new`` if none yet), written when the block ends without raising, locked
-    against every other writer."""
+    """The record (``new`` if none yet) to change in place, written when the block ends without raising, locked."""
     job_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(job_dir / WRITE_LOCK_FILE):  # a flock of its own open file: it excludes threads too
         record = read_record(job_dir, new)

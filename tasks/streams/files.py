@@ -21,8 +21,7 @@ SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writing the dirty pages out, do
 
 
 class JobWriteError(DupflowError, OSError):
-    """A job's file could not be written; nothing half-written is left. An ``OSError`` too, for callers tolerating
-    a failed write."""
+    """A job's file could not be written; nothing half-written is left. An ``OSError`` for callers tolerating it."""
 
 
 def write_error(exc: OSError, path: Path) -> JobWriteError:
@@ -54,8 +53,7 @@ def write_file_atomically(path: Path, data: bytes, *, private: bool = False, sha
 
 
 def close_synced(stream: IO) -> None:
-    """Flush, sync and close ``stream``: a file renamed into place as finished must not come back half-written from a
-    power cut."""
+    """Flush, sync and close ``stream``: a file renamed into place must not come back half-written from a power cut."""
     stream.flush()
     os.fsync(stream.fileno())
     stream.close()

@@ -337,8 +337,7 @@ def first_non_blank(chunk: bytes | bytearray, start: int) -> int:
 
 
 def parse_resource(source: Path | str, line_number: int, line: bytes | bytearray | memoryview) -> dict:
-    """One NDJSON line as a JSON object with a ``resourceType``; else an error naming file and line (never quoting the
-    line: patient data)."""
+    """One NDJSON line as a JSON object with a ``resourceType``; else an error never quoting the line (patient data)."""
     try:
         resource = orjson.loads(line)
     except orjson.JSONDecodeError as exc:

@@ -85,8 +85,7 @@ def pool_size() -> int:
 
 
 def processes_allowed() -> bool:
-    """Worker processes can help: there is more than one core, and this is no daemonic process (a Dask worker,
-    which may not have children)."""
+    """More than one core, and no daemonic process (a Dask worker, which may not have children)."""
     return pool_size() > 1 and not multiprocessing.current_process().daemon
 
 
@@ -201,8 +200,7 @@ class ProcessCalls(Generic[R]):
 
 
 def _start_worker(parent: int, preload: tuple[str, ...]) -> None:
-    """In a worker: a thread ending the process once the pool's parent is gone (loky's would wait for work forever),
-    then the modules its work needs."""
+    """In a worker: a thread ending the process with the pool's parent (loky's would wait for work forever)."""
     threading.Thread(target=_wait_for_exit, args=(parent,), daemon=True, name="exit-with-parent").start()
     _import_modules(preload)
 

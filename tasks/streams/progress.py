@@ -109,8 +109,7 @@ def _display_tracker(label: str, total: int | None, unit: str) -> Iterator[Track
 
 @dataclass(frozen=True)
 class StepWork:
-    """What a step run is known to work on before it starts: its input files, bytes and NDJSON lines (none for an
-    import step)."""
+    """What a step run is known to work on before it starts: its input files, bytes and NDJSON lines."""
 
     files: int = 0
     size: int = 0
@@ -122,8 +121,7 @@ class StepWork:
 
 @dataclass(eq=False)
 class FileWork(Tracker):
-    """The tracker of a file (or a batch of ``files``) in a step run: feeds its display (``shown``) and the step's
-    aggregate."""
+    """The tracker of a file (or a batch of ``files``) in a step run, feeding its display and the step's."""
 
     shown: Tracker
     aggregate: StepProgress
@@ -232,7 +230,6 @@ class StepProgress:
             self._publishing.release()
 
     def _files_known(self) -> int:
-        """The files the step said it expects, else its input files."""
         return self._files_expected or self._work.files
 
     def _measure(self, now: float, finished: bool, stopped: bool) -> tuple[float, str]:
@@ -263,8 +260,7 @@ class StepProgress:
 
 
 class ProgressArtifact:
-    """The progress artifact ``key`` of the task run it is made in (``run``; None outside one), made by its first
-    ``write``, then updated in place."""
+    """The progress artifact ``key`` of the task run it is made in (``run``), made by ``write``, then updated."""
 
     def __init__(self, key: str):
         from prefect.context import TaskRunContext

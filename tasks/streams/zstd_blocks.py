@@ -12,8 +12,7 @@ ZSTD_OUTPUT_PIECE = ZSTD_BLOCKS_PER_PIECE * ZSTD_BLOCK_MAX  # the most one decom
 
 
 def starts_zstd(head: bytes) -> bool:
-    """``head`` (at least 4 bytes) begins a zstd stream: a frame, or a skippable frame (``pzstd`` starts each file
-    with one, RFC 8878 3.1.2)."""
+    """``head`` (4 bytes or more) begins a zstd frame, or a skippable one (``pzstd`` starts each file with one)."""
     return head[:4] == ZSTD_MAGIC or (len(head) >= 4 and head[0] & 0xF0 == 0x50 and head[1:4] == b"\x2a\x4d\x18")
 
 
