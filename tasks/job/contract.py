@@ -151,8 +151,8 @@ class StepInput(BaseModel):
         return identity
 
     def for_file_tasks(self) -> StepInput:
-        """The step as its file tasks get it, its files as a digest: the whole list in every file task's parameters
-        made bookkeeping grow with the square of the files (0.5 s a task run at 5,000 files)."""
+        """The step as its file tasks get it, its files as a digest (still in the cache key): the whole list in every
+        file task's parameters made bookkeeping grow with the square of the files (0.5 s a task run at 5,000 files)."""
         if self.files_digest is not None:
             return self
         return self.model_copy(update={"files": [], "files_digest": digest(self.cache_identity()["files"])})

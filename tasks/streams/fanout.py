@@ -101,8 +101,8 @@ def raise_if_cancelled() -> None:
 
 @contextlib.contextmanager
 def unless_cancelled() -> Iterator[None]:
-    """The block (making a temporary file) runs only while the fan-out is not cancelled, under the lock it cancels
-    under: the caller, not waiting for a stalled call, removes the temporary files, and none comes after that."""
+    """The block (making a temporary file) runs only while the fan-out is not cancelled, under the lock the caller
+    cancels under: a caller not waiting for a stalled call removes the temporary files, and none may come after."""
     found = _cancelled.get(None)
     with contextlib.nullcontext() if found is None else found[1]:
         raise_if_cancelled()

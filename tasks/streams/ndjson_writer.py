@@ -21,8 +21,8 @@ from tasks.streams.ndjson import NdjsonError, is_zstd, iter_chunks
 from tasks.streams.processes import ProcessCalls, never_cancelled, pool_size, processes_allowed, run_in_process
 from tasks.streams.processes import start_workers
 
-# A plain file of at least this size whose writer is told its size (local_import's) is checked in worker processes,
-# beside the copy; below it the pool's start costs more. (A download checks as lines arrive: read back, a third more.)
+# A plain file of at least this size whose writer is told its size (local_import's) is checked in worker processes
+# beside the copy; below, the pool's start costs more. Downloads check as lines arrive (read back: a third more CPU).
 CHECK_IN_PROCESS_MIN_BYTES = 16 << 20
 SPAN_MIN_BYTES = 8 << 20  # a large plain file is checked in spans of about this size as it is written
 CUT_READ_BYTES = 64 << 10

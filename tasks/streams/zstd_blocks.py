@@ -18,9 +18,9 @@ def starts_zstd(head: bytes) -> bool:
 
 class ZstdBlockCutter:
     """Cuts a zstd stream into pieces of at most ``ZSTD_BLOCKS_PER_PIECE`` block ends, each decompressing to at most
-    ``ZSTD_OUTPUT_PIECE`` bytes: zstandard's ``decompress`` has no output limit (a 64 KiB slice of a bomb came out as
-    2 GB at once). It reads only frame and block headers; where they stop making sense it stops cutting and leaves
-    the error to the decoder."""
+    ``ZSTD_OUTPUT_PIECE`` bytes (a block is output only once all of it arrived): zstandard's ``decompress`` has no
+    output limit (a 64 KiB slice of a bomb came out as 2 GB at once). It reads only frame and block headers; where
+    they stop making sense it stops cutting and leaves the error to the decoder."""
 
     def __init__(self) -> None:
         self._header = bytearray()
