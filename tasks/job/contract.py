@@ -1,10 +1,10 @@
-"""The step contract: a ``@step_task`` takes a small, secret-free ``StepInput`` (it loads its settings with
-``settings_of``) and returns a ``StepResult``; ``@file_task`` sub-tasks are called through ``commit_each``. Every
-cache key is the result's path in the job directory (``job_cache_key``), so a re-run gets finished work back.
+"""The step contract: a ``@step_task`` takes a small, secret-free ``StepInput`` (settings via ``settings_of``) and
+returns a ``StepResult``; ``@file_task`` sub-tasks are called through ``commit_each``. Every cache key is the result's
+path in the job directory (``job_cache_key``), so a re-run gets finished work back.
 
-``StepKind`` tells where the next step's input comes from: ``import`` writes ``import/``; ``transform`` its own
-folder; ``pass-through`` (validation) and ``sink`` (send) write reports, so the next step reads what they read;
-after a ``gate`` (wait), ``<input folder>_wait/`` when it holds data, else the gate's input."""
+``StepKind``: where the next step's input comes from: ``import`` writes ``import/``, ``transform`` its own folder;
+after ``pass-through`` (validation) and ``sink`` (send), what they read; after a ``gate`` (wait),
+``<input folder>_wait/`` when it holds data, else the gate's input."""
 
 from __future__ import annotations
 
@@ -49,10 +49,8 @@ class StepKind(StrEnum):
 
 
 class DataFile(FileEntry):
-    """One data file of a step's folder: name, bytes, and ``resources``: NDJSON lines (a Bundle counts as one, and
-    ``bundles`` of them hold ``bundled``; None if counted before Bundles were) or CSV rows (``counts`` says which).
-    ``modified_ns``: the file's time of change as written (or, for a wait step's corrected file, as read), so that
-    a file written anew to the same size (a step run again with other settings, a correction) is a new input."""
+    """One data file of a step's folder (``FileEntry``). ``modified_ns``: its time of change as written (a wait step's
+    corrected file: as read), so that a file written anew to the same size is a new input."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -60,10 +58,9 @@ class DataFile(FileEntry):
 
     @classmethod
     def written(cls, name: str, stats: FileStats) -> DataFile:
-        """The data file ``name`` as its writer counted it. Built without validation (the writer's counts are ints)
-        and with an empty ``model_fields_set``: the set of six names pydantic would keep on every instance is 728
-        of a DataFile's 1,230 bytes, and a step's result holds one DataFile per file in the flow's process for the
-        whole job (nothing reads which fields were set; ``model_dump`` writes them all)."""
+        """The data file ``name`` as its writer counted it, built without validation and with an empty
+        ``model_fields_set``: that set of six names is 728 of a DataFile's 1,230 bytes, and the flow holds one DataFile
+        per file for the whole job (nothing reads it; ``model_dump`` writes every field)."""
         counts = {"resources": stats.resources, "bundles": stats.bundles, "bundled": stats.bundled}
         return cls.model_construct(set(), name=name, size=stats.size, modified_ns=stats.modified_ns, **counts)
 
@@ -124,8 +121,7 @@ class StepInput(BaseModel):
         return self.input_dir / name
 
     def input_files(self) -> list[DataFile]:
-        """The input data files as the previous step recorded them, ``core`` first (referential integrity), then by
-        name."""
+        """The input files as recorded, ``core`` first (referential integrity), then by name."""
         return sorted(self.files, key=lambda f: (not f.core, f.name))
 
     def input_paths(self) -> Iterator[Path]:
@@ -155,17 +151,16 @@ class StepInput(BaseModel):
         return identity
 
     def for_file_tasks(self) -> StepInput:
-        """The step as each of its file tasks gets it: the list of its files as a digest. Every file task's parameters
-        holding the whole list made a step's bookkeeping grow with the square of its files (0.5 s a task run at
-        5,000 files); its cache key still covers the whole input."""
+        """The step as its file tasks get it, its files as a digest (still in the cache key): the whole list in every
+        file task's parameters made bookkeeping grow with the square of the files (0.5 s a task run at 5,000 files)."""
         if self.files_digest is not None:
             return self
         return self.model_copy(update={"files": [], "files_digest": digest(self.cache_identity()["files"])})
 
 
 class StepResult(StepRecord):
-    """What a step task returns: its folder, files and counts. ``seconds``: the wall time of the run that made it
-    (``step_task``; None in results cached before it existed); ``cached``: set by the flow for a cache hit."""
+    """What a step task returns. ``seconds``: the wall time of the run that made it (None in results cached before
+    it existed); ``cached``: set by the flow for a cache hit."""
 
     files: list[DataFile] = Field(default_factory=list)
 
@@ -179,9 +174,8 @@ _batch_settings: ContextVar[tuple[StepInput, Settings] | None] = ContextVar("bat
 
 
 def settings_of(step: StepInput) -> Settings:
-    """The job's settings, loaded where the step runs (the flow's process or a Dask worker) from the configuration
-    the step names; cached per secret-free identity, so secrets never travel as task parameters. Within a batch of
-    files, the batch's (its configuration file is looked at once per batch, not per file)."""
+    """The job's settings, loaded where the step runs from the configuration it names, cached per secret-free
+    identity, so secrets never travel as task parameters; within a batch of files, the batch's (loaded once)."""
     if (held := _batch_settings.get()) is not None and held[0] is step:
         return held[1]
     return cached_settings(step.config_path, step.overrides)
@@ -202,9 +196,8 @@ def job_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 def persisted_task(
     name: str, run_name: str, key: Callable[..., str] = job_cache_key, **options: Any
 ) -> Callable[[Callable[..., Any]], Any]:
-    """Declare a Prefect task whose result is kept as JSON at the absolute path its cache ``key`` names ("/" as the
-    storage root lets the key choose; ``stored_in_job`` narrows it where a job's task runs), and whose exceptions
-    leave redacted."""
+    """A Prefect task whose result is kept as JSON at the absolute path its cache ``key`` names (the root "/" lets the
+    key choose; ``stored_in_job`` narrows it), and whose exceptions leave redacted."""
     persisted = task(
         name=name,
         task_run_name=run_name,
@@ -218,9 +211,8 @@ def persisted_task(
 
 
 def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
-    """Declare a step's Prefect task: cached in the job directory, run named after the step, timed (the result's
-    ``seconds``), its file work shown as one progress artifact (``job-<id>-NN-<step>-progress``), the temporary
-    files of its folder removed before and after (also on failure or interruption)."""
+    """A step's Prefect task: cached in the job directory, timed (``seconds``), its file work shown as one progress
+    artifact, its folder's temporary files removed before and after (also on failure or interruption)."""
 
     def declare(function: Callable[..., StepResult]) -> Any:
         @functools.wraps(function)
@@ -243,16 +235,13 @@ def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
 
 
 def file_task(name: str, run_name: str) -> Callable[[Callable[..., R]], Any]:
-    """Declare a per-file (or per-batch) sub-task; ``run_name`` is a template over its parameters, e.g.
-    ``"pseudonymize[{name}]"``."""
+    """A per-file (or per-batch) sub-task; ``run_name`` a template over its parameters (``"pseudonymize[{name}]"``)."""
     return lambda function: persisted_task(name, run_name)(stopped_when_flow_run_ends(function))
 
 
 def batch_task(name: str, verb: str, each: Callable[..., R]) -> Any:
-    """The Prefect task over a batch of a step's files (``tasks.job.filework.map_batches``): ``each(step, *args)``
-    for every file's ``args`` in turn, their results in order, cached and persisted as one result; its run is named
-    ``verb[label]``, the label naming its files (``import[a.ndjson … f.ndjson (6 files)]``). ``each`` stays the plain
-    call for one file."""
+    """The Prefect task over a batch of a step's files (``map_batches``): ``each(step, *args)`` for every file's
+    ``args``, their results in order, cached as one result; its run is named ``verb[label]``."""
 
     def files_of_batch(step: StepInput, label: str, files: list[tuple[Any, ...]]) -> list[R]:
         return each_file(each, step, files)
@@ -264,8 +253,8 @@ def batch_task(name: str, verb: str, each: Callable[..., R]) -> Any:
 
 
 def each_file(each: Callable[..., R], step: StepInput, files: list[tuple[Any, ...]]) -> list[R]:
-    """``each(step, *args)`` for every file's ``args``, the step's settings loaded once for all (a function of the
-    module, so that a batch task pickled for a Dask worker refers to it by name)."""
+    """``each(step, *args)`` for every file's ``args``, the settings loaded once (a module function, so that a batch
+    task pickled for a Dask worker refers to it by name)."""
     held = _batch_settings.set((step, settings_of(step)))
     try:
         return [each(step, *args) for args in files]
@@ -274,9 +263,8 @@ def each_file(each: Callable[..., R], step: StepInput, files: list[tuple[Any, ..
 
 
 def redacting_failures(function: Callable[..., R]) -> Callable[..., R]:
-    """``function`` whose exceptions leave with their text redacted: Prefect puts an escaping exception's text into
-    the failed state's message and the failure's result record, both sent to or kept beside the API; what Prefect
-    logs of them in this process (a Dask worker's too) is redacted on its way (``redact_records_sent_to_prefect``)."""
+    """``function`` whose exceptions leave with their text redacted: Prefect puts it into the failed state's message
+    and the failure's result record; what it logs of them is redacted (``redact_records_sent_to_prefect``)."""
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> R:
@@ -299,13 +287,10 @@ def redact_exception(exc: BaseException) -> None:
 
 
 def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: Any) -> R:
-    """Call a ``file_task`` so that its result is committed the moment it finishes, not when the step does:
-    a run killed in the middle of a step keeps every file it had finished. A cached result whose files are no
-    longer on disk as recorded is made again (``files_gone``).
-
-    A list among the arguments (a batch's files) is given ``quote``d: Prefect would walk every element of it twice
-    (for upstream results, which plain names and sizes never are, then to resolve them), at once some 1 KB per
-    file; the task and its cache key get the list. (Not on Dask, whose runner would hand the task the wrapper.)"""
+    """Call a ``file_task`` so that its result is committed when it finishes, not with the step: a run killed midway
+    keeps every finished file. A cached result whose files are gone is made again (``files_gone``). A list argument
+    (a batch's files) is ``quote``d: Prefect would walk it twice looking for upstream results, some 1 KB per file.
+    (Not on Dask, whose runner would hand the task the wrapper.)"""
     with transaction(commit_mode=CommitMode.EAGER):
         if not isinstance(call, Task):
             return call(step, *args, **kwargs)
@@ -318,9 +303,8 @@ def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: A
 
 
 def files_gone(state: State, folder: Path) -> bool:
-    """Whether ``state`` is a cache hit whose result names a ``DataFile`` that ``folder`` no longer holds as
-    recorded (deleted, truncated, corrected): such a result is not taken, the work is done again. A step's result
-    (``StepResult``) is looked for in its own folder, relative to the job directory ``folder``."""
+    """Whether ``state`` is a cache hit naming a ``DataFile`` that ``folder`` no longer holds as recorded (deleted,
+    truncated, corrected). A ``StepResult``'s files are looked for in its own folder under the job directory."""
     if state.name != "Cached":
         return False
     result = state.result()
@@ -332,12 +316,8 @@ def files_gone(state: State, folder: Path) -> bool:
 def data_files(value: Any) -> Iterator[DataFile]:
     if isinstance(value, DataFile):
         yield value
-    elif isinstance(value, BaseModel):
-        for name in type(value).model_fields:
-            yield from data_files(getattr(value, name))
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from data_files(item)
+    elif isinstance(value, BaseModel | dict):  # a model iterates as its fields' (name, value) pairs
+        yield from data_files(list(dict(value).values()))
     elif isinstance(value, list | tuple):
         for item in value:
             yield from data_files(item)
@@ -348,7 +328,6 @@ def stored_in_job(call: Task[P, R], step: StepInput) -> Task[P, R]: ...
 @overload
 def stored_in_job(call: Callable[P, R], step: StepInput) -> Callable[P, R]: ...
 def stored_in_job(call: Callable[P, R], step: StepInput) -> Callable[P, R]:
-    """``call`` (a task; a plain function is returned as it is) storing in the job's results folder: where Prefect
-    writes a failure's record under a random name, which the decorators' root ``/`` would put in the file system's
-    root (results themselves are at their cache keys' paths)."""
+    """``call`` (a task; a plain function as it is) storing in the job's results folder: Prefect writes a failure's
+    record there under a random name, which the decorators' root ``/`` would put in the file system's root."""
     return call.with_options(result_storage=JobPaths(step.job_path).results) if isinstance(call, Task) else call

@@ -1,7 +1,5 @@
-"""CRTDL preprocessing: add the attributes pseudonymization needs (e.g. ``Patient.identifier``) to a CRTDL.
-
-Plain Python on parsed JSON with ``config.enrichment.EnrichmentRule`` objects. Decisions (spec:
-services.crtdl_preprocessing):
+"""CRTDL preprocessing: add the attributes pseudonymization needs (e.g. ``Patient.identifier``) to a CRTDL, by
+``config.enrichment.EnrichmentRule`` (spec: services.crtdl_preprocessing):
 - a rule enriches every attribute group whose ``groupReference`` is its ``group_reference``;
 - a missing attribute is appended; an existing one is never weakened (``mustHave`` is ``existing or rule``, linked
   group ids are only added);
@@ -38,8 +36,7 @@ class UnresolvedLinkError(EnrichmentError):
 
 
 def enrich_crtdl(crtdl: Json, rules: Iterable[EnrichmentRule]) -> tuple[Json, list[str]]:
-    """Apply ``rules`` in order to a copy of ``crtdl`` (see the module docstring for the semantics); the enriched
-    copy, and one warning line per skipped rule for the caller to log or show."""
+    """``rules`` applied in order to a copy of ``crtdl``, and one warning line per skipped rule."""
     enriched = copy.deepcopy(crtdl)
     warnings: list[str] = []
     links: list[tuple[str, Json, str]] = []  # (the rule's group_reference, the attribute, a linked profile URL)

@@ -12,11 +12,9 @@ from tasks.job.job_log import JobLogFormatter
 
 
 class WorkerLogToJobLog(WorkerPlugin):
-    """A Dask worker plugin: in each local worker process, the records of Dask and Tornado, and those of the file
-    tasks it runs (Prefect's and dupflow's, tracebacks included), go to the job log as the flow process writes them,
-    and no longer to the stderr the process inherited (a worker that loses the closing scheduler logs an ERROR with
-    its trace, a race of every shutdown; a failing file's trace reached the terminal). The UI gets the task runs'
-    records through Prefect's own API handler, as before."""
+    """In each local worker process, the records of Dask, Tornado and the file tasks it runs go to the job log, not
+    to the inherited stderr (a worker losing the closing scheduler logs an ERROR with its trace at every shutdown;
+    a failing file's trace reached the terminal). The UI still gets task runs' records through Prefect's handler."""
 
     name = "dupflow-job-log"
 

@@ -1,14 +1,10 @@
-"""Per-file work of a step: one ``file_task`` run per file (or batch), bounded, each committed as it finishes.
-
-Steps fan out through ``map_files``; ``file_runner`` enters the runner ``pipeline.task_runner`` chose:
-- ``dask``: each file is submitted to a ``DaskTaskRunner``, one task run per file on the cluster's workers, each a
-  top-level transaction committed when it finishes; every submitted file runs to its end. Files "one at a time"
-  (``workers`` 1: the steps whose files each keep a service busy) go one at a time there too, so the service's
-  ``max_concurrent_requests`` holds for the step, not per worker.
-- ``in_process``: threads of the flow's process (``tasks.streams.fanout.run_bounded``). Not Prefect's
-  ``ThreadPoolTaskRunner``, though as fast (``tests/benchmarks/bench_fanout.py``): it joins its threads, so a file
-  stalled in a read would hold Ctrl+C for up to its stall timeout. No file starts after one failed: finished files
-  are kept and the first failure raised, so a service that is down is not retried once per file."""
+"""Per-file work of a step (``map_files``): one ``file_task`` run per file (or batch), bounded, each committed as it
+finishes, on the runner ``pipeline.task_runner`` chose (``file_runner``):
+- ``dask``: one task run per file on the cluster's workers; every submitted file runs to its end. With ``workers`` 1
+  (files that each keep a service busy) one at a time there too, so ``max_concurrent_requests`` holds per step.
+- ``in_process``: threads of the flow's process (``run_bounded``), not Prefect's ``ThreadPoolTaskRunner`` (as fast,
+  ``tests/benchmarks/bench_fanout.py``): it joins its threads, so a stalled file would hold Ctrl+C up to its stall
+  timeout. No file starts after one failed, so a service that is down is not retried once per file."""
 
 from __future__ import annotations
 
@@ -22,7 +18,7 @@ from config.runtime import prefect_api_url
 from config.settings import TaskRunnerSettings
 from tasks.job.contract import StepInput, commit_each, data_files, files_gone, settings_of, stored_in_job
 from tasks.core.errors import DupflowError
-from tasks.streams.fanout import results_or_raise, run_bounded
+from tasks.streams.fanout import outcome_of, results_or_raise, run_bounded
 
 if TYPE_CHECKING:
     from prefect_dask import DaskTaskRunner
@@ -37,10 +33,8 @@ class TaskRunnerError(DupflowError):
 
 
 def map_files(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]], workers: int) -> list[R | Exception]:
-    """Run ``file_task(*args)`` for every tuple of ``arguments`` (the first element of each is the ``StepInput``),
-    on the flow run's Dask runner when ``file_runner`` entered one, else at most ``workers`` at once in-process;
-    each outcome (result or the exception raised) in the order of ``arguments``, so a caller keeps every file that
-    finished."""
+    """``file_task(*args)`` for every tuple of ``arguments`` (each first the ``StepInput``), on the Dask runner
+    ``file_runner`` entered, else at most ``workers`` at once in-process; each outcome (result or exception) in turn."""
     from prefect.context import FlowRunContext
     from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -74,8 +68,7 @@ def map_files(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]],
 
 
 class FileToDo(NamedTuple):
-    """One file of a step's batches (``map_batches``): its name (for the batch's label), its size in bytes (for the
-    batch's bound; None when it is not known: a batch of its own) and the arguments of the step's call for it."""
+    """A file of a step's batches: name, size (None: unknown, a batch of its own), the step's call's arguments."""
 
     name: str
     size: int | None
@@ -85,18 +78,16 @@ class FileToDo(NamedTuple):
 def map_batches(
     batch_task: Callable[..., list[R]], step: StepInput, files: Sequence[FileToDo], workers: int
 ) -> list[R]:
-    """Run the step's ``batch_task`` (``tasks.job.contract.batch_task``) over its ``files`` in batches
-    (``run_batches``): each file's result in the order of ``files``, or, once every batch has ended (each finished
-    one kept), the first failure raised."""
+    """Each file's result of the step's ``batch_task`` over ``files`` in batches (``run_batches``), in order; or, once
+    every batch has ended (each finished one kept), the first failure raised."""
     return [result for batch in results_or_raise(run_batches(batch_task, step, files, workers)) for result in batch]
 
 
 def run_batches(
     batch_task: Callable[..., R], step: StepInput, files: Sequence[FileToDo], workers: int, *shared: Any
 ) -> list[R | Exception]:
-    """Run ``batch_task(step, label, [args of each file], *shared)`` for each batch of ``files`` (``file_batches``,
-    bounded by ``pipeline.file_batches``) through ``map_files``: at most ``workers`` batches at once, each a task run
-    cached as a whole. Each batch's outcome: the result, or the exception raised."""
+    """Each batch's outcome of ``batch_task(step, label, [args of each file], *shared)`` over ``files`` cut by
+    ``pipeline.file_batches``, through ``map_files``: at most ``workers`` batches at once, each cached as a whole."""
     limits = settings_of(step).pipeline.file_batches
     batches = file_batches([file.size for file in files], limits.max_files, limits.max_bytes)
     arguments = [
@@ -127,17 +118,9 @@ def batch_label(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else f"{names[0]} … {names[-1]} ({len(names)} files)"
 
 
-def outcome_of(call: Callable[..., R], *args: Any) -> R | Exception:
-    try:
-        return call(*args)
-    except Exception as exc:  # kept for the caller, which decides what to raise
-        return exc
-
-
 def kept_result(future: Any, file_task: Any, args: tuple[Any, ...]) -> Any:
-    """A submitted file task's result; a cached one whose files are gone from disk is made again (``files_gone``).
-    The files a worker wrote must be where this process sees them: a worker that does not share the jobs directory
-    at the same path wrote them elsewhere, and the job would end Completed without them."""
+    """A submitted file task's result, made again when cached with its files gone (``files_gone``). Its files must be
+    where this process sees them: a worker not sharing the jobs directory at the same path wrote them elsewhere."""
     future.wait()
     if files_gone(future.state, args[0].output_dir):
         future = stored_in_job(file_task, args[0]).with_options(refresh_cache=True).submit(*args)
@@ -153,15 +136,10 @@ def kept_result(future: Any, file_task: Any, args: tuple[Any, ...]) -> Any:
 
 @contextmanager
 def file_runner(settings: TaskRunnerSettings, log_file: Path) -> Iterator[None]:
-    """The task runner of the job's per-file work during one flow run (``pipeline.task_runner``).
-
-    ``in_process``: nothing to set up. ``dask``: a ``DaskTaskRunner`` connected at once (a wrong address fails
-    the run before any step) to the scheduler at ``dask_address``, or to a local cluster of ``dask_workers``
-    worker processes with one thread each, entered as the flow run's task runner (a copy of the flow-run context,
-    as Prefect's engine makes one per run) so that ``map_files`` submits the files to it; the cluster and its
-    processes are closed when the block ends, also on failure or interruption. The local workers' own records
-    go to ``log_file`` (the job log), not to the terminal they inherited.
-    """
+    """The task runner of the job's per-file work during one flow run: for ``dask``, a ``DaskTaskRunner`` connected at
+    once (a wrong address fails before any step) to ``dask_address`` or a local cluster of one-thread workers
+    (their records to ``log_file``), entered as the flow run's task runner in a copy of its context, as Prefect's
+    engine makes one per run; closed when the block ends, also on failure or interruption."""
     if settings.kind != "dask":
         yield
         return

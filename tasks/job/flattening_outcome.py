@@ -28,8 +28,7 @@ class FlatteningError(StepError):
 
 @contextmanager
 def engine_errors_as_step_errors() -> Iterator[None]:
-    """The engine's errors (``tasks.sof.errors``: a line that is no JSON, a view that cannot run, a bad lookup file
-    or CRTDL) as the step's ``FlatteningError``, with the same message."""
+    """The engine's errors (``tasks.sof.errors``) as the step's ``FlatteningError``, with the same message."""
     try:
         yield
     except SofError as exc:
@@ -97,8 +96,7 @@ def new_outcome(
 
 
 def refuse_empty_result(outcome: FlattenOutcome) -> None:
-    """Fail when the input had resources and no CSV has a row (see the step module's doc, 6); a skipped group (no
-    lookup table) is named with its profile, whatever the cause."""
+    """Fail when the input had resources and no CSV has a row (the step module's doc, 6)."""
     if any(group.rows for group in outcome.groups):
         return
     skipped = _skipped_groups(outcome)
@@ -118,7 +116,6 @@ def refuse_empty_result(outcome: FlattenOutcome) -> None:
 
 
 def _skipped_groups(outcome: FlattenOutcome) -> str:
-    """``" for lack of a lookup table: 'name' (profile …), …"`` or, without skipped groups, nothing."""
     if not outcome.skipped:
         return ""
     return " for lack of a lookup table: " + _listed([f"{g.name!r} (profile {g.profile})" for g in outcome.skipped])
@@ -173,8 +170,7 @@ def report(outcome: FlattenOutcome, step: StepInput) -> None:
 
 
 def report_selection(outcome: FlattenOutcome) -> None:
-    """Without Provenance: how resources were routed, per group what of its CRTDL could not be applied (one warning
-    each), and what the profiles and filters left out."""
+    """Without Provenance: how resources were routed, what of the CRTDL was not applied, what was left out."""
     log.warning(
         "the input holds no attribute-group Provenance (a plain import): each attribute group takes the resources of "
         "its type and profile that pass its CRTDL filters, as the extraction selects them (docs/steps.md)"
@@ -186,10 +182,8 @@ def report_selection(outcome: FlattenOutcome) -> None:
         listed = _counted(outcome.other_profile)
         log.warning("resources of no attribute group's profile (meta.profile; not in any CSV): %s", listed)
     if outcome.filtered_out:
-        log.info(
-            "resources the attribute groups' CRTDL filters leave out (not in any CSV): %s",
-            _counted(outcome.filtered_out),
-        )
+        listed = _counted(outcome.filtered_out)
+        log.info("resources the attribute groups' CRTDL filters leave out (not in any CSV): %s", listed)
 
 
 def publish_artifact(outcome: FlattenOutcome, step: StepInput) -> None:

@@ -1,6 +1,5 @@
-"""What every piece of a ``flattening`` step shares, made once per step: the CRTDL's attribute groups as
-ViewDefinitions (``plan_views``) and their plan for the pieces (``StepPlan``), kept per process by digest so that the
-step's piece tasks take it instead of reading the CRTDL and the lookup file again."""
+"""What every piece of a ``flattening`` step shares: the CRTDL's attribute groups as ViewDefinitions (``plan_views``)
+and their plan (``StepPlan``), kept per process by digest so that piece tasks need not read the CRTDL again."""
 
 from __future__ import annotations
 
@@ -23,8 +22,8 @@ PlannedViews = tuple[list[GroupView], list[AttributeGroup]]  # the groups' views
 
 
 def plan_views(crtdl_path: Path, lookup_path: Path, *, warn: bool = True) -> PlannedViews:
-    """One ViewDefinition per attribute group that has a lookup table; the groups skipped for lack of one.
-    ``warn`` logs what is left out (the step does, once; its per-file tasks plan again silently)."""
+    """One ViewDefinition per attribute group with a lookup table, and the groups without; ``warn`` logs what is left
+    out (the step does, once; its piece tasks do not)."""
     try:
         groups = attribute_groups(json.loads(Path(crtdl_path).read_bytes()))
     except (OSError, ValueError) as exc:
@@ -55,7 +54,6 @@ def warn_shared_names(groups: list[AttributeGroup]) -> None:
 
 
 def built_views(groups: list[AttributeGroup], tables: dict[str, LookupTable], warn: bool) -> PlannedViews:
-    """The view of each group that has a lookup table, and the groups that have none (see ``plan_views``)."""
     views, skipped = [], []
     for group in groups:
         if (table := tables.get(group.profile)) is None:
@@ -80,8 +78,7 @@ def built_views(groups: list[AttributeGroup], tables: dict[str, LookupTable], wa
 
 @dataclass(frozen=True)
 class StepPlan:
-    """What every piece of a flattening step shares, made once per step and process (``step_plan``): the groups'
-    views, the groups skipped, the views as a worker receives them, and a digest of them all."""
+    """The groups' views, the groups skipped, the views as a worker receives them, and a digest of them all."""
 
     views: list[GroupView]
     skipped: list[AttributeGroup]
@@ -105,9 +102,8 @@ def remember_plan(views: list[GroupView], skipped: list[AttributeGroup]) -> Step
 
 
 def step_plan(step: StepInput, plan_digest: str) -> StepPlan:
-    """The plan the step made, by its digest; made again from the CRTDL and lookup file only in a process that has
-    not seen it (a Dask worker), where files changed since the step read them are refused (the CSVs would mix two
-    plans)."""
+    """The step's plan by its digest, made again in a process that has not seen it (a Dask worker), where a CRTDL or
+    lookup file changed since is refused (the CSVs would mix two plans)."""
     if (plan := _plans.get(plan_digest)) is not None:
         return plan
     lookup = settings_of(step).services.flattening.lookup_path

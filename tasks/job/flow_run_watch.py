@@ -1,13 +1,10 @@
 """A file task on a Dask worker stops when the flow run that submitted it has ended.
 
-Dask cannot stop a running task's thread, and a worker on another machine goes on with a file task after the flow
-process is gone (Ctrl+C, SIGTERM, kill -9, a lost connection to the scheduler): it would go on sending a file's
-batches while ``continue`` sends them again. So on a worker a file task asks the Prefect server for its flow run's
-state every ``WATCH_EVERY_SECONDS``; once the run is over (Crashed, Cancelled or Cancelling, Failed, Completed) or
-a later attempt of it began (``continue`` goes on in the job's one flow run: its run count grew), the task's work is
-cancelled through ``tasks.streams.fanout``: it
-stops at its next ``raise_if_cancelled`` with its temporary files removed, and the task run fails naming why. A
-server that does not answer stops nothing (the work goes on as it would without the watch).
+Dask cannot stop a running task's thread, and a remote worker goes on after the flow process is gone (Ctrl+C, kill
+-9, a lost scheduler), sending a file's batches while ``continue`` sends them again. So on a worker a file task asks
+the server for its flow run's state every ``WATCH_EVERY_SECONDS``; once the run is over or a later attempt began (its
+run count grew), the work is cancelled (``tasks.streams.fanout``) and the task run fails naming why. A server that
+does not answer stops nothing.
 """
 
 from __future__ import annotations
@@ -102,8 +99,7 @@ class _Watch(threading.Thread):
             self.cancel()
 
     def over(self, client: Any) -> str | None:
-        """The flow run's state as ``name: message`` once it is over or a later attempt of it began, else None (also
-        when the server is silent)."""
+        """The flow run's state as ``name: message`` once it is over or a later attempt began, else None."""
         try:
             run = client.read_flow_run(self.flow_run_id)
         except Exception:  # noqa: BLE001 - a server that does not answer stops nothing

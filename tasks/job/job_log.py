@@ -1,5 +1,4 @@
-"""The job log's line format, the same in the flow process (``flows.run_logging``) and in a local Dask cluster's
-worker processes (``tasks.job.dask_worker_log``): each line names the run it comes from as Prefect's console does."""
+"""The job log's line format, the same in the flow process and in local Dask workers (``dask_worker_log``)."""
 
 from __future__ import annotations
 
@@ -18,8 +17,8 @@ class JobLogFormatter(logging.Formatter):
 
 
 def run_label(record: logging.LogRecord) -> str:
-    """``Task run 'NAME' - `` or ``Flow run 'NAME' - `` for a record logged in a run (Prefect's run loggers say
-    which; for others the run context of the logging thread does), else nothing."""
+    """``Task run 'NAME' - `` or ``Flow run 'NAME' - `` for a record logged in a run (said by Prefect's run loggers,
+    else by the logging thread's run context), else nothing."""
     from prefect.context import FlowRunContext, TaskRunContext
 
     if task_run := getattr(record, "task_run_name", None):

@@ -12,6 +12,9 @@ from typing import TypeGuard
 
 from config.settings import IMPORT_STEPS
 
+JOB_TAG_PREFIX = "job-"
+DIRECTORY_TAG_PREFIX = "dir-"
+
 
 def step_folder(step: str) -> str:
     return "import" if step in IMPORT_STEPS else step
@@ -23,8 +26,7 @@ def is_result_url(job_input: str | None) -> TypeGuard[str]:
 
 
 def is_crtdl_file(job_input: str | None) -> bool:
-    """A job input that is a CRTDL: a ``.json`` path that is no directory (a directory or a URL is data, not a
-    CRTDL); a missing one too, so that preparing the job says the CRTDL is not found."""
+    """A ``.json`` path that is no directory (a missing one too, so that preparing the job says it is not found)."""
     return bool(job_input and "://" not in job_input and job_input.endswith(".json") and not Path(job_input).is_dir())
 
 
@@ -54,13 +56,9 @@ class JobPaths:
 
 
 def result_name(job_id: str, position: int, step: str, task: str, suffix: str) -> str:
-    """The name of a task's result record in the job's results folder, ``<job>-NN-<step>-<task>-<suffix>``: NN the
-    step's 0-based position, the task's name with dashes only (a ``/`` breaks lock managers), the suffix the digest
-    of its input (``tasks.job.contract.job_cache_key``) or a gate's outcome (``tasks.wait``)."""
+    """A task's result record's name, ``<job>-NN-<step>-<task>-<suffix>``: NN the 0-based position, the task's name
+    with dashes only (a ``/`` breaks lock managers), the suffix its input's digest or a gate's outcome."""
     return f"{job_id}-{position:02d}-{step}-{task.replace('_', '-')}-{suffix}"
-
-
-JOB_TAG_PREFIX = "job-"
 
 
 def job_tag(job_id: str) -> str:
@@ -68,13 +66,9 @@ def job_tag(job_id: str) -> str:
     return JOB_TAG_PREFIX + job_id
 
 
-DIRECTORY_TAG_PREFIX = "dir-"
-
-
 def directory_tag(job_dir: Path) -> str:
-    """The tag that ties a flow run to the one job directory it ran in (a short digest of the directory's real
-    path): a copy of the directory (a backup, a second jobs dir) has the job id, never this tag, so ``prune`` of
-    the copy leaves the original's flow runs and artifacts alone."""
+    """The tag tying a flow run to its job directory (a digest of its real path): a copy of the directory has the job
+    id but never this tag, so ``prune`` of the copy leaves the original's flow runs and artifacts alone."""
     return DIRECTORY_TAG_PREFIX + hashlib.sha256(os.path.realpath(job_dir).encode()).hexdigest()[:16]
 
 
@@ -88,8 +82,7 @@ def artifact_key(job_id: str, *parts: str) -> str:
 
 
 def step_artifact_key(job_id: str, position: int, step: str, *parts: str) -> str:
-    """A step's artifact key, ``job-<id>-NN-<step>[-<part>]``, NN the step's number as people read it (1-based, as in
-    task run names, log lines and ``status``)."""
+    """A step's artifact key, ``job-<id>-NN-<step>[-<part>]``, NN the step's 1-based number as people read it."""
     return artifact_key(job_id, f"{position + 1:02d}", step, *parts)
 
 

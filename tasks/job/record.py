@@ -1,18 +1,13 @@
-"""The job's own file, ``job.json`` (``JobRecord``): its frozen inputs and the facts it learned. Why not Prefect's:
-the inputs must survive a lost server database (``continue <job dir>`` makes a new run from them), and the facts
-include the write-ahead record of an extraction submission, which must survive a power cut: Prefect's local result
-storage writes a record in place, without a temporary name or a sync (``LocalFileSystem.write_path``).
+"""The job's own file, ``job.json`` (``JobRecord``): its frozen inputs and the facts it learned. Not Prefect's: the
+inputs must survive a lost server database (``continue <job dir>`` runs anew from them), and the facts include the
+write-ahead record of an extraction submission, which must survive a power cut (Prefect's local result storage
+writes in place, without a temporary name or a sync). Everything else is Prefect's: the state is the flow run's, each
+step's files and counts its task's result record, a gate's answer its form's run input; a step's working files
+(``send/progress/``, the S3 manifest, ``.parts``) never decide whether it is done.
 
-Everything else of the job is Prefect's: its state is its flow run's (found by the run's tags), each step's files
-and counts its task's result record in the job folder, a gate's answer the run input of its inspection form. A
-step's working files (``send/progress/``, the S3 upload manifest, the flattening's ``.parts``) say how far it got
-within a file; they never decide whether a step is done (Prefect's cached result does).
-
-A file that is no job record (not JSON, too large or deep, wrong types, another version; no ``version`` means 1) is
-a one-line ``RecordError``; one of versions 1 and 2 (which also held the state, the flow runs, the steps and the
-gates) is read, and written as version 3 at its next change. Every write goes through ``changing_record``: under an
-``flock`` on ``.job.json.lock``, atomically, so readers never lock. No Prefect import: ``status`` and ``list`` use
-it.
+A file that is no job record (not JSON, too large or deep, wrong types, another version; none means 1) is a one-line
+``RecordError``; versions 1 and 2 are read and written as 3 at the next change. Every write goes through
+``changing_record``: under an ``flock``, atomically, so readers never lock. No Prefect import: ``status`` uses it.
 """
 
 from __future__ import annotations
@@ -54,8 +49,8 @@ def _iso_time(text: str) -> str:
 
 Timestamp = Annotated[str, AfterValidator(_iso_time)]
 PlainText = Annotated[str, AfterValidator(plain_text)]
-"""A text of the record shown as it is (the job's id and state, a flow run's id, a step's name, a message, a note):
-a damaged file's escape sequences, line breaks and bidi controls become spaces as it is read (``plain_text``)."""
+"""A text of the record shown as it is: a damaged file's escape sequences, line breaks and bidi controls become
+spaces as it is read."""
 
 
 class RecordError(JobError):
@@ -99,8 +94,7 @@ class StepRecord(BaseModel):
 
 class JobRecord(BaseModel):
     """The frozen inputs (``job_id`` to ``created_at``) and the ``facts`` later steps and people need (the effective
-    CRTDL, the extraction handle, a submission in flight), merged as soon as known. What an older record held besides
-    (``state``, ``flow_run_ids``, ``steps``, ``gates``) is dropped as it is read: Prefect holds it."""
+    CRTDL, the extraction handle, a submission in flight). What older records held besides is dropped as read."""
 
     version: int = SCHEMA_VERSION
     job_id: PlainText
@@ -146,8 +140,7 @@ def validation_problem(exc: Exception) -> str:
 
 @contextmanager
 def changing_record(job_dir: Path, new: JobRecord | None = None) -> Iterator[JobRecord]:
-    """The record to change in place, written once when the block ends without raising, locked against every other
-    writer; a job without a record yet starts with ``new`` (an empty one)."""
+    """The record (``new`` if none yet) to change in place, written when the block ends without raising, locked."""
     job_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(job_dir / WRITE_LOCK_FILE):  # a flock of its own open file: it excludes threads too
         record = read_record(job_dir, new)

@@ -1,6 +1,5 @@
-"""What the steps share besides their contract: how they write NDJSON and download a file; for the steps that send
-every file through a service, their batches of files run one at a time, each file's requests answered in order
-into one NDJSON file, and a report artifact of one row per file."""
+"""What the steps share besides their contract: writing NDJSON, downloading a file; for the steps that send every
+file through a service, batches run one at a time, answers written in request order, a report of a row per file."""
 
 from __future__ import annotations
 
@@ -27,21 +26,19 @@ A = TypeVar("A")
 
 
 class NdjsonWriting(TypedDict):
-    """How a step writes NDJSON (``ndjson_written``), as keywords of ``AtomicNdjsonWriter``."""
+    """Keywords of ``AtomicNdjsonWriter``: ``level``, the zstd level (None: plain), and ``max_line_bytes``."""
 
     level: CompressionLevel | None
     max_line_bytes: int
 
 
 def ndjson_written(settings: Settings) -> NdjsonWriting:
-    """How a step writes NDJSON: ``level``, its zstd level (None: plain), and ``max_line_bytes``, the longest line."""
     level = settings.compression.level if settings.compression.enabled else None
     return {"level": level, "max_line_bytes": settings.pipeline.max_ndjson_line_size_bytes}
 
 
 def download_tracked(client: httpx.Client, url: str, dest: Path, settings: Settings, stall: timedelta) -> FileStats:
-    """``url`` downloaded into ``dest`` (``download_ndjson``), shown as ``download <file name>``; an interrupted run
-    stops it at its next chunk."""
+    """``url`` downloaded into ``dest``, its progress shown; an interrupted run stops it at its next chunk."""
     with track(f"download {dest.name}") as progress:
 
         def on_bytes(amount: int) -> None:
@@ -66,9 +63,8 @@ def compression_shape(settings: Settings) -> dict[str, Any]:
 
 
 def file_shape(path: str | None) -> dict[str, Any]:
-    """A settings file (anonymization config, lookup file) as part of a step's output's shape: its path, size and
-    time of change, so that an edit counts (read by stat, not opened: the step reads it once per run). None when it
-    cannot be found: the step itself then says why."""
+    """A settings file (anonymization config, lookup file) as part of a step's output's shape: path, size and time of
+    change (a stat: the step reads it once per run), so that an edit counts; None if not found (the step says why)."""
     try:
         found = Path(path).stat() if path else None
     except OSError:
@@ -77,9 +73,8 @@ def file_shape(path: str | None) -> dict[str, Any]:
 
 
 def one_batch_at_a_time(batch_task: Callable[..., list[T]], step: StepInput, files: Sequence[FileToDo]) -> list[T]:
-    """``batch_task`` over the step's ``files`` in batches (``map_batches``), one batch at a time and its files in
-    turn, on a Dask cluster too (a file's own requests are what keeps its service busy, and the service's
-    ``max_concurrent_requests`` is the step's); every finished batch is kept, the first failure raised."""
+    """``map_batches`` one batch at a time, on Dask too: a file's own requests keep its service busy, and the
+    service's ``max_concurrent_requests`` is the step's."""
     return map_batches(batch_task, step, files, workers=1)
 
 
@@ -95,9 +90,8 @@ async def write_answers(
     progress: tuple[str, int | None],
     source: str,
 ) -> FileStats:
-    """Ask for each request as it comes, at most ``window`` in flight, and write each answer's line in request order
-    into ``dest`` (atomically). ``written`` gives an answer's line and how many input lines it stands for (progress:
-    ``(label, expected lines)``); the stats of the file written."""
+    """Ask for each request, at most ``window`` in flight, and write each answer's line in request order into ``dest``;
+    ``written`` gives an answer's line and the input lines it stands for (``progress``: label, expected lines)."""
     label, expected = progress
     with track(label, expected, "lines") as shown, AtomicNdjsonWriter(dest, level, line_limit, source=source) as writer:
         async for request, answer in ordered_map(requests, ask, window):

@@ -1,7 +1,5 @@
-"""Bounded, cancellable fan-out: the one way a step works on several files or requests at once, as blocking calls
-on threads (``run_bounded``: file downloads, uploads) or as coroutines yielded in input order (``ordered_map``:
-service requests on one ``httpx.AsyncClient``, so output files keep the input order while memory stays bounded).
-"""
+"""Bounded, cancellable fan-out: blocking calls on threads (``run_bounded``: downloads, uploads), or coroutines
+yielded in input order (``ordered_map``: service requests, so output keeps the input order in bounded memory)."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -21,8 +19,8 @@ CANCEL_GRACE_SECONDS = 1.0
 
 
 class Cancelled(Exception):
-    """Raised inside a call (``raise_if_cancelled``) when its fan-out is being cancelled. Control flow, not a failure
-    (hence no ``DupflowError``): it unwinds the calls of an interrupted caller, which raises the interrupt instead."""
+    """Raised inside a call whose fan-out is being cancelled: control flow, not a failure (no ``DupflowError``); the
+    interrupted caller raises the interrupt instead."""
 
 
 _cancelled: contextvars.ContextVar[tuple[threading.Event, threading.Lock]] = contextvars.ContextVar("fanout_cancelled")
@@ -30,10 +28,9 @@ _cancelled: contextvars.ContextVar[tuple[threading.Event, threading.Lock]] = con
 
 
 def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exception]:
-    """Run ``calls`` on at most ``workers`` daemon threads, each in a copy of the caller's context; each outcome is a
-    result or the exception raised. When the caller is interrupted no new call starts, running calls stop at their
-    next ``raise_if_cancelled``, and after ``CANCEL_GRACE_SECONDS`` the caller goes on (a stalled call is not waited
-    for). The caller's thread waits in short joins, so a signal reaches it at once."""
+    """Each outcome (result or exception) of ``calls`` run on at most ``workers`` daemon threads in copies of the
+    caller's context. Interrupted, no new call starts, running ones stop at their next ``raise_if_cancelled``, and
+    after ``CANCEL_GRACE_SECONDS`` the caller goes on. It waits in short joins, so a signal reaches it at once."""
     with cancel_scope() as cancel:
         context = contextvars.copy_context()
     cancelled = context[_cancelled][0]
@@ -46,10 +43,7 @@ def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exceptio
                 index = pending.popleft()
             except IndexError:
                 return
-            try:
-                outcomes[index] = context.copy().run(calls[index])
-            except Exception as exc:  # kept for the caller, which decides what to raise
-                outcomes[index] = exc
+            outcomes[index] = outcome_of(context.copy().run, calls[index])
 
     threads = [threading.Thread(target=work, daemon=True) for _ in range(min(workers, len(calls)))]
     try:
@@ -68,9 +62,15 @@ def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exceptio
     return outcomes
 
 
+def outcome_of(call: Callable[..., R], *args: Any) -> R | Exception:
+    try:
+        return call(*args)
+    except Exception as exc:  # kept for the caller, which decides what to raise
+        return exc
+
+
 def results_or_raise(outcomes: list[R | Exception]) -> list[R]:
-    """The results when every call succeeded; else the first failure is raised (after all calls ended, so the
-    caller has kept every file that finished)."""
+    """The results when every call succeeded; else the first failure (raised after all calls ended)."""
     if failure := next((outcome for outcome in outcomes if isinstance(outcome, Exception)), None):
         raise failure
     return cast(list[R], outcomes)
@@ -78,9 +78,8 @@ def results_or_raise(outcomes: list[R | Exception]) -> list[R]:
 
 @contextlib.contextmanager
 def cancel_scope() -> Iterator[Callable[[], None]]:
-    """``raise_if_cancelled`` and ``unless_cancelled`` in this block (and in the contexts copied from it) answer to
-    the ``cancel`` it yields, which another thread may call: how work that no ``run_bounded`` runs (a file task on
-    a Dask worker) is stopped from outside."""
+    """``raise_if_cancelled`` and ``unless_cancelled`` in this block (and contexts copied from it) answer to the
+    ``cancel`` it yields, which another thread may call (a file task on a Dask worker is stopped so)."""
     cancelled, creating = threading.Event(), threading.Lock()
 
     def cancel() -> None:
@@ -102,22 +101,17 @@ def raise_if_cancelled() -> None:
 
 @contextlib.contextmanager
 def unless_cancelled() -> Iterator[None]:
-    """The block (a call making a temporary file) runs only while the call's fan-out is not cancelled, else
-    ``Cancelled``; under the lock the caller cancels under. A call stalled past the grace is not waited for, so the
-    caller removes its temporary files (``remove_partial_files``): each was made before the cancellation, and none
-    is made after it, however late a stalled call gets to make one."""
-    if (found := _cancelled.get(None)) is None:
-        yield
-        return
-    _, creating = found
-    with creating:
+    """The block (making a temporary file) runs only while the fan-out is not cancelled, under the lock the caller
+    cancels under: a caller not waiting for a stalled call removes the temporary files, and none may come after."""
+    found = _cancelled.get(None)
+    with contextlib.nullcontext() if found is None else found[1]:
         raise_if_cancelled()
         yield
 
 
 async def ordered_map(items: Iterable[T], call: Callable[[T], Awaitable[R]], window: int) -> AsyncIterator[tuple[T, R]]:
-    """Start ``call(item)`` for each item with at most ``window`` pending; yield ``(item, result)`` in input order.
-    The oldest failure propagates; the pending calls are cancelled then, and when the consumer stops or is cancelled."""
+    """``(item, result)`` of ``call(item)`` in input order, at most ``window`` pending; the oldest failure propagates,
+    and the pending calls are cancelled then or when the consumer stops."""
     pending: deque[tuple[T, asyncio.Task[R]]] = deque()
     try:
         for item in items:

@@ -1,7 +1,5 @@
-"""Small files written whole (temporary name, synced, renamed: a half-written file is never taken for a finished
-one; a failed write raises ``JobWriteError``), a large file's sync before its rename and an early start of its
-writing to the disk, and an exclusive lock the kernel releases when its holder dies.
-"""
+"""Files written whole (temporary name, synced, renamed: a half-written file never passes for a finished one), an
+early start of a large file's writeback, and an exclusive lock the kernel releases when its holder dies."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writing the dirty pages out, do
 
 
 class JobWriteError(DupflowError, OSError):
-    """A job's file could not be written (no space left, no permission); nothing half-written is left. An
-    ``OSError`` too, so callers that tolerate a failed write still do."""
+    """A job's file could not be written; nothing half-written is left. An ``OSError`` for callers tolerating it."""
 
 
 def write_error(exc: OSError, path: Path) -> JobWriteError:
@@ -37,10 +34,9 @@ def write_error(exc: OSError, path: Path) -> JobWriteError:
 
 
 def write_file_atomically(path: Path, data: bytes, *, private: bool = False, shared: bool = False) -> None:
-    """Write a small job file (job.json, the CRTDL copy) under a temporary name, synced, then renamed; when that
-    fails the temporary file is removed and ``JobWriteError`` says why. ``private``: readable by its owner only.
-    ``shared``: other processes may write ``path`` at the same time (an S3 manifest record), so the temporary name is
-    this writer's own (with the fixed ``.<name>.part`` one writer's rename would take another's file away)."""
+    """Write a small job file under a temporary name, synced, renamed; a failure removes it and raises
+    ``JobWriteError``. ``private``: for its owner only. ``shared``: others may write ``path`` at once (an S3 manifest
+    record), so the temporary name is this writer's own (one writer's rename would take another's file away)."""
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.part" if shared else f".{path.name}.part")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,18 +53,15 @@ def write_file_atomically(path: Path, data: bytes, *, private: bool = False, sha
 
 
 def close_synced(stream: IO) -> None:
-    """Flush ``stream``, put its file's data on the disk, close it: a file about to be renamed into place as finished
-    (a job file, an NDJSON file, a CSV, a Parquet file) must not come back from a power cut half-written."""
+    """Flush, sync and close ``stream``: a file renamed into place must not come back half-written from a power cut."""
     stream.flush()
     os.fsync(stream.fileno())
     stream.close()
 
 
 def start_writeback(fd: int) -> bool:
-    """Have the kernel start writing ``fd``'s dirty pages to the disk now, without waiting for it (Linux's
-    ``sync_file_range``, as PostgreSQL's ``*_flush_after`` settings do), so that the disk writes while data still
-    arrive and the ``fsync`` before a rename only waits for the last pages. Advice only: False where it is not taken
-    (another system, a pipe)."""
+    """Start writing ``fd``'s dirty pages to the disk without waiting (``sync_file_range``, as PostgreSQL's
+    ``*_flush_after``), so the ``fsync`` before a rename waits only for the last pages. False where not taken."""
     function = _sync_file_range()
     return function is not None and function(fd, 0, 0, SYNC_FILE_RANGE_WRITE) == 0
 
@@ -83,8 +76,7 @@ def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
 
 @contextmanager
 def exclusive_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (made if missing) for the block; the kernel releases it if the
-    holder dies, so a killed process never leaves it locked."""
+    """An exclusive ``flock`` on ``path`` (made if missing) for the block; a killed holder never leaves it locked."""
     with open(path, "a", opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW, 0o666)) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

@@ -1,7 +1,5 @@
-"""The line check of NDJSON data (``LineChecker``): every line must be a FHIR resource, checked as the bytes stream.
-A module of its own, light on imports: the worker processes that check a large plain file's spans
-(``check_plain_span``) import it and nothing of the writer's (asyncio, zstd, the fan-out).
-"""
+"""The line check of NDJSON data: every line must be a FHIR resource, checked as the bytes stream. Light on imports:
+the worker processes checking a large file's spans import it and nothing of the writer's."""
 
 from __future__ import annotations
 
@@ -27,10 +25,9 @@ class LineCounts(NamedTuple):
 
 
 class LineChecker:
-    """Counts and checks the lines of a byte stream fed in any chunks: each must be a FHIR resource by
-    ``parse_resource``'s rules. simdjson checks a whole line without building Python objects (four to eight times
-    orjson's speed); what it does not prove a resource goes to ``parse_resource``, which raises orjson's error or
-    accepts what simdjson cannot represent (integers beyond 64 bits, deep nesting). Not thread-safe."""
+    """Counts and checks the lines of a byte stream fed in any chunks by ``parse_resource``'s rules. simdjson checks a
+    line without building Python objects (four to eight times orjson's speed); what it does not prove a resource goes
+    to ``parse_resource`` (integers beyond 64 bits, deep nesting). Not thread-safe."""
 
     def __init__(self, source: str, max_line_bytes: int):
         self._source, self._lines = source, LineSplitter(source, max_line_bytes)
@@ -102,14 +99,13 @@ class LineChecker:
 
 
 def count_contents(path: Path, max_line_bytes: int) -> LineCounts:
-    """What a data file holds (resources, Bundles and their entries), each line checked like
-    ``AtomicNdjsonWriter`` checks it."""
+    """What a data file holds, each line checked as ``AtomicNdjsonWriter`` checks it."""
     return _checked_counts(iter_chunks(path), str(path), max_line_bytes)
 
 
 def check_plain_span(path: str, source: str, max_line_bytes: int, start: int, end: int) -> LineCounts:
-    """What ``path`` holds from ``start`` (a line's start) to ``end``, read as it is (the writer wrote these very
-    bytes), each line checked; errors name ``source`` and count lines from ``start``. Runs in a worker process."""
+    """What ``path`` holds from ``start`` (a line's start) to ``end``, as written, each line checked; errors name
+    ``source`` and count lines from ``start``. Runs in a worker process."""
     return _checked_counts(bytes_upto(raw_chunks(path, start), end - start), source, max_line_bytes)
 
 

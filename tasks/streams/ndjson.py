@@ -1,8 +1,6 @@
-"""The one streaming primitive for NDJSON files, plain or zstd-compressed, so that every step shares the same rules:
-zstd is recognised by its magic bytes (not the name), a line longer than ``pipeline.max_ndjson_line_size_mb`` is an
-error naming the file and line, memory stays flat whatever the size (a decompression bomb included:
-``StreamDecoder``), and a file is only visible under its final name once complete (``.<name>.part``, renamed).
-Content is checked as it streams (``tasks.streams.ndjson_writer``).
+"""The one streaming primitive for NDJSON files, plain or zstd (told by its magic bytes, not the name): a line over
+``pipeline.max_ndjson_line_size_mb`` is an error naming file and line, memory stays flat whatever the size (a
+decompression bomb included: ``StreamDecoder``), and a file shows its final name only once complete (``.<name>.part``).
 """
 
 from __future__ import annotations
@@ -60,8 +58,8 @@ class LineTooLongError(NdjsonError):
 
 @dataclass(frozen=True)
 class FileStats:
-    """What a written data file holds: bytes on disk, resources (non-empty lines, a Bundle counts as one), and of
-    those the ``bundles`` (Bundle resources) with the ``bundled`` resources their entries hold."""
+    """What a written data file holds: bytes on disk, resources (non-empty lines), of those the ``bundles`` with the
+    ``bundled`` resources their entries hold."""
 
     size: int
     resources: int
@@ -75,9 +73,8 @@ def is_partial(path: Path) -> bool:
 
 
 def output_name(name: str, compress: bool) -> str:
-    """``core.ndjson.zst`` / ``batch`` / ``a.json`` → ``<stem>.ndjson`` (+ ``.zst``); a name that breaks the one rule
-    for names from data (control and bidi characters would split a ``status`` line or make a name display as another)
-    is refused."""
+    """``core.ndjson.zst`` / ``batch`` / ``a.json`` → ``<stem>.ndjson`` (+ ``.zst``); a name breaking the rule for names
+    from data (``name_from_data_problem``) is refused."""
     stem = name
     for suffix in (".zst", ".ndjson", ".json"):
         if stem.endswith(suffix) and len(stem) > len(suffix):
@@ -109,10 +106,8 @@ WHOLE_FILE = Span()
 
 
 def iter_chunks(path: Path, span: Span = WHOLE_FILE, shown: str | None = None) -> Generator[bytes, None, None]:
-    """The decompressed content of a data file (or of a span of it), in chunks; zstd is detected by its magic bytes.
-    A plain file's span is read from its start; a zstd file's is decompressed from the file's start, the bytes
-    before the span dropped (a zstd stream cannot be entered in the middle). ``shown`` names the file in errors
-    (default: its path as it is)."""
+    """The decompressed content of a data file (or a span of it), in chunks. A zstd file's span is decompressed from
+    the file's start (a zstd stream cannot be entered in the middle). ``shown`` names the file in errors."""
     if span.start and not is_zstd(path):
         chunks = raw_chunks(path, span.start)
     else:
@@ -121,9 +116,8 @@ def iter_chunks(path: Path, span: Span = WHOLE_FILE, shown: str | None = None) -
 
 
 def raw_chunks(path: Path | str, offset: int = 0) -> Iterator[bytes]:
-    """The bytes of a file as they are on disk from ``offset``, in chunks. One ``read`` call each (unbuffered): a
-    buffered read of a pipe loops in C until the chunk is full, and a Ctrl+C that came between two of its reads was
-    lost until the writer sent more."""
+    """A file's bytes from ``offset``, in chunks of one unbuffered ``read`` each: a buffered read of a pipe loops in C
+    until the chunk is full, and a Ctrl+C between two of its reads was lost until the writer sent more."""
     with open(path, "rb", buffering=0) as raw:
         if offset:
             raw.seek(offset)
@@ -156,10 +150,9 @@ def decompress_if_zstd(chunks: Iterable[bytes], source: str) -> Iterator[bytes]:
 
 
 class StreamDecoder:
-    """Plain bytes fed in (``feed``, then ``finish``) pass through; a zstd stream comes out decompressed in pieces of
-    at most ``ZSTD_OUTPUT_PIECE`` bytes whatever the ratio (``ZstdBlockCutter``). Fed rather than iterated, so that a
-    download can go on feeding it from a second connection. A stream that ends mid-frame is an error: zstd readers
-    end silently there, which would make a truncated file look complete. ``source`` names the data in errors."""
+    """Plain bytes fed in pass through; a zstd stream comes out in pieces of at most ``ZSTD_OUTPUT_PIECE`` bytes
+    whatever the ratio. Fed, not iterated, so a download can go on feeding it from a second connection. A stream
+    ending mid-frame is an error: zstd readers end silently there, and a truncated file would look complete."""
 
     def __init__(self, source: str):
         self._source, self._cutter = source, ZstdBlockCutter()
@@ -223,8 +216,8 @@ class StreamDecoder:
 
 
 def iter_lines(path: Path, max_line_bytes: int, span: Span = WHOLE_FILE) -> Iterator[tuple[int, bytes]]:
-    """Yield ``(line number, line)`` for every non-empty line (of ``span``), without its newline. Blank lines in a
-    row count against the limit within a span: a run that a cut between spans divides counts as two."""
+    """``(line number, line)`` for every non-empty line (of ``span``). Blank lines in a row count against the limit
+    within a span: a run that a cut between spans divides counts as two."""
     lines = LineSplitter(path, max_line_bytes, span.lines_before)
     for chunk in iter_chunks(path, span):
         yield from lines.numbered(chunk)
@@ -233,9 +226,8 @@ def iter_lines(path: Path, max_line_bytes: int, span: Span = WHOLE_FILE) -> Iter
 
 
 class LineSplitter:
-    """The non-blank lines of a byte stream fed in any chunks (``numbered``, then ``finish``); ``number``: the last's.
-    A line longer than ``max_line_bytes`` is an error, and so are more bytes than that of blank lines in a row. Only
-    a line that spans chunks is buffered (bounded by the line limit), so memory stays flat."""
+    """The non-blank lines of a byte stream fed in any chunks; ``number``: the last's. A line over ``max_line_bytes``
+    is an error, and so are more bytes than that of blank lines in a row. Only a line spanning chunks is buffered."""
 
     def __init__(self, source: Path | str, max_line_bytes: int, lines_before: int = 0):
         self._source, self._max, self._pending, self.number = source, max_line_bytes, bytearray(), lines_before
@@ -301,7 +293,7 @@ class LineSplitter:
         return line
 
     def _skip_blank_lines(self, chunk: bytes, start: int) -> int:
-        """Count the blank lines from ``start`` at once (``blank_lines_at``): the offset after them, 0 if none."""
+        """The offset after the blank lines from ``start``, counted at once; 0 if none."""
         after, lines = blank_lines_at(chunk, start)
         if not lines:
             return 0
@@ -310,8 +302,7 @@ class LineSplitter:
         return after
 
     def _add_blank_lines(self, first_line: int, size: int) -> None:
-        """Blank lines in a row are allowed, but more than the line limit of them is no NDJSON (a decompression bomb
-        of newlines, read to its end)."""
+        """More than the line limit of blank lines in a row is no NDJSON (a bomb of newlines, read to its end)."""
         if not self._blank_run_bytes:
             self._blank_run_from = first_line
         self._blank_run_bytes += size
@@ -346,8 +337,7 @@ def first_non_blank(chunk: bytes | bytearray, start: int) -> int:
 
 
 def parse_resource(source: Path | str, line_number: int, line: bytes | bytearray | memoryview) -> dict:
-    """One NDJSON line as a JSON object with a ``resourceType``; anything else is an error naming the file
-    and line (never quoting the line, which may hold patient data)."""
+    """One NDJSON line as a JSON object with a ``resourceType``; else an error never quoting the line (patient data)."""
     try:
         resource = orjson.loads(line)
     except orjson.JSONDecodeError as exc:

@@ -1,6 +1,5 @@
-"""Writing data files (``AtomicNdjsonWriter``), each line checked as the bytes stream (``tasks.streams.line_check``),
-so that a binary file, a stray text line or a truncated file never travels to the next step as finished NDJSON.
-"""
+"""Writing data files, each line checked as the bytes stream, so that a binary file, a stray text line or a
+truncated file never travels to the next step as finished NDJSON."""
 
 from __future__ import annotations
 
@@ -22,10 +21,8 @@ from tasks.streams.ndjson import NdjsonError, is_zstd, iter_chunks
 from tasks.streams.processes import ProcessCalls, never_cancelled, pool_size, processes_allowed, run_in_process
 from tasks.streams.processes import start_workers
 
-# A plain file of at least this size whose writer is told its size (local_import's: a kernel copy, or a decompressed
-# zstd source) is checked in worker processes, on every core beside the copy. Below it the pool's start costs more.
-# A download checks its lines as they arrive (``tasks.clients.downloads``): read back in a worker, the same check cost
-# a third more CPU.
+# A plain file of at least this size whose writer is told its size (local_import's) is checked in worker processes
+# beside the copy; below, the pool's start costs more. Downloads check as lines arrive (read back: a third more CPU).
 CHECK_IN_PROCESS_MIN_BYTES = 16 << 20
 SPAN_MIN_BYTES = 8 << 20  # a large plain file is checked in spans of about this size as it is written
 CUT_READ_BYTES = 64 << 10
@@ -35,18 +32,12 @@ WRITEBACK_BYTES = 8 << 20  # the disk is asked to write the file out (``start_wr
 
 
 class AtomicNdjsonWriter:
-    """Writes ``dest`` through a hidden temporary file (zstd when asked; its writing to the disk started as it grows,
-    ``WRITEBACK_BYTES`` apart), synced and renamed on success, deleted on any exception (KeyboardInterrupt included),
-    so a half-written file is never taken for a finished one; ``stats`` is set after a successful close. ``source``
-    names the data's origin in errors (default: ``dest``).
-
-    ``expected_size`` (the source's size, when known) lets a large plain file be checked in worker processes, in spans
-    as it is written and synced (``check_plain_span``), so the writing thread only moves bytes: the same verdict, a
-    bad line reported once the whole file is written. ``stop_if_cancelled`` raises to stop that check.
-
-    ``size_hint`` (the size of the data to be written, when known: a plain source's) makes the zstd context for that
-    size, not for any size: 0.27 MB for a 12.7 KB file instead of 5.5 MB at the default level, held by every file
-    written at once. A hint, never a pledge: more data are compressed all the same."""
+    """Writes ``dest`` through a hidden temporary file (its writeback started every ``WRITEBACK_BYTES``), synced and
+    renamed on success, deleted on any exception; ``stats`` is set after a successful close. ``source`` names the
+    data in errors. ``expected_size`` lets a large plain file be checked in worker processes, in spans as it is
+    written, so the writing thread only moves bytes (a bad line reported once the whole file is written);
+    ``stop_if_cancelled`` stops that check. ``size_hint`` (never a pledge) sizes the zstd context: 0.27 MB for a
+    12.7 KB file instead of 5.5 MB at the default level, held by every file written at once."""
 
     def __init__(
         self,
@@ -105,9 +96,8 @@ class AtomicNdjsonWriter:
         self.write(line + b"\n")
 
     def copy(self, source: Path) -> Iterator[int]:
-        """Append the content of the data file ``source`` (decompressed; named in errors as this writer's
-        ``source``), yielding the sizes written. A plain file, when workers check this writer's output, is copied in
-        the kernel (``os.copy_file_range``, as ``cp`` does)."""
+        """Append the data file ``source``'s content (decompressed), yielding the sizes written; a plain file is copied
+        in the kernel (``os.copy_file_range``) when workers check this writer's output."""
         if self._checker is None and not is_zstd(source):
             self._raw.flush()
             with open(source, "rb", buffering=0) as data:
@@ -125,8 +115,7 @@ class AtomicNdjsonWriter:
 
     def _first_kernel_copy(self, data: BinaryIO) -> int | None:
         """The bytes the first ``os.copy_file_range`` copied; None when the kernel cannot copy between these files
-        (another file system: Linux 5.19 and later refuse that with EXDEV; or one without the call), which are then
-        copied through this process."""
+        (another file system since Linux 5.19, or no such call)."""
         try:
             return os.copy_file_range(data.fileno(), self._raw.fileno(), COPY_PIECE_BYTES)
         except OSError as exc:
@@ -161,9 +150,8 @@ class AtomicNdjsonWriter:
         self._checked_to = end
 
     def _counts(self) -> Callable[[], LineCounts]:
-        """The function that gives the check's counts: from the checker that saw every write, else from the workers
-        (``check_plain_span``) of the spans written so far and of the rest, cut for every worker now (a line broken
-        at the end is the last span's; the final newline is added after it)."""
+        """The function giving the check's counts: the checker's, or the workers' of the spans so far and of the rest,
+        cut for every worker now (a line broken at the end is the last span's; the final newline comes after it)."""
         if self._checker is not None:
             self._checker.finish()
             return self._checker.counts
@@ -195,8 +183,7 @@ class AtomicNdjsonWriter:
 
 def byte_spans(path: Path, most: int, start: int, end: int) -> list[tuple[int, int]]:
     """The bytes from ``start`` to ``end`` cut after a newline into at most ``most`` spans of at least
-    ``SPAN_MIN_BYTES``: (start, end) each. Each cut is the first newline from an equal share on (a read of a few
-    kilobytes per cut)."""
+    ``SPAN_MIN_BYTES``, each cut at the first newline from an equal share on."""
     count = max(1, min(most, (end - start) // SPAN_MIN_BYTES))
     cuts = [start]
     with open(path, "rb") as data:

@@ -1,11 +1,7 @@
-"""Worker processes for CPU-bound per-file work (JSON parsing, FHIRPath): threads do not help there (the GIL).
-A step run opens ``with worker_pool():``; ``run_in_process`` runs a picklable function in a worker of the current
-pool (a context variable, which ``run_bounded`` and Prefect's runners copy to the step's threads).
-
-loky, not ``concurrent.futures.ProcessPoolExecutor``: its workers do not import the parent's ``__main__`` (ours
-would pull Prefect into every worker), and ``shutdown(kill_workers=True)`` stops a running worker (the standard
-library cannot before Python 3.14). A worker whose parent dies (kill -9) exits by itself (``_wait_for_exit``: loky's
-workers would wait for work forever).
+"""Worker processes for CPU-bound per-file work (the GIL): ``run_in_process`` runs a picklable function in the current
+``worker_pool`` (a context variable, copied to the step's threads). loky, not ``ProcessPoolExecutor``: its workers do
+not import the parent's ``__main__`` (ours would pull Prefect into each), and ``shutdown(kill_workers=True)`` stops a
+running worker (the standard library cannot before 3.14). A worker whose parent dies exits by itself.
 """
 
 from __future__ import annotations
@@ -32,9 +28,8 @@ R = TypeVar("R")
 
 MAX_PROCESSES = 8
 TRACKER_WARNING = "ignore:resource_tracker:UserWarning"
-"""For loky's resource tracker process, which takes this process's ``sys.warnoptions`` as its -W flags: a job process
-ended at once (its server lost, kill -9) leaves the pool's semaphores to the tracker, which removes them and warns of
-"leaked semlock objects" on the terminal, two lines of 400 characters under the job's last words."""
+"""For loky's resource tracker, which takes ``sys.warnoptions`` as its -W flags: a job process ended at once leaves
+the pool's semaphores to it, which warns of "leaked semlock objects" in two lines of 400 characters."""
 POLL_SECONDS = 0.2
 COUNT_WRITE_SECONDS = 0.5
 
@@ -50,9 +45,8 @@ def uncounted(amount: int) -> None:
 
 
 class SharedCount:
-    """A count that work in a worker process adds to and its caller reads while it runs, through a small file at
-    ``path``: progress across the process boundary without a manager process. Written at most every
-    ``COUNT_WRITE_SECONDS``. Picklable: only the path travels."""
+    """A count a worker process adds to and its caller reads, through a small file (no manager process), written at
+    most every ``COUNT_WRITE_SECONDS``. Pickled, only the path travels."""
 
     def __init__(self, path: str):
         self.path = path
@@ -91,14 +85,13 @@ def pool_size() -> int:
 
 
 def processes_allowed() -> bool:
-    """Worker processes can help: there is more than one core, and this is no daemonic process (a Dask worker,
-    which may not have children)."""
+    """More than one core, and no daemonic process (a Dask worker, which may not have children)."""
     return pool_size() > 1 and not multiprocessing.current_process().daemon
 
 
 class WorkerPool:
-    """loky's executor, made by the first ``submit`` (from any thread): a step that runs nothing in a worker never
-    imports loky nor starts its resource tracker (about 50 ms and a process). ``executor`` is None until then."""
+    """loky's executor, made by the first ``submit``: a step that runs nothing in a worker never imports loky nor
+    starts its resource tracker (about 50 ms and a process)."""
 
     def __init__(self, size: int, preload: tuple[str, ...]):
         self.size, self.preload = size, preload
@@ -121,10 +114,8 @@ class WorkerPool:
         return self.executor.submit(function, *args)
 
     def shutdown(self, wait: bool = True, kill_workers: bool = False) -> None:
-        """Close the pool; ``kill_workers``: stop running work at once. A pool once killed stays so: loky takes each
-        call's ``kill_workers`` as the new word, so the graceful close at the end of the pool's block, made before
-        loky's manager thread acted on a cancelled wait's kill, took the kill back and left the workers running their
-        calls to the end."""
+        """Close the pool; ``kill_workers``: stop running work at once. Once killed it stays so: loky takes each call's
+        word, and the graceful close at the block's end, made before loky acted on a kill, took the kill back."""
         with self._lock:
             self._closed = True
             self._killed = kill_workers = self._killed or kill_workers
@@ -135,9 +126,8 @@ class WorkerPool:
 
 @contextmanager
 def worker_pool(*preload: str, size: int | None = None) -> Iterator[WorkerPool]:
-    """A pool of ``size`` (default ``pool_size()``) workers, current in this context for the block. Its workers start
-    with its first work, or at once to import ``preload`` while the caller prepares the work; they end with the
-    block, killed at once when it ends by an exception (Ctrl+C, a cancelled fan-out, a failure)."""
+    """A pool of ``size`` workers, current for the block, started by its first work or at once to import ``preload``;
+    they end with the block, killed at once when it ends by an exception."""
     pool = WorkerPool(size or pool_size(), preload)
     token = _current.set(pool)
     try:
@@ -154,8 +144,7 @@ def worker_pool(*preload: str, size: int | None = None) -> Iterator[WorkerPool]:
 
 
 def start_workers(*modules: str) -> None:
-    """Start the workers of the current pool, if one is open, now, importing ``modules``, unless they are started:
-    work for them is on its way (a large file arriving), and they take about half a second to be ready."""
+    """Start the open pool's workers now, importing ``modules``: work is on its way, and they take half a second."""
     if (pool := _current.get()) is not None and pool.executor is None:
         with suppress(RuntimeError):  # closed: nothing to start
             pool.submit(_import_modules, modules)
@@ -164,19 +153,17 @@ def start_workers(*modules: str) -> None:
 def run_in_process(
     function: Callable[..., R], *args: Any, stop_if_cancelled: Callable[[], None] = never_cancelled
 ) -> R:
-    """``function(*args)`` in a worker of the current pool (of a one-worker pool of its own when none is open); its
-    result, or the exception it raised (``BrokenProcessPool`` when the worker died). See ``ProcessCalls``."""
+    """``function(*args)`` in a worker of the current pool (else of its own); its result, or its exception."""
     calls = ProcessCalls(function)
     calls.start(*args)
     return calls.results(stop_if_cancelled)[0]
 
 
 class ProcessCalls(Generic[R]):
-    """Calls of ``function``, each started in a worker of the current pool once its arguments are known (``start``;
-    without an open pool, in ``results`` in a pool of their own), waited for together in order (``results``, which
-    raises the first exception of a worker, ``BrokenProcessPool`` when one died). ``results`` waits in short slices,
-    calling ``stop_if_cancelled`` after each, so a cancellation or an interrupt stops the wait at once and kills the
-    pool's workers (a running worker cannot be stopped any other way). ``cancel`` drops the calls not started."""
+    """Calls of ``function``, each started in the current pool once its arguments are known (without a pool, in
+    ``results`` in one of their own), their results in order or the first exception (``BrokenProcessPool``: a
+    worker died). ``results`` waits in short slices calling ``stop_if_cancelled``, so a cancellation stops the wait
+    at once and kills the workers (a running worker cannot be stopped any other way)."""
 
     def __init__(self, function: Callable[..., R]):
         self._function = function
@@ -213,8 +200,7 @@ class ProcessCalls(Generic[R]):
 
 
 def _start_worker(parent: int, preload: tuple[str, ...]) -> None:
-    """In a worker: a daemon thread that ends the process as soon as the process that made the pool is gone, then
-    the modules its work needs."""
+    """In a worker: a thread ending the process with the pool's parent (loky's would wait for work forever)."""
     threading.Thread(target=_wait_for_exit, args=(parent,), daemon=True, name="exit-with-parent").start()
     _import_modules(preload)
 

@@ -1,10 +1,6 @@
-"""Progress of long file work: a bar on a terminal, throttled log lines elsewhere, or nothing; and per step run
-one Prefect progress artifact.
-
-Steps call ``track(label, total)`` and ``advance(n)`` without knowing where progress goes; the command line chooses
-the display once per process (``use_display``). The default is log lines, at most every ``LOG_EVERY_SECONDS`` per
-file and one when it is done, so Prefect's log store stays small. Every ``track`` inside ``step_progress`` (its file
-tasks' threads included) also feeds the step run's ``StepProgress`` and its artifact.
+"""Progress of long file work: a bar on a terminal, log lines, or nothing (``use_display``, once per process); and
+per step run one Prefect progress artifact, fed by every ``track`` inside ``step_progress``. Log lines come at most
+every ``LOG_EVERY_SECONDS`` per file and once when it is done, so Prefect's log store stays small.
 """
 
 from __future__ import annotations
@@ -51,8 +47,7 @@ class _LogTracker(Tracker):
         self._total = total
 
     def describe(self, now: float, done: bool = False) -> str:
-        """``label: 1.5 MB of 3.0 MB at 2.0 MB/s (50 %, ETA 1 s)``; without a total ``label: 1.5 MB at 2.0 MB/s``;
-        done: ``label: done, 3.0 MB in 2 s at 1.5 MB/s``."""
+        """``label: 1.5 MB of 3.0 MB at 2.0 MB/s (50 %, ETA 1 s)``, or ``label: done, 3.0 MB in 2 s at 1.5 MB/s``."""
         elapsed = max(now - self._started, 1e-9)
         rate = self._done / elapsed
         amount, speed = _human(self._done, self._unit), f"{_human(rate, self._unit)}/s"
@@ -80,8 +75,7 @@ def use_display(display: Display) -> None:
 
 @contextmanager
 def track(label: str, total: int | None = None, unit: str = "B", files: int = 1) -> Iterator[Tracker]:
-    """The progress of work on ``files`` of the step's files (several: a batch worked on as one) against ``total``
-    ``unit``s."""
+    """The progress of work on ``files`` of the step's files (a batch: several) against ``total`` ``unit``s."""
     with _display_tracker(label, total, unit) as shown:
         if (aggregate := _step_progress.get()) is None:
             yield shown
@@ -94,8 +88,8 @@ def track(label: str, total: int | None = None, unit: str = "B", files: int = 1)
 
 
 def expect_files(count: int, noun: str = "files") -> None:
-    """Tell the step run's progress how many files (or ``noun``: flattening's "pieces") it will work on, when its
-    input does not say (downloads) or is cut; its artifact then shows those done of expected."""
+    """How many files (or ``noun``: flattening's "pieces") the step run will work on, when its input does not say
+    (downloads) or is cut; its artifact then shows those done of expected."""
     if (aggregate := _step_progress.get()) is not None:
         aggregate.expect_files(count, noun)
 
@@ -115,8 +109,7 @@ def _display_tracker(label: str, total: int | None, unit: str) -> Iterator[Track
 
 @dataclass(frozen=True)
 class StepWork:
-    """What a step run is known to work on before it starts: its input files, their bytes and NDJSON lines (a
-    Bundle is one line; none for an import step, whose files are learned as they start)."""
+    """What a step run is known to work on before it starts: its input files, bytes and NDJSON lines."""
 
     files: int = 0
     size: int = 0
@@ -128,8 +121,7 @@ class StepWork:
 
 @dataclass(eq=False)
 class FileWork(Tracker):
-    """One file (or a batch of ``files``) in work in a step run: its size when known and what is done of it. The
-    file's tracker: it feeds its display (``shown``) and its step's aggregate."""
+    """The tracker of a file (or a batch of ``files``) in a step run, feeding its display and the step's."""
 
     shown: Tracker
     aggregate: StepProgress
@@ -155,8 +147,7 @@ _step_progress: contextvars.ContextVar[StepProgress | None] = contextvars.Contex
 
 @contextmanager
 def step_progress(key: str, step: str, work: StepWork) -> Iterator[StepProgress | None]:
-    """The aggregate progress of one step run, published as the progress artifact ``key``; None (and nothing
-    published) outside a Prefect task run."""
+    """The aggregate progress of one step run, published as the artifact ``key``; None outside a Prefect task run."""
     if (artifact := ProgressArtifact(key)).run is None:
         yield None
         return
@@ -174,12 +165,10 @@ def step_progress(key: str, step: str, work: StepWork) -> Iterator[StepProgress 
 
 
 class StepProgress:
-    """Counts a step run's file work (from every thread of the step) and publishes it as one progress artifact.
-
-    Percent (never going back) against the step's known input; else files done of files expected (``expect_files``),
-    a file in work counting by its share done; else against the totals of the files started so far. Published at
-    most every ``ARTIFACT_EVERY_SECONDS``; a thread that finds another one publishing goes on with its work.
-    """
+    """Counts a step run's file work (from every thread) and publishes it as one progress artifact: percent (never
+    going back) against the known input; else files done of files expected, a file in work by its share done; else
+    against the files started so far. At most every ``ARTIFACT_EVERY_SECONDS``; a thread finding another publishing
+    goes on with its work."""
 
     def __init__(self, artifact: ProgressArtifact, step: str, work: StepWork):
         self._artifact, self._step, self._work = artifact, step, work
@@ -241,7 +230,6 @@ class StepProgress:
             self._publishing.release()
 
     def _files_known(self) -> int:
-        """The files the step said it expects (downloads; a flattening's pieces), else its input files."""
         return self._files_expected or self._work.files
 
     def _measure(self, now: float, finished: bool, stopped: bool) -> tuple[float, str]:
@@ -272,8 +260,7 @@ class StepProgress:
 
 
 class ProgressArtifact:
-    """The progress artifact ``key`` of the task run it is made in (none outside one: ``run`` is None), made by its
-    first ``write``, then updated in place; ``due`` once ``ARTIFACT_EVERY_SECONDS`` passed since the last write."""
+    """The progress artifact ``key`` of the task run it is made in (``run``), made by ``write``, then updated."""
 
     def __init__(self, key: str):
         from prefect.context import TaskRunContext
@@ -314,8 +301,7 @@ class ProgressArtifact:
 
 
 class _Board:
-    """This process's bars, as tasks of one rich ``Progress``: started with the first bar, stopped (and wiped) with
-    the last. Bars of files worked on at once (downloads, file tasks on threads) share it: rich draws one live
+    """This process's bars as tasks of one rich ``Progress``, from the first bar to the last: rich draws one live
     display at a time, and a second ``Progress`` would nest in the first and vanish when that one ends."""
 
     def __init__(self) -> None:
@@ -356,8 +342,7 @@ _board = _Board()
 
 
 def _new_rich_progress() -> Any:
-    """Columns per task's unit: bytes as sizes and a transfer speed, other units counted; an ETA only for a task
-    with a total."""
+    """Columns by a task's unit: bytes as sizes and a transfer speed, others counted; an ETA only with a total."""
     from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
     from rich.progress import TimeRemainingColumn, TransferSpeedColumn
     from rich.text import Text

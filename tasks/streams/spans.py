@@ -1,7 +1,5 @@
-"""Cutting the work on large data files into pieces for worker processes: whether the input pays for starting
-them (``input_pays_for_processes``), and a file cut at line starts into spans (``file_spans``, ``line_spans``) so
-that one big file uses every core. Each ``Piece`` is a file whole or one of its spans.
-"""
+"""Cutting large data files into pieces for worker processes, so that one big file uses every core; each ``Piece``
+is a file whole or one of its spans."""
 
 from __future__ import annotations
 
@@ -46,8 +44,7 @@ class Piece:
 
 
 def input_pays_for_processes(paths: Iterable[Path]) -> bool:
-    """Worker processes pay for their start-up only on a large input (its content, counted only as far as the
-    threshold) and where they can help."""
+    """Worker processes pay for their start-up only on a large input (counted only that far), where they can help."""
     counted = 0
     for path in paths:
         counted += content_bytes(path, PROCESS_MIN_BYTES - counted)
@@ -57,16 +54,15 @@ def input_pays_for_processes(paths: Iterable[Path]) -> bool:
 
 
 def file_spans(path: Path, processes: int, min_bytes: int) -> list[Span]:
-    """The file whole, or cut at line starts (``line_spans``, a place to cut every ``min_bytes / 8``) into spans of at
-    least ``min_bytes`` of content: per process one of a zstd file, ``PLAIN_SPANS_PER_PROCESS`` of a plain one."""
+    """The file whole, or cut at line starts into spans of at least ``min_bytes`` of content: per process one of a
+    zstd file, ``PLAIN_SPANS_PER_PROCESS`` of a plain one."""
     most = processes * (1 if is_zstd(path) else PLAIN_SPANS_PER_PROCESS)
     spans = min(most, content_bytes(path, most * min_bytes) // min_bytes)
     return line_spans(path, spans, max(min_bytes // 8, 1)) if spans > 1 else [WHOLE_FILE]
 
 
 def content_bytes(path: Path, enough: int) -> int:
-    """The size of the file's content as read (decompressed), counted up to ``enough``: a plain file's size, or a zstd
-    file decompressed only that far (splitting work needs no more; a whole pass would cost as much as reading it)."""
+    """The file's decompressed size, counted up to ``enough`` (a zstd file's whole pass costs as much as reading it)."""
     if not is_zstd(path):
         return path.stat().st_size
     counted = 0
@@ -79,8 +75,8 @@ def content_bytes(path: Path, enough: int) -> int:
 
 
 def line_spans(path: Path, count: int, mark_bytes: int) -> list[Span]:
-    """``path`` cut at line starts into at most ``count`` spans of about equal bytes (of its decompressed content),
-    in one pass that counts each span's lines and notes a place to cut after every ``mark_bytes`` (flat memory)."""
+    """``path`` cut at line starts into at most ``count`` spans of about equal content, in one pass counting each
+    span's lines and noting a place to cut every ``mark_bytes`` (flat memory)."""
     marks = [(0, 0)]  # (offset of a line's start, newlines before it)
     offset = lines = 0
     for chunk in iter_chunks(path):

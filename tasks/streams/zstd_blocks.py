@@ -12,20 +12,15 @@ ZSTD_OUTPUT_PIECE = ZSTD_BLOCKS_PER_PIECE * ZSTD_BLOCK_MAX  # the most one decom
 
 
 def starts_zstd(head: bytes) -> bool:
-    """``head`` (at least 4 bytes) begins a zstd stream: a frame, or a skippable frame (``pzstd`` starts each file
-    with one, RFC 8878 3.1.2)."""
+    """``head`` (4 bytes or more) begins a zstd frame, or a skippable one (``pzstd`` starts each file with one)."""
     return head[:4] == ZSTD_MAGIC or (len(head) >= 4 and head[0] & 0xF0 == 0x50 and head[1:4] == b"\x2a\x4d\x18")
 
 
 class ZstdBlockCutter:
-    """Cuts a zstd stream into pieces that each end at most ``ZSTD_BLOCKS_PER_PIECE`` blocks, so that each
-    decompresses to at most ``ZSTD_OUTPUT_PIECE`` bytes.
-
-    zstandard's ``decompressobj().decompress`` has no output limit: a 64 KiB slice of a decompression bomb came out
-    as 2 GB at once. A block never holds more than ``ZSTD_BLOCK_MAX`` bytes and is only written once all of it has
-    arrived, so counting block ends bounds every call's output. The cutter reads only frame and block headers; the
-    decoder still checks the data. Where the headers stop making sense it stops cutting and leaves the error to it.
-    """
+    """Cuts a zstd stream into pieces of at most ``ZSTD_BLOCKS_PER_PIECE`` block ends, each decompressing to at most
+    ``ZSTD_OUTPUT_PIECE`` bytes (a block is output only once all of it arrived): zstandard's ``decompress`` has no
+    output limit (a 64 KiB slice of a bomb came out as 2 GB at once). It reads only frame and block headers; where
+    they stop making sense it stops cutting and leaves the error to the decoder."""
 
     def __init__(self) -> None:
         self._header = bytearray()
