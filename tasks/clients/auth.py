@@ -1,19 +1,15 @@
 """Credentials for outgoing calls, scoped to the origin of the configured service URL.
 
-``ServiceAuth`` is the one ``httpx.Auth`` of every client. Per request and per redirect hop it
-- attaches the credentials (Basic, or an OAuth 2.0 client-credentials token, plus the API key header) only for the
-  service's origin or one the caller trusts (``trust``: approved file origins); any other origin gets none, logged
-  once per origin;
-- follows redirects itself (clients have ``follow_redirects=False``), so every hop is checked and a hop back to the
-  service carries credentials again; hops land in the history, so ``max_redirects`` holds, and the request hook
-  ``strip_foreign_credentials`` covers a ``follow_redirects=True`` call too;
-- on a 401 with OAuth, fetches one fresh token and sends the request once more;
-- refuses a redirect loop, a redirect to a URL with user info (httpx would send it as Basic) and any redirect of
-  a request with a body (its data would go elsewhere, or be dropped by a 301/302);
-- leaves the body of an answer it does not return (a redirect, a 401 before a fresh token) unread
-  (``bounds.UnreadBody``).
-Tokens come from a ``TokenSource`` per (issuer, client id), shared by the process's clients; authlib's
-``OAuth2Client`` fetches them, renewed shortly before ``expires_in`` runs out, its answers read bounded.
+``ServiceAuth``, the one ``httpx.Auth`` of every client, per request and redirect hop:
+- attaches the credentials (Basic or an OAuth client-credentials token, plus the API key header) only for the
+  service's origin or one approved by ``trust``; any other origin gets none, logged once per origin;
+- follows redirects itself (``follow_redirects=False``), so every hop is checked and a hop back to the service
+  carries credentials again (the hook ``strip_foreign_credentials`` covers ``follow_redirects=True`` calls too);
+- on a 401 with OAuth, sends the request once more with a fresh token;
+- refuses a redirect loop, a redirect to a URL with user info (httpx would send it as Basic) and any redirect of a
+  request with a body (its data would go elsewhere, or be dropped by a 301/302);
+- leaves the body of an answer it does not return unread (``bounds.UnreadBody``).
+Tokens come from a ``TokenSource`` per (issuer, client id), shared by the process's clients.
 """
 
 from __future__ import annotations
@@ -60,8 +56,7 @@ OAUTH_FIX = "check oauth_issuer_uri and the identity provider's configuration"
 
 
 def oauth2_client_class() -> type[OAuth2Client]:
-    """authlib's OAuth client, imported on first use (authlib, joserfc and cryptography cost every command
-    about 0.1 s otherwise)."""
+    """authlib's OAuth client, imported on first use (else it costs every command about 0.1 s)."""
     import authlib.deprecate  # noqa: F401  (installs authlib's "always" filter first, so ours below wins)
 
     # authlib 1.9 announces a move of its httpx integration to the httpx2 package; the httpx one is what we use.
@@ -73,15 +68,13 @@ def oauth2_client_class() -> type[OAuth2Client]:
 
 Origin = tuple[str, str, int]
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
 AS_SENT = {"Accept-Encoding": "identity"}
 """Every client asks for answers as sent: httpx decodes a compressed piece whole, before any bound can count it."""
 
 
 def compressed_answer(response: httpx.Response) -> str | None:
-    """Why ``response`` is refused: it came compressed although ``AS_SENT`` asked for none (a 16 KB zstd answer
-    can unfold to gigabytes in one piece); None when it came as sent."""
+    """Why ``response`` is refused: it came compressed despite ``AS_SENT`` (a 16 KB zstd answer can unfold to
+    gigabytes in one piece); None when it came as sent."""
     encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
         return None
@@ -110,10 +103,8 @@ def clock() -> float:
 class TokenSource:
     """Client-credentials access tokens of one (issuer, client id), cached and renewed; thread-safe.
 
-    The token endpoint is discovered from ``{issuer}/.well-known/openid-configuration`` (``token_endpoint``);
-    where discovery fails, ``{issuer}/protocol/openid-connect/token`` (Keycloak) is used. The id and secret are
-    sent in the form body (client_secret_post), so a discovered endpoint must be as safe as the issuer
-    (``_checked_endpoint``). Answers are read bounded (``_bounded``).
+    The token endpoint is discovered (OIDC), else Keycloak's is used. The secret goes in the form body
+    (client_secret_post), so a discovered endpoint must be as safe as the issuer (``_checked_endpoint``).
     """
 
     def __init__(
@@ -135,8 +126,8 @@ class TokenSource:
         return f"TokenSource(issuer={self.issuer!r}, client_id={self.client_id!r})"
 
     def access_token(self, *, rejected: str | None = None) -> str:
-        """A valid access token; pass the token a service just rejected to get a fresh one instead. If another
-        caller already replaced it, that replacement is returned (one renewal per rejection, however many 401s)."""
+        """A valid access token; pass one a service just rejected to get a fresh one (or the replacement another
+        caller already fetched: one renewal per rejection, however many 401s)."""
         with self._lock:
             due = self._renew_at is not None and clock() >= self._renew_at
             if self._token is None or due or self._token == rejected:
@@ -144,13 +135,11 @@ class TokenSource:
             return self._token
 
     async def access_token_async(self, *, rejected: str | None = None) -> str:
-        """``access_token`` for async callers: the blocking fetch runs in a worker thread."""
         return await anyio.to_thread.run_sync(lambda: self.access_token(rejected=rejected))
 
     def _fetch(self) -> tuple[str, float | None]:
-        """Discovery (once) and the token request, within the source's deadline (TOKEN_DEADLINE) in all: the call
-        that needs the token has its own deadline, which cannot cut off this other client, and the lock keeps other
-        callers waiting."""
+        """Discovery (once) and the token request, within the source's own deadline: the calling request's deadline
+        cannot cut off this other client, and the lock keeps other callers waiting."""
         deadline = Deadline(self._deadline.total_seconds(), TOKEN_DEADLINE_SETTING, self.issuer)
         watched = deadline.watch()
         try:
@@ -183,8 +172,8 @@ class TokenSource:
         return self._cached(token)
 
     def _cached(self, token: dict) -> tuple[str, float | None]:
-        """The access token and when it is renewed: a quarter of its lifetime early, at most 30 s (a 300 s Keycloak
-        token after 270 s); one without ``expires_in`` is used until the service rejects it."""
+        """The access token and when it is renewed: a quarter of its lifetime early, at most 30 s; one without
+        ``expires_in`` is used until the service rejects it."""
         if not isinstance(access_token := token.get("access_token"), str) or not access_token:
             raise self._refused(f"the token endpoint's answer has no access_token; {OAUTH_FIX}")
         register_secret(access_token)
@@ -209,8 +198,7 @@ class TokenSource:
 
     def _checked_endpoint(self, endpoint: str) -> str:
         """A discovered token endpoint the secret may be sent to: without user info, and https when the issuer is.
-        Another origin than the issuer's is allowed: identity providers name one (Google's issuer
-        accounts.google.com names oauth2.googleapis.com), and the issuer, reached as configured, vouches for it."""
+        Another origin is allowed (Google's issuer names oauth2.googleapis.com): the issuer vouches for it."""
         door = f"the token_endpoint named by the discovery document of oauth_issuer_uri {shown_url(self.issuer)}"
         try:
             refuse_credentials_in_url(endpoint, door=door, fix=OAUTH_FIX)
@@ -224,9 +212,7 @@ class TokenSource:
         return endpoint
 
     def _bounded(self, response: httpx.Response) -> None:
-        """Response hook of the token client: a discovery document or token answer is read as sent (asked for with
-        ``Accept-Encoding: identity``; a compressed one could unfold far beyond its size), at most
-        ``MAX_OAUTH_ANSWER_BYTES``."""
+        """Response hook of the token client: an answer is read as sent, at most ``MAX_OAUTH_ANSWER_BYTES``."""
         source, limit = shown_url(str(response.url)), size_text(MAX_OAUTH_ANSWER_BYTES)
         if (problem := compressed_answer(response)) is not None:
             raise self._refused(f"{problem}; {OAUTH_FIX} (it must not compress its answers to this client)")
@@ -238,7 +224,7 @@ class TokenSource:
         return ServiceError("fetch OAuth token", None, message, transient=False, service="oauth")
 
     def _raise_for_token_error(self, response: httpx.Response) -> httpx.Response:
-        """authlib compliance hook: turn a non-2xx token response into a ServiceError (never the body itself)."""
+        """authlib compliance hook: a non-2xx token response is a ServiceError (never with the body itself)."""
         if not response.is_error:
             return response
         response.read()
@@ -273,7 +259,7 @@ def token_source_for(auth: AuthSettings, verify: ssl.SSLContext | bool) -> Token
 
 
 def basic_login(auth: AuthSettings) -> tuple[str, str] | None:
-    """The username and the password's value when ``auth`` uses Basic (``uses_basic``), else None."""
+    """The username and the password's value when ``auth`` uses Basic, else None."""
     if auth.username is None or auth.password is None:
         return None
     return auth.username, auth.password.get_secret_value()
@@ -287,13 +273,10 @@ class _NeedToken:
     rejected: str | None = None
 
 
-_Flow = Generator["_NeedToken | httpx.Request", Any, None]
-"""``ServiceAuth._flow``: a ``_NeedToken`` is answered with a token (``str``), a request with its response; the
-answer's type depends on the ask, which a generator's one send type cannot say, hence ``Any``."""
+_Flow = Generator["_NeedToken | httpx.Request", Any, None]  # sent a token for a _NeedToken, a response for a request
 
 
 def _advance(flow: _Flow, answer: object) -> _NeedToken | httpx.Request | None:
-    """The flow's next ask after ``answer`` (None starts it); None once it has ended."""
     try:
         return flow.send(answer)
     except StopIteration:
@@ -377,38 +360,30 @@ class ServiceAuth(httpx.Auth):
             rejected = None
             if response.next_request is None:
                 return
-            self._refuse_redirect_of_a_body(response, response.next_request.url)
             request = response.next_request
-            self._refuse_credentials_in_location(response, request.url)
-            if request.url in visited:
-                raise self._redirect_loop(response, request.url)
+            self._check_hop(response, request.url, visited)
             visited.add(request.url)
             leave_unread(response)
 
-    def _refuse_redirect_of_a_body(self, response: httpx.Response, location: httpx.URL) -> None:
-        """A request that carries a body (patient data, a CRTDL) is never sent on: a 301/302/303 would turn it into a
-        GET without its body, and a 307/308 may hand the data to another server. The user sets the URL instead."""
-        if response.request.method in ("GET", "HEAD"):
-            return
-        target = shown_url(str(location))
-        raise self._refused_hop(
-            response,
-            f"the server redirects to {target}; a request with a body is not sent on to another address: set the "
-            "service's URL in the configuration to the address it redirects to",
-        )
-
-    def _redirect_loop(self, response: httpx.Response, target: httpx.URL) -> ServiceError:
-        source, again = shown_url(str(response.request.url)), shown_url(str(target))
-        where = f"{source} redirects to itself" if source == again else f"{source} redirects back to {again}"
-        return self._refused_hop(response, f"redirect loop: {where}; check the URL and the server's configuration")
-
-    def _refuse_credentials_in_location(self, response: httpx.Response, location: httpx.URL) -> None:
-        door = f"the Location header of {response.request.method} {shown_url(str(response.request.url))}"
+    def _check_hop(self, response: httpx.Response, location: httpx.URL, visited: set[httpx.URL]) -> None:
+        """Refuse a loop, a Location with user info, and the redirect of a request that carries a body (patient
+        data, a CRTDL): a 301/302/303 would drop the body, a 307/308 may hand the data to another server."""
+        source, target = shown_url(str(response.request.url)), shown_url(str(location))
+        if response.request.method not in ("GET", "HEAD"):
+            raise self._refused_hop(
+                response,
+                f"the server redirects to {target}; a request with a body is not sent on to another address: set the "
+                "service's URL in the configuration to the address it redirects to",
+            )
+        door = f"the Location header of {response.request.method} {source}"
         fix = "the server redirects there; fix its configuration so that its redirects carry no credentials"
         try:
             refuse_credentials_in_url(str(location), door=door, fix=fix)
         except CredentialsInUrlError as exc:
             raise self._refused_hop(response, str(exc)) from None
+        if location in visited:
+            where = f"{source} redirects to itself" if source == target else f"{source} redirects back to {target}"
+            raise self._refused_hop(response, f"redirect loop: {where}; check the URL and the server's configuration")
 
     def _refused_hop(self, response: httpx.Response, message: str) -> ServiceError:
         """The terminal error of a redirect that is not followed."""
@@ -441,8 +416,7 @@ class ServiceAuth(httpx.Auth):
         return token
 
     def _withhold(self, request: httpx.Request) -> None:
-        names = [*CREDENTIAL_HEADERS, *([self._api_key[0]] if self._api_key else [])]
-        for name in names:
+        for name in [*CREDENTIAL_HEADERS, *([self._api_key[0]] if self._api_key else [])]:
             request.headers.pop(name, None)
         origin = origin_of(request.url)
         if self.schemes and origin not in self._withheld_origins:

@@ -319,13 +319,7 @@ class _Sink:
     (``FirstLineCheck``), written through ``AtomicNdjsonWriter`` (temporary name, renamed when complete), which
     checks every line. Fed across connections; ``finish`` or ``discard`` ends it."""
 
-    def __init__(
-        self,
-        url: str,
-        dest: Path,
-        level: CompressionLevel | None,
-        max_line_bytes: int,
-    ):
+    def __init__(self, url: str, dest: Path, level: CompressionLevel | None, max_line_bytes: int):
         self._dest, self._decoder = dest, StreamDecoder(shown_url(url))
         self._first_line = FirstLineCheck(url, max_line_bytes)
         self._writer = AtomicNdjsonWriter(dest, level, max_line_bytes, source=shown_url(url))

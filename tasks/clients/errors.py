@@ -114,13 +114,10 @@ def nothing_answers(exc: httpx.TransportError) -> str:
     origin of a configured service URL (``SERVICE_SETTING``); "" otherwise."""
     if not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout) or _caused_by(exc, ssl.SSLError):
         return ""
-    try:
-        url, setting = exc.request.url, exc.request.extensions.get(SERVICE_SETTING)
-    except RuntimeError:  # raised before a request existed
+    request = _request_of(exc)
+    if request is None or not isinstance(setting := request.extensions.get(SERVICE_SETTING), str):
         return ""
-    if not isinstance(setting, str):
-        return ""
-    return nothing_answers_at(f"{url.scheme}://{url.netloc.decode('ascii')}", setting)
+    return nothing_answers_at(f"{request.url.scheme}://{request.url.netloc.decode('ascii')}", setting)
 
 
 def nothing_answers_at(origin: str, setting: str) -> str:
@@ -135,20 +132,25 @@ def naming_setting(setting: str | None, url: str | None) -> Iterator[None]:
     try:
         yield
     except httpx.TransportError as exc:
-        with suppress(RuntimeError):  # raised before a request existed
-            failed, origin = exc.request.url, httpx.URL(url or "")
-            if setting and (failed.scheme, failed.host, failed.port) == (origin.scheme, origin.host, origin.port):
-                exc.request.extensions[SERVICE_SETTING] = setting  # httpx.URL leaves a default port out: None
+        origin = httpx.URL(url or "")
+        if setting and (request := _request_of(exc)) is not None:
+            failed = request.url  # httpx.URL leaves a default port out: None
+            if (failed.scheme, failed.host, failed.port) == (origin.scheme, origin.host, origin.port):
+                request.extensions[SERVICE_SETTING] = setting
         raise
+
+
+def _request_of(exc: httpx.TransportError) -> httpx.Request | None:
+    try:
+        return exc.request
+    except RuntimeError:  # raised before a request existed
+        return None
 
 
 def where(exc: httpx.TransportError) -> str:
     """`` at <url>`` of the failed request, shown as every URL is (``shown_url``)."""
-    try:
-        url = exc.request.url
-    except RuntimeError:  # raised before a request existed
-        return ""
-    return f" at {shown_url(str(url))}"
+    request = _request_of(exc)
+    return "" if request is None else f" at {shown_url(str(request.url))}"
 
 
 def error_from_response(
@@ -174,36 +176,27 @@ def error_from_response(
 def raise_for_service_status(
     response: httpx.Response, *, operation: str, service: str | None, hints: Mapping[int, str] | None = None
 ) -> None:
-    """Raise a ``ServiceError`` for a 4xx/5xx response (reading at most ``MAX_PARSED_BODY_BYTES`` of a streamed
-    body: only an OperationOutcome's texts are used, and an error page can be of any size); ``hints`` as
-    ``error_from_response`` takes them."""
+    """Raise a ``ServiceError`` for a 4xx/5xx response, reading at most ``MAX_PARSED_BODY_BYTES`` of a streamed body
+    (only an OperationOutcome's texts are used, and an error page can be of any size)."""
     if response.is_error:
         body = error_body(response)
         raise error_from_response(response, operation=operation, service=service, body=body, hints=hints)
 
 
 async def raise_for_service_status_async(response: httpx.Response, *, operation: str, service: str | None) -> None:
-    """``raise_for_service_status`` for responses of an ``httpx.AsyncClient``."""
-    if not response.is_error:
-        return
-    body = bytearray()
-    try:
-        body += response.content
-    except httpx.ResponseNotRead:
-        async for piece in response.aiter_bytes():
+    if response.is_error:
+        body = bytearray()
+        async for piece in response.aiter_bytes():  # a read response's content comes in one piece
             body += piece
             if len(body) > MAX_PARSED_BODY_BYTES:
                 break
-    raise error_from_response(response, operation=operation, service=service, body=bytes(body))
+        raise error_from_response(response, operation=operation, service=service, body=bytes(body))
 
 
 def error_body(response: httpx.Response) -> bytes:
     """An error answer's body: all of it when already read, else its first ``MAX_PARSED_BODY_BYTES`` and a bit."""
-    try:
-        return response.content
-    except httpx.ResponseNotRead:
-        body = bytearray()
-    for piece in response.iter_bytes():
+    body = bytearray()
+    for piece in response.iter_bytes():  # a read response's content comes in one piece
         body += piece
         if len(body) > MAX_PARSED_BODY_BYTES:
             break
