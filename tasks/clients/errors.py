@@ -1,10 +1,8 @@
 """Typed errors of outgoing service calls: transient (worth retrying) or terminal.
 
-A ``ServiceError`` says which service and operation failed, the HTTP status (None for network errors), and a
-message the user can act on. Response bodies are never echoed (secrets, patient data): only a FHIR
-OperationOutcome's texts (``issue[].diagnostics``, ``issue[].details.text``) are taken over, truncated. Every text
-that leaves a client is redacted (``tasks.core.redaction.redact``): ``ServiceError`` messages when made,
-OperationOutcome texts when taken. The exceptions have their place in the one tree drawn in ``tasks.core.errors``.
+Response bodies are never echoed (secrets, patient data): only a FHIR OperationOutcome's texts are taken over,
+truncated. Every text that leaves a client is redacted: ``ServiceError`` messages when made, OperationOutcome texts
+when taken.
 """
 
 from __future__ import annotations
@@ -30,24 +28,21 @@ MAX_TEXT_CHARS = 500
 MAX_MESSAGE_CHARS = 2000
 MAX_PARSED_BODY_BYTES = 1_000_000
 BODY_LIMIT = "the body limit of the server (or of a proxy before it, such as nginx's client_max_body_size)"
-"""What a 413 asks to raise (after a smaller request, where one can be made): a proxy's limit as well as the
-service's own, since the proxy answers for the service (nginx's 413 is an HTML page naming neither)."""
+"""What a 413 asks to raise: a proxy answers for the service (nginx's 413 is an HTML page naming neither)."""
 SERVICE_SETTING = "dupflow.service_setting"
-"""The request extension naming the configuration key of the service URL (or OAuth issuer) whose origin the request
-goes to; ``tasks.clients.http`` sets it on every request to a configured service (``nothing_answers`` reads it)."""
+"""The request extension naming the configuration key of the URL (or OAuth issuer) whose origin it goes to."""
 
 
 class Call(TypedDict):
-    """The keywords that name a call in its errors, given together (``**call``) to the functions that take them."""
+    """The keywords that name a call in its errors."""
 
     operation: str
     service: str | None
 
 
 class ServiceError(DupflowError):
-    """A failed call to a service. ``transient``: network errors, 408, 429 and 5xx (retrying may help).
-    ``retry_after`` is the server's Retry-After in seconds, when it sent one. ``no_answer``: no (complete) answer
-    came at all (a network error, a missed deadline), as opposed to an answer that was refused or not usable."""
+    """A failed call to a service. ``retry_after``: the server's Retry-After in seconds. ``no_answer``: no complete
+    answer came at all (a network error, a missed deadline), unlike an answer refused or not usable."""
 
     operation: str  # always named, unlike a DupflowError's
 
@@ -97,7 +92,7 @@ def _caused_by(exc: BaseException | None, cause_type: type[BaseException]) -> bo
 
 
 def network_error(exc: httpx.TransportError, *, operation: str, service: str | None) -> ServiceError:
-    """Wrap a transport error (connect, read, reset, timeout, …) as a structured error naming where it happened."""
+    """A transport error as a ``ServiceError`` naming where it happened and, where known, the fix."""
     message, transient = f"network error: {type(exc).__name__}: {exc}{where(exc)}", is_transient_network_error(exc)
     if _caused_by(exc, ssl.SSLCertVerificationError):
         message += "; the server's certificate is not trusted: give its CA with tls.ca_cert_path"
@@ -109,9 +104,8 @@ def network_error(exc: httpx.TransportError, *, operation: str, service: str | N
 
 
 def nothing_answers(exc: httpx.TransportError) -> str:
-    """``; nothing answers at <origin>: …`` naming the configuration key to check, for a connection that could not
-    be made (refused, name not resolved, connect timeout; not a TLS handshake, which something answered) to the
-    origin of a configured service URL (``SERVICE_SETTING``); "" otherwise."""
+    """``; nothing answers at <origin>: …`` naming the configuration key (``SERVICE_SETTING``) for a connection that
+    could not be made (not a TLS handshake: something answered); "" otherwise."""
     if not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout) or _caused_by(exc, ssl.SSLError):
         return ""
     request = _request_of(exc)
@@ -121,14 +115,13 @@ def nothing_answers(exc: httpx.TransportError) -> str:
 
 
 def nothing_answers_at(origin: str, setting: str) -> str:
-    """The hint of a connection to ``origin`` that could not be made, naming the configuration key ``setting``."""
     return f"; nothing answers at {shown_url(origin)}: is the service running there, and is {setting} right?"
 
 
 @contextmanager
 def naming_setting(setting: str | None, url: str | None) -> Iterator[None]:
-    """A request to ``url``'s origin failing within carries ``setting`` (``SERVICE_SETTING``) on to
-    ``nothing_answers``: for a request another client makes for a service (its OAuth token's, to the issuer)."""
+    """A request to ``url``'s origin failing within carries ``setting`` to ``nothing_answers`` (for a request another
+    client makes, an OAuth token's)."""
     try:
         yield
     except httpx.TransportError as exc:
@@ -148,7 +141,6 @@ def _request_of(exc: httpx.TransportError) -> httpx.Request | None:
 
 
 def where(exc: httpx.TransportError) -> str:
-    """`` at <url>`` of the failed request, shown as every URL is (``shown_url``)."""
     request = _request_of(exc)
     return "" if request is None else f" at {shown_url(str(request.url))}"
 
@@ -161,8 +153,7 @@ def error_from_response(
     body: bytes | None = None,
     hints: Mapping[int, str] | None = None,
 ) -> ServiceError:
-    """Build the error for a 4xx/5xx response from its ``body`` (by default the read response's content), with what
-    the user can do about it when ``hints`` knows the status."""
+    """The error of a 4xx/5xx response from its ``body`` (by default its content), with the fix ``hints`` knows."""
     texts = operation_outcome_texts(response.content if body is None else body)
     status_line = f"HTTP {response.status_code} {response.reason_phrase}"
     message = truncate("; ".join(texts), MAX_MESSAGE_CHARS) if texts else status_line
@@ -204,8 +195,7 @@ def error_body(response: httpx.Response) -> bytes:
 
 
 def operation_outcome_texts(body: bytes) -> list[str]:
-    """The diagnostics and details texts of a FHIR OperationOutcome body, each redacted, truncated and made plain
-    (``plain_text``); [] for anything else."""
+    """The diagnostics and details texts of a FHIR OperationOutcome body, each redacted, truncated and made plain."""
     if not body or len(body) > MAX_PARSED_BODY_BYTES:
         return []
     outcome = json_or_none(body)
@@ -219,7 +209,7 @@ def operation_outcome_texts(body: bytes) -> list[str]:
 
 
 def json_or_none(body: bytes, loads: Callable[[bytes], Any] = json.loads) -> Any:
-    """An answer's body parsed by ``loads``; None when it is no JSON (the caller then finds it is not what it wants)."""
+    """An answer's body parsed by ``loads``; None when it is no JSON."""
     try:
         return loads(body)
     except ValueError:
@@ -227,8 +217,8 @@ def json_or_none(body: bytes, loads: Callable[[bytes], Any] = json.loads) -> Any
 
 
 def json_object(response: httpx.Response, *, operation: str, service: str | None, hint: str) -> dict[str, Any]:
-    """The JSON object of a read answer (orjson: nesting is bounded); an answer that is no JSON object is a terminal
-    ``ServiceError`` naming its URL and ``hint`` (the fix), never its body."""
+    """The JSON object of a read answer (orjson: nesting is bounded), else a terminal ``ServiceError`` naming its URL
+    and ``hint``, never its body."""
     document = json_or_none(response.content, orjson.loads)
     if isinstance(document, dict):
         return document
