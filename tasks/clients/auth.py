@@ -30,7 +30,7 @@ import anyio.to_thread
 import httpx
 import orjson
 
-from tasks.clients.bounds import CappedBody, Deadline, leave_unread, replayable
+from tasks.clients.bounds import CappedBody, Deadline, UnreadBody, replayable
 from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, json_or_none, naming_setting
 
 from tasks.core.names import show_name
@@ -228,19 +228,15 @@ class TokenSource:
         if not response.is_error:
             return response
         response.read()
-        message = f"issuer {self.issuer}, client {self.client_id}: {_oauth_error_text(response)}"
+        body = json_or_none(response.content)
+        if isinstance(body, dict) and isinstance(error := body.get("error"), str):  # RFC 6749
+            description = body.get("error_description")
+            text = truncate(f"{error}: {description}" if isinstance(description, str) else error, MAX_TEXT_CHARS)
+        else:
+            text = f"HTTP {response.status_code} {response.reason_phrase}"
+        message = f"issuer {self.issuer}, client {self.client_id}: {text}"
         transient = is_transient_status(response.status_code)
         raise ServiceError("fetch OAuth token", response.status_code, message, transient=transient, service="oauth")
-
-
-def _oauth_error_text(response: httpx.Response) -> str:
-    """RFC 6749 ``error`` and ``error_description`` of a token error response, else the status line."""
-    body = json_or_none(response.content)
-    if isinstance(body, dict) and isinstance(body.get("error"), str):
-        description = body.get("error_description")
-        text = f"{body['error']}: {description}" if isinstance(description, str) else body["error"]
-        return truncate(text, MAX_TEXT_CHARS)
-    return f"HTTP {response.status_code} {response.reason_phrase}"
 
 
 _token_sources: dict[tuple[str, str, str], TokenSource] = {}
@@ -298,6 +294,7 @@ class ServiceAuth(httpx.Auth):
                 self._basic = httpx.BasicAuth(*login)
             if auth.api_key is not None:
                 self._api_key = (auth.api_key_header, auth.api_key.get_secret_value())
+        self._issuer = None if self._tokens is None else self._tokens.issuer
         self._query = httpx.URL(base_url).params  # a token in the configured URL's query, a credential too
         self._withheld_origins: set[Origin] = set()
         self._trusted_origins: set[Origin] = {self.origin}
@@ -340,10 +337,6 @@ class ServiceAuth(httpx.Auth):
                 else:
                     answer = yield ask
 
-    @property
-    def _issuer(self) -> str | None:
-        return None if self._tokens is None else self._tokens.issuer
-
     def _flow(self, request: httpx.Request) -> _Flow:
         """Yields requests to send (answered with responses) and ``_NeedToken`` (answered with a token)."""
         renewed = False
@@ -355,7 +348,7 @@ class ServiceAuth(httpx.Auth):
             if token is not None and response.status_code == 401 and not renewed:
                 log.info("%s answered 401; retrying once with a fresh OAuth token", self.service)
                 renewed, rejected = True, token
-                leave_unread(response)
+                response.stream = UnreadBody(response.stream)
                 continue
             rejected = None
             if response.next_request is None:
@@ -363,7 +356,7 @@ class ServiceAuth(httpx.Auth):
             request = response.next_request
             self._check_hop(response, request.url, visited)
             visited.add(request.url)
-            leave_unread(response)
+            response.stream = UnreadBody(response.stream)
 
     def _check_hop(self, response: httpx.Response, location: httpx.URL, visited: set[httpx.URL]) -> None:
         """Refuse a loop, a Location with user info, and the redirect of a request that carries a body (patient

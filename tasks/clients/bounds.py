@@ -124,10 +124,6 @@ class UnreadBody(httpx.SyncByteStream, httpx.AsyncByteStream):
         await self._stream.aclose()
 
 
-def leave_unread(response: httpx.Response) -> None:
-    response.stream = UnreadBody(response.stream)
-
-
 class CappedBody(httpx.SyncByteStream):
     """A sync answer's body as sent, at most ``limit`` bytes of it: ``too_large()`` is raised once more comes."""
 

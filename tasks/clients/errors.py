@@ -204,7 +204,10 @@ def operation_outcome_texts(body: bytes) -> list[str]:
     texts: list[str] = []
     for issue in as_array(outcome.get("issue")):
         if isinstance(issue, dict):
-            texts.extend(plain_text(truncate(redact(text), MAX_TEXT_CHARS)) for text in _issue_texts(issue))
+            details = issue.get("details")
+            for text in (issue.get("diagnostics"), details.get("text") if isinstance(details, dict) else None):
+                if isinstance(text, str) and text.strip():
+                    texts.append(plain_text(truncate(redact(text.strip()), MAX_TEXT_CHARS)))
     return texts
 
 
@@ -225,12 +228,6 @@ def json_object(response: httpx.Response, *, operation: str, service: str | None
     found = "a body that is not JSON" if document is None else "JSON that is not a JSON object"
     message = f"{shown_url(str(response.url))} answered HTTP {response.status_code} with {found}; {hint}"
     raise ServiceError(operation, None, message, transient=False, service=service)
-
-
-def _issue_texts(issue: dict) -> list[str]:
-    details = issue.get("details")
-    candidates = [issue.get("diagnostics"), details.get("text") if isinstance(details, dict) else None]
-    return [text.strip() for text in candidates if isinstance(text, str) and text.strip()]
 
 
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:

@@ -8,6 +8,7 @@ most ``max_answer_bytes`` far; clients that stream a body or an answer pass thei
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import ssl
@@ -16,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 from collections.abc import Awaitable, Callable, Container, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import certifi
 import httpx
@@ -158,16 +159,13 @@ def service_name(client: httpx.Client | httpx.AsyncClient) -> str | None:
     return client.auth.service if isinstance(client.auth, ServiceAuth) else None
 
 
-class Closing:
+class Closing(contextlib.AbstractContextManager):
     """A context manager that closes its ``http`` client."""
 
     http: httpx.Client
 
     def close(self) -> None:
         self.http.close()
-
-    def __enter__(self) -> Self:
-        return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
