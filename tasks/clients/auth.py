@@ -14,6 +14,7 @@ Tokens come from a ``TokenSource`` per (issuer, client id), shared by the proces
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import ssl
@@ -101,11 +102,8 @@ def clock() -> float:
 
 
 class TokenSource:
-    """Client-credentials access tokens of one (issuer, client id), cached and renewed; thread-safe.
-
-    The token endpoint is discovered (OIDC), else Keycloak's is used. The secret goes in the form body
-    (client_secret_post), so a discovered endpoint must be as safe as the issuer (``_checked_endpoint``).
-    """
+    """Client-credentials tokens of one (issuer, client id), cached and renewed; thread-safe. The secret goes in the
+    form body (client_secret_post), so a discovered endpoint must be as safe as the issuer (``_checked_endpoint``)."""
 
     def __init__(
         self,
@@ -183,12 +181,11 @@ class TokenSource:
         return access_token, clock() + expires_in - min(MAX_RENEWAL_LEEWAY_SECONDS, expires_in / 4)
 
     def _discover_token_endpoint(self, client: OAuth2Client) -> str:
-        try:
+        document = None
+        with contextlib.suppress(httpx.HTTPError):
             response = client.request("GET", f"{self.issuer}/.well-known/openid-configuration", withhold_token=True)
-        except httpx.HTTPError:
-            response = None
-        found = response is not None and response.status_code == 200
-        document = json_or_none(response.content, orjson.loads) if found else None  # orjson: nesting is bounded
+            if response.status_code == 200:
+                document = json_or_none(response.content, orjson.loads)  # orjson: nesting is bounded
         endpoint = document.get("token_endpoint") if isinstance(document, dict) else None
         if isinstance(endpoint, str) and endpoint:
             return self._checked_endpoint(endpoint)
@@ -286,14 +283,14 @@ class ServiceAuth(httpx.Auth):
         self.service, self.origin = service, origin_of(base_url)
         self._basic: httpx.BasicAuth | None = None
         self._tokens: TokenSource | None = None
-        self._api_key: tuple[str, str] | None = None
+        self._api_key: dict[str, str] = {}  # header: key
         if auth is not None:
             if auth.uses_oauth:
                 self._tokens = token_source_for(auth, verify)
             elif (login := basic_login(auth)) is not None:
                 self._basic = httpx.BasicAuth(*login)
             if auth.api_key is not None:
-                self._api_key = (auth.api_key_header, auth.api_key.get_secret_value())
+                self._api_key = {auth.api_key_header: auth.api_key.get_secret_value()}
         self._issuer = None if self._tokens is None else self._tokens.issuer
         self._query = httpx.URL(base_url).params  # a token in the configured URL's query, a credential too
         self._withheld_origins: set[Origin] = set()
@@ -307,7 +304,7 @@ class ServiceAuth(httpx.Auth):
     @property
     def schemes(self) -> list[str]:
         """The kinds of credentials attached, for logs and reprs (never their values)."""
-        kinds = [("basic", self._basic), ("oauth", self._tokens), ("api-key", self._api_key)]
+        kinds = [("basic", self._basic), ("oauth", self._tokens), ("api-key", self._api_key or None)]
         return [name for name, configured in kinds if configured is not None]
 
     def __repr__(self) -> str:
@@ -401,15 +398,13 @@ class ServiceAuth(httpx.Auth):
             next(self._basic.auth_flow(request))
         if token is not None:
             request.headers["Authorization"] = f"Bearer {token}"
-        if self._api_key is not None:
-            header, key = self._api_key
-            request.headers[header] = key
+        request.headers.update(self._api_key)
         if self._query:
             request.url = request.url.copy_merge_params(self._query)
         return token
 
     def _withhold(self, request: httpx.Request) -> None:
-        for name in [*CREDENTIAL_HEADERS, *([self._api_key[0]] if self._api_key else [])]:
+        for name in [*CREDENTIAL_HEADERS, *self._api_key]:
             request.headers.pop(name, None)
         origin = origin_of(request.url)
         if self.schemes and origin not in self._withheld_origins:

@@ -13,6 +13,7 @@ chain cut, so no log or job record can show them.
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import hashlib
 import json
@@ -163,12 +164,10 @@ def s3_verify(tls: TlsSettings, ca_bundle: Path) -> str | bool:
     if not tls.ca_cert_path and not (system_bundle and os.path.isfile(system_bundle)):
         return certifi.where()
     data = _combined_ca_bundle(tls.ca_cert_path, system_bundle)
-    try:
-        written = ca_bundle.read_bytes() == data
-    except OSError:
-        written = False
-    if not written:  # missing, or another run's (the CAs may have changed since): written anew
-        write_file_atomically(ca_bundle, data, shared=True)
+    with contextlib.suppress(OSError):
+        if ca_bundle.read_bytes() == data:
+            return str(ca_bundle)
+    write_file_atomically(ca_bundle, data, shared=True)  # missing, or another run's (the CAs may have changed)
     return str(ca_bundle)
 
 
@@ -243,13 +242,13 @@ class S3Uploader:
         try:
             self._abort_incomplete_uploads(key)
             self._client.upload_file(str(path), self._bucket, key, Config=self._transfer)
-            head = self._client.head_object(Bucket=self._bucket, Key=key)
+            size_and_etag = self._head(key, f"upload {key}")
         except (BotoCoreError, ClientError, S3UploadFailedError) as exc:
             if (stored := self._stored_copy(path, key, found)) is None:
                 raise self._service_error(f"upload {key}", exc) from None
             log.info("S3 object %s: the store holds the upload whose answer was lost (%s)", key, type(exc).__name__)
             return stored
-        uploaded = UploadedObject(key, *stored_size_and_etag(head, f"upload {key}"), found.st_mtime_ns)
+        uploaded = UploadedObject(key, *size_and_etag, found.st_mtime_ns)
         if uploaded.size != size:
             message = f"the bucket holds {uploaded.size} bytes after uploading {size}; was the file changed meanwhile?"
             raise ServiceError(f"upload {key}", None, message, transient=False, service=SERVICE)
@@ -271,24 +270,35 @@ class S3Uploader:
     def _is_stored(self, recorded: UploadedObject) -> bool:
         """Whether the bucket still holds the recorded object (same size and ETag)."""
         try:
-            head = self._client.head_object(Bucket=self._bucket, Key=recorded.key)
+            return self._head(recorded.key, f"check {recorded.key}") == (recorded.size, recorded.etag)
         except (BotoCoreError, ClientError) as exc:
             if isinstance(exc, ClientError) and _status_of(exc) == 404:
                 return False
             raise self._service_error(f"check {recorded.key}", exc) from None
-        return stored_size_and_etag(head, f"check {recorded.key}") == (recorded.size, recorded.etag)
 
     def _stored_copy(self, path: Path, key: str, found: os.stat_result) -> UploadedObject | None:
         """``key`` as the bucket holds it when that is ``path``'s content (size and ``local_etag``); None when it is
         missing, another object (KMS encryption gives ETags of another kind) or the store cannot say: the file is then
         uploaded, whose errors say more than a HEAD's bodiless answer."""
         try:
-            size, etag = stored_size_and_etag(self._client.head_object(Bucket=self._bucket, Key=key), f"check {key}")
+            size, etag = self._head(key, f"check {key}")
         except (BotoCoreError, ClientError, ServiceError):
             return None
         if size != found.st_size or etag != local_etag(path, size, self._transfer):
             return None
         return UploadedObject(key, size, etag, found.st_mtime_ns)
+
+    def _head(self, key: str, operation: str) -> tuple[int, str]:
+        """``key``'s size and ETag as HeadObject gives them (a store that leaves either out cannot tell an upload
+        complete)."""
+        head = self._client.head_object(Bucket=self._bucket, Key=key)
+        size, etag = head.get("ContentLength"), head.get("ETag")
+        if not isinstance(size, int) or not isinstance(etag, str):
+            missing = " and ".join(name for name, value in (("Content-Length", size), ("ETag", etag)) if value is None)
+            gap = missing or "usable size or ETag"
+            message = f"the store's HeadObject answer has no {gap}; check the S3 endpoint or the proxy before it"
+            raise ServiceError(operation, None, message, transient=False, service=SERVICE)
+        return size, etag.strip('"')
 
     def _abort_incomplete_uploads(self, key: str) -> None:
         """Abort multipart uploads of ``key`` left by a killed run; the server would keep their parts forever."""
@@ -387,18 +397,6 @@ def local_etag(path: Path, size: int, transfer: TransferConfig) -> str:
     if whole:
         return digests[0].hexdigest()
     return f"{hashlib.md5(b''.join(d.digest() for d in digests), usedforsecurity=False).hexdigest()}-{len(digests)}"
-
-
-def stored_size_and_etag(head: dict[str, Any], operation: str) -> tuple[int, str]:
-    """An object's size and ETag as HeadObject gives them (a store that leaves either out cannot tell an upload
-    complete)."""
-    size, etag = head.get("ContentLength"), head.get("ETag")
-    if not isinstance(size, int) or not isinstance(etag, str):
-        missing = " and ".join(name for name, value in (("Content-Length", size), ("ETag", etag)) if value is None)
-        gap = missing or "usable size or ETag"
-        message = f"the store's HeadObject answer has no {gap}; check the S3 endpoint or the proxy before it"
-        raise ServiceError(operation, None, message, transient=False, service=SERVICE)
-    return size, etag.strip('"')
 
 
 def configured_secrets(send: SendSettings) -> tuple[str, ...]:
