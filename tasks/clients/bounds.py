@@ -91,8 +91,7 @@ class Deadline:
 
 
 class ReplayableBody:
-    """A request body streamed from a function, afresh for each send (a retry, a resend after a 401), so the auth flow
-    need not hold the whole body in memory."""
+    """A request body made afresh for each send (a retry, a resend after a 401), never held whole in memory."""
 
     def __init__(self, make: Callable[[], Iterable[bytes]]):
         self._make = make
@@ -234,8 +233,7 @@ def read_answer(
     deadline: Deadline | None = None,
     source: httpx.URL | None = None,
 ) -> bytes:
-    """The body of a streamed ``response``, at most ``limit`` bytes (else a terminal ``ServiceError``); the
-    ``deadline`` is checked after each piece."""
+    """The body of a streamed ``response``, at most ``limit`` bytes, checking ``deadline`` after each piece."""
     where: TooLarge = {"operation": operation, "service": service, "hint": hint, "source": source}
     _refuse_declared(response, limit, **where)
     body = bytearray()

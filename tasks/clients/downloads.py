@@ -84,8 +84,7 @@ def safe_file_name(url: str, compress: bool) -> str:
 
 
 def target_names(urls: Iterable[str], compress: bool, max_files: int = DEFAULT_MAX_FILES) -> dict[str, str]:
-    """URL -> file name in ``import/``; two URLs on one name (never an overwrite) or more than ``max_files`` are an
-    error."""
+    """URL -> file name in ``import/``; two URLs on one name or more than ``max_files`` URLs are an error."""
     owners: dict[str, tuple[str, str]] = {}
     for count, url in enumerate(urls, start=1):
         if count > max_files:

@@ -120,8 +120,7 @@ def nothing_answers_at(origin: str, setting: str) -> str:
 
 @contextmanager
 def naming_setting(setting: str | None, url: str | None) -> Iterator[None]:
-    """A request to ``url``'s origin failing within carries ``setting`` to ``nothing_answers`` (for a request another
-    client makes, an OAuth token's)."""
+    """A request to ``url``'s origin failing within (an OAuth token's) carries ``setting`` to ``nothing_answers``."""
     try:
         yield
     except httpx.TransportError as exc:
@@ -220,8 +219,7 @@ def json_or_none(body: bytes, loads: Callable[[bytes], Any] = json.loads) -> Any
 
 
 def json_object(response: httpx.Response, *, operation: str, service: str | None, hint: str) -> dict[str, Any]:
-    """The JSON object of a read answer (orjson: nesting is bounded), else a terminal ``ServiceError`` naming its URL
-    and ``hint``, never its body."""
+    """The JSON object of a read answer (orjson: bounded nesting), else a terminal ``ServiceError`` without the body."""
     document = json_or_none(response.content, orjson.loads)
     if isinstance(document, dict):
         return document

@@ -139,8 +139,7 @@ def _awaitable(hook: Callable[[Any], None]) -> Callable[[Any], Awaitable[None]]:
 
 
 def name_setting(endpoint: ServiceEndpoint, origin: Origin, request: httpx.Request) -> None:
-    """Request event hook: a request to the service's origin carries the key of its URL (``SERVICE_SETTING``); one
-    elsewhere (a result file's host, a redirect's) does not."""
+    """Request event hook: only a request to the service's origin carries its URL's key (``SERVICE_SETTING``)."""
     if endpoint.setting is not None and origin_of(request.url) == origin:
         request.extensions[SERVICE_SETTING] = endpoint.setting
     else:

@@ -96,10 +96,9 @@ def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings, c
 
 
 def refuse_proxy_auth_beyond_the_proxy(send: SendSettings) -> None:
-    """The proxy's Basic credentials go in a header of every request, for a proxy that the endpoint is (spec).
-    Without an endpoint every request goes to AWS itself; an https endpoint behind HTTPS_PROXY is tunnelled (CONNECT,
-    without the header), which would carry the header inside the tunnel to the store. Either way the password would
-    go where it was not meant to: refused before any request (for settings made other than by the configuration)."""
+    """The proxy's Basic credentials go in a header of every request, for a proxy that the endpoint is (spec). Without
+    an endpoint they would go to AWS; to an https endpoint behind HTTPS_PROXY, inside the tunnel to the store. Either
+    is refused before any request (for settings made other than by the configuration)."""
     if (endpoint := send.s3.endpoint) is None:
         message = f"services.send.auth {PROXY_AUTH_WITHOUT_ENDPOINT}"
     elif endpoint.lower().startswith("https:") and get_environ_proxies(endpoint).get("https"):
@@ -173,10 +172,9 @@ def s3_verify(tls: TlsSettings, ca_bundle: Path) -> str | bool:
 
 @functools.cache
 def _combined_ca_bundle(ca_cert_path: str | None, system_bundle: str | None) -> bytes:
-    """botocore takes a single bundle file, so certifi's CAs, the system's (spec: "System CAs stay trusted") and
-    ``ca_cert_path`` are put together, written in the job's folder (a temporary file was left behind by every process
-    killed while it sent). Bytes: a PEM bundle's comments may be in any encoding. ``ca_cert_path`` is checked as the
-    HTTP clients check it (a DER certificate is named so) and read within bounds."""
+    """botocore takes a single bundle file: certifi's CAs, the system's (spec) and ``ca_cert_path``, for the job's
+    folder (a temporary file was left behind by every process killed while it sent). Bytes: a PEM bundle's comments
+    may be in any encoding. ``ca_cert_path`` is checked as the HTTP clients check it and read within bounds."""
     extra = b""
     if ca_cert_path:
         trusted_context(ca_cert_path)
@@ -210,8 +208,7 @@ class UploadedObject:
 
 
 class S3Uploader:
-    """Uploads files to ``services.send.s3.bucket`` and records them in the ``Manifest``; thread-safe, and any number
-    of uploaders may share one manifest."""
+    """Uploads files to the bucket and records them in the ``Manifest``; thread-safe, uploaders may share one."""
 
     def __init__(self, send: SendSettings, tls: TlsSettings, retry: RetrySettings, manifest_path: Path):
         ca_bundle = manifest_path.with_name("s3-ca-bundle.pem")
@@ -289,8 +286,7 @@ class S3Uploader:
         return UploadedObject(key, size, etag, found.st_mtime_ns)
 
     def _head(self, key: str, operation: str) -> tuple[int, str]:
-        """``key``'s size and ETag as HeadObject gives them (a store that leaves either out cannot tell an upload
-        complete)."""
+        """``key``'s size and ETag; a store that leaves either out cannot tell an upload complete."""
         head = self._client.head_object(Bucket=self._bucket, Key=key)
         size, etag = head.get("ContentLength"), head.get("ETag")
         if not isinstance(size, int) or not isinstance(etag, str):
@@ -365,8 +361,7 @@ def _legacy_objects(manifest: dict) -> dict[str, UploadedObject]:
 
 
 def _read_manifest_file(what: str, path: Path, bucket: str | None, parse: Callable[[Any], T], then: str) -> T | None:
-    """``parse`` of the JSON in ``path``; None, logging why and ``then``, when it is missing, unreadable or of
-    another bucket."""
+    """``parse`` of the JSON in ``path``; None (logging why, then ``then``) when missing, unreadable or another's."""
     try:
         document = json.loads(path.read_bytes())
         parsed = parse(document)
@@ -382,8 +377,7 @@ def _read_manifest_file(what: str, path: Path, bucket: str | None, parse: Callab
 
 
 def local_etag(path: Path, size: int, transfer: TransferConfig) -> str:
-    """The ETag S3 gives ``path`` uploaded by boto3 with ``transfer``: the MD5 of its bytes, or of its parts' MD5s
-    and their count."""
+    """The ETag S3 gives ``path`` uploaded with ``transfer``: MD5 of its bytes, or of its parts' MD5s and count."""
     whole = size < transfer.multipart_threshold
     part_size = size if whole else ChunksizeAdjuster().adjust_chunksize(transfer.multipart_chunksize, size)
     digests = []
