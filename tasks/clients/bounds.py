@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from typing import Any, TypeVar, Unpack
+from typing import Any, NotRequired, TypeVar, Unpack
 
 import httpx
 
@@ -150,7 +150,7 @@ class TooLarge(Call):
     """The keywords of ``answer_too_large`` besides the size."""
 
     hint: str
-    source: httpx.URL | None
+    source: NotRequired[httpx.URL | None]  # the answer's URL, named when known
 
 
 @contextlib.contextmanager
@@ -224,17 +224,9 @@ def declared_size(response: httpx.Response) -> int | None:
 
 
 def read_answer(
-    response: httpx.Response,
-    limit: int,
-    *,
-    operation: str,
-    service: str | None,
-    hint: str,
-    deadline: Deadline | None = None,
-    source: httpx.URL | None = None,
+    response: httpx.Response, limit: int, *, deadline: Deadline | None = None, **where: Unpack[TooLarge]
 ) -> bytes:
     """The body of a streamed ``response``, at most ``limit`` bytes, checking ``deadline`` after each piece."""
-    where: TooLarge = {"operation": operation, "service": service, "hint": hint, "source": source}
     _refuse_declared(response, limit, **where)
     body = bytearray()
     for piece in response.iter_bytes():
@@ -242,21 +234,12 @@ def read_answer(
         if len(body) > limit:
             raise answer_too_large(f"over {size_text(limit)}", limit, **where)
         if deadline is not None:
-            deadline.check(operation, service)
+            deadline.check(where["operation"], where["service"])
     return bytes(body)
 
 
-async def read_answer_async(
-    response: httpx.Response,
-    limit: int,
-    *,
-    operation: str,
-    service: str | None,
-    hint: str,
-    source: httpx.URL | None = None,
-) -> bytes:
+async def read_answer_async(response: httpx.Response, limit: int, **where: Unpack[TooLarge]) -> bytes:
     """``read_answer`` for a streamed response of an ``httpx.AsyncClient`` (run it ``within_deadline``)."""
-    where: TooLarge = {"operation": operation, "service": service, "hint": hint, "source": source}
     _refuse_declared(response, limit, **where)
     body = bytearray()
     async for piece in response.aiter_bytes():
@@ -275,8 +258,8 @@ def read_response(
     response: httpx.Response, limit: int, *, operation: str, service: str | None, hint: str
 ) -> httpx.Response:
     """A streamed ``response`` read as httpx would read it, but at most ``limit`` bytes of it."""
-    where: TooLarge = {"operation": operation, "service": service, "hint": hint, "source": response.url}
-    return answered(response, read_answer(response, limit, **where))
+    body = read_answer(response, limit, operation=operation, service=service, hint=hint, source=response.url)
+    return answered(response, body)
 
 
 def answered(response: httpx.Response, body: bytes) -> httpx.Response:
