@@ -13,7 +13,7 @@ import ssl
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from datetime import datetime, UTC
-from typing import Any, TypedDict
+from typing import Any, TypedDict, Unpack
 
 import httpx
 import orjson
@@ -145,12 +145,7 @@ def where(exc: httpx.TransportError) -> str:
 
 
 def error_from_response(
-    response: httpx.Response,
-    *,
-    operation: str,
-    service: str | None,
-    body: bytes | None = None,
-    hints: Mapping[int, str] | None = None,
+    response: httpx.Response, *, body: bytes | None = None, hints: Mapping[int, str] | None = None, **call: Unpack[Call]
 ) -> ServiceError:
     """The error of a 4xx/5xx response from its ``body`` (by default its content), with the fix ``hints`` knows."""
     texts = operation_outcome_texts(response.content if body is None else body)
@@ -160,27 +155,27 @@ def error_from_response(
         message = f"{message}; {hint}"
     status, retry_after = response.status_code, parse_retry_after(response.headers.get("Retry-After"))
     transient = is_transient_status(status)
+    operation, service = call["operation"], call["service"]
     return ServiceError(operation, status, message, transient=transient, service=service, retry_after=retry_after)
 
 
 def raise_for_service_status(
-    response: httpx.Response, *, operation: str, service: str | None, hints: Mapping[int, str] | None = None
+    response: httpx.Response, *, hints: Mapping[int, str] | None = None, **call: Unpack[Call]
 ) -> None:
     """Raise a ``ServiceError`` for a 4xx/5xx response, reading at most ``MAX_PARSED_BODY_BYTES`` of a streamed body
     (only an OperationOutcome's texts are used, and an error page can be of any size)."""
     if response.is_error:
-        body = error_body(response)
-        raise error_from_response(response, operation=operation, service=service, body=body, hints=hints)
+        raise error_from_response(response, body=error_body(response), hints=hints, **call)
 
 
-async def raise_for_service_status_async(response: httpx.Response, *, operation: str, service: str | None) -> None:
+async def raise_for_service_status_async(response: httpx.Response, **call: Unpack[Call]) -> None:
     if response.is_error:
         body = bytearray()
         async for piece in response.aiter_bytes():  # a read response's content comes in one piece
             body += piece
             if len(body) > MAX_PARSED_BODY_BYTES:
                 break
-        raise error_from_response(response, operation=operation, service=service, body=bytes(body))
+        raise error_from_response(response, body=bytes(body), **call)
 
 
 def error_body(response: httpx.Response) -> bytes:
