@@ -1,15 +1,12 @@
 """Credentials for outgoing calls, scoped to the origin of the configured service URL.
 
 ``ServiceAuth``, the one ``httpx.Auth`` of every client, per request and redirect hop:
-- attaches the credentials (Basic or an OAuth client-credentials token, plus the API key header) only for the
-  service's origin or one approved by ``trust``; any other origin gets none, logged once per origin;
-- follows redirects itself (``follow_redirects=False``), so every hop is checked and a hop back to the service
-  carries credentials again (the hook ``strip_foreign_credentials`` covers ``follow_redirects=True`` calls too);
+- attaches the credentials (Basic or an OAuth token, plus the API key header) only for the service's origin or one
+  approved by ``trust``; any other origin gets none, logged once per origin;
+- follows redirects itself, so every hop is checked and a hop back to the service carries credentials again;
 - on a 401 with OAuth, sends the request once more with a fresh token;
-- refuses a redirect loop, a redirect to a URL with user info (httpx would send it as Basic) and any redirect of a
-  request with a body (its data would go elsewhere, or be dropped by a 301/302);
-- leaves the body of an answer it does not return unread (``bounds.UnreadBody``).
-Tokens come from a ``TokenSource`` per (issuer, client id), shared by the process's clients.
+- refuses a redirect loop, a redirect to a URL with user info and any redirect of a request with a body;
+- leaves the body of an answer it does not return unread.
 """
 
 from __future__ import annotations

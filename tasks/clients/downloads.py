@@ -1,11 +1,8 @@
 """Streaming download of one NDJSON file into the job directory (``extractor`` and ``http_import``); no Prefect.
 
-Rules (spec "Extraction step procedure" 7, "Errors"):
-- no whole-request deadline: the read timeout is the stall timeout;
-- retried: a transient status, a connection error, a body broken in the middle, resumed with ``Range`` (a 206 from
-  another byte is an error; a 200 starts over). Never retried (spec): a stall, a write error, data that are no NDJSON;
-- the body must be NDJSON (zstd is decompressed); a last line cut short (the server closed early) is transient;
-- file names come from the URL's last segment, checked; a file is renamed into place only when complete.
+Rules (spec "Extraction step procedure" 7, "Errors"): no whole-request deadline, the read timeout is the stall
+timeout. Retried: a transient status, a connection error, a body broken in the middle (resumed with ``Range``), a last
+line cut short. Never retried (spec): a stall, a write error, data that are no NDJSON.
 
 Every line is checked in the downloading thread as it arrives: in 1 MiB pieces, on 2 cores, that took a quarter less
 CPU than worker processes reading the file back (docs/performance.md, "The line check").

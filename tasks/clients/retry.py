@@ -1,12 +1,9 @@
 """The one retry policy of every outgoing call (tenacity is the engine); plain Python, no Prefect.
 
-``call_with_retry`` and ``call_with_retry_async`` share ``_policy``:
-- ``retry.max_attempts`` attempts in all; before retry n the wait is ``min(initial_backoff_ms * 2**n,
+- ``retry.max_attempts`` attempts in all; the wait before retry n is ``min(initial_backoff_ms * 2**n,
   max_backoff_ms)``, or a Retry-After header capped at ``max_backoff_ms``;
-- transient (retried): network errors, 408, 429, 5xx, a passed whole-request deadline (``tasks.clients.bounds``);
-  terminal: other 4xx, untrusted certificates, unsupported schemes, anything not a ``ServiceError`` or httpx
-  transport error;
-- each retry is logged; a network error still failing at the end is raised as a ``ServiceError``.
+- retried: network errors, 408, 429, 5xx, a passed whole-request deadline; not: other 4xx, untrusted certificates,
+  unsupported schemes, anything not a ``ServiceError`` or httpx transport error.
 ``call_once`` opts out visibly for a call that could create something twice (the extraction kick-off).
 """
 

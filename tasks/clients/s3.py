@@ -3,11 +3,9 @@
 ``send.auth`` username and password become a ``Proxy-Authorization`` header for an upstream proxy, added after SigV4
 signing (botocore's ``before-send``), so a proxy may strip it. botocore retries with ``retry.max_attempts``.
 
-``S3Uploader`` records each object (key, size, ETag) in the job's ``Manifest``, so a resumed job skips objects
-recorded and still in the bucket. An upload is noted before it starts: after one noted and not recorded (the process
-died, or the answer was lost), an object the store holds with the file's content (``local_etag``) is recorded, not
-uploaded again. botocore's error texts are rebuilt with every configured credential blanked out and the exception
-chain cut, so no log or job record can show them.
+``S3Uploader`` records each object in the job's ``Manifest``, so a resumed job skips objects recorded and still in
+the bucket, or held with the file's content after an upload noted and never recorded. botocore's error texts are
+rebuilt with every configured credential blanked out and the exception chain cut, so no log can show them.
 """
 
 from __future__ import annotations
