@@ -225,9 +225,7 @@ def json_object(response: httpx.Response, *, operation: str, service: str | None
 
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
     """Seconds to wait from a Retry-After header: delay-seconds or an HTTP date; None when absent or invalid."""
-    value = (value or "").strip()
-    if not value:
-        return None
+    value = (value or "").strip()  # "" is neither a number nor a date: None
     with suppress(ValueError):
         return max(0.0, float(value))
     try:
