@@ -83,8 +83,7 @@ def zip_data_file(source: Path, dest: Path) -> None:
     with zipfile.ZipFile(dest, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as archive:
         with archive.open(zip_entry_name(source.name), "w", force_zip64=True) as entry:
             try:
-                for chunk in iter_chunks(source):
-                    entry.write(chunk)
+                entry.writelines(iter_chunks(source))
             except NdjsonError as exc:
                 raise StepError(str(exc)) from exc
 
