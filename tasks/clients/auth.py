@@ -157,9 +157,8 @@ class TokenSource:
             deadline.check("fetch OAuth token", "oauth")
             raise
         except ValueError as exc:  # authlib: an answer that is no JSON object (a proxy's login page)
-            raise self._refused(
-                f"the token endpoint's answer is no token ({plain_text(str(exc))}); {OAUTH_FIX}"
-            ) from None
+            message = f"the token endpoint's answer is no token ({plain_text(str(exc))}); {OAUTH_FIX}"
+            raise self._refused(message) from None
         finally:
             deadline.release()
         self._token_endpoint = endpoint

@@ -139,11 +139,10 @@ def _probe_status(client: httpx.Client, method: str, url: str, headers: dict | N
         with client.stream(method, url, headers=headers, timeout=PROBE_TIMEOUT) as response:
             return response.status_code
     except httpx.TransportError as exc:
-        if not is_transient_network_error(exc):
-            raise network_error(
-                exc, operation="check that a result file is ready", service=service_name(client)
-            ) from exc
-        return None
+        if is_transient_network_error(exc):
+            return None
+        operation = "check that a result file is ready"
+        raise network_error(exc, operation=operation, service=service_name(client)) from exc
 
 
 def download_ndjson(
@@ -189,14 +188,12 @@ class _Download:
     _told: int = 0  # body bytes told to on_bytes
 
     def attempt(self) -> FileStats:
-        url, headers = self._url, {"Accept": NDJSON_ACCEPT}
+        url, headers, timeout = self._url, {"Accept": NDJSON_ACCEPT}, http_timeout(self._stall_timeout)
         if self._received:
             headers["Range"] = f"bytes={self._received}-"
         with contextlib.ExitStack() as stack:
             try:
-                response = stack.enter_context(
-                    self._client.stream("GET", url, headers=headers, timeout=http_timeout(self._stall_timeout))
-                )
+                response = stack.enter_context(self._client.stream("GET", url, headers=headers, timeout=timeout))
             except httpx.ReadTimeout as exc:
                 raise _stalled(url, self._stall_timeout) from exc
             if response.status_code == 416 and self._received and content_range(response)[1] == self._received:

@@ -211,7 +211,7 @@ class ServiceClient(Closing):
     request_once = functools.partialmethod(request, once=True)
 
 
-class AsyncServiceClient:
+class AsyncServiceClient(contextlib.AbstractAsyncContextManager):
     """``ServiceClient`` for asyncio code (bounded fan-out of many requests on one connection pool)."""
 
     def __init__(
@@ -237,9 +237,6 @@ class AsyncServiceClient:
             sleep=self.sleep,
             **request_kwargs,
         )
-
-    async def __aenter__(self) -> AsyncServiceClient:
-        return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.http.aclose()
