@@ -167,9 +167,8 @@ def answer_within(
     **request: Any,
 ) -> Iterator[httpx.Response]:
     """The streamed answer to a sync request on a connection of its own, which ``deadline`` shuts down when it
-    passes; ``body`` is checked against it piece by piece, the answer's head once it is in. Bytes are declared by
-    their ``Content-Length`` (in pieces they would go chunked, which some servers refuse). A network error past the
-    deadline is the deadline's error: the deadline shut the connection down."""
+    passes (a network error then is the deadline's error); ``body`` is checked against it piece by piece. Bytes are
+    declared by their ``Content-Length`` (in pieces they would go chunked, which some servers refuse)."""
     pieces = (lambda: in_pieces(body)) if isinstance(body, bytes) else body
     content = None if pieces is None else ReplayableBody(lambda: deadline.pieces(pieces(), operation, service))
     declared = {"Content-Length": str(len(body))} if isinstance(body, bytes) else {}

@@ -173,9 +173,8 @@ def download_ndjson(
 
 @dataclass
 class _Download:
-    """One file across attempts, its body fed as it arrives into a ``_Sink``; after a break the next attempt asks for
-    the rest only (``Range``), so every byte is decoded, checked and counted once, unless the server answers with the
-    whole file (200): then it is read again from byte 0."""
+    """One file across attempts, fed as it arrives into a ``_Sink``; after a break the next attempt asks for the rest
+    only (``Range``), so every byte is decoded, checked and counted once (a 200 instead starts over)."""
 
     _client: httpx.Client
     _url: str
@@ -327,9 +326,8 @@ class _Sink:
 
 
 class FirstLineCheck:
-    """Holds the body back until its first non-empty line has proved to be a JSON object (an HTML page must not be
-    saved), then passes everything on. Blank data before it pass at once (the writer limits them), and a first line
-    longer than ``max_line_bytes`` unchecked (the writer reports it as too long)."""
+    """Holds the body back until its first non-empty line proves a JSON object (an HTML page must not be saved). Blank
+    data before it pass at once, and a first line over ``max_line_bytes`` unchecked: the writer limits both."""
 
     def __init__(self, url: str, max_line_bytes: int):
         self._url, self._max_line_bytes = url, max_line_bytes

@@ -196,9 +196,8 @@ class ServiceClient(Closing):
         status_hints: Mapping[int, str] | None = None,
         **request_kwargs,
     ) -> httpx.Response:
-        """``http.request`` under the retry policy (``once``: exactly once, for a call that could create or destroy
-        something twice). A 4xx/5xx answer raises a ``ServiceError`` (with the fix ``status_hints`` knows); at most
-        ``max_answer_bytes`` of the answer are read (else a terminal ``ServiceError`` with ``too_large_hint``)."""
+        """``http.request`` under the retry policy (``once``: for a call that could create or destroy something twice),
+        reading at most ``max_answer_bytes``; a 4xx/5xx is a ``ServiceError`` with the fix ``status_hints`` knows."""
         where: Call = {"operation": operation, "service": self.endpoint.name}
 
         def attempt() -> httpx.Response:

@@ -272,9 +272,8 @@ class S3Uploader:
             raise self._service_error(f"check {recorded.key}", exc) from None
 
     def _stored_copy(self, path: Path, key: str, found: os.stat_result) -> UploadedObject | None:
-        """``key`` as the bucket holds it when that is ``path``'s content (size and ``local_etag``); None when it is
-        missing, another object (KMS encryption gives ETags of another kind) or the store cannot say: the file is then
-        uploaded, whose errors say more than a HEAD's bodiless answer."""
+        """``key`` as the bucket holds it when that is ``path``'s content (size and ``local_etag``), else None: the file
+        is then uploaded, whose errors say more than a HEAD's bodiless answer (KMS gives ETags of another kind)."""
         try:
             size, etag = self._head(key, f"check {key}")
         except (BotoCoreError, ClientError, ServiceError):
@@ -308,11 +307,9 @@ class S3Uploader:
 
 
 class Manifest:
-    """What the uploaders of one job have put in the bucket: one record file per object in the folder
-    ``manifest_path`` without ``.json``, each written atomically, so uploaders in any processes record their objects
-    without a lock and none loses another's. A key's record is read when the key is checked, so an object another
-    uploader recorded meanwhile counts. ``manifest_path`` itself, the previous version's single file, is only read
-    (a job it started is resumed without uploading its objects again)."""
+    """What the uploaders of one job have put in the bucket: one record file per object, written atomically, so
+    uploaders in any processes record without a lock and none loses another's; each is read when its key is checked.
+    ``manifest_path`` itself, the previous version's single file, is only read (a job it started is resumed)."""
 
     def __init__(self, manifest_path: Path, bucket: str | None):
         self._folder, self._bucket = manifest_path.with_suffix(""), bucket
