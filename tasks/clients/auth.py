@@ -1,23 +1,17 @@
 """Credentials for outgoing calls, scoped to the origin of the configured service URL.
 
-``ServiceAuth`` is the one ``httpx.Auth`` of every client. Per request and per redirect hop it
-- attaches the credentials (Basic, or an OAuth 2.0 client-credentials token, plus the API key header) only for the
-  service's origin or one the caller trusts (``trust``: approved file origins); any other origin gets none, logged
-  once per origin;
-- follows redirects itself (clients have ``follow_redirects=False``), so every hop is checked and a hop back to the
-  service carries credentials again; hops land in the history, so ``max_redirects`` holds, and the request hook
-  ``strip_foreign_credentials`` covers a ``follow_redirects=True`` call too;
-- on a 401 with OAuth, fetches one fresh token and sends the request once more;
-- refuses a redirect loop, a redirect to a URL with user info (httpx would send it as Basic) and any redirect of
-  a request with a body (its data would go elsewhere, or be dropped by a 301/302);
-- leaves the body of an answer it does not return (a redirect, a 401 before a fresh token) unread
-  (``bounds.UnreadBody``).
-Tokens come from a ``TokenSource`` per (issuer, client id), shared by the process's clients; authlib's
-``OAuth2Client`` fetches them, renewed shortly before ``expires_in`` runs out, its answers read bounded.
+``ServiceAuth``, the one ``httpx.Auth`` of every client, per request and redirect hop:
+- attaches the credentials (Basic or an OAuth token, plus the API key header) only for the service's origin or one
+  approved by ``trust``; any other origin gets none, logged once per origin;
+- follows redirects itself, so every hop is checked and a hop back to the service carries credentials again;
+- on a 401 with OAuth, sends the request once more with a fresh token;
+- refuses a redirect loop, a redirect to a URL with user info and any redirect of a request with a body;
+- leaves the body of an answer it does not return unread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import ssl
@@ -34,7 +28,7 @@ import anyio.to_thread
 import httpx
 import orjson
 
-from tasks.clients.bounds import CappedBody, Deadline, leave_unread, replayable
+from tasks.clients.bounds import CappedBody, Deadline, UnreadBody, replayable
 from tasks.clients.errors import MAX_TEXT_CHARS, ServiceError, is_transient_status, json_or_none, naming_setting
 
 from tasks.core.names import show_name
@@ -60,8 +54,7 @@ OAUTH_FIX = "check oauth_issuer_uri and the identity provider's configuration"
 
 
 def oauth2_client_class() -> type[OAuth2Client]:
-    """authlib's OAuth client, imported on first use (authlib, joserfc and cryptography cost every command
-    about 0.1 s otherwise)."""
+    """authlib's OAuth client, imported on first use (else it costs every command about 0.1 s)."""
     import authlib.deprecate  # noqa: F401  (installs authlib's "always" filter first, so ours below wins)
 
     # authlib 1.9 announces a move of its httpx integration to the httpx2 package; the httpx one is what we use.
@@ -73,15 +66,13 @@ def oauth2_client_class() -> type[OAuth2Client]:
 
 Origin = tuple[str, str, int]
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
 AS_SENT = {"Accept-Encoding": "identity"}
 """Every client asks for answers as sent: httpx decodes a compressed piece whole, before any bound can count it."""
 
 
 def compressed_answer(response: httpx.Response) -> str | None:
-    """Why ``response`` is refused: it came compressed although ``AS_SENT`` asked for none (a 16 KB zstd answer
-    can unfold to gigabytes in one piece); None when it came as sent."""
+    """Why ``response`` is refused: it came compressed despite ``AS_SENT`` (a 16 KB zstd answer can unfold to
+    gigabytes in one piece); None when it came as sent."""
     encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
         return None
@@ -108,13 +99,8 @@ def clock() -> float:
 
 
 class TokenSource:
-    """Client-credentials access tokens of one (issuer, client id), cached and renewed; thread-safe.
-
-    The token endpoint is discovered from ``{issuer}/.well-known/openid-configuration`` (``token_endpoint``);
-    where discovery fails, ``{issuer}/protocol/openid-connect/token`` (Keycloak) is used. The id and secret are
-    sent in the form body (client_secret_post), so a discovered endpoint must be as safe as the issuer
-    (``_checked_endpoint``). Answers are read bounded (``_bounded``).
-    """
+    """Client-credentials tokens of one (issuer, client id), cached and renewed; thread-safe. The secret goes in the
+    form body (client_secret_post), so a discovered endpoint must be as safe as the issuer (``_checked_endpoint``)."""
 
     def __init__(
         self,
@@ -135,8 +121,8 @@ class TokenSource:
         return f"TokenSource(issuer={self.issuer!r}, client_id={self.client_id!r})"
 
     def access_token(self, *, rejected: str | None = None) -> str:
-        """A valid access token; pass the token a service just rejected to get a fresh one instead. If another
-        caller already replaced it, that replacement is returned (one renewal per rejection, however many 401s)."""
+        """A valid access token; pass one a service just rejected to get a fresh one (or the replacement another
+        caller already fetched: one renewal per rejection, however many 401s)."""
         with self._lock:
             due = self._renew_at is not None and clock() >= self._renew_at
             if self._token is None or due or self._token == rejected:
@@ -144,13 +130,11 @@ class TokenSource:
             return self._token
 
     async def access_token_async(self, *, rejected: str | None = None) -> str:
-        """``access_token`` for async callers: the blocking fetch runs in a worker thread."""
         return await anyio.to_thread.run_sync(lambda: self.access_token(rejected=rejected))
 
     def _fetch(self) -> tuple[str, float | None]:
-        """Discovery (once) and the token request, within the source's deadline (TOKEN_DEADLINE) in all: the call
-        that needs the token has its own deadline, which cannot cut off this other client, and the lock keeps other
-        callers waiting."""
+        """Discovery (once) and the token request, within the source's own deadline: the calling request's deadline
+        cannot cut off this other client, and the lock keeps other callers waiting."""
         deadline = Deadline(self._deadline.total_seconds(), TOKEN_DEADLINE_SETTING, self.issuer)
         watched = deadline.watch()
         try:
@@ -173,9 +157,8 @@ class TokenSource:
             deadline.check("fetch OAuth token", "oauth")
             raise
         except ValueError as exc:  # authlib: an answer that is no JSON object (a proxy's login page)
-            raise self._refused(
-                f"the token endpoint's answer is no token ({plain_text(str(exc))}); {OAUTH_FIX}"
-            ) from None
+            message = f"the token endpoint's answer is no token ({plain_text(str(exc))}); {OAUTH_FIX}"
+            raise self._refused(message) from None
         finally:
             deadline.release()
         self._token_endpoint = endpoint
@@ -183,8 +166,8 @@ class TokenSource:
         return self._cached(token)
 
     def _cached(self, token: dict) -> tuple[str, float | None]:
-        """The access token and when it is renewed: a quarter of its lifetime early, at most 30 s (a 300 s Keycloak
-        token after 270 s); one without ``expires_in`` is used until the service rejects it."""
+        """The access token and when it is renewed: a quarter of its lifetime early, at most 30 s; one without
+        ``expires_in`` is used until the service rejects it."""
         if not isinstance(access_token := token.get("access_token"), str) or not access_token:
             raise self._refused(f"the token endpoint's answer has no access_token; {OAUTH_FIX}")
         register_secret(access_token)
@@ -194,12 +177,11 @@ class TokenSource:
         return access_token, clock() + expires_in - min(MAX_RENEWAL_LEEWAY_SECONDS, expires_in / 4)
 
     def _discover_token_endpoint(self, client: OAuth2Client) -> str:
-        try:
+        document = None
+        with contextlib.suppress(httpx.HTTPError):
             response = client.request("GET", f"{self.issuer}/.well-known/openid-configuration", withhold_token=True)
-        except httpx.HTTPError:
-            response = None
-        found = response is not None and response.status_code == 200
-        document = json_or_none(response.content, orjson.loads) if found else None  # orjson: nesting is bounded
+            if response.status_code == 200:
+                document = json_or_none(response.content, orjson.loads)  # orjson: nesting is bounded
         endpoint = document.get("token_endpoint") if isinstance(document, dict) else None
         if isinstance(endpoint, str) and endpoint:
             return self._checked_endpoint(endpoint)
@@ -209,8 +191,7 @@ class TokenSource:
 
     def _checked_endpoint(self, endpoint: str) -> str:
         """A discovered token endpoint the secret may be sent to: without user info, and https when the issuer is.
-        Another origin than the issuer's is allowed: identity providers name one (Google's issuer
-        accounts.google.com names oauth2.googleapis.com), and the issuer, reached as configured, vouches for it."""
+        Another origin is allowed (Google's issuer names oauth2.googleapis.com): the issuer vouches for it."""
         door = f"the token_endpoint named by the discovery document of oauth_issuer_uri {shown_url(self.issuer)}"
         try:
             refuse_credentials_in_url(endpoint, door=door, fix=OAUTH_FIX)
@@ -224,9 +205,7 @@ class TokenSource:
         return endpoint
 
     def _bounded(self, response: httpx.Response) -> None:
-        """Response hook of the token client: a discovery document or token answer is read as sent (asked for with
-        ``Accept-Encoding: identity``; a compressed one could unfold far beyond its size), at most
-        ``MAX_OAUTH_ANSWER_BYTES``."""
+        """Response hook of the token client: an answer is read as sent, at most ``MAX_OAUTH_ANSWER_BYTES``."""
         source, limit = shown_url(str(response.url)), size_text(MAX_OAUTH_ANSWER_BYTES)
         if (problem := compressed_answer(response)) is not None:
             raise self._refused(f"{problem}; {OAUTH_FIX} (it must not compress its answers to this client)")
@@ -238,23 +217,19 @@ class TokenSource:
         return ServiceError("fetch OAuth token", None, message, transient=False, service="oauth")
 
     def _raise_for_token_error(self, response: httpx.Response) -> httpx.Response:
-        """authlib compliance hook: turn a non-2xx token response into a ServiceError (never the body itself)."""
+        """authlib compliance hook: a non-2xx token response is a ServiceError (never with the body itself)."""
         if not response.is_error:
             return response
         response.read()
-        message = f"issuer {self.issuer}, client {self.client_id}: {_oauth_error_text(response)}"
+        body = json_or_none(response.content)
+        if isinstance(body, dict) and isinstance(error := body.get("error"), str):  # RFC 6749
+            description = body.get("error_description")
+            text = truncate(f"{error}: {description}" if isinstance(description, str) else error, MAX_TEXT_CHARS)
+        else:
+            text = f"HTTP {response.status_code} {response.reason_phrase}"
+        message = f"issuer {self.issuer}, client {self.client_id}: {text}"
         transient = is_transient_status(response.status_code)
         raise ServiceError("fetch OAuth token", response.status_code, message, transient=transient, service="oauth")
-
-
-def _oauth_error_text(response: httpx.Response) -> str:
-    """RFC 6749 ``error`` and ``error_description`` of a token error response, else the status line."""
-    body = json_or_none(response.content)
-    if isinstance(body, dict) and isinstance(body.get("error"), str):
-        description = body.get("error_description")
-        text = f"{body['error']}: {description}" if isinstance(description, str) else body["error"]
-        return truncate(text, MAX_TEXT_CHARS)
-    return f"HTTP {response.status_code} {response.reason_phrase}"
 
 
 _token_sources: dict[tuple[str, str, str], TokenSource] = {}
@@ -273,7 +248,7 @@ def token_source_for(auth: AuthSettings, verify: ssl.SSLContext | bool) -> Token
 
 
 def basic_login(auth: AuthSettings) -> tuple[str, str] | None:
-    """The username and the password's value when ``auth`` uses Basic (``uses_basic``), else None."""
+    """The username and the password's value when ``auth`` uses Basic, else None."""
     if auth.username is None or auth.password is None:
         return None
     return auth.username, auth.password.get_secret_value()
@@ -287,13 +262,10 @@ class _NeedToken:
     rejected: str | None = None
 
 
-_Flow = Generator["_NeedToken | httpx.Request", Any, None]
-"""``ServiceAuth._flow``: a ``_NeedToken`` is answered with a token (``str``), a request with its response; the
-answer's type depends on the ask, which a generator's one send type cannot say, hence ``Any``."""
+_Flow = Generator["_NeedToken | httpx.Request", Any, None]  # sent a token for a _NeedToken, a response for a request
 
 
 def _advance(flow: _Flow, answer: object) -> _NeedToken | httpx.Request | None:
-    """The flow's next ask after ``answer`` (None starts it); None once it has ended."""
     try:
         return flow.send(answer)
     except StopIteration:
@@ -307,14 +279,15 @@ class ServiceAuth(httpx.Auth):
         self.service, self.origin = service, origin_of(base_url)
         self._basic: httpx.BasicAuth | None = None
         self._tokens: TokenSource | None = None
-        self._api_key: tuple[str, str] | None = None
+        self._api_key: dict[str, str] = {}  # header: key
         if auth is not None:
             if auth.uses_oauth:
                 self._tokens = token_source_for(auth, verify)
             elif (login := basic_login(auth)) is not None:
                 self._basic = httpx.BasicAuth(*login)
             if auth.api_key is not None:
-                self._api_key = (auth.api_key_header, auth.api_key.get_secret_value())
+                self._api_key = {auth.api_key_header: auth.api_key.get_secret_value()}
+        self._issuer = None if self._tokens is None else self._tokens.issuer
         self._query = httpx.URL(base_url).params  # a token in the configured URL's query, a credential too
         self._withheld_origins: set[Origin] = set()
         self._trusted_origins: set[Origin] = {self.origin}
@@ -327,7 +300,7 @@ class ServiceAuth(httpx.Auth):
     @property
     def schemes(self) -> list[str]:
         """The kinds of credentials attached, for logs and reprs (never their values)."""
-        kinds = [("basic", self._basic), ("oauth", self._tokens), ("api-key", self._api_key)]
+        kinds = [("basic", self._basic), ("oauth", self._tokens), ("api-key", self._api_key or None)]
         return [name for name, configured in kinds if configured is not None]
 
     def __repr__(self) -> str:
@@ -357,10 +330,6 @@ class ServiceAuth(httpx.Auth):
                 else:
                     answer = yield ask
 
-    @property
-    def _issuer(self) -> str | None:
-        return None if self._tokens is None else self._tokens.issuer
-
     def _flow(self, request: httpx.Request) -> _Flow:
         """Yields requests to send (answered with responses) and ``_NeedToken`` (answered with a token)."""
         renewed = False
@@ -372,43 +341,35 @@ class ServiceAuth(httpx.Auth):
             if token is not None and response.status_code == 401 and not renewed:
                 log.info("%s answered 401; retrying once with a fresh OAuth token", self.service)
                 renewed, rejected = True, token
-                leave_unread(response)
+                response.stream = UnreadBody(response.stream)
                 continue
             rejected = None
             if response.next_request is None:
                 return
-            self._refuse_redirect_of_a_body(response, response.next_request.url)
             request = response.next_request
-            self._refuse_credentials_in_location(response, request.url)
-            if request.url in visited:
-                raise self._redirect_loop(response, request.url)
+            self._check_hop(response, request.url, visited)
             visited.add(request.url)
-            leave_unread(response)
+            response.stream = UnreadBody(response.stream)
 
-    def _refuse_redirect_of_a_body(self, response: httpx.Response, location: httpx.URL) -> None:
-        """A request that carries a body (patient data, a CRTDL) is never sent on: a 301/302/303 would turn it into a
-        GET without its body, and a 307/308 may hand the data to another server. The user sets the URL instead."""
-        if response.request.method in ("GET", "HEAD"):
-            return
-        target = shown_url(str(location))
-        raise self._refused_hop(
-            response,
-            f"the server redirects to {target}; a request with a body is not sent on to another address: set the "
-            "service's URL in the configuration to the address it redirects to",
-        )
-
-    def _redirect_loop(self, response: httpx.Response, target: httpx.URL) -> ServiceError:
-        source, again = shown_url(str(response.request.url)), shown_url(str(target))
-        where = f"{source} redirects to itself" if source == again else f"{source} redirects back to {again}"
-        return self._refused_hop(response, f"redirect loop: {where}; check the URL and the server's configuration")
-
-    def _refuse_credentials_in_location(self, response: httpx.Response, location: httpx.URL) -> None:
-        door = f"the Location header of {response.request.method} {shown_url(str(response.request.url))}"
+    def _check_hop(self, response: httpx.Response, location: httpx.URL, visited: set[httpx.URL]) -> None:
+        """Refuse a loop, a Location with user info, and the redirect of a request that carries a body (patient
+        data, a CRTDL): a 301/302/303 would drop the body, a 307/308 may hand the data to another server."""
+        source, target = shown_url(str(response.request.url)), shown_url(str(location))
+        if response.request.method not in ("GET", "HEAD"):
+            raise self._refused_hop(
+                response,
+                f"the server redirects to {target}; a request with a body is not sent on to another address: set the "
+                "service's URL in the configuration to the address it redirects to",
+            )
+        door = f"the Location header of {response.request.method} {source}"
         fix = "the server redirects there; fix its configuration so that its redirects carry no credentials"
         try:
             refuse_credentials_in_url(str(location), door=door, fix=fix)
         except CredentialsInUrlError as exc:
             raise self._refused_hop(response, str(exc)) from None
+        if location in visited:
+            where = f"{source} redirects to itself" if source == target else f"{source} redirects back to {target}"
+            raise self._refused_hop(response, f"redirect loop: {where}; check the URL and the server's configuration")
 
     def _refused_hop(self, response: httpx.Response, message: str) -> ServiceError:
         """The terminal error of a redirect that is not followed."""
@@ -433,16 +394,13 @@ class ServiceAuth(httpx.Auth):
             next(self._basic.auth_flow(request))
         if token is not None:
             request.headers["Authorization"] = f"Bearer {token}"
-        if self._api_key is not None:
-            header, key = self._api_key
-            request.headers[header] = key
+        request.headers.update(self._api_key)
         if self._query:
             request.url = request.url.copy_merge_params(self._query)
         return token
 
     def _withhold(self, request: httpx.Request) -> None:
-        names = [*CREDENTIAL_HEADERS, *([self._api_key[0]] if self._api_key else [])]
-        for name in names:
+        for name in [*CREDENTIAL_HEADERS, *self._api_key]:
             request.headers.pop(name, None)
         origin = origin_of(request.url)
         if self.schemes and origin not in self._withheld_origins:

@@ -1,12 +1,10 @@
 """Bounds of one call to a service: a whole-request deadline (``Deadline``) and a cap on how much of an answer is
-read (``read_answer``; ``read_response`` keeps the answer an ``httpx.Response``); and the bodies the clients stream:
-a request body made afresh for each send (``ReplayableBody``), an answer's body left unread (``UnreadBody``) and one
-read at most to a limit (``CappedBody``).
+read (``read_answer``); and the bodies the clients stream.
 
 A per-read timeout never cuts off a server that drips its answer, and an answer read whole can exceed memory, so
 every call is bounded twice. A sync read blocked on a dripping status line cannot be interrupted from its own
 thread, so each bounded sync call gets a connection of its own, shut down at the deadline (``answer_within``).
-Past the deadline a call fails transient (retried); an answer over the cap terminal. No Prefect here.
+Past the deadline a call fails transient (retried); an answer over the cap terminal.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from typing import Any, TypeVar, Unpack
+from typing import Any, NotRequired, TypeVar, Unpack
 
 import httpx
 
@@ -27,20 +25,16 @@ from tasks.core.url_credentials import shown_url
 
 T = TypeVar("T")
 MB = 1024 * 1024
-UPLOAD_PIECE = MB
-"""A request body goes out in pieces of this size, the deadline checked before each."""
-OWN_CONNECTION = {"Connection": "close"}
-"""Each bounded sync call on a connection of its own, which its deadline can shut down (``Deadline.watch``)."""
-Body = Callable[[], Iterable[bytes]] | bytes
-"""A request body: its bytes, or a function making its pieces afresh for each send."""
+UPLOAD_PIECE = MB  # a request body goes out in pieces of this size, the deadline checked before each
+OWN_CONNECTION = {"Connection": "close"}  # for a connection its deadline can shut down (Deadline.watch)
+Body = Callable[[], Iterable[bytes]] | bytes  # its bytes, or a function making its pieces afresh for each send
 BODY_FRAMING_HEADERS = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 """Headers that no longer describe a body read and decoded here (``answered``)."""
 STATUS_LINE = ("http_version", "reason_phrase")  # httpx keeps them in a response's extensions
 
 
 class Deadline:
-    """The end of one call: ``seconds`` from now. ``setting`` names what sets it, and ``url`` (set where the request
-    is built, if not given) the address called, for the error message."""
+    """The end of one call, ``seconds`` from now; ``setting`` (what sets it) and ``url`` are named in its error."""
 
     def __init__(self, seconds: float, setting: str, url: str | httpx.URL | None = None):
         self.seconds, self.setting, self.url = seconds, setting, url
@@ -50,7 +44,6 @@ class Deadline:
         self._timer: threading.Timer | None = None
 
     def check(self, operation: str, service: str | None) -> None:
-        """Raise the deadline's ``ServiceError`` once it has passed."""
         if self.passed():
             raise self.exceeded(operation, service)
 
@@ -58,9 +51,8 @@ class Deadline:
         return time.monotonic() >= self._end
 
     def watch(self) -> dict[str, Any]:
-        """The extensions of a sync httpx request that opens its own connection (sent with ``Connection: close``):
-        at the deadline the request's socket is shut down, which ends a read blocked on a server that drips its
-        headers. Call ``release`` when the answer is closed."""
+        """The extensions of a sync request on its own connection: at the deadline its socket is shut down, which ends
+        a read blocked on a server that drips its headers. Call ``release`` when the answer is closed."""
         self._timer = threading.Timer(max(0.0, self._end - time.monotonic()), self._shut_down)
         self._timer.daemon = True
         self._timer.start()
@@ -71,7 +63,6 @@ class Deadline:
             self._timer.cancel()
 
     def _note_connection(self, event: str, info: dict[str, Any]) -> None:
-        """httpcore's trace hook: keep the socket of each connection the request opens."""
         if event in ("connection.connect_tcp.complete", "connection.start_tls.complete") and info.get("return_value"):
             with self._lock:
                 self._sockets.append(info["return_value"].get_extra_info("socket"))
@@ -93,15 +84,14 @@ class Deadline:
         )
 
     def pieces(self, body: Iterable[bytes], operation: str, service: str | None) -> Iterator[bytes]:
-        """``body`` as it is sent, checking the deadline before each piece (a server that reads slowly)."""
+        """``body`` as it is sent, checking the deadline before each piece (against a server that reads slowly)."""
         for piece in body:
             self.check(operation, service)
             yield piece
 
 
 class ReplayableBody:
-    """A request body streamed from a function, afresh each time httpx iterates it: on every retry attempt, and
-    when an OAuth token is replaced after a 401 (the auth flow then need not hold the whole body in memory)."""
+    """A request body made afresh for each send (a retry, a resend after a 401), never held whole in memory."""
 
     def __init__(self, make: Callable[[], Iterable[bytes]]):
         self._make = make
@@ -111,9 +101,8 @@ class ReplayableBody:
 
 
 class UnreadBody(httpx.SyncByteStream, httpx.AsyncByteStream):
-    """The body of an answer that is not used: a redirect's, or a 401's answered with a fresh token. httpx reads such
-    an answer whole before it sends the next request, streamed call or not; given this body it reads nothing, and
-    closing it closes the connection (one with a body left unread cannot carry another request)."""
+    """The body of an answer not used (a redirect's, a 401's): httpx would read it whole before the next request;
+    this reads nothing, and closing it closes the connection (which cannot carry another request)."""
 
     def __init__(self, stream: httpx.SyncByteStream | httpx.AsyncByteStream):
         self._stream = stream
@@ -132,10 +121,6 @@ class UnreadBody(httpx.SyncByteStream, httpx.AsyncByteStream):
     async def aclose(self) -> None:
         assert isinstance(self._stream, httpx.AsyncByteStream), "httpx acloses an async client's answers only"
         await self._stream.aclose()
-
-
-def leave_unread(response: httpx.Response) -> None:
-    response.stream = UnreadBody(response.stream)
 
 
 class CappedBody(httpx.SyncByteStream):
@@ -157,16 +142,15 @@ class CappedBody(httpx.SyncByteStream):
 
 
 def replayable(request: httpx.Request) -> bool:
-    """A body that can be streamed again (``ReplayableBody``), so a resend after a 401 needs no copy in memory
-    (httpx keeps the iterable given as ``content`` as its stream's ``_stream``)."""
+    """A body that can be streamed again (httpx keeps the iterable given as ``content`` as ``stream._stream``)."""
     return isinstance(getattr(request.stream, "_stream", None), ReplayableBody)
 
 
 class TooLarge(Call):
-    """The keywords of ``answer_too_large`` besides the size: the call, the fix, and the answer's URL if known."""
+    """The keywords of ``answer_too_large`` besides the size."""
 
     hint: str
-    source: httpx.URL | None
+    source: NotRequired[httpx.URL | None]  # the answer's URL, named when known
 
 
 @contextlib.contextmanager
@@ -182,12 +166,9 @@ def answer_within(
     headers: dict[str, str] | None = None,
     **request: Any,
 ) -> Iterator[httpx.Response]:
-    """The streamed answer to a sync request on a connection of its own (``OWN_CONNECTION``) that ``deadline`` shuts
-    down when it passes (``watch``); ``body`` is checked against it piece by piece as it goes out, the answer's
-    head once it is in. A body given as bytes is declared by its ``Content-Length`` (sent in pieces, it would
-    otherwise go out chunked, which servers reading only ``Content-Length`` refuse); a body made by a function is
-    chunked unless the caller declares its size. A network error in the block, past
-    the deadline, is the deadline's error: the deadline shut the connection down."""
+    """The streamed answer to a sync request on a connection of its own, which ``deadline`` shuts down when it
+    passes (a network error then is the deadline's error); ``body`` is checked against it piece by piece. Bytes are
+    declared by their ``Content-Length`` (in pieces they would go chunked, which some servers refuse)."""
     pieces = (lambda: in_pieces(body)) if isinstance(body, bytes) else body
     content = None if pieces is None else ReplayableBody(lambda: deadline.pieces(pieces(), operation, service))
     declared = {"Content-Length": str(len(body))} if isinstance(body, bytes) else {}
@@ -209,7 +190,6 @@ def answer_within(
 
 
 def in_pieces(body: bytes) -> Iterator[bytes]:
-    """``body`` in pieces of at most ``UPLOAD_PIECE`` (for ``Deadline.pieces``)."""
     view = memoryview(body)
     return (bytes(view[start : start + UPLOAD_PIECE]) for start in range(0, len(view), UPLOAD_PIECE))
 
@@ -243,18 +223,9 @@ def declared_size(response: httpx.Response) -> int | None:
 
 
 def read_answer(
-    response: httpx.Response,
-    limit: int,
-    *,
-    operation: str,
-    service: str | None,
-    hint: str,
-    deadline: Deadline | None = None,
-    source: httpx.URL | None = None,
+    response: httpx.Response, limit: int, *, deadline: Deadline | None = None, **where: Unpack[TooLarge]
 ) -> bytes:
-    """The body of a streamed ``response``, at most ``limit`` bytes (else a terminal ``ServiceError``, naming
-    ``source`` when given); the ``deadline`` is checked after each piece."""
-    where: TooLarge = {"operation": operation, "service": service, "hint": hint, "source": source}
+    """The body of a streamed ``response``, at most ``limit`` bytes, checking ``deadline`` after each piece."""
     _refuse_declared(response, limit, **where)
     body = bytearray()
     for piece in response.iter_bytes():
@@ -262,21 +233,12 @@ def read_answer(
         if len(body) > limit:
             raise answer_too_large(f"over {size_text(limit)}", limit, **where)
         if deadline is not None:
-            deadline.check(operation, service)
+            deadline.check(where["operation"], where["service"])
     return bytes(body)
 
 
-async def read_answer_async(
-    response: httpx.Response,
-    limit: int,
-    *,
-    operation: str,
-    service: str | None,
-    hint: str,
-    source: httpx.URL | None = None,
-) -> bytes:
+async def read_answer_async(response: httpx.Response, limit: int, **where: Unpack[TooLarge]) -> bytes:
     """``read_answer`` for a streamed response of an ``httpx.AsyncClient`` (run it ``within_deadline``)."""
-    where: TooLarge = {"operation": operation, "service": service, "hint": hint, "source": source}
     _refuse_declared(response, limit, **where)
     body = bytearray()
     async for piece in response.aiter_bytes():
@@ -294,15 +256,14 @@ def _refuse_declared(response: httpx.Response, limit: int, **where: Unpack[TooLa
 def read_response(
     response: httpx.Response, limit: int, *, operation: str, service: str | None, hint: str
 ) -> httpx.Response:
-    """A streamed ``response`` read as httpx would read it (``content``, ``json()``), but at most ``limit`` bytes
-    of it (``read_answer``; the error names its URL)."""
-    where: TooLarge = {"operation": operation, "service": service, "hint": hint, "source": response.url}
-    return answered(response, read_answer(response, limit, **where))
+    """A streamed ``response`` read as httpx would read it, but at most ``limit`` bytes of it."""
+    body = read_answer(response, limit, operation=operation, service=service, hint=hint, source=response.url)
+    return answered(response, body)
 
 
 def answered(response: httpx.Response, body: bytes) -> httpx.Response:
-    """``response`` with ``body``, read and decoded from it, as its content (so without its framing headers), and
-    its status line as sent: an error made of the answer says the server's reason phrase."""
+    """``response`` with ``body`` read from it as its content (without its framing headers), and its status line as
+    sent (an error made of it says the server's reason phrase)."""
     headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in BODY_FRAMING_HEADERS]
     answer = httpx.Response(response.status_code, headers=headers, content=body, request=response.request)
     answer.extensions = {key: response.extensions[key] for key in STATUS_LINE if key in response.extensions}

@@ -1,19 +1,11 @@
 """Streaming download of one NDJSON file into the job directory (``extractor`` and ``http_import``); no Prefect.
 
-The client comes from ``tasks.clients.http.build_client``. Rules (spec "Extraction step procedure" 7, "Errors"):
-- no whole-request deadline: the read timeout is the stall timeout, so only a download where no byte arrives for
-  that long is cancelled;
-- retried (``retry.*``): a transient status (5xx, 408, 429), a connection error, a body broken in the middle, which
-  is resumed with ``Range: bytes=<received>-`` (a 206 from another byte is an error; a 200 starts over). Never
-  retried (spec): a stall, a write error, data that are no NDJSON; ``continue`` redoes the file;
-- the body must be NDJSON (zstd is decompressed): HTML or a line that is no FHIR resource is an error naming URL and
-  line; a last line cut short (the server closed early) is transient;
-- file names come from the URL's last segment, checked; more than ``max_files`` are refused. ``AtomicNdjsonWriter``
-  renames a file only when complete.
+Rules (spec "Extraction step procedure" 7, "Errors"): no whole-request deadline, the read timeout is the stall
+timeout. Retried: a transient status, a connection error, a body broken in the middle (resumed with ``Range``), a last
+line cut short. Never retried (spec): a stall, a write error, data that are no NDJSON.
 
-Every line is checked in the downloading thread as it arrives, never read back in a worker process: read in 1 MiB
-pieces, a download holds the GIL for little besides the check, and on 2 cores the check inline took a quarter less CPU
-and downloaded faster than worker processes reading the file back (docs/performance.md, "The line check").
+Every line is checked in the downloading thread as it arrives: in 1 MiB pieces, on 2 cores, that took a quarter less
+CPU than worker processes reading the file back (docs/performance.md, "The line check").
 """
 
 from __future__ import annotations
@@ -54,7 +46,6 @@ if TYPE_CHECKING:
     from config.settings import RetrySettings
 
 NDJSON_ACCEPT = "application/fhir+ndjson"
-# A result file that is not there yet: the file server (or a proxy in front of it) answers 404.
 PROBE_FALLBACK_STATUSES = (403, 404, 405)
 PROBE_TIMEOUT = http_timeout(timedelta(seconds=30))
 DEFAULT_MAX_FILES = 100_000
@@ -74,8 +65,8 @@ class FileNotReadyError(DownloadError):
 
 
 def safe_file_name(url: str, compress: bool) -> str:
-    """``<last URL segment>`` forced to ``.ndjson`` (+ ``.zst``); names that could leave the folder are refused.
-    The segment's path parameters (``;jsessionid=…``, which may be a session) are no part of the name."""
+    """``<last URL segment>`` forced to ``.ndjson`` (+ ``.zst``), without its path parameters (``;jsessionid=…``);
+    names that could leave the folder are refused."""
     raw_path = httpx.URL(url).raw_path.decode("ascii").split("?", 1)[0]
     segment = unquote(raw_path.rsplit("/", 1)[-1].split(";", 1)[0])  # split before decoding: %2F, %3B are data
     if problem := name_from_data_problem(segment):
@@ -90,8 +81,7 @@ def safe_file_name(url: str, compress: bool) -> str:
 
 
 def target_names(urls: Iterable[str], compress: bool, max_files: int = DEFAULT_MAX_FILES) -> dict[str, str]:
-    """URL -> file name in ``import/``; two URLs that would land on one name are an error, never an overwrite,
-    and so are more than ``max_files`` URLs (services.extractor.max_result_files)."""
+    """URL -> file name in ``import/``; two URLs on one name or more than ``max_files`` URLs are an error."""
     owners: dict[str, tuple[str, str]] = {}
     for count, url in enumerate(urls, start=1):
         if count > max_files:
@@ -112,7 +102,7 @@ def target_names(urls: Iterable[str], compress: bool, max_files: int = DEFAULT_M
 def wait_until_available(
     client: httpx.Client, url: str, *, checks: int, interval: timedelta, sleep: Callable[[float], None] = time.sleep
 ) -> None:
-    """Check up to ``checks`` times, ``interval`` apart, that the file can be fetched; ``checks <= 0``: skip."""
+    """Check up to ``checks`` times, ``interval`` apart, that the file can be fetched."""
     for check in range(checks):
         if is_available(client, url):
             return
@@ -126,8 +116,8 @@ def wait_until_available(
 
 
 def is_available(client: httpx.Client, url: str) -> bool:
-    """HEAD; on 403/404/405 a GET for the first byte. Not ready: 404 on the fallback, a transient status or
-    a network error. Any other 4xx is terminal (e.g. 401: the credentials are wrong)."""
+    """HEAD, else a GET of the first byte. Not ready: a 404, a transient status or a network error; any other 4xx is
+    terminal (401: the credentials are wrong)."""
     status = _probe_status(client, "HEAD", url)
     if status in PROBE_FALLBACK_STATUSES:
         status = _probe_status(client, "GET", url, headers={"Range": "bytes=0-0"})
@@ -144,17 +134,15 @@ def is_available(client: httpx.Client, url: str) -> bool:
 
 def _probe_status(client: httpx.Client, method: str, url: str, headers: dict | None = None) -> int | None:
     """The status of a request whose body is never read (a server may ignore Range); None on a network error that
-    waiting may cure. A certificate not trusted or a URL this client cannot speak to is said at once, naming the fix:
-    no number of checks makes it ready."""
+    waiting may cure (an untrusted certificate or an unsupported URL is raised at once)."""
     try:
         with client.stream(method, url, headers=headers, timeout=PROBE_TIMEOUT) as response:
             return response.status_code
     except httpx.TransportError as exc:
-        if not is_transient_network_error(exc):
-            raise network_error(
-                exc, operation="check that a result file is ready", service=service_name(client)
-            ) from exc
-        return None
+        if is_transient_network_error(exc):
+            return None
+        operation = "check that a result file is ready"
+        raise network_error(exc, operation=operation, service=service_name(client)) from exc
 
 
 def download_ndjson(
@@ -171,8 +159,7 @@ def download_ndjson(
     sleep: Callable[[float], None] = time.sleep,
 ) -> FileStats:
     """Stream ``url`` into ``dest`` (compressed at ``level``, plain when None); returns size and resource count.
-    ``on_bytes`` is told every piece of the body as it arrives, ``on_total`` the body's size when the
-    answer gives it (its Content-Length: answers come as sent, ``http.AS_SENT``)."""
+    ``on_bytes`` is told every piece of the body as it arrives, ``on_total`` its Content-Length when given."""
     new_sink = functools.partial(_Sink, url, dest, level, max_line_bytes)
     told = (on_bytes or (lambda amount: None), on_total or (lambda size: None))
     download = _Download(client, url, stall_timeout, *told, new_sink)
@@ -186,11 +173,8 @@ def download_ndjson(
 
 @dataclass
 class _Download:
-    """One file across attempts. The body's bytes go, as they arrive, through the zstd decoder and the line check
-    into the temporary file (a ``_Sink`` from ``new_sink``); after a break, the next attempt asks for the rest only
-    (``Range`` from the bytes received: of the body as sent, compressed or not) and feeds it on, so every byte is
-    decoded, checked and counted once. A server that answers the Range request with the whole file (200) is read
-    again from byte 0."""
+    """One file across attempts, fed as it arrives into a ``_Sink``; after a break the next attempt asks for the rest
+    only (``Range``), so every byte is decoded, checked and counted once (a 200 instead starts over)."""
 
     _client: httpx.Client
     _url: str
@@ -203,15 +187,12 @@ class _Download:
     _told: int = 0  # body bytes told to on_bytes
 
     def attempt(self) -> FileStats:
-        """One connection, one attempt of ``call_with_retry`` (what is retried and what is final: the module)."""
-        url, headers = self._url, {"Accept": NDJSON_ACCEPT}
+        url, headers, timeout = self._url, {"Accept": NDJSON_ACCEPT}, http_timeout(self._stall_timeout)
         if self._received:
             headers["Range"] = f"bytes={self._received}-"
         with contextlib.ExitStack() as stack:
             try:
-                response = stack.enter_context(
-                    self._client.stream("GET", url, headers=headers, timeout=http_timeout(self._stall_timeout))
-                )
+                response = stack.enter_context(self._client.stream("GET", url, headers=headers, timeout=timeout))
             except httpx.ReadTimeout as exc:
                 raise _stalled(url, self._stall_timeout) from exc
             if response.status_code == 416 and self._received and content_range(response)[1] == self._received:
@@ -232,8 +213,7 @@ class _Download:
         return self._finished()
 
     def _receive(self, response: httpx.Response) -> None:
-        """The body into the sink, as httpcore reads it off the socket (iter_bytes(size) would copy every byte once
-        more to re-cut the pieces, and the sink takes any chunking)."""
+        """The body into the sink as httpcore reads it (iter_bytes(size) would copy every byte again to re-cut it)."""
         assert self._sink is not None
         try:
             for chunk in response.iter_bytes():
@@ -264,18 +244,15 @@ class _Download:
             self.discard()  # the temporary file of a file that failed its last checks; nothing after the rename
 
     def discard(self) -> None:
-        """Drop what arrived (the temporary file); nothing once the file is finished."""
         if self._sink is not None:
             self._sink.discard()
         self._sink, self._received = None, 0
 
 
 def read_in_large_pieces(response: httpx.Response) -> None:
-    """Let the connection under ``response`` take up to ``READ_SIZE`` bytes per socket read instead of httpcore's
-    fixed 64 KiB: a quarter of a download's CPU time went to handling the small pieces (parsing frames, copying,
-    taking the GIL back after each read). httpcore has no option for it, so this sets its per-connection read size
-    through private attributes; where they are not there (another httpx or httpcore version, HTTP/2, a custom
-    transport) the download runs unchanged with smaller pieces."""
+    """Let the connection take up to ``READ_SIZE`` bytes per socket read, not httpcore's 64 KiB: a quarter of a
+    download's CPU time went to handling the small pieces. httpcore has no option for it, so this sets private
+    attributes; where they are missing (another version, HTTP/2) the download runs with smaller pieces."""
     bound = getattr(response.stream, "_stream", None)
     pooled = getattr(getattr(bound, "_httpcore_stream", None), "_stream", None)
     connection = getattr(pooled, "_connection", None)
@@ -284,8 +261,8 @@ def read_in_large_pieces(response: httpx.Response) -> None:
 
 
 def check_response(response: httpx.Response, url: str, resuming_at: int = 0) -> None:
-    """Only a 200 with a non-HTML body is a file (a proxy's error page must never be saved as data); asked for the
-    rest from byte ``resuming_at``, a 206 from exactly there is too."""
+    """Only a 200 with a non-HTML body is a file (never save a proxy's error page), or, asked for the rest from
+    ``resuming_at``, a 206 from exactly there."""
     if response.status_code == 206 and resuming_at and content_range(response)[0] != resuming_at:
         raise DownloadError(
             f"{shown_url(url)}: asked for the file from byte {resuming_at:,}, the server sent "
@@ -305,8 +282,7 @@ def _stalled(url: str, stall_timeout: timedelta) -> DownloadError:
 
 
 def content_range(response: httpx.Response) -> tuple[int | None, int | None]:
-    """The first byte of a 206's ``Content-Range: bytes first-last/size`` and the size a 416's says the file has
-    (``bytes */size``); None for what it does not say."""
+    """The first byte of a 206's ``Content-Range: bytes first-last/size`` and the size of a 416's ``bytes */size``."""
     unit, _, span = response.headers.get("Content-Range", "").partition(" ")
     first, size = span.split("-", 1)[0], span.removeprefix("*/")
     if unit != "bytes":
@@ -315,17 +291,10 @@ def content_range(response: httpx.Response) -> tuple[int | None, int | None]:
 
 
 class _Sink:
-    """Where a download's body goes: zstd decoded when it is zstd (``StreamDecoder``), its first line checked
-    (``FirstLineCheck``), written through ``AtomicNdjsonWriter`` (temporary name, renamed when complete), which
-    checks every line. Fed across connections; ``finish`` or ``discard`` ends it."""
+    """Where a download's body goes across connections: zstd decoded, its first line checked, written through
+    ``AtomicNdjsonWriter`` (which checks every line); ``finish`` or ``discard`` ends it."""
 
-    def __init__(
-        self,
-        url: str,
-        dest: Path,
-        level: CompressionLevel | None,
-        max_line_bytes: int,
-    ):
+    def __init__(self, url: str, dest: Path, level: CompressionLevel | None, max_line_bytes: int):
         self._dest, self._decoder = dest, StreamDecoder(shown_url(url))
         self._first_line = FirstLineCheck(url, max_line_bytes)
         self._writer = AtomicNdjsonWriter(dest, level, max_line_bytes, source=shown_url(url))
@@ -333,13 +302,12 @@ class _Sink:
 
     def write(self, chunk: bytes) -> None:
         for data in self._decoder.feed(chunk):
-            self._write_checked(data)
+            self._write_all(self._first_line.feed(data))
 
     def finish(self) -> FileStats:
         for data in self._decoder.finish():
-            self._write_checked(data)
-        for data in self._first_line.finish():
-            self._write(data)
+            self._write_all(self._first_line.feed(data))
+        self._write_all(self._first_line.finish())
         self._writer.__exit__(None, None, None)
         assert self._writer.stats is not None
         return self._writer.stats
@@ -347,13 +315,10 @@ class _Sink:
     def discard(self) -> None:
         self._writer.discard()
 
-    def _write_checked(self, data: bytes) -> None:
-        for checked in self._first_line.feed(data):
-            self._write(checked)
-
-    def _write(self, data: bytes) -> None:
+    def _write_all(self, pieces: Iterable[bytes]) -> None:
         try:
-            self._writer.write(data)
+            for data in pieces:
+                self._writer.write(data)
         except OSError as exc:
             raise DownloadError(
                 f"writing {self._dest} failed: {exc}; free space or fix permissions, then run continue"
@@ -361,12 +326,8 @@ class _Sink:
 
 
 class FirstLineCheck:
-    """Holds the body back until its first non-empty line has proved to be a JSON object (an HTML page or another
-    answer that is no NDJSON must not be saved), then passes everything on (``feed``, then ``finish``).
-
-    Blank data before the first line pass on at once (the writer limits them), and a first line longer than
-    ``max_line_bytes`` is passed on unchecked: the writer reports it as too long.
-    """
+    """Holds the body back until its first non-empty line proves a JSON object (an HTML page must not be saved). Blank
+    data before it pass at once, and a first line over ``max_line_bytes`` unchecked: the writer limits both."""
 
     def __init__(self, url: str, max_line_bytes: int):
         self._url, self._max_line_bytes = url, max_line_bytes

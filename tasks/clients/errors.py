@@ -1,10 +1,8 @@
 """Typed errors of outgoing service calls: transient (worth retrying) or terminal.
 
-A ``ServiceError`` says which service and operation failed, the HTTP status (None for network errors), and a
-message the user can act on. Response bodies are never echoed (secrets, patient data): only a FHIR
-OperationOutcome's texts (``issue[].diagnostics``, ``issue[].details.text``) are taken over, truncated. Every text
-that leaves a client is redacted (``tasks.core.redaction.redact``): ``ServiceError`` messages when made,
-OperationOutcome texts when taken. The exceptions have their place in the one tree drawn in ``tasks.core.errors``.
+Response bodies are never echoed (secrets, patient data): only a FHIR OperationOutcome's texts are taken over,
+truncated. Every text that leaves a client is redacted: ``ServiceError`` messages when made, OperationOutcome texts
+when taken.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ import ssl
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from datetime import datetime, UTC
-from typing import Any, TypedDict
+from typing import Any, TypedDict, Unpack
 
 import httpx
 import orjson
@@ -30,24 +28,21 @@ MAX_TEXT_CHARS = 500
 MAX_MESSAGE_CHARS = 2000
 MAX_PARSED_BODY_BYTES = 1_000_000
 BODY_LIMIT = "the body limit of the server (or of a proxy before it, such as nginx's client_max_body_size)"
-"""What a 413 asks to raise (after a smaller request, where one can be made): a proxy's limit as well as the
-service's own, since the proxy answers for the service (nginx's 413 is an HTML page naming neither)."""
+"""What a 413 asks to raise: a proxy answers for the service (nginx's 413 is an HTML page naming neither)."""
 SERVICE_SETTING = "dupflow.service_setting"
-"""The request extension naming the configuration key of the service URL (or OAuth issuer) whose origin the request
-goes to; ``tasks.clients.http`` sets it on every request to a configured service (``nothing_answers`` reads it)."""
+"""The request extension naming the configuration key of the URL (or OAuth issuer) whose origin it goes to."""
 
 
 class Call(TypedDict):
-    """The keywords that name a call in its errors, given together (``**call``) to the functions that take them."""
+    """The keywords that name a call in its errors."""
 
     operation: str
     service: str | None
 
 
 class ServiceError(DupflowError):
-    """A failed call to a service. ``transient``: network errors, 408, 429 and 5xx (retrying may help).
-    ``retry_after`` is the server's Retry-After in seconds, when it sent one. ``no_answer``: no (complete) answer
-    came at all (a network error, a missed deadline), as opposed to an answer that was refused or not usable."""
+    """A failed call to a service. ``retry_after``: the server's Retry-After in seconds. ``no_answer``: no complete
+    answer came at all (a network error, a missed deadline), unlike an answer refused or not usable."""
 
     operation: str  # always named, unlike a DupflowError's
 
@@ -97,7 +92,7 @@ def _caused_by(exc: BaseException | None, cause_type: type[BaseException]) -> bo
 
 
 def network_error(exc: httpx.TransportError, *, operation: str, service: str | None) -> ServiceError:
-    """Wrap a transport error (connect, read, reset, timeout, …) as a structured error naming where it happened."""
+    """A transport error as a ``ServiceError`` naming where it happened and, where known, the fix."""
     message, transient = f"network error: {type(exc).__name__}: {exc}{where(exc)}", is_transient_network_error(exc)
     if _caused_by(exc, ssl.SSLCertVerificationError):
         message += "; the server's certificate is not trusted: give its CA with tls.ca_cert_path"
@@ -109,58 +104,50 @@ def network_error(exc: httpx.TransportError, *, operation: str, service: str | N
 
 
 def nothing_answers(exc: httpx.TransportError) -> str:
-    """``; nothing answers at <origin>: …`` naming the configuration key to check, for a connection that could not
-    be made (refused, name not resolved, connect timeout; not a TLS handshake, which something answered) to the
-    origin of a configured service URL (``SERVICE_SETTING``); "" otherwise."""
+    """``; nothing answers at <origin>: …`` naming the configuration key (``SERVICE_SETTING``) for a connection that
+    could not be made (not a TLS handshake: something answered); "" otherwise."""
     if not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout) or _caused_by(exc, ssl.SSLError):
         return ""
-    try:
-        url, setting = exc.request.url, exc.request.extensions.get(SERVICE_SETTING)
-    except RuntimeError:  # raised before a request existed
+    request = _request_of(exc)
+    if request is None or not isinstance(setting := request.extensions.get(SERVICE_SETTING), str):
         return ""
-    if not isinstance(setting, str):
-        return ""
-    return nothing_answers_at(f"{url.scheme}://{url.netloc.decode('ascii')}", setting)
+    return nothing_answers_at(f"{request.url.scheme}://{request.url.netloc.decode('ascii')}", setting)
 
 
 def nothing_answers_at(origin: str, setting: str) -> str:
-    """The hint of a connection to ``origin`` that could not be made, naming the configuration key ``setting``."""
     return f"; nothing answers at {shown_url(origin)}: is the service running there, and is {setting} right?"
 
 
 @contextmanager
 def naming_setting(setting: str | None, url: str | None) -> Iterator[None]:
-    """A request to ``url``'s origin failing within carries ``setting`` (``SERVICE_SETTING``) on to
-    ``nothing_answers``: for a request another client makes for a service (its OAuth token's, to the issuer)."""
+    """A request to ``url``'s origin failing within (an OAuth token's) carries ``setting`` to ``nothing_answers``."""
     try:
         yield
     except httpx.TransportError as exc:
-        with suppress(RuntimeError):  # raised before a request existed
-            failed, origin = exc.request.url, httpx.URL(url or "")
-            if setting and (failed.scheme, failed.host, failed.port) == (origin.scheme, origin.host, origin.port):
-                exc.request.extensions[SERVICE_SETTING] = setting  # httpx.URL leaves a default port out: None
+        origin = httpx.URL(url or "")
+        if setting and (request := _request_of(exc)) is not None:
+            failed = request.url  # httpx.URL leaves a default port out: None
+            if (failed.scheme, failed.host, failed.port) == (origin.scheme, origin.host, origin.port):
+                request.extensions[SERVICE_SETTING] = setting
         raise
 
 
-def where(exc: httpx.TransportError) -> str:
-    """`` at <url>`` of the failed request, shown as every URL is (``shown_url``)."""
+def _request_of(exc: httpx.TransportError) -> httpx.Request | None:
     try:
-        url = exc.request.url
+        return exc.request
     except RuntimeError:  # raised before a request existed
-        return ""
-    return f" at {shown_url(str(url))}"
+        return None
+
+
+def where(exc: httpx.TransportError) -> str:
+    request = _request_of(exc)
+    return "" if request is None else f" at {shown_url(str(request.url))}"
 
 
 def error_from_response(
-    response: httpx.Response,
-    *,
-    operation: str,
-    service: str | None,
-    body: bytes | None = None,
-    hints: Mapping[int, str] | None = None,
+    response: httpx.Response, *, body: bytes | None = None, hints: Mapping[int, str] | None = None, **call: Unpack[Call]
 ) -> ServiceError:
-    """Build the error for a 4xx/5xx response from its ``body`` (by default the read response's content), with what
-    the user can do about it when ``hints`` knows the status."""
+    """The error of a 4xx/5xx response from its ``body`` (by default its content), with the fix ``hints`` knows."""
     texts = operation_outcome_texts(response.content if body is None else body)
     status_line = f"HTTP {response.status_code} {response.reason_phrase}"
     message = truncate("; ".join(texts), MAX_MESSAGE_CHARS) if texts else status_line
@@ -168,42 +155,33 @@ def error_from_response(
         message = f"{message}; {hint}"
     status, retry_after = response.status_code, parse_retry_after(response.headers.get("Retry-After"))
     transient = is_transient_status(status)
+    operation, service = call["operation"], call["service"]
     return ServiceError(operation, status, message, transient=transient, service=service, retry_after=retry_after)
 
 
 def raise_for_service_status(
-    response: httpx.Response, *, operation: str, service: str | None, hints: Mapping[int, str] | None = None
+    response: httpx.Response, *, hints: Mapping[int, str] | None = None, **call: Unpack[Call]
 ) -> None:
-    """Raise a ``ServiceError`` for a 4xx/5xx response (reading at most ``MAX_PARSED_BODY_BYTES`` of a streamed
-    body: only an OperationOutcome's texts are used, and an error page can be of any size); ``hints`` as
-    ``error_from_response`` takes them."""
+    """Raise a ``ServiceError`` for a 4xx/5xx response, reading at most ``MAX_PARSED_BODY_BYTES`` of a streamed body
+    (only an OperationOutcome's texts are used, and an error page can be of any size)."""
     if response.is_error:
-        body = error_body(response)
-        raise error_from_response(response, operation=operation, service=service, body=body, hints=hints)
+        raise error_from_response(response, body=error_body(response), hints=hints, **call)
 
 
-async def raise_for_service_status_async(response: httpx.Response, *, operation: str, service: str | None) -> None:
-    """``raise_for_service_status`` for responses of an ``httpx.AsyncClient``."""
-    if not response.is_error:
-        return
-    body = bytearray()
-    try:
-        body += response.content
-    except httpx.ResponseNotRead:
-        async for piece in response.aiter_bytes():
+async def raise_for_service_status_async(response: httpx.Response, **call: Unpack[Call]) -> None:
+    if response.is_error:
+        body = bytearray()
+        async for piece in response.aiter_bytes():  # a read response's content comes in one piece
             body += piece
             if len(body) > MAX_PARSED_BODY_BYTES:
                 break
-    raise error_from_response(response, operation=operation, service=service, body=bytes(body))
+        raise error_from_response(response, body=bytes(body), **call)
 
 
 def error_body(response: httpx.Response) -> bytes:
     """An error answer's body: all of it when already read, else its first ``MAX_PARSED_BODY_BYTES`` and a bit."""
-    try:
-        return response.content
-    except httpx.ResponseNotRead:
-        body = bytearray()
-    for piece in response.iter_bytes():
+    body = bytearray()
+    for piece in response.iter_bytes():  # a read response's content comes in one piece
         body += piece
         if len(body) > MAX_PARSED_BODY_BYTES:
             break
@@ -211,8 +189,7 @@ def error_body(response: httpx.Response) -> bytes:
 
 
 def operation_outcome_texts(body: bytes) -> list[str]:
-    """The diagnostics and details texts of a FHIR OperationOutcome body, each redacted, truncated and made plain
-    (``plain_text``); [] for anything else."""
+    """The diagnostics and details texts of a FHIR OperationOutcome body, each redacted, truncated and made plain."""
     if not body or len(body) > MAX_PARSED_BODY_BYTES:
         return []
     outcome = json_or_none(body)
@@ -221,12 +198,15 @@ def operation_outcome_texts(body: bytes) -> list[str]:
     texts: list[str] = []
     for issue in as_array(outcome.get("issue")):
         if isinstance(issue, dict):
-            texts.extend(plain_text(truncate(redact(text), MAX_TEXT_CHARS)) for text in _issue_texts(issue))
+            details = issue.get("details")
+            for text in (issue.get("diagnostics"), details.get("text") if isinstance(details, dict) else None):
+                if isinstance(text, str) and text.strip():
+                    texts.append(plain_text(truncate(redact(text.strip()), MAX_TEXT_CHARS)))
     return texts
 
 
 def json_or_none(body: bytes, loads: Callable[[bytes], Any] = json.loads) -> Any:
-    """An answer's body parsed by ``loads``; None when it is no JSON (the caller then finds it is not what it wants)."""
+    """An answer's body parsed by ``loads``; None when it is no JSON."""
     try:
         return loads(body)
     except ValueError:
@@ -234,8 +214,7 @@ def json_or_none(body: bytes, loads: Callable[[bytes], Any] = json.loads) -> Any
 
 
 def json_object(response: httpx.Response, *, operation: str, service: str | None, hint: str) -> dict[str, Any]:
-    """The JSON object of a read answer (orjson: nesting is bounded); an answer that is no JSON object is a terminal
-    ``ServiceError`` naming its URL and ``hint`` (the fix), never its body."""
+    """The JSON object of a read answer (orjson: bounded nesting), else a terminal ``ServiceError`` without the body."""
     document = json_or_none(response.content, orjson.loads)
     if isinstance(document, dict):
         return document
@@ -244,17 +223,9 @@ def json_object(response: httpx.Response, *, operation: str, service: str | None
     raise ServiceError(operation, None, message, transient=False, service=service)
 
 
-def _issue_texts(issue: dict) -> list[str]:
-    details = issue.get("details")
-    candidates = [issue.get("diagnostics"), details.get("text") if isinstance(details, dict) else None]
-    return [text.strip() for text in candidates if isinstance(text, str) and text.strip()]
-
-
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
     """Seconds to wait from a Retry-After header: delay-seconds or an HTTP date; None when absent or invalid."""
-    value = (value or "").strip()
-    if not value:
-        return None
+    value = (value or "").strip()  # "" is neither a number nor a date: None
     with suppress(ValueError):
         return max(0.0, float(value))
     try:

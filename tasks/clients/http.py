@@ -1,17 +1,14 @@
-"""The one place outgoing HTTP clients are made: TLS, credentials and timeouts; retry comes from ``retry``.
+"""The one place outgoing HTTP clients are made (from a ``ServiceEndpoint``): TLS, credentials and timeouts.
 
-Steps never build ``httpx`` clients themselves: they give a ``ServiceEndpoint`` to ``ServiceClient``,
-``AsyncServiceClient`` or ``build_(async_)client``. Relative URLs resolve against the service's base URL; redirects
-are followed by the auth flow (``tasks.clients.auth``), credentials reaching only the service's origin.
-``ServiceClient.request`` and ``request_async`` are requests under ``tasks.clients.retry``'s policy (``once``:
-``call_once``, for a call that could create something twice); their answer is streamed and read at most
-``max_answer_bytes`` far (``MAX_ANSWER_BYTES`` by default). Clients that stream a body or read an answer piece by
-piece pass their own attempt to ``call_with_retry``.
+Redirects are followed by the auth flow (``tasks.clients.auth``), credentials reaching only the service's origin.
+``ServiceClient.request`` and ``request_async`` send under ``tasks.clients.retry``'s policy and read the answer at
+most ``max_answer_bytes`` far; clients that stream a body or an answer pass their own attempt to ``call_with_retry``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import ssl
@@ -20,7 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 from collections.abc import Awaitable, Callable, Container, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Self, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import certifi
 import httpx
@@ -46,9 +43,7 @@ INSECURE_WARNING = (
 )
 FHIR_JSON = "application/fhir+json"
 FHIR_JSON_HEADERS = {"Content-Type": FHIR_JSON, "Accept": FHIR_JSON}
-MAX_ANSWER_BYTES = 16 * MB
-"""The most of an answer ``ServiceClient.request`` reads unless the call passes ``max_answer_bytes``; of an error
-answer only the first MiB is read (``raise_for_service_status``)."""
+MAX_ANSWER_BYTES = 16 * MB  # unless a call passes max_answer_bytes
 TOO_LARGE_HINT = "check that the service URL points at the service; an answer this large is not one dupflow expects"
 
 
@@ -58,42 +53,35 @@ def http_timeout(read: timedelta, *, connect: timedelta = DEFAULT_CONNECT_TIMEOU
 
 
 def read_seconds(timeout: httpx.Timeout) -> float:
-    """The read timeout of a client made here, in seconds."""
     assert timeout.read is not None, "http_timeout always sets the read timeout"
     return timeout.read
 
 
 @dataclass(frozen=True)
 class ServiceEndpoint:
-    """Where a service lives and how to authenticate to it. ``name`` appears in logs and errors."""
+    """Where a service lives and how to authenticate to it; ``name`` is said in logs and errors."""
 
     name: str
     base_url: str
     auth: AuthSettings | None = None
     timeout: httpx.Timeout = field(default_factory=lambda: http_timeout(timedelta(seconds=30)))
-    max_connections: int = 100
-    """Connections open at once (httpx's default is 100: a step allowing more requests in flight says so, else
-    the rest wait for a connection within their timeout)."""
+    max_connections: int = 100  # httpx's default; more requests in flight wait for one within their timeout
     setting: str | None = None
-    """The configuration key of ``base_url`` (``services.pseudonymizer.url``): a request to its origin that finds
-    nothing answering names it (``tasks.clients.errors.nothing_answers``), and its OAuth issuer's key next to it."""
+    """The configuration key of ``base_url``, named (with its OAuth issuer's key) should nothing answer there."""
 
     @property
     def issuer_setting(self) -> str | None:
-        """The key of the service's OAuth issuer: ``auth.oauth_issuer_uri`` beside ``setting``."""
         return f"{self.setting.rpartition('.')[0]}.auth.oauth_issuer_uri" if self.setting else None
 
 
 def without_query(url: str) -> str:
-    """A service URL without its query (a token such as ``?access_token=…``) and fragment: the base that request
-    paths are joined to (httpx would put them after the query); ``ServiceAuth`` adds the query to each request to the
-    service's origin, as it adds the other credentials."""
+    """A service URL without its query and fragment, to join request paths to (httpx would put them after the query);
+    ``ServiceAuth`` adds the query (a credential such as ``?access_token=…``) to each request to the service."""
     return urlunsplit(urlsplit(url)._replace(query="", fragment=""))
 
 
 def ssl_verify(tls: TlsSettings, *, purpose: str) -> ssl.SSLContext | bool:
-    """The ``verify`` value for httpx: system and certifi CAs plus ``ca_cert_path``, or False when skipping
-    (``purpose`` names the client in the warning logged then)."""
+    """httpx's ``verify``: system and certifi CAs plus ``ca_cert_path``, or False (warning about ``purpose``)."""
     if tls.insecure_skip_verify:
         log.warning(INSECURE_WARNING, purpose)
         return False
@@ -114,7 +102,6 @@ def trusted_context(ca_cert_path: str | None) -> ssl.SSLContext:
 
 
 def build_client(endpoint: ServiceEndpoint, tls: TlsSettings) -> httpx.Client:
-    """A configured client rooted at the service's URL; close it (``with``) when done."""
     return _build(httpx.Client, endpoint, tls)
 
 
@@ -152,8 +139,7 @@ def _awaitable(hook: Callable[[Any], None]) -> Callable[[Any], Awaitable[None]]:
 
 
 def name_setting(endpoint: ServiceEndpoint, origin: Origin, request: httpx.Request) -> None:
-    """Request event hook: a request to the service's origin carries the key of its URL (``SERVICE_SETTING``), for
-    the error should nothing answer there; one elsewhere (a result file's host, a redirect's) does not."""
+    """Request event hook: only a request to the service's origin carries its URL's key (``SERVICE_SETTING``)."""
     if endpoint.setting is not None and origin_of(request.url) == origin:
         request.extensions[SERVICE_SETTING] = endpoint.setting
     else:
@@ -161,7 +147,7 @@ def name_setting(endpoint: ServiceEndpoint, origin: Origin, request: httpx.Reque
 
 
 def refuse_compressed(endpoint: ServiceEndpoint, response: httpx.Response) -> None:
-    """Response event hook: an answer that came compressed (``AS_SENT`` asked for none) is a terminal error."""
+    """Response event hook: an answer that came compressed is a terminal error."""
     if (problem := compressed_answer(response)) is not None:
         operation = f"{response.request.method} {shown_url(str(response.request.url))}"
         fix = "configure the service (or a proxy before it) not to compress its answers to this client"
@@ -169,29 +155,23 @@ def refuse_compressed(endpoint: ServiceEndpoint, response: httpx.Response) -> No
 
 
 def service_name(client: httpx.Client | httpx.AsyncClient) -> str | None:
-    """The endpoint name of a client made by this module (used in error messages)."""
     return client.auth.service if isinstance(client.auth, ServiceAuth) else None
 
 
-class Closing:
-    """A client that closes its ``http`` client when done; use it as a context manager."""
+class Closing(contextlib.AbstractContextManager):
+    """A context manager that closes its ``http`` client."""
 
     http: httpx.Client
 
     def close(self) -> None:
         self.http.close()
 
-    def __enter__(self) -> Self:
-        return self
-
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
 class ServiceClient(Closing):
-    """A client for one configured service whose every request is retried and classified by the one policy
-    (``request``; with ``once`` for a call that could create or destroy something twice). ``http`` is the
-    ``httpx.Client`` for clients that stream bodies in their own attempts; ``sleep`` waits between attempts."""
+    """A client for one configured service; ``http`` is for clients that stream bodies in their own attempts."""
 
     def __init__(
         self,
@@ -216,10 +196,8 @@ class ServiceClient(Closing):
         status_hints: Mapping[int, str] | None = None,
         **request_kwargs,
     ) -> httpx.Response:
-        """``http.request`` under the retry policy (``once``: attempted exactly once, for a call that must not be
-        repeated on an ambiguous failure). A 4xx/5xx answer raises a ``ServiceError`` (saying the fix ``status_hints``
-        knows for its status); the answer is streamed and read as it comes, at most ``max_answer_bytes`` of it (else a
-        terminal ``ServiceError`` naming the URL, the limit and ``too_large_hint``, the fix)."""
+        """``http.request`` under the retry policy (``once``: for a call that could create or destroy something twice),
+        reading at most ``max_answer_bytes``; a 4xx/5xx is a ``ServiceError`` with the fix ``status_hints`` knows."""
         where: Call = {"operation": operation, "service": self.endpoint.name}
 
         def attempt() -> httpx.Response:
@@ -232,7 +210,7 @@ class ServiceClient(Closing):
     request_once = functools.partialmethod(request, once=True)
 
 
-class AsyncServiceClient:
+class AsyncServiceClient(contextlib.AbstractAsyncContextManager):
     """``ServiceClient`` for asyncio code (bounded fan-out of many requests on one connection pool)."""
 
     def __init__(
@@ -247,7 +225,7 @@ class AsyncServiceClient:
         self.http = build_async_client(endpoint, tls)
 
     async def request(self, method: str, url: str | httpx.URL, *, operation: str, **request_kwargs) -> httpx.Response:
-        """``ServiceClient.request`` (without ``once`` and ``status_hints``) for coroutines (``request_async``)."""
+        """``ServiceClient.request`` (without ``once`` and ``status_hints``) for coroutines."""
         return await request_async(
             self.http,
             self.retry,
@@ -258,9 +236,6 @@ class AsyncServiceClient:
             sleep=self.sleep,
             **request_kwargs,
         )
-
-    async def __aenter__(self) -> AsyncServiceClient:
-        return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.http.aclose()
@@ -281,10 +256,8 @@ async def request_async(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     **request_kwargs: Any,
 ) -> httpx.Response:
-    """``http.request`` under the retry policy, each attempt within ``deadline`` when given (``within_deadline``). A
-    4xx/5xx answer raises a ``ServiceError``, unless its status is one of ``answers``; the answer is streamed and read
-    as it comes, at most ``max_answer_bytes`` of it (else a terminal ``ServiceError`` naming the limit,
-    ``too_large_hint``, the fix, and with ``name_source`` the URL)."""
+    """``ServiceClient.request`` for an async client, each attempt within ``deadline`` when given; a status in
+    ``answers`` is no error, and ``name_source`` names the URL in the error of an answer too large."""
     where: Call = {"operation": operation, "service": service_name(http)}
 
     async def attempt() -> httpx.Response:

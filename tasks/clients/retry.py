@@ -1,18 +1,10 @@
 """The one retry policy of every outgoing call (tenacity is the engine); plain Python, no Prefect.
 
-``call_with_retry`` and ``call_with_retry_async`` share ``_policy``:
-- ``retry.max_attempts`` attempts in all; before retry n the wait is ``min(initial_backoff_ms * 2**n,
+- ``retry.max_attempts`` attempts in all; the wait before retry n is ``min(initial_backoff_ms * 2**n,
   max_backoff_ms)``, or a Retry-After header capped at ``max_backoff_ms``;
-- transient (retried): network errors, 408, 429, 5xx, a passed whole-request deadline (``tasks.clients.bounds``);
-  terminal: other 4xx, untrusted certificates, unsupported schemes, anything not a ``ServiceError`` or httpx
-  transport error;
-- each retry is logged, redacted, on ``dupflow.clients``; a network error still failing at the end is raised as a
-  ``ServiceError``.
-The attempt is the caller's one request, so streamed uploads and bounded answers retry like plain requests.
-
-``call_once`` opts out visibly for a call that could create something twice: the extraction kick-off, whose failure
-leaves the submission in doubt for the extraction step. The status poll is the spec's poll loop, not a retry
-(``ExtractionServerClient.poll_until_complete``). S3 uploads are retried by botocore with ``retry.max_attempts``.
+- retried: network errors, 408, 429, 5xx, a passed whole-request deadline; not: other 4xx, untrusted certificates,
+  unsupported schemes, anything not a ``ServiceError`` or httpx transport error.
+``call_once`` opts out visibly for a call that could create something twice (the extraction kick-off).
 """
 
 from __future__ import annotations
@@ -37,12 +29,10 @@ T = TypeVar("T")
 
 
 def is_transient(exc: BaseException) -> bool:
-    """Worth another attempt: a transient ServiceError or a transient network error."""
     return exc.transient if isinstance(exc, ServiceError) else is_transient_network_error(exc)
 
 
 def _policy(retry: RetrySettings, *, operation: str, service: str | None) -> dict:
-    """tenacity's arguments for the one policy (the module docstring), shared by the sync and async wrappers."""
     backoff = wait_exponential(multiplier=retry.initial_backoff_ms / 1000, max=retry.max_backoff_ms / 1000)
 
     def wait(state: RetryCallState) -> float:
@@ -76,7 +66,6 @@ def call_with_retry(
     service: str | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
-    """Call ``attempt`` until it succeeds, fails terminally, or ``retry.max_attempts`` attempts are used up."""
     try:
         return Retrying(sleep=sleep, **_policy(retry, operation=operation, service=service))(attempt)
     except httpx.TransportError as exc:
@@ -99,8 +88,7 @@ async def call_with_retry_async(
 
 
 def call_once(attempt: Callable[[], T], *, operation: str, service: str | None = None) -> T:
-    """The opt-out of retry for a call that could create something twice: exactly one attempt, its network error
-    raised as a ``ServiceError`` like any other (transient or not, it is never sent again from here)."""
+    """Exactly one attempt, its network error raised as a ``ServiceError`` like any other."""
     try:
         return attempt()
     except httpx.TransportError as exc:

@@ -1,21 +1,17 @@
 """S3 for the s3_upload send mode: the boto3 client and the uploader with its manifest of uploaded objects.
 
-``s3.access_key_id`` / ``s3.secret_access_key`` sign requests; ``send.auth`` username and password become a
-``Proxy-Authorization`` header for an upstream proxy, added after SigV4 signing (botocore's ``before-send``), so a
-proxy may strip it. botocore retries with its own backoff; ``retry.max_attempts`` carries over.
+``send.auth`` username and password become a ``Proxy-Authorization`` header for an upstream proxy, added after SigV4
+signing (botocore's ``before-send``), so a proxy may strip it. botocore retries with ``retry.max_attempts``.
 
-``S3Uploader`` uploads through boto3's transfer manager and records each object (key, size, ETag) in the job's
-``Manifest``, one file per object, so a resumed job skips objects recorded and still in the bucket. An upload is noted
-before it starts: an object the store holds with the file's content after an upload that was noted and not recorded
-(the process died, or the answer was lost, after the store completed it) is recorded, not uploaded again
-(``local_etag``). A multipart upload a killed process left is aborted before its key is uploaded again. botocore's
-error texts are rebuilt with every configured credential blanked out and the exception chain cut, so no log or job
-record can show them.
+``S3Uploader`` records each object in the job's ``Manifest``, so a resumed job skips objects recorded and still in
+the bucket, or held with the file's content after an upload noted and never recorded. botocore's error texts are
+rebuilt with every configured credential blanked out and the exception chain cut, so no log can show them.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import hashlib
 import json
@@ -27,8 +23,9 @@ import ssl
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import boto3
@@ -57,20 +54,19 @@ if TYPE_CHECKING:
     from config.settings import RetrySettings, TlsSettings
 
 log = logging.getLogger("dupflow.clients")
+T = TypeVar("T")
 
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 10.0
 COMPATIBLE_CHECKSUMS = {
     "request_checksum_calculation": "when_required",
     "response_checksum_validation": "when_required",
 }
-"""For a store at ``s3.endpoint``: boto3 (since 1.36) adds CRC32 checksums to every upload, which S3-compatible stores
-without them (older MinIO and Ceph, many appliances) refuse; only operations that require one send it. Without a
-checksum botocore signs the payload's SHA-256 (SigV4), so the store still checks every byte."""
+"""For a store at ``s3.endpoint``: boto3's CRC32 checksums (since 1.36) are refused by S3-compatible stores without
+them (older MinIO and Ceph); without one botocore signs the payload's SHA-256, so the store still checks every byte."""
 
 
 def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings, ca_bundle: Path) -> Any:
-    """A boto3 S3 client configured from ``services.send`` (its ``s3`` block and ``auth``), ``tls`` and ``retry``;
-    ``ca_bundle``: where the CA bundle file botocore needs is written when one is needed (``s3_verify``)."""
+    """A boto3 S3 client for ``services.send``; ``ca_bundle``: where the CA bundle file botocore needs is written."""
     s3 = send.s3
     timeout = s3.timeout.total_seconds()
     with _SESSION_LOCK:  # creating clients from one session is not thread-safe; reusing it saves ~0.2 s a client
@@ -98,15 +94,12 @@ def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings, c
 
 
 def refuse_proxy_auth_beyond_the_proxy(send: SendSettings) -> None:
-    """The proxy's Basic credentials go in a header of every request, for a proxy that the endpoint is (spec).
-    Without an endpoint every request goes to AWS itself; where an environment proxy (HTTPS_PROXY) carries an https
-    endpoint, botocore tunnels through it (CONNECT, without that header) and the header would travel inside the TLS
-    tunnel to the store: either way a password sent where it was not meant to go. Refused before any request (the
-    configuration refuses the first already; this door holds for settings made otherwise)."""
+    """The proxy's Basic credentials go in a header of every request, for a proxy that the endpoint is (spec). Without
+    an endpoint they would go to AWS; to an https endpoint behind HTTPS_PROXY, inside the tunnel to the store. Either
+    is refused before any request (for settings made other than by the configuration)."""
     if (endpoint := send.s3.endpoint) is None:
         message = f"services.send.auth {PROXY_AUTH_WITHOUT_ENDPOINT}"
-        raise ServiceError("connect to S3", None, message, transient=False, service=SERVICE)
-    if endpoint.lower().startswith("https:") and get_environ_proxies(endpoint).get("https"):
+    elif endpoint.lower().startswith("https:") and get_environ_proxies(endpoint).get("https"):
         message = (
             "services.send.auth (the proxy's Basic Auth) is sent in a header of each request to "
             "services.send.s3.endpoint, but HTTPS_PROXY routes that https endpoint through a forward proxy, which "
@@ -114,7 +107,9 @@ def refuse_proxy_auth_beyond_the_proxy(send: SendSettings) -> None:
             "services.send.s3.endpoint, or exempt the endpoint with NO_PROXY, or remove username/password from "
             "services.send.auth"
         )
-        raise ServiceError("connect to S3", None, message, transient=False, service=SERVICE)
+    else:
+        return
+    raise ServiceError("connect to S3", None, message, transient=False, service=SERVICE)
 
 
 _SESSION_LOCK = threading.Lock()
@@ -126,9 +121,8 @@ def _session() -> boto3.session.Session:
 
 
 class HideCredentialsInBotocoreDebugLogs(logging.Filter):
-    """botocore's DEBUG records show every request's headers and every response body: the ``Authorization`` header
-    names the access key id, and an error body may quote it (``<AWSAccessKeyId>``). This blanks both out.
-    ``Proxy-Authorization`` is added after botocore logs the request, so it never shows."""
+    """Blanks out what botocore's DEBUG records show of the access key id: the ``Authorization`` header and an error
+    body's ``<AWSAccessKeyId>``. ``Proxy-Authorization`` is added after botocore logs the request."""
 
     CREDENTIALS = re.compile(r"('(?:Proxy-)?Authorization': )b?'[^']*'|(<AWSAccessKeyId>)[^<]*(?=</AWSAccessKeyId>)")
 
@@ -159,7 +153,7 @@ class ProxyAuthorization:
 
 
 def s3_verify(tls: TlsSettings, ca_bundle: Path) -> str | bool:
-    """botocore's ``verify``: False when skipping, else a CA bundle file (certifi + system CAs + ca_cert_path)."""
+    """botocore's ``verify``: False when skipping, else a CA bundle file."""
     if tls.insecure_skip_verify:
         log.warning(INSECURE_WARNING, "S3")
         return False
@@ -167,22 +161,18 @@ def s3_verify(tls: TlsSettings, ca_bundle: Path) -> str | bool:
     if not tls.ca_cert_path and not (system_bundle and os.path.isfile(system_bundle)):
         return certifi.where()
     data = _combined_ca_bundle(tls.ca_cert_path, system_bundle)
-    try:
-        written = ca_bundle.read_bytes() == data
-    except OSError:
-        written = False
-    if not written:  # missing, or another run's (the CAs may have changed since): written anew
-        write_file_atomically(ca_bundle, data, shared=True)
+    with contextlib.suppress(OSError):
+        if ca_bundle.read_bytes() == data:
+            return str(ca_bundle)
+    write_file_atomically(ca_bundle, data, shared=True)  # missing, or another run's (the CAs may have changed)
     return str(ca_bundle)
 
 
 @functools.cache
 def _combined_ca_bundle(ca_cert_path: str | None, system_bundle: str | None) -> bytes:
-    """botocore takes a single bundle file, so certifi's CAs, the system's (as the HTTP clients trust them: spec,
-    "System CAs stay trusted") and ``ca_cert_path`` are put together, in a file of the job's (``s3_verify``): a
-    temporary one was left behind by every process killed while it sent. Bytes, as OpenSSL reads them: a PEM bundle's
-    comments may be in any encoding. ``ca_cert_path`` is checked as the HTTP clients check it (a file OpenSSL cannot
-    load as PEM, a DER certificate, is named so) and read within bounds (``read_settings_file``)."""
+    """botocore takes a single bundle file: certifi's CAs, the system's (spec) and ``ca_cert_path``, for the job's
+    folder (a temporary file was left behind by every process killed while it sent). Bytes: a PEM bundle's comments
+    may be in any encoding. ``ca_cert_path`` is checked as the HTTP clients check it and read within bounds."""
     extra = b""
     if ca_cert_path:
         trusted_context(ca_cert_path)
@@ -212,13 +202,11 @@ class UploadedObject:
     size: int
     etag: str
     source_modified_ns: int | None = field(default=None, compare=False)
-    """The uploaded file's time of change (None in a record of an earlier version): a file written anew to the same
-    size is uploaded again."""
+    """The file's time of change (None in older records): a file written anew to the same size is uploaded again."""
 
 
 class S3Uploader:
-    """Uploads files to ``services.send.s3.bucket`` and records them in the manifest (see ``Manifest`` for
-    ``manifest_path``); thread-safe, and any number of uploaders may share one manifest."""
+    """Uploads files to the bucket and records them in the ``Manifest``; thread-safe, uploaders may share one."""
 
     def __init__(self, send: SendSettings, tls: TlsSettings, retry: RetrySettings, manifest_path: Path):
         ca_bundle = manifest_path.with_name("s3-ca-bundle.pem")
@@ -228,8 +216,8 @@ class S3Uploader:
         self._manifest = Manifest(manifest_path, self._bucket)
 
     def upload(self, path: Path, key: str) -> UploadedObject:
-        """Upload ``path`` as ``key``, unless the manifest records it with this size and it is still in the bucket,
-        or the bucket holds it with this content (``_stored_copy``: an earlier run's upload it never heard end)."""
+        """Upload ``path`` as ``key``, unless the manifest records it and it is still in the bucket, or the bucket holds
+        it with this content (an earlier run's upload it never heard end)."""
         found = path.stat()
         if (recorded := self._recorded(key, found)) is not None and self._is_stored(recorded):
             log.info("S3 object %s is already in bucket %s (manifest); not uploading it again", key, self._bucket)
@@ -249,13 +237,13 @@ class S3Uploader:
         try:
             self._abort_incomplete_uploads(key)
             self._client.upload_file(str(path), self._bucket, key, Config=self._transfer)
-            head = self._client.head_object(Bucket=self._bucket, Key=key)
+            size_and_etag = self._head(key, f"upload {key}")
         except (BotoCoreError, ClientError, S3UploadFailedError) as exc:
             if (stored := self._stored_copy(path, key, found)) is None:
                 raise self._service_error(f"upload {key}", exc) from None
             log.info("S3 object %s: the store holds the upload whose answer was lost (%s)", key, type(exc).__name__)
             return stored
-        uploaded = UploadedObject(key, *stored_size_and_etag(head, f"upload {key}"), found.st_mtime_ns)
+        uploaded = UploadedObject(key, *size_and_etag, found.st_mtime_ns)
         if uploaded.size != size:
             message = f"the bucket holds {uploaded.size} bytes after uploading {size}; was the file changed meanwhile?"
             raise ServiceError(f"upload {key}", None, message, transient=False, service=SERVICE)
@@ -277,25 +265,33 @@ class S3Uploader:
     def _is_stored(self, recorded: UploadedObject) -> bool:
         """Whether the bucket still holds the recorded object (same size and ETag)."""
         try:
-            head = self._client.head_object(Bucket=self._bucket, Key=recorded.key)
+            return self._head(recorded.key, f"check {recorded.key}") == (recorded.size, recorded.etag)
         except (BotoCoreError, ClientError) as exc:
             if isinstance(exc, ClientError) and _status_of(exc) == 404:
                 return False
             raise self._service_error(f"check {recorded.key}", exc) from None
-        return stored_size_and_etag(head, f"check {recorded.key}") == (recorded.size, recorded.etag)
 
     def _stored_copy(self, path: Path, key: str, found: os.stat_result) -> UploadedObject | None:
-        """``key`` as the bucket holds it when that is ``path``'s content: the same size, and the ETag an upload of it
-        with this uploader's part size gets (``local_etag``); None when it is missing, another object (an ETag of
-        another kind, as server-side encryption with KMS gives, is another), or the store cannot say: then the file
-        is uploaded (again), whose errors say more than a HEAD's bodiless answer."""
+        """``key`` as the bucket holds it when that is ``path``'s content (size and ``local_etag``), else None: the file
+        is then uploaded, whose errors say more than a HEAD's bodiless answer (KMS gives ETags of another kind)."""
         try:
-            size, etag = stored_size_and_etag(self._client.head_object(Bucket=self._bucket, Key=key), f"check {key}")
+            size, etag = self._head(key, f"check {key}")
         except (BotoCoreError, ClientError, ServiceError):
             return None
         if size != found.st_size or etag != local_etag(path, size, self._transfer):
             return None
         return UploadedObject(key, size, etag, found.st_mtime_ns)
+
+    def _head(self, key: str, operation: str) -> tuple[int, str]:
+        """``key``'s size and ETag; a store that leaves either out cannot tell an upload complete."""
+        head = self._client.head_object(Bucket=self._bucket, Key=key)
+        size, etag = head.get("ContentLength"), head.get("ETag")
+        if not isinstance(size, int) or not isinstance(etag, str):
+            missing = " and ".join(name for name, value in (("Content-Length", size), ("ETag", etag)) if value is None)
+            gap = missing or "usable size or ETag"
+            message = f"the store's HeadObject answer has no {gap}; check the S3 endpoint or the proxy before it"
+            raise ServiceError(operation, None, message, transient=False, service=SERVICE)
+        return size, etag.strip('"')
 
     def _abort_incomplete_uploads(self, key: str) -> None:
         """Abort multipart uploads of ``key`` left by a killed run; the server would keep their parts forever."""
@@ -311,23 +307,19 @@ class S3Uploader:
 
 
 class Manifest:
-    """What the uploaders of one job have put in the bucket: one record per object, ``<folder>/<sha256 of the
-    key>.json`` (bucket, key, size, ETag), where the folder is ``manifest_path`` without ``.json``
-    (``send/s3-manifest/``). Each record is written whole under a temporary name of its writer's own and renamed into
-    place, so any number of uploaders in any processes (Dask workers, machines sharing the job folder) record their
-    objects without a lock, none loses another's, and no reader sees half a record. A key's record is read when the
-    key is checked, so an object another uploader recorded after this one was made counts.
-
-    ``manifest_path`` itself is the single file the previous version rewrote whole (``send/s3-manifest.json``): read,
-    never written, so a job it started and this version resumes does not upload its objects again."""
+    """What the uploaders of one job have put in the bucket: one record file per object, written atomically, so
+    uploaders in any processes record without a lock and none loses another's; each is read when its key is checked.
+    ``manifest_path`` itself, the previous version's single file, is only read (a job it started is resumed)."""
 
     def __init__(self, manifest_path: Path, bucket: str | None):
         self._folder, self._bucket = manifest_path.with_suffix(""), bucket
-        self._legacy = read_legacy_manifest(manifest_path, bucket)
+        then = "the objects it records are uploaded again"
+        self._legacy = _read_manifest_file("S3 manifest", manifest_path, bucket, _legacy_objects, then) or {}
 
     def recorded(self, key: str) -> UploadedObject | None:
         """The object recorded as ``key`` in this bucket, by its own record or else the old single file."""
-        recorded = self._read_record(key)
+        path, parse = self._record_path(key), functools.partial(_record, key)
+        recorded = _read_manifest_file("S3 manifest record", path, self._bucket, parse, f"{key} is uploaded again")
         return recorded if recorded is not None else self._legacy.get(key)
 
     def record(self, uploaded: UploadedObject) -> None:
@@ -351,28 +343,36 @@ class Manifest:
         """A digest, as a key may be longer than a file name may be and hold characters a file name may not."""
         return self._folder / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
 
-    def _read_record(self, key: str) -> UploadedObject | None:
-        path = self._record_path(key)
-        try:
-            record = json.loads(path.read_bytes())
-            recorded = UploadedObject(record["key"], record["size"], record["etag"], record.get("source_modified_ns"))
-            if recorded.key != key:
-                raise ValueError(f"it records key {recorded.key}")
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("S3 manifest record %s is unreadable (%s); %s is uploaded again", path, exc, key)
-            return None
-        if (described := record.get("bucket")) != self._bucket:
-            where = (path, described, self._bucket, key)
-            log.warning("S3 manifest record %s describes bucket %s, not %s; %s is uploaded again", *where)
-            return None
-        return recorded
+
+def _record(key: str, record: dict) -> UploadedObject:
+    recorded = UploadedObject(record["key"], record["size"], record["etag"], record.get("source_modified_ns"))
+    if recorded.key != key:
+        raise ValueError(f"it records key {recorded.key}")
+    return recorded
+
+
+def _legacy_objects(manifest: dict) -> dict[str, UploadedObject]:
+    return {entry["key"]: UploadedObject(**entry) for entry in manifest.get("objects", [])}
+
+
+def _read_manifest_file(what: str, path: Path, bucket: str | None, parse: Callable[[Any], T], then: str) -> T | None:
+    """``parse`` of the JSON in ``path``; None (logging why, then ``then``) when missing, unreadable or another's."""
+    try:
+        document = json.loads(path.read_bytes())
+        parsed = parse(document)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("%s %s is unreadable (%s); %s", what, path, exc, then)
+        return None
+    if (described := document.get("bucket")) != bucket:
+        log.warning("%s %s describes bucket %s, not %s; %s", what, path, described, bucket, then)
+        return None
+    return parsed
 
 
 def local_etag(path: Path, size: int, transfer: TransferConfig) -> str:
-    """The ETag S3 gives ``path`` (``size`` bytes) uploaded by boto3 with ``transfer``: the MD5 of its bytes when
-    one PutObject sends it, else the MD5 of its parts' MD5s and their count (parts as boto3 cuts them)."""
+    """The ETag S3 gives ``path`` uploaded with ``transfer``: MD5 of its bytes, or of its parts' MD5s and count."""
     whole = size < transfer.multipart_threshold
     part_size = size if whole else ChunksizeAdjuster().adjust_chunksize(transfer.multipart_chunksize, size)
     digests = []
@@ -388,38 +388,8 @@ def local_etag(path: Path, size: int, transfer: TransferConfig) -> str:
     return f"{hashlib.md5(b''.join(d.digest() for d in digests), usedforsecurity=False).hexdigest()}-{len(digests)}"
 
 
-def stored_size_and_etag(head: dict[str, Any], operation: str) -> tuple[int, str]:
-    """An object's size and ETag as HeadObject gives them; a store (or a proxy) that leaves either out cannot tell
-    an upload complete, which is said as such."""
-    size, etag = head.get("ContentLength"), head.get("ETag")
-    if not isinstance(size, int) or not isinstance(etag, str):
-        missing = " and ".join(name for name, value in (("Content-Length", size), ("ETag", etag)) if value is None)
-        gap = missing or "usable size or ETag"
-        message = f"the store's HeadObject answer has no {gap}; check the S3 endpoint or the proxy before it"
-        raise ServiceError(operation, None, message, transient=False, service=SERVICE)
-    return size, etag.strip('"')
-
-
-def read_legacy_manifest(path: Path, bucket: str | None) -> dict[str, UploadedObject]:
-    """The objects by key of the previous version's single manifest file; empty when there is none, it is
-    unreadable or it describes another bucket."""
-    try:
-        manifest = json.loads(path.read_text())
-        objects = {entry["key"]: UploadedObject(**entry) for entry in manifest.get("objects", [])}
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        log.warning("S3 manifest %s is unreadable (%s); the objects it records are uploaded again", path, exc)
-        return {}
-    if manifest.get("bucket") != bucket:
-        where = (path, manifest.get("bucket"), bucket)
-        log.warning("S3 manifest %s describes bucket %s, not %s; the objects it records are uploaded again", *where)
-        return {}
-    return objects
-
-
 def configured_secrets(send: SendSettings) -> tuple[str, ...]:
-    """Every credential of the s3_upload settings, in the forms an error text could carry them."""
+    """Every credential of the s3_upload settings, in each form an error text could carry it."""
     values = [send.s3.access_key_id, send.s3.secret_access_key, send.auth.password]
     secrets = [value.get_secret_value() for value in values if value is not None]
     if (login := basic_login(send.auth)) is not None:
@@ -428,8 +398,8 @@ def configured_secrets(send: SendSettings) -> tuple[str, ...]:
 
 
 def basic_credentials(username: str, password: str) -> str:
-    """``user:password`` in Base64 of its UTF-8, as httpx sends Basic auth to the FHIR servers (urllib3's helper
-    encodes Latin-1: a password with € failed the step with a UnicodeEncodeError quoting a character of it)."""
+    """``user:password`` in Base64 of its UTF-8, as httpx sends Basic auth (urllib3's helper encodes Latin-1: a
+    password with € failed with a UnicodeEncodeError quoting a character of it)."""
     return base64.b64encode(f"{username}:{password}".encode()).decode("ascii")
 
 
@@ -452,9 +422,8 @@ def service_error(operation: str, exc: BaseException, *, bucket: str | None, sec
 
 
 def nothing_answers(exc: BaseException) -> str:
-    """``; nothing answers at <origin>: …`` naming ``services.send.s3.endpoint`` (as the HTTP clients name their
-    service's URL key), for a connection to the store that could not be made (refused, name not resolved, connect
-    timeout); "" otherwise. The default endpoint (none configured) is AWS's, reached by region."""
+    """``; nothing answers at <origin>: …`` naming ``services.send.s3.endpoint`` for a connection to the store that
+    could not be made; "" otherwise. Without an endpoint configured, it is AWS's, reached by region."""
     if not isinstance(exc, EndpointConnectionError | ConnectTimeoutError):
         return ""
     url = urlsplit(str(exc.kwargs.get("endpoint_url", "")))

@@ -1,10 +1,8 @@
 """The job's files as one MII data transfer through the DSF (``services.send.send_as: transfer_load``).
 
-Per file a ``Binary`` (the file, zstd-decompressed, zipped as one entry, base64 in ``data``) ``PUT
-{url}/fhir/Binary/<uuid>``, streamed from a temporary zip file; then one ``DocumentReference`` per job ``PUT
-{url}/fhir/DocumentReference/<uuid>`` with one attachment per Binary. The ids are uuid5 of the job id (and file
-name), so a resumed job PUTs the same ids and there is only ever one DocumentReference; ``send/transfer.json``
-records them. Plain Python over a ``tasks.clients.fhir_server.FhirServer``: the ``send`` step's tasks call it.
+Per file a ``Binary`` (the file decompressed, zipped, base64 in ``data``), then one ``DocumentReference`` per job
+with one attachment per Binary, each PUT. The ids are uuid5 of the job id (and file name), so a resumed job PUTs the
+same ids and there is only ever one DocumentReference.
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ BASE64_CHUNK = 3 * CHUNK_SIZE  # a multiple of 3, so chunks encode without paddi
 
 
 def binary_id(job_id: str, name: str) -> str:
-    """The Binary id of one input file: the same for every run of the job."""
     return str(uuid.uuid5(TRANSFER_NAMESPACE, f"{job_id}/Binary/{name}"))
 
 
@@ -46,12 +43,11 @@ def document_reference_id(job_id: str) -> str:
 
 
 def zip_entry_name(name: str) -> str:
-    """The file's name inside the zip: without ``.zst``, since the content is decompressed."""
     return name.removesuffix(".zst")
 
 
 class SentBinary(TypedDict):
-    """A data file sent as ``Binary/<id>`` (``send_binary``): a DocumentReference attachment and a report row."""
+    """A data file sent as ``Binary/<id>``: a DocumentReference attachment and a report row."""
 
     file: str
     id: str
@@ -61,8 +57,8 @@ class SentBinary(TypedDict):
 
 
 def send_binary(server: FhirServer, source: Path, resource_id: str, work_dir: Path) -> SentBinary:
-    """PUT ``Binary/<id>`` holding ``source`` decompressed and zipped; the zip goes through a temporary file and
-    its base64 is streamed into the request, so memory stays flat whatever the file size."""
+    """PUT ``Binary/<id>`` holding ``source`` zipped through a temporary file whose base64 is streamed into the
+    request, so memory stays flat whatever the file size."""
     started = time.monotonic()
     temporary = work_dir / f".{source.name}.zip.part"
     try:
@@ -83,19 +79,17 @@ def send_binary(server: FhirServer, source: Path, resource_id: str, work_dir: Pa
 
 
 def zip_data_file(source: Path, dest: Path) -> None:
-    """``source`` (zstd decompressed when it is zstd) as the single entry of the zip ``dest``."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(dest, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=6) as archive:
         with archive.open(zip_entry_name(source.name), "w", force_zip64=True) as entry:
             try:
-                for chunk in iter_chunks(source):
-                    entry.write(chunk)
+                entry.writelines(iter_chunks(source))
             except NdjsonError as exc:
                 raise StepError(str(exc)) from exc
 
 
 def binary_body(resource_id: str, zip_path: Path) -> tuple[Any, int]:
-    """A function streaming the Binary's JSON (base64 of the zip encoded on the fly) and its length in bytes."""
+    """A function streaming the Binary's JSON (the zip's base64 encoded on the fly) and its length in bytes."""
     head = orjson.dumps({"resourceType": "Binary", "id": resource_id, "contentType": ZIP_CONTENT_TYPE})
     prefix, suffix = head[:-1] + b',"data":"', b'"}'
     size = zip_path.stat().st_size
@@ -136,10 +130,8 @@ def document_reference(
 def put_document_reference(
     server: FhirServer, record: Path, job_id: str, binaries: list[SentBinary], transfer: TransferSettings
 ) -> str:
-    """PUT the job's DocumentReference (same id and date on every run of the job); returns ``DocumentReference/<id>``.
-
-    ``record`` (``send/transfer.json``) keeps the id, the date and whether it was written.
-    """
+    """PUT the job's DocumentReference, with the same id and date on every run (kept in ``record`` with whether it
+    was written); returns ``DocumentReference/<id>``."""
     resource_id = document_reference_id(job_id)
     try:
         state = orjson.loads(record.read_bytes())
