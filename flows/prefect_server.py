@@ -1,23 +1,17 @@
 """A local Prefect server for the command line: started on first need, found again, reused, stoppable.
 
 Without ``PREFECT_API_URL`` Prefect starts a temporary server for every command (9-11 s), left running by a kill -9
-of the command. Instead, the first command that needs the API runs Prefect's ``prefect server start`` (it migrates
-its database; on a new one it is restarted once after, to free what the migration took) on 127.0.0.1, recorded in
-``PREFECT_HOME``; later commands reuse it until ``server stop`` or its end (the next command then starts another).
-``PREFECT_API_URL`` still wins, and must answer (``require_answer``). Each start records its URL in the home's
+of the command. Instead the first command that needs the API starts ``prefect server start`` on 127.0.0.1 (restarted
+once after migrating a new database, to free what that took), recorded in ``PREFECT_HOME`` and reused until
+``server stop`` or its end. A set ``PREFECT_API_URL`` wins and must answer. Each start records its URL in the home's
 Prefect profile for ``prefect`` commands (``flows.prefect_profile``).
 
-Done here, as Prefect's ``server start --background`` and ``server stop`` do not serve:
-- the detached start: ``--background`` pipes the server's output into the starting command, which exits (and no
-  setting sends it to a file): the log would be lost; and ``stop`` needs the pid file ``--background`` writes;
-- waiting until the server answers or has ended: ``--background`` returns at once, ``stop`` after one SIGTERM;
-- the home lock: commands starting at once share one server (Prefect has no start-unless-one-runs);
-- the port kept across restarts, else the next free one (Prefect's start refuses a taken port), and a server of
-  another PREFECT_HOME that takes it meanwhile told by its home;
-- only the server services a job needs (``SERVER_DEFAULTS``, unless the caller's environment sets them);
-- of the caller's environment only what a Prefect server uses (``server_environment``): the rest (APP_* settings,
-  the variables a configuration's ``${VAR}`` references read) may hold secrets, and the server outlives the command;
-No Prefect import at module level: the command line's fast commands import this module.
+Not Prefect's ``server start --background`` and ``server stop``: ``--background`` pipes the server's output into the
+starting command, which exits (the log is lost), returns before the server answers, and has no start-unless-one-runs
+(here: the home lock); its start refuses a taken port (here: the port kept across restarts, else the next free one; a
+server of another home on it is told by its home). The server gets only the services a job needs (``SERVER_DEFAULTS``)
+and of the caller's environment only what a Prefect server uses (``server_environment``): the rest may hold secrets,
+and the server outlives the command. No Prefect import at module level: the fast commands import this module.
 """
 
 from __future__ import annotations
@@ -32,7 +26,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from contextlib import closing, suppress
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -156,10 +149,9 @@ def require_answer(api_url: str) -> None:
 
 
 def version_problem(answer: tuple[int, bytes] | None) -> str | None:
-    """What is wrong with ``answer``, a server's answer to ``GET /admin/version`` (status and body; None: nothing
-    answered), for this client; None when it names a Prefect version of this client's major version. Prefect's
-    client reads and parses that answer before its first call: a foreign one ends there in a traceback
-    (``InvalidVersion``, a JSON error), a Prefect of another major version in "incompatible versions"."""
+    """What is wrong for this client with ``answer`` (to ``GET /admin/version``; None: none); None for a Prefect of
+    this client's major version. Prefect's client reads it before its first call: a foreign answer ends in a traceback
+    (``InvalidVersion``, a JSON error), another major version in "incompatible versions"."""
     if answer is not None and answer[0] in (401, 403):  # a server elsewhere may want credentials for it
         return None
     from packaging.version import Version  # Prefect's own reading of versions
@@ -228,9 +220,8 @@ def database_configured_elsewhere(home: Path) -> bool:
 
 
 def new_database_note(home: Path) -> str | None:
-    """What to say when the home's server starts on a database of its own, ``DATABASE_FILE``, made anew, where it ran
-    before (the home kept its port) on one configured elsewhere (PostgreSQL) that is no longer configured: the jobs'
-    flow runs and artifacts are in that one."""
+    """What to say when the home's server, which ran before (it kept its port) on a database configured elsewhere that
+    no longer is, starts on a new ``DATABASE_FILE``: the jobs' runs and artifacts are in the other one."""
     if database_configured_elsewhere(home) or (home / DATABASE_FILE).exists() or not (home / PORT_FILE).exists():
         return None
     return (
@@ -240,9 +231,9 @@ def new_database_note(home: Path) -> str | None:
 
 
 def start_server(home: Path, startup_timeout: float, previous: ServerRecord | None = None) -> ServerRecord:
-    """Start a server on the home's port (the next free one if it is taken), record it, and wait until it is healthy;
-    when another program (the server says the port is in use) or home's server (it answers there) took the port
-    first, start again on the next free one. ``previous``: this home's server before; its port gets time to be freed."""
+    """Start a server on the home's port (else the next free one), record it, wait until it is healthy; when another
+    program or home's server took the port first, start again on the next free one. ``previous``: this home's server
+    before, whose port gets time to be freed."""
     if note := new_database_note(home):
         print(note, file=sys.stderr)
     port = wanted = home_port(home)
@@ -269,10 +260,9 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
 
 
 def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
-    """``prefect server start`` on ``port``, recorded in the state file, detached: its own session (the command's
-    Ctrl-C and hang-up do not reach it), its output in the log file (the previous log kept as ``.1``). From its own
-    API URL in its environment Prefect makes the API its UI calls on any port (PREFECT_UI_API_URL) and the UI
-    address of the links in notifications (PREFECT_UI_URL), unless set."""
+    """``prefect server start`` on ``port``, recorded, detached: its own session (the command's Ctrl-C and hang-up
+    do not reach it), its output in the log file (the previous one kept as ``.1``). Its own API URL in its environment
+    gives its UI's API (PREFECT_UI_API_URL) and its notifications' links (PREFECT_UI_URL) unless set."""
     url = f"http://{HOST}:{port}/api"
     log = home / LOG_FILE
     if log.exists():
@@ -308,10 +298,9 @@ SERVER_VARIABLE_PREFIXES = ("PREFECT_", "PYTHON", "LC_", "MALLOC_", "PG", "XDG_"
 
 
 def server_environment(environment: os._Environ[str] | dict[str, str]) -> dict[str, str]:
-    """What a Prefect server uses of ``environment``: its settings (PREFECT_*, the database's PG* included), the
-    interpreter's, the locale, certificates and proxies (its automations call webhooks). Nothing else: the server
-    outlives the command that started it, and any other variable may hold one of dupflow's secrets (a ``${VAR}``
-    reference of the configuration, an APP_* setting), readable in its environment for as long as it runs."""
+    """What a Prefect server uses of ``environment``: its settings (PREFECT_*, PG*), the interpreter's, the locale,
+    certificates and proxies (its automations call webhooks). Nothing else: any other variable may hold a secret (a
+    ``${VAR}`` of the configuration, an APP_* setting), readable in the server's environment as long as it runs."""
     return {
         name: value
         for name, value in environment.items()
@@ -373,9 +362,8 @@ def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool
 
 
 def serves_home(record: ServerRecord, home: Path) -> bool:
-    """Whether the server at ``record.url`` is the one started for ``home``: its settings name the home and echo
-    the start's secret nonce (the same port, or a process that echoes the home's path, is no proof). A record
-    written before nonces had none: the home alone tells."""
+    """Whether the server at ``record.url`` is ``home``'s: its settings name the home and echo the start's secret
+    nonce (the same port, or a process echoing the home's path, is no proof); a record without nonce: the home."""
     return settings_of_home(http_get(record.url, "/admin/settings", API_ANSWER_TIMEOUT), record, home)
 
 
@@ -395,10 +383,9 @@ def is_healthy(url: str) -> bool:
 
 
 def http_get(url: str, path: str, timeout: float) -> tuple[int, bytes] | None:
-    """``GET <url><path>``: its status and at most ``MAX_PROBE_ANSWER_BYTES`` of its body (more is cut off: a
-    health check or the server's settings are a few KB), None if nothing answers. The standard library, not
-    Prefect's client (no Prefect import for fast commands) nor ``httpx.get`` (a TLS context per call: 0.1 s when
-    busy)."""
+    """``GET <url><path>``: status and at most ``MAX_PROBE_ANSWER_BYTES`` of the body (health and settings are a few
+    KB), None if nothing answers. Not Prefect's client (no Prefect import for fast commands) nor ``httpx.get`` (a TLS
+    context per call: 0.1 s when busy)."""
     parts = urlsplit(url)
     kind = HTTPSConnection if parts.scheme == "https" else HTTPConnection
     try:
@@ -412,17 +399,15 @@ def http_get(url: str, path: str, timeout: float) -> tuple[int, bytes] | None:
 
 def runs_recorded_server(record: ServerRecord) -> bool:
     """Whether the recorded server still runs: its pid a ``prefect server start`` whose environment holds the start's
-    nonce, so a recycled pid that became another home's server is neither reused nor stopped. Without /proc, for a
-    record written before nonces, or an environment read empty (a process exiting), the pid check alone tells."""
+    nonce (a recycled pid, another home's server now, is neither reused nor stopped). Without /proc, a nonce or an
+    environment (a process exiting), the pid check alone tells."""
     if not process_is_server(record.pid):
         return False
     try:
         environment = Path(f"/proc/{record.pid}/environ").read_bytes()
-    except ProcessLookupError:  # it ended between the open and the read
-        return False
     except FileNotFoundError:
         return True
-    except PermissionError:  # another user's process: not one this home started
+    except (ProcessLookupError, PermissionError):  # it ended between the open and the read; another user's process
         return False
     return not (record.nonce and environment) or (NONCE_LOGGER + record.nonce).encode() in environment
 
@@ -440,27 +425,26 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_server_start(args: argparse.Namespace) -> int:
-    if api_url := prefect_api_url():
-        print(f"PREFECT_API_URL is set: jobs use {shown_url(api_url)}; no local server started")
-        return 0
-    return print_started(lambda url: f"Prefect UI: {ui_url(url)}\nAPI: {url}")
+    return print_server("PREFECT_API_URL is set: jobs use {}; no local server started", "Prefect UI: {ui}\nAPI: {api}")
 
 
 def cmd_server_url(args: argparse.Namespace) -> int:
-    """One line, the API URL alone (``export PREFECT_API_URL=$(… server url)``): PREFECT_API_URL when set (without
-    user info), else this home's server's, started if none runs."""
+    """The API URL alone (``export PREFECT_API_URL=$(… server url)``)."""
+    return print_server("{}", "{api}")
+
+
+def print_server(when_set: str, started: str) -> int:
+    """``when_set`` with PREFECT_API_URL (without user info) when set, else ``started`` with this home's server's
+    URLs, started if none runs."""
     if api_url := prefect_api_url():
-        print(shown_url(api_url))
+        print(when_set.format(shown_url(api_url)))
         return 0
-    return print_started(str)
-
-
-def print_started(shown: Callable[[str], str]) -> int:
     try:
-        print(shown(ensure_server()))
+        api_url = ensure_server()
     except ServerStartError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    print(started.format(ui=ui_url(api_url), api=api_url))
     return 0
 
 
