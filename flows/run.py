@@ -1,9 +1,7 @@
 """The command line: ``python -m flows.run start|continue|status|list|config check|…`` (exit codes in its help).
 
-A failure prints one line that says what went wrong and where the job's log file (with the full trace) is; no
-traceback reaches the terminal. ``status`` and ``list`` ask the jobs' Prefect server (the home's own one started
-as for every command) for each job's state over its REST API, without importing Prefect, so they answer in well
-under 1.5 s with the server running.
+A failure prints one line: what went wrong and where the job's log (with the full trace) is. ``status`` and
+``list`` ask the jobs' Prefect server over its REST API without importing Prefect (well under 1.5 s).
 """
 
 from __future__ import annotations
@@ -194,8 +192,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     overrides, labels = overrides_from_flags(args)
     if names_secret_blocks(args.config):
         prefect_server.use_server()  # its Secret blocks are read from the jobs' server
-    # The configuration's warnings are printed once, below the table: not logged (Python's last-resort handler
-    # would print each bare to stderr).
+    # Its warnings are printed below the table, not logged (Python's last-resort handler prints each bare)
     config_logger = logging.getLogger(CONFIG_LOGGER)
     config_logger.disabled = True
     try:
@@ -236,17 +233,12 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_continue(args: argparse.Namespace) -> int:
-    """Resume a job. The job's lock is taken first, before anything is written or a flow run exists: of two
-    ``continue`` at once the second exits 2 ("being worked on") and records nothing. The flow takes the same lock
-    again (as every run of the job does, deployment runs included); the command holds it until it ends."""
+    """Resume a job, its lock taken before anything is written or a flow run exists: of two ``continue`` at once the
+    second exits 2 ("being worked on") and records nothing. The flow takes the lock again; the command holds it."""
     overrides, _ = overrides_from_flags(args)
     refuse_invisible_url_characters(args.attach, "--attach")
-    refuse_credentials_in_url(
-        args.attach,
-        door="--attach",
-        fix="give the status URL without them; the credentials come from services.extractor.auth",
-        tokens=True,
-    )
+    fix = "give the status URL without them; the credentials come from services.extractor.auth"
+    refuse_credentials_in_url(args.attach, door="--attach", fix=fix, tokens=True)
     paths = JobPaths(find_job_dir(args.job, jobs_dir_of(args.jobs_dir)))
     with JobLock(paths):
         return continue_locked_job(paths, args, overrides)
@@ -322,14 +314,9 @@ def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any] | None)
 
     from flows import job_runs
 
-    parameters = dict(
-        job_id=job.job_id,
-        config_path=job.config_path,
-        job_input=job.job_input,
-        # The directory this command found the job in, whatever jobs_dir says now.
-        overrides={**job.overrides, "jobs_dir": str(paths.job_dir.parent)},
-        **(continuing or {}),
-    )
+    overrides = {**job.overrides, "jobs_dir": str(paths.job_dir.parent)}  # where this command found the job
+    parameters = dict(job_id=job.job_id, config_path=job.config_path, job_input=job.job_input, overrides=overrides)
+    parameters |= continuing or {}
     if continuing is None:
         run = job_runs.new_job_run(job.job_id, paths, parameters)
     else:
@@ -383,15 +370,11 @@ def setting_named_in(message: str) -> str | None:
 
 
 def run_as_program() -> int:
-    """``main`` as this process's whole life, with the garbage collector set for a short command.
-
-    Start-up builds some 150,000 objects that live until exit (Prefect's and pydantic's classes and schemas).
-    At the default thresholds the collector walks them again in full collections while they are built
-    (0.2-0.5 s), and interpreter shutdown walks them once per batch of modules it clears (0.6-2 s). Rarer young
-    collections skip the first cost; freezing the heap before exit skips the second (nothing is left to
-    collect then: Prefect's records were sent and every output file was closed and renamed). Memory does not
-    grow: the data paths stream through few, short-lived objects. Not in ``main``: tests call that in-process.
-    """
+    """``main`` as this process's whole life, the garbage collector set for a short command (not in ``main``: tests
+    call that in-process). Start-up builds some 150,000 objects that live until exit; the default thresholds walk
+    them in full collections while they are built (0.2-0.5 s), and shutdown once per batch of modules (0.6-2 s).
+    Rarer young collections skip the first, freezing the heap before exit the second (nothing is left to collect:
+    records sent, files closed). Memory does not grow: the data paths stream through few, short-lived objects."""
     gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
     try:
         return main()
