@@ -1,10 +1,8 @@
 """A job whose process dies shows Crashed on the Prefect server by itself, with no dupflow command run.
 
-Every job's flow run sends Prefect's heartbeat every ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds (30, the least
-Prefect allows: ``config.runtime`` for the command line, ``deployments/prefect.yaml`` for workers). One automation per
-server, Prefect's own recipe for zombie runs, marks a ``dupflow`` run Crashed when no heartbeat came for
-``CRASHED_AFTER_SECONDS`` and the run neither ended, paused nor was suspended meanwhile (a suspended run sends none).
-Each run makes sure the automation is there, so any server a job runs on has it.
+Every job's flow run sends Prefect's heartbeat every 30 s (the least Prefect allows; set in ``config.runtime`` and
+``deployments/prefect.yaml``). One automation per server, Prefect's recipe for zombie runs, made sure of by each run,
+marks a ``dupflow`` run Crashed when no heartbeat came for ``CRASHED_AFTER_SECONDS`` and it did not end, pause or suspend.
 """
 
 from __future__ import annotations
@@ -49,8 +47,7 @@ def crash_detection() -> dict[str, Any]:
 
 
 def ensure_crash_detection() -> None:
-    """Make the automation unless the server has it (of two made at once by two jobs, the newer goes again); one
-    that cannot be made is a warning: the job runs, only a kill of it would show late."""
+    """Make the automation unless the server has it (of two made at once, the newer goes); failing is a warning."""
     named = {"automations": {"name": {"any_": [AUTOMATION_NAME]}}, "sort": "CREATED_DESC"}
     try:
         with get_client(sync_client=True) as client:
