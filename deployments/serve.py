@@ -2,14 +2,10 @@
 
     uv run python -m deployments.serve CONFIG [INPUT] [--name dupflow] [--cron "0 2 * * *" --timezone Europe/Berlin]
 
-Each run is a job of its own (its job id is the run's id, and the run's name from the flow's first log line) with
-CONFIG and INPUT as parameters; relative paths in CONFIG resolve against CONFIG's directory. Secrets come from this
-process's environment (``${VAR}`` / ``APP_*``), never from the parameters. A run at a ``wait`` step is suspended;
-Resume in the UI continues it. Work pool and workers instead: ``deployments/prefect.yaml``. It serves on the jobs'
-server: ``PREFECT_API_URL`` when set, else this home's local server, started if none runs (as ``start`` does; a
-temporary server would schedule nothing). A dead ``PREFECT_API_URL``, a configuration with problems, an INPUT
-``start`` would refuse (missing, with credentials) or a schedule that cannot be read: one line on stderr, exit
-code 2.
+Each run is a job of its own (its job id the run's id) with CONFIG and INPUT as parameters; secrets come from this
+process's environment (``${VAR}`` / ``APP_*``). A run at a ``wait`` step is suspended; Resume in the UI continues it.
+Work pool and workers instead: ``deployments/prefect.yaml``. It serves on the jobs' server, as ``start`` finds it (a
+temporary one would schedule nothing). What ``start`` would refuse, or an unreadable schedule: one line, exit code 2.
 """
 
 from __future__ import annotations
