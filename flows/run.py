@@ -70,6 +70,20 @@ FLAG_KEYS = {  # a flag (its argparse attribute): the key it sets, and the step 
 }
 
 
+FLAGS: dict[str, dict[str, Any]] = {  # the flags several commands take (argparse copies a default list it appends to)
+    "--dir": dict(help="import directory (overrides services.local_import.dir)"),
+    "--anonymization-config": dict(help="anonymization YAML (overrides services.pseudonymizer.anonymization_config)"),
+    "--set": dict(
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a non-secret key, e.g. retry.max_attempts=3 (repeatable)",
+    ),
+    "--no-progress": dict(action="store_true", help="no progress bars or progress lines"),
+    "--jobs-dir": dict(help="jobs directory (default: jobs_dir of APP_JOBS_DIR, else ./jobs)"),
+}
+
+
 def flag_label(attr: str) -> str:
     return "--" + attr.replace("_", "-")
 
@@ -80,54 +94,40 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
-        prog=CLI,
-        description="dupflow: FHIR research data pipeline",
-        epilog=EXIT_CODES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=CLI, description="dupflow: FHIR research data pipeline", epilog=EXIT_CODES_HELP, formatter_class=raw
     )
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
-
-    start = commands.add_parser(
-        "start", help="start a new job", epilog=START_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    start = commands.add_parser("start", help="start a new job", epilog=START_EXAMPLES, formatter_class=raw)
     start.add_argument("config", nargs="?", help="configuration YAML (default: the embedded sample job)")
     start.add_argument("input", nargs="?", help="a CRTDL file, a directory or a URL, depending on the import step")
-    add_override_flags(start)
-    add_progress_flag(start)
+    add_flags(start, "--dir", "--anonymization-config", "--set", "--no-progress")
     start.set_defaults(command=cmd_start)
-
     add_continue_command(commands)
-
     status = commands.add_parser("status", help="show a job's steps, files and state")
     status.add_argument("job", help="job id or job directory")
-    add_jobs_dir_flag(status)
+    add_flags(status, "--jobs-dir")
     status.set_defaults(command=cmd_status)
-
     listing = commands.add_parser("list", help="list jobs, newest first")
-    add_jobs_dir_flag(listing)
+    add_flags(listing, "--jobs-dir")
     listing.set_defaults(command=cmd_list)
-
     config = commands.add_parser("config", help="configuration commands")
     config_commands = config.add_subparsers(required=True, metavar="SUBCOMMAND")
     check = config_commands.add_parser("check", help="validate a configuration and show every effective value")
     check.add_argument("config", help="configuration YAML")
-    add_override_flags(check)
+    add_flags(check, "--dir", "--anonymization-config", "--set")
     check.set_defaults(command=cmd_config_check)
-
-    extraction_cli.register(commands)
-    view_cli.register(commands)
-    prefect_server.register(commands)
-    housekeeping.register(commands)
+    for module in (extraction_cli, view_cli, prefect_server, housekeeping):
+        module.register(commands)
     return parser
 
 
 def add_continue_command(commands: argparse._SubParsersAction) -> None:
     resume = commands.add_parser("continue", help="resume a paused, failed or interrupted job")
     resume.add_argument("job", help="job id or job directory")
-    add_jobs_dir_flag(resume)
-    add_progress_flag(resume)
-    add_set_flag(resume, "replace a non-secret key for this job")
+    add_flags(resume, "--jobs-dir", "--no-progress")
+    resume.add_argument("--set", **FLAGS["--set"] | {"help": "replace a non-secret key for this job"})
     in_doubt = resume.add_mutually_exclusive_group()
     in_doubt.add_argument("--attach", metavar="STATUS_URL", help="follow this extraction (after a submission in doubt)")
     in_doubt.add_argument(
@@ -139,24 +139,9 @@ def add_continue_command(commands: argparse._SubParsersAction) -> None:
     resume.set_defaults(command=cmd_continue)
 
 
-def add_override_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dir", help="import directory (overrides services.local_import.dir)")
-    parser.add_argument(
-        "--anonymization-config", help="anonymization YAML (overrides services.pseudonymizer.anonymization_config)"
-    )
-    add_set_flag(parser, "override a non-secret key, e.g. retry.max_attempts=3 (repeatable)")
-
-
-def add_set_flag(parser: argparse.ArgumentParser, text: str) -> None:
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=text)
-
-
-def add_progress_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars or progress lines")
-
-
-def add_jobs_dir_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--jobs-dir", help="jobs directory (default: jobs_dir of APP_JOBS_DIR, else ./jobs)")
+def add_flags(parser: argparse.ArgumentParser, *names: str) -> None:
+    for name in names:
+        parser.add_argument(name, **FLAGS[name])
 
 
 def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
