@@ -45,11 +45,9 @@ class Loss:
 
 @contextmanager
 def api_watched(paths: JobPaths, api_url: str | None) -> Iterator[None]:
-    if api_url is None:
-        yield
-        return
     done = threading.Event()
-    threading.Thread(target=watch, args=(paths, api_url, done), name="dupflow-api-watch", daemon=True).start()
+    if api_url is not None:
+        threading.Thread(target=watch, args=(paths, api_url, done), name="dupflow-api-watch", daemon=True).start()
     try:
         yield
     finally:

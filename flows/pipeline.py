@@ -101,13 +101,9 @@ def pipeline(
         resubmit: After a submission in doubt: submit the extraction anew.
     """
     checked_attach(attach)  # before anything is made or written
+    source = "the flow's overrides parameter"
     job = prepare_job(
-        job_id or own_job_id(),
-        config_path,
-        job_input,
-        overrides,
-        overrides_source="the flow's overrides parameter",
-        must_exist=bool(job_id),
+        job_id or own_job_id(), config_path, job_input, overrides, overrides_source=source, must_exist=bool(job_id)
     )
     flow_run_id = str(runtime.flow_run.id)
     name_and_tag_flow_run(job.job_id, job.paths.job_dir)
@@ -183,13 +179,13 @@ def checked_attach(attach: str | None) -> None:
 def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> None:
     """``attach`` follows the extraction at that status URL; ``resubmit`` allows a fresh submission. Neither for a
     job whose extractor step finished: its extraction handle is the record of what it extracted."""
-    if (attach or resubmit) and job.paths.finished(job.settings.pipeline.enabled_steps, "extractor"):
+    if not (attach or resubmit):
+        return
+    if job.paths.finished(job.settings.pipeline.enabled_steps, "extractor"):
         raise JobError(
             f"job {job.job_id} has finished its extraction: attach and resubmit apply to a submission in doubt; "
             "start a new job to extract again"
         )
-    if not (attach or resubmit):
-        return
     refuse_extraction_flags_of_a_followed_url(job.record, attach, resubmit)  # a deployment's run: no CLI check
     job_id = ExtractionHandle.from_status_url(attach).job_id if attach else None
     replaced = read_facts(job.paths.job_dir).get("extraction_job_id")

@@ -161,11 +161,8 @@ def version_problem(answer: tuple[int, bytes] | None) -> str | None:
     except (ValueError, TypeError):  # InvalidVersion and JSON errors are ValueErrors
         found = None
     if found is None:
-        said = (
-            f"HTTP {answer[0]} {plain_text(answer[1].decode(errors='replace'))[:SHOWN_ANSWER_CHARS]!r}"
-            if answer
-            else "nothing"
-        )
+        body = plain_text(answer[1].decode(errors="replace"))[:SHOWN_ANSWER_CHARS] if answer else ""
+        said = f"HTTP {answer[0]} {body!r}" if answer else "nothing"
         return f"answers GET /health with true but is no Prefect API (GET /admin/version answered {said})"
     if found.major != (ours := Version(importlib.metadata.version("prefect"))).major:
         return f"is Prefect {found}, this client Prefect {ours}: their major versions must match"

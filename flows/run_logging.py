@@ -198,9 +198,6 @@ def hand_over_to_prefect() -> None:
 
 def _console_handlers() -> list[logging.Handler]:
     """Every stream handler once, though several loggers hold it (patched twice, it kept the wrapper)."""
-    handlers: dict[logging.Handler, None] = {}
-    for logger in [logging.getLogger(), *(logging.getLogger(n) for n in logging.root.manager.loggerDict)]:
-        for handler in getattr(logger, "handlers", []):
-            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-                handlers[handler] = None
-    return list(handlers)
+    loggers = [logging.getLogger(), *map(logging.getLogger, logging.root.manager.loggerDict)]
+    handlers = dict.fromkeys(handler for logger in loggers for handler in logger.handlers)
+    return [h for h in handlers if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
