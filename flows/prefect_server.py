@@ -1,17 +1,11 @@
 """A local Prefect server for the command line: started on first need, found again, reused, stoppable.
 
-Without ``PREFECT_API_URL`` Prefect starts a temporary server for every command (9-11 s), left running by a kill -9
-of the command. Instead the first command that needs the API starts ``prefect server start`` on 127.0.0.1 (restarted
-once after migrating a new database, to free what that took), recorded in ``PREFECT_HOME`` and reused until
-``server stop`` or its end. A set ``PREFECT_API_URL`` wins and must answer. Each start records its URL in the home's
-Prefect profile for ``prefect`` commands (``flows.prefect_profile``).
-
-Not Prefect's ``server start --background`` and ``server stop``: ``--background`` pipes the server's output into the
-starting command, which exits (the log is lost), returns before the server answers, and has no start-unless-one-runs
-(here: the home lock); its start refuses a taken port (here: the port kept across restarts, else the next free one; a
-server of another home on it is told by its home). The server gets only the services a job needs (``SERVER_DEFAULTS``)
-and of the caller's environment only what a Prefect server uses (``server_environment``): the rest may hold secrets,
-and the server outlives the command. No Prefect import at module level: the fast commands import this module.
+Without ``PREFECT_API_URL`` Prefect starts a temporary server for every command (9-11 s), left running by a kill -9.
+Instead the first command that needs the API starts ``prefect server start`` on 127.0.0.1, recorded in
+``PREFECT_HOME``, reused until ``server stop`` or its end. Not Prefect's ``--background``: it pipes the server's log
+into the command, which exits (the log is lost), returns before the server answers and does not start only where
+none runs (here: the home lock); and Prefect's start refuses a taken port (here: the kept port, else the next free
+one). No Prefect import at module level: the fast commands import this module.
 """
 
 from __future__ import annotations
@@ -91,8 +85,7 @@ class ServerRecord:
 
 
 def use_server() -> None:
-    """Point this process at the jobs' server: ``PREFECT_API_URL`` when set (it must answer); else the local
-    server this tool keeps running (started on first need), whose UI address goes to stderr."""
+    """Point this process at the jobs' server: ``PREFECT_API_URL`` (it must answer), else the local one."""
     if (api_url := prefect_api_url()) is not None:
         require_answer(api_url)
     else:
@@ -103,8 +96,7 @@ def use_server() -> None:
 
 
 def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_TIMEOUT) -> str:
-    """The Prefect API URL to use: ``PREFECT_API_URL`` if set, else a running local server, started if need be.
-    The home lock around the check-and-start makes a second command starting at once wait for the first's server."""
+    """``PREFECT_API_URL``, else the local server's, started if need be (a second command waits on the home lock)."""
     if api_url := prefect_api_url():
         return api_url
     home = prefect_home(home)
@@ -124,8 +116,7 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
 
 
 def require_answer(api_url: str) -> None:
-    """Raise ``ApiUnreachableError`` unless a Prefect API this client can use answers at ``api_url`` (``/health``
-    true, ``version_problem`` none), or it asks for credentials (401, 403: a server elsewhere may want a key)."""
+    """Raise ``ApiUnreachableError`` unless a usable Prefect API answers at ``api_url``, or asks for credentials."""
     answer = http_get(api_url, "/health", API_ANSWER_TIMEOUT)
     if answer is not None and answer[0] in (401, 403):
         return
@@ -217,8 +208,7 @@ def database_configured_elsewhere(home: Path) -> bool:
 
 
 def new_database_note(home: Path) -> str | None:
-    """What to say when the home's server, which ran before (it kept its port) on a database configured elsewhere that
-    no longer is, starts on a new ``DATABASE_FILE``: the jobs' runs and artifacts are in the other one."""
+    """A note when the home's server, which ran (it kept a port) on a database no longer configured, starts anew."""
     if database_configured_elsewhere(home) or (home / DATABASE_FILE).exists() or not (home / PORT_FILE).exists():
         return None
     return (
@@ -228,9 +218,8 @@ def new_database_note(home: Path) -> str | None:
 
 
 def start_server(home: Path, startup_timeout: float, previous: ServerRecord | None = None) -> ServerRecord:
-    """Start a server on the home's port (else the next free one), record it, wait until it is healthy; when another
-    program or home's server took the port first, start again on the next free one. ``previous``: this home's server
-    before, whose port gets time to be freed."""
+    """Start a server, record it, wait until it is healthy; again on the next free port if another program or home's
+    server took it first. ``previous``: this home's server before, whose port gets time to be freed."""
     if note := new_database_note(home):
         print(note, file=sys.stderr)
     port = wanted = home_port(home)
@@ -257,9 +246,8 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
 
 
 def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
-    """``prefect server start`` on ``port``, recorded, detached: its own session (the command's Ctrl-C and hang-up
-    do not reach it), its output in the log file (the previous one kept as ``.1``). Its own API URL in its environment
-    gives its UI's API (PREFECT_UI_API_URL) and its notifications' links (PREFECT_UI_URL) unless set."""
+    """``prefect server start`` on ``port``, recorded, detached (the command's Ctrl-C and hang-up do not reach it).
+    Its API URL in its environment gives its UI's API and its notifications' links unless set."""
     url = f"http://{HOST}:{port}/api"
     log = home / LOG_FILE
     if log.exists():
@@ -295,9 +283,8 @@ SERVER_VARIABLE_PREFIXES = ("PREFECT_", "PYTHON", "LC_", "MALLOC_", "PG", "XDG_"
 
 
 def server_environment(environment: os._Environ[str] | dict[str, str]) -> dict[str, str]:
-    """What a Prefect server uses of ``environment``: its settings (PREFECT_*, PG*), the interpreter's, the locale,
-    certificates and proxies (its automations call webhooks). Nothing else: any other variable may hold a secret (a
-    ``${VAR}`` of the configuration, an APP_* setting), readable in the server's environment as long as it runs."""
+    """What a Prefect server uses of ``environment`` (proxies: its automations call webhooks). Nothing else: any
+    other variable may hold a secret (``${VAR}``, APP_*), readable in the server's environment while it runs."""
     return {
         name: value
         for name, value in environment.items()
@@ -306,8 +293,8 @@ def server_environment(environment: os._Environ[str] | dict[str, str]) -> dict[s
 
 
 def home_port(home: Path) -> int:
-    """The port of this home's server: ``PREFECT_SERVER_API_PORT``, else the one it kept (``PORT_FILE``), else a
-    free one chosen now from a start that the home's path gives (two homes on one machine rarely meet)."""
+    """``PREFECT_SERVER_API_PORT``, else the kept one, else a free one from a start the home's path gives (two homes
+    on one machine rarely meet)."""
     if (value := local_server_port()) is None:
         with suppress(OSError, ValueError):
             if 0 < (kept := int((home / PORT_FILE).read_text().strip())) < 65536:
@@ -323,8 +310,7 @@ def home_port(home: Path) -> int:
 
 
 def next_free_port(port: int) -> int:
-    """``port`` or the first free one above it (of ``PORT_SEARCH``): one a server could listen on now (SO_REUSEADDR
-    as uvicorn binds: connections of a stopped server still in TIME_WAIT do not count as taken, a listener does)."""
+    """``port`` or the first free one above it (SO_REUSEADDR as uvicorn binds: TIME_WAIT does not count as taken)."""
     for candidate in range(port, min(port + PORT_SEARCH, 65536)):
         with socket.socket() as probe, suppress(OSError):
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -343,8 +329,7 @@ def read_record(home: Path) -> ServerRecord | None:
 
 
 def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool:
-    """Poll until the server of ``home`` answers at ``record.url`` while the process lives; False if the process
-    dies (another home's server may have taken its port and answer there) or ``timeout`` passes first."""
+    """Poll until ``home``'s server answers; False if its process dies (another may answer on its port) or time's up."""
     deadline = time.monotonic() + timeout
     while not (is_healthy(record.url) and serves_home(record, home)):
         if process_stopped(record.pid):  # it holds its port and answers nothing: say so, not wait to the timeout
@@ -359,8 +344,7 @@ def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool
 
 
 def serves_home(record: ServerRecord, home: Path) -> bool:
-    """Whether the server at ``record.url`` is ``home``'s: its settings name the home and echo the start's secret
-    nonce (the same port, or a process echoing the home's path, is no proof); a record without nonce: the home."""
+    """Whether ``home``'s server answers: its settings name the home and echo the start's nonce (a port is no proof)."""
     return settings_of_home(http_get(record.url, "/admin/settings", API_ANSWER_TIMEOUT), record, home)
 
 
@@ -395,9 +379,8 @@ def http_get(url: str, path: str, timeout: float) -> tuple[int, bytes] | None:
 
 
 def runs_recorded_server(record: ServerRecord) -> bool:
-    """Whether the recorded server still runs: its pid a ``prefect server start`` whose environment holds the start's
-    nonce (a recycled pid, another home's server now, is neither reused nor stopped). Without /proc, a nonce or an
-    environment (a process exiting), the pid check alone tells."""
+    """Whether the recorded server runs: its pid a ``prefect server start`` holding the start's nonce (a recycled pid
+    is neither reused nor stopped); without /proc, nonce or environment (exiting), the pid alone tells."""
     if not process_is_server(record.pid):
         return False
     try:
@@ -431,8 +414,7 @@ def cmd_server_url(args: argparse.Namespace) -> int:
 
 
 def print_server(when_set: str, started: str) -> int:
-    """``when_set`` with PREFECT_API_URL (without user info) when set, else ``started`` with this home's server's
-    URLs, started if none runs."""
+    """``when_set`` with PREFECT_API_URL (no user info), else ``started`` with the home's server's URLs."""
     if api_url := prefect_api_url():
         print(when_set.format(shown_url(api_url)))
         return 0
