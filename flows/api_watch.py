@@ -1,11 +1,9 @@
 """While a job runs in this process, watch its Prefect API; when the server is gone for good, stop the job cleanly.
 
-A flow run cannot go on without its server, and Prefect's client retries each call for minutes, printing warnings,
-before the run fails with a long traceback. Instead a thread probes ``/ready`` (any answer, a busy server's 503 too,
-counts); after ``LOST_AFTER`` seconds without one, or ``DATABASE_LOST_AFTER`` of the server's database being away, it
-logs why, says so in two lines with the ``continue`` command, and ends the process at once. So does an answer from
-another server (``same_server``), which would otherwise get the job's states, logs and artifacts. Nothing is lost: a
-half-written file is a ``.part`` the next run writes again, the kernel releases the job's lock, the workers end too.
+Prefect's client retries each call for minutes, printing warnings, before the run fails with a long traceback.
+Instead a thread probes ``/ready``; when the server or its database is gone, or another server answers (it would get
+the job's states and artifacts), it says so in two lines and ends the process. Nothing is lost: a half-written file
+is a ``.part`` the next run writes again, the kernel releases the job's lock.
 """
 
 from __future__ import annotations
@@ -55,8 +53,8 @@ def api_watched(paths: JobPaths, api_url: str | None) -> Iterator[None]:
 
 
 def watch(paths: JobPaths, api_url: str, done: threading.Event) -> None:
-    """Probe until ``done``. While the API does not answer, Prefect's "--- Error logging to API ---" stays off the
-    terminal (it follows ``logging.raiseExceptions``)."""
+    """Probe until ``done``; while the API does not answer, ``logging.raiseExceptions`` off hides Prefect's
+    "--- Error logging to API ---"."""
     answered = time.monotonic()
     same = same_server(api_url)
     while not done.wait(PROBE_INTERVAL):
@@ -72,8 +70,7 @@ def watch(paths: JobPaths, api_url: str, done: threading.Event) -> None:
 
 
 def probe(api_url: str) -> Loss | None:
-    """What is missing for the job to go on: the server (no answer) or its database (``NO_DATABASE``); None for any
-    other answer (a busy server's 503, an older one without ``/ready``)."""
+    """The server or its database missing; None for any other answer (a busy 503, an old server's 404)."""
     answer = http_get(api_url, "/ready", PROBE_TIMEOUT)
     shown = shown_url(api_url)
     if answer is None:
@@ -105,8 +102,7 @@ def shown_settings(api_url: str) -> tuple[int, bytes] | None:
 
 
 def stop_job(paths: JobPaths, loss: Loss) -> None:
-    """Say why the job stopped and end the process (no Prefect call: the server is gone; a Running run whose job no
-    process holds is Crashed by ``flows.job_state``)."""
+    """Say why the job stopped and end the process (no Prefect call: ``flows.job_state`` tells its run Crashed)."""
     line = logging.LogRecord("dupflow", logging.ERROR, __file__, 0, "job stopped: %s", (loss.reason,), None)
     for handler in logging.getLogger("dupflow").handlers:
         if isinstance(handler, logging.FileHandler):  # job.log; the terminal gets the two lines below

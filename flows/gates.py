@@ -46,8 +46,7 @@ class InspectionInput(RunInput):
 
 
 def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordCard, note: str | None) -> StepResult:
-    """Suspend until resumed with the inspection form (``continue`` fills it in); then the ``wait`` task runs with
-    its note."""
+    """Suspend until resumed with the inspection form; then the ``wait`` task runs with its note."""
     if runtime.deployment.id is None:
         raise JobError(
             f"job {job.job_id} reached a wait step in a flow run of no deployment, which cannot be suspended; run it "
@@ -62,10 +61,8 @@ def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordC
 def confirmed_inspection(
     job: Job, step: StepInput, hint: str, done: list[StepResult], card: JobRecordCard, note: str | None
 ) -> InspectionInput:
-    """The form that confirmed the inspection: the run input of the suspend's key. A run resumed (from the top) or
-    retried by ``continue`` finds it and does not suspend again; without it the ``wait`` task publishes what to
-    inspect and the run is suspended. ``continue``'s note is kept as the answer for a gate that paused the job in a run
-    no longer suspended (cancelled, or lost with its server's database), so a later run passes the gate with it."""
+    """The form that confirmed the inspection, which a resumed or retried run finds; else suspend. ``continue``'s note
+    answers a gate that paused the job in a run no longer suspended (cancelled, its database lost)."""
     key = f"wait-{step.position:02d}"
     answer_key = keyset_from_paused_state(Suspended(pause_key=key))["response"]
     answer = read_flow_run_input(answer_key)

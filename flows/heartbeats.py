@@ -1,9 +1,6 @@
-"""A job whose process dies shows Crashed on the Prefect server by itself, with no dupflow command run.
-
-Every job's flow run sends Prefect's heartbeat every 30 s (the least Prefect allows; set in ``config.runtime`` and
-``deployments/prefect.yaml``). One automation per server, Prefect's recipe for zombie runs, made sure of by each run,
-marks a ``dupflow`` run Crashed when no heartbeat came for ``CRASHED_AFTER_SECONDS`` and it did not end, pause or suspend.
-"""
+"""A job whose process dies shows Crashed on the Prefect server by itself: its run sends heartbeats every 30 s (the
+least Prefect allows), and one automation per server, Prefect's recipe for zombie runs, marks a run Crashed when they
+stop while it neither ended nor paused."""
 
 from __future__ import annotations
 

@@ -46,8 +46,7 @@ from tasks.wait import wait
 
 @dataclass(frozen=True)
 class StepSpec:
-    """A step's kind, its task, and the settings that shape its output (None: none do, as for the extractor, whose
-    files are the server's: a changed setting never makes it extract again)."""
+    """A step's kind, task, and the settings that shape its output (None for the extractor: never extract again)."""
 
     kind: StepKind
     task: Any
@@ -73,8 +72,7 @@ def flow_run_name() -> str:
 
 
 def own_job_id() -> str:
-    """The job this flow run made (its ``job-<id>`` tag: made before jobs took the run's id), else the run's id: a run
-    without a job id, resumed (from the top, the same parameters), finds its job again instead of starting anew."""
+    """The job this run made (its tag), else the run's id: a resumed run without job id finds its job again."""
     tagged = next(filter(None, map(job_of_tag, runtime.flow_run.tags or [])), None)
     return tagged or str(runtime.flow_run.id)
 
@@ -122,8 +120,7 @@ def pipeline(
 
 
 def ended_state(exc: BaseException, flow_run_id: str) -> tuple[str, str]:
-    """The state ``exc`` ends the run in, with Prefect's words (redacted). An interrupt that follows a cancel on the
-    server (the UI's Cancel, a runner shutting down) is that cancel, as the UI shows."""
+    """The state ``exc`` ends the run in, in Prefect's words; an interrupt after a cancel on the server is that."""
     if isinstance(exc, Exception):
         return FAILED, redact(f"{type(exc).__name__}: {exc}")
     if (cancelled := cancelled_on_the_server(flow_run_id)) is not None:
@@ -132,7 +129,7 @@ def ended_state(exc: BaseException, flow_run_id: str) -> tuple[str, str]:
 
 
 def cancelled_on_the_server(flow_run_id: str) -> str | None:
-    """The server's message when it has this flow run Cancelling or Cancelled, else None (also when it cannot say)."""
+    """The server's message when it has this run Cancelling or Cancelled, else None."""
     try:
         with get_client(sync_client=True) as client:
             state = client.read_flow_run(UUID(flow_run_id)).state
@@ -155,8 +152,7 @@ def run_job_steps(job: Job, card: JobRecordCard, note: str | None) -> Any:
 
 
 def completed_message(settings: Settings, last: StepResult, output_dir: str) -> str:
-    """Where a completed job's data went: a send's destination (its folder is the data it read), else the folder of
-    the last step's files."""
+    """Where a completed job's data went: a send's destination, else the last step's folder."""
     if last.step != "send":
         return f"outputs in {output_dir}"
     send = settings.services.send
@@ -177,8 +173,7 @@ def checked_attach(attach: str | None) -> None:
 
 
 def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> None:
-    """``attach`` follows the extraction at that status URL; ``resubmit`` allows a fresh submission. Neither for a
-    job whose extractor step finished: its extraction handle is the record of what it extracted."""
+    """``attach`` follows the extraction at that status URL; ``resubmit`` allows a fresh submission."""
     if not (attach or resubmit):
         return
     if job.paths.finished(job.settings.pipeline.enabled_steps, "extractor"):
@@ -236,16 +231,14 @@ def run_steps(job: Job, card: JobRecordCard, note: str | None) -> list[StepResul
 
 
 def release_free_memory() -> None:
-    """Give the C heap's free pages back after a step (glibc's ``malloc_trim``, where there is one): glibc keeps what
-    a step freed in a heap per thread, so its peak would stay resident under the next (``bench_files.py``)."""
+    """glibc's ``malloc_trim`` after a step: glibc keeps what a step freed, so its peak would stay resident."""
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if trim is not None:
         trim(0)
 
 
 def run_step(step_task: Any, step: StepInput) -> StepResult:
-    """Run a step's task; a cached result is marked ``cached``, and taken only while its files are on disk as
-    recorded (else the step runs again, redoing only what is gone)."""
+    """Run a step's task; a cached result is marked so, and taken only while its files are on disk as recorded."""
     run = stored_in_job(step_task, step)
     state = run(step, return_state=True)
     if files_gone(state, step.job_path):

@@ -1,12 +1,8 @@
 """This home's Prefect profile: ``prefect …`` commands typed in a shell reach this home's server.
 
-Without ``PREFECT_API_URL`` or a profile naming one, every ``prefect`` command starts a temporary server of its own,
-which schedules nothing and has none of the server's work pools. So each start of the home's server records its API
-URL (and ``PREFECT_SERVER_ANALYTICS_ENABLED=false`` unless set) in the home's profile ``dupflow``, made active where
-the active one is Prefect's untouched ``ephemeral``; a profile the user chose stays active, said in one line.
-
-Run as ``python -m flows.prefect_profile API_URL`` in a process of its own: importing Prefect fixes its settings for
-the importing process, and costs a second that a command line finding its server running does not pay.
+Else every ``prefect`` command starts a temporary server, which schedules nothing. A profile the user chose stays
+active. Run as ``python -m flows.prefect_profile API_URL`` in a process of its own: importing Prefect fixes its
+settings for the importing process, and costs a second that a command finding its server running does not pay.
 """
 
 from __future__ import annotations
@@ -27,8 +23,7 @@ RECORD_TIMEOUT = 60.0
 
 
 def record_in_profile(home: Path, api_url: str, environment: Mapping[str, str]) -> None:
-    """Record ``api_url`` in the ``dupflow`` profile of ``home`` (this module run with ``environment``), what it says
-    to stderr. Best effort: an unwritten profile costs the ``prefect`` commands their server, not the job its run."""
+    """Record ``api_url`` in ``home``'s ``dupflow`` profile; best effort: failing costs no job its run."""
     if not {"PREFECT_PROFILE", "PREFECT_PROFILES_PATH"} & set(environment) and recorded(home, api_url):
         return
     env = {name: value for name, value in environment.items() if name != "PREFECT_API_URL"}
@@ -49,8 +44,7 @@ def record_in_profile(home: Path, api_url: str, environment: Mapping[str, str]) 
 
 
 def recorded(home: Path, api_url: str) -> bool:
-    """Whether the ``dupflow`` profile is active and names ``api_url`` already (a restart on the kept port): then the
-    Prefect import of a recording (about 1.5 s of CPU) is not paid."""
+    """Whether the active ``dupflow`` profile names ``api_url`` already: no Prefect import (1.5 s of CPU) then."""
     try:
         written = tomllib.loads((home / "profiles.toml").read_text())
     except (OSError, ValueError):  # TOMLDecodeError is a ValueError

@@ -145,15 +145,13 @@ def add_flags(parser: argparse.ArgumentParser, *names: str) -> None:
 
 
 def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
-    """The flags as (dotted key -> raw value, key -> flag label). They end up in Prefect's flow-run parameters and
-    job.json, so a secret among them is refused first."""
+    """The flags as (key -> raw value, key -> flag label); a secret is refused (they end up in run parameters)."""
     overrides, labels = dict[str, str](), dict[str, str]()
     for item in args.set:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
+        if not sep or not (key := key.strip()):
             raise UsageError(f"--set {item!r}: write it as KEY=VALUE, e.g. --set retry.max_attempts=3")
-        overrides[key.strip()] = value
-        labels[key.strip()] = f"--set {key.strip()}"
+        overrides[key], labels[key] = value, f"--set {key}"
     refuse_secret_overrides(overrides, "--set")
     for attr, (key, _) in FLAG_KEYS.items():
         if (value := getattr(args, attr, None)) is not None:
@@ -163,8 +161,7 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
 
 
 def refuse_flags_no_step_reads(settings: Settings, labels: dict[str, str]) -> None:
-    """``--dir`` or ``--anonymization-config`` given to a pipeline without the step that reads it: the job would run
-    without a word of it (data sent on with no pseudonymization the flag asked for)."""
+    """A flag of ``FLAG_KEYS`` given to a pipeline without its step would be ignored without a word."""
     for attr, (key, step) in FLAG_KEYS.items():
         if labels.get(key) == (label := flag_label(attr)) and not settings.pipeline.has_step(step):
             raise UsageError(
@@ -218,8 +215,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_continue(args: argparse.Namespace) -> int:
-    """Resume a job, its lock taken before anything is written or a flow run exists: of two ``continue`` at once the
-    second exits 2 ("being worked on") and records nothing. The flow takes the lock again; the command holds it."""
+    """Resume a job, locked before anything is written: of two at once the second exits 2 and records nothing."""
     overrides, _ = overrides_from_flags(args)
     refuse_invisible_url_characters(args.attach, "--attach")
     fix = "give the status URL without them; the credentials come from services.extractor.auth"
@@ -249,8 +245,7 @@ def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: di
 
 
 def refuse_flags_of_a_new_run(job: JobRecord, args: argparse.Namespace, overrides: dict[str, str]) -> None:
-    """A suspended run goes on with the parameters it was started with: ``--set``, ``--attach`` and ``--resubmit``
-    would be lost without a word, so they are refused before it is resumed."""
+    """A suspended run goes on with its first parameters: flags that would be lost without a word are refused."""
     flags = (("--set", overrides), ("--attach", args.attach), ("--resubmit", args.resubmit))
     if given := [flag for flag, value in flags if value]:
         raise UsageError(
@@ -261,8 +256,7 @@ def refuse_flags_of_a_new_run(job: JobRecord, args: argparse.Namespace, override
 
 
 def resume_suspended_run(job: JobRecord, run_id: str, note: str, state: str) -> int:
-    """A worker's deployment run suspended at a wait step is resumed where it is, with the inspection form's answers:
-    a worker of its work pool continues it. Resumed already (in the UI), it is the worker's to go on with."""
+    """Resume a worker's run suspended at a wait step with the form's answers; a worker of its pool continues it."""
     if state != SUSPENDED:
         raise UsageError(f"job {job.job_id}: its deployment run is {state} on the server (resumed there); let it end")
     from uuid import UUID
@@ -278,8 +272,7 @@ def resume_suspended_run(job: JobRecord, run_id: str, note: str, state: str) -> 
 
 
 def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | None) -> int:
-    """Run the job's flow run in this process and report the outcome in one line; the full trace goes to the job's
-    log. ``continuing``: the flow's parameters of a ``continue`` (note, attach, resubmit); None for a new job."""
+    """Run the job's flow run here, its outcome in one line. ``continuing``: a ``continue``'s parameters."""
     job = read_record(paths.job_dir)
     from tasks.streams.progress import use_display
 
@@ -315,8 +308,7 @@ def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any] | None)
 
 
 def report_outcome(paths: JobPaths, state: Any) -> int:
-    """The run's end in one line: Completed with where the data went, Suspended with how to go on, else the cause
-    and how to resume."""
+    """The run's end: where the data went, how to go on from a gate, or the cause and how to resume."""
     if state.is_completed() or state.is_paused():
         details = state.state_details
         hint = resume_hint(paths.job_dir, None)  # the command line's run

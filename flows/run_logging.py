@@ -31,8 +31,7 @@ CLUSTER_TEARDOWN = "Worker process still alive after"
 
 
 class OneTracePerFailure(logging.Filter):
-    """The first record of a failure (same type and text) keeps its trace, later ones their one line. ``forget``
-    starts over for a new flow run, so a later job failing the same way gets its trace too."""
+    """A failure's first record (same type and text) keeps its trace; ``forget`` starts over for a new flow run."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -55,8 +54,7 @@ _one_trace = OneTracePerFailure()
 
 
 def keep_one_trace_per_failure() -> None:
-    """At each flow run's start: one trace per failure on Prefect's run loggers (console, job log, UI), and Prefect's
-    own records ("Task run failed with exception", its traceback) redacted on their way to the API."""
+    """At each flow run's start: one trace per failure on the run loggers, and Prefect's own records redacted."""
     _one_trace.forget()
     for name in RUN_LOGGERS:
         logger = logging.getLogger(name)
@@ -74,8 +72,8 @@ _interrupted = threading.Event()
 
 
 def take_interrupts() -> None:
-    """SIGTERM, and SIGINT and SIGHUP unless ignored (background, ``nohup``), interrupt the run as Ctrl+C does; then
-    its tasks' failures (the interruption's echo) stay off the terminal: ``run_job``'s one line says it all."""
+    """SIGTERM, SIGINT and SIGHUP (unless ignored: ``nohup``) as Ctrl+C; the failures they cause stay off the
+    terminal: ``run_job``'s one line says it all."""
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
         _interrupted.set()
@@ -89,8 +87,7 @@ def take_interrupts() -> None:
 
 
 class _OneFailureLine(logging.Filter):
-    """The terminal tells a failure once: a run's first ERROR, no "Finished in state Failed/Crashed"; none of Dask's
-    INFO and teardown, Prefect's services' hand-over notes, its event client's failures. The job log keeps them all."""
+    """The terminal tells a failure once (a run's first ERROR) and none of the noise; the job log keeps it all."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -125,8 +122,7 @@ def _tells_a_cancelled_fan_out(record: logging.LogRecord) -> bool:
 
 
 class _NoTraceback(logging.Formatter):
-    """One line per event, no traceback (all lines where logged with ``SHOW_WHOLE``, e.g. the inspection text); a
-    run's failure in the exception's own words (with the hint), not its repr."""
+    """One line per event (all where logged with ``SHOW_WHOLE``), no traceback; a failure in its own words."""
 
     def __init__(self, wrapped: logging.Formatter | None):
         super().__init__()
@@ -155,8 +151,7 @@ class _HandTo(logging.Handler):
 
 @contextmanager
 def job_logging(log_file: Path) -> Iterator[None]:
-    """Every record to the job's log file (tracebacks, each line naming its run); tracebacks and a failure's
-    repeats kept off the terminal."""
+    """Every record to the job's log file; tracebacks and a failure's repeats kept off the terminal."""
     file_handler = logging.FileHandler(log_file)
     file_handler.setFormatter(JobLogFormatter())
     redacting, one_failure = RedactingFilter(), _OneFailureLine()
@@ -187,8 +182,8 @@ def job_logging(log_file: Path) -> Iterator[None]:
 
 
 def hand_over_to_prefect() -> None:
-    """Let Prefect's services send the run's last events and logs now, before the command's last line (at exit, a
-    service still holding items says so after it). Bounded: an unreachable server would hold the command."""
+    """Send the run's last events and logs before the command's last line (at exit a service would say so after it);
+    bounded, for an unreachable server."""
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 

@@ -56,8 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def replace_automation(client, core) -> UUID:
-    """Replace the server's automations of ``core``'s name by ``core``; its id. Two applies at once both keep the
-    newest of the name (each may delete one the other deleted: a 404 is no error), so one remains, not two."""
+    """Replace the automations of ``core``'s name by it; both of two applies at once keep the newest (404s ignored)."""
     from prefect.exceptions import PrefectHTTPStatusError
 
     created = client.create_automation(core)
