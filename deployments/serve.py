@@ -46,12 +46,10 @@ def main() -> None:
         if schedule := Cron(args.cron, timezone=args.timezone) if args.cron else None:
             CronSchedule(cron=args.cron, timezone=args.timezone)  # read now: Cron is read when the runner starts
         use_server()  # the jobs' server, as start finds or starts it: a temporary one schedules nothing
-    except DupflowError as exc:  # ApiUnreachableError and ServerStartError included
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except ValueError as exc:  # a cron expression or time zone Prefect cannot read
+    except (DupflowError, ValueError) as exc:  # a ValueError: a cron expression or time zone Prefect cannot read
         reason = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
-        print(f"error: --cron {args.cron!r} --timezone {args.timezone!r}: {reason}", file=sys.stderr)
+        said = exc if isinstance(exc, DupflowError) else f"--cron {args.cron!r} --timezone {args.timezone!r}: {reason}"
+        print(f"error: {said}", file=sys.stderr)
         sys.exit(2)
     from flows.pipeline import pipeline
 

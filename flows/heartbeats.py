@@ -4,8 +4,6 @@ stop while it neither ended nor paused."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
 from prefect import get_run_logger
 from prefect.client.orchestration import get_client
@@ -15,32 +13,29 @@ from config.runtime import CLI
 AUTOMATION_NAME = "dupflow: a job's flow run whose heartbeats stopped is Crashed"
 CRASHED_AFTER_SECONDS = 90  # three heartbeats: one late beat on a loaded machine is no crash
 ENDS = ("Completed", "Failed", "Cancelled", "Crashed", "Paused", "Suspended")  # a run that sends no more beats
-
-
-def crash_detection() -> dict[str, Any]:
-    return {
-        "name": AUTOMATION_NAME,
-        "description": "Prefect's zombie-run recipe for the flow dupflow: a killed job's run shows Crashed.",
-        "trigger": {
-            "type": "event",
-            "posture": "Proactive",
-            "after": ["prefect.flow-run.heartbeat"],
-            "expect": ["prefect.flow-run.heartbeat", *(f"prefect.flow-run.{state}" for state in ENDS)],
-            "match": {"prefect.resource.id": "prefect.flow-run.*"},
-            "match_related": {"prefect.resource.role": "flow", "prefect.resource.name": "dupflow"},
-            "for_each": ["prefect.resource.id"],
-            "threshold": 1,
-            "within": CRASHED_AFTER_SECONDS,
-        },
-        "actions": [
-            {
-                "type": "change-flow-run-state",
-                "state": "CRASHED",
-                "message": f"no heartbeat from the job's process for {CRASHED_AFTER_SECONDS} s (killed, or its machine "
-                f"stopped); resume it with: {CLI} continue JOB (the job id is this flow run's name)",
-            }
-        ],
-    }
+CRASH_DETECTION = {
+    "name": AUTOMATION_NAME,
+    "description": "Prefect's zombie-run recipe for the flow dupflow: a killed job's run shows Crashed.",
+    "trigger": {
+        "type": "event",
+        "posture": "Proactive",
+        "after": ["prefect.flow-run.heartbeat"],
+        "expect": ["prefect.flow-run.heartbeat", *(f"prefect.flow-run.{state}" for state in ENDS)],
+        "match": {"prefect.resource.id": "prefect.flow-run.*"},
+        "match_related": {"prefect.resource.role": "flow", "prefect.resource.name": "dupflow"},
+        "for_each": ["prefect.resource.id"],
+        "threshold": 1,
+        "within": CRASHED_AFTER_SECONDS,
+    },
+    "actions": [
+        {
+            "type": "change-flow-run-state",
+            "state": "CRASHED",
+            "message": f"no heartbeat from the job's process for {CRASHED_AFTER_SECONDS} s (killed, or its machine "
+            f"stopped); resume it with: {CLI} continue JOB (the job id is this flow run's name)",
+        }
+    ],
+}
 
 
 def ensure_crash_detection() -> None:
@@ -50,7 +45,7 @@ def ensure_crash_detection() -> None:
         with get_client(sync_client=True) as client:
             if client.request("POST", "/automations/filter", json=named).json():
                 return
-            client.request("POST", "/automations/", json=crash_detection())
+            client.request("POST", "/automations/", json=CRASH_DETECTION)
             for extra in client.request("POST", "/automations/filter", json=named).json()[:-1]:
                 client.request("DELETE", f"/automations/{extra['id']}")  # type: ignore[arg-type]
     except (OSError, httpx.HTTPError) as exc:

@@ -26,8 +26,8 @@ def record_in_profile(home: Path, api_url: str, environment: Mapping[str, str]) 
     """Record ``api_url`` in ``home``'s ``dupflow`` profile; best effort: failing costs no job its run."""
     if not {"PREFECT_PROFILE", "PREFECT_PROFILES_PATH"} & set(environment) and recorded(home, api_url):
         return
-    env = {name: value for name, value in environment.items() if name != "PREFECT_API_URL"}
-    env = PREFECT_DEFAULTS | env | {"PREFECT_HOME": str(home)}
+    env = PREFECT_DEFAULTS | {name: value for name, value in environment.items() if name != API_URL}
+    env |= {"PREFECT_HOME": str(home)}
     try:
         command = [sys.executable, "-m", __name__, api_url]
         done = subprocess.run(

@@ -46,11 +46,8 @@ def main(argv: list[str] | None = None) -> int:
             cores = [AutomationCore.model_validate(with_block_ids(client, automation)) for automation in automations]
             for core in cores:
                 print(f"applied automation {core.name!r} ({replace_automation(client, core)})")
-    except ConfigError as exc:  # the file's problem, one line (not "invalid configuration")
-        print(f"error: {'; '.join(exc.problems)}", file=sys.stderr)
-        return 1
-    except (DupflowError, OSError, ValueError, httpx.HTTPError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (DupflowError, OSError, ValueError, httpx.HTTPError) as exc:  # a ConfigError: the file's problems alone
+        print(f"error: {'; '.join(exc.problems) if isinstance(exc, ConfigError) else exc}", file=sys.stderr)
         return 1
     return 0
 
