@@ -104,7 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("input", nargs="?", help="a CRTDL file, a directory or a URL, depending on the import step")
     add_flags(start, "--dir", "--anonymization-config", "--set", "--no-progress")
     start.set_defaults(command=cmd_start)
-    add_continue_command(commands)
+    resume = commands.add_parser("continue", help="resume a paused, failed or interrupted job")
+    resume.add_argument("job", help="job id or job directory")
+    add_flags(resume, "--jobs-dir", "--no-progress")
+    resume.add_argument("--set", **FLAGS["--set"] | {"help": "replace a non-secret key for this job"})
+    in_doubt = resume.add_mutually_exclusive_group()
+    in_doubt.add_argument("--attach", metavar="STATUS_URL", help="follow this extraction (after a submission in doubt)")
+    in_doubt.add_argument(
+        "--resubmit", action="store_true", help="submit the extraction anew (after a submission in doubt)"
+    )
+    resume.add_argument(
+        "--note", default="continued from the command line", help="the inspection note (the gate form's answer)"
+    )
+    resume.set_defaults(command=cmd_continue)
     status = commands.add_parser("status", help="show a job's steps, files and state")
     status.add_argument("job", help="job id or job directory")
     add_flags(status, "--jobs-dir")
@@ -121,22 +133,6 @@ def build_parser() -> argparse.ArgumentParser:
     for module in (extraction_cli, view_cli, prefect_server, housekeeping):
         module.register(commands)
     return parser
-
-
-def add_continue_command(commands: argparse._SubParsersAction) -> None:
-    resume = commands.add_parser("continue", help="resume a paused, failed or interrupted job")
-    resume.add_argument("job", help="job id or job directory")
-    add_flags(resume, "--jobs-dir", "--no-progress")
-    resume.add_argument("--set", **FLAGS["--set"] | {"help": "replace a non-secret key for this job"})
-    in_doubt = resume.add_mutually_exclusive_group()
-    in_doubt.add_argument("--attach", metavar="STATUS_URL", help="follow this extraction (after a submission in doubt)")
-    in_doubt.add_argument(
-        "--resubmit", action="store_true", help="submit the extraction anew (after a submission in doubt)"
-    )
-    resume.add_argument(
-        "--note", default="continued from the command line", help="the inspection note (the gate form's answer)"
-    )
-    resume.set_defaults(command=cmd_continue)
 
 
 def add_flags(parser: argparse.ArgumentParser, *names: str) -> None:

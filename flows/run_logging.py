@@ -89,9 +89,7 @@ def take_interrupts() -> None:
 class _OneFailureLine(logging.Filter):
     """The terminal tells a failure once (a run's first ERROR) and none of the noise; the job log keeps it all."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._shown = False
+    _shown = False  # set on the instance by its first ERROR
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name.startswith(DASK_LOGGERS) and (
