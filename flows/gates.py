@@ -46,32 +46,26 @@ class InspectionInput(RunInput):
 
 
 def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordCard, note: str | None) -> StepResult:
-    """Suspend until resumed with the inspection form; then the ``wait`` task runs with its note."""
+    """Suspend until resumed with the inspection form, which a resumed or retried run finds; then the ``wait`` task
+    runs with its note. ``continue``'s note answers a gate that paused the job in a run no longer suspended
+    (cancelled, its database lost)."""
     if runtime.deployment.id is None:
         raise JobError(
             f"job {job.job_id} reached a wait step in a flow run of no deployment, which cannot be suspended; run it "
             f"with {CLI} continue {job_on_command_line(job.paths.job_dir)}"
         )
-    local = runtime.deployment.name in (None, COMMAND_LINE_DEPLOYMENT)  # a worker's run is resumed by its id too
-    hint = job_state.resume_hint(job.paths.job_dir, None if local else str(runtime.flow_run.id))
-    inspection = confirmed_inspection(job, step, hint, done, card, note)
-    return stored_in_job(wait, step)(step, note=inspection.note)
-
-
-def confirmed_inspection(
-    job: Job, step: StepInput, hint: str, done: list[StepResult], card: JobRecordCard, note: str | None
-) -> InspectionInput:
-    """The form that confirmed the inspection, which a resumed or retried run finds; else suspend. ``continue``'s note
-    answers a gate that paused the job in a run no longer suspended (cancelled, its database lost)."""
     key = f"wait-{step.position:02d}"
     answer_key = keyset_from_paused_state(Suspended(pause_key=key))["response"]
     answer = read_flow_run_input(answer_key)
     if answer is None and note is not None and gate_result_path(step, "paused").is_file():
         create_flow_run_input(answer_key, answer := {"confirmed": True, "note": note})
-    if answer is not None:  # a sync caller gets the value (Prefect's dispatch types it as a coroutine too)
-        return InspectionInput.model_validate(answer)
-    awaiting = stored_in_job(wait, step)(step, hint)
-    card.note([*done, awaiting])  # the card shows the gate awaiting while the run is suspended
-    timeout = job.settings.pipeline.wait_timeout
-    card.set_state(SUSPENDED, job_state.suspended_message(key, datetime.now(UTC) + timeout, hint))
-    return suspend_flow_run(wait_for_input=InspectionInput, timeout=int(timeout.total_seconds()), key=key)
+    if answer is None:
+        local = runtime.deployment.name in (None, COMMAND_LINE_DEPLOYMENT)  # a worker's run is resumed by its id too
+        hint = job_state.resume_hint(job.paths.job_dir, None if local else str(runtime.flow_run.id))
+        awaiting = stored_in_job(wait, step)(step, hint)
+        card.note([*done, awaiting])  # the card shows the gate awaiting while the run is suspended
+        timeout = job.settings.pipeline.wait_timeout
+        card.set_state(SUSPENDED, job_state.suspended_message(key, datetime.now(UTC) + timeout, hint))
+        answer = suspend_flow_run(wait_for_input=InspectionInput, timeout=int(timeout.total_seconds()), key=key)
+    inspection = InspectionInput.model_validate(answer)  # Prefect's dispatch types it as a coroutine too
+    return stored_in_job(wait, step)(step, note=inspection.note)

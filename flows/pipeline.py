@@ -123,21 +123,14 @@ def ended_state(exc: BaseException, flow_run_id: str) -> tuple[str, str]:
     """The state ``exc`` ends the run in, in Prefect's words; an interrupt after a cancel on the server is that."""
     if isinstance(exc, Exception):
         return FAILED, redact(f"{type(exc).__name__}: {exc}")
-    if (cancelled := cancelled_on_the_server(flow_run_id)) is not None:
-        return CANCELLED, f"{cancelled}; continue resumes the job"
-    return CRASHED, "Execution was aborted by an interrupt signal (Ctrl+C or SIGTERM); continue resumes the job"
-
-
-def cancelled_on_the_server(flow_run_id: str) -> str | None:
-    """The server's message when it has this run Cancelling or Cancelled, else None."""
     try:
         with get_client(sync_client=True) as client:
             state = client.read_flow_run(UUID(flow_run_id)).state
     except Exception:  # noqa: BLE001 - an unanswered question is no cancel
-        return None
-    if state is None or state.type.value not in ("CANCELLING", "CANCELLED"):
-        return None
-    return plain_text(state.message or "Cancelled on the Prefect server")
+        state = None
+    if state is not None and state.type.value in ("CANCELLING", "CANCELLED"):
+        return CANCELLED, f"{plain_text(state.message or 'Cancelled on the Prefect server')}; continue resumes the job"
+    return CRASHED, "Execution was aborted by an interrupt signal (Ctrl+C or SIGTERM); continue resumes the job"
 
 
 def run_job_steps(job: Job, card: JobRecordCard, note: str | None) -> Any:

@@ -218,26 +218,22 @@ def cmd_continue(args: argparse.Namespace) -> int:
     refuse_credentials_in_url(args.attach, door="--attach", fix=fix, tokens=True)
     paths = JobPaths(find_job_dir(args.job, jobs_dir_of(args.jobs_dir)))
     with JobLock(paths):
-        return continue_locked_job(paths, args, overrides)
-
-
-def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: dict[str, str]) -> int:
-    job = read_record(paths.job_dir)
-    refuse_extraction_flags_of_a_followed_url(job, args.attach, args.resubmit)  # before a flow run exists
-    prefect_server.use_server()  # the job's state is its flow run's there
-    run = newest_run(paths)
-    state = run_state(run) or UNKNOWN
-    if run and (state == SUSPENDED or state in SCHEDULED_NAMES):  # at a gate, or resumed in the UI
-        refuse_flags_of_a_new_run(job, args, overrides)
-        if run.get("work_pool_name"):  # a worker's run
-            return resume_suspended_run(job, str(run.get("id")), args.note, state)
-    if state == COMPLETED and not overrides:
-        print(f"job {job.job_id} is already completed; nothing to do (outputs in {paths.job_dir})")
-        return EXIT_OK
-    prepare_job(job.job_id, None, None, overrides, overrides_source="--set", jobs_dir=paths.job_dir.parent)
-    print(f"job {job.job_id}: continuing in {paths.job_dir}")
-    continuing = {"note": args.note, "attach": args.attach, "resubmit": args.resubmit}
-    return run_job(paths, args.no_progress, continuing)
+        job = read_record(paths.job_dir)
+        refuse_extraction_flags_of_a_followed_url(job, args.attach, args.resubmit)  # before a flow run exists
+        prefect_server.use_server()  # the job's state is its flow run's there
+        run = newest_run(paths)
+        state = run_state(run) or UNKNOWN
+        if run and (state == SUSPENDED or state in SCHEDULED_NAMES):  # at a gate, or resumed in the UI
+            refuse_flags_of_a_new_run(job, args, overrides)
+            if run.get("work_pool_name"):  # a worker's run
+                return resume_suspended_run(job, str(run.get("id")), args.note, state)
+        if state == COMPLETED and not overrides:
+            print(f"job {job.job_id} is already completed; nothing to do (outputs in {paths.job_dir})")
+            return EXIT_OK
+        prepare_job(job.job_id, None, None, overrides, overrides_source="--set", jobs_dir=paths.job_dir.parent)
+        print(f"job {job.job_id}: continuing in {paths.job_dir}")
+        continuing = {"note": args.note, "attach": args.attach, "resubmit": args.resubmit}
+        return run_job(paths, args.no_progress, continuing)
 
 
 def refuse_flags_of_a_new_run(job: JobRecord, args: argparse.Namespace, overrides: dict[str, str]) -> None:
