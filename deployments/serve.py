@@ -54,12 +54,11 @@ def main() -> None:
     from flows.pipeline import pipeline
 
     job_input = args.input if args.input is None or "://" in args.input else str(Path(args.input).resolve())
+    parameters = {"config_path": str(Path(args.config).resolve()), "job_input": job_input}
+    description = "dupflow: one job per run (extract, pseudonymize, inspect, validate, flatten, send)"
+    schedules = [schedule] if schedule else None
     pipeline.serve(
-        name=args.name,
-        schedules=[schedule] if schedule else None,
-        parameters={"config_path": str(Path(args.config).resolve()), "job_input": job_input},
-        description="dupflow: one job per run (extract, pseudonymize, inspect, validate, flatten, send)",
-        pause_on_shutdown=False,
+        name=args.name, schedules=schedules, parameters=parameters, description=description, pause_on_shutdown=False
     )
 
 

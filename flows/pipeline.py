@@ -202,10 +202,9 @@ def run_steps(job: Job, card: JobRecordCard, note: str | None) -> list[StepResul
     for position, name in enumerate(job.settings.pipeline.enabled_steps):
         spec = STEPS[name]
         step = step_input(job, position, name, current)
+        gate = spec.kind is StepKind.GATE
         try:
-            result = (
-                run_gate(job, step, results, card, note) if spec.kind is StepKind.GATE else run_step(spec.task, step)
-            )
+            result = run_gate(job, step, results, card, note) if gate else run_step(spec.task, step)
         except PrefectSignal:  # a suspend for inspection (Pause) or an abort: not a failure of the step
             raise
         except BaseException as exc:

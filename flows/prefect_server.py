@@ -54,9 +54,8 @@ OK = (200, b"true")  # what /health of a Prefect API answers
 MAX_PROBE_ANSWER_BYTES = 1024 * 1024
 SHOWN_ANSWER_CHARS = 80
 STARTUP_TIMEOUT = 120.0  # a fresh PREFECT_HOME migrates its database first: 15-40 s on a busy 2-core machine
-# Off: two services no job needs, which only label runs Late and workers offline in the UI (the scheduler, triggers,
-# pause expirations, task-run recorder, event persister, cancellation clean-up and the UI stay on); two malloc arenas
-# for the server's threads instead of glibc's 8 per core.
+# Off: two services no job needs, which only label runs Late and workers offline in the UI; two malloc arenas for
+# the server's threads instead of glibc's 8 per core.
 SERVER_DEFAULTS = {
     "PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED": "false",
     "PREFECT_SERVER_SERVICES_FOREMAN_ENABLED": "false",
@@ -127,7 +126,9 @@ def require_answer(api_url: str) -> None:
                 f"server's API, or unset it to use the local server ({CLI} server start)"
             )
         return
-    if answer is not None and (api := api_beside(api_url)) and http_get(api, "/health", API_ANSWER_TIMEOUT) == OK:
+    path = urlsplit(api_url).path.rstrip("/")
+    api = None if path.endswith("/api") else urlunsplit(urlsplit(api_url)._replace(path=f"{path}/api"))
+    if answer is not None and api and http_get(api, "/health", API_ANSWER_TIMEOUT) == OK:
         raise ApiUnreachableError(  # the UI's address, as start prints it, exported as the API's
             f"PREFECT_API_URL {shown_url(api_url)} is the address of a Prefect server's UI, not its API: set "
             f"PREFECT_API_URL={shown_url(api)}"
@@ -158,13 +159,6 @@ def version_problem(answer: tuple[int, bytes] | None) -> str | None:
     if found.major != (ours := Version(importlib.metadata.version("prefect"))).major:
         return f"is Prefect {found}, this client Prefect {ours}: their major versions must match"
     return None
-
-
-def api_beside(url: str) -> str | None:
-    """``url`` with ``/api`` added to its path, where a Prefect server would serve its API; None when it ends so."""
-    parts = urlsplit(url)
-    path = parts.path.rstrip("/")
-    return None if path.endswith("/api") else urlunsplit(parts._replace(path=f"{path}/api"))
 
 
 def stop_server(home: Path | None = None) -> bool:
@@ -408,8 +402,7 @@ def cmd_server_start(args: argparse.Namespace) -> int:
     return print_server("PREFECT_API_URL is set: jobs use {}; no local server started", "Prefect UI: {ui}\nAPI: {api}")
 
 
-def cmd_server_url(args: argparse.Namespace) -> int:
-    """The API URL alone (``export PREFECT_API_URL=$(… server url)``)."""
+def cmd_server_url(args: argparse.Namespace) -> int:  # export PREFECT_API_URL=$(… server url)
     return print_server("{}", "{api}")
 
 

@@ -20,6 +20,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["view"]:  # the engine alone: no
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from config.errors import ConfigError
 from config.fields import CONFIG_LOGGER
@@ -251,8 +252,6 @@ def resume_suspended_run(job: JobRecord, run_id: str, note: str, state: str) -> 
     """Resume a worker's run suspended at a wait step with the form's answers; a worker of its pool continues it."""
     if state != SUSPENDED:
         raise UsageError(f"job {job.job_id}: its deployment run is {state} on the server (resumed there); let it end")
-    from uuid import UUID
-
     from prefect.client.orchestration import get_client
 
     from flows.job_runs import resume_confirmed
