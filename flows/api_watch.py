@@ -53,8 +53,7 @@ def api_watched(paths: JobPaths, api_url: str | None) -> Iterator[None]:
 
 
 def watch(paths: JobPaths, api_url: str, done: threading.Event) -> None:
-    """Probe until ``done``; while the API does not answer, ``logging.raiseExceptions`` off hides Prefect's
-    "--- Error logging to API ---"."""
+    """Probe until ``done``; ``logging.raiseExceptions`` off hides Prefect's "Error logging to API" meanwhile."""
     answered = time.monotonic()
     same = same_server(api_url)
     while not done.wait(PROBE_INTERVAL):
@@ -83,9 +82,8 @@ def probe(api_url: str) -> Loss | None:
 
 
 def same_server(api_url: str) -> Callable[[], bool]:
-    """Whether the server answering at ``api_url`` is still the job's: the home's own as ``start`` checks it (one
-    started anew for the home passes: the same database), one of ``PREFECT_API_URL`` by settings unchanged since the
-    job started. An answer that tells nothing (``shown_settings``) is taken for the job's server."""
+    """Whether the server at ``api_url`` is still the job's: the home's own as ``start`` checks it (a restarted one
+    passes: same database), another by unchanged settings. An answer telling nothing is taken for the job's."""
     home = prefect_home()
     if (record := read_record(home)) is not None and record.url == api_url:
         return lambda: (

@@ -46,9 +46,8 @@ class InspectionInput(RunInput):
 
 
 def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordCard, note: str | None) -> StepResult:
-    """Suspend until resumed with the inspection form, which a resumed or retried run finds; then the ``wait`` task
-    runs with its note. ``continue``'s note answers a gate that paused the job in a run no longer suspended
-    (cancelled, its database lost)."""
+    """Suspend until resumed with the form (a resumed or retried run finds it), then run ``wait`` with its note.
+    ``continue``'s note answers a gate that paused the job in a run no longer suspended (cancelled, database lost)."""
     if runtime.deployment.id is None:
         raise JobError(
             f"job {job.job_id} reached a wait step in a flow run of no deployment, which cannot be suspended; run it "

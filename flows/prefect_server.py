@@ -141,9 +141,8 @@ def require_answer(api_url: str) -> None:
 
 
 def version_problem(answer: tuple[int, bytes] | None) -> str | None:
-    """What is wrong for this client with ``answer`` (to ``GET /admin/version``; None: none); None for a Prefect of
-    this client's major version. Prefect's client reads it before its first call: a foreign answer ends in a traceback
-    (``InvalidVersion``, a JSON error), another major version in "incompatible versions"."""
+    """What is wrong for this client with a ``GET /admin/version`` answer: Prefect's client reads it first, and ends
+    in a traceback on a foreign one, in "incompatible versions" on another major version."""
     if answer is not None and answer[0] in (401, 403):  # a server elsewhere may want credentials for it
         return None
     from packaging.version import Version  # Prefect's own reading of versions
@@ -287,8 +286,7 @@ def server_environment(environment: os._Environ[str] | dict[str, str]) -> dict[s
 
 
 def home_port(home: Path) -> int:
-    """``PREFECT_SERVER_API_PORT``, else the kept one, else a free one from a start the home's path gives (two homes
-    on one machine rarely meet)."""
+    """``PREFECT_SERVER_API_PORT``, else the kept one, else a free one from the home's path (homes rarely meet)."""
     if (value := local_server_port()) is None:
         with suppress(OSError, ValueError):
             if 0 < (kept := int((home / PORT_FILE).read_text().strip())) < 65536:
@@ -358,9 +356,8 @@ def is_healthy(url: str) -> bool:
 
 
 def http_get(url: str, path: str, timeout: float) -> tuple[int, bytes] | None:
-    """``GET <url><path>``: status and at most ``MAX_PROBE_ANSWER_BYTES`` of the body (health and settings are a few
-    KB), None if nothing answers. Not Prefect's client (no Prefect import for fast commands) nor ``httpx.get`` (a TLS
-    context per call: 0.1 s when busy)."""
+    """Status and at most ``MAX_PROBE_ANSWER_BYTES`` of the body, None if nothing answers. Not Prefect's client (no
+    Prefect import for fast commands) nor ``httpx.get`` (a TLS context per call: 0.1 s when busy)."""
     parts = urlsplit(url)
     kind = HTTPSConnection if parts.scheme == "https" else HTTPConnection
     try:

@@ -338,11 +338,10 @@ def setting_named_in(message: str) -> str | None:
 
 
 def run_as_program() -> int:
-    """``main`` as this process's whole life, the garbage collector set for a short command (not in ``main``: tests
-    call that in-process). Start-up builds some 150,000 objects that live until exit; the default thresholds walk
-    them in full collections while they are built (0.2-0.5 s), and shutdown once per batch of modules (0.6-2 s).
-    Rarer young collections skip the first, freezing the heap before exit the second (nothing is left to collect:
-    records sent, files closed). Memory does not grow: the data paths stream through few, short-lived objects."""
+    """``main`` as the process's life (not in ``main``: tests call that in-process). Start-up builds some 150,000
+    objects that live until exit; the default thresholds walk them in full collections while they are built (0.2-0.5
+    s), and shutdown once per batch of modules (0.6-2 s). Rarer young collections skip the first, a frozen heap the
+    second. Memory does not grow: the data paths stream through few, short-lived objects."""
     gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
     try:
         return main()

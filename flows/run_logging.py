@@ -72,8 +72,7 @@ _interrupted = threading.Event()
 
 
 def take_interrupts() -> None:
-    """SIGTERM, SIGINT and SIGHUP (unless ignored: ``nohup``) as Ctrl+C; the failures they cause stay off the
-    terminal: ``run_job``'s one line says it all."""
+    """SIGTERM, SIGINT and SIGHUP (unless ignored: ``nohup``) as Ctrl+C; the failures they cause stay off screen."""
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
         _interrupted.set()
@@ -180,8 +179,7 @@ def job_logging(log_file: Path) -> Iterator[None]:
 
 
 def hand_over_to_prefect() -> None:
-    """Send the run's last events and logs before the command's last line (at exit a service would say so after it);
-    bounded, for an unreachable server."""
+    """Send the run's last events and logs before the command's last line; bounded, for an unreachable server."""
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
