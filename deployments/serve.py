@@ -2,14 +2,10 @@
 
     uv run python -m deployments.serve CONFIG [INPUT] [--name dupflow] [--cron "0 2 * * *" --timezone Europe/Berlin]
 
-Each run is a job of its own (its job id is the run's id, and the run's name from the flow's first log line) with
-CONFIG and INPUT as parameters; relative paths in CONFIG resolve against CONFIG's directory. Secrets come from this
-process's environment (``${VAR}`` / ``APP_*``), never from the parameters. A run at a ``wait`` step is suspended;
-Resume in the UI continues it. Work pool and workers instead: ``deployments/prefect.yaml``. It serves on the jobs'
-server: ``PREFECT_API_URL`` when set, else this home's local server, started if none runs (as ``start`` does; a
-temporary server would schedule nothing). A dead ``PREFECT_API_URL``, a configuration with problems, an INPUT
-``start`` would refuse (missing, with credentials) or a schedule that cannot be read: one line on stderr, exit
-code 2.
+Each run is a job of its own (its job id the run's id) with CONFIG and INPUT as parameters; secrets come from this
+process's environment (``${VAR}`` / ``APP_*``). A run at a ``wait`` step is suspended; Resume in the UI continues it.
+Work pool and workers instead: ``deployments/prefect.yaml``. It serves on the jobs' server, as ``start`` finds it (a
+temporary one would schedule nothing). What ``start`` would refuse, or an unreadable schedule: one line, exit code 2.
 """
 
 from __future__ import annotations
@@ -50,22 +46,19 @@ def main() -> None:
         if schedule := Cron(args.cron, timezone=args.timezone) if args.cron else None:
             CronSchedule(cron=args.cron, timezone=args.timezone)  # read now: Cron is read when the runner starts
         use_server()  # the jobs' server, as start finds or starts it: a temporary one schedules nothing
-    except DupflowError as exc:  # ApiUnreachableError and ServerStartError included
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    except ValueError as exc:  # a cron expression or time zone Prefect cannot read
+    except (DupflowError, ValueError) as exc:  # a ValueError: a cron expression or time zone Prefect cannot read
         reason = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
-        print(f"error: --cron {args.cron!r} --timezone {args.timezone!r}: {reason}", file=sys.stderr)
+        said = exc if isinstance(exc, DupflowError) else f"--cron {args.cron!r} --timezone {args.timezone!r}: {reason}"
+        print(f"error: {said}", file=sys.stderr)
         sys.exit(2)
     from flows.pipeline import pipeline
 
     job_input = args.input if args.input is None or "://" in args.input else str(Path(args.input).resolve())
+    parameters = {"config_path": str(Path(args.config).resolve()), "job_input": job_input}
+    description = "dupflow: one job per run (extract, pseudonymize, inspect, validate, flatten, send)"
+    schedules = [schedule] if schedule else None
     pipeline.serve(
-        name=args.name,
-        schedules=[schedule] if schedule else None,
-        parameters={"config_path": str(Path(args.config).resolve()), "job_input": job_input},
-        description="dupflow: one job per run (extract, pseudonymize, inspect, validate, flatten, send)",
-        pause_on_shutdown=False,
+        name=args.name, schedules=schedules, parameters=parameters, description=description, pause_on_shutdown=False
     )
 
 

@@ -1,15 +1,9 @@
 """While a job runs in this process, watch its Prefect API; when the server is gone for good, stop the job cleanly.
 
-A flow run cannot go on without its server (every task run reports its states there), and Prefect's client waits
-and retries each call for minutes, printing warnings, before the run fails with a long traceback. Instead a thread
-probes the API's ``/ready`` (any answer, a busy server's 503 too, counts as alive); after ``LOST_AFTER`` seconds
-without one, or ``DATABASE_LOST_AFTER`` seconds of the server saying its database is not available, it records the
-job Crashed with the reason, says so in two lines with the exact ``continue`` command, and ends the process at once.
-A server that answers is checked to be the one the job started on (``same_server``): another home's server, or any
-other program, that takes the port of a server that died would otherwise get the job's states, logs and artifacts;
-the job stops at once instead. Nothing is lost: a finished file is committed, a half-written one is a ``.part``
-file that the next run writes again, and the kernel releases the job's lock. The worker processes end with their
-parent.
+Prefect's client retries each call for minutes, printing warnings, before the run fails with a long traceback.
+Instead a thread probes ``/ready``; when the server or its database is gone, or another server answers (it would get
+the job's states and artifacts), it says so in two lines and ends the process. Nothing is lost: a half-written file
+is a ``.part`` the next run writes again, the kernel releases the job's lock.
 """
 
 from __future__ import annotations
@@ -49,11 +43,9 @@ class Loss:
 
 @contextmanager
 def api_watched(paths: JobPaths, api_url: str | None) -> Iterator[None]:
-    if api_url is None:
-        yield
-        return
     done = threading.Event()
-    threading.Thread(target=watch, args=(paths, api_url, done), name="dupflow-api-watch", daemon=True).start()
+    if api_url is not None:
+        threading.Thread(target=watch, args=(paths, api_url, done), name="dupflow-api-watch", daemon=True).start()
     try:
         yield
     finally:
@@ -61,8 +53,7 @@ def api_watched(paths: JobPaths, api_url: str | None) -> Iterator[None]:
 
 
 def watch(paths: JobPaths, api_url: str, done: threading.Event) -> None:
-    """Probe until ``done``. While the API does not answer, Prefect's log shipping does not complain on the terminal
-    (its "--- Error logging to API ---" follows ``logging.raiseExceptions``); an answer restores that."""
+    """Probe until ``done``; ``logging.raiseExceptions`` off hides Prefect's "Error logging to API" meanwhile."""
     answered = time.monotonic()
     same = same_server(api_url)
     while not done.wait(PROBE_INTERVAL):
@@ -78,14 +69,12 @@ def watch(paths: JobPaths, api_url: str, done: threading.Event) -> None:
 
 
 def probe(api_url: str) -> Loss | None:
-    """What is missing for the job to go on: the server (no answer to ``/ready``) or its database (``NO_DATABASE``);
-    None when it answers otherwise (a busy server's 503 too, or an older one without ``/ready``)."""
+    """The server or its database missing; None for any other answer (a busy 503, an old server's 404)."""
     answer = http_get(api_url, "/ready", PROBE_TIMEOUT)
     shown = shown_url(api_url)
     if answer is None:
-        return Loss(
-            LOST_AFTER, f"the Prefect server at {shown} went away (no answer for {LOST_AFTER:.0f} s)", SERVER_RUNS
-        )
+        reason = f"the Prefect server at {shown} went away (no answer for {LOST_AFTER:.0f} s)"
+        return Loss(LOST_AFTER, reason, SERVER_RUNS)
     if answer[0] == NO_DATABASE[0] and NO_DATABASE[1] in answer[1]:
         reason = f"the Prefect server at {shown} lost its database (not available for {DATABASE_LOST_AFTER:.0f} s)"
         return Loss(DATABASE_LOST_AFTER, reason, "when the server's database runs again")
@@ -93,10 +82,8 @@ def probe(api_url: str) -> Loss | None:
 
 
 def same_server(api_url: str) -> Callable[[], bool]:
-    """Whether the server answering at ``api_url`` is still the job's. The home's own server proves it as ``start``
-    checks it (its settings name the home and echo the start's nonce; one started anew for the home by another
-    command serves the same database and passes); a server given by ``PREFECT_API_URL`` by settings that stay what
-    they were when the job started. An answer that tells nothing (``shown_settings``) is taken for the job's server."""
+    """Whether the server at ``api_url`` is still the job's: the home's own as ``start`` checks it (a restarted one
+    passes: same database), another by unchanged settings. An answer telling nothing is taken for the job's."""
     home = prefect_home()
     if (record := read_record(home)) is not None and record.url == api_url:
         return lambda: (
@@ -107,15 +94,13 @@ def same_server(api_url: str) -> Callable[[], bool]:
 
 
 def shown_settings(api_url: str) -> tuple[int, bytes] | None:
-    """The answer to ``/admin/settings``; None where it tells nothing: none in time, a busy server's 5xx, or one
-    asking for credentials (401, 403). Any other answer, a program's 404 too, is compared."""
+    """The answer to ``/admin/settings``; None where it tells nothing (none in time, 5xx, 401, 403)."""
     answer = http_get(api_url, "/admin/settings", PROBE_TIMEOUT)
     return None if answer is None or answer[0] in (401, 403) or answer[0] >= 500 else answer
 
 
 def stop_job(paths: JobPaths, loss: Loss) -> None:
-    """Say why the job stopped, and end the process (no Prefect call: the server is gone; its run, Running without
-    a process holding the job, is Crashed by the rule of ``flows.job_state``)."""
+    """Say why the job stopped and end the process (no Prefect call: ``flows.job_state`` tells its run Crashed)."""
     line = logging.LogRecord("dupflow", logging.ERROR, __file__, 0, "job stopped: %s", (loss.reason,), None)
     for handler in logging.getLogger("dupflow").handlers:
         if isinstance(handler, logging.FileHandler):  # job.log; the terminal gets the two lines below

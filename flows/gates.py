@@ -1,8 +1,6 @@
-"""The gate protocol of a ``wait`` step in a flow run: the run is suspended with an input form whose schema requires
-the confirmation to be true, so Prefect's server refuses a resume without it at once (the UI shows the reason; the
-API answers ``REJECT``) and the run stays suspended. Every job's run has a deployment to be suspended in: a worker's,
-or the command line's (``COMMAND_LINE_DEPLOYMENT``, whose runs the command line executes and ``continue`` resumes).
-The form's answer (the confirmation and the note) is the flow run's run input.
+"""A ``wait`` step suspends the flow run with an input form whose schema requires the confirmation to be true, so the
+server refuses a resume without it (the UI shows why; the API answers ``REJECT``). Every job's run has a deployment to
+be suspended in: a worker's, or the command line's (``COMMAND_LINE_DEPLOYMENT``). The answer is the run's run input.
 """
 
 from __future__ import annotations
@@ -31,9 +29,8 @@ COMMAND_LINE_DEPLOYMENT = "command-line"  # the deployment of the jobs the comma
 
 
 def editable_toggle(schema: dict[str, Any]) -> None:
-    """``{"enum": [true]}`` for pydantic's ``{"const": true}``: the server refuses every other value the same way,
-    and Prefect's UI leaves the toggle editable (it disables any property with a truthy ``const``, "Confirmed is a
-    const and cannot be changed", so the toggle could never be turned on)."""
+    """``{"enum": [true]}`` for pydantic's ``{"const": true}``: the server refuses other values the same way, and
+    Prefect's UI leaves the toggle editable (it disables a property with a truthy ``const``)."""
     schema["enum"] = [schema.pop("const")]
 
 
@@ -49,37 +46,25 @@ class InspectionInput(RunInput):
 
 
 def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordCard, note: str | None) -> StepResult:
-    """A wait step: suspend until resumed with the inspection form (or ``continue``, which fills it in); then the
-    ``wait`` task runs with the form's note and hands on the folder to go on with."""
+    """Suspend until resumed with the form (a resumed or retried run finds it), then run ``wait`` with its note.
+    ``continue``'s note answers a gate that paused the job in a run no longer suspended (cancelled, database lost)."""
     if runtime.deployment.id is None:
         raise JobError(
             f"job {job.job_id} reached a wait step in a flow run of no deployment, which cannot be suspended; run it "
             f"with {CLI} continue {job_on_command_line(job.paths.job_dir)}"
         )
-    local = runtime.deployment.name in (None, COMMAND_LINE_DEPLOYMENT)  # a worker's run is resumed by its id too
-    hint = job_state.resume_hint(job.paths.job_dir, None if local else str(runtime.flow_run.id))
-    inspection = confirmed_inspection(job, step, hint, done, card, note)
-    return stored_in_job(wait, step)(step, note=inspection.note)
-
-
-def confirmed_inspection(
-    job: Job, step: StepInput, hint: str, done: list[StepResult], card: JobRecordCard, note: str | None
-) -> InspectionInput:
-    """The form of the resume that confirmed the inspection: the run input of the suspend's key, kept by the flow run.
-    A run resumed (from the top, every other task shows again, as Cached) or retried by ``continue`` finds it and does
-    not suspend again. Without it the ``wait`` task publishes what to inspect and the run is suspended (its process
-    ends; the card says Suspended first). ``continue``'s note is kept as the answer for a gate that paused the job (its
-    ``paused`` result is in the job folder) in a run that is not suspended any more (cancelled, or lost with its
-    server's database), so a later run of the job passes the gate with it."""
     key = f"wait-{step.position:02d}"
     answer_key = keyset_from_paused_state(Suspended(pause_key=key))["response"]
     answer = read_flow_run_input(answer_key)
     if answer is None and note is not None and gate_result_path(step, "paused").is_file():
         create_flow_run_input(answer_key, answer := {"confirmed": True, "note": note})
-    if answer is not None:  # a sync caller gets the value (Prefect's dispatch types it as a coroutine too)
-        return InspectionInput.model_validate(answer)
-    awaiting = stored_in_job(wait, step)(step, hint)
-    card.note([*done, awaiting])  # the card shows the gate awaiting while the run is suspended
-    timeout = job.settings.pipeline.wait_timeout
-    card.set_state(SUSPENDED, job_state.suspended_message(key, datetime.now(UTC) + timeout, hint))
-    return suspend_flow_run(wait_for_input=InspectionInput, timeout=int(timeout.total_seconds()), key=key)
+    if answer is None:
+        local = runtime.deployment.name in (None, COMMAND_LINE_DEPLOYMENT)  # a worker's run is resumed by its id too
+        hint = job_state.resume_hint(job.paths.job_dir, None if local else str(runtime.flow_run.id))
+        awaiting = stored_in_job(wait, step)(step, hint)
+        card.note([*done, awaiting])  # the card shows the gate awaiting while the run is suspended
+        timeout = job.settings.pipeline.wait_timeout
+        card.set_state(SUSPENDED, job_state.suspended_message(key, datetime.now(UTC) + timeout, hint))
+        answer = suspend_flow_run(wait_for_input=InspectionInput, timeout=int(timeout.total_seconds()), key=key)
+    inspection = InspectionInput.model_validate(answer)  # Prefect's dispatch types it as a coroutine too
+    return stored_in_job(wait, step)(step, note=inspection.note)

@@ -1,15 +1,8 @@
-"""A job whose process dies shows Crashed on the Prefect server by itself, with no dupflow command run.
-
-Every job's flow run sends Prefect's heartbeat every ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds (30, the least
-Prefect allows: ``config.runtime`` for the command line, ``deployments/prefect.yaml`` for workers). One automation per
-server, Prefect's own recipe for zombie runs, marks a ``dupflow`` run Crashed when no heartbeat came for
-``CRASHED_AFTER_SECONDS`` and the run neither ended, paused nor was suspended meanwhile (a suspended run sends none).
-Each run makes sure the automation is there, so any server a job runs on has it.
-"""
+"""A job whose process dies shows Crashed on the Prefect server by itself: its run sends heartbeats every 30 s (the
+least Prefect allows), and one automation per server, Prefect's recipe for zombie runs, marks a run Crashed when they
+stop while it neither ended nor paused."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import httpx
 from prefect import get_run_logger
@@ -20,43 +13,39 @@ from config.runtime import CLI
 AUTOMATION_NAME = "dupflow: a job's flow run whose heartbeats stopped is Crashed"
 CRASHED_AFTER_SECONDS = 90  # three heartbeats: one late beat on a loaded machine is no crash
 ENDS = ("Completed", "Failed", "Cancelled", "Crashed", "Paused", "Suspended")  # a run that sends no more beats
-
-
-def crash_detection() -> dict[str, Any]:
-    return {
-        "name": AUTOMATION_NAME,
-        "description": "Prefect's zombie-run recipe for the flow dupflow: a killed job's run shows Crashed.",
-        "trigger": {
-            "type": "event",
-            "posture": "Proactive",
-            "after": ["prefect.flow-run.heartbeat"],
-            "expect": ["prefect.flow-run.heartbeat", *(f"prefect.flow-run.{state}" for state in ENDS)],
-            "match": {"prefect.resource.id": "prefect.flow-run.*"},
-            "match_related": {"prefect.resource.role": "flow", "prefect.resource.name": "dupflow"},
-            "for_each": ["prefect.resource.id"],
-            "threshold": 1,
-            "within": CRASHED_AFTER_SECONDS,
-        },
-        "actions": [
-            {
-                "type": "change-flow-run-state",
-                "state": "CRASHED",
-                "message": f"no heartbeat from the job's process for {CRASHED_AFTER_SECONDS} s (killed, or its machine "
-                f"stopped); resume it with: {CLI} continue JOB (the job id is this flow run's name)",
-            }
-        ],
-    }
+CRASH_DETECTION = {
+    "name": AUTOMATION_NAME,
+    "description": "Prefect's zombie-run recipe for the flow dupflow: a killed job's run shows Crashed.",
+    "trigger": {
+        "type": "event",
+        "posture": "Proactive",
+        "after": ["prefect.flow-run.heartbeat"],
+        "expect": ["prefect.flow-run.heartbeat", *(f"prefect.flow-run.{state}" for state in ENDS)],
+        "match": {"prefect.resource.id": "prefect.flow-run.*"},
+        "match_related": {"prefect.resource.role": "flow", "prefect.resource.name": "dupflow"},
+        "for_each": ["prefect.resource.id"],
+        "threshold": 1,
+        "within": CRASHED_AFTER_SECONDS,
+    },
+    "actions": [
+        {
+            "type": "change-flow-run-state",
+            "state": "CRASHED",
+            "message": f"no heartbeat from the job's process for {CRASHED_AFTER_SECONDS} s (killed, or its machine "
+            f"stopped); resume it with: {CLI} continue JOB (the job id is this flow run's name)",
+        }
+    ],
+}
 
 
 def ensure_crash_detection() -> None:
-    """Make the automation unless the server has it (of two made at once by two jobs, the newer goes again); one
-    that cannot be made is a warning: the job runs, only a kill of it would show late."""
+    """Make the automation unless the server has it (of two made at once, the newer goes); failing is a warning."""
     named = {"automations": {"name": {"any_": [AUTOMATION_NAME]}}, "sort": "CREATED_DESC"}
     try:
         with get_client(sync_client=True) as client:
             if client.request("POST", "/automations/filter", json=named).json():
                 return
-            client.request("POST", "/automations/", json=crash_detection())
+            client.request("POST", "/automations/", json=CRASH_DETECTION)
             for extra in client.request("POST", "/automations/filter", json=named).json()[:-1]:
                 client.request("DELETE", f"/automations/{extra['id']}")  # type: ignore[arg-type]
     except (OSError, httpx.HTTPError) as exc:

@@ -1,13 +1,8 @@
 """The ``dupflow`` flow: one job, its steps in the order of ``pipeline.enabled_steps``.
 
-Every entry point (command line, deployment, schedule) runs this flow on the job ``prepare_job`` makes or finds; a
-job is one flow run from start to end (``flows.job_runs``). Parameters carry no secret; the configuration is loaded
-inside the run. Each step is a Prefect task in ``STEPS`` with its ``StepKind``; finished steps and files come back
-from the job's result records, so running again resumes the job.
-
-The flow owns the job: it takes its lock, settles a submission in doubt and runs the steps; the job's state is its
-flow run's. At a ``wait`` step the run is suspended with an input form (``flows.gates``). The job-record artifact is
-``flows.job_card``."""
+Every entry point (command line, deployment, schedule) runs it on the job ``prepare_job`` makes or finds; a job is one
+flow run (``flows.job_runs``), whose state is the job's. Parameters carry no secret; the configuration is loaded in
+the run. Finished steps and files come back from the job's result records, so running again resumes the job."""
 
 from __future__ import annotations
 
@@ -51,8 +46,7 @@ from tasks.wait import wait
 
 @dataclass(frozen=True)
 class StepSpec:
-    """A step's kind, its task, and the settings that shape its output (None: none do, as for the extractor, whose
-    files are the server's: a changed setting never makes it extract again)."""
+    """A step's kind, task, and the settings that shape its output (None for the extractor: never extract again)."""
 
     kind: StepKind
     task: Any
@@ -72,16 +66,13 @@ STEPS: dict[str, StepSpec] = {
 
 
 def flow_run_name() -> str:
-    """The job id, known before the flow's first line: Prefect names the run with it as the run begins, so a
-    deployment run's log never shows another name (before that, the server's generated name is all there is)."""
+    """The job id, known before the flow's first line, so a deployment run's log never shows the generated name."""
     given = runtime.flow_run.parameters.get("job_id")
     return given if isinstance(given, str) and is_job_id(given) else own_job_id()  # a form's text is no name yet
 
 
 def own_job_id() -> str:
-    """The job this flow run made (its ``job-<id>`` tag), else its own id: a deployment or scheduled run without a
-    job id makes a job named after its run, and, resumed (the flow starts again with the same parameters, no job
-    id), finds that job again instead of starting a new one (the tag: a job made before jobs took the run's id)."""
+    """The job this run made (its tag), else the run's id: a resumed run without job id finds its job again."""
     tagged = next(filter(None, map(job_of_tag, runtime.flow_run.tags or [])), None)
     return tagged or str(runtime.flow_run.id)
 
@@ -108,13 +99,9 @@ def pipeline(
         resubmit: After a submission in doubt: submit the extraction anew.
     """
     checked_attach(attach)  # before anything is made or written
+    source = "the flow's overrides parameter"
     job = prepare_job(
-        job_id or own_job_id(),
-        config_path,
-        job_input,
-        overrides,
-        overrides_source="the flow's overrides parameter",
-        must_exist=bool(job_id),
+        job_id or own_job_id(), config_path, job_input, overrides, overrides_source=source, must_exist=bool(job_id)
     )
     flow_run_id = str(runtime.flow_run.id)
     name_and_tag_flow_run(job.job_id, job.paths.job_dir)
@@ -133,25 +120,17 @@ def pipeline(
 
 
 def ended_state(exc: BaseException, flow_run_id: str) -> tuple[str, str]:
-    """The state a run ends in when ``exc`` stops it, with Prefect's words for it (secrets redacted). An interrupt
-    that follows a cancel on the server (the UI's Cancel, a runner shutting down) is that cancel, as the UI shows."""
+    """The state ``exc`` ends the run in, in Prefect's words; an interrupt after a cancel on the server is that."""
     if isinstance(exc, Exception):
         return FAILED, redact(f"{type(exc).__name__}: {exc}")
-    if (cancelled := cancelled_on_the_server(flow_run_id)) is not None:
-        return CANCELLED, f"{cancelled}; continue resumes the job"
-    return CRASHED, "Execution was aborted by an interrupt signal (Ctrl+C or SIGTERM); continue resumes the job"
-
-
-def cancelled_on_the_server(flow_run_id: str) -> str | None:
-    """The server's message when it has this flow run Cancelling or Cancelled, else None (also when it cannot say)."""
     try:
         with get_client(sync_client=True) as client:
             state = client.read_flow_run(UUID(flow_run_id)).state
     except Exception:  # noqa: BLE001 - an unanswered question is no cancel
-        return None
-    if state is None or state.type.value not in ("CANCELLING", "CANCELLED"):
-        return None
-    return plain_text(state.message or "Cancelled on the Prefect server")
+        state = None
+    if state is not None and state.type.value in ("CANCELLING", "CANCELLED"):
+        return CANCELLED, f"{plain_text(state.message or 'Cancelled on the Prefect server')}; continue resumes the job"
+    return CRASHED, "Execution was aborted by an interrupt signal (Ctrl+C or SIGTERM); continue resumes the job"
 
 
 def run_job_steps(job: Job, card: JobRecordCard, note: str | None) -> Any:
@@ -159,16 +138,14 @@ def run_job_steps(job: Job, card: JobRecordCard, note: str | None) -> Any:
     with file_runner(job.settings.pipeline.task_runner, job.paths.log_file):
         results = run_steps(job, card, note)
     summary = job_summary(job, results)
-    state: State[Any] = Completed(
-        message=completed_message(job.settings, results[-1], summary["output_dir"]), data=summary
-    )
+    message = completed_message(job.settings, results[-1], summary["output_dir"])
+    state: State[Any] = Completed(message=message, data=summary)
     card.set_state(state.name or "", state.message or "")
     return state
 
 
 def completed_message(settings: Settings, last: StepResult, output_dir: str) -> str:
-    """Where a completed job's data went: a send's destination (its folder is the data it read), else the folder of
-    the last step's files."""
+    """Where a completed job's data went: a send's destination, else the last step's folder."""
     if last.step != "send":
         return f"outputs in {output_dir}"
     send = settings.services.send
@@ -189,31 +166,25 @@ def checked_attach(attach: str | None) -> None:
 
 
 def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> None:
-    """``attach`` follows the extraction at that status URL; ``resubmit`` allows a fresh submission. Neither for a
-    job whose extractor step finished: its extraction handle is the record of what it extracted."""
-    if (attach or resubmit) and job.paths.finished(job.settings.pipeline.enabled_steps, "extractor"):
+    """``attach`` follows the extraction at that status URL; ``resubmit`` allows a fresh submission."""
+    if not (attach or resubmit):
+        return
+    if job.paths.finished(job.settings.pipeline.enabled_steps, "extractor"):
         raise JobError(
             f"job {job.job_id} has finished its extraction: attach and resubmit apply to a submission in doubt; "
             "start a new job to extract again"
         )
-    if not (attach or resubmit):
-        return
     refuse_extraction_flags_of_a_followed_url(job.record, attach, resubmit)  # a deployment's run: no CLI check
     job_id = ExtractionHandle.from_status_url(attach).job_id if attach else None
     replaced = read_facts(job.paths.job_dir).get("extraction_job_id")
     if replaced and replaced != job_id:  # the job's own extraction, given up for another: not left running
         get_run_logger().warning("%s", cancel_replaced_extraction(job.settings, replaced))
-    record_facts(
-        job.paths.job_dir,
-        extraction_status_url=attach or None,
-        extraction_job_id=job_id,
-        extraction_submission=None,
-    )
+    facts = {"extraction_status_url": attach or None, "extraction_job_id": job_id, "extraction_submission": None}
+    record_facts(job.paths.job_dir, **facts)
 
 
 def name_and_tag_flow_run(job_id: str, job_dir: Path) -> None:
-    """The flow run itself carries the job: name = job id, tags ``job-<id>`` and the job directory's
-    ``dir-<digest>`` (deployment runs included)."""
+    """The flow run carries the job: its name the job id, tags ``job-<id>`` and ``dir-<digest>`` of the job dir."""
     own = {job_tag(job_id), directory_tag(job_dir)}
     tags = set(runtime.flow_run.tags or [])
     if runtime.flow_run.name == job_id and own <= tags:
@@ -231,10 +202,9 @@ def run_steps(job: Job, card: JobRecordCard, note: str | None) -> list[StepResul
     for position, name in enumerate(job.settings.pipeline.enabled_steps):
         spec = STEPS[name]
         step = step_input(job, position, name, current)
+        gate = spec.kind is StepKind.GATE
         try:
-            result = (
-                run_gate(job, step, results, card, note) if spec.kind is StepKind.GATE else run_step(spec.task, step)
-            )
+            result = run_gate(job, step, results, card, note) if gate else run_step(spec.task, step)
         except PrefectSignal:  # a suspend for inspection (Pause) or an abort: not a failure of the step
             raise
         except BaseException as exc:
@@ -245,31 +215,22 @@ def run_steps(job: Job, card: JobRecordCard, note: str | None) -> list[StepResul
         publish_step_table(job, result)
         card.note(results)
         card.refresh()
-        get_run_logger().info(
-            "step %d %s: %s, %s in %s",
-            position + 1,
-            name,
-            counted(len(result.files), "file"),
-            counts_text(result.files),
-            result.folder,
-        )
+        files = f"{counted(len(result.files), 'file')}, {counts_text(result.files)}"
+        get_run_logger().info("step %d %s: %s in %s", position + 1, name, files, result.folder)
         if spec.kind in (StepKind.IMPORT, StepKind.TRANSFORM, StepKind.GATE):
             current = result
     return results
 
 
 def release_free_memory() -> None:
-    """Give the C heap's free pages back to the system once a step has ended (glibc's ``malloc_trim``; nothing where
-    the C library has none). glibc keeps what a step freed in its heaps, one per thread that worked, so each step's
-    passing peak would stay resident under the next step's (``tests/benchmarks/bench_files.py`` shows the peak)."""
+    """glibc's ``malloc_trim`` after a step: glibc keeps what a step freed, so its peak would stay resident."""
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if trim is not None:
         trim(0)
 
 
 def run_step(step_task: Any, step: StepInput) -> StepResult:
-    """Run a step's task; a result Prefect answers from the job's cache is marked ``cached`` for the record, and
-    taken only while its files are on disk as recorded (else the step runs again, redoing only what is gone)."""
+    """Run a step's task; a cached result is marked so, and taken only while its files are on disk as recorded."""
     run = stored_in_job(step_task, step)
     state = run(step, return_state=True)
     if files_gone(state, step.job_path):

@@ -1,15 +1,8 @@
 """This home's Prefect profile: ``prefect …`` commands typed in a shell reach this home's server.
 
-Prefect takes its API from ``PREFECT_API_URL``, else from the active profile of the home's profiles file (what
-``prefect profile`` and ``prefect config set`` edit); with neither, every ``prefect`` command starts a temporary
-server of its own, which schedules nothing and has none of the server's work pools. So each start of the home's
-server records its API URL in a profile of this home, ``dupflow``, by Prefect's own profile functions, with
-``PREFECT_SERVER_ANALYTICS_ENABLED=false`` unless that profile sets it (a ``prefect server start`` in this home sends
-no usage data either). The profile is made active when the active one is Prefect's untouched default
-(``ephemeral``); a profile the user chose stays active, and the start says so in one line.
-
-Run as ``python -m flows.prefect_profile API_URL`` in a process of its own: importing Prefect fixes its settings
-for the importing process, and costs a second that a command line that finds its server running does not pay.
+Else every ``prefect`` command starts a temporary server, which schedules nothing. A profile the user chose stays
+active. Run as ``python -m flows.prefect_profile API_URL`` in a process of its own: importing Prefect fixes its
+settings for the importing process, and costs a second that a command finding its server running does not pay.
 """
 
 from __future__ import annotations
@@ -30,21 +23,15 @@ RECORD_TIMEOUT = 60.0
 
 
 def record_in_profile(home: Path, api_url: str, environment: Mapping[str, str]) -> None:
-    """Record ``api_url`` in the ``dupflow`` profile of ``home`` (this module run with ``environment``, Prefect's
-    settings of the caller); what it says (a profile of the user's stays active) goes to stderr. Best effort: a
-    profile that cannot be written costs the ``prefect`` commands their server, not the job its run."""
+    """Record ``api_url`` in ``home``'s ``dupflow`` profile; best effort: failing costs no job its run."""
     if not {"PREFECT_PROFILE", "PREFECT_PROFILES_PATH"} & set(environment) and recorded(home, api_url):
         return
-    env = {name: value for name, value in environment.items() if name != "PREFECT_API_URL"}
-    env = PREFECT_DEFAULTS | env | {"PREFECT_HOME": str(home)}
+    env = PREFECT_DEFAULTS | {name: value for name, value in environment.items() if name != API_URL}
+    env |= {"PREFECT_HOME": str(home)}
     try:
+        command = [sys.executable, "-m", __name__, api_url]
         done = subprocess.run(
-            [sys.executable, "-m", __name__, api_url],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=RECORD_TIMEOUT,
+            command, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RECORD_TIMEOUT
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         print(f"warning: the Prefect profile {PROFILE!r} was not updated ({exc})", file=sys.stderr)
@@ -57,8 +44,7 @@ def record_in_profile(home: Path, api_url: str, environment: Mapping[str, str]) 
 
 
 def recorded(home: Path, api_url: str) -> bool:
-    """Whether the home's profiles file already has the ``dupflow`` profile active and naming ``api_url`` (a restart
-    on the kept port): then the Prefect import of a recording is not paid (about 1.5 s of CPU)."""
+    """Whether the active ``dupflow`` profile names ``api_url`` already: no Prefect import (1.5 s of CPU) then."""
     try:
         written = tomllib.loads((home / "profiles.toml").read_text())
     except (OSError, ValueError):  # TOMLDecodeError is a ValueError
@@ -67,8 +53,7 @@ def recorded(home: Path, api_url: str) -> bool:
 
 
 def update_profile(api_url: str) -> str | None:
-    """The ``dupflow`` profile of the home's profiles file set to ``api_url``, made active where the user chose no
-    profile; what to tell the user, if anything."""
+    """Set the ``dupflow`` profile to ``api_url``, active where the user chose none; what to tell the user, if any."""
     from prefect.context import get_settings_context
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ANALYTICS_ENABLED
     from prefect.settings.profiles import DEFAULT_PROFILES_PATH, load_profiles, save_profiles

@@ -1,23 +1,11 @@
 """A local Prefect server for the command line: started on first need, found again, reused, stoppable.
 
-Without ``PREFECT_API_URL`` Prefect starts a temporary server for every command (9-11 s), left running by a kill -9
-of the command. Instead, the first command that needs the API runs Prefect's ``prefect server start`` (it migrates
-its database; on a new one it is restarted once after, to free what the migration took) on 127.0.0.1, recorded in
-``PREFECT_HOME``; later commands reuse it until ``server stop`` or its end (the next command then starts another).
-``PREFECT_API_URL`` still wins, and must answer (``require_answer``). Each start records its URL in the home's
-Prefect profile for ``prefect`` commands (``flows.prefect_profile``).
-
-Done here, as Prefect's ``server start --background`` and ``server stop`` do not serve:
-- the detached start: ``--background`` pipes the server's output into the starting command, which exits (and no
-  setting sends it to a file): the log would be lost; and ``stop`` needs the pid file ``--background`` writes;
-- waiting until the server answers or has ended: ``--background`` returns at once, ``stop`` after one SIGTERM;
-- the home lock: commands starting at once share one server (Prefect has no start-unless-one-runs);
-- the port kept across restarts, else the next free one (Prefect's start refuses a taken port), and a server of
-  another PREFECT_HOME that takes it meanwhile told by its home;
-- only the server services a job needs (``SERVER_DEFAULTS``, unless the caller's environment sets them);
-- of the caller's environment only what a Prefect server uses (``server_environment``): the rest (APP_* settings,
-  the variables a configuration's ``${VAR}`` references read) may hold secrets, and the server outlives the command;
-No Prefect import at module level: the command line's fast commands import this module.
+Without ``PREFECT_API_URL`` Prefect starts a temporary server for every command (9-11 s), left running by a kill -9.
+Instead the first command that needs the API starts ``prefect server start`` on 127.0.0.1, recorded in
+``PREFECT_HOME``, reused until ``server stop`` or its end. Not Prefect's ``--background``: it pipes the server's log
+into the command, which exits (the log is lost), returns before the server answers and does not start only where
+none runs (here: the home lock); and Prefect's start refuses a taken port (here: the kept port, else the next free
+one). No Prefect import at module level: the fast commands import this module.
 """
 
 from __future__ import annotations
@@ -32,7 +20,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from contextlib import closing, suppress
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -67,9 +54,8 @@ OK = (200, b"true")  # what /health of a Prefect API answers
 MAX_PROBE_ANSWER_BYTES = 1024 * 1024
 SHOWN_ANSWER_CHARS = 80
 STARTUP_TIMEOUT = 120.0  # a fresh PREFECT_HOME migrates its database first: 15-40 s on a busy 2-core machine
-# Off: two services no job needs, which only label runs Late and workers offline in the UI (the scheduler, triggers,
-# pause expirations, task-run recorder, event persister, cancellation clean-up and the UI stay on); two malloc arenas
-# for the server's threads instead of glibc's 8 per core.
+# Off: two services no job needs, which only label runs Late and workers offline in the UI; two malloc arenas for
+# the server's threads instead of glibc's 8 per core.
 SERVER_DEFAULTS = {
     "PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED": "false",
     "PREFECT_SERVER_SERVICES_FOREMAN_ENABLED": "false",
@@ -98,8 +84,7 @@ class ServerRecord:
 
 
 def use_server() -> None:
-    """Point this process at the jobs' server: ``PREFECT_API_URL`` when set (it must answer); else the local
-    server this tool keeps running (started on first need), whose UI address goes to stderr."""
+    """Point this process at the jobs' server: ``PREFECT_API_URL`` (it must answer), else the local one."""
     if (api_url := prefect_api_url()) is not None:
         require_answer(api_url)
     else:
@@ -110,8 +95,7 @@ def use_server() -> None:
 
 
 def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_TIMEOUT) -> str:
-    """The Prefect API URL to use: ``PREFECT_API_URL`` if set, else a running local server, started if need be.
-    The home lock around the check-and-start makes a second command starting at once wait for the first's server."""
+    """``PREFECT_API_URL``, else the local server's, started if need be (a second command waits on the home lock)."""
     if api_url := prefect_api_url():
         return api_url
     home = prefect_home(home)
@@ -131,8 +115,7 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
 
 
 def require_answer(api_url: str) -> None:
-    """Raise ``ApiUnreachableError`` unless a Prefect API this client can use answers at ``api_url`` (``/health``
-    true, ``version_problem`` none), or it asks for credentials (401, 403: a server elsewhere may want a key)."""
+    """Raise ``ApiUnreachableError`` unless a usable Prefect API answers at ``api_url``, or asks for credentials."""
     answer = http_get(api_url, "/health", API_ANSWER_TIMEOUT)
     if answer is not None and answer[0] in (401, 403):
         return
@@ -143,7 +126,9 @@ def require_answer(api_url: str) -> None:
                 f"server's API, or unset it to use the local server ({CLI} server start)"
             )
         return
-    if answer is not None and (api := api_beside(api_url)) and http_get(api, "/health", API_ANSWER_TIMEOUT) == OK:
+    path = urlsplit(api_url).path.rstrip("/")
+    api = None if path.endswith("/api") else urlunsplit(urlsplit(api_url)._replace(path=f"{path}/api"))
+    if answer is not None and api and http_get(api, "/health", API_ANSWER_TIMEOUT) == OK:
         raise ApiUnreachableError(  # the UI's address, as start prints it, exported as the API's
             f"PREFECT_API_URL {shown_url(api_url)} is the address of a Prefect server's UI, not its API: set "
             f"PREFECT_API_URL={shown_url(api)}"
@@ -156,10 +141,8 @@ def require_answer(api_url: str) -> None:
 
 
 def version_problem(answer: tuple[int, bytes] | None) -> str | None:
-    """What is wrong with ``answer``, a server's answer to ``GET /admin/version`` (status and body; None: nothing
-    answered), for this client; None when it names a Prefect version of this client's major version. Prefect's
-    client reads and parses that answer before its first call: a foreign one ends there in a traceback
-    (``InvalidVersion``, a JSON error), a Prefect of another major version in "incompatible versions"."""
+    """What is wrong for this client with a ``GET /admin/version`` answer: Prefect's client reads it first, and ends
+    in a traceback on a foreign one, in "incompatible versions" on another major version."""
     if answer is not None and answer[0] in (401, 403):  # a server elsewhere may want credentials for it
         return None
     from packaging.version import Version  # Prefect's own reading of versions
@@ -169,22 +152,12 @@ def version_problem(answer: tuple[int, bytes] | None) -> str | None:
     except (ValueError, TypeError):  # InvalidVersion and JSON errors are ValueErrors
         found = None
     if found is None:
-        said = (
-            f"HTTP {answer[0]} {plain_text(answer[1].decode(errors='replace'))[:SHOWN_ANSWER_CHARS]!r}"
-            if answer
-            else "nothing"
-        )
+        body = plain_text(answer[1].decode(errors="replace"))[:SHOWN_ANSWER_CHARS] if answer else ""
+        said = f"HTTP {answer[0]} {body!r}" if answer else "nothing"
         return f"answers GET /health with true but is no Prefect API (GET /admin/version answered {said})"
     if found.major != (ours := Version(importlib.metadata.version("prefect"))).major:
         return f"is Prefect {found}, this client Prefect {ours}: their major versions must match"
     return None
-
-
-def api_beside(url: str) -> str | None:
-    """``url`` with ``/api`` added to its path, where a Prefect server would serve its API; None when it ends so."""
-    parts = urlsplit(url)
-    path = parts.path.rstrip("/")
-    return None if path.endswith("/api") else urlunsplit(parts._replace(path=f"{path}/api"))
 
 
 def stop_server(home: Path | None = None) -> bool:
@@ -228,9 +201,7 @@ def database_configured_elsewhere(home: Path) -> bool:
 
 
 def new_database_note(home: Path) -> str | None:
-    """What to say when the home's server starts on a database of its own, ``DATABASE_FILE``, made anew, where it ran
-    before (the home kept its port) on one configured elsewhere (PostgreSQL) that is no longer configured: the jobs'
-    flow runs and artifacts are in that one."""
+    """A note when the home's server, which ran (it kept a port) on a database no longer configured, starts anew."""
     if database_configured_elsewhere(home) or (home / DATABASE_FILE).exists() or not (home / PORT_FILE).exists():
         return None
     return (
@@ -240,9 +211,8 @@ def new_database_note(home: Path) -> str | None:
 
 
 def start_server(home: Path, startup_timeout: float, previous: ServerRecord | None = None) -> ServerRecord:
-    """Start a server on the home's port (the next free one if it is taken), record it, and wait until it is healthy;
-    when another program (the server says the port is in use) or home's server (it answers there) took the port
-    first, start again on the next free one. ``previous``: this home's server before; its port gets time to be freed."""
+    """Start a server, record it, wait until it is healthy; again on the next free port if another program or home's
+    server took it first. ``previous``: this home's server before, whose port gets time to be freed."""
     if note := new_database_note(home):
         print(note, file=sys.stderr)
     port = wanted = home_port(home)
@@ -269,10 +239,8 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
 
 
 def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
-    """``prefect server start`` on ``port``, recorded in the state file, detached: its own session (the command's
-    Ctrl-C and hang-up do not reach it), its output in the log file (the previous log kept as ``.1``). From its own
-    API URL in its environment Prefect makes the API its UI calls on any port (PREFECT_UI_API_URL) and the UI
-    address of the links in notifications (PREFECT_UI_URL), unless set."""
+    """``prefect server start`` on ``port``, recorded, detached (the command's Ctrl-C and hang-up do not reach it).
+    Its API URL in its environment gives its UI's API and its notifications' links unless set."""
     url = f"http://{HOST}:{port}/api"
     log = home / LOG_FILE
     if log.exists():
@@ -308,10 +276,8 @@ SERVER_VARIABLE_PREFIXES = ("PREFECT_", "PYTHON", "LC_", "MALLOC_", "PG", "XDG_"
 
 
 def server_environment(environment: os._Environ[str] | dict[str, str]) -> dict[str, str]:
-    """What a Prefect server uses of ``environment``: its settings (PREFECT_*, the database's PG* included), the
-    interpreter's, the locale, certificates and proxies (its automations call webhooks). Nothing else: the server
-    outlives the command that started it, and any other variable may hold one of dupflow's secrets (a ``${VAR}``
-    reference of the configuration, an APP_* setting), readable in its environment for as long as it runs."""
+    """What a Prefect server uses of ``environment`` (proxies: its automations call webhooks). Nothing else: any
+    other variable may hold a secret (``${VAR}``, APP_*), readable in the server's environment while it runs."""
     return {
         name: value
         for name, value in environment.items()
@@ -320,8 +286,7 @@ def server_environment(environment: os._Environ[str] | dict[str, str]) -> dict[s
 
 
 def home_port(home: Path) -> int:
-    """The port of this home's server: ``PREFECT_SERVER_API_PORT``, else the one it kept (``PORT_FILE``), else a
-    free one chosen now from a start that the home's path gives (two homes on one machine rarely meet)."""
+    """``PREFECT_SERVER_API_PORT``, else the kept one, else a free one from the home's path (homes rarely meet)."""
     if (value := local_server_port()) is None:
         with suppress(OSError, ValueError):
             if 0 < (kept := int((home / PORT_FILE).read_text().strip())) < 65536:
@@ -337,8 +302,7 @@ def home_port(home: Path) -> int:
 
 
 def next_free_port(port: int) -> int:
-    """``port`` or the first free one above it (of ``PORT_SEARCH``): one a server could listen on now (SO_REUSEADDR
-    as uvicorn binds: connections of a stopped server still in TIME_WAIT do not count as taken, a listener does)."""
+    """``port`` or the first free one above it (SO_REUSEADDR as uvicorn binds: TIME_WAIT does not count as taken)."""
     for candidate in range(port, min(port + PORT_SEARCH, 65536)):
         with socket.socket() as probe, suppress(OSError):
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -357,8 +321,7 @@ def read_record(home: Path) -> ServerRecord | None:
 
 
 def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool:
-    """Poll until the server of ``home`` answers at ``record.url`` while the process lives; False if the process
-    dies (another home's server may have taken its port and answer there) or ``timeout`` passes first."""
+    """Poll until ``home``'s server answers; False if its process dies (another may answer on its port) or time's up."""
     deadline = time.monotonic() + timeout
     while not (is_healthy(record.url) and serves_home(record, home)):
         if process_stopped(record.pid):  # it holds its port and answers nothing: say so, not wait to the timeout
@@ -373,9 +336,7 @@ def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool
 
 
 def serves_home(record: ServerRecord, home: Path) -> bool:
-    """Whether the server at ``record.url`` is the one started for ``home``: its settings name the home and echo
-    the start's secret nonce (the same port, or a process that echoes the home's path, is no proof). A record
-    written before nonces had none: the home alone tells."""
+    """Whether ``home``'s server answers: its settings name the home and echo the start's nonce (a port is no proof)."""
     return settings_of_home(http_get(record.url, "/admin/settings", API_ANSWER_TIMEOUT), record, home)
 
 
@@ -395,10 +356,8 @@ def is_healthy(url: str) -> bool:
 
 
 def http_get(url: str, path: str, timeout: float) -> tuple[int, bytes] | None:
-    """``GET <url><path>``: its status and at most ``MAX_PROBE_ANSWER_BYTES`` of its body (more is cut off: a
-    health check or the server's settings are a few KB), None if nothing answers. The standard library, not
-    Prefect's client (no Prefect import for fast commands) nor ``httpx.get`` (a TLS context per call: 0.1 s when
-    busy)."""
+    """Status and at most ``MAX_PROBE_ANSWER_BYTES`` of the body, None if nothing answers. Not Prefect's client (no
+    Prefect import for fast commands) nor ``httpx.get`` (a TLS context per call: 0.1 s when busy)."""
     parts = urlsplit(url)
     kind = HTTPSConnection if parts.scheme == "https" else HTTPConnection
     try:
@@ -411,18 +370,15 @@ def http_get(url: str, path: str, timeout: float) -> tuple[int, bytes] | None:
 
 
 def runs_recorded_server(record: ServerRecord) -> bool:
-    """Whether the recorded server still runs: its pid a ``prefect server start`` whose environment holds the start's
-    nonce, so a recycled pid that became another home's server is neither reused nor stopped. Without /proc, for a
-    record written before nonces, or an environment read empty (a process exiting), the pid check alone tells."""
+    """Whether the recorded server runs: its pid a ``prefect server start`` holding the start's nonce (a recycled pid
+    is neither reused nor stopped); without /proc, nonce or environment (exiting), the pid alone tells."""
     if not process_is_server(record.pid):
         return False
     try:
         environment = Path(f"/proc/{record.pid}/environ").read_bytes()
-    except ProcessLookupError:  # it ended between the open and the read
-        return False
     except FileNotFoundError:
         return True
-    except PermissionError:  # another user's process: not one this home started
+    except (ProcessLookupError, PermissionError):  # it ended between the open and the read; another user's process
         return False
     return not (record.nonce and environment) or (NONCE_LOGGER + record.nonce).encode() in environment
 
@@ -440,27 +396,24 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def cmd_server_start(args: argparse.Namespace) -> int:
+    return print_server("PREFECT_API_URL is set: jobs use {}; no local server started", "Prefect UI: {ui}\nAPI: {api}")
+
+
+def cmd_server_url(args: argparse.Namespace) -> int:  # export PREFECT_API_URL=$(… server url)
+    return print_server("{}", "{api}")
+
+
+def print_server(when_set: str, started: str) -> int:
+    """``when_set`` with PREFECT_API_URL (no user info), else ``started`` with the home's server's URLs."""
     if api_url := prefect_api_url():
-        print(f"PREFECT_API_URL is set: jobs use {shown_url(api_url)}; no local server started")
+        print(when_set.format(shown_url(api_url)))
         return 0
-    return print_started(lambda url: f"Prefect UI: {ui_url(url)}\nAPI: {url}")
-
-
-def cmd_server_url(args: argparse.Namespace) -> int:
-    """One line, the API URL alone (``export PREFECT_API_URL=$(… server url)``): PREFECT_API_URL when set (without
-    user info), else this home's server's, started if none runs."""
-    if api_url := prefect_api_url():
-        print(shown_url(api_url))
-        return 0
-    return print_started(str)
-
-
-def print_started(shown: Callable[[str], str]) -> int:
     try:
-        print(shown(ensure_server()))
+        api_url = ensure_server()
     except ServerStartError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    print(started.format(ui=ui_url(api_url), api=api_url))
     return 0
 
 

@@ -1,9 +1,7 @@
 """The command line: ``python -m flows.run start|continue|status|list|config check|…`` (exit codes in its help).
 
-A failure prints one line that says what went wrong and where the job's log file (with the full trace) is; no
-traceback reaches the terminal. ``status`` and ``list`` ask the jobs' Prefect server (the home's own one started
-as for every command) for each job's state over its REST API, without importing Prefect, so they answer in well
-under 1.5 s with the server running.
+A failure prints one line: what went wrong and where the job's log (with the full trace) is. ``status`` and
+``list`` ask the jobs' Prefect server over its REST API without importing Prefect (well under 1.5 s).
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ if __name__ == "__main__" and sys.argv[1:2] == ["view"]:  # the engine alone: no
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 from config.errors import ConfigError
 from config.fields import CONFIG_LOGGER
@@ -72,6 +71,20 @@ FLAG_KEYS = {  # a flag (its argparse attribute): the key it sets, and the step 
 }
 
 
+FLAGS: dict[str, dict[str, Any]] = {  # the flags several commands take (argparse copies a default list it appends to)
+    "--dir": dict(help="import directory (overrides services.local_import.dir)"),
+    "--anonymization-config": dict(help="anonymization YAML (overrides services.pseudonymizer.anonymization_config)"),
+    "--set": dict(
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a non-secret key, e.g. retry.max_attempts=3 (repeatable)",
+    ),
+    "--no-progress": dict(action="store_true", help="no progress bars or progress lines"),
+    "--jobs-dir": dict(help="jobs directory (default: jobs_dir of APP_JOBS_DIR, else ./jobs)"),
+}
+
+
 def flag_label(attr: str) -> str:
     return "--" + attr.replace("_", "-")
 
@@ -82,54 +95,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
-        prog=CLI,
-        description="dupflow: FHIR research data pipeline",
-        epilog=EXIT_CODES_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=CLI, description="dupflow: FHIR research data pipeline", epilog=EXIT_CODES_HELP, formatter_class=raw
     )
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
-
-    start = commands.add_parser(
-        "start", help="start a new job", epilog=START_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    start = commands.add_parser("start", help="start a new job", epilog=START_EXAMPLES, formatter_class=raw)
     start.add_argument("config", nargs="?", help="configuration YAML (default: the embedded sample job)")
     start.add_argument("input", nargs="?", help="a CRTDL file, a directory or a URL, depending on the import step")
-    add_override_flags(start)
-    add_progress_flag(start)
+    add_flags(start, "--dir", "--anonymization-config", "--set", "--no-progress")
     start.set_defaults(command=cmd_start)
-
-    add_continue_command(commands)
-
-    status = commands.add_parser("status", help="show a job's steps, files and state")
-    status.add_argument("job", help="job id or job directory")
-    add_jobs_dir_flag(status)
-    status.set_defaults(command=cmd_status)
-
-    listing = commands.add_parser("list", help="list jobs, newest first")
-    add_jobs_dir_flag(listing)
-    listing.set_defaults(command=cmd_list)
-
-    config = commands.add_parser("config", help="configuration commands")
-    config_commands = config.add_subparsers(required=True, metavar="SUBCOMMAND")
-    check = config_commands.add_parser("check", help="validate a configuration and show every effective value")
-    check.add_argument("config", help="configuration YAML")
-    add_override_flags(check)
-    check.set_defaults(command=cmd_config_check)
-
-    extraction_cli.register(commands)
-    view_cli.register(commands)
-    prefect_server.register(commands)
-    housekeeping.register(commands)
-    return parser
-
-
-def add_continue_command(commands: argparse._SubParsersAction) -> None:
     resume = commands.add_parser("continue", help="resume a paused, failed or interrupted job")
     resume.add_argument("job", help="job id or job directory")
-    add_jobs_dir_flag(resume)
-    add_progress_flag(resume)
-    add_set_flag(resume, "replace a non-secret key for this job")
+    add_flags(resume, "--jobs-dir", "--no-progress")
+    resume.add_argument("--set", **FLAGS["--set"] | {"help": "replace a non-secret key for this job"})
     in_doubt = resume.add_mutually_exclusive_group()
     in_doubt.add_argument("--attach", metavar="STATUS_URL", help="follow this extraction (after a submission in doubt)")
     in_doubt.add_argument(
@@ -139,38 +118,37 @@ def add_continue_command(commands: argparse._SubParsersAction) -> None:
         "--note", default="continued from the command line", help="the inspection note (the gate form's answer)"
     )
     resume.set_defaults(command=cmd_continue)
+    status = commands.add_parser("status", help="show a job's steps, files and state")
+    status.add_argument("job", help="job id or job directory")
+    add_flags(status, "--jobs-dir")
+    status.set_defaults(command=cmd_status)
+    listing = commands.add_parser("list", help="list jobs, newest first")
+    add_flags(listing, "--jobs-dir")
+    listing.set_defaults(command=cmd_list)
+    config = commands.add_parser("config", help="configuration commands")
+    config_commands = config.add_subparsers(required=True, metavar="SUBCOMMAND")
+    check = config_commands.add_parser("check", help="validate a configuration and show every effective value")
+    check.add_argument("config", help="configuration YAML")
+    add_flags(check, "--dir", "--anonymization-config", "--set")
+    check.set_defaults(command=cmd_config_check)
+    for module in (extraction_cli, view_cli, prefect_server, housekeeping):
+        module.register(commands)
+    return parser
 
 
-def add_override_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dir", help="import directory (overrides services.local_import.dir)")
-    parser.add_argument(
-        "--anonymization-config", help="anonymization YAML (overrides services.pseudonymizer.anonymization_config)"
-    )
-    add_set_flag(parser, "override a non-secret key, e.g. retry.max_attempts=3 (repeatable)")
-
-
-def add_set_flag(parser: argparse.ArgumentParser, text: str) -> None:
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=text)
-
-
-def add_progress_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars or progress lines")
-
-
-def add_jobs_dir_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--jobs-dir", help="jobs directory (default: jobs_dir of APP_JOBS_DIR, else ./jobs)")
+def add_flags(parser: argparse.ArgumentParser, *names: str) -> None:
+    for name in names:
+        parser.add_argument(name, **FLAGS[name])
 
 
 def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
-    """The flags as (dotted key -> raw value, key -> flag label). They end up in Prefect's flow-run parameters and
-    job.json, so a secret among them is refused first."""
+    """The flags as (key -> raw value, key -> flag label); a secret is refused (they end up in run parameters)."""
     overrides, labels = dict[str, str](), dict[str, str]()
     for item in args.set:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
+        if not sep or not (key := key.strip()):
             raise UsageError(f"--set {item!r}: write it as KEY=VALUE, e.g. --set retry.max_attempts=3")
-        overrides[key.strip()] = value
-        labels[key.strip()] = f"--set {key.strip()}"
+        overrides[key], labels[key] = value, f"--set {key}"
     refuse_secret_overrides(overrides, "--set")
     for attr, (key, _) in FLAG_KEYS.items():
         if (value := getattr(args, attr, None)) is not None:
@@ -180,8 +158,7 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
 
 
 def refuse_flags_no_step_reads(settings: Settings, labels: dict[str, str]) -> None:
-    """``--dir`` or ``--anonymization-config`` given to a pipeline without the step that reads it: the job would run
-    without a word of it (data sent on with no pseudonymization the flag asked for)."""
+    """A flag of ``FLAG_KEYS`` given to a pipeline without its step would be ignored without a word."""
     for attr, (key, step) in FLAG_KEYS.items():
         if labels.get(key) == (label := flag_label(attr)) and not settings.pipeline.has_step(step):
             raise UsageError(
@@ -194,8 +171,7 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     overrides, labels = overrides_from_flags(args)
     if names_secret_blocks(args.config):
         prefect_server.use_server()  # its Secret blocks are read from the jobs' server
-    # The configuration's warnings are printed once, below the table: not logged (Python's last-resort handler
-    # would print each bare to stderr).
+    # Its warnings are printed below the table, not logged (Python's last-resort handler prints each bare)
     config_logger = logging.getLogger(CONFIG_LOGGER)
     config_logger.disabled = True
     try:
@@ -236,44 +212,33 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_continue(args: argparse.Namespace) -> int:
-    """Resume a job. The job's lock is taken first, before anything is written or a flow run exists: of two
-    ``continue`` at once the second exits 2 ("being worked on") and records nothing. The flow takes the same lock
-    again (as every run of the job does, deployment runs included); the command holds it until it ends."""
+    """Resume a job, locked before anything is written: of two at once the second exits 2 and records nothing."""
     overrides, _ = overrides_from_flags(args)
     refuse_invisible_url_characters(args.attach, "--attach")
-    refuse_credentials_in_url(
-        args.attach,
-        door="--attach",
-        fix="give the status URL without them; the credentials come from services.extractor.auth",
-        tokens=True,
-    )
+    fix = "give the status URL without them; the credentials come from services.extractor.auth"
+    refuse_credentials_in_url(args.attach, door="--attach", fix=fix, tokens=True)
     paths = JobPaths(find_job_dir(args.job, jobs_dir_of(args.jobs_dir)))
     with JobLock(paths):
-        return continue_locked_job(paths, args, overrides)
-
-
-def continue_locked_job(paths: JobPaths, args: argparse.Namespace, overrides: dict[str, str]) -> int:
-    job = read_record(paths.job_dir)
-    refuse_extraction_flags_of_a_followed_url(job, args.attach, args.resubmit)  # before a flow run exists
-    prefect_server.use_server()  # the job's state is its flow run's there
-    run = newest_run(paths)
-    state = run_state(run) or UNKNOWN
-    if run and (state == SUSPENDED or state in SCHEDULED_NAMES):  # at a gate, or resumed in the UI
-        refuse_flags_of_a_new_run(job, args, overrides)
-        if run.get("work_pool_name"):  # a worker's run
-            return resume_suspended_run(job, str(run.get("id")), args.note, state)
-    if state == COMPLETED and not overrides:
-        print(f"job {job.job_id} is already completed; nothing to do (outputs in {paths.job_dir})")
-        return EXIT_OK
-    prepare_job(job.job_id, None, None, overrides, overrides_source="--set", jobs_dir=paths.job_dir.parent)
-    print(f"job {job.job_id}: continuing in {paths.job_dir}")
-    continuing = {"note": args.note, "attach": args.attach, "resubmit": args.resubmit}
-    return run_job(paths, args.no_progress, continuing)
+        job = read_record(paths.job_dir)
+        refuse_extraction_flags_of_a_followed_url(job, args.attach, args.resubmit)  # before a flow run exists
+        prefect_server.use_server()  # the job's state is its flow run's there
+        run = newest_run(paths)
+        state = run_state(run) or UNKNOWN
+        if run and (state == SUSPENDED or state in SCHEDULED_NAMES):  # at a gate, or resumed in the UI
+            refuse_flags_of_a_new_run(job, args, overrides)
+            if run.get("work_pool_name"):  # a worker's run
+                return resume_suspended_run(job, str(run.get("id")), args.note, state)
+        if state == COMPLETED and not overrides:
+            print(f"job {job.job_id} is already completed; nothing to do (outputs in {paths.job_dir})")
+            return EXIT_OK
+        prepare_job(job.job_id, None, None, overrides, overrides_source="--set", jobs_dir=paths.job_dir.parent)
+        print(f"job {job.job_id}: continuing in {paths.job_dir}")
+        continuing = {"note": args.note, "attach": args.attach, "resubmit": args.resubmit}
+        return run_job(paths, args.no_progress, continuing)
 
 
 def refuse_flags_of_a_new_run(job: JobRecord, args: argparse.Namespace, overrides: dict[str, str]) -> None:
-    """A suspended run goes on with the parameters it was started with: ``--set``, ``--attach`` and ``--resubmit``
-    would be lost without a word, so they are refused before it is resumed."""
+    """A suspended run goes on with its first parameters: flags that would be lost without a word are refused."""
     flags = (("--set", overrides), ("--attach", args.attach), ("--resubmit", args.resubmit))
     if given := [flag for flag, value in flags if value]:
         raise UsageError(
@@ -284,12 +249,9 @@ def refuse_flags_of_a_new_run(job: JobRecord, args: argparse.Namespace, override
 
 
 def resume_suspended_run(job: JobRecord, run_id: str, note: str, state: str) -> int:
-    """A worker's deployment run suspended at a wait step is resumed where it is, with the inspection form's answers:
-    a worker of its work pool continues it. Resumed already (in the UI), it is the worker's to go on with."""
+    """Resume a worker's run suspended at a wait step with the form's answers; a worker of its pool continues it."""
     if state != SUSPENDED:
         raise UsageError(f"job {job.job_id}: its deployment run is {state} on the server (resumed there); let it end")
-    from uuid import UUID
-
     from prefect.client.orchestration import get_client
 
     from flows.job_runs import resume_confirmed
@@ -301,8 +263,7 @@ def resume_suspended_run(job: JobRecord, run_id: str, note: str, state: str) -> 
 
 
 def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | None) -> int:
-    """Run the job's flow run in this process and report the outcome in one line; the full trace goes to the job's
-    log. ``continuing``: the flow's parameters of a ``continue`` (note, attach, resubmit); None for a new job."""
+    """Run the job's flow run here, its outcome in one line. ``continuing``: a ``continue``'s parameters."""
     job = read_record(paths.job_dir)
     from tasks.streams.progress import use_display
 
@@ -322,14 +283,9 @@ def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any] | None)
 
     from flows import job_runs
 
-    parameters = dict(
-        job_id=job.job_id,
-        config_path=job.config_path,
-        job_input=job.job_input,
-        # The directory this command found the job in, whatever jobs_dir says now.
-        overrides={**job.overrides, "jobs_dir": str(paths.job_dir.parent)},
-        **(continuing or {}),
-    )
+    overrides = {**job.overrides, "jobs_dir": str(paths.job_dir.parent)}  # where this command found the job
+    parameters = dict(job_id=job.job_id, config_path=job.config_path, job_input=job.job_input, overrides=overrides)
+    parameters |= continuing or {}
     if continuing is None:
         run = job_runs.new_job_run(job.job_id, paths, parameters)
     else:
@@ -343,8 +299,7 @@ def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any] | None)
 
 
 def report_outcome(paths: JobPaths, state: Any) -> int:
-    """The run's end in one line: Completed with where the data went, Suspended with how to go on, else the cause
-    and how to resume."""
+    """The run's end: where the data went, how to go on from a gate, or the cause and how to resume."""
     if state.is_completed() or state.is_paused():
         details = state.state_details
         hint = resume_hint(paths.job_dir, None)  # the command line's run
@@ -383,15 +338,10 @@ def setting_named_in(message: str) -> str | None:
 
 
 def run_as_program() -> int:
-    """``main`` as this process's whole life, with the garbage collector set for a short command.
-
-    Start-up builds some 150,000 objects that live until exit (Prefect's and pydantic's classes and schemas).
-    At the default thresholds the collector walks them again in full collections while they are built
-    (0.2-0.5 s), and interpreter shutdown walks them once per batch of modules it clears (0.6-2 s). Rarer young
-    collections skip the first cost; freezing the heap before exit skips the second (nothing is left to
-    collect then: Prefect's records were sent and every output file was closed and renamed). Memory does not
-    grow: the data paths stream through few, short-lived objects. Not in ``main``: tests call that in-process.
-    """
+    """``main`` as the process's life (not in ``main``: tests call that in-process). Start-up builds some 150,000
+    objects that live until exit; the default thresholds walk them in full collections while they are built (0.2-0.5
+    s), and shutdown once per batch of modules (0.6-2 s). Rarer young collections skip the first, a frozen heap the
+    second. Memory does not grow: the data paths stream through few, short-lived objects."""
     gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
     try:
         return main()

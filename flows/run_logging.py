@@ -1,7 +1,5 @@
-"""How a flow run logs: each failure's trace once (Prefect logs it at every run it passes through), and, for a run
-started from the command line, the job's log file with everything in it while the terminal gets one line per
-event, no traceback, and a failure only once.
-"""
+"""How a flow run logs: each failure's trace once (Prefect logs it at every run it passes through); from the command
+line, everything to the job's log file and to the terminal one line per event, no traceback, a failure once."""
 
 from __future__ import annotations
 
@@ -23,22 +21,17 @@ from tasks.streams.fanout import Cancelled
 RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
 DASK_LOGGERS = ("distributed", "prefect.task_runner.dask")  # their INFO (a cluster's life) goes to the job log only
 PREFECT_SERVICES = ("EventsWorker", "APILogWorker")
-SERVICE_DRAINING = "Still processing items"
-"""Prefect's note while a service hands its queued events or logs to the server as the run ends: for the job log."""
+SERVICE_DRAINING = "Still processing items"  # a service handing over its queue as the run ends
+# Prefect's event client and its services' threads ("Service 'EventsWorker' failed to process item Event(…)", the
+# whole event on one line): a lost server is told by the API watch in two lines.
 EVENT_CLIENT_NOISE = ("prefect.events.clients", "prefect._internal.concurrency")
-"""Prefect's event client (no websocket to the API) and its services' thread machinery ("Service 'EventsWorker'
-failed to process item Event(…)", the whole event, kilobytes on one line): where the server is lost, the API watch
-says so in two lines; these are for the job log."""
 HAND_OVER_SECONDS = 10
+# distributed.nanny's WARNING when a worker takes over 4 s to end as the cluster closes: it is killed, the work done.
 CLUSTER_TEARDOWN = "Worker process still alive after"
-"""distributed.nanny's WARNING when a worker takes more than 4 s to end as the local cluster closes (a loaded
-machine): it is killed and joined, the run's work is done; a line of the cluster's life, for the job log only."""
 
 
 class OneTracePerFailure(logging.Filter):
-    """Prefect logs a failure with its trace at every run it passes through (file task, step task, flow run): the
-    first record keeps the trace, later records of the same failure (same type and text) keep their one line.
-    ``forget`` starts over for a new flow run, so a later job failing the same way gets its trace too."""
+    """A failure's first record (same type and text) keeps its trace; ``forget`` starts over for a new flow run."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -61,9 +54,7 @@ _one_trace = OneTracePerFailure()
 
 
 def keep_one_trace_per_failure() -> None:
-    """On Prefect's run loggers, so the console, the job log and the UI's run log all get one trace, and on the
-    handlers that send records to Prefect's API the redaction job.log has: Prefect's own records ("Task run failed
-    with exception", its traceback) reach the server redacted (idempotent); called at the start of each flow run."""
+    """At each flow run's start: one trace per failure on the run loggers, and Prefect's own records redacted."""
     _one_trace.forget()
     for name in RUN_LOGGERS:
         logger = logging.getLogger(name)
@@ -73,20 +64,15 @@ def keep_one_trace_per_failure() -> None:
 
 
 FAILED_FINISHES = ("Finished in state Failed", "Finished in state Crashed")
-SIGNAL_CRASHES = (
+SIGNAL_CRASHES = (  # Prefect's words when Ctrl+C or its own SIGTERM handler ended a run: the interruption itself
     "Crash detected! Execution was aborted by an interrupt signal.",
     "Crash detected! Execution was aborted by a termination signal.",
 )
-"""What Prefect logs when its own handler (a flow run's SIGTERM) or Ctrl+C ended a run: the interruption itself."""
 _interrupted = threading.Event()
 
 
 def take_interrupts() -> None:
-    """SIGTERM, and SIGINT and SIGHUP unless they are ignored (a job started in the background, ``nohup``), interrupt
-    the run as Ctrl+C does, and from then on its tasks' failures (a worker process ended by the same Ctrl+C, a
-    fan-out cancelled) stay off the terminal: they are the interruption's echo; the one line ``run_job`` prints says
-    it all. (During a flow run Prefect's own SIGTERM handler raises instead; a cancelled fan-out's failure is known
-    by its type.)"""
+    """SIGTERM, SIGINT and SIGHUP (unless ignored: ``nohup``) as Ctrl+C; the failures they cause stay off screen."""
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
         _interrupted.set()
@@ -100,14 +86,9 @@ def take_interrupts() -> None:
 
 
 class _OneFailureLine(logging.Filter):
-    """The terminal tells a failure once (Prefect logs it at every run it passes): only the first ERROR of a run,
-    and no "Finished in state Failed/Crashed" line; nor Dask's INFO and its teardown warning (``CLUSTER_TEARDOWN``).
-    Nor Prefect's services' notes as they hand over the run's last events (``SERVICE_DRAINING``), nor its event
-    client's and services' failures (``EVENT_CLIENT_NOISE``). The job log and the UI keep them all."""
+    """The terminal tells a failure once (a run's first ERROR) and none of the noise; the job log keeps it all."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._shown = False
+    _shown = False  # set on the instance by its first ERROR
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name.startswith(DASK_LOGGERS) and (
@@ -132,15 +113,13 @@ class _OneFailureLine(logging.Filter):
 
 
 def _tells_a_cancelled_fan_out(record: logging.LogRecord) -> bool:
-    """A task's failure by the fan-out's ``Cancelled``: its exception, or (Prefect's "Task run failed with
-    exception: Cancelled(...)", logged where no exception is at hand any more) its repr in the message."""
+    """A task's failure by the fan-out's ``Cancelled``: its exception, or its repr in Prefect's message."""
     exc = record.exc_info[1] if record.exc_info else None
     return isinstance(exc, Cancelled) or f"{Cancelled.__name__}(" in record.getMessage()
 
 
 class _NoTraceback(logging.Formatter):
-    """Console lines without tracebacks: one line per event (all lines of one logged with ``SHOW_WHOLE``, such as
-    the inspection text at a wait step); a run's failure in the exception's own words (with the hint), not its repr."""
+    """One line per event (all where logged with ``SHOW_WHOLE``), no traceback; a failure in its own words."""
 
     def __init__(self, wrapped: logging.Formatter | None):
         super().__init__()
@@ -156,8 +135,8 @@ class _NoTraceback(logging.Formatter):
 
 
 class _HandTo(logging.Handler):
-    """Hands each record to ``target``. No StreamHandler: a Dask LocalCluster sets those of the ``distributed``
-    logger to WARNING while it runs (``silence_logs``), which would silence the job log for every logger."""
+    """Hands each record to ``target``: a Dask LocalCluster sets the ``distributed`` logger's StreamHandlers to
+    WARNING while it runs (``silence_logs``), which would silence the job log for every logger."""
 
     def __init__(self, target: logging.Handler):
         super().__init__()
@@ -169,12 +148,11 @@ class _HandTo(logging.Handler):
 
 @contextmanager
 def job_logging(log_file: Path) -> Iterator[None]:
-    """Send every log record (with tracebacks, each line naming its run) to the job's log file, and keep
-    tracebacks and repeats of a failure off the terminal."""
+    """Every record to the job's log file; tracebacks and a failure's repeats kept off the terminal."""
     file_handler = logging.FileHandler(log_file)
     file_handler.setFormatter(JobLogFormatter())
-    file_handler.addFilter(RedactingFilter())
     redacting, one_failure = RedactingFilter(), _OneFailureLine()
+    file_handler.addFilter(redacting)
     apply_prefect_defaults()
     import prefect.main  # noqa: F401  (configures Prefect's logging, once per process; patched below)
 
@@ -201,9 +179,7 @@ def job_logging(log_file: Path) -> Iterator[None]:
 
 
 def hand_over_to_prefect() -> None:
-    """Let Prefect's services send the run's last events and logs now, while the job log is open and before the
-    command's own last line: left to the interpreter's exit, a service still holding items tells so on the terminal
-    after that line. Bounded, as an unreachable server would hold the command."""
+    """Send the run's last events and logs before the command's last line; bounded, for an unreachable server."""
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
@@ -212,10 +188,7 @@ def hand_over_to_prefect() -> None:
 
 
 def _console_handlers() -> list[logging.Handler]:
-    """Every stream handler once, though several loggers may hold it (patched twice, it kept the wrapper)."""
-    handlers: dict[logging.Handler, None] = {}
-    for logger in [logging.getLogger(), *(logging.getLogger(n) for n in logging.root.manager.loggerDict)]:
-        for handler in getattr(logger, "handlers", []):
-            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-                handlers[handler] = None
-    return list(handlers)
+    """Every stream handler once, though several loggers hold it (patched twice, it kept the wrapper)."""
+    loggers = [logging.getLogger(), *map(logging.getLogger, logging.root.manager.loggerDict)]
+    handlers = dict.fromkeys(handler for logger in loggers for handler in logger.handlers)
+    return [h for h in handlers if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]

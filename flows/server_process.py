@@ -1,5 +1,4 @@
-"""Whether a pid is a running ``prefect server start``, and stopping one: the process side of the local server
-(``flows.prefect_server``), read from /proc where there is one. No Prefect import."""
+"""The process side of the local server (``flows.prefect_server``), read from /proc where there is one."""
 
 from __future__ import annotations
 
@@ -31,8 +30,7 @@ def process_is_server(pid: int) -> bool:
 
 
 def process_exists(pid: int) -> bool:
-    """Whether ``pid`` exists (an exiting one, its command line already empty, still holds its port); collected
-    first if it is this process's exited child, so it does not linger as a zombie."""
+    """Whether ``pid`` exists (an exiting one still holds its port); reaped first if it is an exited child."""
     with suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
     try:
@@ -45,8 +43,7 @@ def process_exists(pid: int) -> bool:
 
 
 def terminate(pid: int) -> None:
-    """SIGTERM the server (one process, leading its own process group), SIGKILL if it outlives ``STOP_GRACE``;
-    returns once it is gone, its port free."""
+    """SIGTERM the server's process group, SIGKILL if it outlives ``STOP_GRACE``; returns once it is gone."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with suppress(ProcessLookupError):
             os.killpg(pid, sig)
@@ -58,8 +55,7 @@ def terminate(pid: int) -> None:
 
 
 def process_stopped(pid: int) -> bool:
-    """Whether ``pid`` is stopped (SIGSTOP, Ctrl+Z in its terminal, a debugger): it holds its port and answers
-    nothing until it is continued. Without /proc: not known, False."""
+    """Whether ``pid`` is stopped (SIGSTOP, Ctrl+Z, a debugger; without /proc: False)."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("T", "t")
     except (OSError, IndexError):

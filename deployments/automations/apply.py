@@ -2,11 +2,9 @@
 
     uv run python -m deployments.automations.apply [FILE]
 
-Unlike ``prefect automation create --from-file`` (which wants block ids, different on every server), a notification
-names its block (``block_document_id: dupflow-notify``). Once all are valid, the server's automations of the file's
-names are replaced, so applying again does not notify twice. The file is read within the configuration's bounds
-(1 MB, nesting, aliases). A server that does not answer, a missing block, an invalid automation or file: one line on
-stderr, exit code 1.
+Unlike ``prefect automation create --from-file`` (block ids, different on every server), a notification names its
+block (``block_document_id: dupflow-notify``). Once all are valid, the server's automations of the file's names are
+replaced, so applying again does not notify twice. Any failure: one line on stderr, exit code 1.
 """
 
 from __future__ import annotations
@@ -48,19 +46,14 @@ def main(argv: list[str] | None = None) -> int:
             cores = [AutomationCore.model_validate(with_block_ids(client, automation)) for automation in automations]
             for core in cores:
                 print(f"applied automation {core.name!r} ({replace_automation(client, core)})")
-    except ConfigError as exc:  # the file's problem, one line (not "invalid configuration")
-        print(f"error: {'; '.join(exc.problems)}", file=sys.stderr)
-        return 1
-    except (DupflowError, OSError, ValueError, httpx.HTTPError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (DupflowError, OSError, ValueError, httpx.HTTPError) as exc:  # a ConfigError: the file's problems alone
+        print(f"error: {'; '.join(exc.problems) if isinstance(exc, ConfigError) else exc}", file=sys.stderr)
         return 1
     return 0
 
 
 def replace_automation(client, core) -> UUID:
-    """Replace the server's automations of ``core``'s name by ``core``; its id. Another apply at the same time may
-    delete one first (a 404 here is no error), and create its own: each apply then keeps the same one of the name,
-    the newest, so they end with one automation, not one each (which would notify twice)."""
+    """Replace the automations of ``core``'s name by it; both of two applies at once keep the newest (404s ignored)."""
     from prefect.exceptions import PrefectHTTPStatusError
 
     created = client.create_automation(core)
@@ -84,7 +77,7 @@ def read_automations(path: Path) -> list[dict[str, Any]]:
 
 
 def with_block_ids(client, automation: dict[str, Any]) -> dict[str, Any]:
-    """``automation`` with each notification action's block name replaced by that block's id (ids stay)."""
+    """``automation`` with each notification action's block name replaced by its id."""
     for action in automation.get("actions", []):
         if action.get("type") == "send-notification" and "block_document_id" in action:
             action["block_document_id"] = block_id(client, action["block_document_id"])
