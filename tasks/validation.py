@@ -1,11 +1,8 @@
 """The ``validation`` step: every resource of the step's input through the validator's ``/validateResource``.
 
-A pass-through step: it writes only reports, and the next step reads what this one read. Per file, resources are
-cut into ``collection`` Bundles of at most ``bundle_chunk_size_mb``, up to ``max_concurrent_requests`` in flight,
-the answers written in chunk order to one NDJSON report (one OperationOutcome per chunk); files are validated in
-batches (``pipeline.file_batches``), each a cached task. Findings never fail a file: ``fail_on_error`` decides,
-once every report is written, whether the job stops. A failure of the service itself fails the step, naming file
-and chunk.
+A pass-through step: it writes only reports (one NDJSON per file, one OperationOutcome per ``collection`` chunk of at
+most ``bundle_chunk_size_mb``), and the next step reads what this one read. Findings never fail a file:
+``fail_on_error`` decides, once every report is written, whether the job stops; a failure of the service fails it.
 """
 
 from __future__ import annotations
@@ -51,8 +48,7 @@ stdlib_logger = logging.getLogger("dupflow.validation")
 
 
 class FileValidation(BaseModel):
-    """What the validation of one input file found, counted over its chunks as they come back in order, and the
-    report it wrote."""
+    """What the validation of one input file found, counted over its chunks in order, and the report it wrote."""
 
     file: str
     report: DataFile
@@ -86,20 +82,13 @@ def validation(step: StepInput) -> StepResult:
     publish_artifact(step, checked)
     if service.fail_on_error and any(c.errors for c in checked):
         raise StepError(failure_message(step.output_dir, checked))
-    return step.result(
-        [c.report for c in checked],
-        per_file=[c.model_dump(exclude={"report"}) for c in checked],
-        resources=sum(c.resources for c in checked),
-        resources_with_errors=sum(c.resources_with_errors for c in checked),
-        errors=sum(c.errors for c in checked),
-        warnings=sum(c.warnings for c in checked),
-        reports=str(step.output_dir),
-    )
+    per_file = [c.model_dump(exclude={"report"}) for c in checked]
+    totals = {k: sum(f[k] for f in per_file) for k in ("resources", "resources_with_errors", "errors", "warnings")}
+    return step.result([c.report for c in checked], per_file=per_file, **totals, reports=str(step.output_dir))
 
 
 def validate_file(step: StepInput, name: str, chunk_size_mb: int, expected: int | None) -> FileValidation:
-    """Validate one input file into its report (``chunk_size_mb`` is a parameter: it shapes the report; ``expected``:
-    the file's lines, for progress)."""
+    """``chunk_size_mb`` is a parameter: it shapes the report; ``expected``: the file's lines, for progress."""
     settings = settings_of(step)
     source = step.input_path(name)
     dest = step.output_dir / output_name(name, settings.compression.enabled)
@@ -114,10 +103,8 @@ async def validate_with_service(
 ) -> FileValidation:
     service = settings.services.validation
     assert service.url is not None
-    connections = max(100, service.max_concurrent_requests)
-    endpoint = ServiceEndpoint(
-        "validation", service.url, None, http_timeout(READ_TIMEOUT), connections, setting="services.validation.url"
-    )
+    connections, timeout = max(100, service.max_concurrent_requests), http_timeout(READ_TIMEOUT)
+    endpoint = ServiceEndpoint("validation", service.url, None, timeout, connections, setting="services.validation.url")
     async with AsyncServiceClient(endpoint, settings.tls, settings.retry) as client:
         return await validate_path(
             source,
@@ -215,15 +202,10 @@ def failure_message(folder: Path, checked: list[FileValidation]) -> str:
 
 
 def publish_artifact(step: StepInput, checked: list[FileValidation]) -> None:
+    """A row per file: its counts (the field names in words, in field order), first errors and report."""
     rows = [
         {
-            "file": c.file,
-            "resources": c.resources,
-            "chunks": c.chunks,
-            "resources with errors": c.resources_with_errors,
-            "errors": c.errors,
-            "warnings": c.warnings,
-            "information": c.information,
+            **{key.replace("_", " "): value for key, value in c.model_dump(exclude={"report"}).items()},
             "first errors": "; ".join(c.first_errors),
             "report": f"{step.output_dir.name}/{c.report.name}",
         }
