@@ -4,10 +4,7 @@
   batch ``send/progress/<file>.json`` records where the next starts, and a POST entry is a conditional create on a
   tag of (job, file, position), so a resumed run never creates a resource twice. A rejected batch stops the step,
   its request and answer kept in ``send/failed/`` with credentials blanked.
-- Files are sent in batches of files (``pipeline.file_batches``; not the transactions' ``batch_size``), one at a time,
-  each a cached task.
-- ``transfer_load``: the MII data transfer (``tasks.clients.transfer``).
-- ``s3_upload``: each file as object ``<job id>/<file name>`` (``tasks.clients.s3``).
+- ``transfer_load``: the MII data transfer (``tasks.clients.transfer``); ``s3_upload``: ``tasks.clients.s3``.
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,11 +113,9 @@ def send_file_s3(step: StepInput, name: str, size: int) -> dict[str, Any]:
     from tasks.clients.s3 import S3Uploader
 
     settings = settings_of(step)
-    uploader = S3Uploader(settings.services.send, settings.tls, settings.retry, step.output_dir / "s3-manifest.json")
-    try:
+    manifest = step.output_dir / "s3-manifest.json"
+    with closing(S3Uploader(settings.services.send, settings.tls, settings.retry, manifest)) as uploader:
         uploaded = uploader.upload(step.input_path(name), f"{step.job_id}/{name}")
-    finally:
-        uploader.close()
     return {"key": uploaded.key, "size": uploaded.size, "etag": uploaded.etag}
 
 
@@ -127,7 +123,6 @@ send_files_s3 = batch_task("send-files-s3", "send", send_file_s3)
 
 
 def refuse_csv_input(files: list[DataFile]) -> None:
-    """direct_resource_load sends FHIR resources; flattened CSV files cannot be loaded into a FHIR server."""
     if csv := [f.name for f in files if not f.name.endswith((".ndjson", ".ndjson.zst"))]:
         raise StepError(
             f"send_as direct_resource_load loads FHIR resources (NDJSON) into a server, but the input holds "
@@ -165,10 +160,9 @@ def iter_batches(
     start_entry: int = 0,
     first_number: int = 1,
 ) -> Iterator[Batch]:
-    """The transaction batches of ``source``, from entry ``start_entry`` of line ``start_line`` on (lines before it
-    skipped unparsed); a batch's ``next_line``/``next_entry`` is where a run resumed after it starts. A line's
-    entries (an unwrapped Bundle's) that fit in one batch are never cut in two: the batch before them ends early,
-    so that references between them (``urn:uuid:``, a Patient and its Conditions) resolve in one transaction."""
+    """The transaction batches of ``source`` from entry ``start_entry`` of line ``start_line`` on (earlier lines
+    skipped unparsed). A line's entries (an unwrapped Bundle's) that fit in one batch are never cut in two, so that
+    references between them (``urn:uuid:``, a Patient and its Conditions) resolve in one transaction."""
     batch = Batch(first_number)
     for line_number, line in iter_lines(source, max_line_bytes):
         if line_number < start_line:
@@ -190,8 +184,7 @@ def iter_batches(
 
 
 def line_entries(source: Path, line_number: int, line: bytes, tag_prefix: str) -> Iterator[tuple[bytes, str]]:
-    """The transaction entries of one NDJSON line: the resource, or the resources of an unwrapped Bundle (but a search's
-    own OperationOutcome, ``search_outcome``)."""
+    """The resource of one NDJSON line, or those of an unwrapped Bundle (but a search's own OperationOutcome)."""
     resource = parse_resource(source, line_number, line)  # an NdjsonError is a StepError
     where = f"{source.name} line {line_number}"
     unwrapped = resource.get("resourceType") == "Bundle" and resource.get("type") in UNWRAPPED_BUNDLE_TYPES
@@ -210,8 +203,8 @@ def line_entries(source: Path, line_number: int, line: bytes, tag_prefix: str) -
 
 
 def search_outcome(entry: dict) -> bool:
-    """A searchset entry that is the search's own OperationOutcome (``search.mode: outcome``: warnings about the
-    search), not data: sending it would store the source server's messages on the destination as a resource."""
+    """A searchset entry that is the search's own OperationOutcome (``search.mode: outcome``), not data: sending it
+    would store the source server's messages on the destination."""
     search = entry.get("search")
     return isinstance(search, dict) and search.get("mode") == "outcome"
 
@@ -235,8 +228,8 @@ def written(resource: dict, where: str) -> bytes:
 def transaction_entry(
     resource: dict, raw: bytes | None, tag: str, where: str, full_url: str | None = None
 ) -> tuple[bytes, str]:
-    """``(entry JSON, "Type/id")``: ``PUT Type/id`` with an id, else a conditional ``POST Type`` on a tag; ``raw``:
-    the resource's JSON as read (sent as is, saving a re-serialisation) or None."""
+    """``(entry JSON, "Type/id")``: ``PUT Type/id`` with an id, else a conditional ``POST Type`` on a tag; ``raw``
+    (the JSON as read, or None) is sent as is, saving a re-serialisation."""
     resource_type, resource_id = resource.get("resourceType"), resource.get("id")
     if not isinstance(resource_type, str) or not resource_type:
         raise StepError(f"{where}: the resource has no resourceType; it cannot be sent to a FHIR server")
@@ -261,8 +254,8 @@ def entry_tag(position: str) -> str:
 
 
 def with_tag(resource: dict, code: str, where: str) -> dict:
-    """``resource`` with the tag its conditional create looks for; a ``meta`` or ``meta.tag`` of another shape than
-    FHIR's is refused (the tag could not be added without dropping or mangling it)."""
+    """``resource`` with the tag its conditional create looks for; a ``meta`` or ``meta.tag`` not shaped as FHIR's is
+    refused (the tag could not be added without dropping or mangling it)."""
     meta = resource.get("meta", {})
     if not isinstance(meta, dict) or not isinstance(meta.get("tag", []), list):
         raise StepError(f"{where}: the resource's meta is not an object with a tag array; fix the resource")
@@ -282,10 +275,10 @@ class DirectReport:
 
 
 class BatchProgress:
-    """Where sending a file stands: ``send/progress/<file>.json``, rewritten atomically per batch. A record of another
-    input (name, size, time of change) or server is ignored: the file is sent from the start (PUTs and conditional
-    creates do not duplicate). The position is one of entries, so a changed batch size (as a 413 asks for) goes on
-    where the last confirmed batch ended; the batch size a record of an earlier version holds is passed over."""
+    """Where sending a file stands: ``send/progress/<file>.json``, rewritten per batch. A record of another input or
+    server is ignored: the file is sent from the start (PUTs and conditional creates do not duplicate). The position
+    counts entries, so a changed batch size (as a 413 asks for) goes on where the last confirmed batch ended; the
+    batch size an earlier version recorded is passed over."""
 
     def __init__(self, path: Path, identity: dict[str, Any]):
         self.path, self.identity = path, identity
@@ -322,42 +315,36 @@ def send_resources(
     started = time.monotonic()
     # The destination too: a file sent to one server is not taken as sent to another (``shaped_settings``); and the
     # file's time of change: a file written anew to the same size (another import, new pseudonyms) is another input.
-    found = source.stat()
-    identity = {
-        "file": source.name,
-        "size": found.st_size,
-        "modified_ns": found.st_mtime_ns,
-        "to": str(server.http.base_url),
-    }
+    found, to = source.stat(), str(server.http.base_url)
+    identity = {"file": source.name, "size": found.st_size, "modified_ns": found.st_mtime_ns, "to": to}
     progress = BatchProgress(records / "progress" / f"{source.name}.json", identity)
-    report = DirectReport(source.name)
-    if not progress.state["complete"]:
-        if progress.state["batches"]:
-            report.resumed_at_batch = progress.state["batches"] + 1
+    state, report = progress.state, DirectReport(source.name)
+    if not state["complete"]:
+        if state["batches"]:
+            report.resumed_at_batch = state["batches"] + 1
             log.info("%s: resuming at batch %d", source.name, report.resumed_at_batch)
         for batch in iter_batches(
             source,
             batch_size,
             tag_prefix=f"{job_id}:{source.name}",
             max_line_bytes=max_line_bytes,
-            start_line=progress.state["next_line"],
-            start_entry=progress.state["next_entry"],
-            first_number=progress.state["batches"] + 1,
+            start_line=state["next_line"],
+            start_entry=state["next_entry"],
+            first_number=state["batches"] + 1,
         ):
             raise_if_cancelled()
             send_batch(server, source.name, batch, records / "failed")
             progress.record(batch)
         progress.record(None)
         report.seconds = round(time.monotonic() - started, 3)
-        sent, transactions = progress.state["entries"], progress.state["batches"]
-        log.info("%s: %d entries sent in %d transactions", source.name, sent, transactions)
-    report.batches, report.entries = progress.state["batches"], progress.state["entries"]
+        log.info("%s: %d entries sent in %d transactions", source.name, state["entries"], state["batches"])
+    report.batches, report.entries = state["batches"], state["entries"]
     return report
 
 
 def send_batch(server: FhirServer, name: str, batch: Batch, failed_dir: Path) -> None:
-    """One transaction; a rejection stops the step with a message naming the file, batch and first failing entry,
-    after keeping the request and the answer in ``failed_dir``."""
+    """One transaction; a rejection stops the step, naming file, batch and first failing entry, after keeping the
+    request and the answer in ``failed_dir``."""
     body = batch.body()
     try:
         server.transaction(body, len(batch.entries))
