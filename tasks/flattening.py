@@ -1,20 +1,15 @@
-"""The ``flattening`` step: the job's data as one CSV per CRTDL attribute group (spec/protocols.md, "Flattening";
-for users: docs/steps.md).
+"""The ``flattening`` step: the job's data as one CSV per CRTDL attribute group (spec/protocols.md, "Flattening").
 
-One ViewDefinition per group with a lookup table, saved under ``viewdefinitions/`` for ``view run``; resources are
-routed by the extraction's Provenance, else by type, profile and CRTDL filters (``tasks.sof.selection``). Rows come
-from the embedded engine or the service's ``$run``. The engine works piece by piece (a file, or a span of a large
-one in worker processes: parsing and FHIRPath hold the GIL), each a cached task writing its rows into
-``.parts/<piece>/``. The parts are joined in input order, so the CSVs are the same bytes however many processes ran,
-and renamed into place when the step completes. Resources of which no CSV has a row fail the step
-(``refuse_empty_result``).
+One ViewDefinition per group, saved under ``viewdefinitions/`` for ``view run``. Rows come from the embedded engine or
+the service's ``$run``. The engine works piece by piece (a file, or a span of a large one in worker processes:
+parsing and FHIRPath hold the GIL), each a cached task writing into ``.parts/<piece>/``; the parts are joined in input
+order, so the CSVs are the same bytes however many processes ran.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import logging
 import shutil
 from collections.abc import Iterable
 from contextlib import nullcontext
@@ -63,11 +58,11 @@ from tasks.streams.ndjson import PART_PREFIX, PART_SUFFIX, iter_lines
 from tasks.streams.processes import ProcessCalls, SharedCount, never_cancelled, pool_size, run_in_process, worker_pool
 from tasks.streams.spans import MB, SPAN_MIN_BYTES, Piece, file_spans, input_pays_for_processes
 
-log = logging.getLogger("dupflow.flattening")
-
 VIEWS_FOLDER = "viewdefinitions"
 PARTS_FOLDER = ".parts"
 COPY_CHUNK = 1 << 20
+COUNTED = ("unrouted", "skipped_resources", "unknown_groups", "other_profile", "filtered_out")
+"""The per-type counters that ``RouteCounts``, ``FileParts`` and ``FlattenOutcome`` share."""
 
 
 @step_task("flattening")
@@ -79,8 +74,7 @@ def flattening(step: StepInput) -> StepResult:
     if not config.lookup_path:
         raise FlatteningError("services.flattening.lookup_path is not set (the lookup file flattening needs)")
     plan = remember_plan(*plan_views(step.crtdl_path, Path(config.lookup_path)))
-    views, skipped = plan.views, plan.skipped
-    save_view_definitions(step.job_path / VIEWS_FOLDER, views)
+    save_view_definitions(step.job_path / VIEWS_FOLDER, plan.views)
     max_line = settings.pipeline.max_ndjson_line_size_bytes
     clean_output(step.output_dir)
     if config.service_url:
@@ -89,20 +83,19 @@ def flattening(step: StepInput) -> StepResult:
         with ServiceClient(endpoint, settings.tls, settings.retry) as client:
             service = Flattener(client)
             service.check()
-            outcome = flatten_with_service(
-                list(step.input_paths()), step.output_dir, views, skipped, max_line, service, config.batch_size_mb * MB
-            )
+            paths, budget = list(step.input_paths()), config.batch_size_mb * MB
+            outcome = flatten_with_service(paths, step.output_dir, plan.views, plan.skipped, max_line, service, budget)
     else:
         outcome = flatten_step_files(step, plan, max_line)
     if "parquet" in config.formats:
-        add_parquet_files(step.output_dir, views, outcome)
+        add_parquet_files(step.output_dir, plan.views, outcome)
     report(outcome, step)
     return step.result(outcome.files, **outcome.summary())
 
 
 class BatchResult(TypedDict):
-    """A flattened batch of pieces: what ``flatten_file`` wrote, and its parts as data files of the step's folder (so
-    that a cached batch whose parts are gone is flattened again, as any cached file that is gone is made again)."""
+    """What ``flatten_file`` wrote, and its parts as data files of the step's folder (so that a cached batch whose
+    parts are gone is flattened again)."""
 
     parts: FileParts
     files: list[DataFile]
@@ -117,9 +110,8 @@ def flatten_batch(
     plan_digest: str,
     in_worker_process: bool,
 ) -> BatchResult:
-    """Flatten the batch's pieces (each with its input file's lines, for progress), in turn, into one parts folder
-    ``flattening/.parts/<first piece's folder>/``; ``plan_digest`` (the views and the skipped groups) makes a changed
-    CRTDL or lookup file a new result; ``in_worker_process``: the step's choice, made once for all."""
+    """Flatten the pieces (each with its input file's lines, for progress) into ``.parts/<first piece's folder>/``;
+    ``plan_digest`` (the views and the skipped groups) makes a changed CRTDL or lookup file a new result."""
     assert step.input_dir is not None
     plan = step_plan(step, plan_digest)
     max_line = settings_of(step).pipeline.max_ndjson_line_size_bytes
@@ -138,9 +130,7 @@ def flatten_batch(
 
 
 def flatten_one(plan: FilePlan, label: str, total: int | None, *, in_worker_process: bool, files: int = 1) -> FileParts:
-    """The parts of a plan's pieces (``files`` of the step's input), in a worker process or in this one, its progress
-    shown as ``flatten <label>`` against ``total`` lines; a cancelled fan-out stops it, and the engine's errors become
-    the step's."""
+    """The parts of a plan's pieces (``files`` of the step's input), in a worker process or in this one."""
     with engine_errors_as_step_errors(), track(f"flatten {label}", total, "lines", files=files) as progress:
         if in_worker_process:
             return flatten_in_worker(plan, progress)
@@ -148,8 +138,7 @@ def flatten_one(plan: FilePlan, label: str, total: int | None, *, in_worker_proc
 
 
 def flatten_in_worker(plan: FilePlan, progress: Tracker) -> FileParts:
-    """``flatten_file`` in a worker process (of the step's pool); the lines it has done reach ``progress`` while this
-    thread waits."""
+    """``flatten_file`` in a worker process; the lines it has done reach ``progress`` while this thread waits."""
     done = SharedCount(str(Path(plan.parts_dir) / f".{plan.folder}.count"))
     done.remove()  # a count a killed run left
     shown = 0
@@ -170,11 +159,9 @@ def flatten_in_worker(plan: FilePlan, progress: Tracker) -> FileParts:
 
 
 def save_view_definitions(folder: Path, views: list[GroupView]) -> None:
-    """``<folder>/<group name>.json`` per view, so that a user can rerun it elsewhere."""
     for view in views:
-        write_file_atomically(
-            folder / view.group.view_file_name, json.dumps(view.view, indent=2, ensure_ascii=False).encode() + b"\n"
-        )
+        text = json.dumps(view.view, indent=2, ensure_ascii=False)
+        write_file_atomically(folder / view.group.view_file_name, text.encode() + b"\n")
 
 
 def clean_output(folder: Path) -> None:
@@ -186,9 +173,8 @@ def clean_output(folder: Path) -> None:
 
 
 def add_parquet_files(out_dir: Path, views: list[GroupView], outcome: FlattenOutcome) -> None:
-    """Each group's CSV also as Parquet beside it (``services.flattening.formats`` has parquet), typed from its view
-    (``tasks.sof.parquet``), one after the other in one worker process (the long-lived flow process never loads
-    pyarrow; two workers would each hold it and a row group); listed with the step's files."""
+    """Each group's CSV also as Parquet beside it, typed from its view, one after the other in one worker process
+    (the long-lived flow process never loads pyarrow; two workers would each hold it and a row group)."""
     csv_files = list(outcome.files)
     view_of = {view.group.csv_name: view.view for view in views}
     parquet_paths = [out_dir / (csv_file.name.removesuffix(".csv") + ".parquet") for csv_file in csv_files]
@@ -210,16 +196,12 @@ def pieces_plan(
     by_provenance: bool,
     max_line_bytes: int,
 ) -> FilePlan:
-    """What a worker needs to flatten ``pieces`` into the parts folder of the first: a span reads its file's bare
-    routes where ``plan_pieces`` saved them."""
-    sources = tuple(
-        PieceSource(
-            str(input_dir / piece.name),
-            piece.span,
-            str(routes_path(parts_dir, piece.name)) if by_provenance and piece.count > 1 else "",
-        )
-        for piece in pieces
-    )
+    """What a worker needs to flatten ``pieces`` into the parts folder of the first."""
+
+    def routes(piece: Piece) -> str:  # a span reads its file's bare routes where ``plan_pieces`` saved them
+        return str(routes_path(parts_dir, piece.name)) if by_provenance and piece.count > 1 else ""
+
+    sources = tuple(PieceSource(str(input_dir / piece.name), piece.span, routes(piece)) for piece in pieces)
     return FilePlan(sources, str(parts_dir), pieces[0].folder, groups, skipped_ids, by_provenance, max_line_bytes)
 
 
@@ -231,8 +213,8 @@ def plan_pieces(
     max_line_bytes: int,
     min_span_bytes: int = SPAN_MIN_BYTES,
 ) -> list[Piece]:
-    """Every input file as one piece, or with several ``processes`` a large one cut into spans (``file_spans``); a
-    cut file's bare Provenance routes are saved once for its spans."""
+    """Every input file as one piece, or with several ``processes`` a large one cut into spans; a cut file's bare
+    Provenance routes are saved once for its spans."""
     pieces = []
     for path in paths:
         spans = file_spans(path, processes, min_span_bytes)
@@ -245,19 +227,17 @@ def plan_pieces(
 
 
 def routes_path(parts_dir: Path, name: str) -> Path:
-    """Where the bare Provenance routes of a cut file are saved (beside its spans' folders)."""
     return parts_dir / f".{name}.routes.json"
 
 
 def routes_by_provenance(paths: Iterable[Path], max_line_bytes: int) -> bool:
-    """Whether resources are routed by attribute-group Provenance: some input file has it (see the module doc, 2)."""
+    """Whether resources are routed by attribute-group Provenance: some input file has it."""
     return any(has_group_provenance(path, max_line_bytes) for path in paths)
 
 
 def flatten_step_files(step: StepInput, plan: StepPlan, max_line_bytes: int) -> FlattenOutcome:
-    """The input's pieces in batches of cached ``flatten[...]`` tasks (``map_batches``; a span of a large file
-    alone), then the parts joined into the CSVs; on a large input in worker processes that end with this step (they
-    start while the input is scanned and cut)."""
+    """The input's pieces in batches of cached ``flatten[...]`` tasks, then the parts joined into the CSVs; on a large
+    input in worker processes (they start while the input is scanned and cut)."""
     in_processes = input_pays_for_processes(step.input_paths())
     parts_dir = step.output_dir / PARTS_FOLDER
     with worker_pool(flatten_file.__module__) if in_processes else nullcontext():
@@ -291,18 +271,14 @@ def join_parts(
     results: list[FileParts],
     by_provenance: bool,
 ) -> FlattenOutcome:
-    """Each group's CSV: its header, then its part of every piece in input order; all renamed at the end (the one
-    place the final CSVs are written)."""
+    """Each group's CSV: its header, then its part of every piece in input order; all renamed at the end."""
     outcome = new_outcome(views, skipped, by_provenance, "embedded")
     for result in results:
         for counts, resources, rows in zip(outcome.groups, result["resources"], result["rows"], strict=True):
             counts.resources += resources
             counts.rows += rows
-        outcome.unrouted.update(result["unrouted"])
-        outcome.skipped_resources.update(result["skipped_resources"])
-        outcome.unknown_groups.update(result["unknown_groups"])
-        outcome.other_profile.update(result["other_profile"])
-        outcome.filtered_out.update(result["filtered_out"])
+        for key in COUNTED:
+            getattr(outcome, key).update(result[key])
     refuse_empty_result(outcome)
     written: list[tuple[Path, Path, int]] = []
     try:
@@ -400,8 +376,7 @@ def flatten_with_service(
     per_group = budget // max(len(views), 1)
     engines = [RemoteGroup(service, view.view, out, per_group) for view, out in zip(views, outs, strict=True)]
     outcome = new_outcome(views, skipped, by_provenance, "service")
-    counts = RouteCounts([0] * len(views), outcome.unrouted, outcome.skipped_resources, outcome.unknown_groups)
-    counts.other_profile, counts.filtered_out = outcome.other_profile, outcome.filtered_out
+    counts = RouteCounts([0] * len(views), **{key: getattr(outcome, key) for key in COUNTED})
     groups, selections = [(v.group.id, v.resource_type) for v in views], [v.selection for v in views]
     router = Router(groups, [g.id for g in skipped], engines, by_provenance, counts, selections)
     try:
@@ -426,7 +401,7 @@ def flatten_with_service(
 
 def route_to_service(router: Router, path: Path, number: int, resource: dict, routes: dict[str, set[str]]) -> None:
     """``router.route_line``; a resource orjson cannot write again (over 254 levels, where it reads 1024) is the
-    line's fault, named as the embedded engine names a line it cannot read."""
+    line's fault."""
     try:
         router.route_line(resource, routes)
     except orjson.JSONEncodeError:
@@ -436,7 +411,6 @@ def route_to_service(router: Router, path: Path, number: int, resource: dict, ro
 
 
 def shaped_settings(settings: Settings) -> dict[str, Any]:
-    """What the step's files depend on besides its input (and the job's CRTDL): the lookup file (an edit of it too),
-    the formats."""
+    """What the step's files depend on besides its input and CRTDL: the lookup file (an edit of it too), the formats."""
     flattening = settings.services.flattening
     return {"lookup": file_shape(flattening.lookup_path), "formats": flattening.formats}
