@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Iterable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict, get_args
 
 import orjson
 
@@ -61,7 +61,8 @@ from tasks.streams.spans import MB, SPAN_MIN_BYTES, Piece, file_spans, input_pay
 VIEWS_FOLDER = "viewdefinitions"
 PARTS_FOLDER = ".parts"
 COPY_CHUNK = 1 << 20
-COUNTED = ("unrouted", "skipped_resources", "unknown_groups", "other_profile", "filtered_out")
+Counted = Literal["unrouted", "skipped_resources", "unknown_groups", "other_profile", "filtered_out"]
+COUNTED: tuple[Counted, ...] = get_args(Counted)
 """The per-type counters that ``RouteCounts``, ``FileParts`` and ``FlattenOutcome`` share."""
 
 

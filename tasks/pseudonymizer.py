@@ -1,11 +1,7 @@
 """The ``pseudonymizer`` step: every resource of the previous step's files through the service's ``$de-identify``.
 
-Files one after the other (``core`` first), in batches (``pipeline.file_batches``), each a cached task, so a
-resumed job skips finished batches. Within a file,
-requests are in flight while the output keeps the input order, at most twice ``max_concurrent_requests`` resources
-pending (bounded memory). The anonymization YAML is read once per run; file tasks get its SHA-256 and take the bytes
-from a cache keyed by it, so they never become a task parameter (they may hold a hash key); a Dask worker reads the
-file again and refuses it if it changed. Every file must come out with as many lines as went in.
+The anonymization YAML is read once per run; file tasks get its SHA-256 and take it from a cache keyed by it, so it
+never becomes a task parameter (it may hold a hash key). Every file must come out with as many lines as went in.
 """
 
 from __future__ import annotations
@@ -76,10 +72,9 @@ class FileResult(TypedDict):
 def pseudonymizer(step: StepInput) -> StepResult:
     settings = settings_of(step)
     config = read_anonymization_config(settings.services.pseudonymizer.anonymization_config)
-    compress = settings.compression.enabled
     if config:
         _configs_by_digest.keep(config.sha256, config)
-    config_digest = config.sha256 if config else None
+    config_digest, compress = config.sha256 if config else None, settings.compression.enabled
     files = [
         FileToDo(f.name, f.size, (f.name, output_name(f.name, compress), f.resources, config_digest))
         for f in step.input_files()
@@ -215,8 +210,7 @@ def failure_message(source: Path, line_number: int, label: str, exc: Exception) 
 
 
 def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
-    """Read the YAML (the step does, once per run, within bounds); an unreadable file stops the step before any
-    request."""
+    """The YAML, read by the step once per run: an unreadable file stops the step before any request."""
     if not path:
         return None
     try:
@@ -226,8 +220,8 @@ def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
 
 
 def anonymization_config(path: str | None, digest: str | None) -> AnonymizationConfig | None:
-    """The config the step read, by its ``digest``; read from ``path`` only in a process that has not seen it (a
-    Dask worker), where a file changed since the step read it is refused (the job would mix two configs)."""
+    """The config the step read, by its ``digest``; a process that has not seen it (a Dask worker) reads ``path`` and
+    refuses a file changed since (the job would mix two configs)."""
     if digest is None:
         return None
     if (config := _configs_by_digest.get(digest)) is not None:
@@ -243,17 +237,9 @@ def anonymization_config(path: str | None, digest: str | None) -> AnonymizationC
 
 
 def publish_file_reports(step: StepInput, reports: list[FileReport]) -> None:
-    rows = [
-        {
-            "file": r["file"],
-            "lines in": r["resources_in"],
-            "lines out": r["resources_out"],
-            "bundles split": r["bundles_split"],
-            "requests": r["requests"],
-            "duration (s)": r["seconds"],
-        }
-        for r in reports
-    ]
+    """A row per file: the report's keys in words, in their order."""
+    titles = {"resources_in": "lines in", "resources_out": "lines out", "seconds": "duration (s)"}
+    rows = [{titles.get(key, key.replace("_", " ")): value for key, value in r.items()} for r in reports]
     publish_report(step, rows, "lines, split Bundles and requests per file")
 
 
