@@ -22,33 +22,16 @@ from config.settings import Settings
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
 from tasks.job.flattening_plan import StepPlan, plan_views, remember_plan, step_plan
-from tasks.job.flattening_outcome import (
-    FlatteningError,
-    FlattenOutcome,
-    engine_errors_as_step_errors,
-    new_outcome,
-    refuse_empty_result,
-    report,
-)
-from tasks.streams.progress import Tracker, expect_files, track
+from tasks.job.flattening_outcome import FlatteningError, FlattenOutcome, engine_errors_as_step_errors, new_outcome
+from tasks.job.flattening_outcome import refuse_empty_result, report
+from tasks.streams.progress import expect_files, track
 from tasks.sof.view import compile_view
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.job.filework import FileToDo, run_batches
 from tasks.job.steps import file_shape
 from tasks.sof.crtdl_views import AttributeGroup, GroupView
-from tasks.sof.flatten import (
-    FileParts,
-    FilePlan,
-    PieceSource,
-    GroupPlan,
-    RouteCounts,
-    Router,
-    bare_routes,
-    flatten_file,
-    has_group_provenance,
-    parquet_file,
-    routes_json,
-)
+from tasks.sof.flatten import FileParts, FilePlan, PieceSource, GroupPlan, RouteCounts, Router, bare_routes
+from tasks.sof.flatten import flatten_file, has_group_provenance, parquet_file, routes_json
 from tasks.sof.output import CsvWriter, csv_cells, json_bytes
 from tasks.sof.errors import ResourceLineError
 from tasks.sof.resources import parse_line
@@ -131,32 +114,28 @@ def flatten_batch(
 
 
 def flatten_one(plan: FilePlan, label: str, total: int | None, *, in_worker_process: bool, files: int = 1) -> FileParts:
-    """The parts of a plan's pieces (``files`` of the step's input), in a worker process or in this one."""
+    """The parts of a plan's pieces (``files`` of the step's input), in a worker process or in this one; from a
+    worker, the lines it has done reach the progress while this thread waits."""
     with engine_errors_as_step_errors(), track(f"flatten {label}", total, "lines", files=files) as progress:
-        if in_worker_process:
-            return flatten_in_worker(plan, progress)
-        return flatten_file(plan, raise_if_cancelled, progress.advance)
+        if not in_worker_process:
+            return flatten_file(plan, raise_if_cancelled, progress.advance)
+        done = SharedCount(str(Path(plan.parts_dir) / f".{plan.folder}.count"))
+        done.remove()  # a count a killed run left
+        shown = 0
 
+        def follow() -> None:
+            nonlocal shown
+            raise_if_cancelled()
+            now = done.read()
+            progress.advance(now - shown)
+            shown = now
 
-def flatten_in_worker(plan: FilePlan, progress: Tracker) -> FileParts:
-    """``flatten_file`` in a worker process; the lines it has done reach ``progress`` while this thread waits."""
-    done = SharedCount(str(Path(plan.parts_dir) / f".{plan.folder}.count"))
-    done.remove()  # a count a killed run left
-    shown = 0
-
-    def follow() -> None:
-        nonlocal shown
-        raise_if_cancelled()
-        now = done.read()
-        progress.advance(now - shown)
-        shown = now
-
-    try:
-        result = run_in_process(flatten_file, plan, never_cancelled, done.add, stop_if_cancelled=follow)
-    finally:
-        done.remove()
-    progress.advance(result["lines"] - shown)
-    return result
+        try:
+            result = run_in_process(flatten_file, plan, never_cancelled, done.add, stop_if_cancelled=follow)
+        finally:
+            done.remove()
+        progress.advance(result["lines"] - shown)
+        return result
 
 
 def save_view_definitions(folder: Path, views: list[GroupView]) -> None:
@@ -288,7 +267,9 @@ def join_parts(
             temporary = out_dir / f"{PART_PREFIX}{name}{PART_SUFFIX}"
             written.append((temporary, out_dir / name, counts.rows))
             with temporary.open("wb") as out:
-                out.write(header_line(compile_view(view.view).columns))
+                header = io.StringIO(newline="")
+                CsvWriter(header).writerow(compile_view(view.view).columns)
+                out.write(header.getvalue().encode())
                 for result in results:
                     if result["rows"][i]:
                         with (parts_dir / result["folder"] / name).open("rb") as part:
@@ -302,12 +283,6 @@ def join_parts(
         temporary.replace(dest)
         outcome.files.append(DataFile(name=dest.name, size=dest.stat().st_size, resources=rows))
     return outcome
-
-
-def header_line(columns: list[str]) -> bytes:
-    text = io.StringIO(newline="")
-    CsvWriter(text).writerow(columns)
-    return text.getvalue().encode()
 
 
 class GroupCsv:
@@ -385,7 +360,14 @@ def flatten_with_service(
             for path in paths:
                 routes = bare_routes(path, max_line_bytes) if by_provenance else {}
                 for number, line in iter_lines(path, max_line_bytes):
-                    route_to_service(router, path, number, parse_line(path, number, line), routes)
+                    resource = parse_line(path, number, line)
+                    try:
+                        router.route_line(resource, routes)
+                    except orjson.JSONEncodeError:  # over 254 levels, where orjson reads 1024: the line's fault
+                        raise ResourceLineError(
+                            f"{path}: line {number} is nested too deeply (over 254 levels) to be sent to the "
+                            "flattening service"
+                        ) from None
         for engine in engines:
             engine.close()
         for group, resources, out in zip(outcome.groups, counts.resources, outs, strict=True):
@@ -398,17 +380,6 @@ def flatten_with_service(
         raise
     outcome.files += [out.finish() for out in outs]
     return outcome
-
-
-def route_to_service(router: Router, path: Path, number: int, resource: dict, routes: dict[str, set[str]]) -> None:
-    """``router.route_line``; a resource orjson cannot write again (over 254 levels, where it reads 1024) is the
-    line's fault."""
-    try:
-        router.route_line(resource, routes)
-    except orjson.JSONEncodeError:
-        raise ResourceLineError(
-            f"{path}: line {number} is nested too deeply (over 254 levels) to be sent to the flattening service"
-        ) from None
 
 
 def shaped_settings(settings: Settings) -> dict[str, Any]:
