@@ -16,14 +16,8 @@ from typing import Any, TypedDict
 from config.settings import Settings
 from tasks.clients.errors import BODY_LIMIT, ServiceError
 from tasks.clients.http import ServiceEndpoint, build_async_client, http_timeout
-from tasks.clients.pseudonymizer import (
-    CONFIG_KEY,
-    AnonymizationConfig,
-    PseudonymizationError,
-    Pseudonymized,
-    Pseudonymizer,
-    resource_label,
-)
+from tasks.clients.pseudonymizer import CONFIG_KEY, AnonymizationConfig, PseudonymizationError, Pseudonymized
+from tasks.clients.pseudonymizer import Pseudonymizer, resource_label
 from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
 from tasks.job.filework import FileToDo
 from tasks.core.errors import StepError
@@ -93,15 +87,13 @@ def pseudonymizer(step: StepInput) -> StepResult:
 def pseudonymize_file(
     step: StepInput, source_name: str, name: str, expected_resources: int, config_digest: str | None
 ) -> FileResult:
-    """De-identify ``<input folder>/<source_name>`` into ``pseudonymizer/<name>``; ``config_digest`` (the YAML's
-    SHA-256, of the bytes the step read) makes a changed anonymization config a new result."""
+    """``config_digest`` (the SHA-256 of the YAML the step read) makes a changed anonymization config a new result."""
     settings = settings_of(step)
     config = anonymization_config(settings.services.pseudonymizer.anonymization_config, config_digest)
     source = step.input_path(source_name)
     started = time.monotonic()
-    counts = asyncio.run(
-        pseudonymize_with_service(settings, source, step.output_dir / name, config, expected_resources)
-    )
+    dest = step.output_dir / name
+    counts = asyncio.run(pseudonymize_with_service(settings, source, dest, config, expected_resources))
     report = FileReport(
         file=source.name,
         resources_in=counts.resources_in,
@@ -160,8 +152,7 @@ async def pseudonymize_path(
     window: int,
     expected_resources: int | None = None,
 ) -> FileCounts:
-    """De-identify every resource of ``source`` into ``dest`` (written atomically), in input order: each line is
-    sent as soon as it is read, at most ``window`` pending; on any failure the pending requests are cancelled."""
+    """De-identify every resource of ``source`` into ``dest`` in input order, at most ``window`` pending."""
     counts = FileCounts()
 
     def resources() -> Iterator[tuple[int, bytes, dict]]:
@@ -174,7 +165,10 @@ async def pseudonymize_path(
         try:
             return await service.pseudonymize(line, resource)
         except (ServiceError, PseudonymizationError) as exc:
-            raise PseudonymizerStepError(failure_message(source, line_number, resource_label(resource), exc)) from exc
+            message = f"{source}: line {line_number} ({resource_label(resource)}): {exc}"
+            if isinstance(exc, ServiceError) and exc.status_code == 413:
+                message += f"; {TOO_LARGE_HINT}"
+            raise PseudonymizerStepError(message) from exc
 
     def written(_: Any, result: Pseudonymized) -> tuple[bytes, int]:
         counts.requests += result.requests
@@ -200,13 +194,6 @@ async def pseudonymize_path(
             "the output was discarded"
         )
     return counts
-
-
-def failure_message(source: Path, line_number: int, label: str, exc: Exception) -> str:
-    message = f"{source}: line {line_number} ({label}): {exc}"
-    if isinstance(exc, ServiceError) and exc.status_code == 413:
-        message += f"; {TOO_LARGE_HINT}"
-    return message
 
 
 def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
