@@ -188,8 +188,11 @@ def line_entries(source: Path, line_number: int, line: bytes, tag_prefix: str) -
     resource = parse_resource(source, line_number, line)  # an NdjsonError is a StepError
     where = f"{source.name} line {line_number}"
     unwrapped = resource.get("resourceType") == "Bundle" and resource.get("type") in UNWRAPPED_BUNDLE_TYPES
-    if unwrapped or not resource.get("id"):  # taken apart and written anew: every number kept as written
-        resource = exact_resource(line, where)
+    if unwrapped or not resource.get("id"):  # taken apart and written anew: ``1.50`` stays ``1.50``
+        try:
+            resource = loads_exact(line)
+        except RecursionError:
+            raise StepError(f"{where}: the resource is nested too deep to be taken apart; send it as it is") from None
     if unwrapped:
         if not isinstance(entries := resource.get("entry", []), list | None):
             raise StepError(f"{where}: the Bundle's entry is not an array, so it holds no resource to send; fix it")
@@ -209,16 +212,8 @@ def search_outcome(entry: dict) -> bool:
     return isinstance(search, dict) and search.get("mode") == "outcome"
 
 
-def exact_resource(line: bytes, where: str) -> dict:
-    """The line parsed with its numbers as written (``1.50`` stays ``1.50``: FHIR's decimal precision counts)."""
-    try:
-        return loads_exact(line)
-    except RecursionError:
-        raise StepError(f"{where}: the resource is nested too deep to be taken apart; send it as it is") from None
-
-
 def written(resource: dict, where: str) -> bytes:
-    """``resource`` as JSON with its numbers as read (``exact_resource``)."""
+    """``resource`` as JSON with its numbers as read (FHIR's decimal precision counts)."""
     try:
         return dumps_exact(resource)
     except (TypeError, RecursionError):  # orjson writes at most 254 levels
@@ -259,10 +254,8 @@ def with_tag(resource: dict, code: str, where: str) -> dict:
     meta = resource.get("meta", {})
     if not isinstance(meta, dict) or not isinstance(meta.get("tag", []), list):
         raise StepError(f"{where}: the resource's meta is not an object with a tag array; fix the resource")
-    return {
-        **resource,
-        "meta": {**meta, "tag": [*meta.get("tag", []), {"system": SEND_ENTRY_TAG_SYSTEM, "code": code}]},
-    }
+    tag = [*meta.get("tag", []), {"system": SEND_ENTRY_TAG_SYSTEM, "code": code}]
+    return {**resource, "meta": {**meta, "tag": tag}}
 
 
 @dataclass
