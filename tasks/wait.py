@@ -46,11 +46,15 @@ def wait(step: StepInput, resume_hint: str = "", note: str | None = None) -> Ste
         wait_dir(step).mkdir(parents=True, exist_ok=True)
         text = inspection_text(step, resume_hint)
         get_run_logger().info("%s", text, extra=SHOW_WHOLE)
-        publish_inspection_artifact(step, text)
+        title, *lines = text.splitlines()
+        create_markdown_artifact(
+            key=artifact_key(step.job_id, "inspection"),
+            markdown="\n".join([f"# {title}", "", *[f"- {line.strip()}" for line in lines]]),
+            description=f"Job {step.job_id}: what to inspect and how to resume",
+        )
         folder, files = step.folder or "", step.files
         return StepResult(step=step.step, position=step.position, folder=folder, files=files, awaiting=True)
-    released = released_result(step)
-    return released.model_copy(update={"summary": {"inspection note": note}} if note else {})
+    return released_result(step).model_copy(update={"summary": {"inspection note": note}} if note else {})
 
 
 def wait_dir(step: StepInput) -> Path:
@@ -65,15 +69,6 @@ def inspection_text(step: StepInput, resume_hint: str) -> str:
         f"  When that folder holds any file on resume (each ending in {' or '.join(correction_suffixes(step))}), "
         f"the next step reads only that folder; otherwise it reads {step.input_dir} unchanged.\n"
         f"  To continue: {resume_hint or f'{CLI} continue {job_on_command_line(step.job_path)}'}"
-    )
-
-
-def publish_inspection_artifact(step: StepInput, text: str) -> None:
-    lines = text.splitlines()
-    create_markdown_artifact(
-        key=artifact_key(step.job_id, "inspection"),
-        markdown="\n".join([f"# {lines[0]}", "", *[f"- {line.strip()}" for line in lines[1:]]]),
-        description=f"Job {step.job_id}: what to inspect and how to resume",
     )
 
 
