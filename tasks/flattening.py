@@ -313,12 +313,12 @@ class GroupCsv:
         self.part.unlink(missing_ok=True)
 
 
-class RemoteGroup:
-    """A group's rows from the flattening service: resources buffered up to ``budget`` bytes, then one ``$run``."""
+class RemoteGroup(GroupCsv):
+    """A group's CSV, its rows from the flattening service: resources buffered up to ``budget`` bytes, one ``$run``."""
 
-    def __init__(self, service: Flattener, view: dict[str, Any], out: GroupCsv, budget: int):
-        self.service, self.out, self.budget = service, out, max(budget, 1)
-        self.view = json_bytes(view)
+    def __init__(self, folder: Path, view: GroupView, service: Flattener, budget: int):
+        super().__init__(folder, view.group.csv_name, compile_view(view.view).columns)
+        self.service, self.view, self.budget = service, json_bytes(view.view), max(budget, 1)
         self.pending: list[bytes] = []
         self.pending_bytes = 0
 
@@ -332,8 +332,7 @@ class RemoteGroup:
     def close(self) -> None:
         if not self.pending:
             return
-        columns = self.out.columns
-        self.out.write(tuple(row.get(c) for c in columns) for row in self.service.run(self.view, self.pending))
+        self.write(tuple(row.get(c) for c in self.columns) for row in self.service.run(self.view, self.pending))
         self.pending, self.pending_bytes = [], 0
 
 
@@ -348,13 +347,12 @@ def flatten_with_service(
 ) -> FlattenOutcome:
     """Every file's resources, in order, to the service in batches of up to ``budget`` divided among the groups."""
     by_provenance = routes_by_provenance(paths, max_line_bytes)
-    outs = [GroupCsv(out_dir, view.group.csv_name, compile_view(view.view).columns) for view in views]
     per_group = budget // max(len(views), 1)
-    engines = [RemoteGroup(service, view.view, out, per_group) for view, out in zip(views, outs, strict=True)]
+    outs = [RemoteGroup(out_dir, view, service, per_group) for view in views]
     outcome = new_outcome(views, skipped, by_provenance, "service")
     counts = RouteCounts([0] * len(views), **{key: getattr(outcome, key) for key in COUNTED})
     groups, selections = [(v.group.id, v.resource_type) for v in views], [v.selection for v in views]
-    router = Router(groups, [g.id for g in skipped], engines, by_provenance, counts, selections)
+    router = Router(groups, [g.id for g in skipped], outs, by_provenance, counts, selections)
     try:
         with engine_errors_as_step_errors():
             for path in paths:
@@ -368,8 +366,8 @@ def flatten_with_service(
                             f"{path}: line {number} is nested too deeply (over 254 levels) to be sent to the "
                             "flattening service"
                         ) from None
-        for engine in engines:
-            engine.close()
+        for out in outs:
+            out.close()
         for group, resources, out in zip(outcome.groups, counts.resources, outs, strict=True):
             group.resources = resources
             group.rows = out.rows
