@@ -1,10 +1,8 @@
 """The ``send`` step: deliver the previous data-producing step's files (``services.send.send_as``; docs/steps.md).
 
-- ``direct_resource_load``: transaction Bundles of ``batch_size`` entries, one batch in memory. After each confirmed
-  batch ``send/progress/<file>.json`` records where the next starts, and a POST entry is a conditional create on a
-  tag of (job, file, position), so a resumed run never creates a resource twice. A rejected batch stops the step,
-  its request and answer kept in ``send/failed/`` with credentials blanked.
-- ``transfer_load``: the MII data transfer (``tasks.clients.transfer``); ``s3_upload``: ``tasks.clients.s3``.
+``direct_resource_load`` sends transaction Bundles of ``batch_size`` entries, one batch in memory; a resumed run
+never creates a resource twice (``BatchProgress``, ``transaction_entry``). ``transfer_load``: the MII data transfer
+(``tasks.clients.transfer``); ``s3_upload``: ``tasks.clients.s3``.
 """
 
 from __future__ import annotations
@@ -132,7 +130,6 @@ def refuse_csv_input(files: list[DataFile]) -> None:
 
 
 def effective_batch_size(batch_size: int) -> int:
-    """``services.send.batch_size``; 0 means the default of 100."""
     return batch_size or DEFAULT_BATCH_SIZE
 
 
@@ -291,11 +288,9 @@ class BatchProgress:
         if batch is None:
             self.state["complete"] = True
         else:
+            entries = self.state["entries"] + len(batch.entries)
             self.state.update(
-                batches=batch.number,
-                entries=self.state["entries"] + len(batch.entries),
-                next_line=batch.next_line,
-                next_entry=batch.next_entry,
+                batches=batch.number, entries=entries, next_line=batch.next_line, next_entry=batch.next_entry
             )
         write_file_atomically(self.path, orjson.dumps({"identity": self.identity, **self.state}))
 
@@ -337,16 +332,14 @@ def send_resources(
 
 def send_batch(server: FhirServer, name: str, batch: Batch, failed_dir: Path) -> None:
     """One transaction; a rejection stops the step, naming file, batch and first failing entry, after keeping the
-    request and the answer in ``failed_dir``."""
+    request and the answer (credentials blanked) in ``failed_dir``."""
     body = batch.body()
     try:
         server.transaction(body, len(batch.entries))
     except ServiceError as exc:
         answer = exc.response_text if isinstance(exc, TransactionRejected) else f"no answer: {exc}\n"
-        kept = keep_failed_batch(failed_dir, name, batch.number, body, answer)
-        raise StepError(
-            rejection_message(name, batch, exc) + kept, status_code=exc.status_code, transient=exc.transient
-        ) from exc
+        message = rejection_message(name, batch, exc) + keep_failed_batch(failed_dir, name, batch.number, body, answer)
+        raise StepError(message, status_code=exc.status_code, transient=exc.transient) from exc
 
 
 def rejection_message(name: str, batch: Batch, exc: ServiceError) -> str:
@@ -372,9 +365,8 @@ def failing_entry(labels: list[str], index: int | None, outcome: str) -> str:
     if len(named) == 1:
         return f"entry {named[0] + 1} ({labels[named[0]]})"
     if named:
-        return (
-            "one of " + ", ".join(f"entry {i + 1} ({labels[i]})" for i in named[:5]) + (", …" if len(named) > 5 else "")
-        )
+        listed = ", ".join(f"entry {i + 1} ({labels[i]})" for i in named[:5])
+        return f"one of {listed}" + (", …" if len(named) > 5 else "")
     return "not named by the server"
 
 
