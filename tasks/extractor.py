@@ -47,11 +47,19 @@ class SubmissionInDoubtError(StepError):
 
 @step_task("extractor")
 def extractor(step: StepInput) -> StepResult:
+    """Follow the extraction, then download every file. After a failure no new download starts, every finished file
+    is kept for ``continue``, and the first failure is raised."""
     settings = settings_of(step)
-    with ExtractionServerClient(settings.services.extractor, settings.tls) as client:
+    config = settings.services.extractor
+    with ExtractionServerClient(config, settings.tls) as client:
         handle, urls = wait_for_result(step, client, current_handle(step, client))
         needs_token = client.files_need_token
-    files = download_result_files(step, urls, needs_token)
+    names = target_names(urls, compress=settings.compression.enabled, max_files=config.max_result_files)
+    arguments = [(step, url, name, needs_token) for url, name in names.items()]
+    expect_files(len(arguments))
+    with download_client(step, needs_token):
+        outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
+    files = sorted(results_or_raise(outcomes), key=lambda f: (not f.core, f.name))  # core first in the record
     return step.result(files, status_url=handle.status_url, extraction_job_id=handle.job_id)
 
 
@@ -248,17 +256,3 @@ class ProgressReporter:
 
     def finish(self, files: int) -> None:
         self._artifact.write(100.0, f"Extraction complete: {counted(files, 'file')} to download")
-
-
-def download_result_files(step: StepInput, urls: list[str], needs_token: bool) -> list[DataFile]:
-    """Download every file, ``core`` first in the record. After a failure no new download starts, every finished file
-    is kept for ``continue``, and the first failure is raised."""
-    settings = settings_of(step)
-    names = target_names(
-        urls, compress=settings.compression.enabled, max_files=settings.services.extractor.max_result_files
-    )
-    arguments = [(step, url, name, needs_token) for url, name in names.items()]
-    expect_files(len(arguments))
-    with download_client(step, needs_token):
-        outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
-    return sorted(results_or_raise(outcomes), key=lambda f: (not f.core, f.name))

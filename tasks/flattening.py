@@ -60,7 +60,10 @@ def flattening(step: StepInput) -> StepResult:
     plan = remember_plan(*plan_views(step.crtdl_path, Path(config.lookup_path)))
     save_view_definitions(step.job_path / VIEWS_FOLDER, plan.views)
     max_line = settings.pipeline.max_ndjson_line_size_bytes
-    clean_output(step.output_dir)
+    if step.output_dir.is_dir():  # an earlier attempt's files, but the finished pieces' parts
+        for path in step.output_dir.iterdir():
+            if path.is_file() and path.name.endswith((".csv", ".parquet", PART_SUFFIX)):
+                path.unlink()
     if config.service_url:
         timeout, setting = http_timeout(config.timeout), "services.flattening.service_url"
         endpoint = ServiceEndpoint("flattening", config.service_url, None, timeout, setting=setting)
@@ -142,14 +145,6 @@ def save_view_definitions(folder: Path, views: list[GroupView]) -> None:
     for view in views:
         text = json.dumps(view.view, indent=2, ensure_ascii=False)
         write_file_atomically(folder / view.group.view_file_name, text.encode() + b"\n")
-
-
-def clean_output(folder: Path) -> None:
-    """Remove CSVs, Parquet files and temporaries of an earlier attempt (the finished pieces' parts are kept)."""
-    if folder.is_dir():
-        for path in folder.iterdir():
-            if path.is_file() and path.name.endswith((".csv", ".parquet", PART_SUFFIX)):
-                path.unlink()
 
 
 def add_parquet_files(out_dir: Path, views: list[GroupView], outcome: FlattenOutcome) -> None:

@@ -190,9 +190,8 @@ def check_data_file(path: Path) -> Path:
     try:
         mode = path.stat().st_mode
     except OSError as exc:
-        raise LocalImportError(
-            f"cannot read {show_text(path, None)}: {_stat_problem(path, exc)}; fix or remove it"
-        ) from None
+        problem = _stat_problem(path, exc)
+        raise LocalImportError(f"cannot read {show_text(path, None)}: {problem}; fix or remove it") from None
     if not stat.S_ISREG(mode):
         kind = FILE_KINDS.get(stat.S_IFMT(mode), "a device")
         raise LocalImportError(

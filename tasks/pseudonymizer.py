@@ -75,7 +75,9 @@ def pseudonymizer(step: StepInput) -> StepResult:
     ]
     results: list[FileResult] = one_batch_at_a_time(pseudonymize_files, step, files)
     reports = [result["report"] for result in results]
-    publish_file_reports(step, reports)
+    titles = {"resources_in": "lines in", "resources_out": "lines out", "seconds": "duration (s)"}  # else in words
+    rows = [{titles.get(key, key.replace("_", " ")): value for key, value in r.items()} for r in reports]
+    publish_report(step, rows, "lines, split Bundles and requests per file")
     return step.result(
         [result["file"] for result in results],
         anonymization_config=config.path if config else "the service's own",
@@ -221,13 +223,6 @@ def anonymization_config(path: str | None, digest: str | None) -> AnonymizationC
         )
     _configs_by_digest.keep(digest, config)
     return config
-
-
-def publish_file_reports(step: StepInput, reports: list[FileReport]) -> None:
-    """A row per file: the report's keys in words, in their order."""
-    titles = {"resources_in": "lines in", "resources_out": "lines out", "seconds": "duration (s)"}
-    rows = [{titles.get(key, key.replace("_", " ")): value for key, value in r.items()} for r in reports]
-    publish_report(step, rows, "lines, split Bundles and requests per file")
 
 
 def shaped_settings(settings: Settings) -> dict[str, Any]:

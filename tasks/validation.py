@@ -79,10 +79,18 @@ def validation(step: StepInput) -> StepResult:
         raise StepError("services.validation.url is not set; the validation step needs the validator's root URL")
     files = [FileToDo(f.name, f.size, (f.name, service.bundle_chunk_size_mb, f.resources)) for f in step.input_files()]
     checked: list[FileValidation] = one_batch_at_a_time(validate_files, step, files)
-    publish_artifact(step, checked)
+    per_file = [c.model_dump(exclude={"report"}) for c in checked]
+    rows = [  # the counts' names in words, in field order
+        {
+            **{key.replace("_", " "): value for key, value in counts.items()},
+            "first errors": "; ".join(c.first_errors),
+            "report": f"{step.output_dir.name}/{c.report.name}",
+        }
+        for counts, c in zip(per_file, checked, strict=True)
+    ]
+    publish_report(step, rows, f"findings per file; reports in `{step.output_dir}`")
     if service.fail_on_error and any(c.errors for c in checked):
         raise StepError(failure_message(step.output_dir, checked))
-    per_file = [c.model_dump(exclude={"report"}) for c in checked]
     totals = {k: sum(f[k] for f in per_file) for k in ("resources", "resources_with_errors", "errors", "warnings")}
     return step.result([c.report for c in checked], per_file=per_file, **totals, reports=str(step.output_dir))
 
@@ -195,16 +203,3 @@ def failure_message(folder: Path, checked: list[FileValidation]) -> str:
         f"validation found data-quality errors: {per_file}. Reports (one NDJSON of OperationOutcomes per input "
         f"file) are in {folder}. Fix the data, or set services.validation.fail_on_error: false to go on despite them"
     )
-
-
-def publish_artifact(step: StepInput, checked: list[FileValidation]) -> None:
-    """A row per file: its counts (the field names in words, in field order), first errors and report."""
-    rows = [
-        {
-            **{key.replace("_", " "): value for key, value in c.model_dump(exclude={"report"}).items()},
-            "first errors": "; ".join(c.first_errors),
-            "report": f"{step.output_dir.name}/{c.report.name}",
-        }
-        for c in checked
-    ]
-    publish_report(step, rows, f"findings per file; reports in `{step.output_dir}`")
