@@ -222,14 +222,8 @@ def flatten_step_files(step: StepInput, plan: StepPlan, max_line_bytes: int) -> 
         cut = len(pieces) > len(step.files)  # a cut file's spans are counted one by one
         expect_files(len(pieces), "pieces" if cut else "files")
         inputs = {f.name: f for f in step.files}
-        to_do = [
-            FileToDo(
-                piece.label,
-                inputs[piece.name].size if piece.count == 1 else None,
-                (piece, inputs[piece.name].resources),
-            )
-            for piece in pieces
-        ]
+        sizes = [inputs[p.name].size if p.count == 1 else None for p in pieces]  # a span's size is not known
+        to_do = [FileToDo(p.label, size, (p, inputs[p.name].resources)) for p, size in zip(pieces, sizes, strict=True)]
         batches = run_batches(flatten_batch, step, to_do, workers, by_provenance, plan.digest, in_processes)
         results = results_or_raise(batches)
     parts = [result["parts"] for result in results]
