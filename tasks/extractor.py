@@ -1,9 +1,8 @@
 """The ``extractor`` step: run an extraction on the extraction server and download its files into ``import/``.
 
 Input: the job's CRTDL, or the status URL of a complete extraction (polled, never submitted). Submission is never
-repeated by itself (a retry could create a duplicate job): ``extraction_submission`` is recorded before the POST, the
-handle the moment the server answers (``submit``). A job a poll finds gone (404/410) is submitted afresh, at most
-``retry.max_attempts`` times per run. One cached sub-task per file URL, so a resumed job fetches only unfinished files.
+repeated by itself (a retry could create a duplicate job): the attempt is recorded before the POST, the handle the
+moment the server answers. One cached sub-task per file URL, so a resumed job fetches only unfinished files.
 """
 
 from __future__ import annotations

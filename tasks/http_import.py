@@ -7,11 +7,11 @@ stall timeout is the default of ``services.extractor.download_stall_timeout``: t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import httpx
 
 from config.services import ExtractorSettings
+from config.settings import Settings
 from tasks.clients.downloads import safe_file_name
 from tasks.clients.http import ServiceEndpoint, build_client, http_timeout
 from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
@@ -20,9 +20,6 @@ from tasks.job.steps import compression_shape, download_tracked
 from tasks.streams.ndjson import FileStats
 from tasks.streams.progress import expect_files
 from tasks.core.url_credentials import shown_url
-
-if TYPE_CHECKING:
-    from config.settings import Settings
 
 STALL_TIMEOUT = ExtractorSettings.DEFAULT_DOWNLOAD_STALL_TIMEOUT
 

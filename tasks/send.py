@@ -298,8 +298,7 @@ class BatchProgress:
 def send_resources(
     server: FhirServer, source: Path, records: Path, *, job_id: str, batch_size: int, max_line_bytes: int
 ) -> DirectReport:
-    """Send every resource of ``source`` in transactions of at most ``batch_size`` entries, resuming from the
-    file's progress record in ``records`` (the step's folder)."""
+    """Send ``source`` in transactions, resuming from its progress record in ``records`` (the step's folder)."""
     started = time.monotonic()
     # The destination too: a file sent to one server is not taken as sent to another (``shaped_settings``); and the
     # file's time of change: a file written anew to the same size (another import, new pseudonyms) is another input.
