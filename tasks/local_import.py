@@ -109,14 +109,12 @@ def source_directory(job_input: str | None, configured_dir: str | None) -> Path:
         given_as, how = "services.local_import.dir", "with --dir DIR or in services.local_import.dir"
     else:
         given_as, how = "the job input", "as the job input"
-    if not source.exists():
-        raise LocalImportError(
-            f"import directory {source} ({given_as}) does not exist; give the folder that holds the .ndjson files {how}"
-        )
     if not source.is_dir():
-        raise LocalImportError(
-            f"import directory {source} ({given_as}) is a file, not a directory; give the folder that holds it {how}"
-        )
+        if source.exists():
+            problem = "is a file, not a directory; give the folder that holds it"
+        else:
+            problem = "does not exist; give the folder that holds the .ndjson files"
+        raise LocalImportError(f"import directory {source} ({given_as}) {problem} {how}")
     return source.resolve()
 
 

@@ -117,9 +117,8 @@ async def pseudonymize_with_service(
     if not configured.url:
         raise PseudonymizerStepError("services.pseudonymizer.url is not set")
     timeout, connections = http_timeout(configured.timeout), max(100, configured.max_concurrent_requests)
-    endpoint = ServiceEndpoint(
-        "pseudonymizer", configured.url, configured.auth, timeout, connections, setting="services.pseudonymizer.url"
-    )
+    setting = "services.pseudonymizer.url"
+    endpoint = ServiceEndpoint("pseudonymizer", configured.url, configured.auth, timeout, connections, setting=setting)
     async with build_async_client(endpoint, settings.tls) as client:
         service = Pseudonymizer(
             client,
