@@ -101,10 +101,9 @@ send_files_binary = batch_task("send-files-binary", "send", send_file_binary)
 @file_task("send-document-reference", "send[DocumentReference]")
 def send_document_reference(step: StepInput, binaries: list[SentBinary]) -> str:
     settings = settings_of(step)
-    with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
-        return put_document_reference(
-            server, step.output_dir / "transfer.json", step.job_id, binaries, settings.services.send.transfer
-        )
+    config = settings.services.send
+    with FhirServer.connect(config, settings.tls, settings.retry) as server:
+        return put_document_reference(server, step.output_dir / "transfer.json", step.job_id, binaries, config.transfer)
 
 
 def send_file_s3(step: StepInput, name: str, size: int) -> dict[str, Any]:
