@@ -166,9 +166,8 @@ async def pseudonymize_path(
         try:
             return await service.pseudonymize(line, resource)
         except (ServiceError, PseudonymizationError) as exc:
-            message = f"{source}: line {line_number} ({resource_label(resource)}): {exc}"
-            if isinstance(exc, ServiceError) and exc.status_code == 413:
-                message += f"; {TOO_LARGE_HINT}"
+            hint = f"; {TOO_LARGE_HINT}" if isinstance(exc, ServiceError) and exc.status_code == 413 else ""
+            message = f"{source}: line {line_number} ({resource_label(resource)}): {exc}{hint}"
             raise PseudonymizerStepError(message) from exc
 
     def written(_: Any, result: Pseudonymized) -> tuple[bytes, int]:
@@ -190,10 +189,8 @@ async def pseudonymize_path(
     counts.resources_out = counts.written.resources
     if counts.resources_out != counts.resources_in:
         dest.unlink(missing_ok=True)
-        raise PseudonymizerStepError(
-            f"{source}: {counts.resources_in} lines went in but {counts.resources_out} came out; "
-            "the output was discarded"
-        )
+        went = f"{counts.resources_in} lines went in but {counts.resources_out} came out"
+        raise PseudonymizerStepError(f"{source}: {went}; the output was discarded")
     return counts
 
 
