@@ -98,9 +98,8 @@ def validation(step: StepInput) -> StepResult:
 def validate_file(step: StepInput, name: str, chunk_size_mb: int, expected: int | None) -> FileValidation:
     """``chunk_size_mb`` is a parameter: it shapes the report; ``expected``: the file's lines, for progress."""
     settings = settings_of(step)
-    source = step.input_path(name)
     dest = step.output_dir / output_name(name, settings.compression.enabled)
-    return asyncio.run(validate_with_service(settings, source, dest, chunk_size_mb, expected))
+    return asyncio.run(validate_with_service(settings, step.input_path(name), dest, chunk_size_mb, expected))
 
 
 validate_files = batch_task("validate-files", "validate", validate_file)
