@@ -278,10 +278,8 @@ class GroupCsv:
     """One group's CSV, written under a temporary name and renamed by ``finish``."""
 
     def __init__(self, folder: Path, name: str, columns: list[str]):
-        self.dest = folder / name
-        self.part = folder / f"{PART_PREFIX}{name}{PART_SUFFIX}"
-        self.columns = columns
-        self.rows = 0
+        self.dest, self.part = folder / name, folder / f"{PART_PREFIX}{name}{PART_SUFFIX}"
+        self.columns, self.rows = columns, 0
         folder.mkdir(parents=True, exist_ok=True)
         self._stream = open(self.part, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by finish/discard
         self._writer = CsvWriter(self._stream)
