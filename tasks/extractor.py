@@ -1,14 +1,8 @@
 """The ``extractor`` step: run an extraction on the extraction server and download its files into ``import/``.
 
-Input: the job's CRTDL, or the status URL of a complete extraction (procedure step 8: polled, never submitted).
-Submission is never repeated by itself (a retry could create a duplicate job): ``extraction_submission`` is recorded
-before the POST, the handle the moment the server answers; a submission without a handle (the process died during
-the POST, a network error, a 5xx) stops and explains, but a kick-off refused with a 4xx created no job and is cleared,
-as is one that never left (no connection made, no OAuth token to be had).
-A job a poll finds gone (404/410) is submitted afresh, at most ``retry.max_attempts`` times per run; a recorded job that
-``continue --resubmit`` or ``--attach`` replaces is cancelled on the server (``cancel_replaced_extraction``). One cached
-sub-task per file URL, so a resumed job fetches only unfinished files; downloads in one process share one client
-(``download_client``), closed by the last to end.
+Input: the job's CRTDL, or the status URL of a complete extraction (polled, never submitted). Submission is never
+repeated by itself (a retry could create a duplicate job): the attempt is recorded before the POST, the handle the
+moment the server answers. One cached sub-task per file URL, so a resumed job fetches only unfinished files.
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ from prefect import get_run_logger
 
 from config.loader import SettingsIdentity, settings_identity
 from config.settings import Settings
-from config.runtime import job_on_command_line
+from config.runtime import CLI, job_on_command_line
 from tasks.clients.downloads import target_names, wait_until_available
 from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_documents import DeadHandleError, ExtractionError, ExtractionHandle
@@ -37,7 +31,6 @@ from tasks.job.filework import map_files
 from tasks.job.layout import is_result_url, step_artifact_key
 from tasks.job.steps import download_tracked
 from tasks.streams.progress import ProgressArtifact, expect_files
-from config.runtime import CLI
 from tasks.core.readable import counted
 from tasks.core.names import show_text
 from tasks.job.record import now_iso, read_facts, record_facts
@@ -53,11 +46,19 @@ class SubmissionInDoubtError(StepError):
 
 @step_task("extractor")
 def extractor(step: StepInput) -> StepResult:
+    """Follow the extraction, then download every file. After a failure no new download starts, every finished file
+    is kept for ``continue``, and the first failure is raised."""
     settings = settings_of(step)
-    with ExtractionServerClient(settings.services.extractor, settings.tls) as client:
+    config = settings.services.extractor
+    with ExtractionServerClient(config, settings.tls) as client:
         handle, urls = wait_for_result(step, client, current_handle(step, client))
         needs_token = client.files_need_token
-    files = download_result_files(step, urls, needs_token)
+    names = target_names(urls, compress=settings.compression.enabled, max_files=config.max_result_files)
+    arguments = [(step, url, name, needs_token) for url, name in names.items()]
+    expect_files(len(arguments))
+    with download_client(step, needs_token):
+        outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
+    files = sorted(results_or_raise(outcomes), key=lambda f: (not f.core, f.name))  # core first in the record
     return step.result(files, status_url=handle.status_url, extraction_job_id=handle.job_id)
 
 
@@ -87,9 +88,8 @@ _download_clients_lock = threading.Lock()
 
 @contextmanager
 def download_client(step: StepInput, needs_token: bool) -> Iterator[ExtractionServerClient]:
-    """A client for result-file downloads, built where it runs and shared by the downloads at once in this process;
-    the last holder closes it (on a Dask worker too). Keyed by the secret-free identity of the step's settings and
-    whether the files need a token: no client is a task parameter."""
+    """A client for result-file downloads, built where it runs (no client is a task parameter) and shared by the
+    downloads at once in this process; the last holder closes it."""
     key = (settings_identity(step.config_path, step.overrides), needs_token)
     with _download_clients_lock:
         if (lease := _download_clients.get(key)) is None:
@@ -126,13 +126,9 @@ def current_handle(step: StepInput, client: ExtractionServerClient) -> Extractio
 
 
 def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> ExtractionHandle:
-    """Submit the job's CRTDL once; the attempt is recorded before the POST and the handle right after it.
-
-    A kick-off the server refused (a 4xx answer: no job was created) or that never reached it (the connection was
-    never made, or the identity provider gave no token for it: ``started_no_job``) clears the attempt, so
-    ``continue`` submits again once the cause is fixed; the error fails the step unchanged. Anything else stays in
-    doubt, said at once (``SubmissionInDoubtError``): a timeout may come after the request was sent, and a 5xx may
-    hide a job (a proxy's 502/503/504 while the server behind it took it)."""
+    """Submit the job's CRTDL once. A kick-off that certainly started no job (``started_no_job``) clears the
+    recorded attempt, so ``continue`` submits again once the cause is fixed. Anything else stays in doubt: a timeout
+    may come after the request was sent, and a 5xx may hide a job (a proxy's 502/503/504 while the server took it)."""
     if (crtdl_path := step.crtdl_path) is None:
         raise ExtractionError("the extractor step needs a CRTDL file (or a complete result URL) as the job input")
     crtdl = crtdl_path.read_bytes()  # read before the attempt is recorded: an unreadable file sends nothing
@@ -151,9 +147,8 @@ def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> 
 
 
 def started_no_job(exc: ServiceError, kickoff_url: str) -> bool:
-    """Whether a failed kick-off certainly started no job: the server refused it (a 4xx), or it never reached the
-    server: its connection was never made, or the OAuth token it needed could not be had (the identity provider
-    answered with an error, or not at all: its request failed, not the kick-off's)."""
+    """Whether a failed kick-off certainly started no job: the server refused it (a 4xx), its connection was never
+    made, or the OAuth token it needed could not be had (the failed request is the identity provider's)."""
     if exc.service == "oauth" or (exc.status_code is not None and 400 <= exc.status_code < 500):
         return True
     cause = exc.__cause__
@@ -188,10 +183,8 @@ def submission_in_doubt_message(step: StepInput, in_flight: dict) -> str:
 
 
 def cancel_replaced_extraction(settings: Settings, job_id: str) -> str:
-    """Cancel the unfinished extraction ``job_id`` that a job's ``continue --resubmit`` or ``--attach`` replaces:
-    left alone it runs on beside its replacement, taking the server's batch slots and disk. Returns what happened,
-    for the log; a cancel that fails does not stop the replacement (the text says how to cancel it by hand). The id
-    comes from the job's record: shown as itself or escaped."""
+    """Cancel the extraction that ``continue --resubmit`` or ``--attach`` replaces: left alone it takes the server's
+    batch slots and disk. Returns what happened, for the log; a failed cancel does not stop the replacement."""
     shown = show_text(job_id)
     try:
         with ExtractionTaskClient(settings.services.extractor, settings.tls, settings.retry) as client:
@@ -244,8 +237,7 @@ def wait_for_result(
 
 
 class ProgressReporter:
-    """Shows polling progress in the log (when it changes) and as a Prefect progress artifact (at most every
-    ``ARTIFACT_EVERY_SECONDS``) of its own, beside the downloads' one of the same key."""
+    """Polling progress in the log (when it changes) and as a progress artifact of its own."""
 
     def __init__(self, step: StepInput):
         self._artifact = ProgressArtifact(step_artifact_key(step.job_id, step.position, step.step, "progress"))
@@ -263,18 +255,3 @@ class ProgressReporter:
 
     def finish(self, files: int) -> None:
         self._artifact.write(100.0, f"Extraction complete: {counted(files, 'file')} to download")
-
-
-def download_result_files(step: StepInput, urls: list[str], needs_token: bool) -> list[DataFile]:
-    """Download every file, ``core`` first in the record. After a failure no new download starts, every finished file
-    is kept for ``continue``, and the first failure is raised; on an interrupt those in flight stop at their next
-    chunk."""
-    settings = settings_of(step)
-    names = target_names(
-        urls, compress=settings.compression.enabled, max_files=settings.services.extractor.max_result_files
-    )
-    arguments = [(step, url, name, needs_token) for url, name in names.items()]
-    expect_files(len(arguments))
-    with download_client(step, needs_token):
-        outcomes = map_files(download_result_file, arguments, DOWNLOAD_CONCURRENCY)
-    return sorted(results_or_raise(outcomes), key=lambda f: (not f.core, f.name))

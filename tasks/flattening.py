@@ -1,25 +1,20 @@
-"""The ``flattening`` step: the job's data as one CSV per CRTDL attribute group (spec/protocols.md, "Flattening";
-for users: docs/steps.md).
+"""The ``flattening`` step: the job's data as one CSV per CRTDL attribute group (spec/protocols.md, "Flattening").
 
-One ViewDefinition per group with a lookup table, saved under ``viewdefinitions/`` for ``view run``; resources are
-routed by the extraction's Provenance, else by type, profile and CRTDL filters (``tasks.sof.selection``). Rows come
-from the embedded engine or the service's ``$run``. The engine works piece by piece (a file, or a span of a large
-one in worker processes: parsing and FHIRPath hold the GIL), each a cached task writing its rows into
-``.parts/<piece>/``. The parts are joined in input order, so the CSVs are the same bytes however many processes ran,
-and renamed into place when the step completes. Resources of which no CSV has a row fail the step
-(``refuse_empty_result``).
+One ViewDefinition per group, saved under ``viewdefinitions/`` for ``view run``. Rows come from the embedded engine or
+the service's ``$run``. The engine works piece by piece (a file, or a span of a large one in worker processes:
+parsing and FHIRPath hold the GIL), each a cached task writing into ``.parts/<piece>/``; the parts are joined in input
+order, so the CSVs are the same bytes however many processes ran.
 """
 
 from __future__ import annotations
 
 import io
 import json
-import logging
 import shutil
 from collections.abc import Iterable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict, get_args
 
 import orjson
 
@@ -27,33 +22,16 @@ from config.settings import Settings
 from tasks.clients.flattener import Flattener
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
 from tasks.job.flattening_plan import StepPlan, plan_views, remember_plan, step_plan
-from tasks.job.flattening_outcome import (
-    FlatteningError,
-    FlattenOutcome,
-    engine_errors_as_step_errors,
-    new_outcome,
-    refuse_empty_result,
-    report,
-)
-from tasks.streams.progress import Tracker, expect_files, track
+from tasks.job.flattening_outcome import FlatteningError, FlattenOutcome, engine_errors_as_step_errors, new_outcome
+from tasks.job.flattening_outcome import refuse_empty_result, report
+from tasks.streams.progress import expect_files, track
 from tasks.sof.view import compile_view
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.job.filework import FileToDo, run_batches
 from tasks.job.steps import file_shape
 from tasks.sof.crtdl_views import AttributeGroup, GroupView
-from tasks.sof.flatten import (
-    FileParts,
-    FilePlan,
-    PieceSource,
-    GroupPlan,
-    RouteCounts,
-    Router,
-    bare_routes,
-    flatten_file,
-    has_group_provenance,
-    parquet_file,
-    routes_json,
-)
+from tasks.sof.flatten import FileParts, FilePlan, PieceSource, GroupPlan, RouteCounts, Router, bare_routes
+from tasks.sof.flatten import flatten_file, has_group_provenance, parquet_file, routes_json
 from tasks.sof.output import CsvWriter, csv_cells, json_bytes
 from tasks.sof.errors import ResourceLineError
 from tasks.sof.resources import parse_line
@@ -63,11 +41,12 @@ from tasks.streams.ndjson import PART_PREFIX, PART_SUFFIX, iter_lines
 from tasks.streams.processes import ProcessCalls, SharedCount, never_cancelled, pool_size, run_in_process, worker_pool
 from tasks.streams.spans import MB, SPAN_MIN_BYTES, Piece, file_spans, input_pays_for_processes
 
-log = logging.getLogger("dupflow.flattening")
-
 VIEWS_FOLDER = "viewdefinitions"
 PARTS_FOLDER = ".parts"
 COPY_CHUNK = 1 << 20
+Counted = Literal["unrouted", "skipped_resources", "unknown_groups", "other_profile", "filtered_out"]
+COUNTED: tuple[Counted, ...] = get_args(Counted)
+"""The per-type counters that ``RouteCounts``, ``FileParts`` and ``FlattenOutcome`` share."""
 
 
 @step_task("flattening")
@@ -79,30 +58,31 @@ def flattening(step: StepInput) -> StepResult:
     if not config.lookup_path:
         raise FlatteningError("services.flattening.lookup_path is not set (the lookup file flattening needs)")
     plan = remember_plan(*plan_views(step.crtdl_path, Path(config.lookup_path)))
-    views, skipped = plan.views, plan.skipped
-    save_view_definitions(step.job_path / VIEWS_FOLDER, views)
+    save_view_definitions(step.job_path / VIEWS_FOLDER, plan.views)
     max_line = settings.pipeline.max_ndjson_line_size_bytes
-    clean_output(step.output_dir)
+    if step.output_dir.is_dir():  # an earlier attempt's files, but the finished pieces' parts
+        for path in step.output_dir.iterdir():
+            if path.is_file() and path.name.endswith((".csv", ".parquet", PART_SUFFIX)):
+                path.unlink()
     if config.service_url:
         timeout, setting = http_timeout(config.timeout), "services.flattening.service_url"
         endpoint = ServiceEndpoint("flattening", config.service_url, None, timeout, setting=setting)
         with ServiceClient(endpoint, settings.tls, settings.retry) as client:
             service = Flattener(client)
             service.check()
-            outcome = flatten_with_service(
-                list(step.input_paths()), step.output_dir, views, skipped, max_line, service, config.batch_size_mb * MB
-            )
+            paths, budget = list(step.input_paths()), config.batch_size_mb * MB
+            outcome = flatten_with_service(paths, step.output_dir, plan.views, plan.skipped, max_line, service, budget)
     else:
         outcome = flatten_step_files(step, plan, max_line)
     if "parquet" in config.formats:
-        add_parquet_files(step.output_dir, views, outcome)
+        add_parquet_files(step.output_dir, plan.views, outcome)
     report(outcome, step)
     return step.result(outcome.files, **outcome.summary())
 
 
 class BatchResult(TypedDict):
-    """A flattened batch of pieces: what ``flatten_file`` wrote, and its parts as data files of the step's folder (so
-    that a cached batch whose parts are gone is flattened again, as any cached file that is gone is made again)."""
+    """What ``flatten_file`` wrote, and its parts as data files of the step's folder (so that a cached batch whose
+    parts are gone is flattened again)."""
 
     parts: FileParts
     files: list[DataFile]
@@ -117,9 +97,8 @@ def flatten_batch(
     plan_digest: str,
     in_worker_process: bool,
 ) -> BatchResult:
-    """Flatten the batch's pieces (each with its input file's lines, for progress), in turn, into one parts folder
-    ``flattening/.parts/<first piece's folder>/``; ``plan_digest`` (the views and the skipped groups) makes a changed
-    CRTDL or lookup file a new result; ``in_worker_process``: the step's choice, made once for all."""
+    """Flatten the pieces (each with its input file's lines, for progress) into ``.parts/<first piece's folder>/``;
+    ``plan_digest`` (the views and the skipped groups) makes a changed CRTDL or lookup file a new result."""
     assert step.input_dir is not None
     plan = step_plan(step, plan_digest)
     max_line = settings_of(step).pipeline.max_ndjson_line_size_bytes
@@ -138,57 +117,39 @@ def flatten_batch(
 
 
 def flatten_one(plan: FilePlan, label: str, total: int | None, *, in_worker_process: bool, files: int = 1) -> FileParts:
-    """The parts of a plan's pieces (``files`` of the step's input), in a worker process or in this one, its progress
-    shown as ``flatten <label>`` against ``total`` lines; a cancelled fan-out stops it, and the engine's errors become
-    the step's."""
+    """The parts of a plan's pieces (``files`` of the step's input), in a worker process or in this one; from a
+    worker, the lines it has done reach the progress while this thread waits."""
     with engine_errors_as_step_errors(), track(f"flatten {label}", total, "lines", files=files) as progress:
-        if in_worker_process:
-            return flatten_in_worker(plan, progress)
-        return flatten_file(plan, raise_if_cancelled, progress.advance)
+        if not in_worker_process:
+            return flatten_file(plan, raise_if_cancelled, progress.advance)
+        done = SharedCount(str(Path(plan.parts_dir) / f".{plan.folder}.count"))
+        done.remove()  # a count a killed run left
+        shown = 0
 
+        def follow() -> None:
+            nonlocal shown
+            raise_if_cancelled()
+            now = done.read()
+            progress.advance(now - shown)
+            shown = now
 
-def flatten_in_worker(plan: FilePlan, progress: Tracker) -> FileParts:
-    """``flatten_file`` in a worker process (of the step's pool); the lines it has done reach ``progress`` while this
-    thread waits."""
-    done = SharedCount(str(Path(plan.parts_dir) / f".{plan.folder}.count"))
-    done.remove()  # a count a killed run left
-    shown = 0
-
-    def follow() -> None:
-        nonlocal shown
-        raise_if_cancelled()
-        now = done.read()
-        progress.advance(now - shown)
-        shown = now
-
-    try:
-        result = run_in_process(flatten_file, plan, never_cancelled, done.add, stop_if_cancelled=follow)
-    finally:
-        done.remove()
-    progress.advance(result["lines"] - shown)
-    return result
+        try:
+            result = run_in_process(flatten_file, plan, never_cancelled, done.add, stop_if_cancelled=follow)
+        finally:
+            done.remove()
+        progress.advance(result["lines"] - shown)
+        return result
 
 
 def save_view_definitions(folder: Path, views: list[GroupView]) -> None:
-    """``<folder>/<group name>.json`` per view, so that a user can rerun it elsewhere."""
     for view in views:
-        write_file_atomically(
-            folder / view.group.view_file_name, json.dumps(view.view, indent=2, ensure_ascii=False).encode() + b"\n"
-        )
-
-
-def clean_output(folder: Path) -> None:
-    """Remove CSVs, Parquet files and temporaries of an earlier attempt (the finished pieces' parts are kept)."""
-    if folder.is_dir():
-        for path in folder.iterdir():
-            if path.is_file() and path.name.endswith((".csv", ".parquet", PART_SUFFIX)):
-                path.unlink()
+        text = json.dumps(view.view, indent=2, ensure_ascii=False)
+        write_file_atomically(folder / view.group.view_file_name, text.encode() + b"\n")
 
 
 def add_parquet_files(out_dir: Path, views: list[GroupView], outcome: FlattenOutcome) -> None:
-    """Each group's CSV also as Parquet beside it (``services.flattening.formats`` has parquet), typed from its view
-    (``tasks.sof.parquet``), one after the other in one worker process (the long-lived flow process never loads
-    pyarrow; two workers would each hold it and a row group); listed with the step's files."""
+    """Each group's CSV also as Parquet beside it, typed from its view, one after the other in one worker process
+    (the long-lived flow process never loads pyarrow; two workers would each hold it and a row group)."""
     csv_files = list(outcome.files)
     view_of = {view.group.csv_name: view.view for view in views}
     parquet_paths = [out_dir / (csv_file.name.removesuffix(".csv") + ".parquet") for csv_file in csv_files]
@@ -210,16 +171,12 @@ def pieces_plan(
     by_provenance: bool,
     max_line_bytes: int,
 ) -> FilePlan:
-    """What a worker needs to flatten ``pieces`` into the parts folder of the first: a span reads its file's bare
-    routes where ``plan_pieces`` saved them."""
-    sources = tuple(
-        PieceSource(
-            str(input_dir / piece.name),
-            piece.span,
-            str(routes_path(parts_dir, piece.name)) if by_provenance and piece.count > 1 else "",
-        )
-        for piece in pieces
-    )
+    """What a worker needs to flatten ``pieces`` into the parts folder of the first."""
+
+    def routes(piece: Piece) -> str:  # a span reads its file's bare routes where ``plan_pieces`` saved them
+        return str(routes_path(parts_dir, piece.name)) if by_provenance and piece.count > 1 else ""
+
+    sources = tuple(PieceSource(str(input_dir / piece.name), piece.span, routes(piece)) for piece in pieces)
     return FilePlan(sources, str(parts_dir), pieces[0].folder, groups, skipped_ids, by_provenance, max_line_bytes)
 
 
@@ -231,8 +188,8 @@ def plan_pieces(
     max_line_bytes: int,
     min_span_bytes: int = SPAN_MIN_BYTES,
 ) -> list[Piece]:
-    """Every input file as one piece, or with several ``processes`` a large one cut into spans (``file_spans``); a
-    cut file's bare Provenance routes are saved once for its spans."""
+    """Every input file as one piece, or with several ``processes`` a large one cut into spans; a cut file's bare
+    Provenance routes are saved once for its spans."""
     pieces = []
     for path in paths:
         spans = file_spans(path, processes, min_span_bytes)
@@ -245,19 +202,17 @@ def plan_pieces(
 
 
 def routes_path(parts_dir: Path, name: str) -> Path:
-    """Where the bare Provenance routes of a cut file are saved (beside its spans' folders)."""
     return parts_dir / f".{name}.routes.json"
 
 
 def routes_by_provenance(paths: Iterable[Path], max_line_bytes: int) -> bool:
-    """Whether resources are routed by attribute-group Provenance: some input file has it (see the module doc, 2)."""
+    """Whether resources are routed by attribute-group Provenance: some input file has it."""
     return any(has_group_provenance(path, max_line_bytes) for path in paths)
 
 
 def flatten_step_files(step: StepInput, plan: StepPlan, max_line_bytes: int) -> FlattenOutcome:
-    """The input's pieces in batches of cached ``flatten[...]`` tasks (``map_batches``; a span of a large file
-    alone), then the parts joined into the CSVs; on a large input in worker processes that end with this step (they
-    start while the input is scanned and cut)."""
+    """The input's pieces in batches of cached ``flatten[...]`` tasks, then the parts joined into the CSVs; on a large
+    input in worker processes (they start while the input is scanned and cut)."""
     in_processes = input_pays_for_processes(step.input_paths())
     parts_dir = step.output_dir / PARTS_FOLDER
     with worker_pool(flatten_file.__module__) if in_processes else nullcontext():
@@ -267,14 +222,8 @@ def flatten_step_files(step: StepInput, plan: StepPlan, max_line_bytes: int) -> 
         cut = len(pieces) > len(step.files)  # a cut file's spans are counted one by one
         expect_files(len(pieces), "pieces" if cut else "files")
         inputs = {f.name: f for f in step.files}
-        to_do = [
-            FileToDo(
-                piece.label,
-                inputs[piece.name].size if piece.count == 1 else None,
-                (piece, inputs[piece.name].resources),
-            )
-            for piece in pieces
-        ]
+        sizes = [inputs[p.name].size if p.count == 1 else None for p in pieces]  # a span's size is not known
+        to_do = [FileToDo(p.label, size, (p, inputs[p.name].resources)) for p, size in zip(pieces, sizes, strict=True)]
         batches = run_batches(flatten_batch, step, to_do, workers, by_provenance, plan.digest, in_processes)
         results = results_or_raise(batches)
     parts = [result["parts"] for result in results]
@@ -291,18 +240,14 @@ def join_parts(
     results: list[FileParts],
     by_provenance: bool,
 ) -> FlattenOutcome:
-    """Each group's CSV: its header, then its part of every piece in input order; all renamed at the end (the one
-    place the final CSVs are written)."""
+    """Each group's CSV: its header, then its part of every piece in input order; all renamed at the end."""
     outcome = new_outcome(views, skipped, by_provenance, "embedded")
     for result in results:
         for counts, resources, rows in zip(outcome.groups, result["resources"], result["rows"], strict=True):
             counts.resources += resources
             counts.rows += rows
-        outcome.unrouted.update(result["unrouted"])
-        outcome.skipped_resources.update(result["skipped_resources"])
-        outcome.unknown_groups.update(result["unknown_groups"])
-        outcome.other_profile.update(result["other_profile"])
-        outcome.filtered_out.update(result["filtered_out"])
+        for key in COUNTED:
+            getattr(outcome, key).update(result[key])
     refuse_empty_result(outcome)
     written: list[tuple[Path, Path, int]] = []
     try:
@@ -311,7 +256,9 @@ def join_parts(
             temporary = out_dir / f"{PART_PREFIX}{name}{PART_SUFFIX}"
             written.append((temporary, out_dir / name, counts.rows))
             with temporary.open("wb") as out:
-                out.write(header_line(compile_view(view.view).columns))
+                header = io.StringIO(newline="")
+                CsvWriter(header).writerow(compile_view(view.view).columns)
+                out.write(header.getvalue().encode())
                 for result in results:
                     if result["rows"][i]:
                         with (parts_dir / result["folder"] / name).open("rb") as part:
@@ -327,20 +274,12 @@ def join_parts(
     return outcome
 
 
-def header_line(columns: list[str]) -> bytes:
-    text = io.StringIO(newline="")
-    CsvWriter(text).writerow(columns)
-    return text.getvalue().encode()
-
-
 class GroupCsv:
     """One group's CSV, written under a temporary name and renamed by ``finish``."""
 
     def __init__(self, folder: Path, name: str, columns: list[str]):
-        self.dest = folder / name
-        self.part = folder / f"{PART_PREFIX}{name}{PART_SUFFIX}"
-        self.columns = columns
-        self.rows = 0
+        self.dest, self.part = folder / name, folder / f"{PART_PREFIX}{name}{PART_SUFFIX}"
+        self.columns, self.rows = columns, 0
         folder.mkdir(parents=True, exist_ok=True)
         self._stream = open(self.part, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by finish/discard
         self._writer = CsvWriter(self._stream)
@@ -361,12 +300,12 @@ class GroupCsv:
         self.part.unlink(missing_ok=True)
 
 
-class RemoteGroup:
-    """A group's rows from the flattening service: resources buffered up to ``budget`` bytes, then one ``$run``."""
+class RemoteGroup(GroupCsv):
+    """A group's CSV, its rows from the flattening service: resources buffered up to ``budget`` bytes, one ``$run``."""
 
-    def __init__(self, service: Flattener, view: dict[str, Any], out: GroupCsv, budget: int):
-        self.service, self.out, self.budget = service, out, max(budget, 1)
-        self.view = json_bytes(view)
+    def __init__(self, folder: Path, view: GroupView, service: Flattener, budget: int):
+        super().__init__(folder, view.group.csv_name, compile_view(view.view).columns)
+        self.service, self.view, self.budget = service, json_bytes(view.view), max(budget, 1)
         self.pending: list[bytes] = []
         self.pending_bytes = 0
 
@@ -380,8 +319,7 @@ class RemoteGroup:
     def close(self) -> None:
         if not self.pending:
             return
-        columns = self.out.columns
-        self.out.write(tuple(row.get(c) for c in columns) for row in self.service.run(self.view, self.pending))
+        self.write(tuple(row.get(c) for c in self.columns) for row in self.service.run(self.view, self.pending))
         self.pending, self.pending_bytes = [], 0
 
 
@@ -396,22 +334,27 @@ def flatten_with_service(
 ) -> FlattenOutcome:
     """Every file's resources, in order, to the service in batches of up to ``budget`` divided among the groups."""
     by_provenance = routes_by_provenance(paths, max_line_bytes)
-    outs = [GroupCsv(out_dir, view.group.csv_name, compile_view(view.view).columns) for view in views]
     per_group = budget // max(len(views), 1)
-    engines = [RemoteGroup(service, view.view, out, per_group) for view, out in zip(views, outs, strict=True)]
+    outs = [RemoteGroup(out_dir, view, service, per_group) for view in views]
     outcome = new_outcome(views, skipped, by_provenance, "service")
-    counts = RouteCounts([0] * len(views), outcome.unrouted, outcome.skipped_resources, outcome.unknown_groups)
-    counts.other_profile, counts.filtered_out = outcome.other_profile, outcome.filtered_out
+    counts = RouteCounts([0] * len(views), **{key: getattr(outcome, key) for key in COUNTED})
     groups, selections = [(v.group.id, v.resource_type) for v in views], [v.selection for v in views]
-    router = Router(groups, [g.id for g in skipped], engines, by_provenance, counts, selections)
+    router = Router(groups, [g.id for g in skipped], outs, by_provenance, counts, selections)
     try:
         with engine_errors_as_step_errors():
             for path in paths:
                 routes = bare_routes(path, max_line_bytes) if by_provenance else {}
                 for number, line in iter_lines(path, max_line_bytes):
-                    route_to_service(router, path, number, parse_line(path, number, line), routes)
-        for engine in engines:
-            engine.close()
+                    resource = parse_line(path, number, line)
+                    try:
+                        router.route_line(resource, routes)
+                    except orjson.JSONEncodeError:  # over 254 levels, where orjson reads 1024: the line's fault
+                        raise ResourceLineError(
+                            f"{path}: line {number} is nested too deeply (over 254 levels) to be sent to the "
+                            "flattening service"
+                        ) from None
+        for out in outs:
+            out.close()
         for group, resources, out in zip(outcome.groups, counts.resources, outs, strict=True):
             group.resources = resources
             group.rows = out.rows
@@ -424,19 +367,7 @@ def flatten_with_service(
     return outcome
 
 
-def route_to_service(router: Router, path: Path, number: int, resource: dict, routes: dict[str, set[str]]) -> None:
-    """``router.route_line``; a resource orjson cannot write again (over 254 levels, where it reads 1024) is the
-    line's fault, named as the embedded engine names a line it cannot read."""
-    try:
-        router.route_line(resource, routes)
-    except orjson.JSONEncodeError:
-        raise ResourceLineError(
-            f"{path}: line {number} is nested too deeply (over 254 levels) to be sent to the flattening service"
-        ) from None
-
-
 def shaped_settings(settings: Settings) -> dict[str, Any]:
-    """What the step's files depend on besides its input (and the job's CRTDL): the lookup file (an edit of it too),
-    the formats."""
+    """What the step's files depend on besides its input and CRTDL: the lookup file (an edit of it too), the formats."""
     flattening = settings.services.flattening
     return {"lookup": file_shape(flattening.lookup_path), "formats": flattening.formats}

@@ -1,19 +1,17 @@
 """The ``http_import`` step: fetch one NDJSON file from an HTTP(S) URL (the job input) into ``import/``.
 
-No credentials (there is no auth block for it); ``tls`` and ``retry`` apply. Naming, compression and checks follow
-the extractor's downloads (``tasks.clients.downloads``). The fetch is a cached sub-task keyed by the URL, so
-``continue`` does not fetch a finished file again. The stall timeout is the default of
-``services.extractor.download_stall_timeout``: this step has no settings block of its own.
+No credentials; ``tls`` and ``retry`` apply. Naming, compression and checks follow the extractor's downloads. The
+stall timeout is the default of ``services.extractor.download_stall_timeout``: the step has no settings of its own.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from config.services import ExtractorSettings
+from config.settings import Settings
 from tasks.clients.downloads import safe_file_name
 from tasks.clients.http import ServiceEndpoint, build_client, http_timeout
 from tasks.job.contract import DataFile, StepInput, StepResult, commit_each, file_task, settings_of, step_task
@@ -22,9 +20,6 @@ from tasks.job.steps import compression_shape, download_tracked
 from tasks.streams.ndjson import FileStats
 from tasks.streams.progress import expect_files
 from tasks.core.url_credentials import shown_url
-
-if TYPE_CHECKING:
-    from config.settings import Settings
 
 STALL_TIMEOUT = ExtractorSettings.DEFAULT_DOWNLOAD_STALL_TIMEOUT
 
@@ -48,7 +43,6 @@ def fetch_url(step: StepInput, url: str, name: str) -> DataFile:
 
 
 def fetch_ndjson(url: str, dest: Path, settings: Settings) -> FileStats:
-    """Download ``url`` into ``dest`` (the step's task above adds the cache)."""
     endpoint = ServiceEndpoint("http_import", origin(url), None, http_timeout(STALL_TIMEOUT))
     with build_client(endpoint, settings.tls) as client:
         return download_tracked(client, url, dest, settings, STALL_TIMEOUT)
@@ -70,6 +64,4 @@ def origin(url: str) -> str:
     return str(httpx.URL(url).copy_with(path="/", query=None, fragment=None, userinfo=b"")).rstrip("/")
 
 
-def shaped_settings(settings: Settings) -> dict[str, Any]:
-    """What the step's files depend on besides its input: compression."""
-    return compression_shape(settings)
+shaped_settings = compression_shape  # what the step's files depend on besides its input

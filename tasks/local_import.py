@@ -1,10 +1,7 @@
 """The ``local_import`` step: copy NDJSON files from a local directory into the job's ``import/``.
 
-Source: a directory given as the job input, else ``services.local_import.dir`` (``--dir``). Files are copied in
-batches (``pipeline.file_batches``), each a cached task, so a resumed job copies only the batches not finished
-before; batches are copied on every core at once (zstd releases the GIL). Anything named like data that is no
-readable file (a directory, a named pipe, a dangling symbolic link, ...) fails the step with its path named: nothing
-that looks like data is left out silently.
+Batches of files are copied on every core at once (zstd releases the GIL). Anything named like data that is no
+readable file fails the step with its path named: nothing that looks like data is left out silently.
 """
 
 from __future__ import annotations
@@ -112,14 +109,12 @@ def source_directory(job_input: str | None, configured_dir: str | None) -> Path:
         given_as, how = "services.local_import.dir", "with --dir DIR or in services.local_import.dir"
     else:
         given_as, how = "the job input", "as the job input"
-    if not source.exists():
-        raise LocalImportError(
-            f"import directory {source} ({given_as}) does not exist; give the folder that holds the .ndjson files {how}"
-        )
     if not source.is_dir():
-        raise LocalImportError(
-            f"import directory {source} ({given_as}) is a file, not a directory; give the folder that holds it {how}"
-        )
+        if source.exists():
+            problem = "is a file, not a directory; give the folder that holds it"
+        else:
+            problem = "does not exist; give the folder that holds the .ndjson files"
+        raise LocalImportError(f"import directory {source} ({given_as}) {problem} {how}")
     return source.resolve()
 
 
@@ -133,9 +128,8 @@ def find_ndjson_files(source: Path, recursive: bool, jobs_dir: Path | None = Non
 
 
 def scan(source: Path, recursive: bool, jobs_dir: Path | None = None) -> list[Path]:
-    """Every data file of ``source`` (and its subdirectories): whatever is named like one must be a readable file
-    (``check_data_file``). An unreadable directory is an error naming it. ``jobs_dir`` is passed over: an import folder
-    that holds it would import earlier jobs' files again."""
+    """Every data file of ``source`` (and its subdirectories). ``jobs_dir`` is passed over: an import folder that
+    holds it would import earlier jobs' files again."""
     skipped = jobs_dir.resolve() if jobs_dir is not None else None
 
     def unreadable(exc: OSError) -> None:
@@ -189,15 +183,13 @@ def is_data_name(name: str) -> bool:
 
 
 def check_data_file(path: Path) -> Path:
-    """``path``, named like data, as a regular file this process may read; anything else (a directory, a named
-    pipe, a device, a dangling symbolic link or a loop of them, a file without read permission) is an error
-    naming it, never a file silently left out. Only its status is read: opening a named pipe would block."""
+    """``path``, named like data, as a regular file this process may read, else an error naming it. Only its status
+    is read: opening a named pipe would block."""
     try:
         mode = path.stat().st_mode
     except OSError as exc:
-        raise LocalImportError(
-            f"cannot read {show_text(path, None)}: {_stat_problem(path, exc)}; fix or remove it"
-        ) from None
+        problem = _stat_problem(path, exc)
+        raise LocalImportError(f"cannot read {show_text(path, None)}: {problem}; fix or remove it") from None
     if not stat.S_ISREG(mode):
         kind = FILE_KINDS.get(stat.S_IFMT(mode), "a device")
         raise LocalImportError(
@@ -233,9 +225,9 @@ def target_names(files: list[Path], compress: bool) -> list[str]:
 
 
 def file_identity(path: Path) -> list:
-    """What makes a source file the same file on a re-run: its path, size and modification time."""
-    stat = path.stat()
-    return [str(path), stat.st_size, stat.st_mtime_ns]
+    """What makes a source file the same file on a re-run."""
+    found = path.stat()
+    return [str(path), found.st_size, found.st_mtime_ns]
 
 
 def shaped_settings(settings: Settings) -> dict[str, Any]:

@@ -1,11 +1,7 @@
 """The ``pseudonymizer`` step: every resource of the previous step's files through the service's ``$de-identify``.
 
-Files one after the other (``core`` first), in batches (``pipeline.file_batches``), each a cached task, so a
-resumed job skips finished batches. Within a file,
-requests are in flight while the output keeps the input order, at most twice ``max_concurrent_requests`` resources
-pending (bounded memory). The anonymization YAML is read once per run; file tasks get its SHA-256 and take the bytes
-from a cache keyed by it, so they never become a task parameter (they may hold a hash key); a Dask worker reads the
-file again and refuses it if it changed. Every file must come out with as many lines as went in.
+The anonymization YAML is read once per run; file tasks get its SHA-256 and take it from a cache keyed by it, so it
+never becomes a task parameter (it may hold a hash key). Every file must come out with as many lines as went in.
 """
 
 from __future__ import annotations
@@ -20,14 +16,8 @@ from typing import Any, TypedDict
 from config.settings import Settings
 from tasks.clients.errors import BODY_LIMIT, ServiceError
 from tasks.clients.http import ServiceEndpoint, build_async_client, http_timeout
-from tasks.clients.pseudonymizer import (
-    CONFIG_KEY,
-    AnonymizationConfig,
-    PseudonymizationError,
-    Pseudonymized,
-    Pseudonymizer,
-    resource_label,
-)
+from tasks.clients.pseudonymizer import CONFIG_KEY, AnonymizationConfig, PseudonymizationError, Pseudonymized
+from tasks.clients.pseudonymizer import Pseudonymizer, resource_label
 from tasks.job.contract import DataFile, StepInput, StepResult, batch_task, settings_of, step_task
 from tasks.job.filework import FileToDo
 from tasks.core.errors import StepError
@@ -76,17 +66,18 @@ class FileResult(TypedDict):
 def pseudonymizer(step: StepInput) -> StepResult:
     settings = settings_of(step)
     config = read_anonymization_config(settings.services.pseudonymizer.anonymization_config)
-    compress = settings.compression.enabled
     if config:
         _configs_by_digest.keep(config.sha256, config)
-    config_digest = config.sha256 if config else None
+    config_digest, compress = config.sha256 if config else None, settings.compression.enabled
     files = [
         FileToDo(f.name, f.size, (f.name, output_name(f.name, compress), f.resources, config_digest))
         for f in step.input_files()
     ]
     results: list[FileResult] = one_batch_at_a_time(pseudonymize_files, step, files)
     reports = [result["report"] for result in results]
-    publish_file_reports(step, reports)
+    titles = {"resources_in": "lines in", "resources_out": "lines out", "seconds": "duration (s)"}  # else in words
+    rows = [{titles.get(key, key.replace("_", " ")): value for key, value in r.items()} for r in reports]
+    publish_report(step, rows, "lines, split Bundles and requests per file")
     return step.result(
         [result["file"] for result in results],
         anonymization_config=config.path if config else "the service's own",
@@ -98,15 +89,13 @@ def pseudonymizer(step: StepInput) -> StepResult:
 def pseudonymize_file(
     step: StepInput, source_name: str, name: str, expected_resources: int, config_digest: str | None
 ) -> FileResult:
-    """De-identify ``<input folder>/<source_name>`` into ``pseudonymizer/<name>``; ``config_digest`` (the YAML's
-    SHA-256, of the bytes the step read) makes a changed anonymization config a new result."""
+    """``config_digest`` (the SHA-256 of the YAML the step read) makes a changed anonymization config a new result."""
     settings = settings_of(step)
     config = anonymization_config(settings.services.pseudonymizer.anonymization_config, config_digest)
     source = step.input_path(source_name)
     started = time.monotonic()
-    counts = asyncio.run(
-        pseudonymize_with_service(settings, source, step.output_dir / name, config, expected_resources)
-    )
+    dest = step.output_dir / name
+    counts = asyncio.run(pseudonymize_with_service(settings, source, dest, config, expected_resources))
     report = FileReport(
         file=source.name,
         resources_in=counts.resources_in,
@@ -128,9 +117,8 @@ async def pseudonymize_with_service(
     if not configured.url:
         raise PseudonymizerStepError("services.pseudonymizer.url is not set")
     timeout, connections = http_timeout(configured.timeout), max(100, configured.max_concurrent_requests)
-    endpoint = ServiceEndpoint(
-        "pseudonymizer", configured.url, configured.auth, timeout, connections, setting="services.pseudonymizer.url"
-    )
+    setting = "services.pseudonymizer.url"
+    endpoint = ServiceEndpoint("pseudonymizer", configured.url, configured.auth, timeout, connections, setting=setting)
     async with build_async_client(endpoint, settings.tls) as client:
         service = Pseudonymizer(
             client,
@@ -165,8 +153,7 @@ async def pseudonymize_path(
     window: int,
     expected_resources: int | None = None,
 ) -> FileCounts:
-    """De-identify every resource of ``source`` into ``dest`` (written atomically), in input order: each line is
-    sent as soon as it is read, at most ``window`` pending; on any failure the pending requests are cancelled."""
+    """De-identify every resource of ``source`` into ``dest`` in input order, at most ``window`` pending."""
     counts = FileCounts()
 
     def resources() -> Iterator[tuple[int, bytes, dict]]:
@@ -179,7 +166,9 @@ async def pseudonymize_path(
         try:
             return await service.pseudonymize(line, resource)
         except (ServiceError, PseudonymizationError) as exc:
-            raise PseudonymizerStepError(failure_message(source, line_number, resource_label(resource), exc)) from exc
+            hint = f"; {TOO_LARGE_HINT}" if isinstance(exc, ServiceError) and exc.status_code == 413 else ""
+            message = f"{source}: line {line_number} ({resource_label(resource)}): {exc}{hint}"
+            raise PseudonymizerStepError(message) from exc
 
     def written(_: Any, result: Pseudonymized) -> tuple[bytes, int]:
         counts.requests += result.requests
@@ -200,23 +189,13 @@ async def pseudonymize_path(
     counts.resources_out = counts.written.resources
     if counts.resources_out != counts.resources_in:
         dest.unlink(missing_ok=True)
-        raise PseudonymizerStepError(
-            f"{source}: {counts.resources_in} lines went in but {counts.resources_out} came out; "
-            "the output was discarded"
-        )
+        went = f"{counts.resources_in} lines went in but {counts.resources_out} came out"
+        raise PseudonymizerStepError(f"{source}: {went}; the output was discarded")
     return counts
 
 
-def failure_message(source: Path, line_number: int, label: str, exc: Exception) -> str:
-    message = f"{source}: line {line_number} ({label}): {exc}"
-    if isinstance(exc, ServiceError) and exc.status_code == 413:
-        message += f"; {TOO_LARGE_HINT}"
-    return message
-
-
 def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
-    """Read the YAML (the step does, once per run, within bounds); an unreadable file stops the step before any
-    request."""
+    """The YAML, read by the step once per run: an unreadable file stops the step before any request."""
     if not path:
         return None
     try:
@@ -226,8 +205,8 @@ def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
 
 
 def anonymization_config(path: str | None, digest: str | None) -> AnonymizationConfig | None:
-    """The config the step read, by its ``digest``; read from ``path`` only in a process that has not seen it (a
-    Dask worker), where a file changed since the step read it is refused (the job would mix two configs)."""
+    """The config the step read, by its ``digest``; a process that has not seen it (a Dask worker) reads ``path`` and
+    refuses a file changed since (the job would mix two configs)."""
     if digest is None:
         return None
     if (config := _configs_by_digest.get(digest)) is not None:
@@ -240,21 +219,6 @@ def anonymization_config(path: str | None, digest: str | None) -> AnonymizationC
         )
     _configs_by_digest.keep(digest, config)
     return config
-
-
-def publish_file_reports(step: StepInput, reports: list[FileReport]) -> None:
-    rows = [
-        {
-            "file": r["file"],
-            "lines in": r["resources_in"],
-            "lines out": r["resources_out"],
-            "bundles split": r["bundles_split"],
-            "requests": r["requests"],
-            "duration (s)": r["seconds"],
-        }
-        for r in reports
-    ]
-    publish_report(step, rows, "lines, split Bundles and requests per file")
 
 
 def shaped_settings(settings: Settings) -> dict[str, Any]:

@@ -1,13 +1,8 @@
 """The ``send`` step: deliver the previous data-producing step's files (``services.send.send_as``; docs/steps.md).
 
-- ``direct_resource_load``: transaction Bundles of ``batch_size`` entries, one batch in memory. After each confirmed
-  batch ``send/progress/<file>.json`` records where the next starts, and a POST entry is a conditional create on a
-  tag of (job, file, position), so a resumed run never creates a resource twice. A rejected batch stops the step,
-  its request and answer kept in ``send/failed/`` with credentials blanked.
-- Files are sent in batches of files (``pipeline.file_batches``; not the transactions' ``batch_size``), one at a time,
-  each a cached task.
-- ``transfer_load``: the MII data transfer (``tasks.clients.transfer``).
-- ``s3_upload``: each file as object ``<job id>/<file name>`` (``tasks.clients.s3``).
+``direct_resource_load`` sends transaction Bundles of ``batch_size`` entries, one batch in memory; a resumed run
+never creates a resource twice (``BatchProgress``, ``transaction_entry``). ``transfer_load``: the MII data transfer
+(``tasks.clients.transfer``); ``s3_upload``: ``tasks.clients.s3``.
 """
 
 from __future__ import annotations
@@ -17,6 +12,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,21 +101,18 @@ send_files_binary = batch_task("send-files-binary", "send", send_file_binary)
 @file_task("send-document-reference", "send[DocumentReference]")
 def send_document_reference(step: StepInput, binaries: list[SentBinary]) -> str:
     settings = settings_of(step)
-    with FhirServer.connect(settings.services.send, settings.tls, settings.retry) as server:
-        return put_document_reference(
-            server, step.output_dir / "transfer.json", step.job_id, binaries, settings.services.send.transfer
-        )
+    config = settings.services.send
+    with FhirServer.connect(config, settings.tls, settings.retry) as server:
+        return put_document_reference(server, step.output_dir / "transfer.json", step.job_id, binaries, config.transfer)
 
 
 def send_file_s3(step: StepInput, name: str, size: int) -> dict[str, Any]:
     from tasks.clients.s3 import S3Uploader
 
     settings = settings_of(step)
-    uploader = S3Uploader(settings.services.send, settings.tls, settings.retry, step.output_dir / "s3-manifest.json")
-    try:
+    manifest = step.output_dir / "s3-manifest.json"
+    with closing(S3Uploader(settings.services.send, settings.tls, settings.retry, manifest)) as uploader:
         uploaded = uploader.upload(step.input_path(name), f"{step.job_id}/{name}")
-    finally:
-        uploader.close()
     return {"key": uploaded.key, "size": uploaded.size, "etag": uploaded.etag}
 
 
@@ -127,7 +120,6 @@ send_files_s3 = batch_task("send-files-s3", "send", send_file_s3)
 
 
 def refuse_csv_input(files: list[DataFile]) -> None:
-    """direct_resource_load sends FHIR resources; flattened CSV files cannot be loaded into a FHIR server."""
     if csv := [f.name for f in files if not f.name.endswith((".ndjson", ".ndjson.zst"))]:
         raise StepError(
             f"send_as direct_resource_load loads FHIR resources (NDJSON) into a server, but the input holds "
@@ -137,7 +129,6 @@ def refuse_csv_input(files: list[DataFile]) -> None:
 
 
 def effective_batch_size(batch_size: int) -> int:
-    """``services.send.batch_size``; 0 means the default of 100."""
     return batch_size or DEFAULT_BATCH_SIZE
 
 
@@ -165,10 +156,9 @@ def iter_batches(
     start_entry: int = 0,
     first_number: int = 1,
 ) -> Iterator[Batch]:
-    """The transaction batches of ``source``, from entry ``start_entry`` of line ``start_line`` on (lines before it
-    skipped unparsed); a batch's ``next_line``/``next_entry`` is where a run resumed after it starts. A line's
-    entries (an unwrapped Bundle's) that fit in one batch are never cut in two: the batch before them ends early,
-    so that references between them (``urn:uuid:``, a Patient and its Conditions) resolve in one transaction."""
+    """The transaction batches of ``source`` from entry ``start_entry`` of line ``start_line`` on (earlier lines
+    skipped unparsed). A line's entries (an unwrapped Bundle's) that fit in one batch are never cut in two, so that
+    references between them (``urn:uuid:``, a Patient and its Conditions) resolve in one transaction."""
     batch = Batch(first_number)
     for line_number, line in iter_lines(source, max_line_bytes):
         if line_number < start_line:
@@ -190,13 +180,15 @@ def iter_batches(
 
 
 def line_entries(source: Path, line_number: int, line: bytes, tag_prefix: str) -> Iterator[tuple[bytes, str]]:
-    """The transaction entries of one NDJSON line: the resource, or the resources of an unwrapped Bundle (but a search's
-    own OperationOutcome, ``search_outcome``)."""
+    """The resource of one NDJSON line, or those of an unwrapped Bundle (but a search's own OperationOutcome)."""
     resource = parse_resource(source, line_number, line)  # an NdjsonError is a StepError
     where = f"{source.name} line {line_number}"
     unwrapped = resource.get("resourceType") == "Bundle" and resource.get("type") in UNWRAPPED_BUNDLE_TYPES
-    if unwrapped or not resource.get("id"):  # taken apart and written anew: every number kept as written
-        resource = exact_resource(line, where)
+    if unwrapped or not resource.get("id"):  # taken apart and written anew: ``1.50`` stays ``1.50``
+        try:
+            resource = loads_exact(line)
+        except RecursionError:
+            raise StepError(f"{where}: the resource is nested too deep to be taken apart; send it as it is") from None
     if unwrapped:
         if not isinstance(entries := resource.get("entry", []), list | None):
             raise StepError(f"{where}: the Bundle's entry is not an array, so it holds no resource to send; fix it")
@@ -210,22 +202,14 @@ def line_entries(source: Path, line_number: int, line: bytes, tag_prefix: str) -
 
 
 def search_outcome(entry: dict) -> bool:
-    """A searchset entry that is the search's own OperationOutcome (``search.mode: outcome``: warnings about the
-    search), not data: sending it would store the source server's messages on the destination as a resource."""
+    """A searchset entry that is the search's own OperationOutcome (``search.mode: outcome``), not data: sending it
+    would store the source server's messages on the destination."""
     search = entry.get("search")
     return isinstance(search, dict) and search.get("mode") == "outcome"
 
 
-def exact_resource(line: bytes, where: str) -> dict:
-    """The line parsed with its numbers as written (``1.50`` stays ``1.50``: FHIR's decimal precision counts)."""
-    try:
-        return loads_exact(line)
-    except RecursionError:
-        raise StepError(f"{where}: the resource is nested too deep to be taken apart; send it as it is") from None
-
-
 def written(resource: dict, where: str) -> bytes:
-    """``resource`` as JSON with its numbers as read (``exact_resource``)."""
+    """``resource`` as JSON with its numbers as read (FHIR's decimal precision counts)."""
     try:
         return dumps_exact(resource)
     except (TypeError, RecursionError):  # orjson writes at most 254 levels
@@ -235,8 +219,8 @@ def written(resource: dict, where: str) -> bytes:
 def transaction_entry(
     resource: dict, raw: bytes | None, tag: str, where: str, full_url: str | None = None
 ) -> tuple[bytes, str]:
-    """``(entry JSON, "Type/id")``: ``PUT Type/id`` with an id, else a conditional ``POST Type`` on a tag; ``raw``:
-    the resource's JSON as read (sent as is, saving a re-serialisation) or None."""
+    """``(entry JSON, "Type/id")``: ``PUT Type/id`` with an id, else a conditional ``POST Type`` on a tag; ``raw``
+    (the JSON as read, or None) is sent as is, saving a re-serialisation."""
     resource_type, resource_id = resource.get("resourceType"), resource.get("id")
     if not isinstance(resource_type, str) or not resource_type:
         raise StepError(f"{where}: the resource has no resourceType; it cannot be sent to a FHIR server")
@@ -261,15 +245,13 @@ def entry_tag(position: str) -> str:
 
 
 def with_tag(resource: dict, code: str, where: str) -> dict:
-    """``resource`` with the tag its conditional create looks for; a ``meta`` or ``meta.tag`` of another shape than
-    FHIR's is refused (the tag could not be added without dropping or mangling it)."""
+    """``resource`` with the tag its conditional create looks for; a ``meta`` or ``meta.tag`` not shaped as FHIR's is
+    refused (the tag could not be added without dropping or mangling it)."""
     meta = resource.get("meta", {})
     if not isinstance(meta, dict) or not isinstance(meta.get("tag", []), list):
         raise StepError(f"{where}: the resource's meta is not an object with a tag array; fix the resource")
-    return {
-        **resource,
-        "meta": {**meta, "tag": [*meta.get("tag", []), {"system": SEND_ENTRY_TAG_SYSTEM, "code": code}]},
-    }
+    tag = [*meta.get("tag", []), {"system": SEND_ENTRY_TAG_SYSTEM, "code": code}]
+    return {**resource, "meta": {**meta, "tag": tag}}
 
 
 @dataclass
@@ -282,10 +264,10 @@ class DirectReport:
 
 
 class BatchProgress:
-    """Where sending a file stands: ``send/progress/<file>.json``, rewritten atomically per batch. A record of another
-    input (name, size, time of change) or server is ignored: the file is sent from the start (PUTs and conditional
-    creates do not duplicate). The position is one of entries, so a changed batch size (as a 413 asks for) goes on
-    where the last confirmed batch ended; the batch size a record of an earlier version holds is passed over."""
+    """Where sending a file stands: ``send/progress/<file>.json``, rewritten per batch. A record of another input or
+    server is ignored: the file is sent from the start (PUTs and conditional creates do not duplicate). The position
+    counts entries, so a changed batch size (as a 413 asks for) goes on where the last confirmed batch ended; the
+    batch size an earlier version recorded is passed over."""
 
     def __init__(self, path: Path, identity: dict[str, Any]):
         self.path, self.identity = path, identity
@@ -305,11 +287,9 @@ class BatchProgress:
         if batch is None:
             self.state["complete"] = True
         else:
+            entries = self.state["entries"] + len(batch.entries)
             self.state.update(
-                batches=batch.number,
-                entries=self.state["entries"] + len(batch.entries),
-                next_line=batch.next_line,
-                next_entry=batch.next_entry,
+                batches=batch.number, entries=entries, next_line=batch.next_line, next_entry=batch.next_entry
             )
         write_file_atomically(self.path, orjson.dumps({"identity": self.identity, **self.state}))
 
@@ -317,56 +297,47 @@ class BatchProgress:
 def send_resources(
     server: FhirServer, source: Path, records: Path, *, job_id: str, batch_size: int, max_line_bytes: int
 ) -> DirectReport:
-    """Send every resource of ``source`` in transactions of at most ``batch_size`` entries, resuming from the
-    file's progress record in ``records`` (the step's folder)."""
+    """Send ``source`` in transactions, resuming from its progress record in ``records`` (the step's folder)."""
     started = time.monotonic()
     # The destination too: a file sent to one server is not taken as sent to another (``shaped_settings``); and the
     # file's time of change: a file written anew to the same size (another import, new pseudonyms) is another input.
-    found = source.stat()
-    identity = {
-        "file": source.name,
-        "size": found.st_size,
-        "modified_ns": found.st_mtime_ns,
-        "to": str(server.http.base_url),
-    }
+    found, to = source.stat(), str(server.http.base_url)
+    identity = {"file": source.name, "size": found.st_size, "modified_ns": found.st_mtime_ns, "to": to}
     progress = BatchProgress(records / "progress" / f"{source.name}.json", identity)
-    report = DirectReport(source.name)
-    if not progress.state["complete"]:
-        if progress.state["batches"]:
-            report.resumed_at_batch = progress.state["batches"] + 1
+    state, report = progress.state, DirectReport(source.name)
+    if not state["complete"]:
+        if state["batches"]:
+            report.resumed_at_batch = state["batches"] + 1
             log.info("%s: resuming at batch %d", source.name, report.resumed_at_batch)
         for batch in iter_batches(
             source,
             batch_size,
             tag_prefix=f"{job_id}:{source.name}",
             max_line_bytes=max_line_bytes,
-            start_line=progress.state["next_line"],
-            start_entry=progress.state["next_entry"],
-            first_number=progress.state["batches"] + 1,
+            start_line=state["next_line"],
+            start_entry=state["next_entry"],
+            first_number=state["batches"] + 1,
         ):
             raise_if_cancelled()
             send_batch(server, source.name, batch, records / "failed")
             progress.record(batch)
         progress.record(None)
         report.seconds = round(time.monotonic() - started, 3)
-        sent, transactions = progress.state["entries"], progress.state["batches"]
-        log.info("%s: %d entries sent in %d transactions", source.name, sent, transactions)
-    report.batches, report.entries = progress.state["batches"], progress.state["entries"]
+        log.info("%s: %d entries sent in %d transactions", source.name, state["entries"], state["batches"])
+    report.batches, report.entries = state["batches"], state["entries"]
     return report
 
 
 def send_batch(server: FhirServer, name: str, batch: Batch, failed_dir: Path) -> None:
-    """One transaction; a rejection stops the step with a message naming the file, batch and first failing entry,
-    after keeping the request and the answer in ``failed_dir``."""
+    """One transaction; a rejection stops the step, naming file, batch and first failing entry, after keeping the
+    request and the answer (credentials blanked) in ``failed_dir``."""
     body = batch.body()
     try:
         server.transaction(body, len(batch.entries))
     except ServiceError as exc:
         answer = exc.response_text if isinstance(exc, TransactionRejected) else f"no answer: {exc}\n"
-        kept = keep_failed_batch(failed_dir, name, batch.number, body, answer)
-        raise StepError(
-            rejection_message(name, batch, exc) + kept, status_code=exc.status_code, transient=exc.transient
-        ) from exc
+        message = rejection_message(name, batch, exc) + keep_failed_batch(failed_dir, name, batch.number, body, answer)
+        raise StepError(message, status_code=exc.status_code, transient=exc.transient) from exc
 
 
 def rejection_message(name: str, batch: Batch, exc: ServiceError) -> str:
@@ -392,9 +363,8 @@ def failing_entry(labels: list[str], index: int | None, outcome: str) -> str:
     if len(named) == 1:
         return f"entry {named[0] + 1} ({labels[named[0]]})"
     if named:
-        return (
-            "one of " + ", ".join(f"entry {i + 1} ({labels[i]})" for i in named[:5]) + (", …" if len(named) > 5 else "")
-        )
+        listed = ", ".join(f"entry {i + 1} ({labels[i]})" for i in named[:5])
+        return f"one of {listed}" + (", …" if len(named) > 5 else "")
     return "not named by the server"
 
 

@@ -1,11 +1,8 @@
 """The ``validation`` step: every resource of the step's input through the validator's ``/validateResource``.
 
-A pass-through step: it writes only reports, and the next step reads what this one read. Per file, resources are
-cut into ``collection`` Bundles of at most ``bundle_chunk_size_mb``, up to ``max_concurrent_requests`` in flight,
-the answers written in chunk order to one NDJSON report (one OperationOutcome per chunk); files are validated in
-batches (``pipeline.file_batches``), each a cached task. Findings never fail a file: ``fail_on_error`` decides,
-once every report is written, whether the job stops. A failure of the service itself fails the step, naming file
-and chunk.
+A pass-through step: it writes only reports (one NDJSON per file, one OperationOutcome per ``collection`` chunk of at
+most ``bundle_chunk_size_mb``), and the next step reads what this one read. Findings never fail a file:
+``fail_on_error`` decides, once every report is written, whether the job stops; a failure of the service fails it.
 """
 
 from __future__ import annotations
@@ -51,8 +48,7 @@ stdlib_logger = logging.getLogger("dupflow.validation")
 
 
 class FileValidation(BaseModel):
-    """What the validation of one input file found, counted over its chunks as they come back in order, and the
-    report it wrote."""
+    """What the validation of one input file found, counted over its chunks in order, and the report it wrote."""
 
     file: str
     report: DataFile
@@ -83,27 +79,27 @@ def validation(step: StepInput) -> StepResult:
         raise StepError("services.validation.url is not set; the validation step needs the validator's root URL")
     files = [FileToDo(f.name, f.size, (f.name, service.bundle_chunk_size_mb, f.resources)) for f in step.input_files()]
     checked: list[FileValidation] = one_batch_at_a_time(validate_files, step, files)
-    publish_artifact(step, checked)
+    per_file = [c.model_dump(exclude={"report"}) for c in checked]
+    rows = [  # the counts' names in words, in field order
+        {
+            **{key.replace("_", " "): value for key, value in counts.items()},
+            "first errors": "; ".join(c.first_errors),
+            "report": f"{step.output_dir.name}/{c.report.name}",
+        }
+        for counts, c in zip(per_file, checked, strict=True)
+    ]
+    publish_report(step, rows, f"findings per file; reports in `{step.output_dir}`")
     if service.fail_on_error and any(c.errors for c in checked):
         raise StepError(failure_message(step.output_dir, checked))
-    return step.result(
-        [c.report for c in checked],
-        per_file=[c.model_dump(exclude={"report"}) for c in checked],
-        resources=sum(c.resources for c in checked),
-        resources_with_errors=sum(c.resources_with_errors for c in checked),
-        errors=sum(c.errors for c in checked),
-        warnings=sum(c.warnings for c in checked),
-        reports=str(step.output_dir),
-    )
+    totals = {k: sum(f[k] for f in per_file) for k in ("resources", "resources_with_errors", "errors", "warnings")}
+    return step.result([c.report for c in checked], per_file=per_file, **totals, reports=str(step.output_dir))
 
 
 def validate_file(step: StepInput, name: str, chunk_size_mb: int, expected: int | None) -> FileValidation:
-    """Validate one input file into its report (``chunk_size_mb`` is a parameter: it shapes the report; ``expected``:
-    the file's lines, for progress)."""
+    """``chunk_size_mb`` is a parameter: it shapes the report; ``expected``: the file's lines, for progress."""
     settings = settings_of(step)
-    source = step.input_path(name)
     dest = step.output_dir / output_name(name, settings.compression.enabled)
-    return asyncio.run(validate_with_service(settings, source, dest, chunk_size_mb, expected))
+    return asyncio.run(validate_with_service(settings, step.input_path(name), dest, chunk_size_mb, expected))
 
 
 validate_files = batch_task("validate-files", "validate", validate_file)
@@ -114,10 +110,8 @@ async def validate_with_service(
 ) -> FileValidation:
     service = settings.services.validation
     assert service.url is not None
-    connections = max(100, service.max_concurrent_requests)
-    endpoint = ServiceEndpoint(
-        "validation", service.url, None, http_timeout(READ_TIMEOUT), connections, setting="services.validation.url"
-    )
+    connections, timeout = max(100, service.max_concurrent_requests), http_timeout(READ_TIMEOUT)
+    endpoint = ServiceEndpoint("validation", service.url, None, timeout, connections, setting="services.validation.url")
     async with AsyncServiceClient(endpoint, settings.tls, settings.retry) as client:
         return await validate_path(
             source,
@@ -148,7 +142,14 @@ async def validate_path(
         try:
             return await validator.validate(chunk, source.name)
         except (ServiceError, ValidationServiceError) as exc:
-            raise StepError(chunk_failure(source, chunk, exc)) from exc
+            held = chunk.labels[0] if len(chunk.labels) == 1 else f"{chunk.labels[0]} … {chunk.labels[-1]}"
+            message = (
+                f"{source}: validation of chunk {chunk.number} ({len(chunk.labels)} resources: {held}) failed: {exc}; "
+                "this is a failure of the validation service, not a finding in the data"
+            )
+            if isinstance(exc, ServiceError) and exc.status_code == 413:
+                message += f"; {ALONE_TOO_LARGE_HINT if len(chunk.labels) == 1 else TOO_LARGE_HINT}"
+            raise StepError(message) from exc
 
     def written(chunk: Chunk, outcome: dict[str, Any]) -> tuple[bytes, int]:
         found.add(chunk, outcome)
@@ -183,17 +184,6 @@ def warn_oversized(chunks: Iterator[Chunk], source: Path) -> Iterator[Chunk]:
         yield chunk
 
 
-def chunk_failure(source: Path, chunk: Chunk, exc: Exception) -> str:
-    held = chunk.labels[0] if len(chunk.labels) == 1 else f"{chunk.labels[0]} … {chunk.labels[-1]}"
-    message = (
-        f"{source}: validation of chunk {chunk.number} ({len(chunk.labels)} resources: {held}) failed: {exc}; "
-        "this is a failure of the validation service, not a finding in the data"
-    )
-    if isinstance(exc, ServiceError) and exc.status_code == 413:
-        message += f"; {ALONE_TOO_LARGE_HINT if len(chunk.labels) == 1 else TOO_LARGE_HINT}"
-    return message
-
-
 def step_logger() -> logging.Logger | logging.LoggerAdapter:
     """The task run's logger inside Prefect (so warnings reach the run's log), else a plain logger."""
     try:
@@ -212,21 +202,3 @@ def failure_message(folder: Path, checked: list[FileValidation]) -> str:
         f"validation found data-quality errors: {per_file}. Reports (one NDJSON of OperationOutcomes per input "
         f"file) are in {folder}. Fix the data, or set services.validation.fail_on_error: false to go on despite them"
     )
-
-
-def publish_artifact(step: StepInput, checked: list[FileValidation]) -> None:
-    rows = [
-        {
-            "file": c.file,
-            "resources": c.resources,
-            "chunks": c.chunks,
-            "resources with errors": c.resources_with_errors,
-            "errors": c.errors,
-            "warnings": c.warnings,
-            "information": c.information,
-            "first errors": "; ".join(c.first_errors),
-            "report": f"{step.output_dir.name}/{c.report.name}",
-        }
-        for c in checked
-    ]
-    publish_report(step, rows, f"findings per file; reports in `{step.output_dir}`")

@@ -1,10 +1,7 @@
 """The ``wait`` step: a gate where the job stops so a person can inspect (and correct) the data so far.
 
 The gate is the flow run's suspend with an inspection form (``flows.gates``): until the run holds the form's answer,
-the uncached task prepares ``<input folder>_wait/`` for corrected files, publishes what to inspect and how to go on,
-and answers "awaiting"; the flow then suspends the run. Released, the task hands on ``<input folder>_wait/`` when it
-holds any file, else its input (``released_result``), with the form's note. A corrected file is of the kind
-the step before wrote: NDJSON(.zst), or the flattening's CSV and Parquet tables.
+the task answers "awaiting" and the flow suspends the run.
 """
 
 from __future__ import annotations
@@ -16,15 +13,13 @@ from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.context import TaskRunContext
 
-from config.runtime import job_on_command_line
-
+from config.runtime import CLI, job_on_command_line
 from tasks.job.contract import DataFile, StepInput, StepResult, persisted_task, settings_of
 from tasks.job.layout import JobPaths, artifact_key, result_name
 from tasks.streams.ndjson import DATA_SUFFIXES, FileStats, is_partial, output_name
 from tasks.streams.line_check import LineCounts, count_contents
 from tasks.core.errors import StepError
 from tasks.core.names import name_from_data_problem, name_key, show_name
-from config.runtime import CLI
 from tasks.core.readable import SHOW_WHOLE, counted
 from tasks.sof.output import csv_data_rows
 
@@ -33,8 +28,8 @@ TABLE_SUFFIXES = (".csv", ".parquet")
 
 
 def gate_result_path(step: StepInput, outcome: str) -> Path:
-    """Where the task's ``paused`` or ``released`` result is kept in the job's results folder: what ``status`` reads
-    of the gate; a ``paused`` one also tells a later run of the job that the gate paused it (``flows.gates``)."""
+    """The task's ``paused`` or ``released`` result: what ``status`` reads of the gate; a ``paused`` one also tells a
+    later run of the job that the gate paused it."""
     return JobPaths(step.job_path).results / result_name(step.job_id, step.position, "wait", "wait", outcome)
 
 
@@ -45,47 +40,37 @@ def gate_result_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 # A key, not a cache: run each time (the corrected files may change until the release).
 @persisted_task("wait", "wait[{step.number}]", gate_result_key, refresh_cache=True)
 def wait(step: StepInput, resume_hint: str = "", note: str | None = None) -> StepResult:
-    """Without the inspection form's ``note`` (the gate not released yet): prepare ``<input folder>_wait/``, publish
-    what to inspect and how to go on, and answer "awaiting". With it: the files the gate hands on, and the note."""
+    """Without the inspection form's ``note`` (the gate not released yet): prepare ``<input folder>_wait/``, say what
+    to inspect, and answer "awaiting". With it: the files the gate hands on, and the note."""
     if note is None:
         wait_dir(step).mkdir(parents=True, exist_ok=True)
-        text = inspection_text(step, resume_hint)
+        text = (
+            f"Job {step.job_id} is paused for inspection at step {step.number} (wait).\n"
+            f"  Data to inspect: {step.input_dir}\n"
+            f"  Corrected files go into: {wait_dir(step)}\n"
+            f"  When that folder holds any file on resume (each ending in {' or '.join(correction_suffixes(step))}), "
+            f"the next step reads only that folder; otherwise it reads {step.input_dir} unchanged.\n"
+            f"  To continue: {resume_hint or f'{CLI} continue {job_on_command_line(step.job_path)}'}"
+        )
         get_run_logger().info("%s", text, extra=SHOW_WHOLE)
-        publish_inspection_artifact(step, text)
+        title, *lines = text.splitlines()
+        create_markdown_artifact(
+            key=artifact_key(step.job_id, "inspection"),
+            markdown="\n".join([f"# {title}", "", *[f"- {line.strip()}" for line in lines]]),
+            description=f"Job {step.job_id}: what to inspect and how to resume",
+        )
         folder, files = step.folder or "", step.files
         return StepResult(step=step.step, position=step.position, folder=folder, files=files, awaiting=True)
-    released = released_result(step)
-    return released.model_copy(update={"summary": {"inspection note": note}} if note else {})
+    return released_result(step).model_copy(update={"summary": {"inspection note": note}} if note else {})
 
 
 def wait_dir(step: StepInput) -> Path:
     return step.job_path / f"{step.folder}_wait"
 
 
-def inspection_text(step: StepInput, resume_hint: str) -> str:
-    return (
-        f"Job {step.job_id} is paused for inspection at step {step.number} (wait).\n"
-        f"  Data to inspect: {step.input_dir}\n"
-        f"  Corrected files go into: {wait_dir(step)}\n"
-        f"  When that folder holds any file on resume (each ending in {' or '.join(correction_suffixes(step))}), "
-        f"the next step reads only that folder; otherwise it reads {step.input_dir} unchanged.\n"
-        f"  To continue: {resume_hint or f'{CLI} continue {job_on_command_line(step.job_path)}'}"
-    )
-
-
-def publish_inspection_artifact(step: StepInput, text: str) -> None:
-    """The artifact ``job-<id>-inspection``: the text's first line as the title, the others as a list."""
-    lines = text.splitlines()
-    create_markdown_artifact(
-        key=artifact_key(step.job_id, "inspection"),
-        markdown="\n".join([f"# {lines[0]}", "", *[f"- {line.strip()}" for line in lines[1:]]]),
-        description=f"Job {step.job_id}: what to inspect and how to resume",
-    )
-
-
 def released_result(step: StepInput) -> StepResult:
-    """The corrected files of ``<input>_wait/`` when there are any (each name under the rule for names from data:
-    they become the next steps' file names, S3 keys and transfer entries), else the step's input unchanged."""
+    """The corrected files of ``<input>_wait/`` when there are any (their names become the next steps' file names, S3
+    keys and transfer entries), else the step's input unchanged."""
     corrected = corrected_paths(step)
     if not corrected:
         return StepResult(step=step.step, position=step.position, folder=step.folder or "", files=step.files)
@@ -106,16 +91,15 @@ def released_result(step: StepInput) -> StepResult:
 
 
 def correction_suffixes(step: StepInput) -> tuple[str, ...]:
-    """What a corrected file is named like: the kind of file the step before wrote (the flattening's tables, else
-    NDJSON)."""
+    """What a corrected file is named like: the kind the step before wrote (the flattening's tables, else NDJSON)."""
     if step.files and all(f.name.endswith(TABLE_SUFFIXES) for f in step.files):
         return TABLE_SUFFIXES
     return DATA_SUFFIXES
 
 
 def corrected_paths(step: StepInput) -> list[Path]:
-    """The files of ``<input>_wait/``; any other entry there (a file of another kind, a suffix in upper case, a
-    folder) is refused: a person put it there as a correction, and it must not be passed over without a word."""
+    """The files of ``<input>_wait/``; any other entry there is refused: a person put it there as a correction, and
+    it must not be passed over without a word."""
     folder, suffixes = wait_dir(step), correction_suffixes(step)
     if not folder.is_dir():
         return []
@@ -134,8 +118,7 @@ def corrected_paths(step: StepInput) -> list[Path]:
 
 def corrected_file(path: Path, max_line_bytes: int) -> DataFile:
     """A corrected file as the next step's input, with its time of change: a person may correct it again to the
-    same size, and the next step must then read it anew. A table's resources are its rows, as the flattening
-    counts them."""
+    same size, and the next step must then read it anew."""
     found = path.stat()
     if path.name.endswith(".csv"):
         counts = LineCounts(csv_data_rows(path), bundles=0, bundled=0)
