@@ -1,10 +1,7 @@
 """What the extraction server (TORCH) is sent and answers, read and checked, and the errors of an extraction.
 
-The models layer under ``tasks.clients.extraction_server`` (submit and poll) and ``tasks.clients.extraction_jobs``
-(the operator's Task API): the CRTDL and its kick-off ``Parameters``, the job handle, a completed job's manifest
-(or the ``Parameters`` the spec also allows), the Task's progress extension, and the result files' URLs resolved
-against ``base_url``. Follows /work/shared/spec/extraction-server-api.md and the real server's deviations in
-protocols.md (progress extension url ``https://torch.mii.de/fhir/torch-job-progress``).
+A completed job's manifest may also come as the ``Parameters`` the spec allows. Follows
+spec/extraction-server-api.md and the real server's deviations in protocols.md.
 """
 
 from __future__ import annotations
@@ -31,7 +28,6 @@ if TYPE_CHECKING:
 SERVICE = "extractor"
 BASE_URL_SETTING = "services.extractor.base_url"
 CRTDL_REFUSALS = {413: f"the CRTDL is larger than the extraction server accepts: raise {BODY_LIMIT}"}
-"""What a request carrying the CRTDL (the kick-off, the cohort preview) refused for its size asks of the user."""
 TASK_TIMEOUT = timedelta(seconds=10)
 # The spec's {extension_base}/extractor-job-progress and the real server's torch-job-progress.
 PROGRESS_EXTENSION_SUFFIXES = ("/extractor-job-progress", "/torch-job-progress")
@@ -67,8 +63,7 @@ class DeadHandleError(ExtractionError):
 
 
 class ExtractionCancelledError(ExtractionError):
-    """The job's status answered 404 or 410 and its Task says CANCELLED or DELETED: a person cancelled or deleted it,
-    nothing was lost (TORCH keeps a deleted job's Task readable until it removes the job's files)."""
+    """The job's status answered 404 or 410 and its Task says CANCELLED or DELETED: a person's doing, nothing lost."""
 
     def __init__(self, handle: ExtractionHandle, status_code: int = 410, job_status: str = "CANCELLED"):
         done = "deleted" if job_status.upper() == "DELETED" else "cancelled"
@@ -81,8 +76,7 @@ class ExtractionCancelledError(ExtractionError):
 
 
 class StatusUrlMismatchError(ExtractionError):
-    """The job's status URL answered 404 or 410 while its Task shows the job alive: the URL does not lead to the job
-    (a proxy's path prefix the server leaves out of its base URL), which is no lost job to submit again."""
+    """The status URL answered 404 or 410 while the Task shows the job alive: the URL misses it (a proxy's prefix)."""
 
     def __init__(self, handle: ExtractionHandle, status_code: int, job_status: str):
         super().__init__(
@@ -123,10 +117,8 @@ class ExtractionHandle:
 
     @classmethod
     def from_status_url(cls, status_url: str) -> ExtractionHandle:
-        """The extraction job ID is the last path segment of the status URL, decoded. It is stored, logged and shown
-        (``status``), so one that would not show as what it is (``%0A``, ``%1B``, ``%E2%80%AE`` decoded) is an
-        ``ExtractionError``, whichever door the URL came through (the kick-off's Content-Location, ``--attach``, the
-        job input, the job's record when a run re-attaches)."""
+        """The job ID is the status URL's last path segment, decoded; it is stored and shown, so one that would not
+        show as itself (``%0A``, ``%E2%80%AE`` decoded) is refused, whichever door the URL came through."""
         job_id = httpx.URL(status_url).path.rstrip("/").rsplit("/", 1)[-1]
         if problem := ("is empty" if not job_id else invisible_character_problem(job_id)):
             raise ExtractionError(
@@ -163,8 +155,7 @@ def kickoff_parameters(crtdl: bytes) -> dict[str, Any]:
 
 
 def progress_values(task: Any) -> dict[str, Any]:
-    """Sub-extension values of the Task's progress extension ({} without one); ``activeBatch`` as (batch id,
-    stage) pairs."""
+    """Sub-extension values of the Task's progress extension ({} without one); ``activeBatch`` as (id, stage) pairs."""
     for extension in as_array(task.get("extension")) if isinstance(task, dict) else []:
         if isinstance(extension, dict) and str(extension.get("url", "")).endswith(PROGRESS_EXTENSION_SUFFIXES):
             values: dict[str, Any] = {"activeBatch": ()}
@@ -182,7 +173,7 @@ def progress_values(task: Any) -> dict[str, Any]:
 
 
 def _parameters(document: Any) -> list[dict] | None:
-    """The parameters of a ``Parameters`` resource (the objects among them); None for any other document."""
+    """The objects among a ``Parameters`` resource's parameters; None for any other document."""
     if isinstance(document, dict) and document.get("resourceType") == "Parameters":
         return [p for p in as_array(document.get("parameter")) if isinstance(p, dict)]
     return None
@@ -204,10 +195,15 @@ def requires_access_token(document: Any) -> bool:
 
 
 def result_urls(document: Any, max_files: int) -> list[str]:
-    """The file URLs of a completed job, from a manifest (``output[].url``) or a Parameters resource
-    (``output`` parameters with a ``url`` part). No URL: ``NoMatchingDataError`` with the server's errors.
-    More than ``max_files`` entries: an ``ExtractionError`` before any URL is taken."""
-    refuse_too_many_outputs(document, max_files)
+    """The file URLs of a completed job (manifest ``output[].url`` or ``output`` parameters' ``url`` part); none is a
+    ``NoMatchingDataError`` with the server's errors, more than ``max_files`` entries refused before any is taken."""
+    key = "parameter" if as_object(document).get("resourceType") == "Parameters" else "output"
+    if (entries := len(as_array(as_object(document).get(key)))) > max_files:
+        raise ExtractionError(
+            f"the completed extraction's manifest lists {entries:,} entries, more than "
+            f"services.extractor.max_result_files ({max_files:,}); split the extraction (a smaller cohort or fewer "
+            "attribute groups per CRTDL), or raise max_result_files if the files really are wanted"
+        )
     if (parameters := _parameters(document)) is not None:
         urls, errors = _parameters_urls(parameters)
     elif isinstance(document, dict) and isinstance(document.get("output"), list):
@@ -221,18 +217,6 @@ def result_urls(document: Any, max_files: int) -> list[str]:
             "the extraction finished without result files; the server reported: " + "; ".join(errors)
         )
     raise NoMatchingDataError(NO_MATCHING_DATA)
-
-
-def refuse_too_many_outputs(document: Any, max_files: int) -> None:
-    entries = document.get("output") if isinstance(document, dict) else None
-    if isinstance(document, dict) and document.get("resourceType") == "Parameters":
-        entries = document.get("parameter")
-    if isinstance(entries, list) and len(entries) > max_files:
-        raise ExtractionError(
-            f"the completed extraction's manifest lists {len(entries):,} entries, more than "
-            f"services.extractor.max_result_files ({max_files:,}); split the extraction (a smaller cohort or fewer "
-            "attribute groups per CRTDL), or raise max_result_files if the files really are wanted"
-        )
 
 
 def _manifest_urls(manifest: dict) -> tuple[list[str], list[str]]:
@@ -274,8 +258,7 @@ def _value(element: dict) -> str | None:
 
 
 def resolve_file_url(base_url: str, url: str) -> str:
-    """Absolute URLs are kept; ``host[:port]/path`` inherits base_url's scheme; other paths resolve
-    against base_url (``/files/x`` against its origin, ``files/x`` against its path)."""
+    """Absolute URLs are kept; ``host[:port]/path`` inherits base_url's scheme; other paths resolve against base_url."""
     base = httpx.URL(base_url.rstrip("/") + "/")
     if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", url):
         return url
@@ -288,8 +271,8 @@ def resolve_file_url(base_url: str, url: str) -> str:
 
 
 def _looks_like_host(segment: str) -> bool:
-    """``127.0.0.1:8080``, ``files.example.org``, ``localhost:80`` — not ``files``, ``job-1``, ``.`` or ``..`` (a
-    path-relative ``./core.ndjson`` resolves against base_url): a ``HOST`` with a dot, a port, or ``localhost``."""
+    """A ``HOST`` with a dot, a port, or ``localhost`` (``127.0.0.1:8080``, ``files.example.org``), not ``files``,
+    ``job-1`` or ``..``."""
     host = segment.rsplit(":", 1)[0] if re.search(r":\d+$", segment) else segment
     if not HOST.fullmatch(host):
         return False
