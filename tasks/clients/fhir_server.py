@@ -61,31 +61,25 @@ _ENTRY_NUMBER = re.compile(r"\bentry\s*\[?\s*(\d+)", re.IGNORECASE)
 
 
 class TransactionRejected(ServiceError):
-    """The server refused a transaction: an HTTP error, or a failed entry in its ``transaction-response``.
-    ``failed_entry``: the 0-based index of the first failing entry when the server said which one."""
+    """The server refused a transaction: an HTTP error (``cause``, which says whether it is transient), or a failed
+    entry in its ``transaction-response``. ``failed_entry``: the 0-based index of the first failing entry when the
+    server said which one."""
 
     def __init__(
         self,
         answer: Answer,
         message: str,
         *,
-        transient: bool = False,
         failed_entry: int | None = None,
         outcome: str = "",
-        retry_after: float | None = None,
+        cause: ServiceError | None = None,
     ):
+        transient, retry_after = (cause.transient, cause.retry_after) if cause is not None else (False, None)
         status = answer.response.status_code
         super().__init__(
             "transaction", status, message, transient=transient, service=SERVICE_NAME, retry_after=retry_after
         )
         self.response_text, self.failed_entry, self.outcome = response_text(answer), failed_entry, outcome
-
-
-@dataclass(frozen=True)
-class EntryFailure:
-    index: int
-    status: str
-    outcome: str
 
 
 class FhirServer(Closing):
@@ -175,14 +169,7 @@ def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionReject
     texts = operation_outcome_texts(answer.body)
     match = next((m for text in texts if (m := _ENTRY_NUMBER.search(text))), None)
     failed_entry, outcome = int(match.group(1)) if match else None, truncate("; ".join(texts), MAX_MESSAGE_CHARS)
-    return TransactionRejected(
-        answer,
-        error.message,
-        transient=error.transient,
-        failed_entry=failed_entry,
-        outcome=outcome,
-        retry_after=error.retry_after,
-    )
+    return TransactionRejected(answer, error.message, failed_entry=failed_entry, outcome=outcome, cause=error)
 
 
 def checked_transaction_response(answer: Answer, sent: int) -> dict:
@@ -191,26 +178,19 @@ def checked_transaction_response(answer: Answer, sent: int) -> dict:
     if not isinstance(bundle, dict) or bundle.get("resourceType") != "Bundle":
         raise _bad_answer(answer, "the answer is not a Bundle")
     entries = as_array(bundle.get("entry"))
-    if failure := first_failed_entry(entries):
-        detail = f": {failure.outcome}" if failure.outcome else ""
-        message = f"entry {failure.index + 1} failed with {failure.status}{detail}"
-        raise TransactionRejected(answer, message, failed_entry=failure.index, outcome=failure.outcome)
+    for index, entry in enumerate(entries):  # the first entry whose response.status is not 2xx fails the batch
+        said = as_object(as_object(entry).get("response"))
+        status = str(said.get("status", ""))
+        code = status.split(" ", 1)[0]
+        if not (code.isdigit() and 200 <= int(code) < 300):
+            texts = operation_outcome_texts(orjson.dumps(said["outcome"])) if said.get("outcome") else []
+            outcome = truncate("; ".join(texts), MAX_MESSAGE_CHARS)
+            shown = plain_text(truncate(status, MAX_STATUS_CHARS)) or "no status"  # the server's own words
+            message = f"entry {index + 1} failed with {shown}" + (f": {outcome}" if outcome else "")
+            raise TransactionRejected(answer, message, failed_entry=index, outcome=outcome)
     if len(entries) != sent:
         raise _bad_answer(answer, f"the transaction-response has {len(entries)} entries for {sent} sent")
     return bundle
-
-
-def first_failed_entry(entries: list) -> EntryFailure | None:
-    """The first ``transaction-response`` entry whose ``response.status`` is not 2xx."""
-    for index, entry in enumerate(entries):
-        answer = as_object(as_object(entry).get("response"))
-        status = str(answer.get("status", ""))
-        code = status.split(" ", 1)[0]
-        if not (code.isdigit() and 200 <= int(code) < 300):
-            texts = operation_outcome_texts(orjson.dumps(answer["outcome"])) if answer.get("outcome") else []
-            shown = plain_text(truncate(status, MAX_STATUS_CHARS)) or "no status"  # the server's own words
-            return EntryFailure(index, shown, truncate("; ".join(texts), MAX_MESSAGE_CHARS))
-    return None
 
 
 def _bad_answer(answer: Answer, reason: str) -> TransactionRejected:
