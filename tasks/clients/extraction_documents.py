@@ -91,11 +91,9 @@ class StatusUrlMismatchError(ExtractionError):
 
 def job_status_of(task: dict[str, Any]) -> str:
     """A Task's JobStatus code (``businessStatus``), else its FHIR ``status``."""
-    business = as_object(task.get("businessStatus"))
-    for coding in as_array(business.get("coding")):
-        if isinstance(coding, dict) and isinstance(coding.get("code"), str):
-            return coding["code"]
-    return str(task.get("status") or "unknown")
+    codings = as_array(as_object(task.get("businessStatus")).get("coding"))
+    code = next((c["code"] for c in codings if isinstance(c, dict) and isinstance(c.get("code"), str)), None)
+    return code if code is not None else str(task.get("status") or "unknown")
 
 
 class ExtractionFailedError(ExtractionError):
@@ -148,15 +146,13 @@ def parse_crtdl(data: bytes, source: str | Path) -> dict[str, Any]:
 
 
 def kickoff_parameters(crtdl: bytes) -> dict[str, Any]:
-    return {
-        "resourceType": "Parameters",
-        "parameter": [{"name": "crtdl", "valueBase64Binary": base64.b64encode(crtdl).decode("ascii")}],
-    }
+    data = base64.b64encode(crtdl).decode("ascii")
+    return {"resourceType": "Parameters", "parameter": [{"name": "crtdl", "valueBase64Binary": data}]}
 
 
 def progress_values(task: Any) -> dict[str, Any]:
     """Sub-extension values of the Task's progress extension ({} without one); ``activeBatch`` as (id, stage) pairs."""
-    for extension in as_array(task.get("extension")) if isinstance(task, dict) else []:
+    for extension in as_array(as_object(task).get("extension")):
         if isinstance(extension, dict) and str(extension.get("url", "")).endswith(PROGRESS_EXTENSION_SUFFIXES):
             values: dict[str, Any] = {"activeBatch": ()}
             for sub in as_array(extension.get("extension")):
@@ -251,10 +247,8 @@ def _parameters_urls(parameters: list[dict]) -> tuple[list[str], list[str]]:
 
 
 def _value(element: dict) -> str | None:
-    for key in ("valueUri", "valueUrl", "valueString", "valueCode"):
-        if isinstance(element.get(key), str):
-            return element[key]
-    return None
+    keys = ("valueUri", "valueUrl", "valueString", "valueCode")
+    return next((element[key] for key in keys if isinstance(element.get(key), str)), None)
 
 
 def resolve_file_url(base_url: str, url: str) -> str:
@@ -274,6 +268,4 @@ def _looks_like_host(segment: str) -> bool:
     """A ``HOST`` with a dot, a port, or ``localhost`` (``127.0.0.1:8080``, ``files.example.org``), not ``files``,
     ``job-1`` or ``..``."""
     host = segment.rsplit(":", 1)[0] if re.search(r":\d+$", segment) else segment
-    if not HOST.fullmatch(host):
-        return False
-    return host == "localhost" or host != segment or "." in host
+    return bool(HOST.fullmatch(host)) and (host == "localhost" or host != segment or "." in host)
