@@ -1,6 +1,5 @@
-"""The operator's side of the extraction server (``extraction …`` and ``cohort preview`` commands): its FHIR Task
-API and ``$evaluate-cohort``. Failures are ``ServiceError``s, the subclasses below for the answers an operator needs
-explained. No Prefect.
+"""The operator's side of the extraction server: its FHIR Task API and ``$evaluate-cohort``. Failures are
+``ServiceError``s, the subclasses below for the answers an operator needs explained. No Prefect.
 """
 
 from __future__ import annotations

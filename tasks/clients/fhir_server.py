@@ -198,8 +198,7 @@ def _bad_answer(answer: Answer, reason: str) -> TransactionRejected:
 
 
 def response_text(answer: Answer) -> str:
-    """What the server answered, for the failure dump: status line, content type, body (as much as was read),
-    redacted."""
+    """The server's answer for the failure dump (status line, content type, body as far as read), redacted."""
     response = answer.response
     content_type = response.headers.get("Content-Type", "")
     body = answer.body.decode(response.encoding or "utf-8", errors="replace")

@@ -162,8 +162,7 @@ class ChunkFindings:
     errors: int = 0
     warnings: int = 0
     information: int = 0
-    resources_with_errors: set[int] = field(default_factory=set)
-    """Entry indexes (in the chunk) that have at least one error."""
+    resources_with_errors: set[int] = field(default_factory=set)  # indexes of the chunk's entries with an error
     findings: list[Finding] = field(default_factory=list)
 
 
@@ -192,11 +191,8 @@ def read_findings(outcome: dict[str, Any], labels: tuple[str, ...], keep: int) -
 
 
 def issue_location(issue: dict[str, Any]) -> str | None:
-    for name in ("expression", "location"):
-        values = issue.get(name)
-        if isinstance(values, list) and values and isinstance(values[0], str):
-            return values[0]
-    return None
+    paths = (issue.get(name) for name in ("expression", "location"))
+    return next((p[0] for p in paths if isinstance(p, list) and p and isinstance(p[0], str)), None)
 
 
 def entry_index(location: str | None, entries: int) -> int | None:
@@ -245,8 +241,7 @@ class Validator:
         self._send = functools.partial(request_async, client.http, client.retry, "POST", VALIDATE_PATH, **bounds)
 
     async def validate(self, chunk: Chunk, source: str) -> dict[str, Any]:
-        """The service's OperationOutcome for ``chunk`` (a 2xx's, or a 412/422's); else the ``ServiceError`` of the
-        answer's status."""
+        """The service's OperationOutcome for ``chunk`` (of a 2xx or 412/422), else its status's ``ServiceError``."""
         operation, service = f"validate {source} chunk {chunk.number}", self._service
         headers = {**FHIR_JSON_HEADERS, "Content-Length": str(len(chunk.body))}
         # memoryviews, which httpx sends as it sends bytes
