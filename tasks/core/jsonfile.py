@@ -90,10 +90,8 @@ def json_depth_exceeds(document: Any, limit: int) -> bool:
     stack = [(document, 1)]
     while stack:
         node, depth = stack.pop()
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
-        if children is None:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
+        if isinstance(node, dict | list):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
     return False
