@@ -197,10 +197,9 @@ class ExtractionServerClient(Closing):
         raise ExtractionError(f"poll extraction status: unexpected HTTP {status} from {handle.status_url}")
 
     def _task_status(self, handle: ExtractionHandle) -> str | None:
-        """The job's state as its Task shows it, else None. TORCH answers a cancelled job's status with 410 and a
-        deleted one's with 404 (its Task says DELETED until the job's files are removed), as it answers a job it
-        lost; a person's cancel or delete must not be undone by a fresh submission, and a job whose Task is there
-        is not lost. No answer is no proof."""
+        """The job's state as its Task shows it, else None. TORCH answers a cancelled or deleted job's status (its
+        Task says DELETED until the files are removed) as it answers a job it lost; a person's cancel or delete must
+        not be undone by a fresh submission, and a job whose Task is there is not lost. No answer is no proof."""
         where: Call = {"operation": "read extraction job", "service": SERVICE}
         url = f"{self.base_url}/fhir/Task/{quote(handle.job_id, safe='')}"
         deadline = Deadline(POLL_DEADLINE.total_seconds(), POLL_DEADLINE_SETTING)

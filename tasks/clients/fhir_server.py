@@ -46,9 +46,8 @@ MAX_ANSWER_BYTES = 64 * MB
 MAX_STATUS_CHARS = 100  # an entry's response.status: "422 Unprocessable Entity"
 TOO_LARGE_ANSWER_HINT = "lower services.send.batch_size so that each transaction gets a smaller answer"
 RETURN_MINIMAL = {"Prefer": "return=minimal"}
-"""Asked of a transaction: only each entry's status is read, and a server that sends every resource back by default
-answers with as many bytes as it was sent (a batch of large resources then passed ``MAX_ANSWER_BYTES``: refused
-after the server had applied it, again on every ``continue``)."""
+"""Asked of a transaction: only each entry's status is read, and a server that sends every resource back answered a
+batch of large resources past ``MAX_ANSWER_BYTES``: refused after it had applied it, again on every ``continue``."""
 AUTH_REFUSALS = {  # what a request refused for its credentials asks of the user (a transaction, a PUT)
     401: "the server did not accept the credentials; check services.send.auth",
     403: "the credentials may not write there; check services.send.auth and the server's access rules",
@@ -61,9 +60,8 @@ _ENTRY_NUMBER = re.compile(r"\bentry\s*\[?\s*(\d+)", re.IGNORECASE)
 
 
 class TransactionRejected(ServiceError):
-    """The server refused a transaction: an HTTP error (``cause``, which says whether it is transient), or a failed
-    entry in its ``transaction-response``. ``failed_entry``: the 0-based index of the first failing entry when the
-    server said which one."""
+    """The server refused a transaction: an HTTP error (``cause``, which says if transient), or a failed entry in its
+    ``transaction-response``; ``failed_entry``: the 0-based index of the first one, when the server said which."""
 
     def __init__(
         self,
@@ -109,8 +107,7 @@ class FhirServer(Closing):
 
     def put(self, resource_type: str, resource_id: str, body: Body, *, length: int | None = None) -> None:
         """PUT ``{url}/fhir/<type>/<id>``; ``body`` is the JSON, or a function that streams it afresh per attempt
-        (its ``length`` then goes into Content-Length: not sent chunked). The answer's body is not read: a server
-        may send a large Binary back."""
+        (its ``length`` then goes into Content-Length). The answer's body, maybe a large Binary, is not read."""
         size, name = len(body) if isinstance(body, bytes) else length, f"{resource_type}/{resource_id}"
         self._call("PUT", f"/fhir/{name}", f"PUT {name}", body, size, read_answer=False, hints=PUT_HINTS)
 

@@ -120,9 +120,8 @@ _redacting = RedactingFilter()
 
 
 def redact_records_sent_to_prefect() -> None:
-    """Put the redaction on the handlers that send this process's records to Prefect's API (idempotent), so that
-    Prefect's own records (a failed task's traceback, whose chained causes no handler rewrites) reach the server and
-    the console redacted. Called in every process that runs a flow or a task (a Dask worker too). Here, since
+    """Redact the records this process sends to Prefect's API (idempotent), Prefect's own too (a failed task's
+    traceback, whose chained causes no handler rewrites), in every process that runs a flow or task. Here, since
     ``flows.run_logging`` must not import Prefect before the command line has configured it."""
     for handler in (h for name in PREFECT_API_LOGGERS for h in logging.getLogger(name).handlers):
         if _redacting not in handler.filters:
