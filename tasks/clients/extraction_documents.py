@@ -168,31 +168,39 @@ def progress_values(task: Any) -> dict[str, Any]:
     return {}
 
 
-def _parameters(document: Any) -> list[dict] | None:
-    """The objects among a ``Parameters`` resource's parameters; None for any other document."""
-    if isinstance(document, dict) and document.get("resourceType") == "Parameters":
-        return [p for p in as_array(document.get("parameter")) if isinstance(p, dict)]
-    return None
+def _as_manifest(document: Any) -> dict[str, Any]:
+    """A completed job's manifest ({} for what is no object); the ``Parameters`` the spec also allows read into its
+    shape: ``request``, ``requiresAccessToken``, ``output[].url`` and ``error`` texts."""
+    if as_object(document).get("resourceType") != "Parameters":
+        return as_object(document)
+    manifest: dict[str, Any] = {"output": [], "error": []}
+    for parameter in (p for p in as_array(document.get("parameter")) if isinstance(p, dict)):
+        name = parameter.get("name")
+        parts = {str(p.get("name")): _value(p) for p in as_array(parameter.get("part")) if isinstance(p, dict)}
+        if name == "output" and (url := parts.get("url")):
+            manifest["output"].append({"url": url})
+        elif name == "error":
+            manifest["error"].append(parts.get("diagnostics") or _value(parameter) or "error")
+        elif name == "request":
+            manifest.setdefault("request", _value(parameter))
+        elif name == "requiresAccessToken" and parameter.get("valueBoolean") is True:
+            manifest["requiresAccessToken"] = True
+    return manifest
 
 
 def manifest_request(document: Any) -> str | None:
-    """The manifest's ``request`` (the status URL), or the Parameters' ``request`` value; None if absent."""
-    if (parameters := _parameters(document)) is not None:
-        return next((_value(p) for p in parameters if p.get("name") == "request"), None)
-    request = document.get("request") if isinstance(document, dict) else None
+    """The manifest's ``request`` (the status URL); None if absent."""
+    request = _as_manifest(document).get("request")
     return request if isinstance(request, str) else None
 
 
 def requires_access_token(document: Any) -> bool:
-    """The manifest's (or the Parameters') ``requiresAccessToken`` is true."""
-    if (parameters := _parameters(document)) is not None:
-        return any(p.get("name") == "requiresAccessToken" and p.get("valueBoolean") is True for p in parameters)
-    return isinstance(document, dict) and document.get("requiresAccessToken") is True
+    return _as_manifest(document).get("requiresAccessToken") is True
 
 
 def result_urls(document: Any, max_files: int) -> list[str]:
-    """The file URLs of a completed job (manifest ``output[].url`` or ``output`` parameters' ``url`` part); none is a
-    ``NoMatchingDataError`` with the server's errors, more than ``max_files`` entries refused before any is taken."""
+    """The file URLs of a completed job; none is a ``NoMatchingDataError`` with the server's errors, more than
+    ``max_files`` entries refused before any is taken."""
     key = "parameter" if as_object(document).get("resourceType") == "Parameters" else "output"
     if (entries := len(as_array(as_object(document).get(key)))) > max_files:
         raise ExtractionError(
@@ -200,28 +208,19 @@ def result_urls(document: Any, max_files: int) -> list[str]:
             f"services.extractor.max_result_files ({max_files:,}); split the extraction (a smaller cohort or fewer "
             "attribute groups per CRTDL), or raise max_result_files if the files really are wanted"
         )
-    if (parameters := _parameters(document)) is not None:
-        urls, errors = _parameters_urls(parameters)
-    elif isinstance(document, dict) and isinstance(document.get("output"), list):
-        urls, errors = _manifest_urls(document)
-    else:
+    if not isinstance((manifest := _as_manifest(document)).get("output"), list):
         raise ExtractionError("the completed extraction's answer is neither a manifest nor a Parameters resource")
-    if urls:
+    if urls := [o["url"] for o in manifest["output"] if isinstance(o, dict) and isinstance(o.get("url"), str)]:
         return urls
-    if errors:
-        raise NoMatchingDataError(
-            "the extraction finished without result files; the server reported: " + "; ".join(errors)
-        )
-    raise NoMatchingDataError(NO_MATCHING_DATA)
-
-
-def _manifest_urls(manifest: dict) -> tuple[list[str], list[str]]:
-    urls = [o["url"] for o in manifest["output"] if isinstance(o, dict) and isinstance(o.get("url"), str)]
     errors = [_error_entry_text(e) for e in as_array(manifest.get("error"))]
     for extension in as_array(manifest.get("extension")):
         if isinstance(extension, dict) and str(extension.get("url", "")).endswith(ISSUES_EXTENSION_SUFFIXES):
             errors += [_issue_text(i) for i in as_array(extension.get("valueObject")) if isinstance(i, dict)]
-    return urls, [e for e in errors if e]
+    if errors := [e for e in errors if e]:
+        raise NoMatchingDataError(
+            "the extraction finished without result files; the server reported: " + "; ".join(errors)
+        )
+    raise NoMatchingDataError(NO_MATCHING_DATA)
 
 
 def _error_entry_text(entry: Any) -> str:
@@ -233,17 +232,6 @@ def _error_entry_text(entry: Any) -> str:
 def _issue_text(issue: dict) -> str:
     parts = [str(issue[k]) for k in ("severity", "msg", "diagnostics") if issue.get(k)]
     return ": ".join(parts[:1] + [" - ".join(parts[1:])]) if len(parts) > 1 else "".join(parts)
-
-
-def _parameters_urls(parameters: list[dict]) -> tuple[list[str], list[str]]:
-    urls, errors = [], []
-    for parameter in parameters:
-        parts = {str(p.get("name")): _value(p) for p in as_array(parameter.get("part")) if isinstance(p, dict)}
-        if parameter.get("name") == "output" and (url := parts.get("url")):
-            urls.append(url)
-        elif parameter.get("name") == "error":
-            errors.append(parts.get("diagnostics") or _value(parameter) or "error")
-    return urls, errors
 
 
 def _value(element: dict) -> str | None:
