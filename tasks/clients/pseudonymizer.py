@@ -222,12 +222,11 @@ def split_bundle(bundle: dict[str, Any], threshold_bytes: int) -> list[dict[str,
         if overhead + entry_size > threshold_bytes:
             resource = entry.get("resource") if isinstance(entry, dict) else None
             raise EntryTooLargeError(resource, index, entry_size, threshold_bytes, overhead)
-        added = entry_size + (1 if groups[-1] else 0)  # the comma between entries
-        if size + added > threshold_bytes:
+        if groups[-1] and size + 1 + entry_size > threshold_bytes:  # 1: the comma between entries
             groups.append([])
-            size, added = overhead, entry_size
+            size = overhead
+        size += entry_size + (1 if groups[-1] else 0)
         groups[-1].append(entry)
-        size += added
     return [{**skeleton, "id": f"{bundle_id}-chunk-{i}", "entry": group} for i, group in enumerate(groups)]
 
 

@@ -244,7 +244,6 @@ class Validator:
         """The service's OperationOutcome for ``chunk`` (of a 2xx or 412/422), else its status's ``ServiceError``."""
         operation, service = f"validate {source} chunk {chunk.number}", self._service
         headers = {**FHIR_JSON_HEADERS, "Content-Length": str(len(chunk.body))}
-        # memoryviews, which httpx sends as it sends bytes
         content = Pieces(chunk.body)
         response = await self._send(operation=operation, headers=headers, content=content, answers=FINDINGS_STATUSES)
         if (outcome := as_operation_outcome(response.content)) is not None:
@@ -258,8 +257,8 @@ class Validator:
 
 
 class Pieces:
-    """A body in slices, without copies, afresh for each attempt: sent whole, httpx copies it once more per request
-    in flight, which adds ``max_concurrent_requests`` chunks to the step's peak memory."""
+    """A body in memoryview slices (httpx sends them as bytes), afresh for each attempt: sent whole, httpx copies it
+    once more per request in flight, which adds ``max_concurrent_requests`` chunks to the step's peak memory."""
 
     def __init__(self, body: bytes):
         self._view = memoryview(body)
