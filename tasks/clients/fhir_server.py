@@ -92,9 +92,8 @@ class FhirServer(Closing):
     @classmethod
     def connect(cls, send: SendSettings, tls: TlsSettings, retry: RetrySettings, **bounds: Any) -> FhirServer:
         """A client for ``services.send.url``; ``bounds``: ``deadline`` and ``max_answer_bytes`` if not the defaults."""
-        endpoint = ServiceEndpoint(
-            SERVICE_NAME, send.url or "", send.auth, http_timeout(SEND_TIMEOUT), setting="services.send.url"
-        )
+        timeout = http_timeout(SEND_TIMEOUT)
+        endpoint = ServiceEndpoint(SERVICE_NAME, send.url or "", send.auth, timeout, setting="services.send.url")
         return cls(ServiceClient(endpoint, tls, retry), **bounds)
 
     def transaction(self, body: bytes, entries: int) -> dict:
