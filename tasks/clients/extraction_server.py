@@ -91,6 +91,8 @@ class ExtractionServerClient(Closing):
         timeout = http_timeout(min(POLL_TIMEOUT, settings.extraction_timeout))
         endpoint = ServiceEndpoint(SERVICE, base_url_of(settings), settings.auth, timeout, setting=BASE_URL_SETTING)
         self.http = build_client(endpoint, tls)
+        assert isinstance(self.http.auth, ServiceAuth), "build_client gives every client a ServiceAuth"
+        self._auth = self.http.auth
         self.files_need_token = False  # the manifest's requiresAccessToken, once the job is complete
 
     def submit(self, crtdl: bytes) -> ExtractionHandle:
@@ -226,20 +228,13 @@ class ExtractionServerClient(Closing):
             self.trust_file_origins(urls)
         return urls
 
-    @property
-    def _auth(self) -> ServiceAuth:
-        auth = self.http.auth
-        assert isinstance(auth, ServiceAuth), "build_client gives every client a ServiceAuth"
-        return auth
-
     def trust_file_origins(self, urls: Sequence[str]) -> None:
         """The files need a token: send the credentials to their origins too, if each is base_url's origin or
         listed in ``services.extractor.file_origins`` (else an error naming the origin and the key)."""
         self.files_need_token = True
-        auth = self._auth
         allowed = {origin_of(origin) for origin in self.settings.file_origins}
         for origin in dict.fromkeys(origin_of(url) for url in urls):
-            if origin == auth.origin:
+            if origin == self._auth.origin:
                 continue
             if origin not in allowed:
                 raise ExtractionError(
@@ -248,7 +243,7 @@ class ExtractionServerClient(Closing):
                     f"sends credentials only where you approve: add {origin_text(origin)} to "
                     "services.extractor.file_origins if that file server is yours, then continue the job"
                 )
-            auth.trust(origin)
+            self._auth.trust(origin)
 
 
 def kicked_off(response: httpx.Response) -> ExtractionHandle:
