@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from tasks.clients.errors import BODY_LIMIT
-from tasks.core.json_shapes import as_array, as_object
+from tasks.core.json_shapes import as_array, as_object, as_objects
 from tasks.core.errors import StepError
 from tasks.core.names import invisible_character_problem, show_name
 from tasks.core.url_credentials import shown_url
@@ -91,8 +91,8 @@ class StatusUrlMismatchError(ExtractionError):
 
 def job_status_of(task: dict[str, Any]) -> str:
     """A Task's JobStatus code (``businessStatus``), else its FHIR ``status``."""
-    codings = as_array(as_object(task.get("businessStatus")).get("coding"))
-    code = next((c["code"] for c in codings if isinstance(c, dict) and isinstance(c.get("code"), str)), None)
+    codings = as_objects(as_object(task.get("businessStatus")).get("coding"))
+    code = next((c["code"] for c in codings if isinstance(c.get("code"), str)), None)
     return code if code is not None else str(task.get("status") or "unknown")
 
 
@@ -152,15 +152,12 @@ def kickoff_parameters(crtdl: bytes) -> dict[str, Any]:
 
 def progress_values(task: Any) -> dict[str, Any]:
     """Sub-extension values of the Task's progress extension ({} without one); ``activeBatch`` as (id, stage) pairs."""
-    for extension in as_array(as_object(task).get("extension")):
-        if isinstance(extension, dict) and str(extension.get("url", "")).endswith(PROGRESS_EXTENSION_SUFFIXES):
+    for extension in as_objects(as_object(task).get("extension")):
+        if str(extension.get("url", "")).endswith(PROGRESS_EXTENSION_SUFFIXES):
             values: dict[str, Any] = {"activeBatch": ()}
-            for sub in as_array(extension.get("extension")):
-                if not isinstance(sub, dict):
-                    continue
+            for sub in as_objects(extension.get("extension")):
                 if sub.get("url") == "activeBatch":
-                    pairs = [p for p in as_array(sub.get("extension")) if isinstance(p, dict)]
-                    parts = {str(p.get("url")): p.get("valueString") for p in pairs}
+                    parts = {str(p.get("url")): p.get("valueString") for p in as_objects(sub.get("extension"))}
                     values["activeBatch"] += ((str(parts.get("batchId")), parts.get("stage")),)
                 elif isinstance(sub.get("valueInteger"), int) and isinstance(sub.get("url"), str):
                     values[sub["url"]] = sub["valueInteger"]
@@ -174,9 +171,9 @@ def _as_manifest(document: Any) -> dict[str, Any]:
     if as_object(document).get("resourceType") != "Parameters":
         return as_object(document)
     manifest: dict[str, Any] = {"output": [], "error": []}
-    for parameter in (p for p in as_array(document.get("parameter")) if isinstance(p, dict)):
+    for parameter in as_objects(document.get("parameter")):
         name = parameter.get("name")
-        parts = {str(p.get("name")): _value(p) for p in as_array(parameter.get("part")) if isinstance(p, dict)}
+        parts = {str(p.get("name")): _value(p) for p in as_objects(parameter.get("part"))}
         if name == "output" and (url := parts.get("url")):
             manifest["output"].append({"url": url})
         elif name == "error":
@@ -213,9 +210,9 @@ def result_urls(document: Any, max_files: int) -> list[str]:
     if urls := [o["url"] for o in manifest["output"] if isinstance(o, dict) and isinstance(o.get("url"), str)]:
         return urls
     errors = [_error_entry_text(e) for e in as_array(manifest.get("error"))]
-    for extension in as_array(manifest.get("extension")):
-        if isinstance(extension, dict) and str(extension.get("url", "")).endswith(ISSUES_EXTENSION_SUFFIXES):
-            errors += [_issue_text(i) for i in as_array(extension.get("valueObject")) if isinstance(i, dict)]
+    for extension in as_objects(manifest.get("extension")):
+        if str(extension.get("url", "")).endswith(ISSUES_EXTENSION_SUFFIXES):
+            errors += [_issue_text(issue) for issue in as_objects(extension.get("valueObject"))]
     if errors := [e for e in errors if e]:
         raise NoMatchingDataError(
             "the extraction finished without result files; the server reported: " + "; ".join(errors)

@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 import httpx
 
-from tasks.core.json_shapes import as_array, as_object
+from tasks.core.json_shapes import as_array, as_object, as_objects
 from tasks.clients.bounds import MB
 from tasks.clients.errors import ServiceError, json_object, json_or_none
 from tasks.clients.extraction_documents import SERVICE, TASK_TIMEOUT, ExtractionError, base_url_of, job_status_of
@@ -148,7 +148,7 @@ class CohortPreview:
 
 
 def _consent_audit_files(task: dict[str, Any]) -> tuple[str, ...]:
-    outputs = [o for o in as_array(task.get("output")) if isinstance(o, dict) and isinstance(o.get("valueUrl"), str)]
+    outputs = [o for o in as_objects(task.get("output")) if isinstance(o.get("valueUrl"), str)]
     urls = tuple(o["valueUrl"] for o in outputs if as_object(o.get("type")).get("text") == CONSENT_AUDIT_TEXT)
     for url in urls:
         refuse_credentials_in_url(url, door="a consent audit file URL of the Task", fix=SERVER_URL_FIX)
@@ -192,11 +192,10 @@ class ExtractionTaskClient(ServiceClient):
                 raise SearchRejectedError(exc.message.split("; ")) from exc
             raise
         bundle = document_of(response, "search extraction jobs")
-        return [
-            ExtractionJob.from_task(entry["resource"])
-            for entry in as_array(bundle.get("entry"))
-            if isinstance(entry, dict) and isinstance(entry.get("resource"), dict)
+        tasks = [
+            entry["resource"] for entry in as_objects(bundle.get("entry")) if isinstance(entry.get("resource"), dict)
         ]
+        return [ExtractionJob.from_task(task) for task in tasks]
 
     def read_task(self, job_id: str) -> dict[str, Any]:
         operation = "read extraction job"

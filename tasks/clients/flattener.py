@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import orjson
 
-from tasks.core.json_shapes import as_array, as_object
+from tasks.core.json_shapes import as_objects
 from tasks.clients.bounds import MB, Deadline, answer_within, read_answer
 from tasks.clients.errors import Call, json_or_none, network_error, raise_for_service_status
 from tasks.core.exact_json import loads_exact
@@ -138,12 +138,12 @@ def lists_view_run(statement: Any) -> bool:
     """Does this CapabilityStatement list operation ``$run`` on ViewDefinition (per resource or system-wide)?"""
     if not isinstance(statement, dict) or statement.get("resourceType") != "CapabilityStatement":
         return False
-    for rest in map(as_object, as_array(statement.get("rest"))):
-        for resource in map(as_object, as_array(rest.get("resource"))):
-            operations = map(as_object, as_array(resource.get("operation")))
+    for rest in as_objects(statement.get("rest")):
+        for resource in as_objects(rest.get("resource")):
+            operations = as_objects(resource.get("operation"))
             if resource.get("type") == "ViewDefinition" and any(_is_run(op) for op in operations):
                 return True
-        for operation in map(as_object, as_array(rest.get("operation"))):
+        for operation in as_objects(rest.get("operation")):
             if _is_run(operation) and "ViewDefinition" in str(operation.get("definition", "")):
                 return True
     return False

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from tasks.core.json_shapes import as_array
+from tasks.core.json_shapes import as_array, as_objects
 from tasks.clients.bounds import MB, Deadline
 from tasks.clients.errors import error_from_response, json_or_none
 from tasks.core.names import show_text
@@ -124,9 +124,7 @@ def with_full_urls(resource: dict[str, Any]) -> bool:
     if resource.get("resourceType") != "Bundle":
         return False
     changed = False
-    for entry in as_array(resource.get("entry")):  # not a list: the validator says what is wrong
-        if not isinstance(entry, dict):
-            continue
+    for entry in as_objects(resource.get("entry")):  # not a list: the validator says what is wrong
         if not entry.get("fullUrl"):
             entry["fullUrl"] = full_url_of(entry.get("resource"))
             changed = True
@@ -170,9 +168,7 @@ def read_findings(outcome: dict[str, Any], labels: tuple[str, ...], keep: int) -
     """Count the issues of ``outcome`` and keep the first ``keep`` errors. An error is tied to a resource through its
     FHIRPath (``Bundle.entry[i]...``); without one it belongs to none, except in a chunk of a single resource."""
     counted = ChunkFindings()
-    for issue in as_array(outcome.get("issue")):
-        if not isinstance(issue, dict):
-            continue
+    for issue in as_objects(outcome.get("issue")):
         severity = str(issue.get("severity"))
         if severity == "warning":
             counted.warnings += 1
