@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 import httpx
 
-from tasks.core.json_shapes import as_array, as_object, as_objects
+from tasks.core.json_shapes import as_object, as_objects
 from tasks.clients.bounds import MB
 from tasks.clients.errors import ServiceError, json_object, json_or_none
 from tasks.clients.extraction_documents import SERVICE, TASK_TIMEOUT, ExtractionError, base_url_of, job_status_of
@@ -164,7 +164,7 @@ def cohort_patient_ids(document: Any) -> tuple[str, ...]:
     """Patient ids of an $evaluate-cohort List (``entry[].item.reference``, ``Patient/`` dropped)."""
     if not isinstance(document, dict) or document.get("resourceType") != "List":
         raise ExtractionError("cohort preview: the server's answer is not a FHIR List")
-    items = [as_object(as_object(entry).get("item")) for entry in as_array(document.get("entry"))]
+    items = [as_object(entry.get("item")) for entry in as_objects(document.get("entry"))]
     return tuple(ref.removeprefix("Patient/") for item in items if isinstance(ref := item.get("reference"), str))
 
 

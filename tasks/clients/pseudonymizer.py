@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from tasks.core.json_shapes import as_array
+from tasks.core.json_shapes import as_array, as_object
 from tasks.core.errors import StepError
 from tasks.core.exact_json import dumps_exact, loads_exact
 from tasks.core.jsonfile import read_settings_file
@@ -220,8 +220,7 @@ def split_bundle(bundle: dict[str, Any], threshold_bytes: int) -> list[dict[str,
     for index, entry in enumerate(entries):
         entry_size = compact_size(entry)
         if overhead + entry_size > threshold_bytes:
-            resource = entry.get("resource") if isinstance(entry, dict) else None
-            raise EntryTooLargeError(resource, index, entry_size, threshold_bytes, overhead)
+            raise EntryTooLargeError(as_object(entry).get("resource"), index, entry_size, threshold_bytes, overhead)
         if groups[-1] and size + 1 + entry_size > threshold_bytes:  # 1: the comma between entries
             groups.append([])
             size = overhead

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from tasks.core.json_shapes import as_array, as_objects
+from tasks.core.json_shapes import as_array, as_object, as_objects
 from tasks.clients.bounds import MB, Deadline
 from tasks.clients.errors import error_from_response, json_or_none
 from tasks.core.names import show_text
@@ -199,8 +199,7 @@ def entry_index(location: str | None, entries: int) -> int | None:
 
 
 def issue_message(issue: dict[str, Any]) -> str:
-    details = issue.get("details")
-    for text in (details.get("text") if isinstance(details, dict) else None, issue.get("diagnostics")):
+    for text in (as_object(issue.get("details")).get("text"), issue.get("diagnostics")):
         if isinstance(text, str) and (shown := plain_text(text[: MAX_FINDING_CHARS * 4])):
             return shown if len(shown) <= MAX_FINDING_CHARS else shown[:MAX_FINDING_CHARS] + " …"
     return f"({show_text(issue.get('code') or 'no code')}, no message)"
