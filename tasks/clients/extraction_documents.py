@@ -1,10 +1,7 @@
 """What the extraction server (TORCH) is sent and answers, read and checked, and the errors of an extraction.
 
-The models layer under ``tasks.clients.extraction_server`` (submit and poll) and ``tasks.clients.extraction_jobs``
-(the operator's Task API): the CRTDL and its kick-off ``Parameters``, the job handle, a completed job's manifest
-(or the ``Parameters`` the spec also allows), the Task's progress extension, and the result files' URLs resolved
-against ``base_url``. Follows /work/shared/spec/extraction-server-api.md and the real server's deviations in
-protocols.md (progress extension url ``https://torch.mii.de/fhir/torch-job-progress``).
+A completed job's manifest may also come as the ``Parameters`` the spec allows. Follows
+spec/extraction-server-api.md and the real server's deviations in protocols.md.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from tasks.clients.errors import BODY_LIMIT
-from tasks.core.json_shapes import as_array, as_object
+from tasks.core.json_shapes import as_array, as_object, as_objects
 from tasks.core.errors import StepError
 from tasks.core.names import invisible_character_problem, show_name
 from tasks.core.url_credentials import shown_url
@@ -31,7 +28,6 @@ if TYPE_CHECKING:
 SERVICE = "extractor"
 BASE_URL_SETTING = "services.extractor.base_url"
 CRTDL_REFUSALS = {413: f"the CRTDL is larger than the extraction server accepts: raise {BODY_LIMIT}"}
-"""What a request carrying the CRTDL (the kick-off, the cohort preview) refused for its size asks of the user."""
 TASK_TIMEOUT = timedelta(seconds=10)
 # The spec's {extension_base}/extractor-job-progress and the real server's torch-job-progress.
 PROGRESS_EXTENSION_SUFFIXES = ("/extractor-job-progress", "/torch-job-progress")
@@ -67,8 +63,7 @@ class DeadHandleError(ExtractionError):
 
 
 class ExtractionCancelledError(ExtractionError):
-    """The job's status answered 404 or 410 and its Task says CANCELLED or DELETED: a person cancelled or deleted it,
-    nothing was lost (TORCH keeps a deleted job's Task readable until it removes the job's files)."""
+    """The job's status answered 404 or 410 and its Task says CANCELLED or DELETED: a person's doing, nothing lost."""
 
     def __init__(self, handle: ExtractionHandle, status_code: int = 410, job_status: str = "CANCELLED"):
         done = "deleted" if job_status.upper() == "DELETED" else "cancelled"
@@ -81,8 +76,7 @@ class ExtractionCancelledError(ExtractionError):
 
 
 class StatusUrlMismatchError(ExtractionError):
-    """The job's status URL answered 404 or 410 while its Task shows the job alive: the URL does not lead to the job
-    (a proxy's path prefix the server leaves out of its base URL), which is no lost job to submit again."""
+    """The status URL answered 404 or 410 while the Task shows the job alive: the URL misses it (a proxy's prefix)."""
 
     def __init__(self, handle: ExtractionHandle, status_code: int, job_status: str):
         super().__init__(
@@ -97,11 +91,9 @@ class StatusUrlMismatchError(ExtractionError):
 
 def job_status_of(task: dict[str, Any]) -> str:
     """A Task's JobStatus code (``businessStatus``), else its FHIR ``status``."""
-    business = as_object(task.get("businessStatus"))
-    for coding in as_array(business.get("coding")):
-        if isinstance(coding, dict) and isinstance(coding.get("code"), str):
-            return coding["code"]
-    return str(task.get("status") or "unknown")
+    codings = as_objects(as_object(task.get("businessStatus")).get("coding"))
+    code = next((c["code"] for c in codings if isinstance(c.get("code"), str)), None)
+    return code if code is not None else str(task.get("status") or "unknown")
 
 
 class ExtractionFailedError(ExtractionError):
@@ -123,10 +115,8 @@ class ExtractionHandle:
 
     @classmethod
     def from_status_url(cls, status_url: str) -> ExtractionHandle:
-        """The extraction job ID is the last path segment of the status URL, decoded. It is stored, logged and shown
-        (``status``), so one that would not show as what it is (``%0A``, ``%1B``, ``%E2%80%AE`` decoded) is an
-        ``ExtractionError``, whichever door the URL came through (the kick-off's Content-Location, ``--attach``, the
-        job input, the job's record when a run re-attaches)."""
+        """The job ID is the status URL's last path segment, decoded; it is stored and shown, so one that would not
+        show as itself (``%0A``, ``%E2%80%AE`` decoded) is refused, whichever door the URL came through."""
         job_id = httpx.URL(status_url).path.rstrip("/").rsplit("/", 1)[-1]
         if problem := ("is empty" if not job_id else invisible_character_problem(job_id)):
             raise ExtractionError(
@@ -156,24 +146,18 @@ def parse_crtdl(data: bytes, source: str | Path) -> dict[str, Any]:
 
 
 def kickoff_parameters(crtdl: bytes) -> dict[str, Any]:
-    return {
-        "resourceType": "Parameters",
-        "parameter": [{"name": "crtdl", "valueBase64Binary": base64.b64encode(crtdl).decode("ascii")}],
-    }
+    data = base64.b64encode(crtdl).decode("ascii")
+    return {"resourceType": "Parameters", "parameter": [{"name": "crtdl", "valueBase64Binary": data}]}
 
 
 def progress_values(task: Any) -> dict[str, Any]:
-    """Sub-extension values of the Task's progress extension ({} without one); ``activeBatch`` as (batch id,
-    stage) pairs."""
-    for extension in as_array(task.get("extension")) if isinstance(task, dict) else []:
-        if isinstance(extension, dict) and str(extension.get("url", "")).endswith(PROGRESS_EXTENSION_SUFFIXES):
+    """Sub-extension values of the Task's progress extension ({} without one); ``activeBatch`` as (id, stage) pairs."""
+    for extension in as_objects(as_object(task).get("extension")):
+        if str(extension.get("url", "")).endswith(PROGRESS_EXTENSION_SUFFIXES):
             values: dict[str, Any] = {"activeBatch": ()}
-            for sub in as_array(extension.get("extension")):
-                if not isinstance(sub, dict):
-                    continue
+            for sub in as_objects(extension.get("extension")):
                 if sub.get("url") == "activeBatch":
-                    pairs = [p for p in as_array(sub.get("extension")) if isinstance(p, dict)]
-                    parts = {str(p.get("url")): p.get("valueString") for p in pairs}
+                    parts = {str(p.get("url")): p.get("valueString") for p in as_objects(sub.get("extension"))}
                     values["activeBatch"] += ((str(parts.get("batchId")), parts.get("stage")),)
                 elif isinstance(sub.get("valueInteger"), int) and isinstance(sub.get("url"), str):
                     values[sub["url"]] = sub["valueInteger"]
@@ -181,67 +165,59 @@ def progress_values(task: Any) -> dict[str, Any]:
     return {}
 
 
-def _parameters(document: Any) -> list[dict] | None:
-    """The parameters of a ``Parameters`` resource (the objects among them); None for any other document."""
-    if isinstance(document, dict) and document.get("resourceType") == "Parameters":
-        return [p for p in as_array(document.get("parameter")) if isinstance(p, dict)]
-    return None
+def _as_manifest(document: Any) -> dict[str, Any]:
+    """A completed job's manifest ({} for what is no object); the ``Parameters`` the spec also allows read into its
+    shape: ``request``, ``requiresAccessToken``, ``output[].url`` and ``error`` texts."""
+    if as_object(document).get("resourceType") != "Parameters":
+        return as_object(document)
+    manifest: dict[str, Any] = {"output": [], "error": []}
+    for parameter in as_objects(document.get("parameter")):
+        name = parameter.get("name")
+        parts = {str(p.get("name")): _value(p) for p in as_objects(parameter.get("part"))}
+        if name == "output" and (url := parts.get("url")):
+            manifest["output"].append({"url": url})
+        elif name == "error":
+            manifest["error"].append(parts.get("diagnostics") or _value(parameter) or "error")
+        elif name == "request":
+            manifest.setdefault("request", _value(parameter))
+        elif name == "requiresAccessToken" and parameter.get("valueBoolean") is True:
+            manifest["requiresAccessToken"] = True
+    return manifest
 
 
 def manifest_request(document: Any) -> str | None:
-    """The manifest's ``request`` (the status URL), or the Parameters' ``request`` value; None if absent."""
-    if (parameters := _parameters(document)) is not None:
-        return next((_value(p) for p in parameters if p.get("name") == "request"), None)
-    request = document.get("request") if isinstance(document, dict) else None
+    """The manifest's ``request`` (the status URL); None if absent."""
+    request = _as_manifest(document).get("request")
     return request if isinstance(request, str) else None
 
 
 def requires_access_token(document: Any) -> bool:
-    """The manifest's (or the Parameters') ``requiresAccessToken`` is true."""
-    if (parameters := _parameters(document)) is not None:
-        return any(p.get("name") == "requiresAccessToken" and p.get("valueBoolean") is True for p in parameters)
-    return isinstance(document, dict) and document.get("requiresAccessToken") is True
+    return _as_manifest(document).get("requiresAccessToken") is True
 
 
 def result_urls(document: Any, max_files: int) -> list[str]:
-    """The file URLs of a completed job, from a manifest (``output[].url``) or a Parameters resource
-    (``output`` parameters with a ``url`` part). No URL: ``NoMatchingDataError`` with the server's errors.
-    More than ``max_files`` entries: an ``ExtractionError`` before any URL is taken."""
-    refuse_too_many_outputs(document, max_files)
-    if (parameters := _parameters(document)) is not None:
-        urls, errors = _parameters_urls(parameters)
-    elif isinstance(document, dict) and isinstance(document.get("output"), list):
-        urls, errors = _manifest_urls(document)
-    else:
+    """The file URLs of a completed job; none is a ``NoMatchingDataError`` with the server's errors, more than
+    ``max_files`` entries refused before any is taken."""
+    key = "parameter" if as_object(document).get("resourceType") == "Parameters" else "output"
+    if (entries := len(as_array(as_object(document).get(key)))) > max_files:
+        raise ExtractionError(
+            f"the completed extraction's manifest lists {entries:,} entries, more than "
+            f"services.extractor.max_result_files ({max_files:,}); split the extraction (a smaller cohort or fewer "
+            "attribute groups per CRTDL), or raise max_result_files if the files really are wanted"
+        )
+    if not isinstance((manifest := _as_manifest(document)).get("output"), list):
         raise ExtractionError("the completed extraction's answer is neither a manifest nor a Parameters resource")
-    if urls:
+    if urls := [o["url"] for o in manifest["output"] if isinstance(o, dict) and isinstance(o.get("url"), str)]:
         return urls
-    if errors:
+    errors = [_error_entry_text(e) for e in as_array(manifest.get("error"))]
+    for extension in as_objects(manifest.get("extension")):
+        if str(extension.get("url", "")).endswith(ISSUES_EXTENSION_SUFFIXES):
+            errors += [_issue_text(issue) for issue in as_objects(extension.get("valueObject"))]
+    if errors := [e for e in errors if e]:
         raise NoMatchingDataError(
             "the extraction finished without result files; the server reported: " + "; ".join(errors)
         )
     raise NoMatchingDataError(NO_MATCHING_DATA)
-
-
-def refuse_too_many_outputs(document: Any, max_files: int) -> None:
-    entries = document.get("output") if isinstance(document, dict) else None
-    if isinstance(document, dict) and document.get("resourceType") == "Parameters":
-        entries = document.get("parameter")
-    if isinstance(entries, list) and len(entries) > max_files:
-        raise ExtractionError(
-            f"the completed extraction's manifest lists {len(entries):,} entries, more than "
-            f"services.extractor.max_result_files ({max_files:,}); split the extraction (a smaller cohort or fewer "
-            "attribute groups per CRTDL), or raise max_result_files if the files really are wanted"
-        )
-
-
-def _manifest_urls(manifest: dict) -> tuple[list[str], list[str]]:
-    urls = [o["url"] for o in manifest["output"] if isinstance(o, dict) and isinstance(o.get("url"), str)]
-    errors = [_error_entry_text(e) for e in as_array(manifest.get("error"))]
-    for extension in as_array(manifest.get("extension")):
-        if isinstance(extension, dict) and str(extension.get("url", "")).endswith(ISSUES_EXTENSION_SUFFIXES):
-            errors += [_issue_text(i) for i in as_array(extension.get("valueObject")) if isinstance(i, dict)]
-    return urls, [e for e in errors if e]
 
 
 def _error_entry_text(entry: Any) -> str:
@@ -255,27 +231,13 @@ def _issue_text(issue: dict) -> str:
     return ": ".join(parts[:1] + [" - ".join(parts[1:])]) if len(parts) > 1 else "".join(parts)
 
 
-def _parameters_urls(parameters: list[dict]) -> tuple[list[str], list[str]]:
-    urls, errors = [], []
-    for parameter in parameters:
-        parts = {str(p.get("name")): _value(p) for p in as_array(parameter.get("part")) if isinstance(p, dict)}
-        if parameter.get("name") == "output" and (url := parts.get("url")):
-            urls.append(url)
-        elif parameter.get("name") == "error":
-            errors.append(parts.get("diagnostics") or _value(parameter) or "error")
-    return urls, errors
-
-
 def _value(element: dict) -> str | None:
-    for key in ("valueUri", "valueUrl", "valueString", "valueCode"):
-        if isinstance(element.get(key), str):
-            return element[key]
-    return None
+    keys = ("valueUri", "valueUrl", "valueString", "valueCode")
+    return next((element[key] for key in keys if isinstance(element.get(key), str)), None)
 
 
 def resolve_file_url(base_url: str, url: str) -> str:
-    """Absolute URLs are kept; ``host[:port]/path`` inherits base_url's scheme; other paths resolve
-    against base_url (``/files/x`` against its origin, ``files/x`` against its path)."""
+    """Absolute URLs are kept; ``host[:port]/path`` inherits base_url's scheme; other paths resolve against base_url."""
     base = httpx.URL(base_url.rstrip("/") + "/")
     if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", url):
         return url
@@ -288,9 +250,7 @@ def resolve_file_url(base_url: str, url: str) -> str:
 
 
 def _looks_like_host(segment: str) -> bool:
-    """``127.0.0.1:8080``, ``files.example.org``, ``localhost:80`` — not ``files``, ``job-1``, ``.`` or ``..`` (a
-    path-relative ``./core.ndjson`` resolves against base_url): a ``HOST`` with a dot, a port, or ``localhost``."""
+    """A ``HOST`` with a dot, a port, or ``localhost`` (``127.0.0.1:8080``, ``files.example.org``), not ``files``,
+    ``job-1`` or ``..``."""
     host = segment.rsplit(":", 1)[0] if re.search(r":\d+$", segment) else segment
-    if not HOST.fullmatch(host):
-        return False
-    return host == "localhost" or host != segment or "." in host
+    return bool(HOST.fullmatch(host)) and (host == "localhost" or host != segment or "." in host)

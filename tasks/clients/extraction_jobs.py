@@ -1,11 +1,5 @@
-"""The operator's side of the extraction server: its FHIR Task API and the cohort preview.
-
-``python -m flows.run extraction …`` and ``cohort preview`` list, read, pause, resume, cancel, reprioritise
-(PUT with If-Match, read again on 409/412) and delete jobs, and evaluate a cohort without starting a job
-(``$evaluate-cohort``; 404: not supported). Every call goes through ``ServiceClient`` (retry and classification by
-default, answers read bounded: ``MAX_TASK_ANSWER_BYTES``, ``MAX_COHORT_ANSWER_BYTES``); failures are
-``ServiceError``s, the subclasses below for the answers an operator needs explained (an answer that is no JSON object
-too). Plain Python, no Prefect.
+"""The operator's side of the extraction server: its FHIR Task API and ``$evaluate-cohort``. Failures are
+``ServiceError``s, the subclasses below for the answers an operator needs explained. No Prefect.
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ from urllib.parse import quote
 
 import httpx
 
-from tasks.core.json_shapes import as_array, as_object
+from tasks.core.json_shapes import as_object, as_objects
 from tasks.clients.bounds import MB
 from tasks.clients.errors import ServiceError, json_object, json_or_none
 from tasks.clients.extraction_documents import SERVICE, TASK_TIMEOUT, ExtractionError, base_url_of, job_status_of
@@ -154,7 +148,7 @@ class CohortPreview:
 
 
 def _consent_audit_files(task: dict[str, Any]) -> tuple[str, ...]:
-    outputs = [o for o in as_array(task.get("output")) if isinstance(o, dict) and isinstance(o.get("valueUrl"), str)]
+    outputs = [o for o in as_objects(task.get("output")) if isinstance(o.get("valueUrl"), str)]
     urls = tuple(o["valueUrl"] for o in outputs if as_object(o.get("type")).get("text") == CONSENT_AUDIT_TEXT)
     for url in urls:
         refuse_credentials_in_url(url, door="a consent audit file URL of the Task", fix=SERVER_URL_FIX)
@@ -170,13 +164,8 @@ def cohort_patient_ids(document: Any) -> tuple[str, ...]:
     """Patient ids of an $evaluate-cohort List (``entry[].item.reference``, ``Patient/`` dropped)."""
     if not isinstance(document, dict) or document.get("resourceType") != "List":
         raise ExtractionError("cohort preview: the server's answer is not a FHIR List")
-    ids = []
-    for entry in as_array(document.get("entry")):
-        item = entry.get("item") if isinstance(entry, dict) else None
-        reference = item.get("reference") if isinstance(item, dict) else None
-        if isinstance(reference, str):
-            ids.append(reference.removeprefix("Patient/"))
-    return tuple(ids)
+    items = [as_object(entry.get("item")) for entry in as_objects(document.get("entry"))]
+    return tuple(ref.removeprefix("Patient/") for item in items if isinstance(ref := item.get("reference"), str))
 
 
 class ExtractionTaskClient(ServiceClient):
@@ -203,11 +192,10 @@ class ExtractionTaskClient(ServiceClient):
                 raise SearchRejectedError(exc.message.split("; ")) from exc
             raise
         bundle = document_of(response, "search extraction jobs")
-        return [
-            ExtractionJob.from_task(entry["resource"])
-            for entry in as_array(bundle.get("entry"))
-            if isinstance(entry, dict) and isinstance(entry.get("resource"), dict)
+        tasks = [
+            entry["resource"] for entry in as_objects(bundle.get("entry")) if isinstance(entry.get("resource"), dict)
         ]
+        return [ExtractionJob.from_task(task) for task in tasks]
 
     def read_task(self, job_id: str) -> dict[str, Any]:
         operation = "read extraction job"
@@ -286,22 +274,18 @@ class ExtractionTaskClient(ServiceClient):
             if exc.status_code != 500:
                 raise
             message = f"the server could not remove the result files of job {job_id} ({exc.message})"
-            raise refused(
-                exc.operation, 500, f"{message}; check the server's disk and logs, then delete again"
-            ) from exc
+            message += "; check the server's disk and logs, then delete again"
+            raise refused(exc.operation, 500, message) from exc
 
     def evaluate_cohort(self, crtdl: bytes) -> CohortPreview:
         """POST /fhir/$evaluate-cohort with the CRTDL as plain JSON; the patients of the resulting List."""
+        request: dict[str, Any] = {"timeout": http_timeout(COHORT_PREVIEW_TIMEOUT), "status_hints": CRTDL_REFUSALS}
+        request |= {"max_answer_bytes": MAX_COHORT_ANSWER_BYTES, "too_large_hint": TOO_LARGE_COHORT}
+        request["headers"] = {"Content-Type": "application/json", "Accept": FHIR_JSON}
         try:
-            headers = {"Content-Type": "application/json", "Accept": FHIR_JSON}
-            request: dict[str, Any] = {
-                "content": crtdl,
-                "headers": headers,
-                "timeout": http_timeout(COHORT_PREVIEW_TIMEOUT),
-            }
-            request |= {"max_answer_bytes": MAX_COHORT_ANSWER_BYTES, "too_large_hint": TOO_LARGE_COHORT}
-            request |= {"status_hints": CRTDL_REFUSALS}
-            response = self.request("POST", "/fhir/$evaluate-cohort", operation="preview cohort", **request)
+            response = self.request(
+                "POST", "/fhir/$evaluate-cohort", operation="preview cohort", content=crtdl, **request
+            )
         except ServiceError as exc:
             if exc.status_code not in (404, 405):
                 raise

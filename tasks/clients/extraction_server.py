@@ -1,17 +1,11 @@
 """Client of the extraction server (TORCH): submit a CRTDL, poll the job, read the result's file URLs; no Prefect.
 
 Follows spec/extraction-server-api.md and the real server's deviations in protocols.md (kick-off 202, X-Progress,
-CANCELLED as 410); documents are read and checked in ``tasks.clients.extraction_documents``, the operator's Task API
-is ``tasks.clients.extraction_jobs``.
-- ``submit`` posts once (``call_once``): a retry could start a second job.
-- ``poll_until_complete`` is the poll table of pipeline-tool.md ("States and transitions"), one GET per iteration:
-  202/102 progress, 200 done, 404/410 ``DeadHandleError`` (``ExtractionCancelledError`` when the Task says a person
-  cancelled or deleted the job), 500 ``ExtractionFailedError``, 408/429/other 5xx and
-  network failures polled again after the back-off, other 4xx terminal; only ``extraction_timeout`` ends the wait.
-  Progress is the X-Progress header (or OperationOutcome diagnostics). Time is injectable (``clock``, ``sleep``).
-- Answers are read bounded (the kick-off's body not at all: only its status and Content-Location matter); server
-  URLs with user info are refused, never followed (httpx would send them as Basic auth). Credentials go to
-  base_url's origin only, and with ``requiresAccessToken`` to approved file origins.
+CANCELLED as 410). The poll is the table of pipeline-tool.md ("States and transitions"): 202/102 progress, 200 done,
+404/410 a dead handle (or a person's cancel or delete), 500 failed, 408/429/other 5xx and network failures polled
+again after the back-off, other 4xx terminal; only ``extraction_timeout`` ends the wait. Server URLs with user info
+are refused, never followed (httpx would send them as Basic auth). Credentials go to base_url's origin only, and
+with ``requiresAccessToken`` to approved file origins.
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from tasks.clients.auth import Origin, ServiceAuth, origin_of, origin_text
+from tasks.clients.auth import ServiceAuth, origin_of, origin_text
 from tasks.clients.bounds import Deadline, answer_within, answered, declared_size
 from tasks.clients.errors import error_from_response, is_transient_network_error, is_transient_status, network_error
 from tasks.clients.errors import Call, nothing_answers, where as failed_at
@@ -63,9 +57,6 @@ POLL_DEADLINE = timedelta(minutes=2)
 POLL_DEADLINE_SETTING = "a status poll's deadline, 2 minutes or services.extractor.extraction_timeout if shorter"
 STATUS_ACCEPT = {"Accept": "application/json"}
 TASK_ACCEPT = {"Accept": "application/fhir+json"}
-IN_PROGRESS = (102, 202)
-DEAD_HANDLE = (404, 410)
-JOB_FAILED = 500
 STOPPED_BY_PERSON = ("CANCELLED", "cancelled", "DELETED")  # a Task's JobStatus code, or its FHIR status
 
 
@@ -84,9 +75,6 @@ class PollProgress:
         return self.text or "running"
 
 
-ProgressCallback = Callable[[PollProgress], None]
-
-
 class ExtractionServerClient(Closing):
     """One extraction server, as configured by ``services.extractor``. Use as a context manager."""
 
@@ -103,13 +91,14 @@ class ExtractionServerClient(Closing):
         timeout = http_timeout(min(POLL_TIMEOUT, settings.extraction_timeout))
         endpoint = ServiceEndpoint(SERVICE, base_url_of(settings), settings.auth, timeout, setting=BASE_URL_SETTING)
         self.http = build_client(endpoint, tls)
+        assert isinstance(self.http.auth, ServiceAuth), "build_client gives every client a ServiceAuth"
+        self._auth = self.http.auth
         self.files_need_token = False  # the manifest's requiresAccessToken, once the job is complete
 
     def submit(self, crtdl: bytes) -> ExtractionHandle:
-        """POST $extract-data exactly once (``call_once``: it opts out of retry, since a second request could start
-        a second job), within SUBMIT_TIMEOUT in all; the status URL from Content-Location, made absolute. A failure
-        leaves the submission in doubt for the extraction step to settle. The answer's body is never needed, so it
-        is not read (of an error answer the first MiB, for its OperationOutcome's diagnostics)."""
+        """POST $extract-data exactly once (a second request could start a second job); a failure leaves the
+        submission in doubt for the extraction step to settle. Only the answer's status and Content-Location are
+        read (of an error answer the first MiB, for its diagnostics)."""
         where: Call = {"operation": f"submit extraction to {shown_url(self.base_url)}", "service": SERVICE}
         content, timeout = json.dumps(kickoff_parameters(crtdl)).encode(), http_timeout(SUBMIT_TIMEOUT)
 
@@ -124,7 +113,9 @@ class ExtractionServerClient(Closing):
 
         return call_once(attempt, **where)
 
-    def poll_until_complete(self, handle: ExtractionHandle, on_progress: ProgressCallback | None = None) -> list[str]:
+    def poll_until_complete(
+        self, handle: ExtractionHandle, on_progress: Callable[[PollProgress], None] | None = None
+    ) -> list[str]:
         """Poll until the job is complete and return the absolute URLs of its result files."""
         interval = self.settings.polling_interval.total_seconds()
         cap = self.settings.max_polling_interval.total_seconds()
@@ -136,7 +127,7 @@ class ExtractionServerClient(Closing):
             if response is not None:
                 if response.status_code == 200:
                     return self.result_file_urls(response)
-                if response.status_code in IN_PROGRESS:
+                if response.status_code in (102, 202):
                     last_contact = self.clock()
                     if on_progress is not None:
                         on_progress(progress(response))
@@ -145,7 +136,11 @@ class ExtractionServerClient(Closing):
                     retry_after = parse_retry_after(response.headers.get("Retry-After"))
             silent_for = self.clock() - last_contact
             if silent_for >= window:
-                raise self._timeout(handle)
+                raise ExtractionTimeoutError(
+                    f"extraction timeout: the extraction server gave no 200/202 answer for job {handle.job_id} for "
+                    f"{window:g} s (services.extractor.extraction_timeout). The job may still run: "
+                    "continue re-attaches to it; raise services.extractor.extraction_timeout if the server is slow"
+                )
             wait = interval if retry_after is None else max(retry_after, interval)  # "Retry-After: 0" is no storm
             self.sleep(min(wait, cap, window - silent_for))
             interval = min(interval * 2, cap)
@@ -173,13 +168,13 @@ class ExtractionServerClient(Closing):
 
     def _raise_unless_transient(self, handle: ExtractionHandle, response: httpx.Response) -> None:
         status = response.status_code
-        if status in DEAD_HANDLE:
+        if status in (404, 410):
             if (job_status := self._task_status(handle)) in STOPPED_BY_PERSON:
                 raise ExtractionCancelledError(handle, status, job_status)
             if job_status:
                 raise StatusUrlMismatchError(handle, status, job_status)
             raise DeadHandleError(handle, status)
-        if status == JOB_FAILED:
+        if status == 500:
             texts = operation_outcome_texts(response.content)
             reason = "; ".join(texts) if texts else "the server gave no reason"
             raise ExtractionFailedError(
@@ -189,18 +184,24 @@ class ExtractionServerClient(Closing):
         if is_transient_status(status):
             log.warning("extractor: status poll of job %s answered HTTP %d; polling again", handle.job_id, status)
             return
-        foreign = origin_of(handle.status_url)
-        if status in (401, 403) and foreign != origin_of(self.base_url) and self._auth.schemes:
-            raise self._uncredentialed_status_url(handle, status, foreign)
+        foreign, home = origin_of(handle.status_url), origin_of(self.base_url)
+        if status in (401, 403) and foreign != home and self._auth.schemes:  # it got no credentials, by design
+            message = (
+                f"the status URL {shown_url(handle.status_url)} answered HTTP {status}; it is on "
+                f"{origin_text(foreign)}, not on the origin of services.extractor.base_url ({origin_text(home)}), and "
+                "dupflow sends the credentials only there. Have the extraction server name its status URLs under the "
+                "address dupflow uses (TORCH: torch.base.url), or set services.extractor.base_url to the server's "
+                "address; then continue the job (--attach STATUS_URL follows the job at a status URL under base_url)"
+            )
+            raise ServiceError("poll extraction status", status, message, transient=False, service=SERVICE)
         if status >= 400:
             raise error_from_response(response, operation="poll extraction status", service=SERVICE)
         raise ExtractionError(f"poll extraction status: unexpected HTTP {status} from {handle.status_url}")
 
     def _task_status(self, handle: ExtractionHandle) -> str | None:
-        """The job's state as its Task shows it, else None. TORCH answers a cancelled job's status with 410 and a
-        deleted one's with 404 (its Task says DELETED until the job's files are removed), as it answers a job it
-        lost; a person's cancel or delete must not be undone by a fresh submission, and a job whose Task is there
-        is not lost. No answer is no proof."""
+        """The job's state as its Task shows it, else None. TORCH answers a cancelled or deleted job's status (its
+        Task says DELETED until the files are removed) as it answers a job it lost; a person's cancel or delete must
+        not be undone by a fresh submission, and a job whose Task is there is not lost. No answer is no proof."""
         where: Call = {"operation": "read extraction job", "service": SERVICE}
         url = f"{self.base_url}/fhir/Task/{quote(handle.job_id, safe='')}"
         deadline = Deadline(POLL_DEADLINE.total_seconds(), POLL_DEADLINE_SETTING)
@@ -210,25 +211,6 @@ class ExtractionServerClient(Closing):
         except (httpx.HTTPError, ServiceError, ExtractionError, ValueError):  # ExtractionError: over the manifest bound
             return None
         return job_status_of(task) if isinstance(task, dict) and task.get("resourceType") == "Task" else None
-
-    def _uncredentialed_status_url(self, handle: ExtractionHandle, status: int, origin: Origin) -> ServiceError:
-        """A status URL on another origin than base_url's answered 401/403: it got no credentials, by design."""
-        message = (
-            f"the status URL {shown_url(handle.status_url)} answered HTTP {status}; it is on {origin_text(origin)}, "
-            f"not on the origin of services.extractor.base_url ({origin_text(origin_of(self.base_url))}), and "
-            "dupflow sends the credentials only there. Have the extraction server name its status URLs under the "
-            "address dupflow uses (TORCH: torch.base.url), or set services.extractor.base_url to the server's address; "
-            "then continue the job (--attach STATUS_URL follows the job at a status URL under base_url)"
-        )
-        return ServiceError("poll extraction status", status, message, transient=False, service=SERVICE)
-
-    def _timeout(self, handle: ExtractionHandle) -> ExtractionTimeoutError:
-        window = self.settings.extraction_timeout
-        return ExtractionTimeoutError(
-            f"extraction timeout: the extraction server gave no 200/202 answer for job {handle.job_id} for "
-            f"{window.total_seconds():g} s (services.extractor.extraction_timeout). The job may still run: "
-            "continue re-attaches to it; raise services.extractor.extraction_timeout if the server is slow"
-        )
 
     def result_file_urls(self, response: httpx.Response) -> list[str]:
         try:
@@ -246,20 +228,13 @@ class ExtractionServerClient(Closing):
             self.trust_file_origins(urls)
         return urls
 
-    @property
-    def _auth(self) -> ServiceAuth:
-        auth = self.http.auth
-        assert isinstance(auth, ServiceAuth), "build_client gives every client a ServiceAuth"
-        return auth
-
     def trust_file_origins(self, urls: Sequence[str]) -> None:
         """The files need a token: send the credentials to their origins too, if each is base_url's origin or
         listed in ``services.extractor.file_origins`` (else an error naming the origin and the key)."""
         self.files_need_token = True
-        auth = self._auth
         allowed = {origin_of(origin) for origin in self.settings.file_origins}
         for origin in dict.fromkeys(origin_of(url) for url in urls):
-            if origin == auth.origin:
+            if origin == self._auth.origin:
                 continue
             if origin not in allowed:
                 raise ExtractionError(
@@ -268,7 +243,7 @@ class ExtractionServerClient(Closing):
                     f"sends credentials only where you approve: add {origin_text(origin)} to "
                     "services.extractor.file_origins if that file server is yours, then continue the job"
                 )
-            auth.trust(origin)
+            self._auth.trust(origin)
 
 
 def kicked_off(response: httpx.Response) -> ExtractionHandle:

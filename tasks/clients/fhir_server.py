@@ -1,15 +1,10 @@
 """Client of a FHIR server for the send step: transaction Bundles (direct_resource_load) and resource PUTs with
 streamed bodies (transfer_load's Binary and DocumentReference). No Prefect here.
 
-Calls go through ``tasks.clients.http`` (origin-scoped credentials, the one retry policy). A transaction is atomic,
-and its entries are PUTs or conditional creates (tasks/send.py), so sending it again after an ambiguous failure
-cannot apply it twice. A transaction asks for ``Prefer: return=minimal`` (only each entry's status is read); a 2xx
-answer is checked entry by entry: a failed or missing entry rejects the batch, with the
-server's answer (credentials it quoted blanked out) kept for inspection.
-
-Bounds (services.send has no timeout key, so constants): ``SEND_TIMEOUT`` per read; a whole-request deadline of
-``REQUEST_DEADLINE`` plus 1 s per MB of body, past which the call is transient and retried; at most
-``MAX_ANSWER_BYTES`` of an answer, 1 MB of an error answer, none of a PUT's.
+A transaction is atomic and its entries are PUTs or conditional creates (tasks/send.py), so sending it again after an
+ambiguous failure cannot apply it twice. A 2xx answer is checked entry by entry: a failed or missing entry rejects
+the batch, with the server's answer (redacted) kept for inspection. services.send has no timeout key, so the bounds
+are constants; past the deadline a call is transient and retried.
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from tasks.core.json_shapes import as_array
+from tasks.core.json_shapes import as_array, as_object
 from tasks.clients.bounds import MB, Body, Deadline, answer_within
 from tasks.clients.bounds import read_answer as read_bounded
 from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, error_body, error_from_response, json_or_none
@@ -47,13 +42,12 @@ SLOWEST_UPLOAD_BYTES_PER_SECOND = MB
 """A body adds its size at this rate to the deadline: a 2 GB Binary may take 34 minutes more to go out."""
 DEADLINE_SETTING = "REQUEST_DEADLINE of tasks/clients/fhir_server.py, plus 1 s per MB sent"
 MAX_ANSWER_BYTES = 64 * MB
-MAX_STATUS_CHARS = 100  # an entry's response.status: "422 Unprocessable Entity"
 """The most of one answer that is read (a transaction-response, a read back); a PUT's answer body is not read."""
+MAX_STATUS_CHARS = 100  # an entry's response.status: "422 Unprocessable Entity"
 TOO_LARGE_ANSWER_HINT = "lower services.send.batch_size so that each transaction gets a smaller answer"
 RETURN_MINIMAL = {"Prefer": "return=minimal"}
-"""Asked of a transaction: only each entry's status is read, and a server that sends every resource back by default
-answers with as many bytes as it was sent (a batch of large resources then passed ``MAX_ANSWER_BYTES``: refused
-after the server had applied it, again on every ``continue``)."""
+"""Asked of a transaction: only each entry's status is read, and a server that sends every resource back answered a
+batch of large resources past ``MAX_ANSWER_BYTES``: refused after it had applied it, again on every ``continue``."""
 AUTH_REFUSALS = {  # what a request refused for its credentials asks of the user (a transaction, a PUT)
     401: "the server did not accept the credentials; check services.send.auth",
     403: "the credentials may not write there; check services.send.auth and the server's access rules",
@@ -66,20 +60,19 @@ _ENTRY_NUMBER = re.compile(r"\bentry\s*\[?\s*(\d+)", re.IGNORECASE)
 
 
 class TransactionRejected(ServiceError):
-    """The server refused a transaction: an HTTP error, or a failed entry in its ``transaction-response``.
-    ``failed_entry`` is the 0-based index of the first failing entry when the server said which one, ``outcome``
-    the server's OperationOutcome text, ``response_text`` what the server answered (kept for inspection)."""
+    """The server refused a transaction: an HTTP error (``cause``, which says if transient), or a failed entry in its
+    ``transaction-response``; ``failed_entry``: the 0-based index of the first one, when the server said which."""
 
     def __init__(
         self,
         answer: Answer,
         message: str,
         *,
-        transient: bool = False,
         failed_entry: int | None = None,
         outcome: str = "",
-        retry_after: float | None = None,
+        cause: ServiceError | None = None,
     ):
+        transient, retry_after = (cause.transient, cause.retry_after) if cause is not None else (False, None)
         status = answer.response.status_code
         super().__init__(
             "transaction", status, message, transient=transient, service=SERVICE_NAME, retry_after=retry_after
@@ -87,16 +80,8 @@ class TransactionRejected(ServiceError):
         self.response_text, self.failed_entry, self.outcome = response_text(answer), failed_entry, outcome
 
 
-@dataclass(frozen=True)
-class EntryFailure:
-    index: int
-    status: str
-    outcome: str
-
-
 class FhirServer(Closing):
-    """One FHIR server (``{url}/fhir``) through a ``ServiceClient``; ``deadline`` and ``max_answer_bytes`` replace
-    ``REQUEST_DEADLINE`` and ``MAX_ANSWER_BYTES`` (the bounds in the module docstring)."""
+    """One FHIR server (``{url}/fhir``) through a ``ServiceClient``."""
 
     def __init__(
         self, client: ServiceClient, *, deadline: timedelta = REQUEST_DEADLINE, max_answer_bytes: int = MAX_ANSWER_BYTES
@@ -106,17 +91,14 @@ class FhirServer(Closing):
 
     @classmethod
     def connect(cls, send: SendSettings, tls: TlsSettings, retry: RetrySettings, **bounds: Any) -> FhirServer:
-        """A client for ``services.send.url`` with ``services.send.auth`` (Basic, OAuth or none, plus API key);
-        ``bounds`` are ``deadline`` and ``max_answer_bytes`` when not the defaults."""
-        endpoint = ServiceEndpoint(
-            SERVICE_NAME, send.url or "", send.auth, http_timeout(SEND_TIMEOUT), setting="services.send.url"
-        )
+        """A client for ``services.send.url``; ``bounds``: ``deadline`` and ``max_answer_bytes`` if not the defaults."""
+        timeout = http_timeout(SEND_TIMEOUT)
+        endpoint = ServiceEndpoint(SERVICE_NAME, send.url or "", send.auth, timeout, setting="services.send.url")
         return cls(ServiceClient(endpoint, tls, retry), **bounds)
 
     def transaction(self, body: bytes, entries: int) -> dict:
-        """POST a transaction Bundle of ``entries`` entries; the ``transaction-response`` when every entry succeeded.
-        Raises ``TransactionRejected`` for an HTTP error (after retries of the transient ones) or a failed entry,
-        and ``ServiceError`` (status None) when the server could not be reached or took longer than the deadline."""
+        """POST a transaction Bundle; the ``transaction-response`` when every entry succeeded, else
+        ``TransactionRejected`` (``ServiceError`` when the server could not be reached in time)."""
         answer = self._call(
             "POST", "/fhir", "transaction", body, len(body), rejection=rejected_by_status, extra_headers=RETURN_MINIMAL
         )
@@ -124,12 +106,9 @@ class FhirServer(Closing):
 
     def put(self, resource_type: str, resource_id: str, body: Body, *, length: int | None = None) -> None:
         """PUT ``{url}/fhir/<type>/<id>``; ``body`` is the JSON, or a function that streams it afresh per attempt
-        (its total ``length`` then goes into Content-Length, so the body is not sent chunked). The answer's body
-        is not read: a server may send a large Binary back, and only the status matters."""
-        size = len(body) if isinstance(body, bytes) else length
-        operation = f"PUT {resource_type}/{resource_id}"
-        path = f"/fhir/{resource_type}/{resource_id}"
-        self._call("PUT", path, operation, body, size, read_answer=False, hints=PUT_HINTS)
+        (its ``length`` then goes into Content-Length). The answer's body, maybe a large Binary, is not read."""
+        size, name = len(body) if isinstance(body, bytes) else length, f"{resource_type}/{resource_id}"
+        self._call("PUT", f"/fhir/{name}", f"PUT {name}", body, size, read_answer=False, hints=PUT_HINTS)
 
     def get(self, path: str, **params: str) -> dict:
         """GET a resource or a search under ``{url}/fhir`` (used to read back what was sent)."""
@@ -149,10 +128,8 @@ class FhirServer(Closing):
         rejection: Callable[[Answer, ServiceError], ServiceError] | None = None,
         extra_headers: dict[str, str] | None = None,
     ) -> Answer:
-        """One call with retry, each attempt within its deadline (``answer_within``), the answer read as it comes in
-        (at most ``max_answer_bytes`` of it, none when ``read_answer`` is False). A 4xx/5xx answer raises its
-        ``ServiceError`` (with the fix ``hints`` knows for its status), or what ``rejection`` makes of it and the
-        answer; a transient one is retried first."""
+        """One call with retry, each attempt within its deadline, the answer read bounded (not at all without
+        ``read_answer``). A 4xx/5xx answer raises its ``ServiceError``, or what ``rejection`` makes of it."""
         headers = {**FHIR_JSON_HEADERS, **(extra_headers or {})}
         headers |= {"Content-Length": str(size)} if size is not None else {}
         where: Call = {"operation": operation, "service": SERVICE_NAME}
@@ -163,20 +140,16 @@ class FhirServer(Closing):
             with answer_within(
                 self.http, deadline, method, path, body=body, headers=headers, params=params, timeout=timeout, **where
             ) as response:
-                if not response.is_error:
-                    return self._answer(response, deadline, operation, read_answer)
-                answer = Answer(response, error_body(response))
-                error = error_from_response(response, **where, body=answer.body, hints=hints)
-                raise error if rejection is None else rejection(answer, error)
+                if response.is_error:
+                    answer = Answer(response, error_body(response))
+                    error = error_from_response(response, **where, body=answer.body, hints=hints)
+                    raise error if rejection is None else rejection(answer, error)
+                if not read_answer:
+                    return Answer(response, b"")
+                limit, hint = self._max_answer_bytes, TOO_LARGE_ANSWER_HINT
+                return Answer(response, read_bounded(response, limit, **where, hint=hint, deadline=deadline))
 
         return call_with_retry(attempt, self._client.retry, **where, sleep=self._client.sleep)
-
-    def _answer(self, response: httpx.Response, deadline: Deadline, operation: str, read_answer: bool) -> Answer:
-        if not read_answer:
-            return Answer(response, b"")
-        limit, hint = self._max_answer_bytes, TOO_LARGE_ANSWER_HINT
-        body = read_bounded(response, limit, operation=operation, service=SERVICE_NAME, hint=hint, deadline=deadline)
-        return Answer(response, body)
 
 
 @dataclass(frozen=True)
@@ -192,14 +165,7 @@ def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionReject
     texts = operation_outcome_texts(answer.body)
     match = next((m for text in texts if (m := _ENTRY_NUMBER.search(text))), None)
     failed_entry, outcome = int(match.group(1)) if match else None, truncate("; ".join(texts), MAX_MESSAGE_CHARS)
-    return TransactionRejected(
-        answer,
-        error.message,
-        transient=error.transient,
-        failed_entry=failed_entry,
-        outcome=outcome,
-        retry_after=error.retry_after,
-    )
+    return TransactionRejected(answer, error.message, failed_entry=failed_entry, outcome=outcome, cause=error)
 
 
 def checked_transaction_response(answer: Answer, sent: int) -> dict:
@@ -208,27 +174,19 @@ def checked_transaction_response(answer: Answer, sent: int) -> dict:
     if not isinstance(bundle, dict) or bundle.get("resourceType") != "Bundle":
         raise _bad_answer(answer, "the answer is not a Bundle")
     entries = as_array(bundle.get("entry"))
-    if failure := first_failed_entry(entries):
-        detail = f": {failure.outcome}" if failure.outcome else ""
-        message = f"entry {failure.index + 1} failed with {failure.status}{detail}"
-        raise TransactionRejected(answer, message, failed_entry=failure.index, outcome=failure.outcome)
+    for index, entry in enumerate(entries):  # the first entry whose response.status is not 2xx fails the batch
+        said = as_object(as_object(entry).get("response"))
+        status = str(said.get("status", ""))
+        code = status.split(" ", 1)[0]
+        if not (code.isdigit() and 200 <= int(code) < 300):
+            texts = operation_outcome_texts(orjson.dumps(said["outcome"])) if said.get("outcome") else []
+            outcome = truncate("; ".join(texts), MAX_MESSAGE_CHARS)
+            shown = plain_text(truncate(status, MAX_STATUS_CHARS)) or "no status"  # the server's own words
+            message = f"entry {index + 1} failed with {shown}" + (f": {outcome}" if outcome else "")
+            raise TransactionRejected(answer, message, failed_entry=index, outcome=outcome)
     if len(entries) != sent:
         raise _bad_answer(answer, f"the transaction-response has {len(entries)} entries for {sent} sent")
     return bundle
-
-
-def first_failed_entry(entries: list) -> EntryFailure | None:
-    """The first ``transaction-response`` entry whose ``response.status`` is not 2xx."""
-    for index, entry in enumerate(entries):
-        answer = entry.get("response") if isinstance(entry, dict) else None
-        status = str(answer.get("status", "")) if isinstance(answer, dict) else ""
-        code = status.split(" ", 1)[0]
-        if not (code.isdigit() and 200 <= int(code) < 300):
-            outcome = answer.get("outcome") if isinstance(answer, dict) else None
-            texts = operation_outcome_texts(orjson.dumps(outcome)) if outcome else []
-            shown = plain_text(truncate(status, MAX_STATUS_CHARS)) or "no status"  # the server's own words
-            return EntryFailure(index, shown, truncate("; ".join(texts), MAX_MESSAGE_CHARS))
-    return None
 
 
 def _bad_answer(answer: Answer, reason: str) -> TransactionRejected:
@@ -236,8 +194,7 @@ def _bad_answer(answer: Answer, reason: str) -> TransactionRejected:
 
 
 def response_text(answer: Answer) -> str:
-    """What the server answered, for the failure dump: status line, content type, body (as much as was read);
-    credentials it quoted back are blanked out (``redact``)."""
+    """The server's answer for the failure dump (status line, content type, body as far as read), redacted."""
     response = answer.response
     content_type = response.headers.get("Content-Type", "")
     body = answer.body.decode(response.encoding or "utf-8", errors="replace")

@@ -1,12 +1,6 @@
-"""Client of the MII flattening service (fhir-flattener, SQL-on-FHIR v2): ``$run`` and the health check.
-
-Wire contract (spec/protocols.md, "Flattening service"): ``GET {service_url}/fhir/metadata`` must list operation
-``$run`` on ``ViewDefinition``; ``POST {service_url}/fhir/ViewDefinition/$run?_format=ndjson`` sends a ``Parameters``
-of a ``viewDefinition`` part and one ``resources`` part per resource, and answers NDJSON, one object per row.
-
-``$run`` changes nothing, so it is retried like a read until its answer starts. Rows are parsed line by line as they
-arrive, each at most ``MAX_ROW_BYTES``; ``services.flattening.timeout`` bounds each whole request, rows included.
-Numbers are read as ``Decimal``, so they reach the CSV as written. No Prefect here.
+"""Client of the MII flattening service (fhir-flattener, SQL-on-FHIR v2): ``$run`` and the health check, per
+spec/protocols.md ("Flattening service"). ``$run`` changes nothing, so it is retried like a read until its answer
+starts; rows are parsed as they arrive, numbers as ``Decimal`` so they reach the CSV as written. No Prefect here.
 """
 
 from __future__ import annotations
@@ -19,7 +13,7 @@ from typing import Any
 import httpx
 import orjson
 
-from tasks.core.json_shapes import as_array, as_object
+from tasks.core.json_shapes import as_objects
 from tasks.clients.bounds import MB, Deadline, answer_within, read_answer
 from tasks.clients.errors import Call, json_or_none, network_error, raise_for_service_status
 from tasks.core.exact_json import loads_exact
@@ -44,11 +38,11 @@ class FlattenerError(StepError):
 
 
 class Flattener:
-    """The flattening service behind ``client`` (a ``ServiceClient`` rooted at ``service_url``). ``deadline`` bounds
-    each whole request, rows included; by default the client's read timeout, ``services.flattening.timeout``."""
+    """The flattening service behind ``client``. ``deadline`` bounds each whole request, rows included; by default the
+    client's read timeout, ``services.flattening.timeout``."""
 
     def __init__(self, client: ServiceClient, *, deadline: timedelta | None = None):
-        self.client = client
+        self.client, self._service = client, client.endpoint.name
         self._deadline = deadline.total_seconds() if deadline is not None else read_seconds(client.endpoint.timeout)
 
     def check(self) -> None:
@@ -64,8 +58,7 @@ class Flattener:
             )
 
     def run(self, view: bytes, resources: list[bytes]) -> Iterator[dict[str, Any]]:
-        """The rows of ``view`` (compact JSON) over ``resources`` (each compact JSON), one at a time as the service
-        sends them (the answer is never held whole)."""
+        """The rows of ``view`` over ``resources`` (compact JSON each), one at a time as the service sends them."""
         body = run_parameters(view, resources)
         operation = f"$run over {len(resources)} resources"
         request = {"params": {"_format": "ndjson"}, "headers": RUN_HEADERS, "body": body}
@@ -75,16 +68,12 @@ class Flattener:
                 if line.strip():
                     yield parse_row(line, number)
 
-    @property
-    def _service(self) -> str:
-        return self.client.endpoint.name
-
     @contextlib.contextmanager
     def _answer(
         self, method: str, path: str, operation: str, **request: Any
     ) -> Iterator[tuple[httpx.Response, Deadline]]:
         """A 2xx answer whose body is still to be read, and the deadline its reading must keep. Failures before the
-        answer starts are retried (``$run`` changes nothing); a failure while it is read is not (rows were taken)."""
+        answer starts are retried; a failure while it is read is not (rows were taken)."""
         where: Call = {"operation": operation, "service": self._service}
 
         def attempt() -> tuple[contextlib.ExitStack, httpx.Response, Deadline]:
@@ -102,8 +91,7 @@ class Flattener:
 
 
 def answer_lines(response: httpx.Response, deadline: Deadline, operation: str, service: str) -> Iterator[bytes]:
-    """The answer's lines as they arrive (without their newline), each at most ``MAX_ROW_BYTES``; the deadline is
-    checked after each piece read."""
+    """The answer's lines as they arrive (without their newline), each at most ``MAX_ROW_BYTES``."""
     line = bytearray()
     try:
         for piece in response.iter_bytes():
@@ -128,9 +116,8 @@ def answer_lines(response: httpx.Response, deadline: Deadline, operation: str, s
 
 
 def parse_row(line: bytes, number: int) -> dict[str, Any]:
-    """One row of the answer, numbers exact (``loads_exact``); a ``FlattenerError`` naming the line for anything
-    else. orjson checks the line first, strictly: no lone surrogate (no UTF-8 CSV could hold it), nesting bounded
-    (``json`` would raise RecursionError)."""
+    """One row of the answer, numbers exact. orjson checks the line first, strictly: no lone surrogate (no UTF-8 CSV
+    could hold it), nesting bounded (``json`` would raise RecursionError)."""
     try:
         orjson.loads(line)
         row = loads_exact(line)
@@ -142,7 +129,6 @@ def parse_row(line: bytes, number: int) -> dict[str, Any]:
 
 
 def run_parameters(view: bytes, resources: list[bytes]) -> bytes:
-    """The ``$run`` body: a Parameters with the viewDefinition part, then one resources part per resource."""
     parts = [b'{"name":"viewDefinition","resource":' + view + b"}"]
     parts += [b'{"name":"resources","resource":' + resource + b"}" for resource in resources]
     return b'{"resourceType":"Parameters","parameter":[' + b",".join(parts) + b"]}"
@@ -152,12 +138,12 @@ def lists_view_run(statement: Any) -> bool:
     """Does this CapabilityStatement list operation ``$run`` on ViewDefinition (per resource or system-wide)?"""
     if not isinstance(statement, dict) or statement.get("resourceType") != "CapabilityStatement":
         return False
-    for rest in map(as_object, as_array(statement.get("rest"))):
-        for resource in map(as_object, as_array(rest.get("resource"))):
-            operations = map(as_object, as_array(resource.get("operation")))
+    for rest in as_objects(statement.get("rest")):
+        for resource in as_objects(rest.get("resource")):
+            operations = as_objects(resource.get("operation"))
             if resource.get("type") == "ViewDefinition" and any(_is_run(op) for op in operations):
                 return True
-        for operation in map(as_object, as_array(rest.get("operation"))):
+        for operation in as_objects(rest.get("operation")):
             if _is_run(operation) and "ViewDefinition" in str(operation.get("definition", "")):
                 return True
     return False

@@ -1,17 +1,10 @@
-"""Client of the pseudonymization service (FHIR Pseudonymizer / DIMP): ``POST {url}/fhir/$de-identify``; no Prefect.
+"""Client of the pseudonymization service (FHIR Pseudonymizer / DIMP): ``POST {url}/fhir/$de-identify``, per
+spec/protocols.md ("Pseudonymization service"); no Prefect.
 
-Wire contract (spec/protocols.md, "Pseudonymization service"): the body is the bare resource or, with an
-anonymization config, a ``Parameters`` of ``config`` (the YAML, base64) then ``resource``; the answer is the
-de-identified resource.
-
-A Bundle larger than the split threshold is sent as order-preserving chunks of its ``entry[]`` (id
-``<bundle id>-chunk-<i>``) and put back together under the Bundle-level fields the service gives the Bundle sent
-without entries (one request more), so splitting never changes its pseudonymous id or ``meta``; every number keeps
-its digits on the way (``tasks.core.exact_json``). Every answer is checked (same resource type; for Bundles as many
-entries), so no resource gets lost on the way.
-
-Retried per ``tasks.clients.retry``, bounded per ``tasks.clients.bounds`` (``timeout`` per whole request,
-``max_answer_bytes`` per answer), at most ``max_concurrent_requests`` in flight per ``Pseudonymizer``.
+A Bundle over the split threshold goes as chunks of its ``entry[]``, put back together under the Bundle-level fields
+the service gives the Bundle sent without entries (one request more), so splitting never changes its pseudonymous id
+or ``meta``; numbers keep their digits (``tasks.core.exact_json``). Every answer is checked (same resource type; for
+Bundles as many entries), so no resource gets lost on the way.
 """
 
 from __future__ import annotations
@@ -28,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from tasks.core.json_shapes import as_array
+from tasks.core.json_shapes import as_array, as_object
 from tasks.core.errors import StepError
 from tasks.core.exact_json import dumps_exact, loads_exact
 from tasks.core.jsonfile import read_settings_file
@@ -62,12 +55,8 @@ class EntryTooLargeError(PseudonymizationError):
     def __init__(self, entry: Any, index: int, size: int, threshold_bytes: int, overhead: int = 0):
         self.entry_label, self.index = resource_label(entry), index
         self.size, self.threshold_bytes = size, threshold_bytes
-        together = (
-            f" and the Bundle's own fields (all but its entries, sent with every chunk) {overhead / MB:.1f} MB: "
-            "together more than"
-            if size <= threshold_bytes
-            else ", larger than"
-        )
+        fields = f" and the Bundle's own fields (all but its entries, sent with every chunk) {overhead / MB:.1f} MB:"
+        together = f"{fields} together more than" if size <= threshold_bytes else ", larger than"
         super().__init__(
             f"Bundle entry {index} ({self.entry_label}) is {size / MB:.1f} MB{together} the split threshold of "
             f"{threshold_bytes // MB} MB, so it cannot be sent on its own; raise "
@@ -84,8 +73,7 @@ class AnonymizationConfig:
 
     @classmethod
     def read(cls, path: str | Path, key: str = CONFIG_KEY) -> AnonymizationConfig:
-        """Read the file once, within bounds (``read_settings_file``: a regular file of at most 16 MB, never a device
-        read to its end); raises ``JsonFileError`` naming ``key`` when it cannot be read."""
+        """Read the file once, within bounds (``read_settings_file``); ``JsonFileError`` naming ``key`` if it cannot."""
         path = Path(path).expanduser()
         return cls(str(path), read_settings_file(path, key))
 
@@ -133,7 +121,7 @@ class Pseudonymizer:
         max_answer_bytes: int = MAX_ANSWER_BYTES,
     ):
         """``deadline`` bounds each whole request; by default the client's read timeout, which ``http_timeout``
-        sets to the configured ``services.pseudonymizer.timeout``. ``max_answer_bytes``: see ``MAX_ANSWER_BYTES``."""
+        sets to the configured ``services.pseudonymizer.timeout``."""
         seconds = deadline.total_seconds() if deadline is not None else read_seconds(client.timeout)
         bound = Deadline(seconds, DEADLINE_SETTING, client.build_request("POST", DE_IDENTIFY_PATH).url)
         bounds: dict[str, Any] = {"max_answer_bytes": max_answer_bytes, "too_large_hint": TOO_LARGE_ANSWER_HINT}
@@ -220,11 +208,8 @@ def needs_split(resource: dict[str, Any], threshold_bytes: int) -> bool:
 
 
 def split_bundle(bundle: dict[str, Any], threshold_bytes: int) -> list[dict[str, Any]]:
-    """Greedy, order-preserving chunks of ``entry[]``, each a Bundle of at most ``threshold_bytes`` compact JSON.
-
-    Every chunk keeps the Bundle-level fields (so the service de-identifies them too) with id
-    ``<bundle id>-chunk-<i>``. Raises ``EntryTooLargeError`` for an entry that cannot fit in any chunk.
-    """
+    """Greedy, order-preserving chunks of ``entry[]``, each a Bundle of at most ``threshold_bytes`` compact JSON,
+    with the Bundle-level fields (so the service de-identifies them too) and id ``<bundle id>-chunk-<i>``."""
     entries = bundle.get("entry") or []
     bundle_id = bundle.get("id", "bundle")
     skeleton = without_entries(bundle)
@@ -235,14 +220,12 @@ def split_bundle(bundle: dict[str, Any], threshold_bytes: int) -> list[dict[str,
     for index, entry in enumerate(entries):
         entry_size = compact_size(entry)
         if overhead + entry_size > threshold_bytes:
-            resource = entry.get("resource") if isinstance(entry, dict) else None
-            raise EntryTooLargeError(resource, index, entry_size, threshold_bytes, overhead)
-        added = entry_size + (1 if groups[-1] else 0)  # the comma between entries
-        if size + added > threshold_bytes:
+            raise EntryTooLargeError(as_object(entry).get("resource"), index, entry_size, threshold_bytes, overhead)
+        if groups[-1] and size + 1 + entry_size > threshold_bytes:  # 1: the comma between entries
             groups.append([])
-            size, added = overhead, entry_size
+            size = overhead
+        size += entry_size + (1 if groups[-1] else 0)
         groups[-1].append(entry)
-        size += added
     return [{**skeleton, "id": f"{bundle_id}-chunk-{i}", "entry": group} for i, group in enumerate(groups)]
 
 
@@ -252,16 +235,12 @@ def without_entries(bundle: dict[str, Any]) -> dict[str, Any]:
 
 
 def reassemble_bundle(original: dict[str, Any], fields: dict[str, Any], chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """One Bundle from de-identified chunks, as protocols.md defines it (every entry in order, the original ``type``
-    and ``timestamp``), but with the Bundle-level fields of ``fields``, the Bundle itself de-identified without its
-    entries, not of the first chunk: the chunk's id ``<id>-chunk-0`` would give the Bundle another pseudonymous id
-    than the same Bundle sent whole (issue 33)."""
-    bundle = without_entries(fields)
-    for name in ("type", "timestamp"):
-        if name in original:
-            bundle[name] = original[name]
-    bundle["entry"] = [entry for chunk in chunks for entry in as_array(chunk.get("entry"))]
-    return bundle
+    """One Bundle from de-identified chunks (every entry in order, the original ``type`` and ``timestamp``) with the
+    fields of the Bundle de-identified without entries, not the first chunk's: its id ``<id>-chunk-0`` would give
+    another pseudonymous id than the Bundle sent whole (issue 33)."""
+    kept = {name: original[name] for name in ("type", "timestamp") if name in original}
+    entries = [entry for chunk in chunks for entry in as_array(chunk.get("entry"))]
+    return without_entries(fields) | kept | {"entry": entries}
 
 
 def resource_label(resource: Any) -> str:

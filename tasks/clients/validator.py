@@ -1,14 +1,7 @@
-"""Client of the validation service (the HL7/MII FHIR validator in server mode): ``POST {url}/validateResource``.
-
-Wire contract (spec/protocols.md, "Validation service"): a ``collection`` Bundle of ``{fullUrl, resource}`` entries,
-``fullUrl`` being ``http://localhost/fhir/<Type>/<id>`` so references resolve (nested Bundle entries without one get
-one too). The answer is an ``OperationOutcome``: ``error``/``fatal`` issues are data-quality findings. An HTTP error
-is an infrastructure failure, except 412/422 with an OperationOutcome body (older HAPI-based servers): findings.
-
-Chunks are cut from NDJSON lines by request body size (``chunk_bytes``); a resource too large for a chunk goes
-alone, ``oversized``. No Prefect here. Retried per ``tasks.clients.retry``, bounded per ``tasks.clients.bounds``
-(``REQUEST_DEADLINE``, as the spec has no key; ``MAX_ANSWER_BYTES``); an answer's texts are redacted before they
-reach a report, log or artifact.
+"""Client of the validation service (the HL7/MII FHIR validator in server mode): ``POST {url}/validateResource``
+of ``collection`` Bundles, per spec/protocols.md ("Validation service"). ``fullUrl`` is
+``http://localhost/fhir/<Type>/<id>`` so references resolve. An HTTP error is an infrastructure failure, except
+412/422 with an OperationOutcome body (older HAPI-based servers): findings. No Prefect here.
 """
 
 from __future__ import annotations
@@ -25,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from tasks.core.json_shapes import as_array
+from tasks.core.json_shapes import as_array, as_object, as_objects
 from tasks.clients.bounds import MB, Deadline
 from tasks.clients.errors import error_from_response, json_or_none
 from tasks.core.names import show_text
@@ -46,8 +39,8 @@ REQUEST_DEADLINE = timedelta(minutes=10)
 silent while it works on a chunk, and a 10 MB chunk can take minutes."""
 DEADLINE_SETTING = "REQUEST_DEADLINE of tasks/clients/validator.py"
 MAX_ANSWER_BYTES = 64 * MB
-MAX_FINDING_CHARS = 500  # a finding's message or location as kept in the step's summary and report artifact
 """The most of one answer that is read: an OperationOutcome is parsed whole and kept as one report line."""
+MAX_FINDING_CHARS = 500  # a finding's message or location as kept in the step's summary and report artifact
 TOO_LARGE_ANSWER_HINT = "lower services.validation.bundle_chunk_size_mb so that each chunk gets a smaller answer"
 
 BODY_PREFIX = b'{"resourceType":"Bundle","type":"collection","entry":['
@@ -76,25 +69,21 @@ class Chunk:
 
 
 def iter_chunks(lines: Iterable[tuple[int, bytes]], chunk_bytes: int, source: Path | str) -> Iterator[Chunk]:
-    """Greedy, order-preserving chunks of ``(line number, resource line)``, each body at most ``chunk_bytes``.
-
-    Only one chunk's entries are held at a time. A resource whose entry alone exceeds ``chunk_bytes`` is sent
-    alone in a chunk flagged ``oversized``.
-    """
+    """Greedy, order-preserving chunks of ``(line number, resource line)``, each body at most ``chunk_bytes`` (one
+    chunk's entries held at a time); an entry alone over it goes alone, ``oversized``."""
     source, numbers = Path(source), itertools.count(1)
     entries: list[bytes] = []
     labels: list[str] = []
     size = EMPTY_BODY_BYTES
     for line_number, line in lines:
         entry, label = bundle_entry(parse_resource(source, line_number, line), line.strip(), line_number, source)
-        added = len(entry) + (1 if entries else 0)
-        if entries and size + added > chunk_bytes:
+        if entries and size + 1 + len(entry) > chunk_bytes:  # 1: the comma between entries
             yield Chunk(next(numbers), join_entries(entries), tuple(labels))
-            entries, labels, size, added = [], [], EMPTY_BODY_BYTES, len(entry)
+            entries, labels, size = [], [], EMPTY_BODY_BYTES
+        size += len(entry) + (1 if entries else 0)
         entries.append(entry)
         labels.append(label)
-        size += added
-        if len(entries) == 1 and size > chunk_bytes:
+        if size > chunk_bytes:  # only an entry alone gets here
             yield Chunk(next(numbers), join_entries(entries), tuple(labels), oversized=True)
             entries, labels, size = [], [], EMPTY_BODY_BYTES
     if entries:
@@ -135,9 +124,7 @@ def with_full_urls(resource: dict[str, Any]) -> bool:
     if resource.get("resourceType") != "Bundle":
         return False
     changed = False
-    for entry in as_array(resource.get("entry")):  # not a list: the validator says what is wrong
-        if not isinstance(entry, dict):
-            continue
+    for entry in as_objects(resource.get("entry")):  # not a list: the validator says what is wrong
         if not entry.get("fullUrl"):
             entry["fullUrl"] = full_url_of(entry.get("resource"))
             changed = True
@@ -149,11 +136,9 @@ def with_full_urls(resource: dict[str, Any]) -> bool:
 def resource_label(resource: dict[str, Any], line_number: int) -> str:
     """``Type/id`` of a resource for reports and messages (never its content); the line where it has no id."""
     resource_type = show_text(resource.get("resourceType", "unknown type"))
-    return (
-        f"{resource_type}/{show_text(resource['id'])}"
-        if resource.get("id")
-        else f"{resource_type} (line {line_number})"
-    )
+    if resource.get("id"):
+        return f"{resource_type}/{show_text(resource['id'])}"
+    return f"{resource_type} (line {line_number})"
 
 
 @dataclass(frozen=True)
@@ -175,21 +160,15 @@ class ChunkFindings:
     errors: int = 0
     warnings: int = 0
     information: int = 0
-    resources_with_errors: set[int] = field(default_factory=set)
-    """Entry indexes (in the chunk) that have at least one error."""
+    resources_with_errors: set[int] = field(default_factory=set)  # indexes of the chunk's entries with an error
     findings: list[Finding] = field(default_factory=list)
 
 
 def read_findings(outcome: dict[str, Any], labels: tuple[str, ...], keep: int) -> ChunkFindings:
-    """Count the issues of ``outcome`` and keep the first ``keep`` errors with their resource and location.
-
-    An error is tied to a resource through its FHIRPath (``Bundle.entry[i]...``); an error without one is
-    counted but belongs to no resource, except in a chunk of a single resource.
-    """
+    """Count the issues of ``outcome`` and keep the first ``keep`` errors. An error is tied to a resource through its
+    FHIRPath (``Bundle.entry[i]...``); without one it belongs to none, except in a chunk of a single resource."""
     counted = ChunkFindings()
-    for issue in as_array(outcome.get("issue")):
-        if not isinstance(issue, dict):
-            continue
+    for issue in as_objects(outcome.get("issue")):
         severity = str(issue.get("severity"))
         if severity == "warning":
             counted.warnings += 1
@@ -208,11 +187,8 @@ def read_findings(outcome: dict[str, Any], labels: tuple[str, ...], keep: int) -
 
 
 def issue_location(issue: dict[str, Any]) -> str | None:
-    for name in ("expression", "location"):
-        values = issue.get(name)
-        if isinstance(values, list) and values and isinstance(values[0], str):
-            return values[0]
-    return None
+    paths = (issue.get(name) for name in ("expression", "location"))
+    return next((p[0] for p in paths if isinstance(p, list) and p and isinstance(p[0], str)), None)
 
 
 def entry_index(location: str | None, entries: int) -> int | None:
@@ -223,8 +199,7 @@ def entry_index(location: str | None, entries: int) -> int | None:
 
 
 def issue_message(issue: dict[str, Any]) -> str:
-    details = issue.get("details")
-    for text in (details.get("text") if isinstance(details, dict) else None, issue.get("diagnostics")):
+    for text in (as_object(issue.get("details")).get("text"), issue.get("diagnostics")):
         if isinstance(text, str) and (shown := plain_text(text[: MAX_FINDING_CHARS * 4])):
             return shown if len(shown) <= MAX_FINDING_CHARS else shown[:MAX_FINDING_CHARS] + " …"
     return f"({show_text(issue.get('code') or 'no code')}, no message)"
@@ -238,8 +213,7 @@ def annotated(outcome: dict[str, Any], chunk: Chunk) -> dict[str, Any]:
 
 
 def as_operation_outcome(content: bytes) -> dict[str, Any] | None:
-    """The answer as an OperationOutcome, every text in it redacted (it goes into reports, logs and artifacts);
-    None when it is not one."""
+    """The answer as an OperationOutcome, every text in it redacted (for reports, logs and artifacts), else None."""
     answer = json_or_none(content, orjson.loads)
     if not isinstance(answer, dict) or answer.get("resourceType") != "OperationOutcome":
         return None
@@ -247,7 +221,7 @@ def as_operation_outcome(content: bytes) -> dict[str, Any] | None:
 
 
 class Validator:
-    """Validates chunks through one ``AsyncServiceClient``, retried and bounded as the module docstring says."""
+    """Validates chunks through one ``AsyncServiceClient``."""
 
     def __init__(
         self,
@@ -262,12 +236,9 @@ class Validator:
         self._send = functools.partial(request_async, client.http, client.retry, "POST", VALIDATE_PATH, **bounds)
 
     async def validate(self, chunk: Chunk, source: str) -> dict[str, Any]:
-        """The service's OperationOutcome for ``chunk``: a 2xx's, or findings answered with 412/422; raises
-        ``ServiceError`` for an infrastructure failure (a 412/422 without one, a proxy's page, as the service error of
-        its status)."""
+        """The service's OperationOutcome for ``chunk`` (of a 2xx or 412/422), else its status's ``ServiceError``."""
         operation, service = f"validate {source} chunk {chunk.number}", self._service
         headers = {**FHIR_JSON_HEADERS, "Content-Length": str(len(chunk.body))}
-        # memoryviews, which httpx sends as it sends bytes
         content = Pieces(chunk.body)
         response = await self._send(operation=operation, headers=headers, content=content, answers=FINDINGS_STATUSES)
         if (outcome := as_operation_outcome(response.content)) is not None:
@@ -281,8 +252,8 @@ class Validator:
 
 
 class Pieces:
-    """A body in slices, without copies, afresh for each attempt: sent whole, httpx copies it once more per request
-    in flight, which adds ``max_concurrent_requests`` chunks to the step's peak memory."""
+    """A body in memoryview slices (httpx sends them as bytes), afresh for each attempt: sent whole, httpx copies it
+    once more per request in flight, which adds ``max_concurrent_requests`` chunks to the step's peak memory."""
 
     def __init__(self, body: bytes):
         self._view = memoryview(body)

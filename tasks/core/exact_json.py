@@ -1,8 +1,7 @@
 """JSON with its numbers' digits kept: decimals as ``Decimal`` (``1.50`` stays ``1.50``), integers of any size.
 
-orjson, the fast parser, drops a decimal's trailing zeros and makes a float of an integer beyond 64 bits; FHIR's
-decimal precision is significant. ``loads_exact`` and ``dumps_exact`` are for the data a step passes on after
-taking it apart (a split Bundle); the rest passes lines on as they came. Import-light.
+orjson drops a decimal's trailing zeros and makes a float of an integer beyond 64 bits; FHIR's decimal precision is
+significant. For the data a step passes on after taking it apart (a split Bundle). Import-light.
 """
 
 from __future__ import annotations

@@ -13,3 +13,8 @@ def as_array(value: Any) -> list:
 
 def as_object(value: Any) -> dict:
     return value if isinstance(value, dict) else {}
+
+
+def as_objects(value: Any) -> list[dict]:
+    """The objects of an array, anything else in it skipped."""
+    return [item for item in as_array(value) if isinstance(item, dict)]

@@ -1,9 +1,7 @@
-"""The one reader of a JSON file a user gives (the CRTDL, the lookup file, the enrichment file, a ViewDefinition),
-and of a settings file sent or trusted as it is (the anonymization config, a CA bundle: ``read_settings_file``).
-
-``read_json_file`` reads at most the caller's byte limit (a device such as /dev/zero is refused, never read to its
-end) and refuses nesting deeper than ``MAX_JSON_DEPTH``, which no such file needs and which would end in a
-RecursionError far from the file. Each refusal is a ``JsonFileError`` naming file, reason and fix. Import-light.
+"""The one reader of a JSON file a user gives (the CRTDL, the lookup file, a ViewDefinition, …) and of a settings
+file sent or trusted as it is (the anonymization config, a CA bundle). At most a byte limit is read (a device such
+as /dev/zero is never read to its end), and nesting deeper than ``MAX_JSON_DEPTH``, which no such file needs and
+which would end in a RecursionError far from the file, is refused. Import-light.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ class JsonFileError(DupflowError):
 
 
 def read_json_file(path: Path, max_bytes: int, label: str) -> Any:
-    """The JSON document in ``path``; at most ``max_bytes`` are read, and nesting is bounded by MAX_JSON_DEPTH.
-    ``label`` names the file in errors ("the lookup file /x.json"). Raises ``JsonFileError``."""
+    """The JSON document in ``path``; ``label`` names the file in errors ("the lookup file /x.json")."""
     return parse_json_document(read_limited(path, max_bytes, label), label)
 
 
@@ -44,8 +41,8 @@ def read_limited(path: Path, max_bytes: int, label: str) -> bytes:
 
 
 def settings_file_problem(path: Path, *, must_exist: bool = False) -> str | None:
-    """Why a file a setting names cannot be read whole (a device such as /dev/zero, a named pipe, a huge file) or,
-    ``must_exist``, is not there; otherwise a missing file is left to whoever reads it, which says so."""
+    """Why a file a setting names cannot be read whole (a device, a named pipe, a huge file) or, ``must_exist``, is
+    not there (else a missing file is left to whoever reads it)."""
     try:
         status = path.stat()
     except OSError as exc:
@@ -58,9 +55,8 @@ def settings_file_problem(path: Path, *, must_exist: bool = False) -> str | None
 
 
 def read_settings_file(path: Path, key: str) -> bytes:
-    """The bytes of the file the setting ``key`` names, at most MAX_SETTINGS_FILE_BYTES of a regular file (checked
-    where it is read: a job continued with another path, or the file grown since it started, passed the first
-    check); ``JsonFileError`` naming the key, the file and the fix."""
+    """The bytes of the regular file the setting ``key`` names, at most MAX_SETTINGS_FILE_BYTES (checked again here:
+    a job continued with another path, or a file grown since, passed the first check)."""
     if problem := settings_file_problem(path):
         raise JsonFileError(f"{key}: {problem}")
     try:
@@ -94,10 +90,8 @@ def json_depth_exceeds(document: Any, limit: int) -> bool:
     stack = [(document, 1)]
     while stack:
         node, depth = stack.pop()
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
-        if children is None:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
+        if isinstance(node, dict | list):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
     return False

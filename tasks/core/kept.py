@@ -9,10 +9,9 @@ T = TypeVar("T")
 
 
 class KeptByDigest(Generic[T]):
-    """The latest ``size`` values given to ``keep``, by their digest: a step reads a file once (the anonymization
-    config, the flattening's plan) and names it to its file tasks by digest, never as a task parameter. A process
-    that has not seen it (a Dask worker) finds nothing and reads it again. A run uses one value; a long-lived worker
-    may see a few jobs'."""
+    """The latest ``size`` values given to ``keep``, by digest: a step reads a file once (the anonymization config,
+    the flattening's plan) and names it to its file tasks by digest, never as a task parameter; a process that has
+    not seen it (a Dask worker) finds nothing and reads it again."""
 
     def __init__(self, size: int) -> None:
         self._size = size

@@ -1,10 +1,6 @@
-"""THE rule for a name that comes from data (a CRTDL group name that names a CSV and a ViewDefinition, a result or
-import file name, a part of an S3 key).
-
-No control or format character (Unicode Cc and Cf: newline, CR, tab, bidi overrides, zero-width; also the line and
-paragraph separators), none of ``/ \\ : * ? " < > |``, no ``..``, no leading dot, not empty, and at most
-``MAX_DATA_NAME_BYTES`` of UTF-8, so ``.<name>.part`` fits a file name's 255 bytes. Each door refuses such a name or
-escapes it (``show_name``). Imports nothing of ours.
+"""THE rule for a name that comes from data (a CRTDL group name, a result or import file name, a part of an S3 key):
+no invisible character, none of ``/ \\ : * ? " < > |``, no ``..``, no leading dot, not empty, and at most
+``MAX_DATA_NAME_BYTES`` of UTF-8, so ``.<name>.part`` fits a file name's 255 bytes. Imports nothing of ours.
 """
 
 from __future__ import annotations
@@ -19,8 +15,7 @@ SHOWN_NAME_CHARS = 80
 
 
 def name_from_data_problem(name: str) -> str | None:
-    """Why ``name`` cannot be used as a file name or key part (a phrase such as "contains a control character
-    U+000A"), or None when it can; see the module docstring for the rule."""
+    """Why ``name`` cannot be a file name or key part ("contains a control character U+000A"), or None."""
     if not name:
         return "is empty"
     if problem := invisible_character_problem(name):
@@ -44,6 +39,7 @@ BIDI_CONTROL = "bidirectional text control character"
 CONTROL = "control character"
 LINE_SEPARATOR = "line or paragraph separator"
 FORMAT = "invisible format character"
+_KINDS = {"Cc": CONTROL, "Zl": LINE_SEPARATOR, "Zp": LINE_SEPARATOR}
 _INVISIBLE_CONSEQUENCES = {
     BIDI_CONTROL: ", which can make it display as another name",
     CONTROL: " (such as a newline or a tab)",
@@ -53,17 +49,12 @@ _INVISIBLE_CONSEQUENCES = {
 
 
 def invisible_character(text: str) -> tuple[str, str] | None:
-    """The first character of ``text`` that would not show as itself (Unicode categories Cc, Cf, Zl, Zp): its kind
-    (``BIDI_CONTROL``, ``CONTROL``, ``LINE_SEPARATOR``, ``FORMAT``) and its code (``U+202E``), or None. A message
-    names it by these, never printing the character."""
+    """The kind and code (``U+202E``) of the first character of ``text`` that would not show as itself, or None: a
+    message names it by these, never printing the character."""
     for char in text:
-        if (category := unicodedata.category(char)) not in INVISIBLE_CATEGORIES:
-            continue
-        code = f"U+{ord(char):04X}"
-        if char in BIDI_CONTROLS:
-            return BIDI_CONTROL, code
-        kinds = {"Cc": CONTROL, "Zl": LINE_SEPARATOR, "Zp": LINE_SEPARATOR}
-        return kinds.get(category, FORMAT), code
+        if (category := unicodedata.category(char)) in INVISIBLE_CATEGORIES:
+            kind = BIDI_CONTROL if char in BIDI_CONTROLS else _KINDS.get(category, FORMAT)
+            return kind, f"U+{ord(char):04X}"
     return None
 
 
@@ -82,9 +73,9 @@ def show_name(name: str) -> str:
 
 
 def show_text(value: object, limit: int | None = SHOWN_NAME_CHARS) -> str:
-    """``value`` (a path, a resource id from data) as it is when it shows as itself within ``limit`` characters
-    (None: any length); else quoted with its control, format and undecodable characters escaped and cut as
-    ``show_name`` does (a folder or an id with a newline in it would forge a line of the message)."""
+    """``value`` (a path, an id from data) as it is when it shows as itself within ``limit`` characters (None: any
+    length); else quoted with invisible characters escaped, cut as ``show_name`` does (a newline in it would forge a
+    line of the message)."""
     text = str(value)
     if text.isprintable() and (limit is None or len(text) <= limit):
         return text

@@ -1,8 +1,5 @@
-"""Values as a person reads them: sizes in B/KB/MB/GB, durations in s/min/h, nested facts as ``key: value`` lines,
-free text (an inspection note, a service's error message) made safe to show.
-
-``status`` and the job-record artifact show the same values the same way. Import-light (nothing of ours, no
-Prefect): ``status`` uses it.
+"""Values as a person reads them (sizes, durations, nested facts as ``key: value`` lines, free text made safe to
+show), the same in ``status`` and the job-record artifact. Import-light: ``status`` uses it.
 """
 
 from __future__ import annotations
@@ -20,8 +17,8 @@ SHOW_WHOLE = {"show_whole": True}
 
 
 def truncate(text: str, limit: int) -> str:
-    """``text`` whole when it has at most ``limit`` characters, else cut at its last space within them (a word is
-    never broken, unless it alone is longer) and ended with "…"."""
+    """``text`` whole within ``limit`` characters, else cut at its last space within them (or mid-word if it has
+    none) and ended with "…"."""
     if len(text) <= limit:
         return text
     cut = text[: limit - 1]
@@ -56,9 +53,8 @@ def duration_text(seconds: float) -> str:
 
 
 def readable_lines(value: Any, depth: int = 0) -> list[tuple[int, str | None, str | None]]:
-    """``value`` as lines (depth, label, text): a mapping's scalar item ``(depth, key, text)``, a nested mapping or
-    list ``(depth, key, None)`` followed by its own lines one level deeper, a list's scalar item
-    ``(depth, None, text)``. Never a Python repr of a dict or list."""
+    """``value`` as lines (depth, label, text): a scalar item ``(depth, key or None, text)``, a nested mapping or
+    list ``(depth, key, None)`` followed by its own lines one level deeper. Never a Python repr of a dict or list."""
     if not isinstance(value, Mapping | list | tuple):
         return [(depth, None, scalar_text(value))]
     items = value.items() if isinstance(value, Mapping) else ((None, item) for item in value)
@@ -96,10 +92,9 @@ def plain_lines(value: Any, indent: str) -> list[str]:
 
 
 def plain_text(text: str) -> str:
-    """Free text from outside as it is kept and shown (a person's note, a service's words in an error, a value in a
-    step's summary): each control or format character (newline, CR, escape sequences' ESC, bidirectional overrides,
-    zero-width characters; Unicode categories Cc, Cf, Zl, Zp) a space, at most MAX_NOTE_BYTES of UTF-8 with the cut
-    said. A terminal or a page then shows the text as written, and nothing else: no forged line, no colours."""
+    """Free text from outside as it is kept and shown: each control or format character (newline, ESC, bidi
+    overrides, zero-width) a space, at most MAX_NOTE_BYTES of UTF-8 with the cut said. A terminal or a page then
+    shows the text as written, and nothing else: no forged line, no colours."""
     shown = " ".join("".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in text).split())
     if (size := len(shown.encode())) <= MAX_NOTE_BYTES:
         return shown

@@ -1,12 +1,8 @@
 """Redaction: the secret registry and ``redact``, the bottom of the house (imports nothing of dupflow's).
 
 Every text that leaves dupflow (error, log line, job file, artifact) passes ``redact``, since a service may quote the
-request back in an error. It removes every value registered with ``register_secret`` (each configured secret, each
-OAuth access token; also their URL-encoded, JSON-escaped, base64 and Basic-encoded forms, and the forms of their
-UTF-8 misread as Latin-1), ``Authorization: …``
-values, ``Basic``/``Bearer`` tokens and passwords in URLs. ``redact_strings`` does it for parsed JSON;
-``RedactingFilter`` for log records with their tracebacks (on the ``dupflow.clients`` and ``httpx`` loggers and the
-job's log handlers).
+request back in an error: registered secrets in every form they may come back in, ``Authorization`` values,
+``Basic``/``Bearer`` tokens and passwords in URLs.
 """
 
 from __future__ import annotations
@@ -49,10 +45,9 @@ def register_secret(value: str) -> None:
 
 
 def secret_forms(value: str) -> set[str]:
-    """Every form in which a service may quote ``value`` back: as it is, or its UTF-8 read as Latin-1 or
-    Windows-1252 (a server decoding a header or a Basic token so writes ``Ã¤`` for ``ä``); each of these
-    URL-encoded (``+`` or ``%20`` for a space, upper- or lower-case escapes) and JSON-escaped; and the Base64 of its
-    UTF-8 (standard and URL-safe, unpadded: it matches with or without padding)."""
+    """Every form in which a service may quote ``value`` back: as it is or its UTF-8 read as Latin-1 or Windows-1252
+    (``Ã¤`` for ``ä``), each URL-encoded (either escape case) and JSON-escaped; and its Base64 (standard and
+    URL-safe, unpadded: it matches with or without padding)."""
     data = value.encode()
     texts = {value, data.decode("latin-1")}
     with contextlib.suppress(UnicodeDecodeError):  # a byte that Windows-1252 leaves undefined
@@ -101,8 +96,8 @@ def redact_strings(value: Any) -> Any:
 
 
 class RedactingFilter(logging.Filter):
-    """A logging filter that passes every record through ``redact``: the message with its arguments, and the
-    traceback (the formatted text is kept on the record, where every handler's formatter takes it from)."""
+    """Passes every record through ``redact``, its traceback too (the formatted text is kept on the record, where
+    every handler's formatter takes it from)."""
 
     _formatter = logging.Formatter()
 
@@ -125,11 +120,9 @@ _redacting = RedactingFilter()
 
 
 def redact_records_sent_to_prefect() -> None:
-    """Put the redaction on the handlers that send this process's records to Prefect's API (idempotent), so that
-    Prefect's own records ("Task run failed with exception" with its traceback, whose chained causes no exception
-    handler rewrites) reach the server redacted, and the console after them (it gets the same record). Called in
-    every process that runs a flow or a task: a Dask worker is a process of its own. Here, not beside the tasks:
-    ``flows.run_logging`` uses it too and must not import Prefect before the command line has configured it."""
+    """Redact the records this process sends to Prefect's API (idempotent), Prefect's own too (a failed task's
+    traceback, whose chained causes no handler rewrites), in every process that runs a flow or task. Here, since
+    ``flows.run_logging`` must not import Prefect before the command line has configured it."""
     for handler in (h for name in PREFECT_API_LOGGERS for h in logging.getLogger(name).handlers):
         if _redacting not in handler.filters:
             handler.addFilter(_redacting)

@@ -1,14 +1,10 @@
 """The one rule for every URL that enters dupflow: no user name or password in it (``user:password@host``), and for
-a URL the job stores (its input, ``continue --attach``) no secret in its query either (``?access_token=…``,
-``?apikey=…``, a signed URL's signature: every parameter whose name says secret, ``is_secret_query_name``): the
+a URL the job stores (its input, ``continue --attach``) no secret in its query either (``?access_token=…``): the
 job's record and its flow run's parameters keep that URL whole, to follow it on ``continue``.
 
 A URL is stored with the job and shown in logs, so credentials in it would leak; and httpx sends a followed URL's
 user info as Basic auth to its host, so one from a server (a Location header, a manifest) would send a password
-where nobody approved. Every door calls ``refuse_credentials_in_url`` (job input, ``continue --attach``, the
-configuration, Content-Location and manifest URLs, redirects): the message names the door and the fix, and shows
-the URL without its user info. Standard library only (and ``tasks.core.names``): the configuration and the
-command line use it.
+where nobody approved. Standard library only: the configuration and the command line use it.
 """
 
 from __future__ import annotations
@@ -29,10 +25,9 @@ class CredentialsInUrlError(DupflowError):
     """A URL with a user name or password; the message never contains them."""
 
 
-# A query parameter whose name says secret: its words (split at every other character and at camelCase, as in
-# ``X-Amz-Signature``, ``api_key``, ``clientSecret``, ``APIKey``), in lower case and a plural ``s`` dropped, hold one
-# of these; or one of them ends (``apikey``, ``accesstoken``, ``clientsecret``) or starts (``password``,
-# ``sessionid``, ``tokenid``) a word; or the name starts with a signed URL's prefix (S3, Google Cloud Storage).
+# A query parameter whose name says secret: one of its words (split at other characters and at camelCase:
+# ``X-Amz-Signature``, ``clientSecret``, ``APIKey``; lower case, a plural ``s`` dropped) is, ends (``accesstoken``)
+# or starts (``sessionid``) with one of these; or the name starts with a signed URL's prefix (S3, Google Cloud).
 _SECRET_WORDS = frozenset(
     {"key", "token", "secret", "password", "passwd", "pwd", "pass", "passphrase", "passcode", "auth", "authorization"}
     | {"credential", "cred", "signature", "sig", "session", "code", "apikey", "jwt", "otp", "kennwort"}
@@ -44,8 +39,7 @@ _NAME_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
 
 def is_secret_query_name(name: str) -> bool:
-    """Whether a query parameter of this name (as written or decoded) carries a secret (the rule above): the one
-    rule of every door, the refusal of a stored URL's, ``config check``'s mask and the redaction's registry."""
+    """Whether a query parameter of this name (as written or decoded) carries a secret (the rule above)."""
     decoded = unquote_plus(name).strip()
     if decoded.lower().startswith(_SIGNED_URL_PREFIXES):
         return True
@@ -69,9 +63,8 @@ _PATH_SAFE = "/%:@!$&'()*+,=-._~"
 
 
 def shown_url(url: str) -> str:
-    """The one way a URL is shown (messages, logs, records): scheme://host[:port]/path, without user info, path
-    parameters (``;jsessionid=…``), query or fragment, which may carry secrets or tokens; the path
-    percent-encoded as sent."""
+    """The one way a URL is shown: scheme://host[:port]/path, without user info, path parameters (``;jsessionid=…``),
+    query or fragment, which may carry secrets; the path percent-encoded as sent."""
     parts = split_url(url)
     host = parts.netloc.rpartition("@")[2]
     path = quote(parts.path.split(";", 1)[0], safe=_PATH_SAFE)
@@ -84,13 +77,11 @@ def has_user_info(url: str) -> bool:
 
 
 def _without_user_info(text: str) -> str:
-    """``text`` without what may be user info. Its network location ends at the first ``/``, ``?`` or ``#`` after
-    ``scheme://`` (as ``urlsplit`` reads it), and an ``@`` in it starts the host. A password with one of those three
-    characters in it ends that location early (``http://u:a/b@h`` is host ``u``, port ``a``): an ``@`` further on
-    is taken as the end of user info too when the location is followed by ``?`` or ``#`` rather than a path, or when
-    its port is no number; an ``@`` in a path after a host (``https://h/exports/@latest/``) is none. A URL without
-    its scheme (``//user:password@host/path``, a network-path reference, as httpx reads it) has its location after
-    the ``//``; one with a slash too few or too many (``http:/user:password@host``, ``https:///…``), after them."""
+    """``text`` without what may be user info: up to the last ``@`` of the network location (which ends at the
+    first ``/``, ``?`` or ``#``, as in ``urlsplit``). A password with one of those three in it ends the location
+    early (``http://u:a/b@h``), so a later ``@`` counts too when ``?`` or ``#`` follows the location or its port is
+    no number; an ``@`` in a path after a host (``https://h/exports/@latest/``) does not. The location starts after
+    ``//`` with or without a scheme, and after any number of slashes (``http:/user:password@host``)."""
     if (typed := _SCHEME.match(text)) is not None:
         scheme, separator, rest = typed.group(1), typed.group(2), text[typed.end() :]
     else:
@@ -109,9 +100,8 @@ def _port_is_a_number(location: str) -> bool:
 
 
 def split_url(url: str) -> SplitResult:
-    """``urlsplit``, which never raises: a network location it cannot read (a ``[`` in a password gives "'…' does
-    not appear to be an IPv4 or IPv6 address", quoting the secret) is split by hand, its host ending at the first
-    ``/``, ``?`` or ``#`` as in ``urlsplit``."""
+    """``urlsplit``, which never raises: a network location it cannot read (a ``[`` in a password gives an error
+    quoting the secret) is split by hand."""
     text = _without_user_info(url.strip())
     try:
         return urlsplit(text)
@@ -131,17 +121,15 @@ HIDDEN_TOKEN = "********"
 
 
 def query_tokens(url: str) -> list[str]:
-    """The values of the secret parameters (``is_secret_query_name``) in ``url``'s query, as written and decoded: a
-    configured service URL may carry one (``?access_token=${TOKEN}``, ``?apikey=${KEY}``), a secret to redact like
-    the others."""
+    """The values of the secret parameters in ``url``'s query, as written and decoded: secrets to redact (a configured
+    service URL may carry ``?access_token=${TOKEN}``)."""
     query = split_url(url).query
     written = [value for name, value in _QUERY_PARAMETER.findall("?" + query) if is_secret_query_name(name)]
     return [value for value in written + [v for k, v in parse_qsl(query) if is_secret_query_name(k)] if value]
 
 
 def hide_query_tokens(url: str) -> str:
-    """``url`` whole, but the value of each secret parameter in its query (``is_secret_query_name``) replaced by
-    ``HIDDEN_TOKEN`` (how ``config check`` shows a configured URL)."""
+    """``url`` with each secret parameter's value replaced by ``HIDDEN_TOKEN`` (how ``config check`` shows a URL)."""
     head, mark, rest = url.partition("?")
     if not mark:
         return url
@@ -154,10 +142,8 @@ def hide_query_tokens(url: str) -> str:
 
 
 def refuse_credentials_in_url(url: str | None, *, door: str, fix: str, tokens: bool = False) -> None:
-    """Raise ``CredentialsInUrlError`` when ``url`` carries user info, or with ``tokens`` a secret in its query
-    (``is_secret_query_name``: a URL the job stores, its input or a status URL to attach to). ``door`` names
-    where the URL came from (an argument, option or header; empty where the message names the key already);
-    ``fix`` says what to do instead."""
+    """Raise ``CredentialsInUrlError`` when ``url`` carries user info, or with ``tokens`` (a URL the job stores) a
+    secret in its query. ``door`` names where the URL came from (empty where the message names the key already)."""
     if url is None:
         return
     parts = split_url(url)
