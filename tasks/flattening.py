@@ -60,10 +60,9 @@ def flattening(step: StepInput) -> StepResult:
     plan = remember_plan(*plan_views(step.crtdl_path, Path(config.lookup_path)))
     save_view_definitions(step.job_path / VIEWS_FOLDER, plan.views)
     max_line = settings.pipeline.max_ndjson_line_size_bytes
-    if step.output_dir.is_dir():  # an earlier attempt's files, but the finished pieces' parts
-        for path in step.output_dir.iterdir():
-            if path.is_file() and path.name.endswith((".csv", ".parquet", PART_SUFFIX)):
-                path.unlink()
+    for path in step.output_dir.glob("*"):  # an earlier attempt's files, but the finished pieces' parts
+        if path.is_file() and path.name.endswith((".csv", ".parquet", PART_SUFFIX)):
+            path.unlink()
     if config.service_url:
         timeout, setting = http_timeout(config.timeout), "services.flattening.service_url"
         endpoint = ServiceEndpoint("flattening", config.service_url, None, timeout, setting=setting)
