@@ -30,7 +30,7 @@ from tasks.job.contract import DataFile, StepInput, StepResult, file_task, setti
 from tasks.job.filework import FileToDo, run_batches
 from tasks.job.steps import file_shape
 from tasks.sof.crtdl_views import AttributeGroup, GroupView
-from tasks.sof.flatten import FileParts, FilePlan, PieceSource, GroupPlan, RouteCounts, Router, bare_routes
+from tasks.sof.flatten import FileParts, FilePlan, PieceSource, GroupPlan, Router, bare_routes
 from tasks.sof.flatten import flatten_file, has_group_provenance, parquet_file, routes_json
 from tasks.sof.output import CsvWriter, csv_cells, json_bytes
 from tasks.sof.errors import ResourceLineError
@@ -46,7 +46,7 @@ PARTS_FOLDER = ".parts"
 COPY_CHUNK = 1 << 20
 Counted = Literal["unrouted", "skipped_resources", "unknown_groups", "other_profile", "filtered_out"]
 COUNTED: tuple[Counted, ...] = get_args(Counted)
-"""The per-type counters that ``RouteCounts``, ``FileParts`` and ``FlattenOutcome`` share."""
+"""The per-type counters of ``RouteCounts`` (and so ``FlattenOutcome``), in ``FileParts`` as dicts."""
 
 
 @step_task("flattening")
@@ -60,10 +60,9 @@ def flattening(step: StepInput) -> StepResult:
     plan = remember_plan(*plan_views(step.crtdl_path, Path(config.lookup_path)))
     save_view_definitions(step.job_path / VIEWS_FOLDER, plan.views)
     max_line = settings.pipeline.max_ndjson_line_size_bytes
-    if step.output_dir.is_dir():  # an earlier attempt's files, but the finished pieces' parts
-        for path in step.output_dir.iterdir():
-            if path.is_file() and path.name.endswith((".csv", ".parquet", PART_SUFFIX)):
-                path.unlink()
+    for path in step.output_dir.glob("*"):  # an earlier attempt's files, but the finished pieces' parts
+        if path.is_file() and path.name.endswith((".csv", ".parquet", PART_SUFFIX)):
+            path.unlink()
     if config.service_url:
         timeout, setting = http_timeout(config.timeout), "services.flattening.service_url"
         endpoint = ServiceEndpoint("flattening", config.service_url, None, timeout, setting=setting)
@@ -337,9 +336,8 @@ def flatten_with_service(
     per_group = budget // max(len(views), 1)
     outs = [RemoteGroup(out_dir, view, service, per_group) for view in views]
     outcome = new_outcome(views, skipped, by_provenance, "service")
-    counts = RouteCounts([0] * len(views), **{key: getattr(outcome, key) for key in COUNTED})
     groups, selections = [(v.group.id, v.resource_type) for v in views], [v.selection for v in views]
-    router = Router(groups, [g.id for g in skipped], outs, by_provenance, counts, selections)
+    router = Router(groups, [g.id for g in skipped], outs, by_provenance, outcome, selections)
     try:
         with engine_errors_as_step_errors():
             for path in paths:
@@ -355,7 +353,7 @@ def flatten_with_service(
                         ) from None
         for out in outs:
             out.close()
-        for group, resources, out in zip(outcome.groups, counts.resources, outs, strict=True):
+        for group, resources, out in zip(outcome.groups, router.resources, outs, strict=True):
             group.resources = resources
             group.rows = out.rows
         refuse_empty_result(outcome)

@@ -50,7 +50,7 @@ def send(step: StepInput) -> StepResult:
     settings = settings_of(step)
     mode = settings.services.send.send_as
     step.output_dir.mkdir(parents=True, exist_ok=True)
-    files = sorted(step.files, key=lambda f: (not f.core, f.name))
+    files = step.input_files()
     if mode == "direct_resource_load":
         refuse_csv_input(files)
         core, others = [f for f in files if f.core], [f for f in files if not f.core]

@@ -75,12 +75,8 @@ def _existing_groups(crtdl: Json) -> list[Json]:
 
 def _create_group(crtdl: Json, group_reference: str, group_name: str) -> Json:
     groups = _existing_groups(crtdl)
-    group = {
-        "id": _unique_id(group_name, groups),
-        "name": group_name,
-        "groupReference": group_reference,
-        "attributes": [],
-    }
+    group_id = _unique_id(group_name, groups)
+    group = {"id": group_id, "name": group_name, "groupReference": group_reference, "attributes": []}
     if crtdl.get("dataExtraction") is None:
         crtdl["dataExtraction"] = {}
     crtdl["dataExtraction"].setdefault("attributeGroups", groups).append(group)

@@ -15,6 +15,7 @@ from tasks.job.contract import DataFile, StepInput
 from tasks.job.layout import artifact_key
 from tasks.sof.crtdl_views import AttributeGroup, GroupView
 from tasks.sof.errors import SofError
+from tasks.sof.flatten import RouteCounts
 
 log = logging.getLogger("dupflow.flattening")
 
@@ -51,16 +52,11 @@ class GroupCounts:
 
 
 @dataclass
-class FlattenOutcome:
+class FlattenOutcome(RouteCounts):
     groups: list[GroupCounts]
     skipped: list[AttributeGroup]
     routing: str
     engine: str
-    skipped_resources: Counter = field(default_factory=Counter)
-    unrouted: Counter = field(default_factory=Counter)
-    unknown_groups: Counter = field(default_factory=Counter)
-    other_profile: Counter = field(default_factory=Counter)
-    filtered_out: Counter = field(default_factory=Counter)
     files: list[DataFile] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:

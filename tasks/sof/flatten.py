@@ -96,11 +96,10 @@ class Engine(Protocol):
     def add(self, resource: dict[str, Any]) -> None: ...
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RouteCounts:
-    """What routing found: resources per group (in group order), and per type what no group took."""
+    """Per type, what routing gave no group (``FlattenOutcome`` adds these counters up, ``FileParts`` has them)."""
 
-    resources: list[int]
     unrouted: Counter = field(default_factory=Counter)
     skipped_resources: Counter = field(default_factory=Counter)
     unknown_groups: Counter = field(default_factory=Counter)
@@ -112,7 +111,8 @@ class RouteCounts:
 
 class Router:
     """Sends each resource to the engines of its groups (``(group id, resource type)`` each), counting what goes
-    where. Without Provenance, a group takes what its ``selections`` entry (by default: its type) takes."""
+    where: ``resources`` per group (in group order), what no group took in ``counts``. Without Provenance, a group
+    takes what its ``selections`` entry (by default: its type) takes."""
 
     def __init__(
         self,
@@ -130,7 +130,8 @@ class Router:
         for i, (_, kind) in enumerate(groups):
             self.by_type.setdefault(kind, []).append((i, chosen[i]))
         self.engines, self.by_provenance = engines, by_provenance
-        self.counts = counts or RouteCounts([0] * len(groups))
+        self.counts = counts or RouteCounts()
+        self.resources = [0] * len(groups)
 
     def route_line(self, resource: dict[str, Any], bare: dict[str, set[str]]) -> None:
         resources = line_resources(resource)
@@ -162,7 +163,7 @@ class Router:
             (self.counts.skipped_resources if skipped else self.counts.unrouted)[kind] += 1
             return
         for target in targets:
-            self.counts.resources[target] += 1
+            self.resources[target] += 1
             self.engines[target].add(resource)
 
     def route_by_type(self, kind: str, resource: dict[str, Any]) -> None:
@@ -176,7 +177,7 @@ class Router:
             verdict = selection.check(resource)
             if verdict == TAKEN:
                 taken = True
-                self.counts.resources[target] += 1
+                self.resources[target] += 1
                 self.engines[target].add(resource)
             filtered = filtered or verdict == FILTERED_OUT
         if not taken:
@@ -347,7 +348,7 @@ def flatten_file(
     return FileParts(
         folder=plan.folder,
         lines=lines,
-        resources=counts.resources,
+        resources=router.resources,
         rows=[writer.rows for writer in writers],
         bytes=sizes,
         unrouted=dict(counts.unrouted),
