@@ -165,7 +165,7 @@ def raise_for_service_status(
     """Raise a ``ServiceError`` for a 4xx/5xx response, reading at most ``MAX_PARSED_BODY_BYTES`` of a streamed body
     (only an OperationOutcome's texts are used, and an error page can be of any size)."""
     if response.is_error:
-        raise error_from_response(response, body=error_body(response), hints=hints, **call)
+        raise error_from_response(response, body=first_bytes(response), hints=hints, **call)
 
 
 async def raise_for_service_status_async(response: httpx.Response, **call: Unpack[Call]) -> None:
@@ -178,12 +178,12 @@ async def raise_for_service_status_async(response: httpx.Response, **call: Unpac
         raise error_from_response(response, body=bytes(body), **call)
 
 
-def error_body(response: httpx.Response) -> bytes:
-    """An error answer's body: all of it when already read, else its first ``MAX_PARSED_BODY_BYTES`` and a bit."""
+def first_bytes(response: httpx.Response, limit: int = MAX_PARSED_BODY_BYTES) -> bytes:
+    """An answer's body: all of it when already read, else read until it ends or passes ``limit`` bytes."""
     body = bytearray()
     for piece in response.iter_bytes():  # a read response's content comes in one piece
         body += piece
-        if len(body) > MAX_PARSED_BODY_BYTES:
+        if len(body) > limit:
             break
     return bytes(body)
 

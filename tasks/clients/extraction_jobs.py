@@ -211,19 +211,17 @@ class ExtractionTaskClient(ServiceClient):
         target, rule = CONTROL_OPERATIONS[operation]
         if (before := self.job(job_id)).status in target:
             return ControlResult(before, changed=False)
+        action = f"{operation} extraction job"
         try:
-            response = self._job_request("POST", job_id, f"/${operation}", operation=f"{operation} extraction job")
+            response = self._job_request("POST", job_id, f"/${operation}", operation=action)
         except ServiceError as exc:
             if exc.status_code != 409:
                 raise
             if (now := self.job(job_id)).status in target:
                 return ControlResult(now, changed=False)
-            raise TransitionRefusedError(
-                f"{operation} extraction job", f"job {job_id} is {now.status}; {rule}", now.status
-            ) from exc
-        return ControlResult(
-            ExtractionJob.from_task(document_of(response, f"{operation} extraction job")), changed=True
-        )
+            raise TransitionRefusedError(action, f"job {job_id} is {now.status}; {rule}", now.status) from exc
+        job = ExtractionJob.from_task(document_of(response, action))
+        return ControlResult(job, changed=True)
 
     def set_priority(self, job_id: str, level: str, attempts: int = PRIORITY_ATTEMPTS) -> ControlResult:
         """Read the Task and PUT it with ``If-Match: W/"<versionId>"``; on a stale version (409/412) read it

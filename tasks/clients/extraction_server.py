@@ -26,7 +26,7 @@ import orjson
 from tasks.clients.auth import ServiceAuth, origin_of, origin_text
 from tasks.clients.bounds import Deadline, answer_within, answered, declared_size
 from tasks.clients.errors import error_from_response, is_transient_network_error, is_transient_status, network_error
-from tasks.clients.errors import Call, nothing_answers, where as failed_at
+from tasks.clients.errors import Call, first_bytes, nothing_answers, where as failed_at
 from tasks.clients.errors import ServiceError, operation_outcome_texts, parse_retry_after, raise_for_service_status
 from tasks.clients.extraction_documents import SERVICE, DeadHandleError, ExtractionCancelledError, ExtractionError
 from tasks.clients.extraction_documents import ExtractionFailedError, ExtractionHandle, ExtractionTimeoutError
@@ -277,15 +277,10 @@ def bounded_answer(response: httpx.Response) -> httpx.Response:
     limit = MAX_MANIFEST_BYTES if complete else MAX_STATUS_BODY_BYTES
     if complete and (declared := declared_size(response)) is not None and declared > limit:
         raise manifest_too_large(f"{declared:,} bytes (its Content-Length)")
-    body = bytearray()
-    for chunk in response.iter_bytes():
-        body += chunk
-        if len(body) > limit:
-            if complete:
-                raise manifest_too_large(f"more than {limit:,} bytes")
-            del body[limit:]
-            break
-    return answered(response, bytes(body))
+    body = first_bytes(response, limit)
+    if complete and len(body) > limit:
+        raise manifest_too_large(f"more than {limit:,} bytes")
+    return answered(response, body[:limit])
 
 
 def manifest_too_large(size: str) -> ExtractionError:

@@ -21,7 +21,7 @@ import orjson
 from tasks.core.json_shapes import as_array, as_object
 from tasks.clients.bounds import MB, Body, Deadline, answer_within
 from tasks.clients.bounds import read_answer as read_bounded
-from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, error_body, error_from_response, json_or_none
+from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, first_bytes, error_from_response, json_or_none
 from tasks.clients.errors import BODY_LIMIT, Call, operation_outcome_texts
 from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceClient, ServiceEndpoint, http_timeout
 from tasks.clients.retry import call_with_retry
@@ -141,7 +141,7 @@ class FhirServer(Closing):
                 self.http, deadline, method, path, body=body, headers=headers, params=params, timeout=timeout, **where
             ) as response:
                 if response.is_error:
-                    answer = Answer(response, error_body(response))
+                    answer = Answer(response, first_bytes(response))
                     error = error_from_response(response, **where, body=answer.body, hints=hints)
                     raise error if rejection is None else rejection(answer, error)
                 if not read_answer:

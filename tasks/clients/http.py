@@ -224,18 +224,10 @@ class AsyncServiceClient(contextlib.AbstractAsyncContextManager):
         self.endpoint, self.retry, self.sleep = endpoint, retry, sleep
         self.http = build_async_client(endpoint, tls)
 
-    async def request(self, method: str, url: str | httpx.URL, *, operation: str, **request_kwargs) -> httpx.Response:
+    async def request(self, method: str, url: str | httpx.URL, *, operation: str, **request: Any) -> httpx.Response:
         """``ServiceClient.request`` (without ``once`` and ``status_hints``) for coroutines."""
-        return await request_async(
-            self.http,
-            self.retry,
-            method,
-            url,
-            operation=operation,
-            name_source=True,
-            sleep=self.sleep,
-            **request_kwargs,
-        )
+        named: dict[str, Any] = {"operation": operation, "name_source": True, "sleep": self.sleep}
+        return await request_async(self.http, self.retry, method, url, **named, **request)
 
     async def __aexit__(self, *exc: object) -> None:
         await self.http.aclose()

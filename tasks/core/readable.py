@@ -8,6 +8,8 @@ import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
+from tasks.core.names import INVISIBLE_CATEGORIES
+
 KIB = 1024
 MAX_NOTE_BYTES = 4 * KIB
 CAUSE_CHARS = 4 * KIB
@@ -95,7 +97,7 @@ def plain_text(text: str) -> str:
     """Free text from outside as it is kept and shown: each control or format character (newline, ESC, bidi
     overrides, zero-width) a space, at most MAX_NOTE_BYTES of UTF-8 with the cut said. A terminal or a page then
     shows the text as written, and nothing else: no forged line, no colours."""
-    shown = " ".join("".join(" " if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") else c for c in text).split())
+    shown = " ".join("".join(" " if unicodedata.category(c) in INVISIBLE_CATEGORIES else c for c in text).split())
     if (size := len(shown.encode())) <= MAX_NOTE_BYTES:
         return shown
     cut = f" … (cut at {MAX_NOTE_BYTES // KIB} KB of {size_text(size)})"  # within the bound: a kept note stays as is
