@@ -34,8 +34,8 @@ SCHEDULED_NAMES = ("Resuming", "Scheduled", "Late")  # a suspended run resumed i
 PAGE = 200  # the most rows (flow runs, artifacts) the Prefect API returns at once
 TAGS_PER_REQUEST = 100  # a tags filter is one SQL function call, and SQLite takes at most 127 arguments (a 500 else)
 MAX_PAGE_BYTES = 64 * 1024 * 1024  # the most of a Prefect API answer read: a page of PAGE rows is far less
-PAGE_READ = {"operation": "read flow runs", "service": PREFECT_API, "hint": "check PREFECT_API_URL"}
-PROGRESS_READ = {"operation": "read a step's progress", "service": PREFECT_API, "hint": "check PREFECT_API_URL"}
+API_READ = {"service": PREFECT_API, "hint": "check PREFECT_API_URL"}
+TIMEOUT = 2.0  # per Prefect API request: status and list stay quick on a server that hangs
 
 
 class JobLockedError(JobError):
@@ -145,7 +145,7 @@ def suspended_message(pause_key: str | None, expires: datetime | None, hint: str
     return f"awaiting inspection{at}{until}; to go on: {hint}"
 
 
-def latest_runs(directories: dict[str, str], timeout: float = 2.0) -> dict[str, dict[str, Any]]:
+def latest_runs(directories: dict[str, str]) -> dict[str, dict[str, Any]]:
     """The newest flow run per job (job id → its directory's tag; a copy's run, tagged another, does not count);
     jobs the server does not know (or whose request failed) are left out."""
     job_ids, newest = list(directories), dict[str, dict[str, Any]]()
@@ -153,7 +153,7 @@ def latest_runs(directories: dict[str, str], timeout: float = 2.0) -> dict[str, 
         page = job_ids[start : start + TAGS_PER_REQUEST]
         body = {"flow_runs": {"tags": {"any_": [job_tag(job_id) for job_id in page]}}}
         # Newest first: the first run naming a job is its newest (a job may have more: a copy's, earlier ones).
-        for run in filtered_rows("/flow_runs/filter", body, timeout):
+        for run in filtered_rows("/flow_runs/filter", body):
             tags = [str(tag) for tag in run.get("tags") or []]
             dirs = {tag for tag in tags if tag.startswith(DIRECTORY_TAG_PREFIX)}
             for job_id in map(job_of_tag, tags):
@@ -168,17 +168,17 @@ def run_state(run: dict[str, Any] | None) -> str | None:
     return plain_text(str(name)) if name else None
 
 
-def api_answer(method: str, path: str, read: dict[str, str], timeout: float, body: dict | None = None) -> Any:
+def api_answer(method: str, path: str, operation: str, body: dict | None = None) -> Any:
     """The JSON answer of one bounded call to ``PREFECT_API_URL``; None without a server, for a 404, or where the
     server could not say (no answer, an error, too large, no JSON): the commands take it as no run (``Unknown``)."""
     if (api := prefect_api_url()) is None:
         return None
     headers = AS_SENT | prefect_api_headers()
     try:
-        with httpx.stream(method, f"{api.rstrip('/')}{path}", json=body, headers=headers, timeout=timeout) as response:
+        with httpx.stream(method, f"{api.rstrip('/')}{path}", json=body, headers=headers, timeout=TIMEOUT) as response:
             if response.status_code == 404:
                 return None
-            return read_response(response.raise_for_status(), MAX_PAGE_BYTES, **read).json()
+            return read_response(response.raise_for_status(), MAX_PAGE_BYTES, operation=operation, **API_READ).json()
     except (httpx.HTTPError, ValueError, ServiceError):
         return None
 
@@ -217,15 +217,13 @@ def newest_run(paths: JobPaths) -> dict[str, Any] | None:
     return latest_runs({paths.job_id: directory_tag(paths.job_dir)}).get(paths.job_id)
 
 
-def finished_steps(
-    paths: JobPaths, steps: list[str], run: dict[str, Any], timeout: float = 2.0
-) -> dict[int, StepRecord]:
+def finished_steps(paths: JobPaths, steps: list[str], run: dict[str, Any]) -> dict[int, StepRecord]:
     """The steps the run's latest attempt finished (a gate: awaiting or released), by position, each read from the
     result record its task run names; one not this step's or unreadable counts as not finished."""
     names = {f"{step}[{position + 1}]": position for position, step in enumerate(steps)}
     body = {"flow_runs": {"id": {"any_": [run.get("id")]}}, "task_runs": {"name": {"any_": list(names)}}}
     done: dict[int, StepRecord] = {}
-    for task_run in filtered_rows("/task_runs/filter", body, timeout):  # newest first: the first is the latest
+    for task_run in filtered_rows("/task_runs/filter", body):  # newest first: the first is the latest
         position = names.get(str(task_run.get("name")))
         if position is None or position in done or task_run.get("flow_run_run_count") != run.get("run_count"):
             continue
@@ -251,22 +249,22 @@ def step_record(paths: JobPaths, step: str, position: int, state: dict[str, Any]
     return record.model_copy(update={"cached": state.get("name") == "Cached"})
 
 
-def filtered_rows(path: str, body: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
+def filtered_rows(path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     """Every row of a ``…/filter`` endpoint, newest first; as far as the server answered."""
     rows: list[dict[str, Any]] = []
     while True:
         page = {**body, "sort": "EXPECTED_START_TIME_DESC", "limit": PAGE, "offset": len(rows)}
-        if not isinstance(answer := api_answer("POST", path, PAGE_READ, timeout, page), list):
+        if not isinstance(answer := api_answer("POST", path, "read flow runs", page), list):
             return rows
         rows.extend(row for row in answer if isinstance(row, dict))
         if len(answer) < PAGE:
             return rows
 
 
-def step_at_work(job_id: str, run_id: str, position: int, step: str, timeout: float = 2.0) -> str | None:
+def step_at_work(job_id: str, run_id: str, position: int, step: str) -> str | None:
     """A running step's progress as its artifact says, with its percent; None where this run published none."""
     key = step_artifact_key(job_id, position, step, "progress")
-    artifact = api_answer("GET", f"/artifacts/{key}/latest", PROGRESS_READ, timeout)
+    artifact = api_answer("GET", f"/artifacts/{key}/latest", "read a step's progress")
     if not isinstance(artifact, dict) or str(artifact.get("flow_run_id")) != run_id:
         return None  # none, or an earlier run's
     said = plain_text(str(artifact.get("description") or "")).removeprefix(f"{step} ")
