@@ -84,9 +84,8 @@ def cmd_view_run(args: argparse.Namespace) -> int:
         else:
             for row in view_rows(view, resources):
                 sys.stdout.write(json_bytes(dict(zip(view.columns, row, strict=True))).decode() + "\n")
-    except BrokenPipeError:  # the reader went away (``view run … | head``): stop quietly, also at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
+    except BrokenPipeError:  # the reader went away (``view run … | head``): ``dispatch`` stops quietly
+        raise
     except (OSError, NdjsonError, ResourceLineError, ViewError) as exc:
         sys.stdout.flush()
         print(f"view run failed: {exc}", file=sys.stderr)
