@@ -148,8 +148,7 @@ def select_jobs(
 
 
 def readable_jobs(jobs_dir: Path, selection: Selection) -> list[tuple[JobPaths, JobRecord]]:
-    """The jobs of ``jobs_dir`` in name order with their records; each one that must not be touched is kept, with
-    why. Entries not named by a job id are no jobs."""
+    """The jobs of ``jobs_dir`` in name order with their records; each that must not be touched is kept, with why."""
     readable = []
     for entry in sorted(jobs_dir.iterdir()) if jobs_dir.is_dir() else []:
         if not is_job_id(entry.name):
