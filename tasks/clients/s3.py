@@ -99,7 +99,8 @@ def refuse_proxy_auth_beyond_the_proxy(send: SendSettings) -> None:
     is refused before any request (for settings made other than by the configuration)."""
     if (endpoint := send.s3.endpoint) is None:
         message = f"services.send.auth {PROXY_AUTH_WITHOUT_ENDPOINT}"
-    elif endpoint.lower().startswith("https:") and get_environ_proxies(endpoint).get("https"):
+        raise ServiceError("connect to S3", None, message, transient=False, service=SERVICE)
+    if endpoint.lower().startswith("https:") and get_environ_proxies(endpoint).get("https"):
         message = (
             "services.send.auth (the proxy's Basic Auth) is sent in a header of each request to "
             "services.send.s3.endpoint, but HTTPS_PROXY routes that https endpoint through a forward proxy, which "
@@ -107,9 +108,7 @@ def refuse_proxy_auth_beyond_the_proxy(send: SendSettings) -> None:
             "services.send.s3.endpoint, or exempt the endpoint with NO_PROXY, or remove username/password from "
             "services.send.auth"
         )
-    else:
-        return
-    raise ServiceError("connect to S3", None, message, transient=False, service=SERVICE)
+        raise ServiceError("connect to S3", None, message, transient=False, service=SERVICE)
 
 
 _SESSION_LOCK = threading.Lock()
