@@ -24,7 +24,7 @@ from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
 from tasks.job.flattening_plan import StepPlan, plan_views, remember_plan, step_plan
 from tasks.job.flattening_outcome import FlatteningError, FlattenOutcome, engine_errors_as_step_errors, new_outcome
 from tasks.job.flattening_outcome import refuse_empty_result, report
-from tasks.streams.progress import expect_files, track
+from tasks.streams.progress import Tracker, expect_files, track
 from tasks.sof.view import compile_view
 from tasks.job.contract import DataFile, StepInput, StepResult, file_task, settings_of, step_task
 from tasks.job.filework import FileToDo, run_batches
@@ -116,28 +116,33 @@ def flatten_batch(
 
 
 def flatten_one(plan: FilePlan, label: str, total: int | None, *, in_worker_process: bool, files: int = 1) -> FileParts:
-    """The parts of a plan's pieces (``files`` of the step's input), in a worker process or in this one; from a
-    worker, the lines it has done reach the progress while this thread waits."""
+    """The parts of a plan's pieces (``files`` of the step's input), in a worker process or in this one."""
     with engine_errors_as_step_errors(), track(f"flatten {label}", total, "lines", files=files) as progress:
-        if not in_worker_process:
-            return flatten_file(plan, raise_if_cancelled, progress.advance)
-        done = SharedCount(str(Path(plan.parts_dir) / f".{plan.folder}.count"))
-        done.remove()  # a count a killed run left
-        shown = 0
+        if in_worker_process:
+            return flatten_in_worker(plan, progress)
+        return flatten_file(plan, raise_if_cancelled, progress.advance)
 
-        def follow() -> None:
-            nonlocal shown
-            raise_if_cancelled()
-            now = done.read()
-            progress.advance(now - shown)
-            shown = now
 
-        try:
-            result = run_in_process(flatten_file, plan, never_cancelled, done.add, stop_if_cancelled=follow)
-        finally:
-            done.remove()
-        progress.advance(result["lines"] - shown)
-        return result
+def flatten_in_worker(plan: FilePlan, progress: Tracker) -> FileParts:
+    """``flatten_file`` in a worker process of the step's pool; the lines it has done reach ``progress`` while this
+    thread waits."""
+    done = SharedCount(str(Path(plan.parts_dir) / f".{plan.folder}.count"))
+    done.remove()  # a count a killed run left
+    shown = 0
+
+    def follow() -> None:
+        nonlocal shown
+        raise_if_cancelled()
+        now = done.read()
+        progress.advance(now - shown)
+        shown = now
+
+    try:
+        result = run_in_process(flatten_file, plan, never_cancelled, done.add, stop_if_cancelled=follow)
+    finally:
+        done.remove()
+    progress.advance(result["lines"] - shown)
+    return result
 
 
 def save_view_definitions(folder: Path, views: list[GroupView]) -> None:
