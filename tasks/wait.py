@@ -44,14 +44,7 @@ def wait(step: StepInput, resume_hint: str = "", note: str | None = None) -> Ste
     to inspect, and answer "awaiting". With it: the files the gate hands on, and the note."""
     if note is None:
         wait_dir(step).mkdir(parents=True, exist_ok=True)
-        text = (
-            f"Job {step.job_id} is paused for inspection at step {step.number} (wait).\n"
-            f"  Data to inspect: {step.input_dir}\n"
-            f"  Corrected files go into: {wait_dir(step)}\n"
-            f"  When that folder holds any file on resume (each ending in {' or '.join(correction_suffixes(step))}), "
-            f"the next step reads only that folder; otherwise it reads {step.input_dir} unchanged.\n"
-            f"  To continue: {resume_hint or f'{CLI} continue {job_on_command_line(step.job_path)}'}"
-        )
+        text = inspection_text(step, resume_hint)
         get_run_logger().info("%s", text, extra=SHOW_WHOLE)
         title, *lines = text.splitlines()
         create_markdown_artifact(
@@ -62,6 +55,18 @@ def wait(step: StepInput, resume_hint: str = "", note: str | None = None) -> Ste
         folder, files = step.folder or "", step.files
         return StepResult(step=step.step, position=step.position, folder=folder, files=files, awaiting=True)
     return released_result(step).model_copy(update={"summary": {"inspection note": note}} if note else {})
+
+
+def inspection_text(step: StepInput, resume_hint: str) -> str:
+    """What to inspect, where corrections go and how to go on: logged whole and published as the inspection card."""
+    return (
+        f"Job {step.job_id} is paused for inspection at step {step.number} (wait).\n"
+        f"  Data to inspect: {step.input_dir}\n"
+        f"  Corrected files go into: {wait_dir(step)}\n"
+        f"  When that folder holds any file on resume (each ending in {' or '.join(correction_suffixes(step))}), "
+        f"the next step reads only that folder; otherwise it reads {step.input_dir} unchanged.\n"
+        f"  To continue: {resume_hint or f'{CLI} continue {job_on_command_line(step.job_path)}'}"
+    )
 
 
 def wait_dir(step: StepInput) -> Path:
