@@ -142,14 +142,7 @@ async def validate_path(
         try:
             return await validator.validate(chunk, source.name)
         except (ServiceError, ValidationServiceError) as exc:
-            held = chunk.labels[0] if len(chunk.labels) == 1 else f"{chunk.labels[0]} … {chunk.labels[-1]}"
-            message = (
-                f"{source}: validation of chunk {chunk.number} ({len(chunk.labels)} resources: {held}) failed: {exc}; "
-                "this is a failure of the validation service, not a finding in the data"
-            )
-            if isinstance(exc, ServiceError) and exc.status_code == 413:
-                message += f"; {ALONE_TOO_LARGE_HINT if len(chunk.labels) == 1 else TOO_LARGE_HINT}"
-            raise StepError(message) from exc
+            raise StepError(chunk_failure(source, chunk, exc)) from exc
 
     def written(chunk: Chunk, outcome: dict[str, Any]) -> tuple[bytes, int]:
         found.add(chunk, outcome)
@@ -169,6 +162,18 @@ async def validate_path(
     )
     found.report = DataFile.written(dest.name, stats)
     return found
+
+
+def chunk_failure(source: Path, chunk: Chunk, exc: Exception) -> str:
+    """A failed chunk's message: the resources it held, a service's failure (no finding), for a 413 the fix."""
+    held = chunk.labels[0] if len(chunk.labels) == 1 else f"{chunk.labels[0]} … {chunk.labels[-1]}"
+    message = (
+        f"{source}: validation of chunk {chunk.number} ({len(chunk.labels)} resources: {held}) failed: {exc}; "
+        "this is a failure of the validation service, not a finding in the data"
+    )
+    if isinstance(exc, ServiceError) and exc.status_code == 413:
+        message += f"; {ALONE_TOO_LARGE_HINT if len(chunk.labels) == 1 else TOO_LARGE_HINT}"
+    return message
 
 
 def warn_oversized(chunks: Iterator[Chunk], source: Path) -> Iterator[Chunk]:
