@@ -18,6 +18,7 @@ from config.errors import ConfigError
 from config.fields import Problem, join_key_path
 from config.keys import secret_key_paths
 from config.yaml_bounds import YamlLoader, yaml_shape_problem
+from tasks.core.jsonfile import read_at_most
 from tasks.core.redaction import register_secret
 from tasks.core.url_credentials import shown_url
 
@@ -49,7 +50,7 @@ def _file_problem(config_path: Path, text: str, where: yaml.Mark | None = None) 
 def _read_text(config_path: Path) -> str:
     try:
         with open(config_path, "rb") as file:
-            data = file.read(MAX_CONFIG_BYTES + 1)
+            data = read_at_most(file, MAX_CONFIG_BYTES)
     except OSError as error:
         raise _file_problem(config_path, f"cannot read the file ({error.strerror}); check the path") from error
     if len(data) > MAX_CONFIG_BYTES:

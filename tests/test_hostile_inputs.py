@@ -34,7 +34,9 @@ from tasks.core.url_credentials import CredentialsInUrlError, refuse_credentials
 from tasks.clients.http import ServiceClient, ServiceEndpoint, build_async_client, build_client, http_timeout
 from tasks.clients.pseudonymizer import Pseudonymizer
 from tasks.core.errors import JobError
+from tasks.core.jsonfile import read_json_file, read_settings_file
 from tasks.job.layout import JobPaths
+from tasks.job.record import MAX_RECORD_BYTES
 from tasks.streams.ndjson import NdjsonError
 from deployments.automations.apply import main as apply_automations
 from deployments.serve import main as serve
@@ -456,6 +458,29 @@ def test_hostile_configuration_files_end_in_a_clear_error_quickly(tmp_path, cont
         tracemalloc.stop()
     assert fragment in str(error.value)
     assert time.monotonic() - started < 1.0 and peak < 50 * MB
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        lambda path: read_json_file(path, MAX_RECORD_BYTES, "the job record"),
+        lambda path: read_settings_file(path, "services.pseudonymizer.anonymization_config"),
+    ],
+    ids=["job-record", "settings-file"],
+)
+def test_a_small_file_is_read_in_memory_of_its_size_not_of_its_limit(tmp_path, read) -> None:
+    """A read of at most a limit's bytes asked the allocator for the whole limit up front: 64 MB for each job record
+    ``status`` reads, which a host with strict overcommit (as PostgreSQL hosts are set up) may refuse."""
+    path = tmp_path / "small.json"
+    path.write_bytes(b'{"version": 3}')
+    tracemalloc.start()
+    try:
+        document = read(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert document in ({"version": 3}, b'{"version": 3}')
+    assert peak < 2 * MB, f"{peak / MB:.1f} MB for a file of 14 bytes"
 
 
 @pytest.mark.parametrize(

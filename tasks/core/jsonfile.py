@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from tasks.core.errors import DupflowError
 
 MAX_JSON_DEPTH = 128
 MB = 1024 * 1024
+READ_PIECE_BYTES = MB
 MAX_SETTINGS_FILE_BYTES = 16 * MB  # an anonymization config or a CA bundle is a few hundred KB at most
 
 
@@ -27,10 +28,21 @@ def read_json_file(path: Path, max_bytes: int, label: str) -> Any:
     return parse_json_document(read_limited(path, max_bytes, label), label)
 
 
+def read_at_most(file: BinaryIO, limit: int) -> bytes:
+    """The rest of ``file``, or its next ``limit + 1`` bytes (more than ``limit``: too large), read in pieces: one
+    ``read(limit + 1)`` asks the allocator for the whole limit at once (64 MB for each job record read)."""
+    pieces: list[bytes] = []
+    total = 0
+    while total <= limit and (piece := file.read(min(READ_PIECE_BYTES, limit + 1 - total))):
+        pieces.append(piece)
+        total += len(piece)
+    return b"".join(pieces)
+
+
 def read_limited(path: Path, max_bytes: int, label: str) -> bytes:
     try:
         with open(path, "rb") as file:
-            data = file.read(max_bytes + 1)
+            data = read_at_most(file, max_bytes)
     except OSError as exc:
         raise JsonFileError(f"cannot read {label}: {exc.strerror or exc}") from None
     if len(data) > max_bytes:
@@ -61,7 +73,7 @@ def read_settings_file(path: Path, key: str) -> bytes:
         raise JsonFileError(f"{key}: {problem}")
     try:
         with open(path, "rb") as file:
-            data = file.read(MAX_SETTINGS_FILE_BYTES + 1)
+            data = read_at_most(file, MAX_SETTINGS_FILE_BYTES)
     except OSError as exc:
         reason = exc.strerror or exc
         raise JsonFileError(f"{key}: cannot read {path}: {reason}; fix the path or the file's permissions") from None
