@@ -27,7 +27,7 @@ from http.client import HTTPConnection, HTTPException, HTTPSConnection
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from config.runtime import CLI, local_server_port, prefect_api_headers, prefect_api_url
+from config.runtime import CLI, MALLOC_ARENAS, local_server_port, prefect_api_headers, prefect_api_url
 from flows.prefect_profile import record_in_profile
 from flows.server_process import POLL_INTERVAL, process_is_server, process_stopped, terminate
 from tasks.core.errors import DupflowError
@@ -59,7 +59,7 @@ STARTUP_TIMEOUT = 120.0  # a fresh PREFECT_HOME migrates its database first: 15-
 SERVER_DEFAULTS = {
     "PREFECT_SERVER_SERVICES_LATE_RUNS_ENABLED": "false",
     "PREFECT_SERVER_SERVICES_FOREMAN_ENABLED": "false",
-    "MALLOC_ARENA_MAX": "2",
+    "MALLOC_ARENA_MAX": MALLOC_ARENAS,
 }
 
 
