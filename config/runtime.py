@@ -43,24 +43,21 @@ PREFECT_DEFAULTS = {
 }
 
 
-def apply_prefect_defaults() -> None:
-    for name, value in PREFECT_DEFAULTS.items():
-        os.environ.setdefault(name, value)
-
-
 MALLOC_ARENAS = "2"
 """glibc's heaps for a process's threads (by default eight per core), each keeping what its threads freed: a job's
 flow process held 7 MB more at zstd, and 1 MB more at 3,000 files, with its default (``tests/benchmarks``)."""
 M_ARENA_MAX = -8  # glibc's malloc.h
 
 
-def cap_malloc_arenas() -> None:
-    """``MALLOC_ARENAS`` heaps for this process and the ones it starts, unless MALLOC_ARENA_MAX is set already."""
-    if "MALLOC_ARENA_MAX" in os.environ:
-        return  # the user's: glibc read it at this process's start
-    os.environ["MALLOC_ARENA_MAX"] = MALLOC_ARENAS  # for the processes this one starts
-    with suppress(OSError, AttributeError):  # no glibc: musl has no arenas, macOS no mallopt
-        ctypes.CDLL(None).mallopt(M_ARENA_MAX, int(MALLOC_ARENAS))  # for this one: glibc read the variable at its start
+def apply_process_defaults() -> None:
+    """``PREFECT_DEFAULTS`` where unset, and ``MALLOC_ARENAS`` heaps for this process and the ones it starts unless
+    MALLOC_ARENA_MAX is set (then glibc read the user's at this process's start)."""
+    for name, value in PREFECT_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    if "MALLOC_ARENA_MAX" not in os.environ:
+        os.environ["MALLOC_ARENA_MAX"] = MALLOC_ARENAS  # for the processes this one starts
+        with suppress(OSError, AttributeError):  # no glibc: musl has no arenas, macOS no mallopt
+            ctypes.CDLL(None).mallopt(M_ARENA_MAX, int(MALLOC_ARENAS))  # this one's: glibc read the variable at start
 
 
 def prefect_api_url() -> str | None:

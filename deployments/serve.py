@@ -17,7 +17,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from config.loader import load_settings
-from config.runtime import apply_prefect_defaults, cap_malloc_arenas
+from config.runtime import apply_process_defaults
 from config.yaml_file import names_secret_blocks
 from flows.jobs import check_new_job
 from flows.prefect_server import use_server
@@ -25,8 +25,7 @@ from tasks.core.errors import DupflowError
 
 
 def main() -> None:
-    cap_malloc_arenas()  # for the runs' processes too
-    apply_prefect_defaults()  # before anything imports Prefect: its telemetry is decided at its import
+    apply_process_defaults()  # before anything imports Prefect: its telemetry is decided at its import
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config", help="configuration YAML")
     parser.add_argument("input", nargs="?", help="job input (directory, CRTDL file or URL)")

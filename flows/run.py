@@ -27,14 +27,7 @@ from config.fields import CONFIG_LOGGER
 from config.keys import leaf_paths, secret_key_paths
 from config.loader import cached_settings, effective_config_rows, load_settings, refuse_secret_overrides
 from config.yaml_file import names_secret_blocks
-from config.runtime import (
-    CLI,
-    apply_prefect_defaults,
-    cap_malloc_arenas,
-    job_on_command_line,
-    jobs_dir_of,
-    prefect_api_url,
-)
+from config.runtime import apply_process_defaults, job_on_command_line, jobs_dir_of, prefect_api_url, CLI
 from config.settings import Settings
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.api_watch import api_watched
@@ -97,8 +90,7 @@ def flag_label(attr: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    cap_malloc_arenas()  # before the threads that would make more
-    apply_prefect_defaults()  # before anything imports Prefect: its telemetry is decided at its import
+    apply_process_defaults()  # before anything imports Prefect (its telemetry is decided there) or starts threads
     return view_cli.dispatch(build_parser().parse_args(argv))
 
 

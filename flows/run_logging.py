@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from config.runtime import apply_prefect_defaults
+from config.runtime import apply_process_defaults
 from tasks.core.redaction import RedactingFilter, redact, redact_records_sent_to_prefect
 from tasks.job.job_log import JobLogFormatter
 from tasks.streams.fanout import Cancelled
@@ -153,7 +153,7 @@ def job_logging(log_file: Path) -> Iterator[None]:
     file_handler.setFormatter(JobLogFormatter())
     redacting, one_failure = RedactingFilter(), _OneFailureLine()
     file_handler.addFilter(redacting)
-    apply_prefect_defaults()
+    apply_process_defaults()
     import prefect.main  # noqa: F401  (configures Prefect's logging, once per process; patched below)
 
     attached = [("prefect", file_handler), ("dupflow", file_handler), ("distributed", _HandTo(file_handler))]

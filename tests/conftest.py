@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from config.runtime import apply_prefect_defaults
+from config.runtime import apply_process_defaults
 from tests.support.ports import free_port
 
 # The two tiers (fast: no Prefect server, no process; slow: marked) and the check that no test leaves Prefect's
@@ -35,7 +35,7 @@ pytest_plugins = [
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TESTDATA = REPO_ROOT.parent / "shared" / "testdata"
 
-apply_prefect_defaults()  # as every command line sets them, before Prefect is imported
+apply_process_defaults()  # as every command line sets them, before Prefect is imported
 os.environ.setdefault("PREFECT_LOGGING_TO_API_BATCH_INTERVAL", "0.3")
 # The command line's local Prefect server listens on PREFECT_SERVER_API_PORT (else 4200): never 4200 in tests.
 os.environ["PREFECT_SERVER_API_PORT"] = str(free_port())

@@ -110,7 +110,7 @@ def test_a_users_own_do_not_track_wins(prefect_api, tmp_path):
 
 
 def test_no_entry_module_imports_prefect_before_its_main_turns_telemetry_off():
-    """The class: an entry point's ``main`` turns telemetry off first (``apply_prefect_defaults``), so nothing that is
+    """The class: an entry point's ``main`` turns telemetry off first (``apply_process_defaults``), so nothing that is
     imported with its module may import Prefect."""
     listed = "import sys; print(sorted(m for m in sys.modules if m.split('.')[0] == 'prefect'))"
     done = subprocess.run(

@@ -19,7 +19,7 @@ from uuid import UUID
 import httpx
 
 from config.errors import ConfigError
-from config.runtime import apply_prefect_defaults
+from config.runtime import apply_process_defaults
 from config.yaml_file import parse_yaml_file
 from flows.prefect_server import use_server
 from tasks.core.errors import DupflowError
@@ -32,7 +32,7 @@ class AutomationFileError(DupflowError):
 
 
 def main(argv: list[str] | None = None) -> int:
-    apply_prefect_defaults()  # before anything imports Prefect: its telemetry is decided at its import
+    apply_process_defaults()  # before anything imports Prefect: its telemetry is decided at its import
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("file", nargs="?", type=Path, default=NOTIFY_FILE, help="automation file (YAML)")
     args = parser.parse_args(argv)
