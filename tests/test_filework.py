@@ -75,7 +75,7 @@ def test_file_tasks_get_the_steps_file_list_as_a_digest_and_their_keys_still_cov
 
 def test_a_digest_is_the_one_results_were_kept_under_and_made_without_holding_the_text_whole():
     """The cache keys of results kept before must not change (a job continued after an upgrade would redo its
-    finished steps); the digest of a step's 3,000 files held 3 MB of JSON pieces at the flow's peak."""
+    finished steps); the digest of a step's 3,000 files held 2.3 MB of JSON pieces at the flow's peak."""
     value = [
         {"job_id": "a1", "files": [{"name": "Ärzte café.ndjson", "size": 12, "modified_ns": None}], "ratio": 0.1},
         [Path("/jobs/x"), "batch-1 … batch-9 (9 files)", [1, 2.5, True, None]],
