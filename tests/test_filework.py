@@ -90,7 +90,9 @@ def test_a_digest_is_the_one_results_were_kept_under_and_made_without_holding_th
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert peak < 256 * 1024, f"{peak / 1024:.0f} KB"
+    # the digest takes 4 KB, the whole text 2.3 MB; tracemalloc counts every thread's allocations, and a test
+    # worker's own threads (Prefect's, the logging's) added up to 261 KB in one run of the full suite
+    assert peak < 1024 * 1024, f"{peak / 1024:.0f} KB"
 
 
 def test_consecutive_files_make_batches_bounded_by_count_and_bytes_and_a_large_file_is_alone():
