@@ -51,7 +51,10 @@ def main() -> None:
         said = exc if isinstance(exc, DupflowError) else f"--cron {args.cron!r} --timezone {args.timezone!r}: {reason}"
         print(f"error: {said}", file=sys.stderr)
         sys.exit(2)
+    from flows.heartbeats import ensure_crash_detection
     from flows.pipeline import pipeline
+
+    ensure_crash_detection()  # before a run's first heartbeat; if it cannot, each run's own try says why
 
     job_input = args.input if args.input is None or "://" in args.input else str(Path(args.input).resolve())
     parameters = {"config_path": str(Path(args.config).resolve()), "job_input": job_input}

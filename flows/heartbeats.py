@@ -5,7 +5,6 @@ stop while it neither ended nor paused."""
 from __future__ import annotations
 
 import httpx
-from prefect import get_run_logger
 from prefect.client.orchestration import get_client
 
 from config.runtime import CLI
@@ -38,15 +37,20 @@ CRASH_DETECTION = {
 }
 
 
-def ensure_crash_detection() -> None:
-    """Make the automation unless the server has it (of two made at once, the newer goes); failing is a warning."""
+def ensure_crash_detection() -> str | None:
+    """Make the automation unless the server has it (of two made at once, the newer goes); return why it could not.
+
+    Where dupflow starts a job's run (``start``, ``continue``, ``serve``) it is made before the run exists: the engine
+    sends the first heartbeat before the flow's first line, a beat the server saw before the automation starts no
+    watch, and a job killed before its second beat would stay Running. The flow makes it too, for a worker's run."""
     named = {"automations": {"name": {"any_": [AUTOMATION_NAME]}}, "sort": "CREATED_DESC"}
     try:
         with get_client(sync_client=True) as client:
             if client.request("POST", "/automations/filter", json=named).json():
-                return
+                return None
             client.request("POST", "/automations/", json=CRASH_DETECTION)
             for extra in client.request("POST", "/automations/filter", json=named).json()[:-1]:
                 client.request("DELETE", f"/automations/{extra['id']}")  # type: ignore[arg-type]
     except (OSError, httpx.HTTPError) as exc:
-        get_run_logger().warning("the Prefect server may not mark this job Crashed if its process is killed: %s", exc)
+        return str(exc)
+    return None

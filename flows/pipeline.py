@@ -105,7 +105,10 @@ def pipeline(
     )
     flow_run_id = str(runtime.flow_run.id)
     name_and_tag_flow_run(job.job_id, job.paths.job_dir)
-    ensure_crash_detection()
+    if problem := ensure_crash_detection():
+        get_run_logger().warning(
+            "the Prefect server may not mark this job Crashed if its process is killed: %s", problem
+        )
     with JobLock(job.paths):
         settle_submission_in_doubt(job, attach, resubmit)
         card = JobRecordCard(job)

@@ -282,7 +282,9 @@ def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any] | None)
     from prefect.exceptions import TerminationSignal
 
     from flows import job_runs
+    from flows.heartbeats import ensure_crash_detection
 
+    ensure_crash_detection()  # before the run's first heartbeat; if it cannot, the flow's own try says why
     overrides = {**job.overrides, "jobs_dir": str(paths.job_dir.parent)}  # where this command found the job
     parameters = dict(job_id=job.job_id, config_path=job.config_path, job_input=job.job_input, overrides=overrides)
     parameters |= continuing or {}
