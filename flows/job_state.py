@@ -21,12 +21,12 @@ from tasks.clients.auth import AS_SENT
 from tasks.clients.bounds import read_response
 from tasks.clients.errors import ServiceError
 from tasks.core.errors import JobError
-from tasks.core.jsonfile import JsonFileError, read_json_file
 from tasks.core.readable import plain_text
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_of_tag, job_tag
 from tasks.job.layout import result_name, step_artifact_key
-from tasks.job.record import MAX_RECORD_BYTES, RUNNING, CRASHED, UNKNOWN, JobRecord, RecordError, StepRecord
+from tasks.job.record import RUNNING, CRASHED, UNKNOWN, JobRecord, RecordError, StepRecord
 from tasks.job.record import read_record
+from tasks.job.result_records import read_result_record
 
 LOCK_FILE = ".lock"
 PREFECT_API = "the Prefect API"
@@ -217,12 +217,12 @@ def newest_run(paths: JobPaths) -> dict[str, Any] | None:
     return latest_runs({paths.job_id: directory_tag(paths.job_dir)}).get(paths.job_id)
 
 
-def finished_steps(paths: JobPaths, steps: list[str], run: dict[str, Any]) -> dict[int, StepRecord]:
+def finished_steps(paths: JobPaths, steps: list[str], run: dict[str, Any]) -> dict[int, StepRecord | str]:
     """The steps the run's latest attempt finished (a gate: awaiting or released), by position, each read from the
-    result record its task run names; one not this step's or unreadable counts as not finished."""
+    result record its task run names; for a record not this step's or unreadable, why (not finished)."""
     names = {f"{step}[{position + 1}]": position for position, step in enumerate(steps)}
     body = {"flow_runs": {"id": {"any_": [run.get("id")]}}, "task_runs": {"name": {"any_": list(names)}}}
-    done: dict[int, StepRecord] = {}
+    done: dict[int, StepRecord | str] = {}
     for task_run in filtered_rows("/task_runs/filter", body):  # newest first: the first is the latest
         position = names.get(str(task_run.get("name")))
         if position is None or position in done or task_run.get("flow_run_run_count") != run.get("run_count"):
@@ -233,19 +233,22 @@ def finished_steps(paths: JobPaths, steps: list[str], run: dict[str, Any]) -> di
     return done
 
 
-def step_record(paths: JobPaths, step: str, position: int, state: dict[str, Any]) -> StepRecord | None:
-    """The record the state names, looked up by name in the job folder (the job may have moved since)."""
+def step_record(paths: JobPaths, step: str, position: int, state: dict[str, Any]) -> StepRecord | str | None:
+    """The record the state names, looked up by name in the job folder (the job may have moved since); why
+    not, where the record is not this step's (None: the state names no record of it)."""
     name = str((state.get("data") or {}).get("storage_key") or "").rsplit("/", 1)[-1]
     suffix = "(paused|released)" if step == "wait" else "[0-9a-f]{20}"  # a gate's outcome (tasks.wait), or a digest
     if not re.fullmatch(re.escape(result_name(paths.job_id, position, step, step, "")) + suffix, name):
         return None
     try:
-        document = read_json_file(paths.results / name, MAX_RECORD_BYTES, f"the result record {name}")
+        document = read_result_record(paths.results / name)
         record = StepRecord.model_validate(json.loads(document["result"])["data"])
-    except (JsonFileError, ValidationError, ValueError, KeyError, TypeError):
-        return None
+    except RecordError as exc:
+        return str(exc)
+    except (ValidationError, ValueError, KeyError, TypeError):
+        return f"the result record {name} holds no step's result"
     if (record.step, record.position) != (step, position):
-        return None
+        return f"the result record {name} holds the result of step {record.position + 1} ({record.step})"
     return record.model_copy(update={"cached": state.get("name") == "Cached"})
 
 

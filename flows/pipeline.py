@@ -237,7 +237,7 @@ def run_step(step_task: Any, step: StepInput) -> StepResult:
     run = stored_in_job(step_task, step)
     state = run(step, return_state=True)
     if files_gone(state, step.job_path):
-        state = run.with_options(refresh_cache=True)(step, return_state=True)
+        state = stored_in_job(step_task, step, refresh=True)(step, return_state=True)
     result: StepResult = state.result()
     return result.model_copy(update={"cached": True}) if state.name == "Cached" else result
 

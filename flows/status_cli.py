@@ -70,8 +70,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def print_step_status(position: int, step: str, result: StepRecord | None, at_work: str | None) -> None:
-    """A step's line: done with its files, awaiting inspection, at work (with its progress), or not finished."""
+def print_step_status(position: int, step: str, result: StepRecord | str | None, at_work: str | None) -> None:
+    """A step's line: done with its files, awaiting inspection, at work (with its progress), or not finished
+    (with why, where its record is not taken)."""
+    if isinstance(result, str):
+        print(f"  {position + 1}. {step}: not finished: {plain_text(result)}; continue does it again")
+        return
     if result is None:
         print(f"  {position + 1}. {step}: " + (f"working: {at_work}" if at_work else "not finished"))
         return

@@ -34,6 +34,7 @@ from tests.fakes.extraction_content import ContentPlan, patient_bundle
 from tests.fakes.extraction_crtdl import parse_crtdl as fake_server_parse_crtdl
 from tests.fakes.extraction_state import Job
 from tests.peak_rss import run_measured
+from tests.support.filesystem import fill, small_tmpfs
 from tests.support.jobs import sigint_as_in_a_terminal
 
 EXAMPLE = TESTDATA / "flattening" / "example"
@@ -379,24 +380,10 @@ def test_a_control_character_in_a_path_key_is_refused_by_config_check_naming_the
 @pytest.fixture
 def full_disk(tmp_path):
     """A 64 KiB tmpfs, filled to the last byte; skipped where mounting is not allowed."""
-    mount_point = tmp_path / "small"
-    mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)], capture_output=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode(errors='replace').strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small") as mount_point:
         (mount_point / "jobs").mkdir()
-        filler = os.open(mount_point / "filler", os.O_WRONLY | os.O_CREAT)
-        try:
-            while os.write(filler, b"\0" * 512):
-                pass
-        except OSError:
-            pass
-        finally:
-            os.close(filler)
+        fill(mount_point)
         yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 @pytest.mark.slow

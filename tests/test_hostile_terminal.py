@@ -20,6 +20,7 @@ import pytest
 
 from flows.run import main
 from tests.conftest import TESTDATA, extraction_tree, run_cli
+from tests.support.results import write_step_record
 from tests.support.jobs import put_flow_run
 from tests.fakes.extraction_crtdl import parse_crtdl
 from tests.fakes.extraction_server import ExtractionServer, start_extraction_server
@@ -194,9 +195,7 @@ def damaged_job(jobs_dir: Path, damage: Callable[[dict], None], **changes: Any) 
     results = jobs_dir / job_id / ".prefect" / "results"
     results.mkdir(parents=True)
     for key, step in record.pop("steps").items():
-        result = json.dumps({"__class__": "tasks.job.contract.StepResult", "data": step})
-        name = f"{job_id}-{key}-local_import-local-import-{'0' * 20}"
-        (results / name).write_text(json.dumps({"metadata": {"storage_key": str(results / name)}, "result": result}))
+        write_step_record(results / f"{job_id}-{key}-local_import-local-import-{'0' * 20}", step)
     (jobs_dir / job_id / "job.json").write_text(json.dumps(record), encoding="utf-8")
     return job_id
 

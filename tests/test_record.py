@@ -17,6 +17,7 @@ import pytest
 from flows.gates import InspectionInput
 from flows.job_card import inspection_lines
 from flows.job_state import JobLock, finished_steps, settled_state
+from tests.support.results import write_step_record
 from flows.run import EXIT_OK, EXIT_USAGE, main
 from tasks.core.readable import MAX_NOTE_BYTES
 from tasks.job.contract import DataFile, StepResult
@@ -231,12 +232,8 @@ def test_the_job_record_card_shows_a_note_as_text_never_as_html_or_a_link():
 
 def result_record(job_dir: Path, name: str, step: str, position: int) -> str:
     """A step's result record as Prefect writes it (JSON serializer), in the job's results folder; its path."""
-    path = job_dir / ".prefect" / "results" / name
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = {"step": step, "position": position, "folder": step, "files": []}
-    result = json.dumps({"__class__": "tasks.job.contract.StepResult", "data": data})
-    path.write_text(json.dumps({"metadata": {"storage_key": str(path)}, "result": result}))
-    return str(path)
+    return write_step_record(job_dir / ".prefect" / "results" / name, data)
 
 
 def task_run(run_id: str, name: str, attempt: int, storage_key: str, state: str = "Completed") -> dict:
@@ -273,4 +270,5 @@ def test_only_the_runs_latest_attempt_and_each_steps_own_record_count_as_finishe
 
     done = finished_steps(JobPaths(job_dir), steps, run)
 
-    assert sorted(done) == [0, 2] and done[0].cached and not done[2].cached
+    assert sorted(done) == [0, 2, 3] and done[0].cached and not done[2].cached
+    assert done[3] == f"the result record {Path(other_step).name} holds the result of step 5 (send)"

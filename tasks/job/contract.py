@@ -23,7 +23,7 @@ from prefect.cache_policies import CacheKeyFnPolicy
 from prefect.client.schemas.objects import State
 from prefect.context import TaskRunContext
 from prefect.transactions import CommitMode, transaction
-from prefect.utilities.annotations import quote
+from prefect.utilities.annotations import NotSet, quote
 from pydantic import BaseModel, ConfigDict, Field
 
 from config.loader import cached_settings
@@ -32,6 +32,7 @@ from tasks.core.errors import DupflowError
 from tasks.core.redaction import redact, redact_records_sent_to_prefect
 from tasks.job.flow_run_watch import stopped_when_flow_run_ends
 from tasks.job.layout import JobPaths, result_name, step_artifact_key, step_folder
+from tasks.job.result_storage import JobResultStorage, persist_in_task
 from tasks.streams.progress import StepWork, step_progress
 from tasks.streams.ndjson import FileStats, remove_partial_files
 from tasks.job.record import FileEntry, StepRecord
@@ -212,7 +213,29 @@ def persisted_task(
         result_storage=Path("/"),
         **options,
     )
-    return lambda function: persisted(redacting_failures(function))
+    return lambda function: in_results(persisted(redacting_failures(persisting(function))), Path("/"))
+
+
+def persisting(function: Callable[P, R]) -> Callable[P, R]:
+    """``function`` whose result record is written before its task ends (``persist_in_task``)."""
+
+    @functools.wraps(function)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        value = function(*args, **kwargs)
+        persist_in_task(value)
+        return value
+
+    return call
+
+
+def in_results(call: Task[P, R], folder: Path) -> Task[P, R]:
+    """``call`` reading and writing its records through ``JobResultStorage`` in ``folder``.
+
+    Note: set on the task, as Prefect's decorator refuses a storage block that is not saved on the
+    server; a job's records belong to its folder, which must outlive any server's database.
+    """
+    call.result_storage = JobResultStorage(basepath=str(folder))
+    return call
 
 
 def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
@@ -303,7 +326,7 @@ def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: A
         given = [quote(arg) if isinstance(arg, list) else arg for arg in args]
         state = run(step, *given, return_state=True, **kwargs)
         if files_gone(state, step.output_dir):
-            state = run.with_options(refresh_cache=True)(step, *given, return_state=True, **kwargs)
+            state = stored_in_job(call, step, refresh=True)(step, *given, return_state=True, **kwargs)
         return state.result()
 
 
@@ -329,10 +352,15 @@ def data_files(value: Any) -> Iterator[DataFile]:
 
 
 @overload
-def stored_in_job(call: Task[P, R], step: StepInput) -> Task[P, R]: ...
+def stored_in_job(call: Task[P, R], step: StepInput, refresh: bool = False) -> Task[P, R]: ...
 @overload
-def stored_in_job(call: Callable[P, R], step: StepInput) -> Callable[P, R]: ...
-def stored_in_job(call: Callable[P, R], step: StepInput) -> Callable[P, R]:
+def stored_in_job(call: Callable[P, R], step: StepInput, refresh: bool = False) -> Callable[P, R]: ...
+def stored_in_job(call: Callable[P, R], step: StepInput, refresh: bool = False) -> Callable[P, R]:
     """``call`` (a task; a plain function as it is) storing in the job's results folder: Prefect writes a failure's
-    record there under a random name, which the decorators' root ``/`` would put in the file system's root."""
-    return call.with_options(result_storage=JobPaths(step.job_path).results) if isinstance(call, Task) else call
+    record there under a random name, which the decorators' root ``/`` would put in the file system's root.
+    ``refresh``: run it even where its record is kept."""
+    if not isinstance(call, Task):
+        return call
+    folder = JobPaths(step.job_path).results
+    kept: Task[P, R] = call.with_options(result_storage=folder, refresh_cache=True if refresh else NotSet)
+    return in_results(kept, folder)

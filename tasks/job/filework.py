@@ -123,7 +123,7 @@ def kept_result(future: Any, file_task: Any, args: tuple[Any, ...]) -> Any:
     where this process sees them: a worker not sharing the jobs directory at the same path wrote them elsewhere."""
     future.wait()
     if files_gone(future.state, args[0].output_dir):
-        future = stored_in_job(file_task, args[0]).with_options(refresh_cache=True).submit(*args)
+        future = stored_in_job(file_task, args[0], refresh=True).submit(*args)
     result = future.result()
     if missing := [f.name for f in data_files(result) if not f.on_disk_in(args[0].output_dir)]:
         raise TaskRunnerError(

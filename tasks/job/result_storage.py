@@ -1,0 +1,82 @@
+"""The job's results folder as Prefect's result storage: records read as checked data, written whole.
+
+See ``tasks.job.result_records`` for what a record must be; docs/development.md for the step contract.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from prefect._internal.compatibility.async_dispatch import async_dispatch
+from prefect.filesystems import LocalFileSystem
+from prefect.transactions import get_transaction
+
+from tasks.job.record import RecordError
+from tasks.job.result_records import checked_result
+from tasks.streams.files import write_file_atomically
+
+REJECTED_PREFIX = "rejected-"
+log = logging.getLogger("dupflow.results")
+
+
+class JobResultStorage(LocalFileSystem):
+    """A job's ``.prefect/results`` folder: a record is decoded only once checked, and written whole.
+
+    Note:
+    - A record that fails the check is set aside as ``rejected-<name>`` and named in one line; Prefect
+      takes it as missing, so the task runs again.
+    - ``LocalFileSystem`` writes in place: a full disk left 0-byte records.
+    """
+
+    _block_type_name = "dupflow job results"
+
+    async def aread_path(self, path: str) -> bytes:
+        return self._read(path)
+
+    @async_dispatch(aread_path)
+    def read_path(self, path: str) -> bytes:  # type: ignore[override]  # as LocalFileSystem's own
+        return self._read(path)
+
+    async def awrite_path(self, path: str, content: bytes) -> str:
+        return self._write(path, content)
+
+    @async_dispatch(awrite_path)
+    def write_path(self, path: str, content: bytes) -> str:  # type: ignore[override]  # likewise
+        return self._write(path, content)
+
+    def _read(self, path: str) -> bytes:
+        record = self._resolve_path(path)
+        if not record.exists():
+            raise ValueError(f"Path {record} does not exist.")  # LocalFileSystem's: a cache miss
+        try:
+            return checked_result(record)
+        except RecordError as exc:
+            set_aside(record, str(exc))
+            raise
+
+    def _write(self, path: str, content: bytes) -> str:
+        record = self._resolve_path(path)
+        write_file_atomically(record, content)
+        return str(record)
+
+
+def set_aside(record: Path, problem: str) -> None:
+    """Keep a rejected record under another name (nothing is lost), and say so once."""
+    kept = record.with_name(REJECTED_PREFIX + record.name)
+    record.replace(kept)
+    log.warning("%s: kept as %s; its work is done again", problem, kept.name)
+
+
+def persist_in_task(value: Any) -> None:
+    """Write the running task's result record now, so that a failed write fails the task.
+
+    Why: Prefect writes it when the task's transaction commits, after the run is Completed, and only logs
+    a failure there: a job on a full disk went on and ended Completed with 0-byte records.
+    """
+    txn = get_transaction()
+    if txn is None or txn.store is None or txn.key is None or not txn.write_on_commit:
+        return
+    txn.store.persist_result_record(txn.store.create_result_record(value, key=txn.key))
+    txn.write_on_commit = False  # written: the commit has nothing left to write
