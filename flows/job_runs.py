@@ -18,8 +18,10 @@ from prefect.states import Pending, State
 from flows.gates import COMMAND_LINE_DEPLOYMENT
 from flows.pipeline import pipeline
 from tasks.core.errors import JobError
+from tasks.core.readable import plain_text
 from tasks.job.layout import JobPaths, directory_tag, job_tag
 
+CONTINUING = ("note", "attach", "resubmit")  # a continue's own parameters: each continue gives them anew
 RETRIED = "AwaitingRetry"  # Prefect's name for a run set back to go again (``prefect flow-run retry``)
 DESCRIPTION = (
     "Jobs started on the command line (python -m flows.run start): the command line runs them, no worker does. A run "
@@ -58,14 +60,35 @@ def continued_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any], 
         if run is None or run.deployment_id is None:  # a lost database, another home, a copy, or a job from before
             said = "its flow run is not on this Prefect server (or is from before jobs had one run): a new run takes"
             return new_job_run(job_id, paths, parameters, f"{said} every finished step from the job folder")
+        reset = reset_parameters(client, run, parameters)
         if run.state is not None and run.state.is_paused():  # resumed with the form's answers, as the UI's Resume
             resume_confirmed(client, run.id, note)
-            return JobRun(client.read_flow_run(run.id), "resumed its suspended flow run, confirmed with the note")
+            said = "resumed its suspended flow run, confirmed with the note"
+            return JobRun(client.read_flow_run(run.id), f"{reset}{said}")
         if run.state is None or not run.state.is_scheduled():  # scheduled: resumed in the UI, this goes on with it
-            client.update_flow_run(run.id, parameters=parameters)
             again: State[Any] = Pending(name=RETRIED, message="continued from the command line")
             client.set_flow_run_state(run.id, again, force=True)  # this process holds the job's lock: none runs it
-        return JobRun(client.read_flow_run(run.id), f"going on in its flow run {run.id}")
+        return JobRun(client.read_flow_run(run.id), f"{reset}going on in its flow run {run.id}")
+
+
+def reset_parameters(client: SyncPrefectClient, run: FlowRun, parameters: dict[str, Any]) -> str:
+    """Set the run's parameters to the job's own (``job.json``); what differed on the server, said.
+
+    Why: the server's copy may have been changed by anyone with access; the job's inputs are the operator's.
+    """
+    client.update_flow_run(run.id, parameters=parameters)
+    server, own = flat_inputs(run.parameters), flat_inputs(parameters)
+    if not (differing := sorted(key for key in server.keys() | own.keys() if server.get(key) != own.get(key))):
+        return ""
+    shown = plain_text(", ".join(differing))
+    return f"its flow run's parameters on the server differed from its job.json in {shown}: reset; "
+
+
+def flat_inputs(parameters: dict[str, Any]) -> dict[str, Any]:
+    """A run's job inputs by name, each override as ``overrides.KEY`` (a continue's own left out)."""
+    flat = {key: value for key, value in parameters.items() if key not in (*CONTINUING, "overrides")}
+    overrides = parameters.get("overrides")
+    return flat | {f"overrides.{key}": value for key, value in dict(overrides or {}).items()}
 
 
 def resume_confirmed(client: SyncPrefectClient, run_id: UUID, note: str) -> None:
@@ -76,11 +99,12 @@ def resume_confirmed(client: SyncPrefectClient, run_id: UUID, note: str) -> None
         raise JobError(f"the Prefect server did not resume flow run {run_id}: {reason}")
 
 
-def execute(run: FlowRun) -> Any:
-    """Run the flow run in this process (``prefect flow-run execute``); its final state, or Suspended at a gate."""
+def execute(run: FlowRun, parameters: dict[str, Any]) -> Any:
+    """Run the flow run in this process with the job's ``parameters``, never the server's copy (``prefect
+    flow-run execute``); its final state, or Suspended at a gate."""
     from prefect.flow_engine import run_flow
 
     try:
-        return run_flow(pipeline, flow_run=run, parameters=run.parameters, return_type="state")
+        return run_flow(pipeline, flow_run=run, parameters=parameters, return_type="state")
     except Pause as paused:
         return paused.state

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from config.loader import absolute_path_overrides, cached_settings, refuse_secret_overrides
+from config.loader import PATH_KEYS, absolute_path_overrides, cached_settings, refuse_secret_overrides
 from config.settings import Settings
 from flows.job_state import JobLock
 from tasks.core.errors import JobError
@@ -48,10 +48,13 @@ def prepare_job(
     overrides_source: str,
     jobs_dir: Path | None = None,
     must_exist: bool = False,
+    changing: bool = True,
 ) -> Job:
     """Make a new job, or find the existing one with ``job_id`` (in ``jobs_dir`` if given: ``continue`` from anywhere
     works on the same directory). ``overrides_source`` names the overrides' origin in the error refusing a secret
-    among them; ``must_exist``: ``job_id`` names a job to continue, never one to make."""
+    among them; ``must_exist``: ``job_id`` names a job to continue, never one to make; ``changing``: an existing
+    job's overrides are replaced by ``overrides`` (``continue --set``), else they must be its own (a flow run's
+    parameters: ``refuse_other_inputs``)."""
     overrides = dict(overrides or {})
     refuse_secret_overrides(overrides, overrides_source)
     if job_id and not is_job_id(job_id):  # it names the job's directory: ``..`` or a path would leave jobs_dir
@@ -64,6 +67,9 @@ def prepare_job(
     settings = cached_settings(config_path, overrides, overrides_source)
     job_id = job_id or str(uuid.uuid4())
     paths = JobPaths(Path(settings.jobs_dir).resolve() / job_id)
+    if paths.job_file.is_file() and not changing:
+        refuse_other_inputs(read_record(paths.job_dir), config_path, job_input, overrides)
+        return existing_job(paths, {}, overrides_source)
     if paths.job_file.is_file():
         return existing_job(paths, overrides, overrides_source)
     if must_exist:  # a job id given to continue: a new job of that id would be another job under its name
@@ -93,6 +99,36 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source
             record.overrides = changed
     record.overrides = changed
     return Job(paths, record, settings)
+
+
+def refuse_other_inputs(
+    record: JobRecord, config_path: str | None, job_input: str | None, overrides: Mapping[str, str]
+) -> None:
+    """A flow run's parameters that give an input otherwise than the job's ``job.json`` are refused.
+
+    Why: anyone who may edit a flow run on the server could otherwise change what the operator's next
+    ``continue`` does (a service URL, and its credentials with it); ``continue --set`` is the way.
+    """
+    given = {"config_path": config_path, "job_input": job_input}
+    given |= {f"overrides.{key}": value for key, value in overrides.items() if key != "jobs_dir"}
+    recorded = {"config_path": record.config_path, "job_input": record.job_input}
+    recorded |= {f"overrides.{key}": value for key, value in record.overrides.items()}
+    paths = {"config_path", "job_input", *(f"overrides.{key}" for key in PATH_KEYS)}
+    differing = [
+        key for key, value in given.items() if value and not same_input(value, recorded.get(key), key in paths)
+    ]
+    if differing:
+        raise JobError(
+            f"job {record.job_id}: its flow run's parameters differ from its job.json in "
+            f"{', '.join(plain_text(key) for key in differing)}; a job runs with the inputs it was started with: "
+            f"{CLI} continue {record.job_id} runs it with them, --set KEY=VALUE changes one"
+        )
+
+
+def same_input(given: str, recorded: str | None, path: bool) -> bool:
+    """Whether ``given`` is ``recorded``; a ``path`` also as ``start`` froze it, absolute."""
+    frozen = path and "://" not in given and str(Path(given).expanduser().resolve()) == recorded
+    return given == recorded or frozen
 
 
 def refuse_unshowable_settings(record: JobRecord) -> None:

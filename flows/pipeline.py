@@ -101,7 +101,13 @@ def pipeline(
     checked_attach(attach)  # before anything is made or written
     source = "the flow's overrides parameter"
     job = prepare_job(
-        job_id or own_job_id(), config_path, job_input, overrides, overrides_source=source, must_exist=bool(job_id)
+        job_id or own_job_id(),
+        config_path,
+        job_input,
+        overrides,
+        overrides_source=source,
+        must_exist=bool(job_id),
+        changing=False,
     )
     flow_run_id = str(runtime.flow_run.id)
     name_and_tag_flow_run(job.job_id, job.paths.job_dir)

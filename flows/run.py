@@ -295,7 +295,7 @@ def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any] | None)
     if run.said:
         print(f"job {job.job_id}: {run.said}")
     try:
-        return job_runs.execute(run.flow_run)
+        return job_runs.execute(run.flow_run, parameters)
     except TerminationSignal as exc:
         raise KeyboardInterrupt from exc
 
