@@ -1,5 +1,7 @@
 """Paths that start with a type (``Patient.id``): the resource's own type gives the cells the path
-gives without it, every way the engine runs a view, in ``view run`` and the flattening step."""
+gives without it, every way the engine runs a view; a type the focus never has is refused when the
+view is compiled, naming the view and the column, by ``view run``, ``config check`` and the
+flattening step alike."""
 
 from __future__ import annotations
 
@@ -10,8 +12,11 @@ from typing import Any
 
 import pytest
 
+from flows.run import EXIT_USAGE, main
+from tasks.job.flattening_outcome import FlatteningError
 from tasks.job.flattening_plan import plan_views
 from tasks.sof.compiled_code import generated_rows
+from tasks.sof.errors import ViewDefinitionError
 from tasks.sof.fhirpath import compile_path
 from tasks.sof.fhirpath_interpreter import interpreted
 from tasks.sof.lookup import lookup_problems
@@ -22,6 +27,10 @@ from tests.support.sof import WAYS, in_one_way
 
 FLATTENING = TESTDATA / "flattening"
 EXAMPLE = FLATTENING / "example"
+MII = "https://www.medizininformatik-initiative.de/fhir/core"
+PATIENT_TABLE = f"{MII}/modul-person/StructureDefinition/PatientPseudonymisiert"
+PATIENT = "each Patient"
+NEVER = "so it would never give a value; start it with a member of"
 PATIENTS = [
     {
         "resourceType": "Patient",
@@ -135,6 +144,48 @@ def test_a_type_filter_where_the_data_decides_the_type_keeps_resources_of_that_t
     assert rows_of(view, way, [patient]) == [("o1", True), (None, False)]
 
 
+@pytest.mark.parametrize(
+    ("view", "named", "evaluated_on"),
+    [
+        ({"select": [columns("Observation.id")]}, "column 'a'", PATIENT),
+        ({"name": "pats", "select": [columns("Observation.id | id")]}, "column 'a'", PATIENT),
+        ({"select": [{"select": [columns("id", "Observation.id")]}]}, "column 'b'", PATIENT),
+        ({"select": [{"unionAll": [columns("id"), columns("Task.id")]}]}, "column 'a'", PATIENT),
+        (
+            {"select": [{"forEach": "Observation.code", **columns("text")}]},
+            "forEach 'Observation.code'",
+            PATIENT,
+        ),
+        (
+            {"where": [{"path": "Observation.status = 'final'"}], "select": [columns("id")]},
+            "where[0]",
+            PATIENT,
+        ),
+        (
+            {"select": [{"forEach": "name", **columns("Patient.id")}]},
+            "column 'a'",
+            "each HumanName of forEach 'name'",
+        ),
+        (
+            {"select": [{"forEach": "Patient.contact", "select": [columns("Patient.gender")]}]},
+            "column 'a'",
+            "each Patient.contact of forEach 'Patient.contact'",
+        ),
+    ],
+)
+def test_a_path_starting_with_a_type_its_focus_never_has_is_refused_naming_view_and_column(
+    view,
+    named,
+    evaluated_on,
+):
+    with pytest.raises(ViewDefinitionError) as refused:
+        compile_view({"resource": "Patient", **view})
+
+    message = str(refused.value)
+    assert message.startswith(f"view '{view.get('name', 'Patient')}', {named}: the path ")
+    assert f"it is evaluated on {evaluated_on}, {NEVER}" in message
+
+
 def write_view(folder: Path, view: dict[str, Any]) -> tuple[str, str]:
     """The view and one Patient ``p1`` written to ``folder``; their paths."""
     (folder / "view.json").write_text(json.dumps(view))
@@ -149,6 +200,20 @@ def test_the_reproduction_of_issue_63_gives_the_id_in_both_columns_in_view_run(t
         result = run_cli_here("view", "run", "--format", output, *files)
         assert result.returncode == 0, result.stderr
         assert result.stdout == printed
+
+
+def test_view_run_refuses_a_path_of_another_type_naming_view_and_column(tmp_path):
+    view = {"name": "patients", "resource": "Patient", "select": [columns("Observation.id")]}
+    files = write_view(tmp_path, view)
+
+    result = run_cli_here("view", "run", *files)
+
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        f"invalid ViewDefinition {files[0]}: view 'patients', column 'a': the path "
+        "'Observation.id' starts with the type Observation, but it is evaluated on each "
+        f"Patient, {NEVER} Patient (or with Patient.)\n"
+    )
 
 
 # --- the lookup: config check and the flattening step ---------------------------------------
@@ -198,3 +263,62 @@ def test_the_example_flattened_through_a_prefixed_lookup_gives_the_expected_csvs
     assert sorted(p.name for p in out.iterdir()) == [p.name for p in expected]
     for path in expected:
         assert (out / path.name).read_bytes() == path.read_bytes(), path.name
+
+
+def lookup_with(folder: Path, element: str, path: str, parent: str | None = None) -> Path:
+    """The shared lookup with ``element`` (one column of ``path``) added to the Patient table, a
+    child of ``parent`` (a ``forEach`` of ``name``)."""
+    tables = shared_lookup()
+    elements = next(t for t in tables if t["url"] == PATIENT_TABLE)["elements"]
+    elements[element] = {"viewDefinition": columns(observed=path)}
+    if parent is not None:
+        elements[parent] = {"viewDefinition": {"forEach": "name"}, "children": [element]}
+    written = folder / "lookup.json"
+    written.write_text(json.dumps(tables))
+    return written
+
+
+def test_config_check_refuses_a_lookup_path_of_another_type_naming_view_and_column(
+    tmp_path,
+    write_config,
+    capsys,
+):
+    lookup = lookup_with(tmp_path, "Patient.observed", "Observation.id")
+    config = write_config(
+        {
+            "pipeline": {"enabled_steps": ["local_import", "flattening"]},
+            "services": {"local_import": {"dir": tmp_path}, "flattening": {"lookup_path": lookup}},
+        }
+    )
+
+    assert main(["config", "check", str(config)]) == EXIT_USAGE
+    assert (
+        f"services.flattening.lookup_path: table {PATIENT_TABLE} element Patient.observed: view "
+        "'Patient', column 'observed': the path 'Observation.id' starts with the type "
+        f"Observation, but it is evaluated on each Patient, {NEVER} Patient (or with Patient.); "
+        "fix the lookup file"
+    ) in capsys.readouterr().err
+
+
+def test_a_child_snippet_is_checked_at_the_focus_its_parent_gives_it(tmp_path):
+    assert lookup_problems(lookup_with(tmp_path, "Patient.name.id", "Patient.id")) == []
+
+    nested = lookup_with(tmp_path, "Patient.name.id", "Patient.id", parent="Patient.name")
+
+    [problem] = lookup_problems(nested)
+
+    element = f"table {PATIENT_TABLE} element Patient.name.id"
+    assert problem.startswith(f"{element}: view 'Patient', column 'observed': the path ")
+    assert f"evaluated on each HumanName of forEach 'name', {NEVER} HumanName" in problem
+
+
+def test_the_flattening_step_refuses_a_lookup_path_of_another_type_in_one_line(tmp_path):
+    lookup = lookup_with(tmp_path, "Patient.observed", "Observation.id")
+
+    with pytest.raises(FlatteningError) as refused:
+        plan_views(EXAMPLE / "example-crtdl.json", lookup)
+
+    message = str(refused.value)
+    assert "\n" not in message
+    element = f"table {PATIENT_TABLE} element Patient.observed"
+    assert f"{element}: view 'Patient', column 'observed': the path 'Observation.id'" in message
