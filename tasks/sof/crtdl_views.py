@@ -24,7 +24,7 @@ from typing import Any
 from tasks.core.json_shapes import as_array, as_object
 from tasks.core.names import name_from_data_problem, show_name
 from tasks.sof.errors import CrtdlError, ViewError
-from tasks.sof.lookup import LookupTable
+from tasks.sof.lookup import LookupTable, in_iterations
 from tasks.sof.selection import Selection, compile_selection
 from tasks.sof.view import compile_view
 
@@ -205,7 +205,8 @@ def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
         ancestors = table.ancestors(attribute)
         if any(ancestor in selected for ancestor in ancestors):
             continue
-        selects.append(_wrapped_in_ancestors(table, attribute, ancestors))
+        iterations = [table.snippet(ancestor) for ancestor in ancestors]
+        selects.append(in_iterations(_expanded(table, attribute), iterations))
     view = {
         "resourceType": "ViewDefinition",
         "name": _view_name(group.name),
@@ -230,14 +231,6 @@ def _expanded(table: LookupTable, element_id: str) -> dict[str, Any]:
     if children := [_expanded(table, child) for child in table.children(element_id)]:
         snippet["select"] = list(snippet.get("select", [])) + children
     return snippet
-
-
-def _wrapped_in_ancestors(table: LookupTable, element_id: str, ancestors: list[str]) -> dict[str, Any]:
-    select = _expanded(table, element_id)
-    for ancestor in reversed(ancestors):
-        if iteration := {k: v for k, v in table.snippet(ancestor).items() if k in ("forEach", "forEachOrNull")}:
-            select = {**iteration, "select": [select]}
-    return select
 
 
 def _view_name(group_name: str) -> str:

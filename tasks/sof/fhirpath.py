@@ -62,8 +62,9 @@ def plain(value: Any) -> Any:
 
 
 Step = tuple[str, str, str | None]
-"""``("member", name, ofType)``, ``("first", "", None)``, ``("where", member, literal)``, or last of all a
-function giving computed values: ``("exists", "", None)``, ``("join", "", separator)``, ``("resourceKey", "", None)``,
+"""``("member", name, ofType)``, ``("first", "", None)``, ``("where", member, literal)``; first of
+all perhaps a type filter ``("type", name, None)``; last of all perhaps a function giving computed
+values: ``("exists", "", None)``, ``("join", "", separator)``, ``("resourceKey", "", None)``,
 ``("referenceKey", "", type)``."""
 _FUNCTIONS = ("exists", "join", "resourceKey", "referenceKey")
 
@@ -71,7 +72,7 @@ _FUNCTIONS = ("exists", "join", "resourceKey", "referenceKey")
 def member_steps(expression: str) -> list[Step] | None:
     """The steps of a plain member path, else None: members, ``member.ofType(Type)``, ``first()`` and
     ``where(member = 'text')`` joined by dots, optionally ended by one of ``_FUNCTIONS``; ``$this`` is no step. A
-    leading capitalised name (a type filter: ``Patient.name``) is left to the interpreter."""
+    leading capitalised name is a type filter (``Patient.name``): ``("type", name, None)``."""
     text = expression.strip()
     if text == "$this":
         return []
@@ -102,8 +103,10 @@ def _step(match: re.Match, first: bool) -> Step | None:
     if match["where"]:
         return ("where", match["where"], match["literal"])
     member = match["member"]
-    if member in _KEYWORDS or (first and member[0].isupper()):
+    if member in _KEYWORDS:
         return None
+    if first and member[0].isupper():  # a type filter (``Patient.id``)
+        return None if match["type"] else ("type", member, None)
     return ("member", member, match["type"])
 
 
@@ -119,6 +122,8 @@ class MemberPath:
         self.members = steps[:-1] if self.function else steps
         self.fallback = _interpreted(expression) if self.function else None
         self.plans: dict[str | None, Plan | None] = {}
+        self.leading_types = [steps[0][1]] if steps and steps[0][0] == "type" else []
+        """The type filter it starts with (``Patient`` of ``Patient.id``): ``Interpreted``'s"""
 
     def plan(self, path: str | None) -> Plan | None:
         """The path's plan for focus type ``path`` (made once per type), None where the data decides the types."""
@@ -158,6 +163,10 @@ def _plan(steps: list[Step], path: str | None, counted: bool) -> Plan | None:
     """The steps resolved against the focus type ``path``, or None where a child's type depends on the data."""
     operations: list[tuple[str, str, str | None, str | None]] = []
     for kind, name, argument in steps:
+        if kind == "type":  # no step on a resource of that type; anything else: the data decides
+            if path is None or name != path or not holds_resources(path):
+                return None
+            continue
         if kind == "first":
             operations.append(("first", "", None, path))
             continue
@@ -194,11 +203,13 @@ def _resolve(path: str | None, member: str, of_type: str | None) -> tuple[str, s
     if not (keys := _keys(path, member, of_type)):
         return "", None
     key, child_path = keys[0]
-    return None if (of_type is None and key != member) or _holds_resources(child_path) else (key, child_path)
+    if (of_type is None and key != member) or holds_resources(child_path):
+        return None
+    return key, child_path
 
 
 @lru_cache(maxsize=1024)
-def _holds_resources(type_path: str) -> bool:
+def holds_resources(type_path: str) -> bool:
     """Whether elements of this type are resources (their own ``resourceType`` then decides their type)."""
     seen = set()
     current: str | None = type_path
@@ -274,6 +285,9 @@ def _walk_items(steps: list[Step], focus: Item) -> list[Item]:
     for kind, name, argument in steps:
         if kind == "first":
             items = items[:1]
+        elif kind == "type":  # fhirpathpy's type filter: resources of that type
+            resources = [item for item in items if isinstance(item.data, Mapping)]
+            items = [item for item in resources if item.data.get("resourceType") == name]
         elif kind == "where":
             items = [item for item in items if [child.data for child in child_items(item, name)] == [argument]]
         else:

@@ -83,7 +83,29 @@ def interpreted(expression: str) -> Interpreted:
         parsed = parse(expression)
     except Exception as exc:  # FhirPathError from the listener, bare exceptions from fhirpathpy's AST builder
         raise FhirPathError(f"cannot parse FHIRPath {shown(expression)}: {exc}") from exc
-    return Interpreted(expression, parsed["children"][0])
+    root = parsed["children"][0]
+    filters = type_filters(root)
+    leading = [name for name, argument in filters if not argument]
+    return Interpreted(expression, root, leading, bool(filters))
+
+
+def type_filters(node: dict[str, Any]) -> list[tuple[str, bool]]:
+    """The type filters (capitalised names: ``Patient`` of ``Patient.id``) that start the
+    expression's paths, left to right, each with whether it is in a function's arguments (whose
+    focus may be another)."""
+    found, pending = [], [(node, False)]
+    while pending:
+        node, argument = pending.pop()
+        kind, children = node.get("type"), node.get("children") or []
+        if kind == "MemberInvocation":  # it starts a path: a chain's later members are not walked
+            if (name := children[0]["text"].replace("`", ""))[:1].isupper():
+                found.append((name, argument))
+            continue
+        if kind == "InvocationExpression" and children[1].get("type") != "FunctionInvocation":
+            children = children[:1]
+        argument = argument or kind == "FunctionInvocation"
+        pending += [(child, argument) for child in reversed(children)]
+    return found
 
 
 @dataclass(frozen=True)
@@ -92,9 +114,14 @@ class Interpreted:
 
     expression: str
     root: dict[str, Any]
+    leading_types: list[str]
+    """The type filters that start its paths at its focus (not in a function's arguments)"""
+    typed: bool
+    """Whether it has a type filter: a resource at its focus is then given as a ``_Resource``"""
 
     def __call__(self, focus: Item, env: Env) -> list[Item]:
-        node = ResourceNode.create_node(focus.data, focus.path)
+        resource = self.typed and isinstance(focus.data, Mapping) and "resourceType" in focus.data
+        node = (_Resource if resource else ResourceNode.create_node)(focus.data, focus.path)
         data_root = arraify(node)
         ctx = {
             "dataRoot": data_root,
@@ -123,6 +150,17 @@ class Interpreted:
 
     def collect(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
         return data_and_paths(self(Item(data, path), env))
+
+
+class _Resource(ResourceNode):
+    """A resource at the focus: fhirpathpy's type filter (``Patient.id``) reads its
+    ``resourceType`` by subscript, as of the JSON its own ``evaluate`` is given; of a plain node it
+    read nothing, and the path gave no value."""
+
+    def __getitem__(self, key: Any) -> Any:
+        if key != "resourceType":  # nothing else: iterating a node fails as it does on any node
+            raise TypeError("a resource node is subscripted for its resourceType alone")
+        return self.data[key]
 
 
 def _is_primitive_extension_only(value: Any) -> bool:

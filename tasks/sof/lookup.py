@@ -169,9 +169,32 @@ def _table_problems(table: dict[str, Any]) -> list[str]:
                 )
             else:
                 parent_of[child] = element_id
-        problems += _snippet_problems(url, table["resourceType"], element_id, element["viewDefinition"])
+    for element_id in elements:
+        select = _in_context(elements, parent_of, element_id)
+        problems += _snippet_problems(url, table["resourceType"], element_id, select)
     problems += _cycle_problems(url, elements)
     return problems
+
+
+def _in_context(elements: dict[str, Any], parent_of: dict[str, str], element_id: str) -> Any:
+    """The element's snippet in its ancestors' iterations, as a group's view holds it; alone in a
+    chain too deep or a cycle, which ``_cycle_problems`` reports."""
+    chain, parent = {element_id: None}, parent_of.get(element_id)
+    while parent is not None:
+        if parent in chain or len(chain) > MAX_ELEMENT_DEPTH:
+            return elements[element_id]["viewDefinition"]
+        chain[parent], parent = None, parent_of.get(parent)
+    snippets = [elements[ancestor]["viewDefinition"] for ancestor in chain]
+    return in_iterations(snippets[0], snippets[:0:-1])
+
+
+def in_iterations(select: dict[str, Any], ancestors: list[dict[str, Any]]) -> dict[str, Any]:
+    """``select`` in the ``forEach`` / ``forEachOrNull`` of each ancestor's snippet (outermost
+    first): the focus it has in a group's view."""
+    for ancestor in reversed(ancestors):
+        if iteration := {k: v for k, v in ancestor.items() if k in ("forEach", "forEachOrNull")}:
+            select = {**iteration, "select": [select]}
+    return select
 
 
 def _cycle_problems(url: str, elements: dict[str, dict[str, Any]]) -> list[str]:

@@ -31,6 +31,7 @@ from tasks.sof.compiled_code import PARSED, generated_rows
 from tasks.sof.errors import FhirPathError, ViewDefinitionError, ViewEvaluationError
 from tasks.sof.fhirpath import Compiled, compile_path, plain
 from tasks.sof.fhirpath_shared import MAX_REPEAT_ELEMENTS
+from tasks.sof.type_filters import refuse_other_types
 
 COLUMN_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 ITERATIONS = ("forEach", "forEachOrNull", "repeat")
@@ -315,7 +316,9 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
         if not isinstance(clause, dict) or not isinstance(clause.get("path"), str):
             raise ViewDefinitionError(f"where[{index}] needs a path (a FHIRPath giving a boolean)")
         where.append((clause["path"], _compile(clause["path"], f"where[{index}]", known_variables)))
-    return CompiledView(resource, root.names, root, where, constants, view, max_rows_per_resource)
+    made = CompiledView(resource, root.names, root, where, constants, view, max_rows_per_resource)
+    refuse_other_types(made)
+    return made
 
 
 def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) -> Select:

@@ -1,0 +1,61 @@
+"""Paths that start with a type (``Patient.id``, a FHIRPath type filter), checked at compile time.
+
+A path may start with the type of its focus where that focus is a resource (the view's, at the top
+of its selects and in its ``where``): the filter keeps the resource, and the path gives what it
+gives without it, in every tier (``MemberPath`` plans no step for it; fhirpathpy's filter is given
+the ``resourceType`` it reads). Where the focus's type is known (the view's resource, then each
+element of a ``forEach`` of member steps), a path starting with any other type would give no value
+on any resource: the view is refused, naming it and the column, rather than give an empty column.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.sof.errors import ViewDefinitionError
+from tasks.sof.fhirpath import Compiled, MemberPath, holds_resources
+
+View = Any  # a tasks.sof.view.CompiledView, and below a Select (view imports this module)
+Select = Any
+Focus = tuple[str | None, str]
+"""The type of a select's focus (None: not known before the data) and how messages call it."""
+
+
+def refuse_other_types(view: View) -> None:
+    """Raises ``ViewDefinitionError`` for a path whose type filter never matches its focus."""
+    focus = (view.resource, f"each {view.resource}")
+    for index, (path, evaluate) in enumerate(view.where):
+        _check(evaluate, path, focus, f"view {view.name!r}, where[{index}]")
+    _check_select(view.root, focus, view.name)
+
+
+def _check_select(select: Select, focus: Focus, view: str) -> None:
+    for path, evaluate in zip(select.paths, select.iterate, strict=True):
+        _check(evaluate, path, focus, f"view {view!r}, {select.iteration} {path!r}")
+    if select.iteration is not None:
+        repeat = select.iteration == "repeat"
+        kind = None if repeat else _element_type(select.iterate[0], focus[0])
+        focus = (kind, f"each {kind} of {select.iteration} {select.paths[0]!r}")
+    for column in select.columns:
+        _check(column.evaluate, column.path, focus, f"view {view!r}, column {column.name!r}")
+    for nested in select.selects + select.union:
+        _check_select(nested, focus, view)
+
+
+def _element_type(evaluate: Compiled, focus: str | None) -> str | None:
+    """The type of the elements a ``forEach`` gives where its plan knows it, else None."""
+    if focus is None or not isinstance(evaluate, MemberPath) or evaluate.function is not None:
+        return None
+    plan = evaluate.plan(focus)
+    return None if plan is None else plan.path
+
+
+def _check(evaluate: Compiled, path: str, focus: Focus, where: str) -> None:
+    kind, shown = focus
+    for name in evaluate.leading_types:
+        if kind is not None and (name != kind or not holds_resources(kind)):
+            also = f" (or with {kind}.)" if holds_resources(kind) else ""
+            raise ViewDefinitionError(
+                f"{where}: the path {path!r} starts with the type {name}, but it is evaluated on "
+                f"{shown}, so it would never give a value; start it with a member of {kind}{also}"
+            )
