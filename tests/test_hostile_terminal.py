@@ -375,6 +375,13 @@ def test_start_on_a_folder_named_with_escapes_tells_its_failure_plain(tmp_path, 
     assert_plain_job_log(job_dir)
 
 
+def test_start_refusing_a_missing_folder_named_with_escapes_names_it_plain(capsys, write_config):
+    config = write_config({"pipeline": {"enabled_steps": ["local_import"]}})
+    code, output = cli(capsys, "start", str(config), f"/no/such/in{HOSTILE}")
+    assert code == 2 and "(the job input) does not exist" in output, output
+    assert_plain(output)
+
+
 @pytest.mark.slow  # a flow run against a Prefect server, in a process of its own
 @pytest.mark.usefixtures("prefect_api")
 def test_an_extraction_servers_failure_text_with_escapes_is_shown_plain(tmp_path, write_config):
