@@ -15,7 +15,7 @@ from types import FrameType
 
 from config.runtime import apply_process_defaults
 from tasks.core.redaction import RedactingFilter, redact, redact_records_sent_to_prefect
-from tasks.job.job_log import JobLogFormatter
+from tasks.job.job_log import JobLogFormatter, PlainFormatter, stream_handlers
 from tasks.streams.fanout import Cancelled
 
 RUN_LOGGERS = ("prefect.task_runs", "prefect.flow_runs")
@@ -118,20 +118,16 @@ def _tells_a_cancelled_fan_out(record: logging.LogRecord) -> bool:
     return isinstance(exc, Cancelled) or f"{Cancelled.__name__}(" in record.getMessage()
 
 
-class _NoTraceback(logging.Formatter):
-    """One line per event (all where logged with ``SHOW_WHOLE``), no traceback; a failure in its own words."""
-
-    def __init__(self, wrapped: logging.Formatter | None):
-        super().__init__()
-        self._wrapped = wrapped or logging.Formatter()
+class _NoTraceback(PlainFormatter):
+    """One plain line per event (all if logged ``SHOW_WHOLE``), no trace; a failure in its words."""
 
     def format(self, record: logging.LogRecord) -> str:
         record = copy.copy(record)  # the other handlers (job log, API) get the record as it was
         if record.name in RUN_LOGGERS and record.exc_info and record.exc_info[1] is not None:
             record.msg, record.args = redact(f"failed: {record.exc_info[1]}"), ()
         record.exc_info, record.exc_text, record.stack_info = None, None, None
-        text = self._wrapped.format(record)
-        return text if getattr(record, "show_whole", False) else text.splitlines()[0]
+        text = super().format(record)
+        return text if getattr(record, "show_whole", False) else text.split("\n")[0]
 
 
 class _HandTo(logging.Handler):
@@ -148,7 +144,8 @@ class _HandTo(logging.Handler):
 
 @contextmanager
 def job_logging(log_file: Path) -> Iterator[None]:
-    """Every record to the job's log file; tracebacks and a failure's repeats kept off the terminal."""
+    """Every record to the job's log file; tracebacks and a failure's repeats kept off the terminal,
+    every handler's text plain there (Prefect's console, its debug handler, the last resort)."""
     file_handler = logging.FileHandler(log_file)
     file_handler.setFormatter(JobLogFormatter())
     redacting, one_failure = RedactingFilter(), _OneFailureLine()
@@ -159,7 +156,7 @@ def job_logging(log_file: Path) -> Iterator[None]:
     attached = [("prefect", file_handler), ("dupflow", file_handler), ("distributed", _HandTo(file_handler))]
     for name, handler in attached:
         logging.getLogger(name).addHandler(handler)
-    patched = [(handler, handler.formatter) for handler in _console_handlers()]
+    patched = [(handler, handler.formatter) for handler in stream_handlers()]
     for handler, formatter in patched:
         handler.setFormatter(_NoTraceback(formatter))
         handler.addFilter(redacting)
@@ -185,10 +182,3 @@ def hand_over_to_prefect() -> None:
 
     for service in (EventsWorker, APILogWorker):
         service.drain_all(timeout=HAND_OVER_SECONDS, at_exit=False)
-
-
-def _console_handlers() -> list[logging.Handler]:
-    """Every stream handler once, though several loggers hold it (patched twice, it kept the wrapper)."""
-    loggers = [logging.getLogger(), *map(logging.getLogger, logging.root.manager.loggerDict)]
-    handlers = dict.fromkeys(handler for logger in loggers for handler in logger.handlers)
-    return [h for h in handlers if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]

@@ -18,6 +18,7 @@ from typing import IO, Any
 from config.runtime import CLI
 from tasks.core.errors import DupflowError
 from tasks.core.jsonfile import JsonFileError, read_json_file
+from tasks.core.readable import plain_multiline
 from tasks.streams.ndjson import NdjsonError, iter_lines
 from tasks.sof.errors import ViewDefinitionError, ViewError
 from tasks.sof.view import compile_view
@@ -41,7 +42,7 @@ def dispatch(args: argparse.Namespace) -> int:
     try:
         return args.command(args)
     except DupflowError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {plain_multiline(str(exc))}", file=sys.stderr)  # it may quote a job.json
         return EXIT_USAGE
     except BrokenPipeError:  # the reader went away (``list | head``): stop quietly, and keep Python from complaining
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

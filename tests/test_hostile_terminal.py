@@ -2,15 +2,17 @@
 ``pause``, ``cohort preview --ids``) and every text of a damaged ``job.json`` (``status``, ``list``, ``continue``,
 ``prune``) reach it with no escape sequence (an OSC title, a screen clear), carriage return, C1 control, bidi control
 or line separator, and still recognisable (escaped, or the controls made spaces).
+So do a job run's log lines (Prefect's own line of a task's failure, a service's error text) and
+the job log.
 
-Against the fake extraction server (its ``edit_task`` and ``cohort_ids`` switches) and job records written by hand;
-commands run in-process through the real argument parser.
+Against the fake extraction server (its ``edit_task``, ``cohort_ids`` and ``fail_jobs`` switches)
+and job records written by hand; commands run in-process through the real argument parser, a
+job's run in a process of its own.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +22,7 @@ import pytest
 
 from flows.run import main
 from tests.conftest import TESTDATA, extraction_tree, run_cli
+from tests.support.hostile_text import HOSTILE, NOT_PLAIN, assert_plain
 from tests.support.results import write_step_record
 from tests.support.jobs import put_flow_run
 from tests.fakes.extraction_crtdl import parse_crtdl
@@ -28,16 +31,6 @@ from tests.fakes.extraction_state import ManualClock
 
 CRTDL = TESTDATA / "crtdl" / "CRTDL_diagnosis_basic.json"
 CONSENT_AUDIT = "Consent audit NDJSON"
-HOSTILE = "run\x1b[2J\x1b]0;owned\x07\rx\x9b31m\u202eexe.gnp\u2066\u2028y\u2029z"
-# Every control but the line feed (C0, DEL, C1), the bidi embeddings, overrides and isolates, the line and
-# paragraph separators.
-NOT_PLAIN = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
-
-
-def assert_plain(output: str) -> None:
-    found = NOT_PLAIN.search(output)
-    assert found is None, f"U+{ord(found.group()):04X} reached the terminal: {output!r}"
-    assert "owned" in output and "exe.gnp" in output, output  # the text is still there to read
 
 
 def cli(capsys, *args: str) -> tuple[int, str]:
@@ -274,32 +267,68 @@ def test_prune_names_a_damaged_records_configuration_plain(capsys, tmp_path, emp
     assert_plain(output)
 
 
-@pytest.mark.slow  # a Prefect server: continue starts one before it prepares the job
-@pytest.mark.usefixtures("prefect_api")
-def test_continue_refusing_other_steps_names_a_damaged_records_steps_plain(capsys, tmp_path, write_config):
-    config = write_config({"pipeline": {"enabled_steps": ["local_import"]}})
-    damages = {"state": HOSTILE, "enabled_steps": ["local_import", HOSTILE]}
-    job_id = damaged_job(tmp_path / "jobs", lambda record: record.update(damages), config_path=str(config))
-    code, output = cli(capsys, "continue", job_id, "--jobs-dir", str(tmp_path / "jobs"))
-    assert code == 2 and "was started with pipeline.enabled_steps [local_import, run" in output, output
-    assert_plain(output)
+CONTROL_REFUSED = "in its job.json contains a control character U+001B"
+SETTING = "services.local_import.dir"
 
 
-@pytest.mark.slow  # a Prefect server: continue starts one before it prepares the job
+def hostile_input_and_facts(record: dict) -> None:
+    record.update(job_input=record["job_input"] + HOSTILE, facts={HOSTILE: HOSTILE})
+
+
+CONTINUED_FIELDS: dict[str, tuple[Callable[[dict], None], int, str]] = {
+    # a field's damage, the exit code of continue, what it says
+    "job_id": (lambda record: record.update(job_id=HOSTILE), 2, "is not a job id"),
+    "config_path": (
+        lambda record: record.update(config_path=record["config_path"] + HOSTILE),
+        2,
+        CONTROL_REFUSED,
+    ),
+    "override key": (
+        lambda record: record.update(overrides={SETTING + HOSTILE: "/data"}),
+        2,
+        CONTROL_REFUSED,
+    ),
+    "override value": (
+        lambda record: record.update(overrides={SETTING: f"/data{HOSTILE}"}),
+        2,
+        CONTROL_REFUSED,
+    ),
+    "enabled_steps": (
+        lambda record: record.update(enabled_steps=["local_import", HOSTILE]),
+        2,
+        "was started with pipeline.enabled_steps [local_import, run",
+    ),
+    "created_at": (
+        lambda record: record.update(created_at=HOSTILE),
+        2,
+        "is no job record (created_at",
+    ),
+    # read by the run: Prefect's own console line tells its task's failure
+    "job_input and facts": (hostile_input_and_facts, 1, "- failed: import directory"),
+}
+
+
+def assert_plain_job_log(job_dir: Path) -> None:
+    """``cat job.log`` shows no escape sequence either (read as bytes: as text, CR ends a line)."""
+    log = job_dir / "job.log"
+    assert not log.exists() or NOT_PLAIN.search(log.read_bytes().decode()) is None, log.read_bytes()
+
+
+@pytest.mark.slow  # a Prefect server, and a flow run in a process of its own
 @pytest.mark.usefixtures("prefect_api")
-@pytest.mark.parametrize("damage", ["config_path", "override key", "override value"])
-def test_continue_refuses_a_damaged_records_settings_naming_them_plain(capsys, tmp_path, write_config, damage):
-    """The record's configuration path and overrides go to the configuration's loader, which shows them as given."""
+@pytest.mark.parametrize("field", CONTINUED_FIELDS)
+def test_continue_shows_each_damaged_field_of_job_json_plain(tmp_path, write_config, field):
+    """Each field of a damaged ``job.json``, refused as read or taken by the flow run: every line
+    plain, the failure line Prefect's console writes of a task's exception too, and the job log."""
+    damage, exit_code, said = CONTINUED_FIELDS[field]
     config = str(write_config({"pipeline": {"enabled_steps": ["local_import"]}}))
-    damages: dict[str, Callable[[dict], None]] = {
-        "config_path": lambda record: record.update(config_path=config + HOSTILE),
-        "override key": lambda record: record.update(overrides={f"services.local_import.dir{HOSTILE}": "/data"}),
-        "override value": lambda record: record.update(overrides={"services.local_import.dir": f"/data{HOSTILE}"}),
-    }
-    job_id = damaged_job(tmp_path / "jobs", damages[damage], config_path=config, state="Failed")
-    code, output = cli(capsys, "continue", job_id, "--jobs-dir", str(tmp_path / "jobs"))
-    assert code == 2 and "in its job.json contains a control character U+001B" in output, output
+    local = {"config_path": config, "job_input": str(tmp_path / "in"), "steps": {}}
+    job_id = damaged_job(tmp_path / "jobs", damage, state="Failed", **local)
+    continued = run_cli("continue", job_id, "--jobs-dir", str(tmp_path / "jobs"), "--no-progress")
+    output = continued.stdout + continued.stderr
+    assert continued.returncode == exit_code and said in output, output
     assert_plain(output)
+    assert_plain_job_log(tmp_path / "jobs" / job_id)
 
 
 @pytest.mark.slow  # a flow run against a Prefect server, in a process of its own (its log lines as on a terminal)
@@ -330,3 +359,40 @@ def test_continue_resubmitting_names_a_damaged_replaced_extraction_id_plain(tmp_
     output = continued.stdout + continued.stderr
     assert "the extraction server answered 404 for the replaced extraction job" in output, output
     assert NOT_PLAIN.search(output) is None, output
+
+
+@pytest.mark.slow  # a flow run against a Prefect server, in a process of its own
+@pytest.mark.usefixtures("prefect_api")
+def test_start_on_a_folder_named_with_escapes_tells_its_failure_plain(tmp_path, write_config):
+    (folder := tmp_path / f"in{HOSTILE}").mkdir()
+    config = write_config({"pipeline": {"enabled_steps": ["local_import"]}})
+    started = run_cli("start", str(config), str(folder), "--no-progress")
+    output = started.stdout + started.stderr
+    assert started.returncode == 1 and "- failed: no .ndjson or .ndjson.zst files" in output, output
+    assert_plain(output)
+    (job_dir,) = (tmp_path / "jobs").iterdir()
+    assert_plain_job_log(job_dir)
+
+
+def test_start_refusing_a_missing_folder_named_with_escapes_names_it_plain(capsys, write_config):
+    config = write_config({"pipeline": {"enabled_steps": ["local_import"]}})
+    code, output = cli(capsys, "start", str(config), f"/no/such/in{HOSTILE}")
+    assert code == 2 and "(the job input) does not exist" in output, output
+    assert_plain(output)
+
+
+@pytest.mark.slow  # a flow run against a Prefect server, in a process of its own
+@pytest.mark.usefixtures("prefect_api")
+def test_an_extraction_servers_failure_text_with_escapes_is_shown_plain(tmp_path, write_config):
+    """The service's own words (an OperationOutcome's diagnostics): the task's failure line, the
+    outcome, the job log."""
+    diagnostics = f"Cohort query failed: {HOSTILE}"
+    with start_extraction_server(fail_jobs=True, failure_diagnostics=diagnostics) as torch:
+        config = str(write_config(extraction_tree(torch.base_url)))
+        started = run_cli("start", config, str(CRTDL), "--no-progress")
+    output = started.stdout + started.stderr
+    assert started.returncode == 1 and "- failed: extraction job" in output, output
+    assert "on the extraction server (HTTP 500): Cohort query failed: run" in output, output
+    assert_plain(output)
+    (job_dir,) = (tmp_path / "jobs").iterdir()
+    assert_plain_job_log(job_dir)

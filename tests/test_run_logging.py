@@ -1,11 +1,18 @@
 """The terminal's failure line: Prefect's record of a run ended by a signal is the interruption's echo, not a
-failure, whether our handler or Prefect's own (a flow run's SIGTERM) took the signal."""
+failure, whether our handler or Prefect's own (a flow run's SIGTERM) took the signal.
 
+And every text a handler writes to the terminal or the job log is plain: escape sequences in a
+record's message, arguments or exception become spaces there."""
+
+import io
 import logging
+import sys
 
 import pytest
 
 from flows import run_logging
+from tasks.job.job_log import JobLogFormatter
+from tests.support.hostile_text import HOSTILE, NOT_PLAIN, assert_plain
 
 
 @pytest.fixture
@@ -72,3 +79,74 @@ def test_prefects_event_client_noise_stays_off_the_terminal_and_other_prefect_wa
         assert not console_filter.filter(logging.LogRecord(name, level, "", 1, message, args, None))
     other = logging.LogRecord("prefect.flow_runs", logging.WARNING, "", 1, "a flow run warning", None, None)
     assert console_filter.filter(other)
+
+
+def hostile_failure(logger: str = "prefect.task_runs") -> logging.LogRecord:
+    """A task's failure record as Prefect logs it, escapes in its message, arguments, exception."""
+    try:
+        raise ValueError(f"import directory {HOSTILE}")
+    except ValueError:
+        failure = sys.exc_info()
+    message = f"Task {HOSTILE} failed: %s"
+    return logging.LogRecord(logger, logging.ERROR, __file__, 1, message, (HOSTILE,), failure)
+
+
+def test_the_terminal_tells_a_run_loggers_failure_with_escape_sequences_in_one_plain_line():
+    line = run_logging._NoTraceback(logging.Formatter()).format(hostile_failure())
+    assert line.startswith("failed: import directory run [2J ]0;owned") and "\n" not in line, line
+    assert_plain(line)
+
+
+def test_the_terminal_shows_a_records_message_and_arguments_whole_and_plain_on_one_line():
+    """A carriage return or line separator in the message forges no line and cuts none short."""
+    record = hostile_failure("dupflow.flattening")
+    line = run_logging._NoTraceback(logging.Formatter()).format(record)
+    assert line.count("exe.gnp") == 2 and "Traceback" not in line, line
+    assert_plain(line)
+
+
+def test_a_record_shown_whole_keeps_its_own_lines_each_plain():
+    record = logging.LogRecord("dupflow.send", logging.INFO, "", 1, f"sent:\n{HOSTILE}", None, None)
+    record.show_whole = True
+    text = run_logging._NoTraceback(logging.Formatter()).format(record)
+    assert text.split("\n")[0] == "sent:" and text.count("\n") == 1, text
+    assert_plain(text)
+
+
+def test_the_job_log_keeps_a_records_whole_text_and_trace_plain():
+    text = JobLogFormatter().format(hostile_failure())
+    assert "Traceback (most recent call last):" in text and text.count("exe.gnp") == 3, text
+    assert text.endswith("ValueError: import directory run [2J ]0;owned  x 31m exe.gnp  y z"), text
+    assert_plain(text)
+
+
+def test_a_job_run_makes_every_stream_handler_write_plain_prefects_console_and_the_last_resort_too(
+    tmp_path, monkeypatch
+):
+    """``job_logging`` reaches the handlers, not the call sites: Prefect's console (Rich), the last
+    resort (a record of a logger without handlers) and the job log, whoever logged the record."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    shown, last = io.StringIO(), io.StringIO()
+    console = PrefectConsoleHandler(stream=shown)
+    with_console = logging.getLogger("dupflow.test-console")
+    alone = logging.getLogger("dupflow.test-alone")
+    for logger in (with_console, alone):
+        monkeypatch.setattr(logger, "propagate", False)
+    monkeypatch.setattr(logging, "lastResort", logging.StreamHandler(last))
+    with_console.addHandler(console)
+    try:
+        with run_logging.job_logging(tmp_path / "job.log"):
+            failure = hostile_failure("dupflow.test-console")
+            with_console.handle(failure)
+            alone.warning("%s", HOSTILE)
+            logging.getLogger("dupflow.test").error("%s", HOSTILE, exc_info=failure.exc_info)
+    finally:
+        with_console.removeHandler(console)
+    terminal = shown.getvalue()
+    assert terminal.count("\n") == 1 and "Traceback" not in terminal, terminal
+    assert_plain(terminal)
+    assert_plain(last.getvalue())
+    job_log = (tmp_path / "job.log").read_bytes().decode()  # as bytes: as text, a CR ends a line
+    assert "Traceback (most recent call last):" in job_log, job_log
+    assert NOT_PLAIN.search(job_log) is None, job_log

@@ -97,8 +97,20 @@ def plain_text(text: str) -> str:
     """Free text from outside as it is kept and shown: each control or format character (newline, ESC, bidi
     overrides, zero-width) a space, at most MAX_NOTE_BYTES of UTF-8 with the cut said. A terminal or a page then
     shows the text as written, and nothing else: no forged line, no colours."""
-    shown = " ".join("".join(" " if unicodedata.category(c) in INVISIBLE_CATEGORIES else c for c in text).split())
+    shown = " ".join(plain_multiline(text).split())
     if (size := len(shown.encode())) <= MAX_NOTE_BYTES:
         return shown
     cut = f" … (cut at {MAX_NOTE_BYTES // KIB} KB of {size_text(size)})"  # within the bound: a kept note stays as is
     return shown.encode()[: MAX_NOTE_BYTES - len(cut.encode())].decode(errors="ignore") + cut
+
+
+def plain_multiline(text: str) -> str:
+    """``text`` whole, each control or format character but the line feed a space.
+
+    Note: its own lines as written, none forged (a carriage return, a line separator), no escape
+    sequence or bidi control: a log record's text as a terminal, or ``cat job.log``, shows it.
+    """
+    if text.replace("\n", "").isprintable():  # Python's printable has none of them: at C speed
+        return text
+    invisible = INVISIBLE_CATEGORIES
+    return "".join(" " if c != "\n" and unicodedata.category(c) in invisible else c for c in text)

@@ -8,7 +8,7 @@ from typing import Any
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from tasks.core.redaction import RedactingFilter
-from tasks.job.job_log import JobLogFormatter
+from tasks.job.job_log import JobLogFormatter, PlainFormatter, stream_handlers
 
 
 class WorkerLogToJobLog(WorkerPlugin):
@@ -23,7 +23,8 @@ class WorkerLogToJobLog(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         plain = logging.FileHandler(self.log_file)
-        plain.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        line = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+        plain.setFormatter(PlainFormatter(line))
         runs = logging.FileHandler(self.log_file)
         runs.setFormatter(JobLogFormatter())
         for handler in (plain, runs):
@@ -40,3 +41,5 @@ class WorkerLogToJobLog(WorkerPlugin):
             logger.addHandler(runs)
             logger.propagate = False
         logging.getLogger("dupflow").setLevel(logging.INFO)
+        for terminal in stream_handlers():  # what still reaches the terminal: plain
+            terminal.setFormatter(PlainFormatter(terminal.formatter))

@@ -1,19 +1,55 @@
-"""The job log's line format, the same in the flow process and in local Dask workers (``dask_worker_log``)."""
+"""The job log's line format, the same in the flow process and in local Dask workers
+(``dask_worker_log``), and the plain text of every log line a terminal shows."""
 
 from __future__ import annotations
 
 import logging
 
+from tasks.core.readable import plain_multiline
+
 
 class JobLogFormatter(logging.Formatter):
     """The job log's lines, each naming the run it comes from as Prefect's console does ("Task run
-    'flatten[a.ndjson]' - ..."), also for dupflow's own loggers called inside a task or flow run."""
+    'flatten[a.ndjson]' - ..."), also for dupflow's own loggers called inside a task or flow run.
+
+    Note: plain text (``plain_multiline``), a traceback whole: ``cat job.log`` is a terminal too.
+    """
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         return f"{record.asctime} {record.levelname} {record.name}: {run_label(record)}{record.message}"
+
+    def format(self, record: logging.LogRecord) -> str:
+        return plain_multiline(super().format(record))
+
+
+class PlainFormatter(logging.Formatter):
+    """``wrapped``'s text made plain (``plain_multiline``): a record's message, arguments and trace.
+
+    Why: a job's input, a file's name or a service's error text may hold escape sequences; on a
+    terminal they would clear the screen, set its title or forge a line. Prefect's records too.
+    """
+
+    def __init__(self, wrapped: logging.Formatter | None = None) -> None:
+        super().__init__()
+        self._wrapped = wrapped or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        return plain_multiline(self._wrapped.format(record))
+
+
+def stream_handlers() -> list[logging.Handler]:
+    """Every handler that writes to a stream (the terminal) once, the last resort's too.
+
+    Note: once, though several loggers hold it (patched twice, it kept the wrapper).
+    """
+    loggers = [logging.getLogger(), *map(logging.getLogger, logging.root.manager.loggerDict)]
+    last_resort = [logging.lastResort] if logging.lastResort else []
+    handlers = dict.fromkeys([*(h for logger in loggers for h in logger.handlers), *last_resort])
+    streams = [h for h in handlers if isinstance(h, logging.StreamHandler)]
+    return [h for h in streams if not isinstance(h, logging.FileHandler)]
 
 
 def run_label(record: logging.LogRecord) -> str:
