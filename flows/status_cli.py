@@ -13,6 +13,7 @@ from flows.job_state import current_states, find_job_dir, finished_steps, is_loc
 from flows.job_state import SCHEDULED_NAMES, resume_hint, run_state, settled_state, step_at_work, suspended_message
 from tasks.core.names import show_text
 from tasks.core.readable import CAUSE_CHARS, counted, duration_text, plain_lines, plain_text, size_text, truncate
+from tasks.core.redaction import redact, redact_strings
 from tasks.job.layout import JobPaths
 from tasks.job.record import CANCELLED, CRASHED, FAILED, RUNNING, SUSPENDED, JobRecord, StepRecord, counts_text
 from tasks.job.record import read_record
@@ -59,8 +60,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"  state:     {state}{shown_run}" + (f" — {truncate(message, CAUSE_CHARS)}" if message else ""))
     updated = f"   updated: {plain_text(str(run.get('updated')))}" if run else ""
     print(f"  created:   {job.created_at}{updated}")
-    print(f"  input:     {plain_text(job.job_input or '-')}")  # a deployment's input comes from a form
-    for line in plain_lines(dict(sorted(job.facts.items())), "  "):
+    shown_input = plain_text(redact(job.job_input or "-"))  # a deployment's input comes from a form
+    print(f"  input:     {shown_input}")
+    facts = redact_strings(dict(sorted(job.facts.items())))  # an older record's may hold a secret
+    for line in plain_lines(facts, "  "):
         print(line)
     done = finished_steps(paths, job.enabled_steps, run) if run else {}
     working = next((p for p in range(len(job.enabled_steps)) if p not in done), None) if state == RUNNING else None
@@ -82,7 +85,7 @@ def print_step_status(position: int, step: str, result: StepRecord | None, at_wo
         return
     took = f", took {duration_text(result.seconds)}" if result.seconds is not None else ""
     print(f"  {position + 1}. {step}: done, {counted(len(files), 'file')}, {total} in {folder}{took}")
-    for line in plain_lines(result.summary, "       "):
+    for line in plain_lines(redact_strings(result.summary), "       "):
         print(line)
     for f in files:
         print(f"       {show_text(f.name, None)}  {size_text(f.size)}  {counts_text([f])}")
@@ -100,7 +103,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     for paths, job in jobs:
         if isinstance(job, JobRecord):
             age = extraction_cli.age(job.created_at)
-            print(f"{job.job_id}  {states[paths]:<18}  {age:>8}  {plain_text(job.job_input or '')}")
+            shown_input = plain_text(redact(job.job_input or ""))
+            print(f"{job.job_id}  {states[paths]:<18}  {age:>8}  {shown_input}")
         else:
             print(f"{paths.job_id:<36}  {'unreadable':<18}  {'-':>8}  {plain_text(str(job))}")
     return EXIT_OK

@@ -154,6 +154,30 @@ def test_a_job_from_before_or_whose_run_the_server_lost_goes_on_in_a_new_run_tha
     assert new_run != lost_run and flow_run_state(new_run) == ("COMPLETED", "Completed")
 
 
+def test_the_job_record_shows_an_older_records_status_url_without_its_secrets(tmp_path, job_config):
+    """The job-record artifact copies the job's facts into Prefect's database: a status URL recorded
+    before ``?bearer=`` was refused (the job's only handle to its extraction, kept in job.json)
+    shows redacted there."""
+    secret = "older-record-secret-5e1a"
+    job_dir = tmp_path / "jobs" / str(uuid.uuid4())
+    record = JobRecord(
+        job_id=job_dir.name,
+        config_path=str(job_config(["local_import"])),
+        job_input=str(source_dir(tmp_path, {"a.ndjson": 3})),
+        enabled_steps=["local_import"],
+    )
+    status_url = f"https://t:{secret}@torch.example/fhir/__status/1?bearer={secret}"
+    with changing_record(job_dir, new=record) as changed:
+        changed.facts = {"extraction_status_url": status_url}
+
+    assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_OK
+
+    (run,) = job_file(job_dir)["flow_run_ids"]
+    card = job_record_card(job_dir.name, run)
+    assert secret not in card, card
+    assert "`https://***@torch.example/fhir/__status/1?bearer=***`" in card, card
+
+
 @pytest.mark.parametrize(
     ("names", "said"),
     [
