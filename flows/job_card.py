@@ -18,7 +18,7 @@ from config.settings import STEP_NAMES
 from flows.jobs import Job
 from tasks.core.errors import DupflowError
 from tasks.core.readable import CAUSE_CHARS, duration_text, readable_lines, size_text, truncate
-from tasks.core.redaction import redact
+from tasks.core.redaction import redact, redact_strings
 from tasks.job.contract import StepResult
 from tasks.job.layout import artifact_key, step_artifact_key
 from tasks.job.record import RUNNING, counts_text, read_record
@@ -133,8 +133,8 @@ def job_record_markdown(
         lines += ["", f"Other artifacts: {' · '.join(others)}"]
     if inspections := inspection_lines(results):
         lines += ["", "## Inspections", "", *inspections]
-    if record.facts:
-        lines += ["", "## Facts", "", *markdown_list(dict(sorted(record.facts.items())))]
+    if facts := redact_strings(dict(sorted(record.facts.items()))):  # an older record's: a secret?
+        lines += ["", "## Facts", "", *markdown_list(facts)]
     return "\n".join(lines)
 
 

@@ -82,6 +82,7 @@ FLAGS: dict[str, dict[str, Any]] = {  # the flags several commands take (argpars
     ),
     "--no-progress": dict(action="store_true", help="no progress bars or progress lines"),
     "--jobs-dir": dict(help="jobs directory (default: jobs_dir of APP_JOBS_DIR, else ./jobs)"),
+    "--json": dict(action="store_true", help="one JSON document (docs/operations.md)"),
 }
 
 
@@ -120,10 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     resume.set_defaults(command=cmd_continue)
     status = commands.add_parser("status", help="show a job's steps, files and state")
     status.add_argument("job", help="job id or job directory")
-    add_flags(status, "--jobs-dir")
+    add_flags(status, "--jobs-dir", "--json")
     status.set_defaults(command=cmd_status)
     listing = commands.add_parser("list", help="list jobs, newest first")
-    add_flags(listing, "--jobs-dir")
+    add_flags(listing, "--jobs-dir", "--json")
     listing.set_defaults(command=cmd_list)
     config = commands.add_parser("config", help="configuration commands")
     config_commands = config.add_subparsers(required=True, metavar="SUBCOMMAND")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from config.runtime import CLI, job_on_command_line, jobs_dir_of, listed_jobs_dir
 from flows import extraction_cli, prefect_server
@@ -13,9 +13,10 @@ from flows.job_state import current_states, find_job_dir, finished_steps, is_loc
 from flows.job_state import SCHEDULED_NAMES, resume_hint, run_state, settled_state, step_at_work, suspended_message
 from tasks.core.names import show_text
 from tasks.core.readable import CAUSE_CHARS, counted, duration_text, plain_lines, plain_text, size_text, truncate
+from tasks.core.redaction import redact, redact_strings
 from tasks.job.layout import JobPaths
 from tasks.job.record import CANCELLED, CRASHED, FAILED, RUNNING, SUSPENDED, JobRecord, StepRecord, counts_text
-from tasks.job.record import read_record
+from tasks.job.record import RecordError, read_record
 
 EXIT_OK = 0
 
@@ -46,27 +47,58 @@ def state_message(paths: JobPaths, run: dict[str, Any] | None, state: str) -> st
     return "; ".join(filter(None, [said, f"{go_on} resumes it"])) if state in (CANCELLED, CRASHED, FAILED) else said
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    paths = JobPaths(find_job_dir(args.job, jobs_dir_of(args.jobs_dir)))
+StepState = tuple[int, str, StepRecord | None, str | None]
+"""A step as ``status`` shows it: position (from 0), name, result (done or awaiting), progress."""
+
+
+class JobStatus(NamedTuple):
+    """What ``status`` shows of a job, as text or as JSON."""
+
+    paths: JobPaths
+    job: JobRecord
+    run: dict[str, Any] | None
+    state: str
+    message: str
+    steps: list[StepState]
+
+
+def job_status(paths: JobPaths) -> JobStatus:
+    """The job's record, its newest flow run, its state and what that means, and its steps."""
     job = read_record(paths.job_dir)
     prefect_server.use_server()  # the job's state is its flow run's there
-    print(f"job {job.job_id}")
-    print(f"  directory: {paths.job_dir}")
     run = newest_run(paths)
     state = settled_state(run_state(run), locked=is_locked(paths))
-    message = state_message(paths, run, state)
+    done = finished_steps(paths, job.enabled_steps, run) if run else {}
+    unfinished = (p for p in range(len(job.enabled_steps)) if p not in done)
+    working = next(unfinished, None) if state == RUNNING else None
+    steps: list[StepState] = []
+    for position, step in enumerate(job.enabled_steps):
+        at_work = None
+        if run and position == working:
+            at_work = step_at_work(job.job_id, str(run["id"]), position, step)
+        steps.append((position, step, done.get(position), at_work))
+    return JobStatus(paths, job, run, state, state_message(paths, run, state), steps)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    status = job_status(JobPaths(find_job_dir(args.job, jobs_dir_of(args.jobs_dir))))
+    if args.json:
+        extraction_cli.print_json(status_document(status))
+        return EXIT_OK
+    paths, job, run, state, message, steps = status
+    print(f"job {job.job_id}")
+    print(f"  directory: {paths.job_dir}")
     shown_run = f" (flow run {plain_text(str(run.get('id')))})" if run else ""
     print(f"  state:     {state}{shown_run}" + (f" — {truncate(message, CAUSE_CHARS)}" if message else ""))
     updated = f"   updated: {plain_text(str(run.get('updated')))}" if run else ""
     print(f"  created:   {job.created_at}{updated}")
-    print(f"  input:     {plain_text(job.job_input or '-')}")  # a deployment's input comes from a form
-    for line in plain_lines(dict(sorted(job.facts.items())), "  "):
+    shown_input = plain_text(redact(job.job_input or "-"))  # a deployment's input comes from a form
+    print(f"  input:     {shown_input}")
+    facts = redact_strings(dict(sorted(job.facts.items())))  # an older record's may hold a secret
+    for line in plain_lines(facts, "  "):
         print(line)
-    done = finished_steps(paths, job.enabled_steps, run) if run else {}
-    working = next((p for p in range(len(job.enabled_steps)) if p not in done), None) if state == RUNNING else None
-    for position, step in enumerate(job.enabled_steps):
-        at_work = step_at_work(job.job_id, str(run["id"]), position, step) if run and position == working else None
-        print_step_status(position, step, done.get(position), at_work)
+    for step in steps:
+        print_step_status(*step)
     return EXIT_OK
 
 
@@ -86,25 +118,87 @@ def print_step_status(position: int, step: str, result: StepRecord | str | None,
         return
     took = f", took {duration_text(result.seconds)}" if result.seconds is not None else ""
     print(f"  {position + 1}. {step}: done, {counted(len(files), 'file')}, {total} in {folder}{took}")
-    for line in plain_lines(result.summary, "       "):
+    for line in plain_lines(redact_strings(result.summary), "       "):
         print(line)
     for f in files:
         print(f"       {show_text(f.name, None)}  {size_text(f.size)}  {counts_text([f])}")
 
 
+def status_document(status: JobStatus) -> dict[str, Any]:
+    """``status --json``: the facts the text shows, as data, secrets redacted.
+
+    Note:
+    - Its shape is documented in docs/operations.md ("status --json"): keys are only ever added.
+    """
+    job, run = status.job, status.run or {}
+    return {
+        "job_id": job.job_id,
+        "directory": str(status.paths.job_dir),
+        "state": status.state,
+        "state_message": truncate(status.message, CAUSE_CHARS) or None,
+        "flow_run_id": str(run["id"]) if run else None,
+        "created_at": job.created_at,
+        "updated_at": run.get("updated"),
+        "input": redact(job.job_input) if job.job_input else None,
+        "facts": redact_strings(job.facts),
+        "steps": [step_document(step) for step in status.steps],
+    }
+
+
+def step_document(step: StepState) -> dict[str, Any]:
+    """A step in ``status --json``, numbered from 1 as the text shows it."""
+    position, name, result, at_work = step
+    if result is not None:
+        state = "awaiting" if result.awaiting else "done"
+    else:
+        state = "working" if at_work else "not_finished"
+    files = result.files if result else []
+    return {
+        "position": position + 1,
+        "name": name,
+        "status": state,
+        "progress": at_work,
+        "folder": result.folder if result else None,
+        "files": [{"name": f.name, "size": f.size, "counts": f.counts} for f in files],
+        "summary": redact_strings(result.summary) if result else {},
+        "seconds": result.seconds if result else None,
+        "cached": bool(result and result.cached),
+    }
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     jobs_dir = listed_jobs_dir(args.jobs_dir)
-    if not (jobs := list_jobs(jobs_dir)):
+    jobs = list_jobs(jobs_dir)
+    readable = [paths for paths, job in jobs if isinstance(job, JobRecord)]
+    if jobs:
+        prefect_server.use_server()  # each job's state is its flow run's there
+    states = dict(zip(readable, current_states(readable) if jobs else [], strict=True))
+    if args.json:
+        listed = [listed_job(paths, job, states.get(paths)) for paths, job in jobs]
+        extraction_cli.print_json({"jobs_dir": str(jobs_dir.resolve()), "jobs": listed})
+        return EXIT_OK
+    if not jobs:
         print(f"no jobs in {jobs_dir.resolve()}")
         return EXIT_OK
-    readable = [paths for paths, job in jobs if isinstance(job, JobRecord)]
-    prefect_server.use_server()  # each job's state is its flow run's there
-    states = dict(zip(readable, current_states(readable), strict=True))
     print(f"{'JOB':<36}  {'STATE':<18}  {'AGE':>8}  INPUT")
     for paths, job in jobs:
         if isinstance(job, JobRecord):
             age = extraction_cli.age(job.created_at)
-            print(f"{job.job_id}  {states[paths]:<18}  {age:>8}  {plain_text(job.job_input or '')}")
+            shown_input = plain_text(redact(job.job_input or ""))
+            print(f"{job.job_id}  {states[paths]:<18}  {age:>8}  {shown_input}")
         else:
             print(f"{paths.job_id:<36}  {'unreadable':<18}  {'-':>8}  {plain_text(str(job))}")
     return EXIT_OK
+
+
+def listed_job(paths: JobPaths, job: JobRecord | RecordError, state: str | None) -> dict[str, Any]:
+    """A job in ``list --json``: one whose record cannot be read is ``unreadable``, with why."""
+    readable = job if isinstance(job, JobRecord) else None
+    return {
+        "job_id": readable.job_id if readable else paths.job_id,
+        "directory": str(paths.job_dir.resolve()),
+        "state": state if readable else "unreadable",
+        "created_at": readable.created_at if readable else None,
+        "input": redact(readable.job_input) if readable and readable.job_input else None,
+        "problem": None if readable else str(job),
+    }

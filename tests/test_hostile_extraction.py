@@ -96,7 +96,7 @@ def test_continue_attach_with_a_password_is_refused_naming_the_option_and_stores
     assert job_file(job_dir)["flow_run_ids"] == []
 
 
-@pytest.mark.parametrize("parameter", ["access_token", "token", "code", "sig", "Access_Token", "SIG"])
+@pytest.mark.parametrize("parameter", ["access_token", "token", "bearer", "sig", "Access_Token"])
 def test_continue_attach_with_a_token_in_its_query_is_refused_like_a_password(tmp_path, capsys, parameter):
     attach = f"https://torch.example/fhir/__status/0b6b?page=2&{parameter}={PASSWORD}"
 

@@ -1,9 +1,9 @@
 """Foreign text on a terminal is plain: a hostile extraction server's Task fields (``extraction list``, ``show``,
 ``pause``, ``cohort preview --ids``) and every text of a damaged ``job.json`` (``status``, ``list``, ``continue``,
-``prune``) reach it with no escape sequence (an OSC title, a screen clear), carriage return, C1 control, bidi control
-or line separator, and still recognisable (escaped, or the controls made spaces).
-So do a job run's log lines (Prefect's own line of a task's failure, a service's error text) and
-the job log.
+``prune``, ``status --json``) reach it with no escape sequence (an OSC title, a screen clear),
+carriage return, C1 control, bidi control or line separator, and still recognisable (escaped, or
+the controls made spaces). So do a job run's log lines (Prefect's own line of a task's failure, a
+service's error text) and the job log.
 
 Against the fake extraction server (its ``edit_task``, ``cohort_ids`` and ``fail_jobs`` switches)
 and job records written by hand; commands run in-process through the real argument parser, a
@@ -209,6 +209,17 @@ def test_every_text_of_a_damaged_record_reaches_status_plain(capsys, tmp_path, e
     completed_run_on(empty_prefect_api, tmp_path / "jobs" / job_id)
     code, output = cli(capsys, "status", job_id, "--jobs-dir", str(tmp_path / "jobs"))
     assert code == 0 and "1. local_import: done, 1 file" in output, output  # the step's record read
+    assert_plain(output)
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_damaged_texts_reach_status_json_escaped(capsys, tmp_path, empty_prefect_api, damage):
+    """JSON escapes the controls; ``ensure_ascii`` every other character outside ASCII (a bidi
+    override too), which a script reads back as it was."""
+    job_id = damaged_job(tmp_path / "jobs", DAMAGES[damage])
+    completed_run_on(empty_prefect_api, tmp_path / "jobs" / job_id)
+    code, output = cli(capsys, "status", job_id, "--jobs-dir", str(tmp_path / "jobs"), "--json")
+    assert code == 0 and json.loads(output)["steps"][0]["status"] == "done", output
     assert_plain(output)
 
 

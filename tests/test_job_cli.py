@@ -19,7 +19,7 @@ from flows.job_state import current_states
 from tasks.job.layout import JobPaths, directory_tag, job_tag
 from tasks.job.record import SUSPENDED, JobRecord, changing_record
 from config.runtime import CLI
-from tasks.core.readable import counted
+from tasks.core.readable import counted, duration_text, size_text
 from flows.run import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, main
 from tests.conftest import REPO_ROOT, complete_results, run_cli
 from tests.support.deployments import api
@@ -152,6 +152,48 @@ def test_a_job_from_before_or_whose_run_the_server_lost_goes_on_in_a_new_run_tha
     assert steps[0]["cached"] is True  # the import was not done again
     (new_run,) = record["flow_run_ids"]
     assert new_run != lost_run and flow_run_state(new_run) == ("COMPLETED", "Completed")
+
+
+def test_status_json_and_the_job_card_show_a_done_job_without_secrets(tmp_path, job_config, capsys):
+    """The job-record artifact copies the job's facts into Prefect's database: a status URL recorded
+    before ``?bearer=`` was refused (the job's only handle to its extraction, kept in job.json)
+    shows redacted there and in ``status --json``, which gives the finished step's files and counts
+    as the text does."""
+    secret = "older-record-secret-5e1a"
+    job_dir = tmp_path / "jobs" / str(uuid.uuid4())
+    record = JobRecord(
+        job_id=job_dir.name,
+        config_path=str(job_config(["local_import"])),
+        job_input=str(source_dir(tmp_path, {"a.ndjson": 3})),
+        enabled_steps=["local_import"],
+    )
+    status_url = f"https://t:{secret}@torch.example/fhir/__status/1?bearer={secret}"
+    with changing_record(job_dir, new=record) as changed:
+        changed.facts = {"extraction_status_url": status_url}
+
+    assert main(["continue", str(job_dir), "--no-progress"]) == EXIT_OK
+
+    (run,) = job_file(job_dir)["flow_run_ids"]
+    card = job_record_card(job_dir.name, run)
+    assert secret not in card, card
+    assert "`https://***@torch.example/fhir/__status/1?bearer=***`" in card, card
+    capsys.readouterr()
+    assert main(["status", str(job_dir)]) == EXIT_OK
+    text = capsys.readouterr().out
+    assert main(["status", str(job_dir), "--json"]) == EXIT_OK
+    document = json.loads(capsys.readouterr().out)
+    assert secret not in json.dumps(document) and secret not in text
+    shown_url = "https://***@torch.example/fhir/__status/1?bearer=***"
+    assert document["facts"] == {"extraction_status_url": shown_url}
+    assert (document["state"], document["flow_run_id"]) == ("Completed", run)
+    assert f"   updated: {document['updated_at']}\n" in text
+    (step,) = document["steps"]
+    assert step["position"] == 1 and step["name"] == "local_import" and step["status"] == "done"
+    (file,) = step["files"]
+    assert step["folder"] == "import" and file["name"] == "a.ndjson.zst"
+    assert file["counts"] == {"resources": 3, "Bundles": 0, "bundled": 0}
+    assert f"       a.ndjson.zst  {size_text(file['size'])}  3 resources\n" in text
+    assert f"took {duration_text(step['seconds'])}" in text and step["cached"] is False
 
 
 @pytest.mark.parametrize(

@@ -57,7 +57,7 @@ class DeadHandleError(ExtractionError):
         self.handle = handle
         super().__init__(
             f"extraction job {handle.job_id} is gone from the extraction server (HTTP {status_code} on "
-            f"{handle.status_url})",
+            f"{shown_url(handle.status_url)})",  # an older record's URL may hold a secret
             status_code=status_code,
         )
 

@@ -2,7 +2,8 @@
 
 Every text that leaves dupflow (error, log line, job file, artifact) passes ``redact``, since a service may quote the
 request back in an error: registered secrets in every form they may come back in, ``Authorization`` values,
-``Basic``/``Bearer`` tokens and passwords in URLs.
+``Basic``/``Bearer`` tokens, user info in URLs and the values of URL parameters whose names say
+secret.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import re
 import threading
 from base64 import b64encode, urlsafe_b64encode
 from typing import Any
-from urllib.parse import quote, quote_plus
+from urllib.parse import quote, quote_plus, unquote_plus
 
 REDACTED = "***"
 MIN_SECRET_CHARS = 4
@@ -22,7 +23,7 @@ MIN_SECRET_CHARS = 4
 
 _AUTHORIZATION_VALUE = re.compile(r"(?i)(\b(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)[^\"'\r\n,;}]+")
 _SCHEME_TOKEN = re.compile(r"(?i)\b(basic|bearer)(\s+)([A-Za-z0-9._~+/-]{8,}=*)")
-_URL_USERINFO = re.compile(r"(://)[^/@\s:]*:[^/@\s]*@")
+_URL_USERINFO = re.compile(r"(://)[^/?#@\s:]*(?::[^/@\s]*)?@")  # user:password@, or user@
 _LOWER_ESCAPES = re.compile(r"%[0-9A-F]{2}")
 
 _secrets: set[str] = set()
@@ -60,6 +61,68 @@ def secret_forms(value: str) -> set[str]:
     return forms
 
 
+# The words of a parameter name that say secret (``is_secret_query_name``): alone, and as the
+# start or end of words run together (``accesstoken``, ``sessionid``; ``key`` only after a word
+# that makes it a credential, as in ``privatekey``: ``monkey`` and ``sortkey`` are none).
+_SECRET_WORDS = frozenset(
+    {"token", "key", "secret", "password", "passwd", "passwort", "kennwort", "pwd", "pass"}
+    | {"bearer", "passphrase", "passcode", "signature", "sig", "session", "sessid", "cred"}
+    | {"credential", "auth", "authorization", "apikey", "jwt", "otp"}
+)
+_SECRET_WORD_STARTS = ("token", "secret", "passw", "bearer", "signature", "credential", "session")
+_KEY_KINDS = ("access", "api", "auth", "client", "private", "secret", "session", "shared")
+_SECRET_WORD_ENDS = (
+    *("token", "secret", "passwd", "password", "passwort", "pwd", "bearer", "signature"),
+    *("credential", "sessionid", "sessid", "signingkey", "subscriptionkey"),
+    *(kind + "key" for kind in _KEY_KINDS),
+)
+_SIGNED_URL_PREFIXES = ("x-amz-", "x-goog-")
+_PAGE_CURSOR = re.compile(r"(?i)page[\W_]*tokens?$")
+_NAME_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+
+def is_secret_query_name(name: str) -> bool:
+    """Whether a URL parameter of this name (as written or percent-encoded) carries a secret.
+
+    Note:
+    - The one rule of the refusal of such a URL (``url_credentials``) and of the redaction.
+    - The name is cut into words at every other character and at camelCase
+      (``X-Amz-Signature``, ``clientSecret``, ``APIKey``, ``api_key``), lower-cased, a plural
+      ``s`` dropped. It says secret when a word is one of ``_SECRET_WORDS`` (token, key, secret,
+      password, bearer, signature, sig, session, credential, auth, …), starts or ends with one
+      (``accesstoken``, ``PHPSESSID``, ``privatekey``), or the name is a signed URL's
+      (``X-Amz-…``, ``X-Goog-…``).
+    - Harmless: FHIR's search parameters (``code``, ``_sort``, ``_count``, ``_lastUpdated``),
+      words that only hold one (``keyword``, ``author``, ``monkey``), and a page cursor
+      (``page_token``, ``pageToken``; Google's FHIR API): it names a page and opens nothing.
+    """
+    decoded = _PAGE_CURSOR.sub("", unquote_plus(name).strip())
+    if decoded.lower().startswith(_SIGNED_URL_PREFIXES):
+        return True
+    return any(_is_secret_word(word.lower()) for word in _NAME_WORD.findall(decoded))
+
+
+def _is_secret_word(word: str) -> bool:
+    singular = word[:-1] if word.endswith("s") and len(word) > 3 else word
+    ends = singular.endswith(_SECRET_WORD_ENDS)
+    return singular in _SECRET_WORDS or ends or word.startswith(_SECRET_WORD_STARTS)
+
+
+URL_PARAMETER = re.compile(r"(?<=[?&;#])([^=&;#?\s\"'<>][^=&;#?\"'<>\r\n]*)=([^&;#\s\"'<>]*)")
+"""A parameter of a URL's query, fragment (``#access_token=``) or path (``;jsessionid=``): its
+name and value, which ends where a URL quoted in a text ends (a space or a quote)."""
+
+
+def hide_secret_parameters(text: str, mark: str = REDACTED) -> str:
+    """``text`` with ``mark`` for the value of each URL parameter whose name says secret."""
+
+    def hidden(found: re.Match[str]) -> str:
+        name, value = found.groups()
+        return f"{name}={mark}" if value and is_secret_query_name(name) else found[0]
+
+    return URL_PARAMETER.sub(hidden, text)
+
+
 def register_basic_credentials(username: str, password: str) -> None:
     """Register the password and the Basic header token of the pair (an echoed header shows only the token)."""
     register_secret(password)
@@ -72,7 +135,8 @@ def _looks_like_token(word: str) -> bool:
 
 
 def redact(text: str) -> str:
-    """``text`` without any registered secret, Authorization value, Basic/Bearer token or URL password."""
+    """``text`` without any registered secret, Authorization value, Basic/Bearer token, URL user
+    info or value of a URL parameter whose name says secret."""
     if not text:
         return text
     if (pattern := _secrets_pattern) is not None:
@@ -81,7 +145,7 @@ def redact(text: str) -> str:
     text = _SCHEME_TOKEN.sub(
         lambda m: m.group(1) + m.group(2) + (REDACTED if _looks_like_token(m.group(3)) else m.group(3)), text
     )
-    return _URL_USERINFO.sub(rf"\g<1>{REDACTED}@", text)
+    return hide_secret_parameters(_URL_USERINFO.sub(rf"\g<1>{REDACTED}@", text))
 
 
 def redact_strings(value: Any) -> Any:

@@ -1,6 +1,8 @@
 """The one rule for every URL that enters dupflow: no user name or password in it (``user:password@host``), and for
-a URL the job stores (its input, ``continue --attach``) no secret in its query either (``?access_token=…``): the
-job's record and its flow run's parameters keep that URL whole, to follow it on ``continue``.
+a URL the job stores (its input, ``continue --attach``, an extraction's status URL) no secret in
+its query or fragment either (``?access_token=…``, ``#bearer=…``; the names of
+``tasks.core.redaction.is_secret_query_name``): the job's record and its flow run's parameters
+keep that URL whole, to follow it on ``continue``.
 
 A URL is stored with the job and shown in logs, so credentials in it would leak; and httpx sends a followed URL's
 user info as Basic auth to its host, so one from a server (a Location header, a manifest) would send a password
@@ -14,6 +16,7 @@ from urllib.parse import SplitResult, parse_qsl, quote, unquote_plus, urlsplit
 
 from tasks.core.errors import DupflowError
 from tasks.core.names import show_text
+from tasks.core.redaction import URL_PARAMETER, hide_secret_parameters, is_secret_query_name
 
 SERVER_URL_FIX = (
     "the server sent it; fix the server's configuration (its public base URL) so that its URLs carry no "
@@ -23,37 +26,6 @@ SERVER_URL_FIX = (
 
 class CredentialsInUrlError(DupflowError):
     """A URL with a user name or password; the message never contains them."""
-
-
-# A query parameter whose name says secret: one of its words (split at other characters and at camelCase:
-# ``X-Amz-Signature``, ``clientSecret``, ``APIKey``; lower case, a plural ``s`` dropped) is, ends (``accesstoken``)
-# or starts (``sessionid``) with one of these; or the name starts with a signed URL's prefix (S3, Google Cloud).
-_SECRET_WORDS = frozenset(
-    {"key", "token", "secret", "password", "passwd", "pwd", "pass", "passphrase", "passcode", "auth", "authorization"}
-    | {"credential", "cred", "signature", "sig", "session", "code", "apikey", "jwt", "otp", "kennwort"}
-)
-_SECRET_WORD_ENDS = ("key", "token", "secret", "passwd", "password", "pwd", "credential", "signature")
-_SECRET_WORD_STARTS = ("token", "secret", "passw", "credential", "signature", "session", "apikey")
-_SIGNED_URL_PREFIXES = ("x-amz-", "x-goog-")
-_NAME_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
-
-
-def is_secret_query_name(name: str) -> bool:
-    """Whether a query parameter of this name (as written or decoded) carries a secret (the rule above)."""
-    decoded = unquote_plus(name).strip()
-    if decoded.lower().startswith(_SIGNED_URL_PREFIXES):
-        return True
-    return any(_is_secret_word(word.lower()) for word in _NAME_WORD.findall(decoded))
-
-
-def _is_secret_word(word: str) -> bool:
-    singular = word[:-1] if word.endswith("s") and len(word) > 3 else word
-    return (
-        word in _SECRET_WORDS
-        or singular in _SECRET_WORDS
-        or singular.endswith(_SECRET_WORD_ENDS)
-        or word.startswith(_SECRET_WORD_STARTS)
-    )
 
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)(:/*)")  # a scheme and its slashes, however many were typed
@@ -116,7 +88,6 @@ def split_url(url: str) -> SplitResult:
         return SplitResult(scheme, netloc, path, query, fragment)
 
 
-_QUERY_PARAMETER = re.compile(r"(?<=[?&;])([^=&;#]+)=([^&;#]*)")
 HIDDEN_TOKEN = "********"
 
 
@@ -124,21 +95,14 @@ def query_tokens(url: str) -> list[str]:
     """The values of the secret parameters in ``url``'s query, as written and decoded: secrets to redact (a configured
     service URL may carry ``?access_token=${TOKEN}``)."""
     query = split_url(url).query
-    written = [value for name, value in _QUERY_PARAMETER.findall("?" + query) if is_secret_query_name(name)]
+    parameters = URL_PARAMETER.findall("?" + query)
+    written = [value for name, value in parameters if is_secret_query_name(name)]
     return [value for value in written + [v for k, v in parse_qsl(query) if is_secret_query_name(k)] if value]
 
 
 def hide_query_tokens(url: str) -> str:
     """``url`` with each secret parameter's value replaced by ``HIDDEN_TOKEN`` (how ``config check`` shows a URL)."""
-    head, mark, rest = url.partition("?")
-    if not mark:
-        return url
-    query, hash_mark, fragment = rest.partition("#")
-    hidden = _QUERY_PARAMETER.sub(
-        lambda found: f"{found.group(1)}={HIDDEN_TOKEN}" if is_secret_query_name(found.group(1)) else found.group(0),
-        "?" + query,
-    )
-    return f"{head}{hidden}{hash_mark}{fragment}"
+    return hide_secret_parameters(url, HIDDEN_TOKEN)
 
 
 def refuse_credentials_in_url(url: str | None, *, door: str, fix: str, tokens: bool = False) -> None:
@@ -149,7 +113,7 @@ def refuse_credentials_in_url(url: str | None, *, door: str, fix: str, tokens: b
     parts = split_url(url)
     if has_user_info(url):
         carried = "a user name or password (user:password@host; write a literal @ as %40)"
-    elif tokens and (found := sorted({k for k, _ in parse_qsl(parts.query) if is_secret_query_name(k)})):
+    elif tokens and (found := _secret_names(f"?{parts.query}#{parts.fragment}")):
         carried = f"a secret in its query ({', '.join(show_text(name) for name in found)})"
     else:
         return
@@ -157,3 +121,9 @@ def refuse_credentials_in_url(url: str | None, *, door: str, fix: str, tokens: b
         f"{door}{': ' if door else ''}the URL {shown_url(url)} carries {carried}, "
         f"which would be stored with the job, shown in logs and sent to that host; {fix}"
     )
+
+
+def _secret_names(text: str) -> list[str]:
+    """The decoded names of the URL parameters in ``text`` that have a value and say secret."""
+    found = URL_PARAMETER.findall(text)
+    return sorted({unquote_plus(k) for k, value in found if value and is_secret_query_name(k)})
