@@ -47,8 +47,9 @@ def state_message(paths: JobPaths, run: dict[str, Any] | None, state: str) -> st
     return "; ".join(filter(None, [said, f"{go_on} resumes it"])) if state in (CANCELLED, CRASHED, FAILED) else said
 
 
-StepState = tuple[int, str, StepRecord | None, str | None]
-"""A step as ``status`` shows it: position (from 0), name, result (done or awaiting), progress."""
+StepState = tuple[int, str, StepRecord | str | None, str | None]
+"""A step as ``status`` shows it: position (from 0), name, result (done or awaiting; why its record is not taken),
+progress."""
 
 
 class JobStatus(NamedTuple):
@@ -147,7 +148,8 @@ def status_document(status: JobStatus) -> dict[str, Any]:
 
 def step_document(step: StepState) -> dict[str, Any]:
     """A step in ``status --json``, numbered from 1 as the text shows it."""
-    position, name, result, at_work = step
+    position, name, found, at_work = step
+    result, problem = (None, plain_text(found)) if isinstance(found, str) else (found, None)
     if result is not None:
         state = "awaiting" if result.awaiting else "done"
     else:
@@ -158,6 +160,7 @@ def step_document(step: StepState) -> dict[str, Any]:
         "name": name,
         "status": state,
         "progress": at_work,
+        "problem": problem,
         "folder": result.folder if result else None,
         "files": [{"name": f.name, "size": f.size, "counts": f.counts} for f in files],
         "summary": redact_strings(result.summary) if result else {},

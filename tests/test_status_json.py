@@ -52,7 +52,7 @@ def test_status_json_is_one_document_of_what_the_text_shows(tmp_path, capsys, em
     assert f"  input:     {document['input']}\n" in text
     assert f"  extraction_status_url: {SHOWN_STATUS_URL}\n" in text
     assert "  1. local_import: not finished\n  2. flattening: not finished\n" in text
-    not_finished = {"status": "not_finished", "progress": None, "folder": None, "files": []}
+    not_finished = {"status": "not_finished", "progress": None, "problem": None, "folder": None, "files": []}
     not_finished |= {"summary": {}, "seconds": None, "cached": False}
     assert document == {
         "job_id": job_id,

@@ -21,7 +21,6 @@ import multiprocessing.process
 import os
 import socket
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 
@@ -71,13 +70,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def prefect_state() -> dict[str, str | None]:
-    """The ``PREFECT_*`` environment and, once Prefect is imported, the API URL of its current settings."""
-    state: dict[str, str | None] = {name: value for name, value in os.environ.items() if name.startswith("PREFECT_")}
-    if "prefect.settings" in sys.modules:
-        from prefect.settings import get_current_settings
+    """The ``PREFECT_*`` environment and the API URL of Prefect's current settings. Prefect is imported here, before
+    the test's fixtures: imported first under a fixture's ``PREFECT_API_URL``, its global settings kept that URL."""
+    from prefect.settings import get_current_settings
 
-        url = get_current_settings().api.url
-        state["<prefect settings: api.url>"] = None if url is None else str(url)
+    state: dict[str, str | None] = {name: value for name, value in os.environ.items() if name.startswith("PREFECT_")}
+    url = get_current_settings().api.url
+    state["<prefect settings: api.url>"] = None if url is None else str(url)
     return state
 
 
