@@ -213,7 +213,7 @@ def persisted_task(
         result_storage=Path("/"),
         **options,
     )
-    return lambda function: in_results(persisted(redacting_failures(persisting(function))), Path("/"))
+    return lambda function: persisted(redacting_failures(persisting(function)))
 
 
 def persisting(function: Callable[P, R]) -> Callable[P, R]:
@@ -232,7 +232,8 @@ def in_results(call: Task[P, R], folder: Path) -> Task[P, R]:
     """``call`` reading and writing its records through ``JobResultStorage`` in ``folder``.
 
     Note: set on the task, as Prefect's decorator refuses a storage block that is not saved on the
-    server; a job's records belong to its folder, which must outlive any server's database.
+    server (a job's records belong to its folder, which must outlive any server's database); so
+    ``with_options`` of such a task takes a ``result_storage`` (``stored_in_job`` gives one).
     """
     call.result_storage = JobResultStorage(basepath=str(folder))
     return call
