@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import time
 from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -32,6 +31,7 @@ from tasks.core.errors import StepError
 from tasks.core.names import name_from_data_problem, name_key, show_name
 from tasks.core.url_credentials import shown_url
 from tasks.streams.ndjson_writer import AtomicNdjsonWriter
+from tasks.streams.fanout import pause
 from tasks.streams.ndjson import (
     CompressionLevel,
     FileStats,
@@ -100,7 +100,7 @@ def target_names(urls: Iterable[str], compress: bool, max_files: int = DEFAULT_M
 
 
 def wait_until_available(
-    client: httpx.Client, url: str, *, checks: int, interval: timedelta, sleep: Callable[[float], None] = time.sleep
+    client: httpx.Client, url: str, *, checks: int, interval: timedelta, sleep: Callable[[float], None] = pause
 ) -> None:
     """Check up to ``checks`` times, ``interval`` apart, that the file can be fetched."""
     for check in range(checks):
@@ -156,7 +156,7 @@ def download_ndjson(
     retry: RetrySettings,
     on_bytes: Callable[[int], None] | None = None,
     on_total: Callable[[int], None] | None = None,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] = pause,
 ) -> FileStats:
     """Stream ``url`` into ``dest`` (compressed at ``level``, plain when None); returns size and resource count.
     ``on_bytes`` is told every piece of the body as it arrives, ``on_total`` its Content-Length when given."""

@@ -37,6 +37,7 @@ from tasks.clients.http import FHIR_JSON_HEADERS, Closing, ServiceEndpoint, buil
 from tasks.clients.retry import call_once
 from tasks.core.readable import plain_text
 from tasks.core.url_credentials import SERVER_URL_FIX, refuse_credentials_in_url, shown_url
+from tasks.streams.fanout import pause
 
 if TYPE_CHECKING:
     from config.services import ExtractorSettings
@@ -84,7 +85,7 @@ class ExtractionServerClient(Closing):
         tls: TlsSettings,
         *,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] = pause,
     ):
         self.settings, self.base_url = settings, without_query(base_url_of(settings))  # its query: the endpoint's
         self.clock, self.sleep = clock, sleep

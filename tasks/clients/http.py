@@ -12,7 +12,6 @@ import contextlib
 import functools
 import logging
 import ssl
-import time
 from urllib.parse import urlsplit, urlunsplit
 from collections.abc import Awaitable, Callable, Container, Mapping
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from tasks.clients.errors import SERVICE_SETTING, Call, ServiceError, raise_for_
 from tasks.clients.errors import raise_for_service_status_async
 from tasks.clients.retry import call_once, call_with_retry, call_with_retry_async
 from tasks.core.url_credentials import shown_url
+from tasks.streams.fanout import pause
 
 if TYPE_CHECKING:
     from config.services import AuthSettings
@@ -179,7 +179,7 @@ class ServiceClient(Closing):
         tls: TlsSettings,
         retry: RetrySettings,
         *,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] = pause,
     ):
         self.endpoint, self.retry, self.sleep = endpoint, retry, sleep
         self.http = build_client(endpoint, tls)

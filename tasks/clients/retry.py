@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -19,6 +18,7 @@ import httpx
 from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from tasks.clients.errors import ServiceError, is_transient_network_error, network_error
+from tasks.streams.fanout import pause
 
 if TYPE_CHECKING:
     from config.settings import RetrySettings
@@ -64,7 +64,7 @@ def call_with_retry(
     *,
     operation: str,
     service: str | None = None,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] = pause,
 ) -> T:
     try:
         return Retrying(sleep=sleep, **_policy(retry, operation=operation, service=service))(attempt)

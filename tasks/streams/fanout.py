@@ -23,8 +23,26 @@ class Cancelled(Exception):
     interrupted caller raises the interrupt instead."""
 
 
-_cancelled: contextvars.ContextVar[tuple[threading.Event, threading.Lock]] = contextvars.ContextVar("fanout_cancelled")
-"""A fan-out's cancel flag, and the lock its caller sets the flag under and its calls create files under."""
+class _Scope:
+    """A fan-out's cancel flag, the lock its caller sets the flag under and its calls create files under, and
+    the scopes opened inside it, cancelled with it (a job's whole run holds one: ``flows.job_stop``)."""
+
+    def __init__(self, outer: _Scope | None) -> None:
+        self.cancelled, self.creating = threading.Event(), threading.Lock()
+        self.inner: list[_Scope] = []
+        if outer is not None:
+            outer.inner.append(self)
+            if outer.cancelled.is_set():
+                self.cancel()
+
+    def cancel(self) -> None:
+        with self.creating:
+            self.cancelled.set()
+        for scope in list(self.inner):
+            scope.cancel()
+
+
+_cancelled: contextvars.ContextVar[_Scope] = contextvars.ContextVar("fanout_cancelled")
 
 
 def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exception]:
@@ -33,7 +51,7 @@ def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exceptio
     after ``CANCEL_GRACE_SECONDS`` the caller goes on. It waits in short joins, so a signal reaches it at once."""
     with cancel_scope() as cancel:
         context = contextvars.copy_context()
-    cancelled = context[_cancelled][0]
+    cancelled = context[_cancelled].cancelled
     outcomes: list = [None] * len(calls)
     pending = deque(range(len(calls)))  # a deque's appends and pops are thread-safe
 
@@ -79,24 +97,31 @@ def results_or_raise(outcomes: list[R | Exception]) -> list[R]:
 @contextlib.contextmanager
 def cancel_scope() -> Iterator[Callable[[], None]]:
     """``raise_if_cancelled`` and ``unless_cancelled`` in this block (and contexts copied from it) answer to the
-    ``cancel`` it yields, which another thread may call (a file task on a Dask worker is stopped so)."""
-    cancelled, creating = threading.Event(), threading.Lock()
-
-    def cancel() -> None:
-        with creating:
-            cancelled.set()
-
-    token = _cancelled.set((cancelled, creating))
+    ``cancel`` it yields, and to that of any scope around it; another thread may call it (a file task on a Dask
+    worker is stopped so, a job's run by a Cancel on the Prefect server)."""
+    scope = _Scope(_cancelled.get(None))
+    token = _cancelled.set(scope)
     try:
-        yield cancel
+        yield scope.cancel
     finally:
         _cancelled.reset(token)
+        if (outer := _cancelled.get(None)) is not None:
+            outer.inner.remove(scope)
 
 
 def raise_if_cancelled() -> None:
     """Stop a call of ``run_bounded`` whose fan-out is being cancelled (a no-op outside one)."""
-    if (found := _cancelled.get(None)) is not None and found[0].is_set():
+    if (found := _cancelled.get(None)) is not None and found.cancelled.is_set():
         raise Cancelled("the run was interrupted")
+
+
+def pause(seconds: float) -> None:
+    """``time.sleep`` that a cancel of the fan-out ends at once, with ``Cancelled``: a poll's or retry's wait."""
+    if (found := _cancelled.get(None)) is None:
+        time.sleep(seconds)
+        return
+    found.cancelled.wait(seconds)
+    raise_if_cancelled()
 
 
 @contextlib.contextmanager
@@ -104,7 +129,7 @@ def unless_cancelled() -> Iterator[None]:
     """The block (making a temporary file) runs only while the fan-out is not cancelled, under the lock the caller
     cancels under: a caller not waiting for a stalled call removes the temporary files, and none may come after."""
     found = _cancelled.get(None)
-    with contextlib.nullcontext() if found is None else found[1]:
+    with contextlib.nullcontext() if found is None else found.creating:
         raise_if_cancelled()
         yield
 
