@@ -86,7 +86,6 @@ def prepare_job(
 def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source: str = "--set") -> Job:
     """A job found again; ``overrides`` replace the frozen ones ("fix the cause and continue"), checked before they
     are stored, their paths frozen absolute as at ``start``."""
-    refuse_older_layout(paths)
     record = read_record(paths.job_dir)
     refuse_unshowable_settings(record)
     changed = {**record.overrides, **overrides, "jobs_dir": str(paths.job_dir.parent)}
@@ -149,17 +148,6 @@ def refuse_other_steps(record: JobRecord, settings: Settings) -> None:
             f"job {record.job_id} was started with pipeline.enabled_steps [{', '.join(record.enabled_steps)}], the "
             f"configuration now says [{', '.join(now)}]; a job runs the steps it started with: put the list back to "
             "continue it, or start a new job for the new steps"
-        )
-
-
-def refuse_older_layout(paths: JobPaths) -> None:
-    """An older version's job (``facts.json``, ``steps/`` beside ``job.json``) holds its facts where this version
-    does not look: continuing it would lose its extraction handle."""
-    if older := [name for name in ("facts.json", "steps") if (paths.job_dir / name).exists()]:
-        raise JobError(
-            f"job {paths.job_id} was made by an older dupflow ({' and '.join(older)} beside job.json); this version "
-            "keeps a job's facts and steps in job.json only: finish the job with the version that made it, or start it "
-            "anew"
         )
 
 

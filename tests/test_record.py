@@ -16,15 +16,15 @@ import pytest
 
 from flows.gates import InspectionInput
 from flows.job_card import inspection_lines
-from flows.job_state import JobLock, finished_steps, settled_state
+from flows.job_state import JobLock, finished_steps
 from tests.support.results import write_step_record
 from flows.run import EXIT_OK, EXIT_USAGE, main
 from tasks.core.readable import MAX_NOTE_BYTES
 from tasks.job.contract import DataFile, StepResult
 from tasks.job.layout import JobPaths
 from tasks.job.record import (
+    RecordError,
     COMPLETED,
-    CRASHED,
     MAX_RECORD_BYTES,
     FileEntry,
     JobRecord,
@@ -63,14 +63,6 @@ def test_facts_from_threads_and_processes_at_once_are_all_kept(tmp_path):
 def test_a_fact_set_to_none_is_removed_and_the_others_are_kept(tmp_path):
     record_facts(tmp_path, extraction_job_id="x", crtdl_path="/c.json")
     assert record_facts(tmp_path, extraction_job_id=None) == {"crtdl_path": "/c.json"}
-
-
-def test_the_job_state_is_its_runs_and_running_without_a_process_is_crashed():
-    assert settled_state("Cancelled", locked=False) == "Cancelled"  # the server's
-    assert settled_state("Suspended", locked=False) == "Suspended"
-    assert settled_state(None, locked=False) == "Unknown" == settled_state(None, locked=True)  # no run on the server
-    assert settled_state("Running", locked=True) == "Running"
-    assert settled_state("Running", locked=False) == CRASHED  # no process holds it: killed, heartbeats not missed yet
 
 
 @pytest.mark.slow
@@ -138,7 +130,10 @@ HOSTILE = {
     "wrong types": (json.dumps({**VALID, "facts": 3}).encode(), "facts: Input should be a valid dictionary"),
     "a wrong time": (json.dumps({**VALID, "created_at": "yesterday"}).encode(), "created_at: Value error"),
     "a key with a line break": (json.dumps({**VALID, "overrides": {"x\n1": 3}}).encode(), "overrides.x\\n1: Input"),
-    "a newer version": (json.dumps({**VALID, "version": 99}).encode(), "has version 99; this dupflow reads versions"),
+    "a newer version": (
+        json.dumps({**VALID, "version": 99}).encode(),
+        "has version 99; this dupflow reads version 3 only",
+    ),
     "300 MB": (None, f"is larger than {MAX_RECORD_BYTES // 2**20} MB"),
 }
 
@@ -184,21 +179,19 @@ def test_list_shows_a_hostile_job_as_unreadable_and_prune_skips_it(
 
 
 @pytest.mark.parametrize("version", [None, 2], ids=["version 1", "version 2"])
-def test_an_older_record_is_read_and_written_back_without_its_steps_and_gates(tmp_path, version):
-    """Before the job's state, flow runs, steps and gates lived in Prefect's store, the record held a copy of each:
-    read as before, the copies are dropped at the next write (the job goes on from its results)."""
-    older = {
-        **VALID,
-        "state": COMPLETED,
-        "steps": {"00": {"step": "local_import"}},
-        "gates": {"01": {"released": True}},
-    }
+def test_a_record_of_an_earlier_version_is_refused_in_one_line_naming_what_to_do(tmp_path, version):
+    """Versions 1 and 2 were never released: they also held the job's state, flow runs, steps and gates (now
+    Prefect's); their readers went, and such a record is one line naming the version and the fix."""
+    older = {**VALID, "state": COMPLETED, "steps": {"00": {"step": "local_import"}}}
     (tmp_path / "job.json").write_text(json.dumps(older | ({"version": version} if version else {})))
-    assert read_record(tmp_path).job_id == JOB_ID
-    record_facts(tmp_path, crtdl_path="/c.json")
-    written = json.loads((tmp_path / "job.json").read_text())
-    assert written["version"] == 3 and written["facts"] == {"crtdl_path": "/c.json"}
-    assert not {"state", "flow_run_ids", "steps", "gates"} & set(written)
+
+    with pytest.raises(RecordError) as refused:
+        read_record(tmp_path)
+
+    assert str(refused.value) == (
+        f"the job record {tmp_path / 'job.json'} has version {version or 1}; this dupflow reads version 3 only: "
+        "finish the job with the dupflow that made it, or start it anew"
+    )
 
 
 HOSTILE_NOTES = {  # as typed -> as kept and shown

@@ -6,7 +6,7 @@ step's files and counts its task's result record, a gate's answer its form's run
 (``send/progress/``, the S3 manifest, ``.parts``) never decide whether it is done.
 
 A file that is no job record (not JSON, too large or deep, wrong types, another version; none means 1) is a one-line
-``RecordError``; versions 1 and 2 are read and written as 3 at the next change. Every write goes through
+``RecordError``, and so is one of an earlier version (which also kept the state). Every write goes through
 ``changing_record``: under an ``flock``, atomically, so readers never lock. No Prefect import: ``status`` uses it.
 """
 
@@ -28,7 +28,7 @@ from tasks.job.layout import JobPaths
 from tasks.streams.files import exclusive_lock, write_file_atomically
 
 WRITE_LOCK_FILE = ".job.json.lock"
-SCHEMA_VERSION = 3  # 2 also held state, flow runs, steps and gates; 1 is 2 without ``version``
+SCHEMA_VERSION = 3  # 2 also held state, flow runs, steps and gates; 1 had no ``version``
 MAX_RECORD_BYTES = 64 * MB  # a version 2 record held every step's files: of 8 steps with 50,000 files, some 40 MB
 
 # Job states: Prefect's state names, the same in every view (the UI, status, list, README).
@@ -94,7 +94,7 @@ class StepRecord(BaseModel):
 
 class JobRecord(BaseModel):
     """The frozen inputs (``job_id`` to ``created_at``) and the ``facts`` later steps and people need (the effective
-    CRTDL, the extraction handle, a submission in flight). What older records held besides is dropped as read."""
+    CRTDL, the extraction handle, a submission in flight)."""
 
     version: int = SCHEMA_VERSION
     job_id: PlainText
@@ -116,21 +116,21 @@ def read_record(job_dir: Path, new: JobRecord | None = None) -> JobRecord:
         document = read_json_file(path, MAX_RECORD_BYTES, label)
     except JsonFileError as exc:
         raise RecordError(str(exc)) from None
-    version = document.get("version", 1) if isinstance(document, dict) else SCHEMA_VERSION
-    if version not in (1, 2, SCHEMA_VERSION):
-        raise RecordError(
-            f"{label} has version {repr(version)[:20]}; this dupflow reads versions 1 to {SCHEMA_VERSION}: finish "
-            "the job with the dupflow that made it"
-        )
     try:
-        return JobRecord.model_validate({**document, "version": SCHEMA_VERSION})
-    except (ValidationError, TypeError) as exc:
-        raise RecordError(f"{label} is no job record ({validation_problem(exc)}); fix or remove it") from None
+        record = JobRecord.model_validate(document if isinstance(document, dict) else None)
+    except ValidationError as exc:
+        raise RecordError(f"{label} is no job record ({validation_problem(document, exc)}); fix or remove it") from None
+    if (version := document.get("version", 1)) != SCHEMA_VERSION:
+        raise RecordError(
+            f"{label} has version {repr(version)[:20]}; this dupflow reads version {SCHEMA_VERSION} only: finish "
+            "the job with the dupflow that made it, or start it anew"
+        )
+    return record
 
 
-def validation_problem(exc: Exception) -> str:
+def validation_problem(document: Any, exc: ValidationError) -> str:
     """The first problem pydantic found, in one line: where in the file, and what."""
-    if not isinstance(exc, ValidationError):
+    if not isinstance(document, dict):
         return "expected a JSON object"
     first = exc.errors()[0]
     where = ".".join(str(part) for part in first["loc"]) or "the top level"
