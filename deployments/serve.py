@@ -33,6 +33,7 @@ def main() -> None:
     parser.add_argument("--cron", help="cron schedule, e.g. '0 2 * * *'")
     parser.add_argument("--timezone", default="UTC", help="time zone of the cron schedule, e.g. Europe/Berlin")
     args = parser.parse_args()
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig, ConcurrencyLimitStrategy
     from prefect.client.schemas.schedules import CronSchedule
     from prefect.schedules import Cron
 
@@ -60,8 +61,14 @@ def main() -> None:
     parameters = {"config_path": str(Path(args.config).resolve()), "job_input": job_input}
     description = "dupflow: one job per run (extract, pseudonymize, inspect, validate, flatten, send)"
     schedules = [schedule] if schedule else None
-    pipeline.serve(
-        name=args.name, schedules=schedules, parameters=parameters, description=description, pause_on_shutdown=False
+    # One job at a time: a restart's missed run and the current one are queued, never two extractions at once.
+    one_at_a_time = ConcurrencyLimitConfig(limit=1, collision_strategy=ConcurrencyLimitStrategy.ENQUEUE)
+    pipeline.serve(  # stopped, it pauses its schedules (Prefect's pause_on_shutdown)
+        name=args.name,
+        schedules=schedules,
+        parameters=parameters,
+        description=description,
+        global_limit=one_at_a_time,
     )
 
 

@@ -248,3 +248,39 @@ def test_a_run_cancelled_from_the_ui_mid_step_is_a_cancelled_job(server, tmp_pat
     status = run_cli_here("status", str(tmp_path / "jobs" / run_id), env=env)
     resumes = f"continue {tmp_path / 'jobs' / run_id} resumes it"
     assert "state:     Cancelled" in status.stdout and resumes in status.stdout, status.stdout
+
+
+def test_a_served_deployment_runs_one_job_at_a_time_the_next_queued(server, served):
+    """A restart ran the missed scheduled run and the current one at once: with an extractor configuration, two
+    extractions. Two runs created at the same moment run one after the other (Prefect's deployment concurrency)."""
+    api_url, _ = server
+    deployment = api(api_url, "GET", f"/deployments/{served}")
+    assert deployment["global_concurrency_limit"]["limit"] == 1
+    assert deployment["concurrency_options"]["collision_strategy"] == "ENQUEUE"
+    made = [api(api_url, "POST", f"/deployments/{served}/create_flow_run", json={"parameters": {}}) for _ in "ab"]
+    ended = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+
+    def runs() -> list[dict]:
+        return [api(api_url, "GET", f"/flow_runs/{run['id']}") for run in made]
+
+    wait_until(lambda: all(run["state"]["type"] in ended for run in runs()), "both runs end", RUN_TIMEOUT, 0.5)
+    first, second = sorted(runs(), key=lambda run: run["start_time"])
+    assert [run["state"]["type"] for run in (first, second)] == ["COMPLETED", "COMPLETED"]
+    assert first["end_time"] <= second["start_time"]
+
+
+def test_stopping_serve_pauses_its_schedule(server, site):
+    """``pause_on_shutdown``: a stopped serve leaves no schedule on to pile up runs for its restart."""
+    api_url, env = server
+    name = f"paused-{uuid.uuid4().hex[:8]}"
+    command = [sys.executable, "-m", "deployments.serve", str(site / "job.yaml"), "--name", name, "--cron", "0 3 * * *"]
+    serving = subprocess.Popen(command, cwd=site, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deployment = wait_for_deployment(api_url, f"dupflow/{name}", serving)
+        polled = lambda: api(api_url, "GET", f"/deployments/{deployment}")["last_polled"] is not None  # noqa: E731
+        wait_until(polled, "the runner polls for its runs", RUN_TIMEOUT, 0.5)
+        assert api(api_url, "GET", f"/deployments/{deployment}")["paused"] is False
+    finally:
+        serving.terminate()
+        serving.wait(30)
+    assert api(api_url, "GET", f"/deployments/{deployment}")["paused"] is True
