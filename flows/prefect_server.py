@@ -98,6 +98,8 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
     """``PREFECT_API_URL``, else the local server's, started if need be (a second command waits on the home lock)."""
     if api_url := prefect_api_url():
         return api_url
+    if server_login := os.environ.get("PREFECT_SERVER_API_AUTH_STRING"):  # the login it starts with: this one's too
+        os.environ.setdefault("PREFECT_API_AUTH_STRING", server_login)
     home = prefect_home(home)
     with exclusive_lock(home / LOCK_FILE):
         record = read_record(home)
@@ -336,8 +338,15 @@ def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool
 
 
 def serves_home(record: ServerRecord, home: Path) -> bool:
-    """Whether ``home``'s server answers: its settings name the home and echo the start's nonce (a port is no proof)."""
-    return settings_of_home(http_get(record.url, "/admin/settings", API_ANSWER_TIMEOUT), record, home)
+    """Whether ``home``'s server answers: its settings name the home and echo the start's nonce (a port is no proof).
+    One that refuses this command's login raises ``ApiUnreachableError``: it runs, and is never stopped for it."""
+    answer = http_get(record.url, "/admin/settings", API_ANSWER_TIMEOUT)
+    if answer is not None and answer[0] in (401, 403):
+        raise ApiUnreachableError(
+            f"the local Prefect server at {ui_url(record.url)} refuses this command's login (HTTP {answer[0]}): set "
+            "PREFECT_API_AUTH_STRING to the user:password it was started with (its PREFECT_SERVER_API_AUTH_STRING)"
+        )
+    return settings_of_home(answer, record, home)
 
 
 def settings_of_home(answer: tuple[int, bytes] | None, record: ServerRecord, home: Path) -> bool:

@@ -94,3 +94,25 @@ def test_a_worker_runs_a_deployment_run_to_its_end_against_a_server_with_an_auth
     said = {"worker log": (logs / "worker.log").read_text(), "run log": log, "run state": json.dumps(run)}
     said |= {str(path): path.read_text(errors="replace") for path in job_dir.rglob("*") if path.is_file()}
     assert not [(where, shown) for where, text in said.items() for shown in SHOWN if shown in text]
+
+
+def test_the_server_side_login_alone_starts_the_home_server_and_a_wrong_one_never_stops_it(tmp_path):
+    """The finding: ``server start`` waited 123 s, then said the server did not come up though it did; a client
+    with a wrong login terminated the home's running server, started another and hung."""
+    home = tmp_path / "home"
+    server_side = {"PREFECT_HOME": str(home), "PREFECT_API_URL": "", "PREFECT_SERVER_API_AUTH_STRING": AUTH_STRING}
+    try:
+        started = run_cli("server", "start", env=server_side, timeout=180)
+        assert started.returncode == 0 and "Prefect UI: " in started.stdout, started.stderr
+        pid = json.loads((home / "dupflow-server.json").read_text())["pid"]
+        assert run_cli_here("list", "--jobs-dir", str(tmp_path), env=server_side).returncode == 0
+
+        for login in ("dupflow-admin:wrong", ""):
+            client = {"PREFECT_HOME": str(home), "PREFECT_API_URL": "", "PREFECT_API_AUTH_STRING": login}
+            refused = run_cli("server", "start", env=client, timeout=60)
+            assert refused.returncode == 2, refused.stdout + refused.stderr
+            (line,) = refused.stderr.strip().splitlines()[-1:]
+            assert "refuses this command's login (HTTP 401): set PREFECT_API_AUTH_STRING" in line, refused.stderr
+            assert json.loads((home / "dupflow-server.json").read_text())["pid"] == pid
+    finally:
+        run_cli("server", "stop", env=server_side)
