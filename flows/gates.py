@@ -59,12 +59,10 @@ def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordC
     if answer is None and note is not None and gate_result_path(step, "paused").is_file():
         create_flow_run_input(answer_key, answer := {"confirmed": True, "note": note})
     if answer is None:
-        local = runtime.deployment.name in (None, COMMAND_LINE_DEPLOYMENT)  # a worker's run is resumed by its id too
-        hint = job_state.resume_hint(job.paths.job_dir, None if local else str(runtime.flow_run.id))
-        awaiting = stored_in_job(wait, step)(step, hint)
+        awaiting = stored_in_job(wait, step)(step, job_state.resume_hint(job.paths.job_dir))
         card.note([*done, awaiting])  # the card shows the gate awaiting while the run is suspended
         timeout = job.settings.pipeline.wait_timeout
-        card.set_state(SUSPENDED, job_state.suspended_message(key, datetime.now(UTC) + timeout, hint))
+        card.set_state(SUSPENDED, job_state.suspended_message(key, datetime.now(UTC) + timeout, job.paths.job_dir))
         answer = suspend_flow_run(wait_for_input=InspectionInput, timeout=int(timeout.total_seconds()), key=key)
     inspection = InspectionInput.model_validate(answer)  # Prefect's dispatch types it as a coroutine too
     return stored_in_job(wait, step)(step, note=inspection.note)

@@ -1,6 +1,5 @@
-"""The job's one flow run: a run of the deployment ``dupflow/command-line`` (no work pool) that this process executes,
-as ``prefect flow-run execute`` does, suspended at a wait step like a worker's run. ``continue`` goes on in that same
-run (resumed, or set back to Pending as ``prefect flow-run retry`` does), so its state history shows each attempt."""
+"""The job's one flow run: a run of the deployment ``dupflow/command-line`` that the command line executes in its
+process, or the home's runner after a Resume or Retry in the UI (``serve``); see docs/operations.md."""
 
 from __future__ import annotations
 
@@ -9,23 +8,24 @@ from typing import Any
 from uuid import UUID
 
 from prefect.client.orchestration import SyncPrefectClient, get_client
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
-from prefect.client.schemas.objects import FlowRun
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterTags, TaskRunFilter
+from prefect.client.schemas.filters import TaskRunFilterState, TaskRunFilterStateType
+from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.client.schemas.sorting import FlowRunSort
-from prefect.exceptions import Pause
-from prefect.states import Pending, State
+from prefect.exceptions import ObjectNotFound, Pause
+from prefect.states import Crashed, Pending, State
 
+from config.runtime import apply_process_defaults
 from flows.gates import COMMAND_LINE_DEPLOYMENT
 from flows.pipeline import pipeline
-from tasks.core.errors import JobError
 from tasks.core.readable import plain_text
 from tasks.job.layout import JobPaths, directory_tag, job_tag
 
 CONTINUING = ("note", "attach", "resubmit")  # a continue's own parameters: each continue gives them anew
 RETRIED = "AwaitingRetry"  # Prefect's name for a run set back to go again (``prefect flow-run retry``)
 DESCRIPTION = (
-    "Jobs started on the command line (python -m flows.run start): the command line runs them, no worker does. A run "
-    "suspended at a wait step, or resumed here, goes on with: python -m flows.run continue JOB_ID"
+    "Jobs started on the command line (python -m flows.run start): the command line runs them; a Resume or Retry "
+    "here, the home's runner beside its local server (or: python -m flows.run continue JOB_ID)"
 )
 
 
@@ -46,11 +46,13 @@ def new_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any], said: 
             description=DESCRIPTION,
         )
         tags = [job_tag(job_id), directory_tag(paths.job_dir)]
-        run = client.create_flow_run_from_deployment(deployment_id, parameters=parameters, name=job_id, tags=tags)
+        run = client.create_flow_run_from_deployment(  # Pending: no runner takes a run this process executes
+            deployment_id, parameters=parameters, name=job_id, tags=tags, state=Pending()
+        )
     return JobRun(run, said)
 
 
-def continued_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any], note: str) -> JobRun:
+def continued_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any]) -> JobRun:
     """The job's run, made ready to go on in this process; a new run when this server has none of the job's."""
     with get_client(sync_client=True) as client:
         tags = FlowRunFilterTags(all_=[job_tag(paths.job_id), directory_tag(paths.job_dir)])  # a copy has its own
@@ -61,14 +63,23 @@ def continued_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any], 
             said = "its flow run is not on this Prefect server (or is from before jobs had one run): a new run takes"
             return new_job_run(job_id, paths, parameters, f"{said} every finished step from the job folder")
         reset = reset_parameters(client, run, parameters)
-        if run.state is not None and run.state.is_paused():  # resumed with the form's answers, as the UI's Resume
-            resume_confirmed(client, run.id, note)
-            said = "resumed its suspended flow run, confirmed with the note"
-            return JobRun(client.read_flow_run(run.id), f"{reset}{said}")
-        if run.state is None or not run.state.is_scheduled():  # scheduled: resumed in the UI, this goes on with it
-            again: State[Any] = Pending(name=RETRIED, message="continued from the command line")
-            client.set_flow_run_state(run.id, again, force=True)  # this process holds the job's lock: none runs it
+        end_attempt(client, run.id)
+        again: State[Any] = Pending(name=RETRIED, message="continued from the command line")
+        client.set_flow_run_state(run.id, again, force=True)  # this process holds the job's lock: none runs it
         return JobRun(client.read_flow_run(run.id), f"{reset}going on in its flow run {run.id}")
+
+
+def end_attempt(client: SyncPrefectClient, run_id: UUID) -> None:
+    """The task runs its last attempt left unfinished (its process was killed) set Crashed.
+
+    Why: nothing else ends them; the UI showed them Running for good, also after the job completed.
+    """
+    unfinished = TaskRunFilterStateType(any_=[StateType.RUNNING, StateType.PENDING, StateType.SCHEDULED])
+    of_run = FlowRunFilter(id=FlowRunFilterId(any_=[run_id]))
+    left = TaskRunFilter(state=TaskRunFilterState(type=unfinished))
+    ended: State[Any] = Crashed(message="its process ended before the task did; the job was continued")
+    for task_run in client.read_task_runs(flow_run_filter=of_run, task_run_filter=left):
+        client.set_task_run_state(task_run.id, ended, force=True)
 
 
 def reset_parameters(client: SyncPrefectClient, run: FlowRun, parameters: dict[str, Any]) -> str:
@@ -91,20 +102,28 @@ def flat_inputs(parameters: dict[str, Any]) -> dict[str, Any]:
     return flat | {f"overrides.{key}": value for key, value in dict(overrides or {}).items()}
 
 
-def resume_confirmed(client: SyncPrefectClient, run_id: UUID, note: str) -> None:
-    """Resume a suspended run with the inspection form's answers; a refusal is a one-line ``JobError``."""
-    answer = client.resume_flow_run(run_id, run_input={"confirmed": True, "note": note})
-    if answer.status.value != "ACCEPT":
-        reason = getattr(answer.details, "reason", None) or answer.status.value
-        raise JobError(f"the Prefect server did not resume flow run {run_id}: {reason}")
-
-
 def execute(run: FlowRun, parameters: dict[str, Any]) -> Any:
     """Run the flow run in this process with the job's ``parameters``, never the server's copy (``prefect
-    flow-run execute``); its final state, or Suspended at a gate."""
+    flow-run execute``); its final state, Suspended at a gate, or None if the run was deleted."""
     from prefect.flow_engine import run_flow
 
     try:
         return run_flow(pipeline, flow_run=run, parameters=parameters, return_type="state")
     except Pause as paused:
         return paused.state
+    except ObjectNotFound:  # deleted on the server while it ran (the UI's Delete): no state to give
+        return None
+
+
+def serve() -> None:
+    """The home's runner: Prefect's ``serve`` of the command-line deployment, beside the home's server.
+
+    Why: a Resume or Retry in the UI sets a run Scheduled, which only a runner or worker takes up; so the
+    UI's buttons run a job the command line started, with no terminal.
+    """
+    apply_process_defaults()
+    pipeline.serve(name=COMMAND_LINE_DEPLOYMENT, description=DESCRIPTION, print_starting_message=False)
+
+
+if __name__ == "__main__":
+    serve()

@@ -1,4 +1,4 @@
-"""The job's lock, its state by the one rule (``settled_state``), the steps its run finished, how to go on at a gate,
+"""The job's lock, its state (its flow run's), the steps its run finished, how to go on at a gate,
 and finding jobs. Import-light: the Prefect server is asked over its REST API, without importing Prefect."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tasks.core.errors import JobError
 from tasks.core.readable import plain_text
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_of_tag, job_tag
 from tasks.job.layout import result_name, step_artifact_key
-from tasks.job.record import RUNNING, CRASHED, UNKNOWN, JobRecord, RecordError, StepRecord
+from tasks.job.record import UNKNOWN, JobRecord, RecordError, StepRecord
 from tasks.job.record import read_record
 from tasks.job.result_records import read_result_record
 
@@ -98,51 +98,26 @@ class JobLock:
         self.release()
 
 
-def is_locked(paths: JobPaths) -> bool:
-    lock_path = paths.job_dir / LOCK_FILE
-    if not lock_path.exists():
-        return False
-    fd = os.open(lock_path, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # closing the descriptor lets the shared lock go again
-        return False
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-
-
 def current_states(jobs: list[JobPaths]) -> list[str]:
+    """Each job's state: its newest flow run's, as the UI shows it (``Unknown`` without one on this server)."""
     runs = latest_runs({paths.job_id: directory_tag(paths.job_dir) for paths in jobs})
-    return [settled_state(run_state(runs.get(paths.job_id)), locked=is_locked(paths)) for paths in jobs]
+    return [run_state(runs.get(paths.job_id)) or UNKNOWN for paths in jobs]
 
 
-def settled_state(server: str | None, *, locked: bool) -> str:
-    """The job's newest flow run's state (``Unknown`` without one); Running that no process holds (the job's lock) is
-    Crashed: killed, and the server has not missed its heartbeats yet."""
-    if server is None:
-        return UNKNOWN
-    return CRASHED if server == RUNNING and not locked else server
+def resume_hint(job_dir: Path) -> str:
+    """How a suspended job goes on: Resume in the UI (a worker or the home's runner runs it), or ``continue``."""
+    return f"Resume in the Prefect UI, or run: {CLI} continue {job_on_command_line(job_dir)}"
 
 
-def resume_hint(job_dir: Path, worker_run_id: str | None) -> str:
-    """How to go on past a wait step: the command line fills in the form; a worker's run also by its resume call."""
-    go_on = f"{CLI} continue {job_on_command_line(job_dir)}"
-    if worker_run_id is None:
-        return f"{go_on} (a Resume in the Prefect UI leaves the run waiting for that command)"
-    return (
-        "press Resume on this flow run in the Prefect UI and fill in the form, or "
-        f'POST /api/flow_runs/{worker_run_id}/resume with {{"run_input": {{"confirmed": true, "note": "..."}}}}, '
-        f"or run: {go_on}"
-    )
-
-
-def suspended_message(pause_key: str | None, expires: datetime | None, hint: str) -> str:
-    """What a run suspended at a wait step (``pause_key`` ``wait-NN``) waits for, until when (after that Prefect
-    refuses the resume and fails the run), and how to go on."""
-    at = f" at step {int(found[1]) + 1} (wait)" if (found := re.fullmatch(r"wait-(\d+)", pause_key or "")) else ""
-    until = f" until {expires.astimezone(UTC):%Y-%m-%d %H:%M} UTC (pipeline.wait_timeout)" if expires else ""
-    return f"awaiting inspection{at}{until}; to go on: {hint}"
+def suspended_message(pause_key: str | None, expires: datetime | None, job_dir: Path) -> str:
+    """What a suspended run waits for: the inspection at a wait step (``pause_key`` ``wait-NN``), or a Resume
+    after a Suspend in the UI; until when (after that Prefect refuses the resume and fails the run), how to go on."""
+    until = f" until {expires.astimezone(UTC):%Y-%m-%d %H:%M} UTC" if expires else ""
+    if found := re.fullmatch(r"wait-(\d+)", pause_key or ""):
+        waits = f"awaiting inspection at step {int(found[1]) + 1} (wait){until} (pipeline.wait_timeout)"
+    else:
+        waits = f"suspended on the Prefect server{until}"
+    return f"{waits}; to go on: {resume_hint(job_dir)}"
 
 
 def latest_runs(directories: dict[str, str]) -> dict[str, dict[str, Any]]:

@@ -15,18 +15,21 @@ from uuid import UUID
 
 from prefect import flow, get_run_logger, runtime
 from prefect.client.orchestration import get_client
-from prefect.exceptions import PrefectSignal
-from prefect.states import Completed, State
+from prefect.exceptions import Pause, PrefectSignal
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
+from prefect.client.schemas.sorting import FlowRunSort
+from prefect.states import AwaitingRetry, Completed, State, Suspended
 
 from config.settings import Settings
 from flows.gates import run_gate
 from flows.heartbeats import ensure_crash_detection
+from flows.job_stop import stop_watch
 from flows.job_card import JobRecordCard, job_summary, publish_step_table
-from flows.job_state import JobLock
+from flows.job_state import JobLock, suspended_message
 from flows.jobs import Job, prepare_job, refuse_extraction_flags_of_a_followed_url, refuse_invisible_url_characters
 from flows.run_logging import keep_one_trace_per_failure
 from tasks.clients.extraction_documents import ExtractionHandle
-from tasks.core.readable import counted, plain_text
+from tasks.core.readable import counted
 from tasks.core.redaction import redact
 from tasks.core.errors import JobError
 from tasks.core.url_credentials import refuse_credentials_in_url, shown_url, split_url
@@ -36,7 +39,7 @@ from tasks.http_import import http_import, shaped_settings as http_import_shape
 from tasks.job.contract import StepInput, StepKind, StepResult, digest, files_gone, redact_exception, stored_in_job
 from tasks.job.filework import file_runner
 from tasks.job.layout import directory_tag, is_job_id, job_of_tag, job_tag
-from tasks.job.record import CANCELLED, CRASHED, FAILED, counts_text, read_facts, record_facts
+from tasks.job.record import FAILED, counts_text, read_facts, record_facts
 from tasks.local_import import local_import, shaped_settings as local_import_shape
 from tasks.pseudonymizer import pseudonymizer, shaped_settings as pseudonymizer_shape
 from tasks.send import send, shaped_settings as send_shape
@@ -99,47 +102,80 @@ def pipeline(
         resubmit: After a submission in doubt: submit the extraction anew.
     """
     checked_attach(attach)  # before anything is made or written
-    source = "the flow's overrides parameter"
-    job = prepare_job(
-        job_id or own_job_id(),
-        config_path,
-        job_input,
-        overrides,
-        overrides_source=source,
-        must_exist=bool(job_id),
-        changing=False,
-    )
+    job = job_of_the_run(job_id, config_path, job_input, overrides)
+    if (elsewhere := handed_over(job, note)) is not None:
+        return elsewhere
     flow_run_id = str(runtime.flow_run.id)
     name_and_tag_flow_run(job.job_id, job.paths.job_dir)
     if problem := ensure_crash_detection():
         get_run_logger().warning(
             "the Prefect server may not mark this job Crashed if its process is killed: %s", problem
         )
-    with JobLock(job.paths):
+    with JobLock(job.paths), stop_watch(UUID(flow_run_id)) as stop:
         settle_submission_in_doubt(job, attach, resubmit)
         card = JobRecordCard(job)
         try:
             return run_job_steps(job, card, note)
-        except PrefectSignal:  # suspended for inspection: the card shows it already
-            raise
         except BaseException as exc:
+            if (stopped := stop.ended(exc)) is not None:  # a Cancel, a Suspend, an interrupt: no failure
+                return ended_by_a_stop(job, card, stopped)
+            if isinstance(exc, PrefectSignal):  # suspended for inspection: the card shows it already
+                raise
             redact_exception(exc)  # Prefect makes the failed state's message of its text
-            card.set_state(*ended_state(exc, flow_run_id))
+            card.set_state(FAILED, redact(f"{type(exc).__name__}: {exc}"))
             raise
 
 
-def ended_state(exc: BaseException, flow_run_id: str) -> tuple[str, str]:
-    """The state ``exc`` ends the run in, in Prefect's words; an interrupt after a cancel on the server is that."""
-    if isinstance(exc, Exception):
-        return FAILED, redact(f"{type(exc).__name__}: {exc}")
-    try:
-        with get_client(sync_client=True) as client:
-            state = client.read_flow_run(UUID(flow_run_id)).state
-    except Exception:  # noqa: BLE001 - an unanswered question is no cancel
-        state = None
-    if state is not None and state.type.value in ("CANCELLING", "CANCELLED"):
-        return CANCELLED, f"{plain_text(state.message or 'Cancelled on the Prefect server')}; continue resumes the job"
-    return CRASHED, "Execution was aborted by an interrupt signal (Ctrl+C or SIGTERM); continue resumes the job"
+def job_of_the_run(
+    job_id: str | None, config_path: str | None, job_input: str | None, overrides: dict[str, str] | None
+) -> Job:
+    """The job the run's parameters name, made or found; an existing one's inputs must be its own."""
+    source = "the flow's overrides parameter"
+    given = job_id or own_job_id()
+    return prepare_job(
+        given, config_path, job_input, overrides, overrides_source=source, must_exist=bool(job_id), changing=False
+    )
+
+
+def ended_by_a_stop(job: Job, card: JobRecordCard, stopped: State[Any]) -> State[Any]:
+    """The run's end after a Cancel or an interrupt (its state), or a Suspend (Prefect's ``Pause``)."""
+    if stopped.is_paused():
+        stopped = said_on_server(stopped, job.paths.job_dir)
+    card.set_state(stopped.name or "", stopped.message or "")
+    if stopped.is_paused():
+        raise Pause(state=stopped)
+    return stopped
+
+
+def handed_over(job: Job, note: str | None) -> State[Any] | None:
+    """Where the job has a flow run other than this one (a deployment's form given its id), that run goes on:
+    resumed with ``note``, or set to be retried, for its runner or worker; this one ends saying so.
+
+    Why: one job is one flow run; a second one finished the job, the first stayed Suspended with its Resume.
+    """
+    own = FlowRunFilterTags(all_=[job_tag(job.job_id), directory_tag(job.paths.job_dir)])
+    with get_client(sync_client=True) as client:
+        newest = FlowRunSort.EXPECTED_START_TIME_DESC
+        found = client.read_flow_runs(flow_run_filter=FlowRunFilter(tags=own), sort=newest, limit=1)
+        if not found or str((run := found[0]).id) == str(runtime.flow_run.id):
+            return None
+        said = f"job {job.job_id} goes on in its own flow run {run.id}"
+        if run.state is not None and run.state.is_paused():
+            if note is None:  # its wait step waits for its form: no answer here
+                return Completed(message=f"{said}, waiting at its wait step: Resume it in the UI")
+            client.resume_flow_run(run.id, run_input={"confirmed": True, "note": note})
+        elif run.state is None or run.state.is_final():
+            client.set_flow_run_state(run.id, AwaitingRetry(), force=True)
+    return Completed(message=said)
+
+
+def said_on_server(suspended: State[Any], job_dir: Path) -> State[Any]:
+    """The run's Suspended state from the UI again, with a message of until when and how the job goes on."""
+    until = suspended.state_details.pause_timeout
+    told: State[Any] = Suspended(pause_expiration_time=until, message=suspended_message(None, until, job_dir))
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(runtime.flow_run.id, told, force=True)
+    return told
 
 
 def run_job_steps(job: Job, card: JobRecordCard, note: str | None) -> Any:

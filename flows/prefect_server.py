@@ -29,7 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from config.runtime import CLI, MALLOC_ARENAS, local_server_port, prefect_api_headers, prefect_api_url
 from flows.prefect_profile import record_in_profile
-from flows.server_process import POLL_INTERVAL, process_is_server, process_stopped, terminate
+from flows.server_process import POLL_INTERVAL, process_is_server, process_runs, process_stopped, terminate
 from tasks.core.errors import DupflowError
 from tasks.core.readable import plain_text
 from tasks.core.url_credentials import shown_url
@@ -39,6 +39,9 @@ STATE_FILE = "dupflow-server.json"
 PORT_FILE = "dupflow-server.port"
 LOCK_FILE = "dupflow-server.lock"
 LOG_FILE = "dupflow-server.log"
+RUNNER_FILE, RUNNER_LOG = "dupflow-runner.pid", "dupflow-runner.log"
+RUNNER_COMMAND = ("flows.job_runs",)
+RUNNER_POLL_SECONDS = "5"  # a Resume in the UI runs within this and a process's start
 DATABASE_FILE = "prefect.db"
 DATABASE_URL_SETTINGS = ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
 HOST = "127.0.0.1"
@@ -84,11 +87,13 @@ class ServerRecord:
 
 
 def use_server() -> None:
-    """Point this process at the jobs' server: ``PREFECT_API_URL`` (it must answer), else the local one."""
+    """Point this process at the jobs' server: ``PREFECT_API_URL`` (it must answer), else the local one, whose
+    runner (``ensure_runner``) is started too where it does not run."""
     if (api_url := prefect_api_url()) is not None:
         require_answer(api_url)
     else:
         os.environ["PREFECT_API_URL"] = api_url = ensure_server()
+        ensure_runner(prefect_home(), api_url)
         if (prefect_context := sys.modules.get("prefect.context")) is not None:  # it read the profile's URL at import
             prefect_context.refresh_global_settings_context()
         print(f"Prefect UI: {ui_url(api_url)}", file=sys.stderr)
@@ -162,10 +167,28 @@ def version_problem(answer: tuple[int, bytes] | None) -> str | None:
     return None
 
 
+def ensure_runner(home: Path, api_url: str) -> None:
+    """The home's runner (``flows.job_runs``: Prefect's ``serve``) beside its server, started if it does not run;
+    detached, its log in ``home``. It runs what the UI resumes or retries of the command line's jobs."""
+    with exclusive_lock(home / LOCK_FILE), suppress(OSError, ValueError):
+        if process_runs(int((home / RUNNER_FILE).read_text()), RUNNER_COMMAND):
+            return
+    with exclusive_lock(home / LOCK_FILE), open(home / RUNNER_LOG, "ab") as out:
+        env = {**os.environ, "PREFECT_API_URL": api_url, "PREFECT_RUNNER_POLL_FREQUENCY": RUNNER_POLL_SECONDS}
+        command = [sys.executable, "-m", *RUNNER_COMMAND]
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=home, env=env, start_new_session=True
+        )
+        write_file_atomically(home / RUNNER_FILE, str(process.pid).encode())
+
+
 def stop_server(home: Path | None = None) -> bool:
-    """Stop the server recorded in PREFECT_HOME; whether one was running."""
+    """Stop the server recorded in PREFECT_HOME, and its runner; whether the server was running."""
     home = prefect_home(home)
     with exclusive_lock(home / LOCK_FILE):
+        with suppress(OSError, ValueError):
+            if process_runs(pid := int((home / RUNNER_FILE).read_text()), RUNNER_COMMAND):
+                terminate(pid)
         record = read_record(home)
         if running := record is not None and runs_recorded_server(record):
             terminate(record.pid)
@@ -422,6 +445,7 @@ def print_server(when_set: str, started: str) -> int:
     except ServerStartError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    ensure_runner(prefect_home(), api_url)
     print(started.format(ui=ui_url(api_url), api=api_url))
     return 0
 

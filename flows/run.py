@@ -20,7 +20,6 @@ if __name__ == "__main__" and sys.argv[1:2] == ["view"]:  # the engine alone: no
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
 from config.errors import ConfigError
 from config.fields import CONFIG_LOGGER
@@ -31,7 +30,7 @@ from config.runtime import apply_process_defaults, job_on_command_line, jobs_dir
 from config.settings import Settings
 from flows import extraction_cli, housekeeping, prefect_server, view_cli
 from flows.api_watch import api_watched
-from flows.job_state import SCHEDULED_NAMES, JobLock, find_job_dir, newest_run, resume_hint, run_state
+from flows.job_state import SCHEDULED_NAMES, JobLock, find_job_dir, newest_run, run_state
 from flows.job_state import suspended_message
 from flows.jobs import check_new_job, prepare_job, refuse_extraction_flags_of_a_followed_url
 from flows.jobs import refuse_invisible_url_characters, step_file_problems
@@ -42,7 +41,7 @@ from tasks.core.readable import plain_text
 from tasks.core.redaction import redact
 from tasks.core.url_credentials import refuse_credentials_in_url
 from tasks.job.layout import JobPaths
-from tasks.job.record import COMPLETED, SUSPENDED, UNKNOWN, JobRecord, read_record
+from tasks.job.record import COMPLETED, UNKNOWN, JobRecord, read_record
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +52,8 @@ EXIT_CODES_HELP = f"""first try: {CLI} start   (the embedded sample job)
 a command's own help: {CLI} COMMAND --help
 
 exit codes: 0 done or paused for inspection; 1 job failed (fix the cause, then continue JOB);
-2 usage or configuration error, or no Prefect API (nothing was run); 130 interrupted (continue JOB resumes)"""
+2 usage or configuration error, or no Prefect API (nothing was run); 130 interrupted or cancelled (continue JOB
+resumes)"""
 START_EXAMPLES = f"""examples, by the configuration's first step:
   the embedded sample job (local_import and flattening of bundled data):
     {CLI} start
@@ -225,10 +225,8 @@ def cmd_continue(args: argparse.Namespace) -> int:
         prefect_server.use_server()  # the job's state is its flow run's there
         run = newest_run(paths)
         state = run_state(run) or UNKNOWN
-        if run and (state == SUSPENDED or state in SCHEDULED_NAMES):  # at a gate, or resumed in the UI
-            refuse_flags_of_a_new_run(job, args, overrides)
-            if run.get("work_pool_name"):  # a worker's run
-                return resume_suspended_run(job, str(run.get("id")), args.note, state)
+        if run and run.get("work_pool_name") and state in SCHEDULED_NAMES:
+            raise UsageError(f"job {job.job_id}: its deployment run is {state} on the server: a worker takes it up")
         if state == COMPLETED and not overrides:
             print(f"job {job.job_id} is already completed; nothing to do (outputs in {paths.job_dir})")
             return EXIT_OK
@@ -238,29 +236,10 @@ def cmd_continue(args: argparse.Namespace) -> int:
         return run_job(paths, args.no_progress, continuing)
 
 
-def refuse_flags_of_a_new_run(job: JobRecord, args: argparse.Namespace, overrides: dict[str, str]) -> None:
-    """A suspended run goes on with its first parameters: flags that would be lost without a word are refused."""
-    flags = (("--set", overrides), ("--attach", args.attach), ("--resubmit", args.resubmit))
-    if given := [flag for flag, value in flags if value]:
-        raise UsageError(
-            f"job {job.job_id}: its flow run is suspended at a wait step and goes on as it was started, so "
-            f"{', '.join(given)} cannot apply; resume it without them, or cancel that run in the Prefect UI and "
-            f"continue with them"
-        )
-
-
-def resume_suspended_run(job: JobRecord, run_id: str, note: str, state: str) -> int:
-    """Resume a worker's run suspended at a wait step with the form's answers; a worker of its pool continues it."""
-    if state != SUSPENDED:
-        raise UsageError(f"job {job.job_id}: its deployment run is {state} on the server (resumed there); let it end")
-    from prefect.client.orchestration import get_client
-
-    from flows.job_runs import resume_confirmed
-
-    with get_client(sync_client=True) as client:
-        resume_confirmed(client, UUID(run_id), note)
-    print(f"job {job.job_id}: resumed its suspended flow run {run_id}; a worker of its pool continues it")
-    return EXIT_OK
+def job_parameters(job: JobRecord, paths: JobPaths) -> dict[str, Any]:
+    """The job's flow run parameters, from its ``job.json`` alone, its jobs_dir where this command found it."""
+    overrides = {**job.overrides, "jobs_dir": str(paths.job_dir.parent)}
+    return dict(job_id=job.job_id, config_path=job.config_path, job_input=job.job_input, overrides=overrides)
 
 
 def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | None) -> int:
@@ -286,13 +265,11 @@ def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any] | None)
     from flows.heartbeats import ensure_crash_detection
 
     ensure_crash_detection()  # before the run's first heartbeat; if it cannot, the flow's own try says why
-    overrides = {**job.overrides, "jobs_dir": str(paths.job_dir.parent)}  # where this command found the job
-    parameters = dict(job_id=job.job_id, config_path=job.config_path, job_input=job.job_input, overrides=overrides)
-    parameters |= continuing or {}
+    parameters = job_parameters(job, paths) | (continuing or {})
     if continuing is None:
         run = job_runs.new_job_run(job.job_id, paths, parameters)
     else:
-        run = job_runs.continued_job_run(job.job_id, paths, parameters, continuing["note"])
+        run = job_runs.continued_job_run(job.job_id, paths, parameters)
     if run.said:
         print(f"job {job.job_id}: {run.said}")
     try:
@@ -303,17 +280,28 @@ def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any] | None)
 
 def report_outcome(paths: JobPaths, state: Any) -> int:
     """The run's end: where the data went, how to go on from a gate, or the cause and how to resume."""
+    job_ref = job_on_command_line(paths.job_dir)
+    if state is None:
+        print(
+            f"job {paths.job_id} stopped: its flow run was deleted on the Prefect server; the job folder is kept, "
+            f"and {CLI} continue {job_ref} makes a new run from it",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
     if state.is_completed() or state.is_paused():
         details = state.state_details
-        hint = resume_hint(paths.job_dir, None)  # the command line's run
-        said = suspended_message(details.pause_key, details.pause_timeout, hint) if state.is_paused() else state.message
+        paused = suspended_message(details.pause_key, details.pause_timeout, paths.job_dir)
+        said = paused if state.is_paused() else state.message
         print(f"{state.name}: {plain_text(said)}" if said else state.name)
         print(f"job directory: {paths.job_dir}")
         return EXIT_OK
+    if state.is_cancelled():
+        said = plain_text(state.message or "cancelled")
+        print(f"job {paths.job_id} {said}; resume with: {CLI} continue {job_ref}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     cause = plain_text(failure_text(state))
     print(f"job {paths.job_id} failed: {cause}", file=sys.stderr)
     print(f"full log: {paths.log_file}", file=sys.stderr)
-    job_ref = job_on_command_line(paths.job_dir)
     print(f"after fixing the cause, resume with: {CLI} continue {job_ref}", file=sys.stderr)
     if key := setting_named_in(cause):
         print(f"or change {key} for this job: {CLI} continue {job_ref} --set {key}=VALUE", file=sys.stderr)

@@ -25,6 +25,7 @@ SERVICE_DRAINING = "Still processing items"  # a service handing over its queue 
 # Prefect's event client and its services' threads ("Service 'EventsWorker' failed to process item Event(…)", the
 # whole event on one line): a lost server is told by the API watch in two lines.
 EVENT_CLIENT_NOISE = ("prefect.events.clients", "prefect._internal.concurrency")
+JOB_LOG_ONLY = (*EVENT_CLIENT_NOISE, "dupflow.stop")  # the stop is said once, by the command's last line
 HAND_OVER_SECONDS = 10
 # distributed.nanny's WARNING when a worker takes over 4 s to end as the cluster closes: it is killed, the work done.
 CLUSTER_TEARDOWN = "Worker process still alive after"
@@ -63,7 +64,7 @@ def keep_one_trace_per_failure() -> None:
     redact_records_sent_to_prefect()
 
 
-FAILED_FINISHES = ("Finished in state Failed", "Finished in state Crashed")
+FAILED_FINISHES = ("Finished in state Failed", "Finished in state Crashed", "Finished in state Cancelled")
 SIGNAL_CRASHES = (  # Prefect's words when Ctrl+C or its own SIGTERM handler ended a run: the interruption itself
     "Crash detected! Execution was aborted by an interrupt signal.",
     "Crash detected! Execution was aborted by a termination signal.",
@@ -97,7 +98,7 @@ class _OneFailureLine(logging.Filter):
             return False
         if record.name in PREFECT_SERVICES and str(record.msg).startswith(SERVICE_DRAINING):
             return False
-        if record.name.startswith(EVENT_CLIENT_NOISE):
+        if record.name.startswith(JOB_LOG_ONLY):
             return False
         if record.name not in RUN_LOGGERS:
             return True

@@ -15,6 +15,11 @@ POLL_INTERVAL = 0.05  # a start or stop waits for the server by this much at mos
 
 def process_is_server(pid: int) -> bool:
     """Whether ``pid`` is alive and still a ``prefect server start`` (a recycled pid is not)."""
+    return process_runs(pid, ("prefect", "server", "start"))
+
+
+def process_runs(pid: int, words: tuple[str, ...]) -> bool:
+    """Whether ``pid`` is alive and its command line holds ``words`` (a recycled pid's does not)."""
     if not process_exists(pid):
         return False
     try:
@@ -26,7 +31,7 @@ def process_is_server(pid: int) -> bool:
         return False
     except FileNotFoundError:
         return not Path("/proc/self").exists()  # no /proc (macOS): the pid check above is all there is
-    return b"prefect" in arguments and b"server" in arguments and b"start" in arguments
+    return all(word.encode() in arguments for word in words)
 
 
 def process_exists(pid: int) -> bool:

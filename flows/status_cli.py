@@ -9,13 +9,14 @@ from typing import Any, NamedTuple
 
 from config.runtime import CLI, job_on_command_line, jobs_dir_of, listed_jobs_dir
 from flows import extraction_cli, prefect_server
-from flows.job_state import current_states, find_job_dir, finished_steps, is_locked, list_jobs, newest_run
-from flows.job_state import SCHEDULED_NAMES, resume_hint, run_state, settled_state, step_at_work, suspended_message
+from flows.job_state import current_states, find_job_dir, finished_steps, list_jobs, newest_run
+from flows.job_state import SCHEDULED_NAMES, run_state, step_at_work, suspended_message
 from tasks.core.names import show_text
 from tasks.core.readable import CAUSE_CHARS, counted, duration_text, plain_lines, plain_text, size_text, truncate
 from tasks.core.redaction import redact, redact_strings
 from tasks.job.layout import JobPaths
-from tasks.job.record import CANCELLED, CRASHED, FAILED, RUNNING, SUSPENDED, JobRecord, StepRecord, counts_text
+from tasks.job.record import CANCELLED, CRASHED, FAILED, RUNNING, SUSPENDED, UNKNOWN, JobRecord, StepRecord
+from tasks.job.record import counts_text
 from tasks.job.record import RecordError, read_record
 
 EXIT_OK = 0
@@ -23,27 +24,22 @@ EXIT_OK = 0
 
 def state_message(paths: JobPaths, run: dict[str, Any] | None, state: str) -> str:
     """What the job's state means and what to do: the server's message, or this tool's where the server says
-    otherwise (a run killed) or nothing (a gate, a Resume in the UI, no run at all)."""
+    nothing (a gate, a Resume in the UI, no run at all)."""
     go_on = f"{CLI} continue {job_on_command_line(paths.job_dir)}"
     server = (run or {}).get("state") or {}
     said = plain_text(str(server.get("message") or ""))
     if run is None:
         where = "this Prefect server has no flow run of the job (a new server or database, another home's)"
         return f"{where}; {go_on} makes one that skips every finished step"
-    if state == CRASHED and server.get("name") == RUNNING:
-        return f"no process works on it any more (its process was killed); {go_on} resumes it"
     if state == SUSPENDED:
         details = server.get("state_details") or {}
         try:
             expires = datetime.fromisoformat(str(details["pause_timeout"])) if details.get("pause_timeout") else None
         except ValueError:
             expires = None
-        worker_run = str(run.get("id")) if run.get("work_pool_name") else None
-        return suspended_message(details.get("pause_key"), expires, resume_hint(paths.job_dir, worker_run))
-    if state in SCHEDULED_NAMES:  # resumed in the UI: a worker's run is its worker's; the command line's, continue's
-        return (
-            f"its flow run is {state}: a worker goes on with a deployment's run, {go_on} with a job of the command line"
-        )
+        return suspended_message(details.get("pause_key"), expires, paths.job_dir)
+    if state in SCHEDULED_NAMES:  # resumed or retried in the UI: for a runner or worker
+        return f"its flow run is {state}: the runner or worker of its deployment takes it up (or: {go_on})"
     return "; ".join(filter(None, [said, f"{go_on} resumes it"])) if state in (CANCELLED, CRASHED, FAILED) else said
 
 
@@ -68,7 +64,7 @@ def job_status(paths: JobPaths) -> JobStatus:
     job = read_record(paths.job_dir)
     prefect_server.use_server()  # the job's state is its flow run's there
     run = newest_run(paths)
-    state = settled_state(run_state(run), locked=is_locked(paths))
+    state = run_state(run) or UNKNOWN
     done = finished_steps(paths, job.enabled_steps, run) if run else {}
     unfinished = (p for p in range(len(job.enabled_steps)) if p not in done)
     working = next(unfinished, None) if state == RUNNING else None

@@ -249,9 +249,10 @@ def wait_until(probe, what: str = "the condition", timeout: float = 60.0, every:
 
 def complete_results(jobs_dir: Path, task: str) -> int:
     """Persisted results of ``task`` (e.g. ``00-local_import-import-files``) written whole: a result file seen while
-    Prefect still writes it does not count (a kill then makes ``continue`` redo that file, harmlessly)."""
+    Prefect still writes it does not count (a kill then makes ``continue`` redo that file, harmlessly), nor does one
+    under its temporary name (``.<name>.part``, whole before it is renamed)."""
     complete = 0
-    for path in jobs_dir.glob(f"*/.prefect/results/*-{task}-*"):
+    for path in jobs_dir.glob(f"*/.prefect/results/[!.]*-{task}-*"):
         try:
             json.loads(path.read_bytes())
         except ValueError:

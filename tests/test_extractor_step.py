@@ -362,10 +362,11 @@ def test_a_signal_during_stalled_downloads_ends_the_run_at_once_in_one_line_with
     assert process.returncode == 130, err
     assert took < 15, f"the run needed {took:.0f} s to stop"
     lines = err.strip().splitlines()  # the run's INFO lines, then the interruption's one line, no echo of it
-    assert lines[-1] == f"interrupted; resume with: {CLI} continue {job_dir}", err
+    expected = f"job {job_dir.name} interrupted (Ctrl+C or SIGTERM); resume with: {CLI} continue {job_dir}"
+    assert lines[-1] == expected, err
     assert not [line for line in lines if "| ERROR " in line or "Traceback" in line], err
     assert list((job_dir / "import").glob(".*.part")) == []
-    assert job_file(job_dir)["state"] == "Crashed"
+    assert job_file(job_dir)["state"] == "Cancelled"
 
 
 def test_a_handle_that_keeps_dying_gives_up_after_max_attempts_fresh_submissions(tmp_path, capsys, extractor_config):

@@ -150,7 +150,7 @@ def sane_record(job_id: str) -> dict[str, Any]:
     """A finished local import, as ``job.json`` holds it, with its step's result record (``"steps"``, written to the
     job folder's results by ``damaged_job``)."""
     return {
-        "version": 2,
+        "version": 3,
         "job_id": job_id,
         "config_path": "/jobs/config.yaml",
         "job_input": "/data/in",

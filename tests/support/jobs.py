@@ -58,12 +58,12 @@ def job_file(job_dir: Path) -> dict:
     """The job as ``status`` shows it: its ``job.json``, with the state and message of its newest flow run on the
     server of ``PREFECT_API_URL`` (by the one rule: ``Unknown`` without one) and that run's id in ``flow_run_ids``
     (empty without one)."""
-    from flows.job_state import is_locked, newest_run, run_state, settled_state
+    from flows.job_state import newest_run, run_state
     from flows.status_cli import state_message
 
     paths = JobPaths(job_dir)
     run = newest_run(paths)
-    state = settled_state(run_state(run), locked=is_locked(paths))
+    state = run_state(run) or "Unknown"
     shown = {"state": state, "state_message": state_message(paths, run, state)}
     return json.loads(paths.job_file.read_text()) | shown | {"flow_run_ids": [str(run["id"])] if run else []}
 

@@ -1,0 +1,94 @@
+"""What stops a job's run in the middle of a step: a Cancel or a Suspend on the Prefect server, an interrupt.
+
+See docs/operations.md (Prefect's controls) for what each one leaves behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from prefect._internal.observers import FlowRunCancellingObserver
+from prefect.context import FlowRunContext
+from prefect.exceptions import Abort, TerminationSignal
+from prefect.states import Cancelled, State
+
+from tasks.streams.fanout import cancel_scope
+
+log = logging.getLogger("dupflow.stop")
+SUSPEND_CHECK_SECONDS = 0.5
+CANCEL_POLL_SECONDS = 5.0  # while the server's event stream is out of reach
+CANCELLED_ON_SERVER = "cancelled on the Prefect server"
+INTERRUPTED = "interrupted (Ctrl+C or SIGTERM)"
+
+
+@dataclass
+class JobStop:
+    """Why the run's work was stopped (None: it was not), and the Suspended state to end in, if suspended."""
+
+    cancel: Any
+    reason: str | None = None
+    suspended: State[Any] | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def stop(self, reason: str, suspended: State[Any] | None = None) -> None:
+        if self.reason is None:
+            self.reason, self.suspended = reason, suspended
+            log.warning("stopping the job's work: %s", reason)
+        self.cancel()
+
+    def ended(self, exc: BaseException) -> State[Any] | None:
+        """The state the run ends in after ``exc`` ended its work, where a stop ended it; else None: the
+        server's Suspended state (the flow raises ``Pause`` with it), or ``Cancelled``, never Crashed."""
+        if isinstance(exc, KeyboardInterrupt | TerminationSignal):
+            self.stop(INTERRUPTED)
+        elif isinstance(exc, Abort) and self.reason is None:  # the server refused a task: a cancel came first
+            self.stop(CANCELLED_ON_SERVER)
+        if self.suspended is not None:
+            return self.suspended
+        return Cancelled(message=self.reason) if self.reason else None
+
+
+@contextmanager
+def stop_watch(flow_run_id: UUID) -> Iterator[JobStop]:
+    """The run's work (its fan-outs, its waits) in one cancel scope that a Cancel or Suspend ends.
+
+    Why: Prefect's engine stops a run only at a task's boundary, and a step's task may send for an hour;
+    nothing carries out a Cancel of a run no runner supervises. Prefect's own observers tell both.
+    """
+    suspension = FlowRunContext.get()
+    with cancel_scope() as cancel:
+        stop = JobStop(cancel)
+        watch = threading.Thread(target=watch_run, args=(flow_run_id, stop, suspension), daemon=True)
+        watch.start()
+        try:
+            yield stop
+        finally:
+            stop.done.set()
+
+
+def watch_run(flow_run_id: UUID, stop: JobStop, context: FlowRunContext | None) -> None:
+    """Until the run ends: a Cancel (``FlowRunCancellingObserver``) or the engine's suspension request."""
+    request = context.flow_run_suspension_request if context is not None else None
+
+    async def observe() -> None:
+        cancelling = FlowRunCancellingObserver(
+            on_cancelling=lambda _: stop.stop(CANCELLED_ON_SERVER), polling_interval=CANCEL_POLL_SECONDS
+        )
+        async with cancelling:
+            cancelling.add_in_flight_flow_run_id(flow_run_id)
+            while not stop.done.is_set() and stop.reason is None:
+                if request is not None and (suspended := request.get_state()) is not None:
+                    stop.stop("suspended on the Prefect server", suspended)
+                await asyncio.sleep(SUSPEND_CHECK_SECONDS)
+
+    try:
+        asyncio.run(observe())
+    except Exception:  # noqa: BLE001 - a server out of reach stops nothing: the run goes on as without a watch
+        return

@@ -1,0 +1,281 @@
+"""Prefect's controls on a job the command line started: Cancel, Suspend, Resume, Retry and Delete, pressed as the UI
+presses them (its API calls), against a real local Prefect server; each does what it says within seconds."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from config.runtime import CLI
+from flows.job_state import newest_run
+from flows.run import EXIT_INTERRUPTED
+from tasks.job.layout import JobPaths
+from tests.conftest import REPO_ROOT, run_cli_here, wait_until
+from tests.fakes.fhir_server import FhirFakeState, start_fhir_fake
+from tests.support.deployments import api
+from tests.support.jobs import only_job_dir, start_cli_process, step_results, wait_for
+from tests.support.sending import generated, write_ndjson
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
+
+
+def send_job(tmp_path: Path, write_config: Any, url: str, resources: int) -> tuple[Path, Path]:
+    """A job that imports ``resources`` and sends them to ``url``, one transaction each; config and input."""
+    source = tmp_path / "in"
+    write_ndjson(source / "data.ndjson", generated(resources // 2, "p"))
+    auth = {"username": "dupflow", "password": "not-a-secret-here"}
+    send = {"send_as": "direct_resource_load", "url": url, "batch_size": 1, "auth": auth}
+    tree = {"pipeline": {"enabled_steps": ["local_import", "send"]}, "services": {"send": send}}
+    return write_config(tree | {"retry": {"max_attempts": 1}}), source
+
+
+def job_run(jobs_dir: Path) -> dict[str, Any]:
+    """The job's flow run as the server has it, once the job and its run exist."""
+    found: list[dict[str, Any]] = []
+    wait_until(lambda: jobs_dir.is_dir() and any(jobs_dir.iterdir()), "the job's directory", timeout=60)
+    paths = JobPaths(only_job_dir(jobs_dir))
+    wait_until(lambda: bool(found.append(newest_run(paths) or {}) or found[-1]), "the job's run", timeout=120)
+    return found[-1]
+
+
+def stopping(jobs_dir: Path) -> None:
+    """Wait until the job says it stops its work (the job log's line), the control seen."""
+    log = only_job_dir(jobs_dir) / "job.log"
+    wait_until(lambda: "stopping the job's work" in log.read_text(), "the job's work stopping", timeout=30)
+
+
+def press(api_url: str, run_id: str, state: dict[str, Any]) -> None:
+    """A state change as the UI's buttons send it (``set_state``, forced)."""
+    answer = api(api_url, "POST", f"/flow_runs/{run_id}/set_state", json={"state": state, "force": True})
+    assert answer["status"] == "ACCEPT", answer
+
+
+def server_state(api_url: str, run_id: str) -> str:
+    return str(api(api_url, "GET", f"/flow_runs/{run_id}")["state"]["name"])
+
+
+def test_a_cancel_during_a_send_stops_the_job_with_no_request_after_it(tmp_path, write_config, prefect_api):
+    """The finding: after a Cancel the process sent all 400 requests, and the run stayed Cancelling for ever."""
+    fake = start_fhir_fake(FhirFakeState(hold_from=5))
+    try:
+        config, source = send_job(tmp_path, write_config, fake.base_url, 400)
+        process = start_cli_process("start", str(config), str(source), "--no-progress")
+        run = job_run(tmp_path / "jobs")
+        wait_until(lambda: len(fake.state.requests) >= 5, "the send's fifth request, held", timeout=120)
+
+        press(prefect_api["api_url"], run["id"], {"type": "CANCELLING", "name": "Cancelling"})
+        stopping(tmp_path / "jobs")
+        sent = len(fake.state.requests)
+        fake.state.released.set()
+        out, err = process.communicate(timeout=60)
+    finally:
+        fake.stop()
+
+    assert len(fake.state.requests) == sent
+    assert process.returncode == EXIT_INTERRUPTED, err
+    job = only_job_dir(tmp_path / "jobs")
+    said = [line for line in (out + err).splitlines() if f"job {job.name} cancelled" in line]
+    assert said == [f"job {job.name} cancelled on the Prefect server; resume with: {CLI} continue {job}"], out + err
+    assert server_state(prefect_api["api_url"], run["id"]) == "Cancelled"
+    status = run_cli_here("status", str(job)).stdout
+    assert "state:     Cancelled" in status
+    assert job.name in run_cli_here("prune", "--state", "Cancelled", "--jobs-dir", str(job.parent)).stdout
+
+
+def released_note(job: Path) -> str:
+    """The inspection note of the job's released wait step (second), once the server has its task run (task runs
+    arrive as events, a moment after the flow run's state)."""
+    wait_until(lambda: 1 in step_results(job), "the wait step's task run", timeout=30, every=0.2)
+    return str(step_results(job)[1]["summary"]["inspection note"])
+
+
+def finished(process: subprocess.Popen) -> tuple[int, str]:
+    out, err = process.communicate(timeout=120)
+    return process.returncode, out + err
+
+
+def home_command(*args: str, home: Path) -> subprocess.Popen[str]:
+    """A command as a user types it on the home's local server: ``PREFECT_API_URL`` unset, so the command finds
+    the home's server (and its runner) by itself."""
+    import os
+
+    env = {name: value for name, value in os.environ.items() if name != "PREFECT_API_URL"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.run", *args],
+        cwd=REPO_ROOT,
+        env=env | {"PREFECT_HOME": str(home), "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_a_resume_in_the_ui_runs_a_suspended_command_line_job_to_its_end_with_no_command(
+    tmp_path, write_config, prefect_api
+):
+    """The finding: a Resume sat in Resuming for ever; nothing in the UI said a terminal command was needed."""
+    source = tmp_path / "in"
+    write_ndjson(source / "data.ndjson", generated(3, "p"))
+    config = write_config({"pipeline": {"enabled_steps": ["local_import", "wait"]}})
+    home = Path(prefect_api["database"]).parent
+    code, said = finished(home_command("start", str(config), str(source), "--no-progress", home=home))
+    assert code == 0 and "awaiting inspection" in said, said
+    job = only_job_dir(tmp_path / "jobs")
+    run = newest_run(JobPaths(job))
+    assert run is not None
+
+    answer = {"run_input": {"confirmed": True, "note": "dates checked"}}
+    api(prefect_api["api_url"], "POST", f"/flow_runs/{run['id']}/resume", json=answer)
+
+    wait_until(lambda: server_state(prefect_api["api_url"], run["id"]) == "Completed", "Completed", timeout=60)
+    assert released_note(job) == "dates checked"
+
+
+def test_deleting_a_running_jobs_run_ends_it_at_its_next_batch_in_one_line(tmp_path, write_config, prefect_api):
+    """The finding: the process went on to the end, then 76 lines with two tracebacks, exit 1."""
+    fake = start_fhir_fake(FhirFakeState(hold_from=5))
+    try:
+        config, source = send_job(tmp_path, write_config, fake.base_url, 40)
+        process = start_cli_process("start", str(config), str(source), "--no-progress")
+        run = job_run(tmp_path / "jobs")
+        wait_until(lambda: len(fake.state.requests) >= 5, "the send's fifth request, held", timeout=120)
+
+        api(prefect_api["api_url"], "DELETE", f"/flow_runs/{run['id']}")
+        fake.state.released.set()
+        code, said = finished(process)
+    finally:
+        fake.stop()
+
+    job = only_job_dir(tmp_path / "jobs")
+    assert code == 1 and "Traceback" not in said, said
+    assert said.splitlines()[-1] == (
+        f"job {job.name} stopped: its flow run was deleted on the Prefect server; the job folder is kept, and "
+        f"{CLI} continue {job} makes a new run from it"
+    )
+    continued = run_cli_here("continue", str(job), "--no-progress")
+    assert "its flow run is not on this Prefect server" in continued.stdout
+
+
+def test_a_suspend_stops_a_job_at_once_and_a_resume_in_the_ui_finishes_it(tmp_path, write_config, prefect_api):
+    """The finding: after a Suspend the process kept working and ended "awaiting inspection" (no wait step)."""
+    api_url, home = prefect_api["api_url"], Path(prefect_api["database"]).parent
+    fake = start_fhir_fake(FhirFakeState(hold_from=5))
+    try:
+        config, source = send_job(tmp_path, write_config, fake.base_url, 20)
+        process = home_command("start", str(config), str(source), "--no-progress", home=home)
+        run = job_run(tmp_path / "jobs")
+        wait_until(lambda: len(fake.state.requests) >= 5, "the send's fifth request, held", timeout=120)
+        until = (datetime.now(UTC) + timedelta(minutes=30)).isoformat()
+        suspended = {"type": "PAUSED", "name": "Suspended"}
+        press(api_url, run["id"], suspended | {"state_details": {"pause_timeout": until, "pause_reschedule": True}})
+        stopping(tmp_path / "jobs")
+        sent = len(fake.state.requests)
+        fake.state.released.set()
+        code, said = finished(process)
+        assert code == 0 and len(fake.state.requests) == sent
+        job = only_job_dir(tmp_path / "jobs")
+        (line,) = [line for line in said.splitlines() if line.startswith("Suspended: ")]
+        assert line.startswith("Suspended: suspended on the Prefect server until "), said
+        assert line.endswith(f"; to go on: Resume in the Prefect UI, or run: {CLI} continue {job}")
+        told = api(api_url, "GET", f"/flow_runs/{run['id']}")["state"]
+        assert (told["name"], told["message"]) == ("Suspended", line.removeprefix("Suspended: "))
+
+        api(api_url, "POST", f"/flow_runs/{run['id']}/resume", json={})
+
+        wait_until(lambda: server_state(api_url, run["id"]) == "Completed", "Completed", timeout=90, every=0.5)
+    finally:
+        fake.stop()
+    assert {f"{r['resourceType']}/{r['id']}" for r in generated(10, "p")} == set(fake.state.applied)
+
+
+def test_ctrl_c_on_the_terminal_cancels_the_job_as_a_cancel_does(tmp_path, write_config, prefect_api):
+    fake = start_fhir_fake(FhirFakeState(hold_from=5))
+    try:
+        config, source = send_job(tmp_path, write_config, fake.base_url, 40)
+        process = start_cli_process("start", str(config), str(source), "--no-progress")
+        run = job_run(tmp_path / "jobs")
+        wait_until(lambda: len(fake.state.requests) >= 5, "the send's fifth request, held", timeout=120)
+
+        process.send_signal(signal.SIGINT)
+        stopping(tmp_path / "jobs")
+        sent = len(fake.state.requests)
+        fake.state.released.set()
+        code, said = finished(process)
+    finally:
+        fake.stop()
+
+    job = only_job_dir(tmp_path / "jobs")
+    assert code == EXIT_INTERRUPTED and len(fake.state.requests) == sent
+    expected = f"job {job.name} interrupted (Ctrl+C or SIGTERM); resume with: {CLI} continue {job}"
+    assert [line for line in said.splitlines() if line.startswith(f"job {job.name} ")][-1] == expected, said
+    assert server_state(prefect_api["api_url"], run["id"]) == "Cancelled"
+
+
+def test_a_retry_in_the_ui_runs_a_failed_command_line_job_again_with_no_command(tmp_path, write_config, prefect_api):
+    api_url, home = prefect_api["api_url"], Path(prefect_api["database"]).parent
+    fake = start_fhir_fake(FhirFakeState(unavailable=1000))
+    try:
+        config, source = send_job(tmp_path, write_config, fake.base_url, 6)
+        code, said = finished(home_command("start", str(config), str(source), "--no-progress", home=home))
+        assert code == 1, said
+        run = newest_run(JobPaths(only_job_dir(tmp_path / "jobs")))
+        assert run is not None
+        fake.state.reset()
+
+        press(api_url, run["id"], {"type": "SCHEDULED", "name": "AwaitingRetry"})
+
+        wait_until(lambda: server_state(api_url, run["id"]) == "Completed", "Completed", timeout=90, every=0.5)
+    finally:
+        fake.stop()
+    assert {f"{r['resourceType']}/{r['id']}" for r in generated(3, "p")} == set(fake.state.applied)
+
+
+def test_the_deployment_form_given_a_suspended_jobs_id_finishes_it_in_its_own_run(tmp_path, write_config, prefect_api):
+    """The finding: the form finished the job in a second flow run; the first stayed Suspended, Resume live."""
+    api_url, home = prefect_api["api_url"], Path(prefect_api["database"]).parent
+    source = tmp_path / "in"
+    write_ndjson(source / "data.ndjson", generated(3, "p"))
+    config = write_config({"pipeline": {"enabled_steps": ["local_import", "wait"]}})
+    code, said = finished(home_command("start", str(config), str(source), "--no-progress", home=home))
+    assert code == 0, said
+    job = only_job_dir(tmp_path / "jobs")
+    run = newest_run(JobPaths(job))
+    assert run is not None
+
+    form = {"parameters": {"job_id": job.name, "config_path": str(config), "note": "from the form"}}
+    made = api(api_url, "POST", f"/deployments/{run['deployment_id']}/create_flow_run", json=form)
+
+    wait_until(lambda: server_state(api_url, made["id"]) == "Completed", "the form's run ended", timeout=90, every=0.5)
+    wait_until(lambda: server_state(api_url, run["id"]) == "Completed", "the job's run ended", timeout=90, every=0.5)
+    handed = api(api_url, "GET", f"/flow_runs/{made['id']}")
+    assert handed["state"]["message"] == f"job {job.name} goes on in its own flow run {run['id']}"
+    assert job.name not in " ".join(handed["tags"])
+    assert newest_run(JobPaths(job))["id"] == run["id"]
+
+
+def test_continue_of_a_killed_job_ends_the_task_runs_its_attempt_left_running(tmp_path, write_config, prefect_api):
+    """The finding: a killed attempt's task runs stayed Running for ever, also after the job completed."""
+    fake = start_fhir_fake(FhirFakeState(hold_from=3))
+    try:
+        config, source = send_job(tmp_path, write_config, fake.base_url, 8)
+        process = start_cli_process("start", str(config), str(source), "--no-progress")
+        run = job_run(tmp_path / "jobs")
+        wait_for(lambda: len(fake.state.requests) >= 3 or None, process)
+        process.kill()
+        process.wait()
+        fake.state.reset()
+        continued = run_cli_here("continue", str(only_job_dir(tmp_path / "jobs")), "--no-progress")
+    finally:
+        fake.stop()
+
+    assert continued.returncode == 0, continued.stderr
+    body = {"flow_runs": {"id": {"any_": [run["id"]]}}}
+    task_runs = api(prefect_api["api_url"], "POST", "/task_runs/filter", json=body)
+    left = [(t["name"], t["state"]["name"]) for t in task_runs if t["state"]["type"] in ("RUNNING", "PENDING")]
+    assert left == [] and any(t["state"]["name"] == "Crashed" for t in task_runs)
