@@ -27,6 +27,7 @@ from config.services import SendSettings
 from config.settings import RetrySettings, TlsSettings
 from tasks.clients.errors import ServiceError
 from tasks.clients.s3 import S3Uploader, UploadedObject, local_etag
+from tasks.core.errors import StepError
 from tests.conftest import REPO_ROOT
 from tests.fakes.echo import Reply
 from tests.support.s3 import (
@@ -287,49 +288,23 @@ def test_uploaders_started_together_in_threads_all_record_their_objects(proxy, s
     assert all(path.suffix == ".json" and not path.name.startswith(".") for path in records_folder(manifest).iterdir())
 
 
-# --- the single manifest file of the previous version -----------------------------------------------------------
+# --- the single manifest file of an earlier version -------------------------------------------------------------
 
 
-def old_manifest(manifest: Path, bucket: str, *objects: UploadedObject) -> bytes:
-    """``send/s3-manifest.json`` as the previous version wrote it."""
-    content = {"version": 1, "bucket": bucket, "objects": [asdict(uploaded) for uploaded in objects]}
-    manifest.write_text(json.dumps(content, indent=2) + "\n")
-    return manifest.read_bytes()
-
-
-def test_an_object_the_old_manifest_file_records_is_not_uploaded_again(proxy, store, bucket, tmp_path):
-    first, second = data_file(tmp_path / "a.ndjson", 5000, seed=1), data_file(tmp_path / "b.ndjson", 6000, seed=2)
-    put = store.put_object(Bucket=bucket, Key="job-1/a.ndjson", Body=first.read_bytes())
-    earlier = UploadedObject("job-1/a.ndjson", 5000, put["ETag"].strip('"'))
+def test_the_single_manifest_file_of_an_earlier_version_is_refused_naming_what_to_do(proxy, bucket, tmp_path):
+    """An earlier version kept every upload in one ``s3-manifest.json``; its reader went: such a job is refused
+    before any request, in one line, rather than uploading what the store may already hold."""
     manifest = tmp_path / "s3-manifest.json"
-    written = old_manifest(manifest, bucket, earlier)
+    manifest.write_text(json.dumps({"version": 1, "bucket": bucket, "objects": []}))
 
-    with closing(uploader(proxy, bucket, manifest)) as s3:
-        again = s3.upload(first, "job-1/a.ndjson")
-        other = s3.upload(second, "job-1/b.ndjson")
+    with pytest.raises(StepError) as refused:
+        uploader(proxy, bucket, manifest)
 
-    assert again == earlier
-    assert [r.path for r in proxy.state.requests if r.operation == "PutObject"] == [f"/{bucket}/job-1/b.ndjson"]
-    assert listing(store, bucket) == [earlier, other]
-    assert manifest_objects(manifest) == [other] and manifest.read_bytes() == written  # read, never written
-
-
-@pytest.mark.parametrize("unreadable", [False, True], ids=["another-bucket", "unreadable"])
-def test_an_old_manifest_file_of_another_bucket_or_unreadable_is_not_trusted(
-    proxy, store, bucket, tmp_path, caplog, unreadable
-):
-    source = data_file(tmp_path / "a.ndjson", 5000)
-    put = store.put_object(Bucket=bucket, Key="job-1/a.ndjson", Body=source.read_bytes())
-    manifest = tmp_path / "s3-manifest.json"
-    old_manifest(manifest, "elsewhere", UploadedObject("job-1/a.ndjson", 5000, put["ETag"].strip('"')))
-    if unreadable:
-        manifest.write_text("{not json")
-    with closing(uploader(proxy, bucket, manifest)) as s3:
-        uploaded = s3.upload(source, "job-1/a.ndjson")
-
-    assert ("is unreadable" if unreadable else "describes bucket elsewhere, not") in caplog.text
-    assert proxy.state.operations().count("PutObject") == 1
-    assert manifest_objects(manifest) == [uploaded] == listing(store, bucket)
+    assert str(refused.value) == (
+        f"{manifest} is the S3 manifest of an earlier dupflow (one file): finish the job with it, or remove that "
+        "file to upload every object again"
+    )
+    assert proxy.state.requests == []
 
 
 # --- kill during a multipart upload -----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from flows.job_state import JobLock, finished_steps
 from tests.support.results import write_step_record
 from flows.run import EXIT_OK, EXIT_USAGE, main
 from tasks.core.readable import MAX_NOTE_BYTES
-from tasks.job.contract import DataFile, StepResult
+from tasks.job.contract import StepResult
 from tasks.job.layout import JobPaths
 from tasks.job.record import (
     RecordError,
@@ -102,14 +102,6 @@ def test_counts_say_bundles_and_resources_apart():
         FileEntry(name="a.csv", size=1, resources=1),
     ]
     assert counts_text(one) == "1 resource, 1 Bundle holding 1 resource, 1 row"
-
-
-def test_an_older_record_without_bundle_counts_shows_its_lines():
-    """A job recorded before Bundles were counted: its lines may be Bundles or resources, so they are lines."""
-    old = {"name": "batch.ndjson", "size": 10, "resources": 2}
-    csv = FileEntry(name="Patient.csv", size=1, resources=4)
-    assert counts_text([FileEntry.model_validate(old), csv]) == "2 lines, 4 rows"
-    assert counts_text([DataFile.model_validate(old)]) == "2 lines"  # an older cached result loads as it was
 
 
 # --- a job.json that is no job record ---------------------------------------------------------------------------

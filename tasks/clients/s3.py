@@ -43,6 +43,7 @@ from config.settings import PROXY_AUTH_WITHOUT_ENDPOINT
 from tasks.clients.auth import basic_login
 from tasks.clients.http import INSECURE_WARNING, trusted_context
 from tasks.clients.errors import MAX_MESSAGE_CHARS, ServiceError, is_transient_status, nothing_answers_at
+from tasks.core.errors import StepError
 from tasks.core.jsonfile import JsonFileError, read_settings_file
 from tasks.core.readable import truncate
 from tasks.core.redaction import RedactingFilter
@@ -201,7 +202,7 @@ class UploadedObject:
     size: int
     etag: str
     source_modified_ns: int | None = field(default=None, compare=False)
-    """The file's time of change (None in older records): a file written anew to the same size is uploaded again."""
+    """The file's time of change: a file written anew to the same size is uploaded again."""
 
 
 class S3Uploader:
@@ -259,7 +260,7 @@ class S3Uploader:
         recorded = self._manifest.recorded(key)
         if recorded is None or recorded.size != found.st_size:
             return None
-        return recorded if recorded.source_modified_ns in (None, found.st_mtime_ns) else None
+        return recorded if recorded.source_modified_ns == found.st_mtime_ns else None
 
     def _is_stored(self, recorded: UploadedObject) -> bool:
         """Whether the bucket still holds the recorded object (same size and ETag)."""
@@ -308,18 +309,20 @@ class S3Uploader:
 class Manifest:
     """What the uploaders of one job have put in the bucket: one record file per object, written atomically, so
     uploaders in any processes record without a lock and none loses another's; each is read when its key is checked.
-    ``manifest_path`` itself, the previous version's single file, is only read (a job it started is resumed)."""
+    An earlier version's single file at ``manifest_path`` is refused."""
 
     def __init__(self, manifest_path: Path, bucket: str | None):
+        if manifest_path.exists():
+            raise StepError(
+                f"{manifest_path} is the S3 manifest of an earlier dupflow (one file): finish the job with it, or "
+                "remove that file to upload every object again"
+            )
         self._folder, self._bucket = manifest_path.with_suffix(""), bucket
-        then = "the objects it records are uploaded again"
-        self._legacy = _read_manifest_file("S3 manifest", manifest_path, bucket, _legacy_objects, then) or {}
 
     def recorded(self, key: str) -> UploadedObject | None:
-        """The object recorded as ``key`` in this bucket, by its own record or else the old single file."""
+        """The object recorded as ``key`` in this bucket."""
         path, parse = self._record_path(key), functools.partial(_record, key)
-        recorded = _read_manifest_file("S3 manifest record", path, self._bucket, parse, f"{key} is uploaded again")
-        return recorded if recorded is not None else self._legacy.get(key)
+        return _read_manifest_file("S3 manifest record", path, self._bucket, parse, f"{key} is uploaded again")
 
     def record(self, uploaded: UploadedObject) -> None:
         record = {"version": MANIFEST_VERSION, "bucket": self._bucket, **asdict(uploaded)}
@@ -344,14 +347,10 @@ class Manifest:
 
 
 def _record(key: str, record: dict) -> UploadedObject:
-    recorded = UploadedObject(record["key"], record["size"], record["etag"], record.get("source_modified_ns"))
+    recorded = UploadedObject(record["key"], record["size"], record["etag"], record["source_modified_ns"])
     if recorded.key != key:
         raise ValueError(f"it records key {recorded.key}")
     return recorded
-
-
-def _legacy_objects(manifest: dict) -> dict[str, UploadedObject]:
-    return {entry["key"]: UploadedObject(**entry) for entry in manifest.get("objects", [])}
 
 
 def _read_manifest_file(what: str, path: Path, bucket: str | None, parse: Callable[[Any], T], then: str) -> T | None:

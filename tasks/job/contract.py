@@ -142,14 +142,7 @@ class StepInput(BaseModel):
         """What a step's (and its files') results depend on: its input, not the facts the job learns as it runs
         (a step that recorded an extraction handle must still find its finished files on ``continue``), nor where
         its settings come from (``continue --set`` that fixes a cause must not redo the finished files)."""
-        identity = self.model_dump(mode="json", exclude={"job_dir", "facts", "config_path", "overrides"})
-        for entry in identity["files"]:  # an unset time of change leaves the keys of files without one as they were
-            if entry["modified_ns"] is None:
-                del entry["modified_ns"]
-        for optional in ("settings_digest", "files_digest"):  # unset, they leave the keys as they were
-            if identity[optional] is None:
-                del identity[optional]
-        return identity
+        return self.model_dump(mode="json", exclude={"job_dir", "facts", "config_path", "overrides"})
 
     def for_file_tasks(self) -> StepInput:
         """The step as its file tasks get it, its files as a digest (still in the cache key): the whole list in every

@@ -63,19 +63,17 @@ class FileEntry(BaseModel):
     name: str
     size: int
     resources: int
-    bundles: int | None = None
+    bundles: int = 0
     bundled: int = 0
 
     @property
     def counts(self) -> dict[str, int]:
         """What the file holds, by unit: CSV ``rows``, ``Parquet rows`` (never added to the CSVs'), NDJSON bare
-        ``resources`` and ``Bundles`` holding ``bundled``, or ``lines`` if counted before Bundles were."""
+        ``resources`` and ``Bundles`` holding ``bundled``."""
         if self.name.endswith(".parquet"):
             return {"Parquet rows": self.resources}
         if self.name.endswith(".csv"):
             return {"rows": self.resources}
-        if self.bundles is None:
-            return {"lines": self.resources}
         return {"resources": self.resources - self.bundles, "Bundles": self.bundles, "bundled": self.bundled}
 
 
@@ -169,5 +167,5 @@ def counts_text(files: Iterable[FileEntry]) -> str:
         parts.append(counted(totals["resources"], "resource"))
     if totals["Bundles"]:
         parts.append(f"{counted(totals['Bundles'], 'Bundle')} holding {counted(totals['bundled'], 'resource')}")
-    parts += [counted(totals[unit], unit[:-1]) for unit in ("lines", "rows", "Parquet rows") if unit in totals]
+    parts += [counted(totals[unit], unit[:-1]) for unit in ("rows", "Parquet rows") if unit in totals]
     return ", ".join(parts) or "0 resources"
