@@ -112,13 +112,7 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
             if wait_until_healthy(record, startup_timeout, home):
                 return record.url
             terminate(record.pid)
-        fresh = not database_configured_elsewhere(home) and not (home / DATABASE_FILE).exists()
-        record = start_server(home, startup_timeout, previous=record)
-        if fresh:  # it migrated the new database and would keep the migration's modules (30 MB) for its life
-            print("the server migrated its new database; restarting it to free what that took", file=sys.stderr)
-            terminate(record.pid)
-            record = start_server(home, startup_timeout, previous=record)
-        return record.url
+        return start_server(home, startup_timeout, previous=record).url
 
 
 def require_answer(api_url: str) -> None:
