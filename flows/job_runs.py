@@ -13,10 +13,11 @@ from prefect.client.schemas.filters import TaskRunFilterState, TaskRunFilterStat
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.exceptions import ObjectNotFound, Pause
-from prefect.states import Crashed, Pending, State
+from prefect.states import Cancelled, Crashed, Pending, State
 
 from config.runtime import apply_process_defaults
 from flows.gates import COMMAND_LINE_DEPLOYMENT
+from flows.job_stop import CANCELLED_ON_SERVER
 from flows.pipeline import pipeline
 from tasks.core.readable import plain_text
 from tasks.job.layout import JobPaths, directory_tag, job_tag
@@ -108,11 +109,24 @@ def execute(run: FlowRun, parameters: dict[str, Any]) -> Any:
     from prefect.flow_engine import run_flow
 
     try:
-        return run_flow(pipeline, flow_run=run, parameters=parameters, return_type="state")
+        ended = run_flow(pipeline, flow_run=run, parameters=parameters, return_type="state")
+        assert isinstance(ended, State), "a sync flow's run gives its state"
+        return cancelled_if_asked(run.id, ended)
     except Pause as paused:
         return paused.state
     except ObjectNotFound:  # deleted on the server while it ran (the UI's Delete): no state to give
         return None
+
+
+def cancelled_if_asked(run_id: UUID, ended: State[Any]) -> State[Any]:
+    """``ended``, unless the server was asked to cancel the run as its work ended: then ``Cancelled``, set as a
+    runner sets it once the run's process is gone (else the run would stay Cancelling for good)."""
+    with get_client(sync_client=True) as client:
+        if not ((now := client.read_flow_run(run_id).state) is not None and now.is_cancelling()):
+            return ended
+        cancelled: State[Any] = Cancelled(message=CANCELLED_ON_SERVER)
+        client.set_flow_run_state(run_id, cancelled, force=True)
+    return cancelled
 
 
 def serve() -> None:
