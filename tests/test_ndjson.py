@@ -17,7 +17,7 @@ from loky.process_executor import ShutdownExecutorError
 
 from tasks.streams import processes
 from tests.support.processes import worker_pids
-from tasks.streams.fanout import Cancelled, cancel_scope, raise_if_cancelled, run_bounded
+from tasks.streams.fanout import Cancelled, cancel_scope, pause, raise_if_cancelled, run_bounded
 from tasks.streams.files import start_writeback
 from tasks.streams import ndjson_writer
 from tasks.streams.ndjson import (
@@ -549,3 +549,28 @@ def test_a_zstd_file_that_opens_with_a_skippable_frame_is_read_as_zstd(tmp_path)
     assert is_zstd(path)
     assert b"".join(iter_chunks(path)) == content
     assert count_resources(path, MB) == 120
+
+
+def test_a_cancel_of_an_outer_scope_stops_the_threads_of_a_fan_out_inside_it_and_its_waits():
+    """A job's run holds one scope a Cancel on the server ends (``flows.job_stop``): a step's fan-out opened inside
+    it (its own scope, in copies of the context) and a poll's wait (``pause``) must end with it. The fan-out's
+    scope was once let go of by the outer one as soon as it was opened, and a Cancel reached no import thread."""
+    started, stopped = threading.Barrier(3), []
+
+    def work() -> None:
+        started.wait(timeout=30)
+        try:
+            while True:
+                pause(0.05)
+        except Cancelled:
+            stopped.append(threading.current_thread().name)
+
+    with cancel_scope() as cancel:
+        threading.Timer(0, lambda: (started.wait(timeout=30), cancel())).start()
+        outcomes = run_bounded([work, work], workers=2)
+
+    assert len(stopped) == 2 and outcomes == [None, None]
+    with cancel_scope() as cancel:
+        cancel()
+        with pytest.raises(Cancelled):
+            pause(3600)

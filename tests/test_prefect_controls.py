@@ -19,7 +19,7 @@ from tasks.job.layout import JobPaths
 from tests.conftest import REPO_ROOT, run_cli_here, wait_until
 from tests.fakes.fhir_server import FhirFakeState, start_fhir_fake
 from tests.support.deployments import api
-from tests.support.jobs import only_job_dir, start_cli_process, step_results, wait_for
+from tests.support.jobs import only_job_dir, source_dir, start_cli_process, step_results, wait_for
 from tests.support.sending import generated, write_ndjson
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("prefect_api")]
@@ -279,3 +279,22 @@ def test_continue_of_a_killed_job_ends_the_task_runs_its_attempt_left_running(tm
     task_runs = api(prefect_api["api_url"], "POST", "/task_runs/filter", json=body)
     left = [(t["name"], t["state"]["name"]) for t in task_runs if t["state"]["type"] in ("RUNNING", "PENDING")]
     assert left == [] and any(t["state"]["name"] == "Crashed" for t in task_runs)
+
+
+def test_a_cancel_stops_every_file_a_step_works_on_at_once(tmp_path, write_config, prefect_api):
+    """The UI's Cancel during a two-file import: the files in work on the step's threads went on to their end, as
+    the threads' scope did not hear the run's."""
+    source = source_dir(tmp_path, {"a.ndjson": 300_000, "b.ndjson": 300_000}, pad=400)
+    tree = {"pipeline": {"enabled_steps": ["local_import"], "file_batches": {"max_files": 1}}}
+    config = write_config(tree | {"compression": {"level": "best"}})
+    process = start_cli_process("start", str(config), str(source), "--no-progress")
+    run = job_run(tmp_path / "jobs")
+    imported = only_job_dir(tmp_path / "jobs") / "import"
+    wait_for(lambda: len(list(imported.glob(".*.part"))) == 2 or None, process)
+
+    press(prefect_api["api_url"], run["id"], {"type": "CANCELLING", "name": "Cancelling"})
+    code, said = finished(process)
+
+    assert code == EXIT_INTERRUPTED, said
+    assert list(imported.iterdir()) == []  # neither file finished, no temporary file left
+    assert server_state(prefect_api["api_url"], run["id"]) == "Cancelled"

@@ -8,6 +8,7 @@ import contextlib
 import contextvars
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, TypeVar, cast
@@ -29,9 +30,9 @@ class _Scope:
 
     def __init__(self, outer: _Scope | None) -> None:
         self.cancelled, self.creating = threading.Event(), threading.Lock()
-        self.inner: list[_Scope] = []
+        self.inner: weakref.WeakSet[_Scope] = weakref.WeakSet()  # kept as long as a context holds them
         if outer is not None:
-            outer.inner.append(self)
+            outer.inner.add(self)
             if outer.cancelled.is_set():
                 self.cancel()
 
@@ -105,8 +106,6 @@ def cancel_scope() -> Iterator[Callable[[], None]]:
         yield scope.cancel
     finally:
         _cancelled.reset(token)
-        if (outer := _cancelled.get(None)) is not None:
-            outer.inner.remove(scope)
 
 
 def raise_if_cancelled() -> None:
