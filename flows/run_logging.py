@@ -32,7 +32,8 @@ CLUSTER_TEARDOWN = "Worker process still alive after"
 
 
 class OneTracePerFailure(logging.Filter):
-    """A failure's first record (same type and text) keeps its trace; ``forget`` starts over for a new flow run."""
+    """A failure's first record (same type and text) keeps its trace, a task stopped by the job's stop none;
+    ``forget`` starts over for a new flow run."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -44,7 +45,7 @@ class OneTracePerFailure(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.exc_info and (failure := record.exc_info[1]) is not None:
             identity = (type(failure).__qualname__, str(failure))
-            if identity in self._traced:
+            if identity in self._traced or isinstance(failure, Cancelled):
                 record.exc_info, record.exc_text = None, None
             else:
                 self._traced.append(identity)

@@ -150,3 +150,20 @@ def test_a_job_run_makes_every_stream_handler_write_plain_prefects_console_and_t
     job_log = (tmp_path / "job.log").read_bytes().decode()  # as bytes: as text, a CR ends a line
     assert "Traceback (most recent call last):" in job_log, job_log
     assert NOT_PLAIN.search(job_log) is None, job_log
+
+
+def test_a_task_stopped_with_its_jobs_run_is_logged_without_a_trace_a_failure_with_one():
+    """A Cancel stops a step's file tasks with ``Cancelled``: the UI's log showed each with a 20-line traceback."""
+    from flows.run_logging import OneTracePerFailure
+    from tasks.streams.fanout import Cancelled
+
+    def record(exc: BaseException) -> logging.LogRecord:
+        try:
+            raise exc
+        except BaseException:
+            failed = logging.LogRecord("prefect.task_runs", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+        OneTracePerFailure().filter(failed)
+        return failed
+
+    assert record(Cancelled("the run was interrupted")).exc_info is None
+    assert record(ValueError("a bad line")).exc_info is not None
