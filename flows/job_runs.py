@@ -3,6 +3,7 @@ process, or the home's runner after a Resume or Retry in the UI (``serve``); see
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -140,4 +141,5 @@ def serve() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description="the home's runner of the command line's jobs").parse_args()  # --help
     serve()

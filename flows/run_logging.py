@@ -25,7 +25,9 @@ SERVICE_DRAINING = "Still processing items"  # a service handing over its queue 
 # Prefect's event client and its services' threads ("Service 'EventsWorker' failed to process item Event(…)", the
 # whole event on one line): a lost server is told by the API watch in two lines.
 EVENT_CLIENT_NOISE = ("prefect.events.clients", "prefect._internal.concurrency")
-JOB_LOG_ONLY = (*EVENT_CLIENT_NOISE, "dupflow.stop")  # the stop is said once, by the command's last line
+# The stop is said once, by the command's last line; Prefect's observers of a run's controls lose a gone server as the
+# API watch does, which says so in two lines.
+JOB_LOG_ONLY = (*EVENT_CLIENT_NOISE, "dupflow.stop", "prefect.FlowRunCancellingObserver", "prefect.FlowRunSuspending")
 HAND_OVER_SECONDS = 10
 # distributed.nanny's WARNING when a worker takes over 4 s to end as the cluster closes: it is killed, the work done.
 CLUSTER_TEARDOWN = "Worker process still alive after"

@@ -422,8 +422,8 @@ def test_a_file_task_on_a_remote_worker_stops_when_its_flow_run_ends(validator_f
         release.set()
         flow_run_id = job_file(job_dir := only_job_dir(jobs))["flow_run_ids"][-1]
         state = wait_for_task_run_end(flow_run_id, "validate[patients.ndjson.zst]")
-    assert state.type.value == "FAILED", state
-    assert f"stopped: flow run {flow_run_id} ended (Crashed" in state.message
+    stopped = f"stopped: flow run {flow_run_id} ended (Cancelled" in (state.message or "")
+    assert (state.type.value, stopped) in (("FAILED", True), ("CANCELLED", False)), state  # the watch's, Prefect's
     assert len(validator_fake.state.requests) < 40, "the worker validated the whole file"
     assert not list((job_dir / "validation").iterdir())
 

@@ -75,9 +75,9 @@ def test_a_local_wait_shows_the_whole_inspection_message_and_status_reads_plainl
         f"  Data to inspect: {job_dir / 'import'}\n",
         f"  Corrected files go into: {job_dir / 'import_wait'}\n",
         f"the next step reads only that folder; otherwise it reads {job_dir / 'import'} unchanged.\n",
-        f"  To continue: {HINT} {job_dir} (a Resume in the Prefect UI leaves the run waiting for that command)\n",
+        f"  To continue: Resume in the Prefect UI, or run: {HINT} {job_dir}\n",
         "Suspended: awaiting inspection at step 2 (wait) until ",
-        f"(pipeline.wait_timeout); to go on: {HINT} {job_dir} (a Resume in the Prefect UI leaves the run waiting",
+        f"(pipeline.wait_timeout); to go on: Resume in the Prefect UI, or run: {HINT} {job_dir}\n",
     ):
         assert line in terminal, terminal
 

@@ -171,9 +171,9 @@ def test_a_job_stopped_by_sigterm_notifies_that_it_crashed(applied, recorder, tm
     assert process.returncode == EXIT_INTERRUPTED, err
     job_id, flow_run_id = only_job(tmp_path / "jobs", applied)
 
-    message = notification(recorder, job_id, "Crashed")
-    assert message["subject"] == f"dupflow job {job_id} crashed"
-    assert "signal" in message["body"]
+    message = notification(recorder, job_id, "Cancelled")
+    assert message["subject"] == f"dupflow job {job_id} cancelled"
+    assert "interrupted (Ctrl+C or SIGTERM)" in message["body"]
     assert f"/runs/flow-run/{flow_run_id}" in message["body"]  # a link: the local server knows its UI address
 
 

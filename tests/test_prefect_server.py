@@ -117,10 +117,10 @@ def test_a_server_is_started_once_reused_restarted_when_gone_and_stopped(home, m
     url = ensure_server(startup_timeout=SERVER_TIMEOUT)
     assert url.startswith("http://127.0.0.1:") and url.endswith("/api")
     assert is_healthy(url)
-    # It migrated the new database, then was restarted once: a first server holds no more than a restarted one.
+    # It migrated the new database, started once: a newcomer waits for one start.
     said = capsys.readouterr().err
-    assert said.count("starting a local Prefect server") == 2 and "restarting it" in said, said
-    assert (home / "dupflow-server.log.1").is_file() and (home / "prefect.db").is_file()
+    assert said.count("starting a local Prefect server") == 1, said
+    assert (home / "prefect.db").is_file()
     first = read_record(home)
     assert first is not None and first.url == url and servers_of(home) == [first.pid]
     assert (home / "dupflow-server.log").is_file()

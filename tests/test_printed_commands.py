@@ -70,7 +70,7 @@ def test_a_continue_printed_in_another_folder_runs_there_as_typed(tmp_path, pref
     )
     assert started.returncode == 0, started.stderr
     said = started.stdout + started.stderr
-    typed = said.split("to go on: ", 1)[1].split(" (a Resume in the Prefect UI", 1)[0]
+    typed = said.split("to go on: Resume in the Prefect UI, or run: ", 1)[1].split("\n", 1)[0]
     assert typed.startswith(f"uv run --project {CLONE} python -m flows.run continue "), said
     continued = subprocess.run(
         typed.replace("uv run", shlex.quote(uv()) + " run", 1),
