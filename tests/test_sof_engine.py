@@ -18,7 +18,20 @@ from tasks.sof.fhirpath import _interpreted, compile_path
 from tasks.sof.output import ROWS_PER_BATCH, CsvWriter, csv_cells
 from tasks.sof.resources import may_hold
 from tasks.sof.view import CACHED_ROWS
-from tests.support.sof import PATIENTS, WAYS, column_values, in_one_way, path_values, read_resources, with_compiled
+from tests.support.sof import (
+    GENERATED_VIEW,
+    IRREGULAR_CONDITIONS,
+    IRREGULAR_VIEW,
+    PAIRED_CONDITIONS,
+    PATIENTS,
+    SIBLING_WHERES_VIEW,
+    WAYS,
+    column_values,
+    in_one_way,
+    path_values,
+    read_resources,
+    with_compiled,
+)
 
 
 @pytest.mark.parametrize("path", ["name.given.join(', ')", "name.given.join()", "(name.given).join(', ')"])
@@ -158,56 +171,6 @@ def test_nested_single_row_selects_keep_their_null_row():
     ]
 
 
-IRREGULAR_CONDITIONS = [
-    {
-        "resourceType": "Condition",
-        "id": "c0",
-        "subject": {"reference": "Patient/p0"},
-        "recordedDate": "2024-01-02",
-        "code": {"coding": [{"system": "s", "code": "a"}, {"system": "t", "code": "b"}, {"system": "s", "code": "c"}]},
-        "extension": [{"url": "u", "valueDateTime": "2024"}],
-    },
-    {
-        "resourceType": "Condition",
-        "id": "c1",
-        "subject": {"reference": "Patient/p1"},
-        "code": {"coding": [{"system": "s", "code": "a"}, None, {"system": "t", "code": "b"}, {"system": "s"}]},
-        "extension": [{"url": "u", "valueDateTime": "2024"}, {"url": "v", "valueString": "x"}],
-        "note": [{"text": "one"}],
-    },
-    {
-        "resourceType": "Condition",
-        "id": "c2",
-        "subject": [{"reference": "Patient/p2"}],
-        "code": {"coding": [{"resourceType": "Observation", "system": "s", "code": "contained"}]},
-        "note": [{"text": "one"}, {"text": "two"}],
-    },
-    {"resourceType": "Condition", "id": "c3", "code": [{"coding": [{"system": ["s"], "code": "listed"}]}]},
-    {"resourceType": "Condition", "id": "c4", "code": {"coding": ["text", {"code": "k"}]}, "subject": "text"},
-    {"resourceType": "Condition", "id": "c5", "code": "text", "recordedDate": 1.5},
-    {"resourceType": "Observation", "id": "o1"},
-]
-IRREGULAR_VIEW = {
-    "resource": "Condition",
-    "select": [
-        {"column": [{"name": "id", "path": "id"}, {"name": "patient", "path": "subject.reference"}]},
-        {"column": [{"name": "recorded", "path": "recordedDate"}]},
-        {
-            "forEachOrNull": "code",
-            "select": [
-                {"forEachOrNull": "coding.where(system = 's')", "column": [{"name": "s", "path": "code"}]},
-                {"forEach": "coding", "column": [{"name": "any", "path": "code"}, {"name": "sys", "path": "system"}]},
-            ],
-        },
-        {"forEachOrNull": "extension", "column": [{"name": "value", "path": "value.ofType(dateTime)"}]},
-        {"unionAll": [{"column": [{"name": "u", "path": "id"}]}, {"column": [{"name": "u", "path": "'lit'"}]}]},
-    ],
-}
-
-
-GENERATED_VIEW = {"resource": "Condition", "select": IRREGULAR_VIEW["select"][:-1]}  # no unionAll
-
-
 @pytest.mark.parametrize("definition", [IRREGULAR_VIEW, GENERATED_VIEW], ids=["closures", "generated"])
 @pytest.mark.parametrize("resource", IRREGULAR_CONDITIONS, ids=lambda resource: resource["id"])
 def test_compiled_selects_give_the_rows_the_general_way_gives(definition, resource):
@@ -312,26 +275,6 @@ def test_a_product_of_rows_is_every_combination_in_order_and_none_beyond_the_lim
     assert generated({**condition, "code": {"coding": codings[:1]}}) == [("c", "1", "s")]
     assert generated({**condition, "code": {}}) == []
     assert generated_rows(view.root, "Condition", 3)(condition) is None
-
-
-SIBLING_WHERES_VIEW = {
-    "resource": "Condition",
-    "select": [
-        {"column": [{"name": "id", "path": "id"}]},
-        {"forEachOrNull": "code.coding.where(system = 's')", "column": [{"name": "s", "path": "code"}]},
-        {"forEachOrNull": "code.coding.where(system = 't')", "column": [{"name": "t", "path": "code"}]},
-        {"forEach": "code.coding", "column": [{"name": "any", "path": "code"}]},
-        {"select": [{"forEachOrNull": "note", "column": [{"name": "note", "path": "text"}]}]},
-    ],
-}
-PAIRED_CONDITIONS = [
-    {"resourceType": "Condition", "id": "p0", "code": {"coding": [{"system": "t", "code": "1"}, {"system": "s"}]}},
-    {"resourceType": "Condition", "id": "p1", "code": {"coding": {"system": "s", "code": "one object"}}},
-    {"resourceType": "Condition", "id": "p2", "code": [{"coding": [{"system": "s", "code": "a"}]}, {"coding": []}]},
-    {"resourceType": "Condition", "id": "p3", "code": {"resourceType": "Condition", "coding": []}},
-    {"resourceType": "Condition", "id": "p4", "code": None, "note": [{"text": "n"}]},
-    {"resourceType": "Condition", "id": "p5", "code": 3},
-]
 
 
 @pytest.mark.parametrize("cells", [False, True], ids=["values", "cells"])

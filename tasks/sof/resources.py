@@ -15,7 +15,6 @@ import re2
 from tasks.core.json_shapes import as_array
 from tasks.core.exact_json import EXACT_DECODER
 from tasks.sof.errors import ResourceLineError
-from tasks.sof.flat_rows import flat_block_rows
 from tasks.streams.ndjson import LineSplitter, iter_chunks
 
 # A number with a fraction or exponent, or an integer beyond 64 bits; RE2: 2.5x Python's re here.
@@ -101,17 +100,18 @@ def read_rows(view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]],
                 yield from view.rows(resource)
 
 
-def flat_csv_rows(view: Any, source: Path, max_line_bytes: int) -> Iterator[tuple] | None:
-    """``read_rows``' CSV rows of a flat view (``tasks.sof.flat_rows``) over a file; None for any other view."""
-    if (block_rows := flat_block_rows(view)) is None:
+def block_csv_rows(view: Any, source: Path, max_line_bytes: int) -> Iterator[tuple] | None:
+    """``read_rows``' CSV rows over a file, read block by block (``tasks.sof.struct_rows``; nulls, booleans and ints
+    as they are); None for a view it does not take."""
+    if view.block_rows is None:
         return None
-    return chain.from_iterable(_flat_blocks(view, source, max_line_bytes, block_rows))
+    return chain.from_iterable(_blocks(view, source, max_line_bytes, view.block_rows))
 
 
-def _flat_blocks(view: Any, source: Path, max_line_bytes: int, block_rows: Callable) -> Iterator[Iterable[tuple]]:
+def _blocks(view: Any, source: Path, max_line_bytes: int, rows_of: Callable) -> Iterator[Iterable[tuple]]:
     lines = LineSplitter(source, max_line_bytes)
     for chunk in iter_chunks(source):
-        rows = lines.take_block(chunk, block_rows)
-        yield read_rows(view, source, lines.numbered(chunk), csv=True) if rows is None else rows
+        rows = lines.take_block(chunk, rows_of)
+        yield read_rows(view, source, lines.numbered(chunk), csv=True) if rows is None else chain.from_iterable(rows)
     if last := lines.finish():
         yield read_rows(view, source, [(lines.number, last)], csv=True)
