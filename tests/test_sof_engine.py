@@ -277,6 +277,40 @@ def test_a_product_of_rows_is_every_combination_in_order_and_none_beyond_the_lim
     assert generated_rows(view.root, "Condition", 3)(condition) is None
 
 
+THREE_LISTS_VIEW = {
+    "resource": "Condition",
+    "select": [
+        {"column": [{"name": "id", "path": "id"}]},
+        {"forEach": "code.coding", "column": [{"name": "code", "path": "code"}]},
+        {"column": [{"name": "date", "path": "recordedDate"}]},
+        {"forEachOrNull": "note", "column": [{"name": "note", "path": "text"}]},
+        {"forEach": "bodySite", "column": [{"name": "site", "path": "text"}]},
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [(1, 1, 1), (3, 1, 1), (1, 2, 1), (1, 1, 3), (2, 2, 1), (0, 2, 2), (2, 0, 1), (3, 2, 0), (0, 1, 0), (2, 2, 2)],
+)
+def test_rows_of_several_lists_are_their_product_in_order_whichever_gives_several(counts):
+    """The product of a select's lists in the generated function: one row where each gives one, a loop where one
+    gives several (whichever it is), none where a list gives none, else every combination, the last varying fastest."""
+    codes, notes, sites = counts
+    condition = {
+        "resourceType": "Condition",
+        "id": "c",
+        "recordedDate": "2024",
+        "code": {"coding": [{"code": f"k{n}"} for n in range(codes)]},
+        "note": [{"text": f"n{n}"} for n in range(notes)],
+        "bodySite": [{"text": f"s{n}"} for n in range(sites)],
+    }
+    view = compile_view(THREE_LISTS_VIEW)
+    expected = list(with_compiled(view, None).rows(condition))
+    assert len(expected) == codes * max(notes, 1) * sites
+    assert generated_rows(view.root, "Condition", CACHED_ROWS)(condition) == expected
+
+
 @pytest.mark.parametrize("cells", [False, True], ids=["values", "cells"])
 @pytest.mark.parametrize("resource", IRREGULAR_CONDITIONS + PAIRED_CONDITIONS, ids=lambda resource: resource["id"])
 def test_sibling_wheres_and_a_walk_of_two_members_give_the_general_way_s_rows(resource, cells):

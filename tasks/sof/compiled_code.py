@@ -145,19 +145,40 @@ class _Writer:
         if not lists:
             self.emit(indent, f"{rows} = {row}")
             return rows, True
-        self.emit(indent, f"if {' and '.join(f'len({part}) == 1' for part in lists)}:")
+        size = f"len({lists[0]})" if len(lists) == 1 else self.name("n")
+        if len(lists) > 1:  # the product's size tells which lists give more than one row
+            self.emit(indent, f"{size} = {' * '.join(f'len({part})' for part in lists)}")
+        self.emit(indent, f"if {size} == 1:")
         self.emit(indent + 1, f"{rows} = [{row}]")
-        self.emit(indent, "else:")
+        if len(lists) > 1:  # else: no rows where a list has none (below, every list has one or more)
+            self.emit(indent, f"elif not {size}:")
+            self.emit(indent + 1, f"{rows} = []")
+        for several in lists:  # one list of rows, one row from each other (the usual case): no product
+            self.emit(indent, f"elif {size} == len({several}):" if len(lists) > 1 else "else:")
+            self.joined(parts, several, rows, indent + 1)
         if len(lists) > 1:  # one list of rows is no longer than the limit; a product of several may be
-            self.emit(indent + 1, f"if {' * '.join(f'len({part})' for part in lists)} > {self.limit}:")
-            self.emit(indent + 2, IRREGULAR)
-        each = {part: self.name("p") for part in lists}
-        row = " + ".join(part if one else each[part] for part, one in parts)
-        rows_of = lists[0] if len(lists) == 1 else f"product({', '.join(lists)})"
-        self.emit(indent + 1, f"{rows} = []")
-        self.emit(indent + 1, f"for {', '.join(each.values())} in {rows_of}:")
-        self.emit(indent + 2, f"{rows}.append({row})")
+            self.emit(indent, f"elif {size} > {self.limit}:")
+            self.emit(indent + 1, IRREGULAR)
+            self.emit(indent, "else:")
+            each = {part: self.name("p") for part in lists}
+            self.emit(indent + 1, f"{rows} = []")
+            self.emit(indent + 1, f"for {', '.join(each.values())} in product({', '.join(lists)}):")
+            self.emit(indent + 2, f"{rows}.append({' + '.join(each.get(part, part) for part, _ in parts)})")
         return rows, False
+
+    def joined(self, parts: list[tuple[str, bool]], several: str, rows: str, indent: int) -> None:
+        """Code giving ``rows``: each row of the list ``several`` joined to the one row of every other part."""
+        ends = [part for part, _ in parts].index(several)
+        joined = []
+        for side in (parts[:ends], parts[ends + 1 :]):
+            if side:
+                joined.append(self.name("j"))
+                self.emit(indent, f"{joined[-1]} = {' + '.join(p if one else f'{p}[0]' for p, one in side)}")
+        element = self.name("p")
+        joined.insert(1 if ends else 0, element)
+        self.emit(indent, f"{rows} = []")
+        self.emit(indent, f"for {element} in {several}:")
+        self.emit(indent + 1, f"{rows}.append({' + '.join(joined)})")
 
     def column(self, column: Any, focus: str, path: str | None, indent: int) -> str:
         """Code reading a single-valued chain of members; the value's name."""

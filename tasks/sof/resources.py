@@ -4,7 +4,7 @@ lines of types no view reads passed over unparsed."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ import re2
 from tasks.core.json_shapes import as_array
 from tasks.core.exact_json import EXACT_DECODER
 from tasks.sof.errors import ResourceLineError
+from tasks.sof.struct_rows import flat_keys
 from tasks.streams.ndjson import LineSplitter, iter_chunks
 
 # A number with a fraction or exponent, or an integer beyond 64 bits; RE2: 2.5x Python's re here.
@@ -105,13 +106,15 @@ def block_csv_rows(view: Any, source: Path, max_line_bytes: int) -> Iterator[tup
     as they are); None for a view it does not take."""
     if view.block_rows is None:
         return None
-    return chain.from_iterable(_blocks(view, source, max_line_bytes, view.block_rows))
+    return chain.from_iterable(_blocks(view, source, max_line_bytes, flat_keys(view) is not None))
 
 
-def _blocks(view: Any, source: Path, max_line_bytes: int, rows_of: Callable) -> Iterator[Iterable[tuple]]:
+def _blocks(view: Any, source: Path, max_line_bytes: int, flat: bool) -> Iterator[Iterable[tuple]]:
     lines = LineSplitter(source, max_line_bytes)
     for chunk in iter_chunks(source):
-        rows = lines.take_block(chunk, rows_of)
-        yield read_rows(view, source, lines.numbered(chunk), csv=True) if rows is None else chain.from_iterable(rows)
+        if (rows := lines.take_block(chunk, view.block_rows)) is None:
+            yield read_rows(view, source, lines.numbered(chunk), csv=True)
+        else:  # a row a line, or each line's rows
+            yield rows if flat else chain.from_iterable(rows)
     if last := lines.finish():
         yield read_rows(view, source, [(lines.number, last)], csv=True)

@@ -15,7 +15,6 @@ verdict made as before.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from functools import partial
 from operator import attrgetter
 from typing import Any, Literal
 
@@ -43,8 +42,8 @@ class _Element:
 
 def block_rows(view: Any, limit: int) -> Callable[[bytes], list[Sequence[tuple]] | None] | None:
     """For a view taken (see the module doc), ``rows(block)``: each line's CSV rows (``CompiledView.csv_rows``' cells,
-    nulls, booleans and ints as they are), or None where the block must be read line by line; None for other views.
-    ``limit``: the rows a line gives at most (``compiled_code``'s)."""
+    nulls, booleans and ints as they are; of a flat view, its one row), or None where the block must be read line by
+    line; None for other views. ``limit``: the rows a line gives at most (``compiled_code``'s)."""
     root, names = _Element(view.resource), dict[str, str]()
     if view.csv_rows is None or not _reads(view.root, view.resource, root, names):
         return None
@@ -52,34 +51,27 @@ def block_rows(view: Any, limit: int) -> Callable[[bytes], list[Sequence[tuple]]
 
     struct = _struct(root, names, ("kind", Literal[view.resource]), msgspec)
     decode: Callable[[bytes], list] = msgspec.json.Decoder(struct).decode_lines
-    line_rows: Callable[[list], Iterable[Sequence[tuple]]]
-    if (keys := flat_keys(view)) is not None:  # one row a line: the structs' fields in C, each row in a tuple
-        line_rows = partial(_one_row_each, attrgetter(*(names[key] for key in keys)))
-    elif (generated := generated_rows(view.root, view.resource, limit, fields=names)) is not None:
-        line_rows = partial(map, generated)
-    else:
+    if (keys := flat_keys(view)) is not None:  # one row a line: the structs' fields, in C
+        line_rows: Callable[[Any], Any] = attrgetter(*(names[key] for key in keys))
+    elif (line_rows := generated_rows(view.root, view.resource, limit, fields=names)) is None:  # type: ignore[assignment]
         return None
 
     def rows(block: bytes) -> list[Sequence[tuple]] | None:
         found: list[Sequence[tuple]] = []
         try:  # the decoding first: in a file of several types it stops at the first line of another, at once
             for piece in _pieces(block):
-                found += line_rows(decode(piece))
+                found += map(line_rows, decode(piece))
             if block[:1] <= b" " or _OPENS_BLANK.search(block) or _TWO_OBJECTS.search(block):
                 return None
             if not block.isascii():
                 block.decode()
         except (ValueError, RecursionError):  # msgspec's errors and UnicodeDecodeError are ValueErrors
             return None
-        if None in found or max(map(len, found), default=0) > view.max_rows_per_resource:
+        if keys is None and (None in found or max(map(len, found), default=0) > view.max_rows_per_resource):
             return None
         return found
 
     return rows
-
-
-def _one_row_each(cells: Callable[[Any], tuple], structs: list) -> Iterable[tuple[tuple]]:
-    return zip(map(cells, structs))
 
 
 def _pieces(block: bytes) -> Iterable[bytes]:
