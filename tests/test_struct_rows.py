@@ -362,3 +362,17 @@ def test_a_file_of_a_nested_view_gives_the_line_by_line_csv_or_error(tmp_path: P
     path.write_bytes(b"\n".join(lines) + b"\n")
     by_blocks, by_lines = both_ways(path, definition)
     assert by_blocks == by_lines
+
+
+def test_a_line_of_more_rows_than_a_resource_may_give_is_the_same_error_read_by_blocks(tmp_path: Path):
+    path = tmp_path / "Condition.ndjson"
+    path.write_bytes(b"".join(json_bytes({**CODED, "id": f"c{number}"}) + b"\n" for number in range(50)))
+    errors = []
+    for blocks in (True, False):
+        view = compile_view(CODED_VIEW, max_rows_per_resource=1)  # each gives two: two codings of system t
+        rows = block_csv_rows(view, path, 1 << 30) if blocks else read_rows(view, path, iter_lines(path, 1 << 30))
+        with pytest.raises(ViewError) as error:
+            csv_of(rows)
+        errors.append(str(error.value))
+    assert errors[0] == errors[1]
+    assert "more than 1 rows" in errors[0]

@@ -74,6 +74,8 @@ class _Writer:
         self.walked: dict[tuple[str, str, int], str] = {}
         """(focus, steps, indent): the list a walk of these steps from that focus gave in that block"""
         self.groups: dict[tuple[str, str, str, int], _Where] = {}
+        self.known: dict[tuple[str, str], str] = {}
+        """(element, key): the constant a where's branch compared the element's key with"""
         """(elements, key, type, indent): the pass keeping those elements by their text value of key, in that block"""
 
     def name(self, prefix: str) -> str:
@@ -121,17 +123,22 @@ class _Writer:
             self.checked.add((element, at, indent + 1))
         self.emit(indent, f"{rows} = []")
         self.emit(indent, f"for {element} in {found}:")
-        part, single = self.rows_at(select, element, plan.path, indent + 1)
-        # one row per element: the list is no longer than the data's, checked once
-        self.emit(indent + 1, f"{rows}.append({part})" if single else f"{rows} += {part}")
+        part, single = self.rows_at(select, element, plan.path, indent + 1, rows)
+        if single:  # one row per element: the list is no longer than the data's, checked once
+            self.emit(indent + 1, f"{rows}.append({part})")
+        elif part != rows:
+            self.emit(indent + 1, f"{rows} += {part}")
         self.emit(indent + int(not single), f"if len({rows}) > {self.limit}:")
         self.emit(indent + int(not single) + 1, IRREGULAR)
         return rows, False
 
-    def rows_at(self, select: Any, focus: str, path: str | None, indent: int) -> tuple[str, bool]:
+    def rows_at(
+        self, select: Any, focus: str, path: str | None, indent: int, into: str | None = None
+    ) -> tuple[str, bool]:
         """Code giving the product of the select's columns and nested selects at ``focus``: the name of its row where
-        every part always gives one (True), else of its rows: one concatenation where each part gave one row (the
-        usual case), else a loop over the one list of rows (or the ``product`` of several), the last varying fastest."""
+        every part always gives one (True), else of its rows (added to the list ``into`` where given): one
+        concatenation where each part gave one row (the usual case), a loop where one list gave several rows (see
+        ``joined``), else their ``product``, the last varying fastest."""
         cells = [self.column(column, focus, path, indent) for column in select.columns]
         parts = []
         if cells or not select.selects:  # a select of nested selects alone gives their rows
@@ -140,7 +147,7 @@ class _Writer:
         parts += [self.select(nested, focus, path, indent) for nested in select.selects]
         if len(parts) == 1:
             return parts[0]
-        rows, lists = self.name("r"), [part for part, one in parts if not one]
+        rows, lists = into or self.name("r"), [part for part, one in parts if not one]
         row = " + ".join(part if one else f"{part}[0]" for part, one in parts)
         if not lists:
             self.emit(indent, f"{rows} = {row}")
@@ -149,25 +156,27 @@ class _Writer:
         if len(lists) > 1:  # the product's size tells which lists give more than one row
             self.emit(indent, f"{size} = {' * '.join(f'len({part})' for part in lists)}")
         self.emit(indent, f"if {size} == 1:")
-        self.emit(indent + 1, f"{rows} = [{row}]")
+        self.emit(indent + 1, f"{rows}.append({row})" if into else f"{rows} = [{row}]")
         if len(lists) > 1:  # else: no rows where a list has none (below, every list has one or more)
             self.emit(indent, f"elif not {size}:")
-            self.emit(indent + 1, f"{rows} = []")
+            self.emit(indent + 1, "pass" if into else f"{rows} = []")
         for several in lists:  # one list of rows, one row from each other (the usual case): no product
             self.emit(indent, f"elif {size} == len({several}):" if len(lists) > 1 else "else:")
-            self.joined(parts, several, rows, indent + 1)
+            self.joined(parts, several, rows, indent + 1, into is None)
         if len(lists) > 1:  # one list of rows is no longer than the limit; a product of several may be
             self.emit(indent, f"elif {size} > {self.limit}:")
             self.emit(indent + 1, IRREGULAR)
             self.emit(indent, "else:")
             each = {part: self.name("p") for part in lists}
-            self.emit(indent + 1, f"{rows} = []")
+            if into is None:
+                self.emit(indent + 1, f"{rows} = []")
             self.emit(indent + 1, f"for {', '.join(each.values())} in product({', '.join(lists)}):")
             self.emit(indent + 2, f"{rows}.append({' + '.join(each.get(part, part) for part, _ in parts)})")
         return rows, False
 
-    def joined(self, parts: list[tuple[str, bool]], several: str, rows: str, indent: int) -> None:
-        """Code giving ``rows``: each row of the list ``several`` joined to the one row of every other part."""
+    def joined(self, parts: list[tuple[str, bool]], several: str, rows: str, indent: int, new: bool) -> None:
+        """Code adding to ``rows`` (``new``: a list made here) each row of the list ``several`` joined to the one row
+        of every other part."""
         ends = [part for part, _ in parts].index(several)
         joined = []
         for side in (parts[:ends], parts[ends + 1 :]):
@@ -176,7 +185,8 @@ class _Writer:
                 self.emit(indent, f"{joined[-1]} = {' + '.join(p if one else f'{p}[0]' for p, one in side)}")
         element = self.name("p")
         joined.insert(1 if ends else 0, element)
-        self.emit(indent, f"{rows} = []")
+        if new:
+            self.emit(indent, f"{rows} = []")
         self.emit(indent, f"for {element} in {several}:")
         self.emit(indent + 1, f"{rows}.append({' + '.join(joined)})")
 
@@ -184,6 +194,8 @@ class _Writer:
         """Code reading a single-valued chain of members; the value's name."""
         plan = column_plan(column, path)
         assert plan is not None  # _in_subset planned every column before the writer starts
+        if len(plan.operations) == 1 and (focus, plan.key) in self.known:
+            return self.known[(focus, plan.key)]
         value = self.name("v")
         for step, (_, key, _, at) in enumerate(plan.operations):
             if step:  # no value: the chain ends here (one level deep however long the chain: Python allows 100)
@@ -221,6 +233,7 @@ class _Writer:
         added to the list ``rows``."""
         indent, lines = where.indent + 2, self.lines
         self.checked.add((where.element, path, indent))  # checked as an object of its type as the pass read it
+        self.known[(where.element, where.key)] = self.constant(text)  # a column of it: the text compared
         self.lines = []
         part, _ = self.rows_at(select, where.element, path, indent)
         self.emit(indent, f"{rows}.append({part})")
@@ -320,7 +333,7 @@ class _Writer:
         """The one pass over ``found`` of the block's ``where(key = 'text')`` tests over those elements (``_Where``)."""
         known = (found, key, repr(at), indent)
         if known not in self.groups:
-            where = self.groups[known] = _Where(indent, f"if len({found}) > {self.limit}:")
+            where = self.groups[known] = _Where(indent, key, f"if len({found}) > {self.limit}:")
             self.lines.append(where.initial)
             where.element, where.child = self.each_member(found, key, at, indent)
             self.lines.append(where.branches)
@@ -342,8 +355,8 @@ class _Where:
     elements whose ``key`` is that text, or their rows: compared, not hashed into a dict (a list per text and select,
     no ``setdefault``); no more than the limit, as the list is checked for."""
 
-    def __init__(self, indent: int, too_long: str):
-        self.indent, self.too_long, self.element, self.child = indent, too_long, "", ""
+    def __init__(self, indent: int, key: str, too_long: str):
+        self.indent, self.key, self.too_long, self.element, self.child = indent, key, too_long, "", ""
         self.texts: dict[str | None, tuple[str, Lines]] = {}
         """text: the name of its constant, then the lines adding to each of its lists"""
         self.lists: list[str] = []

@@ -78,12 +78,12 @@ def _string_lines(batch: list) -> bytes | None:
         return None
     rows = len(batch)
     try:
-        text = "\n".join(map(",".join, batch)).encode()
+        text = "\n".join(chain(map(",".join, batch), [""])).encode()  # a line feed after each line
     except (TypeError, UnicodeEncodeError):  # a cell that is no string, or no UTF-8
         return None
-    if text.count(b",") != rows * (width - 1) or text.count(b"\n") != rows - 1:
+    if text.count(b",") != rows * (width - 1) or text.count(b"\n") != rows:
         return None
-    return None if b'"' in text or b"\r" in text or b"\x00" in text else text + b"\n"
+    return None if b'"' in text or b"\r" in text or b"\x00" in text else text
 
 
 def _plain_lines(batch: list) -> bytes | None:

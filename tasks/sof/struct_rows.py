@@ -43,14 +43,14 @@ class _Element:
 def block_rows(view: Any, limit: int) -> Callable[[bytes], list[Sequence[tuple]] | None] | None:
     """For a view taken (see the module doc), ``rows(block)``: each line's CSV rows (``CompiledView.csv_rows``' cells,
     nulls, booleans and ints as they are; of a flat view, its one row), or None where the block must be read line by
-    line; None for other views. ``limit``: the rows a line gives at most (``compiled_code``'s)."""
+    line; None for other views. ``limit``: the rows a line gives at most."""
     root, names = _Element(view.resource), dict[str, str]()
     if view.csv_rows is None or not _reads(view.root, view.resource, root, names):
         return None
     import msgspec  # here: 10 ms that every other command, and every flattening worker, would pay at start
 
     struct = _struct(root, names, ("kind", Literal[view.resource]), msgspec)
-    decode: Callable[[bytes], list] = msgspec.json.Decoder(struct).decode_lines
+    decode: Callable[[memoryview], list] = msgspec.json.Decoder(struct).decode_lines
     if (keys := flat_keys(view)) is not None:  # one row a line: the structs' fields, in C
         line_rows: Callable[[Any], Any] = attrgetter(*(names[key] for key in keys))
     elif (line_rows := generated_rows(view.root, view.resource, limit, fields=names)) is None:  # type: ignore[assignment]
@@ -67,19 +67,17 @@ def block_rows(view: Any, limit: int) -> Callable[[bytes], list[Sequence[tuple]]
                 block.decode()
         except (ValueError, RecursionError):  # msgspec's errors and UnicodeDecodeError are ValueErrors
             return None
-        if keys is None and (None in found or max(map(len, found), default=0) > view.max_rows_per_resource):
-            return None
-        return found
+        return None if keys is None and None in found else found
 
     return rows
 
 
-def _pieces(block: bytes) -> Iterable[bytes]:
-    """The block in pieces of whole lines of about ``PIECE_BYTES``."""
-    start = 0
+def _pieces(block: bytes) -> Iterable[memoryview]:
+    """The block in pieces of whole lines of about ``PIECE_BYTES`` (views, not copies)."""
+    start, whole = 0, memoryview(block)
     while start < len(block):
         end = block.find(b"\n", start + PIECE_BYTES) + 1 or len(block)
-        yield block[start:end]
+        yield whole[start:end]
         start = end
 
 
