@@ -103,8 +103,8 @@ def cmd_view_run(args: argparse.Namespace) -> int:
 def write_csv(view, resources: Path, out: IO[str]) -> None:
     """The view's rows over the file as CSV, the cyclic garbage collector paused meanwhile.
 
-    Why: parsed JSON and its rows hold no reference cycles, yet the collector's passes over a block's new rows
-    took a tenth to a third of the time (a full pass walks every object of the process)."""
+    Why: parsed JSON and its rows hold no reference cycles, yet the collector's passes over a
+    block's new rows took a tenth to a third of the time (a full pass walks every object)."""
     writer = CsvWriter(out)
     writer.writerow(view.columns)
     collecting = gc.isenabled()

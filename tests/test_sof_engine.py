@@ -255,7 +255,8 @@ def test_a_view_python_cannot_compile_is_left_to_the_closures(monkeypatch):
 
 def test_a_product_of_rows_is_every_combination_in_order_and_none_beyond_the_limit():
     """Two forEach over two codings each give four rows, the second's varying fastest; over a limit of three the
-    generated function gives None (the closures then take the resource); a forEach over nothing gives none."""
+    generated function gives None (the closures then take the resource), as it does for a row per coding of four;
+    a forEach over nothing gives none."""
     view = compile_view(
         {
             "resource": "Condition",
@@ -275,6 +276,10 @@ def test_a_product_of_rows_is_every_combination_in_order_and_none_beyond_the_lim
     assert generated({**condition, "code": {"coding": codings[:1]}}) == [("c", "1", "s")]
     assert generated({**condition, "code": {}}) == []
     assert generated_rows(view.root, "Condition", 3)(condition) is None
+    one_each = compile_view({**SIBLING_WHERES_VIEW, "select": SIBLING_WHERES_VIEW["select"][:2]})
+    many = {**condition, "code": {"coding": [{"system": "s", "code": str(n)} for n in range(4)]}}
+    assert len(generated_rows(one_each.root, "Condition", 4)(many)) == 4
+    assert generated_rows(one_each.root, "Condition", 3)(many) is None  # a row a coding: four
 
 
 THREE_LISTS_VIEW = {

@@ -6,6 +6,7 @@ select, column or step.
 ``where(member = 'text')``; single-valued member-chain columns; every type path planned), else None. At data of
 another shape (a non-object element, another ``resourceType``, a list for one value, a null in an array, more than
 ``limit`` rows) the function returns None: the closures of ``tasks.sof.compiled`` then give the rows or the error.
+With ``fields`` it reads the structs of ``tasks.sof.struct_rows``, whose shapes msgspec checked.
 """
 
 from __future__ import annotations
@@ -41,14 +42,17 @@ def generated_rows(
 ) -> Callable[[Any], list[tuple] | None] | None:
     """``root``'s rows (a ``tasks.sof.view.Select``) as one generated function, or None outside the subset; a value of
     a type not in ``kept`` is data not of the planned shape. ``cells``: each ``PARSED`` value as ``output.cell`` makes
-    it, so that rows are all strings (``output.CsvWriter`` joins them as they are). ``fields``: the rows of structs
-    ``tasks.sof.struct_rows`` decodes, each JSON key at the attribute named (their types checked as decoded: values
-    as they are, ``''`` for a missing column)."""
+    it, so that rows are all strings (``output.CsvWriter`` joins them as they are).
+    ``fields``: the rows of structs ``tasks.sof.struct_rows`` decodes, each JSON key at the
+    attribute named (their types checked as decoded: values as they are, ``''`` where missing)."""
     if not _in_subset(root, resource_type, depth=0):
         return None
     writer = _Writer(limit, cells or fields is not None, fields)
     result, single = writer.select(root, "d0", resource_type, 1)
-    if fields is not None:  # a tuple: the cyclic GC stops tracking it and its rows at its first pass
+    if not single:  # lists of a row per element grow with the data: the rows are checked here
+        writer.emit(1, f"if len({result}) > {limit}:")
+        writer.emit(2, IRREGULAR)
+    if fields is not None:  # a tuple: the cyclic GC stops tracking it and its rows at once
         result = f"({result},)" if single else f"tuple({result})"
     elif single:
         result = f"[{result}]"
@@ -91,7 +95,7 @@ class _Writer:
         self.lines.append("    " * indent + line + "\n")
 
     def member(self, value: str, key: str, default: str = "") -> str:
-        """Code reading ``value``'s member ``key`` (None where missing, or ``default``: ``", ''"``)."""
+        """Code reading ``value``'s member ``key`` (None where missing, else ``default``)."""
         if self.fields is not None:
             return f"{value}.{self.fields[key]}"
         return f"{value}.get({self.constant(key)}{default})"
@@ -106,8 +110,10 @@ class _Writer:
         rows, element = self.name("r"), self.name("d")
         kind, key, text, at = plan.operations[-1]
         null_row = tuple("" if self.cells and value is None else value for value in select.null_row)
-        if kind == "where" and not select.selects:  # a row per element kept, made in the where's pass
-            found = self.walk(plan.operations[:-1], focus, indent) if len(plan.operations) > 1 else f"[{focus}]"
+        if kind == "where" and not select.selects:  # a row per element kept, made in the pass
+            found = f"[{focus}]"
+            if len(plan.operations) > 1:
+                found = self.walk(plan.operations[:-1], focus, indent)
             self.built(self.grouped(found, key, at, indent), text, rows, select, plan.path)
             if select.iteration == "forEachOrNull":
                 self.emit(indent, f"if not {rows}:")
@@ -124,21 +130,23 @@ class _Writer:
         self.emit(indent, f"{rows} = []")
         self.emit(indent, f"for {element} in {found}:")
         part, single = self.rows_at(select, element, plan.path, indent + 1, rows)
-        if single:  # one row per element: the list is no longer than the data's, checked once
+        if single:  # one row per element: no longer than the data's list (the function's rows are)
             self.emit(indent + 1, f"{rows}.append({part})")
-        elif part != rows:
+            return rows, False
+        if part != rows:
             self.emit(indent + 1, f"{rows} += {part}")
-        self.emit(indent + int(not single), f"if len({rows}) > {self.limit}:")
-        self.emit(indent + int(not single) + 1, IRREGULAR)
+        self.emit(indent + 1, f"if len({rows}) > {self.limit}:")  # rows of rows: checked as they grow
+        self.emit(indent + 2, IRREGULAR)
         return rows, False
 
     def rows_at(
         self, select: Any, focus: str, path: str | None, indent: int, into: str | None = None
     ) -> tuple[str, bool]:
-        """Code giving the product of the select's columns and nested selects at ``focus``: the name of its row where
-        every part always gives one (True), else of its rows (added to the list ``into`` where given): one
-        concatenation where each part gave one row (the usual case), a loop where one list gave several rows (see
-        ``joined``), else their ``product``, the last varying fastest."""
+        """Code giving the product of the select's columns and nested selects at ``focus``: the name
+        of its row where every part always gives one (True), else of its rows (added to the list
+        ``into`` where given): one concatenation where each part gave one row (the usual case), a
+        loop where one list gave several (``joined``), else their ``product``, the last varying
+        fastest."""
         cells = [self.column(column, focus, path, indent) for column in select.columns]
         parts = []
         if cells or not select.selects:  # a select of nested selects alone gives their rows
@@ -157,10 +165,10 @@ class _Writer:
             self.emit(indent, f"{size} = {' * '.join(f'len({part})' for part in lists)}")
         self.emit(indent, f"if {size} == 1:")
         self.emit(indent + 1, f"{rows}.append({row})" if into else f"{rows} = [{row}]")
-        if len(lists) > 1:  # else: no rows where a list has none (below, every list has one or more)
+        if len(lists) > 1:  # no rows where a list has none (below, every list has one or more)
             self.emit(indent, f"elif not {size}:")
             self.emit(indent + 1, "pass" if into else f"{rows} = []")
-        for several in lists:  # one list of rows, one row from each other (the usual case): no product
+        for several in lists:  # one list of rows, one from each other (the usual case): no product
             self.emit(indent, f"elif {size} == len({several}):" if len(lists) > 1 else "else:")
             self.joined(parts, several, rows, indent + 1, into is None)
         if len(lists) > 1:  # one list of rows is no longer than the limit; a product of several may be
@@ -171,18 +179,27 @@ class _Writer:
             if into is None:
                 self.emit(indent + 1, f"{rows} = []")
             self.emit(indent + 1, f"for {', '.join(each.values())} in product({', '.join(lists)}):")
-            self.emit(indent + 2, f"{rows}.append({' + '.join(each.get(part, part) for part, _ in parts)})")
+            row = " + ".join(each.get(part, part) for part, _ in parts)
+            self.emit(indent + 2, f"{rows}.append({row})")
         return rows, False
 
-    def joined(self, parts: list[tuple[str, bool]], several: str, rows: str, indent: int, new: bool) -> None:
-        """Code adding to ``rows`` (``new``: a list made here) each row of the list ``several`` joined to the one row
-        of every other part."""
+    def joined(
+        self,
+        parts: list[tuple[str, bool]],
+        several: str,
+        rows: str,
+        indent: int,
+        new: bool,
+    ) -> None:
+        """Code adding to ``rows`` (``new``: a list made here) each row of the list ``several``
+        joined to the one row of every other part."""
         ends = [part for part, _ in parts].index(several)
         joined = []
         for side in (parts[:ends], parts[ends + 1 :]):
             if side:
                 joined.append(self.name("j"))
-                self.emit(indent, f"{joined[-1]} = {' + '.join(p if one else f'{p}[0]' for p, one in side)}")
+                row = " + ".join(part if one else f"{part}[0]" for part, one in side)
+                self.emit(indent, f"{joined[-1]} = {row}")
         element = self.name("p")
         joined.insert(1 if ends else 0, element)
         if new:
@@ -200,13 +217,14 @@ class _Writer:
         for step, (_, key, _, at) in enumerate(plan.operations):
             if step:  # no value: the chain ends here (one level deep however long the chain: Python allows 100)
                 self.emit(indent, f"if {value} is not None:")
-            if step and self.fields is not None:  # a struct member may be a list of structs (see struct_rows)
+            if step and self.fields is not None:  # a struct's member may be a list of structs
                 self.emit(indent + 1, f"if type({value}) is list:")
                 self.emit(indent + 2, IRREGULAR)
             self.check_object(value if step else focus, at, indent + min(step, 1), once=not step)
             default = ", ''" if self.cells and step == len(plan.operations) - 1 else ""
-            self.emit(indent + min(step, 1), f"{value} = {self.member(value if step else focus, key, default)}")
-        if self.fields is not None:  # values as decoded, of checked types; a chain that ended early: no cell
+            read = self.member(value if step else focus, key, default)
+            self.emit(indent + min(step, 1), f"{value} = {read}")
+        if self.fields is not None:  # values as decoded; a chain that ended early: no cell
             if len(plan.operations) > 1:
                 self.emit(indent, f"if {value} is None:")
                 self.emit(indent + 1, f"{value} = ''")
@@ -228,12 +246,19 @@ class _Writer:
         self.emit(indent + 1, "else:")
         self.emit(indent + 2, IRREGULAR)
 
-    def built(self, where: _Where, text: str | None, rows: str, select: Any, path: str | None) -> None:
-        """Code making in ``where``'s pass the row of each element it keeps for ``text`` (the select's columns),
-        added to the list ``rows``."""
+    def built(
+        self,
+        where: _Where,
+        text: str | None,
+        rows: str,
+        select: Any,
+        path: str | None,
+    ) -> None:
+        """Code making in ``where``'s pass the row of each element it keeps for ``text`` (the
+        select's columns), added to the list ``rows``."""
         indent, lines = where.indent + 2, self.lines
-        self.checked.add((where.element, path, indent))  # checked as an object of its type as the pass read it
-        self.known[(where.element, where.key)] = self.constant(text)  # a column of it: the text compared
+        self.checked.add((where.element, path, indent))  # checked as the pass read it
+        self.known[(where.element, where.key)] = self.constant(text)  # its column: the text
         self.lines = []
         part, _ = self.rows_at(select, where.element, path, indent)
         self.emit(indent, f"{rows}.append({part})")
@@ -241,8 +266,8 @@ class _Writer:
         self.lines = lines
 
     def walk(self, operations: tuple, focus: str, indent: int) -> str:
-        """Code giving the elements of an iteration's steps in a list; the list's name. Lists an earlier walk in the
-        block made of its first steps from this focus are reused."""
+        """Code giving the elements of an iteration's steps in a list; the list's name. Lists an
+        earlier walk in the block made of its first steps from this focus are reused."""
         found, step = None, 0
         while step < len(operations):
             paired = step == 0 and self.pairs(operations, focus, indent)
@@ -269,7 +294,9 @@ class _Writer:
         self.check_object(focus, at, indent, once=True)
         self.emit(indent, f"{child} = {self.member(focus, key)}")
         planned = f"'resourceType' not in {child} or {child}['resourceType'] == {self.constant(inner_at)}"
-        one = f"type({child}) is dict and ({planned})" if self.fields is None else f"type({child}) not in (list, NONE)"
+        one = f"type({child}) is dict and ({planned})"
+        if self.fields is not None:
+            one = f"type({child}) not in (list, NONE)"
         self.emit(indent, f"if {one}:")
         self.emit(indent + 1, f"{inner} = {self.member(child, inner_key)}")
         self.listed(inner, kept, indent + 1)
@@ -333,15 +360,15 @@ class _Writer:
         """The one pass over ``found`` of the block's ``where(key = 'text')`` tests over those elements (``_Where``)."""
         known = (found, key, repr(at), indent)
         if known not in self.groups:
-            where = self.groups[known] = _Where(indent, key, f"if len({found}) > {self.limit}:")
+            where = self.groups[known] = _Where(indent, key)
             self.lines.append(where.initial)
             where.element, where.child = self.each_member(found, key, at, indent)
             self.lines.append(where.branches)
         return self.groups[known]
 
     def check_object(self, value: str, at: str | None, indent: int, once: bool = False) -> None:
-        """Code giving up unless ``value`` is a JSON object of type ``at``; ``once``: a focus, checked once a block.
-        A struct was checked as decoded."""
+        """Code giving up unless ``value`` is a JSON object of type ``at``; ``once``: a focus,
+        checked once a block. A struct was checked as decoded."""
         if self.fields is not None or once and (value, at, indent) in self.checked:
             return
         self.checked.add((value, at, indent))
@@ -351,17 +378,17 @@ class _Writer:
 
 
 class _Where:
-    """One pass over a list's elements keeping, for each text a ``where(key = 'text')`` of the block reads, the
-    elements whose ``key`` is that text, or their rows: compared, not hashed into a dict (a list per text and select,
-    no ``setdefault``); no more than the limit, as the list is checked for."""
+    """One pass over a list's elements keeping, for each text a ``where(key = 'text')`` of the block
+    reads, the elements whose ``key`` is that text, or their rows: compared, not hashed into a dict
+    (a list per text and select, no ``setdefault``)."""
 
-    def __init__(self, indent: int, key: str, too_long: str):
-        self.indent, self.key, self.too_long, self.element, self.child = indent, key, too_long, "", ""
+    def __init__(self, indent: int, key: str):
+        self.indent, self.key, self.element, self.child = indent, key, "", ""
         self.texts: dict[str | None, tuple[str, Lines]] = {}
         """text: the name of its constant, then the lines adding to each of its lists"""
         self.lists: list[str] = []
         self.elements: dict[str | None, str] = {}
-        """text: the name of the list of the elements kept (for a select that is more than columns)"""
+        """text: the name of the list of the elements kept (for a select of more than columns)"""
 
     def add(self, text: str | None, constant: str, kept: str, lines: Lines) -> None:
         self.texts.setdefault(text, (constant, []))[1].extend(lines)
@@ -369,7 +396,7 @@ class _Where:
 
     def initial(self) -> str:
         pad = "    " * self.indent
-        return f"{pad}{self.too_long}\n{pad}    {IRREGULAR}\n" + "".join(f"{pad}{kept} = []\n" for kept in self.lists)
+        return "".join(f"{pad}{kept} = []\n" for kept in self.lists)
 
     def branches(self) -> str:
         pad = "    " * (self.indent + 1)

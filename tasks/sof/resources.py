@@ -102,8 +102,8 @@ def read_rows(view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]],
 
 
 def block_csv_rows(view: Any, source: Path, max_line_bytes: int) -> Iterator[tuple] | None:
-    """``read_rows``' CSV rows over a file, read block by block (``tasks.sof.struct_rows``; nulls, booleans and ints
-    as they are); None for a view it does not take."""
+    """``read_rows``' CSV rows over a file, read block by block (``tasks.sof.struct_rows``; nulls,
+    booleans and ints as they are); None for a view it does not take."""
     if view.block_rows is None:
         return None
     return chain.from_iterable(_blocks(view, source, max_line_bytes, flat_keys(view) is not None))

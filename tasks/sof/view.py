@@ -236,7 +236,7 @@ class CompiledView:
 
     @cached_property
     def block_rows(self) -> Callable[[bytes], list[Sequence[tuple]] | None] | None:
-        """The CSV rows of a block of lines, each line's (``tasks.sof.struct_rows``), for views it takes."""
+        """A block of lines' CSV rows (``tasks.sof.struct_rows``), for views it takes."""
         return block_rows(self, min(CACHED_ROWS, self.max_rows_per_resource))
 
     def _generated(self, cells: bool = False) -> Callable[[dict], list[tuple] | None] | None:
