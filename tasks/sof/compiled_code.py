@@ -78,9 +78,9 @@ class _Writer:
         self.walked: dict[tuple[str, str, int], str] = {}
         """(focus, steps, indent): the list a walk of these steps from that focus gave in that block"""
         self.groups: dict[tuple[str, str, str, int], _Where] = {}
+        """(elements, key, type, indent): the pass keeping those elements by their text value of key, in that block"""
         self.known: dict[tuple[str, str], str] = {}
         """(element, key): the constant a where's branch compared the element's key with"""
-        """(elements, key, type, indent): the pass keeping those elements by their text value of key, in that block"""
 
     def name(self, prefix: str) -> str:
         return f"{prefix}{next(self.names)}"
@@ -256,13 +256,13 @@ class _Writer:
     ) -> None:
         """Code making in ``where``'s pass the row of each element it keeps for ``text`` (the
         select's columns), added to the list ``rows``."""
-        indent, lines = where.indent + 2, self.lines
+        indent, lines, constant = where.indent + 2, self.lines, self.constant(text)
         self.checked.add((where.element, path, indent))  # checked as the pass read it
-        self.known[(where.element, where.key)] = self.constant(text)  # its column: the text
+        self.known[(where.element, where.key)] = constant  # its column: the text
         self.lines = []
         part, _ = self.rows_at(select, where.element, path, indent)
         self.emit(indent, f"{rows}.append({part})")
-        where.add(text, self.constant(text), rows, self.lines)
+        where.add(text, constant, rows, self.lines)
         self.lines = lines
 
     def walk(self, operations: tuple, focus: str, indent: int) -> str:
