@@ -24,7 +24,7 @@ from tasks.streams.ndjson import NdjsonError, iter_lines
 from tasks.sof.errors import ViewDefinitionError, ViewError
 from tasks.sof.view import compile_view
 from tasks.sof.output import CsvWriter, json_bytes
-from tasks.sof.resources import ResourceLineError, block_csv_rows, read_rows
+from tasks.sof.resources import ResourceLineError, csv_parts, read_rows
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 MAX_LINE_BYTES = 1024 * 1024 * 1024
@@ -110,7 +110,8 @@ def write_csv(view, resources: Path, out: IO[str]) -> None:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        writer.writerows(view_rows(view, resources, csv=True))
+        for part in csv_parts(view, resources, MAX_LINE_BYTES):
+            writer.write_lines(part) if isinstance(part, bytes) else writer.writerows(part)
     finally:
         if collecting:
             gc.enable()
@@ -128,8 +129,6 @@ def print_parquet(view, definition: dict[str, Any], resources: Path) -> None:
             shutil.copyfileobj(parquet, sys.stdout.buffer)
 
 
-def view_rows(view, resources: Path, csv: bool = False):
-    """The view's rows over the file (``csv``: as CSV cells); lines holding no resource of its type are not parsed."""
-    if csv and (rows := block_csv_rows(view, resources, MAX_LINE_BYTES)) is not None:
-        return rows
-    return read_rows(view, resources, iter_lines(resources, MAX_LINE_BYTES), csv)
+def view_rows(view, resources: Path):
+    """The view's rows over the file; lines holding no resource of its type are not parsed."""
+    return read_rows(view, resources, iter_lines(resources, MAX_LINE_BYTES))

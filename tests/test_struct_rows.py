@@ -1,4 +1,4 @@
-"""``view run``'s CSV read block by block (``tasks.sof.struct_rows``, ``resources.block_csv_rows``): the same bytes,
+"""``view run``'s CSV made block by block (``tasks.sof.struct_rows``, ``resources.csv_parts``): the same bytes,
 the same errors at the same line numbers as the line-by-line read, whatever a block holds, for flat views and nested
 ones."""
 
@@ -16,7 +16,8 @@ import zstandard
 from tasks.sof.errors import ResourceLineError, ViewError
 from tasks.sof.struct_rows import flat_keys
 from tasks.sof.output import CsvWriter, json_bytes
-from tasks.sof.resources import block_csv_rows, read_rows
+from flows.view_cli import write_csv
+from tasks.sof.resources import read_rows
 from tasks.sof.view import compile_view
 from tasks.streams.ndjson import CHUNK_SIZE, iter_lines
 from tests.conftest import TESTDATA
@@ -63,16 +64,18 @@ def csv_of(rows) -> str:
 
 
 def both_ways(path: Path, definition: dict = FLAT) -> tuple[str, str]:
-    """The CSV (or the error) of the file read block by block and read line by line."""
-    view, found = compile_view(definition), []
+    """The CSV (or the error) of the file as ``view run`` writes it, block by block, and of its lines
+    read one by one."""
+    found = []
     for blocks in (True, False):
+        view, out = compile_view(definition), io.StringIO()
         try:
-            rows = (
-                block_csv_rows(view, path, 1 << 30)
-                if blocks
-                else read_rows(view, path, iter_lines(path, 1 << 30), True)
-            )
-            found.append(csv_of(rows))
+            if blocks:
+                write_csv(view, path, out)
+            else:
+                (writer := CsvWriter(out)).writerow(view.columns)
+                writer.writerows(read_rows(view, path, iter_lines(path, 1 << 30), True))
+            found.append(out.getvalue())
         except (ResourceLineError, ViewError) as exc:
             found.append(f"error: {exc}")
     return found[0], found[1]
@@ -101,7 +104,7 @@ def test_a_flat_view_reads_its_columns_keys_in_column_order():
 def test_views_of_more_than_members_of_the_resource_are_read_by_blocks_but_not_flat(definition: dict):
     view = compile_view(definition)
     assert flat_keys(view) is None
-    assert view.block_rows is not None
+    assert view.block_csv is not None
 
 
 @pytest.mark.parametrize(
@@ -138,20 +141,20 @@ def test_views_of_more_than_members_of_the_resource_are_read_by_blocks_but_not_f
     ],
 )
 def test_views_the_block_read_cannot_hold_to_the_lines_way_are_not_read_by_blocks(definition: dict):
-    assert compile_view(definition).block_rows is None
+    assert compile_view(definition).block_csv is None
 
 
 def test_a_collection_column_is_not_read_by_blocks():
     definition = column_view("name")
     definition["select"][0]["column"][1]["collection"] = True
-    assert compile_view(definition).block_rows is None
+    assert compile_view(definition).block_csv is None
 
 
 def test_a_block_of_the_view_s_type_gives_a_row_per_line():
     lines = varied_patients(50)
-    rows = compile_view(FLAT).block_rows(b"\n".join(lines) + b"\n")
-    assert len(rows) == 50
-    assert rows[0][0] == orjson.loads(lines[0])["id"]
+    made = compile_view(FLAT).block_csv(b"\n".join(lines) + b"\n")
+    assert len(made) == 50
+    assert made[0].decode() == csv_of(read_rows(compile_view(FLAT), "test", enumerate(lines, 1), True))
 
 
 GOOD = b'{"resourceType":"Patient","id":"a","active":true}\n'
@@ -205,7 +208,7 @@ GOOD = b'{"resourceType":"Patient","id":"a","active":true}\n'
     ],
 )
 def test_a_block_is_left_to_the_line_by_line_read(block: bytes):
-    assert compile_view(FLAT).block_rows(block) is None
+    assert compile_view(FLAT).block_csv(block) is None
 
 
 @pytest.mark.parametrize("compressed", [False, True], ids=["plain", "zstd"])
@@ -247,7 +250,7 @@ def test_a_file_without_a_last_newline_and_a_line_across_chunks(tmp_path: Path):
     path.write_bytes(b"\n".join(lines))
     by_blocks, by_lines = both_ways(path)
     assert by_blocks == by_lines
-    assert by_blocks.count("\n") == 3000
+    assert by_blocks.count("\n") == 3001  # the header and a line a Patient
 
 
 def test_two_columns_of_one_key_both_get_its_value(tmp_path: Path):
@@ -257,7 +260,7 @@ def test_two_columns_of_one_key_both_get_its_value(tmp_path: Path):
     assert flat_keys(compile_view(definition)) == ["id", "id"]
     by_blocks, by_lines = both_ways(path, definition)
     assert by_blocks == by_lines
-    assert all(first == second for first, second in (line.split(",") for line in by_blocks.splitlines()))
+    assert all(first == second for first, second in (line.split(",") for line in by_blocks.splitlines()[1:]))
 
 
 CODED_VIEW = {  # the sample CRTDL's Condition view in small: sibling wheres in a forEachOrNull, chains, one where
@@ -343,9 +346,9 @@ def test_a_line_read_by_blocks_gives_the_general_way_s_csv(definition: dict):
     view = compile_view(definition)
     taken = set()
     for resource in CONDITIONS:
-        rows = view.block_rows(json_bytes(resource) + b"\n")
-        if rows is not None:
-            assert csv_of(rows[0]) == csv_of(with_compiled(view, None).rows(resource)), resource["id"]
+        made = view.block_csv(json_bytes(resource) + b"\n")
+        if made is not None:
+            assert made == [csv_of(with_compiled(view, None).rows(resource)).encode()], resource["id"]
             taken.add(resource.get("id"))
     assert taken >= TAKEN
 
@@ -370,9 +373,8 @@ def test_a_line_of_more_rows_than_a_resource_may_give_is_the_same_error_read_by_
     errors = []
     for blocks in (True, False):
         view = compile_view(CODED_VIEW, max_rows_per_resource=1)  # each gives two: two codings of system t
-        rows = block_csv_rows(view, path, 1 << 30) if blocks else read_rows(view, path, iter_lines(path, 1 << 30))
         with pytest.raises(ViewError) as error:
-            csv_of(rows)
+            write_csv(view, path, io.StringIO()) if blocks else csv_of(read_rows(view, path, iter_lines(path, 1 << 30)))
         errors.append(str(error.value))
     assert errors[0] == errors[1]
     assert "more than 1 rows" in errors[0]

@@ -43,6 +43,14 @@ class CsvWriter:
         else:
             self._writer.writerow(cells)
 
+    def write_lines(self, text: bytes) -> None:
+        """CSV lines made as bytes, each ending with a line feed."""
+        if self._bytes is None:
+            self._stream.write(text.decode())
+        else:
+            self._stream.flush()  # what the text layer holds goes first
+            self._bytes.write(text)
+
     def writerows(self, rows: Iterable[tuple]) -> int:
         """The rows as CSV lines, ``ROWS_PER_BATCH`` at a time (one resource may give millions); the number written.
         A batch needing no quoting is joined as it is (``_string_lines``) or made from its JSON (``_plain_lines``),
@@ -55,11 +63,7 @@ class CsvWriter:
             written += len(batch)
             text = _string_lines(batch) or _plain_lines(batch)  # never b"": each ends with a line feed
             if text is not None:
-                if self._bytes is None:
-                    self._stream.write(text.decode())
-                else:
-                    self._stream.flush()  # what the text layer holds goes first
-                    self._bytes.write(text)
+                self.write_lines(text)
                 continue
             if not _WRITTEN_AS_CELLS.issuperset(map(type, chain.from_iterable(batch))):
                 batch = list(map(csv_cells, batch))

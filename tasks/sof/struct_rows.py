@@ -16,7 +16,9 @@ block line by line, every verdict made as before.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
+from io import BytesIO, TextIOWrapper
+from itertools import chain, repeat
 from operator import attrgetter
 from typing import Any, Literal
 
@@ -24,6 +26,7 @@ import re2
 
 from tasks.sof.compiled import single_keys
 from tasks.sof.compiled_code import column_plan, generated_rows, member_plan
+from tasks.sof.output import CsvWriter
 
 CELL_VALUE = str | bool | int | None
 PIECE_BYTES = 1 << 14
@@ -44,10 +47,10 @@ class _Element:
         self.at, self.keys = at, dict[str, _Element | None]()
 
 
-def block_rows(view: Any, limit: int) -> Callable[[bytes], list[Sequence] | None] | None:
-    """For a view taken (see the module doc), ``rows(block)``: each line's CSV rows (``csv_rows``'
-    cells, nulls, booleans and ints as they are; of a flat view, its one row), or None where the
-    block must be read line by line; None for other views. ``limit``: a line's rows at most."""
+def block_csv(view: Any, limit: int) -> Callable[[bytes], list[bytes] | None] | None:
+    """For a view taken (see the module doc), ``csv(block)``: the block's CSV lines, then an empty
+    text for each further line (one item a line, for ``LineSplitter.take_block``), or None where
+    the block must be read line by line; None for other views. ``limit``: a line's rows at most."""
     root, names = _Element(view.resource), dict[str, str]()
     if view.csv_rows is None or not _reads(view.root, view.resource, root, names):
         return None
@@ -61,20 +64,26 @@ def block_rows(view: Any, limit: int) -> Callable[[bytes], list[Sequence] | None
     elif (line_rows := generated_rows(view.root, view.resource, limit, fields=names)) is None:
         return None
 
-    def rows(block: bytes) -> list[Sequence] | None:
-        found: list = []
+    def csv(block: bytes) -> list[bytes] | None:
+        buffer, lines = BytesIO(), 0
+        writer = CsvWriter(text := TextIOWrapper(buffer, "utf-8", newline=""))
         try:  # the decoding first: in a file of several types it stops at another type's first line
-            for piece in _pieces(block):
-                found += map(line_rows, decode(piece))
+            for piece in _pieces(block):  # each piece's CSV made while its data is in the caches
+                rows: list = list(map(line_rows, decode(piece)))
+                if not keys and None in rows:
+                    return None
+                lines += len(rows)
+                writer.writerows(rows if keys else chain.from_iterable(rows))
             if block[:1] <= b" " or _OPENS_BLANK.search(block) or _TWO_OBJECTS.search(block):
                 return None
             if not block.isascii():
                 block.decode()
         except (ValueError, RecursionError):  # msgspec's and UnicodeDecodeError are ValueErrors
             return None
-        return None if keys is None and None in found else found
+        text.flush()
+        return [buffer.getvalue(), *repeat(b"", lines - 1)]
 
-    return rows
+    return csv
 
 
 def _pieces(block: bytes) -> Iterable[memoryview]:
@@ -149,7 +158,7 @@ def _struct(element: _Element, names: dict[str, str], kind: tuple, msgspec: Any)
 
 def flat_keys(view: Any) -> list[str] | None:
     """The JSON key each column of a flat view reads, in column order; None for other views (of
-    those ``block_rows`` takes)."""
+    those ``block_csv`` takes)."""
     # compile_view joins nested selects of one row each to their parent's columns: a flat view's
     # root has them all; of one column attrgetter gives no tuple
     if len(view.columns) < 2 or view.root.selects or view.root.union:

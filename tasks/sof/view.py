@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
 from functools import cached_property, partial
@@ -31,7 +31,7 @@ from tasks.sof.compiled_code import PARSED, generated_rows
 from tasks.sof.errors import FhirPathError, ViewDefinitionError, ViewEvaluationError
 from tasks.sof.fhirpath import Compiled, compile_path, plain
 from tasks.sof.fhirpath_shared import MAX_REPEAT_ELEMENTS
-from tasks.sof.struct_rows import block_rows
+from tasks.sof.struct_rows import block_csv
 from tasks.sof.type_filters import refuse_other_types
 
 COLUMN_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -235,9 +235,9 @@ class CompiledView:
         return self._generated(cells=True)
 
     @cached_property
-    def block_rows(self) -> Callable[[bytes], list[Sequence[tuple]] | None] | None:
-        """A block of lines' CSV rows (``tasks.sof.struct_rows``), for views it takes."""
-        return block_rows(self, min(CACHED_ROWS, self.max_rows_per_resource))
+    def block_csv(self) -> Callable[[bytes], list[bytes] | None] | None:
+        """A block of lines' CSV (``tasks.sof.struct_rows``), for views it takes."""
+        return block_csv(self, min(CACHED_ROWS, self.max_rows_per_resource))
 
     def _generated(self, cells: bool = False) -> Callable[[dict], list[tuple] | None] | None:
         if self.where or self.root.indexed:
