@@ -112,6 +112,26 @@ def test_rows_of_strings_nulls_and_numbers_go_to_csv_as_they_are_the_same_bytes(
 
 
 @pytest.mark.parametrize(
+    "rows",
+    [
+        [(None, "a", True), ("b", None, False), (None, None, None)],
+        [(None, 1, "null"), ("x", "y", None), (2, None, "z")],
+        [("a", "b]", None), ("c", "d", 1)],
+        [("a", "b", None), ("c", "d]", 1)],
+        [("[a", "b", None), ("c", "d", 1)],
+        [("a", [], None), ("c", "d", 1)],
+        [("a", "b", None), ("c", "d,e", 1)],
+        [("a", True, None)],
+    ],
+    ids=["nulls", "null text", "bracket", "last bracket", "open bracket", "array", "comma", "one row"],
+)
+def test_rows_of_nulls_booleans_ints_and_brackets_go_to_csv_as_their_cells(rows: list[tuple]):
+    """The CSV made from the rows' JSON (rows of more than strings): a null opening a line or after a comma is an
+    empty cell; a bracket or comma in a cell, or an array, leaves the batch to ``csv``."""
+    same_csv_in_batches(rows)
+
+
+@pytest.mark.parametrize(
     ("value", "cell"),
     [({"k": 1}, '"{""k"":1}"'), ({"k": "v"}, '"{""k"":""v""}"'), (["a"], '"[""a""]"'), ([], "[]"), ({}, "{}")],
     ids=["object", "string member", "array", "empty array", "empty object"],

@@ -26,6 +26,7 @@ _WRITTEN_AS_CELLS = frozenset({str, type(None), int})
 """Types ``csv`` writes as ``cell`` would (None empty, ints as ``str``): rows of only these need no conversion. Not
 ``Decimal``: ``str`` gives it an exponent (``0E-8``), ``cell`` plain notation."""
 ROWS_PER_BATCH = 1000
+_LAST_LINE_FEED = bytes.maketrans(b"]", b"\n")
 
 
 class CsvWriter:
@@ -93,24 +94,25 @@ def _string_lines(batch: list) -> bytes | None:
 def _plain_lines(batch: list) -> bytes | None:
     """The batch's CSV lines made from its JSON (``orjson``, in C, one call) where no cell needs quoting: no JSON
     escape (no quote, backslash, CR, LF or control character in a string), no comma but the separators, no bracket
-    but the rows' own. A comma is then always a separator, so an unquoted ``null`` after one, or after a row's ``[``,
-    is a null: an empty cell; then the quotes and brackets go. None where a cell needs quoting, is an object, array or
-    ``Decimal`` (orjson refuses it, an int beyond 64 bits and a lone surrogate), or ``_width`` is 0. No type test per
-    cell: it cost as much as the rest."""
+    but the rows' own. A comma is then always a separator, so an unquoted ``null`` after one, or opening a line, is a
+    null: an empty cell; then the quotes go. None where a cell needs quoting, is an object, array or ``Decimal``
+    (orjson refuses it, an int beyond 64 bits and a lone surrogate), or ``_width`` is 0. No type test per cell: it
+    cost as much as the rest."""
     if not (width := _width(batch)):
         return None
-    rows = len(batch)
     try:
         text = orjson.dumps(batch)  # [[...],[...]]: one call
     except TypeError:
         return None
-    brackets = text.count(b"[") == rows + 1 == text.count(b"]")
-    if b"\\" in text or b"{" in text or text.count(b",") != rows * width - 1 or not brackets:
+    if b"\\" in text or b"{" in text or text.count(b",") != len(batch) * width - 1:
         return None
-    text = text[1:-1].replace(b"],[", b"]\n[")
+    text = text[2:-1].replace(b"],[", b"\n")  # the rows' brackets: the last row's ends the text
+    if b"[" in text or text.find(b"]") < len(text) - 1:  # a cell's
+        return None
     if b"null" in text:
-        text = text.replace(b",null", b",").replace(b"[null,", b"[,")
-    return text.translate(None, b'"[]') + b"\n"
+        text = text.replace(b",null", b",").replace(b"\nnull,", b"\n,")
+        text = text[4:] if text.startswith(b"null,") else text
+    return text.translate(_LAST_LINE_FEED, b'"')
 
 
 def _width(batch: list) -> int:
