@@ -1,7 +1,7 @@
-"""The rows of a view made from a whole block of NDJSON lines at once: msgspec decodes, in C, only
-the fields the view reads, into structs made for the view whose types it checks as it reads; the
-view's generated function (``tasks.sof.compiled_code``, reading attributes) gives each line's rows,
-a flat view's come from the structs in C.
+"""A view's CSV made from a whole block of NDJSON lines at once: msgspec decodes, in C, only the
+fields the view reads, into structs made for the view whose types it checks as it reads; the view's
+generated function (``tasks.sof.compiled_code``, reading attributes) gives each line's rows (a flat
+view's come from the structs in C), and each piece's rows become CSV lines at once.
 
 A view is taken where it has generated rows (``CompiledView.csv_rows``), reads no key both as a
 value and as an element, nor ``resourceType``, and no ``where`` compares with ``''`` (a missing
