@@ -57,7 +57,7 @@ def generated_rows(
     elif single:
         result = f"[{result}]"
     source = "def rows(d0):\n" + _text(writer.lines) + f"    return {result}\n"
-    namespace = {"KEPT": kept, "NONE": type(None), "product": product, **writer.constants}
+    namespace = {"KEPT": kept, "LISTED": (list, type(None)), "product": product, **writer.constants}
     try:
         code = compile(source, f"<view {resource_type}>", "exec")
     except (SyntaxError, RecursionError, MemoryError):  # beyond Python's own limits (IndentationError is a SyntaxError)
@@ -296,7 +296,7 @@ class _Writer:
         planned = f"'resourceType' not in {child} or {child}['resourceType'] == {self.constant(inner_at)}"
         one = f"type({child}) is dict and ({planned})"
         if self.fields is not None:
-            one = f"type({child}) not in (list, NONE)"
+            one = f"type({child}) not in LISTED"
         self.emit(indent, f"if {one}:")
         self.emit(indent + 1, f"{inner} = {self.member(child, inner_key)}")
         self.listed(inner, kept, indent + 1)
