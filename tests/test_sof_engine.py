@@ -18,7 +18,20 @@ from tasks.sof.fhirpath import _interpreted, compile_path
 from tasks.sof.output import ROWS_PER_BATCH, CsvWriter, csv_cells
 from tasks.sof.resources import may_hold
 from tasks.sof.view import CACHED_ROWS
-from tests.support.sof import PATIENTS, WAYS, column_values, in_one_way, path_values, read_resources, with_compiled
+from tests.support.sof import (
+    GENERATED_VIEW,
+    IRREGULAR_CONDITIONS,
+    IRREGULAR_VIEW,
+    PAIRED_CONDITIONS,
+    PATIENTS,
+    SIBLING_WHERES_VIEW,
+    WAYS,
+    column_values,
+    in_one_way,
+    path_values,
+    read_resources,
+    with_compiled,
+)
 
 
 @pytest.mark.parametrize("path", ["name.given.join(', ')", "name.given.join()", "(name.given).join(', ')"])
@@ -99,6 +112,26 @@ def test_rows_of_strings_nulls_and_numbers_go_to_csv_as_they_are_the_same_bytes(
 
 
 @pytest.mark.parametrize(
+    "rows",
+    [
+        [(None, "a", True), ("b", None, False), (None, None, None)],
+        [(None, 1, "null"), ("x", "y", None), (2, None, "z")],
+        [("a", "b]", None), ("c", "d", 1)],
+        [("a", "b", None), ("c", "d]", 1)],
+        [("[a", "b", None), ("c", "d", 1)],
+        [("a", [], None), ("c", "d", 1)],
+        [("a", "b", None), ("c", "d,e", 1)],
+        [("a", True, None)],
+    ],
+    ids=["nulls", "null text", "bracket", "last bracket", "open bracket", "array", "comma", "one row"],
+)
+def test_rows_of_nulls_booleans_ints_and_brackets_go_to_csv_as_their_cells(rows: list[tuple]):
+    """The CSV made from the rows' JSON (rows of more than strings): a null opening a line or after a comma is an
+    empty cell; a bracket or comma in a cell, or an array, leaves the batch to ``csv``."""
+    same_csv_in_batches(rows)
+
+
+@pytest.mark.parametrize(
     ("value", "cell"),
     [({"k": 1}, '"{""k"":1}"'), ({"k": "v"}, '"{""k"":""v""}"'), (["a"], '"[""a""]"'), ([], "[]"), ({}, "{}")],
     ids=["object", "string member", "array", "empty array", "empty object"],
@@ -156,56 +189,6 @@ def test_nested_single_row_selects_keep_their_null_row():
         ("pt2", 0, 0, "f2"),
         ("pt3", 0, None, None),
     ]
-
-
-IRREGULAR_CONDITIONS = [
-    {
-        "resourceType": "Condition",
-        "id": "c0",
-        "subject": {"reference": "Patient/p0"},
-        "recordedDate": "2024-01-02",
-        "code": {"coding": [{"system": "s", "code": "a"}, {"system": "t", "code": "b"}, {"system": "s", "code": "c"}]},
-        "extension": [{"url": "u", "valueDateTime": "2024"}],
-    },
-    {
-        "resourceType": "Condition",
-        "id": "c1",
-        "subject": {"reference": "Patient/p1"},
-        "code": {"coding": [{"system": "s", "code": "a"}, None, {"system": "t", "code": "b"}, {"system": "s"}]},
-        "extension": [{"url": "u", "valueDateTime": "2024"}, {"url": "v", "valueString": "x"}],
-        "note": [{"text": "one"}],
-    },
-    {
-        "resourceType": "Condition",
-        "id": "c2",
-        "subject": [{"reference": "Patient/p2"}],
-        "code": {"coding": [{"resourceType": "Observation", "system": "s", "code": "contained"}]},
-        "note": [{"text": "one"}, {"text": "two"}],
-    },
-    {"resourceType": "Condition", "id": "c3", "code": [{"coding": [{"system": ["s"], "code": "listed"}]}]},
-    {"resourceType": "Condition", "id": "c4", "code": {"coding": ["text", {"code": "k"}]}, "subject": "text"},
-    {"resourceType": "Condition", "id": "c5", "code": "text", "recordedDate": 1.5},
-    {"resourceType": "Observation", "id": "o1"},
-]
-IRREGULAR_VIEW = {
-    "resource": "Condition",
-    "select": [
-        {"column": [{"name": "id", "path": "id"}, {"name": "patient", "path": "subject.reference"}]},
-        {"column": [{"name": "recorded", "path": "recordedDate"}]},
-        {
-            "forEachOrNull": "code",
-            "select": [
-                {"forEachOrNull": "coding.where(system = 's')", "column": [{"name": "s", "path": "code"}]},
-                {"forEach": "coding", "column": [{"name": "any", "path": "code"}, {"name": "sys", "path": "system"}]},
-            ],
-        },
-        {"forEachOrNull": "extension", "column": [{"name": "value", "path": "value.ofType(dateTime)"}]},
-        {"unionAll": [{"column": [{"name": "u", "path": "id"}]}, {"column": [{"name": "u", "path": "'lit'"}]}]},
-    ],
-}
-
-
-GENERATED_VIEW = {"resource": "Condition", "select": IRREGULAR_VIEW["select"][:-1]}  # no unionAll
 
 
 @pytest.mark.parametrize("definition", [IRREGULAR_VIEW, GENERATED_VIEW], ids=["closures", "generated"])
@@ -292,7 +275,8 @@ def test_a_view_python_cannot_compile_is_left_to_the_closures(monkeypatch):
 
 def test_a_product_of_rows_is_every_combination_in_order_and_none_beyond_the_limit():
     """Two forEach over two codings each give four rows, the second's varying fastest; over a limit of three the
-    generated function gives None (the closures then take the resource); a forEach over nothing gives none."""
+    generated function gives None (the closures then take the resource), as it does for a row per coding of four;
+    a forEach over nothing gives none."""
     view = compile_view(
         {
             "resource": "Condition",
@@ -312,26 +296,44 @@ def test_a_product_of_rows_is_every_combination_in_order_and_none_beyond_the_lim
     assert generated({**condition, "code": {"coding": codings[:1]}}) == [("c", "1", "s")]
     assert generated({**condition, "code": {}}) == []
     assert generated_rows(view.root, "Condition", 3)(condition) is None
+    one_each = compile_view({**SIBLING_WHERES_VIEW, "select": SIBLING_WHERES_VIEW["select"][:2]})
+    many = {**condition, "code": {"coding": [{"system": "s", "code": str(n)} for n in range(4)]}}
+    assert len(generated_rows(one_each.root, "Condition", 4)(many)) == 4
+    assert generated_rows(one_each.root, "Condition", 3)(many) is None  # a row a coding: four
 
 
-SIBLING_WHERES_VIEW = {
+THREE_LISTS_VIEW = {
     "resource": "Condition",
     "select": [
         {"column": [{"name": "id", "path": "id"}]},
-        {"forEachOrNull": "code.coding.where(system = 's')", "column": [{"name": "s", "path": "code"}]},
-        {"forEachOrNull": "code.coding.where(system = 't')", "column": [{"name": "t", "path": "code"}]},
-        {"forEach": "code.coding", "column": [{"name": "any", "path": "code"}]},
-        {"select": [{"forEachOrNull": "note", "column": [{"name": "note", "path": "text"}]}]},
+        {"forEach": "code.coding", "column": [{"name": "code", "path": "code"}]},
+        {"column": [{"name": "date", "path": "recordedDate"}]},
+        {"forEachOrNull": "note", "column": [{"name": "note", "path": "text"}]},
+        {"forEach": "bodySite", "column": [{"name": "site", "path": "text"}]},
     ],
 }
-PAIRED_CONDITIONS = [
-    {"resourceType": "Condition", "id": "p0", "code": {"coding": [{"system": "t", "code": "1"}, {"system": "s"}]}},
-    {"resourceType": "Condition", "id": "p1", "code": {"coding": {"system": "s", "code": "one object"}}},
-    {"resourceType": "Condition", "id": "p2", "code": [{"coding": [{"system": "s", "code": "a"}]}, {"coding": []}]},
-    {"resourceType": "Condition", "id": "p3", "code": {"resourceType": "Condition", "coding": []}},
-    {"resourceType": "Condition", "id": "p4", "code": None, "note": [{"text": "n"}]},
-    {"resourceType": "Condition", "id": "p5", "code": 3},
-]
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [(1, 1, 1), (3, 1, 1), (1, 2, 1), (1, 1, 3), (2, 2, 1), (0, 2, 2), (2, 0, 1), (3, 2, 0), (0, 1, 0), (2, 2, 2)],
+)
+def test_rows_of_several_lists_are_their_product_in_order_whichever_gives_several(counts):
+    """The product of a select's lists in the generated function: one row where each gives one, a loop where one
+    gives several (whichever it is), none where a list gives none, else every combination, the last varying fastest."""
+    codes, notes, sites = counts
+    condition = {
+        "resourceType": "Condition",
+        "id": "c",
+        "recordedDate": "2024",
+        "code": {"coding": [{"code": f"k{n}"} for n in range(codes)]},
+        "note": [{"text": f"n{n}"} for n in range(notes)],
+        "bodySite": [{"text": f"s{n}"} for n in range(sites)],
+    }
+    view = compile_view(THREE_LISTS_VIEW)
+    expected = list(with_compiled(view, None).rows(condition))
+    assert len(expected) == codes * max(notes, 1) * sites
+    assert generated_rows(view.root, "Condition", CACHED_ROWS)(condition) == expected
 
 
 @pytest.mark.parametrize("cells", [False, True], ids=["values", "cells"])

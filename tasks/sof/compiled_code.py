@@ -6,6 +6,7 @@ select, column or step.
 ``where(member = 'text')``; single-valued member-chain columns; every type path planned), else None. At data of
 another shape (a non-object element, another ``resourceType``, a list for one value, a null in an array, more than
 ``limit`` rows) the function returns None: the closures of ``tasks.sof.compiled`` then give the rows or the error.
+With ``fields`` it reads the structs of ``tasks.sof.struct_rows``, whose shapes msgspec checked.
 """
 
 from __future__ import annotations
@@ -25,23 +26,38 @@ PARSED = frozenset({str, type(None), bool, int})
 """Values a column gives as they are from orjson's parse, which reads decimals as floats: objects (which may hold
 one) and floats are left to the decimal-keeping parse."""
 
+Lines = list[str | Callable[[], str]]
+"""Lines of source; a callable writes its lines when the source is made (a ``_Where``'s)."""
 IRREGULAR = "return None"
 """The generated statement for data not shaped as planned."""
 
 
 def generated_rows(
-    root: Any, resource_type: str, limit: int, kept: frozenset = KEPT, cells: bool = False
-) -> Callable[[dict], list[tuple] | None] | None:
+    root: Any,
+    resource_type: str,
+    limit: int,
+    kept: frozenset = KEPT,
+    cells: bool = False,
+    fields: dict[str, str] | None = None,
+) -> Callable[[Any], list[tuple] | None] | None:
     """``root``'s rows (a ``tasks.sof.view.Select``) as one generated function, or None outside the subset; a value of
     a type not in ``kept`` is data not of the planned shape. ``cells``: each ``PARSED`` value as ``output.cell`` makes
-    it, so that rows are all strings (``output.CsvWriter`` joins them as they are)."""
+    it, so that rows are all strings (``output.CsvWriter`` joins them as they are).
+    ``fields``: the rows of structs ``tasks.sof.struct_rows`` decodes, each JSON key at the
+    attribute named (their types checked as decoded: values as they are, ``''`` where missing)."""
     if not _in_subset(root, resource_type, depth=0):
         return None
-    writer = _Writer(limit, cells)
+    writer = _Writer(limit, cells or fields is not None, fields)
     result, single = writer.select(root, "d0", resource_type, 1)
-    lines = (line if isinstance(line, str) else line() for line in writer.lines)
-    source = "def rows(d0):\n" + "".join(lines) + f"    return {f'[{result}]' if single else result}\n"
-    namespace = {"KEPT": kept, "product": product, **writer.constants}
+    if not single:  # lists of a row per element grow with the data: the rows are checked here
+        writer.emit(1, f"if len({result}) > {limit}:")
+        writer.emit(2, IRREGULAR)
+    if fields is not None:  # a tuple: the cyclic GC stops tracking it and its rows at once
+        result = f"({result},)" if single else f"tuple({result})"
+    elif single:
+        result = f"[{result}]"
+    source = "def rows(d0):\n" + _text(writer.lines) + f"    return {result}\n"
+    namespace = {"KEPT": kept, "LISTED": (list, type(None)), "product": product, **writer.constants}
     try:
         code = compile(source, f"<view {resource_type}>", "exec")
     except (SyntaxError, RecursionError, MemoryError):  # beyond Python's own limits (IndentationError is a SyntaxError)
@@ -51,9 +67,9 @@ def generated_rows(
 
 
 class _Writer:
-    def __init__(self, limit: int, cells: bool):
-        self.limit, self.cells = limit, cells
-        self.lines: list[str | Callable[[], str]] = []
+    def __init__(self, limit: int, cells: bool, fields: dict[str, str] | None):
+        self.limit, self.cells, self.fields = limit, cells, fields
+        self.lines: Lines = []
         """The function's lines; a ``_Where``'s are written when the source is made (sibling wheres add to them)"""
         self.constants: dict[str, Any] = {}
         self.names = count()
@@ -63,6 +79,8 @@ class _Writer:
         """(focus, steps, indent): the list a walk of these steps from that focus gave in that block"""
         self.groups: dict[tuple[str, str, str, int], _Where] = {}
         """(elements, key, type, indent): the pass keeping those elements by their text value of key, in that block"""
+        self.known: dict[tuple[str, str], str] = {}
+        """(element, key): the constant a where's branch compared the element's key with"""
 
     def name(self, prefix: str) -> str:
         return f"{prefix}{next(self.names)}"
@@ -76,6 +94,12 @@ class _Writer:
     def emit(self, indent: int, line: str) -> None:
         self.lines.append("    " * indent + line + "\n")
 
+    def member(self, value: str, key: str, default: str = "") -> str:
+        """Code reading ``value``'s member ``key`` (None where missing, else ``default``)."""
+        if self.fields is not None:
+            return f"{value}.{self.fields[key]}"
+        return f"{value}.get({self.constant(key)}{default})"
+
     def select(self, select: Any, focus: str, path: str | None, indent: int) -> tuple[str, bool]:
         """Code giving the select's rows at ``focus`` (of type ``path``): the name of their list, or of their one row
         (a tuple) where the select always gives one (True)."""
@@ -83,11 +107,20 @@ class _Writer:
             return self.rows_at(select, focus, path, indent)
         plan = member_plan(select.iterate[0], path)
         assert plan is not None  # _in_subset planned every iteration before the writer starts
-        found = self.walk(plan, focus, indent)
         rows, element = self.name("r"), self.name("d")
-        kind, _, _, at = plan.operations[-1]
+        kind, key, text, at = plan.operations[-1]
+        null_row = tuple("" if self.cells and value is None else value for value in select.null_row)
+        if kind == "where" and not select.selects:  # a row per element kept, made in the pass
+            found = f"[{focus}]"
+            if len(plan.operations) > 1:
+                found = self.walk(plan.operations[:-1], focus, indent)
+            self.built(self.grouped(found, key, at, indent), text, rows, select, plan.path)
+            if select.iteration == "forEachOrNull":
+                self.emit(indent, f"if not {rows}:")
+                self.emit(indent + 1, f"{rows} = [{self.constant(null_row)}]")
+            return rows, False
+        found = self.walk(plan.operations, focus, indent)
         if select.iteration == "forEachOrNull":  # over nothing (often: a coding of a system not there) one null row
-            null_row = tuple("" if self.cells and value is None else value for value in select.null_row)
             self.emit(indent, f"if not {found}:")
             self.emit(indent + 1, f"{rows} = [{self.constant(null_row)}]")
             self.emit(indent, "else:")
@@ -96,17 +129,24 @@ class _Writer:
             self.checked.add((element, at, indent + 1))
         self.emit(indent, f"{rows} = []")
         self.emit(indent, f"for {element} in {found}:")
-        part, single = self.rows_at(select, element, plan.path, indent + 1)
-        # one row per element: the list is no longer than the data's, checked once
-        self.emit(indent + 1, f"{rows}.append({part})" if single else f"{rows} += {part}")
-        self.emit(indent + int(not single), f"if len({rows}) > {self.limit}:")
-        self.emit(indent + int(not single) + 1, IRREGULAR)
+        part, single = self.rows_at(select, element, plan.path, indent + 1, rows)
+        if single:  # one row per element: no longer than the data's list (the function's rows are)
+            self.emit(indent + 1, f"{rows}.append({part})")
+            return rows, False
+        if part != rows:
+            self.emit(indent + 1, f"{rows} += {part}")
+        self.emit(indent + 1, f"if len({rows}) > {self.limit}:")  # rows of rows: checked as they grow
+        self.emit(indent + 2, IRREGULAR)
         return rows, False
 
-    def rows_at(self, select: Any, focus: str, path: str | None, indent: int) -> tuple[str, bool]:
-        """Code giving the product of the select's columns and nested selects at ``focus``: the name of its row where
-        every part always gives one (True), else of its rows: one concatenation where each part gave one row (the
-        usual case), else a loop over the one list of rows (or the ``product`` of several), the last varying fastest."""
+    def rows_at(
+        self, select: Any, focus: str, path: str | None, indent: int, into: str | None = None
+    ) -> tuple[str, bool]:
+        """Code giving the product of the select's columns and nested selects at ``focus``: the name
+        of its row where every part always gives one (True), else of its rows (added to the list
+        ``into`` where given): one concatenation where each part gave one row (the usual case), a
+        loop where one list gave several (``joined``), else their ``product``, the last varying
+        fastest."""
         cells = [self.column(column, focus, path, indent) for column in select.columns]
         parts = []
         if cells or not select.selects:  # a select of nested selects alone gives their rows
@@ -115,37 +155,80 @@ class _Writer:
         parts += [self.select(nested, focus, path, indent) for nested in select.selects]
         if len(parts) == 1:
             return parts[0]
-        rows, lists = self.name("r"), [part for part, one in parts if not one]
+        rows, lists = into or self.name("r"), [part for part, one in parts if not one]
         row = " + ".join(part if one else f"{part}[0]" for part, one in parts)
         if not lists:
             self.emit(indent, f"{rows} = {row}")
             return rows, True
-        self.emit(indent, f"if {' and '.join(f'len({part}) == 1' for part in lists)}:")
-        self.emit(indent + 1, f"{rows} = [{row}]")
-        self.emit(indent, "else:")
+        size = f"len({lists[0]})" if len(lists) == 1 else self.name("n")
+        if len(lists) > 1:  # the product's size tells which lists give more than one row
+            self.emit(indent, f"{size} = {' * '.join(f'len({part})' for part in lists)}")
+        self.emit(indent, f"if {size} == 1:")
+        self.emit(indent + 1, f"{rows}.append({row})" if into else f"{rows} = [{row}]")
+        if len(lists) > 1:  # no rows where a list has none (below, every list has one or more)
+            self.emit(indent, f"elif not {size}:")
+            self.emit(indent + 1, "pass" if into else f"{rows} = []")
+        for several in lists:  # one list of rows, one from each other (the usual case): no product
+            self.emit(indent, f"elif {size} == len({several}):" if len(lists) > 1 else "else:")
+            self.joined(parts, several, rows, indent + 1, into is None)
         if len(lists) > 1:  # one list of rows is no longer than the limit; a product of several may be
-            self.emit(indent + 1, f"if {' * '.join(f'len({part})' for part in lists)} > {self.limit}:")
-            self.emit(indent + 2, IRREGULAR)
-        each = {part: self.name("p") for part in lists}
-        row = " + ".join(part if one else each[part] for part, one in parts)
-        rows_of = lists[0] if len(lists) == 1 else f"product({', '.join(lists)})"
-        self.emit(indent + 1, f"{rows} = []")
-        self.emit(indent + 1, f"for {', '.join(each.values())} in {rows_of}:")
-        self.emit(indent + 2, f"{rows}.append({row})")
+            self.emit(indent, f"elif {size} > {self.limit}:")
+            self.emit(indent + 1, IRREGULAR)
+            self.emit(indent, "else:")
+            each = {part: self.name("p") for part in lists}
+            if into is None:
+                self.emit(indent + 1, f"{rows} = []")
+            self.emit(indent + 1, f"for {', '.join(each.values())} in product({', '.join(lists)}):")
+            row = " + ".join(each.get(part, part) for part, _ in parts)
+            self.emit(indent + 2, f"{rows}.append({row})")
         return rows, False
+
+    def joined(
+        self,
+        parts: list[tuple[str, bool]],
+        several: str,
+        rows: str,
+        indent: int,
+        new: bool,
+    ) -> None:
+        """Code adding to ``rows`` (``new``: a list made here) each row of the list ``several``
+        joined to the one row of every other part."""
+        ends = [part for part, _ in parts].index(several)
+        joined = []
+        for side in (parts[:ends], parts[ends + 1 :]):
+            if side:
+                joined.append(self.name("j"))
+                row = " + ".join(part if one else f"{part}[0]" for part, one in side)
+                self.emit(indent, f"{joined[-1]} = {row}")
+        element = self.name("p")
+        joined.insert(1 if ends else 0, element)
+        if new:
+            self.emit(indent, f"{rows} = []")
+        self.emit(indent, f"for {element} in {several}:")
+        self.emit(indent + 1, f"{rows}.append({' + '.join(joined)})")
 
     def column(self, column: Any, focus: str, path: str | None, indent: int) -> str:
         """Code reading a single-valued chain of members; the value's name."""
         plan = column_plan(column, path)
         assert plan is not None  # _in_subset planned every column before the writer starts
+        if len(plan.operations) == 1 and (focus, plan.key) in self.known:
+            return self.known[(focus, plan.key)]
         value = self.name("v")
         for step, (_, key, _, at) in enumerate(plan.operations):
             if step:  # no value: the chain ends here (one level deep however long the chain: Python allows 100)
                 self.emit(indent, f"if {value} is not None:")
+            if step and self.fields is not None:  # a struct's member may be a list of structs
+                self.emit(indent + 1, f"if type({value}) is list:")
+                self.emit(indent + 2, IRREGULAR)
             self.check_object(value if step else focus, at, indent + min(step, 1), once=not step)
             default = ", ''" if self.cells and step == len(plan.operations) - 1 else ""
-            self.emit(indent + min(step, 1), f"{value} = {value if step else focus}.get({self.constant(key)}{default})")
-        if self.cells:
+            read = self.member(value if step else focus, key, default)
+            self.emit(indent + min(step, 1), f"{value} = {read}")
+        if self.fields is not None:  # values as decoded; a chain that ended early: no cell
+            if len(plan.operations) > 1:
+                self.emit(indent, f"if {value} is None:")
+                self.emit(indent + 1, f"{value} = ''")
+        elif self.cells:
             self.as_cell(value, indent)
         else:
             self.emit(indent, f"if type({value}) not in KEPT:")
@@ -163,10 +246,29 @@ class _Writer:
         self.emit(indent + 1, "else:")
         self.emit(indent + 2, IRREGULAR)
 
-    def walk(self, plan: Plan, focus: str, indent: int) -> str:
-        """Code giving the elements of an iteration plan in a list; the list's name. Lists an earlier walk in the
-        block made of its first steps from this focus are reused."""
-        operations, found, step = plan.operations, None, 0
+    def built(
+        self,
+        where: _Where,
+        text: str | None,
+        rows: str,
+        select: Any,
+        path: str | None,
+    ) -> None:
+        """Code making in ``where``'s pass the row of each element it keeps for ``text`` (the
+        select's columns), added to the list ``rows``."""
+        indent, lines, constant = where.indent + 2, self.lines, self.constant(text)
+        self.checked.add((where.element, path, indent))  # checked as the pass read it
+        self.known[(where.element, where.key)] = constant  # its column: the text
+        self.lines = []
+        part, _ = self.rows_at(select, where.element, path, indent)
+        self.emit(indent, f"{rows}.append({part})")
+        where.add(text, constant, rows, self.lines)
+        self.lines = lines
+
+    def walk(self, operations: tuple, focus: str, indent: int) -> str:
+        """Code giving the elements of an iteration's steps in a list; the list's name. Lists an
+        earlier walk in the block made of its first steps from this focus are reused."""
+        found, step = None, 0
         while step < len(operations):
             paired = step == 0 and self.pairs(operations, focus, indent)
             known = (focus, repr(operations[: step + 1 + paired]), indent)
@@ -190,10 +292,13 @@ class _Writer:
         (_, key, _, at), (_, inner_key, _, inner_at) = first, second
         child, inner, kept = self.name("c"), self.name("c"), self.name("e")
         self.check_object(focus, at, indent, once=True)
-        self.emit(indent, f"{child} = {focus}.get({self.constant(key)})")
+        self.emit(indent, f"{child} = {self.member(focus, key)}")
         planned = f"'resourceType' not in {child} or {child}['resourceType'] == {self.constant(inner_at)}"
-        self.emit(indent, f"if type({child}) is dict and ({planned}):")
-        self.emit(indent + 1, f"{inner} = {child}.get({self.constant(inner_key)})")
+        one = f"type({child}) is dict and ({planned})"
+        if self.fields is not None:
+            one = f"type({child}) not in LISTED"
+        self.emit(indent, f"if {one}:")
+        self.emit(indent + 1, f"{inner} = {self.member(child, inner_key)}")
         self.listed(inner, kept, indent + 1)
         self.emit(indent, "else:")
         self.listed(child, (listed := self.name("e")), indent + 1)
@@ -207,13 +312,15 @@ class _Writer:
         if kind == "member" and found is None:
             child = self.name("c")
             self.check_object(focus, at, indent, once=True)
-            self.emit(indent, f"{child} = {focus}.get({self.constant(key)})")
+            self.emit(indent, f"{child} = {self.member(focus, key)}")
             self.listed(child, kept, indent)
         elif kind == "where":
             where = self.grouped(found or f"[{focus}]", key, at, indent)
-            if argument not in where.lists:
-                where.lists[argument] = (kept, self.constant(argument))
-            return where.lists[argument][0]
+            if argument not in where.elements:
+                where.elements[argument] = kept
+                appended = f"{'    ' * (indent + 2)}{kept}.append({where.element})\n"
+                where.add(argument, self.constant(argument), kept, [appended])
+            return where.elements[argument]
         else:
             self.members(found or f"[{focus}]", key, at, indent, kept)
         return kept
@@ -221,8 +328,9 @@ class _Writer:
     def listed(self, value: str, kept: str, indent: int) -> None:
         """Code giving a member's value as a list (``kept``): the data's own list (only read), or of none or one."""
         self.emit(indent, f"if type({value}) is list:")
-        self.emit(indent + 1, f"if None in {value}:")
-        self.emit(indent + 2, IRREGULAR)
+        if self.fields is None:  # a null in an array (a struct's lists hold none)
+            self.emit(indent + 1, f"if None in {value}:")
+            self.emit(indent + 2, IRREGULAR)
         self.emit(indent + 1, f"{kept} = {value}")
         self.emit(indent, "else:")
         self.emit(indent + 1, f"{kept} = [] if {value} is None else [{value}]")
@@ -232,8 +340,9 @@ class _Writer:
         self.emit(indent, f"{kept} = []")
         _, child = self.each_member(found, key, at, indent)
         self.emit(indent + 1, f"if type({child}) is list:")
-        self.emit(indent + 2, f"if None in {child}:")
-        self.emit(indent + 3, IRREGULAR)
+        if self.fields is None:
+            self.emit(indent + 2, f"if None in {child}:")
+            self.emit(indent + 3, IRREGULAR)
         self.emit(indent + 2, f"{kept} += {child}")
         self.emit(indent + 1, f"elif {child} is not None:")
         self.emit(indent + 2, f"{kept}.append({child})")
@@ -244,22 +353,23 @@ class _Writer:
         value, child = self.name("x"), self.name("c")
         self.emit(indent, f"for {value} in {found}:")
         self.check_object(value, at, indent + 1)
-        self.emit(indent + 1, f"{child} = {value}.get({self.constant(key)})")
+        self.emit(indent + 1, f"{child} = {self.member(value, key)}")
         return value, child
 
     def grouped(self, found: str, key: str, at: Any, indent: int) -> _Where:
         """The one pass over ``found`` of the block's ``where(key = 'text')`` tests over those elements (``_Where``)."""
         known = (found, key, repr(at), indent)
         if known not in self.groups:
-            where = self.groups[known] = _Where(indent)
+            where = self.groups[known] = _Where(indent, key)
             self.lines.append(where.initial)
             where.element, where.child = self.each_member(found, key, at, indent)
             self.lines.append(where.branches)
         return self.groups[known]
 
     def check_object(self, value: str, at: str | None, indent: int, once: bool = False) -> None:
-        """Code giving up unless ``value`` is a JSON object of type ``at``; ``once``: a focus, checked once a block."""
-        if once and (value, at, indent) in self.checked:
+        """Code giving up unless ``value`` is a JSON object of type ``at``; ``once``: a focus,
+        checked once a block. A struct was checked as decoded."""
+        if self.fields is not None or once and (value, at, indent) in self.checked:
             return
         self.checked.add((value, at, indent))
         other = f"'resourceType' in {value} and {value}['resourceType'] != {self.constant(at)}"
@@ -268,24 +378,37 @@ class _Writer:
 
 
 class _Where:
-    """One pass over a list's elements keeping, for each text a ``where(key = 'text')`` of the block reads, the
-    elements whose ``key`` is that text: compared, not hashed into a dict (a list per text, no ``setdefault``)."""
+    """One pass over a list's elements keeping, for each text a ``where(key = 'text')`` of the block
+    reads, the elements whose ``key`` is that text, or their rows: compared, not hashed into a dict
+    (a list per text and select, no ``setdefault``)."""
 
-    def __init__(self, indent: int):
-        self.indent, self.element, self.child = indent, "", ""
-        self.lists: dict[str, tuple[str, str]] = {}
-        """text: the name of its list and of its constant"""
+    def __init__(self, indent: int, key: str):
+        self.indent, self.key, self.element, self.child = indent, key, "", ""
+        self.texts: dict[str | None, tuple[str, Lines]] = {}
+        """text: the name of its constant, then the lines adding to each of its lists"""
+        self.lists: list[str] = []
+        self.elements: dict[str | None, str] = {}
+        """text: the name of the list of the elements kept (for a select of more than columns)"""
+
+    def add(self, text: str | None, constant: str, kept: str, lines: Lines) -> None:
+        self.texts.setdefault(text, (constant, []))[1].extend(lines)
+        self.lists.append(kept)
 
     def initial(self) -> str:
-        return "".join(f"{'    ' * self.indent}{kept} = []\n" for kept, _ in self.lists.values())
+        pad = "    " * self.indent
+        return "".join(f"{pad}{kept} = []\n" for kept in self.lists)
 
     def branches(self) -> str:
         pad = "    " * (self.indent + 1)
         tests = [
-            f"{pad}{'elif' if number else 'if'} {self.child} == {text}:\n{pad}    {kept}.append({self.element})\n"
-            for number, (kept, text) in enumerate(self.lists.values())
+            f"{pad}{'elif' if number else 'if'} {self.child} == {constant}:\n" + _text(lines)
+            for number, (constant, lines) in enumerate(self.texts.values())
         ]
         return "".join(tests) + f"{pad}elif type({self.child}) is list:\n{pad}    {IRREGULAR}\n"
+
+
+def _text(lines: Lines) -> str:
+    return "".join(line if isinstance(line, str) else line() for line in lines)
 
 
 def _in_subset(select: Any, path: str | None, depth: int) -> bool:

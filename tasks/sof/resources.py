@@ -4,8 +4,7 @@ lines of types no view reads passed over unparsed."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Iterator
-from itertools import chain
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +14,7 @@ import re2
 from tasks.core.json_shapes import as_array
 from tasks.core.exact_json import EXACT_DECODER
 from tasks.sof.errors import ResourceLineError
-from tasks.sof.flat_rows import flat_block_rows
-from tasks.streams.ndjson import LineSplitter, iter_chunks
+from tasks.streams.ndjson import LineSplitter, iter_chunks, iter_lines
 
 # A number with a fraction or exponent, or an integer beyond 64 bits; RE2: 2.5x Python's re here.
 _DECIMAL_NUMBER = re2.compile(rb"[:\[,][ \t\n\r\f\v]*(?:-?\d+(?:\.\d|[eE])|-?\d{20}|-\d{19})")
@@ -101,17 +99,17 @@ def read_rows(view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]],
                 yield from view.rows(resource)
 
 
-def flat_csv_rows(view: Any, source: Path, max_line_bytes: int) -> Iterator[tuple] | None:
-    """``read_rows``' CSV rows of a flat view (``tasks.sof.flat_rows``) over a file; None for any other view."""
-    if (block_rows := flat_block_rows(view)) is None:
-        return None
-    return chain.from_iterable(_flat_blocks(view, source, max_line_bytes, block_rows))
-
-
-def _flat_blocks(view: Any, source: Path, max_line_bytes: int, block_rows: Callable) -> Iterator[Iterable[tuple]]:
+def csv_parts(view: Any, source: Path, max_line_bytes: int) -> Iterator[bytes | Iterable[tuple]]:
+    """The file's CSV in parts: a block's CSV lines (``CompiledView.block_csv``), or ``read_rows``'
+    CSV rows of lines read one by one (every line of a view it does not take)."""
+    if view.block_csv is None:
+        yield read_rows(view, source, iter_lines(source, max_line_bytes), csv=True)
+        return
     lines = LineSplitter(source, max_line_bytes)
     for chunk in iter_chunks(source):
-        rows = lines.take_block(chunk, block_rows)
-        yield read_rows(view, source, lines.numbered(chunk), csv=True) if rows is None else rows
+        if (taken := lines.take_block(chunk, view.block_csv)) is None:
+            yield read_rows(view, source, lines.numbered(chunk), csv=True)
+        else:
+            yield taken[0]
     if last := lines.finish():
         yield read_rows(view, source, [(lines.number, last)], csv=True)

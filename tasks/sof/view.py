@@ -31,6 +31,7 @@ from tasks.sof.compiled_code import PARSED, generated_rows
 from tasks.sof.errors import FhirPathError, ViewDefinitionError, ViewEvaluationError
 from tasks.sof.fhirpath import Compiled, compile_path, plain
 from tasks.sof.fhirpath_shared import MAX_REPEAT_ELEMENTS
+from tasks.sof.struct_rows import block_csv
 from tasks.sof.type_filters import refuse_other_types
 
 COLUMN_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -232,6 +233,11 @@ class CompiledView:
     def csv_rows(self) -> Callable[[dict], list[tuple] | None] | None:
         """``parsed_rows`` as CSV cells, all strings (``output.CsvWriter`` joins them as they are)."""
         return self._generated(cells=True)
+
+    @cached_property
+    def block_csv(self) -> Callable[[bytes], list[bytes] | None] | None:
+        """A block of lines' CSV (``tasks.sof.struct_rows``), for views it takes."""
+        return block_csv(self, min(CACHED_ROWS, self.max_rows_per_resource))
 
     def _generated(self, cells: bool = False) -> Callable[[dict], list[tuple] | None] | None:
         if self.where or self.root.indexed:

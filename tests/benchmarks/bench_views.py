@@ -18,7 +18,8 @@ that query; every CSV must be the same bytes as ``write_csv``'s.
 
 Printed: per view the CPU seconds (``time.process_time``: the process's, DuckDB's threads included; of a process,
 user + system of every thread, from ``RUSAGE_CHILDREN``) and wall seconds, min and median over the rounds, the ratio
-dupflow / orjson of each round's CPU (min and median), the same of ``view run``'s process against DuckDB's, whether
+dupflow / orjson of each round's CPU (min and median), the same of dupflow against DuckDB in this process and as
+processes, whether
 the project's own modules were byte-compiled (after the Quick start on a machine with ``PYTHONDONTWRITEBYTECODE=1``
 they are not: every process compiles those it imports), and the load average before and after.
 """
@@ -84,11 +85,64 @@ def duckdb_patient_sql(source: Path, target: Path) -> str:
     return f"COPY ({query}) TO '{target}' (FORMAT csv, HEADER true)"
 
 
-def duckdb_patient_csv(source: Path, target: Path) -> None:
+CODING = "STRUCT(system VARCHAR, code VARCHAR)[]"
+CONDITION_FIELDS = {  # the fields the Condition view reads, as DuckDB types
+    "resourceType": "VARCHAR",
+    "id": "VARCHAR",
+    "subject": "STRUCT(reference VARCHAR)",
+    "code": f"STRUCT(coding {CODING})",
+    "recordedDate": "VARCHAR",
+    "clinicalStatus": f"STRUCT(coding {CODING})",
+    "verificationStatus": f"STRUCT(coding {CODING})",
+    "extension": "STRUCT(url VARCHAR, valueDateTime VARCHAR)[]",
+}
+CONDITION_SYSTEMS = {  # column suffix: the system its forEachOrNull keeps
+    "sct": "http://snomed.info/sct",
+    "icd10gm": "http://fhir.de/CodeSystem/bfarm/icd-10-gm",
+    "alphaid": "http://fhir.de/CodeSystem/bfarm/alpha-id",
+    "orphanet": "http://www.orpha.net",
+}
+ASSERTED = "http://hl7.org/fhir/StructureDefinition/condition-assertedDate"
+
+
+def duckdb_condition_sql(source: Path, target: Path) -> str:
+    """The Condition view by hand in DuckDB: ``read_json`` of the fields it reads, each ``forEachOrNull`` an unnest
+    of its list (one null where it is empty) in a query around the last, so that the last varies fastest, to a CSV
+    with a header."""
+    columns = ", ".join(f"{key}: '{kind}'" for key, kind in CONDITION_FIELDS.items())
+    query = f"SELECT * FROM read_json('{source}', format = 'newline_delimited', columns = {{{columns}}})"
+    query += " WHERE resourceType = 'Condition'"
+    lists = {n: f"list_filter(code.coding, lambda c: c.system = '{s}')" for n, s in CONDITION_SYSTEMS.items()}
+    lists |= {"cs": "clinicalStatus.coding", "vs": "verificationStatus.coding"}
+    lists["asserted"] = f"list_filter(extension, lambda e: e.url = '{ASSERTED}')"
+    for name, found in lists.items():
+        branch = f"unnest(CASE WHEN len({found}) > 0 THEN {found} ELSE [NULL] END) AS {name}"
+        query = f"SELECT *, {branch} FROM ({query})"
+    codes = ", ".join(f"{n}.system AS code_system_{n}, {n}.code AS code_code_{n}" for n in CONDITION_SYSTEMS)
+    statuses = ", ".join(
+        f"{short}.system AS {name}_status_system, {short}.code AS {name}_status_code"
+        for short, name in (("cs", "clinical"), ("vs", "verification"))
+    )
+    select = (
+        f"id, subject.reference AS patient, {codes}, recordedDate AS recorded_date, {statuses}, "
+        "asserted.valueDateTime AS feststellungsdatum"
+    )
+    return f"COPY (SELECT {select} FROM ({query})) TO '{target}' (FORMAT csv, HEADER true)"
+
+
+DUCKDB_SQL = {"Patient": duckdb_patient_sql, "Condition": duckdb_condition_sql}
+"""The views a hand-written DuckDB query runs next to: the query of the view over a file, to a CSV."""
+
+
+def duckdb_csv(sql: str) -> None:
     import duckdb
 
     with duckdb.connect() as connection:
-        connection.execute(duckdb_patient_sql(source, target))
+        connection.execute(sql)
+
+
+def duckdb_patient_csv(source: Path, target: Path) -> None:
+    duckdb_csv(duckdb_patient_sql(source, target))
 
 
 def children_cpu() -> float:
@@ -111,9 +165,9 @@ def view_run_process(view: Path, source: Path, target: Path) -> tuple[float, flo
     )
 
 
-def duckdb_process(source: Path, target: Path) -> tuple[float, float]:
+def duckdb_process(sql: str) -> tuple[float, float]:
     script = "import sys, duckdb; duckdb.connect().execute(sys.argv[1])"
-    return as_process([sys.executable, "-c", script, duckdb_patient_sql(source, target)])
+    return as_process([sys.executable, "-c", script, sql])
 
 
 def timed(work: Callable[[], object]) -> tuple[float, float]:
@@ -161,9 +215,9 @@ def one_view(kind: str, source: Path, view, out: Path) -> dict[str, tuple[float,
         "dupflow": timed(lambda: dupflow_csv(view, source, out / f"{kind}-dupflow.csv")),
         "view run": view_run_process(out / f"{kind}.view.json", source, out / f"{kind}-process.csv"),
     }
-    if kind == "Patient":
-        found["duckdb"] = timed(lambda: duckdb_patient_csv(source, out / "Patient-duckdb.csv"))
-        found["duckdb process"] = duckdb_process(source, out / "Patient-duckdb-process.csv")
+    if kind in DUCKDB_SQL:
+        found["duckdb"] = timed(lambda: duckdb_csv(DUCKDB_SQL[kind](source, out / f"{kind}-duckdb.csv")))
+        found["duckdb process"] = duckdb_process(DUCKDB_SQL[kind](source, out / f"{kind}-duckdb-process.csv"))
     return found
 
 
@@ -190,17 +244,23 @@ def report(paths: dict[str, Path], found: dict[str, dict[str, list]], out: Path)
         )
         if (out / f"{kind}-process.csv").read_bytes() != (out / f"{kind}-dupflow.csv").read_bytes():
             raise SystemExit(f"view {kind}: view run's process wrote another CSV than write_csv")
-    duck, ours = found["Patient"]["duckdb"], found["Patient"]["dupflow"]
-    same = (out / "Patient-duckdb.csv").read_bytes() == (out / "Patient-dupflow.csv").read_bytes()
+    for kind in DUCKDB_SQL:
+        duckdb_lines(kind, found[kind], out)
+
+
+def duckdb_lines(kind: str, found: dict[str, list], out: Path) -> None:
+    """The view against its hand-written DuckDB query, in this process and as processes."""
+    duck, ours = found["duckdb"], found["dupflow"]
+    same = (out / f"{kind}-duckdb.csv").read_bytes() == (out / f"{kind}-dupflow.csv").read_bytes()
     print(
-        f"Patient view, file to CSV, hand-written DuckDB query (read_json, COPY TO csv, {os.cpu_count()} threads): "
+        f"{kind} view, file to CSV, hand-written DuckDB query (read_json, COPY TO csv, {os.cpu_count()} threads): "
         f"CPU {spread([c for c, _ in duck])} s, wall {spread([w for _, w in duck])} s (min / median); "
-        f"dupflow / DuckDB: CPU {min(c for c, _ in ours) / min(c for c, _ in duck):.2f}x, "
+        f"dupflow / DuckDB: CPU {ratios(ours, duck)} (min / median of each round's), "
         f"wall {min(w for _, w in ours) / min(w for _, w in duck):.2f}x (min against min); "
         f"CSVs {'identical' if same else 'DIFFERENT'}"
     )
-    duck, ours = found["Patient"]["duckdb process"], found["Patient"]["view run"]
-    same = (out / "Patient-duckdb-process.csv").read_bytes() == (out / "Patient-process.csv").read_bytes()
+    duck, ours = found["duckdb process"], found["view run"]
+    same = (out / f"{kind}-duckdb-process.csv").read_bytes() == (out / f"{kind}-process.csv").read_bytes()
     print(
         f"the same as processes (python -m flows.run view run, against python importing duckdb and running the query): "
         f"view run CPU {spread([c for c, _ in ours])} s, wall {spread([w for _, w in ours])} s; DuckDB CPU "

@@ -22,6 +22,71 @@ PATIENTS = [
 WAYS = ("generated", "closures", "general")
 """How ``compile_view`` runs a view (docs/development.md, the engine section)."""
 
+IRREGULAR_CONDITIONS = [
+    {
+        "resourceType": "Condition",
+        "id": "c0",
+        "subject": {"reference": "Patient/p0"},
+        "recordedDate": "2024-01-02",
+        "code": {"coding": [{"system": "s", "code": "a"}, {"system": "t", "code": "b"}, {"system": "s", "code": "c"}]},
+        "extension": [{"url": "u", "valueDateTime": "2024"}],
+    },
+    {
+        "resourceType": "Condition",
+        "id": "c1",
+        "subject": {"reference": "Patient/p1"},
+        "code": {"coding": [{"system": "s", "code": "a"}, None, {"system": "t", "code": "b"}, {"system": "s"}]},
+        "extension": [{"url": "u", "valueDateTime": "2024"}, {"url": "v", "valueString": "x"}],
+        "note": [{"text": "one"}],
+    },
+    {
+        "resourceType": "Condition",
+        "id": "c2",
+        "subject": [{"reference": "Patient/p2"}],
+        "code": {"coding": [{"resourceType": "Observation", "system": "s", "code": "contained"}]},
+        "note": [{"text": "one"}, {"text": "two"}],
+    },
+    {"resourceType": "Condition", "id": "c3", "code": [{"coding": [{"system": ["s"], "code": "listed"}]}]},
+    {"resourceType": "Condition", "id": "c4", "code": {"coding": ["text", {"code": "k"}]}, "subject": "text"},
+    {"resourceType": "Condition", "id": "c5", "code": "text", "recordedDate": 1.5},
+    {"resourceType": "Observation", "id": "o1"},
+]
+IRREGULAR_VIEW = {
+    "resource": "Condition",
+    "select": [
+        {"column": [{"name": "id", "path": "id"}, {"name": "patient", "path": "subject.reference"}]},
+        {"column": [{"name": "recorded", "path": "recordedDate"}]},
+        {
+            "forEachOrNull": "code",
+            "select": [
+                {"forEachOrNull": "coding.where(system = 's')", "column": [{"name": "s", "path": "code"}]},
+                {"forEach": "coding", "column": [{"name": "any", "path": "code"}, {"name": "sys", "path": "system"}]},
+            ],
+        },
+        {"forEachOrNull": "extension", "column": [{"name": "value", "path": "value.ofType(dateTime)"}]},
+        {"unionAll": [{"column": [{"name": "u", "path": "id"}]}, {"column": [{"name": "u", "path": "'lit'"}]}]},
+    ],
+}
+GENERATED_VIEW = {"resource": "Condition", "select": IRREGULAR_VIEW["select"][:-1]}  # no unionAll
+SIBLING_WHERES_VIEW = {
+    "resource": "Condition",
+    "select": [
+        {"column": [{"name": "id", "path": "id"}]},
+        {"forEachOrNull": "code.coding.where(system = 's')", "column": [{"name": "s", "path": "code"}]},
+        {"forEachOrNull": "code.coding.where(system = 't')", "column": [{"name": "t", "path": "code"}]},
+        {"forEach": "code.coding", "column": [{"name": "any", "path": "code"}]},
+        {"select": [{"forEachOrNull": "note", "column": [{"name": "note", "path": "text"}]}]},
+    ],
+}
+PAIRED_CONDITIONS = [
+    {"resourceType": "Condition", "id": "p0", "code": {"coding": [{"system": "t", "code": "1"}, {"system": "s"}]}},
+    {"resourceType": "Condition", "id": "p1", "code": {"coding": {"system": "s", "code": "one object"}}},
+    {"resourceType": "Condition", "id": "p2", "code": [{"coding": [{"system": "s", "code": "a"}]}, {"coding": []}]},
+    {"resourceType": "Condition", "id": "p3", "code": {"resourceType": "Condition", "coding": []}},
+    {"resourceType": "Condition", "id": "p4", "code": None, "note": [{"text": "n"}]},
+    {"resourceType": "Condition", "id": "p5", "code": 3},
+]
+
 
 def column_values(path: str, resources: list[dict] = PATIENTS) -> list:
     """The one column ``path`` over ``resources`` (all of the first one's type)."""

@@ -1,0 +1,167 @@
+"""A view's CSV made from a whole block of NDJSON lines at once: msgspec decodes, in C, only the
+fields the view reads, into structs made for the view whose types it checks as it reads; the view's
+generated function (``tasks.sof.compiled_code``, reading attributes) gives each line's rows (a flat
+view's come from the structs in C), and each piece's rows become CSV lines at once.
+
+A view is taken where it has generated rows (``CompiledView.csv_rows``), reads no key both as a
+value and as an element, nor ``resourceType``, and no ``where`` compares with ``''`` (a missing
+value is ``''`` here). Each element the view walks is a struct, a list of them or null; each value
+a string, boolean, int or null. A block is taken only where msgspec reads every line as exactly one
+object of the view's type of these shapes, every element in it without ``resourceType`` or of its
+planned type, and the block is UTF-8 (msgspec checks only the strings it reads). Anything else (a
+Bundle, a decimal or a list where a value is read, a blank line, a line opening with whitespace or
+holding two values, bytes not JSON, more rows than a resource may give) and the caller reads the
+block line by line, every verdict made as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from io import BytesIO, TextIOWrapper
+from itertools import chain, repeat
+from operator import attrgetter
+from typing import Any, Literal
+
+import re2
+
+from tasks.sof.compiled import single_keys
+from tasks.sof.compiled_code import column_plan, generated_rows, member_plan
+from tasks.sof.output import CsvWriter
+
+CELL_VALUE = str | bool | int | None
+PIECE_BYTES = 1 << 16
+"""Lines decoded and written as CSV at once: their data is still in the CPU's caches (rows of a
+whole 1 MB block written after took the Condition view 1.2x the time); pieces of 16 KB cost 1.1x
+in calls, and a block's lists alive together set off the cyclic GC's full passes."""
+_OPENS_BLANK = re2.compile(rb"\n[ \t\r\n\x0b\x0c]")
+"""A line after the first that is blank or opens with whitespace (read one by one)."""
+_TWO_OBJECTS = re2.compile(rb"\}[ \t\r]*\{")
+"""One object after another on a line (``decode_lines`` takes both); also a string holding ``}{``,
+which only costs the line-by-line read. RE2: each search is a tenth of their alternation's time."""
+
+
+class _Element:
+    """The keys a view reads from one kind of element: each key's element (None: a value)."""
+
+    def __init__(self, at: str | None):
+        self.at, self.keys = at, dict[str, _Element | None]()
+
+
+def block_csv(view: Any, limit: int) -> Callable[[bytes], list[bytes] | None] | None:
+    """For a view taken (see the module doc), ``csv(block)``: the block's CSV lines, then an empty
+    text for each further line (one item a line, for ``LineSplitter.take_block``), or None where
+    the block must be read line by line; None for other views. ``limit``: a line's rows at most."""
+    root, names = _Element(view.resource), dict[str, str]()
+    if view.csv_rows is None or not _reads(view.root, view.resource, root, names):
+        return None
+    import msgspec  # here: 10 ms that every other command and flattening worker would pay at start
+
+    struct = _struct(root, names, ("kind", Literal[view.resource]), msgspec)
+    decode: Callable[[memoryview], list] = msgspec.json.Decoder(struct).decode_lines
+    line_rows: Callable[[Any], Any] | None = None
+    if keys := flat_keys(view):  # one row a line: the structs' fields, in C
+        line_rows = attrgetter(*(names[key] for key in keys))
+    elif (line_rows := generated_rows(view.root, view.resource, limit, fields=names)) is None:
+        return None
+
+    def csv(block: bytes) -> list[bytes] | None:
+        buffer, lines = BytesIO(), 0
+        writer = CsvWriter(text := TextIOWrapper(buffer, "utf-8", newline=""))
+        try:  # the decoding first: in a file of several types it stops at another type's first line
+            for piece in _pieces(block):  # each piece's CSV made while its data is in the caches
+                rows: list = list(map(line_rows, decode(piece)))
+                if not keys and None in rows:
+                    return None
+                lines += len(rows)
+                writer.writerows(rows if keys else chain.from_iterable(rows))
+            if block[:1] <= b" " or _OPENS_BLANK.search(block) or _TWO_OBJECTS.search(block):
+                return None
+            if not block.isascii():
+                block.decode()
+        except (ValueError, RecursionError):  # msgspec's and UnicodeDecodeError are ValueErrors
+            return None
+        text.flush()
+        return [buffer.getvalue(), *repeat(b"", lines - 1)]
+
+    return csv
+
+
+def _pieces(block: bytes) -> Iterable[memoryview]:
+    """The block in pieces of whole lines of about ``PIECE_BYTES`` (views, not copies)."""
+    start, whole = 0, memoryview(block)
+    while start < len(block):
+        end = block.find(b"\n", start + PIECE_BYTES) + 1 or len(block)
+        yield whole[start:end]
+        start = end
+
+
+def _reads(select: Any, path: str | None, element: _Element, names: dict[str, str]) -> bool:
+    """Records in ``element`` the keys the select reads at its focus (of type ``path``), and below,
+    each key's attribute in ``names``; False where the view is not taken (see the module doc)."""
+    if select.iteration is not None:
+        plan = member_plan(select.iterate[0], path)
+        if plan is None or (found := _walked(element, plan.operations, plan.path, names)) is None:
+            return False
+        element, path = found, plan.path
+    for column in select.columns:
+        plan = column_plan(column, path)
+        if plan is None or (at := _walked(element, plan.operations[:-1], None, names)) is None:
+            return False
+        if not _read(at, plan.operations[-1][1], None, names):
+            return False
+    return all(_reads(nested, path, element, names) for nested in select.selects)
+
+
+def _walked(
+    element: _Element,
+    operations: tuple,
+    path: str | None,
+    names: dict[str, str],
+) -> _Element | None:
+    """The element the member steps of ``operations`` lead to (of type ``path`` after the last),
+    the keys their ``where`` steps compare recorded as values; None where the view is not taken."""
+    for index, (kind, key, literal, _) in enumerate(operations):
+        if kind == "where":
+            if literal == "" or not _read(element, key, None, names):
+                return None
+            continue
+        at = operations[index + 1][3] if index + 1 < len(operations) else path
+        if not _read(element, key, _Element(at), names):
+            return None
+        element = element.keys[key]  # type: ignore[assignment]  # _read: an element
+    return element
+
+
+def _read(element: _Element, key: str, child: _Element | None, names: dict[str, str]) -> bool:
+    """Records ``key`` of ``element`` as ``child`` (None: a value), its attribute in ``names``;
+    False where it was read the other way, or is ``resourceType``."""
+    names.setdefault(key, f"f{len(names)}")
+    found = element.keys.setdefault(key, child)
+    return key != "resourceType" and (found is None) == (child is None)
+
+
+def _struct(element: _Element, names: dict[str, str], kind: tuple, msgspec: Any) -> type:
+    """The msgspec struct of ``element``: ``kind`` the field of its ``resourceType``, then its keys
+    (values default ``''``; no ``resourceType`` and one of the planned type pass, as in
+    ``compiled_code``)."""
+    fields = [kind]
+    for key, child in element.keys.items():
+        if child is None:
+            fields.append((names[key], CELL_VALUE, ""))
+        else:
+            planned = (None if child.at is None else Literal[child.at]) | msgspec.UnsetType
+            struct: Any = _struct(child, names, ("kind", planned, msgspec.UNSET), msgspec)
+            fields.append((names[key], struct | list[struct] | None, None))
+    rename = {"kind": "resourceType", **{names[key]: key for key in element.keys}}
+    return msgspec.defstruct("Element", fields, rename=rename, gc=False)
+
+
+def flat_keys(view: Any) -> list[str] | None:
+    """The JSON key each column of a flat view reads, in column order; None for other views (of
+    those ``block_csv`` takes)."""
+    # compile_view joins nested selects of one row each to their parent's columns: a flat view's
+    # root has them all; of one column attrgetter gives no tuple
+    if len(view.columns) < 2 or view.root.selects or view.root.union:
+        return None
+    keys = single_keys(view.root.columns, view.resource)
+    return None if keys is None else list(keys)
