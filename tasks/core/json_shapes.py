@@ -4,7 +4,10 @@ a string character by character; ``.get`` on what is not an object, with an Attr
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
+
+JSON: TypeAlias = dict[str, "JSON"] | list["JSON"] | str | int | float | bool | None
+"""A parsed JSON document (``json.loads``, orjson, msgspec): what the engine and the clients read and write."""
 
 
 def as_array(value: Any) -> list:
