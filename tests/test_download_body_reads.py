@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tasks.clients.downloads import DIRECT_READ_MIN_BYTES, DownloadError, download_ndjson
+from tasks.streams.ndjson import iter_chunks
 from tests.fakes._server import LoopbackServer
 from tests.fakes.extraction_server import start_extraction_server
 from tests.support.extraction import FAST_RETRY, SimulatedTime, client_for
@@ -46,6 +47,14 @@ def test_a_large_body_arrives_whole_and_its_progress_is_told(tmp_path, served):
         stats = download(client.http, url, dest, on_bytes=told.append, on_total=totals.append)
     assert dest.read_bytes() == LARGE and stats.resources == LARGE.count(b"\n")
     assert sum(told) == len(LARGE) and totals == [len(LARGE)] and len(told) > 1
+
+
+def test_a_large_body_written_compressed_reads_back_whole(tmp_path, served):
+    server, url = served
+    with client_for(server.base_url, SimulatedTime()) as client:
+        stats = download(client.http, url, tmp_path / "a.ndjson.zst", level="default")
+    assert b"".join(iter_chunks(tmp_path / "a.ndjson.zst")) == LARGE
+    assert stats.resources == LARGE.count(b"\n") and stats.size < len(LARGE) // 4
 
 
 def test_a_reset_in_a_large_body_is_resumed_from_the_bytes_received(tmp_path, served):

@@ -337,9 +337,10 @@ class _Sink:
     ``AtomicNdjsonWriter`` (which checks every line); ``finish`` or ``discard`` ends it."""
 
     def __init__(self, url: str, dest: Path, level: CompressionLevel | None, max_line_bytes: int):
-        self._dest, self._decoder = dest, StreamDecoder(shown_url(url))
+        source = shown_url(url)
+        self._dest, self._decoder = dest, StreamDecoder(source)
         self._first_line = FirstLineCheck(url, max_line_bytes)
-        self._writer = AtomicNdjsonWriter(dest, level, max_line_bytes, source=shown_url(url))
+        self._writer = AtomicNdjsonWriter(dest, level, max_line_bytes, source, zstd_thread=True)
         self._writer.__enter__()  # left by finish or discard: a sink spans attempts, no ``with`` block
 
     def write(self, chunk: bytes) -> None:
