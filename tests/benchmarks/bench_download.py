@@ -8,7 +8,8 @@ Writes ``--megabytes`` of seeded, varied TORCH-shaped NDJSON in ``--files`` file
 data), serves them from the fake extraction server's directory mode in its own process, and measures in
 ``--rounds`` rounds, each measurement once a round in turn (the downloads each in a fresh child process, so that its
 peak RSS is its own), each on an emptied and synced output folder, right after twice the data's size of memory was
-written and freed (``runs.back_memory``: none pays for memory the host took back):
+written and freed (``runs.back_memory``: none pays for memory the host took back; a child does
+it again after its imports, which take longer than the host waits):
 
 - curl:     ``curl --parallel`` into files, ``DOWNLOAD_CONCURRENCY`` at a time (the anchor), and the same followed by
             ``sync`` (the files on disk, as a download leaves them: the plain download's anchor);
@@ -57,7 +58,7 @@ from tasks.streams.line_check import LineChecker
 from tasks.streams.ndjson_writer import WRITEBACK_BYTES
 from tests.benchmarks.compare_download import curl_command, download_group, serving
 from tests.benchmarks.dataset import MAX_LINE_BYTES, MB, write_dataset
-from tests.benchmarks.runs import REPO_ROOT, best_seconds, load, run_command, settled
+from tests.benchmarks.runs import REPO_ROOT, back_memory, best_seconds, load, run_command, settled
 
 
 LABELS = {
@@ -121,8 +122,9 @@ def one_round(server: serving, out: Path, level: str, paths: list[Path]) -> dict
         found[name]["server_cpu"] = server.cpu_seconds() - served
     for mode in ("raw", "synced", "plain", "dupflow"):
         settled(out, paths)
-        served = server.cpu_seconds()
-        found[mode] = in_child(mode, server.urls, str(out), level)
+        served, backed = server.cpu_seconds(), 2 * sum(path.stat().st_size for path in paths)
+        arguments = {"urls": server.urls, "out": str(out), "backed": backed}
+        found[mode] = in_child(mode, arguments, level)
         found[mode]["server_cpu"] = server.cpu_seconds() - served
     print("  ".join(f"{name} {result['seconds']:.2f} s" for name, result in found.items()), flush=True)
     return found
@@ -156,15 +158,19 @@ def spread(values: list[float], form: str = "{:.2f}") -> str:
     return f"{form.format(min(values))} / {form.format(statistics.median(values))}"
 
 
-def in_child(mode: str, urls: list[str], out: str, level: str) -> dict:
-    arguments = json.dumps({"urls": urls, "out": out})
-    command = [sys.executable, "-m", "tests.benchmarks.bench_download", "--child", mode, "--arguments", arguments]
+def in_child(mode: str, arguments: dict, level: str) -> dict:
+    """``measure(mode, **arguments)`` in a fresh interpreter: its JSON answer."""
+    command = [sys.executable, "-m", "tests.benchmarks.bench_download", "--child", mode]
+    command += ["--arguments", json.dumps(arguments)]
     command += ["--level", level]
     output = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
     return json.loads(output.strip().splitlines()[-1])
 
 
-def measure(mode: str, urls: list[str], out: str, level: CompressionLevel) -> dict:
+def measure(mode: str, urls: list[str], out: str, backed: int, level: CompressionLevel) -> dict:
+    """One download of ``urls`` into ``out`` as ``mode``, right after ``backed`` bytes of memory
+    were written and freed: the imports took seconds, and the host had taken back what
+    ``settled`` backed (512 MB written into the page cache then took 1.5 s, not 0.3)."""
     folder = Path(out)
     names = target_names(urls, compress=False)
 
@@ -175,6 +181,7 @@ def measure(mode: str, urls: list[str], out: str, level: CompressionLevel) -> di
         with httpx.Client(timeout=httpx.Timeout(60)) as client, ThreadPoolExecutor(DOWNLOAD_CONCURRENCY) as pool:
             list(pool.map(lambda url: stream_to(client, url, folder / names[url] if mode == "synced" else None), urls))
 
+    back_memory(backed)
     cpu_before = cpu_seconds()
     seconds = best_seconds(all_files, 1)
     cpu = cpu_seconds() - cpu_before
