@@ -106,26 +106,28 @@ def run_benchmark(megabytes: int, files: int, level: CompressionLevel, rounds: i
 def one_round(server: serving, out: Path, level: str, paths: list[Path]) -> dict[str, dict]:
     """Every measurement once, in turn, each on an emptied and synced output folder and memory the host backs
     (``settled`` for the served ``paths``): seconds and the serving fake's CPU seconds (and, for a child, its CPU
-    seconds and peak RSS)."""
+    seconds and peak RSS). Each download runs right after its anchor (curl then sync, zstd), under
+    the same load."""
     curl = curl_command(server.urls, out)
     zstd = ["zstd", "-q", "-f", "-T1", f"-{ZSTD_LEVELS[level]}", "--output-dir-flat", str(out)]
     zstd += map(str, paths)
-    found = {}
-    for name, work in (
-        ("curl", lambda: run_command(curl)),
-        ("curl, sync", lambda: (run_command(curl), os.sync())),
-        ("zstd", lambda: (run_command(zstd), os.sync())),
-    ):
+    anchors = {
+        "curl": lambda: run_command(curl),
+        "curl, sync": lambda: (run_command(curl), os.sync()),
+        "zstd": lambda: (run_command(zstd), os.sync()),
+    }
+    found: dict[str, dict] = {}
+    backed = 2 * sum(path.stat().st_size for path in paths)
+    for name in ("raw", "synced", "curl", "curl, sync", "plain", "zstd", "dupflow"):
         settled(out, paths)
         served, ended = server.cpu_seconds(), ended_children_cpu()
-        found[name] = {"seconds": best_seconds(work, 1), "cpu": ended_children_cpu() - ended}
+        if name in anchors:
+            seconds = best_seconds(anchors[name], 1)
+            found[name] = {"seconds": seconds, "cpu": ended_children_cpu() - ended}
+        else:
+            arguments = {"urls": server.urls, "out": str(out), "backed": backed}
+            found[name] = in_child(name, arguments, level)
         found[name]["server_cpu"] = server.cpu_seconds() - served
-    for mode in ("raw", "synced", "plain", "dupflow"):
-        settled(out, paths)
-        served, backed = server.cpu_seconds(), 2 * sum(path.stat().st_size for path in paths)
-        arguments = {"urls": server.urls, "out": str(out), "backed": backed}
-        found[mode] = in_child(mode, arguments, level)
-        found[mode]["server_cpu"] = server.cpu_seconds() - served
     print("  ".join(f"{name} {result['seconds']:.2f} s" for name, result in found.items()), flush=True)
     return found
 
