@@ -5,7 +5,9 @@ timeout. Retried: a transient status, a connection error, a body broken in the m
 line cut short. Never retried (spec): a stall, a write error, data that are no NDJSON.
 
 Every line is checked in the downloading thread as it arrives: in 1 MiB pieces, on 2 cores, that took a quarter less
-CPU than worker processes reading the file back (docs/performance.md, "The line check").
+CPU than worker processes reading the file back (docs/performance.md, "The line check"). A large
+body is read off the socket itself (``body_pieces``): a download holds the GIL for little more than
+that check.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
+import httpcore
 import httpx
 import orjson
 
@@ -50,6 +53,7 @@ PROBE_FALLBACK_STATUSES = (403, 404, 405)
 PROBE_TIMEOUT = http_timeout(timedelta(seconds=30))
 DEFAULT_MAX_FILES = 100_000
 READ_SIZE = 1 << 20
+DIRECT_READ_MIN_BYTES = 4 << 20  # a body this large is read off the socket itself (``body_pieces``)
 
 
 class DownloadError(StepError):
@@ -200,7 +204,6 @@ class _Download:
             operation = f"download {shown_url(url)}"
             raise_for_service_status(response, operation=operation, service=service_name(self._client))
             check_response(response, url, resuming_at=self._received)
-            read_in_large_pieces(response)
             if response.status_code == 200:  # the whole file: a first attempt, or a server that ignored the Range
                 self.discard()
                 if self._told:  # told of earlier attempts: taken back in one, so the bytes done never exceed the file
@@ -213,10 +216,10 @@ class _Download:
         return self._finished()
 
     def _receive(self, response: httpx.Response) -> None:
-        """The body into the sink as httpcore reads it (iter_bytes(size) would copy every byte again to re-cut it)."""
+        """The body into the sink as the socket gives it (iter_bytes(size) would copy it again)."""
         assert self._sink is not None
         try:
-            for chunk in response.iter_bytes():
+            for chunk in body_pieces(response, self._stall_timeout.total_seconds()):
                 self._progress(len(chunk))
                 self._sink.write(chunk)
                 self._received += len(chunk)
@@ -247,6 +250,45 @@ class _Download:
         if self._sink is not None:
             self._sink.discard()
         self._sink, self._received = None, 0
+
+
+def body_pieces(response: httpx.Response, read_timeout: float) -> Iterator[bytes]:
+    """The body of a streamed ``response`` in the pieces the socket gives, ``READ_SIZE`` at most.
+
+    Why: h11 and httpcore copy every byte four times under the GIL, about as long as the line check
+    takes; a body of ``DIRECT_READ_MIN_BYTES`` or more sent as it is (neither ``Transfer-Encoding``
+    nor ``Content-Encoding``) is read off the connection itself, which is then closed, not reused
+    (a new connection costs less than copying 4 MiB four times).
+    Note: the first piece is all that h11 holds of the body; the rest is still on the socket.
+    """
+    size, stream = declared_size(response), response.extensions.get("network_stream")
+    headers = response.headers
+    as_sent = "Transfer-Encoding" not in headers and "Content-Encoding" not in headers
+    if size is None or size < DIRECT_READ_MIN_BYTES or stream is None or not as_sent:
+        read_in_large_pieces(response)
+        yield from response.iter_bytes()
+        return
+    pieces = response.iter_bytes()
+    first = next(pieces, b"")
+    yield first
+    remaining = size - len(first)
+    while remaining > 0:
+        piece = _read(stream, min(READ_SIZE, remaining), read_timeout)
+        remaining -= len(piece)
+        yield piece
+
+
+def _read(stream: httpcore.NetworkStream, size: int, timeout: float) -> bytes:
+    """Up to ``size`` bytes off ``stream``, failing as httpx does; none is a body cut short."""
+    try:
+        piece = stream.read(size, timeout)
+    except httpcore.TimeoutException as exc:
+        raise httpx.ReadTimeout(str(exc)) from exc
+    except httpcore.NetworkError as exc:
+        raise httpx.ReadError(str(exc)) from exc
+    if not piece:
+        raise httpx.RemoteProtocolError("the server closed the connection before the body's end")
+    return piece
 
 
 def read_in_large_pieces(response: httpx.Response) -> None:
@@ -295,9 +337,10 @@ class _Sink:
     ``AtomicNdjsonWriter`` (which checks every line); ``finish`` or ``discard`` ends it."""
 
     def __init__(self, url: str, dest: Path, level: CompressionLevel | None, max_line_bytes: int):
-        self._dest, self._decoder = dest, StreamDecoder(shown_url(url))
+        source = shown_url(url)
+        self._dest, self._decoder = dest, StreamDecoder(source)
         self._first_line = FirstLineCheck(url, max_line_bytes)
-        self._writer = AtomicNdjsonWriter(dest, level, max_line_bytes, source=shown_url(url))
+        self._writer = AtomicNdjsonWriter(dest, level, max_line_bytes, source, zstd_thread=True)
         self._writer.__enter__()  # left by finish or discard: a sink spans attempts, no ``with`` block
 
     def write(self, chunk: bytes) -> None:

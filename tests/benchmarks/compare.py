@@ -19,7 +19,7 @@ least disturbed):
 - download:   ``download_ndjson`` from the fake extraction server serving the files (its own process),
               ``DOWNLOAD_CONCURRENCY`` at a time as the extractor step, next to ``curl --parallel`` (for plain files
               also followed by ``sync``: on disk, as a download leaves them) and a plain parallel httpx fetch into
-              files, in the download's 1 MiB socket reads;
+              files, read as the download reads a body (``body_pieces``);
 - pseudonymization: ``pseudonymize_path`` against the fake service (its own process, fixed latency) at the
               default ``max_concurrent_requests``, next to latency x requests / concurrency;
 - flattening: the step's ``flatten_one`` per file (embedded engine, the shared example's CRTDL and lookup; no

@@ -30,7 +30,7 @@ def download_rows(root: Path, files: list[Path], runs: int) -> list[Row]:
         rows = [
             Row(
                 "download, plain httpx fetch",
-                "httpx threads, 1 MiB reads",
+                "httpx threads, read as a download",
                 total / plain["seconds"],
                 "curl --parallel",
                 curl_rate,
@@ -99,14 +99,13 @@ class serving:
 
 
 def child_fetch(urls: list[str], out: str, runs: int, concurrency: int) -> dict:
-    from tasks.clients.downloads import read_in_large_pieces
+    from tasks.clients.downloads import body_pieces
 
     folder = Path(out)
 
     def fetch(client: httpx.Client, number: int, url: str) -> None:
         with client.stream("GET", url) as response, open(folder / f"{number}.ndjson", "wb") as dest:
-            read_in_large_pieces(response)
-            for chunk in response.iter_bytes():
+            for chunk in body_pieces(response, 60):
                 dest.write(chunk)
 
     def fetch_all() -> None:
