@@ -24,10 +24,9 @@ import zstandard
 from tasks.clients.errors import ServiceError
 from tasks.extractor import download_result_file
 from tasks.local_import import LocalImportError, find_ndjson_files, local_import
-from tasks.streams.ndjson import LineTooLongError, NdjsonError, iter_chunks, iter_lines
+from tasks.streams.ndjson import CHUNK_SIZE, LineTooLongError, NdjsonError, iter_chunks, iter_lines
 from tasks.streams.ndjson_writer import AtomicNdjsonWriter
 from tests.support.ndjson import count_resources
-from tasks.streams.zstd_blocks import ZSTD_OUTPUT_PIECE
 from tests.conftest import REPO_ROOT
 from tests.fakes._server import LoopbackServer
 from tests.fakes.extraction_server import start_extraction_server
@@ -88,7 +87,7 @@ def peak_rss_mb_of(code: str) -> tuple[float, str]:
 def test_a_zstd_bomb_comes_out_in_pieces_of_bounded_size(bombs, kind):
     pieces = iter_chunks(bombs[kind])
     sizes = [len(next(pieces)) for _ in range(64)]
-    assert max(sizes) <= ZSTD_OUTPUT_PIECE and sum(sizes) >= 32 * MB
+    assert max(sizes) <= CHUNK_SIZE and sum(sizes) >= 32 * MB
 
 
 @pytest.mark.parametrize(

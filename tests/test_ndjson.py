@@ -23,6 +23,8 @@ from tasks.streams import ndjson_writer
 from tasks.streams.ndjson import (
     LineTooLongError,
     NdjsonError,
+    ZSTD_MAGIC,
+    StreamDecoder,
     iter_chunks,
     is_zstd,
     iter_lines,
@@ -549,6 +551,33 @@ def test_a_zstd_file_that_opens_with_a_skippable_frame_is_read_as_zstd(tmp_path)
     assert is_zstd(path)
     assert b"".join(iter_chunks(path)) == content
     assert count_resources(path, MB) == 120
+
+
+def test_a_zstd_stream_cut_anywhere_but_between_frames_is_refused_as_truncated():
+    """A skippable frame, a frame of a compressed, an RLE and a raw block with a checksum, and a frame of one block
+    without: fed in pieces of 1, 5 or all its bytes, each cut between frames reads back the frames before it, each
+    cut elsewhere is an error (zstandard's reader itself ends such a stream as if complete)."""
+    lines = b"".join(b'{"resourceType":"Patient","id":"%d"}\n' % number for number in range(40))
+    writer = zstandard.ZstdCompressor(level=3, write_checksum=True).compressobj()
+    contents = [lines, b"x" * (128 << 10), random.Random(1).randbytes(300) + b"\n"]
+    first = b"".join(writer.compress(part) + writer.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK) for part in contents)
+    first += writer.flush()
+    second = zstandard.ZstdCompressor(level=1, write_content_size=False).compress(lines)
+    skippable = struct.pack("<III", 0x184D2A50, 4, len(first))
+    stream = skippable + first + second
+    first_content = b"".join(contents)
+    whole_at = {len(skippable): b"", len(stream) - len(second): first_content, len(stream): first_content + lines}
+
+    for cut in range(len(ZSTD_MAGIC), len(stream) + 1):
+        decoder, step = StreamDecoder("cut.ndjson.zst"), (1, 5, cut)[cut % 3]
+        try:
+            read = [piece for at in range(0, cut, step) for piece in decoder.feed(stream[at : min(at + step, cut)])]
+            read += decoder.finish()
+        except NdjsonError as error:
+            assert cut not in whole_at and "cut.ndjson.zst: not readable as zstd" in str(error)
+            assert "they are truncated" in str(error)
+        else:
+            assert cut in whole_at and b"".join(read) == whole_at[cut]
 
 
 def test_a_cancel_of_an_outer_scope_stops_the_threads_of_a_fan_out_inside_it_and_its_waits():

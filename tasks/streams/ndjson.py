@@ -15,11 +15,13 @@ import zstandard
 
 from tasks.core.errors import StepError
 from tasks.core.names import name_from_data_problem, show_name
-from tasks.streams.zstd_blocks import ZSTD_MAGIC, ZstdBlockCutter, starts_zstd
 
 CHUNK_SIZE = 1 << 20
 MAX_WINDOW_BYTES = 1 << 27  # the largest zstd window a decoder allows by default (ZSTD_WINDOWLOG_LIMIT_DEFAULT)
 ZSTD_FRAME_HEADER_MAX = 18  # magic, descriptor, window, dictionary id and content size (RFC 8878 3.1.1)
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+END_TEXT = b"the end of a zstd stream"
+END_FRAME = zstandard.ZstdCompressor(write_checksum=True).compress(END_TEXT)
 DATA_SUFFIXES = (".ndjson", ".ndjson.zst")
 PART_PREFIX = "."
 PART_SUFFIX = ".part"
@@ -83,6 +85,11 @@ def output_name(name: str, compress: bool) -> str:
     if problem := name_from_data_problem(output):
         raise UnsafeNameError(f"the file name {show_name(output)} {problem}; rename it")
     return output
+
+
+def starts_zstd(head: bytes) -> bool:
+    """``head`` (4 bytes or more) begins a zstd frame, or a skippable one (``pzstd`` starts each file with one)."""
+    return head[:4] == ZSTD_MAGIC or (len(head) >= 4 and head[0] & 0xF0 == 0x50 and head[1:4] == b"\x2a\x4d\x18")
 
 
 def is_zstd(path: Path) -> bool:
@@ -149,39 +156,65 @@ def decompress_if_zstd(chunks: Iterable[bytes], source: str) -> Iterator[bytes]:
     yield from decoder.finish()
 
 
+class _InputWanted(Exception):
+    """A zstd reader read all that was fed so far."""
+
+
+class _Fed:
+    """What a ``StreamDecoder`` was fed, for its zstd reader to read, last item first."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def read(self, _size: int) -> bytes:
+        if not self.chunks:
+            raise _InputWanted  # raised only before the reader's call gave output: read1 loses none
+        return self.chunks.pop()
+
+
 class StreamDecoder:
-    """Plain bytes fed in pass through; a zstd stream comes out in pieces of at most ``ZSTD_OUTPUT_PIECE`` bytes
-    whatever the ratio. Fed, not iterated, so a download can go on feeding it from a second connection. A stream
-    ending mid-frame is an error: zstd readers end silently there, and a truncated file would look complete."""
+    """Plain bytes fed in pass through; zstd comes out in pieces of at most ``CHUNK_SIZE`` bytes whatever the ratio.
+    Fed, not iterated, so a download can go on feeding it from a second connection.
+
+    Note: zstandard's reader ends silently in a cut frame, where a truncated file would look complete; the end is
+    checked by ``END_FRAME``, which decodes to ``END_TEXT`` only after a whole frame."""
 
     def __init__(self, source: str):
-        self._source, self._cutter = source, ZstdBlockCutter()
-        self._head = b""  # the first bytes, until there are enough to tell zstd by its magic bytes
-        self._is_zstd: bool | None = None
-        self._context = zstandard.ZstdDecompressor()  # windows of at most MAX_WINDOW_BYTES: memory stays bounded
-        self._frame, self._frame_has_input = self._context.decompressobj(), False
-        self._frame_head = b""  # the current frame's first bytes: its header, which says its window
+        self._source, self._head, self._fed = source, b"", _Fed()
+        self._is_zstd: bool | None = None  # told by the first bytes
+        decoder = zstandard.ZstdDecompressor()  # windows of at most MAX_WINDOW_BYTES: memory stays bounded
+        self._reader = decoder.stream_reader(self._fed, read_across_frames=True)  # type: ignore[arg-type]
 
     def feed(self, chunk: bytes) -> Iterator[bytes]:
         if self._is_zstd is None:
             self._head += chunk
             if len(self._head) < len(ZSTD_MAGIC):
                 return
-            chunk, self._head = self._head, b""
-            self._is_zstd = starts_zstd(chunk)
+            chunk, self._is_zstd = self._head, starts_zstd(self._head)
+            self._head = self._head[:ZSTD_FRAME_HEADER_MAX]  # the first frame's header, which says its window
         if not self._is_zstd:
             yield chunk
             return
+        self._fed.chunks.append(chunk)
         try:
-            for data in self._cutter.pieces(chunk):
-                yield from self._decompress(data)
+            while True:
+                yield self._reader.read1(CHUNK_SIZE)
+        except _InputWanted:
+            return
         except zstandard.ZstdError as exc:
             raise self._unreadable(exc) from exc
 
     def finish(self) -> Iterator[bytes]:
-        if self._head:  # fewer bytes than zstd's magic: plain
+        if self._is_zstd is None and self._head:  # fewer bytes than zstd's magic: plain
             yield self._head
-        if self._frame_has_input:
+        if not self._is_zstd:
+            return
+        self._fed.chunks = [b"", END_FRAME]  # END_FRAME, then the end
+        try:
+            ended = self._reader.read(len(END_TEXT) + 1) == END_TEXT
+        except zstandard.ZstdError:
+            ended = False
+        if not ended:
             raise NdjsonError(
                 f"{self._source}: not readable as zstd (the data end in the middle of a frame); they are truncated"
             )
@@ -190,7 +223,7 @@ class StreamDecoder:
         """The decoder's refusal in words: a frame made for a larger window than the decoder allows (``zstd
         --long=28`` and up, which zstd itself decodes only when told so) is no damage."""
         try:
-            window = zstandard.get_frame_parameters(self._frame_head).window_size
+            window = zstandard.get_frame_parameters(self._head).window_size
         except zstandard.ZstdError:
             window = 0
         if window > MAX_WINDOW_BYTES:
@@ -201,18 +234,6 @@ class StreamDecoder:
                 "(zstd -d --long=31 -c FILE | zstd -c > NEW.ndjson.zst)"
             )
         return NdjsonError(f"{self._source}: not readable as zstd ({exc}); the data are damaged")
-
-    def _decompress(self, data: memoryview | bytes) -> Iterator[bytes]:
-        while data:
-            if not self._frame_has_input:
-                self._frame_head = bytes(data[:ZSTD_FRAME_HEADER_MAX])
-            self._frame_has_input = True
-            if out := self._frame.decompress(data):
-                yield out
-            if not self._frame.eof:
-                return
-            data = self._frame.unused_data
-            self._frame, self._frame_has_input = self._context.decompressobj(), False
 
 
 def iter_lines(path: Path, max_line_bytes: int, span: Span = WHOLE_FILE) -> Iterator[tuple[int, bytes]]:
