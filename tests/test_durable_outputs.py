@@ -17,7 +17,7 @@ from tasks.sof.parquet import write_parquet
 from tasks.streams.files import write_file_atomically
 from tests.flattening_runs import flatten_files
 from tests.support.flattening import EXAMPLE, LOOKUP, files_of
-from tests.test_parquet import COLUMNS, ROWS, TYPED_VIEW, write_csv
+from tests.support.parquet import COLUMNS, ROWS, TYPED_VIEW, write_csv
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/fd")
 

@@ -9,15 +9,12 @@ import shutil
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 import zstandard
 
-from config.settings import RetrySettings, TlsSettings
 from tasks.clients.flattener import Flattener, FlattenerError, run_parameters
-from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.flattening import flatten_with_service, plan_views, save_view_definitions
 from tasks.job.flattening_outcome import FlatteningError
 from tasks.sof.crtdl_views import (
@@ -32,17 +29,13 @@ from tasks.sof.flatten import reference_key
 from tasks.sof.resources import parse_line
 from tests.conftest import TESTDATA
 from tests.flattening_runs import flatten_files
+from tests.support.flattening import open_service
 
 EXAMPLE = TESTDATA / "flattening" / "example"
 LOOKUP = TESTDATA / "flattening" / "flatten-lookup.json"
 TORCH_RESULT = TESTDATA / "extraction" / "example-result"
 MB = 1024 * 1024
 EXPECTED = sorted(p.name for p in (EXAMPLE / "expected").iterdir())
-
-
-def open_service(server, **retry: Any) -> ServiceClient:
-    endpoint = ServiceEndpoint("flattening", server.base_url)
-    return ServiceClient(endpoint, TlsSettings(), RetrySettings(initial_backoff_ms=1, max_backoff_ms=5, **retry))
 
 
 def run_example(out: Path, service: Flattener | None = None, budget: int = 500 * MB, inputs: list[Path] | None = None):

@@ -20,7 +20,7 @@ from tasks.job.flattening_outcome import FlatteningError, report_selection
 from tasks.sof.selection import FILTERED_OUT, OTHER_PROFILE, TAKEN, compile_selection
 from tests.conftest import TESTDATA
 from tests.flattening_runs import flatten_files
-from tests.test_flattening import open_service
+from tests.support.flattening import open_service
 
 CRTDLS = TESTDATA / "crtdl"
 LOOKUP = TESTDATA / "flattening" / "flatten-lookup.json"

@@ -1,5 +1,5 @@
 """Rules of the house that import-linter cannot check: module-level state is rare, named, and never keyed by a job;
-modules and functions stay small enough to read.
+modules and functions stay small enough to read; no module of the tests imports a test module.
 
 A job's state flows down as values (``StepInput``, the job record); what a process may keep at module level is
 listed here with what it is keyed by. A new module-level mutable (a dict, list, set, ... assigned at module or
@@ -153,3 +153,29 @@ def test_modules_stay_under_500_lines_and_functions_under_50():
                 if length > MAX_FUNCTION_LINES:
                     too_long.append(f"{name}.{node.name}: {length} lines")
     assert not too_long, "split by responsibility: " + "; ".join(too_long)
+
+
+def imported_modules(tree: ast.Module, package: str) -> set[str]:
+    """Every module (or module of a package) ``tree`` may import, relative imports made absolute."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            parts = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            base = ".".join([*parts, *([node.module] if node.module else [])])
+            names |= {base} | {f"{base}.{alias.name}" for alias in node.names}
+    return names
+
+
+def test_no_module_of_the_tests_imports_a_test_module():
+    """Shared helpers live in ``tests/support/``: a test module imported by another is one its tests lean on."""
+    paths = sorted((REPO_ROOT / "tests").rglob("*.py"))
+    dotted = {path: ".".join(path.relative_to(REPO_ROOT).with_suffix("").parts) for path in paths}
+    test_modules = {name for path, name in dotted.items() if path.name.startswith("test_")}
+    importing = []
+    for path, name in dotted.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        package = name.rpartition(".")[0] if path.name != "__init__.py" else name.removesuffix(".__init__")
+        importing += [f"{name} imports {found}" for found in sorted(imported_modules(tree, package) & test_modules)]
+    assert not importing, "move what they share into tests/support/: " + "; ".join(importing)

@@ -14,10 +14,12 @@ from itertools import pairwise
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from uuid import UUID, uuid4
 
 import httpx
 import pytest
-from prefect import flow
+from prefect import flow, task
+from prefect.context import FlowRunContext, TaskRunContext
 
 from flows.job_card import markdown_text
 from flows.run import EXIT_FAILED, EXIT_OK, main
@@ -160,6 +162,56 @@ def test_progress_outside_a_prefect_run_publishes_nothing():
         with track("import a", 10) as progress:
             progress.advance(10)
     assert aggregate is None
+
+
+def test_a_steps_progress_artifact_is_of_its_task_run_though_a_files_task_run_makes_it():
+    key = f"job-{uuid4().hex[:8]}-01-local-import-progress"
+
+    @task
+    def import_file() -> None:
+        with track("import a", 10) as progress:  # the first count: the artifact is made here
+            progress.advance(10)
+
+    @task
+    def local_import() -> UUID:
+        with step_progress(key, "local_import", StepWork(files=1, size=10)):
+            import_file()
+        return TaskRunContext.get().task_run.id
+
+    @flow
+    def job() -> tuple[UUID, UUID]:
+        return local_import(), FlowRunContext.get().flow_run.id
+
+    step_run, flow_run = job()
+    (artifact,) = versions(key)
+    assert (artifact.task_run_id, artifact.flow_run_id) == (step_run, flow_run)
+    assert artifact.type == "progress" and artifact.data == 100.0
+    assert artifact.description.startswith("local_import done: 1 / 1 files, 10 B, at "), artifact.description
+
+
+def test_a_refused_progress_artifact_stops_its_updates_never_the_steps_work(caplog, monkeypatch):
+    """The key is refused (no capitals): tried at the first count, not again until the step's end."""
+    monkeypatch.setattr("tasks.streams.progress.ARTIFACT_EVERY_SECONDS", 0.0)  # else counts are skipped
+    key = "Job-X-01-Local-Import-Progress"
+
+    @task
+    def local_import() -> int:
+        with step_progress(key, "local_import", StepWork(files=3, size=30)):
+            for name in "abc":
+                with track(f"import {name}", 10) as progress:
+                    progress.advance(10)
+        return 3
+
+    @flow
+    def job() -> int:
+        return local_import()
+
+    with caplog.at_level("WARNING", logger="dupflow.progress"):
+        assert job() == 3
+    refusals = [r.getMessage() for r in caplog.records if r.name == "dupflow.progress"]
+    assert len(refusals) == 2, refusals  # at the first count, then once more at the step's end
+    assert all(r.startswith(f"progress artifact {key} not updated any more: ") for r in refusals)
+    assert not versions(key)
 
 
 def test_the_sample_job_runs_without_warnings_and_counts_csv_rows_as_rows(tmp_path, write_config, capsys):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import random
 import sys
@@ -19,43 +18,7 @@ from tasks.sof.errors import ViewError
 from tasks.sof.output import CsvWriter, csv_data_rows
 from tasks.sof.parquet import BLOCK_BYTES, parquet_rows, parquet_schema, write_parquet
 from tests.peak_rss import run_measured
-
-TYPED_VIEW = {
-    "resourceType": "ViewDefinition",
-    "resource": "Observation",
-    "select": [
-        {
-            "column": [
-                {"name": "id", "path": "id", "type": "id"},
-                {"name": "final", "path": "status = 'final'", "type": "boolean"},
-                {"name": "count", "path": "valueInteger", "type": "integer"},
-            ]
-        },
-        {
-            "column": [
-                {"name": "value", "path": "valueQuantity.value", "type": "decimal"},
-                {"name": "effective", "path": "effectiveDateTime", "type": "dateTime"},
-                {"name": "codes", "path": "code.coding.code", "type": "code", "collection": True},
-                {"name": "note", "path": "note.text.first()"},
-            ]
-        },
-    ],
-}
-COLUMNS = ["id", "final", "count", "value", "effective", "codes", "note"]
-ROWS = [
-    ["o1", "true", "7", "1.50", "2020", '["a","b"]', 'line one\nline "two", three'],
-    ["o2", "false", "", "123456789012345678901234567890123456789.5", "2021-03-04T05:06:07+01:00", "[]", ""],
-    ["o3", "", "-42", "", "", "", "a bare\rCR"],
-]
-
-
-def write_csv(path: Path, columns: list[str], rows: list[list[str]]) -> Path:
-    text = io.StringIO()
-    writer = CsvWriter(text)
-    for row in [columns, *rows]:
-        writer.writerow(row)
-    path.write_text(text.getvalue(), encoding="utf-8")
-    return path
+from tests.support.parquet import COLUMNS, ROWS, TYPED_VIEW, write_csv
 
 
 def test_columns_are_typed_from_the_viewdefinition_and_empty_cells_are_null(tmp_path):

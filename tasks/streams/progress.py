@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 from uuid import UUID
 
 from tasks.core.readable import counted, size_text
@@ -268,33 +268,28 @@ class ProgressArtifact:
         self.key, self.run = key, TaskRunContext.get()
         self.id: UUID | None = None
         self._next_write = float("-inf")
+        self._made_in = contextvars.copy_context()
 
     def due(self) -> bool:
         return time.monotonic() >= self._next_write
 
     def write(self, percent: float, description: str) -> None:
-        """One request; a failure is logged and ends this artifact's updates, never the step's work."""
-        from prefect.client.orchestration import get_client
-        from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate
+        """One request; a failure is logged and ends this artifact's updates, never the step's work.
+
+        Note: Prefect's functions run in a copy of the context the artifact was made in, so the artifact is of
+        that task run (not of the file's task run a thread works for) and they run sync, as that task does.
+        """
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
         if self.run is None:
             return
         self._next_write = time.monotonic() + ARTIFACT_EVERY_SECONDS
         try:
-            with get_client(sync_client=True) as client:
-                if self.id is None:
-                    self.id = client.create_artifact(
-                        ArtifactCreate(
-                            key=self.key,
-                            type="progress",
-                            data=percent,
-                            description=description,
-                            task_run_id=self.run.task_run.id,
-                            flow_run_id=self.run.task_run.flow_run_id,
-                        )
-                    ).id
-                else:
-                    client.update_artifact(self.id, ArtifactUpdate(data=percent, description=description))
+            if self.id is None:
+                made = self._made_in.copy().run(create_progress_artifact, percent, self.key, description)
+                self.id = cast(UUID, made)
+            else:
+                self._made_in.copy().run(update_progress_artifact, self.id, percent, description)
         except Exception as exc:
             self._next_write = float("inf")
             logger.warning("progress artifact %s not updated any more: %s", self.key, exc)

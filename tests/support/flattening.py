@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import orjson
 from prefect import flow
 
+from config.settings import RetrySettings, TlsSettings
+from tasks.clients.http import ServiceClient, ServiceEndpoint
 from tasks.flattening import flattening
 from tasks.job.contract import stored_in_job
 from tests.benchmarks.bench_flattening import GROUP_SYSTEM, patient_bundle
@@ -63,3 +66,9 @@ def bare_file(path: Path, groups: dict[str, str]) -> Path:
 def run_step(step, refresh: bool = False):
     task = flattening.with_options(refresh_cache=True) if refresh else flattening
     return stored_in_job(task, step)(step)
+
+
+def open_service(server: Any, **retry: Any) -> ServiceClient:
+    """A client of the flattening service ``server`` (a fake), retrying at once: ``retry`` overrides."""
+    endpoint = ServiceEndpoint("flattening", server.base_url)
+    return ServiceClient(endpoint, TlsSettings(), RetrySettings(initial_backoff_ms=1, max_backoff_ms=5, **retry))
