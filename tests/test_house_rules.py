@@ -134,7 +134,7 @@ def test_every_exception_is_in_the_one_tree_drawn_in_tasks_errors():
     exceptions = exception_classes()
     assert not sorted(set(exceptions) - drawn), "draw every exception class in tasks.core.errors"
     roots = sorted(name for name, bases in exceptions.items() if not set(bases) & set(exceptions))
-    assert roots == ["Cancelled", "DupflowError", "_DuplicateKeyError", "_UnusableBlock"], (
+    assert roots == ["Cancelled", "DupflowError", "_DuplicateKeyError", "_InputWanted", "_UnusableBlock"], (
         "one root (DupflowError); the control-flow exceptions outside it are named in tasks.core.errors"
     )
 

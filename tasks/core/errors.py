@@ -41,7 +41,8 @@ also operation, HTTP status and transient or terminal), and the drawing of the w
     └── AutomationFileError             deployments.automations.apply
 
 Outside the tree on purpose (control flow caught before a user sees it): ``tasks.streams.fanout.Cancelled``,
-``config.yaml_file._DuplicateKeyError`` and ``config.yaml_file._UnusableBlock``.
+``tasks.streams.ndjson._InputWanted``, ``config.yaml_file._DuplicateKeyError`` and
+``config.yaml_file._UnusableBlock``.
 Import-light on purpose (no httpx, no Prefect): the command line and the job record use it.
 """
 
