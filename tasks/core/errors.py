@@ -37,7 +37,8 @@ also operation, HTTP status and transient or terminal), and the drawing of the w
     ├── JobWriteError                   tasks.streams.files (also OSError): the job directory cannot be written
     ├── TaskRunnerError                 tasks.job.filework: the configured Dask cluster cannot be used
     ├── FlowRunEndedError               tasks.job.flow_run_watch: a file task on a Dask worker whose flow run ended
-    ├── ApiUnreachableError, ServerStartError                     flows.prefect_server
+    ├── ApiUnreachableError             flows.prefect_api: no Prefect API answers, or it refuses the login
+    ├── ServerStartError                flows.prefect_server
     └── AutomationFileError             deployments.automations.apply
 
 Outside the tree on purpose (control flow caught before a user sees it): ``tasks.streams.fanout.Cancelled``,
