@@ -24,7 +24,6 @@ from tasks.core.json_shapes import JSON, as_array, as_objects
 from tasks.core.readable import size_text
 from tasks.core.url_credentials import shown_url
 
-PREFECT_API = "the Prefect API"
 API_HINT = "check that PREFECT_API_URL points at a Prefect server"
 TIMEOUT = 20.0  # a busy server elsewhere (2 cores under load) was seen to take over 5 s
 PAGE = 200  # the most rows (flow runs, artifacts) the Prefect API returns at once
@@ -66,12 +65,13 @@ def api_answer(
 
 
 def api_json(method: str, path: str, body: JSON = None, *, limit: int = MAX_PAGE_BYTES) -> JSON:
-    """The JSON answer of ``PREFECT_API_URL`` to a call, retried by the one policy; None for 204, 404.
+    """The JSON answer of ``PREFECT_API_URL`` to a call, retried by the one policy; 204, 404: None.
 
     Note:
     - A busy SQLite server answers 503: retried. A DELETE's 404 is something already gone.
     """
-    url, where = prefect_api_url() or "", Call(operation=f"{method} {path}", service=PREFECT_API)
+    url = prefect_api_url() or ""
+    where = Call(operation=f"{method} {path}", service="the Prefect API")
 
     def attempt() -> JSON:
         answer = api_answer(url, path, TIMEOUT, method=method, body=body, limit=limit + 1)
@@ -80,8 +80,8 @@ def api_json(method: str, path: str, body: JSON = None, *, limit: int = MAX_PAGE
             raise refused_login(url, status)
         if not status or status >= 400 and status != 404:
             said = f"HTTP {status}" if status else f"no answer from {shown_url(url)}"
-            transient = not status or is_transient_status(status)
-            raise ServiceError(status_code=status or None, message=said, transient=transient, **where)
+            retry = not status or is_transient_status(status)
+            raise ServiceError(status_code=status or None, message=said, transient=retry, **where)
         if len(content) > limit:
             size, source = f"over {size_text(limit)}", httpx.URL(url.rstrip("/") + path)
             raise answer_too_large(size, limit, hint=API_HINT, source=source, **where)
