@@ -32,7 +32,7 @@ DONE_WORDS = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}
 ALREADY_WORDS = {"pause": "already paused", "resume": "already running", "cancel": "already cancelled"}
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("config", help="configuration YAML (services.extractor: base_url, auth; tls; retry)")
     common.add_argument("--json", action="store_true", help="machine-readable JSON output")
@@ -130,7 +130,7 @@ def print_json(document: Any) -> None:
 
 def extraction_job_id(args: argparse.Namespace) -> str:
     """The extraction job id ``args.job`` names: a dupflow job id resolves to the one recorded in its facts."""
-    ref = args.job
+    ref: str = args.job
     job_dir = jobs_dir_of(args.jobs_dir) / ref
     if not is_job_id(ref) or not job_dir.is_dir():
         return ref

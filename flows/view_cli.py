@@ -12,7 +12,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -21,10 +21,10 @@ from tasks.core.errors import DupflowError
 from tasks.core.jsonfile import JsonFileError, read_json_file
 from tasks.core.readable import plain_multiline
 from tasks.streams.ndjson import NdjsonError, iter_lines
-from tasks.sof.errors import ViewDefinitionError, ViewError
-from tasks.sof.view import compile_view
+from tasks.sof.errors import ResourceLineError, ViewDefinitionError, ViewError
+from tasks.sof.view import CompiledView, compile_view
 from tasks.sof.output import CsvWriter, json_bytes
-from tasks.sof.resources import ResourceLineError, csv_parts, read_rows
+from tasks.sof.resources import csv_parts, read_rows
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 MAX_LINE_BYTES = 1024 * 1024 * 1024
@@ -41,7 +41,8 @@ def main(argv: Sequence[str]) -> int:
 def dispatch(args: argparse.Namespace) -> int:
     """Run the parsed command with the command line's exits (shared with ``flows.run.main``)."""
     try:
-        return args.command(args)
+        code: int = args.command(args)
+        return code
     except DupflowError as exc:
         print(f"error: {plain_multiline(str(exc))}", file=sys.stderr)  # it may quote a job.json
         return EXIT_USAGE
@@ -53,7 +54,7 @@ def dispatch(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     view = commands.add_parser("view", help="SQL-on-FHIR ViewDefinition commands")
     view_commands = view.add_subparsers(required=True, metavar="SUBCOMMAND")
     run = view_commands.add_parser("run", help="run a ViewDefinition over NDJSON resources and print the rows")
@@ -100,7 +101,7 @@ def cmd_view_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def write_csv(view, resources: Path, out: IO[str]) -> None:
+def write_csv(view: CompiledView, resources: Path, out: IO[str]) -> None:
     """The view's rows over the file as CSV, the cyclic garbage collector paused meanwhile.
 
     Why: parsed JSON and its rows hold no reference cycles, yet the collector's passes over a
@@ -117,7 +118,7 @@ def write_csv(view, resources: Path, out: IO[str]) -> None:
             gc.enable()
 
 
-def print_parquet(view, definition: dict[str, Any], resources: Path) -> None:
+def print_parquet(view: CompiledView, definition: dict[str, Any], resources: Path) -> None:
     from tasks.sof.parquet import write_parquet  # pyarrow costs every other command 0.1-0.3 s and 33 MB
 
     with tempfile.TemporaryDirectory(prefix="dupflow-view-") as folder:
@@ -129,6 +130,6 @@ def print_parquet(view, definition: dict[str, Any], resources: Path) -> None:
             shutil.copyfileobj(parquet, sys.stdout.buffer)
 
 
-def view_rows(view, resources: Path):
+def view_rows(view: CompiledView, resources: Path) -> Iterator[tuple[Any, ...]]:
     """The view's rows over the file; lines holding no resource of its type are not parsed."""
     return read_rows(view, resources, iter_lines(resources, MAX_LINE_BYTES))

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from prefect import get_run_logger
@@ -171,7 +172,7 @@ def record_handle(step: StepInput, handle: ExtractionHandle, generation: int) ->
     )
 
 
-def submission_in_doubt_message(step: StepInput, in_flight: dict) -> str:
+def submission_in_doubt_message(step: StepInput, in_flight: dict[str, Any]) -> str:
     job, config = job_on_command_line(step.job_path), shlex.quote(step.config_path) if step.config_path else "CONFIG"
     return (
         f"an extraction was submitted at {in_flight.get('started_at')} and no answer naming its job was recorded "

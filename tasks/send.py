@@ -201,14 +201,14 @@ def line_entries(source: Path, line_number: int, line: bytes, tag_prefix: str) -
     yield transaction_entry(resource, line, f"{tag_prefix}:{line_number}", where)
 
 
-def search_outcome(entry: dict) -> bool:
+def search_outcome(entry: dict[str, Any]) -> bool:
     """A searchset entry that is the search's own OperationOutcome (``search.mode: outcome``), not data: sending it
     would store the source server's messages on the destination."""
     search = entry.get("search")
     return isinstance(search, dict) and search.get("mode") == "outcome"
 
 
-def written(resource: dict, where: str) -> bytes:
+def written(resource: dict[str, Any], where: str) -> bytes:
     """``resource`` as JSON with its numbers as read (FHIR's decimal precision counts)."""
     try:
         return dumps_exact(resource)
@@ -217,7 +217,7 @@ def written(resource: dict, where: str) -> bytes:
 
 
 def transaction_entry(
-    resource: dict, raw: bytes | None, tag: str, where: str, full_url: str | None = None
+    resource: dict[str, Any], raw: bytes | None, tag: str, where: str, full_url: str | None = None
 ) -> tuple[bytes, str]:
     """``(entry JSON, "Type/id")``: ``PUT Type/id`` with an id, else a conditional ``POST Type`` on a tag; ``raw``
     (the JSON as read, or None) is sent as is, saving a re-serialisation."""
@@ -244,7 +244,7 @@ def entry_tag(position: str) -> str:
     return hashlib.sha256(position.encode()).hexdigest()[:32]
 
 
-def with_tag(resource: dict, code: str, where: str) -> dict:
+def with_tag(resource: dict[str, Any], code: str, where: str) -> dict[str, Any]:
     """``resource`` with the tag its conditional create looks for; a ``meta`` or ``meta.tag`` not shaped as FHIR's is
     refused (the tag could not be added without dropping or mangling it)."""
     meta = resource.get("meta", {})

@@ -226,12 +226,12 @@ def _error_entry_text(entry: Any) -> str:
     return str(entry)
 
 
-def _issue_text(issue: dict) -> str:
+def _issue_text(issue: dict[str, Any]) -> str:
     parts = [str(issue[k]) for k in ("severity", "msg", "diagnostics") if issue.get(k)]
     return ": ".join(parts[:1] + [" - ".join(parts[1:])]) if len(parts) > 1 else "".join(parts)
 
 
-def _value(element: dict) -> str | None:
+def _value(element: dict[str, Any]) -> str | None:
     keys = ("valueUri", "valueUrl", "valueString", "valueCode")
     return next((element[key] for key in keys if isinstance(element.get(key), str)), None)
 

@@ -96,7 +96,7 @@ class FhirServer(Closing):
         endpoint = ServiceEndpoint(SERVICE_NAME, send.url or "", send.auth, timeout, setting="services.send.url")
         return cls(ServiceClient(endpoint, tls, retry), **bounds)
 
-    def transaction(self, body: bytes, entries: int) -> dict:
+    def transaction(self, body: bytes, entries: int) -> dict[str, Any]:
         """POST a transaction Bundle; the ``transaction-response`` when every entry succeeded, else
         ``TransactionRejected`` (``ServiceError`` when the server could not be reached in time)."""
         answer = self._call(
@@ -110,9 +110,9 @@ class FhirServer(Closing):
         size, name = len(body) if isinstance(body, bytes) else length, f"{resource_type}/{resource_id}"
         self._call("PUT", f"/fhir/{name}", f"PUT {name}", body, size, read_answer=False, hints=PUT_HINTS)
 
-    def get(self, path: str, **params: str) -> dict:
+    def get(self, path: str, **params: str) -> dict[str, Any]:
         """GET a resource or a search under ``{url}/fhir`` (used to read back what was sent)."""
-        return orjson.loads(self._call("GET", f"/fhir/{path}", f"GET {path}", params=params).body)
+        return as_object(orjson.loads(self._call("GET", f"/fhir/{path}", f"GET {path}", params=params).body))
 
     def _call(
         self,
@@ -168,7 +168,7 @@ def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionReject
     return TransactionRejected(answer, error.message, failed_entry=failed_entry, outcome=outcome, cause=error)
 
 
-def checked_transaction_response(answer: Answer, sent: int) -> dict:
+def checked_transaction_response(answer: Answer, sent: int) -> dict[str, Any]:
     """The parsed ``transaction-response``; a failed or missing entry raises ``TransactionRejected``."""
     bundle = json_or_none(answer.body, orjson.loads)
     if not isinstance(bundle, dict) or bundle.get("resourceType") != "Bundle":

@@ -346,7 +346,7 @@ class Manifest:
         return self._folder / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
 
 
-def _record(key: str, record: dict) -> UploadedObject:
+def _record(key: str, record: dict[str, Any]) -> UploadedObject:
     recorded = UploadedObject(record["key"], record["size"], record["etag"], record["source_modified_ns"])
     if recorded.key != key:
         raise ValueError(f"it records key {recorded.key}")
@@ -433,7 +433,8 @@ def nothing_answers(exc: BaseException) -> str:
 
 
 def _status_of(exc: ClientError) -> int | None:
-    return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    status: int | None = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status
 
 
 def _client_error_message(exc: ClientError, status: int | None, bucket: str | None) -> str:

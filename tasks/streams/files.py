@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from tasks.core.errors import DupflowError
 
@@ -52,7 +52,7 @@ def write_file_atomically(path: Path, data: bytes, *, private: bool = False, sha
         raise
 
 
-def close_synced(stream: IO) -> None:
+def close_synced(stream: IO[Any]) -> None:
     """Flush, sync and close ``stream``: a file renamed into place must not come back half-written from a power cut."""
     stream.flush()
     os.fsync(stream.fileno())

@@ -8,13 +8,15 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import orjson
 import zstandard
 
 from tasks.core.errors import StepError
 from tasks.core.names import name_from_data_problem, show_name
+
+T = TypeVar("T")
 
 CHUNK_SIZE = 1 << 20
 MAX_WINDOW_BYTES = 1 << 27  # the largest zstd window a decoder allows by default (ZSTD_WINDOWLOG_LIMIT_DEFAULT)
@@ -268,7 +270,7 @@ class LineSplitter:
         self._pending, self._blank_run_bytes = bytearray(tail), 0
         return zip(range(first, self.number + 1), lines, strict=True)
 
-    def take_block(self, chunk: bytes, take: Callable[[bytes], list | None]) -> list | None:
+    def take_block(self, chunk: bytes, take: Callable[[bytes], list[T] | None]) -> list[T] | None:
         """``take`` of the lines ending in ``chunk`` as one block (with the line begun before it), where it gives one
         item per line: those lines are then read. None, and nothing read, where ``take`` gives None (it must where a
         line is blank), no line ends in the chunk, or the block or the rest could hold a line over the limit."""
@@ -357,7 +359,7 @@ def first_non_blank(chunk: bytes | bytearray, start: int) -> int:
     return len(chunk)
 
 
-def parse_resource(source: Path | str, line_number: int, line: bytes | bytearray | memoryview) -> dict:
+def parse_resource(source: Path | str, line_number: int, line: bytes | bytearray | memoryview) -> dict[str, Any]:
     """One NDJSON line as a JSON object with a ``resourceType``; else an error never quoting the line (patient data)."""
     try:
         resource = orjson.loads(line)

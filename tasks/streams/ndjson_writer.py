@@ -131,7 +131,7 @@ class AtomicNdjsonWriter:
                 return None
             raise
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         if exc_type is not None:
             self.discard()
             return
@@ -170,7 +170,7 @@ class AtomicNdjsonWriter:
             (os.fspath(self.part.absolute()), self._source, self._max_line_bytes, 0, self._written)
         )
 
-    def _summed(self, whole: tuple) -> LineCounts:
+    def _summed(self, whole: tuple[str, str, int, int, int]) -> LineCounts:
         """The spans' counts added up; for a bad line, the verdict of the ``whole`` written data (its line number)."""
         try:
             return LineCounts(*map(sum, zip(*self._checks.results(self._stop_if_cancelled), strict=True)))

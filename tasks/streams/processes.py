@@ -111,7 +111,8 @@ class WorkerPool:
                     sys.warnoptions.append(TRACKER_WARNING)
                 initargs = (os.getpid(), self.preload)
                 self.executor = ProcessPoolExecutor(self.size, initializer=_start_worker, initargs=initargs)
-        return self.executor.submit(function, *args)
+        future: Future[R] = self.executor.submit(function, *args)
+        return future
 
     def shutdown(self, wait: bool = True, kill_workers: bool = False) -> None:
         """Close the pool; ``kill_workers``: stop running work at once. Once killed it stays so: loky takes each call's
@@ -168,7 +169,7 @@ class ProcessCalls(Generic[R]):
     def __init__(self, function: Callable[..., R]):
         self._function = function
         self._pool = _current.get()
-        self._waiting: list[tuple] = []  # arguments, without a pool
+        self._waiting: list[tuple[object, ...]] = []  # arguments, without a pool
         self._futures: list[Future[R]] = []
 
     def start(self, *args: Any) -> None:

@@ -339,26 +339,26 @@ _board = _Board()
 def _new_rich_progress() -> Any:
     """Columns by a task's unit: bytes as sizes and a transfer speed, others counted; an ETA only with a total."""
     from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
-    from rich.progress import TimeRemainingColumn, TransferSpeedColumn
+    from rich.progress import Task, TimeRemainingColumn, TransferSpeedColumn
     from rich.text import Text
 
     class AmountColumn(ProgressColumn):
         sizes, counts = DownloadColumn(), MofNCompleteColumn()
 
-        def render(self, task) -> Text:
+        def render(self, task: Task) -> Text:
             return (self.sizes if task.fields["unit"] == "B" else self.counts).render(task)
 
     class RateColumn(ProgressColumn):
         transfer = TransferSpeedColumn()
 
-        def render(self, task) -> Text:
+        def render(self, task: Task) -> Text:
             unit = task.fields["unit"]
             return self.transfer.render(task) if unit == "B" else Text(f"{task.speed or 0:>8,.0f} {unit}/s")
 
     class EtaColumn(ProgressColumn):
         remaining = TimeRemainingColumn()
 
-        def render(self, task) -> Text:
+        def render(self, task: Task) -> Text:
             return self.remaining.render(task) if task.total is not None else Text("")
 
     columns = (TextColumn("{task.description}"), BarColumn(), AmountColumn(), RateColumn(), EtaColumn())
