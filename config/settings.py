@@ -262,7 +262,7 @@ def _s3_send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]
 
 class Settings(ConfigModel):
     services: ServicesSettings = Field(default_factory=ServicesSettings)
-    pipeline: PipelineSettings = Field(default_factory=dict, validate_default=True)  # type: ignore[arg-type]
+    pipeline: PipelineSettings = Field(default_factory=dict, validate_default=True)  # type: ignore[arg-type]  # validated into the model
     retry: RetrySettings = Field(default_factory=RetrySettings)
     tls: TlsSettings = Field(default_factory=TlsSettings)
     compression: CompressionSettings = Field(default_factory=CompressionSettings)

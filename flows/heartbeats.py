@@ -50,7 +50,7 @@ def ensure_crash_detection() -> str | None:
                 return None
             client.request("POST", "/automations/", json=CRASH_DETECTION)
             for extra in client.request("POST", "/automations/filter", json=named).json()[:-1]:
-                client.request("DELETE", f"/automations/{extra['id']}")  # type: ignore[arg-type]
+                client.request("DELETE", "/automations/{id}", path_params={"id": extra["id"]})
     except (OSError, httpx.HTTPError) as exc:
         return str(exc)
     return None

@@ -185,7 +185,7 @@ class StreamDecoder:
         self._source, self._head, self._fed = source, b"", _Fed()
         self._is_zstd: bool | None = None  # told by the first bytes
         decoder = zstandard.ZstdDecompressor()  # windows of at most MAX_WINDOW_BYTES: memory stays bounded
-        self._reader = decoder.stream_reader(self._fed, read_across_frames=True)  # type: ignore[arg-type]
+        self._reader = decoder.stream_reader(self._fed, read_across_frames=True)  # type: ignore[arg-type]  # read() is all it calls
 
     def feed(self, chunk: bytes) -> Iterator[bytes]:
         if self._is_zstd is None:
