@@ -1,8 +1,6 @@
-"""This home's Prefect profile: ``prefect …`` commands typed in a shell reach this home's server.
+"""This home's Prefect profile: ``prefect …`` in a shell reaches the home's server.
 
-Else every ``prefect`` command starts a temporary server, which schedules nothing. A profile the user chose stays
-active. Run as ``python -m flows.prefect_profile API_URL`` in a process of its own: importing Prefect fixes its
-settings for the importing process, and costs a second that a command finding its server running does not pay.
+See docs/development.md#the-prefect-profile.
 """
 
 from __future__ import annotations
@@ -23,7 +21,10 @@ RECORD_TIMEOUT = 60.0
 
 
 def record_in_profile(home: Path, api_url: str, environment: Mapping[str, str]) -> None:
-    """Record ``api_url`` in ``home``'s ``dupflow`` profile; best effort: failing costs no job its run."""
+    """Record ``api_url`` in ``home``'s ``dupflow`` profile.
+
+    Note: best effort: failing costs no job its run.
+    """
     if not {"PREFECT_PROFILE", "PREFECT_PROFILES_PATH"} & set(environment) and recorded(home, api_url):
         return
     env = PREFECT_DEFAULTS | {name: value for name, value in environment.items() if name != API_URL}
@@ -44,7 +45,10 @@ def record_in_profile(home: Path, api_url: str, environment: Mapping[str, str]) 
 
 
 def recorded(home: Path, api_url: str) -> bool:
-    """Whether the active ``dupflow`` profile names ``api_url`` already: no Prefect import (1.5 s of CPU) then."""
+    """Whether the active ``dupflow`` profile names ``api_url`` already.
+
+    Why: then no Prefect import (1.5 s of CPU).
+    """
     try:
         written = tomllib.loads((home / "profiles.toml").read_text())
     except (OSError, ValueError):  # TOMLDecodeError is a ValueError
@@ -53,7 +57,10 @@ def recorded(home: Path, api_url: str) -> bool:
 
 
 def update_profile(api_url: str) -> str | None:
-    """Set the ``dupflow`` profile to ``api_url``, active where the user chose none; what to tell the user, if any."""
+    """Set the ``dupflow`` profile to ``api_url``; give what to tell the user, if any.
+
+    Note: it is made active where the user chose none.
+    """
     from prefect.context import get_settings_context
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ANALYTICS_ENABLED
     from prefect.settings.profiles import DEFAULT_PROFILES_PATH, load_profiles, save_profiles
