@@ -21,10 +21,7 @@ RECORD_TIMEOUT = 60.0
 
 
 def record_in_profile(home: Path, api_url: str, environment: Mapping[str, str]) -> None:
-    """Record ``api_url`` in ``home``'s ``dupflow`` profile.
-
-    Note: best effort: failing costs no job its run.
-    """
+    """Record ``api_url`` in ``home``'s ``dupflow`` profile; best effort: failing costs no job its run."""
     if not {"PREFECT_PROFILE", "PREFECT_PROFILES_PATH"} & set(environment) and recorded(home, api_url):
         return
     env = PREFECT_DEFAULTS | {name: value for name, value in environment.items() if name != API_URL}
