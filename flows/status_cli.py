@@ -132,8 +132,7 @@ def print_step_status(position: int, step: str, result: StepRecord | str | None,
 def status_document(status: JobStatus) -> dict[str, Any]:
     """``status --json``: the facts the text shows, as data, secrets redacted.
 
-    Note:
-    - Its shape is documented in docs/operations.md ("status --json"): keys are only ever added.
+    Note: its shape is documented in docs/operations.md ("status --json"): keys are only ever added.
     """
     job, run = status.job, status.run or {}
     return {
