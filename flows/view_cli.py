@@ -1,8 +1,7 @@
-"""``view run VIEW.json RESOURCES.ndjson [--format ndjson|csv|parquet]``: run one SQL-on-FHIR ViewDefinition by hand,
-printing the rows as NDJSON, or as the flattening step's CSV or Parquet. Ctrl+C stops after the last complete row.
+"""``view run VIEW.json RESOURCES.ndjson``: run a SQL-on-FHIR view by hand.
 
-``view …`` is handed to ``main`` before the rest of the command line is imported: the engine alone, without Prefect,
-the configuration, the clients or the job record (0.3 s of imports it does not need)."""
+See docs/development.md#view-run.
+"""
 
 from __future__ import annotations
 
@@ -32,14 +31,14 @@ MAX_VIEW_BYTES = 16 * 1024 * 1024  # a ViewDefinition is a few KB; more is the w
 
 
 def main(argv: Sequence[str]) -> int:
-    """``view …`` as the whole command, with the command line's parser for it and its exits."""
+    """Run ``view …`` as the whole command, with the command line's parser and exits."""
     parser = argparse.ArgumentParser(prog=CLI)
     register(parser.add_subparsers(required=True, metavar="COMMAND"))
     return dispatch(parser.parse_args(argv))
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    """Run the parsed command with the command line's exits (shared with ``flows.run.main``)."""
+    """Run the parsed command with the command line's exits (also ``flows.run``'s)."""
     try:
         code: int = args.command(args)
         return code
@@ -102,10 +101,11 @@ def cmd_view_run(args: argparse.Namespace) -> int:
 
 
 def write_csv(view: CompiledView, resources: Path, out: IO[str]) -> None:
-    """The view's rows over the file as CSV, the cyclic garbage collector paused meanwhile.
+    """Write the view's rows over the file as CSV, the cyclic garbage collector paused.
 
     Why: parsed JSON and its rows hold no reference cycles, yet the collector's passes over a
-    block's new rows took a tenth to a third of the time (a full pass walks every object)."""
+    block's new rows took a tenth to a third of the time (a full pass walks every object).
+    """
     writer = CsvWriter(out)
     writer.writerow(view.columns)
     collecting = gc.isenabled()
@@ -131,5 +131,5 @@ def print_parquet(view: CompiledView, definition: dict[str, Any], resources: Pat
 
 
 def view_rows(view: CompiledView, resources: Path) -> Iterator[tuple[Any, ...]]:
-    """The view's rows over the file; lines holding no resource of its type are not parsed."""
+    """The view's rows over the file; lines with no resource of its type go unparsed."""
     return read_rows(view, resources, iter_lines(resources, MAX_LINE_BYTES))
