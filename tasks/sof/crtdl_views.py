@@ -23,7 +23,7 @@ from typing import Any
 
 from tasks.core.json_shapes import as_array, as_object
 from tasks.core.names import name_from_data_problem, show_name
-from tasks.sof.errors import CrtdlError, ViewError
+from tasks.sof.errors import SofError, ViewError
 from tasks.sof.lookup import LookupTable, in_iterations
 from tasks.sof.selection import Selection, compile_selection
 from tasks.sof.view import compile_view
@@ -105,10 +105,10 @@ def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
     groups = []
     extraction = crtdl.get("dataExtraction") if isinstance(crtdl, dict) else None
     if not isinstance(extraction, dict):
-        raise CrtdlError("the CRTDL has no dataExtraction (a top-level object with attributeGroups)")
+        raise SofError("the CRTDL has no dataExtraction (a top-level object with attributeGroups)")
     for index, group in enumerate(as_array(extraction.get("attributeGroups"))):
         if not isinstance(group, dict) or not isinstance(group.get("groupReference"), str):
-            raise CrtdlError(f"attribute group {index + 1} of the CRTDL has no groupReference")
+            raise SofError(f"attribute group {index + 1} of the CRTDL has no groupReference")
         group_id = str(group.get("id") or generated_group_id(group))
         groups.append((group_id, str(group.get("name") or group_id), group, _attribute_refs(group, group_id)))
     _refuse_shared_ids([(group_id, name) for group_id, name, _, _ in groups])
@@ -154,7 +154,7 @@ def _attribute_refs(group: dict[str, Any], group_id: str) -> list[str]:
     if not isinstance(attributes, list) or not all(
         isinstance(as_object(a).get("attributeRef"), str) for a in attributes
     ):
-        raise CrtdlError(
+        raise SofError(
             f"attribute group {show_name(group_id)}: its attributes must be a list of objects with a string "
             "attributeRef; fix the CRTDL"
         )
@@ -167,7 +167,7 @@ def _refuse_shared_ids(groups: list[tuple[str, str]]) -> None:
     first_at: dict[str, int] = {}
     for index, (group_id, name) in enumerate(groups):
         if (first := first_at.setdefault(group_id, index)) != index:
-            raise CrtdlError(
+            raise SofError(
                 f"attribute groups {first + 1} ({show_name(groups[first][1])}) and {index + 1} ({show_name(name)}) "
                 f"of the CRTDL's attributeGroups share the id {show_name(group_id)}; resources are routed to a group "
                 f"by its id: give group {index + 1} an id of its own in the CRTDL"
@@ -176,7 +176,7 @@ def _refuse_shared_ids(groups: list[tuple[str, str]]) -> None:
 
 def group_name_problems(crtdl: dict[str, Any]) -> list[str]:
     """Every group whose name cannot name its files, and every two whose files would still share a name, each
-    naming the group and the fix; ``CrtdlError`` as ``attribute_groups``."""
+    naming the group and the fix; ``SofError`` as ``attribute_groups``."""
     problems = []
     owners: dict[str, AttributeGroup] = {}
     for group in attribute_groups(crtdl):

@@ -16,7 +16,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from tasks.core.jsonfile import JsonFileError, read_json_file
-from tasks.sof.errors import LookupFileError, ViewDefinitionError
+from tasks.sof.errors import SofError, ViewDefinitionError
 from tasks.sof.view import compile_view
 
 MAX_LOOKUP_BYTES = 16 * 1024 * 1024  # aether's lookup for every MII profile is under 1 MB
@@ -103,10 +103,10 @@ def lookup_problems(path: Path) -> list[str]:
 
 
 def load_lookup(path: Path) -> dict[str, LookupTable]:
-    """The lookup file's tables by profile url; raises ``LookupFileError`` listing every problem."""
+    """The lookup file's tables by profile url; raises ``SofError`` listing every problem."""
     document, problems = _read(Path(path))
     if document is None or (problems := _document_problems(document)):
-        raise LookupFileError(path, problems)
+        raise SofError(f"lookup file {path}: " + "; ".join(problems))
     tables = {}
     for table in document:
         elements = table["elements"]
