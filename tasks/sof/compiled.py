@@ -20,7 +20,7 @@ from tasks.sof.fhirpath import Plan, plain
 Select = Any  # a tasks.sof.view.Select, and below a Column (view imports this module)
 Column = Any
 
-Rows = list[tuple] | None
+Rows = list[tuple[Any, ...]] | None
 RowsAt = Callable[[Any, Any, Any], Rows]
 Value = Callable[[Any, Any, Any], Any]
 _IRREGULAR = object()
@@ -100,7 +100,7 @@ def _rows_at(select: Select, limit: int) -> RowsAt:
 
 def _joined(parts: Iterable[Rows], limit: int) -> Rows:
     """The parts' rows one after the other, the parts made as they are needed (None: more than ``limit``)."""
-    found: list[tuple] = []
+    found: list[tuple[Any, ...]] = []
     for more in parts:
         if more is None or len(found) + len(more) > limit:
             return None
@@ -111,9 +111,9 @@ def _joined(parts: Iterable[Rows], limit: int) -> Rows:
 def _row_reader(columns: list[Column]) -> Value:
     """The select's own columns as a tuple at a focus: where each is one member key at that focus type, the keys
     looked up at once (values ``plain`` keeps as they are); else column by column (see the module doc)."""
-    planned: dict[Any, tuple[tuple[str, ...] | None, list]] = {}
+    planned: dict[Any, tuple[tuple[str, ...] | None, list[Any]]] = {}
 
-    def read(data: Any, path: Any, env: Any) -> tuple:
+    def read(data: Any, path: Any, env: Any) -> tuple[Any, ...]:
         try:
             keys, walks = planned[path]
         except KeyError:

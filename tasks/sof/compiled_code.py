@@ -36,10 +36,10 @@ def generated_rows(
     root: Any,
     resource_type: str,
     limit: int,
-    kept: frozenset = KEPT,
+    kept: frozenset[type] = KEPT,
     cells: bool = False,
     fields: dict[str, str] | None = None,
-) -> Callable[[Any], list[tuple] | None] | None:
+) -> Callable[[Any], list[tuple[Any, ...]] | None] | None:
     """``root``'s rows (a ``tasks.sof.view.Select``) as one generated function, or None outside the subset; a value of
     a type not in ``kept`` is data not of the planned shape. ``cells``: each ``PARSED`` value as ``output.cell`` makes
     it, so that rows are all strings (``output.CsvWriter`` joins them as they are).
@@ -63,7 +63,7 @@ def generated_rows(
     except (SyntaxError, RecursionError, MemoryError):  # beyond Python's own limits (IndentationError is a SyntaxError)
         return None
     exec(code, namespace)  # noqa: S102 - source made here, no input text
-    return namespace["rows"]
+    return namespace["rows"]  # type: ignore[no-any-return]  # the function compiled above
 
 
 class _Writer:
@@ -265,7 +265,7 @@ class _Writer:
         where.add(text, constant, rows, self.lines)
         self.lines = lines
 
-    def walk(self, operations: tuple, focus: str, indent: int) -> str:
+    def walk(self, operations: tuple[Any, ...], focus: str, indent: int) -> str:
         """Code giving the elements of an iteration's steps in a list; the list's name. Lists an
         earlier walk in the block made of its first steps from this focus are reused."""
         found, step = None, 0
@@ -281,12 +281,12 @@ class _Writer:
         assert found is not None  # member_plan gives plans of one step or more
         return found
 
-    def pairs(self, operations: tuple, focus: str, indent: int) -> bool:
+    def pairs(self, operations: tuple[Any, ...], focus: str, indent: int) -> bool:
         """Whether a walk opens with two member steps taken as one (``member_pair``), its first step's list not made."""
         first_two = [kind for kind, _, _, _ in operations[:2]]
         return first_two == ["member", "member"] and (focus, repr(operations[:1]), indent) not in self.walked
 
-    def member_pair(self, first: tuple, second: tuple, focus: str, indent: int) -> str:
+    def member_pair(self, first: tuple[Any, ...], second: tuple[Any, ...], focus: str, indent: int) -> str:
         """Code giving the elements of two member steps (``clinicalStatus.coding``); the list's name. Where the first
         is one object (a 0..1 element, the usual case) no list of one and no loop."""
         (_, key, _, at), (_, inner_key, _, inner_at) = first, second
@@ -305,7 +305,7 @@ class _Writer:
         self.members(listed, inner_key, inner_at, indent + 1, kept)
         return kept
 
-    def step(self, operation: tuple, found: str | None, focus: str, indent: int) -> str:
+    def step(self, operation: tuple[Any, ...], found: str | None, focus: str, indent: int) -> str:
         """Code giving one step's elements from the list ``found`` (None: from ``focus``); the list's name."""
         kind, key, argument, at = operation
         kept = self.name("e")

@@ -92,7 +92,7 @@ def member_steps(expression: str) -> list[Step] | None:
         position += 1
 
 
-def _step(match: re.Match, first: bool) -> Step | None:
+def _step(match: re.Match[str], first: bool) -> Step | None:
     for kind in ("first", "exists", "resourceKey"):
         if match[kind]:
             return (kind, "", None)
@@ -133,7 +133,7 @@ class MemberPath:
             plan = self.plans[path] = _plan(self.members, path, counted=self.function is not None)
             return plan
 
-    def collect(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
+    def collect(self, data: Any, path: str | None, env: Env) -> tuple[list[Any], Paths]:
         if (plan := self.plan(path)) is None:
             return self._general(data, path, env)
         found = _member_of(data, plan.key, plan.at) if plan.single else _walk(plan, data)
@@ -141,7 +141,7 @@ class MemberPath:
             return self._general(data, path, env)
         return (found, plan.path) if self.function is None else (_computed(self.function, found), None)
 
-    def _general(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
+    def _general(self, data: Any, path: str | None, env: Env) -> tuple[list[Any], Paths]:
         if self.fallback is not None:
             return self.fallback.collect(data, path, env)
         return data_and_paths(_walk_items(self.members, Item(data, path)))
@@ -221,7 +221,7 @@ def holds_resources(type_path: str) -> bool:
     return False
 
 
-def _walk(plan: Plan, data: Any) -> list | None:
+def _walk(plan: Plan, data: Any) -> list[Any] | None:
     """The plan run over ``data``; None when the data takes it elsewhere (see ``MemberPath``)."""
     found = [data]
     counted = plan.counted
@@ -231,7 +231,7 @@ def _walk(plan: Plan, data: Any) -> list | None:
             continue
         if not key:
             return []
-        children: list = []
+        children: list[Any] = []
         for value in found:
             if not isinstance(value, dict):
                 continue
@@ -251,7 +251,7 @@ def _walk(plan: Plan, data: Any) -> list | None:
     return found
 
 
-def _member_of(data: Any, key: str, path: str | None) -> list | None:
+def _member_of(data: Any, key: str, path: str | None) -> list[Any] | None:
     """``_walk`` of a plan that is one member step (most column paths: ``system``, ``code``)."""
     if not isinstance(data, dict) or not key:
         return []
@@ -263,13 +263,13 @@ def _member_of(data: Any, key: str, path: str | None) -> list | None:
     return [] if child is None else [child]
 
 
-def _present(values: list) -> list:
+def _present(values: list[Any]) -> list[Any]:
     """The elements but nulls (arrays of primitives hold nulls where only an extension is): the list itself when it
     has none (no caller changes it)."""
     return [element for element in values if element is not None] if None in values else values
 
 
-def _computed(function: Step, found: list) -> list:
+def _computed(function: Step, found: list[Any]) -> list[Any]:
     kind, _, argument = function
     if kind == "exists":
         return [bool(found)]

@@ -1,3 +1,5 @@
+# mypy: disallow-untyped-calls=False
+# (this module calls into fhirpathpy, whose functions carry no annotations)
 """FHIRPath expressions that are no member paths, parsed once and evaluated by fhirpathpy with the engine's own
 functions (``SOF_FUNCTIONS``: SQL-on-FHIR's, and bounded replacements of fhirpathpy's); imported only where a view
 has one. Bounds, each a ``FhirPathError``:
@@ -37,9 +39,20 @@ from tasks.sof.fhirpath_shared import MAX_COMPUTED_SIZE, MAX_EXPRESSION_DEPTH, M
 from tasks.sof.fhirpath_shared import MODEL, Env, Item, Paths, data_and_paths, shown
 from tasks.sof.fhirpath_shared import joined, reference_keys, refuse_larger, resource_keys
 
+Ctx = dict[str, Any]
+"""fhirpathpy's evaluation context (its data, variables, model and functions)."""
 
-class _RaisingErrorListener(ErrorListener):
-    def syntaxError(self, recognizer, offendingSymbol, line, column, msg, e):  # noqa: N802, N803 - ANTLR's names
+
+class _RaisingErrorListener(ErrorListener):  # type: ignore[misc]  # antlr4 ships no types
+    def syntaxError(  # noqa: N802 - ANTLR's names
+        self,
+        recognizer: Any,
+        offendingSymbol: Any,  # noqa: N803
+        line: int,
+        column: int,
+        msg: str,
+        e: Any,
+    ) -> None:
         raise FhirPathError(f"column {column + 1}: {msg}")
 
 
@@ -148,7 +161,7 @@ class Interpreted:
             if not _is_primitive_extension_only(value)
         ]
 
-    def collect(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
+    def collect(self, data: Any, path: str | None, env: Env) -> tuple[list[Any], Paths]:
         return data_and_paths(self(Item(data, path), env))
 
 
@@ -168,28 +181,28 @@ def _is_primitive_extension_only(value: Any) -> bool:
     return isinstance(value, ResourceNode) and isinstance(value.data, Mapping) and list(value.data) == ["extension"]
 
 
-def get_resource_key(ctx: dict, inputs: list) -> list[str]:
+def get_resource_key(ctx: Ctx, inputs: list[Any]) -> list[str]:
     return resource_keys([_data(node) for node in inputs])
 
 
-def get_reference_key(ctx: dict, inputs: list, type_info: Any = None) -> list[str]:
+def get_reference_key(ctx: Ctx, inputs: list[Any], type_info: Any = None) -> list[str]:
     return reference_keys([_data(node) for node in inputs], getattr(type_info, "name", None))
 
 
-def join(ctx: dict, inputs: list, separator: Any = "") -> Any:
+def join(ctx: Ctx, inputs: list[Any], separator: Any = "") -> Any:
     """FHIRPath's ``join``: the input strings joined, ``''`` for an empty input (as the SQL-on-FHIR suite expects;
     fhirpathpy's gives no value), no value for an empty separator collection."""
     return [] if isinstance(separator, list) else joined([_data(node) for node in inputs], separator)
 
 
-def amp(ctx: dict, left: Any = "", right: Any = "") -> str:
+def amp(ctx: Ctx, left: Any = "", right: Any = "") -> str:
     """FHIRPath's ``&`` (an empty operand counts as ``''``), refused before it builds a string too large."""
     left, right = ("" if isinstance(side, list) and not side else side for side in (left, right))
     refuse_larger("&", len(left) + len(right))
-    return math.amp(ctx, left, right)
+    return math.amp(ctx, left, right)  # type: ignore[no-any-return]  # fhirpathpy is unannotated
 
 
-def plus(ctx: dict, left: list, right: list) -> Any:
+def plus(ctx: Ctx, left: list[Any], right: list[Any]) -> Any:
     """FHIRPath's ``+``, its result checked (strings join as with ``&``)."""
     return _bounded("+", math.plus(ctx, left, right))
 
@@ -198,8 +211,8 @@ def _data(node: Any) -> Any:
     return node.data if isinstance(node, ResourceNode) else node
 
 
-def _boundary(high: bool) -> Callable[..., list]:
-    def invoke(ctx: dict, inputs: list, precision: Any = None) -> list:
+def _boundary(high: bool) -> Callable[..., list[Any]]:
+    def invoke(ctx: Ctx, inputs: list[Any], precision: Any = None) -> list[Any]:
         digits = None if precision in (None, []) else int(precision)
         typed = [(_data(node), node.path if isinstance(node, ResourceNode) else None) for node in inputs]
         found = [boundary(data, type_path, digits, high=high) for data, type_path in typed]
@@ -225,14 +238,14 @@ def regex(pattern: str, dot_matches_newline: bool) -> Any:
         ) from None
 
 
-def matches(ctx: dict, inputs: list, pattern: Any) -> Any:
+def matches(ctx: Ctx, inputs: list[Any], pattern: Any) -> Any:
     """fhirpathpy's ``matches`` (search, ``.`` matching newlines), on RE2."""
     if not inputs or isinstance(pattern, list):
         return []
     return regex(pattern, True).search(_single_string(inputs)) is not None
 
 
-def replace_matches(ctx: dict, inputs: list, pattern: Any, replacement: Any) -> Any:
+def replace_matches(ctx: Ctx, inputs: list[Any], pattern: Any, replacement: Any) -> Any:
     """fhirpathpy's ``replaceMatches`` (``$1`` for the first group), on RE2."""
     if not inputs or isinstance(pattern, list) or isinstance(replacement, list):
         return []
@@ -245,7 +258,7 @@ def replace_matches(ctx: dict, inputs: list, pattern: Any, replacement: Any) -> 
     return _bounded("replaceMatches()", compiled.sub(re.sub(r"\$(\d+)", r"\\\1", replacement), text))
 
 
-def replace(ctx: dict, inputs: list, pattern: Any, substitution: Any) -> Any:
+def replace(ctx: Ctx, inputs: list[Any], pattern: Any, substitution: Any) -> Any:
     """fhirpathpy's ``replace``, refused before it builds a string larger than ``MAX_COMPUTED_SIZE``."""
     if inputs and isinstance(pattern, str) and isinstance(substitution, str):
         text = _single_string(inputs)
@@ -254,7 +267,7 @@ def replace(ctx: dict, inputs: list, pattern: Any, substitution: Any) -> Any:
     return strings.replace(ctx, inputs, pattern, substitution)
 
 
-def aggregate(ctx: dict, inputs: list, expression: Callable[[Any], Any], initial: Any = None) -> Any:
+def aggregate(ctx: Ctx, inputs: list[Any], expression: Callable[[Any], Any], initial: Any = None) -> Any:
     """fhirpathpy's ``aggregate``, its ``$total`` checked after each element."""
     ctx["$total"] = initial
     for index, element in enumerate(inputs):
@@ -268,23 +281,23 @@ def _bounded(function: str, value: Any) -> Any:
     return value
 
 
-def _size(values: list) -> int:
+def _size(values: list[Any]) -> int:
     """A collection's size as the bound counts it: one per element, and each string's characters."""
     return len(values) + sum(len(item) for item in values if isinstance(item, str))
 
 
-def _single_string(inputs: list) -> str:
+def _single_string(inputs: list[Any]) -> str:
     if len(inputs) == 1 and isinstance(data := _data(inputs[0]), str):
         return data
     raise FhirPathError(f"expected one string, got {inputs!r:.200}")
 
 
-def repeat(ctx: dict, inputs: Any, expression: Callable[[Any], list]) -> list:
+def repeat(ctx: Ctx, inputs: Any, expression: Callable[[Any], list[Any]]) -> list[Any]:
     """fhirpathpy's ``repeat`` (breadth first, each element once), in linear time and bounded."""
     if not isinstance(inputs, list):
         return []
-    found: list = []
-    seen: set = set()
+    found: list[Any] = []
+    seen: set[Any] = set()
     pending = deque(inputs)
     size = 0
     while pending:

@@ -44,11 +44,11 @@ class Item:
 Env = Mapping[str, Any]
 
 
-Paths = str | None | list
+Paths = str | None | list[Any]
 """The type paths of collected values: one for all of them, or a list with one per value."""
 
 
-def data_and_paths(items: list[Item]) -> tuple[list, list]:
+def data_and_paths(items: list[Item]) -> tuple[list[Any], list[Any]]:
     return [item.data for item in items], [item.path for item in items]
 
 
@@ -59,7 +59,7 @@ def shown(expression: str) -> str:
     return repr(expression[:SHOWN_EXPRESSION_CHARS]) + f"... ({len(expression)} characters)"
 
 
-def resource_keys(found: list) -> list[str]:
+def resource_keys(found: list[Any]) -> list[str]:
     return [
         f"{data['resourceType']}/{data['id']}"
         for data in found
@@ -67,7 +67,7 @@ def resource_keys(found: list) -> list[str]:
     ]
 
 
-def reference_keys(found: list, wanted: str | None) -> list[str]:
+def reference_keys(found: list[Any], wanted: str | None) -> list[str]:
     keys = []
     for data in found:
         reference = data.get("reference") if isinstance(data, Mapping) else None
@@ -79,7 +79,7 @@ def reference_keys(found: list, wanted: str | None) -> list[str]:
     return keys
 
 
-def joined(found: list, separator: str) -> str:
+def joined(found: list[Any], separator: str) -> str:
     if not all(isinstance(value, str) for value in found):
         raise FhirPathError(f"join needs a collection of strings, got {found!r:.200}")
     refuse_larger("join()", sum(map(len, found)) + len(separator) * max(len(found) - 1, 0))

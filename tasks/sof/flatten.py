@@ -100,12 +100,12 @@ class Engine(Protocol):
 class RouteCounts:
     """Per type, what routing gave no group (``FlattenOutcome`` adds these counters up, ``FileParts`` has them)."""
 
-    unrouted: Counter = field(default_factory=Counter)
-    skipped_resources: Counter = field(default_factory=Counter)
-    unknown_groups: Counter = field(default_factory=Counter)
-    other_profile: Counter = field(default_factory=Counter)
+    unrouted: Counter[str] = field(default_factory=Counter)
+    skipped_resources: Counter[str] = field(default_factory=Counter)
+    unknown_groups: Counter[str] = field(default_factory=Counter)
+    other_profile: Counter[str] = field(default_factory=Counter)
     """Without Provenance: per type, what no group of its type took, as none has its profile."""
-    filtered_out: Counter = field(default_factory=Counter)
+    filtered_out: Counter[str] = field(default_factory=Counter)
     """Without Provenance: per type, what no group of its type took, as its filters left it out."""
 
 
@@ -235,7 +235,8 @@ class ParsedLine:
     resources as the decimal-keeping parse gives it, for a view whose ``csv_rows`` does not take it."""
 
     def __init__(self, source: Path):
-        self.source, self.number, self.line, self.root = source, 0, b"", None
+        self.source, self.number, self.line = source, 0, b""
+        self.root: dict[str, Any] | None = None
         self._exact: list[dict[str, Any]] | None = None
 
     def parse(self, number: int, line: bytes) -> dict[str, Any]:
@@ -266,7 +267,7 @@ class RowsWriter:
     def __init__(self, path: Path, view: CompiledView, name: str, line: ParsedLine):
         self.path, self.view, self.name, self.line = path, view, name, line
         self.rows = 0
-        self._pending: list[tuple] = []
+        self._pending: list[tuple[Any, ...]] = []
         self._stream: IO[str] | None = None
         self._writer: CsvWriter | None = None
 
@@ -287,7 +288,7 @@ class RowsWriter:
         except ViewError as exc:
             raise ViewEvaluationError(f"{self.name}: {exc}") from exc
 
-    def _write(self, rows: Iterable[tuple]) -> None:
+    def _write(self, rows: Iterable[tuple[Any, ...]]) -> None:
         if self._writer is None:
             self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by close
             self._writer = CsvWriter(self._stream)

@@ -82,7 +82,7 @@ class LookupTable:
     parents: dict[str, str]
 
     def snippet(self, element_id: str) -> dict[str, Any]:
-        return self.elements[element_id]["viewDefinition"]
+        return self.elements[element_id]["viewDefinition"]  # type: ignore[no-any-return]  # schema: an object
 
     def children(self, element_id: str) -> list[str]:
         return list(self.elements[element_id].get("children", []))

@@ -52,7 +52,7 @@ class CsvWriter:
             self._stream.flush()  # what the text layer holds goes first
             self._bytes.write(text)
 
-    def writerows(self, rows: Iterable[tuple]) -> int:
+    def writerows(self, rows: Iterable[tuple[Any, ...]]) -> int:
         """The rows as CSV lines, ``ROWS_PER_BATCH`` at a time (one resource may give millions); the number written.
         A batch needing no quoting is joined as it is (``_string_lines``) or made from its JSON (``_plain_lines``),
         else written in one call to ``csv`` (as ``cell`` makes its cells where they are more than strings, nulls and
@@ -76,7 +76,7 @@ class CsvWriter:
         return written
 
 
-def _string_lines(batch: list) -> bytes | None:
+def _string_lines(batch: list[Any]) -> bytes | None:
     """The batch's CSV lines, its cells joined as they are, where all are strings (``CompiledView.csv_rows``) holding
     no comma, line feed, quote, CR or NUL; None otherwise, or where ``_width`` is 0 or a string is no UTF-8."""
     if not (width := _width(batch)):
@@ -92,7 +92,7 @@ def _string_lines(batch: list) -> bytes | None:
     return None if b'"' in text or b"\r" in text or b"\x00" in text else text
 
 
-def _plain_lines(batch: list) -> bytes | None:
+def _plain_lines(batch: list[Any]) -> bytes | None:
     """The batch's CSV lines made from its JSON (``orjson``, in C, one call) where no cell needs quoting: no JSON
     escape (no quote, backslash, CR, LF or control character in a string), no comma but the separators, no bracket
     but the rows' own. A comma is then always a separator, so an unquoted ``null`` after one, or opening a line, is a
@@ -116,7 +116,7 @@ def _plain_lines(batch: list) -> bytes | None:
     return text.translate(_LAST_LINE_FEED, b'"')
 
 
-def _width(batch: list) -> int:
+def _width(batch: list[Any]) -> int:
     """The rows' length where all are as long and two cells or more (``csv`` quotes a lone empty cell); else 0."""
     widths = set(map(len, batch))
     return widths.pop() if len(widths) == 1 and min(widths) > 1 else 0

@@ -66,7 +66,7 @@ def write_parquet(
 def parquet_rows(path: Path) -> int:
     """The rows a Parquet file's footer records; ``ViewError`` when it is none."""
     try:
-        return pq.read_metadata(path).num_rows
+        return pq.read_metadata(path).num_rows  # type: ignore[no-any-return]  # pyarrow has no types
     except (pa.ArrowException, OSError) as exc:
         raise ViewError(f"{path.name} cannot be read as a Parquet file ({exc})") from None
 

@@ -75,7 +75,9 @@ def _may_escape_a_key(line: bytes) -> bool:
     return b"\\u00" in line and _ESCAPED_LETTER.search(line) is not None
 
 
-def read_rows(view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]], csv: bool = False) -> Iterator[tuple]:
+def read_rows(
+    view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]], csv: bool = False
+) -> Iterator[tuple[Any, ...]]:
     """``view.rows`` over numbered ``lines``, lines that hold no resource of its type (``may_hold``) passed over
     unparsed. A line opening as a resource of the view's type, as compact JSON writers write it, is parsed by orjson
     alone and given to ``view.parsed_rows`` (``csv``: ``view.csv_rows``); a line it does not take (a decimal a column
@@ -99,7 +101,7 @@ def read_rows(view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]],
                 yield from view.rows(resource)
 
 
-def csv_parts(view: Any, source: Path, max_line_bytes: int) -> Iterator[bytes | Iterable[tuple]]:
+def csv_parts(view: Any, source: Path, max_line_bytes: int) -> Iterator[bytes | Iterable[tuple[Any, ...]]]:
     """The file's CSV in parts: a block's CSV lines (``CompiledView.block_csv``), or ``read_rows``'
     CSV rows of lines read one by one (every line of a view it does not take)."""
     if view.block_csv is None:

@@ -57,7 +57,7 @@ def block_csv(view: Any, limit: int) -> Callable[[bytes], list[bytes] | None] | 
     import msgspec  # here: 10 ms that every other command and flattening worker would pay at start
 
     struct = _struct(root, names, ("kind", Literal[view.resource]), msgspec)
-    decode: Callable[[memoryview], list] = msgspec.json.Decoder(struct).decode_lines
+    decode: Callable[[memoryview], list[Any]] = msgspec.json.Decoder(struct).decode_lines
     line_rows: Callable[[Any], Any] | None = None
     if keys := flat_keys(view):  # one row a line: the structs' fields, in C
         line_rows = attrgetter(*(names[key] for key in keys))
@@ -69,7 +69,7 @@ def block_csv(view: Any, limit: int) -> Callable[[bytes], list[bytes] | None] | 
         writer = CsvWriter(text := TextIOWrapper(buffer, "utf-8", newline=""))
         try:  # the decoding first: in a file of several types it stops at another type's first line
             for piece in _pieces(block):  # each piece's CSV made while its data is in the caches
-                rows: list = list(map(line_rows, decode(piece)))
+                rows: list[Any] = list(map(line_rows, decode(piece)))
                 if not keys and None in rows:
                     return None
                 lines += len(rows)
@@ -114,7 +114,7 @@ def _reads(select: Any, path: str | None, element: _Element, names: dict[str, st
 
 def _walked(
     element: _Element,
-    operations: tuple,
+    operations: tuple[Any, ...],
     path: str | None,
     names: dict[str, str],
 ) -> _Element | None:
@@ -140,7 +140,7 @@ def _read(element: _Element, key: str, child: _Element | None, names: dict[str, 
     return key != "resourceType" and (found is None) == (child is None)
 
 
-def _struct(element: _Element, names: dict[str, str], kind: tuple, msgspec: Any) -> type:
+def _struct(element: _Element, names: dict[str, str], kind: tuple[Any, ...], msgspec: Any) -> type:
     """The msgspec struct of ``element``: ``kind`` the field of its ``resourceType``, then its keys
     (values default ``''``; no ``resourceType`` and one of the planned type pass, as in
     ``compiled_code``)."""
@@ -153,7 +153,7 @@ def _struct(element: _Element, names: dict[str, str], kind: tuple, msgspec: Any)
             struct: Any = _struct(child, names, ("kind", planned, msgspec.UNSET), msgspec)
             fields.append((names[key], struct | list[struct] | None, None))
     rename = {"kind": "resourceType", **{names[key]: key for key in element.keys}}
-    return msgspec.defstruct("Element", fields, rename=rename, gc=False)
+    return msgspec.defstruct("Element", fields, rename=rename, gc=False)  # type: ignore[no-any-return]  # a struct class
 
 
 def flat_keys(view: Any) -> list[str] | None:

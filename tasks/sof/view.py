@@ -84,10 +84,10 @@ class Select:
     names: list[str] = field(default_factory=list)
     types: list[Any] = field(default_factory=list)
     """The columns' ``fhir_type`` in ``names`` order; a unionAll's where every branch agrees, else None."""
-    null_row: tuple = ()
+    null_row: tuple[Any, ...] = ()
     indexed: bool = True
 
-    def rows(self, focus: Focus, env: dict[str, Any]) -> Iterable[tuple]:
+    def rows(self, focus: Focus, env: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
         """The select's rows at ``focus``: a tuple when few and at hand, else an iterator producing them."""
         if self.iteration is None:
             return self._rows_at(focus, env)
@@ -98,11 +98,11 @@ class Select:
             return self._rows_at(elements[0], self._indexed(env, 0))
         return self._each(elements, env)
 
-    def _each(self, elements: list[Focus], env: dict[str, Any]) -> Iterable[tuple]:
+    def _each(self, elements: list[Focus], env: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
         """The rows of each element in turn: a tuple while they are few and at hand, the rest produced lazily."""
         if not elements:
             return (self.null_row,) if self.iteration == "forEachOrNull" else ()
-        collected: list[tuple] = []
+        collected: list[tuple[Any, ...]] = []
         for position, element in enumerate(elements):
             rows = self._rows_at(element, self._indexed(env, position))
             if not isinstance(rows, tuple) or len(collected) + len(rows) > CACHED_ROWS:
@@ -110,7 +110,7 @@ class Select:
             collected.extend(rows)
         return tuple(collected)
 
-    def _each_lazily(self, elements: list[Focus], start: int, env: dict[str, Any]) -> Iterator[tuple]:
+    def _each_lazily(self, elements: list[Focus], start: int, env: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
         for position in range(start, len(elements)):
             yield from self._rows_at(elements[position], self._indexed(env, position))
 
@@ -146,7 +146,7 @@ class Select:
             raise ViewEvaluationError(f"{self.iteration}: {exc}") from exc
         return list(zip(found, paths, strict=True)) if isinstance(paths, list) else [(value, paths) for value in found]
 
-    def _rows_at(self, focus: Focus, env: dict[str, Any]) -> Iterable[tuple]:
+    def _rows_at(self, focus: Focus, env: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
         """The product of this select's own columns, each nested select's rows and its unionAll branches' rows
         (none as soon as one of them has none): a tuple of rows when small, else an iterator."""
         data, path = focus
@@ -167,16 +167,18 @@ class Select:
 class _Reproduced:
     """A part of a product with more than ``CACHED_ROWS`` rows: produced again at each pass, never kept."""
 
-    produce: Callable[[], Iterable[tuple]]
+    produce: Callable[[], Iterable[tuple[Any, ...]]]
 
-    def __iter__(self) -> Iterator[tuple]:
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
         return iter(self.produce())
 
 
-Part = tuple | list | _Reproduced
+Part = tuple[Any, ...] | list[Any] | _Reproduced
 
 
-def _part(produce: Callable[[Focus, dict[str, Any]], Iterable[tuple]], focus: Focus, env: dict[str, Any]) -> Part:
+def _part(
+    produce: Callable[[Focus, dict[str, Any]], Iterable[tuple[Any, ...]]], focus: Focus, env: dict[str, Any]
+) -> Part:
     """A part's rows kept when there are at most ``CACHED_ROWS`` (nearly always one or a few), else reproduced."""
     if isinstance(rows := produce(focus, env), tuple):
         return rows
@@ -184,7 +186,7 @@ def _part(produce: Callable[[Focus, dict[str, Any]], Iterable[tuple]], focus: Fo
     return kept if len(kept) <= CACHED_ROWS else _Reproduced(partial(produce, focus, env))
 
 
-def _product(head: tuple, parts: list[Part]) -> Iterable[tuple]:
+def _product(head: tuple[Any, ...], parts: list[Part]) -> Iterable[tuple[Any, ...]]:
     """``head`` joined with each combination of a row of each part: a tuple up to ``CACHED_ROWS`` rows, else lazily."""
     if not _all_kept(parts) or prod(map(len, parts)) > CACHED_ROWS:
         return _streamed_product(head, parts)
@@ -194,12 +196,12 @@ def _product(head: tuple, parts: list[Part]) -> Iterable[tuple]:
     return tuple(rows)
 
 
-def _all_kept(parts: list[Part]) -> TypeGuard[list[tuple | list]]:
+def _all_kept(parts: list[Part]) -> TypeGuard[list[tuple[Any, ...] | list[Any]]]:
     """Whether every part holds its rows (none is reproduced), so each has a length."""
     return _Reproduced not in map(type, parts)
 
 
-def _streamed_product(prefix: tuple, parts: list[Part]) -> Iterator[tuple]:
+def _streamed_product(prefix: tuple[Any, ...], parts: list[Part]) -> Iterator[tuple[Any, ...]]:
     for row in parts[0]:
         if len(parts) > 1:
             yield from _streamed_product(prefix + row, parts[1:])
@@ -224,13 +226,13 @@ class CompiledView:
         return None if self.root.indexed else compile_view_rows(self.root, self.resource, CACHED_ROWS)
 
     @cached_property
-    def parsed_rows(self) -> Callable[[dict], list[tuple] | None] | None:
+    def parsed_rows(self) -> Callable[[dict[str, Any]], list[tuple[Any, ...]] | None] | None:
         """The generated rows of a resource as orjson parses it (None where a column reads a decimal: ``PARSED``), for
         views without ``where`` in the generated subset."""
         return self._generated()
 
     @cached_property
-    def csv_rows(self) -> Callable[[dict], list[tuple] | None] | None:
+    def csv_rows(self) -> Callable[[dict[str, Any]], list[tuple[Any, ...]] | None] | None:
         """``parsed_rows`` as CSV cells, all strings (``output.CsvWriter`` joins them as they are)."""
         return self._generated(cells=True)
 
@@ -239,12 +241,12 @@ class CompiledView:
         """A block of lines' CSV (``tasks.sof.struct_rows``), for views it takes."""
         return block_csv(self, min(CACHED_ROWS, self.max_rows_per_resource))
 
-    def _generated(self, cells: bool = False) -> Callable[[dict], list[tuple] | None] | None:
+    def _generated(self, cells: bool = False) -> Callable[[dict[str, Any]], list[tuple[Any, ...]] | None] | None:
         if self.where or self.root.indexed:
             return None
         return generated_rows(self.root, self.resource, CACHED_ROWS, PARSED, cells)
 
-    def rows(self, resource: dict[str, Any]) -> Iterable[tuple]:
+    def rows(self, resource: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
         """The resource's rows (none for another type or a ``where`` not true): a list or tuple when few, else an
         iterator; an error names the view and the resource."""
         if resource.get("resourceType") != self.resource:
@@ -257,7 +259,7 @@ class CompiledView:
             return rows
         return self._streamed(resource, rows)
 
-    def _rows(self, resource: dict[str, Any]) -> Iterable[tuple]:
+    def _rows(self, resource: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
         """The compiled selects' rows, else (``%rowIndex``, more than ``CACHED_ROWS`` rows) the general way's."""
         focus = (resource, self.resource)
         env = {**self.constants, "rowIndex": 0}
@@ -266,7 +268,7 @@ class CompiledView:
         rows = None if self.compiled is None else self.compiled(resource, self.resource, env)
         return self.root.rows(focus, env) if rows is None else rows
 
-    def _streamed(self, resource: dict[str, Any], rows: Iterable[tuple]) -> Iterator[tuple]:
+    def _streamed(self, resource: dict[str, Any], rows: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
         try:
             for count, row in enumerate(rows, start=1):
                 if count > self.max_rows_per_resource:
@@ -356,7 +358,7 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
     return select
 
 
-def _compile_iteration(select: Select, spec: dict, where: str, variables: set[str]) -> None:
+def _compile_iteration(select: Select, spec: dict[str, Any], where: str, variables: set[str]) -> None:
     iterations = [key for key in ITERATIONS if key in spec]
     if len(iterations) > 1:
         raise ViewDefinitionError(f"{where} has more than one of forEach, forEachOrNull and repeat")
@@ -450,7 +452,7 @@ def _check_unique(names: list[str]) -> None:
         seen.add(name)
 
 
-def _list_of(value: Any, where: str) -> list:
+def _list_of(value: Any, where: str) -> list[Any]:
     if not isinstance(value, list):
         raise ViewDefinitionError(f"{where} must be a list")
     return value
