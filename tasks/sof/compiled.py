@@ -1,12 +1,8 @@
-"""A view's selects compiled to closures that give a resource's rows as one list, without the general row machinery.
+"""A view's selects compiled to closures that give a resource's rows as one list.
 
-``compile_rows(select, limit)`` turns a ``tasks.sof.view.Select`` into ``rows(data, path, env)``: ``Select.rows``'
-rows in its order, or None beyond ``limit`` (no larger part is built; the caller then takes the general, lazy way).
-A single-valued member path (``id``, ``value.ofType(dateTime)``) walks its JSON keys, planned once per focus type;
-every other column, and irregular data (a list for one value, a nested resource), goes through ``Column.value``; a
-``repeat`` through ``Select.rows`` (its bound stays there). A view reading ``%rowIndex`` is not compiled (each
-element's rows need their own environment).
-"""
+``compile_rows(select, limit)`` gives ``rows(data, path, env)``: ``Select.rows``' rows in its order,
+or None beyond ``limit`` (the caller then takes the general, lazy way). See docs/development.md,
+"The SQL-on-FHIR engine"."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""A view's selects as one generated Python function per resource type: nested loops over the JSON, no call per
-select, column or step.
+"""A view's selects as one generated Python function per resource type.
 
-``generated_rows(root, resource_type, limit)`` gives ``rows(resource) -> list[tuple] | None`` for views in the subset
-(selects without ``repeat`` or ``unionAll``, at most ``MAX_GENERATED_DEPTH`` deep; iterations over member chains and
-``where(member = 'text')``; single-valued member-chain columns; every type path planned), else None. At data of
-another shape (a non-object element, another ``resourceType``, a list for one value, a null in an array, more than
-``limit`` rows) the function returns None: the closures of ``tasks.sof.compiled`` then give the rows or the error.
-With ``fields`` it reads the structs of ``tasks.sof.struct_rows``, whose shapes msgspec checked.
+Nested loops over the JSON, no call per select, column or step; its subset and what it returns None
+for are in docs/development.md, "The SQL-on-FHIR engine".
 """
 
 from __future__ import annotations

@@ -1,14 +1,7 @@
-"""One ViewDefinition per CRTDL attribute group, built from the lookup table whose ``url`` is its ``groupReference``
-(spec/protocols.md, "Flattening"). Columns: ``id``, ``patient`` (none outside the patient compartment, e.g.
-Medication), then one select per selected attribute in CRTDL order: its snippet with its children nested inside,
-wrapped in each ancestor's ``forEach`` / ``forEachOrNull`` (an attribute whose ancestor is selected is covered by
-it). Sibling slices of one element (``Condition.code.coding:icd10-gm``, ``…:sct``) are sibling ``forEachOrNull``
-selects, as in shared/testdata/flattening/example.
+"""One ViewDefinition per CRTDL attribute group, built from the lookup table of its profile.
 
-Names. A group without an ``id`` gets ``generated_group_id`` in the job's own CRTDL (``with_group_ids``), so
-extraction and flattening use the same id; one without a ``name`` is named by its id. Files are named after the group
-(``csv_file_name``); groups whose file names collide (ignoring case) are each named ``<name>-<short id>`` (TORCH's
-own CRTDLs have two groups of one name); names still unsafe or colliding are refused (``group_name_problems``).
+Its columns, and how groups get their ids and file names: docs/development.md, "The SQL-on-FHIR
+engine".
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""FHIRPath for ViewDefinitions: each expression compiled once, plain member paths without the interpreter.
+"""FHIRPath for ViewDefinitions: each expression compiled once, member paths without fhirpathpy.
 
-``compile_path`` gives an expression whose ``collect(data, type path, env)`` gives the values and their FHIR type
-paths (``Patient.name``, ``HumanName``), so that later expressions still resolve choice types
-(``value.ofType(Quantity)``) as fhirpathpy does with its R4 model. Two ways to evaluate:
-- **member paths** (``code.coding``, ``name.first().given``, ``value.ofType(Quantity).value``, ``$this``) are walked
-  over the JSON with fhirpathpy's navigation rules: most paths of real views, a few microseconds each;
-- everything else by fhirpathpy, parsed once, with the engine's functions (``tasks.sof.fhirpath_interpreter``,
-  imported for the first such expression: a view of member paths never loads fhirpathpy).
+Everything else goes to ``tasks.sof.fhirpath_interpreter``, imported for the first such expression:
+a view of member paths never loads fhirpathpy. See docs/development.md, "The SQL-on-FHIR engine".
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 # mypy: disallow-untyped-calls=False
 # (this module calls into fhirpathpy, whose functions carry no annotations)
-"""FHIRPath expressions that are no member paths, parsed once and evaluated by fhirpathpy with the engine's own
-functions (``SOF_FUNCTIONS``: SQL-on-FHIR's, and bounded replacements of fhirpathpy's); imported only where a view
-has one. Bounds, each a ``FhirPathError``:
-- ``matches`` and ``replaceMatches`` run on RE2, linear in the text, where Python's ``re`` backtracks exponentially
-  (``matches('^(a+)+$')`` on 35 characters: hours); a pattern with backreferences or lookaround is refused;
-- ``repeat()`` stops at ``MAX_REPEAT_ELEMENTS`` elements (fhirpathpy's copies its list per element: quadratic);
-- ``&``, ``+``, ``join``, ``replace``, ``replaceMatches``, ``aggregate`` and ``repeat`` make nothing of more than
-  ``MAX_COMPUTED_SIZE`` characters (elements count one each): the ways a bounded expression builds an unbounded
-  value (``.select($this & $this)`` doubles per link, ``.replace('x', 'xxxxxxxxxx')`` grows tenfold per call).
+"""FHIRPath expressions that are no member paths, evaluated by fhirpathpy with bounds.
+
+Imported only where a view has one; its functions and their bounds (each a ``FhirPathError``) are in
+docs/development.md, "The SQL-on-FHIR engine".
 """
 
 from __future__ import annotations

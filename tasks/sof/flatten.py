@@ -1,15 +1,8 @@
-"""Flattening's plain per-file work: routing resources to attribute groups, and one input file's rows as CSV parts.
+"""Flattening's per-file work: routing resources to attribute groups, a file's rows as CSV parts.
 
-Routing (spec/protocols.md, "Flattening"): Provenance records name the attribute groups of each target resource
-(``entity.what.identifier`` with the attribute-group system), in the Bundle line of the resources they route, or as
-bare lines routing their file's bare resources. Where no input file holds such Provenance (``has_group_provenance``),
-resources go to the groups of their type whose profile and filters they pass (``tasks.sof.selection``).
-
-``flatten_file(plan)`` writes its pieces' rows per group into ``<parts>/<plan.folder>/<csv name>``. The parent
-concatenates the parts in input order under one header, so the CSVs are the same bytes however the pieces ran; a
-span's bare Provenance routes come from the whole file (``bare_routes``, saved by ``routes_json``). No Prefect here:
-it runs in a lean worker process (cancellation comes as ``stop_if_cancelled``, progress goes as ``advance``).
-"""
+``flatten_file(plan)`` writes its pieces' rows per group into ``<parts>/<plan.folder>/<csv name>``;
+cancellation comes as ``stop_if_cancelled``, progress goes as ``advance``. See docs/development.md,
+"The SQL-on-FHIR engine"."""
 
 from __future__ import annotations
 
@@ -70,7 +63,7 @@ def add_routes(routes: dict[str, set[str]], provenance: dict[str, Any]) -> None:
 
 
 def has_group_provenance(path: Path, max_line_bytes: int) -> bool:
-    """Whether any line of the file mentions the attribute-group system (stops at the first that does)."""
+    """Whether any line of the file mentions the attribute-group system."""
     return any(_GROUP_MARKER in line for _, line in iter_lines(path, max_line_bytes))
 
 
@@ -98,7 +91,7 @@ class Engine(Protocol):
 
 @dataclass(kw_only=True)
 class RouteCounts:
-    """Per type, what routing gave no group (``FlattenOutcome`` adds these counters up, ``FileParts`` has them)."""
+    """Per type, what routing gave no group (``FlattenOutcome`` adds these up)."""
 
     unrouted: Counter[str] = field(default_factory=Counter)
     skipped_resources: Counter[str] = field(default_factory=Counter)
@@ -167,7 +160,7 @@ class Router:
             self.engines[target].add(resource)
 
     def route_by_type(self, kind: str, resource: dict[str, Any]) -> None:
-        """To each group of its type that takes it; else counted by why (no group, another profile, filtered out)."""
+        """To each group of its type that takes it; else counted by why no group took it."""
         candidates = self.by_type.get(kind)
         if not candidates:
             self.counts.unrouted[kind] += 1
@@ -195,7 +188,7 @@ class GroupPlan:
 
 @dataclass(frozen=True)
 class PieceSource:
-    """The file ``path`` whole, or its ``span``; ``routes_file``: the file's saved bare routes (empty: find them)."""
+    """The file ``path`` whole, or its ``span``; ``routes_file``: saved bare routes."""
 
     path: str
     span: Span = WHOLE_FILE
@@ -204,7 +197,7 @@ class PieceSource:
 
 @dataclass(frozen=True)
 class FilePlan:
-    """The flattening of pieces of the input (a batch of files, or one span) as a worker receives it (picklable)."""
+    """Pieces of the input to flatten (files, or one span), as a worker receives it."""
 
     sources: tuple[PieceSource, ...]
     parts_dir: str
@@ -216,7 +209,7 @@ class FilePlan:
 
 
 class FileParts(TypedDict):
-    """What ``flatten_file`` wrote; ``resources``, ``rows`` and ``bytes`` per group, in group order."""
+    """What ``flatten_file`` wrote; ``resources``, ``rows``, ``bytes`` in group order."""
 
     folder: str
     lines: int
@@ -317,8 +310,7 @@ class RowsWriter:
 def flatten_file(
     plan: FilePlan, stop_if_cancelled: Callable[[], None] = never_cancelled, advance: Callable[[int], None] = uncounted
 ) -> FileParts:
-    """Flatten the plan's pieces, in turn, into ``<parts_dir>/<folder>/``, written as ``.<folder>.tmp`` and renamed
-    when complete (replacing an earlier attempt's). ``stop_if_cancelled`` before each line, ``advance(1)`` after."""
+    """Flatten the plan's pieces in turn into ``<parts_dir>/<folder>/`` (renamed to)."""
     parts_dir = Path(plan.parts_dir)
     work, final = parts_dir / f".{plan.folder}.tmp", parts_dir / plan.folder
     shutil.rmtree(work, ignore_errors=True)
@@ -361,7 +353,7 @@ def flatten_file(
 
 
 def routes_of(piece: PieceSource, plan: FilePlan) -> dict[str, set[str]]:
-    """The bare Provenance routes of the piece's file: saved by the parent for a span, found here for a whole file."""
+    """The piece's bare Provenance routes: the parent's for a span, else found here."""
     if not plan.by_provenance:
         return {}
     if piece.routes_file:

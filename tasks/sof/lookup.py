@@ -1,11 +1,8 @@
-"""The flattening lookup file: profile URL → element ids → ViewDefinition snippets (spec/protocols.md).
+"""The flattening lookup file: profile URL → element ids → ViewDefinition snippets.
 
-A JSON array of tables ``{url, resourceType, elements: {<element id>: {viewDefinition, children?}}}``; parent links
-come from ``children`` (the deprecated ``parent`` is ignored). ``lookup_problems`` lists everything wrong, each naming
-table url and element id: the schema (aether's flatten-lookup rules), duplicate table urls, children that are no
-element of the table or have two parents, cycles, nesting deeper than MAX_ELEMENT_DEPTH, snippets that are no valid
-select. Read by ``read_json_file``: at most MAX_LOOKUP_BYTES (/dev/zero is refused) and MAX_JSON_DEPTH levels.
-"""
+Read by ``read_json_file``: at most ``MAX_LOOKUP_BYTES`` (/dev/zero is refused) and
+``MAX_JSON_DEPTH`` levels. Its form and checks: spec/protocols.md and docs/development.md, "The
+SQL-on-FHIR engine"."""
 
 from __future__ import annotations
 

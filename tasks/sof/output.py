@@ -1,10 +1,6 @@
-"""Rows as CSV cells and as NDJSON objects.
+"""Rows as CSV cells (RFC 4180, LF line ends) and as NDJSON objects.
 
-CSV cells (spec/protocols.md): null → empty, strings verbatim (no formula escaping), numbers as written in the input
-(the engine reads decimals as ``Decimal``, which keeps their digits), booleans ``true``/``false``, objects and
-arrays as compact JSON. The CSV dialect is RFC 4180 with LF line ends: a cell holding a comma, a double quote, a line
-feed or a carriage return is quoted (Python's ``csv`` quotes only the characters of its line terminator, so a bare CR
-would go out unquoted and split the row for every reader; ``CsvWriter`` quotes such rows itself).
+How each value becomes a cell: spec/protocols.md and docs/development.md, "The SQL-on-FHIR engine".
 """
 
 from __future__ import annotations

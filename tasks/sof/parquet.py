@@ -1,13 +1,7 @@
 """A finished group CSV as Parquet, typed from its ViewDefinition's columns (pyarrow; no Prefect).
 
-Converting the CSV, not the rows, gives the same Parquet whether the embedded engine or the flattening service made
-it. Blocks of ``BLOCK_BYTES`` in, row groups of about ``ROW_GROUP_BYTES`` out keep memory flat (120 MB and 300 MB
-files: Arrow's pool peaks at 58 MB; blocks are small as pyarrow reads about ten ahead).
-
-Types from each column's ``type`` (a ``unionAll``'s branches must agree, else string): ``boolean`` → bool, the
-integer types → int64, everything else stays text: ``decimal`` keeps its digits (``1.50`` is not ``1.5``), dates
-too (FHIR allows ``2020``, which no timestamp holds). An empty cell is null. A cell its type cannot hold raises
-``ViewError`` naming file, column and row, never the value (it is patient data).
+A cell its type cannot hold raises ``ViewError`` naming file, column and row, never the value (it is
+patient data). Blocks, row groups and types: docs/development.md, "The SQL-on-FHIR engine".
 """
 
 from __future__ import annotations

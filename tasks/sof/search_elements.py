@@ -1,12 +1,7 @@
 """The elements a CRTDL filter reads, by its ``name`` and the group's resource type.
 
-TORCH turns an attribute group's filter into a FHIR search on its FHIR server: a ``token`` filter into
-``<name>=<system>|<code>``, a ``date`` filter into ``<name>=ge<start>&<name>=le<end>``. So ``name`` is a search
-parameter, and which element it reads depends on the resource type: ``date`` is ``Encounter.period`` but
-``Observation.effective[x]``; a Condition has no ``date`` (its dates are ``onset-date``, ``recorded-date``,
-``abatement-date``). These tables hold the FHIR R4 search parameters of type token and date for the resource types
-of patient data, as paths of JSON keys (a choice element ``effective[x]`` as each of its date-bearing keys). A
-filter whose name and type are not here cannot be applied (``tasks.sof.selection`` says so).
+A filter whose name and type are not here cannot be applied (``tasks.sof.selection`` says so). See
+docs/development.md, "The SQL-on-FHIR engine".
 """
 
 from __future__ import annotations

@@ -1,23 +1,8 @@
-"""Which resources of its type an attribute group takes when the data carry no TORCH Provenance (a plain import).
+"""Which resources of its type an attribute group takes when the data carry no TORCH Provenance.
 
-TORCH selects a group's resources by one FHIR search per group: ``<type>?_profile:below=<groupReference>`` plus its
-filters (each ``token`` filter's codes with their ontology's descendants, a resource matching any; the first ``date``
-filter's ``ge<start>`` and ``le<end>``); a Patient group by type alone. ``compile_selection`` builds the same test:
-
-- profile: some ``meta.profile`` is the groupReference or a version of it (``<url>|<version>``; a versioned
-  groupReference takes that version and those below it, ``1.0`` takes ``1.0.2``).
-- token: a coding of an element the search parameter reads (``tasks.sof.search_elements``) has the filter's system
-  and code. The data do not carry the ontology's tree, so a code of a system whose codes extend their parent's
-  (ICD-10-GM, OPS, ATC: ``B05`` → ``B05.3``) takes the codes it begins, any other code only itself.
-- date: a value of the element ends on or after ``start`` and begins on or before ``end``, as calendar dates written
-  in the data (``2021``, ``2021-03`` and Periods are ranges; times and offsets ignored); without the element, not
-  taken, as in a search.
-
-What cannot be applied (a search parameter unknown for the type, a filter without its codes or with a date that is
-none, ``includeReferenceOnly``, ``mustHave``) is listed in ``Selection.not_applied``, one text each, for the step's
-warning; the group takes what passes the rest. Token filters match as one, so when one cannot be applied none is:
-fewer would leave out what it takes.
-"""
+``compile_selection`` builds TORCH's search as a test (profile, token and date filters); what it
+cannot apply is listed in ``Selection.not_applied``. See docs/development.md, "The SQL-on-FHIR
+engine"."""
 
 from __future__ import annotations
 

@@ -1,18 +1,8 @@
-"""A view's CSV made from a whole block of NDJSON lines at once: msgspec decodes, in C, only the
-fields the view reads, into structs made for the view whose types it checks as it reads; the view's
-generated function (``tasks.sof.compiled_code``, reading attributes) gives each line's rows (a flat
-view's come from the structs in C), and each piece's rows become CSV lines at once.
+"""A view's CSV made from a whole block of NDJSON lines at once, msgspec decoding in C.
 
-A view is taken where it has generated rows (``CompiledView.csv_rows``), reads no key both as a
-value and as an element, nor ``resourceType``, and no ``where`` compares with ``''`` (a missing
-value is ``''`` here). Each element the view walks is a struct, a list of them or null; each value
-a string, boolean, int or null. A block is taken only where msgspec reads every line as exactly one
-object of the view's type of these shapes, every element in it without ``resourceType`` or of its
-planned type, and the block is UTF-8 (msgspec checks only the strings it reads). Anything else (a
-Bundle, a decimal or a list where a value is read, a blank line, a line opening with whitespace or
-holding two values, bytes not JSON, more rows than a resource may give) and the caller reads the
-block line by line, every verdict made as before.
-"""
+A block it cannot vouch for line by line goes back to the caller, read line by line with every
+verdict made as before. Which views and blocks it takes: docs/development.md, "The SQL-on-FHIR
+engine"."""
 
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
-"""SQL-on-FHIR v2 ViewDefinitions: validated (``ViewDefinitionError``) and compiled once by ``compile_view``, then
-run resource by resource (``CompiledView.rows``: tuples in ``columns`` order: a select's own columns, its nested
-selects', its ``unionAll``'s).
+"""SQL-on-FHIR v2 ViewDefinitions: validated and compiled once, then run resource by resource.
 
-A select's rows are the product of its columns' row, each nested select's rows and its ``unionAll`` branches' rows,
-per element ``forEach`` / ``forEachOrNull`` / ``repeat`` iterates (``%rowIndex`` its position); ``forEachOrNull``
-over nothing gives a row of nulls. A resource is skipped unless every ``where`` gives ``true``.
-
-Rows are lazy: one resource can give millions (60 codings in each of four slices: 13 million), so a part of a
-product is kept as a list only up to ``CACHED_ROWS`` rows. Most rows come from ``tasks.sof.compiled_code`` or
-``tasks.sof.compiled``; this general way serves ``%rowIndex`` and larger products. Bounds: ``MAX_ROWS_PER_RESOURCE``,
-``MAX_REPEAT_ELEMENTS`` per ``repeat`` (a path back to the focus never ends), ``MAX_SELECT_DEPTH`` (deeper would
-exhaust Python's stack).
-"""
+``compile_view`` refuses a bad one (``ViewDefinitionError``); ``CompiledView.rows`` gives tuples in
+``columns`` order. How rows are made, and their bounds: docs/development.md, "The SQL-on-FHIR
+engine"."""
 
 from __future__ import annotations
 
@@ -56,7 +47,7 @@ class Column:
     evaluate: Compiled
     collection: bool = False
     fhir_type: Any = None
-    """Its ``type`` (None for a collection: it holds a JSON array), for ``tasks.sof.parquet``."""
+    """Its ``type`` (None for a collection: a JSON array), for ``tasks.sof.parquet``."""
 
     def value(self, data: Any, path: str | None, env: dict[str, Any]) -> Any:
         try:
@@ -83,12 +74,12 @@ class Select:
     paths: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
     types: list[Any] = field(default_factory=list)
-    """The columns' ``fhir_type`` in ``names`` order; a unionAll's where every branch agrees, else None."""
+    """The columns' ``fhir_type``; a unionAll's where its branches agree, else None."""
     null_row: tuple[Any, ...] = ()
     indexed: bool = True
 
     def rows(self, focus: Focus, env: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
-        """The select's rows at ``focus``: a tuple when few and at hand, else an iterator producing them."""
+        """The select's rows at ``focus``: a tuple when few and at hand, else an iterator."""
         if self.iteration is None:
             return self._rows_at(focus, env)
         if self.iteration == "repeat":
@@ -99,7 +90,7 @@ class Select:
         return self._each(elements, env)
 
     def _each(self, elements: list[Focus], env: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
-        """The rows of each element in turn: a tuple while they are few and at hand, the rest produced lazily."""
+        """Each element's rows in turn: a tuple while few and at hand, the rest lazily."""
         if not elements:
             return (self.null_row,) if self.iteration == "forEachOrNull" else ()
         collected: list[tuple[Any, ...]] = []
@@ -115,12 +106,11 @@ class Select:
             yield from self._rows_at(elements[position], self._indexed(env, position))
 
     def _indexed(self, env: dict[str, Any], position: int) -> dict[str, Any]:
-        """``env`` with ``%rowIndex`` at ``position`` (the same ``env`` in a view that never reads it)."""
+        """``env`` with ``%rowIndex`` at ``position`` (``env`` itself where none reads it)."""
         return {**env, "rowIndex": position} if self.indexed else env
 
     def _repeated(self, focus: Focus, env: dict[str, Any]) -> Iterator[Focus]:
-        """Depth first, each element the repeat paths give, then those repeated from it (a stack of iterators: a
-        deep element tree must not exhaust Python's stack)."""
+        """Depth first, each element the repeat paths give, then its own (no recursion)."""
         pending = [iter(self._children(focus, env))]
         count = 0
         while pending:
@@ -147,8 +137,7 @@ class Select:
         return list(zip(found, paths, strict=True)) if isinstance(paths, list) else [(value, paths) for value in found]
 
     def _rows_at(self, focus: Focus, env: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
-        """The product of this select's own columns, each nested select's rows and its unionAll branches' rows
-        (none as soon as one of them has none): a tuple of rows when small, else an iterator."""
+        """The product of its columns', selects' and unionAll's rows; a tuple when small."""
         data, path = focus
         head = tuple([column.value(data, path, env) for column in self.columns])
         if not self.selects and not self.union:
@@ -165,7 +154,7 @@ class Select:
 
 @dataclass(frozen=True)
 class _Reproduced:
-    """A part of a product with more than ``CACHED_ROWS`` rows: produced again at each pass, never kept."""
+    """A part of over ``CACHED_ROWS`` rows: produced again at each pass, never kept."""
 
     produce: Callable[[], Iterable[tuple[Any, ...]]]
 
@@ -179,7 +168,7 @@ Part = tuple[Any, ...] | list[Any] | _Reproduced
 def _part(
     produce: Callable[[Focus, dict[str, Any]], Iterable[tuple[Any, ...]]], focus: Focus, env: dict[str, Any]
 ) -> Part:
-    """A part's rows kept when there are at most ``CACHED_ROWS`` (nearly always one or a few), else reproduced."""
+    """A part's rows: kept up to ``CACHED_ROWS`` (nearly always), else reproduced."""
     if isinstance(rows := produce(focus, env), tuple):
         return rows
     kept = list(islice(rows, CACHED_ROWS + 1))
@@ -187,7 +176,7 @@ def _part(
 
 
 def _product(head: tuple[Any, ...], parts: list[Part]) -> Iterable[tuple[Any, ...]]:
-    """``head`` joined with each combination of a row of each part: a tuple up to ``CACHED_ROWS`` rows, else lazily."""
+    """``head`` joined with each combination of the parts' rows; lazy when many."""
     if not _all_kept(parts) or prod(map(len, parts)) > CACHED_ROWS:
         return _streamed_product(head, parts)
     rows = [head]
@@ -221,19 +210,19 @@ class CompiledView:
 
     @cached_property
     def compiled(self) -> RowsAt | None:
-        """The compiled selects (``tasks.sof.compiled``), None for a view reading ``%rowIndex``. Built at first use:
-        most views compiled in a job are only checked."""
+        """The compiled selects (``tasks.sof.compiled``); None if it reads ``%rowIndex``.
+
+        Why at first use: most views a job compiles are only checked."""
         return None if self.root.indexed else compile_view_rows(self.root, self.resource, CACHED_ROWS)
 
     @cached_property
     def parsed_rows(self) -> Callable[[dict[str, Any]], list[tuple[Any, ...]] | None] | None:
-        """The generated rows of a resource as orjson parses it (None where a column reads a decimal: ``PARSED``), for
-        views without ``where`` in the generated subset."""
+        """Generated rows of a resource as orjson parses it; None if one reads a decimal."""
         return self._generated()
 
     @cached_property
     def csv_rows(self) -> Callable[[dict[str, Any]], list[tuple[Any, ...]] | None] | None:
-        """``parsed_rows`` as CSV cells, all strings (``output.CsvWriter`` joins them as they are)."""
+        """``parsed_rows`` as CSV cells: all strings, ``CsvWriter`` joins them as they are."""
         return self._generated(cells=True)
 
     @cached_property
@@ -247,8 +236,9 @@ class CompiledView:
         return generated_rows(self.root, self.resource, CACHED_ROWS, PARSED, cells)
 
     def rows(self, resource: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
-        """The resource's rows (none for another type or a ``where`` not true): a list or tuple when few, else an
-        iterator; an error names the view and the resource."""
+        """The resource's rows: none for another type or a ``where`` not true.
+
+        Note: a list or tuple when few, else an iterator; an error names the view and resource."""
         if resource.get("resourceType") != self.resource:
             return ()
         try:
@@ -260,7 +250,7 @@ class CompiledView:
         return self._streamed(resource, rows)
 
     def _rows(self, resource: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
-        """The compiled selects' rows, else (``%rowIndex``, more than ``CACHED_ROWS`` rows) the general way's."""
+        """The compiled selects' rows, else the general way's (``%rowIndex``, many rows)."""
         focus = (resource, self.resource)
         env = {**self.constants, "rowIndex": 0}
         if not self._passes(focus, env):
@@ -305,7 +295,7 @@ class CompiledView:
 
 
 def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) -> CompiledView:
-    """The ViewDefinition, validated and compiled; raises ``ViewDefinitionError`` naming what is wrong."""
+    """The ViewDefinition validated and compiled; else a ``ViewDefinitionError``."""
     if not isinstance(view, dict):
         raise ViewDefinitionError("a ViewDefinition must be a JSON object")
     if not isinstance(resource := view.get("resource"), str) or not resource:
