@@ -78,7 +78,9 @@ def _full_date(year: str, month: str | None, day: str | None, high: bool) -> str
     """The first (or last) day the digits stand for."""
     year_number = int(year)
     month_number = int(month) if month else (12 if high else 1)
-    day_number = int(day) if day else (calendar.monthrange(year_number, month_number)[1] if high else 1)
+    day_number = (
+        int(day) if day else (calendar.monthrange(year_number, month_number)[1] if high else 1)
+    )
     return f"{year_number:04d}-{month_number:02d}-{day_number:02d}"
 
 

@@ -20,7 +20,8 @@ Rows = list[tuple[Any, ...]] | None
 RowsAt = Callable[[Any, Any, Any], Rows]
 Value = Callable[[Any, Any, Any], Any]
 _IRREGULAR = object()
-"""What a key walk gives when the data leaves the planned shape: the column is read the general way."""
+"""What a key walk gives when the data leaves the planned shape: the column is read the general
+way."""
 
 
 def compile_rows(select: Select, limit: int) -> RowsAt:
@@ -44,8 +45,8 @@ def compile_rows(select: Select, limit: int) -> RowsAt:
 
 
 def compile_view_rows(root: Select, resource_type: str, limit: int) -> RowsAt:
-    """The view's rows at a resource: the generated function (``tasks.sof.compiled_code``) where it gives them, else
-    the closures."""
+    """The view's rows at a resource: the generated function (``tasks.sof.compiled_code``) where it
+    gives them, else the closures."""
     closures = compile_rows(root, limit)
     if (generated := generated_rows(root, resource_type, limit)) is None:
         return closures
@@ -66,12 +67,15 @@ def _general_rows(select: Select, limit: int) -> RowsAt:
 
 
 def _rows_at(select: Select, limit: int) -> RowsAt:
-    """The product of the select's own columns, its nested selects' rows and its unionAll branches' rows."""
+    """The product of the select's own columns, its nested selects' rows and its unionAll branches'
+    rows."""
     read = _row_reader(select.columns)
     parts = [compile_rows(nested, limit) for nested in select.selects]
     if select.union:  # the branches' rows one after the other
         branches = [compile_rows(branch, limit) for branch in select.union]
-        parts.append(lambda data, path, env: _joined((branch(data, path, env) for branch in branches), limit))
+        parts.append(
+            lambda data, path, env: _joined((branch(data, path, env) for branch in branches), limit)
+        )
     if not parts:
         return lambda data, path, env: [read(data, path, env)]
 
@@ -95,7 +99,8 @@ def _rows_at(select: Select, limit: int) -> RowsAt:
 
 
 def _joined(parts: Iterable[Rows], limit: int) -> Rows:
-    """The parts' rows one after the other, the parts made as they are needed (None: more than ``limit``)."""
+    """The parts' rows one after the other, the parts made as they are needed (None: more than
+    ``limit``)."""
     found: list[tuple[Any, ...]] = []
     for more in parts:
         if more is None or len(found) + len(more) > limit:
@@ -105,8 +110,9 @@ def _joined(parts: Iterable[Rows], limit: int) -> Rows:
 
 
 def _row_reader(columns: list[Column]) -> Value:
-    """The select's own columns as a tuple at a focus: where each is one member key at that focus type, the keys
-    looked up at once (values ``plain`` keeps as they are); else column by column (see the module doc)."""
+    """The select's own columns as a tuple at a focus: where each is one member key at that focus
+    type, the keys looked up at once (values ``plain`` keeps as they are); else column by column
+    (see the module doc)."""
     planned: dict[Any, tuple[tuple[str, ...] | None, list[Any]]] = {}
 
     def read(data: Any, path: Any, env: Any) -> tuple[Any, ...]:
@@ -119,13 +125,19 @@ def _row_reader(columns: list[Column]) -> Value:
             row = tuple(map(data.get, keys))
             if KEPT.issuperset(map(type, row)):
                 return row
-        return tuple([_value(walk, column, data, path, env) for walk, column in zip(walks, columns, strict=True)])
+        return tuple(
+            [
+                _value(walk, column, data, path, env)
+                for walk, column in zip(walks, columns, strict=True)
+            ]
+        )
 
     return read
 
 
 def single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:
-    """Each column's JSON key where every column is a single-valued path of one member at focus type ``path``."""
+    """Each column's JSON key where every column is a single-valued path of one member at focus type
+    ``path``."""
     keys = []
     for column in columns:
         if (plan := column_plan(column, path)) is None or not plan.single:
@@ -134,15 +146,17 @@ def single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:
     return tuple(keys)
 
 
-def _value(walk: Callable[[Any], Any] | None, column: Column, data: Any, path: Any, env: Any) -> Any:
+def _value(
+    walk: Callable[[Any], Any] | None, column: Column, data: Any, path: Any, env: Any
+) -> Any:
     if walk is not None and (found := walk(data)) is not _IRREGULAR:
         return found if found is None or type(found) is str else plain(found)
     return column.value(data, path, env)
 
 
 def _key_walk(plan: Plan | None) -> Callable[[Any], Any] | None:
-    """The plan as a walk over dicts giving the single value or None, ``_IRREGULAR`` where the data is not shaped as
-    planned; None without a plan."""
+    """The plan as a walk over dicts giving the single value or None, ``_IRREGULAR`` where the data
+    is not shaped as planned; None without a plan."""
     if plan is None:
         return None
     steps = tuple((key, at) for _, key, _, at in plan.operations)

@@ -14,12 +14,13 @@ from typing import Any
 from tasks.sof.fhirpath import MemberPath, Plan
 
 MAX_GENERATED_DEPTH = 8
-"""Nested selects beyond this are left to the closures (Python allows 20 nested blocks in one function)."""
+"""Nested selects beyond this are left to the closures (Python allows 20 nested blocks in one
+function)."""
 KEPT = frozenset({str, type(None), bool, int, Decimal, dict})
 """Values a column gives as they are (``plain`` changes floats)."""
 PARSED = frozenset({str, type(None), bool, int})
-"""Values a column gives as they are from orjson's parse, which reads decimals as floats: objects (which may hold
-one) and floats are left to the decimal-keeping parse."""
+"""Values a column gives as they are from orjson's parse, which reads decimals as floats: objects
+(which may hold one) and floats are left to the decimal-keeping parse."""
 
 Lines = list[str | Callable[[], str]]
 """Lines of source; a callable writes its lines when the source is made (a ``_Where``'s)."""
@@ -35,11 +36,12 @@ def generated_rows(
     cells: bool = False,
     fields: dict[str, str] | None = None,
 ) -> Callable[[Any], list[tuple[Any, ...]] | None] | None:
-    """``root``'s rows (a ``tasks.sof.view.Select``) as one generated function, or None outside the subset; a value of
-    a type not in ``kept`` is data not of the planned shape. ``cells``: each ``PARSED`` value as ``output.cell`` makes
-    it, so that rows are all strings (``output.CsvWriter`` joins them as they are).
-    ``fields``: the rows of structs ``tasks.sof.struct_rows`` decodes, each JSON key at the
-    attribute named (their types checked as decoded: values as they are, ``''`` where missing)."""
+    """``root``'s rows (a ``tasks.sof.view.Select``) as one generated function, or None outside the
+    subset; a value of a type not in ``kept`` is data not of the planned shape. ``cells``: each
+    ``PARSED`` value as ``output.cell`` makes it, so that rows are all strings (``output.CsvWriter``
+    joins them as they are). ``fields``: the rows of structs ``tasks.sof.struct_rows`` decodes, each
+    JSON key at the attribute named (their types checked as decoded: values as they are, ``''``
+    where missing)."""
     if not _in_subset(root, resource_type, depth=0):
         return None
     writer = _Writer(limit, cells or fields is not None, fields)
@@ -55,7 +57,8 @@ def generated_rows(
     namespace = {"KEPT": kept, "LISTED": (list, type(None)), "product": product, **writer.constants}
     try:
         code = compile(source, f"<view {resource_type}>", "exec")
-    except (SyntaxError, RecursionError, MemoryError):  # beyond Python's own limits (IndentationError is a SyntaxError)
+    # beyond Python's own limits (IndentationError is a SyntaxError)
+    except (SyntaxError, RecursionError, MemoryError):
         return None
     exec(code, namespace)  # noqa: S102 - source made here, no input text
     return namespace["rows"]  # type: ignore[no-any-return]  # the function compiled above
@@ -65,15 +68,18 @@ class _Writer:
     def __init__(self, limit: int, cells: bool, fields: dict[str, str] | None):
         self.limit, self.cells, self.fields = limit, cells, fields
         self.lines: Lines = []
-        """The function's lines; a ``_Where``'s are written when the source is made (sibling wheres add to them)"""
+        """The function's lines; a ``_Where``'s are written when the source is made (sibling wheres
+        add to them)"""
         self.constants: dict[str, Any] = {}
         self.names = count()
         self.checked: set[tuple[str, Any, int]] = set()
         """(value, type, indent) checked as an object of that type in the block at that indent"""
         self.walked: dict[tuple[str, str, int], str] = {}
-        """(focus, steps, indent): the list a walk of these steps from that focus gave in that block"""
+        """(focus, steps, indent): the list a walk of these steps from that focus gave in that
+        block"""
         self.groups: dict[tuple[str, str, str, int], _Where] = {}
-        """(elements, key, type, indent): the pass keeping those elements by their text value of key, in that block"""
+        """(elements, key, type, indent): the pass keeping those elements by their text value of
+        key, in that block"""
         self.known: dict[tuple[str, str], str] = {}
         """(element, key): the constant a where's branch compared the element's key with"""
 
@@ -81,7 +87,8 @@ class _Writer:
         return f"{prefix}{next(self.names)}"
 
     def constant(self, value: Any) -> str:
-        """A name in the function's namespace for ``value`` (no data text is ever written into the source)."""
+        """A name in the function's namespace for ``value`` (no data text is ever written into the
+        source)."""
         name = self.name("k")
         self.constants[name] = value
         return name
@@ -96,8 +103,8 @@ class _Writer:
         return f"{value}.get({self.constant(key)}{default})"
 
     def select(self, select: Any, focus: str, path: str | None, indent: int) -> tuple[str, bool]:
-        """Code giving the select's rows at ``focus`` (of type ``path``): the name of their list, or of their one row
-        (a tuple) where the select always gives one (True)."""
+        """Code giving the select's rows at ``focus`` (of type ``path``): the name of their list, or
+        of their one row (a tuple) where the select always gives one (True)."""
         if select.iteration is None:
             return self.rows_at(select, focus, path, indent)
         plan = member_plan(select.iterate[0], path)
@@ -115,12 +122,14 @@ class _Writer:
                 self.emit(indent + 1, f"{rows} = [{self.constant(null_row)}]")
             return rows, False
         found = self.walk(plan.operations, focus, indent)
-        if select.iteration == "forEachOrNull":  # over nothing (often: a coding of a system not there) one null row
+        # over nothing (often: a coding of a system not there) one null row
+        if select.iteration == "forEachOrNull":
             self.emit(indent, f"if not {found}:")
             self.emit(indent + 1, f"{rows} = [{self.constant(null_row)}]")
             self.emit(indent, "else:")
             indent += 1
-        if kind == "where":  # the elements a where keeps were checked as objects of that type as it read them
+        # the elements a where keeps were checked as objects of that type as it read them
+        if kind == "where":
             self.checked.add((element, at, indent + 1))
         self.emit(indent, f"{rows} = []")
         self.emit(indent, f"for {element} in {found}:")
@@ -130,7 +139,8 @@ class _Writer:
             return rows, False
         if part != rows:
             self.emit(indent + 1, f"{rows} += {part}")
-        self.emit(indent + 1, f"if len({rows}) > {self.limit}:")  # rows of rows: checked as they grow
+        # rows of rows: checked as they grow
+        self.emit(indent + 1, f"if len({rows}) > {self.limit}:")
         self.emit(indent + 2, IRREGULAR)
         return rows, False
 
@@ -166,7 +176,8 @@ class _Writer:
         for several in lists:  # one list of rows, one from each other (the usual case): no product
             self.emit(indent, f"elif {size} == len({several}):" if len(lists) > 1 else "else:")
             self.joined(parts, several, rows, indent + 1, into is None)
-        if len(lists) > 1:  # one list of rows is no longer than the limit; a product of several may be
+        # one list of rows is no longer than the limit; a product of several may be
+        if len(lists) > 1:
             self.emit(indent, f"elif {size} > {self.limit}:")
             self.emit(indent + 1, IRREGULAR)
             self.emit(indent, "else:")
@@ -210,7 +221,9 @@ class _Writer:
             return self.known[(focus, plan.key)]
         value = self.name("v")
         for step, (_, key, _, at) in enumerate(plan.operations):
-            if step:  # no value: the chain ends here (one level deep however long the chain: Python allows 100)
+            # no value: the chain ends here (one level deep however long the chain: Python allows
+            # 100)
+            if step:
                 self.emit(indent, f"if {value} is not None:")
             if step and self.fields is not None:  # a struct's member may be a list of structs
                 self.emit(indent + 1, f"if type({value}) is list:")
@@ -269,7 +282,9 @@ class _Writer:
             known = (focus, repr(operations[: step + 1 + paired]), indent)
             if known not in self.walked:
                 if paired:
-                    self.walked[known] = self.member_pair(operations[0], operations[1], focus, indent)
+                    self.walked[known] = self.member_pair(
+                        operations[0], operations[1], focus, indent
+                    )
                 else:
                     self.walked[known] = self.step(operations[step], found, focus, indent)
             found, step = self.walked[known], step + 1 + paired
@@ -277,18 +292,27 @@ class _Writer:
         return found
 
     def pairs(self, operations: tuple[Any, ...], focus: str, indent: int) -> bool:
-        """Whether a walk opens with two member steps taken as one (``member_pair``), its first step's list not made."""
+        """Whether a walk opens with two member steps taken as one (``member_pair``), its first
+        step's list not made."""
         first_two = [kind for kind, _, _, _ in operations[:2]]
-        return first_two == ["member", "member"] and (focus, repr(operations[:1]), indent) not in self.walked
+        return (
+            first_two == ["member", "member"]
+            and (focus, repr(operations[:1]), indent) not in self.walked
+        )
 
-    def member_pair(self, first: tuple[Any, ...], second: tuple[Any, ...], focus: str, indent: int) -> str:
-        """Code giving the elements of two member steps (``clinicalStatus.coding``); the list's name. Where the first
-        is one object (a 0..1 element, the usual case) no list of one and no loop."""
+    def member_pair(
+        self, first: tuple[Any, ...], second: tuple[Any, ...], focus: str, indent: int
+    ) -> str:
+        """Code giving the elements of two member steps (``clinicalStatus.coding``); the list's
+        name. Where the first is one object (a 0..1 element, the usual case) no list of one and no
+        loop."""
         (_, key, _, at), (_, inner_key, _, inner_at) = first, second
         child, inner, kept = self.name("c"), self.name("c"), self.name("e")
         self.check_object(focus, at, indent, once=True)
         self.emit(indent, f"{child} = {self.member(focus, key)}")
-        planned = f"'resourceType' not in {child} or {child}['resourceType'] == {self.constant(inner_at)}"
+        planned = (
+            f"'resourceType' not in {child} or {child}['resourceType'] == {self.constant(inner_at)}"
+        )
         one = f"type({child}) is dict and ({planned})"
         if self.fields is not None:
             one = f"type({child}) not in LISTED"
@@ -301,7 +325,8 @@ class _Writer:
         return kept
 
     def step(self, operation: tuple[Any, ...], found: str | None, focus: str, indent: int) -> str:
-        """Code giving one step's elements from the list ``found`` (None: from ``focus``); the list's name."""
+        """Code giving one step's elements from the list ``found`` (None: from ``focus``); the
+        list's name."""
         kind, key, argument, at = operation
         kept = self.name("e")
         if kind == "member" and found is None:
@@ -321,7 +346,8 @@ class _Writer:
         return kept
 
     def listed(self, value: str, kept: str, indent: int) -> None:
-        """Code giving a member's value as a list (``kept``): the data's own list (only read), or of none or one."""
+        """Code giving a member's value as a list (``kept``): the data's own list (only read), or of
+        none or one."""
         self.emit(indent, f"if type({value}) is list:")
         if self.fields is None:  # a null in an array (a struct's lists hold none)
             self.emit(indent + 1, f"if None in {value}:")
@@ -343,8 +369,8 @@ class _Writer:
         self.emit(indent + 2, f"{kept}.append({child})")
 
     def each_member(self, found: str, key: str, at: Any, indent: int) -> tuple[str, str]:
-        """Opens a loop over ``found``, each element checked as an object of ``at``; the names of the element and its
-        ``key`` member in the loop's body."""
+        """Opens a loop over ``found``, each element checked as an object of ``at``; the names of
+        the element and its ``key`` member in the loop's body."""
         value, child = self.name("x"), self.name("c")
         self.emit(indent, f"for {value} in {found}:")
         self.check_object(value, at, indent + 1)
@@ -352,7 +378,8 @@ class _Writer:
         return value, child
 
     def grouped(self, found: str, key: str, at: Any, indent: int) -> _Where:
-        """The one pass over ``found`` of the block's ``where(key = 'text')`` tests over those elements (``_Where``)."""
+        """The one pass over ``found`` of the block's ``where(key = 'text')`` tests over those
+        elements (``_Where``)."""
         known = (found, key, repr(at), indent)
         if known not in self.groups:
             where = self.groups[known] = _Where(indent, key)
@@ -430,11 +457,15 @@ def column_plan(column: Any, path: str | None) -> Plan | None:
 
 
 def member_plan(evaluate: Any, path: str | None) -> Plan | None:
-    """The path's plan from focus type ``path`` where it is one or more member and where() steps with keys, else
-    None (``$this``, no step at all, is left to the closures)."""
+    """The path's plan from focus type ``path`` where it is one or more member and where() steps
+    with keys, else None (``$this``, no step at all, is left to the closures)."""
     if not isinstance(evaluate, MemberPath) or evaluate.function is not None:
         return None
     plan = evaluate.plan(path)
     if plan is None or plan.counted or not plan.operations:
         return None
-    return plan if all(kind in ("member", "where") and key for kind, key, _, _ in plan.operations) else None
+    return (
+        plan
+        if all(kind in ("member", "where") and key for kind, key, _, _ in plan.operations)
+        else None
+    )

@@ -21,16 +21,44 @@ from tasks.sof.lookup import LookupTable, in_iterations
 from tasks.sof.selection import Selection, compile_selection
 from tasks.sof.view import compile_view
 
-# The R4 types in the patient compartment whose reference to the patient is their element ``patient``.
+# The R4 types in the patient compartment whose reference to the patient is their element
+# ``patient``.
 _PATIENT_ELEMENT_TYPES = (
-    *("AllergyIntolerance", "BodyStructure", "Claim", "ClaimResponse", "Consent", "CoverageEligibilityRequest"),
-    *("CoverageEligibilityResponse", "DetectedIssue", "Device", "EpisodeOfCare", "ExplanationOfBenefit"),
-    *("FamilyMemberHistory", "Immunization", "ImmunizationEvaluation", "ImmunizationRecommendation"),
-    *("MolecularSequence", "NutritionOrder", "RelatedPerson", "SupplyDelivery", "VisionPrescription"),
+    *(
+        "AllergyIntolerance",
+        "BodyStructure",
+        "Claim",
+        "ClaimResponse",
+        "Consent",
+        "CoverageEligibilityRequest",
+    ),
+    *(
+        "CoverageEligibilityResponse",
+        "DetectedIssue",
+        "Device",
+        "EpisodeOfCare",
+        "ExplanationOfBenefit",
+    ),
+    *(
+        "FamilyMemberHistory",
+        "Immunization",
+        "ImmunizationEvaluation",
+        "ImmunizationRecommendation",
+    ),
+    *(
+        "MolecularSequence",
+        "NutritionOrder",
+        "RelatedPerson",
+        "SupplyDelivery",
+        "VisionPrescription",
+    ),
 )
-# The reference to the patient a resource belongs to, by resource type (FHIR R4 patient compartment; None: outside).
+# The reference to the patient a resource belongs to, by resource type (FHIR R4 patient compartment;
+# None: outside).
 PATIENT_REFERENCE_PATHS: dict[str, str | None] = {
-    **dict.fromkeys(("Patient", "Medication", "Organization", "Substance", "Location", "Practitioner"), None),
+    **dict.fromkeys(
+        ("Patient", "Medication", "Organization", "Substance", "Location", "Practitioner"), None
+    ),
     "PractitionerRole": None,
     **dict.fromkeys(_PATIENT_ELEMENT_TYPES, "patient.reference"),
     "Account": "subject.reference",
@@ -56,8 +84,9 @@ class AttributeGroup:
     """What its CSV and ViewDefinition are named (see the module doc, "Names")."""
     attributes: list[str] = field(default_factory=list)
     filters: list[Any] = field(default_factory=list)
-    """Its CRTDL ``filter`` list as written; with ``reference_only`` and ``must_have`` (the attributeRefs marked
-    mustHave): what ``tasks.sof.selection`` applies to data without Provenance."""
+    """Its CRTDL ``filter`` list as written; with ``reference_only`` and ``must_have`` (the
+    attributeRefs marked mustHave): what ``tasks.sof.selection`` applies to data without
+    Provenance."""
     reference_only: bool = False
     must_have: list[str] = field(default_factory=list)
 
@@ -86,8 +115,9 @@ def csv_file_name(group_name: str) -> str:
 
 
 def short_group_id(group_id: str) -> str:
-    """The group id as it ends a shared name's file name: itself when it is short and plain (letters, digits, ``-``,
-    ``_``), else the first GENERATED_ID_HEX_DIGITS hex digits of its SHA-256."""
+    """The group id as it ends a shared name's file name: itself when it is short and plain
+    (letters, digits, ``-``, ``_``), else the first GENERATED_ID_HEX_DIGITS hex digits of its
+    SHA-256."""
     if _PLAIN_ID.fullmatch(group_id):
         return group_id
     return hashlib.sha256(group_id.encode()).hexdigest()[:GENERATED_ID_HEX_DIGITS]
@@ -103,10 +133,14 @@ def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
         if not isinstance(group, dict) or not isinstance(group.get("groupReference"), str):
             raise SofError(f"attribute group {index + 1} of the CRTDL has no groupReference")
         group_id = str(group.get("id") or generated_group_id(group))
-        groups.append((group_id, str(group.get("name") or group_id), group, _attribute_refs(group, group_id)))
+        groups.append(
+            (group_id, str(group.get("name") or group_id), group, _attribute_refs(group, group_id))
+        )
     _refuse_shared_ids([(group_id, name) for group_id, name, _, _ in groups])
     stems = [_UNSAFE_FILE_CHARACTERS.sub("_", name) for _, name, _, _ in groups]
-    shared = {stem for stem, count in Counter(stem.casefold() for stem in stems).items() if count > 1}
+    shared = {
+        stem for stem, count in Counter(stem.casefold() for stem in stems).items() if count > 1
+    }
     return [
         AttributeGroup(
             group_id,
@@ -116,7 +150,11 @@ def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
             refs,
             as_array(group.get("filter")),
             group.get("includeReferenceOnly") is True,
-            [a["attributeRef"] for a in as_array(group.get("attributes")) if as_object(a).get("mustHave") is True],
+            [
+                a["attributeRef"]
+                for a in as_array(group.get("attributes"))
+                if as_object(a).get("mustHave") is True
+            ],
         )
         for (group_id, name, group, refs), stem in zip(groups, stems, strict=True)
     ]
@@ -136,60 +174,68 @@ def with_group_ids(crtdl: dict[str, Any]) -> dict[str, Any]:
 
 
 def generated_group_id(group: dict[str, Any]) -> str:
-    """The id a CRTDL group written without one gets in the job's CRTDL (and so in the Provenance)."""
+    """The id a CRTDL group written without one gets in the job's CRTDL (and so in the
+    Provenance)."""
     digest = hashlib.sha256(json.dumps(group, sort_keys=True).encode()).hexdigest()
     return GENERATED_ID_PREFIX + digest[:GENERATED_ID_HEX_DIGITS]
 
 
 def _attribute_refs(group: dict[str, Any], group_id: str) -> list[str]:
-    """The group's ``attributeRef``s in order, each once (a repeated one would name its columns twice)."""
+    """The group's ``attributeRef``s in order, each once (a repeated one would name its columns
+    twice)."""
     attributes = group.get("attributes") or []
     if not isinstance(attributes, list) or not all(
         isinstance(as_object(a).get("attributeRef"), str) for a in attributes
     ):
         raise SofError(
-            f"attribute group {show_name(group_id)}: its attributes must be a list of objects with a string "
-            "attributeRef; fix the CRTDL"
+            f"attribute group {show_name(group_id)}: its attributes must be a list of objects with "
+            "a string attributeRef; fix the CRTDL"
         )
     return list(dict.fromkeys(a["attributeRef"] for a in attributes))
 
 
 def _refuse_shared_ids(groups: list[tuple[str, str]]) -> None:
-    """Resources reach a group by its id (the Provenance names it): two groups of one id cannot both get theirs.
-    Each group is named by its position (from 1) and its name, which may be shared as well (a copied group)."""
+    """Resources reach a group by its id (the Provenance names it): two groups of one id cannot both
+    get theirs. Each group is named by its position (from 1) and its name, which may be shared as
+    well (a copied group)."""
     first_at: dict[str, int] = {}
     for index, (group_id, name) in enumerate(groups):
         if (first := first_at.setdefault(group_id, index)) != index:
             raise SofError(
-                f"attribute groups {first + 1} ({show_name(groups[first][1])}) and {index + 1} ({show_name(name)}) "
-                f"of the CRTDL's attributeGroups share the id {show_name(group_id)}; resources are routed to a group "
-                f"by its id: give group {index + 1} an id of its own in the CRTDL"
+                f"attribute groups {first + 1} ({show_name(groups[first][1])}) and {index + 1} "
+                f"({show_name(name)}) of the CRTDL's attributeGroups share the id "
+                f"{show_name(group_id)}; resources are routed to a group by its id: give group "
+                f"{index + 1} an id of its own in the CRTDL"
             )
 
 
 def group_name_problems(crtdl: dict[str, Any]) -> list[str]:
-    """Every group whose name cannot name its files, and every two whose files would still share a name, each
-    naming the group and the fix; ``SofError`` as ``attribute_groups``."""
+    """Every group whose name cannot name its files, and every two whose files would still share a
+    name, each naming the group and the fix; ``SofError`` as ``attribute_groups``."""
     problems = []
     owners: dict[str, AttributeGroup] = {}
     for group in attribute_groups(crtdl):
         if problem := name_from_data_problem(group.view_file_name):
             problems.append(
-                f"attribute group {show_name(group.id)}: its name {show_name(group.name)} cannot name its CSV file: "
-                f"the file name {problem}; rename the group in the CRTDL"
+                f"attribute group {show_name(group.id)}: its name {show_name(group.name)} cannot "
+                f"name its CSV file: the file name {problem}; rename the group in the CRTDL"
             )
         elif (owner := owners.setdefault(group.csv_name.casefold(), group)) is not group:
             problems.append(
-                f"attribute groups {show_name(owner.id)} and {show_name(group.id)} would both write "
-                f"{show_name(group.csv_name)}; give each group its own id and name in the CRTDL"
+                f"attribute groups {show_name(owner.id)} and {show_name(group.id)} would both "
+                f"write {show_name(group.csv_name)}; give each group its own id and name in the "
+                "CRTDL"
             )
     return problems
 
 
 def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
-    """The group's ViewDefinition (validated: an invalid one raises ``ViewError`` naming the group)."""
+    """The group's ViewDefinition (validated: an invalid one raises ``ViewError`` naming the
+    group)."""
     fixed = [{"name": "id", "path": "id"}]
-    if (patient_path := PATIENT_REFERENCE_PATHS.get(table.resource_type, DEFAULT_PATIENT_REFERENCE)) is not None:
+    if (
+        patient_path := PATIENT_REFERENCE_PATHS.get(table.resource_type, DEFAULT_PATIENT_REFERENCE)
+    ) is not None:
         fixed.append({"name": "patient", "path": patient_path})
     selects: list[dict[str, Any]] = [{"column": fixed}]
     selected = [a for a in group.attributes if a in table.elements]
@@ -212,7 +258,9 @@ def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
     try:
         compile_view(view)
     except ViewError as exc:
-        raise ViewError(f"attribute group {group.name!r} ({group.profile}): invalid ViewDefinition: {exc}") from exc
+        raise ViewError(
+            f"attribute group {group.name!r} ({group.profile}): invalid ViewDefinition: {exc}"
+        ) from exc
     selection = compile_selection(
         table.resource_type, group.profile, group.filters, group.reference_only, group.must_have
     )

@@ -7,7 +7,8 @@
         ├── ViewDefinitionError     the ViewDefinition itself, found before any resource is read
         └── ViewEvaluationError     running a valid one over a resource failed
 
-Each is a ``ValueError`` too (bad input, not a broken program): the command line's handlers rely on it.
+Each is a ``ValueError`` too (bad input, not a broken program): the command line's handlers rely on
+it.
 """
 
 from __future__ import annotations
@@ -36,4 +37,5 @@ class ViewDefinitionError(ViewError):
 
 
 class ViewEvaluationError(ViewError):
-    """Running a valid ViewDefinition over a resource failed (several values for a single column)."""
+    """Running a valid ViewDefinition over a resource failed (several values for a single
+    column)."""

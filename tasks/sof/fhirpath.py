@@ -15,7 +15,16 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tasks.sof.errors import FhirPathError
-from tasks.sof.fhirpath_shared import MODEL, Env, Item, Paths, data_and_paths, joined, reference_keys, resource_keys
+from tasks.sof.fhirpath_shared import (
+    MODEL,
+    Env,
+    Item,
+    Paths,
+    data_and_paths,
+    joined,
+    reference_keys,
+    resource_keys,
+)
 
 if TYPE_CHECKING:
     from tasks.sof.fhirpath_interpreter import Interpreted
@@ -33,11 +42,25 @@ _SEGMENT = re.compile(
     rf"|where\(\s*(?P<where>{_IDENTIFIER})\s*=\s*'(?P<literal>[^'\\]*)'\s*\)"
     rf"|(?P<member>{_IDENTIFIER})(?:\.ofType\((?P<type>{_IDENTIFIER})\))?"
 )
-_KEYWORDS = {"and", "or", "xor", "implies", "div", "mod", "in", "contains", "is", "as", "true", "false"}
+_KEYWORDS = {
+    "and",
+    "or",
+    "xor",
+    "implies",
+    "div",
+    "mod",
+    "in",
+    "contains",
+    "is",
+    "as",
+    "true",
+    "false",
+}
 
 
 def compile_path(expression: str) -> Compiled:
-    """The expression compiled (see the module doc); raises ``FhirPathError`` when it does not parse."""
+    """The expression compiled (see the module doc); raises ``FhirPathError`` when it does not
+    parse."""
     if not isinstance(expression, str) or not expression.strip():
         raise FhirPathError(f"expected a FHIRPath expression, got {expression!r}")
     steps = member_steps(expression)
@@ -45,13 +68,16 @@ def compile_path(expression: str) -> Compiled:
 
 
 def plain(value: Any) -> Any:
-    """A value as a column gives it: a float as a decimal, a FHIRPath system value (``FP_Quantity``, a date-time)
-    of the interpreter as its text (there are none unless the interpreter was imported)."""
+    """A value as a column gives it: a float as a decimal, a FHIRPath system value (``FP_Quantity``,
+    a date-time) of the interpreter as its text (there are none unless the interpreter was
+    imported)."""
     if type(value) is str:
         return value
     if isinstance(value, float):
         return Decimal(repr(value))
-    if (nodes := sys.modules.get("fhirpathpy.engine.nodes")) is not None and isinstance(value, nodes.FP_Type):
+    if (nodes := sys.modules.get("fhirpathpy.engine.nodes")) is not None and isinstance(
+        value, nodes.FP_Type
+    ):
         return str(value)
     return value
 
@@ -65,16 +91,19 @@ _FUNCTIONS = ("exists", "join", "resourceKey", "referenceKey")
 
 
 def member_steps(expression: str) -> list[Step] | None:
-    """The steps of a plain member path, else None: members, ``member.ofType(Type)``, ``first()`` and
-    ``where(member = 'text')`` joined by dots, optionally ended by one of ``_FUNCTIONS``; ``$this`` is no step. A
-    leading capitalised name is a type filter (``Patient.name``): ``("type", name, None)``."""
+    """The steps of a plain member path, else None: members, ``member.ofType(Type)``, ``first()``
+    and ``where(member = 'text')`` joined by dots, optionally ended by one of ``_FUNCTIONS``;
+    ``$this`` is no step. A leading capitalised name is a type filter (``Patient.name``): ``("type",
+    name, None)``."""
     text = expression.strip()
     if text == "$this":
         return []
     steps: list[Step] = []
     position = 0
     while True:
-        if (match := _SEGMENT.match(text, position)) is None or (steps and steps[-1][0] in _FUNCTIONS):
+        if (match := _SEGMENT.match(text, position)) is None or (
+            steps and steps[-1][0] in _FUNCTIONS
+        ):
             return None
         if (step := _step(match, first=not steps)) is None:
             return None
@@ -106,11 +135,11 @@ def _step(match: re.Match[str], first: bool) -> Step | None:
 
 
 class MemberPath:
-    """A member path as plain dict walks, planned once per focus type: ``collect`` gives the JSON values themselves
-    and one type path for all. Where a child's type depends on the data (a choice element without ``ofType``, a
-    resource, data whose ``resourceType`` says otherwise, a primitive's ``_element`` where a function counts or joins
-    values) it goes the general way: items with their own type paths, or the interpreter for a path ending in a
-    function."""
+    """A member path as plain dict walks, planned once per focus type: ``collect`` gives the JSON
+    values themselves and one type path for all. Where a child's type depends on the data (a choice
+    element without ``ofType``, a resource, data whose ``resourceType`` says otherwise, a
+    primitive's ``_element`` where a function counts or joins values) it goes the general way: items
+    with their own type paths, or the interpreter for a path ending in a function."""
 
     def __init__(self, expression: str, steps: list[Step]):
         self.function = steps[-1] if steps and steps[-1][0] in _FUNCTIONS else None
@@ -121,7 +150,8 @@ class MemberPath:
         """The type filter it starts with (``Patient`` of ``Patient.id``): ``Interpreted``'s"""
 
     def plan(self, path: str | None) -> Plan | None:
-        """The path's plan for focus type ``path`` (made once per type), None where the data decides the types."""
+        """The path's plan for focus type ``path`` (made once per type), None where the data decides
+        the types."""
         try:
             return self.plans[path]
         except KeyError:
@@ -134,7 +164,9 @@ class MemberPath:
         found = _member_of(data, plan.key, plan.at) if plan.single else _walk(plan, data)
         if found is None:
             return self._general(data, path, env)
-        return (found, plan.path) if self.function is None else (_computed(self.function, found), None)
+        return (
+            (found, plan.path) if self.function is None else (_computed(self.function, found), None)
+        )
 
     def _general(self, data: Any, path: str | None, env: Env) -> tuple[list[Any], Paths]:
         if self.fallback is not None:
@@ -144,7 +176,8 @@ class MemberPath:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """A member path for one focus type: each step as ``(kind, key, argument, type path of the data it reads)``."""
+    """A member path for one focus type: each step as ``(kind, key, argument, type path of the data
+    it reads)``."""
 
     operations: tuple[tuple[str, str, str | None, str | None], ...]
     path: str | None
@@ -155,7 +188,8 @@ class Plan:
 
 
 def _plan(steps: list[Step], path: str | None, counted: bool) -> Plan | None:
-    """The steps resolved against the focus type ``path``, or None where a child's type depends on the data."""
+    """The steps resolved against the focus type ``path``, or None where a child's type depends on
+    the data."""
     operations: list[tuple[str, str, str | None, str | None]] = []
     for kind, name, argument in steps:
         if kind == "type":  # no step on a resource of that type; anything else: the data decides
@@ -180,21 +214,25 @@ def _plan(steps: list[Step], path: str | None, counted: bool) -> Plan | None:
 
 @lru_cache(maxsize=4096)
 def _keys(path: str | None, member: str, of_type: str | None) -> tuple[tuple[str, str], ...]:
-    """fhirpathpy's type bookkeeping for ``path.member`` (or ``.ofType(T)``): the JSON keys the child may be at, each
-    with its type path; each choice of a choice element without ``ofType``, in the model's order."""
+    """fhirpathpy's type bookkeeping for ``path.member`` (or ``.ofType(T)``): the JSON keys the
+    child may be at, each with its type path; each choice of a choice element without ``ofType``, in
+    the model's order."""
     child_path = f"{path}.{member}" if path else f".{member}"
     child_path = _ELSEWHERE.get(child_path, child_path)
     if choices := _CHOICES.get(child_path):
         wanted = choices if of_type is None else [of_type[0].upper() + of_type[1:]]
-        return tuple((member + c, _TYPES.get(child_path + c, child_path + c)) for c in wanted if c in choices)
+        return tuple(
+            (member + c, _TYPES.get(child_path + c, child_path + c)) for c in wanted if c in choices
+        )
     child_path = "Extension" if member == "extension" else child_path
     child_path = _TYPES.get(child_path, child_path)
     return () if of_type is not None and child_path != of_type else ((member, child_path),)
 
 
 def _resolve(path: str | None, member: str, of_type: str | None) -> tuple[str, str | None] | None:
-    """The JSON key and the child's type path once per type (key ``""``: never any child), or None when they depend
-    on the data (a choice element without ``ofType``, a child that is a resource)."""
+    """The JSON key and the child's type path once per type (key ``""``: never any child), or None
+    when they depend on the data (a choice element without ``ofType``, a child that is a
+    resource)."""
     if not (keys := _keys(path, member, of_type)):
         return "", None
     key, child_path = keys[0]
@@ -205,7 +243,8 @@ def _resolve(path: str | None, member: str, of_type: str | None) -> tuple[str, s
 
 @lru_cache(maxsize=1024)
 def holds_resources(type_path: str) -> bool:
-    """Whether elements of this type are resources (their own ``resourceType`` then decides their type)."""
+    """Whether elements of this type are resources (their own ``resourceType`` then decides their
+    type)."""
     seen = set()
     current: str | None = type_path
     while current and current not in seen:
@@ -259,8 +298,8 @@ def _member_of(data: Any, key: str, path: str | None) -> list[Any] | None:
 
 
 def _present(values: list[Any]) -> list[Any]:
-    """The elements but nulls (arrays of primitives hold nulls where only an extension is): the list itself when it
-    has none (no caller changes it)."""
+    """The elements but nulls (arrays of primitives hold nulls where only an extension is): the list
+    itself when it has none (no caller changes it)."""
     return [element for element in values if element is not None] if None in values else values
 
 
@@ -284,7 +323,11 @@ def _walk_items(steps: list[Step], focus: Item) -> list[Item]:
             resources = [item for item in items if isinstance(item.data, Mapping)]
             items = [item for item in resources if item.data.get("resourceType") == name]
         elif kind == "where":
-            items = [item for item in items if [child.data for child in child_items(item, name)] == [argument]]
+            items = [
+                item
+                for item in items
+                if [child.data for child in child_items(item, name)] == [argument]
+            ]
         else:
             items = [child for item in items for child in child_items(item, name, argument)]
         if not items:
@@ -293,7 +336,8 @@ def _walk_items(steps: list[Step], focus: Item) -> list[Item]:
 
 
 def child_items(item: Item, member: str, of_type: str | None = None) -> list[Item]:
-    """``item.member`` (or ``item.member.ofType(T)`` on a choice element), with fhirpathpy's type bookkeeping."""
+    """``item.member`` (or ``item.member.ofType(T)`` on a choice element), with fhirpathpy's type
+    bookkeeping."""
     data = item.data
     if not isinstance(data, Mapping):
         return []
@@ -309,7 +353,8 @@ def child_items(item: Item, member: str, of_type: str | None = None) -> list[Ite
 
 
 def _interpreted(expression: str) -> Interpreted:
-    from tasks.sof.fhirpath_interpreter import interpreted  # fhirpathpy: only for an expression that needs it
+    # fhirpathpy: only for an expression that needs it
+    from tasks.sof.fhirpath_interpreter import interpreted
 
     return interpreted(expression)
 

@@ -30,7 +30,12 @@ from fhirpathpy.parser.generated.FHIRPathParser import FHIRPathParser
 
 from tasks.sof.boundary import boundary
 from tasks.sof.errors import FhirPathError
-from tasks.sof.fhirpath_shared import MAX_COMPUTED_SIZE, MAX_EXPRESSION_DEPTH, MAX_REPEAT_ELEMENTS, TOO_DEEP
+from tasks.sof.fhirpath_shared import (
+    MAX_COMPUTED_SIZE,
+    MAX_EXPRESSION_DEPTH,
+    MAX_REPEAT_ELEMENTS,
+    TOO_DEEP,
+)
 from tasks.sof.fhirpath_shared import MODEL, Env, Item, Paths, data_and_paths, shown
 from tasks.sof.fhirpath_shared import joined, reference_keys, refuse_larger, resource_keys
 
@@ -52,7 +57,8 @@ class _RaisingErrorListener(ErrorListener):  # type: ignore[misc]  # antlr4 ship
 
 
 def parse(expression: str) -> dict[str, Any]:
-    """fhirpathpy's parse tree, strictly: its own ``parse`` silently recovers from syntax errors (``status.where(``)."""
+    """fhirpathpy's parse tree, strictly: its own ``parse`` silently recovers from syntax errors
+    (``status.where(``)."""
     listener = _RaisingErrorListener()
     lexer = FHIRPathLexer(InputStream(expression))
     lexer.removeErrorListeners()
@@ -65,7 +71,9 @@ def parse(expression: str) -> dict[str, Any]:
     try:
         tree = parser.expression()
         if tokens.LA(1) != Token.EOF:
-            raise FhirPathError(f"unexpected {tokens.LT(1).text!r} at column {tokens.LT(1).column + 1}")
+            raise FhirPathError(
+                f"unexpected {tokens.LT(1).text!r} at column {tokens.LT(1).column + 1}"
+            )
         ParseTreeWalker().walk(ast, tree)
     except RecursionError:
         raise FhirPathError(TOO_DEEP) from None
@@ -86,10 +94,12 @@ def tree_depth(node: dict[str, Any]) -> int:
 
 
 def interpreted(expression: str) -> Interpreted:
-    """``expression`` parsed once for fhirpathpy's evaluator; a ``FhirPathError`` where it does not parse."""
+    """``expression`` parsed once for fhirpathpy's evaluator; a ``FhirPathError`` where it does not
+    parse."""
     try:
         parsed = parse(expression)
-    except Exception as exc:  # FhirPathError from the listener, bare exceptions from fhirpathpy's AST builder
+    # FhirPathError from the listener, bare exceptions from fhirpathpy's AST builder
+    except Exception as exc:
         raise FhirPathError(f"cannot parse FHIRPath {shown(expression)}: {exc}") from exc
     root = parsed["children"][0]
     filters = type_filters(root)
@@ -145,8 +155,8 @@ class Interpreted:
             raise FhirPathError(f"FHIRPath {shown(self.expression)}: {exc}") from exc
         except RecursionError:
             raise FhirPathError(
-                f"FHIRPath {shown(self.expression)} ran out of Python's stack: the expression, or the data it "
-                "compares, is nested too deeply"
+                f"FHIRPath {shown(self.expression)} ran out of Python's stack: the expression, or "
+                "the data it compares, is nested too deeply"
             ) from None
         except Exception as exc:
             raise FhirPathError(f"FHIRPath {shown(self.expression)} failed: {exc}") from exc
@@ -172,8 +182,13 @@ class _Resource(ResourceNode):
 
 
 def _is_primitive_extension_only(value: Any) -> bool:
-    """fhirpathpy yields ``_element`` siblings (extensions of primitives) as their own nodes; they are no values."""
-    return isinstance(value, ResourceNode) and isinstance(value.data, Mapping) and list(value.data) == ["extension"]
+    """fhirpathpy yields ``_element`` siblings (extensions of primitives) as their own nodes; they
+    are no values."""
+    return (
+        isinstance(value, ResourceNode)
+        and isinstance(value.data, Mapping)
+        and list(value.data) == ["extension"]
+    )
 
 
 def get_resource_key(ctx: Ctx, inputs: list[Any]) -> list[str]:
@@ -185,13 +200,16 @@ def get_reference_key(ctx: Ctx, inputs: list[Any], type_info: Any = None) -> lis
 
 
 def join(ctx: Ctx, inputs: list[Any], separator: Any = "") -> Any:
-    """FHIRPath's ``join``: the input strings joined, ``''`` for an empty input (as the SQL-on-FHIR suite expects;
-    fhirpathpy's gives no value), no value for an empty separator collection."""
-    return [] if isinstance(separator, list) else joined([_data(node) for node in inputs], separator)
+    """FHIRPath's ``join``: the input strings joined, ``''`` for an empty input (as the SQL-on-FHIR
+    suite expects; fhirpathpy's gives no value), no value for an empty separator collection."""
+    return (
+        [] if isinstance(separator, list) else joined([_data(node) for node in inputs], separator)
+    )
 
 
 def amp(ctx: Ctx, left: Any = "", right: Any = "") -> str:
-    """FHIRPath's ``&`` (an empty operand counts as ``''``), refused before it builds a string too large."""
+    """FHIRPath's ``&`` (an empty operand counts as ``''``), refused before it builds a string too
+    large."""
     left, right = ("" if isinstance(side, list) and not side else side for side in (left, right))
     refuse_larger("&", len(left) + len(right))
     return math.amp(ctx, left, right)  # type: ignore[no-any-return]  # fhirpathpy is unannotated
@@ -209,7 +227,9 @@ def _data(node: Any) -> Any:
 def _boundary(high: bool) -> Callable[..., list[Any]]:
     def invoke(ctx: Ctx, inputs: list[Any], precision: Any = None) -> list[Any]:
         digits = None if precision in (None, []) else int(precision)
-        typed = [(_data(node), node.path if isinstance(node, ResourceNode) else None) for node in inputs]
+        typed = [
+            (_data(node), node.path if isinstance(node, ResourceNode) else None) for node in inputs
+        ]
         found = [boundary(data, type_path, digits, high=high) for data, type_path in typed]
         return [result for result in found if result is not None]
 
@@ -218,7 +238,8 @@ def _boundary(high: bool) -> Callable[..., list[Any]]:
 
 @lru_cache(maxsize=256)
 def regex(pattern: str, dot_matches_newline: bool) -> Any:
-    """``pattern`` compiled by RE2 (once per process); a pattern RE2 cannot run is a ``FhirPathError``."""
+    """``pattern`` compiled by RE2 (once per process); a pattern RE2 cannot run is a
+    ``FhirPathError``."""
     options = re2.Options()
     options.dot_nl = dot_matches_newline
     options.log_errors = False
@@ -228,8 +249,8 @@ def regex(pattern: str, dot_matches_newline: bool) -> Any:
         reason = exc.args[0] if exc.args else exc
         reason = reason.decode(errors="replace") if isinstance(reason, bytes) else reason
         raise FhirPathError(
-            f"regular expression {pattern!r} is not supported ({reason}): regexes run on RE2, which has no "
-            "backreferences or lookaround (they can take exponential time)"
+            f"regular expression {pattern!r} is not supported ({reason}): regexes run on RE2, "
+            "which has no backreferences or lookaround (they can take exponential time)"
         ) from None
 
 
@@ -246,15 +267,19 @@ def replace_matches(ctx: Ctx, inputs: list[Any], pattern: Any, replacement: Any)
         return []
     text, compiled = _single_string(inputs), regex(pattern, False)
     size = len(text)
-    for _ in compiled.finditer(text):  # counted only as far as the bound: every match adds a replacement
+    # counted only as far as the bound: every match adds a replacement
+    for _ in compiled.finditer(text):
         if (size := size + len(replacement)) > MAX_COMPUTED_SIZE:
             break
     refuse_larger("replaceMatches()", size)
-    return _bounded("replaceMatches()", compiled.sub(re.sub(r"\$(\d+)", r"\\\1", replacement), text))
+    return _bounded(
+        "replaceMatches()", compiled.sub(re.sub(r"\$(\d+)", r"\\\1", replacement), text)
+    )
 
 
 def replace(ctx: Ctx, inputs: list[Any], pattern: Any, substitution: Any) -> Any:
-    """fhirpathpy's ``replace``, refused before it builds a string larger than ``MAX_COMPUTED_SIZE``."""
+    """fhirpathpy's ``replace``, refused before it builds a string larger than
+    ``MAX_COMPUTED_SIZE``."""
     if inputs and isinstance(pattern, str) and isinstance(substitution, str):
         text = _single_string(inputs)
         count = len(text) + 1 if pattern == "" else text.count(pattern)
@@ -262,7 +287,9 @@ def replace(ctx: Ctx, inputs: list[Any], pattern: Any, substitution: Any) -> Any
     return strings.replace(ctx, inputs, pattern, substitution)
 
 
-def aggregate(ctx: Ctx, inputs: list[Any], expression: Callable[[Any], Any], initial: Any = None) -> Any:
+def aggregate(
+    ctx: Ctx, inputs: list[Any], expression: Callable[[Any], Any], initial: Any = None
+) -> Any:
     """fhirpathpy's ``aggregate``, its ``$total`` checked after each element."""
     ctx["$total"] = initial
     for index, element in enumerate(inputs):
@@ -313,7 +340,11 @@ SOF_FUNCTIONS: dict[str, dict[str, Any]] = {
     "lowBoundary": {"fn": _boundary(high=False), "arity": {0: [], 1: ["Integer"]}},
     "highBoundary": {"fn": _boundary(high=True), "arity": {0: [], 1: ["Integer"]}},
     "matches": {"fn": matches, "arity": {1: ["String"]}, "nullable_input": True},
-    "replaceMatches": {"fn": replace_matches, "arity": {2: ["String", "String"]}, "nullable_input": True},
+    "replaceMatches": {
+        "fn": replace_matches,
+        "arity": {2: ["String", "String"]},
+        "nullable_input": True,
+    },
     "repeat": {"fn": repeat, "arity": {1: ["Expr"]}},
     "replace": {"fn": replace, "arity": {2: ["String", "String"]}, "nullable_input": True},
     "&": {"fn": amp, "arity": {2: ["String", "String"]}},

@@ -1,6 +1,7 @@
-"""What FHIRPath's two ways of evaluating (``tasks.sof.fhirpath``, ``tasks.sof.fhirpath_interpreter``) share,
-without importing fhirpathpy: its package imports its parser and evaluator (0.1 s, most of a small ``view run``'s
-start), which a view of member paths never uses. ``MODEL`` is ``fhirpathpy.models.models["r4"]``, read from its files.
+"""What FHIRPath's two ways of evaluating (``tasks.sof.fhirpath``,
+``tasks.sof.fhirpath_interpreter``) share, without importing fhirpathpy: its package imports its
+parser and evaluator (0.1 s, most of a small ``view run``'s start), which a view of member paths
+never uses. ``MODEL`` is ``fhirpathpy.models.models["r4"]``, read from its files.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ import orjson
 
 from tasks.sof.errors import FhirPathError
 
-MAX_EXPRESSION_DEPTH = 100  # refused when compiled: fhirpathpy's parser and evaluator recurse per level
+# refused when compiled: fhirpathpy's parser and evaluator recurse per level
+MAX_EXPRESSION_DEPTH = 100
 SHOWN_EXPRESSION_CHARS = 120
-TOO_DEEP = f"nested more than {MAX_EXPRESSION_DEPTH} levels deep (split it, or drop redundant parentheses)"
+TOO_DEEP = (
+    f"nested more than {MAX_EXPRESSION_DEPTH} levels deep (split it, or drop redundant parentheses)"
+)
 MAX_REPEAT_ELEMENTS = 10_000
 MAX_COMPUTED_SIZE = 1 << 20
 """FHIR allows no string over 1 MB: a computed one larger than that is a runaway expression."""
@@ -35,7 +39,8 @@ MODEL = r4_model()
 
 @dataclass(frozen=True, slots=True)
 class Item:
-    """One element of a collection: its JSON data and its FHIR type path (None for computed values)."""
+    """One element of a collection: its JSON data and its FHIR type path (None for computed
+    values)."""
 
     data: Any
     path: str | None = None
@@ -88,4 +93,6 @@ def joined(found: list[Any], separator: str) -> str:
 
 def refuse_larger(function: str, size: int) -> None:
     if size > MAX_COMPUTED_SIZE:
-        raise FhirPathError(f"{function} makes a value of more than {MAX_COMPUTED_SIZE:,} characters")
+        raise FhirPathError(
+            f"{function} makes a value of more than {MAX_COMPUTED_SIZE:,} characters"
+        )

@@ -28,11 +28,14 @@ from tasks.sof.resources import line_resources, parse_line
 from tasks.sof.selection import FILTERED_OUT, TAKEN, Selection
 from tasks.sof.view import CompiledView, compile_view
 
-ATTRIBUTE_GROUP_SYSTEM = "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"
+ATTRIBUTE_GROUP_SYSTEM = (
+    "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"
+)
 _GROUP_MARKER = ATTRIBUTE_GROUP_SYSTEM.encode()
 _BARE_PROVENANCE = re.compile(rb'^\s*\{.*?"resourceType"\s*:\s*"Provenance"')
 _BUNDLE = re.compile(rb'"resourceType"\s*:\s*"Bundle"')
-# A line opening as a Bundle (as TORCH writes every line) is no bare Provenance: known without searching the line.
+# A line opening as a Bundle (as TORCH writes every line) is no bare Provenance: known without
+# searching the line.
 _BUNDLE_OPENING = re.compile(rb'\s*\{\s*"resourceType"\s*:\s*"Bundle"')
 
 
@@ -50,12 +53,14 @@ def reference_key(reference: Any) -> str | None:
 
 
 def add_routes(routes: dict[str, set[str]], provenance: dict[str, Any]) -> None:
-    """Route each target a TORCH Provenance names to each attribute group it names; a malformed part routes nothing
-    (what it would have routed is counted as unrouted)."""
+    """Route each target a TORCH Provenance names to each attribute group it names; a malformed part
+    routes nothing (what it would have routed is counted as unrouted)."""
     groups = []
     for entity in as_array(provenance.get("entity")):
         identifier = as_object(as_object(as_object(entity).get("what")).get("identifier"))
-        if identifier.get("system") == ATTRIBUTE_GROUP_SYSTEM and isinstance(identifier.get("value"), str):
+        if identifier.get("system") == ATTRIBUTE_GROUP_SYSTEM and isinstance(
+            identifier.get("value"), str
+        ):
             groups.append(identifier["value"])
     for target in as_array(provenance.get("target")):
         if (key := reference_key(as_object(target).get("reference"))) is not None and groups:
@@ -103,9 +108,10 @@ class RouteCounts:
 
 
 class Router:
-    """Sends each resource to the engines of its groups (``(group id, resource type)`` each), counting what goes
-    where: ``resources`` per group (in group order), what no group took in ``counts``. Without Provenance, a group
-    takes what its ``selections`` entry (by default: its type) takes."""
+    """Sends each resource to the engines of its groups (``(group id, resource type)`` each),
+    counting what goes where: ``resources`` per group (in group order), what no group took in
+    ``counts``. Without Provenance, a group takes what its ``selections`` entry (by default: its
+    type) takes."""
 
     def __init__(
         self,
@@ -224,8 +230,9 @@ class FileParts(TypedDict):
 
 
 class ParsedLine:
-    """The line being routed, parsed by orjson alone (no search for decimals); ``exact(resource)`` is one of its
-    resources as the decimal-keeping parse gives it, for a view whose ``csv_rows`` does not take it."""
+    """The line being routed, parsed by orjson alone (no search for decimals); ``exact(resource)``
+    is one of its resources as the decimal-keeping parse gives it, for a view whose ``csv_rows``
+    does not take it."""
 
     def __init__(self, source: Path):
         self.source, self.number, self.line = source, 0, b""
@@ -253,9 +260,10 @@ class ParsedLine:
 
 
 class RowsWriter:
-    """A group's rows as CSV lines (no header) in ``path``, opened at the first row, written ``ROWS_PER_BATCH`` at a
-    time. Resources come as orjson parses them: the view's ``csv_rows`` where it takes them, else the view's rows of
-    the resource parsed with its decimals (``line.exact``)."""
+    """A group's rows as CSV lines (no header) in ``path``, opened at the first row, written
+    ``ROWS_PER_BATCH`` at a time. Resources come as orjson parses them: the view's ``csv_rows``
+    where it takes them, else the view's rows of the resource parsed with its decimals
+    (``line.exact``)."""
 
     def __init__(self, path: Path, view: CompiledView, name: str, line: ParsedLine):
         self.path, self.view, self.name, self.line = path, view, name, line
@@ -283,11 +291,13 @@ class RowsWriter:
 
     def _write(self, rows: Iterable[tuple[Any, ...]]) -> None:
         if self._writer is None:
-            self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by close
+            # closed by close(), not by a with block: rows come over many calls
+            self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115
             self._writer = CsvWriter(self._stream)
         try:
             self.rows += self._writer.writerows(rows)
-        except orjson.JSONEncodeError as exc:  # an object cell nested deeper than orjson writes (254 levels)
+        # an object cell nested deeper than orjson writes (254 levels)
+        except orjson.JSONEncodeError as exc:
             raise ViewEvaluationError(
                 f"{self.name}: a cell from {self.line.source} cannot be written as JSON ({exc})"
             ) from None
@@ -308,7 +318,9 @@ class RowsWriter:
 
 
 def flatten_file(
-    plan: FilePlan, stop_if_cancelled: Callable[[], None] = never_cancelled, advance: Callable[[int], None] = uncounted
+    plan: FilePlan,
+    stop_if_cancelled: Callable[[], None] = never_cancelled,
+    advance: Callable[[int], None] = uncounted,
 ) -> FileParts:
     """Flatten the plan's pieces in turn into ``<parts_dir>/<folder>/`` (renamed to)."""
     parts_dir = Path(plan.parts_dir)
@@ -316,8 +328,12 @@ def flatten_file(
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     parsed = ParsedLine(Path(plan.sources[0].path))
-    writers = [RowsWriter(work / g.csv_name, compiled_view(g.view_json), g.csv_name, parsed) for g in plan.groups]
-    groups, selections = [(g.id, g.resource_type) for g in plan.groups], [g.selection for g in plan.groups]
+    writers = [
+        RowsWriter(work / g.csv_name, compiled_view(g.view_json), g.csv_name, parsed)
+        for g in plan.groups
+    ]
+    groups = [(g.id, g.resource_type) for g in plan.groups]
+    selections = [g.selection for g in plan.groups]
     router = Router(groups, plan.skipped_ids, writers, plan.by_provenance, selections=selections)
     counts = router.counts
     lines = 0
@@ -357,7 +373,10 @@ def routes_of(piece: PieceSource, plan: FilePlan) -> dict[str, set[str]]:
     if not plan.by_provenance:
         return {}
     if piece.routes_file:
-        return {key: set(groups) for key, groups in json.loads(Path(piece.routes_file).read_bytes()).items()}
+        return {
+            key: set(groups)
+            for key, groups in json.loads(Path(piece.routes_file).read_bytes()).items()
+        }
     return bare_routes(Path(piece.path), plan.max_line_bytes)
 
 
@@ -368,8 +387,8 @@ def compiled_view(view_json: str) -> CompiledView:
 
 
 def parquet_file(csv_path: Path, view: dict[str, Any], parquet_path: Path) -> int:
-    """``tasks.sof.parquet.write_parquet``, imported in the worker: pyarrow and Arrow's memory (about 100 MB for a
-    large CSV) stay out of the long-lived flow process."""
+    """``tasks.sof.parquet.write_parquet``, imported in the worker: pyarrow and Arrow's memory
+    (about 100 MB for a large CSV) stay out of the long-lived flow process."""
     from tasks.sof.parquet import write_parquet
 
     return write_parquet(csv_path, view, parquet_path)

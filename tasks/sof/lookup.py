@@ -17,9 +17,11 @@ from tasks.sof.errors import SofError, ViewDefinitionError
 from tasks.sof.view import compile_view
 
 MAX_LOOKUP_BYTES = 16 * 1024 * 1024  # aether's lookup for every MII profile is under 1 MB
-MAX_ELEMENT_DEPTH = 64  # FHIR elements nest a dozen levels; a deeper children chain is a broken file
+# FHIR elements nest a dozen levels; a deeper children chain is a broken file
+MAX_ELEMENT_DEPTH = 64
 
-# The rules of aether's flatten-lookup.schema.json (shared/testdata/flattening), descriptions left out.
+# The rules of aether's flatten-lookup.schema.json (shared/testdata/flattening), descriptions left
+# out.
 LOOKUP_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "array",
@@ -31,7 +33,10 @@ LOOKUP_SCHEMA: dict[str, Any] = {
             "properties": {
                 "url": {"type": "string", "minLength": 1},
                 "resourceType": {"type": "string", "minLength": 1},
-                "elements": {"type": "object", "additionalProperties": {"$ref": "#/$defs/lookupElement"}},
+                "elements": {
+                    "type": "object",
+                    "additionalProperties": {"$ref": "#/$defs/lookupElement"},
+                },
             },
             "additionalProperties": False,
         },
@@ -79,7 +84,8 @@ class LookupTable:
     parents: dict[str, str]
 
     def snippet(self, element_id: str) -> dict[str, Any]:
-        return self.elements[element_id]["viewDefinition"]  # type: ignore[no-any-return]  # schema: an object
+        snippet: dict[str, Any] = self.elements[element_id]["viewDefinition"]  # by LOOKUP_SCHEMA
+        return snippet
 
     def children(self, element_id: str) -> list[str]:
         return list(self.elements[element_id].get("children", []))
@@ -94,7 +100,8 @@ class LookupTable:
 
 
 def lookup_problems(path: Path) -> list[str]:
-    """Every problem of the lookup file at ``path`` (each names its table url and element id); [] when valid."""
+    """Every problem of the lookup file at ``path`` (each names its table url and element id); []
+    when valid."""
     document, problems = _read(Path(path))
     return problems if document is None else _document_problems(document)
 
@@ -107,8 +114,14 @@ def load_lookup(path: Path) -> dict[str, LookupTable]:
     tables = {}
     for table in document:
         elements = table["elements"]
-        parents = {child: parent for parent, element in elements.items() for child in element.get("children", [])}
-        tables[table["url"]] = LookupTable(table["url"], table["resourceType"], table["elements"], parents)
+        parents = {
+            child: parent
+            for parent, element in elements.items()
+            for child in element.get("children", [])
+        }
+        tables[table["url"]] = LookupTable(
+            table["url"], table["resourceType"], table["elements"], parents
+        )
     return tables
 
 
@@ -121,14 +134,18 @@ def _read(path: Path) -> tuple[Any, list[str]]:
 
 def _document_problems(document: Any) -> list[str]:
     validator = Draft202012Validator(LOOKUP_SCHEMA)
-    errors = sorted(validator.iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path])
+    errors = sorted(
+        validator.iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path]
+    )
     if problems := [_schema_problem(document, error) for error in errors]:
         return problems
     seen: set[str] = set()
     for table in document:
         url = table["url"]
         if url in seen:
-            problems.append(f"table {url}: the url is listed more than once (each profile needs one table)")
+            problems.append(
+                f"table {url}: the url is listed more than once (each profile needs one table)"
+            )
         seen.add(url)
         problems += _table_problems(table)
     return problems
@@ -138,7 +155,12 @@ def _schema_problem(document: Any, error: Any) -> str:
     """A schema error as text naming the table url and element id it is in."""
     where = list(error.absolute_path)
     label = "lookup file"
-    if where and isinstance(where[0], int) and isinstance(document, list) and where[0] < len(document):
+    if (
+        where
+        and isinstance(where[0], int)
+        and isinstance(document, list)
+        and where[0] < len(document)
+    ):
         table = document[where[0]]
         url = table.get("url") if isinstance(table, dict) else None
         label = f"table {url}" if isinstance(url, str) else f"table #{where[0] + 1}"
@@ -158,11 +180,14 @@ def _table_problems(table: dict[str, Any]) -> list[str]:
     for element_id, element in elements.items():
         for child in element.get("children", []):
             if child not in elements:
-                problems.append(f"table {url} element {element_id}: child {child} is not an element of this table")
+                problems.append(
+                    f"table {url} element {element_id}: child {child} is not an element of this "
+                    "table"
+                )
             elif child in parent_of and parent_of[child] != element_id:
                 problems.append(
-                    f"table {url} element {child}: it is a child of both {parent_of[child]} and {element_id} "
-                    "(an element can have one parent)"
+                    f"table {url} element {child}: it is a child of both {parent_of[child]} and "
+                    f"{element_id} (an element can have one parent)"
                 )
             else:
                 parent_of[child] = element_id
@@ -195,11 +220,12 @@ def in_iterations(select: dict[str, Any], ancestors: list[dict[str, Any]]) -> di
 
 
 def _cycle_problems(url: str, elements: dict[str, dict[str, Any]]) -> list[str]:
-    """Cycles in the children links (each reported once, at the element it returns to) and chains deeper than
-    MAX_ELEMENT_DEPTH, whatever order the elements are listed in; a depth-first walk with its own stack, so a chain of
-    any length costs no recursion."""
+    """Cycles in the children links (each reported once, at the element it returns to) and chains
+    deeper than MAX_ELEMENT_DEPTH, whatever order the elements are listed in; a depth-first walk
+    with its own stack, so a chain of any length costs no recursion."""
     problems: list[str] = []
-    height: dict[str, int] = {}  # of each finished element: the longest chain of children below it, itself included
+    # of each finished element: the longest chain of children below it, itself included
+    height: dict[str, int] = {}
     for root in elements:
         if root in height:
             continue
@@ -208,29 +234,38 @@ def _cycle_problems(url: str, elements: dict[str, dict[str, Any]]) -> list[str]:
             if (child := next(pending[-1], None)) is None:
                 done = path.pop()
                 pending.pop()
-                height[done] = 1 + max((height.get(c, 0) for c in elements[done].get("children", [])), default=0)
-                if height[done] > MAX_ELEMENT_DEPTH:  # a chain whose lower part was walked first, from its leaf
+                height[done] = 1 + max(
+                    (height.get(c, 0) for c in elements[done].get("children", [])), default=0
+                )
+                # a chain whose lower part was walked first, from its leaf
+                if height[done] > MAX_ELEMENT_DEPTH:
                     problems.append(
-                        f"table {url} element {done}: its children nest more than {MAX_ELEMENT_DEPTH} levels deep, "
-                        "far deeper than any FHIR element"
+                        f"table {url} element {done}: its children nest more than "
+                        f"{MAX_ELEMENT_DEPTH} levels deep, far deeper than any FHIR element"
                     )
                     return problems
             elif child in path:
                 cycle = " → ".join(path[path.index(child) :] + [child])
-                problems.append(f"table {url} element {child}: its children lead back to it ({cycle})")
+                problems.append(
+                    f"table {url} element {child}: its children lead back to it ({cycle})"
+                )
             elif child in elements and child not in height:
                 if len(path) >= MAX_ELEMENT_DEPTH:
                     problems.append(
-                        f"table {url} element {root}: its children nest more than {MAX_ELEMENT_DEPTH} levels deep "
-                        f"(through {child}), far deeper than any FHIR element"
+                        f"table {url} element {root}: its children nest more than "
+                        f"{MAX_ELEMENT_DEPTH} levels deep (through {child}), far deeper than any "
+                        "FHIR element"
                     )
-                    return problems  # one such problem per table: the rest of the chain says the same
+                    # one such problem per table: the rest of the chain says the same
+                    return problems
                 path.append(child)
                 pending.append(iter(elements[child].get("children", [])))
     return problems
 
 
-def _snippet_problems(url: str, resource_type: str, element_id: str, snippet: dict[str, Any]) -> list[str]:
+def _snippet_problems(
+    url: str, resource_type: str, element_id: str, snippet: dict[str, Any]
+) -> list[str]:
     """A snippet must be a valid select on its own (FHIRPath that parses, proper columns)."""
     try:
         compile_view({"resource": resource_type, "select": [snippet]})

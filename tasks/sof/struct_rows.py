@@ -143,7 +143,8 @@ def _struct(element: _Element, names: dict[str, str], kind: tuple[Any, ...], msg
             struct: Any = _struct(child, names, ("kind", planned, msgspec.UNSET), msgspec)
             fields.append((names[key], struct | list[struct] | None, None))
     rename = {"kind": "resourceType", **{names[key]: key for key in element.keys}}
-    return msgspec.defstruct("Element", fields, rename=rename, gc=False)  # type: ignore[no-any-return]  # a struct class
+    struct_class: type = msgspec.defstruct("Element", fields, rename=rename, gc=False)
+    return struct_class
 
 
 def flat_keys(view: Any) -> list[str] | None:

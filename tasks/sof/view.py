@@ -58,8 +58,8 @@ class Column:
             return [plain(value) for value in found]
         if len(found) > 1:
             raise ViewEvaluationError(
-                f"Collection value for column {self.name!r}: path {self.path!r} gave {len(found)} values; "
-                "set collection: true or narrow the path (e.g. with first())"
+                f"Collection value for column {self.name!r}: path {self.path!r} gave {len(found)} "
+                "values; set collection: true or narrow the path (e.g. with first())"
             )
         return plain(found[0]) if found else None
 
@@ -101,7 +101,9 @@ class Select:
             collected.extend(rows)
         return tuple(collected)
 
-    def _each_lazily(self, elements: list[Focus], start: int, env: dict[str, Any]) -> Iterator[tuple[Any, ...]]:
+    def _each_lazily(
+        self, elements: list[Focus], start: int, env: dict[str, Any]
+    ) -> Iterator[tuple[Any, ...]]:
         for position in range(start, len(elements)):
             yield from self._rows_at(elements[position], self._indexed(env, position))
 
@@ -120,21 +122,28 @@ class Select:
             count += 1
             if count > MAX_REPEAT_ELEMENTS:
                 raise ViewEvaluationError(
-                    f"repeat {self.paths!r} reaches more than {MAX_REPEAT_ELEMENTS:,} elements (paths that lead back "
-                    "to an element, or several paths to the same children, repeat without end)"
+                    f"repeat {self.paths!r} reaches more than {MAX_REPEAT_ELEMENTS:,} elements "
+                    "(paths that lead back to an element, or several paths to the same children, "
+                    "repeat without end)"
                 )
             yield item
             pending.append(iter(self._children(item, env)))
 
     def _children(self, focus: Focus, env: dict[str, Any]) -> list[Focus]:
-        return [child for evaluate in self.iterate for child in self.evaluated(evaluate, focus, env)]
+        return [
+            child for evaluate in self.iterate for child in self.evaluated(evaluate, focus, env)
+        ]
 
     def evaluated(self, evaluate: Compiled, focus: Focus, env: dict[str, Any]) -> list[Focus]:
         try:
             found, paths = evaluate.collect(*focus, env)
         except FhirPathError as exc:
             raise ViewEvaluationError(f"{self.iteration}: {exc}") from exc
-        return list(zip(found, paths, strict=True)) if isinstance(paths, list) else [(value, paths) for value in found]
+        return (
+            list(zip(found, paths, strict=True))
+            if isinstance(paths, list)
+            else [(value, paths) for value in found]
+        )
 
     def _rows_at(self, focus: Focus, env: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
         """The product of its columns', selects' and unionAll's rows; a tuple when small."""
@@ -148,7 +157,11 @@ class Select:
             if not parts[-1]:
                 return ()
         if self.union:
-            parts.append(_part(lambda at, e: chain.from_iterable(b.rows(at, e) for b in self.union), focus, env))
+            parts.append(
+                _part(
+                    lambda at, e: chain.from_iterable(b.rows(at, e) for b in self.union), focus, env
+                )
+            )
         return _product(head, parts)
 
 
@@ -166,7 +179,9 @@ Part = tuple[Any, ...] | list[Any] | _Reproduced
 
 
 def _part(
-    produce: Callable[[Focus, dict[str, Any]], Iterable[tuple[Any, ...]]], focus: Focus, env: dict[str, Any]
+    produce: Callable[[Focus, dict[str, Any]], Iterable[tuple[Any, ...]]],
+    focus: Focus,
+    env: dict[str, Any],
 ) -> Part:
     """A part's rows: kept up to ``CACHED_ROWS`` (nearly always), else reproduced."""
     if isinstance(rows := produce(focus, env), tuple):
@@ -213,7 +228,9 @@ class CompiledView:
         """The compiled selects (``tasks.sof.compiled``); None if it reads ``%rowIndex``.
 
         Why at first use: most views a job compiles are only checked."""
-        return None if self.root.indexed else compile_view_rows(self.root, self.resource, CACHED_ROWS)
+        return (
+            None if self.root.indexed else compile_view_rows(self.root, self.resource, CACHED_ROWS)
+        )
 
     @cached_property
     def parsed_rows(self) -> Callable[[dict[str, Any]], list[tuple[Any, ...]] | None] | None:
@@ -230,7 +247,9 @@ class CompiledView:
         """A block of lines' CSV (``tasks.sof.struct_rows``), for views it takes."""
         return block_csv(self, min(CACHED_ROWS, self.max_rows_per_resource))
 
-    def _generated(self, cells: bool = False) -> Callable[[dict[str, Any]], list[tuple[Any, ...]] | None] | None:
+    def _generated(
+        self, cells: bool = False
+    ) -> Callable[[dict[str, Any]], list[tuple[Any, ...]] | None] | None:
         if self.where or self.root.indexed:
             return None
         return generated_rows(self.root, self.resource, CACHED_ROWS, PARSED, cells)
@@ -258,20 +277,25 @@ class CompiledView:
         rows = None if self.compiled is None else self.compiled(resource, self.resource, env)
         return self.root.rows(focus, env) if rows is None else rows
 
-    def _streamed(self, resource: dict[str, Any], rows: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
+    def _streamed(
+        self, resource: dict[str, Any], rows: Iterable[tuple[Any, ...]]
+    ) -> Iterator[tuple[Any, ...]]:
         try:
             for count, row in enumerate(rows, start=1):
                 if count > self.max_rows_per_resource:
                     raise ViewEvaluationError(
-                        f"more than {self.max_rows_per_resource:,} rows from this one resource (the product of "
-                        "its selects): narrow the forEach paths (e.g. with where() or first()) or split the view"
+                        f"more than {self.max_rows_per_resource:,} rows from this one resource "
+                        "(the product of its selects): narrow the forEach paths (e.g. with "
+                        "where() or first()) or split the view"
                     )
                 yield row
         except ViewEvaluationError as exc:
             raise self._about(resource, exc) from exc
 
     def _about(self, resource: dict[str, Any], exc: ViewEvaluationError) -> ViewEvaluationError:
-        key = f"{show_text(resource.get('resourceType'))}/{show_text(resource.get('id', '(no id)'))}"
+        key = (
+            f"{show_text(resource.get('resourceType'))}/{show_text(resource.get('id', '(no id)'))}"
+        )
         return ViewEvaluationError(f"view {self.name!r}, {key}: {exc}")
 
     @property
@@ -299,13 +323,16 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
     if not isinstance(view, dict):
         raise ViewDefinitionError("a ViewDefinition must be a JSON object")
     if not isinstance(resource := view.get("resource"), str) or not resource:
-        raise ViewDefinitionError("the ViewDefinition has no resource (the FHIR resource type it reads)")
+        raise ViewDefinitionError(
+            "the ViewDefinition has no resource (the FHIR resource type it reads)"
+        )
     if not isinstance(selects := view.get("select"), list) or not selects:
         raise ViewDefinitionError("the ViewDefinition has no select")
     constants = _constants(view.get("constant", []))
     known_variables = _BUILTIN_VARIABLES | set(constants)
     root = _compile_select({"select": selects}, "view", known_variables)
-    if ROW_INDEX not in json.dumps(view, default=str):  # nested at most MAX_SELECT_DEPTH levels by now
+    # nested at most MAX_SELECT_DEPTH levels by now
+    if ROW_INDEX not in json.dumps(view, default=str):
         for select in _selects(root):
             select.indexed = False
     _check_unique(root.names)
@@ -321,7 +348,9 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
 
 def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) -> Select:
     if depth > MAX_SELECT_DEPTH and isinstance(spec, dict):
-        raise ViewDefinitionError(f"selects are nested more than {MAX_SELECT_DEPTH} levels deep ({where[:60]}...)")
+        raise ViewDefinitionError(
+            f"selects are nested more than {MAX_SELECT_DEPTH} levels deep ({where[:60]}...)"
+        )
     _check_object(spec, SELECT_KEYS, where)
     select = Select()
     _compile_iteration(select, spec, where, variables)
@@ -333,22 +362,31 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
     ]
     if "unionAll" in spec:
         select.union = _compile_union(spec["unionAll"], where, variables, depth)
-    select.names = [c.name for c in select.columns] + [name for nested in select.selects for name in nested.names]
-    select.types = [c.fhir_type for c in select.columns] + [kind for nested in select.selects for kind in nested.types]
+    select.names = [c.name for c in select.columns] + [
+        name for nested in select.selects for name in nested.names
+    ]
+    select.types = [c.fhir_type for c in select.columns] + [
+        kind for nested in select.selects for kind in nested.types
+    ]
     if select.union:
         select.names += select.union[0].names
         types = zip(*(branch.types for branch in select.union), strict=True)
-        select.types += [kinds[0] if all(kind == kinds[0] for kind in kinds) else None for kinds in types]
+        select.types += [
+            kinds[0] if all(kind == kinds[0] for kind in kinds) else None for kinds in types
+        ]
     own = tuple(0 if c.path.strip() == ROW_INDEX else None for c in select.columns)
     select.null_row = own + (None,) * (len(select.names) - len(own))
-    # Nested selects that give one row at any focus (columns only: no iteration, nothing nested), ahead of any other,
-    # joined to the select's own columns: the same rows (names and null row are set by now), fewer products.
+    # Nested selects that give one row at any focus (columns only: no iteration, nothing nested),
+    # ahead of any other, joined to the select's own columns: the same rows (names and null row are
+    # set by now), fewer products.
     while select.selects and _single_row(select.selects[0]):
         select.columns += select.selects.pop(0).columns
     return select
 
 
-def _compile_iteration(select: Select, spec: dict[str, Any], where: str, variables: set[str]) -> None:
+def _compile_iteration(
+    select: Select, spec: dict[str, Any], where: str, variables: set[str]
+) -> None:
     iterations = [key for key in ITERATIONS if key in spec]
     if len(iterations) > 1:
         raise ViewDefinitionError(f"{where} has more than one of forEach, forEachOrNull and repeat")
@@ -359,7 +397,9 @@ def _compile_iteration(select: Select, spec: dict[str, Any], where: str, variabl
     if select.iteration != "repeat":
         expressions = [expressions]
     elif not isinstance(expressions, list) or not expressions:
-        raise ViewDefinitionError(f"{where}.repeat must be a non-empty list of FHIRPath expressions")
+        raise ViewDefinitionError(
+            f"{where}.repeat must be a non-empty list of FHIRPath expressions"
+        )
     select.iterate = [_compile(e, f"{where}.{select.iteration}", variables) for e in expressions]
     select.paths = list(expressions)
 
@@ -367,12 +407,15 @@ def _compile_iteration(select: Select, spec: dict[str, Any], where: str, variabl
 def _compile_union(spec: Any, where: str, variables: set[str], depth: int) -> list[Select]:
     if not (branches := _list_of(spec, f"{where}.unionAll")):
         raise ViewDefinitionError(f"{where}.unionAll is empty")
-    union = [_compile_select(s, f"{where}.unionAll[{i}]", variables, depth + 1) for i, s in enumerate(branches)]
+    union = [
+        _compile_select(s, f"{where}.unionAll[{i}]", variables, depth + 1)
+        for i, s in enumerate(branches)
+    ]
     for index, branch in enumerate(union[1:], start=1):
         if branch.names != union[0].names:
             raise ViewDefinitionError(
-                f"{where}.unionAll[{index}] has columns {branch.names}, but unionAll[0] has {union[0].names}: every "
-                "branch must have the same columns in the same order"
+                f"{where}.unionAll[{index}] has columns {branch.names}, but unionAll[0] has "
+                f"{union[0].names}: every branch must have the same columns in the same order"
             )
     return union
 
@@ -393,7 +436,9 @@ def _compile_column(spec: Any, where: str, variables: set[str]) -> Column:
     _check_object(spec, COLUMN_KEYS, where)
     name, path = spec.get("name"), spec.get("path")
     if not isinstance(name, str) or not COLUMN_NAME.match(name):
-        raise ViewDefinitionError(f"{where} needs a name of letters, digits and _ starting with a letter, got {name!r}")
+        raise ViewDefinitionError(
+            f"{where} needs a name of letters, digits and _ starting with a letter, got {name!r}"
+        )
     if not isinstance(path, str) or not path.strip():
         raise ViewDefinitionError(f"{where} ({name}) needs a path")
     if not isinstance(collection := spec.get("collection", False), bool):
@@ -411,7 +456,9 @@ def _check_object(spec: Any, keys: set[str], where: str) -> None:
 
 def _compile(expression: Any, where: str, variables: set[str]) -> Compiled:
     if not isinstance(expression, str):
-        raise ViewDefinitionError(f"{where} must be a FHIRPath expression (a string), got {expression!r}")
+        raise ViewDefinitionError(
+            f"{where} must be a FHIRPath expression (a string), got {expression!r}"
+        )
     for name in _CONSTANT_REFERENCE.findall(_STRING_LITERAL.sub("''", expression)):
         if name not in variables:
             raise ViewDefinitionError(f"{where}: %{name} is not a constant of this ViewDefinition")
