@@ -115,9 +115,10 @@ def csv_file_name(group_name: str) -> str:
 
 
 def short_group_id(group_id: str) -> str:
-    """The group id as it ends a shared name's file name: itself when it is short and plain
-    (letters, digits, ``-``, ``_``), else the first GENERATED_ID_HEX_DIGITS hex digits of its
-    SHA-256."""
+    """The group id as it ends a shared name's file name.
+
+    Note: itself when short and plain (letters, digits, ``-``, ``_``), else the first
+    GENERATED_ID_HEX_DIGITS hex digits of its SHA-256."""
     if _PLAIN_ID.fullmatch(group_id):
         return group_id
     return hashlib.sha256(group_id.encode()).hexdigest()[:GENERATED_ID_HEX_DIGITS]
@@ -161,7 +162,7 @@ def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
 
 
 def with_group_ids(crtdl: dict[str, Any]) -> dict[str, Any]:
-    """``crtdl``, or where a group has no id a copy in which it has its ``generated_group_id``."""
+    """``crtdl``, or a copy giving each group without an id its ``generated_group_id``."""
     extraction = crtdl.get("dataExtraction")
     groups = extraction.get("attributeGroups") if isinstance(extraction, dict) else None
     if not isinstance(groups, list) or all(not isinstance(g, dict) or g.get("id") for g in groups):
@@ -174,15 +175,13 @@ def with_group_ids(crtdl: dict[str, Any]) -> dict[str, Any]:
 
 
 def generated_group_id(group: dict[str, Any]) -> str:
-    """The id a CRTDL group written without one gets in the job's CRTDL (and so in the
-    Provenance)."""
+    """The id a group without one gets in the job's CRTDL (and so in the Provenance)."""
     digest = hashlib.sha256(json.dumps(group, sort_keys=True).encode()).hexdigest()
     return GENERATED_ID_PREFIX + digest[:GENERATED_ID_HEX_DIGITS]
 
 
 def _attribute_refs(group: dict[str, Any], group_id: str) -> list[str]:
-    """The group's ``attributeRef``s in order, each once (a repeated one would name its columns
-    twice)."""
+    """The group's ``attributeRef``s in order, each once (else its columns came twice)."""
     attributes = group.get("attributes") or []
     if not isinstance(attributes, list) or not all(
         isinstance(as_object(a).get("attributeRef"), str) for a in attributes
@@ -195,9 +194,10 @@ def _attribute_refs(group: dict[str, Any], group_id: str) -> list[str]:
 
 
 def _refuse_shared_ids(groups: list[tuple[str, str]]) -> None:
-    """Resources reach a group by its id (the Provenance names it): two groups of one id cannot both
-    get theirs. Each group is named by its position (from 1) and its name, which may be shared as
-    well (a copied group)."""
+    """Refuse two groups of one id, naming each by position (from 1) and name.
+
+    Why: resources reach a group by its id (the Provenance names it): two groups of one id
+    cannot both get theirs; a copied group shares its name as well."""
     first_at: dict[str, int] = {}
     for index, (group_id, name) in enumerate(groups):
         if (first := first_at.setdefault(group_id, index)) != index:
@@ -210,8 +210,9 @@ def _refuse_shared_ids(groups: list[tuple[str, str]]) -> None:
 
 
 def group_name_problems(crtdl: dict[str, Any]) -> list[str]:
-    """Every group whose name cannot name its files, and every two whose files would still share a
-    name, each naming the group and the fix; ``SofError`` as ``attribute_groups``."""
+    """Every group whose name cannot name its files, and every two whose files collide.
+
+    Note: each names the group and the fix; ``SofError`` as ``attribute_groups``."""
     problems = []
     owners: dict[str, AttributeGroup] = {}
     for group in attribute_groups(crtdl):
@@ -230,8 +231,7 @@ def group_name_problems(crtdl: dict[str, Any]) -> list[str]:
 
 
 def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
-    """The group's ViewDefinition (validated: an invalid one raises ``ViewError`` naming the
-    group)."""
+    """The group's ViewDefinition, validated: else a ``ViewError`` naming the group."""
     fixed = [{"name": "id", "path": "id"}]
     if (
         patient_path := PATIENT_REFERENCE_PATHS.get(table.resource_type, DEFAULT_PATIENT_REFERENCE)
@@ -275,6 +275,6 @@ def _expanded(table: LookupTable, element_id: str) -> dict[str, Any]:
 
 
 def _view_name(group_name: str) -> str:
-    """A ViewDefinition name (letters, digits, _; starting with a letter) from the group's name."""
+    """A ViewDefinition name (a letter, then letters, digits, _) from the group's name."""
     name = re.sub(r"[^A-Za-z0-9_]+", "_", group_name).strip("_")
     return name if name[:1].isalpha() else f"group_{name}"

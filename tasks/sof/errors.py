@@ -25,7 +25,7 @@ class ResourceLineError(SofError):
 
 
 class FhirPathError(SofError):
-    """An expression that cannot be parsed or evaluated; the message names the expression."""
+    """An expression that cannot be parsed or evaluated; the message names it."""
 
 
 class ViewError(SofError):
@@ -37,5 +37,4 @@ class ViewDefinitionError(ViewError):
 
 
 class ViewEvaluationError(ViewError):
-    """Running a valid ViewDefinition over a resource failed (several values for a single
-    column)."""
+    """Running a valid ViewDefinition over a resource failed (two values for a column)."""

@@ -57,8 +57,9 @@ class _RaisingErrorListener(ErrorListener):  # type: ignore[misc]  # antlr4 ship
 
 
 def parse(expression: str) -> dict[str, Any]:
-    """fhirpathpy's parse tree, strictly: its own ``parse`` silently recovers from syntax errors
-    (``status.where(``)."""
+    """fhirpathpy's parse tree, strictly.
+
+    Why: its own ``parse`` silently recovers from syntax errors (``status.where(``)."""
     listener = _RaisingErrorListener()
     lexer = FHIRPathLexer(InputStream(expression))
     lexer.removeErrorListeners()
@@ -94,8 +95,7 @@ def tree_depth(node: dict[str, Any]) -> int:
 
 
 def interpreted(expression: str) -> Interpreted:
-    """``expression`` parsed once for fhirpathpy's evaluator; a ``FhirPathError`` where it does not
-    parse."""
+    """``expression`` parsed once for fhirpathpy; else a ``FhirPathError``."""
     try:
         parsed = parse(expression)
     # FhirPathError from the listener, bare exceptions from fhirpathpy's AST builder
@@ -108,9 +108,10 @@ def interpreted(expression: str) -> Interpreted:
 
 
 def type_filters(node: dict[str, Any]) -> list[tuple[str, bool]]:
-    """The type filters (capitalised names: ``Patient`` of ``Patient.id``) that start the
-    expression's paths, left to right, each with whether it is in a function's arguments (whose
-    focus may be another)."""
+    """The type filters that start its paths (``Patient`` of ``Patient.id``).
+
+    Note: left to right, each with whether it is in a function's arguments (whose focus
+    may be another)."""
     found, pending = [], [(node, False)]
     while pending:
         node, argument = pending.pop()
@@ -171,9 +172,10 @@ class Interpreted:
 
 
 class _Resource(ResourceNode):
-    """A resource at the focus: fhirpathpy's type filter (``Patient.id``) reads its
-    ``resourceType`` by subscript, as of the JSON its own ``evaluate`` is given; of a plain node it
-    read nothing, and the path gave no value."""
+    """A resource at the focus, which fhirpathpy's type filter reads.
+
+    Why: the filter (``Patient.id``) reads ``resourceType`` by subscript, as of the JSON its
+    own ``evaluate`` is given; of a plain node it read nothing, and the path gave no value."""
 
     def __getitem__(self, key: Any) -> Any:
         if key != "resourceType":  # nothing else: iterating a node fails as it does on any node
@@ -182,8 +184,7 @@ class _Resource(ResourceNode):
 
 
 def _is_primitive_extension_only(value: Any) -> bool:
-    """fhirpathpy yields ``_element`` siblings (extensions of primitives) as their own nodes; they
-    are no values."""
+    """Whether ``value`` is an ``_element`` sibling (a primitive's extensions): none."""
     return (
         isinstance(value, ResourceNode)
         and isinstance(value.data, Mapping)
@@ -200,16 +201,16 @@ def get_reference_key(ctx: Ctx, inputs: list[Any], type_info: Any = None) -> lis
 
 
 def join(ctx: Ctx, inputs: list[Any], separator: Any = "") -> Any:
-    """FHIRPath's ``join``: the input strings joined, ``''`` for an empty input (as the SQL-on-FHIR
-    suite expects; fhirpathpy's gives no value), no value for an empty separator collection."""
+    """FHIRPath's ``join``; no value for an empty separator collection.
+
+    Note: ``''`` for an empty input, as the SQL-on-FHIR suite expects (fhirpathpy's: none)."""
     return (
         [] if isinstance(separator, list) else joined([_data(node) for node in inputs], separator)
     )
 
 
 def amp(ctx: Ctx, left: Any = "", right: Any = "") -> str:
-    """FHIRPath's ``&`` (an empty operand counts as ``''``), refused before it builds a string too
-    large."""
+    """FHIRPath's ``&`` (an empty operand counts as ``''``), bounded before it is made."""
     left, right = ("" if isinstance(side, list) and not side else side for side in (left, right))
     refuse_larger("&", len(left) + len(right))
     return math.amp(ctx, left, right)  # type: ignore[no-any-return]  # fhirpathpy is unannotated
@@ -238,8 +239,7 @@ def _boundary(high: bool) -> Callable[..., list[Any]]:
 
 @lru_cache(maxsize=256)
 def regex(pattern: str, dot_matches_newline: bool) -> Any:
-    """``pattern`` compiled by RE2 (once per process); a pattern RE2 cannot run is a
-    ``FhirPathError``."""
+    """``pattern`` compiled by RE2, once per process; ``FhirPathError`` if RE2 cannot."""
     options = re2.Options()
     options.dot_nl = dot_matches_newline
     options.log_errors = False
@@ -278,8 +278,7 @@ def replace_matches(ctx: Ctx, inputs: list[Any], pattern: Any, replacement: Any)
 
 
 def replace(ctx: Ctx, inputs: list[Any], pattern: Any, substitution: Any) -> Any:
-    """fhirpathpy's ``replace``, refused before it builds a string larger than
-    ``MAX_COMPUTED_SIZE``."""
+    """fhirpathpy's ``replace``, refused before it builds a string over the bound."""
     if inputs and isinstance(pattern, str) and isinstance(substitution, str):
         text = _single_string(inputs)
         count = len(text) + 1 if pattern == "" else text.count(pattern)
@@ -304,7 +303,7 @@ def _bounded(function: str, value: Any) -> Any:
 
 
 def _size(values: list[Any]) -> int:
-    """A collection's size as the bound counts it: one per element, and each string's characters."""
+    """A collection's size for the bound: one per element, plus each string's length."""
     return len(values) + sum(len(item) for item in values if isinstance(item, str))
 
 
@@ -315,7 +314,7 @@ def _single_string(inputs: list[Any]) -> str:
 
 
 def repeat(ctx: Ctx, inputs: Any, expression: Callable[[Any], list[Any]]) -> list[Any]:
-    """fhirpathpy's ``repeat`` (breadth first, each element once), in linear time and bounded."""
+    """fhirpathpy's ``repeat`` (breadth first, each element once), linear and bounded."""
     if not isinstance(inputs, list):
         return []
     found: list[Any] = []

@@ -26,16 +26,14 @@ _LAST_LINE_FEED = bytes.maketrans(b"]", b"\n")
 
 
 class CsvWriter:
-    """Rows as RFC 4180 lines: ``csv.writer`` for most, a row with a bare CR quoted here (see the
-    module doc)."""
+    """Rows as RFC 4180 lines: ``csv.writer`` for most; a bare CR's row quoted here."""
 
     def __init__(self, stream: IO[str]):
         # else excel's: RFC 4180 quoting
         self._stream, self._writer = stream, csv.writer(stream, lineterminator="\n")
         utf8 = str(getattr(stream, "encoding", "")).lower().replace("-", "") == "utf8"
         self._bytes: IO[bytes] | None = getattr(stream, "buffer", None) if utf8 else None
-        """The UTF-8 text stream's byte stream: a batch's lines made as bytes go there, not decoded
-        and encoded"""
+        """The UTF-8 text stream's byte stream: lines made as bytes go there as they are."""
 
     def writerow(self, cells: list[str]) -> None:
         if "\r" in "".join(cells):
@@ -120,8 +118,9 @@ def _plain_lines(batch: list[Any]) -> bytes | None:
 
 
 def _width(batch: list[Any]) -> int:
-    """The rows' length where all are as long and two cells or more (``csv`` quotes a lone empty
-    cell); else 0."""
+    """The rows' common length if it is 2 or more, else 0.
+
+    Why: ``csv`` quotes a lone empty cell."""
     widths = set(map(len, batch))
     return widths.pop() if len(widths) == 1 and min(widths) > 1 else 0
 
@@ -154,8 +153,9 @@ def cell(value: Any) -> str:
 
 
 def decimal_text(value: Decimal) -> str:
-    """A decimal's digits without an exponent (``str`` writes 0.0000001 as 1E-7), unless they would
-    take more than ``MAX_EXPANDED_DIGITS``: 1e50000000 is no 50 MB cell."""
+    """A decimal's digits without an exponent (``str`` writes 0.0000001 as 1E-7).
+
+    Note: not beyond ``MAX_EXPANDED_DIGITS``: 1e50000000 is no 50 MB cell."""
     text = str(value)
     expands = "E" in text and -MAX_EXPANDED_DIGITS <= value.adjusted() <= MAX_EXPANDED_DIGITS
     return format(value, "f") if expands else text
@@ -166,14 +166,16 @@ def csv_cells(row: Iterable[Any]) -> list[str]:
 
 
 def json_bytes(value: Any) -> bytes:
-    """Compact JSON; decimals and integers beyond 64 bits keep their digits, decimals written as in
-    a column."""
+    """Compact JSON; decimals and integers beyond 64 bits keep their digits.
+
+    Note: decimals are written as in a column."""
     return dumps_exact(value, decimal_text)
 
 
 def csv_data_rows(path: Path, chunk_bytes: int = 1 << 20) -> int:
-    """The records after the header of an RFC 4180 file, read in chunks (a newline inside quotes is
-    a cell's)."""
+    """The records after the header of an RFC 4180 file, read in chunks.
+
+    Note: a newline inside quotes is a cell's."""
     records, quoted, last = 0, False, b"\n"
     with path.open("rb") as stream:
         while chunk := stream.read(chunk_bytes):
