@@ -25,7 +25,7 @@ way."""
 
 
 def compile_rows(select: Select, limit: int) -> RowsAt:
-    """``select``'s rows at a focus as a list (None: more than ``limit``; see the module doc)."""
+    """``select``'s rows at a focus as a list; None for more than ``limit``."""
     if select.iteration == "repeat":
         return _general_rows(select, limit)
     rows_at = _rows_at(select, limit)
@@ -45,8 +45,7 @@ def compile_rows(select: Select, limit: int) -> RowsAt:
 
 
 def compile_view_rows(root: Select, resource_type: str, limit: int) -> RowsAt:
-    """The view's rows at a resource: the generated function (``tasks.sof.compiled_code``) where it
-    gives them, else the closures."""
+    """The view's rows at a resource: the generated function's, else the closures'."""
     closures = compile_rows(root, limit)
     if (generated := generated_rows(root, resource_type, limit)) is None:
         return closures
@@ -67,8 +66,7 @@ def _general_rows(select: Select, limit: int) -> RowsAt:
 
 
 def _rows_at(select: Select, limit: int) -> RowsAt:
-    """The product of the select's own columns, its nested selects' rows and its unionAll branches'
-    rows."""
+    """The product of the select's columns, nested selects' and unionAll's rows."""
     read = _row_reader(select.columns)
     parts = [compile_rows(nested, limit) for nested in select.selects]
     if select.union:  # the branches' rows one after the other
@@ -99,8 +97,7 @@ def _rows_at(select: Select, limit: int) -> RowsAt:
 
 
 def _joined(parts: Iterable[Rows], limit: int) -> Rows:
-    """The parts' rows one after the other, the parts made as they are needed (None: more than
-    ``limit``)."""
+    """The parts' rows in turn, each made when needed; None for more than ``limit``."""
     found: list[tuple[Any, ...]] = []
     for more in parts:
         if more is None or len(found) + len(more) > limit:
@@ -110,9 +107,10 @@ def _joined(parts: Iterable[Rows], limit: int) -> Rows:
 
 
 def _row_reader(columns: list[Column]) -> Value:
-    """The select's own columns as a tuple at a focus: where each is one member key at that focus
-    type, the keys looked up at once (values ``plain`` keeps as they are); else column by column
-    (see the module doc)."""
+    """The select's own columns as a tuple at a focus.
+
+    Note: where each is one member key at that focus type, the keys are looked up at once
+    (values ``plain`` keeps as they are); else column by column."""
     planned: dict[Any, tuple[tuple[str, ...] | None, list[Any]]] = {}
 
     def read(data: Any, path: Any, env: Any) -> tuple[Any, ...]:
@@ -136,8 +134,7 @@ def _row_reader(columns: list[Column]) -> Value:
 
 
 def single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:
-    """Each column's JSON key where every column is a single-valued path of one member at focus type
-    ``path``."""
+    """Each column's JSON key if every column is one single-valued member at ``path``."""
     keys = []
     for column in columns:
         if (plan := column_plan(column, path)) is None or not plan.single:
@@ -155,8 +152,9 @@ def _value(
 
 
 def _key_walk(plan: Plan | None) -> Callable[[Any], Any] | None:
-    """The plan as a walk over dicts giving the single value or None, ``_IRREGULAR`` where the data
-    is not shaped as planned; None without a plan."""
+    """The plan as a walk over dicts giving one value or None; None without a plan.
+
+    Note: ``_IRREGULAR`` where the data is not shaped as planned."""
     if plan is None:
         return None
     steps = tuple((key, at) for _, key, _, at in plan.operations)

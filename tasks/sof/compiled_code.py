@@ -434,7 +434,7 @@ def _text(lines: Lines) -> str:
 
 
 def _in_subset(select: Any, path: str | None, depth: int) -> bool:
-    """Whether the select and all nested in it can be generated (see the module doc)."""
+    """Whether the select and all nested in it are in the generated subset."""
     if depth > MAX_GENERATED_DEPTH or select.iteration == "repeat" or select.union:
         return False
     if select.iteration is not None:

@@ -81,7 +81,7 @@ class AttributeGroup:
     name: str
     profile: str
     file_stem: str
-    """What its CSV and ViewDefinition are named (see the module doc, "Names")."""
+    """What its CSV and ViewDefinition are named (see docs/development.md)."""
     attributes: list[str] = field(default_factory=list)
     filters: list[Any] = field(default_factory=list)
     """Its CRTDL ``filter`` list as written; with ``reference_only`` and ``must_have`` (the
@@ -125,7 +125,7 @@ def short_group_id(group_id: str) -> str:
 
 
 def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
-    """The CRTDL's attribute groups in order, named as the module doc says."""
+    """The CRTDL's attribute groups in order, named as docs/development.md says."""
     groups = []
     extraction = crtdl.get("dataExtraction") if isinstance(crtdl, dict) else None
     if not isinstance(extraction, dict):

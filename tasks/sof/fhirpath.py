@@ -59,8 +59,7 @@ _KEYWORDS = {
 
 
 def compile_path(expression: str) -> Compiled:
-    """The expression compiled (see the module doc); raises ``FhirPathError`` when it does not
-    parse."""
+    """The expression compiled once; ``FhirPathError`` when it does not parse."""
     if not isinstance(expression, str) or not expression.strip():
         raise FhirPathError(f"expected a FHIRPath expression, got {expression!r}")
     steps = member_steps(expression)
@@ -68,9 +67,9 @@ def compile_path(expression: str) -> Compiled:
 
 
 def plain(value: Any) -> Any:
-    """A value as a column gives it: a float as a decimal, a FHIRPath system value (``FP_Quantity``,
-    a date-time) of the interpreter as its text (there are none unless the interpreter was
-    imported)."""
+    """A value as a column gives it: a float as a decimal, a system value as its text.
+
+    Note: system values (``FP_Quantity``, a date-time) come only from the interpreter."""
     if type(value) is str:
         return value
     if isinstance(value, float):
@@ -91,10 +90,11 @@ _FUNCTIONS = ("exists", "join", "resourceKey", "referenceKey")
 
 
 def member_steps(expression: str) -> list[Step] | None:
-    """The steps of a plain member path, else None: members, ``member.ofType(Type)``, ``first()``
-    and ``where(member = 'text')`` joined by dots, optionally ended by one of ``_FUNCTIONS``;
-    ``$this`` is no step. A leading capitalised name is a type filter (``Patient.name``): ``("type",
-    name, None)``."""
+    """The steps of a plain member path, else None.
+
+    Note: members, ``member.ofType(Type)``, ``first()`` and ``where(member = 'text')``
+    joined by dots, optionally ended by one of ``_FUNCTIONS``; ``$this`` is no step. A
+    leading capitalised name is a type filter (``Patient.name``): ``("type", name, None)``."""
     text = expression.strip()
     if text == "$this":
         return []
@@ -135,11 +135,13 @@ def _step(match: re.Match[str], first: bool) -> Step | None:
 
 
 class MemberPath:
-    """A member path as plain dict walks, planned once per focus type: ``collect`` gives the JSON
-    values themselves and one type path for all. Where a child's type depends on the data (a choice
-    element without ``ofType``, a resource, data whose ``resourceType`` says otherwise, a
-    primitive's ``_element`` where a function counts or joins values) it goes the general way: items
-    with their own type paths, or the interpreter for a path ending in a function."""
+    """A member path as plain dict walks, planned once per focus type.
+
+    Note: ``collect`` gives the JSON values and one type path for all. Where a child's type
+    depends on the data (a choice element without ``ofType``, a resource, data whose
+    ``resourceType`` says otherwise, a primitive's ``_element`` where a function counts or
+    joins values) it goes the general way: items with their own type paths, or the
+    interpreter for a path ending in a function."""
 
     def __init__(self, expression: str, steps: list[Step]):
         self.function = steps[-1] if steps and steps[-1][0] in _FUNCTIONS else None
@@ -150,8 +152,7 @@ class MemberPath:
         """The type filter it starts with (``Patient`` of ``Patient.id``): ``Interpreted``'s"""
 
     def plan(self, path: str | None) -> Plan | None:
-        """The path's plan for focus type ``path`` (made once per type), None where the data decides
-        the types."""
+        """The plan for focus type ``path`` (made once); None where the data decides types."""
         try:
             return self.plans[path]
         except KeyError:
@@ -176,8 +177,7 @@ class MemberPath:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """A member path for one focus type: each step as ``(kind, key, argument, type path of the data
-    it reads)``."""
+    """A member path for one focus type: ``(kind, key, argument, type path)`` per step."""
 
     operations: tuple[tuple[str, str, str | None, str | None], ...]
     path: str | None
@@ -188,8 +188,7 @@ class Plan:
 
 
 def _plan(steps: list[Step], path: str | None, counted: bool) -> Plan | None:
-    """The steps resolved against the focus type ``path``, or None where a child's type depends on
-    the data."""
+    """The steps resolved at focus type ``path``; None where the data decides a type."""
     operations: list[tuple[str, str, str | None, str | None]] = []
     for kind, name, argument in steps:
         if kind == "type":  # no step on a resource of that type; anything else: the data decides
@@ -214,9 +213,10 @@ def _plan(steps: list[Step], path: str | None, counted: bool) -> Plan | None:
 
 @lru_cache(maxsize=4096)
 def _keys(path: str | None, member: str, of_type: str | None) -> tuple[tuple[str, str], ...]:
-    """fhirpathpy's type bookkeeping for ``path.member`` (or ``.ofType(T)``): the JSON keys the
-    child may be at, each with its type path; each choice of a choice element without ``ofType``, in
-    the model's order."""
+    """The JSON keys ``path.member`` (or ``.ofType(T)``) may be at, with type paths.
+
+    Note: fhirpathpy's bookkeeping; a choice element without ``ofType`` gives each choice,
+    in the model's order."""
     child_path = f"{path}.{member}" if path else f".{member}"
     child_path = _ELSEWHERE.get(child_path, child_path)
     if choices := _CHOICES.get(child_path):
@@ -230,9 +230,10 @@ def _keys(path: str | None, member: str, of_type: str | None) -> tuple[tuple[str
 
 
 def _resolve(path: str | None, member: str, of_type: str | None) -> tuple[str, str | None] | None:
-    """The JSON key and the child's type path once per type (key ``""``: never any child), or None
-    when they depend on the data (a choice element without ``ofType``, a child that is a
-    resource)."""
+    """The JSON key and the child's type path, once per type (``""``: no child).
+
+    Note: None when they depend on the data (a choice element without ``ofType``, a
+    child that is a resource)."""
     if not (keys := _keys(path, member, of_type)):
         return "", None
     key, child_path = keys[0]
@@ -243,8 +244,7 @@ def _resolve(path: str | None, member: str, of_type: str | None) -> tuple[str, s
 
 @lru_cache(maxsize=1024)
 def holds_resources(type_path: str) -> bool:
-    """Whether elements of this type are resources (their own ``resourceType`` then decides their
-    type)."""
+    """Whether elements of this type are resources (their ``resourceType`` decides)."""
     seen = set()
     current: str | None = type_path
     while current and current not in seen:
@@ -298,8 +298,7 @@ def _member_of(data: Any, key: str, path: str | None) -> list[Any] | None:
 
 
 def _present(values: list[Any]) -> list[Any]:
-    """The elements but nulls (arrays of primitives hold nulls where only an extension is): the list
-    itself when it has none (no caller changes it)."""
+    """The elements but nulls (where only an extension is); the list itself if none."""
     return [element for element in values if element is not None] if None in values else values
 
 
@@ -336,8 +335,7 @@ def _walk_items(steps: list[Step], focus: Item) -> list[Item]:
 
 
 def child_items(item: Item, member: str, of_type: str | None = None) -> list[Item]:
-    """``item.member`` (or ``item.member.ofType(T)`` on a choice element), with fhirpathpy's type
-    bookkeeping."""
+    """``item.member`` (or ``.ofType(T)`` of a choice), typed as fhirpathpy does."""
     data = item.data
     if not isinstance(data, Mapping):
         return []

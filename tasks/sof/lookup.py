@@ -100,8 +100,7 @@ class LookupTable:
 
 
 def lookup_problems(path: Path) -> list[str]:
-    """Every problem of the lookup file at ``path`` (each names its table url and element id); []
-    when valid."""
+    """Every problem of the lookup file, each naming table url and element id."""
     document, problems = _read(Path(path))
     return problems if document is None else _document_problems(document)
 
@@ -199,8 +198,9 @@ def _table_problems(table: dict[str, Any]) -> list[str]:
 
 
 def _in_context(elements: dict[str, Any], parent_of: dict[str, str], element_id: str) -> Any:
-    """The element's snippet in its ancestors' iterations, as a group's view holds it; alone in a
-    chain too deep or a cycle, which ``_cycle_problems`` reports."""
+    """The element's snippet in its ancestors' iterations, as a group's view holds it.
+
+    Note: alone in a chain too deep or a cycle, which ``_cycle_problems`` reports."""
     chain, parent = {element_id: None}, parent_of.get(element_id)
     while parent is not None:
         if parent in chain or len(chain) > MAX_ELEMENT_DEPTH:
@@ -211,8 +211,7 @@ def _in_context(elements: dict[str, Any], parent_of: dict[str, str], element_id:
 
 
 def in_iterations(select: dict[str, Any], ancestors: list[dict[str, Any]]) -> dict[str, Any]:
-    """``select`` in the ``forEach`` / ``forEachOrNull`` of each ancestor's snippet (outermost
-    first): the focus it has in a group's view."""
+    """``select`` in each ancestor's ``forEach`` / ``forEachOrNull``, outermost first."""
     for ancestor in reversed(ancestors):
         if iteration := {k: v for k, v in ancestor.items() if k in ("forEach", "forEachOrNull")}:
             select = {**iteration, "select": [select]}
@@ -220,9 +219,10 @@ def in_iterations(select: dict[str, Any], ancestors: list[dict[str, Any]]) -> di
 
 
 def _cycle_problems(url: str, elements: dict[str, dict[str, Any]]) -> list[str]:
-    """Cycles in the children links (each reported once, at the element it returns to) and chains
-    deeper than MAX_ELEMENT_DEPTH, whatever order the elements are listed in; a depth-first walk
-    with its own stack, so a chain of any length costs no recursion."""
+    """Cycles in the children links, and chains deeper than ``MAX_ELEMENT_DEPTH``.
+
+    Note: each cycle once, at the element it returns to, in any listing order; a depth-first
+    walk with its own stack, so a chain of any length costs no recursion."""
     problems: list[str] = []
     # of each finished element: the longest chain of children below it, itself included
     height: dict[str, int] = {}

@@ -39,15 +39,13 @@ class DateBounds:
 
 @dataclass(frozen=True)
 class Selection:
-    """A group's test of a resource of its type (``check``); small and picklable, for worker
-    processes."""
+    """A group's test of a resource of its type (``check``); picklable, for workers."""
 
     profile: str | None = None
     token_paths: Paths = ()
     codes: frozenset[tuple[str, str]] = frozenset()
     code_prefixes: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    """Per code system whose codes extend their parent's, the codes that take the codes they
-    begin."""
+    """Per system whose codes extend their parent's, the codes taking those below."""
     date: DateBounds | None = None
     not_applied: tuple[str, ...] = ()
 
@@ -77,8 +75,7 @@ class Selection:
 def compile_selection(
     resource_type: str, profile: str, filters: list[Any], reference_only: bool, must_have: list[str]
 ) -> Selection:
-    """The group's test (see the module doc); a Patient group takes every Patient, as TORCH's search
-    does."""
+    """The group's test; a Patient group takes every Patient, as TORCH's search does."""
     if resource_type == PATIENT:
         return Selection()
     notes = [note for f in filters if (note := _unusable(f))]
@@ -106,7 +103,7 @@ def compile_selection(
 
 
 def _unusable(spec: Any) -> str | None:
-    """What is wrong with a filter TORCH would not take (no object, no name); None for any other."""
+    """What is wrong with a filter TORCH would not take (no object, no name), or None."""
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         return f"a filter that is no object with a name ({show_name(str(spec))})"
     return None
@@ -115,8 +112,7 @@ def _unusable(spec: Any) -> str | None:
 def _token_test(
     resource_type: str, tokens: list[dict[str, Any]]
 ) -> tuple[Paths, set[tuple[str, str]], list[str]]:
-    """The elements and the ``(system, code)`` pairs of the token filters, or nothing and why (see
-    the module doc)."""
+    """The token filters' elements and ``(system, code)`` pairs, or nothing and why."""
     paths: list[tuple[str, ...]] = []
     codes: set[tuple[str, str]] = set()
     for token in tokens:
@@ -157,8 +153,7 @@ def _shown_codes(codes: Any) -> list[str]:
 
 
 def _date_test(resource_type: str, spec: dict[str, Any]) -> tuple[DateBounds | None, str | None]:
-    """The bounds of the (first) date filter on its elements, or None and why it cannot be
-    applied."""
+    """The bounds of the first date filter on its elements, or None and why not."""
     name, start, end = spec["name"], spec.get("start"), spec.get("end")
     first, last = (show_name(str(day)) if day is not None else "…" for day in (start, end))
     shown = f"{show_name(name)} ({first} to {last})"
@@ -228,8 +223,7 @@ def _codings(elements: list[Any]) -> list[dict[str, Any]]:
 
 
 def _has_profile(resource: dict[str, Any], wanted: str) -> bool:
-    """Whether some ``meta.profile`` is ``wanted`` or below it (``_profile:below``: the URL, and the
-    version's)."""
+    """Whether some ``meta.profile`` is ``wanted`` or its version (``_profile:below``)."""
     meta = resource.get("meta")
     profiles = meta.get("profile") if type(meta) is dict else None
     if type(profiles) is not list:
@@ -246,8 +240,9 @@ def _has_profile(resource: dict[str, Any], wanted: str) -> bool:
 
 
 def _dated(resource: dict[str, Any], bounds: DateBounds) -> bool:
-    """Whether some value ends on or after the start, and some value begins on or before the end
-    (each bound is its own search parameter, as TORCH sends them)."""
+    """Whether some value ends on or after the start, and some begins by the end.
+
+    Why: each bound is its own search parameter, as TORCH sends them."""
     ranges = [r for value in values(resource, bounds.paths) if (r := _range(value)) is not None]
     if not ranges:
         return False
@@ -256,8 +251,7 @@ def _dated(resource: dict[str, Any], bounds: DateBounds) -> bool:
 
 
 def _range(value: Any) -> tuple[str, str] | None:
-    """The first and last calendar day (``YYYY-MM-DD``) of a date, dateTime, instant or Period; None
-    for none."""
+    """The first and last day (``YYYY-MM-DD``) of a date, dateTime, instant or Period."""
     if not isinstance(value, dict):
         return _day_range(value)
     first, last = _day_range(value.get("start")), _day_range(value.get("end"))

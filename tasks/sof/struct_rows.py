@@ -38,9 +38,11 @@ class _Element:
 
 
 def block_csv(view: Any, limit: int) -> Callable[[bytes], list[bytes] | None] | None:
-    """For a view taken (see the module doc), ``csv(block)``: the block's CSV lines, then an empty
-    text for each further line (one item a line, for ``LineSplitter.take_block``), or None where
-    the block must be read line by line; None for other views. ``limit``: a line's rows at most."""
+    """``csv(block)`` for a view taken (docs/development.md), else None.
+
+    Note: ``csv`` gives the block's CSV lines, then an empty text for each further line (one
+    item a line, for ``LineSplitter.take_block``), or None where the block must be read line
+    by line. ``limit``: a line's rows at most."""
     root, names = _Element(view.resource), dict[str, str]()
     if view.csv_rows is None or not _reads(view.root, view.resource, root, names):
         return None
@@ -87,7 +89,7 @@ def _pieces(block: bytes) -> Iterable[memoryview]:
 
 def _reads(select: Any, path: str | None, element: _Element, names: dict[str, str]) -> bool:
     """Records in ``element`` the keys the select reads at its focus (of type ``path``), and below,
-    each key's attribute in ``names``; False where the view is not taken (see the module doc)."""
+    each key's attribute in ``names``; False where the view is not taken."""
     if select.iteration is not None:
         plan = member_plan(select.iterate[0], path)
         if plan is None or (found := _walked(element, plan.operations, plan.path, names)) is None:
