@@ -39,8 +39,7 @@ MODEL = r4_model()
 
 @dataclass(frozen=True, slots=True)
 class Item:
-    """One element of a collection: its JSON data and its FHIR type path (None for computed
-    values)."""
+    """One element of a collection: its JSON data and FHIR type path (None: computed)."""
 
     data: Any
     path: str | None = None

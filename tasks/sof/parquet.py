@@ -44,8 +44,7 @@ _CELL_VALUE = re.compile(r"'[^']*'")  # a quoted value in pyarrow's reason
 def write_parquet(
     csv_path: Path, view: dict[str, Any], parquet_path: Path, row_group_bytes: int = ROW_GROUP_BYTES
 ) -> int:
-    """Write ``view``'s group CSV as ``parquet_path`` (a hidden name renamed when complete); the
-    number of rows."""
+    """Write ``view``'s group CSV as ``parquet_path`` (renamed when done); its rows."""
     schema = parquet_schema(view)
     temporary = parquet_path.with_name(f".{parquet_path.name}.part")
     try:
@@ -70,7 +69,7 @@ def parquet_rows(path: Path) -> int:
 
 
 def parquet_schema(view: dict[str, Any]) -> pa.Schema:
-    """The view's columns in the engine's order, each with its Parquet type (``Select.types``)."""
+    """The view's columns in the engine's order, each with its Parquet type."""
     root = compile_view(view).root
     types = [ARROW_TYPES.get(fhir_type, pa.string()) for fhir_type in root.types]
     return pa.schema(list(zip(root.names, types, strict=True)))
@@ -79,9 +78,10 @@ def parquet_schema(view: dict[str, Any]) -> pa.Schema:
 def _converted_in_blocks_of_its_rows(
     csv_path: Path, schema: pa.Schema, parquet_path: Path, row_group_bytes: int
 ) -> int:
-    """``_converted`` in blocks of ``BLOCK_BYTES``, or, when a row is longer than a block (a large
-    base64 or collection cell), again from the start in blocks four times as large, up to
-    ``MAX_BLOCK_BYTES``."""
+    """``_converted`` in blocks of ``BLOCK_BYTES``, or larger ones for long rows.
+
+    Note: a row longer than a block (a large base64 or collection cell) starts it again
+    with blocks four times as large, up to ``MAX_BLOCK_BYTES``."""
     block = min(BLOCK_BYTES, row_group_bytes)
     while True:
         try:
@@ -128,7 +128,7 @@ def _converted(
 def _row_groups(
     batches: Iterable[pa.RecordBatch], row_group_bytes: int
 ) -> Iterator[list[pa.RecordBatch]]:
-    """The batches in runs of at least ``row_group_bytes`` (the last run may be smaller)."""
+    """The batches in runs of at least ``row_group_bytes`` (the last may be smaller)."""
     group: list[pa.RecordBatch] = []
     size = 0
     for batch in batches:
@@ -142,8 +142,9 @@ def _row_groups(
 
 
 def _arrow_problem(exc: pa.ArrowInvalid, schema: pa.Schema) -> str:
-    """pyarrow's reason in one line, never a cell's value (patient data); for a cell its column's
-    type cannot hold, the column, the row and the fix."""
+    """pyarrow's reason in one line, never a cell's value (patient data).
+
+    Note: for a cell its column's type cannot hold: the column, the row and the fix."""
     reason = str(exc).splitlines()[0]
     if (found := _CONVERSION_ERROR.search(reason)) is None:
         return _CELL_VALUE.sub("'…'", reason)

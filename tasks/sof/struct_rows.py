@@ -88,8 +88,10 @@ def _pieces(block: bytes) -> Iterable[memoryview]:
 
 
 def _reads(select: Any, path: str | None, element: _Element, names: dict[str, str]) -> bool:
-    """Records in ``element`` the keys the select reads at its focus (of type ``path``), and below,
-    each key's attribute in ``names``; False where the view is not taken."""
+    """Record the keys the select reads at its focus (type ``path``) and below.
+
+    Note: in ``element``, each key's attribute in ``names``; False where the view is not
+    taken."""
     if select.iteration is not None:
         plan = member_plan(select.iterate[0], path)
         if plan is None or (found := _walked(element, plan.operations, plan.path, names)) is None:
@@ -110,8 +112,10 @@ def _walked(
     path: str | None,
     names: dict[str, str],
 ) -> _Element | None:
-    """The element the member steps of ``operations`` lead to (of type ``path`` after the last),
-    the keys their ``where`` steps compare recorded as values; None where the view is not taken."""
+    """The element the member steps of ``operations`` reach (type ``path`` after them).
+
+    Note: the keys their ``where`` steps compare are recorded as values; None where the view
+    is not taken."""
     for index, (kind, key, literal, _) in enumerate(operations):
         if kind == "where":
             if literal == "" or not _read(element, key, None, names):
@@ -125,17 +129,19 @@ def _walked(
 
 
 def _read(element: _Element, key: str, child: _Element | None, names: dict[str, str]) -> bool:
-    """Records ``key`` of ``element`` as ``child`` (None: a value), its attribute in ``names``;
-    False where it was read the other way, or is ``resourceType``."""
+    """Record ``key`` of ``element`` as ``child`` (None: a value), named in ``names``.
+
+    Note: False where it was read the other way, or is ``resourceType``."""
     names.setdefault(key, f"f{len(names)}")
     found = element.keys.setdefault(key, child)
     return key != "resourceType" and (found is None) == (child is None)
 
 
 def _struct(element: _Element, names: dict[str, str], kind: tuple[Any, ...], msgspec: Any) -> type:
-    """The msgspec struct of ``element``: ``kind`` the field of its ``resourceType``, then its keys
-    (values default ``''``; no ``resourceType`` and one of the planned type pass, as in
-    ``compiled_code``)."""
+    """The msgspec struct of ``element``: ``kind`` (``resourceType``), then its keys.
+
+    Note: values default to ``''``; no ``resourceType`` and one of the planned type pass, as
+    in ``compiled_code``."""
     fields = [kind]
     for key, child in element.keys.items():
         if child is None:
@@ -150,8 +156,7 @@ def _struct(element: _Element, names: dict[str, str], kind: tuple[Any, ...], msg
 
 
 def flat_keys(view: Any) -> list[str] | None:
-    """The JSON key each column of a flat view reads, in column order; None for other views (of
-    those ``block_csv`` takes)."""
+    """The JSON key each column of a flat view reads, in order; None for other views."""
     # compile_view joins nested selects of one row each to their parent's columns: a flat view's
     # root has them all; of one column attrgetter gives no tuple
     if len(view.columns) < 2 or view.root.selects or view.root.union:
