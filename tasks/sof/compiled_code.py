@@ -36,12 +36,13 @@ def generated_rows(
     cells: bool = False,
     fields: dict[str, str] | None = None,
 ) -> Callable[[Any], list[tuple[Any, ...]] | None] | None:
-    """``root``'s rows (a ``tasks.sof.view.Select``) as one generated function, or None outside the
-    subset; a value of a type not in ``kept`` is data not of the planned shape. ``cells``: each
-    ``PARSED`` value as ``output.cell`` makes it, so that rows are all strings (``output.CsvWriter``
-    joins them as they are). ``fields``: the rows of structs ``tasks.sof.struct_rows`` decodes, each
-    JSON key at the attribute named (their types checked as decoded: values as they are, ``''``
-    where missing)."""
+    """``root``'s rows (a ``Select``) as one generated function, or None outside it.
+
+    Note: a value of a type not in ``kept`` is data not of the planned shape. ``cells``: each
+    ``PARSED`` value as ``output.cell`` makes it, so that rows are all strings (``CsvWriter``
+    joins them as they are). ``fields``: the rows of structs ``tasks.sof.struct_rows``
+    decodes, each JSON key at the attribute named (their types checked as decoded: values as
+    they are, ``''`` where missing)."""
     if not _in_subset(root, resource_type, depth=0):
         return None
     writer = _Writer(limit, cells or fields is not None, fields)
@@ -68,18 +69,17 @@ class _Writer:
     def __init__(self, limit: int, cells: bool, fields: dict[str, str] | None):
         self.limit, self.cells, self.fields = limit, cells, fields
         self.lines: Lines = []
-        """The function's lines; a ``_Where``'s are written when the source is made (sibling wheres
-        add to them)"""
+        """The function's lines; a ``_Where``'s are written when the source is made.
+
+        Note: sibling wheres add to them."""
         self.constants: dict[str, Any] = {}
         self.names = count()
         self.checked: set[tuple[str, Any, int]] = set()
-        """(value, type, indent) checked as an object of that type in the block at that indent"""
+        """(value, type, indent): checked as an object of that type in that block."""
         self.walked: dict[tuple[str, str, int], str] = {}
-        """(focus, steps, indent): the list a walk of these steps from that focus gave in that
-        block"""
+        """(focus, steps, indent): the list a walk of those steps gave in that block."""
         self.groups: dict[tuple[str, str, str, int], _Where] = {}
-        """(elements, key, type, indent): the pass keeping those elements by their text value of
-        key, in that block"""
+        """(elements, key, type, indent): the pass keeping elements by their key's text."""
         self.known: dict[tuple[str, str], str] = {}
         """(element, key): the constant a where's branch compared the element's key with"""
 
@@ -87,8 +87,7 @@ class _Writer:
         return f"{prefix}{next(self.names)}"
 
     def constant(self, value: Any) -> str:
-        """A name in the function's namespace for ``value`` (no data text is ever written into the
-        source)."""
+        """A name in the function's namespace for ``value`` (no data text in the source)."""
         name = self.name("k")
         self.constants[name] = value
         return name
@@ -103,8 +102,10 @@ class _Writer:
         return f"{value}.get({self.constant(key)}{default})"
 
     def select(self, select: Any, focus: str, path: str | None, indent: int) -> tuple[str, bool]:
-        """Code giving the select's rows at ``focus`` (of type ``path``): the name of their list, or
-        of their one row (a tuple) where the select always gives one (True)."""
+        """Code giving the select's rows at ``focus`` (of type ``path``).
+
+        Note: the name of their list, or of their one row (a tuple) where the select always
+        gives one (True)."""
         if select.iteration is None:
             return self.rows_at(select, focus, path, indent)
         plan = member_plan(select.iterate[0], path)
@@ -147,11 +148,12 @@ class _Writer:
     def rows_at(
         self, select: Any, focus: str, path: str | None, indent: int, into: str | None = None
     ) -> tuple[str, bool]:
-        """Code giving the product of the select's columns and nested selects at ``focus``: the name
-        of its row where every part always gives one (True), else of its rows (added to the list
-        ``into`` where given): one concatenation where each part gave one row (the usual case), a
-        loop where one list gave several (``joined``), else their ``product``, the last varying
-        fastest."""
+        """Code giving the product of the select's columns and nested selects at ``focus``.
+
+        Note: the name of its row where every part always gives one (True), else of its rows
+        (added to the list ``into`` where given): one concatenation where each part gave one row
+        (the usual case), a loop where one list gave several (``joined``), else their
+        ``product``, the last varying fastest."""
         cells = [self.column(column, focus, path, indent) for column in select.columns]
         parts = []
         if cells or not select.selects:  # a select of nested selects alone gives their rows
@@ -197,8 +199,9 @@ class _Writer:
         indent: int,
         new: bool,
     ) -> None:
-        """Code adding to ``rows`` (``new``: a list made here) each row of the list ``several``
-        joined to the one row of every other part."""
+        """Code adding to ``rows`` each row of ``several`` joined to the other parts' row.
+
+        Note: ``new``: ``rows`` is a list made here."""
         ends = [part for part, _ in parts].index(several)
         joined = []
         for side in (parts[:ends], parts[ends + 1 :]):
@@ -262,8 +265,9 @@ class _Writer:
         select: Any,
         path: str | None,
     ) -> None:
-        """Code making in ``where``'s pass the row of each element it keeps for ``text`` (the
-        select's columns), added to the list ``rows``."""
+        """Code making in ``where``'s pass the row of each element it keeps for ``text``.
+
+        Note: the select's columns, added to the list ``rows``."""
         indent, lines, constant = where.indent + 2, self.lines, self.constant(text)
         self.checked.add((where.element, path, indent))  # checked as the pass read it
         self.known[(where.element, where.key)] = constant  # its column: the text
@@ -274,8 +278,10 @@ class _Writer:
         self.lines = lines
 
     def walk(self, operations: tuple[Any, ...], focus: str, indent: int) -> str:
-        """Code giving the elements of an iteration's steps in a list; the list's name. Lists an
-        earlier walk in the block made of its first steps from this focus are reused."""
+        """Code giving the elements of an iteration's steps in a list; the list's name.
+
+        Note: lists an earlier walk in the block made of its first steps from this focus are
+        reused."""
         found, step = None, 0
         while step < len(operations):
             paired = step == 0 and self.pairs(operations, focus, indent)
@@ -292,8 +298,7 @@ class _Writer:
         return found
 
     def pairs(self, operations: tuple[Any, ...], focus: str, indent: int) -> bool:
-        """Whether a walk opens with two member steps taken as one (``member_pair``), its first
-        step's list not made."""
+        """Whether a walk opens with two member steps taken as one (``member_pair``)."""
         first_two = [kind for kind, _, _, _ in operations[:2]]
         return (
             first_two == ["member", "member"]
@@ -303,9 +308,10 @@ class _Writer:
     def member_pair(
         self, first: tuple[Any, ...], second: tuple[Any, ...], focus: str, indent: int
     ) -> str:
-        """Code giving the elements of two member steps (``clinicalStatus.coding``); the list's
-        name. Where the first is one object (a 0..1 element, the usual case) no list of one and no
-        loop."""
+        """Code giving the elements of two member steps (``code.coding``); the list's name.
+
+        Note: where the first is one object (a 0..1 element, the usual case) no list of one and
+        no loop."""
         (_, key, _, at), (_, inner_key, _, inner_at) = first, second
         child, inner, kept = self.name("c"), self.name("c"), self.name("e")
         self.check_object(focus, at, indent, once=True)
@@ -325,8 +331,7 @@ class _Writer:
         return kept
 
     def step(self, operation: tuple[Any, ...], found: str | None, focus: str, indent: int) -> str:
-        """Code giving one step's elements from the list ``found`` (None: from ``focus``); the
-        list's name."""
+        """Code giving one step's elements from ``found`` (None: ``focus``); their list."""
         kind, key, argument, at = operation
         kept = self.name("e")
         if kind == "member" and found is None:
@@ -346,8 +351,7 @@ class _Writer:
         return kept
 
     def listed(self, value: str, kept: str, indent: int) -> None:
-        """Code giving a member's value as a list (``kept``): the data's own list (only read), or of
-        none or one."""
+        """Code giving a member's value as a list: the data's (read only), or of 0 or 1."""
         self.emit(indent, f"if type({value}) is list:")
         if self.fields is None:  # a null in an array (a struct's lists hold none)
             self.emit(indent + 1, f"if None in {value}:")
@@ -369,8 +373,9 @@ class _Writer:
         self.emit(indent + 2, f"{kept}.append({child})")
 
     def each_member(self, found: str, key: str, at: Any, indent: int) -> tuple[str, str]:
-        """Opens a loop over ``found``, each element checked as an object of ``at``; the names of
-        the element and its ``key`` member in the loop's body."""
+        """Open a loop over ``found``, each element checked as an object of ``at``.
+
+        Note: gives the names of the element and its ``key`` member in the loop's body."""
         value, child = self.name("x"), self.name("c")
         self.emit(indent, f"for {value} in {found}:")
         self.check_object(value, at, indent + 1)
@@ -378,8 +383,7 @@ class _Writer:
         return value, child
 
     def grouped(self, found: str, key: str, at: Any, indent: int) -> _Where:
-        """The one pass over ``found`` of the block's ``where(key = 'text')`` tests over those
-        elements (``_Where``)."""
+        """The one pass over ``found`` of the block's ``where(key = 'text')`` tests there."""
         known = (found, key, repr(at), indent)
         if known not in self.groups:
             where = self.groups[known] = _Where(indent, key)
@@ -389,8 +393,9 @@ class _Writer:
         return self.groups[known]
 
     def check_object(self, value: str, at: str | None, indent: int, once: bool = False) -> None:
-        """Code giving up unless ``value`` is a JSON object of type ``at``; ``once``: a focus,
-        checked once a block. A struct was checked as decoded."""
+        """Code giving up unless ``value`` is a JSON object of type ``at``.
+
+        Note: ``once``: a focus, checked once a block. A struct was checked as decoded."""
         if self.fields is not None or once and (value, at, indent) in self.checked:
             return
         self.checked.add((value, at, indent))
@@ -400,9 +405,10 @@ class _Writer:
 
 
 class _Where:
-    """One pass over a list's elements keeping, for each text a ``where(key = 'text')`` of the block
-    reads, the elements whose ``key`` is that text, or their rows: compared, not hashed into a dict
-    (a list per text and select, no ``setdefault``)."""
+    """One pass over a list's elements for the block's ``where(key = 'text')`` tests.
+
+    Note: for each text, the elements whose ``key`` is that text, or their rows: compared,
+    not hashed into a dict (a list per text and select, no ``setdefault``)."""
 
     def __init__(self, indent: int, key: str):
         self.indent, self.key, self.element, self.child = indent, key, "", ""
@@ -457,8 +463,9 @@ def column_plan(column: Any, path: str | None) -> Plan | None:
 
 
 def member_plan(evaluate: Any, path: str | None) -> Plan | None:
-    """The path's plan from focus type ``path`` where it is one or more member and where() steps
-    with keys, else None (``$this``, no step at all, is left to the closures)."""
+    """The plan from focus type ``path`` of member and where() steps; else None.
+
+    Note: ``$this``, no step at all, is left to the closures."""
     if not isinstance(evaluate, MemberPath) or evaluate.function is not None:
         return None
     plan = evaluate.plan(path)
