@@ -26,7 +26,7 @@ _TIME = re.compile(r"^(\d{2})(?::(\d{2})(?::(\d{2})(?:\.(\d+))?)?)?$")
 
 
 def boundary(value: Any, type_name: str | None, precision: int | None, *, high: bool) -> Any:
-    """``value``'s ``highBoundary`` (``high``) or ``lowBoundary``; None where it has none."""
+    """``value``'s ``highBoundary`` (``high``) or ``lowBoundary``; None if it has none."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | Decimal | float):

@@ -361,7 +361,7 @@ class _Writer:
         self.emit(indent + 1, f"{kept} = [] if {value} is None else [{value}]")
 
     def members(self, found: str, key: str, at: Any, indent: int, kept: str) -> None:
-        """Code giving the ``key`` members of the elements of ``found`` in one list (``kept``)."""
+        """Code giving the ``key`` members of the elements of ``found`` in one list."""
         self.emit(indent, f"{kept} = []")
         _, child = self.each_member(found, key, at, indent)
         self.emit(indent + 1, f"if type({child}) is list:")
@@ -416,7 +416,7 @@ class _Where:
         """text: the name of its constant, then the lines adding to each of its lists"""
         self.lists: list[str] = []
         self.elements: dict[str | None, str] = {}
-        """text: the name of the list of the elements kept (for a select of more than columns)"""
+        """text: the name of the list of elements kept (for a select of more than columns)"""
 
     def add(self, text: str | None, constant: str, kept: str, lines: Lines) -> None:
         self.texts.setdefault(text, (constant, []))[1].extend(lines)

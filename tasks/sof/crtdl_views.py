@@ -84,9 +84,10 @@ class AttributeGroup:
     """What its CSV and ViewDefinition are named (see docs/development.md)."""
     attributes: list[str] = field(default_factory=list)
     filters: list[Any] = field(default_factory=list)
-    """Its CRTDL ``filter`` list as written; with ``reference_only`` and ``must_have`` (the
-    attributeRefs marked mustHave): what ``tasks.sof.selection`` applies to data without
-    Provenance."""
+    """Its CRTDL ``filter`` list as written, with ``reference_only`` and ``must_have``.
+
+    Note: ``must_have``: the attributeRefs marked mustHave; ``tasks.sof.selection`` applies
+    them to data without Provenance."""
     reference_only: bool = False
     must_have: list[str] = field(default_factory=list)
 

@@ -149,7 +149,7 @@ class MemberPath:
         self.fallback = _interpreted(expression) if self.function else None
         self.plans: dict[str | None, Plan | None] = {}
         self.leading_types = [steps[0][1]] if steps and steps[0][0] == "type" else []
-        """The type filter it starts with (``Patient`` of ``Patient.id``): ``Interpreted``'s"""
+        """The type filter it starts with (``Patient`` of ``Patient.id``), as Interpreted's"""
 
     def plan(self, path: str | None) -> Plan | None:
         """The plan for focus type ``path`` (made once); None where the data decides types."""
@@ -256,7 +256,7 @@ def holds_resources(type_path: str) -> bool:
 
 
 def _walk(plan: Plan, data: Any) -> list[Any] | None:
-    """The plan run over ``data``; None when the data takes it elsewhere (see ``MemberPath``)."""
+    """The plan run over ``data``; None where the data goes elsewhere (``MemberPath``)."""
     found = [data]
     counted = plan.counted
     for kind, key, argument, path in plan.operations:
@@ -286,7 +286,7 @@ def _walk(plan: Plan, data: Any) -> list[Any] | None:
 
 
 def _member_of(data: Any, key: str, path: str | None) -> list[Any] | None:
-    """``_walk`` of a plan that is one member step (most column paths: ``system``, ``code``)."""
+    """``_walk`` of a plan of one member step (most column paths: ``code``, ``system``."""
     if not isinstance(data, dict) or not key:
         return []
     if data.get("resourceType", path) != path:

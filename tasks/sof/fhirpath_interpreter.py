@@ -129,14 +129,14 @@ def type_filters(node: dict[str, Any]) -> list[tuple[str, bool]]:
 
 @dataclass(frozen=True)
 class Interpreted:
-    """An expression fhirpathpy evaluates (parsed once); ``collect`` as ``MemberPath``'s."""
+    """An expression fhirpathpy evaluates (parsed once); ``collect`` as MemberPath's."""
 
     expression: str
     root: dict[str, Any]
     leading_types: list[str]
-    """The type filters that start its paths at its focus (not in a function's arguments)"""
+    """The type filters starting its paths at its focus (not in a function's arguments)"""
     typed: bool
-    """Whether it has a type filter: a resource at its focus is then given as a ``_Resource``"""
+    """Whether it has a type filter: a resource at its focus is then a ``_Resource``"""
 
     def __call__(self, focus: Item, env: Env) -> list[Item]:
         resource = self.typed and isinstance(focus.data, Mapping) and "resourceType" in focus.data

@@ -53,8 +53,9 @@ def reference_key(reference: Any) -> str | None:
 
 
 def add_routes(routes: dict[str, set[str]], provenance: dict[str, Any]) -> None:
-    """Route each target a TORCH Provenance names to each attribute group it names; a malformed part
-    routes nothing (what it would have routed is counted as unrouted)."""
+    """Route each target a TORCH Provenance names to each attribute group it names.
+
+    Note: a malformed part routes nothing (what it would have routed counts as unrouted)."""
     groups = []
     for entity in as_array(provenance.get("entity")):
         identifier = as_object(as_object(as_object(entity).get("what")).get("identifier"))
@@ -73,7 +74,7 @@ def has_group_provenance(path: Path, max_line_bytes: int) -> bool:
 
 
 def bare_routes(path: Path, max_line_bytes: int) -> dict[str, set[str]]:
-    """The routes of the file's bare (not in a Bundle) attribute-group Provenance lines."""
+    """The routes of the file's bare (not in a Bundle) attribute-group Provenance."""
     routes: dict[str, set[str]] = {}
     for number, line in iter_lines(path, max_line_bytes):
         if _BUNDLE_OPENING.match(line):
@@ -102,16 +103,17 @@ class RouteCounts:
     skipped_resources: Counter[str] = field(default_factory=Counter)
     unknown_groups: Counter[str] = field(default_factory=Counter)
     other_profile: Counter[str] = field(default_factory=Counter)
-    """Without Provenance: per type, what no group of its type took, as none has its profile."""
+    """Without Provenance: per type, what no group took, as none has its profile."""
     filtered_out: Counter[str] = field(default_factory=Counter)
-    """Without Provenance: per type, what no group of its type took, as its filters left it out."""
+    """Without Provenance: per type, what no group took, as its filters left it out."""
 
 
 class Router:
-    """Sends each resource to the engines of its groups (``(group id, resource type)`` each),
-    counting what goes where: ``resources`` per group (in group order), what no group took in
-    ``counts``. Without Provenance, a group takes what its ``selections`` entry (by default: its
-    type) takes."""
+    """Sends each resource to the engines of its groups, counting what goes where.
+
+    Note: groups are ``(group id, resource type)``; ``resources`` per group (in group
+    order), what no group took in ``counts``. Without Provenance, a group takes what its
+    ``selections`` entry (by default: its type) takes."""
 
     def __init__(
         self,
@@ -230,9 +232,10 @@ class FileParts(TypedDict):
 
 
 class ParsedLine:
-    """The line being routed, parsed by orjson alone (no search for decimals); ``exact(resource)``
-    is one of its resources as the decimal-keeping parse gives it, for a view whose ``csv_rows``
-    does not take it."""
+    """The line being routed, parsed by orjson alone (no search for decimals).
+
+    Note: ``exact(resource)`` is one of its resources as the decimal-keeping parse gives it,
+    for a view whose ``csv_rows`` does not take it."""
 
     def __init__(self, source: Path):
         self.source, self.number, self.line = source, 0, b""
@@ -260,10 +263,11 @@ class ParsedLine:
 
 
 class RowsWriter:
-    """A group's rows as CSV lines (no header) in ``path``, opened at the first row, written
-    ``ROWS_PER_BATCH`` at a time. Resources come as orjson parses them: the view's ``csv_rows``
-    where it takes them, else the view's rows of the resource parsed with its decimals
-    (``line.exact``)."""
+    """A group's rows as CSV lines (no header) in ``path``, opened at the first row.
+
+    Note: written ``ROWS_PER_BATCH`` at a time. Resources come as orjson parses them: the
+    view's ``csv_rows`` where it takes them, else its rows of the resource parsed with its
+    decimals (``line.exact``)."""
 
     def __init__(self, path: Path, view: CompiledView, name: str, line: ParsedLine):
         self.path, self.view, self.name, self.line = path, view, name, line
@@ -273,7 +277,7 @@ class RowsWriter:
         self._writer: CsvWriter | None = None
 
     def add(self, resource: dict[str, Any]) -> None:
-        """Take the resource's rows as the view produces them (one resource may give millions)."""
+        """Take the resource's rows as the view makes them (one may give millions)."""
         try:
             view, cells = self.view, None
             if view.csv_rows is not None and resource.get("resourceType") == view.resource:
@@ -304,7 +308,7 @@ class RowsWriter:
         self._pending = []
 
     def close(self) -> int:
-        """Write what is held and close the part; its size in bytes (0 when it has no rows)."""
+        """Write what is held and close the part; its size in bytes (0 without rows)."""
         if self._pending:
             self._write(self._pending)
         if self._stream is None:
@@ -387,8 +391,10 @@ def compiled_view(view_json: str) -> CompiledView:
 
 
 def parquet_file(csv_path: Path, view: dict[str, Any], parquet_path: Path) -> int:
-    """``tasks.sof.parquet.write_parquet``, imported in the worker: pyarrow and Arrow's memory
-    (about 100 MB for a large CSV) stay out of the long-lived flow process."""
+    """``tasks.sof.parquet.write_parquet``, imported in the worker.
+
+    Why: pyarrow and Arrow's memory (about 100 MB for a large CSV) stay out of the
+    long-lived flow process."""
     from tasks.sof.parquet import write_parquet
 
     return write_parquet(csv_path, view, parquet_path)

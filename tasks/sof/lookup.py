@@ -106,7 +106,7 @@ def lookup_problems(path: Path) -> list[str]:
 
 
 def load_lookup(path: Path) -> dict[str, LookupTable]:
-    """The lookup file's tables by profile url; raises ``SofError`` listing every problem."""
+    """The lookup file's tables by profile url; a ``SofError`` lists every problem."""
     document, problems = _read(Path(path))
     if document is None or (problems := _document_problems(document)):
         raise SofError(f"lookup file {path}: " + "; ".join(problems))
@@ -266,7 +266,7 @@ def _cycle_problems(url: str, elements: dict[str, dict[str, Any]]) -> list[str]:
 def _snippet_problems(
     url: str, resource_type: str, element_id: str, snippet: dict[str, Any]
 ) -> list[str]:
-    """A snippet must be a valid select on its own (FHIRPath that parses, proper columns)."""
+    """A snippet's problems as a select on its own (FHIRPath that parses, columns)."""
     try:
         compile_view({"resource": resource_type, "select": [snippet]})
     except ViewDefinitionError as exc:

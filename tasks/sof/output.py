@@ -50,10 +50,11 @@ class CsvWriter:
             self._bytes.write(text)
 
     def writerows(self, rows: Iterable[tuple[Any, ...]]) -> int:
-        """The rows as CSV lines, ``ROWS_PER_BATCH`` at a time (one resource may give millions); the
-        number written. A batch needing no quoting is joined as it is (``_string_lines``) or made
-        from its JSON (``_plain_lines``), else written in one call to ``csv`` (as ``cell`` makes its
-        cells where they are more than strings, nulls and ints)."""
+        """The rows as CSV lines, ``ROWS_PER_BATCH`` at a time; the number written.
+
+        Note: one resource may give millions. A batch needing no quoting is joined as it is
+        (``_string_lines``) or made from its JSON (``_plain_lines``), else written in one call
+        to ``csv`` (as ``cell`` makes its cells where they are more than strings, nulls, ints)."""
         written = 0
         pending = iter(rows)
         # the engine's tuples, or (below) their cells as lists of strings
@@ -76,9 +77,10 @@ class CsvWriter:
 
 
 def _string_lines(batch: list[Any]) -> bytes | None:
-    """The batch's CSV lines, its cells joined as they are, where all are strings
-    (``CompiledView.csv_rows``) holding no comma, line feed, quote, CR or NUL; None otherwise, or
-    where ``_width`` is 0 or a string is no UTF-8."""
+    """The batch's CSV lines, its cells joined as they are; None where that is wrong.
+
+    Note: only where all are strings (``CompiledView.csv_rows``) holding no comma, line
+    feed, quote, CR or NUL, ``_width`` is not 0 and every string is UTF-8."""
     if not (width := _width(batch)):
         return None
     rows = len(batch)
@@ -93,13 +95,15 @@ def _string_lines(batch: list[Any]) -> bytes | None:
 
 
 def _plain_lines(batch: list[Any]) -> bytes | None:
-    """The batch's CSV lines made from its JSON (``orjson``, in C, one call) where no cell needs
-    quoting: no JSON escape (no quote, backslash, CR, LF or control character in a string), no comma
-    but the separators, no bracket but the rows' own. A comma is then always a separator, so an
-    unquoted ``null`` after one, or opening a line, is a null: an empty cell; then the quotes go.
-    None where a cell needs quoting, is an object, array or ``Decimal`` (orjson refuses it, an int
-    beyond 64 bits and a lone surrogate), or ``_width`` is 0. No type test per cell: it cost as much
-    as the rest."""
+    """The batch's CSV lines made from its JSON (orjson, in C, one call), or None.
+
+    Note: only where no cell needs quoting: no JSON escape (no quote, backslash, CR, LF or
+    control character in a string), no comma but the separators, no bracket but the rows'
+    own. A comma is then always a separator, so an unquoted ``null`` after one, or opening a
+    line, is a null: an empty cell; then the quotes go. None where a cell needs quoting, is
+    an object, array or ``Decimal`` (orjson refuses it, an int beyond 64 bits and a lone
+    surrogate), or ``_width`` is 0.
+    Why no type test per cell: it cost as much as the rest."""
     if not (width := _width(batch)):
         return None
     try:

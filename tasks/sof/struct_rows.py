@@ -31,7 +31,7 @@ which only costs the line-by-line read. RE2: each search is a tenth of their alt
 
 
 class _Element:
-    """The keys a view reads from one kind of element: each key's element (None: a value)."""
+    """The keys a view reads from one kind of element, each with its element (or None)."""
 
     def __init__(self, at: str | None):
         self.at, self.keys = at, dict[str, _Element | None]()

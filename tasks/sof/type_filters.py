@@ -18,7 +18,7 @@ Focus = tuple[str | None, str]
 
 
 def refuse_other_types(view: View) -> None:
-    """Raises ``ViewDefinitionError`` for a path whose type filter never matches its focus."""
+    """Refuse a path whose type filter never matches its focus: ViewDefinitionError."""
     focus = (view.resource, f"each {view.resource}")
     for index, (path, evaluate) in enumerate(view.where):
         _check(evaluate, path, focus, f"view {view.name!r}, where[{index}]")

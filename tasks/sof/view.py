@@ -300,7 +300,7 @@ class CompiledView:
 
     @property
     def name(self) -> str:
-        """How errors name the view: its ``name``, else its ``title``, else its resource type."""
+        """How errors name the view: its ``name``, else ``title``, else its resource type."""
         return str(self.definition.get("name") or self.definition.get("title") or self.resource)
 
     def _passes(self, focus: Focus, env: dict[str, Any]) -> bool:
