@@ -1,5 +1,11 @@
-"""ConfigError, and the wording of every configuration problem: pydantic's own errors are reworded (dotted path,
-the cause and the fix, no input value and no documentation URL), so that no message carries a secret."""
+"""ConfigError, and the wording of every configuration problem.
+
+Pydantic's errors are reworded (dotted path, cause and fix; never the input value or a link), so
+no message carries a secret. The configuration's part of the exception tree::
+
+    DupflowError
+    └── ConfigError     every problem of a configuration, each naming its key and the fix
+"""
 
 from __future__ import annotations
 

@@ -27,10 +27,6 @@ from tasks.core.errors import DupflowError
 NOTIFY_FILE = Path(__file__).with_name("notify.yaml")
 
 
-class AutomationFileError(DupflowError):
-    """The automation file or a block it names is not usable; the message says which and why."""
-
-
 def main(argv: list[str] | None = None) -> int:
     apply_process_defaults()  # before anything imports Prefect: its telemetry is decided at its import
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -72,7 +68,7 @@ def read_automations(path: Path) -> list[dict[str, Any]]:
     document = parse_yaml_file(path)
     automations = document.get("automations", [document]) if isinstance(document, dict) else document
     if not isinstance(automations, list) or not all(isinstance(item, dict) for item in automations):
-        raise AutomationFileError(f"{path}: expected automations (a list of mappings under 'automations:')")
+        raise DupflowError(f"{path}: expected automations (a list of mappings under 'automations:')")
     return automations
 
 
@@ -92,7 +88,7 @@ def block_id(client, name_or_id: str) -> str:
     found = client.request("POST", "/block_documents/filter", json=with_name).json()
     notifiers = [block for block in found if "notify" in block["block_schema"]["capabilities"]]
     if len(notifiers) != 1:
-        raise AutomationFileError(
+        raise DupflowError(
             f"{len(notifiers) or 'no'} notification block named {name_or_id!r} on the Prefect server: create one (a "
             "Slack, Microsoft Teams, email or custom webhook block, in the UI under Blocks) with that name, then "
             "apply again"
