@@ -1,9 +1,8 @@
 """The one root of dupflow's errors, and the core's part of their tree.
 
-Import-light (no httpx, no Prefect): the command line and the job record use it. Each layer
-draws its part beside its classes (docs/development.md, Errors): ``config.errors``,
-``tasks.streams``, ``tasks.clients.errors``, ``tasks.sof.errors``, ``tasks.job``, ``tasks``
-(the steps) and ``flows``::
+Import-light: the command line and the job record use it. Each layer draws its part beside
+its classes (docs/development.md, Errors): ``config.errors``, ``tasks.streams``,
+``tasks.clients.errors``, ``tasks.sof.errors``, ``tasks.job``, ``tasks`` (steps), ``flows``::
 
     DupflowError                a message a user can act on; transient or terminal
     ├── UsageError              a command asked for something it cannot do as given (exit 2)
@@ -63,7 +62,7 @@ def _rebuilt(
 
 
 class StepError(DupflowError):
-    """A step cannot go on with its input (a missing file, bad data, a refused setting)."""
+    """A step cannot go on with its input (a missing file, bad data, a setting)."""
 
 
 class UsageError(DupflowError):
@@ -71,4 +70,4 @@ class UsageError(DupflowError):
 
 
 class JobError(DupflowError):
-    """A job cannot be started or continued as asked (locked, unknown, already completed, …)."""
+    """A job cannot be started or continued as asked (locked, unknown, completed, …)."""
