@@ -59,9 +59,8 @@ class EnrichmentRule(_RuleBase):
 
 
 class _FileAttribute(AttributeToAdd):
-    linked_groups: list[str] = Field(
-        default_factory=list
-    )  # a JSON list, never the configuration's "a,b" text
+    # a JSON list, never the configuration's "a,b" text
+    linked_groups: list[str] = Field(default_factory=list)
 
 
 class _FileRule(_RuleBase):

@@ -89,9 +89,7 @@ class AuthSettings(ConfigModel):
                 (name, f"is missing while {', '.join(present)} is set; {needs}") for name in missing
             ]
         if self.api_key is not None and (key := self.api_key.get_secret_value()) != key.strip(" "):
-            problems.append(
-                ("api_key", _SPACE_AT_AN_END)
-            )  # h11 would refuse the header, quoting the key
+            problems.append(("api_key", _SPACE_AT_AN_END))  # h11 would refuse it, quoting it
         if not _HTTP_TOKEN.fullmatch(self.api_key_header):
             problems.append(("api_key_header", f"'{self.api_key_header}' {_NOT_A_HEADER}"))
         elif self.api_key_header.lower() == "authorization" and (basic or oauth):
@@ -182,9 +180,8 @@ def _migrate_legacy_durations(data: dict[str, Any], info: ValidationInfo) -> lis
                     f"must be a whole number of {unit}; better, replace it with {new} (e.g. PT30S)",
                 )
             )
-        elif abs(amount) > MAX_DURATION / timedelta(
-            **{unit: 1}
-        ):  # timedelta() of it would overflow, or sleep for ages
+        # timedelta() of it would overflow, or sleep for ages
+        elif abs(amount) > MAX_DURATION / timedelta(**{unit: 1}):
             longest = f"{format_duration(MAX_DURATION)}, 10 years"
             problems.append(
                 (

@@ -53,11 +53,8 @@ STEP_NAMES = (
 )
 IMPORT_STEPS = ("extractor", "local_import", "http_import")
 REPEATABLE_STEPS = ("wait",)
-DATA_STEPS = (
-    *IMPORT_STEPS,
-    "pseudonymizer",
-    "flattening",
-)  # the steps that write data the next steps read
+# the steps that write data the next steps read
+DATA_STEPS = (*IMPORT_STEPS, "pseudonymizer", "flattening")
 REMOVED_STEPS = {"csv_conversion": "flattening", "parquet_conversion": "flattening"}
 MAX_LISTED_UNKNOWN_STEPS = 5
 _NO_CRTDL_WITH_HTTP_IMPORT = (

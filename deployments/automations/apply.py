@@ -50,9 +50,8 @@ def main(argv: list[str] | None = None) -> int:
             for core in cores:
                 print(f"applied automation {core.name!r} ({replace_automation(client, core)})")
     except (DupflowError, OSError, ValueError, httpx.HTTPError) as exc:
-        said = (
-            "; ".join(exc.problems) if isinstance(exc, ConfigError) else exc
-        )  # a ConfigError: its problems
+        # a ConfigError: the file's problems alone
+        said = "; ".join(exc.problems) if isinstance(exc, ConfigError) else exc
         print(f"error: {said}", file=sys.stderr)
         return 1
     return 0

@@ -24,9 +24,8 @@ class CredentialsInUrlError(DupflowError):
     """A URL with a user name or password; the message never contains them."""
 
 
-_SCHEME = re.compile(
-    r"([A-Za-z][A-Za-z0-9+.-]*)(:/*)"
-)  # a scheme and its slashes, however many were typed
+# a scheme and its slashes, however many were typed
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)(:/*)")
 
 # Kept as they are in a path: escapes stay escaped, so a decoded %0A never breaks a line.
 _PATH_SAFE = "/%:@!$&'()*+,=-._~"
