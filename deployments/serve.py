@@ -77,7 +77,7 @@ def checked_schedule(args: argparse.Namespace) -> Schedule | None:
             use_server()  # its Secret blocks are read from the jobs' server
         load_settings(args.config)
         if args.input is not None:  # else each run gives its input in the form
-            check_new_job(args.config, args.input, {})  # a missing CRTDL, a URL's credentials
+            check_new_job(args.config, args.input, {})  # a missing CRTDL or folder, credentials
         if schedule := Cron(args.cron, timezone=args.timezone) if args.cron else None:
             CronSchedule(cron=args.cron, timezone=args.timezone)  # Cron is read at the start
         use_server()
