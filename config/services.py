@@ -170,25 +170,15 @@ def _migrate_legacy_durations(data: dict[str, Any], info: ValidationInfo) -> lis
             int(amount.strip()) if isinstance(amount, str) and amount.strip().isdigit() else amount
         )
         if new in data:
-            problems.append(
-                (old, f"and {new} are both set; delete the deprecated {old} and keep {new}")
-            )
+            problem = f"and {new} are both set; delete the deprecated {old} and keep {new}"
         elif not isinstance(amount, int) or isinstance(amount, bool):
-            problems.append(
-                (
-                    old,
-                    f"must be a whole number of {unit}; better, replace it with {new} (e.g. PT30S)",
-                )
+            problem = (
+                f"must be a whole number of {unit}; better, replace it with {new} (e.g. PT30S)"
             )
         # timedelta() of it would overflow, or sleep for ages
         elif abs(amount) > MAX_DURATION / timedelta(**{unit: 1}):
             longest = f"{format_duration(MAX_DURATION)}, 10 years"
-            problems.append(
-                (
-                    old,
-                    f"is longer than the maximum of {longest}; replace it with {new} (e.g. PT30S)",
-                )
-            )
+            problem = f"is longer than the maximum of {longest}; replace it with {new} (e.g. PT30S)"
         else:
             data[new] = timedelta(**{unit: amount})
             duration = f"{format_duration(data[new])} (a duration)"
@@ -197,6 +187,8 @@ def _migrate_legacy_durations(data: dict[str, Any], info: ValidationInfo) -> lis
                 f"{EXTRACTOR_PATH}.{old} is deprecated; replace it with {EXTRACTOR_PATH}.{new}: "
                 f"{duration}.",
             )
+            continue
+        problems.append((old, problem))
     return problems
 
 
