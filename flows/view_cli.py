@@ -17,6 +17,7 @@ from typing import IO, Any
 
 from config.runtime import CLI
 from tasks.core.errors import DupflowError
+from tasks.core.json_shapes import as_object
 from tasks.core.jsonfile import JsonFileError, read_json_file
 from tasks.core.readable import plain_multiline
 from tasks.streams.ndjson import NdjsonError, iter_lines
@@ -80,7 +81,7 @@ def cmd_view_run(args: argparse.Namespace) -> int:
     resources = Path(args.resources)
     try:
         if args.format == "parquet":
-            print_parquet(view, definition, resources)
+            print_parquet(view, as_object(definition), resources)  # a dict: compile_view took it
         elif args.format == "csv":
             write_csv(view, resources, sys.stdout)
         else:

@@ -2,7 +2,21 @@
 
 Response bodies are never echoed (secrets, patient data): only a FHIR OperationOutcome's texts are taken over,
 truncated. Every text that leaves a client is redacted: ``ServiceError`` messages when made, OperationOutcome texts
-when taken.
+when taken. The clients' part of the exception tree (the root's: ``tasks.core.errors``)::
+
+    DupflowError
+    ├── ServiceError                a failed call: operation, HTTP status, transient or terminal
+    │   ├── TransactionRejected     fhir_server
+    │   └── JobNotFoundError, TransitionRefusedError, SearchRejectedError, VersionConflictError,
+    │       CohortPreviewUnsupportedError                               extraction_jobs
+    ├── ValidationServiceError      validator: a 2xx answer that is no OperationOutcome
+    └── StepError
+        ├── ExtractionError         extraction_documents
+        │   ├── InvalidCrtdlError, DeadHandleError, ExtractionCancelledError, ExtractionFailedError,
+        │   └── ExtractionTimeoutError, NoMatchingDataError, StatusUrlMismatchError
+        ├── DownloadError           downloads: FileNotReadyError, UnsafeFileNameError
+        ├── PseudonymizationError   pseudonymizer: EntryTooLargeError
+        └── FlattenerError          flattener
 """
 
 from __future__ import annotations

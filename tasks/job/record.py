@@ -120,7 +120,7 @@ def read_record(job_dir: Path, new: JobRecord | None = None) -> JobRecord:
         record = JobRecord.model_validate(document if isinstance(document, dict) else None)
     except ValidationError as exc:
         raise RecordError(f"{label} is no job record ({validation_problem(document, exc)}); fix or remove it") from None
-    if (version := document.get("version", 1)) != SCHEMA_VERSION:
+    if isinstance(document, dict) and (version := document.get("version", 1)) != SCHEMA_VERSION:
         raise RecordError(
             f"{label} has version {repr(version)[:20]}; this dupflow reads version {SCHEMA_VERSION} only: finish "
             "the job with the dupflow that made it, or start it anew"
