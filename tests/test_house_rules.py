@@ -141,17 +141,12 @@ def drawn_names(docstring: str) -> set[str]:
     return words
 
 
-# A layer whose own drawing another branch adds (p3-sof draws tasks.sof.errors): until it is
-# there, the root's drawing holds that layer's part.
-DRAWN_BY_THE_ROOT_FOR_NOW = {"tasks.sof.errors"}
-
-
 def layer_drawing(module: str, drawings: dict[str, set[str]]) -> str:
     """Where the classes of ``module`` are drawn: its package's ``errors`` module, else the package."""
     package = module.rpartition(".")[0]
     errors = f"{package}.errors"
     home = errors if errors in drawings else package
-    return "tasks.core.errors" if home in DRAWN_BY_THE_ROOT_FOR_NOW and not drawings[home] else home
+    return home
 
 
 def ancestors(name: str, exceptions: dict[str, tuple[str, list[str]]]) -> set[str]:
@@ -165,11 +160,6 @@ def test_each_exception_is_drawn_once_in_its_layers_drawing_under_one_root():
     exceptions = exception_classes()
     drawings = {module: drawn_names(ast.get_docstring(tree) or "") for module, tree in modules()}
     tree = {name for name in exceptions if "DupflowError" in ancestors(name, exceptions) | {name}}
-    drawn_now = sorted(module for module in DRAWN_BY_THE_ROOT_FOR_NOW if drawings.get(module))
-    assert not drawn_now, (
-        f"{drawn_now} draw their part now: drop it from tasks.core.errors's drawing and the modules "
-        "from DRAWN_BY_THE_ROOT_FOR_NOW"
-    )
     home = {name: layer_drawing(exceptions[name][0], drawings) for name in tree}
     undrawn = sorted(f"{name} in {home[name]}" for name in tree if name not in drawings[home[name]])
     assert not undrawn, f"draw each class in its layer's module docstring (after '::'): {undrawn}"

@@ -9,10 +9,7 @@ its classes (docs/development.md, Errors): ``config.errors``, ``tasks.streams``,
     ├── JobError                a job cannot be started or continued as asked
     ├── StepError               a step cannot go on with its input (terminal)
     ├── JsonFileError           jsonfile: a JSON file too big, too deep or broken
-    ├── CredentialsInUrlError   url_credentials: a URL with user:password
-    └── SofError                tasks.sof.errors (also ValueError), until that module draws it
-        ├── CrtdlError, FhirPathError, LookupFileError, ResourceLineError
-        └── ViewError: ViewDefinitionError, ViewEvaluationError
+    └── CredentialsInUrlError   url_credentials: a URL with user:password
 
 Outside the tree (control flow caught before a user sees it): ``tasks.streams.fanout.Cancelled``,
 ``tasks.streams.ndjson._InputWanted``, ``config.yaml_file._DuplicateKeyError``, ``_UnusableBlock``.
