@@ -1,6 +1,8 @@
 """Typed errors of outgoing service calls: transient (worth retrying) or terminal.
 
-See docs/development.md#service-clients.
+Response bodies are never echoed (secrets, patient data): only a FHIR OperationOutcome's texts are taken over,
+truncated. Every text that leaves a client is redacted: ``ServiceError`` messages when made, OperationOutcome texts
+when taken.
 """
 
 from __future__ import annotations
