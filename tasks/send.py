@@ -1,6 +1,6 @@
 """The ``send`` step: deliver the last data-producing step's files.
 
-Note: as ``services.send.send_as`` says (docs/steps.md). See docs/development.md#steps.
+Note: in the mode ``services.send.send_as`` names (docs/steps.md). See docs/development.md#steps.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def effective_batch_size(batch_size: int) -> int:
 
 @dataclass
 class Batch:
-    """One transaction's entries (JSON each), their Type/id labels, the next start."""
+    """A transaction's entries (JSON each), their Type/id labels, the next one's start."""
 
     number: int
     entries: list[bytes] = field(default_factory=list)
@@ -395,7 +395,7 @@ def failing_entry(labels: list[str], index: int | None, outcome: str) -> str:
 
 
 def keep_failed_batch(failed_dir: Path, name: str, number: int, body: bytes, answer: str) -> str:
-    """Write the rejected request and the answer; return the sentence saying where."""
+    """Write the rejected request and the answer; return where (or why not), in words."""
     stem = failed_dir / f"{name}-batch-{number}"
     try:
         write_file_atomically(stem.with_name(stem.name + ".request.json"), body)

@@ -1,6 +1,6 @@
 """The ``wait`` step: a gate where the job stops so a person can inspect the data.
 
-Note: and correct them. See docs/development.md#steps.
+Note: the person may correct the data there first. See docs/development.md#steps.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ _current: ContextVar[WorkerPool | None] = ContextVar("dupflow_worker_pool", defa
 
 
 def never_cancelled() -> None:
-    """Check nothing: the cancellation check of a call nothing cancels.
+    """Do nothing: the cancellation check of a call nothing cancels.
 
     Note: in a worker process, its parent terminates it instead.
     """
