@@ -1,1 +1,1 @@
-"""dupflow configuration: typed settings (config.settings and its blocks) and the one loader (config.loader)."""
+"""dupflow's configuration: the typed settings and the one loader (config.loader)."""

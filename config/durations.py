@@ -1,53 +1,69 @@
-"""Duration values of the configuration, accepted (case-insensitive) as ISO 8601 (``PT1M30S``, ``P1DT2H``, ``P1W``;
-years and months have no fixed length and are refused), short forms (``1h30m``, ``500ms``, ``1.5s``: d, h, m, s, ms)
-or a bare ``0`` (several keys give 0 the meaning "the built-in default"), at most ``MAX_DURATION``. Any other bare
-number is refused: ``30`` could be seconds or minutes, and the earlier configuration shape used both side by side."""
+"""Duration values of the configuration, up to ``MAX_DURATION``.
+
+ISO 8601 (``P1DT2H``; no years or months: their length varies), short forms (``1h30m``,
+``500ms``: d, h, m, s, ms) or a bare ``0`` (for some keys "the default"), in any case. Another
+bare number is refused: ``30`` could be seconds or minutes. docs/configuration.md says more.
+"""
 
 from __future__ import annotations
 
 import re
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import BeforeValidator, PlainSerializer
 from pydantic_core import PydanticCustomError
 
-ACCEPTED_FORMS = "use ISO 8601 (PT30M, PT5S, PT1M30S, P1D, PT0.5S) or a short form (30m, 30s, 1h30m, 500ms)"
+ACCEPTED_FORMS = (
+    "use ISO 8601 (PT30M, PT5S, PT1M30S, P1D, PT0.5S) or a short form (30m, 30s, 1h30m, 500ms)"
+)
 
 _NUMBER = r"(\d+(?:\.\d+)?)"
 _ISO_PATTERN = re.compile(
-    rf"P(?:{_NUMBER}W)?(?:{_NUMBER}D)?(?:T(?:{_NUMBER}H)?(?:{_NUMBER}M)?(?:{_NUMBER}S)?)?", re.IGNORECASE
+    rf"P(?:{_NUMBER}W)?(?:{_NUMBER}D)?(?:T(?:{_NUMBER}H)?(?:{_NUMBER}M)?(?:{_NUMBER}S)?)?",
+    re.IGNORECASE,
 )
 _SHORT_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|d|h|m|s)", re.IGNORECASE)
 _SHORT_PATTERN = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|d|h|m|s))+", re.IGNORECASE)
 _SHORT_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _ISO_UNIT_SECONDS = (604800.0, 86400.0, 3600.0, 60.0, 1.0)  # W, D, H, M, S
 MAX_DURATION = timedelta(days=3650)
-"""Longer values are refused: no wait is meant to last more than 10 years, and sleeping that long overflows."""
+"""Longer values are refused: no wait lasts 10 years, and sleeping that long overflows."""
 MAX_SHOWN_CHARS = 40
 
 
 def parse_duration(text: str) -> timedelta:
-    """Parse one duration string; raise ValueError naming the accepted forms when it is not one."""
+    """Parse one duration string; a ValueError naming the accepted forms if it is none."""
     value = text.strip()
     if value == "0":
         return timedelta(0)
     if re.fullmatch(r"[+-]?\d+(\.\d+)?", value):
-        raise ValueError(f"'{value[:MAX_SHOWN_CHARS]}' has no unit, which is ambiguous; {ACCEPTED_FORMS}")
+        raise ValueError(
+            f"'{value[:MAX_SHOWN_CHARS]}' has no unit, which is ambiguous; {ACCEPTED_FORMS}"
+        )
     shown = value if len(value) <= MAX_SHOWN_CHARS else value[:MAX_SHOWN_CHARS] + "…"
-    if (iso := _ISO_PATTERN.fullmatch(value)) and any(iso.groups()) and not value.upper().endswith("T"):
+    if (
+        (iso := _ISO_PATTERN.fullmatch(value))
+        and any(iso.groups())
+        and not value.upper().endswith("T")
+    ):
         amounts = (float(part) if part else 0.0 for part in iso.groups())
         total = sum(amount * unit for amount, unit in zip(amounts, _ISO_UNIT_SECONDS, strict=True))
         return _bounded(total, shown)
     if _SHORT_PATTERN.fullmatch(value):
-        total = sum(float(number) * _SHORT_UNIT_SECONDS[unit.lower()] for number, unit in _SHORT_PART.findall(value))
+        total = sum(
+            float(number) * _SHORT_UNIT_SECONDS[unit.lower()]
+            for number, unit in _SHORT_PART.findall(value)
+        )
         return _bounded(total, shown)
     raise ValueError(f"'{shown}' is not a duration; {ACCEPTED_FORMS}")
 
 
 def _bounded(seconds: float, shown: str) -> timedelta:
-    if not seconds <= MAX_DURATION.total_seconds():  # also catches inf and nan from absurdly long numbers
-        raise ValueError(f"'{shown}' is longer than the maximum of {format_duration(MAX_DURATION)} (10 years)")
+    if not seconds <= MAX_DURATION.total_seconds():  # also inf and nan, of absurdly long numbers
+        raise ValueError(
+            f"'{shown}' is longer than the maximum of {format_duration(MAX_DURATION)} (10 years)"
+        )
     return timedelta(seconds=seconds)
 
 
@@ -64,7 +80,7 @@ def format_duration(value: timedelta) -> str:
     return "P" + (f"{days}D" if days else "") + ("T" + time_part if time_part else "")
 
 
-def _validate_duration(value: Any) -> Any:
+def _validate_duration(value: object) -> timedelta:
     if isinstance(value, timedelta):
         return value
     if isinstance(value, str):
@@ -84,6 +100,8 @@ def _validate_duration(value: Any) -> Any:
 
 
 Duration = Annotated[
-    timedelta, BeforeValidator(_validate_duration), PlainSerializer(format_duration, return_type=str, when_used="json")
+    timedelta,
+    BeforeValidator(_validate_duration),
+    PlainSerializer(format_duration, return_type=str, when_used="json"),
 ]
-"""A timedelta field written in the configuration as an ISO 8601 or short-form duration."""
+"""A timedelta field written as an ISO 8601 or short-form duration."""

@@ -1,24 +1,38 @@
-"""services.crtdl_preprocessing: the CRTDL enrichment rules, written inline in the configuration (snake_case) or
-in an external JSON file (camelCase, as the other tools of the ecosystem write it). One set of models serves both
-spellings: the configuration validates them by name, the file by alias."""
+"""services.crtdl_preprocessing: CRTDL enrichment rules, inline or in a JSON file.
+
+Inline in the configuration they are snake_case; the file writes them in camelCase, as the
+ecosystem's other tools do. One set of models serves both: the configuration validates them by
+name, the file by alias.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import BeforeValidator, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
-from config.fields import ConfigModel, OptionalPath, StrList, list_from_text, raise_problems
+from config.fields import ConfigModel, OptionalPath, StrList, list_from_text, loc_path
+from config.fields import raise_problems
 from tasks.core.jsonfile import JsonFileError, read_json_file
 
 
 class _RuleModel(ConfigModel):
-    """snake_case names in the configuration; the file's camelCase aliases only where asked for (by_alias)."""
+    """snake_case names; the file's camelCase aliases only where asked for (by_alias)."""
 
-    model_config = ConfigDict(alias_generator=to_camel, validate_by_name=True, validate_by_alias=False)
+    model_config = ConfigDict(
+        alias_generator=to_camel, validate_by_name=True, validate_by_alias=False
+    )
 
 
 class CreateIfNotExists(_RuleModel):
@@ -32,24 +46,28 @@ class AttributeToAdd(_RuleModel):
 
 
 class _RuleBase(_RuleModel):
-    """The fields a rule has in both spellings but its attributes, whose models differ (``_FileAttribute``)."""
+    """The fields of a rule in both spellings but its attributes (``_FileAttribute``)."""
 
     group_reference: str = Field(min_length=1)
     create_if_not_exists: CreateIfNotExists | None = None
 
 
 class EnrichmentRule(_RuleBase):
-    """One CRTDL enrichment: attributes to add to the attribute group with profile group_reference."""
+    """One CRTDL enrichment: attributes for the group of profile group_reference."""
 
     attributes_to_add: list[AttributeToAdd] = Field(default_factory=list)
 
 
 class _FileAttribute(AttributeToAdd):
-    linked_groups: list[str] = Field(default_factory=list)  # a JSON list, never the configuration's "a,b" text
+    # a JSON list, never the configuration's "a,b" text
+    linked_groups: list[str] = Field(default_factory=list)
 
 
 class _FileRule(_RuleBase):
-    """A rule of the file, which may also ask for the group to be named after the profile (addGroupIfNotExists)."""
+    """A rule of the file, which may also ask for a group named after the profile.
+
+    Note: ``addGroupIfNotExists``.
+    """
 
     attributes_to_add: list[_FileAttribute] = Field(default_factory=list)
     add_group_if_not_exists: bool = False
@@ -67,8 +85,10 @@ class _FileRule(_RuleBase):
     def to_rule(self) -> EnrichmentRule:
         create = self.create_if_not_exists
         if self.add_group_if_not_exists:
-            # The group name of the short form: the profile URL's last path segment, without a |version.
-            create = CreateIfNotExists(group_name=self.group_reference.split("|", 1)[0].rstrip("/").rsplit("/", 1)[-1])
+            # The short form's group name: the profile URL's last path segment, without a |version.
+            create = CreateIfNotExists(
+                group_name=self.group_reference.split("|", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+            )
         return EnrichmentRule(
             group_reference=self.group_reference,
             create_if_not_exists=create,
@@ -80,14 +100,15 @@ _ENRICHMENT_FILE = TypeAdapter(list[_FileRule])
 MAX_ENRICHMENT_FILE_BYTES = 16 * 1024 * 1024  # rules for every MII profile fit in a few KB
 
 
-def _file_error_text(error: Any) -> str:
+def _file_error_text(error: ErrorDetails) -> str:
     loc = error["loc"]
     where = f"rule [{loc[0]}]" if loc and isinstance(loc[0], int) else "top level"
-    field = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc[1:]).lstrip(".")
+    field = loc_path(loc[1:])
     if error["type"] == "extra_forbidden":
         return (
-            f"{where}: unknown field {field}; remove it (allowed: groupReference, createIfNotExists, "
-            "addGroupIfNotExists, attributesToAdd with attributeRef, mustHave, linkedGroups)"
+            f"{where}: unknown field {field}; remove it (allowed: groupReference, "
+            "createIfNotExists, addGroupIfNotExists, attributesToAdd with attributeRef, mustHave, "
+            "linkedGroups)"
         )
     if error["type"] == "missing":
         return f"{where}: {field} is required; add it"
@@ -98,20 +119,25 @@ def _file_error_text(error: Any) -> str:
 
 
 def read_enrichment_file(path: str) -> tuple[list[EnrichmentRule], list[str]]:
-    """(rules, problems) of an external enrichment JSON file; a relative path written in the configuration file is
-    already absolute against its directory."""
+    """(rules, problems) of an enrichment JSON file.
+
+    Note: a relative path written in the configuration file is already absolute against its folder.
+    """
     try:
         raw = read_json_file(Path(path), MAX_ENRICHMENT_FILE_BYTES, path)
         entries = _ENRICHMENT_FILE.validate_python(raw, by_alias=True, by_name=False)
     except JsonFileError as error:
         return [], [str(error)]
     except ValidationError as error:
-        return [], [f"{path}: {_file_error_text(e)}" for e in error.errors(include_url=False, include_input=False)]
+        return [], [
+            f"{path}: {_file_error_text(e)}"
+            for e in error.errors(include_url=False, include_input=False)
+        ]
     return [entry.to_rule() for entry in entries], []
 
 
 class CrtdlPreprocessingSettings(ConfigModel):
-    """services.crtdl_preprocessing. ``rules`` is the effective list, inline or read from enrichments_path."""
+    """services.crtdl_preprocessing; ``rules``: those in effect, inline or the file's."""
 
     enabled: bool = False
     enrichments_path: OptionalPath = None
@@ -120,15 +146,15 @@ class CrtdlPreprocessingSettings(ConfigModel):
 
     @property
     def rules(self) -> list[EnrichmentRule]:
-        """Inline enrichments, or the rules of enrichments_path (read when the settings are validated)."""
+        """Inline enrichments, or the rules of enrichments_path (read at validation)."""
         return self.enrichments or self._file_rules or []
 
     @model_validator(mode="after")
     def _load_rules(self) -> CrtdlPreprocessingSettings:
         if self.enrichments is not None and self.enrichments_path is not None:
             message = (
-                "enrichments and enrichments_path are both set; keep either the inline rules (enrichments) or the "
-                "external file (enrichments_path)"
+                "enrichments and enrichments_path are both set; keep either the inline rules "
+                "(enrichments) or the external file (enrichments_path)"
             )
             raise_problems([("", message)])
         if self.enrichments_path is not None:

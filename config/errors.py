@@ -1,33 +1,44 @@
-"""ConfigError, and the wording of every configuration problem: pydantic's own errors are reworded (dotted path,
-the cause and the fix, no input value and no documentation URL), so that no message carries a secret."""
+"""ConfigError, and the wording of every configuration problem.
+
+Pydantic's errors are reworded (dotted path, cause and fix; never the input value or a link), so
+no message carries a secret. The configuration's part of the exception tree::
+
+    DupflowError
+    └── ConfigError     every problem of a configuration, each naming its key and the fix
+"""
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from typing import Any
 
 import annotated_types
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
-from config.fields import join_key_path
+from config.fields import join_key_path, loc_path
 from config.keys import model_at
 from tasks.core.errors import DupflowError
 from tasks.core.readable import counted
 
 
 class ConfigError(DupflowError):
-    """The configuration was rejected. ``problems`` holds one message per problem (key path, cause, fix)."""
+    """The configuration was rejected; ``problems``: key path, cause and fix of each."""
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
         lines = "\n".join(f"  - {problem}" for problem in self.problems)
-        super().__init__(f"invalid configuration ({counted(len(self.problems), 'problem')}):\n{lines}")
+        super().__init__(
+            f"invalid configuration ({counted(len(self.problems), 'problem')}):\n{lines}"
+        )
 
 
-def _range_text(loc: tuple[Any, ...]) -> str:
+Loc = tuple[int | str, ...]
+
+
+def _range_text(loc: Loc) -> str:
     model = model_at(loc[:-1])
-    info = model.model_fields.get(loc[-1]) if model else None
+    info = model.model_fields.get(str(loc[-1])) if model else None
     bounds = {type(item): item for item in (info.metadata if info else [])}
     low, high = bounds.get(annotated_types.Ge), bounds.get(annotated_types.Le)
     if low and high:
@@ -39,7 +50,7 @@ def _range_text(loc: tuple[Any, ...]) -> str:
     return "is out of range; fix the value"
 
 
-def _unknown_key_text(loc: tuple[Any, ...]) -> str:
+def _unknown_key_text(loc: Loc) -> str:
     model = model_at(loc[:-1])
     valid = list(model.model_fields) if model else []
     close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
@@ -49,17 +60,22 @@ def _unknown_key_text(loc: tuple[Any, ...]) -> str:
 
 _FIXED_TEXTS = {
     "missing": "is required; add it",
-    **dict.fromkeys(("int_parsing", "int_type", "int_from_float"), "must be a whole number (e.g. 5)"),
+    **dict.fromkeys(
+        ("int_parsing", "int_type", "int_from_float"), "must be a whole number (e.g. 5)"
+    ),
     **dict.fromkeys(("bool_parsing", "bool_type"), "must be true or false"),
     "string_type": 'must be a text value; quote it in YAML (e.g. "123")',
     "list_type": "must be a list; write [a, b] in YAML or a,b in an environment variable or flag",
-    **dict.fromkeys(("model_type", "model_attributes_type", "dict_type"), "must be a block of keys (a YAML mapping)"),
+    **dict.fromkeys(
+        ("model_type", "model_attributes_type", "dict_type"),
+        "must be a block of keys (a YAML mapping)",
+    ),
     "string_too_short": "must not be empty; set a value",
 }
 _RANGE_TYPES = {"greater_than_equal", "less_than_equal", "greater_than", "less_than"}
 
 
-def _describe(error: Mapping[str, Any]) -> str:
+def _describe(error: ErrorDetails) -> str:
     """Our wording for one pydantic error (never its input value or documentation URL)."""
     kind, loc = error["type"], error["loc"]
     if kind == "extra_forbidden":
@@ -85,13 +101,20 @@ def _origin_note(path: str, sources: Mapping[str, str]) -> str:
     return ""
 
 
-def validation_problems(error: ValidationError, sources: Mapping[str, str], skip: set[str]) -> list[str]:
-    """One message per problem of a failed validation, but none at or below a key of ``skip`` (already reported);
-    ``sources`` (key -> where its value came from) adds the variable or flag that set an offending value."""
+def validation_problems(
+    error: ValidationError, sources: Mapping[str, str], skip: set[str]
+) -> list[str]:
+    """One message per problem of a failed validation, none at or below ``skip``.
+
+    Note: ``skip`` holds keys already reported; ``sources`` (key -> where its value came from)
+    adds the variable or flag that set an offending value.
+    """
     problems: list[str] = []
     for item in error.errors(include_url=False, include_input=False):
-        base = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in item["loc"]).lstrip(".")
-        entries = item["ctx"]["problems"] if item["type"] == "config_rule" else [("", _describe(item))]
+        base = loc_path(item["loc"])
+        entries = (
+            item["ctx"]["problems"] if item["type"] == "config_rule" else [("", _describe(item))]
+        )
         for relative, message in entries:
             path = join_key_path(base, relative)
             if not any(is_at_or_below(path, key) for key in skip):

@@ -1,11 +1,14 @@
-"""The key paths of the configuration, enumerated from the models: every settable leaf, the secret ones, the APP_*
-variable of each, and the model or value at a path."""
+"""The configuration's key paths, enumerated from the models.
+
+Every settable leaf, the secret ones, the APP_* variable of each, and the model or value at a
+path.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from functools import cache
-from typing import Any, get_args
+from typing import get_args
 
 from pydantic import BaseModel, SecretStr
 
@@ -14,19 +17,23 @@ from config.services import LEGACY_KEY_PATHS
 from config.settings import Settings
 
 ENRICHMENTS_KEY = "services.crtdl_preprocessing.enrichments"
+ModelOf = Callable[[object], type[BaseModel] | None]
 
 
-def _direct_model(annotation: Any) -> type[BaseModel] | None:
-    return annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+def _direct_model(annotation: object) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
 
 
-def _nested_model(annotation: Any) -> type[BaseModel] | None:
-    """The model class a field annotation holds directly or inside list/Optional, if any."""
-    return _direct_model(annotation) or next(filter(None, map(_nested_model, get_args(annotation))), None)
+def _nested_model(annotation: object) -> type[BaseModel] | None:
+    """The model class a field annotation holds, directly or in list/Optional, if any."""
+    inner = filter(None, map(_nested_model, get_args(annotation)))
+    return _direct_model(annotation) or next(inner, None)
 
 
-def _leaves(model: type[BaseModel], prefix: str, nested: Callable[[Any], Any]) -> Iterator[tuple[str, Any]]:
-    """(dotted path, annotation) of every field below ``model`` in which ``nested`` finds no model to go into."""
+def _leaves(model: type[BaseModel], prefix: str, nested: ModelOf) -> Iterator[tuple[str, object]]:
+    """(path, annotation) of each leaf below ``model``, as ``nested`` finds them."""
     for name, info in model.model_fields.items():
         path = join_key_path(prefix, name)
         inner = nested(info.annotation)
@@ -35,18 +42,20 @@ def _leaves(model: type[BaseModel], prefix: str, nested: Callable[[Any], Any]) -
 
 @cache
 def leaf_paths() -> tuple[str, ...]:
-    """Every settable key as a dotted path, in model order. Lists (also of rules) are single leaves."""
+    """Every settable key as a dotted path, in model order; a list is one leaf."""
     return tuple(path for path, _ in _leaves(Settings, "", _direct_model))
 
 
-def _holds_secret(annotation: Any) -> bool:
-    return annotation is SecretStr or any(_holds_secret(argument) for argument in get_args(annotation))
+def _holds_secret(annotation: object) -> bool:
+    arguments = get_args(annotation)
+    return annotation is SecretStr or any(_holds_secret(argument) for argument in arguments)
 
 
 @cache
 def secret_key_paths() -> frozenset[str]:
-    """Dotted paths of every secret key (SecretStr fields), including the deprecated flat extractor keys."""
-    secrets = {path for path, annotation in _leaves(Settings, "", _nested_model) if _holds_secret(annotation)}
+    """Dotted paths of every secret key (SecretStr), deprecated flat keys included."""
+    leaves = _leaves(Settings, "", _nested_model)
+    secrets = {path for path, annotation in leaves if _holds_secret(annotation)}
     deprecated = {old for old, current in LEGACY_KEY_PATHS.items() if current in secrets}
     return frozenset(secrets | deprecated)
 
@@ -58,7 +67,7 @@ def settable_paths() -> frozenset[str]:
 
 @cache
 def env_var_index() -> dict[str, str]:
-    """APP_* variable name -> dotted key path, built from the models (current and deprecated keys)."""
+    """APP_* variable name -> dotted key path, of the current and deprecated keys."""
     index: dict[str, str] = {}
     for path in sorted(settable_paths()):
         name = env_var_name(path)
@@ -68,7 +77,7 @@ def env_var_index() -> dict[str, str]:
     return index
 
 
-def model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+def model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
     """The model class that validates the value at ``loc`` (list indices are skipped)."""
     model: type[BaseModel] | None = Settings
     for part in loc:
@@ -79,11 +88,11 @@ def model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return model
 
 
-def value_at(settings: Settings, path: str) -> Any:
-    """The settings' value of a current key; for the enrichments, the effective rules (inline or from the file)."""
+def value_at(settings: Settings, path: str) -> object:
+    """The settings' value of a current key; of the enrichments, the effective rules."""
     if path == ENRICHMENTS_KEY:
         return settings.services.crtdl_preprocessing.rules or None
-    node: Any = settings
+    node: object = settings
     for part in path.split("."):
         node = getattr(node, part)
     return node

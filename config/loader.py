@@ -1,8 +1,8 @@
-"""The one configuration loader. Precedence, highest first: command-line overrides, APP_* variables, the file
-(``config.yaml_file``), defaults. An APP_* name is resolved from the known keys (``env_var_name``), never by splitting
-on ``_``; one matching no key is ignored (other tools share the prefix), an empty one is unset (``APP_X=`` in compose
-files). ``LoadedConfig.sources`` records each leaf's source ("default", "file", "env APP_...", "flag <label>"). All
-problems are raised together as one ConfigError, never with a secret's value."""
+"""The one configuration loader: flags, then APP_* variables, the file, defaults.
+
+Every problem is raised together as one ConfigError, never with a secret's value; each leaf's
+source is kept (docs/development.md, Configuration).
+"""
 
 from __future__ import annotations
 
@@ -23,13 +23,14 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from config.durations import format_duration
 from config.errors import ConfigError, is_at_or_below, validation_problems
 from config.fields import CONFIG_LOGGER, ENV_PREFIX, Problem, env_var_name
-from config.keys import ENRICHMENTS_KEY, env_var_index, leaf_paths, secret_key_paths, settable_paths, value_at
+from config.keys import ENRICHMENTS_KEY, env_var_index, leaf_paths, secret_key_paths
+from config.keys import settable_paths, value_at
 from config.services import LEGACY_KEY_PATHS, LEGACY_TIMING_KEY_PATHS
 from config.settings import Settings
 from config.yaml_file import SECRET_BLOCK_PREFIX, file_identity, read_yaml, substitute_variables
 from tasks.core.redaction import register_basic_credentials, register_secret
-from tasks.core.url_credentials import CredentialsInUrlError, has_user_info, hide_query_tokens, query_tokens
-from tasks.core.url_credentials import refuse_credentials_in_url
+from tasks.core.url_credentials import CredentialsInUrlError, has_user_info, hide_query_tokens
+from tasks.core.url_credentials import query_tokens, refuse_credentials_in_url
 
 logger = logging.getLogger(CONFIG_LOGGER)
 
@@ -41,8 +42,13 @@ class LoadedConfig:
     warnings: list[str] = field(default_factory=list)
 
 
-def _parent_of(tree: dict[str, Any], path: str, create: bool = False) -> tuple[dict[str, Any] | None, str]:
-    """The mapping that holds the last key of ``path`` (made on the way when ``create``), or None; and that key."""
+def _parent_of(
+    tree: dict[str, Any], path: str, create: bool = False
+) -> tuple[dict[str, Any] | None, str]:
+    """The mapping that holds the last key of ``path``, or None; and that key.
+
+    Note: with ``create``, the mappings on the way are made.
+    """
     *parents, leaf = path.split(".")
     node: Any = tree
     for part in parents:
@@ -57,7 +63,9 @@ def _has_path(tree: dict[str, Any], path: str) -> bool:
     return node is not None and leaf in node
 
 
-def _set_values(tree: dict[str, Any], values: Mapping[str, tuple[str, str]], sources: dict[str, str]) -> None:
+def _set_values(
+    tree: dict[str, Any], values: Mapping[str, tuple[str, str]], sources: dict[str, str]
+) -> None:
     for key, (value, source) in values.items():
         node, leaf = _parent_of(tree, key, create=True)
         node[leaf] = value  # type: ignore[index]  # create=True made every parent a mapping
@@ -66,7 +74,8 @@ def _set_values(tree: dict[str, Any], values: Mapping[str, tuple[str, str]], sou
 
 def _unknown_flag_key(key: str, label: str) -> str:
     close = difflib.get_close_matches(key, leaf_paths(), n=1)
-    hint = f"did you mean {close[0]}?" if close else "config/example.yaml lists every key, each under its section"
+    hint = "config/example.yaml lists every key, each under its section"
+    hint = f"did you mean {close[0]}?" if close else hint
     return f"{label}: unknown configuration key {key}; {hint}"
 
 
@@ -78,14 +87,17 @@ def _rank(source: str) -> int:
 
 
 def _drop_overridden_shapes(tree: dict[str, Any], raw_sources: dict[str, str]) -> None:
-    """A timing key written in one shape (``polling_interval_seconds``) and set in the other by a source of higher
-    precedence (APP_SERVICES_EXTRACTOR_POLLING_INTERVAL over the file): the lower one is overridden, so dropped.
-    Both shapes from one source stay the error that asks to delete the deprecated key."""
+    """Drop a timing key's shape that a higher source sets in the other shape.
+
+    Note: ``polling_interval_seconds`` in the file, APP_SERVICES_EXTRACTOR_POLLING_INTERVAL set:
+    the file's is overridden. Both shapes from one source stay the error asking to delete one.
+    """
     for old, new in LEGACY_TIMING_KEY_PATHS.items():
-        if old in raw_sources and new in raw_sources and _rank(raw_sources[old]) != _rank(raw_sources[new]):
-            lower = min((old, new), key=lambda path: _rank(raw_sources[path]))
+        ranks = [_rank(raw_sources[key]) for key in (old, new) if key in raw_sources]
+        if len(ranks) == 2 and ranks[0] != ranks[1]:
+            lower = old if ranks[0] < ranks[1] else new
             node, leaf = _parent_of(tree, lower)
-            node.pop(leaf, None)  # type: ignore[union-attr]  # the key was set, so its block is a mapping
+            node.pop(leaf, None)  # type: ignore[union-attr]  # set, so its block is a mapping
             del raw_sources[lower]
 
 
@@ -93,7 +105,9 @@ def _final_sources(raw_sources: Mapping[str, str]) -> dict[str, str]:
     sources = dict.fromkeys(leaf_paths(), "default")
     for path, source in raw_sources.items():
         deprecated = path in LEGACY_KEY_PATHS and source == "file"
-        sources[LEGACY_KEY_PATHS.get(path, path)] = f"{source} (deprecated key {path})" if deprecated else source
+        sources[LEGACY_KEY_PATHS.get(path, path)] = (
+            f"{source} (deprecated key {path})" if deprecated else source
+        )
     return sources
 
 
@@ -104,9 +118,11 @@ def load_settings(
     overrides: Mapping[str, str] | None = None,
     override_labels: Mapping[str, str] | None = None,
 ) -> LoadedConfig:
-    """Load and validate the configuration (``config_path`` None: no file); raise ConfigError listing every problem.
-    ``overrides`` maps dotted keys to raw strings from the command line, ``override_labels`` a key to the flag that
-    set it (e.g. "--dir")."""
+    """Load and validate the configuration; a ConfigError lists every problem.
+
+    Note: ``config_path`` None: no file. ``overrides`` maps dotted keys to raw strings from the
+    command line, ``override_labels`` a key to the flag that set it (e.g. "--dir").
+    """
     env = os.environ if env is None else env
     unresolved: list[Problem] = []
     tree: dict[str, Any] = {}
@@ -114,26 +130,22 @@ def load_settings(
         tree = substitute_variables(read_yaml(Path(config_path)), env, unresolved)
         resolve_file_paths(tree, Path(config_path).expanduser().resolve().parent)
     raw_sources = {path: "file" for path in sorted(settable_paths()) if _has_path(tree, path)}
-    index = env_var_index()
-    env_values = {index[name]: (env[name], f"env {name}") for name in sorted(env) if name in index and env[name] != ""}
-    _set_values(tree, env_values, raw_sources)
-    labels = {key: (override_labels or {}).get(key, f"--set {key}") for key in overrides or {}}
-    flag_problems = [_unknown_flag_key(key, label) for key, label in labels.items() if key not in settable_paths()]
-    flags = {key: (value, f"flag {labels[key]}") for key, value in (overrides or {}).items() if key in settable_paths()}
-    _set_values(tree, flags, raw_sources)
-    _drop_overridden_shapes(tree, raw_sources)
-    # A ${VAR} in a file value that the environment or a flag replaces (the value, or a list or block holding it)
-    # does no harm.
+    flag_problems = _set_overrides(tree, raw_sources, env, overrides or {}, override_labels or {})
+    # A ${VAR} in a file value that the environment or a flag replaces (the value, or a list or
+    # block holding it) does no harm.
     replaced = [key for key, source in raw_sources.items() if source != "file"]
-    unresolved = [(path, said) for path, said in unresolved if not any(is_at_or_below(path, key) for key in replaced)]
+    unresolved = [
+        (path, said)
+        for path, said in unresolved
+        if not any(is_at_or_below(path, key) for key in replaced)
+    ]
     problems = [f"{path}: {message}" for path, message in unresolved] + flag_problems
     warnings: list[str] = []
     try:
         settings = Settings.model_validate(tree, context={"warnings": warnings})
     except ValidationError as error:
-        raise ConfigError(
-            problems + validation_problems(error, raw_sources, {path for path, _ in unresolved})
-        ) from None
+        skip = {path for path, _ in unresolved}
+        raise ConfigError(problems + validation_problems(error, raw_sources, skip)) from None
     if problems:
         raise ConfigError(problems)
     register_secrets(settings)
@@ -144,39 +156,70 @@ def load_settings(
     return LoadedConfig(settings=settings, sources=sources, warnings=warnings)
 
 
+def _set_overrides(
+    tree: dict[str, Any],
+    raw_sources: dict[str, str],
+    env: Mapping[str, str],
+    overrides: Mapping[str, str],
+    override_labels: Mapping[str, str],
+) -> list[str]:
+    """Set the APP_* variables and flags in ``tree``; the problems of unknown flags."""
+    index = env_var_index()
+    names = [name for name in sorted(env) if name in index and env[name] != ""]
+    _set_values(tree, {index[name]: (env[name], f"env {name}") for name in names}, raw_sources)
+    labels = {key: override_labels.get(key, f"--set {key}") for key in overrides}
+    known = [key for key in overrides if key in settable_paths()]
+    _set_values(tree, {key: (overrides[key], f"flag {labels[key]}") for key in known}, raw_sources)
+    _drop_overridden_shapes(tree, raw_sources)
+    unknown = [key for key in labels if key not in settable_paths()]
+    return [_unknown_flag_key(key, labels[key]) for key in unknown]
+
+
 SettingsIdentity = tuple[str | None, tuple[int, int] | None, tuple[tuple[str, str], ...], str]
 
 
-def cached_settings(config_path: str | None, overrides: Mapping[str, str], overrides_source: str = "--set") -> Settings:
-    """The settings of ``config_path`` plus ``overrides``, loaded once per process and ``settings_identity``: an
-    edited file, ``continue --set`` or another APP_* value is loaded afresh, but a changed Prefect Secret block only
-    in a new process. ``overrides_source`` names the overrides' origin in an error (a deployment's parameter)."""
+def cached_settings(
+    config_path: str | None, overrides: Mapping[str, str], overrides_source: str = "--set"
+) -> Settings:
+    """The settings of ``config_path`` and ``overrides``, once per their identity.
+
+    Note: an edited file, ``continue --set`` or another APP_* value is loaded afresh, a changed
+    Prefect Secret block only in a new process. ``overrides_source`` names the overrides' origin
+    in an error (a deployment's parameter).
+    """
     try:
         return _settings_of_identity(*settings_identity(config_path, overrides))
     except ConfigError:
         if overrides_source == "--set":
             raise
         labels = {key: f"{overrides_source} {key}" for key in overrides}
-        load_settings(config_path, overrides=overrides, override_labels=labels)  # raises, its sources named
+        load_settings(config_path, overrides=overrides, override_labels=labels)  # raises
         raise
 
 
 def settings_identity(config_path: str | None, overrides: Mapping[str, str]) -> SettingsIdentity:
-    """What the settings of ``config_path`` plus ``overrides`` depend on, without a secret (a digest of the APP_*
-    variables tells that they changed, not what they are): a key for caches of the settings and of clients."""
-    variables = sorted((name, value) for name, value in os.environ.items() if name.startswith(ENV_PREFIX))
+    """What the settings depend on, secret-free: the key of settings and client caches.
+
+    Note: a digest of the APP_* variables tells that they changed, not what they are.
+    """
+    variables = sorted(
+        (name, value) for name, value in os.environ.items() if name.startswith(ENV_PREFIX)
+    )
     environment = hashlib.sha256(repr(variables).encode()).hexdigest()[:16]
     return config_path, file_identity(config_path), tuple(sorted(overrides.items())), environment
 
 
 @lru_cache(maxsize=16)
 def _settings_of_identity(
-    config_path: str | None, file: tuple[int, int] | None, overrides: tuple[tuple[str, str], ...], environment: str
+    config_path: str | None,
+    file: tuple[int, int] | None,
+    overrides: tuple[tuple[str, str], ...],
+    environment: str,
 ) -> Settings:
     return load_settings(config_path, overrides=dict(overrides)).settings
 
 
-def _display(value: Any) -> str:
+def _display(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, SecretStr):
@@ -189,19 +232,20 @@ def _display(value: Any) -> str:
         return json.dumps(value.model_dump(mode="json"), separators=(",", ":"))
     if isinstance(value, list):
         return "[" + ", ".join(_display(item) for item in value) + "]"
-    return hide_query_tokens(str(value))  # a service URL may carry its token (?access_token=${TOKEN})
+    return hide_query_tokens(str(value))  # a service URL may carry ?access_token=${TOKEN}
 
 
 def effective_config_rows(loaded: LoadedConfig) -> list[tuple[str, str, str]]:
-    """(dotted key, display value, source) for every leaf key; secrets show as ******** when set."""
+    """(dotted key, shown value, source) of each leaf key; a set secret shows ********."""
     return [
-        (path, _display(value_at(loaded.settings, path)), loaded.sources.get(path, "default")) for path in leaf_paths()
+        (path, _display(value_at(loaded.settings, path)), loaded.sources.get(path, "default"))
+        for path in leaf_paths()
     ]
 
 
-# Keys that name files or directories: relative to the configuration file's directory when written there, else to
-# the current directory. A job freezes them as absolute paths when it starts, so that ``continue`` from another
-# working directory (or a deployment worker) reads the same files.
+# Keys that name files or directories: relative to the configuration file's directory when
+# written there, else to the current directory. A job freezes them as absolute paths when it
+# starts, so that ``continue`` from another working directory (or a worker) reads the same files.
 PATH_KEYS = (
     "jobs_dir",
     "services.local_import.dir",
@@ -221,35 +265,45 @@ def resolve_file_paths(tree: dict[str, Any], config_dir: Path) -> None:
 
 
 def absolute_path_overrides(settings: Settings) -> dict[str, str]:
-    """Every path key that is set, as an absolute path (the file's values are already absolute)."""
+    """Every path key that is set, as an absolute path (the file's are so already)."""
     paths = {key: value_at(settings, key) for key in PATH_KEYS}
-    return {key: str(Path(value).expanduser().resolve()) for key, value in paths.items() if value}
+    return {
+        key: str(Path(str(value)).expanduser().resolve()) for key, value in paths.items() if value
+    }
 
 
 def refuse_secret_overrides(overrides: Mapping[str, str], source: str) -> None:
-    """Refuse secret keys and URLs with a secret in their query (``?access_token=…``) among overrides, which are
-    stored with the job (job.json, Prefect's flow-run parameters). Call it before anything else looks at them."""
+    """Refuse secret keys, and URLs with a secret in their query, among overrides.
+
+    Why: overrides are stored with the job (job.json, the flow run's parameters). Call it before
+    anything else looks at them.
+    """
     problems = [
-        f"{key} (in {source}): is a secret and cannot be given in {source}, which is stored with the job; "
-        f"set it with ${{VAR}} or ${{{SECRET_BLOCK_PREFIX}BLOCK}} in the configuration file or the "
-        f"environment variable {env_var_name(key)}"
+        f"{key} (in {source}): is a secret and cannot be given in {source}, which is stored with "
+        f"the job; set it with ${{VAR}} or ${{{SECRET_BLOCK_PREFIX}BLOCK}} in the configuration "
+        f"file or the environment variable {env_var_name(key)}"
         for key in sorted(key for key in overrides if key in secret_key_paths())
     ]
     problems += [
-        problem for key, value in sorted(overrides.items()) if (problem := _token_url_problem(key, str(value), source))
+        problem
+        for key, value in sorted(overrides.items())
+        if (problem := _token_url_problem(key, str(value), source))
     ]
     if problems:
         raise ConfigError(problems)
 
 
 def _token_url_problem(key: str, value: str, source: str) -> str | None:
-    """The problem of an override that is a URL carrying a token; one with a user name or password is left to the URL
-    fields' own rule, which names the auth block as the fix."""
+    """The problem of an override that is a URL carrying a token.
+
+    Note: one with a user name or password is left to the URL fields' own rule, which names the
+    auth block as the fix.
+    """
     if has_user_info(value):
         return None
     fix = (
-        f"give the URL in the configuration file, its token from ${{VAR}}, or in the environment variable "
-        f"{env_var_name(key)}"
+        "give the URL in the configuration file, its token from ${VAR}, or in the environment "
+        f"variable {env_var_name(key)}"
     )
     try:
         refuse_credentials_in_url(value, door=f"{key} (in {source})", fix=fix, tokens=True)
@@ -262,30 +316,53 @@ MIN_REDACTABLE_SECRET = 8
 
 
 def _secret_values(settings: Settings) -> dict[str, str]:
-    """Each secret key that is set, by its current path (a deprecated flat key feeds one), and its value."""
-    values = {path: value_at(settings, path) for path in sorted(secret_key_paths() - set(LEGACY_KEY_PATHS))}
-    return {path: value.get_secret_value() for path, value in values.items() if isinstance(value, SecretStr)}
+    """Each secret key that is set, by its current path, and its value."""
+    values = {
+        path: value_at(settings, path)
+        for path in sorted(secret_key_paths() - set(LEGACY_KEY_PATHS))
+    }
+    return {
+        path: value.get_secret_value()
+        for path, value in values.items()
+        if isinstance(value, SecretStr)
+    }
 
 
 def short_secret_warnings(settings: Settings) -> list[str]:
-    """One warning per secret under ``MIN_REDACTABLE_SECRET`` characters: so short a value also stands in ordinary
-    text, so the redaction either misses it (under 4 characters) or blanks words that merely contain it."""
-    short = [path for path, secret in _secret_values(settings).items() if len(secret) < MIN_REDACTABLE_SECRET]
-    message = "is shorter than 8 characters, too short to be redacted safely from logs and errors; use a longer one"
+    """One warning per secret under ``MIN_REDACTABLE_SECRET`` characters.
+
+    Why: so short a value also stands in ordinary text, so the redaction either misses it (under
+    4 characters) or blanks words that merely contain it.
+    """
+    short = [
+        path
+        for path, secret in _secret_values(settings).items()
+        if len(secret) < MIN_REDACTABLE_SECRET
+    ]
+    message = (
+        "is shorter than 8 characters, too short to be redacted safely from logs and errors; use "
+        "a longer one"
+    )
     for path in short:
         logger.warning("%s: %s", path, message)
     return [f"{path}: {message}" for path in short]
 
 
 def register_secrets(settings: Settings) -> None:
-    """Hand every configured secret to the redaction, so a service that echoes one back in an error never gets it
-    into a message, log line or record."""
+    """Hand every configured secret to the redaction.
+
+    Why: a service that echoes one back in an error never gets it into a message, log or record.
+    """
     for secret in _secret_values(settings).values():
         register_secret(secret)
-    for path in leaf_paths():  # a token in a service URL's query (?access_token=${TOKEN}) is a secret too
+    for path in leaf_paths():  # a token in a service URL's query (?access_token=…) is one too
         if isinstance(url := value_at(settings, path), str):
             for token in query_tokens(url):
                 register_secret(token)
-    for auth in (settings.services.extractor.auth, settings.services.pseudonymizer.auth, settings.services.send.auth):
-        if auth.username is not None and auth.password is not None:  # uses_basic, written out to narrow both
+    for auth in (
+        settings.services.extractor.auth,
+        settings.services.pseudonymizer.auth,
+        settings.services.send.auth,
+    ):
+        if auth.username is not None and auth.password is not None:  # uses_basic, narrowing both
             register_basic_credentials(auth.username, auth.password.get_secret_value())

@@ -1,5 +1,7 @@
-"""The process environment that is not dupflow configuration, Prefect's own settings: here because config/ is the
-one place that reads environment variables."""
+"""The environment that is not dupflow's configuration: Prefect's own settings.
+
+Why here: config/ is the one place that reads environment variables.
+"""
 
 from __future__ import annotations
 
@@ -19,8 +21,11 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 def command_line() -> str:
-    """The command a printed hint (``continue``, ``status``) starts with, as the user typed the one that printed it;
-    through ``uv run`` (which sets UV_RUN_RECURSION_DEPTH) with ``--project`` outside this project's folder."""
+    """The command a printed hint (``continue``) starts with, as this one was typed.
+
+    Note: through ``uv run`` (which sets UV_RUN_RECURSION_DEPTH) with ``--project`` outside this
+    project's folder.
+    """
     program = "dupflow" if Path(sys.argv[0]).name == "dupflow" else "python -m flows.run"
     if "UV_RUN_RECURSION_DEPTH" not in os.environ:
         return program  # its virtual environment is active, or it is installed
@@ -28,36 +33,49 @@ def command_line() -> str:
         inside = Path.cwd().resolve().is_relative_to(PROJECT_ROOT)
     except OSError:  # the working directory is gone
         inside = False
-    return f"uv run {program}" if inside else f"uv run --project {shlex.quote(str(PROJECT_ROOT))} {program}"
+    return (
+        f"uv run {program}"
+        if inside
+        else f"uv run --project {shlex.quote(str(PROJECT_ROOT))} {program}"
+    )
 
 
 CLI = command_line()
 
-# Defaults for Prefect (see ../shared/prefect-notes.md); a value the user set wins. The SDK's analytics
-# (DO_NOT_TRACK) show a notice, write files to PREFECT_HOME and send events the command waits for (up to 2 s) at exit.
+# Defaults for Prefect (see ../shared/prefect-notes.md); a value the user set wins. The SDK's
+# analytics (DO_NOT_TRACK) show a notice, write files to PREFECT_HOME and send events the command
+# waits for (up to 2 s) at exit.
 PREFECT_DEFAULTS = {
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "1",
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-    "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",  # a killed job's run turns Crashed on the server (flows.heartbeats)
+    # a killed job's run turns Crashed on the server (flows.heartbeats)
+    "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30",
 }
 
 
 MALLOC_ARENAS = "2"
-"""glibc's heaps for a process's threads (by default eight per core), each keeping what its threads freed: a job's
-flow process held 7 MB more at zstd, and 1 MB more at 3,000 files, with its default (``tests/benchmarks``)."""
+"""glibc's heaps for a process's threads (by default eight per core).
+
+Why: each keeps what its threads freed: a job's flow process held 7 MB more at zstd, and 1 MB
+more at 3,000 files, with the default (``tests/benchmarks``).
+"""
 M_ARENA_MAX = -8  # glibc's malloc.h
 
 
 def apply_process_defaults() -> None:
-    """``PREFECT_DEFAULTS`` where unset, and ``MALLOC_ARENAS`` heaps for this process and the ones it starts unless
-    MALLOC_ARENA_MAX is set (then glibc read the user's at this process's start)."""
+    """Set ``PREFECT_DEFAULTS`` where unset, and ``MALLOC_ARENAS`` heaps.
+
+    Note: the heaps for this process and those it starts; not if MALLOC_ARENA_MAX is set (then
+    glibc read the user's at this process's start).
+    """
     for name, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(name, value)
     if "MALLOC_ARENA_MAX" not in os.environ:
         os.environ["MALLOC_ARENA_MAX"] = MALLOC_ARENAS  # for the processes this one starts
         with suppress(OSError, AttributeError):  # no glibc: musl has no arenas, macOS no mallopt
-            ctypes.CDLL(None).mallopt(M_ARENA_MAX, int(MALLOC_ARENAS))  # this one's: glibc read the variable at start
+            # this one's: glibc read the variable at its start
+            ctypes.CDLL(None).mallopt(M_ARENA_MAX, int(MALLOC_ARENAS))
 
 
 def prefect_api_url() -> str | None:
@@ -66,16 +84,24 @@ def prefect_api_url() -> str | None:
 
 
 def prefect_api_headers(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The credentials Prefect's own client sends its API, for dupflow's direct calls to it: Basic with
-    ``PREFECT_API_AUTH_STRING``, else Bearer with ``PREFECT_API_KEY``, from ``env`` (default: this process's)."""
+    """The credentials Prefect's client sends its API, for dupflow's own calls to it.
+
+    Note: Basic with ``PREFECT_API_AUTH_STRING``, else Bearer with ``PREFECT_API_KEY``, from
+    ``env`` (default: this process's).
+    """
     env = os.environ if env is None else env
-    return dict(_api_headers(env.get("PREFECT_API_AUTH_STRING") or None, env.get("PREFECT_API_KEY") or None))
+    return dict(
+        _api_headers(env.get("PREFECT_API_AUTH_STRING") or None, env.get("PREFECT_API_KEY") or None)
+    )
 
 
 @functools.cache
 def _api_headers(auth_string: str | None, key: str | None) -> dict[str, str]:
-    """Made and registered for redaction once: the server probes ask every 50 ms of a start-up, and registering a
-    secret computes all its forms."""
+    """The headers, made and registered for redaction once.
+
+    Why: the server probes ask every 50 ms of a start-up, and registering a secret computes all
+    its forms.
+    """
     from tasks.core.redaction import register_secret
 
     if auth_string:
@@ -90,31 +116,43 @@ def _api_headers(auth_string: str | None, key: str | None) -> dict[str, str]:
 
 
 def local_server_port() -> str | None:
-    """The port asked of the command line's local Prefect server (Prefect's own setting), or None."""
+    """The port asked of the command line's local Prefect server , or None."""
     return os.environ.get("PREFECT_SERVER_API_PORT") or None
 
 
 def jobs_dir_of(flag: str | None) -> Path:
-    """jobs_dir of commands without a configuration file: ``flag`` (--jobs-dir), else APP_JOBS_DIR, else the default."""
+    """jobs_dir of commands without a configuration file.
+
+    Note: ``flag`` (--jobs-dir), else APP_JOBS_DIR, else the default.
+    """
     from config.settings import Settings
 
     return Path(flag or os.environ.get("APP_JOBS_DIR") or Settings.model_fields["jobs_dir"].default)
 
 
 def listed_jobs_dir(flag: str | None) -> Path:
-    """``jobs_dir_of`` for the commands that list its jobs: a file there is a mistake, not a directory without jobs."""
+    """``jobs_dir_of`` for the commands that list its jobs: a file there is a mistake."""
     jobs_dir = jobs_dir_of(flag)
     if jobs_dir.exists() and not jobs_dir.is_dir():
-        given = "--jobs-dir" if flag else "APP_JOBS_DIR" if os.environ.get("APP_JOBS_DIR") else "jobs_dir"
+        given = (
+            "--jobs-dir"
+            if flag
+            else "APP_JOBS_DIR"
+            if os.environ.get("APP_JOBS_DIR")
+            else "jobs_dir"
+        )
         raise UsageError(
-            f"{given} {shlex.quote(str(jobs_dir))} is a file, not a directory; give the directory that holds the "
-            "jobs (each job is a directory in it)"
+            f"{given} {shlex.quote(str(jobs_dir))} is a file, not a directory; give the "
+            "directory that holds the jobs (each job is a directory in it)"
         )
     return jobs_dir
 
 
 def job_on_command_line(job_dir: Path) -> str:
-    """How a command names the job in ``job_dir``: its id when ``continue ID`` finds it there, else the directory
-    itself, quoted for a shell."""
+    """How a command names the job in ``job_dir``: its id, or its quoted folder.
+
+    Note: its id when ``continue ID`` finds it there.
+    """
     job_dir = Path(job_dir).resolve()
-    return job_dir.name if (jobs_dir_of(None).resolve() / job_dir.name) == job_dir else shlex.quote(str(job_dir))
+    found = jobs_dir_of(None).resolve() / job_dir.name == job_dir
+    return job_dir.name if found else shlex.quote(str(job_dir))

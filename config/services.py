@@ -1,5 +1,7 @@
-"""The ``services`` blocks of the configuration: one model per service client, their auth block, and the
-deprecated extractor keys still accepted (and warned about)."""
+"""The ``services`` blocks of the configuration: one model per service client.
+
+Also their auth block, and the deprecated extractor keys still accepted (and warned about).
+"""
 
 from __future__ import annotations
 
@@ -13,39 +15,48 @@ from pydantic_core import PydanticCustomError
 
 from config.durations import MAX_DURATION, Duration, format_duration
 from config.enrichment import CrtdlPreprocessingSettings
-from config.fields import ConfigModel, HeaderSecret, OptionalPath, OptionalSecret, OptionalStr, OptionalUrl, Problem
+from config.fields import (
+    ConfigModel,
+    HeaderSecret,
+    OptionalPath,
+    OptionalSecret,
+    OptionalStr,
+    OptionalUrl,
+    Problem,
+)
 from config.fields import emit_warning, positive, raise_problems, refuse_invisible_url_characters
 from config.fields import StrList, refuse_userinfo, zero_means
 from tasks.core.names import show_name
 
-_HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 7230 token (tchar+): an HTTP header name
+_HTTP_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 7230 token: a header name
 
 _SCHEMES = (
     (
         ("username", "password"),
-        "Basic Auth needs username and password together (set it, e.g. via ${VAR}, or remove the other)",
+        "Basic Auth needs username and password together (set it, e.g. via ${VAR}, or remove the "
+        "other)",
     ),
     (
         ("oauth_issuer_uri", "oauth_client_id", "oauth_client_secret"),
-        "OAuth 2.0 needs oauth_issuer_uri, oauth_client_id and oauth_client_secret together (set it or remove the "
-        "others)",
+        "OAuth 2.0 needs oauth_issuer_uri, oauth_client_id and oauth_client_secret together (set "
+        "it or remove the others)",
     ),
 )
 _BOTH_SCHEMES = (
-    "sets both Basic Auth (username/password) and OAuth 2.0 (oauth_*); both would set the Authorization header, "
-    "so keep only one of the two schemes"
+    "sets both Basic Auth (username/password) and OAuth 2.0 (oauth_*); both would set the "
+    "Authorization header, so keep only one of the two schemes"
 )
 _NOT_A_HEADER = (
-    "is not a valid HTTP header name; use only letters, digits and !#$%&'*+-.^_`|~ (no spaces or colons), e.g. "
-    "x-api-key"
+    "is not a valid HTTP header name; use only letters, digits and !#$%&'*+-.^_`|~ (no spaces or "
+    "colons), e.g. x-api-key"
 )
 _SPACE_AT_AN_END = (
-    "starts or ends with a space, which no HTTP header value may; remove it where the value is set (a space pasted "
-    "with the key?)"
+    "starts or ends with a space, which no HTTP header value may; remove it where the value is set "
+    "(a space pasted with the key?)"
 )
 _AUTHORIZATION_HEADER = (
-    "is Authorization, which Basic Auth/OAuth 2.0 also set; use another header for the API key (default x-api-key) "
-    "or remove the Basic/OAuth fields"
+    "is Authorization, which Basic Auth/OAuth 2.0 also set; use another header for the API key "
+    "(default x-api-key) or remove the Basic/OAuth fields"
 )
 
 
@@ -68,13 +79,17 @@ class AuthSettings(ConfigModel):
 
     @model_validator(mode="after")
     def _check_schemes(self) -> AuthSettings:
-        basic, oauth = ([name for name in names if getattr(self, name) is not None] for names, _ in _SCHEMES)
+        basic, oauth = (
+            [name for name in names if getattr(self, name) is not None] for names, _ in _SCHEMES
+        )
         problems: list[Problem] = [("", _BOTH_SCHEMES)] if basic and oauth else []
         for present, (names, needs) in zip((basic, oauth), _SCHEMES, strict=True):
             missing = [name for name in names if present and name not in present]
-            problems += [(name, f"is missing while {', '.join(present)} is set; {needs}") for name in missing]
+            problems += [
+                (name, f"is missing while {', '.join(present)} is set; {needs}") for name in missing
+            ]
         if self.api_key is not None and (key := self.api_key.get_secret_value()) != key.strip(" "):
-            problems.append(("api_key", _SPACE_AT_AN_END))  # h11 would refuse the header, quoting the key
+            problems.append(("api_key", _SPACE_AT_AN_END))  # h11 would refuse it, quoting it
         if not _HTTP_TOKEN.fullmatch(self.api_key_header):
             problems.append(("api_key_header", f"'{self.api_key_header}' {_NOT_A_HEADER}"))
         elif self.api_key_header.lower() == "authorization" and (basic or oauth):
@@ -84,7 +99,10 @@ class AuthSettings(ConfigModel):
 
 
 def _fhir_base(block: str) -> AfterValidator:
-    """Drops a trailing /fhir (the clients append it) and warns, as the earlier shape included it."""
+    """Drops a trailing /fhir (the clients append it), with a warning.
+
+    Why: the earlier configuration shape had it.
+    """
 
     def strip(url: str | None, info: ValidationInfo) -> str | None:
         trimmed, key_path = (url or "").rstrip("/"), f"services.{block}.{info.field_name}"
@@ -92,15 +110,21 @@ def _fhir_base(block: str) -> AfterValidator:
             return url
         emit_warning(
             info,
-            f"{key_path}: ends with /fhir, which the client appends itself; the suffix was dropped. "
-            f"Remove /fhir from {key_path}.",
+            f"{key_path}: ends with /fhir, which the client appends itself; the suffix was "
+            f"dropped. Remove /fhir from {key_path}.",
         )
         return trimmed[: -len("/fhir")]
 
     return AfterValidator(strip)
 
 
-LEGACY_FLAT_AUTH_KEYS = ("username", "password", "oauth_issuer_uri", "oauth_client_id", "oauth_client_secret")
+LEGACY_FLAT_AUTH_KEYS = (
+    "username",
+    "password",
+    "oauth_issuer_uri",
+    "oauth_client_id",
+    "oauth_client_secret",
+)
 LEGACY_DURATION_KEYS: dict[str, tuple[str, str]] = {
     "extraction_timeout_minutes": ("extraction_timeout", "minutes"),
     "polling_interval_seconds": ("polling_interval", "seconds"),
@@ -109,7 +133,8 @@ LEGACY_DURATION_KEYS: dict[str, tuple[str, str]] = {
 EXTRACTOR_PATH = "services.extractor"
 # Deprecated dotted key -> the current key it feeds (for env names and value sources).
 LEGACY_TIMING_KEY_PATHS = {
-    f"{EXTRACTOR_PATH}.{old}": f"{EXTRACTOR_PATH}.{new}" for old, (new, _) in LEGACY_DURATION_KEYS.items()
+    f"{EXTRACTOR_PATH}.{old}": f"{EXTRACTOR_PATH}.{new}"
+    for old, (new, _) in LEGACY_DURATION_KEYS.items()
 }
 LEGACY_KEY_PATHS = {
     f"{EXTRACTOR_PATH}.{key}": f"{EXTRACTOR_PATH}.auth.{key}" for key in LEGACY_FLAT_AUTH_KEYS
@@ -119,15 +144,18 @@ LEGACY_KEY_PATHS = {
 def _migrate_flat_auth(data: dict[str, Any], info: ValidationInfo) -> list[Problem]:
     flat = [key for key in LEGACY_FLAT_AUTH_KEYS if key in data]
     if flat and data.get("auth") not in (None, {}):
-        message = f"is used together with the deprecated flat keys {', '.join(flat)} in {EXTRACTOR_PATH}; "
-        return [("auth", message + f"move them into {EXTRACTOR_PATH}.auth and delete the flat keys")]
+        message = (
+            f"is used together with the deprecated flat keys {', '.join(flat)} in "
+            f"{EXTRACTOR_PATH}; move them into {EXTRACTOR_PATH}.auth and delete the flat keys"
+        )
+        return [("auth", message)]
     if flat:
         data["auth"] = {key: data.pop(key) for key in flat}
         emit_warning(
             info,
-            f"{EXTRACTOR_PATH}: the flat auth keys {', '.join(flat)} are deprecated and will be removed in a "
-            f"later major version; move them into {EXTRACTOR_PATH}.auth (e.g. {EXTRACTOR_PATH}.auth.{flat[0]}). "
-            "They are used as auth keys for now.",
+            f"{EXTRACTOR_PATH}: the flat auth keys {', '.join(flat)} are deprecated and will be "
+            f"removed in a later major version; move them into {EXTRACTOR_PATH}.auth (e.g. "
+            f"{EXTRACTOR_PATH}.auth.{flat[0]}). They are used as auth keys for now.",
         )
     return []
 
@@ -138,20 +166,29 @@ def _migrate_legacy_durations(data: dict[str, Any], info: ValidationInfo) -> lis
         if old not in data:
             continue
         amount = data.pop(old)
-        amount = int(amount.strip()) if isinstance(amount, str) and amount.strip().isdigit() else amount
+        amount = (
+            int(amount.strip()) if isinstance(amount, str) and amount.strip().isdigit() else amount
+        )
         if new in data:
-            problems.append((old, f"and {new} are both set; delete the deprecated {old} and keep {new}"))
+            problem = f"and {new} are both set; delete the deprecated {old} and keep {new}"
         elif not isinstance(amount, int) or isinstance(amount, bool):
-            problems.append((old, f"must be a whole number of {unit}; better, replace it with {new} (e.g. PT30S)"))
-        elif abs(amount) > MAX_DURATION / timedelta(**{unit: 1}):  # timedelta() of it would overflow, or sleep for ages
+            problem = (
+                f"must be a whole number of {unit}; better, replace it with {new} (e.g. PT30S)"
+            )
+        # timedelta() of it would overflow, or sleep for ages
+        elif abs(amount) > MAX_DURATION / timedelta(**{unit: 1}):
             longest = f"{format_duration(MAX_DURATION)}, 10 years"
-            problems.append((old, f"is longer than the maximum of {longest}; replace it with {new} (e.g. PT30S)"))
+            problem = f"is longer than the maximum of {longest}; replace it with {new} (e.g. PT30S)"
         else:
             data[new] = timedelta(**{unit: amount})
             duration = f"{format_duration(data[new])} (a duration)"
             emit_warning(
-                info, f"{EXTRACTOR_PATH}.{old} is deprecated; replace it with {EXTRACTOR_PATH}.{new}: {duration}."
+                info,
+                f"{EXTRACTOR_PATH}.{old} is deprecated; replace it with {EXTRACTOR_PATH}.{new}: "
+                f"{duration}.",
             )
+            continue
+        problems.append((old, problem))
     return problems
 
 
@@ -170,10 +207,16 @@ def _origins_only(values: list[str]) -> list[str]:
         refuse_invisible_url_characters(value)
         refuse_userinfo(value)
         parts = urlsplit(value.strip())
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/") or parts.query:
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.hostname
+            or parts.path not in ("", "/")
+            or parts.query
+        ):
             raise PydanticCustomError(
                 "origin",
-                "'{value}' is not an origin; write scheme://host[:port], e.g. https://files.example.org",
+                "'{value}' is not an origin; write scheme://host[:port], e.g. "
+                "https://files.example.org",
                 {"value": value},
             )
     return [value.strip().rstrip("/") for value in values]
@@ -187,27 +230,31 @@ class ExtractorSettings(ConfigModel):
 
     base_url: Annotated[OptionalUrl, _fhir_base("extractor")] = None
     auth: AuthSettings = Field(default_factory=AuthSettings)
-    extraction_timeout: Annotated[Duration, positive("a liveness window of silence, default PT30M")] = timedelta(
-        minutes=30
+    extraction_timeout: Annotated[
+        Duration, positive("a liveness window of silence, default PT30M")
+    ] = timedelta(minutes=30)
+    polling_interval: Annotated[Duration, AfterValidator(_at_least_one_second)] = timedelta(
+        seconds=5
     )
-    polling_interval: Annotated[Duration, AfterValidator(_at_least_one_second)] = timedelta(seconds=5)
     max_polling_interval: Duration = timedelta(seconds=30)
     file_ready_retries: int = Field(default=10, le=10_000)
     file_ready_interval: Duration = timedelta(seconds=10)
     download_stall_timeout: Annotated[Duration, zero_means(_STALL)] = _STALL
     max_result_files: int = Field(default=100_000, ge=1)
-    # Origins (scheme://host[:port]) besides base_url's that get the credentials when the manifest says the result
-    # files need a token (requiresAccessToken); without it no other origin gets them.
+    # Origins (scheme://host[:port]) besides base_url's that get the credentials when the manifest
+    # says the result files need a token (requiresAccessToken); without it no other origin does.
     file_origins: Annotated[StrList, AfterValidator(_origins_only)] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
     def _accept_legacy_shapes(cls, data: Any, info: ValidationInfo) -> Any:
-        """Map the deprecated flat auth keys and integer timing keys onto the current shape."""
+        """Map the deprecated flat auth keys and integer timing keys to the current shape."""
         if not isinstance(data, dict):
             return data
         migrated = dict(data)
-        raise_problems(_migrate_flat_auth(migrated, info) + _migrate_legacy_durations(migrated, info))
+        raise_problems(
+            _migrate_flat_auth(migrated, info) + _migrate_legacy_durations(migrated, info)
+        )
         return migrated
 
     @model_validator(mode="after")
@@ -242,20 +289,23 @@ class FlatteningSettings(ConfigModel):
     @field_validator("formats")
     @classmethod
     def _csv_then_parquet(cls, formats: list[str]) -> list[str]:
-        """csv (always: the Parquet is converted from the finished CSV, and the step's record lists the CSVs),
-        optionally parquet beside it; any case, in any order, each once."""
+        """csv, and parquet beside it if asked for; any case, in any order, each once.
+
+        Why: the Parquet is converted from the finished CSV, and the step's record lists the CSVs.
+        """
         names = {name.strip().lower() for name in formats}
         if unknown := sorted(names - set(cls.FORMATS)):
             raise PydanticCustomError(
                 "formats",
-                "unknown format {unknown}; the formats are csv and parquet: set formats: [csv] or [csv, parquet]",
+                "unknown format {unknown}; the formats are csv and parquet: set formats: [csv] or "
+                "[csv, parquet]",
                 {"unknown": ", ".join(unknown)},
             )
         if "csv" not in names:
             raise PydanticCustomError(
                 "formats",
-                "csv is always written (a Parquet file is made from its group's CSV): set formats: [csv, parquet], "
-                "or [csv] or remove the key for CSV alone",
+                "csv is always written (a Parquet file is made from its group's CSV): set formats: "
+                "[csv, parquet], or [csv] or remove the key for CSV alone",
             )
         return [name for name in cls.FORMATS if name in names]
 
@@ -268,9 +318,11 @@ class TransferSettings(ConfigModel):
 
 
 def _s3_name(kind: str, rule: str) -> AfterValidator:
-    """Refuses a value the S3 client (botocore) refuses as a region (a host label) or a bucket (a name, or an access
-    point's ARN), by its own checks: such a value failed the send step, at the end of the job, with botocore's words
-    that name no key. botocore is imported only for a value to check (a quarter of a second)."""
+    """Refuses what botocore refuses as a region or a bucket (or an access point ARN).
+
+    Why: such a value failed the send step, at the end of the job, with botocore's words that
+    name no key. Note: botocore is imported only for a value to check (a quarter of a second).
+    """
 
     def check(value: str | None) -> str | None:
         if value is None:
@@ -280,22 +332,29 @@ def _s3_name(kind: str, rule: str) -> AfterValidator:
         from botocore.utils import validate_region_name
 
         try:
-            validate_region_name(value) if kind == "region" else validate_bucket_name({"Bucket": value})
+            if kind == "region":
+                validate_region_name(value)
+            else:
+                validate_bucket_name({"Bucket": value})
             # botocore's patterns end in $, which lets one line end through; the request would not
             refused = value.endswith("\n")
         except BotoCoreError:
             refused = True
         if refused:
-            raise PydanticCustomError("s3_name", "{shown} {rule}", {"shown": show_name(value), "rule": rule})
+            raise PydanticCustomError(
+                "s3_name", "{shown} {rule}", {"shown": show_name(value), "rule": rule}
+            )
         return value
 
     return AfterValidator(check)
 
 
-_REGION_RULE = "is not an S3 region name (letters, digits and -, e.g. eu-central-1); set the store's region"
+_REGION_RULE = (
+    "is not an S3 region name (letters, digits and -, e.g. eu-central-1); set the store's region"
+)
 _BUCKET_RULE = (
-    "is not an S3 bucket name (letters, digits, . - _; no / or spaces: the objects' keys start with the job id); "
-    "set the bucket's name alone"
+    "is not an S3 bucket name (letters, digits, . - _; no / or spaces: the objects' keys start "
+    "with the job id); set the bucket's name alone"
 )
 
 
@@ -306,7 +365,9 @@ class S3Settings(ConfigModel):
     region: Annotated[OptionalStr, _s3_name("region", _REGION_RULE)] = None
     access_key_id: HeaderSecret = None
     secret_access_key: OptionalSecret = None
-    endpoint: OptionalUrl = Field(default=None, description="an S3-compatible store's address; unset: AWS's")
+    endpoint: OptionalUrl = Field(
+        default=None, description="an S3-compatible store's address; unset: AWS's"
+    )
     use_path_style: bool = False
     timeout: Annotated[Duration, positive("default PT30M")] = timedelta(minutes=30)
 
@@ -342,4 +403,6 @@ class ServicesSettings(ConfigModel):
     send: SendSettings = Field(default_factory=SendSettings)
     validation: ValidationSettings = Field(default_factory=ValidationSettings)
     local_import: LocalImportSettings = Field(default_factory=LocalImportSettings)
-    crtdl_preprocessing: CrtdlPreprocessingSettings = Field(default_factory=CrtdlPreprocessingSettings)
+    crtdl_preprocessing: CrtdlPreprocessingSettings = Field(
+        default_factory=CrtdlPreprocessingSettings
+    )

@@ -1,6 +1,9 @@
-"""The typed settings of dupflow: the root of the YAML tree (its ``services`` blocks are in config.services), the
-``pipeline`` block with the step names and the rules of their order, the small blocks, and the rules that depend
-on the enabled steps: checked only for the steps that are enabled, so an unused block may stay half configured."""
+"""The typed settings of dupflow: the root of the YAML tree.
+
+Its ``services`` blocks are in config.services; here the ``pipeline`` block (step names and
+their order), the small blocks, and the rules that depend on the enabled steps: checked only for
+the steps that are enabled, so an unused block may stay half configured.
+"""
 
 from __future__ import annotations
 
@@ -16,35 +19,59 @@ from pydantic import AfterValidator, Field, ValidationInfo, field_validator, mod
 from pydantic_core import PydanticCustomError
 
 from config.durations import Duration
-from config.fields import ConfigModel, OptionalPath, OptionalStr, Problem, StrList, emit_warning, env_var_name
-from config.fields import positive, raise_problems, refuse_control_characters, refuse_invisible_url_characters
+from config.fields import (
+    ConfigModel,
+    OptionalPath,
+    OptionalStr,
+    Problem,
+    StrList,
+    emit_warning,
+    env_var_name,
+)
+from config.fields import (
+    positive,
+    raise_problems,
+    refuse_control_characters,
+    refuse_invisible_url_characters,
+)
 from config.fields import zero_means
 from config.services import FHIR_SEND_MODES, SendSettings, ServicesSettings
 from tasks.core.url_credentials import has_user_info
 
-# The one list of step names: the configuration checks enabled_steps by them, tasks.job.layout names the import
-# steps' folder by them, and tests/test_step_names.py checks the flow's table of step tasks against them.
-STEP_NAMES = ("extractor", "local_import", "http_import", "pseudonymizer", "wait", "flattening", "send", "validation")
+# The one list of step names: the configuration checks enabled_steps by them, tasks.job.layout
+# names the import steps' folder by them, and tests/test_step_names.py checks the flow's table of
+# step tasks against them.
+STEP_NAMES = (
+    "extractor",
+    "local_import",
+    "http_import",
+    "pseudonymizer",
+    "wait",
+    "flattening",
+    "send",
+    "validation",
+)
 IMPORT_STEPS = ("extractor", "local_import", "http_import")
 REPEATABLE_STEPS = ("wait",)
-DATA_STEPS = (*IMPORT_STEPS, "pseudonymizer", "flattening")  # the steps that write data the next steps read
+# the steps that write data the next steps read
+DATA_STEPS = (*IMPORT_STEPS, "pseudonymizer", "flattening")
 REMOVED_STEPS = {"csv_conversion": "flattening", "parquet_conversion": "flattening"}
 MAX_LISTED_UNKNOWN_STEPS = 5
 _NO_CRTDL_WITH_HTTP_IMPORT = (
-    "the flattening step needs a CRTDL, which a job of http_import cannot be given (its one input is the URL of the "
-    "NDJSON file); download the file and import its folder with local_import (start CONFIG CRTDL --dir DATA), or "
-    "extract with extractor"
+    "the flattening step needs a CRTDL, which a job of http_import cannot be given (its one input "
+    "is the URL of the NDJSON file); download the file and import its folder with local_import "
+    "(start CONFIG CRTDL --dir DATA), or extract with extractor"
 )
-# Validation checks NDJSON and a direct send loads it: after the flattening (CSV) they failed once every step before
-# them had run, and a job's steps are fixed at its start.
+# Validation checks NDJSON and a direct send loads it: after the flattening (CSV) they failed once
+# every step before them had run, and a job's steps are fixed at its start.
 _VALIDATION_AFTER_FLATTENING = (
-    "has validation after flattening, so validation would get the flattening's CSV files, but it checks FHIR "
-    "resources (NDJSON); put validation before flattening"
+    "has validation after flattening, so validation would get the flattening's CSV files, but it "
+    "checks FHIR resources (NDJSON); put validation before flattening"
 )
 _DIRECT_SEND_AFTER_FLATTENING = (
-    "is direct_resource_load, which loads FHIR resources (NDJSON), but send comes after flattening in "
-    "pipeline.enabled_steps and would get its CSV files; put send before flattening, or send the CSV files "
-    "with send_as s3_upload or transfer_load"
+    "is direct_resource_load, which loads FHIR resources (NDJSON), but send comes after flattening "
+    "in pipeline.enabled_steps and would get its CSV files; put send before flattening, or send "
+    "the CSV files with send_as s3_upload or transfer_load"
 )
 
 
@@ -53,10 +80,16 @@ def _step_name_problems(steps: list[str]) -> list[str]:
     counts = Counter(steps)
     if unknown := [step for step in counts if step not in STEP_NAMES and step not in REMOVED_STEPS]:
         shown = ", ".join(f"'{step}'" for step in unknown[:MAX_LISTED_UNKNOWN_STEPS])
-        more = f" and {len(unknown) - MAX_LISTED_UNKNOWN_STEPS} more" if len(unknown) > MAX_LISTED_UNKNOWN_STEPS else ""
+        more = (
+            f" and {len(unknown) - MAX_LISTED_UNKNOWN_STEPS} more"
+            if len(unknown) > MAX_LISTED_UNKNOWN_STEPS
+            else ""
+        )
         problems.append(f"unknown step {shown}{more}; valid steps are {', '.join(STEP_NAMES)}")
     for step in [step for step in counts if step in REMOVED_STEPS]:
-        message = f"step {step} was a placeholder and no longer exists; use {REMOVED_STEPS[step]} instead"
+        message = (
+            f"step {step} was a placeholder and no longer exists; use {REMOVED_STEPS[step]} instead"
+        )
         problems.append(message + " (it produces CSV through the flattening service)")
     once_only = set(STEP_NAMES) - set(REPEATABLE_STEPS + IMPORT_STEPS)
     duplicates = sorted(step for step, count in counts.items() if count > 1 and step in once_only)
@@ -71,7 +104,9 @@ def _step_order_problems(steps: list[str]) -> list[str]:
         needs = f"needs exactly one import step ({', '.join(IMPORT_STEPS)}), {found}"
         problems.append(f"{needs}; keep exactly one and put it first")
     elif steps[0] not in IMPORT_STEPS:
-        problems.append(f"the import step {imports[0]} must come first; move it to the start of the list")
+        problems.append(
+            f"the import step {imports[0]} must come first; move it to the start of the list"
+        )
     if steps[0] == "wait":
         problems.append("a wait step cannot be first; put it after the import step")
     if any(a == b == "wait" for a, b in itertools.pairwise(steps)):
@@ -84,16 +119,25 @@ def _step_order_problems(steps: list[str]) -> list[str]:
 
 
 def _after_flattening(steps: list[str], step: str) -> bool:
-    """Whether ``step`` is listed and gets the flattening's CSV files: the last data step before it is flattening."""
-    producers = [name for name in steps[: steps.index(step)] if name in DATA_STEPS] if step in steps else []
+    """Whether ``step`` is listed and gets the flattening's CSV files.
+
+    Note: that is, the last data step before it is flattening.
+    """
+    producers = (
+        [name for name in steps[: steps.index(step)] if name in DATA_STEPS] if step in steps else []
+    )
     return bool(producers) and producers[-1] == "flattening"
 
 
 class TaskRunnerSettings(ConfigModel):
-    """Where the per-file work runs: threads of the flow's process (``in_process``), or Prefect task runs on the Dask
-    scheduler at ``dask_address``, else on a local cluster of ``dask_workers`` processes (default one per core) started
-    for the flow run. Every worker must see the jobs directory at the same path and reach the same Prefect API. Dask
-    costs ~0.1 s per task run: it pays for file-sized work only."""
+    """Where the per-file work runs: threads of the flow process, or task runs on Dask.
+
+    Note:
+    - Dask: the scheduler at ``dask_address``, else a local cluster of ``dask_workers``
+      processes (default one per core) started for the flow run. Every worker must see the jobs
+      directory at the same path and reach the same Prefect API.
+    - Dask costs ~0.1 s per task run: it pays for file-sized work only.
+    """
 
     kind: Literal["in_process", "dask"] = "in_process"
     dask_address: OptionalStr = None
@@ -117,34 +161,53 @@ class TaskRunnerSettings(ConfigModel):
         if has_user_info(address):  # shown by config check and in errors
             raise PydanticCustomError(
                 "dask_address_userinfo",
-                "carries a user name or password; a Dask scheduler address is tcp://<host>:<port> (or tls://, its "
-                "certificates set in Dask's own configuration)",
+                "carries a user name or password; a Dask scheduler address is tcp://<host>:<port> "
+                "(or tls://, its certificates set in Dask's own configuration)",
             )
-        if parts.scheme not in ("tcp", "tls") or not parts.hostname or port is None or parts.path.strip("/"):
+        if (
+            parts.scheme not in ("tcp", "tls")
+            or not parts.hostname
+            or port is None
+            or parts.path.strip("/")
+        ):
             raise PydanticCustomError(
                 "dask_address",
-                "is not a Dask scheduler address; write tcp://<host>:<port> (or tls://), e.g. tcp://scheduler:8786",
+                "is not a Dask scheduler address; write tcp://<host>:<port> (or tls://), e.g. "
+                "tcp://scheduler:8786",
             )
         return address.strip()
 
     @model_validator(mode="after")
     def _keys_fit_the_kind(self) -> TaskRunnerSettings:
         if self.kind == "in_process":
-            fix = "is set but kind is in_process; set kind: dask to run the per-file work on Dask, or remove it"
-            raise_problems([(key, fix) for key in ("dask_address", "dask_workers") if getattr(self, key) is not None])
+            fix = (
+                "is set but kind is in_process; set kind: dask to run the per-file work on Dask, "
+                "or remove it"
+            )
+            raise_problems(
+                [
+                    (key, fix)
+                    for key in ("dask_address", "dask_workers")
+                    if getattr(self, key) is not None
+                ]
+            )
         elif self.dask_address is not None and self.dask_workers is not None:
             message = (
-                "sizes a local cluster, but dask_address names a running scheduler whose workers are started where "
-                "they run; remove dask_workers (or dask_address, for a local cluster)"
+                "sizes a local cluster, but dask_address names a running scheduler whose workers "
+                "are started where they run; remove dask_workers (or dask_address, for a local "
+                "cluster)"
             )
             raise_problems([("dask_workers", message)])
         return self
 
 
 class FileBatchSettings(ConfigModel):
-    """pipeline.file_batches: consecutive files of a step make one batch, one Prefect task run cached as a whole, up
-    to ``max_files`` files or ``max_mb`` MB; a larger file is a batch of its own. A task run costs the Prefect server
-    about 30 ms of CPU and a row of its database; a resumed job does again at most the batch that was interrupted."""
+    """pipeline.file_batches: a step's consecutive files in one cached task run.
+
+    Note: up to ``max_files`` files or ``max_mb`` MB; a larger file is a batch of its own. A task
+    run costs the Prefect server about 30 ms of CPU and a row of its database; a resumed job does
+    again at most the batch that was interrupted.
+    """
 
     max_files: int = Field(default=5000, ge=1, le=100_000)
     max_mb: int = Field(default=32, ge=1, le=100_000)
@@ -157,8 +220,10 @@ class FileBatchSettings(ConfigModel):
 class PipelineSettings(ConfigModel):
     enabled_steps: StrList = Field(default_factory=list, validate_default=True)
     max_ndjson_line_size_mb: Annotated[int, zero_means(100)] = Field(default=100, ge=0, le=4096)
-    # How long a deployment run stays suspended at a wait step; then Prefect fails it ("never resumed").
-    wait_timeout: Annotated[Duration, positive("how long a suspended run waits, default P7D")] = timedelta(days=7)
+    # How long a deployment run stays suspended at a wait step; then Prefect fails it.
+    wait_timeout: Annotated[Duration, positive("how long a suspended run waits, default P7D")] = (
+        timedelta(days=7)
+    )
     file_batches: FileBatchSettings = Field(default_factory=FileBatchSettings)
     task_runner: TaskRunnerSettings = Field(default_factory=TaskRunnerSettings)
 
@@ -174,11 +239,13 @@ class PipelineSettings(ConfigModel):
     def _steps_follow_the_rules(cls, steps: list[str]) -> list[str]:
         if not steps:
             message = (
-                "is empty; list the steps to run in order, starting with one import step, e.g. [local_import, "
-                "pseudonymizer, send]"
+                "is empty; list the steps to run in order, starting with one import step, e.g. "
+                "[local_import, pseudonymizer, send]"
             )
             raise_problems([("", message)])
-        raise_problems([("", problem) for problem in _step_name_problems(steps) + _step_order_problems(steps)])
+        raise_problems(
+            [("", problem) for problem in _step_name_problems(steps) + _step_order_problems(steps)]
+        )
         return steps
 
 
@@ -201,7 +268,10 @@ class CompressionSettings(ConfigModel):
 
 
 def _required(key_path: str, reason: str) -> Problem:
-    return (key_path, f"is required {reason}; set it in the configuration file or with {env_var_name(key_path)}")
+    return (
+        key_path,
+        f"is required {reason}; set it in the configuration file or with {env_var_name(key_path)}",
+    )
 
 
 _REQUIRED_BY_STEP = {
@@ -211,21 +281,23 @@ _REQUIRED_BY_STEP = {
     "flattening": "services.flattening.lookup_path",
 }
 _SEND_AS_MISSING = (
-    "is required because the send step is enabled; set one of direct_resource_load, transfer_load, s3_upload"
+    "is required because the send step is enabled; set one of direct_resource_load, "
+    "transfer_load, s3_upload"
 )
 _FHIR_SEND_AUTH = (
-    "needs exactly one of Basic Auth or OAuth 2.0 client credentials {reason}; set username and password, or "
-    "oauth_issuer_uri, oauth_client_id and oauth_client_secret, in services.send.auth"
+    "needs exactly one of Basic Auth or OAuth 2.0 client credentials {reason}; set username and "
+    "password, or oauth_issuer_uri, oauth_client_id and oauth_client_secret, in services.send.auth"
 )
 _S3_SEND_OAUTH = (
-    "OAuth 2.0 is not supported with send_as s3_upload, where the auth block only carries proxy Basic Auth "
-    "(username, password); remove the oauth_* keys (the bucket itself uses "
+    "OAuth 2.0 is not supported with send_as s3_upload, where the auth block only carries proxy "
+    "Basic Auth (username, password); remove the oauth_* keys (the bucket itself uses "
     "services.send.s3.access_key_id/secret_access_key)"
 )
 PROXY_AUTH_WITHOUT_ENDPOINT = (
-    "carries the Basic Auth of a proxy that services.send.s3.endpoint names, but the endpoint is not set, so every "
-    "request would go to AWS itself with the proxy's password in it; set the proxy's address as "
-    "services.send.s3.endpoint, or remove username and password from services.send.auth"
+    "carries the Basic Auth of a proxy that services.send.s3.endpoint names, but the endpoint is "
+    "not set, so every request would go to AWS itself with the proxy's password in it; set the "
+    "proxy's address as services.send.s3.endpoint, or remove username and password from "
+    "services.send.auth"
 )
 
 
@@ -238,9 +310,13 @@ def _send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]:
     problems = [_required("services.send.url", reason)] if send.url is None else []
     if not (send.auth.uses_basic or send.auth.uses_oauth):
         problems.append(("services.send.auth", _FHIR_SEND_AUTH.format(reason=reason)))
-    keys = ("project_identifier", "organization_identifier") if send.send_as == "transfer_load" else ()
+    keys = (
+        ("project_identifier", "organization_identifier") if send.send_as == "transfer_load" else ()
+    )
     return problems + [
-        _required(f"services.send.transfer.{key}", reason) for key in keys if getattr(send.transfer, key) is None
+        _required(f"services.send.transfer.{key}", reason)
+        for key in keys
+        if getattr(send.transfer, key) is None
     ]
 
 
@@ -262,23 +338,31 @@ def _s3_send_problems(send: SendSettings, info: ValidationInfo) -> list[Problem]
 
 class Settings(ConfigModel):
     services: ServicesSettings = Field(default_factory=ServicesSettings)
-    pipeline: PipelineSettings = Field(default_factory=dict, validate_default=True)  # type: ignore[arg-type]
+    pipeline: PipelineSettings = Field(  # validated from {}: an empty enabled_steps is refused
+        default_factory=dict,  # type: ignore[arg-type, unused-ignore]  # pydantic's plugin knows
+        validate_default=True,
+    )
     retry: RetrySettings = Field(default_factory=RetrySettings)
     tls: TlsSettings = Field(default_factory=TlsSettings)
     compression: CompressionSettings = Field(default_factory=CompressionSettings)
-    jobs_dir: Annotated[str, AfterValidator(refuse_control_characters)] = Field(default="./jobs", min_length=1)
+    jobs_dir: Annotated[str, AfterValidator(refuse_control_characters)] = Field(
+        default="./jobs", min_length=1
+    )
 
     @model_validator(mode="after")
     def _enabled_steps_are_configured(self, info: ValidationInfo) -> Settings:
         problems = [
             _required(path, f"because the {step} step is enabled")
             for step, path in _REQUIRED_BY_STEP.items()
-            if self.pipeline.has_step(step) and functools.reduce(getattr, path.split("."), self) is None
+            if self.pipeline.has_step(step)
+            and functools.reduce(getattr, path.split("."), self) is None
         ]
         send = self.services.send
         if self.pipeline.has_step("send"):
             problems += _send_problems(send, info)
-            if send.send_as == "direct_resource_load" and _after_flattening(self.pipeline.enabled_steps, "send"):
+            if send.send_as == "direct_resource_load" and _after_flattening(
+                self.pipeline.enabled_steps, "send"
+            ):
                 problems.append(("services.send.send_as", _DIRECT_SEND_AFTER_FLATTENING))
         raise_problems(problems)
         return self

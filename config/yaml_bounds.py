@@ -1,6 +1,9 @@
-"""The bounds of every YAML text dupflow parses (the configuration file, a list given as text: ``[a, b]``): a
-document that would cost more than a configuration ever needs is refused from parser events alone, before anything
-is built, so memory and time stay proportional to the text. Imports nothing of ours: ``config.fields`` uses it."""
+"""The bounds of every YAML text parsed: the configuration file, a list as text.
+
+A document that would cost more than a configuration ever needs is refused from parser events
+alone, before anything is built, so memory and time stay proportional to the text. Imports
+nothing of ours: ``config.fields`` uses it.
+"""
 
 from __future__ import annotations
 
@@ -15,19 +18,26 @@ MAX_NUMBER_CHARS = 100
 _NUMBER_LIKE = re.compile(r"[-+]?[0-9][0-9_.eExXoObB:+-]*|[-+]?\.[0-9][0-9_eE+-]*")
 YamlLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-_TOO_DEEP = f"nested more than {MAX_YAML_DEPTH} levels deep; a configuration needs far fewer, check the value"
+_TOO_DEEP = (
+    f"nested more than {MAX_YAML_DEPTH} levels deep; a configuration needs far fewer, check the "
+    "value"
+)
 _TOO_MANY = (
-    f"more than {MAX_YAML_NODES:,} values once YAML aliases (*name) are expanded; write the values out or use fewer "
-    "aliases"
+    f"more than {MAX_YAML_NODES:,} values once YAML aliases (*name) are expanded; write the values "
+    "out or use fewer aliases"
 )
 
 
 def yaml_shape_problem(text: str) -> tuple[str, yaml.Mark] | None:
-    """What makes ``text`` cost more than a configuration ever needs, and where: nesting deeper than MAX_YAML_DEPTH,
-    more than MAX_YAML_NODES values once aliases are expanded (an "alias bomb" of a few hundred bytes expands to
-    billions), a number longer than MAX_NUMBER_CHARS; None when it has none. A syntax error raises yaml's own."""
+    """What makes ``text`` cost more than a configuration needs, and where; or None.
+
+    Note: nesting deeper than MAX_YAML_DEPTH, more than MAX_YAML_NODES values once aliases are
+    expanded (an "alias bomb" of a few hundred bytes expands to billions), a number longer than
+    MAX_NUMBER_CHARS. A syntax error raises yaml's own.
+    """
     anchors: dict[str, int] = {}
-    open_nodes: list[list[Any]] = [[None, 0]]  # [anchor, expanded size] per open collection; [0] is the root
+    # [anchor, expanded size] per open collection; [0] is the root
+    open_nodes: list[list[Any]] = [[None, 0]]
     for event in yaml.parse(text, Loader=YamlLoader):
         anchor, size, problem = None, 0, None
         if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
@@ -37,10 +47,14 @@ def yaml_shape_problem(text: str) -> tuple[str, yaml.Mark] | None:
             anchor, size = open_nodes.pop()
         elif isinstance(event, yaml.ScalarEvent):
             anchor, size = event.anchor, 1
-            if event.implicit[0] and len(event.value) > MAX_NUMBER_CHARS and _NUMBER_LIKE.fullmatch(event.value):
+            if (
+                event.implicit[0]
+                and len(event.value) > MAX_NUMBER_CHARS
+                and _NUMBER_LIKE.fullmatch(event.value)
+            ):
                 problem = (
-                    f"a number {len(event.value):,} characters long; no setting takes such a number, shorten it "
-                    "(quote it if it is meant as text)"
+                    f"a number {len(event.value):,} characters long; no setting takes such a "
+                    "number, shorten it (quote it if it is meant as text)"
                 )
         elif isinstance(event, yaml.AliasEvent):
             size = anchors.get(event.anchor, 1)

@@ -1,9 +1,6 @@
-"""While a job runs in this process, watch its Prefect API; when the server is gone for good, stop the job cleanly.
+"""Watch the Prefect API while a job runs; stop the job cleanly if it is gone.
 
-Prefect's client retries each call for minutes, printing warnings, before the run fails with a long traceback.
-Instead a thread probes ``/ready``; when the server or its database is gone, or another server answers (it would get
-the job's states and artifacts), it says so in two lines and ends the process. Nothing is lost: a half-written file
-is a ``.part`` the next run writes again, the kernel releases the job's lock.
+See docs/development.md#losing-the-prefect-server.
 """
 
 from __future__ import annotations
@@ -35,7 +32,7 @@ NOT_OURS = "not the Prefect server the job ran on"
 
 @dataclass(frozen=True)
 class Loss:
-    """What a probe found missing: how long it may last before the job stops, why it stopped, when to resume."""
+    """What a probe found missing: how long it may last, why it stops, when to resume."""
 
     after: float
     reason: str
@@ -54,7 +51,11 @@ def api_watched(paths: JobPaths, api_url: str | None) -> Iterator[None]:
 
 
 def watch(paths: JobPaths, api_url: str, done: threading.Event) -> None:
-    """Probe until ``done``; ``logging.raiseExceptions`` off hides Prefect's "Error logging to API" meanwhile."""
+    """Probe until ``done``.
+
+    Note: ``logging.raiseExceptions`` is off meanwhile, which hides Prefect's "Error logging to
+    API".
+    """
     answered = time.monotonic()
     same = same_server(api_url)
     while not done.wait(PROBE_INTERVAL):
@@ -83,8 +84,11 @@ def probe(api_url: str) -> Loss | None:
 
 
 def same_server(api_url: str) -> Callable[[], bool]:
-    """Whether the server at ``api_url`` is still the job's: the home's own as ``start`` checks it (a restarted one
-    passes: same database), another by unchanged settings. An answer telling nothing is taken for the job's."""
+    """Whether the server at ``api_url`` is still the job's.
+
+    Note: the home's own as ``start`` checks it (a restarted one passes: same database), another by
+    unchanged settings. An answer telling nothing is taken for the job's.
+    """
     home = prefect_home()
     if (record := read_record(home)) is not None and record.url == api_url:
         return lambda: (
@@ -101,7 +105,10 @@ def shown_settings(api_url: str) -> Answer | None:
 
 
 def stop_job(paths: JobPaths, loss: Loss) -> None:
-    """Say why the job stopped and end the process (no Prefect call: ``flows.job_state`` tells its run Crashed)."""
+    """Say why the job stopped and end the process.
+
+    Note: no Prefect call: ``flows.job_state`` tells its run Crashed.
+    """
     line = logging.LogRecord("dupflow", logging.ERROR, __file__, 0, "job stopped: %s", (loss.reason,), None)
     for handler in logging.getLogger("dupflow").handlers:
         if isinstance(handler, logging.FileHandler):  # job.log; the terminal gets the two lines below

@@ -1,5 +1,8 @@
-"""The ``dupflow`` console script: ``view`` runs with the SQL-on-FHIR engine alone (``flows.view_cli``), as
-``python -m flows.run view`` does; every other command is ``flows.run``'s, with the pipeline it imports."""
+"""The ``dupflow`` console script.
+
+Note: ``view`` runs with the SQL-on-FHIR engine alone (``flows.view_cli``), as ``python -m flows.run
+view`` does; every other command is ``flows.run``'s, with the pipeline it imports.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""``extraction list|show|pause|resume|cancel|priority|delete`` and ``cohort preview``: the extraction server
-(``services.extractor`` of CONFIG) from the command line. Exit codes: 0 done, 1 the server refused or failed, 2 usage
-or configuration. No Prefect here: these commands answer in well under a second. What the server sends is shown by
-``shown`` (escaped where an invisible character would change the terminal); ``--json`` keeps it as sent."""
+"""``extraction …`` and ``cohort preview``: the extraction server by command.
+
+See docs/development.md#extraction-commands.
+"""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ DONE_WORDS = {"pause": "paused", "resume": "resumed", "cancel": "cancelled"}
 ALREADY_WORDS = {"pause": "already paused", "resume": "already running", "cancel": "already cancelled"}
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("config", help="configuration YAML (services.extractor: base_url, auth; tls; retry)")
     common.add_argument("--json", action="store_true", help="machine-readable JSON output")
@@ -75,7 +75,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def command(handler: Callable[[argparse.Namespace, ExtractionTaskClient], int]) -> Callable[[argparse.Namespace], int]:
-    """Load the configuration, open the client, run ``handler``, and turn failures into messages and exit codes."""
+    """Load the configuration, open the client, run ``handler``; map failures to exits."""
 
     def run(args: argparse.Namespace) -> int:
         server = None
@@ -97,8 +97,11 @@ def command(handler: Callable[[argparse.Namespace, ExtractionTaskClient], int]) 
 
 
 def service_failure_text(exc: ServiceError, server: str | None) -> str:
-    """The failure in the client's words; when no answer came at all, also which server was asked and how to point
-    at another, unless the client's error says so already (a connection not made)."""
+    """The failure in the client's words.
+
+    Note: when no answer came at all, also which server was asked and how to point at another,
+    unless the client's error says so already (a connection not made).
+    """
     if not exc.no_answer or server is None or BASE_URL_SETTING in str(exc):
         return str(exc)
     return (
@@ -129,8 +132,11 @@ def print_json(document: Any) -> None:
 
 
 def extraction_job_id(args: argparse.Namespace) -> str:
-    """The extraction job id ``args.job`` names: a dupflow job id resolves to the one recorded in its facts."""
-    ref = args.job
+    """The extraction job id ``args.job`` names.
+
+    Note: a dupflow job id resolves to the one recorded in its facts.
+    """
+    ref: str = args.job
     job_dir = jobs_dir_of(args.jobs_dir) / ref
     if not is_job_id(ref) or not job_dir.is_dir():
         return ref
@@ -217,7 +223,10 @@ def cmd_delete(args: argparse.Namespace, client: ExtractionTaskClient) -> int:
 
 
 def confirm(question: str) -> bool | None:
-    """Ask on the terminal; anything but y/yes is a no; None: no input at all (no terminal, a script)."""
+    """Ask on the terminal; anything but y/yes is a no.
+
+    Note: None when there is no input at all (no terminal, a script).
+    """
     print(f"{question} [y/N] ", end="", file=sys.stderr, flush=True)
     try:
         answer = input()
@@ -255,12 +264,15 @@ def batches_text(job: ExtractionJob) -> str:
 
 
 def shown(value: object, limit: int | None = SHOWN_NAME_CHARS) -> str:
-    """A value from the server as a terminal line may show it: ``-`` for none, else ``show_text``."""
+    """A value from the server as a terminal line may show it: ``-`` for none.
+
+    Note: else ``show_text``.
+    """
     return "-" if value is None else show_text(value, limit)
 
 
 def age(timestamp: object) -> str:
-    """``3m ago`` for an ISO timestamp; ``-`` when there is none (or the server sent no text)."""
+    """``3m ago`` for an ISO timestamp; ``-`` when there is none (or no text)."""
     if not timestamp or not isinstance(timestamp, str):
         return "-"
     try:

@@ -1,6 +1,6 @@
-"""A ``wait`` step suspends the flow run with an input form whose schema requires the confirmation to be true, so the
-server refuses a resume without it (the UI shows why; the API answers ``REJECT``). Every job's run has a deployment to
-be suspended in: a worker's, or the command line's (``COMMAND_LINE_DEPLOYMENT``). The answer is the run's run input.
+"""A ``wait`` step's gate: the flow run suspended with an input form to confirm.
+
+See docs/development.md#gates.
 """
 
 from __future__ import annotations
@@ -29,8 +29,11 @@ COMMAND_LINE_DEPLOYMENT = "command-line"  # the deployment of the jobs the comma
 
 
 def editable_toggle(schema: dict[str, Any]) -> None:
-    """``{"enum": [true]}`` for pydantic's ``{"const": true}``: the server refuses other values the same way, and
-    Prefect's UI leaves the toggle editable (it disables a property with a truthy ``const``)."""
+    """Write ``{"enum": [true]}`` for pydantic's ``{"const": true}``.
+
+    Why: the server refuses other values the same way, and Prefect's UI leaves the toggle editable
+    (it disables a property with a truthy ``const``).
+    """
     schema["enum"] = [schema.pop("const")]
 
 
@@ -46,8 +49,11 @@ class InspectionInput(RunInput):
 
 
 def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordCard, note: str | None) -> StepResult:
-    """Suspend until resumed with the form (a resumed or retried run finds it), then run ``wait`` with its note.
-    ``continue``'s note answers a gate that paused the job in a run no longer suspended (cancelled, database lost)."""
+    """Suspend until resumed with the form, then run ``wait`` with its note.
+
+    Note: a resumed or retried run finds the form. ``continue``'s note answers a gate that paused
+    the job in a run no longer suspended (cancelled, database lost).
+    """
     if runtime.deployment.id is None:
         raise JobError(
             f"job {job.job_id} reached a wait step in a flow run of no deployment, which cannot be suspended; run it "

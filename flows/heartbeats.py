@@ -1,6 +1,7 @@
-"""A job whose process dies shows Crashed on the Prefect server by itself: its run sends heartbeats every 30 s (the
-least Prefect allows), and one automation per server, Prefect's recipe for zombie runs, marks a run Crashed when they
-stop while it neither ended nor paused."""
+"""Crash detection: a job whose process dies shows Crashed on the server by itself.
+
+See docs/development.md#crash-detection.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""``prune``: lists old or finished jobs; with ``--yes`` removes each under its lock: first its flow runs (tags
-``job-<id>``, ``dir-<digest>``) and their artifacts, then its directory, so an interrupted prune can be run again.
-Kept: a job a process holds or that changed since it was listed, one whose flow run is running (or paused, its state
-not named), one this server has no run of (nobody can tell its state). The Prefect server's REST API is called
-directly (no Prefect import)."""
+"""``prune``: list old or finished jobs; with ``--yes`` remove each under its lock.
+
+The REST API is called directly (no Prefect import). See docs/development.md#prune.
+"""
 
 from __future__ import annotations
 
@@ -57,7 +56,10 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def state_name(text: str) -> str:
-    """A state ``--state`` may name, in any letter case; Running never (a running job is never removed)."""
+    """A state ``--state`` may name, in any letter case; never Running.
+
+    Why: a running job is never removed.
+    """
     known = {state.lower(): state for state in FINAL_STATES + NAMED_ONLY_STATES}
     if text.lower() == RUNNING.lower():
         raise argparse.ArgumentTypeError("a running job is never removed; stop it first (it becomes Crashed)")
@@ -134,7 +136,10 @@ def select_jobs(jobs_dir: Path, states: tuple[str, ...], older_than: timedelta |
 
 
 def readable_jobs(jobs_dir: Path, selection: Selection) -> list[tuple[JobPaths, JobRecord]]:
-    """The jobs of ``jobs_dir`` in name order with their records; each that must not be touched is kept, with why."""
+    """The jobs of ``jobs_dir`` in name order with their records.
+
+    Note: each that must not be touched is kept, with why.
+    """
     readable = []
     for entry in sorted(jobs_dir.iterdir()) if jobs_dir.is_dir() else []:
         if not is_job_id(entry.name):
@@ -150,14 +155,20 @@ def readable_jobs(jobs_dir: Path, selection: Selection) -> list[tuple[JobPaths, 
 
 
 def changed_time(paths: JobPaths) -> str:
-    """When the job last changed on disk: the newest of its record, its log (every run writes there) and results."""
+    """When the job last changed on disk: the newest of its record, log and results.
+
+    Note: every run writes to the log.
+    """
     times = [path.stat().st_mtime for path in (paths.job_file, paths.log_file, paths.results) if path.exists()]
     return datetime.fromtimestamp(max(times, default=0), UTC).isoformat(timespec="seconds")
 
 
 def unfollowed_extraction(paths: JobPaths, job: JobRecord) -> str | None:
-    """How to cancel the extraction a job ended without following (its extractor step left no result record): it
-    may still run, and once the job's directory is gone nothing names it."""
+    """How to cancel the extraction a job ended without following.
+
+    Why: with no result record of its extractor step, the extraction may still run, and once the
+    job's directory is gone nothing names it.
+    """
     if "extractor" not in job.enabled_steps or paths.finished(job.enabled_steps, "extractor"):
         return None
     config = shlex.quote(show_text(job.config_path, None)) if job.config_path else "CONFIG"
@@ -187,7 +198,10 @@ def size_on_disk(directory: Path) -> int:
 
 
 def housekeeping_api_url() -> str | None:
-    """The jobs' server as ``use_server`` points at it; None where there is none, nor a local database to serve."""
+    """The jobs' server as ``use_server`` points at it.
+
+    Note: None where there is none, nor a local database to serve.
+    """
     if prefect_api_url() is None:
         home = prefect_server.prefect_home()
         if not (
@@ -217,7 +231,10 @@ def server_records(paths: JobPaths) -> tuple[list[dict[str, Any]], list[str], li
 
 
 def live_run(runs: list[dict], states: tuple[str, ...]) -> str | None:
-    """Why the job's server records stay: a flow run running, or paused in a state not named; else None."""
+    """Why the job's server records stay: a run running or paused in a state not named.
+
+    Note: None where none stays.
+    """
     for run in runs:
         state = run.get("state") or {}
         if state.get("type") in LIVE_RUN_STATES or (state.get("type") == "PAUSED" and state.get("name") not in states):
@@ -257,14 +274,17 @@ def print_how_to_remove(selection: Selection, args: argparse.Namespace) -> None:
 
 
 def begun_removals(jobs_dir: Path) -> list[Path]:
-    """Job directories a prune renamed for removal (``PRUNING_PREFIX``) and was stopped before it finished."""
+    """Job directories a prune renamed for removal (``PRUNING_PREFIX``), unfinished."""
     found = sorted(jobs_dir.glob(f"{PRUNING_PREFIX}*")) if jobs_dir.is_dir() else []
     return [path for path in found if is_job_id(path.name.removeprefix(PRUNING_PREFIX)) and not path.is_symlink()]
 
 
 def finish_removals(jobs_dir: Path) -> int:
-    """Finish what earlier prunes began; how many could not be (each said; none stops the others, or a file this
-    user may not remove would keep every later prune from removing anything)."""
+    """Finish what earlier prunes began; give how many could not be finished.
+
+    Note: each is said; none stops the others, or a file this user may not remove would keep every
+    later prune from removing anything.
+    """
     unfinished = 0
     for path in begun_removals(jobs_dir):
         try:

@@ -1,5 +1,7 @@
-"""The job in the Prefect UI: the job-record card, each finished step's file table, the flow's result summary. Only a
-picture of the job: the job's state is its flow run's."""
+"""The job in the Prefect UI: its record card, step file tables, result summary.
+
+Note: only a picture of the job: the job's state is its flow run's.
+"""
 
 from __future__ import annotations
 
@@ -47,8 +49,11 @@ def publish_step_table(job: Job, result: StepResult) -> None:
 
 
 class JobRecordCard:
-    """The job-record artifact (key ``job-<id>``): one version per flow run, updated in place at every step boundary
-    and state change, so the key's page keeps one version per run as the job's history."""
+    """The job-record artifact (key ``job-<id>``): one version per flow run.
+
+    Note: updated in place at every step boundary and state change, so the key's page keeps one
+    version per run as the job's history.
+    """
 
     def __init__(self, job: Job):
         self._job = job
@@ -72,8 +77,11 @@ class JobRecordCard:
         self._failed = exc
 
     def refresh(self) -> None:
-        """Publish the record as it stands; one that cannot be (the API may be what failed) is logged, never put in
-        place of the job's own outcome (a finished job stays Completed)."""
+        """Publish the record as it stands.
+
+        Note: one that cannot be published (the API may be what failed) is logged, never put in
+        place of the job's own outcome (a finished job stays Completed).
+        """
         try:
             markdown = job_record_markdown(self._job, self._results, self._failed, (self._state, self._message))
             key = artifact_key(self._job.job_id)
@@ -98,7 +106,7 @@ def this_runs_artifact_id(key: str) -> Any:
 def job_record_markdown(
     job: Job, results: list[StepResult], failed: BaseException | None, job_state: tuple[str, str]
 ) -> str:
-    """The job record: its state and flow run, its steps with links to their artifacts, the inspections and facts."""
+    """The job record: state, flow run, steps with artifact links, inspections, facts."""
     base = (get_current_settings().ui_url or "").rstrip("/")  # empty: links relative to the UI's own origin
     links = artifact_links(job.job_id, base)
     record = read_record(job.paths.job_dir)  # the facts as the steps recorded them so far
@@ -139,7 +147,7 @@ def job_record_markdown(
 
 
 def markdown_list(value: Any) -> list[str]:
-    """``value`` as a nested markdown list: ``key: value`` items, never a Python dict or list."""
+    """``value`` as a nested markdown list of ``key: value`` items, never a dict."""
     lines = []
     for depth, label, text in readable_lines(value):
         parts = [f"**{markdown_text(label)}**"] if label is not None else []
@@ -149,7 +157,7 @@ def markdown_list(value: Any) -> list[str]:
 
 
 def inspection_lines(results: list[StepResult]) -> list[str]:
-    """One line per gate the job reached: released (with the note of its form) or awaiting inspection."""
+    """One line per gate the job reached: released (with its form's note) or awaiting."""
     lines = []
     for r in (r for r in results if r.step == "wait"):
         note = str(r.summary.get("inspection note") or "")
@@ -162,7 +170,10 @@ _MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()|~:])")  # within a line (a list
 
 
 def markdown_text(text: str) -> str:
-    """Text shown as itself: ``& < >`` as entities, markdown's punctuation (and ``:``: no ``javascript:``) escaped."""
+    """Show text as itself: ``& < >`` as entities, markdown's punctuation escaped.
+
+    Note: ``:`` too, so no ``javascript:`` link is made.
+    """
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
 
@@ -180,28 +191,33 @@ def step_time_text(results: list[StepResult]) -> str:
 
 
 def one_line(exc: BaseException) -> str:
-    """A failure's cause for a table cell: the first line of its message, no pipes, secrets redacted."""
+    """A failure's cause for a table cell: its first line, no pipes, redacted."""
     if isinstance(exc, KeyboardInterrupt | ExternalSignal):
         return "interrupted"
     return one_line_text(exc.message if isinstance(exc, DupflowError) else f"{type(exc).__name__}: {exc}")
 
 
 def one_line_text(message: str) -> str:
-    """A message on one line, cut at ``CAUSE_CHARS``, as itself (no pipe ends a table cell, no link is made of a
-    service's words), secrets redacted."""
+    """A message on one line, cut at ``CAUSE_CHARS``, as itself, secrets redacted.
+
+    Note: no pipe ends a table cell, no link is made of a service's words.
+    """
     return markdown_text(truncate(" ".join(redact(message).split()), CAUSE_CHARS))
 
 
 def code_span(text: str) -> str:
-    """A code span whose fence is longer than any run of backticks in ``text`` (CommonMark): the text cannot end it."""
+    """A code span whose fence outruns any run of backticks in ``text`` (CommonMark)."""
     fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
     padding = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{padding}{text}{padding}{fence}"
 
 
 def artifact_links(job_id: str, base: str) -> dict[int | None, list[str]]:
-    """Links to the latest version of each of the job's artifacts (``/artifacts/key/<key>`` would list every
-    version), by step position (None: of no single step, e.g. the inspection note)."""
+    """Links to the latest version of each of the job's artifacts, by step position.
+
+    Why: ``/artifacts/key/<key>`` would list every version.
+    Note: position None holds those of no single step, e.g. the inspection note.
+    """
     prefix = artifact_key(job_id) + "-"
     by_key = filters.ArtifactCollectionFilter(key=filters.ArtifactCollectionFilterKey(like_=prefix))
     with get_client(sync_client=True) as client:
@@ -214,8 +230,11 @@ def artifact_links(job_id: str, base: str) -> dict[int | None, list[str]]:
 
 
 def artifact_label(rest: str) -> tuple[int | None, str]:
-    """``04-pseudonymizer-report`` → (3, ``report``); ``04-pseudonymizer`` (its file table) → (3, ``files``);
-    ``inspection`` → (None, ``inspection``)."""
+    """Label an artifact: ``04-pseudonymizer-report`` → (3, ``report``).
+
+    Note: ``04-pseudonymizer`` (its file table) → (3, ``files``);
+    Note: ``inspection`` → (None, ``inspection``).
+    """
     if match := STEP_KEY.fullmatch(rest):
         return int(match["number"]) - 1, match["label"] or "files"
     return None, rest

@@ -1,5 +1,7 @@
-"""The job's one flow run: a run of the deployment ``dupflow/command-line`` that the command line executes in its
-process, or the home's runner after a Resume or Retry in the UI (``serve``); see docs/operations.md."""
+"""The job's one flow run, executed by the command line or the home's runner.
+
+See docs/development.md#the-jobs-flow-run and docs/operations.md.
+"""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ DESCRIPTION = (
 
 @dataclass(frozen=True)
 class JobRun:
-    """The flow run to execute, and what became of the job's earlier run to get it (said on the terminal)."""
+    """The flow run to execute, and what became of the job's earlier run."""
 
     flow_run: FlowRun
     said: str
@@ -55,7 +57,10 @@ def new_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any], said: 
 
 
 def continued_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any]) -> JobRun:
-    """The job's run, made ready to go on in this process; a new run when this server has none of the job's."""
+    """Make the job's run ready to go on in this process.
+
+    Note: a new run when this server has none of the job's.
+    """
     with get_client(sync_client=True) as client:
         tags = FlowRunFilterTags(all_=[job_tag(paths.job_id), directory_tag(paths.job_dir)])  # a copy has its own
         sort = FlowRunSort.EXPECTED_START_TIME_DESC
@@ -72,7 +77,7 @@ def continued_job_run(job_id: str, paths: JobPaths, parameters: dict[str, Any]) 
 
 
 def end_attempt(client: SyncPrefectClient, run_id: UUID) -> None:
-    """The task runs its last attempt left unfinished (its process was killed) set Crashed.
+    """Set Crashed the task runs a killed last attempt left unfinished.
 
     Why: nothing else ends them; the UI showed them Running for good, also after the job completed.
     """
@@ -85,9 +90,10 @@ def end_attempt(client: SyncPrefectClient, run_id: UUID) -> None:
 
 
 def reset_parameters(client: SyncPrefectClient, run: FlowRun, parameters: dict[str, Any]) -> str:
-    """Set the run's parameters to the job's own (``job.json``); what differed on the server, said.
+    """Set the run's parameters to the job's own (``job.json``); say what differed.
 
-    Why: the server's copy may have been changed by anyone with access; the job's inputs are the operator's.
+    Why: the server's copy may have been changed by anyone with access; the job's inputs are the
+    operator's.
     """
     client.update_flow_run(run.id, parameters=parameters)
     server, own = flat_inputs(run.parameters), flat_inputs(parameters)
@@ -98,15 +104,21 @@ def reset_parameters(client: SyncPrefectClient, run: FlowRun, parameters: dict[s
 
 
 def flat_inputs(parameters: dict[str, Any]) -> dict[str, Any]:
-    """A run's job inputs by name, each override as ``overrides.KEY`` (a continue's own left out)."""
+    """A run's job inputs by name, each override as ``overrides.KEY``.
+
+    Note: a continue's own inputs are left out.
+    """
     flat = {key: value for key, value in parameters.items() if key not in (*CONTINUING, "overrides")}
     overrides = parameters.get("overrides")
     return flat | {f"overrides.{key}": value for key, value in dict(overrides or {}).items()}
 
 
 def execute(run: FlowRun, parameters: dict[str, Any]) -> Any:
-    """Run the flow run in this process with the job's ``parameters``, never the server's copy (``prefect
-    flow-run execute``); its final state, Suspended at a gate, or None if the run was deleted."""
+    """Run the flow run here with the job's ``parameters``, never the server's copy.
+
+    Note: as ``prefect flow-run execute``; gives its final state, Suspended at a gate, or None if
+    the run was deleted.
+    """
     from prefect.flow_engine import run_flow
 
     try:
@@ -120,8 +132,11 @@ def execute(run: FlowRun, parameters: dict[str, Any]) -> Any:
 
 
 def cancelled_if_asked(run_id: UUID, ended: State[Any]) -> State[Any]:
-    """``ended``, unless the server was asked to cancel the run as its work ended: then ``Cancelled``, set as a
-    runner sets it once the run's process is gone (else the run would stay Cancelling for good)."""
+    """``ended``, or ``Cancelled`` if the run was to be cancelled as it ended.
+
+    Why: set as a runner sets it once the run's process is gone; else the run would stay Cancelling
+    for good.
+    """
     with get_client(sync_client=True) as client:
         if not ((now := client.read_flow_run(run_id).state) is not None and now.is_cancelling()):
             return ended
@@ -131,10 +146,11 @@ def cancelled_if_asked(run_id: UUID, ended: State[Any]) -> State[Any]:
 
 
 def serve() -> None:
-    """The home's runner: Prefect's ``serve`` of the command-line deployment, beside the home's server.
+    """The home's runner: Prefect's ``serve`` of the command-line deployment.
 
-    Why: a Resume or Retry in the UI sets a run Scheduled, which only a runner or worker takes up; so the
-    UI's buttons run a job the command line started, with no terminal.
+    Why: a Resume or Retry in the UI sets a run Scheduled, which only a runner or worker takes up;
+    so the UI's buttons run a job the command line started, with no terminal.
+    Note: it runs beside the home's server.
     """
     apply_process_defaults()
     pipeline.serve(name=COMMAND_LINE_DEPLOYMENT, description=DESCRIPTION, print_starting_message=False)

@@ -1,5 +1,7 @@
-"""The job's lock, its state (its flow run's), the steps its run finished, how to go on at a gate,
-and finding jobs. Import-light: the Prefect server is asked over its REST API, without importing Prefect."""
+"""A job's lock, state (its flow run's), finished steps and gates; finding jobs.
+
+Import-light: the Prefect server is asked over its REST API, without importing Prefect.
+"""
 
 from __future__ import annotations
 
@@ -37,9 +39,11 @@ class JobLockedError(JobError):
 
 
 class JobLock:
-    """An exclusive lock on a job directory for one process's lifetime; the kernel drops it when the process dies.
-    The lock file holds its holder's process id, so a second taking in the same process (``continue``, then its
-    flow) owns nothing."""
+    """An exclusive lock on a job directory for a process's lifetime.
+
+    Note: the kernel drops it when the process dies. The lock file holds its holder's process id, so
+    a second taking in the same process (``continue``, then its flow) owns nothing.
+    """
 
     def __init__(self, paths: JobPaths):
         self._path = paths.job_dir / LOCK_FILE
@@ -93,19 +97,28 @@ class JobLock:
 
 
 def current_states(jobs: list[JobPaths]) -> list[str]:
-    """Each job's state: its newest flow run's, as the UI shows it (``Unknown`` without one on this server)."""
+    """Each job's state: its newest flow run's, as the UI shows it.
+
+    Note: ``Unknown`` without one on this server.
+    """
     runs = latest_runs({paths.job_id: directory_tag(paths.job_dir) for paths in jobs})
     return [run_state(runs.get(paths.job_id)) or UNKNOWN for paths in jobs]
 
 
 def resume_hint(job_dir: Path) -> str:
-    """How a suspended job goes on: Resume in the UI (a worker or the home's runner runs it), or ``continue``."""
+    """How a suspended job goes on: Resume in the UI, or ``continue``.
+
+    Note: after a Resume a worker or the home's runner runs it.
+    """
     return f"Resume in the Prefect UI, or run: {CLI} continue {job_on_command_line(job_dir)}"
 
 
 def suspended_message(pause_key: str | None, expires: datetime | None, job_dir: Path) -> str:
-    """What a suspended run waits for: the inspection at a wait step (``pause_key`` ``wait-NN``), or a Resume
-    after a Suspend in the UI; until when (after that Prefect refuses the resume and fails the run), how to go on."""
+    """Say what a suspended run waits for, until when, and how to go on.
+
+    Note: the inspection at a wait step (``pause_key`` ``wait-NN``), or a Resume after a Suspend in
+    the UI; after the time given Prefect refuses the resume and fails the run.
+    """
     until = f" until {expires.astimezone(UTC):%Y-%m-%d %H:%M} UTC" if expires else ""
     if found := re.fullmatch(r"wait-(\d+)", pause_key or ""):
         waits = f"awaiting inspection at step {int(found[1]) + 1} (wait){until} (pipeline.wait_timeout)"
@@ -115,8 +128,11 @@ def suspended_message(pause_key: str | None, expires: datetime | None, job_dir: 
 
 
 def latest_runs(directories: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """The newest flow run per job (job id → its directory's tag; a copy's run, tagged another, does not count);
-    jobs the server does not know (or whose request failed) are left out."""
+    """The newest flow run per job (job id → its directory's tag).
+
+    Note: a copy's run, tagged another, does not count; jobs the server does not know (or whose
+    request failed) are left out.
+    """
     job_ids, newest = list(directories), dict[str, dict[str, Any]]()
     for start in range(0, len(job_ids) if prefect_api_url() is not None else 0, TAGS_PER_REQUEST):
         page = job_ids[start : start + TAGS_PER_REQUEST]
@@ -132,7 +148,7 @@ def latest_runs(directories: dict[str, str]) -> dict[str, dict[str, Any]]:
 
 
 def run_state(run: dict[str, Any] | None) -> str | None:
-    """A run's state name, made plain (any API client may name a state); None for no run."""
+    """A run's state name, made plain (any API client may name one); None for no run."""
     name = (run or {}).get("state_name") or ((run or {}).get("state") or {}).get("name")
     return plain_text(str(name)) if name else None
 
@@ -152,8 +168,10 @@ def find_job_dir(job: str, jobs_dir: Path) -> Path:
 
 
 def list_jobs(jobs_dir: Path) -> list[tuple[JobPaths, JobRecord | RecordError]]:
-    """The jobs, newest first, each with its record or why it cannot be read (those last); only directories named by
-    a job id count (a ``.pruning-<id>`` one is half removed)."""
+    """The jobs, newest first, each with its record or why it is unreadable (last).
+
+    Note: only directories named by a job id count (a ``.pruning-<id>`` one is half removed).
+    """
     readable: list[tuple[JobPaths, JobRecord]] = []
     unreadable: list[tuple[JobPaths, RecordError]] = []
     for job_dir in sorted(jobs_dir.iterdir()) if jobs_dir.is_dir() else []:
@@ -167,13 +185,17 @@ def list_jobs(jobs_dir: Path) -> list[tuple[JobPaths, JobRecord | RecordError]]:
 
 
 def newest_run(paths: JobPaths) -> dict[str, Any] | None:
-    """The job directory's newest flow run, found by its directory's name; None where the server cannot say."""
+    """The job directory's newest flow run, found by its name; None if none is known."""
     return latest_runs({paths.job_id: directory_tag(paths.job_dir)}).get(paths.job_id)
 
 
 def finished_steps(paths: JobPaths, steps: list[str], run: dict[str, Any]) -> dict[int, StepRecord | str]:
-    """The steps the run's latest attempt finished (a gate: awaiting or released), by position, each read from the
-    result record its task run names; for a record not this step's or unreadable, why (not finished)."""
+    """The steps the run's latest attempt finished, by position.
+
+    Note: a gate's is awaiting or released.
+    Note: each is read from the result record its task run names; for a record not this step's or
+    unreadable, why (not finished).
+    """
     names = {f"{step}[{position + 1}]": position for position, step in enumerate(steps)}
     of_run: JSON = {"id": {"any_": [run.get("id")]}}
     named: JSON = {"name": {"any_": list(names)}}
@@ -190,8 +212,10 @@ def finished_steps(paths: JobPaths, steps: list[str], run: dict[str, Any]) -> di
 
 
 def step_record(paths: JobPaths, step: str, position: int, state: dict[str, Any]) -> StepRecord | str | None:
-    """The record the state names, looked up by name in the job folder (the job may have moved since); why
-    not, where the record is not this step's (None: the state names no record of it)."""
+    """The record the state names, looked up by name in the job folder (it may move).
+
+    Note: why not where the record is not this step's; None where the state names no record of it.
+    """
     name = str((state.get("data") or {}).get("storage_key") or "").rsplit("/", 1)[-1]
     suffix = "(paused|released)" if step == "wait" else "[0-9a-f]{20}"  # a gate's outcome (tasks.wait), or a digest
     if not re.fullmatch(re.escape(result_name(paths.job_id, position, step, step, "")) + suffix, name):
@@ -221,7 +245,10 @@ def newest_rows(path: str, **filters: JSON) -> list[dict[str, Any]]:
 
 
 def step_at_work(job_id: str, run_id: str, position: int, step: str) -> str | None:
-    """A running step's progress as its artifact says, with its percent; None where this run published none."""
+    """A running step's progress with its percent, from its artifact.
+
+    Note: None where this run published none.
+    """
     key = step_artifact_key(job_id, position, step, "progress")
     try:
         artifact = as_object(api_json("GET", f"/artifacts/{key}/latest"))

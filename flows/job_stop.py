@@ -1,4 +1,4 @@
-"""What stops a job's run in the middle of a step: a Cancel or a Suspend on the Prefect server, an interrupt.
+"""What stops a job's run mid-step: a Cancel or Suspend on the server, a signal.
 
 See docs/operations.md (Prefect's controls) for what each one leaves behind.
 """
@@ -30,7 +30,7 @@ INTERRUPTED = "interrupted (Ctrl+C or SIGTERM)"
 
 @dataclass
 class JobStop:
-    """Why the run's work was stopped (None: it was not), and the Suspended state to end in, if suspended."""
+    """Why the run's work was stopped (None: not), and the Suspended state to end in."""
 
     cancel: Any
     reason: str | None = None
@@ -44,8 +44,11 @@ class JobStop:
         self.cancel()
 
     def ended(self, exc: BaseException) -> State[Any] | None:
-        """The state the run ends in after ``exc`` ended its work, where a stop ended it; else None: the
-        server's Suspended state (the flow raises ``Pause`` with it), or ``Cancelled``, never Crashed."""
+        """The state the run ends in where a stop ended its work with ``exc``; else None.
+
+        Note: the server's Suspended state (the flow raises ``Pause`` with it), or ``Cancelled``,
+        never Crashed.
+        """
         if isinstance(exc, KeyboardInterrupt | TerminationSignal):
             self.stop(INTERRUPTED)
         elif isinstance(exc, Abort) and self.reason is None:  # the server refused a task: a cancel came first
@@ -57,10 +60,11 @@ class JobStop:
 
 @contextmanager
 def stop_watch(flow_run_id: UUID) -> Iterator[JobStop]:
-    """The run's work (its fan-outs, its waits) in one cancel scope that a Cancel or Suspend ends.
+    """Put the run's work (fan-outs, waits) in a scope a Cancel or Suspend ends.
 
-    Why: Prefect's engine stops a run only at a task's boundary, and a step's task may send for an hour;
-    nothing carries out a Cancel of a run no runner supervises. Prefect's own observers tell both.
+    Why: Prefect's engine stops a run only at a task's boundary, and a step's task may send for an
+    hour; nothing carries out a Cancel of a run no runner supervises.
+    Note: Prefect's own observers tell both.
     """
     suspension = FlowRunContext.get()
     with cancel_scope() as cancel:
@@ -74,7 +78,10 @@ def stop_watch(flow_run_id: UUID) -> Iterator[JobStop]:
 
 
 def watch_run(flow_run_id: UUID, stop: JobStop, context: FlowRunContext | None) -> None:
-    """Until the run ends: a Cancel (``FlowRunCancellingObserver``) or the engine's suspension request."""
+    """Watch the run for a Cancel or a suspension request until it ends.
+
+    Note: a Cancel as ``FlowRunCancellingObserver`` tells it.
+    """
     request = context.flow_run_suspension_request if context is not None else None
 
     async def observe() -> None:

@@ -1,5 +1,7 @@
-"""Jobs: one preparation for every entry point (``prepare_job``): a directory ``<jobs_dir>/<job id>/`` with its
-``job.json`` (paths frozen absolute, no secret) and its CRTDL, created only whole. Import-light: ``status`` uses it."""
+"""Jobs: the one preparation of every entry point (``prepare_job``).
+
+Import-light: ``status`` uses it. See docs/development.md#jobs.
+"""
 
 from __future__ import annotations
 
@@ -50,11 +52,14 @@ def prepare_job(
     must_exist: bool = False,
     changing: bool = True,
 ) -> Job:
-    """Make a new job, or find the existing one with ``job_id`` (in ``jobs_dir`` if given: ``continue`` from anywhere
-    works on the same directory). ``overrides_source`` names the overrides' origin in the error refusing a secret
-    among them; ``must_exist``: ``job_id`` names a job to continue, never one to make; ``changing``: an existing
-    job's overrides are replaced by ``overrides`` (``continue --set``), else they must be its own (a flow run's
-    parameters: ``refuse_other_inputs``)."""
+    """Make a new job, or find the existing one with ``job_id``.
+
+    Note: in ``jobs_dir`` if given, so ``continue`` from anywhere works on the same directory.
+    Note: ``overrides_source`` names the overrides' origin in the error refusing a secret among
+    them; with ``must_exist``, ``job_id`` names a job to continue, never one to make; with
+    ``changing``, an existing job's overrides are replaced by ``overrides`` (``continue --set``),
+    else they must be its own (a flow run's parameters: ``refuse_other_inputs``).
+    """
     overrides = dict(overrides or {})
     refuse_secret_overrides(overrides, overrides_source)
     if job_id and not is_job_id(job_id):  # it names the job's directory: ``..`` or a path would leave jobs_dir
@@ -84,8 +89,10 @@ def prepare_job(
 
 
 def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source: str = "--set") -> Job:
-    """A job found again; ``overrides`` replace the frozen ones ("fix the cause and continue"), checked before they
-    are stored, their paths frozen absolute as at ``start``."""
+    """Find a job again; ``overrides`` replace its frozen ones ("fix and continue").
+
+    Note: they are checked before they are stored, their paths frozen absolute as at ``start``.
+    """
     record = read_record(paths.job_dir)
     refuse_unshowable_settings(record)
     changed = {**record.overrides, **overrides, "jobs_dir": str(paths.job_dir.parent)}
@@ -103,10 +110,11 @@ def existing_job(paths: JobPaths, overrides: Mapping[str, str], overrides_source
 def refuse_other_inputs(
     record: JobRecord, config_path: str | None, job_input: str | None, overrides: Mapping[str, str]
 ) -> None:
-    """A flow run's parameters that give an input otherwise than the job's ``job.json`` are refused.
+    """Refuse a flow run's parameters that give other inputs than ``job.json``.
 
-    Why: anyone who may edit a flow run on the server could otherwise change what the operator's next
-    ``continue`` does (a service URL, and its credentials with it); ``continue --set`` is the way.
+    Why: anyone who may edit a flow run on the server could otherwise change what the operator's
+    next ``continue`` does (a service URL, and its credentials with it); ``continue --set`` is the
+    way.
     """
     given = {"config_path": config_path, "job_input": job_input}
     given |= {f"overrides.{key}": value for key, value in overrides.items() if key != "jobs_dir"}
@@ -125,14 +133,17 @@ def refuse_other_inputs(
 
 
 def same_input(given: str, recorded: str | None, path: bool) -> bool:
-    """Whether ``given`` is ``recorded``; a ``path`` also as ``start`` froze it, absolute."""
+    """Whether ``given`` is ``recorded``; a ``path`` also as ``start`` froze it."""
     frozen = path and "://" not in given and str(Path(given).expanduser().resolve()) == recorded
     return given == recorded or frozen
 
 
 def refuse_unshowable_settings(record: JobRecord) -> None:
-    """The loader's messages show the record's configuration path and overrides as they are: one with an invisible
-    character (a damaged ``job.json``) is refused first, shown escaped, so it never reaches a terminal raw."""
+    """Refuse a configuration path or override holding an invisible character.
+
+    Why: the loader's messages show them as they are; one from a damaged ``job.json`` is refused
+    first, shown escaped, so it never reaches a terminal raw.
+    """
     overrides = [f"{key}={value}" for key, value in record.overrides.items()]
     for field, text in [("config_path", record.config_path or ""), *(("overrides", each) for each in overrides)]:
         if problem := invisible_character_problem(text):
@@ -141,7 +152,10 @@ def refuse_unshowable_settings(record: JobRecord) -> None:
 
 
 def refuse_other_steps(record: JobRecord, settings: Settings) -> None:
-    """A step list changed since the start would skip or add steps on data that went through the others."""
+    """Refuse a step list changed since the start.
+
+    Why: it would skip or add steps on data that went through the others.
+    """
     now = list(settings.pipeline.enabled_steps)
     if record.enabled_steps and now != record.enabled_steps:
         raise JobError(
@@ -152,8 +166,11 @@ def refuse_other_steps(record: JobRecord, settings: Settings) -> None:
 
 
 def refuse_invisible_url_characters(url: str | None, door: str) -> None:
-    """A stored and shown URL with a control, bidi or line-separator character (Unicode Cc, Cf, Zl, Zp) would show
-    another address or forge a line: refused, the character named by its code, never shown."""
+    """Refuse a stored and shown URL with a control, bidi or line-separator character.
+
+    Why: such a character (Unicode Cc, Cf, Zl, Zp) would show another address or forge a line; it is
+    named by its code, never shown.
+    """
     if url is not None and (found := invisible_character(url)) is not None:
         kind, code = found
         raise JobError(
@@ -163,8 +180,11 @@ def refuse_invisible_url_characters(url: str | None, door: str) -> None:
 
 
 def refuse_extraction_flags_of_a_followed_url(record: JobRecord, attach: str | None, resubmit: bool) -> None:
-    """A job started with a status URL follows that extraction: it has no submission for ``--attach`` or
-    ``--resubmit`` to settle, and the extraction (maybe another job's) is not its to cancel as a replaced one."""
+    """Refuse ``--attach`` and ``--resubmit`` for a job started with a status URL.
+
+    Why: such a job follows that extraction: it has no submission to settle, and the extraction
+    (maybe another job's) is not its to cancel as a replaced one.
+    """
     if (attach or resubmit) and "extractor" in record.enabled_steps and is_result_url(record.job_input):
         flag = "--attach" if attach else "--resubmit"
         url = shown_url(plain_text(str(record.job_input)))  # a damaged record's host may hold escape sequences
@@ -176,7 +196,7 @@ def refuse_extraction_flags_of_a_followed_url(record: JobRecord, attach: str | N
 
 
 def refuse_undecodable(paths: Mapping[str, str | None]) -> None:
-    """A path not valid UTF-8 (a Latin-1 folder name) could never be stored in the job's record."""
+    """Refuse a path not valid UTF-8 (a Latin-1 folder name): no record could store it."""
     for what, path in paths.items():
         try:
             str(path or "").encode("utf-8")
@@ -185,7 +205,10 @@ def refuse_undecodable(paths: Mapping[str, str | None]) -> None:
 
 
 def check_new_job(config_path: str | None, job_input: str | None, overrides: Mapping[str, str]) -> None:
-    """Every check of a new job, nothing written: ``start`` refuses a bad input before it starts a Prefect server."""
+    """Make every check of a new job, writing nothing.
+
+    Why: ``start`` refuses a bad input before it starts a Prefect server.
+    """
     settings = cached_settings(config_path, dict(overrides))
     paths = JobPaths(Path(settings.jobs_dir).resolve() / str(uuid.uuid4()))
     new_job_plan(paths, config_path, job_input, dict(overrides), settings)
@@ -194,7 +217,10 @@ def check_new_job(config_path: str | None, job_input: str | None, overrides: Map
 def new_job_plan(
     paths: JobPaths, config_path: str | None, job_input: str | None, overrides: dict[str, str], settings: Settings
 ) -> tuple[JobRecord, Path | None, EffectiveCrtdl | None]:
-    """The new job's record and CRTDL, every check made (a bad input raises ``JobError``), nothing written yet."""
+    """Plan the new job's record and CRTDL, every check made, nothing written yet.
+
+    Note: a bad input raises ``JobError``.
+    """
     door = "the job input (INPUT)"
     if job_input and "://" in job_input:
         refuse_invisible_url_characters(job_input, door)
@@ -226,8 +252,11 @@ def new_job_plan(
 
 
 def create_job_files(paths: JobPaths, record: JobRecord, crtdl: Path | None, effective: EffectiveCrtdl | None) -> None:
-    """The new job's directory, ``job.json`` and CRTDL; one that cannot be written (a full disk) removes the directory
-    again, so no half-made job is left to be continued."""
+    """Write the new job's directory, ``job.json`` and CRTDL.
+
+    Note: one that cannot be written (a full disk) removes the directory again, so no half-made job
+    is left to be continued.
+    """
     try:
         paths.job_dir.mkdir(parents=True)
     except OSError as exc:
@@ -246,15 +275,18 @@ def create_job_files(paths: JobPaths, record: JobRecord, crtdl: Path | None, eff
 
 
 def crtdl_input(steps: list[str], job_input: str | None) -> Path | None:
-    """The extractor's input unless a URL; for the other import steps the input when a ``.json`` file."""
+    """The CRTDL input: the extractor's unless a URL, other import steps' if ``.json``."""
     if job_input and "://" not in job_input and (steps[0] == "extractor" or is_crtdl_file(job_input)):
         return Path(job_input)
     return None
 
 
 def no_crtdl_message(job_input: str | None) -> str:
-    """Why a flattening job has no CRTDL; a given INPUT is named with what it was taken for (``query.crtdl`` is no
-    CRTDL, and being told to give one as INPUT would mislead)."""
+    """Say why a flattening job has no CRTDL.
+
+    Note: a given INPUT is named with what it was taken for (``query.crtdl`` is no CRTDL, and being
+    told to give one as INPUT would mislead).
+    """
     message = (
         "the flattening step needs a CRTDL: give the CRTDL file as INPUT "
         "(with local_import: start CONFIG CRTDL --dir DATA; with extractor: start CONFIG CRTDL)"
@@ -273,8 +305,11 @@ NEEDED_INPUT = {
 
 
 def refuse_missing_input(steps: list[str], job_input: str | None, settings: Settings) -> None:
-    """An import step without its input (or local_import directory) is refused before the job exists: the job input
-    is frozen, so the step would fail on every continue."""
+    """Refuse an import step without its input, before the job exists.
+
+    Note: the local_import directory counts as its input.
+    Why: the job input is frozen, so the step would fail on every continue.
+    """
     if steps[0] in NEEDED_INPUT and not job_input:
         raise JobError(f"{NEEDED_INPUT[steps[0]]}; no job was made")
     if steps[0] != "local_import":
@@ -288,8 +323,10 @@ def refuse_missing_input(steps: list[str], job_input: str | None, settings: Sett
 
 
 def step_file_problems(settings: Settings) -> list[str]:
-    """Problems of files the enabled steps will read, found before any work starts: a typo found only by the
-    pseudonymizer step comes after hours of extraction."""
+    """Find problems of files the enabled steps will read, before any work starts.
+
+    Why: a typo found only by the pseudonymizer step comes after hours of extraction.
+    """
     anonymization = settings.services.pseudonymizer.anonymization_config
     problems = [
         f"{key}: {problem}"
@@ -318,7 +355,7 @@ class EffectiveCrtdl:
 
 
 def effective_crtdl(source: Path, settings: Settings) -> EffectiveCrtdl:
-    """Spec procedure step 1: the CRTDL as given, or enriched when preprocessing has rules."""
+    """Spec procedure step 1: the CRTDL as given, or enriched by preprocessing rules."""
     from tasks.job.crtdl_enrichment import EnrichmentError, enrich_crtdl
     from tasks.sof.crtdl_views import with_group_ids
 
@@ -358,8 +395,11 @@ def read_crtdl(source: Path) -> tuple[dict, bytes]:
 
 
 def refuse_unusable_group_names(source: Path, crtdl: dict) -> None:
-    """A group name becomes a CSV, a ViewDefinition file name and an S3 key: names that cannot, or would collide,
-    are refused before the job exists."""
+    """Refuse group names that cannot be, or would collide as, file names and S3 keys.
+
+    Note: a group name becomes a CSV, a ViewDefinition file name and an S3 key; refused before the
+    job exists.
+    """
     from tasks.sof.crtdl_views import group_name_problems
 
     try:

@@ -1,8 +1,7 @@
-"""The ``dupflow`` flow: one job, its steps in the order of ``pipeline.enabled_steps``.
+"""The ``dupflow`` flow: one job, its steps in ``pipeline.enabled_steps`` order.
 
-Every entry point (command line, deployment, schedule) runs it on the job ``prepare_job`` makes or finds; a job is one
-flow run (``flows.job_runs``), whose state is the job's. Parameters carry no secret; the configuration is loaded in
-the run. Finished steps and files come back from the job's result records, so running again resumes the job."""
+See docs/development.md#the-flow.
+"""
 
 from __future__ import annotations
 
@@ -49,7 +48,10 @@ from tasks.wait import wait
 
 @dataclass(frozen=True)
 class StepSpec:
-    """A step's kind, task, and the settings that shape its output (None for the extractor: never extract again)."""
+    """A step's kind, task, and the settings that shape its output.
+
+    Note: None for the extractor: never extract again.
+    """
 
     kind: StepKind
     task: Any
@@ -69,13 +71,19 @@ STEPS: dict[str, StepSpec] = {
 
 
 def flow_run_name() -> str:
-    """The job id, known before the flow's first line, so a deployment run's log never shows the generated name."""
+    """Name the run by its job id, known before the flow's first line.
+
+    Why: so a deployment run's log never shows the generated name.
+    """
     given = runtime.flow_run.parameters.get("job_id")
     return given if isinstance(given, str) and is_job_id(given) else own_job_id()  # a form's text is no name yet
 
 
 def own_job_id() -> str:
-    """The job this run made (its tag), else the run's id: a resumed run without job id finds its job again."""
+    """The job this run made (its tag), else the run's id.
+
+    Why: a resumed run without job id finds its job again.
+    """
     tagged = next(filter(None, map(job_of_tag, runtime.flow_run.tags or [])), None)
     return tagged or str(runtime.flow_run.id)
 
@@ -94,10 +102,12 @@ def pipeline(
 
     Args:
         job_id: The job to continue; empty for a new job (scheduled and deployment runs).
-        config_path: Path of the configuration YAML (absolute, or relative to the worker's directory).
+        config_path: Path of the configuration YAML (absolute, or relative to the worker's
+            directory).
         job_input: A CRTDL file, a data directory, or a URL, depending on the import step.
         overrides: Non-secret configuration keys to override, e.g. {"retry.max_attempts": "3"}.
-        note: Continue past a wait step that paused the job, with this inspection note (``continue``'s form).
+        note: Continue past a wait step that paused the job, with this inspection note
+            (``continue``'s form).
         attach: After a submission in doubt: follow the extraction at this status URL.
         resubmit: After a submission in doubt: submit the extraction anew.
     """
@@ -129,7 +139,7 @@ def pipeline(
 def job_of_the_run(
     job_id: str | None, config_path: str | None, job_input: str | None, overrides: dict[str, str] | None
 ) -> Job:
-    """The job the run's parameters name, made or found; an existing one's inputs must be its own."""
+    """Make or find the job the run's parameters name; an existing one's must match."""
     source = "the flow's overrides parameter"
     given = job_id or own_job_id()
     return prepare_job(
@@ -138,7 +148,7 @@ def job_of_the_run(
 
 
 def ended_by_a_stop(job: Job, card: JobRecordCard, stopped: State[Any]) -> State[Any]:
-    """The run's end after a Cancel or an interrupt (its state), or a Suspend (Prefect's ``Pause``)."""
+    """The run's end after a Cancel, an interrupt or a Suspend (Prefect's ``Pause``)."""
     if stopped.is_paused():
         stopped = said_on_server(stopped, job.paths.job_dir)
     card.set_state(stopped.name or "", stopped.message or "")
@@ -148,10 +158,12 @@ def ended_by_a_stop(job: Job, card: JobRecordCard, stopped: State[Any]) -> State
 
 
 def handed_over(job: Job, note: str | None) -> State[Any] | None:
-    """Where the job has a flow run other than this one (a deployment's form given its id), that run goes on:
-    resumed with ``note``, or set to be retried, for its runner or worker; this one ends saying so.
+    """Hand the job over to its other flow run, if it has one; this run ends saying so.
 
-    Why: one job is one flow run; a second one finished the job, the first stayed Suspended with its Resume.
+    Note: that run (a deployment's form given its id) is resumed with ``note`` or set to be retried,
+    for its runner or worker.
+    Why: one job is one flow run; a second one finished the job, the first stayed Suspended with its
+    Resume.
     """
     own = FlowRunFilterTags(all_=[job_tag(job.job_id), directory_tag(job.paths.job_dir)])
     with get_client(sync_client=True) as client:
@@ -170,7 +182,7 @@ def handed_over(job: Job, note: str | None) -> State[Any] | None:
 
 
 def said_on_server(suspended: State[Any], job_dir: Path) -> State[Any]:
-    """The run's Suspended state from the UI again, with a message of until when and how the job goes on."""
+    """The run's Suspended state from the UI again, saying until when and how to go on."""
     until = suspended.state_details.pause_timeout
     told: State[Any] = Suspended(pause_expiration_time=until, message=suspended_message(None, until, job_dir))
     with get_client(sync_client=True) as client:
@@ -179,7 +191,10 @@ def said_on_server(suspended: State[Any], job_dir: Path) -> State[Any]:
 
 
 def run_job_steps(job: Job, card: JobRecordCard, note: str | None) -> Any:
-    """The steps, and the state the job ends in (shown on its card first); a gate suspends the run instead."""
+    """Run the steps; the state the job ends in is shown on its card first.
+
+    Note: a gate suspends the run instead.
+    """
     with file_runner(job.settings.pipeline.task_runner, job.paths.log_file):
         results = run_steps(job, card, note)
     summary = job_summary(job, results)
@@ -190,7 +205,7 @@ def run_job_steps(job: Job, card: JobRecordCard, note: str | None) -> Any:
 
 
 def completed_message(settings: Settings, last: StepResult, output_dir: str) -> str:
-    """Where a completed job's data went: a send's destination, else the last step's folder."""
+    """Say where a completed job's data went: a send's target, else the last folder."""
     if last.step != "send":
         return f"outputs in {output_dir}"
     send = settings.services.send
@@ -200,7 +215,10 @@ def completed_message(settings: Settings, last: StepResult, output_dir: str) -> 
 
 
 def checked_attach(attach: str | None) -> None:
-    """``attach`` must be an extraction's http(s) status URL without credentials (a form takes any text)."""
+    """Check ``attach`` is an extraction's http(s) status URL without credentials.
+
+    Why: a form takes any text.
+    """
     refuse_invisible_url_characters(attach, "attach")
     refuse_credentials_in_url(attach, door="attach", fix="give the status URL without them", tokens=True)
     if attach is not None and split_url(attach).scheme.lower() not in ("http", "https"):
@@ -211,7 +229,7 @@ def checked_attach(attach: str | None) -> None:
 
 
 def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> None:
-    """``attach`` follows the extraction at that status URL; ``resubmit`` allows a fresh submission."""
+    """Settle a submission in doubt: follow ``attach``, or submit anew on ``resubmit``."""
     if not (attach or resubmit):
         return
     if job.paths.finished(job.settings.pipeline.enabled_steps, "extractor"):
@@ -229,7 +247,7 @@ def settle_submission_in_doubt(job: Job, attach: str | None, resubmit: bool) -> 
 
 
 def name_and_tag_flow_run(job_id: str, job_dir: Path) -> None:
-    """The flow run carries the job: its name the job id, tags ``job-<id>`` and ``dir-<digest>`` of the job dir."""
+    """Name the flow run by the job id; tag it ``job-<id>`` and ``dir-<digest>``."""
     own = {job_tag(job_id), directory_tag(job_dir)}
     tags = set(runtime.flow_run.tags or [])
     if runtime.flow_run.name == job_id and own <= tags:
@@ -239,7 +257,7 @@ def name_and_tag_flow_run(job_id: str, job_dir: Path) -> None:
 
 
 def run_steps(job: Job, card: JobRecordCard, note: str | None) -> list[StepResult]:
-    """Run every step in order; each step's input follows the kinds of the steps before it."""
+    """Run every step in order; each input follows the kinds of the steps before it."""
     keep_one_trace_per_failure()
     results: list[StepResult] = []
     current: StepResult | None = None  # what the next step reads
@@ -268,14 +286,20 @@ def run_steps(job: Job, card: JobRecordCard, note: str | None) -> list[StepResul
 
 
 def release_free_memory() -> None:
-    """glibc's ``malloc_trim`` after a step: glibc keeps what a step freed, so its peak would stay resident."""
+    """Give back the memory a step freed (glibc's ``malloc_trim``).
+
+    Why: glibc keeps what a step freed, so its peak would stay resident.
+    """
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if trim is not None:
         trim(0)
 
 
 def run_step(step_task: Any, step: StepInput) -> StepResult:
-    """Run a step's task; a cached result is marked so, and taken only while its files are on disk as recorded."""
+    """Run a step's task; mark a cached result so.
+
+    Note: a cached result is taken only while its files are on disk as recorded.
+    """
     run = stored_in_job(step_task, step)
     state = run(step, return_state=True)
     if files_gone(state, step.job_path):

@@ -1,8 +1,6 @@
-"""This home's Prefect profile: ``prefect …`` commands typed in a shell reach this home's server.
+"""This home's Prefect profile: ``prefect …`` in a shell reaches the home's server.
 
-Else every ``prefect`` command starts a temporary server, which schedules nothing. A profile the user chose stays
-active. Run as ``python -m flows.prefect_profile API_URL`` in a process of its own: importing Prefect fixes its
-settings for the importing process, and costs a second that a command finding its server running does not pay.
+See docs/development.md#the-prefect-profile.
 """
 
 from __future__ import annotations
@@ -44,7 +42,10 @@ def record_in_profile(home: Path, api_url: str, environment: Mapping[str, str]) 
 
 
 def recorded(home: Path, api_url: str) -> bool:
-    """Whether the active ``dupflow`` profile names ``api_url`` already: no Prefect import (1.5 s of CPU) then."""
+    """Whether the active ``dupflow`` profile names ``api_url`` already.
+
+    Why: then no Prefect import (1.5 s of CPU).
+    """
     try:
         written = tomllib.loads((home / "profiles.toml").read_text())
     except (OSError, ValueError):  # TOMLDecodeError is a ValueError
@@ -53,7 +54,10 @@ def recorded(home: Path, api_url: str) -> bool:
 
 
 def update_profile(api_url: str) -> str | None:
-    """Set the ``dupflow`` profile to ``api_url``, active where the user chose none; what to tell the user, if any."""
+    """Set the ``dupflow`` profile to ``api_url``; give what to tell the user, if any.
+
+    Note: it is made active where the user chose none.
+    """
     from prefect.context import get_settings_context
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ANALYTICS_ENABLED
     from prefect.settings.profiles import DEFAULT_PROFILES_PATH, load_profiles, save_profiles

@@ -1,11 +1,7 @@
-"""A local Prefect server for the command line: started on first need, found again, reused, stoppable.
+"""The command line's local Prefect server: started when needed, reused, stoppable.
 
-Without ``PREFECT_API_URL`` Prefect starts a temporary server for every command (9-11 s), left running by a kill -9.
-Instead the first command that needs the API starts ``prefect server start`` on 127.0.0.1, recorded in
-``PREFECT_HOME``, reused until ``server stop`` or its end. Not Prefect's ``--background``: it pipes the server's log
-into the command, which exits (the log is lost), returns before the server answers and does not start only where
-none runs (here: the home lock); and Prefect's start refuses a taken port (here: the kept port, else the next free
-one). No Prefect import at module level: the fast commands import this module.
+No Prefect import at module level: the fast commands import this module. See
+docs/development.md#the-local-prefect-server.
 """
 
 from __future__ import annotations
@@ -81,8 +77,11 @@ class ServerRecord:
 
 
 def use_server() -> None:
-    """Point this process at the jobs' server: ``PREFECT_API_URL`` (it must answer), else the local one, whose
-    runner (``ensure_runner``) is started too where it does not run."""
+    """Point this process at the jobs' server: ``PREFECT_API_URL``, else the local one.
+
+    Note: ``PREFECT_API_URL`` must answer.
+    Note: the local server's runner (``ensure_runner``) is started too where it does not run.
+    """
     if (api_url := prefect_api_url()) is not None:
         require_answer(api_url)
     else:
@@ -94,7 +93,10 @@ def use_server() -> None:
 
 
 def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_TIMEOUT) -> str:
-    """``PREFECT_API_URL``, else the local server's, started if need be (a second command waits on the home lock)."""
+    """``PREFECT_API_URL``, else the local server's, started if need be.
+
+    Note: a second command waits on the home lock.
+    """
     if api_url := prefect_api_url():
         return api_url
     if server_login := os.environ.get("PREFECT_SERVER_API_AUTH_STRING"):  # the login it starts with: this one's too
@@ -156,8 +158,12 @@ def version_problem(answer: Answer | None) -> str | None:
 
 
 def ensure_runner(home: Path, api_url: str) -> None:
-    """The home's runner (``flows.job_runs``: Prefect's ``serve``) beside its server, started if it does not run;
-    detached, its log in ``home``. It runs what the UI resumes or retries of the command line's jobs."""
+    """Start the home's runner beside its server where it does not run.
+
+    Note: detached, its log in ``home``.
+    Note: the runner (``flows.job_runs``: Prefect's ``serve``) runs what the UI resumes or retries
+    of the command line's jobs.
+    """
     with exclusive_lock(home / LOCK_FILE), suppress(OSError, ValueError):
         if process_runs(int((home / RUNNER_FILE).read_text()), RUNNER_COMMAND):
             return
@@ -171,7 +177,7 @@ def ensure_runner(home: Path, api_url: str) -> None:
 
 
 def stop_server(home: Path | None = None) -> bool:
-    """Stop the server recorded in PREFECT_HOME, and its runner; whether the server was running."""
+    """Stop the server recorded in PREFECT_HOME and its runner; whether it ran."""
     home = prefect_home(home)
     with exclusive_lock(home / LOCK_FILE):
         with suppress(OSError, ValueError):
@@ -185,7 +191,7 @@ def stop_server(home: Path | None = None) -> bool:
 
 
 def server_status(home: Path | None = None) -> dict | None:
-    """The recorded server (without its nonce) with its UI URL and health, or None if none is running."""
+    """The recorded server (without its nonce) with its UI URL and health, or None."""
     if (record := read_record(prefect_home(home))) is None or not runs_recorded_server(record):
         return None
     shown = {key: value for key, value in asdict(record).items() if key != "nonce"}
@@ -197,14 +203,17 @@ def ui_url(api_url: str) -> str:
 
 
 def prefect_home(home: Path | None = None) -> Path:
-    """``home``, else ``PREFECT_HOME``, else Prefect's default ``~/.prefect``; created if missing."""
+    """``home``, else ``PREFECT_HOME``, else ``~/.prefect``; created if missing."""
     path = Path(home or os.environ.get("PREFECT_HOME") or "~/.prefect").expanduser().resolve()
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 def database_configured_elsewhere(home: Path) -> bool:
-    """Whether the local server's database is not ``DATABASE_FILE`` in ``home`` (environment or profiles.toml)."""
+    """Whether the server's database is not ``DATABASE_FILE`` in ``home``.
+
+    Note: set in the environment or profiles.toml.
+    """
     if any(os.environ.get(name) for name in DATABASE_URL_SETTINGS):
         return True
     try:
@@ -214,7 +223,10 @@ def database_configured_elsewhere(home: Path) -> bool:
 
 
 def new_database_note(home: Path) -> str | None:
-    """A note when the home's server, which ran (it kept a port) on a database no longer configured, starts anew."""
+    """A note when the home's server starts anew on a database no longer configured.
+
+    Note: only where it ran before (it kept a port).
+    """
     if database_configured_elsewhere(home) or (home / DATABASE_FILE).exists() or not (home / PORT_FILE).exists():
         return None
     return (
@@ -224,8 +236,11 @@ def new_database_note(home: Path) -> str | None:
 
 
 def start_server(home: Path, startup_timeout: float, previous: ServerRecord | None = None) -> ServerRecord:
-    """Start a server, record it, wait until it is healthy; again on the next free port if another program or home's
-    server took it first. ``previous``: this home's server before, whose port gets time to be freed."""
+    """Start a server, record it, wait until it is healthy.
+
+    Note: again on the next free port if another program or home's server took it first.
+    ``previous`` is this home's server before, whose port gets time to be freed.
+    """
     if note := new_database_note(home):
         print(note, file=sys.stderr)
     port = wanted = home_port(home)
@@ -252,8 +267,11 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
 
 
 def launch_server(home: Path, port: int, wanted: int) -> ServerRecord:
-    """``prefect server start`` on ``port``, recorded, detached (the command's Ctrl-C and hang-up do not reach it).
-    Its API URL in its environment gives its UI's API and its notifications' links unless set."""
+    """Launch ``prefect server start`` on ``port``, recorded and detached.
+
+    Note: the command's Ctrl-C and hang-up do not reach it. Its API URL in its environment gives its
+    UI's API and its notifications' links unless set.
+    """
     url = f"http://{HOST}:{port}/api"
     log = home / LOG_FILE
     if log.exists():
@@ -289,8 +307,11 @@ SERVER_VARIABLE_PREFIXES = ("PREFECT_", "PYTHON", "LC_", "MALLOC_", "PG", "XDG_"
 
 
 def server_environment(environment: os._Environ[str] | dict[str, str]) -> dict[str, str]:
-    """What a Prefect server uses of ``environment`` (proxies: its automations call webhooks). Nothing else: any
-    other variable may hold a secret (``${VAR}``, APP_*), readable in the server's environment while it runs."""
+    """What a Prefect server uses of ``environment``: proxies, for its webhooks.
+
+    Why: nothing else, as any other variable may hold a secret (``${VAR}``, APP_*), readable in the
+    server's environment while it runs.
+    """
     return {
         name: value
         for name, value in environment.items()
@@ -299,7 +320,10 @@ def server_environment(environment: os._Environ[str] | dict[str, str]) -> dict[s
 
 
 def home_port(home: Path) -> int:
-    """``PREFECT_SERVER_API_PORT``, else the kept one, else a free one from the home's path (homes rarely meet)."""
+    """``PREFECT_SERVER_API_PORT``, else the kept one, else one from the home's path.
+
+    Note: a free one from the path's digest, so homes rarely meet.
+    """
     if (value := local_server_port()) is None:
         with suppress(OSError, ValueError):
             if 0 < (kept := int((home / PORT_FILE).read_text().strip())) < 65536:
@@ -315,7 +339,10 @@ def home_port(home: Path) -> int:
 
 
 def next_free_port(port: int) -> int:
-    """``port`` or the first free one above it (SO_REUSEADDR as uvicorn binds: TIME_WAIT does not count as taken)."""
+    """``port`` or the first free one above it.
+
+    Note: bound with SO_REUSEADDR as uvicorn binds, so TIME_WAIT does not count as taken.
+    """
     for candidate in range(port, min(port + PORT_SEARCH, 65536)):
         with socket.socket() as probe, suppress(OSError):
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -334,7 +361,10 @@ def read_record(home: Path) -> ServerRecord | None:
 
 
 def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool:
-    """Poll until ``home``'s server answers; False if its process dies (another may answer on its port) or time's up."""
+    """Poll until ``home``'s server answers; False if its process dies or time is up.
+
+    Note: once its process died another server may answer on its port.
+    """
     deadline = time.monotonic() + timeout
     while not (is_healthy(record.url) and serves_home(record, home)):
         if process_stopped(record.pid):  # it holds its port and answers nothing: say so, not wait to the timeout
@@ -373,8 +403,11 @@ def is_healthy(url: str) -> bool:
 
 
 def runs_recorded_server(record: ServerRecord) -> bool:
-    """Whether the recorded server runs: its pid a ``prefect server start`` holding the start's nonce (a recycled pid
-    is neither reused nor stopped); without /proc, nonce or environment (exiting), the pid alone tells."""
+    """Whether the recorded server runs: a ``prefect server start`` with the nonce.
+
+    Why: a recycled pid is neither reused nor stopped.
+    Note: without /proc, nonce or environment (exiting), the pid alone tells.
+    """
     if not process_is_server(record.pid):
         return False
     try:
@@ -407,7 +440,10 @@ def cmd_server_url(args: argparse.Namespace) -> int:  # export PREFECT_API_URL=$
 
 
 def print_server(when_set: str, started: str) -> int:
-    """``when_set`` with PREFECT_API_URL (no user info), else ``started`` with the home's server's URLs."""
+    """Print ``when_set`` with PREFECT_API_URL (no user info), else ``started``.
+
+    Note: ``started`` comes with the home's server's URLs.
+    """
     if api_url := prefect_api_url():
         print(when_set.format(shown_url(api_url)))
         return 0

@@ -1,7 +1,6 @@
-"""The command line: ``python -m flows.run start|continue|status|list|config check|…`` (exit codes in its help).
+"""The command line: ``python -m flows.run start|continue|status|list|…``.
 
-A failure prints one line: what went wrong and where the job's log (with the full trace) is. ``status`` and
-``list`` ask the jobs' Prefect server over its REST API without importing Prefect (well under 1.5 s).
+Note: exit codes are in its help. See docs/development.md#the-command-line.
 """
 
 from __future__ import annotations
@@ -143,7 +142,10 @@ def add_flags(parser: argparse.ArgumentParser, *names: str) -> None:
 
 
 def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict[str, str]]:
-    """The flags as (key -> raw value, key -> flag label); a secret is refused (they end up in run parameters)."""
+    """The flags as (key → raw value, key → flag label); a secret is refused.
+
+    Why: the flags end up in the flow run's parameters.
+    """
     overrides, labels = dict[str, str](), dict[str, str]()
     for item in args.set:
         key, sep, value = item.partition("=")
@@ -159,7 +161,10 @@ def overrides_from_flags(args: argparse.Namespace) -> tuple[dict[str, str], dict
 
 
 def refuse_flags_no_step_reads(settings: Settings, labels: dict[str, str]) -> None:
-    """A flag of ``FLAG_KEYS`` given to a pipeline without its step would be ignored without a word."""
+    """Refuse a flag of ``FLAG_KEYS`` given to a pipeline without its step.
+
+    Why: it would be ignored without a word.
+    """
     for attr, (key, step) in FLAG_KEYS.items():
         if labels.get(key) == (label := flag_label(attr)) and not settings.pipeline.has_step(step):
             raise UsageError(
@@ -213,7 +218,10 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 
 def cmd_continue(args: argparse.Namespace) -> int:
-    """Resume a job, locked before anything is written: of two at once the second exits 2 and records nothing."""
+    """Resume a job, locked before anything is written.
+
+    Note: of two at once the second exits 2 and records nothing.
+    """
     overrides, _ = overrides_from_flags(args)
     refuse_invisible_url_characters(args.attach, "--attach")
     fix = "give the status URL without them; the credentials come from services.extractor.auth"
@@ -237,13 +245,19 @@ def cmd_continue(args: argparse.Namespace) -> int:
 
 
 def job_parameters(job: JobRecord, paths: JobPaths) -> dict[str, Any]:
-    """The job's flow run parameters, from its ``job.json`` alone, its jobs_dir where this command found it."""
+    """The job's flow run parameters, from its ``job.json`` alone.
+
+    Note: its jobs_dir is where this command found it.
+    """
     overrides = {**job.overrides, "jobs_dir": str(paths.job_dir.parent)}
     return dict(job_id=job.job_id, config_path=job.config_path, job_input=job.job_input, overrides=overrides)
 
 
 def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | None) -> int:
-    """Run the job's flow run here, its outcome in one line. ``continuing``: a ``continue``'s parameters."""
+    """Run the job's flow run here; say its outcome in one line.
+
+    Note: ``continuing`` holds a ``continue``'s parameters.
+    """
     job = read_record(paths.job_dir)
     from tasks.streams.progress import use_display
 
@@ -279,7 +293,7 @@ def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any] | None)
 
 
 def report_outcome(paths: JobPaths, state: Any) -> int:
-    """The run's end: where the data went, how to go on from a gate, or the cause and how to resume."""
+    """Say how the run ended: where the data went, how to go on, or cause and fix."""
     job_ref = job_on_command_line(paths.job_dir)
     if state is None:
         print(
@@ -309,7 +323,7 @@ def report_outcome(paths: JobPaths, state: Any) -> int:
 
 
 def failure_text(state: Any) -> str:
-    """What ended the run: its exception as ``Type: text`` where the state holds it, else the state's message."""
+    """What ended the run: its exception as ``Type: text``, else the state's message."""
     try:
         exc = state.result(raise_on_failure=False)
     except Exception:  # noqa: BLE001 - a result that cannot be read leaves the message
@@ -318,7 +332,10 @@ def failure_text(state: Any) -> str:
 
 
 def setting_named_in(message: str) -> str | None:
-    """The first non-secret setting a failure's message names: its fix may be another value for this job."""
+    """The first non-secret setting a failure's message names.
+
+    Why: its fix may be another value for this job.
+    """
     secret = secret_key_paths()
     named = [
         (found.start(), key)

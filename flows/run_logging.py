@@ -1,5 +1,7 @@
-"""How a flow run logs: each failure's trace once (Prefect logs it at every run it passes through); from the command
-line, everything to the job's log file and to the terminal one line per event, no traceback, a failure once."""
+"""How a flow run logs: a failure's trace once; on a terminal, a line per event.
+
+See docs/development.md#logging.
+"""
 
 from __future__ import annotations
 
@@ -34,8 +36,10 @@ CLUSTER_TEARDOWN = "Worker process still alive after"
 
 
 class OneTracePerFailure(logging.Filter):
-    """A failure's first record (same type and text) keeps its trace, a task stopped by the job's stop none;
-    ``forget`` starts over for a new flow run."""
+    """Keep a trace on a failure's first record only (same type and text).
+
+    Note: a task stopped by the job's stop keeps none; ``forget`` starts over for a new flow run.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -58,7 +62,7 @@ _one_trace = OneTracePerFailure()
 
 
 def keep_one_trace_per_failure() -> None:
-    """At each flow run's start: one trace per failure on the run loggers, and Prefect's own records redacted."""
+    """At a flow run's start: one trace per failure, Prefect's own records redacted."""
     _one_trace.forget()
     for name in RUN_LOGGERS:
         logger = logging.getLogger(name)
@@ -76,7 +80,10 @@ _interrupted = threading.Event()
 
 
 def take_interrupts() -> None:
-    """SIGTERM, SIGINT and SIGHUP (unless ignored: ``nohup``) as Ctrl+C; the failures they cause stay off screen."""
+    """Take SIGTERM, SIGINT and SIGHUP (unless ignored: ``nohup``) as Ctrl+C.
+
+    Note: the failures they cause stay off screen.
+    """
 
     def interrupt(signum: int, frame: FrameType | None) -> None:
         _interrupted.set()
@@ -90,7 +97,10 @@ def take_interrupts() -> None:
 
 
 class _OneFailureLine(logging.Filter):
-    """The terminal tells a failure once (a run's first ERROR) and none of the noise; the job log keeps it all."""
+    """Tell a failure once on the terminal (a run's first ERROR), none of the noise.
+
+    Note: the job log keeps it all.
+    """
 
     _shown = False  # set on the instance by its first ERROR
 
@@ -117,13 +127,16 @@ class _OneFailureLine(logging.Filter):
 
 
 def _tells_a_cancelled_fan_out(record: logging.LogRecord) -> bool:
-    """A task's failure by the fan-out's ``Cancelled``: its exception, or its repr in Prefect's message."""
+    """Whether a task failed by the fan-out's ``Cancelled`` (exception or its repr)."""
     exc = record.exc_info[1] if record.exc_info else None
     return isinstance(exc, Cancelled) or f"{Cancelled.__name__}(" in record.getMessage()
 
 
 class _NoTraceback(PlainFormatter):
-    """One plain line per event (all if logged ``SHOW_WHOLE``), no trace; a failure in its words."""
+    """One plain line per event (all if logged ``SHOW_WHOLE``), no trace.
+
+    Note: a failure in its words.
+    """
 
     def format(self, record: logging.LogRecord) -> str:
         record = copy.copy(record)  # the other handlers (job log, API) get the record as it was
@@ -135,8 +148,11 @@ class _NoTraceback(PlainFormatter):
 
 
 class _HandTo(logging.Handler):
-    """Hands each record to ``target``: a Dask LocalCluster sets the ``distributed`` logger's StreamHandlers to
-    WARNING while it runs (``silence_logs``), which would silence the job log for every logger."""
+    """Hand each record to ``target``.
+
+    Why: a Dask LocalCluster sets the ``distributed`` logger's StreamHandlers to WARNING while it
+    runs (``silence_logs``), which would silence the job log for every logger.
+    """
 
     def __init__(self, target: logging.Handler):
         super().__init__()
@@ -148,8 +164,11 @@ class _HandTo(logging.Handler):
 
 @contextmanager
 def job_logging(log_file: Path) -> Iterator[None]:
-    """Every record to the job's log file; tracebacks and a failure's repeats kept off the terminal,
-    every handler's text plain there (Prefect's console, its debug handler, the last resort)."""
+    """Send every record to the job's log file; keep traces and repeats off screen.
+
+    Note: every handler's text is plain there (Prefect's console, its debug handler, the last
+    resort).
+    """
     file_handler = logging.FileHandler(log_file)
     file_handler.setFormatter(JobLogFormatter())
     redacting, one_failure = RedactingFilter(), _OneFailureLine()
@@ -180,7 +199,10 @@ def job_logging(log_file: Path) -> Iterator[None]:
 
 
 def hand_over_to_prefect() -> None:
-    """Send the run's last events and logs before the command's last line; bounded, for an unreachable server."""
+    """Send the run's last events and logs before the command's last line.
+
+    Note: bounded, for an unreachable server.
+    """
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 

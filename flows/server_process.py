@@ -1,4 +1,7 @@
-"""The process side of the local server (``flows.prefect_server``), read from /proc where there is one."""
+"""The process side of the local server (``flows.prefect_server``), from /proc.
+
+Note: where there is a /proc.
+"""
 
 from __future__ import annotations
 
@@ -14,12 +17,12 @@ POLL_INTERVAL = 0.05  # a start or stop waits for the server by this much at mos
 
 
 def process_is_server(pid: int) -> bool:
-    """Whether ``pid`` is alive and still a ``prefect server start`` (a recycled pid is not)."""
+    """Whether ``pid`` is alive and still a ``prefect server start``, not recycled."""
     return process_runs(pid, ("prefect", "server", "start"))
 
 
 def process_runs(pid: int, words: tuple[str, ...]) -> bool:
-    """Whether ``pid`` is alive and its command line holds ``words`` (a recycled pid's does not)."""
+    """Whether ``pid`` is alive and its command line holds ``words``, not recycled."""
     if not process_exists(pid):
         return False
     try:
@@ -35,7 +38,10 @@ def process_runs(pid: int, words: tuple[str, ...]) -> bool:
 
 
 def process_exists(pid: int) -> bool:
-    """Whether ``pid`` exists (an exiting one still holds its port); reaped first if it is an exited child."""
+    """Whether ``pid`` exists (an exiting one still holds its port).
+
+    Note: an exited child is reaped first.
+    """
     with suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
     try:
@@ -48,7 +54,7 @@ def process_exists(pid: int) -> bool:
 
 
 def terminate(pid: int) -> None:
-    """SIGTERM the server's process group, SIGKILL if it outlives ``STOP_GRACE``; returns once it is gone."""
+    """SIGTERM the server's process group, SIGKILL after ``STOP_GRACE``; await its end."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         with suppress(ProcessLookupError):
             os.killpg(pid, sig)

@@ -1,5 +1,8 @@
-"""``status`` and ``list``: each job's state (its flow run's, without importing Prefect), and for ``status`` its facts
-and steps, as plain text (a damaged record's escape sequences and controls never reach the terminal)."""
+"""``status`` and ``list``: each job's state; for ``status`` its facts and steps.
+
+Note: the state is its flow run's, read without importing Prefect; shown as plain text (a damaged
+record's escape sequences and controls never reach the terminal).
+"""
 
 from __future__ import annotations
 
@@ -23,8 +26,11 @@ EXIT_OK = 0
 
 
 def state_message(paths: JobPaths, run: dict[str, Any] | None, state: str) -> str:
-    """What the job's state means and what to do: the server's message, or this tool's where the server says
-    nothing (a gate, a Resume in the UI, no run at all)."""
+    """Say what the job's state means and what to do.
+
+    Note: the server's message, or this tool's where the server says nothing (a gate, a Resume in
+    the UI, no run at all).
+    """
     go_on = f"{CLI} continue {job_on_command_line(paths.job_dir)}"
     server = (run or {}).get("state") or {}
     said = plain_text(str(server.get("message") or ""))
@@ -60,7 +66,7 @@ class JobStatus(NamedTuple):
 
 
 def job_status(paths: JobPaths) -> JobStatus:
-    """The job's record, its newest flow run, its state and what that means, and its steps."""
+    """The job's record, newest flow run, state and what that means, and its steps."""
     job = read_record(paths.job_dir)
     prefect_server.use_server()  # the job's state is its flow run's there
     run = newest_run(paths)
@@ -100,8 +106,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def print_step_status(position: int, step: str, result: StepRecord | str | None, at_work: str | None) -> None:
-    """A step's line: done with its files, awaiting inspection, at work (with its progress), or not finished
-    (with why, where its record is not taken)."""
+    """Print a step's line: done with its files, awaiting, at work, or not finished.
+
+    Note: at work with its progress; not finished with why, where its record is not taken.
+    """
     if isinstance(result, str):
         print(f"  {position + 1}. {step}: not finished: {plain_text(result)}; continue does it again")
         return
@@ -124,8 +132,7 @@ def print_step_status(position: int, step: str, result: StepRecord | str | None,
 def status_document(status: JobStatus) -> dict[str, Any]:
     """``status --json``: the facts the text shows, as data, secrets redacted.
 
-    Note:
-    - Its shape is documented in docs/operations.md ("status --json"): keys are only ever added.
+    Note: its shape is documented in docs/operations.md ("status --json"): keys are only ever added.
     """
     job, run = status.job, status.run or {}
     return {
@@ -191,7 +198,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def listed_job(paths: JobPaths, job: JobRecord | RecordError, state: str | None) -> dict[str, Any]:
-    """A job in ``list --json``: one whose record cannot be read is ``unreadable``, with why."""
+    """A job in ``list --json``; one with a bad record is ``unreadable``, with why."""
     readable = job if isinstance(job, JobRecord) else None
     return {
         "job_id": readable.job_id if readable else paths.job_id,

@@ -1,8 +1,7 @@
-"""``view run VIEW.json RESOURCES.ndjson [--format ndjson|csv|parquet]``: run one SQL-on-FHIR ViewDefinition by hand,
-printing the rows as NDJSON, or as the flattening step's CSV or Parquet. Ctrl+C stops after the last complete row.
+"""``view run VIEW.json RESOURCES.ndjson``: run a SQL-on-FHIR view by hand.
 
-``view …`` is handed to ``main`` before the rest of the command line is imported: the engine alone, without Prefect,
-the configuration, the clients or the job record (0.3 s of imports it does not need)."""
+See docs/development.md#view-run.
+"""
 
 from __future__ import annotations
 
@@ -12,19 +11,20 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from config.runtime import CLI
 from tasks.core.errors import DupflowError
+from tasks.core.json_shapes import as_object
 from tasks.core.jsonfile import JsonFileError, read_json_file
 from tasks.core.readable import plain_multiline
 from tasks.streams.ndjson import NdjsonError, iter_lines
-from tasks.sof.errors import ViewDefinitionError, ViewError
-from tasks.sof.view import compile_view
+from tasks.sof.errors import ResourceLineError, ViewDefinitionError, ViewError
+from tasks.sof.view import CompiledView, compile_view
 from tasks.sof.output import CsvWriter, json_bytes
-from tasks.sof.resources import ResourceLineError, csv_parts, read_rows
+from tasks.sof.resources import csv_parts, read_rows
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 MAX_LINE_BYTES = 1024 * 1024 * 1024
@@ -32,16 +32,17 @@ MAX_VIEW_BYTES = 16 * 1024 * 1024  # a ViewDefinition is a few KB; more is the w
 
 
 def main(argv: Sequence[str]) -> int:
-    """``view …`` as the whole command, with the command line's parser for it and its exits."""
+    """Run ``view …`` as the whole command, with the command line's parser and exits."""
     parser = argparse.ArgumentParser(prog=CLI)
     register(parser.add_subparsers(required=True, metavar="COMMAND"))
     return dispatch(parser.parse_args(argv))
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    """Run the parsed command with the command line's exits (shared with ``flows.run.main``)."""
+    """Run the parsed command with the command line's exits (also ``flows.run``'s)."""
     try:
-        return args.command(args)
+        code: int = args.command(args)
+        return code
     except DupflowError as exc:
         print(f"error: {plain_multiline(str(exc))}", file=sys.stderr)  # it may quote a job.json
         return EXIT_USAGE
@@ -53,7 +54,7 @@ def dispatch(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     view = commands.add_parser("view", help="SQL-on-FHIR ViewDefinition commands")
     view_commands = view.add_subparsers(required=True, metavar="SUBCOMMAND")
     run = view_commands.add_parser("run", help="run a ViewDefinition over NDJSON resources and print the rows")
@@ -80,7 +81,7 @@ def cmd_view_run(args: argparse.Namespace) -> int:
     resources = Path(args.resources)
     try:
         if args.format == "parquet":
-            print_parquet(view, definition, resources)
+            print_parquet(view, as_object(definition), resources)  # a dict: compile_view took it
         elif args.format == "csv":
             write_csv(view, resources, sys.stdout)
         else:
@@ -100,11 +101,12 @@ def cmd_view_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def write_csv(view, resources: Path, out: IO[str]) -> None:
-    """The view's rows over the file as CSV, the cyclic garbage collector paused meanwhile.
+def write_csv(view: CompiledView, resources: Path, out: IO[str]) -> None:
+    """Write the view's rows over the file as CSV, the cyclic garbage collector paused.
 
     Why: parsed JSON and its rows hold no reference cycles, yet the collector's passes over a
-    block's new rows took a tenth to a third of the time (a full pass walks every object)."""
+    block's new rows took a tenth to a third of the time (a full pass walks every object).
+    """
     writer = CsvWriter(out)
     writer.writerow(view.columns)
     collecting = gc.isenabled()
@@ -117,7 +119,7 @@ def write_csv(view, resources: Path, out: IO[str]) -> None:
             gc.enable()
 
 
-def print_parquet(view, definition: dict[str, Any], resources: Path) -> None:
+def print_parquet(view: CompiledView, definition: dict[str, Any], resources: Path) -> None:
     from tasks.sof.parquet import write_parquet  # pyarrow costs every other command 0.1-0.3 s and 33 MB
 
     with tempfile.TemporaryDirectory(prefix="dupflow-view-") as folder:
@@ -129,6 +131,6 @@ def print_parquet(view, definition: dict[str, Any], resources: Path) -> None:
             shutil.copyfileobj(parquet, sys.stdout.buffer)
 
 
-def view_rows(view, resources: Path):
-    """The view's rows over the file; lines holding no resource of its type are not parsed."""
+def view_rows(view: CompiledView, resources: Path) -> Iterator[tuple[Any, ...]]:
+    """The view's rows over the file; lines with no resource of its type go unparsed."""
     return read_rows(view, resources, iter_lines(resources, MAX_LINE_BYTES))

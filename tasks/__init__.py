@@ -1,0 +1,11 @@
+"""One module per pipeline step, named as the step; the layers below them in folders.
+
+The steps' part of the exception tree (the root's: ``tasks.core.errors``)::
+
+    DupflowError
+    └── StepError
+        ├── SubmissionInDoubtError    extractor: a kick-off whose answer was lost
+        ├── LocalImportError          local_import
+        ├── HttpImportError           http_import
+        └── PseudonymizerStepError    pseudonymizer
+"""

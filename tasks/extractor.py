@@ -1,8 +1,6 @@
-"""The ``extractor`` step: run an extraction on the extraction server and download its files into ``import/``.
+"""The ``extractor`` step: run an extraction on the server, download its files.
 
-Input: the job's CRTDL, or the status URL of a complete extraction (polled, never submitted). Submission is never
-repeated by itself (a retry could create a duplicate job): the attempt is recorded before the POST, the handle the
-moment the server answers. One cached sub-task per file URL, so a resumed job fetches only unfinished files.
+Note: the files go into ``import/``. See docs/development.md#steps.
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from prefect import get_run_logger
@@ -41,13 +40,19 @@ DOWNLOAD_CONCURRENCY = 4
 
 
 class SubmissionInDoubtError(StepError):
-    """A submission was sent but no answer was recorded: resubmitting could create a second extraction."""
+    """A submission was sent but no answer recorded: resubmitting could duplicate it.
+
+    Note: a second extraction could be created.
+    """
 
 
 @step_task("extractor")
 def extractor(step: StepInput) -> StepResult:
-    """Follow the extraction, then download every file. After a failure no new download starts, every finished file
-    is kept for ``continue``, and the first failure is raised."""
+    """Follow the extraction, then download every file.
+
+    Note: after a failure no new download starts, every finished file is kept for ``continue``, and
+    the first failure is raised.
+    """
     settings = settings_of(step)
     config = settings.services.extractor
     with ExtractionServerClient(config, settings.tls) as client:
@@ -64,7 +69,10 @@ def extractor(step: StepInput) -> StepResult:
 
 @file_task("download-result-file", "download[{name}]")
 def download_result_file(step: StepInput, url: str, name: str, needs_token: bool = False) -> DataFile:
-    """One result file; ``needs_token``: the manifest said requiresAccessToken (credentials to approved origins)."""
+    """Download one result file.
+
+    Note: ``needs_token``: the manifest said requiresAccessToken (credentials to approved origins).
+    """
     settings = settings_of(step)
     config = settings.services.extractor
     with download_client(step, needs_token) as client:
@@ -88,8 +96,10 @@ _download_clients_lock = threading.Lock()
 
 @contextmanager
 def download_client(step: StepInput, needs_token: bool) -> Iterator[ExtractionServerClient]:
-    """A client for result-file downloads, built where it runs (no client is a task parameter) and shared by the
-    downloads at once in this process; the last holder closes it."""
+    """Give a client for result-file downloads, shared by this process's downloads.
+
+    Why: built where it runs (no client is a task parameter); the last holder closes it.
+    """
     key = (settings_identity(step.config_path, step.overrides), needs_token)
     with _download_clients_lock:
         if (lease := _download_clients.get(key)) is None:
@@ -109,7 +119,10 @@ def download_client(step: StepInput, needs_token: bool) -> Iterator[ExtractionSe
 
 
 def current_handle(step: StepInput, client: ExtractionServerClient) -> ExtractionHandle:
-    """The job to follow: the given result URL, the recorded handle (re-attach), else a first submission."""
+    """Return the job to follow: the given result URL, the recorded one, or a new one.
+
+    Note: the recorded handle re-attaches; else this is a first submission.
+    """
     if is_result_url(step.job_input):
         handle = ExtractionHandle.from_status_url(step.job_input)
         record_handle(step, handle, generation=0)
@@ -126,9 +139,13 @@ def current_handle(step: StepInput, client: ExtractionServerClient) -> Extractio
 
 
 def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> ExtractionHandle:
-    """Submit the job's CRTDL once. A kick-off that certainly started no job (``started_no_job``) clears the
-    recorded attempt, so ``continue`` submits again once the cause is fixed. Anything else stays in doubt: a timeout
-    may come after the request was sent, and a 5xx may hide a job (a proxy's 502/503/504 while the server took it)."""
+    """Submit the job's CRTDL once.
+
+    Note: a kick-off that certainly started no job (``started_no_job``) clears the recorded attempt,
+    so ``continue`` submits again once the cause is fixed.
+    Why: anything else stays in doubt: a timeout may come after the request was sent, and a 5xx may
+    hide a job (a proxy's 502/503/504 while the server took it).
+    """
     if (crtdl_path := step.crtdl_path) is None:
         raise ExtractionError("the extractor step needs a CRTDL file (or a complete result URL) as the job input")
     crtdl = crtdl_path.read_bytes()  # read before the attempt is recorded: an unreadable file sends nothing
@@ -147,8 +164,11 @@ def submit(step: StepInput, client: ExtractionServerClient, generation: int) -> 
 
 
 def started_no_job(exc: ServiceError, kickoff_url: str) -> bool:
-    """Whether a failed kick-off certainly started no job: the server refused it (a 4xx), its connection was never
-    made, or the OAuth token it needed could not be had (the failed request is the identity provider's)."""
+    """Tell whether a failed kick-off certainly started no job.
+
+    Note: the server refused it (a 4xx), its connection was never made, or the OAuth token it needed
+    could not be had (the failed request is the identity provider's).
+    """
     if exc.service == "oauth" or (exc.status_code is not None and 400 <= exc.status_code < 500):
         return True
     cause = exc.__cause__
@@ -171,7 +191,7 @@ def record_handle(step: StepInput, handle: ExtractionHandle, generation: int) ->
     )
 
 
-def submission_in_doubt_message(step: StepInput, in_flight: dict) -> str:
+def submission_in_doubt_message(step: StepInput, in_flight: dict[str, Any]) -> str:
     job, config = job_on_command_line(step.job_path), shlex.quote(step.config_path) if step.config_path else "CONFIG"
     return (
         f"an extraction was submitted at {in_flight.get('started_at')} and no answer naming its job was recorded "
@@ -183,8 +203,11 @@ def submission_in_doubt_message(step: StepInput, in_flight: dict) -> str:
 
 
 def cancel_replaced_extraction(settings: Settings, job_id: str) -> str:
-    """Cancel the extraction that ``continue --resubmit`` or ``--attach`` replaces: left alone it takes the server's
-    batch slots and disk. Returns what happened, for the log; a failed cancel does not stop the replacement."""
+    """Cancel the extraction that ``continue --resubmit`` or ``--attach`` replaces.
+
+    Why: left alone it takes the server's batch slots and disk.
+    Note: returns what happened, for the log; a failed cancel does not stop the replacement.
+    """
     shown = show_text(job_id)
     try:
         with ExtractionTaskClient(settings.services.extractor, settings.tls, settings.retry) as client:
@@ -209,7 +232,10 @@ def cancel_replaced_extraction(settings: Settings, job_id: str) -> str:
 def wait_for_result(
     step: StepInput, client: ExtractionServerClient, handle: ExtractionHandle
 ) -> tuple[ExtractionHandle, list[str]]:
-    """Poll until complete; a dead handle is replaced by a fresh submission, at most retry.max_attempts times."""
+    """Poll until complete; a dead handle is replaced by a fresh submission.
+
+    Note: at most ``retry.max_attempts`` times.
+    """
     logger = get_run_logger()
     reporter = ProgressReporter(step)
     attempts = settings_of(step).retry.max_attempts
@@ -237,7 +263,7 @@ def wait_for_result(
 
 
 class ProgressReporter:
-    """Polling progress in the log (when it changes) and as a progress artifact of its own."""
+    """Polling progress in the log (when it changes) and as a progress artifact."""
 
     def __init__(self, step: StepInput):
         self._artifact = ProgressArtifact(step_artifact_key(step.job_id, step.position, step.step, "progress"))

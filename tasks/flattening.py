@@ -1,9 +1,6 @@
-"""The ``flattening`` step: the job's data as one CSV per CRTDL attribute group (spec/protocols.md, "Flattening").
+"""The ``flattening`` step: the job's data as one CSV per CRTDL attribute group.
 
-One ViewDefinition per group, saved under ``viewdefinitions/`` for ``view run``. Rows come from the embedded engine or
-the service's ``$run``. The engine works piece by piece (a file, or a span of a large one in worker processes:
-parsing and FHIRPath hold the GIL), each a cached task writing into ``.parts/<piece>/``; the parts are joined in input
-order, so the CSVs are the same bytes however many processes ran.
+Note: spec/protocols.md, "Flattening". See docs/development.md#steps.
 """
 
 from __future__ import annotations
@@ -80,8 +77,10 @@ def flattening(step: StepInput) -> StepResult:
 
 
 class BatchResult(TypedDict):
-    """What ``flatten_file`` wrote, and its parts as data files of the step's folder (so that a cached batch whose
-    parts are gone is flattened again)."""
+    """What ``flatten_file`` wrote, and its parts as data files of the step's folder.
+
+    Why: a cached batch whose parts are gone is flattened again.
+    """
 
     parts: FileParts
     files: list[DataFile]
@@ -96,8 +95,12 @@ def flatten_batch(
     plan_digest: str,
     in_worker_process: bool,
 ) -> BatchResult:
-    """Flatten the pieces (each with its input file's lines, for progress) into ``.parts/<first piece's folder>/``;
-    ``plan_digest`` (the views and the skipped groups) makes a changed CRTDL or lookup file a new result."""
+    """Flatten the pieces into ``.parts/<first piece's folder>/``.
+
+    Note: each piece comes with its input file's lines, for progress.
+    Why: ``plan_digest`` (the views and the skipped groups) makes a changed CRTDL or lookup file a
+    new result.
+    """
     assert step.input_dir is not None
     plan = step_plan(step, plan_digest)
     max_line = settings_of(step).pipeline.max_ndjson_line_size_bytes
@@ -116,7 +119,10 @@ def flatten_batch(
 
 
 def flatten_one(plan: FilePlan, label: str, total: int | None, *, in_worker_process: bool, files: int = 1) -> FileParts:
-    """The parts of a plan's pieces (``files`` of the step's input), in a worker process or in this one."""
+    """Return the parts of a plan's pieces, in a worker process or in this one.
+
+    Note: the pieces are ``files`` of the step's input.
+    """
     with engine_errors_as_step_errors(), track(f"flatten {label}", total, "lines", files=files) as progress:
         if in_worker_process:
             return flatten_in_worker(plan, progress)
@@ -124,8 +130,10 @@ def flatten_one(plan: FilePlan, label: str, total: int | None, *, in_worker_proc
 
 
 def flatten_in_worker(plan: FilePlan, progress: Tracker) -> FileParts:
-    """``flatten_file`` in a worker process of the step's pool; the lines it has done reach ``progress`` while this
-    thread waits."""
+    """Run ``flatten_file`` in a worker process of the step's pool.
+
+    Note: the lines it has done reach ``progress`` while this thread waits.
+    """
     done = SharedCount(str(Path(plan.parts_dir) / f".{plan.folder}.count"))
     done.remove()  # a count a killed run left
     shown = 0
@@ -152,8 +160,11 @@ def save_view_definitions(folder: Path, views: list[GroupView]) -> None:
 
 
 def add_parquet_files(out_dir: Path, views: list[GroupView], outcome: FlattenOutcome) -> None:
-    """Each group's CSV also as Parquet beside it, typed from its view, one after the other in one worker process
-    (the long-lived flow process never loads pyarrow; two workers would each hold it and a row group)."""
+    """Write each group's CSV also as Parquet beside it, typed from its view.
+
+    Why: one after the other in one worker process: the long-lived flow process never loads pyarrow;
+    two workers would each hold it and a row group.
+    """
     csv_files = list(outcome.files)
     view_of = {view.group.csv_name: view.view for view in views}
     parquet_paths = [out_dir / (csv_file.name.removesuffix(".csv") + ".parquet") for csv_file in csv_files]
@@ -210,13 +221,16 @@ def routes_path(parts_dir: Path, name: str) -> Path:
 
 
 def routes_by_provenance(paths: Iterable[Path], max_line_bytes: int) -> bool:
-    """Whether resources are routed by attribute-group Provenance: some input file has it."""
+    """Tell whether any input routes resources by attribute-group Provenance."""
     return any(has_group_provenance(path, max_line_bytes) for path in paths)
 
 
 def flatten_step_files(step: StepInput, plan: StepPlan, max_line_bytes: int) -> FlattenOutcome:
-    """The input's pieces in batches of cached ``flatten[...]`` tasks, then the parts joined into the CSVs; on a large
-    input in worker processes (they start while the input is scanned and cut)."""
+    """Flatten the input's pieces in cached batches, then join the parts into the CSVs.
+
+    Note: batches of ``flatten[...]`` tasks; on a large input in worker processes (they start while
+    the input is scanned and cut).
+    """
     in_processes = input_pays_for_processes(step.input_paths())
     parts_dir = step.output_dir / PARTS_FOLDER
     with worker_pool(flatten_file.__module__) if in_processes else nullcontext():
@@ -244,7 +258,10 @@ def join_parts(
     results: list[FileParts],
     by_provenance: bool,
 ) -> FlattenOutcome:
-    """Each group's CSV: its header, then its part of every piece in input order; all renamed at the end."""
+    """Write each group's CSV: its header, then its part of every piece in input order.
+
+    Note: all are renamed at the end.
+    """
     outcome = new_outcome(views, skipped, by_provenance, "embedded")
     for result in results:
         for counts, resources, rows in zip(outcome.groups, result["resources"], result["rows"], strict=True):
@@ -305,7 +322,10 @@ class GroupCsv:
 
 
 class RemoteGroup(GroupCsv):
-    """A group's CSV, its rows from the flattening service: resources buffered up to ``budget`` bytes, one ``$run``."""
+    """A group's CSV, its rows from the flattening service in one ``$run``.
+
+    Note: resources are buffered up to ``budget`` bytes.
+    """
 
     def __init__(self, folder: Path, view: GroupView, service: Flattener, budget: int):
         super().__init__(folder, view.group.csv_name, compile_view(view.view).columns)
@@ -336,7 +356,10 @@ def flatten_with_service(
     service: Flattener,
     budget: int,
 ) -> FlattenOutcome:
-    """Every file's resources, in order, to the service in batches of up to ``budget`` divided among the groups."""
+    """Send every file's resources, in order, to the service in batches.
+
+    Note: batches of up to ``budget``, divided among the groups.
+    """
     by_provenance = routes_by_provenance(paths, max_line_bytes)
     per_group = budget // max(len(views), 1)
     outs = [RemoteGroup(out_dir, view, service, per_group) for view in views]
@@ -371,6 +394,9 @@ def flatten_with_service(
 
 
 def shaped_settings(settings: Settings) -> dict[str, Any]:
-    """What the step's files depend on besides its input and CRTDL: the lookup file (an edit of it too), the formats."""
+    """Return what the step's files depend on besides input and CRTDL.
+
+    Note: the lookup file (an edit of it too) and the formats.
+    """
     flattening = settings.services.flattening
     return {"lookup": file_shape(flattening.lookup_path), "formats": flattening.formats}

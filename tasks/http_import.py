@@ -1,7 +1,6 @@
-"""The ``http_import`` step: fetch one NDJSON file from an HTTP(S) URL (the job input) into ``import/``.
+"""The ``http_import`` step: fetch one NDJSON file by HTTP(S) into ``import/``.
 
-No credentials; ``tls`` and ``retry`` apply. Naming, compression and checks follow the extractor's downloads. The
-stall timeout is the default of ``services.extractor.download_stall_timeout``: the step has no settings of its own.
+See docs/development.md#steps.
 """
 
 from __future__ import annotations

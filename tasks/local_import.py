@@ -1,7 +1,6 @@
-"""The ``local_import`` step: copy NDJSON files from a local directory into the job's ``import/``.
+"""The ``local_import`` step: copy NDJSON files from a local folder to ``import/``.
 
-Batches of files are copied on every core at once (zstd releases the GIL). Anything named like data that is no
-readable file fails the step with its path named: nothing that looks like data is left out silently.
+See docs/development.md#steps.
 """
 
 from __future__ import annotations
@@ -55,7 +54,10 @@ def local_import(step: StepInput) -> StepResult:
 
 
 def import_file(step: StepInput, source: str, name: str, identity: list) -> DataFile:
-    """Copy one file into ``import/<name>``; ``identity`` (path, size, mtime) makes a changed source a new file."""
+    """Copy one file into ``import/<name>``.
+
+    Note: ``identity`` (path, size, mtime) makes a changed source a new file.
+    """
     source_path, shown = Path(source), show_text(source, None)  # a folder's name may hold a line break
     size = identity[1]
     written = ndjson_written(settings_of(step))
@@ -85,8 +87,11 @@ import_files = batch_task("import-files", "import", import_file)
 
 
 def refuse_a_changed_source(path: Path, identity: list) -> None:
-    """A file still being written (an export not finished) would be imported as whatever part of it exists: its
-    size and time of change must stay those the scan found."""
+    """Refuse a source whose size or time of change differ from what the scan found.
+
+    Why: a file still being written (an export not finished) would be imported as whatever part of
+    it exists.
+    """
     found = path.stat()
     if [found.st_size, found.st_mtime_ns] != identity[1:]:
         raise LocalImportError(
@@ -97,7 +102,10 @@ def refuse_a_changed_source(path: Path, identity: list) -> None:
 
 
 def source_directory(job_input: str | None, configured_dir: str | None) -> Path:
-    """The job input, unless it is the job's CRTDL; else ``services.local_import.dir`` (``--dir``)."""
+    """Return the job input, unless it is the job's CRTDL; else the configured folder.
+
+    Note: the folder is ``services.local_import.dir`` (``--dir``).
+    """
     configured = job_input if job_input and not is_crtdl_file(job_input) else configured_dir
     if not configured:
         raise LocalImportError(
@@ -128,8 +136,11 @@ def find_ndjson_files(source: Path, recursive: bool, jobs_dir: Path | None = Non
 
 
 def scan(source: Path, recursive: bool, jobs_dir: Path | None = None) -> list[Path]:
-    """Every data file of ``source`` (and its subdirectories). ``jobs_dir`` is passed over: an import folder that
-    holds it would import earlier jobs' files again."""
+    """Find every data file of ``source`` (and its subdirectories).
+
+    Why: ``jobs_dir`` is passed over: an import folder that holds it would import earlier jobs'
+    files again.
+    """
     skipped = jobs_dir.resolve() if jobs_dir is not None else None
 
     def unreadable(exc: OSError) -> None:
@@ -160,8 +171,10 @@ def scan(source: Path, recursive: bool, jobs_dir: Path | None = None) -> list[Pa
 
 
 def refuse_data_left_out(path: Path) -> None:
-    """Never a file that looks like data left out without a word: a suffix in upper case, or NDJSON compressed
-    otherwise than with zstd."""
+    """Refuse a file that looks like data and would be left out without a word.
+
+    Note: a suffix in upper case, or NDJSON compressed otherwise than with zstd.
+    """
     lower = path.name.lower()
     if path.name.startswith("."):
         return
@@ -183,8 +196,11 @@ def is_data_name(name: str) -> bool:
 
 
 def check_data_file(path: Path) -> Path:
-    """``path``, named like data, as a regular file this process may read, else an error naming it. Only its status
-    is read: opening a named pipe would block."""
+    """Return ``path``, named like data, if a regular file this process may read.
+
+    Note: else an error naming it.
+    Why: only its status is read: opening a named pipe would block.
+    """
     try:
         mode = path.stat().st_mode
     except OSError as exc:
@@ -210,7 +226,7 @@ def _stat_problem(path: Path, exc: OSError) -> str:
 
 
 def target_names(files: list[Path], compress: bool) -> list[str]:
-    """Names in ``import/``; two sources that would land on one name are an error, never an overwrite."""
+    """Name the files in ``import/``; two sources on one name are an error."""
     seen: dict[str, tuple[str, Path]] = {}
     for path in files:
         name = output_name(path.name, compress)
@@ -231,6 +247,9 @@ def file_identity(path: Path) -> list:
 
 
 def shaped_settings(settings: Settings) -> dict[str, Any]:
-    """What the step's files depend on besides its input: the folder, whether it is read recursively, compression."""
+    """Return what the step's files depend on besides its input.
+
+    Note: the folder, whether it is read recursively, compression.
+    """
     folder = settings.services.local_import
     return {"dir": folder.dir, "recursive": folder.recursive, **compression_shape(settings)}

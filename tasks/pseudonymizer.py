@@ -1,7 +1,6 @@
-"""The ``pseudonymizer`` step: every resource of the previous step's files through the service's ``$de-identify``.
+"""The ``pseudonymizer`` step: every resource through the ``$de-identify`` service.
 
-The anonymization YAML is read once per run; file tasks get its SHA-256 and take it from a cache keyed by it, so it
-never becomes a task parameter (it may hold a hash key). Every file must come out with as many lines as went in.
+Note: the resources of the previous step's files. See docs/development.md#steps.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ _configs_by_digest: KeptByDigest[AnonymizationConfig] = KeptByDigest(size=4)  # 
 
 
 class PseudonymizerStepError(StepError):
-    """The step cannot go on; the message names the file, line and resource and says what to do."""
+    """The step cannot go on; the message names file, line and resource and the fix."""
 
 
 class FileReport(TypedDict):
@@ -89,7 +88,11 @@ def pseudonymizer(step: StepInput) -> StepResult:
 def pseudonymize_file(
     step: StepInput, source_name: str, name: str, expected_resources: int, config_digest: str | None
 ) -> FileResult:
-    """``config_digest`` (the SHA-256 of the YAML the step read) makes a changed anonymization config a new result."""
+    """De-identify one file.
+
+    Why: ``config_digest`` (the SHA-256 of the YAML the step read) makes a changed anonymization
+    config a new result.
+    """
     settings = settings_of(step)
     config = anonymization_config(settings.services.pseudonymizer.anonymization_config, config_digest)
     source = step.input_path(source_name)
@@ -195,7 +198,7 @@ async def pseudonymize_path(
 
 
 def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
-    """The YAML, read by the step once per run: an unreadable file stops the step before any request."""
+    """Read the YAML once per run; an unreadable file stops the step before a request."""
     if not path:
         return None
     try:
@@ -205,8 +208,11 @@ def read_anonymization_config(path: str | None) -> AnonymizationConfig | None:
 
 
 def anonymization_config(path: str | None, digest: str | None) -> AnonymizationConfig | None:
-    """The config the step read, by its ``digest``; a process that has not seen it (a Dask worker) reads ``path`` and
-    refuses a file changed since (the job would mix two configs)."""
+    """Return the config the step read, by its ``digest``.
+
+    Why: a process that has not seen it (a Dask worker) reads ``path`` and refuses a file changed
+    since (the job would mix two configs).
+    """
     if digest is None:
         return None
     if (config := _configs_by_digest.get(digest)) is not None:
@@ -222,5 +228,8 @@ def anonymization_config(path: str | None, digest: str | None) -> AnonymizationC
 
 
 def shaped_settings(settings: Settings) -> dict[str, Any]:
-    """What the step's files depend on besides its input: the anonymization config (an edit of it too), compression."""
+    """Return what the step's files depend on besides its input.
+
+    Note: the anonymization config (an edit of it too) and compression.
+    """
     return {"config": file_shape(settings.services.pseudonymizer.anonymization_config), **compression_shape(settings)}

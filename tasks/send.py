@@ -1,8 +1,6 @@
-"""The ``send`` step: deliver the previous data-producing step's files (``services.send.send_as``; docs/steps.md).
+"""The ``send`` step: deliver the last data-producing step's files.
 
-``direct_resource_load`` sends transaction Bundles of ``batch_size`` entries, one batch in memory; a resumed run
-never creates a resource twice (``BatchProgress``, ``transaction_entry``). ``transfer_load``: the MII data transfer
-(``tasks.clients.transfer``); ``s3_upload``: ``tasks.clients.s3``.
+Note: in the mode ``services.send.send_as`` names (docs/steps.md). See docs/development.md#steps.
 """
 
 from __future__ import annotations
@@ -69,7 +67,10 @@ def send(step: StepInput) -> StepResult:
 
 
 def send_files(batch_task: Any, step: StepInput, files: list[DataFile]) -> list[dict[str, Any]]:
-    """Send ``files`` in batches of ``batch_task``; every finished batch is kept, the first failure raised."""
+    """Send ``files`` in batches of ``batch_task``.
+
+    Note: every finished batch is kept; the first failure is raised.
+    """
     return one_batch_at_a_time(batch_task, step, [FileToDo(f.name, f.size, (f.name, f.size)) for f in files])
 
 
@@ -134,7 +135,7 @@ def effective_batch_size(batch_size: int) -> int:
 
 @dataclass
 class Batch:
-    """One transaction's entries (JSON bytes each), their labels (Type/id) and where the next batch starts."""
+    """A transaction's entries (JSON each), their Type/id labels, the next one's start."""
 
     number: int
     entries: list[bytes] = field(default_factory=list)
@@ -156,9 +157,13 @@ def iter_batches(
     start_entry: int = 0,
     first_number: int = 1,
 ) -> Iterator[Batch]:
-    """The transaction batches of ``source`` from entry ``start_entry`` of line ``start_line`` on (earlier lines
-    skipped unparsed). A line's entries (an unwrapped Bundle's) that fit in one batch are never cut in two, so that
-    references between them (``urn:uuid:``, a Patient and its Conditions) resolve in one transaction."""
+    """Yield the transaction batches of ``source`` from an entry of a line on.
+
+    Note: from entry ``start_entry`` of line ``start_line``; earlier lines are skipped unparsed.
+    Why: a line's entries (an unwrapped Bundle's) that fit in one batch are never cut in two, so
+    references between them (``urn:uuid:``, a Patient and its Conditions) resolve in one
+    transaction.
+    """
     batch = Batch(first_number)
     for line_number, line in iter_lines(source, max_line_bytes):
         if line_number < start_line:
@@ -180,7 +185,10 @@ def iter_batches(
 
 
 def line_entries(source: Path, line_number: int, line: bytes, tag_prefix: str) -> Iterator[tuple[bytes, str]]:
-    """The resource of one NDJSON line, or those of an unwrapped Bundle (but a search's own OperationOutcome)."""
+    """Yield the resource of one NDJSON line, or those of an unwrapped Bundle.
+
+    Note: but not a search's own OperationOutcome.
+    """
     resource = parse_resource(source, line_number, line)  # an NdjsonError is a StepError
     where = f"{source.name} line {line_number}"
     unwrapped = resource.get("resourceType") == "Bundle" and resource.get("type") in UNWRAPPED_BUNDLE_TYPES
@@ -201,14 +209,17 @@ def line_entries(source: Path, line_number: int, line: bytes, tag_prefix: str) -
     yield transaction_entry(resource, line, f"{tag_prefix}:{line_number}", where)
 
 
-def search_outcome(entry: dict) -> bool:
-    """A searchset entry that is the search's own OperationOutcome (``search.mode: outcome``), not data: sending it
-    would store the source server's messages on the destination."""
+def search_outcome(entry: dict[str, Any]) -> bool:
+    """Tell whether a searchset entry is the search's own OperationOutcome, not data.
+
+    Why: sending it (``search.mode: outcome``) would store the source server's messages on the
+    destination.
+    """
     search = entry.get("search")
     return isinstance(search, dict) and search.get("mode") == "outcome"
 
 
-def written(resource: dict, where: str) -> bytes:
+def written(resource: dict[str, Any], where: str) -> bytes:
     """``resource`` as JSON with its numbers as read (FHIR's decimal precision counts)."""
     try:
         return dumps_exact(resource)
@@ -217,10 +228,13 @@ def written(resource: dict, where: str) -> bytes:
 
 
 def transaction_entry(
-    resource: dict, raw: bytes | None, tag: str, where: str, full_url: str | None = None
+    resource: dict[str, Any], raw: bytes | None, tag: str, where: str, full_url: str | None = None
 ) -> tuple[bytes, str]:
-    """``(entry JSON, "Type/id")``: ``PUT Type/id`` with an id, else a conditional ``POST Type`` on a tag; ``raw``
-    (the JSON as read, or None) is sent as is, saving a re-serialisation."""
+    """Return ``(entry JSON, "Type/id")``: a PUT with an id, else a conditional POST.
+
+    Note: ``PUT Type/id`` with an id, else a conditional ``POST Type`` on a tag.
+    Why: ``raw`` (the JSON as read, or None) is sent as is, saving a re-serialisation.
+    """
     resource_type, resource_id = resource.get("resourceType"), resource.get("id")
     if not isinstance(resource_type, str) or not resource_type:
         raise StepError(f"{where}: the resource has no resourceType; it cannot be sent to a FHIR server")
@@ -244,9 +258,12 @@ def entry_tag(position: str) -> str:
     return hashlib.sha256(position.encode()).hexdigest()[:32]
 
 
-def with_tag(resource: dict, code: str, where: str) -> dict:
-    """``resource`` with the tag its conditional create looks for; a ``meta`` or ``meta.tag`` not shaped as FHIR's is
-    refused (the tag could not be added without dropping or mangling it)."""
+def with_tag(resource: dict[str, Any], code: str, where: str) -> dict[str, Any]:
+    """Return ``resource`` with the tag its conditional create looks for.
+
+    Note: a ``meta`` or ``meta.tag`` not shaped as FHIR's is refused (the tag could not be added
+    without dropping or mangling it).
+    """
     meta = resource.get("meta", {})
     if not isinstance(meta, dict) or not isinstance(meta.get("tag", []), list):
         raise StepError(f"{where}: the resource's meta is not an object with a tag array; fix the resource")
@@ -264,10 +281,13 @@ class DirectReport:
 
 
 class BatchProgress:
-    """Where sending a file stands: ``send/progress/<file>.json``, rewritten per batch. A record of another input or
-    server is ignored: the file is sent from the start (PUTs and conditional creates do not duplicate). The position
-    counts entries, so a changed batch size (as a 413 asks for) goes on where the last confirmed batch ended; the
-    batch size an earlier version recorded is passed over."""
+    """Where sending a file stands: ``send/progress/<file>.json``, rewritten per batch.
+
+    Note: a record of another input or server is ignored: the file is sent from the start (PUTs and
+    conditional creates do not duplicate).
+    Why: the position counts entries, so a changed batch size (as a 413 asks for) goes on where the
+    last confirmed batch ended; the batch size an earlier version recorded is passed over.
+    """
 
     def __init__(self, path: Path, identity: dict[str, Any]):
         self.path, self.identity = path, identity
@@ -283,7 +303,7 @@ class BatchProgress:
             log.warning("%s: progress record is for another input or server; sending from the start", path.name)
 
     def record(self, batch: Batch | None) -> None:
-        """Where the batch after the confirmed ``batch`` starts; None: the file is complete."""
+        """Record where the batch after confirmed ``batch`` starts; None: the file is done."""
         if batch is None:
             self.state["complete"] = True
         else:
@@ -297,7 +317,10 @@ class BatchProgress:
 def send_resources(
     server: FhirServer, source: Path, records: Path, *, job_id: str, batch_size: int, max_line_bytes: int
 ) -> DirectReport:
-    """Send ``source`` in transactions, resuming from its progress record in ``records`` (the step's folder)."""
+    """Send ``source`` in transactions, resuming from its progress record.
+
+    Note: the record is in ``records`` (the step's folder).
+    """
     started = time.monotonic()
     # The destination too: a file sent to one server is not taken as sent to another (``shaped_settings``); and the
     # file's time of change: a file written anew to the same size (another import, new pseudonyms) is another input.
@@ -329,8 +352,11 @@ def send_resources(
 
 
 def send_batch(server: FhirServer, name: str, batch: Batch, failed_dir: Path) -> None:
-    """One transaction; a rejection stops the step, naming file, batch and first failing entry, after keeping the
-    request and the answer (credentials blanked) in ``failed_dir``."""
+    """Send one transaction; a rejection stops the step, its batch kept.
+
+    Note: the error names file, batch and first failing entry; the request and the answer
+    (credentials blanked) are kept in ``failed_dir``.
+    """
     body = batch.body()
     try:
         server.transaction(body, len(batch.entries))
@@ -352,7 +378,7 @@ def rejection_message(name: str, batch: Batch, exc: ServiceError) -> str:
 
 
 def failing_entry(labels: list[str], index: int | None, outcome: str) -> str:
-    """The failing entry as the server named it: by index, else by a Type/id or a resource type in its text."""
+    """Name the failing entry as the server did: by index, else by Type/id or type."""
     labels = [show_text(label) for label in labels]  # a resource id from the data, shown as itself or escaped
     if index is not None and 0 <= index < len(labels):
         return f"entry {index + 1} ({labels[index]})"
@@ -369,7 +395,7 @@ def failing_entry(labels: list[str], index: int | None, outcome: str) -> str:
 
 
 def keep_failed_batch(failed_dir: Path, name: str, number: int, body: bytes, answer: str) -> str:
-    """Write the rejected request and the answer; returns the sentence that says where (or why not)."""
+    """Write the rejected request and the answer; return where (or why not), in words."""
     stem = failed_dir / f"{name}-batch-{number}"
     try:
         write_file_atomically(stem.with_name(stem.name + ".request.json"), body)
@@ -381,7 +407,10 @@ def keep_failed_batch(failed_dir: Path, name: str, number: int, body: bytes, ans
 
 
 def shaped_settings(settings: Settings) -> dict[str, Any]:
-    """Where the step delivers (its mode and destination, never credentials): a changed destination is sent to."""
+    """Return where the step delivers: mode and destination, never credentials.
+
+    Why: a changed destination is sent to anew.
+    """
     send = settings.services.send
     return {
         "send_as": send.send_as,

@@ -1,8 +1,6 @@
-"""The ``validation`` step: every resource of the step's input through the validator's ``/validateResource``.
+"""The ``validation`` step: every resource through ``/validateResource``.
 
-A pass-through step: it writes only reports (one NDJSON per file, one OperationOutcome per ``collection`` chunk of at
-most ``bundle_chunk_size_mb``), and the next step reads what this one read. Findings never fail a file:
-``fail_on_error`` decides, once every report is written, whether the job stops; a failure of the service fails it.
+See docs/development.md#steps.
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ stdlib_logger = logging.getLogger("dupflow.validation")
 
 
 class FileValidation(BaseModel):
-    """What the validation of one input file found, counted over its chunks in order, and the report it wrote."""
+    """What the validation of one file found, counted over its chunks, and its report."""
 
     file: str
     report: DataFile
@@ -96,7 +94,11 @@ def validation(step: StepInput) -> StepResult:
 
 
 def validate_file(step: StepInput, name: str, chunk_size_mb: int, expected: int | None) -> FileValidation:
-    """``chunk_size_mb`` is a parameter: it shapes the report; ``expected``: the file's lines, for progress."""
+    """Validate one input file.
+
+    Why: ``chunk_size_mb`` is a parameter: it shapes the report. ``expected``: the file's lines, for
+    progress.
+    """
     settings = settings_of(step)
     dest = step.output_dir / output_name(name, settings.compression.enabled)
     return asyncio.run(validate_with_service(settings, step.input_path(name), dest, chunk_size_mb, expected))
@@ -165,7 +167,7 @@ async def validate_path(
 
 
 def chunk_failure(source: Path, chunk: Chunk, exc: Exception) -> str:
-    """A failed chunk's message: the resources it held, a service's failure (no finding), for a 413 the fix."""
+    """Return a failed chunk's message: its resources, the failure, for a 413 the fix."""
     held = chunk.labels[0] if len(chunk.labels) == 1 else f"{chunk.labels[0]} … {chunk.labels[-1]}"
     message = (
         f"{source}: validation of chunk {chunk.number} ({len(chunk.labels)} resources: {held}) failed: {exc}; "
@@ -190,7 +192,10 @@ def warn_oversized(chunks: Iterator[Chunk], source: Path) -> Iterator[Chunk]:
 
 
 def step_logger() -> logging.Logger | logging.LoggerAdapter:
-    """The task run's logger inside Prefect (so warnings reach the run's log), else a plain logger."""
+    """Return the task run's logger inside Prefect, else a plain logger.
+
+    Why: so warnings reach the run's log.
+    """
     try:
         return get_run_logger()
     except MissingContextError:

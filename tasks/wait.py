@@ -1,7 +1,6 @@
-"""The ``wait`` step: a gate where the job stops so a person can inspect (and correct) the data so far.
+"""The ``wait`` step: a gate where the job stops so a person can inspect the data.
 
-The gate is the flow run's suspend with an inspection form (``flows.gates``): until the run holds the form's answer,
-the task answers "awaiting" and the flow suspends the run.
+Note: the person may correct the data there first. See docs/development.md#steps.
 """
 
 from __future__ import annotations
@@ -28,8 +27,10 @@ TABLE_SUFFIXES = (".csv", ".parquet")
 
 
 def gate_result_path(step: StepInput, outcome: str) -> Path:
-    """The task's ``paused`` or ``released`` result: what ``status`` reads of the gate; a ``paused`` one also tells a
-    later run of the job that the gate paused it."""
+    """Return the task's ``paused`` or ``released`` result: what ``status`` reads.
+
+    Note: a ``paused`` one also tells a later run of the job that the gate paused it.
+    """
     return JobPaths(step.job_path).results / result_name(step.job_id, step.position, "wait", "wait", outcome)
 
 
@@ -40,8 +41,11 @@ def gate_result_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 # A key, not a cache: run each time (the corrected files may change until the release).
 @persisted_task("wait", "wait[{step.number}]", gate_result_key, refresh_cache=True)
 def wait(step: StepInput, resume_hint: str = "", note: str | None = None) -> StepResult:
-    """Without the inspection form's ``note`` (the gate not released yet): prepare ``<input folder>_wait/``, say what
-    to inspect, and answer "awaiting". With it: the files the gate hands on, and the note."""
+    """Hold the gate until the inspection form's ``note`` comes, then hand on files.
+
+    Note: without the note (not released yet): prepare ``<input folder>_wait/``, say what to
+    inspect, and answer "awaiting". With it: the files the gate hands on, and the note.
+    """
     if note is None:
         wait_dir(step).mkdir(parents=True, exist_ok=True)
         text = inspection_text(step, resume_hint)
@@ -58,7 +62,10 @@ def wait(step: StepInput, resume_hint: str = "", note: str | None = None) -> Ste
 
 
 def inspection_text(step: StepInput, resume_hint: str) -> str:
-    """What to inspect, where corrections go and how to go on: logged whole and published as the inspection card."""
+    """Say what to inspect, where corrections go and how to go on.
+
+    Note: logged whole and published as the inspection card.
+    """
     return (
         f"Job {step.job_id} is paused for inspection at step {step.number} (wait).\n"
         f"  Data to inspect: {step.input_dir}\n"
@@ -74,8 +81,10 @@ def wait_dir(step: StepInput) -> Path:
 
 
 def released_result(step: StepInput) -> StepResult:
-    """The corrected files of ``<input>_wait/`` when there are any (their names become the next steps' file names, S3
-    keys and transfer entries), else the step's input unchanged."""
+    """Return the corrected files of ``<input>_wait/`` if any, else the input as is.
+
+    Note: their names become the next steps' file names, S3 keys and transfer entries.
+    """
     corrected = corrected_paths(step)
     if not corrected:
         return StepResult(step=step.step, position=step.position, folder=step.folder or "", files=step.files)
@@ -96,15 +105,20 @@ def released_result(step: StepInput) -> StepResult:
 
 
 def correction_suffixes(step: StepInput) -> tuple[str, ...]:
-    """What a corrected file is named like: the kind the step before wrote (the flattening's tables, else NDJSON)."""
+    """Return the suffixes of a corrected file: the kind the step before wrote.
+
+    Note: the flattening's tables, else NDJSON.
+    """
     if step.files and all(f.name.endswith(TABLE_SUFFIXES) for f in step.files):
         return TABLE_SUFFIXES
     return DATA_SUFFIXES
 
 
 def corrected_paths(step: StepInput) -> list[Path]:
-    """The files of ``<input>_wait/``; any other entry there is refused: a person put it there as a correction, and
-    it must not be passed over without a word."""
+    """Return the files of ``<input>_wait/``; any other entry there is refused.
+
+    Why: a person put it there as a correction, and it must not be passed over without a word.
+    """
     folder, suffixes = wait_dir(step), correction_suffixes(step)
     if not folder.is_dir():
         return []
@@ -122,8 +136,10 @@ def corrected_paths(step: StepInput) -> list[Path]:
 
 
 def corrected_file(path: Path, max_line_bytes: int) -> DataFile:
-    """A corrected file as the next step's input, with its time of change: a person may correct it again to the
-    same size, and the next step must then read it anew."""
+    """Return a corrected file as the next step's input, with its time of change.
+
+    Why: a person may correct it again to the same size, and the next step must then read it anew.
+    """
     found = path.stat()
     if path.name.endswith(".csv"):
         counts = LineCounts(csv_data_rows(path), bundles=0, bundled=0)

@@ -71,7 +71,7 @@ def test_a_reset_in_a_large_body_is_resumed_from_the_bytes_received(tmp_path, se
 
 def test_a_large_body_stalling_midway_is_a_stall_and_not_retried(tmp_path, served):
     server, url = served
-    server.state.stall_downloads, server.state.stall_seconds = 1, 1.0
+    server.state.stall_downloads, server.state.stall_seconds = 1, 60.0
     server.state.stall_after_bytes = BROKEN_AT
     with (
         client_for(server.base_url, SimulatedTime()) as client,

@@ -542,7 +542,7 @@ def test_zero_checks_disable_the_availability_check(torch, sim):
 
 def test_a_stalled_download_is_cancelled_after_the_stall_timeout_and_not_retried(torch, sim, tmp_path):
     (url, *_) = completed_job_urls(torch, sim)
-    torch.state.stall_downloads, torch.state.stall_after_bytes, torch.state.stall_seconds = 1, 100, 1.0
+    torch.state.stall_downloads, torch.state.stall_after_bytes, torch.state.stall_seconds = 1, 100, 60.0
     with client_for(torch.base_url, sim) as client, pytest.raises(DownloadError, match="no data arrived for 0.3 s"):
         download(client.http, url, tmp_path / "a.ndjson", stall_timeout=timedelta(seconds=0.3))
     assert torch.state.file_gets[file_key(url)] == 1
@@ -551,7 +551,7 @@ def test_a_stalled_download_is_cancelled_after_the_stall_timeout_and_not_retried
 
 def test_a_server_silent_before_the_headers_is_a_stall_too_and_not_retried(torch, sim, tmp_path):
     (url, *_) = completed_job_urls(torch, sim)
-    torch.state.response_delay = 1.0
+    torch.state.response_delay = 60.0
     with client_for(torch.base_url, sim) as client, pytest.raises(DownloadError, match="no data arrived for 0.3 s"):
         download(client.http, url, tmp_path / "a.ndjson", stall_timeout=timedelta(seconds=0.3))
     assert len(torch.state.requests_to("/files/")) == 1  # counted on arrival, before the silence

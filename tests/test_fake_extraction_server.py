@@ -56,9 +56,11 @@ def finish(clock: ManualClock) -> None:
 
 
 # --- kick-off, poll, download ---------------------------------------------------------------------
-def test_kickoff_then_polling_reaches_a_manifest_whose_files_hold_patient_bundles_with_provenance(srv, client):
-    status_url = submit(client, srv, "CRTDL_MedicationAdministraion_linked_encounter_linked_medication.json")
-    assert status_url == f"{srv.base_url}/fhir/__status/{job_id(status_url)}"
+def test_kickoff_then_polling_reaches_a_manifest_whose_files_hold_patient_bundles_with_provenance(
+    manual, clock, client
+):
+    status_url = submit(client, manual, "CRTDL_MedicationAdministraion_linked_encounter_linked_medication.json")
+    assert status_url == f"{manual.base_url}/fhir/__status/{job_id(status_url)}"
 
     first = client.get(status_url, headers={"Accept": "application/json"})
     assert first.status_code == 202
@@ -68,6 +70,7 @@ def test_kickoff_then_polling_reaches_a_manifest_whose_files_hold_patient_bundle
         f"Job {job_id(status_url)}\n status: PENDING\n batch progress: 0%\n cohort Size: 0"
     )
 
+    finish(clock)
     done = poll_until_done(client, status_url)
     assert done.status_code == 200
     manifest = done.json()

@@ -24,7 +24,7 @@ from tasks.sof.crtdl_views import (
     group_name_problems,
     short_group_id,
 )
-from tasks.sof.errors import CrtdlError
+from tasks.sof.errors import SofError
 from tasks.sof.flatten import reference_key
 from tasks.sof.resources import parse_line
 from tests.conftest import TESTDATA
@@ -362,7 +362,7 @@ def test_a_group_id_that_is_no_plain_name_ends_the_file_name_as_a_short_hash():
     }
     assert [g.csv_name for g in attribute_groups(crtdl)] == ["Obs-x.csv", "obs-y.csv", "Other.csv"]
     crtdl["dataExtraction"]["attributeGroups"][1]["id"] = "x"  # one id twice: no resource could tell them apart
-    with pytest.raises(CrtdlError) as refused:
+    with pytest.raises(SofError) as refused:
         group_name_problems(crtdl)
     assert str(refused.value) == (
         "attribute groups 1 ('Obs') and 2 ('obs') of the CRTDL's attributeGroups share the id 'x'; resources are "
@@ -378,7 +378,7 @@ def test_a_group_copied_without_an_id_is_refused_naming_each_copy_by_its_positio
     copied = {key: value for key, value in groups[0].items() if key != "id"}
     groups[:] = [groups[1], copied, dict(copied)]
 
-    with pytest.raises(CrtdlError) as refused:
+    with pytest.raises(SofError) as refused:
         attribute_groups(crtdl)
 
     generated = generated_group_id(copied)

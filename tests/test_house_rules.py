@@ -107,35 +107,78 @@ def test_upper_case_tables_are_never_mutated():
     assert not mutated, f"constant tables mutated at run time: {sorted(mutated)}"
 
 
-def exception_classes() -> dict[str, list[str]]:
-    """Every exception class defined in the packages, by name: the names of its bases."""
+def exception_classes() -> dict[str, tuple[str, list[str]]]:
+    """Every exception class of the packages, by name: its module and the names of its bases."""
     classes = {}
-    for _, tree in modules():
+    for module, tree in modules():
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
-                bases = [ast.unparse(base) for base in node.bases]
-                classes[node.name] = bases
+                classes[node.name] = (module, [ast.unparse(base) for base in node.bases])
     known = {"Exception", "ValueError", "OSError", "yaml.MarkedYAMLError"}
-    exceptions: dict[str, list[str]] = {}
+    exceptions: dict[str, tuple[str, list[str]]] = {}
     changed = True
     while changed:  # a class is an exception when one of its bases is
         changed = False
-        for name, bases in classes.items():
+        for name, (module, bases) in classes.items():
             if name not in exceptions and any(base in known or base in exceptions for base in bases):
-                exceptions[name] = bases
+                exceptions[name] = (module, bases)
                 changed = True
     return exceptions
 
 
-def test_every_exception_is_in_the_one_tree_drawn_in_tasks_errors():
+def drawn_names(docstring: str) -> set[str]:
+    """The words of a docstring's drawings: its literal blocks, each after a line ending in ``::``."""
+    words: set[str] = set()
+    block_indent = None
+    for line in docstring.splitlines():
+        indent = len(line) - len(line.lstrip())
+        if block_indent is not None and line.strip() and indent <= block_indent:
+            block_indent = None
+        if block_indent is not None:
+            words |= set(re.findall(r"\w+", line))
+        elif line.rstrip().endswith("::"):
+            block_indent = indent
+    return words
+
+
+def layer_drawing(module: str, drawings: dict[str, set[str]]) -> str:
+    """Where the classes of ``module`` are drawn: its package's ``errors`` module, else the package."""
+    package = module.rpartition(".")[0]
+    errors = f"{package}.errors"
+    home = errors if errors in drawings else package
+    return home
+
+
+def ancestors(name: str, exceptions: dict[str, tuple[str, list[str]]]) -> set[str]:
+    bases = {base for base in exceptions[name][1] if base in exceptions}
+    return bases.union(*(ancestors(base, exceptions) for base in bases))
+
+
+def test_each_exception_is_drawn_once_in_its_layers_drawing_under_one_root():
     import tasks.core.errors
 
-    drawn = set(re.findall(r"\w+", tasks.core.errors.__doc__ or ""))
     exceptions = exception_classes()
-    assert not sorted(set(exceptions) - drawn), "draw every exception class in tasks.core.errors"
-    roots = sorted(name for name, bases in exceptions.items() if not set(bases) & set(exceptions))
-    assert roots == ["Cancelled", "DupflowError", "_DuplicateKeyError", "_InputWanted", "_UnusableBlock"], (
-        "one root (DupflowError); the control-flow exceptions outside it are named in tasks.core.errors"
+    drawings = {module: drawn_names(ast.get_docstring(tree) or "") for module, tree in modules()}
+    tree = {name for name in exceptions if "DupflowError" in ancestors(name, exceptions) | {name}}
+    home = {name: layer_drawing(exceptions[name][0], drawings) for name in tree}
+    undrawn = sorted(f"{name} in {home[name]}" for name in tree if name not in drawings[home[name]])
+    assert not undrawn, f"draw each class in its layer's module docstring (after '::'): {undrawn}"
+    strays = sorted(
+        f"{name} in {module}"
+        for module, drawn in drawings.items()
+        for name in drawn & tree
+        if module != home[name]
+        and not any(home[child] == module and name in ancestors(child, exceptions) for child in drawn & tree)
+    )
+    assert not strays, f"drawn outside its layer (only the parents its layer hangs from may be): {strays}"
+    layers = set(home.values()) - {"tasks.core.errors"}
+    named = set(re.findall(r"``([\w.]+)``", tasks.core.errors.__doc__ or ""))
+    assert layers <= named, f"name where each layer is drawn in tasks.core.errors: {sorted(layers - named)}"
+    roots = sorted(name for name, (_, bases) in exceptions.items() if not set(bases) & set(exceptions))
+    outside = ["Cancelled", "_DuplicateKeyError", "_InputWanted", "_UnusableBlock"]
+    assert roots == sorted(["DupflowError", *outside]), "one root, DupflowError (or add it below)"
+    assert set(outside) <= set(re.findall(r"\w+", tasks.core.errors.__doc__ or "")), (
+        "name the control-flow exceptions outside the tree in tasks.core.errors"
     )
 
 

@@ -1,10 +1,8 @@
-"""Apply the notification automations of ``notify.yaml`` (or another automation file) to the jobs' Prefect server.
+"""Apply the notification automations of notify.yaml (or FILE) to the jobs' server.
 
     uv run python -m deployments.automations.apply [FILE]
 
-Unlike ``prefect automation create --from-file`` (block ids, different on every server), a notification names its
-block (``block_document_id: dupflow-notify``). Once all are valid, the server's automations of the file's names are
-replaced, so applying again does not notify twice. Any failure: one line on stderr, exit code 1.
+A notification names its block (``dupflow-notify``), not its id (docs/operations.md).
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ import argparse
 import sys
 from contextlib import suppress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import httpx
@@ -24,17 +22,19 @@ from config.yaml_file import parse_yaml_file
 from flows.prefect_server import use_server
 from tasks.core.errors import DupflowError
 
+if TYPE_CHECKING:
+    from prefect.client.orchestration import SyncPrefectClient
+    from prefect.events.schemas.automations import AutomationCore
+
 NOTIFY_FILE = Path(__file__).with_name("notify.yaml")
 
 
-class AutomationFileError(DupflowError):
-    """The automation file or a block it names is not usable; the message says which and why."""
-
-
 def main(argv: list[str] | None = None) -> int:
-    apply_process_defaults()  # before anything imports Prefect: its telemetry is decided at its import
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("file", nargs="?", type=Path, default=NOTIFY_FILE, help="automation file (YAML)")
+    """Apply them all once all are valid; a failure: one line on stderr, exit 1."""
+    apply_process_defaults()  # before anything imports Prefect: it decides telemetry at import
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    automation_file = "automation file (YAML)"
+    parser.add_argument("file", nargs="?", type=Path, default=NOTIFY_FILE, help=automation_file)
     args = parser.parse_args(argv)
     try:
         automations = read_automations(args.file)
@@ -43,21 +43,30 @@ def main(argv: list[str] | None = None) -> int:
         from prefect.events.schemas.automations import AutomationCore
 
         with get_client(sync_client=True) as client:
-            cores = [AutomationCore.model_validate(with_block_ids(client, automation)) for automation in automations]
+            cores = [
+                AutomationCore.model_validate(with_block_ids(client, automation))
+                for automation in automations
+            ]
             for core in cores:
                 print(f"applied automation {core.name!r} ({replace_automation(client, core)})")
-    except (DupflowError, OSError, ValueError, httpx.HTTPError) as exc:  # a ConfigError: the file's problems alone
-        print(f"error: {'; '.join(exc.problems) if isinstance(exc, ConfigError) else exc}", file=sys.stderr)
+    except (DupflowError, OSError, ValueError, httpx.HTTPError) as exc:
+        # a ConfigError: the file's problems alone
+        said = "; ".join(exc.problems) if isinstance(exc, ConfigError) else exc
+        print(f"error: {said}", file=sys.stderr)
         return 1
     return 0
 
 
-def replace_automation(client, core) -> UUID:
-    """Replace the automations of ``core``'s name by it; both of two applies at once keep the newest (404s ignored)."""
+def replace_automation(client: SyncPrefectClient, core: AutomationCore) -> UUID:
+    """Replace the automations of ``core``'s name by it.
+
+    Note: of two applies at once, both keep the newest (404s ignored).
+    """
     from prefect.exceptions import PrefectHTTPStatusError
 
     created = client.create_automation(core)
-    named = client.request("POST", "/automations/filter", json={"automations": {"name": {"any_": [core.name]}}})
+    by_name = {"automations": {"name": {"any_": [core.name]}}}
+    named = client.request("POST", "/automations/filter", json=by_name)
     for existing in sorted(named.json(), key=lambda found: (found["created"], found["id"]))[:-1]:
         try:
             client.delete_automation(UUID(existing["id"]))
@@ -68,15 +77,19 @@ def replace_automation(client, core) -> UUID:
 
 
 def read_automations(path: Path) -> list[dict[str, Any]]:
-    """The automations of an automation file: a list under ``automations:``, a list, or one automation."""
+    """The automations of a file: a list under ``automations:``, a list, or one."""
     document = parse_yaml_file(path)
-    automations = document.get("automations", [document]) if isinstance(document, dict) else document
+    automations = (
+        document.get("automations", [document]) if isinstance(document, dict) else document
+    )
     if not isinstance(automations, list) or not all(isinstance(item, dict) for item in automations):
-        raise AutomationFileError(f"{path}: expected automations (a list of mappings under 'automations:')")
+        raise DupflowError(
+            f"{path}: expected automations (a list of mappings under 'automations:')"
+        )
     return automations
 
 
-def with_block_ids(client, automation: dict[str, Any]) -> dict[str, Any]:
+def with_block_ids(client: SyncPrefectClient, automation: dict[str, Any]) -> dict[str, Any]:
     """``automation`` with each notification action's block name replaced by its id."""
     for action in automation.get("actions", []):
         if action.get("type") == "send-notification" and "block_document_id" in action:
@@ -84,20 +97,20 @@ def with_block_ids(client, automation: dict[str, Any]) -> dict[str, Any]:
     return automation
 
 
-def block_id(client, name_or_id: str) -> str:
-    """The id of the notification block named ``name_or_id`` (an id is returned as it is)."""
+def block_id(client: SyncPrefectClient, name_or_id: str) -> str:
+    """The id of the notification block named ``name_or_id`` (an id as it is)."""
     with suppress(ValueError):
         return str(UUID(str(name_or_id)))
     with_name = {"block_documents": {"name": {"any_": [name_or_id]}}, "include_secrets": False}
     found = client.request("POST", "/block_documents/filter", json=with_name).json()
     notifiers = [block for block in found if "notify" in block["block_schema"]["capabilities"]]
     if len(notifiers) != 1:
-        raise AutomationFileError(
-            f"{len(notifiers) or 'no'} notification block named {name_or_id!r} on the Prefect server: create one (a "
-            "Slack, Microsoft Teams, email or custom webhook block, in the UI under Blocks) with that name, then "
-            "apply again"
+        raise DupflowError(
+            f"{len(notifiers) or 'no'} notification block named {name_or_id!r} on the Prefect "
+            "server: create one (a Slack, Microsoft Teams, email or custom webhook block, in the "
+            "UI under Blocks) with that name, then apply again"
         )
-    return notifiers[0]["id"]
+    return str(notifiers[0]["id"])
 
 
 if __name__ == "__main__":

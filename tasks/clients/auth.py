@@ -1,12 +1,6 @@
-"""Credentials for outgoing calls, scoped to the origin of the configured service URL.
+"""Credentials for outgoing calls, scoped to the configured service URL's origin.
 
-``ServiceAuth``, the one ``httpx.Auth`` of every client, per request and redirect hop:
-- attaches the credentials (Basic or an OAuth token, plus the API key header) only for the service's origin or one
-  approved by ``trust``; any other origin gets none, logged once per origin;
-- follows redirects itself, so every hop is checked and a hop back to the service carries credentials again;
-- on a 401 with OAuth, sends the request once more with a fresh token;
-- refuses a redirect loop, a redirect to a URL with user info and any redirect of a request with a body;
-- leaves the body of an answer it does not return unread.
+See docs/development.md#service-clients.
 """
 
 from __future__ import annotations
@@ -54,7 +48,10 @@ OAUTH_FIX = "check oauth_issuer_uri and the identity provider's configuration"
 
 
 def oauth2_client_class() -> type[OAuth2Client]:
-    """authlib's OAuth client, imported on first use (else it costs every command about 0.1 s)."""
+    """Import authlib's OAuth client on first use.
+
+    Why: else it costs every command about 0.1 s.
+    """
     import authlib.deprecate  # noqa: F401  (installs authlib's "always" filter first, so ours below wins)
 
     # authlib 1.9 announces a move of its httpx integration to the httpx2 package; the httpx one is what we use.
@@ -71,8 +68,11 @@ AS_SENT = {"Accept-Encoding": "identity"}
 
 
 def compressed_answer(response: httpx.Response) -> str | None:
-    """Why ``response`` is refused: it came compressed despite ``AS_SENT`` (a 16 KB zstd answer can unfold to
-    gigabytes in one piece); None when it came as sent."""
+    """Say why ``response`` is refused: it came compressed despite ``AS_SENT``.
+
+    Why: a 16 KB zstd answer can unfold to gigabytes in one piece.
+    Note: None when it came as sent.
+    """
     encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
         return None
@@ -83,7 +83,10 @@ def compressed_answer(response: httpx.Response) -> str | None:
 
 
 def origin_of(url: httpx.URL | str) -> Origin:
-    """(scheme, host, port) with the default port filled in, so https://h and https://h:443 are one origin."""
+    """Return (scheme, host, port) with the default port filled in.
+
+    Why: https://h and https://h:443 are one origin.
+    """
     url = httpx.URL(url)
     return url.scheme, url.host, url.port or _DEFAULT_PORTS.get(url.scheme, 0)
 
@@ -94,13 +97,20 @@ def origin_text(origin: Origin) -> str:
 
 
 def clock() -> float:
-    """Token lifetimes are measured on the monotonic clock (one name, so a test can move it on)."""
+    """Read the monotonic clock that token lifetimes are measured on.
+
+    Why: one name, so a test can move it on.
+    """
     return time.monotonic()
 
 
 class TokenSource:
-    """Client-credentials tokens of one (issuer, client id), cached and renewed; thread-safe. The secret goes in the
-    form body (client_secret_post), so a discovered endpoint must be as safe as the issuer (``_checked_endpoint``)."""
+    """Client-credentials tokens of one (issuer, client id), cached and renewed.
+
+    Note: thread-safe.
+    Why: the secret goes in the form body (client_secret_post), so a discovered endpoint must be as
+    safe as the issuer (``_checked_endpoint``).
+    """
 
     def __init__(
         self,
@@ -121,8 +131,11 @@ class TokenSource:
         return f"TokenSource(issuer={self.issuer!r}, client_id={self.client_id!r})"
 
     def access_token(self, *, rejected: str | None = None) -> str:
-        """A valid access token; pass one a service just rejected to get a fresh one (or the replacement another
-        caller already fetched: one renewal per rejection, however many 401s)."""
+        """Return a valid access token; pass one a service just rejected for a fresh one.
+
+        Note: or the replacement another caller already fetched: one renewal per rejection, however
+        many 401s.
+        """
         with self._lock:
             due = self._renew_at is not None and clock() >= self._renew_at
             if self._token is None or due or self._token == rejected:
@@ -133,8 +146,11 @@ class TokenSource:
         return await anyio.to_thread.run_sync(lambda: self.access_token(rejected=rejected))
 
     def _fetch(self) -> tuple[str, float | None]:
-        """Discovery (once) and the token request, within the source's own deadline: the calling request's deadline
-        cannot cut off this other client, and the lock keeps other callers waiting."""
+        """Discover the endpoint (once) and request a token, within the source's deadline.
+
+        Why: the calling request's deadline cannot cut off this other client, and the lock keeps
+        other callers waiting.
+        """
         deadline = Deadline(self._deadline.total_seconds(), TOKEN_DEADLINE_SETTING, self.issuer)
         watched = deadline.watch()
         try:
@@ -166,8 +182,11 @@ class TokenSource:
         return self._cached(token)
 
     def _cached(self, token: dict) -> tuple[str, float | None]:
-        """The access token and when it is renewed: a quarter of its lifetime early, at most 30 s; one without
-        ``expires_in`` is used until the service rejects it."""
+        """Return the access token and when it is renewed.
+
+        Note: a quarter of its lifetime early, at most 30 s; one without ``expires_in`` is used
+        until the service rejects it.
+        """
         if not isinstance(access_token := token.get("access_token"), str) or not access_token:
             raise self._refused(f"the token endpoint's answer has no access_token; {OAUTH_FIX}")
         register_secret(access_token)
@@ -190,8 +209,12 @@ class TokenSource:
         return fallback
 
     def _checked_endpoint(self, endpoint: str) -> str:
-        """A discovered token endpoint the secret may be sent to: without user info, and https when the issuer is.
-        Another origin is allowed (Google's issuer names oauth2.googleapis.com): the issuer vouches for it."""
+        """Return a discovered token endpoint if the secret may be sent to it.
+
+        Note: without user info, and https when the issuer is.
+        Why: another origin is allowed (Google's issuer names oauth2.googleapis.com): the issuer
+        vouches for it.
+        """
         door = f"the token_endpoint named by the discovery document of oauth_issuer_uri {shown_url(self.issuer)}"
         try:
             refuse_credentials_in_url(endpoint, door=door, fix=OAUTH_FIX)
@@ -205,7 +228,7 @@ class TokenSource:
         return endpoint
 
     def _bounded(self, response: httpx.Response) -> None:
-        """Response hook of the token client: an answer is read as sent, at most ``MAX_OAUTH_ANSWER_BYTES``."""
+        """Read a token answer as sent, at most ``MAX_OAUTH_ANSWER_BYTES`` (response hook)."""
         source, limit = shown_url(str(response.url)), size_text(MAX_OAUTH_ANSWER_BYTES)
         if (problem := compressed_answer(response)) is not None:
             raise self._refused(f"{problem}; {OAUTH_FIX} (it must not compress its answers to this client)")
@@ -217,7 +240,10 @@ class TokenSource:
         return ServiceError("fetch OAuth token", None, message, transient=False, service="oauth")
 
     def _raise_for_token_error(self, response: httpx.Response) -> httpx.Response:
-        """authlib compliance hook: a non-2xx token response is a ServiceError (never with the body itself)."""
+        """Raise a non-2xx token response as a ServiceError, never with the body.
+
+        Note: authlib's compliance hook.
+        """
         if not response.is_error:
             return response
         response.read()
@@ -237,7 +263,10 @@ _token_sources_lock = threading.Lock()
 
 
 def token_source_for(auth: AuthSettings, verify: ssl.SSLContext | bool) -> TokenSource:
-    """The process-wide token source of this issuer and client id (a changed secret gets its own)."""
+    """Return the process-wide token source of this issuer and client id.
+
+    Note: a changed secret gets its own.
+    """
     issuer, client_id, client_secret = auth.oauth_issuer_uri, auth.oauth_client_id, auth.oauth_client_secret
     # AuthSettings refuses an OAuth block without all three
     assert issuer is not None and client_id is not None and client_secret is not None
@@ -294,7 +323,7 @@ class ServiceAuth(httpx.Auth):
         self.issuer_setting: str | None = None  # the key of the OAuth issuer, named should nothing answer there
 
     def trust(self, origin: Origin) -> None:
-        """Send the credentials to ``origin`` as well (an origin the configuration approved)."""
+        """Send the credentials to ``origin`` as well (one the configuration approved)."""
         self._trusted_origins.add(origin)
 
     @property
@@ -352,8 +381,11 @@ class ServiceAuth(httpx.Auth):
             response.stream = UnreadBody(response.stream)
 
     def _check_hop(self, response: httpx.Response, location: httpx.URL, visited: set[httpx.URL]) -> None:
-        """Refuse a loop, a Location with user info, and the redirect of a request that carries a body (patient
-        data, a CRTDL): a 301/302/303 would drop the body, a 307/308 may hand the data to another server."""
+        """Refuse a loop, a Location with user info, and redirecting a request with a body.
+
+        Why: the body is patient data or a CRTDL: a 301/302/303 would drop it, a 307/308 may hand
+        the data to another server.
+        """
         source, target = shown_url(str(response.request.url)), shown_url(str(location))
         if response.request.method not in ("GET", "HEAD"):
             raise self._refused_hop(
@@ -377,8 +409,11 @@ class ServiceAuth(httpx.Auth):
         return ServiceError(operation, response.status_code, message, transient=False, service=self.service)
 
     def strip_foreign_credentials(self, request: httpx.Request) -> None:
-        """Request event hook: a last check on every request sent, including hops httpx follows by itself
-        when a caller passes ``follow_redirects=True`` (httpx would keep the API key header on those)."""
+        """Strip credentials a request to another origin carries (a request event hook).
+
+        Why: a last check on every request sent, including hops httpx follows by itself when a
+        caller passes ``follow_redirects=True`` (httpx would keep the API key header on those).
+        """
         if origin_of(request.url) not in self._trusted_origins:
             self._withhold(request)
 

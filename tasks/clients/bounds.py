@@ -1,10 +1,6 @@
-"""Bounds of one call to a service: a whole-request deadline (``Deadline``) and a cap on how much of an answer is
-read (``read_answer``); and the bodies the clients stream.
+"""Bounds of one service call: a whole-request deadline, a cap on the answer read.
 
-A per-read timeout never cuts off a server that drips its answer, and an answer read whole can exceed memory, so
-every call is bounded twice. A sync read blocked on a dripping status line cannot be interrupted from its own
-thread, so each bounded sync call gets a connection of its own, shut down at the deadline (``answer_within``).
-Past the deadline a call fails transient (retried); an answer over the cap terminal.
+Note: also the bodies the clients stream. See docs/development.md#service-clients.
 """
 
 from __future__ import annotations
@@ -34,7 +30,10 @@ STATUS_LINE = ("http_version", "reason_phrase")  # httpx keeps them in a respons
 
 
 class Deadline:
-    """The end of one call, ``seconds`` from now; ``setting`` (what sets it) and ``url`` are named in its error."""
+    """The end of one call, ``seconds`` from now.
+
+    Note: ``setting`` (what sets it) and ``url`` are named in its error.
+    """
 
     def __init__(self, seconds: float, setting: str, url: str | httpx.URL | None = None):
         self.seconds, self.setting, self.url = seconds, setting, url
@@ -51,8 +50,12 @@ class Deadline:
         return time.monotonic() >= self._end
 
     def watch(self) -> dict[str, Any]:
-        """The extensions of a sync request on its own connection: at the deadline its socket is shut down, which ends
-        a read blocked on a server that drips its headers. Call ``release`` when the answer is closed."""
+        """Return the extensions of a sync request on its own connection.
+
+        Why: at the deadline its socket is shut down, which ends a read blocked on a server that
+        drips its headers.
+        Note: call ``release`` when the answer is closed.
+        """
         self._timer = threading.Timer(max(0.0, self._end - time.monotonic()), self._shut_down)
         self._timer.daemon = True
         self._timer.start()
@@ -84,14 +87,20 @@ class Deadline:
         )
 
     def pieces(self, body: Iterable[bytes], operation: str, service: str | None) -> Iterator[bytes]:
-        """``body`` as it is sent, checking the deadline before each piece (against a server that reads slowly)."""
+        """Yield ``body`` as it is sent, checking the deadline before each piece.
+
+        Why: against a server that reads slowly.
+        """
         for piece in body:
             self.check(operation, service)
             yield piece
 
 
 class ReplayableBody:
-    """A request body made afresh for each send (a retry, a resend after a 401), never held whole in memory."""
+    """A request body made afresh for each send, never held whole in memory.
+
+    Note: each send is a retry or a resend after a 401.
+    """
 
     def __init__(self, make: Callable[[], Iterable[bytes]]):
         self._make = make
@@ -124,7 +133,10 @@ class UnreadBody(httpx.SyncByteStream, httpx.AsyncByteStream):
 
 
 class CappedBody(httpx.SyncByteStream):
-    """A sync answer's body as sent, at most ``limit`` bytes of it: ``too_large()`` is raised once more comes."""
+    """A sync answer's body as sent, at most ``limit`` bytes of it.
+
+    Note: ``too_large()`` is raised once more comes.
+    """
 
     def __init__(self, stream: httpx.SyncByteStream, limit: int, too_large: Callable[[], Exception]):
         self._stream, self._limit, self._too_large = stream, limit, too_large
@@ -142,7 +154,10 @@ class CappedBody(httpx.SyncByteStream):
 
 
 def replayable(request: httpx.Request) -> bool:
-    """A body that can be streamed again (httpx keeps the iterable given as ``content`` as ``stream._stream``)."""
+    """Tell whether a request's body can be streamed again.
+
+    Note: httpx keeps the iterable given as ``content`` as ``stream._stream``.
+    """
     return isinstance(getattr(request.stream, "_stream", None), ReplayableBody)
 
 
@@ -166,9 +181,13 @@ def answer_within(
     headers: dict[str, str] | None = None,
     **request: Any,
 ) -> Iterator[httpx.Response]:
-    """The streamed answer to a sync request on a connection of its own, which ``deadline`` shuts down when it
-    passes (a network error then is the deadline's error); ``body`` is checked against it piece by piece. Bytes are
-    declared by their ``Content-Length`` (in pieces they would go chunked, which some servers refuse)."""
+    """Stream the answer to a sync request on its own connection, shut at ``deadline``.
+
+    Note: a network error then is the deadline's error; ``body`` is checked against it piece by
+    piece.
+    Why: bytes are declared by their ``Content-Length``: in pieces they would go chunked, which some
+    servers refuse.
+    """
     pieces = (lambda: in_pieces(body)) if isinstance(body, bytes) else body
     content = None if pieces is None else ReplayableBody(lambda: deadline.pieces(pieces(), operation, service))
     declared = {"Content-Length": str(len(body))} if isinstance(body, bytes) else {}
@@ -225,7 +244,10 @@ def declared_size(response: httpx.Response) -> int | None:
 def read_answer(
     response: httpx.Response, limit: int, *, deadline: Deadline | None = None, **where: Unpack[TooLarge]
 ) -> bytes:
-    """The body of a streamed ``response``, at most ``limit`` bytes, checking ``deadline`` after each piece."""
+    """Read a streamed ``response``'s body, at most ``limit`` bytes of it.
+
+    Note: ``deadline`` is checked after each piece.
+    """
     _refuse_declared(response, limit, **where)
     body = bytearray()
     for piece in response.iter_bytes():
@@ -256,14 +278,16 @@ def _refuse_declared(response: httpx.Response, limit: int, **where: Unpack[TooLa
 def read_response(
     response: httpx.Response, limit: int, *, operation: str, service: str | None, hint: str
 ) -> httpx.Response:
-    """A streamed ``response`` read as httpx would read it, but at most ``limit`` bytes of it."""
+    """Read a streamed ``response`` as httpx would, but at most ``limit`` bytes of it."""
     body = read_answer(response, limit, operation=operation, service=service, hint=hint, source=response.url)
     return answered(response, body)
 
 
 def answered(response: httpx.Response, body: bytes) -> httpx.Response:
-    """``response`` with ``body`` read from it as its content (without its framing headers), and its status line as
-    sent (an error made of it says the server's reason phrase)."""
+    """Return ``response`` with ``body`` as its content and its status line as sent.
+
+    Note: without its framing headers; an error made of it says the server's reason phrase.
+    """
     headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in BODY_FRAMING_HEADERS]
     answer = httpx.Response(response.status_code, headers=headers, content=body, request=response.request)
     answer.extensions = {key: response.extensions[key] for key in STATUS_LINE if key in response.extensions}

@@ -1,13 +1,6 @@
-"""Streaming download of one NDJSON file into the job directory (``extractor`` and ``http_import``); no Prefect.
+"""Streaming download of one NDJSON file into the job directory; no Prefect.
 
-Rules (spec "Extraction step procedure" 7, "Errors"): no whole-request deadline, the read timeout is the stall
-timeout. Retried: a transient status, a connection error, a body broken in the middle (resumed with ``Range``), a last
-line cut short. Never retried (spec): a stall, a write error, data that are no NDJSON.
-
-Every line is checked in the downloading thread as it arrives: in 1 MiB pieces, on 2 cores, that took a quarter less
-CPU than worker processes reading the file back (docs/performance.md, "The line check"). A large
-body is read off the socket itself (``body_pieces``): a download holds the GIL for little more than
-that check.
+Note: for ``extractor`` and ``http_import``. See docs/development.md#service-clients.
 """
 
 from __future__ import annotations
@@ -69,8 +62,11 @@ class FileNotReadyError(DownloadError):
 
 
 def safe_file_name(url: str, compress: bool) -> str:
-    """``<last URL segment>`` forced to ``.ndjson`` (+ ``.zst``), without its path parameters (``;jsessionid=…``);
-    names that could leave the folder are refused."""
+    """Name a file ``<last URL segment>`` forced to ``.ndjson`` (+ ``.zst``).
+
+    Note: path parameters (``;jsessionid=…``) are dropped; names that could leave the folder are
+    refused.
+    """
     raw_path = httpx.URL(url).raw_path.decode("ascii").split("?", 1)[0]
     segment = unquote(raw_path.rsplit("/", 1)[-1].split(";", 1)[0])  # split before decoding: %2F, %3B are data
     if problem := name_from_data_problem(segment):
@@ -85,7 +81,10 @@ def safe_file_name(url: str, compress: bool) -> str:
 
 
 def target_names(urls: Iterable[str], compress: bool, max_files: int = DEFAULT_MAX_FILES) -> dict[str, str]:
-    """URL -> file name in ``import/``; two URLs on one name or more than ``max_files`` URLs are an error."""
+    """Map each URL to its file name in ``import/``.
+
+    Note: two URLs on one name, or more than ``max_files`` URLs, are an error.
+    """
     owners: dict[str, tuple[str, str]] = {}
     for count, url in enumerate(urls, start=1):
         if count > max_files:
@@ -120,8 +119,11 @@ def wait_until_available(
 
 
 def is_available(client: httpx.Client, url: str) -> bool:
-    """HEAD, else a GET of the first byte. Not ready: a 404, a transient status or a network error; any other 4xx is
-    terminal (401: the credentials are wrong)."""
+    """Tell whether ``url`` is ready: HEAD, else a GET of the first byte.
+
+    Note: not ready: a 404, a transient status or a network error; any other 4xx is terminal (401:
+    the credentials are wrong).
+    """
     status = _probe_status(client, "HEAD", url)
     if status in PROBE_FALLBACK_STATUSES:
         status = _probe_status(client, "GET", url, headers={"Range": "bytes=0-0"})
@@ -137,8 +139,12 @@ def is_available(client: httpx.Client, url: str) -> bool:
 
 
 def _probe_status(client: httpx.Client, method: str, url: str, headers: dict | None = None) -> int | None:
-    """The status of a request whose body is never read (a server may ignore Range); None on a network error that
-    waiting may cure (an untrusted certificate or an unsupported URL is raised at once)."""
+    """Return the status of a request whose body is never read.
+
+    Note: a server may ignore Range.
+    Note: None on a network error that waiting may cure; an untrusted certificate or an unsupported
+    URL is raised at once.
+    """
     try:
         with client.stream(method, url, headers=headers, timeout=PROBE_TIMEOUT) as response:
             return response.status_code
@@ -162,8 +168,11 @@ def download_ndjson(
     on_total: Callable[[int], None] | None = None,
     sleep: Callable[[float], None] = pause,
 ) -> FileStats:
-    """Stream ``url`` into ``dest`` (compressed at ``level``, plain when None); returns size and resource count.
-    ``on_bytes`` is told every piece of the body as it arrives, ``on_total`` its Content-Length when given."""
+    """Stream ``url`` into ``dest``; return its size and resource count.
+
+    Note: compressed at ``level``, plain when None. ``on_bytes`` is told every piece of the body as
+    it arrives, ``on_total`` its Content-Length when given.
+    """
     new_sink = functools.partial(_Sink, url, dest, level, max_line_bytes)
     told = (on_bytes or (lambda amount: None), on_total or (lambda size: None))
     download = _Download(client, url, stall_timeout, *told, new_sink)
@@ -177,8 +186,11 @@ def download_ndjson(
 
 @dataclass
 class _Download:
-    """One file across attempts, fed as it arrives into a ``_Sink``; after a break the next attempt asks for the rest
-    only (``Range``), so every byte is decoded, checked and counted once (a 200 instead starts over)."""
+    """One file across attempts, fed as it arrives into a ``_Sink``.
+
+    Why: after a break the next attempt asks for the rest only (``Range``), so every byte is
+    decoded, checked and counted once (a 200 instead starts over).
+    """
 
     _client: httpx.Client
     _url: str
@@ -216,7 +228,10 @@ class _Download:
         return self._finished()
 
     def _receive(self, response: httpx.Response) -> None:
-        """The body into the sink as the socket gives it (iter_bytes(size) would copy it again)."""
+        """Feed the body into the sink as the socket gives it.
+
+        Why: ``iter_bytes(size)`` would copy it again.
+        """
         assert self._sink is not None
         try:
             for chunk in body_pieces(response, self._stall_timeout.total_seconds()):
@@ -253,12 +268,12 @@ class _Download:
 
 
 def body_pieces(response: httpx.Response, read_timeout: float) -> Iterator[bytes]:
-    """The body of a streamed ``response`` in the pieces the socket gives, ``READ_SIZE`` at most.
+    """Yield a streamed body in the pieces the socket gives, ``READ_SIZE`` at most.
 
     Why: h11 and httpcore copy every byte four times under the GIL, about as long as the line check
     takes; a body of ``DIRECT_READ_MIN_BYTES`` or more sent as it is (neither ``Transfer-Encoding``
-    nor ``Content-Encoding``) is read off the connection itself, which is then closed, not reused
-    (a new connection costs less than copying 4 MiB four times).
+    nor ``Content-Encoding``) is read off the connection itself, which is then closed, not reused (a
+    new connection costs less than copying 4 MiB four times).
     Note: the first piece is all that h11 holds of the body; the rest is still on the socket.
     """
     size, stream = declared_size(response), response.extensions.get("network_stream")
@@ -279,7 +294,10 @@ def body_pieces(response: httpx.Response, read_timeout: float) -> Iterator[bytes
 
 
 def _read(stream: httpcore.NetworkStream, size: int, timeout: float) -> bytes:
-    """Up to ``size`` bytes off ``stream``, failing as httpx does; none is a body cut short."""
+    """Read up to ``size`` bytes off ``stream``, failing as httpx does.
+
+    Note: no bytes at all is a body cut short.
+    """
     try:
         piece = stream.read(size, timeout)
     except httpcore.TimeoutException as exc:
@@ -292,9 +310,12 @@ def _read(stream: httpcore.NetworkStream, size: int, timeout: float) -> bytes:
 
 
 def read_in_large_pieces(response: httpx.Response) -> None:
-    """Let the connection take up to ``READ_SIZE`` bytes per socket read, not httpcore's 64 KiB: a quarter of a
-    download's CPU time went to handling the small pieces. httpcore has no option for it, so this sets private
-    attributes; where they are missing (another version, HTTP/2) the download runs with smaller pieces."""
+    """Let the connection take up to ``READ_SIZE`` bytes per socket read, not 64 KiB.
+
+    Why: a quarter of a download's CPU time went to handling httpcore's small pieces.
+    Note: httpcore has no option for it, so this sets private attributes; where they are missing
+    (another version, HTTP/2) the download runs with smaller pieces.
+    """
     bound = getattr(response.stream, "_stream", None)
     pooled = getattr(getattr(bound, "_httpcore_stream", None), "_stream", None)
     connection = getattr(pooled, "_connection", None)
@@ -303,8 +324,11 @@ def read_in_large_pieces(response: httpx.Response) -> None:
 
 
 def check_response(response: httpx.Response, url: str, resuming_at: int = 0) -> None:
-    """Only a 200 with a non-HTML body is a file (never save a proxy's error page), or, asked for the rest from
-    ``resuming_at``, a 206 from exactly there."""
+    """Refuse an answer that is no file: only a 200 with a non-HTML body is one.
+
+    Why: never save a proxy's error page.
+    Note: asked for the rest from ``resuming_at``, a 206 from exactly there.
+    """
     if response.status_code == 206 and resuming_at and content_range(response)[0] != resuming_at:
         raise DownloadError(
             f"{shown_url(url)}: asked for the file from byte {resuming_at:,}, the server sent "
@@ -324,7 +348,7 @@ def _stalled(url: str, stall_timeout: timedelta) -> DownloadError:
 
 
 def content_range(response: httpx.Response) -> tuple[int | None, int | None]:
-    """The first byte of a 206's ``Content-Range: bytes first-last/size`` and the size of a 416's ``bytes */size``."""
+    """Return a 206's first byte (``Content-Range``) and a 416's ``bytes */size``."""
     unit, _, span = response.headers.get("Content-Range", "").partition(" ")
     first, size = span.split("-", 1)[0], span.removeprefix("*/")
     if unit != "bytes":
@@ -333,8 +357,11 @@ def content_range(response: httpx.Response) -> tuple[int | None, int | None]:
 
 
 class _Sink:
-    """Where a download's body goes across connections: zstd decoded, its first line checked, written through
-    ``AtomicNdjsonWriter`` (which checks every line); ``finish`` or ``discard`` ends it."""
+    """Where a download's body goes across connections, until ``finish``/``discard``.
+
+    Note: zstd decoded, its first line checked, written through ``AtomicNdjsonWriter`` (which checks
+    every line).
+    """
 
     def __init__(self, url: str, dest: Path, level: CompressionLevel | None, max_line_bytes: int):
         source = shown_url(url)
@@ -369,8 +396,12 @@ class _Sink:
 
 
 class FirstLineCheck:
-    """Holds the body back until its first non-empty line proves a JSON object (an HTML page must not be saved). Blank
-    data before it pass at once, and a first line over ``max_line_bytes`` unchecked: the writer limits both."""
+    """Hold the body back until its first non-empty line proves a JSON object.
+
+    Why: an HTML page must not be saved.
+    Note: blank data before it pass at once, and a first line over ``max_line_bytes`` unchecked: the
+    writer limits both.
+    """
 
     def __init__(self, url: str, max_line_bytes: int):
         self._url, self._max_line_bytes = url, max_line_bytes

@@ -2,7 +2,21 @@
 
 Response bodies are never echoed (secrets, patient data): only a FHIR OperationOutcome's texts are taken over,
 truncated. Every text that leaves a client is redacted: ``ServiceError`` messages when made, OperationOutcome texts
-when taken.
+when taken. The clients' part of the exception tree (the root's: ``tasks.core.errors``)::
+
+    DupflowError
+    ├── ServiceError                a failed call: operation, HTTP status, transient or terminal
+    │   ├── TransactionRejected     fhir_server
+    │   └── JobNotFoundError, TransitionRefusedError, SearchRejectedError, VersionConflictError,
+    │       CohortPreviewUnsupportedError                               extraction_jobs
+    ├── ValidationServiceError      validator: a 2xx answer that is no OperationOutcome
+    └── StepError
+        ├── ExtractionError         extraction_documents
+        │   ├── InvalidCrtdlError, DeadHandleError, ExtractionCancelledError, ExtractionFailedError,
+        │   └── ExtractionTimeoutError, NoMatchingDataError, StatusUrlMismatchError
+        ├── DownloadError           downloads: FileNotReadyError, UnsafeFileNameError
+        ├── PseudonymizationError   pseudonymizer: EntryTooLargeError
+        └── FlattenerError          flattener
 """
 
 from __future__ import annotations
@@ -41,8 +55,11 @@ class Call(TypedDict):
 
 
 class ServiceError(DupflowError):
-    """A failed call to a service. ``retry_after``: the server's Retry-After in seconds. ``no_answer``: no complete
-    answer came at all (a network error, a missed deadline), unlike an answer refused or not usable."""
+    """A failed call to a service.
+
+    Note: ``retry_after``: the server's Retry-After in seconds. ``no_answer``: no complete answer
+    came at all (a network error, a missed deadline), unlike an answer refused or not usable.
+    """
 
     operation: str  # always named, unlike a DupflowError's
 
@@ -77,7 +94,10 @@ def is_transient_status(status_code: int) -> bool:
 
 
 def is_transient_network_error(exc: BaseException) -> bool:
-    """A transport error is transient, except a URL we cannot speak to or a certificate we do not trust."""
+    """Tell whether a transport error is transient.
+
+    Note: all are, except a URL we cannot speak to or a certificate we do not trust.
+    """
     if not isinstance(exc, httpx.TransportError) or isinstance(exc, httpx.UnsupportedProtocol):
         return False
     return not _caused_by(exc, ssl.SSLCertVerificationError)
@@ -92,7 +112,7 @@ def _caused_by(exc: BaseException | None, cause_type: type[BaseException]) -> bo
 
 
 def network_error(exc: httpx.TransportError, *, operation: str, service: str | None) -> ServiceError:
-    """A transport error as a ``ServiceError`` naming where it happened and, where known, the fix."""
+    """Turn a transport error into a ``ServiceError`` naming where and the fix."""
     message, transient = f"network error: {type(exc).__name__}: {exc}{where(exc)}", is_transient_network_error(exc)
     if _caused_by(exc, ssl.SSLCertVerificationError):
         message += "; the server's certificate is not trusted: give its CA with tls.ca_cert_path"
@@ -104,8 +124,11 @@ def network_error(exc: httpx.TransportError, *, operation: str, service: str | N
 
 
 def nothing_answers(exc: httpx.TransportError) -> str:
-    """``; nothing answers at <origin>: …`` naming the configuration key (``SERVICE_SETTING``) for a connection that
-    could not be made (not a TLS handshake: something answered); "" otherwise."""
+    """Explain a connection that could not be made, naming the configuration key.
+
+    Note: gives ``; nothing answers at <origin>: …`` naming ``SERVICE_SETTING``, not for a TLS
+    handshake (something answered); "" otherwise.
+    """
     if not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout) or _caused_by(exc, ssl.SSLError):
         return ""
     request = _request_of(exc)
@@ -120,7 +143,10 @@ def nothing_answers_at(origin: str, setting: str) -> str:
 
 @contextmanager
 def naming_setting(setting: str | None, url: str | None) -> Iterator[None]:
-    """A request to ``url``'s origin failing within (an OAuth token's) carries ``setting`` to ``nothing_answers``."""
+    """Name ``setting`` in the errors of requests to ``url``'s origin within the block.
+
+    Note: carried to ``nothing_answers``, an OAuth token's request included.
+    """
     try:
         yield
     except httpx.TransportError as exc:
@@ -147,7 +173,10 @@ def where(exc: httpx.TransportError) -> str:
 def error_from_response(
     response: httpx.Response, *, body: bytes | None = None, hints: Mapping[int, str] | None = None, **call: Unpack[Call]
 ) -> ServiceError:
-    """The error of a 4xx/5xx response from its ``body`` (by default its content), with the fix ``hints`` knows."""
+    """Make a 4xx/5xx response's error from its ``body``, with the fix ``hints`` knows.
+
+    Note: ``body`` is by default the response's content.
+    """
     texts = operation_outcome_texts(response.content if body is None else body)
     status_line = f"HTTP {response.status_code} {response.reason_phrase}"
     message = truncate("; ".join(texts), MAX_MESSAGE_CHARS) if texts else status_line
@@ -162,8 +191,11 @@ def error_from_response(
 def raise_for_service_status(
     response: httpx.Response, *, hints: Mapping[int, str] | None = None, **call: Unpack[Call]
 ) -> None:
-    """Raise a ``ServiceError`` for a 4xx/5xx response, reading at most ``MAX_PARSED_BODY_BYTES`` of a streamed body
-    (only an OperationOutcome's texts are used, and an error page can be of any size)."""
+    """Raise a ``ServiceError`` for a 4xx/5xx response.
+
+    Why: at most ``MAX_PARSED_BODY_BYTES`` of a streamed body is read: only an OperationOutcome's
+    texts are used, and an error page can be of any size.
+    """
     if response.is_error:
         raise error_from_response(response, body=first_bytes(response), hints=hints, **call)
 
@@ -179,7 +211,7 @@ async def raise_for_service_status_async(response: httpx.Response, **call: Unpac
 
 
 def first_bytes(response: httpx.Response, limit: int = MAX_PARSED_BODY_BYTES) -> bytes:
-    """An answer's body: all of it when already read, else read until it ends or passes ``limit`` bytes."""
+    """Return an answer's body: whole if read, else read until its end or ``limit``."""
     body = bytearray()
     for piece in response.iter_bytes():  # a read response's content comes in one piece
         body += piece
@@ -189,7 +221,10 @@ def first_bytes(response: httpx.Response, limit: int = MAX_PARSED_BODY_BYTES) ->
 
 
 def operation_outcome_texts(body: bytes) -> list[str]:
-    """The diagnostics and details texts of a FHIR OperationOutcome body, each redacted, truncated and made plain."""
+    """Return an OperationOutcome's diagnostics and details texts, redacted.
+
+    Note: each is truncated and made plain, too.
+    """
     if not body or len(body) > MAX_PARSED_BODY_BYTES:
         return []
     outcome = json_or_none(body)
@@ -214,7 +249,10 @@ def json_or_none(body: bytes, loads: Callable[[bytes], Any] = json.loads) -> Any
 
 
 def json_object(response: httpx.Response, *, operation: str, service: str | None, hint: str) -> dict[str, Any]:
-    """The JSON object of a read answer (orjson: bounded nesting), else a terminal ``ServiceError`` without the body."""
+    """Parse a read answer's JSON object, else raise a terminal ``ServiceError``.
+
+    Note: orjson bounds the nesting; the error never holds the body.
+    """
     document = json_or_none(response.content, orjson.loads)
     if isinstance(document, dict):
         return document
@@ -224,7 +262,10 @@ def json_object(response: httpx.Response, *, operation: str, service: str | None
 
 
 def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header: delay-seconds or an HTTP date; None when absent or invalid."""
+    """Return the seconds a Retry-After header asks for; None when absent or invalid.
+
+    Note: delay-seconds or an HTTP date.
+    """
     value = (value or "").strip()  # "" is neither a number nor a date: None
     with suppress(ValueError):
         return max(0.0, float(value))

@@ -1,7 +1,6 @@
-"""What the extraction server (TORCH) is sent and answers, read and checked, and the errors of an extraction.
+"""What the extraction server (TORCH) is sent and answers, read and checked.
 
-A completed job's manifest may also come as the ``Parameters`` the spec allows. Follows
-spec/extraction-server-api.md and the real server's deviations in protocols.md.
+Note: also the errors of an extraction. See docs/development.md#service-clients.
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ NO_MATCHING_DATA = (
 
 
 class ExtractionError(StepError):
-    """A terminal failure of the extraction; the message says what happened and what to do."""
+    """A terminal failure of the extraction; the message says what and what to do."""
 
 
 class InvalidCrtdlError(ExtractionError):
@@ -63,7 +62,10 @@ class DeadHandleError(ExtractionError):
 
 
 class ExtractionCancelledError(ExtractionError):
-    """The job's status answered 404 or 410 and its Task says CANCELLED or DELETED: a person's doing, nothing lost."""
+    """The job's status answered 404/410 and its Task says CANCELLED or DELETED.
+
+    Note: a person's doing; nothing is lost.
+    """
 
     def __init__(self, handle: ExtractionHandle, status_code: int = 410, job_status: str = "CANCELLED"):
         done = "deleted" if job_status.upper() == "DELETED" else "cancelled"
@@ -76,7 +78,10 @@ class ExtractionCancelledError(ExtractionError):
 
 
 class StatusUrlMismatchError(ExtractionError):
-    """The status URL answered 404 or 410 while the Task shows the job alive: the URL misses it (a proxy's prefix)."""
+    """The status URL answered 404/410 while the Task shows the job alive.
+
+    Note: the URL misses the job (a proxy's prefix).
+    """
 
     def __init__(self, handle: ExtractionHandle, status_code: int, job_status: str):
         super().__init__(
@@ -115,8 +120,11 @@ class ExtractionHandle:
 
     @classmethod
     def from_status_url(cls, status_url: str) -> ExtractionHandle:
-        """The job ID is the status URL's last path segment, decoded; it is stored and shown, so one that would not
-        show as itself (``%0A``, ``%E2%80%AE`` decoded) is refused, whichever door the URL came through."""
+        """Make the handle of a status URL: the job ID is its last path segment, decoded.
+
+        Why: the ID is stored and shown, so one that would not show as itself (``%0A``,
+        ``%E2%80%AE`` decoded) is refused, whichever door the URL came through.
+        """
         job_id = httpx.URL(status_url).path.rstrip("/").rsplit("/", 1)[-1]
         if problem := ("is empty" if not job_id else invisible_character_problem(job_id)):
             raise ExtractionError(
@@ -128,14 +136,20 @@ class ExtractionHandle:
 
 
 def base_url_of(settings: ExtractorSettings) -> str:
-    """``services.extractor.base_url`` without a trailing slash; an ``ExtractionError`` when it is not set."""
+    """Return ``services.extractor.base_url`` without a trailing slash, else raise.
+
+    Note: an ``ExtractionError`` when it is not set.
+    """
     if not settings.base_url:
         raise ExtractionError(f"{BASE_URL_SETTING} is not set; set it to the extraction server's URL")
     return settings.base_url.rstrip("/")
 
 
 def parse_crtdl(data: bytes, source: str | Path) -> dict[str, Any]:
-    """The CRTDL as a JSON object; anything else is an ``InvalidCrtdlError`` naming ``source``."""
+    """Parse the CRTDL as a JSON object, else raise ``InvalidCrtdlError``.
+
+    Note: the error names ``source``.
+    """
     try:
         crtdl = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -151,7 +165,10 @@ def kickoff_parameters(crtdl: bytes) -> dict[str, Any]:
 
 
 def progress_values(task: Any) -> dict[str, Any]:
-    """Sub-extension values of the Task's progress extension ({} without one); ``activeBatch`` as (id, stage) pairs."""
+    """Return the values of the Task's progress extension ({} without one).
+
+    Note: ``activeBatch`` as (id, stage) pairs.
+    """
     for extension in as_objects(as_object(task).get("extension")):
         if str(extension.get("url", "")).endswith(PROGRESS_EXTENSION_SUFFIXES):
             values: dict[str, Any] = {"activeBatch": ()}
@@ -166,8 +183,11 @@ def progress_values(task: Any) -> dict[str, Any]:
 
 
 def _as_manifest(document: Any) -> dict[str, Any]:
-    """A completed job's manifest ({} for what is no object); the ``Parameters`` the spec also allows read into its
-    shape: ``request``, ``requiresAccessToken``, ``output[].url`` and ``error`` texts."""
+    """Return a completed job's manifest ({} for what is no object).
+
+    Note: the ``Parameters`` the spec also allows are read into its shape: ``request``,
+    ``requiresAccessToken``, ``output[].url`` and ``error`` texts.
+    """
     if as_object(document).get("resourceType") != "Parameters":
         return as_object(document)
     manifest: dict[str, Any] = {"output": [], "error": []}
@@ -196,8 +216,11 @@ def requires_access_token(document: Any) -> bool:
 
 
 def result_urls(document: Any, max_files: int) -> list[str]:
-    """The file URLs of a completed job; none is a ``NoMatchingDataError`` with the server's errors, more than
-    ``max_files`` entries refused before any is taken."""
+    """Return the file URLs of a completed job.
+
+    Note: none is a ``NoMatchingDataError`` with the server's errors; more than ``max_files``
+    entries are refused before any is taken.
+    """
     key = "parameter" if as_object(document).get("resourceType") == "Parameters" else "output"
     if (entries := len(as_array(as_object(document).get(key)))) > max_files:
         raise ExtractionError(
@@ -226,18 +249,22 @@ def _error_entry_text(entry: Any) -> str:
     return str(entry)
 
 
-def _issue_text(issue: dict) -> str:
+def _issue_text(issue: dict[str, Any]) -> str:
     parts = [str(issue[k]) for k in ("severity", "msg", "diagnostics") if issue.get(k)]
     return ": ".join(parts[:1] + [" - ".join(parts[1:])]) if len(parts) > 1 else "".join(parts)
 
 
-def _value(element: dict) -> str | None:
+def _value(element: dict[str, Any]) -> str | None:
     keys = ("valueUri", "valueUrl", "valueString", "valueCode")
     return next((element[key] for key in keys if isinstance(element.get(key), str)), None)
 
 
 def resolve_file_url(base_url: str, url: str) -> str:
-    """Absolute URLs are kept; ``host[:port]/path`` inherits base_url's scheme; other paths resolve against base_url."""
+    """Resolve a file URL against ``base_url``.
+
+    Note: absolute URLs are kept; ``host[:port]/path`` inherits base_url's scheme; other paths
+    resolve against base_url.
+    """
     base = httpx.URL(base_url.rstrip("/") + "/")
     if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*://", url):
         return url
@@ -250,7 +277,9 @@ def resolve_file_url(base_url: str, url: str) -> str:
 
 
 def _looks_like_host(segment: str) -> bool:
-    """A ``HOST`` with a dot, a port, or ``localhost`` (``127.0.0.1:8080``, ``files.example.org``), not ``files``,
-    ``job-1`` or ``..``."""
+    """Tell whether ``segment`` is a ``HOST``: with a dot, a port, or ``localhost``.
+
+    Note: ``127.0.0.1:8080`` and ``files.example.org`` are; ``files``, ``job-1`` and ``..`` are not.
+    """
     host = segment.rsplit(":", 1)[0] if re.search(r":\d+$", segment) else segment
     return bool(HOST.fullmatch(host)) and (host == "localhost" or host != segment or "." in host)

@@ -1,5 +1,7 @@
-"""The operator's side of the extraction server: its FHIR Task API and ``$evaluate-cohort``. Failures are
-``ServiceError``s, the subclasses below for the answers an operator needs explained. No Prefect.
+"""The operator's side of the extraction server: Task API, ``$evaluate-cohort``.
+
+Note: failures are ``ServiceError``s, the subclasses below for the answers an operator needs
+explained. No Prefect.
 """
 
 from __future__ import annotations
@@ -61,7 +63,10 @@ class JobNotFoundError(ServiceError):
 
 
 class TransitionRefusedError(ServiceError):
-    """$pause, $resume or $cancel is not allowed in the job's state (409); ``job_status`` is that state."""
+    """$pause, $resume or $cancel is not allowed in the job's state (409).
+
+    Note: ``job_status`` is that state.
+    """
 
     def __init__(self, operation: str, message: str, job_status: str | None):
         self.job_status = job_status
@@ -69,7 +74,7 @@ class TransitionRefusedError(ServiceError):
 
 
 class SearchRejectedError(ServiceError):
-    """A strict Task search that the server refused (400); ``problems`` lists what was wrong."""
+    """A strict Task search that the server refused (400); ``problems`` says why."""
 
     def __init__(self, problems: list[str]):
         self.problems = problems
@@ -85,13 +90,16 @@ class CohortPreviewUnsupportedError(ServiceError):
 
 
 def refused(operation: str, status: int | None, message: str, kind: type[ServiceError] = ServiceError) -> ServiceError:
-    """A terminal error of this server: ``kind`` with the operation, status and message."""
+    """Make a terminal error of this server: ``kind`` with operation, status, message."""
     return kind(operation, status, message, transient=False, service=SERVICE)
 
 
 @dataclass(frozen=True)
 class ExtractionJob:
-    """One job as the Task API shows it. Progress fields are None until the cohort query has finished."""
+    """One job as the Task API shows it.
+
+    Note: progress fields are None until the cohort query has finished.
+    """
 
     id: str
     status: str  # the JobStatus code (Task.businessStatus), e.g. RUNNING_PROCESS_BATCH
@@ -156,12 +164,18 @@ def _consent_audit_files(task: dict[str, Any]) -> tuple[str, ...]:
 
 
 def document_of(response: httpx.Response, operation: str) -> dict[str, Any]:
-    """The JSON object the server answered; anything else is a terminal ``ServiceError`` (never its body)."""
+    """Return the JSON object the server answered, else a terminal ``ServiceError``.
+
+    Note: the error never holds the body.
+    """
     return json_object(response, operation=operation, service=SERVICE, hint=NOT_THE_SERVER)
 
 
 def cohort_patient_ids(document: Any) -> tuple[str, ...]:
-    """Patient ids of an $evaluate-cohort List (``entry[].item.reference``, ``Patient/`` dropped)."""
+    """Return the patient ids of an $evaluate-cohort List (``Patient/`` dropped).
+
+    Note: read from ``entry[].item.reference``.
+    """
     if not isinstance(document, dict) or document.get("resourceType") != "List":
         raise ExtractionError("cohort preview: the server's answer is not a FHIR List")
     items = [as_object(entry.get("item")) for entry in as_objects(document.get("entry"))]
@@ -169,7 +183,7 @@ def cohort_patient_ids(document: Any) -> tuple[str, ...]:
 
 
 class ExtractionTaskClient(ServiceClient):
-    """The Task API and $evaluate-cohort of the server configured by ``services.extractor``."""
+    """The Task API and $evaluate-cohort of the server of ``services.extractor``."""
 
     def __init__(self, settings: ExtractorSettings, tls: TlsSettings, retry: RetrySettings):
         self.base_url = without_query(base_url_of(settings))
@@ -180,7 +194,10 @@ class ExtractionTaskClient(ServiceClient):
     def search(
         self, ids: Sequence[str] = (), statuses: Sequence[str] = (), *, strict: bool = False
     ) -> list[ExtractionJob]:
-        """GET /fhir/Task; with ``strict`` the server refuses bad parameters (``SearchRejectedError``)."""
+        """GET /fhir/Task; with ``strict`` the server refuses bad parameters.
+
+        Note: a refusal raises ``SearchRejectedError``.
+        """
         params = {name: ",".join(values) for name, values in (("_id", ids), ("status", statuses)) if values}
         headers = {"Accept": FHIR_JSON} | ({"Prefer": "handling=strict"} if strict else {})
         try:
@@ -205,9 +222,11 @@ class ExtractionTaskClient(ServiceClient):
         return ExtractionJob.from_task(self.read_task(job_id))
 
     def control(self, job_id: str, operation: str) -> ControlResult:
-        """POST $pause, $resume or $cancel. A 409 is explained with the job's state; a job already in the
-        state the operation leads to is reported as unchanged, not as an error (the real server answers a
-        repeated $cancel with 200, the spec with 409)."""
+        """POST $pause, $resume or $cancel; a 409 is explained with the job's state.
+
+        Why: a job already in the state the operation leads to is reported as unchanged, not as an
+        error (the real server answers a repeated $cancel with 200, the spec with 409).
+        """
         target, rule = CONTROL_OPERATIONS[operation]
         if (before := self.job(job_id)).status in target:
             return ControlResult(before, changed=False)
@@ -224,8 +243,11 @@ class ExtractionTaskClient(ServiceClient):
         return ControlResult(job, changed=True)
 
     def set_priority(self, job_id: str, level: str, attempts: int = PRIORITY_ATTEMPTS) -> ControlResult:
-        """Read the Task and PUT it with ``If-Match: W/"<versionId>"``; on a stale version (409/412) read it
-        again and retry, up to ``attempts`` times. ``level`` is ``high`` or ``normal``."""
+        """Set the Task's priority (``high`` or ``normal``) with ``If-Match``.
+
+        Note: reads the Task and PUTs it with ``If-Match: W/"<versionId>"``; on a stale version
+        (409/412) reads it again and retries, up to ``attempts`` times.
+        """
         priority = TASK_PRIORITY_FOR[level]
         for _ in range(attempts):
             task = self.read_task(job_id)
@@ -247,8 +269,11 @@ class ExtractionTaskClient(ServiceClient):
         raise VersionConflictError("set extraction job priority", None, message, transient=True, service=SERVICE)
 
     def _put_priority(self, job_id: str, task: dict[str, Any], priority: str, version: str | None) -> httpx.Response:
-        """PUT the full Task the server needs (resourceType, id, status, intent, priority; only priority is read)
-        with ``If-Match``; a 428 (If-Match missing) is a bug of ours."""
+        """PUT the full Task the server needs, with ``If-Match``.
+
+        Note: resourceType, id, status, intent, priority; only priority is read. A 428 (If-Match
+        missing) is a bug of ours.
+        """
         update = {"resourceType": "Task", "id": task.get("id"), "status": task.get("status")}
         update |= {"intent": task.get("intent") or "order", "priority": priority}
         content, headers = json.dumps(update).encode(), {**FHIR_JSON_HEADERS, "If-Match": f'W/"{version}"'}
@@ -264,8 +289,11 @@ class ExtractionTaskClient(ServiceClient):
             raise refused(exc.operation, 428, message) from exc
 
     def delete(self, job_id: str) -> None:
-        """DELETE the job and its result files. Attempted once: a repeat after a 500 could answer a misleading
-        404 for a job whose files were left behind."""
+        """DELETE the job and its result files.
+
+        Why: attempted once: a repeat after a 500 could answer a misleading 404 for a job whose
+        files were left behind.
+        """
         try:
             self._job_request("DELETE", job_id, "", operation="delete extraction job", once=True)
         except ServiceError as exc:
@@ -276,7 +304,7 @@ class ExtractionTaskClient(ServiceClient):
             raise refused(exc.operation, 500, message) from exc
 
     def evaluate_cohort(self, crtdl: bytes) -> CohortPreview:
-        """POST /fhir/$evaluate-cohort with the CRTDL as plain JSON; the patients of the resulting List."""
+        """POST the CRTDL to /fhir/$evaluate-cohort; return the patients of the List."""
         request: dict[str, Any] = {"timeout": http_timeout(COHORT_PREVIEW_TIMEOUT), "status_hints": CRTDL_REFUSALS}
         request |= {"max_answer_bytes": MAX_COHORT_ANSWER_BYTES, "too_large_hint": TOO_LARGE_COHORT}
         request["headers"] = {"Content-Type": "application/json", "Accept": FHIR_JSON}
@@ -297,8 +325,11 @@ class ExtractionTaskClient(ServiceClient):
     def _job_request(
         self, method: str, job_id: str, suffix: str, *, operation: str, once: bool = False, **kwargs
     ) -> httpx.Response:
-        """A request about one job (retried unless ``once``), its answer read bounded; a 404 becomes
-        ``JobNotFoundError``. The id is one path segment, escaped: it may come from a job.json or a person."""
+        """Send a request about one job (retried unless ``once``), its answer read bounded.
+
+        Note: a 404 becomes ``JobNotFoundError``.
+        Why: the id is one path segment, escaped: it may come from a job.json or a person.
+        """
         bounds: dict[str, Any] = {"max_answer_bytes": MAX_TASK_ANSWER_BYTES, "too_large_hint": NOT_THE_SERVER}
         path = f"/fhir/Task/{quote(job_id, safe='')}{suffix}"
         try:
@@ -309,7 +340,10 @@ class ExtractionTaskClient(ServiceClient):
             raise refused(operation, 404, f"the extraction server has no job {job_id}", JobNotFoundError) from exc
 
     def _updated_job(self, job_id: str, response: httpx.Response) -> ExtractionJob:
-        """The Task of a successful PUT (its body is not specified: read the Task when it is not one)."""
+        """Return the Task of a successful PUT.
+
+        Why: its body is not specified: the Task is read when the body is not one.
+        """
         document = json_or_none(response.content)
         if isinstance(document, dict) and document.get("resourceType") == "Task":
             return ExtractionJob.from_task(document)

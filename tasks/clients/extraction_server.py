@@ -1,11 +1,6 @@
-"""Client of the extraction server (TORCH): submit a CRTDL, poll the job, read the result's file URLs; no Prefect.
+"""Client of the extraction server (TORCH): submit a CRTDL, poll, read file URLs.
 
-Follows spec/extraction-server-api.md and the real server's deviations in protocols.md (kick-off 202, X-Progress,
-CANCELLED as 410). The poll is the table of pipeline-tool.md ("States and transitions"): 202/102 progress, 200 done,
-404/410 a dead handle (or a person's cancel or delete), 500 failed, 408/429/other 5xx and network failures polled
-again after the back-off, other 4xx terminal; only ``extraction_timeout`` ends the wait. Server URLs with user info
-are refused, never followed (httpx would send them as Basic auth). Credentials go to base_url's origin only, and
-with ``requiresAccessToken`` to approved file origins.
+Note: no Prefect. See docs/development.md#service-clients.
 """
 
 from __future__ import annotations
@@ -77,7 +72,7 @@ class PollProgress:
 
 
 class ExtractionServerClient(Closing):
-    """One extraction server, as configured by ``services.extractor``. Use as a context manager."""
+    """One extraction server, as ``services.extractor`` sets it; a context manager."""
 
     def __init__(
         self,
@@ -97,9 +92,13 @@ class ExtractionServerClient(Closing):
         self.files_need_token = False  # the manifest's requiresAccessToken, once the job is complete
 
     def submit(self, crtdl: bytes) -> ExtractionHandle:
-        """POST $extract-data exactly once (a second request could start a second job); a failure leaves the
-        submission in doubt for the extraction step to settle. Only the answer's status and Content-Location are
-        read (of an error answer the first MiB, for its diagnostics)."""
+        """POST $extract-data exactly once.
+
+        Why: a second request could start a second job; a failure leaves the submission in doubt for
+        the extraction step to settle.
+        Note: only the answer's status and Content-Location are read (of an error answer the first
+        MiB, for its diagnostics).
+        """
         where: Call = {"operation": f"submit extraction to {shown_url(self.base_url)}", "service": SERVICE}
         content, timeout = json.dumps(kickoff_parameters(crtdl)).encode(), http_timeout(SUBMIT_TIMEOUT)
 
@@ -147,8 +146,11 @@ class ExtractionServerClient(Closing):
             interval = min(interval * 2, cap)
 
     def _poll_once(self, handle: ExtractionHandle) -> httpx.Response | None:
-        """One status GET within its deadline (a server that drips its answer would hold it past the liveness
-        window); a transient failure is swallowed (None), the identity provider's included: the window is the net."""
+        """Send one status GET within its deadline; a transient failure gives None.
+
+        Why: a server that drips its answer would hold it past the liveness window. Failures are
+        swallowed, the identity provider's included: the window is the net.
+        """
         window = self.settings.extraction_timeout.total_seconds()
         deadline = Deadline(min(POLL_DEADLINE.total_seconds(), window), POLL_DEADLINE_SETTING)
         where: Call = {"operation": "poll extraction status", "service": SERVICE}
@@ -200,9 +202,13 @@ class ExtractionServerClient(Closing):
         raise ExtractionError(f"poll extraction status: unexpected HTTP {status} from {handle.status_url}")
 
     def _task_status(self, handle: ExtractionHandle) -> str | None:
-        """The job's state as its Task shows it, else None. TORCH answers a cancelled or deleted job's status (its
-        Task says DELETED until the files are removed) as it answers a job it lost; a person's cancel or delete must
-        not be undone by a fresh submission, and a job whose Task is there is not lost. No answer is no proof."""
+        """Return the job's state as its Task shows it, else None.
+
+        Why: TORCH answers a cancelled or deleted job's status (its Task says DELETED until the
+        files are removed) as it answers a job it lost; a person's cancel or delete must not be
+        undone by a fresh submission, and a job whose Task is there is not lost. No answer is no
+        proof.
+        """
         where: Call = {"operation": "read extraction job", "service": SERVICE}
         url = f"{self.base_url}/fhir/Task/{quote(handle.job_id, safe='')}"
         deadline = Deadline(POLL_DEADLINE.total_seconds(), POLL_DEADLINE_SETTING)
@@ -230,8 +236,11 @@ class ExtractionServerClient(Closing):
         return urls
 
     def trust_file_origins(self, urls: Sequence[str]) -> None:
-        """The files need a token: send the credentials to their origins too, if each is base_url's origin or
-        listed in ``services.extractor.file_origins`` (else an error naming the origin and the key)."""
+        """Send the credentials to the files' origins too: the files need a token.
+
+        Note: each origin must be base_url's or listed in ``services.extractor.file_origins``, else
+        an error names the origin and the key.
+        """
         self.files_need_token = True
         allowed = {origin_of(origin) for origin in self.settings.file_origins}
         for origin in dict.fromkeys(origin_of(url) for url in urls):
@@ -248,7 +257,10 @@ class ExtractionServerClient(Closing):
 
 
 def kicked_off(response: httpx.Response) -> ExtractionHandle:
-    """The handle of the job a successful kick-off answer started (from its status and headers only)."""
+    """Return the handle of the job a successful kick-off started.
+
+    Note: read from its status and headers only.
+    """
     if response.status_code not in (200, 202):
         raise ExtractionError(
             f"submit extraction: the server answered HTTP {response.status_code}, expected 200 or 202"
@@ -265,15 +277,18 @@ def kicked_off(response: httpx.Response) -> ExtractionHandle:
 
 
 def progress(response: httpx.Response) -> PollProgress:
-    """The progress text of an in-progress status answer: its X-Progress header, else its diagnostics."""
+    """Return an in-progress answer's X-Progress header, else its diagnostics."""
     return PollProgress(
         response.headers.get("X-Progress") or next(iter(operation_outcome_texts(response.content)), None)
     )
 
 
 def bounded_answer(response: httpx.Response) -> httpx.Response:
-    """A status answer with its body read from the wire up to a limit: a manifest (200) over
-    ``MAX_MANIFEST_BYTES`` is refused, any other answer is cut at ``MAX_STATUS_BODY_BYTES``."""
+    """Return a status answer with its body read from the wire up to a limit.
+
+    Note: a manifest (200) over ``MAX_MANIFEST_BYTES`` is refused; any other answer is cut at
+    ``MAX_STATUS_BODY_BYTES``.
+    """
     complete = response.status_code == 200
     limit = MAX_MANIFEST_BYTES if complete else MAX_STATUS_BODY_BYTES
     if complete and (declared := declared_size(response)) is not None and declared > limit:

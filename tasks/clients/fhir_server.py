@@ -1,10 +1,6 @@
-"""Client of a FHIR server for the send step: transaction Bundles (direct_resource_load) and resource PUTs with
-streamed bodies (transfer_load's Binary and DocumentReference). No Prefect here.
+"""Client of a FHIR server for the send step: transactions, streamed resource PUTs.
 
-A transaction is atomic and its entries are PUTs or conditional creates (tasks/send.py), so sending it again after an
-ambiguous failure cannot apply it twice. A 2xx answer is checked entry by entry: a failed or missing entry rejects
-the batch, with the server's answer (redacted) kept for inspection. services.send has no timeout key, so the bounds
-are constants; past the deadline a call is transient and retried.
+Note: no Prefect. See docs/development.md#service-clients.
 """
 
 from __future__ import annotations
@@ -60,8 +56,11 @@ _ENTRY_NUMBER = re.compile(r"\bentry\s*\[?\s*(\d+)", re.IGNORECASE)
 
 
 class TransactionRejected(ServiceError):
-    """The server refused a transaction: an HTTP error (``cause``, which says if transient), or a failed entry in its
-    ``transaction-response``; ``failed_entry``: the 0-based index of the first one, when the server said which."""
+    """The server refused a transaction: an HTTP error, or a failed entry.
+
+    Note: ``cause`` is the HTTP error (it says if transient); ``failed_entry`` is the 0-based index
+    of the first failed entry of the ``transaction-response``, when the server said which.
+    """
 
     def __init__(
         self,
@@ -91,28 +90,37 @@ class FhirServer(Closing):
 
     @classmethod
     def connect(cls, send: SendSettings, tls: TlsSettings, retry: RetrySettings, **bounds: Any) -> FhirServer:
-        """A client for ``services.send.url``; ``bounds``: ``deadline`` and ``max_answer_bytes`` if not the defaults."""
+        """Make a client for ``services.send.url``.
+
+        Note: ``bounds``: ``deadline`` and ``max_answer_bytes`` if not the defaults.
+        """
         timeout = http_timeout(SEND_TIMEOUT)
         endpoint = ServiceEndpoint(SERVICE_NAME, send.url or "", send.auth, timeout, setting="services.send.url")
         return cls(ServiceClient(endpoint, tls, retry), **bounds)
 
-    def transaction(self, body: bytes, entries: int) -> dict:
-        """POST a transaction Bundle; the ``transaction-response`` when every entry succeeded, else
-        ``TransactionRejected`` (``ServiceError`` when the server could not be reached in time)."""
+    def transaction(self, body: bytes, entries: int) -> dict[str, Any]:
+        """POST a transaction Bundle; return the ``transaction-response``.
+
+        Note: raises ``TransactionRejected`` unless every entry succeeded (``ServiceError`` when the
+        server could not be reached in time).
+        """
         answer = self._call(
             "POST", "/fhir", "transaction", body, len(body), rejection=rejected_by_status, extra_headers=RETURN_MINIMAL
         )
         return checked_transaction_response(answer, entries)
 
     def put(self, resource_type: str, resource_id: str, body: Body, *, length: int | None = None) -> None:
-        """PUT ``{url}/fhir/<type>/<id>``; ``body`` is the JSON, or a function that streams it afresh per attempt
-        (its ``length`` then goes into Content-Length). The answer's body, maybe a large Binary, is not read."""
+        """PUT ``{url}/fhir/<type>/<id>``; the answer's body (maybe a Binary) is not read.
+
+        Note: ``body`` is the JSON, or a function that streams it afresh per attempt (its ``length``
+        then goes into Content-Length).
+        """
         size, name = len(body) if isinstance(body, bytes) else length, f"{resource_type}/{resource_id}"
         self._call("PUT", f"/fhir/{name}", f"PUT {name}", body, size, read_answer=False, hints=PUT_HINTS)
 
-    def get(self, path: str, **params: str) -> dict:
-        """GET a resource or a search under ``{url}/fhir`` (used to read back what was sent)."""
-        return orjson.loads(self._call("GET", f"/fhir/{path}", f"GET {path}", params=params).body)
+    def get(self, path: str, **params: str) -> dict[str, Any]:
+        """GET a resource or a search under ``{url}/fhir`` (to read back what was sent)."""
+        return as_object(orjson.loads(self._call("GET", f"/fhir/{path}", f"GET {path}", params=params).body))
 
     def _call(
         self,
@@ -128,8 +136,11 @@ class FhirServer(Closing):
         rejection: Callable[[Answer, ServiceError], ServiceError] | None = None,
         extra_headers: dict[str, str] | None = None,
     ) -> Answer:
-        """One call with retry, each attempt within its deadline, the answer read bounded (not at all without
-        ``read_answer``). A 4xx/5xx answer raises its ``ServiceError``, or what ``rejection`` makes of it."""
+        """Make one call with retry, each attempt in its deadline, the answer read bounded.
+
+        Note: not read at all without ``read_answer``. A 4xx/5xx answer raises its ``ServiceError``,
+        or what ``rejection`` makes of it.
+        """
         headers = {**FHIR_JSON_HEADERS, **(extra_headers or {})}
         headers |= {"Content-Length": str(size)} if size is not None else {}
         where: Call = {"operation": operation, "service": SERVICE_NAME}
@@ -154,22 +165,25 @@ class FhirServer(Closing):
 
 @dataclass(frozen=True)
 class Answer:
-    """A server's answer: its status line and headers, and as much of its body as was read."""
+    """A server's answer: its status line and headers, and its body as far as read."""
 
     response: httpx.Response
     body: bytes
 
 
 def rejected_by_status(answer: Answer, error: ServiceError) -> TransactionRejected:
-    """The rejection of a transaction the server answered with 4xx/5xx; names the entry when the server did."""
+    """Make the rejection of a transaction answered 4xx/5xx, naming the entry if known."""
     texts = operation_outcome_texts(answer.body)
     match = next((m for text in texts if (m := _ENTRY_NUMBER.search(text))), None)
     failed_entry, outcome = int(match.group(1)) if match else None, truncate("; ".join(texts), MAX_MESSAGE_CHARS)
     return TransactionRejected(answer, error.message, failed_entry=failed_entry, outcome=outcome, cause=error)
 
 
-def checked_transaction_response(answer: Answer, sent: int) -> dict:
-    """The parsed ``transaction-response``; a failed or missing entry raises ``TransactionRejected``."""
+def checked_transaction_response(answer: Answer, sent: int) -> dict[str, Any]:
+    """Parse the ``transaction-response``; a failed or missing entry is rejected.
+
+    Note: raises ``TransactionRejected``.
+    """
     bundle = json_or_none(answer.body, orjson.loads)
     if not isinstance(bundle, dict) or bundle.get("resourceType") != "Bundle":
         raise _bad_answer(answer, "the answer is not a Bundle")
@@ -194,7 +208,10 @@ def _bad_answer(answer: Answer, reason: str) -> TransactionRejected:
 
 
 def response_text(answer: Answer) -> str:
-    """The server's answer for the failure dump (status line, content type, body as far as read), redacted."""
+    """Return the server's answer for the failure dump, redacted.
+
+    Note: status line, content type, and the body as far as read.
+    """
     response = answer.response
     content_type = response.headers.get("Content-Type", "")
     body = answer.body.decode(response.encoding or "utf-8", errors="replace")

@@ -1,6 +1,6 @@
-"""Client of the MII flattening service (fhir-flattener, SQL-on-FHIR v2): ``$run`` and the health check, per
-spec/protocols.md ("Flattening service"). ``$run`` changes nothing, so it is retried like a read until its answer
-starts; rows are parsed as they arrive, numbers as ``Decimal`` so they reach the CSV as written. No Prefect here.
+"""Client of the MII flattening service: ``$run`` and the health check.
+
+Note: no Prefect. See docs/development.md#service-clients.
 """
 
 from __future__ import annotations
@@ -38,15 +38,21 @@ class FlattenerError(StepError):
 
 
 class Flattener:
-    """The flattening service behind ``client``. ``deadline`` bounds each whole request, rows included; by default the
-    client's read timeout, ``services.flattening.timeout``."""
+    """The flattening service behind ``client``.
+
+    Note: ``deadline`` bounds each whole request, rows included; by default the client's read
+    timeout, ``services.flattening.timeout``.
+    """
 
     def __init__(self, client: ServiceClient, *, deadline: timedelta | None = None):
         self.client, self._service = client, client.endpoint.name
         self._deadline = deadline.total_seconds() if deadline is not None else read_seconds(client.endpoint.timeout)
 
     def check(self) -> None:
-        """Raise ``FlattenerError`` unless the service's CapabilityStatement lists ``$run`` on ViewDefinition."""
+        """Raise ``FlattenerError`` unless the service lists ``$run`` on ViewDefinition.
+
+        Note: read from its CapabilityStatement.
+        """
         operation = "read the flattening service's metadata"
         with self._answer("GET", METADATA_PATH, operation) as (response, deadline):
             limit, hint, service = MAX_METADATA_BYTES, NOT_A_SERVICE_HINT, self._service
@@ -58,7 +64,7 @@ class Flattener:
             )
 
     def run(self, view: bytes, resources: list[bytes]) -> Iterator[dict[str, Any]]:
-        """The rows of ``view`` over ``resources`` (compact JSON each), one at a time as the service sends them."""
+        """Yield the rows of ``view`` over ``resources`` (compact JSON each) as they come."""
         body = run_parameters(view, resources)
         operation = f"$run over {len(resources)} resources"
         request = {"params": {"_format": "ndjson"}, "headers": RUN_HEADERS, "body": body}
@@ -72,8 +78,11 @@ class Flattener:
     def _answer(
         self, method: str, path: str, operation: str, **request: Any
     ) -> Iterator[tuple[httpx.Response, Deadline]]:
-        """A 2xx answer whose body is still to be read, and the deadline its reading must keep. Failures before the
-        answer starts are retried; a failure while it is read is not (rows were taken)."""
+        """Return a 2xx answer whose body is still to be read, and its reading's deadline.
+
+        Why: failures before the answer starts are retried; a failure while it is read is not (rows
+        were taken).
+        """
         where: Call = {"operation": operation, "service": self._service}
 
         def attempt() -> tuple[contextlib.ExitStack, httpx.Response, Deadline]:
@@ -91,7 +100,7 @@ class Flattener:
 
 
 def answer_lines(response: httpx.Response, deadline: Deadline, operation: str, service: str) -> Iterator[bytes]:
-    """The answer's lines as they arrive (without their newline), each at most ``MAX_ROW_BYTES``."""
+    """Yield the answer's lines as they arrive (no newline), ``MAX_ROW_BYTES`` at most."""
     line = bytearray()
     try:
         for piece in response.iter_bytes():
@@ -116,8 +125,11 @@ def answer_lines(response: httpx.Response, deadline: Deadline, operation: str, s
 
 
 def parse_row(line: bytes, number: int) -> dict[str, Any]:
-    """One row of the answer, numbers exact. orjson checks the line first, strictly: no lone surrogate (no UTF-8 CSV
-    could hold it), nesting bounded (``json`` would raise RecursionError)."""
+    """Parse one row of the answer, numbers exact.
+
+    Why: orjson checks the line first, strictly: no lone surrogate (no UTF-8 CSV could hold it),
+    nesting bounded (``json`` would raise RecursionError).
+    """
     try:
         orjson.loads(line)
         row = loads_exact(line)
@@ -135,7 +147,10 @@ def run_parameters(view: bytes, resources: list[bytes]) -> bytes:
 
 
 def lists_view_run(statement: Any) -> bool:
-    """Does this CapabilityStatement list operation ``$run`` on ViewDefinition (per resource or system-wide)?"""
+    """Tell whether a CapabilityStatement lists ``$run`` on ViewDefinition.
+
+    Note: per resource or system-wide.
+    """
     if not isinstance(statement, dict) or statement.get("resourceType") != "CapabilityStatement":
         return False
     for rest in as_objects(statement.get("rest")):

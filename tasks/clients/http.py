@@ -48,7 +48,10 @@ TOO_LARGE_HINT = "check that the service URL points at the service; an answer th
 
 
 def http_timeout(read: timedelta, *, connect: timedelta = DEFAULT_CONNECT_TIMEOUT) -> httpx.Timeout:
-    """A per-request timeout from a configured duration: ``read`` bounds each read, write and pool wait."""
+    """Make a per-request timeout from a configured duration.
+
+    Note: ``read`` bounds each read, write and pool wait.
+    """
     return httpx.Timeout(read.total_seconds(), connect=min(connect, read).total_seconds())
 
 
@@ -59,7 +62,7 @@ def read_seconds(timeout: httpx.Timeout) -> float:
 
 @dataclass(frozen=True)
 class ServiceEndpoint:
-    """Where a service lives and how to authenticate to it; ``name`` is said in logs and errors."""
+    """Where a service lives and how to log in; ``name`` is said in logs and errors."""
 
     name: str
     base_url: str
@@ -75,13 +78,19 @@ class ServiceEndpoint:
 
 
 def without_query(url: str) -> str:
-    """A service URL without its query and fragment, to join request paths to (httpx would put them after the query);
-    ``ServiceAuth`` adds the query (a credential such as ``?access_token=…``) to each request to the service."""
+    """Return a service URL without its query and fragment, to join request paths to.
+
+    Why: httpx would put the paths after the query; ``ServiceAuth`` adds the query (a credential
+    such as ``?access_token=…``) to each request to the service.
+    """
     return urlunsplit(urlsplit(url)._replace(query="", fragment=""))
 
 
 def ssl_verify(tls: TlsSettings, *, purpose: str) -> ssl.SSLContext | bool:
-    """httpx's ``verify``: system and certifi CAs plus ``ca_cert_path``, or False (warning about ``purpose``)."""
+    """Return httpx's ``verify``: system, certifi and ``ca_cert_path`` CAs, or False.
+
+    Note: False warns about ``purpose``.
+    """
     if tls.insecure_skip_verify:
         log.warning(INSECURE_WARNING, purpose)
         return False
@@ -90,7 +99,10 @@ def ssl_verify(tls: TlsSettings, *, purpose: str) -> ssl.SSLContext | bool:
 
 @functools.lru_cache(maxsize=8)
 def trusted_context(ca_cert_path: str | None) -> ssl.SSLContext:
-    """One SSL context per CA configuration (building one loads every CA: about 0.25 s here), shared by clients."""
+    """Return the SSL context of a CA configuration, one shared by all clients.
+
+    Why: building one loads every CA: about 0.25 s here.
+    """
     context = ssl.create_default_context()
     context.load_verify_locations(cafile=certifi.where())
     if ca_cert_path:
@@ -139,7 +151,10 @@ def _awaitable(hook: Callable[[Any], None]) -> Callable[[Any], Awaitable[None]]:
 
 
 def name_setting(endpoint: ServiceEndpoint, origin: Origin, request: httpx.Request) -> None:
-    """Request event hook: only a request to the service's origin carries its URL's key (``SERVICE_SETTING``)."""
+    """Name the URL's key (``SERVICE_SETTING``) on requests to the service's origin.
+
+    Note: a request event hook.
+    """
     if endpoint.setting is not None and origin_of(request.url) == origin:
         request.extensions[SERVICE_SETTING] = endpoint.setting
     else:
@@ -171,7 +186,10 @@ class Closing(contextlib.AbstractContextManager):
 
 
 class ServiceClient(Closing):
-    """A client for one configured service; ``http`` is for clients that stream bodies in their own attempts."""
+    """A client for one configured service.
+
+    Note: ``http`` is for clients that stream bodies in their own attempts.
+    """
 
     def __init__(
         self,

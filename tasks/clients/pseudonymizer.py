@@ -1,10 +1,7 @@
-"""Client of the pseudonymization service (FHIR Pseudonymizer / DIMP): ``POST {url}/fhir/$de-identify``, per
-spec/protocols.md ("Pseudonymization service"); no Prefect.
+"""Client of the pseudonymization service (FHIR Pseudonymizer / DIMP).
 
-A Bundle over the split threshold goes as chunks of its ``entry[]``, put back together under the Bundle-level fields
-the service gives the Bundle sent without entries (one request more), so splitting never changes its pseudonymous id
-or ``meta``; numbers keep their digits (``tasks.core.exact_json``). Every answer is checked (same resource type; for
-Bundles as many entries), so no resource gets lost on the way.
+Note: ``POST {url}/fhir/$de-identify``, per spec/protocols.md ("Pseudonymization service"); no
+Prefect. See docs/development.md#service-clients.
 """
 
 from __future__ import annotations
@@ -46,7 +43,7 @@ TOO_LARGE_ANSWER_HINT = (
 
 
 class PseudonymizationError(StepError):
-    """A resource that cannot be sent, or an answer that cannot be used; the message says which and why."""
+    """A resource that cannot be sent, or an unusable answer; the message says why."""
 
 
 class EntryTooLargeError(PseudonymizationError):
@@ -66,14 +63,20 @@ class EntryTooLargeError(PseudonymizationError):
 
 @dataclass(frozen=True)
 class AnonymizationConfig:
-    """The anonymization YAML sent with each request; its bytes stay out of reprs (they may hold a hash key)."""
+    """The anonymization YAML sent with each request.
+
+    Why: its bytes stay out of reprs: they may hold a hash key.
+    """
 
     path: str
     data: bytes = field(repr=False)
 
     @classmethod
     def read(cls, path: str | Path, key: str = CONFIG_KEY) -> AnonymizationConfig:
-        """Read the file once, within bounds (``read_settings_file``); ``JsonFileError`` naming ``key`` if it cannot."""
+        """Read the file once, within bounds (``read_settings_file``).
+
+        Note: a ``JsonFileError`` naming ``key`` if it cannot.
+        """
         path = Path(path).expanduser()
         return cls(str(path), read_settings_file(path, key))
 
@@ -84,7 +87,7 @@ class AnonymizationConfig:
 
 @dataclass(frozen=True)
 class Pseudonymized:
-    """One de-identified resource as an NDJSON line (no newline), and what it took to get it."""
+    """One de-identified resource as an NDJSON line (no newline), and what it took."""
 
     line: bytes
     requests: int
@@ -92,7 +95,7 @@ class Pseudonymized:
 
 
 class RequestBody:
-    """Builds ``$de-identify`` bodies from a resource's JSON bytes, without re-serialising the resource."""
+    """Build ``$de-identify`` bodies from a resource's JSON bytes, never re-serialised."""
 
     def __init__(self, config: AnonymizationConfig | None):
         self._prefix, self._suffix = b"", b""
@@ -156,7 +159,10 @@ class Pseudonymizer:
 
 
 def checked_answer(content: bytes, sent: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
-    """The answer as one NDJSON line and parsed; it must be a resource of the sent type with all its entries."""
+    """Return the answer as one NDJSON line and parsed, checked.
+
+    Note: it must be a resource of the sent type with all its entries.
+    """
     try:
         answer = orjson.loads(content)
     except orjson.JSONDecodeError:
@@ -175,7 +181,7 @@ def checked_answer(content: bytes, sent: dict[str, Any]) -> tuple[bytes, dict[st
 
 
 def _entry_count(bundle: dict[str, Any]) -> int | None:
-    """How many entries the Bundle has (None: its ``entry`` is no array, sent and answered as it is)."""
+    """Count the Bundle's entries (None: its ``entry`` is no array, sent as it is)."""
     entries = bundle.get("entry")
     return None if entries is not None and not isinstance(entries, list) else len(entries or [])
 
@@ -187,8 +193,11 @@ def _entries_said(bundle: dict[str, Any], short: bool = False) -> str:
 
 
 def as_ndjson_line(content: bytes) -> bytes:
-    """The answer's own bytes as one line, numbers as written: a line break can only stand between JSON tokens
-    (a string holds it escaped), so each becomes a space."""
+    """Return the answer's own bytes as one line, numbers as written.
+
+    Why: a line break can only stand between JSON tokens (a string holds it escaped), so each
+    becomes a space.
+    """
     return content.strip().replace(b"\r", b" ").replace(b"\n", b" ")
 
 
@@ -208,8 +217,11 @@ def needs_split(resource: dict[str, Any], threshold_bytes: int) -> bool:
 
 
 def split_bundle(bundle: dict[str, Any], threshold_bytes: int) -> list[dict[str, Any]]:
-    """Greedy, order-preserving chunks of ``entry[]``, each a Bundle of at most ``threshold_bytes`` compact JSON,
-    with the Bundle-level fields (so the service de-identifies them too) and id ``<bundle id>-chunk-<i>``."""
+    """Cut ``entry[]`` into greedy, order-preserving chunk Bundles.
+
+    Note: each Bundle holds at most ``threshold_bytes`` of compact JSON, with the Bundle-level
+    fields (so the service de-identifies them too) and id ``<bundle id>-chunk-<i>``.
+    """
     entries = bundle.get("entry") or []
     bundle_id = bundle.get("id", "bundle")
     skeleton = without_entries(bundle)
@@ -235,9 +247,12 @@ def without_entries(bundle: dict[str, Any]) -> dict[str, Any]:
 
 
 def reassemble_bundle(original: dict[str, Any], fields: dict[str, Any], chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """One Bundle from de-identified chunks (every entry in order, the original ``type`` and ``timestamp``) with the
-    fields of the Bundle de-identified without entries, not the first chunk's: its id ``<id>-chunk-0`` would give
-    another pseudonymous id than the Bundle sent whole (issue 33)."""
+    """Put one Bundle together from de-identified chunks.
+
+    Note: every entry in order, the original ``type`` and ``timestamp``.
+    Why: with the fields of the Bundle de-identified without entries, not the first chunk's: its id
+    ``<id>-chunk-0`` would give another pseudonymous id than the Bundle sent whole (issue 33).
+    """
     kept = {name: original[name] for name in ("type", "timestamp") if name in original}
     entries = [entry for chunk in chunks for entry in as_array(chunk.get("entry"))]
     return without_entries(fields) | kept | {"entry": entries}

@@ -1,10 +1,6 @@
-"""The one retry policy of every outgoing call (tenacity is the engine); plain Python, no Prefect.
+"""The one retry policy of every outgoing call (tenacity is the engine).
 
-- ``retry.max_attempts`` attempts in all; the wait before retry n is ``min(initial_backoff_ms * 2**n,
-  max_backoff_ms)``, or a Retry-After header capped at ``max_backoff_ms``;
-- retried: network errors, 408, 429, 5xx, a passed whole-request deadline; not: other 4xx, untrusted certificates,
-  unsupported schemes, anything not a ``ServiceError`` or httpx transport error.
-``call_once`` opts out visibly for a call that could create something twice (the extraction kick-off).
+See docs/development.md#service-clients.
 """
 
 from __future__ import annotations
@@ -88,7 +84,7 @@ async def call_with_retry_async(
 
 
 def call_once(attempt: Callable[[], T], *, operation: str, service: str | None = None) -> T:
-    """Exactly one attempt, its network error raised as a ``ServiceError`` like any other."""
+    """Make exactly one attempt, its network error raised as a ``ServiceError``."""
     try:
         return attempt()
     except httpx.TransportError as exc:

@@ -1,11 +1,6 @@
-"""S3 for the s3_upload send mode: the boto3 client and the uploader with its manifest of uploaded objects.
+"""S3 for the s3_upload send mode: the boto3 client, the uploader and its manifest.
 
-``send.auth`` username and password become a ``Proxy-Authorization`` header for an upstream proxy, added after SigV4
-signing (botocore's ``before-send``), so a proxy may strip it. botocore retries with ``retry.max_attempts``.
-
-``S3Uploader`` records each object in the job's ``Manifest``, so a resumed job skips objects recorded and still in
-the bucket, or held with the file's content after an upload noted and never recorded. botocore's error texts are
-rebuilt with every configured credential blanked out and the exception chain cut, so no log can show them.
+See docs/development.md#service-clients.
 """
 
 from __future__ import annotations
@@ -67,7 +62,7 @@ them (older MinIO and Ceph); without one botocore signs the payload's SHA-256, s
 
 
 def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings, ca_bundle: Path) -> Any:
-    """A boto3 S3 client for ``services.send``; ``ca_bundle``: where the CA bundle file botocore needs is written."""
+    """Make a boto3 S3 client for ``services.send``; ``ca_bundle``: where its CAs go."""
     s3 = send.s3
     timeout = s3.timeout.total_seconds()
     with _SESSION_LOCK:  # creating clients from one session is not thread-safe; reusing it saves ~0.2 s a client
@@ -95,9 +90,13 @@ def make_s3_client(send: SendSettings, tls: TlsSettings, retry: RetrySettings, c
 
 
 def refuse_proxy_auth_beyond_the_proxy(send: SendSettings) -> None:
-    """The proxy's Basic credentials go in a header of every request, for a proxy that the endpoint is (spec). Without
-    an endpoint they would go to AWS; to an https endpoint behind HTTPS_PROXY, inside the tunnel to the store. Either
-    is refused before any request (for settings made other than by the configuration)."""
+    """Refuse proxy credentials that would reach beyond the proxy.
+
+    Why: the proxy's Basic credentials go in a header of every request, for a proxy that the
+    endpoint is (spec). Without an endpoint they would go to AWS; to an https endpoint behind
+    HTTPS_PROXY, inside the tunnel to the store. Either is refused before any request (for settings
+    made other than by the configuration).
+    """
     if (endpoint := send.s3.endpoint) is None:
         message = f"services.send.auth {PROXY_AUTH_WITHOUT_ENDPOINT}"
         raise ServiceError("connect to S3", None, message, transient=False, service=SERVICE)
@@ -121,8 +120,11 @@ def _session() -> boto3.session.Session:
 
 
 class HideCredentialsInBotocoreDebugLogs(logging.Filter):
-    """Blanks out what botocore's DEBUG records show of the access key id: the ``Authorization`` header and an error
-    body's ``<AWSAccessKeyId>``. ``Proxy-Authorization`` is added after botocore logs the request."""
+    """Blank out the access key id in botocore's DEBUG records.
+
+    Note: the ``Authorization`` header and an error body's ``<AWSAccessKeyId>``.
+    ``Proxy-Authorization`` is added after botocore logs the request.
+    """
 
     CREDENTIALS = re.compile(r"('(?:Proxy-)?Authorization': )b?'[^']*'|(<AWSAccessKeyId>)[^<]*(?=</AWSAccessKeyId>)")
 
@@ -140,7 +142,7 @@ for _logger_name in ("botocore.endpoint", "botocore.parsers"):
 
 
 class ProxyAuthorization:
-    """botocore ``before-send`` handler that sets ``Proxy-Authorization: Basic …``; its repr hides the value."""
+    """botocore ``before-send`` handler setting ``Proxy-Authorization``; repr hides it."""
 
     def __init__(self, username: str, password: str):
         self._header = "Basic " + basic_credentials(username, password)
@@ -170,9 +172,13 @@ def s3_verify(tls: TlsSettings, ca_bundle: Path) -> str | bool:
 
 @functools.cache
 def _combined_ca_bundle(ca_cert_path: str | None, system_bundle: str | None) -> bytes:
-    """botocore takes a single bundle file: certifi's CAs, the system's (spec) and ``ca_cert_path``, for the job's
-    folder (a temporary file was left behind by every process killed while it sent). Bytes: a PEM bundle's comments
-    may be in any encoding. ``ca_cert_path`` is checked as the HTTP clients check it and read within bounds."""
+    """Combine certifi's CAs, the system's (spec) and ``ca_cert_path`` into one bundle.
+
+    Why: botocore takes a single bundle file; it goes in the job's folder (a temporary file was left
+    behind by every process killed while it sent). Bytes: a PEM bundle's comments may be in any
+    encoding.
+    Note: ``ca_cert_path`` is checked as the HTTP clients check it and read within bounds.
+    """
     extra = b""
     if ca_cert_path:
         trusted_context(ca_cert_path)
@@ -196,7 +202,7 @@ MB = 1024 * 1024
 
 @dataclass(frozen=True)
 class UploadedObject:
-    """One object in the bucket, as the manifest records it. ``etag`` is S3's ETag without its quotes."""
+    """One object in the bucket, as the manifest records it (``etag`` without quotes)."""
 
     key: str
     size: int
@@ -206,7 +212,7 @@ class UploadedObject:
 
 
 class S3Uploader:
-    """Uploads files to the bucket and records them in the ``Manifest``; thread-safe, uploaders may share one."""
+    """Upload files to the bucket and record them in the ``Manifest``; thread-safe."""
 
     def __init__(self, send: SendSettings, tls: TlsSettings, retry: RetrySettings, manifest_path: Path):
         ca_bundle = manifest_path.with_name("s3-ca-bundle.pem")
@@ -216,8 +222,11 @@ class S3Uploader:
         self._manifest = Manifest(manifest_path, self._bucket)
 
     def upload(self, path: Path, key: str) -> UploadedObject:
-        """Upload ``path`` as ``key``, unless the manifest records it and it is still in the bucket, or the bucket holds
-        it with this content (an earlier run's upload it never heard end)."""
+        """Upload ``path`` as ``key``, unless it is there already.
+
+        Note: skipped when the manifest records it and it is still in the bucket, or the bucket
+        holds it with this content (an earlier run's upload it never heard end).
+        """
         found = path.stat()
         if (recorded := self._recorded(key, found)) is not None and self._is_stored(recorded):
             log.info("S3 object %s is already in bucket %s (manifest); not uploading it again", key, self._bucket)
@@ -232,7 +241,7 @@ class S3Uploader:
         return stored
 
     def _send(self, path: Path, key: str, found: os.stat_result) -> UploadedObject:
-        """One upload; a failed one whose object the store holds all the same (its answer was lost) counts."""
+        """Upload once; a failure whose object the store holds all the same counts as done."""
         started, size = time.perf_counter(), found.st_size
         try:
             self._abort_incomplete_uploads(key)
@@ -256,7 +265,7 @@ class S3Uploader:
         self._client.close()
 
     def _recorded(self, key: str, found: os.stat_result) -> UploadedObject | None:
-        """The manifest's record of ``key`` when it was uploaded from the file as it is now."""
+        """Return the manifest's record of ``key`` if uploaded from the file as it is now."""
         recorded = self._manifest.recorded(key)
         if recorded is None or recorded.size != found.st_size:
             return None
@@ -272,8 +281,12 @@ class S3Uploader:
             raise self._service_error(f"check {recorded.key}", exc) from None
 
     def _stored_copy(self, path: Path, key: str, found: os.stat_result) -> UploadedObject | None:
-        """``key`` as the bucket holds it when that is ``path``'s content (size and ``local_etag``), else None: the file
-        is then uploaded, whose errors say more than a HEAD's bodiless answer (KMS gives ETags of another kind)."""
+        """Return ``key`` as the bucket holds it if that is ``path``'s content, else None.
+
+        Note: compared by size and ``local_etag``.
+        Why: on None the file is uploaded, whose errors say more than a HEAD's bodiless answer (KMS
+        gives ETags of another kind).
+        """
         try:
             size, etag = self._head(key, f"check {key}")
         except (BotoCoreError, ClientError, ServiceError):
@@ -283,7 +296,7 @@ class S3Uploader:
         return UploadedObject(key, size, etag, found.st_mtime_ns)
 
     def _head(self, key: str, operation: str) -> tuple[int, str]:
-        """``key``'s size and ETag; a store that leaves either out cannot tell an upload complete."""
+        """Return ``key``'s size and ETag; a store omitting either cannot prove an upload."""
         head = self._client.head_object(Bucket=self._bucket, Key=key)
         size, etag = head.get("ContentLength"), head.get("ETag")
         if not isinstance(size, int) or not isinstance(etag, str):
@@ -294,7 +307,7 @@ class S3Uploader:
         return size, etag.strip('"')
 
     def _abort_incomplete_uploads(self, key: str) -> None:
-        """Abort multipart uploads of ``key`` left by a killed run; the server would keep their parts forever."""
+        """Abort ``key``'s multipart uploads a killed run left (the server keeps parts)."""
         pages = self._client.get_paginator("list_multipart_uploads").paginate(Bucket=self._bucket, Prefix=key)
         for page in pages:
             for upload in page.get("Uploads", []):
@@ -307,9 +320,12 @@ class S3Uploader:
 
 
 class Manifest:
-    """What the uploaders of one job have put in the bucket: one record file per object, written atomically, so
-    uploaders in any processes record without a lock and none loses another's; each is read when its key is checked.
-    An earlier version's single file at ``manifest_path`` is refused."""
+    """What a job's uploaders have put in the bucket: one record file per object.
+
+    Why: written atomically, so uploaders in any processes record without a lock and none loses
+    another's; each is read when its key is checked.
+    Note: an earlier version's single file at ``manifest_path`` is refused.
+    """
 
     def __init__(self, manifest_path: Path, bucket: str | None):
         if manifest_path.exists():
@@ -331,22 +347,25 @@ class Manifest:
         self._attempt_path(uploaded.key).unlink(missing_ok=True)
 
     def note_attempt(self, key: str) -> None:
-        """That ``key`` is being uploaded: a run that does not live to record it leaves the note (``attempted``)."""
+        """Note that ``key`` is being uploaded; a run dying before its record leaves it."""
         write_file_atomically(self._attempt_path(key), f"{self._bucket}/{key}\n".encode(), shared=True)
 
     def attempted(self, key: str) -> bool:
-        """Whether an upload of ``key`` was started and not recorded: the store may hold it complete."""
+        """Tell whether an upload of ``key`` began unrecorded: the store may hold it whole."""
         return self._attempt_path(key).exists()
 
     def _attempt_path(self, key: str) -> Path:
         return self._record_path(key).with_suffix(".attempt")
 
     def _record_path(self, key: str) -> Path:
-        """A digest, as a key may be longer than a file name may be and hold characters a file name may not."""
+        """Return the record file of ``key``, named by a digest.
+
+        Why: a key may be longer than a file name may be and hold characters a file name may not.
+        """
         return self._folder / f"{hashlib.sha256(key.encode()).hexdigest()}.json"
 
 
-def _record(key: str, record: dict) -> UploadedObject:
+def _record(key: str, record: dict[str, Any]) -> UploadedObject:
     recorded = UploadedObject(record["key"], record["size"], record["etag"], record["source_modified_ns"])
     if recorded.key != key:
         raise ValueError(f"it records key {recorded.key}")
@@ -354,7 +373,10 @@ def _record(key: str, record: dict) -> UploadedObject:
 
 
 def _read_manifest_file(what: str, path: Path, bucket: str | None, parse: Callable[[Any], T], then: str) -> T | None:
-    """``parse`` of the JSON in ``path``; None (logging why, then ``then``) when missing, unreadable or another's."""
+    """Parse the JSON in ``path``; None when missing, unreadable or another's.
+
+    Note: on None it logs why, then ``then``.
+    """
     try:
         document = json.loads(path.read_bytes())
         parsed = parse(document)
@@ -370,7 +392,7 @@ def _read_manifest_file(what: str, path: Path, bucket: str | None, parse: Callab
 
 
 def local_etag(path: Path, size: int, transfer: TransferConfig) -> str:
-    """The ETag S3 gives ``path`` uploaded with ``transfer``: MD5 of its bytes, or of its parts' MD5s and count."""
+    """Return S3's ETag of ``path`` sent with ``transfer``: MD5 of bytes or of parts'."""
     whole = size < transfer.multipart_threshold
     part_size = size if whole else ChunksizeAdjuster().adjust_chunksize(transfer.multipart_chunksize, size)
     digests = []
@@ -387,7 +409,7 @@ def local_etag(path: Path, size: int, transfer: TransferConfig) -> str:
 
 
 def configured_secrets(send: SendSettings) -> tuple[str, ...]:
-    """Every credential of the s3_upload settings, in each form an error text could carry it."""
+    """Return each s3_upload credential, in each form an error text could hold it."""
     values = [send.s3.access_key_id, send.s3.secret_access_key, send.auth.password]
     secrets = [value.get_secret_value() for value in values if value is not None]
     if (login := basic_login(send.auth)) is not None:
@@ -396,13 +418,16 @@ def configured_secrets(send: SendSettings) -> tuple[str, ...]:
 
 
 def basic_credentials(username: str, password: str) -> str:
-    """``user:password`` in Base64 of its UTF-8, as httpx sends Basic auth (urllib3's helper encodes Latin-1: a
-    password with € failed with a UnicodeEncodeError quoting a character of it)."""
+    """Encode ``user:password`` in Base64 of its UTF-8, as httpx sends Basic auth.
+
+    Why: urllib3's helper encodes Latin-1: a password with € failed with a UnicodeEncodeError
+    quoting a character of it.
+    """
     return base64.b64encode(f"{username}:{password}".encode()).decode("ascii")
 
 
 def service_error(operation: str, exc: BaseException, *, bucket: str | None, secrets: tuple[str, ...]) -> ServiceError:
-    """A ``ServiceError`` for a boto3/botocore failure, classified, with a message rebuilt and cleaned of secrets."""
+    """Classify a boto3 failure as a ``ServiceError``; its message holds no secret."""
     if isinstance(exc, S3UploadFailedError) and isinstance(exc.__context__, ClientError):
         exc = exc.__context__  # boto3 wraps the ClientError of a failed upload into a text
     if isinstance(exc, ClientError):
@@ -420,8 +445,11 @@ def service_error(operation: str, exc: BaseException, *, bucket: str | None, sec
 
 
 def nothing_answers(exc: BaseException) -> str:
-    """``; nothing answers at <origin>: …`` naming ``services.send.s3.endpoint`` for a connection to the store that
-    could not be made; "" otherwise. Without an endpoint configured, it is AWS's, reached by region."""
+    """Explain a connection to the store that could not be made; "" otherwise.
+
+    Note: gives ``; nothing answers at <origin>: …`` naming ``services.send.s3.endpoint``. Without
+    an endpoint configured, it is AWS's, reached by region.
+    """
     if not isinstance(exc, EndpointConnectionError | ConnectTimeoutError):
         return ""
     url = urlsplit(str(exc.kwargs.get("endpoint_url", "")))
@@ -433,7 +461,8 @@ def nothing_answers(exc: BaseException) -> str:
 
 
 def _status_of(exc: ClientError) -> int | None:
-    return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    status: int | None = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return status
 
 
 def _client_error_message(exc: ClientError, status: int | None, bucket: str | None) -> str:

@@ -1,8 +1,6 @@
-"""The job's files as one MII data transfer through the DSF (``services.send.send_as: transfer_load``).
+"""The job's files as one MII data transfer through the DSF (``transfer_load``).
 
-Per file a ``Binary`` (the file decompressed, zipped, base64 in ``data``), then one ``DocumentReference`` per job
-with one attachment per Binary, each PUT. The ids are uuid5 of the job id (and file name), so a resumed job PUTs the
-same ids and there is only ever one DocumentReference.
+See docs/development.md#service-clients.
 """
 
 from __future__ import annotations
@@ -47,7 +45,7 @@ def zip_entry_name(name: str) -> str:
 
 
 class SentBinary(TypedDict):
-    """A data file sent as ``Binary/<id>``: a DocumentReference attachment and a report row."""
+    """A data file sent as ``Binary/<id>``: its attachment and report row."""
 
     file: str
     id: str
@@ -57,8 +55,11 @@ class SentBinary(TypedDict):
 
 
 def send_binary(server: FhirServer, source: Path, resource_id: str, work_dir: Path) -> SentBinary:
-    """PUT ``Binary/<id>`` holding ``source`` zipped through a temporary file whose base64 is streamed into the
-    request, so memory stays flat whatever the file size."""
+    """PUT ``Binary/<id>`` holding ``source`` zipped.
+
+    Why: zipped through a temporary file whose base64 is streamed into the request, so memory stays
+    flat whatever the file size.
+    """
     started = time.monotonic()
     temporary = work_dir / f".{source.name}.zip.part"
     try:
@@ -89,7 +90,10 @@ def zip_data_file(source: Path, dest: Path) -> None:
 
 
 def binary_body(resource_id: str, zip_path: Path) -> tuple[Any, int]:
-    """A function streaming the Binary's JSON (the zip's base64 encoded on the fly) and its length in bytes."""
+    """Return a function streaming the Binary's JSON, and its length in bytes.
+
+    Note: the zip's base64 is encoded on the fly.
+    """
     head = orjson.dumps({"resourceType": "Binary", "id": resource_id, "contentType": ZIP_CONTENT_TYPE})
     prefix, suffix = head[:-1] + b',"data":"', b'"}'
     size = zip_path.stat().st_size
@@ -107,7 +111,10 @@ def binary_body(resource_id: str, zip_path: Path) -> tuple[Any, int]:
 def document_reference(
     resource_id: str, binaries: list[SentBinary], transfer: TransferSettings, date: str
 ) -> dict[str, Any]:
-    """The job's one DocumentReference: the fields protocols.md lists, one attachment per Binary."""
+    """Make the job's one DocumentReference: one attachment per Binary.
+
+    Note: the fields protocols.md lists.
+    """
     project = {"system": PROJECT_IDENTIFIER_SYSTEM, "value": transfer.project_identifier}
     organization = {"system": ORGANIZATION_IDENTIFIER_SYSTEM, "value": transfer.organization_identifier}
     return {
@@ -130,8 +137,10 @@ def document_reference(
 def put_document_reference(
     server: FhirServer, record: Path, job_id: str, binaries: list[SentBinary], transfer: TransferSettings
 ) -> str:
-    """PUT the job's DocumentReference, with the same id and date on every run (kept in ``record`` with whether it
-    was written); returns ``DocumentReference/<id>``."""
+    """PUT the job's DocumentReference; return ``DocumentReference/<id>``.
+
+    Why: the same id and date on every run, kept in ``record`` with whether it was written.
+    """
     resource_id = document_reference_id(job_id)
     try:
         state = orjson.loads(record.read_bytes())

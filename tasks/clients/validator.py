@@ -1,7 +1,6 @@
-"""Client of the validation service (the HL7/MII FHIR validator in server mode): ``POST {url}/validateResource``
-of ``collection`` Bundles, per spec/protocols.md ("Validation service"). ``fullUrl`` is
-``http://localhost/fhir/<Type>/<id>`` so references resolve. An HTTP error is an infrastructure failure, except
-412/422 with an OperationOutcome body (older HAPI-based servers): findings. No Prefect here.
+"""Client of the validation service (the HL7/MII FHIR validator in server mode).
+
+Note: no Prefect. See docs/development.md#service-clients.
 """
 
 from __future__ import annotations
@@ -55,12 +54,12 @@ _ENTRY_INDEX = re.compile(r"^\s*Bundle\.entry\[(\d+)\]")
 
 
 class ValidationServiceError(DupflowError):
-    """The service answered 200 with something that is not an OperationOutcome (terminal)."""
+    """The service answered 200 with something that is no OperationOutcome (terminal)."""
 
 
 @dataclass(frozen=True)
 class Chunk:
-    """One request: its number in the file (from 1), its body, and ``Type/id`` of each resource it holds."""
+    """One request: its number in the file (from 1), body, each resource's ``Type/id``."""
 
     number: int
     body: bytes = field(repr=False)
@@ -69,8 +68,11 @@ class Chunk:
 
 
 def iter_chunks(lines: Iterable[tuple[int, bytes]], chunk_bytes: int, source: Path | str) -> Iterator[Chunk]:
-    """Greedy, order-preserving chunks of ``(line number, resource line)``, each body at most ``chunk_bytes`` (one
-    chunk's entries held at a time); an entry alone over it goes alone, ``oversized``."""
+    """Cut ``(line number, resource line)`` pairs into greedy, order-preserving chunks.
+
+    Note: each body is at most ``chunk_bytes`` (one chunk's entries held at a time); an entry alone
+    over it goes alone, ``oversized``.
+    """
     source, numbers = Path(source), itertools.count(1)
     entries: list[bytes] = []
     labels: list[str] = []
@@ -95,8 +97,11 @@ def join_entries(entries: list[bytes]) -> bytes:
 
 
 def bundle_entry(resource: dict[str, Any], resource_json: bytes, line_number: int, source: Path) -> tuple[bytes, str]:
-    """The entry ``{fullUrl, resource}`` for one resource as JSON bytes, and the resource's label. A Bundle whose
-    entries lack a fullUrl is written anew with them, every number as read (``tasks.core.exact_json``)."""
+    """Return the entry ``{fullUrl, resource}`` of one resource as JSON, and its label.
+
+    Note: a Bundle whose entries lack a fullUrl is written anew with them, every number as read
+    (``tasks.core.exact_json``).
+    """
     if with_full_urls(resource):
         resource_json = with_full_urls_written(resource_json, f"{source}: line {line_number}")
     full_url = orjson.dumps(full_url_of(resource))
@@ -113,14 +118,17 @@ def with_full_urls_written(resource_json: bytes, where: str) -> bytes:
 
 
 def full_url_of(resource: Any) -> str:
-    """``http://localhost/fhir/<Type>/<id>``, or a fresh ``urn:uuid:`` for a resource without type or id."""
+    """Return ``http://localhost/fhir/<Type>/<id>``, else a fresh ``urn:uuid:``.
+
+    Note: the latter for a resource without type or id.
+    """
     if isinstance(resource, dict) and resource.get("resourceType") and resource.get("id"):
         return f"{FULL_URL_BASE}/{resource['resourceType']}/{resource['id']}"
     return f"urn:uuid:{uuid.uuid4()}"
 
 
 def with_full_urls(resource: dict[str, Any]) -> bool:
-    """Give every entry of a Bundle resource (nested ones too) that lacks a ``fullUrl`` one; True if any did."""
+    """Give each Bundle entry (nested too) lacking a ``fullUrl`` one; True if any did."""
     if resource.get("resourceType") != "Bundle":
         return False
     changed = False
@@ -134,7 +142,7 @@ def with_full_urls(resource: dict[str, Any]) -> bool:
 
 
 def resource_label(resource: dict[str, Any], line_number: int) -> str:
-    """``Type/id`` of a resource for reports and messages (never its content); the line where it has no id."""
+    """Return a resource's ``Type/id`` for reports (never its content), else its line."""
     resource_type = show_text(resource.get("resourceType", "unknown type"))
     if resource.get("id"):
         return f"{resource_type}/{show_text(resource['id'])}"
@@ -143,7 +151,7 @@ def resource_label(resource: dict[str, Any], line_number: int) -> str:
 
 @dataclass(frozen=True)
 class Finding:
-    """One error issue: the resource it is about, where in it (FHIRPath), and what the validator said."""
+    """One error issue: its resource, where in it (FHIRPath), what the validator said."""
 
     resource: str
     location: str
@@ -155,7 +163,7 @@ class Finding:
 
 @dataclass
 class ChunkFindings:
-    """What one chunk's OperationOutcome says, counted by severity and mapped to the chunk's resources."""
+    """What a chunk's OperationOutcome says: counts by severity, findings by resource."""
 
     errors: int = 0
     warnings: int = 0
@@ -165,8 +173,11 @@ class ChunkFindings:
 
 
 def read_findings(outcome: dict[str, Any], labels: tuple[str, ...], keep: int) -> ChunkFindings:
-    """Count the issues of ``outcome`` and keep the first ``keep`` errors. An error is tied to a resource through its
-    FHIRPath (``Bundle.entry[i]...``); without one it belongs to none, except in a chunk of a single resource."""
+    """Count the issues of ``outcome`` and keep the first ``keep`` errors.
+
+    Note: an error is tied to a resource through its FHIRPath (``Bundle.entry[i]...``); without one
+    it belongs to none, except in a chunk of a single resource.
+    """
     counted = ChunkFindings()
     for issue in as_objects(outcome.get("issue")):
         severity = str(issue.get("severity"))
@@ -206,14 +217,20 @@ def issue_message(issue: dict[str, Any]) -> str:
 
 
 def annotated(outcome: dict[str, Any], chunk: Chunk) -> dict[str, Any]:
-    """The outcome as a report line: extensions give the chunk number and every resource it held, in order."""
+    """Return the outcome as a report line, with the chunk number and its resources.
+
+    Note: extensions give the chunk number and every resource it held, in order.
+    """
     marks = [{"url": CHUNK_EXTENSION, "valueInteger": chunk.number}]
     marks += [{"url": RESOURCE_EXTENSION, "valueString": label} for label in chunk.labels]
     return {"resourceType": "OperationOutcome", **outcome, "extension": as_array(outcome.get("extension")) + marks}
 
 
 def as_operation_outcome(content: bytes) -> dict[str, Any] | None:
-    """The answer as an OperationOutcome, every text in it redacted (for reports, logs and artifacts), else None."""
+    """Return the answer as an OperationOutcome, every text redacted, else None.
+
+    Note: redacted for reports, logs and artifacts.
+    """
     answer = json_or_none(content, orjson.loads)
     if not isinstance(answer, dict) or answer.get("resourceType") != "OperationOutcome":
         return None

@@ -1,23 +1,27 @@
-"""Reading a parsed JSON document of someone else's (a server's answer, a data line, a CRTDL): an array where one
-belongs, or an object, else nothing. Iterating what is not a list failed with a bare TypeError (a number), or read
-a string character by character; ``.get`` on what is not an object, with an AttributeError."""
+"""A parsed JSON document of someone else's: an array or object where one belongs.
+
+Why: iterating what is not a list failed with a bare TypeError (a number), or read a string
+character by character; ``.get`` on what is not an object, with an AttributeError.
+"""
 
 from __future__ import annotations
 
 from typing import Any, TypeAlias
 
 JSON: TypeAlias = dict[str, "JSON"] | list["JSON"] | str | int | float | bool | None
-"""A parsed JSON document (``json.loads``, orjson, msgspec): what the engine and the clients read and write."""
+"""A parsed JSON document (``json.loads``, orjson, msgspec): what the engine and clients use."""
+
+# The items are Any, not JSON, until the callers (tasks/sof, tasks/clients) narrow what they read.
 
 
-def as_array(value: Any) -> list:
+def as_array(value: JSON) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def as_object(value: Any) -> dict:
+def as_object(value: JSON) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def as_objects(value: Any) -> list[dict]:
+def as_objects(value: JSON) -> list[dict[str, Any]]:
     """The objects of an array, anything else in it skipped."""
     return [item for item in as_array(value) if isinstance(item, dict)]

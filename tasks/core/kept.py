@@ -1,4 +1,4 @@
-"""What a step read once, kept in its process by digest for its file tasks (``KeptByDigest``)."""
+"""What a step read once, kept in its process by digest for its file tasks."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ T = TypeVar("T")
 
 
 class KeptByDigest(Generic[T]):
-    """The latest ``size`` values given to ``keep``, by digest: a step reads a file once (the anonymization config,
-    the flattening's plan) and names it to its file tasks by digest, never as a task parameter; a process that has
-    not seen it (a Dask worker) finds nothing and reads it again."""
+    """The latest ``size`` values given to ``keep``, by digest.
+
+    Why: a step reads a file once (the anonymization config, the flattening's plan) and names it
+    to its file tasks by digest, never as a task parameter; a process that has not seen it (a Dask
+    worker) finds nothing and reads it again.
+    """
 
     def __init__(self, size: int) -> None:
         self._size = size

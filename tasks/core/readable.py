@@ -1,26 +1,29 @@
-"""Values as a person reads them (sizes, durations, nested facts as ``key: value`` lines, free text made safe to
-show), the same in ``status`` and the job-record artifact. Import-light: ``status`` uses it.
+"""Values as a person reads them, the same in ``status`` and the job record.
+
+Sizes, durations, nested facts as ``key: value`` lines, free text made safe to show.
+Import-light: ``status`` uses it.
 """
 
 from __future__ import annotations
 
 import unicodedata
 from collections.abc import Mapping
-from typing import Any
 
 from tasks.core.names import INVISIBLE_CATEGORIES
 
 KIB = 1024
 MAX_NOTE_BYTES = 4 * KIB
 CAUSE_CHARS = 4 * KIB
-"""A job's state message (a failure's whole cause) is shown whole up to this, in ``status`` and the job record."""
+"""A job's state message (a failure's cause) is shown whole up to this (status, job record)."""
 SHOW_WHOLE = {"show_whole": True}
-"""A log call's ``extra`` that keeps its multi-line message whole on the terminal (others show their first line)."""
+"""A log call's ``extra`` keeping its lines whole on the terminal (else the first line shows)."""
 
 
 def truncate(text: str, limit: int) -> str:
-    """``text`` whole within ``limit`` characters, else cut at its last space within them (or mid-word if it has
-    none) and ended with "…"."""
+    """``text`` whole within ``limit`` characters, else cut and ended with "…".
+
+    Note: cut at its last space within them, or mid-word if it has none.
+    """
     if len(text) <= limit:
         return text
     cut = text[: limit - 1]
@@ -39,7 +42,7 @@ def size_text(size: float) -> str:
 
 
 def counted(number: int, noun: str) -> str:
-    """``1 file``, ``0 files``, ``2 files``: ``noun`` in the singular, with an s for any other number."""
+    """``1 file``, ``0 files``, ``2 files``: ``noun`` given in the singular."""
     return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
 
 
@@ -54,13 +57,19 @@ def duration_text(seconds: float) -> str:
     return f"{hours} h {minutes} min"
 
 
-def readable_lines(value: Any, depth: int = 0) -> list[tuple[int, str | None, str | None]]:
-    """``value`` as lines (depth, label, text): a scalar item ``(depth, key or None, text)``, a nested mapping or
-    list ``(depth, key, None)`` followed by its own lines one level deeper. Never a Python repr of a dict or list."""
+Line = tuple[int, str | None, str | None]
+
+
+def readable_lines(value: object, depth: int = 0) -> list[Line]:
+    """``value`` as lines (depth, label, text), never a Python repr of a dict or list.
+
+    Note: a scalar item is ``(depth, key or None, text)``; a nested mapping or list is
+    ``(depth, key, None)`` followed by its own lines one level deeper.
+    """
     if not isinstance(value, Mapping | list | tuple):
         return [(depth, None, scalar_text(value))]
     items = value.items() if isinstance(value, Mapping) else ((None, item) for item in value)
-    lines: list[tuple[int, str | None, str | None]] = []
+    lines: list[Line] = []
     for key, item in items:
         label = None if key is None else plain_text(str(key))
         if isinstance(item, Mapping | list | tuple) and item:
@@ -72,8 +81,8 @@ def readable_lines(value: Any, depth: int = 0) -> list[tuple[int, str | None, st
     return lines
 
 
-def scalar_text(value: Any) -> str:
-    """A single value as text: ``-`` for nothing (None, an empty mapping or list), ``yes``/``no`` for booleans."""
+def scalar_text(value: object) -> str:
+    """A single value as text: ``-`` for None or empty, ``yes``/``no`` for booleans."""
     if value is None or (isinstance(value, Mapping | list | tuple) and not value):
         return "-"
     if isinstance(value, bool):
@@ -81,8 +90,11 @@ def scalar_text(value: Any) -> str:
     return plain_text(str(value))
 
 
-def plain_lines(value: Any, indent: str) -> list[str]:
-    """``readable_lines`` as indented plain text: ``key: text``, ``key:`` over its nested lines, ``- text``."""
+def plain_lines(value: object, indent: str) -> list[str]:
+    """``readable_lines`` as indented text.
+
+    Note: ``key: text``, ``key:`` over its nested lines, ``- text``.
+    """
     lines = []
     for depth, label, text in readable_lines(value):
         prefix = indent + "  " * depth
@@ -94,13 +106,17 @@ def plain_lines(value: Any, indent: str) -> list[str]:
 
 
 def plain_text(text: str) -> str:
-    """Free text from outside as it is kept and shown: each control or format character (newline, ESC, bidi
-    overrides, zero-width) a space, at most MAX_NOTE_BYTES of UTF-8 with the cut said. A terminal or a page then
-    shows the text as written, and nothing else: no forged line, no colours."""
+    """Free text from outside as kept and shown: one line, at most MAX_NOTE_BYTES.
+
+    Note: each control or format character (newline, ESC, bidi overrides, zero-width) a space,
+    a cut said. A terminal or a page then shows the text as written, and nothing else: no forged
+    line, no colours.
+    """
     shown = " ".join(plain_multiline(text).split())
     if (size := len(shown.encode())) <= MAX_NOTE_BYTES:
         return shown
-    cut = f" … (cut at {MAX_NOTE_BYTES // KIB} KB of {size_text(size)})"  # within the bound: a kept note stays as is
+    # within the bound: a kept note stays as is
+    cut = f" … (cut at {MAX_NOTE_BYTES // KIB} KB of {size_text(size)})"
     return shown.encode()[: MAX_NOTE_BYTES - len(cut.encode())].decode(errors="ignore") + cut
 
 

@@ -1,9 +1,8 @@
-"""Redaction: the secret registry and ``redact``, the bottom of the house (imports nothing of dupflow's).
+"""The secret registry and ``redact``; imports nothing of dupflow's.
 
-Every text that leaves dupflow (error, log line, job file, artifact) passes ``redact``, since a service may quote the
-request back in an error: registered secrets in every form they may come back in, ``Authorization`` values,
-``Basic``/``Bearer`` tokens, user info in URLs and the values of URL parameters whose names say
-secret.
+Every text that leaves dupflow (error, log line, job file, artifact) passes ``redact``, as a
+service may quote the request back: registered secrets in each form they may come back in,
+``Authorization`` values, ``Basic``/``Bearer`` tokens, URLs' user info and secret parameters.
 """
 
 from __future__ import annotations
@@ -19,9 +18,11 @@ from urllib.parse import quote, quote_plus, unquote_plus
 
 REDACTED = "***"
 MIN_SECRET_CHARS = 4
-"""Shorter values are not registered: replacing every "ab" would garble every message and hide nothing."""
+"""Shorter values are not registered: replacing every "ab" would garble text, hiding nothing."""
 
-_AUTHORIZATION_VALUE = re.compile(r"(?i)(\b(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)[^\"'\r\n,;}]+")
+_AUTHORIZATION_VALUE = re.compile(
+    r"(?i)(\b(?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)[^\"'\r\n,;}]+"
+)
 _SCHEME_TOKEN = re.compile(r"(?i)\b(basic|bearer)(\s+)([A-Za-z0-9._~+/-]{8,}=*)")
 _URL_USERINFO = re.compile(r"(://)[^/?#@\s:]*(?::[^/@\s]*)?@")  # user:password@, or user@
 _LOWER_ESCAPES = re.compile(r"%[0-9A-F]{2}")
@@ -32,7 +33,7 @@ _secrets_lock = threading.Lock()
 
 
 def register_secret(value: str) -> None:
-    """Redact ``value`` from every text ``redact`` sees, in each form it can come back in (``secret_forms``)."""
+    """Redact ``value`` from each text ``redact`` sees, in all its ``secret_forms``."""
     global _secrets_pattern
     if len(value) < MIN_SECRET_CHARS:
         return
@@ -41,14 +42,18 @@ def register_secret(value: str) -> None:
         if forms <= _secrets:
             return
         _secrets.update(forms)
-        ordered = sorted(_secrets, key=len, reverse=True)  # a secret inside a longer one must not split it
+        # longest first: a secret inside a longer one must not split it
+        ordered = sorted(_secrets, key=len, reverse=True)
         _secrets_pattern = re.compile("|".join(re.escape(secret) for secret in ordered))
 
 
 def secret_forms(value: str) -> set[str]:
-    """Every form in which a service may quote ``value`` back: as it is or its UTF-8 read as Latin-1 or Windows-1252
-    (``Ã¤`` for ``ä``), each URL-encoded (either escape case) and JSON-escaped; and its Base64 (standard and
-    URL-safe, unpadded: it matches with or without padding)."""
+    """Every form in which a service may quote ``value`` back.
+
+    Note: as it is, or its UTF-8 read as Latin-1 or Windows-1252 (``Ã¤`` for ``ä``), each
+    URL-encoded (either escape case) and JSON-escaped; and its Base64 (standard and URL-safe,
+    unpadded: it matches with or without padding).
+    """
     data = value.encode()
     texts = {value, data.decode("latin-1")}
     with contextlib.suppress(UnicodeDecodeError):  # a byte that Windows-1252 leaves undefined
@@ -56,7 +61,12 @@ def secret_forms(value: str) -> set[str]:
     forms = {b64encode(data).decode().rstrip("="), urlsafe_b64encode(data).decode().rstrip("=")}
     for text in texts:
         encoded = quote(text, safe="")
-        forms |= {text, quote_plus(text), encoded, _LOWER_ESCAPES.sub(lambda m: m.group(0).lower(), encoded)}
+        forms |= {
+            text,
+            quote_plus(text),
+            encoded,
+            _LOWER_ESCAPES.sub(lambda m: m.group(0).lower(), encoded),
+        }
         forms |= {json.dumps(text)[1:-1], json.dumps(text, ensure_ascii=False)[1:-1]}
     return forms
 
@@ -82,7 +92,7 @@ _NAME_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
 
 def is_secret_query_name(name: str) -> bool:
-    """Whether a URL parameter of this name (as written or percent-encoded) carries a secret.
+    """Whether a URL parameter of this name (as written or encoded) carries a secret.
 
     Note:
     - The one rule of the refusal of such a URL (``url_credentials``) and of the redaction.
@@ -114,7 +124,7 @@ name and value, which ends where a URL quoted in a text ends (a space or a quote
 
 
 def hide_secret_parameters(text: str, mark: str = REDACTED) -> str:
-    """``text`` with ``mark`` for the value of each URL parameter whose name says secret."""
+    """``text`` with ``mark`` for the value of each URL parameter whose name says so."""
 
     def hidden(found: re.Match[str]) -> str:
         name, value = found.groups()
@@ -124,32 +134,38 @@ def hide_secret_parameters(text: str, mark: str = REDACTED) -> str:
 
 
 def register_basic_credentials(username: str, password: str) -> None:
-    """Register the password and the Basic header token of the pair (an echoed header shows only the token)."""
+    """Register the password and the pair's Basic token (an echoed header shows it)."""
     register_secret(password)
     register_secret(b64encode(f"{username}:{password}".encode()).decode())
 
 
 def _looks_like_token(word: str) -> bool:
-    """A credential rather than prose ("Basic Auth", "Bearer authentication"): digits, symbols or mixed case."""
+    """A credential rather than prose ("Basic Auth"): digits, symbols or mixed case."""
     return any(c.isdigit() or c in "+/=._~-" for c in word) or (any(c.isupper() for c in word[1:]))
 
 
 def redact(text: str) -> str:
-    """``text`` without any registered secret, Authorization value, Basic/Bearer token, URL user
-    info or value of a URL parameter whose name says secret."""
+    """``text`` without any secret this module knows of.
+
+    Note: a registered secret, an Authorization value, a Basic/Bearer token, a URL's user info,
+    the value of a URL parameter whose name says secret.
+    """
     if not text:
         return text
     if (pattern := _secrets_pattern) is not None:
         text = pattern.sub(REDACTED, text)
     text = _AUTHORIZATION_VALUE.sub(lambda m: m.group(1) + REDACTED, text)
     text = _SCHEME_TOKEN.sub(
-        lambda m: m.group(1) + m.group(2) + (REDACTED if _looks_like_token(m.group(3)) else m.group(3)), text
+        lambda m: (
+            m.group(1) + m.group(2) + (REDACTED if _looks_like_token(m.group(3)) else m.group(3))
+        ),
+        text,
     )
     return hide_secret_parameters(_URL_USERINFO.sub(rf"\g<1>{REDACTED}@", text))
 
 
-def redact_strings(value: Any) -> Any:
-    """A parsed JSON answer with ``redact`` applied to every string in it (the structure stays valid JSON)."""
+def redact_strings(value: Any) -> Any:  # JSON; Any: its callers index the answer freely
+    """A parsed JSON document with ``redact`` applied to every string in it."""
     if isinstance(value, str):
         return redact(value)
     if isinstance(value, dict):
@@ -160,8 +176,10 @@ def redact_strings(value: Any) -> Any:
 
 
 class RedactingFilter(logging.Filter):
-    """Passes every record through ``redact``, its traceback too (the formatted text is kept on the record, where
-    every handler's formatter takes it from)."""
+    """Passes every record through ``redact``, its traceback too.
+
+    Note: the formatted traceback is kept on the record, where each handler's formatter takes it.
+    """
 
     _formatter = logging.Formatter()
 
@@ -179,18 +197,24 @@ class RedactingFilter(logging.Filter):
 
 
 PREFECT_API_LOGGERS = ("prefect.task_runs", "prefect.flow_runs", "prefect.extra", "prefect.workers")
-"""The loggers whose handlers (Prefect's ``api`` and ``worker_api``) send records to Prefect's API."""
+"""The loggers whose handlers (Prefect's ``api``, ``worker_api``) send records to its API."""
 _redacting = RedactingFilter()
 
 
 def redact_records_sent_to_prefect() -> None:
-    """Redact the records this process sends to Prefect's API (idempotent), Prefect's own too (a failed task's
-    traceback, whose chained causes no handler rewrites), in every process that runs a flow or task. Here, since
-    ``flows.run_logging`` must not import Prefect before the command line has configured it."""
+    """Redact the records this process sends to Prefect's API, Prefect's own too.
+
+    Note:
+    - Idempotent.
+    - For every process that runs a flow or task: a failed task's traceback has chained causes
+      that no handler rewrites.
+    - Here, as ``flows.run_logging`` must not import Prefect before the command line has
+      configured it.
+    """
     for handler in (h for name in PREFECT_API_LOGGERS for h in logging.getLogger(name).handlers):
         if _redacting not in handler.filters:
             handler.addFilter(_redacting)
 
 
 for _logger_name in ("dupflow.clients", "httpx"):
-    logging.getLogger(_logger_name).addFilter(RedactingFilter())
+    logging.getLogger(_logger_name).addFilter(_redacting)

@@ -1,12 +1,8 @@
-"""The one rule for every URL that enters dupflow: no user name or password in it (``user:password@host``), and for
-a URL the job stores (its input, ``continue --attach``, an extraction's status URL) no secret in
-its query or fragment either (``?access_token=…``, ``#bearer=…``; the names of
-``tasks.core.redaction.is_secret_query_name``): the job's record and its flow run's parameters
-keep that URL whole, to follow it on ``continue``.
+"""The one rule for every URL that enters dupflow: no user name or password in it.
 
-A URL is stored with the job and shown in logs, so credentials in it would leak; and httpx sends a followed URL's
-user info as Basic auth to its host, so one from a server (a Location header, a manifest) would send a password
-where nobody approved. Standard library only: the configuration and the command line use it.
+Nor, in a URL the job keeps whole (its input, a status URL), a secret parameter (``?token=…``).
+Why: such URLs are stored with the job and shown in logs, and httpx sends a followed URL's
+user info to its host as Basic auth. Standard library only (docs/development.md, Secrets).
 """
 
 from __future__ import annotations
@@ -19,8 +15,8 @@ from tasks.core.names import show_text
 from tasks.core.redaction import URL_PARAMETER, hide_secret_parameters, is_secret_query_name
 
 SERVER_URL_FIX = (
-    "the server sent it; fix the server's configuration (its public base URL) so that its URLs carry no "
-    "credentials, and put the credentials in services.extractor.auth"
+    "the server sent it; fix the server's configuration (its public base URL) so that its URLs "
+    "carry no credentials, and put the credentials in services.extractor.auth"
 )
 
 
@@ -28,15 +24,18 @@ class CredentialsInUrlError(DupflowError):
     """A URL with a user name or password; the message never contains them."""
 
 
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)(:/*)")  # a scheme and its slashes, however many were typed
+# a scheme and its slashes, however many were typed
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)(:/*)")
 
-# Kept as they are in a path: percent escapes stay escaped, so a decoded %0A never breaks a message's line.
+# Kept as they are in a path: escapes stay escaped, so a decoded %0A never breaks a line.
 _PATH_SAFE = "/%:@!$&'()*+,=-._~"
 
 
 def shown_url(url: str) -> str:
-    """The one way a URL is shown: scheme://host[:port]/path, without user info, path parameters (``;jsessionid=…``),
-    query or fragment, which may carry secrets; the path percent-encoded as sent."""
+    """The one way a URL is shown: scheme://host[:port]/path, the path encoded as sent.
+
+    Why: its user info, path parameters (``;jsessionid=…``), query or fragment may carry secrets.
+    """
     parts = split_url(url)
     host = parts.netloc.rpartition("@")[2]
     path = quote(parts.path.split(";", 1)[0], safe=_PATH_SAFE)
@@ -49,31 +48,50 @@ def has_user_info(url: str) -> bool:
 
 
 def _without_user_info(text: str) -> str:
-    """``text`` without what may be user info: up to the last ``@`` of the network location (which ends at the
-    first ``/``, ``?`` or ``#``, as in ``urlsplit``). A password with one of those three in it ends the location
-    early (``http://u:a/b@h``), so a later ``@`` counts too when ``?`` or ``#`` follows the location or its port is
-    no number; an ``@`` in a path after a host (``https://h/exports/@latest/``) does not. The location starts after
-    ``//`` with or without a scheme, and after any number of slashes (``http:/user:password@host``)."""
+    """``text`` without what may be user info: up to the network location's last ``@``.
+
+    Note:
+    - The location ends at the first ``/``, ``?`` or ``#``, as in ``urlsplit``; it starts after
+      ``//`` with or without a scheme, and after any number of slashes (``http:/u:p@host``).
+    - A password with one of those three in it ends the location early (``http://u:a/b@h``),
+      so a later ``@`` counts too when ``?`` or ``#`` follows the location or its port is no
+      number; an ``@`` in a path after a host (``https://h/exports/@latest/``) does not.
+    """
     if (typed := _SCHEME.match(text)) is not None:
         scheme, separator, rest = typed.group(1), typed.group(2), text[typed.end() :]
     else:
         scheme, separator, rest = ("", "//", text[2:]) if text.startswith("//") else ("", "", text)
-    end = min((at for at in map(rest.find, "/?#") if at >= 0), default=len(rest))
+    end = _location_end(rest)
     at = rest.rfind("@", 0, end)
-    if at < 0 and "@" in rest[end:] and (rest[end : end + 1] in ("?", "#") or not _port_is_a_number(rest[:end])):
+    if (
+        at < 0
+        and "@" in rest[end:]
+        and (rest[end : end + 1] in ("?", "#") or not _port_is_a_number(rest[:end]))
+    ):
         at = rest.rfind("@")
     return text if at < 0 else f"{scheme}{separator}{rest[at + 1 :]}"
 
 
+def _location_end(rest: str) -> int:
+    """Where the network location at the start of ``rest`` ends, as in ``urlsplit``."""
+    return min((at for at in map(rest.find, "/?#") if at >= 0), default=len(rest))
+
+
 def _port_is_a_number(location: str) -> bool:
-    """Whether a network location (``host[:port]``, no user info) has no port or a numeric one."""
-    port = location.rpartition("]")[2].partition(":")[2] if location.startswith("[") else location.partition(":")[2]
+    """Whether a network location (``host[:port]``) has no port or a numeric one."""
+    port = (
+        location.rpartition("]")[2].partition(":")[2]
+        if location.startswith("[")
+        else location.partition(":")[2]
+    )
     return port == "" or port.isascii() and port.isdigit()
 
 
 def split_url(url: str) -> SplitResult:
-    """``urlsplit``, which never raises: a network location it cannot read (a ``[`` in a password gives an error
-    quoting the secret) is split by hand."""
+    """``urlsplit``, which never raises: a location it cannot read is split by hand.
+
+    Why: a ``[`` in a password gave an error quoting the secret.
+    """
     text = _without_user_info(url.strip())
     try:
         return urlsplit(text)
@@ -81,7 +99,7 @@ def split_url(url: str) -> SplitResult:
         scheme, separator, rest = text.partition("://")
         if not separator:
             scheme, rest = "", text.removeprefix("//")
-        end = min((at for at in map(rest.find, "/?#") if at >= 0), default=len(rest))  # as urlsplit ends it
+        end = _location_end(rest)
         netloc, rest = rest[:end], rest[end:]
         rest, _, fragment = rest.partition("#")
         path, _, query = rest.partition("?")
@@ -92,22 +110,33 @@ HIDDEN_TOKEN = "********"
 
 
 def query_tokens(url: str) -> list[str]:
-    """The values of the secret parameters in ``url``'s query, as written and decoded: secrets to redact (a configured
-    service URL may carry ``?access_token=${TOKEN}``)."""
+    """The values of the secret parameters in ``url``'s query, as written and decoded.
+
+    Note: secrets to redact (a service URL may carry ``?access_token=${TOKEN}``).
+    """
     query = split_url(url).query
     parameters = URL_PARAMETER.findall("?" + query)
     written = [value for name, value in parameters if is_secret_query_name(name)]
-    return [value for value in written + [v for k, v in parse_qsl(query) if is_secret_query_name(k)] if value]
+    return [
+        value
+        for value in written + [v for k, v in parse_qsl(query) if is_secret_query_name(k)]
+        if value
+    ]
 
 
 def hide_query_tokens(url: str) -> str:
-    """``url`` with each secret parameter's value replaced by ``HIDDEN_TOKEN`` (how ``config check`` shows a URL)."""
+    """``url`` with ``HIDDEN_TOKEN`` for each secret parameter's value (config check)."""
     return hide_secret_parameters(url, HIDDEN_TOKEN)
 
 
-def refuse_credentials_in_url(url: str | None, *, door: str, fix: str, tokens: bool = False) -> None:
-    """Raise ``CredentialsInUrlError`` when ``url`` carries user info, or with ``tokens`` (a URL the job stores) a
-    secret in its query. ``door`` names where the URL came from (empty where the message names the key already)."""
+def refuse_credentials_in_url(
+    url: str | None, *, door: str, fix: str, tokens: bool = False
+) -> None:
+    """Raise ``CredentialsInUrlError`` when ``url`` carries user info.
+
+    Note: with ``tokens`` (a URL the job stores), a secret in its query too. ``door`` names
+    where the URL came from (empty where the message names the key already).
+    """
     if url is None:
         return
     parts = split_url(url)
@@ -124,6 +153,6 @@ def refuse_credentials_in_url(url: str | None, *, door: str, fix: str, tokens: b
 
 
 def _secret_names(text: str) -> list[str]:
-    """The decoded names of the URL parameters in ``text`` that have a value and say secret."""
+    """The decoded names of ``text``'s URL parameters that have a value and say secret."""
     found = URL_PARAMETER.findall(text)
     return sorted({unquote_plus(k) for k, value in found if value and is_secret_query_name(k)})

@@ -1,10 +1,7 @@
-"""The step contract: a ``@step_task`` takes a small, secret-free ``StepInput`` (settings via ``settings_of``) and
-returns a ``StepResult``; ``@file_task`` sub-tasks are called through ``commit_each``. Every cache key is the result's
-path in the job directory (``job_cache_key``), so a re-run gets finished work back.
+"""The step contract: its input, result, kinds and the task decorators.
 
-``StepKind``: where the next step's input comes from: ``import`` writes ``import/``, ``transform`` its own folder;
-after ``pass-through`` (validation) and ``sink`` (send), what they read; after a ``gate`` (wait),
-``<input folder>_wait/`` when it holds data, else the gate's input."""
+See docs/development.md#the-step-contract.
+"""
 
 from __future__ import annotations
 
@@ -50,8 +47,11 @@ class StepKind(StrEnum):
 
 
 class DataFile(FileEntry):
-    """One data file of a step's folder (``FileEntry``). ``modified_ns``: its time of change as written (a wait step's
-    corrected file: as read), so that a file written anew to the same size is a new input."""
+    """One data file of a step's folder, as its writer recorded it.
+
+    Note: ``modified_ns`` is its time of change as written (a wait step's corrected file: as read),
+    so a file written anew to the same size is a new input.
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -59,9 +59,12 @@ class DataFile(FileEntry):
 
     @classmethod
     def written(cls, name: str, stats: FileStats) -> DataFile:
-        """The data file ``name`` as its writer counted it, built without validation and with an empty
-        ``model_fields_set``: that set of six names is 728 of a DataFile's 1,230 bytes, and the flow holds one DataFile
-        per file for the whole job (nothing reads it; ``model_dump`` writes every field)."""
+        """Build the data file ``name`` as its writer counted it, without validation.
+
+        Why: an empty ``model_fields_set`` saves 728 of a DataFile's 1,230 bytes (that set of six
+        names), and the flow holds one DataFile per file for the whole job; nothing reads the set
+        and ``model_dump`` writes every field.
+        """
         counts = {"resources": stats.resources, "bundles": stats.bundles, "bundled": stats.bundled}
         return cls.model_construct(set(), name=name, size=stats.size, modified_ns=stats.modified_ns, **counts)
 
@@ -70,7 +73,7 @@ class DataFile(FileEntry):
         return self.name.startswith("core.")
 
     def on_disk_in(self, folder: Path) -> bool:
-        """Whether ``folder`` holds this file as it was recorded (its size; its time of change when kept)."""
+        """Whether ``folder`` holds this file as recorded (size; time of change when kept)."""
         try:
             found = (folder / self.name).stat()
         except OSError:
@@ -79,7 +82,10 @@ class DataFile(FileEntry):
 
 
 class StepInput(BaseModel):
-    """What a step task receives. ``folder`` is relative to the job directory (None for import steps)."""
+    """What a step task receives.
+
+    Note: ``folder`` is relative to the job directory (None for import steps).
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -101,7 +107,10 @@ class StepInput(BaseModel):
 
     @property
     def number(self) -> int:
-        """The 1-based number people read (run names, logs, ``status``); keys keep the 0-based ``position``."""
+        """The 1-based number people read (run names, logs, ``status``).
+
+        Note: keys keep the 0-based ``position``.
+        """
         return self.position + 1
 
     @property
@@ -122,11 +131,14 @@ class StepInput(BaseModel):
         return self.input_dir / name
 
     def input_files(self) -> list[DataFile]:
-        """The input files as recorded, ``core`` first (referential integrity), then by name."""
+        """The recorded input files, ``core`` first (referential integrity), then by name."""
         return sorted(self.files, key=lambda f: (not f.core, f.name))
 
     def input_paths(self) -> Iterator[Path]:
-        """The paths of ``input_files``, made as they are read: a list of 3,000 held 2.5 MB for the whole step."""
+        """The paths of ``input_files``, made as they are read.
+
+        Why: a list of 3,000 held 2.5 MB for the whole step.
+        """
         return (self.input_path(f.name) for f in self.input_files())
 
     @property
@@ -139,22 +151,31 @@ class StepInput(BaseModel):
         return StepResult(step=self.step, position=self.position, folder=relative, files=files, summary=summary)
 
     def cache_identity(self) -> dict[str, Any]:
-        """What a step's (and its files') results depend on: its input, not the facts the job learns as it runs
-        (a step that recorded an extraction handle must still find its finished files on ``continue``), nor where
-        its settings come from (``continue --set`` that fixes a cause must not redo the finished files)."""
+        """What a step's (and its files') results depend on: its input.
+
+        Note: not the facts the job learns as it runs (a step that recorded an extraction handle
+        must still find its finished files on ``continue``), nor where its settings come from
+        (``continue --set`` that fixes a cause must not redo the finished files).
+        """
         return self.model_dump(mode="json", exclude={"job_dir", "facts", "config_path", "overrides"})
 
     def for_file_tasks(self) -> StepInput:
-        """The step as its file tasks get it, its files as a digest (still in the cache key): the whole list in every
-        file task's parameters made bookkeeping grow with the square of the files (0.5 s a task run at 5,000 files)."""
+        """The step as its file tasks get it, its files as a digest (still in the key).
+
+        Why: the whole list in every file task's parameters made bookkeeping grow with the square of
+        the files (0.5 s a task run at 5,000 files).
+        """
         if self.files_digest is not None:
             return self
         return self.model_copy(update={"files": [], "files_digest": digest(self.cache_identity()["files"])})
 
 
 class StepResult(StepRecord):
-    """What a step task returns. ``seconds``: the wall time of the run that made it (None in results cached before
-    it existed); ``cached``: set by the flow for a cache hit."""
+    """What a step task returns.
+
+    Note: ``seconds`` is the wall time of the run that made it (None in results cached before it
+    existed); ``cached`` is set by the flow for a cache hit.
+    """
 
     files: list[DataFile] = Field(default_factory=list)
 
@@ -168,16 +189,22 @@ _batch_settings: ContextVar[tuple[StepInput, Settings] | None] = ContextVar("bat
 
 
 def settings_of(step: StepInput) -> Settings:
-    """The job's settings, loaded where the step runs from the configuration it names, cached per secret-free
-    identity, so secrets never travel as task parameters; within a batch of files, the batch's (loaded once)."""
+    """Load the job's settings where the step runs, from the configuration it names.
+
+    Why: cached per secret-free identity, so secrets never travel as task parameters.
+    Note: within a batch of files, the batch's settings (loaded once).
+    """
     if (held := _batch_settings.get()) is not None and held[0] is step:
         return held[1]
     return cached_settings(step.config_path, step.overrides)
 
 
 def digest(value: Any) -> str:
-    """``json.dumps(value, sort_keys=True)``'s digest, hashed piece by piece as the encoder makes them: made whole,
-    the text of a step's 3,000 files was 2.3 MB of pieces at the flow's peak (the same digest, so the same keys)."""
+    """Digest ``json.dumps(value, sort_keys=True)``, hashed piece by piece as encoded.
+
+    Why: made whole, the text of a step's 3,000 files was 2.3 MB of pieces at the flow's peak (the
+    same digest, so the same keys).
+    """
     hashed = hashlib.sha256()
     for piece in json.JSONEncoder(sort_keys=True, default=str).iterencode(value):
         hashed.update(piece.encode())
@@ -195,8 +222,11 @@ def job_cache_key(context: TaskRunContext, parameters: dict[str, Any]) -> str:
 def persisted_task(
     name: str, run_name: str, key: Callable[..., str] = job_cache_key, **options: Any
 ) -> Callable[[Callable[..., Any]], Any]:
-    """A Prefect task whose result is kept as JSON at the absolute path its cache ``key`` names (the root "/" lets the
-    key choose; ``stored_in_job`` narrows it), and whose exceptions leave redacted."""
+    """Declare a task whose result is kept as JSON at the path its ``key`` names.
+
+    Note: the storage root "/" lets the key choose (``stored_in_job`` narrows it); its exceptions
+    leave redacted.
+    """
     persisted = task(
         name=name,
         task_run_name=run_name,
@@ -210,7 +240,7 @@ def persisted_task(
 
 
 def persisting(function: Callable[P, R]) -> Callable[P, R]:
-    """``function`` whose result record is written before its task ends (``persist_in_task``)."""
+    """Wrap ``function`` so its result record is written before its task ends."""
 
     @functools.wraps(function)
     def call(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -222,7 +252,7 @@ def persisting(function: Callable[P, R]) -> Callable[P, R]:
 
 
 def in_results(call: Task[P, R], folder: Path) -> Task[P, R]:
-    """``call`` reading and writing its records through ``JobResultStorage`` in ``folder``.
+    """Make ``call`` keep its records through ``JobResultStorage`` in ``folder``.
 
     Note: set on the task, as Prefect's decorator refuses a storage block that is not saved on the
     server (a job's records belong to its folder, which must outlive any server's database); so
@@ -233,8 +263,11 @@ def in_results(call: Task[P, R], folder: Path) -> Task[P, R]:
 
 
 def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
-    """A step's Prefect task: cached in the job directory, timed (``seconds``), its file work shown as one progress
-    artifact, its folder's temporary files removed before and after (also on failure or interruption)."""
+    """Declare a step's task, cached in the job directory and timed (``seconds``).
+
+    Note: its file work is shown as one progress artifact; its folder's temporary files are removed
+    before and after (also on failure or interruption).
+    """
 
     def declare(function: Callable[..., StepResult]) -> Any:
         @functools.wraps(function)
@@ -257,13 +290,19 @@ def step_task(name: str) -> Callable[[Callable[..., StepResult]], Any]:
 
 
 def file_task(name: str, run_name: str) -> Callable[[Callable[..., R]], Any]:
-    """A per-file (or per-batch) sub-task; ``run_name`` a template over its parameters (``"pseudonymize[{name}]"``)."""
+    """Declare a per-file (or per-batch) sub-task.
+
+    Note: ``run_name`` is a template over its parameters (``"pseudonymize[{name}]"``).
+    """
     return lambda function: persisted_task(name, run_name)(stopped_when_flow_run_ends(function))
 
 
 def batch_task(name: str, verb: str, each: Callable[..., R]) -> Any:
-    """The Prefect task over a batch of a step's files (``map_batches``): ``each(step, *args)`` for every file's
-    ``args``, their results in order, cached as one result; its run is named ``verb[label]``."""
+    """Declare the Prefect task over a batch of a step's files (``map_batches``).
+
+    Note: it calls ``each(step, *args)`` for every file's ``args`` and caches their results, in
+    order, as one result; its run is named ``verb[label]``.
+    """
 
     def files_of_batch(step: StepInput, label: str, files: list[tuple[Any, ...]]) -> list[R]:
         return each_file(each, step, files)
@@ -275,8 +314,10 @@ def batch_task(name: str, verb: str, each: Callable[..., R]) -> Any:
 
 
 def each_file(each: Callable[..., R], step: StepInput, files: list[tuple[Any, ...]]) -> list[R]:
-    """``each(step, *args)`` for every file's ``args``, the settings loaded once (a module function, so that a batch
-    task pickled for a Dask worker refers to it by name)."""
+    """Call ``each(step, *args)`` for every file's ``args``, the settings loaded once.
+
+    Why: a module function, so that a batch task pickled for a Dask worker refers to it by name.
+    """
     held = _batch_settings.set((step, settings_of(step)))
     try:
         return [each(step, *args) for args in files]
@@ -285,8 +326,11 @@ def each_file(each: Callable[..., R], step: StepInput, files: list[tuple[Any, ..
 
 
 def redacting_failures(function: Callable[..., R]) -> Callable[..., R]:
-    """``function`` whose exceptions leave with their text redacted: Prefect puts it into the failed state's message
-    and the failure's result record; what it logs of them is redacted (``redact_records_sent_to_prefect``)."""
+    """Wrap ``function`` so its exceptions leave with their text redacted.
+
+    Why: Prefect puts the text into the failed state's message and the failure's result record; what
+    it logs of them is redacted (``redact_records_sent_to_prefect``).
+    """
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> R:
@@ -301,7 +345,7 @@ def redacting_failures(function: Callable[..., R]) -> Callable[..., R]:
 
 
 def redact_exception(exc: BaseException) -> None:
-    """``exc``'s text redacted in place, before Prefect makes a failed state's message (or a record) of it."""
+    """Redact ``exc``'s text in place, before Prefect makes a state message of it."""
     if (text := str(exc)) != (redacted := redact(text)):
         exc.args = (redacted,)
         if isinstance(exc, DupflowError):
@@ -309,10 +353,14 @@ def redact_exception(exc: BaseException) -> None:
 
 
 def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: Any) -> R:
-    """Call a ``file_task`` so that its result is committed when it finishes, not with the step: a run killed midway
-    keeps every finished file. A cached result whose files are gone is made again (``files_gone``). A list argument
-    (a batch's files) is ``quote``d: Prefect would walk it twice looking for upstream results, some 1 KB per file.
-    (Not on Dask, whose runner would hand the task the wrapper.)"""
+    """Call a ``file_task``, committing its result when it ends, not with the step.
+
+    Why: a run killed midway keeps every finished file. A cached result whose files are gone is made
+    again (``files_gone``).
+    Note: a list argument (a batch's files) is ``quote``d: Prefect would walk it twice looking for
+    upstream results, some 1 KB per file. (Not on Dask, whose runner would hand the task the
+    wrapper.)
+    """
     with transaction(commit_mode=CommitMode.EAGER):
         if not isinstance(call, Task):
             return call(step, *args, **kwargs)
@@ -325,8 +373,11 @@ def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: A
 
 
 def files_gone(state: State, folder: Path) -> bool:
-    """Whether ``state`` is a cache hit naming a ``DataFile`` that ``folder`` no longer holds as recorded (deleted,
-    truncated, corrected). A ``StepResult``'s files are looked for in its own folder under the job directory."""
+    """Whether ``state`` is a cache hit naming a file ``folder`` no longer holds.
+
+    Note: deleted, truncated or corrected files count. A ``StepResult``'s files are looked for in
+    its own folder under the job directory.
+    """
     if state.name != "Cached":
         return False
     result = state.result()
@@ -350,9 +401,12 @@ def stored_in_job(call: Task[P, R], step: StepInput, refresh: bool = False) -> T
 @overload
 def stored_in_job(call: Callable[P, R], step: StepInput, refresh: bool = False) -> Callable[P, R]: ...
 def stored_in_job(call: Callable[P, R], step: StepInput, refresh: bool = False) -> Callable[P, R]:
-    """``call`` (a task; a plain function as it is) storing in the job's results folder: Prefect writes a failure's
-    record there under a random name, which the decorators' root ``/`` would put in the file system's root.
-    ``refresh``: run it even where its record is kept."""
+    """Make ``call`` (a task; a plain function as it is) store in the job's results.
+
+    Why: Prefect writes a failure's record there under a random name, which the decorators' root
+    ``/`` would put in the file system's root.
+    Note: ``refresh`` runs it even where its record is kept.
+    """
     if not isinstance(call, Task):
         return call
     folder = JobPaths(step.job_path).results

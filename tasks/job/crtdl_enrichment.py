@@ -1,13 +1,6 @@
-"""CRTDL preprocessing: add the attributes pseudonymization needs (e.g. ``Patient.identifier``) to a CRTDL, by
-``config.enrichment.EnrichmentRule`` (spec: services.crtdl_preprocessing):
-- a rule enriches every attribute group whose ``groupReference`` is its ``group_reference``;
-- a missing attribute is appended; an existing one is never weakened (``mustHave`` is ``existing or rule``, linked
-  group ids are only added);
-- a missing group is created only with ``create_if_not_exists``, its ``id`` a slug of its name made unique with
-  ``-2``, ``-3``, …; otherwise the rule is skipped with a warning (enrichment is a best effort, not a reason to stop);
-- ``linked_groups`` (profile URLs) are resolved after all rules ran to the ids of every group with that
-  ``groupReference``; a URL no group has is an ``EnrichmentError``;
-- the input is never mutated; unknown fields and key order are kept.
+"""CRTDL preprocessing: add the attributes pseudonymization needs to a CRTDL.
+
+Spec: services.crtdl_preprocessing. See docs/development.md#crtdl-enrichment.
 """
 
 from __future__ import annotations
@@ -24,7 +17,10 @@ Json = dict[str, Any]
 
 
 class EnrichmentError(StepError, ValueError):
-    """The CRTDL cannot be enriched as the rules ask (unresolvable linked group, malformed dataExtraction)."""
+    """The CRTDL cannot be enriched as the rules ask.
+
+    Note: an unresolvable linked group, a malformed dataExtraction.
+    """
 
 
 class UnresolvedLinkError(EnrichmentError):
@@ -36,7 +32,7 @@ class UnresolvedLinkError(EnrichmentError):
 
 
 def enrich_crtdl(crtdl: Json, rules: Iterable[EnrichmentRule]) -> tuple[Json, list[str]]:
-    """``rules`` applied in order to a copy of ``crtdl``, and one warning line per skipped rule."""
+    """Apply ``rules`` in order to a copy of ``crtdl``; warn once per skipped rule."""
     enriched = copy.deepcopy(crtdl)
     warnings: list[str] = []
     links: list[tuple[str, Json, str]] = []  # (the rule's group_reference, the attribute, a linked profile URL)
@@ -50,7 +46,10 @@ def enrich_crtdl(crtdl: Json, rules: Iterable[EnrichmentRule]) -> tuple[Json, li
 
 
 def _groups_for(crtdl: Json, rule: EnrichmentRule, warnings: list[str]) -> list[Json]:
-    """The groups a rule enriches: the existing ones, a newly created one, or none (with a warning)."""
+    """The groups a rule enriches: the existing ones, a newly created one, or none.
+
+    Note: none comes with a warning.
+    """
     if groups := [group for group in _existing_groups(crtdl) if group.get("groupReference") == rule.group_reference]:
         return groups
     if rule.create_if_not_exists is None:
@@ -94,7 +93,10 @@ def _unique_id(name: str, groups: list[Json]) -> str:
 
 
 def _ensure_attribute(group: Json, wanted: AttributeToAdd) -> Json:
-    """The group's attribute for ``wanted.attribute_ref``, appended if missing; mustHave is only ever raised."""
+    """Append the group's attribute for ``wanted.attribute_ref`` if missing.
+
+    Note: mustHave is only ever raised.
+    """
     attributes = group.setdefault("attributes", [])
     if not isinstance(attributes, list):
         raise EnrichmentError(f"attributes of attribute group {group.get('id')!r} is not a list")
@@ -119,7 +121,7 @@ def _resolve_links(crtdl: Json, links: list[tuple[str, Json, str]]) -> None:
 
 
 def _id_of(group: Json, groups: list[Json]) -> str:
-    """The group's id, giving an id-less group one derived from its name or its profile's last path segment."""
+    """The group's id; an id-less group gets one from its name or profile's last part."""
     if not group.get("id"):
         name = group.get("name") or str(group.get("groupReference", "")).rstrip("/").rsplit("/", 1)[-1]
         group["id"] = _unique_id(name, groups)

@@ -1,4 +1,4 @@
-"""The job log of a local Dask cluster's worker processes (imported only where the job runs on Dask)."""
+"""The job log of a local Dask cluster's worker processes (imported for Dask only)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ from tasks.job.job_log import JobLogFormatter, PlainFormatter, stream_handlers
 
 
 class WorkerLogToJobLog(WorkerPlugin):
-    """In each local worker process, the records of Dask, Tornado and the file tasks it runs go to the job log, not
-    to the inherited stderr (a worker losing the closing scheduler logs an ERROR with its trace at every shutdown;
-    a failing file's trace reached the terminal). The UI still gets task runs' records through Prefect's handler."""
+    """Send a worker's records of Dask, Tornado and its file tasks to the job log.
+
+    Why: not to the inherited stderr: a worker losing the closing scheduler logs an ERROR with its
+    trace at every shutdown, and a failing file's trace reached the terminal.
+    Note: the UI still gets task runs' records through Prefect's handler.
+    """
 
     name = "dupflow-job-log"
 

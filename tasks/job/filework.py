@@ -1,10 +1,7 @@
-"""Per-file work of a step (``map_files``): one ``file_task`` run per file (or batch), bounded, each committed as it
-finishes, on the runner ``pipeline.task_runner`` chose (``file_runner``):
-- ``dask``: one task run per file on the cluster's workers; every submitted file runs to its end. With ``workers`` 1
-  (files that each keep a service busy) one at a time there too, so ``max_concurrent_requests`` holds per step.
-- ``in_process``: threads of the flow's process (``run_bounded``), not Prefect's ``ThreadPoolTaskRunner`` (as fast,
-  ``tests/benchmarks/bench_fanout.py``): it joins its threads, so a stalled file would hold Ctrl+C up to its stall
-  timeout. No file starts after one failed, so a service that is down is not retried once per file."""
+"""A step's per-file work (``map_files``): a bounded ``file_task`` run per file.
+
+See docs/development.md#per-file-work.
+"""
 
 from __future__ import annotations
 
@@ -29,12 +26,18 @@ DASK_CONNECT_TIMEOUT = "10s"
 
 
 class TaskRunnerError(DupflowError):
-    """The configured Dask cluster cannot be used (no scheduler at the address, a local cluster that fails)."""
+    """The configured Dask cluster cannot be used.
+
+    Note: no scheduler at the address, or a local cluster that fails.
+    """
 
 
 def map_files(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]], workers: int) -> list[R | Exception]:
-    """``file_task(*args)`` for every tuple of ``arguments`` (each first the ``StepInput``), on the Dask runner
-    ``file_runner`` entered, else at most ``workers`` at once in-process; each outcome (result or exception) in turn."""
+    """Call ``file_task(*args)`` for every tuple of ``arguments``; list the outcomes.
+
+    Note: each tuple starts with the ``StepInput``; an outcome is a result or an exception. On the
+    Dask runner ``file_runner`` entered, else at most ``workers`` at once in-process.
+    """
     from prefect.context import FlowRunContext
     from prefect.task_runners import ThreadPoolTaskRunner
 
@@ -68,7 +71,10 @@ def map_files(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]],
 
 
 class FileToDo(NamedTuple):
-    """A file of a step's batches: name, size (None: unknown, a batch of its own), the step's call's arguments."""
+    """A file of a step's batches: name, size, the step's call's arguments.
+
+    Note: a size of None is unknown: a batch of its own.
+    """
 
     name: str
     size: int | None
@@ -78,16 +84,22 @@ class FileToDo(NamedTuple):
 def map_batches(
     batch_task: Callable[..., list[R]], step: StepInput, files: Sequence[FileToDo], workers: int
 ) -> list[R]:
-    """Each file's result of the step's ``batch_task`` over ``files`` in batches (``run_batches``), in order; or, once
-    every batch has ended (each finished one kept), the first failure raised."""
+    """Each file's result of the step's ``batch_task`` over batches of ``files``.
+
+    Note: in order; or, once every batch has ended (each finished one kept), the first failure
+    raised.
+    """
     return [result for batch in results_or_raise(run_batches(batch_task, step, files, workers)) for result in batch]
 
 
 def run_batches(
     batch_task: Callable[..., R], step: StepInput, files: Sequence[FileToDo], workers: int, *shared: Any
 ) -> list[R | Exception]:
-    """Each batch's outcome of ``batch_task(step, label, [args of each file], *shared)`` over ``files`` cut by
-    ``pipeline.file_batches``, through ``map_files``: at most ``workers`` batches at once, each cached as a whole."""
+    """Each batch's outcome of ``batch_task(step, label, [args per file], *shared)``.
+
+    Note: over ``files`` cut by ``pipeline.file_batches``, through ``map_files``: at most
+    ``workers`` batches at once, each cached as a whole.
+    """
     limits = settings_of(step).pipeline.file_batches
     batches = file_batches([file.size for file in files], limits.max_files, limits.max_bytes)
     arguments = [
@@ -98,8 +110,11 @@ def run_batches(
 
 
 def file_batches(sizes: Sequence[int | None], max_files: int, max_bytes: int) -> list[range]:
-    """Consecutive files as batches of at most ``max_files`` files and ``max_bytes`` bytes; a file of ``max_bytes``
-    or more, or of an unknown size, alone. The same sizes give the same batches (and so the same cache keys)."""
+    """Cut consecutive files into batches of at most ``max_files`` and ``max_bytes``.
+
+    Note: a file of ``max_bytes`` or more, or of an unknown size, goes alone. The same sizes give
+    the same batches (and so the same cache keys).
+    """
     batches: list[range] = []
     start, total, closed = 0, 0, False
     for index, size in enumerate(sizes):
@@ -114,13 +129,19 @@ def file_batches(sizes: Sequence[int | None], max_files: int, max_bytes: int) ->
 
 
 def batch_label(names: Sequence[str]) -> str:
-    """``a.ndjson`` for one file, ``a.ndjson … f.ndjson (6 files)`` for several (the run name of their batch)."""
+    """``a.ndjson`` for one file, ``a.ndjson … f.ndjson (6 files)`` for several.
+
+    Note: the run name of their batch.
+    """
     return names[0] if len(names) == 1 else f"{names[0]} … {names[-1]} ({len(names)} files)"
 
 
 def kept_result(future: Any, file_task: Any, args: tuple[Any, ...]) -> Any:
-    """A submitted file task's result, made again when cached with its files gone (``files_gone``). Its files must be
-    where this process sees them: a worker not sharing the jobs directory at the same path wrote them elsewhere."""
+    """A submitted file task's result, made again if cached with its files gone.
+
+    Note: its files must be where this process sees them: a worker not sharing the jobs directory at
+    the same path wrote them elsewhere.
+    """
     future.wait()
     if files_gone(future.state, args[0].output_dir):
         future = stored_in_job(file_task, args[0], refresh=True).submit(*args)
@@ -136,10 +157,13 @@ def kept_result(future: Any, file_task: Any, args: tuple[Any, ...]) -> Any:
 
 @contextmanager
 def file_runner(settings: TaskRunnerSettings, log_file: Path) -> Iterator[None]:
-    """The task runner of the job's per-file work during one flow run: for ``dask``, a ``DaskTaskRunner`` connected at
-    once (a wrong address fails before any step) to ``dask_address`` or a local cluster of one-thread workers
-    (their records to ``log_file``), entered as the flow run's task runner in a copy of its context, as Prefect's
-    engine makes one per run; closed when the block ends, also on failure or interruption."""
+    """The task runner of the job's per-file work during one flow run.
+
+    Note: for ``dask``, a ``DaskTaskRunner`` connected at once (a wrong address fails before any
+    step) to ``dask_address`` or a local cluster of one-thread workers (their records to
+    ``log_file``), entered as the flow run's task runner in a copy of its context, as Prefect's
+    engine makes one per run; closed when the block ends, also on failure or interruption.
+    """
     if settings.kind != "dask":
         yield
         return

@@ -1,5 +1,7 @@
-"""What the ``flattening`` step did, group by group: its error type, the counts, the refusal of a result without a
-row, the log lines and the table artifact; below the step module so that both engines fill one ``FlattenOutcome``."""
+"""What the ``flattening`` step did, by group: counts, refusals, logs, artifact.
+
+Note: below the step module so that both engines fill one ``FlattenOutcome``.
+"""
 
 from __future__ import annotations
 
@@ -24,12 +26,12 @@ BY_TYPE = "resource type"
 
 
 class FlatteningError(StepError):
-    """The step cannot flatten its input; the message says what is wrong and what to do."""
+    """The step cannot flatten its input; the message says what is wrong and the fix."""
 
 
 @contextmanager
 def engine_errors_as_step_errors() -> Iterator[None]:
-    """The engine's errors (``tasks.sof.errors``) as the step's ``FlatteningError``, with the same message."""
+    """Raise the engine's errors as the step's ``FlatteningError``, same message."""
     try:
         yield
     except SofError as exc:
@@ -92,7 +94,7 @@ def new_outcome(
 
 
 def refuse_empty_result(outcome: FlattenOutcome) -> None:
-    """Fail when the input had resources and no CSV has a row (the step module's doc, 6)."""
+    """Fail when the input had resources and no CSV has a row (step module doc, 6)."""
     if any(group.rows for group in outcome.groups):
         return
     skipped = _skipped_groups(outcome)
@@ -118,7 +120,7 @@ def _skipped_groups(outcome: FlattenOutcome) -> str:
 
 
 def _refuse_nothing_routed(outcome: FlattenOutcome, skipped: str) -> None:
-    """The input has resources that no group takes and no group took any: the CRTDL is not the data's."""
+    """Refuse an input whose resources no group takes: the CRTDL is not the data's."""
     found = _counted(outcome.unrouted + outcome.other_profile)
     note = f" (groups skipped{skipped})" if skipped else ""
     if outcome.routing == BY_TYPE:
@@ -166,7 +168,10 @@ def report(outcome: FlattenOutcome, step: StepInput) -> None:
 
 
 def report_selection(outcome: FlattenOutcome) -> None:
-    """Without Provenance: how resources were routed, what of the CRTDL was not applied, what was left out."""
+    """Log, without Provenance, how resources were routed and what was left out.
+
+    Note: also what of the CRTDL was not applied.
+    """
     log.warning(
         "the input holds no attribute-group Provenance (a plain import): each attribute group takes the resources of "
         "its type and profile that pass its CRTDL filters, as the extraction selects them (docs/steps.md)"

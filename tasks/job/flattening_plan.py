@@ -1,5 +1,8 @@
-"""What every piece of a ``flattening`` step shares: the CRTDL's attribute groups as ViewDefinitions (``plan_views``)
-and their plan (``StepPlan``), kept per process by digest so that piece tasks need not read the CRTDL again."""
+"""What every piece of a ``flattening`` step shares: its views and their plan.
+
+Note: the CRTDL's attribute groups as ViewDefinitions (``plan_views``) and their ``StepPlan``, kept
+per process by digest, so piece tasks need not read the CRTDL again.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +25,10 @@ PlannedViews = tuple[list[GroupView], list[AttributeGroup]]  # the groups' views
 
 
 def plan_views(crtdl_path: Path, lookup_path: Path, *, warn: bool = True) -> PlannedViews:
-    """One ViewDefinition per attribute group with a lookup table, and the groups without; ``warn`` logs what is left
-    out (the step does, once; its piece tasks do not)."""
+    """A ViewDefinition per attribute group with a lookup table; the groups without.
+
+    Note: ``warn`` logs what is left out (the step does, once; its piece tasks do not).
+    """
     try:
         groups = attribute_groups(json.loads(Path(crtdl_path).read_bytes()))
     except (OSError, ValueError) as exc:
@@ -39,7 +44,7 @@ def plan_views(crtdl_path: Path, lookup_path: Path, *, warn: bool = True) -> Pla
 
 
 def warn_shared_names(groups: list[AttributeGroup]) -> None:
-    """One warning per name that several groups share, naming the groups and the file each writes."""
+    """Warn once per name several groups share, naming the groups and each one's file."""
     sharing: dict[str, list[AttributeGroup]] = {}
     for group in groups:
         if group.csv_name != csv_file_name(group.name):
@@ -78,7 +83,7 @@ def built_views(groups: list[AttributeGroup], tables: dict[str, LookupTable], wa
 
 @dataclass(frozen=True)
 class StepPlan:
-    """The groups' views, the groups skipped, the views as a worker receives them, and a digest of them all."""
+    """The groups' views, the skipped groups, the views a worker gets, and a digest."""
 
     views: list[GroupView]
     skipped: list[AttributeGroup]
@@ -102,8 +107,10 @@ def remember_plan(views: list[GroupView], skipped: list[AttributeGroup]) -> Step
 
 
 def step_plan(step: StepInput, plan_digest: str) -> StepPlan:
-    """The step's plan by its digest, made again in a process that has not seen it (a Dask worker), where a CRTDL or
-    lookup file changed since is refused (the CSVs would mix two plans)."""
+    """The step's plan by its digest, made again where not seen yet (a Dask worker).
+
+    Note: a CRTDL or lookup file changed since is refused (the CSVs would mix two plans).
+    """
     if (plan := _plans.get(plan_digest)) is not None:
         return plan
     lookup = settings_of(step).services.flattening.lookup_path

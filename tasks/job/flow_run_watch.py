@@ -1,10 +1,6 @@
-"""A file task on a Dask worker stops when the flow run that submitted it has ended.
+"""Stop a file task on a Dask worker when the flow run that submitted it ended.
 
-Dask cannot stop a running task's thread, and a remote worker goes on after the flow process is gone (Ctrl+C, kill
--9, a lost scheduler), sending a file's batches while ``continue`` sends them again. So on a worker a file task asks
-the server for its flow run's state every ``WATCH_EVERY_SECONDS``; once the run is over or a later attempt began (its
-run count grew), the work is cancelled (``tasks.streams.fanout``) and the task run fails naming why. A server that
-does not answer stops nothing.
+See docs/development.md#file-tasks-on-dask.
 """
 
 from __future__ import annotations
@@ -34,7 +30,7 @@ class FlowRunEndedError(DupflowError):
 
 
 def stopped_when_flow_run_ends(function: Callable[..., R]) -> Callable[..., R]:
-    """``function`` (a file task's body) watched on a Dask worker (``watching``); elsewhere as it is."""
+    """Watch ``function`` (a file task's body) on a Dask worker; elsewhere leave it."""
 
     @functools.wraps(function)
     def call(*args: Any, **kwargs: Any) -> R:
@@ -46,7 +42,7 @@ def stopped_when_flow_run_ends(function: Callable[..., R]) -> Callable[..., R]:
 
 
 def flow_run_on_a_worker() -> UUID | None:
-    """The flow run of the task running in this thread when it runs on a Dask worker, else None."""
+    """The flow run of this thread's task when it runs on a Dask worker, else None."""
     if "distributed" not in sys.modules:  # a worker has imported it; the flow process need not
         return None
     from distributed import get_worker
@@ -62,7 +58,10 @@ def flow_run_on_a_worker() -> UUID | None:
 
 @contextmanager
 def watching(flow_run_id: UUID) -> Iterator[None]:
-    """The block's work cancelled once the flow run is over; its ``Cancelled`` leaves as ``FlowRunEndedError``."""
+    """Cancel the block's work once the flow run is over.
+
+    Note: its ``Cancelled`` leaves as ``FlowRunEndedError``.
+    """
     with cancel_scope() as cancel:
         watch = _Watch(flow_run_id, cancel)
         watch.start()
@@ -99,7 +98,7 @@ class _Watch(threading.Thread):
             self.cancel()
 
     def over(self, client: Any) -> str | None:
-        """The flow run's state as ``name: message`` once it is over or a later attempt began, else None."""
+        """The run's state as ``name: message`` once over or retried, else None."""
         try:
             run = client.read_flow_run(self.flow_run_id)
         except Exception:  # noqa: BLE001 - a server that does not answer stops nothing

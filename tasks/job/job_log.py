@@ -1,5 +1,7 @@
-"""The job log's line format, the same in the flow process and in local Dask workers
-(``dask_worker_log``), and the plain text of every log line a terminal shows."""
+"""The job log's line format, the same in the flow process and in Dask workers.
+
+Note: also the plain text of every log line a terminal shows.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ from tasks.core.readable import plain_multiline
 
 
 class JobLogFormatter(logging.Formatter):
-    """The job log's lines, each naming the run it comes from as Prefect's console does ("Task run
-    'flatten[a.ndjson]' - ..."), also for dupflow's own loggers called inside a task or flow run.
+    """Format the job log's lines, each naming its run as Prefect's console does.
 
+    Note: e.g. "Task run 'flatten[a.ndjson]' - ...", also for dupflow's own loggers called inside a
+    task or flow run.
     Note: plain text (``plain_multiline``), a traceback whole: ``cat job.log`` is a terminal too.
     """
 
@@ -26,7 +29,7 @@ class JobLogFormatter(logging.Formatter):
 
 
 class PlainFormatter(logging.Formatter):
-    """``wrapped``'s text made plain (``plain_multiline``): a record's message, arguments and trace.
+    """Make ``wrapped``'s text plain: a record's message, arguments and trace.
 
     Why: a job's input, a file's name or a service's error text may hold escape sequences; on a
     terminal they would clear the screen, set its title or forge a line. Prefect's records too.
@@ -41,7 +44,7 @@ class PlainFormatter(logging.Formatter):
 
 
 def stream_handlers() -> list[logging.Handler]:
-    """Every handler that writes to a stream (the terminal) once, the last resort's too.
+    """Every handler that writes to a stream (the terminal), the last resort's too.
 
     Note: once, though several loggers hold it (patched twice, it kept the wrapper).
     """
@@ -53,8 +56,11 @@ def stream_handlers() -> list[logging.Handler]:
 
 
 def run_label(record: logging.LogRecord) -> str:
-    """``Task run 'NAME' - `` or ``Flow run 'NAME' - `` for a record logged in a run (said by Prefect's run loggers,
-    else by the logging thread's run context), else nothing."""
+    """``Task run 'NAME' - `` or ``Flow run 'NAME' - `` for a record logged in a run.
+
+    Note: said by Prefect's run loggers, else by the logging thread's run context; outside a run,
+    nothing.
+    """
     from prefect.context import FlowRunContext, TaskRunContext
 
     if task_run := getattr(record, "task_run_name", None):

@@ -1,5 +1,7 @@
-"""Where things live inside a job directory, and the names of its Prefect tags and artifacts. No Prefect:
-``status`` and ``list`` use it."""
+"""Where things live in a job directory; its Prefect tags' and artifacts' names.
+
+No Prefect import: ``status`` and ``list`` use it.
+"""
 
 from __future__ import annotations
 
@@ -21,12 +23,15 @@ def step_folder(step: str) -> str:
 
 
 def is_result_url(job_input: str | None) -> TypeGuard[str]:
-    """A job input that is an extraction's status URL: the job follows that extraction, it submits none."""
+    """Whether a job input is an extraction's status URL (followed, never submitted)."""
     return job_input is not None and job_input.lower().startswith(("http://", "https://"))
 
 
 def is_crtdl_file(job_input: str | None) -> bool:
-    """A ``.json`` path that is no directory (a missing one too, so that preparing the job says it is not found)."""
+    """Whether a job input is a ``.json`` path that is no directory.
+
+    Note: a missing one counts too, so that preparing the job says it is not found.
+    """
     return bool(job_input and "://" not in job_input and job_input.endswith(".json") and not Path(job_input).is_dir())
 
 
@@ -51,24 +56,33 @@ class JobPaths:
         return self.job_dir / ".prefect" / "results"
 
     def finished(self, steps: list[str], step: str) -> bool:
-        """Whether ``step`` is among ``steps`` and its task left its result record: it finished."""
+        """Whether ``step`` is among ``steps`` and its task left its result record."""
         return step in steps and any(self.results.glob(result_name(self.job_id, steps.index(step), step, step, "*")))
 
 
 def result_name(job_id: str, position: int, step: str, task: str, suffix: str) -> str:
-    """A task's result record's name, ``<job>-NN-<step>-<task>-<suffix>``: NN the 0-based position, the task's name
-    with dashes only (a ``/`` breaks lock managers), the suffix its input's digest or a gate's outcome."""
+    """Name a task's result record ``<job>-NN-<step>-<task>-<suffix>``.
+
+    Note: NN is the 0-based position; the task's name has dashes only (a ``/`` breaks lock
+    managers); the suffix is its input's digest or a gate's outcome.
+    """
     return f"{job_id}-{position:02d}-{step}-{task.replace('_', '-')}-{suffix}"
 
 
 def job_tag(job_id: str) -> str:
-    """The tag every flow run of the job carries (the UI filters by it); also its artifact keys' prefix."""
+    """The tag every flow run of the job carries (the UI filters by it).
+
+    Note: also its artifact keys' prefix.
+    """
     return JOB_TAG_PREFIX + job_id
 
 
 def directory_tag(job_dir: Path) -> str:
-    """The tag tying a flow run to its job directory (a digest of its real path): a copy of the directory has the job
-    id but never this tag, so ``prune`` of the copy leaves the original's flow runs and artifacts alone."""
+    """The tag tying a flow run to its job directory: a digest of its real path.
+
+    Why: a copy of the directory has the job id but never this tag, so ``prune`` of the copy leaves
+    the original's flow runs and artifacts alone.
+    """
     return DIRECTORY_TAG_PREFIX + hashlib.sha256(os.path.realpath(job_dir).encode()).hexdigest()[:16]
 
 
@@ -82,12 +96,12 @@ def artifact_key(job_id: str, *parts: str) -> str:
 
 
 def step_artifact_key(job_id: str, position: int, step: str, *parts: str) -> str:
-    """A step's artifact key, ``job-<id>-NN-<step>[-<part>]``, NN the step's 1-based number as people read it."""
+    """A step's artifact key, ``job-<id>-NN-<step>[-<part>]``, NN its 1-based number."""
     return artifact_key(job_id, f"{position + 1:02d}", step, *parts)
 
 
 def is_job_id(name: str) -> bool:
-    """Job ids are UUIDs in their canonical form (``flows.jobs.prepare_job`` makes them)."""
+    """Whether ``name`` is a UUID in canonical form, as ``prepare_job`` makes job ids."""
     try:
         return str(uuid.UUID(name)) == name
     except ValueError:

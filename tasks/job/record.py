@@ -1,13 +1,6 @@
-"""The job's own file, ``job.json`` (``JobRecord``): its frozen inputs and the facts it learned. Not Prefect's: the
-inputs must survive a lost server database (``continue <job dir>`` runs anew from them), and the facts include the
-write-ahead record of an extraction submission, which must survive a power cut (Prefect's local result storage
-writes in place, without a temporary name or a sync). Everything else is Prefect's: the state is the flow run's, each
-step's files and counts its task's result record, a gate's answer its form's run input; a step's working files
-(``send/progress/``, the S3 manifest, ``.parts``) never decide whether it is done.
+"""The job's own file, ``job.json``: its frozen inputs and the facts it learned.
 
-A file that is no job record (not JSON, too large or deep, wrong types, another version; none means 1) is a one-line
-``RecordError``, and so is one of an earlier version (which also kept the state). Every write goes through
-``changing_record``: under an ``flock``, atomically, so readers never lock. No Prefect import: ``status`` uses it.
+No Prefect import: ``status`` uses it. See docs/development.md#the-job-record.
 """
 
 from __future__ import annotations
@@ -54,11 +47,11 @@ spaces as it is read."""
 
 
 class RecordError(JobError):
-    """A ``job.json`` that cannot be read as a job record; the message names the file and the problem."""
+    """A ``job.json`` that is no job record; the message names the file and problem."""
 
 
 class FileEntry(BaseModel):
-    """A data file of a step's folder as the record keeps it (``tasks.job.contract.DataFile`` is one)."""
+    """A data file of a step's folder as the record keeps it (``DataFile`` is one)."""
 
     name: str
     size: int
@@ -68,8 +61,11 @@ class FileEntry(BaseModel):
 
     @property
     def counts(self) -> dict[str, int]:
-        """What the file holds, by unit: CSV ``rows``, ``Parquet rows`` (never added to the CSVs'), NDJSON bare
-        ``resources`` and ``Bundles`` holding ``bundled``."""
+        """What the file holds, by unit.
+
+        Note: CSV ``rows``, ``Parquet rows`` (never added to the CSVs'), NDJSON bare ``resources``
+        and ``Bundles`` holding ``bundled``.
+        """
         if self.name.endswith(".parquet"):
             return {"Parquet rows": self.resources}
         if self.name.endswith(".csv"):
@@ -78,7 +74,7 @@ class FileEntry(BaseModel):
 
 
 class StepRecord(BaseModel):
-    """A finished (or awaiting) step as the flow saw it (``tasks.job.contract.StepResult`` is one)."""
+    """A finished (or awaiting) step as the flow saw it (``StepResult`` is one)."""
 
     step: str
     position: int
@@ -91,8 +87,11 @@ class StepRecord(BaseModel):
 
 
 class JobRecord(BaseModel):
-    """The frozen inputs (``job_id`` to ``created_at``) and the ``facts`` later steps and people need (the effective
-    CRTDL, the extraction handle, a submission in flight)."""
+    """The job's frozen inputs (``job_id`` to ``created_at``) and its ``facts``.
+
+    Note: the facts are what later steps and people need: the effective CRTDL, the extraction
+    handle, a submission in flight.
+    """
 
     version: int = SCHEMA_VERSION
     job_id: PlainText
@@ -105,7 +104,10 @@ class JobRecord(BaseModel):
 
 
 def read_record(job_dir: Path, new: JobRecord | None = None) -> JobRecord:
-    """The job's record, validated (else ``RecordError``); ``new`` (or an empty one) when there is none yet."""
+    """Read the job's record, validated (else ``RecordError``).
+
+    Note: ``new`` (or an empty record) when there is none yet.
+    """
     paths = JobPaths(job_dir)
     path, label = paths.job_file, f"the job record {paths.job_file}"
     if not path.exists():
@@ -118,7 +120,7 @@ def read_record(job_dir: Path, new: JobRecord | None = None) -> JobRecord:
         record = JobRecord.model_validate(document if isinstance(document, dict) else None)
     except ValidationError as exc:
         raise RecordError(f"{label} is no job record ({validation_problem(document, exc)}); fix or remove it") from None
-    if (version := document.get("version", 1)) != SCHEMA_VERSION:
+    if isinstance(document, dict) and (version := document.get("version", 1)) != SCHEMA_VERSION:
         raise RecordError(
             f"{label} has version {repr(version)[:20]}; this dupflow reads version {SCHEMA_VERSION} only: finish "
             "the job with the dupflow that made it, or start it anew"
@@ -138,7 +140,10 @@ def validation_problem(document: Any, exc: ValidationError) -> str:
 
 @contextmanager
 def changing_record(job_dir: Path, new: JobRecord | None = None) -> Iterator[JobRecord]:
-    """The record (``new`` if none yet) to change in place, written when the block ends without raising, locked."""
+    """Lock the record (``new`` if none yet) to change in place; write it after.
+
+    Note: nothing is written when the block raises.
+    """
     job_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(job_dir / WRITE_LOCK_FILE):  # a flock of its own open file: it excludes threads too
         record = read_record(job_dir, new)
@@ -151,14 +156,14 @@ def read_facts(job_dir: Path) -> dict[str, Any]:
 
 
 def record_facts(job_dir: Path, **facts: Any) -> dict[str, Any]:
-    """Merge ``facts`` into the job's facts (a value of None removes the key); returns the merged facts."""
+    """Merge ``facts`` into the job's facts and return them; None removes a key."""
     with changing_record(job_dir) as record:
         record.facts = {key: value for key, value in {**record.facts, **facts}.items() if value is not None}
     return dict(record.facts)
 
 
 def counts_text(files: Iterable[FileEntry]) -> str:
-    """What the files hold in words, e.g. ``3 resources, 2 Bundles holding 19 resources`` or ``4 rows``."""
+    """Say what the files hold, e.g. ``3 resources, 2 Bundles holding 19 resources``."""
     totals: Counter[str] = Counter()
     for each in files:
         totals.update(each.counts)

@@ -1,7 +1,7 @@
-"""A task's result record in the job folder, checked as data before anything reads it.
+"""A task's result record in the job folder, checked as data before it is read.
 
-A record is taken only as dupflow writes it: Prefect's JSON serializer, written under its own name in a folder of
-this job. No Prefect import: ``status`` reads records too; the flow reads them through ``JobResultStorage``.
+Note: taken only as dupflow writes it (Prefect's JSON serializer, its own name, this job's folder).
+No Prefect import: ``status`` reads records too.
 """
 
 from __future__ import annotations
@@ -29,12 +29,11 @@ PRODUCT_PACKAGES = ("tasks", "flows", "config")
 
 
 def record_problem(path: Path, document: Any) -> str | None:
-    """Why the parsed record at ``path`` is not one this job wrote; None if it is.
+    """Say why the parsed record at ``path`` is not one this job wrote; None if it is.
 
-    Why:
-    - Prefect decodes a record with the serializer the file names: one rewritten to name ``pickle`` ran
-      code when ``continue`` looked it up.
-    - A record copied from another job keeps that job's name and folder in its ``storage_key``.
+    Why: Prefect decodes a record with the serializer the file names: one rewritten to name
+    ``pickle`` ran code when ``continue`` looked it up.
+    Why: a record copied from another job keeps that job's name and folder in its ``storage_key``.
     """
     metadata = document.get("metadata") if isinstance(document, dict) else None
     if not isinstance(metadata, dict) or not isinstance(document.get("result"), str):
@@ -49,15 +48,15 @@ def record_problem(path: Path, document: Any) -> str | None:
 
 
 def read_result_record(path: Path) -> dict[str, Any]:
-    """The record at ``path``, checked (``record_problem``); else a ``RecordError`` naming the file."""
+    """Read the record at ``path``, checked; else a ``RecordError`` naming the file."""
     return read_checked(path)[1]
 
 
 def checked_result(path: Path) -> bytes:
-    """The bytes of the record at ``path`` for Prefect to decode, once nothing in it names foreign code.
+    """Give the record's bytes for Prefect to decode, once nothing names foreign code.
 
-    Why: Prefect's JSON decoder imports the module a ``__class__`` or ``__exc_type__`` names and builds
-    that class from the data; only this product's own models, already loaded, may be named.
+    Why: Prefect's JSON decoder imports the module a ``__class__`` or ``__exc_type__`` names and
+    builds that class from the data; only this product's own models, already loaded, may be named.
     """
     data, document = read_checked(path)
     result = parsed(document["result"].encode(), f"the result record {path.name}")
@@ -67,7 +66,7 @@ def checked_result(path: Path) -> bytes:
 
 
 def read_checked(path: Path) -> tuple[bytes, dict[str, Any]]:
-    """The bytes and the parsed record at ``path``, checked; else a ``RecordError`` naming the file."""
+    """Read the bytes and parsed record at ``path``, checked; else a ``RecordError``."""
     label = f"the result record {path.name}"
     if not path.is_file():  # a FIFO would block the read
         raise RecordError(f"{label} is no regular file")
@@ -89,7 +88,7 @@ def parsed(data: bytes, label: str) -> Any:
 
 
 def foreign_names(value: Any) -> Iterator[str]:
-    """The classes and exception types named in a decoded result that are not this product's models."""
+    """Yield the classes and exception types a decoded result names that are not ours."""
     stack = [value]
     while stack:
         node = stack.pop()
@@ -104,7 +103,7 @@ def foreign_names(value: Any) -> Iterator[str]:
 
 
 def is_product_model(name: str) -> bool:
-    """Whether ``name`` is a pydantic model of this product whose module is loaded (nothing is imported)."""
+    """Whether ``name`` is a loaded pydantic model of ours (nothing is imported)."""
     module_name, _, attribute = name.rpartition(".")
     module = sys.modules.get(module_name) if module_name.split(".")[0] in PRODUCT_PACKAGES else None
     found = getattr(module, attribute, None)

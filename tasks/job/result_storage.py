@@ -1,6 +1,7 @@
-"""The job's results folder as Prefect's result storage: records read as checked data, written whole.
+"""The job's results folder as Prefect's result storage, checked and written whole.
 
-See ``tasks.job.result_records`` for what a record must be; docs/development.md for the step contract.
+See ``tasks.job.result_records`` for what a record must be; docs/development.md for the step
+contract.
 """
 
 from __future__ import annotations
@@ -22,12 +23,11 @@ log = logging.getLogger("dupflow.results")
 
 
 class JobResultStorage(LocalFileSystem):
-    """A job's ``.prefect/results`` folder: a record is decoded only once checked, and written whole.
+    """A job's ``.prefect/results``: records decoded only once checked, written whole.
 
-    Note:
-    - A record that fails the check is set aside as ``rejected-<name>`` and named in one line; Prefect
-      takes it as missing, so the task runs again.
-    - ``LocalFileSystem`` writes in place: a full disk left 0-byte records.
+    Note: a record that fails the check is set aside as ``rejected-<name>`` and named in one line;
+    Prefect takes it as missing, so the task runs again.
+    Why: ``LocalFileSystem`` writes in place: a full disk left 0-byte records.
     """
 
     _block_type_name = "dupflow job results"
@@ -70,10 +70,10 @@ def set_aside(record: Path, problem: str) -> None:
 
 
 def persist_in_task(value: Any) -> None:
-    """Write the running task's result record now, so that a failed write fails the task.
+    """Write the running task's result record now, so a failed write fails the task.
 
-    Why: Prefect writes it when the task's transaction commits, after the run is Completed, and only logs
-    a failure there: a job on a full disk went on and ended Completed with 0-byte records.
+    Why: Prefect writes it when the task's transaction commits, after the run is Completed, and only
+    logs a failure there: a job on a full disk went on and ended Completed with 0-byte records.
     """
     txn = get_transaction()
     if txn is None or txn.store is None or txn.key is None or not txn.write_on_commit:

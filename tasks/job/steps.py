@@ -1,5 +1,8 @@
-"""What the steps share besides their contract: writing NDJSON, downloading a file; for the steps that send every
-file through a service, batches run one at a time, answers written in request order, a report of a row per file."""
+"""What the steps share besides their contract: NDJSON writing, downloads, batches.
+
+Note: for the steps that send every file through a service: batches one at a time, answers written
+in request order, a report of a row per file.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +29,10 @@ A = TypeVar("A")
 
 
 class NdjsonWriting(TypedDict):
-    """Keywords of ``AtomicNdjsonWriter``: ``level``, the zstd level (None: plain), and ``max_line_bytes``."""
+    """Keywords of ``AtomicNdjsonWriter``: ``level`` and ``max_line_bytes``.
+
+    Note: ``level`` is the zstd level (None: plain).
+    """
 
     level: CompressionLevel | None
     max_line_bytes: int
@@ -38,7 +44,10 @@ def ndjson_written(settings: Settings) -> NdjsonWriting:
 
 
 def download_tracked(client: httpx.Client, url: str, dest: Path, settings: Settings, stall: timedelta) -> FileStats:
-    """``url`` downloaded into ``dest``, its progress shown; an interrupted run stops it at its next chunk."""
+    """Download ``url`` into ``dest``, its progress shown.
+
+    Note: an interrupted run stops it at its next chunk.
+    """
     with track(f"download {dest.name}") as progress:
 
         def on_bytes(amount: int) -> None:
@@ -58,13 +67,16 @@ def download_tracked(client: httpx.Client, url: str, dest: Path, settings: Setti
 
 
 def compression_shape(settings: Settings) -> dict[str, Any]:
-    """How a step compresses what it writes: part of the output's shape (``shaped_settings``)."""
+    """How a step compresses what it writes: part of its output's shape."""
     return {"compressed": settings.compression.enabled, "level": settings.compression.level}
 
 
 def file_shape(path: str | None) -> dict[str, Any]:
-    """A settings file (anonymization config, lookup file) as part of a step's output's shape: path, size and time of
-    change (a stat: the step reads it once per run), so that an edit counts; None if not found (the step says why)."""
+    """A settings file as part of a step's output's shape: path, size, time of change.
+
+    Why: so that an edit counts (a stat: the step reads the file once per run).
+    Note: for the anonymization config or lookup file; None if not found (the step says why).
+    """
     try:
         found = Path(path).stat() if path else None
     except OSError:
@@ -73,8 +85,11 @@ def file_shape(path: str | None) -> dict[str, Any]:
 
 
 def one_batch_at_a_time(batch_task: Callable[..., list[T]], step: StepInput, files: Sequence[FileToDo]) -> list[T]:
-    """``map_batches`` one batch at a time, on Dask too: a file's own requests keep its service busy, and the
-    service's ``max_concurrent_requests`` is the step's."""
+    """Run ``map_batches`` one batch at a time, on Dask too.
+
+    Why: a file's own requests keep its service busy, and the service's ``max_concurrent_requests``
+    is the step's.
+    """
     return map_batches(batch_task, step, files, workers=1)
 
 

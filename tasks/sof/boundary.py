@@ -1,15 +1,7 @@
-"""FHIRPath ``lowBoundary`` / ``highBoundary`` for decimals, dates, date-times and times, as the FHIRPath
-specification and the SQL-on-FHIR suite (``fn_boundary.json``) read them.
+"""FHIRPath ``lowBoundary`` / ``highBoundary`` for decimals, dates, date-times and times.
 
-A value stands for the range its precision allows: ``1.5`` for [1.45, 1.55), ``2010-10`` for October 2010,
-``12:34`` for that minute. The boundaries are that range's ends, at the requested precision:
-
-- decimals to 8 places unless a precision is given (``1.0`` gives 0.95000000 and 1.05000000), rounded outwards. A
-  boundary needing more than 18 significant digits, the precision every xs:decimal processor (and so every FHIR
-  decimal) must hold, is empty;
-- date-times and times to milliseconds, the finest precision FHIRPath has (17 for a date-time, 9 for a time; fewer
-  cut the value, e.g. 4 year, 6 month, 8 day). A date-time without a time zone may be in any zone: its low boundary
-  is in +14:00, its high boundary in -12:00.
+The ends of the range a value's precision allows, as the SQL-on-FHIR suite reads them (``1.5``:
+[1.45, 1.55)); the rules are in docs/development.md, "The SQL-on-FHIR engine".
 """
 
 from __future__ import annotations
@@ -34,7 +26,7 @@ _TIME = re.compile(r"^(\d{2})(?::(\d{2})(?::(\d{2})(?:\.(\d+))?)?)?$")
 
 
 def boundary(value: Any, type_name: str | None, precision: int | None, *, high: bool) -> Any:
-    """``value``'s ``highBoundary`` (``high``) or ``lowBoundary``; None where it has none."""
+    """``value``'s ``highBoundary`` (``high``) or ``lowBoundary``; None if it has none."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | Decimal | float):
@@ -86,7 +78,9 @@ def _full_date(year: str, month: str | None, day: str | None, high: bool) -> str
     """The first (or last) day the digits stand for."""
     year_number = int(year)
     month_number = int(month) if month else (12 if high else 1)
-    day_number = int(day) if day else (calendar.monthrange(year_number, month_number)[1] if high else 1)
+    day_number = (
+        int(day) if day else (calendar.monthrange(year_number, month_number)[1] if high else 1)
+    )
     return f"{year_number:04d}-{month_number:02d}-{day_number:02d}"
 
 

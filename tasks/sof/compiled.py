@@ -1,12 +1,8 @@
-"""A view's selects compiled to closures that give a resource's rows as one list, without the general row machinery.
+"""A view's selects compiled to closures that give a resource's rows as one list.
 
-``compile_rows(select, limit)`` turns a ``tasks.sof.view.Select`` into ``rows(data, path, env)``: ``Select.rows``'
-rows in its order, or None beyond ``limit`` (no larger part is built; the caller then takes the general, lazy way).
-A single-valued member path (``id``, ``value.ofType(dateTime)``) walks its JSON keys, planned once per focus type;
-every other column, and irregular data (a list for one value, a nested resource), goes through ``Column.value``; a
-``repeat`` through ``Select.rows`` (its bound stays there). A view reading ``%rowIndex`` is not compiled (each
-element's rows need their own environment).
-"""
+``compile_rows(select, limit)`` gives ``rows(data, path, env)``: ``Select.rows``' rows in its order,
+or None beyond ``limit`` (the caller then takes the general, lazy way). See docs/development.md,
+"The SQL-on-FHIR engine"."""
 
 from __future__ import annotations
 
@@ -20,15 +16,16 @@ from tasks.sof.fhirpath import Plan, plain
 Select = Any  # a tasks.sof.view.Select, and below a Column (view imports this module)
 Column = Any
 
-Rows = list[tuple] | None
+Rows = list[tuple[Any, ...]] | None
 RowsAt = Callable[[Any, Any, Any], Rows]
 Value = Callable[[Any, Any, Any], Any]
 _IRREGULAR = object()
-"""What a key walk gives when the data leaves the planned shape: the column is read the general way."""
+"""What a key walk gives when the data leaves the planned shape: the column is read the general
+way."""
 
 
 def compile_rows(select: Select, limit: int) -> RowsAt:
-    """``select``'s rows at a focus as a list (None: more than ``limit``; see the module doc)."""
+    """``select``'s rows at a focus as a list; None for more than ``limit``."""
     if select.iteration == "repeat":
         return _general_rows(select, limit)
     rows_at = _rows_at(select, limit)
@@ -48,8 +45,7 @@ def compile_rows(select: Select, limit: int) -> RowsAt:
 
 
 def compile_view_rows(root: Select, resource_type: str, limit: int) -> RowsAt:
-    """The view's rows at a resource: the generated function (``tasks.sof.compiled_code``) where it gives them, else
-    the closures."""
+    """The view's rows at a resource: the generated function's, else the closures'."""
     closures = compile_rows(root, limit)
     if (generated := generated_rows(root, resource_type, limit)) is None:
         return closures
@@ -70,12 +66,14 @@ def _general_rows(select: Select, limit: int) -> RowsAt:
 
 
 def _rows_at(select: Select, limit: int) -> RowsAt:
-    """The product of the select's own columns, its nested selects' rows and its unionAll branches' rows."""
+    """The product of the select's columns, nested selects' and unionAll's rows."""
     read = _row_reader(select.columns)
     parts = [compile_rows(nested, limit) for nested in select.selects]
     if select.union:  # the branches' rows one after the other
         branches = [compile_rows(branch, limit) for branch in select.union]
-        parts.append(lambda data, path, env: _joined((branch(data, path, env) for branch in branches), limit))
+        parts.append(
+            lambda data, path, env: _joined((branch(data, path, env) for branch in branches), limit)
+        )
     if not parts:
         return lambda data, path, env: [read(data, path, env)]
 
@@ -99,8 +97,8 @@ def _rows_at(select: Select, limit: int) -> RowsAt:
 
 
 def _joined(parts: Iterable[Rows], limit: int) -> Rows:
-    """The parts' rows one after the other, the parts made as they are needed (None: more than ``limit``)."""
-    found: list[tuple] = []
+    """The parts' rows in turn, each made when needed; None for more than ``limit``."""
+    found: list[tuple[Any, ...]] = []
     for more in parts:
         if more is None or len(found) + len(more) > limit:
             return None
@@ -109,11 +107,13 @@ def _joined(parts: Iterable[Rows], limit: int) -> Rows:
 
 
 def _row_reader(columns: list[Column]) -> Value:
-    """The select's own columns as a tuple at a focus: where each is one member key at that focus type, the keys
-    looked up at once (values ``plain`` keeps as they are); else column by column (see the module doc)."""
-    planned: dict[Any, tuple[tuple[str, ...] | None, list]] = {}
+    """The select's own columns as a tuple at a focus.
 
-    def read(data: Any, path: Any, env: Any) -> tuple:
+    Note: where each is one member key at that focus type, the keys are looked up at once
+    (values ``plain`` keeps as they are); else column by column."""
+    planned: dict[Any, tuple[tuple[str, ...] | None, list[Any]]] = {}
+
+    def read(data: Any, path: Any, env: Any) -> tuple[Any, ...]:
         try:
             keys, walks = planned[path]
         except KeyError:
@@ -123,13 +123,18 @@ def _row_reader(columns: list[Column]) -> Value:
             row = tuple(map(data.get, keys))
             if KEPT.issuperset(map(type, row)):
                 return row
-        return tuple([_value(walk, column, data, path, env) for walk, column in zip(walks, columns, strict=True)])
+        return tuple(
+            [
+                _value(walk, column, data, path, env)
+                for walk, column in zip(walks, columns, strict=True)
+            ]
+        )
 
     return read
 
 
 def single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:
-    """Each column's JSON key where every column is a single-valued path of one member at focus type ``path``."""
+    """Each column's JSON key if every column is one single-valued member at ``path``."""
     keys = []
     for column in columns:
         if (plan := column_plan(column, path)) is None or not plan.single:
@@ -138,15 +143,18 @@ def single_keys(columns: list[Column], path: Any) -> tuple[str, ...] | None:
     return tuple(keys)
 
 
-def _value(walk: Callable[[Any], Any] | None, column: Column, data: Any, path: Any, env: Any) -> Any:
+def _value(
+    walk: Callable[[Any], Any] | None, column: Column, data: Any, path: Any, env: Any
+) -> Any:
     if walk is not None and (found := walk(data)) is not _IRREGULAR:
         return found if found is None or type(found) is str else plain(found)
     return column.value(data, path, env)
 
 
 def _key_walk(plan: Plan | None) -> Callable[[Any], Any] | None:
-    """The plan as a walk over dicts giving the single value or None, ``_IRREGULAR`` where the data is not shaped as
-    planned; None without a plan."""
+    """The plan as a walk over dicts giving one value or None; None without a plan.
+
+    Note: ``_IRREGULAR`` where the data is not shaped as planned."""
     if plan is None:
         return None
     steps = tuple((key, at) for _, key, _, at in plan.operations)

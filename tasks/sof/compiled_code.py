@@ -1,12 +1,7 @@
-"""A view's selects as one generated Python function per resource type: nested loops over the JSON, no call per
-select, column or step.
+"""A view's selects as one generated Python function per resource type.
 
-``generated_rows(root, resource_type, limit)`` gives ``rows(resource) -> list[tuple] | None`` for views in the subset
-(selects without ``repeat`` or ``unionAll``, at most ``MAX_GENERATED_DEPTH`` deep; iterations over member chains and
-``where(member = 'text')``; single-valued member-chain columns; every type path planned), else None. At data of
-another shape (a non-object element, another ``resourceType``, a list for one value, a null in an array, more than
-``limit`` rows) the function returns None: the closures of ``tasks.sof.compiled`` then give the rows or the error.
-With ``fields`` it reads the structs of ``tasks.sof.struct_rows``, whose shapes msgspec checked.
+Nested loops over the JSON, no call per select, column or step; its subset and what it returns None
+for are in docs/development.md, "The SQL-on-FHIR engine".
 """
 
 from __future__ import annotations
@@ -19,12 +14,13 @@ from typing import Any
 from tasks.sof.fhirpath import MemberPath, Plan
 
 MAX_GENERATED_DEPTH = 8
-"""Nested selects beyond this are left to the closures (Python allows 20 nested blocks in one function)."""
+"""Nested selects beyond this are left to the closures (Python allows 20 nested blocks in one
+function)."""
 KEPT = frozenset({str, type(None), bool, int, Decimal, dict})
 """Values a column gives as they are (``plain`` changes floats)."""
 PARSED = frozenset({str, type(None), bool, int})
-"""Values a column gives as they are from orjson's parse, which reads decimals as floats: objects (which may hold
-one) and floats are left to the decimal-keeping parse."""
+"""Values a column gives as they are from orjson's parse, which reads decimals as floats: objects
+(which may hold one) and floats are left to the decimal-keeping parse."""
 
 Lines = list[str | Callable[[], str]]
 """Lines of source; a callable writes its lines when the source is made (a ``_Where``'s)."""
@@ -36,15 +32,17 @@ def generated_rows(
     root: Any,
     resource_type: str,
     limit: int,
-    kept: frozenset = KEPT,
+    kept: frozenset[type] = KEPT,
     cells: bool = False,
     fields: dict[str, str] | None = None,
-) -> Callable[[Any], list[tuple] | None] | None:
-    """``root``'s rows (a ``tasks.sof.view.Select``) as one generated function, or None outside the subset; a value of
-    a type not in ``kept`` is data not of the planned shape. ``cells``: each ``PARSED`` value as ``output.cell`` makes
-    it, so that rows are all strings (``output.CsvWriter`` joins them as they are).
-    ``fields``: the rows of structs ``tasks.sof.struct_rows`` decodes, each JSON key at the
-    attribute named (their types checked as decoded: values as they are, ``''`` where missing)."""
+) -> Callable[[Any], list[tuple[Any, ...]] | None] | None:
+    """``root``'s rows (a ``Select``) as one generated function, or None outside it.
+
+    Note: a value of a type not in ``kept`` is data not of the planned shape. ``cells``: each
+    ``PARSED`` value as ``output.cell`` makes it, so that rows are all strings (``CsvWriter``
+    joins them as they are). ``fields``: the rows of structs ``tasks.sof.struct_rows``
+    decodes, each JSON key at the attribute named (their types checked as decoded: values as
+    they are, ``''`` where missing)."""
     if not _in_subset(root, resource_type, depth=0):
         return None
     writer = _Writer(limit, cells or fields is not None, fields)
@@ -60,25 +58,28 @@ def generated_rows(
     namespace = {"KEPT": kept, "LISTED": (list, type(None)), "product": product, **writer.constants}
     try:
         code = compile(source, f"<view {resource_type}>", "exec")
-    except (SyntaxError, RecursionError, MemoryError):  # beyond Python's own limits (IndentationError is a SyntaxError)
+    # beyond Python's own limits (IndentationError is a SyntaxError)
+    except (SyntaxError, RecursionError, MemoryError):
         return None
     exec(code, namespace)  # noqa: S102 - source made here, no input text
-    return namespace["rows"]
+    return namespace["rows"]  # type: ignore[no-any-return]  # the function compiled above
 
 
 class _Writer:
     def __init__(self, limit: int, cells: bool, fields: dict[str, str] | None):
         self.limit, self.cells, self.fields = limit, cells, fields
         self.lines: Lines = []
-        """The function's lines; a ``_Where``'s are written when the source is made (sibling wheres add to them)"""
+        """The function's lines; a ``_Where``'s are written when the source is made.
+
+        Note: sibling wheres add to them."""
         self.constants: dict[str, Any] = {}
         self.names = count()
         self.checked: set[tuple[str, Any, int]] = set()
-        """(value, type, indent) checked as an object of that type in the block at that indent"""
+        """(value, type, indent): checked as an object of that type in that block."""
         self.walked: dict[tuple[str, str, int], str] = {}
-        """(focus, steps, indent): the list a walk of these steps from that focus gave in that block"""
+        """(focus, steps, indent): the list a walk of those steps gave in that block."""
         self.groups: dict[tuple[str, str, str, int], _Where] = {}
-        """(elements, key, type, indent): the pass keeping those elements by their text value of key, in that block"""
+        """(elements, key, type, indent): the pass keeping elements by their key's text."""
         self.known: dict[tuple[str, str], str] = {}
         """(element, key): the constant a where's branch compared the element's key with"""
 
@@ -86,7 +87,7 @@ class _Writer:
         return f"{prefix}{next(self.names)}"
 
     def constant(self, value: Any) -> str:
-        """A name in the function's namespace for ``value`` (no data text is ever written into the source)."""
+        """A name in the function's namespace for ``value`` (no data text in the source)."""
         name = self.name("k")
         self.constants[name] = value
         return name
@@ -101,8 +102,10 @@ class _Writer:
         return f"{value}.get({self.constant(key)}{default})"
 
     def select(self, select: Any, focus: str, path: str | None, indent: int) -> tuple[str, bool]:
-        """Code giving the select's rows at ``focus`` (of type ``path``): the name of their list, or of their one row
-        (a tuple) where the select always gives one (True)."""
+        """Code giving the select's rows at ``focus`` (of type ``path``).
+
+        Note: the name of their list, or of their one row (a tuple) where the select always
+        gives one (True)."""
         if select.iteration is None:
             return self.rows_at(select, focus, path, indent)
         plan = member_plan(select.iterate[0], path)
@@ -120,12 +123,14 @@ class _Writer:
                 self.emit(indent + 1, f"{rows} = [{self.constant(null_row)}]")
             return rows, False
         found = self.walk(plan.operations, focus, indent)
-        if select.iteration == "forEachOrNull":  # over nothing (often: a coding of a system not there) one null row
+        # over nothing (often: a coding of a system not there) one null row
+        if select.iteration == "forEachOrNull":
             self.emit(indent, f"if not {found}:")
             self.emit(indent + 1, f"{rows} = [{self.constant(null_row)}]")
             self.emit(indent, "else:")
             indent += 1
-        if kind == "where":  # the elements a where keeps were checked as objects of that type as it read them
+        # the elements a where keeps were checked as objects of that type as it read them
+        if kind == "where":
             self.checked.add((element, at, indent + 1))
         self.emit(indent, f"{rows} = []")
         self.emit(indent, f"for {element} in {found}:")
@@ -135,18 +140,20 @@ class _Writer:
             return rows, False
         if part != rows:
             self.emit(indent + 1, f"{rows} += {part}")
-        self.emit(indent + 1, f"if len({rows}) > {self.limit}:")  # rows of rows: checked as they grow
+        # rows of rows: checked as they grow
+        self.emit(indent + 1, f"if len({rows}) > {self.limit}:")
         self.emit(indent + 2, IRREGULAR)
         return rows, False
 
     def rows_at(
         self, select: Any, focus: str, path: str | None, indent: int, into: str | None = None
     ) -> tuple[str, bool]:
-        """Code giving the product of the select's columns and nested selects at ``focus``: the name
-        of its row where every part always gives one (True), else of its rows (added to the list
-        ``into`` where given): one concatenation where each part gave one row (the usual case), a
-        loop where one list gave several (``joined``), else their ``product``, the last varying
-        fastest."""
+        """Code giving the product of the select's columns and nested selects at ``focus``.
+
+        Note: the name of its row where every part always gives one (True), else of its rows
+        (added to the list ``into`` where given): one concatenation where each part gave one row
+        (the usual case), a loop where one list gave several (``joined``), else their
+        ``product``, the last varying fastest."""
         cells = [self.column(column, focus, path, indent) for column in select.columns]
         parts = []
         if cells or not select.selects:  # a select of nested selects alone gives their rows
@@ -171,7 +178,8 @@ class _Writer:
         for several in lists:  # one list of rows, one from each other (the usual case): no product
             self.emit(indent, f"elif {size} == len({several}):" if len(lists) > 1 else "else:")
             self.joined(parts, several, rows, indent + 1, into is None)
-        if len(lists) > 1:  # one list of rows is no longer than the limit; a product of several may be
+        # one list of rows is no longer than the limit; a product of several may be
+        if len(lists) > 1:
             self.emit(indent, f"elif {size} > {self.limit}:")
             self.emit(indent + 1, IRREGULAR)
             self.emit(indent, "else:")
@@ -191,8 +199,9 @@ class _Writer:
         indent: int,
         new: bool,
     ) -> None:
-        """Code adding to ``rows`` (``new``: a list made here) each row of the list ``several``
-        joined to the one row of every other part."""
+        """Code adding to ``rows`` each row of ``several`` joined to the other parts' row.
+
+        Note: ``new``: ``rows`` is a list made here."""
         ends = [part for part, _ in parts].index(several)
         joined = []
         for side in (parts[:ends], parts[ends + 1 :]):
@@ -215,7 +224,9 @@ class _Writer:
             return self.known[(focus, plan.key)]
         value = self.name("v")
         for step, (_, key, _, at) in enumerate(plan.operations):
-            if step:  # no value: the chain ends here (one level deep however long the chain: Python allows 100)
+            # no value: the chain ends here (one level deep however long the chain: Python allows
+            # 100)
+            if step:
                 self.emit(indent, f"if {value} is not None:")
             if step and self.fields is not None:  # a struct's member may be a list of structs
                 self.emit(indent + 1, f"if type({value}) is list:")
@@ -254,8 +265,9 @@ class _Writer:
         select: Any,
         path: str | None,
     ) -> None:
-        """Code making in ``where``'s pass the row of each element it keeps for ``text`` (the
-        select's columns), added to the list ``rows``."""
+        """Code making in ``where``'s pass the row of each element it keeps for ``text``.
+
+        Note: the select's columns, added to the list ``rows``."""
         indent, lines, constant = where.indent + 2, self.lines, self.constant(text)
         self.checked.add((where.element, path, indent))  # checked as the pass read it
         self.known[(where.element, where.key)] = constant  # its column: the text
@@ -265,35 +277,48 @@ class _Writer:
         where.add(text, constant, rows, self.lines)
         self.lines = lines
 
-    def walk(self, operations: tuple, focus: str, indent: int) -> str:
-        """Code giving the elements of an iteration's steps in a list; the list's name. Lists an
-        earlier walk in the block made of its first steps from this focus are reused."""
+    def walk(self, operations: tuple[Any, ...], focus: str, indent: int) -> str:
+        """Code giving the elements of an iteration's steps in a list; the list's name.
+
+        Note: lists an earlier walk in the block made of its first steps from this focus are
+        reused."""
         found, step = None, 0
         while step < len(operations):
             paired = step == 0 and self.pairs(operations, focus, indent)
             known = (focus, repr(operations[: step + 1 + paired]), indent)
             if known not in self.walked:
                 if paired:
-                    self.walked[known] = self.member_pair(operations[0], operations[1], focus, indent)
+                    self.walked[known] = self.member_pair(
+                        operations[0], operations[1], focus, indent
+                    )
                 else:
                     self.walked[known] = self.step(operations[step], found, focus, indent)
             found, step = self.walked[known], step + 1 + paired
         assert found is not None  # member_plan gives plans of one step or more
         return found
 
-    def pairs(self, operations: tuple, focus: str, indent: int) -> bool:
-        """Whether a walk opens with two member steps taken as one (``member_pair``), its first step's list not made."""
+    def pairs(self, operations: tuple[Any, ...], focus: str, indent: int) -> bool:
+        """Whether a walk opens with two member steps taken as one (``member_pair``)."""
         first_two = [kind for kind, _, _, _ in operations[:2]]
-        return first_two == ["member", "member"] and (focus, repr(operations[:1]), indent) not in self.walked
+        return (
+            first_two == ["member", "member"]
+            and (focus, repr(operations[:1]), indent) not in self.walked
+        )
 
-    def member_pair(self, first: tuple, second: tuple, focus: str, indent: int) -> str:
-        """Code giving the elements of two member steps (``clinicalStatus.coding``); the list's name. Where the first
-        is one object (a 0..1 element, the usual case) no list of one and no loop."""
+    def member_pair(
+        self, first: tuple[Any, ...], second: tuple[Any, ...], focus: str, indent: int
+    ) -> str:
+        """Code giving the elements of two member steps (``code.coding``); the list's name.
+
+        Note: where the first is one object (a 0..1 element, the usual case) no list of one and
+        no loop."""
         (_, key, _, at), (_, inner_key, _, inner_at) = first, second
         child, inner, kept = self.name("c"), self.name("c"), self.name("e")
         self.check_object(focus, at, indent, once=True)
         self.emit(indent, f"{child} = {self.member(focus, key)}")
-        planned = f"'resourceType' not in {child} or {child}['resourceType'] == {self.constant(inner_at)}"
+        planned = (
+            f"'resourceType' not in {child} or {child}['resourceType'] == {self.constant(inner_at)}"
+        )
         one = f"type({child}) is dict and ({planned})"
         if self.fields is not None:
             one = f"type({child}) not in LISTED"
@@ -305,8 +330,8 @@ class _Writer:
         self.members(listed, inner_key, inner_at, indent + 1, kept)
         return kept
 
-    def step(self, operation: tuple, found: str | None, focus: str, indent: int) -> str:
-        """Code giving one step's elements from the list ``found`` (None: from ``focus``); the list's name."""
+    def step(self, operation: tuple[Any, ...], found: str | None, focus: str, indent: int) -> str:
+        """Code giving one step's elements from ``found`` (None: ``focus``); their list."""
         kind, key, argument, at = operation
         kept = self.name("e")
         if kind == "member" and found is None:
@@ -326,7 +351,7 @@ class _Writer:
         return kept
 
     def listed(self, value: str, kept: str, indent: int) -> None:
-        """Code giving a member's value as a list (``kept``): the data's own list (only read), or of none or one."""
+        """Code giving a member's value as a list: the data's (read only), or of 0 or 1."""
         self.emit(indent, f"if type({value}) is list:")
         if self.fields is None:  # a null in an array (a struct's lists hold none)
             self.emit(indent + 1, f"if None in {value}:")
@@ -336,7 +361,7 @@ class _Writer:
         self.emit(indent + 1, f"{kept} = [] if {value} is None else [{value}]")
 
     def members(self, found: str, key: str, at: Any, indent: int, kept: str) -> None:
-        """Code giving the ``key`` members of the elements of ``found`` in one list (``kept``)."""
+        """Code giving the ``key`` members of the elements of ``found`` in one list."""
         self.emit(indent, f"{kept} = []")
         _, child = self.each_member(found, key, at, indent)
         self.emit(indent + 1, f"if type({child}) is list:")
@@ -348,8 +373,9 @@ class _Writer:
         self.emit(indent + 2, f"{kept}.append({child})")
 
     def each_member(self, found: str, key: str, at: Any, indent: int) -> tuple[str, str]:
-        """Opens a loop over ``found``, each element checked as an object of ``at``; the names of the element and its
-        ``key`` member in the loop's body."""
+        """Open a loop over ``found``, each element checked as an object of ``at``.
+
+        Note: gives the names of the element and its ``key`` member in the loop's body."""
         value, child = self.name("x"), self.name("c")
         self.emit(indent, f"for {value} in {found}:")
         self.check_object(value, at, indent + 1)
@@ -357,7 +383,7 @@ class _Writer:
         return value, child
 
     def grouped(self, found: str, key: str, at: Any, indent: int) -> _Where:
-        """The one pass over ``found`` of the block's ``where(key = 'text')`` tests over those elements (``_Where``)."""
+        """The one pass over ``found`` of the block's ``where(key = 'text')`` tests there."""
         known = (found, key, repr(at), indent)
         if known not in self.groups:
             where = self.groups[known] = _Where(indent, key)
@@ -367,8 +393,9 @@ class _Writer:
         return self.groups[known]
 
     def check_object(self, value: str, at: str | None, indent: int, once: bool = False) -> None:
-        """Code giving up unless ``value`` is a JSON object of type ``at``; ``once``: a focus,
-        checked once a block. A struct was checked as decoded."""
+        """Code giving up unless ``value`` is a JSON object of type ``at``.
+
+        Note: ``once``: a focus, checked once a block. A struct was checked as decoded."""
         if self.fields is not None or once and (value, at, indent) in self.checked:
             return
         self.checked.add((value, at, indent))
@@ -378,9 +405,10 @@ class _Writer:
 
 
 class _Where:
-    """One pass over a list's elements keeping, for each text a ``where(key = 'text')`` of the block
-    reads, the elements whose ``key`` is that text, or their rows: compared, not hashed into a dict
-    (a list per text and select, no ``setdefault``)."""
+    """One pass over a list's elements for the block's ``where(key = 'text')`` tests.
+
+    Note: for each text, the elements whose ``key`` is that text, or their rows: compared,
+    not hashed into a dict (a list per text and select, no ``setdefault``)."""
 
     def __init__(self, indent: int, key: str):
         self.indent, self.key, self.element, self.child = indent, key, "", ""
@@ -388,7 +416,7 @@ class _Where:
         """text: the name of its constant, then the lines adding to each of its lists"""
         self.lists: list[str] = []
         self.elements: dict[str | None, str] = {}
-        """text: the name of the list of the elements kept (for a select of more than columns)"""
+        """text: the name of the list of elements kept (for a select of more than columns)"""
 
     def add(self, text: str | None, constant: str, kept: str, lines: Lines) -> None:
         self.texts.setdefault(text, (constant, []))[1].extend(lines)
@@ -412,7 +440,7 @@ def _text(lines: Lines) -> str:
 
 
 def _in_subset(select: Any, path: str | None, depth: int) -> bool:
-    """Whether the select and all nested in it can be generated (see the module doc)."""
+    """Whether the select and all nested in it are in the generated subset."""
     if depth > MAX_GENERATED_DEPTH or select.iteration == "repeat" or select.union:
         return False
     if select.iteration is not None:
@@ -435,11 +463,16 @@ def column_plan(column: Any, path: str | None) -> Plan | None:
 
 
 def member_plan(evaluate: Any, path: str | None) -> Plan | None:
-    """The path's plan from focus type ``path`` where it is one or more member and where() steps with keys, else
-    None (``$this``, no step at all, is left to the closures)."""
+    """The plan from focus type ``path`` of member and where() steps; else None.
+
+    Note: ``$this``, no step at all, is left to the closures."""
     if not isinstance(evaluate, MemberPath) or evaluate.function is not None:
         return None
     plan = evaluate.plan(path)
     if plan is None or plan.counted or not plan.operations:
         return None
-    return plan if all(kind in ("member", "where") and key for kind, key, _, _ in plan.operations) else None
+    return (
+        plan
+        if all(kind in ("member", "where") and key for kind, key, _, _ in plan.operations)
+        else None
+    )

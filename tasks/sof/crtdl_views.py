@@ -1,14 +1,7 @@
-"""One ViewDefinition per CRTDL attribute group, built from the lookup table whose ``url`` is its ``groupReference``
-(spec/protocols.md, "Flattening"). Columns: ``id``, ``patient`` (none outside the patient compartment, e.g.
-Medication), then one select per selected attribute in CRTDL order: its snippet with its children nested inside,
-wrapped in each ancestor's ``forEach`` / ``forEachOrNull`` (an attribute whose ancestor is selected is covered by
-it). Sibling slices of one element (``Condition.code.coding:icd10-gm``, ``…:sct``) are sibling ``forEachOrNull``
-selects, as in shared/testdata/flattening/example.
+"""One ViewDefinition per CRTDL attribute group, built from the lookup table of its profile.
 
-Names. A group without an ``id`` gets ``generated_group_id`` in the job's own CRTDL (``with_group_ids``), so
-extraction and flattening use the same id; one without a ``name`` is named by its id. Files are named after the group
-(``csv_file_name``); groups whose file names collide (ignoring case) are each named ``<name>-<short id>`` (TORCH's
-own CRTDLs have two groups of one name); names still unsafe or colliding are refused (``group_name_problems``).
+Its columns, and how groups get their ids and file names: docs/development.md, "The SQL-on-FHIR
+engine".
 """
 
 from __future__ import annotations
@@ -23,21 +16,49 @@ from typing import Any
 
 from tasks.core.json_shapes import as_array, as_object
 from tasks.core.names import name_from_data_problem, show_name
-from tasks.sof.errors import CrtdlError, ViewError
+from tasks.sof.errors import SofError, ViewError
 from tasks.sof.lookup import LookupTable, in_iterations
 from tasks.sof.selection import Selection, compile_selection
 from tasks.sof.view import compile_view
 
-# The R4 types in the patient compartment whose reference to the patient is their element ``patient``.
+# The R4 types in the patient compartment whose reference to the patient is their element
+# ``patient``.
 _PATIENT_ELEMENT_TYPES = (
-    *("AllergyIntolerance", "BodyStructure", "Claim", "ClaimResponse", "Consent", "CoverageEligibilityRequest"),
-    *("CoverageEligibilityResponse", "DetectedIssue", "Device", "EpisodeOfCare", "ExplanationOfBenefit"),
-    *("FamilyMemberHistory", "Immunization", "ImmunizationEvaluation", "ImmunizationRecommendation"),
-    *("MolecularSequence", "NutritionOrder", "RelatedPerson", "SupplyDelivery", "VisionPrescription"),
+    *(
+        "AllergyIntolerance",
+        "BodyStructure",
+        "Claim",
+        "ClaimResponse",
+        "Consent",
+        "CoverageEligibilityRequest",
+    ),
+    *(
+        "CoverageEligibilityResponse",
+        "DetectedIssue",
+        "Device",
+        "EpisodeOfCare",
+        "ExplanationOfBenefit",
+    ),
+    *(
+        "FamilyMemberHistory",
+        "Immunization",
+        "ImmunizationEvaluation",
+        "ImmunizationRecommendation",
+    ),
+    *(
+        "MolecularSequence",
+        "NutritionOrder",
+        "RelatedPerson",
+        "SupplyDelivery",
+        "VisionPrescription",
+    ),
 )
-# The reference to the patient a resource belongs to, by resource type (FHIR R4 patient compartment; None: outside).
+# The reference to the patient a resource belongs to, by resource type (FHIR R4 patient compartment;
+# None: outside).
 PATIENT_REFERENCE_PATHS: dict[str, str | None] = {
-    **dict.fromkeys(("Patient", "Medication", "Organization", "Substance", "Location", "Practitioner"), None),
+    **dict.fromkeys(
+        ("Patient", "Medication", "Organization", "Substance", "Location", "Practitioner"), None
+    ),
     "PractitionerRole": None,
     **dict.fromkeys(_PATIENT_ELEMENT_TYPES, "patient.reference"),
     "Account": "subject.reference",
@@ -60,11 +81,13 @@ class AttributeGroup:
     name: str
     profile: str
     file_stem: str
-    """What its CSV and ViewDefinition are named (see the module doc, "Names")."""
+    """What its CSV and ViewDefinition are named (see docs/development.md)."""
     attributes: list[str] = field(default_factory=list)
     filters: list[Any] = field(default_factory=list)
-    """Its CRTDL ``filter`` list as written; with ``reference_only`` and ``must_have`` (the attributeRefs marked
-    mustHave): what ``tasks.sof.selection`` applies to data without Provenance."""
+    """Its CRTDL ``filter`` list as written, with ``reference_only`` and ``must_have``.
+
+    Note: ``must_have``: the attributeRefs marked mustHave; ``tasks.sof.selection`` applies
+    them to data without Provenance."""
     reference_only: bool = False
     must_have: list[str] = field(default_factory=list)
 
@@ -93,27 +116,33 @@ def csv_file_name(group_name: str) -> str:
 
 
 def short_group_id(group_id: str) -> str:
-    """The group id as it ends a shared name's file name: itself when it is short and plain (letters, digits, ``-``,
-    ``_``), else the first GENERATED_ID_HEX_DIGITS hex digits of its SHA-256."""
+    """The group id as it ends a shared name's file name.
+
+    Note: itself when short and plain (letters, digits, ``-``, ``_``), else the first
+    GENERATED_ID_HEX_DIGITS hex digits of its SHA-256."""
     if _PLAIN_ID.fullmatch(group_id):
         return group_id
     return hashlib.sha256(group_id.encode()).hexdigest()[:GENERATED_ID_HEX_DIGITS]
 
 
 def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
-    """The CRTDL's attribute groups in order, named as the module doc says."""
+    """The CRTDL's attribute groups in order, named as docs/development.md says."""
     groups = []
     extraction = crtdl.get("dataExtraction") if isinstance(crtdl, dict) else None
     if not isinstance(extraction, dict):
-        raise CrtdlError("the CRTDL has no dataExtraction (a top-level object with attributeGroups)")
+        raise SofError("the CRTDL has no dataExtraction (a top-level object with attributeGroups)")
     for index, group in enumerate(as_array(extraction.get("attributeGroups"))):
         if not isinstance(group, dict) or not isinstance(group.get("groupReference"), str):
-            raise CrtdlError(f"attribute group {index + 1} of the CRTDL has no groupReference")
+            raise SofError(f"attribute group {index + 1} of the CRTDL has no groupReference")
         group_id = str(group.get("id") or generated_group_id(group))
-        groups.append((group_id, str(group.get("name") or group_id), group, _attribute_refs(group, group_id)))
+        groups.append(
+            (group_id, str(group.get("name") or group_id), group, _attribute_refs(group, group_id))
+        )
     _refuse_shared_ids([(group_id, name) for group_id, name, _, _ in groups])
     stems = [_UNSAFE_FILE_CHARACTERS.sub("_", name) for _, name, _, _ in groups]
-    shared = {stem for stem, count in Counter(stem.casefold() for stem in stems).items() if count > 1}
+    shared = {
+        stem for stem, count in Counter(stem.casefold() for stem in stems).items() if count > 1
+    }
     return [
         AttributeGroup(
             group_id,
@@ -123,14 +152,18 @@ def attribute_groups(crtdl: dict[str, Any]) -> list[AttributeGroup]:
             refs,
             as_array(group.get("filter")),
             group.get("includeReferenceOnly") is True,
-            [a["attributeRef"] for a in as_array(group.get("attributes")) if as_object(a).get("mustHave") is True],
+            [
+                a["attributeRef"]
+                for a in as_array(group.get("attributes"))
+                if as_object(a).get("mustHave") is True
+            ],
         )
         for (group_id, name, group, refs), stem in zip(groups, stems, strict=True)
     ]
 
 
 def with_group_ids(crtdl: dict[str, Any]) -> dict[str, Any]:
-    """``crtdl``, or where a group has no id a copy in which it has its ``generated_group_id``."""
+    """``crtdl``, or a copy giving each group without an id its ``generated_group_id``."""
     extraction = crtdl.get("dataExtraction")
     groups = extraction.get("attributeGroups") if isinstance(extraction, dict) else None
     if not isinstance(groups, list) or all(not isinstance(g, dict) or g.get("id") for g in groups):
@@ -143,60 +176,67 @@ def with_group_ids(crtdl: dict[str, Any]) -> dict[str, Any]:
 
 
 def generated_group_id(group: dict[str, Any]) -> str:
-    """The id a CRTDL group written without one gets in the job's CRTDL (and so in the Provenance)."""
+    """The id a group without one gets in the job's CRTDL (and so in the Provenance)."""
     digest = hashlib.sha256(json.dumps(group, sort_keys=True).encode()).hexdigest()
     return GENERATED_ID_PREFIX + digest[:GENERATED_ID_HEX_DIGITS]
 
 
 def _attribute_refs(group: dict[str, Any], group_id: str) -> list[str]:
-    """The group's ``attributeRef``s in order, each once (a repeated one would name its columns twice)."""
+    """The group's ``attributeRef``s in order, each once (else its columns came twice)."""
     attributes = group.get("attributes") or []
     if not isinstance(attributes, list) or not all(
         isinstance(as_object(a).get("attributeRef"), str) for a in attributes
     ):
-        raise CrtdlError(
-            f"attribute group {show_name(group_id)}: its attributes must be a list of objects with a string "
-            "attributeRef; fix the CRTDL"
+        raise SofError(
+            f"attribute group {show_name(group_id)}: its attributes must be a list of objects with "
+            "a string attributeRef; fix the CRTDL"
         )
     return list(dict.fromkeys(a["attributeRef"] for a in attributes))
 
 
 def _refuse_shared_ids(groups: list[tuple[str, str]]) -> None:
-    """Resources reach a group by its id (the Provenance names it): two groups of one id cannot both get theirs.
-    Each group is named by its position (from 1) and its name, which may be shared as well (a copied group)."""
+    """Refuse two groups of one id, naming each by position (from 1) and name.
+
+    Why: resources reach a group by its id (the Provenance names it): two groups of one id
+    cannot both get theirs; a copied group shares its name as well."""
     first_at: dict[str, int] = {}
     for index, (group_id, name) in enumerate(groups):
         if (first := first_at.setdefault(group_id, index)) != index:
-            raise CrtdlError(
-                f"attribute groups {first + 1} ({show_name(groups[first][1])}) and {index + 1} ({show_name(name)}) "
-                f"of the CRTDL's attributeGroups share the id {show_name(group_id)}; resources are routed to a group "
-                f"by its id: give group {index + 1} an id of its own in the CRTDL"
+            raise SofError(
+                f"attribute groups {first + 1} ({show_name(groups[first][1])}) and {index + 1} "
+                f"({show_name(name)}) of the CRTDL's attributeGroups share the id "
+                f"{show_name(group_id)}; resources are routed to a group by its id: give group "
+                f"{index + 1} an id of its own in the CRTDL"
             )
 
 
 def group_name_problems(crtdl: dict[str, Any]) -> list[str]:
-    """Every group whose name cannot name its files, and every two whose files would still share a name, each
-    naming the group and the fix; ``CrtdlError`` as ``attribute_groups``."""
+    """Every group whose name cannot name its files, and every two whose files collide.
+
+    Note: each names the group and the fix; ``SofError`` as ``attribute_groups``."""
     problems = []
     owners: dict[str, AttributeGroup] = {}
     for group in attribute_groups(crtdl):
         if problem := name_from_data_problem(group.view_file_name):
             problems.append(
-                f"attribute group {show_name(group.id)}: its name {show_name(group.name)} cannot name its CSV file: "
-                f"the file name {problem}; rename the group in the CRTDL"
+                f"attribute group {show_name(group.id)}: its name {show_name(group.name)} cannot "
+                f"name its CSV file: the file name {problem}; rename the group in the CRTDL"
             )
         elif (owner := owners.setdefault(group.csv_name.casefold(), group)) is not group:
             problems.append(
-                f"attribute groups {show_name(owner.id)} and {show_name(group.id)} would both write "
-                f"{show_name(group.csv_name)}; give each group its own id and name in the CRTDL"
+                f"attribute groups {show_name(owner.id)} and {show_name(group.id)} would both "
+                f"write {show_name(group.csv_name)}; give each group its own id and name in the "
+                "CRTDL"
             )
     return problems
 
 
 def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
-    """The group's ViewDefinition (validated: an invalid one raises ``ViewError`` naming the group)."""
+    """The group's ViewDefinition, validated: else a ``ViewError`` naming the group."""
     fixed = [{"name": "id", "path": "id"}]
-    if (patient_path := PATIENT_REFERENCE_PATHS.get(table.resource_type, DEFAULT_PATIENT_REFERENCE)) is not None:
+    if (
+        patient_path := PATIENT_REFERENCE_PATHS.get(table.resource_type, DEFAULT_PATIENT_REFERENCE)
+    ) is not None:
         fixed.append({"name": "patient", "path": patient_path})
     selects: list[dict[str, Any]] = [{"column": fixed}]
     selected = [a for a in group.attributes if a in table.elements]
@@ -219,7 +259,9 @@ def build_view(group: AttributeGroup, table: LookupTable) -> GroupView:
     try:
         compile_view(view)
     except ViewError as exc:
-        raise ViewError(f"attribute group {group.name!r} ({group.profile}): invalid ViewDefinition: {exc}") from exc
+        raise ViewError(
+            f"attribute group {group.name!r} ({group.profile}): invalid ViewDefinition: {exc}"
+        ) from exc
     selection = compile_selection(
         table.resource_type, group.profile, group.filters, group.reference_only, group.must_have
     )
@@ -234,6 +276,6 @@ def _expanded(table: LookupTable, element_id: str) -> dict[str, Any]:
 
 
 def _view_name(group_name: str) -> str:
-    """A ViewDefinition name (letters, digits, _; starting with a letter) from the group's name."""
+    """A ViewDefinition name (a letter, then letters, digits, _) from the group's name."""
     name = re.sub(r"[^A-Za-z0-9_]+", "_", group_name).strip("_")
     return name if name[:1].isalpha() else f"group_{name}"

@@ -1,11 +1,17 @@
-"""The engine's errors: one sub-tree under ``tasks.core.errors.DupflowError``, so a caller catches ``SofError`` for
-anything the engine refuses. Each is also a ``ValueError`` (bad input, not a broken program), which the command
-line's handlers rely on.
+"""The engine's errors, its sub-tree of ``tasks.core.errors.DupflowError``::
+
+    SofError                        input the engine cannot use (a CRTDL's groups, a lookup file)
+    ├── ResourceLineError           a line that is no JSON object; names the file and line
+    ├── FhirPathError               an expression that cannot be parsed or evaluated
+    └── ViewError                   a ViewDefinition that cannot be used or run
+        ├── ViewDefinitionError     the ViewDefinition itself, found before any resource is read
+        └── ViewEvaluationError     running a valid one over a resource failed
+
+Each is a ``ValueError`` too (bad input, not a broken program): the command line's handlers rely on
+it.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from tasks.core.errors import DupflowError
 
@@ -19,7 +25,7 @@ class ResourceLineError(SofError):
 
 
 class FhirPathError(SofError):
-    """An expression that cannot be parsed or evaluated; the message names the expression."""
+    """An expression that cannot be parsed or evaluated; the message names it."""
 
 
 class ViewError(SofError):
@@ -31,16 +37,4 @@ class ViewDefinitionError(ViewError):
 
 
 class ViewEvaluationError(ViewError):
-    """Running a valid ViewDefinition over a resource failed (e.g. several values for a non-collection column)."""
-
-
-class LookupFileError(SofError):
-    """A lookup file that cannot be used; ``problems`` lists every problem found."""
-
-    def __init__(self, path: Path | str, problems: list[str]):
-        self.problems = problems
-        super().__init__(f"lookup file {path}: " + "; ".join(problems))
-
-
-class CrtdlError(SofError):
-    """A CRTDL whose attribute groups cannot be read (no dataExtraction, a group without groupReference)."""
+    """Running a valid ViewDefinition over a resource failed (two values for a column)."""

@@ -1,12 +1,7 @@
-"""FHIRPath for ViewDefinitions: each expression compiled once, plain member paths without the interpreter.
+"""FHIRPath for ViewDefinitions: each expression compiled once, member paths without fhirpathpy.
 
-``compile_path`` gives an expression whose ``collect(data, type path, env)`` gives the values and their FHIR type
-paths (``Patient.name``, ``HumanName``), so that later expressions still resolve choice types
-(``value.ofType(Quantity)``) as fhirpathpy does with its R4 model. Two ways to evaluate:
-- **member paths** (``code.coding``, ``name.first().given``, ``value.ofType(Quantity).value``, ``$this``) are walked
-  over the JSON with fhirpathpy's navigation rules: most paths of real views, a few microseconds each;
-- everything else by fhirpathpy, parsed once, with the engine's functions (``tasks.sof.fhirpath_interpreter``,
-  imported for the first such expression: a view of member paths never loads fhirpathpy).
+Everything else goes to ``tasks.sof.fhirpath_interpreter``, imported for the first such expression:
+a view of member paths never loads fhirpathpy. See docs/development.md, "The SQL-on-FHIR engine".
 """
 
 from __future__ import annotations
@@ -20,7 +15,16 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from tasks.sof.errors import FhirPathError
-from tasks.sof.fhirpath_shared import MODEL, Env, Item, Paths, data_and_paths, joined, reference_keys, resource_keys
+from tasks.sof.fhirpath_shared import (
+    MODEL,
+    Env,
+    Item,
+    Paths,
+    data_and_paths,
+    joined,
+    reference_keys,
+    resource_keys,
+)
 
 if TYPE_CHECKING:
     from tasks.sof.fhirpath_interpreter import Interpreted
@@ -38,11 +42,24 @@ _SEGMENT = re.compile(
     rf"|where\(\s*(?P<where>{_IDENTIFIER})\s*=\s*'(?P<literal>[^'\\]*)'\s*\)"
     rf"|(?P<member>{_IDENTIFIER})(?:\.ofType\((?P<type>{_IDENTIFIER})\))?"
 )
-_KEYWORDS = {"and", "or", "xor", "implies", "div", "mod", "in", "contains", "is", "as", "true", "false"}
+_KEYWORDS = {
+    "and",
+    "or",
+    "xor",
+    "implies",
+    "div",
+    "mod",
+    "in",
+    "contains",
+    "is",
+    "as",
+    "true",
+    "false",
+}
 
 
 def compile_path(expression: str) -> Compiled:
-    """The expression compiled (see the module doc); raises ``FhirPathError`` when it does not parse."""
+    """The expression compiled once; ``FhirPathError`` when it does not parse."""
     if not isinstance(expression, str) or not expression.strip():
         raise FhirPathError(f"expected a FHIRPath expression, got {expression!r}")
     steps = member_steps(expression)
@@ -50,13 +67,16 @@ def compile_path(expression: str) -> Compiled:
 
 
 def plain(value: Any) -> Any:
-    """A value as a column gives it: a float as a decimal, a FHIRPath system value (``FP_Quantity``, a date-time)
-    of the interpreter as its text (there are none unless the interpreter was imported)."""
+    """A value as a column gives it: a float as a decimal, a system value as its text.
+
+    Note: system values (``FP_Quantity``, a date-time) come only from the interpreter."""
     if type(value) is str:
         return value
     if isinstance(value, float):
         return Decimal(repr(value))
-    if (nodes := sys.modules.get("fhirpathpy.engine.nodes")) is not None and isinstance(value, nodes.FP_Type):
+    if (nodes := sys.modules.get("fhirpathpy.engine.nodes")) is not None and isinstance(
+        value, nodes.FP_Type
+    ):
         return str(value)
     return value
 
@@ -70,8 +90,10 @@ _FUNCTIONS = ("exists", "join", "resourceKey", "referenceKey")
 
 
 def member_steps(expression: str) -> list[Step] | None:
-    """The steps of a plain member path, else None: members, ``member.ofType(Type)``, ``first()`` and
-    ``where(member = 'text')`` joined by dots, optionally ended by one of ``_FUNCTIONS``; ``$this`` is no step. A
+    """The steps of a plain member path, else None.
+
+    Note: members, ``member.ofType(Type)``, ``first()`` and ``where(member = 'text')``
+    joined by dots, optionally ended by one of ``_FUNCTIONS``; ``$this`` is no step. A
     leading capitalised name is a type filter (``Patient.name``): ``("type", name, None)``."""
     text = expression.strip()
     if text == "$this":
@@ -79,7 +101,9 @@ def member_steps(expression: str) -> list[Step] | None:
     steps: list[Step] = []
     position = 0
     while True:
-        if (match := _SEGMENT.match(text, position)) is None or (steps and steps[-1][0] in _FUNCTIONS):
+        if (match := _SEGMENT.match(text, position)) is None or (
+            steps and steps[-1][0] in _FUNCTIONS
+        ):
             return None
         if (step := _step(match, first=not steps)) is None:
             return None
@@ -92,7 +116,7 @@ def member_steps(expression: str) -> list[Step] | None:
         position += 1
 
 
-def _step(match: re.Match, first: bool) -> Step | None:
+def _step(match: re.Match[str], first: bool) -> Step | None:
     for kind in ("first", "exists", "resourceKey"):
         if match[kind]:
             return (kind, "", None)
@@ -111,11 +135,13 @@ def _step(match: re.Match, first: bool) -> Step | None:
 
 
 class MemberPath:
-    """A member path as plain dict walks, planned once per focus type: ``collect`` gives the JSON values themselves
-    and one type path for all. Where a child's type depends on the data (a choice element without ``ofType``, a
-    resource, data whose ``resourceType`` says otherwise, a primitive's ``_element`` where a function counts or joins
-    values) it goes the general way: items with their own type paths, or the interpreter for a path ending in a
-    function."""
+    """A member path as plain dict walks, planned once per focus type.
+
+    Note: ``collect`` gives the JSON values and one type path for all. Where a child's type
+    depends on the data (a choice element without ``ofType``, a resource, data whose
+    ``resourceType`` says otherwise, a primitive's ``_element`` where a function counts or
+    joins values) it goes the general way: items with their own type paths, or the
+    interpreter for a path ending in a function."""
 
     def __init__(self, expression: str, steps: list[Step]):
         self.function = steps[-1] if steps and steps[-1][0] in _FUNCTIONS else None
@@ -123,25 +149,27 @@ class MemberPath:
         self.fallback = _interpreted(expression) if self.function else None
         self.plans: dict[str | None, Plan | None] = {}
         self.leading_types = [steps[0][1]] if steps and steps[0][0] == "type" else []
-        """The type filter it starts with (``Patient`` of ``Patient.id``): ``Interpreted``'s"""
+        """The type filter it starts with (``Patient`` of ``Patient.id``), as Interpreted's"""
 
     def plan(self, path: str | None) -> Plan | None:
-        """The path's plan for focus type ``path`` (made once per type), None where the data decides the types."""
+        """The plan for focus type ``path`` (made once); None where the data decides types."""
         try:
             return self.plans[path]
         except KeyError:
             plan = self.plans[path] = _plan(self.members, path, counted=self.function is not None)
             return plan
 
-    def collect(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
+    def collect(self, data: Any, path: str | None, env: Env) -> tuple[list[Any], Paths]:
         if (plan := self.plan(path)) is None:
             return self._general(data, path, env)
         found = _member_of(data, plan.key, plan.at) if plan.single else _walk(plan, data)
         if found is None:
             return self._general(data, path, env)
-        return (found, plan.path) if self.function is None else (_computed(self.function, found), None)
+        return (
+            (found, plan.path) if self.function is None else (_computed(self.function, found), None)
+        )
 
-    def _general(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
+    def _general(self, data: Any, path: str | None, env: Env) -> tuple[list[Any], Paths]:
         if self.fallback is not None:
             return self.fallback.collect(data, path, env)
         return data_and_paths(_walk_items(self.members, Item(data, path)))
@@ -149,7 +177,7 @@ class MemberPath:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """A member path for one focus type: each step as ``(kind, key, argument, type path of the data it reads)``."""
+    """A member path for one focus type: ``(kind, key, argument, type path)`` per step."""
 
     operations: tuple[tuple[str, str, str | None, str | None], ...]
     path: str | None
@@ -160,7 +188,7 @@ class Plan:
 
 
 def _plan(steps: list[Step], path: str | None, counted: bool) -> Plan | None:
-    """The steps resolved against the focus type ``path``, or None where a child's type depends on the data."""
+    """The steps resolved at focus type ``path``; None where the data decides a type."""
     operations: list[tuple[str, str, str | None, str | None]] = []
     for kind, name, argument in steps:
         if kind == "type":  # no step on a resource of that type; anything else: the data decides
@@ -185,21 +213,27 @@ def _plan(steps: list[Step], path: str | None, counted: bool) -> Plan | None:
 
 @lru_cache(maxsize=4096)
 def _keys(path: str | None, member: str, of_type: str | None) -> tuple[tuple[str, str], ...]:
-    """fhirpathpy's type bookkeeping for ``path.member`` (or ``.ofType(T)``): the JSON keys the child may be at, each
-    with its type path; each choice of a choice element without ``ofType``, in the model's order."""
+    """The JSON keys ``path.member`` (or ``.ofType(T)``) may be at, with type paths.
+
+    Note: fhirpathpy's bookkeeping; a choice element without ``ofType`` gives each choice,
+    in the model's order."""
     child_path = f"{path}.{member}" if path else f".{member}"
     child_path = _ELSEWHERE.get(child_path, child_path)
     if choices := _CHOICES.get(child_path):
         wanted = choices if of_type is None else [of_type[0].upper() + of_type[1:]]
-        return tuple((member + c, _TYPES.get(child_path + c, child_path + c)) for c in wanted if c in choices)
+        return tuple(
+            (member + c, _TYPES.get(child_path + c, child_path + c)) for c in wanted if c in choices
+        )
     child_path = "Extension" if member == "extension" else child_path
     child_path = _TYPES.get(child_path, child_path)
     return () if of_type is not None and child_path != of_type else ((member, child_path),)
 
 
 def _resolve(path: str | None, member: str, of_type: str | None) -> tuple[str, str | None] | None:
-    """The JSON key and the child's type path once per type (key ``""``: never any child), or None when they depend
-    on the data (a choice element without ``ofType``, a child that is a resource)."""
+    """The JSON key and the child's type path, once per type (``""``: no child).
+
+    Note: None when they depend on the data (a choice element without ``ofType``, a
+    child that is a resource)."""
     if not (keys := _keys(path, member, of_type)):
         return "", None
     key, child_path = keys[0]
@@ -210,7 +244,7 @@ def _resolve(path: str | None, member: str, of_type: str | None) -> tuple[str, s
 
 @lru_cache(maxsize=1024)
 def holds_resources(type_path: str) -> bool:
-    """Whether elements of this type are resources (their own ``resourceType`` then decides their type)."""
+    """Whether elements of this type are resources (their ``resourceType`` decides)."""
     seen = set()
     current: str | None = type_path
     while current and current not in seen:
@@ -221,8 +255,8 @@ def holds_resources(type_path: str) -> bool:
     return False
 
 
-def _walk(plan: Plan, data: Any) -> list | None:
-    """The plan run over ``data``; None when the data takes it elsewhere (see ``MemberPath``)."""
+def _walk(plan: Plan, data: Any) -> list[Any] | None:
+    """The plan run over ``data``; None where the data goes elsewhere (``MemberPath``)."""
     found = [data]
     counted = plan.counted
     for kind, key, argument, path in plan.operations:
@@ -231,7 +265,7 @@ def _walk(plan: Plan, data: Any) -> list | None:
             continue
         if not key:
             return []
-        children: list = []
+        children: list[Any] = []
         for value in found:
             if not isinstance(value, dict):
                 continue
@@ -251,8 +285,8 @@ def _walk(plan: Plan, data: Any) -> list | None:
     return found
 
 
-def _member_of(data: Any, key: str, path: str | None) -> list | None:
-    """``_walk`` of a plan that is one member step (most column paths: ``system``, ``code``)."""
+def _member_of(data: Any, key: str, path: str | None) -> list[Any] | None:
+    """``_walk`` of a plan of one member step (most column paths: ``code``, ``system``."""
     if not isinstance(data, dict) or not key:
         return []
     if data.get("resourceType", path) != path:
@@ -263,13 +297,12 @@ def _member_of(data: Any, key: str, path: str | None) -> list | None:
     return [] if child is None else [child]
 
 
-def _present(values: list) -> list:
-    """The elements but nulls (arrays of primitives hold nulls where only an extension is): the list itself when it
-    has none (no caller changes it)."""
+def _present(values: list[Any]) -> list[Any]:
+    """The elements but nulls (where only an extension is); the list itself if none."""
     return [element for element in values if element is not None] if None in values else values
 
 
-def _computed(function: Step, found: list) -> list:
+def _computed(function: Step, found: list[Any]) -> list[Any]:
     kind, _, argument = function
     if kind == "exists":
         return [bool(found)]
@@ -289,7 +322,11 @@ def _walk_items(steps: list[Step], focus: Item) -> list[Item]:
             resources = [item for item in items if isinstance(item.data, Mapping)]
             items = [item for item in resources if item.data.get("resourceType") == name]
         elif kind == "where":
-            items = [item for item in items if [child.data for child in child_items(item, name)] == [argument]]
+            items = [
+                item
+                for item in items
+                if [child.data for child in child_items(item, name)] == [argument]
+            ]
         else:
             items = [child for item in items for child in child_items(item, name, argument)]
         if not items:
@@ -298,7 +335,7 @@ def _walk_items(steps: list[Step], focus: Item) -> list[Item]:
 
 
 def child_items(item: Item, member: str, of_type: str | None = None) -> list[Item]:
-    """``item.member`` (or ``item.member.ofType(T)`` on a choice element), with fhirpathpy's type bookkeeping."""
+    """``item.member`` (or ``.ofType(T)`` of a choice), typed as fhirpathpy does."""
     data = item.data
     if not isinstance(data, Mapping):
         return []
@@ -314,7 +351,8 @@ def child_items(item: Item, member: str, of_type: str | None = None) -> list[Ite
 
 
 def _interpreted(expression: str) -> Interpreted:
-    from tasks.sof.fhirpath_interpreter import interpreted  # fhirpathpy: only for an expression that needs it
+    # fhirpathpy: only for an expression that needs it
+    from tasks.sof.fhirpath_interpreter import interpreted
 
     return interpreted(expression)
 

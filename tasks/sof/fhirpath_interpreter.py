@@ -1,12 +1,9 @@
-"""FHIRPath expressions that are no member paths, parsed once and evaluated by fhirpathpy with the engine's own
-functions (``SOF_FUNCTIONS``: SQL-on-FHIR's, and bounded replacements of fhirpathpy's); imported only where a view
-has one. Bounds, each a ``FhirPathError``:
-- ``matches`` and ``replaceMatches`` run on RE2, linear in the text, where Python's ``re`` backtracks exponentially
-  (``matches('^(a+)+$')`` on 35 characters: hours); a pattern with backreferences or lookaround is refused;
-- ``repeat()`` stops at ``MAX_REPEAT_ELEMENTS`` elements (fhirpathpy's copies its list per element: quadratic);
-- ``&``, ``+``, ``join``, ``replace``, ``replaceMatches``, ``aggregate`` and ``repeat`` make nothing of more than
-  ``MAX_COMPUTED_SIZE`` characters (elements count one each): the ways a bounded expression builds an unbounded
-  value (``.select($this & $this)`` doubles per link, ``.replace('x', 'xxxxxxxxxx')`` grows tenfold per call).
+# mypy: disallow-untyped-calls=False
+# (this module calls into fhirpathpy, whose functions carry no annotations)
+"""FHIRPath expressions that are no member paths, evaluated by fhirpathpy with bounds.
+
+Imported only where a view has one; its functions and their bounds (each a ``FhirPathError``) are in
+docs/development.md, "The SQL-on-FHIR engine".
 """
 
 from __future__ import annotations
@@ -33,18 +30,36 @@ from fhirpathpy.parser.generated.FHIRPathParser import FHIRPathParser
 
 from tasks.sof.boundary import boundary
 from tasks.sof.errors import FhirPathError
-from tasks.sof.fhirpath_shared import MAX_COMPUTED_SIZE, MAX_EXPRESSION_DEPTH, MAX_REPEAT_ELEMENTS, TOO_DEEP
+from tasks.sof.fhirpath_shared import (
+    MAX_COMPUTED_SIZE,
+    MAX_EXPRESSION_DEPTH,
+    MAX_REPEAT_ELEMENTS,
+    TOO_DEEP,
+)
 from tasks.sof.fhirpath_shared import MODEL, Env, Item, Paths, data_and_paths, shown
 from tasks.sof.fhirpath_shared import joined, reference_keys, refuse_larger, resource_keys
 
+Ctx = dict[str, Any]
+"""fhirpathpy's evaluation context (its data, variables, model and functions)."""
 
-class _RaisingErrorListener(ErrorListener):
-    def syntaxError(self, recognizer, offendingSymbol, line, column, msg, e):  # noqa: N802, N803 - ANTLR's names
+
+class _RaisingErrorListener(ErrorListener):  # type: ignore[misc]  # antlr4 ships no types
+    def syntaxError(  # noqa: N802 - ANTLR's names
+        self,
+        recognizer: Any,
+        offendingSymbol: Any,  # noqa: N803
+        line: int,
+        column: int,
+        msg: str,
+        e: Any,
+    ) -> None:
         raise FhirPathError(f"column {column + 1}: {msg}")
 
 
 def parse(expression: str) -> dict[str, Any]:
-    """fhirpathpy's parse tree, strictly: its own ``parse`` silently recovers from syntax errors (``status.where(``)."""
+    """fhirpathpy's parse tree, strictly.
+
+    Why: its own ``parse`` silently recovers from syntax errors (``status.where(``)."""
     listener = _RaisingErrorListener()
     lexer = FHIRPathLexer(InputStream(expression))
     lexer.removeErrorListeners()
@@ -57,7 +72,9 @@ def parse(expression: str) -> dict[str, Any]:
     try:
         tree = parser.expression()
         if tokens.LA(1) != Token.EOF:
-            raise FhirPathError(f"unexpected {tokens.LT(1).text!r} at column {tokens.LT(1).column + 1}")
+            raise FhirPathError(
+                f"unexpected {tokens.LT(1).text!r} at column {tokens.LT(1).column + 1}"
+            )
         ParseTreeWalker().walk(ast, tree)
     except RecursionError:
         raise FhirPathError(TOO_DEEP) from None
@@ -78,10 +95,11 @@ def tree_depth(node: dict[str, Any]) -> int:
 
 
 def interpreted(expression: str) -> Interpreted:
-    """``expression`` parsed once for fhirpathpy's evaluator; a ``FhirPathError`` where it does not parse."""
+    """``expression`` parsed once for fhirpathpy; else a ``FhirPathError``."""
     try:
         parsed = parse(expression)
-    except Exception as exc:  # FhirPathError from the listener, bare exceptions from fhirpathpy's AST builder
+    # FhirPathError from the listener, bare exceptions from fhirpathpy's AST builder
+    except Exception as exc:
         raise FhirPathError(f"cannot parse FHIRPath {shown(expression)}: {exc}") from exc
     root = parsed["children"][0]
     filters = type_filters(root)
@@ -90,9 +108,10 @@ def interpreted(expression: str) -> Interpreted:
 
 
 def type_filters(node: dict[str, Any]) -> list[tuple[str, bool]]:
-    """The type filters (capitalised names: ``Patient`` of ``Patient.id``) that start the
-    expression's paths, left to right, each with whether it is in a function's arguments (whose
-    focus may be another)."""
+    """The type filters that start its paths (``Patient`` of ``Patient.id``).
+
+    Note: left to right, each with whether it is in a function's arguments (whose focus
+    may be another)."""
     found, pending = [], [(node, False)]
     while pending:
         node, argument = pending.pop()
@@ -110,14 +129,14 @@ def type_filters(node: dict[str, Any]) -> list[tuple[str, bool]]:
 
 @dataclass(frozen=True)
 class Interpreted:
-    """An expression fhirpathpy evaluates (parsed once); ``collect`` as ``MemberPath``'s."""
+    """An expression fhirpathpy evaluates (parsed once); ``collect`` as MemberPath's."""
 
     expression: str
     root: dict[str, Any]
     leading_types: list[str]
-    """The type filters that start its paths at its focus (not in a function's arguments)"""
+    """The type filters starting its paths at its focus (not in a function's arguments)"""
     typed: bool
-    """Whether it has a type filter: a resource at its focus is then given as a ``_Resource``"""
+    """Whether it has a type filter: a resource at its focus is then a ``_Resource``"""
 
     def __call__(self, focus: Item, env: Env) -> list[Item]:
         resource = self.typed and isinstance(focus.data, Mapping) and "resourceType" in focus.data
@@ -137,8 +156,8 @@ class Interpreted:
             raise FhirPathError(f"FHIRPath {shown(self.expression)}: {exc}") from exc
         except RecursionError:
             raise FhirPathError(
-                f"FHIRPath {shown(self.expression)} ran out of Python's stack: the expression, or the data it "
-                "compares, is nested too deeply"
+                f"FHIRPath {shown(self.expression)} ran out of Python's stack: the expression, or "
+                "the data it compares, is nested too deeply"
             ) from None
         except Exception as exc:
             raise FhirPathError(f"FHIRPath {shown(self.expression)} failed: {exc}") from exc
@@ -148,14 +167,15 @@ class Interpreted:
             if not _is_primitive_extension_only(value)
         ]
 
-    def collect(self, data: Any, path: str | None, env: Env) -> tuple[list, Paths]:
+    def collect(self, data: Any, path: str | None, env: Env) -> tuple[list[Any], Paths]:
         return data_and_paths(self(Item(data, path), env))
 
 
 class _Resource(ResourceNode):
-    """A resource at the focus: fhirpathpy's type filter (``Patient.id``) reads its
-    ``resourceType`` by subscript, as of the JSON its own ``evaluate`` is given; of a plain node it
-    read nothing, and the path gave no value."""
+    """A resource at the focus, which fhirpathpy's type filter reads.
+
+    Why: the filter (``Patient.id``) reads ``resourceType`` by subscript, as of the JSON its
+    own ``evaluate`` is given; of a plain node it read nothing, and the path gave no value."""
 
     def __getitem__(self, key: Any) -> Any:
         if key != "resourceType":  # nothing else: iterating a node fails as it does on any node
@@ -164,32 +184,39 @@ class _Resource(ResourceNode):
 
 
 def _is_primitive_extension_only(value: Any) -> bool:
-    """fhirpathpy yields ``_element`` siblings (extensions of primitives) as their own nodes; they are no values."""
-    return isinstance(value, ResourceNode) and isinstance(value.data, Mapping) and list(value.data) == ["extension"]
+    """Whether ``value`` is an ``_element`` sibling (a primitive's extensions): none."""
+    return (
+        isinstance(value, ResourceNode)
+        and isinstance(value.data, Mapping)
+        and list(value.data) == ["extension"]
+    )
 
 
-def get_resource_key(ctx: dict, inputs: list) -> list[str]:
+def get_resource_key(ctx: Ctx, inputs: list[Any]) -> list[str]:
     return resource_keys([_data(node) for node in inputs])
 
 
-def get_reference_key(ctx: dict, inputs: list, type_info: Any = None) -> list[str]:
+def get_reference_key(ctx: Ctx, inputs: list[Any], type_info: Any = None) -> list[str]:
     return reference_keys([_data(node) for node in inputs], getattr(type_info, "name", None))
 
 
-def join(ctx: dict, inputs: list, separator: Any = "") -> Any:
-    """FHIRPath's ``join``: the input strings joined, ``''`` for an empty input (as the SQL-on-FHIR suite expects;
-    fhirpathpy's gives no value), no value for an empty separator collection."""
-    return [] if isinstance(separator, list) else joined([_data(node) for node in inputs], separator)
+def join(ctx: Ctx, inputs: list[Any], separator: Any = "") -> Any:
+    """FHIRPath's ``join``; no value for an empty separator collection.
+
+    Note: ``''`` for an empty input, as the SQL-on-FHIR suite expects (fhirpathpy's: none)."""
+    return (
+        [] if isinstance(separator, list) else joined([_data(node) for node in inputs], separator)
+    )
 
 
-def amp(ctx: dict, left: Any = "", right: Any = "") -> str:
-    """FHIRPath's ``&`` (an empty operand counts as ``''``), refused before it builds a string too large."""
+def amp(ctx: Ctx, left: Any = "", right: Any = "") -> str:
+    """FHIRPath's ``&`` (an empty operand counts as ``''``), bounded before it is made."""
     left, right = ("" if isinstance(side, list) and not side else side for side in (left, right))
     refuse_larger("&", len(left) + len(right))
-    return math.amp(ctx, left, right)
+    return math.amp(ctx, left, right)  # type: ignore[no-any-return]  # fhirpathpy is unannotated
 
 
-def plus(ctx: dict, left: list, right: list) -> Any:
+def plus(ctx: Ctx, left: list[Any], right: list[Any]) -> Any:
     """FHIRPath's ``+``, its result checked (strings join as with ``&``)."""
     return _bounded("+", math.plus(ctx, left, right))
 
@@ -198,10 +225,12 @@ def _data(node: Any) -> Any:
     return node.data if isinstance(node, ResourceNode) else node
 
 
-def _boundary(high: bool) -> Callable[..., list]:
-    def invoke(ctx: dict, inputs: list, precision: Any = None) -> list:
+def _boundary(high: bool) -> Callable[..., list[Any]]:
+    def invoke(ctx: Ctx, inputs: list[Any], precision: Any = None) -> list[Any]:
         digits = None if precision in (None, []) else int(precision)
-        typed = [(_data(node), node.path if isinstance(node, ResourceNode) else None) for node in inputs]
+        typed = [
+            (_data(node), node.path if isinstance(node, ResourceNode) else None) for node in inputs
+        ]
         found = [boundary(data, type_path, digits, high=high) for data, type_path in typed]
         return [result for result in found if result is not None]
 
@@ -210,7 +239,7 @@ def _boundary(high: bool) -> Callable[..., list]:
 
 @lru_cache(maxsize=256)
 def regex(pattern: str, dot_matches_newline: bool) -> Any:
-    """``pattern`` compiled by RE2 (once per process); a pattern RE2 cannot run is a ``FhirPathError``."""
+    """``pattern`` compiled by RE2, once per process; ``FhirPathError`` if RE2 cannot."""
     options = re2.Options()
     options.dot_nl = dot_matches_newline
     options.log_errors = False
@@ -220,33 +249,36 @@ def regex(pattern: str, dot_matches_newline: bool) -> Any:
         reason = exc.args[0] if exc.args else exc
         reason = reason.decode(errors="replace") if isinstance(reason, bytes) else reason
         raise FhirPathError(
-            f"regular expression {pattern!r} is not supported ({reason}): regexes run on RE2, which has no "
-            "backreferences or lookaround (they can take exponential time)"
+            f"regular expression {pattern!r} is not supported ({reason}): regexes run on RE2, "
+            "which has no backreferences or lookaround (they can take exponential time)"
         ) from None
 
 
-def matches(ctx: dict, inputs: list, pattern: Any) -> Any:
+def matches(ctx: Ctx, inputs: list[Any], pattern: Any) -> Any:
     """fhirpathpy's ``matches`` (search, ``.`` matching newlines), on RE2."""
     if not inputs or isinstance(pattern, list):
         return []
     return regex(pattern, True).search(_single_string(inputs)) is not None
 
 
-def replace_matches(ctx: dict, inputs: list, pattern: Any, replacement: Any) -> Any:
+def replace_matches(ctx: Ctx, inputs: list[Any], pattern: Any, replacement: Any) -> Any:
     """fhirpathpy's ``replaceMatches`` (``$1`` for the first group), on RE2."""
     if not inputs or isinstance(pattern, list) or isinstance(replacement, list):
         return []
     text, compiled = _single_string(inputs), regex(pattern, False)
     size = len(text)
-    for _ in compiled.finditer(text):  # counted only as far as the bound: every match adds a replacement
+    # counted only as far as the bound: every match adds a replacement
+    for _ in compiled.finditer(text):
         if (size := size + len(replacement)) > MAX_COMPUTED_SIZE:
             break
     refuse_larger("replaceMatches()", size)
-    return _bounded("replaceMatches()", compiled.sub(re.sub(r"\$(\d+)", r"\\\1", replacement), text))
+    return _bounded(
+        "replaceMatches()", compiled.sub(re.sub(r"\$(\d+)", r"\\\1", replacement), text)
+    )
 
 
-def replace(ctx: dict, inputs: list, pattern: Any, substitution: Any) -> Any:
-    """fhirpathpy's ``replace``, refused before it builds a string larger than ``MAX_COMPUTED_SIZE``."""
+def replace(ctx: Ctx, inputs: list[Any], pattern: Any, substitution: Any) -> Any:
+    """fhirpathpy's ``replace``, refused before it builds a string over the bound."""
     if inputs and isinstance(pattern, str) and isinstance(substitution, str):
         text = _single_string(inputs)
         count = len(text) + 1 if pattern == "" else text.count(pattern)
@@ -254,7 +286,9 @@ def replace(ctx: dict, inputs: list, pattern: Any, substitution: Any) -> Any:
     return strings.replace(ctx, inputs, pattern, substitution)
 
 
-def aggregate(ctx: dict, inputs: list, expression: Callable[[Any], Any], initial: Any = None) -> Any:
+def aggregate(
+    ctx: Ctx, inputs: list[Any], expression: Callable[[Any], Any], initial: Any = None
+) -> Any:
     """fhirpathpy's ``aggregate``, its ``$total`` checked after each element."""
     ctx["$total"] = initial
     for index, element in enumerate(inputs):
@@ -268,23 +302,23 @@ def _bounded(function: str, value: Any) -> Any:
     return value
 
 
-def _size(values: list) -> int:
-    """A collection's size as the bound counts it: one per element, and each string's characters."""
+def _size(values: list[Any]) -> int:
+    """A collection's size for the bound: one per element, plus each string's length."""
     return len(values) + sum(len(item) for item in values if isinstance(item, str))
 
 
-def _single_string(inputs: list) -> str:
+def _single_string(inputs: list[Any]) -> str:
     if len(inputs) == 1 and isinstance(data := _data(inputs[0]), str):
         return data
     raise FhirPathError(f"expected one string, got {inputs!r:.200}")
 
 
-def repeat(ctx: dict, inputs: Any, expression: Callable[[Any], list]) -> list:
-    """fhirpathpy's ``repeat`` (breadth first, each element once), in linear time and bounded."""
+def repeat(ctx: Ctx, inputs: Any, expression: Callable[[Any], list[Any]]) -> list[Any]:
+    """fhirpathpy's ``repeat`` (breadth first, each element once), linear and bounded."""
     if not isinstance(inputs, list):
         return []
-    found: list = []
-    seen: set = set()
+    found: list[Any] = []
+    seen: set[Any] = set()
     pending = deque(inputs)
     size = 0
     while pending:
@@ -305,7 +339,11 @@ SOF_FUNCTIONS: dict[str, dict[str, Any]] = {
     "lowBoundary": {"fn": _boundary(high=False), "arity": {0: [], 1: ["Integer"]}},
     "highBoundary": {"fn": _boundary(high=True), "arity": {0: [], 1: ["Integer"]}},
     "matches": {"fn": matches, "arity": {1: ["String"]}, "nullable_input": True},
-    "replaceMatches": {"fn": replace_matches, "arity": {2: ["String", "String"]}, "nullable_input": True},
+    "replaceMatches": {
+        "fn": replace_matches,
+        "arity": {2: ["String", "String"]},
+        "nullable_input": True,
+    },
     "repeat": {"fn": repeat, "arity": {1: ["Expr"]}},
     "replace": {"fn": replace, "arity": {2: ["String", "String"]}, "nullable_input": True},
     "&": {"fn": amp, "arity": {2: ["String", "String"]}},

@@ -1,6 +1,7 @@
-"""What FHIRPath's two ways of evaluating (``tasks.sof.fhirpath``, ``tasks.sof.fhirpath_interpreter``) share,
-without importing fhirpathpy: its package imports its parser and evaluator (0.1 s, most of a small ``view run``'s
-start), which a view of member paths never uses. ``MODEL`` is ``fhirpathpy.models.models["r4"]``, read from its files.
+"""What FHIRPath's two ways of evaluating (``tasks.sof.fhirpath``,
+``tasks.sof.fhirpath_interpreter``) share, without importing fhirpathpy: its package imports its
+parser and evaluator (0.1 s, most of a small ``view run``'s start), which a view of member paths
+never uses. ``MODEL`` is ``fhirpathpy.models.models["r4"]``, read from its files.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ import orjson
 
 from tasks.sof.errors import FhirPathError
 
-MAX_EXPRESSION_DEPTH = 100  # refused when compiled: fhirpathpy's parser and evaluator recurse per level
+# refused when compiled: fhirpathpy's parser and evaluator recurse per level
+MAX_EXPRESSION_DEPTH = 100
 SHOWN_EXPRESSION_CHARS = 120
-TOO_DEEP = f"nested more than {MAX_EXPRESSION_DEPTH} levels deep (split it, or drop redundant parentheses)"
+TOO_DEEP = (
+    f"nested more than {MAX_EXPRESSION_DEPTH} levels deep (split it, or drop redundant parentheses)"
+)
 MAX_REPEAT_ELEMENTS = 10_000
 MAX_COMPUTED_SIZE = 1 << 20
 """FHIR allows no string over 1 MB: a computed one larger than that is a runaway expression."""
@@ -35,7 +39,7 @@ MODEL = r4_model()
 
 @dataclass(frozen=True, slots=True)
 class Item:
-    """One element of a collection: its JSON data and its FHIR type path (None for computed values)."""
+    """One element of a collection: its JSON data and FHIR type path (None: computed)."""
 
     data: Any
     path: str | None = None
@@ -44,11 +48,11 @@ class Item:
 Env = Mapping[str, Any]
 
 
-Paths = str | None | list
+Paths = str | None | list[Any]
 """The type paths of collected values: one for all of them, or a list with one per value."""
 
 
-def data_and_paths(items: list[Item]) -> tuple[list, list]:
+def data_and_paths(items: list[Item]) -> tuple[list[Any], list[Any]]:
     return [item.data for item in items], [item.path for item in items]
 
 
@@ -59,7 +63,7 @@ def shown(expression: str) -> str:
     return repr(expression[:SHOWN_EXPRESSION_CHARS]) + f"... ({len(expression)} characters)"
 
 
-def resource_keys(found: list) -> list[str]:
+def resource_keys(found: list[Any]) -> list[str]:
     return [
         f"{data['resourceType']}/{data['id']}"
         for data in found
@@ -67,7 +71,7 @@ def resource_keys(found: list) -> list[str]:
     ]
 
 
-def reference_keys(found: list, wanted: str | None) -> list[str]:
+def reference_keys(found: list[Any], wanted: str | None) -> list[str]:
     keys = []
     for data in found:
         reference = data.get("reference") if isinstance(data, Mapping) else None
@@ -79,7 +83,7 @@ def reference_keys(found: list, wanted: str | None) -> list[str]:
     return keys
 
 
-def joined(found: list, separator: str) -> str:
+def joined(found: list[Any], separator: str) -> str:
     if not all(isinstance(value, str) for value in found):
         raise FhirPathError(f"join needs a collection of strings, got {found!r:.200}")
     refuse_larger("join()", sum(map(len, found)) + len(separator) * max(len(found) - 1, 0))
@@ -88,4 +92,6 @@ def joined(found: list, separator: str) -> str:
 
 def refuse_larger(function: str, size: int) -> None:
     if size > MAX_COMPUTED_SIZE:
-        raise FhirPathError(f"{function} makes a value of more than {MAX_COMPUTED_SIZE:,} characters")
+        raise FhirPathError(
+            f"{function} makes a value of more than {MAX_COMPUTED_SIZE:,} characters"
+        )

@@ -1,15 +1,8 @@
-"""Flattening's plain per-file work: routing resources to attribute groups, and one input file's rows as CSV parts.
+"""Flattening's per-file work: routing resources to attribute groups, a file's rows as CSV parts.
 
-Routing (spec/protocols.md, "Flattening"): Provenance records name the attribute groups of each target resource
-(``entity.what.identifier`` with the attribute-group system), in the Bundle line of the resources they route, or as
-bare lines routing their file's bare resources. Where no input file holds such Provenance (``has_group_provenance``),
-resources go to the groups of their type whose profile and filters they pass (``tasks.sof.selection``).
-
-``flatten_file(plan)`` writes its pieces' rows per group into ``<parts>/<plan.folder>/<csv name>``. The parent
-concatenates the parts in input order under one header, so the CSVs are the same bytes however the pieces ran; a
-span's bare Provenance routes come from the whole file (``bare_routes``, saved by ``routes_json``). No Prefect here:
-it runs in a lean worker process (cancellation comes as ``stop_if_cancelled``, progress goes as ``advance``).
-"""
+``flatten_file(plan)`` writes its pieces' rows per group into ``<parts>/<plan.folder>/<csv name>``;
+cancellation comes as ``stop_if_cancelled``, progress goes as ``advance``. See docs/development.md,
+"The SQL-on-FHIR engine"."""
 
 from __future__ import annotations
 
@@ -35,11 +28,14 @@ from tasks.sof.resources import line_resources, parse_line
 from tasks.sof.selection import FILTERED_OUT, TAKEN, Selection
 from tasks.sof.view import CompiledView, compile_view
 
-ATTRIBUTE_GROUP_SYSTEM = "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"
+ATTRIBUTE_GROUP_SYSTEM = (
+    "https://www.medizininformatik-initiative.de/fhir/fdpg/NamingSystem/attribute_group"
+)
 _GROUP_MARKER = ATTRIBUTE_GROUP_SYSTEM.encode()
 _BARE_PROVENANCE = re.compile(rb'^\s*\{.*?"resourceType"\s*:\s*"Provenance"')
 _BUNDLE = re.compile(rb'"resourceType"\s*:\s*"Bundle"')
-# A line opening as a Bundle (as TORCH writes every line) is no bare Provenance: known without searching the line.
+# A line opening as a Bundle (as TORCH writes every line) is no bare Provenance: known without
+# searching the line.
 _BUNDLE_OPENING = re.compile(rb'\s*\{\s*"resourceType"\s*:\s*"Bundle"')
 
 
@@ -57,12 +53,15 @@ def reference_key(reference: Any) -> str | None:
 
 
 def add_routes(routes: dict[str, set[str]], provenance: dict[str, Any]) -> None:
-    """Route each target a TORCH Provenance names to each attribute group it names; a malformed part routes nothing
-    (what it would have routed is counted as unrouted)."""
+    """Route each target a TORCH Provenance names to each attribute group it names.
+
+    Note: a malformed part routes nothing (what it would have routed counts as unrouted)."""
     groups = []
     for entity in as_array(provenance.get("entity")):
         identifier = as_object(as_object(as_object(entity).get("what")).get("identifier"))
-        if identifier.get("system") == ATTRIBUTE_GROUP_SYSTEM and isinstance(identifier.get("value"), str):
+        if identifier.get("system") == ATTRIBUTE_GROUP_SYSTEM and isinstance(
+            identifier.get("value"), str
+        ):
             groups.append(identifier["value"])
     for target in as_array(provenance.get("target")):
         if (key := reference_key(as_object(target).get("reference"))) is not None and groups:
@@ -70,12 +69,12 @@ def add_routes(routes: dict[str, set[str]], provenance: dict[str, Any]) -> None:
 
 
 def has_group_provenance(path: Path, max_line_bytes: int) -> bool:
-    """Whether any line of the file mentions the attribute-group system (stops at the first that does)."""
+    """Whether any line of the file mentions the attribute-group system."""
     return any(_GROUP_MARKER in line for _, line in iter_lines(path, max_line_bytes))
 
 
 def bare_routes(path: Path, max_line_bytes: int) -> dict[str, set[str]]:
-    """The routes of the file's bare (not in a Bundle) attribute-group Provenance lines."""
+    """The routes of the file's bare (not in a Bundle) attribute-group Provenance."""
     routes: dict[str, set[str]] = {}
     for number, line in iter_lines(path, max_line_bytes):
         if _BUNDLE_OPENING.match(line):
@@ -98,21 +97,23 @@ class Engine(Protocol):
 
 @dataclass(kw_only=True)
 class RouteCounts:
-    """Per type, what routing gave no group (``FlattenOutcome`` adds these counters up, ``FileParts`` has them)."""
+    """Per type, what routing gave no group (``FlattenOutcome`` adds these up)."""
 
-    unrouted: Counter = field(default_factory=Counter)
-    skipped_resources: Counter = field(default_factory=Counter)
-    unknown_groups: Counter = field(default_factory=Counter)
-    other_profile: Counter = field(default_factory=Counter)
-    """Without Provenance: per type, what no group of its type took, as none has its profile."""
-    filtered_out: Counter = field(default_factory=Counter)
-    """Without Provenance: per type, what no group of its type took, as its filters left it out."""
+    unrouted: Counter[str] = field(default_factory=Counter)
+    skipped_resources: Counter[str] = field(default_factory=Counter)
+    unknown_groups: Counter[str] = field(default_factory=Counter)
+    other_profile: Counter[str] = field(default_factory=Counter)
+    """Without Provenance: per type, what no group took, as none has its profile."""
+    filtered_out: Counter[str] = field(default_factory=Counter)
+    """Without Provenance: per type, what no group took, as its filters left it out."""
 
 
 class Router:
-    """Sends each resource to the engines of its groups (``(group id, resource type)`` each), counting what goes
-    where: ``resources`` per group (in group order), what no group took in ``counts``. Without Provenance, a group
-    takes what its ``selections`` entry (by default: its type) takes."""
+    """Sends each resource to the engines of its groups, counting what goes where.
+
+    Note: groups are ``(group id, resource type)``; ``resources`` per group (in group
+    order), what no group took in ``counts``. Without Provenance, a group takes what its
+    ``selections`` entry (by default: its type) takes."""
 
     def __init__(
         self,
@@ -167,7 +168,7 @@ class Router:
             self.engines[target].add(resource)
 
     def route_by_type(self, kind: str, resource: dict[str, Any]) -> None:
-        """To each group of its type that takes it; else counted by why (no group, another profile, filtered out)."""
+        """To each group of its type that takes it; else counted by why no group took it."""
         candidates = self.by_type.get(kind)
         if not candidates:
             self.counts.unrouted[kind] += 1
@@ -195,7 +196,7 @@ class GroupPlan:
 
 @dataclass(frozen=True)
 class PieceSource:
-    """The file ``path`` whole, or its ``span``; ``routes_file``: the file's saved bare routes (empty: find them)."""
+    """The file ``path`` whole, or its ``span``; ``routes_file``: saved bare routes."""
 
     path: str
     span: Span = WHOLE_FILE
@@ -204,7 +205,7 @@ class PieceSource:
 
 @dataclass(frozen=True)
 class FilePlan:
-    """The flattening of pieces of the input (a batch of files, or one span) as a worker receives it (picklable)."""
+    """Pieces of the input to flatten (files, or one span), as a worker receives it."""
 
     sources: tuple[PieceSource, ...]
     parts_dir: str
@@ -216,7 +217,7 @@ class FilePlan:
 
 
 class FileParts(TypedDict):
-    """What ``flatten_file`` wrote; ``resources``, ``rows`` and ``bytes`` per group, in group order."""
+    """What ``flatten_file`` wrote; ``resources``, ``rows``, ``bytes`` in group order."""
 
     folder: str
     lines: int
@@ -231,11 +232,14 @@ class FileParts(TypedDict):
 
 
 class ParsedLine:
-    """The line being routed, parsed by orjson alone (no search for decimals); ``exact(resource)`` is one of its
-    resources as the decimal-keeping parse gives it, for a view whose ``csv_rows`` does not take it."""
+    """The line being routed, parsed by orjson alone (no search for decimals).
+
+    Note: ``exact(resource)`` is one of its resources as the decimal-keeping parse gives it,
+    for a view whose ``csv_rows`` does not take it."""
 
     def __init__(self, source: Path):
-        self.source, self.number, self.line, self.root = source, 0, b"", None
+        self.source, self.number, self.line = source, 0, b""
+        self.root: dict[str, Any] | None = None
         self._exact: list[dict[str, Any]] | None = None
 
     def parse(self, number: int, line: bytes) -> dict[str, Any]:
@@ -259,19 +263,21 @@ class ParsedLine:
 
 
 class RowsWriter:
-    """A group's rows as CSV lines (no header) in ``path``, opened at the first row, written ``ROWS_PER_BATCH`` at a
-    time. Resources come as orjson parses them: the view's ``csv_rows`` where it takes them, else the view's rows of
-    the resource parsed with its decimals (``line.exact``)."""
+    """A group's rows as CSV lines (no header) in ``path``, opened at the first row.
+
+    Note: written ``ROWS_PER_BATCH`` at a time. Resources come as orjson parses them: the
+    view's ``csv_rows`` where it takes them, else its rows of the resource parsed with its
+    decimals (``line.exact``)."""
 
     def __init__(self, path: Path, view: CompiledView, name: str, line: ParsedLine):
         self.path, self.view, self.name, self.line = path, view, name, line
         self.rows = 0
-        self._pending: list[tuple] = []
+        self._pending: list[tuple[Any, ...]] = []
         self._stream: IO[str] | None = None
         self._writer: CsvWriter | None = None
 
     def add(self, resource: dict[str, Any]) -> None:
-        """Take the resource's rows as the view produces them (one resource may give millions)."""
+        """Take the resource's rows as the view makes them (one may give millions)."""
         try:
             view, cells = self.view, None
             if view.csv_rows is not None and resource.get("resourceType") == view.resource:
@@ -287,20 +293,22 @@ class RowsWriter:
         except ViewError as exc:
             raise ViewEvaluationError(f"{self.name}: {exc}") from exc
 
-    def _write(self, rows: Iterable[tuple]) -> None:
+    def _write(self, rows: Iterable[tuple[Any, ...]]) -> None:
         if self._writer is None:
-            self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115 - closed by close
+            # closed by close(), not by a with block: rows come over many calls
+            self._stream = open(self.path, "w", encoding="utf-8", newline="")  # noqa: SIM115
             self._writer = CsvWriter(self._stream)
         try:
             self.rows += self._writer.writerows(rows)
-        except orjson.JSONEncodeError as exc:  # an object cell nested deeper than orjson writes (254 levels)
+        # an object cell nested deeper than orjson writes (254 levels)
+        except orjson.JSONEncodeError as exc:
             raise ViewEvaluationError(
                 f"{self.name}: a cell from {self.line.source} cannot be written as JSON ({exc})"
             ) from None
         self._pending = []
 
     def close(self) -> int:
-        """Write what is held and close the part; its size in bytes (0 when it has no rows)."""
+        """Write what is held and close the part; its size in bytes (0 without rows)."""
         if self._pending:
             self._write(self._pending)
         if self._stream is None:
@@ -314,17 +322,22 @@ class RowsWriter:
 
 
 def flatten_file(
-    plan: FilePlan, stop_if_cancelled: Callable[[], None] = never_cancelled, advance: Callable[[int], None] = uncounted
+    plan: FilePlan,
+    stop_if_cancelled: Callable[[], None] = never_cancelled,
+    advance: Callable[[int], None] = uncounted,
 ) -> FileParts:
-    """Flatten the plan's pieces, in turn, into ``<parts_dir>/<folder>/``, written as ``.<folder>.tmp`` and renamed
-    when complete (replacing an earlier attempt's). ``stop_if_cancelled`` before each line, ``advance(1)`` after."""
+    """Flatten the plan's pieces in turn into ``<parts_dir>/<folder>/`` (renamed to)."""
     parts_dir = Path(plan.parts_dir)
     work, final = parts_dir / f".{plan.folder}.tmp", parts_dir / plan.folder
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     parsed = ParsedLine(Path(plan.sources[0].path))
-    writers = [RowsWriter(work / g.csv_name, compiled_view(g.view_json), g.csv_name, parsed) for g in plan.groups]
-    groups, selections = [(g.id, g.resource_type) for g in plan.groups], [g.selection for g in plan.groups]
+    writers = [
+        RowsWriter(work / g.csv_name, compiled_view(g.view_json), g.csv_name, parsed)
+        for g in plan.groups
+    ]
+    groups = [(g.id, g.resource_type) for g in plan.groups]
+    selections = [g.selection for g in plan.groups]
     router = Router(groups, plan.skipped_ids, writers, plan.by_provenance, selections=selections)
     counts = router.counts
     lines = 0
@@ -360,11 +373,14 @@ def flatten_file(
 
 
 def routes_of(piece: PieceSource, plan: FilePlan) -> dict[str, set[str]]:
-    """The bare Provenance routes of the piece's file: saved by the parent for a span, found here for a whole file."""
+    """The piece's bare Provenance routes: the parent's for a span, else found here."""
     if not plan.by_provenance:
         return {}
     if piece.routes_file:
-        return {key: set(groups) for key, groups in json.loads(Path(piece.routes_file).read_bytes()).items()}
+        return {
+            key: set(groups)
+            for key, groups in json.loads(Path(piece.routes_file).read_bytes()).items()
+        }
     return bare_routes(Path(piece.path), plan.max_line_bytes)
 
 
@@ -375,8 +391,10 @@ def compiled_view(view_json: str) -> CompiledView:
 
 
 def parquet_file(csv_path: Path, view: dict[str, Any], parquet_path: Path) -> int:
-    """``tasks.sof.parquet.write_parquet``, imported in the worker: pyarrow and Arrow's memory (about 100 MB for a
-    large CSV) stay out of the long-lived flow process."""
+    """``tasks.sof.parquet.write_parquet``, imported in the worker.
+
+    Why: pyarrow and Arrow's memory (about 100 MB for a large CSV) stay out of the
+    long-lived flow process."""
     from tasks.sof.parquet import write_parquet
 
     return write_parquet(csv_path, view, parquet_path)

@@ -1,11 +1,8 @@
-"""The flattening lookup file: profile URL → element ids → ViewDefinition snippets (spec/protocols.md).
+"""The flattening lookup file: profile URL → element ids → ViewDefinition snippets.
 
-A JSON array of tables ``{url, resourceType, elements: {<element id>: {viewDefinition, children?}}}``; parent links
-come from ``children`` (the deprecated ``parent`` is ignored). ``lookup_problems`` lists everything wrong, each naming
-table url and element id: the schema (aether's flatten-lookup rules), duplicate table urls, children that are no
-element of the table or have two parents, cycles, nesting deeper than MAX_ELEMENT_DEPTH, snippets that are no valid
-select. Read by ``read_json_file``: at most MAX_LOOKUP_BYTES (/dev/zero is refused) and MAX_JSON_DEPTH levels.
-"""
+Read by ``read_json_file``: at most ``MAX_LOOKUP_BYTES`` (/dev/zero is refused) and
+``MAX_JSON_DEPTH`` levels. Its form and checks: spec/protocols.md and docs/development.md, "The
+SQL-on-FHIR engine"."""
 
 from __future__ import annotations
 
@@ -16,13 +13,15 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from tasks.core.jsonfile import JsonFileError, read_json_file
-from tasks.sof.errors import LookupFileError, ViewDefinitionError
+from tasks.sof.errors import SofError, ViewDefinitionError
 from tasks.sof.view import compile_view
 
 MAX_LOOKUP_BYTES = 16 * 1024 * 1024  # aether's lookup for every MII profile is under 1 MB
-MAX_ELEMENT_DEPTH = 64  # FHIR elements nest a dozen levels; a deeper children chain is a broken file
+# FHIR elements nest a dozen levels; a deeper children chain is a broken file
+MAX_ELEMENT_DEPTH = 64
 
-# The rules of aether's flatten-lookup.schema.json (shared/testdata/flattening), descriptions left out.
+# The rules of aether's flatten-lookup.schema.json (shared/testdata/flattening), descriptions left
+# out.
 LOOKUP_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "array",
@@ -34,7 +33,10 @@ LOOKUP_SCHEMA: dict[str, Any] = {
             "properties": {
                 "url": {"type": "string", "minLength": 1},
                 "resourceType": {"type": "string", "minLength": 1},
-                "elements": {"type": "object", "additionalProperties": {"$ref": "#/$defs/lookupElement"}},
+                "elements": {
+                    "type": "object",
+                    "additionalProperties": {"$ref": "#/$defs/lookupElement"},
+                },
             },
             "additionalProperties": False,
         },
@@ -82,7 +84,8 @@ class LookupTable:
     parents: dict[str, str]
 
     def snippet(self, element_id: str) -> dict[str, Any]:
-        return self.elements[element_id]["viewDefinition"]
+        snippet: dict[str, Any] = self.elements[element_id]["viewDefinition"]  # by LOOKUP_SCHEMA
+        return snippet
 
     def children(self, element_id: str) -> list[str]:
         return list(self.elements[element_id].get("children", []))
@@ -97,21 +100,27 @@ class LookupTable:
 
 
 def lookup_problems(path: Path) -> list[str]:
-    """Every problem of the lookup file at ``path`` (each names its table url and element id); [] when valid."""
+    """Every problem of the lookup file, each naming table url and element id."""
     document, problems = _read(Path(path))
     return problems if document is None else _document_problems(document)
 
 
 def load_lookup(path: Path) -> dict[str, LookupTable]:
-    """The lookup file's tables by profile url; raises ``LookupFileError`` listing every problem."""
+    """The lookup file's tables by profile url; a ``SofError`` lists every problem."""
     document, problems = _read(Path(path))
     if document is None or (problems := _document_problems(document)):
-        raise LookupFileError(path, problems)
+        raise SofError(f"lookup file {path}: " + "; ".join(problems))
     tables = {}
     for table in document:
         elements = table["elements"]
-        parents = {child: parent for parent, element in elements.items() for child in element.get("children", [])}
-        tables[table["url"]] = LookupTable(table["url"], table["resourceType"], table["elements"], parents)
+        parents = {
+            child: parent
+            for parent, element in elements.items()
+            for child in element.get("children", [])
+        }
+        tables[table["url"]] = LookupTable(
+            table["url"], table["resourceType"], table["elements"], parents
+        )
     return tables
 
 
@@ -124,14 +133,18 @@ def _read(path: Path) -> tuple[Any, list[str]]:
 
 def _document_problems(document: Any) -> list[str]:
     validator = Draft202012Validator(LOOKUP_SCHEMA)
-    errors = sorted(validator.iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path])
+    errors = sorted(
+        validator.iter_errors(document), key=lambda e: [str(p) for p in e.absolute_path]
+    )
     if problems := [_schema_problem(document, error) for error in errors]:
         return problems
     seen: set[str] = set()
     for table in document:
         url = table["url"]
         if url in seen:
-            problems.append(f"table {url}: the url is listed more than once (each profile needs one table)")
+            problems.append(
+                f"table {url}: the url is listed more than once (each profile needs one table)"
+            )
         seen.add(url)
         problems += _table_problems(table)
     return problems
@@ -141,7 +154,12 @@ def _schema_problem(document: Any, error: Any) -> str:
     """A schema error as text naming the table url and element id it is in."""
     where = list(error.absolute_path)
     label = "lookup file"
-    if where and isinstance(where[0], int) and isinstance(document, list) and where[0] < len(document):
+    if (
+        where
+        and isinstance(where[0], int)
+        and isinstance(document, list)
+        and where[0] < len(document)
+    ):
         table = document[where[0]]
         url = table.get("url") if isinstance(table, dict) else None
         label = f"table {url}" if isinstance(url, str) else f"table #{where[0] + 1}"
@@ -161,11 +179,14 @@ def _table_problems(table: dict[str, Any]) -> list[str]:
     for element_id, element in elements.items():
         for child in element.get("children", []):
             if child not in elements:
-                problems.append(f"table {url} element {element_id}: child {child} is not an element of this table")
+                problems.append(
+                    f"table {url} element {element_id}: child {child} is not an element of this "
+                    "table"
+                )
             elif child in parent_of and parent_of[child] != element_id:
                 problems.append(
-                    f"table {url} element {child}: it is a child of both {parent_of[child]} and {element_id} "
-                    "(an element can have one parent)"
+                    f"table {url} element {child}: it is a child of both {parent_of[child]} and "
+                    f"{element_id} (an element can have one parent)"
                 )
             else:
                 parent_of[child] = element_id
@@ -177,8 +198,9 @@ def _table_problems(table: dict[str, Any]) -> list[str]:
 
 
 def _in_context(elements: dict[str, Any], parent_of: dict[str, str], element_id: str) -> Any:
-    """The element's snippet in its ancestors' iterations, as a group's view holds it; alone in a
-    chain too deep or a cycle, which ``_cycle_problems`` reports."""
+    """The element's snippet in its ancestors' iterations, as a group's view holds it.
+
+    Note: alone in a chain too deep or a cycle, which ``_cycle_problems`` reports."""
     chain, parent = {element_id: None}, parent_of.get(element_id)
     while parent is not None:
         if parent in chain or len(chain) > MAX_ELEMENT_DEPTH:
@@ -189,8 +211,7 @@ def _in_context(elements: dict[str, Any], parent_of: dict[str, str], element_id:
 
 
 def in_iterations(select: dict[str, Any], ancestors: list[dict[str, Any]]) -> dict[str, Any]:
-    """``select`` in the ``forEach`` / ``forEachOrNull`` of each ancestor's snippet (outermost
-    first): the focus it has in a group's view."""
+    """``select`` in each ancestor's ``forEach`` / ``forEachOrNull``, outermost first."""
     for ancestor in reversed(ancestors):
         if iteration := {k: v for k, v in ancestor.items() if k in ("forEach", "forEachOrNull")}:
             select = {**iteration, "select": [select]}
@@ -198,11 +219,13 @@ def in_iterations(select: dict[str, Any], ancestors: list[dict[str, Any]]) -> di
 
 
 def _cycle_problems(url: str, elements: dict[str, dict[str, Any]]) -> list[str]:
-    """Cycles in the children links (each reported once, at the element it returns to) and chains deeper than
-    MAX_ELEMENT_DEPTH, whatever order the elements are listed in; a depth-first walk with its own stack, so a chain of
-    any length costs no recursion."""
+    """Cycles in the children links, and chains deeper than ``MAX_ELEMENT_DEPTH``.
+
+    Note: each cycle once, at the element it returns to, in any listing order; a depth-first
+    walk with its own stack, so a chain of any length costs no recursion."""
     problems: list[str] = []
-    height: dict[str, int] = {}  # of each finished element: the longest chain of children below it, itself included
+    # of each finished element: the longest chain of children below it, itself included
+    height: dict[str, int] = {}
     for root in elements:
         if root in height:
             continue
@@ -211,30 +234,39 @@ def _cycle_problems(url: str, elements: dict[str, dict[str, Any]]) -> list[str]:
             if (child := next(pending[-1], None)) is None:
                 done = path.pop()
                 pending.pop()
-                height[done] = 1 + max((height.get(c, 0) for c in elements[done].get("children", [])), default=0)
-                if height[done] > MAX_ELEMENT_DEPTH:  # a chain whose lower part was walked first, from its leaf
+                height[done] = 1 + max(
+                    (height.get(c, 0) for c in elements[done].get("children", [])), default=0
+                )
+                # a chain whose lower part was walked first, from its leaf
+                if height[done] > MAX_ELEMENT_DEPTH:
                     problems.append(
-                        f"table {url} element {done}: its children nest more than {MAX_ELEMENT_DEPTH} levels deep, "
-                        "far deeper than any FHIR element"
+                        f"table {url} element {done}: its children nest more than "
+                        f"{MAX_ELEMENT_DEPTH} levels deep, far deeper than any FHIR element"
                     )
                     return problems
             elif child in path:
                 cycle = " → ".join(path[path.index(child) :] + [child])
-                problems.append(f"table {url} element {child}: its children lead back to it ({cycle})")
+                problems.append(
+                    f"table {url} element {child}: its children lead back to it ({cycle})"
+                )
             elif child in elements and child not in height:
                 if len(path) >= MAX_ELEMENT_DEPTH:
                     problems.append(
-                        f"table {url} element {root}: its children nest more than {MAX_ELEMENT_DEPTH} levels deep "
-                        f"(through {child}), far deeper than any FHIR element"
+                        f"table {url} element {root}: its children nest more than "
+                        f"{MAX_ELEMENT_DEPTH} levels deep (through {child}), far deeper than any "
+                        "FHIR element"
                     )
-                    return problems  # one such problem per table: the rest of the chain says the same
+                    # one such problem per table: the rest of the chain says the same
+                    return problems
                 path.append(child)
                 pending.append(iter(elements[child].get("children", [])))
     return problems
 
 
-def _snippet_problems(url: str, resource_type: str, element_id: str, snippet: dict[str, Any]) -> list[str]:
-    """A snippet must be a valid select on its own (FHIRPath that parses, proper columns)."""
+def _snippet_problems(
+    url: str, resource_type: str, element_id: str, snippet: dict[str, Any]
+) -> list[str]:
+    """A snippet's problems as a select on its own (FHIRPath that parses, columns)."""
     try:
         compile_view({"resource": resource_type, "select": [snippet]})
     except ViewDefinitionError as exc:

@@ -1,10 +1,6 @@
-"""Rows as CSV cells and as NDJSON objects.
+"""Rows as CSV cells (RFC 4180, LF line ends) and as NDJSON objects.
 
-CSV cells (spec/protocols.md): null → empty, strings verbatim (no formula escaping), numbers as written in the input
-(the engine reads decimals as ``Decimal``, which keeps their digits), booleans ``true``/``false``, objects and
-arrays as compact JSON. The CSV dialect is RFC 4180 with LF line ends: a cell holding a comma, a double quote, a line
-feed or a carriage return is quoted (Python's ``csv`` quotes only the characters of its line terminator, so a bare CR
-would go out unquoted and split the row for every reader; ``CsvWriter`` quotes such rows itself).
+How each value becomes a cell: spec/protocols.md and docs/development.md, "The SQL-on-FHIR engine".
 """
 
 from __future__ import annotations
@@ -23,20 +19,21 @@ from tasks.core.exact_json import dumps_exact
 
 _NEEDS_QUOTES = (",", '"', "\n", "\r")
 _WRITTEN_AS_CELLS = frozenset({str, type(None), int})
-"""Types ``csv`` writes as ``cell`` would (None empty, ints as ``str``): rows of only these need no conversion. Not
-``Decimal``: ``str`` gives it an exponent (``0E-8``), ``cell`` plain notation."""
+"""Types ``csv`` writes as ``cell`` would (None empty, ints as ``str``): rows of only these need no
+conversion. Not ``Decimal``: ``str`` gives it an exponent (``0E-8``), ``cell`` plain notation."""
 ROWS_PER_BATCH = 1000
 _LAST_LINE_FEED = bytes.maketrans(b"]", b"\n")
 
 
 class CsvWriter:
-    """Rows as RFC 4180 lines: ``csv.writer`` for most, a row with a bare CR quoted here (see the module doc)."""
+    """Rows as RFC 4180 lines: ``csv.writer`` for most; a bare CR's row quoted here."""
 
     def __init__(self, stream: IO[str]):
-        self._stream, self._writer = stream, csv.writer(stream, lineterminator="\n")  # else excel's: RFC 4180 quoting
+        # else excel's: RFC 4180 quoting
+        self._stream, self._writer = stream, csv.writer(stream, lineterminator="\n")
         utf8 = str(getattr(stream, "encoding", "")).lower().replace("-", "") == "utf8"
         self._bytes: IO[bytes] | None = getattr(stream, "buffer", None) if utf8 else None
-        """The UTF-8 text stream's byte stream: a batch's lines made as bytes go there, not decoded and encoded"""
+        """The UTF-8 text stream's byte stream: lines made as bytes go there as they are."""
 
     def writerow(self, cells: list[str]) -> None:
         if "\r" in "".join(cells):
@@ -52,17 +49,20 @@ class CsvWriter:
             self._stream.flush()  # what the text layer holds goes first
             self._bytes.write(text)
 
-    def writerows(self, rows: Iterable[tuple]) -> int:
-        """The rows as CSV lines, ``ROWS_PER_BATCH`` at a time (one resource may give millions); the number written.
-        A batch needing no quoting is joined as it is (``_string_lines``) or made from its JSON (``_plain_lines``),
-        else written in one call to ``csv`` (as ``cell`` makes its cells where they are more than strings, nulls and
-        ints)."""
+    def writerows(self, rows: Iterable[tuple[Any, ...]]) -> int:
+        """The rows as CSV lines, ``ROWS_PER_BATCH`` at a time; the number written.
+
+        Note: one resource may give millions. A batch needing no quoting is joined as it is
+        (``_string_lines``) or made from its JSON (``_plain_lines``), else written in one call
+        to ``csv`` (as ``cell`` makes its cells where they are more than strings, nulls, ints)."""
         written = 0
         pending = iter(rows)
-        batch: list[Sequence[Any]]  # the engine's tuples, or (below) their cells as lists of strings
+        # the engine's tuples, or (below) their cells as lists of strings
+        batch: list[Sequence[Any]]
         while batch := list(islice(pending, ROWS_PER_BATCH)):
             written += len(batch)
-            text = _string_lines(batch) or _plain_lines(batch)  # never b"": each ends with a line feed
+            # never b"": each ends with a line feed
+            text = _string_lines(batch) or _plain_lines(batch)
             if text is not None:
                 self.write_lines(text)
                 continue
@@ -76,9 +76,11 @@ class CsvWriter:
         return written
 
 
-def _string_lines(batch: list) -> bytes | None:
-    """The batch's CSV lines, its cells joined as they are, where all are strings (``CompiledView.csv_rows``) holding
-    no comma, line feed, quote, CR or NUL; None otherwise, or where ``_width`` is 0 or a string is no UTF-8."""
+def _string_lines(batch: list[Any]) -> bytes | None:
+    """The batch's CSV lines, its cells joined as they are; None where that is wrong.
+
+    Note: only where all are strings (``CompiledView.csv_rows``) holding no comma, line
+    feed, quote, CR or NUL, ``_width`` is not 0 and every string is UTF-8."""
     if not (width := _width(batch)):
         return None
     rows = len(batch)
@@ -92,13 +94,16 @@ def _string_lines(batch: list) -> bytes | None:
     return None if b'"' in text or b"\r" in text or b"\x00" in text else text
 
 
-def _plain_lines(batch: list) -> bytes | None:
-    """The batch's CSV lines made from its JSON (``orjson``, in C, one call) where no cell needs quoting: no JSON
-    escape (no quote, backslash, CR, LF or control character in a string), no comma but the separators, no bracket
-    but the rows' own. A comma is then always a separator, so an unquoted ``null`` after one, or opening a line, is a
-    null: an empty cell; then the quotes go. None where a cell needs quoting, is an object, array or ``Decimal``
-    (orjson refuses it, an int beyond 64 bits and a lone surrogate), or ``_width`` is 0. No type test per cell: it
-    cost as much as the rest."""
+def _plain_lines(batch: list[Any]) -> bytes | None:
+    """The batch's CSV lines made from its JSON (orjson, in C, one call), or None.
+
+    Note: only where no cell needs quoting: no JSON escape (no quote, backslash, CR, LF or
+    control character in a string), no comma but the separators, no bracket but the rows'
+    own. A comma is then always a separator, so an unquoted ``null`` after one, or opening a
+    line, is a null: an empty cell; then the quotes go. None where a cell needs quoting, is
+    an object, array or ``Decimal`` (orjson refuses it, an int beyond 64 bits and a lone
+    surrogate), or ``_width`` is 0.
+    Why no type test per cell: it cost as much as the rest."""
     if not (width := _width(batch)):
         return None
     try:
@@ -116,8 +121,10 @@ def _plain_lines(batch: list) -> bytes | None:
     return text.translate(_LAST_LINE_FEED, b'"')
 
 
-def _width(batch: list) -> int:
-    """The rows' length where all are as long and two cells or more (``csv`` quotes a lone empty cell); else 0."""
+def _width(batch: list[Any]) -> int:
+    """The rows' common length if it is 2 or more, else 0.
+
+    Why: ``csv`` quotes a lone empty cell."""
     widths = set(map(len, batch))
     return widths.pop() if len(widths) == 1 and min(widths) > 1 else 0
 
@@ -129,7 +136,8 @@ def _quoted(cell: str) -> str:
 
 
 MAX_EXPANDED_DIGITS = 100
-"""A decimal with an exponent is written out in digits while its magnitude is within 10 to the ±100."""
+"""A decimal with an exponent is written out in digits while its magnitude is within 10 to the
+±100."""
 
 
 def cell(value: Any) -> str:
@@ -149,8 +157,9 @@ def cell(value: Any) -> str:
 
 
 def decimal_text(value: Decimal) -> str:
-    """A decimal's digits without an exponent (``str`` writes 0.0000001 as 1E-7), unless they would take more than
-    ``MAX_EXPANDED_DIGITS``: 1e50000000 is no 50 MB cell."""
+    """A decimal's digits without an exponent (``str`` writes 0.0000001 as 1E-7).
+
+    Note: not beyond ``MAX_EXPANDED_DIGITS``: 1e50000000 is no 50 MB cell."""
     text = str(value)
     expands = "E" in text and -MAX_EXPANDED_DIGITS <= value.adjusted() <= MAX_EXPANDED_DIGITS
     return format(value, "f") if expands else text
@@ -161,12 +170,16 @@ def csv_cells(row: Iterable[Any]) -> list[str]:
 
 
 def json_bytes(value: Any) -> bytes:
-    """Compact JSON; decimals and integers beyond 64 bits keep their digits, decimals written as in a column."""
+    """Compact JSON; decimals and integers beyond 64 bits keep their digits.
+
+    Note: decimals are written as in a column."""
     return dumps_exact(value, decimal_text)
 
 
 def csv_data_rows(path: Path, chunk_bytes: int = 1 << 20) -> int:
-    """The records after the header of an RFC 4180 file, read in chunks (a newline inside quotes is a cell's)."""
+    """The records after the header of an RFC 4180 file, read in chunks.
+
+    Note: a newline inside quotes is a cell's."""
     records, quoted, last = 0, False, b"\n"
     with path.open("rb") as stream:
         while chunk := stream.read(chunk_bytes):

@@ -1,13 +1,7 @@
 """A finished group CSV as Parquet, typed from its ViewDefinition's columns (pyarrow; no Prefect).
 
-Converting the CSV, not the rows, gives the same Parquet whether the embedded engine or the flattening service made
-it. Blocks of ``BLOCK_BYTES`` in, row groups of about ``ROW_GROUP_BYTES`` out keep memory flat (120 MB and 300 MB
-files: Arrow's pool peaks at 58 MB; blocks are small as pyarrow reads about ten ahead).
-
-Types from each column's ``type`` (a ``unionAll``'s branches must agree, else string): ``boolean`` → bool, the
-integer types → int64, everything else stays text: ``decimal`` keeps its digits (``1.50`` is not ``1.5``), dates
-too (FHIR allows ``2020``, which no timestamp holds). An empty cell is null. A cell its type cannot hold raises
-``ViewError`` naming file, column and row, never the value (it is patient data).
+A cell its type cannot hold raises ``ViewError`` naming file, column and row, never the value (it is
+patient data). Blocks, row groups and types: docs/development.md, "The SQL-on-FHIR engine".
 """
 
 from __future__ import annotations
@@ -18,8 +12,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-# Arrow's allocator (mimalloc) kept freed memory for reuse: a 120 MB CSV took the process up by 196 MB, now 102 MB.
-# It reads the setting when pyarrow loads (this module is imported only for a job that asks for Parquet).
+# Arrow's allocator (mimalloc) kept freed memory for reuse: a 120 MB CSV took the process up by 196
+# MB, now 102 MB. It reads the setting when pyarrow loads (this module is imported only for a job
+# that asks for Parquet).
 os.environ.setdefault("MIMALLOC_PURGE_DELAY", "0")
 
 import pyarrow as pa  # noqa: E402
@@ -32,11 +27,13 @@ from tasks.sof.view import compile_view
 
 BLOCK_BYTES = 1024 * 1024
 MAX_BLOCK_BYTES = 1024 * BLOCK_BYTES  # a row longer than this (a CSV row of over 1 GB) is refused
-ROW_GROUP_BYTES = 8 * 1024 * 1024  # the Parquet writer holds a row group's pages: 32 MB took 45 MB more
+# the Parquet writer holds a row group's pages: 32 MB took 45 MB more
+ROW_GROUP_BYTES = 8 * 1024 * 1024
 ROW_GROUP_MAX_ROWS = 1 << 30  # rows do not cut a row group: its bytes do
 COMPRESSION = "zstd"
 INTEGER_TYPES = frozenset({"integer", "positiveInt", "unsignedInt", "integer64"})
-ARROW_TYPES = {"boolean": pa.bool_(), **dict.fromkeys(INTEGER_TYPES, pa.int64())}  # any other type: text
+# any other type: text
+ARROW_TYPES = {"boolean": pa.bool_(), **dict.fromkeys(INTEGER_TYPES, pa.int64())}
 _CONVERSION_ERROR = re.compile(
     r"In CSV column #(?P<index>\d+): (?:Row #(?P<row>\d+): )?CSV conversion error to (?P<type>\w+)"
 )
@@ -47,7 +44,7 @@ _CELL_VALUE = re.compile(r"'[^']*'")  # a quoted value in pyarrow's reason
 def write_parquet(
     csv_path: Path, view: dict[str, Any], parquet_path: Path, row_group_bytes: int = ROW_GROUP_BYTES
 ) -> int:
-    """Write ``view``'s group CSV as ``parquet_path`` (a hidden name renamed when complete); the number of rows."""
+    """Write ``view``'s group CSV as ``parquet_path`` (renamed when done); its rows."""
     schema = parquet_schema(view)
     temporary = parquet_path.with_name(f".{parquet_path.name}.part")
     try:
@@ -66,13 +63,13 @@ def write_parquet(
 def parquet_rows(path: Path) -> int:
     """The rows a Parquet file's footer records; ``ViewError`` when it is none."""
     try:
-        return pq.read_metadata(path).num_rows
+        return pq.read_metadata(path).num_rows  # type: ignore[no-any-return]  # pyarrow: untyped
     except (pa.ArrowException, OSError) as exc:
         raise ViewError(f"{path.name} cannot be read as a Parquet file ({exc})") from None
 
 
 def parquet_schema(view: dict[str, Any]) -> pa.Schema:
-    """The view's columns in the engine's order, each with its Parquet type (``Select.types``)."""
+    """The view's columns in the engine's order, each with its Parquet type."""
     root = compile_view(view).root
     types = [ARROW_TYPES.get(fhir_type, pa.string()) for fhir_type in root.types]
     return pa.schema(list(zip(root.names, types, strict=True)))
@@ -81,8 +78,10 @@ def parquet_schema(view: dict[str, Any]) -> pa.Schema:
 def _converted_in_blocks_of_its_rows(
     csv_path: Path, schema: pa.Schema, parquet_path: Path, row_group_bytes: int
 ) -> int:
-    """``_converted`` in blocks of ``BLOCK_BYTES``, or, when a row is longer than a block (a large base64 or
-    collection cell), again from the start in blocks four times as large, up to ``MAX_BLOCK_BYTES``."""
+    """``_converted`` in blocks of ``BLOCK_BYTES``, or larger ones for long rows.
+
+    Note: a row longer than a block (a large base64 or collection cell) starts it again
+    with blocks four times as large, up to ``MAX_BLOCK_BYTES``."""
     block = min(BLOCK_BYTES, row_group_bytes)
     while True:
         try:
@@ -90,11 +89,15 @@ def _converted_in_blocks_of_its_rows(
         except pa.ArrowInvalid as exc:
             if _ROW_OVER_BLOCK not in str(exc) or block >= MAX_BLOCK_BYTES:
                 problem = _arrow_problem(exc, schema)
-                raise ViewError(f"{csv_path.name} cannot be written as Parquet: {problem}") from None
+                raise ViewError(
+                    f"{csv_path.name} cannot be written as Parquet: {problem}"
+                ) from None
             block *= 4
 
 
-def _converted(csv_path: Path, schema: pa.Schema, parquet_path: Path, row_group_bytes: int, block: int) -> int:
+def _converted(
+    csv_path: Path, schema: pa.Schema, parquet_path: Path, row_group_bytes: int, block: int
+) -> int:
     rows = 0
     reader = pa_csv.open_csv(
         csv_path,
@@ -110,18 +113,22 @@ def _converted(csv_path: Path, schema: pa.Schema, parquet_path: Path, row_group_
     )
     if reader.schema.names != schema.names:
         raise ViewError(
-            f"{csv_path.name} has the columns {reader.schema.names}, but its ViewDefinition has {schema.names}: "
-            "convert a CSV with the view that wrote it"
+            f"{csv_path.name} has the columns {reader.schema.names}, but its ViewDefinition has "
+            f"{schema.names}: convert a CSV with the view that wrote it"
         )
     with pq.ParquetWriter(parquet_path, schema, compression=COMPRESSION) as writer:
         for group in _row_groups(reader, row_group_bytes):
-            writer.write_table(pa.Table.from_batches(group, schema), row_group_size=ROW_GROUP_MAX_ROWS)
+            writer.write_table(
+                pa.Table.from_batches(group, schema), row_group_size=ROW_GROUP_MAX_ROWS
+            )
             rows += sum(batch.num_rows for batch in group)
     return rows
 
 
-def _row_groups(batches: Iterable[pa.RecordBatch], row_group_bytes: int) -> Iterator[list[pa.RecordBatch]]:
-    """The batches in runs of at least ``row_group_bytes`` (the last run may be smaller)."""
+def _row_groups(
+    batches: Iterable[pa.RecordBatch], row_group_bytes: int
+) -> Iterator[list[pa.RecordBatch]]:
+    """The batches in runs of at least ``row_group_bytes`` (the last may be smaller)."""
     group: list[pa.RecordBatch] = []
     size = 0
     for batch in batches:
@@ -135,14 +142,15 @@ def _row_groups(batches: Iterable[pa.RecordBatch], row_group_bytes: int) -> Iter
 
 
 def _arrow_problem(exc: pa.ArrowInvalid, schema: pa.Schema) -> str:
-    """pyarrow's reason in one line, never a cell's value (patient data); for a cell its column's type cannot hold,
-    the column, the row and the fix."""
+    """pyarrow's reason in one line, never a cell's value (patient data).
+
+    Note: for a cell its column's type cannot hold: the column, the row and the fix."""
     reason = str(exc).splitlines()[0]
     if (found := _CONVERSION_ERROR.search(reason)) is None:
         return _CELL_VALUE.sub("'…'", reason)
     name = schema.field(int(found["index"])).name
     row = f", row {found['row']}" if found["row"] else ""
     return (
-        f"column {name!r}{row}: a value that is no {found['type']}; its type in the ViewDefinition does not fit its "
-        "values: correct the type or remove it (the column is then text)"
+        f"column {name!r}{row}: a value that is no {found['type']}; its type in the ViewDefinition "
+        "does not fit its values: correct the type or remove it (the column is then text)"
     )

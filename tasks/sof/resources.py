@@ -1,5 +1,5 @@
-"""Reading resources for the engine: NDJSON lines with decimals kept as written, Bundles opened into entries, and
-lines of types no view reads passed over unparsed."""
+"""Reading resources for the engine: NDJSON lines with decimals kept as written, Bundles opened into
+entries, and lines of types no view reads passed over unparsed."""
 
 from __future__ import annotations
 
@@ -25,23 +25,29 @@ _ESCAPED_LETTER = re.compile(rb"\\u00[4-7][0-9A-Fa-f]")
 
 
 def parse_line(source: Path | str, number: int, line: bytes) -> dict[str, Any]:
-    """One NDJSON line; decimals as ``Decimal`` (they reach the CSV as written), the fast parser when there are none.
+    """One NDJSON line; decimals as ``Decimal`` (the fast parser when there are none).
 
-    A line "has decimals" when a number with a fraction or exponent, or an integer of 20 digits or more (19 when
-    negative: orjson would make a float of one beyond 64 bits), follows ``:``, ``[`` or ``,``; a string that looks
-    like that only costs the slower parser, never a wrong value.
+    Why: decimals reach the CSV as written.
+    Note: a line "has decimals" when a number with a fraction or exponent, or an integer of
+    20 digits or more (19 when negative: orjson would make a float of one beyond 64 bits),
+    follows ``:``, ``[`` or ``,``; a string that looks like that only costs the slower parser,
+    never a wrong value.
     """
     try:
         if _DECIMAL_NUMBER.search(line):
             if b"\\u" in line and _SURROGATE_ESCAPE.search(line):
-                orjson.loads(line.removeprefix(b"\xef\xbb\xbf"))  # refuses a lone surrogate, as without decimals
+                # refuses a lone surrogate, as without decimals
+                orjson.loads(line.removeprefix(b"\xef\xbb\xbf"))
             resource = EXACT_DECODER.decode(line.decode("utf-8-sig"))
         else:
             resource = orjson.loads(line)
     except ValueError as exc:
         raise ResourceLineError(f"{source}: line {number} is not valid JSON ({exc})") from exc
-    except RecursionError:  # the decimal-keeping parser recurses per level; orjson stops at 1024 levels itself
-        raise ResourceLineError(f"{source}: line {number} is nested too deeply to be a FHIR resource") from None
+    # the decimal-keeping parser recurses per level; orjson stops at 1024 levels itself
+    except RecursionError:
+        raise ResourceLineError(
+            f"{source}: line {number} is nested too deeply to be a FHIR resource"
+        ) from None
     if not isinstance(resource, dict):
         raise ResourceLineError(f"{source}: line {number} is not a JSON object")
     return resource
@@ -51,18 +57,27 @@ def line_resources(resource: dict[str, Any]) -> list[dict[str, Any]]:
     if resource.get("resourceType") != "Bundle":
         return [resource]
     entries = as_array(resource.get("entry"))
-    return [e["resource"] for e in entries if isinstance(e, dict) and isinstance(e.get("resource"), dict)]
+    return [
+        e["resource"]
+        for e in entries
+        if isinstance(e, dict) and isinstance(e.get("resource"), dict)
+    ]
 
 
 def may_hold(line: bytes, types: frozenset[bytes]) -> bool:
-    """Whether the line can hold a resource of one of ``types`` (a Bundle can hold any): false only when every
-    ``"resourceType"`` in it names another type, so such a line need not be parsed at all."""
+    """Whether the line can hold a resource of one of ``types`` (a Bundle: of any).
+
+    Note: false only when every ``"resourceType"`` in it names another type, so such a line
+    need not be parsed at all."""
     first = line.find(_RESOURCE_TYPE_KEY)
     if first < 0:
         return True
-    if line.find(_RESOURCE_TYPE_KEY, first + len(_RESOURCE_TYPE_KEY)) < 0:  # the usual case: one, found by bytes
+    # the usual case: one, found by bytes
+    if line.find(_RESOURCE_TYPE_KEY, first + len(_RESOURCE_TYPE_KEY)) < 0:
         named = _RESOURCE_TYPE.match(line, first)
-        return named is None or named[1] in types or named[1] == b"Bundle" or _may_escape_a_key(line)
+        return (
+            named is None or named[1] in types or named[1] == b"Bundle" or _may_escape_a_key(line)
+        )
     kinds = _RESOURCE_TYPE.findall(line)
     if len(kinds) < line.count(_RESOURCE_TYPE_KEY):  # one not a plain key and value: parse and see
         return True
@@ -70,16 +85,21 @@ def may_hold(line: bytes, types: frozenset[bytes]) -> bool:
 
 
 def _may_escape_a_key(line: bytes) -> bool:
-    """Whether a key may be written with an escaped letter (``"resourc\\u0065Type"``), which the byte search above
-    does not see: the line's own type may then be another than the ones found."""
+    """Whether a key may be written with an escaped letter (``"resourc\\u0065Type"``).
+
+    Why: the byte search does not see it: the line's own type may be another than found."""
     return b"\\u00" in line and _ESCAPED_LETTER.search(line) is not None
 
 
-def read_rows(view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]], csv: bool = False) -> Iterator[tuple]:
-    """``view.rows`` over numbered ``lines``, lines that hold no resource of its type (``may_hold``) passed over
-    unparsed. A line opening as a resource of the view's type, as compact JSON writers write it, is parsed by orjson
-    alone and given to ``view.parsed_rows`` (``csv``: ``view.csv_rows``); a line it does not take (a decimal a column
-    reads, another shape, too many rows, not JSON) is read again the general way."""
+def read_rows(
+    view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]], csv: bool = False
+) -> Iterator[tuple[Any, ...]]:
+    """``view.rows`` over numbered ``lines``; those with none of its type unparsed.
+
+    Note: a line opening as a resource of the view's type, as compact JSON writers write it,
+    is parsed by orjson alone and given to ``view.parsed_rows`` (``csv``: ``view.csv_rows``);
+    a line it does not take (a decimal a column reads, another shape, too many rows, not
+    JSON) is read again the general way."""
     opening = b'{"resourceType":' + orjson.dumps(view.resource)
     fast = view.csv_rows if csv else view.parsed_rows
     most, wanted = view.max_rows_per_resource, frozenset([view.resource.encode()])
@@ -99,9 +119,12 @@ def read_rows(view: Any, source: Path | str, lines: Iterable[tuple[int, bytes]],
                 yield from view.rows(resource)
 
 
-def csv_parts(view: Any, source: Path, max_line_bytes: int) -> Iterator[bytes | Iterable[tuple]]:
-    """The file's CSV in parts: a block's CSV lines (``CompiledView.block_csv``), or ``read_rows``'
-    CSV rows of lines read one by one (every line of a view it does not take)."""
+def csv_parts(
+    view: Any, source: Path, max_line_bytes: int
+) -> Iterator[bytes | Iterable[tuple[Any, ...]]]:
+    """The file's CSV in parts: blocks' CSV lines, or ``read_rows``' rows line by line.
+
+    Note: a view ``CompiledView.block_csv`` does not take is read line by line throughout."""
     if view.block_csv is None:
         yield read_rows(view, source, iter_lines(source, max_line_bytes), csv=True)
         return

@@ -1,12 +1,7 @@
 """The elements a CRTDL filter reads, by its ``name`` and the group's resource type.
 
-TORCH turns an attribute group's filter into a FHIR search on its FHIR server: a ``token`` filter into
-``<name>=<system>|<code>``, a ``date`` filter into ``<name>=ge<start>&<name>=le<end>``. So ``name`` is a search
-parameter, and which element it reads depends on the resource type: ``date`` is ``Encounter.period`` but
-``Observation.effective[x]``; a Condition has no ``date`` (its dates are ``onset-date``, ``recorded-date``,
-``abatement-date``). These tables hold the FHIR R4 search parameters of type token and date for the resource types
-of patient data, as paths of JSON keys (a choice element ``effective[x]`` as each of its date-bearing keys). A
-filter whose name and type are not here cannot be applied (``tasks.sof.selection`` says so).
+A filter whose name and type are not here cannot be applied (``tasks.sof.selection`` says so). See
+docs/development.md, "The SQL-on-FHIR engine".
 """
 
 from __future__ import annotations
@@ -25,12 +20,24 @@ def _same(dotted: str, *kinds: str) -> dict[str, Paths]:
 _MEDICATION = _paths("medicationCodeableConcept")
 _EFFECTIVE = _paths("effectiveDateTime", "effectivePeriod", "effectiveInstant")
 
-# Token parameters: the elements (CodeableConcept or Coding) whose codings a ``system|code`` matches.
+# Token parameters: the elements (CodeableConcept or Coding) whose codings a ``system|code``
+# matches.
 TOKEN_ELEMENTS: dict[str, dict[str, Paths]] = {
     "code": {
-        **_same("code", "Basic", "ChargeItem", "Condition", "DetectedIssue", "DiagnosticReport", "List", "Medication"),
+        **_same(
+            "code",
+            "Basic",
+            "ChargeItem",
+            "Condition",
+            "DetectedIssue",
+            "DiagnosticReport",
+            "List",
+            "Medication",
+        ),
         **_same("code", "Observation", "Procedure", "ServiceRequest", "Task"),
-        **dict.fromkeys(("MedicationAdministration", "MedicationDispense", "MedicationRequest"), _MEDICATION),
+        **dict.fromkeys(
+            ("MedicationAdministration", "MedicationDispense", "MedicationRequest"), _MEDICATION
+        ),
         "MedicationStatement": _MEDICATION,
         "AllergyIntolerance": _paths("code", "reaction.substance"),
         "DeviceRequest": _paths("codeCodeableConcept"),
@@ -38,28 +45,72 @@ TOKEN_ELEMENTS: dict[str, dict[str, Paths]] = {
         "Substance": _paths("code", "ingredient.substanceCodeableConcept"),
     },
     "category": {
-        **_same("category", "AdverseEvent", "AllergyIntolerance", "CarePlan", "CareTeam", "Communication"),
-        **_same("category", "Composition", "Condition", "Consent", "DiagnosticReport", "DocumentReference", "Goal"),
-        **_same("category", "MedicationRequest", "MedicationStatement", "Observation", "Procedure", "ResearchStudy"),
+        **_same(
+            "category",
+            "AdverseEvent",
+            "AllergyIntolerance",
+            "CarePlan",
+            "CareTeam",
+            "Communication",
+        ),
+        **_same(
+            "category",
+            "Composition",
+            "Condition",
+            "Consent",
+            "DiagnosticReport",
+            "DocumentReference",
+            "Goal",
+        ),
+        **_same(
+            "category",
+            "MedicationRequest",
+            "MedicationStatement",
+            "Observation",
+            "Procedure",
+            "ResearchStudy",
+        ),
         **_same("category", "ServiceRequest", "Substance", "SupplyRequest"),
     },
     "type": {
-        **_same("type", "Account", "AllergyIntolerance", "Composition", "Coverage", "Device", "DocumentReference"),
-        **_same("type", "Encounter", "EpisodeOfCare", "Location", "Media", "MedicationDispense", "Organization"),
+        **_same(
+            "type",
+            "Account",
+            "AllergyIntolerance",
+            "Composition",
+            "Coverage",
+            "Device",
+            "DocumentReference",
+        ),
+        **_same(
+            "type",
+            "Encounter",
+            "EpisodeOfCare",
+            "Location",
+            "Media",
+            "MedicationDispense",
+            "Organization",
+        ),
         **_same("type", "Specimen"),
     },
     "class": {"Encounter": _paths("class")},
     "vaccine-code": {"Immunization": _paths("vaccineCode")},
     "ingredient-code": {"Medication": _paths("ingredient.itemCodeableConcept")},
-    "bodysite": {"Specimen": _paths("collection.bodySite"), "ImagingStudy": _paths("series.bodySite")},
+    "bodysite": {
+        "Specimen": _paths("collection.bodySite"),
+        "ImagingStudy": _paths("series.bodySite"),
+    },
 }
 
-# Date parameters: the elements (date, dateTime, instant or Period) whose time a ``ge``/``le`` bound compares.
+# Date parameters: the elements (date, dateTime, instant or Period) whose time a ``ge``/``le`` bound
+# compares.
 DATE_ELEMENTS: dict[str, dict[str, Paths]] = {
     "date": {
         **_same("date", "AdverseEvent", "ClinicalImpression", "Composition", "DocumentReference"),
         **_same("date", "FamilyMemberHistory", "List"),
-        **_same("period", "CarePlan", "CareTeam", "Encounter", "EpisodeOfCare", "Flag", "ResearchStudy"),
+        **_same(
+            "period", "CarePlan", "CareTeam", "Encounter", "EpisodeOfCare", "Flag", "ResearchStudy"
+        ),
         **_same("period", "ResearchSubject"),
         **_same("occurrenceDateTime", "Immunization", "RiskAssessment"),
         **dict.fromkeys(("DiagnosticReport", "Observation"), _EFFECTIVE),

@@ -1,23 +1,8 @@
-"""Which resources of its type an attribute group takes when the data carry no TORCH Provenance (a plain import).
+"""Which resources of its type an attribute group takes when the data carry no TORCH Provenance.
 
-TORCH selects a group's resources by one FHIR search per group: ``<type>?_profile:below=<groupReference>`` plus its
-filters (each ``token`` filter's codes with their ontology's descendants, a resource matching any; the first ``date``
-filter's ``ge<start>`` and ``le<end>``); a Patient group by type alone. ``compile_selection`` builds the same test:
-
-- profile: some ``meta.profile`` is the groupReference or a version of it (``<url>|<version>``; a versioned
-  groupReference takes that version and those below it, ``1.0`` takes ``1.0.2``).
-- token: a coding of an element the search parameter reads (``tasks.sof.search_elements``) has the filter's system
-  and code. The data do not carry the ontology's tree, so a code of a system whose codes extend their parent's
-  (ICD-10-GM, OPS, ATC: ``B05`` → ``B05.3``) takes the codes it begins, any other code only itself.
-- date: a value of the element ends on or after ``start`` and begins on or before ``end``, as calendar dates written
-  in the data (``2021``, ``2021-03`` and Periods are ranges; times and offsets ignored); without the element, not
-  taken, as in a search.
-
-What cannot be applied (a search parameter unknown for the type, a filter without its codes or with a date that is
-none, ``includeReferenceOnly``, ``mustHave``) is listed in ``Selection.not_applied``, one text each, for the step's
-warning; the group takes what passes the rest. Token filters match as one, so when one cannot be applied none is:
-fewer would leave out what it takes.
-"""
+``compile_selection`` builds TORCH's search as a test (profile, token and date filters); what it
+cannot apply is listed in ``Selection.not_applied``. See docs/development.md, "The SQL-on-FHIR
+engine"."""
 
 from __future__ import annotations
 
@@ -30,7 +15,8 @@ from tasks.core.names import show_name
 from tasks.sof.search_elements import DATE_ELEMENTS, TOKEN_ELEMENTS, Paths, known_names
 
 PATIENT = "Patient"
-# Code systems whose codes begin with their parent's code (ICD-10-GM, OPS, ATC): a descendant is a longer code.
+# Code systems whose codes begin with their parent's code (ICD-10-GM, OPS, ATC): a descendant is a
+# longer code.
 PREFIX_HIERARCHY_SYSTEMS = frozenset(
     {
         "http://fhir.de/CodeSystem/bfarm/icd-10-gm",
@@ -53,13 +39,13 @@ class DateBounds:
 
 @dataclass(frozen=True)
 class Selection:
-    """A group's test of a resource of its type (``check``); small and picklable, for worker processes."""
+    """A group's test of a resource of its type (``check``); picklable, for workers."""
 
     profile: str | None = None
     token_paths: Paths = ()
     codes: frozenset[tuple[str, str]] = frozenset()
     code_prefixes: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    """Per code system whose codes extend their parent's, the codes that take the codes they begin."""
+    """Per system whose codes extend their parent's, the codes taking those below."""
     date: DateBounds | None = None
     not_applied: tuple[str, ...] = ()
 
@@ -89,19 +75,21 @@ class Selection:
 def compile_selection(
     resource_type: str, profile: str, filters: list[Any], reference_only: bool, must_have: list[str]
 ) -> Selection:
-    """The group's test (see the module doc); a Patient group takes every Patient, as TORCH's search does."""
+    """The group's test; a Patient group takes every Patient, as TORCH's search does."""
     if resource_type == PATIENT:
         return Selection()
     notes = [note for f in filters if (note := _unusable(f))]
     named = [f for f in filters if not _unusable(f)]
-    token_paths, codes, token_notes = _token_test(resource_type, [f for f in named if f.get("type") == "token"])
+    token_paths, codes, token_notes = _token_test(
+        resource_type, [f for f in named if f.get("type") == "token"]
+    )
     dates = [f for f in named if f.get("type") == "date"]
     date, date_note = _date_test(resource_type, dates[0]) if dates else (None, None)
     notes += token_notes + ([date_note] if date_note else [])
     if reference_only:
         notes.append(
-            f"includeReferenceOnly (the group takes every {resource_type} of its profile, not only those other "
-            "groups reference)"
+            f"includeReferenceOnly (the group takes every {resource_type} of its profile, not only "
+            "those other groups reference)"
         )
     if must_have:
         notes.append(f"mustHave of {', '.join(must_have)} (patients without them are not left out)")
@@ -109,18 +97,22 @@ def compile_selection(
     for system, code in sorted(codes):
         if system in PREFIX_HIERARCHY_SYSTEMS:
             prefixes[system] = (*prefixes.get(system, ()), code)
-    return Selection(profile, token_paths, frozenset(codes), tuple(prefixes.items()), date, tuple(notes))
+    return Selection(
+        profile, token_paths, frozenset(codes), tuple(prefixes.items()), date, tuple(notes)
+    )
 
 
 def _unusable(spec: Any) -> str | None:
-    """What is wrong with a filter TORCH would not take (no object, no name); None for any other."""
+    """What is wrong with a filter TORCH would not take (no object, no name), or None."""
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         return f"a filter that is no object with a name ({show_name(str(spec))})"
     return None
 
 
-def _token_test(resource_type: str, tokens: list[dict[str, Any]]) -> tuple[Paths, set[tuple[str, str]], list[str]]:
-    """The elements and the ``(system, code)`` pairs of the token filters, or nothing and why (see the module doc)."""
+def _token_test(
+    resource_type: str, tokens: list[dict[str, Any]]
+) -> tuple[Paths, set[tuple[str, str]], list[str]]:
+    """The token filters' elements and ``(system, code)`` pairs, or nothing and why."""
     paths: list[tuple[str, ...]] = []
     codes: set[tuple[str, str]] = set()
     for token in tokens:
@@ -128,14 +120,27 @@ def _token_test(resource_type: str, tokens: list[dict[str, Any]]) -> tuple[Paths
             continue  # no code: TORCH searches without one
         name = token["name"]
         found = TOKEN_ELEMENTS.get(name, {}).get(resource_type)
-        listed = [c for c in token["codes"] if isinstance(c, dict)] if isinstance(token["codes"], list) else []
-        valid = [c for c in listed if isinstance(c.get("system"), str) and isinstance(c.get("code"), str)]
+        listed = (
+            [c for c in token["codes"] if isinstance(c, dict)]
+            if isinstance(token["codes"], list)
+            else []
+        )
+        valid = [
+            c for c in listed if isinstance(c.get("system"), str) and isinstance(c.get("code"), str)
+        ]
         if found is None or not valid or len(valid) < len(token["codes"]):
             why = "a code without its system or code"
             if found is None:
                 why = _unknown_parameter("token", name, resource_type)
             shown = f"{show_name(name)} ({', '.join(_shown_codes(token['codes']))})"
-            return (), set(), [f"the token filter {shown}: {why}; the group takes its {resource_type}s of any code"]
+            return (
+                (),
+                set(),
+                [
+                    f"the token filter {shown}: {why}; the group takes its {resource_type}s of any "
+                    "code"
+                ],
+            )
         paths += [p for p in found if p not in paths]
         codes |= {(c["system"], c["code"]) for c in valid}
     return tuple(paths), codes, []
@@ -148,36 +153,45 @@ def _shown_codes(codes: Any) -> list[str]:
 
 
 def _date_test(resource_type: str, spec: dict[str, Any]) -> tuple[DateBounds | None, str | None]:
-    """The bounds of the (first) date filter on its elements, or None and why it cannot be applied."""
+    """The bounds of the first date filter on its elements, or None and why not."""
     name, start, end = spec["name"], spec.get("start"), spec.get("end")
     first, last = (show_name(str(day)) if day is not None else "…" for day in (start, end))
     shown = f"{show_name(name)} ({first} to {last})"
     found = DATE_ELEMENTS.get(name, {}).get(resource_type)
-    if (bad := next((d for d in (start, end) if d is not None and not _is_date(d)), None)) is not None:
+    if (
+        bad := next((d for d in (start, end) if d is not None and not _is_date(d)), None)
+    ) is not None:
         why = f"{show_name(str(bad))} is no date (YYYY-MM-DD)"
     elif found is None:
         why = _unknown_parameter("date", name, resource_type)
     else:
-        return (DateBounds(found, start, end) if start is not None or end is not None else None), None
+        return (
+            DateBounds(found, start, end) if start is not None or end is not None else None
+        ), None
     return None, f"the date filter {shown}: {why}; the group takes its {resource_type}s of any date"
 
 
 def _unknown_parameter(kind: str, name: str, resource_type: str) -> str:
     known = known_names(TOKEN_ELEMENTS if kind == "token" else DATE_ELEMENTS, resource_type)
     listed = f" (known: {', '.join(known)})" if known else ""
-    return f"{show_name(name)} is no {kind} search parameter of {resource_type} dupflow knows{listed}"
+    return (
+        f"{show_name(name)} is no {kind} search parameter of {resource_type} dupflow knows{listed}"
+    )
 
 
 def _is_date(value: Any) -> bool:
     try:
-        return isinstance(value, str) and len(value) == 10 and bool(datetime.date.fromisoformat(value))
+        return (
+            isinstance(value, str) and len(value) == 10 and bool(datetime.date.fromisoformat(value))
+        )
     except ValueError:
         return False
 
 
 def values(node: Any, paths: Paths) -> list[Any]:
     """Every value at each path of JSON keys (arrays on the way are walked through)."""
-    if len(paths) == 1 and len(paths[0]) == 1:  # the usual case (``code``, ``period``), the fast way
+    # the usual case (``code``, ``period``), the fast way
+    if len(paths) == 1 and len(paths[0]) == 1:
         value = node.get(paths[0][0])
         return value if type(value) is list else [] if value is None else [value]
     found: list[Any] = []
@@ -202,12 +216,14 @@ def _codings(elements: list[Any]) -> list[dict[str, Any]]:
     for element in elements:
         if isinstance(element, dict):
             inner = element.get("coding")
-            codings += [c for c in inner if isinstance(c, dict)] if isinstance(inner, list) else [element]
+            codings += (
+                [c for c in inner if isinstance(c, dict)] if isinstance(inner, list) else [element]
+            )
     return codings
 
 
 def _has_profile(resource: dict[str, Any], wanted: str) -> bool:
-    """Whether some ``meta.profile`` is ``wanted`` or below it (``_profile:below``: the URL, and the version's)."""
+    """Whether some ``meta.profile`` is ``wanted`` or its version (``_profile:below``)."""
     meta = resource.get("meta")
     profiles = meta.get("profile") if type(meta) is dict else None
     if type(profiles) is not list:
@@ -224,8 +240,9 @@ def _has_profile(resource: dict[str, Any], wanted: str) -> bool:
 
 
 def _dated(resource: dict[str, Any], bounds: DateBounds) -> bool:
-    """Whether some value ends on or after the start, and some value begins on or before the end (each bound is its
-    own search parameter, as TORCH sends them)."""
+    """Whether some value ends on or after the start, and some begins by the end.
+
+    Why: each bound is its own search parameter, as TORCH sends them."""
     ranges = [r for value in values(resource, bounds.paths) if (r := _range(value)) is not None]
     if not ranges:
         return False
@@ -234,7 +251,7 @@ def _dated(resource: dict[str, Any], bounds: DateBounds) -> bool:
 
 
 def _range(value: Any) -> tuple[str, str] | None:
-    """The first and last calendar day (``YYYY-MM-DD``) of a date, dateTime, instant or Period; None for none."""
+    """The first and last day (``YYYY-MM-DD``) of a date, dateTime, instant or Period."""
     if not isinstance(value, dict):
         return _day_range(value)
     first, last = _day_range(value.get("start")), _day_range(value.get("end"))

@@ -1,18 +1,8 @@
-"""A view's CSV made from a whole block of NDJSON lines at once: msgspec decodes, in C, only the
-fields the view reads, into structs made for the view whose types it checks as it reads; the view's
-generated function (``tasks.sof.compiled_code``, reading attributes) gives each line's rows (a flat
-view's come from the structs in C), and each piece's rows become CSV lines at once.
+"""A view's CSV made from a whole block of NDJSON lines at once, msgspec decoding in C.
 
-A view is taken where it has generated rows (``CompiledView.csv_rows``), reads no key both as a
-value and as an element, nor ``resourceType``, and no ``where`` compares with ``''`` (a missing
-value is ``''`` here). Each element the view walks is a struct, a list of them or null; each value
-a string, boolean, int or null. A block is taken only where msgspec reads every line as exactly one
-object of the view's type of these shapes, every element in it without ``resourceType`` or of its
-planned type, and the block is UTF-8 (msgspec checks only the strings it reads). Anything else (a
-Bundle, a decimal or a list where a value is read, a blank line, a line opening with whitespace or
-holding two values, bytes not JSON, more rows than a resource may give) and the caller reads the
-block line by line, every verdict made as before.
-"""
+A block it cannot vouch for line by line goes back to the caller, read line by line with every
+verdict made as before. Which views and blocks it takes: docs/development.md, "The SQL-on-FHIR
+engine"."""
 
 from __future__ import annotations
 
@@ -41,23 +31,25 @@ which only costs the line-by-line read. RE2: each search is a tenth of their alt
 
 
 class _Element:
-    """The keys a view reads from one kind of element: each key's element (None: a value)."""
+    """The keys a view reads from one kind of element, each with its element (or None)."""
 
     def __init__(self, at: str | None):
         self.at, self.keys = at, dict[str, _Element | None]()
 
 
 def block_csv(view: Any, limit: int) -> Callable[[bytes], list[bytes] | None] | None:
-    """For a view taken (see the module doc), ``csv(block)``: the block's CSV lines, then an empty
-    text for each further line (one item a line, for ``LineSplitter.take_block``), or None where
-    the block must be read line by line; None for other views. ``limit``: a line's rows at most."""
+    """``csv(block)`` for a view taken (docs/development.md), else None.
+
+    Note: ``csv`` gives the block's CSV lines, then an empty text for each further line (one
+    item a line, for ``LineSplitter.take_block``), or None where the block must be read line
+    by line. ``limit``: a line's rows at most."""
     root, names = _Element(view.resource), dict[str, str]()
     if view.csv_rows is None or not _reads(view.root, view.resource, root, names):
         return None
     import msgspec  # here: 10 ms that every other command and flattening worker would pay at start
 
     struct = _struct(root, names, ("kind", Literal[view.resource]), msgspec)
-    decode: Callable[[memoryview], list] = msgspec.json.Decoder(struct).decode_lines
+    decode: Callable[[memoryview], list[Any]] = msgspec.json.Decoder(struct).decode_lines
     line_rows: Callable[[Any], Any] | None = None
     if keys := flat_keys(view):  # one row a line: the structs' fields, in C
         line_rows = attrgetter(*(names[key] for key in keys))
@@ -69,7 +61,7 @@ def block_csv(view: Any, limit: int) -> Callable[[bytes], list[bytes] | None] | 
         writer = CsvWriter(text := TextIOWrapper(buffer, "utf-8", newline=""))
         try:  # the decoding first: in a file of several types it stops at another type's first line
             for piece in _pieces(block):  # each piece's CSV made while its data is in the caches
-                rows: list = list(map(line_rows, decode(piece)))
+                rows: list[Any] = list(map(line_rows, decode(piece)))
                 if not keys and None in rows:
                     return None
                 lines += len(rows)
@@ -96,8 +88,10 @@ def _pieces(block: bytes) -> Iterable[memoryview]:
 
 
 def _reads(select: Any, path: str | None, element: _Element, names: dict[str, str]) -> bool:
-    """Records in ``element`` the keys the select reads at its focus (of type ``path``), and below,
-    each key's attribute in ``names``; False where the view is not taken (see the module doc)."""
+    """Record the keys the select reads at its focus (type ``path``) and below.
+
+    Note: in ``element``, each key's attribute in ``names``; False where the view is not
+    taken."""
     if select.iteration is not None:
         plan = member_plan(select.iterate[0], path)
         if plan is None or (found := _walked(element, plan.operations, plan.path, names)) is None:
@@ -114,12 +108,14 @@ def _reads(select: Any, path: str | None, element: _Element, names: dict[str, st
 
 def _walked(
     element: _Element,
-    operations: tuple,
+    operations: tuple[Any, ...],
     path: str | None,
     names: dict[str, str],
 ) -> _Element | None:
-    """The element the member steps of ``operations`` lead to (of type ``path`` after the last),
-    the keys their ``where`` steps compare recorded as values; None where the view is not taken."""
+    """The element the member steps of ``operations`` reach (type ``path`` after them).
+
+    Note: the keys their ``where`` steps compare are recorded as values; None where the view
+    is not taken."""
     for index, (kind, key, literal, _) in enumerate(operations):
         if kind == "where":
             if literal == "" or not _read(element, key, None, names):
@@ -133,17 +129,19 @@ def _walked(
 
 
 def _read(element: _Element, key: str, child: _Element | None, names: dict[str, str]) -> bool:
-    """Records ``key`` of ``element`` as ``child`` (None: a value), its attribute in ``names``;
-    False where it was read the other way, or is ``resourceType``."""
+    """Record ``key`` of ``element`` as ``child`` (None: a value), named in ``names``.
+
+    Note: False where it was read the other way, or is ``resourceType``."""
     names.setdefault(key, f"f{len(names)}")
     found = element.keys.setdefault(key, child)
     return key != "resourceType" and (found is None) == (child is None)
 
 
-def _struct(element: _Element, names: dict[str, str], kind: tuple, msgspec: Any) -> type:
-    """The msgspec struct of ``element``: ``kind`` the field of its ``resourceType``, then its keys
-    (values default ``''``; no ``resourceType`` and one of the planned type pass, as in
-    ``compiled_code``)."""
+def _struct(element: _Element, names: dict[str, str], kind: tuple[Any, ...], msgspec: Any) -> type:
+    """The msgspec struct of ``element``: ``kind`` (``resourceType``), then its keys.
+
+    Note: values default to ``''``; no ``resourceType`` and one of the planned type pass, as
+    in ``compiled_code``."""
     fields = [kind]
     for key, child in element.keys.items():
         if child is None:
@@ -153,12 +151,12 @@ def _struct(element: _Element, names: dict[str, str], kind: tuple, msgspec: Any)
             struct: Any = _struct(child, names, ("kind", planned, msgspec.UNSET), msgspec)
             fields.append((names[key], struct | list[struct] | None, None))
     rename = {"kind": "resourceType", **{names[key]: key for key in element.keys}}
-    return msgspec.defstruct("Element", fields, rename=rename, gc=False)
+    struct_class: type = msgspec.defstruct("Element", fields, rename=rename, gc=False)
+    return struct_class
 
 
 def flat_keys(view: Any) -> list[str] | None:
-    """The JSON key each column of a flat view reads, in column order; None for other views (of
-    those ``block_csv`` takes)."""
+    """The JSON key each column of a flat view reads, in order; None for other views."""
     # compile_view joins nested selects of one row each to their parent's columns: a flat view's
     # root has them all; of one column attrgetter gives no tuple
     if len(view.columns) < 2 or view.root.selects or view.root.union:

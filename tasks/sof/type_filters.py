@@ -1,11 +1,7 @@
-"""Paths that start with a type (``Patient.id``, a FHIRPath type filter), checked at compile time.
+"""Paths that start with a type (``Patient.id``, a FHIRPath type filter), checked when compiled.
 
-A path may start with the type of its focus where that focus is a resource (the view's, at the top
-of its selects and in its ``where``): the filter keeps the resource, and the path gives what it
-gives without it, in every tier (``MemberPath`` plans no step for it; fhirpathpy's filter is given
-the ``resourceType`` it reads). Where the focus's type is known (the view's resource, then each
-element of a ``forEach`` of member steps), a path starting with any other type would give no value
-on any resource: the view is refused, naming it and the column, rather than give an empty column.
+A path starting with a type its focus can never have is refused, naming the view and column. See
+docs/development.md, "The SQL-on-FHIR engine".
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ Focus = tuple[str | None, str]
 
 
 def refuse_other_types(view: View) -> None:
-    """Raises ``ViewDefinitionError`` for a path whose type filter never matches its focus."""
+    """Refuse a path whose type filter never matches its focus: ViewDefinitionError."""
     focus = (view.resource, f"each {view.resource}")
     for index, (path, evaluate) in enumerate(view.where):
         _check(evaluate, path, focus, f"view {view.name!r}, where[{index}]")

@@ -1,17 +1,8 @@
-"""SQL-on-FHIR v2 ViewDefinitions: validated (``ViewDefinitionError``) and compiled once by ``compile_view``, then
-run resource by resource (``CompiledView.rows``: tuples in ``columns`` order: a select's own columns, its nested
-selects', its ``unionAll``'s).
+"""SQL-on-FHIR v2 ViewDefinitions: validated and compiled once, then run resource by resource.
 
-A select's rows are the product of its columns' row, each nested select's rows and its ``unionAll`` branches' rows,
-per element ``forEach`` / ``forEachOrNull`` / ``repeat`` iterates (``%rowIndex`` its position); ``forEachOrNull``
-over nothing gives a row of nulls. A resource is skipped unless every ``where`` gives ``true``.
-
-Rows are lazy: one resource can give millions (60 codings in each of four slices: 13 million), so a part of a
-product is kept as a list only up to ``CACHED_ROWS`` rows. Most rows come from ``tasks.sof.compiled_code`` or
-``tasks.sof.compiled``; this general way serves ``%rowIndex`` and larger products. Bounds: ``MAX_ROWS_PER_RESOURCE``,
-``MAX_REPEAT_ELEMENTS`` per ``repeat`` (a path back to the focus never ends), ``MAX_SELECT_DEPTH`` (deeper would
-exhaust Python's stack).
-"""
+``compile_view`` refuses a bad one (``ViewDefinitionError``); ``CompiledView.rows`` gives tuples in
+``columns`` order. How rows are made, and their bounds: docs/development.md, "The SQL-on-FHIR
+engine"."""
 
 from __future__ import annotations
 
@@ -56,7 +47,7 @@ class Column:
     evaluate: Compiled
     collection: bool = False
     fhir_type: Any = None
-    """Its ``type`` (None for a collection: it holds a JSON array), for ``tasks.sof.parquet``."""
+    """Its ``type`` (None for a collection: a JSON array), for ``tasks.sof.parquet``."""
 
     def value(self, data: Any, path: str | None, env: dict[str, Any]) -> Any:
         try:
@@ -67,8 +58,8 @@ class Column:
             return [plain(value) for value in found]
         if len(found) > 1:
             raise ViewEvaluationError(
-                f"Collection value for column {self.name!r}: path {self.path!r} gave {len(found)} values; "
-                "set collection: true or narrow the path (e.g. with first())"
+                f"Collection value for column {self.name!r}: path {self.path!r} gave {len(found)} "
+                "values; set collection: true or narrow the path (e.g. with first())"
             )
         return plain(found[0]) if found else None
 
@@ -83,12 +74,12 @@ class Select:
     paths: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
     types: list[Any] = field(default_factory=list)
-    """The columns' ``fhir_type`` in ``names`` order; a unionAll's where every branch agrees, else None."""
-    null_row: tuple = ()
+    """The columns' ``fhir_type``; a unionAll's where its branches agree, else None."""
+    null_row: tuple[Any, ...] = ()
     indexed: bool = True
 
-    def rows(self, focus: Focus, env: dict[str, Any]) -> Iterable[tuple]:
-        """The select's rows at ``focus``: a tuple when few and at hand, else an iterator producing them."""
+    def rows(self, focus: Focus, env: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
+        """The select's rows at ``focus``: a tuple when few and at hand, else an iterator."""
         if self.iteration is None:
             return self._rows_at(focus, env)
         if self.iteration == "repeat":
@@ -98,11 +89,11 @@ class Select:
             return self._rows_at(elements[0], self._indexed(env, 0))
         return self._each(elements, env)
 
-    def _each(self, elements: list[Focus], env: dict[str, Any]) -> Iterable[tuple]:
-        """The rows of each element in turn: a tuple while they are few and at hand, the rest produced lazily."""
+    def _each(self, elements: list[Focus], env: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
+        """Each element's rows in turn: a tuple while few and at hand, the rest lazily."""
         if not elements:
             return (self.null_row,) if self.iteration == "forEachOrNull" else ()
-        collected: list[tuple] = []
+        collected: list[tuple[Any, ...]] = []
         for position, element in enumerate(elements):
             rows = self._rows_at(element, self._indexed(env, position))
             if not isinstance(rows, tuple) or len(collected) + len(rows) > CACHED_ROWS:
@@ -110,17 +101,18 @@ class Select:
             collected.extend(rows)
         return tuple(collected)
 
-    def _each_lazily(self, elements: list[Focus], start: int, env: dict[str, Any]) -> Iterator[tuple]:
+    def _each_lazily(
+        self, elements: list[Focus], start: int, env: dict[str, Any]
+    ) -> Iterator[tuple[Any, ...]]:
         for position in range(start, len(elements)):
             yield from self._rows_at(elements[position], self._indexed(env, position))
 
     def _indexed(self, env: dict[str, Any], position: int) -> dict[str, Any]:
-        """``env`` with ``%rowIndex`` at ``position`` (the same ``env`` in a view that never reads it)."""
+        """``env`` with ``%rowIndex`` at ``position`` (``env`` itself where none reads it)."""
         return {**env, "rowIndex": position} if self.indexed else env
 
     def _repeated(self, focus: Focus, env: dict[str, Any]) -> Iterator[Focus]:
-        """Depth first, each element the repeat paths give, then those repeated from it (a stack of iterators: a
-        deep element tree must not exhaust Python's stack)."""
+        """Depth first, each element the repeat paths give, then its own (no recursion)."""
         pending = [iter(self._children(focus, env))]
         count = 0
         while pending:
@@ -130,25 +122,31 @@ class Select:
             count += 1
             if count > MAX_REPEAT_ELEMENTS:
                 raise ViewEvaluationError(
-                    f"repeat {self.paths!r} reaches more than {MAX_REPEAT_ELEMENTS:,} elements (paths that lead back "
-                    "to an element, or several paths to the same children, repeat without end)"
+                    f"repeat {self.paths!r} reaches more than {MAX_REPEAT_ELEMENTS:,} elements "
+                    "(paths that lead back to an element, or several paths to the same children, "
+                    "repeat without end)"
                 )
             yield item
             pending.append(iter(self._children(item, env)))
 
     def _children(self, focus: Focus, env: dict[str, Any]) -> list[Focus]:
-        return [child for evaluate in self.iterate for child in self.evaluated(evaluate, focus, env)]
+        return [
+            child for evaluate in self.iterate for child in self.evaluated(evaluate, focus, env)
+        ]
 
     def evaluated(self, evaluate: Compiled, focus: Focus, env: dict[str, Any]) -> list[Focus]:
         try:
             found, paths = evaluate.collect(*focus, env)
         except FhirPathError as exc:
             raise ViewEvaluationError(f"{self.iteration}: {exc}") from exc
-        return list(zip(found, paths, strict=True)) if isinstance(paths, list) else [(value, paths) for value in found]
+        return (
+            list(zip(found, paths, strict=True))
+            if isinstance(paths, list)
+            else [(value, paths) for value in found]
+        )
 
-    def _rows_at(self, focus: Focus, env: dict[str, Any]) -> Iterable[tuple]:
-        """The product of this select's own columns, each nested select's rows and its unionAll branches' rows
-        (none as soon as one of them has none): a tuple of rows when small, else an iterator."""
+    def _rows_at(self, focus: Focus, env: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
+        """The product of its columns', selects' and unionAll's rows; a tuple when small."""
         data, path = focus
         head = tuple([column.value(data, path, env) for column in self.columns])
         if not self.selects and not self.union:
@@ -159,33 +157,41 @@ class Select:
             if not parts[-1]:
                 return ()
         if self.union:
-            parts.append(_part(lambda at, e: chain.from_iterable(b.rows(at, e) for b in self.union), focus, env))
+            parts.append(
+                _part(
+                    lambda at, e: chain.from_iterable(b.rows(at, e) for b in self.union), focus, env
+                )
+            )
         return _product(head, parts)
 
 
 @dataclass(frozen=True)
 class _Reproduced:
-    """A part of a product with more than ``CACHED_ROWS`` rows: produced again at each pass, never kept."""
+    """A part of over ``CACHED_ROWS`` rows: produced again at each pass, never kept."""
 
-    produce: Callable[[], Iterable[tuple]]
+    produce: Callable[[], Iterable[tuple[Any, ...]]]
 
-    def __iter__(self) -> Iterator[tuple]:
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
         return iter(self.produce())
 
 
-Part = tuple | list | _Reproduced
+Part = tuple[Any, ...] | list[Any] | _Reproduced
 
 
-def _part(produce: Callable[[Focus, dict[str, Any]], Iterable[tuple]], focus: Focus, env: dict[str, Any]) -> Part:
-    """A part's rows kept when there are at most ``CACHED_ROWS`` (nearly always one or a few), else reproduced."""
+def _part(
+    produce: Callable[[Focus, dict[str, Any]], Iterable[tuple[Any, ...]]],
+    focus: Focus,
+    env: dict[str, Any],
+) -> Part:
+    """A part's rows: kept up to ``CACHED_ROWS`` (nearly always), else reproduced."""
     if isinstance(rows := produce(focus, env), tuple):
         return rows
     kept = list(islice(rows, CACHED_ROWS + 1))
     return kept if len(kept) <= CACHED_ROWS else _Reproduced(partial(produce, focus, env))
 
 
-def _product(head: tuple, parts: list[Part]) -> Iterable[tuple]:
-    """``head`` joined with each combination of a row of each part: a tuple up to ``CACHED_ROWS`` rows, else lazily."""
+def _product(head: tuple[Any, ...], parts: list[Part]) -> Iterable[tuple[Any, ...]]:
+    """``head`` joined with each combination of the parts' rows; lazy when many."""
     if not _all_kept(parts) or prod(map(len, parts)) > CACHED_ROWS:
         return _streamed_product(head, parts)
     rows = [head]
@@ -194,12 +200,12 @@ def _product(head: tuple, parts: list[Part]) -> Iterable[tuple]:
     return tuple(rows)
 
 
-def _all_kept(parts: list[Part]) -> TypeGuard[list[tuple | list]]:
+def _all_kept(parts: list[Part]) -> TypeGuard[list[tuple[Any, ...] | list[Any]]]:
     """Whether every part holds its rows (none is reproduced), so each has a length."""
     return _Reproduced not in map(type, parts)
 
 
-def _streamed_product(prefix: tuple, parts: list[Part]) -> Iterator[tuple]:
+def _streamed_product(prefix: tuple[Any, ...], parts: list[Part]) -> Iterator[tuple[Any, ...]]:
     for row in parts[0]:
         if len(parts) > 1:
             yield from _streamed_product(prefix + row, parts[1:])
@@ -219,19 +225,21 @@ class CompiledView:
 
     @cached_property
     def compiled(self) -> RowsAt | None:
-        """The compiled selects (``tasks.sof.compiled``), None for a view reading ``%rowIndex``. Built at first use:
-        most views compiled in a job are only checked."""
-        return None if self.root.indexed else compile_view_rows(self.root, self.resource, CACHED_ROWS)
+        """The compiled selects (``tasks.sof.compiled``); None if it reads ``%rowIndex``.
+
+        Why at first use: most views a job compiles are only checked."""
+        return (
+            None if self.root.indexed else compile_view_rows(self.root, self.resource, CACHED_ROWS)
+        )
 
     @cached_property
-    def parsed_rows(self) -> Callable[[dict], list[tuple] | None] | None:
-        """The generated rows of a resource as orjson parses it (None where a column reads a decimal: ``PARSED``), for
-        views without ``where`` in the generated subset."""
+    def parsed_rows(self) -> Callable[[dict[str, Any]], list[tuple[Any, ...]] | None] | None:
+        """Generated rows of a resource as orjson parses it; None if one reads a decimal."""
         return self._generated()
 
     @cached_property
-    def csv_rows(self) -> Callable[[dict], list[tuple] | None] | None:
-        """``parsed_rows`` as CSV cells, all strings (``output.CsvWriter`` joins them as they are)."""
+    def csv_rows(self) -> Callable[[dict[str, Any]], list[tuple[Any, ...]] | None] | None:
+        """``parsed_rows`` as CSV cells: all strings, ``CsvWriter`` joins them as they are."""
         return self._generated(cells=True)
 
     @cached_property
@@ -239,14 +247,17 @@ class CompiledView:
         """A block of lines' CSV (``tasks.sof.struct_rows``), for views it takes."""
         return block_csv(self, min(CACHED_ROWS, self.max_rows_per_resource))
 
-    def _generated(self, cells: bool = False) -> Callable[[dict], list[tuple] | None] | None:
+    def _generated(
+        self, cells: bool = False
+    ) -> Callable[[dict[str, Any]], list[tuple[Any, ...]] | None] | None:
         if self.where or self.root.indexed:
             return None
         return generated_rows(self.root, self.resource, CACHED_ROWS, PARSED, cells)
 
-    def rows(self, resource: dict[str, Any]) -> Iterable[tuple]:
-        """The resource's rows (none for another type or a ``where`` not true): a list or tuple when few, else an
-        iterator; an error names the view and the resource."""
+    def rows(self, resource: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
+        """The resource's rows: none for another type or a ``where`` not true.
+
+        Note: a list or tuple when few, else an iterator; an error names the view and resource."""
         if resource.get("resourceType") != self.resource:
             return ()
         try:
@@ -257,8 +268,8 @@ class CompiledView:
             return rows
         return self._streamed(resource, rows)
 
-    def _rows(self, resource: dict[str, Any]) -> Iterable[tuple]:
-        """The compiled selects' rows, else (``%rowIndex``, more than ``CACHED_ROWS`` rows) the general way's."""
+    def _rows(self, resource: dict[str, Any]) -> Iterable[tuple[Any, ...]]:
+        """The compiled selects' rows, else the general way's (``%rowIndex``, many rows)."""
         focus = (resource, self.resource)
         env = {**self.constants, "rowIndex": 0}
         if not self._passes(focus, env):
@@ -266,25 +277,30 @@ class CompiledView:
         rows = None if self.compiled is None else self.compiled(resource, self.resource, env)
         return self.root.rows(focus, env) if rows is None else rows
 
-    def _streamed(self, resource: dict[str, Any], rows: Iterable[tuple]) -> Iterator[tuple]:
+    def _streamed(
+        self, resource: dict[str, Any], rows: Iterable[tuple[Any, ...]]
+    ) -> Iterator[tuple[Any, ...]]:
         try:
             for count, row in enumerate(rows, start=1):
                 if count > self.max_rows_per_resource:
                     raise ViewEvaluationError(
-                        f"more than {self.max_rows_per_resource:,} rows from this one resource (the product of "
-                        "its selects): narrow the forEach paths (e.g. with where() or first()) or split the view"
+                        f"more than {self.max_rows_per_resource:,} rows from this one resource "
+                        "(the product of its selects): narrow the forEach paths (e.g. with "
+                        "where() or first()) or split the view"
                     )
                 yield row
         except ViewEvaluationError as exc:
             raise self._about(resource, exc) from exc
 
     def _about(self, resource: dict[str, Any], exc: ViewEvaluationError) -> ViewEvaluationError:
-        key = f"{show_text(resource.get('resourceType'))}/{show_text(resource.get('id', '(no id)'))}"
+        key = (
+            f"{show_text(resource.get('resourceType'))}/{show_text(resource.get('id', '(no id)'))}"
+        )
         return ViewEvaluationError(f"view {self.name!r}, {key}: {exc}")
 
     @property
     def name(self) -> str:
-        """How errors name the view: its ``name``, else its ``title``, else its resource type."""
+        """How errors name the view: its ``name``, else ``title``, else its resource type."""
         return str(self.definition.get("name") or self.definition.get("title") or self.resource)
 
     def _passes(self, focus: Focus, env: dict[str, Any]) -> bool:
@@ -303,17 +319,20 @@ class CompiledView:
 
 
 def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) -> CompiledView:
-    """The ViewDefinition, validated and compiled; raises ``ViewDefinitionError`` naming what is wrong."""
+    """The ViewDefinition validated and compiled; else a ``ViewDefinitionError``."""
     if not isinstance(view, dict):
         raise ViewDefinitionError("a ViewDefinition must be a JSON object")
     if not isinstance(resource := view.get("resource"), str) or not resource:
-        raise ViewDefinitionError("the ViewDefinition has no resource (the FHIR resource type it reads)")
+        raise ViewDefinitionError(
+            "the ViewDefinition has no resource (the FHIR resource type it reads)"
+        )
     if not isinstance(selects := view.get("select"), list) or not selects:
         raise ViewDefinitionError("the ViewDefinition has no select")
     constants = _constants(view.get("constant", []))
     known_variables = _BUILTIN_VARIABLES | set(constants)
     root = _compile_select({"select": selects}, "view", known_variables)
-    if ROW_INDEX not in json.dumps(view, default=str):  # nested at most MAX_SELECT_DEPTH levels by now
+    # nested at most MAX_SELECT_DEPTH levels by now
+    if ROW_INDEX not in json.dumps(view, default=str):
         for select in _selects(root):
             select.indexed = False
     _check_unique(root.names)
@@ -329,7 +348,9 @@ def compile_view(view: Any, max_rows_per_resource: int = MAX_ROWS_PER_RESOURCE) 
 
 def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) -> Select:
     if depth > MAX_SELECT_DEPTH and isinstance(spec, dict):
-        raise ViewDefinitionError(f"selects are nested more than {MAX_SELECT_DEPTH} levels deep ({where[:60]}...)")
+        raise ViewDefinitionError(
+            f"selects are nested more than {MAX_SELECT_DEPTH} levels deep ({where[:60]}...)"
+        )
     _check_object(spec, SELECT_KEYS, where)
     select = Select()
     _compile_iteration(select, spec, where, variables)
@@ -341,22 +362,31 @@ def _compile_select(spec: Any, where: str, variables: set[str], depth: int = 0) 
     ]
     if "unionAll" in spec:
         select.union = _compile_union(spec["unionAll"], where, variables, depth)
-    select.names = [c.name for c in select.columns] + [name for nested in select.selects for name in nested.names]
-    select.types = [c.fhir_type for c in select.columns] + [kind for nested in select.selects for kind in nested.types]
+    select.names = [c.name for c in select.columns] + [
+        name for nested in select.selects for name in nested.names
+    ]
+    select.types = [c.fhir_type for c in select.columns] + [
+        kind for nested in select.selects for kind in nested.types
+    ]
     if select.union:
         select.names += select.union[0].names
         types = zip(*(branch.types for branch in select.union), strict=True)
-        select.types += [kinds[0] if all(kind == kinds[0] for kind in kinds) else None for kinds in types]
+        select.types += [
+            kinds[0] if all(kind == kinds[0] for kind in kinds) else None for kinds in types
+        ]
     own = tuple(0 if c.path.strip() == ROW_INDEX else None for c in select.columns)
     select.null_row = own + (None,) * (len(select.names) - len(own))
-    # Nested selects that give one row at any focus (columns only: no iteration, nothing nested), ahead of any other,
-    # joined to the select's own columns: the same rows (names and null row are set by now), fewer products.
+    # Nested selects that give one row at any focus (columns only: no iteration, nothing nested),
+    # ahead of any other, joined to the select's own columns: the same rows (names and null row are
+    # set by now), fewer products.
     while select.selects and _single_row(select.selects[0]):
         select.columns += select.selects.pop(0).columns
     return select
 
 
-def _compile_iteration(select: Select, spec: dict, where: str, variables: set[str]) -> None:
+def _compile_iteration(
+    select: Select, spec: dict[str, Any], where: str, variables: set[str]
+) -> None:
     iterations = [key for key in ITERATIONS if key in spec]
     if len(iterations) > 1:
         raise ViewDefinitionError(f"{where} has more than one of forEach, forEachOrNull and repeat")
@@ -367,7 +397,9 @@ def _compile_iteration(select: Select, spec: dict, where: str, variables: set[st
     if select.iteration != "repeat":
         expressions = [expressions]
     elif not isinstance(expressions, list) or not expressions:
-        raise ViewDefinitionError(f"{where}.repeat must be a non-empty list of FHIRPath expressions")
+        raise ViewDefinitionError(
+            f"{where}.repeat must be a non-empty list of FHIRPath expressions"
+        )
     select.iterate = [_compile(e, f"{where}.{select.iteration}", variables) for e in expressions]
     select.paths = list(expressions)
 
@@ -375,12 +407,15 @@ def _compile_iteration(select: Select, spec: dict, where: str, variables: set[st
 def _compile_union(spec: Any, where: str, variables: set[str], depth: int) -> list[Select]:
     if not (branches := _list_of(spec, f"{where}.unionAll")):
         raise ViewDefinitionError(f"{where}.unionAll is empty")
-    union = [_compile_select(s, f"{where}.unionAll[{i}]", variables, depth + 1) for i, s in enumerate(branches)]
+    union = [
+        _compile_select(s, f"{where}.unionAll[{i}]", variables, depth + 1)
+        for i, s in enumerate(branches)
+    ]
     for index, branch in enumerate(union[1:], start=1):
         if branch.names != union[0].names:
             raise ViewDefinitionError(
-                f"{where}.unionAll[{index}] has columns {branch.names}, but unionAll[0] has {union[0].names}: every "
-                "branch must have the same columns in the same order"
+                f"{where}.unionAll[{index}] has columns {branch.names}, but unionAll[0] has "
+                f"{union[0].names}: every branch must have the same columns in the same order"
             )
     return union
 
@@ -401,7 +436,9 @@ def _compile_column(spec: Any, where: str, variables: set[str]) -> Column:
     _check_object(spec, COLUMN_KEYS, where)
     name, path = spec.get("name"), spec.get("path")
     if not isinstance(name, str) or not COLUMN_NAME.match(name):
-        raise ViewDefinitionError(f"{where} needs a name of letters, digits and _ starting with a letter, got {name!r}")
+        raise ViewDefinitionError(
+            f"{where} needs a name of letters, digits and _ starting with a letter, got {name!r}"
+        )
     if not isinstance(path, str) or not path.strip():
         raise ViewDefinitionError(f"{where} ({name}) needs a path")
     if not isinstance(collection := spec.get("collection", False), bool):
@@ -419,7 +456,9 @@ def _check_object(spec: Any, keys: set[str], where: str) -> None:
 
 def _compile(expression: Any, where: str, variables: set[str]) -> Compiled:
     if not isinstance(expression, str):
-        raise ViewDefinitionError(f"{where} must be a FHIRPath expression (a string), got {expression!r}")
+        raise ViewDefinitionError(
+            f"{where} must be a FHIRPath expression (a string), got {expression!r}"
+        )
     for name in _CONSTANT_REFERENCE.findall(_STRING_LITERAL.sub("''", expression)):
         if name not in variables:
             raise ViewDefinitionError(f"{where}: %{name} is not a constant of this ViewDefinition")
@@ -450,7 +489,7 @@ def _check_unique(names: list[str]) -> None:
         seen.add(name)
 
 
-def _list_of(value: Any, where: str) -> list:
+def _list_of(value: Any, where: str) -> list[Any]:
     if not isinstance(value, list):
         raise ViewDefinitionError(f"{where} must be a list")
     return value

@@ -20,13 +20,18 @@ CANCEL_GRACE_SECONDS = 1.0
 
 
 class Cancelled(Exception):
-    """Raised inside a call whose fan-out is being cancelled: control flow, not a failure (no ``DupflowError``); the
-    interrupted caller raises the interrupt instead."""
+    """Raised in a call whose fan-out is being cancelled: control flow, not a failure.
+
+    Note: no ``DupflowError``; the interrupted caller raises the interrupt instead.
+    """
 
 
 class _Scope:
-    """A fan-out's cancel flag, the lock its caller sets the flag under and its calls create files under, and
-    the scopes opened inside it, cancelled with it (a job's whole run holds one: ``flows.job_stop``)."""
+    """A fan-out's cancel flag, its lock and the scopes opened inside it.
+
+    Note: the caller sets the flag under the lock and its calls create files under it; the inner
+    scopes are cancelled with it (a job's whole run holds one: ``flows.job_stop``).
+    """
 
     def __init__(self, outer: _Scope | None) -> None:
         self.cancelled, self.creating = threading.Event(), threading.Lock()
@@ -47,9 +52,13 @@ _cancelled: contextvars.ContextVar[_Scope] = contextvars.ContextVar("fanout_canc
 
 
 def run_bounded(calls: list[Callable[[], R]], workers: int) -> list[R | Exception]:
-    """Each outcome (result or exception) of ``calls`` run on at most ``workers`` daemon threads in copies of the
-    caller's context. Interrupted, no new call starts, running ones stop at their next ``raise_if_cancelled``, and
-    after ``CANCEL_GRACE_SECONDS`` the caller goes on. It waits in short joins, so a signal reaches it at once."""
+    """Run ``calls`` on at most ``workers`` daemon threads; return each outcome.
+
+    Note: an outcome is a result or an exception; the calls run in copies of the caller's context.
+    Interrupted, no new call starts, running ones stop at their next ``raise_if_cancelled``, and
+    after ``CANCEL_GRACE_SECONDS`` the caller goes on.
+    Why: it waits in short joins, so a signal reaches it at once.
+    """
     with cancel_scope() as cancel:
         context = contextvars.copy_context()
     cancelled = context[_cancelled].cancelled
@@ -89,7 +98,10 @@ def outcome_of(call: Callable[..., R], *args: Any) -> R | Exception:
 
 
 def results_or_raise(outcomes: list[R | Exception]) -> list[R]:
-    """The results when every call succeeded; else the first failure (raised after all calls ended)."""
+    """Return the results if every call succeeded, else raise the first failure.
+
+    Note: raised after all calls ended.
+    """
     if failure := next((outcome for outcome in outcomes if isinstance(outcome, Exception)), None):
         raise failure
     return cast(list[R], outcomes)
@@ -97,9 +109,12 @@ def results_or_raise(outcomes: list[R | Exception]) -> list[R]:
 
 @contextlib.contextmanager
 def cancel_scope() -> Iterator[Callable[[], None]]:
-    """``raise_if_cancelled`` and ``unless_cancelled`` in this block (and contexts copied from it) answer to the
-    ``cancel`` it yields, and to that of any scope around it; another thread may call it (a file task on a Dask
-    worker is stopped so, a job's run by a Cancel on the Prefect server)."""
+    """Give a ``cancel`` for ``raise_if_cancelled`` and ``unless_cancelled`` to answer.
+
+    Note: in this block (and contexts copied from it), and for any scope around it too; another
+    thread may call it (a file task on a Dask worker is stopped so, a job's run by a Cancel on the
+    Prefect server).
+    """
     scope = _Scope(_cancelled.get(None))
     token = _cancelled.set(scope)
     try:
@@ -109,13 +124,16 @@ def cancel_scope() -> Iterator[Callable[[], None]]:
 
 
 def raise_if_cancelled() -> None:
-    """Stop a call of ``run_bounded`` whose fan-out is being cancelled (a no-op outside one)."""
+    """Stop a call of ``run_bounded`` whose fan-out is being cancelled (else a no-op)."""
     if (found := _cancelled.get(None)) is not None and found.cancelled.is_set():
         raise Cancelled("the run was interrupted")
 
 
 def pause(seconds: float) -> None:
-    """``time.sleep`` that a cancel of the fan-out ends at once, with ``Cancelled``: a poll's or retry's wait."""
+    """Sleep; a cancel of the fan-out ends the sleep at once with ``Cancelled``.
+
+    Note: a poll's or a retry's wait.
+    """
     if (found := _cancelled.get(None)) is None:
         time.sleep(seconds)
         return
@@ -125,8 +143,11 @@ def pause(seconds: float) -> None:
 
 @contextlib.contextmanager
 def unless_cancelled() -> Iterator[None]:
-    """The block (making a temporary file) runs only while the fan-out is not cancelled, under the lock the caller
-    cancels under: a caller not waiting for a stalled call removes the temporary files, and none may come after."""
+    """Run the block (making a temporary file) only while the fan-out is not cancelled.
+
+    Why: under the lock the caller cancels under: a caller not waiting for a stalled call removes
+    the temporary files, and none may come after.
+    """
     found = _cancelled.get(None)
     with contextlib.nullcontext() if found is None else found.creating:
         raise_if_cancelled()

@@ -1,5 +1,7 @@
-"""Files written whole (temporary name, synced, renamed: a half-written file never passes for a finished one), an
-early start of a large file's writeback, and an exclusive lock the kernel releases when its holder dies."""
+"""Small files written whole, an early writeback start, and a job lock.
+
+See docs/development.md#streams.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from tasks.core.errors import DupflowError
 
@@ -21,7 +23,10 @@ SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writing the dirty pages out, do
 
 
 class JobWriteError(DupflowError, OSError):
-    """A job's file could not be written; nothing half-written is left. An ``OSError`` for callers tolerating it."""
+    """A job's file could not be written; nothing half-written is left.
+
+    Note: an ``OSError`` too, for callers that tolerate one.
+    """
 
 
 def write_error(exc: OSError, path: Path) -> JobWriteError:
@@ -34,9 +39,12 @@ def write_error(exc: OSError, path: Path) -> JobWriteError:
 
 
 def write_file_atomically(path: Path, data: bytes, *, private: bool = False, shared: bool = False) -> None:
-    """Write a small job file under a temporary name, synced, renamed; a failure removes it and raises
-    ``JobWriteError``. ``private``: for its owner only. ``shared``: others may write ``path`` at once (an S3 manifest
-    record), so the temporary name is this writer's own (one writer's rename would take another's file away)."""
+    """Write a small job file under a temporary name, synced, renamed.
+
+    Note: a failure removes it and raises ``JobWriteError``. ``private``: for its owner only.
+    Note: ``shared``: others may write ``path`` at once (an S3 manifest record), so the temporary
+    name is this writer's own (one writer's rename would take another's file away).
+    """
     temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.part" if shared else f".{path.name}.part")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -52,16 +60,22 @@ def write_file_atomically(path: Path, data: bytes, *, private: bool = False, sha
         raise
 
 
-def close_synced(stream: IO) -> None:
-    """Flush, sync and close ``stream``: a file renamed into place must not come back half-written from a power cut."""
+def close_synced(stream: IO[Any]) -> None:
+    """Flush, sync and close ``stream``.
+
+    Why: a file renamed into place must not come back half-written from a power cut.
+    """
     stream.flush()
     os.fsync(stream.fileno())
     stream.close()
 
 
 def start_writeback(fd: int) -> bool:
-    """Start writing ``fd``'s dirty pages to the disk without waiting (``sync_file_range``, as PostgreSQL's
-    ``*_flush_after``), so the ``fsync`` before a rename waits only for the last pages. False where not taken."""
+    """Start writing ``fd``'s dirty pages to disk without waiting; False if not taken.
+
+    Why: the ``fsync`` before a rename then waits only for the last pages (``sync_file_range``,
+    as PostgreSQL's ``*_flush_after``).
+    """
     function = _sync_file_range()
     return function is not None and function(fd, 0, 0, SYNC_FILE_RANGE_WRITE) == 0
 
@@ -76,7 +90,10 @@ def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
 
 @contextmanager
 def exclusive_lock(path: Path) -> Iterator[None]:
-    """An exclusive ``flock`` on ``path`` (made if missing) for the block; a killed holder never leaves it locked."""
+    """Hold an exclusive ``flock`` on ``path`` (made if missing) for the block.
+
+    Why: the kernel releases it when the holder dies, so a killed holder never leaves it locked.
+    """
     with open(path, "a", opener=lambda name, flags: os.open(name, flags | os.O_NOFOLLOW, 0o666)) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

@@ -1,5 +1,8 @@
-"""The line check of NDJSON data: every line must be a FHIR resource, checked as the bytes stream. Light on imports:
-the worker processes checking a large file's spans import it and nothing of the writer's."""
+"""The line check of NDJSON data: every line must be a FHIR resource.
+
+Why: light on imports: the worker processes checking a large file's spans import it and nothing
+of the writer's.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +20,10 @@ PARSER_KEPT_BYTES = 1 << 20  # a line checker keeps simdjson's buffers for lines
 
 
 class LineCounts(NamedTuple):
-    """A checked stream's counts (a tuple: it travels back from a worker process): ``FileStats`` without the size."""
+    """A checked stream's counts: ``FileStats`` without the size.
+
+    Why: a tuple, because it travels back from a worker process.
+    """
 
     resources: int
     bundles: int
@@ -25,9 +31,13 @@ class LineCounts(NamedTuple):
 
 
 class LineChecker:
-    """Counts and checks the lines of a byte stream fed in any chunks by ``parse_resource``'s rules. simdjson checks a
-    line without building Python objects (four to eight times orjson's speed); what it does not prove a resource goes
-    to ``parse_resource`` (integers beyond 64 bits, deep nesting). Not thread-safe."""
+    """Count and check the lines of a byte stream fed in any chunks.
+
+    Why: simdjson checks a line without building Python objects (four to eight times orjson's
+    speed); what it does not prove a resource goes to ``parse_resource`` (integers beyond 64 bits,
+    deep nesting).
+    Note: not thread-safe.
+    """
 
     def __init__(self, source: str, max_line_bytes: int):
         self._source, self._lines = source, LineSplitter(source, max_line_bytes)
@@ -43,7 +53,7 @@ class LineChecker:
             self._check_line(number, line)
 
     def finish(self) -> None:
-        """Check the last line when the data do not end with a newline: it must be a complete resource."""
+        """Check a last line without a newline: it must be a complete resource."""
         if not (line := self._lines.finish()):
             return
         try:
@@ -65,7 +75,7 @@ class LineChecker:
         self.resources += 1
 
     def _is_resource(self, line: bytes) -> bool:
-        """True when simdjson proves ``line`` a resource; False leaves the verdict to ``parse_resource``."""
+        """True if simdjson proves ``line`` a resource; False defers to ``parse_resource``."""
         if line.startswith(UTF8_BOM):  # simdjson skips a byte order mark, orjson refuses it
             return False
         try:
@@ -104,8 +114,10 @@ def count_contents(path: Path, max_line_bytes: int) -> LineCounts:
 
 
 def check_plain_span(path: str, source: str, max_line_bytes: int, start: int, end: int) -> LineCounts:
-    """What ``path`` holds from ``start`` (a line's start) to ``end``, as written, each line checked; errors name
-    ``source`` and count lines from ``start``. Runs in a worker process."""
+    """Check each line ``path`` holds from ``start`` (a line's start) to ``end``.
+
+    Note: errors name ``source`` and count lines from ``start``. Runs in a worker process.
+    """
     return _checked_counts(bytes_upto(raw_chunks(path, start), end - start), source, max_line_bytes)
 
 

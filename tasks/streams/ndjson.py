@@ -1,6 +1,6 @@
-"""The one streaming primitive for NDJSON files, plain or zstd (told by its magic bytes, not the name): a line over
-``pipeline.max_ndjson_line_size_mb`` is an error naming file and line, memory stays flat whatever the size (a
-decompression bomb included: ``StreamDecoder``), and a file shows its final name only once complete (``.<name>.part``).
+"""The one streaming primitive for NDJSON files, plain or zstd.
+
+See docs/development.md#streams.
 """
 
 from __future__ import annotations
@@ -8,13 +8,15 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypeVar
 
 import orjson
 import zstandard
 
 from tasks.core.errors import StepError
 from tasks.core.names import name_from_data_problem, show_name
+
+T = TypeVar("T")
 
 CHUNK_SIZE = 1 << 20
 MAX_WINDOW_BYTES = 1 << 27  # the largest zstd window a decoder allows by default (ZSTD_WINDOWLOG_LIMIT_DEFAULT)
@@ -38,15 +40,15 @@ CompressionLevel = Literal["fastest", "default", "better", "best"]
 
 
 class NdjsonError(StepError):
-    """A data file that cannot be read as NDJSON; the message names the file and what to do."""
+    """A data file that cannot be read as NDJSON; the message names file and fix."""
 
 
 class TruncatedLineError(NdjsonError):
-    """The data end without a newline in the middle of a line: they were cut off (a broken download)."""
+    """The data end without a newline in the middle of a line: they were cut off."""
 
 
 class UnsafeNameError(NdjsonError):
-    """A file name that cannot be used in a job directory (control characters, too long, ...)."""
+    """A file name unfit for a job directory (control characters, too long, ...)."""
 
 
 class LineTooLongError(NdjsonError):
@@ -60,8 +62,11 @@ class LineTooLongError(NdjsonError):
 
 @dataclass(frozen=True)
 class FileStats:
-    """What a written data file holds: bytes on disk, resources (non-empty lines), of those the ``bundles`` with the
-    ``bundled`` resources their entries hold."""
+    """What a written data file holds: bytes, resources (non-empty lines), bundles.
+
+    Note: ``bundles`` counts the Bundles among the resources, ``bundled`` the resources their
+    entries hold.
+    """
 
     size: int
     resources: int
@@ -75,8 +80,10 @@ def is_partial(path: Path) -> bool:
 
 
 def output_name(name: str, compress: bool) -> str:
-    """``core.ndjson.zst`` / ``batch`` / ``a.json`` → ``<stem>.ndjson`` (+ ``.zst``); a name breaking the rule for names
-    from data (``name_from_data_problem``) is refused."""
+    """Name ``a.ndjson.zst`` / ``batch`` / ``a.json`` ``<stem>.ndjson`` (+ ``.zst``).
+
+    Note: a name breaking the rule for names from data (``name_from_data_problem``) is refused.
+    """
     stem = name
     for suffix in (".zst", ".ndjson", ".json"):
         if stem.endswith(suffix) and len(stem) > len(suffix):
@@ -88,7 +95,10 @@ def output_name(name: str, compress: bool) -> str:
 
 
 def starts_zstd(head: bytes) -> bool:
-    """``head`` (4 bytes or more) begins a zstd frame, or a skippable one (``pzstd`` starts each file with one)."""
+    """Tell whether ``head`` (4 bytes or more) begins a zstd frame or a skippable one.
+
+    Why: ``pzstd`` starts each file with a skippable frame.
+    """
     return head[:4] == ZSTD_MAGIC or (len(head) >= 4 and head[0] & 0xF0 == 0x50 and head[1:4] == b"\x2a\x4d\x18")
 
 
@@ -99,9 +109,12 @@ def is_zstd(path: Path) -> bool:
 
 @dataclass(frozen=True)
 class Span:
-    """A run of whole lines of a data file: from offset ``start`` (the first byte of a line) to ``end`` (just after a
-    newline; None: the end of the file), offsets into its decompressed content. ``lines_before`` (the newlines before
-    ``start``) numbers its lines as in the whole file; ``lines`` counts its newlines (0: not counted)."""
+    """A run of whole lines of a data file, as offsets into its decompressed content.
+
+    Note: ``start`` is the first byte of a line; ``end`` is just after a newline (None: the end of
+    the file). ``lines_before`` (the newlines before ``start``) numbers its lines as in the whole
+    file; ``lines`` counts its newlines (0: not counted).
+    """
 
     start: int = 0
     end: int | None = None
@@ -113,8 +126,11 @@ WHOLE_FILE = Span()
 
 
 def iter_chunks(path: Path, span: Span = WHOLE_FILE, shown: str | None = None) -> Generator[bytes, None, None]:
-    """The decompressed content of a data file (or a span of it), in chunks. A zstd file's span is decompressed from
-    the file's start (a zstd stream cannot be entered in the middle). ``shown`` names the file in errors."""
+    """Yield the decompressed content of a data file (or a span of it) in chunks.
+
+    Note: a zstd file's span is decompressed from the file's start (a zstd stream cannot be entered
+    in the middle). ``shown`` names the file in errors.
+    """
     if span.start and not is_zstd(path):
         chunks = raw_chunks(path, span.start)
     else:
@@ -123,8 +139,11 @@ def iter_chunks(path: Path, span: Span = WHOLE_FILE, shown: str | None = None) -
 
 
 def raw_chunks(path: Path | str, offset: int = 0) -> Iterator[bytes]:
-    """A file's bytes from ``offset``, in chunks of one unbuffered ``read`` each: a buffered read of a pipe loops in C
-    until the chunk is full, and a Ctrl+C between two of its reads was lost until the writer sent more."""
+    """Yield a file's bytes from ``offset``, in chunks of one unbuffered ``read`` each.
+
+    Why: a buffered read of a pipe loops in C until the chunk is full, and a Ctrl+C between two of
+    its reads was lost until the writer sent more.
+    """
     with open(path, "rb", buffering=0) as raw:
         if offset:
             raw.seek(offset)
@@ -173,17 +192,20 @@ class _Fed:
 
 
 class StreamDecoder:
-    """Plain bytes fed in pass through; zstd comes out in pieces of at most ``CHUNK_SIZE`` bytes whatever the ratio.
-    Fed, not iterated, so a download can go on feeding it from a second connection.
+    """Decode bytes fed in: plain passes through, zstd comes out in bounded pieces.
 
-    Note: zstandard's reader ends silently in a cut frame, where a truncated file would look complete; the end is
-    checked by ``END_FRAME``, which decodes to ``END_TEXT`` only after a whole frame."""
+    Note: zstd comes out in pieces of at most ``CHUNK_SIZE`` bytes whatever the ratio. Fed, not
+    iterated, so a download can go on feeding it from a second connection.
+    Why: zstandard's reader ends silently in a cut frame, where a truncated file would look
+    complete; the end is checked by ``END_FRAME``, which decodes to ``END_TEXT`` only after a whole
+    frame.
+    """
 
     def __init__(self, source: str):
         self._source, self._head, self._fed = source, b"", _Fed()
         self._is_zstd: bool | None = None  # told by the first bytes
         decoder = zstandard.ZstdDecompressor()  # windows of at most MAX_WINDOW_BYTES: memory stays bounded
-        self._reader = decoder.stream_reader(self._fed, read_across_frames=True)  # type: ignore[arg-type]
+        self._reader = decoder.stream_reader(self._fed, read_across_frames=True)  # type: ignore[arg-type]  # read() is all it calls
 
     def feed(self, chunk: bytes) -> Iterator[bytes]:
         if self._is_zstd is None:
@@ -220,8 +242,11 @@ class StreamDecoder:
             )
 
     def _unreadable(self, exc: zstandard.ZstdError) -> NdjsonError:
-        """The decoder's refusal in words: a frame made for a larger window than the decoder allows (``zstd
-        --long=28`` and up, which zstd itself decodes only when told so) is no damage."""
+        """Put the decoder's refusal in words.
+
+        Note: a frame made for a larger window than the decoder allows (``zstd --long=28`` and up,
+        which zstd itself decodes only when told so) is no damage.
+        """
         try:
             window = zstandard.get_frame_parameters(self._head).window_size
         except zstandard.ZstdError:
@@ -237,8 +262,11 @@ class StreamDecoder:
 
 
 def iter_lines(path: Path, max_line_bytes: int, span: Span = WHOLE_FILE) -> Iterator[tuple[int, bytes]]:
-    """``(line number, line)`` for every non-empty line (of ``span``). Blank lines in a row count against the limit
-    within a span: a run that a cut between spans divides counts as two."""
+    """Yield ``(line number, line)`` for every non-empty line (of ``span``).
+
+    Note: blank lines in a row count against the limit within a span: a run that a cut between spans
+    divides counts as two.
+    """
     lines = LineSplitter(path, max_line_bytes, span.lines_before)
     for chunk in iter_chunks(path, span):
         yield from lines.numbered(chunk)
@@ -247,16 +275,22 @@ def iter_lines(path: Path, max_line_bytes: int, span: Span = WHOLE_FILE) -> Iter
 
 
 class LineSplitter:
-    """The non-blank lines of a byte stream fed in any chunks; ``number``: the last's. A line over ``max_line_bytes``
-    is an error, and so are more bytes than that of blank lines in a row. Only a line spanning chunks is buffered."""
+    """Split a byte stream fed in any chunks into its non-blank lines.
+
+    Note: ``number`` is the last line's. A line over ``max_line_bytes`` is an error, and so are more
+    bytes than that of blank lines in a row. Only a line spanning chunks is buffered.
+    """
 
     def __init__(self, source: Path | str, max_line_bytes: int, lines_before: int = 0):
         self._source, self._max, self._pending, self.number = source, max_line_bytes, bytearray(), lines_before
         self._blank_run_from = self._blank_run_bytes = 0  # the blank lines ending at ``number``: first line, bytes
 
     def numbered(self, chunk: bytes) -> Iterable[tuple[int, bytes]]:
-        """The non-blank lines ending in ``chunk``, with their numbers: short lines cut by ``bytes.split``, numbered in
-        C, where none may be blank (empty, opening with whitespace) or too long; else one by one (errors in order)."""
+        """Yield the non-blank lines ending in ``chunk``, with their numbers.
+
+        Why: short lines are cut by ``bytes.split`` and numbered in C where none may be blank
+        (empty, opening with whitespace) or too long; else one by one, so errors come in order.
+        """
         most, probe = len(chunk) // MIN_LINE_BYTES + 2, min(len(chunk), SPLIT_PROBE_BYTES)
         lines = chunk.split(b"\n", most) if chunk.count(b"\n", 0, probe) * SPLIT_LINE_BYTES >= probe else [b""]
         tail = lines.pop()
@@ -268,10 +302,14 @@ class LineSplitter:
         self._pending, self._blank_run_bytes = bytearray(tail), 0
         return zip(range(first, self.number + 1), lines, strict=True)
 
-    def take_block(self, chunk: bytes, take: Callable[[bytes], list | None]) -> list | None:
-        """``take`` of the lines ending in ``chunk`` as one block (with the line begun before it), where it gives one
-        item per line: those lines are then read. None, and nothing read, where ``take`` gives None (it must where a
-        line is blank), no line ends in the chunk, or the block or the rest could hold a line over the limit."""
+    def take_block(self, chunk: bytes, take: Callable[[bytes], list[T] | None]) -> list[T] | None:
+        """Apply ``take`` to the lines ending in ``chunk`` as one block.
+
+        Note: the block includes the line begun before ``chunk``. Where ``take`` gives one item per
+        line, those lines are read. None, and nothing read, where ``take`` gives None (it must where
+        a line is blank), no line ends in the chunk, or the block or the rest could hold a line over
+        the limit.
+        """
         end = chunk.rfind(b"\n") + 1
         if not end or len(self._pending) + end > self._max or len(chunk) - end > self._max:
             return None
@@ -306,7 +344,10 @@ class LineSplitter:
             self._pending += view[start:]
 
     def finish(self) -> bytes:
-        """The last line when the stream does not end with a newline (empty: it does, or the rest is blank)."""
+        """Return the last line when the stream does not end with a newline.
+
+        Note: empty when it does, or when the rest is blank.
+        """
         line, self._pending = bytes(self._pending), bytearray()
         if not line.strip():
             return b""
@@ -323,7 +364,10 @@ class LineSplitter:
         return after
 
     def _add_blank_lines(self, first_line: int, size: int) -> None:
-        """More than the line limit of blank lines in a row is no NDJSON (a bomb of newlines, read to its end)."""
+        """Count blank lines; more than the line limit of them in a row is no NDJSON.
+
+        Why: a bomb of newlines is read to its end.
+        """
         if not self._blank_run_bytes:
             self._blank_run_from = first_line
         self._blank_run_bytes += size
@@ -336,9 +380,12 @@ class LineSplitter:
 
 
 def blank_lines_at(chunk: bytes, start: int) -> tuple[int, int]:
-    """The run of whole blank lines from ``start`` (a line's start) in ``chunk``: (offset after its last newline,
-    lines in it), or ``(start, 0)``. Found at C speed: a file of nothing but newlines (as a decompression bomb
-    makes) is not read one line at a time."""
+    """Find the run of whole blank lines from ``start`` (a line's start) in ``chunk``.
+
+    Note: returns (offset after its last newline, lines in it), or ``(start, 0)``.
+    Why: found at C speed, so a file of nothing but newlines (as a decompression bomb makes) is not
+    read one line at a time.
+    """
     run_end = chunk.rfind(b"\n", start, first_non_blank(chunk, start)) + 1
     if run_end <= start:
         return start, 0
@@ -346,8 +393,11 @@ def blank_lines_at(chunk: bytes, start: int) -> tuple[int, int]:
 
 
 def first_non_blank(chunk: bytes | bytearray, start: int) -> int:
-    """The offset of the first non-whitespace byte from ``start`` (``len(chunk)`` if none), looked for in windows
-    growing fourfold, so that the work follows the blank run, not what comes after it (``re`` is ten times slower)."""
+    """Return the offset of the first non-whitespace byte from ``start``, else the end.
+
+    Why: looked for in windows growing fourfold, so the work follows the blank run, not what comes
+    after it (``re`` is ten times slower).
+    """
     window = 256
     while start < len(chunk):
         end = min(start + window, len(chunk))
@@ -357,8 +407,11 @@ def first_non_blank(chunk: bytes | bytearray, start: int) -> int:
     return len(chunk)
 
 
-def parse_resource(source: Path | str, line_number: int, line: bytes | bytearray | memoryview) -> dict:
-    """One NDJSON line as a JSON object with a ``resourceType``; else an error never quoting the line (patient data)."""
+def parse_resource(source: Path | str, line_number: int, line: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """Parse one NDJSON line as a JSON object with a ``resourceType``.
+
+    Note: an error never quotes the line (patient data).
+    """
     try:
         resource = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
@@ -372,7 +425,7 @@ def parse_resource(source: Path | str, line_number: int, line: bytes | bytearray
 
 
 def remove_partial_files(folder: Path) -> None:
-    """Delete temporary files a killed process left behind (they are never resumed from)."""
+    """Delete temporary files a killed process left behind (never resumed from)."""
     if folder.is_dir():
         for path in folder.iterdir():
             if is_partial(path):

@@ -1,5 +1,8 @@
-"""Writing data files, each line checked as the bytes stream, so that a binary file, a stray text line or a
-truncated file never travels to the next step as finished NDJSON."""
+"""Write data files, each line checked as the bytes stream.
+
+Why: a binary file, a stray text line or a truncated file never travels to the next step as finished
+NDJSON. See docs/development.md#streams.
+"""
 
 from __future__ import annotations
 
@@ -33,16 +36,18 @@ ZSTD_THREAD = {"threads": 1, "job_size": 2 << 20, "overlap_log": 1}  # 9.4 MB a 
 
 
 class AtomicNdjsonWriter:
-    """Writes ``dest`` through a hidden temporary file (its writeback started every ``WRITEBACK_BYTES``), synced and
-    renamed on success, deleted on any exception; ``stats`` is set after a successful close. ``source`` names the
-    data in errors. ``expected_size`` lets a large plain file be checked in worker processes, in spans as it is
-    written, so the writing thread only moves bytes (a bad line reported once the whole file is written);
-    ``stop_if_cancelled`` stops that check. ``size_hint`` (never a pledge) sizes the zstd context: 0.27 MB for a
-    12.7 KB file instead of 5.5 MB at the default level, held by every file written at once.
+    """Write ``dest`` through a hidden temporary file, synced and renamed on success.
 
-    Note: ``zstd_thread`` compresses in a zstd thread of the writer's own, as ``zstd -T1`` does,
-    for a writer fed from a thread that shares the GIL with others (a download's): on a busy
-    machine the downloading threads got half the CPU time zstd alone did to compress.
+    Note: deleted on any exception; ``stats`` is set after a successful close; ``source`` names the
+    data in errors; the writeback starts every ``WRITEBACK_BYTES``.
+    Note: ``expected_size`` lets a large plain file be checked in worker processes, in spans as it
+    is written, so the writing thread only moves bytes (a bad line is reported once the whole file
+    is written); ``stop_if_cancelled`` stops that check.
+    Why: ``size_hint`` (never a pledge) sizes the zstd context: 0.27 MB for a 12.7 KB file instead
+    of 5.5 MB at the default level, held by every file written at once.
+    Why: ``zstd_thread`` compresses in a zstd thread of the writer's own, as ``zstd -T1`` does, for
+    a writer fed from a thread that shares the GIL with others (a download's): on a busy machine the
+    downloading threads got half the CPU time zstd alone did to compress.
     """
 
     def __init__(
@@ -104,8 +109,11 @@ class AtomicNdjsonWriter:
         self.write(line + b"\n")
 
     def copy(self, source: Path) -> Iterator[int]:
-        """Append the data file ``source``'s content (decompressed), yielding the sizes written; a plain file is copied
-        in the kernel (``os.copy_file_range``) when workers check this writer's output."""
+        """Append data file ``source``'s content (decompressed); yield the sizes written.
+
+        Note: a plain file is copied in the kernel (``os.copy_file_range``) when workers check this
+        writer's output.
+        """
         if self._checker is None and not is_zstd(source):
             self._raw.flush()
             with open(source, "rb", buffering=0) as data:
@@ -122,8 +130,11 @@ class AtomicNdjsonWriter:
             yield len(chunk)
 
     def _first_kernel_copy(self, data: BinaryIO) -> int | None:
-        """The bytes the first ``os.copy_file_range`` copied; None when the kernel cannot copy between these files
-        (another file system since Linux 5.19, or no such call)."""
+        """Return the bytes the first ``os.copy_file_range`` copied, or None if it cannot.
+
+        Note: None when the kernel cannot copy between these files (another file system since Linux
+        5.19, or no such call).
+        """
         try:
             return os.copy_file_range(data.fileno(), self._raw.fileno(), COPY_PIECE_BYTES)
         except OSError as exc:
@@ -131,7 +142,7 @@ class AtomicNdjsonWriter:
                 return None
             raise
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         if exc_type is not None:
             self.discard()
             return
@@ -151,15 +162,18 @@ class AtomicNdjsonWriter:
         self.stats = FileStats(found.st_size, *checked, modified_ns=found.st_mtime_ns)
 
     def _check_span(self, end: int) -> None:
-        """Start the check of the bytes written from the last span's end to ``end`` (a line's end) in a worker."""
+        """Start the check of the bytes from the last span's end to ``end`` in a worker."""
         self._raw.flush()
         part = os.fspath(self.part.absolute())  # a worker keeps the directory it started in
         self._checks.start(part, self._source, self._max_line_bytes, self._checked_to, end)
         self._checked_to = end
 
     def _counts(self) -> Callable[[], LineCounts]:
-        """The function giving the check's counts: the checker's, or the workers' of the spans so far and of the rest,
-        cut for every worker now (a line broken at the end is the last span's; the final newline comes after it)."""
+        """Return the function giving the check's counts.
+
+        Note: the checker's, or the workers' of the spans so far and of the rest, cut for every
+        worker now (a line broken at the end is the last span's; the final newline comes after it).
+        """
         if self._checker is not None:
             self._checker.finish()
             return self._checker.counts
@@ -170,8 +184,8 @@ class AtomicNdjsonWriter:
             (os.fspath(self.part.absolute()), self._source, self._max_line_bytes, 0, self._written)
         )
 
-    def _summed(self, whole: tuple) -> LineCounts:
-        """The spans' counts added up; for a bad line, the verdict of the ``whole`` written data (its line number)."""
+    def _summed(self, whole: tuple[str, str, int, int, int]) -> LineCounts:
+        """Add up the spans' counts; a bad line is judged in the ``whole`` data."""
         try:
             return LineCounts(*map(sum, zip(*self._checks.results(self._stop_if_cancelled), strict=True)))
         except NdjsonError:
@@ -181,7 +195,7 @@ class AtomicNdjsonWriter:
             return check_plain_span(*whole)
 
     def discard(self) -> None:
-        """Close and delete the temporary file (what leaving the ``with`` block by an exception does)."""
+        """Close and delete the temporary file (as an exception leaving the ``with`` does)."""
         self._checks.cancel()
         try:
             self._raw.close()
@@ -190,8 +204,10 @@ class AtomicNdjsonWriter:
 
 
 def byte_spans(path: Path, most: int, start: int, end: int) -> list[tuple[int, int]]:
-    """The bytes from ``start`` to ``end`` cut after a newline into at most ``most`` spans of at least
-    ``SPAN_MIN_BYTES``, each cut at the first newline from an equal share on."""
+    """Cut bytes ``start`` to ``end`` after newlines into at most ``most`` spans.
+
+    Note: each at least ``SPAN_MIN_BYTES``, cut at the first newline from an equal share on.
+    """
     count = max(1, min(most, (end - start) // SPAN_MIN_BYTES))
     cuts = [start]
     with open(path, "rb") as data:

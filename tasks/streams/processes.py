@@ -1,7 +1,6 @@
-"""Worker processes for CPU-bound per-file work (the GIL): ``run_in_process`` runs a picklable function in the current
-``worker_pool`` (a context variable, copied to the step's threads). loky, not ``ProcessPoolExecutor``: its workers do
-not import the parent's ``__main__`` (ours would pull Prefect into each), and ``shutdown(kill_workers=True)`` stops a
-running worker (the standard library cannot before 3.14). A worker whose parent dies exits by itself.
+"""Worker processes for CPU-bound per-file work (the GIL).
+
+See docs/development.md#streams.
 """
 
 from __future__ import annotations
@@ -37,7 +36,10 @@ _current: ContextVar[WorkerPool | None] = ContextVar("dupflow_worker_pool", defa
 
 
 def never_cancelled() -> None:
-    """The cancellation check of a call nothing cancels (a worker process: its parent terminates it instead)."""
+    """Do nothing: the cancellation check of a call nothing cancels.
+
+    Note: in a worker process, its parent terminates it instead.
+    """
 
 
 def uncounted(amount: int) -> None:
@@ -45,8 +47,11 @@ def uncounted(amount: int) -> None:
 
 
 class SharedCount:
-    """A count a worker process adds to and its caller reads, through a small file (no manager process), written at
-    most every ``COUNT_WRITE_SECONDS``. Pickled, only the path travels."""
+    """A count a worker process adds to and its caller reads, through a small file.
+
+    Why: no manager process. Written at most every ``COUNT_WRITE_SECONDS``; pickled, only the path
+    travels.
+    """
 
     def __init__(self, path: str):
         self.path = path
@@ -80,18 +85,27 @@ class SharedCount:
 
 
 def pool_size() -> int:
-    """Worker processes: one per core, at most ``MAX_PROCESSES`` (each holds its own interpreter in memory)."""
+    """Return the pool size: one worker per core, at most ``MAX_PROCESSES``.
+
+    Why: each worker holds its own interpreter in memory.
+    """
     return max(1, min(os.cpu_count() or 1, MAX_PROCESSES))
 
 
 def processes_allowed() -> bool:
-    """More than one core, and no daemonic process (a Dask worker, which may not have children)."""
+    """Tell whether worker processes may run: several cores, and no daemon process.
+
+    Why: a daemonic process (a Dask worker) may not have children.
+    """
     return pool_size() > 1 and not multiprocessing.current_process().daemon
 
 
 class WorkerPool:
-    """loky's executor, made by the first ``submit``: a step that runs nothing in a worker never imports loky nor
-    starts its resource tracker (about 50 ms and a process)."""
+    """loky's executor, made by the first ``submit``.
+
+    Why: a step that runs nothing in a worker never imports loky nor starts its resource tracker
+    (about 50 ms and a process).
+    """
 
     def __init__(self, size: int, preload: tuple[str, ...]):
         self.size, self.preload = size, preload
@@ -111,11 +125,15 @@ class WorkerPool:
                     sys.warnoptions.append(TRACKER_WARNING)
                 initargs = (os.getpid(), self.preload)
                 self.executor = ProcessPoolExecutor(self.size, initializer=_start_worker, initargs=initargs)
-        return self.executor.submit(function, *args)
+        future: Future[R] = self.executor.submit(function, *args)
+        return future
 
     def shutdown(self, wait: bool = True, kill_workers: bool = False) -> None:
-        """Close the pool; ``kill_workers``: stop running work at once. Once killed it stays so: loky takes each call's
-        word, and the graceful close at the block's end, made before loky acted on a kill, took the kill back."""
+        """Close the pool; ``kill_workers``: stop running work at once.
+
+        Why: once killed it stays so: loky takes each call's word, and the graceful close at the
+        block's end, made before loky acted on a kill, took the kill back.
+        """
         with self._lock:
             self._closed = True
             self._killed = kill_workers = self._killed or kill_workers
@@ -126,8 +144,11 @@ class WorkerPool:
 
 @contextmanager
 def worker_pool(*preload: str, size: int | None = None) -> Iterator[WorkerPool]:
-    """A pool of ``size`` workers, current for the block, started by its first work or at once to import ``preload``;
-    they end with the block, killed at once when it ends by an exception."""
+    """Give a pool of ``size`` workers, current for the block.
+
+    Note: started by its first work, or at once to import ``preload``; the workers end with the
+    block, killed at once when it ends by an exception.
+    """
     pool = WorkerPool(size or pool_size(), preload)
     token = _current.set(pool)
     try:
@@ -144,7 +165,10 @@ def worker_pool(*preload: str, size: int | None = None) -> Iterator[WorkerPool]:
 
 
 def start_workers(*modules: str) -> None:
-    """Start the open pool's workers now, importing ``modules``: work is on its way, and they take half a second."""
+    """Start the open pool's workers now, importing ``modules``.
+
+    Why: work is on its way, and they take half a second.
+    """
     if (pool := _current.get()) is not None and pool.executor is None:
         with suppress(RuntimeError):  # closed: nothing to start
             pool.submit(_import_modules, modules)
@@ -153,22 +177,25 @@ def start_workers(*modules: str) -> None:
 def run_in_process(
     function: Callable[..., R], *args: Any, stop_if_cancelled: Callable[[], None] = never_cancelled
 ) -> R:
-    """``function(*args)`` in a worker of the current pool (else of its own); its result, or its exception."""
+    """Run ``function(*args)`` in a worker of the current pool (else of its own)."""
     calls = ProcessCalls(function)
     calls.start(*args)
     return calls.results(stop_if_cancelled)[0]
 
 
 class ProcessCalls(Generic[R]):
-    """Calls of ``function``, each started in the current pool once its arguments are known (without a pool, in
-    ``results`` in one of their own), their results in order or the first exception (``BrokenProcessPool``: a
-    worker died). ``results`` waits in short slices calling ``stop_if_cancelled``, so a cancellation stops the wait
-    at once and kills the workers (a running worker cannot be stopped any other way)."""
+    """Calls of ``function``, each started in the current pool once its arguments come.
+
+    Note: without a pool, ``results`` runs them in one of their own. ``results`` gives their results
+    in order or the first exception (``BrokenProcessPool``: a worker died).
+    Why: ``results`` waits in short slices calling ``stop_if_cancelled``, so a cancellation stops
+    the wait at once and kills the workers (a running worker cannot be stopped any other way).
+    """
 
     def __init__(self, function: Callable[..., R]):
         self._function = function
         self._pool = _current.get()
-        self._waiting: list[tuple] = []  # arguments, without a pool
+        self._waiting: list[tuple[object, ...]] = []  # arguments, without a pool
         self._futures: list[Future[R]] = []
 
     def start(self, *args: Any) -> None:
@@ -200,7 +227,10 @@ class ProcessCalls(Generic[R]):
 
 
 def _start_worker(parent: int, preload: tuple[str, ...]) -> None:
-    """In a worker: a thread ending the process with the pool's parent (loky's would wait for work forever)."""
+    """In a worker: start a thread that ends the process with the pool's parent.
+
+    Why: loky's worker would wait for work forever.
+    """
     threading.Thread(target=_wait_for_exit, args=(parent,), daemon=True, name="exit-with-parent").start()
     _import_modules(preload)
 

@@ -1,6 +1,6 @@
-"""Progress of long file work: a bar on a terminal, log lines, or nothing (``use_display``, once per process); and
-per step run one Prefect progress artifact, fed by every ``track`` inside ``step_progress``. Log lines come at most
-every ``LOG_EVERY_SECONDS`` per file and once when it is done, so Prefect's log store stays small.
+"""Progress of long file work: a terminal bar or log lines, and a Prefect artifact.
+
+See docs/development.md#streams.
 """
 
 from __future__ import annotations
@@ -47,7 +47,11 @@ class _LogTracker(Tracker):
         self._total = total
 
     def describe(self, now: float, done: bool = False) -> str:
-        """``label: 1.5 MB of 3.0 MB at 2.0 MB/s (50 %, ETA 1 s)``, or ``label: done, 3.0 MB in 2 s at 1.5 MB/s``."""
+        """Describe the progress in one line.
+
+        Note: ``label: 1.5 MB of 3.0 MB at 2.0 MB/s (50 %, ETA 1 s)``, or ``label: done, 3.0 MB in 2
+        s at 1.5 MB/s``.
+        """
         elapsed = max(now - self._started, 1e-9)
         rate = self._done / elapsed
         amount, speed = _human(self._done, self._unit), f"{_human(rate, self._unit)}/s"
@@ -75,7 +79,7 @@ def use_display(display: Display) -> None:
 
 @contextmanager
 def track(label: str, total: int | None = None, unit: str = "B", files: int = 1) -> Iterator[Tracker]:
-    """The progress of work on ``files`` of the step's files (a batch: several) against ``total`` ``unit``s."""
+    """Track work on ``files`` of the step's files (a batch) against ``total``."""
     with _display_tracker(label, total, unit) as shown:
         if (aggregate := _step_progress.get()) is None:
             yield shown
@@ -88,8 +92,11 @@ def track(label: str, total: int | None = None, unit: str = "B", files: int = 1)
 
 
 def expect_files(count: int, noun: str = "files") -> None:
-    """How many files (or ``noun``: flattening's "pieces") the step run will work on, when its input does not say
-    (downloads) or is cut; its artifact then shows those done of expected."""
+    """Set how many files (``noun``: flattening's "pieces") the step run works on.
+
+    Note: for when its input does not say (downloads) or is cut; its artifact then shows those done
+    of expected.
+    """
     if (aggregate := _step_progress.get()) is not None:
         aggregate.expect_files(count, noun)
 
@@ -109,7 +116,7 @@ def _display_tracker(label: str, total: int | None, unit: str) -> Iterator[Track
 
 @dataclass(frozen=True)
 class StepWork:
-    """What a step run is known to work on before it starts: its input files, bytes and NDJSON lines."""
+    """What a step run is known to work on at its start: files, bytes, NDJSON lines."""
 
     files: int = 0
     size: int = 0
@@ -121,7 +128,7 @@ class StepWork:
 
 @dataclass(eq=False)
 class FileWork(Tracker):
-    """The tracker of a file (or a batch of ``files``) in a step run, feeding its display and the step's."""
+    """The tracker of a file (or a batch of ``files``), feeding its bar and the step's."""
 
     shown: Tracker
     aggregate: StepProgress
@@ -147,7 +154,10 @@ _step_progress: contextvars.ContextVar[StepProgress | None] = contextvars.Contex
 
 @contextmanager
 def step_progress(key: str, step: str, work: StepWork) -> Iterator[StepProgress | None]:
-    """The aggregate progress of one step run, published as the artifact ``key``; None outside a Prefect task run."""
+    """Publish one step run's aggregate progress as artifact ``key``.
+
+    Note: gives None outside a Prefect task run.
+    """
     if (artifact := ProgressArtifact(key)).run is None:
         yield None
         return
@@ -165,10 +175,13 @@ def step_progress(key: str, step: str, work: StepWork) -> Iterator[StepProgress 
 
 
 class StepProgress:
-    """Counts a step run's file work (from every thread) and publishes it as one progress artifact: percent (never
-    going back) against the known input; else files done of files expected, a file in work by its share done; else
-    against the files started so far. At most every ``ARTIFACT_EVERY_SECONDS``; a thread finding another publishing
-    goes on with its work."""
+    """Count a step run's file work (from every thread) and publish it as one artifact.
+
+    Note: percent (never going back) against the known input; else files done of files expected, a
+    file in work by its share done; else against the files started so far.
+    Note: at most every ``ARTIFACT_EVERY_SECONDS``; a thread finding another publishing goes on with
+    its work.
+    """
 
     def __init__(self, artifact: ProgressArtifact, step: str, work: StepWork):
         self._artifact, self._step, self._work = artifact, step, work
@@ -213,7 +226,10 @@ class StepProgress:
             self.publish()
 
     def publish(self, *, finished: bool = False, stopped: bool = False) -> None:
-        """Create or update the artifact: throttled, or now when the step run ended (``finished``: 100)."""
+        """Create or update the artifact: throttled, or now when the step run ended.
+
+        Note: ``finished`` publishes 100.
+        """
         final = finished or stopped
         if not self._publishing.acquire(blocking=final):
             return
@@ -260,7 +276,7 @@ class StepProgress:
 
 
 class ProgressArtifact:
-    """The progress artifact ``key`` of the task run it is made in (``run``), made by ``write``, then updated."""
+    """The progress artifact ``key`` of the task run it is made in, made then updated."""
 
     def __init__(self, key: str):
         from prefect.context import TaskRunContext
@@ -274,10 +290,11 @@ class ProgressArtifact:
         return time.monotonic() >= self._next_write
 
     def write(self, percent: float, description: str) -> None:
-        """One request; a failure is logged and ends this artifact's updates, never the step's work.
+        """Send one request; a failure ends this artifact's updates, never the step's work.
 
-        Note: Prefect's functions run in a copy of the context the artifact was made in, so the artifact is of
-        that task run (not of the file's task run a thread works for) and they run sync, as that task does.
+        Note: Prefect's functions run in a copy of the context the artifact was made in, so the
+        artifact is of that task run (not of the file's task run a thread works for) and they run
+        sync, as that task does.
         """
         from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
@@ -296,8 +313,11 @@ class ProgressArtifact:
 
 
 class _Board:
-    """This process's bars as tasks of one rich ``Progress``, from the first bar to the last: rich draws one live
-    display at a time, and a second ``Progress`` would nest in the first and vanish when that one ends."""
+    """This process's bars as tasks of one rich ``Progress``, from first bar to last.
+
+    Why: rich draws one live display at a time, and a second ``Progress`` would nest in the first
+    and vanish when that one ends.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -337,28 +357,31 @@ _board = _Board()
 
 
 def _new_rich_progress() -> Any:
-    """Columns by a task's unit: bytes as sizes and a transfer speed, others counted; an ETA only with a total."""
+    """Make rich's columns by a task's unit: sizes and speed for bytes, else counts.
+
+    Note: an ETA only with a total.
+    """
     from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
-    from rich.progress import TimeRemainingColumn, TransferSpeedColumn
+    from rich.progress import Task, TimeRemainingColumn, TransferSpeedColumn
     from rich.text import Text
 
     class AmountColumn(ProgressColumn):
         sizes, counts = DownloadColumn(), MofNCompleteColumn()
 
-        def render(self, task) -> Text:
+        def render(self, task: Task) -> Text:
             return (self.sizes if task.fields["unit"] == "B" else self.counts).render(task)
 
     class RateColumn(ProgressColumn):
         transfer = TransferSpeedColumn()
 
-        def render(self, task) -> Text:
+        def render(self, task: Task) -> Text:
             unit = task.fields["unit"]
             return self.transfer.render(task) if unit == "B" else Text(f"{task.speed or 0:>8,.0f} {unit}/s")
 
     class EtaColumn(ProgressColumn):
         remaining = TimeRemainingColumn()
 
-        def render(self, task) -> Text:
+        def render(self, task: Task) -> Text:
             return self.remaining.render(task) if task.total is not None else Text("")
 
     columns = (TextColumn("{task.description}"), BarColumn(), AmountColumn(), RateColumn(), EtaColumn())

@@ -1,5 +1,7 @@
-"""Cutting large data files into pieces for worker processes, so that one big file uses every core; each ``Piece``
-is a file whole or one of its spans."""
+"""Cut large data files into pieces, so one big file uses every worker process.
+
+See docs/development.md#streams.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ PLAIN_SPANS_PER_PROCESS = 2
 
 @dataclass(frozen=True)
 class Piece:
-    """What one task works on: the input file ``name``, whole, or span ``index`` of ``count``."""
+    """What one task works on: file ``name`` whole, or span ``index`` of ``count``."""
 
     name: str
     span: Span = WHOLE_FILE
@@ -44,7 +46,10 @@ class Piece:
 
 
 def input_pays_for_processes(paths: Iterable[Path]) -> bool:
-    """Worker processes pay for their start-up only on a large input (counted only that far), where they can help."""
+    """Tell whether worker processes pay for their start-up on this input.
+
+    Why: they pay only on a large input; it is counted only that far.
+    """
     counted = 0
     for path in paths:
         counted += content_bytes(path, PROCESS_MIN_BYTES - counted)
@@ -54,15 +59,20 @@ def input_pays_for_processes(paths: Iterable[Path]) -> bool:
 
 
 def file_spans(path: Path, processes: int, min_bytes: int) -> list[Span]:
-    """The file whole, or cut at line starts into spans of at least ``min_bytes`` of content: per process one of a
-    zstd file, ``PLAIN_SPANS_PER_PROCESS`` of a plain one."""
+    """Return the file whole, or spans cut at line starts of at least ``min_bytes``.
+
+    Note: one span per process of a zstd file, ``PLAIN_SPANS_PER_PROCESS`` of a plain one.
+    """
     most = processes * (1 if is_zstd(path) else PLAIN_SPANS_PER_PROCESS)
     spans = min(most, content_bytes(path, most * min_bytes) // min_bytes)
     return line_spans(path, spans, max(min_bytes // 8, 1)) if spans > 1 else [WHOLE_FILE]
 
 
 def content_bytes(path: Path, enough: int) -> int:
-    """The file's decompressed size, counted up to ``enough`` (a zstd file's whole pass costs as much as reading it)."""
+    """Return the file's decompressed size, counted up to ``enough``.
+
+    Why: a zstd file's whole pass costs as much as reading it.
+    """
     if not is_zstd(path):
         return path.stat().st_size
     counted = 0
@@ -75,8 +85,11 @@ def content_bytes(path: Path, enough: int) -> int:
 
 
 def line_spans(path: Path, count: int, mark_bytes: int) -> list[Span]:
-    """``path`` cut at line starts into at most ``count`` spans of about equal content, in one pass counting each
-    span's lines and noting a place to cut every ``mark_bytes`` (flat memory)."""
+    """Cut ``path`` at line starts into at most ``count`` spans of about equal content.
+
+    Note: one pass counts each span's lines and notes a place to cut every ``mark_bytes``
+    (flat memory).
+    """
     marks = [(0, 0)]  # (offset of a line's start, newlines before it)
     offset = lines = 0
     for chunk in iter_chunks(path):

@@ -76,11 +76,11 @@ import hashlib
 import itertools
 import json
 import re
+import select
 import socket
 import ssl
 import struct
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -177,7 +177,7 @@ class ExtractionFilesHandler(LengthOnlyHandler):
             RecordedRequest(self.origin, method, self.path, {k.lower(): v for k, v in self.headers.items()})
         )
         if self.state.response_delay:
-            time.sleep(self.state.response_delay)
+            self._silent(self.state.response_delay)
         for job_id in self.state.due_file_removals():
             remove_job_files(self.state, job_id)
         try:
@@ -304,7 +304,14 @@ class ExtractionFilesHandler(LengthOnlyHandler):
                     self._reset_connection()
                 if sent == stall_at:
                     self.wfile.flush()
-                    time.sleep(self.state.stall_seconds)
+                    self._silent(self.state.stall_seconds)
+
+    def _silent(self, seconds: float) -> None:
+        """Say nothing for ``seconds``, or until the client hangs up, as a stalled server would.
+
+        Why: a test can then stall far longer than any client timeout (no race on a busy machine)
+        without waiting for the stall to end."""
+        select.select([self.connection], [], [], seconds)
 
     def _reset_connection(self) -> None:
         """Close with RST (SO_LINGER 0) although Content-Length promised more bytes."""

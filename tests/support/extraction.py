@@ -68,7 +68,7 @@ def submit(client: httpx.Client, srv: ExtractionServer, crtdl_name: str = "CRTDL
     return response.headers["Content-Location"]
 
 
-def poll_until_done(client: httpx.Client, status_url: str, timeout: float = 5.0) -> httpx.Response:
+def poll_until_done(client: httpx.Client, status_url: str, timeout: float = 60.0) -> httpx.Response:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         response = client.get(status_url, headers={"Accept": "application/json"})
