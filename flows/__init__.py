@@ -6,5 +6,5 @@ Its part of the exception tree (the root's: ``tasks.core.errors``)::
     ├── JobError
     │   └── JobLockedError        job_state: another process works on the job
     ├── ServerStartError          prefect_server: the local Prefect server did not come up
-    └── ApiUnreachableError       prefect_server: PREFECT_API_URL names no answering server
+    └── ApiUnreachableError       prefect_api: no Prefect API answers, or it refuses the login
 """

@@ -15,7 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from config.runtime import job_on_command_line, CLI
-from flows.prefect_server import http_get, prefect_home, read_record, settings_of_home
+from flows.prefect_api import REFUSED, Answer, api_answer
+from flows.prefect_server import prefect_home, read_record, settings_of_home
 from tasks.core.url_credentials import shown_url
 from tasks.job.layout import JobPaths
 
@@ -71,7 +72,7 @@ def watch(paths: JobPaths, api_url: str, done: threading.Event) -> None:
 
 def probe(api_url: str) -> Loss | None:
     """The server or its database missing; None for any other answer (a busy 503, an old server's 404)."""
-    answer = http_get(api_url, "/ready", PROBE_TIMEOUT)
+    answer = api_answer(api_url, "/ready", PROBE_TIMEOUT)
     shown = shown_url(api_url)
     if answer is None:
         reason = f"the Prefect server at {shown} went away (no answer for {LOST_AFTER:.0f} s)"
@@ -97,10 +98,10 @@ def same_server(api_url: str) -> Callable[[], bool]:
     return lambda: first is None or (answer := shown_settings(api_url)) is None or answer == first
 
 
-def shown_settings(api_url: str) -> tuple[int, bytes] | None:
+def shown_settings(api_url: str) -> Answer | None:
     """The answer to ``/admin/settings``; None where it tells nothing (none in time, 5xx, 401, 403)."""
-    answer = http_get(api_url, "/admin/settings", PROBE_TIMEOUT)
-    return None if answer is None or answer[0] in (401, 403) or answer[0] >= 500 else answer
+    answer = api_answer(api_url, "/admin/settings", PROBE_TIMEOUT)
+    return None if answer is None or answer[0] in REFUSED or answer[0] >= 500 else answer
 
 
 def stop_job(paths: JobPaths, loss: Loss) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import httpx
 from prefect.client.orchestration import get_client
+from prefect.events.schemas.automations import AutomationCore
 
 from config.runtime import CLI
 
@@ -44,14 +45,13 @@ def ensure_crash_detection() -> str | None:
     Where dupflow starts a job's run (``start``, ``continue``, ``serve``) it is made before the run exists: the engine
     sends the first heartbeat before the flow's first line, a beat the server saw before the automation starts no
     watch, and a job killed before its second beat would stay Running. The flow makes it too, for a worker's run."""
-    named = {"automations": {"name": {"any_": [AUTOMATION_NAME]}}, "sort": "CREATED_DESC"}
     try:
         with get_client(sync_client=True) as client:
-            if client.request("POST", "/automations/filter", json=named).json():
+            if client.read_automations_by_name(AUTOMATION_NAME):
                 return None
-            client.request("POST", "/automations/", json=CRASH_DETECTION)
-            for extra in client.request("POST", "/automations/filter", json=named).json()[:-1]:
-                client.request("DELETE", "/automations/{id}", path_params={"id": extra["id"]})
+            client.create_automation(AutomationCore.model_validate(CRASH_DETECTION))
+            for extra in client.read_automations_by_name(AUTOMATION_NAME)[:-1]:  # newest first
+                client.delete_automation(extra.id)
     except (OSError, httpx.HTTPError) as exc:
         return str(exc)
     return None

@@ -10,24 +10,20 @@ import os
 import shlex
 import shutil
 import sys
-from contextlib import nullcontext, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-
-import httpx
+from typing import Any
 
 from config.durations import parse_duration
-from config.runtime import listed_jobs_dir, prefect_api_headers, prefect_api_url, CLI
+from config.runtime import listed_jobs_dir, prefect_api_url, CLI
 from flows import prefect_server
 from flows.extraction_cli import age
-from flows.job_state import MAX_PAGE_BYTES, PAGE, PREFECT_API, JobLock, JobLockedError, current_states
-from config.settings import RetrySettings
-from tasks.clients.auth import AS_SENT
-from tasks.clients.bounds import read_response
-from tasks.clients.errors import Call, ServiceError, raise_for_service_status
+from flows.job_state import JobLock, JobLockedError, current_states
+from flows.prefect_api import api_json, filter_rows
+from tasks.clients.errors import ServiceError
 from tasks.clients.extraction_jobs import UNFINISHED_STATUSES
-from tasks.clients.retry import call_with_retry
 from tasks.core.errors import UsageError
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_tag
 from tasks.core.readable import plain_text, size_text
@@ -42,9 +38,7 @@ KEPT_BECAUSE = {
     UNKNOWN: "no flow run of it on this Prefect server (another home's, or a lost database): prune it from the home "
     "that ran it, or remove its directory yourself",
 }
-API_TIMEOUT = 30.0
 PRUNING_PREFIX = ".pruning-"  # a job directory being removed is renamed to this and its id: no job to list
-API_HINT = "check that PREFECT_API_URL points at a Prefect server"
 LIVE_RUN_STATES = ("RUNNING", "PENDING", "CANCELLING")  # a process carries the run on: its records stay
 
 
@@ -104,30 +98,22 @@ def cmd_prune(args: argparse.Namespace) -> int:
         raise UsageError(f"--older-than: {exc}") from None
     states = tuple(args.state or FINAL_STATES)
     api_url = housekeeping_api_url()
-    server = (
-        httpx.Client(base_url=api_url.rstrip("/"), headers=AS_SENT | prefect_api_headers(), timeout=API_TIMEOUT)
-        if api_url
-        else nullcontext()
-    )
     try:
-        with server as client:
-            selection = select_jobs(jobs_dir, states, older_than, client)
-            print_selection(selection, jobs_dir, api_url)
-            if not args.yes:
-                print_how_to_remove(selection, args)
-                if begun := begun_removals(jobs_dir):
-                    print(f"{len(begun)} job(s) an interrupted prune began to remove: --yes finishes them")
-                return EXIT_OK
-            unfinished = finish_removals(jobs_dir)
-            return max(remove_jobs(selection.chosen, jobs_dir, client), EXIT_FAILED if unfinished else EXIT_OK)
+        selection = select_jobs(jobs_dir, states, older_than)
+        print_selection(selection, jobs_dir, api_url)
+        if not args.yes:
+            print_how_to_remove(selection, args)
+            if begun := begun_removals(jobs_dir):
+                print(f"{len(begun)} job(s) an interrupted prune began to remove: --yes finishes them")
+            return EXIT_OK
+        unfinished = finish_removals(jobs_dir)
+        return max(remove_jobs(selection.chosen, jobs_dir), EXIT_FAILED if unfinished else EXIT_OK)
     except ServiceError as exc:
         print(f"error: {exc} (at {shown_url(api_url or '')}); nothing more was removed", file=sys.stderr)
         return EXIT_FAILED
 
 
-def select_jobs(
-    jobs_dir: Path, states: tuple[str, ...], older_than: timedelta | None, client: httpx.Client | None
-) -> Selection:
+def select_jobs(jobs_dir: Path, states: tuple[str, ...], older_than: timedelta | None) -> Selection:
     selection, now = Selection(), datetime.now(UTC)
     readable = readable_jobs(jobs_dir, selection)
     for (paths, job), state in zip(readable, current_states([paths for paths, _ in readable]), strict=True):
@@ -140,7 +126,7 @@ def select_jobs(
         elif state not in states or too_recent:
             selection.not_matching += 1
         else:
-            runs, run_ids, artifacts = server_records(client, paths)
+            runs, run_ids, artifacts = server_records(paths)
             if why := live_run(runs, states):
                 selection.protected.append((paths.job_id, why))
                 continue
@@ -228,20 +214,20 @@ def housekeeping_api_url() -> str | None:
     return prefect_api_url()
 
 
-def server_records(client: httpx.Client | None, paths: JobPaths) -> tuple[list[dict], list[str], list[str]]:
+def server_records(paths: JobPaths) -> tuple[list[dict[str, Any]], list[str], list[str]]:
     """The job directory's flow runs on the server (tags ``job-<id>`` and this directory's ``dir-…``; a run from
     before directories were tagged counts for every directory of its job), their ids and their artifacts' ids."""
-    if client is None:
+    if prefect_api_url() is None:
         return [], [], []
     own = directory_tag(paths.job_dir)
     runs = [
         run
-        for run in filtered(client, "/flow_runs/filter", {"flow_runs": {"tags": {"all_": [job_tag(paths.job_id)]}}})
+        for run in filter_rows("/flow_runs/filter", flow_runs={"tags": {"all_": [job_tag(paths.job_id)]}})
         if own in run["tags"] or not any(tag.startswith(DIRECTORY_TAG_PREFIX) for tag in run["tags"])
     ]
     run_ids = [run["id"] for run in runs]
-    body = {"artifacts": {"flow_run_id": {"any_": run_ids}}}
-    return runs, run_ids, [artifact["id"] for artifact in filtered(client, "/artifacts/filter", body)] if runs else []
+    artifacts = filter_rows("/artifacts/filter", artifacts={"flow_run_id": {"any_": run_ids}}) if runs else []
+    return runs, run_ids, [artifact["id"] for artifact in artifacts]
 
 
 def live_run(runs: list[dict], states: tuple[str, ...]) -> str | None:
@@ -254,31 +240,6 @@ def live_run(runs: list[dict], states: tuple[str, ...]) -> str | None:
         if state.get("type") in LIVE_RUN_STATES or (state.get("type") == "PAUSED" and state.get("name") not in states):
             return f"its flow run {run['id']} is {state.get('name')} on the server"
     return None
-
-
-def filtered(client: httpx.Client, path: str, body: dict) -> list[dict]:
-    rows: list[dict] = []
-    while True:
-        page = api_call(client, "POST", path, {**body, "limit": PAGE, "offset": len(rows)}).json()
-        rows.extend(page)
-        if len(page) < PAGE:
-            return rows
-
-
-def api_call(
-    client: httpx.Client, method: str, path: str, body: dict | None = None, max_answer_bytes: int = MAX_PAGE_BYTES
-) -> httpx.Response:
-    """One request through the one retry policy (a busy SQLite server answers 503), its answer read at most
-    ``max_answer_bytes`` far; a DELETE of something already gone (404) is no error."""
-    where: Call = {"operation": f"{method} {path}", "service": PREFECT_API}
-
-    def attempt() -> httpx.Response:
-        with client.stream(method, path, json=body) as response:
-            if not (method == "DELETE" and response.status_code == 404):
-                raise_for_service_status(response, **where)
-            return read_response(response, max_answer_bytes, hint=API_HINT, **where)
-
-    return call_with_retry(attempt, RetrySettings(), **where)
 
 
 def print_selection(selection: Selection, jobs_dir: Path, api_url: str | None) -> None:
@@ -344,12 +305,12 @@ def removal_error(exc: OSError) -> str:
     return f"{exc.strerror or exc}{which}; make it removable (its owner, its attributes), then run prune --yes again"
 
 
-def remove_jobs(chosen: list[Candidate], jobs_dir: Path, client: httpx.Client | None) -> int:
+def remove_jobs(chosen: list[Candidate], jobs_dir: Path) -> int:
     """Exit code 1 when a directory could not be removed (skipped jobs are no failure)."""
     removed, failed = 0, 0
     for job in chosen:
         try:
-            why_not = remove_job(job, jobs_dir, client)
+            why_not = remove_job(job, jobs_dir)
         except OSError as exc:
             failed += 1
             trash = jobs_dir / f"{PRUNING_PREFIX}{job.job_id}"
@@ -367,7 +328,7 @@ def remove_jobs(chosen: list[Candidate], jobs_dir: Path, client: httpx.Client | 
     return EXIT_FAILED if failed else EXIT_OK
 
 
-def remove_job(job: Candidate, jobs_dir: Path, client: httpx.Client | None) -> str | None:
+def remove_job(job: Candidate, jobs_dir: Path) -> str | None:
     """Remove one job under its lock; why not, or None."""
     if job.paths.job_dir.is_symlink() or job.paths.job_dir.parent.resolve() != jobs_dir:
         return "not a directory of the jobs directory"
@@ -377,13 +338,12 @@ def remove_job(job: Candidate, jobs_dir: Path, client: httpx.Client | None) -> s
         with JobLock(job.paths):
             if changed_time(job.paths) != job.changed_at:
                 return "it changed since it was listed; run prune again"
-            if client is not None:
-                runs, job.flow_run_ids, job.artifact_ids = server_records(client, job.paths)  # as they are now
-                if why := live_run(runs, (job.state,)):
-                    return why
-                records = [f"/artifacts/{a}" for a in job.artifact_ids] + [f"/flow_runs/{r}" for r in job.flow_run_ids]
-                for path in records:  # artifacts first; a flow run's task runs and logs go with it
-                    api_call(client, "DELETE", path)
+            runs, job.flow_run_ids, job.artifact_ids = server_records(job.paths)  # as they are now
+            if why := live_run(runs, (job.state,)):
+                return why
+            records = [f"/artifacts/{a}" for a in job.artifact_ids] + [f"/flow_runs/{r}" for r in job.flow_run_ids]
+            for path in records:  # artifacts first; a flow run's task runs and logs go with it
+                api_json("DELETE", path)
             trash = jobs_dir / f"{PRUNING_PREFIX}{job.job_id}"
             os.replace(job.paths.job_dir, trash)  # in one step: a kill in rmtree leaves no job that looks whole
             shutil.rmtree(trash)

@@ -15,14 +15,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 from pydantic import ValidationError
 
-from config.runtime import CLI, job_on_command_line, prefect_api_headers, prefect_api_url
-from tasks.clients.auth import AS_SENT
-from tasks.clients.bounds import read_response
+from config.runtime import CLI, job_on_command_line, prefect_api_url
+from flows.prefect_api import api_json, filter_rows
 from tasks.clients.errors import ServiceError
 from tasks.core.errors import JobError
+from tasks.core.json_shapes import JSON, as_object
 from tasks.core.readable import plain_text
 from tasks.job.layout import DIRECTORY_TAG_PREFIX, JobPaths, directory_tag, is_job_id, job_of_tag, job_tag
 from tasks.job.layout import result_name, step_artifact_key
@@ -31,13 +30,8 @@ from tasks.job.record import read_record
 from tasks.job.result_records import read_result_record
 
 LOCK_FILE = ".lock"
-PREFECT_API = "the Prefect API"
 SCHEDULED_NAMES = ("Resuming", "Scheduled", "Late")  # a suspended run resumed in the UI, waiting to be run
-PAGE = 200  # the most rows (flow runs, artifacts) the Prefect API returns at once
 TAGS_PER_REQUEST = 100  # a tags filter is one SQL function call, and SQLite takes at most 127 arguments (a 500 else)
-MAX_PAGE_BYTES = 64 * 1024 * 1024  # the most of a Prefect API answer read: a page of PAGE rows is far less
-API_READ = {"service": PREFECT_API, "hint": "check PREFECT_API_URL"}
-TIMEOUT = 2.0  # per Prefect API request: status and list stay quick on a server that hangs
 
 
 class JobLockedError(JobError):
@@ -142,9 +136,9 @@ def latest_runs(directories: dict[str, str]) -> dict[str, dict[str, Any]]:
     job_ids, newest = list(directories), dict[str, dict[str, Any]]()
     for start in range(0, len(job_ids) if prefect_api_url() is not None else 0, TAGS_PER_REQUEST):
         page = job_ids[start : start + TAGS_PER_REQUEST]
-        body = {"flow_runs": {"tags": {"any_": [job_tag(job_id) for job_id in page]}}}
+        named: JSON = {"tags": {"any_": [job_tag(job_id) for job_id in page]}}
         # Newest first: the first run naming a job is its newest (a job may have more: a copy's, earlier ones).
-        for run in filtered_rows("/flow_runs/filter", body):
+        for run in newest_rows("/flow_runs/filter", flow_runs=named):
             tags = [str(tag) for tag in run.get("tags") or []]
             dirs = {tag for tag in tags if tag.startswith(DIRECTORY_TAG_PREFIX)}
             for job_id in map(job_of_tag, tags):
@@ -157,21 +151,6 @@ def run_state(run: dict[str, Any] | None) -> str | None:
     """A run's state name, made plain (any API client may name one); None for no run."""
     name = (run or {}).get("state_name") or ((run or {}).get("state") or {}).get("name")
     return plain_text(str(name)) if name else None
-
-
-def api_answer(method: str, path: str, operation: str, body: dict | None = None) -> Any:
-    """The JSON answer of one bounded call to ``PREFECT_API_URL``; None without a server, for a 404, or where the
-    server could not say (no answer, an error, too large, no JSON): the commands take it as no run (``Unknown``)."""
-    if (api := prefect_api_url()) is None:
-        return None
-    headers = AS_SENT | prefect_api_headers()
-    try:
-        with httpx.stream(method, f"{api.rstrip('/')}{path}", json=body, headers=headers, timeout=TIMEOUT) as response:
-            if response.status_code == 404:
-                return None
-            return read_response(response.raise_for_status(), MAX_PAGE_BYTES, operation=operation, **API_READ).json()
-    except (httpx.HTTPError, ValueError, ServiceError):
-        return None
 
 
 def find_job_dir(job: str, jobs_dir: Path) -> Path:
@@ -218,9 +197,11 @@ def finished_steps(paths: JobPaths, steps: list[str], run: dict[str, Any]) -> di
     unreadable, why (not finished).
     """
     names = {f"{step}[{position + 1}]": position for position, step in enumerate(steps)}
-    body = {"flow_runs": {"id": {"any_": [run.get("id")]}}, "task_runs": {"name": {"any_": list(names)}}}
+    of_run: JSON = {"id": {"any_": [run.get("id")]}}
+    named: JSON = {"name": {"any_": list(names)}}
     done: dict[int, StepRecord | str] = {}
-    for task_run in filtered_rows("/task_runs/filter", body):  # newest first: the first is the latest
+    # Newest first: the first is the latest.
+    for task_run in newest_rows("/task_runs/filter", flow_runs=of_run, task_runs=named):
         position = names.get(str(task_run.get("name")))
         if position is None or position in done or task_run.get("flow_run_run_count") != run.get("run_count"):
             continue
@@ -251,16 +232,16 @@ def step_record(paths: JobPaths, step: str, position: int, state: dict[str, Any]
     return record.model_copy(update={"cached": state.get("name") == "Cached"})
 
 
-def filtered_rows(path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every row of a ``…/filter`` endpoint, newest first; as far as the server answered."""
-    rows: list[dict[str, Any]] = []
-    while True:
-        page = {**body, "sort": "EXPECTED_START_TIME_DESC", "limit": PAGE, "offset": len(rows)}
-        if not isinstance(answer := api_answer("POST", path, "read flow runs", page), list):
-            return rows
-        rows.extend(row for row in answer if isinstance(row, dict))
-        if len(answer) < PAGE:
-            return rows
+def newest_rows(path: str, **filters: JSON) -> list[dict[str, Any]]:
+    """Every row of a ``…/filter`` endpoint, newest first; none where the server could not say.
+
+    Note:
+    - The commands take that as no run (``Unknown``).
+    """
+    try:
+        return filter_rows(path, sort="EXPECTED_START_TIME_DESC", **filters)
+    except ServiceError:
+        return []
 
 
 def step_at_work(job_id: str, run_id: str, position: int, step: str) -> str | None:
@@ -269,8 +250,11 @@ def step_at_work(job_id: str, run_id: str, position: int, step: str) -> str | No
     Note: None where this run published none.
     """
     key = step_artifact_key(job_id, position, step, "progress")
-    artifact = api_answer("GET", f"/artifacts/{key}/latest", "read a step's progress")
-    if not isinstance(artifact, dict) or str(artifact.get("flow_run_id")) != run_id:
+    try:
+        artifact = as_object(api_json("GET", f"/artifacts/{key}/latest"))
+    except ServiceError:
+        return None
+    if str(artifact.get("flow_run_id")) != run_id:
         return None  # none, or an earlier run's
     said = plain_text(str(artifact.get("description") or "")).removeprefix(f"{step} ")
     percent = artifact.get("data")

@@ -16,14 +16,14 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import closing, suppress
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from http.client import HTTPConnection, HTTPException, HTTPSConnection
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from config.runtime import CLI, MALLOC_ARENAS, local_server_port, prefect_api_headers, prefect_api_url
+from config.runtime import CLI, MALLOC_ARENAS, local_server_port, prefect_api_url
+from flows.prefect_api import REFUSED, TIMEOUT, Answer, ApiUnreachableError, api_answer, refused_login
 from flows.prefect_profile import record_in_profile
 from flows.server_process import POLL_INTERVAL, process_is_server, process_runs, process_stopped, terminate
 from tasks.core.errors import DupflowError
@@ -48,9 +48,7 @@ NONCE_LOGGER = "dupflow.server."  # + the server's nonce: a logger nobody logs t
 PORT_ATTEMPTS = 3  # starts when another program or home's server takes the chosen port first
 PORT_RELEASE_TIMEOUT = 10.0  # for a killed server, exiting, to let go of its port
 PROBE_TIMEOUT = 0.5
-API_ANSWER_TIMEOUT = 20.0  # a server elsewhere that is busy (2-core machine under load) was seen to take over 5 s
 OK = (200, b"true")  # what /health of a Prefect API answers
-MAX_PROBE_ANSWER_BYTES = 1024 * 1024
 SHOWN_ANSWER_CHARS = 80
 STARTUP_TIMEOUT = 120.0  # a fresh PREFECT_HOME migrates its database first: 15-40 s on a busy 2-core machine
 # Off: two services no job needs, which only label runs Late and workers offline in the UI; two malloc arenas for
@@ -64,10 +62,6 @@ SERVER_DEFAULTS = {
 
 class ServerStartError(DupflowError):
     """The local Prefect server did not come up; the message names its log file."""
-
-
-class ApiUnreachableError(DupflowError):
-    """``PREFECT_API_URL`` names a server that does not answer."""
 
 
 @dataclass(frozen=True)
@@ -119,11 +113,11 @@ def ensure_server(home: Path | None = None, *, startup_timeout: float = STARTUP_
 
 def require_answer(api_url: str) -> None:
     """Raise ``ApiUnreachableError`` unless a usable Prefect API answers at ``api_url``, or asks for credentials."""
-    answer = http_get(api_url, "/health", API_ANSWER_TIMEOUT)
-    if answer is not None and answer[0] in (401, 403):
+    answer = api_answer(api_url, "/health", TIMEOUT)
+    if answer is not None and answer[0] in REFUSED:
         return
     if answer == OK:
-        if problem := version_problem(http_get(api_url, "/admin/version", API_ANSWER_TIMEOUT)):
+        if problem := version_problem(api_answer(api_url, "/admin/version", TIMEOUT)):
             raise ApiUnreachableError(
                 f"the Prefect API {shown_url(api_url)} (PREFECT_API_URL) {problem}; set PREFECT_API_URL to a Prefect "
                 f"server's API, or unset it to use the local server ({CLI} server start)"
@@ -131,7 +125,7 @@ def require_answer(api_url: str) -> None:
         return
     path = urlsplit(api_url).path.rstrip("/")
     api = None if path.endswith("/api") else urlunsplit(urlsplit(api_url)._replace(path=f"{path}/api"))
-    if answer is not None and api and http_get(api, "/health", API_ANSWER_TIMEOUT) == OK:
+    if answer is not None and api and api_answer(api, "/health", TIMEOUT) == OK:
         raise ApiUnreachableError(  # the UI's address, as start prints it, exported as the API's
             f"PREFECT_API_URL {shown_url(api_url)} is the address of a Prefect server's UI, not its API: set "
             f"PREFECT_API_URL={shown_url(api)}"
@@ -143,10 +137,10 @@ def require_answer(api_url: str) -> None:
     )
 
 
-def version_problem(answer: tuple[int, bytes] | None) -> str | None:
+def version_problem(answer: Answer | None) -> str | None:
     """What is wrong for this client with a ``GET /admin/version`` answer: Prefect's client reads it first, and ends
     in a traceback on a foreign one, in "incompatible versions" on another major version."""
-    if answer is not None and answer[0] in (401, 403):  # a server elsewhere may want credentials for it
+    if answer is not None and answer[0] in REFUSED:  # a server elsewhere may want credentials for it
         return None
     from packaging.version import Version  # Prefect's own reading of versions
 
@@ -387,16 +381,13 @@ def wait_until_healthy(record: ServerRecord, timeout: float, home: Path) -> bool
 def serves_home(record: ServerRecord, home: Path) -> bool:
     """Whether ``home``'s server answers: its settings name the home and echo the start's nonce (a port is no proof).
     One that refuses this command's login raises ``ApiUnreachableError``: it runs, and is never stopped for it."""
-    answer = http_get(record.url, "/admin/settings", API_ANSWER_TIMEOUT)
-    if answer is not None and answer[0] in (401, 403):
-        raise ApiUnreachableError(
-            f"the local Prefect server at {ui_url(record.url)} refuses this command's login (HTTP {answer[0]}): set "
-            "PREFECT_API_AUTH_STRING to the user:password it was started with (its PREFECT_SERVER_API_AUTH_STRING)"
-        )
+    answer = api_answer(record.url, "/admin/settings", TIMEOUT)
+    if answer is not None and answer[0] in REFUSED:
+        raise refused_login(record.url, answer[0])
     return settings_of_home(answer, record, home)
 
 
-def settings_of_home(answer: tuple[int, bytes] | None, record: ServerRecord, home: Path) -> bool:
+def settings_of_home(answer: Answer | None, record: ServerRecord, home: Path) -> bool:
     """Whether ``answer``, a server's ``/admin/settings`` (None: no answer), is that of ``home``'s server."""
     status, body = answer or (None, b"")
     try:
@@ -408,21 +399,7 @@ def settings_of_home(answer: tuple[int, bytes] | None, record: ServerRecord, hom
 
 
 def is_healthy(url: str) -> bool:
-    return (http_get(url, "/health", PROBE_TIMEOUT) or (None,))[0] == 200
-
-
-def http_get(url: str, path: str, timeout: float) -> tuple[int, bytes] | None:
-    """Status and at most ``MAX_PROBE_ANSWER_BYTES`` of the body, None if nothing answers. Not Prefect's client (no
-    Prefect import for fast commands) nor ``httpx.get`` (a TLS context per call: 0.1 s when busy)."""
-    parts = urlsplit(url)
-    kind = HTTPSConnection if parts.scheme == "https" else HTTPConnection
-    try:
-        with closing(kind(parts.hostname or "", parts.port, timeout=timeout)) as connection:
-            connection.request("GET", parts.path.rstrip("/") + path, headers=prefect_api_headers())
-            response = connection.getresponse()
-            return response.status, response.read(MAX_PROBE_ANSWER_BYTES)
-    except (OSError, HTTPException, ValueError):
-        return None
+    return (api_answer(url, "/health", PROBE_TIMEOUT) or (None,))[0] == 200
 
 
 def runs_recorded_server(record: ServerRecord) -> bool:

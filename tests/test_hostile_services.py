@@ -426,17 +426,16 @@ def test_a_300_mb_flattener_answer_is_streamed_with_the_clients_peak_rss_under_4
     assert peak_mb < PEAK_RSS_LIMIT_MB
 
 
-def test_an_answer_of_the_prefect_api_larger_than_its_bound_is_refused_naming_the_api_and_the_fix():
+def test_an_answer_of_the_prefect_api_larger_than_its_bound_is_refused_naming_the_api_and_the_fix(monkeypatch):
     """``prune`` reads the Prefect API's answers bounded like every service's: the API is outside this process."""
-    import httpx
-
-    from flows.housekeeping import api_call
+    from flows.prefect_api import api_json
     from tests.fakes.echo import EchoHandler, EchoState, Reply
 
     page = Reply(200, {"Content-Type": "application/json"}, b"[" + b'{"id": "x"},' * 1000 + b'{"id": "y"}]')
-    with LoopbackServer(EchoHandler, EchoState(replies=[page])) as api, httpx.Client(base_url=api.base_url) as client:
+    with LoopbackServer(EchoHandler, EchoState(replies=[page])) as api:
+        monkeypatch.setenv("PREFECT_API_URL", api.base_url)
         with pytest.raises(ServiceError) as refused:
-            api_call(client, "POST", "/flow_runs/filter", {"limit": 200}, max_answer_bytes=1024)
+            api_json("POST", "/flow_runs/filter", {"limit": 200}, limit=1024)
     message = str(refused.value)
     assert f"{api.base_url}/flow_runs/filter" in message and "more than the 1.0 KB" in message
     assert "PREFECT_API_URL points at a Prefect server" in message and not refused.value.transient
@@ -444,10 +443,38 @@ def test_an_answer_of_the_prefect_api_larger_than_its_bound_is_refused_naming_th
 
 def test_a_probe_of_the_prefect_server_reads_at_most_its_bound_of_an_answer():
     """The health and settings probes read a few KB: an endless or huge answer is cut off, not read whole."""
-    from flows.prefect_server import MAX_PROBE_ANSWER_BYTES, http_get
+    from flows.prefect_api import MAX_PROBE_ANSWER_BYTES, api_answer
     from tests.fakes.echo import EchoHandler, EchoState, Reply
 
     huge = Reply(200, {"Content-Type": "application/json"}, b"x" * (3 * MAX_PROBE_ANSWER_BYTES))
     with LoopbackServer(EchoHandler, EchoState(replies=[huge])) as api:
-        status, body = http_get(f"{api.base_url}/api", "/health", 5.0)
+        status, body = api_answer(f"{api.base_url}/api", "/health", 5.0) or (None, b"")
     assert status == 200 and len(body) == MAX_PROBE_ANSWER_BYTES
+
+
+@pytest.mark.parametrize("command", [["status", "JOB"], ["list"], ["prune", "--yes"]])
+def test_a_prefect_api_refusing_the_login_stops_status_list_and_prune_in_one_line_naming_the_setting(
+    command, tmp_path, monkeypatch, capsys
+):
+    """A proxy or server asking for credentials on every call but ``/health``: the state of a job is never shown
+    as Unknown nor a job removed; the command says what to set, without the login, exit 2."""
+    from flows.run import EXIT_USAGE, main
+    from tasks.job.record import JobRecord, changing_record
+    from tests.fakes.echo import EchoHandler, EchoState, Reply
+    from tests.support.jobs import made_old
+
+    job_id = "00000000-0000-0000-0000-000000000401"
+    with changing_record(tmp_path / "jobs" / job_id, new=JobRecord(job_id=job_id, enabled_steps=["local_import"])):
+        pass
+    made_old(tmp_path / "jobs" / job_id)
+    monkeypatch.setenv("PREFECT_API_AUTH_STRING", "dupflow:Wrong-Passw0rd")
+    refused = Reply(401, body=b'{"exception_message": "Unauthorized"}')
+    with LoopbackServer(EchoHandler, EchoState(replies=[refused] * 8)) as api:
+        monkeypatch.setenv("PREFECT_API_URL", f"{api.base_url}/api")
+        argv = [job_id if word == "JOB" else word for word in command]
+        assert main([*argv, "--jobs-dir", str(tmp_path / "jobs")]) == EXIT_USAGE
+    said = capsys.readouterr()
+    (line,) = said.err.splitlines()
+    assert f"the Prefect API {api.base_url}/api refuses this command's login (HTTP 401)" in line
+    assert "set PREFECT_API_AUTH_STRING to the user:password" in line and "Wrong-Passw0rd" not in said.out + line
+    assert (tmp_path / "jobs" / job_id / "job.json").is_file()

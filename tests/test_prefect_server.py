@@ -22,12 +22,12 @@ import httpx
 import pytest
 
 from flows.server_process import process_is_server
+from flows.prefect_api import ApiUnreachableError
 from flows.prefect_server import (
     DATABASE_URL_SETTINGS,
     new_database_note,
     server_environment,
     PORT_FILE,
-    ApiUnreachableError,
     STATE_FILE,
     ServerRecord,
     ServerStartError,

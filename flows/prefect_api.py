@@ -1,0 +1,114 @@
+"""Prefect's REST API for what must not import Prefect: status, list, prune, the server's probes.
+
+Note:
+- Code that imports Prefect uses Prefect's client instead (docs/development.md, "Layers").
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import closing
+from http.client import HTTPConnection, HTTPException, HTTPSConnection
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from config.runtime import prefect_api_headers, prefect_api_url
+from config.settings import RetrySettings
+from tasks.clients.bounds import answer_too_large
+from tasks.clients.errors import Call, ServiceError, is_transient_status
+from tasks.clients.retry import call_with_retry
+from tasks.core.errors import DupflowError
+from tasks.core.json_shapes import JSON, as_array, as_objects
+from tasks.core.readable import size_text
+from tasks.core.url_credentials import shown_url
+
+API_HINT = "check that PREFECT_API_URL points at a Prefect server"
+TIMEOUT = 20.0  # a busy server elsewhere (2 cores under load) was seen to take over 5 s
+PAGE = 200  # the most rows (flow runs, artifacts) the Prefect API returns at once
+MAX_PROBE_ANSWER_BYTES = 1024 * 1024
+MAX_PAGE_BYTES = 64 * 1024 * 1024  # a page of PAGE rows is far less
+REFUSED = (401, 403)
+Answer = tuple[int, bytes]
+
+
+class ApiUnreachableError(DupflowError):
+    """The Prefect API does not answer as one, or refuses this command's login."""
+
+
+def api_answer(
+    url: str,
+    path: str,
+    timeout: float,
+    *,
+    method: str = "GET",
+    body: JSON = None,
+    limit: int = MAX_PROBE_ANSWER_BYTES,
+) -> Answer | None:
+    """Status and at most ``limit`` bytes of the body of one call; None if nothing answers.
+
+    Why:
+    - Not httpx: its client makes a TLS context (60 ms when busy); start-up probes every 50 ms.
+    """
+    parts = urlsplit(url)
+    kind = HTTPSConnection if parts.scheme == "https" else HTTPConnection
+    data = None if body is None else json.dumps(body).encode()
+    headers = prefect_api_headers() | ({"Content-Type": "application/json"} if data else {})
+    try:
+        with closing(kind(parts.hostname or "", parts.port, timeout=timeout)) as connection:
+            connection.request(method, parts.path.rstrip("/") + path, data, headers)
+            response = connection.getresponse()
+            return response.status, response.read(limit)
+    except (OSError, HTTPException, ValueError):
+        return None
+
+
+def api_json(method: str, path: str, body: JSON = None, *, limit: int = MAX_PAGE_BYTES) -> JSON:
+    """The JSON answer of ``PREFECT_API_URL`` to a call, retried by the one policy; 204, 404: None.
+
+    Note:
+    - A busy SQLite server answers 503: retried. A DELETE's 404 is something already gone.
+    """
+    url = prefect_api_url() or ""
+    where = Call(operation=f"{method} {path}", service="the Prefect API")
+
+    def attempt() -> JSON:
+        answer = api_answer(url, path, TIMEOUT, method=method, body=body, limit=limit + 1)
+        status, content = answer or (0, b"")
+        if status in REFUSED:
+            raise refused_login(url, status)
+        if not status or status >= 400 and status != 404:
+            said = f"HTTP {status}" if status else f"no answer from {shown_url(url)}"
+            retry = not status or is_transient_status(status)
+            raise ServiceError(status_code=status or None, message=said, transient=retry, **where)
+        if len(content) > limit:
+            size, source = f"over {size_text(limit)}", httpx.URL(url.rstrip("/") + path)
+            raise answer_too_large(size, limit, hint=API_HINT, source=source, **where)
+        try:
+            return None if status in (204, 404) else json.loads(content)
+        except ValueError:
+            said = f"no JSON; {API_HINT}"
+            raise ServiceError(status_code=status, message=said, transient=False, **where) from None
+
+    return call_with_retry(attempt, RetrySettings(), **where)
+
+
+def filter_rows(path: str, **filters: JSON) -> list[dict[str, Any]]:
+    """Every row of a ``…/filter`` endpoint (``filters``: its body), a page at a time."""
+    rows, offset = list[dict[str, Any]](), 0
+    while True:
+        page = as_array(api_json("POST", path, {**filters, "limit": PAGE, "offset": offset}))
+        rows += as_objects(page)
+        offset += PAGE
+        if len(page) < PAGE:
+            return rows
+
+
+def refused_login(url: str, status: int) -> ApiUnreachableError:
+    """The one line for an API that refuses this command's login (it runs: never stopped for it)."""
+    return ApiUnreachableError(
+        f"the Prefect API {shown_url(url)} refuses this command's login (HTTP {status}): set "
+        "PREFECT_API_AUTH_STRING to the user:password it was started with "
+        "(its PREFECT_SERVER_API_AUTH_STRING)"
+    )
