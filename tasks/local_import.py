@@ -49,12 +49,14 @@ def local_import(step: StepInput) -> StepResult:
 
 
 def files_to_do(source: Path, settings: Settings, jobs_dir: Path) -> list[FileToDo]:
-    """Each data file of ``source`` to import, by its target name; its path kept once, as text: the ``Path``s and
-    lists beside them were 0.5 KB a file of the flow's peak while the batches ran."""
-    files = find_ndjson_files(source, settings.services.local_import.recursive, jobs_dir=jobs_dir)
+    """Each data file of ``source`` to import, by its target name; its path kept once, as text.
+
+    Why: the ``Path``s and lists kept beside were 0.5 KB a file of the flow peak while batches ran.
+    """
+    files = find_ndjson_files(source, settings.services.local_import.recursive, jobs_dir)
     targets = target_names(files, compress=settings.compression.enabled)
-    identities = (file_identity(path) for path in files)
-    return [FileToDo(name, found[1], (found[0], name, found)) for name, found in zip(targets, identities, strict=True)]
+    found = zip(targets, (file_identity(path) for path in files), strict=True)
+    return [FileToDo(name, each[1], (each[0], name, each)) for name, each in found]
 
 
 def import_file(step: StepInput, source: str, name: str, identity: list) -> DataFile:
