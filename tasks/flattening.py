@@ -34,7 +34,7 @@ from tasks.sof.errors import ResourceLineError
 from tasks.sof.resources import parse_line
 from tasks.streams.fanout import raise_if_cancelled, results_or_raise
 from tasks.streams.files import close_synced, write_file_atomically
-from tasks.streams.ndjson import PART_PREFIX, PART_SUFFIX, iter_lines
+from tasks.streams.ndjson import PART_PREFIX, PART_SUFFIX, WHOLE_FILE, iter_lines
 from tasks.streams.processes import ProcessCalls, SharedCount, never_cancelled, pool_size, run_in_process, worker_pool
 from tasks.streams.spans import MB, SPAN_MIN_BYTES, Piece, file_spans, input_pays_for_processes
 
@@ -203,11 +203,11 @@ def plan_pieces(
     max_line_bytes: int,
     min_span_bytes: int = SPAN_MIN_BYTES,
 ) -> list[Piece]:
-    """Every input file as one piece, or with several ``processes`` a large one cut into spans; a cut file's bare
-    Provenance routes are saved once for its spans."""
+    """Every input file as one piece, or with several ``processes`` a large one cut into spans
+    (its content counted only then); a cut file's bare Provenance routes are saved once for its spans."""
     pieces = []
     for path in paths:
-        spans = file_spans(path, processes, min_span_bytes)
+        spans = file_spans(path, processes, min_span_bytes) if processes > 1 else [WHOLE_FILE]
         if len(spans) > 1 and by_provenance:
             with engine_errors_as_step_errors():
                 routes = routes_json(bare_routes(path, max_line_bytes))

@@ -62,7 +62,7 @@ from tests.benchmarks.bench_flattening import EXAMPLE, LOOKUP
 from tests.benchmarks.bench_startup import cli, clean_environment
 from tests.benchmarks.compare_download import curl_command
 from tests.benchmarks.dataset import MB, torch_bundle
-from tests.benchmarks.memory import descendants
+from tests.benchmarks.memory import cpu_seconds
 from tests.benchmarks.runs import REPO_ROOT, fresh, load
 
 CRTDL = EXAMPLE / "example-crtdl.json"
@@ -258,19 +258,6 @@ def own_process(command: list[str]) -> Iterator[tuple[int, str]]:
     finally:
         process.terminate()
         process.wait(10)
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds (user and system) of ``pid`` and its live descendants so far, with what they
-    reaped."""
-    ticks = 0
-    for member in descendants(pid):
-        try:
-            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ticks += sum(int(value) for value in fields[11:15])
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 # --- the job ----------------------------------------------------------------------------------

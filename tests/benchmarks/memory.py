@@ -1,7 +1,8 @@
-"""Peak memory of a process and the processes under it, from /proc (Linux), without importing the project."""
+"""Memory and CPU of a process and the processes under it, from /proc (Linux), without importing the project."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -60,3 +61,21 @@ def _status_mb(pid: int, field: str, name: str = "status") -> float:
     except OSError:
         pass
     return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user and system) of ``pid`` and its live descendants so far, with what they
+    reaped."""
+    ticks = 0
+    for member in descendants(pid):
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += sum(int(value) for value in fields[11:15])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def tree_pss_mb(pid: int) -> float:
+    """The PSS of ``pid`` and its live descendants now, summed (``pss_mb``: shared pages counted once)."""
+    return sum(pss_mb(member) for member in descendants(pid))
