@@ -4,6 +4,8 @@ stop while it neither ended nor paused."""
 
 from __future__ import annotations
 
+from typing import Final
+
 import httpx
 from prefect.client.orchestration import get_client
 
@@ -35,6 +37,8 @@ CRASH_DETECTION = {
         }
     ],
 }
+AUTOMATIONS: Final = "/automations/filter"
+_ensured_on: set[str] = set()  # the API URLs this process found holding the automation
 
 
 def ensure_crash_detection() -> str | None:
@@ -46,11 +50,14 @@ def ensure_crash_detection() -> str | None:
     named = {"automations": {"name": {"any_": [AUTOMATION_NAME]}}, "sort": "CREATED_DESC"}
     try:
         with get_client(sync_client=True) as client:
-            if client.request("POST", "/automations/filter", json=named).json():
+            api_url = str(client.api_url)  # asked once: by the command line, then by its flow
+            if api_url in _ensured_on or client.request("POST", AUTOMATIONS, json=named).json():
+                _ensured_on.add(api_url)
                 return None
             client.request("POST", "/automations/", json=CRASH_DETECTION)
-            for extra in client.request("POST", "/automations/filter", json=named).json()[:-1]:
+            for extra in client.request("POST", AUTOMATIONS, json=named).json()[:-1]:
                 client.request("DELETE", f"/automations/{extra['id']}")  # type: ignore[arg-type]
     except (OSError, httpx.HTTPError) as exc:
         return str(exc)
+    _ensured_on.add(api_url)
     return None
