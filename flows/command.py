@@ -14,6 +14,6 @@ def main() -> int:
         from flows.view_cli import main as view_main
 
         return view_main(sys.argv[1:])
-    from flows.run import main as run_main
+    from flows.run import run_as_program
 
-    return run_main()
+    return run_as_program()

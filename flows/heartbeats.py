@@ -5,6 +5,8 @@ See docs/development.md#crash-detection.
 
 from __future__ import annotations
 
+from typing import Final
+
 import httpx
 from prefect.client.orchestration import get_client
 from prefect.events.schemas.automations import AutomationCore
@@ -37,6 +39,7 @@ CRASH_DETECTION = {
         }
     ],
 }
+_ensured_on: Final[set[str]] = set()  # the API URLs this process found holding the automation
 
 
 def ensure_crash_detection() -> str | None:
@@ -47,11 +50,14 @@ def ensure_crash_detection() -> str | None:
     watch, and a job killed before its second beat would stay Running. The flow makes it too, for a worker's run."""
     try:
         with get_client(sync_client=True) as client:
-            if client.read_automations_by_name(AUTOMATION_NAME):
+            api_url = str(client.api_url)  # asked once: by the command line, then by its flow
+            if api_url in _ensured_on or client.read_automations_by_name(AUTOMATION_NAME):
+                _ensured_on.add(api_url)
                 return None
             client.create_automation(AutomationCore.model_validate(CRASH_DETECTION))
             for extra in client.read_automations_by_name(AUTOMATION_NAME)[:-1]:  # newest first
                 client.delete_automation(extra.id)
     except (OSError, httpx.HTTPError) as exc:
         return str(exc)
+    _ensured_on.add(api_url)
     return None

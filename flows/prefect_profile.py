@@ -11,33 +11,53 @@ import sys
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from config.runtime import PREFECT_DEFAULTS
+
+if TYPE_CHECKING:
+    from prefect.settings.profiles import ProfilesCollection
 
 PROFILE = "dupflow"
 API_URL = "PREFECT_API_URL"
 DEFAULT_PROFILE = "ephemeral"  # Prefect's, active while the user has chosen none
 RECORD_TIMEOUT = 60.0
+Recording = subprocess.Popen[str]
 
 
-def record_in_profile(home: Path, api_url: str, environment: Mapping[str, str]) -> None:
-    """Record ``api_url`` in ``home``'s ``dupflow`` profile; best effort: failing costs no job its run."""
+def start_recording(home: Path, api_url: str, environment: Mapping[str, str]) -> Recording | None:
+    """Start recording ``api_url`` in ``home``'s ``dupflow`` profile; None if it is there.
+
+    Why: it imports Prefect (1.5 s), which a new server's start, migrating its database, hides.
+    """
     if not {"PREFECT_PROFILE", "PREFECT_PROFILES_PATH"} & set(environment) and recorded(home, api_url):
-        return
+        return None
     env = PREFECT_DEFAULTS | {name: value for name, value in environment.items() if name != API_URL}
     env |= {"PREFECT_HOME": str(home)}
+    command = [sys.executable, "-m", __name__, api_url]
     try:
-        command = [sys.executable, "-m", __name__, api_url]
-        done = subprocess.run(
-            command, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=RECORD_TIMEOUT
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        out, nothing = subprocess.PIPE, subprocess.DEVNULL
+        return subprocess.Popen(command, env=env, stdin=nothing, stdout=out, stderr=out, text=True)
+    except OSError as exc:
+        print(f"warning: the Prefect profile {PROFILE!r} was not updated ({exc})", file=sys.stderr)
+        return None
+
+
+def finish_recording(recording: Recording | None) -> None:
+    """Wait for ``start_recording``'s process; best effort: failing costs no job its run."""
+    if recording is None:
+        return
+    try:
+        out, err = recording.communicate(timeout=RECORD_TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        recording.kill()
+        recording.communicate()
         print(f"warning: the Prefect profile {PROFILE!r} was not updated ({exc})", file=sys.stderr)
         return
-    if done.returncode != 0:
-        why = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+    if recording.returncode != 0:
+        why = (err.strip().splitlines() or [f"exit code {recording.returncode}"])[-1]
         print(f"warning: the Prefect profile {PROFILE!r} was not updated: {why}", file=sys.stderr)
-    elif said := done.stdout.strip():
+    elif said := out.strip():
         print(said, file=sys.stderr)
 
 
@@ -60,7 +80,7 @@ def update_profile(api_url: str) -> str | None:
     """
     from prefect.context import get_settings_context
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ANALYTICS_ENABLED
-    from prefect.settings.profiles import DEFAULT_PROFILES_PATH, load_profiles, save_profiles
+    from prefect.settings.profiles import DEFAULT_PROFILES_PATH, load_profiles
 
     profiles = load_profiles()
     kept = profiles[PROFILE].settings if PROFILE in profiles.names else {}
@@ -70,13 +90,29 @@ def update_profile(api_url: str) -> str | None:
     untouched = active == DEFAULT_PROFILE and profiles[DEFAULT_PROFILE].source == DEFAULT_PROFILES_PATH
     if switch := untouched and "PREFECT_PROFILE" not in os.environ:
         profiles.set_active(PROFILE)
-    save_profiles(profiles)
+    save_whole(profiles)
     if switch or active == PROFILE:
         return None
     return (
         f"`prefect` commands use the Prefect profile {active!r}, not this home's server: "
         f"`uv run prefect profile use {PROFILE}` points them at it"
     )
+
+
+def save_whole(profiles: ProfilesCollection) -> None:
+    """Prefect's ``save_profiles``, written under a temporary name and renamed.
+
+    Why: Prefect empties the file, then writes it; a server or runner starting meanwhile could
+    read it empty, and miss the user's own settings there (a database URL).
+    """
+    from prefect.settings import PREFECT_PROFILES_PATH, get_current_settings, temporary_settings
+    from prefect.settings.profiles import save_profiles
+
+    path = get_current_settings().profiles_path
+    temporary = path.with_name(f".{path.name}.part")
+    with temporary_settings({PREFECT_PROFILES_PATH: temporary}):
+        save_profiles(profiles)
+    os.replace(temporary, path)
 
 
 if __name__ == "__main__":

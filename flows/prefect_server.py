@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from config.runtime import CLI, MALLOC_ARENAS, local_server_port, prefect_api_url
 from flows.prefect_api import REFUSED, TIMEOUT, Answer, ApiUnreachableError, api_answer, refused_login
-from flows.prefect_profile import record_in_profile
+from flows.prefect_profile import finish_recording, start_recording
 from flows.server_process import POLL_INTERVAL, process_is_server, process_runs, process_stopped, terminate
 from tasks.core.errors import DupflowError
 from tasks.core.readable import plain_text
@@ -250,10 +250,15 @@ def start_server(home: Path, startup_timeout: float, previous: ServerRecord | No
     for _ in range(PORT_ATTEMPTS):
         port = next_free_port(port)
         record = launch_server(home, port, wanted)
-        if wait_until_healthy(record, startup_timeout, home):
+        environment = server_environment(os.environ)
+        profile = start_recording(home, record.url, environment)  # for `prefect …` commands
+        try:
+            healthy = wait_until_healthy(record, startup_timeout, home)
+        finally:
+            finish_recording(profile)
+        if healthy:
             if local_server_port() is None:
                 write_file_atomically(home / PORT_FILE, f"{port}\n".encode())  # kept for the next start
-            record_in_profile(home, record.url, server_environment(os.environ))  # for `prefect …` commands
             return record
         ended = not runs_recorded_server(record)
         terminate(record.pid)

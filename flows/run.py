@@ -46,7 +46,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 REPO_ROOT = Path(__file__).resolve().parent.parent
 EMBEDDED_CONFIG = REPO_ROOT / "config" / "default.yaml"
 EMBEDDED_CRTDL = REPO_ROOT / "config" / "sample-data" / "crtdl.json"
-GC_YOUNG_THRESHOLD = 10_000  # allocations between young collections (Python's default: 700)
+GC_YOUNG_THRESHOLD = 10_000  # allocations between young collections in a job's run (Python's: 700)
 EXIT_CODES_HELP = f"""first try: {CLI} start   (the embedded sample job)
 a command's own help: {CLI} COMMAND --help
 
@@ -273,23 +273,30 @@ def run_job(paths: JobPaths, no_progress: bool, continuing: dict[str, Any] | Non
 
 
 def run_flow(job: JobRecord, paths: JobPaths, continuing: dict[str, Any] | None) -> Any:
+    """The job's flow run made or found, then run here.
+
+    Note: every Prefect call of this process goes through one client (a new one costs a TLS
+    context and a version check: 16 ms and a request each)."""
+    from prefect.context import SyncClientContext
     from prefect.exceptions import TerminationSignal
 
     from flows import job_runs
     from flows.heartbeats import ensure_crash_detection
 
-    ensure_crash_detection()  # before the run's first heartbeat; if it cannot, the flow's own try says why
-    parameters = job_parameters(job, paths) | (continuing or {})
-    if continuing is None:
-        run = job_runs.new_job_run(job.job_id, paths, parameters)
-    else:
-        run = job_runs.continued_job_run(job.job_id, paths, parameters)
-    if run.said:
-        print(f"job {job.job_id}: {run.said}")
-    try:
-        return job_runs.execute(run.flow_run, parameters)
-    except TerminationSignal as exc:
-        raise KeyboardInterrupt from exc
+    with SyncClientContext.get_or_create():
+        ensure_crash_detection()  # before the run's first heartbeat; the flow says why it could not
+        parameters = job_parameters(job, paths) | (continuing or {})
+        if continuing is None:
+            run = job_runs.new_job_run(job.job_id, paths, parameters)
+        else:
+            run = job_runs.continued_job_run(job.job_id, paths, parameters)
+        if run.said:
+            print(f"job {job.job_id}: {run.said}")
+        end_start_up()
+        try:
+            return job_runs.execute(run.flow_run, parameters)
+        except TerminationSignal as exc:
+            raise KeyboardInterrupt from exc
 
 
 def report_outcome(paths: JobPaths, state: Any) -> int:
@@ -345,12 +352,22 @@ def setting_named_in(message: str) -> str | None:
     return min(named)[1] if named else None
 
 
+def end_start_up() -> None:
+    """The collector on again where ``run_as_program`` turned it off, over a frozen heap."""
+    if not gc.isenabled():
+        gc.freeze()
+        gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
+        gc.enable()
+
+
 def run_as_program() -> int:
-    """``main`` as the process's life (not in ``main``: tests call that in-process). Start-up builds some 150,000
-    objects that live until exit; the default thresholds walk them in full collections while they are built (0.2-0.5
-    s), and shutdown once per batch of modules (0.6-2 s). Rarer young collections skip the first, a frozen heap the
-    second. Memory does not grow: the data paths stream through few, short-lived objects."""
-    gc.set_threshold(GC_YOUNG_THRESHOLD, 10, 10)
+    """``main`` as the process's life (not in ``main``: tests call that in-process).
+
+    Why: start-up builds some 150,000 objects that live until exit; Python's collector walked
+    them while they were built (0.2-0.5 s) and at shutdown, once per batch of modules (0.6-2 s).
+    So it is off until a job's run starts (``end_start_up``), and the heap frozen before exit.
+    Memory does not grow: the data paths stream through few, short-lived objects."""
+    gc.disable()
     try:
         return main()
     finally:

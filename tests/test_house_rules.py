@@ -37,6 +37,7 @@ ALLOWED_STATE = {
     "tasks.pseudonymizer:_configs_by_digest": "the digest of the anonymization file's bytes",
     "tasks.job.flattening_plan:_plans": "the digest of the flattening step's views (its CRTDL and lookup file)",
     "tasks.core.redaction:_secrets": "the configured secret values themselves: the redaction's registry",
+    "flows.heartbeats:_ensured_on": "the Prefect API URL that holds the crash automation",
 }
 
 

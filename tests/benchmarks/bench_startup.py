@@ -2,24 +2,27 @@
 
 Run on demand (not collected by pytest):
 
-    python -m tests.benchmarks.bench_startup [--runs 5] [--against REV]
+    python -m tests.benchmarks.bench_startup [--runs 5] [--fresh 1] [--against REV]
 
 Each measurement is ``python -m flows.run start --no-progress`` (the embedded default job on the bundled
 sample data) in a fresh child process, in a temporary PREFECT_HOME and jobs directory, without
 PREFECT_API_URL or any APP_* variable of the caller:
 
-- cold, fresh home:  no server and no database (the command starts a server, which migrates first);
-- cold:              no server, migrated database (a stopped or killed server);
-- warm:              the server from before still runs (the case every later command is in); the first job
-                     after the server's start is shown apart.
+- fresh home:  no server and no database, as after the README's Quick start (the command starts a server, which
+               migrates the new database first), ``--fresh`` runs, each in a new home, in turn with its anchor:
+               ``prefect server start`` alone (dupflow's server settings) in a new home until its API answers;
+- cold:        no server, migrated database (a stopped or killed server);
+- warm:        the server from before still runs (the case every later command is in); the first job
+               after the server's start is shown apart. Each warm run is taken in turn with ``import prefect``
+               (the floor of any command that runs a flow), and their CPU is printed side by side.
 
-Anchors on the same machine and interpreter: a bare ``python -c pass``, ``import prefect`` (the floor of any
-command that runs a flow) and ``python -m flows.run list`` (a command that never imports Prefect). Figures go
-to stdout: best and median wall-clock and the command's own CPU time (on a shared machine the CPU figure is
-the steadier one; the load average is printed too). Then the memory of the warm case: the flow process's peak
-RSS (its own rusage), the server's peak RSS (VmHWM of the server and any child), and their sum. Last, whether
-the server kept every flow run and task run of the warm jobs (task runs reach it as events after the command
-has exited). The server is stopped at the end.
+Other anchors on the same machine and interpreter: a bare ``python -c pass`` and ``python -m flows.run list`` (a
+command that never imports Prefect). Figures go to stdout: best and median wall-clock and the command's own CPU
+time (on a shared machine the CPU figure is the steadier one; the load average is printed too); a job's figures
+run to its process's end (the flow run's heartbeat thread joined, the logs sent). Then the memory of the warm case:
+the flow process's peak RSS (its own rusage), the server's peak RSS (VmHWM of the server and any child), and their
+sum. Last, whether the server kept every flow run and task run of the warm jobs (task runs reach it as events after
+the command has exited). The server is stopped at the end.
 
 ``--against REV`` (e.g. ``91120ab``) compares instead: the tree of that commit (``git archive``, run with this
 checkout's environment) and this tree start the same tiny job in turn, A then B, with the tree's server running
@@ -47,7 +50,9 @@ from pathlib import Path
 
 import httpx
 
-from flows.prefect_server import ensure_server, server_status, stop_server
+from flows.prefect_server import DEFAULT_PORT, HOST, SERVER_DEFAULTS, STARTUP_TIMEOUT, ensure_server, is_healthy
+from flows.prefect_server import next_free_port, server_status, stop_server
+from flows.server_process import POLL_INTERVAL
 from tests.benchmarks.runs import load
 from tests.benchmarks.memory import tree_peak_mb
 
@@ -59,6 +64,7 @@ RECORDS_TIMEOUT = 60.0
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="runs of the cold and warm cases")
+    parser.add_argument("--fresh", type=int, default=1, help="runs of the fresh-home case and its anchor")
     parser.add_argument("--against", metavar="REV", help="compare with the tree of this commit, run by run")
     args = parser.parse_args()
     os.environ.pop("PREFECT_API_URL", None)  # this process's ensure_server must find the local server too
@@ -71,9 +77,11 @@ def main() -> None:
             if args.against:
                 compare(env, home, args.runs, args.against, Path(scratch) / "baseline")
             else:
+                measure_fresh(env, Path(scratch), args.fresh)
                 measure(env, home, args.runs)
         finally:
             stop_server(home)
+        print(f"load average: {load()}")
 
 
 def compile_tree(root: Path) -> None:
@@ -81,12 +89,51 @@ def compile_tree(root: Path) -> None:
         compileall.compile_dir(root / package, quiet=1)
 
 
+def measure_fresh(env: dict[str, str], scratch: Path, runs: int) -> None:
+    """The tiny job on a new home, in turn with ``prefect server start`` alone on a new home until it answers."""
+    job, server = [], []
+    for number in range(runs):
+        server.append(server_alone(env | {"PREFECT_HOME": str(scratch / f"server-home-{number}")}))
+        fresh = scratch / f"fresh-home-{number}"
+        try:
+            job.append(timed(cli("start", "--no-progress"), env | {"PREFECT_HOME": str(fresh)}))
+        finally:
+            stop_server(fresh)
+    report("fresh home: tiny job", job)
+    report("fresh home: server alone", server)
+    print(f"fresh home: job / server alone = {ratios(job, server, WALL)} wall", flush=True)
+
+
+def server_alone(env: dict[str, str]) -> tuple[float, float, float]:
+    """``prefect server start`` in a new home, as dupflow starts it, until its API answers: seconds, CPU, MB."""
+    port = next_free_port(DEFAULT_PORT)
+    command = [sys.executable, "-m", "prefect", "server", "start", "--host", HOST, "--port", str(port)]
+    env = env | SERVER_DEFAULTS | {"PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    started = time.perf_counter()
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not is_healthy(f"http://{HOST}:{port}/api"):
+            if process.poll() is not None or time.perf_counter() - started > STARTUP_TIMEOUT:
+                raise SystemExit(f"prefect server start on port {port} did not come up ({process.returncode})")
+            time.sleep(POLL_INTERVAL)
+        seconds = time.perf_counter() - started
+        cpu = process_cpu_seconds(process.pid)
+    finally:
+        process.terminate()
+        _, _, usage = os.wait4(process.pid, 0)
+    return seconds, cpu, usage.ru_maxrss / 1024
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """The CPU seconds of a running process (and of its waited-for children) so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(value) for value in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(env: dict[str, str], home: Path, runs: int) -> None:
     report("anchor: python -c pass", [timed([sys.executable, "-c", "pass"], env) for _ in range(runs)])
-    report("anchor: import prefect", [timed([sys.executable, "-c", "import prefect"], env) for _ in range(runs)])
     report("anchor: flows.run list", [timed(cli("list"), env) for _ in range(runs)])
 
-    report("cold, fresh PREFECT_HOME", [timed(cli("start", "--no-progress"), env)])
     cold = []
     for _ in range(runs):
         stop_server(home)
@@ -99,10 +146,25 @@ def measure(env: dict[str, str], home: Path, runs: int) -> None:
     # with its own start-up: that job is shown on its own, the warm figures are the jobs after it.
     first = timed(cli("start", "--no-progress"), env)
     report("warm, server's first job", [first])
-    warm = [timed(cli("start", "--no-progress"), env) for _ in range(runs)]
+    anchor, warm = [], []
+    for _ in range(runs):  # in turn: both see the same load
+        anchor.append(timed([sys.executable, "-c", "import prefect"], env))
+        warm.append(timed(cli("start", "--no-progress"), env))
+    report("anchor: import prefect", anchor)
     report("warm (server running)", warm)
+    print(f"warm / import prefect = {ratios(warm, anchor, CPU)} CPU, {ratios(warm, anchor, WALL)} wall", flush=True)
     report_memory(home, max(peak for _, _, peak in [first, *warm]))
     report_records(api_url, before, runs + 1)
+
+
+WALL, CPU = 0, 1
+
+
+def ratios(ours: list[tuple[float, float, float]], anchor: list[tuple[float, float, float]], column: int) -> str:
+    """``ours`` over ``anchor`` in one column (wall or CPU): best over best / median over median."""
+    best = min(run[column] for run in ours) / min(run[column] for run in anchor)
+    median = statistics.median(run[column] for run in ours) / statistics.median(run[column] for run in anchor)
+    return f"{best:.2f} / {median:.2f} (best / median)"
 
 
 def compare(env: dict[str, str], home: Path, runs: int, revision: str, baseline: Path) -> None:
@@ -140,13 +202,8 @@ def compare(env: dict[str, str], home: Path, runs: int, revision: str, baseline:
     for case, figures in (("cold", cold), ("warm", warm)):
         for label, measured in figures.items():
             report(f"{case}, {label}", measured)
-        (a, b) = (statistics.median(wall for wall, _, _ in measured) for measured in figures.values())
-        (a_cpu, b_cpu) = (statistics.median(cpu for _, cpu, _ in measured) for measured in figures.values())
-        (a_best, b_best) = (min(wall for wall, _, _ in measured) for measured in figures.values())
-        print(
-            f"{case}: B / A = {b_best / a_best:.2f} best wall, {b / a:.2f} median wall, {b_cpu / a_cpu:.2f} median CPU",
-            flush=True,
-        )
+        a, b = figures.values()
+        print(f"{case}: B / A = {ratios(b, a, WALL)} wall, {ratios(b, a, CPU)} CPU", flush=True)
 
 
 def clean_environment(home: Path, jobs_dir: Path) -> dict[str, str]:
@@ -177,12 +234,11 @@ def timed(command: list[str], env: dict[str, str], cwd: Path = REPO_ROOT) -> tup
 
 
 def report(label: str, runs: list[tuple[float, float, float]]) -> None:
-    walls = [wall for wall, _, _ in runs]
-    cpu = statistics.median(cpu for _, cpu, _ in runs)
+    walls, cpu = [wall for wall, _, _ in runs], [cpu for _, cpu, _ in runs]
     each = " ".join(f"{wall:.2f}" for wall in walls)
     print(
-        f"{label:<26} best {min(walls):5.2f} s, median {statistics.median(walls):5.2f} s wall, {cpu:5.2f} s CPU"
-        f"   (wall per run: {each})",
+        f"{label:<26} best {min(walls):5.2f} s, median {statistics.median(walls):5.2f} s wall, "
+        f"{min(cpu):5.2f} / {statistics.median(cpu):5.2f} s CPU   (wall per run: {each})",
         flush=True,
     )
 
