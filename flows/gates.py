@@ -71,4 +71,5 @@ def run_gate(job: Job, step: StepInput, done: list[StepResult], card: JobRecordC
         card.set_state(SUSPENDED, job_state.suspended_message(key, datetime.now(UTC) + timeout, job.paths.job_dir))
         answer = suspend_flow_run(wait_for_input=InspectionInput, timeout=int(timeout.total_seconds()), key=key)
     inspection = InspectionInput.model_validate(answer)  # Prefect's dispatch types it as a coroutine too
-    return stored_in_job(wait, step)(step, note=inspection.note)
+    inspected: StepResult = stored_in_job(wait, step)(step, note=inspection.note)
+    return inspected

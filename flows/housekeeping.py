@@ -42,7 +42,7 @@ PRUNING_PREFIX = ".pruning-"  # a job directory being removed is renamed to this
 LIVE_RUN_STATES = ("RUNNING", "PENDING", "CANCELLING")  # a process carries the run on: its records stay
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     prune = commands.add_parser(
         "prune", help="list old or finished jobs (and their flow runs and artifacts); remove them with --yes"
     )
@@ -230,7 +230,7 @@ def server_records(paths: JobPaths) -> tuple[list[dict[str, Any]], list[str], li
     return runs, run_ids, [artifact["id"] for artifact in artifacts]
 
 
-def live_run(runs: list[dict], states: tuple[str, ...]) -> str | None:
+def live_run(runs: list[dict[str, Any]], states: tuple[str, ...]) -> str | None:
     """Why the job's server records stay: a run running or paused in a state not named.
 
     Note: None where none stays.

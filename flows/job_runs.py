@@ -16,7 +16,8 @@ from prefect.client.schemas.filters import TaskRunFilterState, TaskRunFilterStat
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.client.schemas.sorting import FlowRunSort
 from prefect.exceptions import ObjectNotFound, Pause
-from prefect.states import Cancelled, Crashed, Pending, State
+from prefect.client.schemas.objects import State
+from prefect.states import Cancelled, Crashed, Pending
 
 from config.runtime import apply_process_defaults
 from flows.gates import COMMAND_LINE_DEPLOYMENT

@@ -17,7 +17,8 @@ from uuid import UUID
 from prefect._internal.observers import FlowRunCancellingObserver
 from prefect.context import FlowRunContext
 from prefect.exceptions import Abort, TerminationSignal
-from prefect.states import Cancelled, State
+from prefect.client.schemas.objects import State
+from prefect.states import Cancelled
 
 from tasks.streams.fanout import cancel_scope
 

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from config.loader import PATH_KEYS, absolute_path_overrides, cached_settings, refuse_secret_overrides
 from config.settings import Settings
@@ -377,7 +378,7 @@ def effective_crtdl(source: Path, settings: Settings) -> EffectiveCrtdl:
     return EffectiveCrtdl(name, (json.dumps(enriched, indent=2) + "\n").encode(), warnings)
 
 
-def read_crtdl(source: Path) -> tuple[dict, bytes]:
+def read_crtdl(source: Path) -> tuple[dict[str, Any], bytes]:
     if not source.is_file():
         problem = "is a directory" if source.is_dir() else "is no regular file" if source.exists() else "not found"
         raise JobError(f"CRTDL {source} {problem}; give the CRTDL JSON file as the job input")
@@ -394,7 +395,7 @@ def read_crtdl(source: Path) -> tuple[dict, bytes]:
     return parsed, data
 
 
-def refuse_unusable_group_names(source: Path, crtdl: dict) -> None:
+def refuse_unusable_group_names(source: Path, crtdl: dict[str, Any]) -> None:
     """Refuse group names that cannot be, or would collide as, file names and S3 keys.
 
     Note: a group name becomes a CSV, a ViewDefinition file name and an S3 key; refused before the

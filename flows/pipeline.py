@@ -17,7 +17,8 @@ from prefect.client.orchestration import get_client
 from prefect.exceptions import Pause, PrefectSignal
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 from prefect.client.schemas.sorting import FlowRunSort
-from prefect.states import AwaitingRetry, Completed, State, Suspended
+from prefect.client.schemas.objects import State
+from prefect.states import AwaitingRetry, Completed, Suspended
 
 from config.settings import Settings
 from flows.gates import run_gate

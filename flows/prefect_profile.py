@@ -80,7 +80,8 @@ def update_profile(api_url: str) -> str | None:
     """
     from prefect.context import get_settings_context
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_ANALYTICS_ENABLED
-    from prefect.settings.profiles import DEFAULT_PROFILES_PATH, load_profiles
+    from prefect.settings.constants import DEFAULT_PROFILES_PATH
+    from prefect.settings.profiles import load_profiles
 
     profiles = load_profiles()
     kept = profiles[PROFILE].settings if PROFILE in profiles.names else {}

@@ -20,6 +20,7 @@ from contextlib import suppress
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from config.runtime import CLI, MALLOC_ARENAS, local_server_port, prefect_api_url
@@ -190,7 +191,7 @@ def stop_server(home: Path | None = None) -> bool:
         return running
 
 
-def server_status(home: Path | None = None) -> dict | None:
+def server_status(home: Path | None = None) -> dict[str, Any] | None:
     """The recorded server (without its nonce) with its UI URL and health, or None."""
     if (record := read_record(prefect_home(home))) is None or not runs_recorded_server(record):
         return None
@@ -424,7 +425,7 @@ def runs_recorded_server(record: ServerRecord) -> bool:
     return not (record.nonce and environment) or (NONCE_LOGGER + record.nonce).encode() in environment
 
 
-def register(commands: argparse._SubParsersAction) -> None:
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     server = commands.add_parser("server", help="the local Prefect server (and its UI) that jobs use")
     server_commands = server.add_subparsers(required=True, metavar="SUBCOMMAND")
     for name, command, text in (

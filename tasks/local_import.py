@@ -58,7 +58,7 @@ def files_to_do(source: Path, settings: Settings, jobs_dir: Path) -> list[FileTo
     return [FileToDo(name, each[1], (each[0], name, each)) for name, each in found]
 
 
-def import_file(step: StepInput, source: str, name: str, identity: list) -> DataFile:
+def import_file(step: StepInput, source: str, name: str, identity: list[Any]) -> DataFile:
     """Copy one file into ``import/<name>``.
 
     Note: ``identity`` (path, size, mtime) makes a changed source a new file.
@@ -91,7 +91,7 @@ def import_file(step: StepInput, source: str, name: str, identity: list) -> Data
 import_files = batch_task("import-files", "import", import_file)
 
 
-def refuse_a_changed_source(path: Path, identity: list) -> None:
+def refuse_a_changed_source(path: Path, identity: list[Any]) -> None:
     """Refuse a source whose size or time of change differ from what the scan found.
 
     Why: a file still being written (an export not finished) would be imported as whatever part of
@@ -245,7 +245,7 @@ def target_names(files: list[Path], compress: bool) -> list[str]:
     return [name for name, _ in seen.values()]
 
 
-def file_identity(path: Path) -> list:
+def file_identity(path: Path) -> list[Any]:
     """What makes a source file the same file on a re-run."""
     found = path.stat()
     return [str(path), found.st_size, found.st_mtime_ns]

@@ -138,7 +138,7 @@ def is_available(client: httpx.Client, url: str) -> bool:
     )
 
 
-def _probe_status(client: httpx.Client, method: str, url: str, headers: dict | None = None) -> int | None:
+def _probe_status(client: httpx.Client, method: str, url: str, headers: dict[str, str] | None = None) -> int | None:
     """Return the status of a request whose body is never read.
 
     Note: a server may ignore Range.

@@ -323,7 +323,7 @@ class ExtractionTaskClient(ServiceClient):
         return CohortPreview(cohort_patient_ids(document_of(response, "preview cohort")))
 
     def _job_request(
-        self, method: str, job_id: str, suffix: str, *, operation: str, once: bool = False, **kwargs
+        self, method: str, job_id: str, suffix: str, *, operation: str, once: bool = False, **kwargs: Any
     ) -> httpx.Response:
         """Send a request about one job (retried unless ``once``), its answer read bounded.
 

@@ -369,7 +369,8 @@ def commit_each(call: Callable[..., R], step: StepInput, *args: Any, **kwargs: A
         state = run(step, *given, return_state=True, **kwargs)
         if files_gone(state, step.output_dir):
             state = stored_in_job(call, step, refresh=True)(step, *given, return_state=True, **kwargs)
-        return state.result()
+        result: R = state.result()
+        return result
 
 
 def files_gone(state: State, folder: Path) -> bool:

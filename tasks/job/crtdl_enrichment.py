@@ -125,4 +125,4 @@ def _id_of(group: Json, groups: list[Json]) -> str:
     if not group.get("id"):
         name = group.get("name") or str(group.get("groupReference", "")).rstrip("/").rsplit("/", 1)[-1]
         group["id"] = _unique_id(name, groups)
-    return group["id"]
+    return str(group["id"])

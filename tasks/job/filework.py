@@ -18,7 +18,7 @@ from tasks.core.errors import DupflowError
 from tasks.streams.fanout import outcome_of, results_or_raise, run_bounded
 
 if TYPE_CHECKING:
-    from prefect_dask import DaskTaskRunner
+    from prefect_dask.task_runners import DaskTaskRunner
 
 R = TypeVar("R")
 
@@ -59,7 +59,8 @@ def map_files(file_task: Callable[..., R], arguments: Sequence[tuple[Any, ...]],
             raise failures[0]
         try:
             if on_dask:
-                return kept_result(stored_in_job(dask_task, args[0]).submit(*args), file_task, args)
+                kept: R = kept_result(stored_in_job(dask_task, args[0]).submit(*args), file_task, args)
+                return kept
             return commit_each(file_task, *args)
         except Exception as exc:
             failures.append(exc)
@@ -183,7 +184,7 @@ def file_runner(settings: TaskRunnerSettings, log_file: Path) -> Iterator[None]:
 
 def dask_runner(settings: TaskRunnerSettings) -> DaskTaskRunner:
     from prefect.settings import get_current_settings
-    from prefect_dask import DaskTaskRunner
+    from prefect_dask.task_runners import DaskTaskRunner
 
     client_kwargs = {"timeout": DASK_CONNECT_TIMEOUT}
     if settings.dask_address:

@@ -142,7 +142,7 @@ def _refuse_nothing_routed(outcome: FlattenOutcome, skipped: str) -> None:
     )
 
 
-def _counted(counts: Counter) -> str:
+def _counted(counts: Counter[str]) -> str:
     return ", ".join(f"{kind} {count}" for kind, count in sorted(counts.items()))
 
 
