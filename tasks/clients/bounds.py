@@ -9,13 +9,12 @@ Past the deadline a call fails transient (retried); an answer over the cap termi
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
-from typing import Any, NotRequired, TypeVar, Unpack
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NotRequired, Unpack
 
 import httpx
 
@@ -23,7 +22,6 @@ from tasks.clients.errors import Call, ServiceError
 from tasks.core.readable import size_text
 from tasks.core.url_credentials import shown_url
 
-T = TypeVar("T")
 MB = 1024 * 1024
 UPLOAD_PIECE = MB  # a request body goes out in pieces of this size, the deadline checked before each
 OWN_CONNECTION = {"Connection": "close"}  # for a connection its deadline can shut down (Deadline.watch)
@@ -100,27 +98,18 @@ class ReplayableBody:
         yield from self._make()
 
 
-class UnreadBody(httpx.SyncByteStream, httpx.AsyncByteStream):
+class UnreadBody(httpx.SyncByteStream):
     """The body of an answer not used (a redirect's, a 401's): httpx would read it whole before the next request;
     this reads nothing, and closing it closes the connection (which cannot carry another request)."""
 
-    def __init__(self, stream: httpx.SyncByteStream | httpx.AsyncByteStream):
+    def __init__(self, stream: httpx.SyncByteStream):
         self._stream = stream
 
     def __iter__(self) -> Iterator[bytes]:
         yield from ()
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        return
-        yield  # makes this an async generator: one that yields nothing
-
     def close(self) -> None:
-        assert isinstance(self._stream, httpx.SyncByteStream), "httpx closes a sync client's answers only"
         self._stream.close()
-
-    async def aclose(self) -> None:
-        assert isinstance(self._stream, httpx.AsyncByteStream), "httpx acloses an async client's answers only"
-        await self._stream.aclose()
 
 
 class CappedBody(httpx.SyncByteStream):
@@ -194,21 +183,6 @@ def in_pieces(body: bytes) -> Iterator[bytes]:
     return (bytes(view[start : start + UPLOAD_PIECE]) for start in range(0, len(view), UPLOAD_PIECE))
 
 
-def within_deadline(
-    attempt: Callable[[], Awaitable[T]], deadline: Deadline, *, operation: str, service: str | None
-) -> Callable[[], Awaitable[T]]:
-    """``attempt`` bounded: ``deadline.seconds`` after each start it is cancelled and the deadline's error raised."""
-
-    async def bounded() -> T:
-        try:
-            async with asyncio.timeout(deadline.seconds):
-                return await attempt()
-        except TimeoutError:
-            raise deadline.exceeded(operation, service) from None
-
-    return bounded
-
-
 def answer_too_large(
     size: str, limit: int, *, operation: str, service: str | None, hint: str, source: httpx.URL | None = None
 ) -> ServiceError:
@@ -234,17 +208,6 @@ def read_answer(
             raise answer_too_large(f"over {size_text(limit)}", limit, **where)
         if deadline is not None:
             deadline.check(where["operation"], where["service"])
-    return bytes(body)
-
-
-async def read_answer_async(response: httpx.Response, limit: int, **where: Unpack[TooLarge]) -> bytes:
-    """``read_answer`` for a streamed response of an ``httpx.AsyncClient`` (run it ``within_deadline``)."""
-    _refuse_declared(response, limit, **where)
-    body = bytearray()
-    async for piece in response.aiter_bytes():
-        body += piece
-        if len(body) > limit:
-            raise answer_too_large(f"over {size_text(limit)}", limit, **where)
     return bytes(body)
 
 

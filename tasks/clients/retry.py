@@ -9,13 +9,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 import httpx
-from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from tasks.clients.errors import ServiceError, is_transient_network_error, network_error
 from tasks.streams.fanout import pause
@@ -68,21 +67,6 @@ def call_with_retry(
 ) -> T:
     try:
         return Retrying(sleep=sleep, **_policy(retry, operation=operation, service=service))(attempt)
-    except httpx.TransportError as exc:
-        raise network_error(exc, operation=operation, service=service) from exc
-
-
-async def call_with_retry_async(
-    attempt: Callable[[], Awaitable[T]],
-    retry: RetrySettings,
-    *,
-    operation: str,
-    service: str | None = None,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-) -> T:
-    """``call_with_retry`` for coroutine functions."""
-    try:
-        return await AsyncRetrying(sleep=sleep, **_policy(retry, operation=operation, service=service))(attempt)
     except httpx.TransportError as exc:
         raise network_error(exc, operation=operation, service=service) from exc
 

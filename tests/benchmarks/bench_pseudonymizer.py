@@ -12,7 +12,6 @@ process so that its peak RSS is its own. Prints resources/s and the peak RSS abo
 from __future__ import annotations
 
 import argparse
-import asyncio
 import multiprocessing
 import tempfile
 import time
@@ -74,29 +73,28 @@ def measure(base_url: str, source: str, dest: str, concurrency: int) -> dict[str
     """Runs in a fresh process: one pass of the step's file loop."""
     from config.services import AuthSettings
     from config.settings import RetrySettings, TlsSettings
-    from tasks.clients.http import ServiceEndpoint, build_async_client
+    from tasks.clients.http import ServiceClient, ServiceEndpoint
     from tasks.clients.pseudonymizer import Pseudonymizer
     from tasks.streams.progress import use_display
-    from tasks.pseudonymizer import pseudonymize_path, window_size
+    from tasks.pseudonymizer import pseudonymize_path
 
     use_display("none")
 
-    async def run():
+    def run():
         endpoint = ServiceEndpoint("pseudonymizer", base_url, AuthSettings())
-        async with build_async_client(endpoint, TlsSettings()) as client:
-            service = Pseudonymizer(client, RetrySettings(), max_concurrent_requests=concurrency)
-            return await pseudonymize_path(
+        with ServiceClient(endpoint, TlsSettings(), RetrySettings()) as client:
+            return pseudonymize_path(
                 Path(source),
                 Path(dest),
-                service,
+                Pseudonymizer(client),
                 level="default",
                 max_line_bytes=100 * MB,
-                window=window_size(concurrency),
+                concurrency=concurrency,
             )
 
     baseline = peak_rss_mb()
     started = time.perf_counter()
-    counts = asyncio.run(run())
+    counts = run()
     seconds = time.perf_counter() - started
     return {
         "resources": counts.resources_out,
