@@ -149,12 +149,7 @@ def pseudonymize_path(
     concurrency: int,
     expected_resources: int | None = None,
 ) -> FileCounts:
-    """De-identify every resource of ``source`` into ``dest`` in input order.
-
-    Note:
-    - ``concurrency`` requests in flight, twice as many resources read ahead, so that a slow
-      request does not stall the others.
-    """
+    """De-identify ``source`` into ``dest`` in input order, ``concurrency`` requests in flight."""
     counts = FileCounts()
 
     def resources() -> Iterator[tuple[int, bytes, dict[str, Any]]]:
@@ -182,7 +177,7 @@ def pseudonymize_path(
         written,
         dest,
         workers=concurrency,
-        window=2 * concurrency,
+        window=2 * concurrency,  # read ahead: a slow request does not stall the others
         level=level,
         line_limit=max_line_bytes,
         progress=(f"pseudonymize {source.name}", expected_resources),

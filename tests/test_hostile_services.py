@@ -244,7 +244,7 @@ def test_a_validator_dripping_its_answer_is_cut_off_at_the_request_deadline_and_
 def test_a_validator_answer_over_the_cap_is_refused_without_being_read_whole(validator_fake, chunked):
     validator_fake.state.reset(answer_padding=200 * MB, chunked_answer=chunked)
     size = "over 1.0 MB" if chunked else "200.0 MB"
-    expected = f"the answer is {size}, more than the 1.0 MB read from this service; lower services.validation"
+    expected = f"the answer from \\S+ is {size}, more than the 1.0 MB read from this service; lower services.validation"
     with pytest.raises(ServiceError, match=expected) as caught:
         validate_chunk(validator_fake, max_answer_bytes=MB)
     assert not caught.value.transient and len(validator_fake.state.requests) == 1
@@ -307,7 +307,8 @@ def test_a_fhir_server_answer_over_the_cap_fails_the_batch_without_being_read_wh
 def test_a_pseudonymizer_answer_over_the_cap_is_refused_without_being_read_whole(pseudonymizer_fake):
     pseudonymizer_fake.state.answer_padding = 100 * MB
     expected = (
-        "the answer is 100.0 MB, more than the 1.0 MB read from this service; .* pipeline.max_ndjson_line_size_mb"
+        "the answer from \\S+ is 100.0 MB, more than the 1.0 MB read from this service; .* "
+        "pipeline.max_ndjson_line_size_mb"
     )
     with pytest.raises(ServiceError, match=expected) as caught:
         pseudonymize(pseudonymizer_fake, patient(1), max_answer_bytes=MB)
