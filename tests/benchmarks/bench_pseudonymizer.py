@@ -5,8 +5,8 @@
 Writes a file of small collection Bundles (Patient, Encounter, Observation; about 1 KB each), starts the fake
 pseudonymization service in its own process with a fixed latency per request, and runs ``pseudonymize_path`` (the
 step's per-file loop, real HTTP through the client layer, zstd output) once per concurrency, each in a fresh
-process so that its peak RSS is its own. Prints resources/s and the peak RSS above the process's baseline
-(interpreter and imports). Not collected by pytest.
+process so that its peak RSS is its own. Prints resources/s, the client's CPU per request and the peak
+RSS above the process's baseline (interpreter and imports). Not collected by pytest.
 """
 
 from __future__ import annotations
@@ -93,10 +93,11 @@ def measure(base_url: str, source: str, dest: str, concurrency: int) -> dict[str
             )
 
     baseline = peak_rss_mb()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     counts = run()
     seconds = time.perf_counter() - started
     return {
+        "cpu_seconds": time.process_time() - cpu_started,
         "resources": counts.resources_out,
         "requests": counts.requests,
         "seconds": seconds,
@@ -125,7 +126,8 @@ def main() -> None:
                     r = pool.submit(measure, base_url, str(source), dest, concurrency).result()
                 print(
                     f"max_concurrent_requests={concurrency}: {r['resources']} resources in {r['seconds']:.1f} s "
-                    f"= {r['resources'] / r['seconds']:.0f} resources/s ({r['requests']} requests); "
+                    f"= {r['resources'] / r['seconds']:.0f} resources/s ({r['requests']} requests; client CPU "
+                    f"{r['cpu_seconds'] / r['requests'] * 1000:.2f} ms a request); "
                     f"peak RSS {r['peak_mb']:.0f} MB ({r['peak_mb'] - r['baseline_mb']:+.0f} MB over the "
                     f"{r['baseline_mb']:.0f} MB after imports)",
                     flush=True,
