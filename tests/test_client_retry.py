@@ -13,6 +13,7 @@ from config.settings import RetrySettings, TlsSettings
 from tasks.clients.bounds import Deadline
 from tasks.clients.errors import ServiceError, parse_retry_after
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
+from tasks.streams.fanout import Cancelled, cancel_scope
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply, operation_outcome
 
@@ -196,3 +197,13 @@ def test_requests_within_a_deadline_retry_with_the_same_schedule():
             assert client.request("POST", "/fhir/$de-identify", **request).status_code == 200
         assert len(server.state.requests) == 4
     assert waits == [0.1, 0.2, 0.5]
+
+
+def test_a_failed_call_of_a_cancelled_fan_out_is_neither_retried_nor_logged_as_retrying(caplog):
+    with serve(Reply(503)) as server, cancel_scope() as cancel:
+        cancel()
+        with ServiceClient(ServiceEndpoint("pseudonymizer", server.base_url), TLS, RETRY) as client:
+            with pytest.raises(Cancelled):
+                client.request("POST", "/fhir/$de-identify", operation="pseudonymize", json={})
+        assert len(server.state.requests) == 1
+    assert "retrying" not in caplog.text

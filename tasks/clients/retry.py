@@ -17,7 +17,7 @@ import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from tasks.clients.errors import ServiceError, is_transient_network_error, network_error
-from tasks.streams.fanout import pause
+from tasks.streams.fanout import pause, raise_if_cancelled
 
 if TYPE_CHECKING:
     from config.settings import RetrySettings
@@ -40,6 +40,7 @@ def _policy(retry: RetrySettings, *, operation: str, service: str | None) -> dic
         return backoff(state) if retry_after is None else min(retry_after, retry.max_backoff_ms / 1000)
 
     def log_retry(state: RetryCallState) -> None:
+        raise_if_cancelled()  # a cancelled fan-out's call (its client closed under it) is not retried
         failed = f"{service}: {operation} failed" if service else f"{operation} failed"
         assert state.outcome is not None, "tenacity calls before_sleep once an attempt has failed"
         exc = state.outcome.exception()
