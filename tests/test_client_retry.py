@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import socket
+import threading
+import time
 from datetime import datetime, timedelta, UTC
 from email.utils import format_datetime
 
@@ -14,6 +16,7 @@ from tasks.clients.bounds import Deadline
 from tasks.clients.errors import ServiceError, parse_retry_after
 from tasks.clients.http import ServiceClient, ServiceEndpoint, http_timeout
 from tasks.streams.fanout import Cancelled, cancel_scope
+from tests.conftest import wait_until
 from tests.fakes._server import LoopbackServer
 from tests.fakes.echo import EchoHandler, EchoState, Reply, operation_outcome
 
@@ -207,3 +210,19 @@ def test_a_failed_call_of_a_cancelled_fan_out_is_neither_retried_nor_logged_as_r
                 client.request("POST", "/fhir/$de-identify", operation="pseudonymize", json={})
         assert len(server.state.requests) == 1
     assert "retrying" not in caplog.text
+
+
+def test_a_cancel_ends_a_request_within_a_deadline_at_once_however_long_the_service_holds_it():
+    deadline = functools.partial(Deadline, 120.0, "a test's deadline")
+    with serve(Reply(delay=20)) as server, cancel_scope() as cancel:
+
+        def cancel_once_sent() -> None:
+            wait_until(lambda: server.state.requests, "the request reached the service")
+            cancel()
+
+        threading.Thread(target=cancel_once_sent, daemon=True).start()
+        started = time.monotonic()
+        with ServiceClient(ServiceEndpoint("validation", server.base_url), TLS, RETRY) as client:
+            with pytest.raises(Cancelled):
+                client.request("POST", "/validateResource", operation="validate", deadline=deadline, body=b"{}")
+        assert time.monotonic() - started < 10

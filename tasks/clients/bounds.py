@@ -51,7 +51,7 @@ class Deadline:
     def watch(self) -> dict[str, Any]:
         """The extensions of a sync request on its own connection: at the deadline its socket is shut down, which ends
         a read blocked on a server that drips its headers. Call ``release`` when the answer is closed."""
-        self._timer = threading.Timer(max(0.0, self._end - time.monotonic()), self._shut_down)
+        self._timer = threading.Timer(max(0.0, self._end - time.monotonic()), self.shut_down)
         self._timer.daemon = True
         self._timer.start()
         return {"trace": self._note_connection}
@@ -65,9 +65,9 @@ class Deadline:
             with self._lock:
                 self._sockets.append(info["return_value"].get_extra_info("socket"))
             if self.passed():
-                self._shut_down()
+                self.shut_down()
 
-    def _shut_down(self) -> None:
+    def shut_down(self) -> None:
         with self._lock:
             sockets = list(self._sockets)
         for sock in sockets:

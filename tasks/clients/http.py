@@ -12,7 +12,7 @@ import functools
 import logging
 import ssl
 from urllib.parse import urlsplit, urlunsplit
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -25,7 +25,7 @@ from tasks.clients.bounds import MB, Deadline, answer_within, answered, read_ans
 from tasks.clients.errors import SERVICE_SETTING, Call, ServiceError, raise_for_service_status
 from tasks.clients.retry import call_once, call_with_retry
 from tasks.core.url_credentials import shown_url
-from tasks.streams.fanout import pause
+from tasks.streams.fanout import pause, stopping
 
 if TYPE_CHECKING:
     from config.services import AuthSettings
@@ -182,7 +182,8 @@ class ServiceClient(Closing):
 
         Note:
         - ``once``: for a call that could create or destroy something twice (no retry).
-        - ``deadline`` makes each attempt's whole-request deadline (``answer_within``).
+        - ``deadline`` makes each attempt's whole-request deadline (``answer_within``); a cancel of
+          the fan-out then ends the attempt at once (for requests that may be sent again).
         - A 4xx/5xx not in ``answers`` is a ``ServiceError`` with the fix ``status_hints`` knows.
         """
         where: Call = {"operation": operation, "service": self.endpoint.name}
@@ -200,6 +201,9 @@ class ServiceClient(Closing):
             return call_once(attempt, **where)
         return call_with_retry(attempt, self.retry, **where, sleep=self.sleep)
 
+    request_once = functools.partialmethod(request, once=True)
+
+    @contextlib.contextmanager
     def _answer(
         self,
         deadline: Deadline | None,
@@ -207,9 +211,12 @@ class ServiceClient(Closing):
         url: str,
         where: Call,
         request: dict[str, Any],
-    ) -> contextlib.AbstractContextManager[httpx.Response]:
+    ) -> Iterator[httpx.Response]:
+        """The streamed answer; within ``deadline``, a cancelled fan-out ends it at once."""
         if deadline is None:
-            return self.http.stream(method, url, **request)
-        return answer_within(self.http, deadline, method, url, **where, **request)
-
-    request_once = functools.partialmethod(request, once=True)
+            with self.http.stream(method, url, **request) as response:
+                yield response
+            return
+        with stopping(deadline.shut_down):
+            with answer_within(self.http, deadline, method, url, **where, **request) as response:
+                yield response

@@ -30,6 +30,7 @@ class _Scope:
 
     def __init__(self, outer: _Scope | None) -> None:
         self.cancelled, self.creating = threading.Event(), threading.Lock()
+        self.stops: set[Callable[[], None]] = set()  # of the blocking calls running (``stopping``)
         self.inner: weakref.WeakSet[_Scope] = weakref.WeakSet()  # kept as long as a context holds them
         if outer is not None:
             outer.inner.add(self)
@@ -39,6 +40,8 @@ class _Scope:
     def cancel(self) -> None:
         with self.creating:
             self.cancelled.set()
+        for stop in list(self.stops):
+            stop()
         for scope in list(self.inner):
             scope.cancel()
 
@@ -121,6 +124,21 @@ def pause(seconds: float) -> None:
         return
     found.cancelled.wait(seconds)
     raise_if_cancelled()
+
+
+@contextlib.contextmanager
+def stopping(stop: Callable[[], None]) -> Iterator[None]:
+    """In this block a cancel of the fan-out calls ``stop`` (ending a read blocked on a socket)."""
+    if (found := _cancelled.get(None)) is None:
+        yield
+        return
+    found.stops.add(stop)
+    try:
+        if found.cancelled.is_set():
+            stop()
+        yield
+    finally:
+        found.stops.discard(stop)
 
 
 @contextlib.contextmanager
