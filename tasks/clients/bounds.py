@@ -10,6 +10,9 @@ Past the deadline a call fails transient (retried); an answer over the cap termi
 from __future__ import annotations
 
 import contextlib
+import heapq
+import itertools
+import os
 import socket
 import threading
 import time
@@ -39,7 +42,6 @@ class Deadline:
         self._end = time.monotonic() + seconds
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
 
     def check(self, operation: str, service: str | None) -> None:
         if self.passed():
@@ -51,14 +53,12 @@ class Deadline:
     def watch(self) -> dict[str, Any]:
         """The extensions of a sync request on its own connection: at the deadline its socket is shut down, which ends
         a read blocked on a server that drips its headers. Call ``release`` when the answer is closed."""
-        self._timer = threading.Timer(max(0.0, self._end - time.monotonic()), self.shut_down)
-        self._timer.daemon = True
-        self._timer.start()
+        _WATCHDOG.watch(self._end, self)
         return {"trace": self._note_connection}
 
     def release(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        with self._lock:
+            self._sockets = []  # closed with the answer; nothing left to shut down
 
     def _note_connection(self, event: str, info: dict[str, Any]) -> None:
         if event in ("connection.connect_tcp.complete", "connection.start_tls.complete") and info.get("return_value"):
@@ -86,6 +86,40 @@ class Deadline:
         for piece in body:
             self.check(operation, service)
             yield piece
+
+
+class _Watchdog:
+    """One thread per process that shuts down the connections of the deadlines that pass.
+
+    Why:
+    - A timer thread per request cost each of the pseudonymizer's many small requests a thread start.
+    """
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, Deadline]] = []
+        self._changed = threading.Condition()
+        self._order = itertools.count()
+        self._pid = 0
+
+    def watch(self, end: float, deadline: Deadline) -> None:
+        with self._changed:
+            if self._pid != os.getpid():  # the first deadline of this process (or of a fork)
+                self._pid, self._due = os.getpid(), []
+                threading.Thread(target=self._run, name="deadlines", daemon=True).start()
+            heapq.heappush(self._due, (end, next(self._order), deadline))
+            if self._due[0][2] is deadline:
+                self._changed.notify()
+
+    def _run(self) -> None:
+        with self._changed:
+            while True:
+                now = time.monotonic()
+                while self._due and self._due[0][0] <= now:
+                    heapq.heappop(self._due)[2].shut_down()
+                self._changed.wait(self._due[0][0] - now if self._due else None)
+
+
+_WATCHDOG = _Watchdog()
 
 
 class ReplayableBody:
